@@ -1,0 +1,1 @@
+"""ppsim: plan, simulate, run and diff uneven pipeline-parallel splits."""

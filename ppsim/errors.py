@@ -1,0 +1,18 @@
+"""The one exception type for user mistakes.
+
+The CLI turns a `UserError` into a single line on stderr and exit status 2;
+anything else is a bug and keeps its traceback.
+"""
+
+
+class UserError(ValueError):
+    """Bad input from the user: a config field, a flag, a split, a trace."""
+
+    def __init__(self, field: str, problem: str, fix: str = "") -> None:
+        self.field = field
+        self.problem = problem
+        self.fix = fix
+        msg = f"{field}: {problem}"
+        if fix:
+            msg += f" ({fix})"
+        super().__init__(msg)
