@@ -1,0 +1,237 @@
+"""The TOML config: [model], [pipeline], [hardware]; loading, flags, saving.
+
+Every user mistake becomes a `UserError` naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ppsim.errors import UserError
+from ppsim.presets import HARDWARE_PRESETS, MODEL_PRESETS
+from ppsim.transformer import RECOMPUTE, Architecture
+
+LAYER_FIELDS = ("forward_ms", "backward_ms", "weight_grad_ms", "static_bytes",
+                "activation_bytes", "weight_grad_bytes", "output_bytes")
+ARCH_FIELDS = tuple(f.name for f in fields(Architecture))
+
+DEFAULT_TOML = """\
+# ppsim's embedded default: the tiny GPT on 2 CPU ranks, 1F1B, uneven split.
+[model]
+preset = "tiny-gpt"
+
+[pipeline]
+pp = 2
+vpp = 1
+microbatches = 8
+schedule = "1f1b"
+split = [5, 3]
+
+[hardware]
+preset = "cpu"
+"""
+
+
+@dataclass(kw_only=True)
+class PipelineConfig:
+    pp: int = 2
+    """Pipeline ranks."""
+    vpp: int = 1
+    """Model chunks (virtual stages) per rank."""
+    microbatches: int = 8
+    schedule: str = "1f1b"
+    """gpipe, 1f1b, interleaved-1f1b."""
+    split: list[int] | None = None
+    """Decoder layers per virtual stage, Megatron order."""
+    layout: str | None = None
+    """Megatron --pipeline-model-parallel-layout."""
+    first_stage_layers: int | None = None
+    """Megatron --decoder-first-pipeline-num-layers."""
+    last_stage_layers: int | None = None
+    """Megatron --decoder-last-pipeline-num-layers."""
+    account_for_embedding: bool = False
+    account_for_loss: bool = False
+
+
+@dataclass(kw_only=True)
+class HardwareConfig:
+    preset: str | None = None
+    memory_bytes: float = 80e9
+    """Device memory one rank may use."""
+    p2p_latency_ms: float = 0.0
+    p2p_bandwidth_gbps: float = 0.0
+    """GB/s (10^9 bytes per second); 0 means transfers are free."""
+    peak_tflops: float = 989.0
+    efficiency: float = 0.5
+
+
+@dataclass(kw_only=True)
+class Config:
+    model: dict[str, Any] = field(default_factory=dict)
+    """The [model] table as written (preset, kind, fields, embedding/head tables)."""
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    costs_file: str | None = None
+    """Measured costs (ppsim profile / calibrate) that replace the analytic model."""
+
+    @property
+    def num_layers(self) -> int:
+        return int(model_fields(self.model)["num_layers"])
+
+
+# ------------------------------------------------------------------ loading
+
+
+def _suggest(name: str, choices: list[str] | tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(name, choices, n=1)
+    return f"did you mean {close[0]!r}?" if close else "valid keys: " + ", ".join(choices)
+
+
+def _check_type(where: str, value: Any, kind: type) -> Any:
+    ok = (kind is float and isinstance(value, (int, float)) and not isinstance(value, bool)) \
+        or (kind is int and isinstance(value, int) and not isinstance(value, bool)) \
+        or (kind is not float and kind is not int and isinstance(value, kind))
+    if not ok:
+        raise UserError(where, f"expected {kind.__name__}, got {value!r}",
+                        f"write a {kind.__name__}")
+    return float(value) if kind is float else value
+
+
+def model_fields(model: dict[str, Any]) -> dict[str, Any]:
+    """Merge a [model] table onto its preset; the dict that builds the costs."""
+    raw = dict(model)
+    preset = raw.pop("preset", None)
+    if preset is not None:
+        if preset not in MODEL_PRESETS:
+            raise UserError("model.preset", f"unknown preset {preset!r}",
+                            "choose one of " + ", ".join(MODEL_PRESETS))
+        merged: dict[str, Any] = {"kind": "transformer", **MODEL_PRESETS[preset]}
+        merged.update(raw)
+        raw = merged
+    kind = raw.get("kind", "uniform")
+    if kind not in ("uniform", "transformer"):
+        raise UserError("model.kind", f"unknown kind {kind!r}",
+                        "use \"uniform\", \"transformer\", or preset = NAME")
+    allowed = ("kind", "num_layers") + (LAYER_FIELDS + ("embedding", "head")
+                                        if kind == "uniform" else ARCH_FIELDS)
+    for key in raw:
+        if key not in allowed:
+            raise UserError(f"model.{key}", f"unknown key for a {kind} model",
+                            _suggest(key, allowed))
+    if "num_layers" not in raw:
+        raise UserError("model.num_layers", "missing", "set num_layers = N")
+    n = _check_type("model.num_layers", raw["num_layers"], int)
+    if n < 1:
+        raise UserError("model.num_layers", f"must be at least 1, got {n}", "set num_layers >= 1")
+    if kind == "transformer":
+        if raw.get("recompute", "none") not in RECOMPUTE:
+            raise UserError("model.recompute", f"unknown value {raw['recompute']!r}",
+                            "use \"none\", \"selective\" or \"full\"")
+        for key in ("tp", "dp", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
+                    "vocab_size", "seq_length", "micro_batch_size"):
+            if key in raw and (_check_type(f"model.{key}", raw[key], int) < 1):
+                raise UserError(f"model.{key}", f"must be at least 1, got {raw[key]}",
+                                "use a positive integer")
+    return raw
+
+
+def _fill(obj: Any, table: dict[str, Any], section: str) -> None:
+    types = {f.name: f.type for f in fields(obj)}
+    for key, value in table.items():
+        if key not in types:
+            raise UserError(f"{section}.{key}", "unknown key", _suggest(key, list(types)))
+        t = types[key]
+        where = f"{section}.{key}"
+        if value is None:
+            setattr(obj, key, None)
+        elif "list" in t:
+            if not isinstance(value, list):
+                raise UserError(where, f"expected a list of integers, got {value!r}",
+                                "write e.g. split = [6, 2]")
+            setattr(obj, key, value)  # element checks live in ppsim.split
+        elif t.startswith("int"):
+            setattr(obj, key, _check_type(where, value, int))
+        elif t.startswith("float"):
+            setattr(obj, key, _check_type(where, value, float))
+        elif t.startswith("bool"):
+            setattr(obj, key, _check_type(where, value, bool))
+        else:
+            setattr(obj, key, _check_type(where, value, str))
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    for key in data:
+        if key not in ("model", "pipeline", "hardware", "costs_file"):
+            raise UserError(key, "unknown section", "use [model], [pipeline] and [hardware]")
+    cfg = Config(model=dict(data.get("model", {})))
+    model_fields(cfg.model)  # validate early
+    _fill(cfg.pipeline, data.get("pipeline", {}), "pipeline")
+    hw = dict(data.get("hardware", {}))
+    preset = hw.get("preset")
+    if preset is not None:
+        if preset not in HARDWARE_PRESETS:
+            raise UserError("hardware.preset", f"unknown preset {preset!r}",
+                            "choose one of " + ", ".join(HARDWARE_PRESETS))
+        hw = {**HARDWARE_PRESETS[preset], **hw}
+    _fill(cfg.hardware, hw, "hardware")
+    if "costs_file" in data:
+        cfg.costs_file = _check_type("costs_file", data["costs_file"], str)
+    return cfg
+
+
+def parse_toml(text: str, source: str = "config") -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(source, f"malformed TOML: {exc}", "fix the syntax on that line") from None
+
+
+def load_config(path: str | None) -> Config:
+    """Load a config file, or the embedded default when path is None."""
+    if path is None:
+        return config_from_dict(parse_toml(DEFAULT_TOML, "default config"))
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise UserError("--config", f"cannot read {path}: {exc.strerror}",
+                        "pass an existing TOML file") from None
+    return config_from_dict(parse_toml(text, path))
+
+
+# ------------------------------------------------------------------ saving
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return repr(v)
+
+
+def config_to_toml(cfg: Config) -> str:
+    """Serialise a config so load_config reads it back to an equal Config."""
+    lines = ["[model]"]
+    tables = []
+    for k, v in cfg.model.items():
+        if isinstance(v, dict):
+            tables.append((f"model.{k}", v))
+        else:
+            lines.append(f"{k} = {_toml_value(v)}")
+    for name, table in tables:
+        lines += ["", f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()]
+    for section, obj in (("pipeline", cfg.pipeline), ("hardware", cfg.hardware)):
+        lines += ["", f"[{section}]"]
+        for f in fields(obj):
+            v = getattr(obj, f.name)
+            if v is not None:
+                lines.append(f"{f.name} = {_toml_value(v)}")
+    if cfg.costs_file:
+        lines = [f"costs_file = {_toml_value(cfg.costs_file)}", ""] + lines
+    return "\n".join(lines) + "\n"

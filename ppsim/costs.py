@@ -1,0 +1,111 @@
+"""Cost model: per-layer time and bytes, and their sums per virtual stage.
+
+Two sources fill a `ModelCosts`: a uniform synthetic model (numbers given
+directly) and a transformer architecture on a hardware preset (FLOPs and
+Korthikanti et al. 2022 activation formulas). Measured cost files
+(`ppsim profile`) produce the same object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ppsim.split import Split
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerCost:
+    forward_ms: float = 0.0
+    """Forward time of one microbatch."""
+    backward_ms: float = 0.0
+    """Whole backward time (input gradients + weight gradients)."""
+    weight_grad_ms: float = 0.0
+    """Part of backward_ms that computes weight gradients (deferrable as W)."""
+    static_bytes: int = 0
+    """Bytes held all iteration: weights, gradients, optimizer states."""
+    activation_bytes: int = 0
+    """Bytes one microbatch's forward stores until its backward."""
+    weight_grad_bytes: int = 0
+    """Part of activation_bytes that W still needs after B (ZB's M_W)."""
+    output_bytes: int = 0
+    """Bytes of the tensor sent to the next stage (and of its gradient back)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelCosts:
+    layers: tuple[LayerCost, ...]
+    """One entry per decoder layer, in order."""
+    embedding: LayerCost = field(default_factory=LayerCost)
+    """On the first virtual stage."""
+    head: LayerCost = field(default_factory=LayerCost)
+    """Final norm, LM head and loss, on the last virtual stage."""
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def hidden_bytes(self) -> int:
+        """Bytes crossing a stage boundary (a stage with no layers passes its input on)."""
+        if self.layers:
+            return self.layers[0].output_bytes
+        return self.embedding.output_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StageCost:
+    """Everything the simulator needs about one virtual stage."""
+
+    forward_ms: float
+    backward_ms: float
+    weight_grad_ms: float
+    static_bytes: int
+    activation_bytes: int
+    weight_grad_bytes: int
+    output_bytes: int
+
+
+def _sum(parts: list[LayerCost]) -> tuple[float, float, float, int, int, int]:
+    f = b = w = 0.0
+    st = act = wg = 0
+    for p in parts:
+        f += p.forward_ms
+        b += p.backward_ms
+        w += p.weight_grad_ms
+        st += p.static_bytes
+        act += p.activation_bytes
+        wg += p.weight_grad_bytes
+    return f, b, w, st, act, wg
+
+
+def stage_cost(costs: ModelCosts, offset: int, layers: int, first: bool, last: bool) -> StageCost:
+    """Sum the layers [offset, offset + layers) plus embedding/head where they sit."""
+    parts = list(costs.layers[offset:offset + layers])
+    if first:
+        parts.insert(0, costs.embedding)
+    if last:
+        parts.append(costs.head)
+    f, b, w, st, act, wg = _sum(parts)
+    return StageCost(f, b, w, st, act, wg, 0 if last else costs.hidden_bytes)
+
+
+def stage_costs(costs: ModelCosts, split: Split) -> list[StageCost]:
+    """Per-virtual-stage costs for a split, in virtual-stage order."""
+    if split.num_layers != costs.num_layers:
+        from ppsim.errors import UserError
+
+        raise UserError("pipeline.split", f"covers {split.num_layers} layers but the model "
+                        f"has {costs.num_layers}", f"make the counts add up to {costs.num_layers}")
+    n = split.num_stages
+    out = []
+    offset = 0
+    for i, count in enumerate(split.counts):
+        out.append(stage_cost(costs, offset, count, i == 0, i == n - 1))
+        offset += count
+    return out
+
+
+def uniform_costs(num_layers: int, layer: LayerCost, embedding: LayerCost | None = None,
+                  head: LayerCost | None = None) -> ModelCosts:
+    return ModelCosts(layers=(layer,) * num_layers, embedding=embedding or LayerCost(),
+                      head=head or LayerCost())

@@ -1,0 +1,55 @@
+"""Model and hardware presets (architectures from the models' published configs)."""
+
+from __future__ import annotations
+
+# Architecture fields (see ppsim.transformer.Architecture); tp is a sensible
+# default for the model's size and is overridden like any other field.
+MODEL_PRESETS: dict[str, dict] = {
+    "tiny-gpt": dict(
+        num_layers=8, hidden_size=64, num_heads=4, num_kv_heads=4, ffn_hidden_size=256,
+        vocab_size=512, seq_length=64, micro_batch_size=2, gated_mlp=False, dtype="fp32"),
+    "gpt3-1.3b": dict(
+        num_layers=24, hidden_size=2048, num_heads=16, num_kv_heads=16, ffn_hidden_size=8192,
+        vocab_size=51200, seq_length=2048, micro_batch_size=1, gated_mlp=False),
+    "llama2-7b": dict(
+        num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=32, ffn_hidden_size=11008,
+        vocab_size=32000, seq_length=4096, micro_batch_size=1),
+    "llama3-8b": dict(
+        num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
+        vocab_size=128256, seq_length=8192, micro_batch_size=1),
+    "llama3-70b": dict(
+        num_layers=80, hidden_size=8192, num_heads=64, num_kv_heads=8, ffn_hidden_size=28672,
+        vocab_size=128256, seq_length=8192, micro_batch_size=1, tp=8),
+    "gpt3-175b": dict(
+        num_layers=96, hidden_size=12288, num_heads=96, num_kv_heads=96, ffn_hidden_size=49152,
+        vocab_size=51200, seq_length=2048, micro_batch_size=1, gated_mlp=False, tp=8),
+}
+
+MODEL_NOTES: dict[str, str] = {
+    "tiny-gpt": "CPU-sized GPT the executor trains in seconds",
+    "gpt3-1.3b": "GPT-3 XL",
+    "llama2-7b": "Llama 2 7B",
+    "llama3-8b": "Llama 3 8B (GQA, 128k vocab)",
+    "llama3-70b": "Llama 3 70B, tp 8",
+    "gpt3-175b": "GPT-3 175B, tp 8",
+}
+
+# Peak dense bf16 TFLOP/s; P2P bandwidth in GB/s (10^9 bytes/s) between
+# pipeline neighbours on different nodes (one InfiniBand NIC per GPU).
+HARDWARE_PRESETS: dict[str, dict] = {
+    "a100-80gb": dict(memory_bytes=80e9, peak_tflops=312.0, efficiency=0.5,
+                      p2p_bandwidth_gbps=25.0, p2p_latency_ms=0.01),
+    "h100-80gb": dict(memory_bytes=80e9, peak_tflops=989.0, efficiency=0.45,
+                      p2p_bandwidth_gbps=50.0, p2p_latency_ms=0.01),
+    "h200-141gb": dict(memory_bytes=141e9, peak_tflops=989.0, efficiency=0.45,
+                       p2p_bandwidth_gbps=50.0, p2p_latency_ms=0.01),
+    "cpu": dict(memory_bytes=16e9, peak_tflops=0.02, efficiency=1.0,
+                p2p_bandwidth_gbps=1.0, p2p_latency_ms=0.05),
+}
+
+HARDWARE_NOTES: dict[str, str] = {
+    "a100-80gb": "NVIDIA A100 80 GB, HDR InfiniBand",
+    "h100-80gb": "NVIDIA H100 80 GB, NDR InfiniBand",
+    "h200-141gb": "NVIDIA H200 141 GB, NDR InfiniBand",
+    "cpu": "CPU processes over gloo (calibrate with ppsim profile)",
+}
