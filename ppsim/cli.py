@@ -231,6 +231,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+COMMAND_MODULES = ("ppsim.plan_cli", "executor.cli", "ppsim.diff_cli", "ppsim.demo", "tui.cli")
+
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                           Callable[[argparse.Namespace], int]]] = {}
 
@@ -253,12 +255,18 @@ def _register() -> None:
                          split, cmd_split)
     COMMANDS["simulate"] = ("simulate one iteration: time, bubbles, memory", simulate,
                             cmd_simulate)
-    try:
-        from ppsim import commands  # the later commands register themselves
+    # Each further command lives with its feature and registers itself; a
+    # module must import cheaply (torch is imported inside its handler only).
+    import importlib
 
-        commands.register(COMMANDS)
-    except ImportError:
-        pass
+    for module in COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue
+        mod.register(COMMANDS)
 
 
 def build_parser() -> argparse.ArgumentParser:
