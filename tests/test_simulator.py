@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from helpers import uniform_problem
 from hypothesis import given
 from hypothesis import strategies as st
@@ -95,7 +97,7 @@ def test_ops_respect_dependencies_and_never_overlap(problem):
     sim = simulate(problem)
     end = {}
     for ops in sim.timeline.ops:
-        for a, b in zip(ops, ops[1:]):
+        for a, b in pairwise(ops):
             assert b.start >= a.end
         for op in ops:
             end[op.action] = op.end
