@@ -1,0 +1,249 @@
+"""`ppsim run`: check the config, launch torchrun, show progress, print the summary.
+
+Imports nothing heavy at module level: `ppsim --help` and planning commands
+must work without torch. torch is imported inside the handler only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+from typing import Any
+
+from ppsim.cli import add_config_flags, config_from_args, emit_json
+from ppsim.errors import UserError
+
+HELP = "run a split for real with torch.distributed (torchrun) and record a trace"
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    add_config_flags(p)
+    g = p.add_argument_group("launch")
+    g.add_argument("--nproc-per-node", type=int, metavar="N",
+                   help="ranks on this node (default: pp / nnodes)")
+    g.add_argument("--nnodes", type=int, default=1, metavar="K")
+    g.add_argument("--node-rank", type=int, default=0, metavar="I")
+    g.add_argument("--master-addr", default="127.0.0.1", metavar="ADDR")
+    g.add_argument("--master-port", type=int, metavar="PORT",
+                   help="rendezvous port (default: a free one when nnodes = 1, else 29500)")
+    g.add_argument("--print-launch", action="store_true",
+                   help="print the torchrun command and a Slurm sbatch script; run nothing")
+    r = p.add_argument_group("run")
+    r.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    r.add_argument("--engine", choices=("ppsim", "torch"), default="ppsim",
+                   help="ppsim's runtime, or torch.distributed.pipelining's schedules")
+    r.add_argument("--iterations", type=int, default=3, metavar="N")
+    r.add_argument("--warmup", type=int, default=1, metavar="N",
+                   help="leading iterations marked warm-up and left out of the summary")
+    r.add_argument("--trace-dir", default="ppsim-run", metavar="DIR",
+                   help="where trace.json and summary.json go (default ./ppsim-run)")
+    r.add_argument("--timeout-s", type=float, default=120.0, metavar="S",
+                   help="give up on a stuck transfer after S seconds")
+    r.add_argument("--inject-fault", metavar="RANK:KIND:STAGE:MB[:ITER]",
+                   help="raise inside that op (tests failure handling)")
+    r.add_argument("--actions-csv", metavar="FILE",
+                   help="run this per-rank action order (torch.distributed.pipelining CSV: "
+                   "cells like 0F3, 1I2, 1W2) instead of the generated schedule")
+    r.add_argument("--seed", type=int, default=0, help="weights and data seed")
+    r.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
+    r.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    r.add_argument("--dump-grads", metavar="PREFIX", help=argparse.SUPPRESS)
+
+
+def register(commands: dict[str, Any]) -> None:
+    commands["run"] = (HELP, add_run_arguments, cmd_run)
+
+
+def load_problem(args: argparse.Namespace) -> Any:
+    """The Problem to run: the config's, with --actions-csv replacing its schedule."""
+    from dataclasses import replace
+
+    from ppsim.problem import build_problem
+    from ppsim.schedules import parse_actions_csv
+
+    problem = build_problem(config_from_args(args))
+    if args.actions_csv:
+        try:
+            with open(args.actions_csv, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise UserError("--actions-csv", f"cannot read {args.actions_csv}: "
+                            f"{exc.strerror}", "pass an existing CSV file") from None
+        s = problem.schedule
+        problem = replace(problem, schedule=parse_actions_csv(text, s.pp, s.vpp,
+                                                              s.microbatches, s.placement))
+    return problem
+
+
+def validate(args: argparse.Namespace) -> Any:
+    """Everything checkable before a process starts; a UserError means exit 2."""
+    from ppsim.config import model_fields
+
+    cfg = config_from_args(args)
+    fields = model_fields(cfg.model)
+    if fields.get("kind") != "transformer":
+        raise UserError("model.kind", "ppsim run trains a transformer, not a uniform cost "
+                        "model", "use a preset (e.g. --preset tiny-gpt) or kind = \"transformer\"")
+    if int(fields.get("tp", 1)) != 1:
+        raise UserError("model.tp", f"the executor runs pipeline parallelism only, tp = "
+                        f"{fields['tp']}", "set tp = 1 (--tp 1)")
+    problem = load_problem(args)
+    pp = problem.split.pp
+    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
+        raise UserError("--node-rank", f"{args.node_rank} is not in 0..{args.nnodes - 1}",
+                        "give each node a distinct rank below --nnodes")
+    if args.nproc_per_node is None:
+        args.nproc_per_node = max(1, pp // args.nnodes)
+    if args.nproc_per_node * args.nnodes != pp:
+        raise UserError("--nproc-per-node", f"{args.nproc_per_node} x {args.nnodes} node(s) = "
+                        f"{args.nproc_per_node * args.nnodes} ranks but pp = {pp}",
+                        f"run pp = {pp} ranks in all (one rank per pipeline stage)")
+    if args.iterations < 1 or not 0 <= args.warmup < args.iterations:
+        raise UserError("--warmup", f"{args.warmup} warm-up of {args.iterations} iterations",
+                        "need iterations >= 1 and 0 <= warmup < iterations")
+    if args.timeout_s <= 0:
+        raise UserError("--timeout-s", "must be positive", "e.g. --timeout-s 120")
+    if args.inject_fault:
+        _check_fault(args.inject_fault, problem)
+    if args.engine == "torch":
+        _check_peer(problem)
+    return problem
+
+
+def _check_fault(text: str, problem: Any) -> None:
+    from executor.runtime import Fault
+
+    try:
+        f = Fault.parse(text)
+    except ValueError:
+        raise UserError("--inject-fault", f"cannot read {text!r}",
+                        "write RANK:KIND:STAGE:MB[:ITER], e.g. 1:B:1:0") from None
+    from ppsim.schedules import Action
+
+    if f.rank >= problem.split.pp or Action(f.kind, f.stage, f.microbatch) not in \
+            problem.schedule.actions[f.rank]:
+        raise UserError("--inject-fault", f"rank {f.rank} runs no {f.kind} of stage {f.stage} "
+                        f"microbatch {f.microbatch}", "pick an op from that rank's schedule")
+
+
+def _check_peer(problem: Any) -> None:
+    from executor.peer import PEER_SCHEDULES
+
+    s = problem.schedule
+    if s.name not in PEER_SCHEDULES or s.split_backward:
+        raise UserError("--engine", f"torch.distributed.pipelining peer has no {s.name!r}",
+                        "use --engine ppsim, or one of " + ", ".join(PEER_SCHEDULES))
+    if s.name == "1f1b" and s.microbatches < s.num_stages:
+        raise UserError("pipeline.microbatches", f"torch's Schedule1F1B needs at least "
+                        f"{s.num_stages} microbatches", f"set microbatches >= {s.num_stages}")
+    rounds = max(1, s.microbatches // s.pp)
+    if s.name == "interleaved-1f1b" and s.microbatches % rounds:
+        raise UserError("pipeline.microbatches", "torch's ScheduleInterleaved1F1B needs "
+                        f"microbatches divisible by {rounds}", "use a multiple of pp")
+
+
+def _own_files(args: argparse.Namespace) -> list[str]:
+    """What this node's ranks write in the trace dir (removed before and on failure)."""
+    d = args.trace_dir
+    lo = args.node_rank * args.nproc_per_node
+    files = [os.path.join(d, "parts", f"rank{r}.json") for r in range(lo, lo +
+                                                                       args.nproc_per_node)]
+    if args.node_rank == 0:
+        files += [os.path.join(d, "trace.json"), os.path.join(d, "summary.json")]
+    return files
+
+
+def _clean(args: argparse.Namespace) -> None:
+    for f in _own_files(args):
+        if os.path.exists(f):
+            os.unlink(f)
+    parts = os.path.join(args.trace_dir, "parts")
+    if os.path.isdir(parts) and not os.listdir(parts):
+        shutil.rmtree(parts)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import sys
+
+    from executor import launch
+
+    problem = validate(args)
+    if args.print_launch:
+        launch.print_launch(args)
+        return 0
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError("--device", "cuda requested but torch sees no GPU here",
+                            "use --device cpu")
+    _clean(args)
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    err = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[note]}"),
+                  console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task(f"{args.engine} {problem.schedule.name} pp={problem.split.pp}",
+                            total=args.iterations, note="starting ranks")
+
+        def progress(msg: dict) -> None:
+            note = f"iteration {msg['iteration']}/{msg['of']}  loss {msg['loss']:.4f}"
+            bar.update(task, completed=msg["iteration"], note=note)
+
+        out = launch.run_torchrun(launch.launch_command(args), progress)
+    if out.returncode != 0:
+        _clean(args)
+        lines = out.errors or out.aborts or out.tail[-10:] or ["(no output)"]
+        for line in lines:
+            sys.stderr.write(f"ppsim run: error: {line}\n")
+        if out.errors and out.aborts:
+            sys.stderr.write(f"ppsim run: {len(out.aborts)} other rank(s) on this node "
+                             "stopped because of it\n")
+        return out.returncode if out.returncode > 0 else 1
+    if args.node_rank != 0:
+        sys.stderr.write(f"node {args.node_rank} done; node 0 writes the trace and summary\n")
+        return 0
+    import json
+
+    with open(os.path.join(args.trace_dir, "summary.json"), encoding="utf-8") as fh:
+        res = json.load(fh)
+    if args.json:
+        emit_json(res)
+    else:
+        print_summary(res)
+    return 0
+
+
+def print_summary(res: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ppsim.report import fmt_bytes
+
+    c = Console()
+    c.print(f"[bold]{res['engine']}[/bold] engine  {res['schedule']}  pp={res['pp']} "
+            f"vpp={res['vpp']} microbatches={res['microbatches']} split={res['split']}  "
+            f"device={res.get('device')} ({res.get('backend')}, transfers via "
+            f"{res.get('wire')})")
+    losses = res.get("losses") or []
+    c.print(f"iteration time [bold]{res['iteration_time_ms']:.2f} ms[/bold] (mean of "
+            f"{res['iterations'] - res['warmup_iterations']} after {res['warmup_iterations']} "
+            f"warm-up)   tokens/s [bold]{res['tokens_per_s']:,.0f}[/bold]   loss "
+            + (f"{losses[0]:.4f} -> {losses[-1]:.4f}" if losses else "n/a"))
+    if "ranks" in res:
+        c.print(f"bubble {res['bubble_fraction']:.1%}   peak memory "
+                f"{fmt_bytes(res['peak_memory_bytes'])}")
+        t = Table()
+        for col in ("rank", "layers", "busy ms", "bubble", "peak mem"):
+            t.add_column(col, justify="right")
+        for r in res["ranks"]:
+            t.add_row(str(r["rank"]), str(r["layers"]), f"{r['busy_ms']:.2f}",
+                      f"{r['bubble_fraction']:.1%}", fmt_bytes(r["peak_memory_bytes"]))
+        c.print(t)
+    if res.get("trace"):
+        c.print(f"trace written to {res['trace']} (open in https://ui.perfetto.dev; compare "
+                "with ppsim diff)")
+    elif res["engine"] == "torch":
+        c.print("(the torch peer is timed per iteration only; it writes no per-op trace)")

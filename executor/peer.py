@@ -1,0 +1,82 @@
+"""The comparison engine: the same split and model under torch.distributed.pipelining.
+
+Only public classes are used (PipelineStage and the Schedule* classes). Each
+iteration is timed as a whole, from a barrier to the end of the optimizer
+step, and the slowest rank's time is the iteration time, which is how the
+ppsim engine's iteration span is measured too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from executor.model import GPTShape, StageModule, microbatch, stage_loss
+from executor.summary import peer_summary
+
+PEER_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
+                  "interleaved-1f1b": "ScheduleInterleaved1F1B"}
+
+
+def peer_class(name: str, vpp: int) -> str:
+    """The torch schedule class for a ppsim schedule (looped BFS is GPipe with chunks)."""
+    if name == "gpipe" and vpp > 1:
+        return "ScheduleLoopedBFS"
+    return PEER_SCHEDULES[name]
+
+
+def run_peer(problem: Any, shape: GPTShape, rank: int, device: torch.device, args: Any,
+             ctrl: Any, progress: Callable[[int, float], None]) -> dict[str, Any]:
+    from torch.distributed import pipelining
+
+    split, sched = problem.split, problem.schedule
+    m = sched.microbatches
+    mods, stages = [], []
+    for st in split.stages:
+        if st.rank != rank:
+            continue
+        mod = StageModule(shape, st.offset, st.layers, st.has_embedding, st.has_head,
+                          args.seed).to(device=device, dtype=shape.torch_dtype)
+        mods.append(mod)
+        stages.append(pipelining.PipelineStage(mod, st.index, split.num_stages, device))
+    cls = getattr(pipelining, peer_class(sched.name, split.vpp))
+    runner = cls(stages[0], m, loss_fn=stage_loss) if split.vpp == 1 else \
+        cls(stages, m, loss_fn=stage_loss)
+    params = [p for mod in mods for p in mod.parameters()]
+    opt = torch.optim.AdamW(params, lr=args.lr) if params else None
+    first = any(st.has_embedding for st in split.stages if st.rank == rank)
+    last = any(st.has_head for st in split.stages if st.rank == rank)
+    times, losses = [], []
+    for it in range(args.iterations):
+        batches = [microbatch(shape, args.seed, it, i) for i in range(m)]
+        ids = torch.cat([b[0] for b in batches]).to(device)
+        targets = torch.cat([b[1] for b in batches]).to(device)
+        mb_losses: list[Any] = []
+        dist.barrier(group=ctrl)
+        t0 = time.perf_counter()
+        if first:
+            runner.step(ids, target=targets if last else None, losses=mb_losses)
+        elif last:
+            runner.step(target=targets, losses=mb_losses)
+        else:
+            runner.step()
+        if opt is not None:
+            opt.step()
+            opt.zero_grad()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        stats = torch.tensor([dt, sum(float(x) for x in mb_losses) / m if mb_losses else 0.0],
+                             dtype=torch.float64)
+        slowest = stats[:1].clone()
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=ctrl)
+        loss = stats[1:].clone()
+        dist.all_reduce(loss, group=ctrl)
+        times.append(float(slowest.item()) * 1e3)
+        losses.append(float(loss.item()))
+        progress(it + 1, losses[-1])
+    return peer_summary(problem, shape, args.iterations, args.warmup, times, losses)

@@ -1,0 +1,172 @@
+"""Per-rank recording: op times on a clock shared by all ranks, memory, transfers.
+
+On CPU every rank reads `time.perf_counter_ns` (CLOCK_MONOTONIC on Linux):
+ranks on one host share that clock exactly; ranks on other hosts get an
+offset estimated from several barrier exits. On CUDA an op's start and end
+are CUDA events, turned into host times at the end of each iteration against
+an event recorded right after a synchronize, so GPU time is what is measured
+rather than the host's launch time.
+"""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ppsim import trace as tr
+
+
+def align_clocks(rank: int, rounds: int = 7) -> tuple[int, int]:
+    """(offset of this rank's clock to rank 0's, rank 0's epoch), in ns.
+
+    Barrier exits are nearly simultaneous; the median of several rounds of
+    (my exit time - rank 0's exit time) estimates the offset. Same host: 0.
+    """
+    host = socket.gethostname()
+    diffs, epoch = [], 0
+    hosts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, host)
+    for _ in range(rounds):
+        dist.barrier()
+        now = time.perf_counter_ns()
+        stamps: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(stamps, now)
+        diffs.append(now - stamps[0])
+        epoch = stamps[0]
+    offset = 0 if hosts[rank] == hosts[0] else int(statistics.median(diffs))
+    return offset, epoch
+
+
+class Recorder:
+    """Collects this rank's trace events; times are µs on rank 0's clock."""
+
+    def __init__(self, rank: int, device: torch.device, offset_ns: int, epoch_ns: int) -> None:
+        self.rank = rank
+        self.cuda = device.type == "cuda"
+        self.offset_ns, self.epoch_ns = offset_ns, epoch_ns
+        self.events: list[dict] = []
+        self.iteration = 0
+        self._pending: list[tuple[str, Any, Any, dict]] = []
+        self._ref: Any = None
+        self._ref_ns = 0
+        self.static_bytes = 0
+        self.activation_bytes = 0
+        self.peak_bytes = 0
+
+    # --------------------------------------------------------------- clock
+
+    def host_us(self, t_ns: int | None = None) -> float:
+        t = time.perf_counter_ns() if t_ns is None else t_ns
+        return (t - self.offset_ns - self.epoch_ns) / 1e3
+
+    def begin_iteration(self, iteration: int) -> None:
+        self.iteration = iteration
+        if self.cuda:
+            torch.cuda.synchronize()
+            self._ref_ns = time.perf_counter_ns()
+            self._ref = torch.cuda.Event(enable_timing=True)
+            self._ref.record()
+
+    def mark(self) -> Any:
+        """A point in time: ns on CPU, a recorded CUDA event on GPU."""
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter_ns()
+
+    def _us(self, mark: Any) -> float:
+        if self.cuda:
+            return self.host_us(self._ref_ns + int(self._ref.elapsed_time(mark) * 1e6))
+        return self.host_us(mark)
+
+    # --------------------------------------------------------------- events
+
+    def op(self, start: Any, end: Any, kind: str, stage: int, chunk: int, microbatch: int,
+           mem_before: tuple[int, int], mem_after: tuple[int, int]) -> None:
+        info = {"kind": kind, "stage": stage, "chunk": chunk, "microbatch": microbatch,
+                "mem": (mem_before, mem_after)}
+        self._pending.append(("op", start, end, info))
+
+    def send(self, start: Any, kind: str, dst: int, stage: int, dst_stage: int,
+             microbatch: int, nbytes: int) -> None:
+        self._pending.append(("send", start, None, {"kind": kind, "dst": dst, "stage": stage,
+                                                    "dst_stage": dst_stage,
+                                                    "microbatch": microbatch,
+                                                    "bytes": nbytes}))
+
+    def recv(self, end_ns: int, kind: str, src: int, stage: int, microbatch: int) -> None:
+        """When the receiver had the message (host clock: gloo receives are host-side)."""
+        self.events.append({"ph": "recv", "pid": self.rank, "src": src, "kind": kind,
+                            "stage": stage, "microbatch": microbatch,
+                            "iteration": self.iteration, "ts": self.host_us(end_ns)})
+
+    def optimizer(self, start: Any, end: Any) -> None:
+        self._pending.append(("step", start, end, {}))
+
+    def memory(self) -> tuple[int, int]:
+        """(static, activation) bytes now, and track the peak of their sum."""
+        if self.cuda:
+            alloc = torch.cuda.memory_allocated()
+            self.peak_bytes = max(self.peak_bytes, torch.cuda.max_memory_allocated())
+            return self.static_bytes, max(0, alloc - self.static_bytes)
+        self.peak_bytes = max(self.peak_bytes, self.static_bytes + self.activation_bytes)
+        return self.static_bytes, self.activation_bytes
+
+    def end_iteration(self) -> None:
+        """Resolve this iteration's marks into Chrome events (syncs the GPU once)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        it, r = self.iteration, self.rank
+        for what, start, end, a in self._pending:
+            ts = self._us(start)
+            if what == "op":
+                dur = max(0.0, self._us(end) - ts)
+                (s0, a0), (s1, a1) = a["mem"]
+                self.events.append(tr.compute_event(r, a["kind"], a["stage"], a["chunk"],
+                                                    a["microbatch"], it, ts, dur))
+                self.events.append(tr.memory_event(r, ts, s0, a0))
+                self.events.append(tr.memory_event(r, ts + dur, s1, a1))
+            elif what == "send":
+                self.events.append({"ph": "send", "pid": r, "iteration": it, "ts": ts, **a})
+            else:
+                self.events.append({"name": "optimizer step", "cat": "optimizer", "ph": "X",
+                                    "pid": r, "tid": tr.COMPUTE_TID, "ts": ts,
+                                    "dur": max(0.0, self._us(end) - ts),
+                                    "args": {"iteration": it}})
+        self._pending.clear()
+
+
+def merge_parts(parts: list[list[dict]], pp: int) -> list[dict]:
+    """One event list from every rank's part; sends and receives pair into transfers."""
+    events = tr.metadata_events(pp)
+    arrivals: dict[tuple, float] = {}
+    sends = []
+    for part in parts:
+        for ev in part:
+            if ev["ph"] == "recv":
+                arrivals[(ev["src"], ev["pid"], ev["kind"], ev["stage"], ev["microbatch"],
+                          ev["iteration"])] = ev["ts"]
+            elif ev["ph"] == "send":
+                sends.append(ev)
+            else:
+                events.append(ev)
+    for s in sends:
+        # A transfer ends when the receiver had it; gloo only tells us when its
+        # wait returned, so the end is an upper bound on the arrival.
+        end = arrivals.get((s["pid"], s["dst"], s["kind"], s["dst_stage"], s["microbatch"],
+                            s["iteration"]), s["ts"])
+        events.append(tr.transfer_event(s["pid"], s["dst"], s["kind"], s["stage"],
+                                        s["microbatch"], s["iteration"], s["ts"],
+                                        max(0.0, end - s["ts"]), s["bytes"]))
+    # Time 0 is the first op of the run (not process start), as in simulated traces.
+    t0 = min((ev["ts"] for ev in events if "ts" in ev), default=0.0)
+    for ev in events:
+        if "ts" in ev:
+            ev["ts"] -= t0
+    return events

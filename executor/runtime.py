@@ -1,0 +1,314 @@
+"""Execute one rank's action list: F, B and W per (stage, microbatch), then step.
+
+The runtime runs exactly `problem.schedule.actions[rank]`, the lists the
+simulator times, so a schedule added to `ppsim.schedules` runs here unchanged.
+Activations go forward and gradients backward through torch.distributed
+point-to-point ops (isend/irecv): gloo on CPU, NCCL between GPUs.
+
+Matching messages: every message is named (kind, destination stage,
+microbatch) and tagged with that name, and a rank posts its receives from a
+peer in the order that peer sends (both follow from the global schedule), so
+even a backend that ignores tags (NCCL) pairs them correctly.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from executor.model import GPTShape, StageModule, WeightGradStore, microbatch, stage_loss
+from executor.recorder import Recorder
+from ppsim.schedules import Action, Schedule
+
+Key = tuple[str, int, int]
+"""(kind "F" = activation / "B" = gradient, destination stage, microbatch)."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Raise inside one op, to test that failures end every rank (--inject-fault)."""
+
+    rank: int
+    kind: str
+    stage: int
+    microbatch: int
+    iteration: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> Fault:
+        parts = text.split(":")
+        if len(parts) not in (4, 5) or parts[1] not in ("F", "B", "W") or not all(
+                p.isdigit() for i, p in enumerate(parts) if i != 1):
+            raise ValueError(text)
+        nums = [int(p) for i, p in enumerate(parts) if i != 1]
+        return cls(nums[0], parts[1], *nums[1:])
+
+
+class OpFailed(RuntimeError):
+    """An op raised; the message names the rank and the op."""
+
+    def __init__(self, rank: int, action: Action, chunk: int, iteration: int,
+                 exc: BaseException) -> None:
+        super().__init__(f"rank {rank} failed in {action.kind}{action.microbatch} (kind "
+                         f"{action.kind}, stage {action.stage}, chunk {chunk}, microbatch "
+                         f"{action.microbatch}) of iteration {iteration}: "
+                         f"{type(exc).__name__}: {exc}")
+
+
+def outgoing(schedule: Schedule, rank: int) -> list[tuple[int, Key]]:
+    """Messages `rank` sends to other ranks, in the order it sends them."""
+    n, out = schedule.num_stages, []
+    for a in schedule.actions[rank]:
+        if a.kind == "F" and a.stage < n - 1:
+            dst = (a.kind, a.stage + 1, a.microbatch)
+        elif a.kind == "B" and a.stage > 0:
+            dst = (a.kind, a.stage - 1, a.microbatch)
+        else:
+            continue
+        peer = schedule.stage_rank(dst[1])
+        if peer != rank:
+            out.append((peer, dst))
+    return out
+
+
+class P2P:
+    """Point-to-point exchange of (b, s, h) tensors with the neighbouring ranks."""
+
+    def __init__(self, schedule: Schedule, rank: int, shape: tuple[int, ...],
+                 dtype: torch.dtype, device: torch.device, wire: torch.device,
+                 recorder: Recorder, lookahead: int = 2) -> None:
+        self.rank, self.schedule, self.rec = rank, schedule, recorder
+        self.shape, self.dtype, self.device, self.wire = shape, dtype, device, wire
+        self.lookahead = lookahead
+        self.incoming: dict[int, list[Key]] = defaultdict(list)
+        for peer in range(schedule.pp):
+            if peer != rank:
+                for dst, key in outgoing(schedule, peer):
+                    if dst == rank:
+                        self.incoming[peer].append(key)
+        self.n, self.m = schedule.num_stages, schedule.microbatches
+        self._reset()
+
+    def _reset(self) -> None:
+        self.cursor: dict[int, int] = defaultdict(int)
+        self.posted: dict[Key, tuple[Any, torch.Tensor, int]] = {}
+        self.sends: list[tuple[Any, torch.Tensor]] = []
+        self.local: dict[Key, torch.Tensor] = {}
+
+    def tag(self, key: Key) -> int:
+        kind, stage, mb = key
+        return ((kind == "B") * self.n + stage) * self.m + mb
+
+    def _post(self, peer: int) -> None:
+        key = self.incoming[peer][self.cursor[peer]]
+        self.cursor[peer] += 1
+        buf = torch.empty(self.shape, dtype=self.dtype, device=self.wire)
+        self.posted[key] = (dist.irecv(buf, src=peer, tag=self.tag(key)), buf, peer)
+
+    def prefetch(self) -> None:
+        """Keep a few receives posted per peer, so data lands while we compute."""
+        waiting: dict[int, int] = defaultdict(int)
+        for _, _, peer in self.posted.values():
+            waiting[peer] += 1
+        for peer, keys in self.incoming.items():
+            while waiting[peer] < self.lookahead and self.cursor[peer] < len(keys):
+                self._post(peer)
+                waiting[peer] += 1
+
+    def recv(self, key: Key) -> torch.Tensor:
+        if key in self.local:
+            return self.local.pop(key)
+        peer = self.schedule.stage_rank(key[1] - 1 if key[0] == "F" else key[1] + 1)
+        while key not in self.posted:
+            self._post(peer)
+        work, buf, _ = self.posted.pop(key)
+        work.wait()
+        self.rec.recv(_now_ns(), key[0], peer, key[1], key[2])
+        return buf.to(self.device, non_blocking=True)
+
+    def send(self, tensor: torch.Tensor, key: Key, from_stage: int) -> None:
+        peer = self.schedule.stage_rank(key[1])
+        if peer == self.rank:  # neighbouring stage on this rank: no transfer
+            self.local[key] = tensor.detach()
+            return
+        t = tensor.detach().to(self.wire).contiguous()
+        self.rec.send(self.rec.mark(), key[0], peer, from_stage, key[1], key[2],
+                      t.numel() * t.element_size())
+        self.sends.append((dist.isend(t, dst=peer, tag=self.tag(key)), t))
+
+    def finish(self) -> None:
+        """End of iteration: every send delivered, every receive consumed."""
+        for work, _ in self.sends:
+            work.wait()
+        if self.posted or self.local:
+            raise RuntimeError(f"unconsumed messages at end of iteration: "
+                               f"{sorted(self.posted) + sorted(self.local)}")
+        self._reset()
+
+
+def _now_ns() -> int:
+    import time
+
+    return time.perf_counter_ns()
+
+
+class Runtime:
+    """Builds this rank's chunks and runs its action list, iteration by iteration."""
+
+    def __init__(self, problem: Any, shape: GPTShape, rank: int, device: torch.device,
+                 wire: torch.device, recorder: Recorder, seed: int = 0, lr: float = 1e-3,
+                 fault: Fault | None = None) -> None:
+        self.split, self.schedule = problem.split, problem.schedule
+        self.shape, self.rank, self.device, self.seed = shape, rank, device, seed
+        self.rec, self.fault = recorder, fault
+        self.last = self.schedule.num_stages - 1
+        self.modules: dict[int, StageModule] = {}
+        for st in self.split.stages:
+            if st.rank == rank:
+                self.modules[st.index] = StageModule(
+                    shape, st.offset, st.layers, st.has_embedding, st.has_head, seed,
+                ).to(device=device, dtype=shape.torch_dtype)
+        self.params = [p for m in self.modules.values() for p in m.parameters()]
+        for p in self.params:  # a persistent grad buffer, like Megatron's
+            p.grad = torch.zeros_like(p)
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr) if self.params else None
+        self._param_ptrs = {p.untyped_storage().data_ptr() for p in self.params}
+        WeightGradStore.enabled = self.schedule.split_backward
+        self.p2p = P2P(self.schedule, rank,
+                       (shape.micro_batch_size, shape.seq_length, shape.hidden_size),
+                       shape.torch_dtype, device, wire, recorder)
+        self._held: dict[tuple[int, int], int] = {}
+        self._stage_bytes: dict[int, int] = {}
+        self._inputs: dict[tuple[int, int], torch.Tensor] = {}
+        self._outputs: dict[tuple[int, int], torch.Tensor] = {}
+        self.loss = torch.zeros((), device=device)
+        self.iteration = 0
+
+    # --------------------------------------------------------------- bookkeeping
+
+    def _static_bytes(self) -> int:
+        tensors = list(self.params) + [p.grad for p in self.params if p.grad is not None]
+        if self.optimizer is not None:
+            tensors += [v for s in self.optimizer.state.values() for v in s.values()
+                        if torch.is_tensor(v)]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def _hold(self, key: tuple[int, int], nbytes: int) -> None:
+        self.rec.activation_bytes += nbytes - self._held.get(key, 0)
+        if nbytes:
+            self._held[key] = nbytes
+        else:
+            self._held.pop(key, None)
+
+    def _batch(self, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, targets = microbatch(self.shape, self.seed, self.iteration, mb)
+        return ids.to(self.device), targets.to(self.device)
+
+    # --------------------------------------------------------------- actions
+
+    def _forward(self, a: Action, start: list[Any]) -> None:
+        s, mb = a.stage, a.microbatch
+        if s == 0:
+            x = self._batch(mb)[0]
+        else:
+            x = self.p2p.recv(("F", s, mb)).requires_grad_()
+        start.append(self.rec.mark())
+        module = self.modules[s]
+        if s in self._stage_bytes or self.rec.cuda:
+            y = module(x)
+        else:
+            y = self._measured_forward(module, x, s)
+        if s == self.last:
+            y = stage_loss(y, self._batch(mb)[1]) / self.schedule.microbatches
+            self.loss += y.detach()
+        else:
+            self.p2p.send(y, ("F", s + 1, mb), s)
+        self._inputs[(s, mb)], self._outputs[(s, mb)] = x, y
+        self._hold((s, mb), self._stage_bytes.get(s, 0))
+
+    def _measured_forward(self, module: StageModule, x: torch.Tensor, s: int) -> torch.Tensor:
+        """Forward once with a saved-tensor hook: the bytes autograd keeps per microbatch.
+
+        Shapes are static, so one measurement per stage holds for every microbatch.
+        """
+        seen: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            st = t.untyped_storage()
+            if st.data_ptr() not in self._param_ptrs:
+                seen[st.data_ptr()] = st.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = module(x)
+        out = y.untyped_storage()
+        seen[out.data_ptr()] = out.nbytes()
+        self._stage_bytes[s] = sum(seen.values())
+        return y
+
+    def _backward(self, a: Action, start: list[Any]) -> None:
+        s, mb = a.stage, a.microbatch
+        grad = None if s == self.last else self.p2p.recv(("B", s, mb))
+        start.append(self.rec.mark())
+        x, y = self._inputs.pop((s, mb)), self._outputs.pop((s, mb))
+        if self.schedule.split_backward:
+            WeightGradStore.deferring, WeightGradStore.key = True, (s, mb)
+        try:
+            if y.requires_grad:
+                torch.autograd.backward(y, grad_tensors=grad)
+            elif x.requires_grad:  # an empty stage: the gradient passes through
+                x.grad = grad
+        finally:
+            WeightGradStore.deferring, WeightGradStore.key = False, None
+        if s > 0:
+            self.p2p.send(x.grad, ("B", s - 1, mb), s)
+        self._hold((s, mb), WeightGradStore.held_bytes((s, mb)))
+
+    def _weight(self, a: Action, start: list[Any]) -> None:
+        start.append(self.rec.mark())
+        WeightGradStore.run((a.stage, a.microbatch))
+        self._hold((a.stage, a.microbatch), 0)
+
+    # --------------------------------------------------------------- iteration
+
+    def run_iteration(self, iteration: int, dump_grads: str | None = None) -> float:
+        """Run the action list once, then the optimizer step; returns the loss."""
+        self.iteration = iteration
+        self.rec.begin_iteration(iteration)
+        self.rec.static_bytes = self._static_bytes()
+        self.loss.zero_()
+        run = {"F": self._forward, "B": self._backward, "W": self._weight}
+        for a in self.schedule.actions[self.rank]:
+            chunk = self.split.stage_chunk(a.stage)
+            self.p2p.prefetch()
+            before = self.rec.memory()
+            start: list[Any] = []
+            try:
+                f = self.fault
+                if f is not None and (f.rank, f.kind, f.stage, f.microbatch, f.iteration) == (
+                        self.rank, a.kind, a.stage, a.microbatch, iteration):
+                    raise RuntimeError("injected fault (--inject-fault)")
+                run[a.kind](a, start)
+            except Exception as exc:
+                raise OpFailed(self.rank, a, chunk, iteration, exc) from exc
+            self.rec.op(start[0], self.rec.mark(), a.kind, a.stage, chunk, a.microbatch,
+                        before, self.rec.memory())
+        self.p2p.finish()
+        if dump_grads:
+            torch.save({"loss": self.loss.item(),
+                        "grads": {n: p.grad.detach().cpu().clone() for m in self.modules.values()
+                                  for n, p in m.named_parameters()}},
+                       f"{dump_grads}.rank{self.rank}.pt")
+        t0 = self.rec.mark()
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=False)
+        self.rec.optimizer(t0, self.rec.mark())
+        total = self.loss.detach().to(self.p2p.wire)
+        dist.all_reduce(total)  # only the rank holding the head contributes
+        self.rec.end_iteration()
+        return float(total.item())

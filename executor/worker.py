@@ -1,0 +1,195 @@
+"""The process torchrun starts once per rank: `python -m executor.worker [ppsim run flags]`.
+
+It takes the same flags as `ppsim run` (the launcher passes them through), so
+the printed torchrun / sbatch command is self-contained.
+
+Failure protocol: a rank whose op raises prints one `ppsim-error:` line naming
+the rank and op, publishes it under an abort key in the job's TCP store, and
+exits 1 at once. Every other rank has a watchdog thread polling that key (and
+the store itself: if the store vanishes the job is over) and exits 3 within a
+fraction of a second, even while blocked in a receive. torchrun also stops the
+surviving workers of a node whose worker failed, and the process-group timeout
+bounds anything else. Trace parts are written only after the last iteration,
+so a failed run leaves no trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from executor import summary as summ
+from executor.model import GPTShape
+from executor.recorder import Recorder, align_clocks, merge_parts
+from executor.runtime import Fault, OpFailed, Runtime
+from ppsim import trace as tr
+from ppsim.cli import config_from_args
+from ppsim.config import model_fields
+from ppsim.fileio import write_json_atomic
+
+ABORT_KEY = "ppsim/abort"
+
+
+def _say(tag: str, obj: Any) -> None:
+    """One protocol line for the launcher (`ppsim-progress {...}`)."""
+    sys.stdout.write(f"ppsim-{tag} {json.dumps(obj)}\n")
+    sys.stdout.flush()
+
+
+class Watchdog:
+    """Ends this process promptly when another rank has failed."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.stop = threading.Event()
+        # A client of its own: the main thread may be blocked inside the store.
+        self.store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                   is_master=False, timeout=timedelta(seconds=30))
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.2):
+            try:
+                if not self.store.check([ABORT_KEY]):
+                    continue
+                why = self.store.get(ABORT_KEY).decode()
+            except Exception:  # the store is gone: the job ended without us
+                if self.stop.is_set():
+                    return
+                why = "the job's rendezvous store went away"
+            sys.stderr.write(f"ppsim-abort: rank {self.rank} stopping: {why}\n")
+            sys.stderr.flush()
+            os._exit(3)
+
+    def abort(self, message: str) -> None:
+        try:
+            self.store.set(ABORT_KEY, message)
+        except Exception:
+            pass  # best effort: torchrun and the timeout still end the others
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def _devices(kind: str, local_rank: int, local_world: int) -> tuple[torch.device, torch.device,
+                                                                    str]:
+    """(compute device, wire device, backend). One GPU shared by ranks: gloo via host."""
+    if kind == "cpu":
+        return torch.device("cpu"), torch.device("cpu"), "gloo"
+    n = torch.cuda.device_count()
+    if n == 0:
+        raise RuntimeError("--device cuda but this node has no CUDA device")
+    device = torch.device("cuda", local_rank % n)
+    torch.cuda.set_device(device)
+    if local_world <= n:
+        return device, device, "nccl"
+    return device, torch.device("cpu"), "gloo"  # NCCL refuses two ranks on one GPU
+
+
+def run(args: argparse.Namespace) -> dict[str, Any] | None:
+    from executor.cli import load_problem
+
+    cfg = config_from_args(args)
+    problem = load_problem(args)
+    shape = GPTShape.from_fields(model_fields(cfg.model))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device, wire, backend = _devices(args.device, int(os.environ.get("LOCAL_RANK", 0)),
+                                     int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout_s))
+    ctrl = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+    if world != problem.split.pp:
+        raise RuntimeError(f"world size {world} != pp {problem.split.pp}")
+    dog = Watchdog(rank)
+    try:
+        result = _engine(args, problem, shape, rank, device, wire, backend, ctrl)
+    except BaseException as exc:
+        msg = str(exc) if isinstance(exc, OpFailed) else \
+            f"rank {rank} failed: {type(exc).__name__}: {exc}"
+        sys.stderr.write(f"ppsim-error: {msg}\n")
+        sys.stderr.flush()
+        dog.abort(msg)
+        os._exit(1)  # no clean shutdown: peers may be blocked on us
+    dog.close()
+    dist.barrier(group=ctrl)
+    dist.destroy_process_group()
+    return result
+
+
+def _engine(args: argparse.Namespace, problem: Any, shape: GPTShape, rank: int,
+            device: torch.device, wire: torch.device, backend: str,
+            ctrl: Any) -> dict[str, Any] | None:
+    iters, warm = args.iterations, args.warmup
+    meta = {"device": str(device.type), "backend": backend, "engine": args.engine,
+            "wire": "host (gloo)" if wire.type == "cpu" and device.type == "cuda" else
+            str(wire.type)}
+    if args.engine == "torch":
+        from executor.peer import run_peer
+
+        res = run_peer(problem, shape, rank, device, args, ctrl,
+                       lambda i, loss: _say("progress", {"iteration": i, "of": iters,
+                                                         "loss": loss}) if rank == 0 else None)
+        if rank == 0:
+            res.update(meta)
+            _finish_files(args, None, res)
+        return res
+    offset, epoch = align_clocks(rank)
+    rec = Recorder(rank, device, offset, epoch)
+    fault = Fault.parse(args.inject_fault) if args.inject_fault else None
+    rt = Runtime(problem, shape, rank, device, wire, rec, seed=args.seed, lr=args.lr,
+                 fault=fault)
+    losses = []
+    for it in range(iters):
+        loss = rt.run_iteration(it, dump_grads=args.dump_grads if it == 0 else None)
+        losses.append(loss)
+        if rank == 0:
+            _say("progress", {"iteration": it + 1, "of": iters, "loss": loss,
+                              "warmup": it < warm})
+    part = {"rank": rank, "events": rec.events, "peak_bytes": rec.peak_bytes}
+    if args.trace_dir:
+        write_json_atomic(os.path.join(args.trace_dir, "parts", f"rank{rank}.json"), part)
+    parts: list[Any] = [None] * dist.get_world_size() if rank == 0 else []
+    dist.gather_object(part, parts if rank == 0 else None, dst=0, group=ctrl)
+    if rank != 0:
+        return None
+    events = merge_parts([p["events"] for p in parts], problem.split.pp)
+    info = tr.run_info(problem, "executor", iters, warm)
+    info.update(meta, losses=losses)
+    res = summ.summarize(events, problem, shape, iters, warm, losses,
+                         [p["peak_bytes"] for p in parts])
+    res.update(meta)
+    _finish_files(args, tr.document(events, info), res)
+    return res
+
+
+def _finish_files(args: argparse.Namespace, doc: dict | None, res: dict) -> None:
+    if not args.trace_dir:
+        return
+    if doc is not None:
+        tr.write_trace(os.path.join(args.trace_dir, "trace.json"), doc)
+        res["trace"] = os.path.join(args.trace_dir, "trace.json")
+    write_json_atomic(os.path.join(args.trace_dir, "summary.json"), res)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from executor.cli import add_run_arguments
+
+    parser = argparse.ArgumentParser(prog="executor.worker")
+    add_run_arguments(parser)
+    args = parser.parse_args(argv)
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""`ppsim run` end to end: real torchrun processes talking over gloo, nothing mocked.
+
+Each pipeline configuration is launched once (module cache) and checked twice:
+gradients and loss against a single-process run of the same model on the same
+microbatches, and the merged trace against the schedule's action lists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from executor.cli import load_problem  # noqa: E402
+from executor.model import GPTShape  # noqa: E402
+from executor.reference import reference_step  # noqa: E402
+from ppsim.config import load_config, model_fields  # noqa: E402
+from ppsim.trace import read_trace  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPE = GPTShape.from_fields(model_fields(load_config(None).model))
+
+
+def zb_h1_csv(pp: int, m: int) -> str:
+    """ZB-H1 (Qi et al. 2024): B and W split, W of microbatch i - r after B of i."""
+    rows = []
+    for r in range(pp):
+        warm, cells, f, w = pp - r - 1, [], 0, 0
+        cells += [f"{r}F{i}" for i in range(warm)]
+        f = warm
+        for i in range(m):
+            if f < m:
+                cells.append(f"{r}F{f}")
+                f += 1
+            cells.append(f"{r}I{i}")
+            if i >= r:
+                cells.append(f"{r}W{w}")
+                w += 1
+        cells += [f"{r}W{j}" for j in range(w, m)]
+        rows.append(",".join(cells))
+    return "\n".join(rows) + "\n"
+
+
+CASES = {
+    "gpipe": ["--schedule", "gpipe", "--pp", "2", "--split", "6,2", "--microbatches", "3"],
+    "1f1b": ["--schedule", "1f1b", "--pp", "2", "--split", "5,3", "--microbatches", "4"],
+    "interleaved": ["--schedule", "interleaved-1f1b", "--pp", "2", "--vpp", "2", "--split",
+                    "3,1,2,2", "--microbatches", "4"],
+    # 4 ranks x 2 chunks, with an empty stage (3) that only passes tensors on
+    "interleaved-4x2": ["--schedule", "interleaved-1f1b", "--pp", "4", "--vpp", "2",
+                        "--split", "2,1,1,0,1,1,1,1", "--microbatches", "4"],
+    "zb-h1": ["--schedule", "1f1b", "--pp", "2", "--split", "3,5", "--microbatches", "4",
+              "--actions-csv", "{tmp}/zb.csv"],
+}
+
+
+def ppsim_run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "ppsim.cli", "run", *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+_RUNS: dict[str, tuple[Path, list[str], dict]] = {}
+
+
+def launched(case: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str],
+                                                                          dict]:
+    if case not in _RUNS:
+        tmp = tmp_path_factory.mktemp(case)
+        (tmp / "zb.csv").write_text(zb_h1_csv(2, 4))
+        argv = [a.format(tmp=tmp) for a in CASES[case]]
+        res = ppsim_run(*argv, "--iterations", "2", "--warmup", "1", "--trace-dir",
+                        str(tmp / "out"), "--dump-grads", str(tmp / "grads"), "--json")
+        assert res.returncode == 0, res.stderr
+        _RUNS[case] = (tmp, argv, json.loads(res.stdout))
+    return _RUNS[case]
+
+
+def _problem(argv: list[str]):
+    import argparse
+
+    from executor.cli import add_run_arguments
+
+    p = argparse.ArgumentParser()
+    add_run_arguments(p)
+    return load_problem(p.parse_args(argv))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_loss_and_grads_match_single_process(case, tmp_path_factory) -> None:
+    tmp, argv, summary = launched(case, tmp_path_factory)
+    problem = _problem(argv)
+    loss, grads = reference_step(SHAPE, problem.schedule.microbatches)
+    got: dict[str, torch.Tensor] = {}
+    losses = []
+    for r in range(problem.split.pp):
+        dump = torch.load(tmp / f"grads.rank{r}.pt")
+        assert not set(dump["grads"]) & set(got), "a parameter lives on two ranks"
+        got.update(dump["grads"])
+        losses.append(dump["loss"])
+    assert set(got) == set(grads)
+    for name, g in grads.items():
+        torch.testing.assert_close(got[name], g, rtol=1e-4, atol=1e-6, msg=name)
+    assert sum(losses) == pytest.approx(loss, rel=1e-5)  # only the last stage has a loss
+    assert summary["losses"][0] == pytest.approx(loss, rel=1e-5)
+    assert summary["losses"][1] < summary["losses"][0]  # the optimizer step helped
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_trace_holds_each_action_once_in_rank_order(case, tmp_path_factory) -> None:
+    tmp, argv, summary = launched(case, tmp_path_factory)
+    problem = _problem(argv)
+    sched = problem.schedule
+    trace = read_trace(str(tmp / "out" / "trace.json"))
+    assert trace.info["source"] == "executor" and trace.info["warmup_iterations"] == 1
+    assert trace.iterations == [0, 1]
+    for it in (0, 1):
+        for r in range(sched.pp):
+            ops = sorted((o for o in trace.ops if o.rank == r and o.iteration == it),
+                         key=lambda o: o.start_us)
+            assert [(o.kind, o.stage, o.microbatch) for o in ops] == \
+                [(a.kind, a.stage, a.microbatch) for a in sched.actions[r]]
+            assert all(o.chunk == problem.split.stage_chunk(o.stage) for o in ops)
+            assert len({o.key for o in ops}) == len(ops)
+            for a, b in zip(ops, ops[1:], strict=False):
+                assert a.end_us <= b.start_us + 1e-3, f"rank {r}: {a} overlaps {b}"
+    assert all(len(trace.memory[r]) >= 2 for r in range(sched.pp))
+    doc = json.loads((tmp / "out" / "trace.json").read_text())
+    transfers = [e for e in doc["traceEvents"] if e.get("cat") == "transfer"]
+    assert transfers and all(e["dur"] >= 0 and e["args"]["bytes"] > 0 for e in transfers)
+    assert summary["iteration_time_ms"] > 0 and len(summary["ranks"]) == sched.pp
+    assert all(0 <= r["bubble_fraction"] < 1 for r in summary["ranks"])
+
+
+def test_torch_peer_runs_the_same_split(tmp_path_factory) -> None:
+    _, argv, ours = launched("1f1b", tmp_path_factory)
+    res = ppsim_run(*argv, "--engine", "torch", "--iterations", "2", "--warmup", "1",
+                    "--trace-dir", str(tmp_path_factory.mktemp("peer")), "--json")
+    assert res.returncode == 0, res.stderr
+    peer = json.loads(res.stdout)
+    assert peer["engine"] == "torch" and peer["iteration_time_ms"] > 0
+    assert peer["losses"][0] == pytest.approx(ours["losses"][0], rel=1e-5)
+
+
+def test_injected_fault_stops_every_rank(tmp_path) -> None:
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    res = ppsim_run("--microbatches", "4", "--iterations", "2", "--trace-dir", str(out),
+                    "--inject-fault", "1:B:1:2", "--timeout-s", "30")
+    elapsed = time.monotonic() - t0
+    assert res.returncode != 0
+    assert elapsed < 60
+    first = res.stderr.strip().splitlines()[0]
+    assert first.startswith("ppsim run: error: rank 1 failed in B2 (kind B, stage 1, chunk 0, "
+                            "microbatch 2) of iteration 0"), res.stderr
+    assert "injected fault" in first
+    assert not (out / "trace.json").exists() and not (out / "parts").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_nodes(tmp_path: Path, *extra: str) -> list[tuple[int, str, str, float]]:
+    port = str(_free_port())
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = []
+    t0 = time.monotonic()
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "ppsim.cli", "run", "--nnodes", "2", "--node-rank",
+               str(node), "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+               "--master-port", port, "--microbatches", "4", "--iterations", "2",
+               "--trace-dir", str(tmp_path / f"node{node}"), "--timeout-s", "30", *extra]
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    out = []
+    for p in procs:
+        so, se = p.communicate(timeout=120)
+        out.append((p.returncode, so, se, time.monotonic() - t0))
+    return out
+
+
+def test_two_torchrun_invocations_form_one_job(tmp_path) -> None:
+    (rc0, so0, se0, _), (rc1, _, se1, _) = _two_nodes(tmp_path, "--json")
+    assert rc0 == 0, se0
+    assert rc1 == 0, se1
+    summary = json.loads(so0)
+    assert [r["rank"] for r in summary["ranks"]] == [0, 1]
+    trace = read_trace(str(tmp_path / "node0" / "trace.json"))
+    assert {o.rank for o in trace.ops} == {0, 1}
+    assert (tmp_path / "node1" / "parts" / "rank1.json").exists()
+    assert not (tmp_path / "node1" / "trace.json").exists()
+
+
+def test_fault_on_one_node_ends_the_other(tmp_path) -> None:
+    results = _two_nodes(tmp_path, "--inject-fault", "1:F:1:1")
+    for rc, _, se, elapsed in results:
+        assert rc != 0, se
+        assert elapsed < 60
+    assert "rank 1 failed in F1" in results[1][2]
+    assert not (tmp_path / "node0" / "trace.json").exists()
