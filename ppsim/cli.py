@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, NoReturn
 
-from ppsim.config import Config, load_config
+from ppsim.config import Config, hardware_config, load_config
 from ppsim.errors import UserError
 
 
@@ -69,6 +69,11 @@ def config_from_args(args: argparse.Namespace) -> Config:
     chosen = {k: getattr(args, k, None) for k in ("split", "layout", "first_stage_layers",
                                                    "last_stage_layers", "account_for_embedding",
                                                    "account_for_loss")}
+    reshaped = any(getattr(args, k, None) is not None
+                   for k in ("preset", "num_layers", "pp", "vpp"))
+    if args.config is None and reshaped and all(v is None for v in chosen.values()):
+        # The embedded default's split fits only the embedded default.
+        pipe.split = None
     if any(v is not None for v in chosen.values()):
         # A split given on the command line replaces whatever the file chose.
         pipe.split = pipe.layout = pipe.first_stage_layers = pipe.last_stage_layers = None
@@ -83,9 +88,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         pipe.account_for_loss = bool(chosen["account_for_loss"])
     hw = replace(cfg.hardware)
     if getattr(args, "hardware", None):
-        from ppsim.config import config_from_dict
-
-        hw = config_from_dict({"hardware": {"preset": args.hardware}}).hardware
+        hw = hardware_config({"preset": args.hardware})
     if getattr(args, "memory_gb", None) is not None:
         hw.memory_bytes = args.memory_gb * 1e9
     costs = getattr(args, "costs", None) or cfg.costs_file

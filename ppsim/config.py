@@ -169,17 +169,23 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     cfg = Config(model=dict(data.get("model", {})))
     model_fields(cfg.model)  # validate early
     _fill(cfg.pipeline, data.get("pipeline", {}), "pipeline")
-    hw = dict(data.get("hardware", {}))
-    preset = hw.get("preset")
+    cfg.hardware = hardware_config(dict(data.get("hardware", {})))
+    if "costs_file" in data:
+        cfg.costs_file = _check_type("costs_file", data["costs_file"], str)
+    return cfg
+
+
+def hardware_config(table: dict[str, Any]) -> HardwareConfig:
+    """A [hardware] table, merged onto its preset when it names one."""
+    preset = table.get("preset")
     if preset is not None:
         if preset not in HARDWARE_PRESETS:
             raise UserError("hardware.preset", f"unknown preset {preset!r}",
                             "choose one of " + ", ".join(HARDWARE_PRESETS))
-        hw = {**HARDWARE_PRESETS[preset], **hw}
-    _fill(cfg.hardware, hw, "hardware")
-    if "costs_file" in data:
-        cfg.costs_file = _check_type("costs_file", data["costs_file"], str)
-    return cfg
+        table = {**HARDWARE_PRESETS[preset], **table}
+    hw = HardwareConfig()
+    _fill(hw, table, "hardware")
+    return hw
 
 
 def parse_toml(text: str, source: str = "config") -> dict[str, Any]:

@@ -8,12 +8,20 @@ operations, so the two agree to the last digit (tests/test_evaluate.py).
 
 from __future__ import annotations
 
-from ppsim.timing import OpTable, Summary, memory_peaks, summarize
+from collections.abc import Sequence
+
+from ppsim.timing import CompiledSchedule, OpTable, Summary, memory_peaks, summarize
 
 
 def op_times(table: OpTable) -> tuple[list[list[float]], list[list[float]]]:
     """Start and end time of every op, per rank. Raises RuntimeError on deadlock."""
-    c = table.compiled
+    return list_schedule(table.compiled, table.duration, table.send_delay)
+
+
+def list_schedule(c: CompiledSchedule, duration: Sequence[Sequence[float]],
+                  send_delay: Sequence[Sequence[float]]
+                  ) -> tuple[list[list[float]], list[list[float]]]:
+    """Start and end times given per-op durations and message delays."""
     pp = len(c.kind)
     starts: list[list[float]] = [[] for _ in range(pp)]
     ends: list[list[float]] = [[] for _ in range(pp)]
@@ -24,8 +32,7 @@ def op_times(table: OpTable) -> tuple[list[list[float]], list[list[float]]]:
     ready = list(range(pp - 1, -1, -1))
     while ready:
         r = ready.pop()
-        waits, sends, dur, delay = c.wait_key[r], c.send_key[r], table.duration[r], \
-            table.send_delay[r]
+        waits, sends, dur, delay = c.wait_key[r], c.send_key[r], duration[r], send_delay[r]
         i, now, n = pos[r], clock[r], len(waits)
         st, en = starts[r], ends[r]
         while i < n:
@@ -64,4 +71,4 @@ def evaluate(table: OpTable, layers: list[int], memory_bytes: float) -> Summary:
         busy.append(b)
     last = [e[-1] if e else 0.0 for e in ends]
     peaks = [memory_peaks(table, r) for r in range(len(ends))]
-    return summarize(table, last, busy, layers, memory_bytes, peaks)
+    return summarize(table.static, last, busy, layers, memory_bytes, peaks)

@@ -3,26 +3,31 @@
 from __future__ import annotations
 
 # Architecture fields (see ppsim.transformer.Architecture); tp is a sensible
-# default for the model's size and is overridden like any other field.
+# default for the model's size and is overridden like any other field. The
+# large models default to recompute = "selective": FlashAttention stores no
+# s x s scores and recomputes attention in the backward, which is exactly
+# what Korthikanti's selective-recompute figures describe.
 MODEL_PRESETS: dict[str, dict] = {
     "tiny-gpt": dict(
         num_layers=8, hidden_size=64, num_heads=4, num_kv_heads=4, ffn_hidden_size=256,
         vocab_size=512, seq_length=64, micro_batch_size=2, gated_mlp=False, dtype="fp32"),
     "gpt3-1.3b": dict(
         num_layers=24, hidden_size=2048, num_heads=16, num_kv_heads=16, ffn_hidden_size=8192,
-        vocab_size=51200, seq_length=2048, micro_batch_size=1, gated_mlp=False),
+        vocab_size=51200, seq_length=2048, micro_batch_size=1, gated_mlp=False,
+        recompute="selective"),
     "llama2-7b": dict(
         num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=32, ffn_hidden_size=11008,
-        vocab_size=32000, seq_length=4096, micro_batch_size=1),
+        vocab_size=32000, seq_length=4096, micro_batch_size=1, recompute="selective"),
     "llama3-8b": dict(
         num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
-        vocab_size=128256, seq_length=8192, micro_batch_size=1),
+        vocab_size=128256, seq_length=8192, micro_batch_size=1, recompute="selective"),
     "llama3-70b": dict(
         num_layers=80, hidden_size=8192, num_heads=64, num_kv_heads=8, ffn_hidden_size=28672,
-        vocab_size=128256, seq_length=8192, micro_batch_size=1, tp=8),
+        vocab_size=128256, seq_length=8192, micro_batch_size=1, tp=8, recompute="selective"),
     "gpt3-175b": dict(
         num_layers=96, hidden_size=12288, num_heads=96, num_kv_heads=96, ffn_hidden_size=49152,
-        vocab_size=51200, seq_length=2048, micro_batch_size=1, gated_mlp=False, tp=8),
+        vocab_size=51200, seq_length=2048, micro_batch_size=1, gated_mlp=False, tp=8,
+        recompute="selective"),
 }
 
 MODEL_NOTES: dict[str, str] = {

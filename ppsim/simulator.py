@@ -150,7 +150,7 @@ def simulate(problem: Problem) -> Simulation:
         peaks.append((max((e[1] for e in events), default=0),
                       max((e[2] for e in events), default=0)))
     layers = [problem.split.rank_layers(r) for r in range(problem.schedule.pp)]
-    summary = summarize(table, ends, busy, layers, problem.hardware.memory_bytes, peaks)
+    summary = summarize(table.static, ends, busy, layers, problem.hardware.memory_bytes, peaks)
     timeline = Timeline(tuple(tuple(o) for o in ops), tuple(transfers),
                         tuple(tuple(m) for m in memory), table.static)
     return Simulation(problem, summary, timeline)

@@ -8,6 +8,7 @@ the last digit.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ppsim.costs import StageCost
@@ -190,7 +191,7 @@ def memory_peaks(table: OpTable, rank: int) -> tuple[int, int]:
     return peak, peak_inflight
 
 
-def summarize(table: OpTable, ends: list[float], busy: list[float], layers: list[int],
+def summarize(static: Sequence[int], ends: list[float], busy: list[float], layers: list[int],
               memory_bytes: float, peaks: list[tuple[int, int]]) -> Summary:
     """Headline numbers from per-rank end times, busy times and memory peaks."""
     pp = len(ends)
@@ -198,8 +199,8 @@ def summarize(table: OpTable, ends: list[float], busy: list[float], layers: list
     ranks = []
     for r in range(pp):
         act, inflight = peaks[r]
-        total = table.static[r] + act
+        total = static[r] + act
         ranks.append(RankStats(r, layers[r], busy[r], 1.0 - busy[r] / t if t > 0 else 0.0,
-                               table.static[r], act, total, inflight, total <= memory_bytes))
+                               static[r], act, total, inflight, total <= memory_bytes))
     bubble = 1.0 - sum(busy) / (pp * t) if t > 0 else 0.0
     return Summary(t, bubble, tuple(ranks))

@@ -1,0 +1,256 @@
+"""`ppsim plan`: search splits (and optionally schedule, vpp, microbatches, recompute)."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ppsim.config import Config, model_fields
+from ppsim.errors import UserError
+from ppsim.planner import Candidate, PlanResult, plan
+from ppsim.problem import build_problem
+
+SEARCH_AXES = ("schedule", "vpp", "microbatches", "recompute")
+EXIT_NO_FIT = 3
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One point of the widened search: a config and what changed in it."""
+
+    cfg: Config
+    label: str
+
+
+def variants(cfg: Config, axes: list[str]) -> list[Variant]:
+    """Configs the --search axes allow, the given one first; invalid combos skipped."""
+    for a in axes:
+        if a not in SEARCH_AXES:
+            raise UserError("--search", f"unknown axis {a!r}", "use any of " + ", ".join(
+                SEARCH_AXES))
+    base = replace(cfg, pipeline=replace(cfg.pipeline, split=None, layout=None,
+                                         first_stage_layers=None, last_stage_layers=None,
+                                         account_for_embedding=False, account_for_loss=False))
+    fields = model_fields(base.model)
+    transformer = fields.get("kind") == "transformer"
+    layers = int(fields["num_layers"])
+    p = base.pipeline
+    shapes = [(p.schedule, p.vpp)]
+    if "schedule" in axes or "vpp" in axes:
+        vpps = [v for v in (1, 2, 3, 4) if layers >= p.pp * v] if "vpp" in axes else [p.vpp]
+        names = ["gpipe", "1f1b", "interleaved-1f1b"] if "schedule" in axes else [p.schedule]
+        shapes = [(n, v) for n in names for v in vpps
+                  if (n == "interleaved-1f1b") == (v > 1) or n == "gpipe" and v == 1]
+    mbs_options: list[tuple[int, int | None]] = [(p.microbatches, None)]
+    if "microbatches" in axes and transformer:
+        # Keep the global batch: fewer, larger microbatches or more, smaller ones.
+        tokens = p.microbatches * int(fields.get("micro_batch_size", 1))
+        mbs_options = [(tokens // b, b) for b in (1, 2, 4, 8) if tokens % b == 0]
+    recomputes: list[str | None] = [None]
+    if "recompute" in axes and transformer:
+        recomputes = ["none", "selective", "full"]
+    out = [Variant(base, "as configured")]
+    for name, vpp in shapes:
+        for m, mbs in mbs_options:
+            for rc in recomputes:
+                model = copy.deepcopy(base.model)
+                if mbs is not None:
+                    model["micro_batch_size"] = mbs
+                if rc is not None:
+                    model["recompute"] = rc
+                c = replace(base, model=model, pipeline=replace(p, schedule=name, vpp=vpp,
+                                                                microbatches=m))
+                label = f"{name} vpp={vpp} m={m}" + (f" mbs={mbs}" if mbs else "") + \
+                    (f" recompute={rc}" if rc else "")
+                if c != base:
+                    out.append(Variant(c, label))
+    return out
+
+
+def run_search(cfg: Config, axes: list[str], top_k: int, budget_s: float,
+               show_progress: bool) -> tuple[PlanResult, list[tuple[str, PlanResult]]]:
+    """Plan every variant; the best result overall, and each variant's result."""
+    vs = variants(cfg, axes)
+    results: list[tuple[str, PlanResult]] = []
+    problems = []
+    for v in vs:
+        try:
+            problems.append((v, build_problem(v.cfg)))
+        except UserError:
+            if v is vs[0]:
+                raise
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                  TextColumn("{task.fields[evaluated]} splits timed"), TimeElapsedColumn(),
+                  disable=not show_progress, transient=True, console=_stderr()) as bar:
+        task = bar.add_task("planning", total=len(problems), evaluated=0)
+        for v, problem in problems:
+            bar.update(task, description=f"planning {v.label}")
+
+            def tick(done: int, _total: int, task: Any = task) -> None:
+                bar.update(task, evaluated=done)
+
+            results.append((v.label, plan(problem, top_k=top_k, progress=tick,
+                                          time_budget_s=budget_s / len(problems))))
+            bar.advance(task)
+    fitting = [r for _, r in results if r.best is not None]
+    best = min(fitting, key=lambda r: r.best.key) if fitting else results[0][1]  # type: ignore
+    return best, results
+
+
+def _stderr() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def candidate_dict(c: Candidate) -> dict[str, Any]:
+    s = c.summary
+    return {"split": list(c.split.counts), "iteration_time_ms": s.iteration_time_ms,
+            "bubble_fraction": s.bubble_fraction, "fits": s.fits,
+            "peak_memory_bytes": [r.peak_memory_bytes for r in s.ranks]}
+
+
+def result_dict(res: PlanResult) -> dict[str, Any]:
+    from ppsim.cli import split_exports
+
+    p = res.problem
+    out: dict[str, Any] = {
+        "schedule": p.schedule.name, "pp": p.schedule.pp, "vpp": p.schedule.vpp,
+        "microbatches": p.schedule.microbatches, "memory_limit_bytes": p.hardware.memory_bytes,
+        "best": None, "baseline": candidate_dict(res.baseline) if res.baseline else None,
+        "deepspeed": candidate_dict(res.deepspeed) if res.deepspeed else None,
+        "candidates": [candidate_dict(c) for c in res.candidates],
+        "proven_optimal": res.proven_optimal, "lower_bound_ms": res.lower_bound_ms,
+        "evaluated": res.evaluated, "total_splits": res.total_splits, "seconds": res.seconds,
+    }
+    if res.best is not None:
+        best = candidate_dict(res.best)
+        best.update(split_exports(res.best.split))
+        t = res.best.summary.iteration_time_ms
+        best["gap_to_lower_bound"] = (t - res.lower_bound_ms) / t if t else 0.0
+        for name in ("baseline", "deepspeed"):
+            ref = getattr(res, name)
+            if ref is not None:
+                best[f"speedup_vs_{name}"] = ref.summary.iteration_time_ms / t
+        out["best"] = best
+    return out
+
+
+def no_fit_message(res: PlanResult) -> str:
+    p = res.problem
+    peak, rank = res.smallest_peak or (0, 0)
+    tips = [f"more pipeline stages (--pp {p.schedule.pp * 2})",
+            "activation recompute (--recompute selective or full)",
+            "a smaller micro-batch or fewer microbatches in flight"]
+    return (f"no split fits {p.hardware.memory_bytes / 1e9:.1f} GB per rank: the smallest "
+            f"peak any split reaches is {peak / 1e9:.2f} GB on rank {rank}; try "
+            + ", ".join(tips))
+
+
+def print_result(res: PlanResult, per_variant: list[tuple[str, PlanResult]], top: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ppsim.cli import print_exports, split_exports
+    from ppsim.report import fmt_bytes
+
+    console = Console()
+    p = res.problem
+    if len(per_variant) > 1:
+        t = Table(title="search", title_justify="left")
+        for col in ("variant", "best ms", "split", "proven"):
+            t.add_column(col)
+        for label, r in sorted(per_variant, key=lambda x: x[1].best.key if x[1].best
+                               else (float("inf"), 0)):
+            t.add_row(label, f"{r.best.summary.iteration_time_ms:.2f}" if r.best else "no fit",
+                      str(list(r.best.split.counts)) if r.best else "-",
+                      "yes" if r.proven_optimal else f">= {r.lower_bound_ms:.2f}")
+        console.print(t)
+    assert res.best is not None
+    base_t = res.baseline.summary.iteration_time_ms if res.baseline else None
+    t = Table(title=f"{p.schedule.name} pp={p.schedule.pp} vpp={p.schedule.vpp} "
+              f"m={p.schedule.microbatches}, limit {fmt_bytes(p.hardware.memory_bytes)} "
+              "per rank", title_justify="left")
+    for col in ("", "split", "iter ms", "bubble", "peak GB per rank", "vs even"):
+        t.add_column(col)
+
+    def row(label: str, c: Candidate) -> None:
+        if len(c.summary.ranks) <= 8:
+            peaks = " ".join(("" if r.fits else "[red]") + f"{r.peak_memory_bytes / 1e9:.1f}"
+                             + ("" if r.fits else "[/red]") for r in c.summary.ranks)
+        else:
+            worst = max(c.summary.ranks, key=lambda r: r.peak_memory_bytes)
+            peaks = f"max {worst.peak_memory_bytes / 1e9:.1f} (rank {worst.rank})"
+        speed = f"{base_t / c.summary.iteration_time_ms:.3f}x" if base_t else "-"
+        t.add_row(label, ",".join(map(str, c.split.counts)), f"{c.summary.iteration_time_ms:.2f}",
+                  f"{c.summary.bubble_fraction:.1%}", peaks, speed)
+
+    for i, c in enumerate(res.candidates[:top]):
+        row("best" if i == 0 else f"#{i + 1}", c)
+    if res.baseline is not None:
+        row("Megatron even" + ("" if res.baseline.summary.fits else " [red](OOM)[/red]"),
+            res.baseline)
+    if res.deepspeed is not None:
+        row("DeepSpeed params" + ("" if res.deepspeed.summary.fits else " [red](OOM)[/red]"),
+            res.deepspeed)
+    console.print(t)
+    bt = res.best.summary.iteration_time_ms
+    if res.proven_optimal:
+        console.print(f"[green]optimal[/green] for the cost model: {res.evaluated:,} of "
+                      f"{res.total_splits:,} splits timed in {res.seconds:.2f} s")
+    else:
+        console.print(f"[yellow]not proven optimal[/yellow] within the time budget: lower bound "
+                      f"{res.lower_bound_ms:.2f} ms, gap {(bt - res.lower_bound_ms) / bt:.2%}; "
+                      f"{res.evaluated:,} of {res.total_splits:,} splits timed in "
+                      f"{res.seconds:.2f} s")
+    print_exports(console, split_exports(res.best.split))
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from ppsim.cli import config_from_args, emit_json
+
+    cfg = config_from_args(args)
+    if args.top < 1:
+        raise UserError("--top", f"must be at least 1, got {args.top}", "use --top 5")
+    if args.time_budget <= 0:
+        raise UserError("--time-budget", "must be positive", "use e.g. --time-budget 30")
+    axes = [a.strip() for a in args.search.split(",") if a.strip()] if args.search else []
+    best, per_variant = run_search(cfg, axes, args.top, args.time_budget,
+                                   show_progress=not args.json and sys.stderr.isatty())
+    if args.json:
+        out = result_dict(best)
+        if len(per_variant) > 1:
+            out["variant"] = next(label for label, r in per_variant if r is best)
+            out["variants"] = [{"variant": label, "best": candidate_dict(r.best)
+                                if r.best else None, "proven_optimal": r.proven_optimal}
+                               for label, r in per_variant]
+        if best.best is None:
+            peak, rank = best.smallest_peak or (0, 0)
+            out["smallest_peak_bytes"], out["smallest_peak_rank"] = peak, rank
+        emit_json(out)
+        return 0 if best.best is not None else EXIT_NO_FIT
+    if best.best is None:
+        sys.stderr.write(f"ppsim plan: {no_fit_message(best)}\n")
+        return EXIT_NO_FIT
+    print_result(best, per_variant, args.top)
+    return 0
+
+
+def register(commands: dict) -> None:
+    def add(p: argparse.ArgumentParser) -> None:
+        from ppsim.cli import add_config_flags
+
+        add_config_flags(p, split_flags=False)
+        p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+        p.add_argument("--top", type=int, default=5, metavar="K", help="candidates to show")
+        p.add_argument("--search", metavar="AXES",
+                       help="also search over: " + ",".join(SEARCH_AXES))
+        p.add_argument("--time-budget", type=float, default=60.0, metavar="S",
+                       help="stop proving optimality after S seconds (default 60)")
+
+    commands["plan"] = ("find the fastest split that fits memory", add, cmd_plan)

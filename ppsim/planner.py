@@ -1,0 +1,615 @@
+"""Exact search for the fastest split that fits memory.
+
+Branch and bound over the layer counts of the virtual stages, in stage
+order. A valid lower bound on any schedule's iteration time holds for every
+rank r: its first op cannot start before microbatch 0's forward has crossed
+stages 0..r-1 (head), it is busy m x its stages' work, and after its last
+backward the gradient must still cross stages r-1..0 (tail, when the
+backward is not split). For one chunk per rank the best bound reachable by
+any completion of a prefix is computed exactly by a min-max dynamic
+program; with chunks a water-filling relaxation is used. Leaves are timed
+by the list-scheduling evaluator, which equals the simpy simulator. A
+branch is cut only when its bound is worse than the K-th best found, so
+the answer is optimal for the cost model whenever the search finishes; if
+a time budget stops it, the smallest open bound is a proven lower bound.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache, lru_cache
+
+from ppsim.costs import StageCost, stage_cost
+from ppsim.evaluate import list_schedule
+from ppsim.problem import Problem
+from ppsim.schedules import F
+from ppsim.split import Split, split_from_counts
+from ppsim.timing import Summary, compile_schedule, summarize
+
+INF = math.inf
+TIE = 1e-9
+"""Iteration times within this relative difference count as equal."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    split: Split
+    summary: Summary
+
+    @property
+    def key(self) -> tuple[float, int]:
+        """Rank order: faster first, then lower peak memory."""
+        return (self.summary.iteration_time_ms, self.summary.peak_memory_bytes)
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    problem: Problem
+    best: Candidate | None
+    """Fastest split that fits memory (None when none fits)."""
+    candidates: list[Candidate]
+    """Top K that fit, best first."""
+    baseline: Candidate | None
+    """Megatron's even split (as even as possible when the layers don't divide)."""
+    deepspeed: Candidate | None
+    """DeepSpeed's parameter-balanced split (one chunk per rank only)."""
+    proven_optimal: bool
+    lower_bound_ms: float
+    """No split that fits is faster than this."""
+    evaluated: int
+    total_splits: int
+    smallest_peak: tuple[int, int] | None
+    """(bytes, rank): the lowest max-rank peak memory any split reaches, when none fits."""
+    seconds: float
+
+
+def count_splits(layers: int, stages: int) -> int:
+    """Splits of `layers` into `stages` ordered counts >= 0."""
+    return math.comb(layers + stages - 1, stages - 1)
+
+
+class SplitSearch:
+    """Everything that stays fixed while the split varies, precomputed once."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+        self.costs = problem.costs
+        self.sched = problem.schedule
+        self.compiled = compile_schedule(problem.schedule)
+        self.pp, self.vpp, self.m = self.sched.pp, self.sched.vpp, self.sched.microbatches
+        self.S = self.sched.num_stages
+        self.L = self.costs.num_layers
+        self.memory = problem.hardware.memory_bytes
+        self.split_bw = self.sched.split_backward
+        self.evaluated = 0
+        hidden = self.costs.hidden_bytes
+        self.delay = [0.0 if self.sched.stage_rank(s) == self.sched.stage_rank(s + 1)
+                      else problem.hardware.transfer_ms(hidden) for s in range(self.S - 1)]
+        # Per-op message delays do not depend on the split (hidden size is fixed).
+        self.send_delay = [[self.delay[ss] if ss >= 0 else 0.0 for ss in stages]
+                           for stages in self.compiled.send_stage]
+        self.patterns = [self._memory_pattern(r) for r in range(self.pp)]
+        self.rank_stages = [[s for s in range(self.S) if self.sched.stage_rank(s) == r]
+                            for r in range(self.pp)]
+        self._stage = lru_cache(maxsize=None)(self._stage_cost)
+        self._evaluated: dict[tuple[int, ...], Summary] = {}
+        self._prepare_paths()
+
+    # ------------------------------------------------------------ costs
+
+    def _stage_cost(self, offset: int, count: int, index: int) -> StageCost:
+        return stage_cost(self.costs, offset, count, index == 0, index == self.S - 1)
+
+    def stage(self, offset: int, count: int, index: int) -> StageCost:
+        return self._stage(offset, count, index)
+
+    def work(self, c: StageCost) -> float:
+        """Busy time of one microbatch on a stage (F + B + W)."""
+        return c.forward_ms + c.backward_ms
+
+    def _memory_pattern(self, r: int) -> list[tuple[int, ...]]:
+        """Per-chunk (full, kept) activation counts at every op start on rank r.
+
+        A rank's peak activation bytes is the max over these records of
+        sum(full_c * activation_c + kept_c * weight_grad_c), integer-exact.
+        """
+        chunks = self.vpp
+        full = [0] * chunks
+        kept = [0] * chunks
+        records = set()
+        for kind, stage in zip(self.compiled.kind[r], self.compiled.stage[r], strict=True):
+            c = stage // self.pp
+            if kind == F:
+                full[c] += 1
+            records.add(tuple(full) + tuple(kept))
+            if kind == "B":
+                full[c] -= 1
+                if self.split_bw:
+                    kept[c] += 1
+            elif kind == "W":
+                kept[c] -= 1
+        return sorted(records)
+
+    def rank_peak(self, r: int, costs: list[StageCost]) -> int:
+        """Peak activation bytes on rank r given its stages' costs (chunk order)."""
+        act = [c.activation_bytes for c in costs]
+        keep = [min(c.weight_grad_bytes, c.activation_bytes) if self.split_bw else 0
+                for c in costs]
+        n = len(costs)
+        best = 0
+        for rec in self.patterns[r]:
+            v = 0
+            for i in range(n):
+                v += rec[i] * act[i] + rec[n + i] * keep[i]
+            if v > best:
+                best = v
+        return best
+
+    # ------------------------------------------------------------ evaluation
+
+    def stage_costs(self, counts: tuple[int, ...]) -> list[StageCost]:
+        out, offset = [], 0
+        for i, n in enumerate(counts):
+            out.append(self.stage(offset, n, i))
+            offset += n
+        return out
+
+    def evaluate(self, counts: tuple[int, ...]) -> Summary:
+        """Exactly what simulate() reports for this split (tests prove it)."""
+        hit = self._evaluated.get(counts)
+        if hit is not None:
+            return hit
+        self.evaluated += 1
+        costs = self.stage_costs(counts)
+        f = [c.forward_ms for c in costs]
+        if self.split_bw:
+            b = [c.backward_ms - c.weight_grad_ms for c in costs]
+        else:
+            b = [c.backward_ms for c in costs]
+        w = [c.weight_grad_ms for c in costs]
+        by_kind = {"F": f, "B": b, "W": w}
+        durations = [[by_kind[k][s] for k, s in zip(kinds, stages, strict=True)]
+                     for kinds, stages in zip(self.compiled.kind, self.compiled.stage,
+                                              strict=True)]
+        _, ends = list_schedule(self.compiled, durations, self.send_delay)
+        busy = []
+        for durs in durations:
+            t = 0.0
+            for d in durs:
+                t += d
+            busy.append(t)
+        statics = [0] * self.pp
+        peaks = []
+        layers = []
+        for r in range(self.pp):
+            rc = [costs[s] for s in self.rank_stages[r]]
+            statics[r] = sum(c.static_bytes for c in rc)
+            inflight = max((sum(rec[:self.vpp]) for rec in self.patterns[r]), default=0)
+            peaks.append((self.rank_peak(r, rc), inflight))
+            layers.append(sum(counts[s] for s in self.rank_stages[r]))
+        last = [e[-1] if e else 0.0 for e in ends]
+        summary = summarize(statics, last, busy, layers, self.memory, peaks)
+        self._evaluated[counts] = summary
+        return summary
+
+    # ------------------------------------------------------------ bounds
+
+    def head(self, costs: list[StageCost], upto: int) -> float:
+        """Time before stage `upto`'s first op can start, plus its return trip."""
+        t = 0.0
+        for j in range(upto):
+            t += costs[j].forward_ms + self.delay[j]
+            if not self.split_bw:
+                t += costs[j].backward_ms + self.delay[j]
+        return t
+
+    def _prepare_paths(self) -> None:
+        """Split-independent sums and per-rank schedule facts the path bounds use."""
+        c = self.costs
+        self.bpart = (lambda x: x.backward_ms - x.weight_grad_ms) if self.split_bw else \
+            (lambda x: x.backward_ms)
+        self.pre_f = [0.0]
+        self.pre_b = [0.0]
+        for lc in c.layers:
+            self.pre_f.append(self.pre_f[-1] + lc.forward_ms)
+            self.pre_b.append(self.pre_b[-1] + self.bpart(lc))
+        self.total_f = c.embedding.forward_ms + self.pre_f[-1] + c.head.forward_ms
+        self.total_b = self.bpart(c.embedding) + self.pre_b[-1] + self.bpart(c.head)
+        self.emb_f, self.emb_b = c.embedding.forward_ms, self.bpart(c.embedding)
+        self.pre_d = [0.0]
+        for d in self.delay:
+            self.pre_d.append(self.pre_d[-1] + d)
+        # Per rank: stage of its first op, of its first B (and how many forwards of
+        # each chunk precede it), and of its last op when that is a B.
+        self.first_stage, self.first_b, self.fwd_before_b, self.tail_stage = [], [], [], []
+        for kinds, stages in zip(self.compiled.kind, self.compiled.stage, strict=True):
+            self.first_stage.append(stages[0])
+            i = kinds.index("B")
+            self.first_b.append(stages[i])
+            per_chunk = [0] * self.vpp
+            for st in stages[:i]:
+                per_chunk[st // self.pp] += 1
+            self.fwd_before_b.append(per_chunk)
+            self.tail_stage.append(stages[-1] if kinds[-1] == "B" else -1)
+
+    def rank_term(self, r: int, placed: dict[int, tuple[int, int]]) -> float:
+        """Lower bound on T from two paths through rank r, once its stages are placed.
+
+        `placed` maps stage -> (first layer, layer count) for at least every stage
+        up to rank r's last. Path 1: microbatch 0's forward reaches rank r's first
+        stage, then every op of rank r, then (if the rank ends with B) the last
+        gradient returns to stage 0. Path 2: the forward of the microbatch whose
+        B rank r runs first goes all the way down, its gradient comes back, then
+        every op of rank r from that B on, then the same return. Prefix sums
+        depend only on where a stage starts, and the totals are fixed.
+        """
+        m = self.m
+        stages = self.rank_stages[r]
+        costs = {st: self.stage(*placed[st], st) for st in stages}
+        work = 0.0
+        for st in stages:
+            c = costs[st]
+            work += c.forward_ms + c.backward_ms
+        work *= m
+
+        def before_f(st: int) -> float:  # forward time of stages < st
+            return self.emb_f + self.pre_f[placed[st][0]] if st > 0 else 0.0
+
+        def before_b(st: int) -> float:
+            return self.emb_b + self.pre_b[placed[st][0]] if st > 0 else 0.0
+
+        ts = self.tail_stage[r]
+        tail = before_b(ts) + self.pre_d[ts] if ts >= 0 else 0.0
+        s0 = self.first_stage[r]
+        best = before_f(s0) + self.pre_d[s0] + work + tail
+        sb = self.first_b[r]
+        if sb < self.S - 1:
+            skipped = sum(costs[st].forward_ms * self.fwd_before_b[r][st // self.pp]
+                          for st in stages)
+            back_to_sb = self.total_b - before_b(sb) - self.bpart(costs[sb])
+            delays = 2 * self.pre_d[-1] - self.pre_d[sb]
+            best = max(best, self.total_f + back_to_sb + delays + work - skipped + tail)
+        return best * (1 - 1e-12)  # stay below the float-rounded true time
+
+    def stage_term(self, pos: int, count: int, k: int) -> float:
+        """rank_term for one chunk per rank, where stage k is rank k's only stage."""
+        return self.rank_term(k, {k: (pos, count)})
+
+
+# ---------------------------------------------------------------- search
+
+
+class _Stop(Exception):
+    pass
+
+
+def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] | None = None,
+         time_budget_s: float = 60.0) -> PlanResult:
+    """Search all splits of `problem` for the fastest that fits memory."""
+    t0 = time.perf_counter()
+    search = SplitSearch(problem)
+    S, L, pp = search.S, search.L, search.pp
+    top: list[tuple[float, int, tuple[int, ...]]] = []  # max-heap via negation
+
+    best_key: list[tuple[float, float]] = [(INF, INF)]
+
+    def threshold() -> tuple[float, float]:
+        """Prune against the best found: the optimum is exact; runners-up are the
+        best of the splits the search happened to evaluate."""
+        return best_key[0]
+
+    offered: set[tuple[int, ...]] = set()
+
+    def offer(counts: tuple[int, ...]) -> None:
+        if counts in offered:
+            return
+        offered.add(counts)
+        s = search.evaluate(counts)
+        if not s.fits:
+            return
+        key = (s.iteration_time_ms, s.peak_memory_bytes)
+        if key < best_key[0]:
+            best_key[0] = key
+        item = (-s.iteration_time_ms, -s.peak_memory_bytes, tuple(-c for c in counts))
+        if len(top) < top_k:
+            heapq.heappush(top, item)
+        elif item > top[0]:
+            heapq.heapreplace(top, item)
+
+    def rank_total(r: int, costs: list[StageCost]) -> int:
+        """Peak memory of rank r once all its stages are placed."""
+        rc = [costs[s] for s in search.rank_stages[r]]
+        return sum(c.static_bytes for c in rc) + search.rank_peak(r, rc)
+
+    last_stage_of_rank = {max(st): r for r, st in enumerate(search.rank_stages)}
+    exact_dp = search.vpp == 1
+    suffix = _SuffixBound(search) if exact_dp else None
+    total_work = None if exact_dp else _WaterFill(search)
+
+    # Seeds give the threshold a good start: the even split and the DP's own pick.
+    seeds = [even_counts(L, S)]
+    if suffix is not None:
+        seeds.append(suffix.argmin())
+    for seed in seeds:
+        if seed is not None:
+            offer(seed)
+
+    stack_bounds: list[float] = []  # bounds of open branches, for the proven lower bound
+    deadline = t0 + time_budget_s
+    nodes = [0]
+
+    def bound_of(costs: list[StageCost], k: int, pos: int, base: float) -> float:
+        """Lower bound on T for every completion of the first k stages."""
+        if exact_dp:
+            return max(base, suffix.value(pos, k))  # type: ignore[union-attr]
+        return max(base, total_work.bound(costs, k, L - pos))  # type: ignore[union-attr]
+
+    def dfs(costs: list[StageCost], counts: list[int], pos: int, base: float,
+            mem: int) -> None:  # noqa: C901
+        """base: max stage term placed so far; mem: max peak of the complete ranks."""
+        k = len(counts)
+        if k == S - 1:
+            c = L - pos
+            r = search.sched.stage_rank(k)
+            if rank_total(r, costs + [search.stage(pos, c, k)]) <= search.memory:
+                offer(tuple(counts + [c]))
+            return
+        nodes[0] += 1
+        if nodes[0] % 256 == 0:
+            if progress is not None:
+                progress(search.evaluated, 0)
+            if time.perf_counter() > deadline:
+                open_bound[0] = min(stack_bounds, default=INF)
+                raise _Stop
+        r = search.sched.stage_rank(k)
+        closes_rank = last_stage_of_rank.get(k) == r
+        children = []
+        for c in range(L - pos + 1):
+            new = costs + [search.stage(pos, c, k)]
+            child_mem = mem
+            if closes_rank:
+                total = rank_total(r, new)
+                if total > search.memory:
+                    break  # more layers only need more memory
+                child_mem = max(mem, total)
+            nb = base
+            if closes_rank:
+                spans = {}
+                at = 0
+                for i, n in enumerate(counts + [c]):
+                    spans[i] = (at, n)
+                    at += n
+                nb = max(base, search.rank_term(r, spans))
+            b = bound_of(new, k + 1, pos + c, nb)
+            if b == INF:
+                continue  # no completion fits memory
+            children.append((b, c, new, nb, child_mem))
+        children.sort(key=lambda x: (x[0], x[4], -x[1]))
+        for i, (b, c, new, nb, child_mem) in enumerate(children):
+            th_t, th_mem = threshold()
+            # Times within TIE of each other are equal; then lower memory wins.
+            if b > th_t * (1 + TIE) or (b >= th_t * (1 - TIE) and child_mem >= th_mem):
+                if b > th_t * (1 + TIE):
+                    break
+                continue
+            stack_bounds.append(min(x[0] for x in children[i:]))
+            try:
+                dfs(new, counts + [c], pos + c, nb, child_mem)
+            finally:
+                stack_bounds.pop()
+
+    finished = True
+    open_bound = [INF]
+    try:
+        if S == 1:
+            offer((L,))
+        else:
+            dfs([], [], 0, 0.0, 0)
+    except _Stop:
+        finished = False
+
+    ranked = sorted(((-t, -p, tuple(-c for c in cs)) for t, p, cs in top))
+    cands = [Candidate(split_from_counts(cs, pp, search.vpp, L, search.sched.placement),
+                       search.evaluate(cs)) for _, _, cs in ranked]
+    best = cands[0] if cands else None
+    if best is not None:
+        lower = min(best.summary.iteration_time_ms, open_bound[0])
+    else:
+        lower = open_bound[0] if not finished else INF
+    if progress is not None:
+        progress(search.evaluated, search.evaluated)
+    base = even_counts(L, S)
+    baseline = _candidate(search, base) if base else None
+    ds = deepspeed_counts(search) if search.vpp == 1 else None
+    return PlanResult(problem, best, cands, baseline, _candidate(search, ds) if ds else None,
+                      finished and best is not None, lower, search.evaluated,
+                      count_splits(L, S), None if best else smallest_peak(search),
+                      time.perf_counter() - t0)
+
+
+def _candidate(search: SplitSearch, counts: tuple[int, ...]) -> Candidate:
+    return Candidate(split_from_counts(counts, search.pp, search.vpp, search.L,
+                                       search.sched.placement), search.evaluate(counts))
+
+
+def even_counts(layers: int, stages: int) -> tuple[int, ...]:
+    """Megatron's even split; with a remainder, the first stages take one more."""
+    q, rem = divmod(layers, stages)
+    return tuple(q + (1 if i < rem else 0) for i in range(stages))
+
+
+def deepspeed_counts(search: SplitSearch) -> tuple[int, ...]:
+    """DeepSpeed partition_method='parameters': contiguous parts minimising the largest
+    parameter (static-byte) sum, with the embedding and head counted as layers."""
+    S, L = search.S, search.L
+
+    @cache
+    def best(pos: int, k: int) -> tuple[float, tuple[int, ...]]:
+        if k == S - 1:
+            return (search.stage(pos, L - pos, k).static_bytes, (L - pos,))
+        out = (INF, ())
+        for c in range(L - pos + 1):
+            here = search.stage(pos, c, k).static_bytes
+            if here >= out[0]:
+                break
+            rest, tail = best(pos + c, k + 1)
+            v = max(here, rest)
+            if v < out[0]:
+                out = (v, (c,) + tail)
+        return out
+
+    return best(0, 0)[1]
+
+
+class _SuffixBound:
+    """Exact min over completions of the max stage term, one chunk per rank.
+
+    value(pos, k): layers pos..L-1 on stages k..S-1; stages that cannot fit
+    memory are excluded (infinite).
+    """
+
+    def __init__(self, search: SplitSearch) -> None:
+        self.s = search
+        self.table: dict[tuple[int, int], tuple[float, int]] = {}
+
+    def _fits(self, pos: int, c: int, k: int) -> bool:
+        sc = self.s.stage(pos, c, k)
+        return sc.static_bytes + self.s.rank_peak(k, [sc]) <= self.s.memory
+
+    def value(self, pos: int, k: int) -> float:
+        return self._solve(pos, k)[0]
+
+    def _solve(self, pos: int, k: int) -> tuple[float, int]:
+        key = (pos, k)
+        hit = self.table.get(key)
+        if hit is not None:
+            return hit
+        s = self.s
+        L, S = s.L, s.S
+        if k == S - 1:
+            c = L - pos
+            res = (s.stage_term(pos, c, k) if self._fits(pos, c, k) else INF, c)
+        else:
+            res = (INF, 0)
+            for c in range(L - pos + 1):
+                if not self._fits(pos, c, k):
+                    break
+                v = max(s.stage_term(pos, c, k), self._solve(pos + c, k + 1)[0])
+                if v < res[0]:
+                    res = (v, c)
+        self.table[key] = res
+        return res
+
+    def argmin(self) -> tuple[int, ...] | None:
+        counts, pos = [], 0
+        for k in range(self.s.S):
+            v, c = self._solve(pos, k)
+            if v == INF:
+                return None
+            counts.append(c)
+            pos += c
+        return tuple(counts)
+
+
+class _WaterFill:
+    """Bound for several chunks per rank: per rank head + m * placed work, and the
+    unplaced work poured (continuously) onto the ranks that still have stages."""
+
+    def __init__(self, search: SplitSearch) -> None:
+        self.s = search
+        layers = search.costs.layers
+        self.suffix_work = [0.0] * (len(layers) + 1)
+        for i in range(len(layers) - 1, -1, -1):
+            lc = layers[i]
+            self.suffix_work[i] = self.suffix_work[i + 1] + lc.forward_ms + lc.backward_ms
+        head = search.costs.head
+        self.head_work = head.forward_ms + head.backward_ms
+
+    def bound(self, costs: list[StageCost], k: int, remaining: int) -> float:
+        s = self.s
+        m, pp = s.m, s.pp
+        level = [0.0] * pp
+        open_ranks = set()
+        for r in range(pp):
+            h = s.head(costs, min(r, k))
+            w = sum(s.work(costs[j]) for j in s.rank_stages[r] if j < k)
+            level[r] = h + m * w
+            if any(j >= k for j in s.rank_stages[r]):
+                open_ranks.add(r)
+        pour = m * (self.suffix_work[s.L - remaining] + (self.head_work if k < s.S else 0.0))
+        placed_max = max(level)
+        if not open_ranks or pour <= 0:
+            return placed_max
+        lv = sorted(level[r] for r in open_ranks)
+        # Raise the lowest open levels together until the poured work is used up.
+        total, n = 0.0, 0
+        for i, x in enumerate(lv):
+            n = i + 1
+            total += x
+            nxt = lv[i + 1] if i + 1 < len(lv) else INF
+            h = (pour + total) / n
+            if h <= nxt:
+                return max(placed_max, h)
+        return max(placed_max, (pour + total) / n)
+
+
+def smallest_peak(search: SplitSearch, budget_s: float = 5.0) -> tuple[int, int]:
+    """(bytes, rank): the lowest highest-rank peak memory over all splits.
+
+    Exact min-max dynamic program with one chunk per rank; with chunks a
+    branch and bound that stops at the budget (then the best found).
+    """
+    S, L = search.S, search.L
+
+    def total(r: int, costs: list[StageCost]) -> int:
+        rc = [costs[s] for s in search.rank_stages[r]]
+        return sum(c.static_bytes for c in rc) + search.rank_peak(r, rc)
+
+    if search.vpp == 1:
+        @cache
+        def best(pos: int, k: int) -> tuple[float, int]:
+            if k == S - 1:
+                return (total(k, [search.stage(pos, L - pos, k)] * (k + 1)), k)
+            out: tuple[float, int] = (INF, -1)
+            for c in range(L - pos + 1):
+                here = total(k, [search.stage(pos, c, k)] * (k + 1))
+                if here >= out[0]:
+                    break
+                rest = best(pos + c, k + 1)
+                v = max((here, k), rest)
+                if v[0] < out[0]:
+                    out = v
+            return out
+
+        v, r = best(0, 0)
+        return int(v), r
+    found: list = [INF, -1]
+    last_of_rank = {max(st): r for r, st in enumerate(search.rank_stages)}
+    deadline = time.perf_counter() + budget_s
+
+    def dfs(costs: list[StageCost], pos: int, cur: tuple[float, int]) -> None:
+        k = len(costs)
+        if k == S:
+            if cur[0] < found[0]:
+                found[:] = [cur[0], cur[1]]
+            return
+        if time.perf_counter() > deadline:
+            return
+        for c in (range(L - pos + 1) if k < S - 1 else [L - pos]):
+            new = costs + [search.stage(pos, c, k)]
+            v = cur
+            r = last_of_rank.get(k)
+            if r is not None:
+                v = max(cur, (total(r, new), r))
+            if v[0] >= found[0]:
+                if r is not None:
+                    break
+                continue
+            dfs(new, pos + c, v)
+
+    dfs([], 0, (0, -1))
+    return int(found[0]), found[1]
