@@ -359,12 +359,11 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
                 offer(tuple(counts + [c]))
             return
         nodes[0] += 1
-        if nodes[0] % 256 == 0:
-            if progress is not None:
-                progress(search.evaluated, 0)
-            if time.perf_counter() > deadline:
-                open_bound[0] = min(stack_bounds, default=INF)
-                raise _Stop
+        if progress is not None and nodes[0] % 256 == 0:
+            progress(search.evaluated, 0)
+        if time.perf_counter() > deadline:
+            open_bound[0] = min(stack_bounds, default=INF)
+            raise _Stop
         r = search.sched.stage_rank(k)
         closes_rank = last_stage_of_rank.get(k) == r
         children = []
@@ -408,6 +407,7 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
         if S == 1:
             offer((L,))
         else:
+            stack_bounds.append(bound_of([], 0, 0, 0.0))  # the root: every split
             dfs([], [], 0, 0.0, 0)
     except _Stop:
         finished = False
