@@ -118,7 +118,12 @@ def run_torchrun(cmd: list[str], on_progress: Callable[[dict], None],
         for line in proc.stdout:
             line = line.rstrip("\n")
             if line.startswith("ppsim-progress "):
-                on_progress(json.loads(line.split(" ", 1)[1]))
+                try:
+                    msg = json.loads(line.split(" ", 1)[1])
+                except ValueError:  # interleaved with another process's output
+                    tail.append(line)
+                    continue
+                on_progress(msg)
             elif line.startswith("ppsim-error: "):
                 out.errors.append(line.split(": ", 1)[1])
             elif line.startswith("ppsim-abort: "):

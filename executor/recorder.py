@@ -45,8 +45,9 @@ def align_clocks(rank: int, rounds: int = 7) -> tuple[int, int]:
 class Recorder:
     """Collects this rank's trace events; times are µs on rank 0's clock."""
 
-    def __init__(self, rank: int, device: torch.device, offset_ns: int, epoch_ns: int) -> None:
-        self.rank = rank
+    def __init__(self, rank: int, device: torch.device, offset_ns: int, epoch_ns: int,
+                 warmup: int = 0) -> None:
+        self.rank, self.warmup = rank, warmup
         self.cuda = device.type == "cuda"
         self.offset_ns, self.epoch_ns = offset_ns, epoch_ns
         self.events: list[dict] = []
@@ -123,13 +124,14 @@ class Recorder:
         if self.cuda:
             torch.cuda.synchronize()
         it, r = self.iteration, self.rank
+        extra = {"warmup": True} if it < self.warmup else {}
         for what, start, end, a in self._pending:
             ts = self._us(start)
             if what == "op":
                 dur = max(0.0, self._us(end) - ts)
                 (s0, a0), (s1, a1) = a["mem"]
                 self.events.append(tr.compute_event(r, a["kind"], a["stage"], a["chunk"],
-                                                    a["microbatch"], it, ts, dur))
+                                                    a["microbatch"], it, ts, dur, **extra))
                 self.events.append(tr.memory_event(r, ts, s0, a0))
                 self.events.append(tr.memory_event(r, ts + dur, s1, a1))
             elif what == "send":
@@ -138,7 +140,7 @@ class Recorder:
                 self.events.append({"name": "optimizer step", "cat": "optimizer", "ph": "X",
                                     "pid": r, "tid": tr.COMPUTE_TID, "ts": ts,
                                     "dur": max(0.0, self._us(end) - ts),
-                                    "args": {"iteration": it}})
+                                    "args": {"iteration": it, **extra}})
         self._pending.clear()
 
 

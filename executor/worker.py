@@ -144,7 +144,7 @@ def _engine(args: argparse.Namespace, problem: Any, shape: GPTShape, rank: int,
             _finish_files(args, None, res)
         return res
     offset, epoch = align_clocks(rank)
-    rec = Recorder(rank, device, offset, epoch)
+    rec = Recorder(rank, device, offset, epoch, warm)
     fault = Fault.parse(args.inject_fault) if args.inject_fault else None
     rt = Runtime(problem, shape, rank, device, wire, rec, seed=args.seed, lr=args.lr,
                  fault=fault)

@@ -163,3 +163,12 @@ def test_merge_pairs_sends_with_arrivals() -> None:
     events = merge_parts([[send], [recv]], 2)
     (t,) = [e for e in events if e.get("cat") == "transfer"]
     assert (t["ts"], t["dur"], t["args"]["dst"]) == (0.0, 5.0, 1)
+
+
+def test_cli_module_imports_without_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, executor.cli, ppsim.cli; ppsim.cli.build_parser(); "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

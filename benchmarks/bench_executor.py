@@ -1,0 +1,80 @@
+"""Executor overhead on CPU: ppsim's runtime vs torch.distributed.pipelining, same split.
+
+Tiny preset, 2 ranks (gloo), 1F1B, 8 microbatches, split [5, 3]. Both engines
+run the same model, data and split; each is launched through `ppsim run`
+(torchrun) and the two alternate so drift in machine load hits both alike.
+The goal is a ratio <= 1.0 (ppsim at least as fast).
+
+Run: OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_executor.py [--device cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(engine: str, device: str, iterations: int, warmup: int) -> dict | None:
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "ppsim.cli", "run", "--preset", "tiny-gpt", "--pp", "2",
+               "--schedule", "1f1b", "--microbatches", "8", "--split", "5,3",
+               "--engine", engine, "--device", device, "--iterations", str(iterations),
+               "--warmup", str(warmup), "--trace-dir", tmp, "--json"]
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=600)
+        if res.returncode != 0:
+            print(f"{engine} run failed: {res.stderr.strip().splitlines()[:3]}")
+            return None
+        return json.loads(res.stdout)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--iterations", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2)
+    a = p.parse_args()
+    times: dict[str, list[float]] = {"ppsim": [], "torch": []}
+    last: dict[str, dict] = {}
+    for _ in range(a.rounds):
+        for engine in ("ppsim", "torch"):
+            res = run(engine, a.device, a.iterations, a.warmup)
+            if res is not None:
+                last[engine] = res
+                # median over the recorded iterations of this launch
+                times[engine].append(statistics.median(res["iteration_times_ms"]))
+    if "ppsim" not in last:
+        sys.exit("the ppsim executor did not run")
+    info = last["ppsim"]
+    print(f"tiny-gpt, pp 2, 1f1b, 8 microbatches, split [5, 3], device {a.device} "
+          f"({info['backend']}, transfers via {info['wire']})")
+    print(f"{'engine':28} {'iteration ms':>12} {'tokens/s':>10} {'loss':>8}")
+    best = {e: min(t) for e, t in times.items() if t}
+    for engine, name in (("ppsim", "ppsim executor"), ("torch", "torch.distributed.pipelining")):
+        if engine not in best:
+            print(f"{name:28} {'failed':>12}")
+            continue
+        res, t = last[engine], best[engine]
+        tokens = res["tokens_per_s"] * res["iteration_time_ms"] / t  # same tokens, time t
+        print(f"{name:28} {t:12.2f} {tokens:10,.0f} {res['loss']:8.4f}")
+    if "torch" in best:
+        print(f"ratio ppsim / torch = {best['ppsim'] / best['torch']:.3f}  (goal <= 1.0; best "
+              f"of {a.rounds} launches, median of {a.iterations - a.warmup} iterations each)")
+    if "ranks" in info:
+        print("ppsim per rank: " + ", ".join(
+            f"rank {r['rank']} busy {r['busy_ms']:.2f} ms bubble {r['bubble_fraction']:.0%}"
+            for r in info["ranks"]))
+
+
+if __name__ == "__main__":
+    main()
