@@ -42,7 +42,7 @@ def main() -> None:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--iterations", type=int, default=12)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
     a = p.parse_args()
     times: dict[str, list[float]] = {"ppsim": [], "torch": []}
     last: dict[str, dict] = {}
@@ -71,7 +71,7 @@ def main() -> None:
         print(f"ratio ppsim / torch = {best['ppsim'] / best['torch']:.3f}  (goal <= 1.0; best "
               f"of {a.rounds} launches, median of {a.iterations - a.warmup} iterations each)")
     if "ranks" in info:
-        print("ppsim per rank: " + ", ".join(
+        print("ppsim per rank (last launch): " + ", ".join(
             f"rank {r['rank']} busy {r['busy_ms']:.2f} ms bubble {r['bubble_fraction']:.0%}"
             for r in info["ranks"]))
 

@@ -29,12 +29,29 @@ def peer_class(name: str, vpp: int) -> str:
     return PEER_SCHEDULES[name]
 
 
+class HostStaged(torch.nn.Module):
+    """Computes on the GPU, takes and returns host tensors (autograd follows the copies).
+
+    Used when ranks share one GPU: gloo then carries the pipeline's messages, and
+    it moves host memory, so the peer stages through the host as ppsim's engine does.
+    """
+
+    def __init__(self, inner: torch.nn.Module, device: torch.device) -> None:
+        super().__init__()
+        self.inner, self.device = inner, device
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x.to(self.device)).to("cpu")
+
+
 def run_peer(problem: Any, shape: GPTShape, rank: int, device: torch.device, args: Any,
-             ctrl: Any, progress: Callable[[int, float], None]) -> dict[str, Any]:
+             ctrl: Any, progress: Callable[[int, float], None],
+             wire: torch.device | None = None) -> dict[str, Any]:
     from torch.distributed import pipelining
 
     split, sched = problem.split, problem.schedule
     m = sched.microbatches
+    wire = wire or device
     mods, stages = [], []
     for st in split.stages:
         if st.rank != rank:
@@ -42,7 +59,8 @@ def run_peer(problem: Any, shape: GPTShape, rank: int, device: torch.device, arg
         mod = StageModule(shape, st.offset, st.layers, st.has_embedding, st.has_head,
                           args.seed).to(device=device, dtype=shape.torch_dtype)
         mods.append(mod)
-        stages.append(pipelining.PipelineStage(mod, st.index, split.num_stages, device))
+        staged = HostStaged(mod, device) if wire != device else mod
+        stages.append(pipelining.PipelineStage(staged, st.index, split.num_stages, wire))
     cls = getattr(pipelining, peer_class(sched.name, split.vpp))
     runner = cls(stages[0], m, loss_fn=stage_loss) if split.vpp == 1 else \
         cls(stages, m, loss_fn=stage_loss)
@@ -53,8 +71,8 @@ def run_peer(problem: Any, shape: GPTShape, rank: int, device: torch.device, arg
     times, losses = [], []
     for it in range(args.iterations):
         batches = [microbatch(shape, args.seed, it, i) for i in range(m)]
-        ids = torch.cat([b[0] for b in batches]).to(device)
-        targets = torch.cat([b[1] for b in batches]).to(device)
+        ids = torch.cat([b[0] for b in batches]).to(wire)
+        targets = torch.cat([b[1] for b in batches]).to(wire)
         mb_losses: list[Any] = []
         dist.barrier(group=ctrl)
         t0 = time.perf_counter()

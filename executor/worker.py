@@ -138,7 +138,8 @@ def _engine(args: argparse.Namespace, problem: Any, shape: GPTShape, rank: int,
 
         res = run_peer(problem, shape, rank, device, args, ctrl,
                        lambda i, loss: _say("progress", {"iteration": i, "of": iters,
-                                                         "loss": loss}) if rank == 0 else None)
+                                                         "loss": loss}) if rank == 0 else None,
+                       wire)
         if rank == 0:
             res.update(meta)
             _finish_files(args, None, res)
