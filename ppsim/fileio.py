@@ -8,6 +8,18 @@ import tempfile
 from typing import Any
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _publish(tmp: str, path: str) -> None:
+    """mkstemp makes 0600 files; give the result the usual permissions, then rename."""
+    os.chmod(tmp, 0o666 & ~_umask())
+    os.replace(tmp, path)
+
+
 def write_text_atomic(path: str, text: str) -> None:
     """Write to a temp file in the same folder, fsync, then rename over path."""
     folder = os.path.dirname(os.path.abspath(path))
@@ -18,7 +30,7 @@ def write_text_atomic(path: str, text: str) -> None:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        _publish(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -34,7 +46,7 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        _publish(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -331,12 +331,44 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
     total_work = None if exact_dp else _WaterFill(search)
 
     # Seeds give the threshold a good start: the even split and the DP's own pick.
+    def climb(counts: tuple[int, ...]) -> None:
+        """Local search: move one layer from one stage to another while that helps.
+
+        Only a head start for the branch and bound (a better incumbent prunes
+        more); optimality still comes from the search below.
+        """
+        current = search.evaluate(counts)
+        key = (current.iteration_time_ms, current.peak_memory_bytes) if current.fits \
+            else (INF, current.peak_memory_bytes)
+        while time.perf_counter() < t0 + time_budget_s / 4:
+            moves = []
+            for a in range(S):  # one layer leaves stage a for stage b
+                if counts[a] == 0:
+                    continue
+                for b in range(S):
+                    if b != a:
+                        n = list(counts)
+                        n[a] -= 1
+                        n[b] += 1
+                        moves.append(tuple(n))
+            best_move = None
+            for n in moves:
+                offer(n)
+                s = search.evaluate(n)
+                k = (s.iteration_time_ms, s.peak_memory_bytes) if s.fits else (INF, INF)
+                if k < key:
+                    key, best_move = k, n
+            if best_move is None:
+                return
+            counts = best_move
+
     seeds = [even_counts(L, S)]
     if suffix is not None:
         seeds.append(suffix.argmin())
     for seed in seeds:
         if seed is not None:
             offer(seed)
+            climb(seed)
 
     stack_bounds: list[float] = []  # bounds of open branches, for the proven lower bound
     deadline = t0 + time_budget_s
