@@ -1,0 +1,211 @@
+"""Align two traces op by op and say where one left the other.
+
+Ops are matched by (rank, chunk, microbatch, kind) within one iteration of
+each trace; times are taken relative to that iteration's first op, so a
+simulated iteration (which starts at 0) and a real one (which starts
+wherever the clock was) line up. Signed differences are `b - a`: swapping
+the traces negates them. Relative errors are relative to `a`, the reference.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from ppsim.errors import UserError
+from ppsim.trace import Trace, TraceOp
+
+Key = tuple[int, int, int, str]
+
+
+@dataclass(frozen=True)
+class Window:
+    """One iteration of one trace, times in ms from the iteration's first op."""
+
+    trace: Trace
+    iteration: int
+    ops: dict[Key, TraceOp]
+    origin_us: float
+
+    def start(self, k: Key) -> float:
+        return (self.ops[k].start_us - self.origin_us) / 1e3
+
+    def dur(self, k: Key) -> float:
+        return self.ops[k].dur_us / 1e3
+
+    def end(self, k: Key) -> float:
+        return self.start(k) + self.dur(k)
+
+    @property
+    def iteration_time_ms(self) -> float:
+        return max(self.end(k) for k in self.ops) if self.ops else 0.0
+
+    def rank_ops(self, rank: int) -> list[Key]:
+        return sorted((k for k in self.ops if k[0] == rank), key=self.start)
+
+    def peak_memory(self, rank: int) -> int | None:
+        """Highest memory counter sample inside the iteration (None if not recorded)."""
+        samples = self.trace.memory.get(rank)
+        if not samples:
+            return None
+        lo = self.origin_us
+        hi = lo + self.iteration_time_ms * 1e3
+        inside = [b for t, b in samples if lo <= t <= hi]
+        return max(inside) if inside else max(b for _, b in samples)
+
+
+def steady_iteration(trace: Trace) -> int:
+    """The last recorded iteration: warm-up is over and nothing is left to settle."""
+    return trace.iterations[-1]
+
+
+def window(trace: Trace, iteration: int | None) -> Window:
+    its = trace.iterations
+    if iteration is None:
+        it = steady_iteration(trace)
+    elif iteration in its:
+        it = iteration
+    elif len(its) == 1:
+        it = its[0]  # a simulated trace holds one iteration; compare it with any
+    else:
+        raise UserError("--iteration", f"{trace.path} has no iteration {iteration}",
+                        f"choose one of {its}")
+    ops: dict[Key, TraceOp] = {}
+    for op in trace.ops:
+        if op.iteration == it:
+            if op.key in ops:
+                raise UserError("trace", f"{trace.path}: {op.kind} of rank {op.rank} chunk "
+                                f"{op.chunk} microbatch {op.microbatch} appears twice in "
+                                f"iteration {it}", "re-record the trace")
+            ops[op.key] = op
+    origin = min(op.start_us for op in ops.values())
+    return Window(trace, it, ops, origin)
+
+
+def check_compatible(a: Trace, b: Trace) -> None:
+    """Refuse to diff traces of different pipelines, naming the mismatch."""
+    for field in ("pp", "vpp", "schedule", "microbatches"):
+        va, vb = a.info.get(field), b.info.get(field)
+        if va is not None and vb is not None and va != vb:
+            raise UserError("diff", f"the traces differ in {field}: {va!r} in {a.path} vs "
+                            f"{vb!r} in {b.path}", "diff traces of the same pipeline shape")
+    ra = {op.rank for op in a.ops}
+    rb = {op.rank for op in b.ops}
+    if ra != rb:
+        raise UserError("diff", f"the traces have different ranks: {sorted(ra)} vs "
+                        f"{sorted(rb)}", "diff traces of the same pipeline shape")
+    ma = {op.microbatch for op in a.ops}
+    mb = {op.microbatch for op in b.ops}
+    if ma != mb:
+        raise UserError("diff", f"the traces have different microbatch counts: {len(ma)} vs "
+                        f"{len(mb)}", "diff traces with the same number of microbatches")
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    if not s:
+        return 0.0
+    i = min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))
+    return s[i]
+
+
+def critical_path(w: Window) -> list[tuple[int, float]]:
+    """Ranks along the critical path, as (rank, ms spent computing there), in time order.
+
+    Walks back from the op that ends last; an op's predecessor is whichever of
+    its rank's previous op and its cross-stage input ended later.
+    """
+    if not w.ops:
+        return []
+    by_stage_mb = {(op.stage, op.microbatch, op.kind): k for k, op in w.ops.items()}
+    prev_on_rank: dict[Key, Key | None] = {}
+    for r in {k[0] for k in w.ops}:
+        seq = w.rank_ops(r)
+        for i, k in enumerate(seq):
+            prev_on_rank[k] = seq[i - 1] if i else None
+    k: Key | None = max(w.ops, key=w.end)
+    path: list[tuple[int, float]] = []
+    while k is not None:
+        op = w.ops[k]
+        if path and path[-1][0] == k[0]:
+            path[-1] = (k[0], path[-1][1] + w.dur(k))
+        else:
+            path.append((k[0], w.dur(k)))
+        dep = None
+        if op.kind == "F":
+            dep = by_stage_mb.get((op.stage - 1, op.microbatch, "F"))
+        elif op.kind == "B":
+            dep = by_stage_mb.get((op.stage + 1, op.microbatch, "B"))
+        cands = [c for c in (prev_on_rank.get(k), dep) if c is not None]
+        k = max(cands, key=w.end) if cands else None
+    path.reverse()
+    return path
+
+
+@dataclass(frozen=True)
+class Diff:
+    a: Window
+    b: Window
+    matched: list[Key]
+    only_a: list[Key]
+    only_b: list[Key]
+
+    def to_dict(self, top: int = 10) -> dict[str, Any]:
+        a, b = self.a, self.b
+        ta, tb = a.iteration_time_ms, b.iteration_time_ms
+        ranks = []
+        for r in sorted({k[0] for k in a.ops} | {k[0] for k in b.ops}):
+            busy_a = sum(a.dur(k) for k in a.ops if k[0] == r)
+            busy_b = sum(b.dur(k) for k in b.ops if k[0] == r)
+            bub_a = 1 - busy_a / ta if ta else 0.0
+            bub_b = 1 - busy_b / tb if tb else 0.0
+            mem_a, mem_b = a.peak_memory(r), b.peak_memory(r)
+            drift = [b.start(k) - a.start(k) for k in self.matched if k[0] == r]
+            ranks.append({
+                "rank": r, "busy_ms": [busy_a, busy_b], "busy_delta_ms": busy_b - busy_a,
+                "busy_error": (busy_b - busy_a) / busy_a if busy_a else 0.0,
+                "bubble_fraction": [bub_a, bub_b], "bubble_delta": bub_b - bub_a,
+                "peak_memory_bytes": [mem_a, mem_b],
+                "peak_memory_error": (mem_b - mem_a) / mem_a if mem_a and mem_b is not None
+                else None,
+                "final_start_drift_ms": drift[-1] if drift else 0.0,
+                "max_start_drift_ms": max(drift, key=abs) if drift else 0.0,
+            })
+        per_kind: dict[str, Any] = {}
+        for kind in ("F", "B", "W"):
+            keys = [k for k in self.matched if k[3] == kind]
+            if not keys:
+                continue
+            rel = [(b.dur(k) - a.dur(k)) / a.dur(k) for k in keys if a.dur(k) > 0]
+            delta = [b.dur(k) - a.dur(k) for k in keys]
+            per_kind[kind] = {
+                "count": len(keys), "median": statistics.median(rel) if rel else 0.0,
+                "p90": _quantile([abs(x) for x in rel], 0.9),
+                "max": max((abs(x) for x in rel), default=0.0),
+                "mean": statistics.fmean(rel) if rel else 0.0,
+                "median_delta_ms": statistics.median(delta),
+            }
+        worst = sorted(self.matched, key=lambda k: abs(b.dur(k) - a.dur(k)), reverse=True)
+        divergent = [{"rank": k[0], "chunk": k[1], "microbatch": k[2], "kind": k[3],
+                      "start_ms": [a.start(k), b.start(k)], "duration_ms": [a.dur(k), b.dur(k)],
+                      "duration_delta_ms": b.dur(k) - a.dur(k)} for k in worst[:top]]
+        cpa, cpb = critical_path(a), critical_path(b)
+        return {
+            "traces": [a.trace.path, b.trace.path], "iterations": [a.iteration, b.iteration],
+            "iteration_time_ms": [ta, tb], "iteration_time_delta_ms": tb - ta,
+            "iteration_time_error": (tb - ta) / ta if ta else 0.0,
+            "ops_matched": len(self.matched), "ops_only_in": [len(self.only_a), len(self.only_b)],
+            "ranks": ranks, "duration_error": per_kind, "largest_divergences": divergent,
+            "critical_path": [[{"rank": r, "ms": t} for r, t in cpa],
+                              [{"rank": r, "ms": t} for r, t in cpb]],
+            "critical_path_changed": [r for r, _ in cpa] != [r for r, _ in cpb],
+        }
+
+
+def diff_traces(a: Trace, b: Trace, iteration: int | None = None) -> Diff:
+    check_compatible(a, b)
+    wa, wb = window(a, iteration), window(b, iteration)
+    ka, kb = set(wa.ops), set(wb.ops)
+    matched = sorted(ka & kb, key=lambda k: (k[0], wa.start(k)))
+    return Diff(wa, wb, matched, sorted(ka - kb), sorted(kb - ka))

@@ -1,0 +1,59 @@
+"""PNG timelines: one lane per rank, F/B/W blocks, one panel per trace.
+
+Panels share the time axis so two traces (plan and reality) read top to
+bottom. Pillow draws; it is imported here only, so planning needs nothing
+beyond the core packages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ppsim.fileio import write_bytes_atomic
+
+COLOURS = {"F": (76, 120, 168), "B": (84, 162, 75), "W": (238, 202, 59)}
+Lane = Sequence[tuple[float, float, str, int]]
+"""(start ms, duration ms, kind, microbatch) per op."""
+
+
+def render_png(panels: Sequence[tuple[str, Sequence[Lane]]], path: str, title: str = "",
+               width: int = 1400) -> None:
+    """Draw panels of lanes to a PNG, written atomically."""
+    import io
+
+    from PIL import Image, ImageDraw, ImageFont
+
+    font = ImageFont.load_default()
+    lane_h, gap, left, top = 22, 4, 70, 30
+    panel_head = 20
+    end = max((s + d for _, lanes in panels for lane in lanes for s, d, _, _ in lane),
+              default=1.0) or 1.0
+    height = top + sum(panel_head + len(lanes) * (lane_h + gap) + 14 for _, lanes in panels) + 30
+    img = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(img)
+    scale = (width - left - 20) / end
+    draw.text((10, 8), title, fill="black", font=font)
+    y = top
+    for label, lanes in panels:
+        draw.text((10, y), label, fill="black", font=font)
+        y += panel_head
+        for r, lane in enumerate(lanes):
+            draw.text((10, y + 5), f"rank {r}", fill=(90, 90, 90), font=font)
+            draw.rectangle([left, y, width - 20, y + lane_h], fill=(245, 245, 245))
+            for s, d, kind, mb in lane:
+                x0 = left + s * scale
+                x1 = max(x0 + 1, left + (s + d) * scale - 1)
+                draw.rectangle([x0, y, x1, y + lane_h], fill=COLOURS.get(kind, (150, 150, 150)))
+                if x1 - x0 > 14:
+                    draw.text((x0 + 2, y + 5), f"{kind}{mb}", fill="white", font=font)
+            y += lane_h + gap
+        y += 14
+    # Time axis with five ticks.
+    for i in range(6):
+        t = end * i / 5
+        x = left + t * scale
+        draw.line([x, y, x, y + 5], fill="black")
+        draw.text((x - 10, y + 8), f"{t:.1f} ms", fill="black", font=font)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    write_bytes_atomic(path, buf.getvalue())
