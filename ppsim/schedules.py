@@ -128,6 +128,163 @@ def interleaved_1f1b(pp: int, vpp: int, m: int) -> list[list[Action]]:
     return out
 
 
+def zb_h1(pp: int, vpp: int, m: int) -> list[list[Action]]:
+    """Zero Bubble ZB-H1 (Qi et al. 2024): 1F1B's order with W deferred into the bubbles.
+
+    Rank r: p - r - 1 warm-up forwards; then for each microbatch i: the next
+    forward (while any remain), B(i), and a W once i >= r; finally the r
+    deferred W. Same activation memory as 1F1B.
+    """
+    out = []
+    for r in range(pp):
+        warm = min(pp - r - 1, m)
+        acts = [Action(F, r, i) for i in range(warm)]
+        nf, nw = warm, 0
+        for i in range(m):
+            if nf < m:
+                acts.append(Action(F, r, nf))
+                nf += 1
+            acts.append(Action(B, r, i))
+            if i >= r:
+                acts.append(Action(W, r, nw))
+                nw += 1
+        acts += [Action(W, r, i) for i in range(nw, m)]
+        out.append(acts)
+    return out
+
+
+def _v_stages(pp: int, r: int) -> tuple[int, int]:
+    """The two stages of rank r in V placement: going down, then coming back."""
+    return r, 2 * pp - 1 - r
+
+
+class _RankOrder:
+    """One rank's action list, with the next microbatch of each (stage, kind)."""
+
+    def __init__(self) -> None:
+        self.acts: list[Action] = []
+        self.next: dict[tuple[int, str], int] = {}
+        self.pending_w: list[Action] = []
+
+    def add(self, kind: str, stage: int) -> int:
+        i = self.next.get((stage, kind), 0)
+        self.next[(stage, kind)] = i + 1
+        self.acts.append(Action(kind, stage, i))
+        return i
+
+    def backward(self, stage: int, split: bool) -> None:
+        """B, and its W at once (whole backward) or queued for later (split)."""
+        i = self.add(B, stage)
+        w = Action(W, stage, i)
+        if split:
+            self.pending_w.append(w)
+        else:
+            self.acts.append(w)
+            self.next[(stage, W)] = i + 1
+
+    def deferred_w(self) -> None:
+        if self.pending_w:
+            self.acts.append(self.pending_w.pop(0))
+
+    def count(self, kind: str, stage: int) -> int:
+        return self.next.get((stage, kind), 0)
+
+
+def zbv(pp: int, vpp: int, m: int) -> list[list[Action]]:
+    """ZB-V (Qi et al. 2024, section 6): two chunks per rank in a V.
+
+    Phases per rank r: 2(p - r) - 1 forwards of chunk 0; r pairs (chunk-1
+    forward, chunk-0 forward); p - r triples F/B/W of chunk 1; then the steady
+    F/B/W of chunk 0 and of chunk 1; a cool-down of backwards with W of chunk
+    0 interleaved; the remaining W last. Built for max(m, 2p - 1)
+    microbatches (the construction's minimum), then the extra ones dropped.
+    """
+    n = max(m, 2 * pp - 1)
+    out = []
+    for r in range(pp):
+        s0, s1 = _v_stages(pp, r)
+        o = _RankOrder()
+        for _ in range(2 * (pp - r) - 1):
+            o.add(F, s0)
+        for _ in range(r):
+            o.add(F, s1)
+            o.add(F, s0)
+        for _ in range(pp - r):
+            o.add(F, s1)
+            o.backward(s1, split=False)
+        while o.count(F, s1) < o.count(F, s0) or o.count(F, s0) < n:
+            if o.count(F, s0) < n:
+                o.add(F, s0)
+            o.backward(s0, split=False)
+            o.add(F, s1)
+            o.backward(s1, split=False)
+        for _ in range(r):
+            o.backward(s0, split=True)
+            o.backward(s1, split=True)
+        # Cool-down: chunk-0 backwards, each followed by the oldest deferred
+        # chunk-0 W; then all deferred W, chunk 1 first.
+        for _ in range(pp - r):
+            o.backward(s0, split=True)
+            o.acts.append(Action(W, s0, o.count(W, s0)))
+            o.next[(s0, W)] = o.count(W, s0) + 1
+        done = {(a.stage, a.microbatch) for a in o.acts if a.kind == W}
+        rest = [w for w in o.pending_w if (w.stage, w.microbatch) not in done]
+        o.acts += sorted(rest, key=lambda a: (a.stage != s1, a.microbatch))
+        out.append([a for a in o.acts if a.microbatch < m])
+    return out
+
+
+def dualpipev(pp: int, vpp: int, m: int) -> list[list[Action]]:
+    """DualPipeV (DeepSeek's DualPipe folded onto p devices, two chunks in a V).
+
+    Eight phases per rank r (DualPipe README): forwards of chunk 0; chunk 0/1
+    forward pairs; B/W/F of chunk 1; the main loop of overlapped
+    forward-of-one-chunk with backward-of-the-other; then backwards that move
+    from whole (B with its W at once) to split (W deferred) and the deferred
+    W. An overlapped pair runs here as F then B (and W when whole): on one
+    device the compute is sequential either way; the overlap hides transfers,
+    which ppsim already treats as asynchronous.
+    """
+    out = []
+    for r in range(pp):
+        s0, s1 = _v_stages(pp, r)
+        o = _RankOrder()
+        for _ in range((pp - r - 1) * 2):
+            o.add(F, s0)
+        for _ in range(r + 1):
+            o.add(F, s0)
+            o.add(F, s1)
+        for _ in range(pp - r - 1):
+            o.backward(s1, split=True)
+            o.deferred_w()
+            o.add(F, s1)
+        for _ in range(m - 2 * pp + r + 1):
+            o.add(F, s0)
+            o.backward(s1, split=False)
+            o.add(F, s1)
+            o.backward(s0, split=False)
+        for _ in range(pp - r - 1):
+            o.backward(s1, split=False)
+            o.add(F, s1)
+            o.backward(s0, split=False)
+        split = False
+        half = (r + 1) // 2
+        for i in range(r + 1):
+            if i == half and r % 2 == 1:
+                split = True
+            o.backward(s1, split)
+            if i == half and r % 2 == 0:
+                split = True
+            o.backward(s0, split)
+        for _ in range(pp - r - 1):
+            o.deferred_w()
+            o.backward(s0, split)
+        while o.pending_w:
+            o.deferred_w()
+        out.append(o.acts)
+    return out
+
+
 @dataclass(frozen=True)
 class ScheduleSpec:
     generate: Callable[[int, int, int], list[list[Action]]]
@@ -169,10 +326,31 @@ def _check_interleaved(pp: int, vpp: int, m: int) -> None:
             f"use a multiple of {pp}, e.g. {m - m % pp or pp} or {m + pp - m % pp}")
 
 
+def _check_zb_h1(pp: int, vpp: int, m: int) -> None:
+    if vpp != 1:
+        raise UserError("pipeline.vpp", f"zb-h1 runs one chunk per rank but vpp = {vpp}",
+                        "set vpp = 1, or use schedule = \"zbv\" for two chunks in a V")
+
+
+def _check_v(name: str, need_m: int | None) -> Callable[[int, int, int], None]:
+    def check(pp: int, vpp: int, m: int) -> None:
+        if vpp != 2:
+            raise UserError("pipeline.vpp", f"{name} places exactly 2 chunks per rank in a V, "
+                            f"but vpp = {vpp}", "set vpp = 2")
+        if need_m is not None and m < need_m * pp:
+            raise UserError("pipeline.microbatches", f"{name} needs at least {need_m * pp} "
+                            f"microbatches (2 x pp) but got {m}", f"set microbatches >= "
+                            f"{need_m * pp}")
+    return check
+
+
 SCHEDULES: dict[str, ScheduleSpec] = {
     "gpipe": ScheduleSpec(gpipe, "loop", False, _check_gpipe),
     "1f1b": ScheduleSpec(one_f_one_b, "loop", False, _check_1f1b),
     "interleaved-1f1b": ScheduleSpec(interleaved_1f1b, "loop", False, _check_interleaved),
+    "zb-h1": ScheduleSpec(zb_h1, "loop", True, _check_zb_h1),
+    "zbv": ScheduleSpec(zbv, "v", True, _check_v("zbv", None)),
+    "dualpipev": ScheduleSpec(dualpipev, "v", True, _check_v("dualpipev", 2)),
 }
 
 

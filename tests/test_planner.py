@@ -24,10 +24,14 @@ def all_counts(layers: int, stages: int):
 
 @st.composite
 def small_problems(draw):
-    name = draw(st.sampled_from(["gpipe", "1f1b", "1f1b", "interleaved-1f1b"]))
+    name = draw(st.sampled_from(["gpipe", "1f1b", "1f1b", "interleaved-1f1b", "zb-h1", "zbv",
+                                 "dualpipev"]))
     if name == "interleaved-1f1b":
         pp, vpp = 2, 2
         m = 2 * draw(st.integers(1, 3))
+    elif name in ("zbv", "dualpipev"):
+        pp, vpp = 2, 2
+        m = draw(st.integers(4, 6))
     else:
         pp, vpp = draw(st.integers(1, 4)), 1
         m = draw(st.integers(1, 8))
@@ -35,8 +39,10 @@ def small_problems(draw):
     costs = st.integers(1, 20).map(lambda x: x / 4)
     memory = draw(st.sampled_from([1e12, 6000.0, 9000.0, 15000.0]))
     counts = [layers] + [0] * (pp * vpp - 1)
+    b = draw(costs)
     return uniform_problem(
-        pp, vpp, m, name, counts=counts, f=draw(costs), b=draw(costs), act=100, static=300,
+        pp, vpp, m, name, counts=counts, f=draw(costs), b=b, w=b / 2, wg=40, act=100,
+        static=300,
         out=draw(st.sampled_from([0, 10**6])),
         hw={"p2p_latency_ms": draw(st.sampled_from([0.0, 0.25])), "p2p_bandwidth_gbps": 2.0},
         head={"forward_ms": draw(costs), "backward_ms": draw(costs),

@@ -19,11 +19,17 @@ from ppsim.schedules import (
 
 @st.composite
 def schedule_args(draw):
-    name = draw(st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b"]))
+    name = draw(st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv",
+                                 "dualpipev"]))
     pp = draw(st.integers(1, 6))
     if name == "interleaved-1f1b":
         vpp = draw(st.integers(2, 3))
         m = pp * draw(st.integers(1, 4))
+    elif name in ("zbv", "dualpipev"):
+        vpp = 2
+        m = draw(st.integers(2 * pp if name == "dualpipev" else 1, 16))
+    elif name == "zb-h1":
+        vpp, m = 1, draw(st.integers(1, 12))
     else:
         vpp = draw(st.integers(1, 3)) if name == "gpipe" else 1
         m = draw(st.integers(1, 12))
@@ -34,9 +40,9 @@ def schedule_args(draw):
 def test_every_generated_schedule_is_valid(args):
     sched = build_schedule(*args)
     validate(sched)
-    # Each rank runs exactly its stages' F and B once per microbatch.
+    # Each rank runs exactly its stages' F and B (and W, when split) once per microbatch.
     name, pp, vpp, m = args
-    assert sched.num_ops == 2 * pp * vpp * m
+    assert sched.num_ops == (3 if sched.split_backward else 2) * pp * vpp * m
 
 
 @given(st.integers(1, 8), st.integers(1, 20))

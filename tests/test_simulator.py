@@ -50,10 +50,14 @@ def test_peak_inflight_interleaved(pp, vpp, groups):
 
 @st.composite
 def random_problems(draw):
-    name = draw(st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b"]))
+    name = draw(st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv",
+                                 "dualpipev"]))
     pp = draw(st.integers(1, 5))
     vpp = draw(st.integers(2, 3)) if name == "interleaved-1f1b" else 1
     m = pp * draw(st.integers(1, 3)) if name == "interleaved-1f1b" else draw(st.integers(1, 9))
+    if name in ("zbv", "dualpipev"):
+        vpp = 2
+        m = max(m, 2 * pp) if name == "dualpipev" else m
     counts = draw(st.lists(st.integers(0, 4), min_size=pp * vpp, max_size=pp * vpp))
     if sum(counts) == 0:
         counts[0] = 1
@@ -62,8 +66,11 @@ def random_problems(draw):
             "activation_bytes": draw(st.integers(0, 10**6))}
     hw = {"p2p_latency_ms": draw(st.sampled_from([0.0, 0.013, 0.5])),
           "p2p_bandwidth_gbps": draw(st.sampled_from([0.0, 0.37, 12.5]))}
-    return uniform_problem(pp, vpp, m, name, counts=counts, f=draw(floats), b=draw(floats),
-                           act=draw(st.integers(0, 10**7)), out=draw(st.integers(0, 10**7)),
+    b = draw(floats)
+    return uniform_problem(pp, vpp, m, name, counts=counts, f=draw(floats), b=b,
+                           w=b * draw(st.sampled_from([0.0, 0.25, 0.5])),
+                           wg=draw(st.integers(0, 10**7)), act=draw(st.integers(0, 10**7)),
+                           out=draw(st.integers(0, 10**7)),
                            static=draw(st.integers(0, 10**8)), hw=hw, head=part,
                            emb={"forward_ms": draw(floats)},
                            memory=draw(st.floats(1e3, 1e9)))
