@@ -1,0 +1,191 @@
+"""The TUI's pure logic, without a terminal."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ppsim.config import load_config
+from ppsim.problem import build_problem
+from ppsim.simulator import simulate
+from tui.editing import (
+    EditRefused,
+    History,
+    balanced_counts,
+    check_shape,
+    click_to_boundary,
+    drag_boundary,
+    move_boundary,
+    parse_float,
+    parse_int,
+    set_count,
+)
+from tui.lanes import Lane, LaneOp, fit_scale, lane_cells, ruler, sim_lanes
+from tui.memory import Bar, bar_cells
+from tui.session import apply_setting, config_for, evaluate_state, state_from_config
+
+
+def test_move_boundary_grows_and_shrinks() -> None:
+    assert move_boundary((5, 3), 0, +1) == (6, 2)
+    assert move_boundary((5, 3), 0, -2) == (3, 5)
+    assert move_boundary((2, 2, 2, 2), 2, +1) == (2, 2, 3, 1)
+
+
+def test_move_boundary_refuses_invalid() -> None:
+    with pytest.raises(EditRefused):
+        move_boundary((8, 0), 0, +1)  # stage 1 has nothing to give
+    with pytest.raises(EditRefused):
+        move_boundary((5, 3), 1, +1)  # no boundary after the last stage
+    with pytest.raises(EditRefused):
+        move_boundary((5, 3), -1, +1)
+
+
+@given(st.lists(st.integers(0, 6), min_size=2, max_size=8), st.data())
+def test_edits_keep_the_layer_count(counts: list[int], data: st.DataObject) -> None:
+    b = data.draw(st.integers(0, len(counts) - 2))
+    pos = data.draw(st.integers(-3, sum(counts) + 3))
+    out = drag_boundary(counts, b, pos)
+    assert sum(out) == sum(counts) and min(out) >= 0
+    stage = data.draw(st.integers(0, len(counts) - 1))
+    layer = data.draw(st.integers(0, max(0, sum(counts) - 1)))
+    out = click_to_boundary(counts, stage, layer)
+    assert sum(out) == sum(counts) and min(out) >= 0
+    try:
+        out = set_count(counts, stage, data.draw(st.integers(-2, 12)))
+    except EditRefused:
+        return
+    assert sum(out) == sum(counts) and min(out) >= 0
+
+
+def test_click_moves_the_nearest_boundary() -> None:
+    assert click_to_boundary((5, 3), 0, 6) == (7, 1)  # right of stage 0: its end moves
+    assert click_to_boundary((5, 3), 1, 2) == (2, 6)  # left of stage 1: its start moves
+    assert click_to_boundary((5, 3), 0, 1) == (2, 6)  # inside: end moves after the layer
+
+
+def test_set_count_uses_a_neighbour() -> None:
+    assert set_count((5, 3), 0, 4) == (4, 4)
+    assert set_count((5, 3), 1, 1) == (7, 1)
+    with pytest.raises(EditRefused):
+        set_count((5, 3), 0, 9)
+    with pytest.raises(EditRefused):
+        set_count((5, 3), 0, -1)
+
+
+def test_balanced_counts() -> None:
+    assert balanced_counts(8, 2) == (4, 4)
+    c = balanced_counts(10, 4)
+    assert sum(c) == 10 and max(c) - min(c) <= 1 and c[0] == 2 and c[-1] == 2
+
+
+def test_field_parsing() -> None:
+    assert parse_int("pp", " 4 ") == 4
+    with pytest.raises(EditRefused, match="not a whole number"):
+        parse_int("pp", "four")
+    with pytest.raises(EditRefused, match="at least 1"):
+        parse_int("microbatches", "0")
+    assert parse_float("memory_gb", "80") == 80.0
+    with pytest.raises(EditRefused):
+        parse_float("memory_gb", "nan")
+    with pytest.raises(EditRefused, match="do not divide"):
+        check_shape(8, 2, 3)
+    with pytest.raises(EditRefused):
+        check_shape(8, 9, 1)
+
+
+def test_history_undo_redo() -> None:
+    h = History(1)
+    h.push(2)
+    h.push(3)
+    assert h.undo() == 2 and h.undo() == 1 and h.undo() is None
+    assert h.redo() == 2
+    h.push(5)
+    assert h.redo() is None and h.current == 5
+    h.push(5)  # no-op edits are not recorded
+    assert h.undo() == 2
+
+
+def test_apply_setting_checks_everything() -> None:
+    base = load_config(None)
+    s = state_from_config(base)
+    assert s.counts == (5, 3) and s.pp == 2
+    s2 = apply_setting(base, s, "vpp", "2")
+    assert s2.vpp == 2 and s2.schedule == "interleaved-1f1b" and s2.counts == (2, 2, 2, 2)
+    s3 = apply_setting(base, s, "pp", "4")
+    assert s3.counts == (2, 2, 2, 2)
+    for name, text in (("vpp", "3"), ("microbatches", "0"), ("pp", "x"), ("pp", "9"),
+                       ("memory_gb", "-1"), ("schedule", "zb"), ("model", "nope")):
+        with pytest.raises(EditRefused):
+            apply_setting(base, s, name, text)
+    # interleaved-1f1b needs microbatches to be a multiple of pp (build_problem says why)
+    with pytest.raises(EditRefused, match="microbatches"):
+        apply_setting(base, s2, "microbatches", "7")
+    s4 = apply_setting(base, s, "hardware", "h100-80gb")
+    assert s4.memory_bytes == 80e9
+    s5 = apply_setting(base, s, "model", "llama3-8b")
+    assert sum(s5.counts) == 32
+
+
+def test_config_round_trip_and_evaluation_matches_simulate() -> None:
+    base = load_config(None)
+    s = state_from_config(base)
+    cfg = config_for(base, s)
+    assert state_from_config(cfg) == s
+    result = evaluate_state(base, s)
+    ref = simulate(build_problem(base)).summary
+    assert result.sim.summary == ref
+    assert result.baseline_counts == (4, 4) and result.speedup is not None
+
+
+def test_lane_cells_map_ops_to_columns() -> None:
+    ops = (LaneOp(0.0, 4.0, "F", 0, 0, 0), LaneOp(6.0, 8.0, "B", 0, 1, 0),
+           LaneOp(8.0, 8.5, "W", 0, 1, 0))
+    lane = Lane("r0", ops)
+    cells = lane_cells(lane, 1.0, 0, 10)
+    text = "".join(c.text for c in cells)
+    assert text == "F0  ··bbw·"  # b1 is too short for its label; odd mb: lower case
+    assert [c.op for c in cells] == [0, -1, 1, 2, -1]
+    # a scrolled viewport starts mid-op
+    assert "".join(c.text for c in lane_cells(lane, 1.0, 2, 4)) == "FF··"
+    # zoomed out: an op shorter than a cell vanishes unless it is the cursor
+    assert [c.op for c in lane_cells(lane, 8.0, 0, 2)] == [0, 2]
+    assert [c.op for c in lane_cells(lane, 8.0, 0, 2, force=1)] == [1, 2]
+    assert lane.at_time(7.0) == 1 and lane.overlapping(4.0, 6.0) == -1
+
+
+def test_ruler_and_scale() -> None:
+    assert ruler(1.0, 0, 25).startswith("|0ms      |10ms     |20ms")
+    assert fit_scale(100.0, 101) == 1.0
+
+
+def test_sim_lanes_cover_every_op() -> None:
+    sim = simulate(build_problem(load_config(None)))
+    lanes = sim_lanes(sim)
+    assert [len(lane.ops) for lane in lanes] == [len(o) for o in sim.timeline.ops]
+    assert max(lane.end for lane in lanes) == pytest.approx(sim.summary.iteration_time_ms)
+
+
+def test_memory_bar_cells() -> None:
+    fits = Bar(0, 20, 30, 50, True)
+    assert bar_cells(fits, 100, 10) == (2, 3, 5)
+    over = Bar(1, 100, 100, 200, False)
+    assert sum(bar_cells(over, 100, 10)[:2]) == 10
+
+
+def test_cli_registers_tui_and_refuses_bad_input_before_opening(capsys) -> None:
+    from ppsim.cli import COMMANDS, build_parser, main
+
+    build_parser()
+    assert "tui" in COMMANDS
+    assert main(["tui", "--split", "9,9"]) == 2
+    assert "pipeline.split" in capsys.readouterr().err
+    assert main(["tui", "--trace", "/nonexistent/trace.json"]) == 2
+
+
+def test_tui_cli_imports_without_textual() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, tui.cli; assert 'textual' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

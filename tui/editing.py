@@ -1,0 +1,188 @@
+"""Pure editing logic behind the split editor and the settings form.
+
+No Textual here: every function takes plain values and returns new ones, or
+raises `EditRefused` with a one-line reason the UI shows inline. Nothing is
+ever half-applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class EditRefused(ValueError):
+    """An edit that would make the split or the settings invalid."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{field}: {reason}")
+
+
+Counts = tuple[int, ...]
+
+
+def move_boundary(counts: Sequence[int], boundary: int, delta: int) -> Counts:
+    """Move the boundary after stage `boundary` by `delta` layers.
+
+    delta > 0 moves it later (stage `boundary` takes layers from the next one),
+    delta < 0 earlier (it hands layers to the next one).
+    """
+    c = list(counts)
+    if not 0 <= boundary < len(c) - 1:
+        raise EditRefused("split", f"no boundary after stage {boundary} "
+                          f"({len(c)} stages have boundaries 0..{len(c) - 2})")
+    if delta == 0:
+        return tuple(c)
+    giver = boundary + 1 if delta > 0 else boundary
+    if c[giver] < abs(delta):
+        raise EditRefused("split", f"stage {giver} has only {c[giver]} layer(s) to give")
+    c[boundary] += delta
+    c[boundary + 1] -= delta
+    return tuple(c)
+
+
+def drag_boundary(counts: Sequence[int], boundary: int, position: int) -> Counts:
+    """Put the boundary after stage `boundary` at layer `position`, clamped between
+    its neighbouring boundaries (so no stage ever goes negative)."""
+    c = list(counts)
+    if not 0 <= boundary < len(c) - 1:
+        raise EditRefused("split", f"no boundary after stage {boundary}")
+    lo = sum(c[:boundary])
+    hi = lo + c[boundary] + c[boundary + 1]
+    pos = min(max(position, lo), hi)
+    return move_boundary(c, boundary, pos - (lo + c[boundary]))
+
+
+def click_to_boundary(counts: Sequence[int], stage: int, layer: int) -> Counts:
+    """A mouse click on layer `layer` of stage `stage`'s row.
+
+    Right of the stage (or inside it) moves its end boundary to just after the
+    clicked layer; left of it moves its start boundary to the clicked layer.
+    """
+    start = sum(counts[:stage])
+    if layer < start and stage > 0:
+        return drag_boundary(counts, stage - 1, layer)
+    if stage < len(counts) - 1:
+        return drag_boundary(counts, stage, layer + 1)
+    if stage > 0:  # the last stage has no end boundary: move its start
+        return drag_boundary(counts, stage - 1, layer)
+    return tuple(counts)
+
+
+def set_count(counts: Sequence[int], stage: int, value: int) -> Counts:
+    """Give `stage` exactly `value` layers; the next stage (the previous one for
+    the last stage) absorbs the difference."""
+    c = list(counts)
+    if not 0 <= stage < len(c):
+        raise EditRefused("split", f"no stage {stage}")
+    if value < 0:
+        raise EditRefused("count", f"{value} is negative; give 0 or more layers")
+    if len(c) == 1:
+        if value != c[0]:
+            raise EditRefused("count", f"a single stage holds all {c[0]} layers")
+        return tuple(c)
+    other = stage + 1 if stage < len(c) - 1 else stage - 1
+    diff = value - c[stage]
+    if c[other] - diff < 0:
+        raise EditRefused("count", f"stage {other} has only {c[other]} layer(s); "
+                          f"at most {c[stage] + c[other]} fit on stage {stage}")
+    c[stage] = value
+    c[other] -= diff
+    return tuple(c)
+
+
+def balanced_counts(num_layers: int, stages: int) -> Counts:
+    """Near-even counts (the remainder goes to the middle stages, which hold no
+    embedding or head)."""
+    base, rest = divmod(num_layers, stages)
+    counts = [base] * stages
+    order = sorted(range(stages), key=lambda i: (i in (0, stages - 1), abs(i - stages / 2)))
+    for i in order[:rest]:
+        counts[i] += 1
+    return tuple(counts)
+
+
+# ------------------------------------------------------------------ fields
+
+
+def parse_int(name: str, text: str, minimum: int = 1, maximum: int | None = None) -> int:
+    """An integer typed into a field, or EditRefused saying what is wrong."""
+    s = text.strip()
+    try:
+        value = int(s)
+    except ValueError:
+        raise EditRefused(name, f"{s!r} is not a whole number") from None
+    if value < minimum:
+        raise EditRefused(name, f"must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise EditRefused(name, f"must be at most {maximum}, got {value}")
+    return value
+
+
+def parse_float(name: str, text: str, minimum: float = 0.0) -> float:
+    s = text.strip()
+    try:
+        value = float(s)
+    except ValueError:
+        raise EditRefused(name, f"{s!r} is not a number") from None
+    if not value > minimum:  # also refuses NaN
+        raise EditRefused(name, f"must be more than {minimum:g}, got {s}")
+    return value
+
+
+def check_shape(num_layers: int, pp: int, vpp: int) -> None:
+    """pp and vpp a split editor can work with: at least one layer per rank, and
+    (Megatron's rule for virtual stages) the layers divide over pp x vpp stages."""
+    if pp > num_layers:
+        raise EditRefused("pp", f"{pp} ranks for {num_layers} layers; use at most {num_layers}")
+    if vpp > 1 and num_layers % (pp * vpp):
+        raise EditRefused("vpp", f"{num_layers} layers do not divide over pp x vpp = "
+                          f"{pp * vpp} virtual stages")
+
+
+# ------------------------------------------------------------------ undo/redo
+
+
+@dataclass
+class History(Generic[T]):
+    """Undo/redo over immutable states: `push` records a new current state."""
+
+    current: T
+    limit: int = 200
+    _undo: list[T] = field(default_factory=list)
+    _redo: list[T] = field(default_factory=list)
+
+    def push(self, state: T) -> None:
+        if state == self.current:
+            return
+        self._undo.append(self.current)
+        del self._undo[:-self.limit]
+        self._redo.clear()
+        self.current = state
+
+    def undo(self) -> T | None:
+        if not self._undo:
+            return None
+        self._redo.append(self.current)
+        self.current = self._undo.pop()
+        return self.current
+
+    def redo(self) -> T | None:
+        if not self._redo:
+            return None
+        self._undo.append(self.current)
+        self.current = self._redo.pop()
+        return self.current
+
+    @property
+    def can_undo(self) -> bool:
+        return bool(self._undo)
+
+    @property
+    def can_redo(self) -> bool:
+        return bool(self._redo)

@@ -1,0 +1,92 @@
+"""Export the current split (Megatron / torchtitan / DeepSpeed) and save the config.
+
+The export file is a shell fragment: `source` it and pass "$MEGATRON_ARGS"
+through `eval set --`, or read the variables with `read_export`.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from ppsim.config import Config, config_to_toml
+from ppsim.fileio import write_text_atomic
+from ppsim.split import Split
+
+
+def export_forms(split: Split) -> dict[str, object]:
+    """All export forms of a split (ppsim.cli.split_exports, imported lazily)."""
+    from ppsim.cli import split_exports
+
+    return split_exports(split)
+
+
+def export_text(split: Split, title: str = "") -> str:
+    """The export file's text: one shell variable per form."""
+    forms = export_forms(split)
+    layout = shlex.join(["--pipeline-model-parallel-layout", str(forms["megatron_layout"])])
+    ds = forms["deepspeed_boundaries"]
+    lines = [f"# ppsim split export{': ' + title if title else ''}",
+             f"# pp={split.pp} vpp={split.vpp} layers per virtual stage: {list(split.counts)}",
+             f"MEGATRON_ARGS={shlex.quote(str(forms['megatron_flags']))}",
+             f"MEGATRON_LAYOUT_ARGS={shlex.quote(layout)}",
+             "# torchtitan: module_fqns_per_model_part",
+             "TORCHTITAN_FQNS=" + shlex.quote(json.dumps(
+                 forms["torchtitan_module_fqns_per_model_part"]))]
+    if ds is not None:
+        lines += ["# DeepSpeed PipelineModule(partition_method='custom') boundaries over "
+                  "[embedding, layers..., head]",
+                  "DEEPSPEED_BOUNDARIES=" + shlex.quote(json.dumps(ds))]
+    else:
+        lines.append(f"# DeepSpeed: n/a ({forms.get('deepspeed_note')})")
+    return "\n".join(lines) + "\n"
+
+
+def read_export(text: str) -> dict[str, str]:
+    """The variables of an export file (what `source` would set)."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#") or "=" not in line:
+            continue
+        name, _, value = line.partition("=")
+        out[name] = shlex.split(value)[0] if value else ""
+    return out
+
+
+def write_export(path: str, split: Split, title: str = "") -> str:
+    text = export_text(split, title)
+    write_text_atomic(path, text)
+    return text
+
+
+def save_config(path: str, cfg: Config) -> str:
+    text = config_to_toml(cfg)
+    write_text_atomic(path, text)
+    return text
+
+
+MEGATRON_TO_PPSIM = {
+    "--num-layers": "--num-layers",
+    "--pipeline-model-parallel-size": "--pp",
+    "--num-virtual-stages-per-pipeline-rank": "--vpp",
+    "--decoder-first-pipeline-num-layers": "--first-stage-layers",
+    "--decoder-last-pipeline-num-layers": "--last-stage-layers",
+    "--account-for-embedding-in-pipeline-split": "--account-for-embedding",
+    "--account-for-loss-in-pipeline-split": "--account-for-loss",
+    "--pipeline-model-parallel-layout": "--layout",
+}
+
+
+def megatron_to_ppsim_args(flags: list[str]) -> list[str]:
+    """Megatron argv tokens as `ppsim split` flags (drops flags ppsim has no use for)."""
+    out: list[str] = []
+    keep = False
+    for tok in flags:
+        if tok.startswith("--"):
+            mapped = MEGATRON_TO_PPSIM.get(tok)
+            keep = mapped is not None
+            if keep:
+                out.append(mapped)
+        elif keep:
+            out.append(tok)
+    return out

@@ -1,0 +1,150 @@
+"""Timeline geometry: lanes of ops, and which op each character cell shows.
+
+Pure functions over plain tuples, so the Line-API widget only asks "what is in
+cells x0..x0+width of lane y" and the answer is tested without a terminal.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+
+class LaneOp(NamedTuple):
+    start: float
+    """ms from the start of the iteration."""
+    end: float
+    kind: str
+    """F, B or W."""
+    chunk: int
+    microbatch: int
+    stage: int
+
+
+@dataclass(frozen=True)
+class Lane:
+    label: str
+    ops: tuple[LaneOp, ...]
+    """Sorted by start."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_starts", [o.start for o in self.ops])
+        object.__setattr__(self, "_ends", [o.end for o in self.ops])
+
+    @property
+    def end(self) -> float:
+        return max(self._ends, default=0.0)  # type: ignore[attr-defined]
+
+    def overlapping(self, t0: float, t1: float) -> int:
+        """Index of the op to show in [t0, t1): the one covering the midpoint if any,
+        else the first overlapping one; -1 when the interval is idle."""
+        ends: list[float] = self._ends  # type: ignore[attr-defined]
+        i = bisect_right(ends, t0)  # ops end in start order (one rank runs one op at a time)
+        if i >= len(self.ops) or self.ops[i].start >= t1:
+            return -1
+        mid = (t0 + t1) / 2
+        j = bisect_right(self._starts, mid) - 1  # type: ignore[attr-defined]
+        if j >= i and self.ops[j].end > mid:
+            return j
+        return i
+
+    def at_time(self, t: float) -> int:
+        """Index of the op nearest to time t (for moving the cursor between lanes)."""
+        if not self.ops:
+            return -1
+        j = bisect_right(self._starts, t) - 1  # type: ignore[attr-defined]
+        cands = [k for k in (j, j + 1) if 0 <= k < len(self.ops)]
+        return min(cands, key=lambda k: abs((self.ops[k].start + self.ops[k].end) / 2 - t))
+
+
+def sim_lanes(sim: Any) -> list[Lane]:
+    """One lane per rank of a `ppsim.simulator.Simulation`."""
+    lanes = []
+    for r, ops in enumerate(sim.timeline.ops):
+        lane_ops = tuple(LaneOp(o.start, o.end, o.action.kind, o.chunk, o.action.microbatch,
+                                o.action.stage) for o in ops)
+        lanes.append(Lane(f"r{r}", lane_ops))
+    return lanes
+
+
+def trace_lanes(trace: Any, iteration: int | None = None, prefix: str = "real") -> list[Lane]:
+    """One lane per rank of a `ppsim.trace.Trace`, one iteration, from its first op (ms)."""
+    iters = sorted({o.iteration for o in trace.ops})
+    it = iters[-1] if iteration is None else iteration
+    ops = [o for o in trace.ops if o.iteration == it]
+    t0 = min((o.start_us for o in ops), default=0.0)
+    ranks = sorted({o.rank for o in ops})
+    lanes = []
+    for r in ranks:
+        mine = sorted((o for o in ops if o.rank == r), key=lambda o: o.start_us)
+        lanes.append(Lane(f"{prefix}{r}", tuple(
+            LaneOp((o.start_us - t0) / 1e3, (o.end_us - t0) / 1e3, o.kind, o.chunk,
+                   o.microbatch, o.stage) for o in mine)))
+    return lanes
+
+
+class Cell(NamedTuple):
+    text: str
+    op: int
+    """Index into the lane's ops, or -1 for idle."""
+
+
+def lane_cells(lane: Lane, ms_per_cell: float, x0: int, width: int,
+               force: int = -1) -> list[Cell]:
+    """Runs of cells for columns x0..x0+width of a lane (merged where the op is the same).
+
+    A run wide enough shows the op's label ("F12" = forward of microbatch 12), a
+    narrower one the kind; odd microbatches are lower case ("f13") so neighbours
+    stay apart; idle cells are '·'. Op `force` (the cursor) always gets at least its
+    first cell, even when it is too short to win one at this zoom.
+    """
+    ops = lane.ops
+    owners = []
+    for x in range(x0, x0 + width):
+        owners.append(lane.overlapping(x * ms_per_cell, (x + 1) * ms_per_cell))
+    if 0 <= force < len(ops) and force not in owners and ms_per_cell > 0:
+        cx = int(ops[force].start / ms_per_cell) - x0
+        if 0 <= cx < width:
+            owners[cx] = force
+    runs: list[Cell] = []
+    i = 0
+    while i < width:
+        j = i
+        while j + 1 < width and owners[j + 1] == owners[i]:
+            j += 1
+        n = j - i + 1
+        k = owners[i]
+        if k < 0:
+            runs.append(Cell("·" * n, -1))
+        else:
+            op = ops[k]
+            ch = op.kind if op.microbatch % 2 == 0 else op.kind.lower()
+            label = f"{ch}{op.microbatch}"
+            text = (label + " " * n)[:n] if n >= len(label) + 1 else ch * n
+            runs.append(Cell(text, k))
+        i = j + 1
+    return runs
+
+
+def ruler(ms_per_cell: float, x0: int, width: int, step: int = 10) -> str:
+    """A time axis: a tick label every `step` columns."""
+    out = [" "] * width
+    first = ((x0 + step - 1) // step) * step
+    for x in range(first, x0 + width, step):
+        label = f"|{fmt_ms(x * ms_per_cell)}"
+        for k, ch in enumerate(label):
+            if x - x0 + k < width:
+                out[x - x0 + k] = ch
+    return "".join(out)
+
+
+def fmt_ms(ms: float) -> str:
+    if ms >= 1e3:
+        return f"{ms / 1e3:.3g}s"
+    return f"{ms:.3g}ms"
+
+
+def fit_scale(end_ms: float, width: int) -> float:
+    """ms per cell so that the whole iteration fits `width` cells."""
+    return end_ms / max(1, width - 1) if end_ms > 0 else 1.0

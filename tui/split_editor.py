@@ -1,0 +1,143 @@
+"""The split editor: one row per virtual stage (rank, chunk), layers on a shared axis."""
+
+from __future__ import annotations
+
+from rich.style import Style
+from rich.text import Text
+from textual import events, on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.reactive import reactive
+from textual.widget import Widget
+from textual.widgets import Input, Label
+
+from ppsim.split import Split
+from tui.messages import BoundaryMove, CountSet, StageClick
+
+PREFIX = 26  # "  0 r0  c0   5    0  E H "
+
+
+def row_prefix(split: Split, index: int) -> str:
+    st = split.stages[index]
+    marks = ("E" if st.has_embedding else " ") + ("H" if st.has_head else " ")
+    return f"{st.index:>3} r{st.rank:<3}c{st.chunk:<2}{st.layers:>4}{st.offset:>6} {marks}  "
+
+
+def bar_layer(cell: int, width: int, num_layers: int) -> int:
+    """Which layer a bar cell stands for (the bar spans all layers)."""
+    return min(num_layers - 1, cell * num_layers // max(1, width))
+
+
+class SplitRows(Widget, can_focus=True):
+    """The rows; keys move boundaries, a click moves the nearest one to the mouse."""
+
+    BINDINGS = [
+        Binding("up,k", "cursor(-1)", "Prev stage", show=False),
+        Binding("down,j", "cursor(1)", "Next stage", show=False),
+        Binding("right,l", "grow", "Stage +1 layer"),
+        Binding("left,h", "shrink", "Stage -1 layer"),
+        Binding("shift+left", "grow_front", "Take layer from prev", show=False),
+        Binding("shift+right", "shrink_front", "Give layer to prev", show=False),
+    ]
+    COMPONENT_CLASSES = {"split-rows--own", "split-rows--other", "split-rows--cursor",
+                         "split-rows--ends"}
+
+    cursor: reactive[int] = reactive(0)
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.split: Split | None = None
+
+    def set_split(self, split: Split) -> None:
+        self.split = split
+        self.cursor = min(self.cursor, split.num_stages - 1)
+        if self.styles.height is None or self.styles.height.value != split.num_stages + 1:
+            self.styles.height = split.num_stages + 1
+        self.refresh()
+
+    def watch_cursor(self) -> None:
+        self.refresh()
+        if self.split is not None:
+            self.scroll_visible()
+
+    def render(self) -> Text:
+        out = Text(no_wrap=True, overflow="crop")
+        out.append(f"{'stg':>3} {'rank':<4}{'ch':<2}{'lay':>4}{'first':>6}      layers\n",
+                   style="bold")
+        if self.split is None:
+            return out
+        width = max(4, self.size.width - PREFIX)
+        own = self.get_component_rich_style("split-rows--own")
+        other = self.get_component_rich_style("split-rows--other")
+        cur = self.get_component_rich_style("split-rows--cursor")
+        ends = self.get_component_rich_style("split-rows--ends")
+        L = self.split.num_layers
+        for st in self.split.stages:
+            prefix = row_prefix(self.split, st.index)
+            line = Text(prefix, style=cur if st.index == self.cursor else Style())
+            if st.has_embedding or st.has_head:
+                line.stylize(ends, PREFIX - 4, PREFIX - 2)
+            for c in range(width):
+                layer = bar_layer(c, width, L)
+                mine = st.offset <= layer < st.offset + st.layers
+                line.append("█" if mine else "·", style=own if mine else other)
+            out.append_text(line)
+            out.append("\n")
+        out.rstrip()
+        return out
+
+    def action_cursor(self, step: int) -> None:
+        if self.split is not None:
+            self.cursor = max(0, min(self.split.num_stages - 1, self.cursor + step))
+
+    def action_grow(self) -> None:
+        self.post_message(BoundaryMove(self.cursor, +1))
+
+    def action_shrink(self) -> None:
+        self.post_message(BoundaryMove(self.cursor, -1))
+
+    def action_grow_front(self) -> None:
+        self.post_message(BoundaryMove(self.cursor - 1, -1))
+
+    def action_shrink_front(self) -> None:
+        self.post_message(BoundaryMove(self.cursor - 1, +1))
+
+    def on_click(self, event: events.Click) -> None:
+        if self.split is None or event.y < 1 or event.y > self.split.num_stages:
+            return
+        stage = event.y - 1
+        self.cursor = stage
+        if event.x >= PREFIX:
+            width = max(4, self.size.width - PREFIX)
+            layer = bar_layer(event.x - PREFIX, width, self.split.num_layers)
+            self.post_message(StageClick(stage, layer))
+
+
+class SplitEditor(Vertical):
+    """Rows plus a field to type a stage's count directly."""
+
+    def compose(self) -> ComposeResult:
+        yield SplitRows(id="split-rows")
+        with Horizontal(id="count-row"):
+            yield Label("count ", id="count-label")
+            yield Input(placeholder="layers for the selected stage", id="count-input",
+                        compact=True)
+        yield Label("", id="split-error", classes="error")
+
+    @property
+    def rows(self) -> SplitRows:
+        return self.query_one(SplitRows)
+
+    def set_split(self, split: Split) -> None:
+        self.rows.set_split(split)
+
+    def show_error(self, text: str) -> None:
+        label = self.query_one("#split-error", Label)
+        label.update(text)
+        label.set_class(bool(text), "-shown")
+
+    @on(Input.Submitted, "#count-input")
+    def _count(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.post_message(CountSet(self.rows.cursor, event.value))
