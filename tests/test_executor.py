@@ -57,8 +57,13 @@ CASES = {
     # 4 ranks x 2 chunks, with an empty stage (3) that only passes tensors on
     "interleaved-4x2": ["--schedule", "interleaved-1f1b", "--pp", "4", "--vpp", "2",
                         "--split", "2,1,1,0,1,1,1,1", "--microbatches", "4"],
-    "zb-h1": ["--schedule", "1f1b", "--pp", "2", "--split", "3,5", "--microbatches", "4",
-              "--actions-csv", "{tmp}/zb.csv"],
+    "zb-h1-csv": ["--schedule", "1f1b", "--pp", "2", "--split", "3,5", "--microbatches", "4",
+                  "--actions-csv", "{tmp}/zb.csv"],
+    "zb-h1": ["--schedule", "zb-h1", "--pp", "2", "--split", "5,3", "--microbatches", "4"],
+    "zbv": ["--schedule", "zbv", "--pp", "2", "--vpp", "2", "--split", "3,2,1,2",
+            "--microbatches", "4"],
+    "dualpipev": ["--schedule", "dualpipev", "--pp", "2", "--vpp", "2", "--split", "2,3,2,1",
+                  "--microbatches", "4"],
 }
 
 
