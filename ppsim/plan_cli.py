@@ -12,6 +12,7 @@ from ppsim.config import Config, model_fields
 from ppsim.errors import UserError
 from ppsim.planner import Candidate, PlanResult, plan
 from ppsim.problem import build_problem
+from ppsim.schedules import SCHEDULES
 
 SEARCH_AXES = ("schedule", "vpp", "microbatches", "recompute")
 EXIT_NO_FIT = 3
@@ -23,6 +24,15 @@ class Variant:
 
     cfg: Config
     label: str
+
+
+def _fits_shape(schedule: str, vpp: int) -> bool:
+    """Chunks per rank each schedule runs: interleaved needs 2+, V schedules exactly 2."""
+    if schedule == "interleaved-1f1b":
+        return vpp > 1
+    if SCHEDULES[schedule].placement == "v":
+        return vpp == 2
+    return vpp == 1
 
 
 def variants(cfg: Config, axes: list[str]) -> list[Variant]:
@@ -41,9 +51,8 @@ def variants(cfg: Config, axes: list[str]) -> list[Variant]:
     shapes = [(p.schedule, p.vpp)]
     if "schedule" in axes or "vpp" in axes:
         vpps = [v for v in (1, 2, 3, 4) if layers >= p.pp * v] if "vpp" in axes else [p.vpp]
-        names = ["gpipe", "1f1b", "interleaved-1f1b"] if "schedule" in axes else [p.schedule]
-        shapes = [(n, v) for n in names for v in vpps
-                  if (n == "interleaved-1f1b") == (v > 1) or n == "gpipe" and v == 1]
+        names = list(SCHEDULES) if "schedule" in axes else [p.schedule]
+        shapes = [(n, v) for n in names for v in vpps if _fits_shape(n, v)]
     mbs_options: list[tuple[int, int | None]] = [(p.microbatches, None)]
     if "microbatches" in axes and transformer:
         # Keep the global batch: fewer, larger microbatches or more, smaller ones.
