@@ -139,10 +139,16 @@ def split_exports(split: Any) -> dict[str, Any]:
     from ppsim import split as splits
 
     out: dict[str, Any] = {
-        "megatron_flags": shlex.join(splits.megatron_flags(split)),
         "megatron_layout": splits.to_layout(split),
         "torchtitan_module_fqns_per_model_part": splits.torchtitan_fqns(split),
     }
+    # Not every split has every form (V placement has no Megatron flags,
+    # DeepSpeed has one stage per rank): say why instead of failing.
+    try:
+        out["megatron_flags"] = shlex.join(splits.megatron_flags(split))
+    except UserError as exc:
+        out["megatron_flags"] = None
+        out["megatron_note"] = exc.problem
     try:
         out["deepspeed_boundaries"] = splits.deepspeed_boundaries(split)
     except UserError as exc:
@@ -185,7 +191,10 @@ def cmd_split(args: argparse.Namespace) -> int:
 
 
 def print_exports(console: Any, exports: dict[str, Any]) -> None:
-    console.print(f"[bold]Megatron:[/bold]   {exports['megatron_flags']}", soft_wrap=True)
+    mf = exports["megatron_flags"]
+    console.print(f"[bold]Megatron:[/bold]   {mf}" if mf is not None
+                  else f"[bold]Megatron:[/bold]   n/a ({exports.get('megatron_note')})",
+                  soft_wrap=True)
     console.print(f"[bold]layout:[/bold]     --pipeline-model-parallel-layout "
                   f"{shlex.quote(exports['megatron_layout'])}", soft_wrap=True)
     console.print("[bold]torchtitan:[/bold] module_fqns_per_model_part = "
