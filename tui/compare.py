@@ -1,7 +1,8 @@
-"""A small simulated-vs-real summary until `ppsim diff` exists.
+"""Simulated-vs-real summary for the TUI.
 
-Kept as one plain function with a plain result so the TUI can switch to
-ppsim's diff by replacing `compare` alone.
+`compare` uses `ppsim.diff` (the `ppsim diff` engine) when the two pipelines
+have the same shape, and falls back to a small summary of its own (iteration
+times and matched ops) when they don't, or when ppsim.diff is missing.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ class Comparison:
     real_only: int
     shape_note: str
     """Empty when the trace was run with the simulated schedule and split."""
+    details: tuple[str, ...] = ()
+    """Extra lines from ppsim diff (duration errors, critical path, worst op)."""
 
     @property
     def rel_error(self) -> float:
@@ -35,6 +38,7 @@ class Comparison:
                f"error {self.rel_error:+.1%}",
                f"ops matched {self.matched}   only simulated {self.sim_only}   "
                f"only real {self.real_only}"]
+        out += list(self.details)
         if self.shape_note:
             out.append(self.shape_note)
         return out
@@ -50,14 +54,7 @@ def iteration_times(trace: Any) -> dict[int, float]:
     return {it: (hi - lo) / 1e3 for it, (lo, hi) in spans.items()}
 
 
-def compare(sim: Any, trace: Any) -> Comparison:
-    """Simulated iteration against a recorded trace (`ppsim.trace.Trace`)."""
-    times = iteration_times(trace)
-    real = sum(times.values()) / len(times) if times else 0.0
-    first = min(times) if times else 0
-    real_keys = {o.key for o in trace.ops if o.iteration == first}
-    sim_keys = {(o.rank, o.chunk, o.action.microbatch, o.action.kind)
-                for ops in sim.timeline.ops for o in ops}
+def shape_note(sim: Any, trace: Any) -> str:
     notes = []
     p = sim.problem
     info = trace.info
@@ -66,7 +63,50 @@ def compare(sim: Any, trace: Any) -> Comparison:
                        ("split", list(p.split.counts))):
         if name in info and info[name] != mine:
             notes.append(f"{name} {info[name]} (simulated {mine})")
-    note = "trace differs: " + ", ".join(notes) if notes else ""
+    return "trace differs: " + ", ".join(notes) if notes else ""
+
+
+def compare(sim: Any, trace: Any) -> Comparison:
+    """Simulated iteration against a recorded trace (`ppsim.trace.Trace`)."""
+    try:
+        from ppsim.diff import diff_traces
+    except ImportError:
+        return own_compare(sim, trace)
+    from ppsim.errors import UserError
+    from ppsim.trace import simulation_trace, trace_from_json
+
+    simulated = trace_from_json(simulation_trace(sim), "simulated")
+    try:
+        d = diff_traces(simulated, trace).to_dict(top=1)
+    except UserError as exc:
+        own = own_compare(sim, trace)
+        return Comparison(**{**own.__dict__, "details": (f"no op-by-op diff: {exc.problem}",)})
+    details = []
+    kinds = d.get("duration_error", {})
+    if kinds:
+        details.append("op duration error (median): " + "  ".join(
+            f"{k} {v['median']:+.1%}" for k, v in kinds.items()))
+    worst = d.get("largest_divergences") or []
+    if worst:
+        w = worst[0]
+        details.append(f"largest: rank {w['rank']} {w['kind']}{w['microbatch']} chunk "
+                       f"{w['chunk']} {w['duration_ms'][0]:.3f} -> {w['duration_ms'][1]:.3f} ms")
+    if d.get("critical_path_changed"):
+        details.append("the critical path differs")
+    sim_ms, real_ms = d["iteration_time_ms"]
+    only_sim, only_real = d["ops_only_in"]
+    return Comparison(trace.path, sim_ms, real_ms, len(trace.iterations), d["ops_matched"],
+                      only_sim, only_real, shape_note(sim, trace), tuple(details))
+
+
+def own_compare(sim: Any, trace: Any) -> Comparison:
+    """Iteration times (mean over the trace's iterations) and matched ops."""
+    times = iteration_times(trace)
+    real = sum(times.values()) / len(times) if times else 0.0
+    first = min(times) if times else 0
+    real_keys = {o.key for o in trace.ops if o.iteration == first}
+    sim_keys = {(o.rank, o.chunk, o.action.microbatch, o.action.kind)
+                for ops in sim.timeline.ops for o in ops}
     return Comparison(trace.path, sim.summary.iteration_time_ms, real, len(times),
                       len(real_keys & sim_keys), len(sim_keys - real_keys),
-                      len(real_keys - sim_keys), note)
+                      len(real_keys - sim_keys), shape_note(sim, trace))

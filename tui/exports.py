@@ -15,22 +15,36 @@ from ppsim.split import Split
 
 
 def export_forms(split: Split) -> dict[str, object]:
-    """All export forms of a split (ppsim.cli.split_exports, imported lazily)."""
-    from ppsim.cli import split_exports
+    """All export forms of a split (ppsim.cli.split_exports, imported lazily).
 
-    return split_exports(split)
+    Megatron cannot express a V placement (ZB-V, DualPipeV); then only the
+    torchtitan form is given and the others say why not."""
+    from ppsim.cli import split_exports
+    from ppsim.errors import UserError
+    from ppsim.split import torchtitan_fqns
+
+    try:
+        return split_exports(split)
+    except UserError as exc:
+        return {"megatron_flags": None, "megatron_layout": None, "megatron_note": exc.problem,
+                "torchtitan_module_fqns_per_model_part": torchtitan_fqns(split),
+                "deepspeed_boundaries": None, "deepspeed_note": exc.problem}
 
 
 def export_text(split: Split, title: str = "") -> str:
     """The export file's text: one shell variable per form."""
     forms = export_forms(split)
-    layout = shlex.join(["--pipeline-model-parallel-layout", str(forms["megatron_layout"])])
     ds = forms["deepspeed_boundaries"]
     lines = [f"# ppsim split export{': ' + title if title else ''}",
-             f"# pp={split.pp} vpp={split.vpp} layers per virtual stage: {list(split.counts)}",
-             f"MEGATRON_ARGS={shlex.quote(str(forms['megatron_flags']))}",
-             f"MEGATRON_LAYOUT_ARGS={shlex.quote(layout)}",
-             "# torchtitan: module_fqns_per_model_part",
+             f"# pp={split.pp} vpp={split.vpp} placement={split.placement} "
+             f"layers per virtual stage: {list(split.counts)}"]
+    if forms["megatron_flags"] is not None:
+        layout = shlex.join(["--pipeline-model-parallel-layout", str(forms["megatron_layout"])])
+        lines += [f"MEGATRON_ARGS={shlex.quote(str(forms['megatron_flags']))}",
+                  f"MEGATRON_LAYOUT_ARGS={shlex.quote(layout)}"]
+    else:
+        lines.append(f"# Megatron: n/a ({forms.get('megatron_note')})")
+    lines += ["# torchtitan: module_fqns_per_model_part",
              "TORCHTITAN_FQNS=" + shlex.quote(json.dumps(
                  forms["torchtitan_module_fqns_per_model_part"]))]
     if ds is not None:

@@ -83,6 +83,20 @@ def config_for(base: Config, state: EditState) -> Config:
     return Config(model=model, pipeline=pipe, hardware=hw, costs_file=base.costs_file)
 
 
+def schedule_vpp(schedule: str, pp: int, vpp: int, microbatches: int) -> int:
+    """The vpp to use with a newly chosen schedule: the current one if the schedule
+    takes it, else 2 or 1 (interleaved and V schedules need 2 chunks, 1F1B one)."""
+    from ppsim.schedules import build_schedule
+
+    for cand in (vpp, 2, 1):
+        try:
+            build_schedule(schedule, pp, cand, microbatches)
+        except UserError:
+            continue
+        return cand
+    return vpp
+
+
 def check_state(base: Config, state: EditState, field: str) -> Problem:
     """Build the problem for a state; any UserError becomes EditRefused on `field`."""
     try:
@@ -113,11 +127,7 @@ def apply_setting(base: Config, state: EditState, name: str, text: str) -> EditS
     elif name == "schedule":
         if text not in SCHEDULES:
             raise EditRefused("schedule", f"unknown schedule {text!r}")
-        vpp = s.vpp
-        if text == "interleaved-1f1b" and vpp == 1:
-            vpp = 2
-        elif text == "1f1b":
-            vpp = 1
+        vpp = schedule_vpp(text, s.pp, s.vpp, s.microbatches)
         counts = s.counts if vpp == s.vpp else balanced_counts(s.num_layers, s.pp * vpp)
         s = replace(s, schedule=text, vpp=vpp, counts=counts)
     elif name == "recompute":

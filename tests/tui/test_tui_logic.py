@@ -189,3 +189,47 @@ def test_tui_cli_imports_without_textual() -> None:
 
     code = "import sys, tui.cli; assert 'textual' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "zb-h1", "zbv", "dualpipev"])
+def test_switching_schedule_picks_a_vpp_it_takes(schedule: str) -> None:
+    from ppsim.schedules import SCHEDULES
+
+    if schedule not in SCHEDULES:
+        pytest.skip(f"{schedule} not in this ppsim")
+    base = load_config(None)
+    s = apply_setting(base, state_from_config(base), "schedule", schedule)
+    result = evaluate_state(base, s)
+    cfg = config_for(base, s)
+    assert result.sim.summary == simulate(build_problem(cfg)).summary
+    assert s.split.placement == result.sim.problem.split.placement
+    kinds = {op.kind for lane in sim_lanes(result.sim) for op in lane.ops}
+    assert kinds == ({"F", "B", "W"} if result.sim.problem.schedule.split_backward
+                     else {"F", "B"})
+
+
+def test_export_of_a_v_placement_says_megatron_cannot() -> None:
+    from ppsim.split import Split
+    from tui.exports import export_text, read_export
+
+    text = export_text(Split((2, 2, 2, 2), 2, 2, "v"))
+    assert "Megatron: n/a" in text and "MEGATRON_ARGS" not in read_export(text)
+    assert "TORCHTITAN_FQNS" in read_export(text)
+
+
+def test_compare_falls_back_when_shapes_differ(tmp_path) -> None:
+    import io
+    from contextlib import redirect_stdout
+
+    from ppsim.cli import main
+    from ppsim.trace import read_trace
+    from tui.compare import compare
+
+    path = tmp_path / "pp4.json"
+    with redirect_stdout(io.StringIO()):
+        assert main(["simulate", "--pp", "4", "--split", "2,2,2,2", "--trace", str(path)]) == 0
+    sim = simulate(build_problem(load_config(None)))
+    cmp = compare(sim, read_trace(str(path)))
+    assert cmp.sim_ms == sim.summary.iteration_time_ms and cmp.real_ms > 0
+    text = "\n".join(cmp.lines())
+    assert "pp 4 (simulated 2)" in text
