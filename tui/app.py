@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -236,8 +237,13 @@ class PPSimApp(App[None]):
 
     @work(thread=True, exclusive=True, group="plan")
     def _plan(self, state: EditState) -> None:
+        last = [0.0]
+
         def progress(done: int, total: int) -> None:
-            self.call_from_thread(self._plan_progress, done, total)
+            now = time.monotonic()
+            if now - last[0] >= 0.05 or done >= total:  # at most 20 updates a second
+                last[0] = now
+                self.call_from_thread(self._plan_progress, done, total)
 
         try:
             res = run_planner(self.base, state, progress)

@@ -14,8 +14,8 @@ HELP = """\
 
 [b]Split editor[/b] (one row per virtual stage: stage, rank, chunk, layers, first layer;
 E = embedding, H = LM head + loss)
-  ↑/↓ select a stage     → give it one more layer (moves its end boundary)
-  ← take one layer away  shift+←/→ move its start boundary
+  ↑/↓ select a stage     → give it one more layer   ← take one away
+  (→/← move its end boundary; the last stage's start)   shift+←/→ move its start boundary
   click a layer on a row: move the nearest boundary there
   c type a count for the stage (the next stage absorbs the difference)
 

@@ -8,6 +8,7 @@ from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.geometry import Region
 from textual.reactive import reactive
 from textual.widget import Widget
 from textual.widgets import Input, Label
@@ -58,8 +59,10 @@ class SplitRows(Widget, can_focus=True):
 
     def watch_cursor(self) -> None:
         self.refresh()
-        if self.split is not None:
-            self.scroll_visible()
+        parent = self.parent
+        if self.split is not None and isinstance(parent, Widget):
+            # keep the selected row (line cursor + 1, under the header) in view
+            parent.scroll_to_region(Region(0, self.cursor, 1, 3), animate=False)
 
     def render(self) -> Text:
         out = Text(no_wrap=True, overflow="crop")
@@ -91,11 +94,22 @@ class SplitRows(Widget, can_focus=True):
         if self.split is not None:
             self.cursor = max(0, min(self.split.num_stages - 1, self.cursor + step))
 
+    def _is_last(self) -> bool:
+        return self.split is not None and self.cursor == self.split.num_stages - 1 \
+            and self.cursor > 0
+
     def action_grow(self) -> None:
-        self.post_message(BoundaryMove(self.cursor, +1))
+        # the last stage has no end boundary: it grows at its start
+        if self._is_last():
+            self.post_message(BoundaryMove(self.cursor - 1, -1))
+        else:
+            self.post_message(BoundaryMove(self.cursor, +1))
 
     def action_shrink(self) -> None:
-        self.post_message(BoundaryMove(self.cursor, -1))
+        if self._is_last():
+            self.post_message(BoundaryMove(self.cursor - 1, +1))
+        else:
+            self.post_message(BoundaryMove(self.cursor, -1))
 
     def action_grow_front(self) -> None:
         self.post_message(BoundaryMove(self.cursor - 1, -1))

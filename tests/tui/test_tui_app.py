@@ -82,10 +82,14 @@ async def test_refused_boundary_move_shows_an_error() -> None:
         await pilot.press(*["right"] * 5)  # stage 1 runs out of layers after 3
         await settle(pilot)
         assert app.state.counts == (8, 0)
-        await pilot.press("down", "right")  # no boundary after the last stage
+        await pilot.press("down", "left")  # the empty last stage has nothing to give
         await settle(pilot)
         assert app.state.counts == (8, 0)
-        assert "no boundary after stage 1" in "\n".join(screen_text(app))
+        assert "stage 1 has only 0 layer(s) to give" in "\n".join(screen_text(app))
+        await pilot.press("right")  # the last stage grows at its start
+        await settle(pilot)
+        assert_shows(app, (7, 1))
+        assert "to give" not in "\n".join(screen_text(app))
 
 
 async def test_mouse_click_moves_a_boundary() -> None:
@@ -387,3 +391,20 @@ async def test_a_model_preset_too_big_for_memory_shows_over_limit() -> None:
         assert not s.fits  # 70B on two 16 GB CPU ranks
         text = "\n".join(screen_text(app))
         assert "DOES NOT FIT" in text and "OVER" in text
+
+
+async def test_many_stages_keep_the_selected_row_in_view() -> None:
+    cfg = load_config(None)
+    cfg.model = {"preset": "gpt3-175b"}
+    cfg.pipeline.pp, cfg.pipeline.vpp, cfg.pipeline.schedule = 16, 2, "interleaved-1f1b"
+    cfg.pipeline.microbatches, cfg.pipeline.split = 32, None
+    app = PPSimApp(cfg)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert len(app.state.counts) == 32
+        await pilot.press(*["down"] * 31, "left")
+        await settle(pilot)
+        assert app.state.counts[31] == 2 and app.state.counts[30] == 4
+        editor = app.query_one("#split-editor")
+        assert editor.scroll_y > 0
+        assert "  31 r15 c1    2" in "\n".join(screen_text(app))
