@@ -140,9 +140,18 @@ def ruler(ms_per_cell: float, x0: int, width: int, step: int = 10) -> str:
 
 
 def fmt_ms(ms: float) -> str:
-    if ms >= 1e3:
+    """A short time label without exponents: 850us, 12.5ms, 3.2s, 36min, 1.5h."""
+    if ms == 0:
+        return "0ms"
+    if ms < 1:
+        return f"{ms * 1e3:.3g}us"
+    if ms < 1e3:
+        return f"{ms:.3g}ms"
+    if ms < 1e6:
         return f"{ms / 1e3:.3g}s"
-    return f"{ms:.3g}ms"
+    if ms < 3.6e7:
+        return f"{ms / 6e4:.3g}min"
+    return f"{ms / 3.6e6:.3g}h"
 
 
 def fit_scale(end_ms: float, width: int) -> float:

@@ -220,6 +220,7 @@ async def test_planner_lands_on_the_best_split() -> None:
         await settle(pilot)
         await settle(pilot)
         assert app.plan_result is not None
+        assert not app.query_one("#plan-progress").has_class("-shown")
         assert app.state.counts == best.split.counts
         assert app.result.sim.summary.iteration_time_ms == pytest.approx(
             best.summary.iteration_time_ms)
@@ -408,3 +409,32 @@ async def test_many_stages_keep_the_selected_row_in_view() -> None:
         editor = app.query_one("#split-editor")
         assert editor.scroll_y > 0
         assert "  31 r15 c1    2" in "\n".join(screen_text(app))
+
+
+RECORDED = sorted((Path(__file__).parents[2] / "traces").glob("*.json"))
+
+
+@pytest.mark.skipif(not RECORDED, reason="no recorded traces in traces/ yet")
+@pytest.mark.parametrize("path", RECORDED[:2], ids=lambda p: p.name)
+async def test_recorded_traces_load_beside_the_simulation(path: Path) -> None:
+    """A real trace from traces/, opened on the config it was recorded with."""
+    from ppsim.trace import read_trace
+
+    trace = read_trace(str(path))
+    info = trace.info
+    cfg = load_config(None)
+    for key in ("pp", "vpp", "microbatches", "schedule"):
+        if key in info:
+            setattr(cfg.pipeline, key, info[key])
+    if "split" in info:
+        cfg.pipeline.split = list(info["split"])
+    try:
+        build_problem(cfg)
+    except Exception:
+        pytest.skip(f"{path.name} was not recorded on the default model")
+    app = PPSimApp(cfg, trace_path=str(path))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        cmp = app.comparison
+        assert cmp is not None and cmp.real_ms > 0 and cmp.matched > 0
+        assert f"real {cmp.real_ms:.3f} ms" in "\n".join(screen_text(app))

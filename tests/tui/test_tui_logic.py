@@ -157,6 +157,10 @@ def test_lane_cells_map_ops_to_columns() -> None:
 def test_ruler_and_scale() -> None:
     assert ruler(1.0, 0, 25).startswith("|0ms      |10ms     |20ms")
     assert fit_scale(100.0, 101) == 1.0
+    from tui.lanes import fmt_ms
+
+    assert [fmt_ms(x) for x in (0, 0.5, 12.5, 3200, 2.16e6, 7.2e7)] == \
+        ["0ms", "500us", "12.5ms", "3.2s", "36min", "20h"]
 
 
 def test_sim_lanes_cover_every_op() -> None:
