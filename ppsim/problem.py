@@ -63,7 +63,8 @@ def model_costs(cfg: Config) -> ModelCosts:
     if cfg.costs_file:
         from ppsim.costfile import load_costs
 
-        return load_costs(cfg.costs_file)
+        fields = model_fields(cfg.model)
+        return load_costs(cfg.costs_file, int(fields["num_layers"]), fields)
     raw = model_fields(cfg.model)
     if raw.get("kind", "uniform") == "uniform":
         layer = {k: v for k, v in raw.items() if k in LAYER_FIELDS}
@@ -114,8 +115,19 @@ def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
     schedule = build_schedule(p.schedule, p.pp, p.vpp, p.microbatches)
     costs = costs or model_costs(cfg)
     split = resolve_split(cfg, costs.num_layers, schedule_placement(p.schedule))
-    hw = Hardware(cfg.hardware.memory_bytes, cfg.hardware.p2p_latency_ms,
-                  cfg.hardware.p2p_bandwidth_gbps)
+    return Problem(costs, split, schedule, hardware(cfg))
+
+
+def hardware(cfg: Config) -> Hardware:
+    """Memory limit and P2P model; P2P measured in the cost file beats the preset."""
+    latency, bandwidth = cfg.hardware.p2p_latency_ms, cfg.hardware.p2p_bandwidth_gbps
+    if cfg.costs_file:
+        from ppsim.costfile import load_p2p
+
+        lat, bw = load_p2p(cfg.costs_file)
+        latency = latency if lat is None else lat
+        bandwidth = bandwidth if bw is None else bw
+    hw = Hardware(cfg.hardware.memory_bytes, latency, bandwidth)
     if hw.p2p_bandwidth_gbps < 0 or hw.p2p_latency_ms < 0:
         raise UserError("hardware.p2p_bandwidth_gbps", "must be >= 0", "use 0 for free transfers")
-    return Problem(costs, split, schedule, hw)
+    return hw

@@ -1,0 +1,387 @@
+"""`ppsim profile`'s measurements: the executor's own ops, timed one piece at a time.
+
+Pieces are built with the executor's `StageModule` (embedding alone, one decoder
+layer, head alone) and run through the same calls the runtime makes for F
+(`module(x)`, plus the loss on the head), B (`torch.autograd.backward`) and W
+(`WeightGradStore.run`), so a measured cost is the cost of the op the executor
+will run, not of a look-alike. Bytes use the runtime's own accounting:
+saved-tensor hooks for activations, params + grads + AdamW states for static.
+
+P2P is measured between two real processes (torch.multiprocessing, gloo on CPU,
+NCCL between two GPUs) by ping-pong with the executor's isend/irecv, and fitted
+as latency + bytes / bandwidth, the simulator's transfer model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from executor.model import GPTShape, StageModule, WeightGradStore, microbatch, stage_loss
+from ppsim.costs import LayerCost, ModelCosts
+
+Progress = Callable[[str, int], None]
+"""progress(description, steps done since the last call)."""
+
+
+@dataclass
+class _Samples:
+    """Timings (ms) of one piece; F/B with the plain path, F2/Bi/W with deferred weights."""
+
+    forward: list[float] = field(default_factory=list)
+    backward: list[float] = field(default_factory=list)
+    forward_split: list[float] = field(default_factory=list)
+    input_grad: list[float] = field(default_factory=list)
+    weight_grad: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Piece:
+    name: str
+    module: StageModule
+    kind: str
+    """"embedding", "layer" or "head"."""
+    samples: _Samples = field(default_factory=_Samples)
+    activation_bytes: int = 0
+    weight_grad_bytes: int = 0
+    output_bytes: int = 0
+    static_bytes: int = 0
+
+
+class _Clock:
+    """Op timing as the executor's recorder sees it: host ns on CPU, CUDA events on GPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def time(self, fn: Callable[[], Any]) -> tuple[float, Any]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            out = fn()
+            b.record()
+            torch.cuda.synchronize()
+            return a.elapsed_time(b), out
+        t0 = time.perf_counter_ns()
+        out = fn()
+        return (time.perf_counter_ns() - t0) / 1e6, out
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else 0.0
+
+
+def sampled_layers(num_layers: int, most: int = 4) -> list[int]:
+    """Layer indices to measure: every decoder layer has the same shape, so a few spread
+    over the model give the per-layer cost with more samples than any single layer."""
+    if num_layers <= most:
+        return list(range(num_layers))
+    return sorted({round(i * (num_layers - 1) / (most - 1)) for i in range(most)})
+
+
+class Profiler:
+    """Measures the pieces of one model on one device."""
+
+    def __init__(self, fields: dict[str, Any], device: torch.device, microbatches: int = 1,
+                 seed: int = 0) -> None:
+        self.shape = GPTShape.from_fields(fields)
+        self.device, self.seed, self.m = device, seed, max(1, microbatches)
+        self.clock = _Clock(device)
+        s = self.shape
+        build: list[tuple[str, str, StageModule]] = [
+            ("embedding", "embedding", StageModule(s, 0, 0, True, False, seed))]
+        self.layer_indices = sampled_layers(s.num_layers)
+        for i in self.layer_indices:
+            build.append((f"layer{i}", "layer", StageModule(s, i, 1, False, False, seed)))
+        build.append(("head", "head", StageModule(s, s.num_layers, 0, False, True, seed)))
+        self.pieces = []
+        for name, kind, mod in build:
+            mod = mod.to(device=device, dtype=s.torch_dtype)
+            for p in mod.parameters():  # the runtime's persistent grad buffers
+                p.grad = torch.zeros_like(p)
+            self.pieces.append(_Piece(name, mod, kind))
+        hidden = (s.micro_batch_size, s.seq_length, s.hidden_size)
+        g = torch.Generator().manual_seed(seed + 1)
+        # What a stage receives: an activation (F) and its gradient (B).
+        self.x = (torch.randn(hidden, generator=g)).to(device=device, dtype=s.torch_dtype)
+        self.grad = (torch.randn(hidden, generator=g) * 1e-3).to(device=device,
+                                                                  dtype=s.torch_dtype)
+        self.ids = microbatch(s, seed, 0, 0)[0].to(device)
+
+    # --------------------------------------------------------------- one op each
+
+    def _input(self, piece: _Piece) -> torch.Tensor:
+        if piece.kind == "embedding":
+            return self.ids
+        return self.x.detach().clone().requires_grad_()
+
+    def _forward(self, piece: _Piece, x: torch.Tensor, mb: int) -> torch.Tensor:
+        """The runtime's F: the module, and on the head the loss (targets fetched inside)."""
+        y = piece.module(x)
+        if piece.kind == "head":
+            targets = microbatch(self.shape, self.seed, 0, mb)[1].to(self.device)
+            y = stage_loss(y, targets) / self.m
+        return y
+
+    def _backward(self, piece: _Piece, y: torch.Tensor) -> None:
+        """The runtime's B: autograd from the output (with the received gradient)."""
+        torch.autograd.backward(y, grad_tensors=None if piece.kind == "head" else self.grad)
+
+    def run_once(self, piece: _Piece, rep: int, record: bool) -> None:
+        s = piece.samples
+        # Plain path (schedules that do not split backward): F, then the whole B.
+        x = self._input(piece)
+        tf, y = self.clock.time(lambda: self._forward(piece, x, rep))
+        tb, _ = self.clock.time(lambda: self._backward(piece, y))
+        # Split path (zero-bubble): Linear defers weight grads in B; W runs them.
+        WeightGradStore.enabled = True
+        try:
+            x = self._input(piece)
+            tf2, y = self.clock.time(lambda: self._forward(piece, x, rep))
+            key = (0, rep)
+            WeightGradStore.deferring, WeightGradStore.key = True, key
+            try:
+                tbi, _ = self.clock.time(lambda: self._backward(piece, y))
+            finally:
+                WeightGradStore.deferring, WeightGradStore.key = False, None
+            held = WeightGradStore.held_bytes(key)
+            tw, _ = self.clock.time(lambda: WeightGradStore.run(key))
+        finally:
+            WeightGradStore.enabled = False
+            WeightGradStore.queues.clear()
+        if record:
+            s.forward.append(tf)
+            s.backward.append(tb)
+            s.forward_split.append(tf2)
+            s.input_grad.append(tbi)
+            s.weight_grad.append(tw)
+            piece.weight_grad_bytes = held
+
+    # --------------------------------------------------------------- bytes
+
+    def measure_bytes(self, piece: _Piece) -> None:
+        """Activation bytes as the runtime counts them (saved tensors + output), static
+        bytes as its optimizer holds them (params, grads, AdamW states after a step)."""
+        params = list(piece.module.parameters())
+        ptrs = {p.untyped_storage().data_ptr() for p in params}
+        x = self._input(piece)
+        seen: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            st = t.untyped_storage()
+            if st.data_ptr() not in ptrs:
+                seen[st.data_ptr()] = st.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = piece.module(x)
+        if piece.kind != "embedding":
+            # A layer's input is the previous piece's output, counted there; summing
+            # pieces then counts each boundary tensor once, as the runtime does.
+            seen.pop(x.untyped_storage().data_ptr(), None)
+        out = y.untyped_storage()
+        seen[out.data_ptr()] = out.nbytes()
+        piece.activation_bytes = sum(seen.values())
+        piece.output_bytes = 0 if piece.kind == "head" else y.numel() * y.element_size()
+        del y
+        opt = torch.optim.AdamW(params, lr=1e-3)
+        opt.step()  # AdamW allocates its states at the first step
+        tensors = params + [p.grad for p in params if p.grad is not None]
+        tensors += [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
+        piece.static_bytes = sum(t.numel() * t.element_size() for t in tensors)
+
+    # --------------------------------------------------------------- all
+
+    def run(self, repeats: int, warmup: int, progress: Progress | None = None) -> None:
+        for piece in self.pieces:
+            self.measure_bytes(piece)
+        # Round-robin over pieces each repeat, so slow drift (frequency, other
+        # processes) spreads over all pieces instead of biasing one.
+        for rep in range(warmup + repeats):
+            for piece in self.pieces:
+                self.run_once(piece, rep, record=rep >= warmup)
+            if progress is not None:
+                progress("warm-up" if rep < warmup else "timing F/B/W", 1)
+
+    def costs(self) -> tuple[ModelCosts, dict[str, Any]]:
+        """Median costs per piece (layers pooled) and the per-piece details."""
+        details: dict[str, Any] = {}
+        by_kind: dict[str, list[_Piece]] = {"embedding": [], "layer": [], "head": []}
+        for p in self.pieces:
+            by_kind[p.kind].append(p)
+            s = p.samples
+            details[p.name] = {k: {"median_ms": _median(v), "min_ms": min(v) if v else 0.0,
+                                   "max_ms": max(v) if v else 0.0}
+                               for k, v in (("forward", s.forward), ("backward", s.backward),
+                                            ("forward_split", s.forward_split),
+                                            ("input_grad", s.input_grad),
+                                            ("weight_grad", s.weight_grad))}
+        out = {}
+        for kind, pieces in by_kind.items():
+            pool = _Samples()
+            for p in pieces:
+                for name in ("forward", "backward", "forward_split", "input_grad",
+                             "weight_grad"):
+                    getattr(pool, name).extend(getattr(p.samples, name))
+            f, b = _median(pool.forward), _median(pool.backward)
+            bi, w = _median(pool.input_grad), _median(pool.weight_grad)
+            # One LayerCost serves both paths: backward_ms is the plain whole backward
+            # (exact for 1F1B and friends), and the W share of it is the measured split
+            # W / (B + W), so split schedules get the measured proportions.
+            wshare = w / (bi + w) if bi + w > 0 else 0.0
+            p0 = pieces[0]
+            out[kind] = LayerCost(forward_ms=f, backward_ms=b, weight_grad_ms=b * wshare,
+                                  static_bytes=p0.static_bytes,
+                                  activation_bytes=p0.activation_bytes,
+                                  weight_grad_bytes=min(p0.weight_grad_bytes,
+                                                        p0.activation_bytes),
+                                  output_bytes=p0.output_bytes)
+        costs = ModelCosts(layers=(out["layer"],) * self.shape.num_layers,
+                           embedding=out["embedding"], head=out["head"])
+        return costs, details
+
+
+# ------------------------------------------------------------------ P2P
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _p2p_worker(rank: int, port: int, sizes: list[int], rounds: int, out: str,
+                device_kind: str) -> None:
+    """One of two processes: ping-pong each size with isend/irecv, as the runtime sends."""
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    nccl = device_kind == "cuda" and torch.cuda.device_count() >= 2
+    staged = device_kind == "cuda" and not nccl  # one GPU: via host, like the runtime
+    dev = torch.device("cuda", rank) if nccl else torch.device("cpu")
+    if device_kind == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group("nccl" if nccl else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    peer = 1 - rank
+    results = []
+    for n in sizes:
+        buf = torch.zeros(max(1, n // 4), dtype=torch.float32, device=dev)
+        src = buf.cuda() if staged else buf
+        times = []
+        for i in range(rounds + 3):
+            dist.barrier()
+            t0 = time.perf_counter_ns()
+            if rank == 0:
+                dist.isend(src.to(dev) if staged else src, dst=peer, tag=i).wait()
+                dist.irecv(buf, src=peer, tag=i).wait()
+                if staged:
+                    buf.cuda()
+                    torch.cuda.synchronize()
+                elif nccl:
+                    torch.cuda.synchronize()
+            else:
+                dist.irecv(buf, src=peer, tag=i).wait()
+                if staged:
+                    buf.cuda()
+                dist.isend(src.to(dev) if staged else buf, dst=peer, tag=i).wait()
+            if i >= 3:
+                times.append((time.perf_counter_ns() - t0) / 1e6)
+        results.append({"bytes": buf.numel() * 4, "one_way_ms": statistics.median(times) / 2})
+    if rank == 0:
+        with open(out, "w", encoding="utf-8") as fh:
+            json.dump({"backend": "nccl" if nccl else "gloo", "staged_via_host": staged,
+                       "samples": results}, fh)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def fit_latency_bandwidth(samples: list[dict[str, float]]) -> tuple[float, float]:
+    """Least-squares t = latency + bytes / bandwidth; (latency ms, bandwidth GB/s).
+
+    A non-positive slope (size made no measurable difference) means bandwidth 0,
+    which the simulator reads as "bytes are free".
+    """
+    xs = [float(s["bytes"]) for s in samples]
+    ys = [float(s["one_way_ms"]) for s in samples]
+    if len(xs) < 2:
+        return (ys[0] if ys else 0.0), 0.0
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+    if slope <= 0:
+        return max(0.0, min(ys)), 0.0
+    latency = my - slope * mx
+    if latency < 0:  # refit through the origin rather than report a negative latency
+        slope = sum(x * y for x, y in zip(xs, ys, strict=True)) / sum(x * x for x in xs)
+        latency = 0.0
+    return latency, 1.0 / slope / 1e6  # bytes per ms -> GB/s
+
+
+def p2p_sizes(hidden_bytes: int) -> list[int]:
+    """A few sizes around the message the pipeline actually sends."""
+    return sorted({4096, 65536, max(4, hidden_bytes), 1 << 20, 4 << 20})
+
+
+def measure_p2p(device_kind: str, sizes: list[int], rounds: int = 20) -> dict[str, Any]:
+    """Spawn two processes, ping-pong, and fit latency + bandwidth."""
+    import torch.multiprocessing as mp
+
+    fd, out = tempfile.mkstemp(prefix="ppsim-p2p-", suffix=".json")
+    os.close(fd)
+    try:
+        mp.spawn(_p2p_worker, args=(_free_port(), sizes, rounds, out, device_kind), nprocs=2,
+                 join=True)
+        with open(out, encoding="utf-8") as fh:
+            res = json.load(fh)
+    finally:
+        os.unlink(out)
+    lat, bw = fit_latency_bandwidth(res["samples"])
+    return {"latency_ms": lat, "bandwidth_gbps": bw, "backend": res["backend"],
+            "staged_via_host": res["staged_via_host"], "rounds": rounds,
+            "samples": res["samples"]}
+
+
+# ------------------------------------------------------------------ entry point
+
+
+def profile(fields: dict[str, Any], device_kind: str = "cpu", repeats: int = 20,
+            warmup: int = 3, microbatches: int = 1, p2p: bool = True,
+            progress: Progress | None = None) -> dict[str, Any]:
+    """Measure a transformer model; returns a cost file document (see ppsim.costfile)."""
+    from ppsim.costfile import cost_document
+
+    t0 = time.perf_counter()
+    threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
+    torch.set_num_threads(threads)  # what each executor rank uses
+    device = torch.device("cuda" if device_kind == "cuda" else "cpu")
+    torch.manual_seed(0)
+    prof = Profiler(fields, device, microbatches)
+    prof.run(repeats, warmup, progress)
+    costs, details = prof.costs()
+    link = None
+    if p2p:
+        if progress is not None:
+            progress("P2P ping-pong (2 processes)", 0)
+        link = measure_p2p(device_kind, p2p_sizes(costs.hidden_bytes))
+        if progress is not None:
+            progress("P2P done", 1)
+    return cost_document(
+        costs, source="profile", model=fields, p2p=link,
+        device=device_kind if device_kind == "cpu" else torch.cuda.get_device_name(device),
+        torch_version=torch.__version__, host=platform.node(), threads=threads,
+        created_utc=datetime.now(UTC).isoformat(timespec="seconds"),
+        measurement={"repeats": repeats, "warmup": warmup, "layers_sampled":
+                     prof.layer_indices, "seconds": time.perf_counter() - t0,
+                     "pieces": details})
