@@ -205,3 +205,23 @@ def test_calibrate_rejects_a_trace_of_another_model(tmp_path: Path,
     bad.write_text('{"traceEvents": [')
     assert main(["calibrate", str(bad), "--out", str(tmp_path / "c.json")]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_calibrate_tells_the_head_apart(tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Layers x1.5 but head x3: the last stage's excess is put on the head, not the layers."""
+    base = model_costs(DEFAULT)
+    layers = _scaled(base, f=1.5, b=1.5)
+    truth_costs = replace(layers, head=_scaled(base, f=3.0, b=3.0).head)
+    truth = _write(tmp_path / "truth.json", truth_costs)
+    trace = tmp_path / "sim.json"
+    assert main(["simulate", "--costs", truth, "--trace", str(trace)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", str(trace), "--out", str(out), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["factors"]["F"] == pytest.approx(1.5)
+    assert res["head_factors"]["F"] == pytest.approx(3.0)
+    assert res["head_factors"]["B"] == pytest.approx(3.0)
+    assert res["error_after"] == pytest.approx(0.0, abs=1e-9)
+    assert load_costs(str(out), 8).head.forward_ms == pytest.approx(truth_costs.head.forward_ms)
