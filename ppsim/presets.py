@@ -10,7 +10,7 @@ from __future__ import annotations
 MODEL_PRESETS: dict[str, dict] = {
     "tiny-gpt": dict(
         num_layers=8, hidden_size=64, num_heads=4, num_kv_heads=4, ffn_hidden_size=256,
-        vocab_size=512, seq_length=64, micro_batch_size=2, gated_mlp=False, dtype="fp32"),
+        vocab_size=2048, seq_length=64, micro_batch_size=2, gated_mlp=False, dtype="fp32"),
     "gpt3-1.3b": dict(
         num_layers=24, hidden_size=2048, num_heads=16, num_kv_heads=16, ffn_hidden_size=8192,
         vocab_size=51200, seq_length=2048, micro_batch_size=1, gated_mlp=False,

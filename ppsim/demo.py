@@ -1,0 +1,126 @@
+"""`ppsim demo`: the whole loop on one config — profile, plan, run, diff.
+
+1. profile the model on this machine (measured per-layer costs),
+2. plan the fastest split under those costs,
+3. run the planned split and Megatron's even split for real (torchrun),
+4. simulate the planned split and diff the plan against the real trace,
+5. print predicted against measured, for both splits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from typing import Any
+
+from ppsim.errors import UserError
+
+
+def _ppsim(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return subprocess.run([sys.executable, "-m", "ppsim.cli", *args], capture_output=True,
+                          text=True, env=env)
+
+
+def _checked(step: str, res: subprocess.CompletedProcess) -> str:
+    if res.returncode != 0:
+        tail = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise UserError(f"demo {step}", f"failed: {tail}", "run that step alone to see why")
+    return res.stdout
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ppsim.cli import config_from_args
+    from ppsim.config import config_to_toml
+    from ppsim.diff import diff_traces
+    from ppsim.fileio import write_text_atomic
+    from ppsim.planner import even_counts, plan
+    from ppsim.problem import build_problem
+    from ppsim.simulator import simulate
+    from ppsim.trace import read_trace, simulation_trace, write_trace
+
+    console = Console()
+    cfg = config_from_args(args)
+    out = args.out
+    os.makedirs(out, exist_ok=True)
+    base = os.path.join(out, "config.toml")
+    write_text_atomic(base, config_to_toml(cfg))
+
+    console.rule("1. profile this machine")
+    costs = os.path.join(out, "costs.json")
+    _checked("profile", _ppsim("profile", "--config", base, "--out", costs))
+    cfg = replace(cfg, costs_file=costs)
+    console.print(f"measured costs in {costs}")
+
+    console.rule("2. plan")
+    problem = build_problem(replace(cfg, pipeline=replace(cfg.pipeline, split=None)))
+    res = plan(problem, top_k=3)
+    if res.best is None:
+        raise UserError("demo plan", "no split fits memory", "raise memory_bytes or add stages")
+    best = res.best
+    even = even_counts(problem.split.num_layers, problem.split.num_stages)
+    console.print(f"planned split {list(best.split.counts)} "
+                  f"({'optimal' if res.proven_optimal else 'best found'}, "
+                  f"{res.evaluated} of {res.total_splits} splits timed); even split {list(even)}")
+
+    console.rule("3. run both splits for real")
+    real: dict[str, dict[str, Any]] = {}
+    for name, counts in (("planned", best.split.counts), ("even", even)):
+        folder = os.path.join(out, name)
+        summary = json.loads(_checked(f"run {name}", _ppsim(
+            "run", "--config", base, "--split", ",".join(map(str, counts)),
+            "--iterations", str(args.iterations), "--warmup", "1", "--trace-dir", folder,
+            "--json")))
+        real[name] = {"counts": counts, "summary": summary,
+                      "trace": os.path.join(folder, "trace.json")}
+        console.print(f"{name}: {summary['iteration_time_ms']:.2f} ms per iteration, "
+                      f"trace in {real[name]['trace']}")
+
+    console.rule("4. plan against reality")
+    t = Table(title="predicted (simulated with measured costs) vs measured", title_justify="left")
+    for col in ("split", "", "iteration ms", "bubble", "peak memory r0", "error"):
+        t.add_column(col, justify="right")
+    diffs = {}
+    for name, r in real.items():
+        split_problem = problem.with_split(replace(problem.split, counts=tuple(r["counts"])))
+        sim = simulate(split_problem)
+        sim_path = os.path.join(out, name, "sim.json")
+        write_trace(sim_path, simulation_trace(sim))
+        d = diff_traces(read_trace(sim_path), read_trace(r["trace"])).to_dict()
+        diffs[name] = d
+        ta, tb = d["iteration_time_ms"]
+        r0 = d["ranks"][0]
+        ma, mb = r0["peak_memory_bytes"]
+        t.add_row(f"{name} {list(r['counts'])}", "predicted", f"{ta:.2f}",
+                  f"{r0['bubble_fraction'][0]:.1%}", f"{(ma or 0) / 1e6:.2f} MB", "")
+        t.add_row("", "measured", f"{tb:.2f}", f"{r0['bubble_fraction'][1]:.1%}",
+                  f"{(mb or 0) / 1e6:.2f} MB", f"{d['iteration_time_error']:+.1%}")
+    console.print(t)
+    pred = diffs["even"]["iteration_time_ms"][0] / diffs["planned"]["iteration_time_ms"][0]
+    meas = diffs["even"]["iteration_time_ms"][1] / diffs["planned"]["iteration_time_ms"][1]
+    console.print(f"speed-up of the planned split over the even split: predicted {pred:.3f}x, "
+                  f"measured {meas:.3f}x")
+    console.print(f"details: ppsim diff {out}/planned/sim.json {real['planned']['trace']} "
+                  f"--png {out}/planned/diff.png")
+    return 0
+
+
+def register(commands: dict) -> None:
+    def add(p: argparse.ArgumentParser) -> None:
+        from ppsim.cli import add_config_flags
+
+        add_config_flags(p, split_flags=False)
+        p.add_argument("--out", default="ppsim-demo", metavar="DIR",
+                       help="where costs, traces and configs go (default ./ppsim-demo)")
+        p.add_argument("--iterations", type=int, default=4, metavar="N",
+                       help="real iterations per split (the first is warm-up)")
+
+    commands["demo"] = ("profile, plan, run and diff on one config (the quickstart)", add,
+                        cmd_demo)
