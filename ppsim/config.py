@@ -6,6 +6,7 @@ Every user mistake becomes a `UserError` naming the field and the fix.
 from __future__ import annotations
 
 import difflib
+import os
 import tomllib
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -205,7 +206,11 @@ def load_config(path: str | None) -> Config:
     except OSError as exc:
         raise UserError("--config", f"cannot read {path}: {exc.strerror}",
                         "pass an existing TOML file") from None
-    return config_from_dict(parse_toml(text, path))
+    cfg = config_from_dict(parse_toml(text, path))
+    if cfg.costs_file and not os.path.isabs(cfg.costs_file):
+        # A cost file named in a config lives next to that config.
+        cfg.costs_file = os.path.join(os.path.dirname(os.path.abspath(path)), cfg.costs_file)
+    return cfg
 
 
 # ------------------------------------------------------------------ saving
