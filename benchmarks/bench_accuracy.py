@@ -1,0 +1,142 @@
+"""How close is the plan to reality? Profile, simulate, run for real, diff.
+
+For schedules x uneven splits x microbatch counts on the tiny preset (2 CPU
+ranks): predicted iteration time (profiled costs, and profiled costs
+calibrated on one held-out run), measured iteration time, per-rank bubble and
+peak memory, and the errors. Goal on CPU: median iteration-time error <= 10 %.
+
+Run:    .venv/bin/python benchmarks/bench_accuracy.py [--record traces]
+`--record DIR` also writes each case's config, real trace and simulated trace
+to DIR/<case>/ (that is how traces/ in this repository was made).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from ppsim.config import config_to_toml, load_config
+from ppsim.diff import diff_traces
+from ppsim.problem import build_problem
+from ppsim.simulator import simulate
+from ppsim.trace import read_trace, simulation_trace, write_trace
+
+# (name, schedule, vpp, split, microbatches)
+CASES = [
+    ("1f1b-5-3-m8", "1f1b", 1, [5, 3], 8),
+    ("1f1b-6-2-m8", "1f1b", 1, [6, 2], 8),
+    ("1f1b-3-5-m4", "1f1b", 1, [3, 5], 4),
+    ("1f1b-5-3-m16", "1f1b", 1, [5, 3], 16),
+    ("gpipe-5-3-m8", "gpipe", 1, [5, 3], 8),
+    ("interleaved-3-1-2-2-m8", "interleaved-1f1b", 2, [3, 1, 2, 2], 8),
+    ("interleaved-2-2-3-1-m4", "interleaved-1f1b", 2, [2, 2, 3, 1], 4),
+    ("zb-h1-5-3-m8", "zb-h1", 1, [5, 3], 8),
+    ("zbv-2-2-1-3-m8", "zbv", 2, [2, 2, 1, 3], 8),
+]
+CALIBRATE_ON = "1f1b-6-2-m8"  # held out from the calibrated column's median
+
+
+def ppsim(*args: str) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-m", "ppsim.cli", *args], capture_output=True,
+                         text=True, env=env)
+    if res.returncode != 0:
+        raise SystemExit(f"ppsim {' '.join(args)} failed: {res.stderr.strip()}")
+    return res.stdout
+
+
+def case_config(base: str, schedule: str, vpp: int, split: list[int], m: int, costs: str,
+                folder: str) -> str:
+    cfg = load_config(base)
+    cfg.pipeline.schedule, cfg.pipeline.vpp = schedule, vpp
+    cfg.pipeline.split, cfg.pipeline.microbatches = split, m
+    cfg.costs_file = os.path.abspath(costs)
+    path = os.path.join(folder, "config.toml")
+    with open(path, "w") as fh:
+        fh.write(config_to_toml(cfg))
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--record", metavar="DIR", help="also keep configs and traces here")
+    ap.add_argument("--iterations", type=int, default=6)
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="ppsim-accuracy-")
+    base = os.path.join(work, "base.toml")
+    with open(base, "w") as fh:
+        fh.write(config_to_toml(load_config(None)))
+    costs = os.path.join(work, "costs.json")
+    ppsim("profile", "--config", base, "--out", costs)
+    rows = []
+    for name, schedule, vpp, split, m in CASES:
+        folder = os.path.join(work, name)
+        os.makedirs(folder)
+        cfg_path = case_config(base, schedule, vpp, split, m, costs, folder)
+        ppsim("run", "--config", cfg_path, "--iterations", str(args.iterations), "--warmup",
+              "1", "--trace-dir", os.path.join(folder, "run"), "--json")
+        real = os.path.join(folder, "run", "trace.json")
+        sim = simulate(build_problem(load_config(cfg_path)))
+        sim_path = os.path.join(folder, "sim.json")
+        write_trace(sim_path, simulation_trace(sim))
+        d = diff_traces(read_trace(sim_path), read_trace(real)).to_dict()
+        rows.append({"name": name, "config": cfg_path, "real": real, "sim": sim_path, "diff": d})
+    # Calibrate on one run, then predict every run with the calibrated costs.
+    calibrated = os.path.join(work, "calibrated.json")
+    held = next(r for r in rows if r["name"] == CALIBRATE_ON)
+    ppsim("calibrate", held["real"], "--config", held["config"], "--out", calibrated)
+    for r in rows:
+        cfg = load_config(r["config"])
+        cfg.costs_file = calibrated
+        sim = simulate(build_problem(cfg))
+        r["calibrated_ms"] = sim.summary.iteration_time_ms
+
+    print(f"{'case':26} {'pred ms':>8} {'calib ms':>8} {'real ms':>8} {'err':>7} {'cal err':>7} "
+          f"{'bubble r0 p/r':>14} {'bubble r1 p/r':>14} {'peak r0 p/r MB':>15} {'matched':>7}")
+    errs, cal_errs, mem_errs = [], [], []
+    for r in rows:
+        d = r["diff"]
+        pred, real = d["iteration_time_ms"]
+        cal = r["calibrated_ms"]
+        err, cal_err = (pred - real) / real, (cal - real) / real
+        errs.append(abs(err))
+        if r["name"] != CALIBRATE_ON:
+            cal_errs.append(abs(cal_err))
+        r0, r1 = d["ranks"][0], d["ranks"][1]
+        ma, mb = r0["peak_memory_bytes"]
+        mem_errs.append(abs(ma - mb) / mb)
+        print(f"{r['name']:26} {pred:8.2f} {cal:8.2f} {real:8.2f} {err:+7.1%} {cal_err:+7.1%} "
+              f"{r0['bubble_fraction'][0]:6.1%}/{r0['bubble_fraction'][1]:6.1%} "
+              f"{r1['bubble_fraction'][0]:6.1%}/{r1['bubble_fraction'][1]:6.1%} "
+              f"{ma / 1e6:7.2f}/{mb / 1e6:6.2f} {d['ops_matched']:7}")
+    print(f"median |iteration-time error|: profiled {statistics.median(errs):.1%}, "
+          f"calibrated on {CALIBRATE_ON} (others) {statistics.median(cal_errs):.1%}; "
+          f"median |peak-memory error| rank 0 {statistics.median(mem_errs):.2%}")
+    if args.record:
+        os.makedirs(args.record, exist_ok=True)
+        shutil.copy(costs, os.path.join(args.record, "costs.json"))
+        for r in rows:
+            if r["name"] not in ("1f1b-5-3-m8", "interleaved-3-1-2-2-m8"):
+                continue
+            out = os.path.join(args.record, r["name"])
+            os.makedirs(out, exist_ok=True)
+            cfg = load_config(r["config"])
+            cfg.costs_file = "../costs.json"
+            with open(os.path.join(out, "config.toml"), "w") as fh:
+                fh.write(config_to_toml(cfg))
+            shutil.copy(r["real"], os.path.join(out, "real.json"))
+            shutil.copy(r["sim"], os.path.join(out, "sim.json"))
+            with open(os.path.join(out, "diff.json"), "w") as fh:
+                json.dump(r["diff"], fh, indent=1)
+        print(f"recorded traces in {args.record}")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
