@@ -38,7 +38,8 @@ def main() -> None:
         best = res.best.summary.iteration_time_ms if res.best else float("nan")
         even = res.baseline.summary.iteration_time_ms if res.baseline else float("nan")
         print(f"{label:36} {pp:3} {m:4} {dt:8.2f} {res.evaluated:7} {res.total_splits:10.2e} "
-              f"{str(res.proven_optimal):>6} {(best - res.lower_bound_ms) / best:6.2%} {best:10.1f} {even:10.1f} {even / best:8.3f}")
+              f"{str(res.proven_optimal):>6} {(best - res.lower_bound_ms) / best:6.2%} "
+              f"{best:10.1f} {even:10.1f} {even / best:8.3f}")
 
 
 if __name__ == "__main__":

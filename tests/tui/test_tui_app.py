@@ -411,11 +411,11 @@ async def test_many_stages_keep_the_selected_row_in_view() -> None:
         assert "  31 r15 c1    2" in "\n".join(screen_text(app))
 
 
-RECORDED = sorted((Path(__file__).parents[2] / "traces").glob("*.json"))
+RECORDED = sorted((Path(__file__).parents[2] / "traces").glob("*/real.json"))
 
 
 @pytest.mark.skipif(not RECORDED, reason="no recorded traces in traces/ yet")
-@pytest.mark.parametrize("path", RECORDED[:2], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", RECORDED[:2], ids=lambda p: p.parent.name)
 async def test_recorded_traces_load_beside_the_simulation(path: Path) -> None:
     """A real trace from traces/, opened on the config it was recorded with."""
     from ppsim.trace import read_trace
