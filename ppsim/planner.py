@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -331,44 +332,15 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
     total_work = None if exact_dp else _WaterFill(search)
 
     # Seeds give the threshold a good start: the even split and the DP's own pick.
-    def climb(counts: tuple[int, ...]) -> None:
-        """Local search: move one layer from one stage to another while that helps.
-
-        Only a head start for the branch and bound (a better incumbent prunes
-        more); optimality still comes from the search below.
-        """
-        current = search.evaluate(counts)
-        key = (current.iteration_time_ms, current.peak_memory_bytes) if current.fits \
-            else (INF, current.peak_memory_bytes)
-        while time.perf_counter() < t0 + time_budget_s / 4:
-            moves = []
-            for a in range(S):  # one layer leaves stage a for stage b
-                if counts[a] == 0:
-                    continue
-                for b in range(S):
-                    if b != a:
-                        n = list(counts)
-                        n[a] -= 1
-                        n[b] += 1
-                        moves.append(tuple(n))
-            best_move = None
-            for n in moves:
-                offer(n)
-                s = search.evaluate(n)
-                k = (s.iteration_time_ms, s.peak_memory_bytes) if s.fits else (INF, INF)
-                if k < key:
-                    key, best_move = k, n
-            if best_move is None:
-                return
-            counts = best_move
+    def key_of(counts: tuple[int, ...]) -> tuple[float, float]:
+        offer(counts)
+        s = search.evaluate(counts)
+        return (s.iteration_time_ms, s.peak_memory_bytes) if s.fits else (INF, INF)
 
     seeds = [even_counts(L, S)]
     if suffix is not None:
         seeds.append(suffix.argmin())
-    for seed in seeds:
-        if seed is not None:
-            offer(seed)
-            climb(seed)
+    local = [improve(key_of, seed, t0 + time_budget_s / 4) for seed in seeds if seed]
 
     stack_bounds: list[float] = []  # bounds of open branches, for the proven lower bound
     deadline = t0 + time_budget_s
@@ -433,16 +405,32 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
             finally:
                 stack_bounds.pop()
 
-    finished = True
+    def branch_and_bound(until: float) -> bool:
+        """True when the search finished (everything not evaluated was cut)."""
+        nonlocal deadline
+        deadline = until
+        stack_bounds.clear()
+        try:
+            if S == 1:
+                offer((L,))
+            else:
+                stack_bounds.append(bound_of([], 0, 0, 0.0))  # the root: every split
+                dfs([], [], 0, 0.0, 0)
+        except _Stop:
+            return False
+        return True
+
     open_bound = [INF]
-    try:
-        if S == 1:
-            offer((L,))
-        else:
-            stack_bounds.append(bound_of([], 0, 0, 0.0))  # the root: every split
-            dfs([], [], 0, 0.0, 0)
-    except _Stop:
-        finished = False
+    finished = branch_and_bound(t0 + 0.4 * time_budget_s)
+    if not finished:
+        # A hard instance: a better incumbent cuts more, so perturb the best
+        # split found for a while, then search again from the root.
+        best_counts = min(local, key=key_of, default=None)
+        if top:
+            best_counts = tuple(-c for c in max(top)[2])
+        if best_counts is not None:
+            improve(key_of, best_counts, t0 + 0.6 * time_budget_s, perturb=True)
+        finished = branch_and_bound(t0 + time_budget_s)
 
     ranked = sorted(((-t, -p, tuple(-c for c in cs)) for t, p, cs in top))
     cands = [Candidate(split_from_counts(cs, pp, search.vpp, L, search.sched.placement),
@@ -461,6 +449,58 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
                       finished and best is not None, lower, search.evaluated,
                       count_splits(L, S), None if best else smallest_peak(search),
                       time.perf_counter() - t0)
+
+
+def improve(key_of: Callable[[tuple[int, ...]], tuple[float, float]], counts: tuple[int, ...],
+            until: float, perturb: bool = False) -> tuple[int, ...]:
+    """Local search over splits: move one layer between two stages, or swap two
+    stages' counts, taking the first change that helps; with `perturb`, restart
+    from random nearby splits of the best (iterated local search) until `until`.
+
+    Only a head start for the branch and bound: a better incumbent cuts more;
+    optimality still comes from the search.
+    """
+    rng = random.Random(0)  # deterministic: same answer every run
+    S = len(counts)
+    best, best_key = counts, key_of(counts)
+    current, current_key = best, best_key
+    while time.perf_counter() < until:
+        improved = False
+        for a in range(S):
+            for b in range(S):
+                if a == b:
+                    continue
+                n = list(current)
+                if current[a] > 0:
+                    n[a] -= 1
+                    n[b] += 1
+                    k = key_of(tuple(n))
+                    if k < current_key:
+                        current, current_key, improved = tuple(n), k, True
+                        break
+                if a < b and current[a] != current[b]:
+                    n = list(current)
+                    n[a], n[b] = n[b], n[a]
+                    k = key_of(tuple(n))
+                    if k < current_key:
+                        current, current_key, improved = tuple(n), k, True
+                        break
+            if time.perf_counter() >= until:
+                break
+        if current_key < best_key:
+            best, best_key = current, current_key
+        if improved:
+            continue
+        if not perturb:
+            break
+        n = list(best)
+        for _ in range(rng.randint(2, 4)):
+            a, b = rng.randrange(S), rng.randrange(S)
+            if n[a] > 0:
+                n[a] -= 1
+                n[b] += 1
+        current, current_key = tuple(n), key_of(tuple(n))
+    return best
 
 
 def _candidate(search: SplitSearch, counts: tuple[int, ...]) -> Candidate:
