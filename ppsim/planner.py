@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, lru_cache
 
+from ppsim.bounds import OneChunkBound, PathBounds, WaterFill
 from ppsim.costs import StageCost, stage_cost
 from ppsim.evaluate import list_schedule
 from ppsim.problem import Problem
@@ -98,7 +99,7 @@ class SplitSearch:
                             for r in range(self.pp)]
         self._stage = lru_cache(maxsize=None)(self._stage_cost)
         self._evaluated: dict[tuple[int, ...], Summary] = {}
-        self._prepare_paths()
+        self.paths = PathBounds(self)
 
     # ------------------------------------------------------------ costs
 
@@ -197,90 +198,6 @@ class SplitSearch:
         self._evaluated[counts] = summary
         return summary
 
-    # ------------------------------------------------------------ bounds
-
-    def head(self, costs: list[StageCost], upto: int) -> float:
-        """Time before stage `upto`'s first op can start, plus its return trip."""
-        t = 0.0
-        for j in range(upto):
-            t += costs[j].forward_ms + self.delay[j]
-            if not self.split_bw:
-                t += costs[j].backward_ms + self.delay[j]
-        return t
-
-    def _prepare_paths(self) -> None:
-        """Split-independent sums and per-rank schedule facts the path bounds use."""
-        c = self.costs
-        self.bpart = (lambda x: x.backward_ms - x.weight_grad_ms) if self.split_bw else \
-            (lambda x: x.backward_ms)
-        self.pre_f = [0.0]
-        self.pre_b = [0.0]
-        for lc in c.layers:
-            self.pre_f.append(self.pre_f[-1] + lc.forward_ms)
-            self.pre_b.append(self.pre_b[-1] + self.bpart(lc))
-        self.total_f = c.embedding.forward_ms + self.pre_f[-1] + c.head.forward_ms
-        self.total_b = self.bpart(c.embedding) + self.pre_b[-1] + self.bpart(c.head)
-        self.emb_f, self.emb_b = c.embedding.forward_ms, self.bpart(c.embedding)
-        self.pre_d = [0.0]
-        for d in self.delay:
-            self.pre_d.append(self.pre_d[-1] + d)
-        # Per rank: stage of its first op, of its first B (and how many forwards of
-        # each chunk precede it), and of its last op when that is a B.
-        self.first_stage, self.first_b, self.fwd_before_b, self.tail_stage = [], [], [], []
-        for kinds, stages in zip(self.compiled.kind, self.compiled.stage, strict=True):
-            self.first_stage.append(stages[0])
-            i = kinds.index("B")
-            self.first_b.append(stages[i])
-            per_chunk = [0] * self.vpp
-            for st in stages[:i]:
-                per_chunk[st // self.pp] += 1
-            self.fwd_before_b.append(per_chunk)
-            self.tail_stage.append(stages[-1] if kinds[-1] == "B" else -1)
-
-    def rank_term(self, r: int, placed: dict[int, tuple[int, int]]) -> float:
-        """Lower bound on T from two paths through rank r, once its stages are placed.
-
-        `placed` maps stage -> (first layer, layer count) for at least every stage
-        up to rank r's last. Path 1: microbatch 0's forward reaches rank r's first
-        stage, then every op of rank r, then (if the rank ends with B) the last
-        gradient returns to stage 0. Path 2: the forward of the microbatch whose
-        B rank r runs first goes all the way down, its gradient comes back, then
-        every op of rank r from that B on, then the same return. Prefix sums
-        depend only on where a stage starts, and the totals are fixed.
-        """
-        m = self.m
-        stages = self.rank_stages[r]
-        costs = {st: self.stage(*placed[st], st) for st in stages}
-        work = 0.0
-        for st in stages:
-            c = costs[st]
-            work += c.forward_ms + c.backward_ms
-        work *= m
-
-        def before_f(st: int) -> float:  # forward time of stages < st
-            return self.emb_f + self.pre_f[placed[st][0]] if st > 0 else 0.0
-
-        def before_b(st: int) -> float:
-            return self.emb_b + self.pre_b[placed[st][0]] if st > 0 else 0.0
-
-        ts = self.tail_stage[r]
-        tail = before_b(ts) + self.pre_d[ts] if ts >= 0 else 0.0
-        s0 = self.first_stage[r]
-        best = before_f(s0) + self.pre_d[s0] + work + tail
-        sb = self.first_b[r]
-        if sb < self.S - 1:
-            skipped = sum(costs[st].forward_ms * self.fwd_before_b[r][st // self.pp]
-                          for st in stages)
-            back_to_sb = self.total_b - before_b(sb) - self.bpart(costs[sb])
-            delays = 2 * self.pre_d[-1] - self.pre_d[sb]
-            best = max(best, self.total_f + back_to_sb + delays + work - skipped + tail)
-        return best * (1 - 1e-12)  # stay below the float-rounded true time
-
-    def stage_term(self, pos: int, count: int, k: int) -> float:
-        """rank_term for one chunk per rank, where stage k is rank k's only stage."""
-        return self.rank_term(k, {k: (pos, count)})
-
-
 # ---------------------------------------------------------------- search
 
 
@@ -328,8 +245,9 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
 
     last_stage_of_rank = {max(st): r for r, st in enumerate(search.rank_stages)}
     exact_dp = search.vpp == 1
-    suffix = _SuffixBound(search) if exact_dp else None
-    total_work = None if exact_dp else _WaterFill(search)
+    paths = search.paths
+    total_work = None if exact_dp else WaterFill(search)
+    dp = OneChunkBound(search, paths) if exact_dp else None
 
     # Seeds give the threshold a good start: the even split and the DP's own pick.
     def key_of(counts: tuple[int, ...]) -> tuple[float, float]:
@@ -338,8 +256,8 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
         return (s.iteration_time_ms, s.peak_memory_bytes) if s.fits else (INF, INF)
 
     seeds = [even_counts(L, S)]
-    if suffix is not None:
-        seeds.append(suffix.argmin())
+    if dp is not None:
+        seeds.append(dp.argmin())
     local = [improve(key_of, seed, t0 + time_budget_s / 4) for seed in seeds if seed]
 
     stack_bounds: list[float] = []  # bounds of open branches, for the proven lower bound
@@ -348,12 +266,12 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
 
     def bound_of(costs: list[StageCost], k: int, pos: int, base: float) -> float:
         """Lower bound on T for every completion of the first k stages."""
-        if exact_dp:
-            return max(base, suffix.value(pos, k))  # type: ignore[union-attr]
+        if dp is not None:
+            return max(base, dp.value(pos, k))
         return max(base, total_work.bound(costs, k, L - pos))  # type: ignore[union-attr]
 
     def dfs(costs: list[StageCost], counts: list[int], pos: int, base: float,
-            mem: int) -> None:  # noqa: C901
+            mem: int) -> None:
         """base: max stage term placed so far; mem: max peak of the complete ranks."""
         k = len(counts)
         if k == S - 1:
@@ -380,13 +298,15 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
                     break  # more layers only need more memory
                 child_mem = max(mem, total)
             nb = base
-            if closes_rank:
+            if dp is not None:  # one chunk per rank: the stage's own term
+                nb = max(base, dp.term(pos, c, k))
+            elif closes_rank:
                 spans = {}
                 at = 0
                 for i, n in enumerate(counts + [c]):
                     spans[i] = (at, n)
                     at += n
-                nb = max(base, search.rank_term(r, spans))
+                nb = max(base, paths.rank_term(r, spans))
             b = bound_of(new, k + 1, pos + c, nb)
             if b == INF:
                 continue  # no completion fits memory
@@ -535,98 +455,6 @@ def deepspeed_counts(search: SplitSearch) -> tuple[int, ...]:
         return out
 
     return best(0, 0)[1]
-
-
-class _SuffixBound:
-    """Exact min over completions of the max stage term, one chunk per rank.
-
-    value(pos, k): layers pos..L-1 on stages k..S-1; stages that cannot fit
-    memory are excluded (infinite).
-    """
-
-    def __init__(self, search: SplitSearch) -> None:
-        self.s = search
-        self.table: dict[tuple[int, int], tuple[float, int]] = {}
-
-    def _fits(self, pos: int, c: int, k: int) -> bool:
-        sc = self.s.stage(pos, c, k)
-        return sc.static_bytes + self.s.rank_peak(k, [sc]) <= self.s.memory
-
-    def value(self, pos: int, k: int) -> float:
-        return self._solve(pos, k)[0]
-
-    def _solve(self, pos: int, k: int) -> tuple[float, int]:
-        key = (pos, k)
-        hit = self.table.get(key)
-        if hit is not None:
-            return hit
-        s = self.s
-        L, S = s.L, s.S
-        if k == S - 1:
-            c = L - pos
-            res = (s.stage_term(pos, c, k) if self._fits(pos, c, k) else INF, c)
-        else:
-            res = (INF, 0)
-            for c in range(L - pos + 1):
-                if not self._fits(pos, c, k):
-                    break
-                v = max(s.stage_term(pos, c, k), self._solve(pos + c, k + 1)[0])
-                if v < res[0]:
-                    res = (v, c)
-        self.table[key] = res
-        return res
-
-    def argmin(self) -> tuple[int, ...] | None:
-        counts, pos = [], 0
-        for k in range(self.s.S):
-            v, c = self._solve(pos, k)
-            if v == INF:
-                return None
-            counts.append(c)
-            pos += c
-        return tuple(counts)
-
-
-class _WaterFill:
-    """Bound for several chunks per rank: per rank head + m * placed work, and the
-    unplaced work poured (continuously) onto the ranks that still have stages."""
-
-    def __init__(self, search: SplitSearch) -> None:
-        self.s = search
-        layers = search.costs.layers
-        self.suffix_work = [0.0] * (len(layers) + 1)
-        for i in range(len(layers) - 1, -1, -1):
-            lc = layers[i]
-            self.suffix_work[i] = self.suffix_work[i + 1] + lc.forward_ms + lc.backward_ms
-        head = search.costs.head
-        self.head_work = head.forward_ms + head.backward_ms
-
-    def bound(self, costs: list[StageCost], k: int, remaining: int) -> float:
-        s = self.s
-        m, pp = s.m, s.pp
-        level = [0.0] * pp
-        open_ranks = set()
-        for r in range(pp):
-            h = s.head(costs, min(r, k))
-            w = sum(s.work(costs[j]) for j in s.rank_stages[r] if j < k)
-            level[r] = h + m * w
-            if any(j >= k for j in s.rank_stages[r]):
-                open_ranks.add(r)
-        pour = m * (self.suffix_work[s.L - remaining] + (self.head_work if k < s.S else 0.0))
-        placed_max = max(level)
-        if not open_ranks or pour <= 0:
-            return placed_max
-        lv = sorted(level[r] for r in open_ranks)
-        # Raise the lowest open levels together until the poured work is used up.
-        total, n = 0.0, 0
-        for i, x in enumerate(lv):
-            n = i + 1
-            total += x
-            nxt = lv[i + 1] if i + 1 < len(lv) else INF
-            h = (pour + total) / n
-            if h <= nxt:
-                return max(placed_max, h)
-        return max(placed_max, (pour + total) / n)
 
 
 def smallest_peak(search: SplitSearch, budget_s: float = 5.0) -> tuple[int, int]:

@@ -1,0 +1,211 @@
+"""Lower bounds on the iteration time of any split, for the planner's pruning.
+
+Every bound is the length of a real path in the schedule's dependency graph
+(ops on one rank run in order; an F needs the previous stage's F, a B the
+next stage's B), so it can never exceed the simulated time. The paths run
+through one rank; their lengths are linear in stage costs with counts read
+off the action lists, and prefix sums depend only on where a stage starts,
+so with one chunk per rank each term depends on one stage alone and a
+min-max dynamic program over the split finds the best bound any completion
+can reach. (Paths through two neighbouring ranks were tried: valid, but no
+tighter on the instances that matter — there the critical path zigzags
+between several ranks of equal load.)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ppsim.costs import LayerCost, StageCost
+
+if TYPE_CHECKING:
+    from ppsim.planner import SplitSearch
+
+INF = float("inf")
+ROUNDING = 1 - 1e-12  # stay below the float-rounded true time
+
+class PathBounds:
+    """Path lengths through one rank, for any placement."""
+
+    def __init__(self, s: SplitSearch) -> None:
+        self.s = s
+        c = s.costs
+        self.pre_f, self.pre_b = [0.0], [0.0]
+        for lc in c.layers:
+            self.pre_f.append(self.pre_f[-1] + lc.forward_ms)
+            self.pre_b.append(self.pre_b[-1] + self.bpart(lc))
+        self.total_f = c.embedding.forward_ms + self.pre_f[-1] + c.head.forward_ms
+        self.total_b = self.bpart(c.embedding) + self.pre_b[-1] + self.bpart(c.head)
+        self.emb_f, self.emb_b = c.embedding.forward_ms, self.bpart(c.embedding)
+        self.pre_d = [0.0]
+        for d in s.delay:
+            self.pre_d.append(self.pre_d[-1] + d)
+        # Per rank: stage of its first op, of its first B (and how many forwards of
+        # each chunk precede it), and of its last op when that is a B.
+        self.first_stage, self.first_b, self.fwd_before_b, self.tail_stage = [], [], [], []
+        for kinds, stages in zip(s.compiled.kind, s.compiled.stage, strict=True):
+            self.first_stage.append(stages[0])
+            i = kinds.index("B")
+            self.first_b.append(stages[i])
+            per_chunk = [0] * s.vpp
+            for st in stages[:i]:
+                per_chunk[st // s.pp] += 1
+            self.fwd_before_b.append(per_chunk)
+            self.tail_stage.append(stages[-1] if kinds[-1] == "B" else -1)
+
+    def bpart(self, c: LayerCost | StageCost) -> float:
+        """The B op's share of a backward: all of it, or the input-gradient part."""
+        return c.backward_ms - c.weight_grad_ms if self.s.split_bw else c.backward_ms
+
+    def before_f(self, pos: int, st: int) -> float:
+        """Forward time of all stages before stage st, which starts at layer pos."""
+        return self.emb_f + self.pre_f[pos] if st > 0 else 0.0
+
+    def before_b(self, pos: int, st: int) -> float:
+        return self.emb_b + self.pre_b[pos] if st > 0 else 0.0
+
+    # ------------------------------------------------------------ one rank
+
+    def rank_term(self, r: int, placed: dict[int, tuple[int, int]]) -> float:
+        """Bound from two paths through rank r, once its stages are placed.
+
+        `placed` maps stage -> (first layer, layer count). Path 1: microbatch
+        0's forward reaches rank r's first stage, then every op of rank r,
+        then (if the rank ends with B) the last gradient returns to stage 0.
+        Path 2: the forward of the microbatch whose B rank r runs first goes
+        all the way down, its gradient comes back, then every op of rank r
+        from that B on, then the same return.
+        """
+        s = self.s
+        stages = s.rank_stages[r]
+        costs = {st: s.stage(*placed[st], st) for st in stages}
+        work = 0.0
+        for st in stages:
+            work += costs[st].forward_ms + costs[st].backward_ms
+        work *= s.m
+        ts = self.tail_stage[r]
+        tail = self.before_b(placed[ts][0], ts) + self.pre_d[ts] if ts >= 0 else 0.0
+        s0 = self.first_stage[r]
+        best = self.before_f(placed[s0][0], s0) + self.pre_d[s0] + work + tail
+        sb = self.first_b[r]
+        if sb < s.S - 1:
+            skipped = sum(costs[st].forward_ms * self.fwd_before_b[r][st // s.pp]
+                          for st in stages)
+            back = self.total_b - self.before_b(placed[sb][0], sb) - self.bpart(costs[sb])
+            delays = 2 * self.pre_d[-1] - self.pre_d[sb]
+            best = max(best, self.total_f + back + delays + work - skipped + tail)
+        return best * ROUNDING
+
+    def stage_term(self, pos: int, count: int, k: int) -> float:
+        """rank_term for one chunk per rank, where stage k is rank k's only stage."""
+        return self.rank_term(k, {k: (pos, count)})
+
+
+class OneChunkBound:
+    """Exact min over completions of the largest stage term, one chunk per rank.
+
+    value(pos, k): layers pos..L-1 on stages k..S-1. Stages that cannot fit
+    memory are excluded (infinite).
+    """
+
+    def __init__(self, search: SplitSearch, paths: PathBounds) -> None:
+        self.s, self.paths = search, paths
+        self.table: dict[tuple[int, int], tuple[float, int]] = {}
+        self._term: dict[tuple[int, int, int], float] = {}
+
+    def fits(self, pos: int, c: int, k: int) -> bool:
+        sc = self.s.stage(pos, c, k)
+        return sc.static_bytes + self.s.rank_peak(k, [sc]) <= self.s.memory
+
+    def term(self, pos: int, c: int, k: int) -> float:
+        key = (pos, c, k)
+        t = self._term.get(key)
+        if t is None:
+            t = self.paths.stage_term(pos, c, k) if self.fits(pos, c, k) else INF
+            self._term[key] = t
+        return t
+
+    def value(self, pos: int, k: int) -> float:
+        return self._solve(pos, k)[0]
+
+    def _solve(self, pos: int, k: int) -> tuple[float, int]:
+        key = (pos, k)
+        hit = self.table.get(key)
+        if hit is not None:
+            return hit
+        s = self.s
+        L, S = s.L, s.S
+        if k == S - 1:
+            res = (self.term(pos, L - pos, k), L - pos)
+        else:
+            res = (INF, 0)
+            for c in range(L - pos + 1):
+                t = self.term(pos, c, k)
+                if t == INF:
+                    break  # more layers only need more memory
+                v = max(t, self._solve(pos + c, k + 1)[0])
+                if v < res[0]:
+                    res = (v, c)
+        self.table[key] = res
+        return res
+
+    def argmin(self) -> tuple[int, ...] | None:
+        counts, pos = [], 0
+        for k in range(self.s.S):
+            v, c = self._solve(pos, k)
+            if v == INF:
+                return None
+            counts.append(c)
+            pos += c
+        return tuple(counts)
+
+
+class WaterFill:
+    """Bound for several chunks per rank: per rank, head + m x placed work, and
+    the unplaced work poured (continuously) onto the ranks that still have stages."""
+
+    def __init__(self, search: SplitSearch) -> None:
+        self.s = search
+        layers = search.costs.layers
+        self.suffix_work = [0.0] * (len(layers) + 1)
+        for i in range(len(layers) - 1, -1, -1):
+            lc = layers[i]
+            self.suffix_work[i] = self.suffix_work[i + 1] + lc.forward_ms + lc.backward_ms
+        head = search.costs.head
+        self.head_work = head.forward_ms + head.backward_ms
+
+    def head(self, costs: list[StageCost], upto: int) -> float:
+        """Time before stage `upto`'s first op can start, plus its return trip."""
+        s = self.s
+        t = 0.0
+        for j in range(upto):
+            t += costs[j].forward_ms + s.delay[j]
+            if not s.split_bw:
+                t += costs[j].backward_ms + s.delay[j]
+        return t
+
+    def bound(self, costs: list[StageCost], k: int, remaining: int) -> float:
+        s = self.s
+        m, pp = s.m, s.pp
+        level = [0.0] * pp
+        open_ranks = set()
+        for r in range(pp):
+            w = sum(s.work(costs[j]) for j in s.rank_stages[r] if j < k)
+            level[r] = self.head(costs, min(r, k)) + m * w
+            if any(j >= k for j in s.rank_stages[r]):
+                open_ranks.add(r)
+        pour = m * (self.suffix_work[s.L - remaining] + (self.head_work if k < s.S else 0.0))
+        placed_max = max(level)
+        if not open_ranks or pour <= 0:
+            return placed_max
+        lv = sorted(level[r] for r in open_ranks)
+        # Raise the lowest open levels together until the poured work is used up.
+        total, n = 0.0, 0
+        for i, x in enumerate(lv):
+            n = i + 1
+            total += x
+            nxt = lv[i + 1] if i + 1 < len(lv) else INF
+            h = (pour + total) / n
+            if h <= nxt:
+                return max(placed_max, h)
+        return max(placed_max, (pour + total) / n)
