@@ -11,7 +11,13 @@ if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
   exit 0
 fi
 python3 -m venv "$VENV"
-pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+# pip's own chatter (and this machine's index warnings) go to a log, shown on failure.
+log="$VENV/setup.log"
+pip() {
+  "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@" >>"$log" 2>&1 \
+    || { cat "$log" >&2; echo "setup: pip install $* failed (log: $log)" >&2; exit 1; }
+}
+echo "setting up $VENV (torch, simpy, textual, ...); log in $log" >&2
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   pip install "${PPSIM_TORCH:-torch==2.13.0}"
 fi
