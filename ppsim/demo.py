@@ -3,8 +3,8 @@
 1. profile the model on this machine (measured per-layer costs),
 2. plan the fastest split under those costs,
 3. run the planned split and Megatron's even split for real (torchrun),
-4. simulate the planned split and diff the plan against the real trace,
-5. print predicted against measured, for both splits.
+4. simulate both splits and diff each plan against its real trace,
+5. calibrate the costs on the even split's run and predict the planned one again.
 """
 
 from __future__ import annotations
@@ -103,6 +103,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
         t.add_row("", "measured", f"{tb:.2f}", f"{r0['bubble_fraction'][1]:.1%}",
                   f"{(mb or 0) / 1e6:.2f} MB", f"{d['iteration_time_error']:+.1%}")
     console.print(t)
+
+    console.rule("5. calibrate on the even run, predict the planned run again")
+    calibrated = os.path.join(out, "costs-calibrated.json")
+    _checked("calibrate", _ppsim("calibrate", real["even"]["trace"], "--config", base,
+                                 "--costs", costs, "--out", calibrated))
+    planned_problem = build_problem(replace(cfg, costs_file=calibrated, pipeline=replace(
+        cfg.pipeline, split=list(best.split.counts))))
+    again = simulate(planned_problem).summary.iteration_time_ms
+    first, measured = diffs["planned"]["iteration_time_ms"]
+    console.print(f"planned split: measured {measured:.2f} ms; predicted {first:.2f} ms from "
+                  f"the profile (measured {(measured - first) / first:+.1%}), {again:.2f} ms "
+                  f"calibrated on the other run (measured {(measured - again) / again:+.1%})")
     pred = diffs["even"]["iteration_time_ms"][0] / diffs["planned"]["iteration_time_ms"][0]
     meas = diffs["even"]["iteration_time_ms"][1] / diffs["planned"]["iteration_time_ms"][1]
     console.print(f"speed-up of the planned split over the even split: predicted {pred:.3f}x, "
@@ -119,7 +131,7 @@ def register(commands: dict) -> None:
         add_config_flags(p, split_flags=False)
         p.add_argument("--out", default="ppsim-demo", metavar="DIR",
                        help="where costs, traces and configs go (default ./ppsim-demo)")
-        p.add_argument("--iterations", type=int, default=4, metavar="N",
+        p.add_argument("--iterations", type=int, default=8, metavar="N",
                        help="real iterations per split (the first is warm-up)")
 
     commands["demo"] = ("profile, plan, run and diff on one config (the quickstart)", add,

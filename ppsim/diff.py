@@ -56,8 +56,19 @@ class Window:
 
 
 def steady_iteration(trace: Trace) -> int:
-    """The last recorded iteration: warm-up is over and nothing is left to settle."""
-    return trace.iterations[-1]
+    """The typical steady-state iteration: of those after warm-up, the one whose
+    length is the median (lower median), so one hiccup does not decide a diff."""
+    its = trace.iterations
+    warm = int(trace.info.get("warmup_iterations", 0) or 0)
+    steady = [i for i in its if i >= warm] or its
+    if len(steady) == 1:
+        return steady[0]
+    span: dict[int, tuple[float, float]] = {}
+    for op in trace.ops:
+        lo, hi = span.get(op.iteration, (float("inf"), float("-inf")))
+        span[op.iteration] = (min(lo, op.start_us), max(hi, op.end_us))
+    ranked = sorted(steady, key=lambda i: (span[i][1] - span[i][0], i))
+    return ranked[(len(ranked) - 1) // 2]
 
 
 def window(trace: Trace, iteration: int | None) -> Window:

@@ -95,7 +95,7 @@ def register(commands: dict) -> None:
         p.add_argument("b", metavar="B.json", help="trace to compare (e.g. real)")
         p.add_argument("--json", action="store_true", help="one JSON object on stdout")
         p.add_argument("--iteration", type=int, metavar="N",
-                       help="iteration to compare (default: each trace's last)")
+                       help="iteration to compare (default: each trace's median steady-state one)")
         p.add_argument("--png", metavar="OUT.png", help="write both timelines as a picture")
         p.add_argument("--top", type=int, default=10, metavar="N",
                        help="largest divergences to list")

@@ -117,3 +117,28 @@ def test_malformed_truncated_and_mismatched_traces_exit_2(sim_doc, tmp_path, cap
         assert main(["diff", good, path]) == 2
         err = capsys.readouterr().err
         assert words in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_default_iteration_is_the_median_steady_one(sim_doc):
+    # Three recorded iterations after one warm-up: lengths T, 3T (a hiccup), 2T.
+    doc = copy.deepcopy(sim_doc)
+    base = compute_events(doc)
+    events = [e for e in doc["traceEvents"] if e.get("cat") != "compute"]
+    length = max(e["ts"] + e["dur"] for e in base)
+    offset = 0.0
+    for it, stretch in enumerate((5.0, 1.0, 3.0, 2.0)):  # iteration 0 is warm-up
+        for e in base:
+            ev = copy.deepcopy(e)
+            ev["ts"] = offset + e["ts"] * stretch
+            ev["dur"] = e["dur"] * stretch
+            ev["args"]["iteration"] = it
+            events.append(ev)
+        offset += length * stretch + 1000.0
+    doc["traceEvents"] = events
+    doc["otherData"]["warmup_iterations"] = 1
+    real = as_trace(doc, "real")
+    d = diff_traces(as_trace(sim_doc, "sim"), real).to_dict()
+    assert d["iterations"] == [0, 3]  # lengths 1x, 3x, 2x: the median is iteration 3
+    assert d["iteration_time_ms"][1] == pytest.approx(2 * d["iteration_time_ms"][0])
+    assert diff_traces(as_trace(sim_doc, "sim"), real, iteration=2).to_dict()[
+        "iterations"] == [0, 2]

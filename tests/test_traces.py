@@ -45,4 +45,5 @@ def test_cli_diff_of_recorded_sim_and_real(case, capsys):
     assert main(["diff", str(case / "sim.json"), str(case / "real.json"), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["ops_only_in"] == [0, 0] and d["ops_matched"] > 0
-    assert d["iterations"][1] == read_trace(str(case / "real.json")).iterations[-1]
+    real = read_trace(str(case / "real.json"))
+    assert d["iterations"][1] >= real.info["warmup_iterations"]  # a steady-state iteration
