@@ -21,23 +21,11 @@ def _publish(tmp: str, path: str) -> None:
 
 
 def write_text_atomic(path: str, text: str) -> None:
-    """Write to a temp file in the same folder, fsync, then rename over path."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        _publish(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def write_bytes_atomic(path: str, data: bytes) -> None:
+    """Write to a temp file in the same folder, fsync, then rename over path."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=folder)
