@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, NoReturn
 
-from ppsim.config import Config, hardware_config, load_config
+from ppsim.config import Config, hardware_config, load_config, model_fields
 from ppsim.errors import UserError
 
 
@@ -93,8 +93,6 @@ def config_from_args(args: argparse.Namespace) -> Config:
         hw.memory_bytes = args.memory_gb * 1e9
     costs = getattr(args, "costs", None) or cfg.costs_file
     out = Config(model=model, pipeline=pipe, hardware=hw, costs_file=costs)
-    from ppsim.config import model_fields
-
     model_fields(out.model)
     return out
 

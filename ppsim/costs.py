@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ppsim.errors import UserError
 from ppsim.split import Split
 
 
@@ -92,8 +93,6 @@ def stage_cost(costs: ModelCosts, offset: int, layers: int, first: bool, last: b
 def stage_costs(costs: ModelCosts, split: Split) -> list[StageCost]:
     """Per-virtual-stage costs for a split, in virtual-stage order."""
     if split.num_layers != costs.num_layers:
-        from ppsim.errors import UserError
-
         raise UserError("pipeline.split", f"covers {split.num_layers} layers but the model "
                         f"has {costs.num_layers}", f"make the counts add up to {costs.num_layers}")
     n = split.num_stages

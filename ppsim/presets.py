@@ -48,7 +48,7 @@ HARDWARE_PRESETS: dict[str, dict] = {
                       p2p_bandwidth_gbps=50.0, p2p_latency_ms=0.01),
     "h200-141gb": dict(memory_bytes=141e9, peak_tflops=989.0, efficiency=0.45,
                        p2p_bandwidth_gbps=50.0, p2p_latency_ms=0.01),
-    "cpu": dict(memory_bytes=16e9, peak_tflops=0.02, efficiency=1.0,
+    "cpu": dict(memory_bytes=16e9, peak_tflops=0.04, efficiency=1.0,
                 p2p_bandwidth_gbps=1.0, p2p_latency_ms=0.05),
 }
 

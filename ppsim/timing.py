@@ -8,7 +8,7 @@ the last digit.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ppsim.costs import StageCost
@@ -88,7 +88,8 @@ class OpTable:
     """Static bytes per rank."""
 
 
-def op_table(compiled: CompiledSchedule, costs: list[StageCost], transfer_ms) -> OpTable:
+def op_table(compiled: CompiledSchedule, costs: list[StageCost],
+             transfer_ms: Callable[[int], float]) -> OpTable:
     """Durations and bytes of every op; transfer_ms(nbytes) gives a message's delay."""
     s = compiled.schedule
     split_bw = s.split_backward
