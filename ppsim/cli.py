@@ -215,6 +215,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.trace:
         write_trace(args.trace, simulation_trace(sim))
     s = sim.summary
+    if args.png:
+        from ppsim.picture import render_png
+
+        lanes = [[(op.start, op.end - op.start, op.action.kind, op.action.microbatch)
+                  for op in ops] for ops in sim.timeline.ops]
+        render_png([(f"{problem.schedule.name}, split {list(problem.split.counts)}", lanes)],
+                   args.png, title=f"simulated iteration {s.iteration_time_ms:.2f} ms, "
+                   f"bubble {s.bubble_fraction:.1%}")
     if args.json:
         emit_json({"schedule": problem.schedule.name, "pp": problem.split.pp,
                    "vpp": problem.split.vpp, "microbatches": problem.schedule.microbatches,
@@ -238,6 +246,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         console.print(line)
     if args.trace:
         console.print(f"trace written to {args.trace} (open in https://ui.perfetto.dev)")
+    if args.png:
+        console.print(f"timeline picture written to {args.png}")
     return 0
 
 
@@ -260,6 +270,7 @@ def _register() -> None:
         add_config_flags(p)
         p.add_argument("--json", action="store_true", help="one JSON object on stdout")
         p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace (Perfetto)")
+        p.add_argument("--png", metavar="OUT.png", help="write the timeline as a picture")
 
     COMMANDS["presets"] = ("list model and hardware presets", presets, cmd_presets)
     COMMANDS["split"] = ("show a split's stages and its Megatron/torchtitan/DeepSpeed forms",

@@ -87,6 +87,12 @@ def test_trace_is_written_and_readable(cfg_file, tmp_path, capsys):
     assert not list(tmp_path.glob(".tmp-*"))
 
 
+def test_simulate_png(cfg_file, tmp_path, capsys):
+    out = tmp_path / "t.png"
+    assert main(["simulate", "--config", cfg_file, "--png", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_config_round_trips_through_toml(cfg_file, tmp_path):
     cfg = load_config(cfg_file)
     again = tmp_path / "again.toml"
