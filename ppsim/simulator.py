@@ -60,8 +60,7 @@ class Simulation:
     timeline: Timeline
 
 
-def run_table(table: OpTable, record: bool = True) -> tuple[list[float], list[float], list,
-                                                             list, list]:
+def run_table(table: OpTable) -> tuple[list[float], list[float], list, list, list]:
     """Simulate an op table with simpy; returns per-rank (end, busy, ops, transfers, memory)."""
     c = table.compiled
     sched = c.schedule
@@ -104,8 +103,7 @@ def run_table(table: OpTable, record: bool = True) -> tuple[list[float], list[fl
             if kinds[i] == "F":
                 act += alloc[i]
                 inflight += 1
-                if record:
-                    mem.append((start, act, inflight))
+                mem.append((start, act, inflight))
             yield env.timeout(dur[i])
             b += dur[i]
             end = env.now
@@ -113,14 +111,12 @@ def run_table(table: OpTable, record: bool = True) -> tuple[list[float], list[fl
                 act -= free[i]
                 if kinds[i] == "B":
                     inflight -= 1
-                if record:
-                    mem.append((end, act, inflight))
+                mem.append((end, act, inflight))
             if sends[i] >= 0:
                 deliver(sends[i], delay[i])
-                if record and to[i] != r:
+                if to[i] != r:
                     transfers.append(Transfer(r, to[i], acts[i], end, end + delay[i], nbytes[i]))
-            if record:
-                ops[r].append(Op(r, acts[i], acts[i].stage // pp, start, end))
+            ops[r].append(Op(r, acts[i], acts[i].stage // pp, start, end))
         ends[r] = env.now
         busy[r] = b
 
