@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from executor.model import GPTShape, StageModule, microbatch, stage_loss
+from executor.quiet import no_gc_pauses
 from executor.summary import peer_summary
 
 PEER_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
@@ -74,20 +75,21 @@ def run_peer(problem: Any, shape: GPTShape, rank: int, device: torch.device, arg
         ids = torch.cat([b[0] for b in batches]).to(wire)
         targets = torch.cat([b[1] for b in batches]).to(wire)
         mb_losses: list[Any] = []
-        dist.barrier(group=ctrl)
-        t0 = time.perf_counter()
-        if first:
-            runner.step(ids, target=targets if last else None, losses=mb_losses)
-        elif last:
-            runner.step(target=targets, losses=mb_losses)
-        else:
-            runner.step()
-        if opt is not None:
-            opt.step()
-            opt.zero_grad()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
+        with no_gc_pauses():
+            dist.barrier(group=ctrl)
+            t0 = time.perf_counter()
+            if first:
+                runner.step(ids, target=targets if last else None, losses=mb_losses)
+            elif last:
+                runner.step(target=targets, losses=mb_losses)
+            else:
+                runner.step()
+            if opt is not None:
+                opt.step()
+                opt.zero_grad()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
         stats = torch.tensor([dt, sum(float(x) for x in mb_losses) / m if mb_losses else 0.0],
                              dtype=torch.float64)
         slowest = stats[:1].clone()

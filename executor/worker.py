@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from executor import summary as summ
 from executor.model import GPTShape
+from executor.quiet import no_gc_pauses
 from executor.recorder import Recorder, align_clocks, merge_parts
 from executor.runtime import Fault, OpFailed, Runtime
 from ppsim import trace as tr
@@ -151,7 +152,8 @@ def _engine(args: argparse.Namespace, problem: Any, shape: GPTShape, rank: int,
                  fault=fault)
     losses = []
     for it in range(iters):
-        loss = rt.run_iteration(it, dump_grads=args.dump_grads if it == 0 else None)
+        with no_gc_pauses():
+            loss = rt.run_iteration(it, dump_grads=args.dump_grads if it == 0 else None)
         losses.append(loss)
         if rank == 0:
             _say("progress", {"iteration": it + 1, "of": iters, "loss": loss,
