@@ -128,6 +128,11 @@ def hardware(cfg: Config) -> Hardware:
         latency = latency if lat is None else lat
         bandwidth = bandwidth if bw is None else bw
     hw = Hardware(cfg.hardware.memory_bytes, latency, bandwidth)
-    if hw.p2p_bandwidth_gbps < 0 or hw.p2p_latency_ms < 0:
+    if hw.memory_bytes <= 0:
+        raise UserError("hardware.memory_bytes", f"must be positive, got {hw.memory_bytes:g}",
+                        "give the memory one rank may use, e.g. 80e9 (--memory-gb 80)")
+    if hw.p2p_latency_ms < 0:
+        raise UserError("hardware.p2p_latency_ms", "must be >= 0", "use 0 for no latency")
+    if hw.p2p_bandwidth_gbps < 0:
         raise UserError("hardware.p2p_bandwidth_gbps", "must be >= 0", "use 0 for free transfers")
     return hw

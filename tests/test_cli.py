@@ -111,6 +111,7 @@ BAD = [
     (["--schedule", "interleaved-1f1b", "--vpp", "2", "--split", "2,2,2,2",
       "--microbatches", "3"], "pipeline.microbatches"),
     (["--pp", "0"], "pipeline"),
+    (["--memory-gb", "-5"], "hardware.memory_bytes"),
 ]
 
 
