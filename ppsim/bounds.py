@@ -14,9 +14,11 @@ between several ranks of equal load.)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ppsim.costs import LayerCost, StageCost
+from ppsim.evaluate import list_schedule
+from ppsim.timing import message_key
 
 if TYPE_CHECKING:
     from ppsim.planner import SplitSearch
@@ -209,3 +211,58 @@ class WaterFill:
             if h <= nxt:
                 return max(placed_max, h)
         return max(placed_max, (pour + total) / n)
+
+
+class _Sub(NamedTuple):
+    """The part of a compiled schedule list_schedule reads."""
+
+    kind: list[tuple[str, ...]]
+    wait_key: list[tuple[int, ...]]
+    send_key: list[tuple[int, ...]]
+
+
+def prefix_time(s: SplitSearch, counts: list[int]) -> float:
+    """Exact time of a relaxation: stages 0..k-1 as placed, the rest free of ranks.
+
+    With one chunk per rank, the unplaced stages are replaced by one delay: a
+    microbatch's forward through all of them and its gradient back take their
+    summed F and B time (known from the layers left, whatever the split)
+    without waiting for any rank. Dropping constraints only makes ops start
+    earlier, so this never exceeds the real time; it captures every
+    interaction among the placed ranks (such as several equally loaded ranks
+    in a row). Cost: one list schedule of k ranks.
+    """
+    k = len(counts)
+    paths = s.paths
+    pos, costs = 0, []
+    for i, n in enumerate(counts):
+        costs.append(s.stage(pos, n, i))
+        pos += n
+    head = s.costs.head
+    rest_f = paths.pre_f[-1] - paths.pre_f[pos] + head.forward_ms
+    rest_b = paths.pre_b[-1] - paths.pre_b[pos] + paths.bpart(head)
+    d = s.delay
+    trip = rest_f + rest_b + 2 * (paths.pre_d[-1] - paths.pre_d[k - 1])  # k-1 -> end -> k-1
+    durations, delays, sends = [], [], []
+    for r in range(k):
+        c = costs[r]
+        by_kind = {"F": c.forward_ms, "B": paths.bpart(c),
+                   "W": c.weight_grad_ms if s.split_bw else 0.0}
+        durations.append([by_kind[kd] for kd in s.compiled.kind[r]])
+        if r < k - 1:
+            delays.append(s.send_delay[r])
+            sends.append(s.compiled.send_key[r])
+        else:  # the last placed rank hands each forward straight back to its own B
+            keys, dl = [], []
+            for a, key in zip(s.sched.actions[r], s.compiled.send_key[r], strict=True):
+                if a.kind == "F":
+                    keys.append(message_key(r, a.microbatch, True, s.m))
+                    dl.append(trip)
+                else:
+                    keys.append(key)
+                    dl.append(d[r - 1] if key >= 0 else 0.0)
+            sends.append(tuple(keys))
+            delays.append(dl)
+    sub = _Sub(list(s.compiled.kind[:k]), list(s.compiled.wait_key[:k]), sends)
+    _, ends = list_schedule(sub, durations, delays)  # type: ignore[arg-type]
+    return max(e[-1] for e in ends if e) * ROUNDING

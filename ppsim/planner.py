@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, lru_cache
 
-from ppsim.bounds import OneChunkBound, PathBounds, WaterFill
+from ppsim.bounds import OneChunkBound, PathBounds, WaterFill, prefix_time
 from ppsim.costs import StageCost, stage_cost
 from ppsim.evaluate import list_schedule
 from ppsim.problem import Problem
@@ -319,6 +319,12 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
                 if b > th_t * (1 + TIE):
                     break
                 continue
+            if dp is not None and k + 1 < S - 1:
+                # The costlier, much tighter bound: simulate the placed ranks
+                # exactly with the rest of the pipeline as a free delay.
+                nb = max(nb, prefix_time(search, counts + [c]))
+                if nb > th_t * (1 + TIE) or (nb >= th_t * (1 - TIE) and child_mem >= th_mem):
+                    continue
             stack_bounds.append(min(x[0] for x in children[i:]))
             try:
                 dfs(new, counts + [c], pos + c, nb, child_mem)
@@ -330,6 +336,7 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
         nonlocal deadline
         deadline = until
         stack_bounds.clear()
+        open_bound[0] = INF
         try:
             if S == 1:
                 offer((L,))
