@@ -319,7 +319,7 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
                 if b > th_t * (1 + TIE):
                     break
                 continue
-            if dp is not None and k + 1 < S - 1:
+            if k + 1 < S - 1:
                 # The costlier, much tighter bound: simulate the placed ranks
                 # exactly with the rest of the pipeline as a free delay.
                 nb = max(nb, prefix_time(search, counts + [c]))
@@ -348,7 +348,7 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
         return True
 
     open_bound = [INF]
-    finished = branch_and_bound(t0 + 0.4 * time_budget_s)
+    finished = branch_and_bound(t0 + 0.7 * time_budget_s)
     if not finished:
         # A hard instance: a better incumbent cuts more, so perturb the best
         # split found for a while, then search again from the root.
@@ -356,7 +356,7 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
         if top:
             best_counts = tuple(-c for c in max(top)[2])
         if best_counts is not None:
-            improve(key_of, best_counts, t0 + 0.6 * time_budget_s, perturb=True)
+            improve(key_of, best_counts, t0 + 0.8 * time_budget_s, perturb=True)
         finished = branch_and_bound(t0 + time_budget_s)
 
     ranked = sorted(((-t, -p, tuple(-c for c in cs)) for t, p, cs in top))
