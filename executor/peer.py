@@ -70,12 +70,12 @@ def run_peer(problem: Any, shape: GPTShape, rank: int, device: torch.device, arg
     first = any(st.has_embedding for st in split.stages if st.rank == rank)
     last = any(st.has_head for st in split.stages if st.rank == rank)
     times, losses = [], []
-    for it in range(args.iterations):
-        batches = [microbatch(shape, args.seed, it, i) for i in range(m)]
-        ids = torch.cat([b[0] for b in batches]).to(wire)
-        targets = torch.cat([b[1] for b in batches]).to(wire)
-        mb_losses: list[Any] = []
-        with no_gc_pauses():
+    with no_gc_pauses():
+        for it in range(args.iterations):
+            batches = [microbatch(shape, args.seed, it, i) for i in range(m)]
+            ids = torch.cat([b[0] for b in batches]).to(wire)
+            targets = torch.cat([b[1] for b in batches]).to(wire)
+            mb_losses: list[Any] = []
             dist.barrier(group=ctrl)
             t0 = time.perf_counter()
             if first:
@@ -90,13 +90,13 @@ def run_peer(problem: Any, shape: GPTShape, rank: int, device: torch.device, arg
             if device.type == "cuda":
                 torch.cuda.synchronize()
             dt = time.perf_counter() - t0
-        stats = torch.tensor([dt, sum(float(x) for x in mb_losses) / m if mb_losses else 0.0],
-                             dtype=torch.float64)
-        slowest = stats[:1].clone()
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=ctrl)
-        loss = stats[1:].clone()
-        dist.all_reduce(loss, group=ctrl)
-        times.append(float(slowest.item()) * 1e3)
-        losses.append(float(loss.item()))
-        progress(it + 1, losses[-1])
+            stats = torch.tensor([dt, sum(float(x) for x in mb_losses) / m if mb_losses else 0.0],
+                                 dtype=torch.float64)
+            slowest = stats[:1].clone()
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=ctrl)
+            loss = stats[1:].clone()
+            dist.all_reduce(loss, group=ctrl)
+            times.append(float(slowest.item()) * 1e3)
+            losses.append(float(loss.item()))
+            progress(it + 1, losses[-1])
     return peer_summary(problem, shape, args.iterations, args.warmup, times, losses)

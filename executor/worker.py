@@ -151,13 +151,13 @@ def _engine(args: argparse.Namespace, problem: Any, shape: GPTShape, rank: int,
     rt = Runtime(problem, shape, rank, device, wire, rec, seed=args.seed, lr=args.lr,
                  fault=fault)
     losses = []
-    for it in range(iters):
-        with no_gc_pauses():
+    with no_gc_pauses():
+        for it in range(iters):
             loss = rt.run_iteration(it, dump_grads=args.dump_grads if it == 0 else None)
-        losses.append(loss)
-        if rank == 0:
-            _say("progress", {"iteration": it + 1, "of": iters, "loss": loss,
-                              "warmup": it < warm})
+            losses.append(loss)
+            if rank == 0:
+                _say("progress", {"iteration": it + 1, "of": iters, "loss": loss,
+                                  "warmup": it < warm})
     part = {"rank": rank, "events": rec.events, "peak_bytes": rec.peak_bytes}
     if args.trace_dir:
         write_json_atomic(os.path.join(args.trace_dir, "parts", f"rank{rank}.json"), part)
