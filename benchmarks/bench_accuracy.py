@@ -66,7 +66,7 @@ def case_config(base: str, schedule: str, vpp: int, split: list[int], m: int, co
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--record", metavar="DIR", help="also keep configs and traces here")
-    ap.add_argument("--iterations", type=int, default=6)
+    ap.add_argument("--iterations", type=int, default=12)
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="ppsim-accuracy-")
     base = os.path.join(work, "base.toml")
