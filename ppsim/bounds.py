@@ -224,13 +224,14 @@ class _Sub(NamedTuple):
 def prefix_time(s: SplitSearch, counts: list[int]) -> float:
     """Exact time of a relaxation: stages 0..k-1 as placed, the rest free of ranks.
 
-    With one chunk per rank, the unplaced stages are replaced by one delay: a
+    The unplaced stages (always the last ones: the search places stages in
+    order) are dropped from their ranks and replaced by one delay: a
     microbatch's forward through all of them and its gradient back take their
     summed F and B time (known from the layers left, whatever the split)
     without waiting for any rank. Dropping constraints only makes ops start
     earlier, so this never exceeds the real time; it captures every
-    interaction among the placed ranks (such as several equally loaded ranks
-    in a row). Cost: one list schedule of k ranks.
+    interaction among the placed stages (such as several equally loaded ranks
+    in a row). Cost: one list schedule of the placed ops.
     """
     k = len(counts)
     paths = s.paths
@@ -241,28 +242,30 @@ def prefix_time(s: SplitSearch, counts: list[int]) -> float:
     head = s.costs.head
     rest_f = paths.pre_f[-1] - paths.pre_f[pos] + head.forward_ms
     rest_b = paths.pre_b[-1] - paths.pre_b[pos] + paths.bpart(head)
-    d = s.delay
     trip = rest_f + rest_b + 2 * (paths.pre_d[-1] - paths.pre_d[k - 1])  # k-1 -> end -> k-1
-    durations, delays, sends = [], [], []
-    for r in range(k):
-        c = costs[r]
-        by_kind = {"F": c.forward_ms, "B": paths.bpart(c),
-                   "W": c.weight_grad_ms if s.split_bw else 0.0}
-        durations.append([by_kind[kd] for kd in s.compiled.kind[r]])
-        if r < k - 1:
-            delays.append(s.send_delay[r])
-            sends.append(s.compiled.send_key[r])
-        else:  # the last placed rank hands each forward straight back to its own B
-            keys, dl = [], []
-            for a, key in zip(s.sched.actions[r], s.compiled.send_key[r], strict=True):
-                if a.kind == "F":
-                    keys.append(message_key(r, a.microbatch, True, s.m))
-                    dl.append(trip)
-                else:
-                    keys.append(key)
-                    dl.append(d[r - 1] if key >= 0 else 0.0)
-            sends.append(tuple(keys))
-            delays.append(dl)
-    sub = _Sub(list(s.compiled.kind[:k]), list(s.compiled.wait_key[:k]), sends)
-    _, ends = list_schedule(sub, durations, delays)  # type: ignore[arg-type]
-    return max(e[-1] for e in ends if e) * ROUNDING
+    dur = {kd: [0.0] * k for kd in "FBW"}
+    for i, c in enumerate(costs):
+        dur["F"][i], dur["B"][i] = c.forward_ms, paths.bpart(c)
+        dur["W"][i] = c.weight_grad_ms if s.split_bw else 0.0
+    kinds, waits, sends, durations, delays = [], [], [], [], []
+    for r in range(s.pp):
+        k_, w_, s_, du_, dl_ = [], [], [], [], []
+        for a, kd, wk, sk, sdl in zip(s.sched.actions[r], s.compiled.kind[r],
+                                      s.compiled.wait_key[r], s.compiled.send_key[r],
+                                      s.send_delay[r], strict=True):
+            if a.stage >= k:
+                continue  # an unplaced stage: part of the free delay
+            if a.stage == k - 1 and kd == "F":  # straight back to its own B
+                sk, sdl = message_key(a.stage, a.microbatch, True, s.m), trip
+            k_.append(kd)
+            w_.append(wk)
+            s_.append(sk)
+            du_.append(dur[kd][a.stage])
+            dl_.append(sdl)
+        kinds.append(tuple(k_))
+        waits.append(tuple(w_))
+        sends.append(tuple(s_))
+        durations.append(du_)
+        delays.append(dl_)
+    _, ends = list_schedule(_Sub(kinds, waits, sends), durations, delays)  # type: ignore[arg-type]
+    return max((e[-1] for e in ends if e), default=0.0) * ROUNDING
