@@ -63,12 +63,6 @@ def stage_rank(stage: int, pp: int, placement: str) -> int:
     return stage % pp
 
 
-def _stage(chunk: int, rank: int, pp: int, placement: str) -> int:
-    if placement == "v" and chunk % 2 == 1:
-        return chunk * pp + (pp - 1 - rank)
-    return chunk * pp + rank
-
-
 # ---------------------------------------------------------------- generators
 
 

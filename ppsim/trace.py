@@ -123,10 +123,6 @@ class Trace:
     def iterations(self) -> list[int]:
         return sorted({op.iteration for op in self.ops})
 
-    @property
-    def pp(self) -> int:
-        return int(self.info.get("pp", 1 + max((o.rank for o in self.ops), default=0)))
-
 
 def read_trace(path: str) -> Trace:
     """Parse and check a trace; a malformed one is a UserError naming what is wrong."""
