@@ -74,7 +74,9 @@ def variants(cfg: Config, axes: list[str]) -> list[Variant]:
                                                                 microbatches=m))
                 label = f"{name} vpp={vpp} m={m}" + (f" mbs={mbs}" if mbs else "") + \
                     (f" recompute={rc}" if rc else "")
-                if c != base:
+                same = (model_fields(c.model) == model_fields(base.model)
+                        and c.pipeline == base.pipeline)
+                if not same:
                     out.append(Variant(c, label))
     return out
 
@@ -178,7 +180,8 @@ def print_result(res: PlanResult, per_variant: list[tuple[str, PlanResult]], top
                                else (float("inf"), 0)):
             t.add_row(label, f"{r.best.summary.iteration_time_ms:.2f}" if r.best else "no fit",
                       str(list(r.best.split.counts)) if r.best else "-",
-                      "yes" if r.proven_optimal else f">= {r.lower_bound_ms:.2f}")
+                      "yes" if r.proven_optimal else
+                      f">= {r.lower_bound_ms:.2f}" if r.best else "-")
         console.print(t)
     assert res.best is not None
     base_t = res.baseline.summary.iteration_time_ms if res.baseline else None
