@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ppsim.transformer import Architecture
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -43,10 +45,12 @@ class GPTShape:
 
     @classmethod
     def from_fields(cls, f: dict[str, Any]) -> GPTShape:
-        return cls(int(f["num_layers"]), int(f["hidden_size"]), int(f["num_heads"]),
-                   int(f.get("num_kv_heads", f["num_heads"])), int(f["ffn_hidden_size"]),
-                   int(f["vocab_size"]), int(f["seq_length"]), int(f.get("micro_batch_size", 1)),
-                   bool(f.get("gated_mlp", True)), str(f.get("dtype", "fp32")))
+        # The cost model's Architecture owns the defaults, so the model that runs
+        # is the model that was simulated.
+        a = Architecture(**{k: v for k, v in f.items() if k != "kind"})
+        return cls(a.num_layers, a.hidden_size, a.num_heads, a.num_kv_heads,
+                   a.ffn_hidden_size, a.vocab_size, a.seq_length, a.micro_batch_size,
+                   a.gated_mlp, a.dtype)
 
     @property
     def torch_dtype(self) -> torch.dtype:

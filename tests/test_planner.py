@@ -52,6 +52,13 @@ def small_problems(draw):
         memory=memory)
 
 
+def draw_split(problem, data):
+    """Any split of the problem's layers over its stages, as counts and as a Split."""
+    s = problem.split
+    counts = data.draw(st.sampled_from(list(all_counts(s.num_layers, s.num_stages))))
+    return counts, split_from_counts(counts, s.pp, s.vpp, s.num_layers, s.placement)
+
+
 def brute_force(problem):
     s = problem.split
     results = []
@@ -86,9 +93,7 @@ def test_plan_matches_brute_force(problem):
 @given(small_problems(), st.data())
 def test_search_evaluator_equals_simulator(problem, data):
     search = SplitSearch(problem)
-    s = problem.split
-    counts = data.draw(st.sampled_from(list(all_counts(s.num_layers, s.num_stages))))
-    split = split_from_counts(counts, s.pp, s.vpp, s.num_layers, s.placement)
+    counts, split = draw_split(problem, data)
     assert search.evaluate(counts) == simulate(problem.with_split(split)).summary
 
 
@@ -97,12 +102,11 @@ def test_search_evaluator_equals_simulator(problem, data):
 def test_path_bounds_never_exceed_the_simulated_time(problem, data):
     search = SplitSearch(problem)
     s = problem.split
-    counts = data.draw(st.sampled_from(list(all_counts(s.num_layers, s.num_stages))))
+    counts, split = draw_split(problem, data)
     spans, at = {}, 0
     for i, n in enumerate(counts):
         spans[i] = (at, n)
         at += n
-    split = split_from_counts(counts, s.pp, s.vpp, s.num_layers, s.placement)
     t = simulate(problem.with_split(split)).summary.iteration_time_ms
     for r in range(s.pp):
         assert search.paths.rank_term(r, spans) <= t
