@@ -45,6 +45,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--actions-csv", metavar="FILE",
                    help="run this per-rank action order (torch.distributed.pipelining CSV: "
                    "cells like 0F3, 1I2, 1W2) instead of the generated schedule")
+    r.add_argument("--model", metavar="MODULE:FUNCTION",
+                   help="model builder (default: [model] builder, else the built-in GPT, "
+                   "executor.builders.gpt:build); see README 'Your own model'")
+    r.add_argument("--dp", type=int, metavar="N",
+                   help="data-parallel replicas of the pipeline: world = pp x dp "
+                   "(default: the model's dp, else 1)")
     r.add_argument("--seed", type=int, default=0, help="weights and data seed")
     r.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
     r.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -89,7 +95,14 @@ def validate(args: argparse.Namespace) -> Any:
         raise UserError("model.tp", f"the executor runs pipeline parallelism only, tp = "
                         f"{fields['tp']}", "set tp = 1 (--tp 1)")
     problem = load_problem(args)
-    pp = problem.split.pp
+    _check_builder(args, fields)
+    dp = args.dp if args.dp is not None else int(fields.get("dp", 1))
+    if dp < 1:
+        raise UserError("--dp", f"must be at least 1, got {dp}", "e.g. --dp 2")
+    if dp > 1 and args.engine == "torch":
+        raise UserError("--dp", "the torch peer runs one pipeline replica",
+                        "use --engine ppsim with --dp, or --dp 1")
+    pp = problem.split.pp * dp
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         raise UserError("--node-rank", f"{args.node_rank} is not in 0..{args.nnodes - 1}",
                         "give each node a distinct rank below --nnodes")
@@ -98,7 +111,8 @@ def validate(args: argparse.Namespace) -> Any:
     if args.nproc_per_node * args.nnodes != pp:
         raise UserError("--nproc-per-node", f"{args.nproc_per_node} x {args.nnodes} node(s) = "
                         f"{args.nproc_per_node * args.nnodes} ranks but pp = {pp}",
-                        f"run pp = {pp} ranks in all (one rank per pipeline stage)")
+                        f"run pp x dp = {pp} ranks in all (one rank per pipeline stage "
+                        "and replica)")
     if args.iterations < 1 or not 0 <= args.warmup < args.iterations:
         raise UserError("--warmup", f"{args.warmup} warm-up of {args.iterations} iterations",
                         "need iterations >= 1 and 0 <= warmup < iterations")
@@ -109,6 +123,20 @@ def validate(args: argparse.Namespace) -> Any:
     if args.engine == "torch":
         _check_peer(problem)
     return problem
+
+
+def _check_builder(args: argparse.Namespace, fields: dict[str, Any]) -> None:
+    """Import and call the builder here, so a bad one exits 2 before any process."""
+    from executor.builders import builder_spec, load_builder
+
+    where = "--model" if args.model else "model.builder"
+    try:
+        load_builder(builder_spec(args.model, fields), fields, where)
+    except UserError:
+        raise
+    except Exception as exc:
+        raise UserError(where, f"building the model failed: {type(exc).__name__}: {exc}",
+                        "fix the builder or the [model] fields it reads") from None
 
 
 def _check_fault(text: str, problem: Any) -> None:

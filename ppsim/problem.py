@@ -75,7 +75,7 @@ def model_costs(cfg: Config) -> ModelCosts:
         emb = _layer(raw["embedding"], "model.embedding") if "embedding" in raw else None
         head = _layer(raw["head"], "model.head") if "head" in raw else None
         return uniform_costs(raw["num_layers"], lc, emb, head)
-    arch = Architecture(**{k: v for k, v in raw.items() if k != "kind"})
+    arch = Architecture(**{k: v for k, v in raw.items() if k not in ("kind", "builder")})
     if arch.hidden_size % arch.num_heads or arch.num_heads % arch.num_kv_heads:
         raise UserError("model.num_heads", "hidden_size must divide by num_heads and num_heads "
                         "by num_kv_heads", "fix the head counts")

@@ -3,7 +3,10 @@
 Compute ops are complete events ("ph": "X", ts/dur in microseconds,
 pid = rank, tid 0) whose args hold kind, stage, chunk, microbatch and
 iteration; transfers are complete events on tid 1 of the sender; memory is
-a counter ("ph": "C") per rank. `otherData` carries the run's shape
+a counter ("ph": "C") per rank. Whole-step ops (kind "R": the data-parallel
+gradient all-reduce, "S": the optimizer step) are compute events too, with
+stage, chunk and microbatch -1; readers keep them apart from the pipeline's
+F/B/W (`Trace.step_ops`). `otherData` carries the run's shape
 (schedule, pp, vpp, microbatches, split) so tools can check two traces match.
 """
 
@@ -17,6 +20,8 @@ from ppsim.errors import UserError
 from ppsim.fileio import write_json_atomic
 
 COMPUTE_TID, TRANSFER_TID = 0, 1
+STEP_KINDS = ("R", "S")
+"""Ops of the whole step, not of a (stage, microbatch): gradient reduce, optimizer step."""
 
 
 def compute_event(rank: int, kind: str, stage: int, chunk: int, microbatch: int,
@@ -118,6 +123,8 @@ class Trace:
     ops: tuple[TraceOp, ...]
     memory: dict[int, list[tuple[float, int]]]
     """Per rank: (ts_us, total bytes) counter samples."""
+    step_ops: tuple[TraceOp, ...] = ()
+    """R / S ops (gradient reduce, optimizer step), kept out of `ops`."""
 
     @property
     def iterations(self) -> list[int]:
@@ -144,7 +151,7 @@ def trace_from_json(data: Any, path: str = "trace") -> Trace:
         raise UserError("trace", f"{path} has no traceEvents list",
                         "pass a Chrome trace written by ppsim simulate --trace or ppsim run")
     info = data.get("otherData", {}) if isinstance(data, dict) else {}
-    ops = []
+    ops, step_ops = [], []
     memory: dict[int, list[tuple[float, int]]] = {}
     for n, ev in enumerate(events):
         if not isinstance(ev, dict):
@@ -152,14 +159,15 @@ def trace_from_json(data: Any, path: str = "trace") -> Trace:
         if ev.get("ph") == "X" and ev.get("cat") == "compute":
             args = ev.get("args", {})
             try:
-                ops.append(TraceOp(int(ev["pid"]), str(args["kind"]), int(args["stage"]),
-                                   int(args["chunk"]), int(args["microbatch"]),
-                                   int(args.get("iteration", 0)), float(ev["ts"]),
-                                   float(ev["dur"])))
+                op = TraceOp(int(ev["pid"]), str(args["kind"]), int(args["stage"]),
+                             int(args["chunk"]), int(args["microbatch"]),
+                             int(args.get("iteration", 0)), float(ev["ts"]),
+                             float(ev["dur"]))
             except (KeyError, TypeError, ValueError) as exc:
                 raise UserError("trace", f"{path}: compute event {n} lacks a valid {exc}",
                                 "each compute event needs pid, ts, dur and args kind, stage, "
                                 "chunk, microbatch") from None
+            (step_ops if op.kind in STEP_KINDS else ops).append(op)
         elif ev.get("ph") == "C" and ev.get("name") == "memory":
             args = ev.get("args", {})
             memory.setdefault(int(ev.get("pid", 0)), []).append(
@@ -168,4 +176,4 @@ def trace_from_json(data: Any, path: str = "trace") -> Trace:
     if not ops:
         raise UserError("trace", f"{path} holds no compute events",
                         "pass a trace written by ppsim simulate --trace or ppsim run")
-    return Trace(path, info, tuple(ops), memory)
+    return Trace(path, info, tuple(ops), memory, tuple(step_ops))
