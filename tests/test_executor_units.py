@@ -191,10 +191,11 @@ def test_fault_spec() -> None:
 def test_worker_argv_round_trips_the_config(tmp_path) -> None:
     args = _parse(["--pp", "2", "--vpp", "2", "--schedule", "interleaved-1f1b", "--split",
                    "3,1,2,2", "--microbatches", "4", "--iterations", "2", "--warmup", "0",
-                   "--trace-dir", str(tmp_path), "--account-for-loss"])
+                   "--trace-dir", str(tmp_path), "--account-for-loss", "--model",
+                   "tests/model_moe.py:build", "--dp", "2"])
     again = _parse(launch.worker_argv(args))
     for key in ("pp", "vpp", "schedule", "split", "microbatches", "iterations", "warmup",
-                "trace_dir", "account_for_loss", "engine", "device"):
+                "trace_dir", "account_for_loss", "engine", "device", "model", "dp"):
         assert getattr(again, key) == getattr(args, key), key
     args.nproc_per_node = 2
     cmd = launch.launch_command(args)
