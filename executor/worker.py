@@ -35,6 +35,7 @@ from ppsim import trace as tr
 from ppsim.cli import config_from_args
 from ppsim.config import model_fields
 from ppsim.fileio import write_json_atomic
+from ppsim.problem import Problem
 
 ABORT_KEY = "ppsim/abort"
 
@@ -140,7 +141,7 @@ def data_parallel(args: argparse.Namespace, fields: dict[str, Any]) -> int:
     return int(dp if dp is not None else fields.get("dp", 1))
 
 
-def _engine(args: argparse.Namespace, problem: Any, builder: ModelBuilder, rank: int,
+def _engine(args: argparse.Namespace, problem: Problem, builder: ModelBuilder, rank: int,
             device: torch.device, wire: torch.device, backend: str,
             ctrl: Any, replica: Replica, recompute: str) -> dict[str, Any] | None:
     iters, warm = args.iterations, args.warmup
