@@ -193,7 +193,7 @@ class Profiler:
         """Activation bytes as the runtime counts them (saved tensors + output), static
         bytes as its optimizer holds them (params, grads, AdamW states after a step)."""
         params = list(piece.module.parameters())
-        ptrs = {p.untyped_storage().data_ptr() for p in params}
+        ptrs = {t.untyped_storage().data_ptr() for t in [*params, *piece.module.buffers()]}
         x = self._input(piece)
         with saved_bytes(ptrs) as seen:
             y = piece.module(x)

@@ -199,7 +199,9 @@ class Runtime:
         self.params = [p for m in self.modules.values() for p in m.parameters()]
         self.grads = self._grad_buffer()
         self.optimizer = torch.optim.AdamW(self.params, lr=lr) if self.params else None
-        self._param_ptrs = {p.untyped_storage().data_ptr() for p in self.params}
+        # Parameters and buffers (rotary tables) are static, never activations.
+        self._param_ptrs = {t.untyped_storage().data_ptr() for m in self.modules.values()
+                            for t in [*m.parameters(), *m.buffers()]}
         WeightGradStore.reset()
         WeightGradStore.enabled = self.schedule.split_backward
         pp = self.schedule.pp
