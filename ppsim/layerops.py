@@ -183,12 +183,13 @@ def layer_activation_bytes(a: Architecture, kind: str) -> int:
 
 
 def head_activation_bytes(a: Architecture) -> int:
-    """Final norm (input, stats), the projection's input, the logits in the training
-    dtype and the fp32 log-probabilities the cross-entropy keeps."""
+    """Final norm (input, stats), the projection's input and the fp32 log-probabilities
+    the cross-entropy keeps. The logits in the training dtype are not kept: the fp32
+    cast is what autograd saves (Megatron's vocab-parallel loss keeps its fp32 softmax
+    the same way); they exist only for the moment of the cast."""
     tok, w = _tokens(a), DTYPE_BYTES[a.dtype]
     logits = tok * padded_vocab(a)
-    return int((_norm_bytes(a, a.hidden_size) + tok * a.hidden_size * w
-                + logits * (w + 4)) / a.tp)
+    return int((_norm_bytes(a, a.hidden_size) + tok * a.hidden_size * w + logits * 4) / a.tp)
 
 
 def embedding_activation_bytes(a: Architecture) -> int:
