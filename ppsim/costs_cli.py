@@ -83,6 +83,33 @@ def cmd_costs(args: argparse.Namespace) -> int:
     return 0
 
 
+def hardware_profile(args: argparse.Namespace) -> int:
+    """`ppsim profile --hardware-out FILE`: this device's roofline as a [hardware] table."""
+    import torch
+
+    from executor.hwprofile import hardware_toml, measure_hardware
+    from ppsim.cli import emit_json
+    from ppsim.errors import UserError
+    from ppsim.fileio import write_text_atomic
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device", "cuda requested but torch sees no GPU here",
+                        "use --device cpu")
+    result = measure_hardware(args.device)
+    write_text_atomic(args.hardware_out, hardware_toml(result))
+    if args.json:
+        emit_json({"out": args.hardware_out, **result})
+        return 0
+    hw = result["hardware"]
+    print(f"{result['device']}: peak {hw['peak_tflops']:.1f} TFLOP/s; matmuls reach "
+          + ", ".join(f"{e:.0%} at {g:g} GFLOP" for g, e in hw["matmul_efficiency"])
+          + f"; attention {hw['attention_efficiency']:.0%}; memory "
+          f"{hw['memory_bandwidth_gbps']:.0f} GB/s; {hw['kernel_overhead_us']:.1f} us per "
+          f"kernel ({result['measurements']['seconds']:.1f} s)")
+    print(f"[hardware] table written to {args.hardware_out} (paste it into a config)")
+    return 0
+
+
 def register(commands: dict) -> None:
     def add(p: argparse.ArgumentParser) -> None:
         from ppsim.cli import add_config_flags

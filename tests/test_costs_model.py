@@ -156,3 +156,37 @@ def test_costs_reads_a_cost_file(tmp_path, capsys):
     assert doc["head"]["activation_bytes"] == measured.head.activation_bytes
     assert main(["costs", "--preset", "gpt3-1.3b", "--tp", "1", "--costs", path]) == 0
     assert "head" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ profiling the device
+
+
+def test_hardware_out_writes_a_usable_hardware_table(tmp_path, capsys):
+    out = tmp_path / "hw.toml"
+    assert main(["profile", "--hardware-out", str(out)]) == 0
+    assert "written to" in capsys.readouterr().out
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[model]\npreset = "tiny-gpt"\n[pipeline]\npp = 2\n' + out.read_text())
+    assert main(["costs", "--config", str(cfg), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["layers"][0]["forward_ms"] > 0
+    hw = hardware_config(__import__("tomllib").loads(out.read_text())["hardware"])
+    assert hw.memory_bandwidth_gbps > 0 and len(hw.matmul_efficiency) >= 4
+    assert all(0 < e <= 1 for _, e in hw.matmul_efficiency)
+
+
+def test_host_mediated_p2p_is_not_kept(monkeypatch, capsys, tmp_path):
+    # One GPU: the two processes talk through the host. Stand in for that transport's
+    # result (the gloo measurement itself is covered by test_profile).
+    import executor.profile as prof
+
+    fake = {"latency_ms": 0.1, "bandwidth_gbps": 2.3, "backend": "gloo",
+            "staged_via_host": True, "rounds": 1, "samples": []}
+    monkeypatch.setattr(prof, "measure_p2p", lambda *a, **k: fake)
+    doc = prof.profile(model_fields({"preset": "tiny-gpt"}), "cpu", repeats=1, warmup=0)
+    assert doc["p2p"] is None
+    assert doc["measurement"]["p2p_host_mediated"]["bandwidth_gbps"] == 2.3
+    from ppsim.profile_cli import _print_costs
+
+    _print_costs(doc, "t")
+    assert "not an NVLink or InfiniBand" in " ".join(capsys.readouterr().out.split())
