@@ -63,7 +63,7 @@ def saved_layer_bytes(a: Architecture) -> int:
 
 def memory_check() -> list[dict]:
     """Each dense preset's layer, widths / 64 and heads / 8, s = 64, as the executor runs it
-    (LayerNorm, learned positions, no dropout)."""
+    (LayerNorm, learned positions, no dropout, FlashAttention: recompute "selective")."""
     rows = []
     for name, raw in MODEL_PRESETS.items():
         if not measurable(raw):
@@ -77,7 +77,7 @@ def memory_check() -> list[dict]:
         a = arch_of({**f, "hidden_size": heads * 8, "num_heads": heads, "num_kv_heads": kv,
                      "ffn_hidden_size": max(8, f["ffn_hidden_size"] // 64), "seq_length": 64,
                      "micro_batch_size": 1, "tp": 1, "dtype": "bf16", "norm": "layernorm",
-                     "position": "learned", "dropout": False})
+                     "position": "learned", "dropout": False, "recompute": "selective"})
         want = saved_layer_bytes(a)
         got = layer_activation_bytes(a, "dense")
         # The executor repeats K and V to every query head (GQA); FlashAttention would not.
