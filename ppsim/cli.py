@@ -158,16 +158,40 @@ def cmd_split(args: argparse.Namespace) -> int:
               title_justify="left")
     for col in ("stage", "rank", "chunk", "layers", "offset", "holds"):
         t.add_column(col, justify="right")
+    kinds = _layer_kinds(cfg)
     for st in split.stages:
-        holds = " + ".join(x for x in ("embedding" if st.has_embedding else "",
-                                       f"layers {st.offset}..{st.offset + st.layers - 1}"
-                                       if st.layers else "", "head+loss" if st.has_head else "")
-                           if x) or "-"
+        body = _stage_kinds(kinds, st.offset, st.layers) if st.layers else ""
+        holds = " + ".join(x for x in ("embedding" if st.has_embedding else "", body,
+                                       "head+loss" if st.has_head else "") if x) or "-"
         t.add_row(str(st.index), str(st.rank), str(st.chunk), str(st.layers), str(st.offset),
                   holds)
     console.print(t)
     print_exports(console, exports)
     return 0
+
+
+def _layer_kinds(cfg: Config) -> tuple[str, ...]:
+    """Each layer's kind for display; () when the model names none."""
+    from ppsim.problem import model_costs
+
+    try:
+        return model_costs(cfg).kinds
+    except UserError:
+        return ()
+
+
+def _stage_kinds(kinds: tuple[str, ...], offset: int, count: int) -> str:
+    """"layers 3..4: 2 moe" — the stage's layer range and its kinds, run-length coded."""
+    span = f"layers {offset}..{offset + count - 1}"
+    if not kinds:
+        return span
+    runs: list[list] = []
+    for k in kinds[offset:offset + count]:
+        if runs and runs[-1][0] == k:
+            runs[-1][1] += 1
+        else:
+            runs.append([k, 1])
+    return span + ": " + ", ".join(f"{n} {k}" for k, n in runs)
 
 
 def print_exports(console: Any, exports: dict[str, Any]) -> None:

@@ -70,7 +70,7 @@ def megatron_flags(split: Split) -> list[str]:
         return megatron_layout_flag(split)
     L, pp, vpp = plain.num_layers, split.pp, split.vpp
     vpp_flag = ["--num-virtual-stages-per-pipeline-rank", str(vpp)] if vpp > 1 else []
-    first, last = split.rank_layers(0), split.rank_layers(pp - 1)
+    first, last = plain.rank_layers(0), plain.rank_layers(pp - 1)
     candidates: list[tuple[dict[str, object], list[str]]] = [({}, [])]
     for f, la in ((first, None), (None, last), (first, last)):
         if pp == 2 and vpp > 1 and f is not None and la is not None:

@@ -100,8 +100,8 @@ def plan_with_references(problem: Problem, compare_texts: list[str], top_k: int,
     refs = compare(problem, compare_texts)
     seeds = [r.split.counts for r in ([base] if base else []) + refs if r.split.standard_ends]
     res = plan(problem, top_k=top_k, progress=progress, time_budget_s=budget_s, seeds=seeds)
-    if base is not None:
-        res = replace(res, baseline=Candidate(base.split, base.summary))
+    # With no Megatron baseline there is nothing to call "even": no row, no speed-up.
+    res = replace(res, baseline=Candidate(base.split, base.summary) if base else None)
     return Planned(res, base, refs)
 
 
@@ -258,7 +258,12 @@ def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], to
         row(ref.label + ("" if ref.summary.fits else " [red](OOM)[/red]"),
             Candidate(ref.split, ref.summary))
     console.print(t)
-    if planned.baseline is not None and planned.baseline.label != "Megatron even":
+    if planned.baseline is None and p.split.placement == "loop":
+        console.print(f"baseline: none; Megatron has no even or first/last split of "
+                      f"{p.costs.num_layers - p.costs.mtp_layers} layers over pp="
+                      f"{p.schedule.pp} x vpp={p.schedule.vpp}: only a layout says it",
+                      markup=False)
+    elif planned.baseline is not None and planned.baseline.label != "Megatron even":
         console.print(f"baseline: no even split ({p.costs.num_layers - p.costs.mtp_layers} "
                       f"layers over pp={p.schedule.pp}"
                       + (f" x vpp={p.schedule.vpp}" if p.schedule.vpp > 1 else "")

@@ -113,14 +113,16 @@ def compare(problem: Problem, texts: list[str]) -> list[Reference]:
     return out
 
 
-def why_faster(best: Summary, ref: Reference) -> str:
-    """How much faster the best is than `ref`, and the rank that held `ref` back."""
-    t, r = best.iteration_time_ms, ref.summary.iteration_time_ms
+def why_faster(summary: Summary, ref: Reference) -> str:
+    """How much faster the best (its summary) is than `ref`, and which rank held `ref` back."""
+    t, r = summary.iteration_time_ms, ref.summary.iteration_time_ms
     if r <= t * (1 + 1e-9):
         return "as fast as the best"
+    # The rank that gained the most work against the best split is where time was lost.
+    gain = max(ref.summary.ranks, key=lambda x: x.busy_ms - summary.ranks[x.rank].busy_ms)
+    mine = summary.ranks[gain.rank]
     busiest = max(ref.summary.ranks, key=lambda x: x.busy_ms)
-    mean = sum(x.busy_ms for x in ref.summary.ranks) / len(ref.summary.ranks)
-    ours = max(best.ranks, key=lambda x: x.busy_ms)
-    return (f"best is {r / t - 1:.1%} faster: in {ref.label!r} rank {busiest.rank} is the "
-            f"bottleneck, busy {busiest.busy_ms:.1f} ms ({busiest.busy_ms / mean - 1:+.1%} vs "
-            f"the mean), against {ours.busy_ms:.1f} ms on the best split's busiest rank")
+    return (f"best is {r / t - 1:.1%} faster: the bottleneck in {ref.label!r} is rank "
+            f"{gain.rank}, {gain.layers} layers busy {gain.busy_ms:.1f} ms against {mine.layers} "
+            f"layers {mine.busy_ms:.1f} ms in the best split (busiest rank there: "
+            f"{busiest.rank}, {busiest.busy_ms:.1f} ms)")
