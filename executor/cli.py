@@ -95,6 +95,11 @@ def validate(args: argparse.Namespace) -> Any:
         raise UserError("model.tp", f"the executor runs pipeline parallelism only, tp = "
                         f"{fields['tp']}", "set tp = 1 (--tp 1)")
     problem = load_problem(args)
+    if not problem.split.standard_ends or problem.split.mtp:
+        raise UserError("pipeline.layout", "the executor builds the embedding on the first "
+                        "stage, the head on the last and no MTP layers",
+                        "run a split without empty end stages or 'm' (plan and simulate "
+                        "take any)")
     _check_builder(args, fields)
     dp = args.dp if args.dp is not None else int(fields.get("dp", 1))
     if dp < 1:

@@ -10,11 +10,12 @@ import torch
 
 from executor.builders.deferral import DeferringLinear as Linear
 from executor.builders.deferral import WeightGradStore
-from executor.builders.gpt import DTYPES, GPTBuilder, GPTShape, stage_loss
+from executor.builders.gpt import DTYPES, Block, Embedding, GPTBuilder, GPTShape, stage_loss
+from executor.builders.gpt import Head as _Head
 from executor.builders.stage import Stage
 
-__all__ = ["DTYPES", "GPTShape", "Linear", "StageModule", "WeightGradStore", "microbatch",
-           "stage_loss"]
+__all__ = ["DTYPES", "Block", "Embedding", "GPTShape", "Head", "Linear", "StageModule",
+           "WeightGradStore", "microbatch", "stage_loss"]
 
 
 def StageModule(s: GPTShape, offset: int, num_layers: int, has_embedding: bool,  # noqa: N802
@@ -26,3 +27,8 @@ def StageModule(s: GPTShape, offset: int, num_layers: int, has_embedding: bool, 
 def microbatch(s: GPTShape, seed: int, iteration: int, index: int) -> tuple[torch.Tensor,
                                                                           torch.Tensor]:
     return GPTBuilder(s).microbatch(seed, iteration, index)
+
+
+def Head(s: GPTShape) -> _Head:  # noqa: N802
+    """The GPT head (final LayerNorm and vocabulary projection) of a shape."""
+    return _Head(s.hidden_size, s.vocab_size)

@@ -17,4 +17,4 @@ def build(fields: dict[str, Any]) -> LlamaBuilder:
     n = int(fields["num_layers"])
     kinds = ["moe" if i % 3 == 1 else "dense" for i in range(n)]
     return llama({**fields, "layers": kinds, "num_kv_heads": 2, "num_experts": 4,
-                  "moe_top_k": 2, "moe_ffn_hidden_size": 96, "moe_shared_expert": True})
+                  "top_k": 2, "moe_ffn_hidden_size": 96, "shared_experts": 1})

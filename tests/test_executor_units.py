@@ -22,8 +22,8 @@ from executor.builders.deferral import (  # noqa: E402
     WeightGradStore,
     defer_linears,
 )
-from executor.builders.gpt import GPTShape  # noqa: E402
-from executor.builders.llama import MoE, parse_kinds  # noqa: E402
+from executor.builders.gpt import GPTBuilder, GPTShape  # noqa: E402
+from executor.builders.llama import LlamaBuilder, MoE, parse_kinds  # noqa: E402
 from executor.builders.stage import Stage, full_model, saved_bytes  # noqa: E402
 from executor.cli import add_run_arguments, load_problem  # noqa: E402
 from executor.recorder import merge_parts  # noqa: E402
@@ -37,7 +37,7 @@ from ppsim.transformer import Architecture, layer_activation_bytes  # noqa: E402
 FIELDS = model_fields(load_config(None).model)
 SHAPE = GPTShape.from_fields(FIELDS)
 MOE_FIELDS = {**FIELDS, "layers": "dense, moe*2, dense*2, moe, dense*2", "num_kv_heads": 2,
-              "moe_shared_expert": True, "moe_ffn_hidden_size": 48}
+              "num_experts": 4, "top_k": 2, "shared_experts": 1, "moe_ffn_hidden_size": 48}
 BUILDERS = {"gpt": (DEFAULT_BUILDER, FIELDS),
             "llama-moe": ("executor.builders.llama:build", MOE_FIELDS)}
 
@@ -134,7 +134,7 @@ def test_full_recompute_keeps_exactly_the_layer_input() -> None:
         layer(x)
     arch = Architecture(**{k: v for k, v in FIELDS.items() if k not in ("kind", "builder")},
                         recompute="full")
-    assert sum(seen.values()) == layer_activation_bytes(arch) == x.numel() * 4
+    assert sum(seen.values()) == layer_activation_bytes(arch, "dense") == x.numel() * 4
 
 
 def test_layer_kinds_parse() -> None:
@@ -142,12 +142,27 @@ def test_layer_kinds_parse() -> None:
     assert parse_kinds(None, 2) == ["dense", "dense"]
     assert parse_kinds(["moe", "dense"], 2) == ["moe", "dense"]
     for bad in ("dense*3", "dense, mlp", ["moe"] * 3):
-        with pytest.raises(ValueError):
+        with pytest.raises(UserError, match="model.layers"):
             parse_kinds(bad, 2)
     b = _builder("llama-moe")
     kinds = [b.layer_kind(i) for i in range(8)]
     assert kinds == parse_kinds(MOE_FIELDS["layers"], 8)
     assert [isinstance(b.layer(i).mlp, MoE) for i in range(8)] == [k == "moe" for k in kinds]
+
+
+def test_the_default_builder_builds_what_the_fields_describe() -> None:
+    assert isinstance(load_builder(DEFAULT_BUILDER, FIELDS), GPTBuilder)  # LayerNorm, learned
+    llama = model_fields({"preset": "llama3-8b"})
+    mixtral = model_fields({"preset": "mixtral-8x7b"})
+    for fields in (llama, mixtral):
+        b = load_builder(DEFAULT_BUILDER, fields)
+        assert isinstance(b, LlamaBuilder)
+        layer = b.layer(0) if fields is llama else None
+        if layer is not None:
+            assert type(layer.attn_norm).__name__ == "RMSNorm" and layer.attention.rotary
+    assert load_builder(DEFAULT_BUILDER, mixtral).layer_kind(3) == "moe"
+    with pytest.raises(UserError, match="model.attention"):
+        load_builder(DEFAULT_BUILDER, model_fields({"preset": "deepseek-v3"}))
 
 
 @pytest.mark.parametrize("spec, problem", [

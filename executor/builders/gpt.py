@@ -176,5 +176,19 @@ class GPTBuilder:
         return stage_loss(output, targets)
 
 
-def build(fields: dict[str, Any]) -> GPTBuilder:
-    return GPTBuilder(GPTShape.from_fields(fields))
+def build(fields: dict[str, Any]) -> Any:
+    """The default builder: the model the [model] fields describe.
+
+    This GPT when they describe one (LayerNorm, learned positions, dense layers);
+    otherwise (RMSNorm, rotary, MoE layers, a head_dim of its own) the decoder of
+    executor.builders.llama built exactly as described, so a run or a profile
+    measures what the cost model assumes.
+    """
+    from executor.builders.llama import architecture, describe
+    from ppsim.transformer import layer_kinds
+
+    a = architecture(fields)
+    plain = (not a.rmsnorm and not a.rotary and a.attention == "gqa"
+             and a.head_dim in (0, a.hidden_size // a.num_heads)
+             and set(layer_kinds(a)) == {"dense"})
+    return GPTBuilder(GPTShape.from_fields(fields)) if plain else describe(fields)
