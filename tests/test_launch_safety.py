@@ -70,6 +70,22 @@ def test_a_port_in_use_is_one_line(tmp_path, capsys, no_launch) -> None:
     assert not (tmp_path / "t").exists()
 
 
+def test_a_port_in_use_on_node_0_of_two_is_one_line(tmp_path, capsys, no_launch) -> None:
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        rc = main(["run", "--nnodes", "2", "--nproc-per-node", "1", "--master-port", str(port),
+                   "--trace-dir", str(tmp_path / "t")])
+    assert "already in use" in _one_line(capsys, rc, "--master-port")
+
+
+def test_a_master_address_not_of_this_machine_is_one_line(tmp_path, capsys,
+                                                          no_launch) -> None:
+    rc = main(["run", "--master-addr", "192.0.2.1", "--trace-dir", str(tmp_path / "t")])
+    _one_line(capsys, rc, "--master-addr")
+
+
 def test_argparse_errors_name_the_program_once(capsys) -> None:
     with pytest.raises(SystemExit) as top:
         main(["--bogus"])
