@@ -74,9 +74,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _suffix(name: str) -> str:
+    """The temp file's tail: the target's name, cut so the temp name stays legal."""
+    return "-" + name[-200:]
+
+
 def clean_stale_temps(folder: str, name: str) -> list[str]:
     """Remove temp files of ours for `name` left by an interrupted write; returns them."""
-    pattern = re.compile(r"\.tmp-(\d+)-[A-Za-z0-9_]+-" + re.escape(name))
+    pattern = re.compile(r"\.tmp-(\d+)-[A-Za-z0-9_]+" + re.escape(_suffix(name)))
     removed = []
     try:
         entries = os.listdir(folder)
@@ -102,15 +107,27 @@ def clean_stale_temps(folder: str, name: str) -> list[str]:
     return removed
 
 
-def write_text_atomic(path: str, text: str, *, force: bool = False) -> None:
-    write_bytes_atomic(path, text.encode("utf-8"), force=force)
+def write_text_atomic(path: str, text: str, *, force: bool = False,
+                      field: str | None = None) -> None:
+    write_bytes_atomic(path, text.encode("utf-8"), force=force, field=field)
 
 
-def write_bytes_atomic(path: str, data: bytes, *, force: bool = False) -> None:
+def write_bytes_atomic(path: str, data: bytes, *, force: bool = False,
+                       field: str | None = None) -> None:
     """Write to a temp file in the same folder, fsync, then rename over path.
 
-    Every refusal or OS failure is a UserError naming the path (exit status 2).
+    Every refusal or OS failure is a UserError (exit status 2) naming `field`
+    (the flag or config key that gave the path) when given, else the path.
     """
+    try:
+        _write(path, data, force)
+    except UserError as exc:
+        if field is None:
+            raise
+        raise UserError(field, f"{exc.field} {exc.problem}", exc.fix) from None
+
+
+def _write(path: str, data: bytes, force: bool) -> None:
     target = _target(path, force)
     folder, name = os.path.split(os.path.abspath(target))
     try:
@@ -120,7 +137,8 @@ def write_bytes_atomic(path: str, data: bytes, *, force: bool = False) -> None:
                       "choose a path in a writable folder") from None
     clean_stale_temps(folder, name)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".tmp-{os.getpid()}-", suffix=f"-{name}", dir=folder)
+        fd, tmp = tempfile.mkstemp(prefix=f".tmp-{os.getpid()}-", suffix=_suffix(name),
+                                   dir=folder)
     except OSError as exc:
         if exc.errno == errno.ENAMETOOLONG:
             raise _refuse(path, "the file name is too long", "choose a shorter name") from None
@@ -144,5 +162,7 @@ def write_bytes_atomic(path: str, data: bytes, *, force: bool = False) -> None:
         raise
 
 
-def write_json_atomic(path: str, obj: Any, *, force: bool = False) -> None:
-    write_text_atomic(path, json.dumps(obj, separators=(",", ":")) + "\n", force=force)
+def write_json_atomic(path: str, obj: Any, *, force: bool = False,
+                      field: str | None = None) -> None:
+    write_text_atomic(path, json.dumps(obj, separators=(",", ":")) + "\n", force=force,
+                      field=field)

@@ -125,3 +125,15 @@ def test_writes_land_whole_and_leave_nothing_behind(tmp_path_factory, data, name
     write_bytes_atomic(str(path), data[::-1])
     assert path.read_bytes() == data[::-1]
     assert os.listdir(folder) == [name]
+
+
+def test_errors_name_the_flag_when_told(tmp_path) -> None:
+    with pytest.raises(UserError) as err:
+        write_bytes_atomic(str(tmp_path), b"x", field="--trace")
+    assert str(err.value).startswith(f"--trace: {tmp_path} is a directory")
+
+
+def test_a_long_but_legal_name_is_written(tmp_path) -> None:
+    path = tmp_path / ("n" * 250)
+    write_bytes_atomic(str(path), b"x")
+    assert path.read_bytes() == b"x" and os.listdir(tmp_path) == [path.name]
