@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, NoReturn
 
-from ppsim.config import Config, hardware_config, load_config, model_fields
+from ppsim import validate
+from ppsim.config import Config, check_config, hardware_config, load_config
 from ppsim.errors import UserError
 
 
@@ -90,15 +91,19 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if getattr(args, "hardware", None):
         hw = hardware_config({"preset": args.hardware})
     if getattr(args, "memory_gb", None) is not None:
-        hw.memory_bytes = args.memory_gb * 1e9
+        hw.memory_bytes = validate.number(
+            "--memory-gb (hardware.memory_bytes)", args.memory_gb, lo=0.0, lo_open=True,
+            hi=validate.MAX_BYTES / 1e9, fix="give the memory one rank may use, e.g. 80") * 1e9
+    validate.hardware(hw)
     costs = getattr(args, "costs", None) or cfg.costs_file
     out = Config(model=model, pipeline=pipe, hardware=hw, costs_file=costs)
-    model_fields(out.model)
+    check_config(out)
     return out
 
 
 def emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+    """Strict JSON: a value that is not finite is written as null, never as NaN/Infinity."""
+    sys.stdout.write(json.dumps(validate.finite_json(obj), indent=2, allow_nan=False) + "\n")
 
 
 # ------------------------------------------------------------------ commands
@@ -220,9 +225,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
         lanes = [[(op.start, op.end - op.start, op.action.kind, op.action.microbatch)
                   for op in ops] for ops in sim.timeline.ops]
-        render_png([(f"{problem.schedule.name}, split {list(problem.split.counts)}", lanes)],
-                   args.png, title=f"simulated iteration {s.iteration_time_ms:.2f} ms, "
-                   f"bubble {s.bubble_fraction:.1%}")
+        with validate.output("--png", args.png):
+            render_png([(f"{problem.schedule.name}, split {list(problem.split.counts)}",
+                         lanes)], args.png, title=f"simulated iteration "
+                       f"{s.iteration_time_ms:.2f} ms, bubble {s.bubble_fraction:.1%}")
     if args.json:
         emit_json({"schedule": problem.schedule.name, "pp": problem.split.pp,
                    "vpp": problem.split.vpp, "microbatches": problem.schedule.microbatches,
@@ -230,6 +236,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                    "memory_limit_bytes": problem.hardware.memory_bytes, **summary_dict(s)})
         return 0
     from rich.console import Console
+    from rich.markup import escape
 
     console = Console()
     console.print(f"[bold]{problem.schedule.name}[/bold]  pp={problem.split.pp} "
@@ -244,10 +251,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for line in text_timeline(sim.timeline.ops, s.iteration_time_ms,
                               width=max(40, min(120, console.width - 10))):
         console.print(line)
-    if args.trace:
-        console.print(f"trace written to {args.trace} (open in https://ui.perfetto.dev)")
+    if args.trace:  # file names are not markup
+        console.print(f"trace written to {escape(args.trace)} (open in https://ui.perfetto.dev)")
     if args.png:
-        console.print(f"timeline picture written to {args.png}")
+        console.print(f"timeline picture written to {escape(args.png)}")
     return 0
 
 

@@ -59,7 +59,7 @@ def steady_iteration(trace: Trace) -> int:
     """The typical steady-state iteration: of those after warm-up, the one whose
     length is the median (lower median), so one hiccup does not decide a diff."""
     its = trace.iterations
-    warm = int(trace.info.get("warmup_iterations", 0) or 0)
+    warm = trace.info.get("warmup_iterations") or 0  # an int: checked by read_trace
     steady = [i for i in its if i >= warm] or its
     if len(steady) == 1:
         return steady[0]
@@ -125,7 +125,8 @@ def critical_path(w: Window) -> list[tuple[int, float]]:
     """Ranks along the critical path, as (rank, ms spent computing there), in time order.
 
     Walks back from the op that ends last; an op's predecessor is whichever of
-    its rank's previous op and its cross-stage input ended later.
+    its rank's previous op and its cross-stage input ended later. Ends on any input:
+    the walk stops where it would revisit an op.
     """
     if not w.ops:
         return []
@@ -137,7 +138,11 @@ def critical_path(w: Window) -> list[tuple[int, float]]:
             prev_on_rank[k] = seq[i - 1] if i else None
     k: Key | None = max(w.ops, key=w.end)
     path: list[tuple[int, float]] = []
-    while k is not None:
+    seen: set[Key] = set()
+    # In a consistent trace every step goes back in time; a hand-edited or clock-skewed
+    # one can lead back to an op already walked, so each op is visited at most once.
+    while k is not None and k not in seen:
+        seen.add(k)
         op = w.ops[k]
         if path and path[-1][0] == k[0]:
             path[-1] = (k[0], path[-1][1] + w.dur(k))

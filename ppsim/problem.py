@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim import split as splits
+from ppsim import validate
 from ppsim.config import LAYER_FIELDS, Config, model_fields
 from ppsim.costs import LayerCost, ModelCosts, StageCost, stage_costs, uniform_costs
 from ppsim.errors import UserError
@@ -75,7 +76,7 @@ def model_costs(cfg: Config) -> ModelCosts:
         emb = _layer(raw["embedding"], "model.embedding") if "embedding" in raw else None
         head = _layer(raw["head"], "model.head") if "head" in raw else None
         return uniform_costs(raw["num_layers"], lc, emb, head)
-    arch = Architecture(**{k: v for k, v in raw.items() if k != "kind"})
+    arch: Architecture = validate.architecture(raw)
     if arch.hidden_size % arch.num_heads or arch.num_heads % arch.num_kv_heads:
         raise UserError("model.num_heads", "hidden_size must divide by num_heads and num_heads "
                         "by num_kv_heads", "fix the head counts")

@@ -314,10 +314,11 @@ def _count(chars: list[tuple[str, int]], j: int) -> tuple[int, int]:
     if j >= len(chars) or chars[j][0] != "*":
         return 1, j
     k = j + 1
-    while k < len(chars) and chars[k][0].isdigit():
+    while k < len(chars) and chars[k][0] in "0123456789":  # not isdigit(): '²' is a digit
         k += 1
-    if k == j + 1:
-        raise UserError(_LAYOUT, f"'*' at column {chars[j][1]} needs a count", "write e.g. t*4")
+    if k == j + 1 or k - j > 10:  # at most 9 digits: int() refuses 4,300, memory far fewer
+        raise UserError(_LAYOUT, f"'*' at column {chars[j][1]} needs a count of 1 to 9 digits",
+                        "write e.g. t*4")
     return int("".join(c for c, _ in chars[j + 1 : k])), k
 
 

@@ -1,0 +1,264 @@
+"""One validator for every number a user can hand us: flags, TOML, cost files, traces.
+
+The CLI, config loading, cost files, traces and the TUI all call these, so a
+NaN, an infinity, a 1e308 or a count out of range is refused the same way
+everywhere: a `UserError` naming the field, the limit and the fix, before any
+work is done with it. Pure: no I/O beyond `os.stat`, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ppsim import limits
+from ppsim.errors import UserError
+
+MAX_MS = 1e9
+"""Any one duration or latency (11.6 days): far above real, far below overflow."""
+MAX_BYTES = 1e18
+"""Any byte count (an exabyte)."""
+MAX_GBPS = 1e9
+MAX_TFLOPS = 1e9
+MAX_SECONDS = 1e7
+"""Time budgets and timeouts (116 days)."""
+MAX_INDEX = 10**9
+"""Iteration and microbatch numbers in a trace."""
+
+MAX_CONFIG_BYTES = 1 << 20
+MAX_COSTS_BYTES = 64 << 20
+"""A cost file holds at most limits.MAX_LAYERS entries of ~200 bytes."""
+MAX_TRACE_BYTES = 1 << 30
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def number(where: str, value: Any, *, lo: float = 0.0, hi: float, lo_open: bool = False,
+           fix: str = "") -> float:
+    """A finite float in [lo, hi] ((lo, hi] when lo_open); UserError otherwise."""
+    if not _is_number(value):
+        raise UserError(where, f"expected a number, got {value!r}", fix or "write a number")
+    try:
+        x = float(value)
+    except OverflowError:  # an int too large for a float
+        x = math.inf
+    if math.isnan(x) or math.isinf(x):
+        raise UserError(where, f"must be a finite number, got {value!r}",
+                        fix or f"write a number between {lo:g} and {hi:g}")
+    if x < lo or (lo_open and x == lo) or x > hi:
+        bound = f"above {lo:g}" if lo_open else f"at least {lo:g}"
+        raise UserError(where, f"must be {bound} and at most {hi:g}, got {value!r}",
+                        fix or f"write a number between {lo:g} and {hi:g}")
+    return x
+
+
+def count(where: str, value: Any, *, lo: int = 1, hi: int, fix: str = "") -> int:
+    """An integer in [lo, hi] (an integral float is accepted); UserError otherwise."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UserError(where, f"expected an integer, got {value!r}", fix or "write an integer")
+    if not lo <= value <= hi:
+        shown = f"{value:,}" if abs(value) < 10**30 else f"a {len(str(abs(value)))}-digit number"
+        raise UserError(where, f"must be between {lo:,} and {hi:,}, got {shown}",
+                        fix or f"use {lo:,} to {hi:,}")
+    return value
+
+
+def duration_ms(where: str, value: Any) -> float:
+    return number(where, value, hi=MAX_MS, fix="write a duration in ms >= 0")
+
+
+def byte_count(where: str, value: Any) -> int:
+    x = number(where, value, hi=MAX_BYTES, fix="write a byte count >= 0")
+    if not x.is_integer():
+        raise UserError(where, f"is a byte count, got {value!r}", "write a whole number")
+    return int(x)
+
+
+def seconds(where: str, value: Any) -> float:
+    """A positive, finite time budget or timeout in seconds."""
+    return number(where, value, lo=0.0, lo_open=True, hi=MAX_SECONDS,
+                  fix=f"give seconds above 0, at most {MAX_SECONDS:g}")
+
+
+# ------------------------------------------------------------------ config sections
+
+
+def table(where: str, value: Any) -> dict[str, Any]:
+    """A TOML table (a section or a sub-table); UserError for a scalar or a list."""
+    if not isinstance(value, dict):
+        raise UserError(where, f"must be a table, got {type(value).__name__} {value!r}"[:200],
+                        f"write it as a [{where}] section")
+    return value
+
+
+def preset_name(where: str, value: Any) -> Any:
+    if value is not None and not isinstance(value, str):
+        raise UserError(where, f"must be a preset name (a string), got {value!r}"[:200],
+                        "write e.g. preset = \"tiny-gpt\" (see ppsim presets)")
+    return value
+
+
+def hardware(hw: Any) -> None:
+    """Every [hardware] number finite and in range (a HardwareConfig)."""
+    number("hardware.memory_bytes", hw.memory_bytes, lo=0.0, lo_open=True, hi=MAX_BYTES,
+           fix="give the memory one rank may use, e.g. 80e9 (--memory-gb 80)")
+    number("hardware.p2p_latency_ms", hw.p2p_latency_ms, hi=MAX_MS,
+           fix="give the latency in ms, 0 for none")
+    number("hardware.p2p_bandwidth_gbps", hw.p2p_bandwidth_gbps, hi=MAX_GBPS,
+           fix="give GB/s, or 0 for free transfers")
+    number("hardware.peak_tflops", hw.peak_tflops, lo=0.0, lo_open=True, hi=MAX_TFLOPS,
+           fix="give the accelerator's dense peak, e.g. 989")
+    number("hardware.efficiency", hw.efficiency, lo=0.0, lo_open=True, hi=1.0,
+           fix="give the achieved fraction of peak, e.g. 0.5")
+
+
+def pipeline(p: Any, num_layers: int | None = None) -> None:
+    """Counts of a PipelineConfig at least 1 and within ppsim.limits."""
+    count("pipeline.pp", p.pp, hi=limits.MAX_STAGES)
+    count("pipeline.vpp", p.vpp, hi=limits.MAX_STAGES)
+    count("pipeline.microbatches", p.microbatches, hi=limits.MAX_MICROBATCHES)
+    limits.check_shape(num_layers, p.pp, p.vpp, p.microbatches)
+    for name in ("first_stage_layers", "last_stage_layers"):
+        v = getattr(p, name)
+        if v is not None:
+            count(f"pipeline.{name}", v, lo=0, hi=limits.MAX_LAYERS)
+    if p.split is not None:
+        if len(p.split) > limits.MAX_STAGES:
+            raise UserError("pipeline.split", f"has {len(p.split):,} entries, above the limit "
+                            f"of {limits.MAX_STAGES:,}", "give one count per virtual stage")
+        for i, c in enumerate(p.split):
+            count(f"pipeline.split[{i}]", c, lo=0, hi=limits.MAX_LAYERS,
+                  fix="write layer counts, e.g. split = [6, 2]")
+
+
+LAYER_KEYS = ("forward_ms", "backward_ms", "weight_grad_ms", "static_bytes",
+              "activation_bytes", "weight_grad_bytes", "output_bytes")
+
+
+def layer_table(where: str, raw: dict[str, Any]) -> None:
+    """Numbers of a uniform layer (or embedding/head table): finite, >= 0, in range."""
+    for key in LAYER_KEYS:
+        if key in raw:
+            if key.endswith("bytes"):
+                byte_count(f"{where}.{key}", raw[key])
+            else:
+                duration_ms(f"{where}.{key}", raw[key])
+
+
+_ARCH_INTS = ("tp", "dp", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
+              "vocab_size", "seq_length", "micro_batch_size")
+_ARCH_MAX = 10**7
+"""Any architecture dimension: far above real models, small enough for exact float FLOPs."""
+
+
+def model(raw: dict[str, Any]) -> None:
+    """The merged [model] fields (ppsim.config.model_fields): types and ranges of what
+    is there. Missing transformer fields are `architecture`'s concern: a cost file
+    replaces them."""
+    kind = raw.get("kind", "uniform")
+    if kind == "uniform":
+        layer_table("model", raw)
+        for sub in ("embedding", "head"):
+            if sub in raw:
+                layer_table(f"model.{sub}", table(f"model.{sub}", raw[sub]))
+    elif kind == "transformer":
+        from ppsim.transformer import DTYPE_BYTES
+
+        for key in _ARCH_INTS:
+            if key in raw:
+                count(f"model.{key}", raw[key], hi=_ARCH_MAX, fix="use a positive integer")
+        if "dtype" in raw and (not isinstance(raw["dtype"], str)
+                               or raw["dtype"] not in DTYPE_BYTES):
+            raise UserError("model.dtype", f"unknown dtype {raw['dtype']!r}"[:200],
+                            "use one of " + ", ".join(DTYPE_BYTES))
+        for key in ("gated_mlp", "distributed_optimizer"):
+            if key in raw and not isinstance(raw[key], bool):
+                raise UserError(f"model.{key}", f"expected true or false, got {raw[key]!r}",
+                                f"write {key} = true or false")
+
+
+def architecture(raw: dict[str, Any]) -> Any:
+    """The transformer `Architecture` of merged [model] fields, or a UserError naming
+    the first missing or malformed field."""
+    from dataclasses import MISSING, fields
+
+    from ppsim.transformer import Architecture
+
+    model(raw)
+    for f in fields(Architecture):
+        if f.default is MISSING and f.name not in raw:
+            raise UserError(f"model.{f.name}", "missing for a transformer model",
+                            f"set {f.name} = N, or use a preset (ppsim presets)")
+    return Architecture(**{k: v for k, v in raw.items() if k != "kind"})
+
+
+# ------------------------------------------------------------------ files
+
+
+def readable_file(flag: str, path: str, max_bytes: int, what: str) -> None:
+    """Refuse, before reading, what is not a regular file or is larger than max_bytes
+    (a device such as /dev/zero, a FIFO, a directory, a runaway file)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise UserError(flag, f"cannot read {path!r}: {reason}", f"pass an existing {what}"
+                        ) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(flag, f"{path!r} is not a regular file", f"pass a {what}")
+    if st.st_size > max_bytes:
+        raise UserError(flag, f"{path!r} is {st.st_size / 1e6:,.1f} MB, above the limit of "
+                        f"{max_bytes / 1e6:,.0f} MB for a {what}", f"pass a smaller {what}")
+
+
+def read_text(flag: str, path: str, max_bytes: int, what: str) -> str:
+    """A small UTF-8 text file, every failure a UserError naming flag."""
+    readable_file(flag, path, max_bytes, what)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError as exc:
+        raise UserError(flag, f"cannot read {path!r}: {exc.strerror}", f"pass a readable {what}"
+                        ) from None
+    if len(data) > max_bytes:  # it grew since stat
+        raise UserError(flag, f"{path!r} is above the limit of {max_bytes / 1e6:,.0f} MB",
+                        f"pass a smaller {what}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(flag, f"{path!r} is not UTF-8 text (byte {exc.start})",
+                        f"save the {what} as UTF-8") from None
+
+
+@contextmanager
+def output(flag: str, path: str) -> Iterator[None]:
+    """Turn an OSError while writing path (a directory, too long a name, /proc, a full
+    disk) into a UserError naming the flag."""
+    try:
+        yield
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise UserError(flag, f"cannot write {path!r}: {reason}"[:300],
+                        "choose a writable file path") from None
+
+
+# ------------------------------------------------------------------ JSON output
+
+
+def finite_json(obj: Any) -> Any:
+    """obj with every non-finite float replaced by None, so strict JSON parsers read it."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
