@@ -74,11 +74,16 @@ def schedule_from_trace(trace: Trace, it: int) -> Schedule:
             raise UserError("trace", f"{trace.path}: rank {o.rank} outside pp = {pp}",
                             "pass a complete trace from ppsim run")
         per_rank[o.rank].append(o)
+    split_bw = any(o.kind == "W" for o in ops)
+    want = pp * vpp * m * (3 if split_bw else 2)
+    if len(ops) != want:  # checked first: validate() walks every stage x microbatch
+        raise UserError("trace", f"{trace.path}: iteration {it} has {len(ops):,} ops where pp "
+                        f"{pp} x vpp {vpp} x {m:,} microbatches needs {want:,}",
+                        "pass a complete trace from ppsim run")
     actions = tuple(tuple(Action(o.kind, o.stage, o.microbatch)
                           for o in sorted(r, key=lambda o: o.start_us)) for r in per_rank)
     sched = Schedule(str(info.get("schedule", "trace")), pp, vpp, m,
-                     str(info.get("placement", "loop")), any(o.kind == "W" for o in ops),
-                     actions)
+                     str(info.get("placement", "loop")), split_bw, actions)
     from ppsim.schedules import validate
 
     try:

@@ -35,6 +35,12 @@ MAX_COSTS_BYTES = 64 << 20
 MAX_TRACE_BYTES = 1 << 30
 
 
+def _show(value: Any) -> str:
+    """repr, cut short: a 5,000-digit count or a long string stays one readable line."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text):,} characters)"
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -43,17 +49,18 @@ def number(where: str, value: Any, *, lo: float = 0.0, hi: float, lo_open: bool 
            fix: str = "") -> float:
     """A finite float in [lo, hi] ((lo, hi] when lo_open); UserError otherwise."""
     if not _is_number(value):
-        raise UserError(where, f"expected a number, got {value!r}", fix or "write a number")
+        raise UserError(where, f"expected a number, got {_show(value)}",
+                        fix or "write a number")
     try:
         x = float(value)
     except OverflowError:  # an int too large for a float
         x = math.inf
     if math.isnan(x) or math.isinf(x):
-        raise UserError(where, f"must be a finite number, got {value!r}",
+        raise UserError(where, f"must be a finite number, got {_show(value)}",
                         fix or f"write a number between {lo:g} and {hi:g}")
     if x < lo or (lo_open and x == lo) or x > hi:
         bound = f"above {lo:g}" if lo_open else f"at least {lo:g}"
-        raise UserError(where, f"must be {bound} and at most {hi:g}, got {value!r}",
+        raise UserError(where, f"must be {bound} and at most {hi:g}, got {_show(value)}",
                         fix or f"write a number between {lo:g} and {hi:g}")
     return x
 
@@ -63,9 +70,10 @@ def count(where: str, value: Any, *, lo: int = 1, hi: int, fix: str = "") -> int
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise UserError(where, f"expected an integer, got {value!r}", fix or "write an integer")
+        raise UserError(where, f"expected an integer, got {_show(value)}",
+                        fix or "write an integer")
     if not lo <= value <= hi:
-        shown = f"{value:,}" if abs(value) < 10**30 else f"a {len(str(abs(value)))}-digit number"
+        shown = f"{value:,}" if abs(value) < 10**30 else "a number of over 30 digits"
         raise UserError(where, f"must be between {lo:,} and {hi:,}, got {shown}",
                         fix or f"use {lo:,} to {hi:,}")
     return value
@@ -94,14 +102,14 @@ def seconds(where: str, value: Any) -> float:
 def table(where: str, value: Any) -> dict[str, Any]:
     """A TOML table (a section or a sub-table); UserError for a scalar or a list."""
     if not isinstance(value, dict):
-        raise UserError(where, f"must be a table, got {type(value).__name__} {value!r}"[:200],
+        raise UserError(where, f"must be a table, got {type(value).__name__} {_show(value)}",
                         f"write it as a [{where}] section")
     return value
 
 
 def preset_name(where: str, value: Any) -> Any:
     if value is not None and not isinstance(value, str):
-        raise UserError(where, f"must be a preset name (a string), got {value!r}"[:200],
+        raise UserError(where, f"must be a preset name (a string), got {_show(value)}",
                         "write e.g. preset = \"tiny-gpt\" (see ppsim presets)")
     return value
 

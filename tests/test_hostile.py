@@ -300,6 +300,18 @@ def test_diff_of_a_cycling_trace_terminates(sim_doc, tmp_path):
     assert json.loads(proc.stdout)["iteration_time_delta_ms"] == 0
 
 
+def test_calibrate_refuses_a_trace_claiming_a_huge_pipeline_at_once(sim_doc, tmp_path, capsys):
+    doc = copy.deepcopy(sim_doc)
+    doc["otherData"].update(pp=4096, microbatches=1_000_000)
+    for ev in _compute(doc):
+        ev["pid"] = 4095 - ev["pid"]  # ranks the claimed pp allows
+    path = _file(tmp_path, "t.json", json.dumps(doc))
+    t0 = time.monotonic()
+    refused(capsys, ["calibrate", path, "--num-layers", "5", "--out",
+                     str(tmp_path / "out.json")], "ops")
+    assert time.monotonic() - t0 < 5
+
+
 @pytest.mark.parametrize("scale", [0.0, -1.0])
 def test_calibrate_on_zero_or_negative_durations_exits_2(sim_doc, tmp_path, capsys, scale):
     doc = copy.deepcopy(sim_doc)
@@ -333,3 +345,12 @@ def test_file_names_that_look_like_markup(sim_doc, tmp_path, capsys, monkeypatch
     code, out, err = run(capsys, ["diff", "[bold]a.json", "[/b].json"])
     assert code == 0, err
     assert "[bold]a.json" in out
+
+
+def test_control_characters_in_names_stay_on_one_line(tmp_path, capsys):
+    bad = _file(tmp_path, "a\nb\x1b[31m.json", "{}")
+    err = refused(capsys, ["diff", bad, bad], "traceEvents")
+    assert "\x1b" not in err
+    cfg = _file(tmp_path, "c.toml", UNIFORM + '[hardware]\npreset = "x\\ny\\u001b"\n')
+    err = refused(capsys, ["simulate", "--config", cfg], "hardware.preset")
+    assert "\x1b" not in err
