@@ -173,6 +173,26 @@ def _check_info(info: Any, path: str) -> dict[str, Any]:
     return out
 
 
+_MAX_US = 1e18
+"""Timestamps in microseconds: clocks need not start at 0 (epoch time is ~1.8e15)."""
+_MAX_DUR_US = validate.MAX_MS * 1e3
+_RANKS = limits.MAX_STAGES - 1
+
+
+def _index(where: str, value: Any, hi: int) -> int:
+    """A count in [0, hi]; the common case is checked inline (traces hold millions)."""
+    if type(value) is int and 0 <= value <= hi:
+        return value
+    return validate.count(where, value, lo=0, hi=hi, fix="re-record the trace")
+
+
+def _micros(where: str, value: Any, lo: float, hi: float) -> float:
+    """Finite microseconds in [lo, hi] (NaN fails the comparison, so takes the slow path)."""
+    if (type(value) is float or type(value) is int) and lo <= value <= hi:
+        return float(value)
+    return validate.number(where, value, lo=lo, hi=hi, fix="times are finite microseconds")
+
+
 def _compute_op(ev: dict, n: int, path: str) -> TraceOp:
     args = ev.get("args", {})
     where = f"{path}: compute event {n}"
@@ -181,31 +201,22 @@ def _compute_op(ev: dict, n: int, path: str) -> TraceOp:
                         "re-record the trace")
     try:
         kind = args["kind"]
-        if not isinstance(kind, str) or kind not in ("F", "B", "W"):
-            raise UserError("trace", f"{where}: kind must be F, B or W, got {kind!r}"[:200],
-                            "re-record the trace")
-        idx = {"pid": ev["pid"], "stage": args["stage"], "chunk": args["chunk"],
-               "microbatch": args["microbatch"], "iteration": args.get("iteration", 0)}
+        pid, stage, chunk, mb = ev["pid"], args["stage"], args["chunk"], args["microbatch"]
         ts, dur = ev["ts"], ev["dur"]
     except KeyError as exc:
         raise UserError("trace", f"{where} lacks a valid {exc}",
                         "each compute event needs pid, ts, dur and args kind, stage, "
                         "chunk, microbatch") from None
-    hi = {"pid": limits.MAX_STAGES - 1, "stage": limits.MAX_STAGES - 1,
-          "chunk": limits.MAX_STAGES - 1, "microbatch": validate.MAX_INDEX,
-          "iteration": validate.MAX_INDEX}
-    got = {k: validate.count(f"{where}: {k}", v, lo=0, hi=hi[k], fix="re-record the trace")
-           for k, v in idx.items()}
-    start = validate.number(f"{where}: ts", ts, lo=-_MAX_US, hi=_MAX_US,
-                            fix="timestamps are finite microseconds")
-    length = validate.number(f"{where}: dur", dur, hi=validate.MAX_MS * 1e3,
-                             fix="durations are finite microseconds >= 0")
-    return TraceOp(got["pid"], kind, got["stage"], got["chunk"], got["microbatch"],
-                   got["iteration"], start, length)
-
-
-_MAX_US = 1e18
-"""Timestamps in microseconds: clocks need not start at 0 (epoch time is ~1.8e15)."""
+    if not isinstance(kind, str) or kind not in ("F", "B", "W"):
+        raise UserError("trace", f"{where}: kind must be F, B or W, got {kind!r}"[:200],
+                        "re-record the trace")
+    return TraceOp(_index(f"{where}: pid", pid, _RANKS), kind,
+                   _index(f"{where}: stage", stage, _RANKS),
+                   _index(f"{where}: chunk", chunk, _RANKS),
+                   _index(f"{where}: microbatch", mb, validate.MAX_INDEX),
+                   _index(f"{where}: iteration", args.get("iteration", 0), validate.MAX_INDEX),
+                   _micros(f"{where}: ts", ts, -_MAX_US, _MAX_US),
+                   _micros(f"{where}: dur", dur, 0.0, _MAX_DUR_US))
 
 
 def _memory_sample(ev: dict, n: int, path: str) -> tuple[int, float, int]:
@@ -213,12 +224,14 @@ def _memory_sample(ev: dict, n: int, path: str) -> tuple[int, float, int]:
     args = ev.get("args", {})
     if not isinstance(args, dict):
         raise UserError("trace", f"{where}: args must be an object", "re-record the trace")
-    rank = validate.count(f"{where}: pid", ev.get("pid", 0), lo=0, hi=limits.MAX_STAGES - 1,
-                          fix="re-record the trace")
-    ts = validate.number(f"{where}: ts", ev.get("ts", 0.0), lo=-_MAX_US, hi=_MAX_US,
-                         fix="timestamps are finite microseconds")
-    total = sum(validate.byte_count(f"{where}: args.{k}", v) for k, v in args.items()
-                if isinstance(v, (int, float)))
+    rank = _index(f"{where}: pid", ev.get("pid", 0), _RANKS)
+    ts = _micros(f"{where}: ts", ev.get("ts", 0.0), -_MAX_US, _MAX_US)
+    total = 0
+    for k, v in args.items():
+        if type(v) is int and 0 <= v <= validate.MAX_BYTES:
+            total += v
+        elif isinstance(v, (int, float)):
+            total += validate.byte_count(f"{where}: args.{k}", v)
     return rank, ts, total
 
 
