@@ -126,6 +126,24 @@ def hardware(hw: Any) -> None:
            fix="give the accelerator's dense peak, e.g. 989")
     number("hardware.efficiency", hw.efficiency, lo=0.0, lo_open=True, hi=1.0,
            fix="give the achieved fraction of peak, e.g. 0.5")
+    number("hardware.attention_efficiency", getattr(hw, "attention_efficiency", 0.0), hi=1.0,
+           fix="give FlashAttention's fraction of peak, or 0 to time it as a matmul")
+    number("hardware.memory_bandwidth_gbps", getattr(hw, "memory_bandwidth_gbps", 0.0),
+           hi=MAX_GBPS, fix="give GB/s, or 0 to leave memory-bound ops free")
+    number("hardware.kernel_overhead_us", getattr(hw, "kernel_overhead_us", 0.0),
+           hi=MAX_MS * 1e3, fix="give microseconds per kernel, or 0")
+    curve = getattr(hw, "matmul_efficiency", None)
+    if curve is not None:
+        fix = "write [[GFLOP, fraction of peak], ...], e.g. [[1, 0.2], [1000, 0.8]]"
+        if not isinstance(curve, list) or len(curve) > 1000:
+            raise UserError("hardware.matmul_efficiency", "must be a list of at most 1,000 "
+                            "points", fix)
+        for i, pt in enumerate(curve):
+            where = f"hardware.matmul_efficiency[{i}]"
+            if not isinstance(pt, list) or len(pt) != 2:
+                raise UserError(where, f"expected [GFLOP, fraction], got {_show(pt)}", fix)
+            number(where, pt[0], lo=0.0, lo_open=True, hi=1e12, fix=fix)
+            number(where, pt[1], lo=0.0, lo_open=True, hi=1.0, fix=fix)
 
 
 def pipeline(p: Any, num_layers: int | None = None) -> None:

@@ -228,6 +228,8 @@ HOSTILE = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.booleans(), st.none(), st.text(max_size=8),
     st.lists(st.integers(-2, 9), max_size=4),
+    st.lists(st.lists(st.sampled_from([0, 1, 0.5, 1e3, -1, math.nan, math.inf]), max_size=3),
+             max_size=3),
     st.dictionaries(st.sampled_from(["a", "forward_ms", "static_bytes"]),
                     st.sampled_from([1, -1, math.nan, "x"]), max_size=2),
 )
@@ -238,7 +240,8 @@ MODEL_KEYS = ["preset", "kind", "num_layers", "forward_ms", "backward_ms", "weig
 PIPE_KEYS = ["pp", "vpp", "microbatches", "schedule", "split", "layout", "first_stage_layers",
              "last_stage_layers", "account_for_embedding", "bogus"]
 HW_KEYS = ["preset", "memory_bytes", "p2p_latency_ms", "p2p_bandwidth_gbps", "peak_tflops",
-           "efficiency", "bogus"]
+           "efficiency", "matmul_efficiency", "attention_efficiency", "memory_bandwidth_gbps",
+           "kernel_overhead_us", "bogus"]
 BASES = [{"model": {"preset": "tiny-gpt"}},
          {"model": {"kind": "uniform", "num_layers": 4, "forward_ms": 1.0, "backward_ms": 2.0}}]
 
