@@ -151,7 +151,8 @@ def _check_info(info: Any, path: str) -> dict[str, Any]:
     if not isinstance(info, dict):
         raise UserError("trace", f"{path}: otherData must be an object, got "
                         f"{type(info).__name__}", "re-record the trace")
-    out = dict(info)
+    # A known key written as null counts as absent (readers use .get(key, default)).
+    out = {k: v for k, v in info.items() if v is not None}
     for key, (lo, hi) in _INFO_COUNTS.items():
         if info.get(key) is not None:
             out[key] = validate.count(f"{path}: otherData.{key}", info[key], lo=lo, hi=hi,

@@ -115,7 +115,7 @@ WORDS = {
                  "Et*" + "9" * 5000 + "|L"],
 }
 CONFIG_INT_FLAGS = ["--pp", "--vpp", "--microbatches", "--num-layers", "--tp"]
-COMMANDS = ["split", "simulate", "simulate", "plan", "diff", "calibrate"]
+COMMANDS = ["split", "simulate", "simulate", "plan", "diff", "calibrate", "costs"]
 
 
 def _flag(rng: random.Random, files: dict[str, list[str]], command: str) -> list[str]:
@@ -129,7 +129,7 @@ def _flag(rng: random.Random, files: dict[str, list[str]], command: str) -> list
         return ["--memory-gb", rng.choice(FLOATS)]
     if choice < 0.55:
         flag = rng.choice(list(WORDS))
-        if command == "calibrate" and flag in ("--split", "--layout"):
+        if command in ("calibrate", "costs") and flag in ("--split", "--layout"):
             flag = "--schedule"
         return [flag, rng.choice(WORDS[flag])]
     if choice < 0.7:
@@ -274,5 +274,52 @@ def test_config_fuzz_fails_only_with_user_errors(data):
         if schedule_ops(s.pp, s.vpp, s.microbatches, s.split_backward) <= 20_000:
             summary = simulate(problem).summary
             assert math.isfinite(summary.iteration_time_ms)
+    except UserError as exc:
+        assert "\n" not in str(exc)
+
+
+# ------------------------------------------------------------------ trace fuzz
+
+TRACE_VALUES = st.one_of(
+    st.sampled_from([0, 1, 2, 3, 4, 7, -1, 10**9, 2**70, 0.5, "F", "B", "W", "x", None, [], {}]),
+    st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5000))
+EVENT_KEYS = ["pid", "ts", "dur", "kind", "stage", "chunk", "microbatch", "iteration"]
+INFO_KEYS = ["pp", "vpp", "microbatches", "split", "warmup_iterations", "schedule", "placement"]
+
+
+@pytest.fixture(scope="module")
+def sim_trace() -> tuple[dict, Any]:
+    from helpers import uniform_problem
+
+    from ppsim.trace import simulation_trace
+
+    doc = simulation_trace(simulate(uniform_problem(2, 1, 4, "1f1b", counts=[3, 2])))
+    cfg = config_from_dict({"model": {"kind": "uniform", "num_layers": 5, "forward_ms": 1.0,
+                                      "backward_ms": 2.0},
+                            "pipeline": {"pp": 2, "microbatches": 4}})
+    return doc, cfg
+
+
+@settings(max_examples=150, derandomize=True, deadline=None)
+@given(edits=st.lists(st.tuples(st.integers(0, 15), st.sampled_from(EVENT_KEYS), TRACE_VALUES),
+                      max_size=4),
+       info=st.dictionaries(st.sampled_from(INFO_KEYS), TRACE_VALUES, max_size=2))
+def test_trace_fuzz_diff_and_calibrate_fail_only_with_user_errors(sim_trace, edits, info):
+    from ppsim.calibrate import calibrate
+    from ppsim.diff import diff_traces
+    from ppsim.trace import trace_from_json
+
+    doc, cfg = sim_trace
+    bad = json.loads(json.dumps(doc))
+    compute = [e for e in bad["traceEvents"] if e.get("cat") == "compute"]
+    for i, key, value in edits:
+        ev = compute[i % len(compute)]
+        (ev if key in ("pid", "ts", "dur") else ev["args"])[key] = value
+    bad["otherData"].update(info)
+    try:
+        t = trace_from_json(bad, "t")
+        d = diff_traces(trace_from_json(json.loads(json.dumps(doc)), "a"), t).to_dict()
+        assert isinstance(d["critical_path"], list)
+        calibrate(t, cfg)
     except UserError as exc:
         assert "\n" not in str(exc)
