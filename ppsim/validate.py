@@ -239,10 +239,14 @@ def read_text(flag: str, path: str, max_bytes: int, what: str) -> str:
 
 @contextmanager
 def output(flag: str, path: str) -> Iterator[None]:
-    """Turn an OSError while writing path (a directory, too long a name, /proc, a full
-    disk) into a UserError naming the flag."""
+    """Turn an OSError while writing path (too long a name, /proc, a full disk), or a
+    refusal of ppsim.fileio (a directory, a device), into a UserError naming the flag."""
     try:
         yield
+    except UserError as exc:  # ppsim.fileio's refusals name the path; add the flag
+        if exc.field == flag:
+            raise
+        raise UserError(flag, f"{exc.field}: {exc.problem}", exc.fix) from None
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise UserError(flag, f"cannot write {path!r}: {reason}"[:300],
