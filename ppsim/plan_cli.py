@@ -231,6 +231,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise UserError("--top", f"must be at least 1, got {args.top}", "use --top 5")
     if args.time_budget <= 0:
         raise UserError("--time-budget", "must be positive", "use e.g. --time-budget 30")
+    from ppsim import limits
+
+    ops = limits.check_request(cfg, limits.PLAN)
+    if ops is not None:
+        limits.check_plan_budget(ops, args.time_budget)
     axes = [a.strip() for a in args.search.split(",") if a.strip()] if args.search else []
     best, per_variant = run_search(cfg, axes, args.top, args.time_budget,
                                    show_progress=not args.json and sys.stderr.isatty())
