@@ -55,13 +55,15 @@ class MinMaxTable:
             ch = array("q", [0]) * (L + 1)
             nxt = values[k + 1] if k + 1 < S else None
             for pos in range(L + 1) if k > 0 else (0,):
-                if deadline is not None and pos % 64 == 0 and deadline.passed():
+                if deadline is not None and deadline.passed():
                     return False
                 if nxt is None:
                     val[pos], ch[pos] = term(pos, L - pos, k), L - pos
                     continue
                 best, arg = INF, 0
                 for c in range(L - pos + 1):
+                    if c & 255 == 255 and deadline is not None and deadline.passed():
+                        return False
                     t = term(pos, c, k)
                     if t >= best:
                         break  # the term only grows with c (INF: no more fits)
@@ -95,10 +97,11 @@ class PathBounds:
     def __init__(self, s: SplitSearch) -> None:
         self.s = s
         c = s.costs
-        self.pre_f, self.pre_b = [0.0], [0.0]
+        self.pre_f, self.pre_b, self.pre_w = [0.0], [0.0], [0.0]
         for lc in c.layers:
             self.pre_f.append(self.pre_f[-1] + lc.forward_ms)
             self.pre_b.append(self.pre_b[-1] + self.bpart(lc))
+            self.pre_w.append(self.pre_w[-1] + lc.backward_ms)
         self.total_f = c.embedding.forward_ms + self.pre_f[-1] + c.head.forward_ms
         self.total_b = self.bpart(c.embedding) + self.pre_b[-1] + self.bpart(c.head)
         self.emb_f, self.emb_b = c.embedding.forward_ms, self.bpart(c.embedding)
@@ -129,6 +132,20 @@ class PathBounds:
     def before_b(self, pos: int, st: int) -> float:
         return self.emb_b + self.pre_b[pos] if st > 0 else 0.0
 
+    def sums(self, st: int, pos: int, count: int) -> tuple[float, float, float]:
+        """(forward, backward, B part) of stage st holding layers pos..pos+count-1, from
+        prefix sums in O(1) (rounding differs from a sum by far less than ROUNDING)."""
+        c, s = self.s.costs, self.s
+        f = self.pre_f[pos + count] - self.pre_f[pos]
+        b = self.pre_w[pos + count] - self.pre_w[pos]
+        bp = self.pre_b[pos + count] - self.pre_b[pos]
+        for part, there in ((c.embedding, st == 0), (c.head, st == s.S - 1)):
+            if there:
+                f += part.forward_ms
+                b += part.backward_ms
+                bp += self.bpart(part)
+        return f, b, bp
+
     # ------------------------------------------------------------ one rank
 
     def rank_term(self, r: int, placed: dict[int, tuple[int, int]]) -> float:
@@ -143,10 +160,10 @@ class PathBounds:
         """
         s = self.s
         stages = s.rank_stages[r]
-        costs = {st: s.stage(*placed[st], st) for st in stages}
+        costs = {st: self.sums(st, *placed[st]) for st in stages}  # (F, B, B part)
         work = 0.0
         for st in stages:
-            work += costs[st].forward_ms + costs[st].backward_ms
+            work += costs[st][0] + costs[st][1]
         work *= s.m
         ts = self.tail_stage[r]
         tail = self.before_b(placed[ts][0], ts) + self.pre_d[ts] if ts >= 0 else 0.0
@@ -154,9 +171,8 @@ class PathBounds:
         best = self.before_f(placed[s0][0], s0) + self.pre_d[s0] + work + tail
         sb = self.first_b[r]
         if sb < s.S - 1:
-            skipped = sum(costs[st].forward_ms * self.fwd_before_b[r][st // s.pp]
-                          for st in stages)
-            back = self.total_b - self.before_b(placed[sb][0], sb) - self.bpart(costs[sb])
+            skipped = sum(costs[st][0] * self.fwd_before_b[r][st // s.pp] for st in stages)
+            back = self.total_b - self.before_b(placed[sb][0], sb) - costs[sb][2]
             delays = 2 * self.pre_d[-1] - self.pre_d[sb]
             best = max(best, self.total_f + back + delays + work - skipped + tail)
         return best * ROUNDING
@@ -179,8 +195,7 @@ class OneChunkBound:
         self.table = MinMaxTable(search.S, search.L, self.term)
 
     def fits(self, pos: int, c: int, k: int) -> bool:
-        sc = self.s.stage(pos, c, k)
-        return sc.static_bytes + self.s.rank_peak(k, [sc]) <= self.s.memory
+        return self.s.one_chunk_total(pos, c, k) <= self.s.memory
 
     def term(self, pos: int, c: int, k: int) -> float:
         key = (pos, c, k)

@@ -82,7 +82,8 @@ def variants(cfg: Config, axes: list[str]) -> list[Variant]:
 
 
 def run_search(cfg: Config, axes: list[str], top_k: int, budget_s: float,
-               show_progress: bool) -> tuple[PlanResult, list[tuple[str, PlanResult]]]:
+               show_progress: bool, started: float | None = None
+               ) -> tuple[PlanResult, list[tuple[str, PlanResult]]]:
     """Plan every variant; the best result overall, and each variant's result."""
     vs = variants(cfg, axes)
     results: list[tuple[str, PlanResult]] = []
@@ -106,7 +107,8 @@ def run_search(cfg: Config, axes: list[str], top_k: int, budget_s: float,
                 bar.update(task, evaluated=done)
 
             results.append((v.label, plan(problem, top_k=top_k, progress=tick,
-                                          time_budget_s=budget_s / len(problems))))
+                                          time_budget_s=budget_s / len(problems),
+                                          started=started if not results else None)))
             bar.advance(task)
     fitting = [r for _, r in results if r.best is not None]
     best = min(fitting, key=lambda r: r.best.key) if fitting else results[0][1]  # type: ignore
@@ -225,6 +227,9 @@ def print_result(res: PlanResult, per_variant: list[tuple[str, PlanResult]], top
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from ppsim.cli import config_from_args, emit_json
+    from ppsim.clock import process_start
+
+    started = process_start()  # the budget covers the whole command
 
     cfg = config_from_args(args)
     if args.top < 1:
@@ -238,7 +243,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         limits.check_plan_budget(ops, args.time_budget)
     axes = [a.strip() for a in args.search.split(",") if a.strip()] if args.search else []
     best, per_variant = run_search(cfg, axes, args.top, args.time_budget,
-                                   show_progress=not args.json and sys.stderr.isatty())
+                                   show_progress=not args.json and sys.stderr.isatty(),
+                                   started=started)
     if args.json:
         out = result_dict(best)
         if len(per_variant) > 1:

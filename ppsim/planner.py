@@ -85,7 +85,7 @@ class _Frame:
     costs: list[StageCost]
     counts: list[int]
     pos: int
-    children: list[tuple[float, int, StageCost, float, int]]
+    children: list[tuple[float, int, StageCost | None, float, int]]
     """(bound, layers on the next stage, its cost, bound of the stages placed, memory)."""
     i: int = 0
 
@@ -168,27 +168,30 @@ class BranchAndBound:
         return max(base, self.water.bound(costs, k, self.search.L - pos))
 
     def _children(self, costs: list[StageCost], counts: list[int], pos: int, base: float,
-                  mem: int) -> list[tuple[float, int, StageCost, float, int]] | None:
+                  mem: int) -> list[tuple[float, int, StageCost | None, float, int]] | None:
         """The next stage's choices, best bound first; None when the deadline passed."""
         s = self.search
         k = len(counts)
         r = s.sched.stage_rank(k)
         closes = self.last_stage_of_rank.get(k) == r
         cut = self.best_key[0] * (1 + TIE)
+        one = self.terms is not None
         out = []
         for c in range(s.L - pos + 1):
-            if c % 128 == 0 and self.deadline.passed():
+            if self.deadline.passed():
                 return None
-            sc = s.stage(pos, c, k)
+            # One chunk per rank with the exact table: the stage's cost is never read.
+            sc = None if one and self.dp_ready else s.stage(pos, c, k)
             child_mem = mem
             if closes:
-                total = self._rank_total(r, costs, sc)
+                total = (s.one_chunk_total(pos, c, k) if one
+                         else self._rank_total(r, costs, sc))  # type: ignore[arg-type]
                 if total > s.memory:
                     break  # more layers only need more memory
                 child_mem = max(mem, total)
             nb = base
-            if self.terms is not None:  # one chunk per rank: the stage's own term
-                nb = max(base, self.terms.term(pos, c, k))
+            if one:  # one chunk per rank: the stage's own term
+                nb = max(base, self.terms.term(pos, c, k))  # type: ignore[union-attr]
                 if nb > cut:
                     break  # the term only grows with the stage's layers
             elif closes:
@@ -250,8 +253,10 @@ class BranchAndBound:
             if not self.deadline.affords(s.eval_s * k / s.S):
                 raise _Stop
             if k == s.S - 1:  # one completion left: the rest on the last stage
-                last = s.stage(pos, s.L - pos, k)
-                if self._rank_total(s.sched.stage_rank(k), costs, last) <= s.memory:
+                rank = s.sched.stage_rank(k)
+                total = (s.one_chunk_total(pos, s.L - pos, k) if s.vpp == 1 else
+                         self._rank_total(rank, costs, s.stage(pos, s.L - pos, k)))
+                if total <= s.memory:
                     self.offer(tuple(counts + [s.L - pos]))
                 continue
             # The costlier, much tighter bound: simulate the placed ranks
@@ -269,11 +274,14 @@ class BranchAndBound:
 
 
 def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] | None = None,
-         time_budget_s: float = 60.0) -> PlanResult:
+         time_budget_s: float = 60.0, started: float | None = None) -> PlanResult:
     """Search all splits of `problem` for the fastest that fits memory, within the budget:
-    seeds -> search -> perturb -> search -> result."""
-    t0 = time.perf_counter()
-    end = t0 + time_budget_s
+    seeds -> search -> perturb -> search -> result.
+
+    The budget runs from `started` (a time.perf_counter() value; default: now), so a
+    caller can count the work it did before, such as building the problem.
+    """
+    t0 = time.perf_counter() if started is None else started
 
     def at(fraction: float) -> float:
         return t0 + fraction * time_budget_s
@@ -297,8 +305,9 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
             best_counts = bb.ranked()[0]
         if best_counts is not None:
             improve(bb.key_of, best_counts, at(0.8), perturb=True, step_s=step)
-        finished = bb.run(Deadline(at(0.95)))
-    return _result(bb, finished, t0, Deadline(end))
+        finished = bb.run(Deadline(at(0.9)))
+    # The rest of the budget (less a margin for the caller's output) for the summaries.
+    return _result(bb, finished, t0, Deadline(at(0.97)))
 
 
 def _result(bb: BranchAndBound, finished: bool, t0: float, deadline: Deadline) -> PlanResult:
@@ -398,7 +407,7 @@ def deepspeed_counts(search: SplitSearch, deadline: Deadline | None = None
     parameter (static-byte) sum, with the embedding and head counted as layers.
     None when the deadline passes first."""
     table = MinMaxTable(search.S, search.L,
-                        lambda pos, c, k: search.stage(pos, c, k).static_bytes)
+                        lambda pos, c, k: search.stage_bytes(pos, c, k)[0])
     return table.argmin() if table.solve(deadline) else None
 
 
@@ -418,7 +427,7 @@ def smallest_peak(search: SplitSearch, deadline: Deadline | None = None) -> tupl
 
     if search.vpp == 1:
         def term(pos: int, c: int, k: int) -> float:
-            return total(k, [search.stage(pos, c, k)] * (k + 1))
+            return search.one_chunk_total(pos, c, k)
 
         table = MinMaxTable(search.S, search.L, term)
         if table.solve(deadline):

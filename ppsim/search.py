@@ -63,6 +63,13 @@ class SplitSearch:
                             for r in range(self.pp)]
         self._stage = lru_cache(maxsize=STAGE_CACHE)(self._stage_cost)
         self._evaluated: dict[tuple[int, ...], Summary] = {}
+        # Integer prefix sums of the byte fields: exact, so a stage's bytes in O(1).
+        self._pre_bytes = []
+        for name in ("static_bytes", "activation_bytes", "weight_grad_bytes"):
+            pre = [0]
+            for lc in self.costs.layers:
+                pre.append(pre[-1] + getattr(lc, name))
+            self._pre_bytes.append(pre)
 
     # ------------------------------------------------------------ costs
 
@@ -99,12 +106,34 @@ class SplitSearch:
                 kept[c] -= 1
         return sorted(records)
 
+    def stage_bytes(self, pos: int, count: int, k: int) -> tuple[int, int, int]:
+        """(static, activation, weight-grad) bytes of stage k holding layers pos..pos+count-1:
+        what `stage(pos, count, k)` holds, in O(1)."""
+        out = []
+        for pre, name in zip(self._pre_bytes, ("static_bytes", "activation_bytes",
+                                               "weight_grad_bytes"), strict=True):
+            v = pre[pos + count] - pre[pos]
+            if k == 0:
+                v += getattr(self.costs.embedding, name)
+            if k == self.S - 1:
+                v += getattr(self.costs.head, name)
+            out.append(v)
+        return out[0], out[1], out[2]
+
+    def one_chunk_total(self, pos: int, count: int, k: int) -> int:
+        """Peak memory of rank k when it holds only stage k (one chunk per rank)."""
+        static, act, wg = self.stage_bytes(pos, count, k)
+        return static + self._peak(k, [act], [min(wg, act) if self.split_bw else 0])
+
     def rank_peak(self, r: int, costs: list[StageCost]) -> int:
         """Peak activation bytes on rank r given its stages' costs (chunk order)."""
         act = [c.activation_bytes for c in costs]
         keep = [min(c.weight_grad_bytes, c.activation_bytes) if self.split_bw else 0
                 for c in costs]
-        n = len(costs)
+        return self._peak(r, act, keep)
+
+    def _peak(self, r: int, act: list[int], keep: list[int]) -> int:
+        n = len(act)
         best = 0
         for rec in self.patterns[r]:
             v = 0
