@@ -16,9 +16,9 @@ import time
 
 WALL_S, RSS_MB = 60.0, 2048.0
 
-SIMULATE = [  # 1F1B, uniform layers (the default cost model of a plain config)
-    ("simulate", 256, 4096), ("simulate", 256, 8192), ("simulate", 256, 16384),
-    ("simulate", 256, 23000),
+SIMULATE = [  # 1F1B on the default model; the ladder stops at the first one over the limits
+    ("simulate", 256, 2048), ("simulate", 256, 4096), ("simulate", 256, 8192),
+    ("simulate", 256, 16384), ("simulate", 256, 23000),
 ]
 PLAN = [  # (pp, layers, microbatches, time budget)
     (64, 1024, 128, 5), (1000, 1000, 1, 10), (128, 5120, 1024, 30), (256, 10240, 2048, 55),
@@ -59,24 +59,29 @@ def verdict(wall: float, rss: float, rc: int) -> str:
 
 def main() -> None:
     quick = "--quick" in sys.argv
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (timings scale "
+          "with it)")
     print(f"{'command':60} {'ops':>11} {'wall s':>7} {'RSS MB':>7}  result")
     for cmd, pp, m in SIMULATE[:2] if quick else SIMULATE:
         argv = [cmd, "--pp", str(pp), "--microbatches", str(m), "--num-layers", str(pp),
                 "--json"]
         wall, rss, rc, _ = run(argv)
         print(f"{' '.join(argv[:-1]):60} {2 * pp * m:11,} {wall:7.2f} {rss:7.0f}  "
-              f"{verdict(wall, rss, rc)}")
+              f"{verdict(wall, rss, rc)}", flush=True)
+        if verdict(wall, rss, rc) != "ok":
+            break
     for pp, layers, m, budget in PLAN[:2] if quick else PLAN:
         argv = ["plan", "--pp", str(pp), "--num-layers", str(layers), "--microbatches", str(m),
                 "--time-budget", str(budget), "--json"]
         wall, rss, rc, _ = run(argv)
         print(f"{' '.join(argv[:-1]):60} {2 * pp * m:11,} {wall:7.2f} {rss:7.0f}  "
-              f"{verdict(wall, rss, rc)} (budget {budget} s: {wall / budget - 1:+.0%})")
+              f"{verdict(wall, rss, rc)} (budget {budget} s: {wall / budget - 1:+.0%})",
+              flush=True)
     print("\nrefused up front (exit 2, one line):")
     for argv in REFUSE:
         wall, rss, rc, line = run(argv)
         print(f"  {wall:5.2f} s {rss:5.0f} MB exit {rc}: ppsim {' '.join(argv)}")
-        print(f"      {line}")
+        print(f"      {line}", flush=True)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from ppsim.costs import StageCost, stage_cost
 from ppsim.evaluate import list_schedule
 from ppsim.problem import Problem
 from ppsim.schedules import F
-from ppsim.timing import Summary, compile_schedule, summarize
+from ppsim.timing import Summary, compile_schedule, p2p_link, summarize
 
 STAGE_CACHE = 1 << 16
 """Stage costs kept (offset, count, stage): bounded, the search may visit millions."""
@@ -50,9 +50,10 @@ class SplitSearch:
         self.memory = problem.hardware.memory_bytes
         self.split_bw = self.sched.split_backward
         self.evaluated = 0
-        hidden = self.costs.hidden_bytes
-        self.delay = [0.0 if self.sched.stage_rank(s) == self.sched.stage_rank(s + 1)
-                      else problem.hardware.transfer_ms(hidden) for s in range(self.S - 1)]
+        # The simulator's link model; every boundary carries the hidden state.
+        link = p2p_link(problem.hardware.transfer_ms)
+        rank, hidden = self.sched.stage_rank, self.costs.hidden_bytes
+        self.delay = [link(rank(s), rank(s + 1), hidden) for s in range(self.S - 1)]
         # Per-op message delays do not depend on the split (hidden size is fixed).
         self.send_delay = [[self.delay[ss] if ss >= 0 else 0.0 for ss in stages]
                            for stages in self.compiled.send_stage]
