@@ -32,7 +32,7 @@ REFUSE = [
     ["plan", "--num-layers", "100000000"],
     ["plan", "--pp", "256", "--microbatches", "4096", "--num-layers", "10240", "--time-budget",
      "30"],
-    ["simulate", "--pp", "64", "--microbatches", "8192", "--num-layers", "64", "--trace",
+    ["simulate", "--pp", "64", "--microbatches", "4096", "--num-layers", "64", "--trace",
      os.devnull],
 ]
 

@@ -40,9 +40,10 @@ class Budget:
 SIMULATE = Budget(ops=12_000_000, where="simulate (60 s, 2 GB)",
                   way_out="use fewer microbatches or a smaller pp")
 """About 35 s and 1.4 GB on this machine class (~2.9 us, ~110 B per op measured)."""
-TRACE = Budget(ops=1_000_000, where="a trace or picture (2 GB)",
+TRACE = Budget(ops=400_000, where="a trace or picture (2 GB)",
                way_out="drop --trace/--png, or use fewer microbatches")
-"""Per-op records are kept only for traces and pictures (~1 kB each as JSON events)."""
+"""Per-op records are kept only for traces and pictures: measured ~3.4 kB per op in
+memory while the Chrome JSON is built (450 MB for 131k ops), ~520 B per op on disk."""
 TIMELINE_OPS = 1_000_000
 """Above this, `simulate` prints no text timeline (it would need every op's record)."""
 PLAN = Budget(ops=4_000_000, where="plan (each split timed is one pass over every op)",

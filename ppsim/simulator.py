@@ -87,106 +87,121 @@ class _Records:
         self.memory: list[list[tuple[float, int, int]]] = [[] for _ in range(pp)]
 
 
-def run(schedule: Schedule, table: StageTable, link: Link,
-        records: _Records | None = None) -> list[RankRun]:
-    """Simulate the schedule; per-rank statistics (and `records`, when given)."""
-    pp, m, n = schedule.pp, schedule.microbatches, schedule.num_stages
-    acts = schedule.actions
-    dur, alloc, free = table.duration, table.alloc, table.free
-    owner = [schedule.stage_rank(s) for s in range(n)]
-    # Delay of the message across boundary s (s -> s+1 forward, s+1 -> s backward).
-    delay = [link(owner[s], owner[s + 1], table.boundary_bytes[s]) for s in range(n - 1)]
-    heap: list[tuple[float, int, int]] = []  # (time, id, rank >= 0 | -1 - message key)
-    ids = 0
-    arrived: set[int] = set()
-    waiting: dict[int, int] = {}
-    pos = [0] * pp
-    busy = [0.0] * pp
-    ends = [0.0] * pp
-    began = [0.0] * pp
-    act = [0] * pp
-    inflight = [0] * pp
-    peak = [0] * pp
-    peak_in = [0] * pp
-    push, pop = heapq.heappush, heapq.heappop
+class _Engine:
+    """One run: the event heap, the ranks' processes and the network between them."""
 
-    def start(r: int, now: float) -> None:
-        """Start rank r's next op at `now`, or park it until its input arrives."""
-        nonlocal ids
-        a = acts[r][pos[r]]
+    def __init__(self, schedule: Schedule, table: StageTable, link: Link,
+                 records: _Records | None) -> None:
+        pp, n = schedule.pp, schedule.num_stages
+        self.pp, self.m, self.last = pp, schedule.microbatches, n - 1
+        self.acts, self.table, self.records = schedule.actions, table, records
+        self.owner = [schedule.stage_rank(s) for s in range(n)]
+        # Delay of the message across boundary s (s -> s+1 forward, s+1 -> s backward).
+        self.delay = [link(self.owner[s], self.owner[s + 1], table.boundary_bytes[s])
+                      for s in range(n - 1)]
+        self.heap: list[tuple[float, int, int]] = []  # (time, id, rank | -1 - message key)
+        self.ids = 0
+        self.arrived: set[int] = set()
+        self.waiting: dict[int, int] = {}
+        self.pos = [0] * pp
+        self.busy = [0.0] * pp
+        self.ends = [0.0] * pp
+        self.began = [0.0] * pp
+        self.act = [0] * pp
+        self.inflight = [0] * pp
+        self.peak = [0] * pp
+        self.peak_in = [0] * pp
+
+    def start(self, r: int, now: float) -> None:
+        """Start rank r's next op at `now`, or park the rank until its input arrives."""
+        a = self.acts[r][self.pos[r]]
         kind, st = a.kind, a.stage
         key = -1
         if kind == F and st > 0:
-            key = ((st * m + a.microbatch) << 1)
-        elif kind == B and st < n - 1:
-            key = ((st * m + a.microbatch) << 1) | 1
+            key = (st * self.m + a.microbatch) << 1
+        elif kind == B and st < self.last:
+            key = ((st * self.m + a.microbatch) << 1) | 1
         if key >= 0:
-            if key not in arrived:
-                waiting[key] = r
+            if key not in self.arrived:
+                self.waiting[key] = r
                 return
-            arrived.discard(key)
+            self.arrived.discard(key)
         if kind == F:
-            act[r] += alloc[st]
-            inflight[r] += 1
-            if act[r] > peak[r]:
-                peak[r] = act[r]
-            if inflight[r] > peak_in[r]:
-                peak_in[r] = inflight[r]
-            if records is not None:
-                records.memory[r].append((now, act[r], inflight[r]))
-        began[r] = now
-        d = dur[kind][st]
-        busy[r] += d
-        ids += 1
-        push(heap, (now + d, ids, r))
+            act = self.act[r] = self.act[r] + self.table.alloc[st]
+            inflight = self.inflight[r] = self.inflight[r] + 1
+            if act > self.peak[r]:
+                self.peak[r] = act
+            if inflight > self.peak_in[r]:
+                self.peak_in[r] = inflight
+            if self.records is not None:
+                self.records.memory[r].append((now, act, inflight))
+        self.began[r] = now
+        d = self.table.duration[kind][st]
+        self.busy[r] += d
+        self.ids += 1
+        heapq.heappush(self.heap, (now + d, self.ids, r))
 
-    def deliver(key: int, now: float) -> None:
-        r = waiting.pop(key, -1)
-        arrived.add(key)
+    def deliver(self, key: int, now: float) -> None:
+        r = self.waiting.pop(key, -1)
+        self.arrived.add(key)
         if r >= 0:
-            start(r, now)
+            self.start(r, now)
 
-    for r in range(pp):
-        if acts[r]:
-            start(r, 0.0)
-    while heap:
-        now, _, who = pop(heap)
-        if who < 0:
-            deliver(-1 - who, now)
-            continue
-        r = who
-        a = acts[r][pos[r]]
+    def finish(self, r: int, now: float) -> None:
+        """Rank r's op ends: free memory, send its message, start the next op."""
+        a = self.acts[r][self.pos[r]]
         kind, st = a.kind, a.stage
-        released = free[kind][st]
+        released = self.table.free[kind][st]
+        rec = self.records
         if released or kind == B:
-            act[r] -= released
+            self.act[r] -= released
             if kind == B:
-                inflight[r] -= 1
-            if records is not None:
-                records.memory[r].append((now, act[r], inflight[r]))
-        if records is not None:
-            records.ops[r].append(Op(r, a, st // pp, began[r], now))
+                self.inflight[r] -= 1
+            if rec is not None:
+                rec.memory[r].append((now, self.act[r], self.inflight[r]))
+        if rec is not None:
+            rec.ops[r].append(Op(r, a, st // self.pp, self.began[r], now))
         to = -1
-        if kind == F and st < n - 1:
-            to, key, bound = st + 1, ((st + 1) * m + a.microbatch) << 1, st
+        if kind == F and st < self.last:
+            to, key, bound = st + 1, ((st + 1) * self.m + a.microbatch) << 1, st
         elif kind == B and st > 0:
-            to, key, bound = st - 1, (((st - 1) * m + a.microbatch) << 1) | 1, st - 1
+            to, key, bound = st - 1, (((st - 1) * self.m + a.microbatch) << 1) | 1, st - 1
         if to >= 0:
-            d = delay[bound]
-            if records is not None and owner[to] != r:
-                records.transfers.append(Transfer(r, owner[to], a, now, now + d,
-                                                  table.boundary_bytes[bound]))
+            d = self.delay[bound]
+            if rec is not None and self.owner[to] != r:
+                rec.transfers.append(Transfer(r, self.owner[to], a, now, now + d,
+                                              self.table.boundary_bytes[bound]))
             if d == 0.0:
-                deliver(key, now)
+                self.deliver(key, now)
             else:
-                ids += 1
-                push(heap, (now + d, ids, -1 - key))
-        pos[r] += 1
-        if pos[r] < len(acts[r]):
-            start(r, now)
+                self.ids += 1
+                heapq.heappush(self.heap, (now + d, self.ids, -1 - key))
+        self.pos[r] += 1
+        if self.pos[r] < len(self.acts[r]):
+            self.start(r, now)
         else:
-            ends[r] = now
-    return [RankRun(ends[r], busy[r], peak[r], peak_in[r], pos[r]) for r in range(pp)]
+            self.ends[r] = now
+
+    def run(self) -> list[RankRun]:
+        heap, pop = self.heap, heapq.heappop
+        start, deliver, finish = self.start, self.deliver, self.finish
+        for r in range(self.pp):
+            if self.acts[r]:
+                start(r, 0.0)
+        while heap:
+            now, _, who = pop(heap)
+            if who < 0:
+                deliver(-1 - who, now)
+            else:
+                finish(who, now)
+        return [RankRun(self.ends[r], self.busy[r], self.peak[r], self.peak_in[r], self.pos[r])
+                for r in range(self.pp)]
+
+
+def run(schedule: Schedule, table: StageTable, link: Link,
+        records: _Records | None = None) -> list[RankRun]:
+    """Simulate the schedule; per-rank statistics (and `records`, when given)."""
+    return _Engine(schedule, table, link, records).run()
 
 
 def simulate(problem: Problem, record: bool = True) -> Simulation:

@@ -58,7 +58,7 @@ def test_invalid_counts_are_left_to_the_configs_own_checks():
     (["plan", "--num-layers", "100000000"], "model.num_layers"),
     (["plan", "--pp", "256", "--microbatches", "4096", "--num-layers", "10240",
       "--time-budget", "5"], "--time-budget"),
-    (["simulate", "--pp", "64", "--microbatches", "8192", "--num-layers", "64", "--trace",
+    (["simulate", "--pp", "64", "--microbatches", "4096", "--num-layers", "64", "--trace",
       "unused.json"], "drop --trace"),
 ])
 def test_cli_refuses_before_building_anything(argv, needle, capsys, tmp_path, monkeypatch):
