@@ -6,13 +6,15 @@ import argparse
 import copy
 import sys
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ppsim.config import Config, model_fields
 from ppsim.errors import UserError
-from ppsim.planner import Candidate, PlanResult, plan
 from ppsim.problem import build_problem
 from ppsim.schedules import SCHEDULES
+
+if TYPE_CHECKING:  # the planner loads with `plan` only: every command starts faster
+    from ppsim.planner import Candidate, PlanResult
 
 SEARCH_AXES = ("schedule", "vpp", "microbatches", "recompute")
 EXIT_NO_FIT = 3
@@ -85,6 +87,8 @@ def run_search(cfg: Config, axes: list[str], top_k: int, budget_s: float,
                show_progress: bool, started: float | None = None
                ) -> tuple[PlanResult, list[tuple[str, PlanResult]]]:
     """Plan every variant; the best result overall, and each variant's result."""
+    from ppsim.planner import plan
+
     vs = variants(cfg, axes)
     results: list[tuple[str, PlanResult]] = []
     problems = []
