@@ -22,7 +22,7 @@ import heapq
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ppsim.baselines import deepspeed_counts, even_counts, smallest_peak
@@ -278,12 +278,15 @@ class BranchAndBound:
 
 
 def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] | None = None,
-         time_budget_s: float = 60.0, started: float | None = None) -> PlanResult:
+         time_budget_s: float = 60.0, seeds: Sequence[tuple[int, ...]] = (),
+         started: float | None = None) -> PlanResult:
     """Search all splits of `problem` for the fastest that fits memory, within the budget:
     seeds -> search -> perturb -> search -> result.
 
-    The budget runs from `started` (a time.perf_counter() value; default: now), so a
-    caller can count the work it did before, such as building the problem.
+    `seeds` (e.g. published splits) start the search, so the answer is never slower
+    than any of them, proven or not. The budget runs from `started` (a
+    time.perf_counter() value; default: now), so a caller can count the work it did
+    before, such as building the problem.
     """
     t0 = time.perf_counter() if started is None else started
 
@@ -293,13 +296,16 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
     search = SplitSearch(problem)
     bb = BranchAndBound(search, top_k, progress)
     step = lambda: search.eval_s  # noqa: E731 - what one more evaluation costs
-    # Seeds give the threshold a good start: the even split and the bound's own pick.
-    seeds = [even_counts(search.L, search.S)]
-    bb.key_of(seeds[0])
+    # Starts give the threshold a good start: the even split, the caller's seeds (each
+    # timed, whatever the budget: the answer is never slower) and the bound's own pick.
+    starts = [even_counts(search.L, search.S), *seeds]
+    for counts in starts:
+        bb.key_of(tuple(counts))
     bb.solve_bound(Deadline(at(0.25)))
     if bb.dp_ready:
-        seeds.append(bb.terms.argmin())  # type: ignore[union-attr]
-    local = [improve(bb.key_of, seed, at(0.25), step_s=step) for seed in seeds if seed]
+        starts.append(bb.terms.argmin())  # type: ignore[union-attr]
+    local = [improve(bb.key_of, tuple(seed), at(0.25), step_s=step)
+             for seed in starts if seed]
     finished = bb.run(Deadline(at(0.7)))
     if not finished:
         # A hard instance: a better incumbent cuts more, so perturb the best
@@ -396,4 +402,5 @@ def improve(key_of: Callable[[tuple[int, ...]], tuple[float, float]], counts: tu
 
 def _candidate(search: SplitSearch, counts: tuple[int, ...]) -> Candidate:
     return Candidate(split_from_counts(counts, search.pp, search.vpp, search.L,
-                                       search.sched.placement), search.evaluate(counts))
+                                       search.sched.placement, search.costs.mtp_layers),
+                     search.evaluate(counts))
