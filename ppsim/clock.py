@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 import time
 
+STARTUP_S = 5.0
+"""The longest interpreter start and imports we attribute to a command."""
+
 
 def process_start() -> float:
     """The process's start as a time.perf_counter() value (now, where unknown)."""
@@ -21,4 +24,6 @@ def process_start() -> float:
         age = uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return now
-    return now - min(max(age, 0.0), 60.0)  # clamp: a long-lived host (the TUI) is not a start
+    # A process older than a command's start-up is a host calling in (tests, the TUI):
+    # its age is not this command's.
+    return now - age if 0.0 <= age <= STARTUP_S else now

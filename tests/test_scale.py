@@ -91,3 +91,11 @@ def test_smallest_peak_with_no_time_answers_from_what_was_seen():
     seen = search.evaluate((1, 1, 1, 1, 1, 1))
     got = smallest_peak(search, Deadline(time.perf_counter() - 1))
     assert got[0] == seen.peak_memory_bytes
+
+
+def test_process_start_is_now_for_a_long_lived_host():
+    from ppsim import clock
+
+    start = clock.process_start()
+    assert start <= time.perf_counter()
+    assert time.perf_counter() - start <= clock.STARTUP_S + 1.0
