@@ -280,7 +280,7 @@ def _print_simulation(sim: Any) -> None:
 
 
 COMMAND_MODULES = ("ppsim.plan_cli", "executor.cli", "ppsim.diff_cli", "ppsim.demo", "tui.cli",
-                   "ppsim.profile_cli")
+                   "ppsim.profile_cli", "ppsim.costs_cli")
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                           Callable[[argparse.Namespace], int]]] = {}
