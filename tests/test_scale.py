@@ -99,3 +99,19 @@ def test_process_start_is_now_for_a_long_lived_host():
     start = clock.process_start()
     assert start <= time.perf_counter()
     assert time.perf_counter() - start <= clock.STARTUP_S + 1.0
+
+
+def test_without_records_memory_does_not_grow_with_the_run():
+    import tracemalloc
+
+    def peak(m: int, record: bool) -> int:
+        problem = uniform_problem(8, 1, m, "1f1b")
+        tracemalloc.start()
+        simulate(problem, record=record)
+        _, top = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        return top
+
+    small, large = peak(250, False), peak(2000, False)
+    assert large < 2 * small + 50_000  # in-flight state only: bounded by the pipeline depth
+    assert peak(2000, True) > 5 * large  # per-op records do grow with the run
