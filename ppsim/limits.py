@@ -5,10 +5,11 @@ cannot finish in this machine's time and memory is refused in well under a
 second with the estimate, the limit and a way out, instead of hanging or
 dying with MemoryError. Pure: no I/O.
 
-The budgets are for this machine class (2 shared cores): measured, the
-schedule costs ~1.1 us and ~110 bytes per op to build and the simulator
-~1.8 us per op to run (benchmarks/bench_scale.py), so SIMULATE keeps a
-whole `ppsim simulate` under about 60 s and 2 GB with room for a busy machine.
+The budgets are for this machine class (2 cores): measured when it was quiet,
+the schedule costs ~1.1 us and ~110 bytes per op to build and the simulator
+~1.8 us per op to run, so SIMULATE keeps a whole `ppsim simulate` near 35 s
+and 1.4 GB. Memory holds at any load; time does not: with the cores shared
+four ways the same run takes 4-5 times as long (benchmarks/bench_scale.py).
 """
 
 from __future__ import annotations
