@@ -46,6 +46,8 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True) -> No
     g.add_argument("--tp", type=int, metavar="N", help="tensor-parallel size")
     g.add_argument("--memory-gb", type=float, metavar="GB", help="memory limit per rank")
     g.add_argument("--costs", metavar="FILE", help="measured cost file (ppsim profile)")
+    g.add_argument("--devices", metavar="D,D,...",
+                   help="device of each rank, e.g. 0,0 for two ranks sharing one device")
     if split_flags:
         s = p.add_argument_group("split (one of)")
         s.add_argument("--split", metavar="N,N,...",
@@ -96,7 +98,14 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if getattr(args, "memory_gb", None) is not None:
         hw.memory_bytes = args.memory_gb * 1e9
     costs = getattr(args, "costs", None) or cfg.costs_file
-    out = Config(model=model, pipeline=pipe, hardware=hw, costs_file=costs)
+    placement = replace(cfg.placement)
+    if getattr(args, "devices", None) is not None:
+        devices = _ints(args.devices, "--devices")
+        if isinstance(devices, str):
+            raise UserError("--devices", "needs one device index per rank", "e.g. 0,0")
+        placement.devices = devices
+    out = Config(model=model, pipeline=pipe, hardware=hw, costs_file=costs,
+                 placement=placement)
     model_fields(out.model)
     return out
 

@@ -136,6 +136,10 @@ class _Engine:
             if self.records is not None:
                 self.records.memory[r].append((now, act, inflight))
         self.began[r] = now
+        self.run_op(r, kind, st, now)
+
+    def run_op(self, r: int, kind: str, st: int, now: float) -> None:
+        """Rank r computes its op: here alone on its device, so it ends after its duration."""
         d = self.table.duration[kind][st]
         self.busy[r] += d
         self.ids += 1
@@ -167,20 +171,24 @@ class _Engine:
         elif kind == B and st > 0:
             to, key, bound = st - 1, (((st - 1) * self.m + a.microbatch) << 1) | 1, st - 1
         if to >= 0:
-            d = self.delay[bound]
-            if rec is not None and self.owner[to] != r:
-                rec.transfers.append(Transfer(r, self.owner[to], a, now, now + d,
-                                              self.table.boundary_bytes[bound]))
-            if d == 0.0:
-                self.deliver(key, now)
-            else:
-                self.ids += 1
-                heapq.heappush(self.heap, (now + d, self.ids, -1 - key))
+            self.send(r, self.owner[to], key, bound, a, now)
         self.pos[r] += 1
         if self.pos[r] < len(self.acts[r]):
             self.start(r, now)
         else:
             self.ends[r] = now
+
+    def send(self, r: int, dst: int, key: int, bound: int, a: Action, now: float) -> None:
+        """Hand the message across boundary `bound` to the network: a private link."""
+        d = self.delay[bound]
+        if self.records is not None and dst != r:
+            self.records.transfers.append(Transfer(r, dst, a, now, now + d,
+                                                   self.table.boundary_bytes[bound]))
+        if d == 0.0:
+            self.deliver(key, now)
+        else:
+            self.ids += 1
+            heapq.heappush(self.heap, (now + d, self.ids, -1 - key))
 
     def run(self) -> list[RankRun]:
         heap, pop = self.heap, heapq.heappop
@@ -217,7 +225,13 @@ def simulate(problem: Problem, record: bool = True) -> Simulation:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        ranks = run(sched, table, p2p_link(problem.hardware.transfer_ms), records)
+        topo = problem.topology
+        if topo is None or topo.is_private:
+            ranks = run(sched, table, p2p_link(problem.hardware.transfer_ms), records)
+        else:
+            from ppsim.sharing import SharedEngine
+
+            ranks = SharedEngine(sched, table, topo, records).run()
     finally:
         if enabled:
             gc.enable()
