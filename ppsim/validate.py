@@ -146,6 +146,24 @@ def hardware(hw: Any) -> None:
             number(where, pt[1], lo=0.0, lo_open=True, hi=1.0, fix=fix)
 
 
+def placement(p: Any) -> None:
+    """Ranges of a [placement] table (ppsim.placement checks devices against pp)."""
+    for name in ("intra_node_latency_ms", "inter_node_latency_ms", "context_switch_ms",
+                 "message_cpu_ms"):
+        if getattr(p, name, None) is not None:
+            number(f"placement.{name}", getattr(p, name), hi=MAX_MS, fix="give ms >= 0")
+    for name in ("intra_node_bandwidth_gbps", "inter_node_bandwidth_gbps"):
+        if getattr(p, name, None) is not None:
+            number(f"placement.{name}", getattr(p, name), hi=MAX_GBPS,
+                   fix="give GB/s, or 0 for free transfers")
+    if isinstance(getattr(p, "ranks_per_node", None), int):
+        count("placement.ranks_per_node", p.ranks_per_node, lo=0, hi=limits.MAX_STAGES)
+    devices = getattr(p, "devices", None)
+    if isinstance(devices, list) and len(devices) > limits.MAX_STAGES:
+        raise UserError("placement.devices", f"has {len(devices):,} entries, above the limit "
+                        f"of {limits.MAX_STAGES:,}", "give one device index per rank")
+
+
 def pipeline(p: Any, num_layers: int | None = None) -> None:
     """Counts of a PipelineConfig at least 1 and within ppsim.limits."""
     count("pipeline.pp", p.pp, hi=limits.MAX_STAGES)
