@@ -192,6 +192,8 @@ def _fill(obj: Any, table: dict[str, Any], section: str) -> None:
         t = types[key]
         where = f"{section}.{key}"
         if value is None:
+            if "None" not in t:  # TOML has no null, but dicts from code and JSON do
+                raise UserError(where, "must have a value, got None", f"write a {t}")
             setattr(obj, key, None)
         elif "list" in t:
             if value == "even":
@@ -233,7 +235,7 @@ def check_config(cfg: Config, pipeline: dict[str, Any] | None = None) -> None:
     validate.model(fields_)
     if pipeline is not None:
         _fill(cfg.pipeline, pipeline, "pipeline")
-    validate.pipeline(cfg.pipeline, fields_.get("num_layers"))
+    validate.pipeline(cfg.pipeline)
 
 
 def hardware_config(table: dict[str, Any]) -> HardwareConfig:

@@ -164,12 +164,19 @@ def placement(p: Any) -> None:
                         f"of {limits.MAX_STAGES:,}", "give one device index per rank")
 
 
-def pipeline(p: Any, num_layers: int | None = None) -> None:
-    """Counts of a PipelineConfig at least 1 and within ppsim.limits."""
-    count("pipeline.pp", p.pp, hi=limits.MAX_STAGES)
-    count("pipeline.vpp", p.vpp, hi=limits.MAX_STAGES)
-    count("pipeline.microbatches", p.microbatches, hi=limits.MAX_MICROBATCHES)
-    limits.check_shape(num_layers, p.pp, p.vpp, p.microbatches)
+def stages(p: Any) -> None:
+    """pp and vpp of a PipelineConfig whole numbers >= 1: checked before a split is made
+    from them (the upper limits are ppsim.limits')."""
+    for name in ("pp", "vpp"):
+        v = getattr(p, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise UserError(f"pipeline.{name}", f"must be a positive integer, got {_show(v)}",
+                            "set it to 1 or more")
+
+
+def pipeline(p: Any) -> None:
+    """Split counts of a PipelineConfig in range. pp, vpp and microbatches are refused by
+    ppsim.limits.check_request when a command is asked for (a config may hold any)."""
     for name in ("first_stage_layers", "last_stage_layers"):
         v = getattr(p, name)
         if v is not None:

@@ -137,6 +137,13 @@ def test_bad_flags_exit_2_in_one_line(capsys, flags, words):
     assert time.monotonic() - t0 < 5  # refused from the inputs, not after the work
 
 
+@pytest.mark.parametrize("command", ["split", "simulate", "plan"])
+@pytest.mark.parametrize("flag", ["--pp", "--vpp"])
+def test_zero_stages_exit_2(capsys, command, flag):
+    budget = ["--time-budget", "1"] if command == "plan" else []
+    refused(capsys, [command, "--json", flag, "0", *budget], f"pipeline.{flag[2:]}")
+
+
 def test_plan_time_budget_must_be_finite(capsys):
     for value in ("nan", "inf", "0", "-1"):
         refused(capsys, ["plan", "--json", "--time-budget", value], "--time-budget")
