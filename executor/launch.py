@@ -22,7 +22,7 @@ from ppsim.cli import add_config_flags
 
 # Flags the worker needs besides the config flags; launch-only flags stay here.
 WORKER_FLAGS = ("device", "iterations", "warmup", "trace_dir", "engine", "inject_fault",
-                "timeout_s", "seed", "lr", "dump_grads", "actions_csv")
+                "timeout_s", "seed", "lr", "dump_grads")
 
 
 def worker_argv(args: argparse.Namespace) -> list[str]:

@@ -20,7 +20,14 @@ from executor.quiet import no_gc_pauses
 from executor.summary import peer_summary
 
 PEER_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
-                  "interleaved-1f1b": "ScheduleInterleaved1F1B"}
+                  "interleaved-1f1b": "ScheduleInterleaved1F1B",
+                  "zb-h1": "ScheduleInterleavedZeroBubble",
+                  "interleaved-zb": "ScheduleInterleavedZeroBubble",
+                  "zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
+"""ppsim schedule -> torch class. zb-h1 is torch's interleaved zero bubble on one
+chunk per rank (the orders are equal); the V schedules take both chunks."""
+SINGLE_STAGE = ("ScheduleGPipe", "Schedule1F1B")
+"""torch classes that take one stage; the others take the rank's list of stages."""
 
 
 def peer_class(name: str, vpp: int) -> str:
@@ -62,8 +69,9 @@ def run_peer(problem: Any, shape: GPTShape, rank: int, device: torch.device, arg
         mods.append(mod)
         staged = HostStaged(mod, device) if wire != device else mod
         stages.append(pipelining.PipelineStage(staged, st.index, split.num_stages, wire))
-    cls = getattr(pipelining, peer_class(sched.name, split.vpp))
-    runner = cls(stages[0], m, loss_fn=stage_loss) if split.vpp == 1 else \
+    name = peer_class(sched.name, split.vpp)
+    cls = getattr(pipelining, name)
+    runner = cls(stages[0], m, loss_fn=stage_loss) if name in SINGLE_STAGE else \
         cls(stages, m, loss_fn=stage_loss)
     params = [p for mod in mods for p in mod.parameters()]
     opt = torch.optim.AdamW(params, lr=args.lr) if params else None
@@ -78,12 +86,15 @@ def run_peer(problem: Any, shape: GPTShape, rank: int, device: torch.device, arg
             mb_losses: list[Any] = []
             dist.barrier(group=ctrl)
             t0 = time.perf_counter()
+            # No logits kept: torchtitan passes return_outputs=False, and ppsim's
+            # engine keeps none either, so the comparison is like for like.
             if first:
-                runner.step(ids, target=targets if last else None, losses=mb_losses)
+                runner.step(ids, target=targets if last else None, losses=mb_losses,
+                            return_outputs=False)
             elif last:
-                runner.step(target=targets, losses=mb_losses)
+                runner.step(target=targets, losses=mb_losses, return_outputs=False)
             else:
-                runner.step()
+                runner.step(return_outputs=False)
             if opt is not None:
                 opt.step()
                 opt.zero_grad()

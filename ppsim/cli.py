@@ -43,6 +43,8 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True) -> No
     g.add_argument("--tp", type=int, metavar="N", help="tensor-parallel size")
     g.add_argument("--memory-gb", type=float, metavar="GB", help="memory limit per rank")
     g.add_argument("--costs", metavar="FILE", help="measured cost file (ppsim profile)")
+    g.add_argument("--actions-csv", metavar="FILE", help="run this per-rank order instead of "
+                   "--schedule's (a torch.distributed.pipelining schedule CSV)")
     if split_flags:
         s = p.add_argument_group("split (one of)")
         s.add_argument("--split", metavar="N,N,...", help="layers per virtual stage")
@@ -63,7 +65,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         if getattr(args, flag, None) is not None:
             model[key] = getattr(args, flag)
     pipe = replace(cfg.pipeline)
-    for key in ("pp", "vpp", "microbatches", "schedule"):
+    for key in ("pp", "vpp", "microbatches", "schedule", "actions_csv"):
         if getattr(args, key, None) is not None:
             setattr(pipe, key, getattr(args, key))
     chosen = {k: getattr(args, k, None) for k in ("split", "layout", "first_stage_layers",
@@ -209,8 +211,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from ppsim.simulator import simulate
     from ppsim.trace import simulation_trace, write_trace
 
+    from ppsim.schedule_cli import print_notes
+
     cfg = config_from_args(args)
     problem = build_problem(cfg)
+    print_notes(problem.schedule, "simulate")
     sim = simulate(problem)
     if args.trace:
         write_trace(args.trace, simulation_trace(sim))
@@ -252,7 +257,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 COMMAND_MODULES = ("ppsim.plan_cli", "executor.cli", "ppsim.diff_cli", "ppsim.demo", "tui.cli",
-                   "ppsim.profile_cli")
+                   "ppsim.profile_cli", "ppsim.schedule_cli")
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                           Callable[[argparse.Namespace], int]]] = {}

@@ -9,7 +9,7 @@ from ppsim import split as splits
 from ppsim.config import LAYER_FIELDS, Config, model_fields
 from ppsim.costs import LayerCost, ModelCosts, StageCost, stage_costs, uniform_costs
 from ppsim.errors import UserError
-from ppsim.schedules import Schedule, build_schedule, schedule_placement
+from ppsim.schedules import Schedule, build_schedule
 from ppsim.split import Split
 from ppsim.transformer import Accelerator, Architecture, transformer_costs
 
@@ -112,9 +112,14 @@ def resolve_split(cfg: Config, num_layers: int, placement: str = "loop") -> Spli
 
 def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
     p = cfg.pipeline
-    schedule = build_schedule(p.schedule, p.pp, p.vpp, p.microbatches)
+    if p.actions_csv:
+        from ppsim.torchcsv import load_actions_csv
+
+        schedule = load_actions_csv(p.actions_csv, p.pp, p.vpp, p.microbatches)
+    else:
+        schedule = build_schedule(p.schedule, p.pp, p.vpp, p.microbatches)
     costs = costs or model_costs(cfg)
-    split = resolve_split(cfg, costs.num_layers, schedule_placement(p.schedule))
+    split = resolve_split(cfg, costs.num_layers, schedule.placement)
     return Problem(costs, split, schedule, hardware(cfg))
 
 
