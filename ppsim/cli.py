@@ -208,10 +208,9 @@ def print_exports(console: Any, exports: dict[str, Any]) -> None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from ppsim.problem import build_problem
     from ppsim.report import rank_table, summary_dict, text_timeline
+    from ppsim.schedule_cli import print_notes
     from ppsim.simulator import simulate
     from ppsim.trace import simulation_trace, write_trace
-
-    from ppsim.schedule_cli import print_notes
 
     cfg = config_from_args(args)
     problem = build_problem(cfg)

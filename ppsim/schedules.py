@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ppsim.actions import (
+    Action,
     B,
     F,
-    W,
-    Action,
     Schedule,
+    W,
     dependencies,
     stage_rank,
     validate,

@@ -6,7 +6,7 @@ the last stage sits on rank 0 next to the first and the loss needs no hop.
 
 from __future__ import annotations
 
-from ppsim.actions import B, F, W, Action
+from ppsim.actions import Action, B, F, W
 
 
 def _v_stages(pp: int, r: int) -> tuple[int, int]:

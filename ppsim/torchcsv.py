@@ -22,7 +22,7 @@ import io
 import os
 import re
 
-from ppsim.actions import B, F, W, Action, Schedule, stage_rank, validate
+from ppsim.actions import Action, B, F, Schedule, W, stage_rank, validate
 from ppsim.errors import UserError
 from ppsim.limits import check_shape
 
