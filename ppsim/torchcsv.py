@@ -22,7 +22,7 @@ import io
 import os
 import re
 
-from ppsim.actions import Action, B, F, Schedule, W, stage_rank, validate
+from ppsim.actions import Action, B, Schedule, W, stage_rank, validate
 from ppsim.errors import UserError
 from ppsim.limits import check_shape
 
@@ -192,26 +192,30 @@ def load_actions_csv(path: str, pp: int | None = None, vpp: int | None = None,
 
 
 def torch_cells(schedule: Schedule) -> list[list[str]]:
-    """Each rank's actions as torch cells; a B with its W right after becomes torch's B."""
+    """Each rank's actions as torch cells; a B with its W right after becomes torch's B.
+
+    When every backward would merge, I and W are written apart instead, so the
+    CSV still reads back as a split-backward order.
+    """
+    cells = [_cells(acts, schedule.split_backward, merge=True) for acts in schedule.actions]
+    if schedule.split_backward and not any(c.find("I") > 0 for row in cells for c in row):
+        cells = [_cells(acts, True, merge=False) for acts in schedule.actions]
+    return cells
+
+
+def _cells(acts: tuple[Action, ...], split: bool, merge: bool) -> list[str]:
     out = []
-    for acts in schedule.actions:
-        cells = []
-        k = 0
-        while k < len(acts):
-            a = acts[k]
-            if a.kind == F:
-                cells.append(f"{a.stage}F{a.microbatch}")
-            elif a.kind == W:
-                cells.append(f"{a.stage}W{a.microbatch}")
-            elif not schedule.split_backward:
-                cells.append(f"{a.stage}B{a.microbatch}")
-            elif k + 1 < len(acts) and acts[k + 1] == Action(W, a.stage, a.microbatch):
-                cells.append(f"{a.stage}B{a.microbatch}")
-                k += 1
-            else:
-                cells.append(f"{a.stage}I{a.microbatch}")
-            k += 1
-        out.append(cells)
+    k = 0
+    while k < len(acts):
+        a = acts[k]
+        kind = a.kind
+        if kind == B and split:
+            whole = merge and k + 1 < len(acts) and acts[k + 1] == Action(W, a.stage,
+                                                                            a.microbatch)
+            kind = B if whole else "I"
+            k += 1 if whole else 0
+        out.append(f"{a.stage}{kind}{a.microbatch}")
+        k += 1
     return out
 
 
