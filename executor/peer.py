@@ -1,6 +1,8 @@
 """The comparison engine: the same split and model under torch.distributed.pipelining.
 
-Only public classes are used (PipelineStage and the Schedule* classes). Each
+Public classes are used (PipelineStage and the Schedule* classes), except for an
+order read from a CSV (`--actions-csv`): torch runs a user's order only through
+its `_PipelineScheduleRuntime._load_csv`, which is private. Each
 iteration is timed as a whole, from a barrier to the end of the optimizer
 step, and the slowest rank's time is the iteration time, which is how the
 ppsim engine's iteration span is measured too.
@@ -23,7 +25,8 @@ PEER_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
                   "interleaved-1f1b": "ScheduleInterleaved1F1B",
                   "zb-h1": "ScheduleInterleavedZeroBubble",
                   "interleaved-zb": "ScheduleInterleavedZeroBubble",
-                  "zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
+                  "zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV",
+                  "csv": "_PipelineScheduleRuntime"}
 """ppsim schedule -> torch class. zb-h1 is torch's interleaved zero bubble on one
 chunk per rank (the orders are equal); the V schedules take both chunks."""
 SINGLE_STAGE = ("ScheduleGPipe", "Schedule1F1B")
@@ -52,6 +55,26 @@ class HostStaged(torch.nn.Module):
         return self.inner(x.to(self.device)).to("cpu")
 
 
+def _csv_runner(stages: list[Any], sched: Any) -> Any:
+    """torch's runtime loaded with the order as torch's CSV (the only way torch takes one)."""
+    import os
+    import tempfile
+
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+    from ppsim.torchcsv import to_torch_csv
+
+    runner = _PipelineScheduleRuntime(stages, sched.microbatches, loss_fn=stage_loss)
+    fd, path = tempfile.mkstemp(suffix=".csv")
+    try:
+        with os.fdopen(fd, "w", newline="") as fh:
+            fh.write(to_torch_csv(sched))
+        runner._load_csv(path)
+    finally:
+        os.unlink(path)
+    return runner
+
+
 def run_peer(problem: Any, shape: GPTShape, rank: int, device: torch.device, args: Any,
              ctrl: Any, progress: Callable[[int, float], None],
              wire: torch.device | None = None) -> dict[str, Any]:
@@ -70,9 +93,12 @@ def run_peer(problem: Any, shape: GPTShape, rank: int, device: torch.device, arg
         staged = HostStaged(mod, device) if wire != device else mod
         stages.append(pipelining.PipelineStage(staged, st.index, split.num_stages, wire))
     name = peer_class(sched.name, split.vpp)
-    cls = getattr(pipelining, name)
-    runner = cls(stages[0], m, loss_fn=stage_loss) if name in SINGLE_STAGE else \
-        cls(stages, m, loss_fn=stage_loss)
+    if sched.name == "csv":
+        runner = _csv_runner(stages, sched)
+    else:
+        cls = getattr(pipelining, name)
+        runner = cls(stages[0], m, loss_fn=stage_loss) if name in SINGLE_STAGE else \
+            cls(stages, m, loss_fn=stage_loss)
     params = [p for mod in mods for p in mod.parameters()]
     opt = torch.optim.AdamW(params, lr=args.lr) if params else None
     first = any(st.has_embedding for st in split.stages if st.rank == rank)

@@ -87,7 +87,11 @@ class _Reader:
 
 
 def _rows(text: str) -> list[list[str]]:
-    rows = [[c.strip() for c in row] for row in csv.reader(io.StringIO(text))]
+    try:
+        rows = [[c.strip() for c in row] for row in csv.reader(text.splitlines())]
+    except csv.Error as exc:
+        raise UserError(FIELD, f"is not CSV: {exc}", "write one row of cells per rank, "
+                        "separated by commas") from None
     return [row for row in rows if any(row)]
 
 
@@ -131,6 +135,9 @@ def parse_actions_csv(text: str, pp: int | None = None, vpp: int | None = None,
     n_pp = len(rows)
     stages = 1 + max((s for row in parsed for _, s, _ in row), default=-1)
     n_m = 1 + max((i for row in parsed for _, _, i in row), default=-1)
+    if not stages:
+        raise UserError(FIELD, "has no compute actions (F, I, B, W)",
+                        "write one row of actions per rank, e.g. 0F0,0B0")
     check_shape(None, n_pp, max(1, stages // n_pp), n_m)
     _check_shape(n_pp, pp, "rows (ranks)", "pipeline.pp", "--pp")
     if stages % n_pp:

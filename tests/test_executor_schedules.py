@@ -4,7 +4,8 @@ Interleaved 1F1B with a microbatch count that is not a multiple of pp, torch's
 interleaved zero bubble, and an order read from the CSV torch's own DualPipeV
 writes (OVERLAP_F_B, a whole B beside I/W, send/recv and REDUCE_GRAD cells)
 each give the single-process loss and gradients. torch's engine runs every
-schedule torch has on the same split, with the same losses as ppsim's engine.
+schedule torch has on the same split, and a CSV's order through torch's
+`_load_csv`, with the same losses as ppsim's engine.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ CASES = {
     "dualpipev": ["--schedule", "dualpipev", *V, "--microbatches", "4"],
     "zb-h1": ["--schedule", "zb-h1", "--pp", "2", "--split", "5,3", "--microbatches", "4"],
 }
-PEERS = ["interleaved-zb", "zbv", "dualpipev", "zb-h1"]
+PEERS = ["interleaved-zb", "zbv", "dualpipev", "zb-h1", "torch-dualpipev-csv"]
 
 
 def _torch_dualpipev_csv(path: Path) -> None:

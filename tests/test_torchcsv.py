@@ -193,3 +193,22 @@ def test_simulate_and_plan_take_the_csv_as_the_schedule(tmp_path, capsys):
     plan_csv = json.loads(capsys.readouterr().out)
     assert plan_csv["best"]["split"] == plan_named["best"]["split"]
     assert main(["plan", *flags, "--actions-csv", str(out), "--search", "vpp"]) == 2
+
+
+CELLS = st.sampled_from(["0F0", "0B0", "1F0", "1I0", "1W0", "0W0", "0I0", "1B0", "0F1",
+                         "0B1", "1F1", "1B1", "", "0SEND_F0", "1RECV_F0", "0UNSHARD",
+                         "(0F1;1B0)OVERLAP_F_B", "²", "0F", "F0", "0F" + "9" * 20, "\x00",
+                         "(0F0", "0F0)", '"0F0"', "0 F0", "٣F0"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(CELLS, max_size=8), max_size=4), st.text(max_size=20))
+def test_any_text_is_an_order_or_one_user_error(rows, noise):
+    text = "\n".join(",".join(r) for r in rows) + noise
+    try:
+        s = parse_actions_csv(text)
+    except UserError as exc:
+        assert str(exc).startswith(("pipeline.", "schedule"))
+        return
+    # Whatever reads is a complete, valid order that writes back to itself.
+    assert parse_actions_csv(to_torch_csv(s)).actions == s.actions
