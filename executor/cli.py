@@ -73,6 +73,11 @@ def validate(args: argparse.Namespace) -> Any:
                         f"{fields['tp']}", "set tp = 1 (--tp 1)")
     problem = load_problem(args)
     pp = problem.split.pp
+    if not problem.split.standard_ends or problem.split.mtp:
+        raise UserError("pipeline.layout", "the executor builds the embedding on the first "
+                        "stage, the head on the last and no MTP layers",
+                        "run a split without empty end stages or 'm' (plan and simulate "
+                        "take any)")
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         raise UserError("--node-rank", f"{args.node_rank} is not in 0..{args.nnodes - 1}",
                         "give each node a distinct rank below --nnodes")

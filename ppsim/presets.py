@@ -28,6 +28,25 @@ MODEL_PRESETS: dict[str, dict] = {
         num_layers=96, hidden_size=12288, num_heads=96, num_kv_heads=96, ffn_hidden_size=49152,
         vocab_size=51200, seq_length=2048, micro_batch_size=1, gated_mlp=False, tp=8,
         recompute="selective"),
+    "llama3.1-405b": dict(
+        num_layers=126, hidden_size=16384, num_heads=128, num_kv_heads=8, ffn_hidden_size=53248,
+        vocab_size=128256, seq_length=8192, micro_batch_size=1, tp=8, recompute="selective",
+        distributed_optimizer=True, dp=64),
+    "deepseek-v3": dict(
+        num_layers=61, layers="dense*3, moe*58", mtp_layers=1, hidden_size=7168,
+        num_heads=128, num_kv_heads=128, head_dim=128, attention="mla", q_lora_rank=1536,
+        kv_lora_rank=512, qk_rope_head_dim=64, v_head_dim=128, ffn_hidden_size=18432,
+        num_experts=256, top_k=8, moe_ffn_hidden_size=2048, shared_experts=1, ep=64,
+        vocab_size=129280, seq_length=4096, micro_batch_size=1, recompute="selective",
+        distributed_optimizer=True, dp=128),
+    "qwen3-235b-a22b": dict(
+        num_layers=94, hidden_size=4096, num_heads=64, num_kv_heads=4, head_dim=128,
+        ffn_hidden_size=12288, num_experts=128, top_k=8, moe_ffn_hidden_size=1536, ep=8,
+        vocab_size=151936, seq_length=4096, micro_batch_size=1, tp=4, recompute="selective"),
+    "mixtral-8x7b": dict(
+        num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
+        num_experts=8, top_k=2, moe_ffn_hidden_size=14336, ep=8, vocab_size=32000,
+        seq_length=4096, micro_batch_size=1, recompute="selective"),
 }
 
 MODEL_NOTES: dict[str, str] = {
@@ -37,6 +56,16 @@ MODEL_NOTES: dict[str, str] = {
     "llama3-8b": "Llama 3 8B (GQA, 128k vocab)",
     "llama3-70b": "Llama 3 70B, tp 8",
     "gpt3-175b": "GPT-3 175B, tp 8",
+    "llama3.1-405b": "Llama 3.1 405B, tp 8, distributed optimizer over dp 64 "
+    "(meta-llama/Llama-3.1-405B "
+    "config.json; Llama 3 paper: TP8 PP16 DP64)",
+    "deepseek-v3": "DeepSeek-V3: MLA, 3 dense + 58 MoE layers (256 experts top-8 + 1 shared), "
+    "1 MTP, ep 64, distributed optimizer over dp 128 (deepseek-ai/DeepSeek-V3 config.json; "
+    "arXiv 2412.19437: 671B, 37B active)",
+    "qwen3-235b-a22b": "Qwen3-235B-A22B: 94 MoE layers, 128 experts top-8, GQA 64/4, tp 4, ep 8 "
+    "(Qwen/Qwen3-235B-A22B config.json; 235B, 22B active)",
+    "mixtral-8x7b": "Mixtral 8x7B: 32 MoE layers, 8 experts top-2, ep 8 "
+    "(mistralai/Mixtral-8x7B-v0.1 config.json; 46.7B, 12.9B active)",
 }
 
 # Peak dense bf16 TFLOP/s; P2P bandwidth in GB/s (10^9 bytes/s) between

@@ -54,7 +54,7 @@ def state_from_config(cfg: Config) -> EditState:
     """The editable view of a config (its split resolved to per-stage counts)."""
     fields = model_fields(cfg.model)
     p = cfg.pipeline
-    split = resolve_split(cfg, int(fields["num_layers"]), schedule_placement(p.schedule))
+    split = resolve_split(cfg, None, schedule_placement(p.schedule))
     return EditState(model_preset=cfg.model.get("preset"),
                      recompute=str(fields.get("recompute", "none")), schedule=p.schedule,
                      pp=p.pp, vpp=p.vpp, microbatches=p.microbatches, counts=split.counts,
