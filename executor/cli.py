@@ -130,8 +130,9 @@ def _check_peer(problem: Any) -> None:
         raise UserError("pipeline.microbatches", f"torch's {peer_class(s.name, s.vpp)} needs "
                         f"microbatches divisible by its rounds max(1, m // pp) = {rounds} "
                         "(ppsim's engine runs this m with Megatron's microbatch groups)",
-                        f"use --engine ppsim, or e.g. {s.microbatches - s.microbatches % rounds}"
-                        " microbatches")
+                        f"use e.g. {s.microbatches - s.microbatches % rounds} microbatches, or "
+                        "run ppsim's order in torch's runtime: ppsim schedule --csv o.csv, then "
+                        "--actions-csv o.csv")
 
 
 def _own_files(args: argparse.Namespace) -> list[str]:
