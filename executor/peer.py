@@ -55,6 +55,19 @@ class HostStaged(torch.nn.Module):
         return self.inner(x.to(self.device)).to("cpu")
 
 
+def _runner(stages: list[Any], sched: Any) -> Any:
+    """torch's schedule object for this rank's stages."""
+    from torch.distributed import pipelining
+
+    if sched.name == "csv":
+        return _csv_runner(stages, sched)
+    name = peer_class(sched.name, len(stages))
+    cls = getattr(pipelining, name)
+    m = sched.microbatches
+    return cls(stages[0], m, loss_fn=stage_loss) if name in SINGLE_STAGE else \
+        cls(stages, m, loss_fn=stage_loss)
+
+
 def _csv_runner(stages: list[Any], sched: Any) -> Any:
     """torch's runtime loaded with the order as torch's CSV (the only way torch takes one)."""
     import os
@@ -92,13 +105,7 @@ def run_peer(problem: Any, shape: GPTShape, rank: int, device: torch.device, arg
         mods.append(mod)
         staged = HostStaged(mod, device) if wire != device else mod
         stages.append(pipelining.PipelineStage(staged, st.index, split.num_stages, wire))
-    name = peer_class(sched.name, split.vpp)
-    if sched.name == "csv":
-        runner = _csv_runner(stages, sched)
-    else:
-        cls = getattr(pipelining, name)
-        runner = cls(stages[0], m, loss_fn=stage_loss) if name in SINGLE_STAGE else \
-            cls(stages, m, loss_fn=stage_loss)
+    runner = _runner(stages, sched)
     params = [p for mod in mods for p in mod.parameters()]
     opt = torch.optim.AdamW(params, lr=args.lr) if params else None
     first = any(st.has_embedding for st in split.stages if st.rank == rank)
