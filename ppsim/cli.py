@@ -262,7 +262,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 COMMAND_MODULES = ("ppsim.plan_cli", "executor.cli", "ppsim.diff_cli", "ppsim.demo", "tui.cli",
-                   "ppsim.profile_cli", "ppsim.schedule_cli")
+                   "ppsim.profile_cli", "ppsim.costs_cli", "ppsim.schedule_cli")
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                           Callable[[argparse.Namespace], int]]] = {}

@@ -13,7 +13,7 @@ from typing import Any
 
 from ppsim.errors import UserError
 from ppsim.presets import HARDWARE_PRESETS, MODEL_PRESETS
-from ppsim.transformer import ATTENTION, DTYPE_BYTES, RECOMPUTE, Architecture
+from ppsim.transformer import ATTENTION, DTYPE_BYTES, NORMS, POSITIONS, RECOMPUTE, Architecture
 
 LAYER_FIELDS = ("forward_ms", "backward_ms", "weight_grad_ms", "static_bytes",
                 "activation_bytes", "weight_grad_bytes", "output_bytes")
@@ -71,6 +71,17 @@ class HardwareConfig:
     """GB/s (10^9 bytes per second); 0 means transfers are free."""
     peak_tflops: float = 989.0
     efficiency: float = 0.5
+    """Matmul fraction of peak, used when matmul_efficiency is empty."""
+    matmul_efficiency: list[list[float]] | None = None
+    """[[GFLOP of one matmul, fraction of peak], ...]: the efficiency curve, interpolated
+    in log GFLOP (ppsim profile --hardware-out measures it); none: `efficiency`."""
+    attention_efficiency: float = 0.0
+    """FlashAttention's achieved fraction of peak (causal); 0: as a matmul."""
+    memory_bandwidth_gbps: float = 0.0
+    """Achieved device-memory bandwidth in GB/s for norms, activations, the loss
+    (a copy test's figure); 0: memory-bound ops cost nothing."""
+    kernel_overhead_us: float = 0.0
+    """Least time one kernel takes: host dispatch plus launch, in microseconds."""
 
 
 @dataclass(kw_only=True)
@@ -136,7 +147,8 @@ def model_fields(model: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
-_CHOICES = {"recompute": RECOMPUTE, "dtype": tuple(DTYPE_BYTES), "attention": ATTENTION}
+_CHOICES = {"recompute": RECOMPUTE, "dtype": tuple(DTYPE_BYTES), "attention": ATTENTION,
+            "norm": NORMS, "position": POSITIONS}
 _POSITIVE = ("tp", "dp", "ep", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
              "vocab_size", "seq_length", "micro_batch_size")
 _COUNTS = ("mtp_layers", "head_dim", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
@@ -153,7 +165,7 @@ def _check_transformer(raw: dict[str, Any]) -> None:
         if key in raw and _check_type(f"model.{key}", raw[key], int) < low:
             raise UserError(f"model.{key}", f"must be at least {low}, got {raw[key]}",
                             "use a whole number >= " + str(low))
-    for key in ("gated_mlp", "distributed_optimizer"):
+    for key in ("gated_mlp", "distributed_optimizer", "dropout"):
         if key in raw:
             _check_type(f"model.{key}", raw[key], bool)
     if "layers" in raw:

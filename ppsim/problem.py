@@ -13,7 +13,7 @@ from ppsim.layout import parse_layout
 from ppsim.limits import SIMULATE, check_ops, check_shape
 from ppsim.schedules import Schedule, build_schedule, schedule_placement
 from ppsim.split import Split
-from ppsim.transformer import Accelerator, Architecture, transformer_costs
+from ppsim.transformer import Architecture, accelerator, transformer_costs
 
 
 @dataclass(frozen=True)
@@ -83,8 +83,7 @@ def model_costs(cfg: Config) -> ModelCosts:
                                     or arch.num_heads % arch.num_kv_heads):
         raise UserError("model.num_heads", "hidden_size must divide by num_heads and num_heads "
                         "by num_kv_heads", "fix the head counts")
-    acc = Accelerator(peak_tflops=cfg.hardware.peak_tflops, efficiency=cfg.hardware.efficiency,
-                      a2a_bandwidth_gbps=cfg.hardware.p2p_bandwidth_gbps)
+    acc = accelerator(cfg.hardware)
     return transformer_costs(arch, acc)
 
 

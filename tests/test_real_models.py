@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_planner import all_counts
 
 from ppsim.cli import main
 from ppsim.config import config_from_dict
@@ -23,12 +23,6 @@ from ppsim.split import Split, default_split, near_even_counts, split_from_count
 from ppsim.transformer import Architecture, layer_kinds, model_params
 
 # --- Stacks of layer kinds: the planner is still exact --------------------------------------
-
-
-def all_counts(layers: int, stages: int):
-    for cuts in itertools.combinations_with_replacement(range(layers + 1), stages - 1):
-        edges = (0, *cuts, layers)
-        yield tuple(b - a for a, b in itertools.pairwise(edges))
 
 
 @st.composite
