@@ -212,3 +212,31 @@ def test_any_text_is_an_order_or_one_user_error(rows, noise):
         return
     # Whatever reads is a complete, valid order that writes back to itself.
     assert parse_actions_csv(to_torch_csv(s)).actions == s.actions
+
+
+@pytest.mark.parametrize("name", ["dualpipev", "interleaved-zb"])
+def test_plan_of_a_torch_csv_matches_brute_force(tmp_path, name):
+    """The planner is exact for an order read from torch's CSV, as for a named schedule."""
+    import itertools
+
+    from ppsim.config import config_from_dict
+    from ppsim.planner import plan
+    from ppsim.problem import build_problem
+    from ppsim.simulator import simulate
+    from ppsim.split import split_from_counts
+
+    path = tmp_path / "order.csv"
+    path.write_text(torch_dump(_torch_order(name, 2, 2, 4), tmp_path / "d.csv", "compute_comms"))
+    problem = build_problem(config_from_dict({
+        "model": {"kind": "uniform", "num_layers": 6, "forward_ms": 1.0, "backward_ms": 2.0,
+                  "weight_grad_ms": 1.0, "activation_bytes": 100, "static_bytes": 300,
+                  "head": {"forward_ms": 2.5, "backward_ms": 3.0}},
+        "pipeline": {"pp": 2, "vpp": 2, "microbatches": 4, "actions_csv": str(path)},
+        "hardware": {"memory_bytes": 1e12, "p2p_latency_ms": 0.25}}))
+    assert problem.schedule.name == "csv"
+    best = min(
+        simulate(problem.with_split(split_from_counts(c, 2, 2, 6, problem.split.placement)))
+        .summary.iteration_time_ms
+        for c in itertools.product(range(7), repeat=4) if sum(c) == 6)
+    res = plan(problem, top_k=1)
+    assert res.proven_optimal and res.best.summary.iteration_time_ms == pytest.approx(best)
