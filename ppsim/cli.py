@@ -18,7 +18,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad flag in one line, exit status 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"ppsim {self.prog.split()[-1]}: {message} (see --help)\n")
+        # prog is "ppsim" or "ppsim <command>": name it once, as UserErrors do.
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def _ints(text: str, flag: str) -> list[int] | str:
