@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ppsim.errors import UserError
+from ppsim.placement import PlacementConfig
 from ppsim.presets import HARDWARE_PRESETS, MODEL_PRESETS
 from ppsim.transformer import ATTENTION, DTYPE_BYTES, NORMS, POSITIONS, RECOMPUTE, Architecture
 
@@ -92,6 +93,8 @@ class Config:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     costs_file: str | None = None
     """Measured costs (ppsim profile / calibrate) that replace the analytic model."""
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    """Which device each rank runs on and which links messages share ([placement])."""
 
     @property
     def num_layers(self) -> int:
@@ -206,12 +209,18 @@ def _fill(obj: Any, table: dict[str, Any], section: str) -> None:
 
 def config_from_dict(data: dict[str, Any]) -> Config:
     for key in data:
-        if key not in ("model", "pipeline", "hardware", "costs_file"):
-            raise UserError(key, "unknown section", "use [model], [pipeline] and [hardware]")
+        if key not in ("model", "pipeline", "hardware", "placement", "costs_file"):
+            raise UserError(key, "unknown section",
+                            "use [model], [pipeline], [hardware] and [placement]")
     cfg = Config(model=dict(data.get("model", {})))
     model_fields(cfg.model)  # validate early
     _fill(cfg.pipeline, data.get("pipeline", {}), "pipeline")
     cfg.hardware = hardware_config(dict(data.get("hardware", {})))
+    placement = data.get("placement", {})
+    if not isinstance(placement, dict):
+        raise UserError("placement", f"must be a table, got {placement!r}",
+                        "write it as a [placement] section")
+    _fill(cfg.placement, placement, "placement")
     if "costs_file" in data:
         cfg.costs_file = _check_type("costs_file", data["costs_file"], str)
     return cfg
@@ -281,7 +290,10 @@ def config_to_toml(cfg: Config) -> str:
             lines.append(f"{k} = {_toml_value(v)}")
     for name, table in tables:
         lines += ["", f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()]
-    for section, obj in (("pipeline", cfg.pipeline), ("hardware", cfg.hardware)):
+    sections: list[tuple[str, Any]] = [("pipeline", cfg.pipeline), ("hardware", cfg.hardware)]
+    if cfg.placement != PlacementConfig():
+        sections.append(("placement", cfg.placement))
+    for section, obj in sections:
         lines += ["", f"[{section}]"]
         for f in fields(obj):
             v = getattr(obj, f.name)

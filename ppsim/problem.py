@@ -11,6 +11,7 @@ from ppsim.costs import LayerCost, ModelCosts, StageCost, stage_costs, uniform_c
 from ppsim.errors import UserError
 from ppsim.layout import parse_layout
 from ppsim.limits import SIMULATE, check_ops, check_shape
+from ppsim.placement import Topology, topology
 from ppsim.schedules import Schedule, build_schedule, schedule_placement
 from ppsim.split import Split
 from ppsim.transformer import Architecture, accelerator, transformer_costs
@@ -38,6 +39,8 @@ class Problem:
     split: Split
     schedule: Schedule
     hardware: Hardware
+    topology: Topology | None = None
+    """Devices and links the ranks share; None: each rank owns its device and links."""
 
     @property
     def stage_costs(self) -> list[StageCost]:
@@ -154,7 +157,9 @@ def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
         name = "interleaved-1f1b"  # Megatron runs a multi-chunk layout interleaved
     check_ops(p.pp, split.vpp, p.microbatches, False, SIMULATE)
     schedule = build_schedule(name, p.pp, split.vpp, p.microbatches)
-    return Problem(costs, split, schedule, hardware(cfg))
+    hw = hardware(cfg)
+    topo = topology(cfg.placement, p.pp, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps)
+    return Problem(costs, split, schedule, hw, None if topo.is_private else topo)
 
 
 def _csv_problem(cfg: Config, costs: ModelCosts) -> Problem:
