@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, NoReturn
 
-from ppsim.config import Config, hardware_config, load_config, model_fields
+from ppsim import validate
+from ppsim.config import Config, check_config, hardware_config, load_config
 from ppsim.errors import UserError
 
 
@@ -98,7 +99,10 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if getattr(args, "hardware", None):
         hw = hardware_config({"preset": args.hardware})
     if getattr(args, "memory_gb", None) is not None:
-        hw.memory_bytes = args.memory_gb * 1e9
+        hw.memory_bytes = validate.number(
+            "--memory-gb (hardware.memory_bytes)", args.memory_gb, lo=0.0, lo_open=True,
+            hi=validate.MAX_BYTES / 1e9, fix="give the memory one rank may use, e.g. 80") * 1e9
+    validate.hardware(hw)
     costs = getattr(args, "costs", None) or cfg.costs_file
     placement = replace(cfg.placement)
     if getattr(args, "devices", None) is not None:
@@ -108,12 +112,14 @@ def config_from_args(args: argparse.Namespace) -> Config:
         placement.devices = devices
     out = Config(model=model, pipeline=pipe, hardware=hw, costs_file=costs,
                  placement=placement)
-    model_fields(out.model)
+    check_config(out)
+    validate.placement(out.placement)
     return out
 
 
 def emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+    """Strict JSON: a value that is not finite is written as null, never as NaN/Infinity."""
+    sys.stdout.write(json.dumps(validate.finite_json(obj), indent=2, allow_nan=False) + "\n")
 
 
 # ------------------------------------------------------------------ commands
@@ -250,9 +256,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         assert sim.timeline is not None
         lanes = [[(op.start, op.end - op.start, op.action.kind, op.action.microbatch)
                   for op in ops] for ops in sim.timeline.ops]
-        render_png([(f"{problem.schedule.name}, split {list(problem.split.counts)}", lanes)],
-                   args.png, title=f"simulated iteration {s.iteration_time_ms:.2f} ms, "
-                   f"bubble {s.bubble_fraction:.1%}")
+        with validate.output("--png", args.png):
+            render_png([(f"{problem.schedule.name}, split {list(problem.split.counts)}",
+                         lanes)], args.png, title=f"simulated iteration "
+                       f"{s.iteration_time_ms:.2f} ms, bubble {s.bubble_fraction:.1%}")
     if args.json:
         emit_json({"schedule": problem.schedule.name, "pp": problem.split.pp,
                    "vpp": problem.split.vpp, "microbatches": problem.schedule.microbatches,

@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ppsim import validate
 from ppsim.config import Config, model_fields
 from ppsim.errors import UserError
 from ppsim.planner import Candidate, PlanResult, plan
@@ -323,8 +324,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     if args.top < 1:
         raise UserError("--top", f"must be at least 1, got {args.top}", "use --top 5")
-    if args.time_budget <= 0:
-        raise UserError("--time-budget", "must be positive", "use e.g. --time-budget 30")
+    validate.seconds("--time-budget", args.time_budget)  # NaN or inf would mean no budget
     ops = limits.check_request(cfg, limits.PLAN)
     if ops is not None:
         limits.check_plan_budget(ops, args.time_budget)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim import split as splits
+from ppsim import validate
 from ppsim.config import ARCH_FIELDS, LAYER_FIELDS, Config, model_fields
 from ppsim.costs import LayerCost, ModelCosts, StageCost, stage_costs, uniform_costs
 from ppsim.errors import UserError
@@ -112,6 +113,7 @@ def resolve_split_noted(cfg: Config, num_layers: int | None = None,
     num_layers counts every layer, MTP included (default: from the model).
     """
     p = cfg.pipeline
+    validate.stages(p)  # a split over 0 ranks would divide by zero
     mtp = mtp_layers(cfg)
     total = cfg.num_layers + mtp if num_layers is None else num_layers
     decoder = total - mtp
