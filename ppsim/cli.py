@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
@@ -47,6 +48,8 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True) -> No
     g.add_argument("--tp", type=int, metavar="N", help="tensor-parallel size")
     g.add_argument("--memory-gb", type=float, metavar="GB", help="memory limit per rank")
     g.add_argument("--costs", metavar="FILE", help="measured cost file (ppsim profile)")
+    g.add_argument("--actions-csv", metavar="FILE", help="run this per-rank order instead of "
+                   "--schedule's (a torch.distributed.pipelining schedule CSV)")
     g.add_argument("--devices", metavar="D,D,...",
                    help="device of each rank, e.g. 0,0 for two ranks sharing one device")
     if split_flags:
@@ -70,7 +73,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         if getattr(args, flag, None) is not None:
             model[key] = getattr(args, flag)
     pipe = replace(cfg.pipeline)
-    for key in ("pp", "vpp", "microbatches", "schedule"):
+    for key in ("pp", "vpp", "microbatches", "schedule", "actions_csv"):
         if getattr(args, key, None) is not None:
             setattr(pipe, key, getattr(args, key))
     chosen = {k: getattr(args, k, None) for k in ("split", "layout", "first_stage_layers",
@@ -231,6 +234,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from ppsim import limits
     from ppsim.problem import build_problem
     from ppsim.report import summary_dict
+    from ppsim.schedule_cli import print_notes
     from ppsim.simulator import simulate
 
     cfg = config_from_args(args)
@@ -238,6 +242,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.trace or args.png:
         limits.check_request(cfg, limits.TRACE)
     problem = build_problem(cfg)
+    print_notes(problem.schedule, "simulate")
     # Per-op records only where something shows them: memory stays flat otherwise.
     timeline = not args.json and (ops or 0) <= limits.TIMELINE_OPS
     sim = simulate(problem, record=bool(args.trace or args.png or timeline))
@@ -297,7 +302,7 @@ def _print_simulation(sim: Any) -> None:
 
 
 COMMAND_MODULES = ("ppsim.plan_cli", "executor.cli", "ppsim.diff_cli", "ppsim.demo", "tui.cli",
-                   "ppsim.profile_cli", "ppsim.costs_cli")
+                   "ppsim.profile_cli", "ppsim.costs_cli", "ppsim.schedule_cli")
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                           Callable[[argparse.Namespace], int]]] = {}
@@ -358,6 +363,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return 130
+    except BrokenPipeError:
+        # `ppsim schedule | head`: the reader left; say nothing more, as Unix tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -59,6 +59,8 @@ class PipelineConfig:
     """Megatron --decoder-last-pipeline-num-layers."""
     account_for_embedding: bool = False
     account_for_loss: bool = False
+    actions_csv: str | None = None
+    """A torch.distributed.pipelining schedule CSV whose order replaces `schedule`'s."""
 
 
 @dataclass(kw_only=True)
@@ -275,6 +277,9 @@ def load_config(path: str | None) -> Config:
     if cfg.costs_file and not os.path.isabs(cfg.costs_file):
         # A cost file named in a config lives next to that config.
         cfg.costs_file = os.path.join(os.path.dirname(os.path.abspath(path)), cfg.costs_file)
+    csv = cfg.pipeline.actions_csv
+    if csv and not os.path.isabs(csv):
+        cfg.pipeline.actions_csv = os.path.join(os.path.dirname(os.path.abspath(path)), csv)
     return cfg
 
 

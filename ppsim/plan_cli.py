@@ -30,7 +30,7 @@ class Variant:
 
 def _fits_shape(schedule: str, vpp: int) -> bool:
     """Chunks per rank each schedule runs: interleaved needs 2+, V schedules exactly 2."""
-    if schedule == "interleaved-1f1b":
+    if schedule.startswith("interleaved-"):  # interleaved-zb at vpp 1 is zb-h1
         return vpp > 1
     if SCHEDULES[schedule].placement == "v":
         return vpp == 2
@@ -329,10 +329,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if ops is not None:
         limits.check_plan_budget(ops, args.time_budget)
     axes = [a.strip() for a in args.search.split(",") if a.strip()] if args.search else []
+    if cfg.pipeline.actions_csv and set(axes) - {"recompute"}:
+        raise UserError("--search", "the actions CSV fixes the schedule, vpp and microbatches",
+                        "search recompute only, or drop --actions-csv")
     planned, per_variant = run_search(cfg, axes, args.top, args.time_budget,
                                       show_progress=not args.json and sys.stderr.isatty(),
                                       compare_texts=args.compare or [], started=started)
     best = planned.result
+    from ppsim.schedule_cli import print_notes
+
+    print_notes(best.problem.schedule, "plan")
     if args.json:
         out = result_dict(planned)
         if len(per_variant) > 1:

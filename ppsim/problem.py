@@ -150,6 +150,8 @@ def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
     """Costs, split, schedule and hardware; cheap checks first, then the big pieces."""
     p = cfg.pipeline
     costs = costs or model_costs(cfg)
+    if p.actions_csv:
+        return _csv_problem(cfg, costs)
     placement = schedule_placement(p.schedule)
     split = resolve_split(cfg, costs.num_layers, placement)
     name = p.schedule
@@ -160,6 +162,21 @@ def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
     hw = hardware(cfg)
     topo = topology(cfg.placement, p.pp, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps)
     return Problem(costs, split, schedule, hw, None if topo.is_private else topo)
+
+
+def _csv_problem(cfg: Config, costs: ModelCosts) -> Problem:
+    """The problem whose order is a torch schedule CSV; its placement shapes the split."""
+    from ppsim.torchcsv import load_actions_csv
+
+    p = cfg.pipeline
+    # A layout sets vpp itself, so only the CSV's stages per rank are checked against it.
+    schedule = load_actions_csv(p.actions_csv, p.pp, None if p.layout else p.vpp,  # type: ignore[arg-type]
+                                p.microbatches)
+    split = resolve_split(cfg, costs.num_layers, schedule.placement)
+    if split.vpp != schedule.vpp:
+        raise UserError("pipeline.layout", f"has {split.vpp} stages per rank but the actions "
+                        f"CSV runs {schedule.vpp}", "give a layout with as many stages as the CSV")
+    return Problem(costs, split, schedule, hardware(cfg))
 
 
 def hardware(cfg: Config) -> Hardware:

@@ -27,10 +27,13 @@ def all_counts(layers: int, stages: int):
 @st.composite
 def small_problems(draw):
     name = draw(st.sampled_from(["gpipe", "1f1b", "1f1b", "interleaved-1f1b", "zb-h1", "zbv",
-                                 "dualpipev"]))
+                                 "dualpipev", "interleaved-zb"]))
     if name == "interleaved-1f1b":
         pp, vpp = 2, 2
-        m = 2 * draw(st.integers(1, 3))
+        m = draw(st.integers(1, 6))  # any count: odd ones follow Megatron's groups or torch's
+    elif name == "interleaved-zb":
+        pp, vpp = 2, draw(st.integers(1, 2))
+        m = draw(st.integers(1, 6))
     elif name in ("zbv", "dualpipev"):
         pp, vpp = 2, 2
         m = draw(st.integers(4, 6))
