@@ -12,13 +12,17 @@ from __future__ import annotations
 import torch
 
 from executor.builders import ModelBuilder
+from executor.builders.gpt import GPTBuilder, GPTShape
 from executor.builders.stage import full_model
 
 
-def reference_step(builder: ModelBuilder, microbatches: int, seed: int = 0,
+def reference_step(builder: ModelBuilder | GPTShape, microbatches: int, seed: int = 0,
                    iteration: int = 0, recompute: str = "none"
                    ) -> tuple[float, dict[str, torch.Tensor]]:
-    """(loss, gradient by parameter name) of one iteration of `microbatches` on one process."""
+    """(loss, gradient by parameter name) of one iteration of `microbatches` on one process
+    (a GPTShape, as older callers pass, means the built-in GPT)."""
+    if isinstance(builder, GPTShape):
+        builder = GPTBuilder(builder)
     model = full_model(builder, seed, recompute).to(dtype=builder.dtype)
     total = 0.0
     for i in range(microbatches):
