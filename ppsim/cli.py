@@ -348,13 +348,20 @@ def build_parser() -> argparse.ArgumentParser:
                      "pipeline-parallel splits.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (help_text, add, _) in COMMANDS.items():
-        add(sub.add_parser(name, help=help_text, description=help_text))
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add(p)
+        if not any("--force" in a.option_strings for a in p._actions):
+            p.add_argument("--force", action="store_true",
+                           help="write outputs through a symbolic link (refused otherwise)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from ppsim import fileio
+
+    fileio.FOLLOW_LINKS = bool(getattr(args, "force", False))
     try:
         return COMMANDS[args.command][2](args)
     except UserError as exc:

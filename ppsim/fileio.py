@@ -40,8 +40,14 @@ def _refuse(path: str, problem: str, fix: str) -> UserError:
     return UserError(shown(path), problem, fix)
 
 
+FOLLOW_LINKS = False
+"""Set by the command line's --force: outputs that are symbolic links are written
+through (their target replaced) instead of refused."""
+
+
 def _target(path: str, force: bool) -> str:
     """The regular file (existing or not) that a write to `path` replaces."""
+    force = force or FOLLOW_LINKS
     if path == "" or path.endswith(os.sep):
         raise _refuse(path, "is a directory, not a file name", "give a file name")
     try:

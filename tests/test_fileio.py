@@ -137,3 +137,18 @@ def test_a_long_but_legal_name_is_written(tmp_path) -> None:
     path = tmp_path / ("n" * 250)
     write_bytes_atomic(str(path), b"x")
     assert path.read_bytes() == b"x" and os.listdir(tmp_path) == [path.name]
+
+
+def test_force_flag_writes_through_a_link_and_only_then(tmp_path, capsys):
+    from ppsim.cli import main
+
+    target = tmp_path / "real.json"
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    assert main(["simulate", "--trace", str(link)]) == 2
+    assert "--force" in capsys.readouterr().err and not target.exists()
+    assert main(["simulate", "--trace", str(link), "--force"]) == 0
+    assert link.is_symlink() and target.stat().st_size > 0
+    # The switch does not outlive its command.
+    target.unlink()
+    assert main(["simulate", "--trace", str(link)]) == 2
