@@ -16,13 +16,26 @@ from textual.widgets import Input, Label
 from ppsim.split import Split
 from tui.messages import BoundaryMove, CountSet, StageClick
 
-PREFIX = 26  # "  0 r0  c0   5    0  E H "
+PREFIX = 26  # "  0 r0  c0   5    0  E H!"
 
 
-def row_prefix(split: Split, index: int) -> str:
+def row_prefix(split: Split, index: int, over: bool = False) -> str:
+    """A stage's row head; "!" marks a stage whose rank is over the memory limit."""
     st = split.stages[index]
     marks = ("E" if st.has_embedding else " ") + ("H" if st.has_head else " ")
-    return f"{st.index:>3} r{st.rank:<3}c{st.chunk:<2}{st.layers:>4}{st.offset:>6} {marks}  "
+    flag = "!" if over else " "
+    return f"{st.index:>3} r{st.rank:<3}c{st.chunk:<2}{st.layers:>4}{st.offset:>6} {marks}{flag} "
+
+
+def kinds_summary(kinds: tuple[str, ...], offset: int, count: int) -> str:
+    """The kinds of layers [offset, offset + count): "3 dense + 5 moe" (in first-seen
+    order); '' when the model has no per-layer kinds."""
+    if not kinds:
+        return ""
+    seen: dict[str, int] = {}
+    for k in kinds[offset:offset + count]:
+        seen[k] = seen.get(k, 0) + 1
+    return " + ".join(f"{n} {k}" for k, n in seen.items()) or "no layers"
 
 
 def bar_layer(cell: int, width: int, num_layers: int) -> int:
@@ -36,22 +49,27 @@ class SplitRows(Widget, can_focus=True):
     BINDINGS = [
         Binding("up,k", "cursor(-1)", "Prev stage", show=False),
         Binding("down,j", "cursor(1)", "Next stage", show=False),
-        Binding("right,l", "grow", "Stage +1 layer"),
-        Binding("left,h", "shrink", "Stage -1 layer"),
+        Binding("right,l", "grow", "Stage +1 layer", show=False),
+        Binding("left,h", "shrink", "Stage -1 layer", show=False),
         Binding("shift+left", "grow_front", "Take layer from prev", show=False),
         Binding("shift+right", "shrink_front", "Give layer to prev", show=False),
     ]
     COMPONENT_CLASSES = {"split-rows--own", "split-rows--other", "split-rows--cursor",
-                         "split-rows--ends"}
+                         "split-rows--ends", "split-rows--over"}
 
     cursor: reactive[int] = reactive(0)
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.split: Split | None = None
+        self.over_ranks: frozenset[int] = frozenset()
+        self.kinds: tuple[str, ...] = ()
 
-    def set_split(self, split: Split) -> None:
+    def set_split(self, split: Split, over_ranks: frozenset[int] = frozenset(),
+                  kinds: tuple[str, ...] = ()) -> None:
         self.split = split
+        self.over_ranks = over_ranks
+        self.kinds = kinds if len(kinds) == split.num_layers else ()
         self.cursor = min(self.cursor, split.num_stages - 1)
         if self.styles.height is None or self.styles.height.value != split.num_stages + 1:
             self.styles.height = split.num_stages + 1
@@ -70,17 +88,24 @@ class SplitRows(Widget, can_focus=True):
                    style="bold")
         if self.split is None:
             return out
-        width = max(4, self.size.width - PREFIX)
         own = self.get_component_rich_style("split-rows--own")
         other = self.get_component_rich_style("split-rows--other")
         cur = self.get_component_rich_style("split-rows--cursor")
         ends = self.get_component_rich_style("split-rows--ends")
+        over = self.get_component_rich_style("split-rows--over")
         L = self.split.num_layers
+        kinds_w = self._bar_offset()
+        width = max(4, self.size.width - PREFIX - kinds_w)
         for st in self.split.stages:
-            prefix = row_prefix(self.split, st.index)
+            is_over = st.rank in self.over_ranks
+            prefix = row_prefix(self.split, st.index, is_over)
             line = Text(prefix, style=cur if st.index == self.cursor else Style())
             if st.has_embedding or st.has_head:
                 line.stylize(ends, PREFIX - 4, PREFIX - 2)
+            if is_over:
+                line.stylize(over, 0, PREFIX - 1)
+            if kinds_w:
+                line.append(self._kinds(st)[:kinds_w - 1].ljust(kinds_w))
             for c in range(width):
                 layer = bar_layer(c, width, L)
                 mine = st.offset <= layer < st.offset + st.layers
@@ -89,6 +114,15 @@ class SplitRows(Widget, can_focus=True):
             out.append("\n")
         out.rstrip()
         return out
+
+    def _bar_offset(self) -> int:
+        if self.split is None or not self.kinds:
+            return 0
+        w = max(len(self._kinds(st)) for st in self.split.stages)
+        return min(w + 1, max(0, self.size.width - PREFIX - 8))
+
+    def _kinds(self, st) -> str:  # type: ignore[no-untyped-def]
+        return kinds_summary(self.kinds, st.offset, st.layers)
 
     def action_cursor(self, step: int) -> None:
         if self.split is not None:
@@ -122,9 +156,10 @@ class SplitRows(Widget, can_focus=True):
             return
         stage = event.y - 1
         self.cursor = stage
-        if event.x >= PREFIX:
-            width = max(4, self.size.width - PREFIX)
-            layer = bar_layer(event.x - PREFIX, width, self.split.num_layers)
+        start = PREFIX + self._bar_offset()
+        if event.x >= start:
+            width = max(4, self.size.width - start)
+            layer = bar_layer(event.x - start, width, self.split.num_layers)
             self.post_message(StageClick(stage, layer))
 
 
@@ -143,8 +178,9 @@ class SplitEditor(Vertical):
     def rows(self) -> SplitRows:
         return self.query_one(SplitRows)
 
-    def set_split(self, split: Split) -> None:
-        self.rows.set_split(split)
+    def set_split(self, split: Split, over_ranks: frozenset[int] = frozenset(),
+                  kinds: tuple[str, ...] = ()) -> None:
+        self.rows.set_split(split, over_ranks, kinds)
 
     def show_error(self, text: str) -> None:
         label = self.query_one("#split-error", Label)
