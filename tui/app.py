@@ -67,7 +67,7 @@ class PPSimApp(FileActions, App[None]):
         Binding("y", "copy_export", "Copy", show=False),
         Binding("s", "save", "Save"),
         Binding("t", "load_trace", "Trace"),
-        Binding("b", "pin", "Pin"),
+        Binding("b", "pin", "Pin", show=False),
         Binding("v", "toggle_pinned", "Overlay", show=False),
         Binding("slash", "find", "Find"),
         Binding("n", "find_next", "Next match", show=False),
@@ -151,6 +151,7 @@ class PPSimApp(FileActions, App[None]):
         for panel, title in (("#settings", "1 settings"), ("#split-editor", "2 split"),
                              ("#timeline", "3 timeline"), ("#compare-box", "4 compare")):
             self.query_one(panel).border_title = title
+        self.query_one("#compare-box").border_subtitle = "b pin split · v overlay"
         self.resimulate()
         if self._note:
             self.notify(self._note, timeout=8)

@@ -154,11 +154,11 @@ def delta_lines(result: Any, width: int = 100) -> list[str]:
     out = [f"current {list(result.state.counts)} vs {which} {list(result.pinned_counts)}"[:width],
            f"iteration {cur.iteration_time_ms:.3f} ms vs {pin.iteration_time_ms:.3f} ms "
            f"({dt:+.3f} ms)",
-           f"{'rank':<5}{'busy ms':>10}{'Δ ms':>10}{'peak mem':>11}{'Δ mem':>11}"]
+           f"{'rank':<5}{'busy ms':>10}{'Δ ms':>9}{'peak mem':>10}{'Δ mem':>10}"]
     for d in rank_deltas(pin, cur):
         mem = ("-" if d.peak_delta_bytes < 0 else "+") + fmt_bytes(abs(d.peak_delta_bytes))
-        out.append(f"r{d.rank:<4}{d.busy_ms[1]:>10.2f}{d.busy_delta_ms:>+10.2f}"
-                   f"{fmt_bytes(d.peak_bytes[1]):>11}{mem:>11}")
+        out.append(f"r{d.rank:<4}{d.busy_ms[1]:>10.2f}{d.busy_delta_ms:>+9.2f}"
+                   f"{fmt_bytes(d.peak_bytes[1]):>10}{mem:>10}")
     return out
 
 

@@ -26,8 +26,8 @@ def memory_text(summary: object, limit: float) -> str:
                 if r.rank == rank)
     more = f" (+{len(over) - 1} more rank{'s' if len(over) > 2 else ''})" if len(over) > 1 \
         else ""
-    return (f"DOES NOT FIT: r{rank} needs {fmt_bytes(peak)}, {fmt_bytes(extra)} over "
-            f"{fmt_bytes(limit)}{more}")
+    return (f"DOES NOT FIT: r{rank} {fmt_bytes(extra)} over ({fmt_bytes(peak)} / "
+            f"{fmt_bytes(limit)}){more}")
 
 
 def headline_text(result: object, busy: str = "") -> Text:
@@ -42,7 +42,10 @@ def headline_text(result: object, busy: str = "") -> Text:
     t.append("   bubble ")
     t.append(f"{s.bubble_fraction:.1%}", style="bold")
     mem = memory_text(s, limit)
-    t.append(f"   peak {fmt_bytes(s.peak_memory_bytes)} / {fmt_bytes(limit)} ")
+    if s.fits:
+        t.append(f"   peak {fmt_bytes(s.peak_memory_bytes)} / {fmt_bytes(limit)} ")
+    else:
+        t.append("   ")
     t.append(mem, style="bold green" if s.fits else "bold red")
     which = "even split" if r.pinned_is_even else "pinned"  # type: ignore[attr-defined]
     t.append(f"   vs {which} ")

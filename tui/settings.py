@@ -14,6 +14,7 @@ from tui.session import FROM_CONFIG, NO_RECOMPUTE, RECOMPUTE_MODES, EditState
 
 INPUTS = (("pp", "pp"), ("vpp", "vpp"), ("microbatches", "microbatches"),
           ("memory_gb", "memory GB"))
+"""(name, label); labels are cut to 9 characters in a narrow terminal."""
 
 
 def select_options(config_model: bool, config_hardware: bool,

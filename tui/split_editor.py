@@ -17,14 +17,18 @@ from ppsim.split import Split
 from tui.messages import BoundaryMove, CountSet, StageClick
 
 PREFIX = 26  # "  0 r0  c0   5    0  E H!"
+COMPACT = 20  # without the "first" column, below 44 columns
+HEADER = f"{'stg':>3} {'rank':<4}{'ch':<2}{'lay':>4}{'first':>6}      layers"
+COMPACT_HEADER = f"{'stg':>3} {'rank':<4}{'ch':<2}{'lay':>4}      layers"
 
 
-def row_prefix(split: Split, index: int, over: bool = False) -> str:
+def row_prefix(split: Split, index: int, over: bool = False, compact: bool = False) -> str:
     """A stage's row head; "!" marks a stage whose rank is over the memory limit."""
     st = split.stages[index]
     marks = ("E" if st.has_embedding else " ") + ("H" if st.has_head else " ")
     flag = "!" if over else " "
-    return f"{st.index:>3} r{st.rank:<3}c{st.chunk:<2}{st.layers:>4}{st.offset:>6} {marks}{flag} "
+    first = "" if compact else f"{st.offset:>6}"
+    return f"{st.index:>3} r{st.rank:<3}c{st.chunk:<2}{st.layers:>4}{first} {marks}{flag} "
 
 
 def kinds_summary(kinds: tuple[str, ...], offset: int, count: int) -> str:
@@ -84,10 +88,11 @@ class SplitRows(Widget, can_focus=True):
 
     def render(self) -> Text:
         out = Text(no_wrap=True, overflow="crop")
-        out.append(f"{'stg':>3} {'rank':<4}{'ch':<2}{'lay':>4}{'first':>6}      layers\n",
-                   style="bold")
+        head = COMPACT_HEADER if self._compact else HEADER
+        out.append(head[:self.size.width] + "\n", style="bold")
         if self.split is None:
             return out
+        prefix_w = self._prefix
         own = self.get_component_rich_style("split-rows--own")
         other = self.get_component_rich_style("split-rows--other")
         cur = self.get_component_rich_style("split-rows--cursor")
@@ -95,31 +100,41 @@ class SplitRows(Widget, can_focus=True):
         over = self.get_component_rich_style("split-rows--over")
         L = self.split.num_layers
         kinds_w = self._bar_offset()
-        width = max(4, self.size.width - PREFIX - kinds_w)
+        width = max(4, self.size.width - prefix_w - kinds_w)
         for st in self.split.stages:
             is_over = st.rank in self.over_ranks
-            prefix = row_prefix(self.split, st.index, is_over)
+            prefix = row_prefix(self.split, st.index, is_over, self._compact)
             line = Text(prefix, style=cur if st.index == self.cursor else Style())
             if st.has_embedding or st.has_head:
-                line.stylize(ends, PREFIX - 4, PREFIX - 2)
+                line.stylize(ends, prefix_w - 4, prefix_w - 2)
             if is_over:
-                line.stylize(over, 0, PREFIX - 1)
+                line.stylize(over, 0, prefix_w - 1)
             if kinds_w:
                 line.append(self._kinds(st)[:kinds_w - 1].ljust(kinds_w))
             for c in range(width):
-                layer = bar_layer(c, width, L)
-                mine = st.offset <= layer < st.offset + st.layers
+                # a cell is the stage's when their layer ranges overlap, so even a
+                # stage narrower than a cell shows (and one with no layers never does)
+                lo, hi = c * L / width, (c + 1) * L / width
+                mine = st.layers > 0 and st.offset < hi and st.offset + st.layers > lo
                 line.append("█" if mine else "·", style=own if mine else other)
             out.append_text(line)
             out.append("\n")
         out.rstrip()
         return out
 
+    @property
+    def _compact(self) -> bool:
+        return 0 < self.size.width < 44
+
+    @property
+    def _prefix(self) -> int:
+        return COMPACT if self._compact else PREFIX
+
     def _bar_offset(self) -> int:
         if self.split is None or not self.kinds:
             return 0
         w = max(len(self._kinds(st)) for st in self.split.stages)
-        return min(w + 1, max(0, self.size.width - PREFIX - 8))
+        return min(w + 1, max(0, self.size.width - self._prefix - 4))
 
     def _kinds(self, st) -> str:  # type: ignore[no-untyped-def]
         return kinds_summary(self.kinds, st.offset, st.layers)
@@ -156,7 +171,7 @@ class SplitRows(Widget, can_focus=True):
             return
         stage = event.y - 1
         self.cursor = stage
-        start = PREFIX + self._bar_offset()
+        start = self._prefix + self._bar_offset()
         if event.x >= start:
             width = max(4, self.size.width - start)
             layer = bar_layer(event.x - start, width, self.split.num_layers)

@@ -220,8 +220,10 @@ class Timeline(ScrollView, can_focus=True):
         self.ms_per_cell = fit if self._fitted else new
         self._changed()
         if anchor is not None and not self._fitted:
-            x = int(anchor / self.ms_per_cell - screen_x)
-            self.scroll_to(x=max(0, x), animate=False, immediate=True)
+            x = round(anchor / self.ms_per_cell - screen_x)
+            # after the refresh that applies the new virtual size (it bounds scroll_x)
+            self.call_after_refresh(self.scroll_to, x=max(0, x), animate=False,
+                                    immediate=True)
         elif self._fitted:
             self.scroll_to(x=0, animate=False, immediate=True)
 
@@ -263,10 +265,14 @@ class Timeline(ScrollView, can_focus=True):
                            immediate=True)
 
     def on_click(self, event: events.Click) -> None:
-        lane = event.y - 1 + int(self.scroll_y)
-        if event.y < 1 or not 0 <= lane < len(self.lanes) or event.x < GUTTER:
+        """Select the op under the mouse (event offsets include the border)."""
+        at = event.get_content_offset(self)
+        if at is None:
             return
-        x = event.x - GUTTER + int(self.scroll_x)
+        lane = at.y - 1 + int(self.scroll_y)
+        if at.y < 1 or not 0 <= lane < len(self.lanes) or at.x < GUTTER:
+            return
+        x = at.x - GUTTER + int(self.scroll_x)
         op = self.lanes[lane].overlapping(x * self.ms_per_cell, (x + 1) * self.ms_per_cell)
         if op < 0:
             op = self.lanes[lane].at_time((x + 0.5) * self.ms_per_cell)

@@ -343,7 +343,8 @@ async def test_big_timeline_renders_only_visible_lines() -> None:
         tl.lines_rendered = 0
         await pilot.press("plus")  # a new zoom: every visible line is built afresh
         await pilot.pause()
-        assert 0 < tl.lines_rendered <= tl.size.height
+        # at most twice the visible lines: once at the new scale, once re-centred
+        assert 0 < tl.lines_rendered <= 2 * tl.size.height
         before = tl.lines_rendered
         tl.refresh()  # nothing changed: every line comes from the cache
         await pilot.pause()
