@@ -9,7 +9,6 @@ for a state other than the one in the widgets. Escape cancels what runs.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
@@ -30,29 +29,24 @@ from tui.headline import Headline, headline_text, over_limit
 from tui.lanes import interleave, pinned_lanes, sim_lanes, trace_lanes
 from tui.memory import MemoryBars, bars_from_summary
 from tui.messages import BoundaryMove, CountSet, CursorMoved, SettingChanged, StageClick
-from tui.screens import FindPrompt, HelpScreen
+from tui.planning import PlannerActions
+from tui.screens import HelpScreen
 from tui.session import (
     EditState,
     Result,
     apply_setting,
     evaluate_state,
-    planner_available,
-    run_planner,
     state_from_config,
-    state_with_split,
 )
 from tui.settings import Settings, state_values
 from tui.split_editor import SplitEditor
 from tui.timeline import Timeline
+from tui.views import ViewActions
 
 PANELS = ("#settings", "#split-rows", "#timeline", "#compare-box")
 
 
-class PlanCancelled(Exception):
-    """Raised from the planner's progress callback to stop it."""
-
-
-class PPSimApp(FileActions, App[None]):
+class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
     CSS_PATH = "ppsim.tcss"
     TITLE = "ppsim"
     SUB_TITLE = "pipeline split editor"
@@ -86,6 +80,8 @@ class PPSimApp(FileActions, App[None]):
         self.saved_state = self.history.current if note == "" else None
         self.result: Result | None = None
         self.trace: Any = None
+        self._trace_lanes: tuple[Any, list] = (None, [])
+        self._lanes: tuple = ([], [])
         self.comparison: Comparison | None = None
         self.plan_result: Any = None
         self.pinned: tuple[int, ...] | None = None
@@ -219,7 +215,14 @@ class PPSimApp(FileActions, App[None]):
         except (UserError, EditRefused) as exc:
             self.call_from_thread(self._refused, str(exc), token, field)
             return
-        self.call_from_thread(self._apply, result, token)
+        # lanes and the trace comparison grow with the run: built here, not on the UI
+        # thread (a 300k-op state would stall the screen for a while otherwise)
+        from tui.compare import compare
+
+        trace = self.trace
+        views = (sim_lanes(result.sim), pinned_lanes(result.pinned), trace,
+                 compare(result.sim, trace) if trace is not None else None)
+        self.call_from_thread(self._apply, result, token, views)
 
     def _refused(self, message: str, token: int, field: str) -> None:
         """The core refused the state: go back to the last simulated one, say why."""
@@ -242,31 +245,42 @@ class PPSimApp(FileActions, App[None]):
         if field not in settings.values or not text:
             editor.show_error(text)
 
-    def _apply(self, result: Result, token: int) -> None:
+    def _apply(self, result: Result, token: int, views: tuple = ()) -> None:
         if not self._sim_finished(token):
             return  # a newer edit is simulating (or this one was cancelled)
         self.result = result
+        self._lanes = views[:2] if views else (sim_lanes(result.sim),
+                                               pinned_lanes(result.pinned))
+        recompare = not views or views[2] is not self.trace
+        if not recompare:
+            self.comparison = views[3]
         self.query_one(Headline).update(headline_text(result))
         self._show_split()
-        self._show_timeline()
+        self._show_timeline(recompare)
         self.query_one(MemoryBars).set_bars(bars_from_summary(result.sim.summary),
                                             result.sim.problem.hardware.memory_bytes)
         self.query_one("#deltas", Static).update("\n".join(delta_lines(result)))
         self.results_applied += 1
 
-    def _show_timeline(self) -> None:
+    def _show_timeline(self, recompare: bool = True) -> None:
+        """Lanes (real ones under their rank) and the trace comparison; `recompare`
+        when the comparison was not made with this result (a trace just loaded)."""
         if self.result is None:
             return
-        others = [pinned_lanes(self.result.pinned)] if self.show_pinned else []
+        sim_l, pin_l = self._lanes
+        others = [pin_l] if self.show_pinned else []
         box = self.query_one("#compare", Static)
         if self.trace is not None:
             from tui.compare import compare
 
-            others.append(trace_lanes(self.trace))
-            self.comparison = compare(self.result.sim, self.trace)
+            if self._trace_lanes[0] is not self.trace:
+                self._trace_lanes = (self.trace, trace_lanes(self.trace))
+            others.append(self._trace_lanes[1])
+            if recompare or self.comparison is None:
+                self.comparison = compare(self.result.sim, self.trace)
             box.update("\n".join(self.comparison.lines()))
             box.add_class("-shown")
-        self.query_one(Timeline).set_lanes(interleave(sim_lanes(self.result.sim), *others))
+        self.query_one(Timeline).set_lanes(interleave(sim_l, *others))
 
     # ------------------------------------------------------------ edits
 
@@ -371,103 +385,6 @@ class PPSimApp(FileActions, App[None]):
             self.notify("simulation cancelled; showing the last simulated state")
         if self.planning is not None:
             self.planning.set()
-
-    def action_plan(self) -> None:
-        if not planner_available():
-            self.notify("planner not available (ppsim.planner is missing)",
-                        severity="warning")
-            return
-        if self.planning is not None:
-            self.notify("the planner is running (Esc cancels it)")
-            return
-        bar = self.query_one("#plan-progress", ProgressBar)
-        bar.add_class("-shown")
-        bar.update(total=None, progress=0)
-        self.planning = threading.Event()
-        self._plan(self.state, self.planning)
-
-    @work(thread=True, group="plan")
-    def _plan(self, state: EditState, cancel: threading.Event) -> None:
-        last = [0.0]
-
-        def progress(done: int, total: int) -> None:
-            if cancel.is_set():
-                raise PlanCancelled
-            now = time.monotonic()
-            if now - last[0] >= 0.05 or done >= total:  # at most 20 updates a second
-                last[0] = now
-                self.call_from_thread(self._plan_progress, done, total)
-
-        try:
-            res = run_planner(self.base, state, progress)
-        except PlanCancelled:
-            self.call_from_thread(self._plan_done, None, "planner cancelled", state)
-            return
-        except UserError as exc:
-            self.call_from_thread(self._plan_done, None, str(exc), state)
-            return
-        self.call_from_thread(self._plan_done, res, "", state)
-
-    def _plan_progress(self, done: int, total: int) -> None:
-        self.query_one("#plan-progress", ProgressBar).update(total=total or None,
-                                                             progress=done)
-
-    def _plan_done(self, res: Any, error: str, started: EditState) -> None:
-        self.query_one("#plan-progress", ProgressBar).remove_class("-shown")
-        self.planning = None
-        self.plan_result = res
-        if error == "planner cancelled":
-            self.notify(error)
-            return
-        if res is None or res.best is None:
-            self.notify(error or "the planner found no split that fits memory",
-                        severity="error")
-            return
-        if started != self.state:
-            self.notify("planner result dropped: the settings changed while it ran "
-                        "(press p to plan the current state)", severity="warning")
-            return
-        self.set_state(state_with_split(self.state, res.best.split), field="split")
-        proof = "proven optimal" if res.proven_optimal else "best found"
-        self.notify(f"planner: {list(res.best.split.counts)} "
-                    f"{res.best.summary.iteration_time_ms:.3f} ms ({proof}; "
-                    f"{res.evaluated}/{res.total_splits} splits evaluated)")
-
-    def action_pin(self) -> None:
-        """Pin the current split for comparison; pressed on the pinned split, go back
-        to the even split."""
-        if self.pinned == self.state.counts:
-            self.pinned = None
-            self.notify("comparing with the even split")
-        else:
-            self.pinned = self.state.counts
-            self.notify(f"pinned {list(self.state.counts)} for comparison")
-        self.resimulate()
-
-    def action_toggle_pinned(self) -> None:
-        self.show_pinned = not self.show_pinned
-        self._show_timeline()
-
-    def action_find(self) -> None:
-        self.push_screen(FindPrompt(self.find_query), self._find)
-
-    def _find(self, query: str | None) -> None:
-        if query:
-            self.find_query = query
-            self.action_find_next()
-
-    def action_find_next(self) -> None:
-        if not self.find_query:
-            return
-        try:
-            found = self.query_one(Timeline).find(self.find_query)
-        except ValueError as exc:
-            self.notify(str(exc), severity="error")
-            return
-        if not found:
-            self.notify(f"no op matches {self.find_query!r}", severity="warning")
-        else:
-            self.query_one(Timeline).focus()
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)

@@ -13,40 +13,42 @@ HELP = """\
 [b]ppsim tui[/b] — edit a pipeline split and watch the simulated iteration change.
 [b]Close this help with Escape, q or ?[/b] (it scrolls: ↑/↓, PgUp/PgDn).
 
-[b]Panels[/b]  1 settings   2 split   3 timeline   4 compare + memory   (tab cycles; the
-focused panel has a bright border; Escape leaves a text field, putting back its value)
+[b]Panels[/b]  1 settings  2 split  3 timeline  4 compare + memory  (tab cycles;
+the focused panel has a bright border; Escape leaves a text field, putting its
+value back)
 
-[b]Split editor[/b] (one row per virtual stage: stage, rank, chunk, layers, first layer;
-E = embedding, H = LM head + loss, ! = its rank is over the memory limit; with layer
-kinds, e.g. "3 dense + 5 moe")
-  ↑/↓ select a stage     → give it one more layer   ← take one away
-  (→/← move its end boundary; the last stage's start)   shift+←/→ move its start boundary
+[b]Split editor[/b]  a row per virtual stage: stage, rank, chunk, layers, first layer;
+E = embedding, H = LM head + loss, ! = its rank is over the memory limit; layer
+kinds when the model has them ("3 dense + 5 moe")
+  ↑/↓ select a stage   → give it one more layer   ← take one away
+  (→/← move its end boundary, the last stage's start; shift+←/→ its start)
   click a layer on a row: move the nearest boundary there
   c type a count for the stage (the next stage absorbs the difference)
 
-[b]Timeline[/b] (one lane per rank; a loaded trace's lane "realN" sits under rank N)
-  [on #1e5aa8] F [/] forward   [on #2e8540] B [/] backward (inputs)   [on #b8860b] W [/] \
-weight-grad   · idle
-  darker shade = a later chunk (virtual stage) of the rank; "F12" = forward of
-  microbatch 12; odd microbatches are lower case ("f13") so neighbours stay apart
-  ←/→ previous/next op   ↑/↓ lane   +/- zoom (around the cursor)   0 fit
+[b]Timeline[/b]  one lane per rank; a loaded trace's lane "realN" sits under rank N
+  [on #1e5aa8] F [/] forward  [on #2e8540] B [/] backward (inputs)  [on #b8860b] W [/] \
+weight-grad  · idle
+  a darker shade = a later chunk (virtual stage) of the rank
+  "F12" = forward of microbatch 12; odd microbatches are lower case ("f13")
+  so neighbours stay apart
+  ←/→ previous/next op   ↑/↓ lane   +/- zoom around the cursor   0 fit
   shift+←/→ or the mouse wheel scroll   click an op to select it
-  / find (r3 = rank 3, F12 = forward of microbatch 12, 12 = any op of microbatch 12,
-  combine: "r3 b12")   n next match
+  / find: r3 = rank 3, F12 = forward of microbatch 12, 12 = microbatch 12,
+  combined as "r3 b12"   n next match
 
-[b]Compare[/b]  b pin the current split (b on the pinned split: back to the even split)
-  v show the pinned split's lanes under the current ones; the panel lists per-rank
-  busy time and peak memory, current and minus pinned. With a trace, the cursor line
-  shows the real op and its difference (real - simulated, as ppsim diff).
+[b]Compare[/b]  b pin the current split (b on the pinned one: the even split again)
+  v show the pinned split's lanes under the current ones; the panel lists each
+  rank's busy time and peak memory, and current minus pinned. With a trace, the
+  cursor line shows the real op and its difference (real - sim, as ppsim diff)
 
 [b]Everywhere[/b]
-  u undo   ctrl+y redo   p run the planner and jump to its best split (Esc cancels)
+  u undo   ctrl+y redo   p planner: jump to its best split (Esc cancels)
   e export the split to a file   y copy the export to the clipboard
   s save the config (TOML)   t load a real trace and compare
-  Escape cancels a running simulation or planner   ctrl+p command palette   q quit
+  Escape cancels a running simulation or planner   ctrl+p commands   q quit
 
-Settings: type a value and press Enter (or leave the field); a refused value is put
-back and the reason stays under the form until the next accepted change.
+Settings: type a value and press Enter (or leave the field); a refused value is
+put back and the reason stays under the form until the next accepted change.
 """
 
 

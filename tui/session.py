@@ -141,14 +141,13 @@ def config_for(base: Config, state: EditState) -> Config:
 def schedule_vpp(schedule: str, pp: int, vpp: int, microbatches: int) -> int:
     """The vpp to use with a newly chosen schedule: the current one if the schedule
     takes it, else 2 or 1 (interleaved and V schedules need 2 chunks, 1F1B one).
-    Only the cheap shape rules are asked (no schedule is built here)."""
-    from ppsim.schedules import build_schedule
-
+    Only the schedule's own checks run (no schedule is generated on the UI thread)."""
     for cand in (vpp, 2, 1):
         try:
-            build_schedule(schedule, 1 if pp > 64 else pp, cand, min(microbatches, 64))
-        except UserError:
-            continue
+            SCHEDULES[schedule].check(pp, cand, microbatches)
+        except UserError as exc:
+            if exc.field in ("pipeline.vpp", "pipeline.schedule"):
+                continue  # another problem (microbatches) is the worker's to report
         return cand
     return vpp
 

@@ -232,9 +232,9 @@ async def test_planner_lands_on_the_best_split() -> None:
 
 
 async def test_planner_missing_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    import tui.app
+    import tui.planning
 
-    monkeypatch.setattr(tui.app, "planner_available", lambda: False)
+    monkeypatch.setattr(tui.planning, "planner_available", lambda: False)
     app = PPSimApp()
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)

@@ -200,7 +200,7 @@ def test_a_uniform_model_offers_no_recompute_choice() -> None:
 def fake_planner(monkeypatch: pytest.MonkeyPatch, release: threading.Event,
                  counts: tuple[int, ...]) -> None:
     """A planner that reports progress until released, then answers `counts`."""
-    import tui.app
+    import tui.planning
     from ppsim.split import Split
 
     class Best:
@@ -219,8 +219,8 @@ def fake_planner(monkeypatch: pytest.MonkeyPatch, release: threading.Event,
             progress(1, 0)
         return Res
 
-    monkeypatch.setattr(tui.app, "run_planner", plan)
-    monkeypatch.setattr(tui.app, "planner_available", lambda: True)
+    monkeypatch.setattr(tui.planning, "run_planner", plan)
+    monkeypatch.setattr(tui.planning, "planner_available", lambda: True)
 
 
 async def test_a_late_planner_result_does_not_overwrite_newer_edits(
