@@ -220,7 +220,10 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         from tui.compare import compare
 
         trace = self.trace
-        views = (sim_lanes(result.sim), pinned_lanes(result.pinned), trace,
+        pin = self._lanes  # the pinned split's simulation is cached: so are its lanes
+        pin_l = pin[2] if len(pin) > 2 and pin[3] is result.pinned else \
+            pinned_lanes(result.pinned)
+        views = (sim_lanes(result.sim), pin_l, trace,
                  compare(result.sim, trace) if trace is not None else None)
         self.call_from_thread(self._apply, result, token, views)
 
@@ -251,6 +254,7 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         self.result = result
         self._lanes = views[:2] if views else (sim_lanes(result.sim),
                                                pinned_lanes(result.pinned))
+        self._lanes += (self._lanes[1], result.pinned)
         recompare = not views or views[2] is not self.trace
         if not recompare:
             self.comparison = views[3]
@@ -267,7 +271,7 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         when the comparison was not made with this result (a trace just loaded)."""
         if self.result is None:
             return
-        sim_l, pin_l = self._lanes
+        sim_l, pin_l = self._lanes[:2]
         others = [pin_l] if self.show_pinned else []
         box = self.query_one("#compare", Static)
         if self.trace is not None:
@@ -369,10 +373,12 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         if isinstance(focused, Input):
             settings = self.query_one(Settings)
             name = (focused.id or "")[4:]
+            typed = focused.value.strip() != settings.values.get(name, "")
             if name in settings.values:
                 settings.revert(name)
             self.query_one("#split-rows").focus()
-            return
+            if typed:
+                return  # this Escape abandoned the typing; the next one cancels
         if self.simulating:
             self._token += 1  # its result, when it comes, is dropped
             self.simulating = False

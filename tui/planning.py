@@ -1,11 +1,22 @@
-"""The planner as an app action: a worker thread with progress, Escape cancels it, and
-its answer is applied only when the state it planned is still the current one.
+"""The planner as an app action: a child process watched by a worker thread, with
+progress; Escape stops it; its answer is applied only when the state it planned is
+still the current one.
+
+The planner runs in its own process (`tui.plan_child`) because it is pure Python: in a thread it
+would take the GIL from the screen, and a thread cannot be stopped.
+`IN_PROCESS = False` runs `run_planner` in the worker thread instead (tests that
+replace the planner with a stand-in use it).
 
 A mixin of `tui.app.PPSimApp` (which holds `state`, `set_state` and `planning`).
 """
 
 from __future__ import annotations
 
+import os
+import pickle
+import select
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -14,7 +25,37 @@ from textual import work
 from textual.widgets import ProgressBar
 
 from ppsim.errors import UserError
-from tui.session import EditState, planner_available, run_planner, state_with_split
+from tui.session import (
+    EditState,
+    planner_available,
+    run_planner,
+    state_with_split,
+)
+
+IN_PROCESS = True
+
+
+def start_child(base: Any, state: EditState) -> subprocess.Popen:
+    """Start `python -m tui.plan_child` with this process's import path; send the job."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = subprocess.Popen([sys.executable, "-m", "tui.plan_child"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    assert proc.stdin is not None
+    pickle.dump((base, state), proc.stdin)
+    proc.stdin.close()
+    return proc
+
+
+def read_message(proc: subprocess.Popen, timeout: float) -> tuple | None:
+    """The child's next message, or None when none arrived within `timeout` (or at EOF)."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    if not ready:
+        return None
+    try:
+        return pickle.load(proc.stdout)  # the child flushes whole messages
+    except EOFError:
+        return None
 
 
 class PlanCancelled(Exception):
@@ -38,11 +79,39 @@ class PlannerActions:
         bar = self.query_one("#plan-progress", ProgressBar)
         bar.add_class("-shown")
         bar.update(total=None, progress=0)
+        self.notify("planner running: the bar shows splits evaluated; Esc cancels")
         self.planning = threading.Event()
         self._plan(self.state, self.planning)
 
     @work(thread=True, group="plan")
     def _plan(self, state: EditState, cancel: threading.Event) -> None:
+        if not IN_PROCESS:
+            self._plan_here(state, cancel)
+            return
+        outcome: tuple = ("error", "the planner stopped without an answer")
+        proc = start_child(self.base, state)
+        try:
+            while not cancel.is_set():
+                msg = read_message(proc, 0.05)
+                if msg is None:
+                    if proc.poll() is not None:
+                        break
+                    continue
+                if msg[0] == "progress":
+                    self.call_from_thread(self._plan_progress, msg[1], msg[2])
+                else:
+                    outcome = msg
+                    break
+            else:
+                outcome = ("error", "planner cancelled")
+        finally:
+            if proc.poll() is None:
+                proc.kill()  # cancelled or done: the child stops here
+            proc.wait(5)
+        res, error = (outcome[1], "") if outcome[0] == "done" else (None, outcome[1])
+        self.call_from_thread(self._plan_done, res, error, state)
+
+    def _plan_here(self, state: EditState, cancel: threading.Event) -> None:
         last = [0.0]
 
         def progress(done: int, total: int) -> None:

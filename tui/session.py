@@ -290,16 +290,13 @@ def evaluate_state(base: Config, state: EditState,
     problem = build_problem(cfg)
     sim = simulate(problem)
     counts = pinned_counts(state, pinned)
-    if counts == state.counts:
-        other = sim
-    else:
-        key = (_base_key(base), replace(state, counts=counts))
-        other = _pinned_cache.get(key)  # type: ignore[assignment]
-        if other is None:
-            other = simulate(problem.with_split(replace(problem.split, counts=counts)))
-            if len(_pinned_cache) > 32:
-                _pinned_cache.clear()
-            _pinned_cache[key] = other
+    key = (_base_key(base), replace(state, counts=counts))
+    other = sim if counts == state.counts else _pinned_cache.get(key)
+    if other is None:
+        other = simulate(problem.with_split(replace(problem.split, counts=counts)))
+    if len(_pinned_cache) > 32:
+        _pinned_cache.clear()
+    _pinned_cache[key] = other  # the next edits of this shape compare with it for free
     even = counts == even_counts(state.num_layers, state.pp, state.vpp)
     return Result(state, cfg, sim, other, even)
 
@@ -321,6 +318,26 @@ def run_planner(base: Config, state: EditState, progress: Progress | None = None
 
     problem = build_problem(config_for(base, state))
     return planner.plan(problem, top_k=5, progress=progress)
+
+
+def plan_in_child(base: Config, state: EditState, conn: Any) -> None:
+    """The planner in a child process (so it never competes with the screen for the
+    GIL, and cancelling it stops it): progress, then ("done", result) or ("error", text)
+    on the pipe, at most 20 progress messages a second."""
+    import time
+
+    last = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 0.05 or (total and done >= total):
+            last[0] = now
+            conn.send(("progress", done, total))
+
+    try:
+        conn.send(("done", run_planner(base, state, progress)))
+    except UserError as exc:
+        conn.send(("error", str(exc)))
 
 
 def state_with_split(state: EditState, split: Split) -> EditState:

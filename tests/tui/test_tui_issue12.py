@@ -220,6 +220,7 @@ def fake_planner(monkeypatch: pytest.MonkeyPatch, release: threading.Event,
         return Res
 
     monkeypatch.setattr(tui.planning, "run_planner", plan)
+    monkeypatch.setattr(tui.planning, "IN_PROCESS", False)  # the stand-in lives here
     monkeypatch.setattr(tui.planning, "planner_available", lambda: True)
 
 
@@ -472,3 +473,32 @@ async def test_dropdowns_hold_only_real_choices() -> None:
         for sel in app.query(Select):
             labels = [str(label) for label, _ in sel._options]
             assert "(custom)" not in labels and sel.value is not Select.NULL
+
+
+async def test_the_real_planner_runs_in_a_child_that_escape_stops(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner process is killed on Escape (a thread could not be stopped)."""
+    import tui.planning
+
+    started = []
+    real_start = tui.planning.start_child
+
+    def spy(base, state):
+        started.append(real_start(base, state))
+        return started[-1]
+
+    monkeypatch.setattr(tui.planning, "start_child", spy)
+    cfg = load_config(None)
+    cfg.model = {"preset": "llama3-70b"}
+    cfg.hardware.memory_bytes = 80e9
+    cfg.pipeline.pp, cfg.pipeline.microbatches, cfg.pipeline.split = 16, 256, None
+    app = PPSimApp(cfg)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("p")
+        await pilot.pause(1.0)
+        assert app.planning is not None and started and started[0].poll() is None
+        await pilot.press("escape")
+        await settle(pilot)
+        assert app.planning is None and started[0].poll() is not None
+        assert any("planner cancelled" in str(n.message) for n in app._notifications)
