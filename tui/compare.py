@@ -151,13 +151,16 @@ def delta_lines(result: Any, width: int = 100) -> list[str]:
     pin, cur = result.pinned.summary, result.sim.summary
     which = "even split" if result.pinned_is_even else "pinned split"
     dt = cur.iteration_time_ms - pin.iteration_time_ms
+    deltas = rank_deltas(pin, cur)
+    big = max((abs(x) for d in deltas for x in d.busy_ms), default=0.0) >= 1e5
+    unit, scale = ("s", 1e3) if big else ("ms", 1.0)  # keep the columns apart
     out = [f"current {list(result.state.counts)} vs {which} {list(result.pinned_counts)}"[:width],
            f"iteration {cur.iteration_time_ms:.3f} ms vs {pin.iteration_time_ms:.3f} ms "
            f"({dt:+.3f} ms)",
-           f"{'rank':<5}{'busy ms':>10}{'Δ ms':>9}{'peak mem':>10}{'Δ mem':>10}"]
-    for d in rank_deltas(pin, cur):
+           f"{'rank':<5}{'busy ' + unit:>10} {'Δ ' + unit:>9}{'peak mem':>10}{'Δ mem':>10}"]
+    for d in deltas:
         mem = ("-" if d.peak_delta_bytes < 0 else "+") + fmt_bytes(abs(d.peak_delta_bytes))
-        out.append(f"r{d.rank:<4}{d.busy_ms[1]:>10.2f}{d.busy_delta_ms:>+9.2f}"
+        out.append(f"r{d.rank:<4}{d.busy_ms[1] / scale:>10.2f} {d.busy_delta_ms / scale:>+9.2f}"
                    f"{fmt_bytes(d.peak_bytes[1]):>10}{mem:>10}")
     return out
 
