@@ -7,8 +7,8 @@ must work without torch. torch is imported inside the handler only.
 from __future__ import annotations
 
 import argparse
+import math
 import os
-import shutil
 from typing import Any
 
 from ppsim.cli import add_config_flags, config_from_args, emit_json
@@ -36,8 +36,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--iterations", type=int, default=3, metavar="N")
     r.add_argument("--warmup", type=int, default=1, metavar="N",
                    help="leading iterations marked warm-up and left out of the summary")
-    r.add_argument("--trace-dir", default="ppsim-run", metavar="DIR",
-                   help="where trace.json and summary.json go (default ./ppsim-run)")
+    r.add_argument("--trace-dir", metavar="DIR",
+                   help="where trace.json and summary.json go; refused if it holds an earlier "
+                   "run's results (default: a fresh ppsim-run/<time>, with ppsim-run/latest "
+                   "pointing at the last successful run)")
     r.add_argument("--timeout-s", type=float, default=120.0, metavar="S",
                    help="give up on a stuck transfer after S seconds")
     r.add_argument("--inject-fault", metavar="RANK:KIND:STAGE:MB[:ITER]",
@@ -49,6 +51,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
     r.add_argument("--json", action="store_true", help="one JSON object on stdout")
     r.add_argument("--dump-grads", metavar="PREFIX", help=argparse.SUPPRESS)
+    # Tests only: the faulty rank SIGKILLs itself instead of reporting (a silent death).
+    r.add_argument("--fault-mode", choices=("raise", "kill"), help=argparse.SUPPRESS)
 
 
 def register(commands: dict[str, Any]) -> None:
@@ -90,28 +94,44 @@ def validate(args: argparse.Namespace) -> Any:
                         f"{fields['tp']}", "set tp = 1 (--tp 1)")
     problem = load_problem(args)
     pp = problem.split.pp
+    if not problem.split.standard_ends or problem.split.mtp:
+        raise UserError("pipeline.layout", "the executor builds the embedding on the first "
+                        "stage, the head on the last and no MTP layers",
+                        "run a split without empty end stages or 'm' (plan and simulate "
+                        "take any)")
+    _check_launch(args, pp)
+    if args.iterations < 1 or not 0 <= args.warmup < args.iterations:
+        raise UserError("--warmup", f"{args.warmup} warm-up of {args.iterations} iterations",
+                        "need iterations >= 1 and 0 <= warmup < iterations")
+    if not (math.isfinite(args.timeout_s) and 0 < args.timeout_s <= 7 * 86400):
+        raise UserError("--timeout-s", f"must be a number of seconds in (0, 604800], got "
+                        f"{args.timeout_s}", "e.g. --timeout-s 120")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise UserError("--lr", f"must be a positive finite number, got {args.lr}",
+                        "e.g. --lr 1e-3")
+    if args.inject_fault:
+        _check_fault(args.inject_fault, problem, args.iterations)
+    if args.engine == "torch":
+        _check_peer(problem)
+    return problem
+
+
+def _check_launch(args: argparse.Namespace, pp: int) -> None:
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         raise UserError("--node-rank", f"{args.node_rank} is not in 0..{args.nnodes - 1}",
                         "give each node a distinct rank below --nnodes")
+    if args.master_port is not None and not 1 <= args.master_port <= 65535:
+        raise UserError("--master-port", f"{args.master_port} is not a TCP port",
+                        "give a port in 1..65535, or leave it out for a free one")
     if args.nproc_per_node is None:
         args.nproc_per_node = max(1, pp // args.nnodes)
     if args.nproc_per_node * args.nnodes != pp:
         raise UserError("--nproc-per-node", f"{args.nproc_per_node} x {args.nnodes} node(s) = "
                         f"{args.nproc_per_node * args.nnodes} ranks but pp = {pp}",
                         f"run pp = {pp} ranks in all (one rank per pipeline stage)")
-    if args.iterations < 1 or not 0 <= args.warmup < args.iterations:
-        raise UserError("--warmup", f"{args.warmup} warm-up of {args.iterations} iterations",
-                        "need iterations >= 1 and 0 <= warmup < iterations")
-    if args.timeout_s <= 0:
-        raise UserError("--timeout-s", "must be positive", "e.g. --timeout-s 120")
-    if args.inject_fault:
-        _check_fault(args.inject_fault, problem)
-    if args.engine == "torch":
-        _check_peer(problem)
-    return problem
 
 
-def _check_fault(text: str, problem: Any) -> None:
+def _check_fault(text: str, problem: Any, iterations: int) -> None:
     from executor.runtime import Fault
 
     try:
@@ -125,6 +145,9 @@ def _check_fault(text: str, problem: Any) -> None:
             problem.schedule.actions[f.rank]:
         raise UserError("--inject-fault", f"rank {f.rank} runs no {f.kind} of stage {f.stage} "
                         f"microbatch {f.microbatch}", "pick an op from that rank's schedule")
+    if f.iteration >= iterations:
+        raise UserError("--inject-fault", f"iteration {f.iteration} never runs (iterations "
+                        f"0..{iterations - 1})", "pick an iteration below --iterations")
 
 
 def _check_peer(problem: Any) -> None:
@@ -144,7 +167,7 @@ def _check_peer(problem: Any) -> None:
 
 
 def _own_files(args: argparse.Namespace) -> list[str]:
-    """What this node's ranks write in the trace dir (removed before and on failure)."""
+    """What this node's ranks write in the trace dir (removed again if the run fails)."""
     d = args.trace_dir
     lo = args.node_rank * args.nproc_per_node
     files = [os.path.join(d, "parts", f"rank{r}.json") for r in range(lo, lo +
@@ -154,22 +177,19 @@ def _own_files(args: argparse.Namespace) -> list[str]:
     return files
 
 
-def _clean(args: argparse.Namespace) -> None:
-    for f in _own_files(args):
-        if os.path.exists(f):
-            os.unlink(f)
-    parts = os.path.join(args.trace_dir, "parts")
-    if os.path.isdir(parts) and not os.listdir(parts):
-        shutil.rmtree(parts)
+def _trace_bytes(problem: Any, iterations: int) -> int:
+    from executor.rundir import BYTES_PER_OP
+
+    ops = sum(len(a) for a in problem.schedule.actions)
+    return ops * iterations * BYTES_PER_OP + 1_000_000
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import sys
-
-    from executor import launch
+    from executor import launch, rundir
 
     problem = validate(args)
     if args.print_launch:
+        args.trace_dir = rundir.planned(args.trace_dir)
         launch.print_launch(args)
         return 0
     if args.device == "cuda":
@@ -178,11 +198,40 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             raise UserError("--device", "cuda requested but torch sees no GPU here",
                             "use --device cpu")
-    _clean(args)
+    store = None
+    if args.nnodes == 1:
+        store = launch.JobStore(args.master_addr, args.master_port)
+    elif args.node_rank == 0:
+        launch.check_port_free(args.master_addr, args.master_port or 29500)
+    try:
+        run = rundir.prepare(args.trace_dir, args.node_rank, _trace_bytes(problem,
+                                                                          args.iterations))
+        args.trace_dir = run.path
+        try:
+            out = _launch(args, problem, store)
+        except BaseException:
+            rundir.release(run, _own_files(args))
+            raise
+    finally:
+        if store is not None:
+            store.close()
+    rundir.release(run, _own_files(args) if out.returncode != 0 else [])
+    if out.returncode != 0:
+        _report_failure(out)
+        return out.returncode if out.returncode > 0 else 1
+    rundir.link_latest(run)
+    return _finish(args)
+
+
+def _launch(args: argparse.Namespace, problem: Any, store: Any) -> Any:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
 
+    from executor import launch
+
     err = Console(stderr=True)
+    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+           launch.STORE_ENV: "{}:{}".format(*store.endpoint)} if store else {}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[note]}"),
                   console=err, transient=True, disable=not err.is_terminal) as bar:
         task = bar.add_task(f"{args.engine} {problem.schedule.name} pp={problem.split.pp}",
@@ -192,21 +241,29 @@ def cmd_run(args: argparse.Namespace) -> int:
             note = f"iteration {msg['iteration']}/{msg['of']}  loss {msg['loss']:.4f}"
             bar.update(task, completed=msg["iteration"], note=note)
 
-        out = launch.run_torchrun(launch.launch_command(args), progress)
-    if out.returncode != 0:
-        _clean(args)
-        lines = out.errors or out.aborts or out.tail[-10:] or ["(no output)"]
-        for line in lines:
-            sys.stderr.write(f"ppsim run: error: {line}\n")
-        if out.errors and out.aborts:
-            sys.stderr.write(f"ppsim run: {len(out.aborts)} other rank(s) on this node "
-                             "stopped because of it\n")
-        return out.returncode if out.returncode > 0 else 1
+        cmd = launch.launch_command(args, store.endpoint if store else None)
+        return launch.run_torchrun(cmd, progress, env_extra=env)
+
+
+def _report_failure(out: Any) -> None:
+    import sys
+
+    from executor.launch import failure_lines
+
+    errors, notes = failure_lines(out)
+    for line in errors:
+        sys.stderr.write(f"ppsim run: error: {line}\n")
+    for line in notes:
+        sys.stderr.write(f"ppsim run: {line}\n")
+
+
+def _finish(args: argparse.Namespace) -> int:
+    import json
+    import sys
+
     if args.node_rank != 0:
         sys.stderr.write(f"node {args.node_rank} done; node 0 writes the trace and summary\n")
         return 0
-    import json
-
     with open(os.path.join(args.trace_dir, "summary.json"), encoding="utf-8") as fh:
         res = json.load(fh)
     if args.json:

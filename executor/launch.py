@@ -3,14 +3,21 @@
 ppsim never starts ranks itself: it runs `python -m torch.distributed.run`
 (torchrun) with `-m executor.worker` and the same flags `ppsim run` got, and
 reads the rank-0 worker's `ppsim-progress` lines to drive a progress bar.
+
+On one node `ppsim run` hosts the job's TCP store itself, bound to the master
+address (127.0.0.1 by default) rather than every interface as torchrun's own
+stores are; torchrun joins it as a client and the ranks build their process
+group on it (`PPSIM_STORE`). Multi-node jobs use torchrun's static rendezvous.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import errno
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -19,10 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ppsim.cli import add_config_flags
+from ppsim.errors import UserError
 
 # Flags the worker needs besides the config flags; launch-only flags stay here.
 WORKER_FLAGS = ("device", "iterations", "warmup", "trace_dir", "engine", "inject_fault",
-                "timeout_s", "seed", "lr", "dump_grads", "actions_csv")
+                "timeout_s", "seed", "lr", "dump_grads", "actions_csv", "fault_mode")
+STORE_ENV = "PPSIM_STORE"
+"""host:port of the store `ppsim run` hosts; the worker builds its process group on it."""
 
 
 def worker_argv(args: argparse.Namespace) -> list[str]:
@@ -43,9 +53,16 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def torchrun_args(args: argparse.Namespace) -> list[str]:
-    if args.nnodes == 1 and args.master_port is None:
-        # One node: torchrun picks a free port itself (tests run side by side).
+def torchrun_args(args: argparse.Namespace, store: tuple[str, int] | None = None) -> list[str]:
+    """torchrun's flags: joining the store `ppsim run` hosts, or static rendezvous."""
+    if store is not None:
+        host, port = store
+        endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        # is_host=false: torchrun is a client of our store and opens none of its own.
+        rdzv = ["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                "--rdzv-id", f"ppsim-{os.getpid()}-{port}", "--rdzv-conf", "is_host=false",
+                "--local-addr", host]
+    elif args.nnodes == 1 and args.master_port is None:
         rdzv = ["--standalone", "--nnodes", "1"]
     else:
         rdzv = ["--nnodes", str(args.nnodes), "--node-rank", str(args.node_rank),
@@ -55,9 +72,61 @@ def torchrun_args(args: argparse.Namespace) -> list[str]:
                    "-m", "executor.worker"]
 
 
-def launch_command(args: argparse.Namespace) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", *torchrun_args(args),
+def launch_command(args: argparse.Namespace, store: tuple[str, int] | None = None) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *torchrun_args(args, store),
             *worker_argv(args)]
+
+
+class JobStore:
+    """The job's TCP store, hosted in this process and listening on one address only."""
+
+    def __init__(self, addr: str, port: int | None) -> None:
+        import socket
+        from datetime import timedelta
+
+        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((addr, port or 0))
+            sock.listen(128)
+        except (OSError, OverflowError) as exc:
+            sock.close()
+            if getattr(exc, "errno", None) == errno.EADDRINUSE:
+                raise UserError("--master-port", f"port {port} is already in use",
+                                "pick another port, or leave --master-port out for a free "
+                                "one") from None
+            raise UserError("--master-addr", f"cannot listen on {addr}: "
+                            f"{getattr(exc, 'strerror', None) or exc}",
+                            "give an address of this machine, e.g. 127.0.0.1") from None
+        self.addr, self.port = addr, sock.getsockname()[1]
+        import torch.distributed as dist
+
+        # The store takes the listening socket over (detach: Python must not close it).
+        self.store = dist.TCPStore(addr, self.port, is_master=True, wait_for_workers=False,
+                                   master_listen_fd=sock.detach(),
+                                   timeout=timedelta(seconds=60))
+
+    @property
+    def endpoint(self) -> tuple[str, int]:
+        return self.addr, self.port
+
+    def close(self) -> None:
+        del self.store
+
+
+def check_port_free(addr: str, port: int) -> None:
+    """Multi-node, node 0: torchrun will listen on `port`; say so now if it cannot."""
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("", port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise UserError("--master-port", f"port {port} is already in use on this "
+                                "node", "pick another --master-port for every node") from None
 
 
 def sbatch_script(args: argparse.Namespace) -> str:
@@ -93,6 +162,15 @@ def print_launch(args: argparse.Namespace) -> None:
     print(sbatch_script(args), end="")
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str, limit: int = 2000) -> str:
+    """A line from a rank or torchrun, safe for a terminal: control characters escaped."""
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 @dataclass
 class Outcome:
     returncode: int
@@ -101,18 +179,27 @@ class Outcome:
     aborts: list[str] = field(default_factory=list)
     tail: list[str] = field(default_factory=list)
     """Last lines of other output (torchrun's own report), for a failure."""
+    exits: dict[int, int] = field(default_factory=dict)
+    """rank -> exit code of each failed rank in torchrun's report (negative: signal)."""
+
+
+_RECORD_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\b")
+_RECORD_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\b")
 
 
 def run_torchrun(cmd: list[str], on_progress: Callable[[dict], None],
-                 timeout_s: float | None = None) -> Outcome:
+                 timeout_s: float | None = None,
+                 env_extra: dict[str, str] | None = None) -> Outcome:
     """Run torchrun, feeding progress lines to `on_progress`; never leaves it running."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
+    env.update(env_extra or {})
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True)
+                            errors="replace", env=env, start_new_session=True)
     out = Outcome(0)
     tail: collections.deque[str] = collections.deque(maxlen=30)
+    record_rank: int | None = None
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -130,6 +217,12 @@ def run_torchrun(cmd: list[str], on_progress: Callable[[dict], None],
                 out.aborts.append(line.split(": ", 1)[1])
             elif line.strip():
                 tail.append(line)
+                # torchrun's failure report: "rank : 1 (local_rank: 1)" then "exitcode : -9".
+                if m := _RECORD_RANK.match(line):
+                    record_rank = int(m.group(1))
+                elif (m := _RECORD_EXIT.match(line)) and record_rank is not None:
+                    out.exits[record_rank] = int(m.group(1))
+                    record_rank = None
         out.returncode = proc.wait(timeout=timeout_s)
     except (KeyboardInterrupt, subprocess.TimeoutExpired):
         _stop(proc)
@@ -139,6 +232,53 @@ def run_torchrun(cmd: list[str], on_progress: Callable[[dict], None],
             _stop(proc)
     out.tail = list(tail)
     return out
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "unknown signal"
+        return f"killed by signal {-code} ({name})"
+    return f"exited with status {code}"
+
+
+def _reporting_ranks(lines: list[str], pattern: str) -> set[int]:
+    return {int(m.group(1)) for line in lines if (m := re.match(pattern, line))}
+
+
+def failure_lines(out: Outcome) -> tuple[list[str], list[str]]:
+    """(error lines, note lines) for a failed run: the cause first, consequences as notes.
+
+    A rank that printed `ppsim-error` names its op. A rank that died without a
+    word (SIGKILL, the OOM killer) is named from torchrun's record, and the
+    errors the others then hit (a reset connection) are its consequences.
+    """
+    reported = _reporting_ranks(out.errors, r"rank (\d+) failed") | \
+        _reporting_ranks(out.aborts, r"rank (\d+) stopping")
+    silent = {r: c for r, c in sorted(out.exits.items()) if c != 0 and r not in reported}
+    # SIGTERM is how torchrun stops the survivors of a failure: a consequence, not a cause.
+    stopped = {r for r, c in silent.items() if -c in (signal.SIGTERM, signal.SIGINT)}
+    killed = {r: c for r, c in silent.items() if c < 0 and r not in stopped}
+    if killed:
+        errors = [f"rank {r} died without reporting an error: {_exit_text(c)} (torchrun's "
+                  "record)" for r, c in killed.items()]
+        notes = [f"the other ranks' errors are consequences of that: {e}" for e in out.errors]
+        if out.aborts and not out.errors:
+            notes.append(f"{len(out.aborts)} other rank(s) stopped because of it")
+    elif out.errors:
+        errors, notes = out.errors[:1], [f"also: {e}" for e in out.errors[1:]]
+        if out.aborts or stopped:
+            notes.append(f"{len(out.aborts) + len(stopped)} other rank(s) stopped because "
+                         "of it")
+    elif silent:
+        errors = [f"rank {r} {_exit_text(c)} without reporting an error (torchrun's record)"
+                  for r, c in silent.items()]
+        notes = out.tail[-10:]
+    else:
+        errors, notes = (out.aborts or out.tail[-10:] or ["(no output)"]), []
+    return [printable(e) for e in errors], [printable(n) for n in notes]
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -377,6 +377,11 @@ def profile(fields: dict[str, Any], device_kind: str = "cpu", repeats: int = 20,
         link = measure_p2p(device_kind, p2p_sizes(costs.hidden_bytes))
         if progress is not None:
             progress("P2P done", 1)
+    host_p2p = None
+    if link is not None and link.get("staged_via_host"):
+        # One GPU: two processes through the host measure no NVLink or InfiniBand link;
+        # the cost file keeps no P2P, so the hardware preset's figures stay in force.
+        host_p2p, link = link, None
     return cost_document(
         costs, source="profile", model=fields, p2p=link,
         device=device_kind if device_kind == "cpu" else torch.cuda.get_device_name(device),
@@ -384,4 +389,4 @@ def profile(fields: dict[str, Any], device_kind: str = "cpu", repeats: int = 20,
         created_utc=datetime.now(UTC).isoformat(timespec="seconds"),
         measurement={"repeats": repeats, "warmup": warmup, "layers_sampled":
                      prof.layer_indices, "seconds": time.perf_counter() - t0,
-                     "pieces": details})
+                     "pieces": details, "p2p_host_mediated": host_p2p})

@@ -10,6 +10,8 @@ rather than the host's launch time.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import socket
 import statistics
 import time
@@ -21,25 +23,50 @@ import torch.distributed as dist
 from ppsim import trace as tr
 
 
-def align_clocks(rank: int, rounds: int = 7) -> tuple[int, int]:
+def _host_id() -> int:
+    """This host as a number (a hash of its name), to compare hosts without pickling."""
+    digest = hashlib.sha256(socket.gethostname().encode()).digest()
+    return int.from_bytes(digest[:8], "little", signed=True)
+
+
+def _all_gather_int(value: int, group: Any) -> list[int]:
+    n = dist.get_world_size(group)
+    out = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
+    dist.all_gather(out, torch.tensor([value], dtype=torch.int64), group=group)
+    return [int(t.item()) for t in out]
+
+
+def align_clocks(rank: int, rounds: int = 7, group: Any = None) -> tuple[int, int]:
     """(offset of this rank's clock to rank 0's, rank 0's epoch), in ns.
 
     Barrier exits are nearly simultaneous; the median of several rounds of
     (my exit time - rank 0's exit time) estimates the offset. Same host: 0.
+    `group` must be a gloo group (the stamps are host tensors).
     """
-    host = socket.gethostname()
     diffs, epoch = [], 0
-    hosts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(hosts, host)
+    hosts = _all_gather_int(_host_id(), group)
     for _ in range(rounds):
-        dist.barrier()
+        dist.barrier(group=group)
         now = time.perf_counter_ns()
-        stamps: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(stamps, now)
+        stamps = _all_gather_int(now, group)
         diffs.append(now - stamps[0])
         epoch = stamps[0]
     offset = 0 if hosts[rank] == hosts[0] else int(statistics.median(diffs))
     return offset, epoch
+
+
+def gather_json(obj: Any, group: Any) -> list[Any] | None:
+    """Every rank's `obj` on rank 0 (None elsewhere), as JSON in byte tensors: no pickle."""
+    data = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
+    sizes = _all_gather_int(data.numel(), group)
+    rank = dist.get_rank(group)
+    padded = torch.zeros(max(sizes), dtype=torch.uint8)
+    padded[:data.numel()] = data
+    bufs = [torch.zeros(max(sizes), dtype=torch.uint8) for _ in sizes] if rank == 0 else None
+    dist.gather(padded, bufs, dst=0, group=group)
+    if bufs is None:
+        return None
+    return [json.loads(bytes(b[:n].tolist()).decode()) for b, n in zip(bufs, sizes, strict=True)]
 
 
 class Recorder:

@@ -3,14 +3,18 @@
 It takes the same flags as `ppsim run` (the launcher passes them through), so
 the printed torchrun / sbatch command is self-contained.
 
-Failure protocol: a rank whose op raises prints one `ppsim-error:` line naming
-the rank and op, publishes it under an abort key in the job's TCP store, and
-exits 1 at once. Every other rank has a watchdog thread polling that key (and
+Failure protocol: a rank whose op raises publishes its error under an abort
+key in the job's TCP store (compare-and-set: the first failure wins), prints
+one `ppsim-error:` line naming the rank and op, and exits 1 at once. A rank
+that fails after another one published (its peer vanished) is a consequence:
+it prints `ppsim-abort:` with the first rank's error instead and exits 3.
+Every other rank has a watchdog thread polling that key (and
 the store itself: if the store vanishes the job is over) and exits 3 within a
 fraction of a second, even while blocked in a receive. torchrun also stops the
 surviving workers of a node whose worker failed, and the process-group timeout
 bounds anything else. Trace parts are written only after the last iteration,
-so a failed run leaves no trace.
+so a failed run leaves no trace. Nothing a peer sends is unpickled: clock
+stamps and trace parts travel as tensors and JSON.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import threading
 from datetime import timedelta
@@ -27,9 +32,10 @@ import torch
 import torch.distributed as dist
 
 from executor import summary as summ
+from executor.launch import STORE_ENV, printable
 from executor.model import GPTShape
 from executor.quiet import no_gc_pauses
-from executor.recorder import Recorder, align_clocks, merge_parts
+from executor.recorder import Recorder, align_clocks, gather_json, merge_parts
 from executor.runtime import Fault, OpFailed, Runtime
 from ppsim import trace as tr
 from ppsim.cli import config_from_args
@@ -45,6 +51,24 @@ def _say(tag: str, obj: Any) -> None:
     sys.stdout.flush()
 
 
+def _store_address() -> tuple[str, int]:
+    """The job's store: the one `ppsim run` hosts, else torchrun's (MASTER_ADDR/PORT)."""
+    if os.environ.get(STORE_ENV):
+        host, port = os.environ[STORE_ENV].rsplit(":", 1)
+        return host.strip("[]"), int(port)
+    return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+
+
+def _init_group(backend: str, rank: int, world: int, timeout: timedelta) -> None:
+    if not os.environ.get(STORE_ENV):
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    host, port = _store_address()
+    store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
+    dist.init_process_group(backend, store=dist.PrefixStore("ppsim/pg", store), rank=rank,
+                            world_size=world, timeout=timeout)
+
+
 class Watchdog:
     """Ends this process promptly when another rank has failed."""
 
@@ -52,8 +76,8 @@ class Watchdog:
         self.rank = rank
         self.stop = threading.Event()
         # A client of its own: the main thread may be blocked inside the store.
-        self.store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                   is_master=False, timeout=timedelta(seconds=30))
+        host, port = _store_address()
+        self.store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=30))
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -62,24 +86,46 @@ class Watchdog:
             try:
                 if not self.store.check([ABORT_KEY]):
                     continue
-                why = self.store.get(ABORT_KEY).decode()
+                why = self.store.get(ABORT_KEY).decode("utf-8", "replace")
             except Exception:  # the store is gone: the job ended without us
                 if self.stop.is_set():
                     return
                 why = "the job's rendezvous store went away"
-            sys.stderr.write(f"ppsim-abort: rank {self.rank} stopping: {why}\n")
-            sys.stderr.flush()
-            os._exit(3)
+            _stopping(self.rank, why)
 
-    def abort(self, message: str) -> None:
+    def claim(self, message: str) -> str | None:
+        """Publish this rank's failure; returns an earlier rank's, if one came first."""
         try:
-            self.store.set(ABORT_KEY, message)
+            got = self.store.compare_set(ABORT_KEY, "", message).decode("utf-8", "replace")
         except Exception:
-            pass  # best effort: torchrun and the timeout still end the others
+            return None  # best effort: torchrun and the timeout still end the others
+        return None if got == message else got
 
     def close(self) -> None:
         self.stop.set()
         self.thread.join()
+
+
+def _stopping(rank: int, why: str) -> None:
+    # `why` came over the network: print it with control characters escaped.
+    sys.stderr.write(f"ppsim-abort: rank {rank} stopping: {printable(why)}\n")
+    sys.stderr.flush()
+    os._exit(3)
+
+
+def _fail(args: argparse.Namespace, rank: int, dog: Watchdog, exc: BaseException) -> None:
+    """Report this rank's failure, or stop quietly if it is a consequence of another's."""
+    if args.fault_mode == "kill" and isinstance(exc, OpFailed) and \
+            "--inject-fault" in str(exc.__cause__):
+        os.kill(os.getpid(), signal.SIGKILL)  # a silent death, as the OOM killer deals
+    msg = str(exc) if isinstance(exc, OpFailed) else \
+        f"rank {rank} failed: {type(exc).__name__}: {exc}"
+    earlier = dog.claim(msg)
+    if earlier is not None:
+        _stopping(rank, earlier)
+    sys.stderr.write(f"ppsim-error: {printable(msg)}\n")
+    sys.stderr.flush()
+    os._exit(1)  # no clean shutdown: peers may be blocked on us
 
 
 def _devices(kind: str, local_rank: int, local_world: int) -> tuple[torch.device, torch.device,
@@ -107,7 +153,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     device, wire, backend = _devices(args.device, int(os.environ.get("LOCAL_RANK", 0)),
                                      int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout_s))
+    _init_group(backend, rank, world, timedelta(seconds=args.timeout_s))
     ctrl = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
     if world != problem.split.pp:
         raise RuntimeError(f"world size {world} != pp {problem.split.pp}")
@@ -115,12 +161,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     try:
         result = _engine(args, problem, shape, rank, device, wire, backend, ctrl)
     except BaseException as exc:
-        msg = str(exc) if isinstance(exc, OpFailed) else \
-            f"rank {rank} failed: {type(exc).__name__}: {exc}"
-        sys.stderr.write(f"ppsim-error: {msg}\n")
-        sys.stderr.flush()
-        dog.abort(msg)
-        os._exit(1)  # no clean shutdown: peers may be blocked on us
+        _fail(args, rank, dog, exc)
     dog.close()
     dist.barrier(group=ctrl)
     dist.destroy_process_group()
@@ -145,7 +186,7 @@ def _engine(args: argparse.Namespace, problem: Any, shape: GPTShape, rank: int,
             res.update(meta)
             _finish_files(args, None, res)
         return res
-    offset, epoch = align_clocks(rank)
+    offset, epoch = align_clocks(rank, group=ctrl)
     rec = Recorder(rank, device, offset, epoch, warm)
     fault = Fault.parse(args.inject_fault) if args.inject_fault else None
     rt = Runtime(problem, shape, rank, device, wire, rec, seed=args.seed, lr=args.lr,
@@ -161,9 +202,8 @@ def _engine(args: argparse.Namespace, problem: Any, shape: GPTShape, rank: int,
     part = {"rank": rank, "events": rec.events, "peak_bytes": rec.peak_bytes}
     if args.trace_dir:
         write_json_atomic(os.path.join(args.trace_dir, "parts", f"rank{rank}.json"), part)
-    parts: list[Any] = [None] * dist.get_world_size() if rank == 0 else []
-    dist.gather_object(part, parts if rank == 0 else None, dst=0, group=ctrl)
-    if rank != 0:
+    parts = gather_json(part, ctrl)
+    if parts is None:
         return None
     events = merge_parts([p["events"] for p in parts], problem.split.pp)
     info = tr.run_info(problem, "executor", iters, warm)

@@ -18,10 +18,13 @@ class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad flag in one line, exit status 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"ppsim {self.prog.split()[-1]}: {message} (see --help)\n")
+        # prog is "ppsim" or "ppsim <command>": name it once, as UserErrors do.
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def _ints(text: str, flag: str) -> list[int]:
+def _ints(text: str, flag: str) -> list[int] | str:
+    if text.strip() == "even":
+        return "even"
     try:
         return [int(x) for x in text.replace(" ", "").split(",") if x != ""]
     except ValueError:
@@ -45,7 +48,8 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True) -> No
     g.add_argument("--costs", metavar="FILE", help="measured cost file (ppsim profile)")
     if split_flags:
         s = p.add_argument_group("split (one of)")
-        s.add_argument("--split", metavar="N,N,...", help="layers per virtual stage")
+        s.add_argument("--split", metavar="N,N,...",
+                       help="layers per virtual stage, or 'even' (Megatron's default)")
         s.add_argument("--layout", metavar="STR", help="Megatron pipeline layout string")
         s.add_argument("--first-stage-layers", type=int, metavar="N")
         s.add_argument("--last-stage-layers", type=int, metavar="N")
@@ -133,34 +137,13 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
-def split_exports(split: Any) -> dict[str, Any]:
-    from ppsim import split as splits
-
-    out: dict[str, Any] = {
-        "megatron_layout": splits.to_layout(split),
-        "torchtitan_module_fqns_per_model_part": splits.torchtitan_fqns(split),
-    }
-    # Not every split has every form (V placement has no Megatron flags,
-    # DeepSpeed has one stage per rank): say why instead of failing.
-    try:
-        out["megatron_flags"] = shlex.join(splits.megatron_flags(split))
-    except UserError as exc:
-        out["megatron_flags"] = None
-        out["megatron_note"] = exc.problem
-    try:
-        out["deepspeed_boundaries"] = splits.deepspeed_boundaries(split)
-    except UserError as exc:
-        out["deepspeed_boundaries"] = None
-        out["deepspeed_note"] = exc.problem
-    return out
-
-
 def cmd_split(args: argparse.Namespace) -> int:
+    from ppsim.exports import split_exports
     from ppsim.problem import resolve_split
     from ppsim.schedules import schedule_placement
 
     cfg = config_from_args(args)
-    split = resolve_split(cfg, cfg.num_layers, schedule_placement(cfg.pipeline.schedule))
+    split = resolve_split(cfg, None, schedule_placement(cfg.pipeline.schedule))
     stages = [{"rank": s.rank, "chunk": s.chunk, "layers": s.layers, "offset": s.offset}
               for s in split.stages]
     exports = split_exports(split)
@@ -176,16 +159,40 @@ def cmd_split(args: argparse.Namespace) -> int:
               title_justify="left")
     for col in ("stage", "rank", "chunk", "layers", "offset", "holds"):
         t.add_column(col, justify="right")
+    kinds = _layer_kinds(cfg)
     for st in split.stages:
-        holds = " + ".join(x for x in ("embedding" if st.has_embedding else "",
-                                       f"layers {st.offset}..{st.offset + st.layers - 1}"
-                                       if st.layers else "", "head+loss" if st.has_head else "")
-                           if x) or "-"
+        body = _stage_kinds(kinds, st.offset, st.layers) if st.layers else ""
+        holds = " + ".join(x for x in ("embedding" if st.has_embedding else "", body,
+                                       "head+loss" if st.has_head else "") if x) or "-"
         t.add_row(str(st.index), str(st.rank), str(st.chunk), str(st.layers), str(st.offset),
                   holds)
     console.print(t)
     print_exports(console, exports)
     return 0
+
+
+def _layer_kinds(cfg: Config) -> tuple[str, ...]:
+    """Each layer's kind for display; () when the model names none."""
+    from ppsim.problem import model_costs
+
+    try:
+        return model_costs(cfg).kinds
+    except UserError:
+        return ()
+
+
+def _stage_kinds(kinds: tuple[str, ...], offset: int, count: int) -> str:
+    """"layers 3..4: 2 moe" — the stage's layer range and its kinds, run-length coded."""
+    span = f"layers {offset}..{offset + count - 1}"
+    if not kinds:
+        return span
+    runs: list[list] = []
+    for k in kinds[offset:offset + count]:
+        if runs and runs[-1][0] == k:
+            runs[-1][1] += 1
+        else:
+            runs.append([k, 1])
+    return span + ": " + ", ".join(f"{n} {k}" for k, n in runs)
 
 
 def print_exports(console: Any, exports: dict[str, Any]) -> None:
@@ -252,7 +259,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 COMMAND_MODULES = ("ppsim.plan_cli", "executor.cli", "ppsim.diff_cli", "ppsim.demo", "tui.cli",
-                   "ppsim.profile_cli")
+                   "ppsim.profile_cli", "ppsim.costs_cli")
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                           Callable[[argparse.Namespace], int]]] = {}

@@ -13,7 +13,7 @@ from typing import Any
 
 from ppsim.errors import UserError
 from ppsim.presets import HARDWARE_PRESETS, MODEL_PRESETS
-from ppsim.transformer import RECOMPUTE, Architecture
+from ppsim.transformer import ATTENTION, DTYPE_BYTES, NORMS, POSITIONS, RECOMPUTE, Architecture
 
 LAYER_FIELDS = ("forward_ms", "backward_ms", "weight_grad_ms", "static_bytes",
                 "activation_bytes", "weight_grad_bytes", "output_bytes")
@@ -43,10 +43,12 @@ class PipelineConfig:
     vpp: int = 1
     """Model chunks (virtual stages) per rank."""
     microbatches: int = 8
+    """Microbatches per iteration (gradient accumulation steps)."""
     schedule: str = "1f1b"
-    """gpipe, 1f1b, interleaved-1f1b."""
-    split: list[int] | None = None
-    """Decoder layers per virtual stage, Megatron order."""
+    """gpipe, 1f1b, interleaved-1f1b, zb-h1, zbv, dualpipev."""
+    split: list[int] | str | None = None
+    """Layers per virtual stage, Megatron order (MTP layers count too); or "even":
+    Megatron's default split, refused when the layers do not divide."""
     layout: str | None = None
     """Megatron --pipeline-model-parallel-layout."""
     first_stage_layers: int | None = None
@@ -67,6 +69,17 @@ class HardwareConfig:
     """GB/s (10^9 bytes per second); 0 means transfers are free."""
     peak_tflops: float = 989.0
     efficiency: float = 0.5
+    """Matmul fraction of peak, used when matmul_efficiency is empty."""
+    matmul_efficiency: list[list[float]] | None = None
+    """[[GFLOP of one matmul, fraction of peak], ...]: the efficiency curve, interpolated
+    in log GFLOP (ppsim profile --hardware-out measures it); none: `efficiency`."""
+    attention_efficiency: float = 0.0
+    """FlashAttention's achieved fraction of peak (causal); 0: as a matmul."""
+    memory_bandwidth_gbps: float = 0.0
+    """Achieved device-memory bandwidth in GB/s for norms, activations, the loss
+    (a copy test's figure); 0: memory-bound ops cost nothing."""
+    kernel_overhead_us: float = 0.0
+    """Least time one kernel takes: host dispatch plus launch, in microseconds."""
 
 
 @dataclass(kw_only=True)
@@ -128,15 +141,38 @@ def model_fields(model: dict[str, Any]) -> dict[str, Any]:
     if n < 1:
         raise UserError("model.num_layers", f"must be at least 1, got {n}", "set num_layers >= 1")
     if kind == "transformer":
-        if raw.get("recompute", "none") not in RECOMPUTE:
-            raise UserError("model.recompute", f"unknown value {raw['recompute']!r}",
-                            "use \"none\", \"selective\" or \"full\"")
-        for key in ("tp", "dp", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
-                    "vocab_size", "seq_length", "micro_batch_size"):
-            if key in raw and (_check_type(f"model.{key}", raw[key], int) < 1):
-                raise UserError(f"model.{key}", f"must be at least 1, got {raw[key]}",
-                                "use a positive integer")
+        _check_transformer(raw)
     return raw
+
+
+_CHOICES = {"recompute": RECOMPUTE, "dtype": tuple(DTYPE_BYTES), "attention": ATTENTION,
+            "norm": NORMS, "position": POSITIONS}
+_POSITIVE = ("tp", "dp", "ep", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
+             "vocab_size", "seq_length", "micro_batch_size")
+_COUNTS = ("mtp_layers", "head_dim", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
+           "v_head_dim", "num_experts", "top_k", "moe_ffn_hidden_size", "shared_experts")
+
+
+def _check_transformer(raw: dict[str, Any]) -> None:
+    """Types and ranges of a transformer's fields (shapes are checked with the costs)."""
+    for key, choices in _CHOICES.items():
+        if key in raw and raw[key] not in choices:
+            raise UserError(f"model.{key}", f"unknown value {raw[key]!r}",
+                            "use " + " | ".join(choices))
+    for key, low in [(k, 1) for k in _POSITIVE] + [(k, 0) for k in _COUNTS]:
+        if key in raw and _check_type(f"model.{key}", raw[key], int) < low:
+            raise UserError(f"model.{key}", f"must be at least {low}, got {raw[key]}",
+                            "use a whole number >= " + str(low))
+    for key in ("gated_mlp", "distributed_optimizer", "dropout"):
+        if key in raw:
+            _check_type(f"model.{key}", raw[key], bool)
+    if "layers" in raw:
+        _check_type("model.layers", raw["layers"], str)
+    missing = [k for k in ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
+                           "vocab_size", "seq_length") if k not in raw]
+    if missing:
+        raise UserError(f"model.{missing[0]}", "missing for a transformer model",
+                        f"set {missing[0]} = N, or use preset = NAME")
 
 
 def _fill(obj: Any, table: dict[str, Any], section: str) -> None:
@@ -149,6 +185,9 @@ def _fill(obj: Any, table: dict[str, Any], section: str) -> None:
         if value is None:
             setattr(obj, key, None)
         elif "list" in t:
+            if value == "even":
+                setattr(obj, key, value)
+                continue
             if not isinstance(value, list):
                 raise UserError(where, f"expected a list of integers, got {value!r}",
                                 "write e.g. split = [6, 2]")

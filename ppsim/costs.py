@@ -35,15 +35,25 @@ class LayerCost:
 @dataclass(frozen=True, kw_only=True)
 class ModelCosts:
     layers: tuple[LayerCost, ...]
-    """One entry per decoder layer, in order."""
+    """One entry per layer, in order: the decoder layers, then the MTP layers."""
     embedding: LayerCost = field(default_factory=LayerCost)
     """On the first virtual stage."""
     head: LayerCost = field(default_factory=LayerCost)
     """Final norm, LM head and loss, on the last virtual stage."""
+    kinds: tuple[str, ...] = ()
+    """Each layer's kind ("dense", "moe", "mtp", ...), aligned with `layers`; empty when
+    every layer is of one unnamed kind (uniform models, cost files)."""
+    mtp_layers: int = 0
+    """How many of the last `layers` are MTP layers (Megatron's 'm')."""
 
     @property
     def num_layers(self) -> int:
+        """All layers a split covers, MTP included."""
         return len(self.layers)
+
+    def kind_of(self, index: int) -> str:
+        """The kind of layer `index`; "layer" when the model names none."""
+        return self.kinds[index] if self.kinds else "layer"
 
     @property
     def hidden_bytes(self) -> int:
@@ -95,13 +105,22 @@ def stage_costs(costs: ModelCosts, split: Split) -> list[StageCost]:
     if split.num_layers != costs.num_layers:
         raise UserError("pipeline.split", f"covers {split.num_layers} layers but the model "
                         f"has {costs.num_layers}", f"make the counts add up to {costs.num_layers}")
-    n = split.num_stages
+    if split.mtp != costs.mtp_layers:
+        raise UserError("pipeline.split", f"places {split.mtp} MTP layers but the model has "
+                        f"{costs.mtp_layers}", "count the model's MTP layers in the layout")
     out = []
-    offset = 0
-    for i, count in enumerate(split.counts):
-        out.append(stage_cost(costs, offset, count, i == 0, i == n - 1))
-        offset += count
+    for st in split.stages:
+        c = stage_cost(costs, st.offset, st.layers, st.has_embedding, st.has_head)
+        if st.index < split.embedding_stage or st.index >= split.loss_stage:
+            # Before the embedding only token ids pass; after the loss nothing does.
+            c = _no_output(c)
+        out.append(c)
     return out
+
+
+def _no_output(c: StageCost) -> StageCost:
+    return StageCost(c.forward_ms, c.backward_ms, c.weight_grad_ms, c.static_bytes,
+                     c.activation_bytes, c.weight_grad_bytes, 0)
 
 
 def uniform_costs(num_layers: int, layer: LayerCost, embedding: LayerCost | None = None,

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -72,8 +73,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     console.rule("3. run both splits for real")
     real: dict[str, dict[str, Any]] = {}
+    stamp = time.strftime("%Y%m%d-%H%M%S")  # ppsim run never overwrites an earlier run
     for name, counts in (("planned", best.split.counts), ("even", even)):
-        folder = os.path.join(out, name)
+        folder = os.path.join(out, name, f"run-{stamp}")
         summary = json.loads(_checked(f"run {name}", _ppsim(
             "run", "--config", base, "--split", ",".join(map(str, counts)),
             "--iterations", str(args.iterations), "--warmup", "1", "--trace-dir", folder,

@@ -1,11 +1,28 @@
-"""Atomic file writes: a crash never leaves half a file behind."""
+"""Atomic file writes: a crash never leaves half a file behind.
+
+One writer for every output. It writes only regular files: a directory, a
+device node, a FIFO or a socket at the target is refused (replacing
+`/dev/null` as root would break the system), and so is a symlink unless the
+caller passes `force` (then the link is followed and its target written).
+The temp file sits beside the target and carries our pid, so a later write
+to the same target can remove temp files left by an interrupted one.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+import stat
 import tempfile
+import time
 from typing import Any
+
+from ppsim.errors import UserError
+
+STALE_AFTER_S = 3600.0
+"""A temp file whose writer may still be alive is removed only after this long."""
 
 
 def _umask() -> int:
@@ -14,32 +31,138 @@ def _umask() -> int:
     return mask
 
 
-def _publish(tmp: str, path: str) -> None:
-    """mkstemp makes 0600 files; give the result the usual permissions, then rename."""
-    os.chmod(tmp, 0o666 & ~_umask())
-    os.replace(tmp, path)
+def shown(path: str) -> str:
+    """The path as it is safe to print: control characters escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in path)
 
 
-def write_text_atomic(path: str, text: str) -> None:
-    write_bytes_atomic(path, text.encode("utf-8"))
+def _refuse(path: str, problem: str, fix: str) -> UserError:
+    return UserError(shown(path), problem, fix)
 
 
-def write_bytes_atomic(path: str, data: bytes) -> None:
-    """Write to a temp file in the same folder, fsync, then rename over path."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.basename(path), dir=folder)
+def _target(path: str, force: bool) -> str:
+    """The regular file (existing or not) that a write to `path` replaces."""
+    if path == "" or path.endswith(os.sep):
+        raise _refuse(path, "is a directory, not a file name", "give a file name")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise _refuse(path, f"cannot write: {exc.strerror}", "choose another path") from None
+    if stat.S_ISLNK(st.st_mode):
+        if not force:
+            raise _refuse(path, "is a symbolic link; ppsim does not replace links",
+                          "remove the link, choose another path, or pass --force to write "
+                          "the file it points to")
+        return _target(os.path.realpath(path), force=False)
+    if stat.S_ISDIR(st.st_mode):
+        raise _refuse(path, "is a directory", "give a file name inside it")
+    if not stat.S_ISREG(st.st_mode):
+        raise _refuse(path, "is a special file (device, FIFO or socket); ppsim writes only "
+                      "regular files", "choose a regular file path")
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # someone else's process: alive
+    return True
+
+
+def _suffix(name: str) -> str:
+    """The temp file's tail: the target's name, cut so the temp name stays legal."""
+    return "-" + name[-200:]
+
+
+def clean_stale_temps(folder: str, name: str) -> list[str]:
+    """Remove temp files of ours for `name` left by an interrupted write; returns them."""
+    pattern = re.compile(r"\.tmp-(\d+)-[A-Za-z0-9_]+" + re.escape(_suffix(name)))
+    removed = []
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        m = pattern.fullmatch(entry)
+        if not m:
+            continue
+        full = os.path.join(folder, entry)
+        try:
+            st = os.lstat(full)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                continue
+            pid = int(m.group(1))
+            if (pid != os.getpid() and _alive(pid)) and now - st.st_mtime < STALE_AFTER_S:
+                continue  # a write in progress elsewhere
+            os.unlink(full)
+            removed.append(full)
+        except OSError:
+            continue
+    return removed
+
+
+def write_text_atomic(path: str, text: str, *, force: bool = False,
+                      field: str | None = None) -> None:
+    write_bytes_atomic(path, text.encode("utf-8"), force=force, field=field)
+
+
+def write_bytes_atomic(path: str, data: bytes, *, force: bool = False,
+                       field: str | None = None) -> None:
+    """Write to a temp file in the same folder, fsync, then rename over path.
+
+    Every refusal or OS failure is a UserError (exit status 2) naming `field`
+    (the flag or config key that gave the path) when given, else the path.
+    """
+    try:
+        _write(path, data, force)
+    except UserError as exc:
+        if field is None:
+            raise
+        raise UserError(field, f"{exc.field} {exc.problem}", exc.fix) from None
+
+
+def _write(path: str, data: bytes, force: bool) -> None:
+    target = _target(path, force)
+    folder, name = os.path.split(os.path.abspath(target))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise _refuse(path, f"cannot create its folder: {exc.strerror}",
+                      "choose a path in a writable folder") from None
+    clean_stale_temps(folder, name)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".tmp-{os.getpid()}-", suffix=_suffix(name),
+                                   dir=folder)
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            raise _refuse(path, "the file name is too long", "choose a shorter name") from None
+        raise _refuse(path, f"cannot write: {exc.strerror}",
+                      "choose a path in a writable folder") from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        _publish(tmp, path)
-    except BaseException:
+        # mkstemp makes 0600 files; give the result the usual permissions.
+        os.chmod(tmp, 0o666 & ~_umask())
+        _target(target, force=False)  # still a regular file (or absent) just before the rename
+        os.replace(tmp, target)
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise _refuse(path, f"cannot write: {exc.strerror}",
+                          "free some space or choose another path") from None
         raise
 
 
-def write_json_atomic(path: str, obj: Any) -> None:
-    write_text_atomic(path, json.dumps(obj, separators=(",", ":")) + "\n")
+def write_json_atomic(path: str, obj: Any, *, force: bool = False,
+                      field: str | None = None) -> None:
+    write_text_atomic(path, json.dumps(obj, separators=(",", ":")) + "\n", force=force,
+                      field=field)

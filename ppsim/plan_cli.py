@@ -11,7 +11,8 @@ from typing import Any
 from ppsim.config import Config, model_fields
 from ppsim.errors import UserError
 from ppsim.planner import Candidate, PlanResult, plan
-from ppsim.problem import build_problem
+from ppsim.problem import Problem, build_problem
+from ppsim.references import Reference, compare, megatron_baseline, why_faster
 from ppsim.schedules import SCHEDULES
 
 SEARCH_AXES = ("schedule", "vpp", "microbatches", "recompute")
@@ -81,11 +82,35 @@ def variants(cfg: Config, axes: list[str]) -> list[Variant]:
     return out
 
 
+@dataclass(frozen=True)
+class Planned:
+    """A plan with the references it is measured against."""
+
+    result: PlanResult
+    baseline: Reference | None
+    """Megatron's even split, or its best first/last split when there is no even one."""
+    compared: list[Reference]
+    """The --compare splits, in the order given."""
+
+
+def plan_with_references(problem: Problem, compare_texts: list[str], top_k: int,
+                         budget_s: float, progress: Any = None) -> Planned:
+    """Plan, seeded with the baseline and the references so it is never slower."""
+    base = megatron_baseline(problem)
+    refs = compare(problem, compare_texts)
+    seeds = [r.split.counts for r in ([base] if base else []) + refs if r.split.standard_ends]
+    res = plan(problem, top_k=top_k, progress=progress, time_budget_s=budget_s, seeds=seeds)
+    # With no Megatron baseline there is nothing to call "even": no row, no speed-up.
+    res = replace(res, baseline=Candidate(base.split, base.summary) if base else None)
+    return Planned(res, base, refs)
+
+
 def run_search(cfg: Config, axes: list[str], top_k: int, budget_s: float,
-               show_progress: bool) -> tuple[PlanResult, list[tuple[str, PlanResult]]]:
+               show_progress: bool, compare_texts: list[str] | None = None
+               ) -> tuple[Planned, list[tuple[str, PlanResult]]]:
     """Plan every variant; the best result overall, and each variant's result."""
     vs = variants(cfg, axes)
-    results: list[tuple[str, PlanResult]] = []
+    results: list[tuple[str, Planned]] = []
     problems = []
     for v in vs:
         try:
@@ -105,12 +130,14 @@ def run_search(cfg: Config, axes: list[str], top_k: int, budget_s: float,
             def tick(done: int, _total: int, task: Any = task) -> None:
                 bar.update(task, evaluated=done)
 
-            results.append((v.label, plan(problem, top_k=top_k, progress=tick,
-                                          time_budget_s=budget_s / len(problems))))
+            # References belong to the configured shape; variants are planned bare.
+            texts = (compare_texts or []) if v is vs[0] else []
+            results.append((v.label, plan_with_references(
+                problem, texts, top_k, budget_s / len(problems), tick)))
             bar.advance(task)
-    fitting = [r for _, r in results if r.best is not None]
-    best = min(fitting, key=lambda r: r.best.key) if fitting else results[0][1]  # type: ignore
-    return best, results
+    fitting = [r for _, r in results if r.result.best is not None]
+    best = min(fitting, key=lambda r: r.result.best.key) if fitting else results[0][1]  # type: ignore
+    return best, [(label, r.result) for label, r in results]
 
 
 def _stderr() -> Any:
@@ -126,9 +153,19 @@ def candidate_dict(c: Candidate) -> dict[str, Any]:
             "peak_memory_bytes": [r.peak_memory_bytes for r in s.ranks]}
 
 
-def result_dict(res: PlanResult) -> dict[str, Any]:
-    from ppsim.cli import split_exports
+def reference_dict(ref: Reference, best: Candidate | None) -> dict[str, Any]:
+    out = candidate_dict(Candidate(ref.split, ref.summary))
+    out["label"] = ref.label
+    if best is not None:
+        out["best_speedup"] = ref.summary.iteration_time_ms / best.summary.iteration_time_ms
+        out["why"] = why_faster(best.summary, ref)
+    return out
 
+
+def result_dict(planned: Planned) -> dict[str, Any]:
+    from ppsim.exports import split_exports
+
+    res = planned.result
     p = res.problem
     out: dict[str, Any] = {
         "schedule": p.schedule.name, "pp": p.schedule.pp, "vpp": p.schedule.vpp,
@@ -138,6 +175,8 @@ def result_dict(res: PlanResult) -> dict[str, Any]:
         "candidates": [candidate_dict(c) for c in res.candidates],
         "proven_optimal": res.proven_optimal, "lower_bound_ms": res.lower_bound_ms,
         "evaluated": res.evaluated, "total_splits": res.total_splits, "seconds": res.seconds,
+        "baseline_label": planned.baseline.label if planned.baseline else None,
+        "compared": [reference_dict(r, res.best) for r in planned.compared],
     }
     if res.best is not None:
         best = candidate_dict(res.best)
@@ -163,14 +202,16 @@ def no_fit_message(res: PlanResult) -> str:
             + ", ".join(tips))
 
 
-def print_result(res: PlanResult, per_variant: list[tuple[str, PlanResult]], top: int) -> None:
+def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], top: int) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ppsim.cli import print_exports, split_exports
+    from ppsim.cli import print_exports
+    from ppsim.exports import split_exports
     from ppsim.report import fmt_bytes
 
     console = Console()
+    res = planned.result
     p = res.problem
     if len(per_variant) > 1:
         t = Table(title="search", title_justify="left")
@@ -188,7 +229,7 @@ def print_result(res: PlanResult, per_variant: list[tuple[str, PlanResult]], top
     t = Table(title=f"{p.schedule.name} pp={p.schedule.pp} vpp={p.schedule.vpp} "
               f"m={p.schedule.microbatches}, limit {fmt_bytes(p.hardware.memory_bytes)} "
               "per rank", title_justify="left")
-    for col in ("", "split", "iter ms", "bubble", "peak GB per rank", "vs even"):
+    for col in ("", "split", "iter ms", "bubble", "peak GB per rank", "vs baseline"):
         t.add_column(col)
 
     def row(label: str, c: Candidate) -> None:
@@ -199,18 +240,36 @@ def print_result(res: PlanResult, per_variant: list[tuple[str, PlanResult]], top
             worst = max(c.summary.ranks, key=lambda r: r.peak_memory_bytes)
             peaks = f"max {worst.peak_memory_bytes / 1e9:.1f} (rank {worst.rank})"
         speed = f"{base_t / c.summary.iteration_time_ms:.3f}x" if base_t else "-"
-        t.add_row(label, ",".join(map(str, c.split.counts)), f"{c.summary.iteration_time_ms:.2f}",
+        counts = ",".join(map(str, c.split.counts))
+        if len(counts) > 40:
+            counts = counts[:37] + "..."
+        t.add_row(label, counts, f"{c.summary.iteration_time_ms:.2f}",
                   f"{c.summary.bubble_fraction:.1%}", peaks, speed)
 
     for i, c in enumerate(res.candidates[:top]):
         row("best" if i == 0 else f"#{i + 1}", c)
-    if res.baseline is not None:
-        row("Megatron even" + ("" if res.baseline.summary.fits else " [red](OOM)[/red]"),
+    if res.baseline is not None and planned.baseline is not None:
+        row(planned.baseline.label + ("" if res.baseline.summary.fits else " [red](OOM)[/red]"),
             res.baseline)
     if res.deepspeed is not None:
         row("DeepSpeed params" + ("" if res.deepspeed.summary.fits else " [red](OOM)[/red]"),
             res.deepspeed)
+    for ref in planned.compared:
+        row(ref.label + ("" if ref.summary.fits else " [red](OOM)[/red]"),
+            Candidate(ref.split, ref.summary))
     console.print(t)
+    if planned.baseline is None and p.split.placement == "loop":
+        console.print(f"baseline: none; Megatron has no even or first/last split of "
+                      f"{p.costs.num_layers - p.costs.mtp_layers} layers over pp="
+                      f"{p.schedule.pp} x vpp={p.schedule.vpp}: only a layout says it",
+                      markup=False)
+    elif planned.baseline is not None and planned.baseline.label != "Megatron even":
+        console.print(f"baseline: no even split ({p.costs.num_layers - p.costs.mtp_layers} "
+                      f"layers over pp={p.schedule.pp}"
+                      + (f" x vpp={p.schedule.vpp}" if p.schedule.vpp > 1 else "")
+                      + "); the fastest split Megatron's first/last flags express", markup=False)
+    for ref in planned.compared:
+        console.print(f"vs {ref.label}: {why_faster(res.best.summary, ref)}", markup=False)
     bt = res.best.summary.iteration_time_ms
     if res.proven_optimal:
         console.print(f"[green]optimal[/green] for the cost model: {res.evaluated:,} of "
@@ -232,10 +291,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.time_budget <= 0:
         raise UserError("--time-budget", "must be positive", "use e.g. --time-budget 30")
     axes = [a.strip() for a in args.search.split(",") if a.strip()] if args.search else []
-    best, per_variant = run_search(cfg, axes, args.top, args.time_budget,
-                                   show_progress=not args.json and sys.stderr.isatty())
+    planned, per_variant = run_search(cfg, axes, args.top, args.time_budget,
+                                      show_progress=not args.json and sys.stderr.isatty(),
+                                      compare_texts=args.compare or [])
+    best = planned.result
     if args.json:
-        out = result_dict(best)
+        out = result_dict(planned)
         if len(per_variant) > 1:
             out["variant"] = next(label for label, r in per_variant if r is best)
             out["variants"] = [{"variant": label, "best": candidate_dict(r.best)
@@ -249,7 +310,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if best.best is None:
         sys.stderr.write(f"ppsim plan: {no_fit_message(best)}\n")
         return EXIT_NO_FIT
-    print_result(best, per_variant, args.top)
+    print_result(planned, per_variant, args.top)
     return 0
 
 
@@ -264,5 +325,8 @@ def register(commands: dict) -> None:
                        help="also search over: " + ",".join(SEARCH_AXES))
         p.add_argument("--time-budget", type=float, default=60.0, metavar="S",
                        help="stop proving optimality after S seconds (default 60)")
+        p.add_argument("--compare", action="append", metavar="LAYOUT_OR_SPLIT",
+                       help="also time this split (a Megatron layout string or counts like "
+                       "7,8,8,7); repeatable")
 
     commands["plan"] = ("find the fastest split that fits memory", add, cmd_plan)

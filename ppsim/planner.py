@@ -20,7 +20,7 @@ import heapq
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
 
@@ -206,11 +206,14 @@ class _Stop(Exception):
 
 
 def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] | None = None,
-         time_budget_s: float = 60.0) -> PlanResult:
-    """Search all splits of `problem` for the fastest that fits memory."""
+         time_budget_s: float = 60.0, seeds: Sequence[tuple[int, ...]] = ()) -> PlanResult:
+    """Search all splits of `problem` for the fastest that fits memory.
+
+    `seeds` (e.g. published splits) start the search, so the answer is never
+    slower than any of them, proven or not."""
     t0 = time.perf_counter()
     search = SplitSearch(problem)
-    S, L, pp = search.S, search.L, search.pp
+    S, L = search.S, search.L
     top: list[tuple[float, int, tuple[int, ...]]] = []  # max-heap via negation
 
     best_key: list[tuple[float, float]] = [(INF, INF)]
@@ -255,10 +258,10 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
         s = search.evaluate(counts)
         return (s.iteration_time_ms, s.peak_memory_bytes) if s.fits else (INF, INF)
 
-    seeds = [even_counts(L, S)]
+    starts = [even_counts(L, S), *seeds]
     if dp is not None:
-        seeds.append(dp.argmin())
-    local = [improve(key_of, seed, t0 + time_budget_s / 4) for seed in seeds if seed]
+        starts.append(dp.argmin())
+    local = [improve(key_of, seed, t0 + time_budget_s / 4) for seed in starts if seed]
 
     stack_bounds: list[float] = []  # bounds of open branches, for the proven lower bound
     deadline = t0 + time_budget_s
@@ -360,8 +363,7 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
         finished = branch_and_bound(t0 + time_budget_s)
 
     ranked = sorted(((-t, -p, tuple(-c for c in cs)) for t, p, cs in top))
-    cands = [Candidate(split_from_counts(cs, pp, search.vpp, L, search.sched.placement),
-                       search.evaluate(cs)) for _, _, cs in ranked]
+    cands = [_candidate(search, cs) for _, _, cs in ranked]
     best = cands[0] if cands else None
     if best is not None:
         lower = min(best.summary.iteration_time_ms, open_bound[0])
@@ -432,7 +434,8 @@ def improve(key_of: Callable[[tuple[int, ...]], tuple[float, float]], counts: tu
 
 def _candidate(search: SplitSearch, counts: tuple[int, ...]) -> Candidate:
     return Candidate(split_from_counts(counts, search.pp, search.vpp, search.L,
-                                       search.sched.placement), search.evaluate(counts))
+                                       search.sched.placement, search.costs.mtp_layers),
+                     search.evaluate(counts))
 
 
 def even_counts(layers: int, stages: int) -> tuple[int, ...]:

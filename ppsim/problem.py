@@ -6,12 +6,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim import split as splits
-from ppsim.config import LAYER_FIELDS, Config, model_fields
+from ppsim.config import ARCH_FIELDS, LAYER_FIELDS, Config, model_fields
 from ppsim.costs import LayerCost, ModelCosts, StageCost, stage_costs, uniform_costs
 from ppsim.errors import UserError
+from ppsim.layout import parse_layout
+from ppsim.limits import SIMULATE, check_ops, check_shape
 from ppsim.schedules import Schedule, build_schedule, schedule_placement
 from ppsim.split import Split
-from ppsim.transformer import Accelerator, Architecture, transformer_costs
+from ppsim.transformer import Architecture, accelerator, transformer_costs
 
 
 @dataclass(frozen=True)
@@ -60,12 +62,13 @@ def _layer(table: dict[str, Any], where: str) -> LayerCost:
 
 def model_costs(cfg: Config) -> ModelCosts:
     """Costs of the configured model: measured cost file, uniform, or transformer."""
+    raw = model_fields(cfg.model)
+    check_shape(raw.get("num_layers"), cfg.pipeline.pp, cfg.pipeline.vpp,
+                cfg.pipeline.microbatches)
     if cfg.costs_file:
         from ppsim.costfile import load_costs
 
-        fields = model_fields(cfg.model)
-        return load_costs(cfg.costs_file, int(fields["num_layers"]), fields)
-    raw = model_fields(cfg.model)
+        return load_costs(cfg.costs_file, int(raw["num_layers"]), raw)
     if raw.get("kind", "uniform") == "uniform":
         layer = {k: v for k, v in raw.items() if k in LAYER_FIELDS}
         lc = _layer(layer, "model")
@@ -75,20 +78,44 @@ def model_costs(cfg: Config) -> ModelCosts:
         emb = _layer(raw["embedding"], "model.embedding") if "embedding" in raw else None
         head = _layer(raw["head"], "model.head") if "head" in raw else None
         return uniform_costs(raw["num_layers"], lc, emb, head)
-    arch = Architecture(**{k: v for k, v in raw.items() if k != "kind"})
-    if arch.hidden_size % arch.num_heads or arch.num_heads % arch.num_kv_heads:
+    arch = Architecture(**{k: v for k, v in raw.items() if k in ARCH_FIELDS})
+    if arch.attention != "mla" and (arch.hidden_size % arch.num_heads
+                                    or arch.num_heads % arch.num_kv_heads):
         raise UserError("model.num_heads", "hidden_size must divide by num_heads and num_heads "
                         "by num_kv_heads", "fix the head counts")
-    acc = Accelerator(peak_tflops=cfg.hardware.peak_tflops, efficiency=cfg.hardware.efficiency)
+    acc = accelerator(cfg.hardware)
     return transformer_costs(arch, acc)
 
 
-def resolve_split(cfg: Config, num_layers: int, placement: str = "loop") -> Split:
-    """The split the pipeline section asks for (list, layout, Megatron counts, or even)."""
+def mtp_layers(cfg: Config) -> int:
+    """MTP layers of the configured model (they follow the decoder layers)."""
+    raw = model_fields(cfg.model)
+    return int(raw.get("mtp_layers", 0)) if raw.get("kind") == "transformer" else 0
+
+
+def resolve_split(cfg: Config, num_layers: int | None = None,
+                  placement: str = "loop") -> Split:
+    """The split the pipeline section asks for (see `resolve_split_noted`)."""
+    return resolve_split_noted(cfg, num_layers, placement)[0]
+
+
+def resolve_split_noted(cfg: Config, num_layers: int | None = None,
+                        placement: str = "loop") -> tuple[Split, str]:
+    """The split the pipeline section asks for, and how it was chosen.
+
+    A list, a layout, Megatron's first/last or account-for options, `split = "even"`
+    (Megatron's default, refused when the layers do not divide), or nothing: then
+    Megatron's even split where there is one and the near-even split otherwise.
+    num_layers counts every layer, MTP included (default: from the model).
+    """
     p = cfg.pipeline
-    chosen = [name for name, val in (("split", p.split), ("layout", p.layout),
-                                     ("first/last_stage_layers",
-                                      p.first_stage_layers or p.last_stage_layers),
+    mtp = mtp_layers(cfg)
+    total = cfg.num_layers + mtp if num_layers is None else num_layers
+    decoder = total - mtp
+    first_last = p.first_stage_layers is not None or p.last_stage_layers is not None
+    chosen = [name for name, val in (("split", p.split is not None),
+                                     ("layout", p.layout is not None),
+                                     ("first/last_stage_layers", first_last),
                                      ("account_for_embedding/loss",
                                       p.account_for_embedding or p.account_for_loss)) if val]
     if "layout" in chosen and len(chosen) > 1:
@@ -97,24 +124,34 @@ def resolve_split(cfg: Config, num_layers: int, placement: str = "loop") -> Spli
     if "split" in chosen and len(chosen) > 1:
         raise UserError("pipeline.split", "cannot be combined with " + ", ".join(
             c for c in chosen if c != "split"), "give one way of splitting")
-    if p.split is not None:
-        return splits.split_from_counts(p.split, p.pp, p.vpp, num_layers, placement)
     if p.layout is not None:
-        s = splits.parse_layout(p.layout, p.pp, num_layers)
-        if s.vpp != p.vpp:
+        s = parse_layout(p.layout, p.pp, decoder, mtp)
+        if p.vpp not in (1, s.vpp):  # vpp 1 is the default: the layout says how many
             raise UserError("pipeline.vpp", f"is {p.vpp} but the layout has {s.num_stages} "
-                            f"stages = {s.vpp} per rank", f"set vpp = {s.vpp}")
-        return replace(s, placement=placement) if placement != s.placement else s
-    s = splits.megatron_split(num_layers, p.pp, p.vpp, p.first_stage_layers,
+                            f"stages = {s.vpp} per rank", f"set vpp = {s.vpp} or leave it out")
+        return (replace(s, placement=placement) if placement != s.placement else s), "layout"
+    if isinstance(p.split, list):
+        return splits.split_from_counts(p.split, p.pp, p.vpp, total, placement, mtp), "given"
+    if p.split is None and not chosen:
+        return splits.default_split(total, p.pp, p.vpp, mtp, placement)  # type: ignore[arg-type]
+    s = splits.megatron_split(decoder, p.pp, p.vpp, p.first_stage_layers,
                               p.last_stage_layers, p.account_for_embedding, p.account_for_loss)
-    return replace(s, placement=placement) if placement != s.placement else s
+    counts = list(s.counts)
+    counts[-1] += mtp  # Megatron builds MTP layers on the last stage
+    return Split(tuple(counts), s.pp, s.vpp, placement, mtp), "Megatron options"  # type: ignore[arg-type]
 
 
 def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
+    """Costs, split, schedule and hardware; cheap checks first, then the big pieces."""
     p = cfg.pipeline
-    schedule = build_schedule(p.schedule, p.pp, p.vpp, p.microbatches)
     costs = costs or model_costs(cfg)
-    split = resolve_split(cfg, costs.num_layers, schedule_placement(p.schedule))
+    placement = schedule_placement(p.schedule)
+    split = resolve_split(cfg, costs.num_layers, placement)
+    name = p.schedule
+    if p.layout is not None and split.vpp > 1 and name == "1f1b":
+        name = "interleaved-1f1b"  # Megatron runs a multi-chunk layout interleaved
+    check_ops(p.pp, split.vpp, p.microbatches, False, SIMULATE)
+    schedule = build_schedule(name, p.pp, split.vpp, p.microbatches)
     return Problem(costs, split, schedule, hardware(cfg))
 
 

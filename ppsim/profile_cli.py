@@ -40,6 +40,8 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-p2p", action="store_true",
                    help="skip the two-process P2P measurement (keep the config's values)")
     g.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    g.add_argument("--hardware-out", metavar="FILE", help="measure this device's roofline "
+                   "(matmuls, attention, bandwidth) into a [hardware] TOML instead of a model")
 
 
 def _calibrate_args(p: argparse.ArgumentParser) -> None:
@@ -69,6 +71,10 @@ def _transformer_fields(cfg: Config, command: str) -> dict[str, Any]:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    if args.hardware_out:
+        from ppsim.costs_cli import hardware_profile
+
+        return hardware_profile(args)
     cfg = config_from_args(args)
     fields = _transformer_fields(cfg, "profile")
     if args.repeats < 1 or args.warmup < 0:
@@ -131,6 +137,11 @@ def _print_costs(doc: dict[str, Any], title: str) -> None:
         c.print(f"P2P: latency {p2p['latency_ms'] * 1e3:.1f} us, bandwidth "
                 f"{p2p['bandwidth_gbps']:.2f} GB/s" + (f" ({p2p['backend']})"
                                                        if "backend" in p2p else ""))
+    host = (doc.get("measurement") or {}).get("p2p_host_mediated")
+    if host:
+        c.print(f"P2P: {host['bandwidth_gbps']:.2f} GB/s between two processes through the "
+                "host (one GPU, gloo): not an NVLink or InfiniBand figure, so the cost file "
+                "keeps none and the hardware preset's P2P applies")
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:

@@ -1,14 +1,17 @@
-"""Which decoder layers go on which pipeline stage.
+"""Which layers go on which pipeline stage.
 
-A `Split` is the number of decoder layers on each virtual stage, in virtual-stage
-order (layer order), plus where each virtual stage lives: placement "loop" is
-Megatron's interleaved order (stage i is chunk i // pp on rank i % pp), placement
-"v" is ZB-V / DualPipeV (two chunks per rank; the second walks back up the ranks).
-Stage 0 also holds the embedding, the last virtual stage the LM head and loss.
+A `Split` is the number of layers on each virtual stage, in virtual-stage order
+(layer order), plus where each virtual stage lives: placement "loop" is Megatron's
+interleaved order (stage i is chunk i // pp on rank i % pp), placement "v" is ZB-V /
+DualPipeV (two chunks per rank; the second walks back up the ranks). The layers are
+the model's decoder layers followed by its MTP layers (`mtp` of them), so a split
+covers every layer exactly once, in order. The embedding sits on `embedding_stage`
+(0 unless a Megatron layout puts empty stages first) and the LM head and loss on
+`loss_stage` (the last stage unless empty stages follow it).
 
 Constructors read the forms users already have (a list, Megatron's first/last or
-account-for options, a Megatron layout string); exporters write Megatron flags,
-torchtitan module names and DeepSpeed partition boundaries. Pure: no I/O.
+account-for options); `ppsim.layout` reads and writes Megatron layout strings and
+`ppsim.exports` writes flags for Megatron, torchtitan and DeepSpeed. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -24,21 +27,16 @@ from ppsim.errors import UserError
 Placement = Literal["loop", "v"]
 PLACEMENTS = ("loop", "v")
 
-# Layout symbols, as in Megatron's PipelineParallelLayerLayout.
-EMBEDDING, DECODER, MTP, LOSS, SEP = "E", "t", "m", "L", "|"
-_SYMBOLS = EMBEDDING + DECODER + MTP + LOSS + SEP
-_LAYOUT = "pipeline.layout"
-
-
 @dataclass(frozen=True)
 class Stage:
     index: int  # virtual stage index, Megatron order
     rank: int
     chunk: int
-    layers: int  # decoder layers in this stage
-    offset: int  # 0-based index of its first decoder layer
-    has_embedding: bool  # True only for stage 0
-    has_head: bool  # True only for the last virtual stage (LM head + loss)
+    layers: int  # layers in this stage (decoder layers, then MTP layers)
+    offset: int  # 0-based index of its first layer
+    has_embedding: bool  # True only for the embedding stage (stage 0 by default)
+    has_head: bool  # True only for the loss stage (the last by default): LM head + loss
+    mtp: int = 0  # how many of `layers` are MTP layers
 
 
 def _whole(value: object, field: str, what: str, minimum: int) -> int:
@@ -58,10 +56,13 @@ def _whole(value: object, field: str, what: str, minimum: int) -> int:
 
 @dataclass(frozen=True)
 class Split:
-    counts: tuple[int, ...]  # decoder layers per virtual stage, in virtual-stage order
+    counts: tuple[int, ...]  # layers per virtual stage, in virtual-stage order
     pp: int
     vpp: int = 1
     placement: Placement = "loop"
+    mtp: int = 0  # the last `mtp` layers are MTP layers (Megatron's 'm')
+    embedding_stage: int = 0  # virtual stage holding the embedding
+    loss_stage: int = -1  # virtual stage holding the LM head and loss; -1: the last
 
     def __post_init__(self) -> None:
         pp = _whole(self.pp, "pipeline.pp", "pp", 1)
@@ -91,14 +92,36 @@ class Split:
                 "give one layer count per virtual stage, in stage order",
             )
         counts = tuple(_whole(c, "pipeline.split", f"entry {i}", 0) for i, c in enumerate(raw))
+        mtp = _whole(self.mtp, "model.mtp_layers", "mtp_layers", 0)
+        if mtp > sum(counts):
+            raise UserError("model.mtp_layers", f"{mtp} MTP layers but the split has only "
+                            f"{sum(counts)} layers", "count MTP layers in the split")
+        last = len(raw) - 1
+        loss = last if self.loss_stage == -1 else self.loss_stage
+        emb = _whole(self.embedding_stage, "pipeline.layout", "embedding stage", 0)
+        loss = _whole(loss, "pipeline.layout", "loss stage", 0)
+        if not emb <= loss <= last:
+            raise UserError("pipeline.layout", f"embedding on stage {emb} and loss on stage "
+                            f"{loss} of 0..{last}", "put E before L")
         # Normalise so that equal splits compare equal whatever was passed in.
-        object.__setattr__(self, "counts", counts)
-        object.__setattr__(self, "pp", pp)
-        object.__setattr__(self, "vpp", vpp)
+        for name, value in (("counts", counts), ("pp", pp), ("vpp", vpp), ("mtp", mtp),
+                            ("embedding_stage", emb), ("loss_stage", loss)):
+            object.__setattr__(self, name, value)
 
     @property
     def num_layers(self) -> int:
+        """All layers the split covers: decoder layers plus MTP layers."""
         return sum(self.counts)
+
+    @property
+    def decoder_layers(self) -> int:
+        """Megatron's --num-layers: the decoder layers, without MTP."""
+        return self.num_layers - self.mtp
+
+    @property
+    def standard_ends(self) -> bool:
+        """The embedding on the first stage and the loss on the last (every builder's case)."""
+        return self.embedding_stage == 0 and self.loss_stage == self.num_stages - 1
 
     @property
     def num_stages(self) -> int:
@@ -106,10 +129,12 @@ class Split:
 
     @cached_property
     def stages(self) -> tuple[Stage, ...]:
-        out, offset, last = [], 0, self.num_stages - 1
+        out, offset, first_mtp = [], 0, self.decoder_layers
         for i, n in enumerate(self.counts):
             rank, chunk = self.stage_rank(i), self.stage_chunk(i)
-            out.append(Stage(i, rank, chunk, n, offset, i == 0, i == last))
+            mtp = max(0, offset + n - max(offset, first_mtp))
+            out.append(Stage(i, rank, chunk, n, offset, i == self.embedding_stage,
+                             i == self.loss_stage, mtp))
             offset += n
         return tuple(out)
 
@@ -144,9 +169,10 @@ def split_from_counts(
     vpp: int = 1,
     num_layers: int | None = None,
     placement: Placement = "loop",
+    mtp: int = 0,
 ) -> Split:
     """A split given as one layer count per virtual stage, checked against the model."""
-    split = Split(counts, pp, vpp, placement)  # type: ignore[arg-type]  # Split normalises
+    split = Split(counts, pp, vpp, placement, mtp)  # type: ignore[arg-type]  # Split normalises
     if num_layers is not None and split.num_layers != num_layers:
         raise UserError(
             "pipeline.split",
@@ -159,6 +185,39 @@ def split_from_counts(
 def even_split(num_layers: int, pp: int, vpp: int = 1) -> Split:
     """Megatron's default: every virtual stage gets num_layers / (pp * vpp) layers."""
     return megatron_split(num_layers, pp, vpp)
+
+
+def near_even_counts(layers: int, stages: int) -> tuple[int, ...]:
+    """As even as possible; the remainder goes to the middle stages first.
+
+    The first stage carries the embedding and the last the head and loss, so when
+    the layers do not divide, those two are the ones left one layer short (as
+    Llama 3 405B's 7, 8 x 14, 7 on 16 stages).
+    """
+    q, rem = divmod(layers, stages)
+    order = list(range(1, stages - 1)) + [0, stages - 1] if stages > 2 else list(range(stages))
+    extra = set(order[:rem])
+    return tuple(q + (i in extra) for i in range(stages))
+
+
+def default_split(num_layers: int, pp: int, vpp: int = 1, mtp: int = 0,
+                  placement: Placement = "loop") -> tuple[Split, str]:
+    """The split used when none is given, and how it was chosen.
+
+    Megatron's even split when the decoder layers divide (MTP layers on the last
+    stage, as Megatron builds them); otherwise the near-even split over all layers.
+    """
+    decoder = num_layers - mtp
+    try:
+        even = megatron_split(decoder, pp, vpp)
+    except UserError:
+        counts = near_even_counts(num_layers, pp * vpp)
+        return (Split(counts, pp, vpp, placement, mtp),
+                f"near-even: Megatron has no even split of {decoder} layers over pp={pp}"
+                + (f" x vpp={vpp}" if vpp > 1 else ""))
+    counts = list(even.counts)
+    counts[-1] += mtp
+    return Split(tuple(counts), pp, vpp, placement, mtp), "Megatron's even split"
 
 
 def megatron_split(
@@ -309,231 +368,3 @@ def _even_ranks(L: int, pp: int, vpp: int) -> list[int]:
     return [L // pp] * pp
 
 
-def _count(chars: list[tuple[str, int]], j: int) -> tuple[int, int]:
-    """The `*n` starting at chars[j], if any: (n, index after it); (1, j) if none."""
-    if j >= len(chars) or chars[j][0] != "*":
-        return 1, j
-    k = j + 1
-    while k < len(chars) and chars[k][0].isdigit():
-        k += 1
-    if k == j + 1:
-        raise UserError(_LAYOUT, f"'*' at column {chars[j][1]} needs a count", "write e.g. t*4")
-    return int("".join(c for c, _ in chars[j + 1 : k])), k
-
-
-def _expand(chars: list[tuple[str, int]], groups: bool) -> list[tuple[str, int]]:
-    """Layout symbols after unrolling `(...)*n` and `x*n`, each with its 1-based column.
-
-    Same language as Megatron's parse_str_to_list, which unrolls with two regexes; we
-    also say where a malformed string goes wrong.
-    """
-    out: list[tuple[str, int]] = []
-    i = 0
-    while i < len(chars):
-        c, col = chars[i]
-        if c == "(" and groups:
-            j = i + 1
-            while j < len(chars) and chars[j][0] != ")":
-                if chars[j][0] == "(":
-                    raise UserError(
-                        _LAYOUT,
-                        f"nested parenthesis at column {chars[j][1]}",
-                        "groups cannot nest; write the inner one out",
-                    )
-                j += 1
-            if j == len(chars):
-                raise UserError(_LAYOUT, f"unbalanced parenthesis at column {col}", "close it")
-            if j == i + 1:
-                raise UserError(_LAYOUT, f"empty group at column {col}", "remove it")
-            if j + 1 == len(chars) or chars[j + 1][0] != "*":
-                raise UserError(
-                    _LAYOUT,
-                    f"group at column {col} is not followed by *n",
-                    "write e.g. (tt|)*4, or drop the parentheses",
-                )
-            n, end = _count(chars, j + 1)
-            out.extend(_expand(chars[i + 1 : j], groups=False) * n)
-            i = end
-        elif c in "()":
-            raise UserError(_LAYOUT, f"unbalanced parenthesis at column {col}", "remove it")
-        elif c in _SYMBOLS:
-            n, i = _count(chars, i + 1)
-            out.extend([(c, col)] * n)
-        elif c == "*":
-            raise UserError(
-                _LAYOUT, f"'*' at column {col} follows no symbol or group", "write e.g. t*4"
-            )
-        else:
-            raise UserError(
-                _LAYOUT,
-                f"unknown symbol {c!r} at column {col}",
-                "use E (embedding), t (decoder layer), L (loss), | (stage break), (...)*n, x*n",
-            )
-    return out
-
-
-def parse_layout(layout: str, pp: int, num_layers: int | None = None) -> Split:
-    """A Split from Megatron's --pipeline-model-parallel-layout, e.g. "Et*3|(tt|)*29,t|L"."""
-    pp = _whole(pp, "pipeline.pp", "pp", 1)
-    if not isinstance(layout, str):
-        raise UserError(_LAYOUT, f"{layout!r} is not a string", 'e.g. "Et*4|t*4L"')
-    stages: list[list[tuple[str, int]]] = [[]]
-    # Commas are cosmetic in Megatron; whitespace is too, here.
-    chars = [(c, col) for col, c in enumerate(layout, 1) if c != "," and not c.isspace()]
-    for sym, col in _expand(chars, groups=True):
-        if sym == SEP:
-            stages.append([])
-        else:
-            stages[-1].append((sym, col))
-    flat = [s for stage in stages for s in stage]
-    mtp = [col for sym, col in flat if sym == MTP]
-    if mtp:
-        raise UserError(
-            _LAYOUT,
-            f"MTP layers ('m' at column {mtp[0]}) are not supported",
-            "remove the 'm' symbols; ppsim plans decoder layers only",
-        )
-    for sym, name in ((EMBEDDING, "embedding"), (LOSS, "loss")):
-        cols = [col for s, col in flat if s == sym]
-        if len(cols) != 1:
-            where = f" (columns {', '.join(map(str, cols))})" if cols else ""
-            raise UserError(
-                _LAYOUT, f"has {len(cols)} '{sym}' ({name}){where}", f"give '{sym}' exactly once"
-            )
-    # Megatron only asks that E be the first layer and L the last; ppsim also puts them
-    # on the first and last stage, so an empty stage before E or after L is refused.
-    if flat[0][0] != EMBEDDING or stages[0][:1] != flat[:1]:
-        col = next(col for s, col in flat if s == EMBEDDING)
-        raise UserError(
-            _LAYOUT, f"'E' at column {col} is not the first layer of stage 0", "start with 'E'"
-        )
-    if flat[-1][0] != LOSS or stages[-1][-1:] != flat[-1:]:
-        col = next(col for s, col in flat if s == LOSS)
-        raise UserError(
-            _LAYOUT, f"'L' at column {col} is not the last layer of the last stage", "end with 'L'"
-        )
-    counts = tuple(sum(s == DECODER for s, _ in stage) for stage in stages)
-    if num_layers is not None and sum(counts) != num_layers:
-        raise UserError(
-            _LAYOUT,
-            f"has {sum(counts)} decoder layers 't' but the model has {num_layers}",
-            f"make the 't' count add up to {num_layers}",
-        )
-    if len(stages) % pp:
-        raise UserError(
-            _LAYOUT,
-            f"{len(stages)} stages is not a multiple of pp={pp}",
-            f"give pp x vpp stages separated by '|', e.g. {pp} or {2 * pp}",
-        )
-    return Split(counts, pp, len(stages) // pp)
-
-
-def _stage_body(n: int) -> str:
-    return DECODER * n if n < 2 else f"{DECODER}*{n}"
-
-
-def to_layout(split: Split) -> str:
-    """Megatron's layout string for `split`, e.g. "Et*6|(t*8|)*6t*6L".
-
-    The string says nothing of placement: Megatron always reads it in loop order.
-    """
-    segments = [_stage_body(n) for n in split.counts]
-    segments[0] = EMBEDDING + segments[0]
-    segments[-1] += LOSS
-    parts, i, last = [], 0, len(segments) - 1
-    while i < last:  # group runs of identical stages; the last one has no trailing '|'
-        j = i
-        while j + 1 < last and segments[j + 1] == segments[i]:
-            j += 1
-        k, plain = j - i + 1, segments[i] + SEP
-        grouped = f"({plain})*{k}"
-        parts.append(grouped if len(grouped) < len(plain) * k else plain * k)
-        i = j + 1
-    parts.append(segments[last])
-    return "".join(parts)
-
-
-def _megatron_base(split: Split) -> list[str]:
-    if split.placement != "loop":
-        raise UserError(
-            "pipeline.placement",
-            f"Megatron places virtual stages in loop order, not {split.placement!r}",
-            "use placement 'loop' for a Megatron export",
-        )
-    if split.pp == 1 and split.vpp > 1:
-        raise UserError(
-            "pipeline.vpp", f"Megatron needs pp >= 2 for vpp={split.vpp}", "use vpp = 1"
-        )
-    base = ["--num-layers", str(split.num_layers), "--pipeline-model-parallel-size", str(split.pp)]
-    if split.vpp > 1 and split.pp == 2:
-        # arguments.py: the interleaved schedule with pp=2 needs p2p overlap.
-        base.append("--overlap-p2p-comm")
-    return base
-
-
-def megatron_layout_flag(split: Split) -> list[str]:
-    """Megatron argv tokens that give `split` through the layout flag."""
-    return _megatron_base(split) + ["--pipeline-model-parallel-layout", to_layout(split)]
-
-
-def megatron_flags(split: Split) -> list[str]:
-    """The shortest Megatron argv tokens that build exactly `split`.
-
-    Tries the even split and every first/last and account-for-embedding/loss option,
-    fewest tokens first, and falls back to the layout flag, which can say anything.
-    """
-    base = _megatron_base(split)
-    L, pp, vpp = split.num_layers, split.pp, split.vpp
-    vpp_flag = ["--num-virtual-stages-per-pipeline-rank", str(vpp)] if vpp > 1 else []
-    first, last = split.rank_layers(0), split.rank_layers(pp - 1)
-    candidates: list[tuple[dict[str, object], list[str]]] = [({}, [])]
-    for f, la in ((first, None), (None, last), (first, last)):
-        if pp == 2 and vpp > 1 and f is not None and la is not None:
-            continue  # Megatron divides by zero here; the layout flag is safe
-        flags = []
-        if f is not None:
-            flags += ["--decoder-first-pipeline-num-layers", str(f)]
-        if la is not None:
-            flags += ["--decoder-last-pipeline-num-layers", str(la)]
-        candidates.append(({"first_stage_layers": f, "last_stage_layers": la}, flags))
-    for e, lo in ((True, False), (False, True), (True, True)):
-        flags = ["--account-for-embedding-in-pipeline-split"] * e
-        flags += ["--account-for-loss-in-pipeline-split"] * lo
-        candidates.append(({"account_for_embedding": e, "account_for_loss": lo}, flags))
-    for options, flags in sorted(candidates, key=lambda c: len(c[1])):  # stable: shortest first
-        try:
-            if megatron_split(L, pp, vpp, **options) == split:  # type: ignore[arg-type]
-                return base + vpp_flag + flags
-        except UserError:
-            continue
-    return megatron_layout_flag(split)
-
-
-def torchtitan_fqns(split: Split) -> list[list[str]]:
-    """torchtitan's module_fqns_per_model_part: module names per virtual stage."""
-    parts = []
-    for st in split.stages:
-        names = ["tok_embeddings"] if st.has_embedding else []
-        names += [f"layers.{k}" for k in range(st.offset, st.offset + st.layers)]
-        names += ["norm", "output"] if st.has_head else []
-        parts.append(names)
-    return parts
-
-
-def deepspeed_boundaries(split: Split) -> list[int]:
-    """DeepSpeed PipelineModule partition boundaries over [embedding, layers..., head]."""
-    if split.vpp > 1:
-        raise UserError(
-            "pipeline.vpp",
-            f"DeepSpeed runs one stage per rank, but vpp={split.vpp}",
-            "use vpp = 1 for a DeepSpeed export",
-        )
-    empty = [st.index for st in split.stages[1:-1] if st.layers == 0]
-    if empty:
-        raise UserError(
-            "pipeline.split",
-            f"stage {empty[0]} has no layers, and DeepSpeed cannot run an empty stage",
-            "give every middle stage at least one layer",
-        )
-    # Spec 0 is the embedding, spec k + 1 decoder layer k, spec L + 1 the head.
-    return [0] + [1 + st.offset + st.layers for st in split.stages[:-1]] + [split.num_layers + 2]

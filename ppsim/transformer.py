@@ -1,42 +1,56 @@
-"""Analytic costs of a decoder-only transformer on a given accelerator.
+"""Analytic costs of a decoder-only transformer whose layers may differ in kind.
 
-FLOPs follow the standard decoder formulas (Narayanan et al. 2021; the
-zero-bubble paper's F/B/W split); activation bytes follow Korthikanti et
-al. 2022; static bytes follow Megatron's bytes-per-parameter rule.
+A model is a stack of decoder layers of kinds "dense" and "moe" (then `mtp_layers`
+MTP layers), plus the embedding and the head (ppsim.arch holds the shapes). Time
+is a per-op roofline (ppsim.ops, ppsim.layerops): each op's forward, input
+gradient and weight gradient, matmuls at a size-dependent efficiency, attention
+at FlashAttention's causal FLOPs, the rest bytes over memory bandwidth. Activation
+bytes are the tensors autograd keeps; static bytes follow Megatron's
+bytes-per-parameter rule with a padded vocabulary, norms whole on every tp rank
+and experts sharded over ep x tp.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from ppsim.arch import (
+    ATTENTION,
+    DTYPE_BYTES,
+    KINDS,
+    NORMS,
+    POSITIONS,
+    RECOMPUTE,
+    Architecture,
+    AttentionShape,
+    KindParams,
+    attention_params,
+    attention_shape,
+    bytes_per_param,
+    kind_params,
+    layer_kinds,
+    model_params,
+    mtp_extra_params,
+)
 from ppsim.costs import LayerCost, ModelCosts
+from ppsim.errors import UserError
+from ppsim.layerops import (
+    embedding_activation_bytes,
+    head_activation_bytes,
+    head_ops,
+    layer_activation_bytes,
+    layer_ops,
+    mtp_ops,
+    padded_vocab,
+)
+from ppsim.ops import Roofline, piece_times
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-RECOMPUTE = ("none", "selective", "full")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Architecture:
-    num_layers: int
-    """Decoder layers."""
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    """Key/value heads (grouped-query attention); equal to num_heads for MHA."""
-    ffn_hidden_size: int
-    vocab_size: int
-    seq_length: int
-    micro_batch_size: int = 1
-    gated_mlp: bool = True
-    """SwiGLU-style MLP with three matrices (Llama); False for GPT's two."""
-    dtype: str = "bf16"
-    tp: int = 1
-    """Tensor-parallel size; sequence parallelism is assumed when tp > 1."""
-    recompute: str = "none"
-    """"none", "selective" (attention core) or "full" (keep only layer inputs)."""
-    distributed_optimizer: bool = False
-    dp: int = 1
-    """Data-parallel size the distributed optimizer shards over."""
+__all__ = ["ATTENTION", "DTYPE_BYTES", "KINDS", "NORMS", "POSITIONS", "RECOMPUTE",
+           "Accelerator", "Architecture", "accelerator", "AttentionShape", "KindParams",
+           "attention_params",
+           "attention_shape", "bytes_per_param", "kind_params", "layer_activation_bytes",
+           "layer_kinds", "model_params", "mtp_extra_params", "transformer_costs"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,73 +58,121 @@ class Accelerator:
     peak_tflops: float
     """Dense peak of the training dtype."""
     efficiency: float = 0.5
-    """Achieved fraction of peak for transformer matmuls."""
+    """Achieved fraction of peak for matmuls when no curve is given."""
+    a2a_bandwidth_gbps: float = 0.0
+    """GB/s each rank sends at in the MoE all-to-all; 0: free."""
+    matmul_efficiency: tuple[tuple[float, float], ...] = ()
+    """(GFLOP of one matmul, fraction of peak) points; empty: `efficiency` for all."""
+    attention_efficiency: float = 0.0
+    """FlashAttention's fraction of peak; 0: as a matmul of its FLOPs."""
+    memory_bandwidth_gbps: float = 0.0
+    """Achieved device-memory bandwidth; 0: memory-bound ops are free."""
+    kernel_overhead_us: float = 0.0
+    """Least time one kernel takes (host dispatch and launch)."""
+
+    def roofline(self) -> Roofline:
+        return Roofline(peak_tflops=self.peak_tflops, efficiency=self.efficiency,
+                        matmul_efficiency=self.matmul_efficiency,
+                        attention_efficiency=self.attention_efficiency,
+                        memory_bandwidth_gbps=self.memory_bandwidth_gbps,
+                        kernel_overhead_us=self.kernel_overhead_us)
 
 
-def layer_params(a: Architecture) -> int:
-    h = a.hidden_size
-    kv = h * a.num_kv_heads // a.num_heads
-    attn = h * (h + 2 * kv) + h * h
-    mlp = h * a.ffn_hidden_size * (3 if a.gated_mlp else 2)
-    return attn + mlp + 2 * h  # two norms
+def accelerator(hw: Any) -> Accelerator:
+    """The Accelerator of a [hardware] table (ppsim.config.HardwareConfig)."""
+    curve = []
+    for pt in hw.matmul_efficiency or []:
+        if (not isinstance(pt, list) or len(pt) != 2
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in pt)
+                or pt[0] <= 0 or not 0 < pt[1] <= 1):
+            raise UserError("hardware.matmul_efficiency", f"bad point {pt!r}",
+                            "write [[GFLOP, fraction of peak], ...], e.g. [[1, 0.2], [1000, 0.8]]")
+        curve.append((float(pt[0]), float(pt[1])))
+    for name in ("attention_efficiency", "memory_bandwidth_gbps", "kernel_overhead_us"):
+        if getattr(hw, name) < 0:
+            raise UserError(f"hardware.{name}", "must not be negative", "use 0 or more")
+    return Accelerator(peak_tflops=hw.peak_tflops, efficiency=hw.efficiency,
+                       a2a_bandwidth_gbps=hw.p2p_bandwidth_gbps, matmul_efficiency=tuple(curve),
+                       attention_efficiency=hw.attention_efficiency,
+                       memory_bandwidth_gbps=hw.memory_bandwidth_gbps,
+                       kernel_overhead_us=hw.kernel_overhead_us)
 
 
-def bytes_per_param(a: Architecture) -> float:
-    """Megatron: weights + grads + Adam states, per parameter."""
-    if a.dtype == "fp32":
-        return 8 + 8 / a.dp if a.distributed_optimizer else 16
-    if a.dtype == "fp16":
-        return 4 + 16 / a.dp if a.distributed_optimizer else 20
-    return 6 + 12 / a.dp if a.distributed_optimizer else 18
+def _static(a: Architecture, p: KindParams) -> int:
+    mats = p.dense - p.norms
+    return int((mats / a.tp + p.norms + p.experts / (a.ep * a.tp)) * bytes_per_param(a))
 
 
-def layer_flops(a: Architecture) -> tuple[float, float, float]:
-    """(forward, backward for inputs, backward for weights) FLOPs of one layer."""
-    s, b, h = a.seq_length, a.micro_batch_size, a.hidden_size
-    kv = h * a.num_kv_heads // a.num_heads
-    matmul = 2 * s * b * (h * (h + 2 * kv) + h * h + h * a.ffn_hidden_size
-                          * (3 if a.gated_mlp else 2))
-    attn = 4 * s * s * b * h  # QK^T and AV
-    return matmul + attn, matmul + 2 * attn, matmul
-
-
-def layer_activation_bytes(a: Architecture) -> int:
-    """Korthikanti et al. 2022, per layer per microbatch, scaled from 16-bit."""
+def _kind_cost(a: Architecture, acc: Accelerator, kind: str) -> LayerCost:
     s, b, h, t = a.seq_length, a.micro_batch_size, a.hidden_size, a.tp
-    scale = DTYPE_BYTES[a.dtype] / 2
+    ops = layer_ops(a, kind)
+    f, bi, bw = piece_times(acc.roofline(), ops)
+    if kind == "moe" and a.ep > 1 and acc.a2a_bandwidth_gbps > 0:
+        # Dispatch and combine each move top_k copies of every token; (ep-1)/ep leave.
+        a2a = 2 * s * b * a.top_k * h * DTYPE_BYTES[a.dtype] * (a.ep - 1) / a.ep / t
+        f += a2a / (acc.a2a_bandwidth_gbps * 1e6)
+        bi += a2a / (acc.a2a_bandwidth_gbps * 1e6)
     if a.recompute == "full":
-        return int(2 * s * b * h / t * scale)
-    per = 34 * s * b * h
-    if a.recompute != "selective":
-        per += 5 * a.num_heads * s * s * b
-    return int(per / t * scale)
+        bi += f  # the forward runs again before the backward
+    act = layer_activation_bytes(a, kind)
+    # ZB: after B, W still needs the inputs of the weight matmuls (and the output
+    # gradients it is given); the rest of what the forward kept is freed.
+    w_keep = min(act, int(sum(op.shape[0] * op.shape[2] for op in ops if op.params)
+                          * DTYPE_BYTES[a.dtype]))
+    return LayerCost(forward_ms=f, backward_ms=bi + bw, weight_grad_ms=bw,
+                     static_bytes=_static(a, kind_params(a, kind)),
+                     activation_bytes=act, weight_grad_bytes=w_keep,
+                     output_bytes=s * b * h * DTYPE_BYTES[a.dtype] // t)
+
+
+def _head_cost(a: Architecture, acc: Accelerator) -> LayerCost:
+    """Final norm + vocab projection + cross-entropy in fp32."""
+    s, b, h, t = a.seq_length, a.micro_batch_size, a.hidden_size, a.tp
+    f, bi, bw = piece_times(acc.roofline(), head_ops(a))
+    norm = h * (1 if a.rmsnorm else 2)
+    return LayerCost(forward_ms=f, backward_ms=bi + bw, weight_grad_ms=bw,
+                     static_bytes=int((padded_vocab(a) * h / t + norm) * bytes_per_param(a)),
+                     activation_bytes=head_activation_bytes(a),
+                     weight_grad_bytes=int(s * b * h * DTYPE_BYTES[a.dtype] / t), output_bytes=0)
+
+
+def _mtp_cost(a: Architecture, acc: Accelerator, layer: LayerCost,
+              head: LayerCost) -> LayerCost:
+    """An MTP module: its norms and projection, its decoder layer, the shared head, a loss."""
+    s, b, h, t = a.seq_length, a.micro_batch_size, a.hidden_size, a.tp
+    f, bi, bw = piece_times(acc.roofline(), mtp_ops(a))
+    extra = int(mtp_extra_params(a) / t * bytes_per_param(a))
+    width = DTYPE_BYTES[a.dtype]
+    return LayerCost(
+        forward_ms=layer.forward_ms + f + head.forward_ms,
+        backward_ms=layer.backward_ms + bi + bw + head.backward_ms,
+        weight_grad_ms=layer.weight_grad_ms + bw + head.weight_grad_ms,
+        static_bytes=layer.static_bytes + extra,
+        activation_bytes=layer.activation_bytes + head.activation_bytes
+        + int(2 * s * b * h * width / t),
+        weight_grad_bytes=layer.weight_grad_bytes + head.weight_grad_bytes,
+        output_bytes=layer.output_bytes)
 
 
 def transformer_costs(a: Architecture, acc: Accelerator) -> ModelCosts:
-    s, b, h, t, v = a.seq_length, a.micro_batch_size, a.hidden_size, a.tp, a.vocab_size
-    rate = acc.peak_tflops * 1e12 * acc.efficiency / 1e3  # FLOP per ms
-    f, bi, bw = (x / t / rate for x in layer_flops(a))
-    if a.recompute == "full":
-        bi += f  # the forward runs again before the backward
-    elif a.recompute == "selective":
-        bi += 4 * s * s * b * h / t / rate
-    act = layer_activation_bytes(a)
+    """Per-layer costs of the whole stack, the embedding and the head."""
+    s, b, h, t = a.seq_length, a.micro_batch_size, a.hidden_size, a.tp
+    kinds = layer_kinds(a)
+    by_kind = {k: _kind_cost(a, acc, k) for k in set(kinds)}
+    head = _head_cost(a, acc)
+    layers = [by_kind[k] for k in kinds]
+    if a.mtp_layers:
+        inner = kinds[-1] if kinds else "dense"
+        mtp = _mtp_cost(a, acc, by_kind.get(inner) or _kind_cost(a, acc, inner), head)
+        layers += [mtp] * a.mtp_layers
+    # Embedding: a lookup (no matmul); its backward scatters gradients into the table.
     width = DTYPE_BYTES[a.dtype]
-    hidden = s * b * h * width // (t if t > 1 else 1)
-    # ZB: after B only the inputs of the weight matmuls stay for W (32sbh of 34sbh).
-    w_keep = min(act, int(32 * s * b * h / t * width / 2))
-    static = int(layer_params(a) / t * bytes_per_param(a))
-    layer = LayerCost(forward_ms=f, backward_ms=bi + bw, weight_grad_ms=bw, static_bytes=static,
-                      activation_bytes=act, weight_grad_bytes=w_keep, output_bytes=hidden)
-    # Embedding: a lookup (no matmul); keeps input ids (8sb) and a dropout mask (sbh).
-    emb = LayerCost(forward_ms=0.0, backward_ms=0.0, static_bytes=int(v * h / t *
-                    bytes_per_param(a)), activation_bytes=int(8 * s * b + s * b * h / t),
-                    output_bytes=hidden)
-    # Head: final norm + vocab projection + cross-entropy; logits are vocabulary
-    # sized, kept in the training dtype and in fp32 for the loss.
-    head_mm = 2 * s * b * h * v / t / rate
-    head = LayerCost(forward_ms=head_mm, backward_ms=2 * head_mm, weight_grad_ms=head_mm,
-                     static_bytes=int((v * h / t + h) * bytes_per_param(a)),
-                     activation_bytes=int(s * b * h * width / t + s * b * v / t * (width + 4)),
-                     weight_grad_bytes=int(s * b * h * width / t), output_bytes=0)
-    return ModelCosts(layers=(layer,) * a.num_layers, embedding=emb, head=head)
+    emb = LayerCost(forward_ms=0.0, backward_ms=0.0,
+                    static_bytes=int(padded_vocab(a) * h / t * bytes_per_param(a)),
+                    activation_bytes=embedding_activation_bytes(a),
+                    output_bytes=s * b * h * width // t)
+    named = kinds + ("mtp",) * a.mtp_layers
+    # A stack of dense layers only has one kind: leave it unnamed, as cost files do.
+    plain = set(named) <= {"dense"}
+    return ModelCosts(layers=tuple(layers), embedding=emb, head=head,
+                      kinds=() if plain else named, mtp_layers=a.mtp_layers)

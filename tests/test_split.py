@@ -14,18 +14,14 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from ppsim.errors import UserError
-from ppsim.split import (
-    Split,
+from ppsim.exports import (
     deepspeed_boundaries,
-    even_split,
     megatron_flags,
     megatron_layout_flag,
-    megatron_split,
-    parse_layout,
-    split_from_counts,
-    to_layout,
     torchtitan_fqns,
 )
+from ppsim.layout import parse_layout, to_layout
+from ppsim.split import Split, even_split, megatron_split, split_from_counts
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -387,9 +383,10 @@ def test_split_normalises_and_compares_by_value():
 
 
 def test_layout_examples_from_megatron_and_reference():
-    # parse_str_to_list's docstring example, with the MTP layer: refused, naming the column.
-    with pytest.raises(UserError, match=r"'m' at column 15"):
-        parse_layout("Et*3|(tt|)*29,m|L", 16)
+    # parse_str_to_list's docstring example, with the MTP layer (DeepSeek-V3).
+    split = parse_layout("Et*3|(tt|)*29,m|L", 16, num_layers=61, mtp_layers=1)
+    assert split.counts == (3,) + (2,) * 29 + (1, 0) and split.mtp == 1
+    assert split.stages[30].mtp == 1 and split.stages[31].has_head
     # The same with the MTP stage holding a decoder layer instead: pp 16 x vpp 2.
     split = parse_layout("Et*3|(tt|)*29,t|L", 16, num_layers=62)
     assert split.counts == (3,) + (2,) * 29 + (1, 0)
@@ -397,11 +394,10 @@ def test_layout_examples_from_megatron_and_reference():
     # TransformerConfig's docstring example, m swapped for t: 8 stages.
     split = parse_layout("E|(tt|)*2,(t|)*4,tL", 4)
     assert split.counts == (0, 2, 2, 1, 1, 1, 1, 1) and split.vpp == 2
-    # Whitespace, commas, x*n on a stage break, repeated symbols.
-    assert parse_layout(" E t*2 , | t t L ", 2).counts == (2, 2)
+    # Commas, x*n on a stage break, repeated symbols.
+    assert parse_layout("Et*2,|ttL", 2).counts == (2, 2)
     assert parse_layout("Et|*3tL", 2).counts == (1, 0, 0, 1)
     assert parse_layout("EL", 1).counts == (0,)
-    assert parse_layout("Ettt|tL", 1).vpp == 2
 
 
 @pytest.mark.parametrize(
@@ -409,17 +405,18 @@ def test_layout_examples_from_megatron_and_reference():
     [
         ("Et*3|(tt|*29,t|L", 2, "unbalanced parenthesis at column 6"),
         ("Et)|tL", 2, "unbalanced parenthesis at column 3"),
-        ("Et|x|L", 3, "unknown symbol 'x' at column 4"),
+        ("Et|x|L", 3, "invalid layer character 'x' at column 4"),
+        ("E t|tL", 2, "invalid layer character ' ' at column 2"),
         ("E((t|)*2)*2|L", 2, "nested parenthesis at column 3"),
-        ("E(t|)|tL", 2, "not followed by \\*n"),
-        ("E()*2|tL", 2, "empty group at column 2"),
+        ("E(t|)|tL", 2, "'\\(' is left over"),
+        ("E()*2|tL", 2, "'\\(' is left over"),
         ("Et*|tL", 2, "needs a count"),
+        ("Et*2*3|tL", 2, "'\\*' is left over"),
         ("E*2t|tL", 2, "has 2 'E'"),
         ("Et|t", 2, "has 0 'L'"),
-        ("|Et|tL", 3, "not the first layer of stage 0"),
-        ("tE|tL", 2, "not the first layer of stage 0"),
-        ("Et|Lt", 2, "not the last layer"),
-        ("Et|tL|", 3, "not the last layer"),
+        ("tE|tL", 2, "the first layer is 't'"),
+        ("Et|Lt", 2, "the last layer is 't'"),
+        ("Ettt|tL", 1, "pipeline-model-parallel size should be greater than 1"),
         ("Et|t|t|t|tL", 2, "5 stages is not a multiple of pp=2"),
         ("", 1, "has 0 'E'"),
     ],
@@ -444,7 +441,7 @@ def test_to_layout_examples():
 
 
 splits = st.integers(1, 6).flatmap(
-    lambda pp: st.integers(1, 3).flatmap(
+    lambda pp: st.integers(1, 3 if pp > 1 else 1).flatmap(
         lambda vpp: st.lists(st.integers(0, 12), min_size=pp * vpp, max_size=pp * vpp).map(
             lambda counts: Split(tuple(counts), pp, vpp)
         )
@@ -484,11 +481,19 @@ def written_layouts(draw):
 def test_parse_layout_agrees_with_megatron_parser(text):
     stages = megatron_parse(text)
     expected = tuple(s.count("t") for s in stages)
-    split = parse_layout(text, 1)
-    assert split.counts == expected and split.vpp == len(stages)
+    split = parse_layout(text, len(stages))  # one stage per rank: any stage count parses
+    assert split.counts == expected and split.num_stages == len(stages)
 
 
 # --- Exports ---------------------------------------------------------------------------------
+
+
+MEGATRON_FLAGS = {
+    "--num-layers", "--pipeline-model-parallel-size", "--num-virtual-stages-per-pipeline-rank",
+    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
+    "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+    "--pipeline-model-parallel-layout", "--mtp-num-layers",
+}
 
 
 def rebuild(argv):
@@ -505,9 +510,10 @@ def rebuild(argv):
     if "--pipeline-model-parallel-layout" in values:
         assert "--num-virtual-stages-per-pipeline-rank" not in values  # Megatron refuses both
         return parse_layout(values["--pipeline-model-parallel-layout"], pp, L)
+    # Every flag is one Megatron-LM's argument parser defines (megatron/training/arguments.py);
+    # --overlap-p2p-comm is not among them and fails with "unrecognized arguments".
+    assert set(values) | flags <= MEGATRON_FLAGS, (set(values) | flags) - MEGATRON_FLAGS
     vpp = int(values.get("--num-virtual-stages-per-pipeline-rank", 1))
-    if vpp > 1 and pp == 2:
-        assert "--overlap-p2p-comm" in flags  # arguments.py needs it for pp = 2
     first = values.get("--decoder-first-pipeline-num-layers")
     last = values.get("--decoder-last-pipeline-num-layers")
     if pp == 2 and vpp > 1:
@@ -546,9 +552,8 @@ def test_megatron_flags_pick_the_shortest_form():
         "--pipeline-model-parallel-layout", "Et*3|t|t*2|t*4L"
     ]  # fmt: skip
     # pp = 2 with virtual stages and both ends uneven: first alone says it, and avoids the
-    # first + last form that Megatron crashes on; pp = 2 interleaving needs p2p overlap.
+    # first + last form that Megatron crashes on; no --overlap-p2p-comm (not a Megatron flag).
     assert megatron_flags(Split((2, 4, 2, 4), 2, 2))[4:] == [
-        "--overlap-p2p-comm",
         "--num-virtual-stages-per-pipeline-rank", "2",
         "--decoder-first-pipeline-num-layers", "4",
     ]  # fmt: skip
@@ -575,15 +580,43 @@ def _accepted(cfg):
 def test_torchtitan_fqns(split):
     parts = torchtitan_fqns(split)
     assert len(parts) == split.num_stages
-    assert parts[0][:1] == ["tok_embeddings"] and parts[-1][-2:] == ["norm", "output"]
+    assert parts[0][:1] == ["tok_embeddings"] and parts[-1][-2:] == ["norm", "lm_head"]
     layers = [name for part in parts for name in part if name.startswith("layers.")]
     assert layers == [f"layers.{k}" for k in range(split.num_layers)]
     assert [sum(n.startswith("layers.") for n in p) for p in parts] == list(split.counts)
 
 
+TORCHTITAN_TOP_MODULES = ("tok_embeddings", "layers", "norm", "lm_head")
+"""torchtitan's Llama/DeepSeek Transformer at HEAD, in forward order (the head was `output`
+before PR #2937, 2026-04-27)."""
+
+
+def torchtitan_split_rule(part: list[str], num_layers: int) -> list[str]:
+    """torchtitan's pipeline_module_split (torchtitan/distributed/pipeline_parallel.py), as
+    documented: a model part keeps the modules its fqn list names; every other top-level
+    module is set to None and every unlisted layer is deleted. Returns the forward order
+    of the modules that stay."""
+    kept = []
+    for name in TORCHTITAN_TOP_MODULES:
+        if name == "layers":
+            kept += [f"layers.{k}" for k in range(num_layers) if f"layers.{k}" in part]
+        elif name in part:
+            kept.append(name)
+    return kept
+
+
+@FAST
+@given(splits)
+def test_torchtitan_split_keeps_the_head_on_the_last_stage(split):
+    parts = [torchtitan_split_rule(p, split.num_layers) for p in torchtitan_fqns(split)]
+    assert parts[-1][-1] == "lm_head", "the last stage would return hidden states"
+    assert parts[0][0] == "tok_embeddings"
+    assert sum(len(p) for p in parts) == split.num_layers + 3  # nothing lost or doubled
+
+
 def test_torchtitan_fqns_example():
     assert torchtitan_fqns(Split((1, 2), 2)) == [
-        ["tok_embeddings", "layers.0"], ["layers.1", "layers.2", "norm", "output"]
+        ["tok_embeddings", "layers.0"], ["layers.1", "layers.2", "norm", "lm_head"]
     ]  # fmt: skip
 
 

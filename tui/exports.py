@@ -15,13 +15,12 @@ from ppsim.split import Split
 
 
 def export_forms(split: Split) -> dict[str, object]:
-    """All export forms of a split (ppsim.cli.split_exports, imported lazily).
+    """All export forms of a split (ppsim.exports.split_exports).
 
     Megatron cannot express a V placement (ZB-V, DualPipeV); then only the
     torchtitan form is given and the others say why not."""
-    from ppsim.cli import split_exports
     from ppsim.errors import UserError
-    from ppsim.split import torchtitan_fqns
+    from ppsim.exports import split_exports, torchtitan_fqns
 
     try:
         return split_exports(split)

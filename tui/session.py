@@ -46,11 +46,13 @@ class EditState:
     counts: tuple[int, ...]
     memory_bytes: float
     hardware_preset: str | None
+    mtp: int = 0
+    """MTP layers among the counts (they follow the decoder layers)."""
 
     @property
     def split(self) -> Split:
-        return Split(self.counts, self.pp, self.vpp,
-                     schedule_placement(self.schedule))  # type: ignore[arg-type]
+        return Split(self.counts, self.pp, self.vpp, schedule_placement(self.schedule),
+                     self.mtp)  # type: ignore[arg-type]
 
     @property
     def num_layers(self) -> int:
@@ -70,21 +72,23 @@ def check_limits(num_layers: int, pp: int, vpp: int, microbatches: int, schedule
         raise EditRefused(field, str(exc)) from None
 
 
-def even_counts(num_layers: int, pp: int, vpp: int) -> tuple[int, ...]:
-    """The even split: the core's (Megatron's) when it gives one, else near-even counts,
-    so the TUI accepts every pp the core's simulator accepts."""
-    from ppsim.split import even_split
-
+def even_counts(num_layers: int, pp: int, vpp: int, mtp: int = 0) -> tuple[int, ...]:
+    """The core's default split (Megatron's even split when the layers divide, else
+    near-even), so the TUI accepts every pp the core accepts and adds no rule."""
     try:
-        return tuple(even_split(num_layers, pp, vpp).counts)
-    except UserError:
+        from ppsim.split import default_split
+    except ImportError:  # a core without default_split: near-even counts
         return balanced_counts(num_layers, pp * vpp)
+    return tuple(default_split(num_layers, pp, vpp, mtp)[0].counts)
 
 
-def _has_split(cfg: Config) -> bool:
-    p = cfg.pipeline
-    return any((p.split, p.layout, p.first_stage_layers, p.last_stage_layers,
-                p.account_for_embedding, p.account_for_loss))
+def _mtp(fields: dict[str, Any]) -> int:
+    return int(fields.get("mtp_layers", 0)) if fields.get("kind") == "transformer" else 0
+
+
+def total_layers(fields: dict[str, Any]) -> int:
+    """Every layer a split places: decoder layers plus MTP layers."""
+    return int(fields["num_layers"]) + _mtp(fields)
 
 
 def _recompute(fields: dict[str, Any]) -> str:
@@ -99,7 +103,7 @@ def state_from_config(cfg: Config) -> EditState:
     Limits are checked before any per-layer or per-stage list is built."""
     fields = model_fields(cfg.model)
     p = cfg.pipeline
-    num_layers = int(fields["num_layers"])
+    num_layers = total_layers(fields)
     spec = SCHEDULES.get(p.schedule)
     limits.check_shape(num_layers, p.pp, p.vpp, p.microbatches)
     limits.check_ops(p.pp, p.vpp, p.microbatches, bool(spec and spec.split_backward),
@@ -108,13 +112,12 @@ def state_from_config(cfg: Config) -> EditState:
     if not (math.isfinite(mem) and mem > 0):
         raise UserError("hardware.memory_bytes", f"must be a positive finite number, got {mem}",
                         "give the memory one rank may use, e.g. --memory-gb 80")
-    if _has_split(cfg):
-        counts = tuple(resolve_split(cfg, num_layers, schedule_placement(p.schedule)).counts)
-    else:
-        counts = even_counts(num_layers, p.pp, p.vpp)
+    # no split given: the core's default (Megatron's even split, else near-even)
+    split = resolve_split(cfg, None, schedule_placement(p.schedule))
     return EditState(model_preset=cfg.model.get("preset"), recompute=_recompute(fields),
                      schedule=p.schedule, pp=p.pp, vpp=p.vpp, microbatches=p.microbatches,
-                     counts=counts, memory_bytes=mem, hardware_preset=cfg.hardware.preset)
+                     counts=tuple(split.counts), memory_bytes=mem,
+                     hardware_preset=cfg.hardware.preset, mtp=_mtp(fields))
 
 
 def config_for(base: Config, state: EditState) -> Config:
@@ -170,7 +173,7 @@ def _shape(state: EditState, field: str, **changes: Any) -> EditState:
     layers = state.num_layers
     check_limits(layers, s.pp, s.vpp, s.microbatches, s.schedule, field)
     if (s.pp, s.vpp, layers) != (state.pp, state.vpp, state.num_layers):
-        s = replace(s, counts=even_counts(layers, s.pp, s.vpp))
+        s = replace(s, counts=even_counts(layers, s.pp, s.vpp, s.mtp))
     return s
 
 
@@ -230,10 +233,10 @@ def _model(base: Config, s: EditState, text: str) -> EditState:
         preset = text
     else:
         raise EditRefused("model", f"unknown preset {text!r}")
-    layers = int(fields["num_layers"])
-    s = replace(s, model_preset=preset, recompute=_recompute(fields))
+    layers = total_layers(fields)
+    s = replace(s, model_preset=preset, recompute=_recompute(fields), mtp=_mtp(fields))
     check_limits(layers, s.pp, s.vpp, s.microbatches, s.schedule, "model")
-    return replace(s, counts=even_counts(layers, s.pp, s.vpp))
+    return replace(s, counts=even_counts(layers, s.pp, s.vpp, s.mtp))
 
 
 # ------------------------------------------------------------------ evaluation
@@ -270,7 +273,7 @@ def pinned_counts(state: EditState, pinned: tuple[int, ...] | None) -> tuple[int
     if pinned is not None and len(pinned) == state.pp * state.vpp and \
             sum(pinned) == state.num_layers:
         return pinned
-    return even_counts(state.num_layers, state.pp, state.vpp)
+    return even_counts(state.num_layers, state.pp, state.vpp, state.mtp)
 
 
 _pinned_cache: dict[Any, Simulation] = {}
@@ -297,7 +300,7 @@ def evaluate_state(base: Config, state: EditState,
     if len(_pinned_cache) > 32:
         _pinned_cache.clear()
     _pinned_cache[key] = other  # the next edits of this shape compare with it for free
-    even = counts == even_counts(state.num_layers, state.pp, state.vpp)
+    even = counts == even_counts(state.num_layers, state.pp, state.vpp, state.mtp)
     return Result(state, cfg, sim, other, even)
 
 

@@ -191,7 +191,7 @@ async def test_export_writes_flags_that_ppsim_split_parses_back(tmp_path: Path) 
             assert ppsim_main(["split", "--json", *args]) == 0
         parsed = json.loads(buf.getvalue())
         assert [st["layers"] for st in parsed["stages"]] == [6, 2]
-    assert json.loads(forms["TORCHTITAN_FQNS"])[1] == ["layers.6", "layers.7", "norm", "output"]
+    assert json.loads(forms["TORCHTITAN_FQNS"])[1] == ["layers.6", "layers.7", "norm", "lm_head"]
     assert json.loads(forms["DEEPSPEED_BOUNDARIES"]) == [0, 7, 10]
 
 

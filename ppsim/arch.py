@@ -1,0 +1,215 @@
+"""A decoder-only transformer's shapes: layer kinds, attention widths, parameters.
+
+The architecture fields follow Megatron's arguments; parameter counts follow the
+models' published configs (checked against their model cards).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ppsim.errors import UserError
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+RECOMPUTE = ("none", "selective", "full")
+KINDS = ("dense", "moe")
+ATTENTION = ("gqa", "mla")
+NORMS = ("", "layernorm", "rmsnorm")
+POSITIONS = ("", "rotary", "learned")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Architecture:
+    num_layers: int
+    """Decoder layers (Megatron's --num-layers; MTP layers not included)."""
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    """Key/value heads (grouped-query attention); equal to num_heads for MHA."""
+    ffn_hidden_size: int
+    """MLP width of dense layers."""
+    vocab_size: int
+    seq_length: int
+    micro_batch_size: int = 1
+    """Sequences per microbatch."""
+    gated_mlp: bool = True
+    """SwiGLU-style MLP with three matrices (Llama); False for GPT's two."""
+    dtype: str = "bf16"
+    """Training dtype: bf16, fp16 or fp32."""
+    tp: int = 1
+    """Tensor-parallel size; sequence parallelism is assumed when tp > 1."""
+    recompute: str = "none"
+    """"none", "selective" (attention core) or "full" (keep only layer inputs)."""
+    distributed_optimizer: bool = False
+    """Shard optimizer states over dp (Megatron --use-distributed-optimizer)."""
+    dp: int = 1
+    """Data-parallel size the distributed optimizer shards over."""
+    layers: str = ""
+    """Decoder layer kinds in order, e.g. "dense*3, moe*58"; empty: all "moe" when
+    num_experts > 0, else all "dense"."""
+    mtp_layers: int = 0
+    """Multi-token-prediction layers after the decoder (DeepSeek-V3: 1)."""
+    head_dim: int = 0
+    """Per-head query/key width; 0 means hidden_size / num_heads. For MLA, the
+    non-rotary part (qk_nope_head_dim)."""
+    attention: str = "gqa"
+    """"gqa" (MHA when num_kv_heads = num_heads) or "mla" (DeepSeek's latent attention)."""
+    q_lora_rank: int = 0
+    """MLA: query compression rank (0: queries projected directly)."""
+    kv_lora_rank: int = 0
+    """MLA: key/value compression rank."""
+    qk_rope_head_dim: int = 0
+    """MLA: rotary part of each query/key head."""
+    v_head_dim: int = 0
+    """MLA: value head width (0: head_dim)."""
+    num_experts: int = 0
+    """Routed experts per MoE layer."""
+    top_k: int = 0
+    """Experts each token is routed to."""
+    moe_ffn_hidden_size: int = 0
+    """Width of each routed (and shared) expert's MLP."""
+    shared_experts: int = 0
+    """Experts every token passes through (DeepSeek-V3: 1)."""
+    ep: int = 1
+    """Expert-parallel size: routed experts are divided over ep ranks."""
+    norm: str = ""
+    """"layernorm" or "rmsnorm"; empty: rmsnorm for gated MLPs (Llama), else layernorm."""
+    position: str = ""
+    """"rotary" or "learned" position embeddings; empty: rotary for gated MLPs."""
+    dropout: bool = False
+    """Hidden and attention dropout on (GPT-3/Megatron defaults) or off (Llama); each
+    dropout keeps a 1-byte mask per element for the backward."""
+
+    @property
+    def rmsnorm(self) -> bool:
+        return self.norm == "rmsnorm" or (not self.norm and self.gated_mlp)
+
+    @property
+    def rotary(self) -> bool:
+        return self.position == "rotary" or (not self.position and self.gated_mlp)
+
+
+
+def layer_kinds(a: Architecture) -> tuple[str, ...]:
+    """The decoder layers' kinds, in order, from the `layers` spec."""
+    if not a.layers.strip():
+        return ("moe" if a.num_experts else "dense",) * a.num_layers
+    out: list[str] = []
+    for part in a.layers.split(","):
+        name, _, times = part.strip().partition("*")
+        name = name.strip()
+        if name not in KINDS:
+            raise UserError("model.layers", f"unknown layer kind {name!r}",
+                            "use dense and moe, e.g. \"dense*3, moe*58\"")
+        n = 1
+        if times:
+            if not times.strip().isascii() or not times.strip().isdigit() or len(times) > 7:
+                raise UserError("model.layers", f"bad count {times.strip()!r} for {name}",
+                                "write kind*N with N a whole number")
+            n = int(times)
+        out += [name] * n
+        if len(out) > a.num_layers:
+            break
+    if len(out) != a.num_layers:
+        raise UserError("model.layers", f"lists {len(out)} layers but num_layers is "
+                        f"{a.num_layers}", "make the kinds add up to num_layers")
+    if "moe" in out and not (a.num_experts and a.top_k and a.moe_ffn_hidden_size):
+        raise UserError("model.num_experts", "MoE layers need num_experts, top_k and "
+                        "moe_ffn_hidden_size", "set all three")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """Widths (summed over heads) of the tensors one attention block makes."""
+
+    q: int
+    k: int
+    v: int
+    out: int
+    """Input width of the output projection."""
+    latent: int
+    """MLA's compressed query/key-value latents (0 otherwise)."""
+
+
+def attention_shape(a: Architecture) -> AttentionShape:
+    hd = a.head_dim or a.hidden_size // a.num_heads
+    if a.attention == "mla":
+        qk = a.num_heads * (hd + a.qk_rope_head_dim)
+        v = a.num_heads * (a.v_head_dim or hd)
+        return AttentionShape(qk, qk, v, v, a.q_lora_rank + a.kv_lora_rank + a.qk_rope_head_dim)
+    kv = a.num_kv_heads * hd
+    return AttentionShape(a.num_heads * hd, kv, kv, a.num_heads * hd, 0)
+
+
+def attention_params(a: Architecture) -> tuple[int, int]:
+    """(matmul weights, norm weights) of one attention block, input norm included."""
+    h, sh = a.hidden_size, attention_shape(a)
+    if a.attention == "mla":
+        hd = a.head_dim or h // a.num_heads
+        q = h * a.q_lora_rank + a.q_lora_rank * sh.q if a.q_lora_rank else h * sh.q
+        kv = (h * (a.kv_lora_rank + a.qk_rope_head_dim)
+              + a.kv_lora_rank * a.num_heads * (hd + (a.v_head_dim or hd)))
+        return q + kv + sh.out * h, h + a.q_lora_rank + a.kv_lora_rank
+    return h * (sh.q + sh.k + sh.v) + sh.out * h, h
+
+
+def _mlp_params(a: Architecture, ffn: int) -> int:
+    return a.hidden_size * ffn * (3 if a.gated_mlp else 2)
+
+
+@dataclass(frozen=True)
+class KindParams:
+    """Parameter counts of one decoder layer of a kind."""
+
+    dense: int
+    """Weights every rank of a tp group holds (matmuls a 1/tp share, norms whole)."""
+    experts: int
+    """Routed expert weights, divided over ep x tp."""
+    active: int
+    """Weights one token's matmuls touch (FLOPs = 2 x tokens x active)."""
+    norms: int = 0
+    """Part of `dense` in norms (LayerNorm: weight and bias), not split by tp."""
+
+
+def kind_params(a: Architecture, kind: str) -> KindParams:
+    attn, norms = attention_params(a)
+    norm = (norms + a.hidden_size) * (1 if a.rmsnorm else 2)  # and the MLP's input norm
+    if kind == "dense":
+        mlp = _mlp_params(a, a.ffn_hidden_size)
+        return KindParams(attn + mlp + norm, 0, attn + mlp, norm)
+    expert = _mlp_params(a, a.moe_ffn_hidden_size)
+    router = a.hidden_size * a.num_experts
+    shared = a.shared_experts * expert
+    return KindParams(attn + shared + router + norm, a.num_experts * expert,
+                      attn + shared + router + a.top_k * expert, norm)
+
+
+def mtp_extra_params(a: Architecture) -> int:
+    """An MTP module beyond its decoder layer: two norms, the 2h -> h projection, a
+    final norm (the embedding and the head are shared with the main model)."""
+    h = a.hidden_size
+    return 2 * h * h + 3 * h
+
+
+def model_params(a: Architecture) -> tuple[int, int, int]:
+    """(total, active per token, MTP) parameters; total and active exclude MTP."""
+    kinds = layer_kinds(a)
+    embed = a.vocab_size * a.hidden_size
+    total = active = 2 * embed + a.hidden_size  # embedding, head, final norm
+    for k in kinds:
+        p = kind_params(a, k)
+        total += p.dense + p.experts
+        active += p.active
+    last = kind_params(a, kinds[-1]) if kinds else KindParams(0, 0, 0)
+    mtp = a.mtp_layers * (last.dense + last.experts + mtp_extra_params(a))
+    return total, active, mtp
+
+
+def bytes_per_param(a: Architecture) -> float:
+    """Megatron: weights + grads + Adam states, per parameter."""
+    if a.dtype == "fp32":
+        return 8 + 8 / a.dp if a.distributed_optimizer else 16
+    if a.dtype == "fp16":
+        return 4 + 16 / a.dp if a.distributed_optimizer else 20
+    return 6 + 12 / a.dp if a.distributed_optimizer else 18

@@ -1,0 +1,116 @@
+"""Per-op roofline: a layer as a list of ops, each timed by what bounds it.
+
+Matmuls run at a fraction of peak that grows with their size (a curve of
+(GFLOP, efficiency) points: small matmuls pay a fixed launch and fill/drain
+time); attention runs at FlashAttention's FLOPs with the causal half skipped;
+everything else (norms, rotary, activation functions, residual adds, the
+loss's softmax, routing) is bytes over memory bandwidth. Every op also costs
+at least the host's per-kernel dispatch time, so small models come out
+launch-bound as eager PyTorch is.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# FlashAttention's backward does five s x s matmuls (scores recomputed, dV, dP,
+# dQ, dK) against the forward's two: 2.5x the forward FLOPs.
+FLASH_BACKWARD = 2.5
+
+
+@dataclass(frozen=True)
+class Op:
+    """One forward op of a piece; its backward and weight-gradient work follow from it."""
+
+    name: str
+    flops: float = 0.0
+    """Forward FLOPs (matmuls and attention)."""
+    shape: tuple[int, int, int] = (0, 0, 0)
+    """(m, n, k) of a matmul: m x k times k x n; m is the token count."""
+    nbytes: float = 0.0
+    """Forward bytes read and written (memory-bound ops)."""
+    attention: bool = False
+    """The attention core (FlashAttention)."""
+    params: int = 0
+    """Weights of a matmul: W accumulates their gradient into fp32 main grads."""
+    backward_bytes: float = -1.0
+    """Backward bytes of a memory-bound op; -1: twice the forward's."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Roofline:
+    """What a device achieves, per kind of work."""
+
+    peak_tflops: float
+    efficiency: float = 0.5
+    """Matmul efficiency when no curve is given."""
+    matmul_efficiency: tuple[tuple[float, float], ...] = ()
+    """(GFLOP of one matmul, fraction of peak), interpolated in log GFLOP."""
+    attention_efficiency: float = 0.0
+    """FlashAttention's fraction of peak; 0: the matmul efficiency."""
+    memory_bandwidth_gbps: float = 0.0
+    """Achieved memory bandwidth; 0: memory-bound ops are free."""
+    kernel_overhead_us: float = 0.0
+    """Least time one kernel takes (host dispatch + launch)."""
+
+
+def matmul_efficiency(r: Roofline, gflop: float) -> float:
+    """Fraction of peak a matmul of `gflop` GFLOP reaches."""
+    pts = sorted(r.matmul_efficiency)
+    if not pts:
+        return r.efficiency
+    if gflop <= pts[0][0]:
+        return pts[0][1] * gflop / pts[0][0]  # below the curve: fixed time dominates
+    for (g0, e0), (g1, e1) in zip(pts, pts[1:], strict=False):
+        if gflop <= g1:
+            x = (math.log(gflop) - math.log(g0)) / (math.log(g1) - math.log(g0))
+            return e0 + x * (e1 - e0)
+    return pts[-1][1]
+
+
+def _matmul_ms(r: Roofline, m: int, n: int, k: int) -> float:
+    flops = 2.0 * m * n * k
+    if flops <= 0:
+        return 0.0
+    eff = max(matmul_efficiency(r, flops / 1e9), 1e-6)
+    return flops / (r.peak_tflops * 1e9 * eff)
+
+
+def _mem_ms(r: Roofline, nbytes: float) -> float:
+    return nbytes / (r.memory_bandwidth_gbps * 1e6) if r.memory_bandwidth_gbps > 0 else 0.0
+
+
+def op_times(r: Roofline, op: Op) -> tuple[float, float, float, int, int]:
+    """(forward, input-gradient, weight-gradient) ms of an op, and its kernel counts
+    in the forward and in the backward."""
+    if op.attention:
+        eff = r.attention_efficiency or matmul_efficiency(r, op.flops / 1e9)
+        f = op.flops / (r.peak_tflops * 1e9 * eff)
+        return f, FLASH_BACKWARD * f, 0.0, 1, 1
+    if op.flops:
+        m, n, k = op.shape
+        scale = op.flops / (2.0 * m * n * k)  # several equal matmuls (experts) in one op
+        f = _matmul_ms(r, m, n, k) * scale
+        b = _matmul_ms(r, m, k, n) * scale  # dX = dY W^T
+        w = _matmul_ms(r, k, n, m) * scale if op.params else 0.0  # dW = X^T dY
+        w += _mem_ms(r, 8.0 * op.params)  # read + write the fp32 main grad
+        return f, b, w, 1, 1
+    back = 2 * op.nbytes if op.backward_bytes < 0 else op.backward_bytes
+    return _mem_ms(r, op.nbytes), _mem_ms(r, back), 0.0, 1, 1
+
+
+def piece_times(r: Roofline, ops: list[Op]) -> tuple[float, float, float]:
+    """(forward, input-gradient, weight-gradient) ms of a list of ops. The host issues
+    kernels ahead of the device, so a phase takes the longer of the device's sum and
+    the host's dispatch time for its kernels."""
+    f = b = w = 0.0
+    nf = nb = nw = 0
+    for op in ops:
+        of, ob, ow, kf, kb = op_times(r, op)
+        f, b, w = f + of, b + ob, w + ow
+        nf += kf
+        nb += kb
+        nw += 1 if op.params else 0
+    t = r.kernel_overhead_us / 1e3
+    return max(f, nf * t), max(b, nb * t), max(w, nw * t)
