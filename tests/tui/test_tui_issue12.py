@@ -474,8 +474,9 @@ async def test_dropdowns_hold_only_real_choices() -> None:
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         for sel in app.query(Select):
-            labels = [str(label) for label, _ in sel._options]
-            assert "(custom)" not in labels and sel.value is not Select.NULL
+            # no blank entry ("(custom)" before) that selects nothing
+            assert not sel._allow_blank and sel.value is not Select.NULL
+            assert all(value is not Select.NULL for _, value in sel._options)
 
 
 async def test_the_real_planner_runs_in_a_child_that_escape_stops(
