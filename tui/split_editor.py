@@ -42,6 +42,14 @@ def kinds_summary(kinds: tuple[str, ...], offset: int, count: int) -> str:
     return " + ".join(f"{n} {k}" for k, n in seen.items()) or "no layers"
 
 
+def short_kinds(summary: str) -> str:
+    """A kinds summary for a narrow column: "3 dense + 5 moe" -> "3de+5mo"."""
+    if summary in ("", "no layers"):
+        return summary and "-"
+    return "+".join(f"{n}{k[:2]}" for n, k in (part.split(" ", 1)
+                                               for part in summary.split(" + ")))
+
+
 def bar_layer(cell: int, width: int, num_layers: int) -> int:
     """Which layer a bar cell stands for (the bar spans all layers)."""
     return min(num_layers - 1, cell * num_layers // max(1, width))
@@ -100,7 +108,9 @@ class SplitRows(Widget, can_focus=True):
         over = self.get_component_rich_style("split-rows--over")
         L = self.split.num_layers
         kinds_w = self._bar_offset()
-        width = max(4, self.size.width - prefix_w - kinds_w)
+        width = self.size.width - prefix_w - kinds_w
+        width = width if width >= 4 or not kinds_w else 0  # kinds first when narrow
+        width = max(width, 0 if kinds_w else 4)
         for st in self.split.stages:
             is_over = st.rank in self.over_ranks
             prefix = row_prefix(self.split, st.index, is_over, self._compact)
@@ -134,10 +144,16 @@ class SplitRows(Widget, can_focus=True):
         if self.split is None or not self.kinds:
             return 0
         w = max(len(self._kinds(st)) for st in self.split.stages)
-        return min(w + 1, max(0, self.size.width - self._prefix - 4))
+        return min(w + 1, max(0, self.size.width - self._prefix))
 
     def _kinds(self, st) -> str:  # type: ignore[no-untyped-def]
-        return kinds_summary(self.kinds, st.offset, st.layers)
+        """The stage's kinds, in the short form when the long one does not fit."""
+        assert self.split is not None
+        full = [kinds_summary(self.kinds, s.offset, s.layers) for s in self.split.stages]
+        text = kinds_summary(self.kinds, st.offset, st.layers)
+        if max(map(len, full)) + 5 <= self.size.width - self._prefix:
+            return text  # the long form and a bar of 4 cells or more
+        return short_kinds(text)
 
     def action_cursor(self, step: int) -> None:
         if self.split is not None:

@@ -17,7 +17,7 @@ from tui.app import PPSimApp
 from tui.compare import rank_deltas
 from tui.headline import memory_text, over_limit
 from tui.lanes import Lane, LaneOp, find_op, parse_find, ruler
-from tui.split_editor import SplitEditor, kinds_summary
+from tui.split_editor import SplitEditor, kinds_summary, short_kinds
 from tui.testing import SIZE, screen_text, settle
 from tui.timeline import Timeline
 
@@ -277,6 +277,7 @@ def test_kinds_summary() -> None:
     assert kinds_summary(kinds, 3, 2) == "2 moe"
     assert kinds_summary((), 0, 8) == ""
     assert kinds_summary(kinds, 8, 0) == "no layers"
+    assert short_kinds("3 dense + 5 moe") == "3de+5mo" and short_kinds("no layers") == "-"
 
 
 async def test_split_editor_shows_each_stages_layer_kinds() -> None:
