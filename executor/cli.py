@@ -44,9 +44,6 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="give up on a stuck transfer after S seconds")
     r.add_argument("--inject-fault", metavar="RANK:KIND:STAGE:MB[:ITER]",
                    help="raise inside that op (tests failure handling)")
-    r.add_argument("--actions-csv", metavar="FILE",
-                   help="run this per-rank action order (torch.distributed.pipelining CSV: "
-                   "cells like 0F3, 1I2, 1W2) instead of the generated schedule")
     r.add_argument("--seed", type=int, default=0, help="weights and data seed")
     r.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
     r.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -60,24 +57,10 @@ def register(commands: dict[str, Any]) -> None:
 
 
 def load_problem(args: argparse.Namespace) -> Any:
-    """The Problem to run: the config's, with --actions-csv replacing its schedule."""
-    from dataclasses import replace
-
+    """The Problem to run: the config's (--actions-csv, a config flag, replaces its order)."""
     from ppsim.problem import build_problem
-    from ppsim.schedules import parse_actions_csv
 
-    problem = build_problem(config_from_args(args))
-    if args.actions_csv:
-        try:
-            with open(args.actions_csv, encoding="utf-8") as fh:
-                text = fh.read()
-        except OSError as exc:
-            raise UserError("--actions-csv", f"cannot read {args.actions_csv}: "
-                            f"{exc.strerror}", "pass an existing CSV file") from None
-        s = problem.schedule
-        problem = replace(problem, schedule=parse_actions_csv(text, s.pp, s.vpp,
-                                                              s.microbatches, s.placement))
-    return problem
+    return build_problem(config_from_args(args))
 
 
 def validate(args: argparse.Namespace) -> Any:
@@ -151,19 +134,23 @@ def _check_fault(text: str, problem: Any, iterations: int) -> None:
 
 
 def _check_peer(problem: Any) -> None:
-    from executor.peer import PEER_SCHEDULES
+    from executor.peer import PEER_SCHEDULES, peer_class
 
     s = problem.schedule
-    if s.name not in PEER_SCHEDULES or s.split_backward:
+    if s.name not in PEER_SCHEDULES:
         raise UserError("--engine", f"torch.distributed.pipelining peer has no {s.name!r}",
                         "use --engine ppsim, or one of " + ", ".join(PEER_SCHEDULES))
     if s.name == "1f1b" and s.microbatches < s.num_stages:
         raise UserError("pipeline.microbatches", f"torch's Schedule1F1B needs at least "
                         f"{s.num_stages} microbatches", f"set microbatches >= {s.num_stages}")
     rounds = max(1, s.microbatches // s.pp)
-    if s.name == "interleaved-1f1b" and s.microbatches % rounds:
-        raise UserError("pipeline.microbatches", "torch's ScheduleInterleaved1F1B needs "
-                        f"microbatches divisible by {rounds}", "use a multiple of pp")
+    if s.name in ("interleaved-1f1b", "interleaved-zb", "zb-h1") and s.microbatches % rounds:
+        raise UserError("pipeline.microbatches", f"torch's {peer_class(s.name, s.vpp)} needs "
+                        f"microbatches divisible by its rounds max(1, m // pp) = {rounds} "
+                        "(ppsim's engine runs this m with Megatron's microbatch groups)",
+                        f"use e.g. {s.microbatches - s.microbatches % rounds} microbatches, or "
+                        "run ppsim's order in torch's runtime: ppsim schedule --csv o.csv, then "
+                        "--actions-csv o.csv")
 
 
 def _own_files(args: argparse.Namespace) -> list[str]:
@@ -188,6 +175,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from executor import launch, rundir
 
     problem = validate(args)
+    from ppsim.schedule_cli import print_notes
+
+    print_notes(problem.schedule, "run")
     if args.print_launch:
         args.trace_dir = rundir.planned(args.trace_dir)
         launch.print_launch(args)

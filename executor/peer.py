@@ -1,6 +1,8 @@
 """The comparison engine: the same split and model under torch.distributed.pipelining.
 
-Only public classes are used (PipelineStage and the Schedule* classes). Each
+Public classes are used (PipelineStage and the Schedule* classes), except for an
+order read from a CSV (`--actions-csv`): torch runs a user's order only through
+its `_PipelineScheduleRuntime._load_csv`, which is private. Each
 iteration is timed as a whole, from a barrier to the end of the optimizer
 step, and the slowest rank's time is the iteration time, which is how the
 ppsim engine's iteration span is measured too.
@@ -20,7 +22,15 @@ from executor.quiet import no_gc_pauses
 from executor.summary import peer_summary
 
 PEER_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
-                  "interleaved-1f1b": "ScheduleInterleaved1F1B"}
+                  "interleaved-1f1b": "ScheduleInterleaved1F1B",
+                  "zb-h1": "ScheduleInterleavedZeroBubble",
+                  "interleaved-zb": "ScheduleInterleavedZeroBubble",
+                  "zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV",
+                  "csv": "_PipelineScheduleRuntime"}
+"""ppsim schedule -> torch class. zb-h1 is torch's interleaved zero bubble on one
+chunk per rank (the orders are equal); the V schedules take both chunks."""
+SINGLE_STAGE = ("ScheduleGPipe", "Schedule1F1B")
+"""torch classes that take one stage; the others take the rank's list of stages."""
 
 
 def peer_class(name: str, vpp: int) -> str:
@@ -45,6 +55,39 @@ class HostStaged(torch.nn.Module):
         return self.inner(x.to(self.device)).to("cpu")
 
 
+def _runner(stages: list[Any], sched: Any) -> Any:
+    """torch's schedule object for this rank's stages."""
+    from torch.distributed import pipelining
+
+    if sched.name == "csv":
+        return _csv_runner(stages, sched)
+    name = peer_class(sched.name, len(stages))
+    cls = getattr(pipelining, name)
+    m = sched.microbatches
+    return cls(stages[0], m, loss_fn=stage_loss) if name in SINGLE_STAGE else \
+        cls(stages, m, loss_fn=stage_loss)
+
+
+def _csv_runner(stages: list[Any], sched: Any) -> Any:
+    """torch's runtime loaded with the order as torch's CSV (the only way torch takes one)."""
+    import os
+    import tempfile
+
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+    from ppsim.torchcsv import to_torch_csv
+
+    runner = _PipelineScheduleRuntime(stages, sched.microbatches, loss_fn=stage_loss)
+    fd, path = tempfile.mkstemp(suffix=".csv")
+    try:
+        with os.fdopen(fd, "w", newline="") as fh:
+            fh.write(to_torch_csv(sched))
+        runner._load_csv(path)
+    finally:
+        os.unlink(path)
+    return runner
+
+
 def run_peer(problem: Any, shape: GPTShape, rank: int, device: torch.device, args: Any,
              ctrl: Any, progress: Callable[[int, float], None],
              wire: torch.device | None = None) -> dict[str, Any]:
@@ -62,9 +105,7 @@ def run_peer(problem: Any, shape: GPTShape, rank: int, device: torch.device, arg
         mods.append(mod)
         staged = HostStaged(mod, device) if wire != device else mod
         stages.append(pipelining.PipelineStage(staged, st.index, split.num_stages, wire))
-    cls = getattr(pipelining, peer_class(sched.name, split.vpp))
-    runner = cls(stages[0], m, loss_fn=stage_loss) if split.vpp == 1 else \
-        cls(stages, m, loss_fn=stage_loss)
+    runner = _runner(stages, sched)
     params = [p for mod in mods for p in mod.parameters()]
     opt = torch.optim.AdamW(params, lr=args.lr) if params else None
     first = any(st.has_embedding for st in split.stages if st.rank == rank)
@@ -78,12 +119,15 @@ def run_peer(problem: Any, shape: GPTShape, rank: int, device: torch.device, arg
             mb_losses: list[Any] = []
             dist.barrier(group=ctrl)
             t0 = time.perf_counter()
+            # No logits kept: torchtitan passes return_outputs=False, and ppsim's
+            # engine keeps none either, so the comparison is like for like.
             if first:
-                runner.step(ids, target=targets if last else None, losses=mb_losses)
+                runner.step(ids, target=targets if last else None, losses=mb_losses,
+                            return_outputs=False)
             elif last:
-                runner.step(target=targets, losses=mb_losses)
+                runner.step(target=targets, losses=mb_losses, return_outputs=False)
             else:
-                runner.step()
+                runner.step(return_outputs=False)
             if opt is not None:
                 opt.step()
                 opt.zero_grad()

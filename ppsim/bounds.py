@@ -14,17 +14,82 @@ between several ranks of equal load.)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from array import array
+from collections.abc import Callable
+from typing import NamedTuple
 
 from ppsim.costs import LayerCost, StageCost
 from ppsim.evaluate import list_schedule
+from ppsim.search import Deadline, SplitSearch
 from ppsim.timing import message_key
-
-if TYPE_CHECKING:
-    from ppsim.planner import SplitSearch
 
 INF = float("inf")
 ROUNDING = 1 - 1e-12  # stay below the float-rounded true time
+TERM_CACHE = 1 << 21
+"""Stage terms kept; beyond it the cache starts over (memory stays bounded)."""
+
+
+class MinMaxTable:
+    """min over splits of the largest per-stage term, for every suffix, bottom up.
+
+    value(pos, k): the best for layers pos..L-1 on stages k..S-1, where
+    term(pos, c, k) is stage k's term holding c layers from pos. The term
+    must not decrease with c (more layers: more work, more memory; INF when
+    it cannot fit), which lets each scan stop early. Iterative (no recursion
+    depth growing with the stages) and stopped by a deadline.
+    """
+
+    def __init__(self, stages: int, layers: int,
+                 term: Callable[[int, int, int], float]) -> None:
+        self.S, self.L, self.term = stages, layers, term
+        self.values: list[array] = []
+        self.choices: list[array] = []
+
+    def solve(self, deadline: Deadline | None = None) -> bool:
+        """Fill the table; False (and nothing kept) when the deadline passed first."""
+        S, L, term = self.S, self.L, self.term
+        values: list[array | None] = [None] * S
+        choices: list[array | None] = [None] * S
+        for k in range(S - 1, -1, -1):
+            val = array("d", [INF]) * (L + 1)
+            ch = array("q", [0]) * (L + 1)
+            nxt = values[k + 1] if k + 1 < S else None
+            for pos in range(L + 1) if k > 0 else (0,):
+                if deadline is not None and deadline.passed():
+                    return False
+                if nxt is None:
+                    val[pos], ch[pos] = term(pos, L - pos, k), L - pos
+                    continue
+                best, arg = INF, 0
+                for c in range(L - pos + 1):
+                    if c & 255 == 255 and deadline is not None and deadline.passed():
+                        return False
+                    t = term(pos, c, k)
+                    if t >= best:
+                        break  # the term only grows with c (INF: no more fits)
+                    x = nxt[pos + c]
+                    v = t if t > x else x
+                    if v < best:
+                        best, arg = v, c
+                val[pos], ch[pos] = best, arg
+            values[k], choices[k] = val, ch
+        self.values = values  # type: ignore[assignment]
+        self.choices = choices  # type: ignore[assignment]
+        return True
+
+    def value(self, pos: int, k: int) -> float:
+        return self.values[k][pos]
+
+    def argmin(self) -> tuple[int, ...] | None:
+        """The split reaching value(0, 0), or None when none fits."""
+        if self.values[0][0] == INF:
+            return None
+        counts, pos = [], 0
+        for k in range(self.S):
+            c = self.choices[k][pos]
+            counts.append(c)
+            pos += c
+        return tuple(counts)
 
 class PathBounds:
     """Path lengths through one rank, for any placement."""
@@ -32,10 +97,11 @@ class PathBounds:
     def __init__(self, s: SplitSearch) -> None:
         self.s = s
         c = s.costs
-        self.pre_f, self.pre_b = [0.0], [0.0]
+        self.pre_f, self.pre_b, self.pre_w = [0.0], [0.0], [0.0]
         for lc in c.layers:
             self.pre_f.append(self.pre_f[-1] + lc.forward_ms)
             self.pre_b.append(self.pre_b[-1] + self.bpart(lc))
+            self.pre_w.append(self.pre_w[-1] + lc.backward_ms)
         self.total_f = c.embedding.forward_ms + self.pre_f[-1] + c.head.forward_ms
         self.total_b = self.bpart(c.embedding) + self.pre_b[-1] + self.bpart(c.head)
         self.emb_f, self.emb_b = c.embedding.forward_ms, self.bpart(c.embedding)
@@ -66,6 +132,20 @@ class PathBounds:
     def before_b(self, pos: int, st: int) -> float:
         return self.emb_b + self.pre_b[pos] if st > 0 else 0.0
 
+    def sums(self, st: int, pos: int, count: int) -> tuple[float, float, float]:
+        """(forward, backward, B part) of stage st holding layers pos..pos+count-1, from
+        prefix sums in O(1) (rounding differs from a sum by far less than ROUNDING)."""
+        c, s = self.s.costs, self.s
+        f = self.pre_f[pos + count] - self.pre_f[pos]
+        b = self.pre_w[pos + count] - self.pre_w[pos]
+        bp = self.pre_b[pos + count] - self.pre_b[pos]
+        for part, there in ((c.embedding, st == 0), (c.head, st == s.S - 1)):
+            if there:
+                f += part.forward_ms
+                b += part.backward_ms
+                bp += self.bpart(part)
+        return f, b, bp
+
     # ------------------------------------------------------------ one rank
 
     def rank_term(self, r: int, placed: dict[int, tuple[int, int]]) -> float:
@@ -80,10 +160,10 @@ class PathBounds:
         """
         s = self.s
         stages = s.rank_stages[r]
-        costs = {st: s.stage(*placed[st], st) for st in stages}
+        costs = {st: self.sums(st, *placed[st]) for st in stages}  # (F, B, B part)
         work = 0.0
         for st in stages:
-            work += costs[st].forward_ms + costs[st].backward_ms
+            work += costs[st][0] + costs[st][1]
         work *= s.m
         ts = self.tail_stage[r]
         tail = self.before_b(placed[ts][0], ts) + self.pre_d[ts] if ts >= 0 else 0.0
@@ -91,9 +171,8 @@ class PathBounds:
         best = self.before_f(placed[s0][0], s0) + self.pre_d[s0] + work + tail
         sb = self.first_b[r]
         if sb < s.S - 1:
-            skipped = sum(costs[st].forward_ms * self.fwd_before_b[r][st // s.pp]
-                          for st in stages)
-            back = self.total_b - self.before_b(placed[sb][0], sb) - self.bpart(costs[sb])
+            skipped = sum(costs[st][0] * self.fwd_before_b[r][st // s.pp] for st in stages)
+            back = self.total_b - self.before_b(placed[sb][0], sb) - costs[sb][2]
             delays = 2 * self.pre_d[-1] - self.pre_d[sb]
             best = max(best, self.total_f + back + delays + work - skipped + tail)
         return best * ROUNDING
@@ -107,59 +186,35 @@ class OneChunkBound:
     """Exact min over completions of the largest stage term, one chunk per rank.
 
     value(pos, k): layers pos..L-1 on stages k..S-1. Stages that cannot fit
-    memory are excluded (infinite).
+    memory are excluded (infinite). `solve` must succeed before `value`.
     """
 
     def __init__(self, search: SplitSearch, paths: PathBounds) -> None:
         self.s, self.paths = search, paths
-        self.table: dict[tuple[int, int], tuple[float, int]] = {}
         self._term: dict[tuple[int, int, int], float] = {}
+        self.table = MinMaxTable(search.S, search.L, self.term)
 
     def fits(self, pos: int, c: int, k: int) -> bool:
-        sc = self.s.stage(pos, c, k)
-        return sc.static_bytes + self.s.rank_peak(k, [sc]) <= self.s.memory
+        return self.s.one_chunk_total(pos, c, k) <= self.s.memory
 
     def term(self, pos: int, c: int, k: int) -> float:
         key = (pos, c, k)
         t = self._term.get(key)
         if t is None:
             t = self.paths.stage_term(pos, c, k) if self.fits(pos, c, k) else INF
+            if len(self._term) >= TERM_CACHE:
+                self._term.clear()
             self._term[key] = t
         return t
 
-    def value(self, pos: int, k: int) -> float:
-        return self._solve(pos, k)[0]
+    def solve(self, deadline: Deadline | None = None) -> bool:
+        return self.table.solve(deadline)
 
-    def _solve(self, pos: int, k: int) -> tuple[float, int]:
-        key = (pos, k)
-        hit = self.table.get(key)
-        if hit is not None:
-            return hit
-        s = self.s
-        L, S = s.L, s.S
-        if k == S - 1:
-            res = (self.term(pos, L - pos, k), L - pos)
-        else:
-            res = (INF, 0)
-            for c in range(L - pos + 1):
-                t = self.term(pos, c, k)
-                if t == INF:
-                    break  # more layers only need more memory
-                v = max(t, self._solve(pos + c, k + 1)[0])
-                if v < res[0]:
-                    res = (v, c)
-        self.table[key] = res
-        return res
+    def value(self, pos: int, k: int) -> float:
+        return self.table.value(pos, k)
 
     def argmin(self) -> tuple[int, ...] | None:
-        counts, pos = [], 0
-        for k in range(self.s.S):
-            v, c = self._solve(pos, k)
-            if v == INF:
-                return None
-            counts.append(c)
-            pos += c
-        return tuple(counts)
+        return self.table.argmin()
 
 
 class WaterFill:
@@ -221,7 +276,7 @@ class _Sub(NamedTuple):
     send_key: list[tuple[int, ...]]
 
 
-def prefix_time(s: SplitSearch, counts: list[int]) -> float:
+def prefix_time(paths: PathBounds, counts: list[int]) -> float:
     """Exact time of a relaxation: stages 0..k-1 as placed, the rest free of ranks.
 
     The unplaced stages (always the last ones: the search places stages in
@@ -234,7 +289,7 @@ def prefix_time(s: SplitSearch, counts: list[int]) -> float:
     in a row). Cost: one list schedule of the placed ops.
     """
     k = len(counts)
-    paths = s.paths
+    s = paths.s
     pos, costs = 0, []
     for i, n in enumerate(counts):
         costs.append(s.stage(pos, n, i))

@@ -7,6 +7,7 @@ trace itself, so any schedule works.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, replace
 
@@ -41,7 +42,7 @@ class Calibration:
 def steady_iterations(trace: Trace) -> list[int]:
     """Iterations after the run's warm-up (all of them if nothing else is left)."""
     its = trace.iterations
-    warm = int(trace.info.get("warmup_iterations", 0) or 0)
+    warm = trace.info.get("warmup_iterations") or 0  # an int: checked by read_trace
     return [i for i in its if i >= warm] or its[-1:]
 
 
@@ -73,11 +74,16 @@ def schedule_from_trace(trace: Trace, it: int) -> Schedule:
             raise UserError("trace", f"{trace.path}: rank {o.rank} outside pp = {pp}",
                             "pass a complete trace from ppsim run")
         per_rank[o.rank].append(o)
+    split_bw = any(o.kind == "W" for o in ops)
+    want = pp * vpp * m * (3 if split_bw else 2)
+    if len(ops) != want:  # checked first: validate() walks every stage x microbatch
+        raise UserError("trace", f"{trace.path}: iteration {it} has {len(ops):,} ops where pp "
+                        f"{pp} x vpp {vpp} x {m:,} microbatches needs {want:,}",
+                        "pass a complete trace from ppsim run")
     actions = tuple(tuple(Action(o.kind, o.stage, o.microbatch)
                           for o in sorted(r, key=lambda o: o.start_us)) for r in per_rank)
     sched = Schedule(str(info.get("schedule", "trace")), pp, vpp, m,
-                     str(info.get("placement", "loop")), any(o.kind == "W" for o in ops),
-                     actions)
+                     str(info.get("placement", "loop")), split_bw, actions)
     from ppsim.schedules import validate
 
     try:
@@ -223,6 +229,9 @@ def calibrate(trace: Trace, cfg: Config, how: str = "mean") -> Calibration:
         raise UserError("--estimator", f"unknown estimator {how!r}",
                         "use one of " + ", ".join(ESTIMATORS))
     its = steady_iterations(trace)
+    if measured_iteration_ms(trace, its) <= 0:
+        raise UserError("trace", f"{trace.path}: every op of iteration(s) {its} takes 0 ms, "
+                        "so there is nothing to fit", "pass a trace of a real run")
     info = trace.info
     if not isinstance(info.get("split"), list):
         raise UserError("trace", f"{trace.path} records no split (otherData.split)",
@@ -280,12 +289,17 @@ def _optimizer_ms(trace: Trace, its: list[int]) -> list[float]:
     try:
         with open(trace.path, encoding="utf-8") as fh:
             events = json.load(fh).get("traceEvents", [])
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return []
     per: dict[int, float] = {}
-    for ev in events:
+    for ev in events if isinstance(events, list) else []:
         if isinstance(ev, dict) and ev.get("cat") == "optimizer" and ev.get("ph") == "X":
-            it = int(ev.get("args", {}).get("iteration", -1))
-            if it in its:
-                per[it] = max(per.get(it, 0.0), float(ev.get("dur", 0.0)) / 1e3)
+            args, dur = ev.get("args", {}), ev.get("dur", 0.0)
+            # Context only: an optimizer event we cannot read is skipped, not fatal.
+            if not isinstance(args, dict) or not isinstance(dur, (int, float)) \
+                    or not math.isfinite(dur) or dur < 0:
+                continue
+            it = args.get("iteration", -1)
+            if isinstance(it, int) and it in its:
+                per[it] = max(per.get(it, 0.0), float(dur) / 1e3)
     return list(per.values())

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, NoReturn
 
-from ppsim.config import Config, hardware_config, load_config, model_fields
+from ppsim import validate
+from ppsim.config import Config, check_config, hardware_config, load_config
 from ppsim.errors import UserError
 
 
@@ -46,6 +48,10 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True) -> No
     g.add_argument("--tp", type=int, metavar="N", help="tensor-parallel size")
     g.add_argument("--memory-gb", type=float, metavar="GB", help="memory limit per rank")
     g.add_argument("--costs", metavar="FILE", help="measured cost file (ppsim profile)")
+    g.add_argument("--actions-csv", metavar="FILE", help="run this per-rank order instead of "
+                   "--schedule's (a torch.distributed.pipelining schedule CSV)")
+    g.add_argument("--devices", metavar="D,D,...",
+                   help="device of each rank, e.g. 0,0 for two ranks sharing one device")
     if split_flags:
         s = p.add_argument_group("split (one of)")
         s.add_argument("--split", metavar="N,N,...",
@@ -67,7 +73,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         if getattr(args, flag, None) is not None:
             model[key] = getattr(args, flag)
     pipe = replace(cfg.pipeline)
-    for key in ("pp", "vpp", "microbatches", "schedule"):
+    for key in ("pp", "vpp", "microbatches", "schedule", "actions_csv"):
         if getattr(args, key, None) is not None:
             setattr(pipe, key, getattr(args, key))
     chosen = {k: getattr(args, k, None) for k in ("split", "layout", "first_stage_layers",
@@ -94,15 +100,27 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if getattr(args, "hardware", None):
         hw = hardware_config({"preset": args.hardware})
     if getattr(args, "memory_gb", None) is not None:
-        hw.memory_bytes = args.memory_gb * 1e9
+        hw.memory_bytes = validate.number(
+            "--memory-gb (hardware.memory_bytes)", args.memory_gb, lo=0.0, lo_open=True,
+            hi=validate.MAX_BYTES / 1e9, fix="give the memory one rank may use, e.g. 80") * 1e9
+    validate.hardware(hw)
     costs = getattr(args, "costs", None) or cfg.costs_file
-    out = Config(model=model, pipeline=pipe, hardware=hw, costs_file=costs)
-    model_fields(out.model)
+    placement = replace(cfg.placement)
+    if getattr(args, "devices", None) is not None:
+        devices = _ints(args.devices, "--devices")
+        if isinstance(devices, str):
+            raise UserError("--devices", "needs one device index per rank", "e.g. 0,0")
+        placement.devices = devices
+    out = Config(model=model, pipeline=pipe, hardware=hw, costs_file=costs,
+                 placement=placement)
+    check_config(out)
+    validate.placement(out.placement)
     return out
 
 
 def emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+    """Strict JSON: a value that is not finite is written as null, never as NaN/Infinity."""
+    sys.stdout.write(json.dumps(validate.finite_json(obj), indent=2, allow_nan=False) + "\n")
 
 
 # ------------------------------------------------------------------ commands
@@ -139,10 +157,12 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 def cmd_split(args: argparse.Namespace) -> int:
     from ppsim.exports import split_exports
+    from ppsim.limits import check_request
     from ppsim.problem import resolve_split
     from ppsim.schedules import schedule_placement
 
     cfg = config_from_args(args)
+    check_request(cfg, None)
     split = resolve_split(cfg, None, schedule_placement(cfg.pipeline.schedule))
     stages = [{"rank": s.rank, "chunk": s.chunk, "layers": s.layers, "offset": s.offset}
               for s in split.stages]
@@ -211,33 +231,57 @@ def print_exports(console: Any, exports: dict[str, Any]) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from ppsim import limits
     from ppsim.problem import build_problem
-    from ppsim.report import rank_table, summary_dict, text_timeline
+    from ppsim.report import summary_dict
+    from ppsim.schedule_cli import print_notes
     from ppsim.simulator import simulate
-    from ppsim.trace import simulation_trace, write_trace
 
     cfg = config_from_args(args)
+    ops = limits.check_request(cfg, limits.SIMULATE)
+    if args.trace or args.png:
+        limits.check_request(cfg, limits.TRACE)
     problem = build_problem(cfg)
-    sim = simulate(problem)
+    print_notes(problem.schedule, "simulate")
+    # Per-op records only where something shows them: memory stays flat otherwise.
+    timeline = not args.json and (ops or 0) <= limits.TIMELINE_OPS
+    sim = simulate(problem, record=bool(args.trace or args.png or timeline))
     if args.trace:
+        from ppsim.trace import simulation_trace, write_trace
+
         write_trace(args.trace, simulation_trace(sim))
     s = sim.summary
     if args.png:
         from ppsim.picture import render_png
 
+        assert sim.timeline is not None
         lanes = [[(op.start, op.end - op.start, op.action.kind, op.action.microbatch)
                   for op in ops] for ops in sim.timeline.ops]
-        render_png([(f"{problem.schedule.name}, split {list(problem.split.counts)}", lanes)],
-                   args.png, title=f"simulated iteration {s.iteration_time_ms:.2f} ms, "
-                   f"bubble {s.bubble_fraction:.1%}")
+        with validate.output("--png", args.png):
+            render_png([(f"{problem.schedule.name}, split {list(problem.split.counts)}",
+                         lanes)], args.png, title=f"simulated iteration "
+                       f"{s.iteration_time_ms:.2f} ms, bubble {s.bubble_fraction:.1%}")
     if args.json:
         emit_json({"schedule": problem.schedule.name, "pp": problem.split.pp,
                    "vpp": problem.split.vpp, "microbatches": problem.schedule.microbatches,
                    "split": list(problem.split.counts),
                    "memory_limit_bytes": problem.hardware.memory_bytes, **summary_dict(s)})
         return 0
+    _print_simulation(sim)
+    if args.trace:
+        print(f"trace written to {args.trace} (open in https://ui.perfetto.dev)")
+    if args.png:
+        print(f"timeline picture written to {args.png}")
+    return 0
+
+
+def _print_simulation(sim: Any) -> None:
     from rich.console import Console
 
+    from ppsim import limits
+    from ppsim.report import rank_table, text_timeline
+
+    problem, s = sim.problem, sim.summary
     console = Console()
     console.print(f"[bold]{problem.schedule.name}[/bold]  pp={problem.split.pp} "
                   f"vpp={problem.split.vpp} microbatches={problem.schedule.microbatches}  "
@@ -247,19 +291,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                   f"{s.peak_memory_bytes / 1e9:.2f} GB of {problem.hardware.memory_bytes / 1e9:.0f}"
                   f" GB   {'fits' if s.fits else '[red]does NOT fit[/red]'}")
     console.print(rank_table(s, problem.hardware.memory_bytes))
+    if sim.timeline is None:
+        console.print(f"(no text timeline above {limits.TIMELINE_OPS:,} ops; --trace keeps "
+                      "every op)")
+        return
     console.print("timeline (F/B/W = forward/backward/weight-grad, . = idle):")
     for line in text_timeline(sim.timeline.ops, s.iteration_time_ms,
                               width=max(40, min(120, console.width - 10))):
         console.print(line)
-    if args.trace:
-        console.print(f"trace written to {args.trace} (open in https://ui.perfetto.dev)")
-    if args.png:
-        console.print(f"timeline picture written to {args.png}")
-    return 0
 
 
 COMMAND_MODULES = ("ppsim.plan_cli", "executor.cli", "ppsim.diff_cli", "ppsim.demo", "tui.cli",
-                   "ppsim.profile_cli", "ppsim.costs_cli")
+                   "ppsim.profile_cli", "ppsim.costs_cli", "ppsim.schedule_cli")
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                           Callable[[argparse.Namespace], int]]] = {}
@@ -320,6 +363,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return 130
+    except BrokenPipeError:
+        # `ppsim schedule | head`: the reader left; say nothing more, as Unix tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ppsim import validate
 from ppsim.errors import UserError
+from ppsim.placement import PlacementConfig
 from ppsim.presets import HARDWARE_PRESETS, MODEL_PRESETS
 from ppsim.transformer import ATTENTION, DTYPE_BYTES, NORMS, POSITIONS, RECOMPUTE, Architecture
 
@@ -57,6 +59,8 @@ class PipelineConfig:
     """Megatron --decoder-last-pipeline-num-layers."""
     account_for_embedding: bool = False
     account_for_loss: bool = False
+    actions_csv: str | None = None
+    """A torch.distributed.pipelining schedule CSV whose order replaces `schedule`'s."""
 
 
 @dataclass(kw_only=True)
@@ -90,6 +94,8 @@ class Config:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     costs_file: str | None = None
     """Measured costs (ppsim profile / calibrate) that replace the analytic model."""
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    """Which device each rank runs on and which links messages share ([placement])."""
 
     @property
     def num_layers(self) -> int:
@@ -109,9 +115,14 @@ def _check_type(where: str, value: Any, kind: type) -> Any:
         or (kind is int and isinstance(value, int) and not isinstance(value, bool)) \
         or (kind is not float and kind is not int and isinstance(value, kind))
     if not ok:
-        raise UserError(where, f"expected {kind.__name__}, got {value!r}",
+        raise UserError(where, f"expected {kind.__name__}, got {value!r}"[:200],
                         f"write a {kind.__name__}")
-    return float(value) if kind is float else value
+    if kind is float:
+        # Ranges are checked per field (validate.hardware); here only finiteness,
+        # so no NaN or infinity gets past loading.
+        return validate.number(where, value, lo=-float("inf"), hi=float("inf"),
+                               fix="write a finite number")
+    return value
 
 
 def model_fields(model: dict[str, Any]) -> dict[str, Any]:
@@ -183,15 +194,17 @@ def _fill(obj: Any, table: dict[str, Any], section: str) -> None:
         t = types[key]
         where = f"{section}.{key}"
         if value is None:
+            if "None" not in t:  # TOML has no null, but dicts from code and JSON do
+                raise UserError(where, "must have a value, got None", f"write a {t}")
             setattr(obj, key, None)
         elif "list" in t:
             if value == "even":
                 setattr(obj, key, value)
                 continue
             if not isinstance(value, list):
-                raise UserError(where, f"expected a list of integers, got {value!r}",
+                raise UserError(where, f"expected a list of integers, got {value!r}"[:200],
                                 "write e.g. split = [6, 2]")
-            setattr(obj, key, value)  # element checks live in ppsim.split
+            setattr(obj, key, value)  # element checks: validate.pipeline and ppsim.split
         elif t.startswith("int"):
             setattr(obj, key, _check_type(where, value, int))
         elif t.startswith("float"):
@@ -204,20 +217,32 @@ def _fill(obj: Any, table: dict[str, Any], section: str) -> None:
 
 def config_from_dict(data: dict[str, Any]) -> Config:
     for key in data:
-        if key not in ("model", "pipeline", "hardware", "costs_file"):
-            raise UserError(key, "unknown section", "use [model], [pipeline] and [hardware]")
-    cfg = Config(model=dict(data.get("model", {})))
-    model_fields(cfg.model)  # validate early
-    _fill(cfg.pipeline, data.get("pipeline", {}), "pipeline")
-    cfg.hardware = hardware_config(dict(data.get("hardware", {})))
+        if key not in ("model", "pipeline", "hardware", "placement", "costs_file"):
+            raise UserError(key, "unknown section",
+                            "use [model], [pipeline], [hardware] and [placement]")
+    cfg = Config(model=dict(validate.table("model", data.get("model", {}))))
+    validate.preset_name("model.preset", cfg.model.get("preset"))
+    check_config(cfg, validate.table("pipeline", data.get("pipeline", {})))
+    cfg.hardware = hardware_config(dict(validate.table("hardware", data.get("hardware", {}))))
+    _fill(cfg.placement, validate.table("placement", data.get("placement", {})), "placement")
+    validate.placement(cfg.placement)
     if "costs_file" in data:
         cfg.costs_file = _check_type("costs_file", data["costs_file"], str)
     return cfg
 
 
+def check_config(cfg: Config, pipeline: dict[str, Any] | None = None) -> None:
+    """Validate cfg's model and pipeline (after filling `pipeline` in, if given)."""
+    fields_ = model_fields(cfg.model)
+    validate.model(fields_)
+    if pipeline is not None:
+        _fill(cfg.pipeline, pipeline, "pipeline")
+    validate.pipeline(cfg.pipeline)
+
+
 def hardware_config(table: dict[str, Any]) -> HardwareConfig:
     """A [hardware] table, merged onto its preset when it names one."""
-    preset = table.get("preset")
+    preset = validate.preset_name("hardware.preset", table.get("preset"))
     if preset is not None:
         if preset not in HARDWARE_PRESETS:
             raise UserError("hardware.preset", f"unknown preset {preset!r}",
@@ -225,6 +250,7 @@ def hardware_config(table: dict[str, Any]) -> HardwareConfig:
         table = {**HARDWARE_PRESETS[preset], **table}
     hw = HardwareConfig()
     _fill(hw, table, "hardware")
+    validate.hardware(hw)
     return hw
 
 
@@ -233,33 +259,39 @@ def parse_toml(text: str, source: str = "config") -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UserError(source, f"malformed TOML: {exc}", "fix the syntax on that line") from None
+    except RecursionError:
+        raise UserError(source, "malformed TOML: nested too deeply",
+                        "a config needs only [model], [pipeline] and [hardware] tables") from None
 
 
 def load_config(path: str | None) -> Config:
     """Load a config file, or the embedded default when path is None."""
     if path is None:
         return config_from_dict(parse_toml(DEFAULT_TOML, "default config"))
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise UserError("--config", f"cannot read {path}: {exc.strerror}",
-                        "pass an existing TOML file") from None
+    text = validate.read_text("--config", path, validate.MAX_CONFIG_BYTES, "TOML config file")
     cfg = config_from_dict(parse_toml(text, path))
     if cfg.costs_file and not os.path.isabs(cfg.costs_file):
         # A cost file named in a config lives next to that config.
         cfg.costs_file = os.path.join(os.path.dirname(os.path.abspath(path)), cfg.costs_file)
+    csv = cfg.pipeline.actions_csv
+    if csv and not os.path.isabs(csv):
+        cfg.pipeline.actions_csv = os.path.join(os.path.dirname(os.path.abspath(path)), csv)
     return cfg
 
 
 # ------------------------------------------------------------------ saving
 
 
+_TOML_ESCAPES = {"\\": "\\\\", '"': '\\"', "\b": "\\b", "\t": "\\t", "\n": "\\n",
+                 "\f": "\\f", "\r": "\\r"}
+
+
 def _toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return '"' + "".join(_TOML_ESCAPES.get(c) or (f"\\u{ord(c):04x}" if ord(c) < 0x20
+                             or ord(c) == 0x7F else c) for c in v) + '"'
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     return repr(v)
@@ -276,7 +308,10 @@ def config_to_toml(cfg: Config) -> str:
             lines.append(f"{k} = {_toml_value(v)}")
     for name, table in tables:
         lines += ["", f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()]
-    for section, obj in (("pipeline", cfg.pipeline), ("hardware", cfg.hardware)):
+    sections: list[tuple[str, Any]] = [("pipeline", cfg.pipeline), ("hardware", cfg.hardware)]
+    if cfg.placement != PlacementConfig():
+        sections.append(("placement", cfg.placement))
+    for section, obj in sections:
         lines += ["", f"[{section}]"]
         for f in fields(obj):
             v = getattr(obj, f.name)

@@ -26,6 +26,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from ppsim import limits, validate
 from ppsim.costs import LayerCost, ModelCosts
 from ppsim.errors import UserError
 from ppsim.fileio import write_json_atomic
@@ -93,7 +94,8 @@ def cost_document(costs: ModelCosts, *, source: str, model: dict[str, Any] | Non
 
 def write_costs(path: str, doc: dict[str, Any]) -> None:
     """Write atomically (a crash never leaves half a cost file), then re-read it to check."""
-    write_json_atomic(path, doc)
+    with validate.output("--out", path):
+        write_json_atomic(path, doc)
     _CACHE.pop(os.path.abspath(path), None)
     read_cost_file(path)
 
@@ -102,16 +104,15 @@ def write_costs(path: str, doc: dict[str, Any]) -> None:
 
 
 def _number(path: str, where: str, value: Any, integer: bool) -> float | int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
-            or value < 0 or value == float("inf"):
-        raise UserError(f"{path}: {where}", f"must be a finite number >= 0, got {value!r}",
-                        "re-run ppsim profile, or fix the value")
+    fix = "re-run ppsim profile, or fix the value"
     if integer:
-        if isinstance(value, float) and not value.is_integer():
+        x = validate.number(f"{path}: {where}", value, hi=validate.MAX_BYTES, fix=fix)
+        if not x.is_integer():
             raise UserError(f"{path}: {where}", f"is a byte count, got {value!r}",
                             "write a whole number")
-        return int(value)
-    return float(value)
+        return int(x)
+    hi = validate.MAX_GBPS if where.endswith("gbps") else validate.MAX_MS
+    return validate.number(f"{path}: {where}", value, hi=hi, fix=fix)
 
 
 def _layer(path: str, where: str, table: Any) -> LayerCost:
@@ -150,6 +151,9 @@ def cost_file_from_dict(data: Any, path: str = "costs") -> CostFile:
     if not isinstance(raw_layers, list) or not raw_layers:
         raise UserError(f"{path}: layers", "must be a non-empty list of layer costs",
                         "one entry per decoder layer, or one entry for every layer")
+    if len(raw_layers) > limits.MAX_LAYERS:
+        raise UserError(f"{path}: layers", f"has {len(raw_layers):,} entries, above the limit "
+                        f"of {limits.MAX_LAYERS:,}", "profile a model of fewer layers")
     layers = tuple(_layer(path, f"layers[{i}]", x) for i, x in enumerate(raw_layers))
     emb = _layer(path, "embedding", data["embedding"])
     head = _layer(path, "head", data["head"])
@@ -174,22 +178,26 @@ _CACHE: dict[str, tuple[tuple[int, int], CostFile]] = {}
 def read_cost_file(path: str) -> CostFile:
     """Read and check a cost file (cached by modification time: the planner asks often)."""
     full = os.path.abspath(path)
+    # Refused up front: a device (/dev/zero), a FIFO or a runaway file is never read.
+    validate.readable_file("--costs", full, validate.MAX_COSTS_BYTES, "cost file")
     try:
         st = os.stat(full)
-        stamp = (st.st_mtime_ns, st.st_size)
-        hit = _CACHE.get(full)
-        if hit is not None and hit[0] == stamp:
-            return hit[1]
-        with open(full, encoding="utf-8") as fh:
-            text = fh.read()
     except OSError as exc:
         raise UserError("--costs", f"cannot read {path}: {exc.strerror}",
                         "pass a cost file written by ppsim profile or ppsim calibrate") from None
+    stamp = (st.st_mtime_ns, st.st_size)
+    hit = _CACHE.get(full)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    text = validate.read_text("--costs", full, validate.MAX_COSTS_BYTES, "cost file")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UserError("--costs", f"{path} is not valid JSON (line {exc.lineno}: {exc.msg}); "
                         "it may be truncated", "re-run ppsim profile or ppsim calibrate") from None
+    except RecursionError:
+        raise UserError("--costs", f"{path} is nested too deeply to be a cost file",
+                        "re-run ppsim profile or ppsim calibrate") from None
     cf = cost_file_from_dict(data, path)
     _CACHE[full] = (stamp, cf)
     return cf

@@ -96,7 +96,10 @@ def hardware_profile(args: argparse.Namespace) -> int:
         raise UserError("--device", "cuda requested but torch sees no GPU here",
                         "use --device cpu")
     result = measure_hardware(args.device)
-    write_text_atomic(args.hardware_out, hardware_toml(result))
+    from ppsim.validate import output
+
+    with output("--hardware-out", args.hardware_out):
+        write_text_atomic(args.hardware_out, hardware_toml(result))
     if args.json:
         emit_json({"out": args.hardware_out, **result})
         return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from ppsim.errors import UserError
@@ -37,12 +38,20 @@ class Window:
     def end(self, k: Key) -> float:
         return self.start(k) + self.dur(k)
 
-    @property
+    @cached_property
     def iteration_time_ms(self) -> float:
         return max(self.end(k) for k in self.ops) if self.ops else 0.0
 
+    @cached_property
+    def by_rank(self) -> dict[int, list[Key]]:
+        """Each rank's ops in start order (grouped once: a trace may hold 4,096 ranks)."""
+        out: dict[int, list[Key]] = {}
+        for k in sorted(self.ops, key=self.start):
+            out.setdefault(k[0], []).append(k)
+        return out
+
     def rank_ops(self, rank: int) -> list[Key]:
-        return sorted((k for k in self.ops if k[0] == rank), key=self.start)
+        return list(self.by_rank.get(rank, []))
 
     def peak_memory(self, rank: int) -> int | None:
         """Highest memory counter sample inside the iteration (None if not recorded)."""
@@ -59,7 +68,7 @@ def steady_iteration(trace: Trace) -> int:
     """The typical steady-state iteration: of those after warm-up, the one whose
     length is the median (lower median), so one hiccup does not decide a diff."""
     its = trace.iterations
-    warm = int(trace.info.get("warmup_iterations", 0) or 0)
+    warm = trace.info.get("warmup_iterations") or 0  # an int: checked by read_trace
     steady = [i for i in its if i >= warm] or its
     if len(steady) == 1:
         return steady[0]
@@ -125,19 +134,23 @@ def critical_path(w: Window) -> list[tuple[int, float]]:
     """Ranks along the critical path, as (rank, ms spent computing there), in time order.
 
     Walks back from the op that ends last; an op's predecessor is whichever of
-    its rank's previous op and its cross-stage input ended later.
+    its rank's previous op and its cross-stage input ended later. Ends on any input:
+    the walk stops where it would revisit an op.
     """
     if not w.ops:
         return []
     by_stage_mb = {(op.stage, op.microbatch, op.kind): k for k, op in w.ops.items()}
     prev_on_rank: dict[Key, Key | None] = {}
-    for r in {k[0] for k in w.ops}:
-        seq = w.rank_ops(r)
+    for seq in w.by_rank.values():
         for i, k in enumerate(seq):
             prev_on_rank[k] = seq[i - 1] if i else None
     k: Key | None = max(w.ops, key=w.end)
     path: list[tuple[int, float]] = []
-    while k is not None:
+    seen: set[Key] = set()
+    # In a consistent trace every step goes back in time; a hand-edited or clock-skewed
+    # one can lead back to an op already walked, so each op is visited at most once.
+    while k is not None and k not in seen:
+        seen.add(k)
         op = w.ops[k]
         if path and path[-1][0] == k[0]:
             path[-1] = (k[0], path[-1][1] + w.dur(k))
@@ -166,13 +179,16 @@ class Diff:
         a, b = self.a, self.b
         ta, tb = a.iteration_time_ms, b.iteration_time_ms
         ranks = []
-        for r in sorted({k[0] for k in a.ops} | {k[0] for k in b.ops}):
-            busy_a = sum(a.dur(k) for k in a.ops if k[0] == r)
-            busy_b = sum(b.dur(k) for k in b.ops if k[0] == r)
+        drifts: dict[int, list[float]] = {}
+        for k in self.matched:  # in start order per rank
+            drifts.setdefault(k[0], []).append(b.start(k) - a.start(k))
+        for r in sorted(set(a.by_rank) | set(b.by_rank)):
+            busy_a = sum(a.dur(k) for k in a.by_rank.get(r, ()))
+            busy_b = sum(b.dur(k) for k in b.by_rank.get(r, ()))
             bub_a = 1 - busy_a / ta if ta else 0.0
             bub_b = 1 - busy_b / tb if tb else 0.0
             mem_a, mem_b = a.peak_memory(r), b.peak_memory(r)
-            drift = [b.start(k) - a.start(k) for k in self.matched if k[0] == r]
+            drift = drifts.get(r, [])
             ranks.append({
                 "rank": r, "busy_ms": [busy_a, busy_b], "busy_delta_ms": busy_b - busy_a,
                 "busy_error": (busy_b - busy_a) / busy_a if busy_a else 0.0,

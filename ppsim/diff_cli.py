@@ -8,6 +8,7 @@ from typing import Any
 from ppsim.diff import Window, diff_traces
 from ppsim.errors import UserError
 from ppsim.trace import read_trace
+from ppsim.validate import output
 
 
 def lanes(w: Window) -> list[list[tuple[float, float, str, int]]]:
@@ -20,12 +21,13 @@ def lanes(w: Window) -> list[list[tuple[float, float, str, int]]]:
 
 def print_diff(d: dict[str, Any]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from ppsim.report import fmt_bytes
 
     c = Console()
-    a, b = d["traces"]
+    a, b = (escape(x) for x in d["traces"])  # file names are not markup
     ta, tb = d["iteration_time_ms"]
     c.print(f"A = {a} (iteration {d['iterations'][0]})\nB = {b} (iteration {d['iterations'][1]})")
     c.print(f"iteration time  A {ta:.3f} ms   B {tb:.3f} ms   B-A {tb - ta:+.3f} ms "
@@ -77,9 +79,10 @@ def cmd_diff(args: argparse.Namespace) -> int:
     if args.png:
         from ppsim.picture import render_png
 
-        render_png([(f"A: {args.a}", lanes(diff.a)), (f"B: {args.b}", lanes(diff.b))],
-                   args.png, title=f"iteration time A {d['iteration_time_ms'][0]:.2f} ms, "
-                   f"B {d['iteration_time_ms'][1]:.2f} ms ({d['iteration_time_error']:+.1%})")
+        with output("--png", args.png):
+            render_png([(f"A: {args.a}", lanes(diff.a)), (f"B: {args.b}", lanes(diff.b))],
+                       args.png, title=f"iteration time A {d['iteration_time_ms'][0]:.2f} ms, "
+                       f"B {d['iteration_time_ms'][1]:.2f} ms ({d['iteration_time_error']:+.1%})")
     if args.json:
         emit_json(d)
     else:

@@ -15,4 +15,5 @@ class UserError(ValueError):
         msg = f"{field}: {problem}"
         if fix:
             msg += f" ({fix})"
-        super().__init__(msg)
+        # One line, no terminal escapes: user-supplied names may hold control characters.
+        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in msg))

@@ -2,8 +2,8 @@
 
 Each op starts at max(end of the rank's previous op, arrival of its input)
 and ends start + duration; a message arrives at the sender's end + delay.
-That is exactly what the simpy simulator computes, with the same float
-operations, so the two agree to the last digit (tests/test_evaluate.py).
+That is exactly what the event-driven simulator computes, with the same float
+operations, so the two agree to the last digit (tests/test_simulator.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ppsim.timing import CompiledSchedule, OpTable, Summary, memory_peaks, summa
 
 def op_times(table: OpTable) -> tuple[list[list[float]], list[list[float]]]:
     """Start and end time of every op, per rank. Raises RuntimeError on deadlock."""
-    return list_schedule(table.compiled, table.duration, table.send_delay)
+    return list_schedule(table.compiled, table.duration, table.send_delays())
 
 
 def list_schedule(c: CompiledSchedule, duration: Sequence[Sequence[float]],

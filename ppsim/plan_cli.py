@@ -8,11 +8,12 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ppsim import validate
 from ppsim.config import Config, model_fields
 from ppsim.errors import UserError
 from ppsim.planner import Candidate, PlanResult, plan
 from ppsim.problem import Problem, build_problem
-from ppsim.references import Reference, compare, megatron_baseline, why_faster
+from ppsim.references import Reference, compare, megatron_baseline, time_split, why_faster
 from ppsim.schedules import SCHEDULES
 
 SEARCH_AXES = ("schedule", "vpp", "microbatches", "recompute")
@@ -29,7 +30,7 @@ class Variant:
 
 def _fits_shape(schedule: str, vpp: int) -> bool:
     """Chunks per rank each schedule runs: interleaved needs 2+, V schedules exactly 2."""
-    if schedule == "interleaved-1f1b":
+    if schedule.startswith("interleaved-"):  # interleaved-zb at vpp 1 is zb-h1
         return vpp > 1
     if SCHEDULES[schedule].placement == "v":
         return vpp == 2
@@ -94,20 +95,46 @@ class Planned:
 
 
 def plan_with_references(problem: Problem, compare_texts: list[str], top_k: int,
-                         budget_s: float, progress: Any = None) -> Planned:
+                         budget_s: float, progress: Any = None,
+                         started: float | None = None) -> Planned:
     """Plan, seeded with the baseline and the references so it is never slower."""
     base = megatron_baseline(problem)
     refs = compare(problem, compare_texts)
     seeds = [r.split.counts for r in ([base] if base else []) + refs if r.split.standard_ends]
-    res = plan(problem, top_k=top_k, progress=progress, time_budget_s=budget_s, seeds=seeds)
+    res = plan(problem, top_k=top_k, progress=progress, time_budget_s=budget_s, seeds=seeds,
+               started=started)
     # With no Megatron baseline there is nothing to call "even": no row, no speed-up.
     res = replace(res, baseline=Candidate(base.split, base.summary) if base else None)
+    if problem.topology is not None:
+        res = _retime_shared(problem, res, refs)
     return Planned(res, base, refs)
 
 
+SHARED_NOTE = ("the placement shares devices or links: splits were searched with the "
+               "unshared model, a lower bound on the shared one, and the top candidates and "
+               "references re-simulated with sharing; optimality is not proven")
+
+
+def _retime_shared(problem: Problem, res: PlanResult, refs: list[Reference]) -> PlanResult:
+    """Re-time the planner's candidates (unshared times) with the shared simulator."""
+    splits = [c.split for c in res.candidates] + [r.split for r in refs]
+    seen, retimed = set(), []
+    for sp in splits:
+        if sp.counts not in seen:
+            seen.add(sp.counts)
+            retimed.append(Candidate(sp, time_split(problem, sp)))
+    retimed.sort(key=lambda c: c.key)
+    fits = [c for c in retimed if c.summary.fits]
+    ds = res.deepspeed
+    if ds is not None:
+        ds = Candidate(ds.split, time_split(problem, ds.split))
+    return replace(res, candidates=fits, best=fits[0] if fits else None, deepspeed=ds,
+                   proven_optimal=False)
+
+
 def run_search(cfg: Config, axes: list[str], top_k: int, budget_s: float,
-               show_progress: bool, compare_texts: list[str] | None = None
-               ) -> tuple[Planned, list[tuple[str, PlanResult]]]:
+               show_progress: bool, compare_texts: list[str] | None = None,
+               started: float | None = None) -> tuple[Planned, list[tuple[str, PlanResult]]]:
     """Plan every variant; the best result overall, and each variant's result."""
     vs = variants(cfg, axes)
     results: list[tuple[str, Planned]] = []
@@ -133,7 +160,8 @@ def run_search(cfg: Config, axes: list[str], top_k: int, budget_s: float,
             # References belong to the configured shape; variants are planned bare.
             texts = (compare_texts or []) if v is vs[0] else []
             results.append((v.label, plan_with_references(
-                problem, texts, top_k, budget_s / len(problems), tick)))
+                problem, texts, top_k, budget_s / len(problems), tick,
+                started=started if not results else None)))
             bar.advance(task)
     fitting = [r for _, r in results if r.result.best is not None]
     best = min(fitting, key=lambda r: r.result.best.key) if fitting else results[0][1]  # type: ignore
@@ -177,6 +205,8 @@ def result_dict(planned: Planned) -> dict[str, Any]:
         "evaluated": res.evaluated, "total_splits": res.total_splits, "seconds": res.seconds,
         "baseline_label": planned.baseline.label if planned.baseline else None,
         "compared": [reference_dict(r, res.best) for r in planned.compared],
+        "evaluator": "shared: unshared search, re-timed with sharing" if p.topology
+        else "exact",
     }
     if res.best is not None:
         best = candidate_dict(res.best)
@@ -271,7 +301,10 @@ def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], to
     for ref in planned.compared:
         console.print(f"vs {ref.label}: {why_faster(res.best.summary, ref)}", markup=False)
     bt = res.best.summary.iteration_time_ms
-    if res.proven_optimal:
+    if p.topology is not None:
+        console.print(f"{SHARED_NOTE} (unshared lower bound {res.lower_bound_ms:.2f} ms; "
+                      f"{res.evaluated:,} splits timed in {res.seconds:.2f} s)", markup=False)
+    elif res.proven_optimal:
         console.print(f"[green]optimal[/green] for the cost model: {res.evaluated:,} of "
                       f"{res.total_splits:,} splits timed in {res.seconds:.2f} s")
     else:
@@ -283,18 +316,29 @@ def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], to
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from ppsim import limits
     from ppsim.cli import config_from_args, emit_json
+    from ppsim.clock import process_start
 
+    started = process_start()  # the budget covers the whole command
     cfg = config_from_args(args)
     if args.top < 1:
         raise UserError("--top", f"must be at least 1, got {args.top}", "use --top 5")
-    if args.time_budget <= 0:
-        raise UserError("--time-budget", "must be positive", "use e.g. --time-budget 30")
+    validate.seconds("--time-budget", args.time_budget)  # NaN or inf would mean no budget
+    ops = limits.check_request(cfg, limits.PLAN)
+    if ops is not None:
+        limits.check_plan_budget(ops, args.time_budget)
     axes = [a.strip() for a in args.search.split(",") if a.strip()] if args.search else []
+    if cfg.pipeline.actions_csv and set(axes) - {"recompute"}:
+        raise UserError("--search", "the actions CSV fixes the schedule, vpp and microbatches",
+                        "search recompute only, or drop --actions-csv")
     planned, per_variant = run_search(cfg, axes, args.top, args.time_budget,
                                       show_progress=not args.json and sys.stderr.isatty(),
-                                      compare_texts=args.compare or [])
+                                      compare_texts=args.compare or [], started=started)
     best = planned.result
+    from ppsim.schedule_cli import print_notes
+
+    print_notes(best.problem.schedule, "plan")
     if args.json:
         out = result_dict(planned)
         if len(per_variant) > 1:

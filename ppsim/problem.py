@@ -6,11 +6,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim import split as splits
+from ppsim import validate
 from ppsim.config import ARCH_FIELDS, LAYER_FIELDS, Config, model_fields
 from ppsim.costs import LayerCost, ModelCosts, StageCost, stage_costs, uniform_costs
 from ppsim.errors import UserError
 from ppsim.layout import parse_layout
 from ppsim.limits import SIMULATE, check_ops, check_shape
+from ppsim.placement import Topology, topology
 from ppsim.schedules import Schedule, build_schedule, schedule_placement
 from ppsim.split import Split
 from ppsim.transformer import Architecture, accelerator, transformer_costs
@@ -38,6 +40,8 @@ class Problem:
     split: Split
     schedule: Schedule
     hardware: Hardware
+    topology: Topology | None = None
+    """Devices and links the ranks share; None: each rank owns its device and links."""
 
     @property
     def stage_costs(self) -> list[StageCost]:
@@ -109,6 +113,7 @@ def resolve_split_noted(cfg: Config, num_layers: int | None = None,
     num_layers counts every layer, MTP included (default: from the model).
     """
     p = cfg.pipeline
+    validate.stages(p)  # a split over 0 ranks would divide by zero
     mtp = mtp_layers(cfg)
     total = cfg.num_layers + mtp if num_layers is None else num_layers
     decoder = total - mtp
@@ -145,6 +150,8 @@ def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
     """Costs, split, schedule and hardware; cheap checks first, then the big pieces."""
     p = cfg.pipeline
     costs = costs or model_costs(cfg)
+    if p.actions_csv:
+        return _csv_problem(cfg, costs)
     placement = schedule_placement(p.schedule)
     split = resolve_split(cfg, costs.num_layers, placement)
     name = p.schedule
@@ -152,6 +159,23 @@ def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
         name = "interleaved-1f1b"  # Megatron runs a multi-chunk layout interleaved
     check_ops(p.pp, split.vpp, p.microbatches, False, SIMULATE)
     schedule = build_schedule(name, p.pp, split.vpp, p.microbatches)
+    hw = hardware(cfg)
+    topo = topology(cfg.placement, p.pp, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps)
+    return Problem(costs, split, schedule, hw, None if topo.is_private else topo)
+
+
+def _csv_problem(cfg: Config, costs: ModelCosts) -> Problem:
+    """The problem whose order is a torch schedule CSV; its placement shapes the split."""
+    from ppsim.torchcsv import load_actions_csv
+
+    p = cfg.pipeline
+    # A layout sets vpp itself, so only the CSV's stages per rank are checked against it.
+    schedule = load_actions_csv(p.actions_csv, p.pp, None if p.layout else p.vpp,  # type: ignore[arg-type]
+                                p.microbatches)
+    split = resolve_split(cfg, costs.num_layers, schedule.placement)
+    if split.vpp != schedule.vpp:
+        raise UserError("pipeline.layout", f"has {split.vpp} stages per rank but the actions "
+                        f"CSV runs {schedule.vpp}", "give a layout with as many stages as the CSV")
     return Problem(costs, split, schedule, hardware(cfg))
 
 

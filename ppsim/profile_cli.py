@@ -12,6 +12,7 @@ import argparse
 import sys
 from typing import Any
 
+from ppsim import validate
 from ppsim.calibrate import ESTIMATORS, calibrate
 from ppsim.cli import add_config_flags, config_from_args, emit_json
 from ppsim.config import Config, model_fields
@@ -20,6 +21,7 @@ from ppsim.errors import UserError
 from ppsim.trace import read_trace
 
 PROFILE_HELP = "measure per-layer F/B/W time, bytes and P2P on this machine; write a cost file"
+MAX_REPEATS = 100_000
 CALIBRATE_HELP = "fit the cost model to a real trace (per-kind scale, P2P delay); write a cost file"
 
 
@@ -77,9 +79,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         return hardware_profile(args)
     cfg = config_from_args(args)
     fields = _transformer_fields(cfg, "profile")
-    if args.repeats < 1 or args.warmup < 0:
-        raise UserError("--repeats", f"{args.repeats} repeats, {args.warmup} warm-up",
-                        "need --repeats >= 1 and --warmup >= 0")
+    validate.count("--repeats", args.repeats, lo=1, hi=MAX_REPEATS)
+    validate.count("--warmup", args.warmup, lo=0, hi=MAX_REPEATS)
     import torch
 
     from executor.profile import profile
@@ -173,11 +174,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         emit_json({"out": args.out, **summary})
         return 0
     from rich.console import Console
+    from rich.markup import escape
 
     c = Console()
     f = cal.factors
-    c.print(f"calibrated on {args.trace}, iteration(s) {cal.iterations} (base: "
-            f"{summary['base']})")
+    c.print(f"calibrated on {escape(args.trace)}, iteration(s) {cal.iterations} (base: "
+            f"{escape(summary['base'])})")
     c.print(f"scale factors ({cal.estimator} of measured / predicted): " + "  ".join(
         f"{k} {v:.3f} ({cal.samples[k]} ops)" if v is not None else f"{k} n/a"
         for k, v in f.items()))
@@ -195,6 +197,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             f"[bold]{cal.after_ms:.2f} ms ({err_after:+.1%})[/bold]")
     if cal.optimizer_ms is not None:
         c.print(f"(optimizer step {cal.optimizer_ms:.2f} ms per iteration, not simulated)")
-    c.print(f"cost file written to {args.out} (use: ppsim simulate --costs {args.out})")
+    c.print(f"cost file written to {escape(args.out)} (use: ppsim simulate --costs "
+            f"{escape(args.out)})")
     sys.stdout.flush()
     return 0

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from ppsim.timing import Summary
+
+if TYPE_CHECKING:
+    from rich.table import Table
+    from rich.text import Text
 
 KIND_STYLE = {"F": "bold blue", "B": "bold green", "W": "bold yellow"}
 
@@ -20,6 +21,8 @@ def fmt_bytes(n: float) -> str:
 
 
 def rank_table(summary: Summary, memory_bytes: float, title: str = "") -> Table:
+    from rich.table import Table  # rich only where a table is drawn: --json stays light
+
     t = Table(title=title or None, title_justify="left")
     for col in ("rank", "layers", "busy ms", "bubble", "static", "activ.", "peak mem",
                 "in-flight", "fits"):
@@ -51,6 +54,8 @@ def text_timeline(ops_per_rank: Any, end_ms: float, width: int = 96) -> list[Tex
     Upper case for even microbatches, lower case for odd, so neighbouring
     ops stay distinguishable; '.' is idle (the bubble).
     """
+    from rich.text import Text
+
     lines = []
     scale = width / end_ms if end_ms > 0 else 0.0
     for r, ops in enumerate(ops_per_rank):

@@ -1,9 +1,10 @@
 """Schedule generators: per-rank ordered action lists, the spine of ppsim.
 
-An `Action` is (kind, virtual stage, microbatch). Kind F is the forward, B the
-backward for inputs (the whole backward when the schedule does not split it),
-W the backward for weights. The simulator times these lists, the executor runs
-them, traces record them; a new schedule is added here once.
+The simulator times these lists, the planner searches splits under them, the
+executor runs them and traces record them; a new schedule is added here once
+(in `SCHEDULES`) and every command gets it. Types and the validator live in
+ppsim.actions, the V-shaped schedules in ppsim.schedules_v; both are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -11,56 +12,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ppsim.actions import (
+    Action,
+    B,
+    F,
+    Schedule,
+    W,
+    dependencies,
+    stage_rank,
+    validate,
+)
 from ppsim.errors import UserError
+from ppsim.schedules_v import dualpipev, zbv
 
-F, B, W = "F", "B", "W"
-
-
-@dataclass(frozen=True, slots=True)
-class Action:
-    kind: str
-    """"F", "B" or "W"."""
-    stage: int
-    """Virtual stage index (Megatron order for loop placement)."""
-    microbatch: int
-
-    def __str__(self) -> str:
-        return f"{self.stage}{self.kind}{self.microbatch}"
-
-
-@dataclass(frozen=True)
-class Schedule:
-    name: str
-    pp: int
-    vpp: int
-    microbatches: int
-    placement: str
-    """"loop" (stage i on rank i % pp) or "v" (ZB-V / DualPipeV)."""
-    split_backward: bool
-    """True when W actions are separate from B."""
-    actions: tuple[tuple[Action, ...], ...]
-    """One ordered tuple of actions per rank."""
-
-    @property
-    def num_stages(self) -> int:
-        return self.pp * self.vpp
-
-    def stage_rank(self, stage: int) -> int:
-        return stage_rank(stage, self.pp, self.placement)
-
-    def stage_chunk(self, stage: int) -> int:
-        return stage // self.pp
-
-    @property
-    def num_ops(self) -> int:
-        return sum(len(a) for a in self.actions)
-
-
-def stage_rank(stage: int, pp: int, placement: str) -> int:
-    """Rank that owns a virtual stage under a placement."""
-    if placement == "v" and (stage // pp) % 2 == 1:
-        return pp - 1 - stage % pp
-    return stage % pp
+__all__ = ["B", "F", "W", "Action", "Schedule", "SCHEDULES", "build_schedule", "dependencies",
+           "dualpipev", "gpipe", "interleaved_1f1b", "interleaved_group", "interleaved_order",
+           "interleaved_zb", "one_f_one_b", "schedule_placement", "stage_rank", "validate",
+           "zb_h1", "zbv"]
 
 
 # ---------------------------------------------------------------- generators
@@ -89,6 +57,28 @@ def one_f_one_b(pp: int, vpp: int, m: int) -> list[list[Action]]:
     return out
 
 
+def interleaved_group(pp: int, m: int) -> int:
+    """Microbatches N per group of the interleaved table (a group runs on one chunk, then
+    the next chunk; the backward walks the table with chunks reversed).
+
+    m >= pp, Megatron's rule: the smallest N >= pp whose last group is full or holds at
+    least pp microbatches (--microbatch-group-size-per-vp-stage N; N = pp when m is a
+    multiple of pp). Whenever torch accepts m this N is torch's m // (m // pp) too.
+    m < pp, torch's rule (Megatron refuses): one group of all m microbatches.
+    """
+    if m < pp:
+        return m
+    return next(n for n in range(pp, m + 1) if m % n == 0 or m % n >= pp)
+
+
+def interleaved_rule(pp: int, m: int) -> str:
+    """Which framework's microbatch-group rule shapes the interleaved table, in words."""
+    n = interleaved_group(pp, m)
+    if m < pp:
+        return f"torch's rule (m < pp: one group of {m})"
+    return f"Megatron's rule (groups of {n} microbatches)"
+
+
 def interleaved_order(m: int, vpp: int, group: int) -> list[tuple[int, int]]:
     """Megatron's schedule table: (microbatch, chunk) for forward step k."""
     table: list[tuple[int, int]] = []
@@ -98,29 +88,48 @@ def interleaved_order(m: int, vpp: int, group: int) -> list[tuple[int, int]]:
     return table
 
 
-def interleaved_1f1b(pp: int, vpp: int, m: int) -> list[list[Action]]:
-    """Megatron's interleaved 1F1B with microbatch groups of p."""
-    table = interleaved_order(m, vpp, pp)
+def _interleaved(pp: int, vpp: int, m: int, zero_bubble: bool) -> list[list[Action]]:
+    """Interleaved 1F1B, or torch's interleaved zero bubble (ZB1P) when `zero_bubble`.
+
+    Forward step k and backward step k both walk the table (backward with the
+    chunks reversed). Rank r warms up with (vpp - 1) N forwards plus 2 per hop to
+    the last rank (1 per hop for zero bubble, whose B is shorter), then one
+    forward and one backward per step. Zero bubble queues each B's W and runs
+    the oldest one after every backward from step r on, the rest at the end.
+    """
+    group = interleaved_group(pp, m)
+    table = interleaved_order(m, vpp, group)
     total = m * vpp
+    hop = 1 if zero_bubble else 2
     out = []
     for r in range(pp):
-        warm = min(2 * (pp - r - 1) + (vpp - 1) * pp, total)
-
-        def fwd(k: int, r: int = r) -> Action:
-            i, c = table[k]
-            return Action(F, c * pp + r, i)
-
-        def bwd(k: int, r: int = r) -> Action:
-            i, c = table[k]
-            return Action(B, (vpp - 1 - c) * pp + r, i)
-
-        acts = [fwd(k) for k in range(warm)]
-        for k in range(total - warm):
-            acts += [fwd(warm + k), bwd(k)]
-        acts += [bwd(k) for k in range(total - warm, total)]
+        warm = min((vpp - 1) * group + hop * (pp - r - 1), total)
+        fwd = [Action(F, c * pp + r, i) for i, c in table]
+        bwd = [Action(B, (vpp - 1 - c) * pp + r, i) for i, c in table]
+        acts = fwd[:warm]
+        pending: list[Action] = []
+        for k in range(total):
+            if warm + k < total:
+                acts.append(fwd[warm + k])
+            acts.append(bwd[k])
+            if zero_bubble:
+                pending.append(bwd[k])
+                if k >= r:
+                    b = pending.pop(0)
+                    acts.append(Action(W, b.stage, b.microbatch))
+        acts += [Action(W, b.stage, b.microbatch) for b in pending]
         out.append(acts)
     return out
 
+
+def interleaved_1f1b(pp: int, vpp: int, m: int) -> list[list[Action]]:
+    """Megatron's interleaved 1F1B (torch's ScheduleInterleaved1F1B: the same order)."""
+    return _interleaved(pp, vpp, m, zero_bubble=False)
+
+
+def interleaved_zb(pp: int, vpp: int, m: int) -> list[list[Action]]:
+    """torch's ScheduleInterleavedZeroBubble (ZB1P of Qi et al. 2024) for any vpp."""
+    return _interleaved(pp, vpp, m, zero_bubble=True)
 
 def zb_h1(pp: int, vpp: int, m: int) -> list[list[Action]]:
     """Zero Bubble ZB-H1 (Qi et al. 2024): 1F1B's order with W deferred into the bubbles.
@@ -147,138 +156,6 @@ def zb_h1(pp: int, vpp: int, m: int) -> list[list[Action]]:
     return out
 
 
-def _v_stages(pp: int, r: int) -> tuple[int, int]:
-    """The two stages of rank r in V placement: going down, then coming back."""
-    return r, 2 * pp - 1 - r
-
-
-class _RankOrder:
-    """One rank's action list, with the next microbatch of each (stage, kind)."""
-
-    def __init__(self) -> None:
-        self.acts: list[Action] = []
-        self.next: dict[tuple[int, str], int] = {}
-        self.pending_w: list[Action] = []
-
-    def add(self, kind: str, stage: int) -> int:
-        i = self.next.get((stage, kind), 0)
-        self.next[(stage, kind)] = i + 1
-        self.acts.append(Action(kind, stage, i))
-        return i
-
-    def backward(self, stage: int, split: bool) -> None:
-        """B, and its W at once (whole backward) or queued for later (split)."""
-        i = self.add(B, stage)
-        w = Action(W, stage, i)
-        if split:
-            self.pending_w.append(w)
-        else:
-            self.acts.append(w)
-            self.next[(stage, W)] = i + 1
-
-    def deferred_w(self) -> None:
-        if self.pending_w:
-            self.acts.append(self.pending_w.pop(0))
-
-    def count(self, kind: str, stage: int) -> int:
-        return self.next.get((stage, kind), 0)
-
-
-def zbv(pp: int, vpp: int, m: int) -> list[list[Action]]:
-    """ZB-V (Qi et al. 2024, section 6): two chunks per rank in a V.
-
-    Phases per rank r: 2(p - r) - 1 forwards of chunk 0; r pairs (chunk-1
-    forward, chunk-0 forward); p - r triples F/B/W of chunk 1; then the steady
-    F/B/W of chunk 0 and of chunk 1; a cool-down of backwards with W of chunk
-    0 interleaved; the remaining W last. Built for max(m, 2p - 1)
-    microbatches (the construction's minimum), then the extra ones dropped.
-    """
-    n = max(m, 2 * pp - 1)
-    out = []
-    for r in range(pp):
-        s0, s1 = _v_stages(pp, r)
-        o = _RankOrder()
-        for _ in range(2 * (pp - r) - 1):
-            o.add(F, s0)
-        for _ in range(r):
-            o.add(F, s1)
-            o.add(F, s0)
-        for _ in range(pp - r):
-            o.add(F, s1)
-            o.backward(s1, split=False)
-        while o.count(F, s1) < o.count(F, s0) or o.count(F, s0) < n:
-            if o.count(F, s0) < n:
-                o.add(F, s0)
-            o.backward(s0, split=False)
-            o.add(F, s1)
-            o.backward(s1, split=False)
-        for _ in range(r):
-            o.backward(s0, split=True)
-            o.backward(s1, split=True)
-        # Cool-down: chunk-0 backwards, each followed by the oldest deferred
-        # chunk-0 W; then all deferred W, chunk 1 first.
-        for _ in range(pp - r):
-            o.backward(s0, split=True)
-            o.acts.append(Action(W, s0, o.count(W, s0)))
-            o.next[(s0, W)] = o.count(W, s0) + 1
-        done = {(a.stage, a.microbatch) for a in o.acts if a.kind == W}
-        rest = [w for w in o.pending_w if (w.stage, w.microbatch) not in done]
-        o.acts += sorted(rest, key=lambda a: (a.stage != s1, a.microbatch))
-        out.append([a for a in o.acts if a.microbatch < m])
-    return out
-
-
-def dualpipev(pp: int, vpp: int, m: int) -> list[list[Action]]:
-    """DualPipeV (DeepSeek's DualPipe folded onto p devices, two chunks in a V).
-
-    Eight phases per rank r (DualPipe README): forwards of chunk 0; chunk 0/1
-    forward pairs; B/W/F of chunk 1; the main loop of overlapped
-    forward-of-one-chunk with backward-of-the-other; then backwards that move
-    from whole (B with its W at once) to split (W deferred) and the deferred
-    W. An overlapped pair runs here as F then B (and W when whole): on one
-    device the compute is sequential either way; the overlap hides transfers,
-    which ppsim already treats as asynchronous.
-    """
-    out = []
-    for r in range(pp):
-        s0, s1 = _v_stages(pp, r)
-        o = _RankOrder()
-        for _ in range((pp - r - 1) * 2):
-            o.add(F, s0)
-        for _ in range(r + 1):
-            o.add(F, s0)
-            o.add(F, s1)
-        for _ in range(pp - r - 1):
-            o.backward(s1, split=True)
-            o.deferred_w()
-            o.add(F, s1)
-        for _ in range(m - 2 * pp + r + 1):
-            o.add(F, s0)
-            o.backward(s1, split=False)
-            o.add(F, s1)
-            o.backward(s0, split=False)
-        for _ in range(pp - r - 1):
-            o.backward(s1, split=False)
-            o.add(F, s1)
-            o.backward(s0, split=False)
-        split = False
-        half = (r + 1) // 2
-        for i in range(r + 1):
-            if i == half and r % 2 == 1:
-                split = True
-            o.backward(s1, split)
-            if i == half and r % 2 == 0:
-                split = True
-            o.backward(s0, split)
-        for _ in range(pp - r - 1):
-            o.deferred_w()
-            o.backward(s0, split)
-        while o.pending_w:
-            o.deferred_w()
-        out.append(o.acts)
-    return out
-
-
 @dataclass(frozen=True)
 class ScheduleSpec:
     generate: Callable[[int, int, int], list[list[Action]]]
@@ -287,7 +164,7 @@ class ScheduleSpec:
     check: Callable[[int, int, int], None]
 
 
-def _check_gpipe(pp: int, vpp: int, m: int) -> None:
+def _check_any(pp: int, vpp: int, m: int) -> None:
     return None
 
 
@@ -299,25 +176,11 @@ def _check_1f1b(pp: int, vpp: int, m: int) -> None:
 
 
 def _check_interleaved(pp: int, vpp: int, m: int) -> None:
+    # Any microbatch count runs: see interleaved_group for whose rule applies.
     if vpp < 2:
         raise UserError(
             "pipeline.vpp", "interleaved-1f1b needs at least 2 chunks per rank",
-            "set vpp >= 2, or use schedule = \"1f1b\"")
-    # Megatron: microbatch groups of N = p per virtual stage need p <= N <= m,
-    # and a short last group (m mod N) must still hold at least p microbatches,
-    # which with N = p means m must be a multiple of p.
-    if m < pp:
-        raise UserError(
-            "pipeline.microbatches",
-            f"interleaved-1f1b needs at least pp = {pp} microbatches, got {m} "
-            "(Megatron: the contiguous microbatches per virtual stage must range in [PP, m])",
-            f"set microbatches >= {pp}")
-    if m % pp != 0:
-        raise UserError(
-            "pipeline.microbatches",
-            f"{m} microbatches is not divisible by pp = {pp}, as Megatron's interleaved "
-            "schedule requires",
-            f"use a multiple of {pp}, e.g. {m - m % pp or pp} or {m + pp - m % pp}")
+            "set vpp >= 2, or use schedule = \"1f1b\" (or \"interleaved-zb\", which takes any vpp)")
 
 
 def _check_zb_h1(pp: int, vpp: int, m: int) -> None:
@@ -339,10 +202,11 @@ def _check_v(name: str, need_m: int | None) -> Callable[[int, int, int], None]:
 
 
 SCHEDULES: dict[str, ScheduleSpec] = {
-    "gpipe": ScheduleSpec(gpipe, "loop", False, _check_gpipe),
+    "gpipe": ScheduleSpec(gpipe, "loop", False, _check_any),
     "1f1b": ScheduleSpec(one_f_one_b, "loop", False, _check_1f1b),
     "interleaved-1f1b": ScheduleSpec(interleaved_1f1b, "loop", False, _check_interleaved),
     "zb-h1": ScheduleSpec(zb_h1, "loop", True, _check_zb_h1),
+    "interleaved-zb": ScheduleSpec(interleaved_zb, "loop", True, _check_any),
     "zbv": ScheduleSpec(zbv, "v", True, _check_v("zbv", None)),
     "dualpipev": ScheduleSpec(dualpipev, "v", True, _check_v("dualpipev", 2)),
 }
@@ -375,120 +239,3 @@ def build_schedule(name: str, pp: int, vpp: int, microbatches: int) -> Schedule:
                     tuple(tuple(a) for a in acts))
 
 
-# ---------------------------------------------------------------- validation
-
-
-def dependencies(action: Action, num_stages: int) -> Action | None:
-    """The action on another stage whose result this action must receive first."""
-    if action.kind == F and action.stage > 0:
-        return Action(F, action.stage - 1, action.microbatch)
-    if action.kind == B and action.stage < num_stages - 1:
-        return Action(B, action.stage + 1, action.microbatch)
-    return None
-
-
-def validate(schedule: Schedule) -> None:
-    """Raise UserError unless the schedule is a complete, valid, deadlock-free order.
-
-    Checks: every (stage, microbatch) has exactly one F and one B (and one W
-    when backward is split) on the rank that owns the stage; on that rank F
-    comes before B before W; and executing the lists with each action waiting
-    for its cross-stage input never deadlocks.
-    """
-    n = schedule.num_stages
-    m = schedule.microbatches
-    where: dict[Action, tuple[int, int]] = {}
-    for r, acts in enumerate(schedule.actions):
-        for pos, a in enumerate(acts):
-            if a.kind not in (F, B, W):
-                raise UserError("schedule", f"rank {r} action {pos}: unknown kind {a.kind!r}",
-                                "use F, B or W")
-            if not (0 <= a.stage < n and 0 <= a.microbatch < m):
-                raise UserError("schedule", f"rank {r} action {pos} ({a}) is out of range",
-                                f"stages are 0..{n - 1}, microbatches 0..{m - 1}")
-            if schedule.stage_rank(a.stage) != r:
-                raise UserError("schedule", f"rank {r} action {pos} ({a}) belongs to rank "
-                                f"{schedule.stage_rank(a.stage)}", "move it to its own rank")
-            if a in where:
-                raise UserError("schedule", f"rank {r} runs {a} twice", "keep one of them")
-            where[a] = (r, pos)
-    kinds = (F, B, W) if schedule.split_backward else (F, B)
-    for s in range(n):
-        for i in range(m):
-            prev = None
-            for k in kinds:
-                a = Action(k, s, i)
-                if a not in where:
-                    raise UserError("schedule", f"{a} (kind {k}, stage {s}, microbatch {i}) "
-                                    "is missing", "every stage needs each kind per microbatch")
-                if prev is not None and where[prev][1] > where[a][1]:
-                    raise UserError("schedule", f"{a} comes before {prev} on rank "
-                                    f"{where[a][0]}", "order F before B before W")
-                prev = a
-            if not schedule.split_backward and Action(W, s, i) in where:
-                raise UserError("schedule", f"{Action(W, s, i)} in a schedule without "
-                                "separate W", "drop W or split the backward")
-    stuck = _first_deadlock(schedule)
-    if stuck is not None:
-        raise UserError("schedule", f"deadlock: {stuck}", "reorder so every input can arrive")
-
-
-def _first_deadlock(schedule: Schedule) -> str | None:
-    """Run the lists with unit steps; describe where they block, or None."""
-    n = schedule.num_stages
-    done: set[Action] = set()
-    pos = [0] * schedule.pp
-    progress = True
-    while progress:
-        progress = False
-        for r, acts in enumerate(schedule.actions):
-            while pos[r] < len(acts):
-                dep = dependencies(acts[pos[r]], n)
-                if dep is not None and dep not in done:
-                    break
-                done.add(acts[pos[r]])
-                pos[r] += 1
-                progress = True
-    blocked = [f"rank {r} waits at {acts[pos[r]]} for {dependencies(acts[pos[r]], n)}"
-               for r, acts in enumerate(schedule.actions) if pos[r] < len(acts)]
-    return "; ".join(blocked) if blocked else None
-
-
-# ---------------------------------------------------------------- user orders
-
-
-def parse_actions_csv(text: str, pp: int, vpp: int, microbatches: int,
-                      placement: str = "loop") -> Schedule:
-    """Read a torch.distributed.pipelining-style CSV: one row per rank.
-
-    Cells look like `0F3` (stage 0, forward, microbatch 3); `I` is the
-    backward for inputs (then `W` must appear too); `B` is a whole backward.
-    Empty cells are idle slots and are skipped.
-    """
-    rows = [line for line in text.splitlines() if line.strip()]
-    if len(rows) != pp:
-        raise UserError("schedule csv", f"has {len(rows)} rows but pp = {pp}",
-                        "write one row per rank")
-    actions: list[list[Action]] = []
-    seen_kinds: set[str] = set()
-    for r, line in enumerate(rows):
-        acts = []
-        for col, cell in enumerate(c.strip() for c in line.split(",")):
-            if not cell:
-                continue
-            kind = next((k for k in "FIBW" if k in cell), None)
-            head, _, tail = cell.partition(kind or "?")
-            if kind is None or not head.isdigit() or not tail.isdigit():
-                raise UserError("schedule csv", f"row {r + 1} column {col + 1}: cannot read "
-                                f"{cell!r}", "write cells like 0F3, 1I2, 1W2 or 0B0")
-            seen_kinds.add(kind)
-            acts.append(Action(B if kind in "IB" else kind, int(head), int(tail)))
-        actions.append(acts)
-    split = bool(seen_kinds & {"I", "W"})
-    if split and "B" in seen_kinds:
-        raise UserError("schedule csv", "mixes B (whole backward) with I/W (split backward)",
-                        "use either B alone, or I together with W")
-    sched = Schedule("csv", pp, vpp, microbatches, placement, split,
-                     tuple(tuple(a) for a in actions))
-    validate(sched)
-    return sched

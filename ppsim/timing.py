@@ -1,9 +1,9 @@
 """What both timing engines share: per-op durations, messages and memory deltas.
 
-The simpy simulator (`ppsim.simulator`) and the fast evaluator
-(`ppsim.evaluate`) read the same `OpTable`, so they compute every time
-with the same floating-point operations in the same order and agree to
-the last digit.
+The discrete-event simulator (`ppsim.simulator`) and the fast evaluator
+(`ppsim.evaluate`) take every duration, byte count and message delay from
+the same `StageTable` and link, so they compute every time with the same
+floating-point operations in the same order and agree to the last digit.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ppsim.costs import StageCost
-from ppsim.schedules import B, F, Schedule
+from ppsim.schedules import B, F, Schedule, W
 
 
 @dataclass(frozen=True)
@@ -73,76 +73,114 @@ def compile_schedule(s: Schedule) -> CompiledSchedule:
 
 
 @dataclass(frozen=True)
+class StageTable:
+    """Per virtual stage, what one op of each kind costs: the op table before it is
+    spread over the schedule. The simulator reads this directly (no per-op table),
+    so its memory does not grow with the run.
+    """
+
+    duration: dict[str, tuple[float, ...]]
+    """Kind -> per-stage duration of one op of that kind."""
+    alloc: tuple[int, ...]
+    """Activation bytes an F allocates when it starts."""
+    free: dict[str, tuple[int, ...]]
+    """Kind -> bytes released when the op ends (B: all W does not keep; W: the rest)."""
+    boundary_bytes: tuple[int, ...]
+    """Bytes crossing the boundary between stage s and s + 1 (activation and gradient)."""
+    static: tuple[int, ...]
+    """Static bytes per rank."""
+
+
+def stage_table(s: Schedule, costs: Sequence[StageCost]) -> StageTable:
+    """Per-stage durations, memory deltas and message sizes of a schedule's stages."""
+    if s.split_backward:
+        dur_b = tuple(c.backward_ms - c.weight_grad_ms for c in costs)
+        keep = tuple(min(c.weight_grad_bytes, c.activation_bytes) for c in costs)
+    else:
+        dur_b = tuple(c.backward_ms for c in costs)
+        keep = (0,) * len(costs)
+    static = [0] * s.pp
+    for i, c in enumerate(costs):
+        static[s.stage_rank(i)] += c.static_bytes
+    act = tuple(c.activation_bytes for c in costs)
+    return StageTable(
+        duration={F: tuple(c.forward_ms for c in costs), B: dur_b,
+                  W: tuple(c.weight_grad_ms for c in costs)},
+        alloc=act,
+        free={F: (0,) * len(costs), B: tuple(a - k for a, k in zip(act, keep, strict=True)),
+              W: keep},
+        boundary_bytes=tuple(c.output_bytes for c in costs), static=tuple(static))
+
+
+Link = Callable[[int, int, int], float]
+"""link(src rank, dst rank, bytes) -> delay from send to arrival, in ms."""
+
+
+def p2p_link(transfer_ms: Callable[[int], float]) -> Link:
+    """Private links between ranks; a boundary inside one rank (V placement) is free."""
+    cache: dict[int, float] = {}
+
+    def link(src: int, dst: int, nbytes: int) -> float:
+        if src == dst:
+            return 0.0
+        d = cache.get(nbytes)
+        if d is None:
+            d = cache[nbytes] = transfer_ms(nbytes)
+        return d
+
+    return link
+
+
+@dataclass(frozen=True)
 class OpTable:
-    """Per rank, per op: duration, message delay, and memory change."""
+    """Per rank, per op: duration, message (dst rank in `compiled`, bytes), memory change.
+
+    Built for the fast evaluator and the TUI; `simulate` streams from a
+    `StageTable` instead, so huge runs never materialise this.
+    """
 
     compiled: CompiledSchedule
     duration: tuple[tuple[float, ...], ...]
-    send_delay: tuple[tuple[float, ...], ...]
     send_bytes: tuple[tuple[int, ...], ...]
+    """Bytes of the message the op sends (0 for none, or inside one rank)."""
     alloc: tuple[tuple[int, ...], ...]
     """Bytes allocated when the op starts (activations, at F)."""
     free: tuple[tuple[int, ...], ...]
     """Bytes released when the op ends (at B, and at W for what W kept)."""
     static: tuple[int, ...]
     """Static bytes per rank."""
+    link: Link
+    """Delay of a message from its (src, dst, bytes)."""
+
+    def send_delays(self) -> list[list[float]]:
+        """Per op: arrival delay of its message (0.0 when it sends none)."""
+        link = self.link
+        out = []
+        for r, (dsts, nbs) in enumerate(zip(self.compiled.send_rank, self.send_bytes,
+                                            strict=True)):
+            out.append([link(r, d, nb) if d >= 0 else 0.0 for d, nb in zip(dsts, nbs,
+                                                                         strict=True)])
+        return out
 
 
-def op_table(compiled: CompiledSchedule, costs: list[StageCost],
+def op_table(compiled: CompiledSchedule, costs: Sequence[StageCost],
              transfer_ms: Callable[[int], float]) -> OpTable:
     """Durations and bytes of every op; transfer_ms(nbytes) gives a message's delay."""
     s = compiled.schedule
-    split_bw = s.split_backward
-    pp = s.pp
-    dur_f = [c.forward_ms for c in costs]
-    if split_bw:
-        dur_b = [c.backward_ms - c.weight_grad_ms for c in costs]
-        keep = [min(c.weight_grad_bytes, c.activation_bytes) for c in costs]
-    else:
-        dur_b = [c.backward_ms for c in costs]
-        keep = [0] * len(costs)
-    dur_w = [c.weight_grad_ms for c in costs]
-    delay_cache: dict[tuple[int, bool], float] = {}
-    durations, delays, nbytes, allocs, frees = [], [], [], [], []
-    for r in range(pp):
-        d_, dl_, nb_, al_, fr_ = [], [], [], [], []
-        for kind, st, sst, srank in zip(compiled.kind[r], compiled.stage[r],
-                                        compiled.send_stage[r], compiled.send_rank[r],
-                                        strict=True):
-            c = costs[st]
-            if kind == F:
-                d_.append(dur_f[st])
-                al_.append(c.activation_bytes)
-                fr_.append(0)
-            elif kind == B:
-                d_.append(dur_b[st])
-                al_.append(0)
-                fr_.append(c.activation_bytes - keep[st])
-            else:
-                d_.append(dur_w[st])
-                al_.append(0)
-                fr_.append(keep[st])
-            if sst >= 0:
-                b = costs[sst].output_bytes
-                same = srank == r  # a boundary inside one rank (V placement) costs nothing
-                key = (sst, same)
-                if key not in delay_cache:
-                    delay_cache[key] = 0.0 if same else transfer_ms(b)
-                dl_.append(delay_cache[key])
-                nb_.append(0 if same else b)
-            else:
-                dl_.append(0.0)
-                nb_.append(0)
-        durations.append(tuple(d_))
-        delays.append(tuple(dl_))
-        nbytes.append(tuple(nb_))
-        allocs.append(tuple(al_))
-        frees.append(tuple(fr_))
-    static = [0] * pp
-    for i, c in enumerate(costs):
-        static[s.stage_rank(i)] += c.static_bytes
-    return OpTable(compiled, tuple(durations), tuple(delays), tuple(nbytes), tuple(allocs),
-                   tuple(frees), tuple(static))
+    st = stage_table(s, costs)
+    durations, nbytes, allocs, frees = [], [], [], []
+    zero = (0,) * len(costs)
+    for r in range(s.pp):
+        kinds, stages = compiled.kind[r], compiled.stage[r]
+        durations.append(tuple(st.duration[k][i] for k, i in zip(kinds, stages, strict=True)))
+        allocs.append(tuple((st.alloc if k == F else zero)[i]
+                            for k, i in zip(kinds, stages, strict=True)))
+        frees.append(tuple(st.free[k][i] for k, i in zip(kinds, stages, strict=True)))
+        nbytes.append(tuple(st.boundary_bytes[ss] if ss >= 0 and dst != r else 0
+                            for ss, dst in zip(compiled.send_stage[r], compiled.send_rank[r],
+                                               strict=True)))
+    return OpTable(compiled, tuple(durations), tuple(nbytes), tuple(allocs), tuple(frees),
+                   st.static, p2p_link(transfer_ms))
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from ppsim import limits, validate
 from ppsim.errors import UserError
 from ppsim.fileio import write_json_atomic
 
@@ -84,8 +85,9 @@ def run_info(problem: Any, source: str, iterations: int, warmup: int) -> dict[st
             "warmup_iterations": warmup}
 
 
-def write_trace(path: str, trace: dict) -> None:
-    write_json_atomic(path, trace)
+def write_trace(path: str, trace: dict, flag: str = "--trace") -> None:
+    with validate.output(flag, path):
+        write_json_atomic(path, trace)
 
 
 # ------------------------------------------------------------------ reading
@@ -126,16 +128,112 @@ class Trace:
 
 def read_trace(path: str) -> Trace:
     """Parse and check a trace; a malformed one is a UserError naming what is wrong."""
+    text = validate.read_text("trace", path, validate.MAX_TRACE_BYTES, "Chrome trace (JSON)")
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise UserError("trace", f"cannot read {path}: {exc.strerror}",
-                        "pass an existing trace file") from None
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UserError("trace", f"{path} is not valid JSON (line {exc.lineno}: {exc.msg}); "
                         "it may be truncated", "re-record or re-export the trace") from None
+    except RecursionError:
+        raise UserError("trace", f"{path} is nested too deeply to be a trace",
+                        "pass a trace written by ppsim simulate --trace or ppsim run") from None
     return trace_from_json(data, path)
+
+
+# What otherData may say, and the range of each (pp etc. are checked again by diff).
+_INFO_COUNTS = {"pp": (1, limits.MAX_STAGES), "vpp": (1, limits.MAX_STAGES),
+                "microbatches": (1, limits.MAX_MICROBATCHES),
+                "iterations": (0, validate.MAX_INDEX),
+                "warmup_iterations": (0, validate.MAX_INDEX)}
+
+
+def _check_info(info: Any, path: str) -> dict[str, Any]:
+    if not isinstance(info, dict):
+        raise UserError("trace", f"{path}: otherData must be an object, got "
+                        f"{type(info).__name__}", "re-record the trace")
+    # A known key written as null counts as absent (readers use .get(key, default)).
+    out = {k: v for k, v in info.items() if v is not None}
+    for key, (lo, hi) in _INFO_COUNTS.items():
+        if info.get(key) is not None:
+            out[key] = validate.count(f"{path}: otherData.{key}", info[key], lo=lo, hi=hi,
+                                      fix="re-record the trace")
+    for key in ("schedule", "placement", "source"):
+        if info.get(key) is not None and not isinstance(info[key], str):
+            raise UserError(f"{path}: otherData.{key}", f"must be a string, got {info[key]!r}"
+                            [:200], "re-record the trace")
+    if info.get("placement") not in (None, "loop", "v"):
+        raise UserError(f"{path}: otherData.placement", f"unknown placement "
+                        f"{info['placement']!r}"[:200], "use \"loop\" or \"v\"")
+    split = info.get("split")
+    if split is not None:
+        if not isinstance(split, list) or len(split) > limits.MAX_STAGES:
+            raise UserError(f"{path}: otherData.split", "must be a list of layer counts",
+                            "re-record the trace")
+        out["split"] = [validate.count(f"{path}: otherData.split[{i}]", c, lo=0,
+                                       hi=limits.MAX_LAYERS) for i, c in enumerate(split)]
+    return out
+
+
+_MAX_US = 1e18
+"""Timestamps in microseconds: clocks need not start at 0 (epoch time is ~1.8e15)."""
+_MAX_DUR_US = validate.MAX_MS * 1e3
+_RANKS = limits.MAX_STAGES - 1
+
+
+def _index(where: str, value: Any, hi: int) -> int:
+    """A count in [0, hi]; the common case is checked inline (traces hold millions)."""
+    if type(value) is int and 0 <= value <= hi:
+        return value
+    return validate.count(where, value, lo=0, hi=hi, fix="re-record the trace")
+
+
+def _micros(where: str, value: Any, lo: float, hi: float) -> float:
+    """Finite microseconds in [lo, hi] (NaN fails the comparison, so takes the slow path)."""
+    if (type(value) is float or type(value) is int) and lo <= value <= hi:
+        return float(value)
+    return validate.number(where, value, lo=lo, hi=hi, fix="times are finite microseconds")
+
+
+def _compute_op(ev: dict, n: int, path: str) -> TraceOp:
+    args = ev.get("args", {})
+    where = f"{path}: compute event {n}"
+    if not isinstance(args, dict):
+        raise UserError("trace", f"{where}: args must be an object, got {type(args).__name__}",
+                        "re-record the trace")
+    try:
+        kind = args["kind"]
+        pid, stage, chunk, mb = ev["pid"], args["stage"], args["chunk"], args["microbatch"]
+        ts, dur = ev["ts"], ev["dur"]
+    except KeyError as exc:
+        raise UserError("trace", f"{where} lacks a valid {exc}",
+                        "each compute event needs pid, ts, dur and args kind, stage, "
+                        "chunk, microbatch") from None
+    if not isinstance(kind, str) or kind not in ("F", "B", "W"):
+        raise UserError("trace", f"{where}: kind must be F, B or W, got {kind!r}"[:200],
+                        "re-record the trace")
+    return TraceOp(_index(f"{where}: pid", pid, _RANKS), kind,
+                   _index(f"{where}: stage", stage, _RANKS),
+                   _index(f"{where}: chunk", chunk, _RANKS),
+                   _index(f"{where}: microbatch", mb, validate.MAX_INDEX),
+                   _index(f"{where}: iteration", args.get("iteration", 0), validate.MAX_INDEX),
+                   _micros(f"{where}: ts", ts, -_MAX_US, _MAX_US),
+                   _micros(f"{where}: dur", dur, 0.0, _MAX_DUR_US))
+
+
+def _memory_sample(ev: dict, n: int, path: str) -> tuple[int, float, int]:
+    where = f"{path}: memory event {n}"
+    args = ev.get("args", {})
+    if not isinstance(args, dict):
+        raise UserError("trace", f"{where}: args must be an object", "re-record the trace")
+    rank = _index(f"{where}: pid", ev.get("pid", 0), _RANKS)
+    ts = _micros(f"{where}: ts", ev.get("ts", 0.0), -_MAX_US, _MAX_US)
+    total = 0
+    for k, v in args.items():
+        if type(v) is int and 0 <= v <= validate.MAX_BYTES:
+            total += v
+        elif isinstance(v, (int, float)):
+            total += validate.byte_count(f"{where}: args.{k}", v)
+    return rank, ts, total
 
 
 def trace_from_json(data: Any, path: str = "trace") -> Trace:
@@ -143,28 +241,17 @@ def trace_from_json(data: Any, path: str = "trace") -> Trace:
     if not isinstance(events, list):
         raise UserError("trace", f"{path} has no traceEvents list",
                         "pass a Chrome trace written by ppsim simulate --trace or ppsim run")
-    info = data.get("otherData", {}) if isinstance(data, dict) else {}
+    info = _check_info(data.get("otherData", {}) if isinstance(data, dict) else {}, path)
     ops = []
     memory: dict[int, list[tuple[float, int]]] = {}
     for n, ev in enumerate(events):
         if not isinstance(ev, dict):
             raise UserError("trace", f"{path}: event {n} is not an object", "fix or re-record")
         if ev.get("ph") == "X" and ev.get("cat") == "compute":
-            args = ev.get("args", {})
-            try:
-                ops.append(TraceOp(int(ev["pid"]), str(args["kind"]), int(args["stage"]),
-                                   int(args["chunk"]), int(args["microbatch"]),
-                                   int(args.get("iteration", 0)), float(ev["ts"]),
-                                   float(ev["dur"])))
-            except (KeyError, TypeError, ValueError) as exc:
-                raise UserError("trace", f"{path}: compute event {n} lacks a valid {exc}",
-                                "each compute event needs pid, ts, dur and args kind, stage, "
-                                "chunk, microbatch") from None
+            ops.append(_compute_op(ev, n, path))
         elif ev.get("ph") == "C" and ev.get("name") == "memory":
-            args = ev.get("args", {})
-            memory.setdefault(int(ev.get("pid", 0)), []).append(
-                (float(ev.get("ts", 0.0)), int(sum(v for v in args.values()
-                                                   if isinstance(v, (int, float))))))
+            rank, ts, total = _memory_sample(ev, n, path)
+            memory.setdefault(rank, []).append((ts, total))
     if not ops:
         raise UserError("trace", f"{path} holds no compute events",
                         "pass a trace written by ppsim simulate --trace or ppsim run")

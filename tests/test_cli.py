@@ -108,8 +108,8 @@ BAD = [
     (["--vpp", "2", "--split", "6,2"], "pipeline"),
     (["--schedule", "zigzag"], "pipeline.schedule"),
     (["--preset", "llama9"], "model.preset"),
-    (["--schedule", "interleaved-1f1b", "--vpp", "2", "--split", "2,2,2,2",
-      "--microbatches", "3"], "pipeline.microbatches"),
+    (["--schedule", "interleaved-1f1b", "--vpp", "1", "--microbatches", "3"], "pipeline.vpp"),
+    (["--actions-csv", "/nonexistent/order.csv"], "pipeline.actions_csv"),
     (["--pp", "0"], "pipeline"),
     (["--memory-gb", "-5"], "hardware.memory_bytes"),
 ]

@@ -11,20 +11,24 @@ from ppsim.schedules import (
     Action,
     Schedule,
     build_schedule,
+    interleaved_group,
     interleaved_order,
-    parse_actions_csv,
     validate,
 )
+from ppsim.torchcsv import parse_actions_csv
 
 
 @st.composite
 def schedule_args(draw):
     name = draw(st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv",
-                                 "dualpipev"]))
+                                 "dualpipev", "interleaved-zb"]))
     pp = draw(st.integers(1, 6))
     if name == "interleaved-1f1b":
         vpp = draw(st.integers(2, 3))
-        m = pp * draw(st.integers(1, 4))
+        m = draw(st.integers(1, 4 * pp + 3))  # any count, multiple of pp or not
+    elif name == "interleaved-zb":
+        vpp = draw(st.integers(1, 4))
+        m = draw(st.integers(1, 4 * pp + 3))
     elif name in ("zbv", "dualpipev"):
         vpp = 2
         m = draw(st.integers(2 * pp if name == "dualpipev" else 1, 16))
@@ -78,8 +82,6 @@ def test_interleaved_warmup_is_megatrons():
 @pytest.mark.parametrize("args, field", [
     (("1f1b", 2, 2, 4), "pipeline.schedule"),
     (("interleaved-1f1b", 2, 1, 4), "pipeline.vpp"),
-    (("interleaved-1f1b", 4, 2, 6), "pipeline.microbatches"),
-    (("interleaved-1f1b", 4, 2, 2), "pipeline.microbatches"),
     (("nope", 2, 1, 4), "pipeline.schedule"),
     (("1f1b", 0, 1, 4), "pipeline.pp"),
     (("1f1b", 2, 1, 0), "pipeline.microbatches"),
@@ -120,6 +122,39 @@ def test_validator_finds_deadlock():
         validate(_with(s, [r0, r1]))
 
 
+@given(st.integers(1, 8), st.integers(1, 40))
+def test_interleaved_group_follows_megatron_else_torch(pp, m):
+    n = interleaved_group(pp, m)
+    if m < pp:
+        assert n == m  # torch: one round of all m (Megatron refuses m < pp)
+        return
+    # Megatron: pp <= N <= m, and the last group is full or holds >= pp microbatches ...
+    assert pp <= n <= m and (m % n == 0 or m % n >= pp)
+    # ... the smallest such N (pp itself when pp divides m) ...
+    assert all(not (m % k == 0 or m % k >= pp) for k in range(pp, n))
+    # ... which is torch's microbatches per round whenever torch accepts m.
+    rounds = max(1, m // pp)
+    if m % rounds == 0:
+        assert n == m // rounds
+
+
+@given(st.integers(1, 6), st.integers(1, 20))
+def test_interleaved_zb_on_one_chunk_is_zb_h1(pp, m):
+    assert build_schedule("interleaved-zb", pp, 1, m).actions == \
+        build_schedule("zb-h1", pp, 1, m).actions
+
+
+def test_interleaved_runs_counts_megatron_refuses_with_short_warmup():
+    # pp 4, vpp 2, m 6 (torch runs it: one round of 6) and m 10 (two rounds of 5).
+    for m, group in ((6, 6), (10, 5), (9, 5), (3, 3)):
+        assert interleaved_group(4, m) == group
+        sched = build_schedule("interleaved-1f1b", 4, 2, m)
+        validate(sched)
+        acts = sched.actions[3]
+        first_b = next(i for i, a in enumerate(acts) if a.kind == "B")
+        assert first_b == min(group, 2 * m) + (1 if group < 2 * m else 0)
+
+
 def test_csv_round_trip_and_split_backward():
     sched = build_schedule("1f1b", 3, 1, 4)
     text = "\n".join(",".join(str(a) for a in acts) for acts in sched.actions)
@@ -128,7 +163,8 @@ def test_csv_round_trip_and_split_backward():
     split_text = "0F0,0I0,0W0\n1F0,1I0,1W0"
     zb = parse_actions_csv(split_text, 2, 1, 1)
     assert zb.split_backward and [a.kind for a in zb.actions[1]] == ["F", "B", "W"]
-    with pytest.raises(UserError, match="mixes"):
+    # A whole B beside a separate W: B then its W, so this W is one too many.
+    with pytest.raises(UserError, match="twice"):
         parse_actions_csv("0F0,0B0,0W0\n1F0,1B0", 2, 1, 1)
     with pytest.raises(UserError, match="cannot read"):
         parse_actions_csv("0F0,zz\n1F0,1B0", 2, 1, 1)

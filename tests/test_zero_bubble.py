@@ -73,3 +73,23 @@ def test_w_keeps_its_inputs_until_it_runs():
     mem = sim.timeline.memory[1]
     # Just before the final W, its 30 kept bytes are still held; after it, nothing.
     assert mem[-2][1] == 30 and mem[-1][1] == 0
+
+
+@pytest.mark.parametrize("pp, zb_time, zbv_time", [(2, 13, 14), (4, 27, 30), (8, 55, 62)])
+def test_interleaved_zb_beats_zbv_at_m_equal_pp(pp, zb_time, zbv_time):
+    # Issue #13, from torch 2.13's schedules with unit F = B = W per chunk and
+    # m = pp: ScheduleInterleavedZeroBubble 13/27/55 time units, ZB-V 14/30/62.
+    def t(name: str) -> float:
+        p = uniform_problem(pp, 2, pp, name, f=1.0, b=2.0, w=1.0, act=1, out=0, static=0)
+        return simulate(p).summary.iteration_time_ms
+
+    assert (t("interleaved-zb"), t("zbv")) == (zb_time, zbv_time)
+
+
+@given(st.integers(2, 6), st.integers(1, 3), st.integers(1, 12))
+def test_interleaved_zb_is_never_slower_than_interleaved_1f1b(pp, extra_vpp, m):
+    # Same table and warm-up shape, but the W runs off the critical path.
+    vpp = 1 + extra_vpp
+    zb = simulate(uniform_problem(pp, vpp, m, "interleaved-zb", f=1.0, b=2.0, w=1.0))
+    one = simulate(uniform_problem(pp, vpp, m, "interleaved-1f1b", f=1.0, b=2.0, w=1.0))
+    assert zb.summary.iteration_time_ms <= one.summary.iteration_time_ms + 1e-9

@@ -265,20 +265,22 @@ async def test_escape_cancels_the_planner(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 async def test_a_value_the_core_refuses_reverts_with_its_reason() -> None:
-    """Before: microbatches 7 under interleaved-1f1b stayed in the field, marked
-    invalid, while the headline showed the old value."""
+    """Before: a refused microbatch count stayed in the field, marked invalid, while
+    the headline showed the old value (the issue's case was interleaved with 7,
+    which the core now runs; dualpipev with fewer than 2 x pp is still refused)."""
     app = PPSimApp()
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        await type_into(pilot, app, "vpp", "2")
+        app.query_one("#set-schedule").value = "dualpipev"
         await settle(pilot)
         good = app.state
-        await type_into(pilot, app, "microbatches", "7")
+        assert good.schedule == "dualpipev" == app.result.state.schedule
+        await type_into(pilot, app, "microbatches", "3")
         await settle(pilot)
         assert app.state == good == app.result.state
         assert app.query_one("#set-microbatches").value == "8"
         error = str(app.query_one("#settings-error").render())
-        assert "microbatches refused" in error and "multiple" in error
+        assert "microbatches refused" in error and "at least 4" in error
         assert "microbatches=8" in text_of(app)
 
 

@@ -124,11 +124,13 @@ def test_apply_setting_checks_everything() -> None:
                        ("microbatches", "100000")):
         with pytest.raises(EditRefused):
             apply_setting(base, s, name, text)
-    # interleaved-1f1b needs microbatches to be a multiple of pp: the core says so when
-    # the problem is built (in the simulation worker), not a rule of the TUI's own
-    s7 = apply_setting(base, s2, "microbatches", "7")
+    # interleaved-1f1b runs any microbatch count (Megatron's groups, else torch's rule)
+    assert apply_setting(base, s2, "microbatches", "7").microbatches == 7
+    # dualpipev needs 2 x pp microbatches: the core says so when the problem is built
+    # (in the simulation worker), not a rule of the TUI's own
+    dp = apply_setting(base, apply_setting(base, s, "schedule", "dualpipev"), "microbatches", "3")
     with pytest.raises(EditRefused, match="microbatches"):
-        check_state(base, s7, "microbatches")
+        check_state(base, dp, "microbatches")
     s4 = apply_setting(base, s, "hardware", "h100-80gb")
     assert s4.memory_bytes == 80e9
     s5 = apply_setting(base, s, "model", "llama3-8b")

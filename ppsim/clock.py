@@ -1,0 +1,29 @@
+"""When this process started, so a time budget can cover the whole command.
+
+A user's `--time-budget 5` means five seconds from pressing enter, not from
+the moment the search begins: interpreter start and imports count too.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+STARTUP_S = 5.0
+"""The longest interpreter start and imports we attribute to a command."""
+
+
+def process_start() -> float:
+    """The process's start as a time.perf_counter() value (now, where unknown)."""
+    now = time.perf_counter()
+    try:
+        with open("/proc/self/stat", encoding="ascii") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime", encoding="ascii") as fh:
+            uptime = float(fh.read().split()[0])
+        age = uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return now
+    # A process older than a command's start-up is a host calling in (tests, the TUI):
+    # its age is not this command's.
+    return now - age if 0.0 <= age <= STARTUP_S else now
