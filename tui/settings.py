@@ -27,8 +27,11 @@ def select_options(config_model: bool, config_hardware: bool,
             "hardware": tuple(HARDWARE_PRESETS) + ((FROM_CONFIG,) if config_hardware else ())}
 
 
-SELECTS = (("schedule", "schedule"), ("recompute", "recompute"), ("model", "model"),
-           ("hardware", "hardware"))
+SELECTS = (("schedule", "schedule", tuple(SCHEDULES)),
+           ("recompute", "recompute", RECOMPUTE_MODES),
+           ("model", "model", tuple(MODEL_PRESETS)),
+           ("hardware", "hardware", tuple(HARDWARE_PRESETS)))
+"""(name, label, preset choices); what a dropdown offers is `select_options`."""
 
 
 def state_values(state: EditState) -> dict[str, str]:
@@ -53,7 +56,7 @@ class Settings(Vertical):
         self.options = select_options(*self._config, state.recompute != NO_RECOMPUTE)
 
     def compose(self) -> ComposeResult:
-        for name, label in SELECTS:
+        for name, label, _ in SELECTS:
             with Horizontal(classes="field"):
                 yield Label(label, classes="field-label")
                 yield Select([(o, o) for o in self.options[name]], id=f"set-{name}",
@@ -68,7 +71,7 @@ class Settings(Vertical):
         """Put a state's values in the fields (without posting changes)."""
         self.values = values = state_values(state)
         options = select_options(*self._config, state.recompute != NO_RECOMPUTE)
-        for name, _ in SELECTS:
+        for name, _, _ in SELECTS:
             sel = self.query_one(f"#set-{name}", Select)
             with sel.prevent(Select.Changed):
                 if options[name] != self.options[name]:
