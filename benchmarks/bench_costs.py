@@ -19,6 +19,7 @@ Run:    .venv/bin/python benchmarks/bench_costs.py [--device cuda] [--hardware h
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 import time
 import tomllib
@@ -80,8 +81,10 @@ def memory_check() -> list[dict]:
                      "position": "learned", "dropout": False, "recompute": "selective"})
         want = saved_layer_bytes(a)
         got = layer_activation_bytes(a, "dense")
-        # The executor repeats K and V to every query head (GQA); FlashAttention would not.
-        expanded = 2 * a.seq_length * (a.num_heads - a.num_kv_heads) * 8 * 2
+        # An executor that repeats K and V to every query head (GQA) keeps them at full
+        # width; FlashAttention (SDPA with enable_gqa, the executor today) does not.
+        expanded = 2 * a.seq_length * (a.num_heads - a.num_kv_heads) * 8 * 2 \
+            if "repeat_interleave" in inspect.getsource(Block) else 0
         rows.append({"preset": name, "saved_bytes": want, "analytic_bytes": got,
                      "analytic_plus_kv_expansion": got + expanded,
                      "error": (got + expanded) / want - 1})

@@ -44,6 +44,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="give up on a stuck transfer after S seconds")
     r.add_argument("--inject-fault", metavar="RANK:KIND:STAGE:MB[:ITER]",
                    help="raise inside that op (tests failure handling)")
+    r.add_argument("--model", metavar="MODULE:FUNCTION",
+                   help="model builder (default: [model] builder, else the built-in GPT, "
+                   "executor.builders.gpt:build); see README 'Your own model'")
+    r.add_argument("--dp", type=int, metavar="N",
+                   help="data-parallel replicas of the pipeline: world = pp x dp "
+                   "(default: the model's dp, else 1)")
     r.add_argument("--seed", type=int, default=0, help="weights and data seed")
     r.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
     r.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -82,7 +88,14 @@ def validate(args: argparse.Namespace) -> Any:
                         "stage, the head on the last and no MTP layers",
                         "run a split without empty end stages or 'm' (plan and simulate "
                         "take any)")
-    _check_launch(args, pp)
+    _check_builder(args, fields)
+    dp = args.dp if args.dp is not None else int(fields.get("dp", 1))
+    if dp < 1:
+        raise UserError("--dp", f"must be at least 1, got {dp}", "e.g. --dp 2")
+    if dp > 1 and args.engine == "torch":
+        raise UserError("--dp", "the torch peer runs one pipeline replica",
+                        "use --engine ppsim with --dp, or --dp 1")
+    _check_launch(args, pp * dp)
     if args.iterations < 1 or not 0 <= args.warmup < args.iterations:
         raise UserError("--warmup", f"{args.warmup} warm-up of {args.iterations} iterations",
                         "need iterations >= 1 and 0 <= warmup < iterations")
@@ -110,8 +123,23 @@ def _check_launch(args: argparse.Namespace, pp: int) -> None:
         args.nproc_per_node = max(1, pp // args.nnodes)
     if args.nproc_per_node * args.nnodes != pp:
         raise UserError("--nproc-per-node", f"{args.nproc_per_node} x {args.nnodes} node(s) = "
-                        f"{args.nproc_per_node * args.nnodes} ranks but pp = {pp}",
-                        f"run pp = {pp} ranks in all (one rank per pipeline stage)")
+                        f"{args.nproc_per_node * args.nnodes} ranks but pp x dp = {pp}",
+                        f"run pp x dp = {pp} ranks in all (one rank per pipeline stage "
+                        "and replica)")
+
+
+def _check_builder(args: argparse.Namespace, fields: dict[str, Any]) -> None:
+    """Import and call the builder here, so a bad one exits 2 before any process."""
+    from executor.builders import builder_spec, load_builder
+
+    where = "--model" if args.model else "model.builder"
+    try:
+        load_builder(builder_spec(args.model, fields), fields, where)
+    except UserError:
+        raise
+    except Exception as exc:
+        raise UserError(where, f"building the model failed: {type(exc).__name__}: {exc}",
+                        "fix the builder or the [model] fields it reads") from None
 
 
 def _check_fault(text: str, problem: Any, iterations: int) -> None:

@@ -30,7 +30,7 @@ from ppsim.errors import UserError
 
 # Flags the worker needs besides the config flags; launch-only flags stay here.
 WORKER_FLAGS = ("device", "iterations", "warmup", "trace_dir", "engine", "inject_fault",
-                "timeout_s", "seed", "lr", "dump_grads", "fault_mode")
+                "timeout_s", "seed", "lr", "dump_grads", "fault_mode", "model", "dp")
 STORE_ENV = "PPSIM_STORE"
 """host:port of the store `ppsim run` hosts; the worker builds its process group on it."""
 

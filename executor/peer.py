@@ -17,7 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executor.model import GPTShape, StageModule, microbatch, stage_loss
+from executor.builders import ModelBuilder
+from executor.builders.stage import build_stage
 from executor.quiet import no_gc_pauses
 from executor.summary import peer_summary
 
@@ -55,20 +56,20 @@ class HostStaged(torch.nn.Module):
         return self.inner(x.to(self.device)).to("cpu")
 
 
-def _runner(stages: list[Any], sched: Any) -> Any:
+def _runner(stages: list[Any], sched: Any, loss_fn: Any) -> Any:
     """torch's schedule object for this rank's stages."""
     from torch.distributed import pipelining
 
     if sched.name == "csv":
-        return _csv_runner(stages, sched)
+        return _csv_runner(stages, sched, loss_fn)
     name = peer_class(sched.name, len(stages))
     cls = getattr(pipelining, name)
     m = sched.microbatches
-    return cls(stages[0], m, loss_fn=stage_loss) if name in SINGLE_STAGE else \
-        cls(stages, m, loss_fn=stage_loss)
+    return cls(stages[0], m, loss_fn=loss_fn) if name in SINGLE_STAGE else \
+        cls(stages, m, loss_fn=loss_fn)
 
 
-def _csv_runner(stages: list[Any], sched: Any) -> Any:
+def _csv_runner(stages: list[Any], sched: Any, loss_fn: Any) -> Any:
     """torch's runtime loaded with the order as torch's CSV (the only way torch takes one)."""
     import os
     import tempfile
@@ -77,7 +78,7 @@ def _csv_runner(stages: list[Any], sched: Any) -> Any:
 
     from ppsim.torchcsv import to_torch_csv
 
-    runner = _PipelineScheduleRuntime(stages, sched.microbatches, loss_fn=stage_loss)
+    runner = _PipelineScheduleRuntime(stages, sched.microbatches, loss_fn=loss_fn)
     fd, path = tempfile.mkstemp(suffix=".csv")
     try:
         with os.fdopen(fd, "w", newline="") as fh:
@@ -88,7 +89,7 @@ def _csv_runner(stages: list[Any], sched: Any) -> Any:
     return runner
 
 
-def run_peer(problem: Any, shape: GPTShape, rank: int, device: torch.device, args: Any,
+def run_peer(problem: Any, builder: ModelBuilder, rank: int, device: torch.device, args: Any,
              ctrl: Any, progress: Callable[[int, float], None],
              wire: torch.device | None = None) -> dict[str, Any]:
     from torch.distributed import pipelining
@@ -100,12 +101,11 @@ def run_peer(problem: Any, shape: GPTShape, rank: int, device: torch.device, arg
     for st in split.stages:
         if st.rank != rank:
             continue
-        mod = StageModule(shape, st.offset, st.layers, st.has_embedding, st.has_head,
-                          args.seed).to(device=device, dtype=shape.torch_dtype)
+        mod = build_stage(builder, st, args.seed).to(device=device, dtype=builder.dtype)
         mods.append(mod)
         staged = HostStaged(mod, device) if wire != device else mod
         stages.append(pipelining.PipelineStage(staged, st.index, split.num_stages, wire))
-    runner = _runner(stages, sched)
+    runner = _runner(stages, sched, builder.loss)
     params = [p for mod in mods for p in mod.parameters()]
     opt = torch.optim.AdamW(params, lr=args.lr) if params else None
     first = any(st.has_embedding for st in split.stages if st.rank == rank)
@@ -113,7 +113,7 @@ def run_peer(problem: Any, shape: GPTShape, rank: int, device: torch.device, arg
     times, losses = [], []
     with no_gc_pauses():
         for it in range(args.iterations):
-            batches = [microbatch(shape, args.seed, it, i) for i in range(m)]
+            batches = [builder.microbatch(args.seed, it, i) for i in range(m)]
             ids = torch.cat([b[0] for b in batches]).to(wire)
             targets = torch.cat([b[1] for b in batches]).to(wire)
             mb_losses: list[Any] = []
@@ -143,4 +143,4 @@ def run_peer(problem: Any, shape: GPTShape, rank: int, device: torch.device, arg
             times.append(float(slowest.item()) * 1e3)
             losses.append(float(loss.item()))
             progress(it + 1, losses[-1])
-    return peer_summary(problem, shape, args.iterations, args.warmup, times, losses)
+    return peer_summary(problem, builder, args.iterations, args.warmup, times, losses)

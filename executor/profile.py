@@ -1,7 +1,8 @@
 """`ppsim profile`'s measurements: the executor's own ops, timed one piece at a time.
 
-Pieces are built with the executor's `StageModule` (embedding alone, one decoder
-layer, head alone) and run through the same calls the runtime makes for F
+Pieces are built from the run's model builder with the executor's `Stage`
+(embedding alone, one decoder layer of each kind, head alone), with its
+recompute mode, and run through the same calls the runtime makes for F
 (`module(x)`, plus the loss on the head), B (`torch.autograd.backward`) and W
 (`WeightGradStore.run`), so a measured cost is the cost of the op the executor
 will run, not of a look-alike. Bytes use the runtime's own accounting:
@@ -29,7 +30,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executor.model import GPTShape, StageModule, WeightGradStore, microbatch, stage_loss
+from executor.builders import ModelBuilder, builder_spec, layer_kind, load_builder
+from executor.builders.deferral import WeightGradStore
+from executor.builders.stage import Stage, saved_bytes
 from ppsim.costs import LayerCost, ModelCosts
 
 Progress = Callable[[str, int], None]
@@ -50,9 +53,11 @@ class _Samples:
 @dataclass
 class _Piece:
     name: str
-    module: StageModule
+    module: Stage
     kind: str
     """"embedding", "layer" or "head"."""
+    layer_kind: str = "layer"
+    """The builder's kind of this decoder layer (dense, moe, ...)."""
     samples: _Samples = field(default_factory=_Samples)
     activation_bytes: int = 0
     weight_grad_bytes: int = 0
@@ -92,34 +97,46 @@ def sampled_layers(num_layers: int, most: int = 4) -> list[int]:
     return sorted({round(i * (num_layers - 1) / (most - 1)) for i in range(most)})
 
 
+def sampled_by_kind(kinds: list[str], most: int = 4) -> list[int]:
+    """A few layers of every kind (spread over that kind's positions)."""
+    out: list[int] = []
+    for kind in dict.fromkeys(kinds):
+        where = [i for i, k in enumerate(kinds) if k == kind]
+        out += [where[j] for j in sampled_layers(len(where), most)]
+    return sorted(out)
+
+
 class Profiler:
     """Measures the pieces of one model on one device."""
 
     def __init__(self, fields: dict[str, Any], device: torch.device, microbatches: int = 1,
-                 seed: int = 0) -> None:
-        self.shape = GPTShape.from_fields(fields)
+                 seed: int = 0, builder: ModelBuilder | None = None) -> None:
+        self.builder = builder or load_builder(builder_spec(None, fields), fields,
+                                               "model.builder")
+        b = self.builder
         self.device, self.seed, self.m = device, seed, max(1, microbatches)
         self.clock = _Clock(device)
-        s = self.shape
-        build: list[tuple[str, str, StageModule]] = [
-            ("embedding", "embedding", StageModule(s, 0, 0, True, False, seed))]
-        self.layer_indices = sampled_layers(s.num_layers)
+        rc = str(fields.get("recompute", "none"))
+        build: list[tuple[str, str, Stage]] = [
+            ("embedding", "embedding", Stage(b, 0, 0, True, False, seed, rc))]
+        self.kinds = [layer_kind(b, i) for i in range(b.num_layers)]
+        self.layer_indices = sampled_by_kind(self.kinds)
         for i in self.layer_indices:
-            build.append((f"layer{i}", "layer", StageModule(s, i, 1, False, False, seed)))
-        build.append(("head", "head", StageModule(s, s.num_layers, 0, False, True, seed)))
+            build.append((f"layer{i}", "layer", Stage(b, i, 1, False, False, seed, rc)))
+        build.append(("head", "head", Stage(b, b.num_layers, 0, False, True, seed, rc)))
         self.pieces = []
         for name, kind, mod in build:
-            mod = mod.to(device=device, dtype=s.torch_dtype)
+            mod = mod.to(device=device, dtype=b.dtype)
             for p in mod.parameters():  # the runtime's persistent grad buffers
                 p.grad = torch.zeros_like(p)
-            self.pieces.append(_Piece(name, mod, kind))
-        hidden = (s.micro_batch_size, s.seq_length, s.hidden_size)
+            lk = self.kinds[int(name[5:])] if kind == "layer" else kind
+            self.pieces.append(_Piece(name, mod, kind, lk))
+        hidden = tuple(b.activation_shape)
         g = torch.Generator().manual_seed(seed + 1)
         # What a stage receives: an activation (F) and its gradient (B).
-        self.x = (torch.randn(hidden, generator=g)).to(device=device, dtype=s.torch_dtype)
-        self.grad = (torch.randn(hidden, generator=g) * 1e-3).to(device=device,
-                                                                  dtype=s.torch_dtype)
-        self.ids = microbatch(s, seed, 0, 0)[0].to(device)
+        self.x = (torch.randn(hidden, generator=g)).to(device=device, dtype=b.dtype)
+        self.grad = (torch.randn(hidden, generator=g) * 1e-3).to(device=device, dtype=b.dtype)
+        self.ids = b.microbatch(seed, 0, 0)[0].to(device)
 
     # --------------------------------------------------------------- one op each
 
@@ -132,8 +149,8 @@ class Profiler:
         """The runtime's F: the module, and on the head the loss (targets fetched inside)."""
         y = piece.module(x)
         if piece.kind == "head":
-            targets = microbatch(self.shape, self.seed, 0, mb)[1].to(self.device)
-            y = stage_loss(y, targets) / self.m
+            targets = self.builder.microbatch(self.seed, 0, mb)[1].to(self.device)
+            y = self.builder.loss(y, targets) / self.m
         return y
 
     def _backward(self, piece: _Piece, y: torch.Tensor) -> None:
@@ -176,17 +193,9 @@ class Profiler:
         """Activation bytes as the runtime counts them (saved tensors + output), static
         bytes as its optimizer holds them (params, grads, AdamW states after a step)."""
         params = list(piece.module.parameters())
-        ptrs = {p.untyped_storage().data_ptr() for p in params}
+        ptrs = {t.untyped_storage().data_ptr() for t in [*params, *piece.module.buffers()]}
         x = self._input(piece)
-        seen: dict[int, int] = {}
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            st = t.untyped_storage()
-            if st.data_ptr() not in ptrs:
-                seen[st.data_ptr()] = st.nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with saved_bytes(ptrs) as seen:
             y = piece.module(x)
         if piece.kind != "embedding":
             # A layer's input is the previous piece's output, counted there; summing
@@ -219,9 +228,11 @@ class Profiler:
     def costs(self) -> tuple[ModelCosts, dict[str, Any]]:
         """Median costs per piece (layers pooled) and the per-piece details."""
         details: dict[str, Any] = {}
-        by_kind: dict[str, list[_Piece]] = {"embedding": [], "layer": [], "head": []}
+        # Layers pool by the builder's layer kind (dense, moe, ...); a MoE layer's
+        # measured cost applies to every MoE layer, a dense one's to every dense one.
+        by_kind: dict[tuple[str, str], list[_Piece]] = {}
         for p in self.pieces:
-            by_kind[p.kind].append(p)
+            by_kind.setdefault((p.kind, p.layer_kind), []).append(p)
             s = p.samples
             details[p.name] = {k: {"median_ms": _median(v), "min_ms": min(v) if v else 0.0,
                                    "max_ms": max(v) if v else 0.0}
@@ -249,8 +260,9 @@ class Profiler:
                                   weight_grad_bytes=min(p0.weight_grad_bytes,
                                                         p0.activation_bytes),
                                   output_bytes=p0.output_bytes)
-        costs = ModelCosts(layers=(out["layer"],) * self.shape.num_layers,
-                           embedding=out["embedding"], head=out["head"])
+        costs = ModelCosts(layers=tuple(out[("layer", k)] for k in self.kinds),
+                           embedding=out[("embedding", "embedding")],
+                           head=out[("head", "head")])
         return costs, details
 
 

@@ -20,12 +20,32 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from executor.model import GPTShape, StageModule, WeightGradStore, microbatch, stage_loss
+from executor.builders import ModelBuilder
+from executor.builders.deferral import WeightGradStore
+from executor.builders.stage import Stage, build_stage, saved_bytes
 from executor.recorder import Recorder
+from ppsim.problem import Problem
 from ppsim.schedules import Action, Schedule
 
 Key = tuple[str, int, int]
 """(kind "F" = activation / "B" = gradient, destination stage, microbatch)."""
+
+
+@dataclass(frozen=True)
+class Replica:
+    """This rank's pipeline replica under data parallelism (replica-major ranks).
+
+    Global rank = index * pp + pipeline rank: a replica fills consecutive ranks,
+    so its point-to-point traffic stays among neighbours; `group` holds the
+    ranks of the same pipeline position in every replica (the gradient all-reduce).
+    """
+
+    index: int = 0
+    size: int = 1
+    group: Any = None
+
+    def global_rank(self, pipeline_rank: int, pp: int) -> int:
+        return self.index * pp + pipeline_rank
 
 
 @dataclass(frozen=True)
@@ -80,8 +100,11 @@ class P2P:
 
     def __init__(self, schedule: Schedule, rank: int, shape: tuple[int, ...],
                  dtype: torch.dtype, device: torch.device, wire: torch.device,
-                 recorder: Recorder, lookahead: int = 2) -> None:
+                 recorder: Recorder, lookahead: int = 2, peers: list[int] | None = None
+                 ) -> None:
         self.rank, self.schedule, self.rec = rank, schedule, recorder
+        self.peers = peers or list(range(schedule.pp))
+        """Global rank of each pipeline rank (this replica's)."""
         self.shape, self.dtype, self.device, self.wire = shape, dtype, device, wire
         self.lookahead = lookahead
         self.incoming: dict[int, list[Key]] = defaultdict(list)
@@ -107,7 +130,7 @@ class P2P:
         key = self.incoming[peer][self.cursor[peer]]
         self.cursor[peer] += 1
         buf = torch.empty(self.shape, dtype=self.dtype, device=self.wire)
-        self.posted[key] = (dist.irecv(buf, src=peer, tag=self.tag(key)), buf, peer)
+        self.posted[key] = (dist.irecv(buf, src=self.peers[peer], tag=self.tag(key)), buf, peer)
 
     def prefetch(self) -> None:
         """Keep a few receives posted per peer, so data lands while we compute."""
@@ -138,7 +161,7 @@ class P2P:
         t = tensor.detach().to(self.wire).contiguous()
         self.rec.send(self.rec.mark(), key[0], peer, from_stage, key[1], key[2],
                       t.numel() * t.element_size())
-        self.sends.append((dist.isend(t, dst=peer, tag=self.tag(key)), t))
+        self.sends.append((dist.isend(t, dst=self.peers[peer], tag=self.tag(key)), t))
 
     def finish(self) -> None:
         """End of iteration: every send delivered, every receive consumed."""
@@ -159,28 +182,32 @@ def _now_ns() -> int:
 class Runtime:
     """Builds this rank's chunks and runs its action list, iteration by iteration."""
 
-    def __init__(self, problem: Any, shape: GPTShape, rank: int, device: torch.device,
-                 wire: torch.device, recorder: Recorder, seed: int = 0, lr: float = 1e-3,
-                 fault: Fault | None = None) -> None:
+    def __init__(self, problem: Problem, builder: ModelBuilder, rank: int,
+                 device: torch.device, wire: torch.device, recorder: Recorder, seed: int = 0,
+                 lr: float = 1e-3, fault: Fault | None = None, recompute: str = "none",
+                 replica: Replica | None = None) -> None:
         self.split, self.schedule = problem.split, problem.schedule
-        self.shape, self.rank, self.device, self.seed = shape, rank, device, seed
+        self.builder, self.rank, self.device, self.seed = builder, rank, device, seed
         self.rec, self.fault = recorder, fault
+        self.replica = replica or Replica()
         self.last = self.schedule.num_stages - 1
-        self.modules: dict[int, StageModule] = {}
+        self.modules: dict[int, Stage] = {}
         for st in self.split.stages:
             if st.rank == rank:
-                self.modules[st.index] = StageModule(
-                    shape, st.offset, st.layers, st.has_embedding, st.has_head, seed,
-                ).to(device=device, dtype=shape.torch_dtype)
+                self.modules[st.index] = build_stage(builder, st, seed, recompute).to(
+                    device=device, dtype=builder.dtype)
         self.params = [p for m in self.modules.values() for p in m.parameters()]
-        for p in self.params:  # a persistent grad buffer, like Megatron's
-            p.grad = torch.zeros_like(p)
+        self.grads = self._grad_buffer()
         self.optimizer = torch.optim.AdamW(self.params, lr=lr) if self.params else None
-        self._param_ptrs = {p.untyped_storage().data_ptr() for p in self.params}
+        # Parameters and buffers (rotary tables) are static, never activations.
+        self._param_ptrs = {t.untyped_storage().data_ptr() for m in self.modules.values()
+                            for t in [*m.parameters(), *m.buffers()]}
+        WeightGradStore.reset()
         WeightGradStore.enabled = self.schedule.split_backward
-        self.p2p = P2P(self.schedule, rank,
-                       (shape.micro_batch_size, shape.seq_length, shape.hidden_size),
-                       shape.torch_dtype, device, wire, recorder)
+        pp = self.schedule.pp
+        self.p2p = P2P(self.schedule, rank, tuple(builder.activation_shape), builder.dtype,
+                       device, wire, recorder,
+                       peers=[self.replica.global_rank(r, pp) for r in range(pp)])
         self._held: dict[tuple[int, int], int] = {}
         self._stage_bytes: dict[int, int] = {}
         self._inputs: dict[tuple[int, int], torch.Tensor] = {}
@@ -188,10 +215,22 @@ class Runtime:
         self.loss = torch.zeros((), device=device)
         self.iteration = 0
 
+    def _grad_buffer(self) -> torch.Tensor:
+        """One flat, persistent gradient buffer (as Megatron's); each p.grad is a view,
+        so the data-parallel all-reduce is a single collective with no copies."""
+        n = sum(p.numel() for p in self.params)
+        dtype = self.params[0].dtype if self.params else torch.float32
+        flat = torch.zeros(n, dtype=dtype, device=self.device)
+        at = 0
+        for p in self.params:
+            p.grad = flat[at:at + p.numel()].view_as(p)
+            at += p.numel()
+        return flat
+
     # --------------------------------------------------------------- bookkeeping
 
     def _static_bytes(self) -> int:
-        tensors = list(self.params) + [p.grad for p in self.params if p.grad is not None]
+        tensors = list(self.params) + [self.grads]
         if self.optimizer is not None:
             tensors += [v for s in self.optimizer.state.values() for v in s.values()
                         if torch.is_tensor(v)]
@@ -205,7 +244,9 @@ class Runtime:
             self._held.pop(key, None)
 
     def _batch(self, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
-        ids, targets = microbatch(self.shape, self.seed, self.iteration, mb)
+        """Replica r's microbatch i is the global batch's microbatch r * m + i."""
+        index = self.replica.index * self.schedule.microbatches + mb
+        ids, targets = self.builder.microbatch(self.seed, self.iteration, index)
         return ids.to(self.device), targets.to(self.device)
 
     # --------------------------------------------------------------- actions
@@ -223,27 +264,18 @@ class Runtime:
         else:
             y = self._measured_forward(module, x, s)
         if s == self.last:
-            y = stage_loss(y, self._batch(mb)[1]) / self.schedule.microbatches
+            y = self.builder.loss(y, self._batch(mb)[1]) / self.schedule.microbatches
             self.loss += y.detach()
         else:
             self.p2p.send(y, ("F", s + 1, mb), s)
         self._inputs[(s, mb)], self._outputs[(s, mb)] = x, y
         self._hold((s, mb), self._stage_bytes.get(s, 0))
 
-    def _measured_forward(self, module: StageModule, x: torch.Tensor, s: int) -> torch.Tensor:
-        """Forward once with a saved-tensor hook: the bytes autograd keeps per microbatch.
-
-        Shapes are static, so one measurement per stage holds for every microbatch.
-        """
-        seen: dict[int, int] = {}
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            st = t.untyped_storage()
-            if st.data_ptr() not in self._param_ptrs:
-                seen[st.data_ptr()] = st.nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    def _measured_forward(self, module: Stage, x: torch.Tensor, s: int) -> torch.Tensor:
+        """Forward once counting what autograd keeps per microbatch (saved tensors and
+        checkpoint inputs). Shapes are static, so one measurement per stage holds for
+        every microbatch."""
+        with saved_bytes(self._param_ptrs) as seen:
             y = module(x)
         out = y.untyped_storage()
         seen[out.data_ptr()] = out.nbytes()
@@ -276,7 +308,8 @@ class Runtime:
     # --------------------------------------------------------------- iteration
 
     def run_iteration(self, iteration: int, dump_grads: str | None = None) -> float:
-        """Run the action list once, then the optimizer step; returns the loss."""
+        """Run the action list, reduce gradients across replicas (R), step (S);
+        returns the global batch's loss."""
         self.iteration = iteration
         self.rec.begin_iteration(iteration)
         self.rec.static_bytes = self._static_bytes()
@@ -298,17 +331,37 @@ class Runtime:
             self.rec.op(start[0], self.rec.mark(), a.kind, a.stage, chunk, a.microbatch,
                         before, self.rec.memory())
         self.p2p.finish()
+        if self.replica.size > 1:
+            self._step_op("R", self._all_reduce)
         if dump_grads:
             torch.save({"loss": self.loss.item(),
                         "grads": {n: p.grad.detach().cpu().clone() for m in self.modules.values()
                                   for n, p in m.named_parameters()}},
-                       f"{dump_grads}.rank{self.rank}.pt")
+                       f"{dump_grads}.rank{self.replica.global_rank(self.rank, self.schedule.pp)}"
+                       ".pt")
+        self._step_op("S", self._step)
+        total = self.loss.detach().to(self.p2p.wire)
+        dist.all_reduce(total)  # only the ranks holding the head contribute
+        self.rec.end_iteration()
+        return float(total.item()) / self.replica.size
+
+    def _step_op(self, kind: str, fn: Any) -> None:
+        """An op of the whole step (R: gradient all-reduce, S: optimizer step), on the
+        compute lane; it belongs to no stage or microbatch (-1)."""
+        before = self.rec.memory()
         t0 = self.rec.mark()
+        fn()
+        self.rec.op(t0, self.rec.mark(), kind, -1, -1, -1, before, self.rec.memory())
+
+    def _all_reduce(self) -> None:
+        """DDP-style: sum the flat gradient buffer over replicas, then average."""
+        buf = self.grads if self.grads.device == self.p2p.wire else self.grads.to(self.p2p.wire)
+        dist.all_reduce(buf, group=self.replica.group)
+        if buf is not self.grads:
+            self.grads.copy_(buf)
+        self.grads.div_(self.replica.size)
+
+    def _step(self) -> None:
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=False)
-        self.rec.optimizer(t0, self.rec.mark())
-        total = self.loss.detach().to(self.p2p.wire)
-        dist.all_reduce(total)  # only the rank holding the head contributes
-        self.rec.end_iteration()
-        return float(total.item())

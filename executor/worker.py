@@ -32,15 +32,16 @@ import torch
 import torch.distributed as dist
 
 from executor import summary as summ
+from executor.builders import ModelBuilder, builder_spec, load_builder
 from executor.launch import STORE_ENV, printable
-from executor.model import GPTShape
 from executor.quiet import no_gc_pauses
 from executor.recorder import Recorder, align_clocks, gather_json, merge_parts
-from executor.runtime import Fault, OpFailed, Runtime
+from executor.runtime import Fault, OpFailed, Replica, Runtime
 from ppsim import trace as tr
 from ppsim.cli import config_from_args
 from ppsim.config import model_fields
 from ppsim.fileio import write_json_atomic
+from ppsim.problem import Problem
 
 ABORT_KEY = "ppsim/abort"
 
@@ -148,18 +149,25 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
 
     cfg = config_from_args(args)
     problem = load_problem(args)
-    shape = GPTShape.from_fields(model_fields(cfg.model))
+    fields = model_fields(cfg.model)
+    builder = load_builder(builder_spec(getattr(args, "model", None), fields), fields)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device, wire, backend = _devices(args.device, int(os.environ.get("LOCAL_RANK", 0)),
                                      int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     _init_group(backend, rank, world, timedelta(seconds=args.timeout_s))
     ctrl = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
-    if world != problem.split.pp:
-        raise RuntimeError(f"world size {world} != pp {problem.split.pp}")
+    pp, dp = problem.split.pp, data_parallel(args, fields)
+    if world != pp * dp:
+        raise RuntimeError(f"world size {world} != pp {pp} x dp {dp}")
+    # Every rank creates every replica group, in the same order (a collective call).
+    groups = [dist.new_group([d * pp + r for d in range(dp)]) if dp > 1 else None
+              for r in range(pp)]
+    replica = Replica(rank // pp, dp, groups[rank % pp])
     dog = Watchdog(rank)
     try:
-        result = _engine(args, problem, shape, rank, device, wire, backend, ctrl)
+        result = _engine(args, problem, builder, rank, device, wire, backend, ctrl, replica,
+                         str(fields.get("recompute", "none")))
     except BaseException as exc:
         _fail(args, rank, dog, exc)
     dog.close()
@@ -168,9 +176,15 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     return result
 
 
-def _engine(args: argparse.Namespace, problem: Any, shape: GPTShape, rank: int,
+def data_parallel(args: argparse.Namespace, fields: dict[str, Any]) -> int:
+    """--dp, else the model's dp field, else 1."""
+    dp = getattr(args, "dp", None)
+    return int(dp if dp is not None else fields.get("dp", 1))
+
+
+def _engine(args: argparse.Namespace, problem: Problem, builder: ModelBuilder, rank: int,
             device: torch.device, wire: torch.device, backend: str,
-            ctrl: Any) -> dict[str, Any] | None:
+            ctrl: Any, replica: Replica, recompute: str) -> dict[str, Any] | None:
     iters, warm = args.iterations, args.warmup
     meta = {"device": str(device.type), "backend": backend, "engine": args.engine,
             "wire": "host (gloo)" if wire.type == "cpu" and device.type == "cuda" else
@@ -178,7 +192,7 @@ def _engine(args: argparse.Namespace, problem: Any, shape: GPTShape, rank: int,
     if args.engine == "torch":
         from executor.peer import run_peer
 
-        res = run_peer(problem, shape, rank, device, args, ctrl,
+        res = run_peer(problem, builder, rank, device, args, ctrl,
                        lambda i, loss: _say("progress", {"iteration": i, "of": iters,
                                                          "loss": loss}) if rank == 0 else None,
                        wire)
@@ -189,8 +203,9 @@ def _engine(args: argparse.Namespace, problem: Any, shape: GPTShape, rank: int,
     offset, epoch = align_clocks(rank, group=ctrl)
     rec = Recorder(rank, device, offset, epoch, warm)
     fault = Fault.parse(args.inject_fault) if args.inject_fault else None
-    rt = Runtime(problem, shape, rank, device, wire, rec, seed=args.seed, lr=args.lr,
-                 fault=fault)
+    pp = problem.split.pp
+    rt = Runtime(problem, builder, rank % pp, device, wire, rec, seed=args.seed, lr=args.lr,
+                 fault=fault if rank < pp else None, recompute=recompute, replica=replica)
     losses = []
     with no_gc_pauses():
         for it in range(iters):
@@ -205,11 +220,12 @@ def _engine(args: argparse.Namespace, problem: Any, shape: GPTShape, rank: int,
     parts = gather_json(part, ctrl)
     if parts is None:
         return None
-    events = merge_parts([p["events"] for p in parts], problem.split.pp)
+    # The trace holds replica 0 (ranks 0..pp-1); other replicas run the same order.
+    events = merge_parts([p["events"] for p in parts[:pp]], pp)
     info = tr.run_info(problem, "executor", iters, warm)
-    info.update(meta, losses=losses)
-    res = summ.summarize(events, problem, shape, iters, warm, losses,
-                         [p["peak_bytes"] for p in parts])
+    info.update(meta, losses=losses, dp=replica.size)
+    res = summ.summarize(events, problem, builder, iters, warm, losses,
+                         [p["peak_bytes"] for p in parts[:pp]], replica.size)
     res.update(meta)
     _finish_files(args, tr.document(events, info), res)
     return res

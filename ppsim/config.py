@@ -141,7 +141,7 @@ def model_fields(model: dict[str, Any]) -> dict[str, Any]:
         raise UserError("model.kind", f"unknown kind {kind!r}",
                         "use \"uniform\", \"transformer\", or preset = NAME")
     allowed = ("kind", "num_layers") + (LAYER_FIELDS + ("embedding", "head")
-                                        if kind == "uniform" else ARCH_FIELDS)
+                                        if kind == "uniform" else ARCH_FIELDS + ("builder",))
     for key in raw:
         if key not in allowed:
             raise UserError(f"model.{key}", f"unknown key for a {kind} model",
@@ -152,6 +152,10 @@ def model_fields(model: dict[str, Any]) -> dict[str, Any]:
     if n < 1:
         raise UserError("model.num_layers", f"must be at least 1, got {n}", "set num_layers >= 1")
     if kind == "transformer":
+        builder = raw.get("builder", "module:function")
+        if not isinstance(builder, str) or not builder.rpartition(":")[0]:
+            raise UserError("model.builder", f"{builder!r} is not \"module:function\"",
+                            "write e.g. builder = \"executor.builders.llama:build\"")
         _check_transformer(raw)
     return raw
 

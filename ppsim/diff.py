@@ -3,7 +3,9 @@
 Ops are matched by (rank, chunk, microbatch, kind) within one iteration of
 each trace; times are taken relative to that iteration's first op, so a
 simulated iteration (which starts at 0) and a real one (which starts
-wherever the clock was) line up. Signed differences are `b - a`: swapping
+wherever the clock was) line up. Whole-step ops (R: gradient reduce, S:
+optimizer step) end the iteration's span when a trace has them, and are
+reported per kind, but are not matched op by op. Signed differences are `b - a`: swapping
 the traces negates them. Relative errors are relative to `a`, the reference.
 """
 
@@ -28,6 +30,8 @@ class Window:
     iteration: int
     ops: dict[Key, TraceOp]
     origin_us: float
+    step: tuple[TraceOp, ...] = ()
+    """This iteration's R / S ops."""
 
     def start(self, k: Key) -> float:
         return (self.ops[k].start_us - self.origin_us) / 1e3
@@ -40,7 +44,13 @@ class Window:
 
     @cached_property
     def iteration_time_ms(self) -> float:
-        return max(self.end(k) for k in self.ops) if self.ops else 0.0
+        ends = [self.end(k) for k in self.ops]
+        ends += [(op.end_us - self.origin_us) / 1e3 for op in self.step]
+        return max(ends) if ends else 0.0
+
+    def step_ms(self, kind: str) -> float:
+        """Longest R or S op of the iteration over ranks (0 when the trace has none)."""
+        return max((op.dur_us / 1e3 for op in self.step if op.kind == kind), default=0.0)
 
     @cached_property
     def by_rank(self) -> dict[int, list[Key]]:
@@ -73,7 +83,7 @@ def steady_iteration(trace: Trace) -> int:
     if len(steady) == 1:
         return steady[0]
     span: dict[int, tuple[float, float]] = {}
-    for op in trace.ops:
+    for op in trace.ops + trace.step_ops:
         lo, hi = span.get(op.iteration, (float("inf"), float("-inf")))
         span[op.iteration] = (min(lo, op.start_us), max(hi, op.end_us))
     ranked = sorted(steady, key=lambda i: (span[i][1] - span[i][0], i))
@@ -100,7 +110,8 @@ def window(trace: Trace, iteration: int | None) -> Window:
                                 f"iteration {it}", "re-record the trace")
             ops[op.key] = op
     origin = min(op.start_us for op in ops.values())
-    return Window(trace, it, ops, origin)
+    return Window(trace, it, ops, origin,
+                  tuple(op for op in trace.step_ops if op.iteration == it))
 
 
 def check_compatible(a: Trace, b: Trace) -> None:
@@ -224,6 +235,7 @@ class Diff:
             "iteration_time_error": (tb - ta) / ta if ta else 0.0,
             "ops_matched": len(self.matched), "ops_only_in": [len(self.only_a), len(self.only_b)],
             "ranks": ranks, "duration_error": per_kind, "largest_divergences": divergent,
+            "step_ops_ms": {k: [a.step_ms(k), b.step_ms(k)] for k in ("R", "S")},
             "critical_path": [[{"rank": r, "ms": t} for r, t in cpa],
                               [{"rank": r, "ms": t} for r, t in cpb]],
             "critical_path_changed": [r for r, _ in cpa] != [r for r, _ in cpb],

@@ -122,7 +122,7 @@ def why_faster(summary: Summary, ref: Reference) -> str:
     gain = max(ref.summary.ranks, key=lambda x: x.busy_ms - summary.ranks[x.rank].busy_ms)
     mine = summary.ranks[gain.rank]
     busiest = max(ref.summary.ranks, key=lambda x: x.busy_ms)
-    return (f"best is {r / t - 1:.1%} faster: the bottleneck in {ref.label!r} is rank "
-            f"{gain.rank}, {gain.layers} layers busy {gain.busy_ms:.1f} ms against {mine.layers} "
-            f"layers {mine.busy_ms:.1f} ms in the best split (busiest rank there: "
-            f"{busiest.rank}, {busiest.busy_ms:.1f} ms)")
+    return (f"best is {r / t - 1:.1%} faster: {ref.label!r} loads rank {gain.rank} most "
+            f"beyond the best split ({gain.layers} layers, busy {gain.busy_ms:.1f} ms, against "
+            f"{mine.layers} layers, {mine.busy_ms:.1f} ms); its busiest rank is {busiest.rank} "
+            f"({busiest.busy_ms:.1f} ms)")

@@ -3,7 +3,10 @@
 Compute ops are complete events ("ph": "X", ts/dur in microseconds,
 pid = rank, tid 0) whose args hold kind, stage, chunk, microbatch and
 iteration; transfers are complete events on tid 1 of the sender; memory is
-a counter ("ph": "C") per rank. `otherData` carries the run's shape
+a counter ("ph": "C") per rank. Whole-step ops (kind "R": the data-parallel
+gradient all-reduce, "S": the optimizer step) are compute events too, with
+stage, chunk and microbatch -1; readers keep them apart from the pipeline's
+F/B/W (`Trace.step_ops`). `otherData` carries the run's shape
 (schedule, pp, vpp, microbatches, split) so tools can check two traces match.
 """
 
@@ -18,6 +21,8 @@ from ppsim.errors import UserError
 from ppsim.fileio import write_json_atomic
 
 COMPUTE_TID, TRANSFER_TID = 0, 1
+STEP_KINDS = ("R", "S")
+"""Ops of the whole step, not of a (stage, microbatch): gradient reduce, optimizer step."""
 
 
 def compute_event(rank: int, kind: str, stage: int, chunk: int, microbatch: int,
@@ -120,6 +125,8 @@ class Trace:
     ops: tuple[TraceOp, ...]
     memory: dict[int, list[tuple[float, int]]]
     """Per rank: (ts_us, total bytes) counter samples."""
+    step_ops: tuple[TraceOp, ...] = ()
+    """R / S ops (gradient reduce, optimizer step), kept out of `ops`."""
 
     @property
     def iterations(self) -> list[int]:
@@ -208,13 +215,19 @@ def _compute_op(ev: dict, n: int, path: str) -> TraceOp:
         raise UserError("trace", f"{where} lacks a valid {exc}",
                         "each compute event needs pid, ts, dur and args kind, stage, "
                         "chunk, microbatch") from None
-    if not isinstance(kind, str) or kind not in ("F", "B", "W"):
-        raise UserError("trace", f"{where}: kind must be F, B or W, got {kind!r}"[:200],
+    if not isinstance(kind, str) or kind not in ("F", "B", "W", *STEP_KINDS):
+        raise UserError("trace", f"{where}: kind must be F, B, W, R or S, got {kind!r}"[:200],
                         "re-record the trace")
+
+    def place(name: str, value: Any, hi: int) -> int:
+        # A whole-step op (R, S) belongs to no stage, chunk or microbatch: -1.
+        if kind in STEP_KINDS and type(value) is int and value == -1:
+            return -1
+        return _index(f"{where}: {name}", value, hi)
+
     return TraceOp(_index(f"{where}: pid", pid, _RANKS), kind,
-                   _index(f"{where}: stage", stage, _RANKS),
-                   _index(f"{where}: chunk", chunk, _RANKS),
-                   _index(f"{where}: microbatch", mb, validate.MAX_INDEX),
+                   place("stage", stage, _RANKS), place("chunk", chunk, _RANKS),
+                   place("microbatch", mb, validate.MAX_INDEX),
                    _index(f"{where}: iteration", args.get("iteration", 0), validate.MAX_INDEX),
                    _micros(f"{where}: ts", ts, -_MAX_US, _MAX_US),
                    _micros(f"{where}: dur", dur, 0.0, _MAX_DUR_US))
@@ -242,17 +255,18 @@ def trace_from_json(data: Any, path: str = "trace") -> Trace:
         raise UserError("trace", f"{path} has no traceEvents list",
                         "pass a Chrome trace written by ppsim simulate --trace or ppsim run")
     info = _check_info(data.get("otherData", {}) if isinstance(data, dict) else {}, path)
-    ops = []
+    ops, step_ops = [], []
     memory: dict[int, list[tuple[float, int]]] = {}
     for n, ev in enumerate(events):
         if not isinstance(ev, dict):
             raise UserError("trace", f"{path}: event {n} is not an object", "fix or re-record")
         if ev.get("ph") == "X" and ev.get("cat") == "compute":
-            ops.append(_compute_op(ev, n, path))
+            op = _compute_op(ev, n, path)
+            (step_ops if op.kind in STEP_KINDS else ops).append(op)
         elif ev.get("ph") == "C" and ev.get("name") == "memory":
             rank, ts, total = _memory_sample(ev, n, path)
             memory.setdefault(rank, []).append((ts, total))
     if not ops:
         raise UserError("trace", f"{path} holds no compute events",
                         "pass a trace written by ppsim simulate --trace or ppsim run")
-    return Trace(path, info, tuple(ops), memory)
+    return Trace(path, info, tuple(ops), memory, tuple(step_ops))

@@ -11,24 +11,40 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from torch import nn  # noqa: E402
+
 from executor import launch  # noqa: E402
-from executor.cli import add_run_arguments, load_problem  # noqa: E402
-from executor.model import (  # noqa: E402
-    GPTShape,
-    Linear,
-    StageModule,
+from executor.builders import DEFAULT_BUILDER, load_builder  # noqa: E402
+from executor.builders.deferral import (  # noqa: E402
+    DeferringLinear,
     WeightGradStore,
-    full_model,
-    microbatch,
-    stage_loss,
+    defer_linears,
 )
+from executor.builders.gpt import GPTBuilder, GPTShape  # noqa: E402
+from executor.builders.llama import LlamaBuilder, MoE, parse_kinds  # noqa: E402
+from executor.builders.stage import Stage, full_model, saved_bytes  # noqa: E402
+from executor.cli import add_run_arguments, load_problem  # noqa: E402
 from executor.recorder import merge_parts  # noqa: E402
 from executor.runtime import Fault, outgoing  # noqa: E402
 from ppsim.cli import main  # noqa: E402
 from ppsim.config import load_config, model_fields  # noqa: E402
+from ppsim.errors import UserError  # noqa: E402
 from ppsim.schedules import build_schedule  # noqa: E402
+from ppsim.transformer import Architecture, layer_activation_bytes  # noqa: E402
 
-SHAPE = GPTShape.from_fields(model_fields(load_config(None).model))
+FIELDS = model_fields(load_config(None).model)
+SHAPE = GPTShape.from_fields(FIELDS)
+MOE_FIELDS = {**FIELDS, "layers": "dense, moe*2, dense*2, moe, dense*2", "num_kv_heads": 2,
+              "num_experts": 4, "top_k": 2, "shared_experts": 1, "moe_ffn_hidden_size": 48}
+BUILDERS = {"gpt": (DEFAULT_BUILDER, FIELDS),
+            "llama-moe": ("executor.builders.llama:build", MOE_FIELDS)}
+
+
+def _builder(name: str):
+    spec, fields = BUILDERS[name]
+    return load_builder(spec, fields)
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -37,11 +53,14 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def test_stages_compose_to_the_full_model() -> None:
-    full = full_model(SHAPE)
-    parts = [StageModule(SHAPE, 0, 3, True, False), StageModule(SHAPE, 3, 0, False, False),
-             StageModule(SHAPE, 3, 5, False, True)]
-    ids, _ = microbatch(SHAPE, 0, 0, 0)
+@pytest.mark.parametrize("name", list(BUILDERS))
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_stages_compose_to_the_full_model(name: str, recompute: str) -> None:
+    b = _builder(name)
+    full = full_model(b)
+    parts = [Stage(b, 0, 3, True, False, recompute=recompute), Stage(b, 3, 0, False, False),
+             Stage(b, 3, 5, False, True, recompute=recompute)]
+    ids, _ = b.microbatch(0, 0, 0)
     x = ids
     for part in parts:
         x = part(x)
@@ -50,37 +69,120 @@ def test_stages_compose_to_the_full_model() -> None:
     assert names == {n for n, _ in full.named_parameters()}
 
 
+@given(cuts=st.lists(st.integers(0, 8), min_size=0, max_size=4))
+def test_any_split_starts_from_the_same_weights(cuts: list[int]) -> None:
+    b = _builder("gpt")
+    bounds = [0, *sorted(cuts), 8]
+    parts = [Stage(b, lo, hi - lo, i == 0, i == len(bounds) - 2)
+             for i, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False))]
+    got = {n: p for part in parts for n, p in part.named_parameters()}
+    for n, p in full_model(b).named_parameters():
+        assert torch.equal(got[n], p), n
+
+
 def test_data_is_seeded_and_learnable() -> None:
-    a, b = microbatch(SHAPE, 0, 1, 2), microbatch(SHAPE, 0, 1, 2)
-    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-    assert not torch.equal(a[0], microbatch(SHAPE, 0, 1, 3)[0])
+    b = _builder("gpt")
+    a, c = b.microbatch(0, 1, 2), b.microbatch(0, 1, 2)
+    assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])
+    assert not torch.equal(a[0], b.microbatch(0, 1, 3)[0])
     assert torch.equal(a[0][:, 1:], a[1][:, :-1])  # targets are the next tokens
     assert a[0].shape == (SHAPE.micro_batch_size, SHAPE.seq_length)
 
 
-@pytest.mark.parametrize("gated", [False, True])
-def test_deferred_weight_grads_equal_plain_backward(gated: bool) -> None:
-    shape = GPTShape(**{**SHAPE.__dict__, "gated_mlp": gated, "num_kv_heads": 2})
-    ref, zb = StageModule(shape, 0, 2, True, True), StageModule(shape, 0, 2, True, True)
-    ids, targets = microbatch(shape, 0, 0, 0)
-    stage_loss(ref(ids), targets).backward()
+@pytest.mark.parametrize("name", list(BUILDERS))
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_deferred_weight_grads_equal_plain_backward(name: str, recompute: str) -> None:
+    b = _builder(name)
+    ref, zb = full_model(b), full_model(b, recompute=recompute)
+    ids, targets = b.microbatch(0, 0, 0)
+    b.loss(ref(ids), targets).backward()
     WeightGradStore.enabled = True
     try:
-        loss = stage_loss(zb(ids), targets)
+        loss = b.loss(zb(ids), targets)
         WeightGradStore.deferring, WeightGradStore.key = True, (0, 0)
         loss.backward()
         WeightGradStore.deferring, WeightGradStore.key = False, None
         deferred = {n for n, p in zb.named_parameters() if p.grad is None}
-        linear = {f"{m}.{n}" for m, mod in zb.named_modules() if isinstance(mod, Linear)
-                  for n, _ in mod.named_parameters()}
-        assert deferred == linear  # only matmul weights wait for W
+        matmuls = {f"{m}.{n}" for m, mod in zb.named_modules() if isinstance(mod, DeferringLinear)
+                   for n, _ in mod.named_parameters()}
+        experts = {f"{m}.{n}" for m, mod in zb.named_modules() if isinstance(mod, MoE)
+                   for n in ("gate", "up", "down")}
+        assert deferred == matmuls | experts  # only matmul weights wait for W
         assert WeightGradStore.held_bytes((0, 0)) > 0
         WeightGradStore.run((0, 0))
     finally:
-        WeightGradStore.enabled = WeightGradStore.deferring = False
-        WeightGradStore.key = None
+        WeightGradStore.reset()
     for (n, p), (_, q) in zip(ref.named_parameters(), zb.named_parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, msg=n)
+
+
+def test_user_linears_become_deferring_in_place() -> None:
+    m = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 2, bias=False)))
+    before = dict(m.named_parameters())
+    assert defer_linears(m) == 2
+    assert all(type(x) is DeferringLinear for x in (m[0], m[1][0]))
+    assert dict(m.named_parameters()) == before  # same tensors under the same names
+
+
+def test_full_recompute_keeps_exactly_the_layer_input() -> None:
+    """The analytic full-recompute activations (2sbh at 16 bits) are what is kept."""
+    b = _builder("gpt")
+    layer = Stage(b, 2, 1, False, False, recompute="full")
+    x = torch.randn(b.activation_shape, requires_grad=True)
+    ptrs = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    with saved_bytes(ptrs) as seen:
+        layer(x)
+    arch = Architecture(**{k: v for k, v in FIELDS.items() if k not in ("kind", "builder")},
+                        recompute="full")
+    assert sum(seen.values()) == layer_activation_bytes(arch, "dense") == x.numel() * 4
+
+
+def test_layer_kinds_parse() -> None:
+    assert parse_kinds("dense*2, moe, dense", 4) == ["dense", "dense", "moe", "dense"]
+    assert parse_kinds(None, 2) == ["dense", "dense"]
+    assert parse_kinds(["moe", "dense"], 2) == ["moe", "dense"]
+    for bad in ("dense*3", "dense, mlp", ["moe"] * 3):
+        with pytest.raises(UserError, match="model.layers"):
+            parse_kinds(bad, 2)
+    b = _builder("llama-moe")
+    kinds = [b.layer_kind(i) for i in range(8)]
+    assert kinds == parse_kinds(MOE_FIELDS["layers"], 8)
+    assert [isinstance(b.layer(i).mlp, MoE) for i in range(8)] == [k == "moe" for k in kinds]
+
+
+def test_the_default_builder_builds_what_the_fields_describe() -> None:
+    assert isinstance(load_builder(DEFAULT_BUILDER, FIELDS), GPTBuilder)  # LayerNorm, learned
+    llama = model_fields({"preset": "llama3-8b"})
+    mixtral = model_fields({"preset": "mixtral-8x7b"})
+    for fields in (llama, mixtral):
+        b = load_builder(DEFAULT_BUILDER, fields)
+        assert isinstance(b, LlamaBuilder)
+        layer = b.layer(0) if fields is llama else None
+        if layer is not None:
+            assert type(layer.attn_norm).__name__ == "RMSNorm" and layer.attention.rotary
+    assert load_builder(DEFAULT_BUILDER, mixtral).layer_kind(3) == "moe"
+    with pytest.raises(UserError, match="model.attention"):
+        load_builder(DEFAULT_BUILDER, model_fields({"preset": "deepseek-v3"}))
+
+
+@pytest.mark.parametrize("spec, problem", [
+    ("nocolon", "not module:function"),
+    ("no.such.module:build", "cannot import"),
+    ("executor.builders.gpt:nothing", "no function"),
+    ("tests/missing.py:build", "cannot import"),
+])
+def test_a_bad_builder_is_a_user_error(spec: str, problem: str) -> None:
+    with pytest.raises(UserError, match=problem):
+        load_builder(spec, FIELDS)
+
+
+def test_builder_layer_count_must_match_the_config(tmp_path) -> None:
+    f = tmp_path / "mine.py"
+    f.write_text("from executor.builders.gpt import build as gpt\n\n"
+                 "def build(fields):\n    return gpt({**fields, 'num_layers': 3})\n")
+    with pytest.raises(UserError, match="builds 3 layers"):
+        load_builder(f"{f}:build", FIELDS)
+    assert load_builder(f"{f}:build", {**FIELDS, "num_layers": 3}).num_layers == 3
 
 
 def test_outgoing_messages_follow_the_sender_order() -> None:
@@ -104,10 +206,11 @@ def test_fault_spec() -> None:
 def test_worker_argv_round_trips_the_config(tmp_path) -> None:
     args = _parse(["--pp", "2", "--vpp", "2", "--schedule", "interleaved-1f1b", "--split",
                    "3,1,2,2", "--microbatches", "4", "--iterations", "2", "--warmup", "0",
-                   "--trace-dir", str(tmp_path), "--account-for-loss"])
+                   "--trace-dir", str(tmp_path), "--account-for-loss", "--model",
+                   "tests/model_moe.py:build", "--dp", "2"])
     again = _parse(launch.worker_argv(args))
     for key in ("pp", "vpp", "schedule", "split", "microbatches", "iterations", "warmup",
-                "trace_dir", "account_for_loss", "engine", "device"):
+                "trace_dir", "account_for_loss", "engine", "device", "model", "dp"):
         assert getattr(again, key) == getattr(args, key), key
     args.nproc_per_node = 2
     cmd = launch.launch_command(args)
@@ -134,6 +237,12 @@ def test_print_launch_shows_torchrun_and_sbatch(capsys) -> None:
     (["--warmup", "3", "--iterations", "3"], "--warmup"),
     (["--preset", "llama3-70b", "--pp", "2"], "model.tp"),
     (["--engine", "torch", "--microbatches", "1"], "pipeline.microbatches"),
+    (["--model", "no_such_module:build"], "--model"),
+    (["--model", "executor.builders.gpt"], "--model"),
+    (["--dp", "0"], "--dp"),
+    (["--dp", "2", "--engine", "torch"], "--dp"),
+    (["--dp", "2", "--nproc-per-node", "2"], "--nproc-per-node"),
+    (["--config", "{tmp}/bad-builder.toml"], "model.builder"),
 ])
 def test_bad_input_exits_2_before_any_process(argv, field, tmp_path, capsys,
                                               monkeypatch) -> None:
@@ -141,6 +250,8 @@ def test_bad_input_exits_2_before_any_process(argv, field, tmp_path, capsys,
         raise AssertionError("a process was started")
 
     monkeypatch.setattr(launch.subprocess, "Popen", no_launch)
+    (tmp_path / "bad-builder.toml").write_text('[model]\npreset = "tiny-gpt"\nbuilder = 3\n')
+    argv = [a.format(tmp=tmp_path) for a in argv]
     rc = main(["run", "--trace-dir", str(tmp_path / "t"), *argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2

@@ -120,3 +120,26 @@ def test_profile_refuses_what_the_executor_cannot_run(tmp_path: Path,
     assert main(["profile", "--tp", "2", "--out", str(tmp_path / "c.json")]) == 2
     assert "model.tp" in capsys.readouterr().err
     assert not (tmp_path / "c.json").exists()
+
+
+def test_profile_measures_each_layer_kind_of_a_builder(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    """A heterogeneous stack (tests/model_moe.py: every third layer MoE) gets one
+    measured cost per layer kind, each applied to every layer of that kind."""
+    cfg = tmp_path / "moe.toml"
+    cfg.write_text(f'[model]\npreset = "tiny-gpt"\nbuilder = "{ROOT}/tests/model_moe.py:build"'
+                   '\n')
+    out = tmp_path / "c.json"
+    assert main(["profile", "--config", str(cfg), "--out", str(out), "--repeats", "2",
+                 "--warmup", "0", "--no-p2p", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    layers = doc["layers"]
+    moe = [i for i in range(8) if i % 3 == 1]
+    assert len(layers) == 8 and doc["measurement"]["layers_sampled"]
+    assert {i for i in doc["measurement"]["layers_sampled"]} & set(moe)
+    for i in range(8):
+        same = moe if i in moe else [j for j in range(8) if j not in moe]
+        assert all(layers[j] == layers[i] for j in same)
+    assert layers[1]["static_bytes"] > layers[0]["static_bytes"]  # experts and router
+    assert all(x["forward_ms"] > 0 and x["activation_bytes"] > 0 for x in layers)

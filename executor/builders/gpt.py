@@ -1,0 +1,194 @@
+"""The built-in GPT: pre-norm decoder blocks (LayerNorm, causal SDPA with GQA, MLP).
+
+The model the analytic cost model describes: attention through
+scaled_dot_product_attention with is_causal (FlashAttention's kernel on GPU,
+no s x s scores kept), LayerNorm, a GELU or SwiGLU MLP of any width, and the
+loss computed in float32 from training-dtype logits, as Megatron's
+vocab-parallel cross entropy does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from executor.builders.stage import AttentionCore
+from ppsim.transformer import Architecture
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_ARCH = {f.name for f in fields(Architecture)}
+
+
+@dataclass(frozen=True)
+class GPTShape:
+    """The architecture fields the executor needs (from `ppsim.config.model_fields`)."""
+
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    seq_length: int
+    micro_batch_size: int
+    gated_mlp: bool
+    dtype: str
+
+    @classmethod
+    def from_fields(cls, f: dict[str, Any]) -> GPTShape:
+        # The cost model's Architecture owns the defaults, so the model that runs
+        # is the model that was simulated; other keys belong to other readers.
+        a = Architecture(**{k: v for k, v in f.items() if k in _ARCH})
+        return cls(a.num_layers, a.hidden_size, a.num_heads, a.num_kv_heads,
+                   a.ffn_hidden_size, a.vocab_size, a.seq_length, a.micro_batch_size,
+                   a.gated_mlp, a.dtype)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+
+def init_normal(module: nn.Module, num_layers: int, out_proj: tuple[str, ...]) -> None:
+    """GPT-2 style init from torch's RNG (ppsim seeds it per piece)."""
+    out_std = 0.02 / math.sqrt(2 * num_layers)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            leaf = name.rsplit(".", 2)
+            if name.endswith("bias"):
+                p.zero_()
+            elif "norm" in name:
+                p.fill_(1.0)
+            else:
+                std = out_std if any(part in out_proj for part in leaf[:-1]) else 0.02
+                p.normal_(0.0, std)
+
+
+class Block(nn.Module):
+    """Pre-norm decoder block: causal self-attention (GQA) and an MLP."""
+
+    def __init__(self, s: GPTShape) -> None:
+        super().__init__()
+        h, self.heads, self.kv_heads = s.hidden_size, s.num_heads, s.num_kv_heads
+        self.head_dim = h // s.num_heads
+        self.norm1 = nn.LayerNorm(h)
+        self.q = nn.Linear(h, h)
+        self.kv = nn.Linear(h, 2 * self.kv_heads * self.head_dim)
+        self.attention = AttentionCore()
+        self.proj = nn.Linear(h, h)
+        self.norm2 = nn.LayerNorm(h)
+        self.fc1 = nn.Linear(h, s.ffn_hidden_size)
+        self.fc3 = nn.Linear(h, s.ffn_hidden_size) if s.gated_mlp else None
+        self.fc2 = nn.Linear(s.ffn_hidden_size, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        y = self.norm1(x)
+        q = self.q(y).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(y).view(b, t, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        a = self.attention(q, k, v)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, h))
+        y = self.norm2(x)
+        if self.fc3 is not None:
+            y = F.silu(self.fc1(y)) * self.fc3(y)
+        else:
+            y = F.gelu(self.fc1(y))
+        return x + self.fc2(y)
+
+
+class Embedding(nn.Module):
+    def __init__(self, s: GPTShape) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(s.vocab_size, s.hidden_size)
+        self.positions = nn.Embedding(s.seq_length, s.hidden_size)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        return self.tokens(ids) + self.positions(pos)[None]
+
+
+class Head(nn.Module):
+    """Final norm and the vocabulary projection (the loss is the builder's `loss`)."""
+
+    def __init__(self, hidden: int, vocab: int, norm: type[nn.Module] = nn.LayerNorm) -> None:
+        super().__init__()
+        self.norm = norm(hidden)
+        self.out = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.norm(x))
+
+
+def stage_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy of one microbatch, computed in fp32."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
+def token_microbatch(batch: int, seq: int, vocab: int, seed: int, iteration: int,
+                     index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and next-token targets, the same on every split.
+
+    Each row is an arithmetic progression modulo the vocabulary (random start
+    and stride), so the model has something to learn and the loss falls.
+    """
+    g = torch.Generator().manual_seed((seed * 7_919 + iteration) * 104_729 + index)
+    start = torch.randint(0, vocab, (batch, 1), generator=g)
+    stride = torch.randint(1, 8, (batch, 1), generator=g)
+    seq_ = (start + stride * torch.arange(seq + 1)[None]) % vocab
+    return seq_[:, :-1].contiguous(), seq_[:, 1:].contiguous()
+
+
+class GPTBuilder:
+    """`ModelBuilder` of the GPT above."""
+
+    def __init__(self, shape: GPTShape) -> None:
+        self.shape = shape
+        self.num_layers = shape.num_layers
+        self.activation_shape = (shape.micro_batch_size, shape.seq_length, shape.hidden_size)
+        self.dtype = shape.torch_dtype
+
+    def embedding(self) -> nn.Module:
+        e = Embedding(self.shape)
+        init_normal(e, self.num_layers, ())
+        return e
+
+    def layer(self, index: int) -> nn.Module:
+        b = Block(self.shape)
+        init_normal(b, self.num_layers, ("proj", "fc2"))
+        return b
+
+    def head(self) -> nn.Module:
+        h = Head(self.shape.hidden_size, self.shape.vocab_size)
+        init_normal(h, self.num_layers, ())
+        return h
+
+    def microbatch(self, seed: int, iteration: int, index: int) -> tuple[torch.Tensor,
+                                                                       torch.Tensor]:
+        s = self.shape
+        return token_microbatch(s.micro_batch_size, s.seq_length, s.vocab_size, seed,
+                                iteration, index)
+
+    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return stage_loss(output, targets)
+
+
+def build(fields: dict[str, Any]) -> Any:
+    """The default builder: the model the [model] fields describe.
+
+    This GPT when they describe one (LayerNorm, learned positions, dense layers);
+    otherwise (RMSNorm, rotary, MoE layers, a head_dim of its own) the decoder of
+    executor.builders.llama built exactly as described, so a run or a profile
+    measures what the cost model assumes.
+    """
+    from executor.builders.llama import architecture, describe
+    from ppsim.transformer import layer_kinds
+
+    a = architecture(fields)
+    plain = (not a.rmsnorm and not a.rotary and a.attention == "gqa"
+             and a.head_dim in (0, a.hidden_size // a.num_heads)
+             and set(layer_kinds(a)) == {"dense"})
+    return GPTBuilder(GPTShape.from_fields(fields)) if plain else describe(fields)

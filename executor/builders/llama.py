@@ -1,0 +1,300 @@
+"""A Llama/Qwen-style decoder: RMSNorm, rotary embeddings, GQA, SwiGLU, optional MoE.
+
+It follows the `[model]` architecture fields (ppsim.arch.Architecture), so it
+runs the model the cost model describes: `norm` (RMSNorm, or LayerNorm),
+`position` (rotary, or learned), `gated_mlp` (SwiGLU, or GELU), `head_dim`,
+and the layer kinds of `layers` ("dense*3, moe*5"; all MoE when num_experts >
+0 and no kinds are given). A MoE layer has `num_experts` experts of width
+`moe_ffn_hidden_size`, routes each token to its `top_k` (softmax router in
+fp32, weights renormalised over the chosen k, no auxiliary loss), runs them as
+batched matmuls over an experts dimension (tokens grouped by expert into one
+(experts, capacity, hidden) tensor padded to the busiest expert: dropless), and
+adds `shared_experts` always-on experts (as one MLP of their summed width,
+which is the same function). MLA attention and dropout are not built.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from executor.builders.deferral import grouped_mm
+from executor.builders.gpt import DTYPES, Head, init_normal, stage_loss, token_microbatch
+from executor.builders.stage import AttentionCore
+from ppsim.errors import UserError
+from ppsim.transformer import Architecture, layer_kinds
+
+_ARCH = {f.name for f in fields(Architecture)}
+
+
+def architecture(f: dict[str, Any]) -> Architecture:
+    """The Architecture of the fields; a list of layer kinds is accepted too."""
+    kw = {k: v for k, v in f.items() if k in _ARCH}
+    if isinstance(kw.get("layers"), (list, tuple)):
+        kw["layers"] = ", ".join(str(k) for k in kw["layers"])
+    return Architecture(**kw)
+
+
+def parse_kinds(spec: Any, num_layers: int) -> list[str]:
+    """Per-layer kinds from a list or "dense*3, moe*5" (ppsim.arch's rule); none: dense."""
+    if not spec:
+        return ["dense"] * num_layers
+    a = architecture({"num_layers": num_layers, "hidden_size": 8, "num_heads": 1,
+                      "num_kv_heads": 1, "ffn_hidden_size": 8, "vocab_size": 8,
+                      "seq_length": 8, "layers": spec, "num_experts": 1, "top_k": 1,
+                      "moe_ffn_hidden_size": 8})
+    return list(layer_kinds(a))
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    arch: Architecture
+    kinds: tuple[str, ...]
+
+    @classmethod
+    def from_fields(cls, f: dict[str, Any]) -> LlamaShape:
+        a = architecture(f)
+        if a.attention == "mla":
+            raise UserError("model.attention", "the shipped builders build GQA/MHA, not MLA",
+                            "use attention = \"gqa\", or a builder of your own (--model)")
+        return cls(a, layer_kinds(a))
+
+    @property
+    def head_dim(self) -> int:
+        return self.arch.head_dim or self.arch.hidden_size // self.arch.num_heads
+
+    def norm(self, width: int) -> nn.Module:
+        return RMSNorm(width) if self.arch.rmsnorm else nn.LayerNorm(width)
+
+
+def _stats_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+class _RMSNormFn(torch.autograd.Function):
+    """RMSNorm as fused kernels (Apex, Megatron, Transformer Engine) compute it: statistics
+    in fp32, and only the input and the fp32 1/rms kept for the backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        xf = x.to(_stats_dtype(x))
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, rstd)
+        ctx.weight = weight  # a parameter (leaf): a reference is enough
+        return (xf * rstd).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx: Any, gy: torch.Tensor) -> tuple[Any, Any, None]:
+        x, rstd = ctx.saved_tensors
+        weight = ctx.weight
+        dt = rstd.dtype
+        xhat = x.to(dt) * rstd
+        g = gy.to(dt) * weight.to(dt)
+        gx = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
+        gw = (gy.to(dt) * xhat).reshape(-1, x.shape[-1]).sum(0)
+        return gx.to(x.dtype), gw.to(weight.dtype), None
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, width: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            return _RMSNormFn.apply(x, self.weight, self.eps)
+        xf = x.to(_stats_dtype(x))
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+                ).to(x.dtype) * self.weight
+
+
+def rotary_tables(seq: int, dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    ang = torch.outer(torch.arange(seq, dtype=torch.float64), inv)
+    return torch.cos(ang).float(), torch.sin(ang).float()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding on (b, heads, s, d), pairs (i, i + d/2) as in Llama's HF port."""
+    a, b = x.chunk(2, dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, s: LlamaShape) -> None:
+        super().__init__()
+        a, hd = s.arch, s.head_dim
+        self.heads, self.kv_heads, self.head_dim = a.num_heads, a.num_kv_heads, hd
+        self.q = nn.Linear(a.hidden_size, a.num_heads * hd, bias=False)
+        self.k = nn.Linear(a.hidden_size, a.num_kv_heads * hd, bias=False)
+        self.v = nn.Linear(a.hidden_size, a.num_kv_heads * hd, bias=False)
+        self.core = AttentionCore()
+        self.o = nn.Linear(a.num_heads * hd, a.hidden_size, bias=False)
+        self.rotary = a.rotary
+        if self.rotary:
+            cos, sin = rotary_tables(a.seq_length, hd // 2 * 2, 10000.0)
+            self.register_buffer("cos", cos[:, : hd // 2], persistent=False)
+            self.register_buffer("sin", sin[:, : hd // 2], persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        if self.rotary:
+            cos, sin = self.cos[:t], self.sin[:t]
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        a = self.core(q, k, v)
+        return self.o(a.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU (gated) or GELU MLP, no biases."""
+
+    def __init__(self, hidden: int, ffn: int, gated: bool = True) -> None:
+        super().__init__()
+        self.gate = nn.Linear(hidden, ffn, bias=False) if gated else None
+        self.up = nn.Linear(hidden, ffn, bias=False)
+        self.down = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate is None:
+            return self.down(F.gelu(self.up(x)))
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class MoE(nn.Module):
+    """Top-k routed experts as batched matmuls, plus the shared experts."""
+
+    def __init__(self, s: LlamaShape) -> None:
+        super().__init__()
+        a = s.arch
+        h, f, e = a.hidden_size, a.moe_ffn_hidden_size, a.num_experts
+        self.top_k = min(a.top_k, e)
+        self.gated = a.gated_mlp
+        self.router = nn.Linear(h, e, bias=False)
+        self.gate = nn.Parameter(torch.empty(e, h, f)) if a.gated_mlp else None
+        self.up = nn.Parameter(torch.empty(e, h, f))
+        self.down = nn.Parameter(torch.empty(e, f, h))
+        self.shared = MLP(h, f * a.shared_experts, a.gated_mlp) if a.shared_experts else None
+
+    def _experts(self, buf: torch.Tensor) -> torch.Tensor:
+        up = grouped_mm(buf, self.up)
+        act = F.gelu(up) if self.gate is None else F.silu(grouped_mm(buf, self.gate)) * up
+        return grouped_mm(act, self.down)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        tokens = x.reshape(-1, h)
+        n, e = tokens.shape[0], self.up.shape[0]
+        probs = torch.softmax(self.router(tokens).float(), dim=-1)
+        weight, expert = torch.topk(probs, self.top_k, dim=-1)
+        weight = (weight / weight.sum(-1, keepdim=True)).to(x.dtype)
+        flat = expert.reshape(-1)  # (n * k,) expert of each (token, slot)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=e)
+        starts = torch.cumsum(counts, 0) - counts
+        slot = torch.empty_like(flat)
+        slot[order] = torch.arange(flat.numel(), device=x.device) - starts[flat[order]]
+        capacity = int(counts.max().item())
+        token_of = torch.arange(n, device=x.device).repeat_interleave(self.top_k)
+        buf = tokens.new_zeros(e, capacity, h).index_put((flat, slot), tokens[token_of])
+        y = self._experts(buf)
+        out = (y[flat, slot] * weight.reshape(-1, 1)).view(n, self.top_k, h).sum(1)
+        if self.shared is not None:
+            out = out + self.shared(tokens)
+        return out.view(b, t, h)
+
+
+class Layer(nn.Module):
+    def __init__(self, s: LlamaShape, kind: str) -> None:
+        super().__init__()
+        a = s.arch
+        self.attn_norm = s.norm(a.hidden_size)
+        self.attention = Attention(s)
+        self.mlp_norm = s.norm(a.hidden_size)
+        self.mlp = MoE(s) if kind == "moe" else MLP(a.hidden_size, a.ffn_hidden_size,
+                                                     a.gated_mlp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Embedding(nn.Module):
+    def __init__(self, s: LlamaShape) -> None:
+        super().__init__()
+        a = s.arch
+        self.tokens = nn.Embedding(a.vocab_size, a.hidden_size)
+        self.positions = None if a.rotary else nn.Embedding(a.seq_length, a.hidden_size)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.tokens(ids)
+        if self.positions is not None:
+            x = x + self.positions(torch.arange(ids.shape[1], device=ids.device))[None]
+        return x
+
+
+class LlamaBuilder:
+    """`ModelBuilder` of the decoder above."""
+
+    def __init__(self, shape: LlamaShape) -> None:
+        self.shape = shape
+        a = shape.arch
+        self.num_layers = a.num_layers
+        self.activation_shape = (a.micro_batch_size, a.seq_length, a.hidden_size)
+        self.dtype = DTYPES[a.dtype]
+
+    def layer_kind(self, index: int) -> str:
+        return self.shape.kinds[index]
+
+    def embedding(self) -> nn.Module:
+        e = Embedding(self.shape)
+        init_normal(e, self.num_layers, ())
+        return e
+
+    def layer(self, index: int) -> nn.Module:
+        layer = Layer(self.shape, self.shape.kinds[index])
+        init_normal(layer, self.num_layers, ("o", "down"))
+        if isinstance(layer.mlp, MoE):  # expert stacks: initialised like their Linears
+            with torch.no_grad():
+                for p in (layer.mlp.gate, layer.mlp.up):
+                    if p is not None:
+                        p.normal_(0.0, 0.02)
+                layer.mlp.down.normal_(0.0, 0.02 / math.sqrt(2 * self.num_layers))
+        return layer
+
+    def head(self) -> nn.Module:
+        a = self.shape.arch
+        h = Head(a.hidden_size, a.vocab_size, norm=self.shape.norm)
+        init_normal(h, self.num_layers, ())
+        return h
+
+    def microbatch(self, seed: int, iteration: int, index: int) -> tuple[torch.Tensor,
+                                                                       torch.Tensor]:
+        a = self.shape.arch
+        return token_microbatch(a.micro_batch_size, a.seq_length, a.vocab_size, seed,
+                                iteration, index)
+
+    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return stage_loss(output, targets)
+
+
+def build(fields: dict[str, Any]) -> LlamaBuilder:
+    """Llama's choices (RMSNorm, rotary, SwiGLU) on the fields' sizes and layer kinds."""
+    return LlamaBuilder(LlamaShape.from_fields({**fields, "gated_mlp": True,
+                                                "norm": "rmsnorm", "position": "rotary"}))
+
+
+def describe(fields: dict[str, Any]) -> LlamaBuilder:
+    """The decoder exactly as the fields describe it (the GPT builder delegates here for
+    anything it does not build itself: RMSNorm, rotary, MoE layers, head_dim)."""
+    return LlamaBuilder(LlamaShape.from_fields(fields))
+

@@ -1,0 +1,159 @@
+"""A pipeline stage built from any `ModelBuilder`: embedding, decoder layers, head.
+
+Every piece is built under a torch RNG seeded by what it is ("layer5",
+"embedding", "head") and the run's seed, never by build order, so any split of
+the same model starts from bit-identical weights, whatever init the builder
+uses. Layers are registered under their global index ("layers.5.q.weight"),
+so a parameter has the same name whichever stage holds it.
+
+Recompute (activation checkpointing, torch.utils.checkpoint, non-reentrant):
+"full" recomputes each decoder layer in the backward and keeps only its input;
+"selective" recomputes the modules that mark themselves with
+`ppsim_recompute = True` (the attention core, as Megatron's selective
+recompute does).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from executor.builders.deferral import defer_linears
+
+if TYPE_CHECKING:
+    from executor.builders import ModelBuilder
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+def piece_seed(seed: int, what: str) -> int:
+    return seed * 1_000_003 + sum(ord(c) * 31 ** k for k, c in enumerate(what)) % (1 << 40)
+
+
+def build_piece(make: Callable[[], nn.Module], seed: int, what: str) -> nn.Module:
+    """`make()` under an RNG seeded by `what`, with its Linears made deferrable."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(piece_seed(seed, what))
+        module = make()
+    defer_linears(module)
+    return module
+
+
+class AttentionCore(nn.Module):
+    """softmax(QK^T)V with a causal mask: what FlashAttention computes.
+
+    q: (b, heads, s, d); k, v: (b, kv_heads, s, d) (grouped-query attention is
+    done by the kernel, no repeated K/V is stored).
+    """
+
+    ppsim_recompute = True
+    """Selective recompute checkpoints this module."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                              enable_gqa=k.shape[1] != q.shape[1])
+
+
+# ------------------------------------------------------------------ recompute + bytes
+
+
+_counting: list[dict[int, int]] = []
+"""Active saved-bytes counters (innermost last); checkpoint inputs are added to it."""
+
+
+def _checkpointed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    if not torch.is_grad_enabled():
+        return fn(*args, **kwargs)
+    if _counting:  # what a checkpoint keeps for its recompute: its tensor inputs
+        for a in args:
+            if torch.is_tensor(a):
+                st = a.untyped_storage()
+                _counting[-1][st.data_ptr()] = st.nbytes()
+    return checkpoint(fn, *args, use_reentrant=False, **kwargs)
+
+
+def _wrap(module: nn.Module) -> None:
+    module.forward = functools.partial(_checkpointed, type(module).forward.__get__(module))
+
+
+def apply_recompute(layers: nn.ModuleDict, mode: str) -> None:
+    if mode not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute {mode!r} is not one of {RECOMPUTE_MODES}")
+    if mode == "full":
+        for layer in layers.values():
+            _wrap(layer)
+    elif mode == "selective":
+        for m in layers.modules():
+            if getattr(m, "ppsim_recompute", False):
+                _wrap(m)
+
+
+@contextmanager
+def saved_bytes(exclude: set[int]) -> Iterator[dict[int, int]]:
+    """Storages autograd keeps for the backward while inside: {data_ptr: bytes}.
+
+    Counts saved tensors (saved-tensor hooks) and checkpoint inputs, once per
+    storage; storages in `exclude` (the parameters) are left out.
+    """
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    _counting.append(seen)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield seen
+    finally:
+        _counting.pop()
+        for ptr in exclude:
+            seen.pop(ptr, None)
+
+
+# ------------------------------------------------------------------ the stage
+
+
+class Stage(nn.Module):
+    """One virtual stage: [embedding] + decoder layers offset..offset+n-1 + [head]."""
+
+    def __init__(self, builder: ModelBuilder, offset: int, num_layers: int,
+                 has_embedding: bool, has_head: bool, seed: int = 0,
+                 recompute: str = "none") -> None:
+        super().__init__()
+        self.embedding = build_piece(builder.embedding, seed, "embedding") \
+            if has_embedding else None
+        self.layers = nn.ModuleDict({
+            str(i): build_piece(functools.partial(builder.layer, i), seed, f"layer{i}")
+            for i in range(offset, offset + num_layers)})
+        self.head = build_piece(builder.head, seed, "head") if has_head else None
+        apply_recompute(self.layers, recompute)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embedding is not None:
+            x = self.embedding(x)
+        for layer in self.layers.values():
+            x = layer(x)
+        if self.head is not None:
+            x = self.head(x)
+        return x
+
+
+def build_stage(builder: ModelBuilder, stage: Any, seed: int = 0,
+                recompute: str = "none") -> Stage:
+    """The module of one `ppsim.split.Stage` (offset, layers, has_embedding, has_head)."""
+    return Stage(builder, stage.offset, stage.layers, stage.has_embedding, stage.has_head,
+                 seed, recompute)
+
+
+def full_model(builder: ModelBuilder, seed: int = 0, recompute: str = "none") -> Stage:
+    """The whole model on one process: the reference a pipeline run must match."""
+    return Stage(builder, 0, builder.num_layers, True, True, seed, recompute)
