@@ -1,73 +1,121 @@
-"""The `ppsim tui` application: wires components, edits, workers and actions."""
+"""The `ppsim tui` application: wires components, edits, workers and actions.
+
+Every simulation and planner run happens in a worker thread, tagged with the
+generation (`_token`) of the state it was started for; a result whose
+generation is no longer current is dropped, so the screen never shows numbers
+for a state other than the one in the widgets. Escape cancels what runs.
+"""
 
 from __future__ import annotations
 
-import time
+import threading
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Header, ProgressBar, Static
+from textual.widgets import Footer, Header, Input, ProgressBar, Static
 
 from ppsim.config import Config, load_config
 from ppsim.errors import UserError
-from tui.compare import Comparison, compare
+from tui.compare import Comparison, delta_lines, op_delta
 from tui.editing import EditRefused, History, click_to_boundary, move_boundary, parse_int, set_count
-from tui.headline import Headline, headline_text
-from tui.lanes import sim_lanes, trace_lanes
+from tui.files import FileActions
+from tui.headline import Headline, headline_text, over_limit
+from tui.lanes import interleave, pinned_lanes, sim_lanes, trace_lanes
 from tui.memory import MemoryBars, bars_from_summary
 from tui.messages import BoundaryMove, CountSet, CursorMoved, SettingChanged, StageClick
-from tui.screens import HelpScreen, PathPrompt
+from tui.planning import PlannerActions
+from tui.screens import HelpScreen
 from tui.session import (
     EditState,
     Result,
     apply_setting,
-    config_for,
     evaluate_state,
-    planner_available,
-    run_planner,
     state_from_config,
-    state_with_split,
 )
 from tui.settings import Settings, state_values
 from tui.split_editor import SplitEditor
 from tui.timeline import Timeline
+from tui.views import ViewActions
+
+PANELS = ("#settings", "#split-rows", "#timeline", "#compare-box")
 
 
-class PPSimApp(App[None]):
+class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
     CSS_PATH = "ppsim.tcss"
     TITLE = "ppsim"
     SUB_TITLE = "pipeline split editor"
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("question_mark,f1", "help", "Help"),
         Binding("u,ctrl+z", "undo", "Undo"),
-        Binding("ctrl+y", "redo", "Redo"),
+        Binding("ctrl+y", "redo", "Redo", show=False),
         Binding("p", "plan", "Plan"),
         Binding("e", "export", "Export"),
+        Binding("y", "copy_export", "Copy", show=False),
         Binding("s", "save", "Save"),
         Binding("t", "load_trace", "Trace"),
+        Binding("b", "pin", "Pin", show=False),
+        Binding("v", "toggle_pinned", "Overlay", show=False),
+        Binding("slash", "find", "Find"),
+        Binding("n", "find_next", "Next match", show=False),
+        Binding("escape", "escape", "Cancel", show=False),
         Binding("c", "edit_count", "Count", show=False),
+        *(Binding(str(i + 1), f"panel({i})", f"Panel {i + 1}", show=False)
+          for i in range(len(PANELS))),
     ]
 
     def __init__(self, config: Config | None = None, config_path: str | None = None,
-                 trace_path: str | None = None) -> None:
+                 trace_path: str | None = None, note: str = "") -> None:
         super().__init__()
         self.base = config if config is not None else load_config(config_path)
         self.config_path = config_path
         self.history: History[EditState] = History(state_from_config(self.base))
+        self.saved_state = self.history.current if note == "" else None
         self.result: Result | None = None
         self.trace: Any = None
+        self._trace_lanes: tuple[Any, list] = (None, [])
+        self._lanes: tuple = ([], [])
         self.comparison: Comparison | None = None
         self.plan_result: Any = None
+        self.pinned: tuple[int, ...] | None = None
+        self.show_pinned = False
+        self.simulating = False
+        self.planning: threading.Event | None = None
+        self.find_query = ""
         self._initial_trace = trace_path
+        self._note = note
         self._token = 0
+        self._sim_running = False
+        self._edit_field = ""
         self._shown: EditState | None = None
         self.results_applied = 0
+
+    def _handle_exception(self, error: Exception) -> None:
+        """A user error that escapes (a trace or config the checks did not catch) ends
+        the app with exit status 2 and its one line (tui.cli prints it); anything else
+        is a crash: Textual's traceback and exit status 1."""
+        cause = getattr(error, "error", None) if type(error).__name__ == "WorkerFailed" \
+            else error
+        if isinstance(cause, UserError):
+            if self._exception is None:
+                self._exception = cause
+                self._exception_event.set()
+            self._return_code = 2
+            self.exit(return_code=2)
+            return
+        super()._handle_exception(error)
+
+    def notify(self, message: str, **kwargs: Any) -> None:  # type: ignore[override]
+        """Notifications carry paths and typed text: never read them as markup."""
+        kwargs.setdefault("markup", False)
+        super().notify(message, **kwargs)
 
     @property
     def state(self) -> EditState:
@@ -80,31 +128,38 @@ class PPSimApp(App[None]):
         yield Headline("simulating…", id="headline")
         with Horizontal(id="main"):
             with Vertical(id="left"):
-                yield Settings(id="settings")
+                yield Settings(self.state, self.base.model.get("preset") is None,
+                               self.base.hardware.preset is None, id="settings")
                 yield SplitEditor(id="split-editor")
             with Vertical(id="right"):
                 yield Timeline(id="timeline")
-                yield Static("", id="cursor-info")
-                yield Static("", id="compare")
+                yield Static("", id="cursor-info", markup=False)
                 yield ProgressBar(id="plan-progress", show_eta=False)
-                yield MemoryBars(id="memory")
+                with VerticalScroll(id="compare-box", can_focus=True):
+                    yield Static("", id="compare", markup=False)
+                    yield Static("", id="deltas", markup=False)
+                    yield MemoryBars(id="memory")
         yield Footer()
 
     def on_mount(self) -> None:
         self._show_state()
         self.query_one("#split-rows").focus()
-        self.query_one("#split-editor").border_title = "split"
-        self.query_one("#settings").border_title = "settings"
-        self.query_one("#timeline").border_title = "timeline"
+        for panel, title in (("#settings", "1 settings"), ("#split-editor", "2 split"),
+                             ("#timeline", "3 timeline"), ("#compare-box", "4 compare")):
+            self.query_one(panel).border_title = title
+        self.query_one("#compare-box").border_subtitle = "b pin split · v overlay"
         self.resimulate()
+        if self._note:
+            self.notify(self._note, timeout=8)
         if self._initial_trace:
             self.load_trace(self._initial_trace)
 
     # ------------------------------------------------------------ state & simulation
 
-    def set_state(self, state: EditState, record: bool = True) -> None:
+    def set_state(self, state: EditState, record: bool = True, field: str = "") -> None:
         if record:
             self.history.push(state)
+        self._edit_field = field
         self._show_state()
         self.resimulate()
 
@@ -114,49 +169,122 @@ class PPSimApp(App[None]):
         if self._shown is None or state_values(self._shown) != state_values(new):
             self.query_one(Settings).show_state(new)
         if self._shown is None or self._shown.split != new.split:
-            self.query_one(SplitEditor).set_split(new.split)
+            self._show_split()
         self._shown = new
+
+    def _show_split(self) -> None:
+        over: frozenset[int] = frozenset()
+        kinds: tuple[str, ...] = ()
+        if self.result is not None and self.result.state == self.state:
+            summary = self.result.sim.summary
+            over = frozenset(r for r, _ in over_limit(
+                summary, self.result.sim.problem.hardware.memory_bytes))
+            kinds = tuple(getattr(self.result.sim.problem.costs, "kinds", ()) or ())
+        self.query_one(SplitEditor).set_split(self.state.split, over, kinds)
 
     def resimulate(self) -> None:
         self._token += 1
+        self.simulating = True
+        s = self.state
+        busy = (f"simulating pp {s.pp} x {s.microbatches} microbatches… (Esc cancels; "
+                f"numbers below are the previous state's)")
         if self.result is not None:
-            self.query_one(Headline).update(headline_text(self.result, busy=True))
-        self._simulate(self.state, self._token)
+            self.query_one(Headline).update(headline_text(self.result, busy=busy))
+        else:
+            self.query_one(Headline).update(busy)
+        if not self._sim_running:  # one simulation at a time; the newest state goes next
+            self._sim_running = True
+            self._simulate(self.state, self.pinned, self._token, self._edit_field)
 
-    @work(thread=True, exclusive=True, group="simulate")
-    def _simulate(self, state: EditState, token: int) -> None:
-        try:
-            result = evaluate_state(self.base, state)
-        except (UserError, RuntimeError) as exc:
-            self.call_from_thread(self._failed, str(exc), token)
-            return
-        self.call_from_thread(self._apply, result, token)
-
-    def _failed(self, message: str, token: int) -> None:
+    def _sim_finished(self, token: int) -> bool:
+        """A worker ended: True when its result is for the current state; otherwise
+        start the current state's simulation if one is still wanted."""
+        self._sim_running = False
         if token == self._token:
-            self.query_one(Headline).update(f"cannot simulate: {message}")
+            self.simulating = False
+            return True
+        if self.simulating:
+            self._sim_running = True
+            self._simulate(self.state, self.pinned, self._token, self._edit_field)
+        return False
 
-    def _apply(self, result: Result, token: int) -> None:
-        if token != self._token:
-            return  # a newer edit is already simulating
+    @work(thread=True, group="simulate")
+    def _simulate(self, state: EditState, pinned: Any, token: int, field: str) -> None:
+        try:
+            result = evaluate_state(self.base, state, pinned)
+        except (UserError, EditRefused) as exc:
+            self.call_from_thread(self._refused, str(exc), token, field)
+            return
+        # lanes and the trace comparison grow with the run: built here, not on the UI
+        # thread (a 300k-op state would stall the screen for a while otherwise)
+        from tui.compare import compare
+
+        trace = self.trace
+        pin = self._lanes  # the pinned split's simulation is cached: so are its lanes
+        pin_l = pin[2] if len(pin) > 2 and pin[3] is result.pinned else \
+            pinned_lanes(result.pinned)
+        views = (sim_lanes(result.sim), pin_l, trace,
+                 compare(result.sim, trace) if trace is not None else None)
+        self.call_from_thread(self._apply, result, token, views)
+
+    def _refused(self, message: str, token: int, field: str) -> None:
+        """The core refused the state: go back to the last simulated one, say why."""
+        if not self._sim_finished(token):
+            return
+        if self.result is None:
+            self.query_one(Headline).update(f"cannot simulate: {message}")
+            return
+        text = f"{field or 'edit'} refused, kept the previous state: {message}"
+        self.history.revert_to(self.result.state)
+        self._show_state()
+        self._show_error(field, text)
+        self.query_one(Headline).update(headline_text(self.result))
+
+    def _show_error(self, field: str, text: str) -> None:
+        settings = self.query_one(Settings)
+        editor = self.query_one(SplitEditor)
+        if field in settings.values or not text:
+            settings.show_error(field, text)
+        if field not in settings.values or not text:
+            editor.show_error(text)
+
+    def _apply(self, result: Result, token: int, views: tuple = ()) -> None:
+        if not self._sim_finished(token):
+            return  # a newer edit is simulating (or this one was cancelled)
         self.result = result
+        self._lanes = views[:2] if views else (sim_lanes(result.sim),
+                                               pinned_lanes(result.pinned))
+        self._lanes += (self._lanes[1], result.pinned)
+        recompare = not views or views[2] is not self.trace
+        if not recompare:
+            self.comparison = views[3]
         self.query_one(Headline).update(headline_text(result))
-        self._show_timeline()
+        self._show_split()
+        self._show_timeline(recompare)
         self.query_one(MemoryBars).set_bars(bars_from_summary(result.sim.summary),
                                             result.sim.problem.hardware.memory_bytes)
+        self.query_one("#deltas", Static).update("\n".join(delta_lines(result)))
         self.results_applied += 1
 
-    def _show_timeline(self) -> None:
+    def _show_timeline(self, recompare: bool = True) -> None:
+        """Lanes (real ones under their rank) and the trace comparison; `recompare`
+        when the comparison was not made with this result (a trace just loaded)."""
         if self.result is None:
             return
-        lanes = sim_lanes(self.result.sim)
+        sim_l, pin_l = self._lanes[:2]
+        others = [pin_l] if self.show_pinned else []
+        box = self.query_one("#compare", Static)
         if self.trace is not None:
-            lanes += trace_lanes(self.trace)
-            self.comparison = compare(self.result.sim, self.trace)
-            box = self.query_one("#compare", Static)
+            from tui.compare import compare
+
+            if self._trace_lanes[0] is not self.trace:
+                self._trace_lanes = (self.trace, trace_lanes(self.trace))
+            others.append(self._trace_lanes[1])
+            if recompare or self.comparison is None:
+                self.comparison = compare(self.result.sim, self.trace)
             box.update("\n".join(self.comparison.lines()))
             box.add_class("-shown")
-        self.query_one(Timeline).set_lanes(lanes)
+        self.query_one(Timeline).set_lanes(interleave(sim_l, *others))
 
     # ------------------------------------------------------------ edits
 
@@ -169,9 +297,7 @@ class PPSimApp(App[None]):
             return
         editor.show_error("")
         if counts != self.state.counts:
-            from dataclasses import replace
-
-            self.set_state(replace(self.state, counts=counts))
+            self.set_state(replace(self.state, counts=counts), field="split")
 
     @on(BoundaryMove)
     def _boundary(self, event: BoundaryMove) -> None:
@@ -194,16 +320,26 @@ class PPSimApp(App[None]):
         try:
             state = apply_setting(self.base, self.state, event.name, event.text)
         except EditRefused as exc:
-            settings.show_error(event.name, f"{exc.field}: {exc.reason}")
+            # a refused value never stays in its field: the field shows what is simulated
+            settings.revert(event.name)
+            settings.show_error(event.name, f"{event.name} {event.text.strip()!r} refused, "
+                                f"kept {settings.values.get(event.name)}: {exc.reason}")
             return
         settings.show_error(event.name, "")
-        self.set_state(state)
+        self.set_state(state, field=event.name)
 
     @on(CursorMoved)
     def _cursor(self, event: CursorMoved) -> None:
         tl = self.query_one(Timeline)
-        self.query_one("#cursor-info", Static).update(
-            f"{tl.cursor_text()} | {tl.describe_scale()}")
+        text = f"{tl.cursor_text()} | {tl.describe_scale()}"
+        op = tl.current_op()
+        if op is not None and tl.lanes[event.lane].source == "sim":
+            real = [lane for lane in tl.lanes if lane.source == "real"
+                    and lane.rank == tl.lanes[event.lane].rank]
+            delta = op_delta(op, real[0].ops) if real else ""
+            if delta:
+                text += f"\n{delta}"
+        self.query_one("#cursor-info", Static).update(text)
 
     # ------------------------------------------------------------ actions
 
@@ -225,120 +361,49 @@ class PPSimApp(App[None]):
     def action_edit_count(self) -> None:
         self.query_one("#count-input").focus()
 
-    def action_plan(self) -> None:
-        if not planner_available():
-            self.notify("planner not available (ppsim.planner is missing)",
-                        severity="warning")
-            return
-        bar = self.query_one("#plan-progress", ProgressBar)
-        bar.add_class("-shown")
-        bar.update(total=None, progress=0)
-        self._plan(self.state)
+    def action_panel(self, index: int) -> None:
+        target = self.query_one(PANELS[index])
+        if index == 0:
+            target = self.query_one("#set-schedule")
+        target.focus()
 
-    @work(thread=True, exclusive=True, group="plan")
-    def _plan(self, state: EditState) -> None:
-        last = [0.0]
-
-        def progress(done: int, total: int) -> None:
-            now = time.monotonic()
-            if now - last[0] >= 0.05 or done >= total:  # at most 20 updates a second
-                last[0] = now
-                self.call_from_thread(self._plan_progress, done, total)
-
-        try:
-            res = run_planner(self.base, state, progress)
-        except (UserError, RuntimeError) as exc:
-            self.call_from_thread(self._plan_done, None, str(exc))
-            return
-        self.call_from_thread(self._plan_done, res, "")
-
-    def _plan_progress(self, done: int, total: int) -> None:
-        self.query_one("#plan-progress", ProgressBar).update(total=total, progress=done)
-
-    def _plan_done(self, res: Any, error: str) -> None:
-        self.query_one("#plan-progress", ProgressBar).remove_class("-shown")
-        self.plan_result = res
-        if res is None or res.best is None:
-            self.notify(error or "the planner found no split that fits memory",
-                        severity="error")
-            return
-        self.set_state(state_with_split(self.state, res.best.split))
-        proof = "proven optimal" if res.proven_optimal else "best found"
-        self.notify(f"planner: {list(res.best.split.counts)} "
-                    f"{res.best.summary.iteration_time_ms:.3f} ms ({proof}; "
-                    f"{res.evaluated}/{res.total_splits} splits evaluated)")
-
-    def action_export(self) -> None:
-        from tui.exports import export_text
-
-        try:
-            preview = export_text(self.state.split)
-        except UserError as exc:
-            self.notify(f"cannot export: {exc}", severity="error")
-            return
-        self.push_screen(PathPrompt("Export the split to", "ppsim-split.sh", preview),
-                         self.export_to)
-
-    def export_to(self, path: str | None) -> None:
-        from tui.exports import write_export
-
-        if not path:
-            return
-        try:
-            write_export(path, self.state.split, self._title())
-        except (UserError, OSError) as exc:
-            self.notify(f"cannot export: {exc}", severity="error")
-            return
-        self.notify(f"split exported to {path}")
-
-    def action_save(self) -> None:
-        self.push_screen(PathPrompt("Save the config (TOML) to",
-                                    self.config_path or "ppsim.toml"), self.save_to)
-
-    def save_to(self, path: str | None) -> None:
-        from tui.exports import save_config
-
-        if not path:
-            return
-        try:
-            save_config(path, config_for(self.base, self.state))
-        except OSError as exc:
-            self.notify(f"cannot save: {exc}", severity="error")
-            return
-        self.config_path = path
-        self.notify(f"config saved to {path}")
-
-    def action_load_trace(self) -> None:
-        self.push_screen(PathPrompt("Load a trace (Chrome JSON from ppsim run / simulate)"),
-                         self.load_trace)
-
-    def load_trace(self, path: str | None) -> None:
-        from ppsim.trace import read_trace
-
-        if not path:
-            return
-        try:
-            self.trace = read_trace(path)
-        except UserError as exc:
-            self.notify(str(exc), severity="error")
-            box = self.query_one("#compare", Static)
-            box.update(f"cannot load trace: {exc}")
-            box.add_class("-shown")
-            return
-        self._show_timeline()
-
-    def _title(self) -> str:
-        s = self.state
-        return f"{s.model_preset or 'model'} {s.schedule} microbatches={s.microbatches}"
+    def action_escape(self) -> None:
+        """Leave a text field (putting back the simulated value), else cancel what runs."""
+        focused = self.focused
+        if isinstance(focused, Input):
+            settings = self.query_one(Settings)
+            name = (focused.id or "")[4:]
+            typed = focused.value.strip() != settings.values.get(name, "")
+            if name in settings.values:
+                settings.revert(name)
+            self.query_one("#split-rows").focus()
+            if typed:
+                return  # this Escape abandoned the typing; the next one cancels
+        if self.simulating:
+            self._token += 1  # its result, when it comes, is dropped
+            self.simulating = False
+            if self.result is not None:
+                self.history.revert_to(self.result.state)
+                self._show_state()
+                self.query_one(Headline).update(headline_text(self.result))
+            else:
+                self.query_one(Headline).update("simulation cancelled")
+            self.notify("simulation cancelled; showing the last simulated state")
+        if self.planning is not None:
+            self.planning.set()
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         yield SystemCommand("Plan", "Run the planner and jump to its best split", self.action_plan)
         yield SystemCommand("Export split", "Write Megatron / torchtitan / DeepSpeed forms",
                             self.action_export)
+        yield SystemCommand("Copy export", "Copy the export text to the clipboard",
+                            self.action_copy_export)
         yield SystemCommand("Save config", "Write the config as TOML", self.action_save)
         yield SystemCommand("Load trace", "Compare a real trace with the simulation",
                             self.action_load_trace)
+        yield SystemCommand("Pin split", "Compare later edits with the current split",
+                            self.action_pin)
         yield SystemCommand("Undo", "Undo the last edit", self.action_undo)
         yield SystemCommand("Redo", "Redo the last undone edit", self.action_redo)
         yield SystemCommand("Help", "Key bindings", self.action_help)

@@ -1,9 +1,19 @@
-"""`ppsim tui`: registered into ppsim's CLI; imports Textual only when run."""
+"""`ppsim tui`: registered into ppsim's CLI; imports Textual only when run.
+
+Everything the screen needs is checked before it opens (the shared size
+limits, the whole problem, the trace), so bad input is one line and exit 2
+like every other command; a crash inside the app exits non-zero too.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
+
+RESHAPING = ("pp", "vpp", "num_layers", "preset")
+SPLIT_FLAGS = ("split", "layout", "first_stage_layers", "last_stage_layers",
+               "account_for_embedding", "account_for_loss")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -14,20 +24,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a real trace to show beside the simulated timeline")
 
 
+def resplit_note(args: argparse.Namespace, cfg: object) -> str:
+    """A saved split does not survive --pp/--vpp/--num-layers/--preset: the config's
+    split is dropped (the TUI starts from the even split) and the note says so."""
+    p = cfg.pipeline  # type: ignore[attr-defined]
+    given = [f"--{k.replace('_', '-')}" for k in RESHAPING if getattr(args, k, None) is not None]
+    own = any(getattr(args, k, None) not in (None, False) for k in SPLIT_FLAGS)
+    saved = p.split or p.layout or p.first_stage_layers or p.last_stage_layers \
+        or p.account_for_embedding or p.account_for_loss
+    if not given or own or not saved or not getattr(args, "config", None):
+        return ""
+    what = p.split if p.split else (p.layout or "Megatron counts")
+    p.split = p.layout = p.first_stage_layers = p.last_stage_layers = None
+    p.account_for_embedding = p.account_for_loss = False
+    return (f"{' '.join(given)} re-split the layers evenly; the saved split {what} "
+            f"of {args.config} is not used")
+
+
 def run(args: argparse.Namespace) -> int:
     from ppsim.cli import config_from_args
-    from tui.session import state_from_config
+    from ppsim.errors import UserError
+    from ppsim.problem import build_problem
+    from tui.session import config_for, state_from_config
 
     cfg = config_from_args(args)
-    state_from_config(cfg)  # a bad split is a one-line error before the screen opens
+    note = resplit_note(args, cfg)
+    state = state_from_config(cfg)  # limits first: nothing big is built before them
+    build_problem(config_for(cfg, state))  # any bad value: one line, exit 2
     if args.trace:
         from ppsim.trace import read_trace
+        from tui.files import check_trace_info
 
-        read_trace(args.trace)
+        check_trace_info(read_trace(args.trace))
     from tui.app import PPSimApp
 
-    PPSimApp(cfg, config_path=args.config, trace_path=args.trace).run()
-    return 0
+    app = PPSimApp(cfg, config_path=args.config, trace_path=args.trace, note=note)
+    app.run()
+    error = getattr(app, "_exception", None)
+    if isinstance(error, UserError):
+        sys.stderr.write(f"ppsim tui: error: {error}\n")
+        return 2
+    return app.return_code or 0
 
 
 def register(commands: dict[str, tuple[str, Callable, Callable]]) -> None:

@@ -1,14 +1,16 @@
-"""Simulated-vs-real summary for the TUI.
+"""Comparisons the TUI shows: simulated vs a real trace, and current vs pinned split.
 
-`compare` uses `ppsim.diff` (the `ppsim diff` engine) when the two pipelines
-have the same shape, and falls back to a small summary of its own (iteration
-times and matched ops) when they don't, or when ppsim.diff is missing.
+Simulated vs real follows `ppsim diff sim real` exactly (ppsim.diff): a is the
+simulation, b the real trace, differences are b - a and errors (b - a) / a,
+and the real iteration compared is diff's steady-state one (the median-length
+iteration after warm-up). When the shapes differ and diff refuses, a small
+summary of our own uses the same iteration and the same sign.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
 @dataclass(frozen=True)
@@ -16,7 +18,9 @@ class Comparison:
     trace_path: str
     sim_ms: float
     real_ms: float
-    """Mean iteration time over the trace's iterations."""
+    """The compared real iteration's time (last op end - first op start)."""
+    iteration: int
+    """Which real iteration is compared (ppsim.diff.steady_iteration)."""
     iterations: int
     matched: int
     """Ops (rank, chunk, microbatch, kind) present in both."""
@@ -29,13 +33,14 @@ class Comparison:
 
     @property
     def rel_error(self) -> float:
-        """(simulated - real) / real."""
-        return (self.sim_ms - self.real_ms) / self.real_ms if self.real_ms > 0 else 0.0
+        """(real - simulated) / simulated: `ppsim diff sim real`'s iteration_time_error."""
+        return (self.real_ms - self.sim_ms) / self.sim_ms if self.sim_ms > 0 else 0.0
 
     def lines(self) -> list[str]:
-        out = [f"trace {self.trace_path}: {self.iterations} iteration(s)",
-               f"real {self.real_ms:.3f} ms   simulated {self.sim_ms:.3f} ms   "
-               f"error {self.rel_error:+.1%}",
+        out = [f"real iteration {self.iteration} compared (of {self.iterations}, as ppsim "
+               f"diff): error {self.rel_error:+.1%}",
+               f"sim {self.sim_ms:.3f} ms  real {self.real_ms:.3f} ms  error=(real-sim)/sim",
+               f"trace {self.trace_path}",
                f"ops matched {self.matched}   only simulated {self.sim_only}   "
                f"only real {self.real_only}"]
         out += list(self.details)
@@ -44,20 +49,15 @@ class Comparison:
         return out
 
 
-def iteration_times(trace: Any) -> dict[int, float]:
-    """Per iteration of a trace: last op end - first op start, in ms."""
-    spans: dict[int, list[float]] = {}
-    for o in trace.ops:
-        lo_hi = spans.setdefault(o.iteration, [o.start_us, o.end_us])
-        lo_hi[0] = min(lo_hi[0], o.start_us)
-        lo_hi[1] = max(lo_hi[1], o.end_us)
-    return {it: (hi - lo) / 1e3 for it, (lo, hi) in spans.items()}
+def _info(trace: Any) -> dict[str, Any]:
+    info = getattr(trace, "info", None)
+    return info if isinstance(info, dict) else {}
 
 
 def shape_note(sim: Any, trace: Any) -> str:
     notes = []
     p = sim.problem
-    info = trace.info
+    info = _info(trace)
     for name, mine in (("schedule", p.schedule.name), ("pp", p.split.pp),
                        ("microbatches", p.schedule.microbatches),
                        ("split", list(p.split.counts))):
@@ -66,12 +66,16 @@ def shape_note(sim: Any, trace: Any) -> str:
     return "trace differs: " + ", ".join(notes) if notes else ""
 
 
+def compared_iteration(trace: Any) -> int:
+    """The real iteration a comparison uses (the one `ppsim diff` picks)."""
+    from ppsim.diff import steady_iteration
+
+    return steady_iteration(trace)
+
+
 def compare(sim: Any, trace: Any) -> Comparison:
     """Simulated iteration against a recorded trace (`ppsim.trace.Trace`)."""
-    try:
-        from ppsim.diff import diff_traces
-    except ImportError:
-        return own_compare(sim, trace)
+    from ppsim.diff import diff_traces
     from ppsim.errors import UserError
     from ppsim.trace import simulation_trace, trace_from_json
 
@@ -95,18 +99,79 @@ def compare(sim: Any, trace: Any) -> Comparison:
         details.append("the critical path differs")
     sim_ms, real_ms = d["iteration_time_ms"]
     only_sim, only_real = d["ops_only_in"]
-    return Comparison(trace.path, sim_ms, real_ms, len(trace.iterations), d["ops_matched"],
-                      only_sim, only_real, shape_note(sim, trace), tuple(details))
+    return Comparison(trace.path, sim_ms, real_ms, d["iterations"][1], len(trace.iterations),
+                      d["ops_matched"], only_sim, only_real, shape_note(sim, trace),
+                      tuple(details))
 
 
 def own_compare(sim: Any, trace: Any) -> Comparison:
-    """Iteration times (mean over the trace's iterations) and matched ops."""
-    times = iteration_times(trace)
-    real = sum(times.values()) / len(times) if times else 0.0
-    first = min(times) if times else 0
-    real_keys = {o.key for o in trace.ops if o.iteration == first}
+    """Iteration time of the compared iteration and matched ops, without ppsim.diff's
+    shape checks (for traces of another pipeline shape)."""
+    it = compared_iteration(trace)
+    ops = [o for o in trace.ops if o.iteration == it]
+    real = (max(o.end_us for o in ops) - min(o.start_us for o in ops)) / 1e3 if ops else 0.0
+    real_keys = {o.key for o in ops}
     sim_keys = {(o.rank, o.chunk, o.action.microbatch, o.action.kind)
-                for ops in sim.timeline.ops for o in ops}
-    return Comparison(trace.path, sim.summary.iteration_time_ms, real, len(times),
-                      len(real_keys & sim_keys), len(sim_keys - real_keys),
-                      len(real_keys - sim_keys), shape_note(sim, trace))
+                for lane in sim.timeline.ops for o in lane}
+    return Comparison(trace.path, sim.summary.iteration_time_ms, real, it,
+                      len(trace.iterations), len(real_keys & sim_keys),
+                      len(sim_keys - real_keys), len(real_keys - sim_keys),
+                      shape_note(sim, trace))
+
+
+# ------------------------------------------------------------------ current vs pinned
+
+
+class RankDelta(NamedTuple):
+    rank: int
+    busy_ms: tuple[float, float]
+    """(pinned, current) compute time of the rank."""
+    peak_bytes: tuple[int, int]
+    """(pinned, current) peak memory."""
+
+    @property
+    def busy_delta_ms(self) -> float:
+        return self.busy_ms[1] - self.busy_ms[0]
+
+    @property
+    def peak_delta_bytes(self) -> int:
+        return self.peak_bytes[1] - self.peak_bytes[0]
+
+
+def rank_deltas(pinned: Any, current: Any) -> list[RankDelta]:
+    """Per rank of two `Summary`s of one pipeline shape: current minus pinned."""
+    return [RankDelta(a.rank, (a.busy_ms, b.busy_ms), (a.peak_memory_bytes, b.peak_memory_bytes))
+            for a, b in zip(pinned.ranks, current.ranks, strict=False)]
+
+
+def delta_lines(result: Any, width: int = 100) -> list[str]:
+    """The comparison panel's text for a `tui.session.Result`."""
+    from ppsim.report import fmt_bytes
+
+    pin, cur = result.pinned.summary, result.sim.summary
+    which = "even split" if result.pinned_is_even else "pinned split"
+    dt = cur.iteration_time_ms - pin.iteration_time_ms
+    deltas = rank_deltas(pin, cur)
+    big = max((abs(x) for d in deltas for x in d.busy_ms), default=0.0) >= 1e5
+    unit, scale = ("s", 1e3) if big else ("ms", 1.0)  # keep the columns apart
+    out = [f"current {list(result.state.counts)} vs {which} {list(result.pinned_counts)}"[:width],
+           f"iteration {cur.iteration_time_ms:.3f} ms vs {pin.iteration_time_ms:.3f} ms "
+           f"({dt:+.3f} ms)",
+           f"{'rank':<5}{'busy ' + unit:>10} {'Δ ' + unit:>9}{'peak mem':>10}{'Δ mem':>10}"]
+    for d in deltas:
+        mem = ("-" if d.peak_delta_bytes < 0 else "+") + fmt_bytes(abs(d.peak_delta_bytes))
+        out.append(f"r{d.rank:<4}{d.busy_ms[1] / scale:>10.2f} {d.busy_delta_ms / scale:>+9.2f}"
+                   f"{fmt_bytes(d.peak_bytes[1]):>10}{mem:>10}")
+    return out
+
+
+def op_delta(sim_op: Any, real_ops: Any) -> str:
+    """The real op matching a simulated lane op (same kind, chunk, microbatch), as
+    `real start/dur and dur delta (b - a) and error (b - a) / a`, or ''."""
+    for o in real_ops:
+        if (o.kind, o.chunk, o.microbatch) == (sim_op.kind, sim_op.chunk, sim_op.microbatch):
+            dur_a, dur_b = sim_op.end - sim_op.start, o.end - o.start
+            err = f" {(dur_b - dur_a) / dur_a:+.1%}" if dur_a > 0 else ""
+            return (f"real start {o.start:.3f} ms ({o.start - sim_op.start:+.3f}) dur "
+                    f"{dur_b:.3f} ms ({dur_b - dur_a:+.3f}{err})")
+    return ""

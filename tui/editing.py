@@ -7,6 +7,7 @@ ever half-applied.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -130,19 +131,11 @@ def parse_float(name: str, text: str, minimum: float = 0.0) -> float:
         value = float(s)
     except ValueError:
         raise EditRefused(name, f"{s!r} is not a number") from None
-    if not value > minimum:  # also refuses NaN
+    if not math.isfinite(value):
+        raise EditRefused(name, f"must be a finite number, got {s}")
+    if not value > minimum:
         raise EditRefused(name, f"must be more than {minimum:g}, got {s}")
     return value
-
-
-def check_shape(num_layers: int, pp: int, vpp: int) -> None:
-    """pp and vpp a split editor can work with: at least one layer per rank, and
-    (Megatron's rule for virtual stages) the layers divide over pp x vpp stages."""
-    if pp > num_layers:
-        raise EditRefused("pp", f"{pp} ranks for {num_layers} layers; use at most {num_layers}")
-    if vpp > 1 and num_layers % (pp * vpp):
-        raise EditRefused("vpp", f"{num_layers} layers do not divide over pp x vpp = "
-                          f"{pp * vpp} virtual stages")
 
 
 # ------------------------------------------------------------------ undo/redo
@@ -178,6 +171,17 @@ class History(Generic[T]):
         self._undo.append(self.current)
         self.current = self._redo.pop()
         return self.current
+
+    def revert_to(self, state: T) -> None:
+        """Go back to `state` (the last one simulated) after a refused or cancelled
+        edit: drop newer entries, or record it when it is not in the undo stack."""
+        if self.current == state:
+            return
+        if state not in self._undo:
+            self.push(state)
+            return
+        while self.current != state:
+            self.current = self._undo.pop()
 
     @property
     def can_undo(self) -> bool:

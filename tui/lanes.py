@@ -27,10 +27,18 @@ class Lane:
     label: str
     ops: tuple[LaneOp, ...]
     """Sorted by start."""
+    rank: int = -1
+    source: str = "sim"
+    """"sim" (the current split), "real" (a loaded trace) or "pinned"."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_starts", [o.start for o in self.ops])
-        object.__setattr__(self, "_ends", [o.end for o in self.ops])
+        # Zero-length ops (a stage without layers, embedding or head) do no work:
+        # they are never drawn, so such a rank shows idle, not busy.
+        work = [i for i, o in enumerate(self.ops) if o.end > o.start]
+        object.__setattr__(self, "_work", work)
+        object.__setattr__(self, "_starts", [self.ops[i].start for i in work])
+        object.__setattr__(self, "_ends", [self.ops[i].end for i in work])
+        object.__setattr__(self, "_all_starts", [o.start for o in self.ops])
 
     @property
     def end(self) -> float:
@@ -40,20 +48,21 @@ class Lane:
         """Index of the op to show in [t0, t1): the one covering the midpoint if any,
         else the first overlapping one; -1 when the interval is idle."""
         ends: list[float] = self._ends  # type: ignore[attr-defined]
+        work: list[int] = self._work  # type: ignore[attr-defined]
         i = bisect_right(ends, t0)  # ops end in start order (one rank runs one op at a time)
-        if i >= len(self.ops) or self.ops[i].start >= t1:
+        if i >= len(work) or self.ops[work[i]].start >= t1:
             return -1
         mid = (t0 + t1) / 2
         j = bisect_right(self._starts, mid) - 1  # type: ignore[attr-defined]
-        if j >= i and self.ops[j].end > mid:
-            return j
-        return i
+        if j >= i and self.ops[work[j]].end > mid:
+            return work[j]
+        return work[i]
 
     def at_time(self, t: float) -> int:
         """Index of the op nearest to time t (for moving the cursor between lanes)."""
         if not self.ops:
             return -1
-        j = bisect_right(self._starts, t) - 1  # type: ignore[attr-defined]
+        j = bisect_right(self._all_starts, t) - 1  # type: ignore[attr-defined]
         cands = [k for k in (j, j + 1) if 0 <= k < len(self.ops)]
         return min(cands, key=lambda k: abs((self.ops[k].start + self.ops[k].end) / 2 - t))
 
@@ -64,14 +73,18 @@ def sim_lanes(sim: Any) -> list[Lane]:
     for r, ops in enumerate(sim.timeline.ops):
         lane_ops = tuple(LaneOp(o.start, o.end, o.action.kind, o.chunk, o.action.microbatch,
                                 o.action.stage) for o in ops)
-        lanes.append(Lane(f"r{r}", lane_ops))
+        lanes.append(Lane(f"r{r}", lane_ops, r, "sim"))
     return lanes
 
 
 def trace_lanes(trace: Any, iteration: int | None = None, prefix: str = "real") -> list[Lane]:
-    """One lane per rank of a `ppsim.trace.Trace`, one iteration, from its first op (ms)."""
-    iters = sorted({o.iteration for o in trace.ops})
-    it = iters[-1] if iteration is None else iteration
+    """One lane per rank of a `ppsim.trace.Trace`, one iteration (by default the one
+    `ppsim diff` compares), times in ms from that iteration's first op."""
+    if iteration is None:
+        from tui.compare import compared_iteration
+
+        iteration = compared_iteration(trace)
+    it = iteration
     ops = [o for o in trace.ops if o.iteration == it]
     t0 = min((o.start_us for o in ops), default=0.0)
     ranks = sorted({o.rank for o in ops})
@@ -80,8 +93,29 @@ def trace_lanes(trace: Any, iteration: int | None = None, prefix: str = "real") 
         mine = sorted((o for o in ops if o.rank == r), key=lambda o: o.start_us)
         lanes.append(Lane(f"{prefix}{r}", tuple(
             LaneOp((o.start_us - t0) / 1e3, (o.end_us - t0) / 1e3, o.kind, o.chunk,
-                   o.microbatch, o.stage) for o in mine)))
+                   o.microbatch, o.stage) for o in mine), r, "real"))
     return lanes
+
+
+def pinned_lanes(sim: Any) -> list[Lane]:
+    """The pinned split's lanes, labelled "pin0", "pin1", ..."""
+    return [Lane(f"pin{lane.rank}", lane.ops, lane.rank, "pinned") for lane in sim_lanes(sim)]
+
+
+def interleave(main: list[Lane], *others: list[Lane]) -> list[Lane]:
+    """Each rank's other lanes right under its main lane (real under simulated), then
+    any lane whose rank the main lanes lack."""
+    by_rank: dict[int, list[Lane]] = {}
+    for group in others:
+        for lane in group:
+            by_rank.setdefault(lane.rank, []).append(lane)
+    out: list[Lane] = []
+    for lane in main:
+        out.append(lane)
+        out += by_rank.pop(lane.rank, [])
+    for rest in by_rank.values():
+        out += rest
+    return out
 
 
 class Cell(NamedTuple):
@@ -128,15 +162,39 @@ def lane_cells(lane: Lane, ms_per_cell: float, x0: int, width: int,
 
 
 def ruler(ms_per_cell: float, x0: int, width: int, step: int = 10) -> str:
-    """A time axis: a tick label every `step` columns."""
+    """A time axis: a tick label every `step` columns, with as many digits as the
+    tick spacing needs (deep zoom into a long iteration keeps neighbours apart)."""
     out = [" "] * width
+    last = (x0 + width) * ms_per_cell
+    for _ in range(3):  # widen the tick spacing until the labels fit between ticks
+        longest = len(fmt_tick(last, step * ms_per_cell, last)) + 2
+        if longest <= step:
+            break
+        step = -(-longest // 10) * 10
     first = ((x0 + step - 1) // step) * step
     for x in range(first, x0 + width, step):
-        label = f"|{fmt_ms(x * ms_per_cell)}"
+        label = f"|{fmt_tick(x * ms_per_cell, step * ms_per_cell, last)}"
         for k, ch in enumerate(label):
             if x - x0 + k < width:
                 out[x - x0 + k] = ch
     return "".join(out)
+
+
+_UNITS = ((1e-3, "us", 1e-3), (1.0, "ms", 1.0), (1e3, "s", 1e3), (6e4, "min", 6e4),
+          (3.6e6, "h", 3.6e6))
+
+
+def fmt_tick(ms: float, spacing_ms: float, largest_ms: float) -> str:
+    """A tick label in the unit of the axis' largest value, with enough decimals that
+    ticks `spacing_ms` apart read differently (12.5ms, 10.000123s, ...)."""
+    unit, scale = "us", 1e-3
+    for lo, name, sc in _UNITS:
+        if largest_ms >= lo:
+            unit, scale = name, sc
+    spacing = spacing_ms / scale
+    decimals = next((d for d in range(10) if abs(round(spacing, d) - spacing)
+                     <= 0.05 * spacing), 9)
+    return f"{ms / scale:.{decimals}f}{unit}"
 
 
 def fmt_ms(ms: float) -> str:
@@ -152,6 +210,42 @@ def fmt_ms(ms: float) -> str:
     if ms < 3.6e7:
         return f"{ms / 6e4:.3g}min"
     return f"{ms / 3.6e6:.3g}h"
+
+
+def parse_find(query: str) -> tuple[int | None, str | None, int | None]:
+    """A find query as (rank, kind, microbatch), each None when not given:
+    "r3" rank 3, "F12"/"f12" forward of microbatch 12, "12" microbatch 12."""
+    import re
+
+    rank = kind = mb = None
+    for tok in query.replace(",", " ").split():
+        m = re.fullmatch(r"r(\d+)", tok, re.IGNORECASE)
+        k = re.fullmatch(r"([fbwFBW])(\d*)", tok)
+        if m:
+            rank = int(m.group(1))
+        elif k:
+            kind = k.group(1).upper()
+            mb = int(k.group(2)) if k.group(2) else mb
+        elif tok.isdigit():
+            mb = int(tok)
+        else:
+            raise ValueError(f"find: {tok!r} is not r<rank>, <F|B|W><microbatch> or a "
+                             f"microbatch number")
+    return rank, kind, mb
+
+
+def find_op(lanes: list[Lane], query: str, after: tuple[int, int] = (-1, -1)
+            ) -> tuple[int, int] | None:
+    """The first (lane, op) after `after` (in lane, then time order, wrapping) matching
+    the query; None when nothing matches."""
+    rank, kind, mb = parse_find(query)
+    hits = [(li, oi) for li, lane in enumerate(lanes)
+            if rank is None or lane.rank == rank
+            for oi, op in enumerate(lane.ops)
+            if (kind is None or op.kind == kind) and (mb is None or op.microbatch == mb)]
+    if not hits:
+        return None
+    return next((h for h in hits if h > after), hits[0])
 
 
 def fit_scale(end_ms: float, width: int) -> float:

@@ -11,24 +11,44 @@ from textual.widgets import Input, Label, Static
 
 HELP = """\
 [b]ppsim tui[/b] — edit a pipeline split and watch the simulated iteration change.
+[b]Close this help with Escape, q or ?[/b] (it scrolls: ↑/↓, PgUp/PgDn).
 
-[b]Split editor[/b] (one row per virtual stage: stage, rank, chunk, layers, first layer;
-E = embedding, H = LM head + loss)
-  ↑/↓ select a stage     → give it one more layer   ← take one away
-  (→/← move its end boundary; the last stage's start)   shift+←/→ move its start boundary
+[b]Panels[/b]  1 settings  2 split  3 timeline  4 compare + memory  (tab cycles;
+the focused panel has a bright border; Escape leaves a text field, putting its
+value back)
+
+[b]Split editor[/b]  a row per virtual stage: stage, rank, chunk, layers, first layer;
+E = embedding, H = LM head + loss, ! = its rank is over the memory limit; layer
+kinds when the model has them ("3 dense + 5 moe")
+  ↑/↓ select a stage   → give it one more layer   ← take one away
+  (→/← move its end boundary, the last stage's start; shift+←/→ its start)
   click a layer on a row: move the nearest boundary there
   c type a count for the stage (the next stage absorbs the difference)
 
-[b]Timeline[/b] (one lane per rank; F forward, B backward, W weight-grad, · idle)
-  ←/→ previous/next op   ↑/↓ lane   +/- zoom   0 fit   shift+←/→ scroll
+[b]Timeline[/b]  one lane per rank; a loaded trace's lane "realN" sits under rank N
+  [on #1e5aa8] F [/] forward  [on #2e8540] B [/] backward (inputs)  [on #b8860b] W [/] \
+weight-grad  · idle
+  a darker shade = a later chunk (virtual stage) of the rank
+  "F12" = forward of microbatch 12; odd microbatches are lower case ("f13")
+  so neighbours stay apart
+  ←/→ previous/next op   ↑/↓ lane   +/- zoom around the cursor   0 fit
+  shift+←/→ or the mouse wheel scroll   click an op to select it
+  / find: r3 = rank 3, F12 = forward of microbatch 12, 12 = microbatch 12,
+  combined as "r3 b12"   n next match
+
+[b]Compare[/b]  b pin the current split (b on the pinned one: the even split again)
+  v show the pinned split's lanes under the current ones; the panel lists each
+  rank's busy time and peak memory, and current minus pinned. With a trace, the
+  cursor line shows the real op and its difference (real - sim, as ppsim diff)
 
 [b]Everywhere[/b]
-  u undo   ctrl+y redo   p run the planner and jump to its best split
-  e export the split (Megatron flags, layout, torchtitan, DeepSpeed)
+  u undo   ctrl+y redo   p planner: jump to its best split (Esc cancels)
+  e export the split to a file   y copy the export to the clipboard
   s save the config (TOML)   t load a real trace and compare
-  tab move between panels   ctrl+p command palette   ? this help   q quit
+  Escape cancels a running simulation or planner   ctrl+p commands   q quit
 
-Settings: type a value and press Enter; a bad value shows an error and changes nothing.
+Settings: type a value and press Enter (or leave the field); a refused value is
+put back and the reason stays under the form until the next accepted change.
 """
 
 
@@ -39,8 +59,30 @@ class HelpScreen(ModalScreen[None]):
         with VerticalScroll(id="help-box"):
             yield Static(HELP, id="help-text")
 
+    def on_mount(self) -> None:
+        box = self.query_one("#help-box")
+        box.border_title = "help"
+        box.border_subtitle = "Escape / q / ? close"
+        box.focus()
+
     def action_dismiss(self, result: None = None) -> None:  # type: ignore[override]
         self.dismiss(None)
+
+
+class ConfirmQuit(ModalScreen[str | None]):
+    """Quit with unsaved edits: y quits, s saves first, n or Escape stays."""
+
+    BINDINGS = [Binding("y,q", "answer('quit')", "Quit"), Binding("s", "answer('save')", "Save"),
+                Binding("n,escape", "answer('')", "Stay")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="prompt-box"):
+            yield Label("The split or settings changed since the last save.")
+            yield Label("y quit without saving   s save first   n / Escape stay",
+                        classes="dim")
+
+    def action_answer(self, answer: str) -> None:
+        self.dismiss(answer or None)
 
 
 class PathPrompt(ModalScreen[str | None]):
@@ -73,3 +115,11 @@ class PathPrompt(ModalScreen[str | None]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+class FindPrompt(PathPrompt):
+    """Ask what to find in the timeline."""
+
+    def __init__(self, default: str = "") -> None:
+        super().__init__("Find in the timeline: r3 (rank), F12 / b12 (kind + microbatch), "
+                         "12 (microbatch); combine, e.g. r3 b12", default)

@@ -1,17 +1,20 @@
 """The state the TUI edits, how an edit becomes a Config, and one evaluation.
 
-`EditState` is immutable (so undo/redo is a stack of values); `apply_setting`
-validates a settings change completely (by building the problem) before it
-returns a new state, so a refused change leaves everything as it was.
+`EditState` is immutable (so undo/redo is a stack of values). `apply_setting`
+does the cheap checks (parsing, the shared size limits of ppsim.limits) at
+once; building the problem is the full check and runs with the simulation,
+off the UI thread, so no key press waits on it.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ppsim import limits
 from ppsim.config import Config, model_fields
 from ppsim.errors import UserError
 from ppsim.presets import HARDWARE_PRESETS, MODEL_PRESETS
@@ -19,11 +22,15 @@ from ppsim.problem import Problem, build_problem, resolve_split
 from ppsim.schedules import SCHEDULES, schedule_placement
 from ppsim.simulator import Simulation, simulate
 from ppsim.split import Split
-from tui.editing import EditRefused, balanced_counts, check_shape, parse_float, parse_int
+from tui.editing import EditRefused, balanced_counts, parse_float, parse_int
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 SETTINGS = ("schedule", "pp", "vpp", "microbatches", "recompute", "memory_gb", "model",
             "hardware")
+FROM_CONFIG = "config"
+"""The model/hardware choice that means "as the config file has it" (no preset)."""
+NO_RECOMPUTE = "n/a"
+"""What the recompute field holds for a model without the setting (uniform costs)."""
 
 
 @dataclass(frozen=True)
@@ -39,27 +46,78 @@ class EditState:
     counts: tuple[int, ...]
     memory_bytes: float
     hardware_preset: str | None
+    mtp: int = 0
+    """MTP layers among the counts (they follow the decoder layers)."""
 
     @property
     def split(self) -> Split:
-        return Split(self.counts, self.pp, self.vpp,
-                     schedule_placement(self.schedule))  # type: ignore[arg-type]
+        return Split(self.counts, self.pp, self.vpp, schedule_placement(self.schedule),
+                     self.mtp)  # type: ignore[arg-type]
 
     @property
     def num_layers(self) -> int:
         return sum(self.counts)
 
 
+def check_limits(num_layers: int, pp: int, vpp: int, microbatches: int, schedule: str,
+                 field: str) -> None:
+    """The shared size limits (ppsim.limits, the CLI's too), before anything is built:
+    a state beyond them would freeze the screen, so it is refused as an edit."""
+    spec = SCHEDULES.get(schedule)
+    try:
+        limits.check_shape(num_layers, pp, vpp, microbatches)
+        limits.check_ops(pp, vpp, microbatches, bool(spec and spec.split_backward),
+                         limits.INTERACTIVE)
+    except UserError as exc:
+        raise EditRefused(field, str(exc)) from None
+
+
+def even_counts(num_layers: int, pp: int, vpp: int, mtp: int = 0) -> tuple[int, ...]:
+    """The core's default split (Megatron's even split when the layers divide, else
+    near-even), so the TUI accepts every pp the core accepts and adds no rule."""
+    try:
+        from ppsim.split import default_split
+    except ImportError:  # a core without default_split: near-even counts
+        return balanced_counts(num_layers, pp * vpp)
+    return tuple(default_split(num_layers, pp, vpp, mtp)[0].counts)
+
+
+def _mtp(fields: dict[str, Any]) -> int:
+    return int(fields.get("mtp_layers", 0)) if fields.get("kind") == "transformer" else 0
+
+
+def total_layers(fields: dict[str, Any]) -> int:
+    """Every layer a split places: decoder layers plus MTP layers."""
+    return int(fields["num_layers"]) + _mtp(fields)
+
+
+def _recompute(fields: dict[str, Any]) -> str:
+    if fields.get("kind", "uniform") != "transformer":
+        return NO_RECOMPUTE
+    return str(fields.get("recompute", "none"))
+
+
 def state_from_config(cfg: Config) -> EditState:
-    """The editable view of a config (its split resolved to per-stage counts)."""
+    """The editable view of a config (its split resolved to per-stage counts).
+
+    Limits are checked before any per-layer or per-stage list is built."""
     fields = model_fields(cfg.model)
     p = cfg.pipeline
+    num_layers = total_layers(fields)
+    spec = SCHEDULES.get(p.schedule)
+    limits.check_shape(num_layers, p.pp, p.vpp, p.microbatches)
+    limits.check_ops(p.pp, p.vpp, p.microbatches, bool(spec and spec.split_backward),
+                     limits.INTERACTIVE)
+    mem = cfg.hardware.memory_bytes
+    if not (math.isfinite(mem) and mem > 0):
+        raise UserError("hardware.memory_bytes", f"must be a positive finite number, got {mem}",
+                        "give the memory one rank may use, e.g. --memory-gb 80")
+    # no split given: the core's default (Megatron's even split, else near-even)
     split = resolve_split(cfg, None, schedule_placement(p.schedule))
-    return EditState(model_preset=cfg.model.get("preset"),
-                     recompute=str(fields.get("recompute", "none")), schedule=p.schedule,
-                     pp=p.pp, vpp=p.vpp, microbatches=p.microbatches, counts=split.counts,
-                     memory_bytes=cfg.hardware.memory_bytes,
-                     hardware_preset=cfg.hardware.preset)
+    return EditState(model_preset=cfg.model.get("preset"), recompute=_recompute(fields),
+                     schedule=p.schedule, pp=p.pp, vpp=p.vpp, microbatches=p.microbatches,
+                     counts=tuple(split.counts), memory_bytes=mem,
+                     hardware_preset=cfg.hardware.preset, mtp=_mtp(fields))
 
 
 def config_for(base: Config, state: EditState) -> Config:
@@ -67,9 +125,9 @@ def config_for(base: Config, state: EditState) -> Config:
     model = copy.deepcopy(base.model)
     if state.model_preset is not None and state.model_preset != base.model.get("preset"):
         model = {"preset": state.model_preset}
-    if model_fields(model).get("kind", "uniform") == "transformer":
-        if state.recompute != "none" or "recompute" in model:
-            model["recompute"] = state.recompute
+    if model_fields(model).get("kind", "uniform") == "transformer" and \
+            state.recompute in RECOMPUTE_MODES:
+        model["recompute"] = state.recompute  # always: the preset's default may differ
     pipe = replace(base.pipeline, pp=state.pp, vpp=state.vpp, microbatches=state.microbatches,
                    schedule=state.schedule, split=list(state.counts), layout=None,
                    first_stage_layers=None, last_stage_layers=None,
@@ -85,71 +143,100 @@ def config_for(base: Config, state: EditState) -> Config:
 
 def schedule_vpp(schedule: str, pp: int, vpp: int, microbatches: int) -> int:
     """The vpp to use with a newly chosen schedule: the current one if the schedule
-    takes it, else 2 or 1 (interleaved and V schedules need 2 chunks, 1F1B one)."""
-    from ppsim.schedules import build_schedule
-
+    takes it, else 2 or 1 (interleaved and V schedules need 2 chunks, 1F1B one).
+    Only the schedule's own checks run (no schedule is generated on the UI thread)."""
     for cand in (vpp, 2, 1):
         try:
-            build_schedule(schedule, pp, cand, microbatches)
-        except UserError:
-            continue
+            SCHEDULES[schedule].check(pp, cand, microbatches)
+        except UserError as exc:
+            if exc.field in ("pipeline.vpp", "pipeline.schedule"):
+                continue  # another problem (microbatches) is the worker's to report
         return cand
     return vpp
 
 
 def check_state(base: Config, state: EditState, field: str) -> Problem:
-    """Build the problem for a state; any UserError becomes EditRefused on `field`."""
+    """Build the problem for a state (the full check; runs in the simulation worker);
+    any UserError becomes EditRefused on `field`."""
     try:
-        check_shape(state.num_layers, state.pp, state.vpp)
+        check_limits(state.num_layers, state.pp, state.vpp, state.microbatches,
+                     state.schedule, field)
         return build_problem(config_for(base, state))
     except UserError as exc:
         raise EditRefused(field, str(exc)) from None
 
 
+def _shape(state: EditState, field: str, **changes: Any) -> EditState:
+    """`state` with new pp/vpp/microbatches/schedule/model, limits checked before the
+    counts are rebuilt (an even split of the new shape when the shape changed)."""
+    s = replace(state, **changes)
+    layers = state.num_layers
+    check_limits(layers, s.pp, s.vpp, s.microbatches, s.schedule, field)
+    if (s.pp, s.vpp, layers) != (state.pp, state.vpp, state.num_layers):
+        s = replace(s, counts=even_counts(layers, s.pp, s.vpp, s.mtp))
+    return s
+
+
 def apply_setting(base: Config, state: EditState, name: str, text: str) -> EditState:
-    """The state after setting `name` to the typed/selected `text`, fully checked."""
+    """The state after setting `name` to the typed/selected `text`.
+
+    Only cheap checks run here (parsing, the shared size limits), so a key press
+    never waits; the full check (building the problem) runs with the simulation,
+    and a state it refuses is reverted there."""
     s = state
     if name == "pp":
-        pp = parse_int("pp", text, 1)
-        s = replace(s, pp=pp, counts=balanced_counts(s.num_layers, pp * s.vpp))
-    elif name == "vpp":
+        return _shape(s, name, pp=parse_int("pp", text, 1))
+    if name == "vpp":
         vpp = parse_int("vpp", text, 1)
         sched = s.schedule
         if vpp > 1 and sched == "1f1b":
             sched = "interleaved-1f1b"
         elif vpp == 1 and sched == "interleaved-1f1b":
             sched = "1f1b"
-        check_shape(s.num_layers, s.pp, vpp)
-        s = replace(s, vpp=vpp, schedule=sched,
-                    counts=balanced_counts(s.num_layers, s.pp * vpp))
-    elif name == "microbatches":
-        s = replace(s, microbatches=parse_int("microbatches", text, 1))
-    elif name == "schedule":
+        return _shape(s, name, vpp=vpp, schedule=sched)
+    if name == "microbatches":
+        return _shape(s, name, microbatches=parse_int("microbatches", text, 1))
+    if name == "schedule":
         if text not in SCHEDULES:
             raise EditRefused("schedule", f"unknown schedule {text!r}")
-        vpp = schedule_vpp(text, s.pp, s.vpp, s.microbatches)
-        counts = s.counts if vpp == s.vpp else balanced_counts(s.num_layers, s.pp * vpp)
-        s = replace(s, schedule=text, vpp=vpp, counts=counts)
-    elif name == "recompute":
+        check_limits(s.num_layers, s.pp, s.vpp, s.microbatches, text, name)
+        return _shape(s, name, schedule=text, vpp=schedule_vpp(text, s.pp, s.vpp,
+                                                               s.microbatches))
+    if name == "recompute":
+        if s.recompute == NO_RECOMPUTE:
+            raise EditRefused("recompute", "this model has no recompute setting (uniform "
+                              "costs); choose a transformer model")
         if text not in RECOMPUTE_MODES:
             raise EditRefused("recompute", f"unknown mode {text!r}")
-        s = replace(s, recompute=text)
-    elif name == "memory_gb":
-        s = replace(s, memory_bytes=parse_float("memory_gb", text) * 1e9)
-    elif name == "model":
-        if text not in MODEL_PRESETS:
-            raise EditRefused("model", f"unknown preset {text!r}")
-        layers = int(MODEL_PRESETS[text]["num_layers"])
-        s = replace(s, model_preset=text, counts=balanced_counts(layers, s.pp * s.vpp))
-    elif name == "hardware":
+        return replace(s, recompute=text)
+    if name == "memory_gb":
+        return replace(s, memory_bytes=parse_float("memory_gb", text) * 1e9)
+    if name == "model":
+        return _model(base, s, text)
+    if name == "hardware":
+        if text == FROM_CONFIG:
+            return replace(s, hardware_preset=None, memory_bytes=base.hardware.memory_bytes)
         if text not in HARDWARE_PRESETS:
             raise EditRefused("hardware", f"unknown preset {text!r}")
-        s = replace(s, hardware_preset=text,
-                    memory_bytes=float(HARDWARE_PRESETS[text]["memory_bytes"]))
+        return replace(s, hardware_preset=text,
+                       memory_bytes=float(HARDWARE_PRESETS[text]["memory_bytes"]))
+    raise EditRefused(name, "not a setting")
+
+
+def _model(base: Config, s: EditState, text: str) -> EditState:
+    """A new model: its layers split evenly, its own recompute default shown and used."""
+    if text in (FROM_CONFIG, base.model.get("preset")):
+        fields = model_fields(base.model)
+        preset = base.model.get("preset")
+    elif text in MODEL_PRESETS:
+        fields = model_fields({"preset": text})
+        preset = text
     else:
-        raise EditRefused(name, "not a setting")
-    check_state(base, s, name)
-    return s
+        raise EditRefused("model", f"unknown preset {text!r}")
+    layers = total_layers(fields)
+    s = replace(s, model_preset=preset, recompute=_recompute(fields), mtp=_mtp(fields))
+    check_limits(layers, s.pp, s.vpp, s.microbatches, s.schedule, "model")
+    return replace(s, counts=even_counts(layers, s.pp, s.vpp, s.mtp))
 
 
 # ------------------------------------------------------------------ evaluation
@@ -157,47 +244,39 @@ def apply_setting(base: Config, state: EditState, name: str, text: str) -> EditS
 
 @dataclass(frozen=True)
 class Result:
-    """One simulated iteration of a state, with the even-split baseline."""
+    """One simulated iteration of a state, and of the pinned split it is compared with."""
 
     state: EditState
     config: Config
     sim: Simulation
-    baseline_ms: float | None
-    """Iteration time of Megatron's even split (None when layers don't divide)."""
-    baseline_counts: tuple[int, ...] | None
+    pinned: Simulation
+    """The pinned split's simulation: the even split unless the user pinned another."""
+    pinned_is_even: bool
+
+    @property
+    def pinned_counts(self) -> tuple[int, ...]:
+        return tuple(self.pinned.problem.split.counts)
+
+    @property
+    def baseline_ms(self) -> float:
+        return self.pinned.summary.iteration_time_ms
 
     @property
     def speedup(self) -> float | None:
+        """Pinned time over current time: above 1 the current split is faster."""
         t = self.sim.summary.iteration_time_ms
-        return self.baseline_ms / t if self.baseline_ms and t > 0 else None
+        return self.baseline_ms / t if t > 0 else None
 
 
-_baseline_cache: dict[Any, tuple[float | None, tuple[int, ...] | None]] = {}
+def pinned_counts(state: EditState, pinned: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The pinned split if it fits the state's shape, else the state's even split."""
+    if pinned is not None and len(pinned) == state.pp * state.vpp and \
+            sum(pinned) == state.num_layers:
+        return pinned
+    return even_counts(state.num_layers, state.pp, state.vpp, state.mtp)
 
 
-def baseline(problem: Problem, key: Any) -> tuple[float | None, tuple[int, ...] | None]:
-    """Iteration time of Megatron's even split for this problem (cached per key)."""
-    if key in _baseline_cache:
-        return _baseline_cache[key]
-    from ppsim.evaluate import evaluate
-    from ppsim.split import even_split
-    from ppsim.timing import compile_schedule, op_table
-
-    try:
-        even = even_split(problem.split.num_layers, problem.split.pp, problem.split.vpp)
-    except UserError:
-        out: tuple[float | None, tuple[int, ...] | None] = (None, None)
-    else:
-        even = replace(even, placement=problem.split.placement)
-        p = problem.with_split(even)
-        table = op_table(compile_schedule(p.schedule), p.stage_costs, p.hardware.transfer_ms)
-        layers = [even.rank_layers(r) for r in range(even.pp)]
-        summary = evaluate(table, layers, p.hardware.memory_bytes)
-        out = (summary.iteration_time_ms, even.counts)
-    if len(_baseline_cache) > 64:
-        _baseline_cache.clear()
-    _baseline_cache[key] = out
-    return out
+_pinned_cache: dict[Any, Simulation] = {}
 
 
 def _base_key(base: Config) -> str:
@@ -206,14 +285,23 @@ def _base_key(base: Config) -> str:
     return config_to_toml(base)
 
 
-def evaluate_state(base: Config, state: EditState) -> Result:
-    """Simulate the state with the reference simulator (the numbers `ppsim simulate` gives)."""
+def evaluate_state(base: Config, state: EditState,
+                   pinned: tuple[int, ...] | None = None) -> Result:
+    """Simulate the state and its pinned split with the reference simulator (the
+    numbers `ppsim simulate` gives). UserError when the core refuses the state."""
     cfg = config_for(base, state)
     problem = build_problem(cfg)
     sim = simulate(problem)
-    key = (_base_key(base), replace(state, counts=()))
-    base_ms, base_counts = baseline(problem, key)
-    return Result(state, cfg, sim, base_ms, base_counts)
+    counts = pinned_counts(state, pinned)
+    key = (_base_key(base), replace(state, counts=counts))
+    other = sim if counts == state.counts else _pinned_cache.get(key)
+    if other is None:
+        other = simulate(problem.with_split(replace(problem.split, counts=counts)))
+    if len(_pinned_cache) > 32:
+        _pinned_cache.clear()
+    _pinned_cache[key] = other  # the next edits of this shape compare with it for free
+    even = counts == even_counts(state.num_layers, state.pp, state.vpp, state.mtp)
+    return Result(state, cfg, sim, other, even)
 
 
 # ------------------------------------------------------------------ planner
@@ -233,6 +321,26 @@ def run_planner(base: Config, state: EditState, progress: Progress | None = None
 
     problem = build_problem(config_for(base, state))
     return planner.plan(problem, top_k=5, progress=progress)
+
+
+def plan_in_child(base: Config, state: EditState, conn: Any) -> None:
+    """The planner in a child process (so it never competes with the screen for the
+    GIL, and cancelling it stops it): progress, then ("done", result) or ("error", text)
+    on the pipe, at most 20 progress messages a second."""
+    import time
+
+    last = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 0.05 or (total and done >= total):
+            last[0] = now
+            conn.send(("progress", done, total))
+
+    try:
+        conn.send(("done", run_planner(base, state, progress)))
+    except UserError as exc:
+        conn.send(("error", str(exc)))
 
 
 def state_with_split(state: EditState, split: Split) -> EditState:

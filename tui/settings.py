@@ -10,33 +10,57 @@ from textual.widgets import Input, Label, Select
 from ppsim.presets import HARDWARE_PRESETS, MODEL_PRESETS
 from ppsim.schedules import SCHEDULES
 from tui.messages import SettingChanged
-from tui.session import RECOMPUTE_MODES, EditState
+from tui.session import FROM_CONFIG, NO_RECOMPUTE, RECOMPUTE_MODES, EditState
 
 INPUTS = (("pp", "pp"), ("vpp", "vpp"), ("microbatches", "microbatches"),
           ("memory_gb", "memory GB"))
+"""(name, label); labels are cut to 9 characters in a narrow terminal."""
+
+
+def select_options(config_model: bool, config_hardware: bool,
+                   recompute: bool) -> dict[str, tuple[str, ...]]:
+    """Each dropdown's choices; "config" (the config file's own model or hardware)
+    only when the file has no preset, and recompute only for models that have it."""
+    return {"schedule": tuple(SCHEDULES),
+            "recompute": RECOMPUTE_MODES if recompute else (NO_RECOMPUTE,),
+            "model": tuple(MODEL_PRESETS) + ((FROM_CONFIG,) if config_model else ()),
+            "hardware": tuple(HARDWARE_PRESETS) + ((FROM_CONFIG,) if config_hardware else ())}
+
+
 SELECTS = (("schedule", "schedule", tuple(SCHEDULES)),
            ("recompute", "recompute", RECOMPUTE_MODES),
            ("model", "model", tuple(MODEL_PRESETS)),
            ("hardware", "hardware", tuple(HARDWARE_PRESETS)))
+"""(name, label, preset choices); what a dropdown offers is `select_options`."""
 
 
 def state_values(state: EditState) -> dict[str, str]:
-    """What each field shows for a state."""
+    """What each field shows for a state (exactly what is simulated)."""
     return {"pp": str(state.pp), "vpp": str(state.vpp), "microbatches": str(state.microbatches),
             "memory_gb": f"{state.memory_bytes / 1e9:g}", "schedule": state.schedule,
-            "recompute": state.recompute, "model": state.model_preset or "",
-            "hardware": state.hardware_preset or ""}
+            "recompute": state.recompute, "model": state.model_preset or FROM_CONFIG,
+            "hardware": state.hardware_preset or FROM_CONFIG}
 
 
 class Settings(Vertical):
-    """A compact form; each change is posted as SettingChanged and checked by the app."""
+    """A compact form; each change is posted as SettingChanged and checked by the app.
+
+    A typed value takes effect on Enter or when the field loses focus; Escape
+    puts the field back to the value being simulated."""
+
+    def __init__(self, state: EditState, config_model: bool, config_hardware: bool, *,
+                 id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._config = (config_model, config_hardware)
+        self.values = state_values(state)
+        self.options = select_options(*self._config, state.recompute != NO_RECOMPUTE)
 
     def compose(self) -> ComposeResult:
-        for name, label, options in SELECTS:
+        for name, label, _ in SELECTS:
             with Horizontal(classes="field"):
                 yield Label(label, classes="field-label")
-                yield Select([(o, o) for o in options], id=f"set-{name}", compact=True,
-                             allow_blank=True, prompt="(custom)")
+                yield Select([(o, o) for o in self.options[name]], id=f"set-{name}",
+                             compact=True, allow_blank=False, value=self.values[name])
         for name, label in INPUTS:
             with Horizontal(classes="field"):
                 yield Label(label, classes="field-label")
@@ -45,34 +69,43 @@ class Settings(Vertical):
 
     def show_state(self, state: EditState) -> None:
         """Put a state's values in the fields (without posting changes)."""
-        values = state_values(state)
-        for name, _, options in SELECTS:
+        self.values = values = state_values(state)
+        options = select_options(*self._config, state.recompute != NO_RECOMPUTE)
+        for name, _, _ in SELECTS:
             sel = self.query_one(f"#set-{name}", Select)
-            v = values[name]
             with sel.prevent(Select.Changed):
-                if v in options:
-                    sel.value = v
-                else:
-                    sel.clear()
+                if options[name] != self.options[name]:
+                    sel.set_options([(o, o) for o in options[name]])
+                sel.value = values[name]
+            sel.disabled = len(options[name]) == 1 and name == "recompute"
+        self.options = options
         for name, _ in INPUTS:
-            inp = self.query_one(f"#set-{name}", Input)
-            with inp.prevent(Input.Changed):
-                inp.value = values[name]
-            inp.remove_class("-invalid")
+            self.revert(name)
+
+    def revert(self, name: str) -> None:
+        """Show the simulated value again in input `name`."""
+        inp = self.query_one(f"#set-{name}", Input)
+        with inp.prevent(Input.Changed):
+            inp.value = self.values.get(name, "")
 
     def show_error(self, field: str, text: str) -> None:
         label = self.query_one("#settings-error", Label)
         label.update(text)
         label.set_class(bool(text), "-shown")
-        for name, _ in INPUTS:
-            self.query_one(f"#set-{name}", Input).set_class(bool(text) and name == field,
-                                                            "-invalid")
 
     @on(Input.Submitted)
     def _submitted(self, event: Input.Submitted) -> None:
         if event.input.id and event.input.id.startswith("set-"):
             event.stop()
             self.post_message(SettingChanged(event.input.id[4:], event.value))
+
+    @on(Input.Blurred)
+    def _blurred(self, event: Input.Blurred) -> None:
+        # leaving a field with a typed value applies it: a field never shows a
+        # value other than the simulated one for long
+        name = (event.input.id or "")[4:]
+        if name in self.values and event.value.strip() != self.values[name]:
+            self.post_message(SettingChanged(name, event.value))
 
     @on(Select.Changed)
     def _selected(self, event: Select.Changed) -> None:

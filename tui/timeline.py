@@ -16,11 +16,14 @@ from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from tui.lanes import Lane, fit_scale, fmt_ms, lane_cells, ruler
+from tui.lanes import Lane, find_op, fit_scale, fmt_ms, lane_cells, ruler
 from tui.messages import CursorMoved
 
 GUTTER = 8
 KIND_CLASS = {"F": "timeline--forward", "B": "timeline--backward", "W": "timeline--weight"}
+SHADE_CLASS = {"F": "timeline--forward-late", "B": "timeline--backward-late",
+               "W": "timeline--weight-late"}
+"""Ops of a rank's later chunks (virtual stages) are drawn a shade darker."""
 MAX_CELLS = 2_000_000
 
 
@@ -32,17 +35,18 @@ class Timeline(ScrollView, can_focus=True):
         Binding("right", "cursor_op(1)", "Next op", show=False),
         Binding("up", "cursor_lane(-1)", "Lane up", show=False),
         Binding("down", "cursor_lane(1)", "Lane down", show=False),
-        Binding("plus,equals_sign", "zoom(0.5)", "Zoom in"),
-        Binding("minus", "zoom(2.0)", "Zoom out"),
-        Binding("0", "fit", "Fit"),
+        Binding("plus,equals_sign", "zoom(0.5)", "Zoom in", show=False),
+        Binding("minus", "zoom(2.0)", "Zoom out", show=False),
+        Binding("0", "fit", "Fit", show=False),
         Binding("shift+left", "pan(-1)", "Scroll left", show=False),
         Binding("shift+right", "pan(1)", "Scroll right", show=False),
         Binding("home", "first_op", "First op", show=False),
         Binding("end", "last_op", "Last op", show=False),
     ]
     COMPONENT_CLASSES = {"timeline--forward", "timeline--backward", "timeline--weight",
-                         "timeline--idle", "timeline--cursor", "timeline--label",
-                         "timeline--ruler"}
+                         "timeline--forward-late", "timeline--backward-late",
+                         "timeline--weight-late", "timeline--idle", "timeline--cursor",
+                         "timeline--label", "timeline--ruler"}
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -125,6 +129,7 @@ class Timeline(ScrollView, can_focus=True):
         cur_lane, cur_op = self.cursor
         force = cur_op if index == cur_lane else -1
         styles = {k: self.get_component_rich_style(c) for k, c in KIND_CLASS.items()}
+        late = {k: self.get_component_rich_style(c) for k, c in SHADE_CLASS.items()}
         idle = self.get_component_rich_style("timeline--idle")
         cursor = self.get_component_rich_style("timeline--cursor") if self.has_focus \
             else Style(underline=True)
@@ -133,7 +138,8 @@ class Timeline(ScrollView, can_focus=True):
             if cell.op < 0:
                 style = idle
             else:
-                style = styles.get(lane.ops[cell.op].kind, idle)
+                op = lane.ops[cell.op]
+                style = (late if op.chunk % 2 else styles).get(op.kind, idle)
                 if cell.op == force:
                     style = style + cursor
             segs.append(Segment(cell.text, style))
@@ -206,10 +212,20 @@ class Timeline(ScrollView, can_focus=True):
         new = self.ms_per_cell * factor
         if self.end_ms / new > MAX_CELLS or new > fit:
             new = max(fit if new > fit else self.ms_per_cell, self.end_ms / MAX_CELLS)
+        op = self.current_op()
+        # keep the cursor's op where it is on screen (zoom centres on the cursor)
+        anchor = (op.start + op.end) / 2 if op is not None else None
+        screen_x = anchor / self.ms_per_cell - self.scroll_x if anchor is not None else 0
         self._fitted = new >= fit
         self.ms_per_cell = fit if self._fitted else new
         self._changed()
-        self._scroll_to_cursor()
+        if anchor is not None and not self._fitted:
+            x = round(anchor / self.ms_per_cell - screen_x)
+            # after the refresh that applies the new virtual size (it bounds scroll_x)
+            self.call_after_refresh(self.scroll_to, x=max(0, x), animate=False,
+                                    immediate=True)
+        elif self._fitted:
+            self.scroll_to(x=0, animate=False, immediate=True)
 
     def action_fit(self) -> None:
         self._fitted = True
@@ -222,11 +238,41 @@ class Timeline(ScrollView, can_focus=True):
         self.scroll_to(x=max(0, self.scroll_x + direction * step), animate=False,
                        immediate=True)
 
+    def find(self, query: str) -> bool:
+        """Move the cursor to the next op matching `query` (tui.lanes.find_op)."""
+        hit = find_op(self.lanes, query, self.cursor)
+        if hit is None:
+            return False
+        self._set_cursor(*hit)
+        return True
+
+    def _on_mouse_scroll_down(self, event: events.MouseScrollDown) -> None:
+        self._wheel(event, +1)
+
+    def _on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
+        self._wheel(event, -1)
+
+    def _wheel(self, event: events.MouseEvent, direction: int) -> None:
+        """The wheel scrolls the lanes when they overflow, else (and with shift) time."""
+        event.stop()
+        event.prevent_default()
+        if self.max_scroll_y > 0 and not event.shift:
+            self.scroll_to(y=max(0, self.scroll_y + direction * 2), animate=False,
+                           immediate=True)
+        else:
+            step = max(1, self._view_width() // 8)
+            self.scroll_to(x=max(0, self.scroll_x + direction * step), animate=False,
+                           immediate=True)
+
     def on_click(self, event: events.Click) -> None:
-        lane = event.y - 1 + int(self.scroll_y)
-        if event.y < 1 or not 0 <= lane < len(self.lanes) or event.x < GUTTER:
+        """Select the op under the mouse (event offsets include the border)."""
+        at = event.get_content_offset(self)
+        if at is None:
             return
-        x = event.x - GUTTER + int(self.scroll_x)
+        lane = at.y - 1 + int(self.scroll_y)
+        if at.y < 1 or not 0 <= lane < len(self.lanes) or at.x < GUTTER:
+            return
+        x = at.x - GUTTER + int(self.scroll_x)
         op = self.lanes[lane].overlapping(x * self.ms_per_cell, (x + 1) * self.ms_per_cell)
         if op < 0:
             op = self.lanes[lane].at_time((x + 0.5) * self.ms_per_cell)

@@ -13,7 +13,6 @@ from tui.editing import (
     EditRefused,
     History,
     balanced_counts,
-    check_shape,
     click_to_boundary,
     drag_boundary,
     move_boundary,
@@ -23,7 +22,13 @@ from tui.editing import (
 )
 from tui.lanes import Lane, LaneOp, fit_scale, lane_cells, ruler, sim_lanes
 from tui.memory import Bar, bar_cells
-from tui.session import apply_setting, config_for, evaluate_state, state_from_config
+from tui.session import (
+    apply_setting,
+    check_state,
+    config_for,
+    evaluate_state,
+    state_from_config,
+)
 
 
 def test_move_boundary_grows_and_shrinks() -> None:
@@ -88,10 +93,9 @@ def test_field_parsing() -> None:
     assert parse_float("memory_gb", "80") == 80.0
     with pytest.raises(EditRefused):
         parse_float("memory_gb", "nan")
-    with pytest.raises(EditRefused, match="do not divide"):
-        check_shape(8, 2, 3)
-    with pytest.raises(EditRefused):
-        check_shape(8, 9, 1)
+    for bad in ("inf", "-inf", "nan", "1e999"):
+        with pytest.raises(EditRefused):
+            parse_float("memory_gb", bad)
 
 
 def test_history_undo_redo() -> None:
@@ -114,16 +118,37 @@ def test_apply_setting_checks_everything() -> None:
     assert s2.vpp == 2 and s2.schedule == "interleaved-1f1b" and s2.counts == (2, 2, 2, 2)
     s3 = apply_setting(base, s, "pp", "4")
     assert s3.counts == (2, 2, 2, 2)
-    for name, text in (("vpp", "3"), ("microbatches", "0"), ("pp", "x"), ("pp", "9"),
-                       ("memory_gb", "-1"), ("schedule", "zb"), ("model", "nope")):
+    for name, text in (("microbatches", "0"), ("pp", "x"), ("memory_gb", "-1"),
+                       ("memory_gb", "inf"), ("schedule", "zb"), ("model", "nope"),
+                       ("pp", "1000000000"), ("microbatches", "1000000000"),
+                       ("microbatches", "100000")):
         with pytest.raises(EditRefused):
             apply_setting(base, s, name, text)
     # interleaved-1f1b runs any microbatch count (Megatron's groups, else torch's rule)
     assert apply_setting(base, s2, "microbatches", "7").microbatches == 7
+    # dualpipev needs 2 x pp microbatches: the core says so when the problem is built
+    # (in the simulation worker), not a rule of the TUI's own
+    dp = apply_setting(base, apply_setting(base, s, "schedule", "dualpipev"), "microbatches", "3")
+    with pytest.raises(EditRefused, match="microbatches"):
+        check_state(base, dp, "microbatches")
     s4 = apply_setting(base, s, "hardware", "h100-80gb")
     assert s4.memory_bytes == 80e9
     s5 = apply_setting(base, s, "model", "llama3-8b")
     assert sum(s5.counts) == 32
+
+
+def test_the_tui_has_no_divisibility_rule_of_its_own() -> None:
+    """Whatever the core accepts, the TUI accepts: 80 layers on pp 3, vpp 3 on 8 layers,
+    more ranks than layers."""
+    base = load_config(None)
+    s = state_from_config(base)
+    for name, text, n in (("vpp", "3", 6), ("pp", "9", 9)):
+        out = apply_setting(base, s, name, text)
+        assert len(out.counts) == n and sum(out.counts) == 8
+        check_state(base, out, name)
+    llama = apply_setting(base, apply_setting(base, s, "model", "llama3-70b"), "pp", "3")
+    assert sum(llama.counts) == 80 and len(llama.counts) == 3
+    check_state(base, llama, "pp")
 
 
 def test_config_round_trip_and_evaluation_matches_simulate() -> None:
@@ -134,7 +159,15 @@ def test_config_round_trip_and_evaluation_matches_simulate() -> None:
     result = evaluate_state(base, s)
     ref = simulate(build_problem(base)).summary
     assert result.sim.summary == ref
-    assert result.baseline_counts == (4, 4) and result.speedup is not None
+    assert result.pinned_counts == (4, 4) and result.pinned_is_even
+    even = load_config(None)
+    even.pipeline.split = [4, 4]
+    assert result.pinned.summary == simulate(build_problem(even)).summary
+    assert result.speedup == pytest.approx(result.baseline_ms / ref.iteration_time_ms)
+    pinned = evaluate_state(base, s, (6, 2))
+    assert pinned.pinned_counts == (6, 2) and not pinned.pinned_is_even
+    # a pinned split of another shape falls back to the even split
+    assert evaluate_state(base, s, (2, 2, 2, 2)).pinned_counts == (4, 4)
 
 
 def test_lane_cells_map_ops_to_columns() -> None:

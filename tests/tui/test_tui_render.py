@@ -49,6 +49,15 @@ async def test_main_screen_after_an_edit_interleaved() -> None:
         check_golden("main_interleaved_120x40.txt", screen_text(app))
 
 
+async def test_main_screen_at_80x24() -> None:
+    """The narrow layout: settings column narrowed, timeline wide, global keys in the
+    footer."""
+    app = PPSimApp()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        check_golden("main_default_80x24.txt", screen_text(app))
+
+
 async def test_help_screen() -> None:
     app = PPSimApp()
     async with app.run_test(size=SIZE) as pilot:

@@ -1,0 +1,510 @@
+"""Issue 12's defects (and issue 15 item 7), each driven as a user would.
+
+Each test failed on the code before the fix; the comment says how.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import threading
+import time
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from ppsim.cli import main as ppsim_main
+from ppsim.config import load_config
+from ppsim.problem import build_problem
+from ppsim.simulator import simulate
+from tui.app import PPSimApp
+from tui.testing import SIZE, screen_text, settle
+from tui.timeline import Timeline
+
+ROOT = Path(__file__).parents[2]
+
+
+def text_of(app: PPSimApp) -> str:
+    return "\n".join(screen_text(app))
+
+
+async def type_into(pilot, app: PPSimApp, field: str, text: str) -> None:
+    inp = app.query_one(f"#set-{field}")
+    inp.focus()
+    inp.value = ""
+    await pilot.press(*text, "enter")
+
+
+async def handled_within(app: PPSimApp, key: str, done, limit: float) -> float:
+    """Deliver `key` as the terminal driver does and wait until `done()` holds;
+    the seconds it took (fails past `limit` * 10)."""
+    import asyncio
+
+    from textual import events
+
+    event = events.Key(key, None)
+    event.set_sender(app)
+    t0 = time.perf_counter()
+    app._driver.send_message(event)
+    while not done():
+        assert time.perf_counter() - t0 < limit * 10, f"{key} not handled"
+        await asyncio.sleep(0.001)
+    return time.perf_counter() - t0
+
+
+class Gate:
+    """Holds evaluate_state until released, so a test sees the app while it simulates."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import tui.app
+        from tui.session import evaluate_state
+
+        self.open = threading.Event()
+        self.open.set()
+        self.calls = 0
+
+        def gated(*args, **kwargs):
+            self.calls += 1
+            self.open.wait(30)
+            return evaluate_state(*args, **kwargs)
+
+        monkeypatch.setattr(tui.app, "evaluate_state", gated)
+
+
+# ------------------------------------------------------------------ 1. freezes
+
+
+@pytest.mark.parametrize(("field", "value"), [("pp", "1000000000"),
+                                               ("microbatches", "1000000000")])
+async def test_huge_sizes_are_refused_at_once_and_keys_stay_responsive(
+        field: str, value: str) -> None:
+    """Before: pp = 10^9 built a 10^9-entry split on the UI thread and hung."""
+    app = PPSimApp()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        inp = app.query_one(f"#set-{field}")
+        inp.focus()
+        inp.value = value
+        await pilot.pause()
+        took = await handled_within(app, "enter", lambda: "above the limit" in str(
+            app.query_one("#settings-error").render()), 0.2)
+        assert took < 0.5  # refused from the inputs alone, nothing built
+        assert "above the limit" in str(app.query_one("#settings-error").render())
+        app.query_one("#split-rows").focus()
+        await pilot.pause()
+        took = await handled_within(app, "right", lambda: app.state.counts == (6, 2), 0.2)
+        assert took < 0.2  # the key press is handled at once
+        await settle(pilot)
+        assert app.state.counts == (6, 2)
+
+
+def test_huge_num_layers_on_the_command_line_exits_2_at_once(capsys) -> None:
+    """Before: `ppsim tui --num-layers 1000000000` opened a blank screen at 5 GB."""
+    t0 = time.perf_counter()
+    assert ppsim_main(["tui", "--num-layers", "1000000000"]) == 2
+    assert time.perf_counter() - t0 < 2.0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model.num_layers" in err and "limit" in err
+
+
+async def test_simulation_runs_off_the_ui_thread_shows_it_and_escape_cancels(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    gate = Gate(monkeypatch)
+    app = PPSimApp()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        shown = app.result
+        gate.open.clear()
+        await pilot.press("right")  # (6, 2): simulating, held by the gate
+        await pilot.pause()
+        assert app.simulating and app.state.counts == (6, 2)
+        assert "simulating" in text_of(app) and "Esc cancels" in text_of(app)
+        rows = app.query_one("#split-rows")
+        took = await handled_within(app, "down", lambda: rows.cursor == 1, 0.2)
+        assert took < 0.2  # the UI still answers
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not app.simulating and app.state.counts == (5, 3)
+        gate.open.set()
+        await settle(pilot)
+        assert app.result is shown  # the cancelled state's result was dropped
+        assert app.state.counts == (5, 3)
+
+
+async def test_only_one_simulation_at_a_time_and_the_newest_state_wins(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    gate = Gate(monkeypatch)
+    app = PPSimApp()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        calls = gate.calls
+        gate.open.clear()
+        await pilot.press("right", "right", "right")
+        await pilot.pause()
+        gate.open.set()
+        await settle(pilot)
+        await settle(pilot)
+        assert app.result.state.counts == (8, 0) == app.state.counts
+        assert gate.calls - calls <= 2  # the first, then only the newest
+
+
+# ------------------------------------------------------------------ 2. recompute
+
+
+def reference(model: dict, recompute: str, pp: int = 8) -> float:
+    cfg = load_config(None)
+    cfg.model = {**model, "recompute": recompute}
+    cfg.hardware.memory_bytes = 80e9
+    cfg.pipeline.pp, cfg.pipeline.split = pp, None
+    return simulate(build_problem(cfg)).summary.iteration_time_ms
+
+
+async def test_recompute_shown_is_recompute_simulated() -> None:
+    """Before: llama3-70b showed "none" while "selective" (its preset) was simulated,
+    and choosing "none" changed nothing."""
+    app = PPSimApp()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        app.query_one("#set-model").value = "llama3-70b"
+        await settle(pilot)
+        await type_into(pilot, app, "memory_gb", "80")
+        await settle(pilot)
+        await type_into(pilot, app, "pp", "8")
+        await settle(pilot)
+        assert app.query_one("#set-recompute").value == "selective"
+        ms = app.result.sim.summary.iteration_time_ms
+        assert ms == pytest.approx(reference({"preset": "llama3-70b"}, "selective"))
+        app.query_one("#set-recompute").value = "none"
+        await settle(pilot)
+        assert app.state.recompute == "none"
+        assert app.result.config.model["recompute"] == "none"
+        none_ms = app.result.sim.summary.iteration_time_ms
+        assert none_ms == pytest.approx(reference({"preset": "llama3-70b"}, "none"))
+        assert none_ms != ms
+
+
+def test_a_uniform_model_offers_no_recompute_choice() -> None:
+    from tui.session import NO_RECOMPUTE, state_from_config
+    from tui.settings import select_options
+
+    cfg = load_config(None)
+    cfg.model = {"num_layers": 4, "forward_ms": 1.0, "backward_ms": 2.0}
+    cfg.pipeline.split = None
+    assert state_from_config(cfg).recompute == NO_RECOMPUTE
+    assert select_options(True, False, False)["recompute"] == (NO_RECOMPUTE,)
+
+
+# ------------------------------------------------------------------ 3. late planner results
+
+
+def fake_planner(monkeypatch: pytest.MonkeyPatch, release: threading.Event,
+                 counts: tuple[int, ...]) -> None:
+    """A planner that reports progress until released, then answers `counts`."""
+    import tui.planning
+    from ppsim.split import Split
+
+    class Best:
+        split = Split(counts, 2, 1)
+
+        class summary:  # noqa: N801 - shaped like ppsim.planner's result
+            iteration_time_ms = 1.0
+
+    class Res:
+        best = Best
+        proven_optimal = True
+        evaluated = total_splits = 9
+
+    def plan(base, state, progress):
+        while not release.wait(0.01):
+            progress(1, 0)
+        return Res
+
+    monkeypatch.setattr(tui.planning, "run_planner", plan)
+    monkeypatch.setattr(tui.planning, "IN_PROCESS", False)  # the stand-in lives here
+    monkeypatch.setattr(tui.planning, "planner_available", lambda: True)
+
+
+async def test_a_late_planner_result_does_not_overwrite_newer_edits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the planner's answer for the old state jumped the app back to it."""
+    release = threading.Event()
+    fake_planner(monkeypatch, release, (7, 1))
+    app = PPSimApp()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("p")
+        await pilot.pause()
+        assert app.query_one("#plan-progress").display
+        await pilot.press("left")  # a newer edit while it runs: (4, 4)
+        await pilot.pause()
+        release.set()
+        await settle(pilot)
+        assert app.state.counts == (4, 4)
+        assert any("planner result dropped" in str(n.message) for n in app._notifications)
+
+
+async def test_escape_cancels_the_planner(monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+    fake_planner(monkeypatch, release, (7, 1))
+    app = PPSimApp()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("p")
+        await pilot.pause()
+        await pilot.press("escape")
+        await settle(pilot)
+        assert app.planning is None and app.state.counts == (5, 3)
+        assert any("planner cancelled" in str(n.message) for n in app._notifications)
+        release.set()
+
+
+# ------------------------------------------------------------------ 4. refused values
+
+
+async def test_a_value_the_core_refuses_reverts_with_its_reason() -> None:
+    """Before: a refused microbatch count stayed in the field, marked invalid, while
+    the headline showed the old value (the issue's case was interleaved with 7,
+    which the core now runs; dualpipev with fewer than 2 x pp is still refused)."""
+    app = PPSimApp()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        app.query_one("#set-schedule").value = "dualpipev"
+        await settle(pilot)
+        good = app.state
+        assert good.schedule == "dualpipev" == app.result.state.schedule
+        await type_into(pilot, app, "microbatches", "3")
+        await settle(pilot)
+        assert app.state == good == app.result.state
+        assert app.query_one("#set-microbatches").value == "8"
+        error = str(app.query_one("#settings-error").render())
+        assert "microbatches refused" in error and "at least 4" in error
+        assert "microbatches=8" in text_of(app)
+
+
+async def test_leaving_a_field_applies_it_and_escape_puts_it_back() -> None:
+    app = PPSimApp()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        inp = app.query_one("#set-microbatches")
+        inp.focus()
+        inp.value = "16"
+        await pilot.press("escape")  # leaves the field, puts back the simulated value
+        await settle(pilot)
+        assert inp.value == "8" and app.state.microbatches == 8
+        assert app.focused is app.query_one("#split-rows")
+        inp.focus()
+        inp.value = "16"
+        app.query_one("#split-rows").focus()  # leaving with a typed value applies it
+        await settle(pilot)
+        assert app.state.microbatches == 16 == app.result.sim.problem.schedule.microbatches
+
+
+# ------------------------------------------------------------------ 5. is in test_tui_app
+
+
+def test_compare_uses_ppsim_diff_sign_and_iteration(tmp_path: Path) -> None:
+    """Before: the panel printed (sim - real) / real, the opposite of ppsim diff."""
+    from ppsim.trace import read_trace
+    from tui.compare import compare
+
+    trace_dir = ROOT / "traces" / "1f1b-5-3-m8"
+    if not (trace_dir / "real.json").exists():
+        pytest.skip("recorded trace missing")
+    cfg = load_config(str(trace_dir / "config.toml"))
+    sim = simulate(build_problem(cfg))
+    sim_path = tmp_path / "sim.json"
+    with redirect_stdout(io.StringIO()):
+        assert ppsim_main(["simulate", "--config", str(trace_dir / "config.toml"),
+                           "--trace", str(sim_path)]) == 0
+        buf = io.StringIO()
+        with redirect_stdout(buf):
+            assert ppsim_main(["diff", str(sim_path), str(trace_dir / "real.json"),
+                               "--json"]) == 0
+    d = json.loads(buf.getvalue())
+    cmp = compare(sim, read_trace(str(trace_dir / "real.json")))
+    assert cmp.rel_error == pytest.approx(d["iteration_time_error"], rel=1e-6)
+    assert cmp.iteration == d["iterations"][1]
+    assert f"real iteration {cmp.iteration} compared" in "\n".join(cmp.lines())
+
+
+# ------------------------------------------------------------------ 6. the rest
+
+
+async def test_a_missing_trace_clears_the_old_real_lanes(tmp_path: Path) -> None:
+    trace = tmp_path / "t.json"
+    with redirect_stdout(io.StringIO()):
+        assert ppsim_main(["simulate", "--trace", str(trace)]) == 0
+    app = PPSimApp(trace_path=str(trace))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert any(lane.source == "real" for lane in app.query_one(Timeline).lanes)
+        app.load_trace(str(tmp_path / "missing.json"))
+        await settle(pilot)
+        assert app.trace is None and app.comparison is None
+        assert not any(lane.source == "real" for lane in app.query_one(Timeline).lanes)
+        assert "cannot load trace" in text_of(app)
+
+
+@pytest.mark.parametrize("argv", [["--memory-gb", "-1"], ["--memory-gb", "nan"],
+                                  ["--memory-gb", "inf"], ["--microbatches", "100000"]])
+def test_bad_command_line_values_exit_2_before_the_screen_opens(argv, capsys) -> None:
+    assert ppsim_main(["tui", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ppsim tui: error:") and err.count("\n") == 1
+
+
+def test_a_trace_whose_other_data_is_a_list_exits_2(tmp_path: Path, capsys) -> None:
+    """Issue 15 item 7: the app crashed on it and exited 0."""
+    path = tmp_path / "t.json"
+    with redirect_stdout(io.StringIO()):
+        assert ppsim_main(["simulate", "--trace", str(path)]) == 0
+    data = json.loads(path.read_text())
+    data["otherData"] = [1, 2]
+    path.write_text(json.dumps(data))
+    rc = ppsim_main(["tui", "--trace", str(path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "otherData" in err
+
+
+def test_a_config_missing_seq_length_exits_non_zero(tmp_path: Path) -> None:
+    """Issue 15 item 7: the app crashed inside and exited 0."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[model]\nkind = "transformer"\nnum_layers = 4\nhidden_size = 64\n'
+                   'num_heads = 4\nnum_kv_heads = 4\nffn_hidden_size = 256\n'
+                   'vocab_size = 100\n[pipeline]\npp = 2\n')
+    proc = subprocess.run([sys.executable, "-m", "ppsim.cli", "tui", "--config", str(cfg)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode != 0
+    assert "seq_length" in proc.stderr
+
+
+async def test_a_crash_inside_the_app_sets_a_non_zero_exit_status(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import tui.app
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(tui.app, "evaluate_state", boom)
+    app = PPSimApp()
+    with pytest.raises(Exception, match="a bug"):
+        async with app.run_test(size=SIZE) as pilot:
+            await settle(pilot)
+    assert app.return_code == 1
+
+
+def test_pp_on_the_command_line_re_splits_a_saved_split(tmp_path: Path) -> None:
+    from ppsim.cli import build_parser, config_from_args
+    from tui.cli import resplit_note
+    from tui.session import state_from_config
+
+    path = tmp_path / "c.toml"
+    path.write_text('[model]\npreset = "tiny-gpt"\n[pipeline]\npp = 2\nsplit = [5, 3]\n')
+    args = build_parser().parse_args(["tui", "--config", str(path), "--pp", "4"])
+    cfg = config_from_args(args)
+    note = resplit_note(args, cfg)
+    assert "--pp re-split the layers evenly" in note and "[5, 3]" in note
+    assert state_from_config(cfg).counts == (2, 2, 2, 2)
+    same = build_parser().parse_args(["tui", "--config", str(path)])
+    cfg = config_from_args(same)
+    assert resplit_note(same, cfg) == "" and state_from_config(cfg).counts == (5, 3)
+
+
+def test_pp_3_with_llama3_70b_is_accepted_like_in_the_ui() -> None:
+    from ppsim.cli import build_parser, config_from_args
+    from tui.session import config_for, state_from_config
+
+    args = build_parser().parse_args(["tui", "--preset", "llama3-70b", "--pp", "3"])
+    cfg = config_from_args(args)
+    state = state_from_config(cfg)
+    assert len(state.counts) == 3 and sum(state.counts) == 80
+    build_problem(config_for(cfg, state))
+
+
+def test_a_stage_without_layers_draws_idle() -> None:
+    from tui.lanes import lane_cells, sim_lanes
+
+    cfg = load_config(None)
+    cfg.pipeline.pp, cfg.pipeline.split = 3, [4, 0, 4]
+    lanes = sim_lanes(simulate(build_problem(cfg)))
+    middle = "".join(c.text for c in lane_cells(lanes[1], lanes[0].end / 60, 0, 60))
+    assert set(middle) == {"·"}
+    first = "".join(c.text for c in lane_cells(lanes[0], lanes[0].end / 60, 0, 60))
+    assert set(first) != {"·"}
+
+
+async def test_save_to_a_missing_folder_says_so_and_creates_nothing(tmp_path: Path) -> None:
+    app = PPSimApp()
+    target = tmp_path / "nope" / "c.toml"
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        app.save_to(str(target))
+        app.export_to(str(tmp_path / "nope" / "x.sh"))
+        await pilot.pause()
+        msgs = [str(n.message) for n in app._notifications]
+    assert not (tmp_path / "nope").exists()
+    assert any("cannot save" in m and "does not exist" in m for m in msgs)
+    assert not any("Errno" in m for m in msgs)
+
+
+async def test_quit_with_unsaved_edits_asks(tmp_path: Path) -> None:
+    app = PPSimApp()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("right")
+        await settle(pilot)
+        await pilot.press("q")
+        await pilot.pause()
+        assert "changed since the last save" in text_of(app)
+        await pilot.press("n")
+        await pilot.pause()
+        assert app.is_running
+        app.save_to(str(tmp_path / "c.toml"))
+        await pilot.press("q")
+        await pilot.pause()
+        assert not app.is_running
+
+
+async def test_dropdowns_hold_only_real_choices() -> None:
+    from textual.widgets import Select
+
+    app = PPSimApp()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        for sel in app.query(Select):
+            # no blank entry ("(custom)" before) that selects nothing
+            assert not sel._allow_blank and sel.value is not Select.NULL
+            assert all(value is not Select.NULL for _, value in sel._options)
+
+
+async def test_the_real_planner_runs_in_a_child_that_escape_stops(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner process is killed on Escape (a thread could not be stopped)."""
+    import tui.planning
+
+    started = []
+    real_start = tui.planning.start_child
+
+    def spy(base, state):
+        started.append(real_start(base, state))
+        return started[-1]
+
+    monkeypatch.setattr(tui.planning, "start_child", spy)
+    cfg = load_config(None)
+    cfg.model = {"preset": "llama3-70b"}
+    cfg.hardware.memory_bytes = 80e9
+    cfg.pipeline.pp, cfg.pipeline.microbatches, cfg.pipeline.split = 16, 256, None
+    app = PPSimApp(cfg)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("p")
+        await pilot.pause(1.0)
+        assert app.planning is not None and started and started[0].poll() is None
+        await pilot.press("escape")
+        await settle(pilot)
+        assert app.planning is None and started[0].poll() is not None
+        assert any("planner cancelled" in str(n.message) for n in app._notifications)

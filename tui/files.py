@@ -1,0 +1,151 @@
+"""The app's file actions: export (and copy), save, load a trace, quit with unsaved edits.
+
+A mixin of `tui.app.PPSimApp`, kept apart so the app module stays about wiring.
+Errors are said in words (which path, what is wrong, what to do), never as
+raw errno text, and nothing is written into a folder that does not exist.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import Any
+
+from textual.widgets import Static
+
+from ppsim.errors import UserError
+from tui.screens import ConfirmQuit, PathPrompt
+
+
+def write_problem(path: str) -> str:
+    """Why `path` cannot be written, in words, or '' when it can be tried."""
+    if not path.strip():
+        return "no path given"
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return f"{path} is a folder; give a file name"
+    if not os.path.isdir(folder):
+        return f"the folder {folder} does not exist; create it first or choose another path"
+    if not os.access(folder, os.W_OK):
+        return f"the folder {folder} is not writable; choose another path"
+    return ""
+
+
+def os_error_text(path: str, exc: OSError) -> str:
+    """An OSError from writing `path`, as a sentence."""
+    reasons = {errno.ENOSPC: "the disk is full", errno.EACCES: "permission denied",
+               errno.EROFS: "the file system is read-only", errno.ENAMETOOLONG:
+               "the name is too long", errno.ENOENT: "the folder does not exist",
+               errno.EISDIR: "it is a folder"}
+    why = reasons.get(exc.errno or 0, (exc.strerror or "error").lower())
+    return f"{path}: {why}"
+
+
+def check_trace_info(trace: Any) -> None:
+    """A trace whose otherData is not an object cannot say its shape: refuse it."""
+    if not isinstance(getattr(trace, "info", {}), dict):
+        raise UserError("trace", f"{trace.path}: otherData must be a JSON object",
+                        "re-record the trace with ppsim run or ppsim simulate --trace")
+
+
+class FileActions:
+    """Export, copy, save, load-trace and quit actions (mixed into the App)."""
+
+    saved_state: Any
+    config_path: str | None
+
+    def _title(self) -> str:
+        s = self.state  # type: ignore[attr-defined]
+        return f"{s.model_preset or 'model'} {s.schedule} microbatches={s.microbatches}"
+
+    def _write(self, what: str, path: str, text: str) -> bool:
+        from ppsim.fileio import write_text_atomic
+
+        problem = write_problem(path)
+        if not problem:
+            try:
+                write_text_atomic(path, text)
+            except OSError as exc:
+                problem = os_error_text(path, exc)
+        if problem:
+            self.notify(f"cannot {what}: {problem}", severity="error")  # type: ignore
+            return False
+        return True
+
+    def action_export(self) -> None:
+        from tui.exports import export_text
+
+        preview = export_text(self.state.split)  # type: ignore[attr-defined]
+        self.push_screen(PathPrompt("Export the split to (y in the main screen copies it "  # type: ignore[attr-defined]
+                                    "to the clipboard instead)", "ppsim-split.sh", preview),
+                         self.export_to)
+
+    def export_to(self, path: str | None) -> None:
+        from tui.exports import export_text
+
+        if not path:
+            return
+        text = export_text(self.state.split, self._title())  # type: ignore[attr-defined]
+        if self._write("export", path, text):
+            self.copy_to_clipboard(text)  # type: ignore[attr-defined]
+            self.notify(f"split exported to {path} (and copied to the clipboard)")  # type: ignore
+
+    def action_copy_export(self) -> None:
+        from tui.exports import export_text
+
+        text = export_text(self.state.split, self._title())  # type: ignore[attr-defined]
+        self.copy_to_clipboard(text)  # type: ignore[attr-defined]
+        self.notify("export (Megatron, torchtitan, DeepSpeed forms) copied to the clipboard")  # type: ignore
+
+    def action_save(self) -> None:
+        self.push_screen(PathPrompt("Save the config (TOML) to",  # type: ignore[attr-defined]
+                                    self.config_path or "ppsim.toml"), self.save_to)
+
+    def save_to(self, path: str | None) -> None:
+        from ppsim.config import config_to_toml
+        from tui.session import config_for
+
+        if not path:
+            return
+        text = config_to_toml(config_for(self.base, self.state))  # type: ignore[attr-defined]
+        if self._write("save", path, text):
+            self.config_path = path
+            self.saved_state = self.state  # type: ignore[attr-defined]
+            self.notify(f"config saved to {path}")  # type: ignore[attr-defined]
+
+    def action_load_trace(self) -> None:
+        self.push_screen(PathPrompt(  # type: ignore[attr-defined]
+            "Load a trace (Chrome JSON from ppsim run / simulate)"), self.load_trace)
+
+    def load_trace(self, path: str | None) -> None:
+        from ppsim.trace import read_trace
+
+        if not path:
+            return
+        box = self.query_one("#compare", Static)  # type: ignore[attr-defined]
+        try:
+            trace = read_trace(path)
+            check_trace_info(trace)
+        except UserError as exc:
+            # the old trace goes too: its lanes must not stay drawn beside this error
+            self.trace = None
+            self.comparison = None
+            self.notify(str(exc), severity="error")  # type: ignore[attr-defined]
+            box.update(f"cannot load trace: {exc}")
+            box.add_class("-shown")
+            self._show_timeline()  # type: ignore[attr-defined]
+            return
+        self.trace = trace
+        self._show_timeline()  # type: ignore[attr-defined]
+
+    async def action_quit(self) -> None:
+        if self.saved_state is not None and self.saved_state == self.state:  # type: ignore
+            self.exit()  # type: ignore[attr-defined]
+            return
+        self.push_screen(ConfirmQuit(), self._quit_answer)  # type: ignore[attr-defined]
+
+    def _quit_answer(self, answer: str | None) -> None:
+        if answer == "quit":
+            self.exit()  # type: ignore[attr-defined]
+        elif answer == "save":
+            self.action_save()
