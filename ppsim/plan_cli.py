@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import sys
 from dataclasses import dataclass, replace
 from typing import Any
@@ -227,7 +228,13 @@ def no_fit_message(res: PlanResult) -> str:
     tips = [f"more pipeline stages (--pp {p.schedule.pp * 2})",
             "activation recompute (--recompute selective or full)",
             "a smaller micro-batch or fewer microbatches in flight"]
-    return (f"no split fits {p.hardware.memory_bytes / 1e9:.1f} GB per rank: the smallest "
+    limit = p.hardware.memory_bytes
+    if peak <= limit or math.isfinite(res.lower_bound_ms):
+        # The search stopped at its budget: a split may fit that it did not reach.
+        return (f"no split that fits {limit / 1e9:.1f} GB per rank was found within the time "
+                f"budget (the lowest peak seen is {peak / 1e9:.2f} GB on rank {rank}); give "
+                "more --time-budget, or try " + ", ".join(tips))
+    return (f"no split fits {limit / 1e9:.1f} GB per rank: the smallest "
             f"peak any split reaches is {peak / 1e9:.2f} GB on rank {rank}; try "
             + ", ".join(tips))
 
