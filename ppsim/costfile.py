@@ -124,7 +124,7 @@ def _layer(path: str, where: str, table: Any) -> LayerCost:
         if key not in LAYER_KEYS:
             raise UserError(f"{path}: {where}.{key}", "unknown key",
                             "valid keys: " + ", ".join(LAYER_KEYS))
-        kw[key] = _number(path, f"{where}.{key}", value, key.endswith("bytes"))
+        kw[key] = _number(path, f"{where}.{key}", value, key.endswith("bytes") or key == "params")
     lc = LayerCost(**kw)
     if lc.weight_grad_ms > lc.backward_ms * (1 + 1e-9):
         raise UserError(f"{path}: {where}.weight_grad_ms", f"{lc.weight_grad_ms} exceeds "

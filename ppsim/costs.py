@@ -30,6 +30,9 @@ class LayerCost:
     """Part of activation_bytes that W still needs after B (ZB's M_W)."""
     output_bytes: int = 0
     """Bytes of the tensor sent to the next stage (and of its gradient back)."""
+    params: int = 0
+    """Parameters one rank holds for this piece (after tp/ep sharding): the optimizer
+    step and the data-parallel gradient all-reduce at the end of a step scale with it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,11 +77,12 @@ class StageCost:
     activation_bytes: int
     weight_grad_bytes: int
     output_bytes: int
+    params: int = 0
 
 
-def _sum(parts: list[LayerCost]) -> tuple[float, float, float, int, int, int]:
+def _sum(parts: list[LayerCost]) -> tuple[float, float, float, int, int, int, int]:
     f = b = w = 0.0
-    st = act = wg = 0
+    st = act = wg = n = 0
     for p in parts:
         f += p.forward_ms
         b += p.backward_ms
@@ -86,7 +90,8 @@ def _sum(parts: list[LayerCost]) -> tuple[float, float, float, int, int, int]:
         st += p.static_bytes
         act += p.activation_bytes
         wg += p.weight_grad_bytes
-    return f, b, w, st, act, wg
+        n += p.params
+    return f, b, w, st, act, wg, n
 
 
 def stage_cost(costs: ModelCosts, offset: int, layers: int, first: bool, last: bool) -> StageCost:
@@ -96,8 +101,8 @@ def stage_cost(costs: ModelCosts, offset: int, layers: int, first: bool, last: b
         parts.insert(0, costs.embedding)
     if last:
         parts.append(costs.head)
-    f, b, w, st, act, wg = _sum(parts)
-    return StageCost(f, b, w, st, act, wg, 0 if last else costs.hidden_bytes)
+    f, b, w, st, act, wg, n = _sum(parts)
+    return StageCost(f, b, w, st, act, wg, 0 if last else costs.hidden_bytes, n)
 
 
 def stage_costs(costs: ModelCosts, split: Split) -> list[StageCost]:
@@ -120,7 +125,7 @@ def stage_costs(costs: ModelCosts, split: Split) -> list[StageCost]:
 
 def _no_output(c: StageCost) -> StageCost:
     return StageCost(c.forward_ms, c.backward_ms, c.weight_grad_ms, c.static_bytes,
-                     c.activation_bytes, c.weight_grad_bytes, 0)
+                     c.activation_bytes, c.weight_grad_bytes, 0, c.params)
 
 
 def uniform_costs(num_layers: int, layer: LayerCost, embedding: LayerCost | None = None,

@@ -60,8 +60,10 @@ def list_schedule(c: CompiledSchedule, duration: Sequence[Sequence[float]],
     return starts, ends
 
 
-def evaluate(table: OpTable, layers: list[int], memory_bytes: float) -> Summary:
-    """Iteration time, bubbles and memory peaks, without building a timeline."""
+def evaluate(table: OpTable, layers: list[int], memory_bytes: float,
+             tail: list[float] | None = None) -> Summary:
+    """Iteration time, bubbles and memory peaks, without building a timeline; `tail` is
+    the step's per-rank end (see timing.step_tail)."""
     _, ends = op_times(table)
     busy = []
     for durs in table.duration:
@@ -71,4 +73,4 @@ def evaluate(table: OpTable, layers: list[int], memory_bytes: float) -> Summary:
         busy.append(b)
     last = [e[-1] if e else 0.0 for e in ends]
     peaks = [memory_peaks(table, r) for r in range(len(ends))]
-    return summarize(table.static, last, busy, layers, memory_bytes, peaks)
+    return summarize(table.static, last, busy, layers, memory_bytes, peaks, tail)

@@ -23,6 +23,10 @@ class Hardware:
     memory_bytes: float
     p2p_latency_ms: float = 0.0
     p2p_bandwidth_gbps: float = 0.0
+    memory_bandwidth_gbps: float = 0.0
+    """Prices the optimizer step (bytes per parameter over this); 0: the step is free."""
+    dp: int = 1
+    """Data-parallel replicas whose gradients are all-reduced at the end of the step."""
 
     def transfer_ms(self, nbytes: int) -> float:
         """Time from send to arrival of one message; 0 when transfers are free."""
@@ -60,7 +64,7 @@ def _layer(table: dict[str, Any], where: str) -> LayerCost:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             raise UserError(f"{where}.{key}", f"must be a number >= 0, got {value!r}",
                             "write a non-negative number")
-        kw[key] = int(value) if key.endswith("bytes") else float(value)
+        kw[key] = int(value) if key.endswith("bytes") or key == "params" else float(value)
     return LayerCost(**kw)
 
 
@@ -188,7 +192,10 @@ def hardware(cfg: Config) -> Hardware:
         lat, bw = load_p2p(cfg.costs_file)
         latency = latency if lat is None else lat
         bandwidth = bandwidth if bw is None else bw
-    hw = Hardware(cfg.hardware.memory_bytes, latency, bandwidth)
+    fields = model_fields(cfg.model)
+    dp = int(fields.get("dp", 1)) if fields.get("kind") == "transformer" else 1
+    hw = Hardware(cfg.hardware.memory_bytes, latency, bandwidth,
+                  cfg.hardware.memory_bandwidth_gbps, dp)
     if hw.memory_bytes <= 0:
         raise UserError("hardware.memory_bytes", f"must be positive, got {hw.memory_bytes:g}",
                         "give the memory one rank may use, e.g. 80e9 (--memory-gb 80)")

@@ -14,7 +14,7 @@ from ppsim.costs import StageCost, stage_cost
 from ppsim.evaluate import list_schedule
 from ppsim.problem import Problem
 from ppsim.schedules import F
-from ppsim.timing import Summary, compile_schedule, p2p_link, summarize
+from ppsim.timing import Summary, compile_schedule, p2p_link, step_tail, summarize
 
 STAGE_CACHE = 1 << 16
 """Stage costs kept (offset, count, stage): bounded, the search may visit millions."""
@@ -188,7 +188,10 @@ class SplitSearch:
             peaks.append((self.rank_peak(r, rc), inflight))
             layers.append(sum(counts[s] for s in self.rank_stages[r]))
         last = [e[-1] if e else 0.0 for e in ends]
-        summary = summarize(statics, last, busy, layers, self.memory, peaks)
+        hw = self.problem.hardware
+        tail = step_tail(self.sched, costs, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps,
+                         hw.memory_bandwidth_gbps, hw.dp)
+        summary = summarize(statics, last, busy, layers, self.memory, peaks, tail)
         if (len(self._evaluated) + 1) * self.pp > SUMMARY_CACHE_RANKS:
             self._evaluated.clear()
         self._evaluated[counts] = summary

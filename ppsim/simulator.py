@@ -26,7 +26,15 @@ from typing import NamedTuple
 
 from ppsim.problem import Problem
 from ppsim.schedules import Action, B, F, Schedule
-from ppsim.timing import Link, StageTable, Summary, p2p_link, stage_table, summarize
+from ppsim.timing import (
+    Link,
+    StageTable,
+    Summary,
+    p2p_link,
+    stage_table,
+    step_parts,
+    summarize,
+)
 
 
 class Op(NamedTuple):
@@ -57,6 +65,8 @@ class Timeline:
     memory: tuple[tuple[tuple[float, int, int], ...], ...]
     """Per rank: (time, activation bytes held, in-flight microbatches) after each change."""
     static: tuple[int, ...]
+    step: tuple[tuple[float, float, float], ...] = ()
+    """Per rank: (end of its last op, all-reduce ms, optimizer ms) — the step's tail."""
 
 
 @dataclass(frozen=True)
@@ -239,11 +249,16 @@ def simulate(problem: Problem, record: bool = True) -> Simulation:
     if stuck:
         raise RuntimeError(f"schedule deadlocked on ranks {stuck}")
     layers = [problem.split.rank_layers(r) for r in range(sched.pp)]
+    hw = problem.hardware
+    parts = step_parts(sched, problem.stage_costs, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps,
+                       hw.memory_bandwidth_gbps, hw.dp)
+    tail = [r + o for r, o in parts]
     summary = summarize(table.static, [rr.end for rr in ranks], [rr.busy for rr in ranks],
-                        layers, problem.hardware.memory_bytes,
-                        [(rr.peak_activation, rr.peak_inflight) for rr in ranks])
+                        layers, hw.memory_bytes,
+                        [(rr.peak_activation, rr.peak_inflight) for rr in ranks], tail)
     timeline = None
     if records is not None:
         timeline = Timeline(tuple(tuple(o) for o in records.ops), tuple(records.transfers),
-                            tuple(tuple(mm) for mm in records.memory), table.static)
+                            tuple(tuple(mm) for mm in records.memory), table.static,
+                            tuple((rr.end, *p) for rr, p in zip(ranks, parts, strict=True)))
     return Simulation(problem, summary, timeline)

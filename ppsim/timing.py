@@ -230,9 +230,51 @@ def memory_peaks(table: OpTable, rank: int) -> tuple[int, int]:
     return peak, peak_inflight
 
 
+ADAM_BYTES_PER_PARAM = 28
+"""AdamW's step reads the fp32 parameter, gradient and two moments (16 B) and writes
+the parameter and the moments (12 B): memory-bound."""
+GRAD_BYTES = 4
+"""Gradients are reduced in fp32 (Megatron's main grads)."""
+
+
+def step_parts(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
+               bandwidth_gbps: float, memory_bandwidth_gbps: float,
+               dp: int) -> list[tuple[float, float]]:
+    """Per rank, what follows its last backward, as (R, S) ms: the data-parallel gradient
+    all-reduce (a ring: 2(dp-1)/dp of the gradient bytes, 2(dp-1) latencies) and the
+    optimizer step (ADAM_BYTES_PER_PARAM over memory bandwidth), as the executor records
+    them. Parameters come from the cost model; a cost file without them costs nothing."""
+    params = [0] * s.pp
+    for i, c in enumerate(costs):
+        params[s.stage_rank(i)] += c.params
+    out = []
+    for n in params:
+        reduce = 0.0
+        if dp > 1:
+            reduce = 2 * (dp - 1) * latency_ms
+            if bandwidth_gbps > 0:
+                reduce += 2 * (dp - 1) / dp * n * GRAD_BYTES / (bandwidth_gbps * 1e6)
+        step = n * ADAM_BYTES_PER_PARAM / (memory_bandwidth_gbps * 1e6) \
+            if memory_bandwidth_gbps > 0 else 0.0
+        out.append((reduce, step))
+    return out
+
+
+def step_tail(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
+              bandwidth_gbps: float, memory_bandwidth_gbps: float, dp: int) -> list[float]:
+    """Per rank, the time of the step's end (all-reduce then optimizer), see step_parts."""
+    return [r + o for r, o in step_parts(s, costs, latency_ms, bandwidth_gbps,
+                                         memory_bandwidth_gbps, dp)]
+
+
 def summarize(static: Sequence[int], ends: list[float], busy: list[float], layers: list[int],
-              memory_bytes: float, peaks: list[tuple[int, int]]) -> Summary:
-    """Headline numbers from per-rank end times, busy times and memory peaks."""
+              memory_bytes: float, peaks: list[tuple[int, int]],
+              tail: Sequence[float] | None = None) -> Summary:
+    """Headline numbers from per-rank end times, busy times and memory peaks; `tail`
+    (the step's all-reduce and optimizer, per rank) runs after each rank's last op."""
+    if tail is not None and any(tail):
+        ends = [e + t for e, t in zip(ends, tail, strict=True)]
+        busy = [b + t for b, t in zip(busy, tail, strict=True)]
     pp = len(ends)
     t = max(ends) if ends else 0.0
     ranks = []

@@ -75,6 +75,11 @@ def simulation_trace(sim: Any) -> dict:
         a = t.action
         events.append(transfer_event(t.src, t.dst, a.kind, a.stage, a.microbatch, 0,
                                      t.start * 1e3, (t.end - t.start) * 1e3, t.nbytes))
+    for r, (end, reduce, step) in enumerate(tl.step):
+        for kind, dur in (("R", reduce), ("S", step)):
+            if dur > 0:  # as the executor: R only with data parallelism
+                events.append(compute_event(r, kind, -1, -1, -1, 0, end * 1e3, dur * 1e3))
+                end += dur
     for r, mem in enumerate(tl.memory):
         events.append(memory_event(r, 0.0, tl.static[r], 0))
         for time_ms, act, _ in mem:

@@ -98,6 +98,12 @@ def accelerator(hw: Any) -> Accelerator:
                        kernel_overhead_us=hw.kernel_overhead_us)
 
 
+def _held(a: Architecture, p: KindParams) -> int:
+    """Parameters one rank holds: matrices split by tp, norms whole, experts by ep x tp."""
+    mats = p.dense - p.norms
+    return int(mats / a.tp + p.norms + p.experts / (a.ep * a.tp))
+
+
 def _static(a: Architecture, p: KindParams) -> int:
     mats = p.dense - p.norms
     return int((mats / a.tp + p.norms + p.experts / (a.ep * a.tp)) * bytes_per_param(a))
@@ -122,7 +128,8 @@ def _kind_cost(a: Architecture, acc: Accelerator, kind: str) -> LayerCost:
     return LayerCost(forward_ms=f, backward_ms=bi + bw, weight_grad_ms=bw,
                      static_bytes=_static(a, kind_params(a, kind)),
                      activation_bytes=act, weight_grad_bytes=w_keep,
-                     output_bytes=s * b * h * DTYPE_BYTES[a.dtype] // t)
+                     output_bytes=s * b * h * DTYPE_BYTES[a.dtype] // t,
+                     params=_held(a, kind_params(a, kind)))
 
 
 def _head_cost(a: Architecture, acc: Accelerator) -> LayerCost:
@@ -133,7 +140,8 @@ def _head_cost(a: Architecture, acc: Accelerator) -> LayerCost:
     return LayerCost(forward_ms=f, backward_ms=bi + bw, weight_grad_ms=bw,
                      static_bytes=int((padded_vocab(a) * h / t + norm) * bytes_per_param(a)),
                      activation_bytes=head_activation_bytes(a),
-                     weight_grad_bytes=int(s * b * h * DTYPE_BYTES[a.dtype] / t), output_bytes=0)
+                     weight_grad_bytes=int(s * b * h * DTYPE_BYTES[a.dtype] / t), output_bytes=0,
+                     params=int(padded_vocab(a) * h / t + norm))
 
 
 def _mtp_cost(a: Architecture, acc: Accelerator, layer: LayerCost,
@@ -151,7 +159,7 @@ def _mtp_cost(a: Architecture, acc: Accelerator, layer: LayerCost,
         activation_bytes=layer.activation_bytes + head.activation_bytes
         + int(2 * s * b * h * width / t),
         weight_grad_bytes=layer.weight_grad_bytes + head.weight_grad_bytes,
-        output_bytes=layer.output_bytes)
+        output_bytes=layer.output_bytes, params=layer.params + int(mtp_extra_params(a) / t))
 
 
 def transformer_costs(a: Architecture, acc: Accelerator) -> ModelCosts:
@@ -170,7 +178,7 @@ def transformer_costs(a: Architecture, acc: Accelerator) -> ModelCosts:
     emb = LayerCost(forward_ms=0.0, backward_ms=0.0,
                     static_bytes=int(padded_vocab(a) * h / t * bytes_per_param(a)),
                     activation_bytes=embedding_activation_bytes(a),
-                    output_bytes=s * b * h * width // t)
+                    output_bytes=s * b * h * width // t, params=int(padded_vocab(a) * h / t))
     named = kinds + ("mtp",) * a.mtp_layers
     # A stack of dense layers only has one kind: leave it unnamed, as cost files do.
     plain = set(named) <= {"dense"}
