@@ -1,9 +1,11 @@
 """Executor overhead on CPU: ppsim's runtime vs torch.distributed.pipelining, same split.
 
-Tiny preset, 2 ranks (gloo), 1F1B, 8 microbatches, split [5, 3]. Both engines
-run the same model, data and split; each is launched through `ppsim run`
-(torchrun) and the two alternate so drift in machine load hits both alike.
-The goal is a ratio <= 1.0 (ppsim at least as fast).
+Two models, 2 ranks (gloo), 1F1B, 8 microbatches, split [5, 3]: the tiny preset
+(overhead-bound) and a compute-heavy GPT (hidden 256, seq 256, micro-batch 4).
+Both engines run the same model, data and split with return_outputs=False on the
+torch side; each is launched through `ppsim run` (torchrun) and the two alternate
+so drift in machine load hits both alike. The goal is a ratio <= 1.0 (ppsim at
+least as fast), best of 3 launches each.
 
 Run: OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_executor.py [--device cuda]
 """
@@ -22,12 +24,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(engine: str, device: str, iterations: int, warmup: int) -> dict | None:
+HEAVY = """[model]
+preset = "tiny-gpt"
+hidden_size = 256
+num_heads = 8
+num_kv_heads = 8
+ffn_hidden_size = 1024
+seq_length = 256
+micro_batch_size = 4
+"""
+"""A GPT where compute, not per-op overhead, sets the pace on CPU."""
+
+
+def run(engine: str, device: str, iterations: int, warmup: int,
+        model: str) -> dict | None:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "ppsim.cli", "run", "--preset", "tiny-gpt", "--pp", "2",
+        config: list[str] = ["--preset", "tiny-gpt"]
+        if model == "heavy":
+            path = Path(tmp) / "heavy.toml"
+            path.write_text(HEAVY)
+            config = ["--config", str(path)]
+        cmd = [sys.executable, "-m", "ppsim.cli", "run", *config, "--pp", "2",
                "--schedule", "1f1b", "--microbatches", "8", "--split", "5,3",
                "--engine", engine, "--device", device, "--iterations", str(iterations),
-               "--warmup", str(warmup), "--trace-dir", tmp, "--json"]
+               "--warmup", str(warmup), "--trace-dir", str(Path(tmp) / "run"), "--json"]
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                              timeout=600)
@@ -43,12 +63,18 @@ def main() -> None:
     p.add_argument("--iterations", type=int, default=12)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--model", default="both", choices=("tiny", "heavy", "both"))
     a = p.parse_args()
+    for model in ("tiny", "heavy") if a.model == "both" else (a.model,):
+        bench(a, model)
+
+
+def bench(a: argparse.Namespace, model: str) -> None:
     times: dict[str, list[float]] = {"ppsim": [], "torch": []}
     last: dict[str, dict] = {}
     for _ in range(a.rounds):
         for engine in ("ppsim", "torch"):
-            res = run(engine, a.device, a.iterations, a.warmup)
+            res = run(engine, a.device, a.iterations, a.warmup, model)
             if res is not None:
                 last[engine] = res
                 # median over the recorded iterations of this launch
@@ -56,7 +82,7 @@ def main() -> None:
     if "ppsim" not in last:
         sys.exit("the ppsim executor did not run")
     info = last["ppsim"]
-    print(f"tiny-gpt, pp 2, 1f1b, 8 microbatches, split [5, 3], device {a.device} "
+    print(f"{model}: pp 2, 1f1b, 8 microbatches, split [5, 3], device {a.device} "
           f"({info['backend']}, transfers via {info['wire']})")
     print(f"{'engine':28} {'iteration ms':>12} {'tokens/s':>10} {'loss':>8}")
     best = {e: min(t) for e, t in times.items() if t}
