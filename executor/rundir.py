@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from ppsim.errors import UserError
-from ppsim.fileio import shown
+from ppsim.fileio import process_alive, shown
 
 DEFAULT_ROOT = "ppsim-run"
 RESULTS = ("trace.json", "summary.json", "parts")
@@ -67,16 +67,6 @@ def _fresh(root: str) -> str:
                     "pass --trace-dir")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
 def _take_lock(path: str, node_rank: int) -> str:
     lock = os.path.join(path, f".ppsim-lock-node{node_rank}")
     for _ in range(2):
@@ -88,7 +78,7 @@ def _take_lock(path: str, node_rank: int) -> str:
                     pid = int(fh.read().strip() or 0)
             except (OSError, ValueError):
                 pid = 0
-            if pid and _alive(pid):
+            if pid and process_alive(pid):
                 raise UserError("--trace-dir", f"another ppsim run (pid {pid}) is writing "
                                 f"into {shown(path)}", "use another directory") from None
             os.unlink(lock)  # left by a run that no longer exists

@@ -70,7 +70,8 @@ def _target(path: str, force: bool) -> str:
     return path
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (owned by anyone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -104,7 +105,7 @@ def clean_stale_temps(folder: str, name: str) -> list[str]:
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
                 continue
             pid = int(m.group(1))
-            if (pid != os.getpid() and _alive(pid)) and now - st.st_mtime < STALE_AFTER_S:
+            if (pid != os.getpid() and process_alive(pid)) and now - st.st_mtime < STALE_AFTER_S:
                 continue  # a write in progress elsewhere
             os.unlink(full)
             removed.append(full)
