@@ -2,8 +2,8 @@
 
 A handful of matmul shapes (the efficiency curve), FlashAttention
 (scaled_dot_product_attention, causal) at a few sequence lengths, a copy for
-memory bandwidth, and a chain of tiny autograd ops for the host's per-kernel
-time. On a GPU it takes well under a minute; on CPU the sizes are small.
+memory bandwidth, and the executor's layer at a tiny width for the host's time
+per op. On a GPU it takes well under a minute; on CPU the sizes are small.
 """
 
 from __future__ import annotations
@@ -100,17 +100,28 @@ def measure_bandwidth(device: torch.device, reps: int) -> float:
 
 
 def measure_kernel_overhead(device: torch.device) -> float:
-    """Microseconds per tiny op with autograd recording, as eager training dispatches it."""
-    x = torch.ones(8, device=device, requires_grad=True)
-    n = 200
+    """Host microseconds per modelled op: the executor's own decoder layer at a tiny width
+    (device time ~0), forward and backward, over the ops the roofline counts for it
+    (ppsim.layerops). Eager PyTorch spends this in Python modules, dispatch and
+    autograd for every op, so a small model's layer is host-bound."""
+    from executor.builders.gpt import build
+    from executor.builders.llama import architecture
+    from ppsim.layerops import layer_ops
 
-    def chain() -> None:
-        y = x
-        for _ in range(n):
-            y = y * 1.0001
-        y.sum().backward()
+    fields = {"num_layers": 1, "hidden_size": 64, "num_heads": 2, "num_kv_heads": 2,
+              "ffn_hidden_size": 256, "vocab_size": 128, "seq_length": 16,
+              "micro_batch_size": 1, "gated_mlp": False, "norm": "layernorm",
+              "position": "learned", "dtype": "bf16" if device.type == "cuda" else "fp32"}
+    builder = build(fields)
+    layer = builder.layer(0).to(device=device, dtype=builder.dtype)
+    x = torch.randn(*builder.activation_shape, device=device, dtype=builder.dtype,
+                    requires_grad=True)
 
-    return _timer(device)(chain, 5) * 1e3 / (2 * n)  # forward and backward kernels
+    def step() -> None:
+        layer(x).sum().backward()
+
+    ops = len(layer_ops(architecture(fields), "dense"))
+    return _timer(device)(step, 20) * 1e3 / (2 * ops)  # a forward and a backward kernel each
 
 
 def measure_hardware(device_kind: str = "cpu", reps: int = 10) -> dict[str, Any]:
