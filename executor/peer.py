@@ -91,7 +91,9 @@ def _csv_runner(stages: list[Any], sched: Any, loss_fn: Any) -> Any:
 
 def run_peer(problem: Any, builder: ModelBuilder, rank: int, device: torch.device, args: Any,
              ctrl: Any, progress: Callable[[int, float], None],
-             wire: torch.device | None = None) -> dict[str, Any]:
+             wire: torch.device | None = None, recompute: str = "none") -> dict[str, Any]:
+    """Run the split under torch.distributed.pipelining's schedule of the same name, with
+    the same model, data, recompute mode and optimizer; time whole iterations."""
     from torch.distributed import pipelining
 
     split, sched = problem.split, problem.schedule
@@ -101,7 +103,8 @@ def run_peer(problem: Any, builder: ModelBuilder, rank: int, device: torch.devic
     for st in split.stages:
         if st.rank != rank:
             continue
-        mod = build_stage(builder, st, args.seed).to(device=device, dtype=builder.dtype)
+        mod = build_stage(builder, st, args.seed, recompute).to(device=device,
+                                                                dtype=builder.dtype)
         mods.append(mod)
         staged = HostStaged(mod, device) if wire != device else mod
         stages.append(pipelining.PipelineStage(staged, st.index, split.num_stages, wire))
@@ -143,4 +146,6 @@ def run_peer(problem: Any, builder: ModelBuilder, rank: int, device: torch.devic
             times.append(float(slowest.item()) * 1e3)
             losses.append(float(loss.item()))
             progress(it + 1, losses[-1])
-    return peer_summary(problem, builder, args.iterations, args.warmup, times, losses)
+    res = peer_summary(problem, builder, args.iterations, args.warmup, times, losses)
+    res["recompute"] = sorted({m.recompute for m in mods})  # what the stages were built with
+    return res

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from executor.builders import ModelBuilder, builder_spec, layer_kind, load_builder
 from executor.builders.deferral import WeightGradStore
 from executor.builders.stage import Stage, saved_bytes
+from ppsim.costfile import layer_dict
 from ppsim.costs import LayerCost, ModelCosts
 
 Progress = Callable[[str, int], None]
@@ -87,6 +88,10 @@ class _Clock:
 
 def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else 0.0
+
+
+def _mean(xs: list[float]) -> float:
+    return statistics.fmean(xs) if xs else 0.0
 
 
 def sampled_layers(num_layers: int, most: int = 4) -> list[int]:
@@ -234,7 +239,8 @@ class Profiler:
         for p in self.pieces:
             by_kind.setdefault((p.kind, p.layer_kind), []).append(p)
             s = p.samples
-            details[p.name] = {k: {"median_ms": _median(v), "min_ms": min(v) if v else 0.0,
+            details[p.name] = {k: {"mean_ms": _mean(v), "median_ms": _median(v),
+                                   "min_ms": min(v) if v else 0.0,
                                    "max_ms": max(v) if v else 0.0}
                                for k, v in (("forward", s.forward), ("backward", s.backward),
                                             ("forward_split", s.forward_split),
@@ -247,14 +253,17 @@ class Profiler:
                 for name in ("forward", "backward", "forward_split", "input_grad",
                              "weight_grad"):
                     getattr(pool, name).extend(getattr(p.samples, name))
-            f, b = _median(pool.forward), _median(pool.backward)
-            bi, w = _median(pool.input_grad), _median(pool.weight_grad)
+            # Means, not medians: an iteration is a sum of ops, and the occasional slow
+            # op (the OS, the allocator, gloo's threads) is part of what a run pays.
+            f, b = _mean(pool.forward), _mean(pool.backward)
+            bi, w = _mean(pool.input_grad), _mean(pool.weight_grad)
             # One LayerCost serves both paths: backward_ms is the plain whole backward
-            # (exact for 1F1B and friends), and the W share of it is the measured split
-            # W / (B + W), so split schedules get the measured proportions.
-            wshare = w / (bi + w) if bi + w > 0 else 0.0
+            # (1F1B and friends); split schedules run B = split_backward_ms - W and W,
+            # as measured with the deferral (a little more than one pass).
             p0 = pieces[0]
-            out[kind] = LayerCost(forward_ms=f, backward_ms=b, weight_grad_ms=b * wshare,
+            w = min(w, b)
+            out[kind] = LayerCost(forward_ms=f, backward_ms=b, weight_grad_ms=w,
+                                  split_backward_ms=max(b, bi + w),
                                   static_bytes=p0.static_bytes,
                                   activation_bytes=p0.activation_bytes,
                                   weight_grad_bytes=min(p0.weight_grad_bytes,
@@ -370,8 +379,15 @@ def measure_p2p(device_kind: str, sizes: list[int], rounds: int = 20) -> dict[st
 
 def profile(fields: dict[str, Any], device_kind: str = "cpu", repeats: int = 20,
             warmup: int = 3, microbatches: int = 1, p2p: bool = True,
-            progress: Progress | None = None) -> dict[str, Any]:
-    """Measure a transformer model; returns a cost file document (see ppsim.costfile)."""
+            progress: Progress | None = None,
+            devices: list[int] | None = None, pin: bool = False) -> dict[str, Any]:
+    """Measure a transformer model; returns a cost file document (see ppsim.costfile).
+
+    On CPU with a placement of several devices (default: one per rank), the op times
+    are measured in that many processes at once, as the run will see them, with the
+    per-message CPU time and the optimizer step (executor.conditions); the solo
+    times stay in the measurement for comparison. `pin`: each process on the core of
+    its device, as the executor pins ranks of an explicit placement."""
     from ppsim.costfile import cost_document
 
     t0 = time.perf_counter()
@@ -382,6 +398,11 @@ def profile(fields: dict[str, Any], device_kind: str = "cpu", repeats: int = 20,
     prof = Profiler(fields, device, microbatches)
     prof.run(repeats, warmup, progress)
     costs, details = prof.costs()
+    conditions, concurrent = run_conditions(prof, fields, device_kind, devices, repeats,
+                                            warmup, microbatches, progress, pin)
+    solo = costs
+    if concurrent is not None:
+        costs = concurrent
     link = None
     if p2p:
         if progress is not None:
@@ -399,6 +420,36 @@ def profile(fields: dict[str, Any], device_kind: str = "cpu", repeats: int = 20,
         device=device_kind if device_kind == "cpu" else torch.cuda.get_device_name(device),
         torch_version=torch.__version__, host=platform.node(), threads=threads,
         created_utc=datetime.now(UTC).isoformat(timespec="seconds"),
+        conditions=conditions,
         measurement={"repeats": repeats, "warmup": warmup, "layers_sampled":
                      prof.layer_indices, "seconds": time.perf_counter() - t0,
-                     "pieces": details, "p2p_host_mediated": host_p2p})
+                     "pieces": details, "p2p_host_mediated": host_p2p,
+                     "solo": {"layer": layer_dict(solo.layers[0]),
+                              "embedding": layer_dict(solo.embedding),
+                              "head": layer_dict(solo.head)}})
+
+
+def run_conditions(prof: Profiler, fields: dict[str, Any], device_kind: str,
+                   devices: list[int] | None, repeats: int, warmup: int, microbatches: int,
+                   progress: Progress | None, pin: bool = False
+                   ) -> tuple[dict[str, Any], ModelCosts | None]:
+    """The cost file's `conditions` and, on CPU with several devices, the costs measured
+    in one process per device at once (None otherwise)."""
+    from executor.conditions import measure_concurrent, optimizer_fit, pooled
+    from ppsim.costfile import _layer
+
+    devs = list(devices) if devices else [0]
+    n = len(set(devs))
+    cond: dict[str, Any] = {"devices": devs, "processes": 1, "message_cpu_ms": 0.0,
+                            "optimizer": optimizer_fit(prof)}
+    if device_kind != "cpu" or n < 2:
+        return cond, None
+    if progress is not None:
+        progress(f"timing in {n} processes at once", 0)
+    cores = sorted(set(devs)) if pin else None
+    body = pooled(measure_concurrent(fields, n, repeats, warmup, microbatches, cores))
+    cond.update(processes=n, message_cpu_ms=body["message_cpu_ms"])
+    costs = ModelCosts(layers=tuple(_layer("profile", "layer", x) for x in body["layers"]),
+                       embedding=_layer("profile", "embedding", body["embedding"]),
+                       head=_layer("profile", "head", body["head"]))
+    return cond, costs

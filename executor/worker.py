@@ -129,17 +129,24 @@ def _fail(args: argparse.Namespace, rank: int, dog: Watchdog, exc: BaseException
     os._exit(1)  # no clean shutdown: peers may be blocked on us
 
 
-def _devices(kind: str, local_rank: int, local_world: int) -> tuple[torch.device, torch.device,
-                                                                    str]:
-    """(compute device, wire device, backend). One GPU shared by ranks: gloo via host."""
+def _devices(kind: str, local_rank: int, local_world: int, placed: int | None = None,
+             shared: bool = False) -> tuple[torch.device, torch.device, str]:
+    """(compute device, wire device, backend). One GPU shared by ranks: gloo via host.
+
+    `placed` is the rank's device in the [placement] section: on CPU the core it is
+    pinned to (so ranks placed on one device share one core, as simulated), on GPUs
+    the CUDA device index."""
     if kind == "cpu":
+        if placed is not None and hasattr(os, "sched_setaffinity"):
+            cores = sorted(os.sched_getaffinity(0))
+            os.sched_setaffinity(0, {cores[placed % len(cores)]})
         return torch.device("cpu"), torch.device("cpu"), "gloo"
     n = torch.cuda.device_count()
     if n == 0:
         raise RuntimeError("--device cuda but this node has no CUDA device")
-    device = torch.device("cuda", local_rank % n)
+    device = torch.device("cuda", (local_rank if placed is None else placed) % n)
     torch.cuda.set_device(device)
-    if local_world <= n:
+    if local_world <= n and not shared:
         return device, device, "nccl"
     return device, torch.device("cpu"), "gloo"  # NCCL refuses two ranks on one GPU
 
@@ -152,8 +159,12 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     fields = model_fields(cfg.model)
     builder = load_builder(builder_spec(getattr(args, "model", None), fields), fields)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    placed, devs = None, cfg.placement.devices
+    if devs and data_parallel(args, fields) == 1:
+        placed = int(devs[rank % len(devs)])
     device, wire, backend = _devices(args.device, int(os.environ.get("LOCAL_RANK", 0)),
-                                     int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+                                     int(os.environ.get("LOCAL_WORLD_SIZE", 1)), placed,
+                                     bool(devs) and len(set(devs)) < len(devs))
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     _init_group(backend, rank, world, timedelta(seconds=args.timeout_s))
     ctrl = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
@@ -195,7 +206,7 @@ def _engine(args: argparse.Namespace, problem: Problem, builder: ModelBuilder, r
         res = run_peer(problem, builder, rank, device, args, ctrl,
                        lambda i, loss: _say("progress", {"iteration": i, "of": iters,
                                                          "loss": loss}) if rank == 0 else None,
-                       wire)
+                       wire, recompute)
         if rank == 0:
             res.update(meta)
             _finish_files(args, None, res)

@@ -123,7 +123,7 @@ class PathBounds:
 
     def bpart(self, c: LayerCost | StageCost) -> float:
         """The B op's share of a backward: all of it, or the input-gradient part."""
-        return c.backward_ms - c.weight_grad_ms if self.s.split_bw else c.backward_ms
+        return c.input_grad_ms(self.s.split_bw)
 
     def before_f(self, pos: int, st: int) -> float:
         """Forward time of all stages before stage st, which starts at layer pos."""

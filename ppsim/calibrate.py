@@ -100,7 +100,7 @@ def _predicted_ms(costs: ModelCosts, problem: Problem) -> dict[tuple[str, int], 
     out = {}
     for s, c in enumerate(sc):
         out[("F", s)] = c.forward_ms
-        out[("B", s)] = c.backward_ms - c.weight_grad_ms if split_bw else c.backward_ms
+        out[("B", s)] = c.input_grad_ms(split_bw)
         out[("W", s)] = c.weight_grad_ms
     return out
 

@@ -232,7 +232,7 @@ def print_exports(console: Any, exports: dict[str, Any]) -> None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from ppsim import limits
-    from ppsim.problem import build_problem
+    from ppsim.problem import build_problem, placement_warning
     from ppsim.report import summary_dict
     from ppsim.schedule_cli import print_notes
     from ppsim.simulator import simulate
@@ -243,6 +243,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         limits.check_request(cfg, limits.TRACE)
     problem = build_problem(cfg)
     print_notes(problem.schedule, "simulate")
+    warning = placement_warning(cfg)
+    if warning:
+        print(warning, file=sys.stderr)
     # Per-op records only where something shows them: memory stays flat otherwise.
     timeline = not args.json and (ops or 0) <= limits.TIMELINE_OPS
     sim = simulate(problem, record=bool(args.trace or args.png or timeline))

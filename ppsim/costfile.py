@@ -10,17 +10,22 @@ A cost file is one JSON object:
                                                              or one entry for every layer
      "embedding": {LayerCost fields}, "head": {LayerCost fields},
      "p2p": {"latency_ms": x, "bandwidth_gbps": y, ...} | null,
+     "conditions": {"devices": [0, 1], "processes": 2,                   (optional: what
+                    "message_cpu_ms": x,                                  the run adds, as
+                    "optimizer": {"fixed_ms": a, "gbps": b}} | null,     measured on CPU)
      "measurement": {...}, "calibration": {...}}             (how the numbers were obtained)
 
 LayerCost fields are forward_ms, backward_ms (whole backward), weight_grad_ms (the
-part of backward_ms that a split-backward schedule runs as W), static_bytes,
-activation_bytes, weight_grad_bytes and output_bytes; a missing one is 0.
+part of backward_ms that a split-backward schedule runs as W), split_backward_ms (the
+whole backward when W runs apart; 0: backward_ms), static_bytes, activation_bytes,
+weight_grad_bytes, output_bytes and params; a missing one is 0.
 
 Pure logic: no torch import, so planning with a measured file works anywhere.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import asdict, dataclass, fields
@@ -43,6 +48,19 @@ SHAPE_KEYS = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vo
 
 
 @dataclass(frozen=True)
+class Conditions:
+    """What the profile measured of the run's conditions (ppsim profile on CPU)."""
+
+    devices: tuple[int, ...] | None
+    """The placement the op times were measured for (one process per distinct device)."""
+    message_cpu_ms: float
+    """CPU time one gloo message costs each end."""
+    optimizer_fixed_ms: float
+    optimizer_gbps: float
+    """The AdamW step: fixed time plus bytes over this bandwidth; 0: not measured."""
+
+
+@dataclass(frozen=True)
 class CostFile:
     """A parsed cost file; `layers` may hold one entry meant for every layer."""
 
@@ -54,6 +72,7 @@ class CostFile:
     p2p_latency_ms: float | None
     p2p_bandwidth_gbps: float | None
     raw: dict[str, Any]
+    conditions: Conditions | None = None
 
     def model_costs(self, num_layers: int | None = None) -> ModelCosts:
         """The costs for a model of num_layers layers (None: as many as the file lists)."""
@@ -126,6 +145,10 @@ def _layer(path: str, where: str, table: Any) -> LayerCost:
                             "valid keys: " + ", ".join(LAYER_KEYS))
         kw[key] = _number(path, f"{where}.{key}", value, key.endswith("bytes") or key == "params")
     lc = LayerCost(**kw)
+    if lc.split_backward_ms and lc.weight_grad_ms > lc.split_backward_ms * (1 + 1e-9):
+        raise UserError(f"{path}: {where}.weight_grad_ms", f"{lc.weight_grad_ms} exceeds "
+                        f"split_backward_ms {lc.split_backward_ms}",
+                        "weight_grad_ms is the part of the backward spent on weights")
     if lc.weight_grad_ms > lc.backward_ms * (1 + 1e-9):
         raise UserError(f"{path}: {where}.weight_grad_ms", f"{lc.weight_grad_ms} exceeds "
                         f"backward_ms {lc.backward_ms}",
@@ -169,7 +192,31 @@ def cost_file_from_dict(data: Any, path: str = "costs") -> CostFile:
             lat = float(_number(path, "p2p.latency_ms", p2p["latency_ms"], False))
         if "bandwidth_gbps" in p2p:
             bw = float(_number(path, "p2p.bandwidth_gbps", p2p["bandwidth_gbps"], False))
-    return CostFile(path, layers, emb, head, model, lat, bw, data)
+    return CostFile(path, layers, emb, head, model, lat, bw, data,
+                    _conditions(path, data.get("conditions")))
+
+
+def _conditions(path: str, raw: Any) -> Conditions | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: conditions", "must be an object or null", "re-run ppsim profile")
+    devices = raw.get("devices")
+    if devices is not None and (not isinstance(devices, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices)):
+        raise UserError(f"{path}: conditions.devices", f"must be a list of device indices, got "
+                        f"{devices!r}", "re-run ppsim profile")
+    opt = raw.get("optimizer") or {}
+    if not isinstance(opt, dict):
+        raise UserError(f"{path}: conditions.optimizer", "must be an object or null",
+                        "re-run ppsim profile")
+    num = functools.partial(_number, path, integer=False)
+    return Conditions(tuple(devices) if devices is not None else None,
+                      float(num(where="conditions.message_cpu_ms",
+                                value=raw.get("message_cpu_ms", 0.0))),
+                      float(num(where="conditions.optimizer.fixed_ms",
+                                value=opt.get("fixed_ms", 0.0))),
+                      float(num(where="conditions.optimizer.gbps", value=opt.get("gbps", 0.0))))
 
 
 _CACHE: dict[str, tuple[tuple[int, int], CostFile]] = {}
@@ -227,6 +274,11 @@ def load_costs(path: str, num_layers: int | None = None,
     if model_fields is not None:
         check_model(cf, model_fields)
     return cf.model_costs(num_layers)
+
+
+def load_conditions(path: str) -> Conditions | None:
+    """The run conditions the file was measured under, if it says."""
+    return read_cost_file(path).conditions
 
 
 def load_p2p(path: str) -> tuple[float | None, float | None]:

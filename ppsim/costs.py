@@ -33,6 +33,15 @@ class LayerCost:
     params: int = 0
     """Parameters one rank holds for this piece (after tp/ep sharding): the optimizer
     step and the data-parallel gradient all-reduce at the end of a step scale with it."""
+    split_backward_ms: float = 0.0
+    """Whole backward when W runs apart from B (weight-gradient deferral costs a little
+    more than one pass, as `ppsim profile` measures); 0: backward_ms."""
+
+    def input_grad_ms(self, split: bool) -> float:
+        """B's duration: the whole backward, or without W when the schedule splits it."""
+        if not split:
+            return self.backward_ms
+        return (self.split_backward_ms or self.backward_ms) - self.weight_grad_ms
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,20 +87,28 @@ class StageCost:
     weight_grad_bytes: int
     output_bytes: int
     params: int = 0
+    split_backward_ms: float = 0.0
+
+    def input_grad_ms(self, split: bool) -> float:
+        """B's duration: the whole backward, or without W when the schedule splits it."""
+        if not split:
+            return self.backward_ms
+        return (self.split_backward_ms or self.backward_ms) - self.weight_grad_ms
 
 
-def _sum(parts: list[LayerCost]) -> tuple[float, float, float, int, int, int, int]:
-    f = b = w = 0.0
+def _sum(parts: list[LayerCost]) -> tuple[float, float, float, int, int, int, int, float]:
+    f = b = w = sb = 0.0
     st = act = wg = n = 0
     for p in parts:
         f += p.forward_ms
         b += p.backward_ms
         w += p.weight_grad_ms
+        sb += p.split_backward_ms or p.backward_ms
         st += p.static_bytes
         act += p.activation_bytes
         wg += p.weight_grad_bytes
         n += p.params
-    return f, b, w, st, act, wg, n
+    return f, b, w, st, act, wg, n, (0.0 if sb == b else sb)
 
 
 def stage_cost(costs: ModelCosts, offset: int, layers: int, first: bool, last: bool) -> StageCost:
@@ -101,8 +118,8 @@ def stage_cost(costs: ModelCosts, offset: int, layers: int, first: bool, last: b
         parts.insert(0, costs.embedding)
     if last:
         parts.append(costs.head)
-    f, b, w, st, act, wg, n = _sum(parts)
-    return StageCost(f, b, w, st, act, wg, 0 if last else costs.hidden_bytes, n)
+    f, b, w, st, act, wg, n, sb = _sum(parts)
+    return StageCost(f, b, w, st, act, wg, 0 if last else costs.hidden_bytes, n, sb)
 
 
 def stage_costs(costs: ModelCosts, split: Split) -> list[StageCost]:
@@ -125,7 +142,7 @@ def stage_costs(costs: ModelCosts, split: Split) -> list[StageCost]:
 
 def _no_output(c: StageCost) -> StageCost:
     return StageCost(c.forward_ms, c.backward_ms, c.weight_grad_ms, c.static_bytes,
-                     c.activation_bytes, c.weight_grad_bytes, 0, c.params)
+                     c.activation_bytes, c.weight_grad_bytes, 0, c.params, c.split_backward_ms)
 
 
 def uniform_costs(num_layers: int, layer: LayerCost, embedding: LayerCost | None = None,

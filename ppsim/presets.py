@@ -88,9 +88,10 @@ def _curve(achieved_tflops: float, fixed_us: float, peak: float = 989.0) -> list
 # ~90 % of the HBM spec (H200 4.8 TB/s -> 4.3 measured, H100 3.35, A100 2.04);
 # eager PyTorch spends ~10 us of host time per kernel. The H200's figures are fitted to
 # what ppsim's executor measured on one (issue 11: gpt3-1.3b and llama3-8b layers and
-# heads, F/B/W): 40 us fixed per matmul (813 TFLOP/s beyond it: 790 at 8192^3), attention at 30 %, 3.0 TB/s for elementwise
-# work, and 80 us of host time per modelled op (Python modules, dispatch, autograd; the
-# same figure `profile --hardware-out` measures on this 2-core VM's CPU: ~78 us).
+# heads, F/B/W): 40 us fixed per matmul (813 TFLOP/s beyond it: 790 at 8192^3),
+# attention at 30 %, 3.0 TB/s for elementwise work, and 80 us of host time per
+# modelled op (Python modules, dispatch, autograd; the same figure
+# `profile --hardware-out` measures on this 2-core VM's CPU: ~78 us).
 HARDWARE_PRESETS: dict[str, dict] = {
     "a100-80gb": dict(memory_bytes=80e9, peak_tflops=312.0, efficiency=0.5,
                       p2p_bandwidth_gbps=25.0, p2p_latency_ms=0.01,

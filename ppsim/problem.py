@@ -27,6 +27,9 @@ class Hardware:
     """Prices the optimizer step (bytes per parameter over this); 0: the step is free."""
     dp: int = 1
     """Data-parallel replicas whose gradients are all-reduced at the end of the step."""
+    optimizer_fixed_ms: float = 0.0
+    """The optimizer step's time beside its bytes (per-tensor dispatch), per rank;
+    measured by `ppsim profile` on CPU."""
 
     def transfer_ms(self, nbytes: int) -> float:
         """Time from send to arrival of one message; 0 when transfers are free."""
@@ -164,8 +167,39 @@ def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
     check_ops(p.pp, split.vpp, p.microbatches, False, SIMULATE)
     schedule = build_schedule(name, p.pp, split.vpp, p.microbatches)
     hw = hardware(cfg)
-    topo = topology(cfg.placement, p.pp, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps)
-    return Problem(costs, split, schedule, hw, None if topo.is_private else topo)
+    return Problem(costs, split, schedule, hw, _topology(cfg, hw))
+
+
+def _topology(cfg: Config, hw: Hardware) -> Topology | None:
+    """The placement's shared resources (None: the private, classic model). A cost file
+    measured on CPU supplies the per-message CPU time unless the placement sets one."""
+    pl = cfg.placement
+    if cfg.costs_file and not pl.message_cpu_ms:
+        from ppsim.costfile import load_conditions
+
+        cond = load_conditions(cfg.costs_file)
+        if cond is not None and cond.message_cpu_ms:
+            pl = replace(pl, message_cpu_ms=cond.message_cpu_ms)
+    topo = topology(pl, cfg.pipeline.pp, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps)
+    return None if topo.is_private else topo
+
+
+def placement_warning(cfg: Config) -> str | None:
+    """A line when the cost file's op times were measured for another placement."""
+    if not cfg.costs_file:
+        return None
+    from ppsim.costfile import load_conditions
+
+    cond = load_conditions(cfg.costs_file)
+    if cond is None or cond.devices is None:
+        return None
+    pp = cfg.pipeline.pp
+    want = list(cfg.placement.devices) if cfg.placement.devices else list(range(pp))
+    if len(set(want)) == len(set(cond.devices)):
+        return None
+    return (f"warning: {cfg.costs_file} was profiled for {len(set(cond.devices))} device(s) "
+            f"busy at once (placement {list(cond.devices)}), this run places {pp} ranks on "
+            f"{len(set(want))} ({want}); re-run ppsim profile with this placement")
 
 
 def _csv_problem(cfg: Config, costs: ModelCosts) -> Problem:
@@ -180,7 +214,8 @@ def _csv_problem(cfg: Config, costs: ModelCosts) -> Problem:
     if split.vpp != schedule.vpp:
         raise UserError("pipeline.layout", f"has {split.vpp} stages per rank but the actions "
                         f"CSV runs {schedule.vpp}", "give a layout with as many stages as the CSV")
-    return Problem(costs, split, schedule, hardware(cfg))
+    hw = hardware(cfg)
+    return Problem(costs, split, schedule, hw, _topology(cfg, hw))
 
 
 def hardware(cfg: Config) -> Hardware:
@@ -194,8 +229,14 @@ def hardware(cfg: Config) -> Hardware:
         bandwidth = bandwidth if bw is None else bw
     fields = model_fields(cfg.model)
     dp = int(fields.get("dp", 1)) if fields.get("kind") == "transformer" else 1
-    hw = Hardware(cfg.hardware.memory_bytes, latency, bandwidth,
-                  cfg.hardware.memory_bandwidth_gbps, dp)
+    membw, fixed = cfg.hardware.memory_bandwidth_gbps, 0.0
+    if cfg.costs_file:
+        from ppsim.costfile import load_conditions
+
+        cond = load_conditions(cfg.costs_file)
+        if cond is not None and cond.optimizer_gbps > 0:  # the step as measured here
+            membw, fixed = cond.optimizer_gbps, cond.optimizer_fixed_ms
+    hw = Hardware(cfg.hardware.memory_bytes, latency, bandwidth, membw, dp, fixed)
     if hw.memory_bytes <= 0:
         raise UserError("hardware.memory_bytes", f"must be positive, got {hw.memory_bytes:g}",
                         "give the memory one rank may use, e.g. 80e9 (--memory-gb 80)")

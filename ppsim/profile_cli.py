@@ -100,8 +100,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
         def progress(what: str, steps: int) -> None:
             bar.update(task, advance=steps, description=what)
 
+        devices = list(cfg.placement.devices) if cfg.placement.devices \
+            else list(range(cfg.pipeline.pp))
         doc = profile(fields, args.device, args.repeats, args.warmup,
-                      cfg.pipeline.microbatches, p2p=not args.no_p2p, progress=progress)
+                      cfg.pipeline.microbatches, p2p=not args.no_p2p, progress=progress,
+                      devices=devices, pin=bool(cfg.placement.devices))
     write_costs(args.out, doc)
     if args.json:
         emit_json({"out": args.out, **doc})
@@ -138,6 +141,20 @@ def _print_costs(doc: dict[str, Any], title: str) -> None:
         c.print(f"P2P: latency {p2p['latency_ms'] * 1e3:.1f} us, bandwidth "
                 f"{p2p['bandwidth_gbps']:.2f} GB/s" + (f" ({p2p['backend']})"
                                                        if "backend" in p2p else ""))
+    cond = doc.get("conditions") or {}
+    if cond.get("processes", 1) > 1:
+        solo = doc["measurement"]["solo"]["layer"]
+        layer = doc["layers"][0]
+        both = layer["forward_ms"] + layer["backward_ms"]
+        alone = solo["forward_ms"] + solo["backward_ms"]
+        c.print(f"op times measured in {cond['processes']} processes at once (placement "
+                f"{cond['devices']}): a layer's F+B {both:.3f} ms against {alone:.3f} ms "
+                f"alone; each gloo message costs {cond['message_cpu_ms'] * 1e3:.0f} us of CPU "
+                "at each end")
+    opt = cond.get("optimizer")
+    if opt:
+        c.print(f"optimizer step (AdamW): {opt['fixed_ms']:.3f} ms + 28 B per parameter at "
+                f"{opt['gbps']:.1f} GB/s")
     host = (doc.get("measurement") or {}).get("p2p_host_mediated")
     if host:
         c.print(f"P2P: {host['bandwidth_gbps']:.2f} GB/s between two processes through the "

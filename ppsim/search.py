@@ -162,10 +162,7 @@ class SplitSearch:
         t0 = time.perf_counter()
         costs = self.stage_costs(counts)
         f = [c.forward_ms for c in costs]
-        if self.split_bw:
-            b = [c.backward_ms - c.weight_grad_ms for c in costs]
-        else:
-            b = [c.backward_ms for c in costs]
+        b = [c.input_grad_ms(self.split_bw) for c in costs]
         w = [c.weight_grad_ms for c in costs]
         by_kind = {"F": f, "B": b, "W": w}
         durations = [[by_kind[k][s] for k, s in zip(kinds, stages, strict=True)]
@@ -190,7 +187,7 @@ class SplitSearch:
         last = [e[-1] if e else 0.0 for e in ends]
         hw = self.problem.hardware
         tail = step_tail(self.sched, costs, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps,
-                         hw.memory_bandwidth_gbps, hw.dp)
+                         hw.memory_bandwidth_gbps, hw.dp, hw.optimizer_fixed_ms)
         summary = summarize(statics, last, busy, layers, self.memory, peaks, tail)
         if (len(self._evaluated) + 1) * self.pp > SUMMARY_CACHE_RANKS:
             self._evaluated.clear()

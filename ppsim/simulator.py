@@ -251,7 +251,7 @@ def simulate(problem: Problem, record: bool = True) -> Simulation:
     layers = [problem.split.rank_layers(r) for r in range(sched.pp)]
     hw = problem.hardware
     parts = step_parts(sched, problem.stage_costs, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps,
-                       hw.memory_bandwidth_gbps, hw.dp)
+                       hw.memory_bandwidth_gbps, hw.dp, hw.optimizer_fixed_ms)
     tail = [r + o for r, o in parts]
     summary = summarize(table.static, [rr.end for rr in ranks], [rr.busy for rr in ranks],
                         layers, hw.memory_bytes,

@@ -93,11 +93,10 @@ class StageTable:
 
 def stage_table(s: Schedule, costs: Sequence[StageCost]) -> StageTable:
     """Per-stage durations, memory deltas and message sizes of a schedule's stages."""
+    dur_b = tuple(c.input_grad_ms(s.split_backward) for c in costs)
     if s.split_backward:
-        dur_b = tuple(c.backward_ms - c.weight_grad_ms for c in costs)
         keep = tuple(min(c.weight_grad_bytes, c.activation_bytes) for c in costs)
     else:
-        dur_b = tuple(c.backward_ms for c in costs)
         keep = (0,) * len(costs)
     static = [0] * s.pp
     for i, c in enumerate(costs):
@@ -239,11 +238,12 @@ GRAD_BYTES = 4
 
 def step_parts(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
                bandwidth_gbps: float, memory_bandwidth_gbps: float,
-               dp: int) -> list[tuple[float, float]]:
+               dp: int, optimizer_fixed_ms: float = 0.0) -> list[tuple[float, float]]:
     """Per rank, what follows its last backward, as (R, S) ms: the data-parallel gradient
     all-reduce (a ring: 2(dp-1)/dp of the gradient bytes, 2(dp-1) latencies) and the
-    optimizer step (ADAM_BYTES_PER_PARAM over memory bandwidth), as the executor records
-    them. Parameters come from the cost model; a cost file without them costs nothing."""
+    optimizer step (a fixed time, measured by `ppsim profile` on CPU, plus
+    ADAM_BYTES_PER_PARAM over memory bandwidth), as the executor records them.
+    Parameters come from the cost model; a cost file without them costs nothing."""
     params = [0] * s.pp
     for i, c in enumerate(costs):
         params[s.stage_rank(i)] += c.params
@@ -256,15 +256,18 @@ def step_parts(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
                 reduce += 2 * (dp - 1) / dp * n * GRAD_BYTES / (bandwidth_gbps * 1e6)
         step = n * ADAM_BYTES_PER_PARAM / (memory_bandwidth_gbps * 1e6) \
             if memory_bandwidth_gbps > 0 else 0.0
+        if n and (step or optimizer_fixed_ms):
+            step += optimizer_fixed_ms
         out.append((reduce, step))
     return out
 
 
 def step_tail(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
-              bandwidth_gbps: float, memory_bandwidth_gbps: float, dp: int) -> list[float]:
+              bandwidth_gbps: float, memory_bandwidth_gbps: float, dp: int,
+              optimizer_fixed_ms: float = 0.0) -> list[float]:
     """Per rank, the time of the step's end (all-reduce then optimizer), see step_parts."""
     return [r + o for r, o in step_parts(s, costs, latency_ms, bandwidth_gbps,
-                                         memory_bandwidth_gbps, dp)]
+                                         memory_bandwidth_gbps, dp, optimizer_fixed_ms)]
 
 
 def summarize(static: Sequence[int], ends: list[float], busy: list[float], layers: list[int],

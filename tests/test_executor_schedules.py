@@ -37,8 +37,11 @@ CASES = {
     "zbv": ["--schedule", "zbv", *V, "--microbatches", "4"],
     "dualpipev": ["--schedule", "dualpipev", *V, "--microbatches", "4"],
     "zb-h1": ["--schedule", "zb-h1", "--pp", "2", "--split", "5,3", "--microbatches", "4"],
+    "1f1b-recompute-full": ["--schedule", "1f1b", "--pp", "2", "--split", "4,4",
+                            "--microbatches", "4", "--recompute", "full"],
 }
-PEERS = ["interleaved-zb", "zbv", "dualpipev", "zb-h1", "torch-dualpipev-csv"]
+PEERS = ["interleaved-zb", "zbv", "dualpipev", "zb-h1", "torch-dualpipev-csv",
+         "1f1b-recompute-full"]
 
 
 def _torch_dualpipev_csv(path: Path) -> None:
@@ -96,6 +99,10 @@ def test_torch_engine_runs_the_schedule_with_equal_losses(case, tmp_path_factory
     assert peer["engine"] == "torch" and peer["iteration_time_ms"] > 0
     # Same weights, data and order: the losses agree before and after a step.
     assert peer["losses"] == pytest.approx(ours["losses"], rel=1e-5)
+    # Both engines build the stages with the run's recompute mode.
+    want = CASES[case][CASES[case].index("--recompute") + 1] if "--recompute" in CASES[case] \
+        else "none"
+    assert peer["recompute"] == [want]
 
 
 def test_torch_engine_refuses_a_count_torch_refuses(tmp_path) -> None:

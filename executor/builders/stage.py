@@ -136,6 +136,7 @@ class Stage(nn.Module):
             for i in range(offset, offset + num_layers)})
         self.head = build_piece(builder.head, seed, "head") if has_head else None
         apply_recompute(self.layers, recompute)
+        self.recompute = recompute
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embedding is not None:

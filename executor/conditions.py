@@ -1,0 +1,167 @@
+"""`ppsim profile` under the run's conditions: what one process alone does not show.
+
+A pipeline run on CPU puts one rank on each core, all computing at once, with
+gloo moving every activation and gradient through the host. So the profile
+measures, in as many processes as the placement has devices, each timing the
+same pieces at the same time (the op times a rank sees beside its neighbours),
+plus, between pairs of processes:
+
+- the CPU time one message costs each end (gloo's copies and socket work, which
+  compete with compute): a layer's forward and backward timed in blocks with and
+  without an exchange of a boundary-sized tensor per op, the difference halved;
+- the optimizer step (AdamW over each piece's parameters), fitted as a fixed
+  time plus bytes over an achieved bandwidth, the simulator's step model.
+
+On a GPU (or with one device) the pieces are timed alone: ranks sharing a
+device are modelled by the simulator's processor sharing from solo times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ppsim.costfile import layer_dict
+from ppsim.timing import ADAM_BYTES_PER_PARAM
+
+
+def _message_cost(prof: Any, rank: int, n: int, blocks: int = 6, ops: int = 8) -> float | None:
+    """CPU ms one message costs each end, from paired processes (0-1, 2-3, ...)."""
+    peer = rank ^ 1
+    if peer >= n:  # an odd process out keeps its partners' timing honest: it computes
+        peer = -1
+    piece = next(p for p in prof.pieces if p.kind == "layer")
+    out = prof.x.detach().clone().contiguous()
+    into = torch.empty_like(out)
+
+    def op() -> None:
+        y = prof._forward(piece, prof._input(piece), 0)
+        prof._backward(piece, y)
+
+    def block(exchange: bool, tag: int) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        for i in range(ops):
+            if exchange and peer >= 0:
+                r = dist.irecv(into, src=peer, tag=tag * ops + i)
+                s = dist.isend(out, dst=peer, tag=tag * ops + i)
+                op()
+                r.wait()
+                s.wait()
+            else:
+                op()
+        return (time.perf_counter() - t0) * 1e3 / ops
+
+    plain, sent = [], []
+    for b in range(blocks + 1):
+        p, s = block(False, 2 * b), block(True, 2 * b + 1)
+        if b:  # the first pair warms the connection up
+            plain.append(p)
+            sent.append(s)
+    if peer < 0:
+        return None
+    return max(0.0, (statistics.median(sent) - statistics.median(plain)) / 2)
+
+
+def optimizer_fit(prof: Any, reps: int = 5) -> dict[str, float]:
+    """AdamW step time over one layer's parameters and over every piece's: the fixed time
+    and the bandwidth (ADAM_BYTES_PER_PARAM per parameter) through both points."""
+    layer = next(p for p in prof.pieces if p.kind == "layer")
+    points = []
+    for pieces in ([layer], prof.pieces):
+        params = [q for p in pieces for q in p.module.parameters()]
+        opt = torch.optim.AdamW(params, lr=1e-9)
+        opt.step()  # allocates the moments
+        times = []
+        cuda = prof.device.type == "cuda"
+        for _ in range(reps):
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            opt.step()
+            if cuda:
+                torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+        points.append((sum(q.numel() for q in params), statistics.median(times)))
+    (n1, t1), (n2, t2) = points
+    per_param = (t2 - t1) / (n2 - n1) if n2 > n1 and t2 > t1 else t2 / max(1, n2)
+    fixed = max(0.0, t2 - per_param * n2)
+    return {"fixed_ms": fixed, "gbps": ADAM_BYTES_PER_PARAM / (per_param * 1e6),
+            "samples": [{"params": n, "ms": t} for n, t in points]}
+
+
+def _worker(rank: int, n: int, port: int, fields: dict[str, Any], repeats: int, warmup: int,
+            microbatches: int, threads: int, out: str, cores: list[int] | None) -> None:
+    from executor.profile import Profiler
+
+    if cores is not None and hasattr(os, "sched_setaffinity"):  # as the executor pins
+        mine = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {mine[cores[rank] % len(mine)]})
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=n, timeout=timedelta(seconds=300))
+    torch.manual_seed(0)
+    prof = Profiler(fields, torch.device("cpu"), microbatches)
+    dist.barrier()  # every process times its pieces at the same time
+    prof.run(repeats, warmup)
+    costs, details = prof.costs()
+    message = _message_cost(prof, rank, n) if n >= 2 else None
+    with open(f"{out}.{rank}", "w", encoding="utf-8") as fh:
+        json.dump({"layers": [layer_dict(x) for x in costs.layers],
+                   "embedding": layer_dict(costs.embedding), "head": layer_dict(costs.head),
+                   "message_cpu_ms": message}, fh)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def measure_concurrent(fields: dict[str, Any], n: int, repeats: int, warmup: int,
+                       microbatches: int, cores: list[int] | None = None
+                       ) -> list[dict[str, Any]]:
+    """Run the profiler in n CPU processes at once (process i pinned to core cores[i] when
+    given); each process's results."""
+    import torch.multiprocessing as mp
+
+    from executor.profile import _free_port
+
+    threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
+    fd, out = tempfile.mkstemp(prefix="ppsim-concurrent-", suffix=".json")
+    os.close(fd)
+    try:
+        mp.spawn(_worker, args=(n, _free_port(), fields, repeats, warmup, microbatches,
+                                threads, out, cores), nprocs=n, join=True)
+        results = []
+        for r in range(n):
+            with open(f"{out}.{r}", encoding="utf-8") as fh:
+                results.append(json.load(fh))
+    finally:
+        for path in [out] + [f"{out}.{r}" for r in range(n)]:
+            if os.path.exists(path):
+                os.unlink(path)
+    return results
+
+
+TIMES = ("forward_ms", "backward_ms", "weight_grad_ms")
+
+
+def pooled(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One cost document body from n processes: each time the median over processes,
+    bytes from the first (every process measures the same model)."""
+    first = results[0]
+
+    def merge(pieces: list[dict[str, Any]]) -> dict[str, Any]:
+        return {**pieces[0], **{k: statistics.median(p[k] for p in pieces) for k in TIMES}}
+
+    msgs = [r["message_cpu_ms"] for r in results if r["message_cpu_ms"] is not None]
+    return {"layers": [merge([r["layers"][i] for r in results])
+                       for i in range(len(first["layers"]))],
+            "embedding": merge([r["embedding"] for r in results]),
+            "head": merge([r["head"] for r in results]),
+            "message_cpu_ms": statistics.median(msgs) if msgs else 0.0}
