@@ -98,22 +98,30 @@ def optimizer_fit(prof: Any, reps: int = 5) -> dict[str, float]:
             "samples": [{"params": n, "ms": t} for n, t in points]}
 
 
-def _worker(rank: int, n: int, port: int, fields: dict[str, Any], repeats: int, warmup: int,
-            microbatches: int, threads: int, out: str, cores: list[int] | None) -> None:
+def _worker(rank: int, port: int, fields: dict[str, Any], repeats: int, warmup: int,
+            microbatches: int, threads: int, out: str, plan: dict[str, Any]) -> None:
+    """One of the processes timing the pieces at once; `plan` says where each runs
+    (device indices, pinned to cores on CPU or not) and whether pairs exchange messages."""
     from executor.profile import Profiler
 
-    if cores is not None and hasattr(os, "sched_setaffinity"):  # as the executor pins
-        mine = sorted(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {mine[cores[rank] % len(mine)]})
+    devices, n = plan["devices"], len(plan["devices"])
+    if plan["device_kind"] == "cuda":
+        device = torch.device("cuda", devices[rank] % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        if plan["pin"] and hasattr(os, "sched_setaffinity"):  # as the executor pins
+            mine = sorted(os.sched_getaffinity(0))
+            os.sched_setaffinity(0, {mine[devices[rank] % len(mine)]})
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=n, timeout=timedelta(seconds=300))
     torch.manual_seed(0)
-    prof = Profiler(fields, torch.device("cpu"), microbatches)
+    prof = Profiler(fields, device, microbatches)
     dist.barrier()  # every process times its pieces at the same time
     prof.run(repeats, warmup)
-    costs, details = prof.costs()
-    message = _message_cost(prof, rank, n) if n >= 2 else None
+    costs, _ = prof.costs()
+    message = _message_cost(prof, rank, n) if plan["messages"] and n >= 2 else None
     with open(f"{out}.{rank}", "w", encoding="utf-8") as fh:
         json.dump({"layers": [layer_dict(x) for x in costs.layers],
                    "embedding": layer_dict(costs.embedding), "head": layer_dict(costs.head),
@@ -122,21 +130,24 @@ def _worker(rank: int, n: int, port: int, fields: dict[str, Any], repeats: int, 
     dist.destroy_process_group()
 
 
-def measure_concurrent(fields: dict[str, Any], n: int, repeats: int, warmup: int,
-                       microbatches: int, cores: list[int] | None = None
-                       ) -> list[dict[str, Any]]:
-    """Run the profiler in n CPU processes at once (process i pinned to core cores[i] when
-    given); each process's results."""
+def measure_concurrent(fields: dict[str, Any], devices: list[int], repeats: int, warmup: int,
+                       microbatches: int, device_kind: str = "cpu", pin: bool = False,
+                       messages: bool = True) -> list[dict[str, Any]]:
+    """Run the profiler in one process per entry of `devices`, all at once; each
+    process's results."""
     import torch.multiprocessing as mp
 
     from executor.profile import _free_port
 
+    n = len(devices)
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
+    plan = {"devices": list(devices), "device_kind": device_kind, "pin": pin,
+            "messages": messages and device_kind == "cpu"}
     fd, out = tempfile.mkstemp(prefix="ppsim-concurrent-", suffix=".json")
     os.close(fd)
     try:
-        mp.spawn(_worker, args=(n, _free_port(), fields, repeats, warmup, microbatches,
-                                threads, out, cores), nprocs=n, join=True)
+        mp.spawn(_worker, args=(_free_port(), fields, repeats, warmup, microbatches,
+                                threads, out, plan), nprocs=n, join=True)
         results = []
         for r in range(n):
             with open(f"{out}.{r}", encoding="utf-8") as fh:
@@ -146,6 +157,14 @@ def measure_concurrent(fields: dict[str, Any], n: int, repeats: int, warmup: int
             if os.path.exists(path):
                 os.unlink(path)
     return results
+
+
+def context_switch_ms(alone: dict[str, Any], shared: dict[str, Any], k: int) -> float:
+    """The extra work an op pays beside k - 1 others on its device, beyond processor
+    sharing's k-fold stretch: from a layer's F + B alone and with k processes sharing."""
+    a = alone["forward_ms"] + alone["backward_ms"]
+    s = shared["forward_ms"] + shared["backward_ms"]
+    return max(0.0, (s - k * a) / (2 * k))
 
 
 TIMES = ("forward_ms", "backward_ms", "weight_grad_ms")
@@ -159,7 +178,7 @@ def pooled(results: list[dict[str, Any]]) -> dict[str, Any]:
     def merge(pieces: list[dict[str, Any]]) -> dict[str, Any]:
         return {**pieces[0], **{k: statistics.median(p[k] for p in pieces) for k in TIMES}}
 
-    msgs = [r["message_cpu_ms"] for r in results if r["message_cpu_ms"] is not None]
+    msgs = [r["message_cpu_ms"] for r in results if r.get("message_cpu_ms") is not None]
     return {"layers": [merge([r["layers"][i] for r in results])
                        for i in range(len(first["layers"]))],
             "embedding": merge([r["embedding"] for r in results]),

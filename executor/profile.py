@@ -434,22 +434,34 @@ def run_conditions(prof: Profiler, fields: dict[str, Any], device_kind: str,
                    progress: Progress | None, pin: bool = False
                    ) -> tuple[dict[str, Any], ModelCosts | None]:
     """The cost file's `conditions` and, on CPU with several devices, the costs measured
-    in one process per device at once (None otherwise)."""
-    from executor.conditions import measure_concurrent, optimizer_fit, pooled
+    in one process per device at once (None otherwise). Where the placement puts k ranks
+    on a device, k processes per device are timed too, for the context-switch cost
+    beyond processor sharing."""
+    from executor.conditions import context_switch_ms, measure_concurrent, optimizer_fit, pooled
     from ppsim.costfile import _layer
 
     devs = list(devices) if devices else [0]
-    n = len(set(devs))
+    distinct = sorted(set(devs))
+    k = max(devs.count(d) for d in distinct)
     cond: dict[str, Any] = {"devices": devs, "processes": 1, "message_cpu_ms": 0.0,
-                            "optimizer": optimizer_fit(prof)}
-    if device_kind != "cpu" or n < 2:
-        return cond, None
-    if progress is not None:
-        progress(f"timing in {n} processes at once", 0)
-    cores = sorted(set(devs)) if pin else None
-    body = pooled(measure_concurrent(fields, n, repeats, warmup, microbatches, cores))
-    cond.update(processes=n, message_cpu_ms=body["message_cpu_ms"])
-    costs = ModelCosts(layers=tuple(_layer("profile", "layer", x) for x in body["layers"]),
-                       embedding=_layer("profile", "embedding", body["embedding"]),
-                       head=_layer("profile", "head", body["head"]))
+                            "context_switch_ms": 0.0, "optimizer": optimizer_fit(prof)}
+    costs = None
+    if device_kind == "cpu" and len(distinct) >= 2:
+        if progress is not None:
+            progress(f"timing in {len(distinct)} processes at once", 0)
+        body = pooled(measure_concurrent(fields, distinct, repeats, warmup, microbatches,
+                                         "cpu", pin))
+        cond.update(processes=len(distinct), message_cpu_ms=body["message_cpu_ms"])
+        costs = ModelCosts(layers=tuple(_layer("profile", "layer", x) for x in body["layers"]),
+                           embedding=_layer("profile", "embedding", body["embedding"]),
+                           head=_layer("profile", "head", body["head"]))
+    if k >= 2:
+        if progress is not None:
+            progress(f"timing {k} processes per device", 0)
+        alone = layer_dict((costs or prof.costs()[0]).layers[0])
+        shared = pooled(measure_concurrent(fields, [d for d in distinct for _ in range(k)],
+                                           repeats, warmup, microbatches, device_kind, pin,
+                                           messages=False))["layers"][0]
+        cond["context_switch_ms"] = context_switch_ms(alone, shared, k)
+        cond["shared"] = {"ranks_per_device": k, "layer_alone": alone, "layer_shared": shared}
     return cond, costs

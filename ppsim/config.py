@@ -18,7 +18,8 @@ from ppsim.presets import HARDWARE_PRESETS, MODEL_PRESETS
 from ppsim.transformer import ATTENTION, DTYPE_BYTES, NORMS, POSITIONS, RECOMPUTE, Architecture
 
 LAYER_FIELDS = ("forward_ms", "backward_ms", "weight_grad_ms", "static_bytes",
-                "activation_bytes", "weight_grad_bytes", "output_bytes", "params")
+                "activation_bytes", "weight_grad_bytes", "output_bytes", "params",
+                "split_backward_ms")
 ARCH_FIELDS = tuple(f.name for f in fields(Architecture))
 
 DEFAULT_TOML = """\

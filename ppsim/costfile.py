@@ -11,8 +11,8 @@ A cost file is one JSON object:
      "embedding": {LayerCost fields}, "head": {LayerCost fields},
      "p2p": {"latency_ms": x, "bandwidth_gbps": y, ...} | null,
      "conditions": {"devices": [0, 1], "processes": 2,                   (optional: what
-                    "message_cpu_ms": x,                                  the run adds, as
-                    "optimizer": {"fixed_ms": a, "gbps": b}} | null,     measured on CPU)
+                    "message_cpu_ms": x, "context_switch_ms": y,          the run adds, as
+                    "optimizer": {"fixed_ms": a, "gbps": b}} | null,     measured)
      "measurement": {...}, "calibration": {...}}             (how the numbers were obtained)
 
 LayerCost fields are forward_ms, backward_ms (whole backward), weight_grad_ms (the
@@ -55,6 +55,8 @@ class Conditions:
     """The placement the op times were measured for (one process per distinct device)."""
     message_cpu_ms: float
     """CPU time one gloo message costs each end."""
+    context_switch_ms: float
+    """Extra work an op pays beside others on its device, beyond processor sharing."""
     optimizer_fixed_ms: float
     optimizer_gbps: float
     """The AdamW step: fixed time plus bytes over this bandwidth; 0: not measured."""
@@ -214,6 +216,8 @@ def _conditions(path: str, raw: Any) -> Conditions | None:
     return Conditions(tuple(devices) if devices is not None else None,
                       float(num(where="conditions.message_cpu_ms",
                                 value=raw.get("message_cpu_ms", 0.0))),
+                      float(num(where="conditions.context_switch_ms",
+                                value=raw.get("context_switch_ms", 0.0))),
                       float(num(where="conditions.optimizer.fixed_ms",
                                 value=opt.get("fixed_ms", 0.0))),
                       float(num(where="conditions.optimizer.gbps", value=opt.get("gbps", 0.0))))

@@ -171,15 +171,18 @@ def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
 
 
 def _topology(cfg: Config, hw: Hardware) -> Topology | None:
-    """The placement's shared resources (None: the private, classic model). A cost file
-    measured on CPU supplies the per-message CPU time unless the placement sets one."""
+    """The placement's shared resources (None: the private, classic model). A measured
+    cost file supplies the per-message CPU time and the context-switch cost unless the
+    placement sets them."""
     pl = cfg.placement
-    if cfg.costs_file and not pl.message_cpu_ms:
+    if cfg.costs_file:
         from ppsim.costfile import load_conditions
 
         cond = load_conditions(cfg.costs_file)
-        if cond is not None and cond.message_cpu_ms:
+        if cond is not None and cond.message_cpu_ms and not pl.message_cpu_ms:
             pl = replace(pl, message_cpu_ms=cond.message_cpu_ms)
+        if cond is not None and cond.context_switch_ms and not pl.context_switch_ms:
+            pl = replace(pl, context_switch_ms=cond.context_switch_ms)
     topo = topology(pl, cfg.pipeline.pp, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps)
     return None if topo.is_private else topo
 

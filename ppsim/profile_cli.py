@@ -151,6 +151,12 @@ def _print_costs(doc: dict[str, Any], title: str) -> None:
                 f"{cond['devices']}): a layer's F+B {both:.3f} ms against {alone:.3f} ms "
                 f"alone; each gloo message costs {cond['message_cpu_ms'] * 1e3:.0f} us of CPU "
                 "at each end")
+    if cond.get("shared"):
+        sh = cond["shared"]
+        c.print(f"{sh['ranks_per_device']} processes per device: a layer's F+B "
+                f"{sh['layer_shared']['forward_ms'] + sh['layer_shared']['backward_ms']:.3f} ms "
+                f"(processor sharing alone: {sh['ranks_per_device']}x); context switch "
+                f"{cond['context_switch_ms'] * 1e3:.0f} us per op")
     opt = cond.get("optimizer")
     if opt:
         c.print(f"optimizer step (AdamW): {opt['fixed_ms']:.3f} ms + 28 B per parameter at "

@@ -13,12 +13,13 @@ def uniform_problem(pp: int, vpp: int, m: int, schedule: str, counts: list[int] 
                     act: int = 100, out: int = 10, static: int = 1000, wg: int = 0,
                     hw: dict | None = None,
                     head: dict | None = None, emb: dict | None = None,
-                    memory: float = 1e15) -> Problem:
+                    memory: float = 1e15, split_b: float = 0.0) -> Problem:
     n = sum(counts) if counts is not None else pp * vpp * layers_per_stage
     model: dict[str, Any] = {"kind": "uniform", "num_layers": n, "forward_ms": f,
                              "backward_ms": b, "weight_grad_ms": w, "activation_bytes": act,
                              "weight_grad_bytes": wg,
-                             "output_bytes": out, "static_bytes": static}
+                             "output_bytes": out, "static_bytes": static,
+                             "split_backward_ms": split_b}
     if head:
         model["head"] = head
     if emb:

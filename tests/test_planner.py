@@ -45,8 +45,11 @@ def small_problems(draw):
     memory = draw(st.sampled_from([1e12, 6000.0, 9000.0, 15000.0]))
     counts = [layers] + [0] * (pp * vpp - 1)
     b = draw(costs)
+    # A measured split path (B then W apart) may take longer than the one-pass backward.
+    split_b = draw(st.sampled_from([0.0, b, b * 1.25]))
     return uniform_problem(
         pp, vpp, m, name, counts=counts, f=draw(costs), b=b, w=b / 2, wg=40, act=100,
+        split_b=split_b,
         static=300,
         out=draw(st.sampled_from([0, 10**6])),
         hw={"p2p_latency_ms": draw(st.sampled_from([0.0, 0.25])), "p2p_bandwidth_gbps": 2.0},
