@@ -125,9 +125,19 @@ def _worker(rank: int, port: int, fields: dict[str, Any], repeats: int, warmup: 
     with open(f"{out}.{rank}", "w", encoding="utf-8") as fh:
         json.dump({"layers": [layer_dict(x) for x in costs.layers],
                    "embedding": layer_dict(costs.embedding), "head": layer_dict(costs.head),
-                   "message_cpu_ms": message}, fh)
+                   "message_cpu_ms": message, "all_reduce_ms": _all_reduce_ms()}, fh)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _all_reduce_ms(reps: int = 30) -> float:
+    """Mean time of the scalar all-reduce the executor ends each iteration with."""
+    x = torch.zeros(())
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        dist.all_reduce(x)
+    return (time.perf_counter() - t0) * 1e3 / reps
 
 
 def measure_concurrent(fields: dict[str, Any], devices: list[int], repeats: int, warmup: int,
@@ -179,8 +189,10 @@ def pooled(results: list[dict[str, Any]]) -> dict[str, Any]:
         return {**pieces[0], **{k: statistics.median(p[k] for p in pieces) for k in TIMES}}
 
     msgs = [r["message_cpu_ms"] for r in results if r.get("message_cpu_ms") is not None]
+    boundary = statistics.median(r.get("all_reduce_ms", 0.0) for r in results)
     return {"layers": [merge([r["layers"][i] for r in results])
                        for i in range(len(first["layers"]))],
             "embedding": merge([r["embedding"] for r in results]),
             "head": merge([r["head"] for r in results]),
-            "message_cpu_ms": statistics.median(msgs) if msgs else 0.0}
+            "message_cpu_ms": statistics.median(msgs) if msgs else 0.0,
+            "iteration_boundary_ms": boundary}

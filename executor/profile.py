@@ -444,14 +444,16 @@ def run_conditions(prof: Profiler, fields: dict[str, Any], device_kind: str,
     distinct = sorted(set(devs))
     k = max(devs.count(d) for d in distinct)
     cond: dict[str, Any] = {"devices": devs, "processes": 1, "message_cpu_ms": 0.0,
-                            "context_switch_ms": 0.0, "optimizer": optimizer_fit(prof)}
+                            "context_switch_ms": 0.0, "iteration_boundary_ms": 0.0,
+                            "optimizer": optimizer_fit(prof)}
     costs = None
     if device_kind == "cpu" and len(distinct) >= 2:
         if progress is not None:
             progress(f"timing in {len(distinct)} processes at once", 0)
         body = pooled(measure_concurrent(fields, distinct, repeats, warmup, microbatches,
                                          "cpu", pin))
-        cond.update(processes=len(distinct), message_cpu_ms=body["message_cpu_ms"])
+        cond.update(processes=len(distinct), message_cpu_ms=body["message_cpu_ms"],
+                    iteration_boundary_ms=body["iteration_boundary_ms"])
         costs = ModelCosts(layers=tuple(_layer("profile", "layer", x) for x in body["layers"]),
                            embedding=_layer("profile", "embedding", body["embedding"]),
                            head=_layer("profile", "head", body["head"]))
@@ -459,9 +461,12 @@ def run_conditions(prof: Profiler, fields: dict[str, Any], device_kind: str,
         if progress is not None:
             progress(f"timing {k} processes per device", 0)
         alone = layer_dict((costs or prof.costs()[0]).layers[0])
-        shared = pooled(measure_concurrent(fields, [d for d in distinct for _ in range(k)],
-                                           repeats, warmup, microbatches, device_kind, pin,
-                                           messages=False))["layers"][0]
+        body = pooled(measure_concurrent(fields, [d for d in distinct for _ in range(k)],
+                                         repeats, warmup, microbatches, device_kind, pin,
+                                         messages=False))
+        shared = body["layers"][0]
         cond["context_switch_ms"] = context_switch_ms(alone, shared, k)
+        if not cond["iteration_boundary_ms"]:
+            cond["iteration_boundary_ms"] = body["iteration_boundary_ms"]
         cond["shared"] = {"ranks_per_device": k, "layer_alone": alone, "layer_shared": shared}
     return cond, costs

@@ -49,7 +49,11 @@ def summarize(events: list[dict], problem: Problem, builder: ModelBuilder, itera
             busy[(ev["pid"], it)] += ev["dur"]
         elif kind in ("R", "S") and it in recorded:
             step[(kind, ev["pid"])] += ev["dur"]
-    spans = [hi[i] - lo[i] for i in recorded if i in lo]
+    # Whole iterations, as ppsim.diff compares them: start to the next start (the
+    # last one: its span plus the median gap between iterations).
+    gaps = sorted(lo[i + 1] - hi[i] for i in lo if i + 1 in lo)
+    gap = max(0.0, gaps[(len(gaps) - 1) // 2]) if gaps else 0.0
+    spans = [(lo[i + 1] if i + 1 in lo else hi[i] + gap) - lo[i] for i in recorded if i in lo]
     iter_us = sum(spans) / len(spans) if spans else 0.0
     ranks = []
     for r in range(pp):

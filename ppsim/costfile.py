@@ -12,6 +12,7 @@ A cost file is one JSON object:
      "p2p": {"latency_ms": x, "bandwidth_gbps": y, ...} | null,
      "conditions": {"devices": [0, 1], "processes": 2,                   (optional: what
                     "message_cpu_ms": x, "context_switch_ms": y,          the run adds, as
+                    "iteration_boundary_ms": z,
                     "optimizer": {"fixed_ms": a, "gbps": b}} | null,     measured)
      "measurement": {...}, "calibration": {...}}             (how the numbers were obtained)
 
@@ -57,6 +58,8 @@ class Conditions:
     """CPU time one gloo message costs each end."""
     context_switch_ms: float
     """Extra work an op pays beside others on its device, beyond processor sharing."""
+    iteration_boundary_ms: float
+    """The loss all-reduce that ends an iteration, across processes."""
     optimizer_fixed_ms: float
     optimizer_gbps: float
     """The AdamW step: fixed time plus bytes over this bandwidth; 0: not measured."""
@@ -218,6 +221,8 @@ def _conditions(path: str, raw: Any) -> Conditions | None:
                                 value=raw.get("message_cpu_ms", 0.0))),
                       float(num(where="conditions.context_switch_ms",
                                 value=raw.get("context_switch_ms", 0.0))),
+                      float(num(where="conditions.iteration_boundary_ms",
+                                value=raw.get("iteration_boundary_ms", 0.0))),
                       float(num(where="conditions.optimizer.fixed_ms",
                                 value=opt.get("fixed_ms", 0.0))),
                       float(num(where="conditions.optimizer.gbps", value=opt.get("gbps", 0.0))))

@@ -3,9 +3,12 @@
 Ops are matched by (rank, chunk, microbatch, kind) within one iteration of
 each trace; times are taken relative to that iteration's first op, so a
 simulated iteration (which starts at 0) and a real one (which starts
-wherever the clock was) line up. Whole-step ops (R: gradient reduce, S:
-optimizer step) end the iteration's span when a trace has them, and are
-reported per kind, but are not matched op by op. Signed differences are `b - a`: swapping
+wherever the clock was) line up. Iterations are compared whole: from the first
+op to the next iteration's first op, so the step's ops (R: gradient reduce, S:
+optimizer step, reported per kind, not matched op by op) and the boundary
+between iterations (the loss all-reduce; in a simulated trace as measured by
+`ppsim profile`, in a real one the gap before the next iteration, or the median
+gap for the last) are inside it. Signed differences are `b - a`: swapping
 the traces negates them. Relative errors are relative to `a`, the reference.
 """
 
@@ -32,6 +35,10 @@ class Window:
     origin_us: float
     step: tuple[TraceOp, ...] = ()
     """This iteration's R / S ops."""
+    until_us: float | None = None
+    """Where the next iteration starts (None: the trace holds no next iteration)."""
+    boundary_ms: float = 0.0
+    """Without a next iteration: the gap that ends this one."""
 
     def start(self, k: Key) -> float:
         return (self.ops[k].start_us - self.origin_us) / 1e3
@@ -43,10 +50,18 @@ class Window:
         return self.start(k) + self.dur(k)
 
     @cached_property
-    def iteration_time_ms(self) -> float:
+    def span_ms(self) -> float:
+        """First op to the last op's end (the step's ops included)."""
         ends = [self.end(k) for k in self.ops]
         ends += [(op.end_us - self.origin_us) / 1e3 for op in self.step]
         return max(ends) if ends else 0.0
+
+    @cached_property
+    def iteration_time_ms(self) -> float:
+        """The whole iteration: to the next iteration's start."""
+        if self.until_us is not None:
+            return (self.until_us - self.origin_us) / 1e3
+        return self.span_ms + self.boundary_ms
 
     def step_ms(self, kind: str) -> float:
         """Longest R or S op of the iteration over ranks (0 when the trace has none)."""
@@ -74,19 +89,42 @@ class Window:
         return max(inside) if inside else max(b for _, b in samples)
 
 
+def _spans(trace: Trace) -> dict[int, tuple[float, float]]:
+    """(first start, last end) in us of each iteration's ops, step ops included."""
+    span: dict[int, tuple[float, float]] = {}
+    for op in trace.ops + trace.step_ops:
+        lo, hi = span.get(op.iteration, (float("inf"), float("-inf")))
+        span[op.iteration] = (min(lo, op.start_us), max(hi, op.end_us))
+    return span
+
+
+def boundary_ms(trace: Trace, span: dict[int, tuple[float, float]]) -> float:
+    """A simulated trace's modelled boundary; a real one's median gap between iterations."""
+    if trace.info.get("source") == "simulator":
+        b = trace.info.get("iteration_boundary_ms", 0.0)
+        return float(b) if isinstance(b, int | float) and not isinstance(b, bool) else 0.0
+    gaps = [span[i + 1][0] - span[i][1] for i in span if i + 1 in span]
+    return max(0.0, statistics.median(gaps)) / 1e3 if gaps else 0.0
+
+
+def whole_ms(span: dict[int, tuple[float, float]], it: int, boundary: float) -> float:
+    if it + 1 in span:
+        return (span[it + 1][0] - span[it][0]) / 1e3
+    return (span[it][1] - span[it][0]) / 1e3 + boundary
+
+
 def steady_iteration(trace: Trace) -> int:
     """The typical steady-state iteration: of those after warm-up, the one whose
-    length is the median (lower median), so one hiccup does not decide a diff."""
+    length (whole, to the next start) is the median (lower median), so one hiccup does
+    not decide a diff."""
     its = trace.iterations
     warm = trace.info.get("warmup_iterations") or 0  # an int: checked by read_trace
     steady = [i for i in its if i >= warm] or its
     if len(steady) == 1:
         return steady[0]
-    span: dict[int, tuple[float, float]] = {}
-    for op in trace.ops + trace.step_ops:
-        lo, hi = span.get(op.iteration, (float("inf"), float("-inf")))
-        span[op.iteration] = (min(lo, op.start_us), max(hi, op.end_us))
-    ranked = sorted(steady, key=lambda i: (span[i][1] - span[i][0], i))
+    span = _spans(trace)
+    gap = boundary_ms(trace, span)
+    ranked = sorted(steady, key=lambda i: (whole_ms(span, i, gap), i))
     return ranked[(len(ranked) - 1) // 2]
 
 
@@ -110,8 +148,11 @@ def window(trace: Trace, iteration: int | None) -> Window:
                                 f"iteration {it}", "re-record the trace")
             ops[op.key] = op
     origin = min(op.start_us for op in ops.values())
+    span = _spans(trace)
+    until = span[it + 1][0] if it + 1 in span else None
     return Window(trace, it, ops, origin,
-                  tuple(op for op in trace.step_ops if op.iteration == it))
+                  tuple(op for op in trace.step_ops if op.iteration == it), until,
+                  boundary_ms(trace, span))
 
 
 def check_compatible(a: Trace, b: Trace) -> None:

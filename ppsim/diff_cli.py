@@ -33,6 +33,8 @@ def print_diff(d: dict[str, Any]) -> None:
     c.print(f"iteration time  A {ta:.3f} ms   B {tb:.3f} ms   B-A {tb - ta:+.3f} ms "
             f"([bold]{d['iteration_time_error']:+.1%}[/bold])   ops matched {d['ops_matched']}"
             f", only in A {d['ops_only_in'][0]}, only in B {d['ops_only_in'][1]}")
+    c.print("(whole iterations: first op to the next iteration's first op, the optimizer "
+            "step and the boundary between iterations included)")
     t = Table(title="per rank (A / B)", title_justify="left")
     for col in ("rank", "busy ms", "busy err", "bubble", "peak memory", "drift at end"):
         t.add_column(col, justify="right")

@@ -61,7 +61,7 @@ def list_schedule(c: CompiledSchedule, duration: Sequence[Sequence[float]],
 
 
 def evaluate(table: OpTable, layers: list[int], memory_bytes: float,
-             tail: list[float] | None = None) -> Summary:
+             tail: list[float] | None = None, boundary: float = 0.0) -> Summary:
     """Iteration time, bubbles and memory peaks, without building a timeline; `tail` is
     the step's per-rank end (see timing.step_tail)."""
     _, ends = op_times(table)
@@ -73,4 +73,4 @@ def evaluate(table: OpTable, layers: list[int], memory_bytes: float,
         busy.append(b)
     last = [e[-1] if e else 0.0 for e in ends]
     peaks = [memory_peaks(table, r) for r in range(len(ends))]
-    return summarize(table.static, last, busy, layers, memory_bytes, peaks, tail)
+    return summarize(table.static, last, busy, layers, memory_bytes, peaks, tail, boundary)

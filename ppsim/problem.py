@@ -30,6 +30,9 @@ class Hardware:
     optimizer_fixed_ms: float = 0.0
     """The optimizer step's time beside its bytes (per-tensor dispatch), per rank;
     measured by `ppsim profile` on CPU."""
+    iteration_boundary_ms: float = 0.0
+    """Between one iteration's end and the next one's start: the executor's loss
+    all-reduce across ranks, as `ppsim profile` measures it; 0 when not measured."""
 
     def transfer_ms(self, nbytes: int) -> float:
         """Time from send to arrival of one message; 0 when transfers are free."""
@@ -232,14 +235,16 @@ def hardware(cfg: Config) -> Hardware:
         bandwidth = bandwidth if bw is None else bw
     fields = model_fields(cfg.model)
     dp = int(fields.get("dp", 1)) if fields.get("kind") == "transformer" else 1
-    membw, fixed = cfg.hardware.memory_bandwidth_gbps, 0.0
+    membw, fixed, boundary = cfg.hardware.memory_bandwidth_gbps, 0.0, 0.0
     if cfg.costs_file:
         from ppsim.costfile import load_conditions
 
         cond = load_conditions(cfg.costs_file)
         if cond is not None and cond.optimizer_gbps > 0:  # the step as measured here
             membw, fixed = cond.optimizer_gbps, cond.optimizer_fixed_ms
-    hw = Hardware(cfg.hardware.memory_bytes, latency, bandwidth, membw, dp, fixed)
+        if cond is not None and cfg.pipeline.pp * dp > 1:
+            boundary = cond.iteration_boundary_ms
+    hw = Hardware(cfg.hardware.memory_bytes, latency, bandwidth, membw, dp, fixed, boundary)
     if hw.memory_bytes <= 0:
         raise UserError("hardware.memory_bytes", f"must be positive, got {hw.memory_bytes:g}",
                         "give the memory one rank may use, e.g. 80e9 (--memory-gb 80)")

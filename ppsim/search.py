@@ -188,7 +188,8 @@ class SplitSearch:
         hw = self.problem.hardware
         tail = step_tail(self.sched, costs, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps,
                          hw.memory_bandwidth_gbps, hw.dp, hw.optimizer_fixed_ms)
-        summary = summarize(statics, last, busy, layers, self.memory, peaks, tail)
+        summary = summarize(statics, last, busy, layers, self.memory, peaks, tail,
+                            hw.iteration_boundary_ms)
         if (len(self._evaluated) + 1) * self.pp > SUMMARY_CACHE_RANKS:
             self._evaluated.clear()
         self._evaluated[counts] = summary

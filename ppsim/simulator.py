@@ -255,7 +255,8 @@ def simulate(problem: Problem, record: bool = True) -> Simulation:
     tail = [r + o for r, o in parts]
     summary = summarize(table.static, [rr.end for rr in ranks], [rr.busy for rr in ranks],
                         layers, hw.memory_bytes,
-                        [(rr.peak_activation, rr.peak_inflight) for rr in ranks], tail)
+                        [(rr.peak_activation, rr.peak_inflight) for rr in ranks], tail,
+                        hw.iteration_boundary_ms)
     timeline = None
     if records is not None:
         timeline = Timeline(tuple(tuple(o) for o in records.ops), tuple(records.transfers),

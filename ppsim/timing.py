@@ -272,14 +272,17 @@ def step_tail(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
 
 def summarize(static: Sequence[int], ends: list[float], busy: list[float], layers: list[int],
               memory_bytes: float, peaks: list[tuple[int, int]],
-              tail: Sequence[float] | None = None) -> Summary:
+              tail: Sequence[float] | None = None, boundary: float = 0.0) -> Summary:
     """Headline numbers from per-rank end times, busy times and memory peaks; `tail`
-    (the step's all-reduce and optimizer, per rank) runs after each rank's last op."""
+    (the step's all-reduce and optimizer, per rank) runs after each rank's last op, and
+    `boundary` (the executor's end-of-iteration loss all-reduce, measured) separates
+    one iteration from the next: the iteration time is a whole iteration, start to
+    the next start."""
     if tail is not None and any(tail):
         ends = [e + t for e, t in zip(ends, tail, strict=True)]
         busy = [b + t for b, t in zip(busy, tail, strict=True)]
     pp = len(ends)
-    t = max(ends) if ends else 0.0
+    t = (max(ends) + boundary) if ends else 0.0
     ranks = []
     for r in range(pp):
         act, inflight = peaks[r]

@@ -84,7 +84,9 @@ def simulation_trace(sim: Any) -> dict:
         events.append(memory_event(r, 0.0, tl.static[r], 0))
         for time_ms, act, _ in mem:
             events.append(memory_event(r, time_ms * 1e3, tl.static[r], act))
-    return document(events, run_info(p, source="simulator", iterations=1, warmup=0))
+    info = run_info(p, source="simulator", iterations=1, warmup=0)
+    info["iteration_boundary_ms"] = p.hardware.iteration_boundary_ms
+    return document(events, info)
 
 
 def run_info(problem: Any, source: str, iterations: int, warmup: int) -> dict[str, Any]:

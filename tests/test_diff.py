@@ -142,3 +142,30 @@ def test_default_iteration_is_the_median_steady_one(sim_doc):
     assert d["iteration_time_ms"][1] == pytest.approx(2 * d["iteration_time_ms"][0])
     assert diff_traces(as_trace(sim_doc, "sim"), real, iteration=2).to_dict()[
         "iterations"] == [0, 2]
+
+
+def test_iterations_are_compared_whole_start_to_next_start(sim_doc):
+    """A real iteration runs to the next one's first op; the last one adds the median gap;
+    a simulated one adds the boundary the profile measured."""
+    doc = copy.deepcopy(sim_doc)
+    base = compute_events(doc)
+    events = [e for e in doc["traceEvents"] if e.get("cat") != "compute"]
+    length = max(e["ts"] + e["dur"] for e in base)
+    for it, gap in enumerate((1500.0, 2500.0, 0.0)):
+        for e in base:
+            ev = copy.deepcopy(e)
+            ev["ts"] = e["ts"] + it * length + (1500.0 if it else 0.0) + (2500.0 if it > 1
+                                                                         else 0.0)
+            ev["args"]["iteration"] = it
+            events.append(ev)
+    doc["traceEvents"] = events
+    doc["otherData"].update(source="executor", iterations=3)
+    real = as_trace(doc, "real")
+    t = length / 1e3
+    for it, want in ((0, t + 1.5), (1, t + 2.5), (2, t + 2.0)):  # last: the median gap
+        d = diff_traces(as_trace(sim_doc, "sim"), real, iteration=it).to_dict()
+        assert d["iteration_time_ms"][1] == pytest.approx(want)
+    sim = copy.deepcopy(sim_doc)
+    sim["otherData"]["iteration_boundary_ms"] = 0.75
+    d = diff_traces(as_trace(sim, "sim"), real, iteration=0).to_dict()
+    assert d["iteration_time_ms"][0] == pytest.approx(t + 0.75)
