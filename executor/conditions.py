@@ -33,18 +33,26 @@ from ppsim.costfile import layer_dict
 from ppsim.timing import ADAM_BYTES_PER_PARAM
 
 
-def _message_cost(prof: Any, rank: int, n: int, blocks: int = 6, ops: int = 8) -> float | None:
-    """CPU ms one message costs each end, from paired processes (0-1, 2-3, ...)."""
-    peer = rank ^ 1
-    if peer >= n:  # an odd process out keeps its partners' timing honest: it computes
-        peer = -1
+def _layer_op(prof: Any) -> Any:
+    """A decoder layer's forward and backward, as the runtime runs them (two ops)."""
     piece = next(p for p in prof.pieces if p.kind == "layer")
-    out = prof.x.detach().clone().contiguous()
-    into = torch.empty_like(out)
 
     def op() -> None:
         y = prof._forward(piece, prof._input(piece), 0)
         prof._backward(piece, y)
+
+    return op
+
+
+def _message_cost(prof: Any, rank: int, n: int, blocks: int = 10,
+                  ops: int = 12) -> float | None:
+    """CPU ms one message costs each end, from paired processes (0-1, 2-3, ...)."""
+    peer = rank ^ 1
+    if peer >= n:  # an odd process out keeps its partners' timing honest: it computes
+        peer = -1
+    out = prof.x.detach().clone().contiguous()
+    into = torch.empty_like(out)
+    op = _layer_op(prof)
 
     def block(exchange: bool, tag: int) -> float:
         dist.barrier()
@@ -71,7 +79,27 @@ def _message_cost(prof: Any, rank: int, n: int, blocks: int = 6, ops: int = 8) -
     return max(0.0, (statistics.median(sent) - statistics.median(plain)) / 2)
 
 
-def optimizer_fit(prof: Any, reps: int = 5) -> dict[str, float]:
+def _sharing(prof: Any, rank: int, k: int, blocks: int = 8, ops: int = 8) -> dict[str, float]:
+    """A layer's F + B alone on its device and beside k - 1 others, measured in
+    alternating blocks (so the machine's drift hits both alike): processes k*d .. k*d+k-1
+    share device d; in an "alone" block only the first of each device computes."""
+    op = _layer_op(prof)
+    alone, shared = [], []
+    for b in range(blocks + 1):
+        for together in (False, True):
+            dist.barrier()
+            if together or rank % k == 0:
+                t0 = time.perf_counter()
+                for _ in range(ops):
+                    op()
+                if b:  # the first round warms up
+                    (shared if together else alone).append(
+                        (time.perf_counter() - t0) * 1e3 / ops)
+    return {"alone_ms": statistics.median(alone) if alone else 0.0,
+            "shared_ms": statistics.median(shared)}
+
+
+def optimizer_fit(prof: Any, reps: int = 15) -> dict[str, float]:
     """AdamW step time over one layer's parameters and over every piece's: the fixed time
     and the bandwidth (ADAM_BYTES_PER_PARAM per parameter) through both points."""
     layer = next(p for p in prof.pieces if p.kind == "layer")
@@ -119,13 +147,18 @@ def _worker(rank: int, port: int, fields: dict[str, Any], repeats: int, warmup: 
     torch.manual_seed(0)
     prof = Profiler(fields, device, microbatches)
     dist.barrier()  # every process times its pieces at the same time
-    prof.run(repeats, warmup)
-    costs, _ = prof.costs()
-    message = _message_cost(prof, rank, n) if plan["messages"] and n >= 2 else None
+    result: dict[str, Any] = {"all_reduce_ms": _all_reduce_ms()}
+    if plan["k"] > 1:  # ranks sharing devices: only the sharing measurement
+        result.update(_sharing(prof, rank, plan["k"]))
+    else:
+        prof.run(repeats, warmup)
+        costs, _ = prof.costs()
+        result.update(layers=[layer_dict(x) for x in costs.layers],
+                      embedding=layer_dict(costs.embedding), head=layer_dict(costs.head),
+                      message_cpu_ms=_message_cost(prof, rank, n)
+                      if plan["messages"] and n >= 2 else None)
     with open(f"{out}.{rank}", "w", encoding="utf-8") as fh:
-        json.dump({"layers": [layer_dict(x) for x in costs.layers],
-                   "embedding": layer_dict(costs.embedding), "head": layer_dict(costs.head),
-                   "message_cpu_ms": message, "all_reduce_ms": _all_reduce_ms()}, fh)
+        json.dump(result, fh)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -142,9 +175,10 @@ def _all_reduce_ms(reps: int = 30) -> float:
 
 def measure_concurrent(fields: dict[str, Any], devices: list[int], repeats: int, warmup: int,
                        microbatches: int, device_kind: str = "cpu", pin: bool = False,
-                       messages: bool = True) -> list[dict[str, Any]]:
+                       messages: bool = True, k: int = 1) -> list[dict[str, Any]]:
     """Run the profiler in one process per entry of `devices`, all at once; each
-    process's results."""
+    process's results. With k > 1 the devices list holds each device k times in a row,
+    and only the sharing of a device is measured (`_sharing`)."""
     import torch.multiprocessing as mp
 
     from executor.profile import _free_port
@@ -152,7 +186,7 @@ def measure_concurrent(fields: dict[str, Any], devices: list[int], repeats: int,
     n = len(devices)
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
     plan = {"devices": list(devices), "device_kind": device_kind, "pin": pin,
-            "messages": messages and device_kind == "cpu"}
+            "messages": messages and device_kind == "cpu", "k": k}
     fd, out = tempfile.mkstemp(prefix="ppsim-concurrent-", suffix=".json")
     os.close(fd)
     try:
@@ -169,12 +203,10 @@ def measure_concurrent(fields: dict[str, Any], devices: list[int], repeats: int,
     return results
 
 
-def context_switch_ms(alone: dict[str, Any], shared: dict[str, Any], k: int) -> float:
+def context_switch_ms(alone_ms: float, shared_ms: float, k: int) -> float:
     """The extra work an op pays beside k - 1 others on its device, beyond processor
-    sharing's k-fold stretch: from a layer's F + B alone and with k processes sharing."""
-    a = alone["forward_ms"] + alone["backward_ms"]
-    s = shared["forward_ms"] + shared["backward_ms"]
-    return max(0.0, (s - k * a) / (2 * k))
+    sharing's k-fold stretch, from a layer's F + B (two ops) alone and shared."""
+    return max(0.0, (shared_ms - k * alone_ms) / (2 * k))
 
 
 TIMES = ("forward_ms", "backward_ms", "weight_grad_ms")
@@ -189,7 +221,7 @@ def pooled(results: list[dict[str, Any]]) -> dict[str, Any]:
         return {**pieces[0], **{k: statistics.median(p[k] for p in pieces) for k in TIMES}}
 
     msgs = [r["message_cpu_ms"] for r in results if r.get("message_cpu_ms") is not None]
-    boundary = statistics.median(r.get("all_reduce_ms", 0.0) for r in results)
+    boundary = statistics.median(r["all_reduce_ms"] for r in results)
     return {"layers": [merge([r["layers"][i] for r in results])
                        for i in range(len(first["layers"]))],
             "embedding": merge([r["embedding"] for r in results]),

@@ -460,13 +460,13 @@ def run_conditions(prof: Profiler, fields: dict[str, Any], device_kind: str,
     if k >= 2:
         if progress is not None:
             progress(f"timing {k} processes per device", 0)
-        alone = layer_dict((costs or prof.costs()[0]).layers[0])
-        body = pooled(measure_concurrent(fields, [d for d in distinct for _ in range(k)],
-                                         repeats, warmup, microbatches, device_kind, pin,
-                                         messages=False))
-        shared = body["layers"][0]
+        res = measure_concurrent(fields, [d for d in distinct for _ in range(k)], repeats,
+                                 warmup, microbatches, device_kind, pin, messages=False, k=k)
+        alone = statistics.median(r["alone_ms"] for r in res if r["alone_ms"])
+        shared = statistics.median(r["shared_ms"] for r in res)
         cond["context_switch_ms"] = context_switch_ms(alone, shared, k)
+        cond["shared"] = {"ranks_per_device": k, "layer_fb_alone_ms": alone,
+                          "layer_fb_shared_ms": shared}
         if not cond["iteration_boundary_ms"]:
-            cond["iteration_boundary_ms"] = body["iteration_boundary_ms"]
-        cond["shared"] = {"ranks_per_device": k, "layer_alone": alone, "layer_shared": shared}
+            cond["iteration_boundary_ms"] = statistics.median(r["all_reduce_ms"] for r in res)
     return cond, costs

@@ -154,8 +154,8 @@ def _print_costs(doc: dict[str, Any], title: str) -> None:
     if cond.get("shared"):
         sh = cond["shared"]
         c.print(f"{sh['ranks_per_device']} processes per device: a layer's F+B "
-                f"{sh['layer_shared']['forward_ms'] + sh['layer_shared']['backward_ms']:.3f} ms "
-                f"(processor sharing alone: {sh['ranks_per_device']}x); context switch "
+                f"{sh['layer_fb_shared_ms']:.3f} ms against {sh['layer_fb_alone_ms']:.3f} ms "
+                f"alone (processor sharing: {sh['ranks_per_device']}x); context switch "
                 f"{cond['context_switch_ms'] * 1e3:.0f} us per op")
     opt = cond.get("optimizer")
     if opt:

@@ -151,11 +151,11 @@ def test_iterations_are_compared_whole_start_to_next_start(sim_doc):
     base = compute_events(doc)
     events = [e for e in doc["traceEvents"] if e.get("cat") != "compute"]
     length = max(e["ts"] + e["dur"] for e in base)
-    for it, gap in enumerate((1500.0, 2500.0, 0.0)):
+    starts = (0.0, length + 1500.0, 2 * length + 4000.0)  # gaps of 1.5 and 2.5 ms
+    for it, start in enumerate(starts):
         for e in base:
             ev = copy.deepcopy(e)
-            ev["ts"] = e["ts"] + it * length + (1500.0 if it else 0.0) + (2500.0 if it > 1
-                                                                         else 0.0)
+            ev["ts"] = e["ts"] + start
             ev["args"]["iteration"] = it
             events.append(ev)
     doc["traceEvents"] = events
