@@ -108,11 +108,17 @@ def base_config(work: str, ranks: int, device: str) -> str:
 
 
 def measure(cases: list, base: str, device: str, iterations: int, work: str,
-            costs: str) -> list[dict]:
+            costs: str, profile_each: bool = False) -> list[dict]:
+    """Run each case and diff it against its simulation from `costs` (with profile_each,
+    a profile taken just before the case's run: this VM's speed drifts by 10-40 % over
+    minutes, more than the model's error)."""
     rows = []
     for name, schedule, vpp, split, m in cases:
         folder = os.path.join(work, name)
         os.makedirs(folder)
+        if profile_each:
+            costs = os.path.join(folder, "costs.json")
+            ppsim("profile", "--config", base, "--device", device, "--out", costs)
         cfg_path = case_config(base, schedule, vpp, split, m, costs, folder)
         ppsim("run", "--config", cfg_path, "--iterations", str(iterations), "--warmup",
               "1", "--device", device, "--trace-dir", os.path.join(folder, "run"), "--json")
@@ -159,6 +165,9 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=12)
     ap.add_argument("--ranks", type=int, choices=(2, 4), default=2)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--one-profile", action="store_true",
+                    help="one profile for every case (default on CPU: a profile just before "
+                    "each case's run, so the VM's drift does not decide the error)")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="ppsim-accuracy-")
     cases = CASES_CUDA if args.device == "cuda" else CASES_4 if args.ranks == 4 else CASES
@@ -173,7 +182,8 @@ def main() -> None:
     else:
         base = base_config(work, args.ranks, "cpu")
         ppsim("profile", "--config", base, "--out", costs)
-        rows = measure(cases, base, "cpu", args.iterations, work, costs)
+        rows = measure(cases, base, "cpu", args.iterations, work, costs,
+                       profile_each=not args.one_profile)
     if args.device == "cuda" or args.ranks == 4:
         report(rows, None)
         shutil.rmtree(work, ignore_errors=True)
@@ -190,14 +200,14 @@ def main() -> None:
     report(rows, CALIBRATE_ON)
     if args.record:
         os.makedirs(args.record, exist_ok=True)
-        shutil.copy(costs, os.path.join(args.record, "costs.json"))
         for r in rows:
             if r["name"] not in ("1f1b-5-3-m8", "interleaved-3-1-2-2-m8"):
                 continue
             out = os.path.join(args.record, r["name"])
             os.makedirs(out, exist_ok=True)
             cfg = load_config(r["config"])
-            cfg.costs_file = "../costs.json"
+            shutil.copy(cfg.costs_file, os.path.join(out, "costs.json"))
+            cfg.costs_file = "costs.json"
             with open(os.path.join(out, "config.toml"), "w") as fh:
                 fh.write(config_to_toml(cfg))
             shutil.copy(r["real"], os.path.join(out, "real.json"))

@@ -268,7 +268,8 @@ class Profiler:
                                   activation_bytes=p0.activation_bytes,
                                   weight_grad_bytes=min(p0.weight_grad_bytes,
                                                         p0.activation_bytes),
-                                  output_bytes=p0.output_bytes)
+                                  output_bytes=p0.output_bytes,
+                                  params=sum(q.numel() for q in p0.module.parameters()))
         costs = ModelCosts(layers=tuple(out[("layer", k)] for k in self.kinds),
                            embedding=out[("embedding", "embedding")],
                            head=out[("head", "head")])

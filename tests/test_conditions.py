@@ -50,6 +50,15 @@ def test_profile_records_the_conditions_it_measured(measured):
         assert layer["split_backward_ms"] >= layer["backward_ms"] >= layer["weight_grad_ms"]
     c = load_conditions(measured)
     assert c is not None and c.devices == (0, 0, 1) and c.optimizer_gbps == opt["gbps"]
+    # Each piece's parameters are recorded, so the optimizer step is simulated.
+    n = sum(p.numel() for p in torch.nn.Linear(TINY["hidden_size"], TINY["hidden_size"])
+            .parameters())
+    assert doc["layers"][0]["params"] > 4 * n and doc["head"]["params"] > 0
+    cfg = load_config(None)
+    cfg.costs_file = measured
+    sim = simulate(build_problem(cfg), record=True)
+    steps = [s for _, _, s in sim.timeline.step]
+    assert all(s >= opt["fixed_ms"] for s in steps) and max(steps) > opt["fixed_ms"]
 
 
 def _with_conditions(tmp_path, **cond) -> str:
