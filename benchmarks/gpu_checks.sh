@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Every GPU check the issues name, for a lent GPU machine (one device, torch already there).
+#
+#   bash benchmarks/gpu_checks.sh [costs] [accuracy] [executor]    (default: all three)
+#
+# costs:    benchmarks/bench_costs.py --device cuda     measured vs analytic F/B/W (< 5 min)
+# accuracy: benchmarks/bench_accuracy.py --device cuda  gpt3-1.3b layers, pp 2 and 4 sharing
+#           the GPU, profile -> simulate -> run -> diff (< 6 min)
+# executor: benchmarks/bench_executor.py --device cuda  ppsim vs torch engine (< 3 min)
+#
+# One command may run 10 minutes there: run `costs` alone, then `accuracy executor`.
+# Packages the machine lacks (simpy, textual) travel as wheels in .whl/ (see the device
+# notes); logs go to $OUT when it is set.
+set -u
+cd "$(dirname "$0")/.."
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+fi
+export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+out="${OUT:-/tmp/ppsim-gpu}"
+mkdir -p "$out"
+checks=("$@")
+[ ${#checks[@]} -eq 0 ] && checks=(costs accuracy executor)
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
+declare -A script=([costs]=bench_costs.py [accuracy]=bench_accuracy.py [executor]=bench_executor.py)
+declare -A limit=([costs]=290 [accuracy]=350 [executor]=200)
+for c in "${checks[@]}"; do
+    echo "=== $c ($(date -u +%H:%M:%S))"
+    timeout "${limit[$c]}" python3 "benchmarks/${script[$c]}" --device cuda 2>&1 \
+        | tee "$out/$c.log"
+    echo "=== $c exit ${PIPESTATUS[0]}"
+done
