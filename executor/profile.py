@@ -399,6 +399,8 @@ def profile(fields: dict[str, Any], device_kind: str = "cpu", repeats: int = 20,
     prof = Profiler(fields, device, microbatches)
     prof.run(repeats, warmup, progress)
     costs, details = prof.costs()
+    from executor.conditions import run_conditions
+
     conditions, concurrent = run_conditions(prof, fields, device_kind, devices, repeats,
                                             warmup, microbatches, progress, pin)
     solo = costs
@@ -428,46 +430,3 @@ def profile(fields: dict[str, Any], device_kind: str = "cpu", repeats: int = 20,
                      "solo": {"layer": layer_dict(solo.layers[0]),
                               "embedding": layer_dict(solo.embedding),
                               "head": layer_dict(solo.head)}})
-
-
-def run_conditions(prof: Profiler, fields: dict[str, Any], device_kind: str,
-                   devices: list[int] | None, repeats: int, warmup: int, microbatches: int,
-                   progress: Progress | None, pin: bool = False
-                   ) -> tuple[dict[str, Any], ModelCosts | None]:
-    """The cost file's `conditions` and, on CPU with several devices, the costs measured
-    in one process per device at once (None otherwise). Where the placement puts k ranks
-    on a device, k processes per device are timed too, for the context-switch cost
-    beyond processor sharing."""
-    from executor.conditions import context_switch_ms, measure_concurrent, optimizer_fit, pooled
-    from ppsim.costfile import _layer
-
-    devs = list(devices) if devices else [0]
-    distinct = sorted(set(devs))
-    k = max(devs.count(d) for d in distinct)
-    cond: dict[str, Any] = {"devices": devs, "processes": 1, "message_cpu_ms": 0.0,
-                            "context_switch_ms": 0.0, "iteration_boundary_ms": 0.0,
-                            "optimizer": optimizer_fit(prof)}
-    costs = None
-    if device_kind == "cpu" and len(distinct) >= 2:
-        if progress is not None:
-            progress(f"timing in {len(distinct)} processes at once", 0)
-        body = pooled(measure_concurrent(fields, distinct, repeats, warmup, microbatches,
-                                         "cpu", pin))
-        cond.update(processes=len(distinct), message_cpu_ms=body["message_cpu_ms"],
-                    iteration_boundary_ms=body["iteration_boundary_ms"])
-        costs = ModelCosts(layers=tuple(_layer("profile", "layer", x) for x in body["layers"]),
-                           embedding=_layer("profile", "embedding", body["embedding"]),
-                           head=_layer("profile", "head", body["head"]))
-    if k >= 2:
-        if progress is not None:
-            progress(f"timing {k} processes per device", 0)
-        res = measure_concurrent(fields, [d for d in distinct for _ in range(k)], repeats,
-                                 warmup, microbatches, device_kind, pin, messages=False, k=k)
-        alone = statistics.median(r["alone_ms"] for r in res if r["alone_ms"])
-        shared = statistics.median(r["shared_ms"] for r in res)
-        cond["context_switch_ms"] = context_switch_ms(alone, shared, k)
-        cond["shared"] = {"ranks_per_device": k, "layer_fb_alone_ms": alone,
-                          "layer_fb_shared_ms": shared}
-        if not cond["iteration_boundary_ms"]:
-            cond["iteration_boundary_ms"] = statistics.median(r["all_reduce_ms"] for r in res)
-    return cond, costs

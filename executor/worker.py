@@ -225,7 +225,9 @@ def _engine(args: argparse.Namespace, problem: Problem, builder: ModelBuilder, r
             if rank == 0:
                 _say("progress", {"iteration": it + 1, "of": iters, "loss": loss,
                                   "warmup": it < warm})
-    part = {"rank": rank, "events": rec.events, "peak_bytes": rec.peak_bytes}
+    part = {"rank": rank, "events": rec.events, "peak_bytes": rec.peak_bytes,
+            "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else []}
     if args.trace_dir:
         write_json_atomic(os.path.join(args.trace_dir, "parts", f"rank{rank}.json"), part)
     parts = gather_json(part, ctrl)
@@ -237,7 +239,7 @@ def _engine(args: argparse.Namespace, problem: Problem, builder: ModelBuilder, r
     info.update(meta, losses=losses, dp=replica.size)
     res = summ.summarize(events, problem, builder, iters, warm, losses,
                          [p["peak_bytes"] for p in parts[:pp]], replica.size)
-    res.update(meta)
+    res.update(meta, cores=[p["cores"] for p in parts[:pp]])  # where each rank ran
     _finish_files(args, tr.document(events, info), res)
     return res
 
