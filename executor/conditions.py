@@ -210,7 +210,7 @@ def context_switch_ms(alone_ms: float, shared_ms: float, k: int) -> float:
     return max(0.0, (shared_ms - k * alone_ms) / (2 * k))
 
 
-TIMES = ("forward_ms", "backward_ms", "weight_grad_ms")
+TIMES = ("forward_ms", "backward_ms", "weight_grad_ms", "split_backward_ms")
 
 
 def pooled(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -219,7 +219,11 @@ def pooled(results: list[dict[str, Any]]) -> dict[str, Any]:
     first = results[0]
 
     def merge(pieces: list[dict[str, Any]]) -> dict[str, Any]:
-        return {**pieces[0], **{k: statistics.median(p[k] for p in pieces) for k in TIMES}}
+        m = {**pieces[0], **{k: statistics.median(p[k] for p in pieces) for k in TIMES}}
+        # Medians taken one field at a time need not keep W <= backward <= split path.
+        m["weight_grad_ms"] = min(m["weight_grad_ms"], m["backward_ms"])
+        m["split_backward_ms"] = max(m["split_backward_ms"], m["backward_ms"])
+        return m
 
     msgs = [r["message_cpu_ms"] for r in results if r.get("message_cpu_ms") is not None]
     boundary = statistics.median(r["all_reduce_ms"] for r in results)

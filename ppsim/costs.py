@@ -14,6 +14,13 @@ from ppsim.errors import UserError
 from ppsim.split import Split
 
 
+def input_grad_ms(c: LayerCost | StageCost, split: bool) -> float:
+    """B's duration: the whole backward, or (split) the measured split path without W."""
+    if not split:
+        return c.backward_ms
+    return (c.split_backward_ms or c.backward_ms) - c.weight_grad_ms
+
+
 @dataclass(frozen=True, kw_only=True)
 class LayerCost:
     forward_ms: float = 0.0
@@ -39,9 +46,7 @@ class LayerCost:
 
     def input_grad_ms(self, split: bool) -> float:
         """B's duration: the whole backward, or without W when the schedule splits it."""
-        if not split:
-            return self.backward_ms
-        return (self.split_backward_ms or self.backward_ms) - self.weight_grad_ms
+        return input_grad_ms(self, split)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,9 +96,7 @@ class StageCost:
 
     def input_grad_ms(self, split: bool) -> float:
         """B's duration: the whole backward, or without W when the schedule splits it."""
-        if not split:
-            return self.backward_ms
-        return (self.split_backward_ms or self.backward_ms) - self.weight_grad_ms
+        return input_grad_ms(self, split)
 
 
 def _sum(parts: list[LayerCost]) -> tuple[float, float, float, int, int, int, int, float]:

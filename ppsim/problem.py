@@ -197,11 +197,16 @@ def placement_warning(cfg: Config) -> str | None:
     from ppsim.costfile import load_conditions
 
     cond = load_conditions(cfg.costs_file)
-    if cond is None or cond.devices is None:
+    if cond is None or not cond.devices:
         return None
     pp = cfg.pipeline.pp
     want = list(cfg.placement.devices) if cfg.placement.devices else list(range(pp))
-    if len(set(want)) == len(set(cond.devices)):
+
+    def shape(devs: list[int] | tuple[int, ...]) -> tuple[int, int]:
+        """(devices busy at once, most ranks on one device): what the profile measured."""
+        return len(set(devs)), max(list(devs).count(d) for d in set(devs))
+
+    if shape(want) == shape(cond.devices):
         return None
     return (f"warning: {cfg.costs_file} was profiled for {len(set(cond.devices))} device(s) "
             f"busy at once (placement {list(cond.devices)}), this run places {pp} ranks on "

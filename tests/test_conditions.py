@@ -103,6 +103,14 @@ def test_simulate_warns_when_the_placement_differs(tmp_path, capsys):
     assert main(["simulate", "--config", cfg]) == 0
     err = capsys.readouterr().err
     assert "profiled for 2 device(s)" in err and "re-run ppsim profile" in err
+    # Same number of devices, but two ranks on one of them: measured for another sharing.
+    four = _with_conditions(tmp_path, devices=[0, 1, 2, 3])
+    cfg4 = tmp_path / "c4.toml"
+    cfg4.write_text(f'costs_file = "{four}"\n[model]\nkind = "uniform"\nnum_layers = 4\n'
+                    '[pipeline]\npp = 4\nmicrobatches = 4\n[placement]\ndevices = [0, 0, 1, 1]\n')
+    assert placement_warning(load_config(str(cfg4))) is not None
+    cfg4.write_text(cfg4.read_text().replace("[0, 0, 1, 1]", "[3, 2, 1, 0]"))
+    assert placement_warning(load_config(str(cfg4))) is None
 
 
 def test_a_split_backward_runs_its_measured_path():
