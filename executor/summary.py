@@ -13,6 +13,7 @@ from collections import defaultdict
 from typing import Any
 
 from executor.builders import ModelBuilder
+from ppsim.diff import median_gap_ms, whole_ms
 from ppsim.problem import Problem
 
 PIPELINE_KINDS = ("F", "B", "W")
@@ -51,9 +52,9 @@ def summarize(events: list[dict], problem: Problem, builder: ModelBuilder, itera
             step[(kind, ev["pid"])] += ev["dur"]
     # Whole iterations, as ppsim.diff compares them: start to the next start (the
     # last one: its span plus the median gap between iterations).
-    gaps = sorted(lo[i + 1] - hi[i] for i in lo if i + 1 in lo)
-    gap = max(0.0, gaps[(len(gaps) - 1) // 2]) if gaps else 0.0
-    spans = [(lo[i + 1] if i + 1 in lo else hi[i] + gap) - lo[i] for i in recorded if i in lo]
+    span = {i: (lo[i], hi[i]) for i in lo}
+    gap = median_gap_ms(span)
+    spans = [whole_ms(span, i, gap) * 1e3 for i in recorded if i in lo]
     iter_us = sum(spans) / len(spans) if spans else 0.0
     ranks = []
     for r in range(pp):

@@ -103,6 +103,11 @@ def boundary_ms(trace: Trace, span: dict[int, tuple[float, float]]) -> float:
     if trace.info.get("source") == "simulator":
         b = trace.info.get("iteration_boundary_ms", 0.0)
         return float(b) if isinstance(b, int | float) and not isinstance(b, bool) else 0.0
+    return median_gap_ms(span)
+
+
+def median_gap_ms(span: dict[int, tuple[float, float]]) -> float:
+    """Median time (ms) from one iteration's last op to the next one's first (spans in us)."""
     gaps = [span[i + 1][0] - span[i][1] for i in span if i + 1 in span]
     return max(0.0, statistics.median(gaps)) / 1e3 if gaps else 0.0
 
@@ -113,16 +118,16 @@ def whole_ms(span: dict[int, tuple[float, float]], it: int, boundary: float) -> 
     return (span[it][1] - span[it][0]) / 1e3 + boundary
 
 
-def steady_iteration(trace: Trace) -> int:
+def steady_iteration(trace: Trace, span: dict[int, tuple[float, float]] | None = None) -> int:
     """The typical steady-state iteration: of those after warm-up, the one whose
     length (whole, to the next start) is the median (lower median), so one hiccup does
-    not decide a diff."""
+    not decide a diff. `span`: the trace's iteration spans, when already computed."""
     its = trace.iterations
     warm = trace.info.get("warmup_iterations") or 0  # an int: checked by read_trace
     steady = [i for i in its if i >= warm] or its
     if len(steady) == 1:
         return steady[0]
-    span = _spans(trace)
+    span = span if span is not None else _spans(trace)
     gap = boundary_ms(trace, span)
     ranked = sorted(steady, key=lambda i: (whole_ms(span, i, gap), i))
     return ranked[(len(ranked) - 1) // 2]
@@ -130,8 +135,9 @@ def steady_iteration(trace: Trace) -> int:
 
 def window(trace: Trace, iteration: int | None) -> Window:
     its = trace.iterations
+    span = _spans(trace)
     if iteration is None:
-        it = steady_iteration(trace)
+        it = steady_iteration(trace, span)
     elif iteration in its:
         it = iteration
     elif len(its) == 1:
@@ -148,7 +154,6 @@ def window(trace: Trace, iteration: int | None) -> Window:
                                 f"iteration {it}", "re-record the trace")
             ops[op.key] = op
     origin = min(op.start_us for op in ops.values())
-    span = _spans(trace)
     until = span[it + 1][0] if it + 1 in span else None
     return Window(trace, it, ops, origin,
                   tuple(op for op in trace.step_ops if op.iteration == it), until,
