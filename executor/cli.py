@@ -50,6 +50,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--dp", type=int, metavar="N",
                    help="data-parallel replicas of the pipeline: world = pp x dp "
                    "(default: the model's dp, else 1)")
+    r.add_argument("--versus", metavar="N,N,...",
+                   help="also run this split in the same processes, alternating iteration "
+                   "by iteration with the run's own, so the machine's drift hits both "
+                   "alike (A/B on a shared machine); its trace goes to DIR/versus/, its "
+                   "summary under \"versus\" (ppsim engine, dp 1)")
     r.add_argument("--seed", type=int, default=0, help="weights and data seed")
     r.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
     r.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -67,6 +72,13 @@ def load_problem(args: argparse.Namespace) -> Any:
     from ppsim.problem import build_problem
 
     return build_problem(config_from_args(args))
+
+
+def versus_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The run's flags with --versus as its split."""
+    return argparse.Namespace(**{**vars(args), "split": args.versus, "layout": None,
+                                 "first_stage_layers": None, "last_stage_layers": None,
+                                 "account_for_embedding": None, "account_for_loss": None})
 
 
 def validate(args: argparse.Namespace) -> Any:
@@ -109,7 +121,21 @@ def validate(args: argparse.Namespace) -> Any:
         _check_fault(args.inject_fault, problem, args.iterations)
     if args.engine == "torch":
         _check_peer(problem)
+    if args.versus:
+        _check_versus(args, problem, dp)
     return problem
+
+
+def _check_versus(args: argparse.Namespace, problem: Any, dp: int) -> None:
+    if args.engine != "ppsim" or dp != 1:
+        raise UserError("--versus", "alternating two splits needs the ppsim engine and one "
+                        "pipeline replica", "use --engine ppsim and --dp 1, or drop --versus")
+    other = load_problem(versus_args(args))
+    if other.split.pp != problem.split.pp or not other.split.standard_ends or \
+            other.split.mtp:
+        raise UserError("--versus", f"{args.versus} is not a split of the same {problem.split.pp}"
+                        " ranks with the embedding first and the head last",
+                        "give N,N,... with one count per stage, like --split")
 
 
 def _check_launch(args: argparse.Namespace, pp: int) -> None:
@@ -187,8 +213,12 @@ def _own_files(args: argparse.Namespace) -> list[str]:
     lo = args.node_rank * args.nproc_per_node
     files = [os.path.join(d, "parts", f"rank{r}.json") for r in range(lo, lo +
                                                                        args.nproc_per_node)]
+    if args.versus:
+        files += [os.path.join(d, "versus", "parts", f"rank{r}.json")
+                  for r in range(lo, lo + args.nproc_per_node)]
     if args.node_rank == 0:
         files += [os.path.join(d, "trace.json"), os.path.join(d, "summary.json")]
+        files += [os.path.join(d, "versus", "trace.json")] if args.versus else []
     return files
 
 

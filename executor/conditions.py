@@ -9,6 +9,9 @@ plus, between pairs of processes:
 - the CPU time one message costs each end (gloo's copies and socket work, which
   compete with compute): a layer's forward and backward timed in blocks with and
   without an exchange of a boundary-sized tensor per op, the difference halved;
+- the one-way time of a boundary-sized message posted as its sender starts its next
+  op, to a receiver waiting for it (the critical path's hop; gloo's thread competes
+  with the sender's compute), which the simulator takes as the link's latency;
 - the optimizer step (AdamW over each piece's parameters), fitted as a fixed
   time plus bytes over an achieved bandwidth, the simulator's step model.
 
@@ -78,6 +81,40 @@ def _message_cost(prof: Any, rank: int, n: int, blocks: int = 10,
     if peer < 0:
         return None
     return max(0.0, (statistics.median(sent) - statistics.median(plain)) / 2)
+
+
+def _loaded_latency(prof: Any, rank: int, n: int, rounds: int = 18) -> float | None:
+    """One-way ms of a boundary-sized message posted as its sender starts its next op, to
+    a receiver waiting for it: a pipeline's critical path. On CPU gloo's thread then
+    competes with the sender's compute for its core, which an idle ping-pong never sees.
+    Pairs (0, 1), (2, 3), ...; roles swap every round; one host, so one clock."""
+    peer = rank ^ 1
+    op = _layer_op(prof)
+    out = prof.x.detach().clone().contiguous()
+    into = torch.empty_like(out)
+    sent, got = [], []
+    for i in range(rounds):
+        dist.barrier()
+        if peer >= n:
+            continue
+        if (i % 2 == 0) == (rank % 2 == 0):
+            op()
+            sent.append(time.perf_counter_ns())  # where the executor stamps a send
+            work = dist.isend(out, dst=peer, tag=20_000 + i)
+            op()  # the next op, while the message moves
+            work.wait()
+        else:
+            dist.irecv(into, src=peer, tag=20_000 + i).wait()
+            got.append(time.perf_counter_ns())
+    half = rounds // 2
+    mine = torch.zeros(half, dtype=torch.int64)
+    mine[:len(sent)] = torch.tensor(sent, dtype=torch.int64)
+    every = [torch.zeros(half, dtype=torch.int64) for _ in range(n)]
+    dist.all_gather(every, mine)
+    if peer >= n:
+        return None
+    ms = [(g - int(s)) / 1e6 for g, s in zip(got, every[peer].tolist(), strict=True)]
+    return statistics.fmean(ms[2:]) if len(ms) > 2 else None  # the first warm up
 
 
 def _sharing(prof: Any, rank: int, k: int, blocks: int = 8, ops: int = 8) -> dict[str, float]:
@@ -157,6 +194,8 @@ def _worker(rank: int, port: int, fields: dict[str, Any], repeats: int, warmup: 
         result.update(layers=[layer_dict(x) for x in costs.layers],
                       embedding=layer_dict(costs.embedding), head=layer_dict(costs.head),
                       message_cpu_ms=_message_cost(prof, rank, n)
+                      if plan["messages"] and n >= 2 else None,
+                      message_latency_ms=_loaded_latency(prof, rank, n)
                       if plan["messages"] and n >= 2 else None)
     with open(f"{out}.{rank}", "w", encoding="utf-8") as fh:
         json.dump(result, fh)
@@ -226,12 +265,14 @@ def pooled(results: list[dict[str, Any]]) -> dict[str, Any]:
         return m
 
     msgs = [r["message_cpu_ms"] for r in results if r.get("message_cpu_ms") is not None]
+    lat = [r["message_latency_ms"] for r in results if r.get("message_latency_ms") is not None]
     boundary = statistics.median(r["all_reduce_ms"] for r in results)
     return {"layers": [merge([r["layers"][i] for r in results])
                        for i in range(len(first["layers"]))],
             "embedding": merge([r["embedding"] for r in results]),
             "head": merge([r["head"] for r in results]),
             "message_cpu_ms": statistics.median(msgs) if msgs else 0.0,
+            "message_latency_ms": statistics.median(lat) if lat else 0.0,
             "iteration_boundary_ms": boundary}
 
 
@@ -258,6 +299,7 @@ def run_conditions(prof: Any, fields: dict[str, Any], device_kind: str,
         body = pooled(measure_concurrent(fields, distinct, repeats, warmup, microbatches,
                                          "cpu", pin))
         cond.update(processes=len(distinct), message_cpu_ms=body["message_cpu_ms"],
+                    message_latency_ms=body["message_latency_ms"],
                     iteration_boundary_ms=body["iteration_boundary_ms"])
         costs = ModelCosts(layers=tuple(_layer("profile", "layer", x) for x in body["layers"]),
                            embedding=_layer("profile", "embedding", body["embedding"]),

@@ -30,7 +30,8 @@ from ppsim.errors import UserError
 
 # Flags the worker needs besides the config flags; launch-only flags stay here.
 WORKER_FLAGS = ("device", "iterations", "warmup", "trace_dir", "engine", "inject_fault",
-                "timeout_s", "seed", "lr", "dump_grads", "fault_mode", "model", "dp")
+                "timeout_s", "seed", "lr", "dump_grads", "fault_mode", "model", "dp",
+                "versus")
 STORE_ENV = "PPSIM_STORE"
 """host:port of the store `ppsim run` hosts; the worker builds its process group on it."""
 

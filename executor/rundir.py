@@ -19,7 +19,7 @@ from ppsim.errors import UserError
 from ppsim.fileio import process_alive, shown
 
 DEFAULT_ROOT = "ppsim-run"
-RESULTS = ("trace.json", "summary.json", "parts")
+RESULTS = ("trace.json", "summary.json", "parts", "versus")
 BYTES_PER_OP = 2048
 """Trace bytes per op and iteration, parts and merged trace together (generous)."""
 
@@ -143,9 +143,10 @@ def release(run: RunDir, discard: list[str]) -> None:
     for f in discard:
         if os.path.lexists(f):
             os.unlink(f)
-    parts = os.path.join(run.path, "parts")
-    if discard and os.path.isdir(parts) and not os.listdir(parts):
-        os.rmdir(parts)
+    for folder in ("parts", os.path.join("versus", "parts"), "versus"):
+        folder = os.path.join(run.path, folder)
+        if discard and os.path.isdir(folder) and not os.listdir(folder):
+            os.rmdir(folder)
     if os.path.lexists(run.lock):
         os.unlink(run.lock)
     if run.created and os.path.isdir(run.path) and not os.listdir(run.path):

@@ -13,7 +13,7 @@ from collections import defaultdict
 from typing import Any
 
 from executor.builders import ModelBuilder
-from ppsim.diff import median_gap_ms, whole_ms
+from ppsim.diff import consecutive_wholes, median_gap_ms, whole_ms
 from ppsim.problem import Problem
 
 PIPELINE_KINDS = ("F", "B", "W")
@@ -25,13 +25,35 @@ def _tokens(problem: Problem, builder: ModelBuilder, dp: int) -> int:
     return problem.schedule.microbatches * per_mb * dp
 
 
+def iteration_spans(events: list[dict]) -> dict[int, tuple[float, float]]:
+    """(first start, last end) in us of each iteration's compute and optimizer events."""
+    span: dict[int, tuple[float, float]] = {}
+    for ev in events:
+        if ev.get("ph") == "X" and ev.get("cat") in ("compute", "optimizer"):
+            it = int(ev["args"]["iteration"])
+            lo, hi = span.get(it, (float("inf"), float("-inf")))
+            span[it] = (min(lo, ev["ts"]), max(hi, ev["ts"] + ev["dur"]))
+    return span
+
+
+def alternated_wholes(a: dict[int, tuple[float, float]], b: dict[int, tuple[float, float]]
+                      ) -> tuple[list[float | None], list[float | None]]:
+    """Whole iteration lengths (ms) of two runs that alternated in the same processes
+    (a's iteration i, then b's i, then a's i + 1): each lasts until the other starts.
+    Spans on one clock; None where nothing followed (b's last iteration)."""
+    n = max([*a, *b], default=-1) + 1
+    wa = [(b[i][0] - a[i][0]) / 1e3 if i in a and i in b else None for i in range(n)]
+    wb = [(a[i + 1][0] - b[i][0]) / 1e3 if i in b and i + 1 in a else None for i in range(n)]
+    return wa, wb
+
+
 def summarize(events: list[dict], problem: Problem, builder: ModelBuilder, iterations: int,
-              warmup: int, losses: list[float], peaks: list[int], dp: int = 1
-              ) -> dict[str, Any]:
+              warmup: int, losses: list[float], peaks: list[int], dp: int = 1,
+              whole: list[float | None] | None = None) -> dict[str, Any]:
+    """The run's summary; `whole`: each iteration's whole length in ms when the run
+    alternated with another (else start to the next start)."""
     pp = problem.split.pp
     recorded = [i for i in range(iterations) if i >= warmup]
-    lo: dict[int, float] = {}
-    hi: dict[int, float] = {}
     busy: dict[tuple[int, int], float] = defaultdict(float)
     step: dict[tuple[str, int], float] = defaultdict(float)
     mem_peak = [0] * pp
@@ -43,8 +65,6 @@ def summarize(events: list[dict], problem: Problem, builder: ModelBuilder, itera
         if ev.get("ph") != "X" or ev.get("cat") not in ("compute", "optimizer"):
             continue
         it = int(ev["args"]["iteration"])
-        lo[it] = min(lo.get(it, ev["ts"]), ev["ts"])
-        hi[it] = max(hi.get(it, 0.0), ev["ts"] + ev["dur"])
         kind = ev["args"].get("kind")
         if ev["cat"] == "compute" and kind in PIPELINE_KINDS:
             busy[(ev["pid"], it)] += ev["dur"]
@@ -52,9 +72,11 @@ def summarize(events: list[dict], problem: Problem, builder: ModelBuilder, itera
             step[(kind, ev["pid"])] += ev["dur"]
     # Whole iterations, as ppsim.diff compares them: start to the next start (the
     # last one: its span plus the median gap between iterations).
-    span = {i: (lo[i], hi[i]) for i in lo}
-    gap = median_gap_ms(span)
-    spans = [whole_ms(span, i, gap) * 1e3 for i in recorded if i in lo]
+    span = iteration_spans(events)
+    given = consecutive_wholes(span) if whole is None else \
+        {i: w for i, w in enumerate(whole) if w is not None and i in span}
+    gap = median_gap_ms(span, given)
+    spans = [whole_ms(span, i, gap, given) * 1e3 for i in recorded if i in span]
     iter_us = sum(spans) / len(spans) if spans else 0.0
     ranks = []
     for r in range(pp):

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from executor import summary as summ
 from executor.builders import ModelBuilder, builder_spec, load_builder
+from executor.cli import load_problem, versus_args
 from executor.launch import STORE_ENV, printable
 from executor.quiet import no_gc_pauses
 from executor.recorder import Recorder, align_clocks, gather_json, merge_parts
@@ -152,8 +153,6 @@ def _devices(kind: str, local_rank: int, local_world: int, placed: int | None = 
 
 
 def run(args: argparse.Namespace) -> dict[str, Any] | None:
-    from executor.cli import load_problem
-
     cfg = config_from_args(args)
     problem = load_problem(args)
     fields = model_fields(cfg.model)
@@ -212,45 +211,68 @@ def _engine(args: argparse.Namespace, problem: Problem, builder: ModelBuilder, r
             _finish_files(args, None, res)
         return res
     offset, epoch = align_clocks(rank, group=ctrl)
-    rec = Recorder(rank, device, offset, epoch, warm)
     fault = Fault.parse(args.inject_fault) if args.inject_fault else None
     pp = problem.split.pp
-    rt = Runtime(problem, builder, rank % pp, device, wire, rec, seed=args.seed, lr=args.lr,
-                 fault=fault if rank < pp else None, recompute=recompute, replica=replica)
-    losses = []
+    runs = [problem] + ([load_problem(versus_args(args))] if args.versus else [])
+    recs = [Recorder(rank, device, offset, epoch, warm) for _ in runs]
+    rts = [Runtime(p, builder, rank % pp, device, wire, rec, seed=args.seed, lr=args.lr,
+                   fault=fault if rank < pp and i == 0 else None, recompute=recompute,
+                   replica=replica) for i, (p, rec) in enumerate(zip(runs, recs, strict=True))]
+    losses: list[list[float]] = [[] for _ in runs]
     with no_gc_pauses():
         for it in range(iters):
-            loss = rt.run_iteration(it, dump_grads=args.dump_grads if it == 0 else None)
-            losses.append(loss)
+            # With --versus the two splits alternate iteration by iteration, so the
+            # machine's drift hits both alike.
+            for rt, got in zip(rts, losses, strict=True):
+                got.append(rt.run_iteration(it, dump_grads=args.dump_grads if it == 0 and
+                                            rt is rts[0] else None))
             if rank == 0:
-                _say("progress", {"iteration": it + 1, "of": iters, "loss": loss,
+                _say("progress", {"iteration": it + 1, "of": iters, "loss": losses[0][-1],
                                   "warmup": it < warm})
-    part = {"rank": rank, "events": rec.events, "peak_bytes": rec.peak_bytes,
-            "cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-            else []}
-    if args.trace_dir:
-        write_json_atomic(os.path.join(args.trace_dir, "parts", f"rank{rank}.json"), part)
-    parts = gather_json(part, ctrl)
-    if parts is None:
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    parts = []
+    for i, rec in enumerate(recs):
+        part = {"rank": rank, "events": rec.events, "peak_bytes": rec.peak_bytes,
+                "cores": cores}
+        if args.trace_dir:
+            write_json_atomic(os.path.join(args.trace_dir, *(["versus"] if i else []), "parts",
+                                           f"rank{rank}.json"), part)
+        parts.append(gather_json(part, ctrl))
+    if parts[0] is None:
         return None
     # The trace holds replica 0 (ranks 0..pp-1); other replicas run the same order.
-    events = merge_parts([p["events"] for p in parts[:pp]], pp)
-    info = tr.run_info(problem, "executor", iters, warm)
-    info.update(meta, losses=losses, dp=replica.size)
-    res = summ.summarize(events, problem, builder, iters, warm, losses,
-                         [p["peak_bytes"] for p in parts[:pp]], replica.size)
-    res.update(meta, cores=[p["cores"] for p in parts[:pp]])  # where each rank ran
-    _finish_files(args, tr.document(events, info), res)
+    whole: list[list[float | None] | None] = [None] * len(runs)
+    if args.versus:
+        whole = list(summ.alternated_wholes(
+            *(summ.iteration_spans([e for q in got[:pp] for e in q["events"]]) for got in parts)))
+    out = []
+    for i, (p, got) in enumerate(zip(runs, parts, strict=True)):
+        events = merge_parts([q["events"] for q in got[:pp]], pp)
+        info = tr.run_info(p, "executor", iters, warm)
+        info.update(meta, losses=losses[i], dp=replica.size)
+        if whole[i] is not None:
+            info["whole_iteration_ms"] = whole[i]
+        res = summ.summarize(events, p, builder, iters, warm, losses[i],
+                             [q["peak_bytes"] for q in got[:pp]], replica.size, whole[i])
+        res.update(meta, cores=[q["cores"] for q in got[:pp]])  # where each rank ran
+        out.append((tr.document(events, info), res))
+    res = out[0][1]
+    if args.versus:
+        _finish_files(args, *out[1], sub="versus")
+        res["versus"] = out[1][1]
+    _finish_files(args, *out[0])
     return res
 
 
-def _finish_files(args: argparse.Namespace, doc: dict | None, res: dict) -> None:
+def _finish_files(args: argparse.Namespace, doc: dict | None, res: dict, sub: str = "") -> None:
     if not args.trace_dir:
         return
+    folder = os.path.join(args.trace_dir, sub)
     if doc is not None:
-        tr.write_trace(os.path.join(args.trace_dir, "trace.json"), doc)
-        res["trace"] = os.path.join(args.trace_dir, "trace.json")
-    write_json_atomic(os.path.join(args.trace_dir, "summary.json"), res)
+        tr.write_trace(os.path.join(folder, "trace.json"), doc)
+        res["trace"] = os.path.join(folder, "trace.json")
+    if not sub:  # a --versus run's summary is inside the main one
+        write_json_atomic(os.path.join(folder, "summary.json"), res)
 
 
 def main(argv: list[str] | None = None) -> int:

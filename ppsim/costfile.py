@@ -63,6 +63,9 @@ class Conditions:
     optimizer_fixed_ms: float
     optimizer_gbps: float
     """The AdamW step: fixed time plus bytes over this bandwidth; 0: not measured."""
+    message_latency_ms: float = 0.0
+    """One-way time of a boundary-sized message sent as its sender computes on, to a
+    waiting receiver (the link's latency under load); 0: not measured."""
 
 
 @dataclass(frozen=True)
@@ -225,7 +228,9 @@ def _conditions(path: str, raw: Any) -> Conditions | None:
                                 value=raw.get("iteration_boundary_ms", 0.0))),
                       float(num(where="conditions.optimizer.fixed_ms",
                                 value=opt.get("fixed_ms", 0.0))),
-                      float(num(where="conditions.optimizer.gbps", value=opt.get("gbps", 0.0))))
+                      float(num(where="conditions.optimizer.gbps", value=opt.get("gbps", 0.0))),
+                      float(num(where="conditions.message_latency_ms",
+                                value=raw.get("message_latency_ms", 0.0))))
 
 
 _CACHE: dict[str, tuple[tuple[int, int], CostFile]] = {}

@@ -51,6 +51,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     console = Console()
     validate.count("--rounds", args.rounds, lo=1, hi=20)
+    validate.count("--iterations", args.iterations, lo=2, hi=1000)
     cfg = config_from_args(args)
     out = args.out
     os.makedirs(out, exist_ok=True)
@@ -111,10 +112,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
                   f"the profile (measured {(measured - first) / first:+.1%}), {again:.2f} ms "
                   f"calibrated on the other run (measured {(measured - again) / again:+.1%})")
     pred = diffs["even"]["iteration_time_ms"][0] / diffs["planned"]["iteration_time_ms"][0]
-    # Measured: per round, the even run's mean whole iteration over the planned run's
-    # (run back to back), and the median over rounds.
-    meas = statistics.median(e / p for e, p in zip(real["even"]["times"],
-                                                     real["planned"]["times"], strict=True))
+    # Measured: the median over adjacent iteration pairs (planned, then even, in the
+    # same processes) of the even iteration over the planned one.
+    meas = statistics.median(real["even"]["pairs"])
     console.print(f"speed-up of the planned split over the even split: predicted {pred:.3f}x, "
                   f"measured {meas:.3f}x")
     console.print(f"details: ppsim diff {out}/planned/sim.json {real['planned']['trace']} "
@@ -124,29 +124,35 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _run_both(console: Any, base: str, out: str, splits: dict[str, tuple[int, ...]],
               iterations: int, rounds: int) -> dict[str, dict[str, Any]]:
-    """Run the splits for real, alternating, `rounds` times each; keep each split's fastest
-    run (and every run's time). Alternating makes the machine's drift (10-40 % over
-    minutes on a shared VM) hit both runs of a round alike, so the ratio within a round,
-    the speed-up, measures the splits rather than the drift."""
+    """Run the two splits for real, `rounds` launches, each alternating the splits
+    iteration by iteration in the same processes (`ppsim run --versus`), so the
+    machine's drift (10-40 % over seconds on a shared VM) hits both alike. Keeps each
+    split's fastest launch for the diff, and every pair of adjacent iterations
+    (planned, then even) for the speed-up."""
+    (a, ca), (b, cb) = splits.items()
     real: dict[str, dict[str, Any]] = {}
+    pairs: list[float] = []
     stamp = time.strftime("%Y%m%d-%H%M%S")  # ppsim run never overwrites an earlier run
     for i in range(rounds):
-        for name, counts in splits.items():
-            folder = os.path.join(out, name, f"run-{stamp}-{i + 1}")
-            summary = json.loads(_checked(f"run {name}", _ppsim(
-                "run", "--config", base, "--split", ",".join(map(str, counts)),
-                "--iterations", str(iterations), "--warmup", "1", "--trace-dir", folder,
-                "--json")))
-            t = summary["iteration_time_ms"]
-            console.print(f"{name} (round {i + 1} of {rounds}): {t:.2f} ms per iteration")
-            times = real.get(name, {}).get("times", []) + [t]
-            if name not in real or t < real[name]["summary"]["iteration_time_ms"]:
-                real[name] = {"counts": counts, "summary": summary,
-                              "trace": os.path.join(folder, "trace.json")}
-            real[name]["times"] = times
+        folder = os.path.join(out, "runs", f"run-{stamp}-{i + 1}")
+        summary = json.loads(_checked("run", _ppsim(
+            "run", "--config", base, "--split", ",".join(map(str, ca)),
+            "--versus", ",".join(map(str, cb)), "--iterations", str(iterations),
+            "--warmup", "1", "--trace-dir", folder, "--json")))
+        got = {a: (ca, summary), b: (cb, summary["versus"])}
+        ta, tb = (got[n][1]["iteration_times_ms"] for n in (a, b))
+        pairs += [y / x for x, y in zip(ta, tb, strict=True) if x > 0]
+        console.print(f"round {i + 1} of {rounds}: " + ", ".join(
+            f"{n} {got[n][1]['iteration_time_ms']:.2f} ms" for n in (a, b)) +
+            " per iteration (alternating)")
+        for name, (counts, res) in got.items():
+            if name not in real or res["iteration_time_ms"] < \
+                    real[name]["summary"]["iteration_time_ms"]:
+                real[name] = {"counts": counts, "summary": res, "trace": res["trace"]}
     for name, r in real.items():
         console.print(f"{name}: kept {r['summary']['iteration_time_ms']:.2f} ms, trace in "
                       f"{r['trace']}")
+    real[b]["pairs"] = pairs
     return real
 
 
@@ -157,11 +163,12 @@ def register(commands: dict) -> None:
         add_config_flags(p, split_flags=False)
         p.add_argument("--out", default="ppsim-demo", metavar="DIR",
                        help="where costs, traces and configs go (default ./ppsim-demo)")
-        p.add_argument("--iterations", type=int, default=8, metavar="N",
-                       help="real iterations per split (the first is warm-up)")
-        p.add_argument("--rounds", type=int, default=3, metavar="N",
-                       help="runs of each split, alternating; the speed-up is the median "
-                       "over rounds (default 3)")
+        p.add_argument("--iterations", type=int, default=16, metavar="N",
+                       help="real iterations per split and launch (the first is warm-up)")
+        p.add_argument("--rounds", type=int, default=2, metavar="N",
+                       help="launches, each alternating the two splits iteration by "
+                       "iteration; the speed-up is the median over all iteration pairs "
+                       "(default 2)")
 
     commands["demo"] = ("profile, plan, run and diff on one config (the quickstart)", add,
                         cmd_demo)

@@ -98,23 +98,43 @@ def _spans(trace: Trace) -> dict[int, tuple[float, float]]:
     return span
 
 
+def wholes(trace: Trace, span: dict[int, tuple[float, float]]) -> dict[int, float]:
+    """Each iteration's whole length in ms, first op to the next start, where known.
+
+    The next start is the trace's next iteration's first op, or, for a run that
+    alternated with another split in the same processes (`ppsim run --versus`), what
+    the run recorded: the start of whichever ran next (`whole_iteration_ms`)."""
+    given = trace.info.get("whole_iteration_ms")
+    if isinstance(given, list):
+        return {i: float(w) for i, w in enumerate(given) if i in span and
+                isinstance(w, int | float) and not isinstance(w, bool) and w >= 0}
+    return consecutive_wholes(span)
+
+
+def consecutive_wholes(span: dict[int, tuple[float, float]]) -> dict[int, float]:
+    """Whole lengths (ms) when iterations follow one another: start to the next start."""
+    return {i: (span[i + 1][0] - span[i][0]) / 1e3 for i in span if i + 1 in span}
+
+
 def boundary_ms(trace: Trace, span: dict[int, tuple[float, float]]) -> float:
     """A simulated trace's modelled boundary; a real one's median gap between iterations."""
     if trace.info.get("source") == "simulator":
         b = trace.info.get("iteration_boundary_ms", 0.0)
         return float(b) if isinstance(b, int | float) and not isinstance(b, bool) else 0.0
-    return median_gap_ms(span)
+    return median_gap_ms(span, wholes(trace, span))
 
 
-def median_gap_ms(span: dict[int, tuple[float, float]]) -> float:
-    """Median time (ms) from one iteration's last op to the next one's first (spans in us)."""
-    gaps = [span[i + 1][0] - span[i][1] for i in span if i + 1 in span]
-    return max(0.0, statistics.median(gaps)) / 1e3 if gaps else 0.0
+def median_gap_ms(span: dict[int, tuple[float, float]], whole: dict[int, float]) -> float:
+    """Median time (ms) from an iteration's last op to the next start (spans in us)."""
+    gaps = [whole[i] - (span[i][1] - span[i][0]) / 1e3 for i in whole if i in span]
+    return max(0.0, statistics.median(gaps)) if gaps else 0.0
 
 
-def whole_ms(span: dict[int, tuple[float, float]], it: int, boundary: float) -> float:
-    if it + 1 in span:
-        return (span[it + 1][0] - span[it][0]) / 1e3
+def whole_ms(span: dict[int, tuple[float, float]], it: int, boundary: float,
+             whole: dict[int, float]) -> float:
+    """Iteration `it` whole: to the next start, else its span plus the boundary."""
+    if it in whole:
+        return whole[it]
     return (span[it][1] - span[it][0]) / 1e3 + boundary
 
 
@@ -128,8 +148,8 @@ def steady_iteration(trace: Trace, span: dict[int, tuple[float, float]] | None =
     if len(steady) == 1:
         return steady[0]
     span = span if span is not None else _spans(trace)
-    gap = boundary_ms(trace, span)
-    ranked = sorted(steady, key=lambda i: (whole_ms(span, i, gap), i))
+    gap, whole = boundary_ms(trace, span), wholes(trace, span)
+    ranked = sorted(steady, key=lambda i: (whole_ms(span, i, gap, whole), i))
     return ranked[(len(ranked) - 1) // 2]
 
 
@@ -154,7 +174,8 @@ def window(trace: Trace, iteration: int | None) -> Window:
                                 f"iteration {it}", "re-record the trace")
             ops[op.key] = op
     origin = min(op.start_us for op in ops.values())
-    until = span[it + 1][0] if it + 1 in span else None
+    whole = wholes(trace, span)
+    until = span[it][0] + whole[it] * 1e3 if it in whole else None
     return Window(trace, it, ops, origin,
                   tuple(op for op in trace.step_ops if op.iteration == it), until,
                   boundary_ms(trace, span))

@@ -230,7 +230,8 @@ def _csv_problem(cfg: Config, costs: ModelCosts) -> Problem:
 
 
 def hardware(cfg: Config) -> Hardware:
-    """Memory limit and P2P model; P2P measured in the cost file beats the preset."""
+    """Memory limit and P2P model; P2P measured in the cost file beats the preset, and its
+    latency under load (a message posted as its sender computes on) beats an idle one."""
     latency, bandwidth = cfg.hardware.p2p_latency_ms, cfg.hardware.p2p_bandwidth_gbps
     if cfg.costs_file:
         from ppsim.costfile import load_p2p
@@ -242,9 +243,15 @@ def hardware(cfg: Config) -> Hardware:
     dp = int(fields.get("dp", 1)) if fields.get("kind") == "transformer" else 1
     membw, fixed, boundary = cfg.hardware.memory_bandwidth_gbps, 0.0, 0.0
     if cfg.costs_file:
-        from ppsim.costfile import load_conditions
+        from ppsim.costfile import load_conditions, read_cost_file
 
         cond = load_conditions(cfg.costs_file)
+        if cond is not None and cond.message_latency_ms:
+            # Measured whole for a boundary-sized message: the latency is what the
+            # bandwidth term leaves of it.
+            nbytes = read_cost_file(cfg.costs_file).layers[0].output_bytes
+            latency = max(0.0, cond.message_latency_ms -
+                          (nbytes / (bandwidth * 1e6) if bandwidth > 0 else 0.0))
         if cond is not None and cond.optimizer_gbps > 0:  # the step as measured here
             membw, fixed = cond.optimizer_gbps, cond.optimizer_fixed_ms
         if cond is not None and cfg.pipeline.pp * dp > 1:

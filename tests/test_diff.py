@@ -169,3 +169,35 @@ def test_iterations_are_compared_whole_start_to_next_start(sim_doc):
     sim["otherData"]["iteration_boundary_ms"] = 0.75
     d = diff_traces(as_trace(sim, "sim"), real, iteration=0).to_dict()
     assert d["iteration_time_ms"][0] == pytest.approx(t + 0.75)
+
+
+def test_alternated_run_ends_each_iteration_where_the_other_split_began(sim_doc):
+    """A trace from `ppsim run --versus` carries each iteration's whole length (until the
+    other split's iteration started), and diff uses it instead of start to next start."""
+    from executor.summary import alternated_wholes
+
+    a = {0: (0.0, 900.0), 1: (3000.0, 3900.0)}
+    b = {0: (1000.0, 2500.0), 1: (4100.0, 5600.0)}
+    wa, wb = alternated_wholes(a, b)
+    assert wa == [1.0, 1.1] and wb == [2.0, None]  # b's last: nothing followed it
+    doc = copy.deepcopy(sim_doc)
+    base = compute_events(doc)
+    events = [e for e in doc["traceEvents"] if e.get("cat") != "compute"]
+    length = max(e["ts"] + e["dur"] for e in base)
+    for it in range(2):
+        for e in base:
+            ev = copy.deepcopy(e)
+            ev["ts"] = e["ts"] + it * 10 * length  # another split ran in between
+            ev["args"]["iteration"] = it
+            events.append(ev)
+    doc["traceEvents"] = events
+    t = length / 1e3
+    doc["otherData"].update(source="executor", iterations=2,
+                            whole_iteration_ms=[t + 0.5, t + 0.25])
+    real = as_trace(doc, "real")
+    for it, want in ((0, t + 0.5), (1, t + 0.25)):
+        d = diff_traces(as_trace(sim_doc, "sim"), real, iteration=it).to_dict()
+        assert d["iteration_time_ms"][1] == pytest.approx(want)
+    doc["otherData"]["whole_iteration_ms"] = [t + 0.5, None]  # the last: the median gap
+    d = diff_traces(as_trace(sim_doc, "sim"), as_trace(doc, "real"), iteration=1).to_dict()
+    assert d["iteration_time_ms"][1] == pytest.approx(t + 0.5)

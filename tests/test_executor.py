@@ -234,6 +234,34 @@ def test_torch_peer_runs_the_same_split(tmp_path_factory) -> None:
     assert peer["losses"][0] == pytest.approx(ours["losses"][0], rel=1e-5)
 
 
+def test_versus_alternates_two_splits_in_the_same_processes(tmp_path) -> None:
+    """--versus: both splits train the same model on the same data (equal losses), each
+    trace holds its own schedule, and the two alternate: one's whole iteration ends
+    where the other's begins, so together they tile the run."""
+    argv = ["--pp", "2", "--microbatches", "4", "--split", "5,3", "--iterations", "3",
+            "--warmup", "1", "--trace-dir", str(tmp_path / "out")]
+    res = ppsim_run(*argv, "--versus", "3,5", "--json")
+    assert res.returncode == 0, res.stderr
+    a = json.loads(res.stdout)
+    b = a["versus"]
+    assert b["split"] == [3, 5] and a["split"] == [5, 3]
+    assert b["losses"] == pytest.approx(a["losses"], rel=1e-6)
+    ta, tb = read_trace(a["trace"]), read_trace(b["trace"])
+    assert {(op.rank, op.stage) for op in tb.ops if op.kind == "F"} == \
+        {(0, 0), (1, 1)} and len(tb.ops) == len(ta.ops)
+    first = {name: {it: min(op.start_us for op in t.ops if op.iteration == it)
+                    for it in range(3)} for name, t in (("a", ta), ("b", tb))}
+    wa, wb = ta.info["whole_iteration_ms"], tb.info["whole_iteration_ms"]
+    assert wb[2] is None and all(w > 0 for w in wa + wb[:2])
+    # Traces are each shifted to start at 0: compare lengths, not times.
+    for it in range(2):
+        assert wa[it] + wb[it] == pytest.approx(
+            (first["a"][it + 1] - first["a"][it]) / 1e3, abs=1e-3)
+    bad = ppsim_run(*argv[:-1], str(tmp_path / "peer"), "--versus", "3,5", "--engine",
+                    "torch")
+    assert bad.returncode == 2 and "--versus" in bad.stderr
+
+
 def test_injected_fault_stops_every_rank(tmp_path) -> None:
     out = tmp_path / "out"
     t0 = time.monotonic()
