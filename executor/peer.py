@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from executor.builders import ModelBuilder
 from executor.builders.stage import build_stage
+from executor.optim import adamw
 from executor.quiet import no_gc_pauses
 from executor.summary import peer_summary
 
@@ -110,7 +111,7 @@ def run_peer(problem: Any, builder: ModelBuilder, rank: int, device: torch.devic
         stages.append(pipelining.PipelineStage(staged, st.index, split.num_stages, wire))
     runner = _runner(stages, sched, builder.loss)
     params = [p for mod in mods for p in mod.parameters()]
-    opt = torch.optim.AdamW(params, lr=args.lr) if params else None
+    opt = adamw(params, args.lr) if params else None
     first = any(st.has_embedding for st in split.stages if st.rank == rank)
     last = any(st.has_head for st in split.stages if st.rank == rank)
     times, losses = [], []

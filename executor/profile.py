@@ -33,6 +33,7 @@ import torch.distributed as dist
 from executor.builders import ModelBuilder, builder_spec, layer_kind, load_builder
 from executor.builders.deferral import WeightGradStore
 from executor.builders.stage import Stage, saved_bytes
+from executor.optim import adamw
 from ppsim.costfile import layer_dict
 from ppsim.costs import LayerCost, ModelCosts
 
@@ -211,7 +212,7 @@ class Profiler:
         piece.activation_bytes = sum(seen.values())
         piece.output_bytes = 0 if piece.kind == "head" else y.numel() * y.element_size()
         del y
-        opt = torch.optim.AdamW(params, lr=1e-3)
+        opt = adamw(params, lr=1e-3)
         opt.step()  # AdamW allocates its states at the first step
         tensors = params + [p.grad for p in params if p.grad is not None]
         tensors += [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from executor.builders import ModelBuilder
 from executor.builders.deferral import WeightGradStore
 from executor.builders.stage import Stage, build_stage, saved_bytes
+from executor.optim import adamw
 from executor.recorder import Recorder
 from ppsim.problem import Problem
 from ppsim.schedules import Action, Schedule
@@ -198,7 +199,7 @@ class Runtime:
                     device=device, dtype=builder.dtype)
         self.params = [p for m in self.modules.values() for p in m.parameters()]
         self.grads = self._grad_buffer()
-        self.optimizer = torch.optim.AdamW(self.params, lr=lr) if self.params else None
+        self.optimizer = adamw(self.params, lr) if self.params else None
         # Parameters and buffers (rotary tables) are static, never activations.
         self._param_ptrs = {t.untyped_storage().data_ptr() for m in self.modules.values()
                             for t in [*m.parameters(), *m.buffers()]}
