@@ -130,7 +130,10 @@ def _check_versus(args: argparse.Namespace, problem: Any, dp: int) -> None:
     if args.engine != "ppsim" or dp != 1:
         raise UserError("--versus", "alternating two splits needs the ppsim engine and one "
                         "pipeline replica", "use --engine ppsim and --dp 1, or drop --versus")
-    other = load_problem(versus_args(args))
+    try:
+        other = load_problem(versus_args(args))
+    except UserError as exc:
+        raise UserError("--versus", f"{args.versus}: {exc.problem}", exc.fix) from None
     if other.split.pp != problem.split.pp or not other.split.standard_ends or \
             other.split.mtp:
         raise UserError("--versus", f"{args.versus} is not a split of the same {problem.split.pp}"

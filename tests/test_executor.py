@@ -257,9 +257,10 @@ def test_versus_alternates_two_splits_in_the_same_processes(tmp_path) -> None:
     for it in range(2):
         assert wa[it] + wb[it] == pytest.approx(
             (first["a"][it + 1] - first["a"][it]) / 1e3, abs=1e-3)
-    bad = ppsim_run(*argv[:-1], str(tmp_path / "peer"), "--versus", "3,5", "--engine",
-                    "torch")
-    assert bad.returncode == 2 and "--versus" in bad.stderr
+    for extra in (["--versus", "3,5", "--engine", "torch"], ["--versus", "4,5"]):
+        bad = ppsim_run(*argv[:-1], str(tmp_path / "bad"), *extra)
+        assert bad.returncode == 2 and "error: --versus" in bad.stderr, extra
+        assert "Traceback" not in bad.stderr
 
 
 def test_injected_fault_stops_every_rank(tmp_path) -> None:
