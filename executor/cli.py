@@ -55,6 +55,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    "by iteration with the run's own, so the machine's drift hits both "
                    "alike (A/B on a shared machine); its trace goes to DIR/versus/, its "
                    "summary under \"versus\" (ppsim engine, dp 1)")
+    r.add_argument("--alongside-torch", action="store_true",
+                   help="also run torch.distributed.pipelining's schedule on the same split "
+                   "in the same processes, alternating iteration by iteration, both timed "
+                   "from a barrier to the end of the step (the engine benchmark); its "
+                   "summary under \"peer\" (ppsim engine, dp 1, no --versus)")
     r.add_argument("--seed", type=int, default=0, help="weights and data seed")
     r.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
     r.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -123,6 +128,11 @@ def validate(args: argparse.Namespace) -> Any:
         _check_peer(problem)
     if args.versus:
         _check_versus(args, problem, dp)
+    if args.alongside_torch:
+        if args.engine != "ppsim" or dp != 1 or args.versus:
+            raise UserError("--alongside-torch", "needs the ppsim engine, one pipeline "
+                            "replica and no --versus", "drop the other flag")
+        _check_peer(problem)
     return problem
 
 

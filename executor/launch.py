@@ -31,7 +31,7 @@ from ppsim.errors import UserError
 # Flags the worker needs besides the config flags; launch-only flags stay here.
 WORKER_FLAGS = ("device", "iterations", "warmup", "trace_dir", "engine", "inject_fault",
                 "timeout_s", "seed", "lr", "dump_grads", "fault_mode", "model", "dp",
-                "versus")
+                "versus", "alongside_torch")
 STORE_ENV = "PPSIM_STORE"
 """host:port of the store `ppsim run` hosts; the worker builds its process group on it."""
 
@@ -49,8 +49,10 @@ def worker_argv(args: argparse.Namespace) -> list[str]:
         out += [flag] if value is True else [flag, str(value)]
     for dest in WORKER_FLAGS:
         value = getattr(args, dest, None)
-        if value is not None:
-            out += ["--" + dest.replace("_", "-"), str(value)]
+        if value is None or value is False:
+            continue
+        flag = "--" + dest.replace("_", "-")
+        out += [flag] if value is True else [flag, str(value)]
     return out
 
 

@@ -90,63 +90,98 @@ def _csv_runner(stages: list[Any], sched: Any, loss_fn: Any) -> Any:
     return runner
 
 
+class Peer:
+    """This rank's stages under torch.distributed.pipelining's schedule of the same name,
+    with the same model, data, recompute mode and optimizer."""
+
+    def __init__(self, problem: Any, builder: ModelBuilder, rank: int, device: torch.device,
+                 args: Any, wire: torch.device | None = None, recompute: str = "none") -> None:
+        from torch.distributed import pipelining
+
+        split, sched = problem.split, problem.schedule
+        self.builder, self.args, self.m = builder, args, sched.microbatches
+        self.device, self.wire = device, wire or device
+        self.mods, stages = [], []
+        for st in split.stages:
+            if st.rank != rank:
+                continue
+            mod = build_stage(builder, st, args.seed, recompute).to(device=device,
+                                                                    dtype=builder.dtype)
+            self.mods.append(mod)
+            staged = HostStaged(mod, device) if self.wire != device else mod
+            stages.append(pipelining.PipelineStage(staged, st.index, split.num_stages,
+                                                   self.wire))
+        self.runner = _runner(stages, sched, builder.loss)
+        params = [p for mod in self.mods for p in mod.parameters()]
+        self.opt = adamw(params, args.lr) if params else None
+        self.first = any(st.has_embedding for st in split.stages if st.rank == rank)
+        self.last = any(st.has_head for st in split.stages if st.rank == rank)
+        self.batch: tuple[Any, Any] = (None, None)
+
+    def prepare(self, it: int) -> None:
+        """The global batch of iteration `it` (built before the timed step)."""
+        batches = [self.builder.microbatch(self.args.seed, it, i) for i in range(self.m)]
+        self.batch = (torch.cat([b[0] for b in batches]).to(self.wire),
+                      torch.cat([b[1] for b in batches]).to(self.wire))
+
+    def step(self) -> None:
+        """One training step on the prepared batch."""
+        ids, targets = self.batch
+        self.losses: list[Any] = []
+        losses = self.losses
+        # No logits kept: torchtitan passes return_outputs=False, and ppsim's
+        # engine keeps none either, so the comparison is like for like.
+        if self.first:
+            self.runner.step(ids, target=targets if self.last else None, losses=losses,
+                             return_outputs=False)
+        elif self.last:
+            self.runner.step(target=targets, losses=losses, return_outputs=False)
+        else:
+            self.runner.step(return_outputs=False)
+        if self.opt is not None:
+            self.opt.step()
+            self.opt.zero_grad()
+
+    def loss(self) -> float:
+        """This rank's share of the last step's loss (read after the step is timed)."""
+        return sum(float(x) for x in self.losses) / self.m if self.losses else 0.0
+
+    @property
+    def recompute(self) -> list[str]:
+        return sorted({m.recompute for m in self.mods})  # what the stages were built with
+
+
+def slowest_ms(fn: Callable[[], Any], ctrl: Any, device: torch.device,
+               value: Callable[[], float] = lambda: 0.0) -> tuple[float, float]:
+    """Time `fn` from a barrier to its end on every rank; (the slowest rank's ms, the sum
+    over ranks of `value()`, read after the timing)."""
+    dist.barrier(group=ctrl)
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    stats = torch.tensor([dt, value()], dtype=torch.float64)
+    slowest = stats[:1].clone()
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=ctrl)
+    total = stats[1:].clone()
+    dist.all_reduce(total, group=ctrl)
+    return float(slowest.item()) * 1e3, float(total.item())
+
+
 def run_peer(problem: Any, builder: ModelBuilder, rank: int, device: torch.device, args: Any,
              ctrl: Any, progress: Callable[[int, float], None],
              wire: torch.device | None = None, recompute: str = "none") -> dict[str, Any]:
-    """Run the split under torch.distributed.pipelining's schedule of the same name, with
-    the same model, data, recompute mode and optimizer; time whole iterations."""
-    from torch.distributed import pipelining
-
-    split, sched = problem.split, problem.schedule
-    m = sched.microbatches
-    wire = wire or device
-    mods, stages = [], []
-    for st in split.stages:
-        if st.rank != rank:
-            continue
-        mod = build_stage(builder, st, args.seed, recompute).to(device=device,
-                                                                dtype=builder.dtype)
-        mods.append(mod)
-        staged = HostStaged(mod, device) if wire != device else mod
-        stages.append(pipelining.PipelineStage(staged, st.index, split.num_stages, wire))
-    runner = _runner(stages, sched, builder.loss)
-    params = [p for mod in mods for p in mod.parameters()]
-    opt = adamw(params, args.lr) if params else None
-    first = any(st.has_embedding for st in split.stages if st.rank == rank)
-    last = any(st.has_head for st in split.stages if st.rank == rank)
+    """Run the split under torch's schedule; time whole iterations."""
+    peer = Peer(problem, builder, rank, device, args, wire, recompute)
     times, losses = [], []
     with no_gc_pauses():
         for it in range(args.iterations):
-            batches = [builder.microbatch(args.seed, it, i) for i in range(m)]
-            ids = torch.cat([b[0] for b in batches]).to(wire)
-            targets = torch.cat([b[1] for b in batches]).to(wire)
-            mb_losses: list[Any] = []
-            dist.barrier(group=ctrl)
-            t0 = time.perf_counter()
-            # No logits kept: torchtitan passes return_outputs=False, and ppsim's
-            # engine keeps none either, so the comparison is like for like.
-            if first:
-                runner.step(ids, target=targets if last else None, losses=mb_losses,
-                            return_outputs=False)
-            elif last:
-                runner.step(target=targets, losses=mb_losses, return_outputs=False)
-            else:
-                runner.step(return_outputs=False)
-            if opt is not None:
-                opt.step()
-                opt.zero_grad()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            dt = time.perf_counter() - t0
-            stats = torch.tensor([dt, sum(float(x) for x in mb_losses) / m if mb_losses else 0.0],
-                                 dtype=torch.float64)
-            slowest = stats[:1].clone()
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=ctrl)
-            loss = stats[1:].clone()
-            dist.all_reduce(loss, group=ctrl)
-            times.append(float(slowest.item()) * 1e3)
-            losses.append(float(loss.item()))
+            peer.prepare(it)
+            ms, loss = slowest_ms(peer.step, ctrl, device, peer.loss)
+            times.append(ms)
+            losses.append(loss)
             progress(it + 1, losses[-1])
     res = peer_summary(problem, builder, args.iterations, args.warmup, times, losses)
-    res["recompute"] = sorted({m.recompute for m in mods})  # what the stages were built with
+    res["recompute"] = peer.recompute
     return res

@@ -311,6 +311,11 @@ class Runtime:
     def run_iteration(self, iteration: int, dump_grads: str | None = None) -> float:
         """Run the action list, reduce gradients across replicas (R), step (S);
         returns the global batch's loss."""
+        self.train_step(iteration, dump_grads)
+        return self.global_loss()
+
+    def train_step(self, iteration: int, dump_grads: str | None = None) -> None:
+        """One iteration's ops, the gradient all-reduce and the optimizer step."""
         self.iteration = iteration
         self.rec.begin_iteration(iteration)
         self.rec.static_bytes = self._static_bytes()
@@ -341,9 +346,13 @@ class Runtime:
                        f"{dump_grads}.rank{self.replica.global_rank(self.rank, self.schedule.pp)}"
                        ".pt")
         self._step_op("S", self._step)
-        total = self.loss.detach().to(self.p2p.wire)
-        dist.all_reduce(total)  # only the ranks holding the head contribute
         self.rec.end_iteration()
+
+    def global_loss(self) -> float:
+        """The last step's loss over the global batch (the loss all-reduce that ends an
+        iteration; only the ranks holding the head contribute)."""
+        total = self.loss.detach().to(self.p2p.wire)
+        dist.all_reduce(total)
         return float(total.item()) / self.replica.size
 
     def _step_op(self, kind: str, fn: Any) -> None:

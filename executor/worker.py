@@ -218,17 +218,12 @@ def _engine(args: argparse.Namespace, problem: Problem, builder: ModelBuilder, r
     rts = [Runtime(p, builder, rank % pp, device, wire, rec, seed=args.seed, lr=args.lr,
                    fault=fault if rank < pp and i == 0 else None, recompute=recompute,
                    replica=replica) for i, (p, rec) in enumerate(zip(runs, recs, strict=True))]
-    losses: list[list[float]] = [[] for _ in runs]
-    with no_gc_pauses():
-        for it in range(iters):
-            # With --versus the two splits alternate iteration by iteration, so the
-            # machine's drift hits both alike.
-            for rt, got in zip(rts, losses, strict=True):
-                got.append(rt.run_iteration(it, dump_grads=args.dump_grads if it == 0 and
-                                            rt is rts[0] else None))
-            if rank == 0:
-                _say("progress", {"iteration": it + 1, "of": iters, "loss": losses[0][-1],
-                                  "warmup": it < warm})
+    peer = None
+    if args.alongside_torch:
+        from executor.peer import Peer
+
+        peer = Peer(problem, builder, rank, device, args, wire, recompute)
+    losses, timed, peer_runs = _train(args, rts, rank, ctrl, device, peer)
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     parts = []
     for i, rec in enumerate(recs):
@@ -242,6 +237,8 @@ def _engine(args: argparse.Namespace, problem: Problem, builder: ModelBuilder, r
         return None
     # The trace holds replica 0 (ranks 0..pp-1); other replicas run the same order.
     whole: list[list[float | None] | None] = [None] * len(runs)
+    if peer is not None:  # both engines timed alike: barrier to the step's end
+        whole = [list(timed)]
     if args.versus:
         whole = list(summ.alternated_wholes(
             *(summ.iteration_spans([e for q in got[:pp] for e in q["events"]]) for got in parts)))
@@ -260,8 +257,45 @@ def _engine(args: argparse.Namespace, problem: Problem, builder: ModelBuilder, r
     if args.versus:
         _finish_files(args, *out[1], sub="versus")
         res["versus"] = out[1][1]
+    if peer is not None:
+        res["peer"] = summ.peer_summary(problem, builder, iters, warm, *peer_runs)
+        res["peer"].update(meta, engine="torch", recompute=peer.recompute)
     _finish_files(args, *out[0])
     return res
+
+
+def _train(args: argparse.Namespace, rts: list[Runtime], rank: int, ctrl: Any,
+           device: torch.device, peer: Any) -> tuple[list[list[float]], list[float],
+                                                     tuple[list[float], list[float]]]:
+    """Run the iterations: the run's split, then --versus's split, then (with
+    --alongside-torch) torch's engine on the run's split, alternating iteration by
+    iteration so the machine's drift hits each alike. With the peer, both engines are
+    timed the same way (barrier to the end of the step, slowest rank)."""
+    from executor.peer import slowest_ms
+
+    losses: list[list[float]] = [[] for _ in rts]
+    timed: list[float] = []
+    peer_ms: list[float] = []
+    peer_loss: list[float] = []
+    with no_gc_pauses():
+        for it in range(args.iterations):
+            for rt, got in zip(rts, losses, strict=True):
+                dump = args.dump_grads if it == 0 and rt is rts[0] else None
+                if peer is None:
+                    got.append(rt.run_iteration(it, dump))
+                else:  # timed as the peer is: its loss is gathered after the timing
+                    timed.append(slowest_ms(lambda rt=rt, it=it, dump=dump:
+                                            rt.train_step(it, dump), ctrl, device)[0])
+                    got.append(rt.global_loss())
+            if peer is not None:
+                peer.prepare(it)
+                ms, loss = slowest_ms(peer.step, ctrl, device, peer.loss)
+                peer_ms.append(ms)
+                peer_loss.append(loss)
+            if rank == 0:
+                _say("progress", {"iteration": it + 1, "of": args.iterations,
+                                  "loss": losses[0][-1], "warmup": it < args.warmup})
+    return losses, timed, (peer_ms, peer_loss)
 
 
 def _finish_files(args: argparse.Namespace, doc: dict | None, res: dict, sub: str = "") -> None:

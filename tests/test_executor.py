@@ -263,6 +263,26 @@ def test_versus_alternates_two_splits_in_the_same_processes(tmp_path) -> None:
         assert "Traceback" not in bad.stderr
 
 
+def test_alongside_torch_runs_both_engines_in_the_same_processes(tmp_path) -> None:
+    """--alongside-torch: torch's schedule on the same split alternates with ppsim's in the
+    same processes; both train the same model on the same data (equal losses each
+    iteration, though each engine steps its own copy), both timed per iteration."""
+    argv = ["--pp", "2", "--microbatches", "4", "--split", "5,3", "--iterations", "3",
+            "--warmup", "1"]
+    res = ppsim_run(*argv, "--alongside-torch", "--trace-dir", str(tmp_path / "out"),
+                    "--json")
+    assert res.returncode == 0, res.stderr
+    ours = json.loads(res.stdout)
+    peer = ours["peer"]
+    assert peer["engine"] == "torch" and ours["engine"] == "ppsim"
+    assert peer["losses"] == pytest.approx(ours["losses"], rel=1e-5)
+    assert len(peer["iteration_times_ms"]) == len(ours["iteration_times_ms"]) == 2
+    assert all(t > 0 for t in peer["iteration_times_ms"] + ours["iteration_times_ms"])
+    bad = ppsim_run(*argv, "--alongside-torch", "--versus", "4,4", "--trace-dir",
+                    str(tmp_path / "bad"))
+    assert bad.returncode == 2 and "error: --alongside-torch" in bad.stderr
+
+
 def test_injected_fault_stops_every_rank(tmp_path) -> None:
     out = tmp_path / "out"
     t0 = time.monotonic()
