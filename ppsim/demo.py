@@ -163,7 +163,7 @@ def register(commands: dict) -> None:
         add_config_flags(p, split_flags=False)
         p.add_argument("--out", default="ppsim-demo", metavar="DIR",
                        help="where costs, traces and configs go (default ./ppsim-demo)")
-        p.add_argument("--iterations", type=int, default=16, metavar="N",
+        p.add_argument("--iterations", type=int, default=24, metavar="N",
                        help="real iterations per split and launch (the first is warm-up)")
         p.add_argument("--rounds", type=int, default=2, metavar="N",
                        help="launches, each alternating the two splits iteration by "
