@@ -148,7 +148,8 @@ def report(rows: list[dict], calibrated_on: str | None) -> None:
         r0, r1 = d["ranks"][0], d["ranks"][1]
         ma, mb = r0["peak_memory_bytes"]
         mem_errs.append(abs(ma - mb) / mb)
-        print(f"{r['name']:26} {pred:8.2f} {cal:8.2f} {real:8.2f} {err:+7.1%} {cal_err:+7.1%} "
+        shown = (f"{cal:8.2f}", f"{cal_err:+7.1%}") if cal == cal else (f"{'-':>8}", f"{'-':>7}")
+        print(f"{r['name']:26} {pred:8.2f} {shown[0]} {real:8.2f} {err:+7.1%} {shown[1]} "
               f"{r0['bubble_fraction'][0]:6.1%}/{r0['bubble_fraction'][1]:6.1%} "
               f"{r1['bubble_fraction'][0]:6.1%}/{r1['bubble_fraction'][1]:6.1%} "
               f"{ma / 1e6:7.2f}/{mb / 1e6:6.2f} {d['ops_matched']:7}")
