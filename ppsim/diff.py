@@ -4,9 +4,11 @@ Ops are matched by (rank, chunk, microbatch, kind) within one iteration of
 each trace; times are taken relative to that iteration's first op, so a
 simulated iteration (which starts at 0) and a real one (which starts
 wherever the clock was) line up. Iterations are compared whole: from the first
-op to the next iteration's first op, so the step's ops (R: gradient reduce, S:
-optimizer step, reported per kind, not matched op by op) and the boundary
-between iterations (the loss all-reduce; in a simulated trace as measured by
+op to the next iteration's first op (in a run that alternated with another split,
+`ppsim run --versus`, to where the other split's iteration began), so the step's
+ops (R: gradient reduce, S: optimizer step, reported per kind, not matched op by
+op) and the boundary between iterations (the loss all-reduce; in a simulated trace as
+measured by
 `ppsim profile`, in a real one the gap before the next iteration, or the median
 gap for the last) are inside it. Signed differences are `b - a`: swapping
 the traces negates them. Relative errors are relative to `a`, the reference.
