@@ -236,12 +236,7 @@ def _engine(args: argparse.Namespace, problem: Problem, builder: ModelBuilder, r
     if parts[0] is None:
         return None
     # The trace holds replica 0 (ranks 0..pp-1); other replicas run the same order.
-    whole: list[list[float | None] | None] = [None] * len(runs)
-    if peer is not None:  # both engines timed alike: barrier to the step's end
-        whole = [list(timed)]
-    if args.versus:
-        whole = list(summ.alternated_wholes(
-            *(summ.iteration_spans([e for q in got[:pp] for e in q["events"]]) for got in parts)))
+    whole = _wholes(args, parts, pp, timed if peer is not None else None)
     out = []
     for i, (p, got) in enumerate(zip(runs, parts, strict=True)):
         events = merge_parts([q["events"] for q in got[:pp]], pp)
@@ -262,6 +257,19 @@ def _engine(args: argparse.Namespace, problem: Problem, builder: ModelBuilder, r
         res["peer"].update(meta, engine="torch", recompute=peer.recompute)
     _finish_files(args, *out[0])
     return res
+
+
+def _wholes(args: argparse.Namespace, parts: list[Any], pp: int,
+            timed: list[float] | None) -> list[list[float | None] | None]:
+    """Each run's whole iteration lengths when another ran between its iterations (None:
+    start to the next start): --versus, where each ends as the other begins, or
+    --alongside-torch, timed as the peer is (barrier to the step's end)."""
+    if args.versus:
+        return list(summ.alternated_wholes(
+            *(summ.iteration_spans([e for q in got[:pp] for e in q["events"]]) for got in parts)))
+    if timed is not None:
+        return [list(timed)]
+    return [None] * len(parts)
 
 
 def _train(args: argparse.Namespace, rts: list[Runtime], rank: int, ctrl: Any,
