@@ -117,6 +117,7 @@ class Peer:
         self.first = any(st.has_embedding for st in split.stages if st.rank == rank)
         self.last = any(st.has_head for st in split.stages if st.rank == rank)
         self.batch: tuple[Any, Any] = (None, None)
+        self.losses: list[Any] = []
 
     def prepare(self, it: int) -> None:
         """The global batch of iteration `it` (built before the timed step)."""
@@ -127,8 +128,7 @@ class Peer:
     def step(self) -> None:
         """One training step on the prepared batch."""
         ids, targets = self.batch
-        self.losses: list[Any] = []
-        losses = self.losses
+        losses = self.losses = []
         # No logits kept: torchtitan passes return_outputs=False, and ppsim's
         # engine keeps none either, so the comparison is like for like.
         if self.first:
