@@ -13,7 +13,7 @@ from collections import defaultdict
 from typing import Any
 
 from executor.builders import ModelBuilder
-from ppsim.diff import consecutive_wholes, median_gap_ms, whole_ms
+from ppsim.diff import consecutive_wholes, listed_wholes, median_gap_ms, whole_ms
 from ppsim.problem import Problem
 
 PIPELINE_KINDS = ("F", "B", "W")
@@ -73,8 +73,7 @@ def summarize(events: list[dict], problem: Problem, builder: ModelBuilder, itera
     # Whole iterations, as ppsim.diff compares them: start to the next start (the
     # last one: its span plus the median gap between iterations).
     span = iteration_spans(events)
-    given = consecutive_wholes(span) if whole is None else \
-        {i: w for i, w in enumerate(whole) if w is not None and i in span}
+    given = consecutive_wholes(span) if whole is None else listed_wholes(whole, span)
     gap = median_gap_ms(span, given)
     spans = [whole_ms(span, i, gap, given) * 1e3 for i in recorded if i in span]
     iter_us = sum(spans) / len(spans) if spans else 0.0

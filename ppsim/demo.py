@@ -75,7 +75,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                   f"{res.evaluated} of {res.total_splits} splits timed); even split {list(even)}")
 
     console.rule("3. run both splits for real")
-    real = _run_both(console, base, out, {"planned": best.split.counts, "even": even},
+    real, pairs = _run_both(console, base, out, {"planned": best.split.counts, "even": even},
                      args.iterations, args.rounds)
 
     console.rule("4. plan against reality")
@@ -113,8 +113,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     pred = diffs["even"]["iteration_time_ms"][0] / diffs["planned"]["iteration_time_ms"][0]
     # Measured: the time of the even iterations over the planned ones, every recorded
     # iteration of every launch (they alternate, so each sum meets the same drift).
-    even_ms, planned_ms = zip(*real["even"]["pairs"], strict=True)
-    meas = sum(even_ms) / sum(planned_ms)
+    meas = sum(even for _, even in pairs) / sum(planned for planned, _ in pairs)
     console.print(f"speed-up of the planned split over the even split: predicted {pred:.3f}x, "
                   f"measured {meas:.3f}x")
     console.print(f"details: ppsim diff {out}/planned/sim.json {real['planned']['trace']} "
@@ -123,12 +122,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _run_both(console: Any, base: str, out: str, splits: dict[str, tuple[int, ...]],
-              iterations: int, rounds: int) -> dict[str, dict[str, Any]]:
+              iterations: int, rounds: int
+              ) -> tuple[dict[str, dict[str, Any]], list[tuple[float, float]]]:
     """Run the two splits for real, `rounds` launches, each alternating the splits
     iteration by iteration in the same processes (`ppsim run --versus`), so the
     machine's drift (10-40 % over seconds on a shared VM) hits both alike. Keeps each
-    split's fastest launch for the diff, and every pair of adjacent iterations
-    (b's time, a's time) for the speed-up."""
+    split's fastest launch for the diff; returns them and every pair of adjacent
+    iterations (a's time, b's time), for the speed-up."""
     (a, ca), (b, cb) = splits.items()
     real: dict[str, dict[str, Any]] = {}
     pairs: list[tuple[float, float]] = []
@@ -141,7 +141,7 @@ def _run_both(console: Any, base: str, out: str, splits: dict[str, tuple[int, ..
             "--warmup", "1", "--trace-dir", folder, "--json")))
         got = {a: (ca, summary), b: (cb, summary["versus"])}
         ta, tb = (got[n][1]["iteration_times_ms"] for n in (a, b))
-        pairs += [(y, x) for x, y in zip(ta, tb, strict=True)]
+        pairs += list(zip(ta, tb, strict=True))
         console.print(f"round {i + 1} of {rounds}: " + ", ".join(
             f"{n} {got[n][1]['iteration_time_ms']:.2f} ms" for n in (a, b)) +
             " per iteration (alternating)")
@@ -152,8 +152,7 @@ def _run_both(console: Any, base: str, out: str, splits: dict[str, tuple[int, ..
     for name, r in real.items():
         console.print(f"{name}: kept {r['summary']['iteration_time_ms']:.2f} ms, trace in "
                       f"{r['trace']}")
-    real[b]["pairs"] = pairs
-    return real
+    return real, pairs
 
 
 def register(commands: dict) -> None:

@@ -7,10 +7,9 @@ wherever the clock was) line up. Iterations are compared whole: from the first
 op to the next iteration's first op (in a run that alternated with another split,
 `ppsim run --versus`, to where the other split's iteration began), so the step's
 ops (R: gradient reduce, S: optimizer step, reported per kind, not matched op by
-op) and the boundary between iterations (the loss all-reduce; in a simulated trace as
-measured by
-`ppsim profile`, in a real one the gap before the next iteration, or the median
-gap for the last) are inside it. Signed differences are `b - a`: swapping
+op) and the boundary between iterations (the loss all-reduce; in a simulated trace
+as measured by `ppsim profile`, in a real one the gap before the next iteration, or
+the median gap for the last) are inside it. Signed differences are `b - a`: swapping
 the traces negates them. Relative errors are relative to `a`, the reference.
 """
 
@@ -107,10 +106,14 @@ def wholes(trace: Trace, span: dict[int, tuple[float, float]]) -> dict[int, floa
     alternated with another split in the same processes (`ppsim run --versus`), what
     the run recorded: the start of whichever ran next (`whole_iteration_ms`)."""
     given = trace.info.get("whole_iteration_ms")
-    if isinstance(given, list):
-        return {i: float(w) for i, w in enumerate(given) if i in span and
-                isinstance(w, int | float) and not isinstance(w, bool) and w >= 0}
-    return consecutive_wholes(span)
+    return listed_wholes(given, span) if isinstance(given, list) else consecutive_wholes(span)
+
+
+def listed_wholes(given: list[Any], span: dict[int, tuple[float, float]]
+                  ) -> dict[int, float]:
+    """Recorded whole lengths (ms, one per iteration; None or junk where unknown)."""
+    return {i: float(w) for i, w in enumerate(given) if i in span and
+            isinstance(w, int | float) and not isinstance(w, bool) and w >= 0}
 
 
 def consecutive_wholes(span: dict[int, tuple[float, float]]) -> dict[int, float]:

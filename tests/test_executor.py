@@ -253,6 +253,12 @@ def test_versus_alternates_two_splits_in_the_same_processes(tmp_path) -> None:
                     for it in range(3)} for name, t in (("a", ta), ("b", tb))}
     wa, wb = ta.info["whole_iteration_ms"], tb.info["whole_iteration_ms"]
     assert wb[2] is None and all(w > 0 for w in wa + wb[:2])
+    # Each whole iteration holds its own ops: from its first op past its last one.
+    for t, w in ((ta, wa), (tb, wb)):
+        for it in range(2):
+            ops = [op for op in t.ops + t.step_ops if op.iteration == it]
+            span = (max(op.end_us for op in ops) - min(op.start_us for op in ops)) / 1e3
+            assert w[it] >= span
     # Traces are each shifted to start at 0: compare lengths, not times.
     for it in range(2):
         assert wa[it] + wb[it] == pytest.approx(
