@@ -21,7 +21,6 @@ device are modelled by the simulator's processor sharing from solo times.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import tempfile
@@ -33,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from executor.optim import adamw
+from executor.spawned import dump_result, spawn_results
 from ppsim.costfile import layer_dict
 from ppsim.costs import ModelCosts
 from ppsim.timing import ADAM_BYTES_PER_PARAM
@@ -49,7 +49,7 @@ def _layer_op(prof: Any) -> Any:
     return op
 
 
-def _message_cost(prof: Any, rank: int, n: int, blocks: int = 10,
+def _message_cost(prof: Any, rank: int, n: int, blocks: int = 30,
                   ops: int = 12) -> float | None:
     """CPU ms one message costs each end, from paired processes (0-1, 2-3, ...)."""
     peer = rank ^ 1
@@ -84,7 +84,7 @@ def _message_cost(prof: Any, rank: int, n: int, blocks: int = 10,
     return max(0.0, (statistics.median(sent) - statistics.median(plain)) / 2)
 
 
-def _loaded_latency(prof: Any, rank: int, n: int, rounds: int = 18) -> float | None:
+def _loaded_latency(prof: Any, rank: int, n: int, rounds: int = 100) -> float | None:
     """One-way ms of a boundary-sized message posted as its sender starts its next op, to
     a receiver waiting for it: a pipeline's critical path. On CPU gloo's thread then
     competes with the sender's compute for its core, which an idle ping-pong never sees.
@@ -115,6 +115,9 @@ def _loaded_latency(prof: Any, rank: int, n: int, rounds: int = 18) -> float | N
     if peer >= n:
         return None
     ms = [(g - int(s)) / 1e6 for g, s in zip(got, every[peer].tolist(), strict=True)]
+    # The mean: 10-20 % of messages wait ~3 ms for the sender's core (a scheduler
+    # wake-up behind compute), and a run pays that tail as well. It takes ~50
+    # samples to pin down; 9 gave anything from 0.2 to 1.2 ms on the same machine.
     return statistics.fmean(ms[2:]) if len(ms) > 2 else None  # the first warm up
 
 
@@ -207,13 +210,12 @@ def _worker(rank: int, port: int, fields: dict[str, Any], repeats: int, warmup: 
                       if plan["messages"] and n >= 2 else None,
                       message_latency_ms=_loaded_latency(prof, rank, n)
                       if plan["messages"] and n >= 2 else None)
-    with open(f"{out}.{rank}", "w", encoding="utf-8") as fh:
-        json.dump(result, fh)
+    dump_result(f"{out}.{rank}", result)
     dist.barrier()
     dist.destroy_process_group()
 
 
-def _all_reduce_ms(reps: int = 30) -> float:
+def _all_reduce_ms(reps: int = 100) -> float:
     """Mean time of the scalar all-reduce the executor ends each iteration with."""
     x = torch.zeros(())
     dist.barrier()
@@ -229,8 +231,6 @@ def measure_concurrent(fields: dict[str, Any], devices: list[int], repeats: int,
     """Run the profiler in one process per entry of `devices`, all at once; each
     process's results. With k > 1 the devices list holds each device k times in a row,
     and only the sharing of a device is measured (`_sharing`)."""
-    import torch.multiprocessing as mp
-
     from executor.profile import _free_port
 
     n = len(devices)
@@ -240,12 +240,9 @@ def measure_concurrent(fields: dict[str, Any], devices: list[int], repeats: int,
     fd, out = tempfile.mkstemp(prefix="ppsim-concurrent-", suffix=".json")
     os.close(fd)
     try:
-        mp.spawn(_worker, args=(_free_port(), fields, repeats, warmup, microbatches,
-                                threads, out, plan), nprocs=n, join=True)
-        results = []
-        for r in range(n):
-            with open(f"{out}.{r}", encoding="utf-8") as fh:
-                results.append(json.load(fh))
+        results = spawn_results(_worker, (_free_port(), fields, repeats, warmup,
+                                          microbatches, threads, out, plan), n,
+                                [f"{out}.{r}" for r in range(n)])
     finally:
         for path in [out] + [f"{out}.{r}" for r in range(n)]:
             if os.path.exists(path):

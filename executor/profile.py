@@ -15,7 +15,6 @@ as latency + bytes / bandwidth, the simulator's transfer model.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import socket
@@ -34,6 +33,7 @@ from executor.builders import ModelBuilder, builder_spec, layer_kind, load_build
 from executor.builders.deferral import WeightGradStore
 from executor.builders.stage import Stage, saved_bytes
 from executor.optim import adamw
+from executor.spawned import dump_result, spawn_results
 from ppsim.costfile import layer_dict
 from ppsim.costs import LayerCost, ModelCosts
 
@@ -323,9 +323,8 @@ def _p2p_worker(rank: int, port: int, sizes: list[int], rounds: int, out: str,
                 times.append((time.perf_counter_ns() - t0) / 1e6)
         results.append({"bytes": buf.numel() * 4, "one_way_ms": statistics.median(times) / 2})
     if rank == 0:
-        with open(out, "w", encoding="utf-8") as fh:
-            json.dump({"backend": "nccl" if nccl else "gloo", "staged_via_host": staged,
-                       "samples": results}, fh)
+        dump_result(out, {"backend": "nccl" if nccl else "gloo", "staged_via_host": staged,
+                          "samples": results})
     dist.barrier()
     dist.destroy_process_group()
 
@@ -359,17 +358,15 @@ def p2p_sizes(hidden_bytes: int) -> list[int]:
 
 def measure_p2p(device_kind: str, sizes: list[int], rounds: int = 20) -> dict[str, Any]:
     """Spawn two processes, ping-pong, and fit latency + bandwidth."""
-    import torch.multiprocessing as mp
-
     fd, out = tempfile.mkstemp(prefix="ppsim-p2p-", suffix=".json")
     os.close(fd)
+    os.unlink(out)  # dump_result creates it: its existence says the result is whole
     try:
-        mp.spawn(_p2p_worker, args=(_free_port(), sizes, rounds, out, device_kind), nprocs=2,
-                 join=True)
-        with open(out, encoding="utf-8") as fh:
-            res = json.load(fh)
+        res = spawn_results(_p2p_worker, (_free_port(), sizes, rounds, out, device_kind), 2,
+                            [out])[0]
     finally:
-        os.unlink(out)
+        if os.path.exists(out):
+            os.unlink(out)
     lat, bw = fit_latency_bandwidth(res["samples"])
     return {"latency_ms": lat, "bandwidth_gbps": bw, "backend": res["backend"],
             "staged_via_host": res["staged_via_host"], "rounds": rounds,
