@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from typing import Any
 
 from ppsim.cli import add_config_flags, config_from_args, emit_json
@@ -276,6 +277,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         if store is not None:
             store.close()
+    if warnings := out.died_after_finishing():
+        for line in warnings:
+            sys.stderr.write(f"ppsim run: warning: {line}\n")
+        out.returncode = 0
     rundir.release(run, _own_files(args) if out.returncode != 0 else [])
     if out.returncode != 0:
         _report_failure(out)

@@ -184,6 +184,20 @@ class Outcome:
     """Last lines of other output (torchrun's own report), for a failure."""
     exits: dict[int, int] = field(default_factory=dict)
     """rank -> exit code of each failed rank in torchrun's report (negative: signal)."""
+    finished: set[int] = field(default_factory=set)
+    """Ranks that said `ppsim-finished`: past the last barrier, every file written."""
+
+    def died_after_finishing(self) -> list[str]:
+        """For a failed launch whose ranks all finished their work first (gloo can
+        abort a process in its teardown, rarely): one warning per such rank; empty when
+        the failure is real."""
+        if self.returncode == 0 or self.errors or self.aborts or not self.exits:
+            return []
+        failed = {r: c for r, c in self.exits.items() if c != 0}
+        if not failed or not set(failed) <= self.finished:
+            return []
+        return [f"rank {r} {_exit_text(c)} after finishing its work (in torch.distributed's "
+                "teardown); the run's results are complete" for r, c in sorted(failed.items())]
 
 
 _RECORD_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\b")
@@ -214,6 +228,11 @@ def run_torchrun(cmd: list[str], on_progress: Callable[[dict], None],
                     tail.append(line)
                     continue
                 on_progress(msg)
+            elif line.startswith("ppsim-finished "):
+                try:
+                    out.finished.add(int(json.loads(line.split(" ", 1)[1])["rank"]))
+                except (ValueError, KeyError, TypeError):
+                    tail.append(line)
             elif line.startswith("ppsim-error: "):
                 out.errors.append(line.split(": ", 1)[1])
             elif line.startswith("ppsim-abort: "):

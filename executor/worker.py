@@ -20,6 +20,7 @@ stamps and trace parts travel as tensors and JSON.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -181,7 +182,10 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     except BaseException as exc:
         _fail(args, rank, dog, exc)
     dog.close()
-    dist.barrier(group=ctrl)
+    dist.barrier(group=ctrl)  # every rank's work and files are done
+    _say("finished", {"rank": rank})
+    if os.environ.get("PPSIM_TEST_ABORT_AFTER_FINISH") == str(rank):
+        os.abort()  # for the tests: what gloo's rare teardown abort does
     dist.destroy_process_group()
     return result
 
@@ -323,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="executor.worker")
     add_run_arguments(parser)
     args = parser.parse_args(argv)
+    faulthandler.enable()  # a native abort (SIGABRT, SIGSEGV) still prints where it was
     run(args)
     return 0
 

@@ -283,3 +283,19 @@ def test_cli_module_imports_without_torch() -> None:
     code = ("import sys, executor.cli, ppsim.cli; ppsim.cli.build_parser(); "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+@pytest.mark.parametrize(("finished", "exits", "errors", "kept"), [
+    ({0, 1}, {1: -6}, [], True),  # aborted in teardown, after its work: kept
+    ({0}, {1: -6}, [], False),  # died before finishing: a failure
+    ({0, 1}, {1: -6}, ["rank 1 failed in F0"], False),  # a rank said it failed
+    ({0, 1}, {}, [], False),  # no torchrun record of which rank: a failure
+])
+def test_a_teardown_abort_is_kept_only_after_every_failed_rank_finished(
+        finished, exits, errors, kept) -> None:
+    out = launch.Outcome(1, errors=list(errors), exits=dict(exits), finished=set(finished))
+    warnings = out.died_after_finishing()
+    assert bool(warnings) == kept
+    if kept:
+        assert warnings == ["rank 1 killed by signal 6 (SIGABRT) after finishing its work (in "
+                            "torch.distributed's teardown); the run's results are complete"]
