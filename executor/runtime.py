@@ -215,6 +215,8 @@ class Runtime:
         self._outputs: dict[tuple[int, int], torch.Tensor] = {}
         self.loss = torch.zeros((), device=device)
         self.iteration = 0
+        self._batches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._prepared = -1
 
     def _grad_buffer(self) -> torch.Tensor:
         """One flat, persistent gradient buffer (as Megatron's); each p.grad is a view,
@@ -244,11 +246,20 @@ class Runtime:
         else:
             self._held.pop(key, None)
 
+    def prepare(self, iteration: int) -> None:
+        """Build iteration `iteration`'s microbatches (inputs and targets, on the device)
+        ahead of its step, as a data loader would; the torch peer builds its batch
+        before its timed step too. Replica r's microbatch i is the global batch's
+        microbatch r * m + i."""
+        m = self.schedule.microbatches
+        if self.modules.keys() & {0, self.last}:
+            batches = [self.builder.microbatch(self.seed, iteration, self.replica.index * m + i)
+                       for i in range(m)]
+            self._batches = [(ids.to(self.device), t.to(self.device)) for ids, t in batches]
+        self._prepared = iteration
+
     def _batch(self, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Replica r's microbatch i is the global batch's microbatch r * m + i."""
-        index = self.replica.index * self.schedule.microbatches + mb
-        ids, targets = self.builder.microbatch(self.seed, self.iteration, index)
-        return ids.to(self.device), targets.to(self.device)
+        return self._batches[mb]
 
     # --------------------------------------------------------------- actions
 
@@ -317,6 +328,8 @@ class Runtime:
     def train_step(self, iteration: int, dump_grads: str | None = None) -> None:
         """One iteration's ops, the gradient all-reduce and the optimizer step."""
         self.iteration = iteration
+        if self._prepared != iteration:
+            self.prepare(iteration)
         self.rec.begin_iteration(iteration)
         self.rec.static_bytes = self._static_bytes()
         self.loss.zero_()
@@ -347,6 +360,7 @@ class Runtime:
                        ".pt")
         self._step_op("S", self._step)
         self.rec.end_iteration()
+        self._batches, self._prepared = [], -1
 
     def global_loss(self) -> float:
         """The last step's loss over the global batch (the loss all-reduce that ends an
@@ -374,4 +388,4 @@ class Runtime:
     def _step(self) -> None:
         if self.optimizer is not None:
             self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=False)
+            self.grads.zero_()  # the flat buffer every p.grad views: one pass

@@ -296,6 +296,7 @@ def _train(args: argparse.Namespace, rts: list[Runtime], rank: int, ctrl: Any,
                 if peer is None:
                     got.append(rt.run_iteration(it, dump))
                 else:  # timed as the peer is: its loss is gathered after the timing
+                    rt.prepare(it)  # and its batch built before it
                     timed.append(slowest_ms(lambda rt=rt, it=it, dump=dump:
                                             rt.train_step(it, dump), ctrl, device)[0])
                     got.append(rt.global_loss())
