@@ -5,11 +5,14 @@ device, not a fixed delay: ranks placed on one device share it by processor
 sharing (k running ops each progress at 1/k, plus a context-switch cost when an
 op starts beside another), and with shared links a message, after its latency,
 shares its link's bandwidth with the other messages on it. On CPU every message
-also costs `message_cpu_ms` of compute on the op that sends it and on the op that
-receives it. With a private topology every op runs alone, so each ends at
-start + work exactly and the results equal the unshared engine's to the last
-digit (property-tested). Events are one heap with monotone ids; a resource's
-pending completion is invalidated by a version number when its sharing changes.
+between two devices also costs `message_cpu_ms` of compute on the op that sends it and
+on the op that receives it; between ranks on one device it costs nothing extra: they
+take turns on it, the receiver waiting while the sender works (4 ranks on 2 cores, 1F1B
+[3, 2, 2, 1]: 183 ms predicted with the charge, 141 ms without, 142 ms measured). With
+a private topology every op runs alone, so each ends at start + work exactly and the
+results equal the unshared engine's to the last digit (property-tested). Events are
+one heap with monotone ids; a resource's pending completion is invalidated by a version
+number when its sharing changes.
 """
 
 from __future__ import annotations
@@ -94,7 +97,9 @@ class SharedEngine(_Engine):
         heapq.heappush(self.heap, (t, self.ids, event, who, ver))  # type: ignore[arg-type]
 
     def _crosses(self, a: int, b: int) -> bool:
-        return self.owner[a] != self.owner[b]
+        """Stages a and b sit on ranks on different devices (a message costs CPU)."""
+        dev = self.topo.devices
+        return dev[self.owner[a]] != dev[self.owner[b]]
 
     def run_op(self, r: int, kind: str, st: int, now: float) -> None:
         work = self.table.duration[kind][st]

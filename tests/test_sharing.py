@@ -117,6 +117,18 @@ def test_message_cpu_cost_lands_on_both_ends():
     assert max(r.end for r in cpu) == pytest.approx(max(r.end for r in base) + 4 * 0.25)
 
 
+def test_a_message_between_ranks_on_one_device_costs_no_cpu():
+    """Neighbours on one device take turns (the receiver waits while the sender works),
+    so only messages between devices pay gloo's CPU time."""
+    p = uniform_problem(2, 1, 4, "1f1b", counts=[1, 1], f=1.0, b=2.0)
+    together, _ = _shared_run(p, PlacementConfig(devices=[0, 0]))
+    charged, _ = _shared_run(p, PlacementConfig(devices=[0, 0], message_cpu_ms=0.25))
+    assert [r.end for r in charged] == [r.end for r in together]
+    apart, _ = _shared_run(p, PlacementConfig(devices=[0, 1]))
+    paid, _ = _shared_run(p, PlacementConfig(devices=[0, 1], message_cpu_ms=0.25))
+    assert max(r.end for r in paid) > max(r.end for r in apart)
+
+
 def test_placement_from_the_command_line_and_toml(tmp_path, capsys):
     assert main(["simulate", "--json"]) == 0
     alone = capsys.readouterr().out
