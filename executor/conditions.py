@@ -32,9 +32,10 @@ import torch
 import torch.distributed as dist
 
 from executor.optim import adamw
-from executor.spawned import dump_result, spawn_results
+from executor.spawned import spawn_results
 from ppsim.costfile import layer_dict
 from ppsim.costs import ModelCosts
+from ppsim.fileio import write_json_atomic
 from ppsim.timing import ADAM_BYTES_PER_PARAM
 
 
@@ -210,7 +211,7 @@ def _worker(rank: int, port: int, fields: dict[str, Any], repeats: int, warmup: 
                       if plan["messages"] and n >= 2 else None,
                       message_latency_ms=_loaded_latency(prof, rank, n)
                       if plan["messages"] and n >= 2 else None)
-    dump_result(f"{out}.{rank}", result)
+    write_json_atomic(f"{out}.{rank}", result, force=True)
     dist.barrier()
     dist.destroy_process_group()
 

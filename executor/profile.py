@@ -33,9 +33,10 @@ from executor.builders import ModelBuilder, builder_spec, layer_kind, load_build
 from executor.builders.deferral import WeightGradStore
 from executor.builders.stage import Stage, saved_bytes
 from executor.optim import adamw
-from executor.spawned import dump_result, spawn_results
+from executor.spawned import spawn_results
 from ppsim.costfile import layer_dict
 from ppsim.costs import LayerCost, ModelCosts
+from ppsim.fileio import write_json_atomic
 
 Progress = Callable[[str, int], None]
 """progress(description, steps done since the last call)."""
@@ -323,8 +324,8 @@ def _p2p_worker(rank: int, port: int, sizes: list[int], rounds: int, out: str,
                 times.append((time.perf_counter_ns() - t0) / 1e6)
         results.append({"bytes": buf.numel() * 4, "one_way_ms": statistics.median(times) / 2})
     if rank == 0:
-        dump_result(out, {"backend": "nccl" if nccl else "gloo", "staged_via_host": staged,
-                          "samples": results})
+        write_json_atomic(out, {"backend": "nccl" if nccl else "gloo",
+                                "staged_via_host": staged, "samples": results}, force=True)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -360,7 +361,7 @@ def measure_p2p(device_kind: str, sizes: list[int], rounds: int = 20) -> dict[st
     """Spawn two processes, ping-pong, and fit latency + bandwidth."""
     fd, out = tempfile.mkstemp(prefix="ppsim-p2p-", suffix=".json")
     os.close(fd)
-    os.unlink(out)  # dump_result creates it: its existence says the result is whole
+    os.unlink(out)  # the worker creates it: its existence says the result is whole
     try:
         res = spawn_results(_p2p_worker, (_free_port(), sizes, rounds, out, device_kind), 2,
                             [out])[0]

@@ -3,7 +3,8 @@
 gloo can abort a process while it tears down (torch 2.13 on this VM, rarely:
 "terminate called without an active exception" after destroy_process_group); a
 measurement whose processes all wrote their results before that is still good. Results
-are written atomically, so a file that exists is complete.
+are written atomically (ppsim.fileio.write_json_atomic), so a file that exists is
+complete.
 """
 
 from __future__ import annotations
@@ -15,19 +16,11 @@ from collections.abc import Callable
 from typing import Any
 
 
-def dump_result(path: str, result: Any) -> None:
-    """Write one process's result: to a temp file, then renamed into place."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(result, fh)
-    os.replace(tmp, path)
-
-
 def spawn_results(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int,
                   paths: list[str]) -> list[Any]:
     """Run `fn(rank, *args)` in `nprocs` processes and read `paths` (the results they
-    write with dump_result). A process that died after every result was written is
-    reported on stderr and tolerated; any other failure is raised."""
+    write with ppsim.fileio.write_json_atomic). A process that died after every result
+    was written is reported on stderr and tolerated; any other failure is raised."""
     import torch.multiprocessing as mp
 
     try:

@@ -13,16 +13,17 @@ pytest.importorskip("torch")
 
 from torch.multiprocessing import ProcessExitedException  # noqa: E402
 
-from executor.spawned import dump_result, spawn_results  # noqa: E402
+from executor.spawned import spawn_results
+from ppsim.fileio import write_json_atomic  # noqa: E402
 
 
 def _writes_then_maybe_aborts(rank: int, folder: str, abort_before: bool, n: int) -> None:
     if rank == 1 and abort_before:
         os.abort()
-    dump_result(os.path.join(folder, f"r{rank}.json"), {"rank": rank, "sq": rank * rank})
+    write_json_atomic(os.path.join(folder, f"r{rank}.json"), {"rank": rank, "sq": rank * rank})
     if rank == 1:  # after every result, as gloo's abort comes after the last barrier
         deadline = time.monotonic() + 60
-        while (len([f for f in os.listdir(folder) if f.endswith(".json")]) < n
+        while (len([f for f in os.listdir(folder) if f.startswith("r")]) < n
                and time.monotonic() < deadline):
             time.sleep(0.01)
         os.abort()
