@@ -8,7 +8,9 @@ plus, between pairs of processes:
 
 - the CPU time one message costs each end (gloo's copies and socket work, which
   compete with compute): a layer's forward and backward timed in blocks with and
-  without an exchange of a boundary-sized tensor per op, the difference halved;
+  without an exchange of a boundary-sized tensor per op, the difference over the
+  message ends each device carries; between devices, and (where the placement puts
+  several ranks on a device) between two processes on one device;
 - the one-way time of a boundary-sized message posted as its sender starts its next
   op, to a receiver waiting for it (the critical path's hop; gloo's thread competes
   with the sender's compute), which the simulator takes as the link's latency;
@@ -52,26 +54,53 @@ def _layer_op(prof: Any) -> Any:
 
 def _message_cost(prof: Any, rank: int, n: int, blocks: int = 30,
                   ops: int = 12) -> float | None:
-    """CPU ms one message costs each end, from paired processes (0-1, 2-3, ...)."""
+    """CPU ms one message costs each end, from paired processes (0-1, 2-3, ...), each on
+    its own device: per op each device carries one send and one receive, so the blocks'
+    difference is halved."""
     peer = rank ^ 1
     if peer >= n:  # an odd process out keeps its partners' timing honest: it computes
         peer = -1
+    return _exchange_cost(prof, peer, blocks, ops, lag=0, ends=2)
+
+
+def _local_message_cost(prof: Any, rank: int, k: int, blocks: int = 30,
+                        ops: int = 12) -> float | None:
+    """CPU ms one message between two processes on one device costs each end: the k
+    processes of each device (k * d .. k * d + k - 1) pair up, and every pair's exchange
+    puts four ends (two messages) on its device per op. Each message is waited for an op
+    later, as the runtime does (its receives are posted ahead): waiting at once would add
+    the handoff on a busy core, a wait rather than work."""
+    peer = rank ^ 1
+    if peer // k != rank // k:  # an odd process out computes beside the pairs
+        peer = -1
+    return _exchange_cost(prof, peer, blocks, ops, lag=1, ends=4 * (k // 2))
+
+
+def _exchange_cost(prof: Any, peer: int, blocks: int, ops: int, lag: int,
+                   ends: int) -> float | None:
+    """A layer's F + B timed in blocks with and without an exchange of a boundary-sized
+    tensor with `peer` per op (-1: compute only); the difference of the medians over the
+    message ends a device carries per op. Each exchange is waited for `lag` ops later."""
     out = prof.x.detach().clone().contiguous()
-    into = torch.empty_like(out)
+    into = [torch.empty_like(out) for _ in range(lag + 1)]
     op = _layer_op(prof)
 
     def block(exchange: bool, tag: int) -> float:
         dist.barrier()
+        pending: list[tuple[Any, Any]] = []
         t0 = time.perf_counter()
         for i in range(ops):
             if exchange and peer >= 0:
-                r = dist.irecv(into, src=peer, tag=tag * ops + i)
-                s = dist.isend(out, dst=peer, tag=tag * ops + i)
-                op()
+                pending.append((dist.irecv(into[i % (lag + 1)], src=peer, tag=tag * ops + i),
+                                dist.isend(out, dst=peer, tag=tag * ops + i)))
+            op()
+            while len(pending) > lag:
+                r, s = pending.pop(0)
                 r.wait()
                 s.wait()
-            else:
-                op()
+        for r, s in pending:
+            r.wait()
+            s.wait()
         return (time.perf_counter() - t0) * 1e3 / ops
 
     plain, sent = [], []
@@ -82,7 +111,7 @@ def _message_cost(prof: Any, rank: int, n: int, blocks: int = 30,
             sent.append(s)
     if peer < 0:
         return None
-    return max(0.0, (statistics.median(sent) - statistics.median(plain)) / 2)
+    return max(0.0, (statistics.median(sent) - statistics.median(plain)) / ends)
 
 
 def _loaded_latency(prof: Any, rank: int, n: int, rounds: int = 100) -> float | None:
@@ -200,8 +229,10 @@ def _worker(rank: int, port: int, fields: dict[str, Any], repeats: int, warmup: 
     prof = Profiler(fields, device, microbatches)
     dist.barrier()  # every process times its pieces at the same time
     result: dict[str, Any] = {"all_reduce_ms": _all_reduce_ms()}
-    if plan["k"] > 1:  # ranks sharing devices: only the sharing measurement
+    if plan["k"] > 1:  # ranks sharing devices: the sharing and its messages
         result.update(_sharing(prof, rank, plan["k"]))
+        if plan["device_kind"] == "cpu":
+            result["local_message_cpu_ms"] = _local_message_cost(prof, rank, plan["k"])
     else:
         prof.run(repeats, warmup)
         costs, _ = prof.costs()
@@ -320,6 +351,10 @@ def run_conditions(prof: Any, fields: dict[str, Any], device_kind: str,
         alone = statistics.median(r["alone_ms"] for r in res if r["alone_ms"])
         shared = statistics.median(r["shared_ms"] for r in res)
         cond["context_switch_ms"] = context_switch_ms(alone, shared, k)
+        local = [r["local_message_cpu_ms"] for r in res
+                 if r.get("local_message_cpu_ms") is not None]
+        if local:
+            cond["local_message_cpu_ms"] = statistics.median(local)
         cond["shared"] = {"ranks_per_device": k, "layer_fb_alone_ms": alone,
                           "layer_fb_shared_ms": shared}
         if not cond["iteration_boundary_ms"]:

@@ -12,7 +12,7 @@ A cost file is one JSON object:
      "p2p": {"latency_ms": x, "bandwidth_gbps": y, ...} | null,
      "conditions": {"devices": [0, 1], "processes": 2,                   (optional: what
                     "message_cpu_ms": x, "context_switch_ms": y,          the run adds, as
-                    "iteration_boundary_ms": z,
+                    "local_message_cpu_ms": w, "iteration_boundary_ms": z,
                     "optimizer": {"fixed_ms": a, "gbps": b}} | null,     measured)
      "measurement": {...}, "calibration": {...}}             (how the numbers were obtained)
 
@@ -66,6 +66,9 @@ class Conditions:
     message_latency_ms: float = 0.0
     """One-way time of a boundary-sized message sent as its sender computes on, to a
     waiting receiver (the link's latency under load); 0: not measured."""
+    local_message_cpu_ms: float = 0.0
+    """CPU time one gloo message between two ranks on one device costs each end (that
+    device); 0: not measured."""
 
 
 @dataclass(frozen=True)
@@ -230,7 +233,9 @@ def _conditions(path: str, raw: Any) -> Conditions | None:
                                 value=opt.get("fixed_ms", 0.0))),
                       float(num(where="conditions.optimizer.gbps", value=opt.get("gbps", 0.0))),
                       float(num(where="conditions.message_latency_ms",
-                                value=raw.get("message_latency_ms", 0.0))))
+                                value=raw.get("message_latency_ms", 0.0))),
+                      float(num(where="conditions.local_message_cpu_ms",
+                                value=raw.get("local_message_cpu_ms", 0.0))))
 
 
 _CACHE: dict[str, tuple[tuple[int, int], CostFile]] = {}

@@ -4,7 +4,8 @@ The `[placement]` section says which device each rank runs on and how many ranks
 share a node. Ranks on one device share it (processor sharing: k running ops each
 progress at 1/k); messages between two devices of one node share that pair's
 intra-node link, and messages leaving a node share its NIC (inter-node link).
-On CPU, gloo spends CPU time on both ends of every message (`message_cpu_ms`).
+On CPU, gloo spends CPU time on both ends of every message (`message_cpu_ms` between
+devices, `local_message_cpu_ms` between two ranks on one device).
 The default, one device per rank and every pair of ranks on its own link, is the
 unshared case the simulator has always modelled. Pure: no I/O.
 """
@@ -36,7 +37,11 @@ class PlacementConfig:
     context_switch_ms: float = 0.0
     """Extra time an op pays when it starts on a device another rank is also using."""
     message_cpu_ms: float = 0.0
-    """CPU time a message costs its sender and its receiver (gloo on CPU); 0 on GPUs."""
+    """CPU time a message between two devices costs its sender and its receiver (gloo on
+    CPU); 0 on GPUs."""
+    local_message_cpu_ms: float = 0.0
+    """The same for a message between two ranks on one device: both ends' work lands on
+    that device (gloo on CPU, through the host)."""
     shared_links: bool = False
     """Messages on one link share its bandwidth (True), or each message has the link to
     itself (False, the unshared model; set automatically when devices are shared)."""
@@ -72,6 +77,7 @@ class Topology:
     context_switch_ms: float = 0.0
     message_cpu_ms: float = 0.0
     shared_links: bool = False
+    local_message_cpu_ms: float = 0.0
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -87,6 +93,14 @@ class Topology:
         """Every rank owns its device and every message its link: the classic model."""
         return (not self.shares_devices and not self.shared_links
                 and self.message_cpu_ms == 0 and self.context_switch_ms == 0)
+    # local_message_cpu_ms needs ranks sharing a device, so it never makes a private one.
+
+    def message_cpu(self, src: int, dst: int) -> float:
+        """CPU ms a message from rank src to rank dst costs each end (0 within a rank)."""
+        if src == dst:
+            return 0.0
+        same = self.devices[src] == self.devices[dst]
+        return self.local_message_cpu_ms if same else self.message_cpu_ms
 
     def node_of(self, rank: int) -> int:
         return rank // self.ranks_per_node if self.ranks_per_node else 0
@@ -139,5 +153,6 @@ def topology(cfg: PlacementConfig, pp: int, latency_ms: float,
                      bandwidth_gbps))
     cs = _finite("context_switch_ms", cfg.context_switch_ms, 0.0)
     cpu = _finite("message_cpu_ms", cfg.message_cpu_ms, 0.0)
+    local = _finite("local_message_cpu_ms", cfg.local_message_cpu_ms, 0.0)
     shared = bool(cfg.shared_links) or len(set(devices)) < len(devices)
-    return Topology(devices, rpn, intra, inter, cs, cpu, shared)
+    return Topology(devices, rpn, intra, inter, cs, cpu, shared, local)

@@ -175,7 +175,7 @@ def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
 
 def _topology(cfg: Config, hw: Hardware) -> Topology | None:
     """The placement's shared resources (None: the private, classic model). A measured
-    cost file supplies the per-message CPU time and the context-switch cost unless the
+    cost file supplies the per-message CPU times and the context-switch cost unless the
     placement sets them."""
     pl = cfg.placement
     if cfg.costs_file:
@@ -186,6 +186,8 @@ def _topology(cfg: Config, hw: Hardware) -> Topology | None:
             pl = replace(pl, message_cpu_ms=cond.message_cpu_ms)
         if cond is not None and cond.context_switch_ms and not pl.context_switch_ms:
             pl = replace(pl, context_switch_ms=cond.context_switch_ms)
+        if cond is not None and cond.local_message_cpu_ms and not pl.local_message_cpu_ms:
+            pl = replace(pl, local_message_cpu_ms=cond.local_message_cpu_ms)
     topo = topology(pl, cfg.pipeline.pp, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps)
     return None if topo.is_private else topo
 

@@ -156,7 +156,10 @@ def _print_costs(doc: dict[str, Any], title: str) -> None:
         c.print(f"{sh['ranks_per_device']} processes per device: a layer's F+B "
                 f"{sh['layer_fb_shared_ms']:.3f} ms against {sh['layer_fb_alone_ms']:.3f} ms "
                 f"alone (processor sharing: {sh['ranks_per_device']}x); context switch "
-                f"{cond['context_switch_ms'] * 1e3:.0f} us per op")
+                f"{cond['context_switch_ms'] * 1e3:.0f} us per op"
+                + (f"; a gloo message between two of them costs "
+                   f"{cond['local_message_cpu_ms'] * 1e3:.0f} us of that device's CPU at "
+                   "each end" if "local_message_cpu_ms" in cond else ""))
     opt = cond.get("optimizer")
     if opt:
         c.print(f"optimizer step (AdamW): {opt['fixed_ms']:.3f} ms + 28 B per parameter at "

@@ -5,10 +5,10 @@ device, not a fixed delay: ranks placed on one device share it by processor
 sharing (k running ops each progress at 1/k, plus a context-switch cost when an
 op starts beside another), and with shared links a message, after its latency,
 shares its link's bandwidth with the other messages on it. On CPU every message
-between two devices also costs `message_cpu_ms` of compute on the op that sends it and
-on the op that receives it; between ranks on one device it costs nothing extra: they
-take turns on it, the receiver waiting while the sender works (4 ranks on 2 cores, 1F1B
-[3, 2, 2, 1]: 183 ms predicted with the charge, 141 ms without, 142 ms measured). With
+also costs compute on the op that sends it and on the op that receives it:
+`message_cpu_ms` between devices, `local_message_cpu_ms` between two ranks on one
+device (each measured by `ppsim profile` under its own conditions: gloo's threads then
+compete with the op for its core). With
 a private topology every op runs alone, so each ends at start + work exactly and the
 results equal the unshared engine's to the last digit (property-tested). Events are
 one heap with monotone ids; a resource's pending completion is invalidated by a version
@@ -91,26 +91,25 @@ class SharedEngine(_Engine):
         self.alone = [n == 1 and not topo.context_switch_ms for n in on]
         """Ranks with a device to themselves: their ops take exactly their work."""
         self.work = [0.0] * self.pp
+        self.charged = bool(topo.message_cpu_ms or topo.local_message_cpu_ms)
 
     def _push(self, t: float, event: int, who: int, ver: int) -> None:
         self.ids += 1
         heapq.heappush(self.heap, (t, self.ids, event, who, ver))  # type: ignore[arg-type]
 
-    def _crosses(self, a: int, b: int) -> bool:
-        """Stages a and b sit on ranks on different devices (a message costs CPU)."""
-        dev = self.topo.devices
-        return dev[self.owner[a]] != dev[self.owner[b]]
+    def _cpu(self, a: int, b: int) -> float:
+        """CPU ms each end pays for a message from stage a to stage b (0: none crossed)."""
+        if not 0 <= a <= self.last or not 0 <= b <= self.last:
+            return 0.0
+        return self.topo.message_cpu(self.owner[a], self.owner[b])
 
     def run_op(self, r: int, kind: str, st: int, now: float) -> None:
         work = self.table.duration[kind][st]
-        cpu = self.topo.message_cpu_ms
-        if cpu:
-            nxt, prv = st + 1, st - 1
-            sends = (kind == F and nxt <= self.last and self._crosses(st, nxt)) or \
-                (kind == B and prv >= 0 and self._crosses(st, prv))
-            receives = (kind == F and prv >= 0 and self._crosses(prv, st)) or \
-                (kind == B and nxt <= self.last and self._crosses(nxt, st))
-            work += cpu * (sends + receives)
+        if self.charged:
+            # F receives from the stage before and sends to the next; B the other way.
+            step = 1 if kind == F else -1 if kind == B else 0
+            if step:
+                work += self._cpu(st - step, st) + self._cpu(st, st + step)
         d = self.topo.devices[r]
         self.work[r] = work
         self.devices[d].add(r, work, now)

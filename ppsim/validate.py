@@ -149,7 +149,7 @@ def hardware(hw: Any) -> None:
 def placement(p: Any) -> None:
     """Ranges of a [placement] table (ppsim.placement checks devices against pp)."""
     for name in ("intra_node_latency_ms", "inter_node_latency_ms", "context_switch_ms",
-                 "message_cpu_ms"):
+                 "message_cpu_ms", "local_message_cpu_ms"):
         if getattr(p, name, None) is not None:
             number(f"placement.{name}", getattr(p, name), hi=MAX_MS, fix="give ms >= 0")
     for name in ("intra_node_bandwidth_gbps", "inter_node_bandwidth_gbps"):

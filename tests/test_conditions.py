@@ -40,6 +40,7 @@ def test_profile_records_the_conditions_it_measured(measured):
     assert cond["devices"] == [0, 0, 1] and cond["processes"] == 2
     assert cond["message_cpu_ms"] >= 0 and cond["context_switch_ms"] >= 0
     assert cond["shared"]["ranks_per_device"] == 2
+    assert cond["local_message_cpu_ms"] >= 0
     # Two processes on one core: each op takes longer than alone.
     assert cond["shared"]["layer_fb_shared_ms"] > 1.3 * cond["shared"]["layer_fb_alone_ms"]
     opt = cond["optimizer"]
@@ -50,6 +51,7 @@ def test_profile_records_the_conditions_it_measured(measured):
         assert layer["split_backward_ms"] >= layer["backward_ms"] >= layer["weight_grad_ms"]
     c = load_conditions(measured)
     assert c is not None and c.devices == (0, 0, 1) and c.optimizer_gbps == opt["gbps"]
+    assert c.local_message_cpu_ms == cond["local_message_cpu_ms"]
     # Each piece's parameters are recorded, so the optimizer step is simulated.
     n = sum(p.numel() for p in torch.nn.Linear(TINY["hidden_size"], TINY["hidden_size"])
             .parameters())
@@ -96,6 +98,24 @@ def test_measured_conditions_feed_the_simulator(tmp_path):
     assert own.topology.message_cpu_ms == 0.1
 
 
+def test_the_local_message_cost_charges_ranks_sharing_a_device(tmp_path):
+    """The profile's cost of a message between two ranks of one device reaches the
+    simulator where ranks share a device, and only there; a placement's own figure wins."""
+    plain = _with_conditions(tmp_path, devices=[0, 0])
+    shared = "[placement]\ndevices = [0, 0]\n"
+    base = simulate(build_problem(load_config(_config(tmp_path, plain, shared)))).summary
+    costs = _with_conditions(tmp_path, devices=[0, 0], local_message_cpu_ms=0.5)
+    p = build_problem(load_config(_config(tmp_path, costs, shared)))
+    assert p.topology is not None and p.topology.local_message_cpu_ms == 0.5
+    got = simulate(p).summary
+    assert got.iteration_time_ms > base.iteration_time_ms + 0.5
+    apart = build_problem(load_config(_config(tmp_path, costs)))  # one device per rank
+    assert apart.topology is None  # nothing shared: the classic, private model
+    own = build_problem(load_config(_config(tmp_path, costs,
+                                            shared + "local_message_cpu_ms = 0.1\n")))
+    assert own.topology.local_message_cpu_ms == 0.1
+
+
 def test_simulate_warns_when_the_placement_differs(tmp_path, capsys):
     costs = _with_conditions(tmp_path, devices=[0, 1])
     assert placement_warning(load_config(_config(tmp_path, costs))) is None
@@ -127,11 +147,12 @@ def test_a_split_backward_runs_its_measured_path():
 def test_bad_conditions_are_refused_naming_the_field(tmp_path, capsys):
     costs = _with_conditions(tmp_path, devices=[0, 1])
     doc = json.loads(open(costs).read())
-    doc["conditions"]["message_cpu_ms"] = -1
-    with open(costs, "w") as fh:  # by hand: write_costs itself refuses it
-        json.dump(doc, fh)
-    assert main(["simulate", "--config", _config(tmp_path, costs)]) == 2
-    assert "conditions.message_cpu_ms" in capsys.readouterr().err
+    for field in ("message_cpu_ms", "local_message_cpu_ms"):
+        doc["conditions"] = {"devices": [0, 1], field: -1}
+        with open(costs, "w") as fh:  # by hand: write_costs itself refuses it
+            json.dump(doc, fh)
+        assert main(["simulate", "--config", _config(tmp_path, costs)]) == 2
+        assert f"conditions.{field}" in capsys.readouterr().err
 
 
 def test_ranks_placed_on_one_core_run_pinned_with_the_same_losses(tmp_path):

@@ -107,6 +107,7 @@ CONFIGS = [
     (TINY + "[hardware]\nattention_efficiency = 7\n", "hardware.attention_efficiency"),
     (TINY + "hidden_size = 1000000000000000000000\n", "model.hidden_size"),
     (UNIFORM + "[placement]\ninter_node_latency_ms = 1e308\n", "placement.inter_node_latency"),
+    (UNIFORM + "[placement]\nlocal_message_cpu_ms = -1\n", "placement.local_message_cpu_ms"),
     (UNIFORM + "placement = 3\n", "placement"),
     (UNIFORM + "[pipeline]\npp = 9223372036854775807\n", "pipeline.pp"),
     (UNIFORM + "[pipeline]\nmicrobatches = 1000000000\n", "pipeline.microbatches"),

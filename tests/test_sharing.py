@@ -59,16 +59,26 @@ def test_private_placement_equals_the_unshared_simulator_to_the_last_digit(probl
 
 
 @settings(max_examples=60, deadline=None)
-@given(problems(free_transfers=True))
-def test_all_ranks_on_one_device_run_back_to_back(problem):
+@given(problems(free_transfers=True), st.sampled_from([0.0, 0.25]))
+def test_all_ranks_on_one_device_run_back_to_back(problem, local_cpu):
     """One device, free messages: some rank can always run, so the device never idles and
-    the iteration takes exactly the summed work of every op."""
-    pp = problem.schedule.pp
-    ranks, _ = _shared_run(problem, PlacementConfig(devices=[0] * pp))
-    table = stage_table(problem.schedule, problem.stage_costs)
-    work = sum(table.duration[a.kind][a.stage] for acts in problem.schedule.actions
-               for a in acts)
-    assert max(r.end for r in ranks) == pytest.approx(work, rel=1e-9, abs=1e-9)
+    the iteration takes exactly the summed work of every op, each message between two
+    ranks adding `local_message_cpu_ms` at both ends."""
+    sched = problem.schedule
+    ranks, _ = _shared_run(problem, PlacementConfig(devices=[0] * sched.pp,
+                                                    local_message_cpu_ms=local_cpu))
+    table = stage_table(sched, problem.stage_costs)
+    work = sum(table.duration[a.kind][a.stage] for acts in sched.actions for a in acts)
+    last = len(table.duration["F"]) - 1  # the last stage
+
+    def crosses(a: int, b: int) -> bool:
+        return 0 <= b <= last and sched.stage_rank(a) != sched.stage_rank(b)
+
+    messages = sum((a.kind == "F" and crosses(a.stage, a.stage + 1))
+                   + (a.kind == "B" and crosses(a.stage, a.stage - 1))
+                   for acts in sched.actions for a in acts)
+    assert max(r.end for r in ranks) == pytest.approx(work + 2 * local_cpu * messages,
+                                                      rel=1e-9, abs=1e-9)
 
 
 @given(st.lists(st.integers(1, 100), min_size=1, max_size=6))
@@ -117,14 +127,19 @@ def test_message_cpu_cost_lands_on_both_ends():
     assert max(r.end for r in cpu) == pytest.approx(max(r.end for r in base) + 4 * 0.25)
 
 
-def test_a_message_between_ranks_on_one_device_costs_no_cpu():
-    """Neighbours on one device take turns (the receiver waits while the sender works),
-    so only messages between devices pay gloo's CPU time."""
+def test_each_message_pays_the_cpu_cost_of_where_it_runs():
+    """Between devices `message_cpu_ms`, between two ranks of one device
+    `local_message_cpu_ms`: each figure charges only its own kind of message."""
     p = uniform_problem(2, 1, 4, "1f1b", counts=[1, 1], f=1.0, b=2.0)
     together, _ = _shared_run(p, PlacementConfig(devices=[0, 0]))
-    charged, _ = _shared_run(p, PlacementConfig(devices=[0, 0], message_cpu_ms=0.25))
-    assert [r.end for r in charged] == [r.end for r in together]
+    cross_only, _ = _shared_run(p, PlacementConfig(devices=[0, 0], message_cpu_ms=0.25))
+    assert [r.end for r in cross_only] == [r.end for r in together]
+    local, _ = _shared_run(p, PlacementConfig(devices=[0, 0], local_message_cpu_ms=0.25))
+    # One device runs everything: 4 microbatches x 2 messages x 2 ends more work on it.
+    assert max(r.end for r in local) == pytest.approx(max(r.end for r in together) + 4.0)
     apart, _ = _shared_run(p, PlacementConfig(devices=[0, 1]))
+    local_apart, _ = _shared_run(p, PlacementConfig(devices=[0, 1], local_message_cpu_ms=0.25))
+    assert [r.end for r in local_apart] == [r.end for r in apart]
     paid, _ = _shared_run(p, PlacementConfig(devices=[0, 1], message_cpu_ms=0.25))
     assert max(r.end for r in paid) > max(r.end for r in apart)
 
