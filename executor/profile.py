@@ -268,8 +268,7 @@ class Profiler:
                                   split_backward_ms=max(b, bi + w),
                                   static_bytes=p0.static_bytes,
                                   activation_bytes=p0.activation_bytes,
-                                  weight_grad_bytes=min(p0.weight_grad_bytes,
-                                                        p0.activation_bytes),
+                                  weight_grad_bytes=p0.weight_grad_bytes,
                                   output_bytes=p0.output_bytes,
                                   params=sum(q.numel() for q in p0.module.parameters()))
         costs = ModelCosts(layers=tuple(out[("layer", k)] for k in self.kinds),

@@ -291,6 +291,10 @@ class Runtime:
             y = module(x)
         out = y.untyped_storage()
         seen[out.data_ptr()] = out.nbytes()
+        if s > 0 and self.schedule.stage_rank(s - 1) == self.rank:
+            # Handed over on this rank (V placement): the same storage as the previous
+            # stage's output, which that stage counts.
+            seen.pop(x.untyped_storage().data_ptr(), None)
         self._stage_bytes[s] = sum(seen.values())
         return y
 

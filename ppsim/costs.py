@@ -114,15 +114,28 @@ def _sum(parts: list[LayerCost]) -> tuple[float, float, float, int, int, int, in
     return f, b, w, st, act, wg, n, (0.0 if sb == b else sb)
 
 
-def stage_cost(costs: ModelCosts, offset: int, layers: int, first: bool, last: bool) -> StageCost:
-    """Sum the layers [offset, offset + layers) plus embedding/head where they sit."""
+def stage_cost(costs: ModelCosts, offset: int, layers: int, first: bool, last: bool,
+               receives: bool = False) -> StageCost:
+    """Sum the layers [offset, offset + layers) plus embedding/head where they sit. A stage
+    that `receives` its input from another rank also holds that input (its own buffer,
+    kept for the backward) per microbatch in flight; pieces count their input as the
+    previous piece's output, which on another rank is a second copy."""
     parts = list(costs.layers[offset:offset + layers])
     if first:
         parts.insert(0, costs.embedding)
     if last:
         parts.append(costs.head)
     f, b, w, st, act, wg, n, sb = _sum(parts)
+    if receives:
+        act += costs.hidden_bytes
     return StageCost(f, b, w, st, act, wg, 0 if last else costs.hidden_bytes, n, sb)
+
+
+def receives_input(split: Split, index: int) -> bool:
+    """Virtual stage `index` gets hidden states from a stage on another rank."""
+    loss = split.num_stages - 1 if split.loss_stage == -1 else split.loss_stage
+    return (split.embedding_stage < index <= loss
+            and split.stage_rank(index - 1) != split.stage_rank(index))
 
 
 def stage_costs(costs: ModelCosts, split: Split) -> list[StageCost]:
@@ -135,7 +148,8 @@ def stage_costs(costs: ModelCosts, split: Split) -> list[StageCost]:
                         f"{costs.mtp_layers}", "count the model's MTP layers in the layout")
     out = []
     for st in split.stages:
-        c = stage_cost(costs, st.offset, st.layers, st.has_embedding, st.has_head)
+        c = stage_cost(costs, st.offset, st.layers, st.has_embedding, st.has_head,
+                       receives_input(split, st.index))
         if st.index < split.embedding_stage or st.index >= split.loss_stage:
             # Before the embedding only token ids pass; after the loss nothing does.
             c = _no_output(c)

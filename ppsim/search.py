@@ -62,6 +62,8 @@ class SplitSearch:
         self.patterns = [self._memory_pattern(r) for r in range(self.pp)]
         self.rank_stages = [[s for s in range(self.S) if self.sched.stage_rank(s) == r]
                             for r in range(self.pp)]
+        self.receives = [s > 0 and rank(s - 1) != rank(s) for s in range(self.S)]
+        """Stage s holds its input too: it came from another rank (costs.receives_input)."""
         self._stage = lru_cache(maxsize=STAGE_CACHE)(self._stage_cost)
         self._evaluated: dict[tuple[int, ...], Summary] = {}
         # Integer prefix sums of the byte fields: exact, so a stage's bytes in O(1).
@@ -75,7 +77,8 @@ class SplitSearch:
     # ------------------------------------------------------------ costs
 
     def _stage_cost(self, offset: int, count: int, index: int) -> StageCost:
-        return stage_cost(self.costs, offset, count, index == 0, index == self.S - 1)
+        return stage_cost(self.costs, offset, count, index == 0, index == self.S - 1,
+                          self.receives[index])
 
     def stage(self, offset: int, count: int, index: int) -> StageCost:
         return self._stage(offset, count, index)
@@ -118,18 +121,20 @@ class SplitSearch:
                 v += getattr(self.costs.embedding, name)
             if k == self.S - 1:
                 v += getattr(self.costs.head, name)
+            if name == "activation_bytes" and self.receives[k]:
+                v += self.costs.hidden_bytes
             out.append(v)
         return out[0], out[1], out[2]
 
     def one_chunk_total(self, pos: int, count: int, k: int) -> int:
         """Peak memory of rank k when it holds only stage k (one chunk per rank)."""
         static, act, wg = self.stage_bytes(pos, count, k)
-        return static + self._peak(k, [act], [min(wg, act) if self.split_bw else 0])
+        return static + self._peak(k, [act], [wg if self.split_bw else 0])
 
     def rank_peak(self, r: int, costs: list[StageCost]) -> int:
         """Peak activation bytes on rank r given its stages' costs (chunk order)."""
         act = [c.activation_bytes for c in costs]
-        keep = [min(c.weight_grad_bytes, c.activation_bytes) if self.split_bw else 0
+        keep = [c.weight_grad_bytes if self.split_bw else 0
                 for c in costs]
         return self._peak(r, act, keep)
 

@@ -169,6 +169,8 @@ class _Engine:
         rec = self.records
         if released or kind == B:
             self.act[r] -= released
+            if self.act[r] > self.peak[r]:  # B keeps more for W than it frees
+                self.peak[r] = self.act[r]
             if kind == B:
                 self.inflight[r] -= 1
             if rec is not None:

@@ -95,7 +95,9 @@ def stage_table(s: Schedule, costs: Sequence[StageCost]) -> StageTable:
     """Per-stage durations, memory deltas and message sizes of a schedule's stages."""
     dur_b = tuple(c.input_grad_ms(s.split_backward) for c in costs)
     if s.split_backward:
-        keep = tuple(min(c.weight_grad_bytes, c.activation_bytes) for c in costs)
+        # What W keeps: matmul inputs and their output gradients. The gradients are new
+        # tensors, so this may exceed what B frees (B then raises memory).
+        keep = tuple(c.weight_grad_bytes for c in costs)
     else:
         keep = (0,) * len(costs)
     static = [0] * s.pp

@@ -224,6 +224,39 @@ def test_recompute_peaks_follow_the_prediction(tmp_path_factory, capsys) -> None
     assert ratio_full < 0.15  # full recompute keeps only layer inputs
 
 
+@pytest.fixture(scope="module")
+def measured_bytes(tmp_path_factory) -> str:
+    """The default model's byte counts as `ppsim profile` measures them (one process)."""
+    from executor.profile import profile
+    from ppsim.config import load_config
+    from ppsim.costfile import write_costs
+
+    doc = profile(model_fields(load_config(None).model), "cpu", repeats=1, warmup=0,
+                  p2p=False, devices=[0])
+    path = str(tmp_path_factory.mktemp("bytes") / "costs.json")
+    write_costs(path, doc)
+    return path
+
+
+@pytest.mark.parametrize("case", ["gpipe", "1f1b", "interleaved", "interleaved-4x2",
+                                  "zb-h1-csv", "dualpipev"])
+def test_peak_memory_is_predicted_exactly_on_every_rank(case, tmp_path_factory,
+                                                         measured_bytes, capsys) -> None:
+    """From the profile's byte counts, the simulated peak of every rank equals the run's:
+    received inputs held by their stage (an empty stage included), what W keeps beyond
+    what B frees, and a V placement's hand-over between two stages of one rank."""
+    tmp, argv, _ = launched(case, tmp_path_factory)
+    sim = str(tmp / "sim-bytes.json")
+    assert main(["simulate", *argv, "--costs", measured_bytes, "--trace", sim]) == 0
+    capsys.readouterr()
+    assert main(["diff", sim, str(tmp / "out" / "trace.json"), "--json"]) == 0
+    ranks = json.loads(capsys.readouterr().out)["ranks"]
+    assert len(ranks) == _problem(argv).schedule.pp
+    for r in ranks:
+        pred, real = r["peak_memory_bytes"]
+        assert pred == real, (case, r["rank"], pred, real)
+
+
 def test_torch_peer_runs_the_same_split(tmp_path_factory) -> None:
     _, argv, ours = launched("1f1b", tmp_path_factory)
     res = ppsim_run(*argv, "--engine", "torch", "--iterations", "2", "--warmup", "1",
