@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from functools import lru_cache
 
-from ppsim.costs import StageCost, stage_cost
+from ppsim.costs import StageCost, receives_input, stage_cost
 from ppsim.evaluate import list_schedule
 from ppsim.problem import Problem
 from ppsim.schedules import F
@@ -62,8 +62,8 @@ class SplitSearch:
         self.patterns = [self._memory_pattern(r) for r in range(self.pp)]
         self.rank_stages = [[s for s in range(self.S) if self.sched.stage_rank(s) == r]
                             for r in range(self.pp)]
-        self.receives = [s > 0 and rank(s - 1) != rank(s) for s in range(self.S)]
-        """Stage s holds its input too: it came from another rank (costs.receives_input)."""
+        self.receives = [receives_input(problem.split, s) for s in range(self.S)]
+        """Stage s holds its input too: it came from another rank."""
         self._stage = lru_cache(maxsize=STAGE_CACHE)(self._stage_cost)
         self._evaluated: dict[tuple[int, ...], Summary] = {}
         # Integer prefix sums of the byte fields: exact, so a stage's bytes in O(1).
