@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import torch
 
+from executor.alloc import keep_freed_memory
 from executor.builders.stage import Stage
 from executor.profile import Profiler
 from ppsim.config import load_config, model_fields
@@ -65,8 +66,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=4, help="layers in the stage")
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--default-malloc", action="store_true",
+                    help="leave glibc returning freed memory to the OS (as before 2026-12-01)")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if not args.default_malloc:
+        keep_freed_memory()  # as ppsim profile and the executor do
     prof = Profiler(model_fields(load_config(None).model), torch.device("cpu"), 8)
     b, n = prof.builder, args.layers
 

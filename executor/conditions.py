@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from executor.alloc import keep_freed_memory
 from executor.optim import adamw
 from executor.spawned import spawn_results
 from ppsim.costfile import layer_dict
@@ -223,6 +224,7 @@ def _worker(rank: int, port: int, fields: dict[str, Any], repeats: int, warmup: 
             mine = sorted(os.sched_getaffinity(0))
             os.sched_setaffinity(0, {mine[devices[rank] % len(mine)]})
     torch.set_num_threads(threads)
+    keep_freed_memory()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=n, timeout=timedelta(seconds=300))
     torch.manual_seed(0)

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from executor.alloc import keep_freed_memory
 from executor.builders import ModelBuilder, builder_spec, layer_kind, load_builder
 from executor.builders.deferral import WeightGradStore
 from executor.builders.stage import Stage, saved_bytes
@@ -290,6 +291,7 @@ def _p2p_worker(rank: int, port: int, sizes: list[int], rounds: int, out: str,
                 device_kind: str) -> None:
     """One of two processes: ping-pong each size with isend/irecv, as the runtime sends."""
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    keep_freed_memory()
     nccl = device_kind == "cuda" and torch.cuda.device_count() >= 2
     staged = device_kind == "cuda" and not nccl  # one GPU: via host, like the runtime
     dev = torch.device("cuda", rank) if nccl else torch.device("cpu")
@@ -392,6 +394,7 @@ def profile(fields: dict[str, Any], device_kind: str = "cpu", repeats: int = 20,
     t0 = time.perf_counter()
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
     torch.set_num_threads(threads)  # what each executor rank uses
+    kept = keep_freed_memory()  # as each executor rank does (executor.alloc)
     device = torch.device("cuda" if device_kind == "cuda" else "cpu")
     torch.manual_seed(0)
     prof = Profiler(fields, device, microbatches)
@@ -424,7 +427,7 @@ def profile(fields: dict[str, Any], device_kind: str = "cpu", repeats: int = 20,
         conditions=conditions,
         measurement={"repeats": repeats, "warmup": warmup, "layers_sampled":
                      prof.layer_indices, "seconds": time.perf_counter() - t0,
-                     "pieces": details, "p2p_host_mediated": host_p2p,
+                     "pieces": details, "freed_memory_kept": kept, "p2p_host_mediated": host_p2p,
                      "solo": {"layer": layer_dict(solo.layers[0]),
                               "embedding": layer_dict(solo.embedding),
                               "head": layer_dict(solo.head)}})

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from executor import summary as summ
+from executor.alloc import keep_freed_memory
 from executor.builders import ModelBuilder, builder_spec, load_builder
 from executor.cli import load_problem, versus_args
 from executor.launch import STORE_ENV, printable
@@ -167,6 +168,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
                                      int(os.environ.get("LOCAL_WORLD_SIZE", 1)), placed,
                                      bool(devs) and len(set(devs)) < len(devs))
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    keep_freed_memory()  # as the profile timed the ops (executor.alloc)
     _init_group(backend, rank, world, timedelta(seconds=args.timeout_s))
     ctrl = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
     pp, dp = problem.split.pp, data_parallel(args, fields)
