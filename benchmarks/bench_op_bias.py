@@ -31,25 +31,23 @@ import sys
 import tempfile
 from collections import defaultdict
 from dataclasses import replace
-from typing import Any
 
 from ppsim.config import load_config
 from ppsim.problem import build_problem
 from ppsim.simulator import simulate
-from ppsim.trace import simulation_trace
+from ppsim.trace import Trace, read_trace, simulation_trace, trace_from_json
 
 Key = tuple[int, str]
 """(rank, kind)."""
 
 
-def op_means(trace: dict[str, Any]) -> dict[Key, list[float]]:
+def op_means(trace: Trace) -> dict[Key, list[float]]:
     """Every recorded F and B duration (ms) by rank and kind, warm-up left out."""
+    first = int(trace.info.get("warmup_iterations", 0))
     out: dict[Key, list[float]] = defaultdict(list)
-    for e in trace["traceEvents"]:
-        a = e.get("args", {})
-        if e.get("ph") == "X" and e.get("cat") == "compute" and not a.get("warmup") \
-                and a.get("kind") in ("F", "B"):
-            out[(e["pid"], a["kind"])].append(e["dur"] / 1e3)
+    for op in trace.ops:
+        if op.kind in ("F", "B") and op.iteration >= first:
+            out[(op.rank, op.kind)].append(op.dur_us / 1e3)
     return out
 
 
@@ -69,12 +67,12 @@ def folder_ratios(out: str) -> dict[tuple[tuple[int, ...], Key], tuple[float, fl
             for split, trace in ((s["split"], os.path.join(here, "trace.json")),
                                  (s["versus"]["split"], os.path.join(here, "versus",
                                                                      "trace.json"))):
-                for k, v in op_means(json.load(open(trace))).items():
+                for k, v in op_means(read_trace(trace)).items():
                     real[tuple(split)][k] += v
         rows = {}
         for split, ops in real.items():
             p = build_problem(replace(cfg, pipeline=replace(cfg.pipeline, split=list(split))))
-            sim = op_means(simulation_trace(simulate(p)))
+            sim = op_means(trace_from_json(simulation_trace(simulate(p))))
             for k, v in ops.items():
                 rows[(split, k)] = (statistics.fmean(sim[k]), statistics.fmean(v))
         return rows
