@@ -32,11 +32,11 @@ import subprocess
 import sys
 import tempfile
 
-from ppsim.config import config_to_toml, load_config
-from ppsim.diff import diff_traces
-from ppsim.problem import build_problem
-from ppsim.simulator import simulate
-from ppsim.trace import read_trace, simulation_trace, write_trace
+from ppsim.config.schema import config_to_toml, load_config
+from ppsim.pipeline.problem import build_problem
+from ppsim.sim.engine import simulate
+from ppsim.trace.diff import diff_traces
+from ppsim.trace.schema import read_trace, simulation_trace, write_trace
 
 # (name, schedule, vpp, split, microbatches)
 CASES = [

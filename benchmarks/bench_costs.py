@@ -26,14 +26,19 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+from ppsim.executor.builders import DEFAULT_BUILDER, load_builder
+from ppsim.executor.builders.llama import architecture
+from ppsim.executor.builders.stage import Stage, saved_bytes
 
-from executor.builders import DEFAULT_BUILDER, load_builder
-from executor.builders.llama import architecture
-from executor.builders.stage import Stage, saved_bytes
-from ppsim.config import ARCH_FIELDS, hardware_config, model_fields
-from ppsim.costfile import cost_document
-from ppsim.presets import MODEL_PRESETS
-from ppsim.transformer import Architecture, accelerator, layer_activation_bytes, transformer_costs
+from ppsim.config.presets import MODEL_PRESETS
+from ppsim.config.schema import ARCH_FIELDS, hardware_config, model_fields
+from ppsim.costs.costfile import cost_document
+from ppsim.costs.transformer import (
+    Architecture,
+    accelerator,
+    layer_activation_bytes,
+    transformer_costs,
+)
 
 
 def arch_of(fields: dict) -> Architecture:
@@ -71,7 +76,7 @@ def scaled(name: str) -> dict:
 
 def saved_layer_bytes(fields: dict) -> tuple[int, int]:
     """(bytes autograd keeps, analytic bytes) for the last decoder layer as the executor
-    builds it (executor.builders: GPT or the Llama/MoE decoder, per the fields)."""
+    builds it (ppsim.executor.builders: GPT or the Llama/MoE decoder, per the fields)."""
     b = load_builder(DEFAULT_BUILDER, fields)
     index = fields["num_layers"] - 1
     stage = Stage(b, index, 1, False, False, recompute="selective").to(b.dtype)
@@ -110,7 +115,7 @@ def fits(fields: dict, memory: float) -> bool:
 
 
 def timing(hw: dict, repeats: int) -> list[dict]:
-    from executor.profile import profile
+    from ppsim.executor.profile import profile
 
     acc = accelerator(hardware_config(hw))
     memory = torch.cuda.get_device_properties(0).total_memory

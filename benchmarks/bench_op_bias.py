@@ -32,10 +32,10 @@ import tempfile
 from collections import defaultdict
 from dataclasses import replace
 
-from ppsim.config import load_config
-from ppsim.problem import build_problem
-from ppsim.simulator import simulate
-from ppsim.trace import Trace, read_trace, simulation_trace, trace_from_json
+from ppsim.config.schema import load_config
+from ppsim.pipeline.problem import build_problem
+from ppsim.sim.engine import simulate
+from ppsim.trace.schema import Trace, read_trace, simulation_trace, trace_from_json
 
 Key = tuple[int, str]
 """(rank, kind)."""

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import time
 
-from ppsim.config import config_from_dict
-from ppsim.planner import plan
-from ppsim.problem import build_problem
+from ppsim.config.schema import config_from_dict
+from ppsim.pipeline.problem import build_problem
+from ppsim.plan.planner import plan
 
 HEAVY_HEAD = {"kind": "uniform", "num_layers": 128, "forward_ms": 1.0, "backward_ms": 2.0,
               "static_bytes": 10**9, "activation_bytes": 10**8, "output_bytes": 10**7,

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import time
 
-from ppsim.config import config_from_dict
-from ppsim.plan_cli import plan_with_references
-from ppsim.problem import build_problem
-from ppsim.references import why_faster
+from ppsim.cli.plan import plan_with_references
+from ppsim.config.schema import config_from_dict
+from ppsim.pipeline.problem import build_problem
+from ppsim.plan.references import why_faster
 
 LLAMA3_405B = ",".join(["7"] + ["8"] * 14 + ["7"])
 """Llama 3 paper, section 3.3.2: one layer fewer on the first and the last stage."""

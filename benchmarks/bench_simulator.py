@@ -110,11 +110,11 @@ def _config_file() -> str:
 def in_process() -> None:
     import resource
 
-    from ppsim.config import config_from_dict
-    from ppsim.evaluate import evaluate
-    from ppsim.problem import build_problem
-    from ppsim.simulator import simulate
-    from ppsim.timing import compile_schedule, op_table
+    from ppsim.config.schema import config_from_dict
+    from ppsim.pipeline.problem import build_problem
+    from ppsim.sim.engine import simulate
+    from ppsim.sim.evaluate import evaluate
+    from ppsim.sim.timing import compile_schedule, op_table
 
     print(f"{'schedule':18} {'pp':>3} {'vpp':>3} {'m':>5} {'ops':>8} {'sim s':>8} "
           f"{'sim+rec s':>9} {'fast s':>8} {'iter ms':>10}")

@@ -32,14 +32,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from ppsim.executor.alloc import keep_freed_memory
+from ppsim.executor.optim import adamw
+from ppsim.executor.spawned import spawn_results
 
-from executor.alloc import keep_freed_memory
-from executor.optim import adamw
-from executor.spawned import spawn_results
-from ppsim.costfile import layer_dict
-from ppsim.costs import ModelCosts
+from ppsim.costs.costfile import layer_dict
+from ppsim.costs.model import ModelCosts
 from ppsim.fileio import write_json_atomic
-from ppsim.timing import ADAM_BYTES_PER_PARAM
+from ppsim.sim.timing import ADAM_BYTES_PER_PARAM
 
 
 def _layer_op(prof: Any) -> Any:
@@ -212,7 +212,7 @@ def _worker(rank: int, port: int, fields: dict[str, Any], repeats: int, warmup: 
             microbatches: int, threads: int, out: str, plan: dict[str, Any]) -> None:
     """One of the processes timing the pieces at once; `plan` says where each runs
     (device indices, pinned to cores on CPU or not) and whether pairs exchange messages."""
-    from executor.profile import Profiler
+    from ppsim.executor.profile import Profiler
 
     devices, n = plan["devices"], len(plan["devices"])
     if plan["device_kind"] == "cuda":
@@ -265,7 +265,7 @@ def measure_concurrent(fields: dict[str, Any], devices: list[int], repeats: int,
     """Run the profiler in one process per entry of `devices`, all at once; each
     process's results. With k > 1 the devices list holds each device k times in a row,
     and only the sharing of a device is measured (`_sharing`)."""
-    from executor.profile import _free_port
+    from ppsim.executor.profile import _free_port
 
     n = len(devices)
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
@@ -325,7 +325,7 @@ def run_conditions(prof: Any, fields: dict[str, Any], device_kind: str,
     in one process per device at once (None otherwise). Where the placement puts k ranks
     on a device, k processes per device are timed too, for the context-switch cost
     beyond processor sharing."""
-    from ppsim.costfile import _layer
+    from ppsim.costs.costfile import _layer
 
     devs = list(devices) if devices else [0]
     distinct = sorted(set(devs))

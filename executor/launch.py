@@ -1,7 +1,7 @@
 """Launching through torchrun: the command line, a Slurm script, and running it.
 
 ppsim never starts ranks itself: it runs `python -m torch.distributed.run`
-(torchrun) with `-m executor.worker` and the same flags `ppsim run` got, and
+(torchrun) with `-m ppsim.executor.worker` and the same flags `ppsim run` got, and
 reads the rank-0 worker's `ppsim-progress` lines to drive a progress bar.
 
 On one node `ppsim run` hosts the job's TCP store itself, bound to the master
@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ppsim.cli import add_config_flags
+from ppsim.cli.main import add_config_flags
 from ppsim.errors import UserError
 
 # Flags the worker needs besides the config flags; launch-only flags stay here.
@@ -72,7 +72,7 @@ def torchrun_args(args: argparse.Namespace, store: tuple[str, int] | None = None
                 "--master-addr", args.master_addr, "--master-port",
                 str(args.master_port or 29500)]
     return rdzv + ["--nproc-per-node", str(args.nproc_per_node), "--max-restarts", "0",
-                   "-m", "executor.worker"]
+                   "-m", "ppsim.executor.worker"]
 
 
 def launch_command(args: argparse.Namespace, store: tuple[str, int] | None = None) -> list[str]:
@@ -134,7 +134,7 @@ def check_port_free(addr: str, port: int) -> None:
 
 def sbatch_script(args: argparse.Namespace) -> str:
     """A Slurm batch script: one torchrun per node, c10d rendezvous on the first node."""
-    worker = shlex.join(["-m", "executor.worker", *worker_argv(args)])
+    worker = shlex.join(["-m", "ppsim.executor.worker", *worker_argv(args)])
     gpus = f"#SBATCH --gpus-per-node={args.nproc_per_node}\n" if args.device == "cuda" else ""
     return (
         "#!/bin/bash\n"

@@ -1,18 +1,17 @@
-"""Compatibility names for code written before model builders (executor.builders).
+"""Compatibility names for code written before model builders (ppsim.executor.builders).
 
-New code takes a `ModelBuilder` (executor.builders) and builds stages with
-`executor.builders.stage.build_stage`.
+New code takes a `ModelBuilder` (ppsim.executor.builders) and builds stages with
+`ppsim.executor.builders.stage.build_stage`.
 """
 
 from __future__ import annotations
 
 import torch
-
-from executor.builders.deferral import DeferringLinear as Linear
-from executor.builders.deferral import WeightGradStore
-from executor.builders.gpt import DTYPES, Block, Embedding, GPTBuilder, GPTShape, stage_loss
-from executor.builders.gpt import Head as _Head
-from executor.builders.stage import Stage
+from ppsim.executor.builders.deferral import DeferringLinear as Linear
+from ppsim.executor.builders.deferral import WeightGradStore
+from ppsim.executor.builders.gpt import DTYPES, Block, Embedding, GPTBuilder, GPTShape, stage_loss
+from ppsim.executor.builders.gpt import Head as _Head
+from ppsim.executor.builders.stage import Stage
 
 __all__ = ["DTYPES", "Block", "Embedding", "GPTShape", "Head", "Linear", "StageModule",
            "WeightGradStore", "microbatch", "stage_loss"]

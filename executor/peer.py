@@ -16,12 +16,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from executor.builders import ModelBuilder
-from executor.builders.stage import build_stage
-from executor.optim import adamw
-from executor.quiet import no_gc_pauses
-from executor.summary import peer_summary
+from ppsim.executor.builders import ModelBuilder
+from ppsim.executor.builders.stage import build_stage
+from ppsim.executor.optim import adamw
+from ppsim.executor.quiet import no_gc_pauses
+from ppsim.executor.summary import peer_summary
 
 PEER_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
                   "interleaved-1f1b": "ScheduleInterleaved1F1B",
@@ -77,7 +76,7 @@ def _csv_runner(stages: list[Any], sched: Any, loss_fn: Any) -> Any:
 
     from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
-    from ppsim.torchcsv import to_torch_csv
+    from ppsim.schedules.torchcsv import to_torch_csv
 
     runner = _PipelineScheduleRuntime(stages, sched.microbatches, loss_fn=loss_fn)
     fd, path = tempfile.mkstemp(suffix=".csv")

@@ -28,15 +28,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from ppsim.executor.alloc import keep_freed_memory
+from ppsim.executor.builders import ModelBuilder, builder_spec, layer_kind, load_builder
+from ppsim.executor.builders.deferral import WeightGradStore
+from ppsim.executor.builders.stage import Stage, saved_bytes
+from ppsim.executor.optim import adamw
+from ppsim.executor.spawned import spawn_results
 
-from executor.alloc import keep_freed_memory
-from executor.builders import ModelBuilder, builder_spec, layer_kind, load_builder
-from executor.builders.deferral import WeightGradStore
-from executor.builders.stage import Stage, saved_bytes
-from executor.optim import adamw
-from executor.spawned import spawn_results
-from ppsim.costfile import layer_dict
-from ppsim.costs import LayerCost, ModelCosts
+from ppsim.costs.costfile import layer_dict
+from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.fileio import write_json_atomic
 
 Progress = Callable[[str, int], None]
@@ -386,21 +386,21 @@ def profile(fields: dict[str, Any], device_kind: str = "cpu", repeats: int = 20,
 
     On CPU with a placement of several devices (default: one per rank), the op times
     are measured in that many processes at once, as the run will see them, with the
-    per-message CPU time and the optimizer step (executor.conditions); the solo
+    per-message CPU time and the optimizer step (ppsim.executor.conditions); the solo
     times stay in the measurement for comparison. `pin`: each process on the core of
     its device, as the executor pins ranks of an explicit placement."""
-    from ppsim.costfile import cost_document
+    from ppsim.costs.costfile import cost_document
 
     t0 = time.perf_counter()
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
     torch.set_num_threads(threads)  # what each executor rank uses
-    kept = keep_freed_memory()  # as each executor rank does (executor.alloc)
+    kept = keep_freed_memory()  # as each executor rank does (ppsim.executor.alloc)
     device = torch.device("cuda" if device_kind == "cuda" else "cpu")
     torch.manual_seed(0)
     prof = Profiler(fields, device, microbatches)
     prof.run(repeats, warmup, progress)
     costs, details = prof.costs()
-    from executor.conditions import run_conditions
+    from ppsim.executor.conditions import run_conditions
 
     conditions, concurrent = run_conditions(prof, fields, device_kind, devices, repeats,
                                             warmup, microbatches, progress, pin)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ppsim import trace as tr
+from ppsim.trace import schema as tr
 
 
 def _host_id() -> int:

@@ -10,10 +10,9 @@ microbatch i is index r * m + i), and the loss is their mean.
 from __future__ import annotations
 
 import torch
-
-from executor.builders import ModelBuilder
-from executor.builders.gpt import GPTBuilder, GPTShape
-from executor.builders.stage import full_model
+from ppsim.executor.builders import ModelBuilder
+from ppsim.executor.builders.gpt import GPTBuilder, GPTShape
+from ppsim.executor.builders.stage import full_model
 
 
 def reference_step(builder: ModelBuilder | GPTShape, microbatches: int, seed: int = 0,

@@ -19,14 +19,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from ppsim.executor.builders import ModelBuilder
+from ppsim.executor.builders.deferral import WeightGradStore
+from ppsim.executor.builders.stage import Stage, build_stage, saved_bytes
+from ppsim.executor.optim import adamw
+from ppsim.executor.recorder import Recorder
 
-from executor.builders import ModelBuilder
-from executor.builders.deferral import WeightGradStore
-from executor.builders.stage import Stage, build_stage, saved_bytes
-from executor.optim import adamw
-from executor.recorder import Recorder
-from ppsim.problem import Problem
-from ppsim.schedules import Action, Schedule
+from ppsim.pipeline.problem import Problem
+from ppsim.schedules.generators import Action, Schedule
 
 Key = tuple[str, int, int]
 """(kind "F" = activation / "B" = gradient, destination stage, microbatch)."""

@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from executor.builders import ModelBuilder
-from ppsim.diff import consecutive_wholes, listed_wholes, median_gap_ms, whole_ms
-from ppsim.problem import Problem
+from ppsim.executor.builders import ModelBuilder
+
+from ppsim.pipeline.problem import Problem
+from ppsim.trace.diff import consecutive_wholes, listed_wholes, median_gap_ms, whole_ms
 
 PIPELINE_KINDS = ("F", "B", "W")
 

@@ -1,4 +1,4 @@
-"""The process torchrun starts once per rank: `python -m executor.worker [ppsim run flags]`.
+"""The process torchrun starts once per rank: `python -m ppsim.executor.worker [ppsim run flags]`.
 
 It takes the same flags as `ppsim run` (the launcher passes them through), so
 the printed torchrun / sbatch command is self-contained.
@@ -32,20 +32,20 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from ppsim.executor import summary as summ
+from ppsim.executor.alloc import keep_freed_memory
+from ppsim.executor.builders import ModelBuilder, builder_spec, load_builder
+from ppsim.executor.launch import STORE_ENV, printable
+from ppsim.executor.quiet import no_gc_pauses
+from ppsim.executor.recorder import Recorder, align_clocks, gather_json, merge_parts
+from ppsim.executor.runtime import Fault, OpFailed, Replica, Runtime
 
-from executor import summary as summ
-from executor.alloc import keep_freed_memory
-from executor.builders import ModelBuilder, builder_spec, load_builder
-from executor.cli import load_problem, versus_args
-from executor.launch import STORE_ENV, printable
-from executor.quiet import no_gc_pauses
-from executor.recorder import Recorder, align_clocks, gather_json, merge_parts
-from executor.runtime import Fault, OpFailed, Replica, Runtime
-from ppsim import trace as tr
-from ppsim.cli import config_from_args
-from ppsim.config import model_fields
+from ppsim.cli.main import config_from_args
+from ppsim.cli.run import load_problem, versus_args
+from ppsim.config.schema import model_fields
 from ppsim.fileio import write_json_atomic
-from ppsim.problem import Problem
+from ppsim.pipeline.problem import Problem
+from ppsim.trace import schema as tr
 
 ABORT_KEY = "ppsim/abort"
 
@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
                                      int(os.environ.get("LOCAL_WORLD_SIZE", 1)), placed,
                                      bool(devs) and len(set(devs)) < len(devs))
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    keep_freed_memory()  # as the profile timed the ops (executor.alloc)
+    keep_freed_memory()  # as the profile timed the ops (ppsim.executor.alloc)
     _init_group(backend, rank, world, timedelta(seconds=args.timeout_s))
     ctrl = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
     pp, dp = problem.split.pp, data_parallel(args, fields)
@@ -211,7 +211,7 @@ def _engine(args: argparse.Namespace, problem: Problem, builder: ModelBuilder, r
             "wire": "host (gloo)" if wire.type == "cpu" and device.type == "cuda" else
             str(wire.type)}
     if args.engine == "torch":
-        from executor.peer import run_peer
+        from ppsim.executor.peer import run_peer
 
         res = run_peer(problem, builder, rank, device, args, ctrl,
                        lambda i, loss: _say("progress", {"iteration": i, "of": iters,
@@ -231,7 +231,7 @@ def _engine(args: argparse.Namespace, problem: Problem, builder: ModelBuilder, r
                    replica=replica) for i, (p, rec) in enumerate(zip(runs, recs, strict=True))]
     peer = None
     if args.alongside_torch:
-        from executor.peer import Peer
+        from ppsim.executor.peer import Peer
 
         peer = Peer(problem, builder, rank, device, args, wire, recompute)
     losses, timed, peer_runs = _train(args, rts, rank, ctrl, device, peer)
@@ -290,7 +290,7 @@ def _train(args: argparse.Namespace, rts: list[Runtime], rank: int, ctrl: Any,
     --alongside-torch) torch's engine on the run's split, alternating iteration by
     iteration so the machine's drift hits each alike. With the peer, both engines are
     timed the same way (barrier to the end of the step, slowest rank)."""
-    from executor.peer import slowest_ms
+    from ppsim.executor.peer import slowest_ms
 
     losses: list[list[float]] = [[] for _ in rts]
     timed: list[float] = []
@@ -330,9 +330,9 @@ def _finish_files(args: argparse.Namespace, doc: dict | None, res: dict, sub: st
 
 
 def main(argv: list[str] | None = None) -> int:
-    from executor.cli import add_run_arguments
+    from ppsim.cli.run import add_run_arguments
 
-    parser = argparse.ArgumentParser(prog="executor.worker")
+    parser = argparse.ArgumentParser(prog="ppsim.executor.worker")
     add_run_arguments(parser)
     args = parser.parse_args(argv)
     faulthandler.enable()  # a native abort (SIGABRT, SIGSEGV) still prints where it was

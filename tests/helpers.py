@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
-from ppsim.config import config_from_dict
-from ppsim.problem import Problem, build_problem
+from hypothesis import strategies as st
+
+from ppsim.config.schema import config_from_dict
+from ppsim.pipeline.problem import Problem, build_problem
 
 
 def uniform_problem(pp: int, vpp: int, m: int, schedule: str, counts: list[int] | None = None,
@@ -29,3 +32,37 @@ def uniform_problem(pp: int, vpp: int, m: int, schedule: str, counts: list[int] 
         pipe["split"] = counts
     return build_problem(config_from_dict({"model": model, "pipeline": pipe,
                                            "hardware": {"memory_bytes": memory, **(hw or {})}}))
+
+
+def all_counts(layers: int, stages: int):
+    for cuts in itertools.combinations_with_replacement(range(layers + 1), stages - 1):
+        edges = (0, *cuts, layers)
+        yield tuple(b - a for a, b in itertools.pairwise(edges))
+
+
+@st.composite
+def random_problems(draw):
+    name = draw(st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv",
+                                 "dualpipev"]))
+    pp = draw(st.integers(1, 5))
+    vpp = draw(st.integers(2, 3)) if name == "interleaved-1f1b" else 1
+    m = pp * draw(st.integers(1, 3)) if name == "interleaved-1f1b" else draw(st.integers(1, 9))
+    if name in ("zbv", "dualpipev"):
+        vpp = 2
+        m = max(m, 2 * pp) if name == "dualpipev" else m
+    counts = draw(st.lists(st.integers(0, 4), min_size=pp * vpp, max_size=pp * vpp))
+    if sum(counts) == 0:
+        counts[0] = 1
+    floats = st.floats(0.01, 10.0, allow_nan=False)
+    part = {"forward_ms": draw(floats), "backward_ms": draw(floats),
+            "activation_bytes": draw(st.integers(0, 10**6))}
+    hw = {"p2p_latency_ms": draw(st.sampled_from([0.0, 0.013, 0.5])),
+          "p2p_bandwidth_gbps": draw(st.sampled_from([0.0, 0.37, 12.5]))}
+    b = draw(floats)
+    return uniform_problem(pp, vpp, m, name, counts=counts, f=draw(floats), b=b,
+                           w=b * draw(st.sampled_from([0.0, 0.25, 0.5])),
+                           wg=draw(st.integers(0, 10**7)), act=draw(st.integers(0, 10**7)),
+                           out=draw(st.integers(0, 10**7)),
+                           static=draw(st.integers(0, 10**8)), hw=hw, head=part,
+                           emb={"forward_ms": draw(floats)},
+                           memory=draw(st.floats(1e3, 1e9)))

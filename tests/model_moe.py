@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from executor.builders.llama import LlamaBuilder
-from executor.builders.llama import build as llama
+from ppsim.executor.builders.llama import LlamaBuilder
+from ppsim.executor.builders.llama import build as llama
 
 
 def build(fields: dict[str, Any]) -> LlamaBuilder:

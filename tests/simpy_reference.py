@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import simpy
 
-from ppsim.schedules import B, F, Schedule
-from ppsim.timing import Link, StageTable
+from ppsim.schedules.generators import B, F, Schedule
+from ppsim.sim.timing import Link, StageTable
 
 
 def simpy_run(s: Schedule, table: StageTable, link: Link) -> list[tuple[float, float, int, int]]:

@@ -13,6 +13,33 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
+from ppsim.tui.compare import Comparison, delta_lines, op_delta
+from ppsim.tui.editing import (
+    EditRefused,
+    History,
+    click_to_boundary,
+    move_boundary,
+    parse_int,
+    set_count,
+)
+from ppsim.tui.files import FileActions
+from ppsim.tui.headline import Headline, headline_text, over_limit
+from ppsim.tui.lanes import interleave, pinned_lanes, sim_lanes, trace_lanes
+from ppsim.tui.memory import MemoryBars, bars_from_summary
+from ppsim.tui.messages import BoundaryMove, CountSet, CursorMoved, SettingChanged, StageClick
+from ppsim.tui.planning import PlannerActions
+from ppsim.tui.screens import HelpScreen
+from ppsim.tui.session import (
+    EditState,
+    Result,
+    apply_setting,
+    evaluate_state,
+    state_from_config,
+)
+from ppsim.tui.settings import Settings, state_values
+from ppsim.tui.split_editor import SplitEditor
+from ppsim.tui.timeline import Timeline
+from ppsim.tui.views import ViewActions
 from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
@@ -20,28 +47,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, ProgressBar, Static
 
-from ppsim.config import Config, load_config
+from ppsim.config.schema import Config, load_config
 from ppsim.errors import UserError
-from tui.compare import Comparison, delta_lines, op_delta
-from tui.editing import EditRefused, History, click_to_boundary, move_boundary, parse_int, set_count
-from tui.files import FileActions
-from tui.headline import Headline, headline_text, over_limit
-from tui.lanes import interleave, pinned_lanes, sim_lanes, trace_lanes
-from tui.memory import MemoryBars, bars_from_summary
-from tui.messages import BoundaryMove, CountSet, CursorMoved, SettingChanged, StageClick
-from tui.planning import PlannerActions
-from tui.screens import HelpScreen
-from tui.session import (
-    EditState,
-    Result,
-    apply_setting,
-    evaluate_state,
-    state_from_config,
-)
-from tui.settings import Settings, state_values
-from tui.split_editor import SplitEditor
-from tui.timeline import Timeline
-from tui.views import ViewActions
 
 PANELS = ("#settings", "#split-rows", "#timeline", "#compare-box")
 
@@ -99,7 +106,7 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
 
     def _handle_exception(self, error: Exception) -> None:
         """A user error that escapes (a trace or config the checks did not catch) ends
-        the app with exit status 2 and its one line (tui.cli prints it); anything else
+        the app with exit status 2 and its one line (ppsim.cli.tui prints it); anything else
         is a crash: Textual's traceback and exit status 1."""
         cause = getattr(error, "error", None) if type(error).__name__ == "WorkerFailed" \
             else error
@@ -217,7 +224,7 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
             return
         # lanes and the trace comparison grow with the run: built here, not on the UI
         # thread (a 300k-op state would stall the screen for a while otherwise)
-        from tui.compare import compare
+        from ppsim.tui.compare import compare
 
         trace = self.trace
         pin = self._lanes  # the pinned split's simulation is cached: so are its lanes
@@ -275,7 +282,7 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         others = [pin_l] if self.show_pinned else []
         box = self.query_one("#compare", Static)
         if self.trace is not None:
-            from tui.compare import compare
+            from ppsim.tui.compare import compare
 
             if self._trace_lanes[0] is not self.trace:
                 self._trace_lanes = (self.trace, trace_lanes(self.trace))

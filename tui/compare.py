@@ -68,16 +68,16 @@ def shape_note(sim: Any, trace: Any) -> str:
 
 def compared_iteration(trace: Any) -> int:
     """The real iteration a comparison uses (the one `ppsim diff` picks)."""
-    from ppsim.diff import steady_iteration
+    from ppsim.trace.diff import steady_iteration
 
     return steady_iteration(trace)
 
 
 def compare(sim: Any, trace: Any) -> Comparison:
     """Simulated iteration against a recorded trace (`ppsim.trace.Trace`)."""
-    from ppsim.diff import diff_traces
     from ppsim.errors import UserError
-    from ppsim.trace import simulation_trace, trace_from_json
+    from ppsim.trace.diff import diff_traces
+    from ppsim.trace.schema import simulation_trace, trace_from_json
 
     simulated = trace_from_json(simulation_trace(sim), "simulated")
     try:
@@ -145,8 +145,8 @@ def rank_deltas(pinned: Any, current: Any) -> list[RankDelta]:
 
 
 def delta_lines(result: Any, width: int = 100) -> list[str]:
-    """The comparison panel's text for a `tui.session.Result`."""
-    from ppsim.report import fmt_bytes
+    """The comparison panel's text for a `ppsim.tui.session.Result`."""
+    from ppsim.units import fmt_bytes
 
     pin, cur = result.pinned.summary, result.sim.summary
     which = "even split" if result.pinned_is_even else "pinned split"

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import shlex
 
-from ppsim.config import Config, config_to_toml
+from ppsim.config.schema import Config, config_to_toml
 from ppsim.fileio import write_text_atomic
-from ppsim.split import Split
+from ppsim.pipeline.split import Split
 
 
 def export_forms(split: Split) -> dict[str, object]:
@@ -20,7 +20,7 @@ def export_forms(split: Split) -> dict[str, object]:
     Megatron cannot express a V placement (ZB-V, DualPipeV); then only the
     torchtitan form is given and the others say why not."""
     from ppsim.errors import UserError
-    from ppsim.exports import split_exports, torchtitan_fqns
+    from ppsim.pipeline.exports import split_exports, torchtitan_fqns
 
     try:
         return split_exports(split)

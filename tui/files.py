@@ -1,6 +1,6 @@
 """The app's file actions: export (and copy), save, load a trace, quit with unsaved edits.
 
-A mixin of `tui.app.PPSimApp`, kept apart so the app module stays about wiring.
+A mixin of `ppsim.tui.app.PPSimApp`, kept apart so the app module stays about wiring.
 Errors are said in words (which path, what is wrong, what to do), never as
 raw errno text, and nothing is written into a folder that does not exist.
 """
@@ -11,10 +11,10 @@ import errno
 import os
 from typing import Any
 
+from ppsim.tui.screens import ConfirmQuit, PathPrompt
 from textual.widgets import Static
 
 from ppsim.errors import UserError
-from tui.screens import ConfirmQuit, PathPrompt
 
 
 def write_problem(path: str) -> str:
@@ -73,7 +73,7 @@ class FileActions:
         return True
 
     def action_export(self) -> None:
-        from tui.exports import export_text
+        from ppsim.tui.exports import export_text
 
         preview = export_text(self.state.split)  # type: ignore[attr-defined]
         self.push_screen(PathPrompt("Export the split to (y in the main screen copies it "  # type: ignore[attr-defined]
@@ -81,7 +81,7 @@ class FileActions:
                          self.export_to)
 
     def export_to(self, path: str | None) -> None:
-        from tui.exports import export_text
+        from ppsim.tui.exports import export_text
 
         if not path:
             return
@@ -91,7 +91,7 @@ class FileActions:
             self.notify(f"split exported to {path} (and copied to the clipboard)")  # type: ignore
 
     def action_copy_export(self) -> None:
-        from tui.exports import export_text
+        from ppsim.tui.exports import export_text
 
         text = export_text(self.state.split, self._title())  # type: ignore[attr-defined]
         self.copy_to_clipboard(text)  # type: ignore[attr-defined]
@@ -102,8 +102,9 @@ class FileActions:
                                     self.config_path or "ppsim.toml"), self.save_to)
 
     def save_to(self, path: str | None) -> None:
-        from ppsim.config import config_to_toml
-        from tui.session import config_for
+        from ppsim.tui.session import config_for
+
+        from ppsim.config.schema import config_to_toml
 
         if not path:
             return
@@ -118,7 +119,7 @@ class FileActions:
             "Load a trace (Chrome JSON from ppsim run / simulate)"), self.load_trace)
 
     def load_trace(self, path: str | None) -> None:
-        from ppsim.trace import read_trace
+        from ppsim.trace.schema import read_trace
 
         if not path:
             return

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from ppsim.report import fmt_bytes
+from ppsim.units import fmt_bytes
 
 
 def over_limit(summary: object, limit: float) -> list[tuple[int, int]]:
@@ -31,7 +31,7 @@ def memory_text(summary: object, limit: float) -> str:
 
 
 def headline_text(result: object, busy: str = "") -> Text:
-    """The two headline lines for a `tui.session.Result`; `busy` says what is running."""
+    """The two headline lines for a `ppsim.tui.session.Result`; `busy` says what is running."""
     r = result
     s = r.sim.summary  # type: ignore[attr-defined]
     st = r.state  # type: ignore[attr-defined]

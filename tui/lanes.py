@@ -81,7 +81,7 @@ def trace_lanes(trace: Any, iteration: int | None = None, prefix: str = "real") 
     """One lane per rank of a `ppsim.trace.Trace`, one iteration (by default the one
     `ppsim diff` compares), times in ms from that iteration's first op."""
     if iteration is None:
-        from tui.compare import compared_iteration
+        from ppsim.tui.compare import compared_iteration
 
         iteration = compared_iteration(trace)
     it = iteration

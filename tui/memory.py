@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.widget import Widget
 
-from ppsim.report import fmt_bytes
+from ppsim.units import fmt_bytes
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Messages the components post; the app turns them into edits (tui.editing)."""
+"""Messages the components post; the app turns them into edits (ppsim.tui.editing)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`python -m tui.plan_child`: the TUI's planner process.
+"""`python -m ppsim.tui.plan_child`: the TUI's planner process.
 
 Reads one pickled (base Config, EditState) from stdin and writes pickled
 messages to stdout: ("progress", done, total) ..., then ("done", PlanResult)
@@ -13,7 +13,7 @@ from typing import Any
 
 
 class _Pipe:
-    """What tui.session.plan_in_child sends to: one flushed pickle per message."""
+    """What ppsim.tui.session.plan_in_child sends to: one flushed pickle per message."""
 
     def __init__(self, out: Any) -> None:
         self.out = out
@@ -24,7 +24,7 @@ class _Pipe:
 
 
 def main() -> int:
-    from tui.session import plan_in_child
+    from ppsim.tui.session import plan_in_child
 
     base, state = pickle.load(sys.stdin.buffer)
     plan_in_child(base, state, _Pipe(sys.stdout.buffer))

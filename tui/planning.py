@@ -2,12 +2,13 @@
 progress; Escape stops it; its answer is applied only when the state it planned is
 still the current one.
 
-The planner runs in its own process (`tui.plan_child`) because it is pure Python: in a thread it
+The planner runs in its own process (`ppsim.tui.plan_child`) because it is pure Python: in a
+thread it
 would take the GIL from the screen, and a thread cannot be stopped.
 `IN_PROCESS = False` runs `run_planner` in the worker thread instead (tests that
 replace the planner with a stand-in use it).
 
-A mixin of `tui.app.PPSimApp` (which holds `state`, `set_state` and `planning`).
+A mixin of `ppsim.tui.app.PPSimApp` (which holds `state`, `set_state` and `planning`).
 """
 
 from __future__ import annotations
@@ -21,24 +22,24 @@ import threading
 import time
 from typing import Any
 
-from textual import work
-from textual.widgets import ProgressBar
-
-from ppsim.errors import UserError
-from tui.session import (
+from ppsim.tui.session import (
     EditState,
     planner_available,
     run_planner,
     state_with_split,
 )
+from textual import work
+from textual.widgets import ProgressBar
+
+from ppsim.errors import UserError
 
 IN_PROCESS = True
 
 
 def start_child(base: Any, state: EditState) -> subprocess.Popen:
-    """Start `python -m tui.plan_child` with this process's import path; send the job."""
+    """Start `python -m ppsim.tui.plan_child` with this process's import path; send the job."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    proc = subprocess.Popen([sys.executable, "-m", "tui.plan_child"], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "ppsim.tui.plan_child"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     assert proc.stdin is not None
     pickle.dump((base, state), proc.stdin)

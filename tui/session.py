@@ -14,15 +14,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ppsim import limits
-from ppsim.config import Config, model_fields
+from ppsim.tui.editing import EditRefused, balanced_counts, parse_float, parse_int
+
+from ppsim.config import limits
+from ppsim.config.presets import HARDWARE_PRESETS, MODEL_PRESETS
+from ppsim.config.schema import Config, model_fields
 from ppsim.errors import UserError
-from ppsim.presets import HARDWARE_PRESETS, MODEL_PRESETS
-from ppsim.problem import Problem, build_problem, resolve_split
-from ppsim.schedules import SCHEDULES, schedule_placement
-from ppsim.simulator import Simulation, simulate
-from ppsim.split import Split
-from tui.editing import EditRefused, balanced_counts, parse_float, parse_int
+from ppsim.pipeline.problem import Problem, build_problem, resolve_split
+from ppsim.pipeline.split import Split
+from ppsim.schedules.generators import SCHEDULES, schedule_placement
+from ppsim.sim.engine import Simulation, simulate
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 SETTINGS = ("schedule", "pp", "vpp", "microbatches", "recompute", "memory_gb", "model",
@@ -76,7 +77,7 @@ def even_counts(num_layers: int, pp: int, vpp: int, mtp: int = 0) -> tuple[int, 
     """The core's default split (Megatron's even split when the layers divide, else
     near-even), so the TUI accepts every pp the core accepts and adds no rule."""
     try:
-        from ppsim.split import default_split
+        from ppsim.pipeline.split import default_split
     except ImportError:  # a core without default_split: near-even counts
         return balanced_counts(num_layers, pp * vpp)
     return tuple(default_split(num_layers, pp, vpp, mtp)[0].counts)
@@ -280,7 +281,7 @@ _pinned_cache: dict[Any, Simulation] = {}
 
 
 def _base_key(base: Config) -> str:
-    from ppsim.config import config_to_toml
+    from ppsim.config.schema import config_to_toml
 
     return config_to_toml(base)
 
@@ -312,12 +313,12 @@ Progress = Callable[[int, int], None]
 def planner_available() -> bool:
     import importlib.util
 
-    return importlib.util.find_spec("ppsim.planner") is not None
+    return importlib.util.find_spec("ppsim.plan.planner") is not None
 
 
 def run_planner(base: Config, state: EditState, progress: Progress | None = None) -> Any:
     """ppsim.planner.plan on the current state's problem (imported lazily)."""
-    from ppsim import planner  # type: ignore[attr-defined]
+    from ppsim.plan import planner
 
     problem = build_problem(config_for(base, state))
     return planner.plan(problem, top_k=5, progress=progress)

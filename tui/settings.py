@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+from ppsim.tui.messages import SettingChanged
+from ppsim.tui.session import FROM_CONFIG, NO_RECOMPUTE, RECOMPUTE_MODES, EditState
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Input, Label, Select
 
-from ppsim.presets import HARDWARE_PRESETS, MODEL_PRESETS
-from ppsim.schedules import SCHEDULES
-from tui.messages import SettingChanged
-from tui.session import FROM_CONFIG, NO_RECOMPUTE, RECOMPUTE_MODES, EditState
+from ppsim.config.presets import HARDWARE_PRESETS, MODEL_PRESETS
+from ppsim.schedules.generators import SCHEDULES
 
 INPUTS = (("pp", "pp"), ("vpp", "vpp"), ("microbatches", "microbatches"),
           ("memory_gb", "memory GB"))

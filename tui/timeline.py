@@ -1,12 +1,14 @@
 """The Gantt timeline: a Line-API scroll view, one lane per rank.
 
-Only visible lines are rendered (`render_line`), each from `tui.lanes.lane_cells`
+Only visible lines are rendered (`render_line`), each from `ppsim.tui.lanes.lane_cells`
 for the visible columns, and rendered strips are kept in an LRU cache keyed on
 everything that changes them, so scrolling back and redraws are cheap.
 """
 
 from __future__ import annotations
 
+from ppsim.tui.lanes import Lane, find_op, fit_scale, fmt_ms, lane_cells, ruler
+from ppsim.tui.messages import CursorMoved
 from rich.segment import Segment
 from rich.style import Style
 from textual import events
@@ -15,9 +17,6 @@ from textual.cache import LRUCache
 from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
-
-from tui.lanes import Lane, find_op, fit_scale, fmt_ms, lane_cells, ruler
-from tui.messages import CursorMoved
 
 GUTTER = 8
 KIND_CLASS = {"F": "timeline--forward", "B": "timeline--backward", "W": "timeline--weight"}
@@ -239,7 +238,7 @@ class Timeline(ScrollView, can_focus=True):
                        immediate=True)
 
     def find(self, query: str) -> bool:
-        """Move the cursor to the next op matching `query` (tui.lanes.find_op)."""
+        """Move the cursor to the next op matching `query` (ppsim.tui.lanes.find_op)."""
         hit = find_op(self.lanes, query, self.cursor)
         if hit is None:
             return False

@@ -1,14 +1,14 @@
 """Comparison and navigation actions: pin a split, overlay its lanes, find an op.
 
-A mixin of `tui.app.PPSimApp`.
+A mixin of `ppsim.tui.app.PPSimApp`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tui.screens import FindPrompt
-from tui.timeline import Timeline
+from ppsim.tui.screens import FindPrompt
+from ppsim.tui.timeline import Timeline
 
 
 class ViewActions:

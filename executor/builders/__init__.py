@@ -3,11 +3,11 @@
 A builder is named `module:function` (`--model`, or `[model] builder = "..."`);
 `function(fields)` receives the merged `[model]` table (preset, architecture
 fields, anything else the builder reads) and returns a `ModelBuilder`. ppsim
-builds only the pieces each rank holds (see executor.builders.stage), seeds
+builds only the pieces each rank holds (see ppsim.executor.builders.stage), seeds
 every piece by its name so any split starts from the same weights, makes the
 `nn.Linear`s inside them defer weight gradients for zero-bubble schedules, and
-applies recompute. Shipped: `executor.builders.gpt:build` (default) and
-`executor.builders.llama:build` (RMSNorm, rotary, GQA, SwiGLU, optional MoE).
+applies recompute. Shipped: `ppsim.executor.builders.gpt:build` (default) and
+`ppsim.executor.builders.llama:build` (RMSNorm, rotary, GQA, SwiGLU, optional MoE).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import nn
 
 from ppsim.errors import UserError
 
-DEFAULT_BUILDER = "executor.builders.gpt:build"
+DEFAULT_BUILDER = "ppsim.executor.builders.gpt:build"
 
 
 @runtime_checkable

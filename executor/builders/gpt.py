@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from ppsim.executor.builders.stage import AttentionCore
 from torch import nn
 
-from executor.builders.stage import AttentionCore
-from ppsim.transformer import Architecture
+from ppsim.costs.transformer import Architecture
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _ARCH = {f.name for f in fields(Architecture)}
@@ -181,11 +181,12 @@ def build(fields: dict[str, Any]) -> Any:
 
     This GPT when they describe one (LayerNorm, learned positions, dense layers);
     otherwise (RMSNorm, rotary, MoE layers, a head_dim of its own) the decoder of
-    executor.builders.llama built exactly as described, so a run or a profile
+    ppsim.executor.builders.llama built exactly as described, so a run or a profile
     measures what the cost model assumes.
     """
-    from executor.builders.llama import architecture, describe
-    from ppsim.transformer import layer_kinds
+    from ppsim.executor.builders.llama import architecture, describe
+
+    from ppsim.costs.transformer import layer_kinds
 
     a = architecture(fields)
     plain = (not a.rmsnorm and not a.rotary and a.attention == "gqa"

@@ -22,13 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+from ppsim.executor.builders.deferral import defer_linears
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from executor.builders.deferral import defer_linears
-
 if TYPE_CHECKING:
-    from executor.builders import ModelBuilder
+    from ppsim.executor.builders import ModelBuilder
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 

@@ -1,4 +1,4 @@
-"""Fixtures for the TUI tests; helpers live in tui.testing."""
+"""Fixtures for the TUI tests; helpers live in ppsim.tui.testing."""
 
 from __future__ import annotations
 

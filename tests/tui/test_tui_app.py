@@ -9,18 +9,18 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
+from ppsim.tui.app import PPSimApp
+from ppsim.tui.exports import megatron_to_ppsim_args, read_export
+from ppsim.tui.memory import MemoryBars
+from ppsim.tui.session import config_for, planner_available
+from ppsim.tui.testing import SIZE, screen_text, settle
+from ppsim.tui.timeline import Timeline
 
-from ppsim.cli import main as ppsim_main
-from ppsim.config import load_config
-from ppsim.problem import build_problem
-from ppsim.report import fmt_bytes
-from ppsim.simulator import simulate
-from tui.app import PPSimApp
-from tui.exports import megatron_to_ppsim_args, read_export
-from tui.memory import MemoryBars
-from tui.session import config_for, planner_available
-from tui.testing import SIZE, screen_text, settle
-from tui.timeline import Timeline
+from ppsim.cli.main import main as ppsim_main
+from ppsim.config.schema import load_config
+from ppsim.pipeline.problem import build_problem
+from ppsim.sim.engine import simulate
+from ppsim.units import fmt_bytes
 
 
 def reference(counts: tuple[int, ...]):
@@ -214,7 +214,7 @@ async def test_save_config_round_trips(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not planner_available(), reason="ppsim.planner is not written yet")
 async def test_planner_lands_on_the_best_split() -> None:
-    from ppsim.planner import plan
+    from ppsim.plan.planner import plan
 
     best = plan(build_problem(load_config(None))).best
     app = PPSimApp()
@@ -232,9 +232,9 @@ async def test_planner_lands_on_the_best_split() -> None:
 
 
 async def test_planner_missing_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    import tui.planning
+    import ppsim.tui.planning
 
-    monkeypatch.setattr(tui.planning, "planner_available", lambda: False)
+    monkeypatch.setattr(ppsim.tui.planning, "planner_available", lambda: False)
     app = PPSimApp()
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
@@ -425,7 +425,7 @@ RECORDED = sorted((Path(__file__).parents[2] / "traces").glob("*/real.json"))
 @pytest.mark.parametrize("path", RECORDED[:2], ids=lambda p: p.parent.name)
 async def test_recorded_traces_load_beside_the_simulation(path: Path) -> None:
     """A real trace from traces/, opened on the config it was recorded with."""
-    from ppsim.trace import read_trace
+    from ppsim.trace.schema import read_trace
 
     trace = read_trace(str(path))
     info = trace.info

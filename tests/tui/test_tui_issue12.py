@@ -15,14 +15,14 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
+from ppsim.tui.app import PPSimApp
+from ppsim.tui.testing import SIZE, screen_text, settle
+from ppsim.tui.timeline import Timeline
 
-from ppsim.cli import main as ppsim_main
-from ppsim.config import load_config
-from ppsim.problem import build_problem
-from ppsim.simulator import simulate
-from tui.app import PPSimApp
-from tui.testing import SIZE, screen_text, settle
-from tui.timeline import Timeline
+from ppsim.cli.main import main as ppsim_main
+from ppsim.config.schema import load_config
+from ppsim.pipeline.problem import build_problem
+from ppsim.sim.engine import simulate
 
 ROOT = Path(__file__).parents[2]
 
@@ -59,8 +59,8 @@ class Gate:
     """Holds evaluate_state until released, so a test sees the app while it simulates."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        import tui.app
-        from tui.session import evaluate_state
+        import ppsim.tui.app
+        from ppsim.tui.session import evaluate_state
 
         self.open = threading.Event()
         self.open.set()
@@ -71,7 +71,7 @@ class Gate:
             self.open.wait(30)
             return evaluate_state(*args, **kwargs)
 
-        monkeypatch.setattr(tui.app, "evaluate_state", gated)
+        monkeypatch.setattr(ppsim.tui.app, "evaluate_state", gated)
 
 
 # ------------------------------------------------------------------ 1. freezes
@@ -187,8 +187,8 @@ async def test_recompute_shown_is_recompute_simulated() -> None:
 
 
 def test_a_uniform_model_offers_no_recompute_choice() -> None:
-    from tui.session import NO_RECOMPUTE, state_from_config
-    from tui.settings import select_options
+    from ppsim.tui.session import NO_RECOMPUTE, state_from_config
+    from ppsim.tui.settings import select_options
 
     cfg = load_config(None)
     cfg.model = {"num_layers": 4, "forward_ms": 1.0, "backward_ms": 2.0}
@@ -203,8 +203,9 @@ def test_a_uniform_model_offers_no_recompute_choice() -> None:
 def fake_planner(monkeypatch: pytest.MonkeyPatch, release: threading.Event,
                  counts: tuple[int, ...]) -> None:
     """A planner that reports progress until released, then answers `counts`."""
-    import tui.planning
-    from ppsim.split import Split
+    import ppsim.tui.planning
+
+    from ppsim.pipeline.split import Split
 
     class Best:
         split = Split(counts, 2, 1)
@@ -222,9 +223,9 @@ def fake_planner(monkeypatch: pytest.MonkeyPatch, release: threading.Event,
             progress(1, 0)
         return Res
 
-    monkeypatch.setattr(tui.planning, "run_planner", plan)
-    monkeypatch.setattr(tui.planning, "IN_PROCESS", False)  # the stand-in lives here
-    monkeypatch.setattr(tui.planning, "planner_available", lambda: True)
+    monkeypatch.setattr(ppsim.tui.planning, "run_planner", plan)
+    monkeypatch.setattr(ppsim.tui.planning, "IN_PROCESS", False)  # the stand-in lives here
+    monkeypatch.setattr(ppsim.tui.planning, "planner_available", lambda: True)
 
 
 async def test_a_late_planner_result_does_not_overwrite_newer_edits(
@@ -307,8 +308,9 @@ async def test_leaving_a_field_applies_it_and_escape_puts_it_back() -> None:
 
 def test_compare_uses_ppsim_diff_sign_and_iteration(tmp_path: Path) -> None:
     """Before: the panel printed (sim - real) / real, the opposite of ppsim diff."""
-    from ppsim.trace import read_trace
-    from tui.compare import compare
+    from ppsim.tui.compare import compare
+
+    from ppsim.trace.schema import read_trace
 
     trace_dir = ROOT / "traces" / "1f1b-5-3-m8"
     if not (trace_dir / "real.json").exists():
@@ -384,12 +386,12 @@ def test_a_config_missing_seq_length_exits_non_zero(tmp_path: Path) -> None:
 
 async def test_a_crash_inside_the_app_sets_a_non_zero_exit_status(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import tui.app
+    import ppsim.tui.app
 
     def boom(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(tui.app, "evaluate_state", boom)
+    monkeypatch.setattr(ppsim.tui.app, "evaluate_state", boom)
     app = PPSimApp()
     with pytest.raises(Exception, match="a bug"):
         async with app.run_test(size=SIZE) as pilot:
@@ -398,9 +400,10 @@ async def test_a_crash_inside_the_app_sets_a_non_zero_exit_status(
 
 
 def test_pp_on_the_command_line_re_splits_a_saved_split(tmp_path: Path) -> None:
-    from ppsim.cli import build_parser, config_from_args
-    from tui.cli import resplit_note
-    from tui.session import state_from_config
+    from ppsim.tui.session import state_from_config
+
+    from ppsim.cli.main import build_parser, config_from_args
+    from ppsim.cli.tui import resplit_note
 
     path = tmp_path / "c.toml"
     path.write_text('[model]\npreset = "tiny-gpt"\n[pipeline]\npp = 2\nsplit = [5, 3]\n')
@@ -415,8 +418,9 @@ def test_pp_on_the_command_line_re_splits_a_saved_split(tmp_path: Path) -> None:
 
 
 def test_pp_3_with_llama3_70b_is_accepted_like_in_the_ui() -> None:
-    from ppsim.cli import build_parser, config_from_args
-    from tui.session import config_for, state_from_config
+    from ppsim.tui.session import config_for, state_from_config
+
+    from ppsim.cli.main import build_parser, config_from_args
 
     args = build_parser().parse_args(["tui", "--preset", "llama3-70b", "--pp", "3"])
     cfg = config_from_args(args)
@@ -426,7 +430,7 @@ def test_pp_3_with_llama3_70b_is_accepted_like_in_the_ui() -> None:
 
 
 def test_a_stage_without_layers_draws_idle() -> None:
-    from tui.lanes import lane_cells, sim_lanes
+    from ppsim.tui.lanes import lane_cells, sim_lanes
 
     cfg = load_config(None)
     cfg.pipeline.pp, cfg.pipeline.split = 3, [4, 0, 4]
@@ -484,16 +488,16 @@ async def test_dropdowns_hold_only_real_choices() -> None:
 async def test_the_real_planner_runs_in_a_child_that_escape_stops(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The planner process is killed on Escape (a thread could not be stopped)."""
-    import tui.planning
+    import ppsim.tui.planning
 
     started = []
-    real_start = tui.planning.start_child
+    real_start = ppsim.tui.planning.start_child
 
     def spy(base, state):
         started.append(real_start(base, state))
         return started[-1]
 
-    monkeypatch.setattr(tui.planning, "start_child", spy)
+    monkeypatch.setattr(ppsim.tui.planning, "start_child", spy)
     cfg = load_config(None)
     cfg.model = {"preset": "llama3-70b"}
     cfg.hardware.memory_bytes = 80e9

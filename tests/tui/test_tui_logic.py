@@ -5,11 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from ppsim.config import load_config
-from ppsim.problem import build_problem
-from ppsim.simulator import simulate
-from tui.editing import (
+from ppsim.tui.editing import (
     EditRefused,
     History,
     balanced_counts,
@@ -20,15 +16,19 @@ from tui.editing import (
     parse_int,
     set_count,
 )
-from tui.lanes import Lane, LaneOp, fit_scale, lane_cells, ruler, sim_lanes
-from tui.memory import Bar, bar_cells
-from tui.session import (
+from ppsim.tui.lanes import Lane, LaneOp, fit_scale, lane_cells, ruler, sim_lanes
+from ppsim.tui.memory import Bar, bar_cells
+from ppsim.tui.session import (
     apply_setting,
     check_state,
     config_for,
     evaluate_state,
     state_from_config,
 )
+
+from ppsim.config.schema import load_config
+from ppsim.pipeline.problem import build_problem
+from ppsim.sim.engine import simulate
 
 
 def test_move_boundary_grows_and_shrinks() -> None:
@@ -189,7 +189,7 @@ def test_lane_cells_map_ops_to_columns() -> None:
 def test_ruler_and_scale() -> None:
     assert ruler(1.0, 0, 25).startswith("|0ms      |10ms     |20ms")
     assert fit_scale(100.0, 101) == 1.0
-    from tui.lanes import fmt_ms
+    from ppsim.tui.lanes import fmt_ms
 
     assert [fmt_ms(x) for x in (0, 0.5, 12.5, 3200, 2.16e6, 7.2e7)] == \
         ["0ms", "500us", "12.5ms", "3.2s", "36min", "20h"]
@@ -210,7 +210,7 @@ def test_memory_bar_cells() -> None:
 
 
 def test_cli_registers_tui_and_refuses_bad_input_before_opening(capsys) -> None:
-    from ppsim.cli import COMMANDS, build_parser, main
+    from ppsim.cli.main import COMMANDS, build_parser, main
 
     build_parser()
     assert "tui" in COMMANDS
@@ -223,13 +223,13 @@ def test_tui_cli_imports_without_textual() -> None:
     import subprocess
     import sys
 
-    code = "import sys, tui.cli; assert 'textual' not in sys.modules"
+    code = "import sys, ppsim.cli.tui; assert 'textual' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "zb-h1", "zbv", "dualpipev"])
 def test_switching_schedule_picks_a_vpp_it_takes(schedule: str) -> None:
-    from ppsim.schedules import SCHEDULES
+    from ppsim.schedules.generators import SCHEDULES
 
     if schedule not in SCHEDULES:
         pytest.skip(f"{schedule} not in this ppsim")
@@ -245,8 +245,9 @@ def test_switching_schedule_picks_a_vpp_it_takes(schedule: str) -> None:
 
 
 def test_export_of_a_v_placement_says_megatron_cannot() -> None:
-    from ppsim.split import Split
-    from tui.exports import export_text, read_export
+    from ppsim.tui.exports import export_text, read_export
+
+    from ppsim.pipeline.split import Split
 
     text = export_text(Split((2, 2, 2, 2), 2, 2, "v"))
     assert "Megatron: n/a" in text and "MEGATRON_ARGS" not in read_export(text)
@@ -257,9 +258,10 @@ def test_compare_falls_back_when_shapes_differ(tmp_path) -> None:
     import io
     from contextlib import redirect_stdout
 
-    from ppsim.cli import main
-    from ppsim.trace import read_trace
-    from tui.compare import compare
+    from ppsim.tui.compare import compare
+
+    from ppsim.cli.main import main
+    from ppsim.trace.schema import read_trace
 
     path = tmp_path / "pp4.json"
     with redirect_stdout(io.StringIO()):

@@ -7,19 +7,19 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
+from ppsim.tui.app import PPSimApp
+from ppsim.tui.compare import rank_deltas
+from ppsim.tui.headline import memory_text, over_limit
+from ppsim.tui.lanes import Lane, LaneOp, find_op, parse_find, ruler
+from ppsim.tui.split_editor import SplitEditor, kinds_summary, short_kinds
+from ppsim.tui.testing import SIZE, screen_text, settle
+from ppsim.tui.timeline import Timeline
 from textual import events
 
-from ppsim.cli import main as ppsim_main
-from ppsim.config import load_config
-from ppsim.problem import build_problem
-from ppsim.simulator import simulate
-from tui.app import PPSimApp
-from tui.compare import rank_deltas
-from tui.headline import memory_text, over_limit
-from tui.lanes import Lane, LaneOp, find_op, parse_find, ruler
-from tui.split_editor import SplitEditor, kinds_summary, short_kinds
-from tui.testing import SIZE, screen_text, settle
-from tui.timeline import Timeline
+from ppsim.cli.main import main as ppsim_main
+from ppsim.config.schema import load_config
+from ppsim.pipeline.problem import build_problem
+from ppsim.sim.engine import simulate
 
 
 def text_of(app: PPSimApp) -> str:

@@ -1,0 +1,1 @@
+"""The `ppsim` commands: one module per command, shared flags in `main`."""

@@ -1,0 +1,124 @@
+"""`ppsim costs`: the per-piece costs the simulator will use, before trusting a plan.
+
+Analytic (the model on the hardware preset) or read from a cost file (--costs),
+printed in the cost file's own shape: `layers`, `embedding`, `head`, each with
+forward/backward/weight-grad ms and static/activation/weight-grad/output bytes.
+With layer kinds, `layers` has one entry per distinct kind and the layers that
+have it; a measured file's distinct layers are listed the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ppsim.costs.costfile import layer_dict
+from ppsim.costs.model import ModelCosts
+
+
+def _ranges(idx: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2, 5"."""
+    out: list[str] = []
+    start = prev = idx[0]
+    for i in idx[1:] + [-2]:
+        if i != prev + 1:
+            out.append(str(start) if start == prev else f"{start}-{prev}")
+            start = i
+        prev = i
+    return ", ".join(out)
+
+
+def costs_document(costs: ModelCosts, source: str) -> dict[str, Any]:
+    """Distinct layers (by kind, else by value) with the indices that share them."""
+    groups: dict[Any, list[int]] = {}
+    for i, c in enumerate(costs.layers):
+        groups.setdefault((costs.kind_of(i), c), []).append(i)
+    layers = [{"kind": kind, "layers": idx, **layer_dict(c)}
+              for (kind, c), idx in groups.items()]
+    return {"source": source, "num_layers": costs.num_layers, "mtp_layers": costs.mtp_layers,
+            "layers": layers, "embedding": layer_dict(costs.embedding),
+            "head": layer_dict(costs.head)}
+
+
+def print_costs(doc: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ppsim.units import fmt_bytes
+
+    c = Console()
+    t = Table(title=f"per-piece costs ({doc['source']}), one microbatch", title_justify="left")
+    for col in ("piece", "layers", "F ms", "B ms", "W ms", "static", "activations",
+                "kept for W", "output"):
+        t.add_column(col, justify="right")
+
+    def row(name: str, where: str, x: dict[str, Any]) -> None:
+        b = x["backward_ms"] - x["weight_grad_ms"]
+        t.add_row(name, where, f"{x['forward_ms']:.3f}", f"{b:.3f}",
+                  f"{x['weight_grad_ms']:.3f}", fmt_bytes(x["static_bytes"]),
+                  fmt_bytes(x["activation_bytes"]), fmt_bytes(x["weight_grad_bytes"]),
+                  fmt_bytes(x["output_bytes"]))
+
+    row("embedding", "", doc["embedding"])
+    for x in doc["layers"]:
+        row(x["kind"], _ranges(x["layers"]), x)
+    row("head", "", doc["head"])
+    c.print(t)
+    c.print("B is the input-gradient part of the backward; backward_ms = B + W.")
+
+
+def cmd_costs(args: argparse.Namespace) -> int:
+    from ppsim.cli.main import config_from_args, emit_json
+    from ppsim.pipeline.problem import model_costs
+
+    cfg = config_from_args(args)
+    costs = model_costs(cfg)
+    source = f"cost file {cfg.costs_file}" if cfg.costs_file else (
+        "analytic, hardware " + (cfg.hardware.preset or "from the config"))
+    doc = costs_document(costs, source)
+    if args.json:
+        emit_json(doc)
+    else:
+        print_costs(doc)
+    return 0
+
+
+def hardware_profile(args: argparse.Namespace) -> int:
+    """`ppsim profile --hardware-out FILE`: this device's roofline as a [hardware] table."""
+    import torch
+
+    from ppsim.cli.main import emit_json
+    from ppsim.errors import UserError
+    from ppsim.executor.hwprofile import hardware_toml, measure_hardware
+    from ppsim.fileio import write_text_atomic
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device", "cuda requested but torch sees no GPU here",
+                        "use --device cpu")
+    result = measure_hardware(args.device)
+    from ppsim.config.validate import output
+
+    with output("--hardware-out", args.hardware_out):
+        write_text_atomic(args.hardware_out, hardware_toml(result))
+    if args.json:
+        emit_json({"out": args.hardware_out, **result})
+        return 0
+    hw = result["hardware"]
+    print(f"{result['device']}: peak {hw['peak_tflops']:.1f} TFLOP/s; matmuls reach "
+          + ", ".join(f"{e:.0%} at {g:g} GFLOP" for g, e in hw["matmul_efficiency"])
+          + f"; attention {hw['attention_efficiency']:.0%}; memory "
+          f"{hw['memory_bandwidth_gbps']:.0f} GB/s; {hw['kernel_overhead_us']:.1f} us per "
+          f"kernel ({result['measurements']['seconds']:.1f} s)")
+    print(f"[hardware] table written to {args.hardware_out} (paste it into a config)")
+    return 0
+
+
+def register(commands: dict) -> None:
+    def add(p: argparse.ArgumentParser) -> None:
+        from ppsim.cli.main import add_config_flags
+
+        add_config_flags(p, split_flags=False)
+        p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+    commands["costs"] = ("per-piece costs the simulator uses (analytic or a cost file)", add,
+                         cmd_costs)

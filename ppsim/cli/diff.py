@@ -1,0 +1,109 @@
+"""`ppsim diff A.json B.json`: where did reality leave the plan?"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ppsim.config.validate import output
+from ppsim.errors import UserError
+from ppsim.trace.diff import Window, diff_traces
+from ppsim.trace.schema import read_trace
+
+
+def lanes(w: Window) -> list[list[tuple[float, float, str, int]]]:
+    pp = 1 + max(k[0] for k in w.ops)
+    out: list[list[tuple[float, float, str, int]]] = [[] for _ in range(pp)]
+    for k, op in w.ops.items():
+        out[k[0]].append((w.start(k), w.dur(k), op.kind, op.microbatch))
+    return out
+
+
+def print_diff(d: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from ppsim.units import fmt_bytes
+
+    c = Console()
+    a, b = (escape(x) for x in d["traces"])  # file names are not markup
+    ta, tb = d["iteration_time_ms"]
+    c.print(f"A = {a} (iteration {d['iterations'][0]})\nB = {b} (iteration {d['iterations'][1]})")
+    c.print(f"iteration time  A {ta:.3f} ms   B {tb:.3f} ms   B-A {tb - ta:+.3f} ms "
+            f"([bold]{d['iteration_time_error']:+.1%}[/bold])   ops matched {d['ops_matched']}"
+            f", only in A {d['ops_only_in'][0]}, only in B {d['ops_only_in'][1]}")
+    c.print("(whole iterations: first op to the next iteration's first op, the optimizer "
+            "step and the boundary between iterations included)")
+    t = Table(title="per rank (A / B)", title_justify="left")
+    for col in ("rank", "busy ms", "busy err", "bubble", "peak memory", "drift at end"):
+        t.add_column(col, justify="right")
+    for r in d["ranks"]:
+        ma, mb = r["peak_memory_bytes"]
+        t.add_row(str(r["rank"]), f"{r['busy_ms'][0]:.2f} / {r['busy_ms'][1]:.2f}",
+                  f"{r['busy_error']:+.1%}",
+                  f"{r['bubble_fraction'][0]:.1%} / {r['bubble_fraction'][1]:.1%}",
+                  f"{fmt_bytes(ma) if ma is not None else '-'} / "
+                  f"{fmt_bytes(mb) if mb is not None else '-'}",
+                  f"{r['final_start_drift_ms']:+.2f} ms")
+    c.print(t)
+    k = Table(title="op duration error, B relative to A", title_justify="left")
+    for col in ("kind", "ops", "median", "p90 |err|", "max |err|", "median B-A"):
+        k.add_column(col, justify="right")
+    for kind, e in d["duration_error"].items():
+        k.add_row(kind, str(e["count"]), f"{e['median']:+.1%}", f"{e['p90']:.1%}",
+                  f"{e['max']:.1%}", f"{e['median_delta_ms']:+.3f} ms")
+    c.print(k)
+    if d["largest_divergences"]:
+        c.print("largest divergences: " + "; ".join(
+            f"rank {x['rank']} {x['kind']}{x['microbatch']} (chunk {x['chunk']}) at "
+            f"{x['start_ms'][0]:.1f} ms: {x['duration_ms'][0]:.2f} -> {x['duration_ms'][1]:.2f}"
+            for x in d["largest_divergences"][:5]), soft_wrap=True)
+    cpa, cpb = d["critical_path"]
+
+    def fmt(cp: list[dict]) -> str:
+        return " -> ".join(f"r{x['rank']}" for x in cp)
+
+    c.print(f"critical path A: {fmt(cpa)}", soft_wrap=True)
+    c.print(f"critical path B: {fmt(cpb)}"
+            + ("   [yellow](changed)[/yellow]" if d["critical_path_changed"] else ""),
+            soft_wrap=True)
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from ppsim.cli.main import emit_json
+
+    if args.top < 1:
+        raise UserError("--top", f"must be at least 1, got {args.top}", "use --top 10")
+    a, b = read_trace(args.a), read_trace(args.b)
+    diff = diff_traces(a, b, args.iteration)
+    d = diff.to_dict(top=args.top)
+    if args.png:
+        from ppsim.cli.picture import render_png
+
+        with output("--png", args.png):
+            render_png([(f"A: {args.a}", lanes(diff.a)), (f"B: {args.b}", lanes(diff.b))],
+                       args.png, title=f"iteration time A {d['iteration_time_ms'][0]:.2f} ms, "
+                       f"B {d['iteration_time_ms'][1]:.2f} ms ({d['iteration_time_error']:+.1%})")
+    if args.json:
+        emit_json(d)
+    else:
+        print_diff(d)
+        if args.png:
+            print(f"timeline picture written to {args.png}")
+    return 0
+
+
+def register(commands: dict) -> None:
+    def add(p: argparse.ArgumentParser) -> None:
+        p.add_argument("a", metavar="A.json", help="reference trace (e.g. simulated)")
+        p.add_argument("b", metavar="B.json", help="trace to compare (e.g. real)")
+        p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+        p.add_argument("--iteration", type=int, metavar="N",
+                       help="iteration to compare (default: each trace's median steady-state one)")
+        p.add_argument("--png", metavar="OUT.png", help="write both timelines as a picture")
+        p.add_argument("--top", type=int, default=10, metavar="N",
+                       help="largest divergences to list")
+
+    commands["diff"] = ("compare two traces op by op (simulated vs real, or any two)", add,
+                        cmd_diff)

@@ -1,0 +1,383 @@
+"""`ppsim plan`: search splits (and optionally schedule, vpp, microbatches, recompute)."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import sys
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ppsim.config import validate
+from ppsim.config.schema import Config, model_fields
+from ppsim.errors import UserError
+from ppsim.pipeline.problem import Problem, build_problem
+from ppsim.plan.planner import Candidate, PlanResult, plan
+from ppsim.plan.references import Reference, compare, megatron_baseline, time_split, why_faster
+from ppsim.schedules.generators import SCHEDULES
+
+SEARCH_AXES = ("schedule", "vpp", "microbatches", "recompute")
+EXIT_NO_FIT = 3
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One point of the widened search: a config and what changed in it."""
+
+    cfg: Config
+    label: str
+
+
+def _fits_shape(schedule: str, vpp: int) -> bool:
+    """Chunks per rank each schedule runs: interleaved needs 2+, V schedules exactly 2."""
+    if schedule.startswith("interleaved-"):  # interleaved-zb at vpp 1 is zb-h1
+        return vpp > 1
+    if SCHEDULES[schedule].placement == "v":
+        return vpp == 2
+    return vpp == 1
+
+
+def variants(cfg: Config, axes: list[str]) -> list[Variant]:
+    """Configs the --search axes allow, the given one first; invalid combos skipped."""
+    for a in axes:
+        if a not in SEARCH_AXES:
+            raise UserError("--search", f"unknown axis {a!r}", "use any of " + ", ".join(
+                SEARCH_AXES))
+    base = replace(cfg, pipeline=replace(cfg.pipeline, split=None, layout=None,
+                                         first_stage_layers=None, last_stage_layers=None,
+                                         account_for_embedding=False, account_for_loss=False))
+    fields = model_fields(base.model)
+    transformer = fields.get("kind") == "transformer"
+    layers = int(fields["num_layers"])
+    p = base.pipeline
+    shapes = [(p.schedule, p.vpp)]
+    if "schedule" in axes or "vpp" in axes:
+        vpps = [v for v in (1, 2, 3, 4) if layers >= p.pp * v] if "vpp" in axes else [p.vpp]
+        names = list(SCHEDULES) if "schedule" in axes else [p.schedule]
+        shapes = [(n, v) for n in names for v in vpps if _fits_shape(n, v)]
+    mbs_options: list[tuple[int, int | None]] = [(p.microbatches, None)]
+    if "microbatches" in axes and transformer:
+        # Keep the global batch: fewer, larger microbatches or more, smaller ones.
+        tokens = p.microbatches * int(fields.get("micro_batch_size", 1))
+        mbs_options = [(tokens // b, b) for b in (1, 2, 4, 8) if tokens % b == 0]
+    recomputes: list[str | None] = [None]
+    if "recompute" in axes and transformer:
+        recomputes = ["none", "selective", "full"]
+    out = [Variant(base, "as configured")]
+    for name, vpp in shapes:
+        for m, mbs in mbs_options:
+            for rc in recomputes:
+                model = copy.deepcopy(base.model)
+                if mbs is not None:
+                    model["micro_batch_size"] = mbs
+                if rc is not None:
+                    model["recompute"] = rc
+                c = replace(base, model=model, pipeline=replace(p, schedule=name, vpp=vpp,
+                                                                microbatches=m))
+                label = f"{name} vpp={vpp} m={m}" + (f" mbs={mbs}" if mbs else "") + \
+                    (f" recompute={rc}" if rc else "")
+                same = (model_fields(c.model) == model_fields(base.model)
+                        and c.pipeline == base.pipeline)
+                if not same:
+                    out.append(Variant(c, label))
+    return out
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A plan with the references it is measured against."""
+
+    result: PlanResult
+    baseline: Reference | None
+    """Megatron's even split, or its best first/last split when there is no even one."""
+    compared: list[Reference]
+    """The --compare splits, in the order given."""
+
+
+def plan_with_references(problem: Problem, compare_texts: list[str], top_k: int,
+                         budget_s: float, progress: Any = None,
+                         started: float | None = None) -> Planned:
+    """Plan, seeded with the baseline and the references so it is never slower."""
+    base = megatron_baseline(problem)
+    refs = compare(problem, compare_texts)
+    seeds = [r.split.counts for r in ([base] if base else []) + refs if r.split.standard_ends]
+    res = plan(problem, top_k=top_k, progress=progress, time_budget_s=budget_s, seeds=seeds,
+               started=started)
+    # With no Megatron baseline there is nothing to call "even": no row, no speed-up.
+    res = replace(res, baseline=Candidate(base.split, base.summary) if base else None)
+    if problem.topology is not None:
+        res = _retime_shared(problem, res, refs)
+    return Planned(res, base, refs)
+
+
+SHARED_NOTE = ("the placement shares devices or links: splits were searched with the "
+               "unshared model, a lower bound on the shared one, and the top candidates and "
+               "references re-simulated with sharing; optimality is not proven")
+
+
+def _retime_shared(problem: Problem, res: PlanResult, refs: list[Reference]) -> PlanResult:
+    """Re-time the planner's candidates (unshared times) with the shared simulator."""
+    splits = [c.split for c in res.candidates] + [r.split for r in refs]
+    seen, retimed = set(), []
+    for sp in splits:
+        if sp.counts not in seen:
+            seen.add(sp.counts)
+            retimed.append(Candidate(sp, time_split(problem, sp)))
+    retimed.sort(key=lambda c: c.key)
+    fits = [c for c in retimed if c.summary.fits]
+    ds = res.deepspeed
+    if ds is not None:
+        ds = Candidate(ds.split, time_split(problem, ds.split))
+    return replace(res, candidates=fits, best=fits[0] if fits else None, deepspeed=ds,
+                   proven_optimal=False)
+
+
+def run_search(cfg: Config, axes: list[str], top_k: int, budget_s: float,
+               show_progress: bool, compare_texts: list[str] | None = None,
+               started: float | None = None) -> tuple[Planned, list[tuple[str, PlanResult]]]:
+    """Plan every variant; the best result overall, and each variant's result."""
+    vs = variants(cfg, axes)
+    results: list[tuple[str, Planned]] = []
+    problems = []
+    for v in vs:
+        try:
+            problems.append((v, build_problem(v.cfg)))
+        except UserError:
+            if v is vs[0]:
+                raise
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                  TextColumn("{task.fields[evaluated]} splits timed"), TimeElapsedColumn(),
+                  disable=not show_progress, transient=True, console=_stderr()) as bar:
+        task = bar.add_task("planning", total=len(problems), evaluated=0)
+        for v, problem in problems:
+            bar.update(task, description=f"planning {v.label}")
+
+            def tick(done: int, _total: int, task: Any = task) -> None:
+                bar.update(task, evaluated=done)
+
+            # References belong to the configured shape; variants are planned bare.
+            texts = (compare_texts or []) if v is vs[0] else []
+            results.append((v.label, plan_with_references(
+                problem, texts, top_k, budget_s / len(problems), tick,
+                started=started if not results else None)))
+            bar.advance(task)
+    fitting = [r for _, r in results if r.result.best is not None]
+    best = min(fitting, key=lambda r: r.result.best.key) if fitting else results[0][1]  # type: ignore
+    return best, [(label, r.result) for label, r in results]
+
+
+def _stderr() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def candidate_dict(c: Candidate) -> dict[str, Any]:
+    s = c.summary
+    return {"split": list(c.split.counts), "iteration_time_ms": s.iteration_time_ms,
+            "bubble_fraction": s.bubble_fraction, "fits": s.fits,
+            "peak_memory_bytes": [r.peak_memory_bytes for r in s.ranks]}
+
+
+def reference_dict(ref: Reference, best: Candidate | None) -> dict[str, Any]:
+    out = candidate_dict(Candidate(ref.split, ref.summary))
+    out["label"] = ref.label
+    if best is not None:
+        out["best_speedup"] = ref.summary.iteration_time_ms / best.summary.iteration_time_ms
+        out["why"] = why_faster(best.summary, ref)
+    return out
+
+
+def result_dict(planned: Planned) -> dict[str, Any]:
+    from ppsim.pipeline.exports import split_exports
+
+    res = planned.result
+    p = res.problem
+    out: dict[str, Any] = {
+        "schedule": p.schedule.name, "pp": p.schedule.pp, "vpp": p.schedule.vpp,
+        "microbatches": p.schedule.microbatches, "memory_limit_bytes": p.hardware.memory_bytes,
+        "best": None, "baseline": candidate_dict(res.baseline) if res.baseline else None,
+        "deepspeed": candidate_dict(res.deepspeed) if res.deepspeed else None,
+        "candidates": [candidate_dict(c) for c in res.candidates],
+        "proven_optimal": res.proven_optimal, "lower_bound_ms": res.lower_bound_ms,
+        "evaluated": res.evaluated, "total_splits": res.total_splits, "seconds": res.seconds,
+        "baseline_label": planned.baseline.label if planned.baseline else None,
+        "compared": [reference_dict(r, res.best) for r in planned.compared],
+        "evaluator": "shared: unshared search, re-timed with sharing" if p.topology
+        else "exact",
+    }
+    if res.best is not None:
+        best = candidate_dict(res.best)
+        best.update(split_exports(res.best.split))
+        t = res.best.summary.iteration_time_ms
+        best["gap_to_lower_bound"] = (t - res.lower_bound_ms) / t if t else 0.0
+        for name in ("baseline", "deepspeed"):
+            ref = getattr(res, name)
+            if ref is not None:
+                best[f"speedup_vs_{name}"] = ref.summary.iteration_time_ms / t
+        out["best"] = best
+    return out
+
+
+def no_fit_message(res: PlanResult) -> str:
+    p = res.problem
+    peak, rank = res.smallest_peak or (0, 0)
+    tips = [f"more pipeline stages (--pp {p.schedule.pp * 2})",
+            "activation recompute (--recompute selective or full)",
+            "a smaller micro-batch or fewer microbatches in flight"]
+    limit = p.hardware.memory_bytes
+    if peak <= limit or math.isfinite(res.lower_bound_ms):
+        # The search stopped at its budget: a split may fit that it did not reach.
+        return (f"no split that fits {limit / 1e9:.1f} GB per rank was found within the time "
+                f"budget (the lowest peak seen is {peak / 1e9:.2f} GB on rank {rank}); give "
+                "more --time-budget, or try " + ", ".join(tips))
+    return (f"no split fits {limit / 1e9:.1f} GB per rank: the smallest "
+            f"peak any split reaches is {peak / 1e9:.2f} GB on rank {rank}; try "
+            + ", ".join(tips))
+
+
+def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], top: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ppsim.cli.main import print_exports
+    from ppsim.pipeline.exports import split_exports
+    from ppsim.units import fmt_bytes
+
+    console = Console()
+    res = planned.result
+    p = res.problem
+    if len(per_variant) > 1:
+        t = Table(title="search", title_justify="left")
+        for col in ("variant", "best ms", "split", "proven"):
+            t.add_column(col)
+        for label, r in sorted(per_variant, key=lambda x: x[1].best.key if x[1].best
+                               else (float("inf"), 0)):
+            t.add_row(label, f"{r.best.summary.iteration_time_ms:.2f}" if r.best else "no fit",
+                      str(list(r.best.split.counts)) if r.best else "-",
+                      "yes" if r.proven_optimal else
+                      f">= {r.lower_bound_ms:.2f}" if r.best else "-")
+        console.print(t)
+    assert res.best is not None
+    base_t = res.baseline.summary.iteration_time_ms if res.baseline else None
+    t = Table(title=f"{p.schedule.name} pp={p.schedule.pp} vpp={p.schedule.vpp} "
+              f"m={p.schedule.microbatches}, limit {fmt_bytes(p.hardware.memory_bytes)} "
+              "per rank", title_justify="left")
+    for col in ("", "split", "iter ms", "bubble", "peak GB per rank", "vs baseline"):
+        t.add_column(col)
+
+    def row(label: str, c: Candidate) -> None:
+        if len(c.summary.ranks) <= 8:
+            peaks = " ".join(("" if r.fits else "[red]") + f"{r.peak_memory_bytes / 1e9:.1f}"
+                             + ("" if r.fits else "[/red]") for r in c.summary.ranks)
+        else:
+            worst = max(c.summary.ranks, key=lambda r: r.peak_memory_bytes)
+            peaks = f"max {worst.peak_memory_bytes / 1e9:.1f} (rank {worst.rank})"
+        speed = f"{base_t / c.summary.iteration_time_ms:.3f}x" if base_t else "-"
+        counts = ",".join(map(str, c.split.counts))
+        if len(counts) > 40:
+            counts = counts[:37] + "..."
+        t.add_row(label, counts, f"{c.summary.iteration_time_ms:.2f}",
+                  f"{c.summary.bubble_fraction:.1%}", peaks, speed)
+
+    for i, c in enumerate(res.candidates[:top]):
+        row("best" if i == 0 else f"#{i + 1}", c)
+    if res.baseline is not None and planned.baseline is not None:
+        row(planned.baseline.label + ("" if res.baseline.summary.fits else " [red](OOM)[/red]"),
+            res.baseline)
+    if res.deepspeed is not None:
+        row("DeepSpeed params" + ("" if res.deepspeed.summary.fits else " [red](OOM)[/red]"),
+            res.deepspeed)
+    for ref in planned.compared:
+        row(ref.label + ("" if ref.summary.fits else " [red](OOM)[/red]"),
+            Candidate(ref.split, ref.summary))
+    console.print(t)
+    if planned.baseline is None and p.split.placement == "loop":
+        console.print(f"baseline: none; Megatron has no even or first/last split of "
+                      f"{p.costs.num_layers - p.costs.mtp_layers} layers over pp="
+                      f"{p.schedule.pp} x vpp={p.schedule.vpp}: only a layout says it",
+                      markup=False)
+    elif planned.baseline is not None and planned.baseline.label != "Megatron even":
+        console.print(f"baseline: no even split ({p.costs.num_layers - p.costs.mtp_layers} "
+                      f"layers over pp={p.schedule.pp}"
+                      + (f" x vpp={p.schedule.vpp}" if p.schedule.vpp > 1 else "")
+                      + "); the fastest split Megatron's first/last flags express", markup=False)
+    for ref in planned.compared:
+        console.print(f"vs {ref.label}: {why_faster(res.best.summary, ref)}", markup=False)
+    bt = res.best.summary.iteration_time_ms
+    if p.topology is not None:
+        console.print(f"{SHARED_NOTE} (unshared lower bound {res.lower_bound_ms:.2f} ms; "
+                      f"{res.evaluated:,} splits timed in {res.seconds:.2f} s)", markup=False)
+    elif res.proven_optimal:
+        console.print(f"[green]optimal[/green] for the cost model: {res.evaluated:,} of "
+                      f"{res.total_splits:,} splits timed in {res.seconds:.2f} s")
+    else:
+        console.print(f"[yellow]not proven optimal[/yellow] within the time budget: lower bound "
+                      f"{res.lower_bound_ms:.2f} ms, gap {(bt - res.lower_bound_ms) / bt:.2%}; "
+                      f"{res.evaluated:,} of {res.total_splits:,} splits timed in "
+                      f"{res.seconds:.2f} s")
+    print_exports(console, split_exports(res.best.split))
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from ppsim.cli.main import config_from_args, emit_json
+    from ppsim.clock import process_start
+    from ppsim.config import limits
+
+    started = process_start()  # the budget covers the whole command
+    cfg = config_from_args(args)
+    if args.top < 1:
+        raise UserError("--top", f"must be at least 1, got {args.top}", "use --top 5")
+    validate.seconds("--time-budget", args.time_budget)  # NaN or inf would mean no budget
+    ops = limits.check_request(cfg, limits.PLAN)
+    if ops is not None:
+        limits.check_plan_budget(ops, args.time_budget)
+    axes = [a.strip() for a in args.search.split(",") if a.strip()] if args.search else []
+    if cfg.pipeline.actions_csv and set(axes) - {"recompute"}:
+        raise UserError("--search", "the actions CSV fixes the schedule, vpp and microbatches",
+                        "search recompute only, or drop --actions-csv")
+    planned, per_variant = run_search(cfg, axes, args.top, args.time_budget,
+                                      show_progress=not args.json and sys.stderr.isatty(),
+                                      compare_texts=args.compare or [], started=started)
+    best = planned.result
+    from ppsim.cli.schedule import print_notes
+
+    print_notes(best.problem.schedule, "plan")
+    if args.json:
+        out = result_dict(planned)
+        if len(per_variant) > 1:
+            out["variant"] = next(label for label, r in per_variant if r is best)
+            out["variants"] = [{"variant": label, "best": candidate_dict(r.best)
+                                if r.best else None, "proven_optimal": r.proven_optimal}
+                               for label, r in per_variant]
+        if best.best is None:
+            peak, rank = best.smallest_peak or (0, 0)
+            out["smallest_peak_bytes"], out["smallest_peak_rank"] = peak, rank
+        emit_json(out)
+        return 0 if best.best is not None else EXIT_NO_FIT
+    if best.best is None:
+        sys.stderr.write(f"ppsim plan: {no_fit_message(best)}\n")
+        return EXIT_NO_FIT
+    print_result(planned, per_variant, args.top)
+    return 0
+
+
+def register(commands: dict) -> None:
+    def add(p: argparse.ArgumentParser) -> None:
+        from ppsim.cli.main import add_config_flags
+
+        add_config_flags(p, split_flags=False)
+        p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+        p.add_argument("--top", type=int, default=5, metavar="K", help="candidates to show")
+        p.add_argument("--search", metavar="AXES",
+                       help="also search over: " + ",".join(SEARCH_AXES))
+        p.add_argument("--time-budget", type=float, default=60.0, metavar="S",
+                       help="stop proving optimality after S seconds (default 60)")
+        p.add_argument("--compare", action="append", metavar="LAYOUT_OR_SPLIT",
+                       help="also time this split (a Megatron layout string or counts like "
+                       "7,8,8,7); repeatable")
+
+    commands["plan"] = ("find the fastest split that fits memory", add, cmd_plan)

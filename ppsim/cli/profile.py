@@ -1,0 +1,229 @@
+"""`ppsim profile` (measure a cost file) and `ppsim calibrate TRACE` (fit one to a real run).
+
+Both write the same cost file format (ppsim.costfile) that `--costs FILE` or the
+config's `costs_file = "..."` feed to simulate, plan and the TUI. Importing this
+module is cheap: torch is imported inside `ppsim profile`'s handler only, and
+calibration is pure logic (trace in, costs out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ppsim.cli.main import add_config_flags, config_from_args, emit_json
+from ppsim.config import validate
+from ppsim.config.schema import Config, model_fields
+from ppsim.costs.costfile import cost_document, write_costs
+from ppsim.errors import UserError
+from ppsim.trace.calibrate import ESTIMATORS, calibrate
+from ppsim.trace.schema import read_trace
+
+PROFILE_HELP = "measure per-layer F/B/W time, bytes and P2P on this machine; write a cost file"
+MAX_REPEATS = 100_000
+CALIBRATE_HELP = "fit the cost model to a real trace (per-kind scale, P2P delay); write a cost file"
+
+
+def register(commands: dict[str, Any]) -> None:
+    commands["profile"] = (PROFILE_HELP, _profile_args, cmd_profile)
+    commands["calibrate"] = (CALIBRATE_HELP, _calibrate_args, cmd_calibrate)
+
+
+def _profile_args(p: argparse.ArgumentParser) -> None:
+    add_config_flags(p, split_flags=False)
+    g = p.add_argument_group("profile")
+    g.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    g.add_argument("--out", default="costs.json", metavar="FILE",
+                   help="cost file to write (default ./costs.json)")
+    g.add_argument("--repeats", type=int, default=20, metavar="N",
+                   help="timed repeats per op after warm-up; the median is kept")
+    g.add_argument("--warmup", type=int, default=3, metavar="N", help="untimed repeats first")
+    g.add_argument("--no-p2p", action="store_true",
+                   help="skip the two-process P2P measurement (keep the config's values)")
+    g.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    g.add_argument("--hardware-out", metavar="FILE", help="measure this device's roofline "
+                   "(matmuls, attention, bandwidth) into a [hardware] TOML instead of a model")
+
+
+def _calibrate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trace", metavar="TRACE", help="a trace written by ppsim run")
+    add_config_flags(p, split_flags=False)
+    g = p.add_argument_group("calibrate")
+    g.add_argument("--out", default="costs-calibrated.json", metavar="FILE",
+                   help="cost file to write (default ./costs-calibrated.json)")
+    g.add_argument("--estimator", choices=ESTIMATORS, default="mean",
+                   help="how per-op ratios become one factor per kind (default: mean)")
+    g.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+
+# ------------------------------------------------------------------ profile
+
+
+def _transformer_fields(cfg: Config, command: str) -> dict[str, Any]:
+    fields = model_fields(cfg.model)
+    if fields.get("kind") != "transformer":
+        raise UserError("model.kind", f"ppsim {command} measures a transformer, not a uniform "
+                        "cost model", "use a preset (e.g. --preset tiny-gpt) or kind = "
+                        "\"transformer\"")
+    if int(fields.get("tp", 1)) != 1:
+        raise UserError("model.tp", f"the executor runs pipeline parallelism only, tp = "
+                        f"{fields['tp']}", "set tp = 1 (--tp 1)")
+    return fields
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    if args.hardware_out:
+        from ppsim.cli.costs import hardware_profile
+
+        return hardware_profile(args)
+    cfg = config_from_args(args)
+    fields = _transformer_fields(cfg, "profile")
+    validate.count("--repeats", args.repeats, lo=1, hi=MAX_REPEATS)
+    validate.count("--warmup", args.warmup, lo=0, hi=MAX_REPEATS)
+    import torch
+
+    from ppsim.executor.profile import profile
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device", "cuda requested but torch sees no GPU here",
+                        "use --device cpu")
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    err = Console(stderr=True)
+    total = args.warmup + args.repeats + (0 if args.no_p2p else 1)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task("building pieces", total=total)
+
+        def progress(what: str, steps: int) -> None:
+            bar.update(task, advance=steps, description=what)
+
+        devices = list(cfg.placement.devices) if cfg.placement.devices \
+            else list(range(cfg.pipeline.pp))
+        doc = profile(fields, args.device, args.repeats, args.warmup,
+                      cfg.pipeline.microbatches, p2p=not args.no_p2p, progress=progress,
+                      devices=devices, pin=bool(cfg.placement.devices))
+    write_costs(args.out, doc)
+    if args.json:
+        emit_json({"out": args.out, **doc})
+        return 0
+    _print_costs(doc, f"profiled on {doc['device']} (torch {doc['torch_version']}, "
+                 f"{doc['threads']} thread(s)) in {doc['measurement']['seconds']:.1f} s")
+    print(f"cost file written to {args.out} (use: ppsim simulate --costs {args.out})")
+    return 0
+
+
+def _print_costs(doc: dict[str, Any], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ppsim.units import fmt_bytes
+
+    c = Console()
+    c.print(title)
+    t = Table()
+    for col in ("piece", "F ms", "B ms", "of which W ms", "static", "activations",
+                "kept for W", "output"):
+        t.add_column(col, justify="right")
+    rows = [("embedding", doc["embedding"]), ("layer" if len(doc["layers"]) == 1
+                                               else "layer 0", doc["layers"][0]),
+            ("head + loss", doc["head"])]
+    for name, x in rows:
+        t.add_row(name, f"{x['forward_ms']:.3f}", f"{x['backward_ms']:.3f}",
+                  f"{x['weight_grad_ms']:.3f}", fmt_bytes(x["static_bytes"]),
+                  fmt_bytes(x["activation_bytes"]), fmt_bytes(x["weight_grad_bytes"]),
+                  fmt_bytes(x["output_bytes"]))
+    c.print(t)
+    p2p = doc.get("p2p")
+    if p2p:
+        c.print(f"P2P: latency {p2p['latency_ms'] * 1e3:.1f} us, bandwidth "
+                f"{p2p['bandwidth_gbps']:.2f} GB/s" + (f" ({p2p['backend']})"
+                                                       if "backend" in p2p else ""))
+    cond = doc.get("conditions") or {}
+    if cond.get("processes", 1) > 1:
+        solo = doc["measurement"]["solo"]["layer"]
+        layer = doc["layers"][0]
+        both = layer["forward_ms"] + layer["backward_ms"]
+        alone = solo["forward_ms"] + solo["backward_ms"]
+        c.print(f"op times measured in {cond['processes']} processes at once (placement "
+                f"{cond['devices']}): a layer's F+B {both:.3f} ms against {alone:.3f} ms "
+                f"alone; each gloo message costs {cond['message_cpu_ms'] * 1e3:.0f} us of CPU "
+                "at each end")
+    if cond.get("shared"):
+        sh = cond["shared"]
+        c.print(f"{sh['ranks_per_device']} processes per device: a layer's F+B "
+                f"{sh['layer_fb_shared_ms']:.3f} ms against {sh['layer_fb_alone_ms']:.3f} ms "
+                f"alone (processor sharing: {sh['ranks_per_device']}x); context switch "
+                f"{cond['context_switch_ms'] * 1e3:.0f} us per op"
+                + (f"; a gloo message between two of them costs "
+                   f"{cond['local_message_cpu_ms'] * 1e3:.0f} us of that device's CPU at "
+                   "each end" if "local_message_cpu_ms" in cond else ""))
+    opt = cond.get("optimizer")
+    if opt:
+        c.print(f"optimizer step (AdamW): {opt['fixed_ms']:.3f} ms + 28 B per parameter at "
+                f"{opt['gbps']:.1f} GB/s")
+    host = (doc.get("measurement") or {}).get("p2p_host_mediated")
+    if host:
+        c.print(f"P2P: {host['bandwidth_gbps']:.2f} GB/s between two processes through the "
+                "host (one GPU, gloo): not an NVLink or InfiniBand figure, so the cost file "
+                "keeps none and the hardware preset's P2P applies")
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    trace = read_trace(args.trace)
+    cal = calibrate(trace, cfg, args.estimator)
+    fields = model_fields(cfg.model)
+    err_before = (cal.before_ms - cal.measured_ms) / cal.measured_ms
+    err_after = (cal.after_ms - cal.measured_ms) / cal.measured_ms
+    summary = {
+        "trace": args.trace, "iterations": cal.iterations, "base": cfg.costs_file or "analytic",
+        "estimator": cal.estimator, "factors": cal.factors, "head_factors": cal.head_factors,
+        "samples": cal.samples,
+        "p2p_delay_ms": cal.p2p_delay_ms,
+        "p2p_samples": cal.p2p_samples, "measured_iteration_ms": cal.measured_ms,
+        "predicted_before_ms": cal.before_ms, "predicted_after_ms": cal.after_ms,
+        "error_before": err_before, "error_after": err_after,
+        "optimizer_step_ms": cal.optimizer_ms,
+    }
+    doc = cost_document(
+        cal.costs, source="calibrate",
+        model=fields if fields.get("kind") == "transformer" else None,
+        p2p={"latency_ms": cal.hardware.p2p_latency_ms,
+             "bandwidth_gbps": cal.hardware.p2p_bandwidth_gbps,
+             "from": "trace" if cal.p2p_delay_ms is not None else "base"},
+        device=trace.info.get("device"), calibration=summary)
+    write_costs(args.out, doc)
+    if args.json:
+        emit_json({"out": args.out, **summary})
+        return 0
+    from rich.console import Console
+    from rich.markup import escape
+
+    c = Console()
+    f = cal.factors
+    c.print(f"calibrated on {escape(args.trace)}, iteration(s) {cal.iterations} (base: "
+            f"{escape(summary['base'])})")
+    c.print(f"scale factors ({cal.estimator} of measured / predicted): " + "  ".join(
+        f"{k} {v:.3f} ({cal.samples[k]} ops)" if v is not None else f"{k} n/a"
+        for k, v in f.items()))
+    if cal.head_factors != cal.factors:
+        c.print("head (norm + LM head + loss) factors: " + "  ".join(
+            f"{k} {v:.3f}" for k, v in cal.head_factors.items() if v is not None))
+    if cal.p2p_delay_ms is not None:
+        c.print(f"P2P delay {cal.p2p_delay_ms * 1e3:.1f} us (median of {cal.p2p_samples} "
+                f"waits) -> latency {cal.hardware.p2p_latency_ms * 1e3:.1f} us, bandwidth "
+                f"{cal.hardware.p2p_bandwidth_gbps:.2f} GB/s")
+    else:
+        c.print("P2P: no transfer with a waiting receiver; kept the base latency")
+    c.print(f"iteration time: measured {cal.measured_ms:.2f} ms (steady-state mean, compute "
+            f"span)   predicted before {cal.before_ms:.2f} ms ({err_before:+.1%})   after "
+            f"[bold]{cal.after_ms:.2f} ms ({err_after:+.1%})[/bold]")
+    if cal.optimizer_ms is not None:
+        c.print(f"(optimizer step {cal.optimizer_ms:.2f} ms per iteration, not simulated)")
+    c.print(f"cost file written to {escape(args.out)} (use: ppsim simulate --costs "
+            f"{escape(args.out)})")
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,69 @@
+"""Rich output for the terminal: per-rank tables and a compact text timeline."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ppsim.sim.timing import Summary
+from ppsim.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from rich.table import Table
+    from rich.text import Text
+
+KIND_STYLE = {"F": "bold blue", "B": "bold green", "W": "bold yellow"}
+
+
+def rank_table(summary: Summary, memory_bytes: float, title: str = "") -> Table:
+    from rich.table import Table  # rich only where a table is drawn: --json stays light
+
+    t = Table(title=title or None, title_justify="left")
+    for col in ("rank", "layers", "busy ms", "bubble", "static", "activ.", "peak mem",
+                "in-flight", "fits"):
+        t.add_column(col, justify="right")
+    for r in summary.ranks:
+        t.add_row(str(r.rank), str(r.layers), f"{r.busy_ms:.2f}", f"{r.bubble_fraction:.1%}",
+                  fmt_bytes(r.static_bytes), fmt_bytes(r.peak_activation_bytes),
+                  fmt_bytes(r.peak_memory_bytes), str(r.peak_inflight),
+                  "yes" if r.fits else f"[red]NO[/red] (> {fmt_bytes(memory_bytes)})")
+    return t
+
+
+def summary_dict(summary: Summary) -> dict[str, Any]:
+    return {
+        "iteration_time_ms": summary.iteration_time_ms,
+        "bubble_fraction": summary.bubble_fraction,
+        "fits": summary.fits,
+        "ranks": [{"rank": r.rank, "layers": r.layers, "busy_ms": r.busy_ms,
+                   "bubble_fraction": r.bubble_fraction, "static_bytes": r.static_bytes,
+                   "peak_activation_bytes": r.peak_activation_bytes,
+                   "peak_memory_bytes": r.peak_memory_bytes, "peak_inflight": r.peak_inflight,
+                   "fits": r.fits} for r in summary.ranks],
+    }
+
+
+def text_timeline(ops_per_rank: Any, end_ms: float, width: int = 96) -> list[Text]:
+    """One line per rank: each cell shows the kind of op running at its midpoint.
+
+    Upper case for even microbatches, lower case for odd, so neighbouring
+    ops stay distinguishable; '.' is idle (the bubble).
+    """
+    from rich.text import Text
+
+    lines = []
+    scale = width / end_ms if end_ms > 0 else 0.0
+    for r, ops in enumerate(ops_per_rank):
+        cells = ["."] * width
+        styles = [""] * width
+        for op in ops:
+            lo = int(op.start * scale + 0.5)
+            hi = max(lo + 1, int(op.end * scale + 0.5)) if op.end > op.start else lo
+            ch = op.action.kind if op.action.microbatch % 2 == 0 else op.action.kind.lower()
+            for x in range(lo, min(hi, width)):
+                cells[x] = ch
+                styles[x] = KIND_STYLE[op.action.kind]
+        line = Text(f"rank {r:<3}", style="dim")
+        for ch, st in zip(cells, styles, strict=True):
+            line.append(ch, style=st or "dim")
+        lines.append(line)
+    return lines

@@ -1,0 +1,372 @@
+"""`ppsim run`: check the config, launch torchrun, show progress, print the summary.
+
+Imports nothing heavy at module level: `ppsim --help` and planning commands
+must work without torch. torch is imported inside the handler only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from typing import Any
+
+from ppsim.cli.main import add_config_flags, config_from_args, emit_json
+from ppsim.errors import UserError
+
+HELP = "run a split for real with torch.distributed (torchrun) and record a trace"
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    add_config_flags(p)
+    g = p.add_argument_group("launch")
+    g.add_argument("--nproc-per-node", type=int, metavar="N",
+                   help="ranks on this node (default: pp / nnodes)")
+    g.add_argument("--nnodes", type=int, default=1, metavar="K")
+    g.add_argument("--node-rank", type=int, default=0, metavar="I")
+    g.add_argument("--master-addr", default="127.0.0.1", metavar="ADDR")
+    g.add_argument("--master-port", type=int, metavar="PORT",
+                   help="rendezvous port (default: a free one when nnodes = 1, else 29500)")
+    g.add_argument("--print-launch", action="store_true",
+                   help="print the torchrun command and a Slurm sbatch script; run nothing")
+    r = p.add_argument_group("run")
+    r.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    r.add_argument("--engine", choices=("ppsim", "torch"), default="ppsim",
+                   help="ppsim's runtime, or torch.distributed.pipelining's schedules")
+    r.add_argument("--iterations", type=int, default=3, metavar="N")
+    r.add_argument("--warmup", type=int, default=1, metavar="N",
+                   help="leading iterations marked warm-up and left out of the summary")
+    r.add_argument("--trace-dir", metavar="DIR",
+                   help="where trace.json and summary.json go; refused if it holds an earlier "
+                   "run's results (default: a fresh ppsim-run/<time>, with ppsim-run/latest "
+                   "pointing at the last successful run)")
+    r.add_argument("--timeout-s", type=float, default=120.0, metavar="S",
+                   help="give up on a stuck transfer after S seconds")
+    r.add_argument("--inject-fault", metavar="RANK:KIND:STAGE:MB[:ITER]",
+                   help="raise inside that op (tests failure handling)")
+    r.add_argument("--model", metavar="MODULE:FUNCTION",
+                   help="model builder (default: [model] builder, else the built-in GPT, "
+                   "ppsim.executor.builders.gpt:build); see README 'Your own model'")
+    r.add_argument("--dp", type=int, metavar="N",
+                   help="data-parallel replicas of the pipeline: world = pp x dp "
+                   "(default: the model's dp, else 1)")
+    r.add_argument("--versus", metavar="N,N,...",
+                   help="also run this split in the same processes, alternating iteration "
+                   "by iteration with the run's own, so the machine's drift hits both "
+                   "alike (A/B on a shared machine); its trace goes to DIR/versus/, its "
+                   "summary under \"versus\" (ppsim engine, dp 1)")
+    r.add_argument("--alongside-torch", action="store_true",
+                   help="also run torch.distributed.pipelining's schedule on the same split "
+                   "in the same processes, alternating iteration by iteration, both timed "
+                   "from a barrier to the end of the step (the engine benchmark); its "
+                   "summary under \"peer\" (ppsim engine, dp 1, no --versus)")
+    r.add_argument("--seed", type=int, default=0, help="weights and data seed")
+    r.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
+    r.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    r.add_argument("--dump-grads", metavar="PREFIX", help=argparse.SUPPRESS)
+    # Tests only: the faulty rank SIGKILLs itself instead of reporting (a silent death).
+    r.add_argument("--fault-mode", choices=("raise", "kill"), help=argparse.SUPPRESS)
+
+
+def register(commands: dict[str, Any]) -> None:
+    commands["run"] = (HELP, add_run_arguments, cmd_run)
+
+
+def load_problem(args: argparse.Namespace) -> Any:
+    """The Problem to run: the config's (--actions-csv, a config flag, replaces its order)."""
+    from ppsim.pipeline.problem import build_problem
+
+    return build_problem(config_from_args(args))
+
+
+def versus_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The run's flags with --versus as its split."""
+    return argparse.Namespace(**{**vars(args), "split": args.versus, "layout": None,
+                                 "first_stage_layers": None, "last_stage_layers": None,
+                                 "account_for_embedding": None, "account_for_loss": None})
+
+
+def validate(args: argparse.Namespace) -> Any:
+    """Everything checkable before a process starts; a UserError means exit 2."""
+    from ppsim.config.schema import model_fields
+
+    cfg = config_from_args(args)
+    fields = model_fields(cfg.model)
+    if fields.get("kind") != "transformer":
+        raise UserError("model.kind", "ppsim run trains a transformer, not a uniform cost "
+                        "model", "use a preset (e.g. --preset tiny-gpt) or kind = \"transformer\"")
+    if int(fields.get("tp", 1)) != 1:
+        raise UserError("model.tp", f"the executor runs pipeline parallelism only, tp = "
+                        f"{fields['tp']}", "set tp = 1 (--tp 1)")
+    problem = load_problem(args)
+    pp = problem.split.pp
+    if not problem.split.standard_ends or problem.split.mtp:
+        raise UserError("pipeline.layout", "the executor builds the embedding on the first "
+                        "stage, the head on the last and no MTP layers",
+                        "run a split without empty end stages or 'm' (plan and simulate "
+                        "take any)")
+    _check_builder(args, fields)
+    dp = args.dp if args.dp is not None else int(fields.get("dp", 1))
+    if dp < 1:
+        raise UserError("--dp", f"must be at least 1, got {dp}", "e.g. --dp 2")
+    if dp > 1 and args.engine == "torch":
+        raise UserError("--dp", "the torch peer runs one pipeline replica",
+                        "use --engine ppsim with --dp, or --dp 1")
+    _check_launch(args, pp * dp)
+    if args.iterations < 1 or not 0 <= args.warmup < args.iterations:
+        raise UserError("--warmup", f"{args.warmup} warm-up of {args.iterations} iterations",
+                        "need iterations >= 1 and 0 <= warmup < iterations")
+    if not (math.isfinite(args.timeout_s) and 0 < args.timeout_s <= 7 * 86400):
+        raise UserError("--timeout-s", f"must be a number of seconds in (0, 604800], got "
+                        f"{args.timeout_s}", "e.g. --timeout-s 120")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise UserError("--lr", f"must be a positive finite number, got {args.lr}",
+                        "e.g. --lr 1e-3")
+    if args.inject_fault:
+        _check_fault(args.inject_fault, problem, args.iterations)
+    if args.engine == "torch":
+        _check_peer(problem)
+    if args.versus:
+        _check_versus(args, problem, dp)
+    if args.alongside_torch:
+        if args.engine != "ppsim" or dp != 1 or args.versus:
+            raise UserError("--alongside-torch", "needs the ppsim engine, one pipeline "
+                            "replica and no --versus", "drop the other flag")
+        _check_peer(problem)
+    return problem
+
+
+def _check_versus(args: argparse.Namespace, problem: Any, dp: int) -> None:
+    if args.engine != "ppsim" or dp != 1:
+        raise UserError("--versus", "alternating two splits needs the ppsim engine and one "
+                        "pipeline replica", "use --engine ppsim and --dp 1, or drop --versus")
+    try:
+        other = load_problem(versus_args(args))
+    except UserError as exc:
+        raise UserError("--versus", f"{args.versus}: {exc.problem}", exc.fix) from None
+    if other.split.pp != problem.split.pp or not other.split.standard_ends or \
+            other.split.mtp:
+        raise UserError("--versus", f"{args.versus} is not a split of the same {problem.split.pp}"
+                        " ranks with the embedding first and the head last",
+                        "give N,N,... with one count per stage, like --split")
+
+
+def _check_launch(args: argparse.Namespace, pp: int) -> None:
+    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
+        raise UserError("--node-rank", f"{args.node_rank} is not in 0..{args.nnodes - 1}",
+                        "give each node a distinct rank below --nnodes")
+    if args.master_port is not None and not 1 <= args.master_port <= 65535:
+        raise UserError("--master-port", f"{args.master_port} is not a TCP port",
+                        "give a port in 1..65535, or leave it out for a free one")
+    if args.nproc_per_node is None:
+        args.nproc_per_node = max(1, pp // args.nnodes)
+    if args.nproc_per_node * args.nnodes != pp:
+        raise UserError("--nproc-per-node", f"{args.nproc_per_node} x {args.nnodes} node(s) = "
+                        f"{args.nproc_per_node * args.nnodes} ranks but pp x dp = {pp}",
+                        f"run pp x dp = {pp} ranks in all (one rank per pipeline stage "
+                        "and replica)")
+
+
+def _check_builder(args: argparse.Namespace, fields: dict[str, Any]) -> None:
+    """Import and call the builder here, so a bad one exits 2 before any process."""
+    from ppsim.executor.builders import builder_spec, load_builder
+
+    where = "--model" if args.model else "model.builder"
+    try:
+        load_builder(builder_spec(args.model, fields), fields, where)
+    except UserError:
+        raise
+    except Exception as exc:
+        raise UserError(where, f"building the model failed: {type(exc).__name__}: {exc}",
+                        "fix the builder or the [model] fields it reads") from None
+
+
+def _check_fault(text: str, problem: Any, iterations: int) -> None:
+    from ppsim.executor.runtime import Fault
+
+    try:
+        f = Fault.parse(text)
+    except ValueError:
+        raise UserError("--inject-fault", f"cannot read {text!r}",
+                        "write RANK:KIND:STAGE:MB[:ITER], e.g. 1:B:1:0") from None
+    from ppsim.schedules.generators import Action
+
+    if f.rank >= problem.split.pp or Action(f.kind, f.stage, f.microbatch) not in \
+            problem.schedule.actions[f.rank]:
+        raise UserError("--inject-fault", f"rank {f.rank} runs no {f.kind} of stage {f.stage} "
+                        f"microbatch {f.microbatch}", "pick an op from that rank's schedule")
+    if f.iteration >= iterations:
+        raise UserError("--inject-fault", f"iteration {f.iteration} never runs (iterations "
+                        f"0..{iterations - 1})", "pick an iteration below --iterations")
+
+
+def _check_peer(problem: Any) -> None:
+    from ppsim.executor.peer import PEER_SCHEDULES, peer_class
+
+    s = problem.schedule
+    if s.name not in PEER_SCHEDULES:
+        raise UserError("--engine", f"torch.distributed.pipelining peer has no {s.name!r}",
+                        "use --engine ppsim, or one of " + ", ".join(PEER_SCHEDULES))
+    if s.name == "1f1b" and s.microbatches < s.num_stages:
+        raise UserError("pipeline.microbatches", f"torch's Schedule1F1B needs at least "
+                        f"{s.num_stages} microbatches", f"set microbatches >= {s.num_stages}")
+    rounds = max(1, s.microbatches // s.pp)
+    if s.name in ("interleaved-1f1b", "interleaved-zb", "zb-h1") and s.microbatches % rounds:
+        raise UserError("pipeline.microbatches", f"torch's {peer_class(s.name, s.vpp)} needs "
+                        f"microbatches divisible by its rounds max(1, m // pp) = {rounds} "
+                        "(ppsim's engine runs this m with Megatron's microbatch groups)",
+                        f"use e.g. {s.microbatches - s.microbatches % rounds} microbatches, or "
+                        "run ppsim's order in torch's runtime: ppsim schedule --csv o.csv, then "
+                        "--actions-csv o.csv")
+
+
+def _own_files(args: argparse.Namespace) -> list[str]:
+    """What this node's ranks write in the trace dir (removed again if the run fails)."""
+    d = args.trace_dir
+    lo = args.node_rank * args.nproc_per_node
+    files = [os.path.join(d, "parts", f"rank{r}.json") for r in range(lo, lo +
+                                                                       args.nproc_per_node)]
+    if args.versus:
+        files += [os.path.join(d, "versus", "parts", f"rank{r}.json")
+                  for r in range(lo, lo + args.nproc_per_node)]
+    if args.node_rank == 0:
+        files += [os.path.join(d, "trace.json"), os.path.join(d, "summary.json")]
+        files += [os.path.join(d, "versus", "trace.json")] if args.versus else []
+    return files
+
+
+def _trace_bytes(problem: Any, iterations: int) -> int:
+    from ppsim.executor.rundir import BYTES_PER_OP
+
+    ops = sum(len(a) for a in problem.schedule.actions)
+    return ops * iterations * BYTES_PER_OP + 1_000_000
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ppsim.executor import launch, rundir
+
+    problem = validate(args)
+    from ppsim.cli.schedule import print_notes
+
+    print_notes(problem.schedule, "run")
+    if args.print_launch:
+        args.trace_dir = rundir.planned(args.trace_dir)
+        launch.print_launch(args)
+        return 0
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError("--device", "cuda requested but torch sees no GPU here",
+                            "use --device cpu")
+    store = None
+    if args.nnodes == 1:
+        store = launch.JobStore(args.master_addr, args.master_port)
+    elif args.node_rank == 0:
+        launch.check_port_free(args.master_addr, args.master_port or 29500)
+    try:
+        run = rundir.prepare(args.trace_dir, args.node_rank, _trace_bytes(problem,
+                                                                          args.iterations))
+        args.trace_dir = run.path
+        try:
+            out = _launch(args, problem, store)
+        except BaseException:
+            rundir.release(run, _own_files(args))
+            raise
+    finally:
+        if store is not None:
+            store.close()
+    if warnings := out.died_after_finishing():
+        for line in warnings:
+            sys.stderr.write(f"ppsim run: warning: {line}\n")
+        out.returncode = 0
+    rundir.release(run, _own_files(args) if out.returncode != 0 else [])
+    if out.returncode != 0:
+        _report_failure(out)
+        return out.returncode if out.returncode > 0 else 1
+    rundir.link_latest(run)
+    return _finish(args)
+
+
+def _launch(args: argparse.Namespace, problem: Any, store: Any) -> Any:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    from ppsim.executor import launch
+
+    err = Console(stderr=True)
+    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+           launch.STORE_ENV: "{}:{}".format(*store.endpoint)} if store else {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[note]}"),
+                  console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task(f"{args.engine} {problem.schedule.name} pp={problem.split.pp}",
+                            total=args.iterations, note="starting ranks")
+
+        def progress(msg: dict) -> None:
+            note = f"iteration {msg['iteration']}/{msg['of']}  loss {msg['loss']:.4f}"
+            bar.update(task, completed=msg["iteration"], note=note)
+
+        cmd = launch.launch_command(args, store.endpoint if store else None)
+        return launch.run_torchrun(cmd, progress, env_extra=env)
+
+
+def _report_failure(out: Any) -> None:
+    import sys
+
+    from ppsim.executor.launch import failure_lines
+
+    errors, notes = failure_lines(out)
+    for line in errors:
+        sys.stderr.write(f"ppsim run: error: {line}\n")
+    for line in notes:
+        sys.stderr.write(f"ppsim run: {line}\n")
+
+
+def _finish(args: argparse.Namespace) -> int:
+    import json
+    import sys
+
+    if args.node_rank != 0:
+        sys.stderr.write(f"node {args.node_rank} done; node 0 writes the trace and summary\n")
+        return 0
+    with open(os.path.join(args.trace_dir, "summary.json"), encoding="utf-8") as fh:
+        res = json.load(fh)
+    if args.json:
+        emit_json(res)
+    else:
+        print_summary(res)
+    return 0
+
+
+def print_summary(res: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ppsim.units import fmt_bytes
+
+    c = Console()
+    c.print(f"[bold]{res['engine']}[/bold] engine  {res['schedule']}  pp={res['pp']} "
+            f"vpp={res['vpp']} microbatches={res['microbatches']} split={res['split']}  "
+            f"device={res.get('device')} ({res.get('backend')}, transfers via "
+            f"{res.get('wire')})")
+    losses = res.get("losses") or []
+    c.print(f"iteration time [bold]{res['iteration_time_ms']:.2f} ms[/bold] (mean of "
+            f"{res['iterations'] - res['warmup_iterations']} after {res['warmup_iterations']} "
+            f"warm-up)   tokens/s [bold]{res['tokens_per_s']:,.0f}[/bold]   loss "
+            + (f"{losses[0]:.4f} -> {losses[-1]:.4f}" if losses else "n/a"))
+    if "ranks" in res:
+        c.print(f"bubble {res['bubble_fraction']:.1%}   peak memory "
+                f"{fmt_bytes(res['peak_memory_bytes'])}")
+        t = Table()
+        for col in ("rank", "layers", "busy ms", "bubble", "peak mem"):
+            t.add_column(col, justify="right")
+        for r in res["ranks"]:
+            t.add_row(str(r["rank"]), str(r["layers"]), f"{r['busy_ms']:.2f}",
+                      f"{r['bubble_fraction']:.1%}", fmt_bytes(r["peak_memory_bytes"]))
+        c.print(t)
+    if res.get("trace"):
+        c.print(f"trace written to {res['trace']} (open in https://ui.perfetto.dev; compare "
+                "with ppsim diff)")
+    elif res["engine"] == "torch":
+        c.print("(the torch peer is timed per iteration only; it writes no per-op trace)")

@@ -1,0 +1,93 @@
+"""`ppsim schedule`: show a schedule's per-rank order, or write it as torch's CSV.
+
+The CSV is what torch.distributed.pipelining's `_PipelineScheduleRuntime._load_csv`
+reads, so an order planned or edited here runs under torch's runtime as is;
+`--actions-csv` reads one back (any format torch writes) and can rewrite it
+in the compute-only form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ppsim.schedules.actions import Schedule
+
+HELP = "show a schedule's per-rank order, or write it as a torch.distributed.pipelining CSV"
+
+
+def config_schedule(cfg: Any) -> Schedule:
+    """The order a config asks for: its actions CSV, else its named schedule."""
+    from ppsim.config import limits
+    from ppsim.schedules.generators import build_schedule
+
+    limits.check_request(cfg, limits.SIMULATE)
+    p = cfg.pipeline
+    if p.actions_csv:
+        from ppsim.schedules.torchcsv import load_actions_csv
+
+        return load_actions_csv(p.actions_csv, p.pp, p.vpp, p.microbatches)
+    return build_schedule(p.schedule, p.pp, p.vpp, p.microbatches)
+
+
+def order_rule(schedule: Schedule) -> str | None:
+    """Whose microbatch-group rule shaped an interleaved order, in words; else None."""
+    from ppsim.schedules.generators import interleaved_rule
+
+    if schedule.name in ("interleaved-1f1b", "interleaved-zb") and schedule.vpp > 1:
+        return interleaved_rule(schedule.pp, schedule.microbatches)
+    return None
+
+
+def print_notes(schedule: Schedule, command: str) -> None:
+    """What reading a CSV left out, one line each on stderr (stdout stays clean for --json)."""
+    for note in schedule.notes:
+        sys.stderr.write(f"ppsim {command}: note: actions CSV: {note}\n")
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    from ppsim.cli.main import config_from_args, emit_json
+    from ppsim.schedules.torchcsv import to_torch_csv, torch_cells
+
+    sched = config_schedule(config_from_args(args))
+    print_notes(sched, "schedule")
+    if args.csv:
+        from ppsim.fileio import write_text_atomic
+
+        try:
+            write_text_atomic(args.csv, to_torch_csv(sched))
+        except OSError as exc:
+            from ppsim.errors import UserError
+
+            raise UserError("--csv", f"cannot write {args.csv}: {exc.strerror}",
+                            "pass a writable file path") from None
+    cells = torch_cells(sched)
+    if args.json:
+        emit_json({"schedule": sched.name, "pp": sched.pp, "vpp": sched.vpp,
+                   "microbatches": sched.microbatches, "placement": sched.placement,
+                   "split_backward": sched.split_backward, "rule": order_rule(sched),
+                   "ranks": cells, "notes": list(sched.notes), "csv": args.csv})
+        return 0
+    rule = order_rule(sched)
+    print(f"{sched.name}  pp={sched.pp} vpp={sched.vpp} microbatches={sched.microbatches}  "
+          f"placement={sched.placement}" + (f"  {rule}" if rule else ""))
+    for r, row in enumerate(cells):
+        print(f"rank {r}: " + " ".join(row))
+    if args.csv:
+        print(f"torch CSV written to {args.csv} "
+              "(torch: _PipelineScheduleRuntime._load_csv reads it)")
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ppsim.cli.main import add_config_flags
+
+    add_config_flags(p, split_flags=False)
+    p.add_argument("--csv", metavar="OUT.csv",
+                   help="write the order as torch.distributed.pipelining's compute-only CSV")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+
+def register(commands: dict[str, Any]) -> None:
+    commands["schedule"] = (HELP, add_arguments, cmd_schedule)

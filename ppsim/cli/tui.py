@@ -1,0 +1,72 @@
+"""`ppsim tui`: registered into ppsim's CLI; imports Textual only when run.
+
+Everything the screen needs is checked before it opens (the shared size
+limits, the whole problem, the trace), so bad input is one line and exit 2
+like every other command; a crash inside the app exits non-zero too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+RESHAPING = ("pp", "vpp", "num_layers", "preset")
+SPLIT_FLAGS = ("split", "layout", "first_stage_layers", "last_stage_layers",
+               "account_for_embedding", "account_for_loss")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ppsim.cli.main import add_config_flags
+
+    add_config_flags(parser)
+    parser.add_argument("--trace", metavar="TRACE.json",
+                        help="a real trace to show beside the simulated timeline")
+
+
+def resplit_note(args: argparse.Namespace, cfg: object) -> str:
+    """A saved split does not survive --pp/--vpp/--num-layers/--preset: the config's
+    split is dropped (the TUI starts from the even split) and the note says so."""
+    p = cfg.pipeline  # type: ignore[attr-defined]
+    given = [f"--{k.replace('_', '-')}" for k in RESHAPING if getattr(args, k, None) is not None]
+    own = any(getattr(args, k, None) not in (None, False) for k in SPLIT_FLAGS)
+    saved = p.split or p.layout or p.first_stage_layers or p.last_stage_layers \
+        or p.account_for_embedding or p.account_for_loss
+    if not given or own or not saved or not getattr(args, "config", None):
+        return ""
+    what = p.split if p.split else (p.layout or "Megatron counts")
+    p.split = p.layout = p.first_stage_layers = p.last_stage_layers = None
+    p.account_for_embedding = p.account_for_loss = False
+    return (f"{' '.join(given)} re-split the layers evenly; the saved split {what} "
+            f"of {args.config} is not used")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ppsim.cli.main import config_from_args
+    from ppsim.errors import UserError
+    from ppsim.pipeline.problem import build_problem
+    from ppsim.tui.session import config_for, state_from_config
+
+    cfg = config_from_args(args)
+    note = resplit_note(args, cfg)
+    state = state_from_config(cfg)  # limits first: nothing big is built before them
+    build_problem(config_for(cfg, state))  # any bad value: one line, exit 2
+    if args.trace:
+        from ppsim.trace.schema import read_trace
+        from ppsim.tui.files import check_trace_info
+
+        check_trace_info(read_trace(args.trace))
+    from ppsim.tui.app import PPSimApp
+
+    app = PPSimApp(cfg, config_path=args.config, trace_path=args.trace, note=note)
+    app.run()
+    error = getattr(app, "_exception", None)
+    if isinstance(error, UserError):
+        sys.stderr.write(f"ppsim tui: error: {error}\n")
+        return 2
+    return app.return_code or 0
+
+
+def register(commands: dict[str, tuple[str, Callable, Callable]]) -> None:
+    commands["tui"] = ("edit a split interactively and watch the pipeline change", add_arguments,
+                       run)

@@ -1,0 +1,1 @@
+"""The config: typed sections, loading, presets, validation and the limits of a request."""

@@ -1,0 +1,292 @@
+"""One validator for every number a user can hand us: flags, TOML, cost files, traces.
+
+The CLI, config loading, cost files, traces and the TUI all call these, so a
+NaN, an infinity, a 1e308 or a count out of range is refused the same way
+everywhere: a `UserError` naming the field, the limit and the fix, before any
+work is done with it. Pure: no I/O beyond `os.stat`, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ppsim.config import limits
+from ppsim.errors import UserError
+
+MAX_MS = 1e9
+"""Any one duration or latency (11.6 days): far above real, far below overflow."""
+MAX_BYTES = 1e18
+"""Any byte count (an exabyte)."""
+MAX_GBPS = 1e9
+MAX_TFLOPS = 1e9
+MAX_SECONDS = 1e7
+"""Time budgets and timeouts (116 days)."""
+MAX_INDEX = 10**9
+"""Iteration and microbatch numbers in a trace."""
+
+MAX_CONFIG_BYTES = 1 << 20
+MAX_COSTS_BYTES = 64 << 20
+"""A cost file holds at most limits.MAX_LAYERS entries of ~200 bytes."""
+MAX_TRACE_BYTES = 1 << 30
+
+
+def _show(value: Any) -> str:
+    """repr, cut short: a 5,000-digit count or a long string stays one readable line."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(text):,} characters)"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def number(where: str, value: Any, *, lo: float = 0.0, hi: float, lo_open: bool = False,
+           fix: str = "") -> float:
+    """A finite float in [lo, hi] ((lo, hi] when lo_open); UserError otherwise."""
+    if not _is_number(value):
+        raise UserError(where, f"expected a number, got {_show(value)}",
+                        fix or "write a number")
+    try:
+        x = float(value)
+    except OverflowError:  # an int too large for a float
+        x = math.inf
+    if math.isnan(x) or math.isinf(x):
+        raise UserError(where, f"must be a finite number, got {_show(value)}",
+                        fix or f"write a number between {lo:g} and {hi:g}")
+    if x < lo or (lo_open and x == lo) or x > hi:
+        bound = f"above {lo:g}" if lo_open else f"at least {lo:g}"
+        raise UserError(where, f"must be {bound} and at most {hi:g}, got {_show(value)}",
+                        fix or f"write a number between {lo:g} and {hi:g}")
+    return x
+
+
+def count(where: str, value: Any, *, lo: int = 1, hi: int, fix: str = "") -> int:
+    """An integer in [lo, hi] (an integral float is accepted); UserError otherwise."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UserError(where, f"expected an integer, got {_show(value)}",
+                        fix or "write an integer")
+    if not lo <= value <= hi:
+        shown = f"{value:,}" if abs(value) < 10**30 else "a number of over 30 digits"
+        raise UserError(where, f"must be between {lo:,} and {hi:,}, got {shown}",
+                        fix or f"use {lo:,} to {hi:,}")
+    return value
+
+
+def duration_ms(where: str, value: Any) -> float:
+    return number(where, value, hi=MAX_MS, fix="write a duration in ms >= 0")
+
+
+def byte_count(where: str, value: Any) -> int:
+    x = number(where, value, hi=MAX_BYTES, fix="write a byte count >= 0")
+    if not x.is_integer():
+        raise UserError(where, f"is a byte count, got {value!r}", "write a whole number")
+    return int(x)
+
+
+def seconds(where: str, value: Any) -> float:
+    """A positive, finite time budget or timeout in seconds."""
+    return number(where, value, lo=0.0, lo_open=True, hi=MAX_SECONDS,
+                  fix=f"give seconds above 0, at most {MAX_SECONDS:g}")
+
+
+# ------------------------------------------------------------------ config sections
+
+
+def table(where: str, value: Any) -> dict[str, Any]:
+    """A TOML table (a section or a sub-table); UserError for a scalar or a list."""
+    if not isinstance(value, dict):
+        raise UserError(where, f"must be a table, got {type(value).__name__} {_show(value)}",
+                        f"write it as a [{where}] section")
+    return value
+
+
+def preset_name(where: str, value: Any) -> Any:
+    if value is not None and not isinstance(value, str):
+        raise UserError(where, f"must be a preset name (a string), got {_show(value)}",
+                        "write e.g. preset = \"tiny-gpt\" (see ppsim presets)")
+    return value
+
+
+def hardware(hw: Any) -> None:
+    """Every [hardware] number finite and in range (a HardwareConfig)."""
+    number("hardware.memory_bytes", hw.memory_bytes, lo=0.0, lo_open=True, hi=MAX_BYTES,
+           fix="give the memory one rank may use, e.g. 80e9 (--memory-gb 80)")
+    number("hardware.p2p_latency_ms", hw.p2p_latency_ms, hi=MAX_MS,
+           fix="give the latency in ms, 0 for none")
+    number("hardware.p2p_bandwidth_gbps", hw.p2p_bandwidth_gbps, hi=MAX_GBPS,
+           fix="give GB/s, or 0 for free transfers")
+    number("hardware.peak_tflops", hw.peak_tflops, lo=0.0, lo_open=True, hi=MAX_TFLOPS,
+           fix="give the accelerator's dense peak, e.g. 989")
+    number("hardware.efficiency", hw.efficiency, lo=0.0, lo_open=True, hi=1.0,
+           fix="give the achieved fraction of peak, e.g. 0.5")
+    number("hardware.attention_efficiency", getattr(hw, "attention_efficiency", 0.0), hi=1.0,
+           fix="give FlashAttention's fraction of peak, or 0 to time it as a matmul")
+    number("hardware.memory_bandwidth_gbps", getattr(hw, "memory_bandwidth_gbps", 0.0),
+           hi=MAX_GBPS, fix="give GB/s, or 0 to leave memory-bound ops free")
+    number("hardware.kernel_overhead_us", getattr(hw, "kernel_overhead_us", 0.0),
+           hi=MAX_MS * 1e3, fix="give microseconds per kernel, or 0")
+    curve = getattr(hw, "matmul_efficiency", None)
+    if curve is not None:
+        fix = "write [[GFLOP, fraction of peak], ...], e.g. [[1, 0.2], [1000, 0.8]]"
+        if not isinstance(curve, list) or len(curve) > 1000:
+            raise UserError("hardware.matmul_efficiency", "must be a list of at most 1,000 "
+                            "points", fix)
+        for i, pt in enumerate(curve):
+            where = f"hardware.matmul_efficiency[{i}]"
+            if not isinstance(pt, list) or len(pt) != 2:
+                raise UserError(where, f"expected [GFLOP, fraction], got {_show(pt)}", fix)
+            number(where, pt[0], lo=0.0, lo_open=True, hi=1e12, fix=fix)
+            number(where, pt[1], lo=0.0, lo_open=True, hi=1.0, fix=fix)
+
+
+def placement(p: Any) -> None:
+    """Ranges of a [placement] table (ppsim.placement checks devices against pp)."""
+    for name in ("intra_node_latency_ms", "inter_node_latency_ms", "context_switch_ms",
+                 "message_cpu_ms", "local_message_cpu_ms"):
+        if getattr(p, name, None) is not None:
+            number(f"placement.{name}", getattr(p, name), hi=MAX_MS, fix="give ms >= 0")
+    for name in ("intra_node_bandwidth_gbps", "inter_node_bandwidth_gbps"):
+        if getattr(p, name, None) is not None:
+            number(f"placement.{name}", getattr(p, name), hi=MAX_GBPS,
+                   fix="give GB/s, or 0 for free transfers")
+    if isinstance(getattr(p, "ranks_per_node", None), int):
+        count("placement.ranks_per_node", p.ranks_per_node, lo=0, hi=limits.MAX_STAGES)
+    devices = getattr(p, "devices", None)
+    if isinstance(devices, list) and len(devices) > limits.MAX_STAGES:
+        raise UserError("placement.devices", f"has {len(devices):,} entries, above the limit "
+                        f"of {limits.MAX_STAGES:,}", "give one device index per rank")
+
+
+def stages(p: Any) -> None:
+    """pp and vpp of a PipelineConfig whole numbers >= 1: checked before a split is made
+    from them (the upper limits are ppsim.limits')."""
+    for name in ("pp", "vpp"):
+        v = getattr(p, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise UserError(f"pipeline.{name}", f"must be a positive integer, got {_show(v)}",
+                            "set it to 1 or more")
+
+
+def pipeline(p: Any) -> None:
+    """Split counts of a PipelineConfig in range. pp, vpp and microbatches are refused by
+    ppsim.limits.check_request when a command is asked for (a config may hold any)."""
+    for name in ("first_stage_layers", "last_stage_layers"):
+        v = getattr(p, name)
+        if v is not None:
+            count(f"pipeline.{name}", v, lo=0, hi=limits.MAX_LAYERS)
+    if isinstance(p.split, list):  # or "even"
+        if len(p.split) > limits.MAX_STAGES:
+            raise UserError("pipeline.split", f"has {len(p.split):,} entries, above the limit "
+                            f"of {limits.MAX_STAGES:,}", "give one count per virtual stage")
+        for i, c in enumerate(p.split):
+            count(f"pipeline.split[{i}]", c, lo=0, hi=limits.MAX_LAYERS,
+                  fix="write layer counts, e.g. split = [6, 2]")
+
+
+LAYER_KEYS = ("forward_ms", "backward_ms", "weight_grad_ms", "static_bytes",
+              "activation_bytes", "weight_grad_bytes", "output_bytes")
+
+
+def layer_table(where: str, raw: dict[str, Any]) -> None:
+    """Numbers of a uniform layer (or embedding/head table): finite, >= 0, in range."""
+    for key in LAYER_KEYS:
+        if key in raw:
+            if key.endswith("bytes"):
+                byte_count(f"{where}.{key}", raw[key])
+            else:
+                duration_ms(f"{where}.{key}", raw[key])
+
+
+_ARCH_MAX = 10**7
+"""Any architecture dimension or count: far above real models, and small enough that
+FLOPs stay exact floats (a 200-digit hidden_size would overflow float conversion)."""
+
+
+def model(raw: dict[str, Any]) -> None:
+    """Ranges of the merged [model] fields (types and lower bounds: config.model_fields):
+    every uniform number finite and bounded, every transformer integer bounded."""
+    kind = raw.get("kind", "uniform")
+    if kind == "uniform":
+        layer_table("model", raw)
+        for sub in ("embedding", "head"):
+            if sub in raw:
+                layer_table(f"model.{sub}", table(f"model.{sub}", raw[sub]))
+    elif kind == "transformer":
+        for key, value in raw.items():
+            if key != "num_layers" and isinstance(value, int) and not isinstance(value, bool):
+                count(f"model.{key}", value, lo=0, hi=_ARCH_MAX, fix="use a smaller number")
+
+
+# ------------------------------------------------------------------ files
+
+
+def readable_file(flag: str, path: str, max_bytes: int, what: str) -> None:
+    """Refuse, before reading, what is not a regular file or is larger than max_bytes
+    (a device such as /dev/zero, a FIFO, a directory, a runaway file)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise UserError(flag, f"cannot read {path!r}: {reason}", f"pass an existing {what}"
+                        ) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(flag, f"{path!r} is not a regular file", f"pass a {what}")
+    if st.st_size > max_bytes:
+        raise UserError(flag, f"{path!r} is {st.st_size / 1e6:,.1f} MB, above the limit of "
+                        f"{max_bytes / 1e6:,.0f} MB for a {what}", f"pass a smaller {what}")
+
+
+def read_text(flag: str, path: str, max_bytes: int, what: str) -> str:
+    """A small UTF-8 text file, every failure a UserError naming flag."""
+    readable_file(flag, path, max_bytes, what)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(max_bytes + 1)
+    except OSError as exc:
+        raise UserError(flag, f"cannot read {path!r}: {exc.strerror}", f"pass a readable {what}"
+                        ) from None
+    if len(data) > max_bytes:  # it grew since stat
+        raise UserError(flag, f"{path!r} is above the limit of {max_bytes / 1e6:,.0f} MB",
+                        f"pass a smaller {what}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(flag, f"{path!r} is not UTF-8 text (byte {exc.start})",
+                        f"save the {what} as UTF-8") from None
+
+
+@contextmanager
+def output(flag: str, path: str) -> Iterator[None]:
+    """Turn an OSError while writing path (too long a name, /proc, a full disk), or a
+    refusal of ppsim.fileio (a directory, a device), into a UserError naming the flag."""
+    try:
+        yield
+    except UserError as exc:  # ppsim.fileio's refusals name the path; add the flag
+        if exc.field == flag:
+            raise
+        raise UserError(flag, f"{exc.field}: {exc.problem}", exc.fix) from None
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise UserError(flag, f"cannot write {path!r}: {reason}"[:300],
+                        "choose a writable file path") from None
+
+
+# ------------------------------------------------------------------ JSON output
+
+
+def finite_json(obj: Any) -> Any:
+    """obj with every non-finite float replaced by None, so strict JSON parsers read it."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj

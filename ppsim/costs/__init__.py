@@ -1,0 +1,1 @@
+"""What each layer costs: architecture, op lists, analytic and measured costs."""

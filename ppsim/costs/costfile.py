@@ -1,0 +1,306 @@
+"""Measured cost files: what `ppsim profile` and `ppsim calibrate` write, `--costs` reads.
+
+A cost file is one JSON object:
+
+    {"format": "ppsim-costs", "version": 1,
+     "source": "profile" | "calibrate" | "hand",
+     "model": {architecture fields the numbers were measured for} | null,
+     "device": "cpu", "torch_version": "2.x", ...           (provenance, free-form)
+     "layers": [{LayerCost fields}, ...],                    one entry per decoder layer,
+                                                             or one entry for every layer
+     "embedding": {LayerCost fields}, "head": {LayerCost fields},
+     "p2p": {"latency_ms": x, "bandwidth_gbps": y, ...} | null,
+     "conditions": {"devices": [0, 1], "processes": 2,                   (optional: what
+                    "message_cpu_ms": x, "context_switch_ms": y,          the run adds, as
+                    "local_message_cpu_ms": w, "iteration_boundary_ms": z,
+                    "optimizer": {"fixed_ms": a, "gbps": b}} | null,     measured)
+     "measurement": {...}, "calibration": {...}}             (how the numbers were obtained)
+
+LayerCost fields are forward_ms, backward_ms (whole backward), weight_grad_ms (the
+part of backward_ms that a split-backward schedule runs as W), split_backward_ms (the
+whole backward when W runs apart; 0: backward_ms), static_bytes, activation_bytes,
+weight_grad_bytes, output_bytes and params; a missing one is 0.
+
+Pure logic: no torch import, so planning with a measured file works anywhere.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from ppsim.config import limits, validate
+from ppsim.costs.model import LayerCost, ModelCosts
+from ppsim.errors import UserError
+from ppsim.fileio import write_json_atomic
+
+FORMAT = "ppsim-costs"
+VERSION = 1
+LAYER_KEYS = tuple(f.name for f in fields(LayerCost))
+
+# Architecture fields that change a layer's time or bytes. num_layers is left
+# out: one layer's measurement applies to a model of any depth.
+SHAPE_KEYS = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size",
+              "seq_length", "micro_batch_size", "gated_mlp", "dtype", "tp", "recompute",
+              "distributed_optimizer", "dp")
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """What the profile measured of the run's conditions (ppsim profile on CPU)."""
+
+    devices: tuple[int, ...] | None
+    """The placement the op times were measured for (one process per distinct device)."""
+    message_cpu_ms: float
+    """CPU time one gloo message costs each end."""
+    context_switch_ms: float
+    """Extra work an op pays beside others on its device, beyond processor sharing."""
+    iteration_boundary_ms: float
+    """The loss all-reduce that ends an iteration, across processes."""
+    optimizer_fixed_ms: float
+    optimizer_gbps: float
+    """The AdamW step: fixed time plus bytes over this bandwidth; 0: not measured."""
+    message_latency_ms: float = 0.0
+    """One-way time of a boundary-sized message sent as its sender computes on, to a
+    waiting receiver (the link's latency under load); 0: not measured."""
+    local_message_cpu_ms: float = 0.0
+    """CPU time one gloo message between two ranks on one device costs each end (that
+    device); 0: not measured."""
+
+
+@dataclass(frozen=True)
+class CostFile:
+    """A parsed cost file; `layers` may hold one entry meant for every layer."""
+
+    path: str
+    layers: tuple[LayerCost, ...]
+    embedding: LayerCost
+    head: LayerCost
+    model: dict[str, Any] | None
+    p2p_latency_ms: float | None
+    p2p_bandwidth_gbps: float | None
+    raw: dict[str, Any]
+    conditions: Conditions | None = None
+
+    def model_costs(self, num_layers: int | None = None) -> ModelCosts:
+        """The costs for a model of num_layers layers (None: as many as the file lists)."""
+        layers = self.layers
+        if num_layers is not None and len(layers) != num_layers:
+            if len(layers) != 1:
+                raise UserError(f"{self.path}: layers", f"has {len(layers)} entries but "
+                                f"model.num_layers is {num_layers}",
+                                "profile this model (ppsim profile), or write one entry to "
+                                "apply to every layer")
+            layers = layers * num_layers
+        return ModelCosts(layers=tuple(layers), embedding=self.embedding, head=self.head)
+
+
+# ------------------------------------------------------------------ writing
+
+
+def layer_dict(c: LayerCost) -> dict[str, Any]:
+    return asdict(c)
+
+
+def cost_document(costs: ModelCosts, *, source: str, model: dict[str, Any] | None,
+                  p2p: dict[str, Any] | None = None, uniform: bool | None = None,
+                  **extra: Any) -> dict[str, Any]:
+    """The JSON object of a cost file; `uniform` writes one layer entry (default: if all equal)."""
+    layers = list(costs.layers)
+    if uniform is None:
+        uniform = bool(layers) and all(x == layers[0] for x in layers)
+    if uniform and layers:
+        layers = layers[:1]
+    doc: dict[str, Any] = {"format": FORMAT, "version": VERSION, "source": source,
+                           "model": dict(model) if model is not None else None, **extra,
+                           "layers": [layer_dict(x) for x in layers],
+                           "embedding": layer_dict(costs.embedding),
+                           "head": layer_dict(costs.head), "p2p": p2p}
+    return doc
+
+
+def write_costs(path: str, doc: dict[str, Any]) -> None:
+    """Write atomically (a crash never leaves half a cost file), then re-read it to check."""
+    with validate.output("--out", path):
+        write_json_atomic(path, doc)
+    _CACHE.pop(os.path.abspath(path), None)
+    read_cost_file(path)
+
+
+# ------------------------------------------------------------------ reading
+
+
+def _number(path: str, where: str, value: Any, integer: bool) -> float | int:
+    fix = "re-run ppsim profile, or fix the value"
+    if integer:
+        x = validate.number(f"{path}: {where}", value, hi=validate.MAX_BYTES, fix=fix)
+        if not x.is_integer():
+            raise UserError(f"{path}: {where}", f"is a byte count, got {value!r}",
+                            "write a whole number")
+        return int(x)
+    hi = validate.MAX_GBPS if where.endswith("gbps") else validate.MAX_MS
+    return validate.number(f"{path}: {where}", value, hi=hi, fix=fix)
+
+
+def _layer(path: str, where: str, table: Any) -> LayerCost:
+    if not isinstance(table, dict):
+        raise UserError(f"{path}: {where}", f"expected an object of {', '.join(LAYER_KEYS)}, "
+                        f"got {type(table).__name__}", "re-run ppsim profile")
+    kw: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in LAYER_KEYS:
+            raise UserError(f"{path}: {where}.{key}", "unknown key",
+                            "valid keys: " + ", ".join(LAYER_KEYS))
+        kw[key] = _number(path, f"{where}.{key}", value, key.endswith("bytes") or key == "params")
+    lc = LayerCost(**kw)
+    if lc.split_backward_ms and lc.weight_grad_ms > lc.split_backward_ms * (1 + 1e-9):
+        raise UserError(f"{path}: {where}.weight_grad_ms", f"{lc.weight_grad_ms} exceeds "
+                        f"split_backward_ms {lc.split_backward_ms}",
+                        "weight_grad_ms is the part of the backward spent on weights")
+    if lc.weight_grad_ms > lc.backward_ms * (1 + 1e-9):
+        raise UserError(f"{path}: {where}.weight_grad_ms", f"{lc.weight_grad_ms} exceeds "
+                        f"backward_ms {lc.backward_ms}",
+                        "weight_grad_ms is the part of backward_ms spent on weights")
+    return lc
+
+
+def cost_file_from_dict(data: Any, path: str = "costs") -> CostFile:
+    """Check and parse a cost file's JSON; every problem is a UserError naming the field."""
+    if not isinstance(data, dict):
+        raise UserError(path, f"expected a JSON object, got {type(data).__name__}",
+                        "pass a cost file written by ppsim profile or ppsim calibrate")
+    if data.get("format") != FORMAT:
+        raise UserError(f"{path}: format", f"expected {FORMAT!r}, got {data.get('format')!r}",
+                        "pass a cost file written by ppsim profile or ppsim calibrate")
+    if data.get("version") != VERSION:
+        raise UserError(f"{path}: version", f"unsupported version {data.get('version')!r}",
+                        f"this ppsim reads version {VERSION}; re-run ppsim profile")
+    for key in ("layers", "embedding", "head"):
+        if key not in data:
+            raise UserError(f"{path}: {key}", "missing", "re-run ppsim profile")
+    raw_layers = data["layers"]
+    if not isinstance(raw_layers, list) or not raw_layers:
+        raise UserError(f"{path}: layers", "must be a non-empty list of layer costs",
+                        "one entry per decoder layer, or one entry for every layer")
+    if len(raw_layers) > limits.MAX_LAYERS:
+        raise UserError(f"{path}: layers", f"has {len(raw_layers):,} entries, above the limit "
+                        f"of {limits.MAX_LAYERS:,}", "profile a model of fewer layers")
+    layers = tuple(_layer(path, f"layers[{i}]", x) for i, x in enumerate(raw_layers))
+    emb = _layer(path, "embedding", data["embedding"])
+    head = _layer(path, "head", data["head"])
+    model = data.get("model")
+    if model is not None and not isinstance(model, dict):
+        raise UserError(f"{path}: model", "must be an object or null", "re-run ppsim profile")
+    lat = bw = None
+    p2p = data.get("p2p")
+    if p2p is not None:
+        if not isinstance(p2p, dict):
+            raise UserError(f"{path}: p2p", "must be an object or null", "re-run ppsim profile")
+        if "latency_ms" in p2p:
+            lat = float(_number(path, "p2p.latency_ms", p2p["latency_ms"], False))
+        if "bandwidth_gbps" in p2p:
+            bw = float(_number(path, "p2p.bandwidth_gbps", p2p["bandwidth_gbps"], False))
+    return CostFile(path, layers, emb, head, model, lat, bw, data,
+                    _conditions(path, data.get("conditions")))
+
+
+def _conditions(path: str, raw: Any) -> Conditions | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: conditions", "must be an object or null", "re-run ppsim profile")
+    devices = raw.get("devices")
+    if devices is not None and (not isinstance(devices, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices)):
+        raise UserError(f"{path}: conditions.devices", f"must be a list of device indices, got "
+                        f"{devices!r}", "re-run ppsim profile")
+    opt = raw.get("optimizer") or {}
+    if not isinstance(opt, dict):
+        raise UserError(f"{path}: conditions.optimizer", "must be an object or null",
+                        "re-run ppsim profile")
+    num = functools.partial(_number, path, integer=False)
+    return Conditions(tuple(devices) if devices is not None else None,
+                      float(num(where="conditions.message_cpu_ms",
+                                value=raw.get("message_cpu_ms", 0.0))),
+                      float(num(where="conditions.context_switch_ms",
+                                value=raw.get("context_switch_ms", 0.0))),
+                      float(num(where="conditions.iteration_boundary_ms",
+                                value=raw.get("iteration_boundary_ms", 0.0))),
+                      float(num(where="conditions.optimizer.fixed_ms",
+                                value=opt.get("fixed_ms", 0.0))),
+                      float(num(where="conditions.optimizer.gbps", value=opt.get("gbps", 0.0))),
+                      float(num(where="conditions.message_latency_ms",
+                                value=raw.get("message_latency_ms", 0.0))),
+                      float(num(where="conditions.local_message_cpu_ms",
+                                value=raw.get("local_message_cpu_ms", 0.0))))
+
+
+_CACHE: dict[str, tuple[tuple[int, int], CostFile]] = {}
+
+
+def read_cost_file(path: str) -> CostFile:
+    """Read and check a cost file (cached by modification time: the planner asks often)."""
+    full = os.path.abspath(path)
+    # Refused up front: a device (/dev/zero), a FIFO or a runaway file is never read.
+    validate.readable_file("--costs", full, validate.MAX_COSTS_BYTES, "cost file")
+    try:
+        st = os.stat(full)
+    except OSError as exc:
+        raise UserError("--costs", f"cannot read {path}: {exc.strerror}",
+                        "pass a cost file written by ppsim profile or ppsim calibrate") from None
+    stamp = (st.st_mtime_ns, st.st_size)
+    hit = _CACHE.get(full)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    text = validate.read_text("--costs", full, validate.MAX_COSTS_BYTES, "cost file")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError("--costs", f"{path} is not valid JSON (line {exc.lineno}: {exc.msg}); "
+                        "it may be truncated", "re-run ppsim profile or ppsim calibrate") from None
+    except RecursionError:
+        raise UserError("--costs", f"{path} is nested too deeply to be a cost file",
+                        "re-run ppsim profile or ppsim calibrate") from None
+    cf = cost_file_from_dict(data, path)
+    _CACHE[full] = (stamp, cf)
+    return cf
+
+
+def check_model(cf: CostFile, model_fields: dict[str, Any]) -> None:
+    """Refuse a file measured for another layer shape (its numbers would silently mislead)."""
+    if cf.model is None or model_fields.get("kind") != "transformer" \
+            or cf.model.get("kind", "transformer") != "transformer":
+        return
+    from ppsim.costs.transformer import Architecture
+
+    defaults = {f.name: f.default for f in fields(Architecture)}
+    for key in SHAPE_KEYS:
+        want = model_fields.get(key, defaults.get(key))
+        have = cf.model.get(key, defaults.get(key))
+        if want != have:
+            raise UserError(f"{cf.path}: model.{key}", f"the file was measured with {key} = "
+                            f"{have!r} but the config has {want!r}",
+                            "re-run ppsim profile for this model, or drop --costs")
+
+
+def load_costs(path: str, num_layers: int | None = None,
+               model_fields: dict[str, Any] | None = None) -> ModelCosts:
+    """The ModelCosts of a cost file, sized to num_layers and checked against the model."""
+    cf = read_cost_file(path)
+    if model_fields is not None:
+        check_model(cf, model_fields)
+    return cf.model_costs(num_layers)
+
+
+def load_conditions(path: str) -> Conditions | None:
+    """The run conditions the file was measured under, if it says."""
+    return read_cost_file(path).conditions
+
+
+def load_p2p(path: str) -> tuple[float | None, float | None]:
+    """(latency ms, bandwidth GB/s) measured in the file; None where it has none."""
+    cf = read_cost_file(path)
+    return cf.p2p_latency_ms, cf.p2p_bandwidth_gbps

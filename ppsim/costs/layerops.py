@@ -1,0 +1,198 @@
+"""A decoder layer, the head and the embedding as ops (for time) and as the tensors
+autograd keeps (for activation memory), per tensor-parallel rank.
+
+Activations are counted tensor by tensor as PyTorch's autograd saves them with
+FlashAttention (scaled_dot_product_attention, causal): no s x s scores, Q, K
+and V at their own widths, the output and a fp32 log-sum-exp per head and
+token. Norms keep their input and fp32 statistics (mean and rstd for
+LayerNorm, rstd for RMSNorm), matmuls their input, an eager SwiGLU its two
+projections, the SiLU output and the product, dropout a 1-byte mask. With tp > 1
+sequence parallelism is assumed: h-wide tensors are split by tokens, the rest
+by width, so every tensor is divided by tp. Each piece counts its own input
+(the previous piece's output), so summing pieces counts a boundary once.
+"""
+
+from __future__ import annotations
+
+from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape
+from ppsim.costs.ops import Op
+
+
+def padded_vocab(a: Architecture) -> int:
+    """Megatron pads the vocabulary to a multiple of 128 x tp."""
+    m = 128 * a.tp
+    return -(-a.vocab_size // m) * m
+
+
+def _tokens(a: Architecture) -> int:
+    return a.seq_length * a.micro_batch_size
+
+
+def _norm_ops(a: Architecture, name: str, width: int) -> list[Op]:
+    w = DTYPE_BYTES[a.dtype]
+    return [Op(name, nbytes=2 * _tokens(a) * width * w / a.tp)]
+
+
+def _residual(a: Architecture, name: str) -> Op:
+    """dropout(x) + residual: read two, write one (and a mask when dropout is on)."""
+    th = _tokens(a) * a.hidden_size / a.tp
+    return Op(name, nbytes=th * (3 * DTYPE_BYTES[a.dtype] + (1 if a.dropout else 0)))
+
+
+def _mm(name: str, m: int, n: float, k: float, count: float = 1, weights: bool = True) -> Op:
+    n, k = max(1, int(n)), max(1, int(k))
+    return Op(name, flops=2.0 * m * n * k * count, shape=(m, n, k),
+              params=int(n * k * count) if weights else 0)
+
+
+def attention_ops(a: Architecture) -> list[Op]:
+    """QKV projections (MLA: through the latents), rotary, the core, the output projection."""
+    t, h, tok, w = a.tp, a.hidden_size, _tokens(a), DTYPE_BYTES[a.dtype]
+    sh = attention_shape(a)
+    if a.attention == "mla":
+        hd = a.head_dim or h // a.num_heads
+        kv_up = a.num_heads * (hd + (a.v_head_dim or hd))
+        ops = ([_mm("q_down", tok, a.q_lora_rank / t, h),
+                *_norm_ops(a, "q_norm", a.q_lora_rank),
+                _mm("q_up", tok, sh.q / t, a.q_lora_rank)] if a.q_lora_rank
+               else [_mm("q_proj", tok, sh.q / t, h)])
+        ops += [_mm("kv_down", tok, (a.kv_lora_rank + a.qk_rope_head_dim) / t, h),
+                *_norm_ops(a, "kv_norm", a.kv_lora_rank),
+                _mm("kv_up", tok, kv_up / t, a.kv_lora_rank)]
+    else:
+        ops = [_mm("qkv", tok, (sh.q + sh.k + sh.v) / t, h)]
+    if a.rotary:
+        ops.append(Op("rotary", nbytes=2 * tok * (sh.q + sh.k) * w / t))
+    # FlashAttention, causal: QK^T and AV over the unmasked half of the s x s scores.
+    core = a.seq_length * a.seq_length * a.micro_batch_size * (sh.q + sh.out) / t
+    if a.recompute == "none":
+        core *= 2  # unfused attention computes the masked half too
+    ops.append(Op("attention", flops=core, attention=True))
+    ops.append(_mm("out_proj", tok, h, sh.out / t))
+    return ops
+
+
+def _mlp_ops(a: Architecture, name: str, tokens: int, ffn: int, count: float = 1) -> list[Op]:
+    """fc1 (fc1 and fc3 when gated), the activation function, fc2."""
+    t, h, w = a.tp, a.hidden_size, DTYPE_BYTES[a.dtype]
+    up = 2 * ffn if a.gated_mlp else ffn
+    elems = tokens * ffn * count / t
+    # Eager SwiGLU: silu (read, write), then the product (read two, write one).
+    act = Op(f"{name}.act", nbytes=elems * w * (5 if a.gated_mlp else 2))
+    return [_mm(f"{name}.fc1", tokens, up / t, h, count), act,
+            _mm(f"{name}.fc2", tokens, h, ffn / t, count)]
+
+
+def mlp_ops(a: Architecture, kind: str) -> list[Op]:
+    if kind == "dense":
+        return _mlp_ops(a, "mlp", _tokens(a), a.ffn_hidden_size)
+    t, h, tok, w = a.tp, a.hidden_size, _tokens(a), DTYPE_BYTES[a.dtype]
+    pairs = tok * a.top_k  # token-expert pairs each rank computes, on average
+    per_expert = max(1, pairs * a.ep // max(1, a.num_experts))
+    local = max(1, a.num_experts // a.ep)
+    ops = [_mm("router", tok, a.num_experts / t, h),
+           Op("router.softmax_topk", nbytes=3 * tok * a.num_experts * 4 / t),
+           Op("dispatch", nbytes=(1 + a.top_k) * tok * h * w / t)]
+    ops += _mlp_ops(a, "experts", per_expert, a.moe_ffn_hidden_size, local)
+    ops.append(Op("combine", nbytes=(1 + a.top_k) * tok * h * w / t))
+    if a.shared_experts:
+        ops += _mlp_ops(a, "shared", tok, a.shared_experts * a.moe_ffn_hidden_size)
+    return ops
+
+
+def layer_ops(a: Architecture, kind: str) -> list[Op]:
+    """The forward ops of one decoder layer of `kind`, per tp rank."""
+    return (_norm_ops(a, "norm1", a.hidden_size) + attention_ops(a)
+            + [_residual(a, "residual1")] + _norm_ops(a, "norm2", a.hidden_size)
+            + mlp_ops(a, kind) + [_residual(a, "residual2")])
+
+
+def head_ops(a: Architecture) -> list[Op]:
+    """Final norm, the vocabulary projection, and the cross-entropy in fp32. Forward:
+    the cast (read w, write 4), log-softmax (max, sum and output passes read the logits
+    three times, write once). Backward: the loss gradient's fill, log-softmax's backward
+    (reads the gradient twice and the output once, writes once), the cast back."""
+    tok, w, v = _tokens(a), DTYPE_BYTES[a.dtype], padded_vocab(a) / a.tp
+    logits = tok * v
+    return (_norm_ops(a, "final_norm", a.hidden_size)
+            + [_mm("output", tok, v, a.hidden_size),
+               Op("loss", nbytes=logits * (w + 4 + 4 * 4), backward_bytes=logits * (6 * 4 + w))])
+
+
+def mtp_ops(a: Architecture) -> list[Op]:
+    """An MTP module's own ops: two norms and the 2h -> h projection."""
+    h = a.hidden_size
+    return (_norm_ops(a, "mtp.norms", 2 * h)
+            + [_mm("mtp.proj", _tokens(a), h / a.tp, 2 * h)])
+
+
+# ------------------------------------------------------------------ activation memory
+
+
+def _norm_bytes(a: Architecture, width: int) -> float:
+    """A norm's input and its fp32 statistics."""
+    stats = 4 if a.rmsnorm else 8
+    return _tokens(a) * (width * DTYPE_BYTES[a.dtype] + stats)
+
+
+def _mlp_bytes(a: Architecture, tokens: int, ffn: int) -> float:
+    """fc1's input, fc1's (and fc3's) output, the activation's output (fc2's input);
+    an eager SwiGLU also keeps SiLU's output for the product."""
+    w = DTYPE_BYTES[a.dtype]
+    return tokens * (a.hidden_size + ffn * (4 if a.gated_mlp else 2)) * w
+
+
+def attention_bytes(a: Architecture) -> float:
+    """Norm output (the projections' input), MLA's latents (norm input and output),
+    Q, K, V, the output, the log-sum-exp; scores when recompute is "none"."""
+    tok, w, h = _tokens(a), DTYPE_BYTES[a.dtype], a.hidden_size
+    sh = attention_shape(a)
+    out = tok * (h + sh.q + sh.k + sh.v + sh.out) * w + 4 * tok * a.num_heads
+    if a.attention == "mla":
+        # The latents: each norm's input (+ stats) and output (the up-projection's input).
+        for rank in (a.q_lora_rank, a.kv_lora_rank):
+            if rank:
+                out += _norm_bytes(a, rank) + tok * rank * w
+    if a.recompute == "none":
+        # Unfused attention: the softmax output (and its dropout mask and output).
+        out += a.num_heads * a.seq_length ** 2 * a.micro_batch_size * (
+            w + (1 + w if a.dropout else 0))
+        out -= 4 * tok * a.num_heads
+    return out
+
+
+def layer_activation_bytes(a: Architecture, kind: str) -> int:
+    """Bytes one microbatch's forward keeps for the backward, per tp rank."""
+    tok, h, w = _tokens(a), a.hidden_size, DTYPE_BYTES[a.dtype]
+    if a.recompute == "full":
+        return int(tok * h * w / a.tp)  # only the layer's input
+    per = 2 * _norm_bytes(a, h) + attention_bytes(a)
+    if a.dropout:
+        per += 2 * tok * h  # masks after attention and after the MLP
+    if kind == "dense":
+        per += _mlp_bytes(a, tok, a.ffn_hidden_size)
+    else:
+        pairs = tok * a.top_k
+        per += (tok * h * w  # router input
+                + 2 * tok * a.num_experts * 4  # router logits and probabilities, fp32
+                + _mlp_bytes(a, pairs, a.moe_ffn_hidden_size)  # dispatched tokens through
+                + pairs * h * w)  # expert outputs, weighted in the combine
+        if a.shared_experts:
+            per += _mlp_bytes(a, tok, a.shared_experts * a.moe_ffn_hidden_size) - tok * h * w
+    return int(per / a.tp)
+
+
+def head_activation_bytes(a: Architecture) -> int:
+    """Final norm (input, stats), the projection's input and the fp32 log-probabilities
+    the cross-entropy keeps. The logits in the training dtype are not kept: the fp32
+    cast is what autograd saves (Megatron's vocab-parallel loss keeps its fp32 softmax
+    the same way); they exist only for the moment of the cast."""
+    tok, w = _tokens(a), DTYPE_BYTES[a.dtype]
+    logits = tok * padded_vocab(a)
+    return int((_norm_bytes(a, a.hidden_size) + tok * a.hidden_size * w + logits * 4) / a.tp)
+
+
+def embedding_activation_bytes(a: Architecture) -> int:
+    """Token ids (int64) and, with dropout, the embedding dropout's mask."""
+    tok = _tokens(a)
+    return int(8 * tok + (tok * a.hidden_size / a.tp if a.dropout else 0))

@@ -1,0 +1,168 @@
+"""Cost model: per-layer time and bytes, and their sums per virtual stage.
+
+Two sources fill a `ModelCosts`: a uniform synthetic model (numbers given
+directly) and a transformer architecture on a hardware preset (FLOPs and
+Korthikanti et al. 2022 activation formulas). Measured cost files
+(`ppsim profile`) produce the same object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ppsim.errors import UserError
+from ppsim.pipeline.split import Split
+
+
+def input_grad_ms(c: LayerCost | StageCost, split: bool) -> float:
+    """B's duration: the whole backward, or (split) the measured split path without W."""
+    if not split:
+        return c.backward_ms
+    return (c.split_backward_ms or c.backward_ms) - c.weight_grad_ms
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerCost:
+    forward_ms: float = 0.0
+    """Forward time of one microbatch."""
+    backward_ms: float = 0.0
+    """Whole backward time (input gradients + weight gradients)."""
+    weight_grad_ms: float = 0.0
+    """Part of backward_ms that computes weight gradients (deferrable as W)."""
+    static_bytes: int = 0
+    """Bytes held all iteration: weights, gradients, optimizer states."""
+    activation_bytes: int = 0
+    """Bytes one microbatch's forward stores until its backward."""
+    weight_grad_bytes: int = 0
+    """Part of activation_bytes that W still needs after B (ZB's M_W)."""
+    output_bytes: int = 0
+    """Bytes of the tensor sent to the next stage (and of its gradient back)."""
+    params: int = 0
+    """Parameters one rank holds for this piece (after tp/ep sharding): the optimizer
+    step and the data-parallel gradient all-reduce at the end of a step scale with it."""
+    split_backward_ms: float = 0.0
+    """Whole backward when W runs apart from B (weight-gradient deferral costs a little
+    more than one pass, as `ppsim profile` measures); 0: backward_ms."""
+
+    def input_grad_ms(self, split: bool) -> float:
+        """B's duration: the whole backward, or without W when the schedule splits it."""
+        return input_grad_ms(self, split)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelCosts:
+    layers: tuple[LayerCost, ...]
+    """One entry per layer, in order: the decoder layers, then the MTP layers."""
+    embedding: LayerCost = field(default_factory=LayerCost)
+    """On the first virtual stage."""
+    head: LayerCost = field(default_factory=LayerCost)
+    """Final norm, LM head and loss, on the last virtual stage."""
+    kinds: tuple[str, ...] = ()
+    """Each layer's kind ("dense", "moe", "mtp", ...), aligned with `layers`; empty when
+    every layer is of one unnamed kind (uniform models, cost files)."""
+    mtp_layers: int = 0
+    """How many of the last `layers` are MTP layers (Megatron's 'm')."""
+
+    @property
+    def num_layers(self) -> int:
+        """All layers a split covers, MTP included."""
+        return len(self.layers)
+
+    def kind_of(self, index: int) -> str:
+        """The kind of layer `index`; "layer" when the model names none."""
+        return self.kinds[index] if self.kinds else "layer"
+
+    @property
+    def hidden_bytes(self) -> int:
+        """Bytes crossing a stage boundary (a stage with no layers passes its input on)."""
+        if self.layers:
+            return self.layers[0].output_bytes
+        return self.embedding.output_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StageCost:
+    """Everything the simulator needs about one virtual stage."""
+
+    forward_ms: float
+    backward_ms: float
+    weight_grad_ms: float
+    static_bytes: int
+    activation_bytes: int
+    weight_grad_bytes: int
+    output_bytes: int
+    params: int = 0
+    split_backward_ms: float = 0.0
+
+    def input_grad_ms(self, split: bool) -> float:
+        """B's duration: the whole backward, or without W when the schedule splits it."""
+        return input_grad_ms(self, split)
+
+
+def _sum(parts: list[LayerCost]) -> tuple[float, float, float, int, int, int, int, float]:
+    f = b = w = sb = 0.0
+    st = act = wg = n = 0
+    for p in parts:
+        f += p.forward_ms
+        b += p.backward_ms
+        w += p.weight_grad_ms
+        sb += p.split_backward_ms or p.backward_ms
+        st += p.static_bytes
+        act += p.activation_bytes
+        wg += p.weight_grad_bytes
+        n += p.params
+    return f, b, w, st, act, wg, n, (0.0 if sb == b else sb)
+
+
+def stage_cost(costs: ModelCosts, offset: int, layers: int, first: bool, last: bool,
+               receives: bool = False) -> StageCost:
+    """Sum the layers [offset, offset + layers) plus embedding/head where they sit. A stage
+    that `receives` its input from another rank also holds that input (its own buffer,
+    kept for the backward) per microbatch in flight; pieces count their input as the
+    previous piece's output, which on another rank is a second copy."""
+    parts = list(costs.layers[offset:offset + layers])
+    if first:
+        parts.insert(0, costs.embedding)
+    if last:
+        parts.append(costs.head)
+    f, b, w, st, act, wg, n, sb = _sum(parts)
+    if receives:
+        act += costs.hidden_bytes
+    return StageCost(f, b, w, st, act, wg, 0 if last else costs.hidden_bytes, n, sb)
+
+
+def receives_input(split: Split, index: int) -> bool:
+    """Virtual stage `index` gets hidden states from a stage on another rank."""
+    loss = split.num_stages - 1 if split.loss_stage == -1 else split.loss_stage
+    return (split.embedding_stage < index <= loss
+            and split.stage_rank(index - 1) != split.stage_rank(index))
+
+
+def stage_costs(costs: ModelCosts, split: Split) -> list[StageCost]:
+    """Per-virtual-stage costs for a split, in virtual-stage order."""
+    if split.num_layers != costs.num_layers:
+        raise UserError("pipeline.split", f"covers {split.num_layers} layers but the model "
+                        f"has {costs.num_layers}", f"make the counts add up to {costs.num_layers}")
+    if split.mtp != costs.mtp_layers:
+        raise UserError("pipeline.split", f"places {split.mtp} MTP layers but the model has "
+                        f"{costs.mtp_layers}", "count the model's MTP layers in the layout")
+    out = []
+    for st in split.stages:
+        c = stage_cost(costs, st.offset, st.layers, st.has_embedding, st.has_head,
+                       receives_input(split, st.index))
+        if st.index < split.embedding_stage or st.index >= split.loss_stage:
+            # Before the embedding only token ids pass; after the loss nothing does.
+            c = _no_output(c)
+        out.append(c)
+    return out
+
+
+def _no_output(c: StageCost) -> StageCost:
+    return StageCost(c.forward_ms, c.backward_ms, c.weight_grad_ms, c.static_bytes,
+                     c.activation_bytes, c.weight_grad_bytes, 0, c.params, c.split_backward_ms)
+
+
+def uniform_costs(num_layers: int, layer: LayerCost, embedding: LayerCost | None = None,
+                  head: LayerCost | None = None) -> ModelCosts:
+    return ModelCosts(layers=(layer,) * num_layers, embedding=embedding or LayerCost(),
+                      head=head or LayerCost())

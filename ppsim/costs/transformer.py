@@ -1,0 +1,186 @@
+"""Analytic costs of a decoder-only transformer whose layers may differ in kind.
+
+A model is a stack of decoder layers of kinds "dense" and "moe" (then `mtp_layers`
+MTP layers), plus the embedding and the head (ppsim.arch holds the shapes). Time
+is a per-op roofline (ppsim.ops, ppsim.layerops): each op's forward, input
+gradient and weight gradient, matmuls at a size-dependent efficiency, attention
+at FlashAttention's causal FLOPs, the rest bytes over memory bandwidth. Activation
+bytes are the tensors autograd keeps; static bytes follow Megatron's
+bytes-per-parameter rule with a padded vocabulary, norms whole on every tp rank
+and experts sharded over ep x tp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ppsim.costs.arch import (
+    ATTENTION,
+    DTYPE_BYTES,
+    KINDS,
+    NORMS,
+    POSITIONS,
+    RECOMPUTE,
+    Architecture,
+    AttentionShape,
+    KindParams,
+    attention_params,
+    attention_shape,
+    bytes_per_param,
+    kind_params,
+    layer_kinds,
+    model_params,
+    mtp_extra_params,
+)
+from ppsim.costs.layerops import (
+    embedding_activation_bytes,
+    head_activation_bytes,
+    head_ops,
+    layer_activation_bytes,
+    layer_ops,
+    mtp_ops,
+    padded_vocab,
+)
+from ppsim.costs.model import LayerCost, ModelCosts
+from ppsim.costs.ops import Roofline, piece_times
+from ppsim.errors import UserError
+
+__all__ = ["ATTENTION", "DTYPE_BYTES", "KINDS", "NORMS", "POSITIONS", "RECOMPUTE",
+           "Accelerator", "Architecture", "accelerator", "AttentionShape", "KindParams",
+           "attention_params",
+           "attention_shape", "bytes_per_param", "kind_params", "layer_activation_bytes",
+           "layer_kinds", "model_params", "mtp_extra_params", "transformer_costs"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Accelerator:
+    peak_tflops: float
+    """Dense peak of the training dtype."""
+    efficiency: float = 0.5
+    """Achieved fraction of peak for matmuls when no curve is given."""
+    a2a_bandwidth_gbps: float = 0.0
+    """GB/s each rank sends at in the MoE all-to-all; 0: free."""
+    matmul_efficiency: tuple[tuple[float, float], ...] = ()
+    """(GFLOP of one matmul, fraction of peak) points; empty: `efficiency` for all."""
+    attention_efficiency: float = 0.0
+    """FlashAttention's fraction of peak; 0: as a matmul of its FLOPs."""
+    memory_bandwidth_gbps: float = 0.0
+    """Achieved device-memory bandwidth; 0: memory-bound ops are free."""
+    kernel_overhead_us: float = 0.0
+    """Least time one kernel takes (host dispatch and launch)."""
+
+    def roofline(self) -> Roofline:
+        return Roofline(peak_tflops=self.peak_tflops, efficiency=self.efficiency,
+                        matmul_efficiency=self.matmul_efficiency,
+                        attention_efficiency=self.attention_efficiency,
+                        memory_bandwidth_gbps=self.memory_bandwidth_gbps,
+                        kernel_overhead_us=self.kernel_overhead_us)
+
+
+def accelerator(hw: Any) -> Accelerator:
+    """The Accelerator of a [hardware] table (ppsim.config.HardwareConfig)."""
+    curve = []
+    for pt in hw.matmul_efficiency or []:
+        if (not isinstance(pt, list) or len(pt) != 2
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in pt)
+                or pt[0] <= 0 or not 0 < pt[1] <= 1):
+            raise UserError("hardware.matmul_efficiency", f"bad point {pt!r}",
+                            "write [[GFLOP, fraction of peak], ...], e.g. [[1, 0.2], [1000, 0.8]]")
+        curve.append((float(pt[0]), float(pt[1])))
+    for name in ("attention_efficiency", "memory_bandwidth_gbps", "kernel_overhead_us"):
+        if getattr(hw, name) < 0:
+            raise UserError(f"hardware.{name}", "must not be negative", "use 0 or more")
+    return Accelerator(peak_tflops=hw.peak_tflops, efficiency=hw.efficiency,
+                       a2a_bandwidth_gbps=hw.p2p_bandwidth_gbps, matmul_efficiency=tuple(curve),
+                       attention_efficiency=hw.attention_efficiency,
+                       memory_bandwidth_gbps=hw.memory_bandwidth_gbps,
+                       kernel_overhead_us=hw.kernel_overhead_us)
+
+
+def _held(a: Architecture, p: KindParams) -> int:
+    """Parameters one rank holds: matrices split by tp, norms whole, experts by ep x tp."""
+    mats = p.dense - p.norms
+    return int(mats / a.tp + p.norms + p.experts / (a.ep * a.tp))
+
+
+def _static(a: Architecture, p: KindParams) -> int:
+    mats = p.dense - p.norms
+    return int((mats / a.tp + p.norms + p.experts / (a.ep * a.tp)) * bytes_per_param(a))
+
+
+def _kind_cost(a: Architecture, acc: Accelerator, kind: str) -> LayerCost:
+    s, b, h, t = a.seq_length, a.micro_batch_size, a.hidden_size, a.tp
+    ops = layer_ops(a, kind)
+    f, bi, bw = piece_times(acc.roofline(), ops)
+    if kind == "moe" and a.ep > 1 and acc.a2a_bandwidth_gbps > 0:
+        # Dispatch and combine each move top_k copies of every token; (ep-1)/ep leave.
+        a2a = 2 * s * b * a.top_k * h * DTYPE_BYTES[a.dtype] * (a.ep - 1) / a.ep / t
+        f += a2a / (acc.a2a_bandwidth_gbps * 1e6)
+        bi += a2a / (acc.a2a_bandwidth_gbps * 1e6)
+    if a.recompute == "full":
+        bi += f  # the forward runs again before the backward
+    act = layer_activation_bytes(a, kind)
+    # ZB: after B, W still needs the inputs of the weight matmuls (and the output
+    # gradients it is given); the rest of what the forward kept is freed.
+    w_keep = min(act, int(sum(op.shape[0] * op.shape[2] for op in ops if op.params)
+                          * DTYPE_BYTES[a.dtype]))
+    return LayerCost(forward_ms=f, backward_ms=bi + bw, weight_grad_ms=bw,
+                     static_bytes=_static(a, kind_params(a, kind)),
+                     activation_bytes=act, weight_grad_bytes=w_keep,
+                     output_bytes=s * b * h * DTYPE_BYTES[a.dtype] // t,
+                     params=_held(a, kind_params(a, kind)))
+
+
+def _head_cost(a: Architecture, acc: Accelerator) -> LayerCost:
+    """Final norm + vocab projection + cross-entropy in fp32."""
+    s, b, h, t = a.seq_length, a.micro_batch_size, a.hidden_size, a.tp
+    f, bi, bw = piece_times(acc.roofline(), head_ops(a))
+    norm = h * (1 if a.rmsnorm else 2)
+    return LayerCost(forward_ms=f, backward_ms=bi + bw, weight_grad_ms=bw,
+                     static_bytes=int((padded_vocab(a) * h / t + norm) * bytes_per_param(a)),
+                     activation_bytes=head_activation_bytes(a),
+                     weight_grad_bytes=int(s * b * h * DTYPE_BYTES[a.dtype] / t), output_bytes=0,
+                     params=int(padded_vocab(a) * h / t + norm))
+
+
+def _mtp_cost(a: Architecture, acc: Accelerator, layer: LayerCost,
+              head: LayerCost) -> LayerCost:
+    """An MTP module: its norms and projection, its decoder layer, the shared head, a loss."""
+    s, b, h, t = a.seq_length, a.micro_batch_size, a.hidden_size, a.tp
+    f, bi, bw = piece_times(acc.roofline(), mtp_ops(a))
+    extra = int(mtp_extra_params(a) / t * bytes_per_param(a))
+    width = DTYPE_BYTES[a.dtype]
+    return LayerCost(
+        forward_ms=layer.forward_ms + f + head.forward_ms,
+        backward_ms=layer.backward_ms + bi + bw + head.backward_ms,
+        weight_grad_ms=layer.weight_grad_ms + bw + head.weight_grad_ms,
+        static_bytes=layer.static_bytes + extra,
+        activation_bytes=layer.activation_bytes + head.activation_bytes
+        + int(2 * s * b * h * width / t),
+        weight_grad_bytes=layer.weight_grad_bytes + head.weight_grad_bytes,
+        output_bytes=layer.output_bytes, params=layer.params + int(mtp_extra_params(a) / t))
+
+
+def transformer_costs(a: Architecture, acc: Accelerator) -> ModelCosts:
+    """Per-layer costs of the whole stack, the embedding and the head."""
+    s, b, h, t = a.seq_length, a.micro_batch_size, a.hidden_size, a.tp
+    kinds = layer_kinds(a)
+    by_kind = {k: _kind_cost(a, acc, k) for k in set(kinds)}
+    head = _head_cost(a, acc)
+    layers = [by_kind[k] for k in kinds]
+    if a.mtp_layers:
+        inner = kinds[-1] if kinds else "dense"
+        mtp = _mtp_cost(a, acc, by_kind.get(inner) or _kind_cost(a, acc, inner), head)
+        layers += [mtp] * a.mtp_layers
+    # Embedding: a lookup (no matmul); its backward scatters gradients into the table.
+    width = DTYPE_BYTES[a.dtype]
+    emb = LayerCost(forward_ms=0.0, backward_ms=0.0,
+                    static_bytes=int(padded_vocab(a) * h / t * bytes_per_param(a)),
+                    activation_bytes=embedding_activation_bytes(a),
+                    output_bytes=s * b * h * width // t, params=int(padded_vocab(a) * h / t))
+    named = kinds + ("mtp",) * a.mtp_layers
+    # A stack of dense layers only has one kind: leave it unnamed, as cost files do.
+    plain = set(named) <= {"dense"}
+    return ModelCosts(layers=tuple(layers), embedding=emb, head=head,
+                      kinds=() if plain else named, mtp_layers=a.mtp_layers)

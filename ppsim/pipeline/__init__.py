@@ -1,0 +1,1 @@
+"""The pipeline problem: the split, Megatron's layout, placement, exports and messages."""

@@ -1,0 +1,269 @@
+"""Turn a Config into what the simulator needs: costs, split, schedule, limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ppsim.config import validate
+from ppsim.config.limits import SIMULATE, check_ops, check_shape
+from ppsim.config.schema import ARCH_FIELDS, LAYER_FIELDS, Config, model_fields
+from ppsim.costs.model import LayerCost, ModelCosts, StageCost, stage_costs, uniform_costs
+from ppsim.costs.transformer import Architecture, accelerator, transformer_costs
+from ppsim.errors import UserError
+from ppsim.pipeline import split as splits
+from ppsim.pipeline.layout import parse_layout
+from ppsim.pipeline.placement import Topology, topology
+from ppsim.pipeline.split import Split
+from ppsim.schedules.generators import Schedule, build_schedule, schedule_placement
+
+
+@dataclass(frozen=True)
+class Hardware:
+    memory_bytes: float
+    p2p_latency_ms: float = 0.0
+    p2p_bandwidth_gbps: float = 0.0
+    memory_bandwidth_gbps: float = 0.0
+    """Prices the optimizer step (bytes per parameter over this); 0: the step is free."""
+    dp: int = 1
+    """Data-parallel replicas whose gradients are all-reduced at the end of the step."""
+    optimizer_fixed_ms: float = 0.0
+    """The optimizer step's time beside its bytes (per-tensor dispatch), per rank;
+    measured by `ppsim profile` on CPU."""
+    iteration_boundary_ms: float = 0.0
+    """Between one iteration's end and the next one's start: the executor's loss
+    all-reduce across ranks, as `ppsim profile` measures it; 0 when not measured."""
+
+    def transfer_ms(self, nbytes: int) -> float:
+        """Time from send to arrival of one message; 0 when transfers are free."""
+        t = self.p2p_latency_ms
+        if self.p2p_bandwidth_gbps > 0:
+            t += nbytes / (self.p2p_bandwidth_gbps * 1e6)  # GB/s -> bytes per ms
+        return t
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A fully resolved pipeline: what `simulate` runs."""
+
+    costs: ModelCosts
+    split: Split
+    schedule: Schedule
+    hardware: Hardware
+    topology: Topology | None = None
+    """Devices and links the ranks share; None: each rank owns its device and links."""
+
+    @property
+    def stage_costs(self) -> list[StageCost]:
+        return stage_costs(self.costs, self.split)
+
+    def with_split(self, split: Split) -> Problem:
+        return replace(self, split=split)
+
+
+def _layer(table: dict[str, Any], where: str) -> LayerCost:
+    kw: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in LAYER_FIELDS:
+            raise UserError(f"{where}.{key}", "unknown key", "valid keys: " + ", ".join(
+                LAYER_FIELDS))
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise UserError(f"{where}.{key}", f"must be a number >= 0, got {value!r}",
+                            "write a non-negative number")
+        kw[key] = int(value) if key.endswith("bytes") or key == "params" else float(value)
+    return LayerCost(**kw)
+
+
+def model_costs(cfg: Config) -> ModelCosts:
+    """Costs of the configured model: measured cost file, uniform, or transformer."""
+    raw = model_fields(cfg.model)
+    check_shape(raw.get("num_layers"), cfg.pipeline.pp, cfg.pipeline.vpp,
+                cfg.pipeline.microbatches)
+    if cfg.costs_file:
+        from ppsim.costs.costfile import load_costs
+
+        return load_costs(cfg.costs_file, int(raw["num_layers"]), raw)
+    if raw.get("kind", "uniform") == "uniform":
+        layer = {k: v for k, v in raw.items() if k in LAYER_FIELDS}
+        lc = _layer(layer, "model")
+        if lc.weight_grad_ms > lc.backward_ms:
+            raise UserError("model.weight_grad_ms", "exceeds backward_ms",
+                            "weight_grad_ms is the part of backward_ms spent on weights")
+        emb = _layer(raw["embedding"], "model.embedding") if "embedding" in raw else None
+        head = _layer(raw["head"], "model.head") if "head" in raw else None
+        return uniform_costs(raw["num_layers"], lc, emb, head)
+    arch = Architecture(**{k: v for k, v in raw.items() if k in ARCH_FIELDS})
+    if arch.attention != "mla" and (arch.hidden_size % arch.num_heads
+                                    or arch.num_heads % arch.num_kv_heads):
+        raise UserError("model.num_heads", "hidden_size must divide by num_heads and num_heads "
+                        "by num_kv_heads", "fix the head counts")
+    acc = accelerator(cfg.hardware)
+    return transformer_costs(arch, acc)
+
+
+def mtp_layers(cfg: Config) -> int:
+    """MTP layers of the configured model (they follow the decoder layers)."""
+    raw = model_fields(cfg.model)
+    return int(raw.get("mtp_layers", 0)) if raw.get("kind") == "transformer" else 0
+
+
+def resolve_split(cfg: Config, num_layers: int | None = None,
+                  placement: str = "loop") -> Split:
+    """The split the pipeline section asks for (see `resolve_split_noted`)."""
+    return resolve_split_noted(cfg, num_layers, placement)[0]
+
+
+def resolve_split_noted(cfg: Config, num_layers: int | None = None,
+                        placement: str = "loop") -> tuple[Split, str]:
+    """The split the pipeline section asks for, and how it was chosen.
+
+    A list, a layout, Megatron's first/last or account-for options, `split = "even"`
+    (Megatron's default, refused when the layers do not divide), or nothing: then
+    Megatron's even split where there is one and the near-even split otherwise.
+    num_layers counts every layer, MTP included (default: from the model).
+    """
+    p = cfg.pipeline
+    validate.stages(p)  # a split over 0 ranks would divide by zero
+    mtp = mtp_layers(cfg)
+    total = cfg.num_layers + mtp if num_layers is None else num_layers
+    decoder = total - mtp
+    first_last = p.first_stage_layers is not None or p.last_stage_layers is not None
+    chosen = [name for name, val in (("split", p.split is not None),
+                                     ("layout", p.layout is not None),
+                                     ("first/last_stage_layers", first_last),
+                                     ("account_for_embedding/loss",
+                                      p.account_for_embedding or p.account_for_loss)) if val]
+    if "layout" in chosen and len(chosen) > 1:
+        raise UserError("pipeline.layout", "cannot be combined with " + ", ".join(
+            c for c in chosen if c != "layout"), "use the layout alone (Megatron rejects this)")
+    if "split" in chosen and len(chosen) > 1:
+        raise UserError("pipeline.split", "cannot be combined with " + ", ".join(
+            c for c in chosen if c != "split"), "give one way of splitting")
+    if p.layout is not None:
+        s = parse_layout(p.layout, p.pp, decoder, mtp)
+        if p.vpp not in (1, s.vpp):  # vpp 1 is the default: the layout says how many
+            raise UserError("pipeline.vpp", f"is {p.vpp} but the layout has {s.num_stages} "
+                            f"stages = {s.vpp} per rank", f"set vpp = {s.vpp} or leave it out")
+        return (replace(s, placement=placement) if placement != s.placement else s), "layout"
+    if isinstance(p.split, list):
+        return splits.split_from_counts(p.split, p.pp, p.vpp, total, placement, mtp), "given"
+    if p.split is None and not chosen:
+        return splits.default_split(total, p.pp, p.vpp, mtp, placement)  # type: ignore[arg-type]
+    s = splits.megatron_split(decoder, p.pp, p.vpp, p.first_stage_layers,
+                              p.last_stage_layers, p.account_for_embedding, p.account_for_loss)
+    counts = list(s.counts)
+    counts[-1] += mtp  # Megatron builds MTP layers on the last stage
+    return Split(tuple(counts), s.pp, s.vpp, placement, mtp), "Megatron options"  # type: ignore[arg-type]
+
+
+def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
+    """Costs, split, schedule and hardware; cheap checks first, then the big pieces."""
+    p = cfg.pipeline
+    costs = costs or model_costs(cfg)
+    if p.actions_csv:
+        return _csv_problem(cfg, costs)
+    placement = schedule_placement(p.schedule)
+    split = resolve_split(cfg, costs.num_layers, placement)
+    name = p.schedule
+    if p.layout is not None and split.vpp > 1 and name == "1f1b":
+        name = "interleaved-1f1b"  # Megatron runs a multi-chunk layout interleaved
+    check_ops(p.pp, split.vpp, p.microbatches, False, SIMULATE)
+    schedule = build_schedule(name, p.pp, split.vpp, p.microbatches)
+    hw = hardware(cfg)
+    return Problem(costs, split, schedule, hw, _topology(cfg, hw))
+
+
+def _topology(cfg: Config, hw: Hardware) -> Topology | None:
+    """The placement's shared resources (None: the private, classic model). A measured
+    cost file supplies the per-message CPU times and the context-switch cost unless the
+    placement sets them."""
+    pl = cfg.placement
+    if cfg.costs_file:
+        from ppsim.costs.costfile import load_conditions
+
+        cond = load_conditions(cfg.costs_file)
+        if cond is not None and cond.message_cpu_ms and not pl.message_cpu_ms:
+            pl = replace(pl, message_cpu_ms=cond.message_cpu_ms)
+        if cond is not None and cond.context_switch_ms and not pl.context_switch_ms:
+            pl = replace(pl, context_switch_ms=cond.context_switch_ms)
+        if cond is not None and cond.local_message_cpu_ms and not pl.local_message_cpu_ms:
+            pl = replace(pl, local_message_cpu_ms=cond.local_message_cpu_ms)
+    topo = topology(pl, cfg.pipeline.pp, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps)
+    return None if topo.is_private else topo
+
+
+def placement_warning(cfg: Config) -> str | None:
+    """A line when the cost file's op times were measured for another placement."""
+    if not cfg.costs_file:
+        return None
+    from ppsim.costs.costfile import load_conditions
+
+    cond = load_conditions(cfg.costs_file)
+    if cond is None or not cond.devices:
+        return None
+    pp = cfg.pipeline.pp
+    want = list(cfg.placement.devices) if cfg.placement.devices else list(range(pp))
+
+    def shape(devs: list[int] | tuple[int, ...]) -> tuple[int, int]:
+        """(devices busy at once, most ranks on one device): what the profile measured."""
+        return len(set(devs)), max(list(devs).count(d) for d in set(devs))
+
+    if shape(want) == shape(cond.devices):
+        return None
+    return (f"warning: {cfg.costs_file} was profiled for {len(set(cond.devices))} device(s) "
+            f"busy at once (placement {list(cond.devices)}), this run places {pp} ranks on "
+            f"{len(set(want))} ({want}); re-run ppsim profile with this placement")
+
+
+def _csv_problem(cfg: Config, costs: ModelCosts) -> Problem:
+    """The problem whose order is a torch schedule CSV; its placement shapes the split."""
+    from ppsim.schedules.torchcsv import load_actions_csv
+
+    p = cfg.pipeline
+    # A layout sets vpp itself, so only the CSV's stages per rank are checked against it.
+    schedule = load_actions_csv(p.actions_csv, p.pp, None if p.layout else p.vpp,  # type: ignore[arg-type]
+                                p.microbatches)
+    split = resolve_split(cfg, costs.num_layers, schedule.placement)
+    if split.vpp != schedule.vpp:
+        raise UserError("pipeline.layout", f"has {split.vpp} stages per rank but the actions "
+                        f"CSV runs {schedule.vpp}", "give a layout with as many stages as the CSV")
+    hw = hardware(cfg)
+    return Problem(costs, split, schedule, hw, _topology(cfg, hw))
+
+
+def hardware(cfg: Config) -> Hardware:
+    """Memory limit and P2P model; P2P measured in the cost file beats the preset, and its
+    latency under load (a message posted as its sender computes on) beats an idle one."""
+    latency, bandwidth = cfg.hardware.p2p_latency_ms, cfg.hardware.p2p_bandwidth_gbps
+    if cfg.costs_file:
+        from ppsim.costs.costfile import load_p2p
+
+        lat, bw = load_p2p(cfg.costs_file)
+        latency = latency if lat is None else lat
+        bandwidth = bandwidth if bw is None else bw
+    fields = model_fields(cfg.model)
+    dp = int(fields.get("dp", 1)) if fields.get("kind") == "transformer" else 1
+    membw, fixed, boundary = cfg.hardware.memory_bandwidth_gbps, 0.0, 0.0
+    if cfg.costs_file:
+        from ppsim.costs.costfile import load_conditions, read_cost_file
+
+        cond = load_conditions(cfg.costs_file)
+        if cond is not None and cond.message_latency_ms:
+            # Measured whole for a boundary-sized message: the latency is what the
+            # bandwidth term leaves of it.
+            nbytes = read_cost_file(cfg.costs_file).layers[0].output_bytes
+            latency = max(0.0, cond.message_latency_ms -
+                          (nbytes / (bandwidth * 1e6) if bandwidth > 0 else 0.0))
+        if cond is not None and cond.optimizer_gbps > 0:  # the step as measured here
+            membw, fixed = cond.optimizer_gbps, cond.optimizer_fixed_ms
+        if cond is not None and cfg.pipeline.pp * dp > 1:
+            boundary = cond.iteration_boundary_ms
+    hw = Hardware(cfg.hardware.memory_bytes, latency, bandwidth, membw, dp, fixed, boundary)
+    if hw.memory_bytes <= 0:
+        raise UserError("hardware.memory_bytes", f"must be positive, got {hw.memory_bytes:g}",
+                        "give the memory one rank may use, e.g. 80e9 (--memory-gb 80)")
+    if hw.p2p_latency_ms < 0:
+        raise UserError("hardware.p2p_latency_ms", "must be >= 0", "use 0 for no latency")
+    if hw.p2p_bandwidth_gbps < 0:
+        raise UserError("hardware.p2p_bandwidth_gbps", "must be >= 0", "use 0 for free transfers")
+    return hw

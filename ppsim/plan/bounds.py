@@ -1,0 +1,326 @@
+"""Lower bounds on the iteration time of any split, for the planner's pruning.
+
+Every bound is the length of a real path in the schedule's dependency graph
+(ops on one rank run in order; an F needs the previous stage's F, a B the
+next stage's B), so it can never exceed the simulated time. The paths run
+through one rank; their lengths are linear in stage costs with counts read
+off the action lists, and prefix sums depend only on where a stage starts,
+so with one chunk per rank each term depends on one stage alone and a
+min-max dynamic program over the split finds the best bound any completion
+can reach. (Paths through two neighbouring ranks were tried: valid, but no
+tighter on the instances that matter — there the critical path zigzags
+between several ranks of equal load.)
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable
+from typing import NamedTuple
+
+from ppsim.costs.model import LayerCost, StageCost
+from ppsim.plan.search import Deadline, SplitSearch
+from ppsim.sim.evaluate import list_schedule
+from ppsim.sim.timing import message_key
+
+INF = float("inf")
+ROUNDING = 1 - 1e-12  # stay below the float-rounded true time
+TERM_CACHE = 1 << 21
+"""Stage terms kept; beyond it the cache starts over (memory stays bounded)."""
+
+
+class MinMaxTable:
+    """min over splits of the largest per-stage term, for every suffix, bottom up.
+
+    value(pos, k): the best for layers pos..L-1 on stages k..S-1, where
+    term(pos, c, k) is stage k's term holding c layers from pos. The term
+    must not decrease with c (more layers: more work, more memory; INF when
+    it cannot fit), which lets each scan stop early. Iterative (no recursion
+    depth growing with the stages) and stopped by a deadline.
+    """
+
+    def __init__(self, stages: int, layers: int,
+                 term: Callable[[int, int, int], float]) -> None:
+        self.S, self.L, self.term = stages, layers, term
+        self.values: list[array] = []
+        self.choices: list[array] = []
+
+    def solve(self, deadline: Deadline | None = None) -> bool:
+        """Fill the table; False (and nothing kept) when the deadline passed first."""
+        S, L, term = self.S, self.L, self.term
+        values: list[array | None] = [None] * S
+        choices: list[array | None] = [None] * S
+        for k in range(S - 1, -1, -1):
+            val = array("d", [INF]) * (L + 1)
+            ch = array("q", [0]) * (L + 1)
+            nxt = values[k + 1] if k + 1 < S else None
+            for pos in range(L + 1) if k > 0 else (0,):
+                if deadline is not None and deadline.passed():
+                    return False
+                if nxt is None:
+                    val[pos], ch[pos] = term(pos, L - pos, k), L - pos
+                    continue
+                best, arg = INF, 0
+                for c in range(L - pos + 1):
+                    if c & 255 == 255 and deadline is not None and deadline.passed():
+                        return False
+                    t = term(pos, c, k)
+                    if t >= best:
+                        break  # the term only grows with c (INF: no more fits)
+                    x = nxt[pos + c]
+                    v = t if t > x else x
+                    if v < best:
+                        best, arg = v, c
+                val[pos], ch[pos] = best, arg
+            values[k], choices[k] = val, ch
+        self.values = values  # type: ignore[assignment]
+        self.choices = choices  # type: ignore[assignment]
+        return True
+
+    def value(self, pos: int, k: int) -> float:
+        return self.values[k][pos]
+
+    def argmin(self) -> tuple[int, ...] | None:
+        """The split reaching value(0, 0), or None when none fits."""
+        if self.values[0][0] == INF:
+            return None
+        counts, pos = [], 0
+        for k in range(self.S):
+            c = self.choices[k][pos]
+            counts.append(c)
+            pos += c
+        return tuple(counts)
+
+class PathBounds:
+    """Path lengths through one rank, for any placement."""
+
+    def __init__(self, s: SplitSearch) -> None:
+        self.s = s
+        c = s.costs
+        self.pre_f, self.pre_b, self.pre_w = [0.0], [0.0], [0.0]
+        for lc in c.layers:
+            self.pre_f.append(self.pre_f[-1] + lc.forward_ms)
+            self.pre_b.append(self.pre_b[-1] + self.bpart(lc))
+            self.pre_w.append(self.pre_w[-1] + lc.backward_ms)
+        self.total_f = c.embedding.forward_ms + self.pre_f[-1] + c.head.forward_ms
+        self.total_b = self.bpart(c.embedding) + self.pre_b[-1] + self.bpart(c.head)
+        self.emb_f, self.emb_b = c.embedding.forward_ms, self.bpart(c.embedding)
+        self.pre_d = [0.0]
+        for d in s.delay:
+            self.pre_d.append(self.pre_d[-1] + d)
+        # Per rank: stage of its first op, of its first B (and how many forwards of
+        # each chunk precede it), and of its last op when that is a B.
+        self.first_stage, self.first_b, self.fwd_before_b, self.tail_stage = [], [], [], []
+        for kinds, stages in zip(s.compiled.kind, s.compiled.stage, strict=True):
+            self.first_stage.append(stages[0])
+            i = kinds.index("B")
+            self.first_b.append(stages[i])
+            per_chunk = [0] * s.vpp
+            for st in stages[:i]:
+                per_chunk[st // s.pp] += 1
+            self.fwd_before_b.append(per_chunk)
+            self.tail_stage.append(stages[-1] if kinds[-1] == "B" else -1)
+
+    def bpart(self, c: LayerCost | StageCost) -> float:
+        """The B op's share of a backward: all of it, or the input-gradient part."""
+        return c.input_grad_ms(self.s.split_bw)
+
+    def before_f(self, pos: int, st: int) -> float:
+        """Forward time of all stages before stage st, which starts at layer pos."""
+        return self.emb_f + self.pre_f[pos] if st > 0 else 0.0
+
+    def before_b(self, pos: int, st: int) -> float:
+        return self.emb_b + self.pre_b[pos] if st > 0 else 0.0
+
+    def sums(self, st: int, pos: int, count: int) -> tuple[float, float, float]:
+        """(forward, backward, B part) of stage st holding layers pos..pos+count-1, from
+        prefix sums in O(1) (rounding differs from a sum by far less than ROUNDING)."""
+        c, s = self.s.costs, self.s
+        f = self.pre_f[pos + count] - self.pre_f[pos]
+        b = self.pre_w[pos + count] - self.pre_w[pos]
+        bp = self.pre_b[pos + count] - self.pre_b[pos]
+        for part, there in ((c.embedding, st == 0), (c.head, st == s.S - 1)):
+            if there:
+                f += part.forward_ms
+                b += part.backward_ms
+                bp += self.bpart(part)
+        return f, b, bp
+
+    # ------------------------------------------------------------ one rank
+
+    def rank_term(self, r: int, placed: dict[int, tuple[int, int]]) -> float:
+        """Bound from two paths through rank r, once its stages are placed.
+
+        `placed` maps stage -> (first layer, layer count). Path 1: microbatch
+        0's forward reaches rank r's first stage, then every op of rank r,
+        then (if the rank ends with B) the last gradient returns to stage 0.
+        Path 2: the forward of the microbatch whose B rank r runs first goes
+        all the way down, its gradient comes back, then every op of rank r
+        from that B on, then the same return.
+        """
+        s = self.s
+        stages = s.rank_stages[r]
+        costs = {st: self.sums(st, *placed[st]) for st in stages}  # (F, B, B part)
+        work = 0.0
+        for st in stages:
+            work += costs[st][0] + costs[st][1]
+        work *= s.m
+        ts = self.tail_stage[r]
+        tail = self.before_b(placed[ts][0], ts) + self.pre_d[ts] if ts >= 0 else 0.0
+        s0 = self.first_stage[r]
+        best = self.before_f(placed[s0][0], s0) + self.pre_d[s0] + work + tail
+        sb = self.first_b[r]
+        if sb < s.S - 1:
+            skipped = sum(costs[st][0] * self.fwd_before_b[r][st // s.pp] for st in stages)
+            back = self.total_b - self.before_b(placed[sb][0], sb) - costs[sb][2]
+            delays = 2 * self.pre_d[-1] - self.pre_d[sb]
+            best = max(best, self.total_f + back + delays + work - skipped + tail)
+        return best * ROUNDING
+
+    def stage_term(self, pos: int, count: int, k: int) -> float:
+        """rank_term for one chunk per rank, where stage k is rank k's only stage."""
+        return self.rank_term(k, {k: (pos, count)})
+
+
+class OneChunkBound:
+    """Exact min over completions of the largest stage term, one chunk per rank.
+
+    value(pos, k): layers pos..L-1 on stages k..S-1. Stages that cannot fit
+    memory are excluded (infinite). `solve` must succeed before `value`.
+    """
+
+    def __init__(self, search: SplitSearch, paths: PathBounds) -> None:
+        self.s, self.paths = search, paths
+        self._term: dict[tuple[int, int, int], float] = {}
+        self.table = MinMaxTable(search.S, search.L, self.term)
+
+    def fits(self, pos: int, c: int, k: int) -> bool:
+        return self.s.one_chunk_total(pos, c, k) <= self.s.memory
+
+    def term(self, pos: int, c: int, k: int) -> float:
+        key = (pos, c, k)
+        t = self._term.get(key)
+        if t is None:
+            t = self.paths.stage_term(pos, c, k) if self.fits(pos, c, k) else INF
+            if len(self._term) >= TERM_CACHE:
+                self._term.clear()
+            self._term[key] = t
+        return t
+
+    def solve(self, deadline: Deadline | None = None) -> bool:
+        return self.table.solve(deadline)
+
+    def value(self, pos: int, k: int) -> float:
+        return self.table.value(pos, k)
+
+    def argmin(self) -> tuple[int, ...] | None:
+        return self.table.argmin()
+
+
+class WaterFill:
+    """Bound for several chunks per rank: per rank, head + m x placed work, and
+    the unplaced work poured (continuously) onto the ranks that still have stages."""
+
+    def __init__(self, search: SplitSearch) -> None:
+        self.s = search
+        layers = search.costs.layers
+        self.suffix_work = [0.0] * (len(layers) + 1)
+        for i in range(len(layers) - 1, -1, -1):
+            lc = layers[i]
+            self.suffix_work[i] = self.suffix_work[i + 1] + lc.forward_ms + lc.backward_ms
+        head = search.costs.head
+        self.head_work = head.forward_ms + head.backward_ms
+
+    def head(self, costs: list[StageCost], upto: int) -> float:
+        """Time before stage `upto`'s first op can start, plus its return trip."""
+        s = self.s
+        t = 0.0
+        for j in range(upto):
+            t += costs[j].forward_ms + s.delay[j]
+            if not s.split_bw:
+                t += costs[j].backward_ms + s.delay[j]
+        return t
+
+    def bound(self, costs: list[StageCost], k: int, remaining: int) -> float:
+        s = self.s
+        m, pp = s.m, s.pp
+        level = [0.0] * pp
+        open_ranks = set()
+        for r in range(pp):
+            w = sum(s.work(costs[j]) for j in s.rank_stages[r] if j < k)
+            level[r] = self.head(costs, min(r, k)) + m * w
+            if any(j >= k for j in s.rank_stages[r]):
+                open_ranks.add(r)
+        pour = m * (self.suffix_work[s.L - remaining] + (self.head_work if k < s.S else 0.0))
+        placed_max = max(level)
+        if not open_ranks or pour <= 0:
+            return placed_max
+        lv = sorted(level[r] for r in open_ranks)
+        # Raise the lowest open levels together until the poured work is used up.
+        total, n = 0.0, 0
+        for i, x in enumerate(lv):
+            n = i + 1
+            total += x
+            nxt = lv[i + 1] if i + 1 < len(lv) else INF
+            h = (pour + total) / n
+            if h <= nxt:
+                return max(placed_max, h)
+        return max(placed_max, (pour + total) / n)
+
+
+class _Sub(NamedTuple):
+    """The part of a compiled schedule list_schedule reads."""
+
+    kind: list[tuple[str, ...]]
+    wait_key: list[tuple[int, ...]]
+    send_key: list[tuple[int, ...]]
+
+
+def prefix_time(paths: PathBounds, counts: list[int]) -> float:
+    """Exact time of a relaxation: stages 0..k-1 as placed, the rest free of ranks.
+
+    The unplaced stages (always the last ones: the search places stages in
+    order) are dropped from their ranks and replaced by one delay: a
+    microbatch's forward through all of them and its gradient back take their
+    summed F and B time (known from the layers left, whatever the split)
+    without waiting for any rank. Dropping constraints only makes ops start
+    earlier, so this never exceeds the real time; it captures every
+    interaction among the placed stages (such as several equally loaded ranks
+    in a row). Cost: one list schedule of the placed ops.
+    """
+    k = len(counts)
+    s = paths.s
+    pos, costs = 0, []
+    for i, n in enumerate(counts):
+        costs.append(s.stage(pos, n, i))
+        pos += n
+    head = s.costs.head
+    rest_f = paths.pre_f[-1] - paths.pre_f[pos] + head.forward_ms
+    rest_b = paths.pre_b[-1] - paths.pre_b[pos] + paths.bpart(head)
+    trip = rest_f + rest_b + 2 * (paths.pre_d[-1] - paths.pre_d[k - 1])  # k-1 -> end -> k-1
+    dur = {kd: [0.0] * k for kd in "FBW"}
+    for i, c in enumerate(costs):
+        dur["F"][i], dur["B"][i] = c.forward_ms, paths.bpart(c)
+        dur["W"][i] = c.weight_grad_ms if s.split_bw else 0.0
+    kinds, waits, sends, durations, delays = [], [], [], [], []
+    for r in range(s.pp):
+        k_, w_, s_, du_, dl_ = [], [], [], [], []
+        for a, kd, wk, sk, sdl in zip(s.sched.actions[r], s.compiled.kind[r],
+                                      s.compiled.wait_key[r], s.compiled.send_key[r],
+                                      s.send_delay[r], strict=True):
+            if a.stage >= k:
+                continue  # an unplaced stage: part of the free delay
+            if a.stage == k - 1 and kd == "F":  # straight back to its own B
+                sk, sdl = message_key(a.stage, a.microbatch, True, s.m), trip
+            k_.append(kd)
+            w_.append(wk)
+            s_.append(sk)
+            du_.append(dur[kd][a.stage])
+            dl_.append(sdl)
+        kinds.append(tuple(k_))
+        waits.append(tuple(w_))
+        sends.append(tuple(s_))
+        durations.append(du_)
+        delays.append(dl_)
+    _, ends = list_schedule(_Sub(kinds, waits, sends), durations, delays)  # type: ignore[arg-type]
+    return max((e[-1] for e in ends if e), default=0.0) * ROUNDING

@@ -1,0 +1,406 @@
+"""Exact search for the fastest split that fits memory.
+
+Branch and bound over the layer counts of the virtual stages, in stage
+order. A valid lower bound on any schedule's iteration time holds for every
+rank r: its first op cannot start before microbatch 0's forward has crossed
+stages 0..r-1 (head), it is busy m x its stages' work, and after its last
+backward the gradient must still cross stages r-1..0 (tail, when the
+backward is not split). For one chunk per rank the best bound reachable by
+any completion of a prefix is computed exactly by a min-max dynamic
+program; with chunks a water-filling relaxation is used. Leaves are timed
+by the list-scheduling evaluator, which equals the simulator. A branch is
+cut only when its bound is worse than the best found, so the answer is
+optimal for the cost model whenever the search finishes; if the time budget
+stops it (every phase checks it: the bound's table, the local search, the
+search, the last summaries), the smallest open bound is a proven lower bound.
+The search keeps its own stack: no recursion depth grows with the stages.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ppsim.costs.model import StageCost
+from ppsim.pipeline.problem import Problem
+from ppsim.pipeline.split import Split, split_from_counts
+from ppsim.plan.baselines import deepspeed_counts, even_counts, smallest_peak
+from ppsim.plan.bounds import OneChunkBound, PathBounds, WaterFill, prefix_time
+from ppsim.plan.search import Deadline, SplitSearch
+from ppsim.sim.timing import Summary
+
+__all__ = ["BranchAndBound", "Candidate", "PlanResult", "count_splits", "deepspeed_counts",
+           "even_counts", "improve", "plan", "smallest_peak"]
+
+INF = math.inf
+TIE = 1e-9
+"""Iteration times within this relative difference count as equal."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    split: Split
+    summary: Summary
+
+    @property
+    def key(self) -> tuple[float, int]:
+        """Rank order: faster first, then lower peak memory."""
+        return (self.summary.iteration_time_ms, self.summary.peak_memory_bytes)
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    problem: Problem
+    best: Candidate | None
+    """Fastest split that fits memory (None when none fits)."""
+    candidates: list[Candidate]
+    """Top K that fit, best first."""
+    baseline: Candidate | None
+    """Megatron's even split (as even as possible when the layers don't divide)."""
+    deepspeed: Candidate | None
+    """DeepSpeed's parameter-balanced split (one chunk per rank only)."""
+    proven_optimal: bool
+    lower_bound_ms: float
+    """No split that fits is faster than this."""
+    evaluated: int
+    total_splits: int
+    smallest_peak: tuple[int, int] | None
+    """(bytes, rank): the lowest max-rank peak memory any split reaches, when none fits."""
+    seconds: float
+
+
+def count_splits(layers: int, stages: int) -> int:
+    """Splits of `layers` into `stages` ordered counts >= 0."""
+    return math.comb(layers + stages - 1, stages - 1)
+
+
+class _Stop(Exception):
+    pass
+
+
+@dataclass
+class _Frame:
+    """One open node of the search: stages placed so far and its children, best first."""
+
+    costs: list[StageCost]
+    counts: list[int]
+    pos: int
+    children: list[tuple[float, int, StageCost | None, float, int]]
+    """(bound, layers on the next stage, its cost, bound of the stages placed, memory)."""
+    i: int = 0
+
+
+@dataclass
+class BranchAndBound:
+    """Depth-first branch and bound over the stage counts, with an explicit stack."""
+
+    search: SplitSearch
+    top_k: int
+    progress: Callable[[int, int], None] | None = None
+    top: list[tuple[float, int, tuple[int, ...]]] = field(default_factory=list)
+    """Max-heap (negated) of the K best that fit."""
+    best_key: tuple[float, float] = (INF, INF)
+    open_bound: float = INF
+    """After a stopped run: no split that fits is faster than this."""
+
+    def __post_init__(self) -> None:
+        s = self.search
+        self.offered: set[tuple[int, ...]] = set()
+        self.paths = PathBounds(s)
+        self.water = WaterFill(s)
+        self.terms = OneChunkBound(s, self.paths) if s.vpp == 1 else None
+        self.dp_ready = False
+        self.last_stage_of_rank = {max(st): r for r, st in enumerate(s.rank_stages)}
+        self.deadline = Deadline(INF)
+        self.nodes = 0
+
+    # ------------------------------------------------------------ incumbents
+
+    def offer(self, counts: tuple[int, ...]) -> None:
+        if counts in self.offered:
+            return
+        self.offered.add(counts)
+        s = self.search.evaluate(counts)
+        if not s.fits:
+            return
+        key = (s.iteration_time_ms, s.peak_memory_bytes)
+        if key < self.best_key:
+            self.best_key = key
+        item = (-s.iteration_time_ms, -s.peak_memory_bytes, tuple(-c for c in counts))
+        if len(self.top) < self.top_k:
+            heapq.heappush(self.top, item)
+        elif item > self.top[0]:
+            heapq.heapreplace(self.top, item)
+
+    def key_of(self, counts: tuple[int, ...]) -> tuple[float, float]:
+        self.offer(counts)
+        s = self.search.evaluate(counts)
+        return (s.iteration_time_ms, s.peak_memory_bytes) if s.fits else (INF, INF)
+
+    def ranked(self) -> list[tuple[int, ...]]:
+        return [cs for _, _, cs in sorted((-t, -p, tuple(-c for c in cs))
+                                          for t, p, cs in self.top)]
+
+    def _prunable(self, bound: float, mem: int) -> bool:
+        """Cut a branch whose bound cannot beat the best found: slower, or (times
+        equal within TIE) no lower in memory. The optimum stays exact; runners-up
+        are the best of the splits the search happened to evaluate."""
+        th_t, th_mem = self.best_key
+        return bound > th_t * (1 + TIE) or (bound >= th_t * (1 - TIE) and mem >= th_mem)
+
+    # ------------------------------------------------------------ bounds
+
+    def solve_bound(self, deadline: Deadline) -> None:
+        """The exact one-chunk bound's table, if it can be built in time."""
+        if self.terms is not None:
+            self.dp_ready = self.terms.solve(deadline)
+
+    def _rank_total(self, r: int, costs: list[StageCost], sc: StageCost) -> int:
+        """Peak memory of rank r once its last stage (cost sc, after `costs`) is placed."""
+        s = self.search
+        rc = [costs[i] if i < len(costs) else sc for i in s.rank_stages[r]]
+        return sum(c.static_bytes for c in rc) + s.rank_peak(r, rc)
+
+    def _bound_of(self, costs: list[StageCost], k: int, pos: int, base: float) -> float:
+        """Lower bound on T for every completion of the first k stages (costs)."""
+        if self.dp_ready:
+            return max(base, self.terms.value(pos, k))  # type: ignore[union-attr]
+        return max(base, self.water.bound(costs, k, self.search.L - pos))
+
+    def _children(self, costs: list[StageCost], counts: list[int], pos: int, base: float,
+                  mem: int) -> list[tuple[float, int, StageCost | None, float, int]] | None:
+        """The next stage's choices, best bound first; None when the deadline passed."""
+        s = self.search
+        k = len(counts)
+        r = s.sched.stage_rank(k)
+        closes = self.last_stage_of_rank.get(k) == r
+        cut = self.best_key[0] * (1 + TIE)
+        one = self.terms is not None
+        out = []
+        for c in range(s.L - pos + 1):
+            if self.deadline.passed():
+                return None
+            # One chunk per rank with the exact table: the stage's cost is never read.
+            sc = None if one and self.dp_ready else s.stage(pos, c, k)
+            child_mem = mem
+            if closes:
+                total = (s.one_chunk_total(pos, c, k) if one
+                         else self._rank_total(r, costs, sc))  # type: ignore[arg-type]
+                if total > s.memory:
+                    break  # more layers only need more memory
+                child_mem = max(mem, total)
+            nb = base
+            if one:  # one chunk per rank: the stage's own term
+                nb = max(base, self.terms.term(pos, c, k))  # type: ignore[union-attr]
+                if nb > cut:
+                    break  # the term only grows with the stage's layers
+            elif closes:
+                spans, at = {}, 0
+                for i, n in enumerate(counts + [c]):
+                    spans[i] = (at, n)
+                    at += n
+                nb = max(base, self.paths.rank_term(r, spans))
+            b = self._bound_of(costs + [sc] if not self.dp_ready else costs, k + 1, pos + c,
+                               nb)
+            if b == INF:
+                continue  # no completion fits memory
+            out.append((b, c, sc, nb, child_mem))
+        out.sort(key=lambda x: (x[0], x[4], -x[1]))
+        return out
+
+    def _root(self) -> float:
+        return self._bound_of([], 0, 0, 0.0)
+
+    # ------------------------------------------------------------ search
+
+    def run(self, deadline: Deadline) -> bool:
+        """Search from the root; True when it finished (all not evaluated was cut)."""
+        self.deadline = deadline
+        s = self.search
+        if s.S == 1:
+            self.offer((s.L,))
+            return True
+        self.open_bound = INF
+        first = self._children([], [], 0, 0.0, 0)
+        if first is None:
+            self.open_bound = self._root()
+            return False
+        stack = [_Frame([], [], 0, first)]
+        try:
+            self._descend(stack)
+        except _Stop:
+            # Open: the child each frame is in (its subtree unfinished) and those after it.
+            self.open_bound = min((min((x[0] for x in fr.children[max(fr.i - 1, 0):]),
+                                       default=INF) for fr in stack), default=self._root())
+            return False
+        return True
+
+    def _descend(self, stack: list[_Frame]) -> None:
+        s = self.search
+        while stack:
+            fr = stack[-1]
+            if fr.i >= len(fr.children):
+                stack.pop()
+                continue
+            b, c, sc, nb, child_mem = fr.children[fr.i]
+            fr.i += 1
+            if self._prunable(b, child_mem):
+                if b > self.best_key[0] * (1 + TIE):
+                    fr.i = len(fr.children)  # children are sorted: the rest are worse
+                continue
+            counts, costs, pos = fr.counts + [c], fr.costs + [sc], fr.pos + c
+            k = len(counts)
+            if not self.deadline.affords(s.eval_s * k / s.S):
+                raise _Stop
+            if k == s.S - 1:  # one completion left: the rest on the last stage
+                rank = s.sched.stage_rank(k)
+                total = (s.one_chunk_total(pos, s.L - pos, k) if s.vpp == 1 else
+                         self._rank_total(rank, costs, s.stage(pos, s.L - pos, k)))
+                if total <= s.memory:
+                    self.offer(tuple(counts + [s.L - pos]))
+                continue
+            # The costlier, much tighter bound: simulate the placed ranks
+            # exactly with the rest of the pipeline as a free delay.
+            nb = max(nb, prefix_time(self.paths, counts))
+            if self._prunable(nb, child_mem):
+                continue
+            self.nodes += 1
+            if self.progress is not None and self.nodes % 256 == 0:
+                self.progress(s.evaluated, 0)
+            kids = self._children(costs, counts, pos, nb, child_mem)
+            if kids is None:
+                raise _Stop
+            stack.append(_Frame(costs, counts, pos, kids))
+
+
+def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] | None = None,
+         time_budget_s: float = 60.0, seeds: Sequence[tuple[int, ...]] = (),
+         started: float | None = None) -> PlanResult:
+    """Search all splits of `problem` for the fastest that fits memory, within the budget:
+    seeds -> search -> perturb -> search -> result.
+
+    `seeds` (e.g. published splits) start the search, so the answer is never slower
+    than any of them, proven or not. The budget runs from `started` (a
+    time.perf_counter() value; default: now), so a caller can count the work it did
+    before, such as building the problem.
+    """
+    t0 = time.perf_counter() if started is None else started
+
+    def at(fraction: float) -> float:
+        return t0 + fraction * time_budget_s
+
+    search = SplitSearch(problem)
+    bb = BranchAndBound(search, top_k, progress)
+    step = lambda: search.eval_s  # noqa: E731 - what one more evaluation costs
+    # Starts give the threshold a good start: the even split, the caller's seeds (each
+    # timed, whatever the budget: the answer is never slower) and the bound's own pick.
+    starts = [even_counts(search.L, search.S), *seeds]
+    for counts in starts:
+        bb.key_of(tuple(counts))
+    bb.solve_bound(Deadline(at(0.25)))
+    if bb.dp_ready:
+        starts.append(bb.terms.argmin())  # type: ignore[union-attr]
+    local = [improve(bb.key_of, tuple(seed), at(0.25), step_s=step)
+             for seed in starts if seed]
+    finished = bb.run(Deadline(at(0.7)))
+    if not finished:
+        # A hard instance: a better incumbent cuts more, so perturb the best
+        # split found for a while, then search again from the root.
+        best_counts = min(local, key=bb.key_of, default=None)
+        if bb.top:
+            best_counts = bb.ranked()[0]
+        if best_counts is not None:
+            improve(bb.key_of, best_counts, at(0.8), perturb=True, step_s=step)
+        finished = bb.run(Deadline(at(0.9)))
+    # The rest of the budget (less a margin for the caller's output) for the summaries.
+    return _result(bb, finished, t0, Deadline(at(0.97)))
+
+
+def _result(bb: BranchAndBound, finished: bool, t0: float, deadline: Deadline) -> PlanResult:
+    """The answer from what the search found; extras only while the budget lasts."""
+    search = bb.search
+    cands = [_candidate(search, cs) for cs in bb.ranked()]
+    best = cands[0] if cands else None
+    if best is not None:
+        lower = min(best.summary.iteration_time_ms, bb.open_bound)
+    else:
+        lower = bb.open_bound if not finished else INF
+    if bb.progress is not None:
+        bb.progress(search.evaluated, search.evaluated)
+    baseline = _candidate(search, even_counts(search.L, search.S))
+    ds = None
+    if search.vpp == 1 and deadline.affords(search.eval_s):
+        counts = deepspeed_counts(search, deadline)
+        if counts is not None and deadline.affords(search.eval_s):
+            ds = _candidate(search, counts)
+    peak = None if best else smallest_peak(search, Deadline(min(deadline.at,
+                                                                 time.perf_counter() + 5.0)))
+    return PlanResult(search.problem, best, cands, baseline, ds, finished and best is not None,
+                      lower, search.evaluated, count_splits(search.L, search.S), peak,
+                      time.perf_counter() - t0)
+
+
+def improve(key_of: Callable[[tuple[int, ...]], tuple[float, float]], counts: tuple[int, ...],
+            until: float, perturb: bool = False,
+            step_s: Callable[[], float] = lambda: 0.0) -> tuple[int, ...]:
+    """Local search over splits: move one layer between two stages, or swap two
+    stages' counts, taking the first change that helps; with `perturb`, restart
+    from random nearby splits of the best (iterated local search) until `until`.
+
+    Only a head start for the branch and bound: a better incumbent cuts more;
+    optimality still comes from the search. `step_s()` is what one more
+    evaluation is expected to take: none starts that would end after `until`.
+    """
+    rng = random.Random(0)  # deterministic: same answer every run
+    S = len(counts)
+    best, best_key = counts, key_of(counts)
+    current, current_key = best, best_key
+    while time.perf_counter() + step_s() < until:
+        improved = False
+        for a in range(S):
+            for b in range(S):
+                if a == b:
+                    continue
+                if time.perf_counter() + step_s() >= until:
+                    break
+                n = list(current)
+                if current[a] > 0:
+                    n[a] -= 1
+                    n[b] += 1
+                    k = key_of(tuple(n))
+                    if k < current_key:
+                        current, current_key, improved = tuple(n), k, True
+                        break
+                if a < b and current[a] != current[b]:
+                    n = list(current)
+                    n[a], n[b] = n[b], n[a]
+                    k = key_of(tuple(n))
+                    if k < current_key:
+                        current, current_key, improved = tuple(n), k, True
+                        break
+            if time.perf_counter() + step_s() >= until:
+                break
+        if current_key < best_key:
+            best, best_key = current, current_key
+        if improved:
+            continue
+        if not perturb:
+            break
+        n = list(best)
+        for _ in range(rng.randint(2, 4)):
+            a, b = rng.randrange(S), rng.randrange(S)
+            if n[a] > 0:
+                n[a] -= 1
+                n[b] += 1
+        current, current_key = tuple(n), key_of(tuple(n))
+    return best
+
+
+def _candidate(search: SplitSearch, counts: tuple[int, ...]) -> Candidate:
+    return Candidate(split_from_counts(counts, search.pp, search.vpp, search.L,
+                                       search.sched.placement, search.costs.mtp_layers),
+                     search.evaluate(counts))

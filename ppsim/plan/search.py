@@ -1,0 +1,211 @@
+"""What stays fixed while the planner varies the split, and the exact evaluator of one split.
+
+`SplitSearch.evaluate` returns exactly what `simulate` reports for a split
+(tests/test_planner.py proves it) by list scheduling over a schedule
+compiled once. Imports go one way: search -> bounds -> planner.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import lru_cache
+
+from ppsim.costs.model import StageCost, receives_input, stage_cost
+from ppsim.pipeline.problem import Problem
+from ppsim.schedules.generators import F
+from ppsim.sim.evaluate import list_schedule
+from ppsim.sim.timing import Summary, compile_schedule, p2p_link, step_tail, summarize
+
+STAGE_CACHE = 1 << 16
+"""Stage costs kept (offset, count, stage): bounded, the search may visit millions."""
+SUMMARY_CACHE_RANKS = 1 << 21
+"""Evaluated splits kept, counted in per-rank records; beyond it the cache starts over."""
+
+
+class Deadline:
+    """A wall-clock limit that callers check before work they can estimate."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def passed(self) -> bool:
+        return time.perf_counter() > self.at
+
+    def affords(self, seconds: float) -> bool:
+        """True when work expected to take `seconds` ends before the deadline."""
+        return time.perf_counter() + seconds <= self.at
+
+
+class SplitSearch:
+    """Everything that stays fixed while the split varies, precomputed once."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+        self.costs = problem.costs
+        self.sched = problem.schedule
+        self.compiled = compile_schedule(problem.schedule)
+        self.pp, self.vpp, self.m = self.sched.pp, self.sched.vpp, self.sched.microbatches
+        self.S = self.sched.num_stages
+        self.L = self.costs.num_layers
+        self.memory = problem.hardware.memory_bytes
+        self.split_bw = self.sched.split_backward
+        self.evaluated = 0
+        # The simulator's link model; every boundary carries the hidden state.
+        link = p2p_link(problem.hardware.transfer_ms)
+        rank, hidden = self.sched.stage_rank, self.costs.hidden_bytes
+        self.delay = [link(rank(s), rank(s + 1), hidden) for s in range(self.S - 1)]
+        # Per-op message delays do not depend on the split (hidden size is fixed).
+        self.send_delay = [[self.delay[ss] if ss >= 0 else 0.0 for ss in stages]
+                           for stages in self.compiled.send_stage]
+        self.eval_s = 0.0
+        """Wall time of the latest evaluation: what one more is expected to cost."""
+        self.patterns = [self._memory_pattern(r) for r in range(self.pp)]
+        self.rank_stages = [[s for s in range(self.S) if self.sched.stage_rank(s) == r]
+                            for r in range(self.pp)]
+        self.receives = [receives_input(problem.split, s) for s in range(self.S)]
+        """Stage s holds its input too: it came from another rank."""
+        self._stage = lru_cache(maxsize=STAGE_CACHE)(self._stage_cost)
+        self._evaluated: dict[tuple[int, ...], Summary] = {}
+        # Integer prefix sums of the byte fields: exact, so a stage's bytes in O(1).
+        self._pre_bytes = []
+        for name in ("static_bytes", "activation_bytes", "weight_grad_bytes"):
+            pre = [0]
+            for lc in self.costs.layers:
+                pre.append(pre[-1] + getattr(lc, name))
+            self._pre_bytes.append(pre)
+
+    # ------------------------------------------------------------ costs
+
+    def _stage_cost(self, offset: int, count: int, index: int) -> StageCost:
+        return stage_cost(self.costs, offset, count, index == 0, index == self.S - 1,
+                          self.receives[index])
+
+    def stage(self, offset: int, count: int, index: int) -> StageCost:
+        return self._stage(offset, count, index)
+
+    def work(self, c: StageCost) -> float:
+        """Busy time of one microbatch on a stage (F + B + W)."""
+        return c.forward_ms + c.backward_ms
+
+    def _memory_pattern(self, r: int) -> list[tuple[int, ...]]:
+        """Per-chunk (full, kept) activation counts at every op start on rank r.
+
+        A rank's peak activation bytes is the max over these records of
+        sum(full_c * activation_c + kept_c * weight_grad_c), integer-exact.
+        """
+        chunks = self.vpp
+        full = [0] * chunks
+        kept = [0] * chunks
+        records = set()
+        for kind, stage in zip(self.compiled.kind[r], self.compiled.stage[r], strict=True):
+            c = stage // self.pp
+            if kind == F:
+                full[c] += 1
+            records.add(tuple(full) + tuple(kept))
+            if kind == "B":
+                full[c] -= 1
+                if self.split_bw:
+                    kept[c] += 1
+            elif kind == "W":
+                kept[c] -= 1
+        return sorted(records)
+
+    def stage_bytes(self, pos: int, count: int, k: int) -> tuple[int, int, int]:
+        """(static, activation, weight-grad) bytes of stage k holding layers pos..pos+count-1:
+        what `stage(pos, count, k)` holds, in O(1)."""
+        out = []
+        for pre, name in zip(self._pre_bytes, ("static_bytes", "activation_bytes",
+                                               "weight_grad_bytes"), strict=True):
+            v = pre[pos + count] - pre[pos]
+            if k == 0:
+                v += getattr(self.costs.embedding, name)
+            if k == self.S - 1:
+                v += getattr(self.costs.head, name)
+            if name == "activation_bytes" and self.receives[k]:
+                v += self.costs.hidden_bytes
+            out.append(v)
+        return out[0], out[1], out[2]
+
+    def one_chunk_total(self, pos: int, count: int, k: int) -> int:
+        """Peak memory of rank k when it holds only stage k (one chunk per rank)."""
+        static, act, wg = self.stage_bytes(pos, count, k)
+        return static + self._peak(k, [act], [wg if self.split_bw else 0])
+
+    def rank_peak(self, r: int, costs: list[StageCost]) -> int:
+        """Peak activation bytes on rank r given its stages' costs (chunk order)."""
+        act = [c.activation_bytes for c in costs]
+        keep = [c.weight_grad_bytes if self.split_bw else 0
+                for c in costs]
+        return self._peak(r, act, keep)
+
+    def _peak(self, r: int, act: list[int], keep: list[int]) -> int:
+        n = len(act)
+        best = 0
+        for rec in self.patterns[r]:
+            v = 0
+            for i in range(n):
+                v += rec[i] * act[i] + rec[n + i] * keep[i]
+            if v > best:
+                best = v
+        return best
+
+    # ------------------------------------------------------------ evaluation
+
+    def stage_costs(self, counts: tuple[int, ...]) -> list[StageCost]:
+        out, offset = [], 0
+        for i, n in enumerate(counts):
+            out.append(self.stage(offset, n, i))
+            offset += n
+        return out
+
+    def evaluate(self, counts: tuple[int, ...]) -> Summary:
+        """Exactly what simulate() reports for this split (tests prove it)."""
+        hit = self._evaluated.get(counts)
+        if hit is not None:
+            return hit
+        self.evaluated += 1
+        t0 = time.perf_counter()
+        costs = self.stage_costs(counts)
+        f = [c.forward_ms for c in costs]
+        b = [c.input_grad_ms(self.split_bw) for c in costs]
+        w = [c.weight_grad_ms for c in costs]
+        by_kind = {"F": f, "B": b, "W": w}
+        durations = [[by_kind[k][s] for k, s in zip(kinds, stages, strict=True)]
+                     for kinds, stages in zip(self.compiled.kind, self.compiled.stage,
+                                              strict=True)]
+        _, ends = list_schedule(self.compiled, durations, self.send_delay)
+        busy = []
+        for durs in durations:
+            t = 0.0
+            for d in durs:
+                t += d
+            busy.append(t)
+        statics = [0] * self.pp
+        peaks = []
+        layers = []
+        for r in range(self.pp):
+            rc = [costs[s] for s in self.rank_stages[r]]
+            statics[r] = sum(c.static_bytes for c in rc)
+            inflight = max((sum(rec[:self.vpp]) for rec in self.patterns[r]), default=0)
+            peaks.append((self.rank_peak(r, rc), inflight))
+            layers.append(sum(counts[s] for s in self.rank_stages[r]))
+        last = [e[-1] if e else 0.0 for e in ends]
+        hw = self.problem.hardware
+        tail = step_tail(self.sched, costs, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps,
+                         hw.memory_bandwidth_gbps, hw.dp, hw.optimizer_fixed_ms)
+        summary = summarize(statics, last, busy, layers, self.memory, peaks, tail,
+                            hw.iteration_boundary_ms)
+        if (len(self._evaluated) + 1) * self.pp > SUMMARY_CACHE_RANKS:
+            self._evaluated.clear()
+        self._evaluated[counts] = summary
+        self.eval_s = time.perf_counter() - t0
+        return summary
+
+    def smallest_peak_seen(self) -> tuple[int, int] | None:
+        """(bytes, rank) of the lowest highest-rank peak among the splits evaluated."""
+        best = None
+        for s in self._evaluated.values():
+            worst = max(s.ranks, key=lambda r: r.peak_memory_bytes)
+            if best is None or worst.peak_memory_bytes < best[0]:
+                best = (worst.peak_memory_bytes, worst.rank)
+        return best

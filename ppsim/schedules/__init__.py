@@ -1,0 +1,1 @@
+"""Schedules as per-rank action lists: the spine every other part reads."""

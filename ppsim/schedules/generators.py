@@ -1,0 +1,241 @@
+"""Schedule generators: per-rank ordered action lists, the spine of ppsim.
+
+The simulator times these lists, the planner searches splits under them, the
+executor runs them and traces record them; a new schedule is added here once
+(in `SCHEDULES`) and every command gets it. Types and the validator live in
+ppsim.actions, the V-shaped schedules in ppsim.schedules_v; both are
+re-exported here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ppsim.errors import UserError
+from ppsim.schedules.actions import (
+    Action,
+    B,
+    F,
+    Schedule,
+    W,
+    dependencies,
+    stage_rank,
+    validate,
+)
+from ppsim.schedules.v_shape import dualpipev, zbv
+
+__all__ = ["B", "F", "W", "Action", "Schedule", "SCHEDULES", "build_schedule", "dependencies",
+           "dualpipev", "gpipe", "interleaved_1f1b", "interleaved_group", "interleaved_order",
+           "interleaved_zb", "one_f_one_b", "schedule_placement", "stage_rank", "validate",
+           "zb_h1", "zbv"]
+
+
+# ---------------------------------------------------------------- generators
+
+
+def gpipe(pp: int, vpp: int, m: int) -> list[list[Action]]:
+    """All forwards, then all backwards (looped BFS order when vpp > 1)."""
+    out = []
+    for r in range(pp):
+        acts = [Action(F, c * pp + r, i) for c in range(vpp) for i in range(m)]
+        acts += [Action(B, c * pp + r, i) for c in reversed(range(vpp)) for i in range(m)]
+        out.append(acts)
+    return out
+
+
+def one_f_one_b(pp: int, vpp: int, m: int) -> list[list[Action]]:
+    """Megatron's non-interleaved 1F1B: warmup min(p - r - 1, m) forwards."""
+    out = []
+    for r in range(pp):
+        warm = min(pp - r - 1, m)
+        acts = [Action(F, r, i) for i in range(warm)]
+        for i in range(m - warm):
+            acts += [Action(F, r, warm + i), Action(B, r, i)]
+        acts += [Action(B, r, i) for i in range(m - warm, m)]
+        out.append(acts)
+    return out
+
+
+def interleaved_group(pp: int, m: int) -> int:
+    """Microbatches N per group of the interleaved table (a group runs on one chunk, then
+    the next chunk; the backward walks the table with chunks reversed).
+
+    m >= pp, Megatron's rule: the smallest N >= pp whose last group is full or holds at
+    least pp microbatches (--microbatch-group-size-per-vp-stage N; N = pp when m is a
+    multiple of pp). Whenever torch accepts m this N is torch's m // (m // pp) too.
+    m < pp, torch's rule (Megatron refuses): one group of all m microbatches.
+    """
+    if m < pp:
+        return m
+    return next(n for n in range(pp, m + 1) if m % n == 0 or m % n >= pp)
+
+
+def interleaved_rule(pp: int, m: int) -> str:
+    """Which framework's microbatch-group rule shapes the interleaved table, in words."""
+    n = interleaved_group(pp, m)
+    if m < pp:
+        return f"torch's rule (m < pp: one group of {m})"
+    return f"Megatron's rule (groups of {n} microbatches)"
+
+
+def interleaved_order(m: int, vpp: int, group: int) -> list[tuple[int, int]]:
+    """Megatron's schedule table: (microbatch, chunk) for forward step k."""
+    table: list[tuple[int, int]] = []
+    for lo in range(0, m, group):
+        hi = m if lo + group >= m else lo + group
+        table += [(i, c) for c in range(vpp) for i in range(lo, hi)]
+    return table
+
+
+def _interleaved(pp: int, vpp: int, m: int, zero_bubble: bool) -> list[list[Action]]:
+    """Interleaved 1F1B, or torch's interleaved zero bubble (ZB1P) when `zero_bubble`.
+
+    Forward step k and backward step k both walk the table (backward with the
+    chunks reversed). Rank r warms up with (vpp - 1) N forwards plus 2 per hop to
+    the last rank (1 per hop for zero bubble, whose B is shorter), then one
+    forward and one backward per step. Zero bubble queues each B's W and runs
+    the oldest one after every backward from step r on, the rest at the end.
+    """
+    group = interleaved_group(pp, m)
+    table = interleaved_order(m, vpp, group)
+    total = m * vpp
+    hop = 1 if zero_bubble else 2
+    out = []
+    for r in range(pp):
+        warm = min((vpp - 1) * group + hop * (pp - r - 1), total)
+        fwd = [Action(F, c * pp + r, i) for i, c in table]
+        bwd = [Action(B, (vpp - 1 - c) * pp + r, i) for i, c in table]
+        acts = fwd[:warm]
+        pending: list[Action] = []
+        for k in range(total):
+            if warm + k < total:
+                acts.append(fwd[warm + k])
+            acts.append(bwd[k])
+            if zero_bubble:
+                pending.append(bwd[k])
+                if k >= r:
+                    b = pending.pop(0)
+                    acts.append(Action(W, b.stage, b.microbatch))
+        acts += [Action(W, b.stage, b.microbatch) for b in pending]
+        out.append(acts)
+    return out
+
+
+def interleaved_1f1b(pp: int, vpp: int, m: int) -> list[list[Action]]:
+    """Megatron's interleaved 1F1B (torch's ScheduleInterleaved1F1B: the same order)."""
+    return _interleaved(pp, vpp, m, zero_bubble=False)
+
+
+def interleaved_zb(pp: int, vpp: int, m: int) -> list[list[Action]]:
+    """torch's ScheduleInterleavedZeroBubble (ZB1P of Qi et al. 2024) for any vpp."""
+    return _interleaved(pp, vpp, m, zero_bubble=True)
+
+def zb_h1(pp: int, vpp: int, m: int) -> list[list[Action]]:
+    """Zero Bubble ZB-H1 (Qi et al. 2024): 1F1B's order with W deferred into the bubbles.
+
+    Rank r: p - r - 1 warm-up forwards; then for each microbatch i: the next
+    forward (while any remain), B(i), and a W once i >= r; finally the r
+    deferred W. Same activation memory as 1F1B.
+    """
+    out = []
+    for r in range(pp):
+        warm = min(pp - r - 1, m)
+        acts = [Action(F, r, i) for i in range(warm)]
+        nf, nw = warm, 0
+        for i in range(m):
+            if nf < m:
+                acts.append(Action(F, r, nf))
+                nf += 1
+            acts.append(Action(B, r, i))
+            if i >= r:
+                acts.append(Action(W, r, nw))
+                nw += 1
+        acts += [Action(W, r, i) for i in range(nw, m)]
+        out.append(acts)
+    return out
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    generate: Callable[[int, int, int], list[list[Action]]]
+    placement: str
+    split_backward: bool
+    check: Callable[[int, int, int], None]
+
+
+def _check_any(pp: int, vpp: int, m: int) -> None:
+    return None
+
+
+def _check_1f1b(pp: int, vpp: int, m: int) -> None:
+    if vpp != 1:
+        raise UserError(
+            "pipeline.schedule", f"1f1b runs one chunk per rank but vpp = {vpp}",
+            "use schedule = \"interleaved-1f1b\" for virtual stages, or set vpp = 1")
+
+
+def _check_interleaved(pp: int, vpp: int, m: int) -> None:
+    # Any microbatch count runs: see interleaved_group for whose rule applies.
+    if vpp < 2:
+        raise UserError(
+            "pipeline.vpp", "interleaved-1f1b needs at least 2 chunks per rank",
+            "set vpp >= 2, or use schedule = \"1f1b\" (or \"interleaved-zb\", which takes any vpp)")
+
+
+def _check_zb_h1(pp: int, vpp: int, m: int) -> None:
+    if vpp != 1:
+        raise UserError("pipeline.vpp", f"zb-h1 runs one chunk per rank but vpp = {vpp}",
+                        "set vpp = 1, or use schedule = \"zbv\" for two chunks in a V")
+
+
+def _check_v(name: str, need_m: int | None) -> Callable[[int, int, int], None]:
+    def check(pp: int, vpp: int, m: int) -> None:
+        if vpp != 2:
+            raise UserError("pipeline.vpp", f"{name} places exactly 2 chunks per rank in a V, "
+                            f"but vpp = {vpp}", "set vpp = 2")
+        if need_m is not None and m < need_m * pp:
+            raise UserError("pipeline.microbatches", f"{name} needs at least {need_m * pp} "
+                            f"microbatches (2 x pp) but got {m}", f"set microbatches >= "
+                            f"{need_m * pp}")
+    return check
+
+
+SCHEDULES: dict[str, ScheduleSpec] = {
+    "gpipe": ScheduleSpec(gpipe, "loop", False, _check_any),
+    "1f1b": ScheduleSpec(one_f_one_b, "loop", False, _check_1f1b),
+    "interleaved-1f1b": ScheduleSpec(interleaved_1f1b, "loop", False, _check_interleaved),
+    "zb-h1": ScheduleSpec(zb_h1, "loop", True, _check_zb_h1),
+    "interleaved-zb": ScheduleSpec(interleaved_zb, "loop", True, _check_any),
+    "zbv": ScheduleSpec(zbv, "v", True, _check_v("zbv", None)),
+    "dualpipev": ScheduleSpec(dualpipev, "v", True, _check_v("dualpipev", 2)),
+}
+
+
+def schedule_placement(name: str) -> str:
+    return _spec(name).placement
+
+
+def _spec(name: str) -> ScheduleSpec:
+    spec = SCHEDULES.get(name)
+    if spec is None:
+        raise UserError(
+            "pipeline.schedule", f"unknown schedule {name!r}",
+            "choose one of " + ", ".join(SCHEDULES))
+    return spec
+
+
+def build_schedule(name: str, pp: int, vpp: int, microbatches: int) -> Schedule:
+    """Generate a named schedule; rejects what Megatron rejects, with its reason."""
+    spec = _spec(name)
+    for field, value in (("pipeline.pp", pp), ("pipeline.vpp", vpp),
+                         ("pipeline.microbatches", microbatches)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(field, f"must be a positive integer, got {value!r}",
+                            "set it to 1 or more")
+    spec.check(pp, vpp, microbatches)
+    acts = spec.generate(pp, vpp, microbatches)
+    return Schedule(name, pp, vpp, microbatches, spec.placement, spec.split_backward,
+                    tuple(tuple(a) for a in acts))
+
+

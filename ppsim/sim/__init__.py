@@ -1,0 +1,1 @@
+"""Timing engines over the action lists: the event simulator and the fast evaluator."""

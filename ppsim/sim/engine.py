@@ -1,0 +1,267 @@
+"""The reference: a discrete-event simulation of per-rank action lists.
+
+One process per rank runs its actions in order. An op waits for the message
+carrying its input (the previous stage's activation for F, the next stage's
+gradient for B), computes for its duration, then hands its own message to
+the network, which delivers it `link(src, dst, bytes)` later without
+blocking the sender (asynchronous isend/irecv: compute and communication
+overlap; links are not shared, so messages never queue behind each other).
+Memory: F allocates its stage's activations when it starts, B releases them
+when it ends (all but what W needs, when W is separate), W releases the rest.
+
+The event loop is simpy's core and nothing more: one heap of (time, id,
+event) with monotone ids, so events at equal times run in the order they
+were scheduled and every run is identical. Per-rank statistics (end, busy
+time, memory peaks) are kept as the run goes; per-op records (for traces,
+pictures and the text timeline) only when asked for, so memory does not
+grow with the run otherwise.
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ppsim.pipeline.problem import Problem
+from ppsim.schedules.generators import Action, B, F, Schedule
+from ppsim.sim.timing import (
+    Link,
+    StageTable,
+    Summary,
+    p2p_link,
+    stage_table,
+    step_parts,
+    summarize,
+)
+
+
+class Op(NamedTuple):
+    rank: int
+    action: Action
+    chunk: int
+    start: float
+    end: float
+
+
+class Transfer(NamedTuple):
+    src: int
+    dst: int
+    action: Action
+    """The op that sent it."""
+    start: float
+    end: float
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Everything that happened in one simulated iteration."""
+
+    ops: tuple[tuple[Op, ...], ...]
+    """Per rank, in execution order."""
+    transfers: tuple[Transfer, ...]
+    memory: tuple[tuple[tuple[float, int, int], ...], ...]
+    """Per rank: (time, activation bytes held, in-flight microbatches) after each change."""
+    static: tuple[int, ...]
+    step: tuple[tuple[float, float, float], ...] = ()
+    """Per rank: (end of its last op, all-reduce ms, optimizer ms) — the step's tail."""
+
+
+@dataclass(frozen=True)
+class RankRun:
+    """What one rank did, streamed as the simulation ran."""
+
+    end: float
+    busy: float
+    peak_activation: int
+    peak_inflight: int
+    ops: int
+
+
+@dataclass(frozen=True)
+class Simulation:
+    problem: Problem
+    summary: Summary
+    timeline: Timeline | None
+    """Per-op records; None when the run was simulated with record=False."""
+
+
+class _Records:
+    """Per-op records, kept only when a timeline is wanted."""
+
+    def __init__(self, pp: int) -> None:
+        self.ops: list[list[Op]] = [[] for _ in range(pp)]
+        self.transfers: list[Transfer] = []
+        self.memory: list[list[tuple[float, int, int]]] = [[] for _ in range(pp)]
+
+
+class _Engine:
+    """One run: the event heap, the ranks' processes and the network between them."""
+
+    def __init__(self, schedule: Schedule, table: StageTable, link: Link,
+                 records: _Records | None) -> None:
+        pp, n = schedule.pp, schedule.num_stages
+        self.pp, self.m, self.last = pp, schedule.microbatches, n - 1
+        self.acts, self.table, self.records = schedule.actions, table, records
+        self.owner = [schedule.stage_rank(s) for s in range(n)]
+        # Delay of the message across boundary s (s -> s+1 forward, s+1 -> s backward).
+        self.delay = [link(self.owner[s], self.owner[s + 1], table.boundary_bytes[s])
+                      for s in range(n - 1)]
+        self.heap: list[tuple[float, int, int]] = []  # (time, id, rank | -1 - message key)
+        self.ids = 0
+        self.arrived: set[int] = set()
+        self.waiting: dict[int, int] = {}
+        self.pos = [0] * pp
+        self.busy = [0.0] * pp
+        self.ends = [0.0] * pp
+        self.began = [0.0] * pp
+        self.act = [0] * pp
+        self.inflight = [0] * pp
+        self.peak = [0] * pp
+        self.peak_in = [0] * pp
+
+    def start(self, r: int, now: float) -> None:
+        """Start rank r's next op at `now`, or park the rank until its input arrives."""
+        a = self.acts[r][self.pos[r]]
+        kind, st = a.kind, a.stage
+        key = -1
+        if kind == F and st > 0:
+            key = (st * self.m + a.microbatch) << 1
+        elif kind == B and st < self.last:
+            key = ((st * self.m + a.microbatch) << 1) | 1
+        if key >= 0:
+            if key not in self.arrived:
+                self.waiting[key] = r
+                return
+            self.arrived.discard(key)
+        if kind == F:
+            act = self.act[r] = self.act[r] + self.table.alloc[st]
+            inflight = self.inflight[r] = self.inflight[r] + 1
+            if act > self.peak[r]:
+                self.peak[r] = act
+            if inflight > self.peak_in[r]:
+                self.peak_in[r] = inflight
+            if self.records is not None:
+                self.records.memory[r].append((now, act, inflight))
+        self.began[r] = now
+        self.run_op(r, kind, st, now)
+
+    def run_op(self, r: int, kind: str, st: int, now: float) -> None:
+        """Rank r computes its op: here alone on its device, so it ends after its duration."""
+        d = self.table.duration[kind][st]
+        self.busy[r] += d
+        self.ids += 1
+        heapq.heappush(self.heap, (now + d, self.ids, r))
+
+    def deliver(self, key: int, now: float) -> None:
+        r = self.waiting.pop(key, -1)
+        self.arrived.add(key)
+        if r >= 0:
+            self.start(r, now)
+
+    def finish(self, r: int, now: float) -> None:
+        """Rank r's op ends: free memory, send its message, start the next op."""
+        a = self.acts[r][self.pos[r]]
+        kind, st = a.kind, a.stage
+        released = self.table.free[kind][st]
+        rec = self.records
+        if released or kind == B:
+            self.act[r] -= released
+            if self.act[r] > self.peak[r]:  # B keeps more for W than it frees
+                self.peak[r] = self.act[r]
+            if kind == B:
+                self.inflight[r] -= 1
+            if rec is not None:
+                rec.memory[r].append((now, self.act[r], self.inflight[r]))
+        if rec is not None:
+            rec.ops[r].append(Op(r, a, st // self.pp, self.began[r], now))
+        to = -1
+        if kind == F and st < self.last:
+            to, key, bound = st + 1, ((st + 1) * self.m + a.microbatch) << 1, st
+        elif kind == B and st > 0:
+            to, key, bound = st - 1, (((st - 1) * self.m + a.microbatch) << 1) | 1, st - 1
+        if to >= 0:
+            self.send(r, self.owner[to], key, bound, a, now)
+        self.pos[r] += 1
+        if self.pos[r] < len(self.acts[r]):
+            self.start(r, now)
+        else:
+            self.ends[r] = now
+
+    def send(self, r: int, dst: int, key: int, bound: int, a: Action, now: float) -> None:
+        """Hand the message across boundary `bound` to the network: a private link."""
+        d = self.delay[bound]
+        if self.records is not None and dst != r:
+            self.records.transfers.append(Transfer(r, dst, a, now, now + d,
+                                                   self.table.boundary_bytes[bound]))
+        if d == 0.0:
+            self.deliver(key, now)
+        else:
+            self.ids += 1
+            heapq.heappush(self.heap, (now + d, self.ids, -1 - key))
+
+    def run(self) -> list[RankRun]:
+        heap, pop = self.heap, heapq.heappop
+        start, deliver, finish = self.start, self.deliver, self.finish
+        for r in range(self.pp):
+            if self.acts[r]:
+                start(r, 0.0)
+        while heap:
+            now, _, who = pop(heap)
+            if who < 0:
+                deliver(-1 - who, now)
+            else:
+                finish(who, now)
+        return [RankRun(self.ends[r], self.busy[r], self.peak[r], self.peak_in[r], self.pos[r])
+                for r in range(self.pp)]
+
+
+def run(schedule: Schedule, table: StageTable, link: Link,
+        records: _Records | None = None) -> list[RankRun]:
+    """Simulate the schedule; per-rank statistics (and `records`, when given)."""
+    return _Engine(schedule, table, link, records).run()
+
+
+def simulate(problem: Problem, record: bool = True) -> Simulation:
+    """Simulate one iteration of a resolved problem.
+
+    With record=False no per-op records are kept (timeline None): memory
+    stays proportional to the schedule, not to what happened.
+    """
+    sched = problem.schedule
+    table = stage_table(sched, problem.stage_costs)
+    records = _Records(sched.pp) if record else None
+    # Millions of short-lived objects: the cyclic GC would only rescan them.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        topo = problem.topology
+        if topo is None or topo.is_private:
+            ranks = run(sched, table, p2p_link(problem.hardware.transfer_ms), records)
+        else:
+            from ppsim.sim.shared import SharedEngine
+
+            ranks = SharedEngine(sched, table, topo, records).run()
+    finally:
+        if enabled:
+            gc.enable()
+    stuck = [r for r, rr in enumerate(ranks) if rr.ops != len(sched.actions[r])]
+    if stuck:
+        raise RuntimeError(f"schedule deadlocked on ranks {stuck}")
+    layers = [problem.split.rank_layers(r) for r in range(sched.pp)]
+    hw = problem.hardware
+    parts = step_parts(sched, problem.stage_costs, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps,
+                       hw.memory_bandwidth_gbps, hw.dp, hw.optimizer_fixed_ms)
+    tail = [r + o for r, o in parts]
+    summary = summarize(table.static, [rr.end for rr in ranks], [rr.busy for rr in ranks],
+                        layers, hw.memory_bytes,
+                        [(rr.peak_activation, rr.peak_inflight) for rr in ranks], tail,
+                        hw.iteration_boundary_ms)
+    timeline = None
+    if records is not None:
+        timeline = Timeline(tuple(tuple(o) for o in records.ops), tuple(records.transfers),
+                            tuple(tuple(mm) for mm in records.memory), table.static,
+                            tuple((rr.end, *p) for rr, p in zip(ranks, parts, strict=True)))
+    return Simulation(problem, summary, timeline)

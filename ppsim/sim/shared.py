@@ -1,0 +1,189 @@
+"""The simulator when ranks share devices and messages share links.
+
+Same per-rank processes as `ppsim.simulator`, but an op's duration is work on a
+device, not a fixed delay: ranks placed on one device share it by processor
+sharing (k running ops each progress at 1/k, plus a context-switch cost when an
+op starts beside another), and with shared links a message, after its latency,
+shares its link's bandwidth with the other messages on it. On CPU every message
+also costs compute on the op that sends it and on the op that receives it:
+`message_cpu_ms` between devices, `local_message_cpu_ms` between two ranks on one
+device (each measured by `ppsim profile` under its own conditions: gloo's threads then
+compete with the op for its core). With
+a private topology every op runs alone, so each ends at start + work exactly and the
+results equal the unshared engine's to the last digit (property-tested). Events are
+one heap with monotone ids; a resource's pending completion is invalidated by a version
+number when its sharing changes.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from ppsim.pipeline.placement import Topology
+from ppsim.schedules.generators import Action, B, F, Schedule
+from ppsim.sim.engine import RankRun, Transfer, _Engine, _Records
+from ppsim.sim.timing import StageTable
+
+_DEV, _ARRIVE, _ON_LINK, _LINK = 0, 1, 2, 3
+"""Event kinds: a device's next completion, a message arrives (private link), a
+message reaches its shared link after the latency, a link's next completion."""
+
+
+@dataclass
+class SharedResource:
+    """Processor sharing: every job progresses at rate / (number of jobs)."""
+
+    rate: float = 1.0
+    switch_ms: float = 0.0
+    """Extra work an op pays when it starts beside another (context switch)."""
+    jobs: dict[int, float] = field(default_factory=dict)
+    """job -> remaining work (at full rate)."""
+    since: float = 0.0
+    version: int = 0
+
+    def _advance(self, now: float) -> None:
+        if self.jobs and now > self.since:
+            step = (now - self.since) * self.rate / len(self.jobs)
+            for j in self.jobs:
+                self.jobs[j] -= step
+        self.since = now
+
+    def add(self, job: int, work: float, now: float) -> None:
+        self._advance(now)
+        self.jobs[job] = work + (self.switch_ms if self.jobs else 0.0)
+        self.version += 1
+
+    def remove(self, job: int, now: float) -> None:
+        self._advance(now)
+        del self.jobs[job]
+        self.version += 1
+
+    def next_finish(self) -> tuple[float, int] | None:
+        """(time, job) of the next job to finish, if any runs."""
+        if not self.jobs:
+            return None
+        job = min(self.jobs, key=lambda j: (self.jobs[j], j))
+        left = max(0.0, self.jobs[job])
+        k = len(self.jobs)
+        # One job alone: exactly since + work (what the unshared engine computes).
+        return (self.since + left if k == 1 and self.rate == 1.0
+                else self.since + left * k / self.rate), job
+
+
+class SharedEngine(_Engine):
+    """The simulator's engine with devices and (optionally) links as shared resources."""
+
+    def __init__(self, schedule: Schedule, table: StageTable, topo: Topology,
+                 records: _Records | None) -> None:
+        def private(src: int, dst: int, nbytes: int) -> float:
+            return 0.0 if src == dst else topo.link(src, dst).transfer_ms(nbytes)
+
+        super().__init__(schedule, table, private, records)
+        self.topo = topo
+        self.devices = {d: SharedResource(switch_ms=topo.context_switch_ms)
+                        for d in sorted(set(topo.devices))}
+        self.links: list[SharedResource] = []
+        self.link_index: dict[tuple[str, int, int], int] = {}
+        self.sent: dict[int, tuple[int, int, Action, float, int, int]] = {}
+        """message key -> (src, dst, sending action, send time, bytes, link index)."""
+        on = [topo.devices.count(d) for d in topo.devices]
+        self.alone = [n == 1 and not topo.context_switch_ms for n in on]
+        """Ranks with a device to themselves: their ops take exactly their work."""
+        self.work = [0.0] * self.pp
+        self.charged = bool(topo.message_cpu_ms or topo.local_message_cpu_ms)
+
+    def _push(self, t: float, event: int, who: int, ver: int) -> None:
+        self.ids += 1
+        heapq.heappush(self.heap, (t, self.ids, event, who, ver))  # type: ignore[arg-type]
+
+    def _cpu(self, a: int, b: int) -> float:
+        """CPU ms each end pays for a message from stage a to stage b (0: none crossed)."""
+        if not 0 <= a <= self.last or not 0 <= b <= self.last:
+            return 0.0
+        return self.topo.message_cpu(self.owner[a], self.owner[b])
+
+    def run_op(self, r: int, kind: str, st: int, now: float) -> None:
+        work = self.table.duration[kind][st]
+        if self.charged:
+            # F receives from the stage before and sends to the next; B the other way.
+            step = 1 if kind == F else -1 if kind == B else 0
+            if step:
+                work += self._cpu(st - step, st) + self._cpu(st, st + step)
+        d = self.topo.devices[r]
+        self.work[r] = work
+        self.devices[d].add(r, work, now)
+        self._plan_device(d)
+
+    def _plan_device(self, d: int) -> None:
+        nxt = self.devices[d].next_finish()
+        if nxt is not None:
+            self._push(nxt[0], _DEV, d, self.devices[d].version)
+
+    def finish(self, r: int, now: float) -> None:
+        # Wall time, as the executor records it; alone on a device that is the work
+        # itself (added as such, so the unshared engine's sums are matched exactly).
+        self.busy[r] += self.work[r] if self.alone[r] else now - self.began[r]
+        d = self.topo.devices[r]
+        self.devices[d].remove(r, now)
+        super().finish(r, now)
+        self._plan_device(d)
+
+    def send(self, r: int, dst: int, key: int, bound: int, a: Action, now: float) -> None:
+        nbytes = self.table.boundary_bytes[bound]
+        if dst == r:
+            self.deliver(key, now)
+            return
+        spec = self.topo.link(r, dst)
+        if not self.topo.shared_links or spec.bandwidth_gbps <= 0:
+            self.sent[key] = (r, dst, a, now, nbytes, -1)
+            d = spec.transfer_ms(nbytes)
+            if d == 0.0:
+                self._arrive(key, now)
+            else:
+                self._push(now + d, _ARRIVE, key, 0)
+            return
+        i = self.link_index.setdefault(spec.key, len(self.link_index))
+        if i == len(self.links):
+            self.links.append(SharedResource())
+        self.sent[key] = (r, dst, a, now, nbytes, i)
+        self._push(now + spec.latency_ms, _ON_LINK, key, 0)
+
+    def _arrive(self, key: int, now: float) -> None:
+        src, dst, a, t0, nbytes, _ = self.sent.pop(key)
+        if self.records is not None:
+            self.records.transfers.append(Transfer(src, dst, a, t0, now, nbytes))
+        self.deliver(key, now)
+
+    def run(self) -> list[RankRun]:
+        for r in range(self.pp):
+            if self.acts[r]:
+                self.start(r, 0.0)
+        heap = self.heap
+        while heap:
+            now, _, event, who, ver = heapq.heappop(heap)  # type: ignore[misc]
+            if event == _DEV:
+                dev = self.devices[who]
+                if ver == dev.version:  # else its sharing changed since this was planned
+                    self.finish(dev.next_finish()[1], now)  # type: ignore[index]
+            elif event == _ARRIVE:
+                self._arrive(who, now)
+            elif event == _ON_LINK:
+                i = self.sent[who][5]
+                spec_bw = self.topo.link(self.sent[who][0], self.sent[who][1]).bandwidth_gbps
+                self.links[i].add(who, self.sent[who][4] / (spec_bw * 1e6), now)
+                self._plan_link(i)
+            else:  # a link's next completion
+                link = self.links[who]
+                if ver == link.version:
+                    key = link.next_finish()[1]  # type: ignore[index]
+                    link.remove(key, now)
+                    self._arrive(key, now)
+                    self._plan_link(who)
+        return [RankRun(self.ends[r], self.busy[r], self.peak[r], self.peak_in[r], self.pos[r])
+                for r in range(self.pp)]
+
+    def _plan_link(self, i: int) -> None:
+        nxt = self.links[i].next_finish()
+        if nxt is not None:
+            self._push(nxt[0], _LINK, i, self.links[i].version)

@@ -1,0 +1,1 @@
+"""Traces: the Chrome JSON schema, diff of two traces, and calibration from one."""

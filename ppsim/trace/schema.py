@@ -1,0 +1,279 @@
+"""Chrome trace event JSON: the one schema the simulator and the executor write.
+
+Compute ops are complete events ("ph": "X", ts/dur in microseconds,
+pid = rank, tid 0) whose args hold kind, stage, chunk, microbatch and
+iteration; transfers are complete events on tid 1 of the sender; memory is
+a counter ("ph": "C") per rank. Whole-step ops (kind "R": the data-parallel
+gradient all-reduce, "S": the optimizer step) are compute events too, with
+stage, chunk and microbatch -1; readers keep them apart from the pipeline's
+F/B/W (`Trace.step_ops`). `otherData` carries the run's shape
+(schedule, pp, vpp, microbatches, split) so tools can check two traces match.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ppsim.config import limits, validate
+from ppsim.errors import UserError
+from ppsim.fileio import write_json_atomic
+
+COMPUTE_TID, TRANSFER_TID = 0, 1
+STEP_KINDS = ("R", "S")
+"""Ops of the whole step, not of a (stage, microbatch): gradient reduce, optimizer step."""
+
+
+def compute_event(rank: int, kind: str, stage: int, chunk: int, microbatch: int,
+                  iteration: int, start_us: float, dur_us: float, **extra: Any) -> dict:
+    return {"name": f"{kind}{microbatch}", "cat": "compute", "ph": "X", "pid": rank,
+            "tid": COMPUTE_TID, "ts": start_us, "dur": dur_us,
+            "args": {"kind": kind, "stage": stage, "chunk": chunk, "microbatch": microbatch,
+                     "iteration": iteration, **extra}}
+
+
+def transfer_event(src: int, dst: int, kind: str, stage: int, microbatch: int, iteration: int,
+                   start_us: float, dur_us: float, nbytes: int) -> dict:
+    return {"name": f"send {kind}{microbatch} to rank {dst}", "cat": "transfer", "ph": "X",
+            "pid": src, "tid": TRANSFER_TID, "ts": start_us, "dur": dur_us,
+            "args": {"kind": "send", "op": kind, "src": src, "dst": dst, "stage": stage,
+                     "microbatch": microbatch, "iteration": iteration, "bytes": nbytes}}
+
+
+def memory_event(rank: int, ts_us: float, static: int, activations: int) -> dict:
+    return {"name": "memory", "cat": "memory", "ph": "C", "pid": rank, "ts": ts_us,
+            "args": {"static": static, "activations": activations}}
+
+
+def metadata_events(pp: int) -> list[dict]:
+    out = []
+    for r in range(pp):
+        out.append({"name": "process_name", "ph": "M", "pid": r, "args": {"name": f"rank {r}"}})
+        out.append({"name": "thread_name", "ph": "M", "pid": r, "tid": COMPUTE_TID,
+                    "args": {"name": "compute"}})
+        out.append({"name": "thread_name", "ph": "M", "pid": r, "tid": TRANSFER_TID,
+                    "args": {"name": "send"}})
+    return out
+
+
+def document(events: list[dict], info: dict[str, Any]) -> dict:
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": info}
+
+
+def simulation_trace(sim: Any) -> dict:
+    """The Chrome trace of a `ppsim.simulator.Simulation` (iteration 0)."""
+    p = sim.problem
+    tl = sim.timeline
+    events = metadata_events(p.schedule.pp)
+    for ops in tl.ops:
+        for op in ops:
+            a = op.action
+            events.append(compute_event(op.rank, a.kind, a.stage, op.chunk, a.microbatch, 0,
+                                        op.start * 1e3, (op.end - op.start) * 1e3))
+    for t in tl.transfers:
+        a = t.action
+        events.append(transfer_event(t.src, t.dst, a.kind, a.stage, a.microbatch, 0,
+                                     t.start * 1e3, (t.end - t.start) * 1e3, t.nbytes))
+    for r, (end, reduce, step) in enumerate(tl.step):
+        for kind, dur in (("R", reduce), ("S", step)):
+            if dur > 0:  # as the executor: R only with data parallelism
+                events.append(compute_event(r, kind, -1, -1, -1, 0, end * 1e3, dur * 1e3))
+                end += dur
+    for r, mem in enumerate(tl.memory):
+        events.append(memory_event(r, 0.0, tl.static[r], 0))
+        for time_ms, act, _ in mem:
+            events.append(memory_event(r, time_ms * 1e3, tl.static[r], act))
+    info = run_info(p, source="simulator", iterations=1, warmup=0)
+    info["iteration_boundary_ms"] = p.hardware.iteration_boundary_ms
+    return document(events, info)
+
+
+def run_info(problem: Any, source: str, iterations: int, warmup: int) -> dict[str, Any]:
+    s = problem.schedule
+    return {"ppsim": 1, "source": source, "schedule": s.name, "pp": s.pp, "vpp": s.vpp,
+            "microbatches": s.microbatches, "placement": s.placement,
+            "split": list(problem.split.counts), "iterations": iterations,
+            "warmup_iterations": warmup}
+
+
+def write_trace(path: str, trace: dict, flag: str = "--trace") -> None:
+    with validate.output(flag, path):
+        write_json_atomic(path, trace)
+
+
+# ------------------------------------------------------------------ reading
+
+
+@dataclass(frozen=True)
+class TraceOp:
+    rank: int
+    kind: str
+    stage: int
+    chunk: int
+    microbatch: int
+    iteration: int
+    start_us: float
+    dur_us: float
+
+    @property
+    def key(self) -> tuple[int, int, int, str]:
+        return (self.rank, self.chunk, self.microbatch, self.kind)
+
+    @property
+    def end_us(self) -> float:
+        return self.start_us + self.dur_us
+
+
+@dataclass(frozen=True)
+class Trace:
+    path: str
+    info: dict[str, Any]
+    ops: tuple[TraceOp, ...]
+    memory: dict[int, list[tuple[float, int]]]
+    """Per rank: (ts_us, total bytes) counter samples."""
+    step_ops: tuple[TraceOp, ...] = ()
+    """R / S ops (gradient reduce, optimizer step), kept out of `ops`."""
+
+    @property
+    def iterations(self) -> list[int]:
+        return sorted({op.iteration for op in self.ops})
+
+
+def read_trace(path: str) -> Trace:
+    """Parse and check a trace; a malformed one is a UserError naming what is wrong."""
+    text = validate.read_text("trace", path, validate.MAX_TRACE_BYTES, "Chrome trace (JSON)")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError("trace", f"{path} is not valid JSON (line {exc.lineno}: {exc.msg}); "
+                        "it may be truncated", "re-record or re-export the trace") from None
+    except RecursionError:
+        raise UserError("trace", f"{path} is nested too deeply to be a trace",
+                        "pass a trace written by ppsim simulate --trace or ppsim run") from None
+    return trace_from_json(data, path)
+
+
+# What otherData may say, and the range of each (pp etc. are checked again by diff).
+_INFO_COUNTS = {"pp": (1, limits.MAX_STAGES), "vpp": (1, limits.MAX_STAGES),
+                "microbatches": (1, limits.MAX_MICROBATCHES),
+                "iterations": (0, validate.MAX_INDEX),
+                "warmup_iterations": (0, validate.MAX_INDEX)}
+
+
+def _check_info(info: Any, path: str) -> dict[str, Any]:
+    if not isinstance(info, dict):
+        raise UserError("trace", f"{path}: otherData must be an object, got "
+                        f"{type(info).__name__}", "re-record the trace")
+    # A known key written as null counts as absent (readers use .get(key, default)).
+    out = {k: v for k, v in info.items() if v is not None}
+    for key, (lo, hi) in _INFO_COUNTS.items():
+        if info.get(key) is not None:
+            out[key] = validate.count(f"{path}: otherData.{key}", info[key], lo=lo, hi=hi,
+                                      fix="re-record the trace")
+    for key in ("schedule", "placement", "source"):
+        if info.get(key) is not None and not isinstance(info[key], str):
+            raise UserError(f"{path}: otherData.{key}", f"must be a string, got {info[key]!r}"
+                            [:200], "re-record the trace")
+    if info.get("placement") not in (None, "loop", "v"):
+        raise UserError(f"{path}: otherData.placement", f"unknown placement "
+                        f"{info['placement']!r}"[:200], "use \"loop\" or \"v\"")
+    split = info.get("split")
+    if split is not None:
+        if not isinstance(split, list) or len(split) > limits.MAX_STAGES:
+            raise UserError(f"{path}: otherData.split", "must be a list of layer counts",
+                            "re-record the trace")
+        out["split"] = [validate.count(f"{path}: otherData.split[{i}]", c, lo=0,
+                                       hi=limits.MAX_LAYERS) for i, c in enumerate(split)]
+    return out
+
+
+_MAX_US = 1e18
+"""Timestamps in microseconds: clocks need not start at 0 (epoch time is ~1.8e15)."""
+_MAX_DUR_US = validate.MAX_MS * 1e3
+_RANKS = limits.MAX_STAGES - 1
+
+
+def _index(where: str, value: Any, hi: int) -> int:
+    """A count in [0, hi]; the common case is checked inline (traces hold millions)."""
+    if type(value) is int and 0 <= value <= hi:
+        return value
+    return validate.count(where, value, lo=0, hi=hi, fix="re-record the trace")
+
+
+def _micros(where: str, value: Any, lo: float, hi: float) -> float:
+    """Finite microseconds in [lo, hi] (NaN fails the comparison, so takes the slow path)."""
+    if (type(value) is float or type(value) is int) and lo <= value <= hi:
+        return float(value)
+    return validate.number(where, value, lo=lo, hi=hi, fix="times are finite microseconds")
+
+
+def _compute_op(ev: dict, n: int, path: str) -> TraceOp:
+    args = ev.get("args", {})
+    where = f"{path}: compute event {n}"
+    if not isinstance(args, dict):
+        raise UserError("trace", f"{where}: args must be an object, got {type(args).__name__}",
+                        "re-record the trace")
+    try:
+        kind = args["kind"]
+        pid, stage, chunk, mb = ev["pid"], args["stage"], args["chunk"], args["microbatch"]
+        ts, dur = ev["ts"], ev["dur"]
+    except KeyError as exc:
+        raise UserError("trace", f"{where} lacks a valid {exc}",
+                        "each compute event needs pid, ts, dur and args kind, stage, "
+                        "chunk, microbatch") from None
+    if not isinstance(kind, str) or kind not in ("F", "B", "W", *STEP_KINDS):
+        raise UserError("trace", f"{where}: kind must be F, B, W, R or S, got {kind!r}"[:200],
+                        "re-record the trace")
+
+    def place(name: str, value: Any, hi: int) -> int:
+        # A whole-step op (R, S) belongs to no stage, chunk or microbatch: -1.
+        if kind in STEP_KINDS and type(value) is int and value == -1:
+            return -1
+        return _index(f"{where}: {name}", value, hi)
+
+    return TraceOp(_index(f"{where}: pid", pid, _RANKS), kind,
+                   place("stage", stage, _RANKS), place("chunk", chunk, _RANKS),
+                   place("microbatch", mb, validate.MAX_INDEX),
+                   _index(f"{where}: iteration", args.get("iteration", 0), validate.MAX_INDEX),
+                   _micros(f"{where}: ts", ts, -_MAX_US, _MAX_US),
+                   _micros(f"{where}: dur", dur, 0.0, _MAX_DUR_US))
+
+
+def _memory_sample(ev: dict, n: int, path: str) -> tuple[int, float, int]:
+    where = f"{path}: memory event {n}"
+    args = ev.get("args", {})
+    if not isinstance(args, dict):
+        raise UserError("trace", f"{where}: args must be an object", "re-record the trace")
+    rank = _index(f"{where}: pid", ev.get("pid", 0), _RANKS)
+    ts = _micros(f"{where}: ts", ev.get("ts", 0.0), -_MAX_US, _MAX_US)
+    total = 0
+    for k, v in args.items():
+        if type(v) is int and 0 <= v <= validate.MAX_BYTES:
+            total += v
+        elif isinstance(v, (int, float)):
+            total += validate.byte_count(f"{where}: args.{k}", v)
+    return rank, ts, total
+
+
+def trace_from_json(data: Any, path: str = "trace") -> Trace:
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise UserError("trace", f"{path} has no traceEvents list",
+                        "pass a Chrome trace written by ppsim simulate --trace or ppsim run")
+    info = _check_info(data.get("otherData", {}) if isinstance(data, dict) else {}, path)
+    ops, step_ops = [], []
+    memory: dict[int, list[tuple[float, int]]] = {}
+    for n, ev in enumerate(events):
+        if not isinstance(ev, dict):
+            raise UserError("trace", f"{path}: event {n} is not an object", "fix or re-record")
+        if ev.get("ph") == "X" and ev.get("cat") == "compute":
+            op = _compute_op(ev, n, path)
+            (step_ops if op.kind in STEP_KINDS else ops).append(op)
+        elif ev.get("ph") == "C" and ev.get("name") == "memory":
+            rank, ts, total = _memory_sample(ev, n, path)
+            memory.setdefault(rank, []).append((ts, total))
+    if not ops:
+        raise UserError("trace", f"{path} holds no compute events",
+                        "pass a trace written by ppsim simulate --trace or ppsim run")
+    return Trace(path, info, tuple(ops), memory, tuple(step_ops))

@@ -1,0 +1,272 @@
+"""`ppsim run` as an unfriendly input or a bad day would have it (issue 15).
+
+Refusals happen before any process starts; the end-to-end cases start real
+torchrun processes over gloo (nothing mocked): a rank SIGKILLed mid-run, an
+injected fault, and a run whose listening sockets are watched with `ss`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from ppsim.executor import launch, rundir  # noqa: E402
+
+from ppsim.cli.main import main  # noqa: E402
+from ppsim.errors import UserError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["--microbatches", "4", "--iterations", "2", "--timeout-s", "30"]
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(launch.subprocess, "Popen", refuse)
+
+
+def _one_line(capsys, rc: int, field: str) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and field in err[0], err
+    assert "Traceback" not in err[0]
+    return err[0]
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--master-port", "-1"], "--master-port"),
+    (["--master-port", "70000"], "--master-port"),
+    (["--inject-fault", "1:B:1:0:99"], "--inject-fault"),  # iteration 99 never runs
+    (["--inject-fault", "1:B:1:0:2", "--iterations", "2"], "--inject-fault"),
+    (["--timeout-s", "nan"], "--timeout-s"),
+    (["--timeout-s", "inf"], "--timeout-s"),
+    (["--lr", "nan"], "--lr"),
+])
+def test_out_of_range_values_exit_2_before_any_process(argv, field, tmp_path, capsys,
+                                                       no_launch) -> None:
+    rc = main(["run", "--trace-dir", str(tmp_path / "t"), *argv])
+    _one_line(capsys, rc, field)
+    assert not (tmp_path / "t").exists()
+
+
+def test_a_port_in_use_is_one_line(tmp_path, capsys, no_launch) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        rc = main(["run", "--master-port", str(port), "--trace-dir", str(tmp_path / "t")])
+    assert "already in use" in _one_line(capsys, rc, "--master-port")
+    assert not (tmp_path / "t").exists()
+
+
+def test_a_port_in_use_on_node_0_of_two_is_one_line(tmp_path, capsys, no_launch) -> None:
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        rc = main(["run", "--nnodes", "2", "--nproc-per-node", "1", "--master-port", str(port),
+                   "--trace-dir", str(tmp_path / "t")])
+    assert "already in use" in _one_line(capsys, rc, "--master-port")
+
+
+def test_a_master_address_not_of_this_machine_is_one_line(tmp_path, capsys,
+                                                          no_launch) -> None:
+    rc = main(["run", "--master-addr", "192.0.2.1", "--trace-dir", str(tmp_path / "t")])
+    _one_line(capsys, rc, "--master-addr")
+
+
+def test_argparse_errors_name_the_program_once(capsys) -> None:
+    with pytest.raises(SystemExit) as top:
+        main(["--bogus"])
+    with pytest.raises(SystemExit) as sub:
+        main(["run", "--iterations", "x"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert top.value.code == 2 and sub.value.code == 2
+    assert err[0].startswith("ppsim: error: ") and "ppsim ppsim" not in err[0], err
+    assert err[1].startswith("ppsim run: error: argument --iterations"), err
+
+
+def test_earlier_results_are_refused_not_deleted(tmp_path, capsys, no_launch) -> None:
+    out = tmp_path / "out"
+    (out / "parts").mkdir(parents=True)
+    (out / "trace.json").write_text("old trace")
+    (out / "parts" / "rank0.json").write_text("old part")
+    rc = main(["run", "--trace-dir", str(out)])
+    assert "earlier run" in _one_line(capsys, rc, "--trace-dir")
+    assert (out / "trace.json").read_text() == "old trace"
+    assert (out / "parts" / "rank0.json").read_text() == "old part"
+    assert sorted(os.listdir(out)) == ["parts", "trace.json"]  # no lock left behind
+
+
+@pytest.mark.parametrize("where", ["/proc/self/ppsim-out", "{tmp}/file"])
+def test_an_unwritable_trace_dir_is_refused_before_ranks_start(where, tmp_path, capsys,
+                                                               no_launch) -> None:
+    (tmp_path / "file").write_text("x")
+    rc = main(["run", "--trace-dir", where.format(tmp=tmp_path)])
+    _one_line(capsys, rc, "--trace-dir")
+
+
+def test_a_directory_another_run_writes_is_refused(tmp_path, capsys, no_launch) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".ppsim-lock-node0").write_text(f"{os.getpid()}\n")  # a live run holds it
+    rc = main(["run", "--trace-dir", str(out)])
+    assert "another ppsim run" in _one_line(capsys, rc, "--trace-dir")
+
+
+def test_runs_get_fresh_directories_and_latest_follows(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    first = rundir.prepare(None, 0, 1000)
+    second = rundir.prepare(None, 0, 1000)
+    assert first.path != second.path and os.path.dirname(first.path) == "ppsim-run"
+    for run in (first, second):
+        Path(run.path, "summary.json").write_text("{}")
+        rundir.release(run, [])
+        rundir.link_latest(run)
+    assert os.readlink("ppsim-run/latest") == os.path.basename(second.path)
+    assert Path(first.path, "summary.json").exists()
+    with pytest.raises(UserError, match="more than"):
+        # a stale lock of a dead process is taken over; a huge trace is refused for room
+        dead = Path(tmp_path, "big")
+        dead.mkdir()
+        (dead / ".ppsim-lock-node0").write_text("999999999\n")
+        try:
+            rundir.prepare(str(dead), 0, 1 << 62)
+        except UserError as exc:
+            assert "MB free" in str(exc)
+            raise UserError("x", "more than the disk") from None
+    assert not (tmp_path / "big" / ".ppsim-lock-node0").exists()
+
+
+def test_print_launch_names_a_fresh_directory_and_creates_nothing(tmp_path, monkeypatch,
+                                                                  capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--print-launch"]) == 0
+    assert re.search(r"--trace-dir ppsim-run/\d{8}-\d{6}", capsys.readouterr().out)
+    assert os.listdir(tmp_path) == []
+
+
+def _fake_torchrun(lines: list[str]) -> launch.Outcome:
+    code = f"import sys; print({chr(10).join(lines)!r}); sys.exit(1)"
+    return launch.run_torchrun([sys.executable, "-c", code], lambda m: None)
+
+
+def test_a_silent_death_in_torchruns_record_is_the_cause() -> None:
+    out = _fake_torchrun([
+        "ppsim-error: rank 0 failed in B7 (kind B): RuntimeError: Connection reset by peer",
+        "Failures:", "[1]:", "  rank      : 1 (local_rank: 1)",
+        "  exitcode  : -9 (pid: 6865)  (SIGKILL)", "Root Cause (first observed failure):",
+        "[0]:", "  rank      : 0 (local_rank: 0)", "  exitcode  : 1 (pid: 6864)"])
+    assert out.exits == {1: -9, 0: 1}
+    errors, notes = launch.failure_lines(out)
+    assert errors == ["rank 1 died without reporting an error: killed by signal 9 (SIGKILL) "
+                      "(torchrun's record)"]
+    assert len(notes) == 1 and "consequences" in notes[0] and "rank 0 failed" in notes[0]
+
+
+def test_rank_text_is_printed_without_terminal_escapes() -> None:
+    out = _fake_torchrun(["ppsim-error: rank 1 failed: \x1b]0;owned\x07\x1b[2J boom\r",
+                          "ppsim-abort: rank 0 stopping: \x1b[31mred\x9b"])
+    errors, notes = launch.failure_lines(out)
+    for line in errors + notes:
+        assert not re.search(r"[\x00-\x1f\x7f-\x9f]", line), line
+    assert "boom" in errors[0] and "\\x1b" in errors[0]
+
+
+# ------------------------------------------------------------------ real runs
+
+
+def _run(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "ppsim.cli", "run", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=180)
+
+
+def test_a_sigkilled_rank_is_named_not_the_survivor(tmp_path) -> None:
+    res = _run(*SMALL, "--trace-dir", str(tmp_path / "out"), "--inject-fault", "1:B:1:2:1",
+               "--fault-mode", "kill")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode != 0
+    errors = [ln for ln in lines if ln.startswith("ppsim run: error: ")]
+    assert errors == ["ppsim run: error: rank 1 died without reporting an error: killed by "
+                      "signal 9 (SIGKILL) (torchrun's record)"], res.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_injected_fault_blames_one_rank_and_keeps_earlier_results(tmp_path) -> None:
+    old = tmp_path / "ppsim-run" / "20000101-000000"
+    old.mkdir(parents=True)
+    (old / "trace.json").write_text("earlier good trace")
+    (tmp_path / "ppsim-run" / "latest").symlink_to(old.name)
+    res = _run(*SMALL, "--inject-fault", "1:B:1:2", cwd=tmp_path)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode != 0
+    assert [ln for ln in lines if "error:" in ln] == [lines[0]], res.stderr
+    assert lines[0].startswith("ppsim run: error: rank 1 failed in B2"), res.stderr
+    assert "rank 0 failed" not in res.stderr
+    assert (old / "trace.json").read_text() == "earlier good trace"
+    assert os.listdir(tmp_path / "ppsim-run") == [old.name, "latest"] or \
+        sorted(os.listdir(tmp_path / "ppsim-run")) == sorted([old.name, "latest"])
+    assert os.readlink(tmp_path / "ppsim-run" / "latest") == old.name
+
+
+def _tree(root: int) -> set[int]:
+    parents: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(d)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tree, grew = {root}, True
+    while grew:
+        new = {p for p, pp in parents.items() if pp in tree} - tree
+        tree |= new
+        grew = bool(new)
+    return tree
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+def test_a_run_listens_on_the_master_address_only(tmp_path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "ppsim.cli", "run", *SMALL, "--json"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    seen: set[str] = set()
+    while proc.poll() is None:
+        pids = _tree(proc.pid)
+        ss = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout
+        for line in ss.splitlines():
+            if any(int(p) in pids for p in re.findall(r"pid=(\d+)", line)):
+                seen.add(line.split()[3])
+        time.sleep(0.1)
+    so, se = proc.communicate()
+    assert proc.returncode == 0, se
+    assert seen and all(a.startswith("127.0.0.1:") for a in seen), seen
+    latest = tmp_path / "ppsim-run" / "latest"
+    assert json.loads(so)["trace"] == os.path.join("ppsim-run", os.readlink(latest),
+                                                   "trace.json")
+    assert (latest / "trace.json").exists() and (latest / "summary.json").exists()
+
+
+def test_survivors_torchrun_stopped_are_not_the_cause() -> None:
+    out = _fake_torchrun([
+        "ppsim-error: rank 1 failed in B2 (kind B, stage 1): RuntimeError: injected fault",
+        "  rank      : 0 (local_rank: 0)", "  exitcode  : -15 (pid: 1)  (SIGTERM)",
+        "  rank      : 1 (local_rank: 1)", "  exitcode  : 1 (pid: 2)"])
+    errors, notes = launch.failure_lines(out)
+    assert errors == ["rank 1 failed in B2 (kind B, stage 1): RuntimeError: injected fault"]
+    assert notes == ["1 other rank(s) stopped because of it"]

@@ -1,0 +1,147 @@
+"""`ppsim profile` and `ppsim calibrate` on real processes (torch, gloo), nothing mocked."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from ppsim.cli.main import main  # noqa: E402
+from ppsim.costs.costfile import load_costs, read_cost_file  # noqa: E402
+from ppsim.trace.schema import read_trace  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def ppsim(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ppsim.cli", *args], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("profile") / "costs.json"
+    r = ppsim("profile", "--out", str(out), "--repeats", "5", "--warmup", "1", "--json")
+    assert r.returncode == 0, r.stderr
+    return out, json.loads(r.stdout)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("run")
+    r = ppsim("run", "--iterations", "2", "--warmup", "1", "--trace-dir", str(d))
+    assert r.returncode == 0, r.stderr
+    return d / "trace.json"
+
+
+def test_profile_writes_a_loadable_file_with_positive_numbers(profiled) -> None:
+    path, doc = profiled
+    cf = read_cost_file(str(path))
+    costs = load_costs(str(path), 8, doc["model"])
+    assert costs.num_layers == 8 and len(doc["layers"]) == 1
+    for piece in (costs.layers[0], costs.head):
+        assert piece.forward_ms > 0 and piece.backward_ms > 0
+        assert 0 < piece.weight_grad_ms < piece.backward_ms
+        assert piece.static_bytes > 0 and piece.activation_bytes > 0
+    assert costs.embedding.forward_ms > 0 and costs.embedding.static_bytes > 0
+    # The boundary tensor: micro_batch_size x seq_length x hidden_size fp32 values.
+    m = doc["model"]
+    assert costs.layers[0].output_bytes == m["micro_batch_size"] * m["seq_length"] * \
+        m["hidden_size"] * 4
+    assert cf.p2p_latency_ms is not None and cf.p2p_latency_ms >= 0
+    assert cf.p2p_bandwidth_gbps is not None and cf.p2p_bandwidth_gbps > 0
+    assert len(doc["p2p"]["samples"]) >= 3 and doc["p2p"]["backend"] == "gloo"
+    assert doc["device"] == "cpu" and doc["torch_version"]
+    # Timed as the executor's ranks run: freed memory kept in the process (glibc).
+    assert doc["measurement"]["freed_memory_kept"] is True
+
+
+def test_profiled_bytes_match_what_the_executor_records(profiled, recorded) -> None:
+    """Static bytes are the executor's exactly; activation peaks within one boundary tensor."""
+    path, doc = profiled
+    r = ppsim("simulate", "--costs", str(path), "--json")
+    assert r.returncode == 0, r.stderr
+    sim = json.loads(r.stdout)
+    events = json.loads(recorded.read_text())["traceEvents"]
+    hidden = doc["layers"][0]["output_bytes"]
+    for rank in sim["ranks"]:
+        mem = [e["args"] for e in events if e.get("ph") == "C" and e["pid"] == rank["rank"]]
+        assert max(a["static"] for a in mem) == rank["static_bytes"]
+        real_peak = max(a["static"] + a["activations"] for a in mem)
+        assert abs(real_peak - rank["peak_memory_bytes"]) <= hidden
+
+
+def test_calibrate_brings_the_prediction_closer(recorded, tmp_path: Path) -> None:
+    # An A100 preset predicts the CPU run far too fast: calibration must pull it back.
+    out = tmp_path / "cal.json"
+    r = ppsim("calibrate", str(recorded), "--hardware", "a100-80gb", "--out", str(out),
+              "--json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["iterations"] == [1]
+    assert abs(res["error_after"]) < abs(res["error_before"])
+    assert res["factors"]["F"] > 1 and res["factors"]["B"] > 1
+    # The written file reproduces the calibrated prediction through --costs.
+    r = ppsim("simulate", "--hardware", "a100-80gb", "--costs", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)["iteration_time_ms"]
+    assert got == pytest.approx(res["predicted_after_ms"])
+    trace = read_trace(str(recorded))
+    ops = [o for o in trace.ops if o.iteration == 1]
+    measured = (max(o.end_us for o in ops) - min(o.start_us for o in ops)) / 1e3
+    assert res["measured_iteration_ms"] == pytest.approx(measured)
+    assert abs(got - measured) < abs(res["predicted_before_ms"] - measured)
+
+
+def test_calibrate_on_top_of_a_profile(profiled, recorded, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    path, _ = profiled
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", str(recorded), "--costs", str(path), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "scale factors" in text and "predicted" in text
+    doc = json.loads(out.read_text())
+    assert doc["source"] == "calibrate" and doc["calibration"]["base"] == str(path)
+    assert load_costs(str(out), 8).layers[0].forward_ms > 0
+
+
+def test_profile_refuses_what_the_executor_cannot_run(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    cfg = tmp_path / "u.toml"
+    cfg.write_text('[model]\nkind = "uniform"\nnum_layers = 4\nforward_ms = 1.0\n')
+    assert main(["profile", "--config", str(cfg), "--out", str(tmp_path / "c.json")]) == 2
+    assert "model.kind" in capsys.readouterr().err
+    assert main(["profile", "--tp", "2", "--out", str(tmp_path / "c.json")]) == 2
+    assert "model.tp" in capsys.readouterr().err
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_profile_measures_each_layer_kind_of_a_builder(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    """A heterogeneous stack (tests/model_moe.py: every third layer MoE) gets one
+    measured cost per layer kind, each applied to every layer of that kind."""
+    cfg = tmp_path / "moe.toml"
+    cfg.write_text(f'[model]\npreset = "tiny-gpt"\nbuilder = "{ROOT}/tests/model_moe.py:build"'
+                   '\n')
+    out = tmp_path / "c.json"
+    assert main(["profile", "--config", str(cfg), "--out", str(out), "--repeats", "2",
+                 "--warmup", "0", "--no-p2p", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    layers = doc["layers"]
+    moe = [i for i in range(8) if i % 3 == 1]
+    assert len(layers) == 8 and doc["measurement"]["layers_sampled"]
+    assert {i for i in doc["measurement"]["layers_sampled"]} & set(moe)
+    for i in range(8):
+        same = moe if i in moe else [j for j in range(8) if j not in moe]
+        assert all(layers[j] == layers[i] for j in same)
+    assert layers[1]["static_bytes"] > layers[0]["static_bytes"]  # experts and router
+    assert all(x["forward_ms"] > 0 and x["activation_bytes"] > 0 for x in layers)

@@ -1,0 +1,43 @@
+"""Measurements in spawned processes survive a process that aborts after writing its
+result (gloo's rare teardown abort), and still fail when a result is missing. Real
+processes: the aborting one calls os.abort(), as std::terminate does."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+from ppsim.executor.spawned import spawn_results
+from torch.multiprocessing import ProcessExitedException  # noqa: E402
+
+from ppsim.fileio import write_json_atomic  # noqa: E402
+
+
+def _writes_then_maybe_aborts(rank: int, folder: str, abort_before: bool, n: int) -> None:
+    if rank == 1 and abort_before:
+        os.abort()
+    write_json_atomic(os.path.join(folder, f"r{rank}.json"), {"rank": rank, "sq": rank * rank})
+    if rank == 1:  # after every result, as gloo's abort comes after the last barrier
+        deadline = time.monotonic() + 60
+        while (len([f for f in os.listdir(folder) if f.startswith("r")]) < n
+               and time.monotonic() < deadline):
+            time.sleep(0.01)
+        os.abort()
+
+
+def test_an_abort_after_the_result_keeps_the_measurement(tmp_path, capfd):
+    paths = [str(tmp_path / f"r{r}.json") for r in range(3)]
+    got = spawn_results(_writes_then_maybe_aborts, (str(tmp_path), False, 3), 3, paths)
+    assert got == [{"rank": r, "sq": r * r} for r in range(3)]
+    assert "exited abnormally" in capfd.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["r0.json", "r1.json", "r2.json"]  # no temps
+
+
+def test_an_abort_before_the_result_is_raised(tmp_path):
+    paths = [str(tmp_path / f"r{r}.json") for r in range(2)]
+    with pytest.raises(ProcessExitedException):
+        spawn_results(_writes_then_maybe_aborts, (str(tmp_path), True, 2), 2, paths)

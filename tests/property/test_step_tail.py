@@ -1,0 +1,68 @@
+"""The step's tail: data-parallel gradient all-reduce (R) and optimizer step (S)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ppsim.cli.main import main
+from ppsim.config.schema import config_from_dict
+from ppsim.pipeline.problem import build_problem
+from ppsim.pipeline.split import split_from_counts
+from ppsim.plan.search import SplitSearch
+from ppsim.sim.engine import simulate
+from ppsim.sim.timing import ADAM_BYTES_PER_PARAM, GRAD_BYTES
+
+
+def _problem(dp: int, pp: int = 1, split: list[int] | None = None):
+    pipe = {"pp": pp, "microbatches": 4}
+    if split:
+        pipe["split"] = split
+    return build_problem(config_from_dict({
+        "model": {"preset": "llama3-8b", "num_layers": 8, "dp": dp},
+        "hardware": {"preset": "h100-80gb"}, "pipeline": pipe}))
+
+
+def test_all_reduce_and_optimizer_follow_the_ring_and_bandwidth_formulas():
+    one, eight = _problem(1), _problem(8)
+    hw = eight.hardware
+    params = sum(c.params for c in eight.stage_costs)
+    assert params > 2.7e9  # 8 layers (218M each), embedding and head (525M each), one rank
+    step = params * ADAM_BYTES_PER_PARAM / (hw.memory_bandwidth_gbps * 1e6)
+    ring = 2 * 7 * hw.p2p_latency_ms + 2 * 7 / 8 * params * GRAD_BYTES / (
+        hw.p2p_bandwidth_gbps * 1e6)
+    base = simulate(one).summary.iteration_time_ms
+    assert simulate(eight).summary.iteration_time_ms == pytest.approx(base + ring, rel=1e-12)
+    # dp 1 still pays the optimizer step, after the pipeline's last op.
+    sim = simulate(one)
+    last = max(op.end for ops in sim.timeline.ops for op in ops)
+    assert sim.summary.iteration_time_ms == pytest.approx(last + step, rel=1e-12)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=4, max_size=4).filter(lambda c: sum(c) == 8),
+       st.sampled_from([1, 2, 8]))
+def test_the_fast_evaluator_includes_the_same_tail(counts, dp):
+    p = _problem(dp, pp=4, split=[2, 2, 2, 2])
+    split = split_from_counts(counts, 4, 1, 8)
+    assert SplitSearch(p).evaluate(tuple(counts)) == simulate(p.with_split(split)).summary
+
+
+def test_the_simulated_trace_records_the_tail_as_the_executor_does(tmp_path, capsys):
+    trace = tmp_path / "sim.json"
+    argv = ["simulate", "--preset", "llama3-8b", "--num-layers", "8", "--hardware",
+            "h100-80gb", "--pp", "2", "--microbatches", "4", "--trace", str(trace), "--json"]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    events = json.loads(trace.read_text())["traceEvents"]
+    steps = [e for e in events if e.get("args", {}).get("kind") in ("R", "S")]
+    assert {e["pid"] for e in steps} == {0, 1} and {e["args"]["kind"] for e in steps} == {"S"}
+    end = max(e["ts"] + e["dur"] for e in steps) / 1e3
+    assert end == pytest.approx(summary["iteration_time_ms"], rel=1e-9)
+    # The diff reads them as step ops and a trace against itself is exact.
+    assert main(["diff", str(trace), str(trace), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["iteration_time_delta_ms"] == 0

@@ -1,0 +1,147 @@
+"""The command line: JSON contracts and one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ppsim.cli.main import main
+from ppsim.config.schema import config_to_toml, load_config
+
+UNIFORM = """
+[model]
+kind = "uniform"
+num_layers = 8
+forward_ms = 1.0
+backward_ms = 2.0
+static_bytes = 1_000_000
+activation_bytes = 100_000
+output_bytes = 10_000
+[model.head]
+forward_ms = 3.0
+backward_ms = 6.0
+[pipeline]
+pp = 2
+vpp = 1
+microbatches = 8
+schedule = "1f1b"
+split = [6, 2]
+[hardware]
+memory_bytes = 80e9
+"""
+
+
+@pytest.fixture
+def cfg_file(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text(UNIFORM)
+    return str(p)
+
+
+def run_json(capsys, argv):
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    return json.loads(out)
+
+
+def test_simulate_json_contract(cfg_file, capsys):
+    data = run_json(capsys, ["simulate", "--config", cfg_file, "--json"])
+    assert data["split"] == [6, 2]
+    assert len(data["ranks"]) == 2
+    # Rank 0: 6 layers x 8 microbatches x 3 ms; rank 1: (2 layers + head) x 8 x (3 + 9) ms.
+    assert data["ranks"][0]["busy_ms"] == 6 * 8 * 3.0
+    assert data["ranks"][1]["busy_ms"] == 8 * (2 * 3.0 + 9.0)
+    assert data["ranks"][1]["peak_inflight"] == 1 and data["ranks"][0]["peak_inflight"] == 2
+    for key in ("iteration_time_ms", "bubble_fraction"):
+        assert isinstance(data[key], float)
+    for r in data["ranks"]:
+        assert set(r) >= {"rank", "layers", "busy_ms", "bubble_fraction", "peak_memory_bytes",
+                          "peak_inflight", "fits"}
+
+
+def test_flags_override_file(cfg_file, capsys):
+    data = run_json(capsys, ["simulate", "--config", cfg_file, "--split", "4,4", "--json",
+                             "--microbatches", "4"])
+    assert data["split"] == [4, 4] and data["microbatches"] == 4
+
+
+def test_split_json_megatron_example(capsys):
+    data = run_json(capsys, ["split", "--num-layers", "60", "--pp", "8",
+                             "--first-stage-layers", "6", "--last-stage-layers", "6", "--json"])
+    assert [s["layers"] for s in data["stages"]] == [6] + [8] * 6 + [6]
+    assert [s["offset"] for s in data["stages"]] == [0, 6, 14, 22, 30, 38, 46, 54]
+    assert [s["rank"] for s in data["stages"]] == list(range(8))
+
+
+def test_trace_is_written_and_readable(cfg_file, tmp_path, capsys):
+    from ppsim.trace.schema import read_trace
+
+    out = tmp_path / "t.json"
+    assert main(["simulate", "--config", cfg_file, "--trace", str(out)]) == 0
+    trace = read_trace(str(out))
+    assert len(trace.ops) == 2 * 2 * 8
+    assert {op.kind for op in trace.ops} == {"F", "B"}
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_simulate_png(cfg_file, tmp_path, capsys):
+    out = tmp_path / "t.png"
+    assert main(["simulate", "--config", cfg_file, "--png", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_config_round_trips_through_toml(cfg_file, tmp_path):
+    cfg = load_config(cfg_file)
+    again = tmp_path / "again.toml"
+    again.write_text(config_to_toml(cfg))
+    assert load_config(str(again)) == cfg
+
+
+BAD = [
+    (["--split", "5,2"], "pipeline.split"),
+    (["--split", "9,-1"], "pipeline.split"),
+    (["--split", "4,x"], "--split"),
+    (["--split", "4,2,2"], "pipeline.split"),
+    (["--vpp", "2", "--split", "6,2"], "pipeline"),
+    (["--schedule", "zigzag"], "pipeline.schedule"),
+    (["--preset", "llama9"], "model.preset"),
+    (["--schedule", "interleaved-1f1b", "--vpp", "1", "--microbatches", "3"], "pipeline.vpp"),
+    (["--actions-csv", "/nonexistent/order.csv"], "pipeline.actions_csv"),
+    (["--pp", "0"], "pipeline"),
+    (["--memory-gb", "-5"], "hardware.memory_bytes"),
+]
+
+
+@pytest.mark.parametrize("flags, field", BAD)
+def test_bad_input_exits_2_with_one_line(cfg_file, capsys, flags, field):
+    assert main(["simulate", "--config", cfg_file, *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and field in err and "Traceback" not in err
+
+
+def test_malformed_toml_names_the_line(tmp_path, capsys):
+    p = tmp_path / "bad.toml"
+    p.write_text("[model]\nkind = \"uniform\"\nnum_layers = = 3\n")
+    assert main(["simulate", "--config", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert "line 3" in err and err.count("\n") == 1
+
+
+def test_unknown_key_suggests_the_right_one(tmp_path, capsys):
+    p = tmp_path / "typo.toml"
+    p.write_text(UNIFORM.replace("microbatches = 8", "microbatchs = 8"))
+    assert main(["simulate", "--config", str(p)]) == 2
+    assert "microbatches" in capsys.readouterr().err
+
+
+def test_console_script_exit_status_and_no_traceback(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "ppsim.cli", "simulate", "--split", "1,1"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "pipeline.split" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "ppsim.cli", "simulate", "--json"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0
+    assert "iteration_time_ms" in json.loads(r.stdout)

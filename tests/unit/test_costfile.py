@@ -1,0 +1,227 @@
+"""Cost files (no torch): round trip, --costs changes simulate as the simulator predicts,
+bad files exit 2 with one line, and calibration recovers known factors from a trace."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from ppsim.cli.main import main
+from ppsim.config.schema import load_config, model_fields
+from ppsim.costs.costfile import cost_document, load_costs, read_cost_file, write_costs
+from ppsim.costs.model import LayerCost, ModelCosts
+from ppsim.pipeline.problem import Hardware, build_problem, model_costs
+from ppsim.sim.engine import simulate
+from ppsim.trace.schema import read_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT = load_config(None)
+FIELDS = model_fields(DEFAULT.model)
+
+
+def _write(path: Path, costs: ModelCosts, p2p: dict | None = None, **kw) -> str:
+    write_costs(str(path), cost_document(costs, source="hand", model=FIELDS, p2p=p2p, **kw))
+    return str(path)
+
+
+def _scaled(costs: ModelCosts, f: float = 1.0, b: float = 1.0) -> ModelCosts:
+    def one(c: LayerCost) -> LayerCost:
+        return replace(c, forward_ms=c.forward_ms * f, backward_ms=c.backward_ms * b,
+                       weight_grad_ms=c.weight_grad_ms * b)
+
+    return ModelCosts(layers=tuple(one(c) for c in costs.layers), embedding=one(costs.embedding),
+                      head=one(costs.head))
+
+
+def _simulate_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    assert main(["simulate", "--json", *argv]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_round_trip_uneven_layers(tmp_path: Path) -> None:
+    layers = tuple(LayerCost(forward_ms=1.0 + i / 8, backward_ms=2.0 + i, weight_grad_ms=0.5,
+                             static_bytes=1000 + i, activation_bytes=300, weight_grad_bytes=100,
+                             output_bytes=64) for i in range(8))
+    costs = ModelCosts(layers=layers, embedding=LayerCost(forward_ms=0.1, static_bytes=7),
+                       head=LayerCost(forward_ms=0.7, backward_ms=1.4, weight_grad_ms=0.7))
+    path = _write(tmp_path / "c.json", costs)
+    assert load_costs(path) == costs
+    assert load_costs(path, 8, FIELDS) == costs
+    assert len(json.loads(Path(path).read_text())["layers"]) == 8
+
+
+def test_uniform_file_has_one_entry_and_fits_any_depth(tmp_path: Path) -> None:
+    costs = model_costs(DEFAULT)
+    path = _write(tmp_path / "c.json", costs)
+    assert len(json.loads(Path(path).read_text())["layers"]) == 1
+    assert load_costs(path, 8) == costs
+    assert load_costs(path, 12).num_layers == 12
+
+
+def test_costs_change_simulate_as_the_simulator_predicts(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    base = model_costs(DEFAULT)
+    same = _write(tmp_path / "same.json", base)
+    slow_f = _write(tmp_path / "f2.json", _scaled(base, f=2.0))
+    analytic = _simulate_json(capsys)["iteration_time_ms"]
+    # No p2p in the file: the preset's link is kept, so the same costs give the same time.
+    assert _simulate_json(capsys, "--costs", same)["iteration_time_ms"] == pytest.approx(analytic)
+    got = _simulate_json(capsys, "--costs", slow_f)["iteration_time_ms"]
+    expect = simulate(build_problem(DEFAULT, _scaled(base, f=2.0))).summary.iteration_time_ms
+    assert got == pytest.approx(expect)
+    assert got > analytic
+
+
+def test_measured_p2p_beats_the_preset(tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    base = model_costs(DEFAULT)
+    path = _write(tmp_path / "c.json", base, p2p={"latency_ms": 3.0, "bandwidth_gbps": 0.5})
+    got = _simulate_json(capsys, "--costs", path)["iteration_time_ms"]
+    p = build_problem(DEFAULT, base)
+    expect = simulate(replace(p, hardware=Hardware(p.hardware.memory_bytes, 3.0, 0.5)))
+    assert got == pytest.approx(expect.summary.iteration_time_ms)
+    # and through the config file's top-level key
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text(f'costs_file = "{path}"\n[model]\npreset = "tiny-gpt"\n[pipeline]\npp = 2\n'
+                   'split = [5, 3]\n[hardware]\npreset = "cpu"\n')
+    assert _simulate_json(capsys, "--config", str(cfg))["iteration_time_ms"] == pytest.approx(got)
+
+
+def _good() -> dict:
+    return cost_document(model_costs(DEFAULT), source="hand", model=FIELDS,
+                         p2p={"latency_ms": 0.1, "bandwidth_gbps": 1.0})
+
+
+def _mutate(fn) -> str:
+    doc = _good()
+    fn(doc)
+    return json.dumps(doc)
+
+
+BAD = {
+    "truncated": ("format", lambda: json.dumps(_good())[:200], "truncated"),
+    "empty": ("empty", lambda: "", "not valid JSON"),
+    "not-object": ("list", lambda: "[1, 2]", "expected a JSON object"),
+    "format": ("format", lambda: _mutate(lambda d: d.update(format="other")), "format"),
+    "version": ("version", lambda: _mutate(lambda d: d.update(version=9)), "version"),
+    "no-layers": ("layers", lambda: _mutate(lambda d: d.pop("layers")), "layers"),
+    "empty-layers": ("layers", lambda: _mutate(lambda d: d.update(layers=[])), "layers"),
+    "negative": ("neg", lambda: _mutate(lambda d: d["layers"][0].update(forward_ms=-1)),
+                 "layers[0].forward_ms"),
+    "string": ("str", lambda: _mutate(lambda d: d["head"].update(backward_ms="1")),
+               "head.backward_ms"),
+    "unknown-key": ("key", lambda: _mutate(lambda d: d["embedding"].update(flops=1)),
+                    "embedding.flops"),
+    "w-exceeds-b": ("w", lambda: _mutate(lambda d: d["layers"][0].update(weight_grad_ms=1e9)),
+                    "weight_grad_ms"),
+    "fractional-bytes": ("b", lambda: _mutate(lambda d: d["layers"][0].update(
+        static_bytes=1.5)), "static_bytes"),
+    "p2p": ("p2p", lambda: _mutate(lambda d: d["p2p"].update(latency_ms=None)),
+            "p2p.latency_ms"),
+    "layer-count": ("count", lambda: _mutate(lambda d: d.update(layers=d["layers"] * 3)),
+                    "has 3 entries but model.num_layers is 8"),
+    "other-model": ("arch", lambda: _mutate(lambda d: d["model"].update(hidden_size=128)),
+                    "model.hidden_size"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_cost_file_exits_2_with_one_line(case: str, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    _, make, needle = BAD[case]
+    path = tmp_path / f"{case}.json"
+    path.write_text(make())
+    assert main(["simulate", "--costs", str(path)]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1, out.err
+    assert needle in lines[0] and lines[0].startswith("ppsim simulate: error: ")
+
+
+def test_missing_file_through_the_real_entry_point(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "ppsim.cli", "plan", "--costs",
+                        str(tmp_path / "nope.json")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "nope.json" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_cache_sees_a_rewritten_file(tmp_path: Path) -> None:
+    base = model_costs(DEFAULT)
+    path = _write(tmp_path / "c.json", base)
+    assert read_cost_file(path).layers[0] == base.layers[0]
+    path = _write(tmp_path / "c.json", _scaled(base, f=3.0))
+    assert read_cost_file(path).layers[0].forward_ms == pytest.approx(
+        3 * base.layers[0].forward_ms)
+
+
+# ------------------------------------------------------------------ calibrate (no torch)
+
+
+def test_calibrate_recovers_known_factors_from_a_simulated_trace(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A trace simulated with F x1.7, B x0.6 and a 0.4 ms link is fitted exactly."""
+    base = model_costs(DEFAULT)
+    truth = _write(tmp_path / "truth.json", _scaled(base, f=1.7, b=0.6),
+                   p2p={"latency_ms": 0.4, "bandwidth_gbps": 1.0})
+    trace = tmp_path / "sim.json"
+    assert main(["simulate", "--costs", truth, "--trace", str(trace)]) == 0
+    measured = read_trace(str(trace))
+    capsys.readouterr()
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", str(trace), "--out", str(out), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["factors"]["F"] == pytest.approx(1.7)
+    assert res["factors"]["B"] == pytest.approx(0.6)
+    assert res["factors"]["W"] is None
+    assert res["p2p_delay_ms"] == pytest.approx(0.4 + base.hidden_bytes / 1e6)
+    span = max(o.end_us for o in measured.ops) / 1e3
+    assert res["measured_iteration_ms"] == pytest.approx(span)
+    assert res["predicted_after_ms"] == pytest.approx(span)
+    assert abs(res["error_after"]) < 1e-9 < abs(res["error_before"])
+    # the written file reproduces it
+    again = _simulate_json(capsys, "--costs", str(out))["iteration_time_ms"]
+    assert again == pytest.approx(span)
+
+
+def test_calibrate_rejects_a_trace_of_another_model(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "sim.json"
+    assert main(["simulate", "--trace", str(trace)]) == 0
+    capsys.readouterr()
+    assert main(["calibrate", str(trace), "--num-layers", "12", "--out",
+                 str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--config" in err[0]
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"traceEvents": [')
+    assert main(["calibrate", str(bad), "--out", str(tmp_path / "c.json")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_calibrate_tells_the_head_apart(tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Layers x1.5 but head x3: the last stage's excess is put on the head, not the layers."""
+    base = model_costs(DEFAULT)
+    layers = _scaled(base, f=1.5, b=1.5)
+    truth_costs = replace(layers, head=_scaled(base, f=3.0, b=3.0).head)
+    truth = _write(tmp_path / "truth.json", truth_costs)
+    trace = tmp_path / "sim.json"
+    assert main(["simulate", "--costs", truth, "--trace", str(trace)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", str(trace), "--out", str(out), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["factors"]["F"] == pytest.approx(1.5)
+    assert res["head_factors"]["F"] == pytest.approx(3.0)
+    assert res["head_factors"]["B"] == pytest.approx(3.0)
+    assert res["error_after"] == pytest.approx(0.0, abs=1e-9)
+    assert load_costs(str(out), 8).head.forward_ms == pytest.approx(truth_costs.head.forward_ms)

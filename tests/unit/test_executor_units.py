@@ -1,0 +1,301 @@
+"""In-process tests of the executor's parts: model, deferred W, messages, launch, CLI checks.
+
+The multi-process tests (real torchrun + gloo) are in test_executor.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from ppsim.executor import launch  # noqa: E402
+from ppsim.executor.builders import DEFAULT_BUILDER, load_builder  # noqa: E402
+from ppsim.executor.builders.deferral import (  # noqa: E402
+    DeferringLinear,
+    WeightGradStore,
+    defer_linears,
+)
+from ppsim.executor.builders.gpt import GPTBuilder, GPTShape  # noqa: E402
+from ppsim.executor.builders.llama import LlamaBuilder, MoE, parse_kinds  # noqa: E402
+from ppsim.executor.builders.stage import Stage, full_model, saved_bytes  # noqa: E402
+from ppsim.executor.recorder import merge_parts  # noqa: E402
+from ppsim.executor.runtime import Fault, outgoing  # noqa: E402
+from torch import nn  # noqa: E402
+
+from ppsim.cli.main import main  # noqa: E402
+from ppsim.cli.run import add_run_arguments, load_problem  # noqa: E402
+from ppsim.config.schema import load_config, model_fields  # noqa: E402
+from ppsim.costs.transformer import Architecture, layer_activation_bytes  # noqa: E402
+from ppsim.errors import UserError  # noqa: E402
+from ppsim.schedules.generators import build_schedule  # noqa: E402
+
+FIELDS = model_fields(load_config(None).model)
+SHAPE = GPTShape.from_fields(FIELDS)
+MOE_FIELDS = {**FIELDS, "layers": "dense, moe*2, dense*2, moe, dense*2", "num_kv_heads": 2,
+              "num_experts": 4, "top_k": 2, "shared_experts": 1, "moe_ffn_hidden_size": 48}
+BUILDERS = {"gpt": (DEFAULT_BUILDER, FIELDS),
+            "llama-moe": ("ppsim.executor.builders.llama:build", MOE_FIELDS)}
+
+
+def _builder(name: str):
+    spec, fields = BUILDERS[name]
+    return load_builder(spec, fields)
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_run_arguments(p)
+    return p.parse_args(argv)
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_stages_compose_to_the_full_model(name: str, recompute: str) -> None:
+    b = _builder(name)
+    full = full_model(b)
+    parts = [Stage(b, 0, 3, True, False, recompute=recompute), Stage(b, 3, 0, False, False),
+             Stage(b, 3, 5, False, True, recompute=recompute)]
+    ids, _ = b.microbatch(0, 0, 0)
+    x = ids
+    for part in parts:
+        x = part(x)
+    torch.testing.assert_close(x, full(ids), rtol=0, atol=0)
+    names = {n for part in parts for n, _ in part.named_parameters()}
+    assert names == {n for n, _ in full.named_parameters()}
+
+
+@given(cuts=st.lists(st.integers(0, 8), min_size=0, max_size=4))
+def test_any_split_starts_from_the_same_weights(cuts: list[int]) -> None:
+    b = _builder("gpt")
+    bounds = [0, *sorted(cuts), 8]
+    parts = [Stage(b, lo, hi - lo, i == 0, i == len(bounds) - 2)
+             for i, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False))]
+    got = {n: p for part in parts for n, p in part.named_parameters()}
+    for n, p in full_model(b).named_parameters():
+        assert torch.equal(got[n], p), n
+
+
+def test_data_is_seeded_and_learnable() -> None:
+    b = _builder("gpt")
+    a, c = b.microbatch(0, 1, 2), b.microbatch(0, 1, 2)
+    assert torch.equal(a[0], c[0]) and torch.equal(a[1], c[1])
+    assert not torch.equal(a[0], b.microbatch(0, 1, 3)[0])
+    assert torch.equal(a[0][:, 1:], a[1][:, :-1])  # targets are the next tokens
+    assert a[0].shape == (SHAPE.micro_batch_size, SHAPE.seq_length)
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_deferred_weight_grads_equal_plain_backward(name: str, recompute: str) -> None:
+    b = _builder(name)
+    ref, zb = full_model(b), full_model(b, recompute=recompute)
+    ids, targets = b.microbatch(0, 0, 0)
+    b.loss(ref(ids), targets).backward()
+    WeightGradStore.enabled = True
+    try:
+        loss = b.loss(zb(ids), targets)
+        WeightGradStore.deferring, WeightGradStore.key = True, (0, 0)
+        loss.backward()
+        WeightGradStore.deferring, WeightGradStore.key = False, None
+        deferred = {n for n, p in zb.named_parameters() if p.grad is None}
+        matmuls = {f"{m}.{n}" for m, mod in zb.named_modules() if isinstance(mod, DeferringLinear)
+                   for n, _ in mod.named_parameters()}
+        experts = {f"{m}.{n}" for m, mod in zb.named_modules() if isinstance(mod, MoE)
+                   for n in ("gate", "up", "down")}
+        assert deferred == matmuls | experts  # only matmul weights wait for W
+        assert WeightGradStore.held_bytes((0, 0)) > 0
+        WeightGradStore.run((0, 0))
+    finally:
+        WeightGradStore.reset()
+    for (n, p), (_, q) in zip(ref.named_parameters(), zb.named_parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, msg=n)
+
+
+def test_user_linears_become_deferring_in_place() -> None:
+    m = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 2, bias=False)))
+    before = dict(m.named_parameters())
+    assert defer_linears(m) == 2
+    assert all(type(x) is DeferringLinear for x in (m[0], m[1][0]))
+    assert dict(m.named_parameters()) == before  # same tensors under the same names
+
+
+def test_full_recompute_keeps_exactly_the_layer_input() -> None:
+    """The analytic full-recompute activations (2sbh at 16 bits) are what is kept."""
+    b = _builder("gpt")
+    layer = Stage(b, 2, 1, False, False, recompute="full")
+    x = torch.randn(b.activation_shape, requires_grad=True)
+    ptrs = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    with saved_bytes(ptrs) as seen:
+        layer(x)
+    arch = Architecture(**{k: v for k, v in FIELDS.items() if k not in ("kind", "builder")},
+                        recompute="full")
+    assert sum(seen.values()) == layer_activation_bytes(arch, "dense") == x.numel() * 4
+
+
+def test_layer_kinds_parse() -> None:
+    assert parse_kinds("dense*2, moe, dense", 4) == ["dense", "dense", "moe", "dense"]
+    assert parse_kinds(None, 2) == ["dense", "dense"]
+    assert parse_kinds(["moe", "dense"], 2) == ["moe", "dense"]
+    for bad in ("dense*3", "dense, mlp", ["moe"] * 3):
+        with pytest.raises(UserError, match="model.layers"):
+            parse_kinds(bad, 2)
+    b = _builder("llama-moe")
+    kinds = [b.layer_kind(i) for i in range(8)]
+    assert kinds == parse_kinds(MOE_FIELDS["layers"], 8)
+    assert [isinstance(b.layer(i).mlp, MoE) for i in range(8)] == [k == "moe" for k in kinds]
+
+
+def test_the_default_builder_builds_what_the_fields_describe() -> None:
+    assert isinstance(load_builder(DEFAULT_BUILDER, FIELDS), GPTBuilder)  # LayerNorm, learned
+    llama = model_fields({"preset": "llama3-8b"})
+    mixtral = model_fields({"preset": "mixtral-8x7b"})
+    for fields in (llama, mixtral):
+        b = load_builder(DEFAULT_BUILDER, fields)
+        assert isinstance(b, LlamaBuilder)
+        layer = b.layer(0) if fields is llama else None
+        if layer is not None:
+            assert type(layer.attn_norm).__name__ == "RMSNorm" and layer.attention.rotary
+    assert load_builder(DEFAULT_BUILDER, mixtral).layer_kind(3) == "moe"
+    with pytest.raises(UserError, match="model.attention"):
+        load_builder(DEFAULT_BUILDER, model_fields({"preset": "deepseek-v3"}))
+
+
+@pytest.mark.parametrize("spec, problem", [
+    ("nocolon", "not module:function"),
+    ("no.such.module:build", "cannot import"),
+    ("ppsim.executor.builders.gpt:nothing", "no function"),
+    ("tests/missing.py:build", "cannot import"),
+])
+def test_a_bad_builder_is_a_user_error(spec: str, problem: str) -> None:
+    with pytest.raises(UserError, match=problem):
+        load_builder(spec, FIELDS)
+
+
+def test_builder_layer_count_must_match_the_config(tmp_path) -> None:
+    f = tmp_path / "mine.py"
+    f.write_text("from ppsim.executor.builders.gpt import build as gpt\n\n"
+                 "def build(fields):\n    return gpt({**fields, 'num_layers': 3})\n")
+    with pytest.raises(UserError, match="builds 3 layers"):
+        load_builder(f"{f}:build", FIELDS)
+    assert load_builder(f"{f}:build", {**FIELDS, "num_layers": 3}).num_layers == 3
+
+
+def test_outgoing_messages_follow_the_sender_order() -> None:
+    s = build_schedule("interleaved-1f1b", 2, 2, 4)
+    sent = outgoing(s, 0)
+    assert all(dst == 1 for dst, _ in sent)
+    assert sent[0] == (1, ("F", 1, 0))
+    # every activation and gradient crossing ranks is sent exactly once
+    everything = [k for r in range(2) for _, k in outgoing(s, r)]
+    assert len(everything) == len(set(everything)) == 2 * (4 - 1) * 4
+
+
+def test_fault_spec() -> None:
+    assert Fault.parse("1:B:1:2") == Fault(1, "B", 1, 2, 0)
+    assert Fault.parse("0:F:2:3:1") == Fault(0, "F", 2, 3, 1)
+    for bad in ("1:X:1:2", "1:B:1", "a:B:1:2"):
+        with pytest.raises(ValueError):
+            Fault.parse(bad)
+
+
+def test_worker_argv_round_trips_the_config(tmp_path) -> None:
+    args = _parse(["--pp", "2", "--vpp", "2", "--schedule", "interleaved-1f1b", "--split",
+                   "3,1,2,2", "--microbatches", "4", "--iterations", "2", "--warmup", "0",
+                   "--trace-dir", str(tmp_path), "--account-for-loss", "--model",
+                   "tests/model_moe.py:build", "--dp", "2"])
+    again = _parse(launch.worker_argv(args))
+    for key in ("pp", "vpp", "schedule", "split", "microbatches", "iterations", "warmup",
+                "trace_dir", "account_for_loss", "engine", "device", "model", "dp"):
+        assert getattr(again, key) == getattr(args, key), key
+    args.nproc_per_node = 2
+    cmd = launch.launch_command(args)
+    assert cmd[1:3] == ["-m", "torch.distributed.run"] and "--standalone" in cmd
+    assert cmd[cmd.index("-m", 3) + 1] == "ppsim.executor.worker"
+
+
+def test_print_launch_shows_torchrun_and_sbatch(capsys) -> None:
+    rc = main(["run", "--print-launch", "--nnodes", "2", "--nproc-per-node", "1",
+               "--master-addr", "10.0.0.1", "--master-port", "29511", "--device", "cuda"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "torchrun --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29511" in out
+    assert "#SBATCH --nodes=2" in out and "#SBATCH --gpus-per-node=1" in out
+    assert "--rdzv-backend c10d" in out and "-m ppsim.executor.worker" in out
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--split", "5,4"], "pipeline.split"),
+    (["--nproc-per-node", "3"], "--nproc-per-node"),
+    (["--schedule", "nope"], "pipeline.schedule"),
+    (["--inject-fault", "1:F:0:0"], "--inject-fault"),  # stage 0 is not on rank 1
+    (["--inject-fault", "garbage"], "--inject-fault"),
+    (["--warmup", "3", "--iterations", "3"], "--warmup"),
+    (["--preset", "llama3-70b", "--pp", "2"], "model.tp"),
+    (["--engine", "torch", "--microbatches", "1"], "pipeline.microbatches"),
+    (["--model", "no_such_module:build"], "--model"),
+    (["--model", "ppsim.executor.builders.gpt"], "--model"),
+    (["--dp", "0"], "--dp"),
+    (["--dp", "2", "--engine", "torch"], "--dp"),
+    (["--dp", "2", "--nproc-per-node", "2"], "--nproc-per-node"),
+    (["--config", "{tmp}/bad-builder.toml"], "model.builder"),
+])
+def test_bad_input_exits_2_before_any_process(argv, field, tmp_path, capsys,
+                                              monkeypatch) -> None:
+    def no_launch(*a, **k):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(launch.subprocess, "Popen", no_launch)
+    (tmp_path / "bad-builder.toml").write_text('[model]\npreset = "tiny-gpt"\nbuilder = 3\n')
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    rc = main(["run", "--trace-dir", str(tmp_path / "t"), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1 and field in err[0], err
+    assert not (tmp_path / "t").exists()
+
+
+def test_actions_csv_replaces_the_schedule(tmp_path) -> None:
+    csv = tmp_path / "zb.csv"
+    csv.write_text("0F0,0F1,0I0,0W0,0I1,0W1\n1F0,1I0,1W0,1F1,1I1,1W1\n")
+    problem = load_problem(_parse(["--microbatches", "2", "--actions-csv", str(csv)]))
+    assert problem.schedule.split_backward and len(problem.schedule.actions[0]) == 6
+
+
+def test_merge_pairs_sends_with_arrivals() -> None:
+    send = {"ph": "send", "pid": 0, "iteration": 0, "ts": 10.0, "kind": "F", "dst": 1,
+            "stage": 0, "dst_stage": 1, "microbatch": 0, "bytes": 8}
+    recv = {"ph": "recv", "pid": 1, "src": 0, "kind": "F", "stage": 1, "microbatch": 0,
+            "iteration": 0, "ts": 15.0}
+    events = merge_parts([[send], [recv]], 2)
+    (t,) = [e for e in events if e.get("cat") == "transfer"]
+    assert (t["ts"], t["dur"], t["args"]["dst"]) == (0.0, 5.0, 1)
+
+
+def test_cli_module_imports_without_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, ppsim.cli.run, ppsim.cli.main; ppsim.cli.main.build_parser(); "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+@pytest.mark.parametrize(("finished", "exits", "errors", "kept"), [
+    ({0, 1}, {1: -6}, [], True),  # aborted in teardown, after its work: kept
+    ({0}, {1: -6}, [], False),  # died before finishing: a failure
+    ({0, 1}, {1: -6}, ["rank 1 failed in F0"], False),  # a rank said it failed
+    ({0, 1}, {}, [], False),  # no torchrun record of which rank: a failure
+])
+def test_a_teardown_abort_is_kept_only_after_every_failed_rank_finished(
+        finished, exits, errors, kept) -> None:
+    out = launch.Outcome(1, errors=list(errors), exits=dict(exits), finished=set(finished))
+    warnings = out.died_after_finishing()
+    assert bool(warnings) == kept
+    if kept:
+        assert warnings == ["rank 1 killed by signal 6 (SIGABRT) after finishing its work (in "
+                            "torch.distributed's teardown); the run's results are complete"]

@@ -1,0 +1,40 @@
+"""The new schedules and a torch CSV reach every consumer through the action lists.
+
+The TUI's schedule setting offers interleaved-zb and its numbers are simulate's; a
+config naming an actions CSV drives the TUI's evaluation with that order.
+"""
+
+from __future__ import annotations
+
+from ppsim.tui.session import apply_setting, evaluate_state, state_from_config
+from ppsim.tui.settings import SELECTS
+
+from ppsim.config.schema import load_config
+from ppsim.pipeline.problem import build_problem
+from ppsim.schedules.generators import SCHEDULES, build_schedule
+from ppsim.schedules.torchcsv import to_torch_csv
+from ppsim.sim.engine import simulate
+
+
+def test_tui_offers_every_schedule_and_simulates_interleaved_zb():
+    (choices,) = [c for name, _, c in SELECTS if name == "schedule"]
+    assert tuple(choices) == tuple(SCHEDULES) and "interleaved-zb" in choices
+    base = load_config(None)
+    state = apply_setting(base, state_from_config(base), "vpp", "2")
+    state = apply_setting(base, state, "schedule", "interleaved-zb")
+    state = apply_setting(base, state, "microbatches", "5")  # not a multiple of pp
+    res = evaluate_state(base, state)
+    assert res.sim.summary == simulate(build_problem(res.config)).summary
+    assert res.config.pipeline.schedule == "interleaved-zb"
+
+
+def test_tui_evaluates_the_order_of_an_actions_csv(tmp_path):
+    path = tmp_path / "dualpipev.csv"
+    path.write_text(to_torch_csv(build_schedule("dualpipev", 2, 2, 8)))
+    base = load_config(None)
+    base.pipeline.vpp, base.pipeline.schedule, base.pipeline.split = 2, "dualpipev", [2, 2, 1, 3]
+    named = simulate(build_problem(base)).summary
+    base.pipeline.actions_csv = str(path)
+    res = evaluate_state(base, state_from_config(base))
+    assert build_problem(res.config).schedule.name == "csv"
+    assert res.sim.summary == named

@@ -1,0 +1,49 @@
+"""The recorded traces in traces/: real executor runs, each with its config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ppsim.cli.main import main
+from ppsim.config.schema import load_config
+from ppsim.pipeline.problem import build_problem
+from ppsim.sim.engine import simulate
+from ppsim.trace.diff import diff_traces
+from ppsim.trace.schema import read_trace, simulation_trace, trace_from_json
+
+TRACES = Path(__file__).resolve().parents[2] / "traces"
+CASES = sorted(p for p in TRACES.iterdir() if (p / "real.json").exists())
+
+
+def test_there_are_recorded_traces_of_1f1b_and_interleaved():
+    schedules = {read_trace(str(c / "real.json")).info["schedule"] for c in CASES}
+    assert {"1f1b", "interleaved-1f1b"} <= schedules
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda p: p.name)
+def test_simulating_the_config_matches_every_real_op(case):
+    real = read_trace(str(case / "real.json"))
+    assert real.info["source"] == "executor"
+    problem = build_problem(load_config(str(case / "config.toml")))
+    assert list(problem.split.counts) == real.info["split"]
+    sim = trace_from_json(simulation_trace(simulate(problem)), "sim")
+    d = diff_traces(sim, real).to_dict()
+    assert d["ops_only_in"] == [0, 0]
+    assert d["ops_matched"] == 2 * problem.split.num_stages * problem.schedule.microbatches
+    # Memory is bookkeeping, not timing: exact on every rank (each stage fed by another
+    # rank holds the boundary tensor it received, as the executor does).
+    for r in d["ranks"]:
+        pred, meas = r["peak_memory_bytes"]
+        assert pred == meas, (r["rank"], pred, meas)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda p: p.name)
+def test_cli_diff_of_recorded_sim_and_real(case, capsys):
+    assert main(["diff", str(case / "sim.json"), str(case / "real.json"), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["ops_only_in"] == [0, 0] and d["ops_matched"] > 0
+    real = read_trace(str(case / "real.json"))
+    assert d["iterations"][1] >= real.info["warmup_iterations"]  # a steady-state iteration
