@@ -26,9 +26,6 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from ppsim.executor.builders import DEFAULT_BUILDER, load_builder
-from ppsim.executor.builders.llama import architecture
-from ppsim.executor.builders.stage import Stage, saved_bytes
 
 from ppsim.config.presets import MODEL_PRESETS
 from ppsim.config.schema import ARCH_FIELDS, hardware_config, model_fields
@@ -39,6 +36,9 @@ from ppsim.costs.transformer import (
     layer_activation_bytes,
     transformer_costs,
 )
+from ppsim.executor.builders import DEFAULT_BUILDER, load_builder
+from ppsim.executor.builders.llama import architecture
+from ppsim.executor.builders.stage import Stage, saved_bytes
 
 
 def arch_of(fields: dict) -> Architecture:

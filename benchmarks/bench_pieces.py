@@ -19,11 +19,11 @@ import time
 from collections.abc import Callable
 
 import torch
+
+from ppsim.config.schema import load_config, model_fields
 from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.builders.stage import Stage
 from ppsim.executor.profile import Profiler
-
-from ppsim.config.schema import load_config, model_fields
 
 Timed = Callable[[], tuple[float, float]]
 

@@ -19,12 +19,12 @@ import asyncio
 import statistics
 import time
 
-from ppsim.tui.app import PPSimApp
-from ppsim.tui.testing import settle
-from ppsim.tui.timeline import Timeline
 from textual import events
 
 from ppsim.config.schema import load_config
+from ppsim.tui.app import PPSimApp
+from ppsim.tui.testing import settle
+from ppsim.tui.timeline import Timeline
 
 SIZE = (160, 50)
 PRESSES = 20

@@ -32,12 +32,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from ppsim.executor.alloc import keep_freed_memory
-from ppsim.executor.optim import adamw
-from ppsim.executor.spawned import spawn_results
 
 from ppsim.costs.costfile import layer_dict
 from ppsim.costs.model import ModelCosts
+from ppsim.executor.alloc import keep_freed_memory
+from ppsim.executor.optim import adamw
+from ppsim.executor.profile import Profiler
+from ppsim.executor.spawned import free_port, spawn_results
 from ppsim.fileio import write_json_atomic
 from ppsim.sim.timing import ADAM_BYTES_PER_PARAM
 
@@ -47,8 +48,8 @@ def _layer_op(prof: Any) -> Any:
     piece = next(p for p in prof.pieces if p.kind == "layer")
 
     def op() -> None:
-        y = prof._forward(piece, prof._input(piece), 0)
-        prof._backward(piece, y)
+        y = prof.forward(piece, prof.input_for(piece), 0)
+        prof.backward(piece, y)
 
     return op
 
@@ -212,7 +213,6 @@ def _worker(rank: int, port: int, fields: dict[str, Any], repeats: int, warmup: 
             microbatches: int, threads: int, out: str, plan: dict[str, Any]) -> None:
     """One of the processes timing the pieces at once; `plan` says where each runs
     (device indices, pinned to cores on CPU or not) and whether pairs exchange messages."""
-    from ppsim.executor.profile import Profiler
 
     devices, n = plan["devices"], len(plan["devices"])
     if plan["device_kind"] == "cuda":
@@ -265,7 +265,6 @@ def measure_concurrent(fields: dict[str, Any], devices: list[int], repeats: int,
     """Run the profiler in one process per entry of `devices`, all at once; each
     process's results. With k > 1 the devices list holds each device k times in a row,
     and only the sharing of a device is measured (`_sharing`)."""
-    from ppsim.executor.profile import _free_port
 
     n = len(devices)
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
@@ -274,7 +273,7 @@ def measure_concurrent(fields: dict[str, Any], devices: list[int], repeats: int,
     fd, out = tempfile.mkstemp(prefix="ppsim-concurrent-", suffix=".json")
     os.close(fd)
     try:
-        results = spawn_results(_worker, (_free_port(), fields, repeats, warmup,
+        results = spawn_results(_worker, (free_port(), fields, repeats, warmup,
                                           microbatches, threads, out, plan), n,
                                 [f"{out}.{r}" for r in range(n)])
     finally:

@@ -104,10 +104,9 @@ def measure_kernel_overhead(device: torch.device) -> float:
     (device time ~0), forward and backward, over the ops the roofline counts for it
     (ppsim.layerops). Eager PyTorch spends this in Python modules, dispatch and
     autograd for every op, so a small model's layer is host-bound."""
+    from ppsim.costs.layerops import layer_ops
     from ppsim.executor.builders.gpt import build
     from ppsim.executor.builders.llama import architecture
-
-    from ppsim.costs.layerops import layer_ops
 
     fields = {"num_layers": 1, "hidden_size": 64, "num_heads": 2, "num_kv_heads": 2,
               "ffn_hidden_size": 256, "vocab_size": 128, "seq_length": 16,

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from ppsim.executor.builders import ModelBuilder
 from ppsim.executor.builders.stage import build_stage
 from ppsim.executor.optim import adamw

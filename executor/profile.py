@@ -16,27 +16,24 @@ as latency + bytes / bandwidth, the simulator's transfer model.
 from __future__ import annotations
 
 import os
-import platform
-import socket
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.builders import ModelBuilder, builder_spec, layer_kind, load_builder
 from ppsim.executor.builders.deferral import WeightGradStore
 from ppsim.executor.builders.stage import Stage, saved_bytes
 from ppsim.executor.optim import adamw
-from ppsim.executor.spawned import spawn_results
-
-from ppsim.costs.costfile import layer_dict
-from ppsim.costs.model import LayerCost, ModelCosts
+from ppsim.executor.spawned import free_port, spawn_results
 from ppsim.fileio import write_json_atomic
 
 Progress = Callable[[str, int], None]
@@ -148,12 +145,12 @@ class Profiler:
 
     # --------------------------------------------------------------- one op each
 
-    def _input(self, piece: _Piece) -> torch.Tensor:
+    def input_for(self, piece: _Piece) -> torch.Tensor:
         if piece.kind == "embedding":
             return self.ids
         return self.x.detach().clone().requires_grad_()
 
-    def _forward(self, piece: _Piece, x: torch.Tensor, mb: int) -> torch.Tensor:
+    def forward(self, piece: _Piece, x: torch.Tensor, mb: int) -> torch.Tensor:
         """The runtime's F: the module, and on the head the loss (targets fetched inside)."""
         y = piece.module(x)
         if piece.kind == "head":
@@ -161,25 +158,25 @@ class Profiler:
             y = self.builder.loss(y, targets) / self.m
         return y
 
-    def _backward(self, piece: _Piece, y: torch.Tensor) -> None:
+    def backward(self, piece: _Piece, y: torch.Tensor) -> None:
         """The runtime's B: autograd from the output (with the received gradient)."""
         torch.autograd.backward(y, grad_tensors=None if piece.kind == "head" else self.grad)
 
     def run_once(self, piece: _Piece, rep: int, record: bool) -> None:
         s = piece.samples
         # Plain path (schedules that do not split backward): F, then the whole B.
-        x = self._input(piece)
-        tf, y = self.clock.time(lambda: self._forward(piece, x, rep))
-        tb, _ = self.clock.time(lambda: self._backward(piece, y))
+        x = self.input_for(piece)
+        tf, y = self.clock.time(lambda: self.forward(piece, x, rep))
+        tb, _ = self.clock.time(lambda: self.backward(piece, y))
         # Split path (zero-bubble): Linear defers weight grads in B; W runs them.
         WeightGradStore.enabled = True
         try:
-            x = self._input(piece)
-            tf2, y = self.clock.time(lambda: self._forward(piece, x, rep))
+            x = self.input_for(piece)
+            tf2, y = self.clock.time(lambda: self.forward(piece, x, rep))
             key = (0, rep)
             WeightGradStore.deferring, WeightGradStore.key = True, key
             try:
-                tbi, _ = self.clock.time(lambda: self._backward(piece, y))
+                tbi, _ = self.clock.time(lambda: self.backward(piece, y))
             finally:
                 WeightGradStore.deferring, WeightGradStore.key = False, None
             held = WeightGradStore.held_bytes(key)
@@ -202,7 +199,7 @@ class Profiler:
         bytes as its optimizer holds them (params, grads, AdamW states after a step)."""
         params = list(piece.module.parameters())
         ptrs = {t.untyped_storage().data_ptr() for t in [*params, *piece.module.buffers()]}
-        x = self._input(piece)
+        x = self.input_for(piece)
         with saved_bytes(ptrs) as seen:
             y = piece.module(x)
         if piece.kind != "embedding":
@@ -279,12 +276,6 @@ class Profiler:
 
 
 # ------------------------------------------------------------------ P2P
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _p2p_worker(rank: int, port: int, sizes: list[int], rounds: int, out: str,
@@ -364,7 +355,7 @@ def measure_p2p(device_kind: str, sizes: list[int], rounds: int = 20) -> dict[st
     os.close(fd)
     os.unlink(out)  # the worker creates it: its existence says the result is whole
     try:
-        res = spawn_results(_p2p_worker, (_free_port(), sizes, rounds, out, device_kind), 2,
+        res = spawn_results(_p2p_worker, (free_port(), sizes, rounds, out, device_kind), 2,
                             [out])[0]
     finally:
         if os.path.exists(out):
@@ -373,61 +364,3 @@ def measure_p2p(device_kind: str, sizes: list[int], rounds: int = 20) -> dict[st
     return {"latency_ms": lat, "bandwidth_gbps": bw, "backend": res["backend"],
             "staged_via_host": res["staged_via_host"], "rounds": rounds,
             "samples": res["samples"]}
-
-
-# ------------------------------------------------------------------ entry point
-
-
-def profile(fields: dict[str, Any], device_kind: str = "cpu", repeats: int = 20,
-            warmup: int = 3, microbatches: int = 1, p2p: bool = True,
-            progress: Progress | None = None,
-            devices: list[int] | None = None, pin: bool = False) -> dict[str, Any]:
-    """Measure a transformer model; returns a cost file document (see ppsim.costfile).
-
-    On CPU with a placement of several devices (default: one per rank), the op times
-    are measured in that many processes at once, as the run will see them, with the
-    per-message CPU time and the optimizer step (ppsim.executor.conditions); the solo
-    times stay in the measurement for comparison. `pin`: each process on the core of
-    its device, as the executor pins ranks of an explicit placement."""
-    from ppsim.costs.costfile import cost_document
-
-    t0 = time.perf_counter()
-    threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
-    torch.set_num_threads(threads)  # what each executor rank uses
-    kept = keep_freed_memory()  # as each executor rank does (ppsim.executor.alloc)
-    device = torch.device("cuda" if device_kind == "cuda" else "cpu")
-    torch.manual_seed(0)
-    prof = Profiler(fields, device, microbatches)
-    prof.run(repeats, warmup, progress)
-    costs, details = prof.costs()
-    from ppsim.executor.conditions import run_conditions
-
-    conditions, concurrent = run_conditions(prof, fields, device_kind, devices, repeats,
-                                            warmup, microbatches, progress, pin)
-    solo = costs
-    if concurrent is not None:
-        costs = concurrent
-    link = None
-    if p2p:
-        if progress is not None:
-            progress("P2P ping-pong (2 processes)", 0)
-        link = measure_p2p(device_kind, p2p_sizes(costs.hidden_bytes))
-        if progress is not None:
-            progress("P2P done", 1)
-    host_p2p = None
-    if link is not None and link.get("staged_via_host"):
-        # One GPU: two processes through the host measure no NVLink or InfiniBand link;
-        # the cost file keeps no P2P, so the hardware preset's figures stay in force.
-        host_p2p, link = link, None
-    return cost_document(
-        costs, source="profile", model=fields, p2p=link,
-        device=device_kind if device_kind == "cpu" else torch.cuda.get_device_name(device),
-        torch_version=torch.__version__, host=platform.node(), threads=threads,
-        created_utc=datetime.now(UTC).isoformat(timespec="seconds"),
-        conditions=conditions,
-        measurement={"repeats": repeats, "warmup": warmup, "layers_sampled":
-                     prof.layer_indices, "seconds": time.perf_counter() - t0,
-                     "pieces": details, "freed_memory_kept": kept, "p2p_host_mediated": host_p2p,
-                     "solo": {"layer": layer_dict(solo.layers[0]),
-                              "embedding": layer_dict(solo.embedding),
-                              "head": layer_dict(solo.head)}})

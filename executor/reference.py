@@ -10,6 +10,7 @@ microbatch i is index r * m + i), and the loss is their mean.
 from __future__ import annotations
 
 import torch
+
 from ppsim.executor.builders import ModelBuilder
 from ppsim.executor.builders.gpt import GPTBuilder, GPTShape
 from ppsim.executor.builders.stage import full_model

@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from ppsim.executor.builders import ModelBuilder
 from ppsim.executor.builders.deferral import WeightGradStore
 from ppsim.executor.builders.stage import Stage, build_stage, saved_bytes
 from ppsim.executor.optim import adamw
 from ppsim.executor.recorder import Recorder
-
 from ppsim.pipeline.problem import Problem
 from ppsim.schedules.generators import Action, Schedule
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -35,3 +36,10 @@ def spawn_results(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int,
         with open(p, encoding="utf-8") as fh:
             results.append(json.load(fh))
     return results
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a spawned group's store)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

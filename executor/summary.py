@@ -13,7 +13,6 @@ from collections import defaultdict
 from typing import Any
 
 from ppsim.executor.builders import ModelBuilder
-
 from ppsim.pipeline.problem import Problem
 from ppsim.trace.diff import consecutive_wholes, listed_wholes, median_gap_ms, whole_ms
 

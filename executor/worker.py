@@ -32,6 +32,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from ppsim.cli.main import config_from_args
+from ppsim.cli.run import load_problem, versus_args
+from ppsim.config.schema import model_fields
 from ppsim.executor import summary as summ
 from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.builders import ModelBuilder, builder_spec, load_builder
@@ -39,10 +43,6 @@ from ppsim.executor.launch import STORE_ENV, printable
 from ppsim.executor.quiet import no_gc_pauses
 from ppsim.executor.recorder import Recorder, align_clocks, gather_json, merge_parts
 from ppsim.executor.runtime import Fault, OpFailed, Replica, Runtime
-
-from ppsim.cli.main import config_from_args
-from ppsim.cli.run import load_problem, versus_args
-from ppsim.config.schema import model_fields
 from ppsim.fileio import write_json_atomic
 from ppsim.pipeline.problem import Problem
 from ppsim.trace import schema as tr

@@ -13,6 +13,15 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
+from textual import on, work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input, ProgressBar, Static
+
+from ppsim.config.schema import Config, load_config
+from ppsim.errors import UserError
 from ppsim.tui.compare import Comparison, delta_lines, op_delta
 from ppsim.tui.editing import (
     EditRefused,
@@ -40,15 +49,6 @@ from ppsim.tui.settings import Settings, state_values
 from ppsim.tui.split_editor import SplitEditor
 from ppsim.tui.timeline import Timeline
 from ppsim.tui.views import ViewActions
-from textual import on, work
-from textual.app import App, ComposeResult, SystemCommand
-from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, ProgressBar, Static
-
-from ppsim.config.schema import Config, load_config
-from ppsim.errors import UserError
 
 PANELS = ("#settings", "#split-rows", "#timeline", "#compare-box")
 

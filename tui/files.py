@@ -11,10 +11,10 @@ import errno
 import os
 from typing import Any
 
-from ppsim.tui.screens import ConfirmQuit, PathPrompt
 from textual.widgets import Static
 
 from ppsim.errors import UserError
+from ppsim.tui.screens import ConfirmQuit, PathPrompt
 
 
 def write_problem(path: str) -> str:
@@ -102,9 +102,8 @@ class FileActions:
                                     self.config_path or "ppsim.toml"), self.save_to)
 
     def save_to(self, path: str | None) -> None:
-        from ppsim.tui.session import config_for
-
         from ppsim.config.schema import config_to_toml
+        from ppsim.tui.session import config_for
 
         if not path:
             return

@@ -22,16 +22,16 @@ import threading
 import time
 from typing import Any
 
+from textual import work
+from textual.widgets import ProgressBar
+
+from ppsim.errors import UserError
 from ppsim.tui.session import (
     EditState,
     planner_available,
     run_planner,
     state_with_split,
 )
-from textual import work
-from textual.widgets import ProgressBar
-
-from ppsim.errors import UserError
 
 IN_PROCESS = True
 

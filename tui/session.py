@@ -14,8 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ppsim.tui.editing import EditRefused, balanced_counts, parse_float, parse_int
-
 from ppsim.config import limits
 from ppsim.config.presets import HARDWARE_PRESETS, MODEL_PRESETS
 from ppsim.config.schema import Config, model_fields
@@ -24,6 +22,7 @@ from ppsim.pipeline.problem import Problem, build_problem, resolve_split
 from ppsim.pipeline.split import Split
 from ppsim.schedules.generators import SCHEDULES, schedule_placement
 from ppsim.sim.engine import Simulation, simulate
+from ppsim.tui.editing import EditRefused, balanced_counts, parse_float, parse_int
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 SETTINGS = ("schedule", "pp", "vpp", "microbatches", "recompute", "memory_gb", "model",

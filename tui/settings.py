@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from ppsim.tui.messages import SettingChanged
-from ppsim.tui.session import FROM_CONFIG, NO_RECOMPUTE, RECOMPUTE_MODES, EditState
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -11,6 +9,8 @@ from textual.widgets import Input, Label, Select
 
 from ppsim.config.presets import HARDWARE_PRESETS, MODEL_PRESETS
 from ppsim.schedules.generators import SCHEDULES
+from ppsim.tui.messages import SettingChanged
+from ppsim.tui.session import FROM_CONFIG, NO_RECOMPUTE, RECOMPUTE_MODES, EditState
 
 INPUTS = (("pp", "pp"), ("vpp", "vpp"), ("microbatches", "microbatches"),
           ("memory_gb", "memory GB"))

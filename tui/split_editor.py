@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from ppsim.tui.messages import BoundaryMove, CountSet, StageClick
 from rich.style import Style
 from rich.text import Text
 from textual import events, on
@@ -15,6 +14,7 @@ from textual.widget import Widget
 from textual.widgets import Input, Label
 
 from ppsim.pipeline.split import Split
+from ppsim.tui.messages import BoundaryMove, CountSet, StageClick
 
 PREFIX = 26  # "  0 r0  c0   5    0  E H!"
 COMPACT = 20  # without the "first" column, below 44 columns

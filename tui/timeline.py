@@ -7,8 +7,6 @@ everything that changes them, so scrolling back and redraws are cheap.
 
 from __future__ import annotations
 
-from ppsim.tui.lanes import Lane, find_op, fit_scale, fmt_ms, lane_cells, ruler
-from ppsim.tui.messages import CursorMoved
 from rich.segment import Segment
 from rich.style import Style
 from textual import events
@@ -17,6 +15,9 @@ from textual.cache import LRUCache
 from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
+
+from ppsim.tui.lanes import Lane, find_op, fit_scale, fmt_ms, lane_cells, ruler
+from ppsim.tui.messages import CursorMoved
 
 GUTTER = 8
 KIND_CLASS = {"F": "timeline--forward", "B": "timeline--backward", "W": "timeline--weight"}

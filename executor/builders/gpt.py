@@ -9,18 +9,18 @@ vocab-parallel cross entropy does.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from ppsim.executor.builders.stage import AttentionCore
 from torch import nn
 
-from ppsim.costs.transformer import Architecture
+from ppsim.costs.transformer import Architecture, layer_kinds
+from ppsim.executor.builders.common import DTYPES, Head, init_normal, stage_loss, token_microbatch
+from ppsim.executor.builders.llama import architecture, describe
+from ppsim.executor.builders.stage import AttentionCore
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _ARCH = {f.name for f in fields(Architecture)}
 
 
@@ -51,21 +51,6 @@ class GPTShape:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
-
-
-def init_normal(module: nn.Module, num_layers: int, out_proj: tuple[str, ...]) -> None:
-    """GPT-2 style init from torch's RNG (ppsim seeds it per piece)."""
-    out_std = 0.02 / math.sqrt(2 * num_layers)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            leaf = name.rsplit(".", 2)
-            if name.endswith("bias"):
-                p.zero_()
-            elif "norm" in name:
-                p.fill_(1.0)
-            else:
-                std = out_std if any(part in out_proj for part in leaf[:-1]) else 0.02
-                p.normal_(0.0, std)
 
 
 class Block(nn.Module):
@@ -111,37 +96,6 @@ class Embedding(nn.Module):
         return self.tokens(ids) + self.positions(pos)[None]
 
 
-class Head(nn.Module):
-    """Final norm and the vocabulary projection (the loss is the builder's `loss`)."""
-
-    def __init__(self, hidden: int, vocab: int, norm: type[nn.Module] = nn.LayerNorm) -> None:
-        super().__init__()
-        self.norm = norm(hidden)
-        self.out = nn.Linear(hidden, vocab, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.norm(x))
-
-
-def stage_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean token cross-entropy of one microbatch, computed in fp32."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
-
-
-def token_microbatch(batch: int, seq: int, vocab: int, seed: int, iteration: int,
-                     index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids and next-token targets, the same on every split.
-
-    Each row is an arithmetic progression modulo the vocabulary (random start
-    and stride), so the model has something to learn and the loss falls.
-    """
-    g = torch.Generator().manual_seed((seed * 7_919 + iteration) * 104_729 + index)
-    start = torch.randint(0, vocab, (batch, 1), generator=g)
-    stride = torch.randint(1, 8, (batch, 1), generator=g)
-    seq_ = (start + stride * torch.arange(seq + 1)[None]) % vocab
-    return seq_[:, :-1].contiguous(), seq_[:, 1:].contiguous()
-
-
 class GPTBuilder:
     """`ModelBuilder` of the GPT above."""
 
@@ -184,10 +138,6 @@ def build(fields: dict[str, Any]) -> Any:
     ppsim.executor.builders.llama built exactly as described, so a run or a profile
     measures what the cost model assumes.
     """
-    from ppsim.executor.builders.llama import architecture, describe
-
-    from ppsim.costs.transformer import layer_kinds
-
     a = architecture(fields)
     plain = (not a.rmsnorm and not a.rotary and a.attention == "gqa"
              and a.head_dim in (0, a.hidden_size // a.num_heads)

@@ -21,13 +21,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from ppsim.executor.builders.deferral import grouped_mm
-from ppsim.executor.builders.gpt import DTYPES, Head, init_normal, stage_loss, token_microbatch
-from ppsim.executor.builders.stage import AttentionCore
 from torch import nn
 
 from ppsim.costs.transformer import Architecture, layer_kinds
 from ppsim.errors import UserError
+from ppsim.executor.builders.common import DTYPES, Head, init_normal, stage_loss, token_microbatch
+from ppsim.executor.builders.deferral import grouped_mm
+from ppsim.executor.builders.stage import AttentionCore
 
 _ARCH = {f.name for f in fields(Architecture)}
 

@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from ppsim.executor.builders.deferral import defer_linears
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from ppsim.executor.builders.deferral import defer_linears
 
 if TYPE_CHECKING:
     from ppsim.executor.builders import ModelBuilder

@@ -83,7 +83,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     validate.count("--warmup", args.warmup, lo=0, hi=MAX_REPEATS)
     import torch
 
-    from ppsim.executor.profile import profile
+    from ppsim.executor.measure import profile
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device", "cuda requested but torch sees no GPU here",

@@ -24,12 +24,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ppsim.executor.builders import builder_spec, load_builder  # noqa: E402
-from ppsim.executor.reference import reference_step  # noqa: E402
-
 from ppsim.cli.main import config_from_args, main  # noqa: E402
 from ppsim.cli.run import add_run_arguments, load_problem  # noqa: E402
 from ppsim.config.schema import model_fields  # noqa: E402
+from ppsim.executor.builders import builder_spec, load_builder  # noqa: E402
+from ppsim.executor.reference import reference_step  # noqa: E402
 from ppsim.trace.schema import read_trace  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -228,10 +227,9 @@ def test_recompute_peaks_follow_the_prediction(tmp_path_factory, capsys) -> None
 @pytest.fixture(scope="module")
 def measured_bytes(tmp_path_factory) -> str:
     """The default model's byte counts as `ppsim profile` measures them (one process)."""
-    from ppsim.executor.profile import profile
-
     from ppsim.config.schema import load_config
     from ppsim.costs.costfile import write_costs
+    from ppsim.executor.profile import profile
 
     doc = profile(model_fields(load_config(None).model), "cpu", repeats=1, warmup=0,
                   p2p=False, devices=[0])

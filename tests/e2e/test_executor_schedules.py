@@ -21,10 +21,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ppsim.executor.model import GPTShape  # noqa: E402
-from ppsim.executor.reference import reference_step  # noqa: E402
-
 from ppsim.config.schema import load_config, model_fields  # noqa: E402
+from ppsim.executor.builders.gpt import GPTShape  # noqa: E402
+from ppsim.executor.reference import reference_step  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SHAPE = GPTShape.from_fields(model_fields(load_config(None).model))

@@ -21,10 +21,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from ppsim.executor import launch, rundir  # noqa: E402
-
 from ppsim.cli.main import main  # noqa: E402
 from ppsim.errors import UserError  # noqa: E402
+from ppsim.executor import launch, rundir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--microbatches", "4", "--iterations", "2", "--timeout-s", "30"]

@@ -11,9 +11,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from ppsim.executor.spawned import spawn_results
 from torch.multiprocessing import ProcessExitedException  # noqa: E402
 
+from ppsim.executor.spawned import spawn_results
 from ppsim.fileio import write_json_atomic  # noqa: E402
 
 

@@ -9,17 +9,17 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
+
+from ppsim.cli.main import main as ppsim_main
+from ppsim.config.schema import load_config
+from ppsim.pipeline.problem import build_problem
+from ppsim.sim.engine import simulate
 from ppsim.tui.app import PPSimApp
 from ppsim.tui.exports import megatron_to_ppsim_args, read_export
 from ppsim.tui.memory import MemoryBars
 from ppsim.tui.session import config_for, planner_available
 from ppsim.tui.testing import SIZE, screen_text, settle
 from ppsim.tui.timeline import Timeline
-
-from ppsim.cli.main import main as ppsim_main
-from ppsim.config.schema import load_config
-from ppsim.pipeline.problem import build_problem
-from ppsim.sim.engine import simulate
 from ppsim.units import fmt_bytes
 
 

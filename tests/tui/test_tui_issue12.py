@@ -15,14 +15,14 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
-from ppsim.tui.app import PPSimApp
-from ppsim.tui.testing import SIZE, screen_text, settle
-from ppsim.tui.timeline import Timeline
 
 from ppsim.cli.main import main as ppsim_main
 from ppsim.config.schema import load_config
 from ppsim.pipeline.problem import build_problem
 from ppsim.sim.engine import simulate
+from ppsim.tui.app import PPSimApp
+from ppsim.tui.testing import SIZE, screen_text, settle
+from ppsim.tui.timeline import Timeline
 
 ROOT = Path(__file__).parents[2]
 
@@ -204,7 +204,6 @@ def fake_planner(monkeypatch: pytest.MonkeyPatch, release: threading.Event,
                  counts: tuple[int, ...]) -> None:
     """A planner that reports progress until released, then answers `counts`."""
     import ppsim.tui.planning
-
     from ppsim.pipeline.split import Split
 
     class Best:
@@ -308,9 +307,8 @@ async def test_leaving_a_field_applies_it_and_escape_puts_it_back() -> None:
 
 def test_compare_uses_ppsim_diff_sign_and_iteration(tmp_path: Path) -> None:
     """Before: the panel printed (sim - real) / real, the opposite of ppsim diff."""
-    from ppsim.tui.compare import compare
-
     from ppsim.trace.schema import read_trace
+    from ppsim.tui.compare import compare
 
     trace_dir = ROOT / "traces" / "1f1b-5-3-m8"
     if not (trace_dir / "real.json").exists():
@@ -400,10 +398,9 @@ async def test_a_crash_inside_the_app_sets_a_non_zero_exit_status(
 
 
 def test_pp_on_the_command_line_re_splits_a_saved_split(tmp_path: Path) -> None:
-    from ppsim.tui.session import state_from_config
-
     from ppsim.cli.main import build_parser, config_from_args
     from ppsim.cli.tui import resplit_note
+    from ppsim.tui.session import state_from_config
 
     path = tmp_path / "c.toml"
     path.write_text('[model]\npreset = "tiny-gpt"\n[pipeline]\npp = 2\nsplit = [5, 3]\n')
@@ -418,9 +415,8 @@ def test_pp_on_the_command_line_re_splits_a_saved_split(tmp_path: Path) -> None:
 
 
 def test_pp_3_with_llama3_70b_is_accepted_like_in_the_ui() -> None:
-    from ppsim.tui.session import config_for, state_from_config
-
     from ppsim.cli.main import build_parser, config_from_args
+    from ppsim.tui.session import config_for, state_from_config
 
     args = build_parser().parse_args(["tui", "--preset", "llama3-70b", "--pp", "3"])
     cfg = config_from_args(args)

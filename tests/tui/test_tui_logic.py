@@ -5,6 +5,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
+from ppsim.config.schema import load_config
+from ppsim.pipeline.problem import build_problem
+from ppsim.sim.engine import simulate
 from ppsim.tui.editing import (
     EditRefused,
     History,
@@ -25,10 +29,6 @@ from ppsim.tui.session import (
     evaluate_state,
     state_from_config,
 )
-
-from ppsim.config.schema import load_config
-from ppsim.pipeline.problem import build_problem
-from ppsim.sim.engine import simulate
 
 
 def test_move_boundary_grows_and_shrinks() -> None:
@@ -245,9 +245,8 @@ def test_switching_schedule_picks_a_vpp_it_takes(schedule: str) -> None:
 
 
 def test_export_of_a_v_placement_says_megatron_cannot() -> None:
-    from ppsim.tui.exports import export_text, read_export
-
     from ppsim.pipeline.split import Split
+    from ppsim.tui.exports import export_text, read_export
 
     text = export_text(Split((2, 2, 2, 2), 2, 2, "v"))
     assert "Megatron: n/a" in text and "MEGATRON_ARGS" not in read_export(text)
@@ -258,10 +257,9 @@ def test_compare_falls_back_when_shapes_differ(tmp_path) -> None:
     import io
     from contextlib import redirect_stdout
 
-    from ppsim.tui.compare import compare
-
     from ppsim.cli.main import main
     from ppsim.trace.schema import read_trace
+    from ppsim.tui.compare import compare
 
     path = tmp_path / "pp4.json"
     with redirect_stdout(io.StringIO()):

@@ -11,10 +11,10 @@ import os
 from pathlib import Path
 
 import pytest
-from ppsim.tui.app import PPSimApp
-from ppsim.tui.testing import SIZE, screen_text, settle
 
 from ppsim.config.schema import load_config
+from ppsim.tui.app import PPSimApp
+from ppsim.tui.testing import SIZE, screen_text, settle
 
 GOLDEN = Path(__file__).parent / "golden"
 

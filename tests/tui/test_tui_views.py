@@ -7,6 +7,12 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
+from textual import events
+
+from ppsim.cli.main import main as ppsim_main
+from ppsim.config.schema import load_config
+from ppsim.pipeline.problem import build_problem
+from ppsim.sim.engine import simulate
 from ppsim.tui.app import PPSimApp
 from ppsim.tui.compare import rank_deltas
 from ppsim.tui.headline import memory_text, over_limit
@@ -14,12 +20,6 @@ from ppsim.tui.lanes import Lane, LaneOp, find_op, parse_find, ruler
 from ppsim.tui.split_editor import SplitEditor, kinds_summary, short_kinds
 from ppsim.tui.testing import SIZE, screen_text, settle
 from ppsim.tui.timeline import Timeline
-from textual import events
-
-from ppsim.cli.main import main as ppsim_main
-from ppsim.config.schema import load_config
-from ppsim.pipeline.problem import build_problem
-from ppsim.sim.engine import simulate
 
 
 def text_of(app: PPSimApp) -> str:

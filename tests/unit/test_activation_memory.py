@@ -9,13 +9,14 @@ import math
 
 import pytest
 import torch
-from ppsim.executor.model import Block, Embedding, GPTShape, Head, stage_loss
 
 from ppsim.cli.main import main
 from ppsim.config.presets import MODEL_PRESETS
 from ppsim.config.schema import model_fields
 from ppsim.costs.transformer import Accelerator, Architecture, transformer_costs
 from ppsim.costs.transformer import layer_activation_bytes as act_bytes
+from ppsim.executor.builders.common import Head, stage_loss
+from ppsim.executor.builders.gpt import Block, Embedding, GPTShape
 
 ACC = Accelerator(peak_tflops=100.0)
 
@@ -114,7 +115,7 @@ def test_head_and_embedding_bytes_match_autograd(dtype):
     # vocab a multiple of 128: Megatron's padding is a no-op
     a = executor_arch(vocab_size=1024, dtype=dtype)
     s = shape_of(a)
-    head, emb = Head(s).to(s.torch_dtype), Embedding(s).to(s.torch_dtype)
+    head, emb = Head(s.hidden_size, s.vocab_size).to(s.torch_dtype), Embedding(s).to(s.torch_dtype)
     x = torch.randn(a.micro_batch_size, a.seq_length, a.hidden_size, dtype=s.torch_dtype,
                     requires_grad=True)
     ids = torch.randint(0, a.vocab_size, (a.micro_batch_size, a.seq_length))

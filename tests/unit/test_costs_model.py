@@ -178,7 +178,7 @@ def test_hardware_out_writes_a_usable_hardware_table(tmp_path, capsys):
 def test_host_mediated_p2p_is_not_kept(monkeypatch, capsys, tmp_path):
     # One GPU: the two processes talk through the host. Stand in for that transport's
     # result (the gloo measurement itself is covered by test_profile).
-    import ppsim.executor.profile as prof
+    import ppsim.executor.measure as prof
 
     fake = {"latency_ms": 0.1, "bandwidth_gbps": 2.3, "backend": "gloo",
             "staged_via_host": True, "rounds": 1, "samples": []}

@@ -13,6 +13,13 @@ torch = pytest.importorskip("torch")
 
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from torch import nn  # noqa: E402
+
+from ppsim.cli.main import main  # noqa: E402
+from ppsim.cli.run import add_run_arguments, load_problem  # noqa: E402
+from ppsim.config.schema import load_config, model_fields  # noqa: E402
+from ppsim.costs.transformer import Architecture, layer_activation_bytes  # noqa: E402
+from ppsim.errors import UserError  # noqa: E402
 from ppsim.executor import launch  # noqa: E402
 from ppsim.executor.builders import DEFAULT_BUILDER, load_builder  # noqa: E402
 from ppsim.executor.builders.deferral import (  # noqa: E402
@@ -25,13 +32,6 @@ from ppsim.executor.builders.llama import LlamaBuilder, MoE, parse_kinds  # noqa
 from ppsim.executor.builders.stage import Stage, full_model, saved_bytes  # noqa: E402
 from ppsim.executor.recorder import merge_parts  # noqa: E402
 from ppsim.executor.runtime import Fault, outgoing  # noqa: E402
-from torch import nn  # noqa: E402
-
-from ppsim.cli.main import main  # noqa: E402
-from ppsim.cli.run import add_run_arguments, load_problem  # noqa: E402
-from ppsim.config.schema import load_config, model_fields  # noqa: E402
-from ppsim.costs.transformer import Architecture, layer_activation_bytes  # noqa: E402
-from ppsim.errors import UserError  # noqa: E402
 from ppsim.schedules.generators import build_schedule  # noqa: E402
 
 FIELDS = model_fields(load_config(None).model)

@@ -6,14 +6,13 @@ config naming an actions CSV drives the TUI's evaluation with that order.
 
 from __future__ import annotations
 
-from ppsim.tui.session import apply_setting, evaluate_state, state_from_config
-from ppsim.tui.settings import SELECTS
-
 from ppsim.config.schema import load_config
 from ppsim.pipeline.problem import build_problem
 from ppsim.schedules.generators import SCHEDULES, build_schedule
 from ppsim.schedules.torchcsv import to_torch_csv
 from ppsim.sim.engine import simulate
+from ppsim.tui.session import apply_setting, evaluate_state, state_from_config
+from ppsim.tui.settings import SELECTS
 
 
 def test_tui_offers_every_schedule_and_simulates_interleaved_zb():

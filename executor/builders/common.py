@@ -1,0 +1,56 @@
+"""Pieces every shipped builder shares: dtypes, init, the LM head, loss and data."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+def init_normal(module: nn.Module, num_layers: int, out_proj: tuple[str, ...]) -> None:
+    """GPT-2 style init from torch's RNG (ppsim seeds it per piece)."""
+    out_std = 0.02 / math.sqrt(2 * num_layers)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            leaf = name.rsplit(".", 2)
+            if name.endswith("bias"):
+                p.zero_()
+            elif "norm" in name:
+                p.fill_(1.0)
+            else:
+                std = out_std if any(part in out_proj for part in leaf[:-1]) else 0.02
+                p.normal_(0.0, std)
+
+
+class Head(nn.Module):
+    """Final norm and the vocabulary projection (the loss is the builder's `loss`)."""
+
+    def __init__(self, hidden: int, vocab: int, norm: type[nn.Module] = nn.LayerNorm) -> None:
+        super().__init__()
+        self.norm = norm(hidden)
+        self.out = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.norm(x))
+
+
+def stage_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy of one microbatch, computed in fp32."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
+def token_microbatch(batch: int, seq: int, vocab: int, seed: int, iteration: int,
+                     index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and next-token targets, the same on every split.
+
+    Each row is an arithmetic progression modulo the vocabulary (random start
+    and stride), so the model has something to learn and the loss falls.
+    """
+    g = torch.Generator().manual_seed((seed * 7_919 + iteration) * 104_729 + index)
+    start = torch.randint(0, vocab, (batch, 1), generator=g)
+    stride = torch.randint(1, 8, (batch, 1), generator=g)
+    seq_ = (start + stride * torch.arange(seq + 1)[None]) % vocab
+    return seq_[:, :-1].contiguous(), seq_[:, 1:].contiguous()

@@ -1,0 +1,72 @@
+"""`ppsim profile`'s entry point: the pieces alone, then under the run's conditions, then P2P.
+
+Kept apart from `ppsim.executor.profile` (the piece profiler) and
+`ppsim.executor.conditions` (processes at once), which both use the profiler.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import torch
+
+from ppsim.costs.costfile import cost_document, layer_dict
+from ppsim.executor.alloc import keep_freed_memory
+from ppsim.executor.conditions import run_conditions
+from ppsim.executor.profile import Profiler, Progress, measure_p2p, p2p_sizes
+
+
+def profile(fields: dict[str, Any], device_kind: str = "cpu", repeats: int = 20,
+            warmup: int = 3, microbatches: int = 1, p2p: bool = True,
+            progress: Progress | None = None,
+            devices: list[int] | None = None, pin: bool = False) -> dict[str, Any]:
+    """Measure a transformer model; returns a cost file document (see ppsim.costfile).
+
+    On CPU with a placement of several devices (default: one per rank), the op times
+    are measured in that many processes at once, as the run will see them, with the
+    per-message CPU time and the optimizer step (ppsim.executor.conditions); the solo
+    times stay in the measurement for comparison. `pin`: each process on the core of
+    its device, as the executor pins ranks of an explicit placement."""
+    t0 = time.perf_counter()
+    threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
+    torch.set_num_threads(threads)  # what each executor rank uses
+    kept = keep_freed_memory()  # as each executor rank does (ppsim.executor.alloc)
+    device = torch.device("cuda" if device_kind == "cuda" else "cpu")
+    torch.manual_seed(0)
+    prof = Profiler(fields, device, microbatches)
+    prof.run(repeats, warmup, progress)
+    costs, details = prof.costs()
+
+    conditions, concurrent = run_conditions(prof, fields, device_kind, devices, repeats,
+                                            warmup, microbatches, progress, pin)
+    solo = costs
+    if concurrent is not None:
+        costs = concurrent
+    link = None
+    if p2p:
+        if progress is not None:
+            progress("P2P ping-pong (2 processes)", 0)
+        link = measure_p2p(device_kind, p2p_sizes(costs.hidden_bytes))
+        if progress is not None:
+            progress("P2P done", 1)
+    host_p2p = None
+    if link is not None and link.get("staged_via_host"):
+        # One GPU: two processes through the host measure no NVLink or InfiniBand link;
+        # the cost file keeps no P2P, so the hardware preset's figures stay in force.
+        host_p2p, link = link, None
+    return cost_document(
+        costs, source="profile", model=fields, p2p=link,
+        device=device_kind if device_kind == "cpu" else torch.cuda.get_device_name(device),
+        torch_version=torch.__version__, host=platform.node(), threads=threads,
+        created_utc=datetime.now(UTC).isoformat(timespec="seconds"),
+        conditions=conditions,
+        measurement={"repeats": repeats, "warmup": warmup, "layers_sampled":
+                     prof.layer_indices, "seconds": time.perf_counter() - t0,
+                     "pieces": details, "freed_memory_kept": kept, "p2p_host_mediated": host_p2p,
+                     "solo": {"layer": layer_dict(solo.layers[0]),
+                              "embedding": layer_dict(solo.embedding),
+                              "head": layer_dict(solo.head)}})
