@@ -1,0 +1,79 @@
+"""The user docs stay short, name only files that exist, and carry no history."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "tui" / "README.md"]
+
+# A source path as the docs write it: ppsim/sim/engine.py, executor/alloc.py, ...
+PATH = re.compile(r"(?<![\w./-])((?:ppsim|executor|tui|benchmarks|tests)/[\w./-]*?\.(?:py|sh))\b")
+# A dotted module as the docs write it: ppsim.executor.builders.gpt:build, ppsim.config.limits.X
+MODULE = re.compile(r"(?<![\w./-])ppsim(?:\.[A-Za-z_]\w*)+")
+# ppsim.executor and ppsim.tui install from the top-level folders (pyproject package-dir).
+PACKAGE_DIRS = {"executor": ROOT / "executor", "tui": ROOT / "tui"}
+# How a changelog creeps into docs: which session, what a figure "was", "today".
+HISTORY = re.compile(
+    r"\b(?:first|second|third|fourth|fifth|sixth|this|last|earlier|previous|any) sessions?\b"
+    r"|\(was\b|\bwas \[|\btoday\b|\bthis round\b|\blast round\b"
+    r"|\bbefore this round\b", re.IGNORECASE)
+
+
+def _text(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def _module_exists(dotted: str) -> bool:
+    """True when all of `dotted` but at most a trailing attribute names a module or package."""
+    parts = dotted.split(":")[0].split(".")[1:]
+    if not parts:
+        return True
+    base = PACKAGE_DIRS.get(parts[0])
+    path, rest = (base, parts[1:]) if base else (ROOT / "ppsim", parts)
+    for i, name in enumerate(rest):
+        if (path / name).is_dir():
+            path = path / name
+        elif (path / f"{name}.py").is_file():
+            return i >= len(rest) - 2  # at most one attribute after the module
+        else:  # a name a package exports: the last part, defined in its __init__.py
+            init = path / "__init__.py"
+            return i == len(rest) - 1 and init.is_file() and name in _text(init)
+    return True
+
+
+def test_readme_is_short_and_links_the_docs():
+    readme = ROOT / "README.md"
+    assert readme.stat().st_size < 15_000, f"README.md is {readme.stat().st_size} bytes"
+    text = _text(readme)
+    for target in ("docs/model.md", "docs/benchmarks.md", "make demo", "make test"):
+        assert target in text, f"README.md does not mention {target}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_path_in_the_docs_exists(doc: Path):
+    text = _text(doc)
+    missing = sorted({p for p in PATH.findall(text) if not (ROOT / p).is_file()})
+    assert not missing, f"{doc.name} names files that do not exist: {missing}"
+    bad = sorted({m for m in MODULE.findall(text) if not _module_exists(m)})
+    assert not bad, f"{doc.name} names modules that do not exist: {bad}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_docs_carry_no_history(doc: Path):
+    hits = [line.strip()[:80] for line in _text(doc).splitlines() if HISTORY.search(line)]
+    assert not hits, f"{doc.name} tells history instead of the current state: {hits}"
+
+
+def test_every_benchmark_has_a_table_with_command_date_and_machine():
+    text = _text(ROOT / "docs" / "benchmarks.md")
+    sections = {s.split("\n", 1)[0].strip(): s for s in text.split("\n## ")[1:]}
+    for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
+        section = sections.get(script.name)
+        assert section is not None, f"docs/benchmarks.md has no section '## {script.name}'"
+        for row in ("measures", "command", "date", "machine", "figure"):
+            assert f"| {row} |" in section, f"{script.name}'s table has no '{row}' row"
+        assert f"benchmarks/{script.name}" in section, f"{script.name}: no command runs it"
