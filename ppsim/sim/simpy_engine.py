@@ -104,7 +104,7 @@ class _Model:
 
     def __init__(self, problem: Problem, record: bool) -> None:
         sched = self.schedule = problem.schedule
-        self.env = simpy.Environment()
+        self.env = simpy.Environment(initial_time=0.0)  # times are floats from the start
         self.c = compile_schedule(sched)
         self.table = stage_table(sched, problem.stage_costs)
         pp, self.last = sched.pp, sched.num_stages - 1
