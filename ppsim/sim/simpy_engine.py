@@ -33,6 +33,7 @@ the last digit when ranks share a device.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Generator
 from functools import partial
 from typing import Any
@@ -256,7 +257,14 @@ def simulate(problem: Problem, record: bool = True) -> Simulation:
     With record=False no per-op records are kept (timeline None).
     """
     m = _Model(problem, record)
-    m.run()
+    # Millions of short-lived events: the cyclic GC would only rescan them.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        m.run()
+    finally:
+        if enabled:
+            gc.enable()
     sched = problem.schedule
     stuck = [r for r in range(sched.pp) if m.pos[r] != len(sched.actions[r])]
     if stuck:
