@@ -235,8 +235,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from ppsim.cli.schedule import print_notes
     from ppsim.config import limits
     from ppsim.pipeline.problem import build_problem, placement_warning
-    from ppsim.sim.engine import simulate
+    from ppsim.sim.engines import simulator
 
+    simulate = simulator(args.engine)
     cfg = config_from_args(args)
     ops = limits.check_request(cfg, limits.SIMULATE)
     if args.trace or args.png:
@@ -325,6 +326,12 @@ def _register() -> None:
         p.add_argument("--json", action="store_true", help="one JSON object on stdout")
         p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace (Perfetto)")
         p.add_argument("--png", metavar="OUT.png", help="write the timeline as a picture")
+        p.add_argument("--engine", choices=("event", "simpy"), default="event",
+                       # "fast" is accepted as another name for the default engine.
+                       type=lambda name: "event" if name == "fast" else name,
+                       help="event: the heap engine (ppsim/sim/engine.py, fast; default); "
+                       "simpy: the same model in simpy (ppsim/sim/simpy_engine.py, the "
+                       "readable reference); both give the same numbers")
 
     COMMANDS["presets"] = ("list model and hardware presets", presets, cmd_presets)
     COMMANDS["split"] = ("show a split's stages and its Megatron/torchtitan/DeepSpeed forms",

@@ -1,1 +1,1 @@
-"""Timing engines over the action lists: the event simulator and the fast evaluator."""
+"""Timing engines over the action lists: the event simulator, its simpy twin, the fast evaluator."""

@@ -164,15 +164,3 @@ def test_unshared_problem_keeps_no_topology():
     assert p.topology is None
     assert replace(p, topology=None) == p
 
-
-@settings(max_examples=60, deadline=None)
-@given(problems())
-def test_event_loop_equals_the_simpy_model(problem):
-    """The hand-written event loop is simpy's model: same times, same memory peaks."""
-    from simpy_reference import simpy_run
-
-    table = stage_table(problem.schedule, problem.stage_costs)
-    link = p2p_link(problem.hardware.transfer_ms)
-    ours = run(problem.schedule, table, link)
-    theirs = simpy_run(problem.schedule, table, link)
-    assert [(r.end, r.busy, r.peak_activation, r.peak_inflight) for r in ours] == theirs

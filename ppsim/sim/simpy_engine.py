@@ -1,0 +1,284 @@
+"""The simulator written in simpy: the readable reference engine (`--engine simpy`).
+
+The same model as the heap engine in `ppsim.sim.engine` (and `ppsim.sim.shared` for
+shared placements), with the same numbers to the last digit (property-tested), at a
+few times its cost. Read or extend this one; `simulate` returns the same
+`Simulation`, so every command can run either. How each rule maps onto simpy:
+
+- **A rank is a process** (`_Model._rank`): it walks its action list in order. An op
+  waits for the message carrying its input, then occupies its device for its work.
+- **A message is an event** (`_Model._inbox`): one `simpy.Event` per message key,
+  made by whichever side comes first; the receiver yields it, arrival triggers it.
+  Who feeds whom and the message keys come from `compile_schedule`.
+- **A private link is a timeout**: the message arrives `link(src, dst, bytes)` after
+  it is sent and the sender goes on at once (isend/irecv: compute and communication
+  overlap). A delay of 0 (inside one rank, or free transfers) arrives at once.
+- **A device or shared link is a `_Sharing` resource**: processor sharing, not
+  simpy's FIFO `Resource`: k jobs on it each progress at 1/k (the arithmetic is
+  `SharedResource`'s, the heap engine's own), an op that starts beside another pays
+  the context switch, and each message on a shared link first waits out the latency
+  (a timeout), then shares the bandwidth. On CPU each message also costs compute on
+  the op that sends it and the op that receives it (`Topology.message_cpu`).
+- **Memory**: F allocates its stage's activations when it starts, B releases them
+  when it ends (all but what W needs, when W is separate), W releases the rest.
+
+Same instant, same order: where the heap engine does several things at one instant
+in one call (an op ends, its message arrives at once and wakes the receiver, then the
+sender starts its next op), this model wakes the other process with an URGENT event
+(`_at_once`) and steps aside (`_pass`) so that the receiver goes first; a device
+plans its next completion once the finishing rank has moved on. Ties at one instant
+then resolve as the heap engine resolves them, which is what makes the two agree to
+the last digit when ranks share a device.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Generator
+from functools import partial
+from typing import Any
+
+import simpy
+from simpy.events import URGENT
+
+from ppsim.pipeline.placement import Topology
+from ppsim.pipeline.problem import Problem
+from ppsim.schedules.generators import Action, B, F
+from ppsim.sim.engine import Op, Simulation, Timeline, Transfer
+from ppsim.sim.shared import SharedResource
+from ppsim.sim.timing import compile_schedule, p2p_link, stage_table, step_parts, summarize
+
+Process = Generator[simpy.Event, Any, None]
+
+
+def _at_once(event: simpy.Event) -> simpy.Event:
+    """Trigger `event` ahead of everything else due at this instant (simpy's URGENT
+    priority, as simpy's own `Initialize` does): the process waiting on it resumes
+    before any timeout that ends now."""
+    event._ok, event._value = True, None
+    event.env.schedule(event, URGENT)
+    return event
+
+
+class _Sharing:
+    """A device (or a shared link) as a simpy resource under processor sharing.
+
+    `use(job, work)` returns an event that fires when the job's work is done; the
+    holder then calls `replan()` once it has moved on. A planned completion is a
+    timeout; when the sharing changes before it fires, it is stale (its version is
+    old) and a later plan stands.
+    """
+
+    def __init__(self, env: simpy.Environment, switch_ms: float = 0.0) -> None:
+        self.env = env
+        self.state = SharedResource(switch_ms=switch_ms)
+        self.done: dict[int, simpy.Event] = {}
+
+    def use(self, job: int, work: float) -> simpy.Event:
+        self.state.add(job, work, self.env.now)
+        done = self.done[job] = self.env.event()
+        self.replan()
+        return done
+
+    def replan(self) -> None:
+        """Plan the next completion: a timeout to `SharedResource.next_finish`'s time."""
+        s = self.state
+        if not s.jobs:
+            return
+        assert s.since == self.env.now  # plans follow a change made now
+        job = s.next_finish()[1]  # type: ignore[index]
+        # next_finish's own arithmetic, as a delay from `since`: now + delay is its time.
+        delay = max(0.0, s.jobs[job]) * len(s.jobs) / s.rate
+        self.env.timeout(delay).callbacks.append(partial(self._wake, s.version))
+
+    def _wake(self, version: int, _: simpy.Event) -> None:
+        s = self.state
+        if version != s.version:
+            return
+        job = s.next_finish()[1]  # type: ignore[index]
+        s.remove(job, self.env.now)
+        _at_once(self.done.pop(job))
+
+
+class _Model:
+    """One run: the environment, one process per rank, messages and resources."""
+
+    def __init__(self, problem: Problem, record: bool) -> None:
+        sched = self.schedule = problem.schedule
+        self.env = simpy.Environment(initial_time=0.0)  # times are floats from the start
+        self.c = compile_schedule(sched)
+        self.table = stage_table(sched, problem.stage_costs)
+        pp, self.last = sched.pp, sched.num_stages - 1
+        self.owner = [sched.stage_rank(s) for s in range(sched.num_stages)]
+        topo = problem.topology
+        # A private placement is the classic model, priced by the hardware's link.
+        self.topo: Topology | None = None if topo is None or topo.is_private else topo
+        self.delay = p2p_link(problem.hardware.transfer_ms)
+        devices = self.topo.devices if self.topo else tuple(range(pp))
+        switch = self.topo.context_switch_ms if self.topo else 0.0
+        self.devices = {d: _Sharing(self.env, switch) for d in sorted(set(devices))}
+        self.device_of = [self.devices[d] for d in devices]
+        # Alone on a device an op takes exactly its work (and busy adds that work).
+        self.alone = [devices.count(d) == 1 and not switch for d in devices]
+        self.charged = bool(self.topo and (self.topo.message_cpu_ms
+                                           or self.topo.local_message_cpu_ms))
+        self.links: dict[tuple[str, int, int], _Sharing] = {}
+        self.inbox: dict[int, simpy.Event] = {}
+        self.pos, self.ends, self.busy = [0] * pp, [0.0] * pp, [0.0] * pp
+        self.began, self.work = [0.0] * pp, [0.0] * pp
+        self.act, self.inflight, self.peak, self.peak_in = [0] * pp, [0] * pp, [0] * pp, [0] * pp
+        self.ops: list[list[Op]] | None = [[] for _ in range(pp)] if record else None
+        self.memory: list[list[tuple[float, int, int]]] = [[] for _ in range(pp)]
+        self.transfers: list[Transfer] = []
+
+    def run(self) -> None:
+        for r in range(self.schedule.pp):
+            self.env.process(self._rank(r))
+        self.env.run()
+
+    def _inbox(self, key: int) -> simpy.Event:
+        ev = self.inbox.get(key)
+        if ev is None:
+            ev = self.inbox[key] = self.env.event()
+        return ev
+
+    def _pass(self) -> simpy.Event:
+        """Step aside: resume after the processes woken at this instant so far."""
+        return _at_once(self.env.event())
+
+    def _rank(self, r: int) -> Process:
+        """Rank r's process: per op, wait for its input, compute, send its output."""
+        dev, n = self.device_of[r], len(self.c.kind[r])
+        for i in range(n):
+            key = self.c.wait_key[r][i]
+            if key >= 0 and not self._inbox(key).triggered:
+                if i:
+                    dev.replan()  # the device goes on without this rank
+                yield self._inbox(key)
+            yield self._start(r, i, dev)
+            if self._finish(r, i):
+                yield self._pass()  # its receiver starts first
+        if n:
+            dev.replan()
+
+    def _start(self, r: int, i: int, dev: _Sharing) -> simpy.Event:
+        """Op i of rank r starts now: F allocates; the op occupies the device."""
+        kind, st, now = self.c.kind[r][i], self.c.stage[r][i], self.env.now
+        if kind == F:
+            act = self.act[r] = self.act[r] + self.table.alloc[st]
+            inflight = self.inflight[r] = self.inflight[r] + 1
+            self.peak[r] = max(self.peak[r], act)
+            self.peak_in[r] = max(self.peak_in[r], inflight)
+            if self.ops is not None:
+                self.memory[r].append((now, act, inflight))
+        self.began[r] = now
+        work = self.table.duration[kind][st]
+        if self.charged:
+            # F receives from the stage before and sends to the next; B the other way.
+            step = 1 if kind == F else -1 if kind == B else 0
+            if step:
+                work += self._cpu(st - step, st) + self._cpu(st, st + step)
+        self.work[r] = work
+        return dev.use(r, work)
+
+    def _cpu(self, a: int, b: int) -> float:
+        """CPU ms each end pays for a message from stage a to stage b (0: none crosses)."""
+        if not 0 <= a <= self.last or not 0 <= b <= self.last:
+            return 0.0
+        assert self.topo is not None
+        return self.topo.message_cpu(self.owner[a], self.owner[b])
+
+    def _finish(self, r: int, i: int) -> bool:
+        """Op i of rank r ends now: free memory, send its message. True: it arrived now."""
+        kind, st, now = self.c.kind[r][i], self.c.stage[r][i], self.env.now
+        # Wall time, as the executor records it; alone, the work itself (same sums).
+        self.busy[r] += self.work[r] if self.alone[r] else now - self.began[r]
+        released = self.table.free[kind][st]
+        if released or kind == B:
+            self.act[r] -= released
+            self.peak[r] = max(self.peak[r], self.act[r])  # B may keep more for W than it frees
+            self.inflight[r] -= kind == B
+            if self.ops is not None:
+                self.memory[r].append((now, self.act[r], self.inflight[r]))
+        a = self.schedule.actions[r][i]
+        if self.ops is not None:
+            self.ops[r].append(Op(r, a, st // self.schedule.pp, self.began[r], now))
+        self.pos[r] += 1
+        self.ends[r] = now
+        key = self.c.send_key[r][i]
+        if key < 0:
+            return False
+        nbytes = self.table.boundary_bytes[self.c.send_stage[r][i]]
+        return self._send(r, self.c.send_rank[r][i], key, nbytes, a)
+
+    def _send(self, r: int, dst: int, key: int, nbytes: int, a: Action) -> bool:
+        """Hand a message to its link; True when it arrived at once."""
+        if dst == r:  # a boundary inside one rank (V placement): nothing crosses
+            _at_once(self._inbox(key))
+            return True
+        sent = (r, dst, a, self.env.now, nbytes)
+        if self.topo is None:
+            delay = self.delay(r, dst, nbytes)
+        else:
+            spec = self.topo.link(r, dst)
+            if self.topo.shared_links and spec.bandwidth_gbps > 0:
+                latency = self.env.timeout(spec.latency_ms)  # queued now, as sent
+                self.env.process(self._carry(sent, key, latency, spec.key,
+                                             nbytes / (spec.bandwidth_gbps * 1e6)))
+                return False
+            delay = spec.transfer_ms(nbytes)
+        if delay == 0.0:
+            self._arrive(sent, key)
+            return True
+        self.env.timeout(delay).callbacks.append(lambda _: self._arrive(sent, key))
+        return False
+
+    def _carry(self, sent: tuple, key: int, latency: simpy.Event,
+               link_key: tuple[str, int, int], work: float) -> Process:
+        """A message on a shared link: the latency, then its share of the bandwidth."""
+        yield latency
+        link = self.links.get(link_key)
+        if link is None:
+            link = self.links[link_key] = _Sharing(self.env)
+        yield link.use(key, work)
+        self._arrive(sent, key)
+        yield self._pass()
+        link.replan()
+
+    def _arrive(self, sent: tuple, key: int) -> None:
+        if self.ops is not None:
+            self.transfers.append(Transfer(*sent[:4], self.env.now, sent[4]))
+        _at_once(self._inbox(key))
+
+
+def simulate(problem: Problem, record: bool = True) -> Simulation:
+    """Simulate one iteration of a resolved problem in simpy (see the module docstring).
+
+    With record=False no per-op records are kept (timeline None).
+    """
+    m = _Model(problem, record)
+    # Millions of short-lived events: the cyclic GC would only rescan them.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        m.run()
+    finally:
+        if enabled:
+            gc.enable()
+    sched = problem.schedule
+    stuck = [r for r in range(sched.pp) if m.pos[r] != len(sched.actions[r])]
+    if stuck:
+        raise RuntimeError(f"schedule deadlocked on ranks {stuck}")
+    hw = problem.hardware
+    parts = step_parts(sched, problem.stage_costs, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps,
+                       hw.memory_bandwidth_gbps, hw.dp, hw.optimizer_fixed_ms)
+    summary = summarize(m.table.static, m.ends, m.busy,
+                        [problem.split.rank_layers(r) for r in range(sched.pp)],
+                        hw.memory_bytes, list(zip(m.peak, m.peak_in, strict=True)),
+                        [r + o for r, o in parts], hw.iteration_boundary_ms)
+    timeline = None
+    if m.ops is not None:
+        timeline = Timeline(tuple(tuple(o) for o in m.ops), tuple(m.transfers),
+                            tuple(tuple(mm) for mm in m.memory), m.table.static,
+                            tuple((e, *p) for e, p in zip(m.ends, parts, strict=True)))
+    return Simulation(problem, summary, timeline)
