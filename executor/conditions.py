@@ -39,7 +39,7 @@ from ppsim.executor.spawned import spawn_results
 from ppsim.costs.costfile import layer_dict
 from ppsim.costs.model import ModelCosts
 from ppsim.fileio import write_json_atomic
-from ppsim.sim.timing import ADAM_BYTES_PER_PARAM
+from ppsim.sim.summary import ADAM_BYTES_PER_PARAM
 
 
 def _layer_op(prof: Any) -> Any:
