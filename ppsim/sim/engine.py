@@ -100,7 +100,7 @@ class Engine:
     def __init__(self, schedule: Schedule, table: StageTable, link: Link,
                  records: Records | None) -> None:
         pp, n = schedule.pp, schedule.num_stages
-        self.pp, self.last = pp, n - 1
+        self.pp = pp
         self.acts, self.table, self.records = schedule.actions, table, records
         self.owner = [schedule.stage_rank(s) for s in range(n)]
         wired = wiring(n, schedule.microbatches)

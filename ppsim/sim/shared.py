@@ -13,6 +13,11 @@ a private topology every op runs alone, so each ends at start + work exactly and
 results equal the unshared engine's to the last digit (property-tested). Events are
 one heap with monotone ids; a resource's pending completion is invalidated by a version
 number when its sharing changes.
+
+It stays a subclass beside `Engine` rather than one loop for both: run on a private
+topology it takes about 3.5x the private engine's time (a resource update per op
+start and end, five-field events), and `simulate` runs that engine whenever nothing
+is shared.
 """
 
 from __future__ import annotations
