@@ -1,1 +1,2 @@
-"""Timing engines over the action lists: the event simulator and the fast evaluator."""
+"""Timing engines over the action lists: the event simulator (private and shared
+resources), the fast evaluator, and the one summary they report."""

@@ -18,6 +18,7 @@ time, memory peaks) are kept as the run goes; per-op records (for traces,
 pictures and the text timeline) only when asked for, so memory does not
 grow with the run otherwise.
 """
+
 from __future__ import annotations
 
 import gc
