@@ -40,7 +40,7 @@ from ppsim.executor.optim import adamw
 from ppsim.executor.profile import Profiler
 from ppsim.executor.spawned import free_port, spawn_results
 from ppsim.fileio import write_json_atomic
-from ppsim.sim.timing import ADAM_BYTES_PER_PARAM
+from ppsim.sim.summary import ADAM_BYTES_PER_PARAM
 
 
 def _layer_op(prof: Any) -> Any:

@@ -5,10 +5,11 @@ simulator times, so a schedule added to `ppsim.schedules` runs here unchanged.
 Activations go forward and gradients backward through torch.distributed
 point-to-point ops (isend/irecv): gloo on CPU, NCCL between GPUs.
 
-Matching messages: every message is named (kind, destination stage,
-microbatch) and tagged with that name, and a rank posts its receives from a
-peer in the order that peer sends (both follow from the global schedule), so
-even a backend that ignores tags (NCCL) pairs them correctly.
+Matching messages: who sends what to whom is ppsim.pipeline.messages' rule;
+every message is named (kind, destination stage, microbatch) and tagged with
+that name's key, and a rank posts its receives from a peer in the order that
+peer sends (both follow from the global schedule), so even a backend that
+ignores tags (NCCL) pairs them correctly.
 """
 
 from __future__ import annotations
@@ -25,11 +26,9 @@ from ppsim.executor.builders.deferral import WeightGradStore
 from ppsim.executor.builders.stage import Stage, build_stage, saved_bytes
 from ppsim.executor.optim import adamw
 from ppsim.executor.recorder import Recorder
+from ppsim.pipeline.messages import Message, awaits, feeds
 from ppsim.pipeline.problem import Problem
 from ppsim.schedules.generators import Action, Schedule
-
-Key = tuple[str, int, int]
-"""(kind "F" = activation / "B" = gradient, destination stage, microbatch)."""
 
 
 @dataclass(frozen=True)
@@ -80,19 +79,13 @@ class OpFailed(RuntimeError):
                          f"{type(exc).__name__}: {exc}")
 
 
-def outgoing(schedule: Schedule, rank: int) -> list[tuple[int, Key]]:
+def outgoing(schedule: Schedule, rank: int) -> list[tuple[int, Message]]:
     """Messages `rank` sends to other ranks, in the order it sends them."""
     n, out = schedule.num_stages, []
     for a in schedule.actions[rank]:
-        if a.kind == "F" and a.stage < n - 1:
-            dst = (a.kind, a.stage + 1, a.microbatch)
-        elif a.kind == "B" and a.stage > 0:
-            dst = (a.kind, a.stage - 1, a.microbatch)
-        else:
-            continue
-        peer = schedule.stage_rank(dst[1])
-        if peer != rank:
-            out.append((peer, dst))
+        msg = feeds(a, n)
+        if msg is not None and schedule.stage_rank(msg.stage) != rank:
+            out.append((schedule.stage_rank(msg.stage), msg))
     return out
 
 
@@ -108,24 +101,23 @@ class P2P:
         """Global rank of each pipeline rank (this replica's)."""
         self.shape, self.dtype, self.device, self.wire = shape, dtype, device, wire
         self.lookahead = lookahead
-        self.incoming: dict[int, list[Key]] = defaultdict(list)
+        self.incoming: dict[int, list[Message]] = defaultdict(list)
         for peer in range(schedule.pp):
             if peer != rank:
                 for dst, key in outgoing(schedule, peer):
                     if dst == rank:
                         self.incoming[peer].append(key)
-        self.n, self.m = schedule.num_stages, schedule.microbatches
+        self.m = schedule.microbatches
         self._reset()
 
     def _reset(self) -> None:
         self.cursor: dict[int, int] = defaultdict(int)
-        self.posted: dict[Key, tuple[Any, torch.Tensor, int]] = {}
+        self.posted: dict[Message, tuple[Any, torch.Tensor, int]] = {}
         self.sends: list[tuple[Any, torch.Tensor]] = []
-        self.local: dict[Key, torch.Tensor] = {}
+        self.local: dict[Message, torch.Tensor] = {}
 
-    def tag(self, key: Key) -> int:
-        kind, stage, mb = key
-        return ((kind == "B") * self.n + stage) * self.m + mb
+    def tag(self, key: Message) -> int:
+        return key.key(self.m)
 
     def _post(self, peer: int) -> None:
         key = self.incoming[peer][self.cursor[peer]]
@@ -143,24 +135,24 @@ class P2P:
                 self._post(peer)
                 waiting[peer] += 1
 
-    def recv(self, key: Key) -> torch.Tensor:
+    def recv(self, key: Message) -> torch.Tensor:
         if key in self.local:
             return self.local.pop(key)
-        peer = self.schedule.stage_rank(key[1] - 1 if key[0] == "F" else key[1] + 1)
+        peer = self.schedule.stage_rank(key.sender)
         while key not in self.posted:
             self._post(peer)
         work, buf, _ = self.posted.pop(key)
         work.wait()
-        self.rec.recv(_now_ns(), key[0], peer, key[1], key[2])
+        self.rec.recv(_now_ns(), key.kind, peer, key.stage, key.microbatch)
         return buf.to(self.device, non_blocking=True)
 
-    def send(self, tensor: torch.Tensor, key: Key, from_stage: int) -> None:
-        peer = self.schedule.stage_rank(key[1])
+    def send(self, tensor: torch.Tensor, key: Message, from_stage: int) -> None:
+        peer = self.schedule.stage_rank(key.stage)
         if peer == self.rank:  # neighbouring stage on this rank: no transfer
             self.local[key] = tensor.detach()
             return
         t = tensor.detach().to(self.wire).contiguous()
-        self.rec.send(self.rec.mark(), key[0], peer, from_stage, key[1], key[2],
+        self.rec.send(self.rec.mark(), key.kind, peer, from_stage, key.stage, key.microbatch,
                       t.numel() * t.element_size())
         self.sends.append((dist.isend(t, dst=self.peers[peer], tag=self.tag(key)), t))
 
@@ -265,21 +257,22 @@ class Runtime:
 
     def _forward(self, a: Action, start: list[Any]) -> None:
         s, mb = a.stage, a.microbatch
-        if s == 0:
+        inbox, out = awaits(a, self.last + 1), feeds(a, self.last + 1)
+        if inbox is None:  # the first stage reads the batch
             x = self._batch(mb)[0]
         else:
-            x = self.p2p.recv(("F", s, mb)).requires_grad_()
+            x = self.p2p.recv(inbox).requires_grad_()
         start.append(self.rec.mark())
         module = self.modules[s]
         if s in self._stage_bytes or self.rec.cuda:
             y = module(x)
         else:
             y = self._measured_forward(module, x, s)
-        if s == self.last:
+        if out is None:  # the last stage feeds its own B through the loss
             y = self.builder.loss(y, self._batch(mb)[1]) / self.schedule.microbatches
             self.loss += y.detach()
         else:
-            self.p2p.send(y, ("F", s + 1, mb), s)
+            self.p2p.send(y, out, s)
         self._inputs[(s, mb)], self._outputs[(s, mb)] = x, y
         self._hold((s, mb), self._stage_bytes.get(s, 0))
 
@@ -300,7 +293,8 @@ class Runtime:
 
     def _backward(self, a: Action, start: list[Any]) -> None:
         s, mb = a.stage, a.microbatch
-        grad = None if s == self.last else self.p2p.recv(("B", s, mb))
+        inbox, out = awaits(a, self.last + 1), feeds(a, self.last + 1)
+        grad = None if inbox is None else self.p2p.recv(inbox)
         start.append(self.rec.mark())
         x, y = self._inputs.pop((s, mb)), self._outputs.pop((s, mb))
         if self.schedule.split_backward:
@@ -312,8 +306,8 @@ class Runtime:
                 x.grad = grad
         finally:
             WeightGradStore.deferring, WeightGradStore.key = False, None
-        if s > 0:
-            self.p2p.send(x.grad, ("B", s - 1, mb), s)
+        if out is not None:
+            self.p2p.send(x.grad, out, s)
         self._hold((s, mb), WeightGradStore.held_bytes((s, mb)))
 
     def _weight(self, a: Action, start: list[Any]) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from ppsim.executor.builders import ModelBuilder
 from ppsim.pipeline.problem import Problem
+from ppsim.sim.summary import bubble_fraction
 from ppsim.trace.diff import consecutive_wholes, listed_wholes, median_gap_ms, whole_ms
 
 PIPELINE_KINDS = ("F", "B", "W")
@@ -83,7 +84,7 @@ def summarize(events: list[dict], problem: Problem, builder: ModelBuilder, itera
         busy_us = sum(b) / len(b) if b else 0.0
         ranks.append({"rank": r, "layers": problem.split.rank_layers(r),
                       "busy_ms": busy_us / 1e3,
-                      "bubble_fraction": 1 - busy_us / iter_us if iter_us else 0.0,
+                      "bubble_fraction": bubble_fraction(busy_us, iter_us),
                       "peak_memory_bytes": max(mem_peak[r], peaks[r] if r < len(peaks) else 0)})
         for kind, name in (("R", "grad_reduce_ms"), ("S", "optimizer_ms")):
             ranks[-1][name] = step[(kind, r)] / max(1, len(recorded)) / 1e3
@@ -96,7 +97,7 @@ def summarize(events: list[dict], problem: Problem, builder: ModelBuilder, itera
         "iteration_time_ms": iter_us / 1e3,
         "iteration_times_ms": [s / 1e3 for s in spans],
         "tokens_per_s": _tokens(problem, builder, dp) / (iter_us / 1e6) if iter_us else 0.0,
-        "bubble_fraction": 1 - total_busy / (pp * iter_us / 1e3) if iter_us else 0.0,
+        "bubble_fraction": bubble_fraction(total_busy, pp * iter_us / 1e3),
         "peak_memory_bytes": max(x["peak_memory_bytes"] for x in ranks),
         "loss": losses[-1] if losses else None, "losses": losses, "ranks": ranks,
     }

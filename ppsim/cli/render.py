@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ppsim.sim.timing import Summary
+from ppsim.sim.summary import Summary
 from ppsim.units import fmt_bytes
 
 if TYPE_CHECKING:

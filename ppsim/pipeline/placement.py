@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 from ppsim.errors import UserError
+from ppsim.pipeline.messages import delay_ms
 
 
 @dataclass(kw_only=True)
@@ -58,10 +59,7 @@ class LinkSpec:
 
     def transfer_ms(self, nbytes: int) -> float:
         """Time on an idle link: latency plus bytes over bandwidth."""
-        t = self.latency_ms
-        if self.bandwidth_gbps > 0:
-            t += nbytes / (self.bandwidth_gbps * 1e6)
-        return t
+        return delay_ms(self.latency_ms, self.bandwidth_gbps, nbytes)
 
 
 @dataclass(frozen=True)

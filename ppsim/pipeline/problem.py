@@ -13,6 +13,7 @@ from ppsim.costs.transformer import Architecture, accelerator, transformer_costs
 from ppsim.errors import UserError
 from ppsim.pipeline import split as splits
 from ppsim.pipeline.layout import parse_layout
+from ppsim.pipeline.messages import delay_ms, wire_ms
 from ppsim.pipeline.placement import Topology, topology
 from ppsim.pipeline.split import Split
 from ppsim.schedules.generators import Schedule, build_schedule, schedule_placement
@@ -36,10 +37,7 @@ class Hardware:
 
     def transfer_ms(self, nbytes: int) -> float:
         """Time from send to arrival of one message; 0 when transfers are free."""
-        t = self.p2p_latency_ms
-        if self.p2p_bandwidth_gbps > 0:
-            t += nbytes / (self.p2p_bandwidth_gbps * 1e6)  # GB/s -> bytes per ms
-        return t
+        return delay_ms(self.p2p_latency_ms, self.p2p_bandwidth_gbps, nbytes)
 
 
 @dataclass(frozen=True)
@@ -252,8 +250,7 @@ def hardware(cfg: Config) -> Hardware:
             # Measured whole for a boundary-sized message: the latency is what the
             # bandwidth term leaves of it.
             nbytes = read_cost_file(cfg.costs_file).layers[0].output_bytes
-            latency = max(0.0, cond.message_latency_ms -
-                          (nbytes / (bandwidth * 1e6) if bandwidth > 0 else 0.0))
+            latency = max(0.0, cond.message_latency_ms - wire_ms(bandwidth, nbytes))
         if cond is not None and cond.optimizer_gbps > 0:  # the step as measured here
             membw, fixed = cond.optimizer_gbps, cond.optimizer_fixed_ms
         if cond is not None and cfg.pipeline.pp * dp > 1:

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from ppsim.costs.model import LayerCost, StageCost
+from ppsim.pipeline import messages
 from ppsim.plan.search import Deadline, SplitSearch
 from ppsim.sim.evaluate import list_schedule
-from ppsim.sim.timing import message_key
 
 INF = float("inf")
 ROUNDING = 1 - 1e-12  # stay below the float-rounded true time
@@ -311,7 +311,7 @@ def prefix_time(paths: PathBounds, counts: list[int]) -> float:
             if a.stage >= k:
                 continue  # an unplaced stage: part of the free delay
             if a.stage == k - 1 and kd == "F":  # straight back to its own B
-                sk, sdl = message_key(a.stage, a.microbatch, True, s.m), trip
+                sk, sdl = messages.key(a.stage, a.microbatch, True, s.m), trip
             k_.append(kd)
             w_.append(wk)
             s_.append(sk)

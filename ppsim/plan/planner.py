@@ -31,7 +31,7 @@ from ppsim.pipeline.split import Split, split_from_counts
 from ppsim.plan.baselines import deepspeed_counts, even_counts, smallest_peak
 from ppsim.plan.bounds import OneChunkBound, PathBounds, WaterFill, prefix_time
 from ppsim.plan.search import Deadline, SplitSearch
-from ppsim.sim.timing import Summary
+from ppsim.sim.summary import Summary
 
 __all__ = ["BranchAndBound", "Candidate", "PlanResult", "count_splits", "deepspeed_counts",
            "even_counts", "improve", "plan", "smallest_peak"]

@@ -17,7 +17,7 @@ from ppsim.pipeline.layout import parse_layout
 from ppsim.pipeline.problem import Problem
 from ppsim.pipeline.split import Split, megatron_split, split_from_counts
 from ppsim.sim.engine import simulate
-from ppsim.sim.timing import Summary
+from ppsim.sim.summary import Summary
 
 MAX_FIRST_LAST = 400
 """First/last pairs timed when looking for Megatron's best expressible split."""

@@ -1,7 +1,7 @@
 """What stays fixed while the planner varies the split, and the exact evaluator of one split.
 
 `SplitSearch.evaluate` returns exactly what `simulate` reports for a split
-(tests/test_planner.py proves it) by list scheduling over a schedule
+(tests/property/test_planner.py proves it) by list scheduling over a schedule
 compiled once. Imports go one way: search -> bounds -> planner.
 """
 
@@ -14,7 +14,8 @@ from ppsim.costs.model import StageCost, receives_input, stage_cost
 from ppsim.pipeline.problem import Problem
 from ppsim.schedules.generators import F
 from ppsim.sim.evaluate import list_schedule
-from ppsim.sim.timing import Summary, compile_schedule, p2p_link, step_tail, summarize
+from ppsim.sim.summary import Summary, busy_ms, step_tail, summarize
+from ppsim.sim.timing import compile_schedule, p2p_link
 
 STAGE_CACHE = 1 << 16
 """Stage costs kept (offset, count, stage): bounded, the search may visit millions."""
@@ -174,12 +175,7 @@ class SplitSearch:
                      for kinds, stages in zip(self.compiled.kind, self.compiled.stage,
                                               strict=True)]
         _, ends = list_schedule(self.compiled, durations, self.send_delay)
-        busy = []
-        for durs in durations:
-            t = 0.0
-            for d in durs:
-                t += d
-            busy.append(t)
+        busy = [busy_ms(durs) for durs in durations]
         statics = [0] * self.pp
         peaks = []
         layers = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ppsim.errors import UserError
+from ppsim.pipeline.messages import awaits
 
 F, B, W = "F", "B", "W"
 
@@ -69,11 +70,8 @@ def stage_rank(stage: int, pp: int, placement: str) -> int:
 
 def dependencies(action: Action, num_stages: int) -> Action | None:
     """The action on another stage whose result this action must receive first."""
-    if action.kind == F and action.stage > 0:
-        return Action(F, action.stage - 1, action.microbatch)
-    if action.kind == B and action.stage < num_stages - 1:
-        return Action(B, action.stage + 1, action.microbatch)
-    return None
+    msg = awaits(action, num_stages)
+    return None if msg is None else Action(msg.kind, msg.sender, msg.microbatch)
 
 
 def validate(schedule: Schedule) -> None:

@@ -1,11 +1,13 @@
 """The reference: a discrete-event simulation of per-rank action lists.
 
 One process per rank runs its actions in order. An op waits for the message
-carrying its input (the previous stage's activation for F, the next stage's
-gradient for B), computes for its duration, then hands its own message to
-the network, which delivers it `link(src, dst, bytes)` later without
-blocking the sender (asynchronous isend/irecv: compute and communication
-overlap; links are not shared, so messages never queue behind each other).
+carrying its input (ppsim.pipeline.messages says which), computes for its
+duration, then hands its own message to the network, which delivers it
+`link(src, dst, bytes)` later without blocking the sender (asynchronous
+isend/irecv: compute and communication overlap). `Engine` gives every rank its
+own device and every message its own link, so messages never queue behind each
+other; when a placement shares devices or links, `simulate` runs
+`ppsim.sim.shared.SharedEngine` instead, the same processes over shared resources.
 Memory: F allocates its stage's activations when it starts, B releases them
 when it ends (all but what W needs, when W is separate), W releases the rest.
 
@@ -24,17 +26,11 @@ import heapq
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ppsim.pipeline.messages import wiring
 from ppsim.pipeline.problem import Problem
 from ppsim.schedules.generators import Action, B, F, Schedule
-from ppsim.sim.timing import (
-    Link,
-    StageTable,
-    Summary,
-    p2p_link,
-    stage_table,
-    step_parts,
-    summarize,
-)
+from ppsim.sim.summary import Summary, step_parts, summarize
+from ppsim.sim.timing import Link, StageTable, p2p_link, stage_table
 
 
 class Op(NamedTuple):
@@ -88,7 +84,7 @@ class Simulation:
     """Per-op records; None when the run was simulated with record=False."""
 
 
-class _Records:
+class Records:
     """Per-op records, kept only when a timeline is wanted."""
 
     def __init__(self, pp: int) -> None:
@@ -97,15 +93,24 @@ class _Records:
         self.memory: list[list[tuple[float, int, int]]] = [[] for _ in range(pp)]
 
 
-class _Engine:
-    """One run: the event heap, the ranks' processes and the network between them."""
+class Engine:
+    """One run with private devices and links: the event heap, the ranks' processes and
+    the network between them. SharedEngine overrides how an op computes and how a
+    message travels."""
 
     def __init__(self, schedule: Schedule, table: StageTable, link: Link,
-                 records: _Records | None) -> None:
+                 records: Records | None) -> None:
         pp, n = schedule.pp, schedule.num_stages
-        self.pp, self.m, self.last = pp, schedule.microbatches, n - 1
+        self.pp = pp
         self.acts, self.table, self.records = schedule.actions, table, records
         self.owner = [schedule.stage_rank(s) for s in range(n)]
+        wired = wiring(n, schedule.microbatches)
+        self.waits = wired.waits
+        """Kind -> per stage: keys by microbatch of the message its op awaits, or None."""
+        self.out = {k: [None if keys is None else (keys, self.owner[wired.to[k][s]],
+                                                   wired.boundary[k][s])
+                        for s, keys in enumerate(sends)] for k, sends in wired.sends.items()}
+        """Kind -> per stage: (keys by microbatch, receiving rank, boundary), or None."""
         # Delay of the message across boundary s (s -> s+1 forward, s+1 -> s backward).
         self.delay = [link(self.owner[s], self.owner[s + 1], table.boundary_bytes[s])
                       for s in range(n - 1)]
@@ -126,12 +131,9 @@ class _Engine:
         """Start rank r's next op at `now`, or park the rank until its input arrives."""
         a = self.acts[r][self.pos[r]]
         kind, st = a.kind, a.stage
-        key = -1
-        if kind == F and st > 0:
-            key = (st * self.m + a.microbatch) << 1
-        elif kind == B and st < self.last:
-            key = ((st * self.m + a.microbatch) << 1) | 1
-        if key >= 0:
+        keys = self.waits[kind][st]
+        if keys is not None:
+            key = keys[a.microbatch]
             if key not in self.arrived:
                 self.waiting[key] = r
                 return
@@ -177,13 +179,10 @@ class _Engine:
                 rec.memory[r].append((now, self.act[r], self.inflight[r]))
         if rec is not None:
             rec.ops[r].append(Op(r, a, st // self.pp, self.began[r], now))
-        to = -1
-        if kind == F and st < self.last:
-            to, key, bound = st + 1, ((st + 1) * self.m + a.microbatch) << 1, st
-        elif kind == B and st > 0:
-            to, key, bound = st - 1, (((st - 1) * self.m + a.microbatch) << 1) | 1, st - 1
-        if to >= 0:
-            self.send(r, self.owner[to], key, bound, a, now)
+        out = self.out[kind][st]
+        if out is not None:
+            keys, dst, bound = out
+            self.send(r, dst, keys[a.microbatch], bound, a, now)
         self.pos[r] += 1
         if self.pos[r] < len(self.acts[r]):
             self.start(r, now)
@@ -219,9 +218,9 @@ class _Engine:
 
 
 def run(schedule: Schedule, table: StageTable, link: Link,
-        records: _Records | None = None) -> list[RankRun]:
+        records: Records | None = None) -> list[RankRun]:
     """Simulate the schedule; per-rank statistics (and `records`, when given)."""
-    return _Engine(schedule, table, link, records).run()
+    return Engine(schedule, table, link, records).run()
 
 
 def simulate(problem: Problem, record: bool = True) -> Simulation:
@@ -232,7 +231,7 @@ def simulate(problem: Problem, record: bool = True) -> Simulation:
     """
     sched = problem.schedule
     table = stage_table(sched, problem.stage_costs)
-    records = _Records(sched.pp) if record else None
+    records = Records(sched.pp) if record else None
     # Millions of short-lived objects: the cyclic GC would only rescan them.
     enabled = gc.isenabled()
     gc.disable()

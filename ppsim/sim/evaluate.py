@@ -3,14 +3,15 @@
 Each op starts at max(end of the rank's previous op, arrival of its input)
 and ends start + duration; a message arrives at the sender's end + delay.
 That is exactly what the event-driven simulator computes, with the same float
-operations, so the two agree to the last digit (tests/test_simulator.py).
+operations, so the two agree to the last digit (tests/property/test_simulator.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ppsim.sim.timing import CompiledSchedule, OpTable, Summary, memory_peaks, summarize
+from ppsim.sim.summary import Summary, busy_ms, memory_peaks, summarize
+from ppsim.sim.timing import CompiledSchedule, OpTable
 
 
 def op_times(table: OpTable) -> tuple[list[list[float]], list[list[float]]]:
@@ -63,14 +64,10 @@ def list_schedule(c: CompiledSchedule, duration: Sequence[Sequence[float]],
 def evaluate(table: OpTable, layers: list[int], memory_bytes: float,
              tail: list[float] | None = None, boundary: float = 0.0) -> Summary:
     """Iteration time, bubbles and memory peaks, without building a timeline; `tail` is
-    the step's per-rank end (see timing.step_tail)."""
+    the step's per-rank end (see summary.step_tail)."""
     _, ends = op_times(table)
-    busy = []
-    for durs in table.duration:
-        b = 0.0
-        for d in durs:
-            b += d
-        busy.append(b)
+    busy = [busy_ms(durs) for durs in table.duration]
     last = [e[-1] if e else 0.0 for e in ends]
-    peaks = [memory_peaks(table, r) for r in range(len(ends))]
+    peaks = [memory_peaks(table.compiled.kind[r], table.alloc[r], table.free[r])
+             for r in range(len(ends))]
     return summarize(table.static, last, busy, layers, memory_bytes, peaks, tail, boundary)

@@ -1,7 +1,7 @@
 """What both timing engines share: per-op durations, messages and memory deltas.
 
-The discrete-event simulator (`ppsim.simulator`) and the fast evaluator
-(`ppsim.evaluate`) take every duration, byte count and message delay from
+The discrete-event simulator (`ppsim.sim.engine`) and the fast evaluator
+(`ppsim.sim.evaluate`) take every duration, byte count and message delay from
 the same `StageTable` and link, so they compute every time with the same
 floating-point operations in the same order and agree to the last digit.
 """
@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ppsim.costs.model import StageCost
+from ppsim.pipeline.messages import wiring
 from ppsim.schedules.generators import B, F, Schedule, W
 
 
@@ -32,36 +33,23 @@ class CompiledSchedule:
     """Receiving rank, or -1."""
 
 
-def message_key(stage: int, microbatch: int, backward: bool, microbatches: int) -> int:
-    """Id of the message that feeds (stage, microbatch) in one direction."""
-    return (stage * microbatches + microbatch) * 2 + int(backward)
-
-
 def compile_schedule(s: Schedule) -> CompiledSchedule:
-    n, m = s.num_stages, s.microbatches
+    """Per op: the message it waits for and the one it sends (ppsim.pipeline.messages)."""
+    n = s.num_stages
+    wired = wiring(n, s.microbatches)
+    owner = [s.stage_rank(i) for i in range(n)]
     kinds, stages, waits, sends, send_stages, send_ranks = [], [], [], [], [], []
     for acts in s.actions:
         k_, st_, w_, s_, ss_, sr_ = [], [], [], [], [], []
         for a in acts:
-            wait = send = sstage = srank = -1
-            if a.kind == F:
-                if a.stage > 0:
-                    wait = message_key(a.stage, a.microbatch, False, m)
-                if a.stage < n - 1:
-                    send = message_key(a.stage + 1, a.microbatch, False, m)
-                    sstage, srank = a.stage, s.stage_rank(a.stage + 1)
-            elif a.kind == B:
-                if a.stage < n - 1:
-                    wait = message_key(a.stage, a.microbatch, True, m)
-                if a.stage > 0:
-                    send = message_key(a.stage - 1, a.microbatch, True, m)
-                    sstage, srank = a.stage - 1, s.stage_rank(a.stage - 1)
-            k_.append(a.kind)
-            st_.append(a.stage)
-            w_.append(wait)
-            s_.append(send)
-            ss_.append(sstage)
-            sr_.append(srank)
+            kind, st, mb = a.kind, a.stage, a.microbatch
+            wait, send, to = wired.waits[kind][st], wired.sends[kind][st], wired.to[kind][st]
+            k_.append(kind)
+            st_.append(st)
+            w_.append(-1 if wait is None else wait[mb])
+            s_.append(-1 if send is None else send[mb])
+            ss_.append(wired.boundary[kind][st])
+            sr_.append(-1 if to < 0 else owner[to])
         kinds.append(tuple(k_))
         stages.append(tuple(st_))
         waits.append(tuple(w_))
@@ -182,114 +170,3 @@ def op_table(compiled: CompiledSchedule, costs: Sequence[StageCost],
                                                strict=True)))
     return OpTable(compiled, tuple(durations), tuple(nbytes), tuple(allocs), tuple(frees),
                    st.static, p2p_link(transfer_ms))
-
-
-@dataclass(frozen=True)
-class RankStats:
-    rank: int
-    layers: int
-    busy_ms: float
-    bubble_fraction: float
-    static_bytes: int
-    peak_activation_bytes: int
-    """Activation bytes held at this rank's memory peak."""
-    peak_memory_bytes: int
-    peak_inflight: int
-    fits: bool
-
-
-@dataclass(frozen=True)
-class Summary:
-    iteration_time_ms: float
-    bubble_fraction: float
-    ranks: tuple[RankStats, ...]
-
-    @property
-    def fits(self) -> bool:
-        return all(r.fits for r in self.ranks)
-
-    @property
-    def peak_memory_bytes(self) -> int:
-        return max(r.peak_memory_bytes for r in self.ranks)
-
-
-def memory_peaks(table: OpTable, rank: int) -> tuple[int, int]:
-    """(peak activation bytes, peak in-flight microbatches) of one rank, in its op order."""
-    act = peak = inflight = peak_inflight = 0
-    for kind, al, fr in zip(table.compiled.kind[rank], table.alloc[rank], table.free[rank],
-                            strict=True):
-        act += al
-        if kind == F:
-            inflight += 1
-            if inflight > peak_inflight:
-                peak_inflight = inflight
-        if act > peak:
-            peak = act
-        act -= fr
-        if kind == B:
-            inflight -= 1
-    return peak, peak_inflight
-
-
-ADAM_BYTES_PER_PARAM = 28
-"""AdamW's step reads the fp32 parameter, gradient and two moments (16 B) and writes
-the parameter and the moments (12 B): memory-bound."""
-GRAD_BYTES = 4
-"""Gradients are reduced in fp32 (Megatron's main grads)."""
-
-
-def step_parts(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
-               bandwidth_gbps: float, memory_bandwidth_gbps: float,
-               dp: int, optimizer_fixed_ms: float = 0.0) -> list[tuple[float, float]]:
-    """Per rank, what follows its last backward, as (R, S) ms: the data-parallel gradient
-    all-reduce (a ring: 2(dp-1)/dp of the gradient bytes, 2(dp-1) latencies) and the
-    optimizer step (a fixed time, measured by `ppsim profile` on CPU, plus
-    ADAM_BYTES_PER_PARAM over memory bandwidth), as the executor records them.
-    Parameters come from the cost model; a cost file without them costs nothing."""
-    params = [0] * s.pp
-    for i, c in enumerate(costs):
-        params[s.stage_rank(i)] += c.params
-    out = []
-    for n in params:
-        reduce = 0.0
-        if dp > 1:
-            reduce = 2 * (dp - 1) * latency_ms
-            if bandwidth_gbps > 0:
-                reduce += 2 * (dp - 1) / dp * n * GRAD_BYTES / (bandwidth_gbps * 1e6)
-        step = n * ADAM_BYTES_PER_PARAM / (memory_bandwidth_gbps * 1e6) \
-            if memory_bandwidth_gbps > 0 else 0.0
-        if n and (step or optimizer_fixed_ms):
-            step += optimizer_fixed_ms
-        out.append((reduce, step))
-    return out
-
-
-def step_tail(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
-              bandwidth_gbps: float, memory_bandwidth_gbps: float, dp: int,
-              optimizer_fixed_ms: float = 0.0) -> list[float]:
-    """Per rank, the time of the step's end (all-reduce then optimizer), see step_parts."""
-    return [r + o for r, o in step_parts(s, costs, latency_ms, bandwidth_gbps,
-                                         memory_bandwidth_gbps, dp, optimizer_fixed_ms)]
-
-
-def summarize(static: Sequence[int], ends: list[float], busy: list[float], layers: list[int],
-              memory_bytes: float, peaks: list[tuple[int, int]],
-              tail: Sequence[float] | None = None, boundary: float = 0.0) -> Summary:
-    """Headline numbers from per-rank end times, busy times and memory peaks; `tail`
-    (the step's all-reduce and optimizer, per rank) runs after each rank's last op, and
-    `boundary` (the executor's end-of-iteration loss all-reduce, measured) separates
-    one iteration from the next: the iteration time is a whole iteration, start to
-    the next start."""
-    if tail is not None and any(tail):
-        ends = [e + t for e, t in zip(ends, tail, strict=True)]
-        busy = [b + t for b, t in zip(busy, tail, strict=True)]
-    pp = len(ends)
-    t = (max(ends) + boundary) if ends else 0.0
-    ranks = []
-    for r in range(pp):
-        act, inflight = peaks[r]
-        total = static[r] + act
-        ranks.append(RankStats(r, layers[r], busy[r], 1.0 - busy[r] / t if t > 0 else 0.0,
-                               static[r], act, total, inflight, total <= memory_bytes))
-    bubble = 1.0 - sum(busy) / (pp * t) if t > 0 else 0.0
-    return Summary(t, bubble, tuple(ranks))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from ppsim.config.schema import Config
 from ppsim.costs.model import LayerCost, ModelCosts, stage_costs
 from ppsim.errors import UserError
+from ppsim.pipeline.messages import wire_ms
 from ppsim.pipeline.problem import Hardware, Problem, hardware, model_costs
 from ppsim.schedules.generators import Action, Schedule
 from ppsim.trace.schema import Trace, TraceOp
@@ -265,7 +266,7 @@ def calibrate(trace: Trace, cfg: Config, how: str = "mean") -> Calibration:
         # and let latency take the rest, or if the bytes alone already take longer than
         # the delay seen, drop the latency and raise the bandwidth to match it.
         nbytes = costs.hidden_bytes
-        bw_ms = hw.transfer_ms(nbytes) - hw.p2p_latency_ms
+        bw_ms = wire_ms(hw.p2p_bandwidth_gbps, nbytes)
         if delay >= bw_ms:
             new_hw = replace(hw, p2p_latency_ms=delay - bw_ms)
         else:

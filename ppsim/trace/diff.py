@@ -21,6 +21,7 @@ from functools import cached_property
 from typing import Any
 
 from ppsim.errors import UserError
+from ppsim.sim.summary import bubble_fraction, busy_ms
 from ppsim.trace.schema import Trace, TraceOp
 
 Key = tuple[int, int, int, str]
@@ -266,10 +267,9 @@ class Diff:
         for k in self.matched:  # in start order per rank
             drifts.setdefault(k[0], []).append(b.start(k) - a.start(k))
         for r in sorted(set(a.by_rank) | set(b.by_rank)):
-            busy_a = sum(a.dur(k) for k in a.by_rank.get(r, ()))
-            busy_b = sum(b.dur(k) for k in b.by_rank.get(r, ()))
-            bub_a = 1 - busy_a / ta if ta else 0.0
-            bub_b = 1 - busy_b / tb if tb else 0.0
+            busy_a = busy_ms(a.dur(k) for k in a.by_rank.get(r, ()))
+            busy_b = busy_ms(b.dur(k) for k in b.by_rank.get(r, ()))
+            bub_a, bub_b = bubble_fraction(busy_a, ta), bubble_fraction(busy_b, tb)
             mem_a, mem_b = a.peak_memory(r), b.peak_memory(r)
             drift = drifts.get(r, [])
             ranks.append({

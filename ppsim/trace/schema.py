@@ -62,7 +62,7 @@ def document(events: list[dict], info: dict[str, Any]) -> dict:
 
 
 def simulation_trace(sim: Any) -> dict:
-    """The Chrome trace of a `ppsim.simulator.Simulation` (iteration 0)."""
+    """The Chrome trace of a `ppsim.sim.engine.Simulation` (iteration 0)."""
     p = sim.problem
     tl = sim.timeline
     events = metadata_events(p.schedule.pp)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from ppsim.cli.main import main
 from ppsim.pipeline.placement import PlacementConfig, topology
-from ppsim.sim.engine import _Records, run, simulate
+from ppsim.sim.engine import Records, run, simulate
 from ppsim.sim.shared import SharedEngine, SharedResource
 from ppsim.sim.timing import p2p_link, stage_table
 
@@ -42,7 +42,7 @@ def _shared_run(problem, cfg: PlacementConfig, record: bool = True):
     hw = problem.hardware
     topo = topology(cfg, problem.schedule.pp, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps)
     table = stage_table(problem.schedule, problem.stage_costs)
-    records = _Records(problem.schedule.pp) if record else None
+    records = Records(problem.schedule.pp) if record else None
     return SharedEngine(problem.schedule, table, topo, records).run(), records
 
 
@@ -50,7 +50,7 @@ def _shared_run(problem, cfg: PlacementConfig, record: bool = True):
 @given(problems())
 def test_private_placement_equals_the_unshared_simulator_to_the_last_digit(problem):
     table = stage_table(problem.schedule, problem.stage_costs)
-    base_records = _Records(problem.schedule.pp)
+    base_records = Records(problem.schedule.pp)
     base = run(problem.schedule, table, p2p_link(problem.hardware.transfer_ms), base_records)
     shared, records = _shared_run(problem, PlacementConfig())
     assert shared == base  # ends, busy, memory peaks: exactly

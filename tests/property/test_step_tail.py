@@ -14,7 +14,7 @@ from ppsim.pipeline.problem import build_problem
 from ppsim.pipeline.split import split_from_counts
 from ppsim.plan.search import SplitSearch
 from ppsim.sim.engine import simulate
-from ppsim.sim.timing import ADAM_BYTES_PER_PARAM, GRAD_BYTES
+from ppsim.sim.summary import ADAM_BYTES_PER_PARAM, GRAD_BYTES
 
 
 def _problem(dp: int, pp: int = 1, split: list[int] | None = None):

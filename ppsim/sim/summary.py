@@ -1,0 +1,145 @@
+"""The one summary of an iteration: busy time, bubble, memory peaks and the step's tail.
+
+The event simulator, the fast evaluator and the planner's SplitSearch reduce their
+per-rank figures with `summarize`; trace diffs and the executor's run summary take
+their bubbles from `bubble_fraction`. Each figure is computed with the same float
+operations in the same order wherever it is computed, so the engines agree to the
+last digit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from ppsim.costs.model import StageCost
+from ppsim.pipeline.messages import wire_ms
+from ppsim.schedules.actions import B, F, Schedule
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankStats:
+    rank: int
+    layers: int
+    busy_ms: float
+    bubble_fraction: float
+    static_bytes: int
+    peak_activation_bytes: int
+    """Activation bytes held at this rank's memory peak."""
+    peak_memory_bytes: int
+    peak_inflight: int
+    fits: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary:
+    iteration_time_ms: float
+    bubble_fraction: float
+    ranks: tuple[RankStats, ...]
+
+    @property
+    def fits(self) -> bool:
+        return all(r.fits for r in self.ranks)
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return max(r.peak_memory_bytes for r in self.ranks)
+
+
+def busy_ms(durations: Iterable[float]) -> float:
+    """A rank's compute time: its ops' durations summed in execution order (the order
+    the event simulator adds them in)."""
+    b = 0.0
+    for d in durations:
+        b += d
+    return b
+
+
+def bubble_fraction(busy: float, span: float) -> float:
+    """The part of `span` not spent computing; 0 for an empty span."""
+    return 1.0 - busy / span if span > 0 else 0.0
+
+
+def memory_peaks(kinds: Sequence[str], alloc: Sequence[int], free: Sequence[int]
+                 ) -> tuple[int, int]:
+    """(peak activation bytes, peak in-flight microbatches) of one rank's ops in order:
+    each op allocates when it starts and frees when it ends."""
+    act = peak = inflight = peak_inflight = 0
+    for kind, al, fr in zip(kinds, alloc, free, strict=True):
+        act += al
+        if kind == F:
+            inflight += 1
+            if inflight > peak_inflight:
+                peak_inflight = inflight
+        if act > peak:
+            peak = act
+        act -= fr
+        if kind == B:
+            inflight -= 1
+    return peak, peak_inflight
+
+
+ADAM_BYTES_PER_PARAM = 28
+"""AdamW's step reads the fp32 parameter, gradient and two moments (16 B) and writes
+the parameter and the moments (12 B): memory-bound."""
+GRAD_BYTES = 4
+"""Gradients are reduced in fp32 (Megatron's main grads)."""
+
+
+def step_parts(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
+               bandwidth_gbps: float, memory_bandwidth_gbps: float,
+               dp: int, optimizer_fixed_ms: float = 0.0) -> list[tuple[float, float]]:
+    """Per rank, what follows its last backward, as (R, S) ms: the data-parallel gradient
+    all-reduce (a ring: 2(dp-1)/dp of the gradient bytes, 2(dp-1) latencies) and the
+    optimizer step (a fixed time, measured by `ppsim profile` on CPU, plus
+    ADAM_BYTES_PER_PARAM over memory bandwidth), as the executor records them.
+    Parameters come from the cost model; a cost file without them costs nothing."""
+    params = [0] * s.pp
+    for i, c in enumerate(costs):
+        params[s.stage_rank(i)] += c.params
+    out = []
+    for n in params:
+        reduce = 0.0
+        if dp > 1:
+            reduce = 2 * (dp - 1) * latency_ms + wire_ms(bandwidth_gbps,
+                                                         2 * (dp - 1) / dp * n * GRAD_BYTES)
+        step = n * ADAM_BYTES_PER_PARAM / (memory_bandwidth_gbps * 1e6) \
+            if memory_bandwidth_gbps > 0 else 0.0
+        if n and (step or optimizer_fixed_ms):
+            step += optimizer_fixed_ms
+        out.append((reduce, step))
+    return out
+
+
+def step_tail(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
+              bandwidth_gbps: float, memory_bandwidth_gbps: float, dp: int,
+              optimizer_fixed_ms: float = 0.0) -> list[float]:
+    """Per rank, the time of the step's end (all-reduce then optimizer), see step_parts."""
+    return [r + o for r, o in step_parts(s, costs, latency_ms, bandwidth_gbps,
+                                         memory_bandwidth_gbps, dp, optimizer_fixed_ms)]
+
+
+def summarize(static: Sequence[int], ends: list[float], busy: list[float], layers: list[int],
+              memory_bytes: float, peaks: list[tuple[int, int]],
+              tail: Sequence[float] | None = None, boundary: float = 0.0) -> Summary:
+    """Headline numbers from per-rank end times, busy times and memory peaks; `tail`
+    (the step's all-reduce and optimizer, per rank) runs after each rank's last op, and
+    `boundary` (the executor's end-of-iteration loss all-reduce, measured) separates
+    one iteration from the next: the iteration time is a whole iteration, start to
+    the next start."""
+    if tail is not None and any(tail):
+        ends = [e + t for e, t in zip(ends, tail, strict=True)]
+        busy = [b + t for b, t in zip(busy, tail, strict=True)]
+    pp = len(ends)
+    t = (max(ends) + boundary) if ends else 0.0
+    ranks = []
+    for r in range(pp):
+        act, inflight = peaks[r]
+        total = static[r] + act
+        ranks.append(RankStats(rank=r, layers=layers[r], busy_ms=busy[r],
+                               bubble_fraction=bubble_fraction(busy[r], t),
+                               static_bytes=static[r], peak_activation_bytes=act,
+                               peak_memory_bytes=total, peak_inflight=inflight,
+                               fits=total <= memory_bytes))
+    return Summary(iteration_time_ms=t, bubble_fraction=bubble_fraction(sum(busy), pp * t),
+                   ranks=tuple(ranks))
