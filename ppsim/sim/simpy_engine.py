@@ -46,7 +46,8 @@ from ppsim.pipeline.problem import Problem
 from ppsim.schedules.generators import Action, B, F
 from ppsim.sim.engine import Op, Simulation, Timeline, Transfer
 from ppsim.sim.shared import SharedResource
-from ppsim.sim.timing import compile_schedule, p2p_link, stage_table, step_parts, summarize
+from ppsim.sim.summary import step_parts, summarize
+from ppsim.sim.timing import compile_schedule, p2p_link, stage_table
 
 Process = Generator[simpy.Event, Any, None]
 
