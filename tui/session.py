@@ -8,20 +8,20 @@ off the UI thread, so no key press waits on it.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ppsim.tui.editing import EditRefused, balanced_counts, parse_float, parse_int
+from ppsim.tui.editing import EditRefused, parse_float, parse_int
 
 from ppsim.config import limits
+from ppsim.config.overrides import with_overrides
 from ppsim.config.presets import HARDWARE_PRESETS, MODEL_PRESETS
 from ppsim.config.schema import Config, model_fields
 from ppsim.errors import UserError
 from ppsim.pipeline.problem import Problem, build_problem, resolve_split
-from ppsim.pipeline.split import Split
+from ppsim.pipeline.split import Split, even_counts
 from ppsim.schedules.generators import SCHEDULES, schedule_placement
 from ppsim.sim.engine import Simulation, simulate
 
@@ -73,16 +73,6 @@ def check_limits(num_layers: int, pp: int, vpp: int, microbatches: int, schedule
         raise EditRefused(field, str(exc)) from None
 
 
-def even_counts(num_layers: int, pp: int, vpp: int, mtp: int = 0) -> tuple[int, ...]:
-    """The core's default split (Megatron's even split when the layers divide, else
-    near-even), so the TUI accepts every pp the core accepts and adds no rule."""
-    try:
-        from ppsim.pipeline.split import default_split
-    except ImportError:  # a core without default_split: near-even counts
-        return balanced_counts(num_layers, pp * vpp)
-    return tuple(default_split(num_layers, pp, vpp, mtp)[0].counts)
-
-
 def _mtp(fields: dict[str, Any]) -> int:
     return int(fields.get("mtp_layers", 0)) if fields.get("kind") == "transformer" else 0
 
@@ -122,24 +112,23 @@ def state_from_config(cfg: Config) -> EditState:
 
 
 def config_for(base: Config, state: EditState) -> Config:
-    """A new Config: `base` with the state's choices written in (split as a list)."""
-    model = copy.deepcopy(base.model)
-    if state.model_preset is not None and state.model_preset != base.model.get("preset"):
-        model = {"preset": state.model_preset}
-    if model_fields(model).get("kind", "uniform") == "transformer" and \
-            state.recompute in RECOMPUTE_MODES:
+    """A new Config: `base` with the state's choices written in (split as a list), by
+    the overrides the command line's flags use, so [placement], the cost file and
+    the rest of the file stay as loaded."""
+    preset = state.model_preset if state.model_preset not in (None, base.model.get("preset")) \
+        else None
+    model: dict[str, Any] = {}
+    if state.recompute in RECOMPUTE_MODES and model_fields(
+            {"preset": preset} if preset else base.model).get("kind") == "transformer":
         model["recompute"] = state.recompute  # always: the preset's default may differ
-    pipe = replace(base.pipeline, pp=state.pp, vpp=state.vpp, microbatches=state.microbatches,
-                   schedule=state.schedule, split=list(state.counts), layout=None,
-                   first_stage_layers=None, last_stage_layers=None,
-                   account_for_embedding=False, account_for_loss=False)
-    hw = replace(base.hardware)
-    if state.hardware_preset != base.hardware.preset and state.hardware_preset is not None:
-        for key, value in HARDWARE_PRESETS[state.hardware_preset].items():
-            setattr(hw, key, value)
-        hw.preset = state.hardware_preset
-    hw.memory_bytes = state.memory_bytes
-    return Config(model=model, pipeline=pipe, hardware=hw, costs_file=base.costs_file)
+    hardware = state.hardware_preset \
+        if state.hardware_preset not in (None, base.hardware.preset) else None
+    return with_overrides(base, preset=preset, model=model,
+                          pipeline={"pp": state.pp, "vpp": state.vpp,
+                                    "microbatches": state.microbatches,
+                                    "schedule": state.schedule},
+                          split={"split": list(state.counts)}, hardware=hardware,
+                          memory_bytes=state.memory_bytes)
 
 
 def schedule_vpp(schedule: str, pp: int, vpp: int, microbatches: int) -> int:

@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from ppsim.cli.main import add_config_flags, config_from_args, emit_json
+from ppsim.config.schema import SPLIT_KEYS
 from ppsim.errors import UserError
 
 HELP = "run a split for real with torch.distributed (torchrun) and record a trace"
@@ -82,9 +83,8 @@ def load_problem(args: argparse.Namespace) -> Any:
 
 def versus_args(args: argparse.Namespace) -> argparse.Namespace:
     """The run's flags with --versus as its split."""
-    return argparse.Namespace(**{**vars(args), "split": args.versus, "layout": None,
-                                 "first_stage_layers": None, "last_stage_layers": None,
-                                 "account_for_embedding": None, "account_for_loss": None})
+    return argparse.Namespace(**{**vars(args), **dict.fromkeys(SPLIT_KEYS),
+                                 "split": args.versus})
 
 
 def validate(args: argparse.Namespace) -> Any:

@@ -1,6 +1,7 @@
-"""The TOML config: [model], [pipeline], [hardware]; loading, flags, saving.
+"""The TOML config: [model], [pipeline], [hardware], [placement]; loading and saving.
 
-Every user mistake becomes a `UserError` naming the field and the fix.
+Every user mistake becomes a `UserError` naming the field and the fix. Flags and
+other edits are applied by ppsim.config.overrides; the CLI's flags are in ppsim.cli.main.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ LAYER_FIELDS = ("forward_ms", "backward_ms", "weight_grad_ms", "static_bytes",
                 "activation_bytes", "weight_grad_bytes", "output_bytes", "params",
                 "split_backward_ms")
 ARCH_FIELDS = tuple(f.name for f in fields(Architecture))
+SPLIT_KEYS = ("split", "layout", "first_stage_layers", "last_stage_layers",
+              "account_for_embedding", "account_for_loss")
+"""The [pipeline] options that choose a split: at most one way is used at a time."""
 
 DEFAULT_TOML = """\
 # ppsim's embedded default: the tiny GPT on 2 CPU ranks, 1F1B, uneven split.
@@ -234,22 +238,22 @@ def config_from_dict(data: dict[str, Any]) -> Config:
                             "use [model], [pipeline], [hardware] and [placement]")
     cfg = Config(model=dict(validate.table("model", data.get("model", {}))))
     validate.preset_name("model.preset", cfg.model.get("preset"))
-    check_config(cfg, validate.table("pipeline", data.get("pipeline", {})))
+    model_fields(cfg.model)  # the model's mistakes first, as a user reads the file
+    _fill(cfg.pipeline, validate.table("pipeline", data.get("pipeline", {})), "pipeline")
     cfg.hardware = hardware_config(dict(validate.table("hardware", data.get("hardware", {}))))
     _fill(cfg.placement, validate.table("placement", data.get("placement", {})), "placement")
-    validate.placement(cfg.placement)
     if "costs_file" in data:
         cfg.costs_file = _check_type("costs_file", data["costs_file"], str)
+    check_config(cfg)
     return cfg
 
 
-def check_config(cfg: Config, pipeline: dict[str, Any] | None = None) -> None:
-    """Validate cfg's model and pipeline (after filling `pipeline` in, if given)."""
-    fields_ = model_fields(cfg.model)
-    validate.model(fields_)
-    if pipeline is not None:
-        _fill(cfg.pipeline, pipeline, "pipeline")
+def check_config(cfg: Config) -> None:
+    """Every field of cfg in range: the one check a loaded or overridden config passes."""
+    validate.model(model_fields(cfg.model))
     validate.pipeline(cfg.pipeline)
+    validate.hardware(cfg.hardware)
+    validate.placement(cfg.placement)
 
 
 def hardware_config(table: dict[str, Any]) -> HardwareConfig:
