@@ -42,7 +42,6 @@ from ppsim.executor.runtime import Fault, OpFailed, Replica, Runtime
 
 from ppsim.cli.main import config_from_args
 from ppsim.cli.run import load_problem, versus_args
-from ppsim.config.schema import model_fields
 from ppsim.fileio import write_json_atomic
 from ppsim.pipeline.problem import Problem
 from ppsim.trace import schema as tr
@@ -158,7 +157,7 @@ def _devices(kind: str, local_rank: int, local_world: int, placed: int | None = 
 def run(args: argparse.Namespace) -> dict[str, Any] | None:
     cfg = config_from_args(args)
     problem = load_problem(args)
-    fields = model_fields(cfg.model)
+    fields = cfg.model.fields()
     builder = load_builder(builder_spec(getattr(args, "model", None), fields), fields)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     placed, devs = None, cfg.placement.devices

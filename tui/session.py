@@ -16,9 +16,10 @@ from typing import Any
 from ppsim.tui.editing import EditRefused, parse_float, parse_int
 
 from ppsim.config import limits
+from ppsim.config.model import Model, parse_model
 from ppsim.config.overrides import with_overrides
 from ppsim.config.presets import HARDWARE_PRESETS, MODEL_PRESETS
-from ppsim.config.schema import Config, model_fields
+from ppsim.config.schema import Config
 from ppsim.errors import UserError
 from ppsim.pipeline.problem import Problem, build_problem, resolve_split
 from ppsim.pipeline.split import Split, even_counts
@@ -73,28 +74,16 @@ def check_limits(num_layers: int, pp: int, vpp: int, microbatches: int, schedule
         raise EditRefused(field, str(exc)) from None
 
 
-def _mtp(fields: dict[str, Any]) -> int:
-    return int(fields.get("mtp_layers", 0)) if fields.get("kind") == "transformer" else 0
-
-
-def total_layers(fields: dict[str, Any]) -> int:
-    """Every layer a split places: decoder layers plus MTP layers."""
-    return int(fields["num_layers"]) + _mtp(fields)
-
-
-def _recompute(fields: dict[str, Any]) -> str:
-    if fields.get("kind", "uniform") != "transformer":
-        return NO_RECOMPUTE
-    return str(fields.get("recompute", "none"))
+def _recompute(model: Model) -> str:
+    return NO_RECOMPUTE if model.recompute is None else model.recompute
 
 
 def state_from_config(cfg: Config) -> EditState:
     """The editable view of a config (its split resolved to per-stage counts).
 
     Limits are checked before any per-layer or per-stage list is built."""
-    fields = model_fields(cfg.model)
     p = cfg.pipeline
-    num_layers = total_layers(fields)
+    num_layers = cfg.model.total_layers
     spec = SCHEDULES.get(p.schedule)
     limits.check_shape(num_layers, p.pp, p.vpp, p.microbatches)
     limits.check_ops(p.pp, p.vpp, p.microbatches, bool(spec and spec.split_backward),
@@ -105,21 +94,20 @@ def state_from_config(cfg: Config) -> EditState:
                         "give the memory one rank may use, e.g. --memory-gb 80")
     # no split given: the core's default (Megatron's even split, else near-even)
     split = resolve_split(cfg, None, schedule_placement(p.schedule))
-    return EditState(model_preset=cfg.model.get("preset"), recompute=_recompute(fields),
+    return EditState(model_preset=cfg.model.preset, recompute=_recompute(cfg.model),
                      schedule=p.schedule, pp=p.pp, vpp=p.vpp, microbatches=p.microbatches,
                      counts=tuple(split.counts), memory_bytes=mem,
-                     hardware_preset=cfg.hardware.preset, mtp=_mtp(fields))
+                     hardware_preset=cfg.hardware.preset, mtp=cfg.model.mtp_layers)
 
 
 def config_for(base: Config, state: EditState) -> Config:
     """A new Config: `base` with the state's choices written in (split as a list), by
     the overrides the command line's flags use, so [placement], the cost file and
     the rest of the file stay as loaded."""
-    preset = state.model_preset if state.model_preset not in (None, base.model.get("preset")) \
+    preset = state.model_preset if state.model_preset not in (None, base.model.preset) \
         else None
     model: dict[str, Any] = {}
-    if state.recompute in RECOMPUTE_MODES and model_fields(
-            {"preset": preset} if preset else base.model).get("kind") == "transformer":
+    if state.recompute in RECOMPUTE_MODES:  # set only for a transformer (see _recompute)
         model["recompute"] = state.recompute  # always: the preset's default may differ
     hardware = state.hardware_preset \
         if state.hardware_preset not in (None, base.hardware.preset) else None
@@ -215,16 +203,14 @@ def apply_setting(base: Config, state: EditState, name: str, text: str) -> EditS
 
 def _model(base: Config, s: EditState, text: str) -> EditState:
     """A new model: its layers split evenly, its own recompute default shown and used."""
-    if text in (FROM_CONFIG, base.model.get("preset")):
-        fields = model_fields(base.model)
-        preset = base.model.get("preset")
+    if text in (FROM_CONFIG, base.model.preset):
+        model, preset = base.model, base.model.preset
     elif text in MODEL_PRESETS:
-        fields = model_fields({"preset": text})
-        preset = text
+        model, preset = parse_model({"preset": text}), text
     else:
         raise EditRefused("model", f"unknown preset {text!r}")
-    layers = total_layers(fields)
-    s = replace(s, model_preset=preset, recompute=_recompute(fields), mtp=_mtp(fields))
+    layers = model.total_layers
+    s = replace(s, model_preset=preset, recompute=_recompute(model), mtp=model.mtp_layers)
     check_limits(layers, s.pp, s.vpp, s.microbatches, s.schedule, "model")
     return replace(s, counts=even_counts(layers, s.pp, s.vpp, s.mtp))
 

@@ -9,8 +9,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim.config import validate
+from ppsim.config.model import TransformerModel
 from ppsim.config.overrides import with_overrides
-from ppsim.config.schema import Config, model_fields
+from ppsim.config.schema import Config
 from ppsim.errors import UserError
 from ppsim.pipeline.problem import Problem, build_problem
 from ppsim.plan.planner import Candidate, PlanResult, plan
@@ -32,8 +33,11 @@ class Variant:
 def _runs(schedule: str, pp: int, vpp: int, microbatches: int) -> bool:
     """The schedule takes this shape: ScheduleSpec.check, the rule building the problem
     applies, so plan proposes exactly what simulate accepts."""
+    spec = SCHEDULES.get(schedule)
     try:
-        SCHEDULES[schedule].check(pp, vpp, microbatches)
+        if spec is None:  # the configured variant reports an unknown name
+            return False
+        spec.check(pp, vpp, microbatches)
     except UserError:
         return False
     return True
@@ -46,9 +50,8 @@ def variants(cfg: Config, axes: list[str]) -> list[Variant]:
             raise UserError("--search", f"unknown axis {a!r}", "use any of " + ", ".join(
                 SEARCH_AXES))
     base = with_overrides(cfg, split={})
-    fields = model_fields(base.model)
-    transformer = fields.get("kind") == "transformer"
-    layers = int(fields["num_layers"])
+    transformer = isinstance(base.model, TransformerModel)
+    layers = base.model.num_layers
     p = base.pipeline
     shapes = [(p.schedule, p.vpp)]
     if "schedule" in axes or "vpp" in axes:
@@ -58,7 +61,7 @@ def variants(cfg: Config, axes: list[str]) -> list[Variant]:
     mbs_options: list[tuple[int, int | None]] = [(p.microbatches, None)]
     if "microbatches" in axes and transformer:
         # Keep the global batch: fewer, larger microbatches or more, smaller ones.
-        tokens = p.microbatches * int(fields.get("micro_batch_size", 1))
+        tokens = p.microbatches * base.model.arch.micro_batch_size  # type: ignore[union-attr]
         mbs_options = [(tokens // b, b) for b in (1, 2, 4, 8) if tokens % b == 0]
     recomputes: list[str | None] = [None]
     if "recompute" in axes and transformer:
@@ -73,9 +76,7 @@ def variants(cfg: Config, axes: list[str]) -> list[Variant]:
                                    pipeline={"schedule": name, "vpp": vpp, "microbatches": m})
                 label = f"{name} vpp={vpp} m={m}" + (f" mbs={mbs}" if mbs else "") + \
                     (f" recompute={rc}" if rc else "")
-                same = (model_fields(c.model) == model_fields(base.model)
-                        and c.pipeline == base.pipeline)
-                if not same:
+                if (c.model, c.pipeline) != (base.model, base.pipeline):
                     out.append(Variant(c, label))
     return out
 

@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from ppsim.cli.main import add_config_flags, config_from_args, emit_json
+from ppsim.config.model import TransformerModel
 from ppsim.config.schema import SPLIT_KEYS
 from ppsim.errors import UserError
 
@@ -89,16 +90,14 @@ def versus_args(args: argparse.Namespace) -> argparse.Namespace:
 
 def validate(args: argparse.Namespace) -> Any:
     """Everything checkable before a process starts; a UserError means exit 2."""
-    from ppsim.config.schema import model_fields
-
     cfg = config_from_args(args)
-    fields = model_fields(cfg.model)
-    if fields.get("kind") != "transformer":
+    if not isinstance(cfg.model, TransformerModel):
         raise UserError("model.kind", "ppsim run trains a transformer, not a uniform cost "
                         "model", "use a preset (e.g. --preset tiny-gpt) or kind = \"transformer\"")
-    if int(fields.get("tp", 1)) != 1:
+    fields = cfg.model.fields()
+    if cfg.model.arch.tp != 1:
         raise UserError("model.tp", f"the executor runs pipeline parallelism only, tp = "
-                        f"{fields['tp']}", "set tp = 1 (--tp 1)")
+                        f"{cfg.model.arch.tp}", "set tp = 1 (--tp 1)")
     problem = load_problem(args)
     pp = problem.split.pp
     if not problem.split.standard_ends or problem.split.mtp:
@@ -107,7 +106,7 @@ def validate(args: argparse.Namespace) -> Any:
                         "run a split without empty end stages or 'm' (plan and simulate "
                         "take any)")
     _check_builder(args, fields)
-    dp = args.dp if args.dp is not None else int(fields.get("dp", 1))
+    dp = args.dp if args.dp is not None else cfg.model.arch.dp
     if dp < 1:
         raise UserError("--dp", f"must be at least 1, got {dp}", "e.g. --dp 2")
     if dp > 1 and args.engine == "torch":

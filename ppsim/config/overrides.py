@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from ppsim.config.model import parse_model
 from ppsim.config.schema import (
     SPLIT_KEYS,
     Config,
@@ -49,9 +50,10 @@ def with_overrides(cfg: Config, *, preset: str | None = None,
     sets PIPELINE_KEYS; `split` (SPLIT_KEYS) replaces the split choice, {} meaning the
     default split; `hardware` replaces [hardware] by that preset; `devices` sets
     [placement] devices. Values given as None are not changes."""
-    m = {"preset": preset} if preset else dict(cfg.model)
-    for key, value in _given(model, MODEL_KEYS, "model").items():
-        m[key] = value
+    m = parse_model({"preset": preset}) if preset else cfg.model
+    changes = _given(model, MODEL_KEYS, "model")
+    if changes:
+        m = m.with_fields(changes)  # parsed again: checked as a file's table is
     pipe = replace(cfg.pipeline, **_given(pipeline, PIPELINE_KEYS, "pipeline"))
     if split is not None:
         pipe = with_split(pipe, **split)

@@ -20,9 +20,7 @@ torch = pytest.importorskip("torch")
 
 from ppsim.executor.profile import profile  # noqa: E402
 
-from ppsim.config.schema import model_fields  # noqa: E402
-
-TINY = model_fields(load_config(None).model)
+TINY = load_config(None).model.fields()
 
 
 @pytest.fixture(scope="module")

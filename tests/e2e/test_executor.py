@@ -29,7 +29,6 @@ from ppsim.executor.reference import reference_step  # noqa: E402
 
 from ppsim.cli.main import config_from_args, main  # noqa: E402
 from ppsim.cli.run import add_run_arguments, load_problem  # noqa: E402
-from ppsim.config.schema import model_fields  # noqa: E402
 from ppsim.trace.schema import read_trace  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,7 +122,7 @@ def _problem(argv: list[str]):
 
 def _builder(argv: list[str]):
     args = _args(argv)
-    fields = model_fields(config_from_args(args).model)
+    fields = config_from_args(args).model.fields()
     return load_builder(builder_spec(args.model, fields), fields)
 
 
@@ -233,7 +232,7 @@ def measured_bytes(tmp_path_factory) -> str:
     from ppsim.config.schema import load_config
     from ppsim.costs.costfile import write_costs
 
-    doc = profile(model_fields(load_config(None).model), "cpu", repeats=1, warmup=0,
+    doc = profile(load_config(None).model.fields(), "cpu", repeats=1, warmup=0,
                   p2p=False, devices=[0])
     path = str(tmp_path_factory.mktemp("bytes") / "costs.json")
     write_costs(path, doc)

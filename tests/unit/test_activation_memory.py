@@ -12,8 +12,8 @@ import torch
 from ppsim.executor.model import Block, Embedding, GPTShape, Head, stage_loss
 
 from ppsim.cli.main import main
+from ppsim.config.model import model_fields
 from ppsim.config.presets import MODEL_PRESETS
-from ppsim.config.schema import model_fields
 from ppsim.costs.transformer import Accelerator, Architecture, transformer_costs
 from ppsim.costs.transformer import layer_activation_bytes as act_bytes
 

@@ -55,8 +55,8 @@ def test_overrides_keep_what_they_do_not_change_and_are_checked() -> None:
     cfg.costs_file = "costs.json"
     out = with_overrides(cfg, pipeline={"microbatches": 4}, model={"recompute": "full"})
     assert out.placement == cfg.placement and out.costs_file == "costs.json"
-    assert out.pipeline.split == "even" and out.model["recompute"] == "full"
-    assert cfg.pipeline.microbatches == 8 and "recompute" not in cfg.model  # a copy
+    assert out.pipeline.split == "even" and out.model.recompute == "full"
+    assert cfg.pipeline.microbatches == 8 and cfg.model.recompute == "none"  # a copy
     with pytest.raises(UserError, match="hardware.memory_bytes"):
         with_overrides(cfg, memory_bytes=-1.0)
     with pytest.raises(UserError, match="pipeline.split"):
