@@ -115,7 +115,7 @@ def fits(fields: dict, memory: float) -> bool:
 
 
 def timing(hw: dict, repeats: int) -> list[dict]:
-    from ppsim.executor.profile import profile
+    from ppsim.executor.measure import profile
 
     acc = accelerator(hardware_config(hw))
     memory = torch.cuda.get_device_properties(0).total_memory

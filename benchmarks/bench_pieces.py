@@ -52,11 +52,11 @@ def piece_op(prof: Profiler, kind: str) -> Timed:
     piece = next(p for p in prof.pieces if p.kind == kind)
 
     def run() -> tuple[float, float]:
-        x = prof._input(piece)
+        x = prof.input_for(piece)
         t0 = time.perf_counter()
-        y = prof._forward(piece, x, 0)
+        y = prof.forward(piece, x, 0)
         t1 = time.perf_counter()
-        prof._backward(piece, y)
+        prof.backward(piece, y)
         return (t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3
 
     return run

@@ -35,7 +35,6 @@ import torch.distributed as dist
 
 from ppsim.cli.main import config_from_args
 from ppsim.cli.run import load_problem, versus_args
-from ppsim.config.schema import model_fields
 from ppsim.executor import summary as summ
 from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.builders import ModelBuilder, builder_spec, load_builder
@@ -158,7 +157,7 @@ def _devices(kind: str, local_rank: int, local_world: int, placed: int | None = 
 def run(args: argparse.Namespace) -> dict[str, Any] | None:
     cfg = config_from_args(args)
     problem = load_problem(args)
-    fields = model_fields(cfg.model)
+    fields = cfg.model.fields()
     builder = load_builder(builder_spec(getattr(args, "model", None), fields), fields)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     placed, devs = None, cfg.placement.devices

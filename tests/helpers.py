@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from hypothesis import strategies as st
@@ -66,3 +70,12 @@ def random_problems(draw):
                            static=draw(st.integers(0, 10**8)), hw=hw, head=part,
                            emb={"forward_ms": draw(floats)},
                            memory=draw(st.floats(1e3, 1e9)))
+
+
+def simulate_json(path: Path | str) -> dict[str, Any]:
+    """`ppsim simulate --json --config path` run as its own process: an independent
+    reference for what another front end (the TUI) shows for the same file."""
+    out = subprocess.run([sys.executable, "-m", "ppsim.cli", "simulate", "--json",
+                          "--config", str(path)], capture_output=True, text=True, timeout=120,
+                         check=True)
+    return json.loads(out.stdout)

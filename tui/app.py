@@ -135,7 +135,7 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         yield Headline("simulating…", id="headline")
         with Horizontal(id="main"):
             with Vertical(id="left"):
-                yield Settings(self.state, self.base.model.get("preset") is None,
+                yield Settings(self.state, self.base.model.preset is None,
                                self.base.hardware.preset is None, id="settings")
                 yield SplitEditor(id="split-editor")
             with Vertical(id="right"):

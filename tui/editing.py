@@ -97,17 +97,6 @@ def set_count(counts: Sequence[int], stage: int, value: int) -> Counts:
     return tuple(c)
 
 
-def balanced_counts(num_layers: int, stages: int) -> Counts:
-    """Near-even counts (the remainder goes to the middle stages, which hold no
-    embedding or head)."""
-    base, rest = divmod(num_layers, stages)
-    counts = [base] * stages
-    order = sorted(range(stages), key=lambda i: (i in (0, stages - 1), abs(i - stages / 2)))
-    for i in order[:rest]:
-        counts[i] += 1
-    return tuple(counts)
-
-
 # ------------------------------------------------------------------ fields
 
 

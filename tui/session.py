@@ -8,21 +8,22 @@ off the UI thread, so no key press waits on it.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim.config import limits
+from ppsim.config.model import Model, parse_model
+from ppsim.config.overrides import with_overrides
 from ppsim.config.presets import HARDWARE_PRESETS, MODEL_PRESETS
-from ppsim.config.schema import Config, model_fields
+from ppsim.config.schema import Config
 from ppsim.errors import UserError
 from ppsim.pipeline.problem import Problem, build_problem, resolve_split
-from ppsim.pipeline.split import Split
+from ppsim.pipeline.split import Split, even_counts
 from ppsim.schedules.generators import SCHEDULES, schedule_placement
 from ppsim.sim.engine import Simulation, simulate
-from ppsim.tui.editing import EditRefused, balanced_counts, parse_float, parse_int
+from ppsim.tui.editing import EditRefused, parse_float, parse_int
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 SETTINGS = ("schedule", "pp", "vpp", "microbatches", "recompute", "memory_gb", "model",
@@ -72,38 +73,16 @@ def check_limits(num_layers: int, pp: int, vpp: int, microbatches: int, schedule
         raise EditRefused(field, str(exc)) from None
 
 
-def even_counts(num_layers: int, pp: int, vpp: int, mtp: int = 0) -> tuple[int, ...]:
-    """The core's default split (Megatron's even split when the layers divide, else
-    near-even), so the TUI accepts every pp the core accepts and adds no rule."""
-    try:
-        from ppsim.pipeline.split import default_split
-    except ImportError:  # a core without default_split: near-even counts
-        return balanced_counts(num_layers, pp * vpp)
-    return tuple(default_split(num_layers, pp, vpp, mtp)[0].counts)
-
-
-def _mtp(fields: dict[str, Any]) -> int:
-    return int(fields.get("mtp_layers", 0)) if fields.get("kind") == "transformer" else 0
-
-
-def total_layers(fields: dict[str, Any]) -> int:
-    """Every layer a split places: decoder layers plus MTP layers."""
-    return int(fields["num_layers"]) + _mtp(fields)
-
-
-def _recompute(fields: dict[str, Any]) -> str:
-    if fields.get("kind", "uniform") != "transformer":
-        return NO_RECOMPUTE
-    return str(fields.get("recompute", "none"))
+def _recompute(model: Model) -> str:
+    return NO_RECOMPUTE if model.recompute is None else model.recompute
 
 
 def state_from_config(cfg: Config) -> EditState:
     """The editable view of a config (its split resolved to per-stage counts).
 
     Limits are checked before any per-layer or per-stage list is built."""
-    fields = model_fields(cfg.model)
     p = cfg.pipeline
-    num_layers = total_layers(fields)
+    num_layers = cfg.model.total_layers
     spec = SCHEDULES.get(p.schedule)
     limits.check_shape(num_layers, p.pp, p.vpp, p.microbatches)
     limits.check_ops(p.pp, p.vpp, p.microbatches, bool(spec and spec.split_backward),
@@ -114,31 +93,29 @@ def state_from_config(cfg: Config) -> EditState:
                         "give the memory one rank may use, e.g. --memory-gb 80")
     # no split given: the core's default (Megatron's even split, else near-even)
     split = resolve_split(cfg, None, schedule_placement(p.schedule))
-    return EditState(model_preset=cfg.model.get("preset"), recompute=_recompute(fields),
+    return EditState(model_preset=cfg.model.preset, recompute=_recompute(cfg.model),
                      schedule=p.schedule, pp=p.pp, vpp=p.vpp, microbatches=p.microbatches,
                      counts=tuple(split.counts), memory_bytes=mem,
-                     hardware_preset=cfg.hardware.preset, mtp=_mtp(fields))
+                     hardware_preset=cfg.hardware.preset, mtp=cfg.model.mtp_layers)
 
 
 def config_for(base: Config, state: EditState) -> Config:
-    """A new Config: `base` with the state's choices written in (split as a list)."""
-    model = copy.deepcopy(base.model)
-    if state.model_preset is not None and state.model_preset != base.model.get("preset"):
-        model = {"preset": state.model_preset}
-    if model_fields(model).get("kind", "uniform") == "transformer" and \
-            state.recompute in RECOMPUTE_MODES:
+    """A new Config: `base` with the state's choices written in (split as a list), by
+    the overrides the command line's flags use, so [placement], the cost file and
+    the rest of the file stay as loaded."""
+    preset = state.model_preset if state.model_preset not in (None, base.model.preset) \
+        else None
+    model: dict[str, Any] = {}
+    if state.recompute in RECOMPUTE_MODES:  # set only for a transformer (see _recompute)
         model["recompute"] = state.recompute  # always: the preset's default may differ
-    pipe = replace(base.pipeline, pp=state.pp, vpp=state.vpp, microbatches=state.microbatches,
-                   schedule=state.schedule, split=list(state.counts), layout=None,
-                   first_stage_layers=None, last_stage_layers=None,
-                   account_for_embedding=False, account_for_loss=False)
-    hw = replace(base.hardware)
-    if state.hardware_preset != base.hardware.preset and state.hardware_preset is not None:
-        for key, value in HARDWARE_PRESETS[state.hardware_preset].items():
-            setattr(hw, key, value)
-        hw.preset = state.hardware_preset
-    hw.memory_bytes = state.memory_bytes
-    return Config(model=model, pipeline=pipe, hardware=hw, costs_file=base.costs_file)
+    hardware = state.hardware_preset \
+        if state.hardware_preset not in (None, base.hardware.preset) else None
+    return with_overrides(base, preset=preset, model=model,
+                          pipeline={"pp": state.pp, "vpp": state.vpp,
+                                    "microbatches": state.microbatches,
+                                    "schedule": state.schedule},
+                          split={"split": list(state.counts)}, hardware=hardware,
+                          memory_bytes=state.memory_bytes)
 
 
 def schedule_vpp(schedule: str, pp: int, vpp: int, microbatches: int) -> int:
@@ -225,16 +202,14 @@ def apply_setting(base: Config, state: EditState, name: str, text: str) -> EditS
 
 def _model(base: Config, s: EditState, text: str) -> EditState:
     """A new model: its layers split evenly, its own recompute default shown and used."""
-    if text in (FROM_CONFIG, base.model.get("preset")):
-        fields = model_fields(base.model)
-        preset = base.model.get("preset")
+    if text in (FROM_CONFIG, base.model.preset):
+        model, preset = base.model, base.model.preset
     elif text in MODEL_PRESETS:
-        fields = model_fields({"preset": text})
-        preset = text
+        model, preset = parse_model({"preset": text}), text
     else:
         raise EditRefused("model", f"unknown preset {text!r}")
-    layers = total_layers(fields)
-    s = replace(s, model_preset=preset, recompute=_recompute(fields), mtp=_mtp(fields))
+    layers = model.total_layers
+    s = replace(s, model_preset=preset, recompute=_recompute(model), mtp=model.mtp_layers)
     check_limits(layers, s.pp, s.vpp, s.microbatches, s.schedule, "model")
     return replace(s, counts=even_counts(layers, s.pp, s.vpp, s.mtp))
 

@@ -26,7 +26,7 @@ _ARCH = {f.name for f in fields(Architecture)}
 
 @dataclass(frozen=True)
 class GPTShape:
-    """The architecture fields the executor needs (from `ppsim.config.model_fields`)."""
+    """The architecture fields the executor needs (from `ppsim.config.model.model_fields`)."""
 
     num_layers: int
     hidden_size: int

@@ -43,7 +43,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from ppsim.config.schema import config_to_toml
     from ppsim.fileio import write_text_atomic
     from ppsim.pipeline.problem import build_problem
-    from ppsim.plan.planner import even_counts, plan
+    from ppsim.pipeline.split import even_counts
+    from ppsim.plan.planner import plan
     from ppsim.sim.engine import simulate
     from ppsim.trace.diff import diff_traces
     from ppsim.trace.schema import read_trace, simulation_trace, write_trace
@@ -69,7 +70,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if res.best is None:
         raise UserError("demo plan", "no split fits memory", "raise memory_bytes or add stages")
     best = res.best
-    even = even_counts(problem.split.num_layers, problem.split.num_stages)
+    sp = problem.split
+    even = even_counts(sp.num_layers, sp.pp, sp.vpp, sp.mtp)
     console.print(f"planned split {list(best.split.counts)} "
                   f"({'optimal' if res.proven_optimal else 'best found'}, "
                   f"{res.evaluated} of {res.total_splits} splits timed); even split {list(even)}")

@@ -8,12 +8,15 @@ import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any, NoReturn
 
 from ppsim.config import validate
-from ppsim.config.schema import Config, check_config, hardware_config, load_config
+from ppsim.config.overrides import MODEL_KEYS, PIPELINE_KEYS, with_overrides
+from ppsim.config.schema import SPLIT_KEYS, Config, load_config
 from ppsim.errors import UserError
+
+RESHAPING = ("pp", "vpp", "num_layers", "preset")
+"""Flags that change how many layers or stages there are (a saved split no longer fits)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -64,58 +67,33 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True) -> No
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    """Load --config (or the default) and apply the flags on top."""
+    """Load --config (or the default) and apply the flags on top (ppsim.config.overrides)."""
     cfg = load_config(args.config)
-    model = dict(cfg.model)
-    if getattr(args, "preset", None):
-        model = {"preset": args.preset}
-    for flag, key in (("num_layers", "num_layers"), ("recompute", "recompute"), ("tp", "tp")):
-        if getattr(args, flag, None) is not None:
-            model[key] = getattr(args, flag)
-    pipe = replace(cfg.pipeline)
-    for key in ("pp", "vpp", "microbatches", "schedule", "actions_csv"):
-        if getattr(args, key, None) is not None:
-            setattr(pipe, key, getattr(args, key))
-    chosen = {k: getattr(args, k, None) for k in ("split", "layout", "first_stage_layers",
-                                                   "last_stage_layers", "account_for_embedding",
-                                                   "account_for_loss")}
-    reshaped = any(getattr(args, k, None) is not None
-                   for k in ("preset", "num_layers", "pp", "vpp"))
-    if args.config is None and reshaped and all(v is None for v in chosen.values()):
-        # The embedded default's split fits only the embedded default.
-        pipe.split = None
+    flag = lambda key: getattr(args, key, None)  # noqa: E731 - a command may lack a flag
+    chosen = {k: flag(k) for k in SPLIT_KEYS}
+    split: dict[str, Any] | None = None
     if any(v is not None for v in chosen.values()):
         # A split given on the command line replaces whatever the file chose.
-        pipe.split = pipe.layout = pipe.first_stage_layers = pipe.last_stage_layers = None
-        pipe.account_for_embedding = pipe.account_for_loss = False
         if chosen["split"] is not None:
-            pipe.split = _ints(chosen["split"], "--split")
-        if chosen["layout"] is not None:
-            pipe.layout = chosen["layout"]
-        pipe.first_stage_layers = chosen["first_stage_layers"]
-        pipe.last_stage_layers = chosen["last_stage_layers"]
-        pipe.account_for_embedding = bool(chosen["account_for_embedding"])
-        pipe.account_for_loss = bool(chosen["account_for_loss"])
-    hw = replace(cfg.hardware)
-    if getattr(args, "hardware", None):
-        hw = hardware_config({"preset": args.hardware})
-    if getattr(args, "memory_gb", None) is not None:
-        hw.memory_bytes = validate.number(
-            "--memory-gb (hardware.memory_bytes)", args.memory_gb, lo=0.0, lo_open=True,
+            chosen["split"] = _ints(chosen["split"], "--split")
+        split = chosen
+    elif args.config is None and any(flag(k) is not None for k in RESHAPING):
+        split = {}  # the embedded default's split fits only the embedded default
+    memory = flag("memory_gb")
+    if memory is not None:
+        memory = validate.number(
+            "--memory-gb (hardware.memory_bytes)", memory, lo=0.0, lo_open=True,
             hi=validate.MAX_BYTES / 1e9, fix="give the memory one rank may use, e.g. 80") * 1e9
-    validate.hardware(hw)
-    costs = getattr(args, "costs", None) or cfg.costs_file
-    placement = replace(cfg.placement)
-    if getattr(args, "devices", None) is not None:
+    devices = None
+    if flag("devices") is not None:
         devices = _ints(args.devices, "--devices")
         if isinstance(devices, str):
             raise UserError("--devices", "needs one device index per rank", "e.g. 0,0")
-        placement.devices = devices
-    out = Config(model=model, pipeline=pipe, hardware=hw, costs_file=costs,
-                 placement=placement)
-    check_config(out)
-    validate.placement(out.placement)
-    return out
+    return with_overrides(cfg, preset=flag("preset"),
+                          model={k: flag(k) for k in MODEL_KEYS},
+                          pipeline={k: flag(k) for k in PIPELINE_KEYS}, split=split,
+                          hardware=flag("hardware"), memory_bytes=memory,
+                          costs_file=flag("costs"), devices=devices)
 
 
 def emit_json(obj: Any) -> None:

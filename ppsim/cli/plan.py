@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import copy
 import math
 import sys
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim.config import validate
-from ppsim.config.schema import Config, model_fields
+from ppsim.config.model import TransformerModel
+from ppsim.config.overrides import with_overrides
+from ppsim.config.schema import Config
 from ppsim.errors import UserError
 from ppsim.pipeline.problem import Problem, build_problem
 from ppsim.plan.planner import Candidate, PlanResult, plan
@@ -29,13 +30,17 @@ class Variant:
     label: str
 
 
-def _fits_shape(schedule: str, vpp: int) -> bool:
-    """Chunks per rank each schedule runs: interleaved needs 2+, V schedules exactly 2."""
-    if schedule.startswith("interleaved-"):  # interleaved-zb at vpp 1 is zb-h1
-        return vpp > 1
-    if SCHEDULES[schedule].placement == "v":
-        return vpp == 2
-    return vpp == 1
+def _runs(schedule: str, pp: int, vpp: int, microbatches: int) -> bool:
+    """The schedule takes this shape: ScheduleSpec.check, the rule building the problem
+    applies, so plan proposes exactly what simulate accepts."""
+    spec = SCHEDULES.get(schedule)
+    try:
+        if spec is None:  # the configured variant reports an unknown name
+            return False
+        spec.check(pp, vpp, microbatches)
+    except UserError:
+        return False
+    return True
 
 
 def variants(cfg: Config, axes: list[str]) -> list[Variant]:
@@ -44,22 +49,19 @@ def variants(cfg: Config, axes: list[str]) -> list[Variant]:
         if a not in SEARCH_AXES:
             raise UserError("--search", f"unknown axis {a!r}", "use any of " + ", ".join(
                 SEARCH_AXES))
-    base = replace(cfg, pipeline=replace(cfg.pipeline, split=None, layout=None,
-                                         first_stage_layers=None, last_stage_layers=None,
-                                         account_for_embedding=False, account_for_loss=False))
-    fields = model_fields(base.model)
-    transformer = fields.get("kind") == "transformer"
-    layers = int(fields["num_layers"])
+    base = with_overrides(cfg, split={})
+    transformer = isinstance(base.model, TransformerModel)
+    layers = base.model.num_layers
     p = base.pipeline
     shapes = [(p.schedule, p.vpp)]
     if "schedule" in axes or "vpp" in axes:
         vpps = [v for v in (1, 2, 3, 4) if layers >= p.pp * v] if "vpp" in axes else [p.vpp]
         names = list(SCHEDULES) if "schedule" in axes else [p.schedule]
-        shapes = [(n, v) for n in names for v in vpps if _fits_shape(n, v)]
+        shapes = [(n, v) for n in names for v in vpps]
     mbs_options: list[tuple[int, int | None]] = [(p.microbatches, None)]
     if "microbatches" in axes and transformer:
         # Keep the global batch: fewer, larger microbatches or more, smaller ones.
-        tokens = p.microbatches * int(fields.get("micro_batch_size", 1))
+        tokens = p.microbatches * base.model.arch.micro_batch_size  # type: ignore[union-attr]
         mbs_options = [(tokens // b, b) for b in (1, 2, 4, 8) if tokens % b == 0]
     recomputes: list[str | None] = [None]
     if "recompute" in axes and transformer:
@@ -67,19 +69,14 @@ def variants(cfg: Config, axes: list[str]) -> list[Variant]:
     out = [Variant(base, "as configured")]
     for name, vpp in shapes:
         for m, mbs in mbs_options:
+            if not _runs(name, p.pp, vpp, m):
+                continue
             for rc in recomputes:
-                model = copy.deepcopy(base.model)
-                if mbs is not None:
-                    model["micro_batch_size"] = mbs
-                if rc is not None:
-                    model["recompute"] = rc
-                c = replace(base, model=model, pipeline=replace(p, schedule=name, vpp=vpp,
-                                                                microbatches=m))
+                c = with_overrides(base, model={"micro_batch_size": mbs, "recompute": rc},
+                                   pipeline={"schedule": name, "vpp": vpp, "microbatches": m})
                 label = f"{name} vpp={vpp} m={m}" + (f" mbs={mbs}" if mbs else "") + \
                     (f" recompute={rc}" if rc else "")
-                same = (model_fields(c.model) == model_fields(base.model)
-                        and c.pipeline == base.pipeline)
-                if not same:
+                if (c.model, c.pipeline) != (base.model, base.pipeline):
                     out.append(Variant(c, label))
     return out
 

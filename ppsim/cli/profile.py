@@ -14,7 +14,8 @@ from typing import Any
 
 from ppsim.cli.main import add_config_flags, config_from_args, emit_json
 from ppsim.config import validate
-from ppsim.config.schema import Config, model_fields
+from ppsim.config.model import TransformerModel
+from ppsim.config.schema import Config
 from ppsim.costs.costfile import cost_document, write_costs
 from ppsim.errors import UserError
 from ppsim.trace.calibrate import ESTIMATORS, calibrate
@@ -61,15 +62,14 @@ def _calibrate_args(p: argparse.ArgumentParser) -> None:
 
 
 def _transformer_fields(cfg: Config, command: str) -> dict[str, Any]:
-    fields = model_fields(cfg.model)
-    if fields.get("kind") != "transformer":
+    if not isinstance(cfg.model, TransformerModel):
         raise UserError("model.kind", f"ppsim {command} measures a transformer, not a uniform "
                         "cost model", "use a preset (e.g. --preset tiny-gpt) or kind = "
                         "\"transformer\"")
-    if int(fields.get("tp", 1)) != 1:
+    if cfg.model.arch.tp != 1:
         raise UserError("model.tp", f"the executor runs pipeline parallelism only, tp = "
-                        f"{fields['tp']}", "set tp = 1 (--tp 1)")
-    return fields
+                        f"{cfg.model.arch.tp}", "set tp = 1 (--tp 1)")
+    return cfg.model.fields()
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -175,7 +175,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     trace = read_trace(args.trace)
     cal = calibrate(trace, cfg, args.estimator)
-    fields = model_fields(cfg.model)
     err_before = (cal.before_ms - cal.measured_ms) / cal.measured_ms
     err_after = (cal.after_ms - cal.measured_ms) / cal.measured_ms
     summary = {
@@ -190,7 +189,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     }
     doc = cost_document(
         cal.costs, source="calibrate",
-        model=fields if fields.get("kind") == "transformer" else None,
+        model=cfg.model.fields() if isinstance(cfg.model, TransformerModel) else None,
         p2p={"latency_ms": cal.hardware.p2p_latency_ms,
              "bandwidth_gbps": cal.hardware.p2p_bandwidth_gbps,
              "from": "trace" if cal.p2p_delay_ms is not None else "base"},

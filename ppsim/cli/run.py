@@ -13,6 +13,8 @@ import sys
 from typing import Any
 
 from ppsim.cli.main import add_config_flags, config_from_args, emit_json
+from ppsim.config.model import TransformerModel
+from ppsim.config.schema import SPLIT_KEYS
 from ppsim.errors import UserError
 
 HELP = "run a split for real with torch.distributed (torchrun) and record a trace"
@@ -82,23 +84,20 @@ def load_problem(args: argparse.Namespace) -> Any:
 
 def versus_args(args: argparse.Namespace) -> argparse.Namespace:
     """The run's flags with --versus as its split."""
-    return argparse.Namespace(**{**vars(args), "split": args.versus, "layout": None,
-                                 "first_stage_layers": None, "last_stage_layers": None,
-                                 "account_for_embedding": None, "account_for_loss": None})
+    return argparse.Namespace(**{**vars(args), **dict.fromkeys(SPLIT_KEYS),
+                                 "split": args.versus})
 
 
 def validate(args: argparse.Namespace) -> Any:
     """Everything checkable before a process starts; a UserError means exit 2."""
-    from ppsim.config.schema import model_fields
-
     cfg = config_from_args(args)
-    fields = model_fields(cfg.model)
-    if fields.get("kind") != "transformer":
+    if not isinstance(cfg.model, TransformerModel):
         raise UserError("model.kind", "ppsim run trains a transformer, not a uniform cost "
                         "model", "use a preset (e.g. --preset tiny-gpt) or kind = \"transformer\"")
-    if int(fields.get("tp", 1)) != 1:
+    fields = cfg.model.fields()
+    if cfg.model.arch.tp != 1:
         raise UserError("model.tp", f"the executor runs pipeline parallelism only, tp = "
-                        f"{fields['tp']}", "set tp = 1 (--tp 1)")
+                        f"{cfg.model.arch.tp}", "set tp = 1 (--tp 1)")
     problem = load_problem(args)
     pp = problem.split.pp
     if not problem.split.standard_ends or problem.split.mtp:
@@ -107,7 +106,7 @@ def validate(args: argparse.Namespace) -> Any:
                         "run a split without empty end stages or 'm' (plan and simulate "
                         "take any)")
     _check_builder(args, fields)
-    dp = args.dp if args.dp is not None else int(fields.get("dp", 1))
+    dp = args.dp if args.dp is not None else cfg.model.arch.dp
     if dp < 1:
         raise UserError("--dp", f"must be at least 1, got {dp}", "e.g. --dp 2")
     if dp > 1 and args.engine == "torch":

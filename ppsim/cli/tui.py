@@ -11,9 +11,9 @@ import argparse
 import sys
 from collections.abc import Callable
 
-RESHAPING = ("pp", "vpp", "num_layers", "preset")
-SPLIT_FLAGS = ("split", "layout", "first_stage_layers", "last_stage_layers",
-               "account_for_embedding", "account_for_loss")
+from ppsim.cli.main import RESHAPING
+from ppsim.config.overrides import with_split
+from ppsim.config.schema import SPLIT_KEYS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,14 +29,12 @@ def resplit_note(args: argparse.Namespace, cfg: object) -> str:
     split is dropped (the TUI starts from the even split) and the note says so."""
     p = cfg.pipeline  # type: ignore[attr-defined]
     given = [f"--{k.replace('_', '-')}" for k in RESHAPING if getattr(args, k, None) is not None]
-    own = any(getattr(args, k, None) not in (None, False) for k in SPLIT_FLAGS)
-    saved = p.split or p.layout or p.first_stage_layers or p.last_stage_layers \
-        or p.account_for_embedding or p.account_for_loss
+    own = any(getattr(args, k, None) not in (None, False) for k in SPLIT_KEYS)
+    saved = with_split(p) != p
     if not given or own or not saved or not getattr(args, "config", None):
         return ""
     what = p.split if p.split else (p.layout or "Megatron counts")
-    p.split = p.layout = p.first_stage_layers = p.last_stage_layers = None
-    p.account_for_embedding = p.account_for_loss = False
+    cfg.pipeline = with_split(p)  # type: ignore[attr-defined]
     return (f"{' '.join(given)} re-split the layers evenly; the saved split {what} "
             f"of {args.config} is not used")
 

@@ -93,12 +93,11 @@ def check_ops(pp: int, vpp: int, microbatches: int, split_backward: bool,
 def request_shape(cfg: Any) -> tuple[Any, Any, Any, Any, bool | None]:
     """(num_layers, pp, vpp, microbatches, split_backward) of a Config, read from its
     fields alone; split_backward is None for an unknown schedule (reported later)."""
-    from ppsim.config.schema import model_fields
     from ppsim.schedules.generators import SCHEDULES
 
     p = cfg.pipeline
     spec = SCHEDULES.get(p.schedule) if isinstance(p.schedule, str) else None
-    layers = model_fields(cfg.model).get("num_layers")
+    layers = cfg.model.num_layers
     return layers, p.pp, p.vpp, p.microbatches, (spec.split_backward if spec else None)
 
 

@@ -1,33 +1,25 @@
-"""The TOML config: [model], [pipeline], [hardware]; loading, flags, saving.
+"""The TOML config: [model], [pipeline], [hardware], [placement]; loading and saving.
 
-Every user mistake becomes a `UserError` naming the field and the fix.
+Every user mistake becomes a `UserError` naming the field and the fix. Flags and
+other edits are applied by ppsim.config.overrides; the CLI's flags are in ppsim.cli.main.
 """
 
 from __future__ import annotations
 
-import difflib
 import os
 import tomllib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ppsim.config import validate
-from ppsim.config.presets import HARDWARE_PRESETS, MODEL_PRESETS
-from ppsim.costs.transformer import (
-    ATTENTION,
-    DTYPE_BYTES,
-    NORMS,
-    POSITIONS,
-    RECOMPUTE,
-    Architecture,
-)
+from ppsim.config.model import Model, UniformModel, parse_model
+from ppsim.config.presets import HARDWARE_PRESETS
 from ppsim.errors import UserError
 from ppsim.pipeline.placement import PlacementConfig
 
-LAYER_FIELDS = ("forward_ms", "backward_ms", "weight_grad_ms", "static_bytes",
-                "activation_bytes", "weight_grad_bytes", "output_bytes", "params",
-                "split_backward_ms")
-ARCH_FIELDS = tuple(f.name for f in fields(Architecture))
+SPLIT_KEYS = ("split", "layout", "first_stage_layers", "last_stage_layers",
+              "account_for_embedding", "account_for_loss")
+"""The [pipeline] options that choose a split: at most one way is used at a time."""
 
 DEFAULT_TOML = """\
 # ppsim's embedded default: the tiny GPT on 2 CPU ranks, 1F1B, uneven split.
@@ -96,8 +88,8 @@ class HardwareConfig:
 
 @dataclass(kw_only=True)
 class Config:
-    model: dict[str, Any] = field(default_factory=dict)
-    """The [model] table as written (preset, kind, fields, embedding/head tables)."""
+    model: Model = field(default_factory=lambda: UniformModel(num_layers=1))
+    """The [model] section, typed by kind (ppsim.config.model)."""
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     costs_file: str | None = None
@@ -107,102 +99,17 @@ class Config:
 
     @property
     def num_layers(self) -> int:
-        return int(model_fields(self.model)["num_layers"])
+        return self.model.num_layers
 
 
 # ------------------------------------------------------------------ loading
-
-
-def _suggest(name: str, choices: list[str] | tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(name, choices, n=1)
-    return f"did you mean {close[0]!r}?" if close else "valid keys: " + ", ".join(choices)
-
-
-def _check_type(where: str, value: Any, kind: type) -> Any:
-    ok = (kind is float and isinstance(value, (int, float)) and not isinstance(value, bool)) \
-        or (kind is int and isinstance(value, int) and not isinstance(value, bool)) \
-        or (kind is not float and kind is not int and isinstance(value, kind))
-    if not ok:
-        raise UserError(where, f"expected {kind.__name__}, got {value!r}"[:200],
-                        f"write a {kind.__name__}")
-    if kind is float:
-        # Ranges are checked per field (validate.hardware); here only finiteness,
-        # so no NaN or infinity gets past loading.
-        return validate.number(where, value, lo=-float("inf"), hi=float("inf"),
-                               fix="write a finite number")
-    return value
-
-
-def model_fields(model: dict[str, Any]) -> dict[str, Any]:
-    """Merge a [model] table onto its preset; the dict that builds the costs."""
-    raw = dict(model)
-    preset = raw.pop("preset", None)
-    if preset is not None:
-        if preset not in MODEL_PRESETS:
-            raise UserError("model.preset", f"unknown preset {preset!r}",
-                            "choose one of " + ", ".join(MODEL_PRESETS))
-        merged: dict[str, Any] = {"kind": "transformer", **MODEL_PRESETS[preset]}
-        merged.update(raw)
-        raw = merged
-    kind = raw.get("kind", "uniform")
-    if kind not in ("uniform", "transformer"):
-        raise UserError("model.kind", f"unknown kind {kind!r}",
-                        "use \"uniform\", \"transformer\", or preset = NAME")
-    allowed = ("kind", "num_layers") + (LAYER_FIELDS + ("embedding", "head")
-                                        if kind == "uniform" else ARCH_FIELDS + ("builder",))
-    for key in raw:
-        if key not in allowed:
-            raise UserError(f"model.{key}", f"unknown key for a {kind} model",
-                            _suggest(key, allowed))
-    if "num_layers" not in raw:
-        raise UserError("model.num_layers", "missing", "set num_layers = N")
-    n = _check_type("model.num_layers", raw["num_layers"], int)
-    if n < 1:
-        raise UserError("model.num_layers", f"must be at least 1, got {n}", "set num_layers >= 1")
-    if kind == "transformer":
-        builder = raw.get("builder", "module:function")
-        if not isinstance(builder, str) or not builder.rpartition(":")[0]:
-            raise UserError("model.builder", f"{builder!r} is not \"module:function\"",
-                            "write e.g. builder = \"ppsim.executor.builders.llama:build\"")
-        _check_transformer(raw)
-    return raw
-
-
-_CHOICES = {"recompute": RECOMPUTE, "dtype": tuple(DTYPE_BYTES), "attention": ATTENTION,
-            "norm": NORMS, "position": POSITIONS}
-_POSITIVE = ("tp", "dp", "ep", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
-             "vocab_size", "seq_length", "micro_batch_size")
-_COUNTS = ("mtp_layers", "head_dim", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
-           "v_head_dim", "num_experts", "top_k", "moe_ffn_hidden_size", "shared_experts")
-
-
-def _check_transformer(raw: dict[str, Any]) -> None:
-    """Types and ranges of a transformer's fields (shapes are checked with the costs)."""
-    for key, choices in _CHOICES.items():
-        if key in raw and raw[key] not in choices:
-            raise UserError(f"model.{key}", f"unknown value {raw[key]!r}",
-                            "use " + " | ".join(choices))
-    for key, low in [(k, 1) for k in _POSITIVE] + [(k, 0) for k in _COUNTS]:
-        if key in raw and _check_type(f"model.{key}", raw[key], int) < low:
-            raise UserError(f"model.{key}", f"must be at least {low}, got {raw[key]}",
-                            "use a whole number >= " + str(low))
-    for key in ("gated_mlp", "distributed_optimizer", "dropout"):
-        if key in raw:
-            _check_type(f"model.{key}", raw[key], bool)
-    if "layers" in raw:
-        _check_type("model.layers", raw["layers"], str)
-    missing = [k for k in ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
-                           "vocab_size", "seq_length") if k not in raw]
-    if missing:
-        raise UserError(f"model.{missing[0]}", "missing for a transformer model",
-                        f"set {missing[0]} = N, or use preset = NAME")
 
 
 def _fill(obj: Any, table: dict[str, Any], section: str) -> None:
     types = {f.name: f.type for f in fields(obj)}
     for key, value in table.items():
         if key not in types:
-            raise UserError(f"{section}.{key}", "unknown key", _suggest(key, list(types)))
+            raise UserError(f"{section}.{key}", "unknown key", validate.suggest(key, list(types)))
         t = types[key]
         where = f"{section}.{key}"
         if value is None:
@@ -218,13 +125,13 @@ def _fill(obj: Any, table: dict[str, Any], section: str) -> None:
                                 "write e.g. split = [6, 2]")
             setattr(obj, key, value)  # element checks: validate.pipeline and ppsim.split
         elif t.startswith("int"):
-            setattr(obj, key, _check_type(where, value, int))
+            setattr(obj, key, validate.typed(where, value, int))
         elif t.startswith("float"):
-            setattr(obj, key, _check_type(where, value, float))
+            setattr(obj, key, validate.typed(where, value, float))
         elif t.startswith("bool"):
-            setattr(obj, key, _check_type(where, value, bool))
+            setattr(obj, key, validate.typed(where, value, bool))
         else:
-            setattr(obj, key, _check_type(where, value, str))
+            setattr(obj, key, validate.typed(where, value, str))
 
 
 def config_from_dict(data: dict[str, Any]) -> Config:
@@ -232,24 +139,22 @@ def config_from_dict(data: dict[str, Any]) -> Config:
         if key not in ("model", "pipeline", "hardware", "placement", "costs_file"):
             raise UserError(key, "unknown section",
                             "use [model], [pipeline], [hardware] and [placement]")
-    cfg = Config(model=dict(validate.table("model", data.get("model", {}))))
-    validate.preset_name("model.preset", cfg.model.get("preset"))
-    check_config(cfg, validate.table("pipeline", data.get("pipeline", {})))
+    cfg = Config(model=parse_model(validate.table("model", data.get("model", {}))))
+    _fill(cfg.pipeline, validate.table("pipeline", data.get("pipeline", {})), "pipeline")
     cfg.hardware = hardware_config(dict(validate.table("hardware", data.get("hardware", {}))))
     _fill(cfg.placement, validate.table("placement", data.get("placement", {})), "placement")
-    validate.placement(cfg.placement)
     if "costs_file" in data:
-        cfg.costs_file = _check_type("costs_file", data["costs_file"], str)
+        cfg.costs_file = validate.typed("costs_file", data["costs_file"], str)
+    check_config(cfg)
     return cfg
 
 
-def check_config(cfg: Config, pipeline: dict[str, Any] | None = None) -> None:
-    """Validate cfg's model and pipeline (after filling `pipeline` in, if given)."""
-    fields_ = model_fields(cfg.model)
-    validate.model(fields_)
-    if pipeline is not None:
-        _fill(cfg.pipeline, pipeline, "pipeline")
+def check_config(cfg: Config) -> None:
+    """Every field of cfg in range: the one check a loaded or overridden config passes
+    (its model was checked when it was parsed)."""
     validate.pipeline(cfg.pipeline)
+    validate.hardware(cfg.hardware)
+    validate.placement(cfg.placement)
 
 
 def hardware_config(table: dict[str, Any]) -> HardwareConfig:
@@ -313,7 +218,7 @@ def config_to_toml(cfg: Config) -> str:
     """Serialise a config so load_config reads it back to an equal Config."""
     lines = ["[model]"]
     tables = []
-    for k, v in cfg.model.items():
+    for k, v in cfg.model.to_dict().items():
         if isinstance(v, dict):
             tables.append((f"model.{k}", v))
         else:

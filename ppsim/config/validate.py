@@ -8,6 +8,7 @@ work is done with it. Pure: no I/O beyond `os.stat`, no torch.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import stat
@@ -16,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ppsim.config import limits
+from ppsim.costs.arch import ATTENTION, DTYPE_BYTES, NORMS, POSITIONS, RECOMPUTE
 from ppsim.errors import UserError
 
 MAX_MS = 1e9
@@ -97,6 +99,12 @@ def seconds(where: str, value: Any) -> float:
 
 
 # ------------------------------------------------------------------ config sections
+
+
+def suggest(name: str, choices: list[str] | tuple[str, ...]) -> str:
+    """The fix for an unknown key: the closest valid one, or the list."""
+    close = difflib.get_close_matches(name, choices, n=1)
+    return f"did you mean {close[0]!r}?" if close else "valid keys: " + ", ".join(choices)
 
 
 def table(where: str, value: Any) -> dict[str, Any]:
@@ -190,38 +198,65 @@ def pipeline(p: Any) -> None:
                   fix="write layer counts, e.g. split = [6, 2]")
 
 
-LAYER_KEYS = ("forward_ms", "backward_ms", "weight_grad_ms", "static_bytes",
-              "activation_bytes", "weight_grad_bytes", "output_bytes")
-
-
 def layer_table(where: str, raw: dict[str, Any]) -> None:
     """Numbers of a uniform layer (or embedding/head table): finite, >= 0, in range."""
-    for key in LAYER_KEYS:
-        if key in raw:
-            if key.endswith("bytes"):
-                byte_count(f"{where}.{key}", raw[key])
-            else:
-                duration_ms(f"{where}.{key}", raw[key])
+    for key, value in raw.items():
+        if key.endswith("bytes") or key == "params":
+            byte_count(f"{where}.{key}", value)
+        else:
+            duration_ms(f"{where}.{key}", value)
+
+
+def typed(where: str, value: Any, kind: type) -> Any:
+    """value if it is a `kind` (an int counts as a float, a bool as neither); floats
+    finite (their ranges are checked per field)."""
+    ok = (kind is float and _is_number(value)) \
+        or (kind is int and isinstance(value, int) and not isinstance(value, bool)) \
+        or (kind is not float and kind is not int and isinstance(value, kind))
+    if not ok:
+        raise UserError(where, f"expected {kind.__name__}, got {value!r}"[:200],
+                        f"write a {kind.__name__}")
+    if kind is float:
+        return number(where, value, lo=-math.inf, hi=math.inf, fix="write a finite number")
+    return value
 
 
 _ARCH_MAX = 10**7
 """Any architecture dimension or count: far above real models, and small enough that
 FLOPs stay exact floats (a 200-digit hidden_size would overflow float conversion)."""
+_CHOICES = {"recompute": RECOMPUTE, "dtype": tuple(DTYPE_BYTES), "attention": ATTENTION,
+            "norm": NORMS, "position": POSITIONS}
+_POSITIVE = ("tp", "dp", "ep", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
+             "vocab_size", "seq_length", "micro_batch_size")
+_COUNTS = ("mtp_layers", "head_dim", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
+           "v_head_dim", "num_experts", "top_k", "moe_ffn_hidden_size", "shared_experts")
+_REQUIRED = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size",
+             "seq_length")
 
 
-def model(raw: dict[str, Any]) -> None:
-    """Ranges of the merged [model] fields (types and lower bounds: config.model_fields):
-    every uniform number finite and bounded, every transformer integer bounded."""
-    kind = raw.get("kind", "uniform")
-    if kind == "uniform":
-        layer_table("model", raw)
-        for sub in ("embedding", "head"):
-            if sub in raw:
-                layer_table(f"model.{sub}", table(f"model.{sub}", raw[sub]))
-    elif kind == "transformer":
-        for key, value in raw.items():
-            if key != "num_layers" and isinstance(value, int) and not isinstance(value, bool):
-                count(f"model.{key}", value, lo=0, hi=_ARCH_MAX, fix="use a smaller number")
+def transformer(raw: dict[str, Any]) -> None:
+    """Types and ranges of a transformer's merged fields (shapes are checked with the
+    costs): choices known, counts whole and bounded, the required widths present."""
+    for key, choices in _CHOICES.items():
+        if key in raw and raw[key] not in choices:
+            raise UserError(f"model.{key}", f"unknown value {raw[key]!r}",
+                            "use " + " | ".join(choices))
+    for key, low in [(k, 1) for k in _POSITIVE] + [(k, 0) for k in _COUNTS]:
+        if key in raw and typed(f"model.{key}", raw[key], int) < low:
+            raise UserError(f"model.{key}", f"must be at least {low}, got {raw[key]}",
+                            "use a whole number >= " + str(low))
+    for key in ("gated_mlp", "distributed_optimizer", "dropout"):
+        if key in raw:
+            typed(f"model.{key}", raw[key], bool)
+    if "layers" in raw:
+        typed("model.layers", raw["layers"], str)
+    missing = [k for k in _REQUIRED if k not in raw]
+    if missing:
+        raise UserError(f"model.{missing[0]}", "missing for a transformer model",
+                        f"set {missing[0]} = N, or use preset = NAME")
+    for key, value in raw.items():
+        if key != "num_layers" and isinstance(value, int) and not isinstance(value, bool):
+            count(f"model.{key}", value, lo=0, hi=_ARCH_MAX, fix="use a smaller number")
 
 
 # ------------------------------------------------------------------ files

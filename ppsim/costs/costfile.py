@@ -33,13 +33,12 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ppsim.config import limits, validate
-from ppsim.costs.model import LayerCost, ModelCosts
+from ppsim.costs.model import LAYER_FIELDS, LayerCost, ModelCosts
 from ppsim.errors import UserError
 from ppsim.fileio import write_json_atomic
 
 FORMAT = "ppsim-costs"
 VERSION = 1
-LAYER_KEYS = tuple(f.name for f in fields(LayerCost))
 
 # Architecture fields that change a layer's time or bytes. num_layers is left
 # out: one layer's measurement applies to a model of any depth.
@@ -147,13 +146,13 @@ def _number(path: str, where: str, value: Any, integer: bool) -> float | int:
 
 def _layer(path: str, where: str, table: Any) -> LayerCost:
     if not isinstance(table, dict):
-        raise UserError(f"{path}: {where}", f"expected an object of {', '.join(LAYER_KEYS)}, "
+        raise UserError(f"{path}: {where}", f"expected an object of {', '.join(LAYER_FIELDS)}, "
                         f"got {type(table).__name__}", "re-run ppsim profile")
     kw: dict[str, Any] = {}
     for key, value in table.items():
-        if key not in LAYER_KEYS:
+        if key not in LAYER_FIELDS:
             raise UserError(f"{path}: {where}.{key}", "unknown key",
-                            "valid keys: " + ", ".join(LAYER_KEYS))
+                            "valid keys: " + ", ".join(LAYER_FIELDS))
         kw[key] = _number(path, f"{where}.{key}", value, key.endswith("bytes") or key == "params")
     lc = LayerCost(**kw)
     if lc.split_backward_ms and lc.weight_grad_ms > lc.split_backward_ms * (1 + 1e-9):
@@ -270,9 +269,9 @@ def read_cost_file(path: str) -> CostFile:
 
 
 def check_model(cf: CostFile, model_fields: dict[str, Any]) -> None:
-    """Refuse a file measured for another layer shape (its numbers would silently mislead)."""
-    if cf.model is None or model_fields.get("kind") != "transformer" \
-            or cf.model.get("kind", "transformer") != "transformer":
+    """Refuse a file measured for another layer shape (its numbers would silently mislead);
+    `model_fields`: a transformer's fields (ppsim.config.model.TransformerModel.fields)."""
+    if cf.model is None or cf.model.get("kind", "transformer") != "transformer":
         return
     from ppsim.costs.transformer import Architecture
 
@@ -288,7 +287,8 @@ def check_model(cf: CostFile, model_fields: dict[str, Any]) -> None:
 
 def load_costs(path: str, num_layers: int | None = None,
                model_fields: dict[str, Any] | None = None) -> ModelCosts:
-    """The ModelCosts of a cost file, sized to num_layers and checked against the model."""
+    """The ModelCosts of a cost file, sized to num_layers and checked against the model
+    (a transformer's fields; None: nothing to check, as for a uniform model)."""
     cf = read_cost_file(path)
     if model_fields is not None:
         check_model(cf, model_fields)

@@ -8,7 +8,7 @@ Korthikanti et al. 2022 activation formulas). Measured cost files
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from ppsim.errors import UserError
 from ppsim.pipeline.split import Split
@@ -47,6 +47,10 @@ class LayerCost:
     def input_grad_ms(self, split: bool) -> float:
         """B's duration: the whole backward, or without W when the schedule splits it."""
         return input_grad_ms(self, split)
+
+
+LAYER_FIELDS = tuple(f.name for f in fields(LayerCost))
+"""The keys of a layer's costs: a uniform [model] table, its embedding/head, a cost file."""
 
 
 @dataclass(frozen=True, kw_only=True)

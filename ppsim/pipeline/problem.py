@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 from ppsim.config import validate
 from ppsim.config.limits import SIMULATE, check_ops, check_shape
-from ppsim.config.schema import ARCH_FIELDS, LAYER_FIELDS, Config, model_fields
-from ppsim.costs.model import LayerCost, ModelCosts, StageCost, stage_costs, uniform_costs
-from ppsim.costs.transformer import Architecture, accelerator, transformer_costs
+from ppsim.config.model import TransformerModel, UniformModel
+from ppsim.config.schema import Config
+from ppsim.costs.model import ModelCosts, StageCost, stage_costs, uniform_costs
+from ppsim.costs.transformer import accelerator, transformer_costs
 from ppsim.errors import UserError
 from ppsim.pipeline import split as splits
 from ppsim.pipeline.layout import parse_layout
@@ -59,38 +59,21 @@ class Problem:
         return replace(self, split=split)
 
 
-def _layer(table: dict[str, Any], where: str) -> LayerCost:
-    kw: dict[str, Any] = {}
-    for key, value in table.items():
-        if key not in LAYER_FIELDS:
-            raise UserError(f"{where}.{key}", "unknown key", "valid keys: " + ", ".join(
-                LAYER_FIELDS))
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise UserError(f"{where}.{key}", f"must be a number >= 0, got {value!r}",
-                            "write a non-negative number")
-        kw[key] = int(value) if key.endswith("bytes") or key == "params" else float(value)
-    return LayerCost(**kw)
-
-
 def model_costs(cfg: Config) -> ModelCosts:
     """Costs of the configured model: measured cost file, uniform, or transformer."""
-    raw = model_fields(cfg.model)
-    check_shape(raw.get("num_layers"), cfg.pipeline.pp, cfg.pipeline.vpp,
-                cfg.pipeline.microbatches)
+    m = cfg.model
+    check_shape(m.num_layers, cfg.pipeline.pp, cfg.pipeline.vpp, cfg.pipeline.microbatches)
     if cfg.costs_file:
         from ppsim.costs.costfile import load_costs
 
-        return load_costs(cfg.costs_file, int(raw["num_layers"]), raw)
-    if raw.get("kind", "uniform") == "uniform":
-        layer = {k: v for k, v in raw.items() if k in LAYER_FIELDS}
-        lc = _layer(layer, "model")
-        if lc.weight_grad_ms > lc.backward_ms:
+        return load_costs(cfg.costs_file, m.num_layers,
+                          m.fields() if isinstance(m, TransformerModel) else None)
+    if isinstance(m, UniformModel):
+        if m.layer.weight_grad_ms > m.layer.backward_ms:
             raise UserError("model.weight_grad_ms", "exceeds backward_ms",
                             "weight_grad_ms is the part of backward_ms spent on weights")
-        emb = _layer(raw["embedding"], "model.embedding") if "embedding" in raw else None
-        head = _layer(raw["head"], "model.head") if "head" in raw else None
-        return uniform_costs(raw["num_layers"], lc, emb, head)
-    arch = Architecture(**{k: v for k, v in raw.items() if k in ARCH_FIELDS})
+        return uniform_costs(m.num_layers, m.layer, m.embedding, m.head)
+    arch = m.arch
     if arch.attention != "mla" and (arch.hidden_size % arch.num_heads
                                     or arch.num_heads % arch.num_kv_heads):
         raise UserError("model.num_heads", "hidden_size must divide by num_heads and num_heads "
@@ -101,8 +84,7 @@ def model_costs(cfg: Config) -> ModelCosts:
 
 def mtp_layers(cfg: Config) -> int:
     """MTP layers of the configured model (they follow the decoder layers)."""
-    raw = model_fields(cfg.model)
-    return int(raw.get("mtp_layers", 0)) if raw.get("kind") == "transformer" else 0
+    return cfg.model.mtp_layers
 
 
 def resolve_split(cfg: Config, num_layers: int | None = None,
@@ -239,8 +221,7 @@ def hardware(cfg: Config) -> Hardware:
         lat, bw = load_p2p(cfg.costs_file)
         latency = latency if lat is None else lat
         bandwidth = bandwidth if bw is None else bw
-    fields = model_fields(cfg.model)
-    dp = int(fields.get("dp", 1)) if fields.get("kind") == "transformer" else 1
+    dp = cfg.model.arch.dp if isinstance(cfg.model, TransformerModel) else 1
     membw, fixed, boundary = cfg.hardware.memory_bandwidth_gbps, 0.0, 0.0
     if cfg.costs_file:
         from ppsim.costs.costfile import load_conditions, read_cost_file

@@ -188,11 +188,12 @@ def even_split(num_layers: int, pp: int, vpp: int = 1) -> Split:
 
 
 def near_even_counts(layers: int, stages: int) -> tuple[int, ...]:
-    """As even as possible; the remainder goes to the middle stages first.
+    """The one near-even split: as even as possible, the remainder to the middle stages.
 
     The first stage carries the embedding and the last the head and loss, so when
     the layers do not divide, those two are the ones left one layer short (as
-    Llama 3 405B's 7, 8 x 14, 7 on 16 stages).
+    Llama 3 405B's 7, 8 x 14, 7 on 16 stages, and as the README promises). When the
+    layers divide it is Megatron's even split.
     """
     q, rem = divmod(layers, stages)
     order = list(range(1, stages - 1)) + [0, stages - 1] if stages > 2 else list(range(stages))
@@ -202,7 +203,8 @@ def near_even_counts(layers: int, stages: int) -> tuple[int, ...]:
 
 def default_split(num_layers: int, pp: int, vpp: int = 1, mtp: int = 0,
                   placement: Placement = "loop") -> tuple[Split, str]:
-    """The split used when none is given, and how it was chosen.
+    """The split used when none is given, and how it was chosen: "the even split"
+    wherever ppsim says even (`ppsim split`, the planner's baseline, the TUI).
 
     Megatron's even split when the decoder layers divide (MTP layers on the last
     stage, as Megatron builds them); otherwise the near-even split over all layers.
@@ -218,6 +220,11 @@ def default_split(num_layers: int, pp: int, vpp: int = 1, mtp: int = 0,
     counts = list(even.counts)
     counts[-1] += mtp
     return Split(tuple(counts), pp, vpp, placement, mtp), "Megatron's even split"
+
+
+def even_counts(num_layers: int, pp: int, vpp: int = 1, mtp: int = 0) -> tuple[int, ...]:
+    """The counts of `default_split`: what every baseline and "even" button uses."""
+    return default_split(num_layers, pp, vpp, mtp)[0].counts
 
 
 def megatron_split(

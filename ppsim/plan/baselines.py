@@ -1,5 +1,6 @@
-"""Reference splits and memory floors beside the search: Megatron's even split,
-DeepSpeed's parameter-balanced split, and the lowest peak any split reaches.
+"""Reference splits and memory floors beside the search: DeepSpeed's
+parameter-balanced split and the lowest peak any split reaches (the even
+baseline is ppsim.pipeline.split.even_counts).
 
 Each is a min-max over splits computed without recursion and stopped by a
 deadline, so a huge model never holds a plan past its budget.
@@ -13,12 +14,6 @@ from collections.abc import Callable
 from ppsim.costs.model import StageCost
 from ppsim.plan.bounds import INF, MinMaxTable
 from ppsim.plan.search import Deadline, SplitSearch
-
-
-def even_counts(layers: int, stages: int) -> tuple[int, ...]:
-    """Megatron's even split; with a remainder, the first stages take one more."""
-    q, rem = divmod(layers, stages)
-    return tuple(q + (1 if i < rem else 0) for i in range(stages))
 
 
 def deepspeed_counts(search: SplitSearch, deadline: Deadline | None = None

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 from ppsim.costs.model import StageCost
 from ppsim.pipeline.problem import Problem
-from ppsim.pipeline.split import Split, split_from_counts
-from ppsim.plan.baselines import deepspeed_counts, even_counts, smallest_peak
+from ppsim.pipeline.split import Split, even_counts, split_from_counts
+from ppsim.plan.baselines import deepspeed_counts, smallest_peak
 from ppsim.plan.bounds import OneChunkBound, PathBounds, WaterFill, prefix_time
 from ppsim.plan.search import Deadline, SplitSearch
 from ppsim.sim.summary import Summary
@@ -277,6 +277,11 @@ class BranchAndBound:
             stack.append(_Frame(costs, counts, pos, kids))
 
 
+def _even(search: SplitSearch) -> tuple[int, ...]:
+    """The baseline: the even split `ppsim split` and the TUI show for this shape."""
+    return even_counts(search.L, search.pp, search.vpp, search.problem.split.mtp)
+
+
 def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] | None = None,
          time_budget_s: float = 60.0, seeds: Sequence[tuple[int, ...]] = (),
          started: float | None = None) -> PlanResult:
@@ -298,7 +303,7 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
     step = lambda: search.eval_s  # noqa: E731 - what one more evaluation costs
     # Starts give the threshold a good start: the even split, the caller's seeds (each
     # timed, whatever the budget: the answer is never slower) and the bound's own pick.
-    starts = [even_counts(search.L, search.S), *seeds]
+    starts = [_even(search), *seeds]
     for counts in starts:
         bb.key_of(tuple(counts))
     bb.solve_bound(Deadline(at(0.25)))
@@ -331,7 +336,7 @@ def _result(bb: BranchAndBound, finished: bool, t0: float, deadline: Deadline) -
         lower = bb.open_bound if not finished else INF
     if bb.progress is not None:
         bb.progress(search.evaluated, search.evaluated)
-    baseline = _candidate(search, even_counts(search.L, search.S))
+    baseline = _candidate(search, _even(search))
     ds = None
     if search.vpp == 1 and deadline.affords(search.eval_s):
         counts = deepspeed_counts(search, deadline)

@@ -20,14 +20,14 @@ SCRIPT = textwrap.dedent("""
     import resource, sys, torch
     from ppsim.executor.alloc import keep_freed_memory
     kept = keep_freed_memory() if sys.argv[1] == "kept" else False
-    from ppsim.config.schema import load_config, model_fields
+    from ppsim.config.schema import load_config
     from ppsim.executor.profile import Profiler
     torch.set_num_threads(1)
-    prof = Profiler(model_fields(load_config(None).model), torch.device("cpu"), 8)
+    prof = Profiler(load_config(None).model.fields(), torch.device("cpu"), 8)
     def rounds(n):
         for _ in range(n):
             for p in prof.pieces:
-                prof._backward(p, prof._forward(p, prof._input(p), 0))
+                prof.backward(p, prof.forward(p, prof.input_for(p), 0))
     rounds(5)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     rounds(20)

@@ -18,10 +18,9 @@ from ppsim.sim.engine import simulate
 
 torch = pytest.importorskip("torch")
 
-from ppsim.config.schema import model_fields  # noqa: E402
-from ppsim.executor.profile import profile  # noqa: E402
+from ppsim.executor.measure import profile  # noqa: E402
 
-TINY = model_fields(load_config(None).model)
+TINY = load_config(None).model.fields()
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,6 @@ torch = pytest.importorskip("torch")
 
 from ppsim.cli.main import config_from_args, main  # noqa: E402
 from ppsim.cli.run import add_run_arguments, load_problem  # noqa: E402
-from ppsim.config.schema import model_fields  # noqa: E402
 from ppsim.executor.builders import builder_spec, load_builder  # noqa: E402
 from ppsim.executor.reference import reference_step  # noqa: E402
 from ppsim.trace.schema import read_trace  # noqa: E402
@@ -122,7 +121,7 @@ def _problem(argv: list[str]):
 
 def _builder(argv: list[str]):
     args = _args(argv)
-    fields = model_fields(config_from_args(args).model)
+    fields = config_from_args(args).model.fields()
     return load_builder(builder_spec(args.model, fields), fields)
 
 
@@ -229,9 +228,9 @@ def measured_bytes(tmp_path_factory) -> str:
     """The default model's byte counts as `ppsim profile` measures them (one process)."""
     from ppsim.config.schema import load_config
     from ppsim.costs.costfile import write_costs
-    from ppsim.executor.profile import profile
+    from ppsim.executor.measure import profile
 
-    doc = profile(model_fields(load_config(None).model), "cpu", repeats=1, warmup=0,
+    doc = profile(load_config(None).model.fields(), "cpu", repeats=1, warmup=0,
                   p2p=False, devices=[0])
     path = str(tmp_path_factory.mktemp("bytes") / "costs.json")
     write_costs(path, doc)

@@ -21,12 +21,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ppsim.config.schema import load_config, model_fields  # noqa: E402
+from ppsim.config.schema import load_config  # noqa: E402
 from ppsim.executor.builders.gpt import GPTShape  # noqa: E402
 from ppsim.executor.reference import reference_step  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-SHAPE = GPTShape.from_fields(model_fields(load_config(None).model))
+SHAPE = GPTShape.from_fields(load_config(None).model.fields())
 V = ["--pp", "2", "--vpp", "2", "--split", "2,3,2,1"]
 CASES = {
     "interleaved-m3": ["--schedule", "interleaved-1f1b", "--pp", "2", "--vpp", "2",

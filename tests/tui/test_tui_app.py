@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ppsim.cli.main import main as ppsim_main
+from ppsim.config.model import parse_model
 from ppsim.config.schema import load_config
 from ppsim.pipeline.problem import build_problem
 from ppsim.sim.engine import simulate
@@ -329,7 +330,7 @@ async def test_timeline_cursor_zoom_and_scroll() -> None:
 
 async def test_big_timeline_renders_only_visible_lines() -> None:
     cfg = load_config(None)
-    cfg.model = {"preset": "llama3-70b"}
+    cfg.model = parse_model({"preset": "llama3-70b"})
     cfg.pipeline.pp, cfg.pipeline.microbatches, cfg.pipeline.split = 16, 256, None
     app = PPSimApp(cfg)
     async with app.run_test(size=SIZE) as pilot:
@@ -403,7 +404,7 @@ async def test_a_model_preset_too_big_for_memory_shows_over_limit() -> None:
 
 async def test_many_stages_keep_the_selected_row_in_view() -> None:
     cfg = load_config(None)
-    cfg.model = {"preset": "gpt3-175b"}
+    cfg.model = parse_model({"preset": "gpt3-175b"})
     cfg.pipeline.pp, cfg.pipeline.vpp, cfg.pipeline.schedule = 16, 2, "interleaved-1f1b"
     cfg.pipeline.microbatches, cfg.pipeline.split = 32, None
     app = PPSimApp(cfg)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from ppsim.cli.main import main as ppsim_main
+from ppsim.config.model import parse_model
 from ppsim.config.schema import load_config
 from ppsim.pipeline.problem import build_problem
 from ppsim.sim.engine import simulate
@@ -156,7 +157,7 @@ async def test_only_one_simulation_at_a_time_and_the_newest_state_wins(
 
 def reference(model: dict, recompute: str, pp: int = 8) -> float:
     cfg = load_config(None)
-    cfg.model = {**model, "recompute": recompute}
+    cfg.model = parse_model({**model, "recompute": recompute})
     cfg.hardware.memory_bytes = 80e9
     cfg.pipeline.pp, cfg.pipeline.split = pp, None
     return simulate(build_problem(cfg)).summary.iteration_time_ms
@@ -180,7 +181,7 @@ async def test_recompute_shown_is_recompute_simulated() -> None:
         app.query_one("#set-recompute").value = "none"
         await settle(pilot)
         assert app.state.recompute == "none"
-        assert app.result.config.model["recompute"] == "none"
+        assert app.result.config.model.recompute == "none"
         none_ms = app.result.sim.summary.iteration_time_ms
         assert none_ms == pytest.approx(reference({"preset": "llama3-70b"}, "none"))
         assert none_ms != ms
@@ -191,7 +192,7 @@ def test_a_uniform_model_offers_no_recompute_choice() -> None:
     from ppsim.tui.settings import select_options
 
     cfg = load_config(None)
-    cfg.model = {"num_layers": 4, "forward_ms": 1.0, "backward_ms": 2.0}
+    cfg.model = parse_model({"num_layers": 4, "forward_ms": 1.0, "backward_ms": 2.0})
     cfg.pipeline.split = None
     assert state_from_config(cfg).recompute == NO_RECOMPUTE
     assert select_options(True, False, False)["recompute"] == (NO_RECOMPUTE,)
@@ -495,7 +496,7 @@ async def test_the_real_planner_runs_in_a_child_that_escape_stops(
 
     monkeypatch.setattr(ppsim.tui.planning, "start_child", spy)
     cfg = load_config(None)
-    cfg.model = {"preset": "llama3-70b"}
+    cfg.model = parse_model({"preset": "llama3-70b"})
     cfg.hardware.memory_bytes = 80e9
     cfg.pipeline.pp, cfg.pipeline.microbatches, cfg.pipeline.split = 16, 256, None
     app = PPSimApp(cfg)

@@ -10,6 +10,7 @@ import pytest
 from textual import events
 
 from ppsim.cli.main import main as ppsim_main
+from ppsim.config.model import parse_model
 from ppsim.config.schema import load_config
 from ppsim.pipeline.problem import build_problem
 from ppsim.sim.engine import simulate
@@ -39,7 +40,7 @@ def summary(counts: tuple[int, ...], **pipeline) -> object:
 
 def test_memory_text_names_the_worst_rank_and_the_excess() -> None:
     cfg = load_config(None)
-    cfg.model = {"preset": "llama3-70b"}
+    cfg.model = parse_model({"preset": "llama3-70b"})
     cfg.pipeline.split = None
     s = simulate(build_problem(cfg)).summary
     over = over_limit(s, 16e9)
@@ -255,7 +256,7 @@ async def test_80_columns_keep_the_timeline_wide_and_the_global_keys() -> None:
 
 async def test_pp_16_has_a_memory_row_per_rank_that_scrolls_into_view() -> None:
     cfg = load_config(None)
-    cfg.model = {"preset": "llama3-70b"}
+    cfg.model = parse_model({"preset": "llama3-70b"})
     cfg.hardware.memory_bytes = 80e9
     cfg.pipeline.pp, cfg.pipeline.microbatches, cfg.pipeline.split = 16, 32, None
     app = PPSimApp(cfg)

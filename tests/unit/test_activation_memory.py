@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from ppsim.cli.main import main
+from ppsim.config.model import model_fields
 from ppsim.config.presets import MODEL_PRESETS
-from ppsim.config.schema import model_fields
 from ppsim.costs.transformer import Accelerator, Architecture, transformer_costs
 from ppsim.costs.transformer import layer_activation_bytes as act_bytes
 from ppsim.executor.builders.common import Head, stage_loss

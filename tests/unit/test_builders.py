@@ -11,13 +11,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ppsim.config.schema import load_config, model_fields  # noqa: E402
+from ppsim.config.schema import load_config  # noqa: E402
 from ppsim.costs.transformer import layer_activation_bytes  # noqa: E402
 from ppsim.executor.builders import DEFAULT_BUILDER, load_builder  # noqa: E402
 from ppsim.executor.builders.llama import RMSNorm, _RMSNormFn, architecture  # noqa: E402
 from ppsim.executor.builders.stage import Stage, saved_bytes  # noqa: E402
 
-FIELDS = model_fields(load_config(None).model)
+FIELDS = load_config(None).model.fields()
 LLAMA = {**FIELDS, "gated_mlp": True, "norm": "rmsnorm", "position": "rotary",
          "num_kv_heads": 2, "ffn_hidden_size": 176, "layers": "dense, moe*7",
          "num_experts": 4, "top_k": 2, "moe_ffn_hidden_size": 48, "shared_experts": 1}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ppsim.cli.main import main
-from ppsim.config.schema import load_config, model_fields
+from ppsim.config.schema import load_config
 from ppsim.costs.costfile import cost_document, load_costs, read_cost_file, write_costs
 from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.pipeline.problem import Hardware, build_problem, model_costs
@@ -21,7 +21,7 @@ from ppsim.trace.schema import read_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = load_config(None)
-FIELDS = model_fields(DEFAULT.model)
+FIELDS = DEFAULT.model.fields()
 
 
 def _write(path: Path, costs: ModelCosts, p2p: dict | None = None, **kw) -> str:

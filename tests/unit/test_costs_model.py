@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppsim.cli.main import main
+from ppsim.config.model import ARCH_FIELDS, model_fields
 from ppsim.config.presets import HARDWARE_PRESETS
-from ppsim.config.schema import ARCH_FIELDS, hardware_config, model_fields
+from ppsim.config.schema import hardware_config
 from ppsim.costs.costfile import cost_document, write_costs
 from ppsim.costs.layerops import attention_ops, head_ops, layer_ops
 from ppsim.costs.ops import FLASH_BACKWARD, Op, Roofline, matmul_efficiency, op_times, piece_times

@@ -17,7 +17,8 @@ from torch import nn  # noqa: E402
 
 from ppsim.cli.main import main  # noqa: E402
 from ppsim.cli.run import add_run_arguments, load_problem  # noqa: E402
-from ppsim.config.schema import load_config, model_fields  # noqa: E402
+from ppsim.config.model import model_fields  # noqa: E402
+from ppsim.config.schema import load_config  # noqa: E402
 from ppsim.costs.transformer import Architecture, layer_activation_bytes  # noqa: E402
 from ppsim.errors import UserError  # noqa: E402
 from ppsim.executor import launch  # noqa: E402
@@ -34,7 +35,7 @@ from ppsim.executor.recorder import merge_parts  # noqa: E402
 from ppsim.executor.runtime import Fault, outgoing  # noqa: E402
 from ppsim.schedules.generators import build_schedule  # noqa: E402
 
-FIELDS = model_fields(load_config(None).model)
+FIELDS = load_config(None).model.fields()
 SHAPE = GPTShape.from_fields(FIELDS)
 MOE_FIELDS = {**FIELDS, "layers": "dense, moe*2, dense*2, moe, dense*2", "num_kv_heads": 2,
               "num_experts": 4, "top_k": 2, "shared_experts": 1, "moe_ffn_hidden_size": 48}
@@ -132,8 +133,8 @@ def test_full_recompute_keeps_exactly_the_layer_input() -> None:
     ptrs = {p.untyped_storage().data_ptr() for p in layer.parameters()}
     with saved_bytes(ptrs) as seen:
         layer(x)
-    arch = Architecture(**{k: v for k, v in FIELDS.items() if k not in ("kind", "builder")},
-                        recompute="full")
+    arch = Architecture(**{**{k: v for k, v in FIELDS.items() if k not in ("kind", "builder")},
+                           "recompute": "full"})
     assert sum(seen.values()) == layer_activation_bytes(arch, "dense") == x.numel() * 4
 
 

@@ -1,0 +1,79 @@
+"""The one way a loaded Config is changed: command-line flags, the TUI's edits,
+`ppsim plan --search` variants and `ppsim run --versus` all call `with_overrides`,
+so every front end keeps what it does not change ([placement], the cost file, the
+rest of [model]) and is checked the way a loaded file is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ppsim.config.model import parse_model
+from ppsim.config.schema import (
+    SPLIT_KEYS,
+    Config,
+    PipelineConfig,
+    check_config,
+    hardware_config,
+)
+from ppsim.errors import UserError
+
+MODEL_KEYS = ("num_layers", "recompute", "tp", "micro_batch_size")
+"""[model] fields an override may set (the rest come from the file or the preset)."""
+PIPELINE_KEYS = ("pp", "vpp", "microbatches", "schedule", "actions_csv")
+"""[pipeline] fields an override may set besides the split."""
+
+
+def with_split(pipe: PipelineConfig, **choice: Any) -> PipelineConfig:
+    """`pipe` holding exactly this split choice (SPLIT_KEYS; None: not given): a split
+    given replaces the whole of the old one, so a file's layout never mixes with a
+    flag's counts. No choice at all: the default split."""
+    unknown = sorted(set(choice) - set(SPLIT_KEYS))
+    if unknown:
+        raise ValueError(f"not split options: {unknown}; use {SPLIT_KEYS}")
+    cleared = PipelineConfig()
+    given = {k: v for k, v in choice.items() if v is not None}
+    return replace(pipe, **{**{k: getattr(cleared, k) for k in SPLIT_KEYS}, **given})
+
+
+def with_overrides(cfg: Config, *, preset: str | None = None,
+                   model: dict[str, Any] | None = None,
+                   pipeline: dict[str, Any] | None = None,
+                   split: dict[str, Any] | None = None,
+                   hardware: str | None = None, memory_bytes: float | None = None,
+                   costs_file: str | None = None,
+                   devices: list[int] | None = None) -> Config:
+    """`cfg` with the given changes (None: keep), checked as a loaded config is.
+
+    preset replaces [model] by that preset; `model` sets MODEL_KEYS on it; `pipeline`
+    sets PIPELINE_KEYS; `split` (SPLIT_KEYS) replaces the split choice, {} meaning the
+    default split; `hardware` replaces [hardware] by that preset; `devices` sets
+    [placement] devices. Values given as None are not changes."""
+    m = parse_model({"preset": preset}) if preset else cfg.model
+    changes = _given(model, MODEL_KEYS, "model")
+    if changes:
+        m = m.with_fields(changes)  # parsed again: checked as a file's table is
+    pipe = replace(cfg.pipeline, **_given(pipeline, PIPELINE_KEYS, "pipeline"))
+    if split is not None:
+        pipe = with_split(pipe, **split)
+    hw = hardware_config({"preset": hardware}) if hardware else replace(cfg.hardware)
+    if memory_bytes is not None:
+        hw.memory_bytes = memory_bytes
+    place = replace(cfg.placement)
+    if devices is not None:
+        place.devices = list(devices)
+    out = Config(model=m, pipeline=pipe, hardware=hw,
+                 costs_file=costs_file or cfg.costs_file, placement=place)
+    check_config(out)
+    return out
+
+
+def _given(values: dict[str, Any] | None, allowed: tuple[str, ...],
+           section: str) -> dict[str, Any]:
+    given = {k: v for k, v in (values or {}).items() if v is not None}
+    for key in given:
+        if key not in allowed:
+            raise UserError(f"{section}.{key}", "cannot be overridden",
+                            "override one of " + ", ".join(allowed))
+    return given
