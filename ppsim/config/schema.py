@@ -5,10 +5,11 @@ Every user mistake becomes a `UserError` naming the field and the fix.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import os
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ppsim.config import validate
@@ -332,3 +333,13 @@ def config_to_toml(cfg: Config) -> str:
     if cfg.costs_file:
         lines = [f"costs_file = {_toml_value(cfg.costs_file)}", ""] + lines
     return "\n".join(lines) + "\n"
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """The plain (JSON-ready) dict `config_from_dict` reads back to an equal Config."""
+    out: dict[str, Any] = {"model": copy.deepcopy(cfg.model),
+                           "pipeline": asdict(cfg.pipeline), "hardware": asdict(cfg.hardware),
+                           "placement": asdict(cfg.placement)}
+    if cfg.costs_file is not None:
+        out["costs_file"] = cfg.costs_file
+    return out
