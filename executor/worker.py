@@ -209,16 +209,7 @@ def _engine(spec: RunSpec, runs: list[Problem], builder: ModelBuilder, rank: int
             "wire": "host (gloo)" if wire.type == "cpu" and device.type == "cuda" else
             str(wire.type)}
     if spec.engine == "torch":
-        from ppsim.executor.peer import run_peer
-
-        res = run_peer(problem, builder, rank, device, spec, ctrl,
-                       lambda i, loss: _say("progress", {"iteration": i, "of": iters,
-                                                         "loss": loss}) if rank == 0 else None,
-                       wire, recompute)
-        if rank == 0:
-            res.update(meta)
-            _finish_files(spec, None, res)
-        return res
+        return _torch_engine(spec, problem, builder, rank, device, wire, ctrl, recompute, meta)
     offset, epoch = align_clocks(rank, group=ctrl)
     fault = Fault.parse(spec.inject_fault) if spec.inject_fault else None
     pp = problem.split.pp
@@ -264,6 +255,22 @@ def _engine(spec: RunSpec, runs: list[Problem], builder: ModelBuilder, rank: int
         res["peer"] = summ.peer_summary(problem, builder, iters, warm, *peer_runs)
         res["peer"].update(meta, engine="torch", recompute=peer.recompute)
     _finish_files(spec, *out[0])
+    return res
+
+
+def _torch_engine(spec: RunSpec, problem: Problem, builder: ModelBuilder, rank: int,
+                  device: torch.device, wire: torch.device, ctrl: Any, recompute: str,
+                  meta: dict[str, Any]) -> dict[str, Any]:
+    """--engine torch: the split under torch.distributed.pipelining (no per-op trace)."""
+    from ppsim.executor.peer import run_peer
+
+    res = run_peer(problem, builder, rank, device, spec, ctrl,
+                   lambda i, loss: _say("progress", {"iteration": i, "of": spec.iterations,
+                                                     "loss": loss}) if rank == 0 else None,
+                   wire, recompute)
+    if rank == 0:
+        res.update(meta)
+        _finish_files(spec, None, res)
     return res
 
 

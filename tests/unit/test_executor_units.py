@@ -316,6 +316,19 @@ def test_a_rank_with_a_bad_spec_names_the_field_and_exits_2(tmp_path) -> None:
     assert "warmup: expected int" in proc.stderr
 
 
+def test_the_executor_imports_nothing_from_the_command_layer() -> None:
+    import ast
+    from pathlib import Path
+
+    upward = []
+    for path in Path(launch.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            upward += [f"{path.name}: {n}" for n in names if n.split(".")[:2] == ["ppsim", "cli"]]
+    assert upward == []
+
+
 def test_ranks_start_from_the_spec_with_the_working_directory_off_the_path() -> None:
     args = _parse([])
     args.nproc_per_node = 2
