@@ -1,8 +1,11 @@
 """Launching through torchrun: the command line, a Slurm script, and running it.
 
-ppsim never starts ranks itself: it runs `python -m torch.distributed.run`
-(torchrun) with `-m ppsim.executor.worker` and the same flags `ppsim run` got, and
-reads the rank-0 worker's `ppsim-progress` lines to drive a progress bar.
+ppsim never starts ranks itself: it writes the run spec (ppsim.executor.runspec)
+into the run's folder and runs `python -P -m torch.distributed.run` (torchrun),
+which starts each rank as `python -P -u -m ppsim.executor.worker --spec PATH`;
+it reads the rank-0 worker's `ppsim-progress` lines to drive a progress bar.
+`-P` (Python >= 3.11) keeps the working directory off the import path, so a
+user's folder named `ppsim`, `executor` or `torch` is never imported instead.
 
 On one node `ppsim run` hosts the job's TCP store itself, bound to the master
 address (127.0.0.1 by default) rather than every interface as torchrun's own
@@ -25,35 +28,17 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ppsim.cli.main import add_config_flags
 from ppsim.errors import UserError
 
-# Flags the worker needs besides the config flags; launch-only flags stay here.
-WORKER_FLAGS = ("device", "iterations", "warmup", "trace_dir", "engine", "inject_fault",
-                "timeout_s", "seed", "lr", "dump_grads", "fault_mode", "model", "dp",
-                "versus", "alongside_torch")
 STORE_ENV = "PPSIM_STORE"
 """host:port of the store `ppsim run` hosts; the worker builds its process group on it."""
+SPEC_END = "PPSIM_RUN_SPEC"
+"""The here-document delimiter a printed launch writes the spec with (no JSON line is it)."""
 
 
-def worker_argv(args: argparse.Namespace) -> list[str]:
-    """The `ppsim run` flags that matter to a rank, rebuilt from the parsed namespace."""
-    probe = argparse.ArgumentParser(add_help=False)
-    add_config_flags(probe)
-    out: list[str] = []
-    for action in probe._actions:  # argparse has no public action list; read-only use
-        value = getattr(args, action.dest, None)
-        if not action.option_strings or value is None or value is False:
-            continue
-        flag = action.option_strings[-1]
-        out += [flag] if value is True else [flag, str(value)]
-    for dest in WORKER_FLAGS:
-        value = getattr(args, dest, None)
-        if value is None or value is False:
-            continue
-        flag = "--" + dest.replace("_", "-")
-        out += [flag] if value is True else [flag, str(value)]
-    return out
+def worker_command(spec_path: str, python: str = sys.executable) -> list[str]:
+    """How torchrun starts each rank (`--no-python`: the interpreter and its flags are ours)."""
+    return [python, "-P", "-u", "-m", "ppsim.executor.worker", "--spec", spec_path]
 
 
 def torchrun_args(args: argparse.Namespace, store: tuple[str, int] | None = None) -> list[str]:
@@ -72,12 +57,20 @@ def torchrun_args(args: argparse.Namespace, store: tuple[str, int] | None = None
                 "--master-addr", args.master_addr, "--master-port",
                 str(args.master_port or 29500)]
     return rdzv + ["--nproc-per-node", str(args.nproc_per_node), "--max-restarts", "0",
-                   "-m", "ppsim.executor.worker"]
+                   "--no-python"]
 
 
-def launch_command(args: argparse.Namespace, store: tuple[str, int] | None = None) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", *torchrun_args(args, store),
-            *worker_argv(args)]
+def launch_command(args: argparse.Namespace, spec_path: str,
+                   store: tuple[str, int] | None = None) -> list[str]:
+    return [sys.executable, "-P", "-m", "torch.distributed.run", *torchrun_args(args, store),
+            *worker_command(spec_path)]
+
+
+def spec_script(spec_path: str, spec_json: str) -> str:
+    """Shell lines that write the run spec where the printed launch reads it."""
+    folder = os.path.dirname(spec_path) or "."
+    return (f"mkdir -p {shlex.quote(folder)}\n"
+            f"cat > {shlex.quote(spec_path)} <<'{SPEC_END}'\n{spec_json}\n{SPEC_END}\n")
 
 
 class JobStore:
@@ -132,9 +125,10 @@ def check_port_free(addr: str, port: int) -> None:
                                 "node", "pick another --master-port for every node") from None
 
 
-def sbatch_script(args: argparse.Namespace) -> str:
-    """A Slurm batch script: one torchrun per node, c10d rendezvous on the first node."""
-    worker = shlex.join(["-m", "ppsim.executor.worker", *worker_argv(args)])
+def sbatch_script(args: argparse.Namespace, spec_path: str, spec_json: str) -> str:
+    """A Slurm batch script: the run spec, then one torchrun per node, c10d rendezvous on
+    the first node."""
+    worker = shlex.join(["--no-python", *worker_command(spec_path, "python")])
     gpus = f"#SBATCH --gpus-per-node={args.nproc_per_node}\n" if args.device == "cuda" else ""
     return (
         "#!/bin/bash\n"
@@ -144,8 +138,10 @@ def sbatch_script(args: argparse.Namespace) -> str:
         f"{gpus}"
         "#SBATCH --time=00:30:00\n"
         "set -euo pipefail\n"
-        "# Run from the ppsim checkout (on a shared file system) with its venv active.\n"
+        "# Run with ppsim's venv active, from a directory on a shared file system.\n"
         "export OMP_NUM_THREADS=1\n"
+        "# The run spec every rank reads, as ppsim run writes it.\n"
+        f"{spec_script(spec_path, spec_json)}"
         'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
         f"MASTER_PORT={args.master_port or 29500}\n"
         'srun torchrun --nnodes "$SLURM_JOB_NUM_NODES" '
@@ -156,13 +152,16 @@ def sbatch_script(args: argparse.Namespace) -> str:
     )
 
 
-def print_launch(args: argparse.Namespace) -> None:
-    cmd = ["torchrun", *torchrun_args(args), *worker_argv(args)]
+def print_launch(args: argparse.Namespace, spec_path: str, spec_json: str) -> None:
+    """The launch `ppsim run` would make, as commands to run by hand; writes nothing."""
+    cmd = ["torchrun", *torchrun_args(args), *worker_command(spec_path, "python")]
+    print("# the run spec every rank reads (write it once, where every node sees it):")
+    print(spec_script(spec_path, spec_json))
     print("# torchrun (run once per node; --node-rank 0..nnodes-1):")
     print("OMP_NUM_THREADS=1 " + shlex.join(cmd))
     print()
     print("# Slurm (save as ppsim-run.sbatch, then: sbatch ppsim-run.sbatch):")
-    print(sbatch_script(args), end="")
+    print(sbatch_script(args, spec_path, spec_json), end="")
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")

@@ -21,6 +21,7 @@ from ppsim.executor.builders import ModelBuilder
 from ppsim.executor.builders.stage import build_stage
 from ppsim.executor.optim import adamw
 from ppsim.executor.quiet import no_gc_pauses
+from ppsim.executor.runspec import RunSpec
 from ppsim.executor.summary import peer_summary
 
 PEER_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
@@ -95,17 +96,17 @@ class Peer:
     with the same model, data, recompute mode and optimizer."""
 
     def __init__(self, problem: Any, builder: ModelBuilder, rank: int, device: torch.device,
-                 args: Any, wire: torch.device | None = None, recompute: str = "none") -> None:
+                 spec: RunSpec, wire: torch.device | None = None, recompute: str = "none") -> None:
         from torch.distributed import pipelining
 
         split, sched = problem.split, problem.schedule
-        self.builder, self.args, self.m = builder, args, sched.microbatches
+        self.builder, self.seed, self.m = builder, spec.seed, sched.microbatches
         self.device, self.wire = device, wire or device
         self.mods, stages = [], []
         for st in split.stages:
             if st.rank != rank:
                 continue
-            mod = build_stage(builder, st, args.seed, recompute).to(device=device,
+            mod = build_stage(builder, st, spec.seed, recompute).to(device=device,
                                                                     dtype=builder.dtype)
             self.mods.append(mod)
             staged = HostStaged(mod, device) if self.wire != device else mod
@@ -113,7 +114,7 @@ class Peer:
                                                    self.wire))
         self.runner = _runner(stages, sched, builder.loss)
         params = [p for mod in self.mods for p in mod.parameters()]
-        self.opt = adamw(params, args.lr) if params else None
+        self.opt = adamw(params, spec.lr) if params else None
         self.first = any(st.has_embedding for st in split.stages if st.rank == rank)
         self.last = any(st.has_head for st in split.stages if st.rank == rank)
         self.batch: tuple[Any, Any] = (None, None)
@@ -121,7 +122,7 @@ class Peer:
 
     def prepare(self, it: int) -> None:
         """The global batch of iteration `it` (built before the timed step)."""
-        batches = [self.builder.microbatch(self.args.seed, it, i) for i in range(self.m)]
+        batches = [self.builder.microbatch(self.seed, it, i) for i in range(self.m)]
         self.batch = (torch.cat([b[0] for b in batches]).to(self.wire),
                       torch.cat([b[1] for b in batches]).to(self.wire))
 
@@ -169,19 +170,19 @@ def slowest_ms(fn: Callable[[], Any], ctrl: Any, device: torch.device,
     return float(slowest.item()) * 1e3, float(total.item())
 
 
-def run_peer(problem: Any, builder: ModelBuilder, rank: int, device: torch.device, args: Any,
-             ctrl: Any, progress: Callable[[int, float], None],
+def run_peer(problem: Any, builder: ModelBuilder, rank: int, device: torch.device,
+             spec: RunSpec, ctrl: Any, progress: Callable[[int, float], None],
              wire: torch.device | None = None, recompute: str = "none") -> dict[str, Any]:
     """Run the split under torch's schedule; time whole iterations."""
-    peer = Peer(problem, builder, rank, device, args, wire, recompute)
+    peer = Peer(problem, builder, rank, device, spec, wire, recompute)
     times, losses = [], []
     with no_gc_pauses():
-        for it in range(args.iterations):
+        for it in range(spec.iterations):
             peer.prepare(it)
             ms, loss = slowest_ms(peer.step, ctrl, device, peer.loss)
             times.append(ms)
             losses.append(loss)
             progress(it + 1, losses[-1])
-    res = peer_summary(problem, builder, args.iterations, args.warmup, times, losses)
+    res = peer_summary(problem, builder, spec.iterations, spec.warmup, times, losses)
     res["recompute"] = peer.recompute
     return res

@@ -20,6 +20,9 @@ from ppsim.fileio import process_alive, shown
 
 DEFAULT_ROOT = "ppsim-run"
 RESULTS = ("trace.json", "summary.json", "parts", "versus")
+SPEC = "run-spec.json"
+"""The run spec the ranks read (ppsim.executor.runspec); not a result: a failed run's
+is removed with its other files."""
 BYTES_PER_OP = 2048
 """Trace bytes per op and iteration, parts and merged trace together (generous)."""
 
@@ -31,6 +34,11 @@ def run_name() -> str:
 def planned(trace_dir: str | None) -> str:
     """The directory a printed launch command should name (created when it runs)."""
     return trace_dir if trace_dir is not None else os.path.join(DEFAULT_ROOT, run_name())
+
+
+def spec_path(folder: str) -> str:
+    """Where a run's spec goes: inside its folder, beside the results it leads to."""
+    return os.path.join(folder, SPEC)
 
 
 @dataclass

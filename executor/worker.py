@@ -1,7 +1,9 @@
-"""The process torchrun starts once per rank: `python -m ppsim.executor.worker [ppsim run flags]`.
+"""The process torchrun starts once per rank: `python -P -m ppsim.executor.worker --spec PATH`.
 
-It takes the same flags as `ppsim run` (the launcher passes them through), so
-the printed torchrun / sbatch command is self-contained.
+It reads everything it needs from the run spec `ppsim run` wrote
+(ppsim.executor.runspec), so the printed torchrun / sbatch command runs what
+`ppsim run` would; `-P` keeps the working directory off the import path, so a
+folder named `ppsim` or `executor` there is never imported instead of ppsim's.
 
 Failure protocol: a rank whose op raises publishes its error under an abort
 key in the job's TCP store (compare-and-set: the first failure wins), prints
@@ -33,14 +35,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ppsim.cli.main import config_from_args
-from ppsim.cli.run import load_problem, versus_args
+from ppsim.errors import UserError
 from ppsim.executor import summary as summ
 from ppsim.executor.alloc import keep_freed_memory
-from ppsim.executor.builders import ModelBuilder, builder_spec, load_builder
+from ppsim.executor.builders import ModelBuilder, load_builder
 from ppsim.executor.launch import STORE_ENV, printable
 from ppsim.executor.quiet import no_gc_pauses
 from ppsim.executor.recorder import Recorder, align_clocks, gather_json, merge_parts
+from ppsim.executor.runspec import RunSpec
 from ppsim.executor.runtime import Fault, OpFailed, Replica, Runtime
 from ppsim.fileio import write_json_atomic
 from ppsim.pipeline.problem import Problem
@@ -117,9 +119,9 @@ def _stopping(rank: int, why: str) -> None:
     os._exit(3)
 
 
-def _fail(args: argparse.Namespace, rank: int, dog: Watchdog, exc: BaseException) -> None:
+def _fail(spec: RunSpec, rank: int, dog: Watchdog, exc: BaseException) -> None:
     """Report this rank's failure, or stop quietly if it is a consequence of another's."""
-    if args.fault_mode == "kill" and isinstance(exc, OpFailed) and \
+    if spec.fault_mode == "kill" and isinstance(exc, OpFailed) and \
             "--inject-fault" in str(exc.__cause__):
         os.kill(os.getpid(), signal.SIGKILL)  # a silent death, as the OOM killer deals
     msg = str(exc) if isinstance(exc, OpFailed) else \
@@ -154,23 +156,23 @@ def _devices(kind: str, local_rank: int, local_world: int, placed: int | None = 
     return device, torch.device("cpu"), "gloo"  # NCCL refuses two ranks on one GPU
 
 
-def run(args: argparse.Namespace) -> dict[str, Any] | None:
-    cfg = config_from_args(args)
-    problem = load_problem(args)
+def run(spec: RunSpec) -> dict[str, Any] | None:
+    cfg = spec.run_config()
+    problems = spec.problems()
     fields = cfg.model.fields()
-    builder = load_builder(builder_spec(getattr(args, "model", None), fields), fields)
+    builder = load_builder(spec.builder, fields)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     placed, devs = None, cfg.placement.devices
-    if devs and data_parallel(args, fields) == 1:
+    if devs and spec.dp == 1:
         placed = int(devs[rank % len(devs)])
-    device, wire, backend = _devices(args.device, int(os.environ.get("LOCAL_RANK", 0)),
+    device, wire, backend = _devices(spec.device, int(os.environ.get("LOCAL_RANK", 0)),
                                      int(os.environ.get("LOCAL_WORLD_SIZE", 1)), placed,
                                      bool(devs) and len(set(devs)) < len(devs))
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     keep_freed_memory()  # as the profile timed the ops (ppsim.executor.alloc)
-    _init_group(backend, rank, world, timedelta(seconds=args.timeout_s))
+    _init_group(backend, rank, world, timedelta(seconds=spec.timeout_s))
     ctrl = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
-    pp, dp = problem.split.pp, data_parallel(args, fields)
+    pp, dp = problems[0].split.pp, spec.dp
     if world != pp * dp:
         raise RuntimeError(f"world size {world} != pp {pp} x dp {dp}")
     # Every rank creates every replica group, in the same order (a collective call).
@@ -179,10 +181,10 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     replica = Replica(rank // pp, dp, groups[rank % pp])
     dog = Watchdog(rank)
     try:
-        result = _engine(args, problem, builder, rank, device, wire, backend, ctrl, replica,
+        result = _engine(spec, problems, builder, rank, device, wire, backend, ctrl, replica,
                          str(fields.get("recompute", "none")))
     except BaseException as exc:
-        _fail(args, rank, dog, exc)
+        _fail(spec, rank, dog, exc)
     dog.close()
     dist.barrier(group=ctrl)  # every rank's work and files are done
     _say("finished", {"rank": rank})
@@ -196,57 +198,43 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     return result
 
 
-def data_parallel(args: argparse.Namespace, fields: dict[str, Any]) -> int:
-    """--dp, else the model's dp field, else 1."""
-    dp = getattr(args, "dp", None)
-    return int(dp if dp is not None else fields.get("dp", 1))
-
-
-def _engine(args: argparse.Namespace, problem: Problem, builder: ModelBuilder, rank: int,
+def _engine(spec: RunSpec, runs: list[Problem], builder: ModelBuilder, rank: int,
             device: torch.device, wire: torch.device, backend: str,
             ctrl: Any, replica: Replica, recompute: str) -> dict[str, Any] | None:
-    iters, warm = args.iterations, args.warmup
-    meta = {"device": str(device.type), "backend": backend, "engine": args.engine,
+    """Train `runs` (the run's problem, then --versus's) and summarize; rank 0 gets the
+    summary, the others None."""
+    problem, iters, warm = runs[0], spec.iterations, spec.warmup
+    meta = {"device": str(device.type), "backend": backend, "engine": spec.engine,
             "wire": "host (gloo)" if wire.type == "cpu" and device.type == "cuda" else
             str(wire.type)}
-    if args.engine == "torch":
-        from ppsim.executor.peer import run_peer
-
-        res = run_peer(problem, builder, rank, device, args, ctrl,
-                       lambda i, loss: _say("progress", {"iteration": i, "of": iters,
-                                                         "loss": loss}) if rank == 0 else None,
-                       wire, recompute)
-        if rank == 0:
-            res.update(meta)
-            _finish_files(args, None, res)
-        return res
+    if spec.engine == "torch":
+        return _torch_engine(spec, problem, builder, rank, device, wire, ctrl, recompute, meta)
     offset, epoch = align_clocks(rank, group=ctrl)
-    fault = Fault.parse(args.inject_fault) if args.inject_fault else None
+    fault = Fault.parse(spec.inject_fault) if spec.inject_fault else None
     pp = problem.split.pp
-    runs = [problem] + ([load_problem(versus_args(args))] if args.versus else [])
     recs = [Recorder(rank, device, offset, epoch, warm) for _ in runs]
-    rts = [Runtime(p, builder, rank % pp, device, wire, rec, seed=args.seed, lr=args.lr,
+    rts = [Runtime(p, builder, rank % pp, device, wire, rec, seed=spec.seed, lr=spec.lr,
                    fault=fault if rank < pp and i == 0 else None, recompute=recompute,
                    replica=replica) for i, (p, rec) in enumerate(zip(runs, recs, strict=True))]
     peer = None
-    if args.alongside_torch:
+    if spec.alongside_torch:
         from ppsim.executor.peer import Peer
 
-        peer = Peer(problem, builder, rank, device, args, wire, recompute)
-    losses, timed, peer_runs = _train(args, rts, rank, ctrl, device, peer)
+        peer = Peer(problem, builder, rank, device, spec, wire, recompute)
+    losses, timed, peer_runs = _train(spec, rts, rank, ctrl, device, peer)
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     parts = []
     for i, rec in enumerate(recs):
         part = {"rank": rank, "events": rec.events, "peak_bytes": rec.peak_bytes,
                 "cores": cores}
-        if args.trace_dir:
-            write_json_atomic(os.path.join(args.trace_dir, *(["versus"] if i else []), "parts",
+        if spec.trace_dir:
+            write_json_atomic(os.path.join(spec.trace_dir, *(["versus"] if i else []), "parts",
                                            f"rank{rank}.json"), part)
         parts.append(gather_json(part, ctrl))
     if parts[0] is None:
         return None
     # The trace holds replica 0 (ranks 0..pp-1); other replicas run the same order.
-    whole = _wholes(args, parts, pp, timed if peer is not None else None)
+    whole = _wholes(spec, parts, pp, timed if peer is not None else None)
     out = []
     for i, (p, got) in enumerate(zip(runs, parts, strict=True)):
         events = merge_parts([q["events"] for q in got[:pp]], pp)
@@ -259,22 +247,38 @@ def _engine(args: argparse.Namespace, problem: Problem, builder: ModelBuilder, r
         res.update(meta, cores=[q["cores"] for q in got[:pp]])  # where each rank ran
         out.append((tr.document(events, info), res))
     res = out[0][1]
-    if args.versus:
-        _finish_files(args, *out[1], sub="versus")
+    if spec.versus is not None:
+        _finish_files(spec, *out[1], sub="versus")
         res["versus"] = out[1][1]
     if peer is not None:
         res["peer"] = summ.peer_summary(problem, builder, iters, warm, *peer_runs)
         res["peer"].update(meta, engine="torch", recompute=peer.recompute)
-    _finish_files(args, *out[0])
+    _finish_files(spec, *out[0])
     return res
 
 
-def _wholes(args: argparse.Namespace, parts: list[Any], pp: int,
+def _torch_engine(spec: RunSpec, problem: Problem, builder: ModelBuilder, rank: int,
+                  device: torch.device, wire: torch.device, ctrl: Any, recompute: str,
+                  meta: dict[str, Any]) -> dict[str, Any]:
+    """--engine torch: the split under torch.distributed.pipelining (no per-op trace)."""
+    from ppsim.executor.peer import run_peer
+
+    res = run_peer(problem, builder, rank, device, spec, ctrl,
+                   lambda i, loss: _say("progress", {"iteration": i, "of": spec.iterations,
+                                                     "loss": loss}) if rank == 0 else None,
+                   wire, recompute)
+    if rank == 0:
+        res.update(meta)
+        _finish_files(spec, None, res)
+    return res
+
+
+def _wholes(spec: RunSpec, parts: list[Any], pp: int,
             timed: list[float] | None) -> list[list[float | None] | None]:
     """Each run's whole iteration lengths when another ran between its iterations (None:
     start to the next start): --versus, where each ends as the other begins, or
     --alongside-torch, timed as the peer is (barrier to the step's end)."""
-    if args.versus:
+    if spec.versus is not None:
         return list(summ.alternated_wholes(
             *(summ.iteration_spans([e for q in got[:pp] for e in q["events"]]) for got in parts)))
     if timed is not None:
@@ -282,7 +286,7 @@ def _wholes(args: argparse.Namespace, parts: list[Any], pp: int,
     return [None] * len(parts)
 
 
-def _train(args: argparse.Namespace, rts: list[Runtime], rank: int, ctrl: Any,
+def _train(spec: RunSpec, rts: list[Runtime], rank: int, ctrl: Any,
            device: torch.device, peer: Any) -> tuple[list[list[float]], list[float],
                                                      tuple[list[float], list[float]]]:
     """Run the iterations: the run's split, then --versus's split, then (with
@@ -296,9 +300,9 @@ def _train(args: argparse.Namespace, rts: list[Runtime], rank: int, ctrl: Any,
     peer_ms: list[float] = []
     peer_loss: list[float] = []
     with no_gc_pauses():
-        for it in range(args.iterations):
+        for it in range(spec.iterations):
             for rt, got in zip(rts, losses, strict=True):
-                dump = args.dump_grads if it == 0 and rt is rts[0] else None
+                dump = spec.dump_grads if it == 0 and rt is rts[0] else None
                 if peer is None:
                     got.append(rt.run_iteration(it, dump))
                 else:  # timed as the peer is: its loss is gathered after the timing
@@ -312,15 +316,15 @@ def _train(args: argparse.Namespace, rts: list[Runtime], rank: int, ctrl: Any,
                 peer_ms.append(ms)
                 peer_loss.append(loss)
             if rank == 0:
-                _say("progress", {"iteration": it + 1, "of": args.iterations,
-                                  "loss": losses[0][-1], "warmup": it < args.warmup})
+                _say("progress", {"iteration": it + 1, "of": spec.iterations,
+                                  "loss": losses[0][-1], "warmup": it < spec.warmup})
     return losses, timed, (peer_ms, peer_loss)
 
 
-def _finish_files(args: argparse.Namespace, doc: dict | None, res: dict, sub: str = "") -> None:
-    if not args.trace_dir:
+def _finish_files(spec: RunSpec, doc: dict | None, res: dict, sub: str = "") -> None:
+    if not spec.trace_dir:
         return
-    folder = os.path.join(args.trace_dir, sub)
+    folder = os.path.join(spec.trace_dir, sub)
     if doc is not None:
         tr.write_trace(os.path.join(folder, "trace.json"), doc)
         res["trace"] = os.path.join(folder, "trace.json")
@@ -329,13 +333,19 @@ def _finish_files(args: argparse.Namespace, doc: dict | None, res: dict, sub: st
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ppsim.cli.run import add_run_arguments
-
-    parser = argparse.ArgumentParser(prog="ppsim.executor.worker")
-    add_run_arguments(parser)
+    parser = argparse.ArgumentParser(prog="ppsim.executor.worker",
+                                     description="one rank of a ppsim run (ppsim run starts it)")
+    parser.add_argument("--spec", required=True, metavar="PATH",
+                        help="the run spec ppsim run (or --print-launch) wrote")
     args = parser.parse_args(argv)
+    try:
+        spec = RunSpec.read(args.spec)
+    except UserError as exc:
+        sys.stderr.write(f"ppsim-error: rank {os.environ.get('RANK', '?')} failed: run spec "
+                         f"{printable(args.spec)}: {printable(str(exc))}\n")
+        return 2
     faulthandler.enable()  # a native abort (SIGABRT, SIGSEGV) still prints where it was
-    run(args)
+    run(spec)
     return 0
 
 

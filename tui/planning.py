@@ -37,10 +37,12 @@ IN_PROCESS = True
 
 
 def start_child(base: Any, state: EditState) -> subprocess.Popen:
-    """Start `python -m ppsim.tui.plan_child` with this process's import path; send the job."""
+    """Start `python -P -m ppsim.tui.plan_child` on this process's import path (not the
+    working directory's, unless that is on it); send the job."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    proc = subprocess.Popen([sys.executable, "-m", "ppsim.tui.plan_child"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen([sys.executable, "-P", "-m", "ppsim.tui.plan_child"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=env)
     assert proc.stdin is not None
     pickle.dump((base, state), proc.stdin)
     proc.stdin.close()

@@ -24,7 +24,7 @@ from ppsim.errors import UserError
 
 def _ppsim(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    return subprocess.run([sys.executable, "-m", "ppsim.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-P", "-m", "ppsim.cli", *args], capture_output=True,
                           text=True, env=env)
 
 

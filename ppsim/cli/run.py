@@ -106,7 +106,7 @@ def validate(args: argparse.Namespace) -> Any:
                         "run a split without empty end stages or 'm' (plan and simulate "
                         "take any)")
     _check_builder(args, fields)
-    dp = args.dp if args.dp is not None else cfg.model.arch.dp
+    dp = _data_parallel(args, fields)
     if dp < 1:
         raise UserError("--dp", f"must be at least 1, got {dp}", "e.g. --dp 2")
     if dp > 1 and args.engine == "torch":
@@ -134,6 +134,29 @@ def validate(args: argparse.Namespace) -> Any:
                             "replica and no --versus", "drop the other flag")
         _check_peer(problem)
     return problem
+
+
+def _data_parallel(args: argparse.Namespace, fields: dict[str, Any]) -> int:
+    """--dp, else the model's dp field, else 1."""
+    return int(args.dp if args.dp is not None else fields.get("dp", 1))
+
+
+def run_spec(args: argparse.Namespace) -> Any:
+    """Everything a rank needs, resolved once from the flags (a validated run's)."""
+    from ppsim.config.schema import config_to_dict
+    from ppsim.executor.builders import builder_spec
+    from ppsim.executor.runspec import RunSpec
+
+    cfg = config_from_args(args)
+    fields = cfg.model.fields()
+    versus = config_to_dict(config_from_args(versus_args(args))) if args.versus else None
+    return RunSpec(config=config_to_dict(cfg), versus=versus,
+                   builder=builder_spec(args.model, fields), dp=_data_parallel(args, fields),
+                   device=args.device, engine=args.engine,
+                   alongside_torch=bool(args.alongside_torch), iterations=args.iterations,
+                   warmup=args.warmup, seed=args.seed, lr=args.lr, timeout_s=args.timeout_s,
+                   trace_dir=args.trace_dir, inject_fault=args.inject_fault,
+                   fault_mode=args.fault_mode, dump_grads=args.dump_grads)
 
 
 def _check_versus(args: argparse.Namespace, problem: Any, dp: int) -> None:
@@ -222,9 +245,12 @@ def _check_peer(problem: Any) -> None:
 
 def _own_files(args: argparse.Namespace) -> list[str]:
     """What this node's ranks write in the trace dir (removed again if the run fails)."""
+    from ppsim.executor.rundir import spec_path
+
     d = args.trace_dir
     lo = args.node_rank * args.nproc_per_node
-    files = [os.path.join(d, "parts", f"rank{r}.json") for r in range(lo, lo +
+    files = [spec_path(d)]
+    files += [os.path.join(d, "parts", f"rank{r}.json") for r in range(lo, lo +
                                                                        args.nproc_per_node)]
     if args.versus:
         files += [os.path.join(d, "versus", "parts", f"rank{r}.json")
@@ -251,7 +277,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print_notes(problem.schedule, "run")
     if args.print_launch:
         args.trace_dir = rundir.planned(args.trace_dir)
-        launch.print_launch(args)
+        launch.print_launch(args, rundir.spec_path(args.trace_dir), run_spec(args).to_json())
         return 0
     if args.device == "cuda":
         import torch
@@ -269,6 +295,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                                                           args.iterations))
         args.trace_dir = run.path
         try:
+            run_spec(args).write(rundir.spec_path(run.path))
             out = _launch(args, problem, store)
         except BaseException:
             rundir.release(run, _own_files(args))
@@ -292,7 +319,7 @@ def _launch(args: argparse.Namespace, problem: Any, store: Any) -> Any:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from ppsim.executor import launch
+    from ppsim.executor import launch, rundir
 
     err = Console(stderr=True)
     env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
@@ -306,7 +333,8 @@ def _launch(args: argparse.Namespace, problem: Any, store: Any) -> Any:
             note = f"iteration {msg['iteration']}/{msg['of']}  loss {msg['loss']:.4f}"
             bar.update(task, completed=msg["iteration"], note=note)
 
-        cmd = launch.launch_command(args, store.endpoint if store else None)
+        cmd = launch.launch_command(args, rundir.spec_path(args.trace_dir),
+                                    store.endpoint if store else None)
         return launch.run_torchrun(cmd, progress, env_extra=env)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ppsim.config import validate
@@ -237,3 +237,13 @@ def config_to_toml(cfg: Config) -> str:
     if cfg.costs_file:
         lines = [f"costs_file = {_toml_value(cfg.costs_file)}", ""] + lines
     return "\n".join(lines) + "\n"
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """The plain (JSON-ready) dict `config_from_dict` reads back to an equal Config."""
+    out: dict[str, Any] = {"model": cfg.model.to_dict(),
+                           "pipeline": asdict(cfg.pipeline), "hardware": asdict(cfg.hardware),
+                           "placement": asdict(cfg.placement)}
+    if cfg.costs_file is not None:
+        out["costs_file"] = cfg.costs_file
+    return out

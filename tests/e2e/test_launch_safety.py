@@ -153,7 +153,7 @@ def test_print_launch_names_a_fresh_directory_and_creates_nothing(tmp_path, monk
                                                                   capsys) -> None:
     monkeypatch.chdir(tmp_path)
     assert main(["run", "--print-launch"]) == 0
-    assert re.search(r"--trace-dir ppsim-run/\d{8}-\d{6}", capsys.readouterr().out)
+    assert re.search(r"--spec ppsim-run/\d{8}-\d{6}/run-spec.json", capsys.readouterr().out)
     assert os.listdir(tmp_path) == []
 
 
@@ -191,6 +191,28 @@ def _run(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "ppsim.cli", "run", *argv], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=180)
+
+
+HOSTILE = ("ppsim/__init__.py", "ppsim/executor/__init__.py", "ppsim/executor/worker.py",
+           "executor/__init__.py", "executor/worker.py")
+
+
+def test_a_users_ppsim_or_executor_folder_is_never_imported(tmp_path) -> None:
+    # A working directory with folders named like ppsim's: only -P keeps the ranks from
+    # importing them (python -m puts the working directory first on sys.path).
+    marker = tmp_path / "imported"
+    for name in HOSTILE:
+        Path(tmp_path, name).parent.mkdir(parents=True, exist_ok=True)
+        Path(tmp_path, name).write_text(f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\n")
+    ppsim = Path(sys.executable).with_name("ppsim")  # the installed command, as a user runs it
+    assert ppsim.exists(), ppsim
+    res = subprocess.run([str(ppsim), "run", *SMALL, "--trace-dir", "out", "--json"],
+                         cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                         capture_output=True, text=True, timeout=180)
+    assert not marker.exists(), marker.read_text()
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["iterations"] == 2
+    assert Path(tmp_path, "out", "run-spec.json").exists()
 
 
 def test_a_sigkilled_rank_is_named_not_the_survivor(tmp_path) -> None:

@@ -2,38 +2,59 @@
 
 The multi-process tests (real torchrun + gloo) are in test_executor.py.
 """
+# ruff: noqa: E402 (torch is imported only when present: importorskip comes first)
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from torch import nn  # noqa: E402
+from hypothesis import given
+from hypothesis import strategies as st
+from torch import nn
 
-from ppsim.cli.main import main  # noqa: E402
-from ppsim.cli.run import add_run_arguments, load_problem  # noqa: E402
-from ppsim.config.model import model_fields  # noqa: E402
-from ppsim.config.schema import load_config  # noqa: E402
-from ppsim.costs.transformer import Architecture, layer_activation_bytes  # noqa: E402
-from ppsim.errors import UserError  # noqa: E402
-from ppsim.executor import launch  # noqa: E402
-from ppsim.executor.builders import DEFAULT_BUILDER, load_builder  # noqa: E402
-from ppsim.executor.builders.deferral import (  # noqa: E402
+from ppsim.cli.main import (
+    config_from_args,
+    main,
+)
+from ppsim.cli.run import (
+    add_run_arguments,
+    load_problem,
+    run_spec,
+)
+from ppsim.config.model import model_fields
+from ppsim.config.schema import (
+    config_to_dict,
+    load_config,
+)
+from ppsim.costs.transformer import Architecture, layer_activation_bytes
+from ppsim.errors import UserError
+from ppsim.executor import (
+    launch,
+    rundir,
+)
+from ppsim.executor.builders import DEFAULT_BUILDER, load_builder
+from ppsim.executor.builders.deferral import (
     DeferringLinear,
     WeightGradStore,
     defer_linears,
 )
-from ppsim.executor.builders.gpt import GPTBuilder, GPTShape  # noqa: E402
-from ppsim.executor.builders.llama import LlamaBuilder, MoE, parse_kinds  # noqa: E402
-from ppsim.executor.builders.stage import Stage, full_model, saved_bytes  # noqa: E402
-from ppsim.executor.recorder import merge_parts  # noqa: E402
-from ppsim.executor.runtime import Fault, outgoing  # noqa: E402
-from ppsim.schedules.generators import build_schedule  # noqa: E402
+from ppsim.executor.builders.gpt import GPTBuilder, GPTShape
+from ppsim.executor.builders.llama import LlamaBuilder, MoE, parse_kinds
+from ppsim.executor.builders.stage import Stage, full_model, saved_bytes
+from ppsim.executor.recorder import merge_parts
+from ppsim.executor.runspec import RunSpec
+from ppsim.executor.runtime import Fault, outgoing
+from ppsim.schedules.generators import build_schedule
 
 FIELDS = load_config(None).model.fields()
 SHAPE = GPTShape.from_fields(FIELDS)
@@ -204,19 +225,134 @@ def test_fault_spec() -> None:
             Fault.parse(bad)
 
 
-def test_worker_argv_round_trips_the_config(tmp_path) -> None:
-    args = _parse(["--pp", "2", "--vpp", "2", "--schedule", "interleaved-1f1b", "--split",
-                   "3,1,2,2", "--microbatches", "4", "--iterations", "2", "--warmup", "0",
-                   "--trace-dir", str(tmp_path), "--account-for-loss", "--model",
-                   "tests/model_moe.py:build", "--dp", "2"])
-    again = _parse(launch.worker_argv(args))
-    for key in ("pp", "vpp", "schedule", "split", "microbatches", "iterations", "warmup",
-                "trace_dir", "account_for_loss", "engine", "device", "model", "dp"):
-        assert getattr(again, key) == getattr(args, key), key
+def _spec(argv: list[str]) -> RunSpec:
+    args = _parse(argv)
+    return run_spec(args)
+
+
+_SPEC_ARGV = ["--pp", "2", "--vpp", "2", "--schedule", "interleaved-1f1b", "--split",
+              "3,1,2,2", "--microbatches", "4", "--iterations", "2", "--warmup", "0",
+              "--account-for-loss", "--model", "tests/model_moe.py:build", "--dp", "2",
+              "--devices", "0,1", "--memory-gb", "12.5", "--seed", "7", "--lr", "0.02",
+              "--timeout-s", "33", "--inject-fault", "1:B:1:0", "--fault-mode", "kill",
+              "--device", "cuda", "--dump-grads", "g-"]
+
+
+def test_the_run_spec_carries_every_setting_and_the_config(tmp_path) -> None:
+    args = _parse([*_SPEC_ARGV, "--trace-dir", str(tmp_path)])
+    spec = run_spec(args)
+    path = rundir.spec_path(str(tmp_path))
+    spec.write(path)
+    again = RunSpec.read(path)
+    assert again == spec
+    # What the launcher resolved, field by field, as the ranks see it.
+    expected = {"builder": "tests/model_moe.py:build", "dp": 2, "device": "cuda",
+                "engine": "ppsim", "alongside_torch": False, "iterations": 2, "warmup": 0,
+                "seed": 7, "lr": 0.02, "timeout_s": 33.0, "trace_dir": str(tmp_path),
+                "inject_fault": "1:B:1:0", "fault_mode": "kill", "dump_grads": "g-",
+                "versus": None}
+    assert {k: getattr(again, k) for k in expected} == expected
+    assert {f.name for f in dataclasses.fields(RunSpec)} == {*expected, "config"}
+    # The worker's config is the launcher's, flags applied.
+    cfg = again.run_config()
+    assert cfg == config_from_args(args)
+    assert (cfg.pipeline.split, cfg.pipeline.vpp, cfg.placement.devices,
+            cfg.hardware.memory_bytes, cfg.pipeline.account_for_loss) == \
+        ([3, 1, 2, 2], 2, [0, 1], 12.5e9, True)
+
+
+def test_a_versus_spec_holds_the_other_split() -> None:
+    spec = _spec(["--versus", "4,4"])
+    (mine, other) = spec.problems()
+    assert list(mine.split.counts) == [5, 3] and list(other.split.counts) == [4, 4]
+    assert RunSpec.from_json(spec.to_json()) == spec
+
+
+@given(st.builds(
+    RunSpec, config=st.just(config_to_dict(load_config(None))),
+    versus=st.none() | st.just(config_to_dict(load_config(None))),
+    builder=st.text(max_size=20), dp=st.integers(1, 64), device=st.sampled_from(["cpu", "cuda"]),
+    engine=st.sampled_from(["ppsim", "torch"]), alongside_torch=st.booleans(),
+    iterations=st.integers(1, 10**6), warmup=st.integers(0, 10**6), seed=st.integers(),
+    lr=st.floats(allow_nan=False, allow_infinity=False), timeout_s=st.floats(1e-3, 1e6),
+    trace_dir=st.none() | st.text(max_size=30), inject_fault=st.none() | st.text(max_size=12),
+    fault_mode=st.sampled_from([None, "raise", "kill"]),
+    dump_grads=st.none() | st.text(max_size=12)))
+def test_every_spec_survives_its_json(spec: RunSpec) -> None:
+    text = spec.to_json()
+    assert RunSpec.from_json(text) == spec
+    # A printed launch writes it with a here-document: no line may end it early.
+    assert launch.SPEC_END not in text.splitlines()
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"iterations": "3"}, "iterations"),
+    ({"iterations": True}, "iterations"),
+    ({"lr": float("inf")}, "lr"),
+    ({"engine": "jax"}, "engine"),
+    ({"fault_mode": "explode"}, "fault_mode"),
+    ({"iteration": 3}, "iteration"),
+    ({"format": "ppsim-run-spec/0"}, "format"),
+    ({"builder": None}, "builder"),
+    ({"config": {"pipeline": {"pp": "two"}}}, "config.pipeline.pp"),
+    ({"config": {"modle": {}}}, "config.modle"),
+    ({"versus": {"pipeline": {"split": "x"}}}, "versus.pipeline.split"),
+])
+def test_a_bad_spec_names_its_field(change, field) -> None:
+    doc = _spec(["--versus", "4,4"]).document()
+    for key, value in change.items():
+        if key in ("config", "versus"):  # one section's key changed, the rest kept
+            for section, table in value.items():
+                doc[key][section] = {**doc[key].get(section, {}), **table}
+        else:
+            doc[key] = value
+    with pytest.raises(UserError) as exc:
+        RunSpec.from_json(json.dumps(doc))
+    assert exc.value.field == field, exc.value
+
+
+@pytest.mark.parametrize("drop", ["builder", "config", "iterations"])
+def test_a_spec_missing_a_required_field_is_refused(drop) -> None:
+    doc = _spec([]).document()
+    del doc[drop]
+    with pytest.raises(UserError, match="missing") as exc:
+        RunSpec.from_json(json.dumps(doc))
+    assert exc.value.field == drop
+
+
+def test_a_rank_with_a_bad_spec_names_the_field_and_exits_2(tmp_path) -> None:
+    bad = tmp_path / "run-spec.json"
+    bad.write_text(json.dumps({**_spec([]).document(), "warmup": "one"}))
+    proc = subprocess.run([sys.executable, "-P", "-m", "ppsim.executor.worker", "--spec",
+                           str(bad)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("ppsim-error: rank ? failed: run "
+                                                           "spec "), proc.stderr
+    assert "warmup: expected int" in proc.stderr
+
+
+def test_the_executor_imports_nothing_from_the_command_layer() -> None:
+    import ast
+    from pathlib import Path
+
+    upward = []
+    for path in Path(launch.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            upward += [f"{path.name}: {n}" for n in names if n.split(".")[:2] == ["ppsim", "cli"]]
+    assert upward == []
+
+
+def test_ranks_start_from_the_spec_with_the_working_directory_off_the_path() -> None:
+    args = _parse([])
     args.nproc_per_node = 2
-    cmd = launch.launch_command(args)
-    assert cmd[1:3] == ["-m", "torch.distributed.run"] and "--standalone" in cmd
-    assert cmd[cmd.index("-m", 3) + 1] == "ppsim.executor.worker"
+    cmd = launch.launch_command(args, "out/run-spec.json")
+    assert cmd[:4] == [sys.executable, "-P", "-m", "torch.distributed.run"]
+    assert "--standalone" in cmd
+    rank = cmd[cmd.index("--no-python") + 1:]
+    assert rank == [sys.executable, "-P", "-u", "-m", "ppsim.executor.worker", "--spec",
+                    "out/run-spec.json"]
 
 
 def test_print_launch_shows_torchrun_and_sbatch(capsys) -> None:
@@ -227,6 +363,11 @@ def test_print_launch_shows_torchrun_and_sbatch(capsys) -> None:
     assert "torchrun --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29511" in out
     assert "#SBATCH --nodes=2" in out and "#SBATCH --gpus-per-node=1" in out
     assert "--rdzv-backend c10d" in out and "-m ppsim.executor.worker" in out
+    # Both forms read one spec, which the printout writes (and ppsim wrote nowhere).
+    spec = re.findall(r"--spec (\S+)", out)
+    assert len(spec) == 2 and spec[0] == spec[1] and not os.path.exists(spec[0])
+    assert out.count(f"cat > {spec[0]} <<'{launch.SPEC_END}'") == 2
+    assert "--no-python python -P -u -m ppsim.executor.worker --spec" in out
 
 
 @pytest.mark.parametrize("argv, field", [
