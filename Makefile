@@ -7,8 +7,10 @@ setup:
 demo: setup
 	.venv/bin/ppsim demo
 
+# Two e2e launches in flight: a launch leaves a core idle while a process starts
+# (tests/e2e/launches.py). `-m "not e2e"` skips the real torchrun launches.
 test: setup
-	OMP_NUM_THREADS=1 .venv/bin/python -m pytest
+	PPSIM_TEST_LAUNCHES=2 OMP_NUM_THREADS=1 .venv/bin/python -m pytest
 	.venv/bin/ruff check .
 
 lint: setup
