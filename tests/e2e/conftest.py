@@ -6,7 +6,9 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from launches import Pool
+from launches import Launch, Pool
+
+_DONE: list[Launch] = []
 
 
 @pytest.fixture(scope="session")
@@ -15,3 +17,16 @@ def launches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     pool = Pool(tmp_path_factory.mktemp, int(os.environ.get("PPSIM_TEST_LAUNCHES", "1")))
     yield pool
     pool.close()
+    _DONE.extend(f.result() for f in pool.futures.values() if f.done() and not f.cancelled()
+                 and f.exception() is None)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """How many pooled launches ran and how long each took (the suite's main cost)."""
+    if not _DONE:
+        return
+    runs = sorted(_DONE, key=lambda r: -r.elapsed_s)
+    terminalreporter.write_line(
+        f"pooled ppsim run launches: {len(runs)}, "
+        f"{sum(r.elapsed_s for r in runs):.0f} s in all; slowest: "
+        + ", ".join(f"{r.name} {r.elapsed_s:.0f} s" for r in runs[:5]))
