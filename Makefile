@@ -7,10 +7,9 @@ setup:
 demo: setup
 	.venv/bin/ppsim demo
 
-# Two e2e launches in flight: a launch leaves a core idle while a process starts
-# (tests/e2e/launches.py). `-m "not e2e"` skips the real torchrun launches.
+# `-m "not e2e"` skips the real torchrun launches (tests/e2e/launches.py pools them).
 test: setup
-	PPSIM_TEST_LAUNCHES=2 OMP_NUM_THREADS=1 .venv/bin/python -m pytest
+	OMP_NUM_THREADS=1 .venv/bin/python -m pytest
 	.venv/bin/ruff check .
 
 lint: setup

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
@@ -14,11 +13,9 @@ _DONE: list[Launch] = []
 @pytest.fixture(scope="session")
 def launches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     pytest.importorskip("torch")
-    pool = Pool(tmp_path_factory.mktemp, int(os.environ.get("PPSIM_TEST_LAUNCHES", "1")))
+    pool = Pool(tmp_path_factory.mktemp)
     yield pool
-    pool.close()
-    _DONE.extend(f.result() for f in pool.futures.values() if f.done() and not f.cancelled()
-                 and f.exception() is None)
+    _DONE.extend(pool.done.values())
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

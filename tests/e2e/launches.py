@@ -7,8 +7,8 @@ read by each test that needs that configuration. Extra flags ride on a case's
 launch where they do not change what the other tests read (`--alongside-torch`
 runs torch's engine in the same processes, `--versus` a second split).
 
-`PPSIM_TEST_LAUNCHES=N` keeps N launches in flight, in the order the tests ask
-for them (default 1: one at a time, started when first asked for).
+Launches run one at a time, when first asked for: two in flight were no faster on
+two cores (the ranks of one launch already keep both busy).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -170,18 +169,6 @@ OTHERS = {
 }
 
 SPECS: dict[str, Spec] = {**EXECUTOR, **SCHEDULES, **OTHERS}
-ORDER = ["default", "default-one-core", *EXECUTOR, "1f1b-torch", "fault", *SCHEDULES,
-         "sigkill"]
-"""The order the tests ask for launches in (prefetching follows it)."""
-
-
-def ppsim_run(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None,
-              timeout: float = 180) -> subprocess.CompletedProcess:
-    full = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "ppsim.cli", "run", *args], cwd=cwd,
-                          env=full, capture_output=True, text=True, timeout=timeout)
-
-
 def _proc_tree(root: int) -> set[int]:
     parents: dict[int, int] = {}
     for d in os.listdir("/proc"):
@@ -257,29 +244,13 @@ def launch(name: str, tmp: Path) -> Launch:
 
 
 class Pool:
-    """The session's launches: each run once, on first request (or prefetched)."""
+    """The session's launches: each run once, when a test first asks for it."""
 
-    def __init__(self, folder: Any, in_flight: int = 1) -> None:
+    def __init__(self, folder: Any) -> None:
         self.folder = folder  # a callable: name -> a fresh directory
-        self.in_flight = max(1, in_flight)
-        self.futures: dict[str, Future[Launch]] = {}
-        self.workers = ThreadPoolExecutor(max_workers=self.in_flight)
-
-    def _start(self, name: str) -> None:
-        if name not in self.futures:
-            self.futures[name] = self.workers.submit(launch, name, self.folder(name))
+        self.done: dict[str, Launch] = {}
 
     def get(self, name: str) -> Launch:
-        self._start(name)
-        if self.in_flight > 1:  # keep the next ones of ORDER running meanwhile
-            running = sum(not f.done() for f in self.futures.values())
-            for nxt in ORDER[ORDER.index(name) + 1:]:
-                if running >= self.in_flight:
-                    break
-                if nxt not in self.futures:
-                    self._start(nxt)
-                    running += 1
-        return self.futures[name].result()
-
-    def close(self) -> None:
-        self.workers.shutdown(wait=True, cancel_futures=True)
+        if name not in self.done:
+            self.done[name] = launch(name, self.folder(name))
+        return self.done[name]
