@@ -169,6 +169,8 @@ OTHERS = {
 }
 
 SPECS: dict[str, Spec] = {**EXECUTOR, **SCHEDULES, **OTHERS}
+
+
 def _proc_tree(root: int) -> set[int]:
     parents: dict[int, int] = {}
     for d in os.listdir("/proc"):
