@@ -7,6 +7,7 @@ setup:
 demo: setup
 	.venv/bin/ppsim demo
 
+# `-m "not e2e"` skips the real torchrun launches (tests/e2e/launches.py pools them).
 test: setup
 	OMP_NUM_THREADS=1 .venv/bin/python -m pytest
 	.venv/bin/ruff check .

@@ -33,6 +33,7 @@ def measured(tmp_path_factory) -> str:
     return path
 
 
+@pytest.mark.e2e
 def test_profile_records_the_conditions_it_measured(measured):
     doc = json.loads(open(measured).read())
     cond = doc["conditions"]
@@ -154,20 +155,12 @@ def test_bad_conditions_are_refused_naming_the_field(tmp_path, capsys):
         assert f"conditions.{field}" in capsys.readouterr().err
 
 
-def test_ranks_placed_on_one_core_run_pinned_with_the_same_losses(tmp_path):
+@pytest.mark.e2e
+def test_ranks_placed_on_one_core_run_pinned_with_the_same_losses(launches):
     import os
-    import subprocess
-    import sys
 
-    def run(*extra: str) -> dict:
-        res = subprocess.run([sys.executable, "-m", "ppsim.cli", "run", "--iterations", "2",
-                              "--warmup", "1", "--trace-dir", str(tmp_path / str(len(extra))),
-                              "--json", *extra], capture_output=True, text=True, timeout=300,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-        assert res.returncode == 0, res.stderr
-        return json.loads(res.stdout)
-
-    alone, shared = run(), run("--devices", "0,0")
+    # Both: the default config, 2 iterations, 1 warm-up (the first pooled with other tests).
+    alone, shared = launches.get("default").summary, launches.get("default-one-core").summary
     assert shared["losses"] == pytest.approx(alone["losses"], rel=1e-6)
     # Both ranks ran pinned to one core, the first this process may use; unplaced ranks
     # keep every core.

@@ -1,12 +1,14 @@
 """`ppsim run` end to end: real torchrun processes talking over gloo, nothing mocked.
 
-Each pipeline configuration is launched once (module cache) and checked twice:
+Each pipeline configuration is launched once (the session's pool, launches.py) and
+checked twice:
 gradients and loss against a single-process run of the same model on the same
 microbatches (the global batch, with data parallelism), and the merged trace
 against the schedule's action lists. The launches cover every schedule with
 both shipped builders (the GPT and a Llama-style stack mixing dense and MoE
 layers, given as a user's `--model path.py:function`), and spread the
-recompute modes and dp 2 over them: one launch checks several things.
+recompute modes and dp 2 over them: one launch checks several things. The
+--versus, --alongside-torch and abort checks read launches of the pool too.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from launches import EXECUTOR, ONE_F_ONE_B, SPECS, Pool  # noqa: E402
+
 from ppsim.cli.main import config_from_args, main  # noqa: E402
 from ppsim.cli.run import add_run_arguments, load_problem  # noqa: E402
 from ppsim.executor.builders import builder_spec, load_builder  # noqa: E402
@@ -31,82 +35,12 @@ from ppsim.executor.reference import reference_step  # noqa: E402
 from ppsim.trace.schema import read_trace  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-MOE = ["--model", "tests/model_moe.py:build"]
+CASES = list(EXECUTOR)
+pytestmark = pytest.mark.e2e
 
 
-def zb_h1_csv(pp: int, m: int) -> str:
-    """ZB-H1 (Qi et al. 2024): B and W split, W of microbatch i - r after B of i."""
-    rows = []
-    for r in range(pp):
-        warm, cells, f, w = pp - r - 1, [], 0, 0
-        cells += [f"{r}F{i}" for i in range(warm)]
-        f = warm
-        for i in range(m):
-            if f < m:
-                cells.append(f"{r}F{f}")
-                f += 1
-            cells.append(f"{r}I{i}")
-            if i >= r:
-                cells.append(f"{r}W{w}")
-                w += 1
-        cells += [f"{r}W{j}" for j in range(w, m)]
-        rows.append(",".join(cells))
-    return "\n".join(rows) + "\n"
-
-
-GPIPE = ["--schedule", "gpipe", "--pp", "2", "--split", "6,2", "--microbatches", "3"]
-ONE_F_ONE_B = ["--schedule", "1f1b", "--pp", "2", "--split", "5,3", "--microbatches", "4"]
-INTERLEAVED = ["--schedule", "interleaved-1f1b", "--pp", "2", "--vpp", "2", "--split",
-               "3,1,2,2", "--microbatches", "4"]
-ZB_H1 = ["--schedule", "zb-h1", "--pp", "2", "--split", "5,3", "--microbatches", "4"]
-ZBV = ["--schedule", "zbv", "--pp", "2", "--vpp", "2", "--split", "3,2,1,2",
-       "--microbatches", "4"]
-DUALPIPEV = ["--schedule", "dualpipev", "--pp", "2", "--vpp", "2", "--split", "2,3,2,1",
-             "--microbatches", "4"]
-
-CASES = {
-    "gpipe": GPIPE,
-    "1f1b": ONE_F_ONE_B,
-    "1f1b-selective": [*ONE_F_ONE_B, "--recompute", "selective"],
-    "1f1b-full": [*ONE_F_ONE_B, "--recompute", "full"],
-    "interleaved": INTERLEAVED,
-    # 4 ranks x 2 chunks, with an empty stage (3) that only passes tensors on
-    "interleaved-4x2": ["--schedule", "interleaved-1f1b", "--pp", "4", "--vpp", "2",
-                        "--split", "2,1,1,0,1,1,1,1", "--microbatches", "4"],
-    "zb-h1-csv": ["--schedule", "1f1b", "--pp", "2", "--split", "3,5", "--microbatches", "4",
-                  "--actions-csv", "{tmp}/zb.csv"],
-    "zb-h1-full": [*ZB_H1, "--recompute", "full"],
-    "zbv-selective-dp2": [*ZBV, "--recompute", "selective", "--dp", "2"],
-    "dualpipev": DUALPIPEV,
-    "moe-gpipe-full": [*MOE, *GPIPE, "--recompute", "full"],
-    "moe-1f1b-selective-dp2": [*MOE, *ONE_F_ONE_B, "--recompute", "selective", "--dp", "2"],
-    "moe-interleaved": [*MOE, *INTERLEAVED],
-    "moe-zb-h1-selective": [*MOE, *ZB_H1, "--recompute", "selective"],
-    "moe-zbv-full": [*MOE, *ZBV, "--recompute", "full"],
-    "moe-dualpipev": [*MOE, *DUALPIPEV],
-}
-
-
-def ppsim_run(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "ppsim.cli", "run", *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=timeout)
-
-
-_RUNS: dict[str, tuple[Path, list[str], dict]] = {}
-
-
-def launched(case: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str],
-                                                                          dict]:
-    if case not in _RUNS:
-        tmp = tmp_path_factory.mktemp(case)
-        (tmp / "zb.csv").write_text(zb_h1_csv(2, 4))
-        argv = [a.format(tmp=tmp) for a in CASES[case]]
-        res = ppsim_run(*argv, "--iterations", "2", "--warmup", "1", "--trace-dir",
-                        str(tmp / "out"), "--dump-grads", str(tmp / "grads"), "--json")
-        assert res.returncode == 0, res.stderr
-        _RUNS[case] = (tmp, argv, json.loads(res.stdout))
-    return _RUNS[case]
+def _iterations(case: str) -> int:
+    return SPECS[case].iterations
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
@@ -125,9 +59,10 @@ def _builder(argv: list[str]):
     return load_builder(builder_spec(args.model, fields), fields)
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_loss_and_grads_match_single_process(case, tmp_path_factory) -> None:
-    tmp, argv, summary = launched(case, tmp_path_factory)
+@pytest.mark.parametrize("case", CASES)
+def test_loss_and_grads_match_single_process(case, launches: Pool) -> None:
+    run = launches.get(case)
+    tmp, argv, summary = run.tmp, run.argv, run.summary
     problem = _problem(argv)
     pp, m, dp = problem.split.pp, problem.schedule.microbatches, _args(argv).dp or 1
     # The global batch on one process, without recompute: recompute must not change a bit
@@ -156,16 +91,18 @@ def test_loss_and_grads_match_single_process(case, tmp_path_factory) -> None:
     assert summary["dp"] == dp
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_trace_holds_each_action_once_in_rank_order(case, tmp_path_factory) -> None:
-    tmp, argv, summary = launched(case, tmp_path_factory)
+@pytest.mark.parametrize("case", CASES)
+def test_trace_holds_each_action_once_in_rank_order(case, launches: Pool) -> None:
+    run = launches.get(case)
+    tmp, argv, summary = run.tmp, run.argv, run.summary
     problem = _problem(argv)
     sched, dp = problem.schedule, _args(argv).dp or 1
     trace = read_trace(str(tmp / "out" / "trace.json"))
     assert trace.info["source"] == "executor" and trace.info["warmup_iterations"] == 1
     assert trace.info["dp"] == dp
-    assert trace.iterations == [0, 1]
-    for it in (0, 1):
+    iterations = list(range(_iterations(case)))  # 2, or 3 where a pooled check needs them
+    assert trace.iterations == iterations
+    for it in iterations:
         for r in range(sched.pp):
             ops = sorted((o for o in trace.ops if o.rank == r and o.iteration == it),
                          key=lambda o: o.start_us)
@@ -195,7 +132,7 @@ def _peak_activations(trace_path: Path, rank: int) -> int:
                if e.get("ph") == "C" and e["pid"] == rank)
 
 
-def test_recompute_peaks_follow_the_prediction(tmp_path_factory, capsys) -> None:
+def test_recompute_peaks_follow_the_prediction(launches: Pool, capsys) -> None:
     """Measured activation peaks across none / selective / full against `simulate`'s.
 
     The executor's attention is scaled_dot_product_attention (FlashAttention's
@@ -206,7 +143,7 @@ def test_recompute_peaks_follow_the_prediction(tmp_path_factory, capsys) -> None
     measured, predicted = {}, {}
     for mode, case in (("none", "1f1b"), ("selective", "1f1b-selective"),
                        ("full", "1f1b-full")):
-        tmp, argv, _ = launched(case, tmp_path_factory)
+        tmp = launches.get(case).tmp
         measured[mode] = [_peak_activations(tmp / "out" / "trace.json", r) for r in (0, 1)]
         assert main(["simulate", *ONE_F_ONE_B, "--recompute", mode, "--json"]) == 0
         sim = json.loads(capsys.readouterr().out)
@@ -239,12 +176,13 @@ def measured_bytes(tmp_path_factory) -> str:
 
 @pytest.mark.parametrize("case", ["gpipe", "1f1b", "interleaved", "interleaved-4x2",
                                   "zb-h1-csv", "dualpipev"])
-def test_peak_memory_is_predicted_exactly_on_every_rank(case, tmp_path_factory,
+def test_peak_memory_is_predicted_exactly_on_every_rank(case, launches: Pool,
                                                          measured_bytes, capsys) -> None:
     """From the profile's byte counts, the simulated peak of every rank equals the run's:
     received inputs held by their stage (an empty stage included), what W keeps beyond
     what B frees, and a V placement's hand-over between two stages of one rank."""
-    tmp, argv, _ = launched(case, tmp_path_factory)
+    run = launches.get(case)
+    tmp, argv = run.tmp, run.argv
     sim = str(tmp / "sim-bytes.json")
     assert main(["simulate", *argv, "--costs", measured_bytes, "--trace", sim]) == 0
     capsys.readouterr()
@@ -256,29 +194,33 @@ def test_peak_memory_is_predicted_exactly_on_every_rank(case, tmp_path_factory,
         assert pred == real, (case, r["rank"], pred, real)
 
 
-def test_torch_peer_runs_the_same_split(tmp_path_factory) -> None:
-    _, argv, ours = launched("1f1b", tmp_path_factory)
-    res = ppsim_run(*argv, "--engine", "torch", "--iterations", "2", "--warmup", "1",
-                    "--trace-dir", str(tmp_path_factory.mktemp("peer")), "--json")
-    assert res.returncode == 0, res.stderr
-    peer = json.loads(res.stdout)
+def test_torch_peer_runs_the_same_split(launches: Pool) -> None:
+    ours = launches.get("1f1b").summary
+    peer = launches.get("1f1b-torch").summary  # --engine torch: torch's engine alone
     assert peer["engine"] == "torch" and peer["iteration_time_ms"] > 0
     assert peer["losses"][0] == pytest.approx(ours["losses"][0], rel=1e-5)
 
 
-def test_versus_alternates_two_splits_in_the_same_processes(tmp_path) -> None:
+def _refused(capsys, argv: list[str], flag: str) -> None:
+    """Refused before any process starts: exit 2, one error naming the flag."""
+    assert main(["run", *argv]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {flag}" in err, argv
+    assert "Traceback" not in err
+
+
+def test_versus_alternates_two_splits_in_the_same_processes(launches: Pool, tmp_path,
+                                                            capsys) -> None:
     """--versus: both splits train the same model on the same data (equal losses), each
     trace holds its own schedule, and the two alternate: one's whole iteration ends
     where the other's begins, so together they tile the run."""
-    argv = ["--pp", "2", "--microbatches", "4", "--split", "5,3", "--iterations", "3",
-            "--warmup", "1", "--trace-dir", str(tmp_path / "out")]
-    res = ppsim_run(*argv, "--versus", "3,5", "--json")
-    assert res.returncode == 0, res.stderr
-    a = json.loads(res.stdout)
+    run = launches.get("1f1b")  # 3 iterations, --versus 3,5
+    a = run.summary
     b = a["versus"]
     assert b["split"] == [3, 5] and a["split"] == [5, 3]
     assert b["losses"] == pytest.approx(a["losses"], rel=1e-6)
     ta, tb = read_trace(a["trace"]), read_trace(b["trace"])
+    assert b["trace"] == str(run.tmp / "out" / "versus" / "trace.json")
     assert {(op.rank, op.stage) for op in tb.ops if op.kind == "F"} == \
         {(0, 0), (1, 1)} and len(tb.ops) == len(ta.ops)
     first = {name: {it: min(op.start_us for op in t.ops if op.iteration == it)
@@ -295,58 +237,52 @@ def test_versus_alternates_two_splits_in_the_same_processes(tmp_path) -> None:
     for it in range(2):
         assert wa[it] + wb[it] == pytest.approx(
             (first["a"][it + 1] - first["a"][it]) / 1e3, abs=1e-3)
+    argv = [*run.argv, "--iterations", "3", "--warmup", "1", "--trace-dir",
+            str(tmp_path / "bad")]
     for extra in (["--versus", "3,5", "--engine", "torch"], ["--versus", "4,5"]):
-        bad = ppsim_run(*argv[:-1], str(tmp_path / "bad"), *extra)
-        assert bad.returncode == 2 and "error: --versus" in bad.stderr, extra
-        assert "Traceback" not in bad.stderr
+        _refused(capsys, [*argv, *extra], "--versus")
 
 
-def test_alongside_torch_runs_both_engines_in_the_same_processes(tmp_path) -> None:
+def test_alongside_torch_runs_both_engines_in_the_same_processes(launches: Pool, tmp_path,
+                                                                 capsys) -> None:
     """--alongside-torch: torch's schedule on the same split alternates with ppsim's in the
     same processes; both train the same model on the same data (equal losses each
     iteration, though each engine steps its own copy), both timed per iteration."""
-    argv = ["--pp", "2", "--microbatches", "4", "--split", "5,3", "--iterations", "3",
-            "--warmup", "1"]
-    res = ppsim_run(*argv, "--alongside-torch", "--trace-dir", str(tmp_path / "out"),
-                    "--json")
-    assert res.returncode == 0, res.stderr
-    ours = json.loads(res.stdout)
+    run = launches.get("1f1b-full")  # 3 iterations, 1 warm-up, --alongside-torch
+    ours = run.summary
     peer = ours["peer"]
     assert peer["engine"] == "torch" and ours["engine"] == "ppsim"
     assert peer["losses"] == pytest.approx(ours["losses"], rel=1e-5)
     assert len(peer["iteration_times_ms"]) == len(ours["iteration_times_ms"]) == 2
     assert all(t > 0 for t in peer["iteration_times_ms"] + ours["iteration_times_ms"])
-    bad = ppsim_run(*argv, "--alongside-torch", "--versus", "4,4", "--trace-dir",
-                    str(tmp_path / "bad"))
-    assert bad.returncode == 2 and "error: --alongside-torch" in bad.stderr
+    _refused(capsys, [*run.argv, "--alongside-torch", "--versus", "4,4", "--trace-dir",
+                      str(tmp_path / "bad")], "--alongside-torch")
 
 
-def test_injected_fault_stops_every_rank(tmp_path) -> None:
-    out = tmp_path / "out"
-    t0 = time.monotonic()
-    res = ppsim_run("--microbatches", "4", "--iterations", "2", "--trace-dir", str(out),
-                    "--inject-fault", "1:B:1:2", "--timeout-s", "30")
-    elapsed = time.monotonic() - t0
+def test_injected_fault_stops_every_rank(launches: Pool) -> None:
+    """The fault run of test_launch_safety (earlier results kept) is this one too."""
+    res = launches.get("fault")
     assert res.returncode != 0
-    assert elapsed < 60
+    assert res.elapsed_s < 60
     first = res.stderr.strip().splitlines()[0]
     assert first.startswith("ppsim run: error: rank 1 failed in B2 (kind B, stage 1, chunk 0, "
                             "microbatch 2) of iteration 0"), res.stderr
     assert "injected fault" in first
-    assert not (out / "trace.json").exists() and not (out / "parts").exists()
+    # Its fresh run folder went with its files: no trace, no parts.
+    assert sorted(os.listdir(res.tmp / "ppsim-run")) == ["20000101-000000", "latest"]
 
 
-def test_an_abort_after_every_rank_finished_keeps_the_run(tmp_path, monkeypatch) -> None:
+def test_an_abort_after_every_rank_finished_keeps_the_run(launches: Pool) -> None:
     """gloo can abort a process in its teardown (seen on this VM about once in 20
     launches); a run whose ranks all finished first is kept, with a warning."""
-    monkeypatch.setenv("PPSIM_TEST_ABORT_AFTER_FINISH", "1")
-    out = tmp_path / "out"
-    res = ppsim_run("--microbatches", "2", "--iterations", "1", "--warmup", "0",
-                    "--trace-dir", str(out), "--json")
+    res = launches.get("default")  # PPSIM_TEST_ABORT_AFTER_FINISH=1
     assert res.returncode == 0, res.stderr
     assert "warning: rank 1 killed by signal 6 (SIGABRT) after finishing its work" in res.stderr
-    assert json.loads(res.stdout)["iterations"] == 1
-    assert len(read_trace(str(out / "trace.json")).ops) == 2 * 2 * 2  # F and B, 2 mb, 2 ranks
+    summary = res.summary
+    assert summary["iterations"] == 2
+    m, pp = summary["microbatches"], summary["pp"]
+    # F and B of every microbatch on every rank, each iteration
+    assert len(read_trace(str(res.tmp / summary["trace"])).ops) == 2 * m * pp * 2
 
 
 def _free_port() -> int:

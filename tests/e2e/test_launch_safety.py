@@ -14,19 +14,17 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 
+from launches import SMALL, Pool  # noqa: E402
+
 from ppsim.cli.main import main  # noqa: E402
 from ppsim.errors import UserError  # noqa: E402
 from ppsim.executor import launch, rundir  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[2]
-SMALL = ["--microbatches", "4", "--iterations", "2", "--timeout-s", "30"]
 
 
 @pytest.fixture
@@ -184,19 +182,14 @@ def test_rank_text_is_printed_without_terminal_escapes() -> None:
     assert "boom" in errors[0] and "\\x1b" in errors[0]
 
 
-# ------------------------------------------------------------------ real runs
-
-
-def _run(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "ppsim.cli", "run", *argv], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=180)
+# ------------------------------------------------------------------ real runs (pooled)
 
 
 HOSTILE = ("ppsim/__init__.py", "ppsim/executor/__init__.py", "ppsim/executor/worker.py",
            "executor/__init__.py", "executor/worker.py")
 
 
+@pytest.mark.e2e
 def test_a_users_ppsim_or_executor_folder_is_never_imported(tmp_path) -> None:
     # A working directory with folders named like ppsim's: only -P keeps the ranks from
     # importing them (python -m puts the working directory first on sys.path).
@@ -215,71 +208,41 @@ def test_a_users_ppsim_or_executor_folder_is_never_imported(tmp_path) -> None:
     assert Path(tmp_path, "out", "run-spec.json").exists()
 
 
-def test_a_sigkilled_rank_is_named_not_the_survivor(tmp_path) -> None:
-    res = _run(*SMALL, "--trace-dir", str(tmp_path / "out"), "--inject-fault", "1:B:1:2:1",
-               "--fault-mode", "kill")
+@pytest.mark.e2e
+def test_a_sigkilled_rank_is_named_not_the_survivor(launches: Pool) -> None:
+    res = launches.get("sigkill")
     lines = res.stderr.strip().splitlines()
     assert res.returncode != 0
     errors = [ln for ln in lines if ln.startswith("ppsim run: error: ")]
     assert errors == ["ppsim run: error: rank 1 died without reporting an error: killed by "
                       "signal 9 (SIGKILL) (torchrun's record)"], res.stderr
-    assert not (tmp_path / "out").exists()
+    assert not (res.tmp / "out").exists()
 
 
-def test_an_injected_fault_blames_one_rank_and_keeps_earlier_results(tmp_path) -> None:
-    old = tmp_path / "ppsim-run" / "20000101-000000"
-    old.mkdir(parents=True)
-    (old / "trace.json").write_text("earlier good trace")
-    (tmp_path / "ppsim-run" / "latest").symlink_to(old.name)
-    res = _run(*SMALL, "--inject-fault", "1:B:1:2", cwd=tmp_path)
+@pytest.mark.e2e
+def test_an_injected_fault_blames_one_rank_and_keeps_earlier_results(launches: Pool) -> None:
+    res = launches.get("fault")  # test_executor's injected-fault run too
+    old = res.tmp / "ppsim-run" / "20000101-000000"
     lines = res.stderr.strip().splitlines()
     assert res.returncode != 0
     assert [ln for ln in lines if "error:" in ln] == [lines[0]], res.stderr
     assert lines[0].startswith("ppsim run: error: rank 1 failed in B2"), res.stderr
     assert "rank 0 failed" not in res.stderr
     assert (old / "trace.json").read_text() == "earlier good trace"
-    assert os.listdir(tmp_path / "ppsim-run") == [old.name, "latest"] or \
-        sorted(os.listdir(tmp_path / "ppsim-run")) == sorted([old.name, "latest"])
-    assert os.readlink(tmp_path / "ppsim-run" / "latest") == old.name
+    assert sorted(os.listdir(res.tmp / "ppsim-run")) == sorted([old.name, "latest"])
+    assert os.readlink(res.tmp / "ppsim-run" / "latest") == old.name
 
 
-def _tree(root: int) -> set[int]:
-    parents: dict[int, int] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                stat = Path(f"/proc/{d}/stat").read_text()
-            except OSError:
-                continue
-            parents[int(d)] = int(stat.rsplit(")", 1)[1].split()[1])
-    tree, grew = {root}, True
-    while grew:
-        new = {p for p, pp in parents.items() if pp in tree} - tree
-        tree |= new
-        grew = bool(new)
-    return tree
-
-
+@pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
-def test_a_run_listens_on_the_master_address_only(tmp_path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "ppsim.cli", "run", *SMALL, "--json"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    seen: set[str] = set()
-    while proc.poll() is None:
-        pids = _tree(proc.pid)
-        ss = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout
-        for line in ss.splitlines():
-            if any(int(p) in pids for p in re.findall(r"pid=(\d+)", line)):
-                seen.add(line.split()[3])
-        time.sleep(0.1)
-    so, se = proc.communicate()
-    assert proc.returncode == 0, se
+def test_a_run_listens_on_the_master_address_only(launches: Pool) -> None:
+    res = launches.get("default")  # run in its folder, watched with ss while it ran
+    seen = res.listening
+    assert res.returncode == 0, res.stderr
     assert seen and all(a.startswith("127.0.0.1:") for a in seen), seen
-    latest = tmp_path / "ppsim-run" / "latest"
-    assert json.loads(so)["trace"] == os.path.join("ppsim-run", os.readlink(latest),
-                                                   "trace.json")
+    latest = res.tmp / "ppsim-run" / "latest"
+    assert res.summary["trace"] == os.path.join("ppsim-run", os.readlink(latest),
+                                                "trace.json")
     assert (latest / "trace.json").exists() and (latest / "summary.json").exists()
 
 

@@ -12,12 +12,15 @@ import pytest
 
 pytest.importorskip("torch")
 
+from launches import Pool  # noqa: E402
+
 from ppsim.cli.main import main  # noqa: E402
 from ppsim.costs.costfile import load_costs, read_cost_file  # noqa: E402
 from ppsim.trace.schema import read_trace  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+pytestmark = pytest.mark.e2e
 
 
 def ppsim(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -34,11 +37,10 @@ def profiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("run")
-    r = ppsim("run", "--iterations", "2", "--warmup", "1", "--trace-dir", str(d))
-    assert r.returncode == 0, r.stderr
-    return d / "trace.json"
+def recorded(launches: Pool) -> Path:
+    """The default config's run (2 iterations, 1 warm-up), pooled with other tests."""
+    run = launches.get("default")
+    return run.tmp / run.summary["trace"]
 
 
 def test_profile_writes_a_loadable_file_with_positive_numbers(profiled) -> None:

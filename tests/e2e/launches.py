@@ -1,0 +1,258 @@
+"""Every real `ppsim run` the e2e tests read, launched once per session and shared.
+
+A launch costs seconds of process start (torch imported by `ppsim run`, torchrun
+and each rank) and a fraction of a second of training, so one launch serves
+several tests: its trace, summary, losses, dumped gradients and run folder are
+read by each test that needs that configuration. Extra flags ride on a case's
+launch where they do not change what the other tests read (`--alongside-torch`
+runs torch's engine in the same processes, `--versus` a second split).
+
+Launches run one at a time, when first asked for: two in flight were no faster on
+two cores (the ranks of one launch already keep both busy).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+MOE = ["--model", "tests/model_moe.py:build"]
+
+
+@dataclass(kw_only=True)
+class Spec:
+    """One launch: the case's flags (with `{tmp}` for its folder) and how it is run."""
+
+    argv: list[str]
+    extra: list[str] = field(default_factory=list)
+    """Flags of the pool (--alongside-torch, --versus, --engine) beside the case's own."""
+    iterations: int = 2
+    recorded: bool = True
+    """--iterations, warm-up 1, --trace-dir tmp/out and --json."""
+    dump_grads: bool = True
+    """--dump-grads tmp/grads (with recorded; the ppsim engine's gradients)."""
+    in_tmp: bool = False
+    """Run with the launch's folder as the working directory."""
+    env: dict[str, str] = field(default_factory=dict)
+    watch_listen: bool = False
+    """Poll `ss` while it runs: the addresses its processes listen on."""
+
+
+@dataclass(kw_only=True)
+class Launch:
+    """What one launch left: its exit, output, summary and folder."""
+
+    name: str
+    tmp: Path
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    elapsed_s: float
+    listening: set[str]
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        assert self.returncode == 0, self.stderr
+        return json.loads(self.stdout)
+
+
+def zb_h1_csv(pp: int, m: int) -> str:
+    """ZB-H1 (Qi et al. 2024): B and W split, W of microbatch i - r after B of i."""
+    rows = []
+    for r in range(pp):
+        warm, cells, f, w = pp - r - 1, [], 0, 0
+        cells += [f"{r}F{i}" for i in range(warm)]
+        f = warm
+        for i in range(m):
+            if f < m:
+                cells.append(f"{r}F{f}")
+                f += 1
+            cells.append(f"{r}I{i}")
+            if i >= r:
+                cells.append(f"{r}W{w}")
+                w += 1
+        cells += [f"{r}W{j}" for j in range(w, m)]
+        rows.append(",".join(cells))
+    return "\n".join(rows) + "\n"
+
+
+def torch_dualpipev_csv(path: Path) -> None:
+    """The CSV torch's ScheduleDualPipeV writes, with its send/recv actions."""
+    import types
+
+    import torch
+    from torch.distributed.pipelining import schedules as ts
+
+    # Building an order reads only these fields of a stage; no process group talks.
+    stages = [types.SimpleNamespace(group_size=2, group_rank=0, num_stages=4, stage_index=i,
+                                    submod=torch.nn.Identity(), is_first=i == 0,
+                                    is_last=i == 3) for i in range(2)]
+    ts.ScheduleDualPipeV(stages, 4)._dump_csv(str(path), format="compute_comms")
+
+
+GPIPE = ["--schedule", "gpipe", "--pp", "2", "--split", "6,2", "--microbatches", "3"]
+ONE_F_ONE_B = ["--schedule", "1f1b", "--pp", "2", "--split", "5,3", "--microbatches", "4"]
+INTERLEAVED = ["--schedule", "interleaved-1f1b", "--pp", "2", "--vpp", "2", "--split",
+               "3,1,2,2", "--microbatches", "4"]
+ZB_H1 = ["--schedule", "zb-h1", "--pp", "2", "--split", "5,3", "--microbatches", "4"]
+ZBV = ["--schedule", "zbv", "--pp", "2", "--vpp", "2", "--split", "3,2,1,2",
+       "--microbatches", "4"]
+DUALPIPEV = ["--schedule", "dualpipev", "--pp", "2", "--vpp", "2", "--split", "2,3,2,1",
+             "--microbatches", "4"]
+V = ["--pp", "2", "--vpp", "2", "--split", "2,3,2,1"]
+PEER = ["--alongside-torch"]
+SMALL = ["--microbatches", "4", "--iterations", "2", "--timeout-s", "30"]
+
+# test_executor.py's cases: every schedule, both builders, recompute modes and dp 2.
+EXECUTOR = {
+    "gpipe": Spec(argv=GPIPE),
+    # also the --versus launch (3 iterations: the third has no successor)
+    "1f1b": Spec(argv=ONE_F_ONE_B, extra=["--versus", "3,5"], iterations=3),
+    "1f1b-selective": Spec(argv=[*ONE_F_ONE_B, "--recompute", "selective"]),
+    # also the --alongside-torch launch, and torch's 1F1B with full recompute
+    "1f1b-full": Spec(argv=[*ONE_F_ONE_B, "--recompute", "full"], extra=PEER, iterations=3),
+    "interleaved": Spec(argv=INTERLEAVED),
+    # 4 ranks x 2 chunks, with an empty stage (3) that only passes tensors on
+    "interleaved-4x2": Spec(argv=["--schedule", "interleaved-1f1b", "--pp", "4", "--vpp", "2",
+                                  "--split", "2,1,1,0,1,1,1,1", "--microbatches", "4"]),
+    "zb-h1-csv": Spec(argv=["--schedule", "1f1b", "--pp", "2", "--split", "3,5",
+                            "--microbatches", "4", "--actions-csv", "{tmp}/zb.csv"]),
+    "zb-h1-full": Spec(argv=[*ZB_H1, "--recompute", "full"], extra=PEER),
+    "zbv-selective-dp2": Spec(argv=[*ZBV, "--recompute", "selective", "--dp", "2"]),
+    "dualpipev": Spec(argv=DUALPIPEV, extra=PEER),
+    "moe-gpipe-full": Spec(argv=[*MOE, *GPIPE, "--recompute", "full"]),
+    "moe-1f1b-selective-dp2": Spec(argv=[*MOE, *ONE_F_ONE_B, "--recompute", "selective",
+                                         "--dp", "2"]),
+    "moe-interleaved": Spec(argv=[*MOE, *INTERLEAVED]),
+    "moe-zb-h1-selective": Spec(argv=[*MOE, *ZB_H1, "--recompute", "selective"]),
+    "moe-zbv-full": Spec(argv=[*MOE, *ZBV, "--recompute", "full"]),
+    "moe-dualpipev": Spec(argv=[*MOE, *DUALPIPEV]),
+}
+
+# test_executor_schedules.py's cases beyond those above; its zb-h1, dualpipev and
+# full-recompute 1F1B peers ride on the launches of the same schedules above.
+SCHEDULES = {
+    "interleaved-m3": Spec(argv=["--schedule", "interleaved-1f1b", *V[:4], "--split",
+                                 "3,1,2,2", "--microbatches", "3"]),
+    "interleaved-zb": Spec(argv=["--schedule", "interleaved-zb", *V[:4], "--split", "2,2,1,3",
+                                 "--microbatches", "4"], extra=PEER),
+    "torch-dualpipev-csv": Spec(argv=[*V, "--microbatches", "4", "--actions-csv",
+                                      "{tmp}/dualpipev.csv"], extra=PEER),
+    "zbv": Spec(argv=["--schedule", "zbv", *V, "--microbatches", "4"], extra=PEER),
+}
+
+OTHERS = {
+    # torch's engine alone (not alongside ppsim's) on the 1f1b case's split
+    "1f1b-torch": Spec(argv=ONE_F_ONE_B, extra=["--engine", "torch"], dump_grads=False),
+    # The default config, run in its folder (ppsim-run/latest), watched with ss; rank 1
+    # aborts after finishing (gloo's teardown abort). Its trace feeds calibrate and the
+    # profile checks, its losses the shared-core check.
+    "default": Spec(argv=["--iterations", "2", "--warmup", "1", "--timeout-s", "30",
+                          "--json"], recorded=False, in_tmp=True, watch_listen=True,
+                    env={"PPSIM_TEST_ABORT_AFTER_FINISH": "1"}),
+    "default-one-core": Spec(argv=["--devices", "0,0"], dump_grads=False),
+    # an injected fault, in a folder that holds an earlier run's results
+    "fault": Spec(argv=[*SMALL, "--inject-fault", "1:B:1:2"], recorded=False, in_tmp=True),
+    "sigkill": Spec(argv=[*SMALL, "--trace-dir", "{tmp}/out", "--inject-fault", "1:B:1:2:1",
+                          "--fault-mode", "kill"], recorded=False),
+}
+
+SPECS: dict[str, Spec] = {**EXECUTOR, **SCHEDULES, **OTHERS}
+
+
+def _proc_tree(root: int) -> set[int]:
+    parents: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(d)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tree, grew = {root}, True
+    while grew:
+        new = {p for p, pp in parents.items() if pp in tree} - tree
+        tree |= new
+        grew = bool(new)
+    return tree
+
+
+def _watched(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, str, str,
+                                                                      set[str]]:
+    """Run cmd, noting every TCP address its process tree listens on meanwhile."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    seen: set[str] = set()
+    out: dict[str, str] = {}
+    reader = threading.Thread(target=lambda: out.update(zip(("o", "e"), proc.communicate(),
+                                                            strict=True)))
+    reader.start()  # drain the pipes while polling: a full pipe would stall the run
+    while proc.poll() is None and shutil.which("ss"):
+        pids = _proc_tree(proc.pid)
+        ss = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout
+        for line in ss.splitlines():
+            if any(int(p) in pids for p in re.findall(r"pid=(\d+)", line)):
+                seen.add(line.split()[3])
+        time.sleep(0.1)
+    reader.join(timeout=60)
+    return proc.returncode, out.get("o", ""), out.get("e", ""), seen
+
+
+def _prepare(name: str, tmp: Path) -> None:
+    (tmp / "zb.csv").write_text(zb_h1_csv(2, 4))
+    if name == "torch-dualpipev-csv":
+        torch_dualpipev_csv(tmp / "dualpipev.csv")
+    if name == "fault":  # an earlier good run the failed one must leave alone
+        old = tmp / "ppsim-run" / "20000101-000000"
+        old.mkdir(parents=True)
+        (old / "trace.json").write_text("earlier good trace")
+        (tmp / "ppsim-run" / "latest").symlink_to(old.name)
+
+
+def launch(name: str, tmp: Path) -> Launch:
+    """Run SPECS[name] with `tmp` as its folder."""
+    spec = SPECS[name]
+    _prepare(name, tmp)
+    argv = [a.format(tmp=tmp) for a in spec.argv]
+    flags = [*argv, *spec.extra]
+    if spec.recorded:
+        flags += ["--iterations", str(spec.iterations), "--warmup", "1", "--trace-dir",
+                  str(tmp / "out"), "--json"]
+        if spec.dump_grads:
+            flags += ["--dump-grads", str(tmp / "grads")]
+    cwd = tmp if spec.in_tmp else ROOT
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **spec.env}
+    cmd = [sys.executable, "-m", "ppsim.cli", "run", *flags]
+    t0 = time.monotonic()
+    if spec.watch_listen:
+        rc, so, se, seen = _watched(cmd, cwd, env)
+    else:
+        res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
+                             timeout=300)
+        rc, so, se, seen = res.returncode, res.stdout, res.stderr, set()
+    return Launch(name=name, tmp=tmp, argv=argv, returncode=rc, stdout=so, stderr=se,
+                  elapsed_s=time.monotonic() - t0, listening=seen)
+
+
+class Pool:
+    """The session's launches: each run once, when a test first asks for it."""
+
+    def __init__(self, folder: Any) -> None:
+        self.folder = folder  # a callable: name -> a fresh directory
+        self.done: dict[str, Launch] = {}
+
+    def get(self, name: str) -> Launch:
+        if name not in self.done:
+            self.done[name] = launch(name, self.folder(name))
+        return self.done[name]
