@@ -34,7 +34,7 @@ import tempfile
 
 from ppsim.config.schema import config_to_toml, load_config
 from ppsim.pipeline.problem import build_problem
-from ppsim.sim.engine import simulate
+from ppsim.sim.simulate import simulate
 from ppsim.trace.diff import diff_traces
 from ppsim.trace.schema import read_trace, simulation_trace, write_trace
 

@@ -34,7 +34,7 @@ from dataclasses import replace
 
 from ppsim.config.schema import load_config
 from ppsim.pipeline.problem import build_problem
-from ppsim.sim.engine import simulate
+from ppsim.sim.simulate import simulate
 from ppsim.trace.schema import Trace, read_trace, simulation_trace, trace_from_json
 
 Key = tuple[int, str]

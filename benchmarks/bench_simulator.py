@@ -112,8 +112,8 @@ def in_process() -> None:
 
     from ppsim.config.schema import config_from_dict
     from ppsim.pipeline.problem import build_problem
-    from ppsim.sim.engine import simulate
     from ppsim.sim.evaluate import evaluate
+    from ppsim.sim.simulate import simulate
     from ppsim.sim.timing import compile_schedule, op_table
 
     print(f"{'schedule':18} {'pp':>3} {'vpp':>3} {'m':>5} {'ops':>8} {'sim s':>8} "

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ppsim.costs.costfile import layer_dict
+from ppsim.costs.costfile import _layer, layer_dict
 from ppsim.costs.model import ModelCosts
 from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.optim import adamw
@@ -324,7 +324,6 @@ def run_conditions(prof: Any, fields: dict[str, Any], device_kind: str,
     in one process per device at once (None otherwise). Where the placement puts k ranks
     on a device, k processes per device are timed too, for the context-switch cost
     beyond processor sharing."""
-    from ppsim.costs.costfile import _layer
 
     devs = list(devices) if devices else [0]
     distinct = sorted(set(devs))

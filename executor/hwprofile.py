@@ -16,6 +16,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ppsim.costs.layerops import layer_ops
+from ppsim.executor.builders.gpt import build
+from ppsim.executor.builders.llama import architecture
+
 # Dense bf16 peaks (TFLOP/s) of GPUs we know; others use the best measured rate / 0.8.
 KNOWN_PEAKS = {"H200": 989.0, "H100": 989.0, "GH200": 989.0, "A100": 312.0, "L40S": 362.0,
                "B200": 2250.0}
@@ -104,10 +108,6 @@ def measure_kernel_overhead(device: torch.device) -> float:
     (device time ~0), forward and backward, over the ops the roofline counts for it
     (ppsim.layerops). Eager PyTorch spends this in Python modules, dispatch and
     autograd for every op, so a small model's layer is host-bound."""
-    from ppsim.costs.layerops import layer_ops
-    from ppsim.executor.builders.gpt import build
-    from ppsim.executor.builders.llama import architecture
-
     fields = {"num_layers": 1, "hidden_size": 64, "num_heads": 2, "num_kv_heads": 2,
               "ffn_hidden_size": 256, "vocab_size": 128, "seq_length": 16,
               "micro_batch_size": 1, "gated_mlp": False, "norm": "layernorm",

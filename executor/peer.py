@@ -23,6 +23,7 @@ from ppsim.executor.optim import adamw
 from ppsim.executor.quiet import no_gc_pauses
 from ppsim.executor.runspec import RunSpec
 from ppsim.executor.summary import peer_summary
+from ppsim.schedules.torchcsv import to_torch_csv
 
 PEER_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
                   "interleaved-1f1b": "ScheduleInterleaved1F1B",
@@ -78,7 +79,6 @@ def _csv_runner(stages: list[Any], sched: Any, loss_fn: Any) -> Any:
 
     from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
-    from ppsim.schedules.torchcsv import to_torch_csv
 
     runner = _PipelineScheduleRuntime(stages, sched.microbatches, loss_fn=loss_fn)
     fd, path = tempfile.mkstemp(suffix=".csv")

@@ -40,6 +40,7 @@ from ppsim.executor import summary as summ
 from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.builders import ModelBuilder, load_builder
 from ppsim.executor.launch import STORE_ENV, printable
+from ppsim.executor.peer import Peer, run_peer, slowest_ms
 from ppsim.executor.quiet import no_gc_pauses
 from ppsim.executor.recorder import Recorder, align_clocks, gather_json, merge_parts
 from ppsim.executor.runspec import RunSpec
@@ -218,8 +219,6 @@ def _engine(spec: RunSpec, runs: list[Problem], builder: ModelBuilder, rank: int
                    replica=replica) for i, (p, rec) in enumerate(zip(runs, recs, strict=True))]
     peer = None
     if spec.alongside_torch:
-        from ppsim.executor.peer import Peer
-
         peer = Peer(problem, builder, rank, device, spec, wire, recompute)
     losses, timed, peer_runs = _train(spec, rts, rank, ctrl, device, peer)
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -261,7 +260,6 @@ def _torch_engine(spec: RunSpec, problem: Problem, builder: ModelBuilder, rank: 
                   device: torch.device, wire: torch.device, ctrl: Any, recompute: str,
                   meta: dict[str, Any]) -> dict[str, Any]:
     """--engine torch: the split under torch.distributed.pipelining (no per-op trace)."""
-    from ppsim.executor.peer import run_peer
 
     res = run_peer(problem, builder, rank, device, spec, ctrl,
                    lambda i, loss: _say("progress", {"iteration": i, "of": spec.iterations,
@@ -293,7 +291,6 @@ def _train(spec: RunSpec, rts: list[Runtime], rank: int, ctrl: Any,
     --alongside-torch) torch's engine on the run's split, alternating iteration by
     iteration so the machine's drift hits each alike. With the peer, both engines are
     timed the same way (barrier to the end of the step, slowest rank)."""
-    from ppsim.executor.peer import slowest_ms
 
     losses: list[list[float]] = [[] for _ in rts]
     timed: list[float] = []

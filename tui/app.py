@@ -22,7 +22,7 @@ from textual.widgets import Footer, Header, Input, ProgressBar, Static
 
 from ppsim.config.schema import Config, load_config
 from ppsim.errors import UserError
-from ppsim.tui.compare import Comparison, delta_lines, op_delta
+from ppsim.tui.compare import Comparison, compare, delta_lines, op_delta
 from ppsim.tui.editing import (
     EditRefused,
     History,
@@ -224,7 +224,6 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
             return
         # lanes and the trace comparison grow with the run: built here, not on the UI
         # thread (a 300k-op state would stall the screen for a while otherwise)
-        from ppsim.tui.compare import compare
 
         trace = self.trace
         pin = self._lanes  # the pinned split's simulation is cached: so are its lanes
@@ -282,8 +281,6 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         others = [pin_l] if self.show_pinned else []
         box = self.query_one("#compare", Static)
         if self.trace is not None:
-            from ppsim.tui.compare import compare
-
             if self._trace_lanes[0] is not self.trace:
                 self._trace_lanes = (self.trace, trace_lanes(self.trace))
             others.append(self._trace_lanes[1])

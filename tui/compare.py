@@ -12,6 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ppsim.errors import UserError
+from ppsim.trace.diff import diff_traces, steady_iteration
+from ppsim.trace.schema import simulation_trace, trace_from_json
+from ppsim.units import fmt_bytes
+
 
 @dataclass(frozen=True)
 class Comparison:
@@ -68,16 +73,12 @@ def shape_note(sim: Any, trace: Any) -> str:
 
 def compared_iteration(trace: Any) -> int:
     """The real iteration a comparison uses (the one `ppsim diff` picks)."""
-    from ppsim.trace.diff import steady_iteration
 
     return steady_iteration(trace)
 
 
 def compare(sim: Any, trace: Any) -> Comparison:
     """Simulated iteration against a recorded trace (`ppsim.trace.Trace`)."""
-    from ppsim.errors import UserError
-    from ppsim.trace.diff import diff_traces
-    from ppsim.trace.schema import simulation_trace, trace_from_json
 
     simulated = trace_from_json(simulation_trace(sim), "simulated")
     try:
@@ -146,7 +147,6 @@ def rank_deltas(pinned: Any, current: Any) -> list[RankDelta]:
 
 def delta_lines(result: Any, width: int = 100) -> list[str]:
     """The comparison panel's text for a `ppsim.tui.session.Result`."""
-    from ppsim.units import fmt_bytes
 
     pin, cur = result.pinned.summary, result.sim.summary
     which = "even split" if result.pinned_is_even else "pinned split"

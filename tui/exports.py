@@ -10,7 +10,9 @@ import json
 import shlex
 
 from ppsim.config.schema import Config, config_to_toml
+from ppsim.errors import UserError
 from ppsim.fileio import write_text_atomic
+from ppsim.pipeline.exports import split_exports, torchtitan_fqns
 from ppsim.pipeline.split import Split
 
 
@@ -19,8 +21,6 @@ def export_forms(split: Split) -> dict[str, object]:
 
     Megatron cannot express a V placement (ZB-V, DualPipeV); then only the
     torchtitan form is given and the others say why not."""
-    from ppsim.errors import UserError
-    from ppsim.pipeline.exports import split_exports, torchtitan_fqns
 
     try:
         return split_exports(split)

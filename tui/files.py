@@ -13,8 +13,13 @@ from typing import Any
 
 from textual.widgets import Static
 
+from ppsim.config.schema import config_to_toml
 from ppsim.errors import UserError
+from ppsim.fileio import write_text_atomic
+from ppsim.trace.schema import read_trace
+from ppsim.tui.exports import export_text
 from ppsim.tui.screens import ConfirmQuit, PathPrompt
+from ppsim.tui.session import config_for
 
 
 def write_problem(path: str) -> str:
@@ -59,8 +64,6 @@ class FileActions:
         return f"{s.model_preset or 'model'} {s.schedule} microbatches={s.microbatches}"
 
     def _write(self, what: str, path: str, text: str) -> bool:
-        from ppsim.fileio import write_text_atomic
-
         problem = write_problem(path)
         if not problem:
             try:
@@ -73,16 +76,12 @@ class FileActions:
         return True
 
     def action_export(self) -> None:
-        from ppsim.tui.exports import export_text
-
         preview = export_text(self.state.split)  # type: ignore[attr-defined]
         self.push_screen(PathPrompt("Export the split to (y in the main screen copies it "  # type: ignore[attr-defined]
                                     "to the clipboard instead)", "ppsim-split.sh", preview),
                          self.export_to)
 
     def export_to(self, path: str | None) -> None:
-        from ppsim.tui.exports import export_text
-
         if not path:
             return
         text = export_text(self.state.split, self._title())  # type: ignore[attr-defined]
@@ -91,8 +90,6 @@ class FileActions:
             self.notify(f"split exported to {path} (and copied to the clipboard)")  # type: ignore
 
     def action_copy_export(self) -> None:
-        from ppsim.tui.exports import export_text
-
         text = export_text(self.state.split, self._title())  # type: ignore[attr-defined]
         self.copy_to_clipboard(text)  # type: ignore[attr-defined]
         self.notify("export (Megatron, torchtitan, DeepSpeed forms) copied to the clipboard")  # type: ignore
@@ -102,9 +99,6 @@ class FileActions:
                                     self.config_path or "ppsim.toml"), self.save_to)
 
     def save_to(self, path: str | None) -> None:
-        from ppsim.config.schema import config_to_toml
-        from ppsim.tui.session import config_for
-
         if not path:
             return
         text = config_to_toml(config_for(self.base, self.state))  # type: ignore[attr-defined]
@@ -118,8 +112,6 @@ class FileActions:
             "Load a trace (Chrome JSON from ppsim run / simulate)"), self.load_trace)
 
     def load_trace(self, path: str | None) -> None:
-        from ppsim.trace.schema import read_trace
-
         if not path:
             return
         box = self.query_one("#compare", Static)  # type: ignore[attr-defined]

@@ -10,6 +10,8 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from ppsim.tui.compare import compared_iteration
+
 
 class LaneOp(NamedTuple):
     start: float
@@ -81,8 +83,6 @@ def trace_lanes(trace: Any, iteration: int | None = None, prefix: str = "real") 
     """One lane per rank of a `ppsim.trace.Trace`, one iteration (by default the one
     `ppsim diff` compares), times in ms from that iteration's first op."""
     if iteration is None:
-        from ppsim.tui.compare import compared_iteration
-
         iteration = compared_iteration(trace)
     it = iteration
     ops = [o for o in trace.ops if o.iteration == it]

@@ -11,6 +11,8 @@ import pickle
 import sys
 from typing import Any
 
+from ppsim.tui.session import plan_in_child
+
 
 class _Pipe:
     """What ppsim.tui.session.plan_in_child sends to: one flushed pickle per message."""
@@ -24,8 +26,6 @@ class _Pipe:
 
 
 def main() -> int:
-    from ppsim.tui.session import plan_in_child
-
     base, state = pickle.load(sys.stdin.buffer)
     plan_in_child(base, state, _Pipe(sys.stdout.buffer))
     return 0

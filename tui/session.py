@@ -17,12 +17,14 @@ from ppsim.config import limits
 from ppsim.config.model import Model, parse_model
 from ppsim.config.overrides import with_overrides
 from ppsim.config.presets import HARDWARE_PRESETS, MODEL_PRESETS
-from ppsim.config.schema import Config
+from ppsim.config.schema import Config, config_to_toml
 from ppsim.errors import UserError
 from ppsim.pipeline.problem import Problem, build_problem, resolve_split
 from ppsim.pipeline.split import Split, even_counts
+from ppsim.plan import planner
 from ppsim.schedules.generators import SCHEDULES, schedule_placement
-from ppsim.sim.engine import Simulation, simulate
+from ppsim.sim.engine import Simulation
+from ppsim.sim.simulate import simulate
 from ppsim.tui.editing import EditRefused, parse_float, parse_int
 
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -255,8 +257,6 @@ _pinned_cache: dict[Any, Simulation] = {}
 
 
 def _base_key(base: Config) -> str:
-    from ppsim.config.schema import config_to_toml
-
     return config_to_toml(base)
 
 
@@ -292,7 +292,6 @@ def planner_available() -> bool:
 
 def run_planner(base: Config, state: EditState, progress: Progress | None = None) -> Any:
     """ppsim.planner.plan on the current state's problem (imported lazily)."""
-    from ppsim.plan import planner
 
     problem = build_problem(config_for(base, state))
     return planner.plan(problem, top_k=5, progress=progress)

@@ -12,8 +12,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
+from ppsim.config.validate import output
 from ppsim.costs.costfile import layer_dict
 from ppsim.costs.model import ModelCosts
+from ppsim.errors import UserError
+from ppsim.fileio import write_text_atomic
+from ppsim.pipeline.problem import model_costs
+from ppsim.units import fmt_bytes
 
 
 def _ranges(idx: list[int]) -> str:
@@ -44,7 +50,6 @@ def print_costs(doc: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ppsim.units import fmt_bytes
 
     c = Console()
     t = Table(title=f"per-piece costs ({doc['source']}), one microbatch", title_justify="left")
@@ -68,9 +73,6 @@ def print_costs(doc: dict[str, Any]) -> None:
 
 
 def cmd_costs(args: argparse.Namespace) -> int:
-    from ppsim.cli.main import config_from_args, emit_json
-    from ppsim.pipeline.problem import model_costs
-
     cfg = config_from_args(args)
     costs = model_costs(cfg)
     source = f"cost file {cfg.costs_file}" if cfg.costs_file else (
@@ -87,16 +89,15 @@ def hardware_profile(args: argparse.Namespace) -> int:
     """`ppsim profile --hardware-out FILE`: this device's roofline as a [hardware] table."""
     import torch
 
-    from ppsim.cli.main import emit_json
-    from ppsim.errors import UserError
-    from ppsim.executor.hwprofile import hardware_toml, measure_hardware
-    from ppsim.fileio import write_text_atomic
+    from ppsim.executor.hwprofile import (  # torch loads only when measuring
+        hardware_toml,
+        measure_hardware,
+    )
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device", "cuda requested but torch sees no GPU here",
                         "use --device cpu")
     result = measure_hardware(args.device)
-    from ppsim.config.validate import output
 
     with output("--hardware-out", args.hardware_out):
         write_text_atomic(args.hardware_out, hardware_toml(result))
@@ -115,8 +116,6 @@ def hardware_profile(args: argparse.Namespace) -> int:
 
 def register(commands: dict) -> None:
     def add(p: argparse.ArgumentParser) -> None:
-        from ppsim.cli.main import add_config_flags
-
         add_config_flags(p, split_flags=False)
         p.add_argument("--json", action="store_true", help="one JSON object on stdout")
 

@@ -18,8 +18,17 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from ppsim.cli.flags import add_config_flags, config_from_args
 from ppsim.config import validate
+from ppsim.config.schema import config_to_toml
 from ppsim.errors import UserError
+from ppsim.fileio import write_text_atomic
+from ppsim.pipeline.problem import build_problem
+from ppsim.pipeline.split import even_counts
+from ppsim.plan.planner import plan
+from ppsim.sim.simulate import simulate
+from ppsim.trace.diff import diff_traces
+from ppsim.trace.schema import read_trace, simulation_trace, write_trace
 
 
 def _ppsim(*args: str) -> subprocess.CompletedProcess:
@@ -39,15 +48,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ppsim.cli.main import config_from_args
-    from ppsim.config.schema import config_to_toml
-    from ppsim.fileio import write_text_atomic
-    from ppsim.pipeline.problem import build_problem
-    from ppsim.pipeline.split import even_counts
-    from ppsim.plan.planner import plan
-    from ppsim.sim.engine import simulate
-    from ppsim.trace.diff import diff_traces
-    from ppsim.trace.schema import read_trace, simulation_trace, write_trace
 
     console = Console()
     validate.count("--rounds", args.rounds, lo=1, hi=20)
@@ -159,8 +159,6 @@ def _run_both(console: Any, base: str, out: str, splits: dict[str, tuple[int, ..
 
 def register(commands: dict) -> None:
     def add(p: argparse.ArgumentParser) -> None:
-        from ppsim.cli.main import add_config_flags
-
         add_config_flags(p, split_flags=False)
         p.add_argument("--out", default="ppsim-demo", metavar="DIR",
                        help="where costs, traces and configs go (default ./ppsim-demo)")

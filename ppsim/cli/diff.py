@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ppsim.cli.flags import emit_json
+from ppsim.cli.picture import render_png
 from ppsim.config.validate import output
 from ppsim.errors import UserError
 from ppsim.trace.diff import Window, diff_traces
 from ppsim.trace.schema import read_trace
+from ppsim.units import fmt_bytes
 
 
 def lanes(w: Window) -> list[list[tuple[float, float, str, int]]]:
@@ -24,7 +27,6 @@ def print_diff(d: dict[str, Any]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from ppsim.units import fmt_bytes
 
     c = Console()
     a, b = (escape(x) for x in d["traces"])  # file names are not markup
@@ -71,16 +73,12 @@ def print_diff(d: dict[str, Any]) -> None:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from ppsim.cli.main import emit_json
-
     if args.top < 1:
         raise UserError("--top", f"must be at least 1, got {args.top}", "use --top 10")
     a, b = read_trace(args.a), read_trace(args.b)
     diff = diff_traces(a, b, args.iteration)
     d = diff.to_dict(top=args.top)
     if args.png:
-        from ppsim.cli.picture import render_png
-
         with output("--png", args.png):
             render_png([(f"A: {args.a}", lanes(diff.a)), (f"B: {args.b}", lanes(diff.b))],
                        args.png, title=f"iteration time A {d['iteration_time_ms'][0]:.2f} ms, "

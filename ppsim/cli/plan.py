@@ -8,15 +8,21 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ppsim.config import validate
+from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
+from ppsim.cli.schedule import print_notes
+from ppsim.cli.simulate import print_exports
+from ppsim.clock import process_start
+from ppsim.config import limits, validate
 from ppsim.config.model import TransformerModel
 from ppsim.config.overrides import with_overrides
 from ppsim.config.schema import Config
 from ppsim.errors import UserError
+from ppsim.pipeline.exports import split_exports
 from ppsim.pipeline.problem import Problem, build_problem
 from ppsim.plan.planner import Candidate, PlanResult, plan
 from ppsim.plan.references import Reference, compare, megatron_baseline, time_split, why_faster
 from ppsim.schedules.generators import SCHEDULES
+from ppsim.units import fmt_bytes
 
 SEARCH_AXES = ("schedule", "vpp", "microbatches", "recompute")
 EXIT_NO_FIT = 3
@@ -189,8 +195,6 @@ def reference_dict(ref: Reference, best: Candidate | None) -> dict[str, Any]:
 
 
 def result_dict(planned: Planned) -> dict[str, Any]:
-    from ppsim.pipeline.exports import split_exports
-
     res = planned.result
     p = res.problem
     out: dict[str, Any] = {
@@ -240,9 +244,6 @@ def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], to
     from rich.console import Console
     from rich.table import Table
 
-    from ppsim.cli.main import print_exports
-    from ppsim.pipeline.exports import split_exports
-    from ppsim.units import fmt_bytes
 
     console = Console()
     res = planned.result
@@ -320,10 +321,6 @@ def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], to
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ppsim.cli.main import config_from_args, emit_json
-    from ppsim.clock import process_start
-    from ppsim.config import limits
-
     started = process_start()  # the budget covers the whole command
     cfg = config_from_args(args)
     if args.top < 1:
@@ -340,7 +337,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                       show_progress=not args.json and sys.stderr.isatty(),
                                       compare_texts=args.compare or [], started=started)
     best = planned.result
-    from ppsim.cli.schedule import print_notes
 
     print_notes(best.problem.schedule, "plan")
     if args.json:
@@ -364,8 +360,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def register(commands: dict) -> None:
     def add(p: argparse.ArgumentParser) -> None:
-        from ppsim.cli.main import add_config_flags
-
         add_config_flags(p, split_flags=False)
         p.add_argument("--json", action="store_true", help="one JSON object on stdout")
         p.add_argument("--top", type=int, default=5, metavar="K", help="candidates to show")

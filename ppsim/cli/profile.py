@@ -12,7 +12,8 @@ import argparse
 import sys
 from typing import Any
 
-from ppsim.cli.main import add_config_flags, config_from_args, emit_json
+from ppsim.cli.costs import hardware_profile
+from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
 from ppsim.config import validate
 from ppsim.config.model import TransformerModel
 from ppsim.config.schema import Config
@@ -20,6 +21,7 @@ from ppsim.costs.costfile import cost_document, write_costs
 from ppsim.errors import UserError
 from ppsim.trace.calibrate import ESTIMATORS, calibrate
 from ppsim.trace.schema import read_trace
+from ppsim.units import fmt_bytes
 
 PROFILE_HELP = "measure per-layer F/B/W time, bytes and P2P on this machine; write a cost file"
 MAX_REPEATS = 100_000
@@ -74,8 +76,6 @@ def _transformer_fields(cfg: Config, command: str) -> dict[str, Any]:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     if args.hardware_out:
-        from ppsim.cli.costs import hardware_profile
-
         return hardware_profile(args)
     cfg = config_from_args(args)
     fields = _transformer_fields(cfg, "profile")
@@ -83,7 +83,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     validate.count("--warmup", args.warmup, lo=0, hi=MAX_REPEATS)
     import torch
 
-    from ppsim.executor.measure import profile
+    from ppsim.executor.measure import profile  # torch loads only when measuring
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device", "cuda requested but torch sees no GPU here",
@@ -119,7 +119,6 @@ def _print_costs(doc: dict[str, Any], title: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ppsim.units import fmt_bytes
 
     c = Console()
     c.print(title)

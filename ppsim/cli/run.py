@@ -12,10 +12,18 @@ import os
 import sys
 from typing import Any
 
-from ppsim.cli.main import add_config_flags, config_from_args, emit_json
+from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
+from ppsim.cli.schedule import print_notes
 from ppsim.config.model import TransformerModel
-from ppsim.config.schema import SPLIT_KEYS
+from ppsim.config.schema import SPLIT_KEYS, config_to_dict
 from ppsim.errors import UserError
+from ppsim.executor import launch, rundir
+from ppsim.executor.launch import failure_lines
+from ppsim.executor.rundir import BYTES_PER_OP, spec_path
+from ppsim.executor.runspec import RunSpec
+from ppsim.pipeline.problem import build_problem
+from ppsim.schedules.generators import Action
+from ppsim.units import fmt_bytes
 
 HELP = "run a split for real with torch.distributed (torchrun) and record a trace"
 
@@ -77,7 +85,6 @@ def register(commands: dict[str, Any]) -> None:
 
 def load_problem(args: argparse.Namespace) -> Any:
     """The Problem to run: the config's (--actions-csv, a config flag, replaces its order)."""
-    from ppsim.pipeline.problem import build_problem
 
     return build_problem(config_from_args(args))
 
@@ -143,9 +150,7 @@ def _data_parallel(args: argparse.Namespace, fields: dict[str, Any]) -> int:
 
 def run_spec(args: argparse.Namespace) -> Any:
     """Everything a rank needs, resolved once from the flags (a validated run's)."""
-    from ppsim.config.schema import config_to_dict
-    from ppsim.executor.builders import builder_spec
-    from ppsim.executor.runspec import RunSpec
+    from ppsim.executor.builders import builder_spec  # torch loads only when a run starts
 
     cfg = config_from_args(args)
     fields = cfg.model.fields()
@@ -192,7 +197,10 @@ def _check_launch(args: argparse.Namespace, pp: int) -> None:
 
 def _check_builder(args: argparse.Namespace, fields: dict[str, Any]) -> None:
     """Import and call the builder here, so a bad one exits 2 before any process."""
-    from ppsim.executor.builders import builder_spec, load_builder
+    from ppsim.executor.builders import (  # torch loads only when a run starts
+        builder_spec,
+        load_builder,
+    )
 
     where = "--model" if args.model else "model.builder"
     try:
@@ -205,14 +213,13 @@ def _check_builder(args: argparse.Namespace, fields: dict[str, Any]) -> None:
 
 
 def _check_fault(text: str, problem: Any, iterations: int) -> None:
-    from ppsim.executor.runtime import Fault
+    from ppsim.executor.runtime import Fault  # torch loads only when a run starts
 
     try:
         f = Fault.parse(text)
     except ValueError:
         raise UserError("--inject-fault", f"cannot read {text!r}",
                         "write RANK:KIND:STAGE:MB[:ITER], e.g. 1:B:1:0") from None
-    from ppsim.schedules.generators import Action
 
     if f.rank >= problem.split.pp or Action(f.kind, f.stage, f.microbatch) not in \
             problem.schedule.actions[f.rank]:
@@ -224,7 +231,7 @@ def _check_fault(text: str, problem: Any, iterations: int) -> None:
 
 
 def _check_peer(problem: Any) -> None:
-    from ppsim.executor.peer import PEER_SCHEDULES, peer_class
+    from ppsim.executor.peer import PEER_SCHEDULES, peer_class  # torch loads only when a run starts
 
     s = problem.schedule
     if s.name not in PEER_SCHEDULES:
@@ -245,7 +252,6 @@ def _check_peer(problem: Any) -> None:
 
 def _own_files(args: argparse.Namespace) -> list[str]:
     """What this node's ranks write in the trace dir (removed again if the run fails)."""
-    from ppsim.executor.rundir import spec_path
 
     d = args.trace_dir
     lo = args.node_rank * args.nproc_per_node
@@ -262,17 +268,12 @@ def _own_files(args: argparse.Namespace) -> list[str]:
 
 
 def _trace_bytes(problem: Any, iterations: int) -> int:
-    from ppsim.executor.rundir import BYTES_PER_OP
-
     ops = sum(len(a) for a in problem.schedule.actions)
     return ops * iterations * BYTES_PER_OP + 1_000_000
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ppsim.executor import launch, rundir
-
     problem = validate(args)
-    from ppsim.cli.schedule import print_notes
 
     print_notes(problem.schedule, "run")
     if args.print_launch:
@@ -319,7 +320,6 @@ def _launch(args: argparse.Namespace, problem: Any, store: Any) -> Any:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from ppsim.executor import launch, rundir
 
     err = Console(stderr=True)
     env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
@@ -341,7 +341,6 @@ def _launch(args: argparse.Namespace, problem: Any, store: Any) -> Any:
 def _report_failure(out: Any) -> None:
     import sys
 
-    from ppsim.executor.launch import failure_lines
 
     errors, notes = failure_lines(out)
     for line in errors:
@@ -370,7 +369,6 @@ def print_summary(res: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from ppsim.units import fmt_bytes
 
     c = Console()
     c.print(f"[bold]{res['engine']}[/bold] engine  {res['schedule']}  pp={res['pp']} "

@@ -12,28 +12,29 @@ import argparse
 import sys
 from typing import Any
 
+from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
+from ppsim.config import limits
+from ppsim.errors import UserError
+from ppsim.fileio import write_text_atomic
 from ppsim.schedules.actions import Schedule
+from ppsim.schedules.generators import build_schedule, interleaved_rule
+from ppsim.schedules.torchcsv import load_actions_csv, to_torch_csv, torch_cells
 
 HELP = "show a schedule's per-rank order, or write it as a torch.distributed.pipelining CSV"
 
 
 def config_schedule(cfg: Any) -> Schedule:
     """The order a config asks for: its actions CSV, else its named schedule."""
-    from ppsim.config import limits
-    from ppsim.schedules.generators import build_schedule
 
     limits.check_request(cfg, limits.SIMULATE)
     p = cfg.pipeline
     if p.actions_csv:
-        from ppsim.schedules.torchcsv import load_actions_csv
-
         return load_actions_csv(p.actions_csv, p.pp, p.vpp, p.microbatches)
     return build_schedule(p.schedule, p.pp, p.vpp, p.microbatches)
 
 
 def order_rule(schedule: Schedule) -> str | None:
     """Whose microbatch-group rule shaped an interleaved order, in words; else None."""
-    from ppsim.schedules.generators import interleaved_rule
 
     if schedule.name in ("interleaved-1f1b", "interleaved-zb") and schedule.vpp > 1:
         return interleaved_rule(schedule.pp, schedule.microbatches)
@@ -47,18 +48,12 @@ def print_notes(schedule: Schedule, command: str) -> None:
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
-    from ppsim.cli.main import config_from_args, emit_json
-    from ppsim.schedules.torchcsv import to_torch_csv, torch_cells
-
     sched = config_schedule(config_from_args(args))
     print_notes(sched, "schedule")
     if args.csv:
-        from ppsim.fileio import write_text_atomic
-
         try:
             write_text_atomic(args.csv, to_torch_csv(sched))
         except OSError as exc:
-            from ppsim.errors import UserError
 
             raise UserError("--csv", f"cannot write {args.csv}: {exc.strerror}",
                             "pass a writable file path") from None
@@ -81,8 +76,6 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ppsim.cli.main import add_config_flags
-
     add_config_flags(p, split_flags=False)
     p.add_argument("--csv", metavar="OUT.csv",
                    help="write the order as torch.distributed.pipelining's compute-only CSV")

@@ -11,14 +11,16 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from ppsim.cli.main import RESHAPING
+from ppsim.cli.flags import RESHAPING, add_config_flags, config_from_args
 from ppsim.config.overrides import with_split
 from ppsim.config.schema import SPLIT_KEYS
+from ppsim.errors import UserError
+from ppsim.pipeline.problem import build_problem
+from ppsim.trace.schema import read_trace
+from ppsim.tui.session import config_for, state_from_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ppsim.cli.main import add_config_flags
-
     add_config_flags(parser)
     parser.add_argument("--trace", metavar="TRACE.json",
                         help="a real trace to show beside the simulated timeline")
@@ -40,21 +42,15 @@ def resplit_note(args: argparse.Namespace, cfg: object) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ppsim.cli.main import config_from_args
-    from ppsim.errors import UserError
-    from ppsim.pipeline.problem import build_problem
-    from ppsim.tui.session import config_for, state_from_config
-
     cfg = config_from_args(args)
     note = resplit_note(args, cfg)
     state = state_from_config(cfg)  # limits first: nothing big is built before them
     build_problem(config_for(cfg, state))  # any bad value: one line, exit 2
     if args.trace:
-        from ppsim.trace.schema import read_trace
-        from ppsim.tui.files import check_trace_info
+        from ppsim.tui.files import check_trace_info  # textual loads only for the TUI
 
         check_trace_info(read_trace(args.trace))
-    from ppsim.tui.app import PPSimApp
+    from ppsim.tui.app import PPSimApp  # textual loads only for the TUI
 
     app = PPSimApp(cfg, config_path=args.config, trace_path=args.trace, note=note)
     app.run()

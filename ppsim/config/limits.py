@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ppsim.errors import UserError
+from ppsim.schedules.generators import SCHEDULES
 
 MAX_LAYERS = 100_000
 """Decoder layers; per-layer cost lists are built eagerly."""
@@ -93,7 +94,6 @@ def check_ops(pp: int, vpp: int, microbatches: int, split_backward: bool,
 def request_shape(cfg: Any) -> tuple[Any, Any, Any, Any, bool | None]:
     """(num_layers, pp, vpp, microbatches, split_backward) of a Config, read from its
     fields alone; split_backward is None for an unknown schedule (reported later)."""
-    from ppsim.schedules.generators import SCHEDULES
 
     p = cfg.pipeline
     spec = SCHEDULES.get(p.schedule) if isinstance(p.schedule, str) else None

@@ -1,7 +1,7 @@
 """The TOML config: [model], [pipeline], [hardware], [placement]; loading and saving.
 
 Every user mistake becomes a `UserError` naming the field and the fix. Flags and
-other edits are applied by ppsim.config.overrides; the CLI's flags are in ppsim.cli.main.
+other edits are applied by ppsim.config.overrides; the CLI's flags are in ppsim.cli.flags.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from typing import Any
 
 from ppsim.config import limits, validate
 from ppsim.costs.model import LAYER_FIELDS, LayerCost, ModelCosts
+from ppsim.costs.transformer import Architecture
 from ppsim.errors import UserError
 from ppsim.fileio import write_json_atomic
 
@@ -273,7 +274,6 @@ def check_model(cf: CostFile, model_fields: dict[str, Any]) -> None:
     `model_fields`: a transformer's fields (ppsim.config.model.TransformerModel.fields)."""
     if cf.model is None or cf.model.get("kind", "transformer") != "transformer":
         return
-    from ppsim.costs.transformer import Architecture
 
     defaults = {f.name: f.default for f in fields(Architecture)}
     for key in SHAPE_KEYS:

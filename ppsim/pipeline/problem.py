@@ -8,6 +8,7 @@ from ppsim.config import validate
 from ppsim.config.limits import SIMULATE, check_ops, check_shape
 from ppsim.config.model import TransformerModel, UniformModel
 from ppsim.config.schema import Config
+from ppsim.costs.costfile import load_conditions, load_costs, load_p2p, read_cost_file
 from ppsim.costs.model import ModelCosts, StageCost, stage_costs, uniform_costs
 from ppsim.costs.transformer import accelerator, transformer_costs
 from ppsim.errors import UserError
@@ -17,6 +18,7 @@ from ppsim.pipeline.messages import delay_ms, wire_ms
 from ppsim.pipeline.placement import Topology, topology
 from ppsim.pipeline.split import Split
 from ppsim.schedules.generators import Schedule, build_schedule, schedule_placement
+from ppsim.schedules.torchcsv import load_actions_csv
 
 
 @dataclass(frozen=True)
@@ -64,8 +66,6 @@ def model_costs(cfg: Config) -> ModelCosts:
     m = cfg.model
     check_shape(m.num_layers, cfg.pipeline.pp, cfg.pipeline.vpp, cfg.pipeline.microbatches)
     if cfg.costs_file:
-        from ppsim.costs.costfile import load_costs
-
         return load_costs(cfg.costs_file, m.num_layers,
                           m.fields() if isinstance(m, TransformerModel) else None)
     if isinstance(m, UniformModel):
@@ -159,8 +159,6 @@ def _topology(cfg: Config, hw: Hardware) -> Topology | None:
     placement sets them."""
     pl = cfg.placement
     if cfg.costs_file:
-        from ppsim.costs.costfile import load_conditions
-
         cond = load_conditions(cfg.costs_file)
         if cond is not None and cond.message_cpu_ms and not pl.message_cpu_ms:
             pl = replace(pl, message_cpu_ms=cond.message_cpu_ms)
@@ -176,7 +174,6 @@ def placement_warning(cfg: Config) -> str | None:
     """A line when the cost file's op times were measured for another placement."""
     if not cfg.costs_file:
         return None
-    from ppsim.costs.costfile import load_conditions
 
     cond = load_conditions(cfg.costs_file)
     if cond is None or not cond.devices:
@@ -197,7 +194,6 @@ def placement_warning(cfg: Config) -> str | None:
 
 def _csv_problem(cfg: Config, costs: ModelCosts) -> Problem:
     """The problem whose order is a torch schedule CSV; its placement shapes the split."""
-    from ppsim.schedules.torchcsv import load_actions_csv
 
     p = cfg.pipeline
     # A layout sets vpp itself, so only the CSV's stages per rank are checked against it.
@@ -216,16 +212,12 @@ def hardware(cfg: Config) -> Hardware:
     latency under load (a message posted as its sender computes on) beats an idle one."""
     latency, bandwidth = cfg.hardware.p2p_latency_ms, cfg.hardware.p2p_bandwidth_gbps
     if cfg.costs_file:
-        from ppsim.costs.costfile import load_p2p
-
         lat, bw = load_p2p(cfg.costs_file)
         latency = latency if lat is None else lat
         bandwidth = bandwidth if bw is None else bw
     dp = cfg.model.arch.dp if isinstance(cfg.model, TransformerModel) else 1
     membw, fixed, boundary = cfg.hardware.memory_bandwidth_gbps, 0.0, 0.0
     if cfg.costs_file:
-        from ppsim.costs.costfile import load_conditions, read_cost_file
-
         cond = load_conditions(cfg.costs_file)
         if cond is not None and cond.message_latency_ms:
             # Measured whole for a boundary-sized message: the latency is what the

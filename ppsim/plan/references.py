@@ -16,7 +16,7 @@ from ppsim.errors import UserError
 from ppsim.pipeline.layout import parse_layout
 from ppsim.pipeline.problem import Problem
 from ppsim.pipeline.split import Split, megatron_split, split_from_counts
-from ppsim.sim.engine import simulate
+from ppsim.sim.simulate import simulate
 from ppsim.sim.summary import Summary
 
 MAX_FIRST_LAST = 400

@@ -6,7 +6,7 @@ duration, then hands its own message to the network, which delivers it
 `link(src, dst, bytes)` later without blocking the sender (asynchronous
 isend/irecv: compute and communication overlap). `Engine` gives every rank its
 own device and every message its own link, so messages never queue behind each
-other; when a placement shares devices or links, `simulate` runs
+other; when a placement shares devices or links, `ppsim.sim.simulate` runs
 `ppsim.sim.shared.SharedEngine` instead, the same processes over shared resources.
 Memory: F allocates its stage's activations when it starts, B releases them
 when it ends (all but what W needs, when W is separate), W releases the rest.
@@ -21,7 +21,6 @@ grow with the run otherwise.
 
 from __future__ import annotations
 
-import gc
 import heapq
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -29,8 +28,8 @@ from typing import NamedTuple
 from ppsim.pipeline.messages import wiring
 from ppsim.pipeline.problem import Problem
 from ppsim.schedules.generators import Action, B, F, Schedule
-from ppsim.sim.summary import Summary, step_parts, summarize
-from ppsim.sim.timing import Link, StageTable, p2p_link, stage_table
+from ppsim.sim.summary import Summary
+from ppsim.sim.timing import Link, StageTable
 
 
 class Op(NamedTuple):
@@ -221,46 +220,3 @@ def run(schedule: Schedule, table: StageTable, link: Link,
         records: Records | None = None) -> list[RankRun]:
     """Simulate the schedule; per-rank statistics (and `records`, when given)."""
     return Engine(schedule, table, link, records).run()
-
-
-def simulate(problem: Problem, record: bool = True) -> Simulation:
-    """Simulate one iteration of a resolved problem.
-
-    With record=False no per-op records are kept (timeline None): memory
-    stays proportional to the schedule, not to what happened.
-    """
-    sched = problem.schedule
-    table = stage_table(sched, problem.stage_costs)
-    records = Records(sched.pp) if record else None
-    # Millions of short-lived objects: the cyclic GC would only rescan them.
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        topo = problem.topology
-        if topo is None or topo.is_private:
-            ranks = run(sched, table, p2p_link(problem.hardware.transfer_ms), records)
-        else:
-            from ppsim.sim.shared import SharedEngine
-
-            ranks = SharedEngine(sched, table, topo, records).run()
-    finally:
-        if enabled:
-            gc.enable()
-    stuck = [r for r, rr in enumerate(ranks) if rr.ops != len(sched.actions[r])]
-    if stuck:
-        raise RuntimeError(f"schedule deadlocked on ranks {stuck}")
-    layers = [problem.split.rank_layers(r) for r in range(sched.pp)]
-    hw = problem.hardware
-    parts = step_parts(sched, problem.stage_costs, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps,
-                       hw.memory_bandwidth_gbps, hw.dp, hw.optimizer_fixed_ms)
-    tail = [r + o for r, o in parts]
-    summary = summarize(table.static, [rr.end for rr in ranks], [rr.busy for rr in ranks],
-                        layers, hw.memory_bytes,
-                        [(rr.peak_activation, rr.peak_inflight) for rr in ranks], tail,
-                        hw.iteration_boundary_ms)
-    timeline = None
-    if records is not None:
-        timeline = Timeline(tuple(tuple(o) for o in records.ops), tuple(records.transfers),
-                            tuple(tuple(mm) for mm in records.memory), table.static,
-                            tuple((rr.end, *p) for rr, p in zip(ranks, parts, strict=True)))
-    return Simulation(problem, summary, timeline)

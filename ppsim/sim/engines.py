@@ -1,7 +1,8 @@
 """The simulator's engines by name, for any command that lets its user choose one.
 
-"event" is the heap engine (`ppsim.sim.engine`, fast: the default); "simpy" is the
-same model written in simpy (`ppsim.sim.simpy_engine`, the readable reference).
+"event" is the heap engine (`ppsim.sim.engine` through `ppsim.sim.simulate`, fast: the
+default); "simpy" is the same model written in simpy (`ppsim.sim.simpy_engine`, the
+readable reference).
 Both return a `Simulation` with the same numbers to the last digit.
 """
 
@@ -10,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ppsim.pipeline.problem import Problem
-from ppsim.sim import engine, simpy_engine
+from ppsim.sim import simpy_engine, simulate
 from ppsim.sim.engine import Simulation
 
 Simulate = Callable[..., Simulation]
 """simulate(problem, record=True) -> Simulation"""
 
-ENGINES: dict[str, Simulate] = {"event": engine.simulate, "simpy": simpy_engine.simulate}
+ENGINES: dict[str, Simulate] = {"event": simulate.simulate, "simpy": simpy_engine.simulate}
 DEFAULT = "event"
 
 

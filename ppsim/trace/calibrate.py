@@ -16,7 +16,9 @@ from ppsim.costs.model import LayerCost, ModelCosts, stage_costs
 from ppsim.errors import UserError
 from ppsim.pipeline.messages import wire_ms
 from ppsim.pipeline.problem import Hardware, Problem, hardware, model_costs
-from ppsim.schedules.generators import Action, Schedule
+from ppsim.pipeline.split import split_from_counts
+from ppsim.schedules.generators import Action, Schedule, validate
+from ppsim.sim.simulate import simulate
 from ppsim.trace.schema import Trace, TraceOp
 
 
@@ -85,7 +87,6 @@ def schedule_from_trace(trace: Trace, it: int) -> Schedule:
                           for o in sorted(r, key=lambda o: o.start_us)) for r in per_rank)
     sched = Schedule(str(info.get("schedule", "trace")), pp, vpp, m,
                      str(info.get("placement", "loop")), split_bw, actions)
-    from ppsim.schedules.generators import validate
 
     try:
         validate(sched)
@@ -223,8 +224,6 @@ def fit_factors(timings: list[OpTiming], predicted: dict[tuple[str, int], float]
 
 def calibrate(trace: Trace, cfg: Config, how: str = "mean") -> Calibration:
     """Fit per-kind scale factors (and the P2P delay) of cfg's cost model to a trace."""
-    from ppsim.pipeline.split import split_from_counts
-    from ppsim.sim.engine import simulate
 
     if how not in ESTIMATORS:
         raise UserError("--estimator", f"unknown estimator {how!r}",

@@ -14,7 +14,7 @@ from ppsim.config.schema import load_config
 from ppsim.costs.costfile import cost_document, load_conditions, write_costs
 from ppsim.pipeline.problem import build_problem, placement_warning
 from ppsim.schedules.generators import B, W
-from ppsim.sim.engine import simulate
+from ppsim.sim.simulate import simulate
 
 torch = pytest.importorskip("torch")
 

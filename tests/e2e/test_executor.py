@@ -28,7 +28,8 @@ torch = pytest.importorskip("torch")
 
 from launches import EXECUTOR, ONE_F_ONE_B, SPECS, Pool  # noqa: E402
 
-from ppsim.cli.main import config_from_args, main  # noqa: E402
+from ppsim.cli.flags import config_from_args
+from ppsim.cli.main import main
 from ppsim.cli.run import add_run_arguments, load_problem  # noqa: E402
 from ppsim.executor.builders import builder_spec, load_builder  # noqa: E402
 from ppsim.executor.reference import reference_step  # noqa: E402

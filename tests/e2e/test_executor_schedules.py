@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 from launches import Pool  # noqa: E402
 
-from ppsim.cli.main import main  # noqa: E402
+from ppsim.cli.main import main
 from ppsim.config.schema import load_config  # noqa: E402
 from ppsim.executor.builders.gpt import GPTShape  # noqa: E402
 from ppsim.executor.reference import reference_step  # noqa: E402

@@ -22,7 +22,7 @@ pytest.importorskip("torch")
 
 from launches import SMALL, Pool  # noqa: E402
 
-from ppsim.cli.main import main  # noqa: E402
+from ppsim.cli.main import main
 from ppsim.errors import UserError  # noqa: E402
 from ppsim.executor import launch, rundir  # noqa: E402
 

@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 
 from launches import Pool  # noqa: E402
 
-from ppsim.cli.main import main  # noqa: E402
+from ppsim.cli.main import main
 from ppsim.costs.costfile import load_costs, read_cost_file  # noqa: E402
 from ppsim.trace.schema import read_trace  # noqa: E402
 

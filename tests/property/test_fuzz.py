@@ -28,7 +28,7 @@ from ppsim.config.limits import schedule_ops
 from ppsim.config.schema import config_from_dict
 from ppsim.errors import UserError
 from ppsim.pipeline.problem import build_problem
-from ppsim.sim.engine import simulate
+from ppsim.sim.simulate import simulate
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 15

@@ -24,7 +24,7 @@ from ppsim.pipeline.placement import LinkSpec
 from ppsim.pipeline.problem import Hardware
 from ppsim.schedules.actions import dependencies
 from ppsim.schedules.generators import build_schedule
-from ppsim.sim.engine import simulate
+from ppsim.sim.simulate import simulate
 from ppsim.sim.timing import compile_schedule
 
 

@@ -14,7 +14,7 @@ from ppsim.pipeline.split import split_from_counts
 from ppsim.plan.bounds import PathBounds, prefix_time
 from ppsim.plan.planner import plan
 from ppsim.plan.search import SplitSearch
-from ppsim.sim.engine import simulate
+from ppsim.sim.simulate import simulate
 
 
 @st.composite

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from ppsim.plan.bounds import MinMaxTable
 from ppsim.plan.planner import deepspeed_counts, plan, smallest_peak
 from ppsim.plan.search import Deadline, SplitSearch
-from ppsim.sim.engine import simulate
+from ppsim.sim.simulate import simulate
 
 
 @given(random_problems())

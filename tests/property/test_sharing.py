@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from ppsim.cli.main import main
 from ppsim.pipeline.placement import PlacementConfig, topology
-from ppsim.sim.engine import Records, run, simulate
+from ppsim.sim.engine import Records, run
 from ppsim.sim.shared import SharedEngine, SharedResource
+from ppsim.sim.simulate import simulate
 from ppsim.sim.timing import p2p_link, stage_table
 
 SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipev"]

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from ppsim.pipeline.placement import PlacementConfig, topology
 from ppsim.pipeline.problem import Problem
-from ppsim.sim import engine, simpy_engine
+from ppsim.sim import simpy_engine
+from ppsim.sim import simulate as engine
 
 
 @st.composite

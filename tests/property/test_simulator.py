@@ -8,8 +8,8 @@ from helpers import random_problems, uniform_problem
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ppsim.sim.engine import simulate
 from ppsim.sim.evaluate import evaluate
+from ppsim.sim.simulate import simulate
 from ppsim.sim.timing import compile_schedule, op_table
 
 # Integer-valued costs keep every sum exact in floating point.

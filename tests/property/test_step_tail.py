@@ -13,7 +13,7 @@ from ppsim.config.schema import config_from_dict
 from ppsim.pipeline.problem import build_problem
 from ppsim.pipeline.split import split_from_counts
 from ppsim.plan.search import SplitSearch
-from ppsim.sim.engine import simulate
+from ppsim.sim.simulate import simulate
 from ppsim.sim.summary import ADAM_BYTES_PER_PARAM, GRAD_BYTES
 
 

@@ -223,7 +223,7 @@ def test_plan_of_a_torch_csv_matches_brute_force(tmp_path, name):
     from ppsim.pipeline.problem import build_problem
     from ppsim.pipeline.split import split_from_counts
     from ppsim.plan.planner import plan
-    from ppsim.sim.engine import simulate
+    from ppsim.sim.simulate import simulate
 
     path = tmp_path / "order.csv"
     path.write_text(torch_dump(_torch_order(name, 2, 2, 4), tmp_path / "d.csv", "compute_comms"))

@@ -7,7 +7,7 @@ from helpers import uniform_problem
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ppsim.sim.engine import simulate
+from ppsim.sim.simulate import simulate
 
 
 @given(st.integers(2, 8), st.integers(1, 4), st.integers(1, 4))

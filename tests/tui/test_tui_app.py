@@ -14,7 +14,7 @@ from ppsim.cli.main import main as ppsim_main
 from ppsim.config.model import parse_model
 from ppsim.config.schema import load_config
 from ppsim.pipeline.problem import build_problem
-from ppsim.sim.engine import simulate
+from ppsim.sim.simulate import simulate
 from ppsim.tui.app import PPSimApp
 from ppsim.tui.exports import megatron_to_ppsim_args, read_export
 from ppsim.tui.memory import MemoryBars

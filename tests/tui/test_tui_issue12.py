@@ -20,7 +20,7 @@ from ppsim.cli.main import main as ppsim_main
 from ppsim.config.model import parse_model
 from ppsim.config.schema import load_config
 from ppsim.pipeline.problem import build_problem
-from ppsim.sim.engine import simulate
+from ppsim.sim.simulate import simulate
 from ppsim.tui.app import PPSimApp
 from ppsim.tui.testing import SIZE, screen_text, settle
 from ppsim.tui.timeline import Timeline
@@ -399,7 +399,8 @@ async def test_a_crash_inside_the_app_sets_a_non_zero_exit_status(
 
 
 def test_pp_on_the_command_line_re_splits_a_saved_split(tmp_path: Path) -> None:
-    from ppsim.cli.main import build_parser, config_from_args
+    from ppsim.cli.flags import config_from_args
+    from ppsim.cli.main import build_parser
     from ppsim.cli.tui import resplit_note
     from ppsim.tui.session import state_from_config
 
@@ -416,7 +417,8 @@ def test_pp_on_the_command_line_re_splits_a_saved_split(tmp_path: Path) -> None:
 
 
 def test_pp_3_with_llama3_70b_is_accepted_like_in_the_ui() -> None:
-    from ppsim.cli.main import build_parser, config_from_args
+    from ppsim.cli.flags import config_from_args
+    from ppsim.cli.main import build_parser
     from ppsim.tui.session import config_for, state_from_config
 
     args = build_parser().parse_args(["tui", "--preset", "llama3-70b", "--pp", "3"])

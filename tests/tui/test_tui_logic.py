@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from ppsim.config.schema import config_to_toml, load_config
 from ppsim.pipeline.problem import build_problem
-from ppsim.sim.engine import simulate
+from ppsim.sim.simulate import simulate
 from ppsim.tui.editing import (
     EditRefused,
     History,

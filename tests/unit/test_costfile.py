@@ -16,7 +16,7 @@ from ppsim.config.schema import load_config
 from ppsim.costs.costfile import cost_document, load_costs, read_cost_file, write_costs
 from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.pipeline.problem import Hardware, build_problem, model_costs
-from ppsim.sim.engine import simulate
+from ppsim.sim.simulate import simulate
 from ppsim.trace.schema import read_trace
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import pytest
 from helpers import uniform_problem
 
 from ppsim.cli.main import main
-from ppsim.sim.engine import simulate
+from ppsim.sim.simulate import simulate
 from ppsim.trace.diff import diff_traces
 from ppsim.trace.schema import simulation_trace, trace_from_json
 

@@ -23,7 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from ppsim.cli.main import config_from_args, main
+from ppsim.cli.flags import config_from_args
+from ppsim.cli.main import main
 from ppsim.cli.run import add_run_arguments, load_problem, run_spec
 from ppsim.config.model import model_fields
 from ppsim.config.schema import config_to_dict, load_config

@@ -22,9 +22,10 @@ from helpers import uniform_problem
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ppsim.cli.main import emit_json, main
+from ppsim.cli.flags import emit_json
+from ppsim.cli.main import main
 from ppsim.config.schema import _toml_value, config_to_toml, load_config
-from ppsim.sim.engine import simulate
+from ppsim.sim.simulate import simulate
 from ppsim.trace.diff import critical_path, window
 from ppsim.trace.schema import simulation_trace, trace_from_json
 

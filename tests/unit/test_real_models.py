@@ -20,7 +20,7 @@ from ppsim.pipeline.problem import Hardware, Problem, build_problem, model_costs
 from ppsim.pipeline.split import Split, default_split, near_even_counts, split_from_counts
 from ppsim.plan.planner import plan
 from ppsim.schedules.generators import build_schedule, schedule_placement
-from ppsim.sim.engine import simulate
+from ppsim.sim.simulate import simulate
 
 # --- Stacks of layer kinds: the planner is still exact --------------------------------------
 

@@ -10,7 +10,7 @@ from ppsim.config.schema import load_config
 from ppsim.pipeline.problem import build_problem
 from ppsim.schedules.generators import SCHEDULES, build_schedule
 from ppsim.schedules.torchcsv import to_torch_csv
-from ppsim.sim.engine import simulate
+from ppsim.sim.simulate import simulate
 from ppsim.tui.session import apply_setting, evaluate_state, state_from_config
 from ppsim.tui.settings import SELECTS
 

@@ -10,7 +10,7 @@ import pytest
 from ppsim.cli.main import main
 from ppsim.config.schema import load_config
 from ppsim.pipeline.problem import build_problem
-from ppsim.sim.engine import simulate
+from ppsim.sim.simulate import simulate
 from ppsim.trace.diff import diff_traces
 from ppsim.trace.schema import read_trace, simulation_trace, trace_from_json
 
