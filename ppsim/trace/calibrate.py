@@ -108,9 +108,15 @@ def _predicted_ms(costs: ModelCosts, problem: Problem) -> dict[tuple[str, int], 
 
 
 def _scale(c: LayerCost, kf: float, kb: float, kw: float) -> LayerCost:
+    """F by kf; the input-gradient part of each backward path by kb, its W part by kw.
+
+    The split path (split_backward_ms, when measured) is scaled as its two parts too, so
+    W never outgrows the backward it belongs to."""
     w = c.weight_grad_ms * kw
+    split = (c.split_backward_ms - c.weight_grad_ms) * kb + w if c.split_backward_ms else 0.0
     return replace(c, forward_ms=c.forward_ms * kf,
-                   backward_ms=(c.backward_ms - c.weight_grad_ms) * kb + w, weight_grad_ms=w)
+                   backward_ms=(c.backward_ms - c.weight_grad_ms) * kb + w, weight_grad_ms=w,
+                   split_backward_ms=split)
 
 
 ESTIMATORS = ("mean", "trimmed", "median")

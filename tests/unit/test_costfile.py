@@ -192,6 +192,38 @@ def test_calibrate_recovers_known_factors_from_a_simulated_trace(
     assert again == pytest.approx(span)
 
 
+def test_calibrate_scales_the_split_backward_path_with_its_weight_gradients(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """W measured 2.5x its profile on a split-backward schedule: the calibrated file keeps
+    W inside the split backward it belongs to (a W scaled alone outgrew it: exit 2)."""
+    def with_split(c: LayerCost, kw: float) -> LayerCost:
+        w = 0.9 * c.backward_ms
+        return replace(c, weight_grad_ms=w * kw, backward_ms=c.backward_ms - w + w * kw,
+                       split_backward_ms=c.backward_ms - w + w * kw)
+
+    base = model_costs(DEFAULT)
+
+    def costs(kw: float) -> ModelCosts:
+        return ModelCosts(layers=tuple(with_split(c, kw) for c in base.layers),
+                          embedding=base.embedding, head=with_split(base.head, kw))
+
+    profiled = _write(tmp_path / "profiled.json", costs(1.0))
+    truth = _write(tmp_path / "truth.json", costs(2.5))
+    trace = tmp_path / "sim.json"
+    assert main(["simulate", "--schedule", "zb-h1", "--costs", truth, "--trace",
+                 str(trace)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", str(trace), "--schedule", "zb-h1", "--costs", profiled,
+                 "--out", str(out), "--json"]) == 0, capsys.readouterr().err
+    res = json.loads(capsys.readouterr().out)
+    assert res["factors"]["W"] == pytest.approx(2.5)
+    assert abs(res["error_after"]) < 1e-9
+    fitted = load_costs(str(out))
+    for c in (*fitted.layers, fitted.head):
+        assert c.weight_grad_ms <= c.split_backward_ms
+
+
 def test_calibrate_rejects_a_trace_of_another_model(tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "sim.json"
