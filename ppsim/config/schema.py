@@ -30,16 +30,19 @@ LAYER_FIELDS = ("forward_ms", "backward_ms", "weight_grad_ms", "static_bytes",
 ARCH_FIELDS = tuple(f.name for f in fields(Architecture))
 
 DEFAULT_TOML = """\
-# ppsim's embedded default: the tiny GPT on 2 CPU ranks, 1F1B, uneven split.
+# ppsim's embedded default: a tiny LLM on 2 CPU ranks, 1F1B, uneven split.
+# Its vocabulary (10240) dwarfs its width (64), so the LM head and loss weigh
+# ~4 layers on the last rank, as a real LLM's head does at scale.
 [model]
-preset = "tiny-gpt"
+preset = "tiny-llm"
 
 [pipeline]
 pp = 2
 vpp = 1
 microbatches = 8
 schedule = "1f1b"
-split = [5, 3]
+# What `ppsim demo` plans from this CPU's measured costs: 2 layers join the head.
+split = [6, 2]
 
 [hardware]
 preset = "cpu"
