@@ -13,7 +13,7 @@ MODEL_PRESETS: dict[str, dict] = {
         vocab_size=2048, seq_length=64, micro_batch_size=2, gated_mlp=False, dtype="fp32"),
     "tiny-llm": dict(
         num_layers=8, hidden_size=64, num_heads=4, num_kv_heads=4, ffn_hidden_size=256,
-        vocab_size=10240, seq_length=64, micro_batch_size=2, gated_mlp=False, dtype="fp32"),
+        vocab_size=8192, seq_length=64, micro_batch_size=2, gated_mlp=False, dtype="fp32"),
     "gpt3-1.3b": dict(
         num_layers=24, hidden_size=2048, num_heads=16, num_kv_heads=16, ffn_hidden_size=8192,
         vocab_size=51200, seq_length=2048, micro_batch_size=1, gated_mlp=False,
@@ -54,7 +54,7 @@ MODEL_PRESETS: dict[str, dict] = {
 
 MODEL_NOTES: dict[str, str] = {
     "tiny-gpt": "CPU-sized GPT the executor trains in seconds",
-    "tiny-llm": "tiny-gpt with an LLM's heavy head: vocab 10240 over hidden 64, so the LM "
+    "tiny-llm": "tiny-gpt with an LLM's heavy head: vocab 8192 over hidden 64, so the LM "
     "head and loss weigh ~4 layers on a CPU (the default; `ppsim demo` plans 6 + 2)",
     "gpt3-1.3b": "GPT-3 XL",
     "llama2-7b": "Llama 2 7B",

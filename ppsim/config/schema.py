@@ -31,7 +31,7 @@ ARCH_FIELDS = tuple(f.name for f in fields(Architecture))
 
 DEFAULT_TOML = """\
 # ppsim's embedded default: a tiny LLM on 2 CPU ranks, 1F1B, uneven split.
-# Its vocabulary (10240) dwarfs its width (64), so the LM head and loss weigh
+# Its vocabulary (8192) dwarfs its width (64), so the LM head and loss weigh
 # ~4 layers on the last rank, as a real LLM's head does at scale.
 [model]
 preset = "tiny-llm"
