@@ -31,8 +31,8 @@ ARCH_FIELDS = tuple(f.name for f in fields(Architecture))
 
 DEFAULT_TOML = """\
 # ppsim's embedded default: a tiny LLM on 2 CPU ranks, 1F1B, uneven split.
-# Its vocabulary (8192) dwarfs its width (64), so the LM head and loss weigh
-# ~4 layers on the last rank, as a real LLM's head does at scale.
+# Its vocabulary (8192) dwarfs its width (64), as an LLM's does, so on a CPU
+# the LM head and loss weigh ~4 of its layers on the last rank.
 [model]
 preset = "tiny-llm"
 
