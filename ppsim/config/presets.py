@@ -11,6 +11,9 @@ MODEL_PRESETS: dict[str, dict] = {
     "tiny-gpt": dict(
         num_layers=8, hidden_size=64, num_heads=4, num_kv_heads=4, ffn_hidden_size=256,
         vocab_size=2048, seq_length=64, micro_batch_size=2, gated_mlp=False, dtype="fp32"),
+    "tiny-llm": dict(
+        num_layers=8, hidden_size=64, num_heads=4, num_kv_heads=4, ffn_hidden_size=256,
+        vocab_size=8192, seq_length=64, micro_batch_size=2, gated_mlp=False, dtype="fp32"),
     "gpt3-1.3b": dict(
         num_layers=24, hidden_size=2048, num_heads=16, num_kv_heads=16, ffn_hidden_size=8192,
         vocab_size=51200, seq_length=2048, micro_batch_size=1, gated_mlp=False,
@@ -51,6 +54,8 @@ MODEL_PRESETS: dict[str, dict] = {
 
 MODEL_NOTES: dict[str, str] = {
     "tiny-gpt": "CPU-sized GPT the executor trains in seconds",
+    "tiny-llm": "tiny-gpt with an LLM's heavy head: vocab 8192 over hidden 64, so the LM "
+    "head and loss weigh ~4 layers on a CPU (the default; `ppsim demo` plans 6 + 2)",
     "gpt3-1.3b": "GPT-3 XL",
     "llama2-7b": "Llama 2 7B",
     "llama3-8b": "Llama 3 8B (GQA, 128k vocab)",

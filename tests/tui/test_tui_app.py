@@ -52,7 +52,7 @@ async def test_startup_shows_the_default_simulation() -> None:
     app = PPSimApp()
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        assert_shows(app, (5, 3))
+        assert_shows(app, (6, 2))
 
 
 async def test_moving_a_boundary_resimulates_and_undo_restores() -> None:
@@ -61,19 +61,19 @@ async def test_moving_a_boundary_resimulates_and_undo_restores() -> None:
         await settle(pilot)
         await pilot.press("right")  # stage 0 takes a layer from stage 1
         await settle(pilot)
-        assert_shows(app, (6, 2))
+        assert_shows(app, (7, 1))
         await pilot.press("left", "left", "left")
         await settle(pilot)
-        assert_shows(app, (3, 5))
+        assert_shows(app, (4, 4))
         await pilot.press("u")
         await settle(pilot)
-        assert_shows(app, (4, 4))
+        assert_shows(app, (5, 3))
         await pilot.press("u", "u", "u")
         await settle(pilot)
-        assert_shows(app, (5, 3))
+        assert_shows(app, (6, 2))
         await pilot.press("ctrl+y")
         await settle(pilot)
-        assert_shows(app, (6, 2))
+        assert_shows(app, (7, 1))
 
 
 async def test_refused_boundary_move_shows_an_error() -> None:
@@ -171,7 +171,7 @@ async def test_export_writes_flags_that_ppsim_split_parses_back(tmp_path: Path) 
     out = tmp_path / "split.sh"
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        await pilot.press("right")  # (6, 2)
+        await pilot.press("right")  # (7, 1)
         await settle(pilot)
         await pilot.press("e")
         await pilot.pause()
@@ -191,9 +191,9 @@ async def test_export_writes_flags_that_ppsim_split_parses_back(tmp_path: Path) 
         with redirect_stdout(buf):
             assert ppsim_main(["split", "--json", *args]) == 0
         parsed = json.loads(buf.getvalue())
-        assert [st["layers"] for st in parsed["stages"]] == [6, 2]
-    assert json.loads(forms["TORCHTITAN_FQNS"])[1] == ["layers.6", "layers.7", "norm", "lm_head"]
-    assert json.loads(forms["DEEPSPEED_BOUNDARIES"]) == [0, 7, 10]
+        assert [st["layers"] for st in parsed["stages"]] == [7, 1]
+    assert json.loads(forms["TORCHTITAN_FQNS"])[1] == ["layers.7", "norm", "lm_head"]
+    assert json.loads(forms["DEEPSPEED_BOUNDARIES"]) == [0, 8, 10]
 
 
 async def test_save_config_round_trips(tmp_path: Path) -> None:
@@ -210,7 +210,7 @@ async def test_save_config_round_trips(tmp_path: Path) -> None:
         await settle(pilot)
         expected = config_for(app.base, app.state)
     assert load_config(str(out)) == expected
-    assert load_config(str(out)).pipeline.split == [4, 4]
+    assert load_config(str(out)).pipeline.split == [5, 3]
 
 
 @pytest.mark.skipif(not planner_available(), reason="ppsim.planner is not written yet")
@@ -241,7 +241,7 @@ async def test_planner_missing_is_reported(monkeypatch: pytest.MonkeyPatch) -> N
         await settle(pilot)
         await pilot.press("p")
         await settle(pilot)
-        assert app.state.counts == (5, 3)
+        assert app.state.counts == (6, 2)
         assert any("planner not available" in str(n.message) for n in app._notifications)
 
 
@@ -259,7 +259,7 @@ async def test_loading_a_trace_shows_the_comparison(tmp_path: Path) -> None:
         cmp = app.comparison
         assert cmp is not None
         real = reference((4, 4)).iteration_time_ms
-        sim = reference((5, 3)).iteration_time_ms
+        sim = reference((6, 2)).iteration_time_ms
         assert cmp.real_ms == pytest.approx(real, rel=1e-6)
         assert cmp.sim_ms == pytest.approx(sim)
         assert cmp.matched == 32 and cmp.sim_only == 0 and cmp.real_only == 0
@@ -268,18 +268,18 @@ async def test_loading_a_trace_shows_the_comparison(tmp_path: Path) -> None:
         # issue 12 defect 5: ppsim diff's sign, (real - sim) / sim, and the iteration
         assert f"error {(real - sim) / sim:+.1%}" in text
         assert "real iteration 0 compared" in text
-        assert "split [4, 4] (simulated [5, 3])" in text
+        assert "split [4, 4] (simulated [6, 2])" in text
         labels = [lane.label for lane in app.query_one(Timeline).lanes]
         assert labels == ["r0", "real0", "r1", "real1"]  # each real lane under its rank
         # move to the same split: the comparison follows the re-simulation
-        await pilot.press("left")
+        await pilot.press("left", "left")
         await settle(pilot)
         assert app.comparison.rel_error == pytest.approx(0.0, abs=1e-9)
 
 
 async def test_loading_a_trace_from_the_prompt(tmp_path: Path) -> None:
     trace = tmp_path / "t.json"
-    make_trace(trace, "5,3")
+    make_trace(trace, "6,2")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     app = PPSimApp()
@@ -381,7 +381,7 @@ async def test_select_a_schedule_then_undo_restores_the_settings() -> None:
         await settle(pilot)
         assert app.state.schedule == "1f1b"
         assert app.query_one("#set-schedule").value == "1f1b"
-        assert_shows(app, (5, 3))
+        assert_shows(app, (6, 2))
         # letters typed into a field go to the field, not to the app's bindings
         inp = app.query_one("#set-microbatches")
         inp.focus()

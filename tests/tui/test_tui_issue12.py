@@ -96,10 +96,10 @@ async def test_huge_sizes_are_refused_at_once_and_keys_stay_responsive(
         assert "above the limit" in str(app.query_one("#settings-error").render())
         app.query_one("#split-rows").focus()
         await pilot.pause()
-        took = await handled_within(app, "right", lambda: app.state.counts == (6, 2), 0.2)
+        took = await handled_within(app, "right", lambda: app.state.counts == (7, 1), 0.2)
         assert took < 0.2  # the key press is handled at once
         await settle(pilot)
-        assert app.state.counts == (6, 2)
+        assert app.state.counts == (7, 1)
 
 
 def test_huge_num_layers_on_the_command_line_exits_2_at_once(capsys) -> None:
@@ -119,20 +119,20 @@ async def test_simulation_runs_off_the_ui_thread_shows_it_and_escape_cancels(
         await settle(pilot)
         shown = app.result
         gate.open.clear()
-        await pilot.press("right")  # (6, 2): simulating, held by the gate
+        await pilot.press("right")  # (7, 1): simulating, held by the gate
         await pilot.pause()
-        assert app.simulating and app.state.counts == (6, 2)
+        assert app.simulating and app.state.counts == (7, 1)
         assert "simulating" in text_of(app) and "Esc cancels" in text_of(app)
         rows = app.query_one("#split-rows")
         took = await handled_within(app, "down", lambda: rows.cursor == 1, 0.2)
         assert took < 0.2  # the UI still answers
         await pilot.press("escape")
         await pilot.pause()
-        assert not app.simulating and app.state.counts == (5, 3)
+        assert not app.simulating and app.state.counts == (6, 2)
         gate.open.set()
         await settle(pilot)
         assert app.result is shown  # the cancelled state's result was dropped
-        assert app.state.counts == (5, 3)
+        assert app.state.counts == (6, 2)
 
 
 async def test_only_one_simulation_at_a_time_and_the_newest_state_wins(
@@ -239,11 +239,11 @@ async def test_a_late_planner_result_does_not_overwrite_newer_edits(
         await pilot.press("p")
         await pilot.pause()
         assert app.query_one("#plan-progress").display
-        await pilot.press("left")  # a newer edit while it runs: (4, 4)
+        await pilot.press("left")  # a newer edit while it runs: (5, 3)
         await pilot.pause()
         release.set()
         await settle(pilot)
-        assert app.state.counts == (4, 4)
+        assert app.state.counts == (5, 3)
         assert any("planner result dropped" in str(n.message) for n in app._notifications)
 
 
@@ -257,7 +257,7 @@ async def test_escape_cancels_the_planner(monkeypatch: pytest.MonkeyPatch) -> No
         await pilot.pause()
         await pilot.press("escape")
         await settle(pilot)
-        assert app.planning is None and app.state.counts == (5, 3)
+        assert app.planning is None and app.state.counts == (6, 2)
         assert any("planner cancelled" in str(n.message) for n in app._notifications)
         release.set()
 

@@ -107,7 +107,7 @@ def test_history_undo_redo() -> None:
 def test_apply_setting_checks_everything() -> None:
     base = load_config(None)
     s = state_from_config(base)
-    assert s.counts == (5, 3) and s.pp == 2
+    assert s.counts == (6, 2) and s.pp == 2
     s2 = apply_setting(base, s, "vpp", "2")
     assert s2.vpp == 2 and s2.schedule == "interleaved-1f1b" and s2.counts == (2, 2, 2, 2)
     s3 = apply_setting(base, s, "pp", "4")

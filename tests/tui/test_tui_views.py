@@ -78,14 +78,14 @@ async def test_pin_a_split_and_compare_per_rank() -> None:
     app = PPSimApp()
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
-        assert "current [5, 3] vs even split [4, 4]" in text_of(app)
-        await pilot.press("b")  # pin (5, 3)
+        assert "current [6, 2] vs even split [4, 4]" in text_of(app)
+        await pilot.press("b")  # pin (6, 2)
         await settle(pilot)
         await pilot.press("right")
         await settle(pilot)
         text = text_of(app)
-        assert "current [6, 2] vs pinned split [5, 3]" in text
-        pin, cur = summary((5, 3)), summary((6, 2))
+        assert "current [7, 1] vs pinned split [6, 2]" in text
+        pin, cur = summary((6, 2)), summary((7, 1))
         d0 = cur.ranks[0].busy_ms - pin.ranks[0].busy_ms
         assert f"{d0:+.2f}" in text
         assert app.result.speedup == pytest.approx(pin.iteration_time_ms /
@@ -289,4 +289,4 @@ async def test_split_editor_shows_each_stages_layer_kinds() -> None:
         app.query_one(SplitEditor).set_split(app.state.split, frozenset(), kinds)
         await pilot.pause()
         text = text_of(app)
-        assert "3 dense + 2 moe" in text and "2 moe + 1 mtp" in text
+        assert "3 dense + 3 moe" in text and "1 moe + 1 mtp" in text

@@ -88,8 +88,8 @@ def test_measured_p2p_beats_the_preset(tmp_path: Path,
     assert got == pytest.approx(expect.summary.iteration_time_ms)
     # and through the config file's top-level key
     cfg = tmp_path / "cfg.toml"
-    cfg.write_text(f'costs_file = "{path}"\n[model]\npreset = "tiny-gpt"\n[pipeline]\npp = 2\n'
-                   'split = [5, 3]\n[hardware]\npreset = "cpu"\n')
+    cfg.write_text(f'costs_file = "{path}"\n[model]\npreset = "tiny-llm"\n[pipeline]\npp = 2\n'
+                   'split = [6, 2]\n[hardware]\npreset = "cpu"\n')
     assert _simulate_json(capsys, "--config", str(cfg))["iteration_time_ms"] == pytest.approx(got)
 
 
