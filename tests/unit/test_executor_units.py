@@ -256,7 +256,7 @@ def test_the_run_spec_carries_every_setting_and_the_config(tmp_path) -> None:
 
 
 def test_a_versus_spec_holds_the_other_split() -> None:
-    spec = _spec(["--versus", "4,4"])
+    spec = _spec(["--split", "5,3", "--versus", "4,4"])
     (mine, other) = spec.problems()
     assert list(mine.split.counts) == [5, 3] and list(other.split.counts) == [4, 4]
     assert RunSpec.from_json(spec.to_json()) == spec
