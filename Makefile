@@ -7,9 +7,11 @@ setup:
 demo: setup
 	.venv/bin/ppsim demo
 
-# `-m "not e2e"` skips the real torchrun launches (tests/e2e/launches.py pools them).
+# The in-process tests on two workers, then the real torchrun launches one at a time
+# (tests/e2e/launches.py pools them; two launches at once are no faster on two cores).
 test: setup
-	OMP_NUM_THREADS=1 .venv/bin/python -m pytest
+	OMP_NUM_THREADS=1 .venv/bin/python -m pytest -n 2 tests/unit tests/property tests/tui
+	OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/e2e
 	.venv/bin/ruff check .
 
 lint: setup
