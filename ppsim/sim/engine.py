@@ -28,7 +28,7 @@ from typing import NamedTuple
 from ppsim.pipeline.messages import wiring
 from ppsim.pipeline.problem import Problem
 from ppsim.schedules.generators import Action, B, F, Schedule
-from ppsim.sim.summary import Summary
+from ppsim.sim.summary import Summary, step_parts, summarize
 from ppsim.sim.timing import Link, StageTable
 
 
@@ -90,6 +90,30 @@ class Records:
         self.ops: list[list[Op]] = [[] for _ in range(pp)]
         self.transfers: list[Transfer] = []
         self.memory: list[list[tuple[float, int, int]]] = [[] for _ in range(pp)]
+
+
+def finished(problem: Problem, static: tuple[int, ...], ranks: list[RankRun],
+             records: Records | None) -> Simulation:
+    """The Simulation of a finished run, whichever engine ran it: the deadlock check, the
+    step's tail, the summary and (with records) the timeline."""
+    sched = problem.schedule
+    stuck = [r for r, rr in enumerate(ranks) if rr.ops != len(sched.actions[r])]
+    if stuck:
+        raise RuntimeError(f"schedule deadlocked on ranks {stuck}")
+    hw = problem.hardware
+    parts = step_parts(sched, problem.stage_costs, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps,
+                       hw.memory_bandwidth_gbps, hw.dp, hw.optimizer_fixed_ms)
+    summary = summarize(static, [rr.end for rr in ranks], [rr.busy for rr in ranks],
+                        [problem.split.rank_layers(r) for r in range(sched.pp)],
+                        hw.memory_bytes,
+                        [(rr.peak_activation, rr.peak_inflight) for rr in ranks],
+                        [r + o for r, o in parts], hw.iteration_boundary_ms)
+    timeline = None
+    if records is not None:
+        timeline = Timeline(tuple(tuple(o) for o in records.ops), tuple(records.transfers),
+                            tuple(tuple(mm) for mm in records.memory), static,
+                            tuple((rr.end, *p) for rr, p in zip(ranks, parts, strict=True)))
+    return Simulation(problem, summary, timeline)
 
 
 class Engine:

@@ -44,9 +44,8 @@ from simpy.events import URGENT
 from ppsim.pipeline.placement import Topology
 from ppsim.pipeline.problem import Problem
 from ppsim.schedules.generators import Action, B, F
-from ppsim.sim.engine import Op, Simulation, Timeline, Transfer
+from ppsim.sim.engine import Op, RankRun, Records, Simulation, Transfer, finished
 from ppsim.sim.shared import SharedResource
-from ppsim.sim.summary import step_parts, summarize
 from ppsim.sim.timing import compile_schedule, p2p_link, stage_table
 
 Process = Generator[simpy.Event, Any, None]
@@ -266,20 +265,10 @@ def simulate(problem: Problem, record: bool = True) -> Simulation:
     finally:
         if enabled:
             gc.enable()
-    sched = problem.schedule
-    stuck = [r for r in range(sched.pp) if m.pos[r] != len(sched.actions[r])]
-    if stuck:
-        raise RuntimeError(f"schedule deadlocked on ranks {stuck}")
-    hw = problem.hardware
-    parts = step_parts(sched, problem.stage_costs, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps,
-                       hw.memory_bandwidth_gbps, hw.dp, hw.optimizer_fixed_ms)
-    summary = summarize(m.table.static, m.ends, m.busy,
-                        [problem.split.rank_layers(r) for r in range(sched.pp)],
-                        hw.memory_bytes, list(zip(m.peak, m.peak_in, strict=True)),
-                        [r + o for r, o in parts], hw.iteration_boundary_ms)
-    timeline = None
+    ranks = [RankRun(m.ends[r], m.busy[r], m.peak[r], m.peak_in[r], m.pos[r])
+             for r in range(problem.schedule.pp)]
+    records = None
     if m.ops is not None:
-        timeline = Timeline(tuple(tuple(o) for o in m.ops), tuple(m.transfers),
-                            tuple(tuple(mm) for mm in m.memory), m.table.static,
-                            tuple((e, *p) for e, p in zip(m.ends, parts, strict=True)))
-    return Simulation(problem, summary, timeline)
+        records = Records(problem.schedule.pp)
+        records.ops, records.transfers, records.memory = m.ops, m.transfers, m.memory
+    return finished(problem, m.table.static, ranks, records)

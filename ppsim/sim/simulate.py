@@ -10,9 +10,8 @@ from __future__ import annotations
 import gc
 
 from ppsim.pipeline.problem import Problem
-from ppsim.sim.engine import Records, Simulation, Timeline, run
+from ppsim.sim.engine import Records, Simulation, finished, run
 from ppsim.sim.shared import SharedEngine
-from ppsim.sim.summary import step_parts, summarize
 from ppsim.sim.timing import p2p_link, stage_table
 
 
@@ -37,21 +36,4 @@ def simulate(problem: Problem, record: bool = True) -> Simulation:
     finally:
         if enabled:
             gc.enable()
-    stuck = [r for r, rr in enumerate(ranks) if rr.ops != len(sched.actions[r])]
-    if stuck:
-        raise RuntimeError(f"schedule deadlocked on ranks {stuck}")
-    layers = [problem.split.rank_layers(r) for r in range(sched.pp)]
-    hw = problem.hardware
-    parts = step_parts(sched, problem.stage_costs, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps,
-                       hw.memory_bandwidth_gbps, hw.dp, hw.optimizer_fixed_ms)
-    tail = [r + o for r, o in parts]
-    summary = summarize(table.static, [rr.end for rr in ranks], [rr.busy for rr in ranks],
-                        layers, hw.memory_bytes,
-                        [(rr.peak_activation, rr.peak_inflight) for rr in ranks], tail,
-                        hw.iteration_boundary_ms)
-    timeline = None
-    if records is not None:
-        timeline = Timeline(tuple(tuple(o) for o in records.ops), tuple(records.transfers),
-                            tuple(tuple(mm) for mm in records.memory), table.static,
-                            tuple((rr.end, *p) for rr, p in zip(ranks, parts, strict=True)))
-    return Simulation(problem, summary, timeline)
+    return finished(problem, table.static, ranks, records)
