@@ -9,6 +9,7 @@ work is done with it. Pure: no I/O beyond `os.stat`, no torch.
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import os
 import stat
@@ -295,6 +296,21 @@ def read_text(flag: str, path: str, max_bytes: int, what: str) -> str:
     except UnicodeDecodeError as exc:
         raise UserError(flag, f"{path!r} is not UTF-8 text (byte {exc.start})",
                         f"save the {what} as UTF-8") from None
+
+
+def read_json(flag: str, path: str, max_bytes: int, what: str, fix: str,
+              nested_fix: str | None = None) -> Any:
+    """A small JSON file (read as `read_text` does); bad JSON, or JSON nested past what the
+    parser recurses through, is a UserError naming flag with `fix` (or `nested_fix`)."""
+    text = read_text(flag, path, max_bytes, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(flag, f"{path} is not valid JSON (line {exc.lineno}: {exc.msg}); "
+                        "it may be truncated", fix) from None
+    except RecursionError:
+        raise UserError(flag, f"{path} is nested too deeply to be a {what}",
+                        nested_fix or fix) from None
 
 
 @contextmanager

@@ -27,7 +27,6 @@ Pure logic: no torch import, so planning with a measured file works anywhere.
 from __future__ import annotations
 
 import functools
-import json
 import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -255,15 +254,8 @@ def read_cost_file(path: str) -> CostFile:
     hit = _CACHE.get(full)
     if hit is not None and hit[0] == stamp:
         return hit[1]
-    text = validate.read_text("--costs", full, validate.MAX_COSTS_BYTES, "cost file")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError("--costs", f"{path} is not valid JSON (line {exc.lineno}: {exc.msg}); "
-                        "it may be truncated", "re-run ppsim profile or ppsim calibrate") from None
-    except RecursionError:
-        raise UserError("--costs", f"{path} is nested too deeply to be a cost file",
-                        "re-run ppsim profile or ppsim calibrate") from None
+    data = validate.read_json("--costs", full, validate.MAX_COSTS_BYTES, "cost file",
+                              "re-run ppsim profile or ppsim calibrate")
     cf = cost_file_from_dict(data, path)
     _CACHE[full] = (stamp, cf)
     return cf

@@ -12,7 +12,6 @@ F/B/W (`Trace.step_ops`). `otherData` carries the run's shape
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,15 +141,9 @@ class Trace:
 
 def read_trace(path: str) -> Trace:
     """Parse and check a trace; a malformed one is a UserError naming what is wrong."""
-    text = validate.read_text("trace", path, validate.MAX_TRACE_BYTES, "Chrome trace (JSON)")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError("trace", f"{path} is not valid JSON (line {exc.lineno}: {exc.msg}); "
-                        "it may be truncated", "re-record or re-export the trace") from None
-    except RecursionError:
-        raise UserError("trace", f"{path} is nested too deeply to be a trace",
-                        "pass a trace written by ppsim simulate --trace or ppsim run") from None
+    data = validate.read_json("trace", path, validate.MAX_TRACE_BYTES, "Chrome trace (JSON)",
+                              "re-record or re-export the trace",
+                              "pass a trace written by ppsim simulate --trace or ppsim run")
     return trace_from_json(data, path)
 
 
