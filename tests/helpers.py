@@ -45,6 +45,19 @@ def all_counts(layers: int, stages: int):
 
 
 @st.composite
+def small_shapes(draw, names: list[str] | tuple[str, ...], min_pp: int = 1,
+                 max_m: int = 6) -> tuple[str, int, int, int]:
+    """(schedule, pp, vpp, microbatches) that each schedule takes: interleaved on 2 ranks
+    of 2 chunks, the V schedules on 2 ranks with 4-6 microbatches, the rest on 1 chunk."""
+    name = draw(st.sampled_from(names))
+    if name == "interleaved-1f1b":
+        return name, 2, 2, 2 * draw(st.integers(1, 3))
+    if name in ("zbv", "dualpipev"):
+        return name, 2, 2, draw(st.integers(4, 6))
+    return name, draw(st.integers(min_pp, 4)), 1, draw(st.integers(1, max_m))
+
+
+@st.composite
 def random_problems(draw):
     name = draw(st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv",
                                  "dualpipev"]))

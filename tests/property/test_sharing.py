@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from helpers import uniform_problem
+from helpers import small_shapes, uniform_problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,13 +21,7 @@ SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipev"]
 
 @st.composite
 def problems(draw, free_transfers: bool = False):
-    name = draw(st.sampled_from(SCHEDULES))
-    if name == "interleaved-1f1b":
-        pp, vpp, m = 2, 2, 2 * draw(st.integers(1, 3))
-    elif name in ("zbv", "dualpipev"):
-        pp, vpp, m = 2, 2, draw(st.integers(4, 6))
-    else:
-        pp, vpp, m = draw(st.integers(1, 4)), 1, draw(st.integers(1, 6))
+    name, pp, vpp, m = draw(small_shapes(SCHEDULES))
     t = st.integers(1, 16).map(lambda x: x / 4)
     counts = draw(st.lists(st.integers(0, 3), min_size=pp * vpp, max_size=pp * vpp))
     counts[0] += 1  # a model has at least one layer

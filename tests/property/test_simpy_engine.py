@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from helpers import random_problems, uniform_problem
+from helpers import random_problems, small_shapes, uniform_problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,14 +18,8 @@ from ppsim.sim import simulate as engine
 def tied_problems(draw) -> Problem:
     """Quarter-millisecond costs: many ops end and messages arrive at one instant, where
     the order of events decides who shares a device with whom."""
-    name = draw(st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv",
-                                 "dualpipev"]))
-    if name == "interleaved-1f1b":
-        pp, vpp, m = 2, 2, 2 * draw(st.integers(1, 3))
-    elif name in ("zbv", "dualpipev"):
-        pp, vpp, m = 2, 2, draw(st.integers(4, 6))
-    else:
-        pp, vpp, m = draw(st.integers(1, 4)), 1, draw(st.integers(1, 6))
+    name, pp, vpp, m = draw(small_shapes(["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv",
+                                          "dualpipev"]))
     t = st.integers(1, 16).map(lambda x: x / 4)
     counts = draw(st.lists(st.integers(0, 3), min_size=pp * vpp, max_size=pp * vpp))
     counts[0] += 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import all_counts
+from helpers import all_counts, small_shapes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,14 +28,8 @@ from ppsim.sim.simulate import simulate
 @st.composite
 def stacks(draw):
     """A problem whose layers are drawn from 2-3 kinds of different cost and size."""
-    name = draw(st.sampled_from(["gpipe", "1f1b", "1f1b", "interleaved-1f1b", "zb-h1", "zbv",
-                                 "dualpipev"]))
-    if name == "interleaved-1f1b":
-        pp, vpp, m = 2, 2, 2 * draw(st.integers(1, 3))
-    elif name in ("zbv", "dualpipev"):
-        pp, vpp, m = 2, 2, draw(st.integers(4, 6))
-    else:
-        pp, vpp, m = draw(st.integers(2, 4)), 1, draw(st.integers(1, 8))
+    name, pp, vpp, m = draw(small_shapes(["gpipe", "1f1b", "1f1b", "interleaved-1f1b",
+                                          "zb-h1", "zbv", "dualpipev"], min_pp=2, max_m=8))
     n_kinds = draw(st.integers(2, 3))
     t = st.integers(1, 24).map(lambda x: x / 4)
     kinds = []
