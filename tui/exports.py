@@ -43,9 +43,12 @@ def export_text(split: Split, title: str = "") -> str:
                   f"MEGATRON_LAYOUT_ARGS={shlex.quote(layout)}"]
     else:
         lines.append(f"# Megatron: n/a ({forms.get('megatron_note')})")
-    lines += ["# torchtitan: module_fqns_per_model_part",
-             "TORCHTITAN_FQNS=" + shlex.quote(json.dumps(
-                 forms["torchtitan_module_fqns_per_model_part"]))]
+    tt = forms["torchtitan_module_fqns_per_model_part"]
+    if tt is not None:
+        lines += ["# torchtitan: module_fqns_per_model_part",
+                  "TORCHTITAN_FQNS=" + shlex.quote(json.dumps(tt))]
+    else:
+        lines.append(f"# torchtitan: n/a ({forms.get('torchtitan_note')})")
     if ds is not None:
         lines += ["# DeepSpeed PipelineModule(partition_method='custom') boundaries over "
                   "[embedding, layers..., head]",
@@ -87,6 +90,7 @@ MEGATRON_TO_PPSIM = {
     "--account-for-embedding-in-pipeline-split": "--account-for-embedding",
     "--account-for-loss-in-pipeline-split": "--account-for-loss",
     "--pipeline-model-parallel-layout": "--layout",
+    "--microbatch-group-size-per-virtual-pipeline-stage": "--microbatch-group-size",
 }
 
 

@@ -36,6 +36,9 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True) -> No
     g.add_argument("--vpp", type=int, metavar="N", help="chunks (virtual stages) per rank")
     g.add_argument("--microbatches", type=int, metavar="N")
     g.add_argument("--schedule", metavar="NAME")
+    g.add_argument("--microbatch-group-size", type=int, metavar="N",
+                   help="microbatches per group of the interleaved order (Megatron's "
+                   "--microbatch-group-size-per-virtual-pipeline-stage)")
     g.add_argument("--recompute", metavar="MODE", help="none | selective | full")
     g.add_argument("--tp", type=int, metavar="N", help="tensor-parallel size")
     g.add_argument("--memory-gb", type=float, metavar="GB", help="memory limit per rank")

@@ -5,22 +5,38 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
 from ppsim.cli.schedule import print_notes
-from ppsim.cli.simulate import print_exports
+from ppsim.cli.simulate import add_deepspeed_specs_flag, print_exports
 from ppsim.clock import process_start
 from ppsim.config import limits, validate
 from ppsim.config.model import TransformerModel
 from ppsim.config.overrides import with_overrides
 from ppsim.config.schema import Config
 from ppsim.errors import UserError
-from ppsim.pipeline.exports import split_exports
+from ppsim.pipeline.exports import (
+    DEFAULT_SPECS,
+    DeepSpeedSpecs,
+    parse_deepspeed_specs,
+    split_exports,
+)
+from ppsim.pipeline.megatron_rules import refusals
 from ppsim.pipeline.problem import Problem, build_problem
+from ppsim.plan.baselines import FrameworkSplit
 from ppsim.plan.planner import Candidate, PlanResult, plan
-from ppsim.plan.references import Reference, compare, megatron_baseline, time_split, why_faster
+from ppsim.plan.references import (
+    Reference,
+    compare,
+    framework_baselines,
+    megatron_baseline,
+    time_split,
+    why_faster,
+)
+from ppsim.plan.search import Deadline
 from ppsim.schedules.generators import SCHEDULES
 from ppsim.units import fmt_bytes
 
@@ -96,22 +112,35 @@ class Planned:
     """Megatron's even split, or its best first/last split when there is no even one."""
     compared: list[Reference]
     """The --compare splits, in the order given."""
+    frameworks: list[Reference] = field(default_factory=list)
+    """DeepSpeed's and torchtitan's own splits (ppsim.plan.baselines), timed."""
+    without: list[FrameworkSplit] = field(default_factory=list)
+    """The frameworks with no split for this shape, and why."""
+
+
+FRAMEWORK_SHARE = 0.1
+"""Of the time budget, what the frameworks' own splits may take (DeepSpeed's dynamic
+program is cubic in the layers)."""
 
 
 def plan_with_references(problem: Problem, compare_texts: list[str], top_k: int,
                          budget_s: float, progress: Any = None,
-                         started: float | None = None) -> Planned:
-    """Plan, seeded with the baseline and the references so it is never slower."""
+                         started: float | None = None,
+                         specs: DeepSpeedSpecs = DEFAULT_SPECS) -> Planned:
+    """Plan, seeded with the baselines and the references so it is never slower."""
     base = megatron_baseline(problem)
     refs = compare(problem, compare_texts)
-    seeds = [r.split.counts for r in ([base] if base else []) + refs if r.split.standard_ends]
+    deadline = Deadline(time.perf_counter() + FRAMEWORK_SHARE * budget_s)
+    frameworks, without = framework_baselines(problem, specs, deadline)
+    seeds = [r.split.counts for r in ([base] if base else []) + frameworks + refs
+             if r.split.standard_ends]
     res = plan(problem, top_k=top_k, progress=progress, time_budget_s=budget_s, seeds=seeds,
                started=started)
     # With no Megatron baseline there is nothing to call "even": no row, no speed-up.
     res = replace(res, baseline=Candidate(base.split, base.summary) if base else None)
     if problem.topology is not None:
         res = _retime_shared(problem, res, refs)
-    return Planned(res, base, refs)
+    return Planned(res, base, refs, frameworks, without)
 
 
 SHARED_NOTE = ("the placement shares devices or links: splits were searched with the "
@@ -129,16 +158,14 @@ def _retime_shared(problem: Problem, res: PlanResult, refs: list[Reference]) -> 
             retimed.append(Candidate(sp, time_split(problem, sp)))
     retimed.sort(key=lambda c: c.key)
     fits = [c for c in retimed if c.summary.fits]
-    ds = res.deepspeed
-    if ds is not None:
-        ds = Candidate(ds.split, time_split(problem, ds.split))
-    return replace(res, candidates=fits, best=fits[0] if fits else None, deepspeed=ds,
+    return replace(res, candidates=fits, best=fits[0] if fits else None,
                    proven_optimal=False)
 
 
 def run_search(cfg: Config, axes: list[str], top_k: int, budget_s: float,
                show_progress: bool, compare_texts: list[str] | None = None,
-               started: float | None = None) -> tuple[Planned, list[tuple[str, PlanResult]]]:
+               started: float | None = None, specs: DeepSpeedSpecs = DEFAULT_SPECS
+               ) -> tuple[Planned, list[tuple[str, PlanResult]]]:
     """Plan every variant; the best result overall, and each variant's result."""
     vs = variants(cfg, axes)
     results: list[tuple[str, Planned]] = []
@@ -165,7 +192,7 @@ def run_search(cfg: Config, axes: list[str], top_k: int, budget_s: float,
             texts = (compare_texts or []) if v is vs[0] else []
             results.append((v.label, plan_with_references(
                 problem, texts, top_k, budget_s / len(problems), tick,
-                started=started if not results else None)))
+                started=started if not results else None, specs=specs)))
             bar.advance(task)
     fitting = [r for _, r in results if r.result.best is not None]
     best = min(fitting, key=lambda r: r.result.best.key) if fitting else results[0][1]  # type: ignore
@@ -194,14 +221,24 @@ def reference_dict(ref: Reference, best: Candidate | None) -> dict[str, Any]:
     return out
 
 
-def result_dict(planned: Planned) -> dict[str, Any]:
+def baselines_of(planned: Planned) -> list[Reference]:
+    """Every framework's split, Megatron's first: the rows `plan` measures against."""
+    return ([planned.baseline] if planned.baseline else []) + planned.frameworks
+
+
+def result_dict(planned: Planned, specs: DeepSpeedSpecs = DEFAULT_SPECS) -> dict[str, Any]:
     res = planned.result
     p = res.problem
+    ds = next((r for r in planned.frameworks if r.key == "deepspeed_parameters"), None)
     out: dict[str, Any] = {
         "schedule": p.schedule.name, "pp": p.schedule.pp, "vpp": p.schedule.vpp,
         "microbatches": p.schedule.microbatches, "memory_limit_bytes": p.hardware.memory_bytes,
         "best": None, "baseline": candidate_dict(res.baseline) if res.baseline else None,
-        "deepspeed": candidate_dict(res.deepspeed) if res.deepspeed else None,
+        "deepspeed": candidate_dict(Candidate(ds.split, ds.summary)) if ds else None,
+        "baselines": [{"key": r.key, **reference_dict(r, res.best)}
+                      for r in baselines_of(planned)],
+        "baselines_missing": [{"key": f.key, "label": f.label, "note": f.note}
+                              for f in planned.without],
         "candidates": [candidate_dict(c) for c in res.candidates],
         "proven_optimal": res.proven_optimal, "lower_bound_ms": res.lower_bound_ms,
         "evaluated": res.evaluated, "total_splits": res.total_splits, "seconds": res.seconds,
@@ -212,13 +249,15 @@ def result_dict(planned: Planned) -> dict[str, Any]:
     }
     if res.best is not None:
         best = candidate_dict(res.best)
-        best.update(split_exports(res.best.split))
+        best.update(split_exports(res.best.split, p.schedule.microbatch_group, specs))
         t = res.best.summary.iteration_time_ms
         best["gap_to_lower_bound"] = (t - res.lower_bound_ms) / t if t else 0.0
-        for name in ("baseline", "deepspeed"):
-            ref = getattr(res, name)
-            if ref is not None:
-                best[f"speedup_vs_{name}"] = ref.summary.iteration_time_ms / t
+        if res.baseline is not None:
+            best["speedup_vs_baseline"] = res.baseline.summary.iteration_time_ms / t
+        for ref in baselines_of(planned):
+            best[f"speedup_vs_{ref.key}"] = ref.summary.iteration_time_ms / t
+        if ds is not None:
+            best["speedup_vs_deepspeed"] = best["speedup_vs_deepspeed_parameters"]
         out["best"] = best
     return out
 
@@ -240,7 +279,8 @@ def no_fit_message(res: PlanResult) -> str:
             + ", ".join(tips))
 
 
-def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], top: int) -> None:
+def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], top: int,
+                 specs: DeepSpeedSpecs = DEFAULT_SPECS) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -283,13 +323,7 @@ def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], to
 
     for i, c in enumerate(res.candidates[:top]):
         row("best" if i == 0 else f"#{i + 1}", c)
-    if res.baseline is not None and planned.baseline is not None:
-        row(planned.baseline.label + ("" if res.baseline.summary.fits else " [red](OOM)[/red]"),
-            res.baseline)
-    if res.deepspeed is not None:
-        row("DeepSpeed params" + ("" if res.deepspeed.summary.fits else " [red](OOM)[/red]"),
-            res.deepspeed)
-    for ref in planned.compared:
+    for ref in baselines_of(planned) + planned.compared:
         row(ref.label + ("" if ref.summary.fits else " [red](OOM)[/red]"),
             Candidate(ref.split, ref.summary))
     console.print(t)
@@ -303,9 +337,15 @@ def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], to
                       f"layers over pp={p.schedule.pp}"
                       + (f" x vpp={p.schedule.vpp}" if p.schedule.vpp > 1 else "")
                       + "); the fastest split Megatron's first/last flags express", markup=False)
+    bt = res.best.summary.iteration_time_ms
+    if baselines_of(planned):
+        console.print("best against each framework's own split: " + ", ".join(
+            f"{ref.summary.iteration_time_ms / bt:.3f}x vs {ref.label}"
+            for ref in baselines_of(planned)), markup=False)
+    for fw in planned.without:
+        console.print(f"{fw.label}: none ({fw.note})", markup=False)
     for ref in planned.compared:
         console.print(f"vs {ref.label}: {why_faster(res.best.summary, ref)}", markup=False)
-    bt = res.best.summary.iteration_time_ms
     if p.topology is not None:
         console.print(f"{SHARED_NOTE} (unshared lower bound {res.lower_bound_ms:.2f} ms; "
                       f"{res.evaluated:,} splits timed in {res.seconds:.2f} s)", markup=False)
@@ -317,7 +357,7 @@ def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], to
                       f"{res.lower_bound_ms:.2f} ms, gap {(bt - res.lower_bound_ms) / bt:.2%}; "
                       f"{res.evaluated:,} of {res.total_splits:,} splits timed in "
                       f"{res.seconds:.2f} s")
-    print_exports(console, split_exports(res.best.split))
+    print_exports(console, split_exports(res.best.split, p.schedule.microbatch_group, specs))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -333,14 +373,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if cfg.pipeline.actions_csv and set(axes) - {"recompute"}:
         raise UserError("--search", "the actions CSV fixes the schedule, vpp and microbatches",
                         "search recompute only, or drop --actions-csv")
+    specs = parse_deepspeed_specs(args.deepspeed_specs)
     planned, per_variant = run_search(cfg, axes, args.top, args.time_budget,
                                       show_progress=not args.json and sys.stderr.isatty(),
-                                      compare_texts=args.compare or [], started=started)
+                                      compare_texts=args.compare or [], started=started,
+                                      specs=specs)
     best = planned.result
 
     print_notes(best.problem.schedule, "plan")
+    for line in refusals(best.problem.schedule, cfg.pipeline.microbatch_group_size is not None):
+        sys.stderr.write(f"ppsim plan: warning: {line}\n")
     if args.json:
-        out = result_dict(planned)
+        out = result_dict(planned, specs)
         if len(per_variant) > 1:
             out["variant"] = next(label for label, r in per_variant if r is best)
             out["variants"] = [{"variant": label, "best": candidate_dict(r.best)
@@ -354,7 +398,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if best.best is None:
         sys.stderr.write(f"ppsim plan: {no_fit_message(best)}\n")
         return EXIT_NO_FIT
-    print_result(planned, per_variant, args.top)
+    print_result(planned, per_variant, args.top, specs)
     return 0
 
 
@@ -367,6 +411,7 @@ def register(commands: dict) -> None:
                        help="also search over: " + ",".join(SEARCH_AXES))
         p.add_argument("--time-budget", type=float, default=60.0, metavar="S",
                        help="stop proving optimality after S seconds (default 60)")
+        add_deepspeed_specs_flag(p)
         p.add_argument("--compare", action="append", metavar="LAYOUT_OR_SPLIT",
                        help="also time this split (a Megatron layout string or counts like "
                        "7,8,8,7); repeatable")

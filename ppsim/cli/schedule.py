@@ -30,14 +30,15 @@ def config_schedule(cfg: Any) -> Schedule:
     p = cfg.pipeline
     if p.actions_csv:
         return load_actions_csv(p.actions_csv, p.pp, p.vpp, p.microbatches)
-    return build_schedule(p.schedule, p.pp, p.vpp, p.microbatches)
+    return build_schedule(p.schedule, p.pp, p.vpp, p.microbatches, p.microbatch_group_size)
 
 
 def order_rule(schedule: Schedule) -> str | None:
     """Whose microbatch-group rule shaped an interleaved order, in words; else None."""
 
     if schedule.name in ("interleaved-1f1b", "interleaved-zb") and schedule.vpp > 1:
-        return interleaved_rule(schedule.pp, schedule.microbatches)
+        return interleaved_rule(schedule.pp, schedule.microbatches,
+                                schedule.microbatch_group or None)
     return None
 
 

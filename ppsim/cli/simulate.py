@@ -17,9 +17,10 @@ from ppsim.config.limits import check_request
 from ppsim.config.presets import HARDWARE_NOTES, HARDWARE_PRESETS, MODEL_NOTES, MODEL_PRESETS
 from ppsim.config.schema import Config
 from ppsim.errors import UserError
-from ppsim.pipeline.exports import split_exports
+from ppsim.pipeline.exports import parse_deepspeed_specs, split_exports
+from ppsim.pipeline.megatron_rules import refusals
 from ppsim.pipeline.problem import build_problem, model_costs, placement_warning, resolve_split
-from ppsim.schedules.generators import schedule_placement
+from ppsim.schedules.generators import interleaved_group, schedule_placement
 from ppsim.sim.engines import simulator
 from ppsim.trace.schema import simulation_trace, write_trace
 
@@ -52,13 +53,24 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_deepspeed_specs_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--deepspeed-specs", metavar="BEFORE,AFTER", default="1,1",
+                   help="entries of the DeepSpeed layer-spec list before the first decoder "
+                   "layer and after the last (default 1,1: embedding, head; e.g. 2,4 for "
+                   "Megatron-DeepSpeed GPT)")
+
+
 def cmd_split(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     check_request(cfg, None)
     split = resolve_split(cfg, None, schedule_placement(cfg.pipeline.schedule))
     stages = [{"rank": s.rank, "chunk": s.chunk, "layers": s.layers, "offset": s.offset}
               for s in split.stages]
-    exports = split_exports(split)
+    p = cfg.pipeline
+    # Megatron runs every vpp > 1 split interleaved: its group size rides on the flags.
+    group = interleaved_group(p.pp, p.microbatches, p.microbatch_group_size) \
+        if split.vpp > 1 else 0
+    exports = split_exports(split, group, parse_deepspeed_specs(args.deepspeed_specs))
     if args.json:
         emit_json({"num_layers": split.num_layers, "pp": split.pp, "vpp": split.vpp,
                    "stages": stages, **exports})
@@ -112,13 +124,26 @@ def print_exports(console: Any, exports: dict[str, Any]) -> None:
                   else f"[bold]Megatron:[/bold]   n/a ({exports.get('megatron_note')})",
                   soft_wrap=True)
     console.print(f"[bold]layout:[/bold]     --pipeline-model-parallel-layout "
-                  f"{shlex.quote(exports['megatron_layout'])}", soft_wrap=True)
-    console.print("[bold]torchtitan:[/bold] module_fqns_per_model_part = "
-                  + json.dumps(exports["torchtitan_module_fqns_per_model_part"]), soft_wrap=True)
-    ds = exports["deepspeed_boundaries"]
-    console.print(f"[bold]DeepSpeed:[/bold]  partition boundaries {ds}" if ds is not None
-                  else f"[bold]DeepSpeed:[/bold]  n/a ({exports.get('deepspeed_note')})",
+                  f"{shlex.quote(exports['megatron_layout'])}"
+                  + ("" if mf is not None else " (Megatron refuses this split, see above)"),
                   soft_wrap=True)
+    tt = exports["torchtitan_module_fqns_per_model_part"]
+    console.print("[bold]torchtitan:[/bold] module_fqns_per_model_part = " + json.dumps(tt)
+                  if tt is not None else
+                  f"[bold]torchtitan:[/bold] n/a ({exports.get('torchtitan_note')})",
+                  soft_wrap=True)
+    ds = exports["deepspeed_boundaries"]
+    if ds is None:
+        console.print(f"[bold]DeepSpeed:[/bold]  n/a ({exports.get('deepspeed_note')})",
+                      soft_wrap=True)
+        return
+    shape = exports["deepspeed_specs"]
+    console.print(f"[bold]DeepSpeed:[/bold]  partition boundaries {ds} over a spec list of "
+                  f"{shape['before']} entries, the layers, {shape['after']} entries; "
+                  "DeepSpeed takes no boundaries, so override _partition_layers:",
+                  soft_wrap=True)
+    console.print(exports["deepspeed_partition_override"].rstrip(), markup=False,
+                  highlight=False, soft_wrap=True)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -132,6 +157,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     warning = placement_warning(cfg)
     if warning:
         print(warning, file=sys.stderr)
+    for line in refusals(problem.schedule, cfg.pipeline.microbatch_group_size is not None):
+        print(f"ppsim simulate: warning: {line}", file=sys.stderr)
     # Per-op records only where something shows them: memory stays flat otherwise.
     timeline = not args.json and (ops or 0) <= limits.TIMELINE_OPS
     sim = simulate(problem, record=bool(args.trace or args.png or timeline))
@@ -191,6 +218,7 @@ def register(commands: dict[str, Any]) -> None:
     def split(p: argparse.ArgumentParser) -> None:
         add_config_flags(p)
         p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+        add_deepspeed_specs_flag(p)
 
     def simulate(p: argparse.ArgumentParser) -> None:
         add_config_flags(p)

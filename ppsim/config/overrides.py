@@ -21,7 +21,8 @@ from ppsim.errors import UserError
 
 MODEL_KEYS = ("num_layers", "recompute", "tp", "micro_batch_size")
 """[model] fields an override may set (the rest come from the file or the preset)."""
-PIPELINE_KEYS = ("pp", "vpp", "microbatches", "schedule", "actions_csv")
+PIPELINE_KEYS = ("pp", "vpp", "microbatches", "schedule", "actions_csv",
+                 "microbatch_group_size")
 """[pipeline] fields an override may set besides the split."""
 
 

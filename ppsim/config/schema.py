@@ -64,6 +64,10 @@ class PipelineConfig:
     account_for_loss: bool = False
     actions_csv: str | None = None
     """A torch.distributed.pipelining schedule CSV whose order replaces `schedule`'s."""
+    microbatch_group_size: int | None = None
+    """Microbatches per group of the interleaved table, Megatron's
+    --microbatch-group-size-per-virtual-pipeline-stage; none: the smallest group that
+    runs (ppsim.schedules.generators.interleaved_group)."""
 
 
 @dataclass(kw_only=True)

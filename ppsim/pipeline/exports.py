@@ -1,18 +1,21 @@
 """A split in the forms other frameworks take: Megatron flags, torchtitan, DeepSpeed.
 
-Every Megatron form parses in Megatron-LM's argument parser; forms that do not
-exist for a split (V placement in Megatron, chunks in DeepSpeed) raise UserError
-saying why, and `split_exports` reports that as a note. Pure.
+Every Megatron form parses in Megatron-LM's argument parser; forms a target
+would refuse or could not run (V placement or pp 1 with vpp in Megatron, chunks
+in DeepSpeed, an empty first stage in torch pipelining, MTP under pipeline
+parallelism in torchtitan) raise UserError saying why, and `split_exports`
+reports that as a note. Pure.
 """
 
 from __future__ import annotations
 
 import shlex
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim.errors import UserError
 from ppsim.pipeline.layout import to_layout
+from ppsim.pipeline.megatron_rules import GROUP_FLAG
 from ppsim.pipeline.split import Split, megatron_split
 
 TORCHTITAN_VERSION = "torchtitan main as of 2026-04-27 (PR #2937 renamed output to lm_head)"
@@ -53,13 +56,23 @@ def _decoder_only(split: Split) -> Split | None:
     return replace(split, counts=tuple(counts), mtp=0)
 
 
-def megatron_layout_flag(split: Split) -> list[str]:
-    """Megatron argv tokens that give `split` through the layout flag."""
-    return _megatron_base(split) + ["--pipeline-model-parallel-layout", to_layout(split)]
+def _group_flag(split: Split, group: int) -> list[str]:
+    """The interleaved group size flag, when the order's group is not Megatron's default."""
+    if split.vpp > 1 and group and group != split.pp:
+        return [GROUP_FLAG, str(group)]
+    return []
 
 
-def megatron_flags(split: Split) -> list[str]:
-    """The shortest Megatron argv tokens that build exactly `split`.
+def megatron_layout_flag(split: Split, group: int = 0) -> list[str]:
+    """Megatron argv tokens that give `split` through the layout flag (`group`: the
+    order's microbatch group, 0 for none)."""
+    return (_megatron_base(split) + ["--pipeline-model-parallel-layout", to_layout(split)]
+            + _group_flag(split, group))
+
+
+def megatron_flags(split: Split, group: int = 0) -> list[str]:
+    """The shortest Megatron argv tokens that build exactly `split` (and, with vpp,
+    the order's microbatch `group` when it is not Megatron's default, pp).
 
     Tries the even split and every first/last and account-for-embedding/loss option,
     fewest tokens first, and falls back to the layout flag, which can say anything.
@@ -67,7 +80,7 @@ def megatron_flags(split: Split) -> list[str]:
     base = _megatron_base(split)
     plain = _decoder_only(split)
     if plain is None:
-        return megatron_layout_flag(split)
+        return megatron_layout_flag(split, group)
     L, pp, vpp = plain.num_layers, split.pp, split.vpp
     vpp_flag = ["--num-virtual-stages-per-pipeline-rank", str(vpp)] if vpp > 1 else []
     first, last = plain.rank_layers(0), plain.rank_layers(pp - 1)
@@ -88,10 +101,10 @@ def megatron_flags(split: Split) -> list[str]:
     for options, flags in sorted(candidates, key=lambda c: len(c[1])):  # stable: shortest first
         try:
             if megatron_split(L, pp, vpp, **options) == plain:  # type: ignore[arg-type]
-                return base + vpp_flag + flags
+                return base + vpp_flag + flags + _group_flag(split, group)
         except UserError:
             continue
-    return megatron_layout_flag(split)
+    return megatron_layout_flag(split, group)
 
 
 def torchtitan_fqns(split: Split) -> list[list[str]]:
@@ -99,9 +112,18 @@ def torchtitan_fqns(split: Split) -> list[list[str]]:
 
     torchtitan keeps the listed modules of each part and sets every other one to
     None, so the head must be named as torchtitan names it (`lm_head`, see
-    TORCHTITAN_VERSION) or the last stage would return hidden states. torchtitan's
-    models have no MTP module, so MTP layers are left out.
+    TORCHTITAN_VERSION) or the last stage would return hidden states. Refused where
+    torch pipelining or torchtitan cannot run the split: the embedding off stage 0
+    (torch feeds token ids to stage 0 only), MTP layers with more than one stage
+    (torchtitan's deepseek_v3/mtp.py: "MTP does not support pipeline parallelism yet").
     """
+    if split.embedding_stage != 0:
+        raise UserError("pipeline.layout", f"stage 0 is empty and the embedding is on stage "
+                        f"{split.embedding_stage}: torch pipelining feeds token ids to stage "
+                        "0 only", "put the embedding on the first stage ('E' first)")
+    if split.mtp and split.num_stages > 1:
+        raise UserError("model.mtp_layers", "torchtitan rejects MTP under pipeline "
+                        "parallelism (deepseek_v3/mtp.py)", "export without MTP layers")
     parts = []
     for st in split.stages:
         names = ["tok_embeddings"] if st.has_embedding else []
@@ -111,8 +133,42 @@ def torchtitan_fqns(split: Split) -> list[list[str]]:
     return parts
 
 
-def deepspeed_boundaries(split: Split) -> list[int]:
-    """DeepSpeed PipelineModule partition boundaries over [embedding, layers..., head]."""
+@dataclass(frozen=True, kw_only=True)
+class DeepSpeedSpecs:
+    """The shape of a DeepSpeed PipelineModule's layer-spec list around the decoder layers.
+
+    DeepSpeed's boundaries index that list, so every entry before the first decoder
+    layer shifts them: Megatron-DeepSpeed's GPT lists, for one, add a lambda after
+    the embedding and a final norm and lambdas after the last layer.
+    """
+
+    before: int = 1
+    """Entries before the first decoder layer, the embedding first."""
+    after: int = 1
+    """Entries after the last decoder layer, the head among them."""
+
+
+DEFAULT_SPECS = DeepSpeedSpecs()
+"""[embedding, layers..., head]: the list DeepSpeed's own GPT examples build."""
+
+
+def parse_deepspeed_specs(text: str, field: str = "--deepspeed-specs") -> DeepSpeedSpecs:
+    """BEFORE,AFTER (e.g. 2,4): the spec list's entries around the decoder layers."""
+    parts = text.split(",")
+    try:
+        before, after = (int(x) for x in parts)
+    except ValueError:
+        raise UserError(field, f"{text!r} is not two counts BEFORE,AFTER",
+                        "give e.g. 1,1 (embedding, head) or 2,4 (Megatron-DeepSpeed GPT)") from None
+    if not (1 <= before <= 1000 and 1 <= after <= 1000):
+        raise UserError(field, f"{text!r}: each count must be 1..1000 (the embedding and "
+                        "the head are entries)", "give e.g. 1,1 or 2,4")
+    return DeepSpeedSpecs(before=before, after=after)
+
+
+def deepspeed_boundaries(split: Split, specs: DeepSpeedSpecs = DEFAULT_SPECS) -> list[int]:
+    """DeepSpeed PipelineModule partition boundaries (its `parts`) over the spec list:
+    `specs.before` entries, the decoder layers, `specs.after` entries."""
     if split.vpp > 1:
         raise UserError(
             "pipeline.vpp",
@@ -129,25 +185,41 @@ def deepspeed_boundaries(split: Split) -> list[int]:
     if not split.standard_ends:
         raise UserError("pipeline.layout", "DeepSpeed puts the embedding on the first stage "
                         "and the head on the last", "use a split without empty end stages")
-    # Spec 0 is the embedding, spec k + 1 decoder layer k, spec L + 1 the head.
-    return [0] + [1 + st.offset + st.layers for st in split.stages[:-1]] + [split.num_layers + 2]
+    inner = [specs.before + st.offset + st.layers for st in split.stages[:-1]]
+    return [0, *inner, specs.before + split.num_layers + specs.after]
 
 
-def split_exports(split: Split) -> dict[str, Any]:
-    """Every export form of `split`; a form that does not exist is None with a note."""
+def deepspeed_override(bounds: list[int]) -> str:
+    """The PipelineModule subclass that makes DeepSpeed use `bounds`: DeepSpeed has no
+    public way to pass boundaries, and __init__ calls _partition_layers after setting
+    stage_id (DeepSpeed edaa722 runtime/pipe/module.py)."""
+    return ("class PlannedPipe(PipelineModule):\n"
+            "    def _partition_layers(self, method=\"uniform\"):\n"
+            f"        self.parts = {bounds}\n"
+            "        self._set_bounds(start=self.parts[self.stage_id], "
+            "stop=self.parts[self.stage_id + 1])\n")
+
+
+def split_exports(split: Split, group: int = 0,
+                  specs: DeepSpeedSpecs = DEFAULT_SPECS) -> dict[str, Any]:
+    """Every export form of `split`; a form that does not exist is None with a note.
+    `group`: the interleaved order's microbatch group (0: none); `specs`: the shape of
+    the DeepSpeed spec list the boundaries index."""
     out: dict[str, Any] = {
         "megatron_layout": to_layout(split),
-        "torchtitan_module_fqns_per_model_part": torchtitan_fqns(split),
         "torchtitan_version": TORCHTITAN_VERSION,
     }
-    try:
-        out["megatron_flags"] = shlex.join(megatron_flags(split))
-    except UserError as exc:
-        out["megatron_flags"] = None
-        out["megatron_note"] = exc.problem
-    try:
-        out["deepspeed_boundaries"] = deepspeed_boundaries(split)
-    except UserError as exc:
-        out["deepspeed_boundaries"] = None
-        out["deepspeed_note"] = exc.problem
+    forms = (("megatron_flags", "megatron", lambda: shlex.join(megatron_flags(split, group))),
+             ("torchtitan_module_fqns_per_model_part", "torchtitan",
+              lambda: torchtitan_fqns(split)),
+             ("deepspeed_boundaries", "deepspeed", lambda: deepspeed_boundaries(split, specs)))
+    for key, target, make in forms:
+        try:
+            out[key] = make()
+        except UserError as exc:
+            out[key] = None
+            out[f"{target}_note"] = exc.problem
+    if out["deepspeed_boundaries"] is not None:
+        out["deepspeed_specs"] = {"before": specs.before, "after": specs.after}
+        out["deepspeed_partition_override"] = deepspeed_override(out["deepspeed_boundaries"])
     return out

@@ -148,7 +148,7 @@ def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
     if p.layout is not None and split.vpp > 1 and name == "1f1b":
         name = "interleaved-1f1b"  # Megatron runs a multi-chunk layout interleaved
     check_ops(p.pp, split.vpp, p.microbatches, False, SIMULATE)
-    schedule = build_schedule(name, p.pp, split.vpp, p.microbatches)
+    schedule = build_schedule(name, p.pp, split.vpp, p.microbatches, p.microbatch_group_size)
     hw = hardware(cfg)
     return Problem(costs, split, schedule, hw, _topology(cfg, hw))
 

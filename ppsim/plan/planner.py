@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from ppsim.costs.model import StageCost
 from ppsim.pipeline.problem import Problem
 from ppsim.pipeline.split import Split, even_counts, split_from_counts
-from ppsim.plan.baselines import deepspeed_counts, smallest_peak
+from ppsim.plan.baselines import smallest_peak
 from ppsim.plan.bounds import OneChunkBound, PathBounds, WaterFill, prefix_time
 from ppsim.plan.search import Deadline, SplitSearch
 from ppsim.sim.summary import Summary
 
-__all__ = ["BranchAndBound", "Candidate", "PlanResult", "count_splits", "deepspeed_counts",
-           "even_counts", "improve", "plan", "smallest_peak"]
+__all__ = ["BranchAndBound", "Candidate", "PlanResult", "count_splits", "even_counts",
+           "improve", "plan", "smallest_peak"]
 
 INF = math.inf
 TIE = 1e-9
@@ -60,9 +60,8 @@ class PlanResult:
     candidates: list[Candidate]
     """Top K that fit, best first."""
     baseline: Candidate | None
-    """Megatron's even split (as even as possible when the layers don't divide)."""
-    deepspeed: Candidate | None
-    """DeepSpeed's parameter-balanced split (one chunk per rank only)."""
+    """Megatron's even split (as even as possible when the layers don't divide); the
+    frameworks' own splits are ppsim.plan.references.framework_baselines'."""
     proven_optimal: bool
     lower_bound_ms: float
     """No split that fits is faster than this."""
@@ -337,14 +336,9 @@ def _result(bb: BranchAndBound, finished: bool, t0: float, deadline: Deadline) -
     if bb.progress is not None:
         bb.progress(search.evaluated, search.evaluated)
     baseline = _candidate(search, _even(search))
-    ds = None
-    if search.vpp == 1 and deadline.affords(search.eval_s):
-        counts = deepspeed_counts(search, deadline)
-        if counts is not None and deadline.affords(search.eval_s):
-            ds = _candidate(search, counts)
     peak = None if best else smallest_peak(search, Deadline(min(deadline.at,
                                                                  time.perf_counter() + 5.0)))
-    return PlanResult(search.problem, best, cands, baseline, ds, finished and best is not None,
+    return PlanResult(search.problem, best, cands, baseline, finished and best is not None,
                       lower, search.evaluated, count_splits(search.L, search.S), peak,
                       time.perf_counter() - t0)
 

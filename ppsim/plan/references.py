@@ -1,10 +1,12 @@
-"""Splits a plan is measured against: Megatron's baseline and published splits.
+"""Splits a plan is measured against: the frameworks' own and published splits.
 
 The baseline is Megatron's even split when one exists; when the layers do not
 divide, it is the fastest split Megatron's --decoder-first/last-pipeline-num-layers
 can express, so the comparison is with what a Megatron user could launch today.
-References given with `plan --compare` are layout strings or layer counts, timed
-by the simulator under the same cost model as the plan. Pure.
+DeepSpeed's `parameters` and `uniform` splits and torchtitan's default split are
+made by those frameworks' rules (ppsim.plan.baselines). References given with
+`plan --compare` are layout strings or layer counts. All are timed by the
+simulator under the same cost model as the plan. Pure.
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ import math
 from dataclasses import dataclass, replace
 
 from ppsim.errors import UserError
+from ppsim.pipeline.exports import DEFAULT_SPECS, DeepSpeedSpecs
 from ppsim.pipeline.layout import parse_layout
 from ppsim.pipeline.problem import Problem
 from ppsim.pipeline.split import Split, megatron_split, split_from_counts
+from ppsim.plan.baselines import FrameworkSplit, deepspeed_splits, torchtitan_split
+from ppsim.plan.search import Deadline
 from ppsim.sim.simulate import simulate
 from ppsim.sim.summary import Summary
 
@@ -29,6 +34,29 @@ class Reference:
     """What the user sees: "Megatron even", or the string given to --compare."""
     split: Split
     summary: Summary
+    key: str = ""
+    """A framework's JSON name (megatron, deepspeed_parameters, deepspeed_uniform,
+    torchtitan: `speedup_vs_<key>`); "" for a --compare split."""
+
+
+def framework_baselines(problem: Problem, specs: DeepSpeedSpecs = DEFAULT_SPECS,
+                        deadline: Deadline | None = None
+                        ) -> tuple[list[Reference], list[FrameworkSplit]]:
+    """DeepSpeed's and torchtitan's splits of `problem`, timed; and those with none
+    (their notes say why)."""
+    sp, costs = problem.split, problem.costs
+    wanted = [torchtitan_split(costs.num_layers - costs.mtp_layers, sp.num_stages,
+                               costs.mtp_layers)]
+    wanted = deepspeed_splits(costs, sp.pp, sp.vpp, specs, deadline) + wanted
+    timed, missing = [], []
+    for fw in wanted:
+        if fw.counts is None:
+            missing.append(fw)
+            continue
+        s = split_from_counts(fw.counts, sp.pp, sp.vpp, costs.num_layers, sp.placement,
+                              costs.mtp_layers)
+        timed.append(Reference(fw.label, s, time_split(problem, s), fw.key))
+    return timed, missing
 
 
 def time_split(problem: Problem, split: Split) -> Summary:
@@ -55,7 +83,7 @@ def megatron_baseline(problem: Problem) -> Reference | None:
     except UserError:
         pass
     else:
-        return Reference("Megatron even", even, time_split(problem, even))
+        return Reference("Megatron even", even, time_split(problem, even), "megatron")
     best: Reference | None = None
     for first, last in first_last_options(decoder, sp.pp, sp.vpp):
         try:
@@ -67,7 +95,7 @@ def megatron_baseline(problem: Problem) -> Reference | None:
         if best is None or key < (not best.summary.fits, best.summary.iteration_time_ms,
                                   best.summary.peak_memory_bytes):
             flags = " ".join(f"{n} {v}" for n, v in (("first", first), ("last", last)) if v)
-            best = Reference(f"Megatron {flags}", s, summary)
+            best = Reference(f"Megatron {flags}", s, summary, "megatron")
     return best
 
 

@@ -28,6 +28,18 @@ class Action:
         return f"{self.stage}{self.kind}{self.microbatch}"
 
 
+@dataclass(frozen=True, kw_only=True)
+class CellMarks:
+    """How torch writes some actions of an order as cells (see ppsim.schedules.torchcsv)."""
+
+    overlaps: tuple[frozenset[int], ...]
+    """Per rank, positions of the F actions that start an OVERLAP_F_B pair with the B
+    after them (and that B's W, when the B is whole)."""
+    whole: tuple[frozenset[int], ...]
+    """Per rank, positions of the B actions torch writes as one whole backward (`B`),
+    the W right after them included; every other B of a split order is torch's `I`."""
+
+
 @dataclass(frozen=True)
 class Schedule:
     name: str
@@ -42,6 +54,12 @@ class Schedule:
     """One ordered tuple of actions per rank."""
     notes: tuple[str, ...] = ()
     """What reading a user's order left out or reinterpreted (see ppsim.torchcsv)."""
+    microbatch_group: int = 0
+    """Microbatches per group of an interleaved table (Megatron's
+    microbatch_group_size_per_vp_stage); 0 when the order walks no such table."""
+    cells: CellMarks | None = None
+    """Which actions torch writes as pairs or whole backwards; None: ppsim's default
+    (a B with its W right after is one whole backward)."""
 
     @property
     def num_stages(self) -> int:

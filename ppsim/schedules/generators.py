@@ -16,6 +16,7 @@ from ppsim.errors import UserError
 from ppsim.schedules.actions import (
     Action,
     B,
+    CellMarks,
     F,
     Schedule,
     W,
@@ -23,7 +24,7 @@ from ppsim.schedules.actions import (
     stage_rank,
     validate,
 )
-from ppsim.schedules.v_shape import dualpipev, zbv
+from ppsim.schedules.v_shape import dualpipev, dualpipev_cells, zbv
 
 __all__ = ["B", "F", "W", "Action", "Schedule", "SCHEDULES", "build_schedule", "dependencies",
            "dualpipev", "gpipe", "interleaved_1f1b", "interleaved_group", "interleaved_order",
@@ -57,23 +58,28 @@ def one_f_one_b(pp: int, vpp: int, m: int) -> list[list[Action]]:
     return out
 
 
-def interleaved_group(pp: int, m: int) -> int:
+def interleaved_group(pp: int, m: int, group: int | None = None) -> int:
     """Microbatches N per group of the interleaved table (a group runs on one chunk, then
     the next chunk; the backward walks the table with chunks reversed).
 
-    m >= pp, Megatron's rule: the smallest N >= pp whose last group is full or holds at
-    least pp microbatches (--microbatch-group-size-per-vp-stage N; N = pp when m is a
-    multiple of pp). Whenever torch accepts m this N is torch's m // (m // pp) too.
-    m < pp, torch's rule (Megatron refuses): one group of all m microbatches.
+    `group` given (--microbatch-group-size): that N. Otherwise, m >= pp: the smallest
+    N >= pp that Megatron accepts (ppsim.pipeline.megatron_rules: the last group full
+    or at least pp; N = pp, Megatron's default, when m is a multiple of pp). Whenever
+    torch accepts m this N is torch's m // (m // pp) too. m < pp, torch's rule
+    (Megatron refuses): one group of all m microbatches.
     """
+    if group is not None:
+        return group
     if m < pp:
         return m
     return next(n for n in range(pp, m + 1) if m % n == 0 or m % n >= pp)
 
 
-def interleaved_rule(pp: int, m: int) -> str:
-    """Which framework's microbatch-group rule shapes the interleaved table, in words."""
-    n = interleaved_group(pp, m)
+def interleaved_rule(pp: int, m: int, group: int | None = None) -> str:
+    """Which rule shaped the groups of the interleaved table, in words."""
+    n = interleaved_group(pp, m, group)
+    if group is not None:
+        return f"groups of {n} microbatches (--microbatch-group-size {n})"
     if m < pp:
         return f"torch's rule (m < pp: one group of {m})"
     return f"Megatron's rule (groups of {n} microbatches)"
@@ -88,7 +94,8 @@ def interleaved_order(m: int, vpp: int, group: int) -> list[tuple[int, int]]:
     return table
 
 
-def _interleaved(pp: int, vpp: int, m: int, zero_bubble: bool) -> list[list[Action]]:
+def _interleaved(pp: int, vpp: int, m: int, zero_bubble: bool,
+                 group: int | None = None) -> list[list[Action]]:
     """Interleaved 1F1B, or torch's interleaved zero bubble (ZB1P) when `zero_bubble`.
 
     Forward step k and backward step k both walk the table (backward with the
@@ -97,7 +104,7 @@ def _interleaved(pp: int, vpp: int, m: int, zero_bubble: bool) -> list[list[Acti
     forward and one backward per step. Zero bubble queues each B's W and runs
     the oldest one after every backward from step r on, the rest at the end.
     """
-    group = interleaved_group(pp, m)
+    group = interleaved_group(pp, m, group)
     table = interleaved_order(m, vpp, group)
     total = m * vpp
     hop = 1 if zero_bubble else 2
@@ -122,14 +129,14 @@ def _interleaved(pp: int, vpp: int, m: int, zero_bubble: bool) -> list[list[Acti
     return out
 
 
-def interleaved_1f1b(pp: int, vpp: int, m: int) -> list[list[Action]]:
+def interleaved_1f1b(pp: int, vpp: int, m: int, group: int | None = None) -> list[list[Action]]:
     """Megatron's interleaved 1F1B (torch's ScheduleInterleaved1F1B: the same order)."""
-    return _interleaved(pp, vpp, m, zero_bubble=False)
+    return _interleaved(pp, vpp, m, zero_bubble=False, group=group)
 
 
-def interleaved_zb(pp: int, vpp: int, m: int) -> list[list[Action]]:
+def interleaved_zb(pp: int, vpp: int, m: int, group: int | None = None) -> list[list[Action]]:
     """torch's ScheduleInterleavedZeroBubble (ZB1P of Qi et al. 2024) for any vpp."""
-    return _interleaved(pp, vpp, m, zero_bubble=True)
+    return _interleaved(pp, vpp, m, zero_bubble=True, group=group)
 
 def zb_h1(pp: int, vpp: int, m: int) -> list[list[Action]]:
     """Zero Bubble ZB-H1 (Qi et al. 2024): 1F1B's order with W deferred into the bubbles.
@@ -158,10 +165,15 @@ def zb_h1(pp: int, vpp: int, m: int) -> list[list[Action]]:
 
 @dataclass(frozen=True)
 class ScheduleSpec:
-    generate: Callable[[int, int, int], list[list[Action]]]
+    generate: Callable[..., list[list[Action]]]
+    """(pp, vpp, m) -> each rank's actions; with `grouped`, also group=N."""
     placement: str
     split_backward: bool
     check: Callable[[int, int, int], None]
+    grouped: bool = False
+    """The order walks a table of microbatch groups (the interleaved schedules)."""
+    cells: Callable[[int, int, int], CellMarks] | None = None
+    """Which actions torch writes as OVERLAP_F_B pairs and whole backwards."""
 
 
 def _check_any(pp: int, vpp: int, m: int) -> None:
@@ -204,11 +216,13 @@ def _check_v(name: str, need_m: int | None) -> Callable[[int, int, int], None]:
 SCHEDULES: dict[str, ScheduleSpec] = {
     "gpipe": ScheduleSpec(gpipe, "loop", False, _check_any),
     "1f1b": ScheduleSpec(one_f_one_b, "loop", False, _check_1f1b),
-    "interleaved-1f1b": ScheduleSpec(interleaved_1f1b, "loop", False, _check_interleaved),
+    "interleaved-1f1b": ScheduleSpec(interleaved_1f1b, "loop", False, _check_interleaved,
+                                     grouped=True),
     "zb-h1": ScheduleSpec(zb_h1, "loop", True, _check_zb_h1),
-    "interleaved-zb": ScheduleSpec(interleaved_zb, "loop", True, _check_any),
+    "interleaved-zb": ScheduleSpec(interleaved_zb, "loop", True, _check_any, grouped=True),
     "zbv": ScheduleSpec(zbv, "v", True, _check_v("zbv", None)),
-    "dualpipev": ScheduleSpec(dualpipev, "v", True, _check_v("dualpipev", 2)),
+    "dualpipev": ScheduleSpec(dualpipev, "v", True, _check_v("dualpipev", 2),
+                              cells=dualpipev_cells),
 }
 
 
@@ -225,17 +239,29 @@ def _spec(name: str) -> ScheduleSpec:
     return spec
 
 
-def build_schedule(name: str, pp: int, vpp: int, microbatches: int) -> Schedule:
-    """Generate a named schedule; rejects what Megatron rejects, with its reason."""
+def build_schedule(name: str, pp: int, vpp: int, microbatches: int,
+                   group: int | None = None) -> Schedule:
+    """Generate a named schedule; rejects what it cannot build, with the reason (what
+    Megatron alone refuses is ppsim.pipeline.megatron_rules' to say). `group`: the
+    microbatches per group of an interleaved order (None: interleaved_group's choice)."""
     spec = _spec(name)
     for field, value in (("pipeline.pp", pp), ("pipeline.vpp", vpp),
-                         ("pipeline.microbatches", microbatches)):
+                         ("pipeline.microbatches", microbatches),
+                         ("pipeline.microbatch_group_size", 1 if group is None else group)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UserError(field, f"must be a positive integer, got {value!r}",
                             "set it to 1 or more")
     spec.check(pp, vpp, microbatches)
-    acts = spec.generate(pp, vpp, microbatches)
+    if group is not None and group > microbatches:
+        raise UserError("pipeline.microbatch_group_size", f"is {group}, more than the "
+                        f"{microbatches} microbatches", f"set it to {microbatches} or less")
+    grouped = spec.grouped and vpp > 1
+    acts = spec.generate(pp, vpp, microbatches, group=group) if grouped \
+        else spec.generate(pp, vpp, microbatches)
     return Schedule(name, pp, vpp, microbatches, spec.placement, spec.split_backward,
-                    tuple(tuple(a) for a in acts))
+                    tuple(tuple(a) for a in acts),
+                    microbatch_group=interleaved_group(pp, microbatches, group) if grouped
+                    else 0,
+                    cells=spec.cells(pp, vpp, microbatches) if spec.cells else None)
 
 

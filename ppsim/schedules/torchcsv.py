@@ -10,9 +10,12 @@ ppsim reads every one of these. Transfers and FSDP/data-parallel actions are
 left out (ppsim models transfers itself) and said so in the schedule's notes;
 an overlapped pair runs as its sub-actions in the order written; a whole `B`
 in an order that also splits backwards (DualPipeV does) becomes ppsim's B
-followed at once by its W. Writing is the inverse: a B with its W right
-after becomes torch's `B`, as torch's own `_merge_bw` does, so a round trip
-gives back the same order.
+followed at once by its W. Writing is the inverse: where the schedule marks its
+cells (`Schedule.cells`: dualpipev, and every order read from a CSV) the pairs
+are written as `(F;B)OVERLAP_F_B` and the whole backwards as `B`, so a
+registered overlap function still sees its pairs; elsewhere a B with its W
+right after becomes torch's `B`, as torch's own `_merge_bw` does. A round trip
+gives back the same order and the same cells.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import re
 
 from ppsim.config.limits import check_shape
 from ppsim.errors import UserError
-from ppsim.schedules.actions import Action, B, Schedule, W, stage_rank, validate
+from ppsim.schedules.actions import Action, B, CellMarks, Schedule, W, stage_rank, validate
 
 MAX_CSV_BYTES = 64 * 2**20
 """A torch CSV of pp 256 x 4096 microbatches is ~40 MB; beyond this, refuse unread."""
@@ -129,9 +132,9 @@ def parse_actions_csv(text: str, pp: int | None = None, vpp: int | None = None,
     if not rows:
         raise UserError(FIELD, "has no actions", "write one row of actions per rank")
     reader = _Reader()
-    parsed = [[a for col, cell in enumerate(row) if cell
-               for a in reader.cell(cell, f"row {r + 1} column {col + 1}")]
-              for r, row in enumerate(rows)]
+    cell_rows = [[reader.cell(cell, f"row {r + 1} column {col + 1}")
+                  for col, cell in enumerate(row) if cell] for r, row in enumerate(rows)]
+    parsed = [[a for cell in row for a in cell] for row in cell_rows]
     n_pp = len(rows)
     stages = 1 + max((s for row in parsed for _, s, _ in row), default=-1)
     n_m = 1 + max((i for row in parsed for _, _, i in row), default=-1)
@@ -148,14 +151,22 @@ def parse_actions_csv(text: str, pp: int | None = None, vpp: int | None = None,
                  "pipeline.vpp", "--vpp")
     _check_shape(n_m, microbatches, "microbatches", "pipeline.microbatches", "--microbatches")
     split = bool(reader.kinds & {"I", W})
-    actions = []
-    for row in parsed:
-        acts = []
-        for kind, s, i in row:
-            acts.append(Action(B if kind in "IB" else kind, s, i))
-            if kind == B and split:
-                acts.append(Action(W, s, i))
+    actions, overlaps, whole = [], [], []
+    for row in cell_rows:
+        acts: list[Action] = []
+        pairs, wholes = set(), set()
+        for cell in row:
+            if len(cell) == 2:  # only an OVERLAP_F_B cell reads as two actions
+                pairs.add(len(acts))
+            for kind, s, i in cell:
+                if kind == B:
+                    wholes.add(len(acts))
+                acts.append(Action(B if kind in "IB" else kind, s, i))
+                if kind == B and split:
+                    acts.append(Action(W, s, i))
         actions.append(tuple(acts))
+        overlaps.append(frozenset(pairs))
+        whole.append(frozenset(wholes))
     if placement is None:
         stage_of: dict[int, int] = {}
         for r, acts in enumerate(actions):
@@ -164,8 +175,10 @@ def parse_actions_csv(text: str, pp: int | None = None, vpp: int | None = None,
                     raise UserError(FIELD, f"stage {a.stage} runs on ranks {stage_of[a.stage]}"
                                     f" and {r}", "run each stage on one rank")
         placement = _placement(stage_of, n_pp, n_vpp)
+    marks = CellMarks(overlaps=tuple(overlaps), whole=tuple(whole)) \
+        if split or any(overlaps) else None
     sched = Schedule("csv", n_pp, n_vpp, n_m, placement, split, tuple(actions),
-                     reader.notes(split))
+                     reader.notes(split), cells=marks)
     validate(sched)
     return sched
 
@@ -199,15 +212,40 @@ def load_actions_csv(path: str, pp: int | None = None, vpp: int | None = None,
 
 
 def torch_cells(schedule: Schedule) -> list[list[str]]:
-    """Each rank's actions as torch cells; a B with its W right after becomes torch's B.
+    """Each rank's actions as torch cells.
 
-    When every backward would merge, I and W are written apart instead, so the
-    CSV still reads back as a split-backward order.
+    With the schedule's cell marks: its OVERLAP_F_B pairs and whole backwards as
+    marked. Without: a B with its W right after becomes torch's B; when every
+    backward would merge, I and W are written apart instead, so the CSV still
+    reads back as a split-backward order.
     """
+    marks = schedule.cells
+    if marks is not None:
+        return [_marked_cells(acts, schedule.split_backward, marks.overlaps[r], marks.whole[r])
+                for r, acts in enumerate(schedule.actions)]
     cells = [_cells(acts, schedule.split_backward, merge=True) for acts in schedule.actions]
     if schedule.split_backward and not any(c.find("I") > 0 for row in cells for c in row):
         cells = [_cells(acts, True, merge=False) for acts in schedule.actions]
     return cells
+
+
+def _marked_cells(acts: tuple[Action, ...], split: bool, overlaps: frozenset[int],
+                  whole: frozenset[int]) -> list[str]:
+    """Cells of one rank as its marks say: pairs as (F;B)OVERLAP_F_B, whole B as B."""
+    out: list[str] = []
+    k = 0
+    while k < len(acts):
+        subs = []
+        for _ in range(2 if k in overlaps else 1):
+            a = acts[k]
+            kind = a.kind
+            if a.kind == B and split:
+                kind = B if k in whole else "I"
+                k += 1 if k in whole else 0  # the W right after is part of this B
+            subs.append(f"{a.stage}{kind}{a.microbatch}")
+            k += 1
+        out.append(subs[0] if len(subs) == 1 else f"({';'.join(subs)})OVERLAP_F_B")
+    return out
 
 
 def _cells(acts: tuple[Action, ...], split: bool, merge: bool) -> list[str]:

@@ -6,7 +6,7 @@ the last stage sits on rank 0 next to the first and the loss needs no hop.
 
 from __future__ import annotations
 
-from ppsim.schedules.actions import Action, B, F, W
+from ppsim.schedules.actions import Action, B, CellMarks, F, W
 
 
 def _v_stages(pp: int, r: int) -> tuple[int, int]:
@@ -21,6 +21,10 @@ class _RankOrder:
         self.acts: list[Action] = []
         self.next: dict[tuple[int, str], int] = {}
         self.pending_w: list[Action] = []
+        self.overlaps: set[int] = set()
+        """Positions of F actions that start an OVERLAP_F_B pair (torch's cells)."""
+        self.whole: set[int] = set()
+        """Positions of whole backwards (B with its W at once)."""
 
     def add(self, kind: str, stage: int) -> int:
         i = self.next.get((stage, kind), 0)
@@ -35,8 +39,15 @@ class _RankOrder:
         if split:
             self.pending_w.append(w)
         else:
+            self.whole.add(len(self.acts) - 1)
             self.acts.append(w)
             self.next[(stage, W)] = i + 1
+
+    def overlapped(self, forward: int, backward: int) -> None:
+        """F of one chunk overlapped with the whole B of the other (an OVERLAP_F_B cell)."""
+        self.overlaps.add(len(self.acts))
+        self.add(F, forward)
+        self.backward(backward, split=False)
 
     def deferred_w(self) -> None:
         if self.pending_w:
@@ -101,6 +112,19 @@ def dualpipev(pp: int, vpp: int, m: int) -> list[list[Action]]:
     device the compute is sequential either way; the overlap hides transfers,
     which ppsim already treats as asynchronous.
     """
+    return [o.acts for o in _dualpipev_orders(pp, m)]
+
+
+def dualpipev_cells(pp: int, vpp: int, m: int) -> CellMarks:
+    """Which of dualpipev's actions torch writes as OVERLAP_F_B pairs and whole B."""
+    orders = _dualpipev_orders(pp, m)
+    return CellMarks(overlaps=tuple(frozenset(o.overlaps) for o in orders),
+                     whole=tuple(frozenset(o.whole) for o in orders))
+
+
+def _dualpipev_orders(pp: int, m: int) -> list[_RankOrder]:
+    """Each rank's DualPipeV order, with the pairs torch's ScheduleDualPipeV overlaps
+    (its main step, except the last rank's first pair; step 5's pairs)."""
     out = []
     for r in range(pp):
         s0, s1 = _v_stages(pp, r)
@@ -114,15 +138,16 @@ def dualpipev(pp: int, vpp: int, m: int) -> list[list[Action]]:
             o.backward(s1, split=True)
             o.deferred_w()
             o.add(F, s1)
-        for _ in range(m - 2 * pp + r + 1):
-            o.add(F, s0)
-            o.backward(s1, split=False)
-            o.add(F, s1)
-            o.backward(s0, split=False)
+        for i in range(m - 2 * pp + r + 1):
+            if i == 0 and r == pp - 1:  # torch leaves this pair apart (a smaller bubble)
+                o.add(F, s0)
+                o.backward(s1, split=False)
+            else:
+                o.overlapped(s0, s1)
+            o.overlapped(s1, s0)
         for _ in range(pp - r - 1):
             o.backward(s1, split=False)
-            o.add(F, s1)
-            o.backward(s0, split=False)
+            o.overlapped(s1, s0)
         split = False
         half = (r + 1) // 2
         for i in range(r + 1):
@@ -137,5 +162,5 @@ def dualpipev(pp: int, vpp: int, m: int) -> list[list[Action]]:
             o.backward(s0, split)
         while o.pending_w:
             o.deferred_w()
-        out.append(o.acts)
+        out.append(o)
     return out
