@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ppsim.errors import UserError
+from ppsim.pipeline.megatron_rules import group_refusal
 from ppsim.schedules.actions import (
     Action,
     B,
@@ -252,9 +253,13 @@ def build_schedule(name: str, pp: int, vpp: int, microbatches: int,
             raise UserError(field, f"must be a positive integer, got {value!r}",
                             "set it to 1 or more")
     spec.check(pp, vpp, microbatches)
-    if group is not None and group > microbatches:
-        raise UserError("pipeline.microbatch_group_size", f"is {group}, more than the "
-                        f"{microbatches} microbatches", f"set it to {microbatches} or less")
+    if group is not None and group != interleaved_group(pp, microbatches):
+        # Groups Megatron refuses deadlock this order (a short last group, or fewer
+        # than pp): only torch's one group of m < pp microbatches runs below pp.
+        reason = group_refusal(pp, microbatches, group)
+        if reason is not None:
+            raise UserError("pipeline.microbatch_group_size", f"is {group}: {reason}",
+                            f"leave it unset, or set it to {interleaved_group(pp, microbatches)}")
     grouped = spec.grouped and vpp > 1
     acts = spec.generate(pp, vpp, microbatches, group=group) if grouped \
         else spec.generate(pp, vpp, microbatches)

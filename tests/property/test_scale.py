@@ -10,8 +10,8 @@ from helpers import random_problems, uniform_problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppsim.plan.bounds import MinMaxTable
 from ppsim.plan.baselines import partition_balanced
+from ppsim.plan.bounds import MinMaxTable
 from ppsim.plan.planner import plan, smallest_peak
 from ppsim.plan.search import Deadline, SplitSearch
 from ppsim.sim.simulate import simulate
