@@ -341,6 +341,7 @@ def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], to
     if baselines_of(planned):
         console.print("best against each framework's own split: " + ", ".join(
             f"{ref.summary.iteration_time_ms / bt:.3f}x vs {ref.label}"
+            + ("" if ref.summary.fits else " (which does not fit)")
             for ref in baselines_of(planned)), markup=False)
     for fw in planned.without:
         console.print(f"{fw.label}: none ({fw.note})", markup=False)

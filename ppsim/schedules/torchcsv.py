@@ -118,6 +118,34 @@ def _check_shape(got: int, want: int | None, what: str, field: str, flag: str) -
                         f"set {field.split('.')[-1]} = {got} ({flag} {got})")
 
 
+Cell = list[tuple[str, int, int]]
+"""One cell's (torch kind, stage, microbatch) actions: none, one, or an overlapped pair."""
+
+
+def _actions(cell_rows: list[list[Cell]], split: bool
+             ) -> tuple[list[tuple[Action, ...]], CellMarks | None]:
+    """Each rank's ppsim actions, and which cells were pairs and whole backwards."""
+    actions, overlaps, whole = [], [], []
+    for row in cell_rows:
+        acts: list[Action] = []
+        pairs, wholes = set(), set()
+        for cell in row:
+            if len(cell) == 2:  # only an OVERLAP_F_B cell reads as two actions
+                pairs.add(len(acts))
+            for kind, s, i in cell:
+                if kind == B:
+                    wholes.add(len(acts))
+                acts.append(Action(B if kind in "IB" else kind, s, i))
+                if kind == B and split:
+                    acts.append(Action(W, s, i))
+        actions.append(tuple(acts))
+        overlaps.append(frozenset(pairs))
+        whole.append(frozenset(wholes))
+    if not split and not any(overlaps):
+        return actions, None
+    return actions, CellMarks(overlaps=tuple(overlaps), whole=tuple(whole))
+
+
 def parse_actions_csv(text: str, pp: int | None = None, vpp: int | None = None,
                       microbatches: int | None = None,
                       placement: str | None = None) -> Schedule:
@@ -151,22 +179,7 @@ def parse_actions_csv(text: str, pp: int | None = None, vpp: int | None = None,
                  "pipeline.vpp", "--vpp")
     _check_shape(n_m, microbatches, "microbatches", "pipeline.microbatches", "--microbatches")
     split = bool(reader.kinds & {"I", W})
-    actions, overlaps, whole = [], [], []
-    for row in cell_rows:
-        acts: list[Action] = []
-        pairs, wholes = set(), set()
-        for cell in row:
-            if len(cell) == 2:  # only an OVERLAP_F_B cell reads as two actions
-                pairs.add(len(acts))
-            for kind, s, i in cell:
-                if kind == B:
-                    wholes.add(len(acts))
-                acts.append(Action(B if kind in "IB" else kind, s, i))
-                if kind == B and split:
-                    acts.append(Action(W, s, i))
-        actions.append(tuple(acts))
-        overlaps.append(frozenset(pairs))
-        whole.append(frozenset(wholes))
+    actions, marks = _actions(cell_rows, split)
     if placement is None:
         stage_of: dict[int, int] = {}
         for r, acts in enumerate(actions):
@@ -175,8 +188,6 @@ def parse_actions_csv(text: str, pp: int | None = None, vpp: int | None = None,
                     raise UserError(FIELD, f"stage {a.stage} runs on ranks {stage_of[a.stage]}"
                                     f" and {r}", "run each stage on one rank")
         placement = _placement(stage_of, n_pp, n_vpp)
-    marks = CellMarks(overlaps=tuple(overlaps), whole=tuple(whole)) \
-        if split or any(overlaps) else None
     sched = Schedule("csv", n_pp, n_vpp, n_m, placement, split, tuple(actions),
                      reader.notes(split), cells=marks)
     validate(sched)

@@ -20,9 +20,11 @@ from __future__ import annotations
 import math
 
 import pytest
+from helpers import uniform_problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ppsim.cli.plan import plan_with_references
 from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.errors import UserError
 from ppsim.pipeline.exports import DeepSpeedSpecs
@@ -272,3 +274,24 @@ def test_interleaved_order_follows_the_group_flag(pp, vpp, m, data):
     # Rank 0's forwards walk Megatron's table for that group size.
     fwd = [(a.microbatch, a.stage // pp) for a in sched.actions[0] if a.kind == "F"]
     assert fwd == megatron_schedule_table(m, vpp, group)
+
+
+# ---------------------------------------------------------------- the plan against them
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(2, 4), st.integers(1, 3), st.integers(2, 12), st.integers(1, 8),
+       st.floats(0.0, 6.0))
+def test_the_plan_is_never_slower_than_a_framework(pp, per_stage, m, head_ms, emb_ms):
+    """Every framework's split seeds the search, so the best is at least as fast."""
+    problem = uniform_problem(pp, 1, m, "1f1b", layers_per_stage=per_stage,
+                              head={"forward_ms": head_ms, "backward_ms": 2 * head_ms},
+                              emb={"forward_ms": emb_ms})
+    planned = plan_with_references(problem, [], top_k=1, budget_s=2.0)
+    best = planned.result.best.summary.iteration_time_ms
+    keys = {r.key for r in planned.frameworks}
+    assert keys == {"deepspeed_parameters", "deepspeed_uniform", "torchtitan"} or \
+        {f.key for f in planned.without} == {"deepspeed_parameters", "deepspeed_uniform",
+                                             "torchtitan"} - keys
+    for ref in planned.frameworks:
+        assert best <= ref.summary.iteration_time_ms * (1 + 1e-9), ref.label
