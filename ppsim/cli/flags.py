@@ -12,7 +12,7 @@ from ppsim.config.overrides import MODEL_KEYS, PIPELINE_KEYS, with_overrides
 from ppsim.config.schema import SPLIT_KEYS, Config, load_config
 from ppsim.errors import UserError
 
-RESHAPING = ("pp", "vpp", "num_layers", "preset")
+RESHAPING = ("pp", "vpp", "num_layers", "preset", "hybrid_layer_pattern")
 """Flags that change how many layers or stages there are (a saved split no longer fits)."""
 
 
@@ -32,6 +32,9 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True) -> No
     g.add_argument("--preset", metavar="NAME", help="model preset (replaces [model])")
     g.add_argument("--hardware", metavar="NAME", help="hardware preset")
     g.add_argument("--num-layers", type=int, metavar="N")
+    g.add_argument("--hybrid-layer-pattern", metavar="STR", help="Megatron's hybrid stack, "
+                   "one symbol a layer: M Mamba-2, G GatedDeltaNet, * attention, D DSA, + MLA, "
+                   "- MLP, E MoE; | stage boundaries, / MTP depths")
     g.add_argument("--pp", type=int, metavar="N", help="pipeline ranks")
     g.add_argument("--vpp", type=int, metavar="N", help="chunks (virtual stages) per rank")
     g.add_argument("--microbatches", type=int, metavar="N")

@@ -10,14 +10,13 @@ from typing import Any
 
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
 from ppsim.cli.schedule import print_notes
-from ppsim.cli.simulate import print_exports
+from ppsim.cli.simulate import exports_of, print_exports
 from ppsim.clock import process_start
 from ppsim.config import limits, validate
 from ppsim.config.model import TransformerModel
 from ppsim.config.overrides import with_overrides
 from ppsim.config.schema import Config
 from ppsim.errors import UserError
-from ppsim.pipeline.exports import split_exports
 from ppsim.pipeline.problem import Problem, build_problem
 from ppsim.plan.planner import Candidate, PlanResult, plan
 from ppsim.plan.references import Reference, compare, megatron_baseline, time_split, why_faster
@@ -212,7 +211,7 @@ def result_dict(planned: Planned) -> dict[str, Any]:
     }
     if res.best is not None:
         best = candidate_dict(res.best)
-        best.update(split_exports(res.best.split))
+        best.update(exports_of(p.pattern, res.best.split))
         t = res.best.summary.iteration_time_ms
         best["gap_to_lower_bound"] = (t - res.lower_bound_ms) / t if t else 0.0
         for name in ("baseline", "deepspeed"):
@@ -317,7 +316,7 @@ def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], to
                       f"{res.lower_bound_ms:.2f} ms, gap {(bt - res.lower_bound_ms) / bt:.2%}; "
                       f"{res.evaluated:,} of {res.total_splits:,} splits timed in "
                       f"{res.seconds:.2f} s")
-    print_exports(console, split_exports(res.best.split))
+    print_exports(console, exports_of(p.pattern, res.best.split))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -16,9 +16,18 @@ from ppsim.config import limits, validate
 from ppsim.config.limits import check_request
 from ppsim.config.presets import HARDWARE_NOTES, HARDWARE_PRESETS, MODEL_NOTES, MODEL_PRESETS
 from ppsim.config.schema import Config
+from ppsim.costs.hybrid import HybridPattern
 from ppsim.errors import UserError
 from ppsim.pipeline.exports import split_exports
-from ppsim.pipeline.problem import build_problem, model_costs, placement_warning, resolve_split
+from ppsim.pipeline.hybrid_exports import hybrid_exports
+from ppsim.pipeline.problem import (
+    build_problem,
+    hybrid_pattern,
+    model_costs,
+    placement_warning,
+    resolve_split,
+)
+from ppsim.pipeline.split import Split
 from ppsim.schedules.generators import schedule_placement
 from ppsim.sim.engines import simulator
 from ppsim.trace.schema import simulation_trace, write_trace
@@ -58,7 +67,7 @@ def cmd_split(args: argparse.Namespace) -> int:
     split = resolve_split(cfg, None, schedule_placement(cfg.pipeline.schedule))
     stages = [{"rank": s.rank, "chunk": s.chunk, "layers": s.layers, "offset": s.offset}
               for s in split.stages]
-    exports = split_exports(split)
+    exports = exports_of(hybrid_pattern(cfg), split)
     if args.json:
         emit_json({"num_layers": split.num_layers, "pp": split.pp, "vpp": split.vpp,
                    "stages": stages, **exports})
@@ -106,11 +115,22 @@ def _stage_kinds(kinds: tuple[str, ...], offset: int, count: int) -> str:
     return span + ": " + ", ".join(f"{n} {k}" for k, n in runs)
 
 
+def exports_of(pattern: HybridPattern | None, split: Split) -> dict[str, Any]:
+    """Every export of a split; a hybrid model's Megatron flags are its piped pattern."""
+    out = split_exports(split)
+    if pattern is not None:
+        out.update(hybrid_exports(pattern, split))
+    return out
+
+
 def print_exports(console: Any, exports: dict[str, Any]) -> None:
     mf = exports["megatron_flags"]
     console.print(f"[bold]Megatron:[/bold]   {mf}" if mf is not None
                   else f"[bold]Megatron:[/bold]   n/a ({exports.get('megatron_note')})",
                   soft_wrap=True)
+    if exports.get("hybrid_layer_pattern"):
+        console.print("[bold]pattern:[/bold]    --hybrid-layer-pattern "
+                      + shlex.quote(exports["hybrid_layer_pattern"]), soft_wrap=True)
     console.print(f"[bold]layout:[/bold]     --pipeline-model-parallel-layout "
                   f"{shlex.quote(exports['megatron_layout'])}", soft_wrap=True)
     console.print("[bold]torchtitan:[/bold] module_fqns_per_model_part = "
