@@ -58,8 +58,8 @@ MODEL_PRESETS: dict[str, dict] = {
     "tiny-hybrid": dict(
         hybrid_layer_pattern="M-*-G-E-", num_layers=8, hidden_size=64, num_heads=4, num_kv_heads=4,
         ffn_hidden_size=256, vocab_size=2048, seq_length=64, micro_batch_size=2,
-        gated_mlp=False, norm="rmsnorm", dtype="fp32", mamba_head_dim=16, mamba_num_groups=2,
-        mamba_state_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        gated_mlp=False, norm="rmsnorm", position="rotary", dtype="fp32", mamba_head_dim=16,
+        mamba_num_groups=2, mamba_state_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
         linear_key_head_dim=16, linear_value_head_dim=16, num_experts=4, top_k=2,
         moe_ffn_hidden_size=64),
     "nemotron-h-8b": dict(
