@@ -81,11 +81,17 @@ def config_from_args(args: argparse.Namespace) -> Config:
         devices = _ints(args.devices, "--devices")
         if isinstance(devices, str):
             raise UserError("--devices", "needs one device index per rank", "e.g. 0,0")
-    return with_overrides(cfg, preset=flag("preset"),
-                          model={k: flag(k) for k in MODEL_KEYS},
-                          pipeline={k: flag(k) for k in PIPELINE_KEYS}, split=split,
-                          hardware=flag("hardware"), memory_bytes=memory,
-                          costs_file=flag("costs"), devices=devices)
+    out = with_overrides(cfg, preset=flag("preset"),
+                         model={k: flag(k) for k in MODEL_KEYS},
+                         pipeline={k: flag(k) for k in PIPELINE_KEYS}, split=split,
+                         hardware=flag("hardware"), memory_bytes=memory,
+                         costs_file=flag("costs"), devices=devices)
+    wanted = flag("num_layers")
+    if wanted is not None and wanted != out.num_layers:
+        # Only a hybrid pattern overrides the flag; Megatron warns and goes on the same way.
+        print(f"warning: --num-layers {wanted} ignored: the hybrid layer pattern has "
+              f"{out.num_layers} layers", file=sys.stderr)
+    return out
 
 
 def emit_json(obj: Any) -> None:

@@ -76,10 +76,18 @@ class MambaShape:
     """in_proj's output: z, x, B, C and dt."""
 
 
+def _need(a: Architecture, names: tuple[str, ...], layers: str) -> None:
+    for name in names:
+        if getattr(a, name) < 1:
+            raise UserError(f"model.{name}", f"is {getattr(a, name)} but {layers} layers need "
+                            "at least 1", f"set {name} >= 1")
+
+
 def mamba_shape(a: Architecture) -> MambaShape:
+    _need(a, ("mamba_head_dim", "mamba_num_groups", "mamba_state_dim"), "Mamba-2 ('M')")
     heads = a.mamba_num_heads or 2 * a.hidden_size // a.mamba_head_dim
     inner, bc = heads * a.mamba_head_dim, 2 * a.mamba_num_groups * a.mamba_state_dim
-    if heads % a.mamba_num_groups:
+    if heads < 1 or heads % a.mamba_num_groups:
         raise UserError("model.mamba_num_heads", f"{heads} heads do not divide into "
                         f"{a.mamba_num_groups} groups", "Megatron needs heads % groups == 0")
     return MambaShape(heads=heads, head_dim=a.mamba_head_dim, groups=a.mamba_num_groups,
@@ -103,9 +111,11 @@ class DeltaShape:
 
 
 def delta_shape(a: Architecture) -> DeltaShape:
+    _need(a, ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+              "linear_value_head_dim"), "GatedDeltaNet ('G')")
     key = a.linear_num_key_heads * a.linear_key_head_dim
     value, hv = a.linear_num_value_heads * a.linear_value_head_dim, a.linear_num_value_heads
-    if hv % max(1, a.linear_num_key_heads):
+    if hv % a.linear_num_key_heads:
         raise UserError("model.linear_num_value_heads", f"{hv} value heads do not divide by "
                         f"{a.linear_num_key_heads} key heads", "make them divide")
     return DeltaShape(key=key, value=value, value_heads=hv, conv=2 * key + value,

@@ -250,3 +250,10 @@ def test_nemotron_h_layer_mix_matches_its_paper():
     for name, want in (("nemotron-h-8b", (24, 24, 4)), ("nemotron-h-56b", (54, 54, 10))):
         kinds = parse_pattern(MODEL_PRESETS[name]["hybrid_layer_pattern"]).kinds
         assert tuple(kinds.count(k) for k in ("mamba", "mlp", "attention")) == want
+
+
+def test_num_layers_flag_beside_a_pattern_is_ignored_with_a_warning(capsys):
+    assert main(["split", "--preset", "tiny-hybrid", "--num-layers", "6", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["num_layers"] == 8
+    assert "--num-layers 6 ignored" in captured.err

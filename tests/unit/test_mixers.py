@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ppsim.cli.main import main
 from ppsim.config.model import parse_model
 from ppsim.config.schema import hardware_config
 from ppsim.costs.arch import Architecture, kind_params
@@ -191,3 +192,19 @@ def test_the_hybrid_stack_trains_through_every_mixer():
     for layer in layers:
         assert all(p.grad is not None and torch.isfinite(p.grad).all() and p.grad.any()
                    for p in layer.parameters()), builder.layer_kind(layers.index(layer))
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"mamba_head_dim": 0}, "model.mamba_head_dim"),
+    ({"mamba_num_groups": 3}, "model.mamba_num_heads"),  # 16 heads in 3 groups
+    ({"linear_num_key_heads": 0}, "model.linear_num_key_heads"),
+    ({"linear_num_value_heads": 3}, "model.linear_num_value_heads"),  # 3 over 2 key heads
+])
+def test_shapes_megatron_cannot_build_exit_2_naming_the_field(change, field, tmp_path,
+                                                              capsys):
+    body = "\n".join(f"{k} = {v}" for k, v in change.items())
+    cfg = tmp_path / "hybrid.toml"
+    cfg.write_text(f'[model]\npreset = "tiny-hybrid"\n{body}\n')
+    assert main(["simulate", "--config", str(cfg), "--pp", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and field in err[0]
