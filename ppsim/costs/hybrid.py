@@ -17,8 +17,9 @@ megatron/training/arguments.py (commit d98e8a6):
 - the main pattern's layers (pipes removed) are --num-layers, the depths
   --mtp-num-layers; both replace any value given (Megatron warns and goes on).
 - with `|`: the segment count must divide by pp; segments / pp is vpp (segment
-  k runs on rank k mod pp, chunk k div pp); the first/last-stage counts, the
-  layout flag, account-for-embedding/loss and the per-rank vpp flags are refused.
+  k runs on rank k mod pp, chunk k div pp), so pp = 1 is refused (vpp > 1 needs
+  pp > 1); the first/last-stage counts, the layout flag, account-for-embedding/loss
+  and the per-rank vpp flags are refused.
 - without `|` and pp > 1: no vpp; the layers divide evenly by pp, or follow the
   first/last-stage counts (the middle ranks again evenly).
 """
@@ -119,6 +120,10 @@ def check_pipeline(p: HybridPattern, pp: int, vpp: int, chosen: list[str]) -> No
         raise UserError(FIELD, "has '|' stage boundaries and the pipeline also sets "
                         + ", ".join(chosen), "drop one: Megatron takes the split from the "
                         "pattern's '|' alone")
+    if p.has_pipes and pp == 1:
+        raise UserError(FIELD, f"has {len(p.segments)} segments on pp=1, which makes vpp "
+                        f"{len(p.segments)}: Megatron's interleaved schedule needs pp > 1",
+                        "drop the '|' or use pp >= 2")
     if not p.has_pipes and pp > 1 and vpp > 1:
         raise UserError("pipeline.vpp", f"is {vpp} but {FIELD} has no '|'",
                         "Megatron derives vpp from the pattern: add pp x vpp segments")

@@ -22,6 +22,9 @@ def piped_pattern(p: HybridPattern, split: Split) -> str:
     if split.placement != "loop":
         raise UserError("pipeline.placement", f"Megatron places pattern segments in loop "
                         f"order, not {split.placement!r}", "use a loop-placed schedule")
+    if split.pp == 1 and split.vpp > 1:
+        raise UserError("pipeline.vpp", f"Megatron needs pp >= 2 for vpp={split.vpp}",
+                        "use vpp = 1")
     if not split.standard_ends:
         raise UserError("pipeline.layout", "a pattern keeps the embedding on the first "
                         "stage and the loss on the last", "use a split with standard ends")
