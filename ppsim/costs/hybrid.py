@@ -21,7 +21,8 @@ megatron/training/arguments.py (commit d98e8a6):
   pp > 1); the first/last-stage counts, the layout flag, account-for-embedding/loss
   and the per-rank vpp flags are refused.
 - without `|` and pp > 1: no vpp; the layers divide evenly by pp, or follow the
-  first/last-stage counts (the middle ranks again evenly).
+  first/last-stage counts (the middle ranks again evenly). ppsim's own splits go
+  further (any vpp, the planner's counts); the export is then the pattern with `|`.
 """
 
 from __future__ import annotations
@@ -114,8 +115,9 @@ def pipe_counts(p: HybridPattern, pp: int) -> tuple[int, ...]:
 
 
 def check_pipeline(p: HybridPattern, pp: int, vpp: int, chosen: list[str]) -> None:
-    """Refuse what Megatron's arguments refuse beside a hybrid pattern: other split
-    options with `|`, and vpp without `|`."""
+    """Refuse what Megatron's arguments refuse beside a pattern with `|`: other split
+    options, a vpp other than the pattern's, one rank. Without `|` ppsim chooses the
+    split (vpp included) and its export writes the `|` Megatron needs."""
     if p.has_pipes and chosen:
         raise UserError(FIELD, "has '|' stage boundaries and the pipeline also sets "
                         + ", ".join(chosen), "drop one: Megatron takes the split from the "
@@ -124,9 +126,6 @@ def check_pipeline(p: HybridPattern, pp: int, vpp: int, chosen: list[str]) -> No
         raise UserError(FIELD, f"has {len(p.segments)} segments on pp=1, which makes vpp "
                         f"{len(p.segments)}: Megatron's interleaved schedule needs pp > 1",
                         "drop the '|' or use pp >= 2")
-    if not p.has_pipes and pp > 1 and vpp > 1:
-        raise UserError("pipeline.vpp", f"is {vpp} but {FIELD} has no '|'",
-                        "Megatron derives vpp from the pattern: add pp x vpp segments")
     if p.has_pipes and vpp not in (1, len(p.segments) // pp):
         raise UserError("pipeline.vpp", f"is {vpp} but the pattern has {len(p.segments)} "
                         f"segments = {len(p.segments) // pp} per rank",

@@ -147,13 +147,23 @@ def test_pipes_give_megatrons_segments_to_each_rank_and_chunk(pp, vpp, data):
     ("M-*-|G-E-", 2, {"layout": "Et*4|t*4L"}, "model.hybrid_layer_pattern"),
     ("M-*-|G-E-", 2, {"account_for_loss": True}, "model.hybrid_layer_pattern"),
     ("M-*-|G-E-", 2, {"split": [5, 3]}, "model.hybrid_layer_pattern"),
-    ("M-*-G-E-", 2, {"vpp": 2}, "pipeline.vpp"),  # vpp comes from pipes only
     ("M-|*-|G-|E-", 2, {"vpp": 4}, "pipeline.vpp"),  # 4 segments = 2 per rank
 ])
 def test_what_megatron_refuses_beside_a_pattern(pattern, pp, pipeline, field):
     with pytest.raises(UserError) as exc:
         resolve_split(_cfg(pattern, pp, **pipeline))
     assert exc.value.field == field
+
+
+def test_a_pattern_without_pipes_takes_any_split_and_exports_the_pipes(capsys):
+    assert main(["split", "--preset", "tiny-hybrid", "--pp", "2", "--vpp", "2", "--split",
+                 "3,1,2,2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["hybrid_layer_pattern"] == "M-*|-|G-|E-"  # Megatron reads vpp 2 from it
+    assert main(["split", "--preset", "tiny-hybrid", "--schedule", "zbv", "--pp", "2",
+                 "--vpp", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["megatron_flags"] is None and "loop" in out["megatron_note"]
 
 
 def test_four_segments_on_two_ranks_run_interleaved():
