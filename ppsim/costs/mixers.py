@@ -64,8 +64,11 @@ class MambaShape:
     """Widths of one Mamba-2 layer (whole, before tensor parallelism)."""
 
     heads: int
+    """H: SSM heads (Megatron's nheads)."""
     head_dim: int
+    """P: channels per head."""
     groups: int
+    """G: groups sharing one B and one C."""
     state: int
     """N: state size per head and channel."""
     inner: int
@@ -104,6 +107,7 @@ class DeltaShape:
     value: int
     """Value (and gate) width: value heads x value head width."""
     value_heads: int
+    """Heads of the delta rule (the value heads; query/key heads repeat over them)."""
     conv: int
     """Channels the conv runs over: q, k and v."""
     in_proj: int
