@@ -103,6 +103,11 @@ def parse_pattern(text: object) -> HybridPattern:
     return HybridPattern(segments=segments, mtp=first, mtp_depths=len(mtp_parts))
 
 
+def pattern_layers(text: object) -> object:
+    """A pattern without its `|` (what a cost file measured); other values as they are."""
+    return text.replace(PIPE, "") if isinstance(text, str) else text
+
+
 def pipe_counts(p: HybridPattern, pp: int) -> tuple[int, ...]:
     """Layers per virtual stage that the pattern's pipes give, in Megatron's order
     (segment k on rank k mod pp, chunk k div pp); MTP layers join the last stage."""

@@ -13,11 +13,12 @@ from ppsim.cli.main import main
 from ppsim.config.model import parse_model
 from ppsim.config.presets import MODEL_PRESETS
 from ppsim.config.schema import config_from_dict
+from ppsim.costs.costfile import cost_document
 from ppsim.costs.hybrid import parse_pattern, with_pipes
 from ppsim.costs.mixers import hybrid_params
 from ppsim.errors import UserError
 from ppsim.pipeline.hybrid_exports import piped_pattern
-from ppsim.pipeline.problem import build_problem, resolve_split
+from ppsim.pipeline.problem import build_problem, model_costs, resolve_split
 from ppsim.pipeline.split import Split
 
 # --- Megatron's rules, restated (not imported) ---------------------------------------------
@@ -272,3 +273,17 @@ def test_num_layers_flag_beside_a_pattern_is_ignored_with_a_warning(capsys):
     captured = capsys.readouterr()
     assert json.loads(captured.out)["num_layers"] == 8
     assert "--num-layers 6 ignored" in captured.err
+
+
+def test_a_cost_file_serves_the_pattern_it_measured_wherever_the_pipes_fall(tmp_path, capsys):
+    measured = parse_model({"preset": "tiny-hybrid"})
+    doc = cost_document(model_costs(_cfg("M-*-G-E-", 2)), source="test",
+                        model=measured.fields())
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(doc))
+    common = ["simulate", "--preset", "tiny-hybrid", "--costs", str(path), "--pp", "2", "--json"]
+    assert main([*common, "--hybrid-layer-pattern", "M-*-|G-E-"]) == 0
+    capsys.readouterr()
+    # Same length, other layers: the file's numbers would mislead.
+    assert main([*common, "--hybrid-layer-pattern", "MMMM-*-E"]) == 2
+    assert "model.hybrid_layer_pattern" in capsys.readouterr().err
