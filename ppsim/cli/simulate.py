@@ -16,7 +16,7 @@ from ppsim.config import limits, validate
 from ppsim.config.limits import check_request
 from ppsim.config.presets import HARDWARE_NOTES, HARDWARE_PRESETS, MODEL_NOTES, MODEL_PRESETS
 from ppsim.config.schema import Config
-from ppsim.costs.hybrid import HybridPattern
+from ppsim.costs.hybrid import KIND_SYMBOLS, HybridPattern
 from ppsim.errors import UserError
 from ppsim.pipeline.exports import split_exports
 from ppsim.pipeline.hybrid_exports import hybrid_exports
@@ -106,6 +106,10 @@ def _stage_kinds(kinds: tuple[str, ...], offset: int, count: int) -> str:
     span = f"layers {offset}..{offset + count - 1}"
     if not kinds:
         return span
+    mine = kinds[offset:offset + count]
+    if set(mine) - {"mtp"} and set(mine) <= set(KIND_SYMBOLS) | {"mtp"}:
+        # a hybrid stack: its pattern reads best (`/` an MTP depth)
+        return span + ": " + "".join(KIND_SYMBOLS.get(k, "/") for k in mine)
     runs: list[list] = []
     for k in kinds[offset:offset + count]:
         if runs and runs[-1][0] == k:

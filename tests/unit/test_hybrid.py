@@ -287,3 +287,10 @@ def test_a_cost_file_serves_the_pattern_it_measured_wherever_the_pipes_fall(tmp_
     # Same length, other layers: the file's numbers would mislead.
     assert main([*common, "--hybrid-layer-pattern", "MMMM-*-E"]) == 2
     assert "model.hybrid_layer_pattern" in capsys.readouterr().err
+
+
+def test_split_shows_each_stage_as_its_piece_of_the_pattern(capsys):
+    assert main(["split", "--preset", "tiny-hybrid", "--hybrid-layer-pattern", "M-*-G-E-/*E",
+                 "--pp", "2", "--split", "4,5"]) == 0
+    out = capsys.readouterr().out
+    assert "layers 0..3: M-*-" in out and "layers 4..8: G-E-/" in out
