@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ppsim.costs.transformer import Architecture, layer_kinds
+from ppsim.executor.builders import hybrid
 from ppsim.executor.builders.common import DTYPES, Head, init_normal, stage_loss, token_microbatch
 from ppsim.executor.builders.llama import architecture, describe
 from ppsim.executor.builders.stage import AttentionCore
@@ -134,11 +135,14 @@ def build(fields: dict[str, Any]) -> Any:
     """The default builder: the model the [model] fields describe.
 
     This GPT when they describe one (LayerNorm, learned positions, dense layers);
-    otherwise (RMSNorm, rotary, MoE layers, a head_dim of its own) the decoder of
+    a hybrid pattern's stack (ppsim.executor.builders.hybrid); otherwise (RMSNorm,
+    rotary, MoE layers, a head_dim of its own) the decoder of
     ppsim.executor.builders.llama built exactly as described, so a run or a profile
     measures what the cost model assumes.
     """
     a = architecture(fields)
+    if a.hybrid_layer_pattern:
+        return hybrid.build(fields)
     plain = (not a.rmsnorm and not a.rotary and a.attention == "gqa"
              and a.head_dim in (0, a.hidden_size // a.num_heads)
              and set(layer_kinds(a)) == {"dense"})

@@ -12,7 +12,7 @@ from ppsim.config.overrides import MODEL_KEYS, PIPELINE_KEYS, with_overrides
 from ppsim.config.schema import SPLIT_KEYS, Config, load_config
 from ppsim.errors import UserError
 
-RESHAPING = ("pp", "vpp", "num_layers", "preset")
+RESHAPING = ("pp", "vpp", "num_layers", "preset", "hybrid_layer_pattern")
 """Flags that change how many layers or stages there are (a saved split no longer fits)."""
 
 
@@ -32,6 +32,9 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True) -> No
     g.add_argument("--preset", metavar="NAME", help="model preset (replaces [model])")
     g.add_argument("--hardware", metavar="NAME", help="hardware preset")
     g.add_argument("--num-layers", type=int, metavar="N")
+    g.add_argument("--hybrid-layer-pattern", metavar="STR", help="Megatron's hybrid stack, "
+                   "one symbol a layer: M Mamba-2, G GatedDeltaNet, * attention, D DSA, + MLA, "
+                   "- MLP, E MoE; | stage boundaries, / MTP depths")
     g.add_argument("--pp", type=int, metavar="N", help="pipeline ranks")
     g.add_argument("--vpp", type=int, metavar="N", help="chunks (virtual stages) per rank")
     g.add_argument("--microbatches", type=int, metavar="N")
@@ -81,11 +84,17 @@ def config_from_args(args: argparse.Namespace) -> Config:
         devices = _ints(args.devices, "--devices")
         if isinstance(devices, str):
             raise UserError("--devices", "needs one device index per rank", "e.g. 0,0")
-    return with_overrides(cfg, preset=flag("preset"),
-                          model={k: flag(k) for k in MODEL_KEYS},
-                          pipeline={k: flag(k) for k in PIPELINE_KEYS}, split=split,
-                          hardware=flag("hardware"), memory_bytes=memory,
-                          costs_file=flag("costs"), devices=devices)
+    out = with_overrides(cfg, preset=flag("preset"),
+                         model={k: flag(k) for k in MODEL_KEYS},
+                         pipeline={k: flag(k) for k in PIPELINE_KEYS}, split=split,
+                         hardware=flag("hardware"), memory_bytes=memory,
+                         costs_file=flag("costs"), devices=devices)
+    wanted = flag("num_layers")
+    if wanted is not None and wanted != out.num_layers:
+        # Only a hybrid pattern overrides the flag; Megatron warns and goes on the same way.
+        print(f"warning: --num-layers {wanted} ignored: the hybrid layer pattern has "
+              f"{out.num_layers} layers", file=sys.stderr)
+    return out
 
 
 def emit_json(obj: Any) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
 from ppsim.cli.schedule import print_notes
-from ppsim.cli.simulate import add_deepspeed_specs_flag, print_exports
+from ppsim.cli.simulate import add_deepspeed_specs_flag, exports_of, print_exports
 from ppsim.clock import process_start
 from ppsim.config import limits, validate
 from ppsim.config.model import TransformerModel
@@ -22,7 +22,6 @@ from ppsim.pipeline.exports import (
     DEFAULT_SPECS,
     DeepSpeedSpecs,
     parse_deepspeed_specs,
-    split_exports,
 )
 from ppsim.pipeline.megatron_rules import refusals
 from ppsim.pipeline.problem import Problem, build_problem
@@ -249,7 +248,8 @@ def result_dict(planned: Planned, specs: DeepSpeedSpecs = DEFAULT_SPECS) -> dict
     }
     if res.best is not None:
         best = candidate_dict(res.best)
-        best.update(split_exports(res.best.split, p.schedule.microbatch_group, specs))
+        best.update(exports_of(p.pattern, res.best.split, p.schedule.microbatch_group,
+                               specs))
         t = res.best.summary.iteration_time_ms
         best["gap_to_lower_bound"] = (t - res.lower_bound_ms) / t if t else 0.0
         if res.baseline is not None:
@@ -358,7 +358,8 @@ def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], to
                       f"{res.lower_bound_ms:.2f} ms, gap {(bt - res.lower_bound_ms) / bt:.2%}; "
                       f"{res.evaluated:,} of {res.total_splits:,} splits timed in "
                       f"{res.seconds:.2f} s")
-    print_exports(console, split_exports(res.best.split, p.schedule.microbatch_group, specs))
+    print_exports(console, exports_of(p.pattern, res.best.split, p.schedule.microbatch_group,
+                                      specs))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

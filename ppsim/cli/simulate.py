@@ -16,10 +16,24 @@ from ppsim.config import limits, validate
 from ppsim.config.limits import check_request
 from ppsim.config.presets import HARDWARE_NOTES, HARDWARE_PRESETS, MODEL_NOTES, MODEL_PRESETS
 from ppsim.config.schema import Config
+from ppsim.costs.hybrid import KIND_SYMBOLS, HybridPattern
 from ppsim.errors import UserError
-from ppsim.pipeline.exports import parse_deepspeed_specs, split_exports
+from ppsim.pipeline.exports import (
+    DEFAULT_SPECS,
+    DeepSpeedSpecs,
+    parse_deepspeed_specs,
+    split_exports,
+)
+from ppsim.pipeline.hybrid_exports import hybrid_exports
 from ppsim.pipeline.megatron_rules import refusals
-from ppsim.pipeline.problem import build_problem, model_costs, placement_warning, resolve_split
+from ppsim.pipeline.problem import (
+    build_problem,
+    hybrid_pattern,
+    model_costs,
+    placement_warning,
+    resolve_split,
+)
+from ppsim.pipeline.split import Split
 from ppsim.schedules.generators import interleaved_group, schedule_placement
 from ppsim.sim.engines import simulator
 from ppsim.trace.schema import simulation_trace, write_trace
@@ -70,7 +84,8 @@ def cmd_split(args: argparse.Namespace) -> int:
     # Megatron runs every vpp > 1 split interleaved: its group size rides on the flags.
     group = interleaved_group(p.pp, p.microbatches, p.microbatch_group_size) \
         if split.vpp > 1 else 0
-    exports = split_exports(split, group, parse_deepspeed_specs(args.deepspeed_specs))
+    exports = exports_of(hybrid_pattern(cfg), split, group,
+                         parse_deepspeed_specs(args.deepspeed_specs))
     if args.json:
         emit_json({"num_layers": split.num_layers, "pp": split.pp, "vpp": split.vpp,
                    "stages": stages, **exports})
@@ -109,6 +124,10 @@ def _stage_kinds(kinds: tuple[str, ...], offset: int, count: int) -> str:
     span = f"layers {offset}..{offset + count - 1}"
     if not kinds:
         return span
+    mine = kinds[offset:offset + count]
+    if set(mine) - {"mtp"} and set(mine) <= set(KIND_SYMBOLS) | {"mtp"}:
+        # a hybrid stack: its pattern reads best (`/` an MTP depth)
+        return span + ": " + "".join(KIND_SYMBOLS.get(k, "/") for k in mine)
     runs: list[list] = []
     for k in kinds[offset:offset + count]:
         if runs and runs[-1][0] == k:
@@ -118,11 +137,24 @@ def _stage_kinds(kinds: tuple[str, ...], offset: int, count: int) -> str:
     return span + ": " + ", ".join(f"{n} {k}" for k, n in runs)
 
 
+def exports_of(pattern: HybridPattern | None, split: Split, group: int = 0,
+               specs: DeepSpeedSpecs = DEFAULT_SPECS) -> dict[str, Any]:
+    """Every export of a split (ppsim.pipeline.exports.split_exports); a hybrid model's
+    Megatron flags are its piped pattern."""
+    out = split_exports(split, group, specs)
+    if pattern is not None:
+        out.update(hybrid_exports(pattern, split))
+    return out
+
+
 def print_exports(console: Any, exports: dict[str, Any]) -> None:
     mf = exports["megatron_flags"]
     console.print(f"[bold]Megatron:[/bold]   {mf}" if mf is not None
                   else f"[bold]Megatron:[/bold]   n/a ({exports.get('megatron_note')})",
                   soft_wrap=True)
+    if exports.get("hybrid_layer_pattern"):
+        console.print("[bold]pattern:[/bold]    --hybrid-layer-pattern "
+                      + shlex.quote(exports["hybrid_layer_pattern"]), soft_wrap=True)
     console.print(f"[bold]layout:[/bold]     --pipeline-model-parallel-layout "
                   f"{shlex.quote(exports['megatron_layout'])}"
                   + ("" if mf is not None else " (Megatron refuses this split, see above)"),

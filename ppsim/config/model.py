@@ -15,6 +15,7 @@ from typing import Any
 from ppsim.config import validate
 from ppsim.config.presets import MODEL_PRESETS
 from ppsim.costs.arch import Architecture
+from ppsim.costs.hybrid import model_counts
 from ppsim.costs.model import LAYER_FIELDS, LayerCost
 from ppsim.errors import UserError
 
@@ -146,6 +147,8 @@ def parse_model(table: dict[str, Any]) -> Model:
         if key not in allowed:
             raise UserError(f"model.{key}", f"unknown key for a {kind} model",
                             validate.suggest(key, allowed))
+    if kind == "transformer" and raw.get("hybrid_layer_pattern"):
+        raw.update(model_counts(raw))  # the pattern's counts win, as in Megatron
     if "num_layers" not in raw:
         raise UserError("model.num_layers", "missing", "set num_layers = N")
     n = validate.typed("model.num_layers", raw["num_layers"], int)

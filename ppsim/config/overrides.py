@@ -19,7 +19,7 @@ from ppsim.config.schema import (
 )
 from ppsim.errors import UserError
 
-MODEL_KEYS = ("num_layers", "recompute", "tp", "micro_batch_size")
+MODEL_KEYS = ("num_layers", "recompute", "tp", "micro_batch_size", "hybrid_layer_pattern")
 """[model] fields an override may set (the rest come from the file or the preset)."""
 PIPELINE_KEYS = ("pp", "vpp", "microbatches", "schedule", "actions_csv",
                  "microbatch_group_size")

@@ -7,6 +7,10 @@ from __future__ import annotations
 # large models default to recompute = "selective": FlashAttention stores no
 # s x s scores and recomputes attention in the backward, which is exactly
 # what Korthikanti's selective-recompute figures describe.
+NEMOTRON_H_8B = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
+NEMOTRON_H_56B = "M-M-M-M*-" + "M-M-M-M-M*-" * 9 + "M-M-M-M-M-"
+"""Megatron-LM examples/post_training/modelopt/conf/nvidia/Nemotron-H-{8B,56B}-Base-8K.sh."""
+
 MODEL_PRESETS: dict[str, dict] = {
     "tiny-gpt": dict(
         num_layers=8, hidden_size=64, num_heads=4, num_kv_heads=4, ffn_hidden_size=256,
@@ -50,6 +54,34 @@ MODEL_PRESETS: dict[str, dict] = {
         num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
         num_experts=8, top_k=2, moe_ffn_hidden_size=14336, ep=8, vocab_size=32000,
         seq_length=4096, micro_batch_size=1, recompute="selective"),
+    # Hybrid stacks (ppsim.costs.hybrid): the pattern sets num_layers and mtp_layers.
+    "tiny-hybrid": dict(
+        hybrid_layer_pattern="M-*-G-E-", num_layers=8, hidden_size=64, num_heads=4, num_kv_heads=4,
+        ffn_hidden_size=256, vocab_size=2048, seq_length=64, micro_batch_size=2,
+        gated_mlp=False, norm="rmsnorm", position="rotary", dtype="fp32", mamba_head_dim=16,
+        mamba_num_groups=2, mamba_state_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=16, linear_value_head_dim=16, num_experts=4, top_k=2,
+        moe_ffn_hidden_size=64),
+    "nemotron-h-8b": dict(
+        hybrid_layer_pattern=NEMOTRON_H_8B, num_layers=52, hidden_size=4096, num_heads=32,
+        num_kv_heads=8,
+        head_dim=128, ffn_hidden_size=21504, gated_mlp=False, norm="rmsnorm",
+        position="rotary", mamba_num_heads=128, mamba_head_dim=64, mamba_num_groups=8,
+        mamba_state_dim=128, vocab_size=131072, seq_length=8192, micro_batch_size=1,
+        recompute="selective"),
+    "nemotron-h-56b": dict(
+        hybrid_layer_pattern=NEMOTRON_H_56B, num_layers=118, hidden_size=8192, num_heads=64,
+        num_kv_heads=8,
+        head_dim=128, ffn_hidden_size=32768, gated_mlp=False, norm="rmsnorm",
+        mamba_head_dim=64, mamba_num_groups=8, mamba_state_dim=256, vocab_size=131072,
+        seq_length=8192, micro_batch_size=1, tp=8, recompute="selective"),
+    "qwen3-next-80b-a3b": dict(
+        hybrid_layer_pattern="GEGEGE*E" * 12 + "/*E", num_layers=96, mtp_layers=1,
+        hidden_size=2048, num_heads=16,
+        num_kv_heads=2, head_dim=256, ffn_hidden_size=5120, num_experts=512, top_k=10,
+        moe_ffn_hidden_size=512, shared_experts=1, linear_num_key_heads=16,
+        linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+        vocab_size=151936, seq_length=4096, micro_batch_size=1, ep=8, recompute="selective"),
 }
 
 MODEL_NOTES: dict[str, str] = {
@@ -71,6 +103,15 @@ MODEL_NOTES: dict[str, str] = {
     "(Qwen/Qwen3-235B-A22B config.json; 235B, 22B active)",
     "mixtral-8x7b": "Mixtral 8x7B: 32 MoE layers, 8 experts top-2, ep 8 "
     "(mistralai/Mixtral-8x7B-v0.1 config.json; 46.7B, 12.9B active)",
+    "tiny-hybrid": "CPU-sized hybrid stack: Mamba-2, attention, GatedDeltaNet, MoE and MLP "
+    "layers (pattern M-*-G-E-)",
+    "nemotron-h-8b": "NVIDIA Nemotron-H-8B-Base-8K: 24 Mamba-2, 24 MLP, 4 attention layers "
+    "(Megatron-LM's Nemotron-H-8B-Base-8K.sh; arXiv 2504.03624; 8B)",
+    "nemotron-h-56b": "NVIDIA Nemotron-H-56B-Base-8K: 54 Mamba-2, 54 MLP, 10 attention "
+    "layers, tp 8 (Megatron-LM's Nemotron-H-56B-Base-8K.sh; arXiv 2504.03624; 56B)",
+    "qwen3-next-80b-a3b": "Qwen3-Next-80B-A3B: 36 GatedDeltaNet + 12 attention layers, each "
+    "with a MoE (512 experts top-10 + 1 shared), 1 MTP, ep 8 (Qwen/Qwen3-Next-80B-A3B "
+    "config.json; 80B, 3B active)",
 }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ppsim.costs.hybrid import parse_pattern
 from ppsim.errors import UserError
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -79,6 +80,33 @@ class Architecture:
     dropout: bool = False
     """Hidden and attention dropout on (GPT-3/Megatron defaults) or off (Llama); each
     dropout keeps a 1-byte mask per element for the backward."""
+    hybrid_layer_pattern: str = ""
+    """Megatron's --hybrid-layer-pattern: one symbol per layer (M Mamba-2, G GatedDeltaNet,
+    * attention, D DeepSeek sparse attention, + MLA, - MLP, E MoE), `|` stage boundaries,
+    `/` MTP depths (ppsim.costs.hybrid); it sets num_layers and mtp_layers. Empty: a
+    stack of `layers`."""
+    mamba_state_dim: int = 128
+    """Mamba-2 SSM state size N (Megatron --mamba-state-dim)."""
+    mamba_head_dim: int = 64
+    """Mamba-2 head width P (--mamba-head-dim)."""
+    mamba_num_groups: int = 8
+    """Mamba-2 B/C groups (--mamba-num-groups)."""
+    mamba_num_heads: int = 0
+    """Mamba-2 heads (--mamba-num-heads); 0: 2 x hidden_size / mamba_head_dim."""
+    linear_num_key_heads: int = 16
+    """GatedDeltaNet query/key heads (--linear-num-key-heads)."""
+    linear_num_value_heads: int = 32
+    """GatedDeltaNet value/gate heads (--linear-num-value-heads)."""
+    linear_key_head_dim: int = 128
+    """GatedDeltaNet query/key head width (--linear-key-head-dim)."""
+    linear_value_head_dim: int = 128
+    """GatedDeltaNet value head width (--linear-value-head-dim)."""
+    dsa_indexer_n_heads: int = 64
+    """DeepSeek sparse attention: the lightning indexer's heads (--dsa-indexer-n-heads)."""
+    dsa_indexer_head_dim: int = 128
+    """DSA indexer head width (--dsa-indexer-head-dim)."""
+    dsa_indexer_topk: int = 2048
+    """Keys each query attends to under DSA (--dsa-indexer-topk)."""
 
     @property
     def rmsnorm(self) -> bool:
@@ -91,7 +119,10 @@ class Architecture:
 
 
 def layer_kinds(a: Architecture) -> tuple[str, ...]:
-    """The decoder layers' kinds, in order, from the `layers` spec."""
+    """The decoder layers' kinds, in order, from the `layers` spec (or the hybrid
+    pattern's symbols, ppsim.costs.hybrid)."""
+    if a.hybrid_layer_pattern:
+        return parse_pattern(a.hybrid_layer_pattern).kinds
     if not a.layers.strip():
         return ("moe" if a.num_experts else "dense",) * a.num_layers
     out: list[str] = []

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ppsim.config import limits, validate
+from ppsim.costs.hybrid import pattern_layers
 from ppsim.costs.model import LAYER_FIELDS, LayerCost, ModelCosts
 from ppsim.costs.transformer import Architecture
 from ppsim.errors import UserError
@@ -44,7 +45,9 @@ VERSION = 1
 # out: one layer's measurement applies to a model of any depth.
 SHAPE_KEYS = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size",
               "seq_length", "micro_batch_size", "gated_mlp", "dtype", "tp", "recompute",
-              "distributed_optimizer", "dp")
+              "distributed_optimizer", "dp", "hybrid_layer_pattern", "mamba_state_dim",
+              "mamba_head_dim", "mamba_num_groups", "mamba_num_heads", "linear_num_key_heads",
+              "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
 
 
 @dataclass(frozen=True)
@@ -271,6 +274,8 @@ def check_model(cf: CostFile, model_fields: dict[str, Any]) -> None:
     for key in SHAPE_KEYS:
         want = model_fields.get(key, defaults.get(key))
         have = cf.model.get(key, defaults.get(key))
+        if key == "hybrid_layer_pattern":  # the layers matter, not where `|` splits them
+            want, have = pattern_layers(want), pattern_layers(have)
         if want != have:
             raise UserError(f"{cf.path}: model.{key}", f"the file was measured with {key} = "
                             f"{have!r} but the config has {want!r}",

@@ -38,11 +38,11 @@ from ppsim.costs.layerops import (
     head_activation_bytes,
     head_ops,
     layer_activation_bytes,
-    layer_ops,
     mtp_ops,
     padded_vocab,
 )
-from ppsim.costs.model import LayerCost, ModelCosts
+from ppsim.costs.mixers import any_kind_params, kind_activation_bytes, kind_ops, mtp_kinds
+from ppsim.costs.model import LAYER_FIELDS, LayerCost, ModelCosts
 from ppsim.costs.ops import Roofline, piece_times
 from ppsim.errors import UserError
 
@@ -111,25 +111,25 @@ def _static(a: Architecture, p: KindParams) -> int:
 
 def _kind_cost(a: Architecture, acc: Accelerator, kind: str) -> LayerCost:
     s, b, h, t = a.seq_length, a.micro_batch_size, a.hidden_size, a.tp
-    ops = layer_ops(a, kind)
+    ops = kind_ops(a, kind)
     f, bi, bw = piece_times(acc.roofline(), ops)
-    if kind == "moe" and a.ep > 1 and acc.a2a_bandwidth_gbps > 0:
+    if kind in ("moe", "moe-mlp") and a.ep > 1 and acc.a2a_bandwidth_gbps > 0:
         # Dispatch and combine each move top_k copies of every token; (ep-1)/ep leave.
         a2a = 2 * s * b * a.top_k * h * DTYPE_BYTES[a.dtype] * (a.ep - 1) / a.ep / t
         f += a2a / (acc.a2a_bandwidth_gbps * 1e6)
         bi += a2a / (acc.a2a_bandwidth_gbps * 1e6)
     if a.recompute == "full":
         bi += f  # the forward runs again before the backward
-    act = layer_activation_bytes(a, kind)
+    act = kind_activation_bytes(a, kind)
     # ZB: after B, W still needs the inputs of the weight matmuls (and the output
     # gradients it is given); the rest of what the forward kept is freed.
     w_keep = min(act, int(sum(op.shape[0] * op.shape[2] for op in ops if op.params)
                           * DTYPE_BYTES[a.dtype]))
     return LayerCost(forward_ms=f, backward_ms=bi + bw, weight_grad_ms=bw,
-                     static_bytes=_static(a, kind_params(a, kind)),
+                     static_bytes=_static(a, any_kind_params(a, kind)),
                      activation_bytes=act, weight_grad_bytes=w_keep,
                      output_bytes=s * b * h * DTYPE_BYTES[a.dtype] // t,
-                     params=_held(a, kind_params(a, kind)))
+                     params=_held(a, any_kind_params(a, kind)))
 
 
 def _head_cost(a: Architecture, acc: Accelerator) -> LayerCost:
@@ -162,6 +162,15 @@ def _mtp_cost(a: Architecture, acc: Accelerator, layer: LayerCost,
         output_bytes=layer.output_bytes, params=layer.params + int(mtp_extra_params(a) / t))
 
 
+def _chain(parts: list[LayerCost]) -> LayerCost:
+    """Layers run one after another as one piece (a hybrid MTP depth's pattern)."""
+    if len(parts) == 1:
+        return parts[0]
+    total = {f: sum(getattr(p, f) for p in parts) for f in LAYER_FIELDS}
+    return LayerCost(**{**total, "output_bytes": parts[-1].output_bytes,
+                        "split_backward_ms": 0.0})
+
+
 def transformer_costs(a: Architecture, acc: Accelerator) -> ModelCosts:
     """Per-layer costs of the whole stack, the embedding and the head."""
     s, b, h, t = a.seq_length, a.micro_batch_size, a.hidden_size, a.tp
@@ -170,8 +179,8 @@ def transformer_costs(a: Architecture, acc: Accelerator) -> ModelCosts:
     head = _head_cost(a, acc)
     layers = [by_kind[k] for k in kinds]
     if a.mtp_layers:
-        inner = kinds[-1] if kinds else "dense"
-        mtp = _mtp_cost(a, acc, by_kind.get(inner) or _kind_cost(a, acc, inner), head)
+        inner = [by_kind.get(k) or _kind_cost(a, acc, k) for k in mtp_kinds(a)]
+        mtp = _mtp_cost(a, acc, _chain(inner), head)
         layers += [mtp] * a.mtp_layers
     # Embedding: a lookup (no matmul); its backward scatters gradients into the table.
     width = DTYPE_BYTES[a.dtype]

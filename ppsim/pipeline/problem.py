@@ -9,6 +9,7 @@ from ppsim.config.limits import SIMULATE, check_ops, check_shape
 from ppsim.config.model import TransformerModel, UniformModel
 from ppsim.config.schema import Config
 from ppsim.costs.costfile import load_conditions, load_costs, load_p2p, read_cost_file
+from ppsim.costs.hybrid import HybridPattern, check_pipeline, parse_pattern, pipe_counts
 from ppsim.costs.model import ModelCosts, StageCost, stage_costs, uniform_costs
 from ppsim.costs.transformer import accelerator, transformer_costs
 from ppsim.errors import UserError
@@ -52,6 +53,8 @@ class Problem:
     hardware: Hardware
     topology: Topology | None = None
     """Devices and links the ranks share; None: each rank owns its device and links."""
+    pattern: HybridPattern | None = None
+    """The hybrid layer pattern the model was built from (its exports place `|`)."""
 
     @property
     def stage_costs(self) -> list[StageCost]:
@@ -119,6 +122,12 @@ def resolve_split_noted(cfg: Config, num_layers: int | None = None,
     if "split" in chosen and len(chosen) > 1:
         raise UserError("pipeline.split", "cannot be combined with " + ", ".join(
             c for c in chosen if c != "split"), "give one way of splitting")
+    pattern = hybrid_pattern(cfg)
+    if pattern is not None:
+        check_pipeline(pattern, p.pp, p.vpp, chosen)
+        if pattern.has_pipes and num_layers in (None, pattern_total(pattern)):
+            counts = pipe_counts(pattern, p.pp)
+            return Split(counts, p.pp, len(counts) // p.pp, placement, mtp), "hybrid pattern"
     if p.layout is not None:
         s = parse_layout(p.layout, p.pp, decoder, mtp)
         if p.vpp not in (1, s.vpp):  # vpp 1 is the default: the layout says how many
@@ -136,6 +145,19 @@ def resolve_split_noted(cfg: Config, num_layers: int | None = None,
     return Split(tuple(counts), s.pp, s.vpp, placement, mtp), "Megatron options"  # type: ignore[arg-type]
 
 
+def hybrid_pattern(cfg: Config) -> HybridPattern | None:
+    """The model's hybrid layer pattern, parsed; None for other models."""
+    m = cfg.model
+    if isinstance(m, TransformerModel) and m.arch.hybrid_layer_pattern:
+        return parse_pattern(m.arch.hybrid_layer_pattern)
+    return None
+
+
+def pattern_total(p: HybridPattern) -> int:
+    """Every layer a split of the pattern places, MTP depths included."""
+    return len(p.main) + p.mtp_depths
+
+
 def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
     """Costs, split, schedule and hardware; cheap checks first, then the big pieces."""
     p = cfg.pipeline
@@ -145,12 +167,14 @@ def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
     placement = schedule_placement(p.schedule)
     split = resolve_split(cfg, costs.num_layers, placement)
     name = p.schedule
-    if p.layout is not None and split.vpp > 1 and name == "1f1b":
+    pattern = hybrid_pattern(cfg)
+    if (p.layout is not None or (pattern and pattern.has_pipes)) and split.vpp > 1 \
+            and name == "1f1b":
         name = "interleaved-1f1b"  # Megatron runs a multi-chunk layout interleaved
     check_ops(p.pp, split.vpp, p.microbatches, False, SIMULATE)
     schedule = build_schedule(name, p.pp, split.vpp, p.microbatches, p.microbatch_group_size)
     hw = hardware(cfg)
-    return Problem(costs, split, schedule, hw, _topology(cfg, hw))
+    return Problem(costs, split, schedule, hw, _topology(cfg, hw), pattern)
 
 
 def _topology(cfg: Config, hw: Hardware) -> Topology | None:
@@ -204,7 +228,7 @@ def _csv_problem(cfg: Config, costs: ModelCosts) -> Problem:
         raise UserError("pipeline.layout", f"has {split.vpp} stages per rank but the actions "
                         f"CSV runs {schedule.vpp}", "give a layout with as many stages as the CSV")
     hw = hardware(cfg)
-    return Problem(costs, split, schedule, hw, _topology(cfg, hw))
+    return Problem(costs, split, schedule, hw, _topology(cfg, hw), hybrid_pattern(cfg))
 
 
 def hardware(cfg: Config) -> Hardware:

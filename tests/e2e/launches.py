@@ -138,6 +138,8 @@ EXECUTOR = {
     "moe-zb-h1-selective": Spec(argv=[*MOE, *ZB_H1, "--recompute", "selective"]),
     "moe-zbv-full": Spec(argv=[*MOE, *ZBV, "--recompute", "full"]),
     "moe-dualpipev": Spec(argv=[*MOE, *DUALPIPEV]),
+    # a hybrid stack (Mamba-2, attention, GatedDeltaNet, MoE, MLP layers), zero-bubble
+    "hybrid-zb-h1": Spec(argv=["--preset", "tiny-hybrid", *ZB_H1]),
 }
 
 # test_executor_schedules.py's cases beyond those above; its zb-h1, dualpipev and

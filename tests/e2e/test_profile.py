@@ -15,7 +15,9 @@ pytest.importorskip("torch")
 from launches import Pool  # noqa: E402
 
 from ppsim.cli.main import main
+from ppsim.config.model import parse_model
 from ppsim.costs.costfile import load_costs, read_cost_file  # noqa: E402
+from ppsim.costs.mixers import mixer_params
 from ppsim.trace.schema import read_trace  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,3 +149,24 @@ def test_profile_measures_each_layer_kind_of_a_builder(tmp_path: Path,
         assert all(layers[j] == layers[i] for j in same)
     assert layers[1]["static_bytes"] > layers[0]["static_bytes"]  # experts and router
     assert all(x["forward_ms"] > 0 and x["activation_bytes"] > 0 for x in layers)
+
+
+def test_profile_measures_each_mixer_of_a_hybrid_pattern(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    """tiny-hybrid (M-*-G-E-): one measured cost per mixer kind, the four MLPs alike, and
+    each kind holding the parameters the cost model counts."""
+    out = tmp_path / "c.json"
+    assert main(["profile", "--preset", "tiny-hybrid", "--out", str(out), "--repeats", "1",
+                 "--warmup", "0", "--no-p2p", "--json"]) == 0
+    layers = json.loads(capsys.readouterr().out)["layers"]
+    arch = parse_model({"preset": "tiny-hybrid"}).arch  # type: ignore[union-attr]
+    kinds = ["mamba", "mlp", "attention", "mlp", "gdn", "mlp", "moe-mlp", "mlp"]
+    for layer, kind in zip(layers, kinds, strict=True):
+        want = mixer_params(arch, kind)
+        assert layer["params"] == want.dense + want.experts, kind
+        assert layer["forward_ms"] > 0 and layer["activation_bytes"] > 0
+    assert all(layers[i] == layers[1] for i in (3, 5, 7))
+    assert main(["simulate", "--preset", "tiny-hybrid", "--costs", str(out), "--pp", "2",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["iteration_time_ms"] > 0

@@ -1,0 +1,111 @@
+"""The hybrid stack a Megatron pattern describes, in plain torch (ppsim.costs.hybrid).
+
+One module per symbol, each behind its own pre-norm and residual as Megatron's
+HybridModel builds them: Mamba-2 and GatedDeltaNet from ppsim.executor.builders.ssm,
+attention, the MLP and the MoE block from ppsim.executor.builders.llama. MLA and DSA
+layers ('+', 'D') and MTP depths are not built here (the shipped builders build
+GQA attention only); the cost model covers them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from ppsim.costs.hybrid import parse_pattern
+from ppsim.errors import UserError
+from ppsim.executor.builders.common import DTYPES, Head, init_normal, stage_loss, token_microbatch
+from ppsim.executor.builders.llama import MLP, Attention, Embedding, LlamaShape, MoE
+from ppsim.executor.builders.ssm import GatedDeltaNet, Mamba2
+
+_OUT = ("o", "down", "out_proj")
+"""Projections back into the residual stream: GPT-2's scaled init."""
+
+
+class HybridLayer(nn.Module):
+    """One symbol of the pattern: x + mixer(norm(x))."""
+
+    def __init__(self, s: LlamaShape, kind: str) -> None:
+        super().__init__()
+        a = s.arch
+        self.norm = s.norm(a.hidden_size)
+        if kind == "mamba":
+            self.mixer: nn.Module = Mamba2(a)
+        elif kind == "gdn":
+            self.mixer = GatedDeltaNet(a)
+        elif kind == "attention":
+            self.mixer = Attention(s)
+        elif kind == "mlp":
+            self.mixer = MLP(a.hidden_size, a.ffn_hidden_size, a.gated_mlp)
+        elif kind == "moe-mlp":
+            self.mixer = MoE(s)
+        else:
+            raise UserError("model.hybrid_layer_pattern", f"the shipped builder has no {kind} "
+                            "layer (MLA and DSA are costed, not built)",
+                            "use M, G, *, - and E, or a builder of your own (--model)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mixer(self.norm(x))
+
+
+class HybridBuilder:
+    """`ModelBuilder` of a hybrid pattern."""
+
+    def __init__(self, shape: LlamaShape) -> None:
+        a = shape.arch
+        if parse_pattern(a.hybrid_layer_pattern).mtp_depths or a.mtp_layers:
+            raise UserError("model.hybrid_layer_pattern", "the shipped builder has no MTP",
+                            "drop the '/' part to run it (the cost model prices MTP)")
+        self.shape = shape
+        self.num_layers = a.num_layers
+        self.activation_shape = (a.micro_batch_size, a.seq_length, a.hidden_size)
+        self.dtype = DTYPES[a.dtype]
+
+    def layer_kind(self, index: int) -> str:
+        return self.shape.kinds[index]
+
+    def embedding(self) -> nn.Module:
+        e = Embedding(self.shape)
+        init_normal(e, self.num_layers, ())
+        return e
+
+    def layer(self, index: int) -> nn.Module:
+        layer = HybridLayer(self.shape, self.shape.kinds[index])
+        init_normal(layer, self.num_layers, _OUT)
+        with torch.no_grad():
+            mixer = layer.mixer
+            if isinstance(mixer, (Mamba2, GatedDeltaNet)):
+                # Decay rates spread over heads (A in [1, heads]), as Mamba-2 initialises.
+                mixer.A_log.copy_(torch.log(torch.arange(1, mixer.A_log.numel() + 1.0)))
+                mixer.norm_weight.fill_(1.0)
+            if isinstance(mixer, Mamba2):
+                mixer.D.fill_(1.0)
+            if isinstance(mixer, MoE):  # expert stacks: initialised like their Linears
+                for p in (mixer.gate, mixer.up):
+                    if p is not None:
+                        p.normal_(0.0, 0.02)
+                mixer.down.normal_(0.0, 0.02 / math.sqrt(2 * self.num_layers))
+        return layer
+
+    def head(self) -> nn.Module:
+        a = self.shape.arch
+        h = Head(a.hidden_size, a.vocab_size, norm=self.shape.norm)
+        init_normal(h, self.num_layers, ())
+        return h
+
+    def microbatch(self, seed: int, iteration: int, index: int) -> tuple[torch.Tensor,
+                                                                       torch.Tensor]:
+        a = self.shape.arch
+        return token_microbatch(a.micro_batch_size, a.seq_length, a.vocab_size, seed,
+                                iteration, index)
+
+    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return stage_loss(output, targets)
+
+
+def build(fields: dict[str, Any]) -> HybridBuilder:
+    """The stack the fields' hybrid_layer_pattern describes."""
+    return HybridBuilder(LlamaShape.from_fields(fields))
