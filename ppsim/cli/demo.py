@@ -22,6 +22,7 @@ from ppsim.cli.flags import add_config_flags, config_from_args
 from ppsim.config import validate
 from ppsim.config.schema import config_to_toml
 from ppsim.errors import UserError
+from ppsim.executor import rundir
 from ppsim.fileio import write_text_atomic
 from ppsim.pipeline.problem import build_problem
 from ppsim.pipeline.split import even_counts
@@ -53,8 +54,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     validate.count("--rounds", args.rounds, lo=1, hi=20)
     validate.count("--iterations", args.iterations, lo=2, hi=1000)
     cfg = config_from_args(args)
-    out = args.out
-    os.makedirs(out, exist_ok=True)
+    # Each demo writes a folder of its own, so an earlier demo's printed `ppsim diff`
+    # line keeps pointing at that demo's files; `<out>/latest` points at the newest.
+    out = rundir.fresh(args.out, "--out")
     base = os.path.join(out, "config.toml")
     write_text_atomic(base, config_to_toml(cfg))
 
@@ -120,6 +122,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                   f"measured {meas:.3f}x")
     console.print(f"details: ppsim diff {out}/planned/sim.json {real['planned']['trace']} "
                   f"--png {out}/planned/diff.png")
+    rundir.link_latest(rundir.RunDir(out, created=True, fresh=True, lock=""))
     return 0
 
 
@@ -161,7 +164,8 @@ def register(commands: dict) -> None:
     def add(p: argparse.ArgumentParser) -> None:
         add_config_flags(p, split_flags=False)
         p.add_argument("--out", default="ppsim-demo", metavar="DIR",
-                       help="where costs, traces and configs go (default ./ppsim-demo)")
+                       help="where each demo's folder goes: DIR/<time> holds its costs, traces "
+                       "and configs, DIR/latest the newest (default ./ppsim-demo)")
         p.add_argument("--iterations", type=int, default=24, metavar="N",
                        help="real iterations per split and launch (the first is warm-up)")
         p.add_argument("--rounds", type=int, default=2, metavar="N",

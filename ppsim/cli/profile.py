@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from ppsim.cli.costs import hardware_profile
-from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
+from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
 from ppsim.config import validate
 from ppsim.config.model import TransformerModel
 from ppsim.config.schema import Config
@@ -78,6 +78,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.hardware_out:
         return hardware_profile(args)
     cfg = config_from_args(args)
+    outputs_apart(args, {"--out": args.out}, cfg=cfg)
     fields = _transformer_fields(cfg, "profile")
     validate.count("--repeats", args.repeats, lo=1, hi=MAX_REPEATS)
     validate.count("--warmup", args.warmup, lo=0, hi=MAX_REPEATS)
@@ -172,6 +173,7 @@ def _print_costs(doc: dict[str, Any], title: str) -> None:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    outputs_apart(args, {"--out": args.out}, {"TRACE": args.trace}, cfg=cfg)
     trace = read_trace(args.trace)
     cal = calibrate(trace, cfg, args.estimator)
     err_before = (cal.before_ms - cal.measured_ms) / cal.measured_ms
