@@ -57,7 +57,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="raise inside that op (tests failure handling)")
     r.add_argument("--model", metavar="MODULE:FUNCTION",
                    help="model builder (default: [model] builder, else the built-in GPT, "
-                   "ppsim.executor.builders.gpt:build); see README 'Your own model'")
+                   "ppsim.executor.builders.gpt:build); a builder is code: naming one, "
+                   "here or in a config, runs it (--print-launch loads none); see README "
+                   "'Your own model'")
     r.add_argument("--dp", type=int, metavar="N",
                    help="data-parallel replicas of the pipeline: world = pp x dp "
                    "(default: the model's dp, else 1)")
@@ -120,6 +122,7 @@ def validate(args: argparse.Namespace) -> Any:
         raise UserError("--dp", "the torch peer runs one pipeline replica",
                         "use --engine ppsim with --dp, or --dp 1")
     _check_launch(args, pp * dp)
+    _check_world(args, pp * dp)
     if args.iterations < 1 or not 0 <= args.warmup < args.iterations:
         raise UserError("--warmup", f"{args.warmup} warm-up of {args.iterations} iterations",
                         "need iterations >= 1 and 0 <= warmup < iterations")
@@ -195,16 +198,53 @@ def _check_launch(args: argparse.Namespace, pp: int) -> None:
                         "and replica)")
 
 
+RANKS_PER_DEVICE = 8
+"""Ranks one CPU core (or GPU) may carry before a run on one node is refused: tests run
+4 ranks on 2 cores; 2,000 ranks on 2 cores would only thrash, or exhaust memory."""
+
+
+def _host_devices(device: str) -> int:
+    if device == "cuda":
+        import torch  # only for --device cuda
+
+        return max(1, torch.cuda.device_count())
+    return os.cpu_count() or 1
+
+
+def _check_world(args: argparse.Namespace, world: int) -> None:
+    """A world far beyond this host's devices: a warning for a printed launch (it may run
+    on other hosts), refused for a run here on one node."""
+    devices = _host_devices(args.device)
+    if world <= RANKS_PER_DEVICE * devices:
+        return
+    what = f"pp x dp = {world:,} ranks, more than {RANKS_PER_DEVICE} per {args.device} " \
+           f"device of this host ({devices:,})"
+    if args.print_launch or args.nnodes > 1:
+        sys.stderr.write(f"ppsim run: warning: {what}; run it on nodes that have them\n")
+        return
+    raise UserError("--dp", what, "use a smaller --dp or pp, or launch on several nodes "
+                    "(--nnodes, --print-launch)")
+
+
 def _check_builder(args: argparse.Namespace, fields: dict[str, Any]) -> None:
-    """Import and call the builder here, so a bad one exits 2 before any process."""
+    """Import and call the builder here, so a bad one exits 2 before any process; with
+    --print-launch (which runs nothing) only the spec's form is checked, no code loads."""
     from ppsim.executor.builders import (  # torch loads only when a run starts
         builder_spec,
+        code_note,
         load_builder,
+        split_spec,
     )
 
     where = "--model" if args.model else "model.builder"
+    spec = builder_spec(args.model, fields)
+    split_spec(spec, where)
+    if args.print_launch:
+        return
+    if note := code_note(spec):
+        sys.stderr.write(f"ppsim run: note: {note}\n")
     try:
-        load_builder(builder_spec(args.model, fields), fields, where)
+        load_builder(spec, fields, where)
     except UserError:
         raise
     except Exception as exc:

@@ -140,8 +140,9 @@ def _number(path: str, where: str, value: Any, integer: bool) -> float | int:
             raise UserError(f"{path}: {where}", f"is a byte count, got {value!r}",
                             "write a whole number")
         return int(x)
-    hi = validate.MAX_GBPS if where.endswith("gbps") else validate.MAX_MS
-    return validate.number(f"{path}: {where}", value, hi=hi, fix=fix)
+    if where.endswith("gbps"):
+        return validate.bandwidth(f"{path}: {where}", value, "for free transfers")
+    return validate.number(f"{path}: {where}", value, hi=validate.MAX_MS, fix=fix)
 
 
 def _layer(path: str, where: str, table: Any) -> LayerCost:
@@ -212,10 +213,14 @@ def _conditions(path: str, raw: Any) -> Conditions | None:
     if not isinstance(raw, dict):
         raise UserError(f"{path}: conditions", "must be an object or null", "re-run ppsim profile")
     devices = raw.get("devices")
-    if devices is not None and (not isinstance(devices, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices)):
-        raise UserError(f"{path}: conditions.devices", f"must be a list of device indices, got "
-                        f"{devices!r}", "re-run ppsim profile")
+    if devices is not None and (not isinstance(devices, list) or len(devices) > limits.MAX_STAGES
+                                or not all(type(d) is int for d in devices)):
+        raise UserError(f"{path}: conditions.devices", f"must be a list of at most "
+                        f"{limits.MAX_STAGES:,} device indices, got {devices!r}"[:200],
+                        "re-run ppsim profile")
+    for i, d in enumerate(devices or ()):
+        validate.count(f"{path}: conditions.devices[{i}]", d, lo=0, hi=limits.MAX_STAGES - 1,
+                       fix="re-run ppsim profile")
     opt = raw.get("optimizer") or {}
     if not isinstance(opt, dict):
         raise UserError(f"{path}: conditions.optimizer", "must be an object or null",

@@ -176,6 +176,17 @@ def _check_info(info: Any, path: str) -> dict[str, Any]:
     if info.get("placement") not in (None, "loop", "v"):
         raise UserError(f"{path}: otherData.placement", f"unknown placement "
                         f"{info['placement']!r}"[:200], "use \"loop\" or \"v\"")
+    if info.get("iteration_boundary_ms") is not None:
+        out["iteration_boundary_ms"] = validate.duration_ms(
+            f"{path}: otherData.iteration_boundary_ms", info["iteration_boundary_ms"])
+    wholes = info.get("whole_iteration_ms")
+    if wholes is not None:
+        if not isinstance(wholes, list) or len(wholes) > validate.MAX_INDEX:
+            raise UserError(f"{path}: otherData.whole_iteration_ms", "must be a list of ms "
+                            "(null where unknown)", "re-record the trace")
+        for i, w in enumerate(wholes):
+            if w is not None:
+                validate.duration_ms(f"{path}: otherData.whole_iteration_ms[{i}]", w)
     split = info.get("split")
     if split is not None:
         if not isinstance(split, list) or len(split) > limits.MAX_STAGES:
