@@ -84,7 +84,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     validate.count("--warmup", args.warmup, lo=0, hi=MAX_REPEATS)
     import torch
 
-    from ppsim.executor.builders import builder_spec, code_note
+    from ppsim.executor.builders import builder_spec, code_note  # loads torch
     from ppsim.executor.measure import profile  # torch loads only when measuring
 
     if note := code_note(builder_spec(None, fields)):
