@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ppsim.cli import runchecks
@@ -204,7 +207,29 @@ def _trace_bytes(problem: Any, iterations: int) -> int:
     return ops * iterations * BYTES_PER_OP + 1_000_000
 
 
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a closed terminal, `kill`, a batch system's time limit) end
+    the run as Ctrl-C does: ranks stopped, this run's files removed, the lock released.
+    SIGKILL leaves no handler a chance (the next run clears the stale lock)."""
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    caught = (signal.SIGTERM, signal.SIGHUP)
+    old = {s: signal.signal(s, interrupt) for s in caught}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    with _signals_interrupt():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     problem = validate(args)
 
     print_notes(problem.schedule, "run")

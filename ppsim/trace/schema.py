@@ -12,7 +12,7 @@ F/B/W (`Trace.step_ops`). `otherData` carries the run's shape
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ppsim.config import limits, validate
@@ -134,6 +134,9 @@ class Trace:
     """Per rank: (ts_us, total bytes) counter samples."""
     step_ops: tuple[TraceOp, ...] = ()
     """R / S ops (gradient reduce, optimizer step), kept out of `ops`."""
+    optimizer_ms: dict[int, float] = field(default_factory=dict)
+    """Per iteration, the longest "optimizer" event of any rank (ms): context for
+    calibrate; an event we cannot read is skipped."""
 
     @property
     def iterations(self) -> list[int]:
@@ -274,6 +277,7 @@ class _Collector:
         self.ops: list[TraceOp] = []
         self.step_ops: list[TraceOp] = []
         self.memory: dict[int, list[tuple[float, int]]] = {}
+        self.optimizer_ms: dict[int, float] = {}
 
     def add(self, n: int, ev: Any) -> None:
         if not isinstance(ev, dict):
@@ -285,13 +289,25 @@ class _Collector:
         elif ev.get("ph") == "C" and ev.get("name") == "memory":
             rank, ts, total = _memory_sample(ev, n, self.path)
             self.memory.setdefault(rank, []).append((ts, total))
+        elif ev.get("ph") == "X" and ev.get("cat") == "optimizer":
+            self._optimizer(ev)
+
+    def _optimizer(self, ev: dict) -> None:
+        args, dur = ev.get("args", {}), ev.get("dur", 0.0)
+        if not isinstance(args, dict) or type(dur) not in (int, float) \
+                or not 0 <= dur <= _MAX_DUR_US:
+            return
+        it = args.get("iteration", -1)
+        if type(it) is int and 0 <= it <= validate.MAX_INDEX:
+            self.optimizer_ms[it] = max(self.optimizer_ms.get(it, 0.0), dur / 1e3)
 
     def trace(self, info: Any) -> Trace:
         checked = _check_info(info, self.path)
         if not self.ops:
             raise UserError("trace", f"{self.path} holds no compute events",
                             "pass a trace written by ppsim simulate --trace or ppsim run")
-        return Trace(self.path, checked, tuple(self.ops), self.memory, tuple(self.step_ops))
+        return Trace(self.path, checked, tuple(self.ops), self.memory, tuple(self.step_ops),
+                     self.optimizer_ms)
 
 
 def _no_events(path: str) -> UserError:
