@@ -3,7 +3,8 @@
 Each case runs in a fresh process (`ppsim ...` or a one-line reader), so its peak
 RSS is its own. Cases: `ppsim calibrate` on traces of 200, 2,000 and 20,000
 iterations (the embedded default's ops, repeated); reading a trace of 1M compute
-events; refusing a trace and a CSV above their cost limits.
+events; refusing a trace and a CSV above their cost limits; `ppsim plan` of the
+405B preset over four search axes against its --time-budget.
 
     .venv/bin/python benchmarks/bench_hostile.py
 """
@@ -85,6 +86,16 @@ def main() -> None:
             fh.write("0F0\n")
         s, mb, code = _timed([*PY, "-m", "ppsim.cli", "simulate", "--actions-csv", csv])
         print(f"refuse a CSV of 16M cells (64 MB): {s:.2f} s, {mb:.0f} MB, exit {code}")
+    for budget in (2, 25):
+        t0 = time.perf_counter()
+        proc = subprocess.run([*PY, "-m", "ppsim.cli", "plan", "--preset", "llama3.1-405b",
+                               "--search", "schedule,vpp,microbatches,recompute",
+                               "--time-budget", str(budget), "--json"],
+                              capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        said = json.loads(proc.stdout)["seconds"] if proc.returncode in (0, 3) else None
+        print(f"plan 405B, 4 axes, --time-budget {budget}: {wall:.2f} s wall, JSON seconds "
+              f"{said if said is None else round(said, 2)}, exit {proc.returncode}")
 
 
 if __name__ == "__main__":

@@ -79,3 +79,19 @@ def test_op_timings_of_repeated_iterations_repeat_those_of_one(tmp_path: Path,
     assert len(t7) == 7 * len(t1) and len(d7) == 7 * len(d1)
     per_op = sorted(t.effective_ms for t in t1)
     assert sorted(t.effective_ms for t in t7) == pytest.approx(sorted(per_op * 7))
+
+
+def test_plan_json_seconds_is_the_whole_commands_wall_time() -> None:
+    import subprocess
+    import sys
+    import time
+
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-P", "-m", "ppsim.cli", "plan", "--preset",
+                           "tiny-gpt", "--search", "schedule,vpp", "--time-budget", "3",
+                           "--json"], capture_output=True, text=True, timeout=120)
+    wall = time.perf_counter() - t0
+    out = json.loads(proc.stdout)
+    assert len(out["variants"]) > 3
+    # Every variant's set-up and search (and the start-up), not the chosen one's search.
+    assert 0.6 * wall <= out["seconds"] <= wall
