@@ -47,7 +47,6 @@ def _checked(step: str, res: subprocess.CompletedProcess) -> str:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Table
 
 
     console = Console()
@@ -83,25 +82,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                      args.iterations, args.rounds)
 
     console.rule("4. plan against reality")
-    t = Table(title="predicted (simulated with measured costs) vs measured", title_justify="left")
-    for col in ("split", "", "iteration ms", "bubble", "peak memory r0", "error"):
-        t.add_column(col, justify="right")
-    diffs = {}
-    for name, r in real.items():
-        split_problem = problem.with_split(replace(problem.split, counts=tuple(r["counts"])))
-        sim = simulate(split_problem)
-        sim_path = os.path.join(out, name, "sim.json")
-        write_trace(sim_path, simulation_trace(sim))
-        d = diff_traces(read_trace(sim_path), read_trace(r["trace"])).to_dict()
-        diffs[name] = d
-        ta, tb = d["iteration_time_ms"]
-        r0 = d["ranks"][0]
-        ma, mb = r0["peak_memory_bytes"]
-        t.add_row(f"{name} {list(r['counts'])}", "predicted", f"{ta:.2f}",
-                  f"{r0['bubble_fraction'][0]:.1%}", f"{(ma or 0) / 1e6:.2f} MB", "")
-        t.add_row("", "measured", f"{tb:.2f}", f"{r0['bubble_fraction'][1]:.1%}",
-                  f"{(mb or 0) / 1e6:.2f} MB", f"{d['iteration_time_error']:+.1%}")
-    console.print(t)
+    diffs = _against_reality(console, problem, real, out)
 
     console.rule("5. calibrate on the even run, predict the planned run again")
     calibrated = os.path.join(out, "costs-calibrated.json")
@@ -124,6 +105,34 @@ def cmd_demo(args: argparse.Namespace) -> int:
                   f"--png {out}/planned/diff.png")
     rundir.link_latest(rundir.RunDir(out, created=True, fresh=True, lock=""))
     return 0
+
+
+def _against_reality(console: Any, problem: Any, real: dict[str, dict[str, Any]],
+                     out: str) -> dict[str, dict[str, Any]]:
+    """Simulate each split run for real, diff it against its trace, print the table;
+    returns each split's diff."""
+    from rich.table import Table
+
+    t = Table(title="predicted (simulated with measured costs) vs measured", title_justify="left")
+    for col in ("split", "", "iteration ms", "bubble", "peak memory r0", "error"):
+        t.add_column(col, justify="right")
+    diffs = {}
+    for name, r in real.items():
+        split_problem = problem.with_split(replace(problem.split, counts=tuple(r["counts"])))
+        sim = simulate(split_problem)
+        sim_path = os.path.join(out, name, "sim.json")
+        write_trace(sim_path, simulation_trace(sim))
+        d = diff_traces(read_trace(sim_path), read_trace(r["trace"])).to_dict()
+        diffs[name] = d
+        ta, tb = d["iteration_time_ms"]
+        r0 = d["ranks"][0]
+        ma, mb = r0["peak_memory_bytes"]
+        t.add_row(f"{name} {list(r['counts'])}", "predicted", f"{ta:.2f}",
+                  f"{r0['bubble_fraction'][0]:.1%}", f"{(ma or 0) / 1e6:.2f} MB", "")
+        t.add_row("", "measured", f"{tb:.2f}", f"{r0['bubble_fraction'][1]:.1%}",
+                  f"{(mb or 0) / 1e6:.2f} MB", f"{d['iteration_time_error']:+.1%}")
+    console.print(t)
+    return diffs
 
 
 def _run_both(console: Any, base: str, out: str, splits: dict[str, tuple[int, ...]],

@@ -330,7 +330,12 @@ def read_text(flag: str, path: str, max_bytes: int, what: str) -> str:
     """A small UTF-8 text file, every failure a UserError naming flag."""
     readable_file(flag, path, max_bytes, what)
     try:
-        with open(path, "rb") as fh:
+        # O_NONBLOCK: a FIFO swapped in after the check opens at once instead of blocking
+        # until a writer comes; fstat then refuses it.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise UserError(flag, f"{path!r} is not a regular file", f"pass a {what}")
             data = fh.read(max_bytes + 1)
     except OSError as exc:
         raise UserError(flag, f"cannot read {path!r}: {exc.strerror}", f"pass a readable {what}"

@@ -289,7 +289,7 @@ def calibrate(trace: Trace, cfg: Config, how: str = "mean") -> Calibration:
             new_hw = replace(hw, p2p_latency_ms=0.0,
                              p2p_bandwidth_gbps=nbytes / delay / 1e6 if delay > 0 else 0.0)
     after = Problem(costs, split, schedule, new_hw)
-    opt = _optimizer_ms(trace, its)
+    opt = [trace.optimizer_ms[it] for it in its if it in trace.optimizer_ms]
     return Calibration(
         costs=costs, hardware=new_hw, factors=factors, head_factors=head,
         samples={k: sum(t.op.kind == k for t in timings) for k in "FBW"}, p2p_delay_ms=delay,
@@ -297,8 +297,3 @@ def calibrate(trace: Trace, cfg: Config, how: str = "mean") -> Calibration:
         before_ms=simulate(before).summary.iteration_time_ms,
         after_ms=simulate(after).summary.iteration_time_ms, iterations=its,
         optimizer_ms=statistics.fmean(opt) if opt else None, estimator=how)
-
-
-def _optimizer_ms(trace: Trace, its: list[int]) -> list[float]:
-    """Optimizer step times (the simulator does not model them; reported for context)."""
-    return [trace.optimizer_ms[it] for it in its if it in trace.optimizer_ms]

@@ -95,3 +95,18 @@ def test_refuse_overlap_refuses_exactly_repeated_files(inputs: list[str],
     except UserError:
         refused = True
     assert refused == clash
+
+
+def test_each_demo_writes_a_folder_of_its_own(tmp_path: Path, capsys) -> None:
+    # A uniform model stops the demo at its first step (profile needs a transformer),
+    # after it has written its config: enough to see where each demo writes.
+    cfg = tmp_path / "u.toml"
+    cfg.write_text('[model]\nkind = "uniform"\nnum_layers = 4\nforward_ms = 1.0\n'
+                   'backward_ms = 2.0\n')
+    out = tmp_path / "demo"
+    for _ in range(2):
+        assert main(["demo", "--out", str(out), "--config", str(cfg)]) == 2
+    assert "demo profile" in capsys.readouterr().err
+    folders = sorted(p for p in out.iterdir() if p.is_dir())
+    assert len(folders) == 2 and not (out / "config.toml").exists()
+    assert all((f / "config.toml").exists() for f in folders)
