@@ -83,8 +83,19 @@ def code_note(spec: str) -> str | None:
     module = spec.rpartition(":")[0]
     if module.startswith(SHIPPED) and not module.endswith(".py"):
         return None
+    if not _findable(module):
+        return None  # nothing will load: the import error is the one line
     return (f"loading model builder {spec!r}: this runs that code with your permissions "
             "(a config naming a builder is code; use only configs you trust)")
+
+
+def _findable(module: str) -> bool:
+    if module.endswith(".py"):
+        return os.path.isfile(module)
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _import(module: str, where: str) -> Any:
