@@ -351,10 +351,17 @@ def read_text(flag: str, path: str, max_bytes: int, what: str) -> str:
 
 
 def read_json(flag: str, path: str, max_bytes: int, what: str, fix: str,
-              nested_fix: str | None = None) -> Any:
+              nested_fix: str | None = None, max_containers: int | None = None) -> Any:
     """A small JSON file (read as `read_text` does); bad JSON, or JSON nested past what the
-    parser recurses through, is a UserError naming flag with `fix` (or `nested_fix`)."""
+    parser recurses through, is a UserError naming flag with `fix` (or `nested_fix`).
+    With `max_containers`, a file of more objects and arrays than that is refused before
+    it is parsed (each costs ~60 bytes parsed: 64 MB of `{}` would take 1.7 GB)."""
     text = read_text(flag, path, max_bytes, what)
+    if max_containers is not None:
+        found = text.count("{") + text.count("[")
+        if found > max_containers:
+            raise UserError(flag, f"{path} holds up to {found:,} JSON objects and arrays, "
+                            f"above the {max_containers:,} a {what} can need", fix)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

@@ -39,6 +39,9 @@ from ppsim.costs.transformer import Architecture
 from ppsim.errors import UserError
 from ppsim.fileio import write_json_atomic
 
+MAX_CONTAINERS = 3 * limits.MAX_LAYERS + 10_000
+"""JSON objects and arrays a cost file may hold: a layer entry each (decoder and MTP
+layers, at most limits.MAX_LAYERS), and room for provenance and calibration notes."""
 FORMAT = "ppsim-costs"
 VERSION = 1
 
@@ -296,7 +299,8 @@ def read_cost_file(path: str) -> CostFile:
     if hit is not None and hit[0] == stamp:
         return hit[1]
     data = validate.read_json("--costs", full, validate.MAX_COSTS_BYTES, "cost file",
-                              "re-run ppsim profile or ppsim calibrate")
+                              "re-run ppsim profile or ppsim calibrate",
+                              max_containers=MAX_CONTAINERS)
     cf = cost_file_from_dict(data, path)
     _CACHE[full] = (stamp, cf)
     return cf

@@ -213,3 +213,10 @@ def test_a_world_far_beyond_this_host_is_refused_but_printed_with_a_warning(caps
     _refused(capsys, ["run", "--dp", dp], "--dp", "ranks")
     assert main(["run", "--dp", dp, "--print-launch"]) == 0
     assert "warning" in capsys.readouterr().err
+
+
+def test_a_cost_file_of_too_many_objects_is_refused_before_parsing(tmp_path, capsys) -> None:
+    path = tmp_path / "costs.json"
+    path.write_text('{"format": "ppsim-costs", "version": 1, "layers": ['
+                    + ",".join(["{}"] * 400_000) + "]}")
+    _refused(capsys, ["simulate", "--costs", str(path)], "JSON objects and arrays")
