@@ -50,7 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     with streams.guarded():
         try:
-            return _main(argv)
+            try:
+                code = _main(argv)
+            except SystemExit:  # argparse: --help, or a bad flag
+                sys.stdout.flush()
+                raise
+            sys.stdout.flush()  # a full disk is reported here, not at interpreter exit
+            return code
         except streams.StreamFailed as exc:
             streams.silence_stdout()
             streams.say(f"ppsim: error: {exc} (write the output to a file or another stream)\n")
@@ -66,9 +72,7 @@ def _main(argv: Sequence[str] | None) -> int:
     args = parser.parse_args(argv)
     fileio.FOLLOW_LINKS = bool(getattr(args, "force", False))
     try:
-        code = COMMANDS[args.command][2](args)
-        sys.stdout.flush()  # a full disk is reported here, not at interpreter exit
-        return code
+        return COMMANDS[args.command][2](args)
     except UserError as exc:
         streams.say(f"ppsim {args.command}: error: {exc}\n")
         return 2

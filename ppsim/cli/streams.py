@@ -93,8 +93,8 @@ def _narrow_safe(stream: Any) -> None:
 
 @contextmanager
 def guarded() -> Iterator[None]:
-    """sys.stdout as a `_Guarded` proxy (restored after); flushed before leaving, so a
-    full disk is seen here rather than at interpreter exit."""
+    """sys.stdout as a `_Guarded` proxy (restored after). The caller flushes it inside,
+    where it catches StreamFailed, so a full disk is not met at interpreter exit."""
     for stream in (sys.stdout, sys.stderr):
         if stream is not None:
             _narrow_safe(stream)
@@ -102,7 +102,6 @@ def guarded() -> Iterator[None]:
     sys.stdout = _Guarded(original)  # type: ignore[assignment]
     try:
         yield
-        sys.stdout.flush()
     finally:
         sys.stdout = original
 

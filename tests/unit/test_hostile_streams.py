@@ -18,7 +18,8 @@ def _ppsim(args: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-@pytest.mark.parametrize("args", [["simulate", "--json"], ["schedule"]])
+@pytest.mark.parametrize("args", [["simulate", "--json"], ["schedule"], ["--help"],
+                                  ["plan", "--json", "--time-budget", "1"]])
 def test_full_stdout_is_one_line_and_exit_2(args: list[str]) -> None:
     with open("/dev/full", "w") as full:
         proc = subprocess.run([*PPSIM, *args], stdout=full, stderr=subprocess.PIPE, text=True,
