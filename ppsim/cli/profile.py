@@ -78,7 +78,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.hardware_out:
         return hardware_profile(args)
     cfg = config_from_args(args)
-    outputs_apart(args, {"--out": args.out}, cfg=cfg)
+    # The config's costs_file is not read here (profile measures): writing it is a refresh.
+    outputs_apart(args, {"--out": args.out})
     fields = _transformer_fields(cfg, "profile")
     validate.count("--repeats", args.repeats, lo=1, hi=MAX_REPEATS)
     validate.count("--warmup", args.warmup, lo=0, hi=MAX_REPEATS)
