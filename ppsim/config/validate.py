@@ -15,7 +15,7 @@ import os
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, BinaryIO
 
 from ppsim.config import limits
 from ppsim.costs.arch import ATTENTION, DTYPE_BYTES, NORMS, POSITIONS, RECOMPUTE
@@ -326,20 +326,31 @@ def readable_file(flag: str, path: str, max_bytes: int, what: str) -> None:
                         f"{max_bytes / 1e6:,.0f} MB for a {what}", f"pass a smaller {what}")
 
 
-def read_text(flag: str, path: str, max_bytes: int, what: str) -> str:
-    """A small UTF-8 text file, every failure a UserError naming flag."""
+def open_regular(flag: str, path: str, max_bytes: int, what: str) -> BinaryIO:
+    """The file opened for reading, once `readable_file` accepts it; UserError otherwise."""
     readable_file(flag, path, max_bytes, what)
     try:
         # O_NONBLOCK: a FIFO swapped in after the check opens at once instead of blocking
         # until a writer comes; fstat then refuses it.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise UserError(flag, f"{path!r} is not a regular file", f"pass a {what}")
-            data = fh.read(max_bytes + 1)
     except OSError as exc:
         raise UserError(flag, f"cannot read {path!r}: {exc.strerror}", f"pass a readable {what}"
                         ) from None
+    fh = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        fh.close()
+        raise UserError(flag, f"{path!r} is not a regular file", f"pass a {what}")
+    return fh
+
+
+def read_text(flag: str, path: str, max_bytes: int, what: str) -> str:
+    """A small UTF-8 text file, every failure a UserError naming flag."""
+    with open_regular(flag, path, max_bytes, what) as fh:
+        try:
+            data = fh.read(max_bytes + 1)
+        except OSError as exc:
+            raise UserError(flag, f"cannot read {path!r}: {exc.strerror}",
+                            f"pass a readable {what}") from None
     if len(data) > max_bytes:  # it grew since stat
         raise UserError(flag, f"{path!r} is above the limit of {max_bytes / 1e6:,.0f} MB",
                         f"pass a smaller {what}")

@@ -146,10 +146,15 @@ class Trace:
 def read_trace(path: str) -> Trace:
     """Parse and check a trace, one event at a time (ppsim.trace.stream); a malformed one
     is a UserError naming what is wrong."""
-    text = validate.read_text("trace", path, validate.MAX_TRACE_BYTES, "Chrome trace (JSON)")
     found = _Collector(path)
-    fields = stream.scan(text, path, found.add, "re-record or re-export the trace")
-    del text  # the events are kept as TraceOps; the text is no longer needed
+    with validate.open_regular("trace", path, validate.MAX_TRACE_BYTES,
+                               "Chrome trace (JSON)") as fh:
+        try:
+            fields = stream.scan(fh, path, found.add, "re-record or re-export the trace",
+                                 validate.MAX_TRACE_BYTES)
+        except OSError as exc:
+            raise UserError("trace", f"cannot read {path!r}: {exc.strerror}",
+                            "pass a readable trace") from None
     if fields is not None and fields.get("traceEvents") is not True:
         raise _no_events(path)
     return found.trace({} if fields is None else fields.get("otherData", {}))

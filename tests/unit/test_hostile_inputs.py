@@ -220,3 +220,39 @@ def test_a_cost_file_of_too_many_objects_is_refused_before_parsing(tmp_path, cap
     path.write_text('{"format": "ppsim-costs", "version": 1, "layers": ['
                     + ",".join(["{}"] * 400_000) + "]}")
     _refused(capsys, ["simulate", "--costs", str(path)], "JSON objects and arrays")
+
+
+def test_streamed_trace_reads_alike_whatever_the_chunk_size(tmp_path, sim_doc,
+                                                            monkeypatch) -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from ppsim.trace import stream
+    from ppsim.trace.schema import read_trace, trace_from_json
+
+    expected = trace_from_json(sim_doc, "t")
+    path = tmp_path / "t.json"
+
+    @settings(max_examples=40, deadline=None)
+    @given(chunk=st.integers(1, 300), indent=st.sampled_from([None, 0, 2]),
+           info_first=st.booleans())
+    def reads_alike(chunk: int, indent: int | None, info_first: bool) -> None:
+        keys = ["otherData", "traceEvents"] if info_first else ["traceEvents", "otherData"]
+        path.write_text(json.dumps({k: sim_doc[k] for k in keys}, indent=indent) + "\n ")
+        monkeypatch.setattr(stream, "CHUNK", chunk)
+        got = read_trace(str(path))
+        assert (got.info, got.ops, got.memory, got.step_ops) == \
+            (expected.info, expected.ops, expected.memory, expected.step_ops)
+
+    reads_alike()
+
+
+def test_a_trace_cut_inside_a_character_or_number_is_one_line(tmp_path, capsys,
+                                                             sim_doc) -> None:
+    text = json.dumps(sim_doc)
+    for cut, words in ((len(text) // 2, "not valid JSON"), (len(text) - 1, "not valid JSON")):
+        bad = _file(tmp_path, f"cut{cut}.json", text[:cut])
+        _refused(capsys, ["diff", bad, bad], words)
+    (tmp_path / "utf8.json").write_bytes(text[:100].encode() + b"\xe2\x80")
+    _refused(capsys, ["diff", str(tmp_path / "utf8.json"), str(tmp_path / "utf8.json")],
+             "UTF-8")
