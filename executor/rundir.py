@@ -51,16 +51,17 @@ class RunDir:
     lock: str
 
 
-def _problem(path: str, what: str, exc: OSError) -> UserError:
-    return UserError("--trace-dir", f"{shown(path)}: cannot {what}: {exc.strerror}",
+def _problem(path: str, what: str, exc: OSError, field: str = "--trace-dir") -> UserError:
+    return UserError(field, f"{shown(path)}: cannot {what}: {exc.strerror}",
                      "choose a writable directory")
 
 
-def _fresh(root: str) -> str:
+def fresh(root: str, field: str = "--trace-dir") -> str:
+    """A new folder `<root>/<time>` (with a suffix when taken); `field` names the flag."""
     try:
         os.makedirs(root, exist_ok=True)
     except OSError as exc:
-        raise _problem(root, "create it", exc) from None
+        raise _problem(root, "create it", exc, field) from None
     stamp = run_name()
     for n in range(1000):
         path = os.path.join(root, stamp if n == 0 else f"{stamp}-{n}")
@@ -70,9 +71,9 @@ def _fresh(root: str) -> str:
         except FileExistsError:
             continue
         except OSError as exc:
-            raise _problem(path, "create it", exc) from None
-    raise UserError("--trace-dir", f"no free run directory name under {shown(root)}",
-                    "pass --trace-dir")
+            raise _problem(path, "create it", exc, field) from None
+    raise UserError(field, f"no free run directory name under {shown(root)}",
+                    f"pass another {field}")
 
 
 def _take_lock(path: str, node_rank: int) -> str:
@@ -120,9 +121,9 @@ def _check_room(path: str, need: int) -> None:
 def prepare(trace_dir: str | None, node_rank: int, need_bytes: int) -> RunDir:
     """Make (or check) the run's directory before any rank starts; UserError if unusable."""
     if trace_dir is None:
-        path, created, fresh = _fresh(DEFAULT_ROOT), True, True
+        path, created, is_fresh = fresh(DEFAULT_ROOT), True, True
     else:
-        path, fresh = trace_dir, False
+        path, is_fresh = trace_dir, False
         if os.path.lexists(path) and not os.path.isdir(path):
             raise UserError("--trace-dir", f"{shown(path)} exists and is not a directory",
                             "give a directory path")
@@ -141,9 +142,9 @@ def prepare(trace_dir: str | None, node_rank: int, need_bytes: int) -> RunDir:
                             f"{DEFAULT_ROOT}/<time>")
         _check_room(path, need_bytes)
     except UserError:
-        release(RunDir(path, created, fresh, lock), [])
+        release(RunDir(path, created, is_fresh, lock), [])
         raise
-    return RunDir(path, created, fresh, lock)
+    return RunDir(path, created, is_fresh, lock)
 
 
 def release(run: RunDir, discard: list[str]) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ppsim.executor import progress
 from ppsim.executor.builders import ModelBuilder
 from ppsim.executor.builders.deferral import WeightGradStore
 from ppsim.executor.builders.stage import Stage, build_stage, saved_bytes
@@ -142,7 +143,9 @@ class P2P:
         while key not in self.posted:
             self._post(peer)
         work, buf, _ = self.posted.pop(key)
+        progress.RANK.wait(True)
         work.wait()
+        progress.RANK.wait(False)
         self.rec.recv(_now_ns(), key.kind, peer, key.stage, key.microbatch)
         return buf.to(self.device, non_blocking=True)
 
@@ -337,6 +340,8 @@ class Runtime:
             self.p2p.prefetch()
             before = self.rec.memory()
             start: list[Any] = []
+            label = f"{a.kind}{a.microbatch} (stage {a.stage}) of iteration {iteration}"
+            progress.RANK.start(label)
             try:
                 f = self.fault
                 if f is not None and (f.rank, f.kind, f.stage, f.microbatch, f.iteration) == (
@@ -347,6 +352,7 @@ class Runtime:
                 raise OpFailed(self.rank, a, chunk, iteration, exc) from exc
             self.rec.op(start[0], self.rec.mark(), a.kind, a.stage, chunk, a.microbatch,
                         before, self.rec.memory())
+            progress.RANK.finish(label)
         self.p2p.finish()
         if self.replica.size > 1:
             self._step_op("R", self._all_reduce)

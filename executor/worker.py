@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from ppsim.errors import UserError
+from ppsim.executor import progress
 from ppsim.executor import summary as summ
 from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.builders import ModelBuilder, load_builder
@@ -79,8 +80,9 @@ def _init_group(backend: str, rank: int, world: int, timeout: timedelta) -> None
 class Watchdog:
     """Ends this process promptly when another rank has failed."""
 
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
+    def __init__(self, rank: int, world: int) -> None:
+        self.rank, self.world = rank, world
+        self.published = ""
         self.stop = threading.Event()
         # A client of its own: the main thread may be blocked inside the store.
         host, port = _store_address()
@@ -91,6 +93,7 @@ class Watchdog:
     def _run(self) -> None:
         while not self.stop.wait(0.2):
             try:
+                self._publish()
                 if not self.store.check([ABORT_KEY]):
                     continue
                 why = self.store.get(ABORT_KEY).decode("utf-8", "replace")
@@ -99,6 +102,27 @@ class Watchdog:
                     return
                 why = "the job's rendezvous store went away"
             _stopping(self.rank, why)
+
+    def _publish(self) -> None:
+        """This rank's progress record, for a rank that times out to read."""
+        snap = progress.RANK.snapshot()
+        if snap != self.published:
+            self.store.set(progress.KEY.format(rank=self.rank), snap)
+            self.published = snap
+
+    def records(self) -> list[progress.Record]:
+        """Every rank's last published progress (best effort: missing ones left out)."""
+        out = []
+        for r in range(self.world):
+            key = progress.KEY.format(rank=r)
+            try:
+                raw = self.store.get(key) if self.store.check([key]) else None
+            except Exception:
+                raw = None
+            rec = progress.parse(raw) if raw is not None else None
+            if rec is not None:
+                out.append(rec)
+        return out
 
     def claim(self, message: str) -> str | None:
         """Publish this rank's failure; returns an earlier rank's, if one came first."""
@@ -127,6 +151,11 @@ def _fail(spec: RunSpec, rank: int, dog: Watchdog, exc: BaseException) -> None:
         os.kill(os.getpid(), signal.SIGKILL)  # a silent death, as the OOM killer deals
     msg = str(exc) if isinstance(exc, OpFailed) else \
         f"rank {rank} failed: {type(exc).__name__}: {exc}"
+    if isinstance(exc, OpFailed) and progress.is_timeout(exc):
+        # The rank that noticed is rarely the one at fault: blame the stalled one.
+        culprit = progress.stalled(dog.records(), rank)
+        if culprit is not None:
+            msg = progress.blame(culprit, rank, msg)
     earlier = dog.claim(msg)
     if earlier is not None:
         _stopping(rank, earlier)
@@ -180,7 +209,8 @@ def run(spec: RunSpec) -> dict[str, Any] | None:
     groups = [dist.new_group([d * pp + r for d in range(dp)]) if dp > 1 else None
               for r in range(pp)]
     replica = Replica(rank // pp, dp, groups[rank % pp])
-    dog = Watchdog(rank)
+    progress.RANK.record.rank = rank
+    dog = Watchdog(rank, world)
     try:
         result = _engine(spec, problems, builder, rank, device, wire, backend, ctrl, replica,
                          str(fields.get("recompute", "none")))

@@ -173,3 +173,34 @@ def write_json_atomic(path: str, obj: Any, *, force: bool = False,
                       field: str | None = None) -> None:
     write_text_atomic(path, json.dumps(obj, separators=(",", ":")) + "\n", force=force,
                       field=field)
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file: the same resolved path, or (both existing) the
+    same inode, so a hard link or `./x` against `x` is caught too."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
+def refuse_overlap(inputs: dict[str, str | None], outputs: dict[str, str | None]) -> None:
+    """Refuse (UserError naming both) an output that is one of the inputs or another
+    output: `ppsim diff sim.json real.json --png real.json` would replace the real trace.
+
+    Keys are the flags (or config keys) that gave each path; None values are skipped.
+    """
+    given_in = [(flag, path) for flag, path in inputs.items() if path]
+    seen: list[tuple[str, str]] = []
+    for flag, path in outputs.items():
+        if not path:
+            continue
+        for other, other_path in given_in + seen:
+            if _same_file(path, other_path):
+                kind = "another output" if (other, other_path) in seen else "an input"
+                raise UserError(flag, f"{shown(path)} is also {other} ({kind}); ppsim never "
+                                f"writes an output over {kind}",
+                                f"give {flag} a path of its own")
+        seen.append((flag, path))

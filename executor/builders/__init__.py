@@ -64,6 +64,40 @@ def builder_spec(explicit: str | None, fields: dict[str, Any]) -> str:
     return explicit or fields.get("builder") or DEFAULT_BUILDER
 
 
+SHIPPED = "ppsim.executor.builders."
+"""Builders under this package are ppsim's own; any other is the user's code."""
+
+
+def split_spec(spec: str, where: str) -> tuple[str, str]:
+    """(module or file, function) of a builder spec; UserError when it is not one."""
+    module, sep, name = spec.rpartition(":")
+    if not sep or not module or not name:
+        raise UserError(where, f"{spec!r} is not module:function",
+                        f"write e.g. {DEFAULT_BUILDER}")
+    return module, name
+
+
+def code_note(spec: str) -> str | None:
+    """The warning for a builder outside ppsim: loading it runs its code (its module's
+    top level and the function, with the [model] table)."""
+    module = spec.rpartition(":")[0]
+    if module.startswith(SHIPPED) and not module.endswith(".py"):
+        return None
+    if not _findable(module):
+        return None  # nothing will load: the import error is the one line
+    return (f"loading model builder {spec!r}: this runs that code with your permissions "
+            "(a config naming a builder is code; use only configs you trust)")
+
+
+def _findable(module: str) -> bool:
+    if module.endswith(".py"):
+        return os.path.isfile(module)
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _import(module: str, where: str) -> Any:
     try:
         if module.endswith(".py"):
@@ -83,10 +117,7 @@ def _import(module: str, where: str) -> Any:
 
 def load_builder(spec: str, fields: dict[str, Any], where: str = "--model") -> ModelBuilder:
     """Import `module:function`, call it with the model fields, check the result."""
-    module, sep, name = spec.rpartition(":")
-    if not sep or not module or not name:
-        raise UserError(where, f"{spec!r} is not module:function",
-                        f"write e.g. {DEFAULT_BUILDER}")
+    module, name = split_spec(spec, where)
     fn = getattr(_import(module, where), name, None)
     if not callable(fn):
         raise UserError(where, f"{module} has no function {name!r}",

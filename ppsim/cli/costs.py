@@ -1,10 +1,11 @@
 """`ppsim costs`: the per-piece costs the simulator will use, before trusting a plan.
 
 Analytic (the model on the hardware preset) or read from a cost file (--costs),
-printed in the cost file's own shape: `layers`, `embedding`, `head`, each with
-forward/backward/weight-grad ms and static/activation/weight-grad/output bytes.
-With layer kinds, `layers` has one entry per distinct kind and the layers that
-have it; a measured file's distinct layers are listed the same way.
+printed per piece: `embedding`, `head` and each distinct kind of layer with the
+layers that have it, each with forward/backward/weight-grad ms and
+static/activation/weight-grad/output bytes. `--json` writes a cost file (what
+`--costs` reads, so a hand-edited copy can be simulated), with those distinct
+pieces under `groups`.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import argparse
 from typing import Any
 
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
+from ppsim.config.model import TransformerModel
 from ppsim.config.validate import output
-from ppsim.costs.costfile import layer_dict
+from ppsim.costs.costfile import cost_document, layer_dict
 from ppsim.costs.model import ModelCosts
 from ppsim.errors import UserError
 from ppsim.fileio import write_text_atomic
@@ -79,7 +81,9 @@ def cmd_costs(args: argparse.Namespace) -> int:
         "analytic, hardware " + (cfg.hardware.preset or "from the config"))
     doc = costs_document(costs, source)
     if args.json:
-        emit_json(doc)
+        model = cfg.model.fields() if isinstance(cfg.model, TransformerModel) else None
+        emit_json(cost_document(costs, source=source, model=model, num_layers=costs.num_layers,
+                                mtp_layers=costs.mtp_layers, groups=doc["layers"]))
     else:
         print_costs(doc)
     return 0
@@ -117,7 +121,8 @@ def hardware_profile(args: argparse.Namespace) -> int:
 def register(commands: dict) -> None:
     def add(p: argparse.ArgumentParser) -> None:
         add_config_flags(p, split_flags=False)
-        p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+        p.add_argument("--json", action="store_true", help="a cost file on stdout (what "
+                       "--costs reads), the distinct pieces under \"groups\"")
 
     commands["costs"] = ("per-piece costs the simulator uses (analytic or a cost file)", add,
                          cmd_costs)

@@ -22,6 +22,7 @@ from ppsim.cli.flags import add_config_flags, config_from_args
 from ppsim.config import validate
 from ppsim.config.schema import config_to_toml
 from ppsim.errors import UserError
+from ppsim.executor import rundir
 from ppsim.fileio import write_text_atomic
 from ppsim.pipeline.problem import build_problem
 from ppsim.pipeline.split import even_counts
@@ -46,15 +47,15 @@ def _checked(step: str, res: subprocess.CompletedProcess) -> str:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Table
 
 
     console = Console()
     validate.count("--rounds", args.rounds, lo=1, hi=20)
     validate.count("--iterations", args.iterations, lo=2, hi=1000)
     cfg = config_from_args(args)
-    out = args.out
-    os.makedirs(out, exist_ok=True)
+    # Each demo writes a folder of its own, so an earlier demo's printed `ppsim diff`
+    # line keeps pointing at that demo's files; `<out>/latest` points at the newest.
+    out = rundir.fresh(args.out, "--out")
     base = os.path.join(out, "config.toml")
     write_text_atomic(base, config_to_toml(cfg))
 
@@ -81,25 +82,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                      args.iterations, args.rounds)
 
     console.rule("4. plan against reality")
-    t = Table(title="predicted (simulated with measured costs) vs measured", title_justify="left")
-    for col in ("split", "", "iteration ms", "bubble", "peak memory r0", "error"):
-        t.add_column(col, justify="right")
-    diffs = {}
-    for name, r in real.items():
-        split_problem = problem.with_split(replace(problem.split, counts=tuple(r["counts"])))
-        sim = simulate(split_problem)
-        sim_path = os.path.join(out, name, "sim.json")
-        write_trace(sim_path, simulation_trace(sim))
-        d = diff_traces(read_trace(sim_path), read_trace(r["trace"])).to_dict()
-        diffs[name] = d
-        ta, tb = d["iteration_time_ms"]
-        r0 = d["ranks"][0]
-        ma, mb = r0["peak_memory_bytes"]
-        t.add_row(f"{name} {list(r['counts'])}", "predicted", f"{ta:.2f}",
-                  f"{r0['bubble_fraction'][0]:.1%}", f"{(ma or 0) / 1e6:.2f} MB", "")
-        t.add_row("", "measured", f"{tb:.2f}", f"{r0['bubble_fraction'][1]:.1%}",
-                  f"{(mb or 0) / 1e6:.2f} MB", f"{d['iteration_time_error']:+.1%}")
-    console.print(t)
+    diffs = _against_reality(console, problem, real, out)
 
     console.rule("5. calibrate on the even run, predict the planned run again")
     calibrated = os.path.join(out, "costs-calibrated.json")
@@ -120,7 +103,36 @@ def cmd_demo(args: argparse.Namespace) -> int:
                   f"measured {meas:.3f}x")
     console.print(f"details: ppsim diff {out}/planned/sim.json {real['planned']['trace']} "
                   f"--png {out}/planned/diff.png")
+    rundir.link_latest(rundir.RunDir(out, created=True, fresh=True, lock=""))
     return 0
+
+
+def _against_reality(console: Any, problem: Any, real: dict[str, dict[str, Any]],
+                     out: str) -> dict[str, dict[str, Any]]:
+    """Simulate each split run for real, diff it against its trace, print the table;
+    returns each split's diff."""
+    from rich.table import Table
+
+    t = Table(title="predicted (simulated with measured costs) vs measured", title_justify="left")
+    for col in ("split", "", "iteration ms", "bubble", "peak memory r0", "error"):
+        t.add_column(col, justify="right")
+    diffs = {}
+    for name, r in real.items():
+        split_problem = problem.with_split(replace(problem.split, counts=tuple(r["counts"])))
+        sim = simulate(split_problem)
+        sim_path = os.path.join(out, name, "sim.json")
+        write_trace(sim_path, simulation_trace(sim))
+        d = diff_traces(read_trace(sim_path), read_trace(r["trace"])).to_dict()
+        diffs[name] = d
+        ta, tb = d["iteration_time_ms"]
+        r0 = d["ranks"][0]
+        ma, mb = r0["peak_memory_bytes"]
+        t.add_row(f"{name} {list(r['counts'])}", "predicted", f"{ta:.2f}",
+                  f"{r0['bubble_fraction'][0]:.1%}", f"{(ma or 0) / 1e6:.2f} MB", "")
+        t.add_row("", "measured", f"{tb:.2f}", f"{r0['bubble_fraction'][1]:.1%}",
+                  f"{(mb or 0) / 1e6:.2f} MB", f"{d['iteration_time_error']:+.1%}")
+    console.print(t)
+    return diffs
 
 
 def _run_both(console: Any, base: str, out: str, splits: dict[str, tuple[int, ...]],
@@ -161,7 +173,8 @@ def register(commands: dict) -> None:
     def add(p: argparse.ArgumentParser) -> None:
         add_config_flags(p, split_flags=False)
         p.add_argument("--out", default="ppsim-demo", metavar="DIR",
-                       help="where costs, traces and configs go (default ./ppsim-demo)")
+                       help="where each demo's folder goes: DIR/<time> holds its costs, traces "
+                       "and configs, DIR/latest the newest (default ./ppsim-demo)")
         p.add_argument("--iterations", type=int, default=24, metavar="N",
                        help="real iterations per split and launch (the first is warm-up)")
         p.add_argument("--rounds", type=int, default=2, metavar="N",

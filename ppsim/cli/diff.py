@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ppsim.cli.flags import emit_json
+from ppsim.cli.flags import emit_json, outputs_apart
 from ppsim.cli.picture import render_png
 from ppsim.config.validate import output
 from ppsim.errors import UserError
@@ -75,6 +75,7 @@ def print_diff(d: dict[str, Any]) -> None:
 def cmd_diff(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise UserError("--top", f"must be at least 1, got {args.top}", "use --top 10")
+    outputs_apart(args, {"--png": args.png}, {"A.json": args.a, "B.json": args.b})
     a, b = read_trace(args.a), read_trace(args.b)
     diff = diff_traces(a, b, args.iteration)
     d = diff.to_dict(top=args.top)

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from ppsim import fileio
 from ppsim.config import validate
 from ppsim.config.overrides import MODEL_KEYS, PIPELINE_KEYS, with_overrides
 from ppsim.config.schema import SPLIT_KEYS, Config, load_config
@@ -100,3 +101,16 @@ def config_from_args(args: argparse.Namespace) -> Config:
 def emit_json(obj: Any) -> None:
     """Strict JSON: a value that is not finite is written as null, never as NaN/Infinity."""
     sys.stdout.write(json.dumps(validate.finite_json(obj), indent=2, allow_nan=False) + "\n")
+
+
+def outputs_apart(args: argparse.Namespace, outputs: dict[str, str | None],
+                  inputs: dict[str, str | None] | None = None, cfg: Config | None = None
+                  ) -> None:
+    """Refuse an output path that is an input (the config flags', `inputs`, and the files
+    `cfg` names) or another output; ppsim.fileio.refuse_overlap names both."""
+    given = {f: getattr(args, k, None) for f, k in (("--config", "config"), ("--costs", "costs"),
+                                                   ("--actions-csv", "actions_csv"))}
+    if cfg is not None:
+        given["costs_file"] = cfg.costs_file
+        given["pipeline.actions_csv"] = getattr(cfg.pipeline, "actions_csv", None)
+    fileio.refuse_overlap({**given, **(inputs or {})}, outputs)

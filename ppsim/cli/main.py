@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from ppsim import fileio
-from ppsim.cli import costs, demo, diff, plan, profile, run, schedule, simulate, tui
+from ppsim.cli import costs, demo, diff, plan, profile, run, schedule, simulate, streams, tui
 from ppsim.errors import UserError
 
 COMMAND_MODULES = (simulate, plan, run, diff, demo, tui, profile, costs, schedule)
@@ -49,22 +48,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    with streams.guarded():
+        try:
+            try:
+                code = _main(argv)
+            except SystemExit:  # argparse: --help, or a bad flag
+                sys.stdout.flush()
+                raise
+            sys.stdout.flush()  # a full disk is reported here, not at interpreter exit
+            return code
+        except streams.StreamFailed as exc:
+            streams.silence_stdout()
+            streams.say(f"ppsim: error: {exc} (write the output to a file or another stream)\n")
+            return 2
+        except BrokenPipeError:
+            # `ppsim schedule | head`: the reader left; say nothing more, as Unix tools do.
+            streams.silence_stdout()
+            return 141
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     fileio.FOLLOW_LINKS = bool(getattr(args, "force", False))
     try:
         return COMMANDS[args.command][2](args)
     except UserError as exc:
-        sys.stderr.write(f"ppsim {args.command}: error: {exc}\n")
+        streams.say(f"ppsim {args.command}: error: {exc}\n")
         return 2
     except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
+        streams.say("interrupted\n")
         return 130
-    except BrokenPipeError:
-        # `ppsim schedule | head`: the reader left; say nothing more, as Unix tools do.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 141
 
 
 if __name__ == "__main__":

@@ -168,21 +168,25 @@ def run_search(cfg: Config, axes: list[str], top_k: int, budget_s: float,
     """Plan every variant; the best result overall, and each variant's result."""
     vs = variants(cfg, axes)
     results: list[tuple[str, Planned]] = []
-    problems = []
-    for v in vs:
-        try:
-            problems.append((v, build_problem(v.cfg)))
-        except UserError:
-            if v is vs[0]:
-                raise
+    # One deadline for the whole search: each variant's set-up (its problem, schedule
+    # and bound) is spent from it, and each gets a fair share of what is left.
+    deadline = (time.perf_counter() if started is None else started) + budget_s
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                   TextColumn("{task.fields[evaluated]} splits timed"), TimeElapsedColumn(),
                   disable=not show_progress, transient=True, console=_stderr()) as bar:
-        task = bar.add_task("planning", total=len(problems), evaluated=0)
-        for v, problem in problems:
+        task = bar.add_task("planning", total=len(vs), evaluated=0)
+        for n, v in enumerate(vs):
             bar.update(task, description=f"planning {v.label}")
+            begun = time.perf_counter()
+            share = max(0.0, deadline - begun) / (len(vs) - n)
+            try:
+                problem = build_problem(v.cfg)
+            except UserError:
+                if v is vs[0]:
+                    raise
+                continue
 
             def tick(done: int, _total: int, task: Any = task) -> None:
                 bar.update(task, evaluated=done)
@@ -190,8 +194,7 @@ def run_search(cfg: Config, axes: list[str], top_k: int, budget_s: float,
             # References belong to the configured shape; variants are planned bare.
             texts = (compare_texts or []) if v is vs[0] else []
             results.append((v.label, plan_with_references(
-                problem, texts, top_k, budget_s / len(problems), tick,
-                started=started if not results else None, specs=specs)))
+                problem, texts, top_k, share, tick, started=begun, specs=specs)))
             bar.advance(task)
     fitting = [r for _, r in results if r.result.best is not None]
     best = min(fitting, key=lambda r: r.result.best.key) if fitting else results[0][1]  # type: ignore
@@ -387,6 +390,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         sys.stderr.write(f"ppsim plan: warning: {line}\n")
     if args.json:
         out = result_dict(planned, specs)
+        out["seconds"] = time.perf_counter() - started  # the whole command's wall time
         if len(per_variant) > 1:
             out["variant"] = next(label for label, r in per_variant if r is best)
             out["variants"] = [{"variant": label, "best": candidate_dict(r.best)

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from ppsim.cli.costs import hardware_profile
-from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
+from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
 from ppsim.config import validate
 from ppsim.config.model import TransformerModel
 from ppsim.config.schema import Config
@@ -78,12 +78,18 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.hardware_out:
         return hardware_profile(args)
     cfg = config_from_args(args)
+    # The config's costs_file is not read here (profile measures): writing it is a refresh.
+    outputs_apart(args, {"--out": args.out})
     fields = _transformer_fields(cfg, "profile")
     validate.count("--repeats", args.repeats, lo=1, hi=MAX_REPEATS)
     validate.count("--warmup", args.warmup, lo=0, hi=MAX_REPEATS)
     import torch
 
+    from ppsim.executor.builders import builder_spec, code_note  # loads torch
     from ppsim.executor.measure import profile  # torch loads only when measuring
+
+    if note := code_note(builder_spec(None, fields)):
+        sys.stderr.write(f"ppsim profile: note: {note}\n")
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device", "cuda requested but torch sees no GPU here",
@@ -172,6 +178,7 @@ def _print_costs(doc: dict[str, Any], title: str) -> None:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    outputs_apart(args, {"--out": args.out}, {"TRACE": args.trace}, cfg=cfg)
     trace = read_trace(args.trace)
     cal = calibrate(trace, cfg, args.estimator)
     err_before = (cal.before_ms - cal.measured_ms) / cal.measured_ms

@@ -9,9 +9,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from ppsim.cli import runchecks
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
 from ppsim.cli.schedule import print_notes
 from ppsim.config.model import TransformerModel
@@ -22,7 +26,6 @@ from ppsim.executor.launch import failure_lines
 from ppsim.executor.rundir import BYTES_PER_OP, spec_path
 from ppsim.executor.runspec import RunSpec
 from ppsim.pipeline.problem import build_problem
-from ppsim.schedules.generators import Action
 from ppsim.units import fmt_bytes
 
 HELP = "run a split for real with torch.distributed (torchrun) and record a trace"
@@ -57,7 +60,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="raise inside that op (tests failure handling)")
     r.add_argument("--model", metavar="MODULE:FUNCTION",
                    help="model builder (default: [model] builder, else the built-in GPT, "
-                   "ppsim.executor.builders.gpt:build); see README 'Your own model'")
+                   "ppsim.executor.builders.gpt:build); a builder is code: naming one, "
+                   "here or in a config, runs it (--print-launch loads none); see README "
+                   "'Your own model'")
     r.add_argument("--dp", type=int, metavar="N",
                    help="data-parallel replicas of the pipeline: world = pp x dp "
                    "(default: the model's dp, else 1)")
@@ -112,14 +117,15 @@ def validate(args: argparse.Namespace) -> Any:
                         "stage, the head on the last and no MTP layers",
                         "run a split without empty end stages or 'm' (plan and simulate "
                         "take any)")
-    _check_builder(args, fields)
+    runchecks.check_builder(args, fields)
     dp = _data_parallel(args, fields)
     if dp < 1:
         raise UserError("--dp", f"must be at least 1, got {dp}", "e.g. --dp 2")
     if dp > 1 and args.engine == "torch":
         raise UserError("--dp", "the torch peer runs one pipeline replica",
                         "use --engine ppsim with --dp, or --dp 1")
-    _check_launch(args, pp * dp)
+    runchecks.check_launch(args, pp * dp)
+    runchecks.check_world(args, pp * dp)
     if args.iterations < 1 or not 0 <= args.warmup < args.iterations:
         raise UserError("--warmup", f"{args.warmup} warm-up of {args.iterations} iterations",
                         "need iterations >= 1 and 0 <= warmup < iterations")
@@ -130,16 +136,16 @@ def validate(args: argparse.Namespace) -> Any:
         raise UserError("--lr", f"must be a positive finite number, got {args.lr}",
                         "e.g. --lr 1e-3")
     if args.inject_fault:
-        _check_fault(args.inject_fault, problem, args.iterations)
+        runchecks.check_fault(args.inject_fault, problem, args.iterations)
     if args.engine == "torch":
-        _check_peer(problem)
+        runchecks.check_peer(problem)
     if args.versus:
         _check_versus(args, problem, dp)
     if args.alongside_torch:
         if args.engine != "ppsim" or dp != 1 or args.versus:
             raise UserError("--alongside-torch", "needs the ppsim engine, one pipeline "
                             "replica and no --versus", "drop the other flag")
-        _check_peer(problem)
+        runchecks.check_peer(problem)
     return problem
 
 
@@ -179,77 +185,6 @@ def _check_versus(args: argparse.Namespace, problem: Any, dp: int) -> None:
                         "give N,N,... with one count per stage, like --split")
 
 
-def _check_launch(args: argparse.Namespace, pp: int) -> None:
-    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
-        raise UserError("--node-rank", f"{args.node_rank} is not in 0..{args.nnodes - 1}",
-                        "give each node a distinct rank below --nnodes")
-    if args.master_port is not None and not 1 <= args.master_port <= 65535:
-        raise UserError("--master-port", f"{args.master_port} is not a TCP port",
-                        "give a port in 1..65535, or leave it out for a free one")
-    if args.nproc_per_node is None:
-        args.nproc_per_node = max(1, pp // args.nnodes)
-    if args.nproc_per_node * args.nnodes != pp:
-        raise UserError("--nproc-per-node", f"{args.nproc_per_node} x {args.nnodes} node(s) = "
-                        f"{args.nproc_per_node * args.nnodes} ranks but pp x dp = {pp}",
-                        f"run pp x dp = {pp} ranks in all (one rank per pipeline stage "
-                        "and replica)")
-
-
-def _check_builder(args: argparse.Namespace, fields: dict[str, Any]) -> None:
-    """Import and call the builder here, so a bad one exits 2 before any process."""
-    from ppsim.executor.builders import (  # torch loads only when a run starts
-        builder_spec,
-        load_builder,
-    )
-
-    where = "--model" if args.model else "model.builder"
-    try:
-        load_builder(builder_spec(args.model, fields), fields, where)
-    except UserError:
-        raise
-    except Exception as exc:
-        raise UserError(where, f"building the model failed: {type(exc).__name__}: {exc}",
-                        "fix the builder or the [model] fields it reads") from None
-
-
-def _check_fault(text: str, problem: Any, iterations: int) -> None:
-    from ppsim.executor.runtime import Fault  # torch loads only when a run starts
-
-    try:
-        f = Fault.parse(text)
-    except ValueError:
-        raise UserError("--inject-fault", f"cannot read {text!r}",
-                        "write RANK:KIND:STAGE:MB[:ITER], e.g. 1:B:1:0") from None
-
-    if f.rank >= problem.split.pp or Action(f.kind, f.stage, f.microbatch) not in \
-            problem.schedule.actions[f.rank]:
-        raise UserError("--inject-fault", f"rank {f.rank} runs no {f.kind} of stage {f.stage} "
-                        f"microbatch {f.microbatch}", "pick an op from that rank's schedule")
-    if f.iteration >= iterations:
-        raise UserError("--inject-fault", f"iteration {f.iteration} never runs (iterations "
-                        f"0..{iterations - 1})", "pick an iteration below --iterations")
-
-
-def _check_peer(problem: Any) -> None:
-    from ppsim.executor.peer import PEER_SCHEDULES, peer_class  # torch loads only when a run starts
-
-    s = problem.schedule
-    if s.name not in PEER_SCHEDULES:
-        raise UserError("--engine", f"torch.distributed.pipelining peer has no {s.name!r}",
-                        "use --engine ppsim, or one of " + ", ".join(PEER_SCHEDULES))
-    if s.name == "1f1b" and s.microbatches < s.num_stages:
-        raise UserError("pipeline.microbatches", f"torch's Schedule1F1B needs at least "
-                        f"{s.num_stages} microbatches", f"set microbatches >= {s.num_stages}")
-    rounds = max(1, s.microbatches // s.pp)
-    if s.name in ("interleaved-1f1b", "interleaved-zb", "zb-h1") and s.microbatches % rounds:
-        raise UserError("pipeline.microbatches", f"torch's {peer_class(s.name, s.vpp)} needs "
-                        f"microbatches divisible by its rounds max(1, m // pp) = {rounds} "
-                        "(ppsim's engine runs this m with Megatron's microbatch groups)",
-                        f"use e.g. {s.microbatches - s.microbatches % rounds} microbatches, or "
-                        "run ppsim's order in torch's runtime: ppsim schedule --csv o.csv, then "
-                        "--actions-csv o.csv")
-
-
 def _own_files(args: argparse.Namespace) -> list[str]:
     """What this node's ranks write in the trace dir (removed again if the run fails)."""
 
@@ -272,7 +207,29 @@ def _trace_bytes(problem: Any, iterations: int) -> int:
     return ops * iterations * BYTES_PER_OP + 1_000_000
 
 
+@contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGHUP (a closed terminal, `kill`, a batch system's time limit) end
+    the run as Ctrl-C does: ranks stopped, this run's files removed, the lock released.
+    SIGKILL leaves no handler a chance (the next run clears the stale lock)."""
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    caught = (signal.SIGTERM, signal.SIGHUP)
+    old = {s: signal.signal(s, interrupt) for s in caught}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    with _signals_interrupt():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     problem = validate(args)
 
     print_notes(problem.schedule, "run")

@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Any
 
-from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
+from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
 from ppsim.config import limits
 from ppsim.errors import UserError
 from ppsim.fileio import write_text_atomic
@@ -49,7 +49,9 @@ def print_notes(schedule: Schedule, command: str) -> None:
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
-    sched = config_schedule(config_from_args(args))
+    cfg = config_from_args(args)
+    outputs_apart(args, {"--csv": args.csv}, cfg=cfg)
+    sched = config_schedule(cfg)
     print_notes(sched, "schedule")
     if args.csv:
         try:

@@ -66,14 +66,21 @@ def schedule_ops(pp: int, vpp: int, microbatches: int, split_backward: bool) -> 
     return pp * vpp * microbatches * (3 if split_backward else 2)
 
 
-def check_shape(num_layers: int | None, pp: int, vpp: int, microbatches: int) -> None:
-    """Refuse counts no command can handle, before anything is built from them."""
+def check_shape(num_layers: int | None, pp: int, vpp: int, microbatches: int,
+                mtp_layers: int = 0) -> None:
+    """Refuse counts no command can handle, before anything is built from them; MTP
+    layers are placed as layers are, so they count against MAX_LAYERS with the others."""
     for field, value, limit in (("model.num_layers", num_layers, MAX_LAYERS),
                                 ("pipeline.pp", pp, MAX_STAGES),
                                 ("pipeline.microbatches", microbatches, MAX_MICROBATCHES)):
         if isinstance(value, int) and not isinstance(value, bool) and value > limit:
             raise UserError(field, f"is {value:,}, above the limit of {limit:,}",
                             f"use at most {limit:,}")
+    if (isinstance(mtp_layers, int) and isinstance(num_layers, int) and mtp_layers > 0
+            and num_layers + mtp_layers > MAX_LAYERS):
+        raise UserError("model.mtp_layers", f"{num_layers:,} decoder + {mtp_layers:,} MTP "
+                        f"layers are above the limit of {MAX_LAYERS:,} layers",
+                        f"use at most {MAX_LAYERS - num_layers:,} MTP layers")
     if (isinstance(pp, int) and isinstance(vpp, int) and not isinstance(vpp, bool)
             and pp * vpp > MAX_STAGES):
         raise UserError("pipeline.vpp", f"pp x vpp = {pp * vpp:,} virtual stages, above the "
@@ -112,7 +119,7 @@ def check_request(cfg: Any, budget: Budget | None) -> int | None:
     the config's own checks name those).
     """
     layers, pp, vpp, m, split_bw = request_shape(cfg)
-    check_shape(layers, pp, vpp, m)
+    check_shape(layers, pp, vpp, m, getattr(cfg.model, "mtp_layers", 0))
     if budget is None or split_bw is None or not all(_count(v) for v in (pp, vpp, m)):
         return None
     return check_ops(pp, vpp, m, split_bw, budget)

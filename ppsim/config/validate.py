@@ -15,7 +15,7 @@ import os
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, BinaryIO
 
 from ppsim.config import limits
 from ppsim.costs.arch import ATTENTION, DTYPE_BYTES, NORMS, POSITIONS, RECOMPUTE
@@ -25,8 +25,14 @@ MAX_MS = 1e9
 """Any one duration or latency (11.6 days): far above real, far below overflow."""
 MAX_BYTES = 1e18
 """Any byte count (an exabyte)."""
-MAX_GBPS = 1e9
-MAX_TFLOPS = 1e9
+MIN_GBPS = 1e-3
+"""A bandwidth other than 0 (free) below 1 MB/s is a typo for one in other units."""
+MAX_GBPS = 1e5
+"""100 TB/s: above any link or memory (HBM3e is ~5 TB/s, NVLink 5 1.8 TB/s)."""
+MIN_TFLOPS = 1e-3
+"""1 GFLOP/s: below one CPU core."""
+MAX_TFLOPS = 1e5
+"""100 PFLOP/s a device: far above any accelerator (B200 is ~2.3 PFLOP/s dense bf16)."""
 MAX_SECONDS = 1e7
 """Time budgets and timeouts (116 days)."""
 MAX_INDEX = 10**9
@@ -123,22 +129,32 @@ def preset_name(where: str, value: Any) -> Any:
     return value
 
 
+def bandwidth(where: str, value: Any, zero_means: str) -> float:
+    """GB/s: 0 (what `zero_means`) or between MIN_GBPS and MAX_GBPS, both named."""
+    fix = f"give GB/s from {MIN_GBPS:g} to {MAX_GBPS:g}, or 0 {zero_means}"
+    x = number(where, value, hi=MAX_GBPS, fix=fix)
+    if 0 < x < MIN_GBPS:
+        raise UserError(where, f"{_show(value)} GB/s is below the floor of {MIN_GBPS:g} "
+                        "(1 MB/s)", fix)
+    return x
+
+
 def hardware(hw: Any) -> None:
     """Every [hardware] number finite and in range (a HardwareConfig)."""
     number("hardware.memory_bytes", hw.memory_bytes, lo=0.0, lo_open=True, hi=MAX_BYTES,
            fix="give the memory one rank may use, e.g. 80e9 (--memory-gb 80)")
     number("hardware.p2p_latency_ms", hw.p2p_latency_ms, hi=MAX_MS,
            fix="give the latency in ms, 0 for none")
-    number("hardware.p2p_bandwidth_gbps", hw.p2p_bandwidth_gbps, hi=MAX_GBPS,
-           fix="give GB/s, or 0 for free transfers")
-    number("hardware.peak_tflops", hw.peak_tflops, lo=0.0, lo_open=True, hi=MAX_TFLOPS,
-           fix="give the accelerator's dense peak, e.g. 989")
+    bandwidth("hardware.p2p_bandwidth_gbps", hw.p2p_bandwidth_gbps, "for free transfers")
+    number("hardware.peak_tflops", hw.peak_tflops, lo=MIN_TFLOPS, hi=MAX_TFLOPS,
+           fix=f"give the accelerator's dense peak in TFLOP/s, {MIN_TFLOPS:g} to "
+           f"{MAX_TFLOPS:g}, e.g. 989")
     number("hardware.efficiency", hw.efficiency, lo=0.0, lo_open=True, hi=1.0,
            fix="give the achieved fraction of peak, e.g. 0.5")
     number("hardware.attention_efficiency", getattr(hw, "attention_efficiency", 0.0), hi=1.0,
            fix="give FlashAttention's fraction of peak, or 0 to time it as a matmul")
-    number("hardware.memory_bandwidth_gbps", getattr(hw, "memory_bandwidth_gbps", 0.0),
-           hi=MAX_GBPS, fix="give GB/s, or 0 to leave memory-bound ops free")
+    bandwidth("hardware.memory_bandwidth_gbps", getattr(hw, "memory_bandwidth_gbps", 0.0),
+              "to leave memory-bound ops free")
     number("hardware.kernel_overhead_us", getattr(hw, "kernel_overhead_us", 0.0),
            hi=MAX_MS * 1e3, fix="give microseconds per kernel, or 0")
     curve = getattr(hw, "matmul_efficiency", None)
@@ -163,8 +179,7 @@ def placement(p: Any) -> None:
             number(f"placement.{name}", getattr(p, name), hi=MAX_MS, fix="give ms >= 0")
     for name in ("intra_node_bandwidth_gbps", "inter_node_bandwidth_gbps"):
         if getattr(p, name, None) is not None:
-            number(f"placement.{name}", getattr(p, name), hi=MAX_GBPS,
-                   fix="give GB/s, or 0 for free transfers")
+            bandwidth(f"placement.{name}", getattr(p, name), "for free transfers")
     if isinstance(getattr(p, "ranks_per_node", None), int):
         count("placement.ranks_per_node", p.ranks_per_node, lo=0, hi=limits.MAX_STAGES)
     devices = getattr(p, "devices", None)
@@ -258,6 +273,38 @@ def transformer(raw: dict[str, Any]) -> None:
     for key, value in raw.items():
         if key != "num_layers" and isinstance(value, int) and not isinstance(value, bool):
             count(f"model.{key}", value, lo=0, hi=_ARCH_MAX, fix="use a smaller number")
+    if isinstance(raw.get("num_layers"), int) and isinstance(raw.get("mtp_layers"), int):
+        limits.check_shape(raw["num_layers"], 1, 1, 1, raw["mtp_layers"])
+    parallel_shape(raw)
+
+
+def parallel_shape(raw: dict[str, Any]) -> None:
+    """The splits Megatron asserts (arguments.py): tp divides the attention heads and
+    the key/value groups, the groups divide the heads, ep divides the routed experts,
+    and a token is routed to no more experts than there are."""
+    def get(key: str, default: int) -> int:
+        value = raw.get(key, default)
+        return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+    tp, heads, groups = get("tp", 1), get("num_heads", 1), get("num_kv_heads", 1)
+    experts, top_k, ep = get("num_experts", 0), get("top_k", 0), get("ep", 1)
+    if heads % tp:
+        raise UserError("model.tp", f"{tp:,} does not divide num_heads = {heads:,}",
+                        "use a tensor-parallel size that divides the heads (Megatron asserts "
+                        "num_attention_heads % tp == 0)")
+    if raw.get("attention", "gqa") != "mla":
+        if heads % groups:
+            raise UserError("model.num_kv_heads", f"{groups:,} key/value heads do not divide "
+                            f"num_heads = {heads:,}", "give a divisor of num_heads")
+        if groups % tp:
+            raise UserError("model.tp", f"{tp:,} does not divide num_kv_heads = {groups:,}",
+                            "use a tensor-parallel size that divides the key/value heads")
+    if experts and top_k > experts:
+        raise UserError("model.top_k", f"routes each token to {top_k:,} experts of "
+                        f"num_experts = {experts:,}", f"use top_k <= {experts:,}")
+    if experts and experts % ep:
+        raise UserError("model.ep", f"{ep:,} does not divide num_experts = {experts:,}",
+                        "use an expert-parallel size that divides the experts")
 
 
 # ------------------------------------------------------------------ files
@@ -279,15 +326,31 @@ def readable_file(flag: str, path: str, max_bytes: int, what: str) -> None:
                         f"{max_bytes / 1e6:,.0f} MB for a {what}", f"pass a smaller {what}")
 
 
-def read_text(flag: str, path: str, max_bytes: int, what: str) -> str:
-    """A small UTF-8 text file, every failure a UserError naming flag."""
+def open_regular(flag: str, path: str, max_bytes: int, what: str) -> BinaryIO:
+    """The file opened for reading, once `readable_file` accepts it; UserError otherwise."""
     readable_file(flag, path, max_bytes, what)
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(max_bytes + 1)
+        # O_NONBLOCK: a FIFO swapped in after the check opens at once instead of blocking
+        # until a writer comes; fstat then refuses it.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise UserError(flag, f"cannot read {path!r}: {exc.strerror}", f"pass a readable {what}"
                         ) from None
+    fh = os.fdopen(fd, "rb")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        fh.close()
+        raise UserError(flag, f"{path!r} is not a regular file", f"pass a {what}")
+    return fh
+
+
+def read_text(flag: str, path: str, max_bytes: int, what: str) -> str:
+    """A small UTF-8 text file, every failure a UserError naming flag."""
+    with open_regular(flag, path, max_bytes, what) as fh:
+        try:
+            data = fh.read(max_bytes + 1)
+        except OSError as exc:
+            raise UserError(flag, f"cannot read {path!r}: {exc.strerror}",
+                            f"pass a readable {what}") from None
     if len(data) > max_bytes:  # it grew since stat
         raise UserError(flag, f"{path!r} is above the limit of {max_bytes / 1e6:,.0f} MB",
                         f"pass a smaller {what}")
@@ -299,10 +362,17 @@ def read_text(flag: str, path: str, max_bytes: int, what: str) -> str:
 
 
 def read_json(flag: str, path: str, max_bytes: int, what: str, fix: str,
-              nested_fix: str | None = None) -> Any:
+              nested_fix: str | None = None, max_containers: int | None = None) -> Any:
     """A small JSON file (read as `read_text` does); bad JSON, or JSON nested past what the
-    parser recurses through, is a UserError naming flag with `fix` (or `nested_fix`)."""
+    parser recurses through, is a UserError naming flag with `fix` (or `nested_fix`).
+    With `max_containers`, a file of more objects and arrays than that is refused before
+    it is parsed (each costs ~60 bytes parsed: 64 MB of `{}` would take 1.7 GB)."""
     text = read_text(flag, path, max_bytes, what)
+    if max_containers is not None:
+        found = text.count("{") + text.count("[")
+        if found > max_containers:
+            raise UserError(flag, f"{path} holds up to {found:,} JSON objects and arrays, "
+                            f"above the {max_containers:,} a {what} can need", fix)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

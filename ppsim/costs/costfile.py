@@ -8,6 +8,8 @@ A cost file is one JSON object:
      "device": "cpu", "torch_version": "2.x", ...           (provenance, free-form)
      "layers": [{LayerCost fields}, ...],                    one entry per decoder layer,
                                                              or one entry for every layer
+     "mtp": [{LayerCost fields}, ...],                       (optional: MTP layers, one
+                                                             entry each or one for all)
      "embedding": {LayerCost fields}, "head": {LayerCost fields},
      "p2p": {"latency_ms": x, "bandwidth_gbps": y, ...} | null,
      "conditions": {"devices": [0, 1], "processes": 2,                   (optional: what
@@ -38,6 +40,9 @@ from ppsim.costs.transformer import Architecture
 from ppsim.errors import UserError
 from ppsim.fileio import write_json_atomic
 
+MAX_CONTAINERS = 3 * limits.MAX_LAYERS + 10_000
+"""JSON objects and arrays a cost file may hold: a layer entry each (decoder and MTP
+layers, at most limits.MAX_LAYERS), and room for provenance and calibration notes."""
 FORMAT = "ppsim-costs"
 VERSION = 1
 
@@ -86,18 +91,37 @@ class CostFile:
     p2p_bandwidth_gbps: float | None
     raw: dict[str, Any]
     conditions: Conditions | None = None
+    mtp: tuple[LayerCost, ...] = ()
+    """MTP layers' costs (one entry each, or one for all); empty: the file has none."""
 
-    def model_costs(self, num_layers: int | None = None) -> ModelCosts:
-        """The costs for a model of num_layers layers (None: as many as the file lists)."""
-        layers = self.layers
-        if num_layers is not None and len(layers) != num_layers:
-            if len(layers) != 1:
-                raise UserError(f"{self.path}: layers", f"has {len(layers)} entries but "
-                                f"model.num_layers is {num_layers}",
-                                "profile this model (ppsim profile), or write one entry to "
-                                "apply to every layer")
-            layers = layers * num_layers
-        return ModelCosts(layers=tuple(layers), embedding=self.embedding, head=self.head)
+    def model_costs(self, num_layers: int | None = None, mtp_layers: int = 0) -> ModelCosts:
+        """The costs for a model of num_layers decoder layers (None: as many as the file
+        lists) followed by mtp_layers MTP layers."""
+        layers = _sized(self.path, "layers", self.layers, num_layers, "model.num_layers",
+                        "profile this model (ppsim profile), or write one entry to apply "
+                        "to every layer")
+        if not mtp_layers:
+            return ModelCosts(layers=layers, embedding=self.embedding, head=self.head)
+        if not self.mtp:
+            raise UserError(f"{self.path}: mtp", f"the file has no MTP entries but the model "
+                            f"has {mtp_layers} MTP layers", "calibrate on a trace of this "
+                            "model, or add \"mtp\": [{...}] with one entry for every MTP layer")
+        mtp = _sized(self.path, "mtp", self.mtp, mtp_layers, "model.mtp_layers",
+                     "write one entry per MTP layer, or one for all")
+        return ModelCosts(layers=layers + mtp, embedding=self.embedding, head=self.head,
+                          kinds=("layer",) * len(layers) + ("mtp",) * mtp_layers,
+                          mtp_layers=mtp_layers)
+
+
+def _sized(path: str, key: str, entries: tuple[LayerCost, ...], want: int | None,
+           field: str, fix: str) -> tuple[LayerCost, ...]:
+    """`want` entries: the file's own, or its one entry repeated."""
+    if want is None or len(entries) == want:
+        return entries
+    if len(entries) != 1:
+        raise UserError(f"{path}: {key}", f"has {len(entries)} entries but {field} is {want}",
+                        fix)
+    return entries * want
 
 
 # ------------------------------------------------------------------ writing
@@ -111,16 +135,21 @@ def cost_document(costs: ModelCosts, *, source: str, model: dict[str, Any] | Non
                   p2p: dict[str, Any] | None = None, uniform: bool | None = None,
                   **extra: Any) -> dict[str, Any]:
     """The JSON object of a cost file; `uniform` writes one layer entry (default: if all equal)."""
-    layers = list(costs.layers)
+    decoder = len(costs.layers) - costs.mtp_layers
+    layers, mtp = list(costs.layers[:decoder]), list(costs.layers[decoder:])
     if uniform is None:
         uniform = bool(layers) and all(x == layers[0] for x in layers)
     if uniform and layers:
         layers = layers[:1]
+    if mtp and all(x == mtp[0] for x in mtp):
+        mtp = mtp[:1]
     doc: dict[str, Any] = {"format": FORMAT, "version": VERSION, "source": source,
                            "model": dict(model) if model is not None else None, **extra,
                            "layers": [layer_dict(x) for x in layers],
                            "embedding": layer_dict(costs.embedding),
                            "head": layer_dict(costs.head), "p2p": p2p}
+    if mtp:
+        doc["mtp"] = [layer_dict(x) for x in mtp]
     return doc
 
 
@@ -143,8 +172,9 @@ def _number(path: str, where: str, value: Any, integer: bool) -> float | int:
             raise UserError(f"{path}: {where}", f"is a byte count, got {value!r}",
                             "write a whole number")
         return int(x)
-    hi = validate.MAX_GBPS if where.endswith("gbps") else validate.MAX_MS
-    return validate.number(f"{path}: {where}", value, hi=hi, fix=fix)
+    if where.endswith("gbps"):
+        return validate.bandwidth(f"{path}: {where}", value, "for free transfers")
+    return validate.number(f"{path}: {where}", value, hi=validate.MAX_MS, fix=fix)
 
 
 def _layer(path: str, where: str, table: Any) -> LayerCost:
@@ -191,6 +221,7 @@ def cost_file_from_dict(data: Any, path: str = "costs") -> CostFile:
         raise UserError(f"{path}: layers", f"has {len(raw_layers):,} entries, above the limit "
                         f"of {limits.MAX_LAYERS:,}", "profile a model of fewer layers")
     layers = tuple(_layer(path, f"layers[{i}]", x) for i, x in enumerate(raw_layers))
+    mtp = _mtp_entries(path, data.get("mtp"))
     emb = _layer(path, "embedding", data["embedding"])
     head = _layer(path, "head", data["head"])
     model = data.get("model")
@@ -206,7 +237,16 @@ def cost_file_from_dict(data: Any, path: str = "costs") -> CostFile:
         if "bandwidth_gbps" in p2p:
             bw = float(_number(path, "p2p.bandwidth_gbps", p2p["bandwidth_gbps"], False))
     return CostFile(path, layers, emb, head, model, lat, bw, data,
-                    _conditions(path, data.get("conditions")))
+                    _conditions(path, data.get("conditions")), mtp)
+
+
+def _mtp_entries(path: str, raw: Any) -> tuple[LayerCost, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not raw or len(raw) > limits.MAX_LAYERS:
+        raise UserError(f"{path}: mtp", f"must be a list of 1 to {limits.MAX_LAYERS:,} layer "
+                        "costs, or absent", "one entry per MTP layer, or one for every one")
+    return tuple(_layer(path, f"mtp[{i}]", x) for i, x in enumerate(raw))
 
 
 def _conditions(path: str, raw: Any) -> Conditions | None:
@@ -215,10 +255,14 @@ def _conditions(path: str, raw: Any) -> Conditions | None:
     if not isinstance(raw, dict):
         raise UserError(f"{path}: conditions", "must be an object or null", "re-run ppsim profile")
     devices = raw.get("devices")
-    if devices is not None and (not isinstance(devices, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices)):
-        raise UserError(f"{path}: conditions.devices", f"must be a list of device indices, got "
-                        f"{devices!r}", "re-run ppsim profile")
+    if devices is not None and (not isinstance(devices, list) or len(devices) > limits.MAX_STAGES
+                                or not all(type(d) is int for d in devices)):
+        raise UserError(f"{path}: conditions.devices", f"must be a list of at most "
+                        f"{limits.MAX_STAGES:,} device indices, got {devices!r}"[:200],
+                        "re-run ppsim profile")
+    for i, d in enumerate(devices or ()):
+        validate.count(f"{path}: conditions.devices[{i}]", d, lo=0, hi=limits.MAX_STAGES - 1,
+                       fix="re-run ppsim profile")
     opt = raw.get("optimizer") or {}
     if not isinstance(opt, dict):
         raise UserError(f"{path}: conditions.optimizer", "must be an object or null",
@@ -258,7 +302,8 @@ def read_cost_file(path: str) -> CostFile:
     if hit is not None and hit[0] == stamp:
         return hit[1]
     data = validate.read_json("--costs", full, validate.MAX_COSTS_BYTES, "cost file",
-                              "re-run ppsim profile or ppsim calibrate")
+                              "re-run ppsim profile or ppsim calibrate",
+                              max_containers=MAX_CONTAINERS)
     cf = cost_file_from_dict(data, path)
     _CACHE[full] = (stamp, cf)
     return cf
@@ -283,13 +328,13 @@ def check_model(cf: CostFile, model_fields: dict[str, Any]) -> None:
 
 
 def load_costs(path: str, num_layers: int | None = None,
-               model_fields: dict[str, Any] | None = None) -> ModelCosts:
-    """The ModelCosts of a cost file, sized to num_layers and checked against the model
-    (a transformer's fields; None: nothing to check, as for a uniform model)."""
+               model_fields: dict[str, Any] | None = None, mtp_layers: int = 0) -> ModelCosts:
+    """The ModelCosts of a cost file, sized to num_layers (and mtp_layers MTP layers) and
+    checked against the model (a transformer's fields; None: nothing to check)."""
     cf = read_cost_file(path)
     if model_fields is not None:
         check_model(cf, model_fields)
-    return cf.model_costs(num_layers)
+    return cf.model_costs(num_layers, mtp_layers)
 
 
 def load_conditions(path: str) -> Conditions | None:

@@ -70,7 +70,8 @@ def model_costs(cfg: Config) -> ModelCosts:
     check_shape(m.num_layers, cfg.pipeline.pp, cfg.pipeline.vpp, cfg.pipeline.microbatches)
     if cfg.costs_file:
         return load_costs(cfg.costs_file, m.num_layers,
-                          m.fields() if isinstance(m, TransformerModel) else None)
+                          m.fields() if isinstance(m, TransformerModel) else None,
+                          m.mtp_layers)
     if isinstance(m, UniformModel):
         if m.layer.weight_grad_ms > m.layer.backward_ms:
             raise UserError("model.weight_grad_ms", "exceeds backward_ms",

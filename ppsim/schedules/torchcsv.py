@@ -22,15 +22,18 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import re
 
 from ppsim.config.limits import check_shape
+from ppsim.config.validate import read_text as read_small_text
 from ppsim.errors import UserError
 from ppsim.schedules.actions import Action, B, CellMarks, Schedule, W, stage_rank, validate
 
 MAX_CSV_BYTES = 64 * 2**20
 """A torch CSV of pp 256 x 4096 microbatches is ~40 MB; beyond this, refuse unread."""
+MAX_CSV_CELLS = 4_000_000
+"""Cells (commas and rows) read at most: ~5 s and ~620 MB to parse on a 2-core machine
+(~1.3 us and ~150 B a cell), as many ops as `ppsim plan` times (limits.PLAN)."""
 FIELD = "pipeline.actions_csv"
 COMMS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 SHARDING = ("UNSHARD", "RESHARD", "REDUCE_GRAD")
@@ -195,25 +198,15 @@ def parse_actions_csv(text: str, pp: int | None = None, vpp: int | None = None,
 
 
 def read_text(path: str, field: str = FIELD) -> str:
-    """A small UTF-8 text file's contents; any problem is a one-line UserError."""
-    try:
-        size = os.stat(path).st_size
-        if size > MAX_CSV_BYTES:
-            raise UserError(field, f"{path} is {size:,} bytes, above the limit of "
-                            f"{MAX_CSV_BYTES:,}", "pass a schedule CSV, one row per rank")
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_CSV_BYTES + 1)
-    except OSError as exc:
-        raise UserError(field, f"cannot read {path}: {exc.strerror}",
-                        "pass an existing CSV file") from None
-    if len(data) > MAX_CSV_BYTES:
-        raise UserError(field, f"{path} is above the limit of {MAX_CSV_BYTES:,} bytes",
-                        "pass a schedule CSV, one row per rank")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise UserError(field, f"{path} is not UTF-8 text (byte {exc.start})",
-                        "pass the CSV torch's _dump_csv wrote") from None
+    """A small UTF-8 text file's contents; any problem is a one-line UserError. A FIFO or
+    device is refused unread (it could block forever), and so is a file of more cells
+    than MAX_CSV_CELLS, counted before any is parsed."""
+    text = read_small_text(field, path, MAX_CSV_BYTES, "schedule CSV (one row per rank)")
+    cells = text.count(",") + text.count("\n") + 1
+    if cells > MAX_CSV_CELLS:
+        raise UserError(field, f"{path} has up to {cells:,} cells, above the limit of "
+                        f"{MAX_CSV_CELLS:,}", "pass a schedule of fewer ranks or microbatches")
+    return text.removeprefix("\ufeff")
 
 
 def load_actions_csv(path: str, pp: int | None = None, vpp: int | None = None,

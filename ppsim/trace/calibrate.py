@@ -7,7 +7,6 @@ trace itself, so any schedule works.
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass, replace
 
@@ -49,25 +48,33 @@ def steady_iterations(trace: Trace) -> list[int]:
     return [i for i in its if i >= warm] or its[-1:]
 
 
-def _iteration_ops(trace: Trace, it: int) -> list[TraceOp]:
-    return [op for op in trace.ops if op.iteration == it]
+def by_iteration(trace: Trace) -> dict[int, list[TraceOp]]:
+    """The trace's ops grouped by iteration, in one pass (each iteration is looked up,
+    never found by scanning every op: that made calibrate quadratic in iterations)."""
+    out: dict[int, list[TraceOp]] = {}
+    for op in trace.ops:
+        out.setdefault(op.iteration, []).append(op)
+    return out
 
 
-def measured_iteration_ms(trace: Trace, its: list[int]) -> float:
+def measured_iteration_ms(trace: Trace, its: list[int],
+                          grouped: dict[int, list[TraceOp]] | None = None) -> float:
     """Mean compute span (first op start to last op end) of the given iterations: the
     simulator's iteration, which has no optimizer step (ppsim diff measures the same)."""
+    grouped = by_iteration(trace) if grouped is None else grouped
     spans = []
     for it in its:
-        ops = _iteration_ops(trace, it)
+        ops = grouped[it]
         spans.append((max(o.end_us for o in ops) - min(o.start_us for o in ops)) / 1e3)
     return statistics.fmean(spans)
 
 
-def schedule_from_trace(trace: Trace, it: int) -> Schedule:
+def schedule_from_trace(trace: Trace, it: int,
+                        grouped: dict[int, list[TraceOp]] | None = None) -> Schedule:
     """The action lists the trace ran (one iteration's ops per rank, by start time), so
     calibration times exactly what was executed, whatever schedule produced it."""
     info = trace.info
-    ops = _iteration_ops(trace, it)
+    ops = (by_iteration(trace) if grouped is None else grouped)[it]
     pp = int(info.get("pp", 1 + max(o.rank for o in ops)))
     vpp = int(info.get("vpp", 1))
     m = int(info.get("microbatches", 1 + max(o.microbatch for o in ops)))
@@ -158,8 +165,9 @@ def _remote_source(o: TraceOp, by_key: dict[tuple[str, int, int], TraceOp],
     return src if src is not None and src.rank != o.rank else None
 
 
-def op_timings(trace: Trace, its: list[int], schedule: Schedule) -> tuple[list[OpTiming],
-                                                                          list[float]]:
+def op_timings(trace: Trace, its: list[int], schedule: Schedule,
+               grouped: dict[int, list[TraceOp]] | None = None
+               ) -> tuple[list[OpTiming], list[float]]:
     """Effective op durations, and the P2P delays seen, over the given iterations.
 
     The simulator starts an op the moment its rank is free and its input has
@@ -171,15 +179,15 @@ def op_timings(trace: Trace, its: list[int], schedule: Schedule) -> tuple[list[O
     `sender end + d - previous end` of the other gaps before remote inputs.
     """
     n = schedule.num_stages
+    grouped = by_iteration(trace) if grouped is None else grouped
     chains = []  # (op, previous op on its rank, remote source)
     for it in its:
-        ops = _iteration_ops(trace, it)
+        ops = grouped[it]
         by_key = {(o.kind, o.stage, o.microbatch): o for o in ops}
-        for r in range(schedule.pp):
-            prev: TraceOp | None = None
-            for o in sorted((o for o in ops if o.rank == r), key=lambda o: o.start_us):
-                chains.append((o, prev, _remote_source(o, by_key, n)))
-                prev = o
+        prev: dict[int, TraceOp] = {}
+        for o in sorted(ops, key=lambda o: (o.rank, o.start_us)):
+            chains.append((o, prev.get(o.rank), _remote_source(o, by_key, n)))
+            prev[o.rank] = o
     delays = [max(0.0, (o.start_us - src.end_us) / 1e3) for o, prev, src in chains
               if src is not None and (prev is None or src.end_us > prev.end_us)]
     d_us = statistics.median(delays) * 1e3 if delays else 0.0
@@ -235,7 +243,8 @@ def calibrate(trace: Trace, cfg: Config, how: str = "mean") -> Calibration:
         raise UserError("--estimator", f"unknown estimator {how!r}",
                         "use one of " + ", ".join(ESTIMATORS))
     its = steady_iterations(trace)
-    if measured_iteration_ms(trace, its) <= 0:
+    grouped = by_iteration(trace)
+    if measured_iteration_ms(trace, its, grouped) <= 0:
         raise UserError("trace", f"{trace.path}: every op of iteration(s) {its} takes 0 ms, "
                         "so there is nothing to fit", "pass a trace of a real run")
     info = trace.info
@@ -243,10 +252,11 @@ def calibrate(trace: Trace, cfg: Config, how: str = "mean") -> Calibration:
         raise UserError("trace", f"{trace.path} records no split (otherData.split)",
                         "pass a trace written by ppsim run or ppsim simulate --trace")
     base = model_costs(cfg)
-    schedule = schedule_from_trace(trace, its[-1])
+    schedule = schedule_from_trace(trace, its[-1], grouped)
     try:
         split = split_from_counts([int(x) for x in info["split"]], schedule.pp, schedule.vpp,
-                                  base.num_layers, schedule.placement)  # type: ignore[arg-type]
+                                  base.num_layers, schedule.placement,  # type: ignore[arg-type]
+                                  base.mtp_layers)
     except (UserError, TypeError, ValueError) as exc:
         raise UserError("--config", f"the trace's split {info['split']} does not fit the "
                         f"configured model ({getattr(exc, 'problem', exc)})",
@@ -254,7 +264,7 @@ def calibrate(trace: Trace, cfg: Config, how: str = "mean") -> Calibration:
     hw = hardware(cfg)
     before = Problem(base, split, schedule, hw)
     predicted = _predicted_ms(base, before)
-    timings, delays = op_timings(trace, its, schedule)
+    timings, delays = op_timings(trace, its, schedule, grouped)
     factors, head = fit_factors(timings, predicted, base, schedule, how)
     # Without W ops the weight-grad share is part of B and moves with it.
     kf, kb = factors["F"] or 1.0, factors["B"] or 1.0
@@ -263,7 +273,8 @@ def calibrate(trace: Trace, cfg: Config, how: str = "mean") -> Calibration:
     hw_ = head["W"] if head["W"] is not None else (kw if factors["W"] is not None else hb)
     costs = ModelCosts(layers=tuple(_scale(c, kf, kb, kw) for c in base.layers),
                        embedding=_scale(base.embedding, kf, kb, kw),
-                       head=_scale(base.head, hf, hb, hw_))
+                       head=_scale(base.head, hf, hb, hw_), kinds=base.kinds,
+                       mtp_layers=base.mtp_layers)
     delay = statistics.median(delays) if delays else None
     new_hw = hw
     if delay is not None:
@@ -278,34 +289,11 @@ def calibrate(trace: Trace, cfg: Config, how: str = "mean") -> Calibration:
             new_hw = replace(hw, p2p_latency_ms=0.0,
                              p2p_bandwidth_gbps=nbytes / delay / 1e6 if delay > 0 else 0.0)
     after = Problem(costs, split, schedule, new_hw)
-    opt = _optimizer_ms(trace, its)
+    opt = [trace.optimizer_ms[it] for it in its if it in trace.optimizer_ms]
     return Calibration(
         costs=costs, hardware=new_hw, factors=factors, head_factors=head,
         samples={k: sum(t.op.kind == k for t in timings) for k in "FBW"}, p2p_delay_ms=delay,
-        p2p_samples=len(delays), measured_ms=measured_iteration_ms(trace, its),
+        p2p_samples=len(delays), measured_ms=measured_iteration_ms(trace, its, grouped),
         before_ms=simulate(before).summary.iteration_time_ms,
         after_ms=simulate(after).summary.iteration_time_ms, iterations=its,
         optimizer_ms=statistics.fmean(opt) if opt else None, estimator=how)
-
-
-def _optimizer_ms(trace: Trace, its: list[int]) -> list[float]:
-    """Optimizer step times (the simulator does not model them; reported for context)."""
-    import json
-
-    try:
-        with open(trace.path, encoding="utf-8") as fh:
-            events = json.load(fh).get("traceEvents", [])
-    except (OSError, ValueError, AttributeError, RecursionError):
-        return []
-    per: dict[int, float] = {}
-    for ev in events if isinstance(events, list) else []:
-        if isinstance(ev, dict) and ev.get("cat") == "optimizer" and ev.get("ph") == "X":
-            args, dur = ev.get("args", {}), ev.get("dur", 0.0)
-            # Context only: an optimizer event we cannot read is skipped, not fatal.
-            if not isinstance(args, dict) or not isinstance(dur, (int, float)) \
-                    or not math.isfinite(dur) or dur < 0:
-                continue
-            it = args.get("iteration", -1)
-            if isinstance(it, int) and it in its:
-                per[it] = max(per.get(it, 0.0), float(dur) / 1e3)
-    return list(per.values())

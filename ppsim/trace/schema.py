@@ -12,12 +12,13 @@ F/B/W (`Trace.step_ops`). `otherData` carries the run's shape
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ppsim.config import limits, validate
 from ppsim.errors import UserError
 from ppsim.fileio import write_json_atomic
+from ppsim.trace import stream
 
 COMPUTE_TID, TRANSFER_TID = 0, 1
 STEP_KINDS = ("R", "S")
@@ -104,7 +105,7 @@ def write_trace(path: str, trace: dict, flag: str = "--trace") -> None:
 # ------------------------------------------------------------------ reading
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TraceOp:
     rank: int
     kind: str
@@ -133,6 +134,9 @@ class Trace:
     """Per rank: (ts_us, total bytes) counter samples."""
     step_ops: tuple[TraceOp, ...] = ()
     """R / S ops (gradient reduce, optimizer step), kept out of `ops`."""
+    optimizer_ms: dict[int, float] = field(default_factory=dict)
+    """Per iteration, the longest "optimizer" event of any rank (ms): context for
+    calibrate; an event we cannot read is skipped."""
 
     @property
     def iterations(self) -> list[int]:
@@ -140,11 +144,20 @@ class Trace:
 
 
 def read_trace(path: str) -> Trace:
-    """Parse and check a trace; a malformed one is a UserError naming what is wrong."""
-    data = validate.read_json("trace", path, validate.MAX_TRACE_BYTES, "Chrome trace (JSON)",
-                              "re-record or re-export the trace",
-                              "pass a trace written by ppsim simulate --trace or ppsim run")
-    return trace_from_json(data, path)
+    """Parse and check a trace, one event at a time (ppsim.trace.stream); a malformed one
+    is a UserError naming what is wrong."""
+    found = _Collector(path)
+    with validate.open_regular("trace", path, validate.MAX_TRACE_BYTES,
+                               "Chrome trace (JSON)") as fh:
+        try:
+            fields = stream.scan(fh, path, found.add, "re-record or re-export the trace",
+                                 validate.MAX_TRACE_BYTES)
+        except OSError as exc:
+            raise UserError("trace", f"cannot read {path!r}: {exc.strerror}",
+                            "pass a readable trace") from None
+    if fields is not None and fields.get("traceEvents") is not True:
+        raise _no_events(path)
+    return found.trace({} if fields is None else fields.get("otherData", {}))
 
 
 # What otherData may say, and the range of each (pp etc. are checked again by diff).
@@ -171,6 +184,17 @@ def _check_info(info: Any, path: str) -> dict[str, Any]:
     if info.get("placement") not in (None, "loop", "v"):
         raise UserError(f"{path}: otherData.placement", f"unknown placement "
                         f"{info['placement']!r}"[:200], "use \"loop\" or \"v\"")
+    if info.get("iteration_boundary_ms") is not None:
+        out["iteration_boundary_ms"] = validate.duration_ms(
+            f"{path}: otherData.iteration_boundary_ms", info["iteration_boundary_ms"])
+    wholes = info.get("whole_iteration_ms")
+    if wholes is not None:
+        if not isinstance(wholes, list) or len(wholes) > validate.MAX_INDEX:
+            raise UserError(f"{path}: otherData.whole_iteration_ms", "must be a list of ms "
+                            "(null where unknown)", "re-record the trace")
+        for i, w in enumerate(wholes):
+            if w is not None:
+                validate.duration_ms(f"{path}: otherData.whole_iteration_ms[{i}]", w)
     split = info.get("split")
     if split is not None:
         if not isinstance(split, list) or len(split) > limits.MAX_STAGES:
@@ -249,24 +273,61 @@ def _memory_sample(ev: dict, n: int, path: str) -> tuple[int, float, int]:
     return rank, ts, total
 
 
+class _Collector:
+    """Keeps what a trace's events say (compute ops, step ops, memory), one event at a
+    time, so a streamed trace never holds its events as dicts."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.ops: list[TraceOp] = []
+        self.step_ops: list[TraceOp] = []
+        self.memory: dict[int, list[tuple[float, int]]] = {}
+        self.optimizer_ms: dict[int, float] = {}
+
+    def add(self, n: int, ev: Any) -> None:
+        if not isinstance(ev, dict):
+            raise UserError("trace", f"{self.path}: event {n} is not an object",
+                            "fix or re-record")
+        if ev.get("ph") == "X" and ev.get("cat") == "compute":
+            op = _compute_op(ev, n, self.path)
+            (self.step_ops if op.kind in STEP_KINDS else self.ops).append(op)
+        elif ev.get("ph") == "C" and ev.get("name") == "memory":
+            rank, ts, total = _memory_sample(ev, n, self.path)
+            self.memory.setdefault(rank, []).append((ts, total))
+        elif ev.get("ph") == "X" and ev.get("cat") == "optimizer":
+            self._optimizer(ev)
+
+    def _optimizer(self, ev: dict) -> None:
+        args, dur = ev.get("args", {}), ev.get("dur", 0.0)
+        if not isinstance(args, dict) or type(dur) not in (int, float) \
+                or not 0 <= dur <= _MAX_DUR_US:
+            return
+        it = args.get("iteration", -1)
+        if type(it) is int and 0 <= it <= validate.MAX_INDEX:
+            self.optimizer_ms[it] = max(self.optimizer_ms.get(it, 0.0), dur / 1e3)
+
+    def trace(self, info: Any) -> Trace:
+        checked = _check_info(info, self.path)
+        if not self.ops:
+            raise UserError("trace", f"{self.path} holds no compute events",
+                            "pass a trace written by ppsim simulate --trace or ppsim run")
+        return Trace(self.path, checked, tuple(self.ops), self.memory, tuple(self.step_ops),
+                     self.optimizer_ms)
+
+
+def _no_events(path: str) -> UserError:
+    return UserError("trace", f"{path} has no traceEvents list",
+                     "pass a Chrome trace written by ppsim simulate --trace or ppsim run")
+
+
 def trace_from_json(data: Any, path: str = "trace") -> Trace:
+    """A Trace of an already parsed document (as `read_trace` makes of a file)."""
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
-        raise UserError("trace", f"{path} has no traceEvents list",
-                        "pass a Chrome trace written by ppsim simulate --trace or ppsim run")
-    info = _check_info(data.get("otherData", {}) if isinstance(data, dict) else {}, path)
-    ops, step_ops = [], []
-    memory: dict[int, list[tuple[float, int]]] = {}
+        raise _no_events(path)
+    info = data.get("otherData", {}) if isinstance(data, dict) else {}
+    _check_info(info, path)
+    found = _Collector(path)
     for n, ev in enumerate(events):
-        if not isinstance(ev, dict):
-            raise UserError("trace", f"{path}: event {n} is not an object", "fix or re-record")
-        if ev.get("ph") == "X" and ev.get("cat") == "compute":
-            op = _compute_op(ev, n, path)
-            (step_ops if op.kind in STEP_KINDS else ops).append(op)
-        elif ev.get("ph") == "C" and ev.get("name") == "memory":
-            rank, ts, total = _memory_sample(ev, n, path)
-            memory.setdefault(rank, []).append((ts, total))
-    if not ops:
-        raise UserError("trace", f"{path} holds no compute events",
-                        "pass a trace written by ppsim simulate --trace or ppsim run")
-    return Trace(path, info, tuple(ops), memory, tuple(step_ops))
+        found.add(n, ev)
+    return found.trace(info)

@@ -168,6 +168,9 @@ OTHERS = {
     "fault": Spec(argv=[*SMALL, "--inject-fault", "1:B:1:2"], recorded=False, in_tmp=True),
     "sigkill": Spec(argv=[*SMALL, "--trace-dir", "{tmp}/out", "--inject-fault", "1:B:1:2:1",
                           "--fault-mode", "kill"], recorded=False),
+    # rank 1's LM head sleeps in iteration 1: rank 0 times out waiting, rank 1 is blamed
+    "stall": Spec(argv=["--model", "tests/model_sleepy.py:build", "--microbatches", "4",
+                        "--iterations", "3", "--timeout-s", "10"], recorded=False),
 }
 
 SPECS: dict[str, Spec] = {**EXECUTOR, **SCHEDULES, **OTHERS}

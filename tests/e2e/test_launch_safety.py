@@ -220,6 +220,18 @@ def test_a_sigkilled_rank_is_named_not_the_survivor(launches: Pool) -> None:
 
 
 @pytest.mark.e2e
+def test_a_timeout_blames_the_stalled_rank_not_the_waiting_one(launches: Pool) -> None:
+    res = launches.get("stall")  # rank 1's head sleeps; rank 0 times out waiting for it
+    lines = res.stderr.strip().splitlines()
+    errors = [ln for ln in lines if ln.startswith("ppsim run: error: ")]
+    assert res.returncode != 0 and len(errors) == 1, res.stderr
+    assert errors[0].startswith("ppsim run: error: rank 1 failed: it made no progress"), \
+        res.stderr
+    assert "still in F" in errors[0] and "rank 0 timed out waiting for it" in errors[0]
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.e2e
 def test_an_injected_fault_blames_one_rank_and_keeps_earlier_results(launches: Pool) -> None:
     res = launches.get("fault")  # test_executor's injected-fault run too
     old = res.tmp / "ppsim-run" / "20000101-000000"

@@ -1,4 +1,4 @@
-"""Fuzz the command line and the config loader with hostile input (issue 15).
+"""Fuzz the command line and the config loader with hostile input (issues 15 and 27).
 
 Every case must end in exit 0, 2 or 3 with no traceback, one line of error for
 exit 2, strict JSON for --json, within 30 s. Cases are generated from a fixed
@@ -219,6 +219,63 @@ def test_cli_fuzz_as_processes(cases, tmp_path):
         check_outcome(argv, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - t0)
     peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     assert peak_kib < 2 * 1024 * 1024, f"a child peaked at {peak_kib / 1024:.0f} MiB"
+
+
+OUTPUT_FLAGS = {"simulate": ["--trace", "--png"], "diff": ["--png"], "calibrate": ["--out"]}
+
+
+def _inputs(argv: list[str], files: dict[str, list[str]]) -> list[str]:
+    """The existing regular files a command line reads (config, costs, traces)."""
+    given = {*files["config"], *files["costs"], *files["trace"]}
+    return [a for a in argv if a in given and os.path.isfile(a)]
+
+
+def test_cli_fuzz_outputs_never_replace_inputs(cases, files, capsys, monkeypatch, tmp_path):
+    """Issue 27: each case with an input file, its output pointed at that input (or at a
+    link to it): refused, or failed earlier, and the input's bytes untouched."""
+    monkeypatch.chdir(tmp_path)
+    rng = random.Random(SEED)
+    tried = 0
+    for argv in cases:
+        inputs = _inputs(argv, files)
+        if argv[0] not in OUTPUT_FLAGS or not inputs:
+            continue
+        target = rng.choice(inputs)
+        if rng.random() < 0.3:  # the same file by another name
+            target = os.path.join(os.path.dirname(target), ".", os.path.basename(target))
+        before = {p: Path(p).read_bytes() for p in inputs}
+        hostile = [*argv, rng.choice(OUTPUT_FLAGS[argv[0]]), target]
+        t0 = time.monotonic()
+        try:
+            code = main(hostile)
+        except SystemExit as exc:
+            code = exc.code
+        out, err = capsys.readouterr()
+        check_outcome(hostile, code, out, err, time.monotonic() - t0)
+        assert code != 0, f"{hostile!r} wrote over an input"
+        assert {p: Path(p).read_bytes() for p in inputs} == before, hostile
+        tried += 1
+    assert tried >= 20
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_cli_fuzz_with_a_failing_stdout(cases, tmp_path):
+    """Issue 27: standard output full (/dev/full) or closed: one line, exit 0, 2 or 3."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    good = [["simulate", "--json"], ["costs"], ["schedule"], ["plan", "--time-budget", "1"]]
+    picked = good + [c for c in cases if c[0] in ("simulate", "costs", "plan")][:: 20][:4]
+    for n, argv in enumerate(picked):
+        cmd = [sys.executable, "-P", "-m", "ppsim.cli", *argv]
+        if n % 2:  # closed, as `>&-` leaves it
+            cmd = ["sh", "-c", 'exec "$@" >&-', "sh", *cmd]
+        with open("/dev/full", "w") as full:
+            t0 = time.monotonic()
+            proc = subprocess.run(cmd, cwd=tmp_path, stdout=full, stderr=subprocess.PIPE,
+                                  text=True, timeout=CASE_SECONDS, env=env)
+        check_outcome([a for a in argv if a != "--json"], proc.returncode, "", proc.stderr,
+                      time.monotonic() - t0)
+        if argv in good:  # each prints: the failure is the stream's, said in one line
+            assert proc.returncode == 2 and "standard output" in proc.stderr, proc.stderr
 
 
 # ------------------------------------------------------------------ config fuzz

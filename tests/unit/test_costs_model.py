@@ -133,9 +133,9 @@ def test_costs_json_lists_each_kind_once(capsys):
     doc = json.loads(capsys.readouterr().out)
     a = arch("deepseek-v3")
     c = transformer_costs(a, H200)
-    kinds = {x["kind"]: x for x in doc["layers"]}
+    kinds = {x["kind"]: x for x in doc["groups"]}
     assert set(kinds) == {"dense", "moe", "mtp"}
-    assert sorted(i for x in doc["layers"] for i in x["layers"]) == list(range(c.num_layers))
+    assert sorted(i for x in doc["groups"] for i in x["layers"]) == list(range(c.num_layers))
     assert kinds["dense"]["layers"] == [0, 1, 2] and kinds["mtp"]["layers"] == [61]
     assert kinds["moe"]["forward_ms"] == pytest.approx(c.layers[3].forward_ms)
     assert doc["head"]["backward_ms"] == pytest.approx(c.head.backward_ms)
@@ -153,7 +153,7 @@ def test_costs_reads_a_cost_file(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["source"].startswith("cost file")
     assert doc["layers"][0]["forward_ms"] == pytest.approx(measured.layers[0].forward_ms)
-    assert doc["layers"][0]["layers"] == list(range(24))
+    assert doc["groups"][0]["layers"] == list(range(24))
     assert doc["head"]["activation_bytes"] == measured.head.activation_bytes
     assert main(["costs", "--preset", "gpt3-1.3b", "--tp", "1", "--costs", path]) == 0
     assert "head" in capsys.readouterr().out

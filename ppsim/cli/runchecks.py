@@ -1,0 +1,120 @@
+"""What `ppsim run` checks before any process starts: the launch's shape, the world
+against this host, the builder, an injected fault, the torch peer's schedule."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from ppsim.errors import UserError
+from ppsim.schedules.generators import Action
+
+
+def check_launch(args: argparse.Namespace, pp: int) -> None:
+    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
+        raise UserError("--node-rank", f"{args.node_rank} is not in 0..{args.nnodes - 1}",
+                        "give each node a distinct rank below --nnodes")
+    if args.master_port is not None and not 1 <= args.master_port <= 65535:
+        raise UserError("--master-port", f"{args.master_port} is not a TCP port",
+                        "give a port in 1..65535, or leave it out for a free one")
+    if args.nproc_per_node is None:
+        args.nproc_per_node = max(1, pp // args.nnodes)
+    if args.nproc_per_node * args.nnodes != pp:
+        raise UserError("--nproc-per-node", f"{args.nproc_per_node} x {args.nnodes} node(s) = "
+                        f"{args.nproc_per_node * args.nnodes} ranks but pp x dp = {pp}",
+                        f"run pp x dp = {pp} ranks in all (one rank per pipeline stage "
+                        "and replica)")
+
+
+RANKS_PER_DEVICE = 8
+"""Ranks one CPU core (or GPU) may carry before a run on one node is refused: tests run
+4 ranks on 2 cores; 2,000 ranks on 2 cores would only thrash, or exhaust memory."""
+
+
+def host_devices(device: str) -> int:
+    if device == "cuda":
+        import torch  # only for --device cuda
+
+        return max(1, torch.cuda.device_count())
+    return os.cpu_count() or 1
+
+
+def check_world(args: argparse.Namespace, world: int) -> None:
+    """A world far beyond this host's devices: a warning for a printed launch (it may run
+    on other hosts), refused for a run here on one node."""
+    devices = host_devices(args.device)
+    if world <= RANKS_PER_DEVICE * devices:
+        return
+    what = f"pp x dp = {world:,} ranks, more than {RANKS_PER_DEVICE} per {args.device} " \
+           f"device of this host ({devices:,})"
+    if args.print_launch or args.nnodes > 1:
+        sys.stderr.write(f"ppsim run: warning: {what}; run it on nodes that have them\n")
+        return
+    raise UserError("--dp", what, "use a smaller --dp or pp, or launch on several nodes "
+                    "(--nnodes, --print-launch)")
+
+
+def check_builder(args: argparse.Namespace, fields: dict[str, Any]) -> None:
+    """Import and call the builder here, so a bad one exits 2 before any process; with
+    --print-launch (which runs nothing) only the spec's form is checked, no code loads."""
+    from ppsim.executor.builders import (  # torch loads only when a run starts
+        builder_spec,
+        code_note,
+        load_builder,
+        split_spec,
+    )
+
+    where = "--model" if args.model else "model.builder"
+    spec = builder_spec(args.model, fields)
+    split_spec(spec, where)
+    if args.print_launch:
+        return
+    if note := code_note(spec):
+        sys.stderr.write(f"ppsim run: note: {note}\n")
+    try:
+        load_builder(spec, fields, where)
+    except UserError:
+        raise
+    except Exception as exc:
+        raise UserError(where, f"building the model failed: {type(exc).__name__}: {exc}",
+                        "fix the builder or the [model] fields it reads") from None
+
+
+def check_fault(text: str, problem: Any, iterations: int) -> None:
+    from ppsim.executor.runtime import Fault  # torch loads only when a run starts
+
+    try:
+        f = Fault.parse(text)
+    except ValueError:
+        raise UserError("--inject-fault", f"cannot read {text!r}",
+                        "write RANK:KIND:STAGE:MB[:ITER], e.g. 1:B:1:0") from None
+
+    if f.rank >= problem.split.pp or Action(f.kind, f.stage, f.microbatch) not in \
+            problem.schedule.actions[f.rank]:
+        raise UserError("--inject-fault", f"rank {f.rank} runs no {f.kind} of stage {f.stage} "
+                        f"microbatch {f.microbatch}", "pick an op from that rank's schedule")
+    if f.iteration >= iterations:
+        raise UserError("--inject-fault", f"iteration {f.iteration} never runs (iterations "
+                        f"0..{iterations - 1})", "pick an iteration below --iterations")
+
+
+def check_peer(problem: Any) -> None:
+    from ppsim.executor.peer import PEER_SCHEDULES, peer_class  # torch loads only when a run starts
+
+    s = problem.schedule
+    if s.name not in PEER_SCHEDULES:
+        raise UserError("--engine", f"torch.distributed.pipelining peer has no {s.name!r}",
+                        "use --engine ppsim, or one of " + ", ".join(PEER_SCHEDULES))
+    if s.name == "1f1b" and s.microbatches < s.num_stages:
+        raise UserError("pipeline.microbatches", f"torch's Schedule1F1B needs at least "
+                        f"{s.num_stages} microbatches", f"set microbatches >= {s.num_stages}")
+    rounds = max(1, s.microbatches // s.pp)
+    if s.name in ("interleaved-1f1b", "interleaved-zb", "zb-h1") and s.microbatches % rounds:
+        raise UserError("pipeline.microbatches", f"torch's {peer_class(s.name, s.vpp)} needs "
+                        f"microbatches divisible by its rounds max(1, m // pp) = {rounds} "
+                        "(ppsim's engine runs this m with Megatron's microbatch groups)",
+                        f"use e.g. {s.microbatches - s.microbatches % rounds} microbatches, or "
+                        "run ppsim's order in torch's runtime: ppsim schedule --csv o.csv, then "
+                        "--actions-csv o.csv")
