@@ -19,6 +19,7 @@ from ppsim.config.schema import Config
 from ppsim.errors import UserError
 from ppsim.pipeline.exports import split_exports
 from ppsim.pipeline.problem import build_problem, model_costs, placement_warning, resolve_split
+from ppsim.policy.report import policy_json
 from ppsim.schedules.generators import schedule_placement
 from ppsim.sim.engines import simulator
 from ppsim.trace.schema import simulation_trace, write_trace
@@ -150,7 +151,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         emit_json({"schedule": problem.schedule.name, "pp": problem.split.pp,
                    "vpp": problem.split.vpp, "microbatches": problem.schedule.microbatches,
                    "split": list(problem.split.counts),
-                   "memory_limit_bytes": problem.hardware.memory_bytes, **summary_dict(s)})
+                   "memory_limit_bytes": problem.hardware.memory_bytes, **summary_dict(s),
+                   **policy_json(problem)})
         return 0
     _print_simulation(sim)
     if args.trace:

@@ -1,0 +1,179 @@
+"""A virtual stage's costs under a memory policy, from the per-module op lists.
+
+Layers a stage recomputes whole (its first N) cost what the "full" mode costs;
+the others cost their recompute modules' variant (ppsim.costs.modules: the
+tensors they drop, the forward ops they repeat inside B). Offload moves
+`offload_fraction` of the offload modules' tensors to host memory over the host
+link, on a copy stream beside compute: the device holds what stays, plus two
+microbatches' offloaded tensors in flight (one copied out after its forward, one
+copied back before its backward). A copy out overlaps the op after the forward (a
+backward in the steady state), a copy back the op before the backward (a
+forward): whatever a copy takes beyond that op stalls the stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ppsim.costs.arch import Architecture
+from ppsim.costs.model import ModelCosts, StageCost, stage_cost
+from ppsim.costs.modules import module_effect
+from ppsim.costs.transformer import Accelerator, layer_kinds, transformer_costs
+from ppsim.policy.model import StagePolicy
+
+COPY_BUFFERS = 2
+"""Microbatches whose offloaded tensors are on the device at once (out and back)."""
+
+
+@dataclass(kw_only=True)
+class PolicyCosts:
+    """Per-layer costs of one model under any policy, computed once per module set."""
+
+    arch: Architecture
+    """The model (its global recompute mode is ignored: the policy says)."""
+    acc: Accelerator
+    """The device the ops run on."""
+    host_link_gbps: float = 0.0
+    """Host link bandwidth each way (GB/s); 0: copies are free."""
+    _variants: dict[tuple[str, ...], ModelCosts] = field(default_factory=dict)
+    _offload: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[int, ...]] = field(
+        default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.full = transformer_costs(self.arch, self.acc, recompute=(), full=True)
+        self.base = self.layers_under(())
+        kinds = layer_kinds(self.arch)
+        self.kinds = kinds + (kinds[-1] if kinds else "dense",) * self.arch.mtp_layers
+
+    def layers_under(self, modules: tuple[str, ...]) -> ModelCosts:
+        """Every layer recomputing `modules` (no block recompute, no offload)."""
+        hit = self._variants.get(modules)
+        if hit is None:
+            hit = self._variants[modules] = transformer_costs(self.arch, self.acc,
+                                                              recompute=modules, full=False)
+        return hit
+
+    def offloaded(self, modules: tuple[str, ...], offload: tuple[str, ...]) -> tuple[int, ...]:
+        """Per layer, the bytes the offload modules move at fraction 1."""
+        key = (modules, offload)
+        hit = self._offload.get(key)
+        if hit is None:
+            by_kind = {k: module_effect(self.arch, k, modules, offload).offloaded_bytes
+                       for k in set(self.kinds)}
+            hit = self._offload[key] = tuple(by_kind[k] for k in self.kinds)
+        return hit
+
+    def copy_ms(self, nbytes: float) -> float:
+        return nbytes / (self.host_link_gbps * 1e6) if self.host_link_gbps > 0 else 0.0
+
+    def stage_cost(self, policy: StagePolicy, offset: int, count: int, first: bool, last: bool,
+                   receives: bool) -> StageCost:
+        """Layers [offset, offset + count) (and the embedding/head where they sit) under
+        `policy`: its first N layers recomputed whole, the rest by module."""
+        n = min(policy.recompute_layers, count)
+        var = self.layers_under(policy.recompute_modules)
+        parts = self.full.layers[offset:offset + n] + var.layers[offset + n:offset + count]
+        c = stage_cost(ModelCosts(layers=parts, embedding=self.base.embedding,
+                                  head=self.base.head), 0, count, first, last, receives)
+        if not policy.offloads:
+            return c
+        moved = self.offloaded(policy.recompute_modules, policy.offload_modules)
+        off = int(policy.offload_fraction * sum(moved[offset + n:offset + count]))
+        copy = self.copy_ms(off)
+        stall_f, stall_b = max(0.0, copy - c.backward_ms), max(0.0, copy - c.forward_ms)
+        return StageCost(c.forward_ms + stall_f, c.backward_ms + stall_b, c.weight_grad_ms,
+                         c.static_bytes + COPY_BUFFERS * off, c.activation_bytes - off,
+                         min(c.weight_grad_bytes, c.activation_bytes - off), c.output_bytes,
+                         c.params, c.split_backward_ms + stall_b if c.split_backward_ms else 0.0)
+
+    def host_bytes(self, policy: StagePolicy, offset: int, count: int) -> int:
+        """Host bytes one microbatch of the stage holds while offloaded."""
+        if not policy.offloads:
+            return 0
+        n = min(policy.recompute_layers, count)
+        moved = self.offloaded(policy.recompute_modules, policy.offload_modules)
+        return int(policy.offload_fraction * sum(moved[offset + n:offset + count]))
+
+
+Fits = Callable[[int, StageCost], bool]
+"""fits(virtual stage, its cost): the stage's rank stays within memory."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fixed:
+    """A given policy per virtual stage: what `simulate` runs."""
+
+    costs: PolicyCosts
+    """The per-module layer costs."""
+    policies: tuple[StagePolicy, ...]
+    """One per virtual stage."""
+
+    def stage_cost(self, offset: int, count: int, index: int, first: bool, last: bool,
+                   receives: bool, fits: Fits | None = None) -> StageCost:
+        return self.costs.stage_cost(self.policies[index], offset, count, first, last,
+                                     receives)
+
+    def policy_of(self, offset: int, count: int, index: int, first: bool, last: bool,
+                  receives: bool, fits: Fits | None = None) -> StagePolicy:
+        return self.policies[index]
+
+
+def _work(c: StageCost) -> float:
+    return c.forward_ms + c.backward_ms
+
+
+@dataclass(kw_only=True)
+class Cheapest:
+    """Each stage takes the policy of `groups` that fits with the least added work: the
+    per-stage space. Within a group (module sets, offload) N runs from 0 up: work grows
+    and memory shrinks with N, so the least N that fits is found by bisection."""
+
+    costs: PolicyCosts
+    """The per-module layer costs."""
+    groups: Sequence[StagePolicy]
+    """Policies with N = 0; each is also tried with every N up to the stage's layers."""
+
+    def policy_of(self, offset: int, count: int, index: int, first: bool, last: bool,
+                  receives: bool, fits: Fits | None = None) -> StagePolicy:
+        def cost(p: StagePolicy) -> StageCost:
+            return self.costs.stage_cost(p, offset, count, first, last, receives)
+
+        best: tuple[float, int, StagePolicy] | None = None
+        fallback: tuple[int, StagePolicy] | None = None
+        for g in self.groups:
+            top = _with_n(g, count)
+            low_cost = cost(top)
+            mem = low_cost.static_bytes + low_cost.activation_bytes
+            if fallback is None or mem < fallback[0]:
+                fallback = (mem, top)
+            if fits is not None and not fits(index, low_cost):
+                continue  # not even every layer recomputed fits
+            if best is not None and _work(cost(g)) > best[0]:
+                continue  # the group's cheapest is already slower
+            lo, hi = 0, count  # hi fits; find the least N that does
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if fits is None or fits(index, cost(_with_n(g, mid))):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            p = _with_n(g, lo)
+            c = cost(p)
+            key = (_work(c), c.static_bytes + c.activation_bytes)
+            if best is None or key < best[:2]:
+                best = (key[0], key[1], p)
+        if best is not None:
+            return best[2]
+        assert fallback is not None
+        return fallback[1]  # nothing fits: the least memory, for the planner to refuse
+
+    def stage_cost(self, offset: int, count: int, index: int, first: bool, last: bool,
+                   receives: bool, fits: Fits | None = None) -> StageCost:
+        p = self.policy_of(offset, count, index, first, last, receives, fits)
+        return self.costs.stage_cost(p, offset, count, first, last, receives)
+
+
+def _with_n(p: StagePolicy, n: int) -> StagePolicy:
+    return StagePolicy(recompute_modules=p.recompute_modules, recompute_layers=n,
+                       offload_modules=p.offload_modules, offload_fraction=p.offload_fraction)
