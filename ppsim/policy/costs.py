@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ppsim.costs.arch import Architecture
-from ppsim.costs.model import ModelCosts, StageCost, stage_cost
+from ppsim.costs.model import LayerCost, ModelCosts, StageCost
 from ppsim.costs.modules import module_effect
 from ppsim.costs.transformer import Accelerator, layer_kinds, transformer_costs
 from ppsim.policy.model import StagePolicy
@@ -39,6 +39,7 @@ class PolicyCosts:
     _variants: dict[tuple[str, ...], ModelCosts] = field(default_factory=dict)
     _offload: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[int, ...]] = field(
         default_factory=dict)
+    _prefixes: dict[tuple[str, ...] | None, _Prefix] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.full = transformer_costs(self.arch, self.acc, recompute=(), full=True)
@@ -55,37 +56,56 @@ class PolicyCosts:
         return hit
 
     def offloaded(self, modules: tuple[str, ...], offload: tuple[str, ...]) -> tuple[int, ...]:
-        """Per layer, the bytes the offload modules move at fraction 1."""
+        """Prefix sums over the layers of the bytes the offload modules move at fraction 1."""
         key = (modules, offload)
         hit = self._offload.get(key)
         if hit is None:
             by_kind = {k: module_effect(self.arch, k, modules, offload).offloaded_bytes
                        for k in set(self.kinds)}
-            hit = self._offload[key] = tuple(by_kind[k] for k in self.kinds)
+            pre = [0]
+            for k in self.kinds:
+                pre.append(pre[-1] + by_kind[k])
+            hit = self._offload[key] = tuple(pre)
         return hit
 
     def copy_ms(self, nbytes: float) -> float:
         return nbytes / (self.host_link_gbps * 1e6) if self.host_link_gbps > 0 else 0.0
 
+    def _prefix(self, modules: tuple[str, ...] | None) -> _Prefix:
+        """Prefix sums of a variant's layers (None: the fully recomputed layers)."""
+        hit = self._prefixes.get(modules)
+        if hit is None:
+            layers = self.full.layers if modules is None else self.layers_under(modules).layers
+            hit = self._prefixes[modules] = _Prefix(layers)
+        return hit
+
     def stage_cost(self, policy: StagePolicy, offset: int, count: int, first: bool, last: bool,
                    receives: bool) -> StageCost:
         """Layers [offset, offset + count) (and the embedding/head where they sit) under
-        `policy`: its first N layers recomputed whole, the rest by module."""
+        `policy`: its first N layers recomputed whole, the rest by module. Sums as
+        ppsim.costs.model.stage_cost does, from prefix sums (O(1) per stage)."""
         n = min(policy.recompute_layers, count)
-        var = self.layers_under(policy.recompute_modules)
-        parts = self.full.layers[offset:offset + n] + var.layers[offset + n:offset + count]
-        c = stage_cost(ModelCosts(layers=parts, embedding=self.base.embedding,
-                                  head=self.base.head), 0, count, first, last, receives)
-        if not policy.offloads:
-            return c
-        moved = self.offloaded(policy.recompute_modules, policy.offload_modules)
-        off = int(policy.offload_fraction * sum(moved[offset + n:offset + count]))
+        full, var = self._prefix(None), self._prefix(policy.recompute_modules)
+        lo, mid, hi = offset, offset + n, offset + count
+        sums = [full.span(i, lo, mid) + var.span(i, mid, hi) for i in range(len(_FIELDS))]
+        for piece, on in ((self.base.embedding, first), (self.base.head, last)):
+            if on:
+                sums = [x + (piece.split_backward_ms or piece.backward_ms if name == "sb"
+                             else getattr(piece, name)) for x, name in zip(sums, _FIELDS,
+                                                                           strict=True)]
+        f, b, w, sb, st, act, wg, params = sums
+        hidden = self.base.hidden_bytes
+        act += hidden if receives else 0
+        off = 0
+        if policy.offloads:
+            moved = self.offloaded(policy.recompute_modules, policy.offload_modules)
+            off = int(policy.offload_fraction * (moved[hi] - moved[mid]))
         copy = self.copy_ms(off)
-        stall_f, stall_b = max(0.0, copy - c.backward_ms), max(0.0, copy - c.forward_ms)
-        return StageCost(c.forward_ms + stall_f, c.backward_ms + stall_b, c.weight_grad_ms,
-                         c.static_bytes + COPY_BUFFERS * off, c.activation_bytes - off,
-                         min(c.weight_grad_bytes, c.activation_bytes - off), c.output_bytes,
-                         c.params, c.split_backward_ms + stall_b if c.split_backward_ms else 0.0)
+        stall_f, stall_b = max(0.0, copy - b), max(0.0, copy - f)
+        sb = 0.0 if sb == b else sb + stall_b
+        return StageCost(f + stall_f, b + stall_b, w, int(st) + COPY_BUFFERS * off,
+                         int(act) - off, min(int(wg), int(act) - off),
+                         0 if last else hidden, int(params), sb)
 
     def host_bytes(self, policy: StagePolicy, offset: int, count: int) -> int:
         """Host bytes one microbatch of the stage holds while offloaded."""
@@ -93,7 +113,29 @@ class PolicyCosts:
             return 0
         n = min(policy.recompute_layers, count)
         moved = self.offloaded(policy.recompute_modules, policy.offload_modules)
-        return int(policy.offload_fraction * sum(moved[offset + n:offset + count]))
+        return int(policy.offload_fraction * (moved[offset + count] - moved[offset + n]))
+
+
+_FIELDS = ("forward_ms", "backward_ms", "weight_grad_ms", "sb", "static_bytes",
+           "activation_bytes", "weight_grad_bytes", "params")
+"""The LayerCost sums a stage needs, in StageCost's order ("sb": the split backward)."""
+
+
+class _Prefix:
+    """Prefix sums of the _FIELDS over a list of layers: a span's sum in O(1)."""
+
+    def __init__(self, layers: Sequence[LayerCost]) -> None:
+        self.pre: list[list[float]] = []
+        for name in _FIELDS:
+            acc, pre = 0.0 if name.endswith("ms") or name == "sb" else 0, [0]
+            for lc in layers:
+                acc += lc.split_backward_ms or lc.backward_ms if name == "sb" else getattr(lc,
+                                                                                          name)
+                pre.append(acc)
+            self.pre.append(pre)
+
+    def span(self, i: int, lo: int, hi: int) -> float:
+        return self.pre[i][hi] - self.pre[i][lo]
 
 
 Fits = Callable[[int, StageCost], bool]
