@@ -364,7 +364,9 @@ def register(commands: dict) -> None:
         p.add_argument("--json", action="store_true", help="one JSON object on stdout")
         p.add_argument("--top", type=int, default=5, metavar="K", help="candidates to show")
         p.add_argument("--search", metavar="AXES",
-                       help="also search over: " + ",".join(SEARCH_AXES))
+                       help="also search over: " + ",".join(SEARCH_AXES) + "; or plan "
+                       "the memory policy with the split: policy (Megatron-expressible) "
+                       "or policy,policy-per-stage")
         p.add_argument("--time-budget", type=float, default=60.0, metavar="S",
                        help="stop proving optimality after S seconds (default 60)")
         p.add_argument("--compare", action="append", metavar="LAYOUT_OR_SPLIT",
