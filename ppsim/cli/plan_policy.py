@@ -23,6 +23,8 @@ from ppsim.policy.search import SpaceBest, plan_global, plan_megatron, plan_per_
 from ppsim.policy.setup import policy_costs
 
 POLICY_AXES = ("policy", "policy-per-stage")
+PER_STAGE_CHUNKS = ("not searched: the per-stage space prices each stage alone, which needs "
+                    "one chunk per rank (vpp 1)")
 SHARES = {"global": 0.3, "per-stage": 0.3}
 """Parts of the time budget the per-stage and global spaces get; the Megatron space
 plans with what they leave (less a margin for the output)."""
@@ -65,8 +67,10 @@ def search_spaces(cfg: Config, axes: list[str], budget_s: float, started: float
     glob = plan_global(problem, pc, left(SHARES["global"] / (1 - SHARES["per-stage"])
                                          if per_stage else SHARES["global"]))
     even = problem.split.counts
-    meg = plan_megatron(problem, pc, left(0.9), _splits(*(x for x in (ps, glob) if x)) + [
+    meg = plan_megatron(problem, pc, left(0.75), _splits(*(x for x in (ps, glob) if x)) + [
         even])
+    if "policy-per-stage" in axes and not per_stage:
+        ps = SpaceBest(space="per-stage", result=None, label=PER_STAGE_CHUNKS)
     return [glob, meg] + ([ps] if ps else [])
 
 
@@ -118,32 +122,38 @@ def print_spaces(spaces: list[SpaceBest]) -> int:
     console = Console()
     glob = spaces[0]
     t = Table(title="memory policy search", title_justify="left")
-    for col in ("space", "policy", "split", "iter ms", "vs global", "memory rank",
-                "busiest rank", "proven"):
-        t.add_column(col)
+    for col in ("space", "policy", "split", "iter ms", "gain", "mem rank", "busiest",
+                "proven"):
+        t.add_column(col, no_wrap=col != "policy", min_width=20 if col == "policy" else None)
     base = glob.result.best.summary.iteration_time_ms if glob.result and glob.result.best \
         else None
     for sb in spaces:
         r = sb.result
         if r is None or r.best is None:
-            t.add_row(sb.space, "-", "no fit", "-", "-", "-", "-", "-")
+            t.add_row(sb.space, "-", "no fit" if r else "-", "-", "-", "-", "-", "-")
             continue
         counts = ",".join(map(str, r.best.split.counts))
         hb = held_back(r)
         ms = r.best.summary.iteration_time_ms
-        t.add_row(sb.space, sb.label[:40], counts[:40], f"{ms:.1f}",
-                  f"{base / ms:.3f}x" if base else "-", str(hb["memory_rank"]),
+        t.add_row(sb.space, sb.label if len(sb.label) <= 28 else sb.label[:25] + "...",
+                  counts if len(counts) <= 16 else counts[:13] + "...", f"{ms:.1f}",
+                  f"{base / ms:.3f}" if base else "-", str(hb["memory_rank"]),
                   str(hb["busiest_rank"]), "yes" if sb.proven else "no")
     console.print(t)
     for sb in spaces[1:]:
         if sb.result is None or sb.result.best is None:
+            if sb.label:
+                console.print(f"{sb.space}: {sb.label}", markup=False)
             continue
+        console.print(f"{sb.space} policy: {sb.label}" if sb.space != "per-stage" else "",
+                      markup=False, end="\n" if sb.space != "per-stage" else "")
         ex = _export(sb)
         if sb.space == "per-stage":
             console.print("per stage: " + "; ".join(
                 f"{i}: {p.label()}" for i, p in enumerate(sb.policies)), markup=False)
-        flags = shlex.join(ex.megatron_flags) if ex.megatron_flags is not None else None
-        console.print(f"{sb.space} Megatron policy flags: {flags or 'n/a'}"
+        flags = "n/a" if ex.megatron_flags is None else (
+            shlex.join(ex.megatron_flags) or "none needed")
+        console.print(f"{sb.space} Megatron policy flags: {flags}"
                       + (f" ({'; '.join(ex.notes)})" if ex.notes else "")
                       + f"; runs on: {', '.join(ex.frameworks)}", markup=False, soft_wrap=True)
     if not any(s.result and s.result.best for s in spaces):

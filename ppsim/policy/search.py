@@ -131,17 +131,20 @@ def megatron_points(pc: PolicyCosts, pp: int, offload: bool) -> list[tuple[Stage
 def _proxy_ms(search: SplitSearch, pc: PolicyCosts, policies: tuple[StagePolicy, ...],
               counts: tuple[int, ...]) -> float:
     """A quick estimate of a fixed policy on one split, to rank the points before planning
-    them: inf when a rank runs out of memory, else the busiest stage's m x (F + B) plus
-    one pass through the others (fill and drain)."""
-    m, work, offset = search.m, [], 0
+    them: inf when a rank runs out of memory, else the busiest rank's m x (F + B) plus
+    one pass through the stages (fill and drain)."""
+    costs, offset = [], 0
     for k, n in enumerate(counts):
-        c = pc.stage_cost(policies[k], offset, n, k == 0, k == len(counts) - 1,
-                          search.receives[k])
+        costs.append(pc.stage_cost(policies[k], offset, n, k == 0, k == len(counts) - 1,
+                                   search.receives[k]))
         offset += n
-        if search.vpp == 1 and not search.fits(k, c):
+    busiest = 0.0
+    for r, stages in enumerate(search.rank_stages):
+        rc = [costs[s] for s in stages]
+        if sum(c.static_bytes for c in rc) + search.rank_peak(r, rc) > search.memory:
             return float("inf")
-        work.append(c.forward_ms + c.backward_ms)
-    return max(work) * m + sum(work) - max(work)
+        busiest = max(busiest, sum(c.forward_ms + c.backward_ms for c in rc))
+    return busiest * search.m + sum(c.forward_ms + c.backward_ms for c in costs) / search.vpp
 
 
 def megatron_candidates(problem: Problem, pc: PolicyCosts, splits: list[tuple[int, ...]]
@@ -176,8 +179,8 @@ def plan_megatron(problem: Problem, pc: PolicyCosts, budget_s: float,
     planned = 0
     for est, pol, label in ranked:
         left = budget_s - (time.perf_counter() - t0)
-        if left <= 0.05 * budget_s or (best is not None and est == float("inf")):
-            break
+        if planned and (left <= 0.05 * budget_s or est == float("inf")):
+            break  # the first point is planned whatever is left: its seeds are timed
         share = left / 2 if planned == 0 else left / 3
         r = plan(_fixed(problem, pc, pol), top_k=1, time_budget_s=share, seeds=splits)
         planned += 1
