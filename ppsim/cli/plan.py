@@ -19,6 +19,7 @@ from ppsim.config.schema import Config
 from ppsim.errors import UserError
 from ppsim.pipeline.exports import split_exports
 from ppsim.pipeline.problem import Problem, build_problem
+from ppsim.plan.bounds import CHUNKED_BOUND_NOTE
 from ppsim.plan.planner import Candidate, PlanResult, plan
 from ppsim.plan.references import Reference, compare, megatron_baseline, time_split, why_faster
 from ppsim.schedules.generators import SCHEDULES
@@ -215,6 +216,8 @@ def result_dict(planned: Planned) -> dict[str, Any]:
         best.update(split_exports(res.best.split))
         t = res.best.summary.iteration_time_ms
         best["gap_to_lower_bound"] = (t - res.lower_bound_ms) / t if t else 0.0
+        if p.schedule.vpp > 1 and not res.proven_optimal:
+            out["bound_note"] = CHUNKED_BOUND_NOTE
         for name in ("baseline", "deepspeed"):
             ref = getattr(res, name)
             if ref is not None:
@@ -317,6 +320,8 @@ def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], to
                       f"{res.lower_bound_ms:.2f} ms, gap {(bt - res.lower_bound_ms) / bt:.2%}; "
                       f"{res.evaluated:,} of {res.total_splits:,} splits timed in "
                       f"{res.seconds:.2f} s")
+        if p.schedule.vpp > 1:
+            console.print(CHUNKED_BOUND_NOTE, markup=False)
     print_exports(console, split_exports(res.best.split))
 
 

@@ -116,3 +116,12 @@ def test_text_output_lists_the_spaces(capsys) -> None:
     assert main([*PLAN[:-1], "--search", "policy", "--time-budget", "3"]) == 0
     out = capsys.readouterr().out
     assert "global" in out and "megatr" in out and "Megatron policy flags" in out
+
+
+def test_a_chunked_plan_not_proven_says_why_its_bound_is_loose(capsys) -> None:
+    assert main(["plan", "--preset", "llama3-70b", "--hardware", "h100-80gb", "--pp", "8",
+                 "--vpp", "2", "--schedule", "interleaved-1f1b", "--microbatches", "16",
+                 "--recompute", "full", "--time-budget", "0.3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert not out["proven_optimal"]  # gap ~20 %: the water-filling bound is far off
+    assert "water-filling" in out["bound_note"]
