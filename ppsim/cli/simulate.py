@@ -155,6 +155,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                    **policy_json(problem)})
         return 0
     _print_simulation(sim)
+    host = policy_json(problem)
+    if host and not host["host_fits"]:
+        print(f"warning: offloaded activations need up to {max(host['host_bytes']) / 1e9:.1f} "
+              f"GB of host memory per rank, more than {cfg.hardware.host_memory_bytes / 1e9:g} "
+              f"GB over {cfg.hardware.gpus_per_node} devices per node allows", file=sys.stderr)
     if args.trace:
         print(f"trace written to {args.trace} (open in https://ui.perfetto.dev)")
     if args.png:

@@ -151,6 +151,11 @@ class SplitSearch:
                 for c in costs]
         return self._peak(r, act, keep)
 
+    def held_peak(self, r: int, per_chunk: list[int]) -> int:
+        """Peak on rank r of bytes each in-flight microbatch of a chunk holds until its
+        backward (activations, or what a memory policy keeps on the host)."""
+        return self._peak(r, per_chunk, [0] * len(per_chunk))
+
     def _peak(self, r: int, act: list[int], keep: list[int]) -> int:
         n = len(act)
         best = 0

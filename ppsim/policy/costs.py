@@ -36,6 +36,8 @@ class PolicyCosts:
     """The device the ops run on."""
     host_link_gbps: float = 0.0
     """Host link bandwidth each way (GB/s); 0: copies are free."""
+    host_limit_bytes: float = float("inf")
+    """Host memory one rank's offloaded tensors may use (its node's over its devices)."""
     _variants: dict[tuple[str, ...], ModelCosts] = field(default_factory=dict)
     _offload: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[int, ...]] = field(
         default_factory=dict)
@@ -175,6 +177,14 @@ class Cheapest:
     """The per-module layer costs."""
     groups: Sequence[StagePolicy]
     """Policies with N = 0; each is also tried with every N up to the stage's layers."""
+    inflight: Sequence[int] = ()
+    """Per stage, the most microbatches it holds at once (host memory's multiplier)."""
+
+    def _host_ok(self, p: StagePolicy, offset: int, count: int, index: int) -> bool:
+        if not p.offloads or not self.inflight:
+            return True
+        held = self.costs.host_bytes(p, offset, count) * self.inflight[index]
+        return held <= self.costs.host_limit_bytes
 
     def policy_of(self, offset: int, count: int, index: int, first: bool, last: bool,
                   receives: bool, fits: Fits | None = None) -> StagePolicy:
@@ -183,20 +193,27 @@ class Cheapest:
 
         best: tuple[float, int, StagePolicy] | None = None
         fallback: tuple[int, StagePolicy] | None = None
+
+        def ok(p: StagePolicy, c: StageCost) -> bool:
+            # Device memory and host memory both shrink as N grows (block layers offload
+            # nothing): the least N that fits is found by bisection.
+            return (fits is None or fits(index, c)) and self._host_ok(p, offset, count, index)
+
         for g in self.groups:
             top = _with_n(g, count)
             low_cost = cost(top)
             mem = low_cost.static_bytes + low_cost.activation_bytes
             if fallback is None or mem < fallback[0]:
                 fallback = (mem, top)
-            if fits is not None and not fits(index, low_cost):
+            if not ok(top, low_cost):
                 continue  # not even every layer recomputed fits
             if best is not None and _work(cost(g)) > best[0]:
                 continue  # the group's cheapest is already slower
             lo, hi = 0, count  # hi fits; find the least N that does
             while lo < hi:
                 mid = (lo + hi) // 2
-                if fits is None or fits(index, cost(_with_n(g, mid))):
+                p = _with_n(g, mid)
+                if ok(p, cost(p)):
                     hi = mid
                 else:
                     lo = mid + 1

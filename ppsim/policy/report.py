@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from ppsim.pipeline.problem import Problem
+from ppsim.plan.search import SplitSearch
 from ppsim.policy.costs import Fixed
+from ppsim.policy.model import StagePolicy
 
 
 def stage_policies(problem: Problem) -> list[dict[str, Any]]:
@@ -21,8 +23,30 @@ def stage_policies(problem: Problem) -> list[dict[str, Any]]:
     return out
 
 
+def host_bytes(problem: Problem, policies: tuple[StagePolicy, ...]) -> list[int]:
+    """Per rank, the most host memory its offloaded microbatches hold at once."""
+    pc = problem.memory.costs
+    search = SplitSearch(problem)
+    out = []
+    for r, stages in enumerate(search.rank_stages):
+        per = [pc.host_bytes(policies[s], problem.split.stages[s].offset,
+                             problem.split.stages[s].layers) for s in stages]
+        out.append(search.held_peak(r, per) if any(per) else 0)
+    return out
+
+
+def host_fits(problem: Problem, policies: tuple[StagePolicy, ...]) -> bool:
+    """Every rank's offloaded microbatches fit its share of the node's host memory."""
+    limit = problem.memory.costs.host_limit_bytes
+    return all(h <= limit for h in host_bytes(problem, policies))
+
+
 def policy_json(problem: Problem) -> dict[str, Any]:
-    """{"policy": [...]} when the problem runs a memory policy, else {}."""
+    """{"policy": [...], "host_bytes": per rank, "host_fits"} when the problem runs a
+    memory policy, else {}."""
     if not isinstance(problem.memory, Fixed):
         return {}
-    return {"policy": stage_policies(problem)}
+    held = host_bytes(problem, problem.memory.policies)
+    limit = problem.memory.costs.host_limit_bytes
+    return {"policy": stage_policies(problem), "host_bytes": held,
+            "host_fits": all(h <= limit for h in held)}

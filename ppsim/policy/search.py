@@ -26,6 +26,7 @@ from ppsim.plan.planner import PlanResult, plan
 from ppsim.plan.search import SplitSearch
 from ppsim.policy.costs import Cheapest, Fixed, PolicyCosts
 from ppsim.policy.model import StagePolicy, shorthand
+from ppsim.policy.report import host_fits
 
 MODULE_SETS = (
     (), ("core_attn",), ("layernorm",), ("layernorm", "mlp"), ("layernorm", "moe_act"),
@@ -184,6 +185,8 @@ def plan_megatron(problem: Problem, pc: PolicyCosts, budget_s: float,
         share = left / 2 if planned == 0 else left / 3
         r = plan(_fixed(problem, pc, pol), top_k=1, time_budget_s=share, seeds=splits)
         planned += 1
+        if r.best is not None and not host_fits(r.problem.with_split(r.best.split), pol):
+            continue  # the offloaded microbatches overflow the node's host memory
         cand = SpaceBest(space="megatron", result=r, policies=pol, label=label)
         best = _better(best, cand)
     proven = False  # the points not planned are only estimated
@@ -195,7 +198,12 @@ def plan_megatron(problem: Problem, pc: PolicyCosts, budget_s: float,
 def plan_per_stage(problem: Problem, pc: PolicyCosts, budget_s: float) -> SpaceBest:
     """Each stage its cheapest fitting policy of the groups (one chunk per rank)."""
     groups = module_groups(pc, pc.host_link_gbps > 0)
-    memory = Cheapest(costs=pc, groups=groups)
+    search = SplitSearch(replace(problem, memory=None))
+    inflight = [max((sum(rec[:search.vpp]) for rec in search.patterns[r]), default=0)
+                for r in range(search.pp)]
+    memory = Cheapest(costs=pc, groups=groups,
+                      inflight=[inflight[problem.schedule.stage_rank(i)]
+                                for i in range(search.S)])
     p = replace(problem, costs=pc.base, memory=memory)
     r = plan(p, top_k=1, time_budget_s=budget_s)
     if r.best is None:

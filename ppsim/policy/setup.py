@@ -17,8 +17,10 @@ def policy_costs(cfg: Config) -> PolicyCosts:
         raise UserError("memory", "a memory policy needs the transformer model's op lists",
                         "drop [memory] and the --recompute-modules/--offload flags, or "
                         "configure a transformer model without a cost file")
-    return PolicyCosts(arch=m.arch, acc=accelerator(cfg.hardware),
-                       host_link_gbps=cfg.hardware.host_link_gbps)
+    hw = cfg.hardware
+    return PolicyCosts(arch=m.arch, acc=accelerator(hw), host_link_gbps=hw.host_link_gbps,
+                       host_limit_bytes=hw.host_memory_bytes / max(1, hw.gpus_per_node)
+                       if hw.host_memory_bytes > 0 else float("inf"))
 
 
 def configured_policy(cfg: Config, num_stages: int) -> MemoryPolicy:

@@ -166,3 +166,23 @@ def test_a_uniform_model_refuses_a_policy() -> None:
            "memory": {"recompute_modules": ["core_attn"]}}
     with pytest.raises(UserError, match="memory"):
         build_problem(config_from_dict(cfg))
+
+
+def test_host_memory_limits_offload(tmp_path, capsys) -> None:
+    """Offloaded microbatches live in the node's host memory, shared by its devices."""
+    flags = ["--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "4",
+             "--microbatches", "8", "--offload-modules", "core_attn"]
+    out = simulate_json(*flags, capsys=capsys)
+    tok, w = 8192, 2
+    # q, k, v and out; the preset's selective recompute (core_attn) drops the log-sum-exp
+    per_layer = tok * (4096 + 1024 + 1024 + 4096) * w
+    # Rank 0 of 1F1B holds 4 microbatches of its 8 layers at once.
+    assert out["host_bytes"][0] == 4 * 8 * per_layer and out["host_fits"]
+    small = tmp_path / "small.toml"
+    small.write_text('[model]\npreset = "llama3-8b"\n[pipeline]\npp = 4\nmicrobatches = 8\n'
+                     '[hardware]\npreset = "h100-80gb"\nhost_memory_bytes = 8e9\n'
+                     '[memory]\noffload_modules = ["core_attn"]\noffload_fraction = 1.0\n')
+    assert main(["simulate", "--config", str(small)]) == 0
+    assert "host memory" in capsys.readouterr().err
+    out = simulate_json("--config", str(small), capsys=capsys)
+    assert not out["host_fits"]
