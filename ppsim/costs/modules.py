@@ -51,11 +51,11 @@ _REPEATS = {
 }
 # Tensors each offload module moves to the host.
 _MOVES = {
-    "attn_norm": ("norm1.in",),
+    "attn_norm": ("norm1.in", "norm1.stats"),
     "qkv_linear": ("norm1.out",),
     "core_attn": ("attn.q", "attn.k", "attn.v", "attn.out", "attn.lse"),
     "attn_proj": ("attn.out",),
-    "mlp_norm": ("norm2.in",),
+    "mlp_norm": ("norm2.in", "norm2.stats"),
     "expert_fc1": ("experts.fc1_in",),
     "moe_act": ("experts.fc1_out",),
 }

@@ -16,6 +16,12 @@ from typing import Any
 from ppsim.costs.modules import OFFLOAD_MODULES, RECOMPUTE_MODULES, SHORTHAND
 from ppsim.errors import UserError
 
+EXECUTOR_RECOMPUTE = ("core_attn", "mlp", "moe", "shared_experts")
+"""Recompute modules ppsim's executor runs (its builders' own submodules; "mlp" in the
+Llama-style layers, whose MLP is one module)."""
+EXECUTOR_OFFLOAD = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm")
+"""Offload modules ppsim's executor runs."""
+
 ALL_LAYERS = 1 << 30
 """A block count that covers every layer of any stage (the "full" mode)."""
 
