@@ -53,9 +53,12 @@ def _wrap(module: nn.Module, around: Callable[..., Any]) -> None:
 
 
 def _fresh(cache: dict, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """A layer's forward with its offload cache emptied first (one microbatch's)."""
+    """A layer's forward with its own offload cache (one microbatch's, emptied after)."""
     cache.clear()
-    return forward(*args, **kwargs)
+    try:
+        return forward(*args, **kwargs)
+    finally:
+        cache.clear()
 
 
 def _offload_forward(module: nn.Module, cache: dict, forward: Callable[..., Any], *args: Any,
@@ -67,18 +70,20 @@ def _offload_forward(module: nn.Module, cache: dict, forward: Callable[..., Any]
     def pack(t: torch.Tensor) -> Any:
         if t.untyped_storage().data_ptr() in static:
             return t
-        # One host copy per tensor a layer's modules save (q, k and v share an input).
+        # One host copy per tensor a layer's modules save (q, k and v share an input). The
+        # cache holds the device tensor until the layer's forward ends (as Megatron frees
+        # an offload group when it commits), so no new tensor can take its address then.
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
                t.stride(), t.dtype)
         hit = cache.get(key)
         if hit is not None:
-            return hit
+            return hit[1]
         host = torch.empty(t.shape, dtype=t.dtype, device="cpu",
                            pin_memory=t.device.type == "cuda")
         host.copy_(t, non_blocking=t.device.type == "cuda")
         offloaded[0] += host.nbytes
-        cache[key] = (t.device, host)
-        return cache[key]
+        cache[key] = (t, (t.device, host))
+        return cache[key][1]
 
     def unpack(packed: Any) -> torch.Tensor:
         if isinstance(packed, torch.Tensor):

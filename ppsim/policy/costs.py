@@ -105,9 +105,10 @@ class PolicyCosts:
         copy = self.copy_ms(off)
         stall_f, stall_b = max(0.0, copy - b), max(0.0, copy - f)
         sb = 0.0 if sb == b else sb + stall_b
+        # What W needs (matmul inputs) comes back with the reload before B and stays on
+        # the device until W: offload does not shrink it, and it may exceed what B frees.
         return StageCost(f + stall_f, b + stall_b, w, int(st) + COPY_BUFFERS * off,
-                         int(act) - off, min(int(wg), int(act) - off),
-                         0 if last else hidden, int(params), sb)
+                         int(act) - off, int(wg), 0 if last else hidden, int(params), sb)
 
     def host_bytes(self, policy: StagePolicy, offset: int, count: int) -> int:
         """Host bytes one microbatch of the stage holds while offloaded."""
