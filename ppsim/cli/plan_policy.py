@@ -122,31 +122,31 @@ def print_spaces(spaces: list[SpaceBest]) -> int:
     console = Console()
     glob = spaces[0]
     t = Table(title="memory policy search", title_justify="left")
-    for col in ("space", "policy", "split", "iter ms", "gain", "mem rank", "busiest",
-                "proven"):
-        t.add_column(col, no_wrap=col != "policy", min_width=20 if col == "policy" else None)
+    for col in ("space", "split", "iter ms", "gain", "mem rank", "busiest", "proven"):
+        t.add_column(col, no_wrap=True)
     base = glob.result.best.summary.iteration_time_ms if glob.result and glob.result.best \
         else None
     for sb in spaces:
         r = sb.result
         if r is None or r.best is None:
-            t.add_row(sb.space, "-", "no fit" if r else "-", "-", "-", "-", "-", "-")
+            t.add_row(sb.space, "no fit" if r else "-", "-", "-", "-", "-", "-")
             continue
         counts = ",".join(map(str, r.best.split.counts))
         hb = held_back(r)
         ms = r.best.summary.iteration_time_ms
-        t.add_row(sb.space, sb.label if len(sb.label) <= 28 else sb.label[:25] + "...",
-                  counts if len(counts) <= 16 else counts[:13] + "...", f"{ms:.1f}",
+        t.add_row(sb.space, counts if len(counts) <= 24 else counts[:21] + "...", f"{ms:.1f}",
                   f"{base / ms:.3f}" if base else "-", str(hb["memory_rank"]),
                   str(hb["busiest_rank"]), "yes" if sb.proven else "no")
     console.print(t)
-    for sb in spaces[1:]:
+    for sb in spaces:
         if sb.result is None or sb.result.best is None:
             if sb.label:
                 console.print(f"{sb.space}: {sb.label}", markup=False)
             continue
-        console.print(f"{sb.space} policy: {sb.label}" if sb.space != "per-stage" else "",
-                      markup=False, end="\n" if sb.space != "per-stage" else "")
+        if sb.space != "per-stage":
+            console.print(f"{sb.space} policy: {sb.label}", markup=False)
+        if sb.space == "global":
+            continue
         ex = _export(sb)
         if sb.space == "per-stage":
             console.print("per stage: " + "; ".join(

@@ -102,13 +102,29 @@ class PolicyCosts:
         if policy.offloads:
             moved = self.offloaded(policy.recompute_modules, policy.offload_modules)
             off = int(policy.offload_fraction * (moved[hi] - moved[mid]))
-        copy = self.copy_ms(off)
-        stall_f, stall_b = max(0.0, copy - b), max(0.0, copy - f)
+        stall_f, stall_b = self._stalls(off, f, b)
         sb = 0.0 if sb == b else sb + stall_b
         # What W needs (matmul inputs) comes back with the reload before B and stays on
         # the device until W: offload does not shrink it, and it may exceed what B frees.
         return StageCost(f + stall_f, b + stall_b, w, int(st) + COPY_BUFFERS * off,
                          int(act) - off, int(wg), 0 if last else hidden, int(params), sb)
+
+    def _stalls(self, off: int, f: float, b: float) -> tuple[float, float]:
+        """(forward, backward) stall of copying `off` bytes out after F and back before B."""
+        copy = self.copy_ms(off)
+        return max(0.0, copy - b), max(0.0, copy - f)
+
+    def stalls(self, policy: StagePolicy, offset: int, count: int, first: bool,
+               last: bool, receives: bool) -> bool:
+        """The policy's copies take longer than the ops they hide behind."""
+        if not policy.offloads:
+            return False
+        plain = self.stage_cost(StagePolicy(recompute_modules=policy.recompute_modules,
+                                            recompute_layers=policy.recompute_layers),
+                                offset, count, first, last, receives)
+        f, b = self._stalls(self.host_bytes(policy, offset, count), plain.forward_ms,
+                            plain.backward_ms)
+        return f > 0 or b > 0
 
     def host_bytes(self, policy: StagePolicy, offset: int, count: int) -> int:
         """Host bytes one microbatch of the stage holds while offloaded."""
@@ -171,8 +187,9 @@ def _work(c: StageCost) -> float:
 @dataclass(kw_only=True)
 class Cheapest:
     """Each stage takes the policy of `groups` that fits with the least added work: the
-    per-stage space. Within a group (module sets, offload) N runs from 0 up: work grows
-    and memory shrinks with N, so the least N that fits is found by bisection."""
+    per-stage space (offload only where the host link hides its copies). Within a group
+    (module sets, offload) N runs from 0 up: work grows and memory shrinks with N, so the
+    least N that fits is found by bisection."""
 
     costs: PolicyCosts
     """The per-module layer costs."""
@@ -196,9 +213,12 @@ class Cheapest:
         fallback: tuple[int, StagePolicy] | None = None
 
         def ok(p: StagePolicy, c: StageCost) -> bool:
-            # Device memory and host memory both shrink as N grows (block layers offload
-            # nothing): the least N that fits is found by bisection.
-            return (fits is None or fits(index, c)) and self._host_ok(p, offset, count, index)
+            # Device memory, host memory and copy time all shrink as N grows (block layers
+            # offload nothing, and take longer to hide copies behind): the least N that
+            # fits is found by bisection. A copy that stalls the stage is left out, so no
+            # choice adds forward time and the cheapest is the fastest (see search.py).
+            return ((fits is None or fits(index, c)) and self._host_ok(p, offset, count, index)
+                    and not self.costs.stalls(p, offset, count, first, last, receives))
 
         for g in self.groups:
             top = _with_n(g, count)

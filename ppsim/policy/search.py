@@ -10,9 +10,11 @@ Each point of the first two is a fixed policy the split planner (ppsim.plan.plan
 searches exactly. Per stage, with one chunk per rank, a stage's memory depends on
 its own layers only, so the planner prices each candidate stage at the cheapest
 policy of `groups` that keeps its rank within memory (ppsim.policy.costs.Cheapest):
-recompute adds only backward time, the simulated iteration never shrinks when an
-op grows, so this choice is optimal for each split and the split search stays
-exact (tests/property/test_policy_search.py checks it against brute force).
+recompute adds only backward time (and the per-stage space offloads only where the
+host link hides the copies, which then add none), the simulated iteration never
+shrinks when an op grows, so this choice is optimal for each split and the split
+search stays exact (tests/property/test_policy_search.py checks it against brute
+force).
 """
 
 from __future__ import annotations
