@@ -177,10 +177,16 @@ def cmd_plan_policy(args: argparse.Namespace) -> int:
     validate.seconds("--time-budget", args.time_budget)
     axes = [a.strip() for a in args.search.split(",") if a.strip()]
     check_axes(axes, cfg)
-    limits.check_request(cfg, limits.PLAN)
+    if args.compare:
+        raise UserError("--compare", "the policy search times no reference splits",
+                        "plan without --search policy to compare splits")
+    ops = limits.check_request(cfg, limits.PLAN)
+    if ops is not None:
+        limits.check_plan_budget(ops, args.time_budget)
     spaces = search_spaces(cfg, axes, args.time_budget, started)
     if args.json:
         out = policy_result_json(spaces)
+        out["policy_search_seconds"] = time.perf_counter() - started
         emit_json(out)
         return 0 if out["best"] is not None else EXIT_NO_FIT
     return print_spaces(spaces)

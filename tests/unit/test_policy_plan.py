@@ -127,3 +127,8 @@ def test_a_chunked_plan_not_proven_says_why_its_bound_is_loose(capsys) -> None:
     out = json.loads(capsys.readouterr().out)
     assert not out["proven_optimal"]  # gap ~20 %: the water-filling bound is far off
     assert "water-filling" in out["bound_note"]
+
+
+def test_policy_search_refuses_compare_splits(capsys) -> None:
+    assert main([*PLAN, "--search", "policy", "--compare", "8,8,8,8"]) == 2
+    assert "--compare" in capsys.readouterr().err
