@@ -19,7 +19,7 @@ from ppsim.config.schema import Config
 from ppsim.errors import UserError
 from ppsim.pipeline.exports import split_exports
 from ppsim.pipeline.problem import build_problem, model_costs, placement_warning, resolve_split
-from ppsim.policy.report import policy_json
+from ppsim.policy.report import copy_events, policy_json
 from ppsim.schedules.generators import schedule_placement
 from ppsim.sim.engines import simulator
 from ppsim.trace.schema import simulation_trace, write_trace
@@ -137,7 +137,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     timeline = not args.json and (ops or 0) <= limits.TIMELINE_OPS
     sim = simulate(problem, record=bool(args.trace or args.png or timeline))
     if args.trace:
-        write_trace(args.trace, simulation_trace(sim))
+        trace = simulation_trace(sim)
+        trace["traceEvents"] += copy_events(sim)  # a memory policy's host copies
+        write_trace(args.trace, trace)
     s = sim.summary
     if args.png:
         assert sim.timeline is not None

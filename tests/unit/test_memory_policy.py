@@ -186,3 +186,17 @@ def test_host_memory_limits_offload(tmp_path, capsys) -> None:
     assert "host memory" in capsys.readouterr().err
     out = simulate_json("--config", str(small), capsys=capsys)
     assert not out["host_fits"]
+
+
+def test_the_trace_shows_each_offload_copy(tmp_path, capsys) -> None:
+    trace = tmp_path / "t.json"
+    flags = ["--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "2",
+             "--microbatches", "3", "--split", "16,16", "--offload-modules", "attn_proj"]
+    assert main(["simulate", *flags, "--trace", str(trace)]) == 0
+    capsys.readouterr()
+    copies = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "copy"]
+    assert sorted(e["name"] for e in copies if e["pid"] == 0) == sorted(
+        [f"offload F{i}" for i in range(3)] + [f"reload B{i}" for i in range(3)])
+    per_layer = 8192 * 4096 * 2  # attn_proj's input: the attention output
+    assert all(e["args"]["bytes"] == 16 * per_layer for e in copies)
+    assert all(e["dur"] == pytest.approx(16 * per_layer / 63e9 * 1e6) for e in copies)
