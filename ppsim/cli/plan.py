@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import sys
 from dataclasses import dataclass, replace
 from typing import Any
@@ -22,6 +23,8 @@ from ppsim.pipeline.problem import Problem, build_problem
 from ppsim.plan.bounds import CHUNKED_BOUND_NOTE
 from ppsim.plan.planner import Candidate, PlanResult, plan
 from ppsim.plan.references import Reference, compare, megatron_baseline, time_split, why_faster
+from ppsim.policy.costs import Fixed
+from ppsim.policy.report import policy_flags, stage_policies
 from ppsim.schedules.generators import SCHEDULES
 from ppsim.units import fmt_bytes
 
@@ -218,6 +221,15 @@ def result_dict(planned: Planned) -> dict[str, Any]:
         best["gap_to_lower_bound"] = (t - res.lower_bound_ms) / t if t else 0.0
         if p.schedule.vpp > 1 and not res.proven_optimal:
             out["bound_note"] = CHUNKED_BOUND_NOTE
+        if isinstance(p.memory, Fixed):  # a configured memory policy: its flags too
+            at = p.with_split(res.best.split)
+            best["policy"] = stage_policies(at)
+            ex = policy_flags(at, p.memory.policies)
+            if ex.megatron_flags is None:
+                best["megatron_flags"], best["megatron_note"] = None, "; ".join(ex.notes)
+            elif best["megatron_flags"] is not None:
+                best["megatron_flags"] = " ".join([best["megatron_flags"],
+                                                   shlex.join(ex.megatron_flags)]).strip()
         for name in ("baseline", "deepspeed"):
             ref = getattr(res, name)
             if ref is not None:

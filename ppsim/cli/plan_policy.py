@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import shlex
 import time
-from dataclasses import replace
 from typing import Any
 
 from ppsim.cli.flags import config_from_args, emit_json
@@ -18,7 +17,8 @@ from ppsim.config.schema import Config
 from ppsim.errors import UserError
 from ppsim.pipeline.problem import build_problem
 from ppsim.plan.planner import PlanResult
-from ppsim.policy.megatron import PolicyExport, policy_export
+from ppsim.policy.megatron import PolicyExport
+from ppsim.policy.report import policy_flags
 from ppsim.policy.search import SpaceBest, plan_global, plan_megatron, plan_per_stage
 from ppsim.policy.setup import policy_costs
 
@@ -39,12 +39,8 @@ def held_back(r: PlanResult) -> dict[str, int]:
 
 
 def _export(sb: SpaceBest) -> PolicyExport:
-    problem = sb.result.problem  # type: ignore[union-attr]
-    pc = problem.memory.costs
-    first = sb.result.best.split.stages[0]  # type: ignore[union-attr]
-    off = pc.host_bytes(replace(sb.policies[0], offload_fraction=1.0), first.offset,
-                        first.layers)
-    return policy_export(sb.policies, problem.split.pp, pc.arch, off)
+    r = sb.result
+    return policy_flags(r.problem.with_split(r.best.split), sb.policies)  # type: ignore
 
 
 def _splits(*spaces: SpaceBest) -> list[tuple[int, ...]]:

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ppsim.pipeline.problem import Problem
 from ppsim.plan.search import SplitSearch
 from ppsim.policy.costs import Fixed
+from ppsim.policy.megatron import PolicyExport, policy_export
 from ppsim.policy.model import StagePolicy
+
+
+def policy_flags(problem: Problem, policies: tuple[StagePolicy, ...]) -> PolicyExport:
+    """Megatron's flags of the problem's split run with `policies` (its per-rank offload
+    step in bytes from what its first stage offloads per microbatch)."""
+    pc = problem.memory.costs
+    first = problem.split.stages[0]
+    whole = replace(policies[0], offload_fraction=1.0)
+    return policy_export(policies, problem.split.pp, pc.arch,
+                         pc.host_bytes(whole, first.offset, first.layers))
 
 
 def stage_policies(problem: Problem) -> list[dict[str, Any]]:

@@ -132,3 +132,20 @@ def test_a_chunked_plan_not_proven_says_why_its_bound_is_loose(capsys) -> None:
 def test_policy_search_refuses_compare_splits(capsys) -> None:
     assert main([*PLAN, "--search", "policy", "--compare", "8,8,8,8"]) == 2
     assert "--compare" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("mode", "flags"), [
+    ("none", "--recompute-granularity full --recompute-method block --recompute-num-layers 2"),
+    ("selective", None),  # core_attn and N: Megatron refuses the pair
+])
+def test_plan_with_a_configured_policy_exports_it(mode: str, flags, capsys) -> None:
+    assert main(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "4",
+                 "--microbatches", "8", "--recompute", mode, "--recompute-num-layers", "2",
+                 "--time-budget", "2", "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["best"]
+    assert [p["recompute_layers"] for p in best["policy"]] == [2, 2, 2, 2]
+    if flags is None:
+        assert best["megatron_flags"] is None
+        assert "--recompute-num-layers" in best["megatron_note"]
+    else:
+        assert best["megatron_flags"].endswith(flags)
