@@ -4,9 +4,9 @@ from __future__ import annotations
 
 # Architecture fields (see ppsim.transformer.Architecture); tp is a sensible
 # default for the model's size and is overridden like any other field. The
-# large models default to recompute = "selective": FlashAttention stores no
-# s x s scores and recomputes attention in the backward, which is exactly
-# what Korthikanti's selective-recompute figures describe.
+# large models default to recompute = "selective", Megatron's default core_attn
+# recompute: its activation bytes are Korthikanti's selective-recompute figures
+# (FlashAttention stores no s x s scores in any mode).
 MODEL_PRESETS: dict[str, dict] = {
     "tiny-gpt": dict(
         num_layers=8, hidden_size=64, num_heads=4, num_kv_heads=4, ffn_hidden_size=256,
