@@ -57,8 +57,7 @@ def main() -> int:
                 pred = rank["peak_memory_bytes"] - rank["static_bytes"]
                 print(f"{name:10} {mode:10} {r:>4} {peaks[r]:>12,} {pred:>12,} "
                       f"{peaks[r] / pred:>6.2f} {res['iteration_time_ms']:>8.1f}")
-    print("\n(the analytic 'none' counts Korthikanti's 5as^2b attention scores, which "
-          "scaled_dot_product_attention never stores)\n")
+    print()
     for name, model in BUILDERS.items():
         for dp in (1, 2):
             res, _ = _measured(base, [*model, "--dp", str(dp)])

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Every GPU check the issues name, for a lent GPU machine (one device, torch already there).
 #
-#   bash benchmarks/gpu_checks.sh [costs] [accuracy] [executor]    (default: all three)
+#   bash benchmarks/gpu_checks.sh [costs] [accuracy] [executor] [policy]
+#                                                  (default: the first three)
 #
 # costs:    benchmarks/bench_costs.py --device cuda     measured vs analytic F/B/W (< 5 min)
 # accuracy: benchmarks/bench_accuracy.py --device cuda  gpt3-1.3b layers, pp 2 and 4 sharing
 #           the GPU, profile -> simulate -> run -> diff (< 6 min)
 # executor: benchmarks/bench_executor.py --device cuda  ppsim vs torch engine (< 3 min)
+# policy:   benchmarks/bench_memory_policy_gpu.py --device cuda  two memory policies (none;
+#           core_attn + block N 2 + offload) on one GPU: measured activation peak per rank
+#           and iteration time against the simulation (< 4 min)
 #
 # One command may run 10 minutes there: run `costs` alone, then `accuracy executor`.
 # Packages the machine lacks (simpy, textual) travel as wheels in .whl/ (see the device
@@ -24,8 +28,9 @@ checks=("$@")
 [ ${#checks[@]} -eq 0 ] && checks=(costs accuracy executor)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
-declare -A script=([costs]=bench_costs.py [accuracy]=bench_accuracy.py [executor]=bench_executor.py)
-declare -A limit=([costs]=290 [accuracy]=350 [executor]=200)
+declare -A script=([costs]=bench_costs.py [accuracy]=bench_accuracy.py [executor]=bench_executor.py
+                   [policy]=bench_memory_policy_gpu.py)
+declare -A limit=([costs]=290 [accuracy]=350 [executor]=200 [policy]=240)
 for c in "${checks[@]}"; do
     echo "=== $c ($(date -u +%H:%M:%S))"
     timeout "${limit[$c]}" python3 "benchmarks/${script[$c]}" --device cuda 2>&1 \

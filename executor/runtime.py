@@ -24,6 +24,7 @@ import torch.distributed as dist
 from ppsim.executor import progress
 from ppsim.executor.builders import ModelBuilder
 from ppsim.executor.builders.deferral import WeightGradStore
+from ppsim.executor.builders.policy import apply_policy
 from ppsim.executor.builders.stage import Stage, build_stage, saved_bytes
 from ppsim.executor.optim import adamw
 from ppsim.executor.recorder import Recorder
@@ -188,10 +189,13 @@ class Runtime:
         self.replica = replica or Replica()
         self.last = self.schedule.num_stages - 1
         self.modules: dict[int, Stage] = {}
+        memory = problem.memory  # a memory policy per stage, or the global mode
         for st in self.split.stages:
             if st.rank == rank:
-                self.modules[st.index] = build_stage(builder, st, seed, recompute).to(
-                    device=device, dtype=builder.dtype)
+                mod = build_stage(builder, st, seed, "none" if memory else recompute)
+                if memory is not None:
+                    apply_policy(mod.layers, memory.policies[st.index])
+                self.modules[st.index] = mod.to(device=device, dtype=builder.dtype)
         self.params = [p for m in self.modules.values() for p in m.parameters()]
         self.grads = self._grad_buffer()
         self.optimizer = adamw(self.params, lr) if self.params else None

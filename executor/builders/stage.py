@@ -68,7 +68,8 @@ _counting: list[dict[int, int]] = []
 """Active saved-bytes counters (innermost last); checkpoint inputs are added to it."""
 
 
-def _checkpointed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def checkpointed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """fn(*args) under a non-reentrant checkpoint, its tensor inputs counted as kept."""
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)
     if _counting:  # what a checkpoint keeps for its recompute: its tensor inputs
@@ -80,7 +81,7 @@ def _checkpointed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 def _wrap(module: nn.Module) -> None:
-    module.forward = functools.partial(_checkpointed, type(module).forward.__get__(module))
+    module.forward = functools.partial(checkpointed, type(module).forward.__get__(module))
 
 
 def apply_recompute(layers: nn.ModuleDict, mode: str) -> None:

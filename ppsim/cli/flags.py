@@ -13,6 +13,10 @@ from ppsim.config.overrides import MODEL_KEYS, PIPELINE_KEYS, with_overrides
 from ppsim.config.schema import SPLIT_KEYS, Config, load_config
 from ppsim.errors import UserError
 
+MEMORY_FLAGS = {"recompute_modules": "recompute_modules",
+                "recompute_layers": "recompute_num_layers",
+                "offload_modules": "offload_modules", "offload_fraction": "offload_fraction"}
+"""[memory] key -> the flag that sets it."""
 RESHAPING = ("pp", "vpp", "num_layers", "preset", "hybrid_layer_pattern")
 """Flags that change how many layers or stages there are (a saved split no longer fits)."""
 
@@ -44,6 +48,16 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True) -> No
                    help="microbatches per group of the interleaved order (Megatron's "
                    "--microbatch-group-size-per-virtual-pipeline-stage)")
     g.add_argument("--recompute", metavar="MODE", help="none | selective | full")
+    g.add_argument("--recompute-modules", metavar="M,M", help="Megatron modules recomputed "
+                   "in every layer: core_attn mlp moe_act layernorm mla_up_proj moe "
+                   "shared_experts (sets [memory])")
+    g.add_argument("--recompute-num-layers", type=int, metavar="N", help="the first N layers "
+                   "of each stage recomputed whole (Megatron's block method)")
+    g.add_argument("--offload-modules", metavar="M,M", help="Megatron modules whose saved "
+                   "tensors go to host memory: attn_norm qkv_linear core_attn attn_proj "
+                   "mlp_norm expert_fc1 moe_act")
+    g.add_argument("--offload-fraction", type=float, metavar="F",
+                   help="share of the offload modules' tensors offloaded (default 1)")
     g.add_argument("--tp", type=int, metavar="N", help="tensor-parallel size")
     g.add_argument("--memory-gb", type=float, metavar="GB", help="memory limit per rank")
     g.add_argument("--costs", metavar="FILE", help="measured cost file (ppsim profile)")
@@ -75,20 +89,23 @@ def config_from_args(args: argparse.Namespace) -> Config:
         split = chosen
     elif args.config is None and any(flag(k) is not None for k in RESHAPING):
         split = {}  # the embedded default's split fits only the embedded default
-    memory = flag("memory_gb")
-    if memory is not None:
-        memory = validate.number(
-            "--memory-gb (hardware.memory_bytes)", memory, lo=0.0, lo_open=True,
+    limit = flag("memory_gb")
+    if limit is not None:
+        limit = validate.number(
+            "--memory-gb (hardware.memory_bytes)", limit, lo=0.0, lo_open=True,
             hi=validate.MAX_BYTES / 1e9, fix="give the memory one rank may use, e.g. 80") * 1e9
     devices = None
     if flag("devices") is not None:
         devices = _ints(args.devices, "--devices")
         if isinstance(devices, str):
             raise UserError("--devices", "needs one device index per rank", "e.g. 0,0")
-    out = with_overrides(cfg, preset=flag("preset"),
+    memory = {key: flag(name) for key, name in MEMORY_FLAGS.items() if flag(name) is not None}
+    if "offload_modules" in memory and "offload_fraction" not in memory:
+        memory["offload_fraction"] = 1.0
+    out = with_overrides(cfg, preset=flag("preset"), memory=memory or None,
                          model={k: flag(k) for k in MODEL_KEYS},
                          pipeline={k: flag(k) for k in PIPELINE_KEYS}, split=split,
-                         hardware=flag("hardware"), memory_bytes=memory,
+                         hardware=flag("hardware"), memory_bytes=limit,
                          costs_file=flag("costs"), devices=devices)
     wanted = flag("num_layers")
     if wanted is not None and wanted != out.num_layers:

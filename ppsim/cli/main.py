@@ -8,10 +8,22 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from ppsim import fileio
-from ppsim.cli import costs, demo, diff, plan, profile, run, schedule, simulate, streams, tui
+from ppsim.cli import (
+    costs,
+    demo,
+    diff,
+    plan,
+    plan_policy,
+    profile,
+    run,
+    schedule,
+    simulate,
+    streams,
+    tui,
+)
 from ppsim.errors import UserError
 
-COMMAND_MODULES = (simulate, plan, run, diff, demo, tui, profile, costs, schedule)
+COMMAND_MODULES = (simulate, plan, plan_policy, run, diff, demo, tui, profile, costs, schedule)
 """Each command lives with its feature and registers itself (torch and textual are
 imported inside its handler only, so `ppsim --help` stays light)."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -26,6 +27,7 @@ from ppsim.pipeline.exports import (
 from ppsim.pipeline.megatron_rules import refusals
 from ppsim.pipeline.problem import Problem, build_problem
 from ppsim.plan.baselines import FrameworkSplit
+from ppsim.plan.bounds import CHUNKED_BOUND_NOTE
 from ppsim.plan.planner import Candidate, PlanResult, plan
 from ppsim.plan.references import (
     Reference,
@@ -36,6 +38,8 @@ from ppsim.plan.references import (
     why_faster,
 )
 from ppsim.plan.search import Deadline
+from ppsim.policy.costs import Fixed
+from ppsim.policy.report import policy_flags, stage_policies
 from ppsim.schedules.generators import SCHEDULES
 from ppsim.units import fmt_bytes
 
@@ -255,6 +259,17 @@ def result_dict(planned: Planned, specs: DeepSpeedSpecs = DEFAULT_SPECS) -> dict
                                specs))
         t = res.best.summary.iteration_time_ms
         best["gap_to_lower_bound"] = (t - res.lower_bound_ms) / t if t else 0.0
+        if p.schedule.vpp > 1 and not res.proven_optimal:
+            out["bound_note"] = CHUNKED_BOUND_NOTE
+        if isinstance(p.memory, Fixed):  # a configured memory policy: its flags too
+            at = p.with_split(res.best.split)
+            best["policy"] = stage_policies(at)
+            ex = policy_flags(at, p.memory.policies)
+            if ex.megatron_flags is None:
+                best["megatron_flags"], best["megatron_note"] = None, "; ".join(ex.notes)
+            elif best["megatron_flags"] is not None:
+                best["megatron_flags"] = " ".join([best["megatron_flags"],
+                                                   shlex.join(ex.megatron_flags)]).strip()
         if res.baseline is not None:
             best["speedup_vs_baseline"] = res.baseline.summary.iteration_time_ms / t
         for ref in baselines_of(planned):
@@ -361,6 +376,8 @@ def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], to
                       f"{res.lower_bound_ms:.2f} ms, gap {(bt - res.lower_bound_ms) / bt:.2%}; "
                       f"{res.evaluated:,} of {res.total_splits:,} splits timed in "
                       f"{res.seconds:.2f} s")
+        if p.schedule.vpp > 1:
+            console.print(CHUNKED_BOUND_NOTE, markup=False)
     print_exports(console, exports_of(p.pattern, res.best.split, p.schedule.microbatch_group,
                                       specs))
 
@@ -414,7 +431,9 @@ def register(commands: dict) -> None:
         p.add_argument("--json", action="store_true", help="one JSON object on stdout")
         p.add_argument("--top", type=int, default=5, metavar="K", help="candidates to show")
         p.add_argument("--search", metavar="AXES",
-                       help="also search over: " + ",".join(SEARCH_AXES))
+                       help="also search over: " + ",".join(SEARCH_AXES) + "; or plan "
+                       "the memory policy with the split: policy (Megatron-expressible) "
+                       "or policy,policy-per-stage")
         p.add_argument("--time-budget", type=float, default=60.0, metavar="S",
                        help="stop proving optimality after S seconds (default 60)")
         add_deepspeed_specs_flag(p)

@@ -34,6 +34,7 @@ from ppsim.pipeline.problem import (
     resolve_split,
 )
 from ppsim.pipeline.split import Split
+from ppsim.policy.report import copy_events, policy_json
 from ppsim.schedules.generators import interleaved_group, schedule_placement
 from ppsim.sim.engines import simulator
 from ppsim.trace.schema import simulation_trace, write_trace
@@ -196,7 +197,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     timeline = not args.json and (ops or 0) <= limits.TIMELINE_OPS
     sim = simulate(problem, record=bool(args.trace or args.png or timeline))
     if args.trace:
-        write_trace(args.trace, simulation_trace(sim))
+        trace = simulation_trace(sim)
+        trace["traceEvents"] += copy_events(sim)  # a memory policy's host copies
+        write_trace(args.trace, trace)
     s = sim.summary
     if args.png:
         assert sim.timeline is not None
@@ -210,9 +213,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         emit_json({"schedule": problem.schedule.name, "pp": problem.split.pp,
                    "vpp": problem.split.vpp, "microbatches": problem.schedule.microbatches,
                    "split": list(problem.split.counts),
-                   "memory_limit_bytes": problem.hardware.memory_bytes, **summary_dict(s)})
+                   "memory_limit_bytes": problem.hardware.memory_bytes, **summary_dict(s),
+                   **policy_json(problem)})
         return 0
     _print_simulation(sim)
+    host = policy_json(problem)
+    if host and not host["host_fits"]:
+        print(f"warning: offloaded activations need up to {max(host['host_bytes']) / 1e9:.1f} "
+              f"GB of host memory per rank, more than {cfg.hardware.host_memory_bytes / 1e9:g} "
+              f"GB over {cfg.hardware.gpus_per_node} devices per node allows", file=sys.stderr)
     if args.trace:
         print(f"trace written to {args.trace} (open in https://ui.perfetto.dev)")
     if args.png:

@@ -44,13 +44,15 @@ def with_overrides(cfg: Config, *, preset: str | None = None,
                    split: dict[str, Any] | None = None,
                    hardware: str | None = None, memory_bytes: float | None = None,
                    costs_file: str | None = None,
-                   devices: list[int] | None = None) -> Config:
+                   devices: list[int] | None = None,
+                   memory: dict[str, Any] | None = None) -> Config:
     """`cfg` with the given changes (None: keep), checked as a loaded config is.
 
     preset replaces [model] by that preset; `model` sets MODEL_KEYS on it; `pipeline`
     sets PIPELINE_KEYS; `split` (SPLIT_KEYS) replaces the split choice, {} meaning the
     default split; `hardware` replaces [hardware] by that preset; `devices` sets
-    [placement] devices. Values given as None are not changes."""
+    [placement] devices; `memory` sets keys of the [memory] policy (creating it).
+    Values given as None are not changes."""
     m = parse_model({"preset": preset}) if preset else cfg.model
     changes = _given(model, MODEL_KEYS, "model")
     if changes:
@@ -64,8 +66,9 @@ def with_overrides(cfg: Config, *, preset: str | None = None,
     place = replace(cfg.placement)
     if devices is not None:
         place.devices = list(devices)
+    policy = cfg.memory if memory is None else {**(cfg.memory or {}), **memory}
     out = Config(model=m, pipeline=pipe, hardware=hw,
-                 costs_file=costs_file or cfg.costs_file, placement=place)
+                 costs_file=costs_file or cfg.costs_file, placement=place, memory=policy)
     check_config(out)
     return out
 

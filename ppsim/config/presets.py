@@ -4,9 +4,9 @@ from __future__ import annotations
 
 # Architecture fields (see ppsim.transformer.Architecture); tp is a sensible
 # default for the model's size and is overridden like any other field. The
-# large models default to recompute = "selective": FlashAttention stores no
-# s x s scores and recomputes attention in the backward, which is exactly
-# what Korthikanti's selective-recompute figures describe.
+# large models default to recompute = "selective", Megatron's default core_attn
+# recompute: its activation bytes are Korthikanti's selective-recompute figures
+# (FlashAttention stores no s x s scores in any mode).
 NEMOTRON_H_8B = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
 NEMOTRON_H_56B = "M-M-M-M*-" + "M-M-M-M-M*-" * 9 + "M-M-M-M-M-"
 """Megatron-LM examples/post_training/modelopt/conf/nvidia/Nemotron-H-{8B,56B}-Base-8K.sh."""
@@ -138,20 +138,29 @@ def _curve(achieved_tflops: float, fixed_us: float, peak: float = 989.0) -> list
 # attention at 30 %, 3.0 TB/s for elementwise work, and 80 us of host time per
 # modelled op (Python modules, dispatch, autograd; the same figure
 # `profile --hardware-out` measures on this 2-core VM's CPU: ~78 us).
+# Host link and host memory (activation offload): H100 and H200 SXM attach to the
+# host over PCIe Gen5 x16, A100 SXM over PCIe Gen4 x16 (NVIDIA H100/H200/A100
+# datasheets): 32 and 16 GT/s x 16 lanes, 128b/130b coded, 63 and 31.5 GB/s each
+# way. DGX H100, DGX H200 and DGX A100 (640 GB) nodes have 2 TB of system memory for
+# their 8 GPUs (DGX user guides).
+_HOST = {"h100": dict(host_link_gbps=63.0, host_memory_bytes=2e12, gpus_per_node=8),
+         "a100": dict(host_link_gbps=31.5, host_memory_bytes=2e12, gpus_per_node=8)}
+
 HARDWARE_PRESETS: dict[str, dict] = {
     "a100-80gb": dict(memory_bytes=80e9, peak_tflops=312.0, efficiency=0.5,
                       p2p_bandwidth_gbps=25.0, p2p_latency_ms=0.01,
                       matmul_efficiency=_curve(250.0, 5.0, 312.0),
                       attention_efficiency=0.55, memory_bandwidth_gbps=1850.0,
-                      kernel_overhead_us=10.0),
+                      kernel_overhead_us=10.0, **_HOST["a100"]),
     "h100-80gb": dict(memory_bytes=80e9, peak_tflops=989.0, efficiency=0.45,
                       p2p_bandwidth_gbps=50.0, p2p_latency_ms=0.01,
                       matmul_efficiency=_curve(790.0, 5.0), attention_efficiency=0.35,
-                      memory_bandwidth_gbps=3000.0, kernel_overhead_us=10.0),
+                      memory_bandwidth_gbps=3000.0, kernel_overhead_us=10.0, **_HOST["h100"]),
     "h200-141gb": dict(memory_bytes=141e9, peak_tflops=989.0, efficiency=0.45,
                        p2p_bandwidth_gbps=50.0, p2p_latency_ms=0.01,
                        matmul_efficiency=_curve(813.0, 40.0), attention_efficiency=0.30,
-                       memory_bandwidth_gbps=3000.0, kernel_overhead_us=80.0),
+                       memory_bandwidth_gbps=3000.0, kernel_overhead_us=80.0,
+                       **_HOST["h100"]),
     "cpu": dict(memory_bytes=16e9, peak_tflops=0.04, efficiency=1.0,
                 p2p_bandwidth_gbps=1.0, p2p_latency_ms=0.05),
 }

@@ -16,6 +16,7 @@ from ppsim.config.model import Model, UniformModel, parse_model
 from ppsim.config.presets import HARDWARE_PRESETS
 from ppsim.errors import UserError
 from ppsim.pipeline.placement import PlacementConfig
+from ppsim.policy.model import memory_policy
 
 SPLIT_KEYS = ("split", "layout", "first_stage_layers", "last_stage_layers",
               "account_for_embedding", "account_for_loss")
@@ -91,6 +92,12 @@ class HardwareConfig:
     (a copy test's figure); 0: memory-bound ops cost nothing."""
     kernel_overhead_us: float = 0.0
     """Least time one kernel takes: host dispatch plus launch, in microseconds."""
+    host_link_gbps: float = 0.0
+    """Device <-> host bandwidth each way in GB/s (activation offload's copies); 0: free."""
+    host_memory_bytes: float = 0.0
+    """Host memory of one node that offloaded activations may use; 0: no limit."""
+    gpus_per_node: int = 1
+    """Devices sharing one host's memory."""
 
 
 @dataclass(kw_only=True)
@@ -103,6 +110,9 @@ class Config:
     """Measured costs (ppsim profile / calibrate) that replace the analytic model."""
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     """Which device each rank runs on and which links messages share ([placement])."""
+    memory: dict[str, Any] | None = None
+    """The [memory] table: a recompute and offload policy (ppsim.policy.model); none: the
+    model's global recompute mode."""
 
     @property
     def num_layers(self) -> int:
@@ -143,15 +153,17 @@ def _fill(obj: Any, table: dict[str, Any], section: str) -> None:
 
 def config_from_dict(data: dict[str, Any]) -> Config:
     for key in data:
-        if key not in ("model", "pipeline", "hardware", "placement", "costs_file"):
+        if key not in ("model", "pipeline", "hardware", "placement", "costs_file", "memory"):
             raise UserError(key, "unknown section",
-                            "use [model], [pipeline], [hardware] and [placement]")
+                            "use [model], [pipeline], [hardware], [placement] and [memory]")
     cfg = Config(model=parse_model(validate.table("model", data.get("model", {}))))
     _fill(cfg.pipeline, validate.table("pipeline", data.get("pipeline", {})), "pipeline")
     cfg.hardware = hardware_config(dict(validate.table("hardware", data.get("hardware", {}))))
     _fill(cfg.placement, validate.table("placement", data.get("placement", {})), "placement")
     if "costs_file" in data:
         cfg.costs_file = validate.typed("costs_file", data["costs_file"], str)
+    if "memory" in data:
+        cfg.memory = dict(validate.table("memory", data["memory"]))
     check_config(cfg)
     return cfg
 
@@ -162,6 +174,8 @@ def check_config(cfg: Config) -> None:
     validate.pipeline(cfg.pipeline)
     validate.hardware(cfg.hardware)
     validate.placement(cfg.placement)
+    if cfg.memory is not None:
+        memory_policy(cfg.memory, "none")  # every key and module name checked
 
 
 def hardware_config(table: dict[str, Any]) -> HardwareConfig:
@@ -241,9 +255,21 @@ def config_to_toml(cfg: Config) -> str:
             v = getattr(obj, f.name)
             if v is not None:
                 lines.append(f"{f.name} = {_toml_value(v)}")
+    lines += _memory_toml(cfg.memory)
     if cfg.costs_file:
         lines = [f"costs_file = {_toml_value(cfg.costs_file)}", ""] + lines
     return "\n".join(lines) + "\n"
+
+
+def _memory_toml(table: dict[str, Any] | None) -> list[str]:
+    """The [memory] table and its [[memory.stage]] tables."""
+    if table is None:
+        return []
+    lines = ["", "[memory]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()
+                                if k != "stage"]
+    for st in table.get("stage", []):
+        lines += ["", "[[memory.stage]]"] + [f"{k} = {_toml_value(v)}" for k, v in st.items()]
+    return lines
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:
@@ -253,4 +279,6 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
                            "placement": asdict(cfg.placement)}
     if cfg.costs_file is not None:
         out["costs_file"] = cfg.costs_file
+    if cfg.memory is not None:
+        out["memory"] = cfg.memory
     return out

@@ -157,6 +157,12 @@ def hardware(hw: Any) -> None:
               "to leave memory-bound ops free")
     number("hardware.kernel_overhead_us", getattr(hw, "kernel_overhead_us", 0.0),
            hi=MAX_MS * 1e3, fix="give microseconds per kernel, or 0")
+    number("hardware.host_link_gbps", getattr(hw, "host_link_gbps", 0.0), hi=MAX_GBPS,
+           fix="give the host link's GB/s each way, or 0 for free copies")
+    number("hardware.host_memory_bytes", getattr(hw, "host_memory_bytes", 0.0), hi=MAX_BYTES,
+           fix="give a node's host memory for offloaded activations, or 0 for no limit")
+    number("hardware.gpus_per_node", getattr(hw, "gpus_per_node", 1), lo=1, hi=1 << 16,
+           fix="give the devices that share one host, e.g. 8")
     curve = getattr(hw, "matmul_efficiency", None)
     if curve is not None:
         fix = "write [[GFLOP, fraction of peak], ...], e.g. [[1, 0.2], [1000, 0.8]]"

@@ -1,8 +1,10 @@
 """A decoder layer, the head and the embedding as ops (for time) and as the tensors
-autograd keeps (for activation memory), per tensor-parallel rank.
+autograd keeps (for activation memory), per tensor-parallel rank; a decoder layer's
+kept tensors, by Megatron module, are in ppsim.costs.modules.
 
 Activations are counted tensor by tensor as PyTorch's autograd saves them with
-FlashAttention (scaled_dot_product_attention, causal): no s x s scores, Q, K
+FlashAttention (scaled_dot_product_attention, causal; with or without recompute,
+no s x s scores are ever stored), Q, K
 and V at their own widths, the output and a fp32 log-sum-exp per head and
 token. Norms keep their input and fp32 statistics (mean and rstd for
 LayerNorm, rstd for RMSNorm), matmuls their input, an eager SwiGLU its two
@@ -65,8 +67,6 @@ def attention_ops(a: Architecture) -> list[Op]:
         ops.append(Op("rotary", nbytes=2 * tok * (sh.q + sh.k) * w / t))
     # FlashAttention, causal: QK^T and AV over the unmasked half of the s x s scores.
     core = a.seq_length * a.seq_length * a.micro_batch_size * (sh.q + sh.out) / t
-    if a.recompute == "none":
-        core *= 2  # unfused attention computes the masked half too
     ops.append(Op("attention", flops=core, attention=True))
     ops.append(_mm("out_proj", tok, h, sh.out / t))
     return ops
@@ -133,53 +133,6 @@ def _norm_bytes(a: Architecture, width: int) -> float:
     """A norm's input and its fp32 statistics."""
     stats = 4 if a.rmsnorm else 8
     return _tokens(a) * (width * DTYPE_BYTES[a.dtype] + stats)
-
-
-def _mlp_bytes(a: Architecture, tokens: int, ffn: int) -> float:
-    """fc1's input, fc1's (and fc3's) output, the activation's output (fc2's input);
-    an eager SwiGLU also keeps SiLU's output for the product."""
-    w = DTYPE_BYTES[a.dtype]
-    return tokens * (a.hidden_size + ffn * (4 if a.gated_mlp else 2)) * w
-
-
-def attention_bytes(a: Architecture) -> float:
-    """Norm output (the projections' input), MLA's latents (norm input and output),
-    Q, K, V, the output, the log-sum-exp; scores when recompute is "none"."""
-    tok, w, h = _tokens(a), DTYPE_BYTES[a.dtype], a.hidden_size
-    sh = attention_shape(a)
-    out = tok * (h + sh.q + sh.k + sh.v + sh.out) * w + 4 * tok * a.num_heads
-    if a.attention == "mla":
-        # The latents: each norm's input (+ stats) and output (the up-projection's input).
-        for rank in (a.q_lora_rank, a.kv_lora_rank):
-            if rank:
-                out += _norm_bytes(a, rank) + tok * rank * w
-    if a.recompute == "none":
-        # Unfused attention: the softmax output (and its dropout mask and output).
-        out += a.num_heads * a.seq_length ** 2 * a.micro_batch_size * (
-            w + (1 + w if a.dropout else 0))
-        out -= 4 * tok * a.num_heads
-    return out
-
-
-def layer_activation_bytes(a: Architecture, kind: str) -> int:
-    """Bytes one microbatch's forward keeps for the backward, per tp rank."""
-    tok, h, w = _tokens(a), a.hidden_size, DTYPE_BYTES[a.dtype]
-    if a.recompute == "full":
-        return int(tok * h * w / a.tp)  # only the layer's input
-    per = 2 * _norm_bytes(a, h) + attention_bytes(a)
-    if a.dropout:
-        per += 2 * tok * h  # masks after attention and after the MLP
-    if kind == "dense":
-        per += _mlp_bytes(a, tok, a.ffn_hidden_size)
-    else:
-        pairs = tok * a.top_k
-        per += (tok * h * w  # router input
-                + 2 * tok * a.num_experts * 4  # router logits and probabilities, fp32
-                + _mlp_bytes(a, pairs, a.moe_ffn_hidden_size)  # dispatched tokens through
-                + pairs * h * w)  # expert outputs, weighted in the combine
-        if a.shared_experts:
-            per += _mlp_bytes(a, tok, a.shared_experts * a.moe_ffn_hidden_size) - tok * h * w
-    return int(per / a.tp)
 
 
 def head_activation_bytes(a: Architecture) -> int:

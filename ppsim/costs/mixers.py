@@ -32,19 +32,17 @@ from ppsim.costs.arch import (
 )
 from ppsim.costs.hybrid import parse_pattern
 from ppsim.costs.layerops import (
-    _mlp_bytes,
     _mlp_ops,
     _mm,
     _norm_bytes,
     _norm_ops,
     _residual,
     _tokens,
-    attention_bytes,
     attention_ops,
-    layer_activation_bytes,
     layer_ops,
     mlp_ops,
 )
+from ppsim.costs.modules import SHORTHAND, kept_tensors, layer_activation_bytes
 from ppsim.costs.ops import Op
 from ppsim.errors import UserError
 
@@ -292,6 +290,25 @@ def kind_ops(a: Architecture, kind: str) -> list[Op]:
 # ------------------------------------------------------------------ activation memory
 
 
+def _kept_whole(a: Architecture, kind: str, names: tuple[str, ...]) -> float:
+    """Whole-width bytes of the tensors a transformer layer of `kind` keeps under the
+    global mode (ppsim.costs.modules) whose names start with `names`."""
+    kept = kept_tensors(a, kind, SHORTHAND.get(a.recompute, ()))
+    return a.tp * sum(v for n, v in kept.items() if n.startswith(names))
+
+
+def _attention_bytes(a: Architecture) -> float:
+    """The attention block's kept tensors beyond its norm's input: the norm output,
+    MLA's latents, Q, K, V, the output (and the log-sum-exp where it is kept)."""
+    return _kept_whole(a, "dense", ("norm1.out", "attn.", "q_norm.", "kv_norm."))
+
+
+def _mlp_bytes(a: Architecture) -> float:
+    """The MLP's kept tensors beyond its norm's input: fc1's input, its outputs, the
+    activation's output."""
+    return _kept_whole(a, "dense", ("norm2.out", "mlp."))
+
+
 def _mixer_bytes(a: Architecture, kind: str) -> float:
     """What the mixer keeps beyond the pre-norm, before tp (whole widths)."""
     tok, w = _tokens(a), DTYPE_BYTES[a.dtype]
@@ -313,12 +330,12 @@ def _mixer_bytes(a: Architecture, kind: str) -> float:
                 + tok / c * d.value_heads * a.linear_key_head_dim * a.linear_value_head_dim * 4)
     if kind in ("attention", "mla", "dsa"):
         b = a if kind == "attention" else _latent(a)
-        out = attention_bytes(b)
+        out = _attention_bytes(b)
         if kind == "dsa":
             n, d = a.dsa_indexer_n_heads, a.dsa_indexer_head_dim
             out += tok * ((n * d + d) * w + n * 4 + a.dsa_indexer_topk * 4)
         return out
-    return _mlp_bytes(a, tok, a.ffn_hidden_size)
+    return _mlp_bytes(a)
 
 
 def mixer_activation_bytes(a: Architecture, kind: str) -> int:
@@ -330,7 +347,7 @@ def mixer_activation_bytes(a: Architecture, kind: str) -> int:
     if kind == "moe-mlp":
         # A transformer MoE layer less a dense one is the MoE block less a dense MLP.
         moe = layer_activation_bytes(a, "moe") - layer_activation_bytes(a, "dense")
-        return moe + int((_norm_bytes(a, h) + _mlp_bytes(a, tok, a.ffn_hidden_size)
+        return moe + int((_norm_bytes(a, h) + _mlp_bytes(a)
                           + masks) / a.tp)
     return int((_norm_bytes(a, h) + _mixer_bytes(a, kind) + masks) / a.tp)
 

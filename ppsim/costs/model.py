@@ -9,6 +9,7 @@ Korthikanti et al. 2022 activation formulas). Measured cost files
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from ppsim.errors import UserError
 from ppsim.pipeline.split import Split
@@ -142,8 +143,9 @@ def receives_input(split: Split, index: int) -> bool:
             and split.stage_rank(index - 1) != split.stage_rank(index))
 
 
-def stage_costs(costs: ModelCosts, split: Split) -> list[StageCost]:
-    """Per-virtual-stage costs for a split, in virtual-stage order."""
+def stage_costs(costs: ModelCosts, split: Split, memory: Any = None) -> list[StageCost]:
+    """Per-virtual-stage costs for a split, in virtual-stage order; `memory` (a memory
+    policy's costs, ppsim.policy.costs) prices each stage in place of `costs`."""
     if split.num_layers != costs.num_layers:
         raise UserError("pipeline.split", f"covers {split.num_layers} layers but the model "
                         f"has {costs.num_layers}", f"make the counts add up to {costs.num_layers}")
@@ -152,8 +154,10 @@ def stage_costs(costs: ModelCosts, split: Split) -> list[StageCost]:
                         f"{costs.mtp_layers}", "count the model's MTP layers in the layout")
     out = []
     for st in split.stages:
-        c = stage_cost(costs, st.offset, st.layers, st.has_embedding, st.has_head,
-                       receives_input(split, st.index))
+        receives = receives_input(split, st.index)
+        c = (stage_cost(costs, st.offset, st.layers, st.has_embedding, st.has_head, receives)
+             if memory is None else memory.stage_cost(st.offset, st.layers, st.index,
+                                                      st.has_embedding, st.has_head, receives))
         if st.index < split.embedding_stage or st.index >= split.loss_stage:
             # Before the embedding only token ids pass; after the loss nothing does.
             c = _no_output(c)

@@ -12,7 +12,7 @@ and experts sharded over ep x tp.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim.costs.arch import (
@@ -37,12 +37,12 @@ from ppsim.costs.layerops import (
     embedding_activation_bytes,
     head_activation_bytes,
     head_ops,
-    layer_activation_bytes,
     mtp_ops,
     padded_vocab,
 )
-from ppsim.costs.mixers import any_kind_params, kind_activation_bytes, kind_ops, mtp_kinds
+from ppsim.costs.mixers import any_kind_params, kind_ops, mixer_activation_bytes, mtp_kinds
 from ppsim.costs.model import LAYER_FIELDS, LayerCost, ModelCosts
+from ppsim.costs.modules import SHORTHAND, layer_activation_bytes, module_effect
 from ppsim.costs.ops import Roofline, piece_times
 from ppsim.errors import UserError
 
@@ -109,18 +109,37 @@ def _static(a: Architecture, p: KindParams) -> int:
     return int((mats / a.tp + p.norms + p.experts / (a.ep * a.tp)) * bytes_per_param(a))
 
 
-def _kind_cost(a: Architecture, acc: Accelerator, kind: str) -> LayerCost:
+def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
+               recompute: tuple[str, ...] | None = None, full: bool | None = None) -> LayerCost:
+    """One layer of `kind`; `recompute` (Megatron module names) and `full` (the whole
+    layer recomputed) default to the architecture's global mode."""
     s, b, h, t = a.seq_length, a.micro_batch_size, a.hidden_size, a.tp
+    if full is None:
+        full = a.recompute == "full"
+    if recompute is None:
+        recompute = SHORTHAND.get(a.recompute, ())
     ops = kind_ops(a, kind)
-    f, bi, bw = piece_times(acc.roofline(), ops)
+    roof = acc.roofline()
+    f, bi, bw = piece_times(roof, ops)
+    a2a = 0.0
     if kind in ("moe", "moe-mlp") and a.ep > 1 and acc.a2a_bandwidth_gbps > 0:
         # Dispatch and combine each move top_k copies of every token; (ep-1)/ep leave.
         a2a = 2 * s * b * a.top_k * h * DTYPE_BYTES[a.dtype] * (a.ep - 1) / a.ep / t
-        f += a2a / (acc.a2a_bandwidth_gbps * 1e6)
-        bi += a2a / (acc.a2a_bandwidth_gbps * 1e6)
-    if a.recompute == "full":
+        a2a /= acc.a2a_bandwidth_gbps * 1e6
+        f += a2a
+        bi += a2a
+    if kind in KINDS:
+        effect = module_effect(a, kind, recompute, full=full)
+        act, repeated = effect.kept_bytes, effect.repeated_ops
+    else:  # the hybrid mixers know no module policy: all kept or, recomputed, the input
+        act = mixer_activation_bytes(replace(a, recompute="full") if full else a, kind)
+        repeated = frozenset()
+    if full:
         bi += f  # the forward runs again before the backward
-    act = kind_activation_bytes(a, kind)
+    elif repeated:
+        # The recomputed modules' forward ops run again inside the backward.
+        bi += piece_times(roof, [op for op in ops if op.name in repeated])[0]
+        bi += a2a if "a2a" in repeated else 0.0
     # ZB: after B, W still needs the inputs of the weight matmuls (and the output
     # gradients it is given); the rest of what the forward kept is freed.
     w_keep = min(act, int(sum(op.shape[0] * op.shape[2] for op in ops if op.params)
@@ -171,15 +190,18 @@ def _chain(parts: list[LayerCost]) -> LayerCost:
                         "split_backward_ms": 0.0})
 
 
-def transformer_costs(a: Architecture, acc: Accelerator) -> ModelCosts:
-    """Per-layer costs of the whole stack, the embedding and the head."""
+def transformer_costs(a: Architecture, acc: Accelerator, recompute: tuple[str, ...] | None = None,
+                      full: bool | None = None) -> ModelCosts:
+    """Per-layer costs of the whole stack, the embedding and the head; every decoder
+    layer recomputes the `recompute` modules (or the whole layer, `full`), by default
+    the architecture's global mode (ppsim.costs.modules)."""
     s, b, h, t = a.seq_length, a.micro_batch_size, a.hidden_size, a.tp
     kinds = layer_kinds(a)
-    by_kind = {k: _kind_cost(a, acc, k) for k in set(kinds)}
+    by_kind = {k: _kind_cost(a, acc, k, recompute, full) for k in set(kinds)}
     head = _head_cost(a, acc)
     layers = [by_kind[k] for k in kinds]
     if a.mtp_layers:
-        inner = [by_kind.get(k) or _kind_cost(a, acc, k) for k in mtp_kinds(a)]
+        inner = [by_kind.get(k) or _kind_cost(a, acc, k, recompute, full) for k in mtp_kinds(a)]
         mtp = _mtp_cost(a, acc, _chain(inner), head)
         layers += [mtp] * a.mtp_layers
     # Embedding: a lookup (no matmul); its backward scatters gradients into the table.

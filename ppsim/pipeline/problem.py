@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ppsim.config import validate
 from ppsim.config.limits import SIMULATE, check_ops, check_shape
@@ -18,6 +19,7 @@ from ppsim.pipeline.layout import parse_layout
 from ppsim.pipeline.messages import delay_ms, wire_ms
 from ppsim.pipeline.placement import Topology, topology
 from ppsim.pipeline.split import Split
+from ppsim.policy.setup import fixed_policy
 from ppsim.schedules.generators import Schedule, build_schedule, schedule_placement
 from ppsim.schedules.torchcsv import load_actions_csv
 
@@ -55,10 +57,14 @@ class Problem:
     """Devices and links the ranks share; None: each rank owns its device and links."""
     pattern: HybridPattern | None = None
     """The hybrid layer pattern the model was built from (its exports place `|`)."""
+    memory: Any = None
+    """A memory policy's stage costs (ppsim.policy.costs.Fixed or Cheapest); None: the
+    model's global recompute mode, in `costs`. With one, `costs` holds the layers
+    without recompute: the least time any policy takes (the planner's bounds)."""
 
     @property
     def stage_costs(self) -> list[StageCost]:
-        return stage_costs(self.costs, self.split)
+        return stage_costs(self.costs, self.split, self.memory)
 
     def with_split(self, split: Split) -> Problem:
         return replace(self, split=split)
@@ -175,7 +181,15 @@ def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
     check_ops(p.pp, split.vpp, p.microbatches, False, SIMULATE)
     schedule = build_schedule(name, p.pp, split.vpp, p.microbatches, p.microbatch_group_size)
     hw = hardware(cfg)
-    return Problem(costs, split, schedule, hw, _topology(cfg, hw), pattern)
+    return with_policy(cfg, Problem(costs, split, schedule, hw, _topology(cfg, hw), pattern))
+
+
+def with_policy(cfg: Config, problem: Problem) -> Problem:
+    """The problem priced by the config's [memory] policy, when it has one."""
+    if cfg.memory is None:
+        return problem
+    memory = fixed_policy(cfg, problem.split.num_stages)
+    return replace(problem, costs=memory.costs.base, memory=memory)
 
 
 def _topology(cfg: Config, hw: Hardware) -> Topology | None:
@@ -229,7 +243,8 @@ def _csv_problem(cfg: Config, costs: ModelCosts) -> Problem:
         raise UserError("pipeline.layout", f"has {split.vpp} stages per rank but the actions "
                         f"CSV runs {schedule.vpp}", "give a layout with as many stages as the CSV")
     hw = hardware(cfg)
-    return Problem(costs, split, schedule, hw, _topology(cfg, hw), hybrid_pattern(cfg))
+    return with_policy(cfg, Problem(costs, split, schedule, hw, _topology(cfg, hw),
+                                    hybrid_pattern(cfg)))
 
 
 def hardware(cfg: Config) -> Hardware:

@@ -217,6 +217,15 @@ class OneChunkBound:
         return self.table.argmin()
 
 
+CHUNKED_BOUND_NOTE = (
+    "with several chunks per rank the lower bound is loose: it pours the work of the "
+    "stages not yet placed continuously over the ranks that still have one (water-filling), "
+    "as if layers split into fractions and a rank's two chunks could share one load, and "
+    "it leaves out that each chunk's ops wait on the other ranks' chunks; the gap is an "
+    "upper limit on how much faster any split could be, not a measure of the plan's loss")
+"""Why a plan over chunks is rarely proven: what `plan` says beside its gap."""
+
+
 class WaterFill:
     """Bound for several chunks per rank: per rank, head + m x placed work, and
     the unplaced work poured (continuously) onto the ranks that still have stages."""

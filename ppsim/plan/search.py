@@ -78,8 +78,17 @@ class SplitSearch:
     # ------------------------------------------------------------ costs
 
     def _stage_cost(self, offset: int, count: int, index: int) -> StageCost:
+        if self.problem.memory is not None:  # a memory policy prices the stage
+            return self.problem.memory.stage_cost(offset, count, index, index == 0,
+                                                  index == self.S - 1, self.receives[index],
+                                                  self.fits)
         return stage_cost(self.costs, offset, count, index == 0, index == self.S - 1,
                           self.receives[index])
+
+    def fits(self, index: int, c: StageCost) -> bool:
+        """Stage `index` with cost c keeps its rank within memory, one chunk per rank."""
+        wg = c.weight_grad_bytes if self.split_bw else 0
+        return c.static_bytes + self._peak(index, [c.activation_bytes], [wg]) <= self.memory
 
     def stage(self, offset: int, count: int, index: int) -> StageCost:
         return self._stage(offset, count, index)
@@ -114,6 +123,9 @@ class SplitSearch:
     def stage_bytes(self, pos: int, count: int, k: int) -> tuple[int, int, int]:
         """(static, activation, weight-grad) bytes of stage k holding layers pos..pos+count-1:
         what `stage(pos, count, k)` holds, in O(1)."""
+        if self.problem.memory is not None:
+            c = self.stage(pos, count, k)
+            return c.static_bytes, c.activation_bytes, c.weight_grad_bytes
         out = []
         for pre, name in zip(self._pre_bytes, ("static_bytes", "activation_bytes",
                                                "weight_grad_bytes"), strict=True):
@@ -138,6 +150,11 @@ class SplitSearch:
         keep = [c.weight_grad_bytes if self.split_bw else 0
                 for c in costs]
         return self._peak(r, act, keep)
+
+    def held_peak(self, r: int, per_chunk: list[int]) -> int:
+        """Peak on rank r of bytes each in-flight microbatch of a chunk holds until its
+        backward (activations, or what a memory policy keeps on the host)."""
+        return self._peak(r, per_chunk, [0] * len(per_chunk))
 
     def _peak(self, r: int, act: list[int], keep: list[int]) -> int:
         n = len(act)

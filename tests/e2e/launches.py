@@ -112,6 +112,8 @@ DUALPIPEV = ["--schedule", "dualpipev", "--pp", "2", "--vpp", "2", "--split", "2
              "--microbatches", "4"]
 V = ["--pp", "2", "--vpp", "2", "--split", "2,3,2,1"]
 PEER = ["--alongside-torch"]
+POLICY = ["--recompute-modules", "core_attn", "--offload-modules", "attn_norm,qkv_linear,mlp_norm"]
+"""A memory policy (issue 28): core_attn recomputed, three modules offloaded."""
 SMALL = ["--microbatches", "4", "--iterations", "2", "--timeout-s", "30"]
 
 # test_executor.py's cases: every schedule, both builders, recompute modes and dp 2.
@@ -140,6 +142,10 @@ EXECUTOR = {
     "moe-dualpipev": Spec(argv=[*MOE, *DUALPIPEV]),
     # a hybrid stack (Mamba-2, attention, GatedDeltaNet, MoE, MLP layers), zero-bubble
     "hybrid-zb-h1": Spec(argv=["--preset", "tiny-hybrid", *ZB_H1]),
+    # a memory policy on 1F1B, interleaved and ZB-V (test_executor_policy.py's peaks)
+    "1f1b-policy": Spec(argv=[*ONE_F_ONE_B, *POLICY]),
+    "interleaved-policy": Spec(argv=[*INTERLEAVED, *POLICY]),
+    "zbv-policy": Spec(argv=["--schedule", "zbv", *V, "--microbatches", "4", *POLICY]),
 }
 
 # test_executor_schedules.py's cases beyond those above; its zb-h1, dualpipev and

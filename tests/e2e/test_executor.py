@@ -138,9 +138,9 @@ def test_recompute_peaks_follow_the_prediction(launches: Pool, capsys) -> None:
     """Measured activation peaks across none / selective / full against `simulate`'s.
 
     The executor's attention is scaled_dot_product_attention (FlashAttention's
-    kernel), which keeps no s x s scores, so "none" keeps what "selective" keeps
-    plus the attention core's output: its prediction is the selective one (the
-    analytic "none" still adds Korthikanti's 5as^2b score term).
+    kernel), which keeps no s x s scores, as the analytic modes assume: "none" keeps
+    what "selective" (core_attn recompute) keeps plus the attention core's output
+    and log-sum-exp.
     """
     measured, predicted = {}, {}
     for mode, case in (("none", "1f1b"), ("selective", "1f1b-selective"),

@@ -42,7 +42,7 @@ def executor_arch(**kw) -> Architecture:
     no dropout, FlashAttention (scaled_dot_product_attention, causal)."""
     base = dict(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=4, ffn_hidden_size=256,
                 vocab_size=512, seq_length=32, micro_batch_size=2, gated_mlp=False,
-                dtype="fp32", norm="layernorm", position="learned", recompute="selective")
+                dtype="fp32", norm="layernorm", position="learned", recompute="none")
     return Architecture(**{**base, **kw})
 
 
@@ -129,12 +129,16 @@ def test_head_and_embedding_bytes_match_autograd(dtype):
     assert abs(got.embedding.activation_bytes - want_emb) <= 0.02 * want_emb + 8 * a.seq_length
 
 
-def test_recompute_full_keeps_only_the_input_and_none_adds_scores():
+def test_recompute_full_keeps_only_the_input_and_none_stores_no_scores():
+    """With FlashAttention no mode stores the s x s scores: "none" keeps what
+    "selective" (Megatron's core_attn recompute) keeps plus the log-sum-exp only."""
     a = executor_arch()
     full = act_bytes(executor_arch(recompute="full"), "dense")
     assert full == a.seq_length * a.micro_batch_size * a.hidden_size * 4
     none = act_bytes(executor_arch(recompute="none"), "dense")
-    assert none > act_bytes(a, "dense") + a.num_heads * a.seq_length ** 2 * 2
+    selective = act_bytes(executor_arch(recompute="selective"), "dense")
+    assert none - selective == 4 * a.seq_length * a.micro_batch_size * a.num_heads
+    assert none < selective + a.num_heads * a.seq_length ** 2  # no scores
 
 
 def test_tp_divides_every_tensor():

@@ -1,0 +1,66 @@
+"""Two memory policies run for real on one GPU against their simulation.
+
+A gpt3-1.3b-shaped GPT of 8 layers, pp 2 on one device (`--devices 0,0`), 1F1B, 8
+microbatches: no policy, then core_attn recomputed, the first 2 layers of each stage
+recomputed whole and attn_norm, qkv_linear, mlp_norm offloaded (to pinned host
+memory). For each: the measured activation peak per rank (the run's trace) and its
+iteration time against `ppsim simulate` on the h200-141gb preset.
+
+Run:    python3 benchmarks/bench_memory_policy_gpu.py --device cuda
+        (benchmarks/gpu_checks.sh policy)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASE = ["--num-layers", "8", "--pp", "2", "--split", "4,4", "--schedule", "1f1b",
+        "--microbatches", "8", "--recompute", "none"]
+POLICIES = {"none": [],
+            "policy": ["--recompute-modules", "core_attn", "--recompute-num-layers", "2",
+                       "--offload-modules", "attn_norm,qkv_linear,mlp_norm"]}
+
+
+def _ppsim(*args: str) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "ppsim.cli", *args], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=500, check=False)
+    if out.returncode != 0:
+        raise SystemExit(out.stderr[-2000:])
+    return json.loads(out.stdout)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    ap.add_argument("--preset", default="gpt3-1.3b", help="tiny-gpt: the script's path on CPU")
+    args = ap.parse_args()
+    base = ["--preset", args.preset, *BASE]
+    print(f"{'policy':8} {'rank':>4} {'measured B':>14} {'simulated B':>14} {'ratio':>6} "
+          f"{'measured ms':>12} {'simulated ms':>12}")
+    for name, flags in POLICIES.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            res = _ppsim("run", *base, *flags, "--device", args.device, "--devices", "0,0",
+                         "--iterations", "4", "--warmup", "2", "--trace-dir",
+                         str(Path(tmp) / "out"), "--json")
+            events = json.loads((Path(tmp) / "out" / "trace.json").read_text())["traceEvents"]
+        sim = _ppsim("simulate", *base, *flags, "--hardware", "h200-141gb", "--devices", "0,0",
+                     "--json")
+        for r, rank in enumerate(sim["ranks"]):
+            got = max(e["args"]["activations"] for e in events
+                      if e.get("ph") == "C" and e["pid"] == r)
+            want = rank["peak_activation_bytes"]
+            print(f"{name:8} {r:>4} {got:>14,} {want:>14,} {got / want:>6.3f} "
+                  f"{res['iteration_time_ms']:>12.1f} {sim['iteration_time_ms']:>12.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""A memory policy on a stage's layers: per-module recompute, block N, offload.
+
+Modules are found by their role in a layer (Megatron's names): the GPT block's
+norm1 / q, kv / attention / proj / norm2 and the Llama layer's attn_norm /
+attention.q, k, v / attention.core / attention.o / mlp_norm / mlp. Recompute
+checkpoints the module (torch.utils.checkpoint, non-reentrant: its inputs kept,
+its internals recomputed in the backward); block N checkpoints the stage's first N
+layers whole. Offload runs a module's forward under saved-tensor hooks that move
+every non-parameter tensor it saves to host memory (pinned on CUDA; on CPU a
+separate buffer, so the path is exercised) and back when the backward unpacks it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ppsim.executor.builders.stage import AttentionCore, checkpointed
+from ppsim.policy.model import EXECUTOR_OFFLOAD, EXECUTOR_RECOMPUTE, StagePolicy
+
+offloaded: list[int] = [0]
+"""Bytes moved to the host since the last reset (the tests read it)."""
+
+
+def _roles(layer: nn.Module) -> dict[str, list[nn.Module]]:
+    """Role -> the layer's modules that play it (empty when the layer has none)."""
+    get = functools.partial(getattr, layer)
+    if hasattr(layer, "norm1"):  # the GPT block
+        out = {"attn_norm": [get("norm1")], "qkv_linear": [get("q"), get("kv")],
+               "core_attn": [get("attention")], "attn_proj": [get("proj")],
+               "mlp_norm": [get("norm2")]}
+    elif hasattr(layer, "attn_norm"):  # the Llama layer
+        att = get("attention")
+        mlp = get("mlp")
+        moe = hasattr(mlp, "router")
+        out = {"attn_norm": [get("attn_norm")], "qkv_linear": [att.q, att.k, att.v],
+               "core_attn": [att.core], "attn_proj": [att.o], "mlp_norm": [get("mlp_norm")],
+               "mlp": [] if moe else [mlp], "moe": [mlp] if moe else [],
+               "shared_experts": [mlp.shared] if moe and mlp.shared is not None else []}
+    else:
+        out = {"core_attn": [m for m in layer.modules() if isinstance(m, AttentionCore)]}
+    return out
+
+
+def _wrap(module: nn.Module, around: Callable[..., Any]) -> None:
+    """Run module's forward through `around(forward, *args)`."""
+    inner = module.forward
+    module.forward = functools.partial(around, inner)
+
+
+def _fresh(cache: dict, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """A layer's forward with its own offload cache (one microbatch's, emptied after)."""
+    cache.clear()
+    try:
+        return forward(*args, **kwargs)
+    finally:
+        cache.clear()
+
+
+def _offload_forward(module: nn.Module, cache: dict, forward: Callable[..., Any], *args: Any,
+                     **kwargs: Any) -> Any:
+    # Weights and buffers (rotary tables) stay: only activations go to the host.
+    static = {t.untyped_storage().data_ptr() for t in [*module.parameters(),
+                                                        *module.buffers()]}
+
+    def pack(t: torch.Tensor) -> Any:
+        if t.untyped_storage().data_ptr() in static:
+            return t
+        # One host copy per tensor a layer's modules save (q, k and v share an input). The
+        # cache holds the device tensor until the layer's forward ends (as Megatron frees
+        # an offload group when it commits), so no new tensor can take its address then.
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+               t.stride(), t.dtype)
+        hit = cache.get(key)
+        if hit is not None:
+            return hit[1]
+        host = torch.empty(t.shape, dtype=t.dtype, device="cpu",
+                           pin_memory=t.device.type == "cuda")
+        host.copy_(t, non_blocking=t.device.type == "cuda")
+        offloaded[0] += host.nbytes
+        cache[key] = (t, (t.device, host))
+        return cache[key][1]
+
+    def unpack(packed: Any) -> torch.Tensor:
+        if isinstance(packed, torch.Tensor):
+            return packed
+        device, host = packed
+        return host.to(device, non_blocking=device.type == "cuda")
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        return forward(*args, **kwargs)
+
+
+def check_policy(p: StagePolicy) -> None:
+    """ValueError for a module the executor's builders do not run as its own piece."""
+    for name in p.recompute_modules:
+        if name not in EXECUTOR_RECOMPUTE:
+            raise ValueError(f"the executor does not recompute {name!r} on its own; it "
+                             f"recomputes {', '.join(EXECUTOR_RECOMPUTE)} and whole layers")
+    for name in p.offload_modules:
+        if name not in EXECUTOR_OFFLOAD:
+            raise ValueError(f"the executor does not offload {name!r}; it offloads "
+                             f"{', '.join(EXECUTOR_OFFLOAD)}")
+
+
+def apply_policy(layers: nn.ModuleDict, p: StagePolicy) -> None:
+    """Checkpoint and offload the stage's layers (in order) as the policy says; the
+    first N layers whole, the first offload_fraction of the others' offload modules."""
+    check_policy(p)
+    ordered = list(layers.values())
+    n = min(p.recompute_layers, len(ordered))
+    rest = ordered[n:]
+    off_layers = round(p.offload_fraction * len(rest)) if p.offload_modules else 0
+    for i, layer in enumerate(ordered):
+        if i < n:
+            _wrap(layer, checkpointed)
+            continue
+        roles = _roles(layer)
+        for name in p.recompute_modules:
+            for m in roles.get(name, []):
+                _wrap(m, checkpointed)
+        if i - n < off_layers:
+            cache: dict = {}
+            _wrap(layer, functools.partial(_fresh, cache))
+            for name in p.offload_modules:
+                for m in roles.get(name, []):
+                    _wrap(m, functools.partial(_offload_forward, m, cache))

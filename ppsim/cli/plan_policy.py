@@ -1,0 +1,201 @@
+"""`ppsim plan --search policy` (and `policy-per-stage`): the split and the memory
+policy planned together, the best of each space beside the best global mode."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import time
+from typing import Any
+
+from ppsim.cli.flags import config_from_args, emit_json
+from ppsim.cli.plan import EXIT_NO_FIT, Planned, candidate_dict, result_dict
+from ppsim.clock import process_start
+from ppsim.config import limits, validate
+from ppsim.config.overrides import with_overrides
+from ppsim.config.schema import Config
+from ppsim.errors import UserError
+from ppsim.pipeline.problem import build_problem
+from ppsim.plan.planner import PlanResult
+from ppsim.policy.megatron import PolicyExport
+from ppsim.policy.report import policy_flags
+from ppsim.policy.search import SpaceBest, plan_global, plan_megatron, plan_per_stage
+from ppsim.policy.setup import policy_costs
+
+POLICY_AXES = ("policy", "policy-per-stage")
+PER_STAGE_CHUNKS = ("not searched: the per-stage space prices each stage alone, which needs "
+                    "one chunk per rank (vpp 1)")
+SHARES = {"global": 0.3, "per-stage": 0.3}
+"""Parts of the time budget the per-stage and global spaces get; the Megatron space
+plans with what they leave (less a margin for the output)."""
+
+
+def held_back(r: PlanResult) -> dict[str, int]:
+    """The rank whose memory is nearest its limit and the rank that computes longest."""
+    assert r.best is not None
+    ranks = r.best.summary.ranks
+    return {"memory_rank": max(ranks, key=lambda x: x.peak_memory_bytes).rank,
+            "busiest_rank": max(ranks, key=lambda x: x.busy_ms).rank}
+
+
+def _export(sb: SpaceBest) -> PolicyExport:
+    r = sb.result
+    return policy_flags(r.problem.with_split(r.best.split), sb.policies)  # type: ignore
+
+
+def _splits(*spaces: SpaceBest) -> list[tuple[int, ...]]:
+    return [sb.result.best.split.counts for sb in spaces if sb.result and sb.result.best]
+
+
+def search_spaces(cfg: Config, axes: list[str], budget_s: float, started: float
+                  ) -> list[SpaceBest]:
+    """The best of the global modes, of the Megatron-expressible space and (with
+    policy-per-stage) of the per-stage space, within the budget from `started`."""
+    base = with_overrides(cfg, split={})
+    problem = build_problem(base)
+    pc = policy_costs(base)
+
+    def left(share: float) -> float:
+        return max(0.05, (budget_s - (time.perf_counter() - started)) * share)
+
+    per_stage = "policy-per-stage" in axes and problem.split.vpp == 1
+    ps = plan_per_stage(problem, pc, left(SHARES["per-stage"])) if per_stage else None
+    glob = plan_global(problem, pc, left(SHARES["global"] / (1 - SHARES["per-stage"])
+                                         if per_stage else SHARES["global"]))
+    even = problem.split.counts
+    meg = plan_megatron(problem, pc, left(0.75), _splits(*(x for x in (ps, glob) if x)) + [
+        even])
+    if "policy-per-stage" in axes and not per_stage:
+        ps = SpaceBest(space="per-stage", result=None, label=PER_STAGE_CHUNKS)
+    return [glob, meg] + ([ps] if ps else [])
+
+
+def space_dict(sb: SpaceBest, glob: SpaceBest) -> dict[str, Any]:
+    r = sb.result
+    out: dict[str, Any] = {"space": sb.space, "label": sb.label, "proven_optimal": sb.proven,
+                           "best": None}
+    if r is None or r.best is None:
+        return out
+    out["best"] = candidate_dict(r.best)
+    out["best"]["policy"] = [p.to_dict(st.index, st.layers)
+                             for p, st in zip(sb.policies, r.best.split.stages, strict=True)]
+    out.update(held_back(r))
+    g = glob.result
+    if g is not None and g.best is not None:
+        out["gain_vs_global"] = g.best.summary.iteration_time_ms / \
+            r.best.summary.iteration_time_ms
+    ex = _export(sb)
+    out["megatron_policy_flags"] = shlex.join(ex.megatron_flags) if ex.megatron_flags \
+        is not None else None
+    out["policy_notes"], out["frameworks"] = ex.notes, ex.frameworks
+    return out
+
+
+def policy_result_json(spaces: list[SpaceBest]) -> dict[str, Any]:
+    """The best space's plan as `plan --json` gives a plan, its policy per stage in
+    best.policy and its flags in best.megatron_flags; every space in policy_search."""
+    best = min((s for s in spaces if s.result and s.result.best),
+               key=lambda s: s.result.best.key, default=None)  # type: ignore[union-attr]
+    out = {"policy_search": [space_dict(s, spaces[0]) for s in spaces]}
+    if best is None:
+        return {**result_dict(Planned(spaces[0].result, None, [])), **out}  # type: ignore
+    res = result_dict(Planned(best.result, None, []))  # type: ignore[arg-type]
+    entry = next(d for d in out["policy_search"] if d["space"] == best.space)
+    res["best"]["policy"] = entry["best"]["policy"]
+    res["best"]["policy_space"] = best.space
+    flags, extra = res["best"]["megatron_flags"], entry["megatron_policy_flags"]
+    res["best"]["megatron_flags"] = None if flags is None or extra is None else \
+        (flags + " " + extra).strip()
+    if extra is None:
+        res["best"]["megatron_note"] = "; ".join(entry["policy_notes"])
+    return {**res, **out}
+
+
+def print_spaces(spaces: list[SpaceBest]) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    glob = spaces[0]
+    t = Table(title="memory policy search", title_justify="left")
+    for col in ("space", "split", "iter ms", "gain", "mem rank", "busiest", "proven"):
+        t.add_column(col, no_wrap=True)
+    base = glob.result.best.summary.iteration_time_ms if glob.result and glob.result.best \
+        else None
+    for sb in spaces:
+        r = sb.result
+        if r is None or r.best is None:
+            t.add_row(sb.space, "no fit" if r else "-", "-", "-", "-", "-", "-")
+            continue
+        counts = ",".join(map(str, r.best.split.counts))
+        hb = held_back(r)
+        ms = r.best.summary.iteration_time_ms
+        t.add_row(sb.space, counts if len(counts) <= 24 else counts[:21] + "...", f"{ms:.1f}",
+                  f"{base / ms:.3f}" if base else "-", str(hb["memory_rank"]),
+                  str(hb["busiest_rank"]), "yes" if sb.proven else "no")
+    console.print(t)
+    for sb in spaces:
+        if sb.result is None or sb.result.best is None:
+            if sb.label:
+                console.print(f"{sb.space}: {sb.label}", markup=False)
+            continue
+        if sb.space != "per-stage":
+            console.print(f"{sb.space} policy: {sb.label}", markup=False)
+        if sb.space == "global":
+            continue
+        ex = _export(sb)
+        if sb.space == "per-stage":
+            console.print("per stage: " + "; ".join(
+                f"{i}: {p.label()}" for i, p in enumerate(sb.policies)), markup=False)
+        flags = "n/a" if ex.megatron_flags is None else (
+            shlex.join(ex.megatron_flags) or "none needed")
+        console.print(f"{sb.space} Megatron policy flags: {flags}"
+                      + (f" ({'; '.join(ex.notes)})" if ex.notes else "")
+                      + f"; runs on: {', '.join(ex.frameworks)}", markup=False, soft_wrap=True)
+    if not any(s.result and s.result.best for s in spaces):
+        return EXIT_NO_FIT
+    return 0
+
+
+def check_axes(axes: list[str], cfg: Config) -> None:
+    other = [a for a in axes if a not in POLICY_AXES]
+    if other:
+        raise UserError("--search", f"policy search takes no other axes ({', '.join(other)})",
+                        "search policy alone, or the other axes without it")
+    if cfg.pipeline.actions_csv:
+        raise UserError("--search", "policy search plans the configured schedule, not an "
+                        "actions CSV", "drop --actions-csv")
+
+
+def cmd_plan_policy(args: argparse.Namespace) -> int:
+    started = process_start()  # the budget covers the whole command
+    cfg = config_from_args(args)
+    validate.seconds("--time-budget", args.time_budget)
+    axes = [a.strip() for a in args.search.split(",") if a.strip()]
+    check_axes(axes, cfg)
+    if args.compare:
+        raise UserError("--compare", "the policy search times no reference splits",
+                        "plan without --search policy to compare splits")
+    ops = limits.check_request(cfg, limits.PLAN)
+    if ops is not None:
+        limits.check_plan_budget(ops, args.time_budget)
+    spaces = search_spaces(cfg, axes, args.time_budget, started)
+    if args.json:
+        out = policy_result_json(spaces)
+        out["policy_search_seconds"] = time.perf_counter() - started
+        emit_json(out)
+        return 0 if out["best"] is not None else EXIT_NO_FIT
+    return print_spaces(spaces)
+
+
+def register(commands: dict) -> None:
+    """Wrap `ppsim plan`: --search policy or policy-per-stage plans here."""
+    about, add, plain = commands["plan"]
+
+    def handler(args: argparse.Namespace) -> int:
+        axes = [a.strip() for a in (args.search or "").split(",")]
+        if any(a in POLICY_AXES for a in axes):
+            return cmd_plan_policy(args)
+        return plain(args)
+
+    commands["plan"] = (about, add, handler)

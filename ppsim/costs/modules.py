@@ -1,0 +1,174 @@
+"""A decoder layer's saved tensors and ops by Megatron module: what a memory policy acts on.
+
+Each tensor autograd keeps for the backward is listed once, by name, with its bytes
+per tp rank (the same counts as ppsim.costs.layerops: their sum is
+`layer_activation_bytes`). Megatron-Core's recompute modules
+(`--recompute-modules`) each drop a set of those tensors and repeat a set of forward
+ops inside the backward; its offload modules (`--offload-modules`) each move a set
+of them to host memory after the forward and back before the backward. Block
+recompute (`--recompute-method block`) of a layer keeps only the layer's input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape
+from ppsim.costs.layerops import layer_ops
+
+RECOMPUTE_MODULES = ("core_attn", "mlp", "moe_act", "layernorm", "mla_up_proj", "moe",
+                     "shared_experts")
+"""Megatron's --recompute-modules choices."""
+OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm",
+                   "expert_fc1", "moe_act")
+"""Megatron's --offload-modules choices (each offloads the tensors its forward saves)."""
+
+# Tensors each recompute module stops keeping. Output-discarding checkpoints
+# (layernorm, moe_act, mla_up_proj) free the module's output once its consumer has
+# run; whole-module checkpoints (core_attn, mlp, moe, shared_experts) keep only
+# their inputs, which their consumers' or producers' entries already count.
+_DROPS = {
+    "core_attn": ("attn.lse",),  # q, k, v are the checkpoint's inputs; out_proj keeps out
+    "mlp": ("mlp.fc1_out", "mlp.act_mid", "mlp.act_out"),
+    "moe": ("router.probs", "experts.fc1_in", "experts.fc1_out", "experts.act_mid",
+            "experts.act_out", "experts.out", "shared.fc1_out", "shared.act_mid",
+            "shared.act_out"),
+    "moe_act": ("experts.act_mid", "experts.act_out"),
+    "layernorm": ("norm1.out", "norm1.stats", "norm2.out", "norm2.stats"),
+    "mla_up_proj": ("attn.q", "attn.k", "attn.v"),
+    "shared_experts": ("shared.fc1_out", "shared.act_mid", "shared.act_out"),
+}
+# Forward ops each recompute module runs again before its backward.
+_REPEATS = {
+    "core_attn": ("attention",),
+    "mlp": ("mlp.fc1", "mlp.act", "mlp.fc2"),
+    "moe": ("router", "router.softmax_topk", "dispatch", "experts.fc1", "experts.act",
+            "experts.fc2", "combine", "shared.fc1", "shared.act", "shared.fc2", "a2a"),
+    "moe_act": ("experts.act",),
+    "layernorm": ("norm1", "norm2"),
+    "mla_up_proj": ("q_up", "kv_up", "rotary"),
+    "shared_experts": ("shared.fc1", "shared.act", "shared.fc2"),
+}
+# Tensors each offload module moves to the host.
+_MOVES = {
+    "attn_norm": ("norm1.in", "norm1.stats"),
+    "qkv_linear": ("norm1.out",),
+    "core_attn": ("attn.q", "attn.k", "attn.v", "attn.out", "attn.lse"),
+    "attn_proj": ("attn.out",),
+    "mlp_norm": ("norm2.in", "norm2.stats"),
+    "expert_fc1": ("experts.fc1_in",),
+    "moe_act": ("experts.fc1_out",),
+}
+LAYER_INPUT = "norm1.in"
+"""What a fully recomputed layer keeps: its input (the residual stream)."""
+
+
+def _tokens(a: Architecture) -> int:
+    return a.seq_length * a.micro_batch_size
+
+
+def _mlp_tensors(a: Architecture, prefix: str, tokens: int, ffn: int) -> dict[str, float]:
+    """fc1's (and fc3's) output, an eager SwiGLU's SiLU output, the activation's output
+    (fc2's input). fc1's input is counted by whoever produced it."""
+    w = DTYPE_BYTES[a.dtype]
+    out = {f"{prefix}.fc1_out": tokens * ffn * (2 if a.gated_mlp else 1) * w,
+           f"{prefix}.act_out": tokens * ffn * w}
+    if a.gated_mlp:
+        out[f"{prefix}.act_mid"] = tokens * ffn * w
+    return out
+
+
+def _norm(a: Architecture, name: str, width: int) -> dict[str, float]:
+    w = DTYPE_BYTES[a.dtype]
+    tok = _tokens(a)
+    return {f"{name}.in": tok * width * w, f"{name}.stats": tok * (4 if a.rmsnorm else 8),
+            f"{name}.out": tok * width * w}
+
+
+def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
+    """Name -> bytes per tp rank of every tensor one microbatch's forward of a layer of
+    `kind` keeps without any recompute (FlashAttention: no s x s scores)."""
+    tok, h, w = _tokens(a), a.hidden_size, DTYPE_BYTES[a.dtype]
+    sh = attention_shape(a)
+    t: dict[str, float] = {**_norm(a, "norm1", h)}
+    if a.attention == "mla":
+        for name, rank in (("q_norm", a.q_lora_rank), ("kv_norm", a.kv_lora_rank)):
+            if rank:
+                t.update(_norm(a, name, rank))  # the latent, its stats, the up-projection input
+    t.update({"attn.q": tok * sh.q * w, "attn.k": tok * sh.k * w, "attn.v": tok * sh.v * w,
+              "attn.out": tok * sh.out * w, "attn.lse": 4 * tok * a.num_heads})
+    if a.dropout:
+        t["drop1.mask"] = tok * h
+        t["drop2.mask"] = tok * h
+    t.update(_norm(a, "norm2", h))
+    if kind == "dense":
+        t.update(_mlp_tensors(a, "mlp", tok, a.ffn_hidden_size))
+    else:
+        pairs = tok * a.top_k
+        t["router.probs"] = 2 * tok * a.num_experts * 4  # logits and probabilities, fp32
+        t["experts.fc1_in"] = pairs * h * w  # the dispatched tokens
+        t.update(_mlp_tensors(a, "experts", pairs, a.moe_ffn_hidden_size))
+        t["experts.out"] = pairs * h * w  # weighted in the combine
+        if a.shared_experts:
+            t.update(_mlp_tensors(a, "shared", tok, a.shared_experts * a.moe_ffn_hidden_size))
+    return {k: v / a.tp for k, v in t.items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModuleEffect:
+    """What a set of recompute and offload modules does to one layer of one kind."""
+
+    kept_bytes: int
+    """Bytes the layer keeps on the device per microbatch until its backward."""
+    offloaded_bytes: int
+    """Bytes moved to host memory (and back) per microbatch, at fraction 1."""
+    repeated_ops: frozenset[str]
+    """Forward ops run again inside the backward."""
+
+
+def applies(module: str, a: Architecture, kind: str) -> bool:
+    """A module exists in a layer of this kind (Megatron ignores the others there)."""
+    if module in ("moe", "moe_act", "expert_fc1"):
+        return kind == "moe"
+    if module == "shared_experts":
+        return kind == "moe" and a.shared_experts > 0
+    if module == "mlp":
+        return kind == "dense"
+    if module == "mla_up_proj":
+        return a.attention == "mla"
+    return True
+
+
+def kept_tensors(a: Architecture, kind: str, recompute: tuple[str, ...] = ()
+                 ) -> dict[str, float]:
+    """saved_tensors of a layer less those the `recompute` modules drop."""
+    dropped = {n for m in recompute if applies(m, a, kind) for n in _DROPS[m]}
+    return {n: v for n, v in saved_tensors(a, kind).items() if n not in dropped}
+
+
+def module_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
+                  offload: tuple[str, ...] = (), full: bool = False) -> ModuleEffect:
+    """Kept and offloaded bytes and repeated ops of a layer under these modules; `full`:
+    the whole layer recomputed (Megatron's block method), keeping only its input."""
+    if full:
+        return ModuleEffect(kept_bytes=int(saved_tensors(a, kind)[LAYER_INPUT]),
+                            offloaded_bytes=0, repeated_ops=frozenset({"*"}))
+    repeated = {op for m in recompute if applies(m, a, kind) for op in _REPEATS[m]}
+    kept = kept_tensors(a, kind, recompute)
+    moved = {n for m in offload if applies(m, a, kind) for n in _MOVES[m]} & set(kept)
+    present = {op.name for op in layer_ops(a, kind)} | ({"a2a"} if kind == "moe" else set())
+    return ModuleEffect(kept_bytes=int(sum(v for n, v in kept.items() if n not in moved)),
+                        offloaded_bytes=int(sum(v for n, v in kept.items() if n in moved)),
+                        repeated_ops=frozenset(repeated & present))
+
+
+SHORTHAND = {"none": (), "selective": ("core_attn",)}
+"""The global --recompute modes as module sets ("full": every layer block-recomputed)."""
+
+
+def layer_activation_bytes(a: Architecture, kind: str) -> int:
+    """Bytes one microbatch's forward of a layer keeps for the backward, per tp rank,
+    under the architecture's global recompute mode."""
+    if a.recompute == "full":
+        return module_effect(a, kind, full=True).kept_bytes
+    return module_effect(a, kind, SHORTHAND[a.recompute]).kept_bytes

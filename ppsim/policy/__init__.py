@@ -1,0 +1,1 @@
+"""Memory policies: per-stage recompute and activation offload, in Megatron's knobs."""

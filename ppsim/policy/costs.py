@@ -1,0 +1,259 @@
+"""A virtual stage's costs under a memory policy, from the per-module op lists.
+
+Layers a stage recomputes whole (its first N) cost what the "full" mode costs;
+the others cost their recompute modules' variant (ppsim.costs.modules: the
+tensors they drop, the forward ops they repeat inside B). Offload moves
+`offload_fraction` of the offload modules' tensors to host memory over the host
+link, on a copy stream beside compute: the device holds what stays, plus two
+microbatches' offloaded tensors in flight (one copied out after its forward, one
+copied back before its backward). A copy out overlaps the op after the forward (a
+backward in the steady state), a copy back the op before the backward (a
+forward): whatever a copy takes beyond that op stalls the stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from ppsim.costs.arch import Architecture
+from ppsim.costs.model import LayerCost, ModelCosts, StageCost
+from ppsim.costs.modules import module_effect
+from ppsim.costs.transformer import Accelerator, layer_kinds, transformer_costs
+from ppsim.policy.model import StagePolicy
+
+COPY_BUFFERS = 2
+"""Microbatches whose offloaded tensors are on the device at once (out and back)."""
+
+
+@dataclass(kw_only=True)
+class PolicyCosts:
+    """Per-layer costs of one model under any policy, computed once per module set."""
+
+    arch: Architecture
+    """The model (its global recompute mode is ignored: the policy says)."""
+    acc: Accelerator
+    """The device the ops run on."""
+    host_link_gbps: float = 0.0
+    """Host link bandwidth each way (GB/s); 0: copies are free."""
+    host_limit_bytes: float = float("inf")
+    """Host memory one rank's offloaded tensors may use (its node's over its devices)."""
+    _variants: dict[tuple[str, ...], ModelCosts] = field(default_factory=dict)
+    _offload: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[int, ...]] = field(
+        default_factory=dict)
+    _prefixes: dict[tuple[str, ...] | None, _Prefix] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.full = transformer_costs(self.arch, self.acc, recompute=(), full=True)
+        self.base = self.layers_under(())
+        kinds = layer_kinds(self.arch)
+        self.kinds = kinds + (kinds[-1] if kinds else "dense",) * self.arch.mtp_layers
+
+    def layers_under(self, modules: tuple[str, ...]) -> ModelCosts:
+        """Every layer recomputing `modules` (no block recompute, no offload)."""
+        hit = self._variants.get(modules)
+        if hit is None:
+            hit = self._variants[modules] = transformer_costs(self.arch, self.acc,
+                                                              recompute=modules, full=False)
+        return hit
+
+    def offloaded(self, modules: tuple[str, ...], offload: tuple[str, ...]) -> tuple[int, ...]:
+        """Prefix sums over the layers of the bytes the offload modules move at fraction 1."""
+        key = (modules, offload)
+        hit = self._offload.get(key)
+        if hit is None:
+            by_kind = {k: module_effect(self.arch, k, modules, offload).offloaded_bytes
+                       for k in set(self.kinds)}
+            pre = [0]
+            for k in self.kinds:
+                pre.append(pre[-1] + by_kind[k])
+            hit = self._offload[key] = tuple(pre)
+        return hit
+
+    def copy_ms(self, nbytes: float) -> float:
+        return nbytes / (self.host_link_gbps * 1e6) if self.host_link_gbps > 0 else 0.0
+
+    def _prefix(self, modules: tuple[str, ...] | None) -> _Prefix:
+        """Prefix sums of a variant's layers (None: the fully recomputed layers)."""
+        hit = self._prefixes.get(modules)
+        if hit is None:
+            layers = self.full.layers if modules is None else self.layers_under(modules).layers
+            hit = self._prefixes[modules] = _Prefix(layers)
+        return hit
+
+    def stage_cost(self, policy: StagePolicy, offset: int, count: int, first: bool, last: bool,
+                   receives: bool) -> StageCost:
+        """Layers [offset, offset + count) (and the embedding/head where they sit) under
+        `policy`: its first N layers recomputed whole, the rest by module. Sums as
+        ppsim.costs.model.stage_cost does, from prefix sums (O(1) per stage)."""
+        n = min(policy.recompute_layers, count)
+        full, var = self._prefix(None), self._prefix(policy.recompute_modules)
+        lo, mid, hi = offset, offset + n, offset + count
+        sums = [full.span(i, lo, mid) + var.span(i, mid, hi) for i in range(len(_FIELDS))]
+        for piece, on in ((self.base.embedding, first), (self.base.head, last)):
+            if on:
+                sums = [x + (piece.split_backward_ms or piece.backward_ms if name == "sb"
+                             else getattr(piece, name)) for x, name in zip(sums, _FIELDS,
+                                                                           strict=True)]
+        f, b, w, sb, st, act, wg, params = sums
+        hidden = self.base.hidden_bytes
+        act += hidden if receives else 0
+        off = 0
+        if policy.offloads:
+            moved = self.offloaded(policy.recompute_modules, policy.offload_modules)
+            off = int(policy.offload_fraction * (moved[hi] - moved[mid]))
+        stall_f, stall_b = self._stalls(off, f, b)
+        sb = 0.0 if sb == b else sb + stall_b
+        # What W needs (matmul inputs) comes back with the reload before B and stays on
+        # the device until W: offload does not shrink it, and it may exceed what B frees.
+        return StageCost(f + stall_f, b + stall_b, w, int(st) + COPY_BUFFERS * off,
+                         int(act) - off, int(wg), 0 if last else hidden, int(params), sb)
+
+    def _stalls(self, off: int, f: float, b: float) -> tuple[float, float]:
+        """(forward, backward) stall of copying `off` bytes out after F and back before B."""
+        copy = self.copy_ms(off)
+        return max(0.0, copy - b), max(0.0, copy - f)
+
+    def stalls(self, policy: StagePolicy, offset: int, count: int, first: bool,
+               last: bool, receives: bool) -> bool:
+        """The policy's copies take longer than the ops they hide behind."""
+        if not policy.offloads:
+            return False
+        plain = self.stage_cost(StagePolicy(recompute_modules=policy.recompute_modules,
+                                            recompute_layers=policy.recompute_layers),
+                                offset, count, first, last, receives)
+        f, b = self._stalls(self.host_bytes(policy, offset, count), plain.forward_ms,
+                            plain.backward_ms)
+        return f > 0 or b > 0
+
+    def host_bytes(self, policy: StagePolicy, offset: int, count: int) -> int:
+        """Host bytes one microbatch of the stage holds while offloaded."""
+        if not policy.offloads:
+            return 0
+        n = min(policy.recompute_layers, count)
+        moved = self.offloaded(policy.recompute_modules, policy.offload_modules)
+        return int(policy.offload_fraction * (moved[offset + count] - moved[offset + n]))
+
+
+_FIELDS = ("forward_ms", "backward_ms", "weight_grad_ms", "sb", "static_bytes",
+           "activation_bytes", "weight_grad_bytes", "params")
+"""The LayerCost sums a stage needs, in StageCost's order ("sb": the split backward)."""
+
+
+class _Prefix:
+    """Prefix sums of the _FIELDS over a list of layers: a span's sum in O(1)."""
+
+    def __init__(self, layers: Sequence[LayerCost]) -> None:
+        self.pre: list[list[float]] = []
+        for name in _FIELDS:
+            acc, pre = 0.0 if name.endswith("ms") or name == "sb" else 0, [0]
+            for lc in layers:
+                acc += lc.split_backward_ms or lc.backward_ms if name == "sb" else getattr(lc,
+                                                                                          name)
+                pre.append(acc)
+            self.pre.append(pre)
+
+    def span(self, i: int, lo: int, hi: int) -> float:
+        return self.pre[i][hi] - self.pre[i][lo]
+
+
+Fits = Callable[[int, StageCost], bool]
+"""fits(virtual stage, its cost): the stage's rank stays within memory."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fixed:
+    """A given policy per virtual stage: what `simulate` runs."""
+
+    costs: PolicyCosts
+    """The per-module layer costs."""
+    policies: tuple[StagePolicy, ...]
+    """One per virtual stage."""
+
+    def stage_cost(self, offset: int, count: int, index: int, first: bool, last: bool,
+                   receives: bool, fits: Fits | None = None) -> StageCost:
+        return self.costs.stage_cost(self.policies[index], offset, count, first, last,
+                                     receives)
+
+    def policy_of(self, offset: int, count: int, index: int, first: bool, last: bool,
+                  receives: bool, fits: Fits | None = None) -> StagePolicy:
+        return self.policies[index]
+
+
+def _work(c: StageCost) -> float:
+    return c.forward_ms + c.backward_ms
+
+
+@dataclass(kw_only=True)
+class Cheapest:
+    """Each stage takes the policy of `groups` that fits with the least added work: the
+    per-stage space (offload only where the host link hides its copies). Within a group
+    (module sets, offload) N runs from 0 up: work grows and memory shrinks with N, so the
+    least N that fits is found by bisection."""
+
+    costs: PolicyCosts
+    """The per-module layer costs."""
+    groups: Sequence[StagePolicy]
+    """Policies with N = 0; each is also tried with every N up to the stage's layers."""
+    inflight: Sequence[int] = ()
+    """Per stage, the most microbatches it holds at once (host memory's multiplier)."""
+
+    def _host_ok(self, p: StagePolicy, offset: int, count: int, index: int) -> bool:
+        if not p.offloads or not self.inflight:
+            return True
+        held = self.costs.host_bytes(p, offset, count) * self.inflight[index]
+        return held <= self.costs.host_limit_bytes
+
+    def policy_of(self, offset: int, count: int, index: int, first: bool, last: bool,
+                  receives: bool, fits: Fits | None = None) -> StagePolicy:
+        def cost(p: StagePolicy) -> StageCost:
+            return self.costs.stage_cost(p, offset, count, first, last, receives)
+
+        best: tuple[float, int, StagePolicy] | None = None
+        fallback: tuple[int, StagePolicy] | None = None
+
+        def ok(p: StagePolicy, c: StageCost) -> bool:
+            # Device memory, host memory and copy time all shrink as N grows (block layers
+            # offload nothing, and take longer to hide copies behind): the least N that
+            # fits is found by bisection. A copy that stalls the stage is left out, so no
+            # choice adds forward time and the cheapest is the fastest (see search.py).
+            return ((fits is None or fits(index, c)) and self._host_ok(p, offset, count, index)
+                    and not self.costs.stalls(p, offset, count, first, last, receives))
+
+        for g in self.groups:
+            top = _with_n(g, count)
+            low_cost = cost(top)
+            mem = low_cost.static_bytes + low_cost.activation_bytes
+            if fallback is None or mem < fallback[0]:
+                fallback = (mem, top)
+            if not ok(top, low_cost):
+                continue  # not even every layer recomputed fits
+            if best is not None and _work(cost(g)) > best[0]:
+                continue  # the group's cheapest is already slower
+            lo, hi = 0, count  # hi fits; find the least N that does
+            while lo < hi:
+                mid = (lo + hi) // 2
+                p = _with_n(g, mid)
+                if ok(p, cost(p)):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            p = _with_n(g, lo)
+            c = cost(p)
+            key = (_work(c), c.static_bytes + c.activation_bytes)
+            if best is None or key < best[:2]:
+                best = (key[0], key[1], p)
+        if best is not None:
+            return best[2]
+        assert fallback is not None
+        return fallback[1]  # nothing fits: the least memory, for the planner to refuse
+
+    def stage_cost(self, offset: int, count: int, index: int, first: bool, last: bool,
+                   receives: bool, fits: Fits | None = None) -> StageCost:
+        p = self.policy_of(offset, count, index, first, last, receives, fits)
+        return self.costs.stage_cost(p, offset, count, first, last, receives)
+
+
+def _with_n(p: StagePolicy, n: int) -> StagePolicy:
+    return StagePolicy(recompute_modules=p.recompute_modules, recompute_layers=n,
+                       offload_modules=p.offload_modules, offload_fraction=p.offload_fraction)

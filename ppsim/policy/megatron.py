@@ -1,0 +1,114 @@
+"""A memory policy as Megatron-LM flags, refused where Megatron refuses it; which
+framework can run a per-stage policy.
+
+Megatron-Core runs one recompute setting for every stage: selective granularity
+with a module list, or full granularity with the block method and one N (the
+first N layers of each stage) or the uniform method (every layer). Its
+fine-grained offload takes one module list, one fraction (of the offload groups,
+which ppsim prices as the same share of their bytes) and a per-pp-rank step in
+bytes; it runs on Transformer Engine's modules. torchtitan applies one activation
+checkpoint policy to every block; ppsim's executor runs any policy whose modules its
+builders have as pieces of their own (ppsim.policy.model.EXECUTOR_RECOMPUTE and
+EXECUTOR_OFFLOAD).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ppsim.costs.arch import Architecture
+from ppsim.errors import UserError
+from ppsim.policy.model import ALL_LAYERS, EXECUTOR_OFFLOAD, EXECUTOR_RECOMPUTE, StagePolicy
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyExport:
+    """Flags of a policy and what they need."""
+
+    megatron_flags: list[str] | None
+    """Megatron argv tokens; None when Megatron cannot run the policy."""
+    notes: list[str]
+    """What the flags need, or why there are none."""
+    frameworks: list[str]
+    """Which frameworks can run the policy as given."""
+
+
+def _uniform(policies: tuple[StagePolicy, ...], pp: int) -> tuple[StagePolicy, float] | None:
+    """(the shared policy, the offload fraction step per pp rank) when Megatron's one
+    setting for all stages says it; None otherwise."""
+    first = policies[0]
+    step = 0.0
+    if pp > 1 and len(policies) > 1:
+        step = round(first.offload_fraction - policies[1 % pp].offload_fraction, 12)
+    for i, p in enumerate(policies):
+        want = max(0.0, first.offload_fraction - step * (i % pp))
+        if (p.recompute_modules, p.recompute_layers, p.offload_modules) != (
+                first.recompute_modules, first.recompute_layers, first.offload_modules) or \
+                abs((p.offload_fraction if p.offloads else 0.0) - (want if first.offloads
+                                                                   else 0.0)) > 1e-9:
+            return None
+    return first, step
+
+
+def recompute_flags(p: StagePolicy, a: Architecture) -> tuple[list[str], list[str]]:
+    """(flags, notes) of one stage's recompute setting; UserError where Megatron refuses."""
+    if p.recompute_layers and p.recompute_modules:
+        raise UserError("memory.recompute_layers", "Megatron takes --recompute-num-layers "
+                        "only with --recompute-granularity full, not with recompute modules",
+                        "use modules or N, or run the policy with ppsim's executor")
+    if "mla_up_proj" in p.recompute_modules and a.attention != "mla":
+        raise UserError("memory.recompute_modules", "mla_up_proj needs MLA attention",
+                        "drop mla_up_proj, or set attention = \"mla\"")
+    notes = []
+    if p.recompute_layers >= ALL_LAYERS:
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                "--recompute-num-layers", "1"], notes
+    if p.recompute_layers:
+        return ["--recompute-granularity", "full", "--recompute-method", "block",
+                "--recompute-num-layers", str(p.recompute_layers)], notes
+    if not p.recompute_modules:
+        return [], notes
+    flags = ["--recompute-granularity", "selective", "--recompute-modules",
+             *p.recompute_modules]
+    if "moe_act" in p.recompute_modules:
+        flags.append("--moe-grouped-gemm")
+        notes.append("moe_act recompute needs grouped GEMM (--moe-grouped-gemm)")
+    return flags, notes
+
+
+def offload_flags(p: StagePolicy, step_bytes: int) -> tuple[list[str], list[str]]:
+    if not p.offloads:
+        return [], []
+    flags = ["--fine-grained-activation-offloading", "--offload-modules", *p.offload_modules]
+    if p.offload_fraction < 1:
+        flags += ["--activation-offload-fraction", f"{p.offload_fraction:g}"]
+    if step_bytes:
+        flags += ["--delta-offload-bytes-across-pp-ranks", str(step_bytes)]
+    return flags, ["offload runs on Transformer Engine's modules (--transformer-impl "
+                   "transformer_engine)"]
+
+
+def policy_export(policies: tuple[StagePolicy, ...], pp: int, a: Architecture,
+                  offload_bytes: int = 0) -> PolicyExport:
+    """Megatron's flags of the policy and the frameworks that run it; `offload_bytes`:
+    what the first rank offloads per microbatch at fraction 1 (prices the per-rank step)."""
+    runs = all(set(p.recompute_modules) <= set(EXECUTOR_RECOMPUTE)
+               and (not p.offloads or set(p.offload_modules) <= set(EXECUTOR_OFFLOAD))
+               for p in policies)
+    frameworks = ["ppsim executor"] if runs else []
+    if len({(p.recompute_modules, p.recompute_layers) for p in policies}) == 1 and not any(
+            p.offloads for p in policies) and policies[0].recompute_layers in (0, ALL_LAYERS):
+        frameworks.append("torchtitan (one checkpoint policy for every block)")
+    uni = _uniform(policies, pp)
+    if uni is None:
+        return PolicyExport(megatron_flags=None, frameworks=frameworks, notes=[
+            "Megatron runs one recompute setting and one offload fraction (less a fixed "
+            "step per pp rank) for every stage; this policy differs per stage"])
+    p, step = uni
+    try:
+        rflags, rnotes = recompute_flags(p, a)
+    except UserError as e:
+        return PolicyExport(megatron_flags=None, frameworks=frameworks, notes=[str(e)])
+    oflags, onotes = offload_flags(p, int(step * offload_bytes))
+    return PolicyExport(megatron_flags=rflags + oflags, notes=rnotes + onotes,
+                        frameworks=["Megatron-LM", *frameworks])

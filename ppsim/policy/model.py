@@ -1,0 +1,152 @@
+"""A memory policy: per virtual stage, what is recomputed and what is offloaded.
+
+The knobs are Megatron-Core's: a set of recompute modules
+(`--recompute-modules`), a block count N (`--recompute-method block
+--recompute-num-layers N`: the first N layers of the stage recomputed whole), a set
+of offload modules (`--offload-modules`) and the fraction of their tensors moved to
+host memory. The global `recompute` mode is shorthand for a uniform policy: "none"
+no modules, "selective" core_attn, "full" every layer block-recomputed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ppsim.costs.modules import OFFLOAD_MODULES, RECOMPUTE_MODULES, SHORTHAND
+from ppsim.errors import UserError
+
+EXECUTOR_RECOMPUTE = ("core_attn", "mlp", "moe", "shared_experts")
+"""Recompute modules ppsim's executor runs (its builders' own submodules; "mlp" in the
+Llama-style layers, whose MLP is one module)."""
+EXECUTOR_OFFLOAD = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm")
+"""Offload modules ppsim's executor runs."""
+
+ALL_LAYERS = 1 << 30
+"""A block count that covers every layer of any stage (the "full" mode)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StagePolicy:
+    """What one virtual stage recomputes and offloads."""
+
+    recompute_modules: tuple[str, ...] = ()
+    """Megatron module names recomputed in every layer not block-recomputed."""
+    recompute_layers: int = 0
+    """N: the stage's first N layers are recomputed whole (keep only their input)."""
+    offload_modules: tuple[str, ...] = ()
+    """Megatron module names whose saved tensors go to host memory."""
+    offload_fraction: float = 0.0
+    """Share of those tensors' bytes offloaded (0: none, 1: all)."""
+
+    def to_dict(self, stage: int, layers: int | None = None) -> dict[str, Any]:
+        """The JSON entry of this policy on virtual stage `stage` (N capped at `layers`)."""
+        n = self.recompute_layers if layers is None else min(self.recompute_layers, layers)
+        return {"stage": stage, "recompute_modules": list(self.recompute_modules),
+                "recompute_layers": n, "offload_modules": list(self.offload_modules),
+                "offload_fraction": self.offload_fraction if self.offload_modules else 0.0}
+
+    @property
+    def offloads(self) -> bool:
+        return bool(self.offload_modules) and self.offload_fraction > 0
+
+    def label(self) -> str:
+        """Short text for tables: "core_attn, N=3, offload 50 % core_attn"."""
+        parts = [",".join(self.recompute_modules) or "-"]
+        if self.recompute_layers:
+            parts.append("N=all" if self.recompute_layers >= ALL_LAYERS
+                         else f"N={self.recompute_layers}")
+        if self.offloads:
+            parts.append(f"offload {self.offload_fraction:.0%} {','.join(self.offload_modules)}")
+        return " ".join(parts)
+
+
+def shorthand(mode: str) -> StagePolicy:
+    """The uniform policy the global --recompute mode means."""
+    if mode == "full":
+        return StagePolicy(recompute_layers=ALL_LAYERS)
+    return StagePolicy(recompute_modules=SHORTHAND.get(mode, ()))
+
+
+def module_names(where: str, value: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """A list (or comma/space-separated text) of Megatron module names, checked."""
+    if isinstance(value, str):
+        value = value.replace(",", " ").split()
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise UserError(where, f"expected a list of module names, got {value!r}"[:200],
+                        "write e.g. [\"core_attn\", \"mlp\"]")
+    for v in value:
+        if v not in allowed:
+            raise UserError(where, f"unknown module {v!r}", "use any of " + ", ".join(allowed))
+    return tuple(dict.fromkeys(value))  # Megatron's order as given, once each
+
+
+def stage_policy(where: str, table: dict[str, Any], base: StagePolicy) -> StagePolicy:
+    """A [memory] table (or one per-stage table) over `base`."""
+    known = ("recompute_modules", "recompute_layers", "offload_modules", "offload_fraction")
+    for key in table:
+        if key not in known and key != "stage":
+            raise UserError(f"{where}.{key}", "unknown key", "use one of " + ", ".join(known))
+    out = dict(recompute_modules=base.recompute_modules, recompute_layers=base.recompute_layers,
+               offload_modules=base.offload_modules, offload_fraction=base.offload_fraction)
+    if "recompute_modules" in table:
+        out["recompute_modules"] = module_names(f"{where}.recompute_modules",
+                                                table["recompute_modules"], RECOMPUTE_MODULES)
+    if "offload_modules" in table:
+        out["offload_modules"] = module_names(f"{where}.offload_modules",
+                                              table["offload_modules"], OFFLOAD_MODULES)
+    if "recompute_layers" in table:
+        n = table["recompute_layers"]
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0 or n > ALL_LAYERS:
+            raise UserError(f"{where}.recompute_layers", f"must be a whole number >= 0, got "
+                            f"{n!r}"[:200], "give N, the stage's first N layers recomputed")
+        out["recompute_layers"] = n
+    if "offload_fraction" in table:
+        f = table["offload_fraction"]
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 <= f <= 1:
+            raise UserError(f"{where}.offload_fraction", f"must be in [0, 1], got {f!r}"[:200],
+                            "give the share of the modules' tensors offloaded, e.g. 0.5")
+        out["offload_fraction"] = float(f)
+    return StagePolicy(**out)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryPolicy:
+    """One StagePolicy per virtual stage (stages without one take `default`)."""
+
+    default: StagePolicy
+    """The policy of every stage the per-stage tables do not name."""
+    stages: tuple[tuple[int, StagePolicy], ...] = ()
+    """(virtual stage, its policy) for the stages given their own."""
+
+    def of(self, stage: int) -> StagePolicy:
+        for i, p in self.stages:
+            if i == stage:
+                return p
+        return self.default
+
+    @property
+    def uniform(self) -> bool:
+        return not self.stages
+
+
+def memory_policy(table: dict[str, Any], mode: str, num_stages: int | None = None
+                  ) -> MemoryPolicy:
+    """A [memory] section (with [[memory.stage]] tables) over the global `mode`."""
+    per = table.get("stage", [])
+    base = stage_policy("memory", {k: v for k, v in table.items() if k != "stage"},
+                        shorthand(mode))
+    if not isinstance(per, list) or not all(isinstance(t, dict) for t in per):
+        raise UserError("memory.stage", "expected [[memory.stage]] tables",
+                        "write [[memory.stage]] with stage = I and the keys to change")
+    stages: dict[int, StagePolicy] = {}
+    for t in per:
+        i = t.get("stage")
+        if isinstance(i, bool) or not isinstance(i, int) or i < 0 or (
+                num_stages is not None and i >= num_stages):
+            raise UserError("memory.stage.stage", f"bad virtual stage {i!r}"[:200],
+                            "give stage = I, 0 <= I < pp x vpp")
+        if i in stages:
+            raise UserError("memory.stage.stage", f"stage {i} given twice", "give it once")
+        stages[i] = stage_policy(f"memory.stage[{i}]", t, base)
+    return MemoryPolicy(default=base, stages=tuple(sorted(stages.items())))

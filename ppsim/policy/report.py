@@ -1,0 +1,98 @@
+"""A problem's memory policy as JSON: one entry per virtual stage."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ppsim.pipeline.problem import Problem
+from ppsim.plan.search import SplitSearch
+from ppsim.policy.costs import Fixed
+from ppsim.policy.megatron import PolicyExport, policy_export
+from ppsim.policy.model import StagePolicy
+
+
+def policy_flags(problem: Problem, policies: tuple[StagePolicy, ...]) -> PolicyExport:
+    """Megatron's flags of the problem's split run with `policies` (its per-rank offload
+    step in bytes from what its first stage offloads per microbatch)."""
+    pc = problem.memory.costs
+    first = problem.split.stages[0]
+    whole = replace(policies[0], offload_fraction=1.0)
+    return policy_export(policies, problem.split.pp, pc.arch,
+                         pc.host_bytes(whole, first.offset, first.layers))
+
+
+def stage_policies(problem: Problem) -> list[dict[str, Any]]:
+    """`{stage, recompute_modules, recompute_layers, offload_modules, offload_fraction}`
+    per virtual stage of the problem's split (N capped at the stage's layers)."""
+    memory = problem.memory
+    split = problem.split
+    out = []
+    for st in split.stages:
+        p = memory.policy_of(st.offset, st.layers, st.index, st.has_embedding, st.has_head,
+                             False)
+        out.append(p.to_dict(st.index, st.layers))
+    return out
+
+
+def host_bytes(problem: Problem, policies: tuple[StagePolicy, ...]) -> list[int]:
+    """Per rank, the most host memory its offloaded microbatches hold at once."""
+    pc = problem.memory.costs
+    search = SplitSearch(problem)
+    out = []
+    for r, stages in enumerate(search.rank_stages):
+        per = [pc.host_bytes(policies[s], problem.split.stages[s].offset,
+                             problem.split.stages[s].layers) for s in stages]
+        out.append(search.held_peak(r, per) if any(per) else 0)
+    return out
+
+
+def host_fits(problem: Problem, policies: tuple[StagePolicy, ...]) -> bool:
+    """Every rank's offloaded microbatches fit its share of the node's host memory."""
+    limit = problem.memory.costs.host_limit_bytes
+    return all(h <= limit for h in host_bytes(problem, policies))
+
+
+def policy_json(problem: Problem) -> dict[str, Any]:
+    """{"policy": [...], "host_bytes": per rank, "host_fits"} when the problem runs a
+    memory policy, else {}."""
+    if not isinstance(problem.memory, Fixed):
+        return {}
+    held = host_bytes(problem, problem.memory.policies)
+    limit = problem.memory.costs.host_limit_bytes
+    return {"policy": stage_policies(problem), "host_bytes": held,
+            "host_fits": all(h <= limit for h in held)}
+
+
+COPY_TID = 2
+"""The trace thread of a rank's host copies (tid 0: compute, 1: transfers)."""
+
+
+def copy_events(sim: Any) -> list[dict[str, Any]]:
+    """Chrome trace events of the offload copies on each rank's copy stream: out after
+    each forward that offloads, back before its backward (as ppsim.policy.costs prices
+    them: a copy longer than its neighbour op has already stretched that op)."""
+    problem = sim.problem
+    if not isinstance(problem.memory, Fixed) or sim.timeline is None:
+        return []
+    pc = problem.memory.costs
+    moved = [pc.host_bytes(problem.memory.policies[st.index], st.offset, st.layers)
+             for st in problem.split.stages]
+    out: list[dict[str, Any]] = []
+    for r in range(problem.schedule.pp):
+        out.append({"name": "thread_name", "ph": "M", "pid": r, "tid": COPY_TID,
+                    "args": {"name": "host copies"}})
+    for ops in sim.timeline.ops:
+        for op in ops:
+            a = op.action
+            nbytes = moved[a.stage]
+            if not nbytes or a.kind not in ("F", "B"):
+                continue
+            dur = pc.copy_ms(nbytes)
+            start = op.end if a.kind == "F" else op.start - dur
+            out.append({"name": f"{'offload' if a.kind == 'F' else 'reload'} "
+                        f"{a.kind}{a.microbatch}", "cat": "copy", "ph": "X", "pid": op.rank,
+                        "tid": COPY_TID, "ts": start * 1e3, "dur": dur * 1e3,
+                        "args": {"stage": a.stage, "microbatch": a.microbatch,
+                                 "bytes": nbytes}})
+    return out

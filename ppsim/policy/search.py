@@ -1,0 +1,226 @@
+"""The split and the memory policy searched together, in three spaces.
+
+- global: one of the modes none / selective / full for every stage;
+- Megatron-expressible: one recompute module set and one block count N for every
+  stage, offload with one fraction that may fall by a fixed step per pipeline rank
+  (later ranks hold fewer microbatches: Megatron's per-rank offload delta);
+- per stage: each virtual stage its own module set, N and offload.
+
+Each point of the first two is a fixed policy the split planner (ppsim.plan.planner)
+searches exactly. Per stage, with one chunk per rank, a stage's memory depends on
+its own layers only, so the planner prices each candidate stage at the cheapest
+policy of `groups` that keeps its rank within memory (ppsim.policy.costs.Cheapest):
+recompute adds only backward time (and the per-stage space offloads only where the
+host link hides the copies, which then add none), the simulated iteration never
+shrinks when an op grows, so this choice is optimal for each split and the split
+search stays exact (tests/property/test_policy_search.py checks it against brute
+force).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from ppsim.costs.modules import applies, module_effect
+from ppsim.pipeline.problem import Problem
+from ppsim.plan.planner import PlanResult, plan
+from ppsim.plan.search import SplitSearch
+from ppsim.policy.costs import Cheapest, Fixed, PolicyCosts
+from ppsim.policy.model import StagePolicy, shorthand
+from ppsim.policy.report import host_fits
+
+MODULE_SETS = (
+    (), ("core_attn",), ("layernorm",), ("layernorm", "mlp"), ("layernorm", "moe_act"),
+    ("layernorm", "moe_act", "shared_experts"), ("layernorm", "moe"),
+    ("layernorm", "mla_up_proj"), ("layernorm", "moe_act", "mla_up_proj"),
+)
+"""Recompute module sets the search tries (those that differ for the model)."""
+OFFLOAD_SETS = (("core_attn",), ("core_attn", "mlp_norm", "expert_fc1", "moe_act"))
+"""Offload module sets the search tries when the hardware has a host link."""
+FRACTIONS = (0.5, 1.0)
+"""Offload fractions the search tries."""
+
+
+def module_groups(pc: PolicyCosts, offload: bool) -> list[StagePolicy]:
+    """Distinct, undominated policies with N = 0: each saves more bytes per layer than
+    every cheaper one (a policy that costs more and saves less is never chosen)."""
+    kinds = sorted(set(pc.kinds) - {"mtp"}) or ["dense"]
+    seen: dict[tuple[int, float], StagePolicy] = {}
+    for mods in MODULE_SETS:
+        if any(not any(applies(m, pc.arch, k) for k in kinds) for m in mods):
+            continue  # a module the model does not have: the same as a smaller set
+        var = pc.layers_under(mods)
+        saved = sum(module_effect(pc.arch, k, ()).kept_bytes
+                    - module_effect(pc.arch, k, mods).kept_bytes for k in kinds)
+        extra = sum(var.layers[pc.kinds.index(k)].backward_ms
+                    - pc.base.layers[pc.kinds.index(k)].backward_ms for k in kinds)
+        seen.setdefault((saved, round(extra, 9)), StagePolicy(recompute_modules=mods))
+    ranked = sorted(seen.items(), key=lambda kv: (kv[0][1], -kv[0][0]))
+    out, most = [], -1
+    for (saved, _), p in ranked:
+        if saved > most:
+            out.append(p)
+            most = saved
+    if offload:
+        sets = {tuple(m for m in o if any(applies(m, pc.arch, k) for k in kinds))
+                for o in OFFLOAD_SETS}
+        out += [replace(p, offload_modules=o, offload_fraction=f)
+                for p in list(out) for o in sorted(sets) for f in FRACTIONS
+                if any(module_effect(pc.arch, k, p.recompute_modules, o).offloaded_bytes
+                       for k in kinds)]
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpaceBest:
+    """The best plan found in one space."""
+
+    space: str
+    """"global", "megatron" or "per-stage"."""
+    result: PlanResult | None
+    """The plan of the best point (None: nothing planned in time)."""
+    policies: tuple[StagePolicy, ...] = ()
+    """The best plan's policy per virtual stage."""
+    label: str = ""
+    """The point, in words ("selective", "layernorm N=2", ...)."""
+    proven: bool = False
+    """Every point of the space was planned to optimality."""
+
+
+def _fixed(problem: Problem, pc: PolicyCosts, policies: tuple[StagePolicy, ...]) -> Problem:
+    return replace(problem, costs=pc.base, memory=Fixed(costs=pc, policies=policies))
+
+
+def _key(r: PlanResult | None) -> tuple[float, int]:
+    return r.best.key if r is not None and r.best is not None else (float("inf"), 0)
+
+
+def _better(a: SpaceBest | None, b: SpaceBest) -> SpaceBest:
+    return b if a is None or _key(b.result) < _key(a.result) else a
+
+
+def per_rank(p: StagePolicy, pp: int, stages: int, delta: float) -> tuple[StagePolicy, ...]:
+    """p on every stage, its offload fraction lower by `delta` per pipeline rank."""
+    return tuple(replace(p, offload_fraction=max(0.0, p.offload_fraction - delta * (i % pp)))
+                 for i in range(stages))
+
+
+def plan_global(problem: Problem, pc: PolicyCosts, budget_s: float) -> SpaceBest:
+    """The best of the three global modes."""
+    best = None
+    proven = True
+    S = problem.split.num_stages
+    for i, mode in enumerate(("none", "selective", "full")):
+        pol = (shorthand(mode),) * S
+        r = plan(_fixed(problem, pc, pol), top_k=1, time_budget_s=budget_s / (3 - i) * 0.9)
+        budget_s -= r.seconds
+        proven = proven and (r.proven_optimal or r.best is None)
+        best = _better(best, SpaceBest(space="global", result=r, policies=pol, label=mode))
+    assert best is not None
+    return replace(best, proven=proven)
+
+
+def megatron_points(pc: PolicyCosts, pp: int, offload: bool) -> list[tuple[StagePolicy, float]]:
+    """(policy with N = 0, per-rank offload step) of the Megatron-expressible space."""
+    out = []
+    for g in module_groups(pc, offload):
+        out.append((g, 0.0))
+        if g.offloads and pp > 1:
+            out.append((g, g.offload_fraction / (pp - 1)))  # down to nothing on the last rank
+    return out
+
+
+def _proxy_ms(search: SplitSearch, pc: PolicyCosts, policies: tuple[StagePolicy, ...],
+              counts: tuple[int, ...]) -> float:
+    """A quick estimate of a fixed policy on one split, to rank the points before planning
+    them: inf when a rank runs out of memory, else the busiest rank's m x (F + B) plus
+    one pass through the stages (fill and drain)."""
+    costs, offset = [], 0
+    for k, n in enumerate(counts):
+        costs.append(pc.stage_cost(policies[k], offset, n, k == 0, k == len(counts) - 1,
+                                   search.receives[k]))
+        offset += n
+    busiest = 0.0
+    for r, stages in enumerate(search.rank_stages):
+        rc = [costs[s] for s in stages]
+        if sum(c.static_bytes for c in rc) + search.rank_peak(r, rc) > search.memory:
+            return float("inf")
+        busiest = max(busiest, sum(c.forward_ms + c.backward_ms for c in rc))
+    return busiest * search.m + sum(c.forward_ms + c.backward_ms for c in costs) / search.vpp
+
+
+def megatron_candidates(problem: Problem, pc: PolicyCosts, splits: list[tuple[int, ...]]
+                        ) -> list[tuple[float, tuple[StagePolicy, ...], str]]:
+    """Every point of the Megatron-expressible space with its quick estimate on the
+    given splits, most promising first."""
+    S, pp = problem.split.num_stages, problem.split.pp
+    search = SplitSearch(replace(problem, memory=None))
+    most = -(-problem.costs.num_layers // S) + 1
+    out = []
+    for g, delta in megatron_points(pc, pp, pc.host_link_gbps > 0):
+        # Megatron takes --recompute-num-layers with full granularity only: N > 0
+        # recomputes whole layers and no modules.
+        for n in range(0, most + 1 if not g.recompute_modules else 1):
+            pol = per_rank(replace(g, recompute_layers=n), pp, S, delta)
+            est = min((_proxy_ms(search, pc, pol, c) for c in splits), default=float("inf"))
+            label = replace(g, recompute_layers=n).label() + (
+                f" (-{delta:.0%}/rank)" if delta else "")
+            out.append((est, pol, label))
+    out.sort(key=lambda x: x[0])
+    return out
+
+
+def plan_megatron(problem: Problem, pc: PolicyCosts, budget_s: float,
+                  splits: list[tuple[int, ...]]) -> SpaceBest:
+    """One module set (or one N) for every stage, offload with one fraction and a
+    per-rank step: the points ranked by their estimate on `splits`, the most promising
+    planned (seeded with `splits`) while the budget lasts."""
+    t0 = time.perf_counter()
+    ranked = megatron_candidates(problem, pc, splits)
+    best: SpaceBest | None = None
+    planned = 0
+    for est, pol, label in ranked:
+        left = budget_s - (time.perf_counter() - t0)
+        if planned and (left <= 0.05 * budget_s or est == float("inf")):
+            break  # the first point is planned whatever is left: its seeds are timed
+        share = left / 2 if planned == 0 else left / 3
+        r = plan(_fixed(problem, pc, pol), top_k=1, time_budget_s=share, seeds=splits)
+        planned += 1
+        if r.best is not None and not host_fits(r.problem.with_split(r.best.split), pol):
+            continue  # the offloaded microbatches overflow the node's host memory
+        cand = SpaceBest(space="megatron", result=r, policies=pol, label=label)
+        best = _better(best, cand)
+    proven = False  # the points not planned are only estimated
+    if best is None:
+        return SpaceBest(space="megatron", result=None)
+    return replace(best, proven=proven)
+
+
+def plan_per_stage(problem: Problem, pc: PolicyCosts, budget_s: float) -> SpaceBest:
+    """Each stage its cheapest fitting policy of the groups (one chunk per rank)."""
+    groups = module_groups(pc, pc.host_link_gbps > 0)
+    search = SplitSearch(replace(problem, memory=None))
+    inflight = [max((sum(rec[:search.vpp]) for rec in search.patterns[r]), default=0)
+                for r in range(search.pp)]
+    memory = Cheapest(costs=pc, groups=groups,
+                      inflight=[inflight[problem.schedule.stage_rank(i)]
+                                for i in range(search.S)])
+    p = replace(problem, costs=pc.base, memory=memory)
+    r = plan(p, top_k=1, time_budget_s=budget_s)
+    if r.best is None:
+        return SpaceBest(space="per-stage", result=r)
+    policies = chosen_policies(r)
+    return SpaceBest(space="per-stage", result=r, policies=policies,
+                     label="per stage", proven=r.proven_optimal)
+
+
+def chosen_policies(r: PlanResult) -> tuple[StagePolicy, ...]:
+    """The policy the per-stage search gave each stage of the best split."""
+    search = SplitSearch(r.problem)
+    assert r.best is not None
+    sp = r.best.split
+    return tuple(r.problem.memory.policy_of(st.offset, st.layers, st.index, st.index == 0,
+                                            st.index == sp.num_stages - 1,
+                                            search.receives[st.index], search.fits)
+                 for st in sp.stages)

@@ -1,0 +1,36 @@
+"""A config's memory policy made into stage costs: what `build_problem` attaches."""
+
+from __future__ import annotations
+
+from ppsim.config.model import TransformerModel
+from ppsim.config.schema import Config
+from ppsim.costs.transformer import accelerator
+from ppsim.errors import UserError
+from ppsim.policy.costs import Fixed, PolicyCosts
+from ppsim.policy.model import MemoryPolicy, memory_policy, shorthand
+
+
+def policy_costs(cfg: Config) -> PolicyCosts:
+    """The per-module costs of the configured model; only a transformer has op lists."""
+    m = cfg.model
+    if not isinstance(m, TransformerModel) or cfg.costs_file:
+        raise UserError("memory", "a memory policy needs the transformer model's op lists",
+                        "drop [memory] and the --recompute-modules/--offload flags, or "
+                        "configure a transformer model without a cost file")
+    hw = cfg.hardware
+    return PolicyCosts(arch=m.arch, acc=accelerator(hw), host_link_gbps=hw.host_link_gbps,
+                       host_limit_bytes=hw.host_memory_bytes / max(1, hw.gpus_per_node)
+                       if hw.host_memory_bytes > 0 else float("inf"))
+
+
+def configured_policy(cfg: Config, num_stages: int) -> MemoryPolicy:
+    """The [memory] section over the model's global recompute mode."""
+    mode = cfg.model.recompute or "none"
+    return memory_policy(cfg.memory or {}, mode, num_stages) if cfg.memory is not None \
+        else MemoryPolicy(default=shorthand(mode))
+
+
+def fixed_policy(cfg: Config, num_stages: int) -> Fixed:
+    """Each virtual stage's configured policy, priced."""
+    pol = configured_policy(cfg, num_stages)
+    return Fixed(costs=policy_costs(cfg), policies=tuple(pol.of(i) for i in range(num_stages)))

@@ -1,0 +1,51 @@
+"""`ppsim run` with a memory policy (real gloo ranks): the measured activation peaks
+against `simulate`'s for the same policy (losses and gradients against a single process
+without one: test_executor.py's pooled checks cover these cases too)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from launches import INTERLEAVED, ONE_F_ONE_B, POLICY, Pool, V  # noqa: E402
+
+from ppsim.cli.main import main  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+CASES = {"1f1b-policy": ONE_F_ONE_B, "interleaved-policy": INTERLEAVED,
+         "zbv-policy": ["--schedule", "zbv", *V, "--microbatches", "4"]}
+PLAIN = {"1f1b-policy": "1f1b", "interleaved-policy": "interleaved", "zbv-policy": "zbv"}
+
+
+def _peaks(trace: Path, pp: int) -> list[int]:
+    events = json.loads(trace.read_text())["traceEvents"]
+    return [max(e["args"]["activations"] for e in events
+                if e.get("ph") == "C" and e["pid"] == r) for r in range(pp)]
+
+
+def _simulated(argv: list[str], capsys) -> list[int]:
+    assert main(["simulate", *argv, "--json"]) == 0
+    return [r["peak_activation_bytes"] for r in json.loads(capsys.readouterr().out)["ranks"]]
+
+
+def test_1f1b_policy_peaks_are_predicted_within_2_percent(launches: Pool, capsys) -> None:
+    got = _peaks(launches.get("1f1b-policy").tmp / "out" / "trace.json", 2)
+    want = _simulated([*ONE_F_ONE_B, *POLICY], capsys)
+    for g, w in zip(got, want, strict=True):
+        assert abs(g - w) <= 0.02 * w, (got, want)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_policy_lowers_every_ranks_measured_peak(case: str, launches: Pool, capsys) -> None:
+    """Offload and recompute free activations on every rank, as simulated."""
+    pp = 2
+    policy = _peaks(launches.get(case).tmp / "out" / "trace.json", pp)
+    plain = _peaks(launches.get(PLAIN[case]).tmp / "out" / "trace.json", pp)
+    sim_policy = _simulated([*CASES[case], *POLICY], capsys)
+    sim_plain = _simulated(CASES[case], capsys)
+    for r in range(pp):
+        assert policy[r] < plain[r] and sim_policy[r] < sim_plain[r]

@@ -1,0 +1,130 @@
+"""The executor runs a memory policy: the same losses and gradients as without one, and
+the bytes it keeps (and offloads) per module set are the cost model's."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ppsim.config.schema import load_config  # noqa: E402
+from ppsim.costs.modules import module_effect  # noqa: E402
+from ppsim.executor.builders import DEFAULT_BUILDER, load_builder  # noqa: E402
+from ppsim.executor.builders import policy as executor_policy  # noqa: E402
+from ppsim.executor.builders.llama import architecture  # noqa: E402
+from ppsim.executor.builders.stage import Stage, full_model, saved_bytes  # noqa: E402
+from ppsim.policy.model import StagePolicy  # noqa: E402
+
+GPT = load_config(None).model.fields()
+LLAMA = {**GPT, "gated_mlp": True, "norm": "rmsnorm", "position": "rotary",
+         "num_kv_heads": 2, "ffn_hidden_size": 176, "layers": "dense*2, moe*6",
+         "num_experts": 4, "top_k": 2, "moe_ffn_hidden_size": 48, "shared_experts": 1}
+OFFLOAD = ("attn_norm", "qkv_linear", "attn_proj", "mlp_norm")
+
+
+def _loss_and_grads(fields: dict, policy: StagePolicy | None) -> tuple[float, list]:
+    b = load_builder(DEFAULT_BUILDER, fields)
+    model = full_model(b).to(b.dtype)
+    if policy is not None:
+        executor_policy.apply_policy(model.layers, policy)
+    ids, targets = b.microbatch(0, 0, 0)
+    loss = b.loss(model(ids), targets)
+    loss.backward()
+    return loss.item(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize(("fields", "policy"), [
+    (GPT, StagePolicy(recompute_modules=("core_attn",), recompute_layers=3,
+                      offload_modules=OFFLOAD + ("core_attn",), offload_fraction=1.0)),
+    (LLAMA, StagePolicy(recompute_modules=("core_attn", "mlp", "moe"), recompute_layers=1,
+                        offload_modules=OFFLOAD, offload_fraction=0.5)),
+    (LLAMA, StagePolicy(recompute_modules=("shared_experts",),
+                        offload_modules=("core_attn",), offload_fraction=1.0)),
+], ids=["gpt", "llama-moe", "llama-shared"])
+def test_a_policy_leaves_losses_and_gradients_unchanged(fields: dict, policy) -> None:
+    want_loss, want = _loss_and_grads(fields, None)
+    executor_policy.offloaded[0] = 0
+    got_loss, got = _loss_and_grads(fields, policy)
+    assert executor_policy.offloaded[0] > 0  # the host path ran
+    assert got_loss == want_loss
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def _layout_copy(fields: dict, policy: StagePolicy) -> tuple[int, int]:
+    """(on the device, on the host) bytes of the executor's one tensor the cost model does
+    not count: attention's output transposed to (b, s, h) for the output projection is a
+    copy autograd keeps beside the output FlashAttention keeps (Megatron's core attention
+    returns [s, b, h], so its projection keeps the output itself). Gone when core_attn is
+    recomputed (its checkpoint keeps no output) or the layer is."""
+    if "core_attn" in policy.recompute_modules or policy.recompute_layers:
+        return 0, 0
+    width = 4 if fields["dtype"] == "fp32" else 2
+    copy = fields["seq_length"] * fields["micro_batch_size"] * fields["hidden_size"] * width
+    return (0, copy) if "attn_proj" in policy.offload_modules else (copy, 0)
+
+
+def _kept(fields: dict, index: int, policy: StagePolicy) -> tuple[int, int]:
+    """(device bytes kept, bytes offloaded) by decoder layer `index` under the policy, less
+    the layout copy."""
+    b = load_builder(DEFAULT_BUILDER, fields)
+    stage = Stage(b, index, 1, False, False)
+    executor_policy.apply_policy(stage.layers, policy)
+    stage = stage.to(b.dtype)
+    # A fixed input: MoE's padded dispatch (so its bytes) follows the routing.
+    x = torch.randn(b.activation_shape, generator=torch.Generator().manual_seed(0)).to(
+        b.dtype).requires_grad_()
+    static = {t.untyped_storage().data_ptr() for t in [*stage.parameters(), *stage.buffers()]}
+    executor_policy.offloaded[0] = 0
+    with saved_bytes(static) as seen:
+        stage(x)
+    on_device, on_host = _layout_copy(fields, policy)
+    return sum(seen.values()) - on_device, executor_policy.offloaded[0] - on_host
+
+
+CASES = [
+    StagePolicy(),
+    StagePolicy(recompute_modules=("core_attn",)),
+    StagePolicy(recompute_layers=1),
+    StagePolicy(offload_modules=("core_attn", "attn_proj"), offload_fraction=1.0),
+    StagePolicy(offload_modules=("attn_norm", "mlp_norm", "qkv_linear"), offload_fraction=1.0),
+]
+
+
+@pytest.mark.parametrize("policy", CASES + [StagePolicy(recompute_modules=("mlp",))],
+                         ids=lambda p: p.label())
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_dense_bytes_per_module_set_are_the_cost_models(policy, dtype: str) -> None:
+    fields = {**LLAMA, "dtype": dtype, "layers": "dense*8"}
+    kept, moved = _kept(fields, 0, policy)
+    want = module_effect(architecture(fields), "dense", policy.recompute_modules,
+                         policy.offload_modules, full=policy.recompute_layers > 0)
+    assert abs(kept - want.kept_bytes) <= 0.02 * want.kept_bytes, (kept, want)
+    assert abs(moved - want.offloaded_bytes) <= 0.02 * max(want.offloaded_bytes, 1), (
+        moved, want)
+
+
+@pytest.mark.parametrize("policy", CASES + [StagePolicy(recompute_modules=("moe",)),
+                                            StagePolicy(recompute_modules=("shared_experts",))],
+                         ids=lambda p: p.label())
+def test_moe_bytes_per_module_set_are_about_the_cost_models(policy) -> None:
+    """Within 10 % of the layer's bytes: the dropless dispatch pads every expert to the
+    busiest one's count, the same bytes whatever the policy leaves."""
+    fields = {**LLAMA, "dtype": "bf16"}
+    kept, moved = _kept(fields, 2, policy)
+    a = architecture(fields)
+    want = module_effect(a, "moe", policy.recompute_modules, policy.offload_modules,
+                         full=policy.recompute_layers > 0)
+    assert abs(kept - want.kept_bytes) <= 0.10 * module_effect(a, "moe").kept_bytes, (kept,
+                                                                                     want)
+    assert abs(moved - want.offloaded_bytes) <= 0.02 * max(want.offloaded_bytes, 1)
+
+
+def test_the_executor_refuses_modules_it_has_no_piece_for() -> None:
+    b = load_builder(DEFAULT_BUILDER, GPT)
+    stage = Stage(b, 0, 2, False, False)
+    with pytest.raises(ValueError, match="layernorm"):
+        executor_policy.apply_policy(stage.layers, StagePolicy(recompute_modules=("layernorm",)))
+    with pytest.raises(ValueError, match="expert_fc1"):
+        executor_policy.apply_policy(stage.layers, StagePolicy(
+            offload_modules=("expert_fc1",), offload_fraction=1.0))

@@ -1,0 +1,202 @@
+"""Memory policies: per-module saved bytes and recompute time, the global modes as
+shorthand, block N, offload, the [memory] config and its flags."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ppsim.cli.main import main
+from ppsim.config.schema import config_from_dict, config_to_toml, load_config
+from ppsim.costs.arch import Architecture
+from ppsim.costs.modules import module_effect, saved_tensors
+from ppsim.costs.transformer import Accelerator, layer_activation_bytes, transformer_costs
+from ppsim.errors import UserError
+from ppsim.pipeline.problem import build_problem
+
+ACC = Accelerator(peak_tflops=100.0, memory_bandwidth_gbps=1000.0)
+DENSE = dict(num_layers=4, hidden_size=256, num_heads=8, num_kv_heads=8, ffn_hidden_size=1024,
+             vocab_size=1024, seq_length=128, micro_batch_size=2, dtype="bf16")
+MOE = dict(DENSE, layers="dense, moe*3", num_experts=8, top_k=2, moe_ffn_hidden_size=128,
+           shared_experts=1)
+MLA = dict(MOE, attention="mla", q_lora_rank=64, kv_lora_rank=32, qk_rope_head_dim=16,
+           head_dim=32, v_head_dim=32)
+
+
+def arch(base: dict, **kw) -> Architecture:
+    return Architecture(**{**base, **kw})
+
+
+def simulate_json(*flags: str, capsys) -> dict:
+    assert main(["simulate", "--json", *flags]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(("base", "kind"), [(DENSE, "dense"), (MOE, "dense"), (MOE, "moe"),
+                                            (MLA, "dense"), (MLA, "moe")])
+def test_named_tensors_add_up_to_the_layer(base: dict, kind: str) -> None:
+    a = arch(base, tp=2)
+    assert abs(sum(saved_tensors(a, kind).values()) - layer_activation_bytes(a, kind)) <= 1
+
+
+def test_each_module_drops_what_megatron_discards() -> None:
+    a = arch(DENSE)  # gated SwiGLU, RMSNorm, bf16: 2 bytes per element
+    tok, h, ffn = 128 * 2, 256, 1024
+    none = module_effect(a, "dense").kept_bytes
+    drop = {m: none - module_effect(a, "dense", (m,)).kept_bytes
+            for m in ("core_attn", "layernorm", "mlp", "moe_act", "moe")}
+    assert drop["core_attn"] == 4 * tok * 8  # only the fp32 log-sum-exp per head
+    assert drop["layernorm"] == 2 * (tok * h * 2 + tok * 4)  # outputs and 1/rms of both
+    assert drop["mlp"] == tok * 4 * ffn * 2  # fc1+fc3 out, SiLU out, product
+    assert drop["moe_act"] == drop["moe"] == 0  # no MoE in a dense layer
+    full = module_effect(a, "dense", full=True).kept_bytes
+    assert full == tok * h * 2
+
+
+def test_moe_modules_overlap_once() -> None:
+    a = arch(MOE)
+    none = module_effect(a, "moe").kept_bytes
+    moe = none - module_effect(a, "moe", ("moe",)).kept_bytes
+    both = none - module_effect(a, "moe", ("moe", "moe_act", "shared_experts")).kept_bytes
+    assert moe == both > 0
+    pairs, ffn = 128 * 2 * 2, 128
+    assert none - module_effect(a, "moe", ("moe_act",)).kept_bytes == 2 * pairs * ffn * 2
+
+
+def test_recompute_repeats_the_modules_forward_in_the_backward() -> None:
+    a = arch(DENSE)
+    plain = transformer_costs(a, ACC, recompute=()).layers[0]
+    attn = transformer_costs(a, ACC, recompute=("core_attn",)).layers[0]
+    full = transformer_costs(a, ACC, full=True).layers[0]
+    assert attn.forward_ms == plain.forward_ms
+    assert plain.backward_ms < attn.backward_ms < full.backward_ms
+    assert full.backward_ms == pytest.approx(plain.backward_ms + plain.forward_ms)
+
+
+def test_none_is_flash_attention_and_faster_than_selective(capsys) -> None:
+    """Issue 28: "none" meant unfused attention storing the s x s scores, slower than
+    selective (GPT-3 175B pp 8: 4025 vs 3914 ms)."""
+    flags = ["--preset", "gpt3-175b", "--hardware", "h100-80gb", "--pp", "8",
+             "--microbatches", "16"]
+    none = simulate_json(*flags, "--recompute", "none", capsys=capsys)
+    sel = simulate_json(*flags, "--recompute", "selective", capsys=capsys)
+    assert none["iteration_time_ms"] < sel["iteration_time_ms"]
+    gap = none["ranks"][0]["peak_memory_bytes"] - sel["ranks"][0]["peak_memory_bytes"]
+    assert 0 < gap < 0.01 * sel["ranks"][0]["peak_memory_bytes"]  # the log-sum-exp only
+
+
+@pytest.mark.parametrize(("mode", "policy"), [
+    ("selective", ["--recompute-modules", "core_attn"]),
+    ("full", ["--recompute-num-layers", "99"]),
+    ("none", ["--recompute-modules", ""]),
+])
+def test_global_mode_is_shorthand_for_a_uniform_policy(mode, policy, capsys) -> None:
+    flags = ["--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "4",
+             "--microbatches", "8", "--recompute", "none" if mode != "full" else "none"]
+    g = simulate_json(*flags[:-1], mode, capsys=capsys)
+    p = simulate_json(*flags, *policy, capsys=capsys)
+    assert p["iteration_time_ms"] == pytest.approx(g["iteration_time_ms"], rel=1e-12)
+    assert [r["peak_memory_bytes"] for r in p["ranks"]] == \
+        [r["peak_memory_bytes"] for r in g["ranks"]]
+    assert "policy" in p and len(p["policy"]) == 4
+
+
+def test_block_n_trades_time_for_memory(capsys) -> None:
+    flags = ["--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "2",
+             "--microbatches", "4", "--split", "16,16"]
+    runs = [simulate_json(*flags, "--recompute-num-layers", str(n), capsys=capsys)
+            for n in (0, 4, 16)]
+    times = [r["iteration_time_ms"] for r in runs]
+    peaks = [r["ranks"][0]["peak_memory_bytes"] for r in runs]
+    assert times[0] < times[1] < times[2]
+    assert peaks[0] > peaks[1] > peaks[2]
+    assert runs[1]["policy"][0]["recompute_layers"] == 4
+    assert runs[2]["policy"][1]["recompute_layers"] == 16  # N capped at the stage's layers
+
+
+def test_offload_frees_device_memory_and_costs_host_link_time(capsys) -> None:
+    flags = ["--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "4",
+             "--microbatches", "8"]
+    plain = simulate_json(*flags, capsys=capsys)
+    off = simulate_json(*flags, "--offload-modules", "core_attn,attn_proj", capsys=capsys)
+    assert off["ranks"][0]["peak_memory_bytes"] < plain["ranks"][0]["peak_memory_bytes"]
+    assert off["policy"][0]["offload_fraction"] == 1.0
+    assert off["iteration_time_ms"] >= plain["iteration_time_ms"]
+
+
+def test_per_stage_tables_round_trip_and_apply(tmp_path, capsys) -> None:
+    data = {"model": {"preset": "llama3-8b"}, "hardware": {"preset": "h100-80gb"},
+            "pipeline": {"pp": 2, "microbatches": 4, "split": [16, 16]},
+            "memory": {"recompute_modules": ["core_attn"],
+                       "stage": [{"stage": 0, "recompute_layers": 5,
+                                  "offload_modules": ["attn_proj"], "offload_fraction": 0.5}]}}
+    cfg = config_from_dict(data)
+    path = tmp_path / "c.toml"
+    path.write_text(config_to_toml(cfg))
+    assert load_config(str(path)).memory == cfg.memory
+    out = simulate_json("--config", str(path), capsys=capsys)
+    assert out["policy"][0] == {"stage": 0, "recompute_modules": ["core_attn"],
+                                "recompute_layers": 5, "offload_modules": ["attn_proj"],
+                                "offload_fraction": 0.5}
+    assert out["policy"][1]["recompute_layers"] == 0
+
+
+@pytest.mark.parametrize(("table", "field"), [
+    ({"recompute_modules": ["core_atn"]}, "memory.recompute_modules"),
+    ({"offload_modules": ["mlp"]}, "memory.offload_modules"),
+    ({"offload_fraction": 1.5}, "memory.offload_fraction"),
+    ({"recompute_layers": -1}, "memory.recompute_layers"),
+    ({"stage": [{"stage": "x"}]}, "memory.stage.stage"),
+    ({"recompute": "full"}, "memory.recompute"),
+])
+def test_bad_policies_name_the_field(table: dict, field: str) -> None:
+    with pytest.raises(UserError, match=field.replace(".", r"\.")):
+        config_from_dict({"model": {"preset": "tiny-gpt"}, "memory": table})
+
+
+def test_bad_flag_exits_2_with_one_line(capsys) -> None:
+    assert main(["simulate", "--preset", "tiny-gpt", "--recompute-modules", "attn"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "memory.recompute_modules" in err and "\n" not in err
+
+
+def test_a_uniform_model_refuses_a_policy() -> None:
+    cfg = {"model": {"kind": "uniform", "num_layers": 4, "forward_ms": 1.0},
+           "memory": {"recompute_modules": ["core_attn"]}}
+    with pytest.raises(UserError, match="memory"):
+        build_problem(config_from_dict(cfg))
+
+
+def test_host_memory_limits_offload(tmp_path, capsys) -> None:
+    """Offloaded microbatches live in the node's host memory, shared by its devices."""
+    flags = ["--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "4",
+             "--microbatches", "8", "--offload-modules", "core_attn"]
+    out = simulate_json(*flags, capsys=capsys)
+    tok, w = 8192, 2
+    # q, k, v and out; the preset's selective recompute (core_attn) drops the log-sum-exp
+    per_layer = tok * (4096 + 1024 + 1024 + 4096) * w
+    # Rank 0 of 1F1B holds 4 microbatches of its 8 layers at once.
+    assert out["host_bytes"][0] == 4 * 8 * per_layer and out["host_fits"]
+    small = tmp_path / "small.toml"
+    small.write_text('[model]\npreset = "llama3-8b"\n[pipeline]\npp = 4\nmicrobatches = 8\n'
+                     '[hardware]\npreset = "h100-80gb"\nhost_memory_bytes = 8e9\n'
+                     '[memory]\noffload_modules = ["core_attn"]\noffload_fraction = 1.0\n')
+    assert main(["simulate", "--config", str(small)]) == 0
+    assert "host memory" in capsys.readouterr().err
+    out = simulate_json("--config", str(small), capsys=capsys)
+    assert not out["host_fits"]
+
+
+def test_the_trace_shows_each_offload_copy(tmp_path, capsys) -> None:
+    trace = tmp_path / "t.json"
+    flags = ["--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "2",
+             "--microbatches", "3", "--split", "16,16", "--offload-modules", "attn_proj"]
+    assert main(["simulate", *flags, "--trace", str(trace)]) == 0
+    capsys.readouterr()
+    copies = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "copy"]
+    assert sorted(e["name"] for e in copies if e["pid"] == 0) == sorted(
+        [f"offload F{i}" for i in range(3)] + [f"reload B{i}" for i in range(3)])
+    per_layer = 8192 * 4096 * 2  # attn_proj's input: the attention output
+    assert all(e["args"]["bytes"] == 16 * per_layer for e in copies)
+    assert all(e["dur"] == pytest.approx(16 * per_layer / 63e9 * 1e6) for e in copies)

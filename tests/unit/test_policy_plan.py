@@ -1,0 +1,151 @@
+"""`plan --search policy`: its JSON, its flags, Megatron's refusals, bad input."""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+from contextlib import redirect_stdout
+
+import pytest
+
+from ppsim.cli.main import main
+from ppsim.costs.arch import Architecture
+from ppsim.policy.megatron import policy_export, recompute_flags
+from ppsim.policy.model import ALL_LAYERS, StagePolicy
+from ppsim.policy.search import per_rank
+
+DENSE = Architecture(num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=4,
+                     ffn_hidden_size=256, vocab_size=512, seq_length=64)
+MLA = Architecture(num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=4,
+                   ffn_hidden_size=256, vocab_size=512, seq_length=64, attention="mla",
+                   kv_lora_rank=16, qk_rope_head_dim=8, head_dim=16)
+PLAN = ["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "4",
+        "--microbatches", "8", "--time-budget", "6", "--json"]
+
+
+@pytest.fixture(scope="module")
+def planned() -> dict:
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main([*PLAN, "--search", "policy,policy-per-stage"]) == 0
+    return json.loads(buf.getvalue())
+
+
+def test_json_gives_a_policy_per_stage_and_every_space(planned: dict) -> None:
+    best = planned["best"]
+    assert [p["stage"] for p in best["policy"]] == [0, 1, 2, 3]
+    for p in best["policy"]:
+        assert set(p) == {"stage", "recompute_modules", "recompute_layers", "offload_modules",
+                          "offload_fraction"}
+    spaces = {s["space"]: s for s in planned["policy_search"]}
+    assert set(spaces) == {"global", "megatron", "per-stage"}
+    times = {k: s["best"]["iteration_time_ms"] for k, s in spaces.items()}
+    assert best["iteration_time_ms"] == min(times.values())
+    assert times["per-stage"] <= times["megatron"] * (1 + 1e-9)
+    for s in spaces.values():
+        assert s["gain_vs_global"] == pytest.approx(
+            times["global"] / s["best"]["iteration_time_ms"])
+        assert s["memory_rank"] in range(4) and s["busiest_rank"] in range(4)
+
+
+def test_megatron_flags_carry_the_policy(planned: dict) -> None:
+    meg = next(s for s in planned["policy_search"] if s["space"] == "megatron")
+    flags, first = meg["megatron_policy_flags"], meg["best"]["policy"][0]
+    assert len({json.dumps({k: v for k, v in p.items() if k not in ("stage",
+                                                                   "offload_fraction")})
+                for p in meg["best"]["policy"]}) == 1  # one setting for every stage
+    if first["offload_modules"]:
+        assert "--offload-modules " + " ".join(first["offload_modules"]) in flags
+    if first["recompute_modules"]:
+        assert "--recompute-modules " + " ".join(first["recompute_modules"]) in flags
+    if first["recompute_layers"]:
+        assert f"--recompute-num-layers {first['recompute_layers']}" in flags
+    if planned["best"]["policy_space"] == "megatron":
+        assert planned["best"]["megatron_flags"].endswith(flags)
+
+
+def test_megatron_refuses_what_megatron_refuses() -> None:
+    with pytest.raises(Exception, match="--recompute-num-layers"):
+        recompute_flags(StagePolicy(recompute_modules=("core_attn",), recompute_layers=2), DENSE)
+    with pytest.raises(Exception, match="mla_up_proj needs MLA"):
+        recompute_flags(StagePolicy(recompute_modules=("mla_up_proj",)), DENSE)
+    flags, _ = recompute_flags(StagePolicy(recompute_modules=("mla_up_proj",)), MLA)
+    assert flags == ["--recompute-granularity", "selective", "--recompute-modules",
+                     "mla_up_proj"]
+    flags, notes = recompute_flags(StagePolicy(recompute_modules=("moe_act",)), DENSE)
+    assert "--moe-grouped-gemm" in flags and "grouped GEMM" in notes[0]
+
+
+def test_block_and_uniform_forms() -> None:
+    assert recompute_flags(StagePolicy(recompute_layers=3), DENSE)[0] == [
+        "--recompute-granularity", "full", "--recompute-method", "block",
+        "--recompute-num-layers", "3"]
+    assert recompute_flags(StagePolicy(recompute_layers=ALL_LAYERS), DENSE)[0][-3:] == [
+        "uniform", "--recompute-num-layers", "1"]
+
+
+def test_offload_with_a_per_rank_step_and_transformer_engine_noted() -> None:
+    p = StagePolicy(offload_modules=("core_attn",), offload_fraction=0.5)
+    ex = policy_export(per_rank(p, 4, 4, 0.1), 4, DENSE, offload_bytes=1000)
+    assert ex.megatron_flags == ["--fine-grained-activation-offloading", "--offload-modules",
+                                 "core_attn", "--activation-offload-fraction", "0.5",
+                                 "--delta-offload-bytes-across-pp-ranks", "100"]
+    assert "Transformer Engine" in ex.notes[0]
+    assert "Megatron-LM" in ex.frameworks
+
+
+def test_a_per_stage_policy_says_who_can_run_it() -> None:
+    pols = (StagePolicy(recompute_layers=2), StagePolicy())
+    ex = policy_export(pols, 2, DENSE)
+    assert ex.megatron_flags is None and ex.frameworks == ["ppsim executor"]
+    assert "one recompute setting" in ex.notes[0]
+    norms = policy_export((StagePolicy(recompute_modules=("layernorm",)),) * 2, 2, DENSE)
+    assert "ppsim executor" not in norms.frameworks  # the executor does not recompute norms alone
+    same = policy_export((StagePolicy(recompute_modules=("core_attn",)),) * 2, 2, DENSE)
+    assert any(f.startswith("torchtitan") for f in same.frameworks)
+    assert shlex.join(same.megatron_flags) == \
+        "--recompute-granularity selective --recompute-modules core_attn"
+
+
+def test_policy_search_takes_no_other_axes(capsys) -> None:
+    assert main([*PLAN, "--search", "policy,vpp"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--search" in err and "\n" not in err
+
+
+def test_text_output_lists_the_spaces(capsys) -> None:
+    assert main([*PLAN[:-1], "--search", "policy", "--time-budget", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "global" in out and "megatr" in out and "Megatron policy flags" in out
+
+
+def test_a_chunked_plan_not_proven_says_why_its_bound_is_loose(capsys) -> None:
+    assert main(["plan", "--preset", "llama3-70b", "--hardware", "h100-80gb", "--pp", "8",
+                 "--vpp", "2", "--schedule", "interleaved-1f1b", "--microbatches", "16",
+                 "--recompute", "full", "--time-budget", "0.3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert not out["proven_optimal"]  # gap ~20 %: the water-filling bound is far off
+    assert "water-filling" in out["bound_note"]
+
+
+def test_policy_search_refuses_compare_splits(capsys) -> None:
+    assert main([*PLAN, "--search", "policy", "--compare", "8,8,8,8"]) == 2
+    assert "--compare" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("mode", "flags"), [
+    ("none", "--recompute-granularity full --recompute-method block --recompute-num-layers 2"),
+    ("selective", None),  # core_attn and N: Megatron refuses the pair
+])
+def test_plan_with_a_configured_policy_exports_it(mode: str, flags, capsys) -> None:
+    assert main(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "4",
+                 "--microbatches", "8", "--recompute", mode, "--recompute-num-layers", "2",
+                 "--time-budget", "2", "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["best"]
+    assert [p["recompute_layers"] for p in best["policy"]] == [2, 2, 2, 2]
+    if flags is None:
+        assert best["megatron_flags"] is None
+        assert "--recompute-num-layers" in best["megatron_note"]
+    else:
+        assert best["megatron_flags"].endswith(flags)
