@@ -29,7 +29,7 @@ HELP = "run a split for real with torch.distributed (torchrun) and record a trac
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    add_config_flags(p)
+    add_config_flags(p, job_flags=False)  # its own --dp counts replicas it launches
     g = p.add_argument_group("launch")
     g.add_argument("--nproc-per-node", type=int, metavar="N",
                    help="ranks on this node (default: pp / nnodes)")

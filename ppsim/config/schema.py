@@ -15,6 +15,7 @@ from ppsim.config import validate
 from ppsim.config.model import Model, UniformModel, parse_model
 from ppsim.config.presets import HARDWARE_PRESETS
 from ppsim.errors import UserError
+from ppsim.job import shape as job_shape
 from ppsim.pipeline.placement import PlacementConfig
 
 SPLIT_KEYS = ("split", "layout", "first_stage_layers", "last_stage_layers",
@@ -64,6 +65,17 @@ class PipelineConfig:
     account_for_loss: bool = False
     actions_csv: str | None = None
     """A torch.distributed.pipelining schedule CSV whose order replaces `schedule`'s."""
+    global_batch_size: int = 0
+    """Sequences per iteration over all replicas (Megatron --global-batch-size); set, it
+    gives microbatches = global_batch_size / (micro_batch_size x dp); 0: `microbatches`."""
+    rank_order: str = "tp-cp-ep-dp-pp"
+    """Megatron's rank order, innermost first: which groups share a node."""
+    tp_comm_overlap: bool = False
+    """Hide tensor-parallel collectives behind the layer's compute (--tp-comm-overlap)."""
+    overlap_grad_reduce: bool = False
+    """Reduce gradients in buckets during the last backward (--overlap-grad-reduce)."""
+    overlap_param_gather: bool = False
+    """Gather parameters during the next forward (--overlap-param-gather)."""
 
 
 @dataclass(kw_only=True)
@@ -87,6 +99,16 @@ class HardwareConfig:
     (a copy test's figure); 0: memory-bound ops cost nothing."""
     kernel_overhead_us: float = 0.0
     """Least time one kernel takes: host dispatch plus launch, in microseconds."""
+    gpus_per_node: int = 8
+    """GPUs in one node's NVLink domain (ppsim.job.topology)."""
+    intra_node_bandwidth_gbps: float = 0.0
+    """NVLink per GPU per direction, GB/s; 0: inter_node_bandwidth_gbps."""
+    intra_node_latency_us: float = 0.0
+    """One collective step inside a node; 0: inter_node_latency_us."""
+    inter_node_bandwidth_gbps: float = 0.0
+    """Each GPU's NIC per direction, GB/s; 0: p2p_bandwidth_gbps."""
+    inter_node_latency_us: float = 0.0
+    """One collective step across nodes; 0: p2p_latency_ms."""
 
 
 @dataclass(kw_only=True)
@@ -149,7 +171,7 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     if "costs_file" in data:
         cfg.costs_file = validate.typed("costs_file", data["costs_file"], str)
     check_config(cfg)
-    return cfg
+    return job_shape.resolved(cfg)
 
 
 def check_config(cfg: Config) -> None:
@@ -158,6 +180,7 @@ def check_config(cfg: Config) -> None:
     validate.pipeline(cfg.pipeline)
     validate.hardware(cfg.hardware)
     validate.placement(cfg.placement)
+    job_shape.check(cfg)
 
 
 def hardware_config(table: dict[str, Any]) -> HardwareConfig:

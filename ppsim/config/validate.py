@@ -227,7 +227,7 @@ _ARCH_MAX = 10**7
 FLOPs stay exact floats (a 200-digit hidden_size would overflow float conversion)."""
 _CHOICES = {"recompute": RECOMPUTE, "dtype": tuple(DTYPE_BYTES), "attention": ATTENTION,
             "norm": NORMS, "position": POSITIONS}
-_POSITIVE = ("tp", "dp", "ep", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
+_POSITIVE = ("tp", "dp", "ep", "cp", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
              "vocab_size", "seq_length", "micro_batch_size")
 _COUNTS = ("mtp_layers", "head_dim", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
            "v_head_dim", "num_experts", "top_k", "moe_ffn_hidden_size", "shared_experts")

@@ -44,6 +44,8 @@ class Architecture:
     """Shard optimizer states over dp (Megatron --use-distributed-optimizer)."""
     dp: int = 1
     """Data-parallel size the distributed optimizer shards over."""
+    cp: int = 1
+    """Context-parallel size: each rank holds seq_length / cp tokens of every sequence."""
     layers: str = ""
     """Decoder layer kinds in order, e.g. "dense*3, moe*58"; empty: all "moe" when
     num_experts > 0, else all "dense"."""
