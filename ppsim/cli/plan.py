@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
+from ppsim.cli.render import job_dict, print_job
 from ppsim.cli.schedule import print_notes
 from ppsim.cli.simulate import print_exports
 from ppsim.clock import process_start
@@ -178,15 +179,16 @@ def _stderr() -> Any:
     return Console(stderr=True)
 
 
-def candidate_dict(c: Candidate) -> dict[str, Any]:
+def candidate_dict(c: Candidate, job: Any = None) -> dict[str, Any]:
     s = c.summary
     return {"split": list(c.split.counts), "iteration_time_ms": s.iteration_time_ms,
             "bubble_fraction": s.bubble_fraction, "fits": s.fits,
-            "peak_memory_bytes": [r.peak_memory_bytes for r in s.ranks]}
+            "peak_memory_bytes": [r.peak_memory_bytes for r in s.ranks],
+            "throughput": job_dict(job, s.iteration_time_ms)["throughput"]}
 
 
-def reference_dict(ref: Reference, best: Candidate | None) -> dict[str, Any]:
-    out = candidate_dict(Candidate(ref.split, ref.summary))
+def reference_dict(ref: Reference, best: Candidate | None, job: Any = None) -> dict[str, Any]:
+    out = candidate_dict(Candidate(ref.split, ref.summary), job)
     out["label"] = ref.label
     if best is not None:
         out["best_speedup"] = ref.summary.iteration_time_ms / best.summary.iteration_time_ms
@@ -197,21 +199,23 @@ def reference_dict(ref: Reference, best: Candidate | None) -> dict[str, Any]:
 def result_dict(planned: Planned) -> dict[str, Any]:
     res = planned.result
     p = res.problem
+    job = p.hardware.job
     out: dict[str, Any] = {
         "schedule": p.schedule.name, "pp": p.schedule.pp, "vpp": p.schedule.vpp,
         "microbatches": p.schedule.microbatches, "memory_limit_bytes": p.hardware.memory_bytes,
-        "best": None, "baseline": candidate_dict(res.baseline) if res.baseline else None,
-        "deepspeed": candidate_dict(res.deepspeed) if res.deepspeed else None,
-        "candidates": [candidate_dict(c) for c in res.candidates],
+        "best": None, "baseline": candidate_dict(res.baseline, job) if res.baseline else None,
+        "deepspeed": candidate_dict(res.deepspeed, job) if res.deepspeed else None,
+        "candidates": [candidate_dict(c, job) for c in res.candidates],
         "proven_optimal": res.proven_optimal, "lower_bound_ms": res.lower_bound_ms,
         "evaluated": res.evaluated, "total_splits": res.total_splits, "seconds": res.seconds,
         "baseline_label": planned.baseline.label if planned.baseline else None,
-        "compared": [reference_dict(r, res.best) for r in planned.compared],
+        "compared": [reference_dict(r, res.best, job) for r in planned.compared],
+        "job": job_dict(job, 0.0)["job"],
         "evaluator": "shared: unshared search, re-timed with sharing" if p.topology
         else "exact",
     }
     if res.best is not None:
-        best = candidate_dict(res.best)
+        best = candidate_dict(res.best, job)
         best.update(split_exports(res.best.split))
         t = res.best.summary.iteration_time_ms
         best["gap_to_lower_bound"] = (t - res.lower_bound_ms) / t if t else 0.0
@@ -317,6 +321,7 @@ def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], to
                       f"{res.lower_bound_ms:.2f} ms, gap {(bt - res.lower_bound_ms) / bt:.2%}; "
                       f"{res.evaluated:,} of {res.total_splits:,} splits timed in "
                       f"{res.seconds:.2f} s")
+    print_job(console, p.hardware.job, bt)
     print_exports(console, split_exports(res.best.split))
 
 
@@ -343,7 +348,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         out = result_dict(planned)
         if len(per_variant) > 1:
             out["variant"] = next(label for label, r in per_variant if r is best)
-            out["variants"] = [{"variant": label, "best": candidate_dict(r.best)
+            out["variants"] = [{"variant": label, "best": candidate_dict(r.best,
+                                                                          r.problem.hardware.job)
                                 if r.best else None, "proven_optimal": r.proven_optimal}
                                for label, r in per_variant]
         if best.best is None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
 from ppsim.cli.picture import render_png
-from ppsim.cli.render import rank_table, summary_dict, text_timeline
+from ppsim.cli.render import job_dict, print_job, rank_table, summary_dict, text_timeline
 from ppsim.cli.schedule import print_notes
 from ppsim.config import limits, validate
 from ppsim.config.limits import check_request
@@ -150,7 +150,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         emit_json({"schedule": problem.schedule.name, "pp": problem.split.pp,
                    "vpp": problem.split.vpp, "microbatches": problem.schedule.microbatches,
                    "split": list(problem.split.counts),
-                   "memory_limit_bytes": problem.hardware.memory_bytes, **summary_dict(s)})
+                   "memory_limit_bytes": problem.hardware.memory_bytes, **summary_dict(s),
+                   **job_dict(problem.hardware.job, s.iteration_time_ms)})
         return 0
     _print_simulation(sim)
     if args.trace:
@@ -173,6 +174,7 @@ def _print_simulation(sim: Any) -> None:
                   f"bubble [bold]{s.bubble_fraction:.1%}[/bold]   peak memory "
                   f"{s.peak_memory_bytes / 1e9:.2f} GB of {problem.hardware.memory_bytes / 1e9:.0f}"
                   f" GB   {'fits' if s.fits else '[red]does NOT fit[/red]'}")
+    print_job(console, problem.hardware.job, s.iteration_time_ms)
     console.print(rank_table(s, problem.hardware.memory_bytes))
     if sim.timeline is None:
         console.print(f"(no text timeline above {limits.TIMELINE_OPS:,} ops; --trace keeps "
