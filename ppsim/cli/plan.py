@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
+from ppsim.cli.jobplan import cmd_job_plan
 from ppsim.cli.render import job_dict, print_job
 from ppsim.cli.schedule import print_notes
 from ppsim.cli.simulate import print_exports
@@ -334,6 +335,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     ops = limits.check_request(cfg, limits.PLAN)
     if ops is not None:
         limits.check_plan_budget(ops, args.time_budget)
+    if getattr(args, "gpus", None) is not None:  # the whole job's shape, with its split
+        return cmd_job_plan(args, cfg)
     axes = [a.strip() for a in args.search.split(",") if a.strip()] if args.search else []
     if cfg.pipeline.actions_csv and set(axes) - {"recompute"}:
         raise UserError("--search", "the actions CSV fixes the schedule, vpp and microbatches",

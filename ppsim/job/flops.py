@@ -36,8 +36,10 @@ def _attention_terms(a: Architecture) -> tuple[float, float]:
     return GEMM * (h * (q + 2 * kv) + q * h), GEMM * q / 2 * 2
 
 
-def iteration_flops(a: Architecture, global_batch_size: int) -> float:
-    """FLOPs of one iteration of `global_batch_size` sequences of a.seq_length tokens."""
+def iteration_flops(a: Architecture, global_batch_size: int, causal: bool = True) -> float:
+    """FLOPs of one iteration of `global_batch_size` sequences of a.seq_length tokens.
+    causal=False counts the whole s x s attention, as Megatron did before March 2025
+    (commit 8873b55d6a): the formula behind figures published until then."""
     kinds = layer_kinds(a)
     moe, dense = kinds.count("moe"), kinds.count("dense")
     if a.mtp_layers:
@@ -55,4 +57,5 @@ def iteration_flops(a: Architecture, global_batch_size: int) -> float:
                  + GEMM * a.mtp_layers * (3 * h + 2 * h * h)
                  + GEMM * h * padded_vocab(a) * (a.mtp_layers + 1))
     tokens = global_batch_size * a.seq_length
-    return tokens * per_token + global_batch_size * a.seq_length ** 2 * core * layers
+    full = 1 if causal else 2
+    return tokens * per_token + global_batch_size * a.seq_length ** 2 * core * layers * full

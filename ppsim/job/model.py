@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import Any
 
 from ppsim.costs.arch import Architecture
+from ppsim.costs.transformer import Accelerator, accelerator
 from ppsim.job.collectives import Link, link
 from ppsim.job.flops import iteration_flops
 from ppsim.job.ranks import Sizes, Span, group_ranks, pipeline_hops, span
@@ -45,6 +46,8 @@ class Job:
     network: Network
     groups: Groups
     peak_tflops: float
+    accelerator: Accelerator
+    """The [hardware] table's compute figures (ppsim.costs.transformer)."""
     tp_comm_overlap: bool = False
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
@@ -104,6 +107,7 @@ def build_job(cfg: Any) -> Job | None:
     p = cfg.pipeline
     return Job(arch=cfg.model.arch, shape=shape, network=net,
                groups=groups(shape.sizes, shape.rank_order, net.gpus_per_node),
-               peak_tflops=cfg.hardware.peak_tflops, tp_comm_overlap=p.tp_comm_overlap,
+               peak_tflops=cfg.hardware.peak_tflops, accelerator=accelerator(cfg.hardware),
+               tp_comm_overlap=p.tp_comm_overlap,
                overlap_grad_reduce=p.overlap_grad_reduce,
                overlap_param_gather=p.overlap_param_gather)
