@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ppsim.cli.flags import emit_json
-from ppsim.config.schema import Config
+from ppsim.cli.flags import config_from_args, emit_json
+from ppsim.config import validate
 from ppsim.errors import UserError
 from ppsim.job.search import JobSearch, ShapeResult, search_job
 from ppsim.pipeline.exports import split_exports
@@ -55,12 +55,18 @@ def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int) -> None:
     console.print(t)
 
 
-def cmd_job_plan(args: argparse.Namespace, cfg: Config) -> int:
-    """Plan the job's shape: what `ppsim plan` does when --gpus is given."""
+def cmd_job_plan(args: argparse.Namespace) -> int:
+    """Plan the job's shape: what `ppsim plan` does when --gpus is given. The configured
+    shape is only where the search starts: the world and the batch are not applied to it."""
     gbs = args.global_batch_size
     if gbs is None:
         raise UserError("--global-batch-size", "is needed with --gpus",
                         "give the sequences per iteration, e.g. --global-batch-size 1024")
+    if args.top < 1:
+        raise UserError("--top", f"must be at least 1, got {args.top}", "use --top 5")
+    validate.seconds("--time-budget", args.time_budget)
+    cfg = config_from_args(argparse.Namespace(**{**vars(args), "gpus": None,
+                                                 "global_batch_size": None}))
     res = search_job(cfg, args.gpus, gbs, top_k=args.top, budget_s=args.time_budget)
     if args.json:
         emit_json(job_plan_dict(res, args.gpus, gbs, args.top))

@@ -328,6 +328,8 @@ def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], to
 
 def cmd_plan(args: argparse.Namespace) -> int:
     started = process_start()  # the budget covers the whole command
+    if getattr(args, "gpus", None) is not None:  # the whole job's shape, with its split
+        return cmd_job_plan(args)
     cfg = config_from_args(args)
     if args.top < 1:
         raise UserError("--top", f"must be at least 1, got {args.top}", "use --top 5")
@@ -335,8 +337,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     ops = limits.check_request(cfg, limits.PLAN)
     if ops is not None:
         limits.check_plan_budget(ops, args.time_budget)
-    if getattr(args, "gpus", None) is not None:  # the whole job's shape, with its split
-        return cmd_job_plan(args, cfg)
     axes = [a.strip() for a in args.search.split(",") if a.strip()] if args.search else []
     if cfg.pipeline.actions_csv and set(axes) - {"recompute"}:
         raise UserError("--search", "the actions CSV fixes the schedule, vpp and microbatches",
