@@ -32,7 +32,8 @@ def job_plan_dict(res: JobSearch, gpus: int, gbs: int, top: int) -> dict[str, An
         best.update(split_exports(fits[0].problem.split))
     return {"gpus": gpus, "global_batch_size": gbs, "best": best,
             "candidates": [shape_dict(r) for r in res.candidates[:top]],
-            "evaluated": res.evaluated, "seconds": res.seconds}
+            "evaluated": res.evaluated, "total_shapes": res.total, "complete": res.complete,
+            "seconds": res.seconds}
 
 
 def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int) -> None:
@@ -40,8 +41,8 @@ def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int) -> None:
     from rich.table import Table
 
     console = Console()
-    t = Table(title=f"{gpus:,} GPUs, global batch {gbs:,}: {res.evaluated} shapes in "
-              f"{res.seconds:.1f} s", title_justify="left")
+    t = Table(title=f"{gpus:,} GPUs, global batch {gbs:,}: {res.evaluated} of {res.total} "
+              f"shapes in {res.seconds:.1f} s", title_justify="left")
     for col in ("", "shape", "iter ms", "TFLOP/s /GPU", "MFU", "tok/s /GPU", "peak GB",
                 "held back by"):
         t.add_column(col, justify="right")

@@ -17,11 +17,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim.config.overrides import with_overrides
+from ppsim.costs.model import ModelCosts, stage_costs
 from ppsim.errors import UserError
 from ppsim.job.layers import job_costs
 from ppsim.job.throughput import Throughput
-from ppsim.pipeline.problem import Problem, build_problem
+from ppsim.pipeline.problem import Problem, build_problem, model_costs, resolve_split
 from ppsim.plan.planner import plan
+from ppsim.schedules.generators import schedule_placement
 from ppsim.sim.simulate import simulate
 from ppsim.sim.summary import Summary
 
@@ -64,7 +66,11 @@ class JobSearch:
     candidates: list[ShapeResult]
     """Fitting shapes fastest first, then those that do not fit."""
     evaluated: int
-    """Shapes simulated."""
+    """Shapes simulated (those whose static bytes alone overflow memory are not)."""
+    total: int
+    """Shapes the model, the world and the batch allow (the budget may stop short)."""
+    complete: bool = True
+    """Every shape was simulated or bounded out (with its default split) within the budget."""
     seconds: float
 
 
@@ -144,13 +150,33 @@ def held_back(summary: Summary, comm_ms: float, limit: float) -> str:
     return f"bubble {bubble:.0%}" if bubble >= comm else f"exposed communication {comm:.0%}"
 
 
-def evaluate_shape(cfg: Any, s: Shape, gbs: int) -> ShapeResult | None:
+@dataclass(frozen=True, kw_only=True)
+class Pending:
+    """A shape before it is simulated: its config, costs and a bound on its time."""
+
+    shape: Shape
+    cfg: Any
+    costs: ModelCosts
+    bound_ms: float
+    """Its busiest rank's compute alone: no schedule runs it faster."""
+
+
+def pending_shape(cfg: Any, s: Shape, gbs: int) -> Pending | None:
+    """The shape's costs and bound; None when Megatron would refuse it or its weights and
+    optimizer states alone overflow memory (nothing to simulate)."""
     try:
-        problem = build_problem(_config(cfg, s, gbs))
+        c = _config(cfg, s, gbs)
+        costs = model_costs(c)
+        split = resolve_split(c, costs.num_layers, schedule_placement(c.pipeline.schedule))
     except UserError:
         return None
-    summary = simulate(problem, record=False).summary
-    return _result(s, problem, summary)
+    static, busy = [0] * s.pp, [0.0] * s.pp
+    for i, st in enumerate(stage_costs(costs, split)):
+        static[split.stage_rank(i)] += st.static_bytes
+        busy[split.stage_rank(i)] += st.forward_ms + st.backward_ms
+    if max(static) > c.hardware.memory_bytes:
+        return None
+    return Pending(shape=s, cfg=c, costs=costs, bound_ms=s.microbatches * max(busy))
 
 
 def _result(s: Shape, problem: Problem, summary: Summary, planned: bool = False
@@ -178,12 +204,20 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
         raise UserError("--global-batch-size", f"no shape of {gpus:,} GPUs divides a global "
                         f"batch of {gbs:,}", "give a batch that is a multiple of the "
                         "data-parallel sizes, e.g. a power of two")
-    for s in todo:
-        if time.perf_counter() - t0 > budget_s * 0.7:
+    # Cheapest bound first: a shape whose busiest rank's compute alone is slower than the
+    # k-th fastest fitting shape found cannot enter the top k.
+    pending = sorted((p for p in (pending_shape(cfg, s, gbs) for s in todo) if p is not None),
+                     key=lambda p: p.bound_ms)
+    complete = True
+    for p in pending:
+        fast = sorted(r.summary.iteration_time_ms for r in results if r.summary.fits)
+        if len(fast) >= top_k and p.bound_ms >= fast[top_k - 1]:
             break
-        r = evaluate_shape(cfg, s, gbs)
-        if r is not None:
-            results.append(r)
+        if time.perf_counter() - t0 > budget_s * 0.7:
+            complete = False
+            break
+        problem = build_problem(p.cfg, p.costs)
+        results.append(_result(p.shape, problem, simulate(problem, record=False).summary))
     results.sort(key=lambda r: (not r.summary.fits, r.summary.iteration_time_ms))
     refined = []
     for r in results[:top_k]:
@@ -200,6 +234,6 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
             refined.append(r)
     refined.sort(key=lambda r: (not r.summary.fits, r.summary.iteration_time_ms))
     rest = results[top_k:]
-    return JobSearch(candidates=refined + rest, evaluated=len(results),
-                     seconds=time.perf_counter() - t0)
+    return JobSearch(candidates=refined + rest, evaluated=len(results), total=len(todo),
+                     seconds=time.perf_counter() - t0, complete=complete)
 
