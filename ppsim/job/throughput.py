@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from ppsim.errors import UserError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,3 +42,40 @@ def line(t: Throughput | None) -> str:
         return "throughput: n/a (a uniform model has no tokens or FLOPs)"
     return (f"throughput {t.tokens_per_s:,.0f} tokens/s ({t.tokens_per_s_per_gpu:,.0f} per GPU), "
             f"{t.tflops_per_gpu:.1f} TFLOP/s/GPU, MFU {t.mfu:.1%}")
+
+
+JOB_INFO_KEYS = ("tokens", "flops", "gpus", "peak_tflops")
+"""What a trace's otherData.job records so a diff can print its throughput."""
+
+
+def job_info(job: Any) -> dict[str, float] | None:
+    """The trace record of a job (ppsim.job.model.Job); None for no job."""
+    if job is None:
+        return None
+    return {"tokens": job.shape.tokens, "flops": job.flops, "gpus": job.shape.gpus,
+            "peak_tflops": job.peak_tflops}
+
+
+def from_info(info: Any, where: str) -> dict[str, float] | None:
+    """A trace's otherData.job checked: positive finite numbers; None when absent."""
+    if info is None:
+        return None
+    if not isinstance(info, dict):
+        raise UserError(where, "must be an object", "re-record the trace")
+    out = {}
+    for key in JOB_INFO_KEYS:
+        v = info.get(key)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
+                or v <= 0 or v > 1e30:
+            raise UserError(f"{where}.{key}", f"must be a positive number, got {v!r}"[:200],
+                            "re-record the trace")
+        out[key] = float(v)
+    return out
+
+
+def trace_throughput(info: dict[str, float] | None, iteration_ms: float) -> Throughput | None:
+    """The throughput of an iteration of a recorded job."""
+    if info is None:
+        return None
+    return throughput(int(info["tokens"]), info["flops"], int(info["gpus"]), iteration_ms,
+                      info["peak_tflops"])
