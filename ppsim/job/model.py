@@ -14,14 +14,16 @@ from functools import lru_cache
 from typing import Any
 
 from ppsim.costs.arch import Architecture
+from ppsim.costs.layerops import padded_vocab
 from ppsim.costs.transformer import Accelerator, accelerator
-from ppsim.job.collectives import Link, link
+from ppsim.job.collectives import Link, all_reduce_ms, link
 from ppsim.job.flops import iteration_flops
 from ppsim.job.ranks import Sizes, Span, group_ranks, pipeline_hops, span
 from ppsim.job.shape import JobShape, job_shape
 from ppsim.job.tail import Tail, rank_tail
 from ppsim.job.throughput import Throughput, throughput
 from ppsim.job.topology import Network, network
+from ppsim.sim.summary import GRAD_BYTES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,8 +60,25 @@ class Job:
 
     @property
     def replaces_tail(self) -> bool:
-        """The data-parallel step is the job's (dp x cp > 1); else a replica's alone."""
-        return self.groups.dp.size > 1
+        """The step is the job's (dp x cp > 1, or tied embeddings over stages); else a
+        replica's alone."""
+        return self.groups.dp.size > 1 or self.ties_stages
+
+    @property
+    def ties_stages(self) -> bool:
+        """The first and last stage hold one tied embedding and reduce its gradient."""
+        return self.arch.tie_embeddings and self.shape.sizes.pp > 1
+
+    def embedding_sync_ms(self, pipeline_rank: int) -> float:
+        """The tied embedding's gradient all-reduce on this pipeline rank (fp32, its
+        1/tp vocabulary shard, over the link between the first and last stage)."""
+        pp = self.shape.sizes.pp
+        if not self.ties_stages or pipeline_rank not in (0, pp - 1):
+            return 0.0
+        nbytes = padded_vocab(self.arch) * self.arch.hidden_size / self.arch.tp * GRAD_BYTES
+        hops = self.groups.pipeline_hops
+        ends = Span(size=2, per_node=1 if any(hops) else 2, nodes=2 if any(hops) else 1)
+        return all_reduce_ms(nbytes, link(self.network, ends))
 
     def tail(self, params: int, forward_ms: float, backward_ms: float,
              memory_bandwidth_gbps: float, optimizer_fixed_ms: float = 0.0) -> Tail:

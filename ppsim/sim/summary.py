@@ -127,7 +127,8 @@ def _job_parts(s: Schedule, costs: Sequence[StageCost], params: list[int], job: 
         bwd[s.stage_rank(i)] += c.backward_ms
     tails = [job.tail(n, f, b, memory_bandwidth_gbps, optimizer_fixed_ms)
              for n, f, b in zip(params, fwd, bwd, strict=True)]
-    return [(t.reduce_ms, t.optimizer_ms) for t in tails]
+    return [(t.reduce_ms + job.embedding_sync_ms(r), t.optimizer_ms)
+            for r, t in enumerate(tails)]
 
 
 def step_tail(s: Schedule, costs: Sequence[StageCost], latency_ms: float,

@@ -95,3 +95,21 @@ def test_data_parallel_step_overlaps_with_the_backward() -> None:
     exposed = (max(15 * NIC_STEP + 15 / 16 * bucket * 4 / bus, rs - bwd)
                + max(15 * NIC_STEP + 15 / 16 * bucket * 2 / bus, ag - fwd))
     assert t_over == pytest.approx(base + exposed + step_one / 16, rel=1e-9)
+
+
+def test_tied_embeddings_reduce_between_the_first_and_last_stage() -> None:
+    def problem(tied: bool):
+        return build_problem(config_from_dict({
+            "model": {"preset": "gpt3-1.3b", "tie_embeddings": tied},
+            "pipeline": {"pp": 4, "microbatches": 8}, "hardware": {"preset": "h100-80gb"}}))
+
+    untied, tied = simulate(problem(False)), simulate(problem(True))
+    # Ranks 0 and 3 share a node: one NVLink all-reduce of 2 ranks, the fp32 gradient of
+    # the 51,200 x 2,048 table: a ring of 2 steps moving half of it each way.
+    sync = 2 * NV_STEP + 51200 * 2048 * 4 / NV
+    ends = [e for e, _, _ in untied.timeline.step]
+    tails = [r + s for _, r, s in untied.timeline.step]
+    expect = max(e + t + (sync if r in (0, 3) else 0.0)
+                 for r, (e, t) in enumerate(zip(ends, tails, strict=True)))
+    assert tied.summary.iteration_time_ms == pytest.approx(expect, rel=1e-12)
+    assert [r for _, r, _ in tied.timeline.step] == pytest.approx([sync, 0, 0, sync])
