@@ -102,9 +102,6 @@ def validate(args: argparse.Namespace) -> Any:
         raise UserError("model.kind", "ppsim run trains a transformer, not a uniform cost "
                         "model", "use a preset (e.g. --preset tiny-gpt) or kind = \"transformer\"")
     fields = cfg.model.fields()
-    if cfg.model.arch.tp != 1:
-        raise UserError("model.tp", f"the executor runs pipeline parallelism only, tp = "
-                        f"{cfg.model.arch.tp}", "set tp = 1 (--tp 1)")
     problem = load_problem(args)
     pp = problem.split.pp
     if not problem.split.standard_ends or problem.split.mtp:
@@ -119,7 +116,10 @@ def validate(args: argparse.Namespace) -> Any:
     if dp > 1 and args.engine == "torch":
         raise UserError("--dp", "the torch peer runs one pipeline replica",
                         "use --engine ppsim with --dp, or --dp 1")
-    _check_launch(args, pp * dp)
+    tp = cfg.model.arch.tp
+    if tp > 1:
+        _check_tensor_parallel(args, fields, problem, tp)
+    _check_launch(args, pp * dp * tp)
     if args.iterations < 1 or not 0 <= args.warmup < args.iterations:
         raise UserError("--warmup", f"{args.warmup} warm-up of {args.iterations} iterations",
                         "need iterations >= 1 and 0 <= warmup < iterations")
@@ -141,6 +141,25 @@ def validate(args: argparse.Namespace) -> Any:
                             "replica and no --versus", "drop the other flag")
         _check_peer(problem)
     return problem
+
+
+def _check_tensor_parallel(args: argparse.Namespace, fields: dict[str, Any], problem: Any,
+                           tp: int) -> None:
+    """tp > 1 runs the built-in GPT's column- and row-parallel layers on the ppsim engine."""
+    from ppsim.executor.builders import builder_spec, load_builder  # torch loads only here
+    from ppsim.executor.builders.gpt import GPTBuilder  # (a run starts)
+
+    if not isinstance(load_builder(builder_spec(args.model, fields), fields), GPTBuilder):
+        raise UserError("model.tp", f"tp = {tp} needs the built-in GPT (dense, LayerNorm, "
+                        "learned positions)", "use --preset tiny-gpt or tiny-llm, or --tp 1")
+    for name in ("num_heads", "num_kv_heads", "ffn_hidden_size"):
+        if fields[name] % tp:
+            raise UserError("model.tp", f"{name} ({fields[name]}) does not divide by tp ({tp})",
+                            f"choose tp dividing {name}")
+    if args.engine != "ppsim" or args.alongside_torch or problem.schedule.split_backward:
+        raise UserError("model.tp", f"tp = {tp} runs on the ppsim engine, without the torch "
+                        "peer and without a split backward (W)", "use --engine ppsim, a "
+                        "schedule such as 1f1b or interleaved-1f1b, or --tp 1")
 
 
 def _data_parallel(args: argparse.Namespace, fields: dict[str, Any]) -> int:
@@ -190,9 +209,9 @@ def _check_launch(args: argparse.Namespace, pp: int) -> None:
         args.nproc_per_node = max(1, pp // args.nnodes)
     if args.nproc_per_node * args.nnodes != pp:
         raise UserError("--nproc-per-node", f"{args.nproc_per_node} x {args.nnodes} node(s) = "
-                        f"{args.nproc_per_node * args.nnodes} ranks but pp x dp = {pp}",
-                        f"run pp x dp = {pp} ranks in all (one rank per pipeline stage "
-                        "and replica)")
+                        f"{args.nproc_per_node * args.nnodes} ranks but pp x dp x tp = {pp}",
+                        f"run pp x dp x tp = {pp} ranks in all (one rank per pipeline stage, "
+                        "replica and tensor rank)")
 
 
 def _check_builder(args: argparse.Namespace, fields: dict[str, Any]) -> None:
