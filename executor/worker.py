@@ -206,7 +206,7 @@ def _groups(rank: int, pp: int, dp: int, tp: int) -> Replica:
     tp_groups = {(d, r): dist.new_group([(d * pp + r) * tp + t for t in range(tp)])
                  for d in range(dp) for r in range(pp)} if tp > 1 else {}
     t, r, d = rank % tp, (rank // tp) % pp, rank // (tp * pp)
-    set_group(TensorGroup(tp_groups[(d, r)], t, tp) if tp > 1 else None)
+    set_group(TensorGroup(group=tp_groups[(d, r)], rank=t, size=tp) if tp > 1 else None)
     return Replica(d, dp, dp_groups.get((r, t)), tp, t)
 
 

@@ -20,13 +20,16 @@ import torch.distributed as dist
 from torch import nn
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TensorGroup:
     """This rank's tensor-parallel group."""
 
     group: Any
+    """The torch.distributed process group."""
     rank: int
+    """This rank's index in it."""
     size: int
+    """Tensor-parallel ranks."""
 
 
 _CURRENT: list[TensorGroup | None] = [None]

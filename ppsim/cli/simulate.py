@@ -43,11 +43,14 @@ def cmd_presets(args: argparse.Namespace) -> int:
                   MODEL_NOTES[name])
     console.print(t)
     h = Table(title="hardware presets", title_justify="left")
-    for col in ("name", "memory", "peak TFLOP/s", "efficiency", "P2P GB/s", "note"):
+    for col in ("name", "memory", "peak TFLOP/s", "efficiency", "P2P GB/s", "GPUs/node",
+                "NVLink GB/s", "NIC GB/s", "note"):
         h.add_column(col)
     for name, hw in HARDWARE_PRESETS.items():
         h.add_row(name, f"{hw['memory_bytes'] / 1e9:.0f} GB", f"{hw['peak_tflops']:g}",
-                  f"{hw['efficiency']:g}", f"{hw['p2p_bandwidth_gbps']:g}", HARDWARE_NOTES[name])
+                  f"{hw['efficiency']:g}", f"{hw['p2p_bandwidth_gbps']:g}",
+                  str(hw.get("gpus_per_node", "-")), f"{hw.get('intra_node_bandwidth_gbps', 0):g}",
+                  f"{hw.get('inter_node_bandwidth_gbps', 0):g}", HARDWARE_NOTES[name])
     console.print(h)
     return 0
 

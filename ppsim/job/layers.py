@@ -31,7 +31,9 @@ class Exposed:
     """Communication a piece waits for, ms per microbatch."""
 
     forward_ms: float = 0.0
+    """Added to the forward."""
     backward_ms: float = 0.0
+    """Added to the backward (its input-gradient part)."""
 
 
 def per_rank_arch(a: Architecture) -> Architecture:

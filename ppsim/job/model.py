@@ -31,7 +31,9 @@ class Groups:
     """Where each collective group of rank 0 sits."""
 
     tp: Span
+    """The tensor-parallel group."""
     cp: Span
+    """The context-parallel ring."""
     ep: Span
     """The expert-parallel group (tp x ep x edp world)."""
     dp: Span
@@ -42,17 +44,26 @@ class Groups:
 
 @dataclass(frozen=True, kw_only=True)
 class Job:
+    """One training job: the model, its shape, its links and its overlaps."""
+
     arch: Architecture
     """The model as configured (whole sequences)."""
     shape: JobShape
+    """Sizes and batch."""
     network: Network
+    """The links (ppsim.job.topology)."""
     groups: Groups
+    """Where each group sits on them."""
     peak_tflops: float
+    """Dense peak per GPU, the MFU's denominator."""
     accelerator: Accelerator
     """The [hardware] table's compute figures (ppsim.costs.transformer)."""
     tp_comm_overlap: bool = False
+    """Hide tensor-parallel collectives behind the layer's compute."""
     overlap_grad_reduce: bool = False
+    """Reduce gradient buckets during the last backward."""
     overlap_param_gather: bool = False
+    """Gather parameters during the next forward."""
 
     def link(self, name: str) -> Link:
         """The Link of group `name` (tp, cp, ep or dp)."""

@@ -23,11 +23,15 @@ class Sizes:
     """The job's parallel sizes."""
 
     tp: int = 1
+    """Tensor-parallel size."""
     cp: int = 1
+    """Context-parallel size."""
     ep: int = 1
     """Expert-parallel size; carved out of dp x cp, as Megatron's expert groups are."""
     dp: int = 1
+    """Data-parallel size."""
     pp: int = 1
+    """Pipeline-parallel size."""
 
     @property
     def gpus(self) -> int:

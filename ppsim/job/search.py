@@ -33,14 +33,24 @@ MBS_CHOICES = (1, 2, 4)
 
 @dataclass(frozen=True, kw_only=True)
 class Shape:
+    """One job shape: parallel sizes, chunks per rank, micro-batch and microbatches."""
+
     tp: int
+    """Tensor-parallel size (within a node)."""
     cp: int
+    """Context-parallel size."""
     ep: int
+    """Expert-parallel size (1 for a dense model)."""
     pp: int
+    """Pipeline ranks."""
     dp: int
+    """Data-parallel size: GPUs / (tp x cp x pp)."""
     vpp: int
+    """Chunks per pipeline rank."""
     mbs: int
+    """Sequences per microbatch."""
     microbatches: int
+    """Per replica: global batch / (mbs x dp)."""
 
     def label(self) -> str:
         return (f"tp{self.tp} cp{self.cp} ep{self.ep} pp{self.pp} dp{self.dp} vpp{self.vpp} "
@@ -49,10 +59,14 @@ class Shape:
 
 @dataclass(frozen=True, kw_only=True)
 class ShapeResult:
+    """A shape simulated."""
+
     shape: Shape
     problem: Problem
+    """What was simulated (its split: the default, or the planned one)."""
     summary: Summary
     throughput: Throughput | None
+    """None for a uniform model."""
     comm_ms: float
     """Exposed communication on the busiest rank: layer collectives and the DP step."""
     held_back_by: str
@@ -63,6 +77,8 @@ class ShapeResult:
 
 @dataclass(frozen=True, kw_only=True)
 class JobSearch:
+    """What `search_job` found."""
+
     candidates: list[ShapeResult]
     """Fitting shapes fastest first, then those that do not fit."""
     evaluated: int
@@ -156,7 +172,9 @@ class Pending:
 
     shape: Shape
     cfg: Any
+    """The Config of the shape."""
     costs: ModelCosts
+    """Its layer costs, reused when it is simulated."""
     bound_ms: float
     """Its busiest rank's compute alone: no schedule runs it faster."""
 

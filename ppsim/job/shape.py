@@ -20,6 +20,7 @@ class JobShape:
     """One training job: its parallel sizes and its batch."""
 
     sizes: Sizes
+    """Parallel sizes."""
     micro_batch_size: int
     """Sequences per microbatch."""
     seq_length: int

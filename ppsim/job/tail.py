@@ -30,6 +30,7 @@ class Tail:
     reduce_ms: float
     """Exposed gradient reduction and parameter gather."""
     optimizer_ms: float
+    """AdamW on the rank's (shard of its) parameters."""
 
 
 def bucket_params(job: Job) -> int:

@@ -15,6 +15,7 @@ class Throughput:
     tokens_per_s: float
     """Tokens the whole job trains on per second."""
     tokens_per_s_per_gpu: float
+    """tokens_per_s over the job's GPUs."""
     tflops_per_gpu: float
     """Megatron's FLOPs of an iteration (ppsim.job.flops) per second per GPU, in 10^12."""
     mfu: float
