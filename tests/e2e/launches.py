@@ -173,11 +173,12 @@ OTHERS = {
 }
 
 # test_executor_tp.py: tensor parallelism for real (column/row-parallel layers over gloo),
-# tp 2 x pp 2 = 4 processes, the GPT with a SwiGLU MLP so every sharded matmul is covered.
+# tp 2 x pp 2 = 4 processes; then tp 2 x pp 2 x dp 2 = 8 with a SwiGLU MLP and GQA, so
+# every sharded matmul and both kinds of group are covered.
 TENSOR = {
     "tp2-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B]),
-    "tp2-interleaved-gated": Spec(argv=["--tp", "2", *INTERLEAVED, "--config",
-                                        "{tmp}/gated.toml"], dump_grads=False),
+    "tp2-dp2-interleaved-gated": Spec(argv=["--tp", "2", "--dp", "2", *INTERLEAVED,
+                                            "--config", "{tmp}/gated.toml"], dump_grads=False),
 }
 
 SPECS: dict[str, Spec] = {**EXECUTOR, **SCHEDULES, **OTHERS, **TENSOR}

@@ -1,5 +1,5 @@
-"""Tensor parallelism for real: tp 2 x pp 2 over gloo gives the one-process loss and,
-put back together, the one-process gradients (nothing mocked: four torchrun processes)."""
+"""Tensor parallelism for real: tp 2 x pp 2 (x dp 2) over gloo gives the one-process loss
+and, put back together, the one-process gradients (nothing mocked: torchrun processes)."""
 
 from __future__ import annotations
 
@@ -42,17 +42,19 @@ def _whole(name: str, shards: list[torch.Tensor]) -> torch.Tensor:
     return shards[0]
 
 
-@pytest.mark.parametrize("case", ["tp2-1f1b", "tp2-interleaved-gated"])
+@pytest.mark.parametrize("case", ["tp2-1f1b", "tp2-dp2-interleaved-gated"])
 def test_tensor_parallel_loss_equals_one_process(case: str, launches: Pool) -> None:
     run = launches.get(case)
     argv = [a.replace("{tmp}", str(run.tmp)) for a in run.argv]
     args = _args(argv)
     fields = config_from_args(args).model.fields()
     problem = load_problem(args)
-    m = problem.schedule.microbatches
-    loss, grads = reference_step(load_builder(builder_spec(None, fields), fields), m)
+    m, dp = problem.schedule.microbatches, args.dp or 1
+    # dp replicas of m microbatches each: one process over all dp x m of them
+    loss, grads = reference_step(load_builder(builder_spec(None, fields), fields), m * dp)
     assert run.summary["losses"][0] == pytest.approx(loss, rel=1e-5)
     assert run.summary["losses"][1] < run.summary["losses"][0]
+    assert run.summary["dp"] == dp
     if case != "tp2-1f1b":
         return
     got: dict[str, torch.Tensor] = {}
