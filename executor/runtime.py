@@ -45,9 +45,13 @@ class Replica:
     index: int = 0
     size: int = 1
     group: Any = None
+    tp: int = 1
+    """Tensor-parallel ranks per pipeline rank (innermost: global = (replica x pp + pipeline
+    rank) x tp + tensor rank, Megatron's order)."""
+    tp_rank: int = 0
 
     def global_rank(self, pipeline_rank: int, pp: int) -> int:
-        return self.index * pp + pipeline_rank
+        return (self.index * pp + pipeline_rank) * self.tp + self.tp_rank
 
 
 @dataclass(frozen=True)
@@ -374,8 +378,8 @@ class Runtime:
         """The last step's loss over the global batch (the loss all-reduce that ends an
         iteration; only the ranks holding the head contribute)."""
         total = self.loss.detach().to(self.p2p.wire)
-        dist.all_reduce(total)
-        return float(total.item()) / self.replica.size
+        dist.all_reduce(total)  # every tensor-parallel rank of the head holds the loss
+        return float(total.item()) / self.replica.size / self.replica.tp
 
     def _step_op(self, kind: str, fn: Any) -> None:
         """An op of the whole step (R: gradient all-reduce, S: optimizer step), on the

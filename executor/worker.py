@@ -40,6 +40,7 @@ from ppsim.executor import progress
 from ppsim.executor import summary as summ
 from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.builders import ModelBuilder, load_builder
+from ppsim.executor.builders.tensor import TensorGroup, set_group
 from ppsim.executor.launch import STORE_ENV, printable
 from ppsim.executor.peer import Peer, run_peer, slowest_ms
 from ppsim.executor.quiet import no_gc_pauses
@@ -202,13 +203,10 @@ def run(spec: RunSpec) -> dict[str, Any] | None:
     keep_freed_memory()  # as the profile timed the ops (ppsim.executor.alloc)
     _init_group(backend, rank, world, timedelta(seconds=spec.timeout_s))
     ctrl = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
-    pp, dp = problems[0].split.pp, spec.dp
-    if world != pp * dp:
-        raise RuntimeError(f"world size {world} != pp {pp} x dp {dp}")
-    # Every rank creates every replica group, in the same order (a collective call).
-    groups = [dist.new_group([d * pp + r for d in range(dp)]) if dp > 1 else None
-              for r in range(pp)]
-    replica = Replica(rank // pp, dp, groups[rank % pp])
+    pp, dp, tp = problems[0].split.pp, spec.dp, int(fields.get("tp", 1))
+    if world != pp * dp * tp:
+        raise RuntimeError(f"world size {world} != pp {pp} x dp {dp} x tp {tp}")
+    replica = _groups(rank, pp, dp, tp)
     progress.RANK.record.rank = rank
     dog = Watchdog(rank, world)
     try:
@@ -229,6 +227,19 @@ def run(spec: RunSpec) -> dict[str, Any] | None:
     return result
 
 
+def _groups(rank: int, pp: int, dp: int, tp: int) -> Replica:
+    """This rank's replica, its data-parallel group and (tp > 1) its tensor-parallel group,
+    in Megatron's order: tensor ranks innermost, then pipeline, then replicas. Every rank
+    creates every group, in the same order (a collective call)."""
+    dp_groups = {(r, t): dist.new_group([(d * pp + r) * tp + t for d in range(dp)])
+                 for r in range(pp) for t in range(tp)} if dp > 1 else {}
+    tp_groups = {(d, r): dist.new_group([(d * pp + r) * tp + t for t in range(tp)])
+                 for d in range(dp) for r in range(pp)} if tp > 1 else {}
+    t, r, d = rank % tp, (rank // tp) % pp, rank // (tp * pp)
+    set_group(TensorGroup(group=tp_groups[(d, r)], rank=t, size=tp) if tp > 1 else None)
+    return Replica(d, dp, dp_groups.get((r, t)), tp, t)
+
+
 def _engine(spec: RunSpec, runs: list[Problem], builder: ModelBuilder, rank: int,
             device: torch.device, wire: torch.device, backend: str,
             ctrl: Any, replica: Replica, recompute: str) -> dict[str, Any] | None:
@@ -242,10 +253,11 @@ def _engine(spec: RunSpec, runs: list[Problem], builder: ModelBuilder, rank: int
         return _torch_engine(spec, problem, builder, rank, device, wire, ctrl, recompute, meta)
     offset, epoch = align_clocks(rank, group=ctrl)
     fault = Fault.parse(spec.inject_fault) if spec.inject_fault else None
-    pp = problem.split.pp
+    pp, tp = problem.split.pp, replica.tp
     recs = [Recorder(rank, device, offset, epoch, warm) for _ in runs]
-    rts = [Runtime(p, builder, rank % pp, device, wire, rec, seed=spec.seed, lr=spec.lr,
-                   fault=fault if rank < pp and i == 0 else None, recompute=recompute,
+    first = rank < pp * tp and rank % tp == 0  # replica 0, tensor rank 0: the traced ranks
+    rts = [Runtime(p, builder, (rank // tp) % pp, device, wire, rec, seed=spec.seed,
+                   lr=spec.lr, fault=fault if first and i == 0 else None, recompute=recompute,
                    replica=replica) for i, (p, rec) in enumerate(zip(runs, recs, strict=True))]
     peer = None
     if spec.alongside_torch:
@@ -262,7 +274,9 @@ def _engine(spec: RunSpec, runs: list[Problem], builder: ModelBuilder, rank: int
         parts.append(gather_json(part, ctrl))
     if parts[0] is None:
         return None
-    # The trace holds replica 0 (ranks 0..pp-1); other replicas run the same order.
+    # The trace holds replica 0's tensor rank 0 (global ranks 0, tp, ..); the others run
+    # the same order.
+    parts = [got[:pp * tp:tp] for got in parts]  # type: ignore[index]
     whole = _wholes(spec, parts, pp, timed if peer is not None else None)
     out = []
     for i, (p, got) in enumerate(zip(runs, parts, strict=True)):

@@ -21,6 +21,14 @@ from ppsim.executor.builders import hybrid
 from ppsim.executor.builders.common import DTYPES, Head, init_normal, stage_loss, token_microbatch
 from ppsim.executor.builders.llama import architecture, describe
 from ppsim.executor.builders.stage import AttentionCore
+from ppsim.executor.builders.tensor import (
+    TensorGroup,
+    copy_in,
+    current,
+    reduce_out,
+    shard_input,
+    shard_output,
+)
 
 _ARCH = {f.name for f in fields(Architecture)}
 
@@ -70,8 +78,39 @@ class Block(nn.Module):
         self.fc1 = nn.Linear(h, s.ffn_hidden_size)
         self.fc3 = nn.Linear(h, s.ffn_hidden_size) if s.gated_mlp else None
         self.fc2 = nn.Linear(s.ffn_hidden_size, h)
+        self.tp: TensorGroup | None = None
+
+    def shard(self, g: TensorGroup) -> None:
+        """Keep this tensor-parallel rank's heads and MLP units (ppsim.executor.builders.tensor)."""
+        self.tp = g
+        self.heads, self.kv_heads = self.heads // g.size, self.kv_heads // g.size
+        shard_output(self.q, g)
+        shard_output(self.kv, g, groups=2)
+        shard_output(self.fc1, g)
+        if self.fc3 is not None:
+            shard_output(self.fc3, g)
+        shard_input(self.proj, g)
+        shard_input(self.fc2, g)
+
+    def _row(self, linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        assert self.tp is not None
+        return reduce_out(F.linear(x, linear.weight), self.tp) + linear.bias
+
+    def _tensor_parallel(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.tp is not None
+        b, t, _ = x.shape
+        y = copy_in(self.norm1(x), self.tp)
+        q = self.q(y).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(y).view(b, t, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        a = self.attention(q, k, v)
+        x = x + self._row(self.proj, a.transpose(1, 2).reshape(b, t, -1))
+        y = copy_in(self.norm2(x), self.tp)
+        y = F.silu(self.fc1(y)) * self.fc3(y) if self.fc3 is not None else F.gelu(self.fc1(y))
+        return x + self._row(self.fc2, y)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp is not None:
+            return self._tensor_parallel(x)
         b, t, h = x.shape
         y = self.norm1(x)
         q = self.q(y).view(b, t, self.heads, self.head_dim).transpose(1, 2)
@@ -114,6 +153,9 @@ class GPTBuilder:
     def layer(self, index: int) -> nn.Module:
         b = Block(self.shape)
         init_normal(b, self.num_layers, ("proj", "fc2"))
+        g = current()
+        if g is not None:  # built whole from the layer's seed, then sliced
+            b.shard(g)
         return b
 
     def head(self) -> nn.Module:

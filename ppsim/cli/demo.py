@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from ppsim.cli.flags import add_config_flags, config_from_args
+from ppsim.cli.render import job_line
 from ppsim.config import validate
 from ppsim.config.schema import config_to_toml
 from ppsim.errors import UserError
@@ -95,6 +96,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     console.print(f"planned split: measured {measured:.2f} ms; predicted {first:.2f} ms from "
                   f"the profile (measured {(measured - first) / first:+.1%}), {again:.2f} ms "
                   f"calibrated on the other run (measured {(measured - again) / again:+.1%})")
+    console.print("measured, " + job_line(planned_problem.hardware.job, measured), markup=False)
     pred = diffs["even"]["iteration_time_ms"][0] / diffs["planned"]["iteration_time_ms"][0]
     # Measured: the time of the even iterations over the planned ones, every recorded
     # iteration of every launch (they alternate, so each sum meets the same drift).

@@ -9,6 +9,7 @@ from ppsim.cli.flags import emit_json, outputs_apart
 from ppsim.cli.picture import render_png
 from ppsim.config.validate import output
 from ppsim.errors import UserError
+from ppsim.job.throughput import Throughput, from_info, line, trace_throughput
 from ppsim.trace.diff import Window, diff_traces
 from ppsim.trace.schema import read_trace
 from ppsim.units import fmt_bytes
@@ -37,6 +38,9 @@ def print_diff(d: dict[str, Any]) -> None:
             f", only in A {d['ops_only_in'][0]}, only in B {d['ops_only_in'][1]}")
     c.print("(whole iterations: first op to the next iteration's first op, the optimizer "
             "step and the boundary between iterations included)")
+    for side, t in zip("AB", d.get("throughput") or (), strict=False):
+        if t is not None:
+            c.print(f"{side}: {line(Throughput(**t))}", markup=False)
     t = Table(title="per rank (A / B)", title_justify="left")
     for col in ("rank", "busy ms", "busy err", "bubble", "peak memory", "drift at end"):
         t.add_column(col, justify="right")
@@ -79,6 +83,11 @@ def cmd_diff(args: argparse.Namespace) -> int:
     a, b = read_trace(args.a), read_trace(args.b)
     diff = diff_traces(a, b, args.iteration)
     d = diff.to_dict(top=args.top)
+    # Both sides run the job A recorded (B's own record when A has none).
+    job = from_info(a.info.get("job"), f"{args.a}: otherData.job") \
+        or from_info(b.info.get("job"), f"{args.b}: otherData.job")
+    tps = [trace_throughput(job, t) for t in d["iteration_time_ms"]]
+    d["throughput"] = [t.to_dict() if t else None for t in tps]
     if args.png:
         with output("--png", args.png):
             render_png([(f"A: {args.a}", lanes(diff.a)), (f"B: {args.b}", lanes(diff.b))],

@@ -12,11 +12,14 @@ from ppsim.config import validate
 from ppsim.config.overrides import MODEL_KEYS, PIPELINE_KEYS, with_overrides
 from ppsim.config.schema import SPLIT_KEYS, Config, load_config
 from ppsim.errors import UserError
+from ppsim.job import shape as job_shape
 
 MEMORY_FLAGS = {"recompute_modules": "recompute_modules",
                 "recompute_layers": "recompute_num_layers",
                 "offload_modules": "offload_modules", "offload_fraction": "offload_fraction"}
 """[memory] key -> the flag that sets it."""
+JOB_MODEL_KEYS = ("dp", "cp", "ep", "seq_length")
+"""[model] fields only the job flags set."""
 RESHAPING = ("pp", "vpp", "num_layers", "preset", "hybrid_layer_pattern")
 """Flags that change how many layers or stages there are (a saved split no longer fits)."""
 
@@ -31,7 +34,8 @@ def _ints(text: str, flag: str) -> list[int] | str:
                         "write e.g. 6,2") from None
 
 
-def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True) -> None:
+def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
+                     job_flags: bool = True) -> None:
     g = p.add_argument_group("config (flags override the file)")
     g.add_argument("--config", metavar="FILE", help="TOML config; default: embedded preset")
     g.add_argument("--preset", metavar="NAME", help="model preset (replaces [model])")
@@ -65,6 +69,8 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True) -> No
                    "--schedule's (a torch.distributed.pipelining schedule CSV)")
     g.add_argument("--devices", metavar="D,D,...",
                    help="device of each rank, e.g. 0,0 for two ranks sharing one device")
+    if job_flags:
+        add_job_flags(p)
     if split_flags:
         s = p.add_argument_group("split (one of)")
         s.add_argument("--split", metavar="N,N,...",
@@ -74,6 +80,35 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True) -> No
         s.add_argument("--last-stage-layers", type=int, metavar="N")
         s.add_argument("--account-for-embedding", action="store_true", default=None)
         s.add_argument("--account-for-loss", action="store_true", default=None)
+
+
+def add_job_flags(p: argparse.ArgumentParser) -> None:
+    """The whole job's shape and its overlaps, named as Megatron names them."""
+    j = p.add_argument_group("job (Megatron's names; ppsim.job)")
+    j.add_argument("--dp", type=int, metavar="N", help="data-parallel size")
+    j.add_argument("--gpus", type=int, metavar="N", help="world size: dp = N / (tp x pp x cp)")
+    j.add_argument("--cp", "--context-parallel-size", dest="cp", type=int, metavar="N",
+                   help="context-parallel size")
+    j.add_argument("--ep", type=int, metavar="N", help="expert-parallel size")
+    j.add_argument("--seq-length", type=int, metavar="N", help="tokens per sequence")
+    j.add_argument("--micro-batch-size", type=int, metavar="N", help="sequences per microbatch")
+    j.add_argument("--global-batch-size", type=int, metavar="N",
+                   help="sequences per iteration: microbatches = N / (micro batch x dp)")
+    j.add_argument("--rank-order", metavar="ORDER", help="Megatron rank order, innermost "
+                   "first (default tp-cp-ep-dp-pp)")
+    for name in ("tp-comm-overlap", "overlap-grad-reduce", "overlap-param-gather"):
+        j.add_argument(f"--{name}", action="store_true", default=None)
+
+
+def _gpus_dp(cfg: Config, gpus: int | None) -> int | None:
+    """The dp --gpus gives for the configured tp, cp and pp."""
+    if gpus is None:
+        return None
+    a = job_shape.arch_of(cfg.model)
+    if a is None:
+        raise UserError("--gpus", "needs a transformer model (a preset)",
+                        "give --preset NAME, or --pp for a uniform model")
+    return job_shape.dp_for_gpus(gpus, a.tp, a.cp, cfg.pipeline.pp)
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
@@ -102,17 +137,25 @@ def config_from_args(args: argparse.Namespace) -> Config:
     memory = {key: flag(name) for key, name in MEMORY_FLAGS.items() if flag(name) is not None}
     if "offload_modules" in memory and "offload_fraction" not in memory:
         memory["offload_fraction"] = 1.0
-    out = with_overrides(cfg, preset=flag("preset"), memory=memory or None,
-                         model={k: flag(k) for k in MODEL_KEYS},
-                         pipeline={k: flag(k) for k in PIPELINE_KEYS}, split=split,
-                         hardware=flag("hardware"), memory_bytes=limit,
-                         costs_file=flag("costs"), devices=devices)
+    pipeline = {k: flag(k) for k in PIPELINE_KEYS if k != "global_batch_size"}
+    # A command without the job flags (ppsim run has a --dp of its own) sets none of them.
+    keys = MODEL_KEYS if hasattr(args, "gpus") else tuple(k for k in MODEL_KEYS
+                                                          if k not in JOB_MODEL_KEYS)
+    cfg = with_overrides(cfg, preset=flag("preset"), memory=memory or None,
+                         model={k: flag(k) for k in keys},
+                         pipeline=pipeline, split=split, hardware=flag("hardware"),
+                         memory_bytes=limit, costs_file=flag("costs"), devices=devices)
     wanted = flag("num_layers")
-    if wanted is not None and wanted != out.num_layers:
+    if wanted is not None and wanted != cfg.num_layers:
         # Only a hybrid pattern overrides the flag; Megatron warns and goes on the same way.
         print(f"warning: --num-layers {wanted} ignored: the hybrid layer pattern has "
-              f"{out.num_layers} layers", file=sys.stderr)
-    return out
+              f"{cfg.num_layers} layers", file=sys.stderr)
+    # The world gives dp once tp, cp and pp are known; then the global batch divides by it.
+    dp = _gpus_dp(cfg, flag("gpus"))
+    if dp is None and flag("global_batch_size") is None:
+        return cfg
+    return with_overrides(cfg, model={"dp": dp},
+                          pipeline={"global_batch_size": flag("global_batch_size")})
 
 
 def emit_json(obj: Any) -> None:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
+from ppsim.cli.jobplan import cmd_job_plan
+from ppsim.cli.render import job_dict, print_job
 from ppsim.cli.schedule import print_notes
 from ppsim.cli.simulate import add_deepspeed_specs_flag, exports_of, print_exports
 from ppsim.clock import process_start
@@ -211,15 +213,16 @@ def _stderr() -> Any:
     return Console(stderr=True)
 
 
-def candidate_dict(c: Candidate) -> dict[str, Any]:
+def candidate_dict(c: Candidate, job: Any = None) -> dict[str, Any]:
     s = c.summary
     return {"split": list(c.split.counts), "iteration_time_ms": s.iteration_time_ms,
             "bubble_fraction": s.bubble_fraction, "fits": s.fits,
-            "peak_memory_bytes": [r.peak_memory_bytes for r in s.ranks]}
+            "peak_memory_bytes": [r.peak_memory_bytes for r in s.ranks],
+            "throughput": job_dict(job, s.iteration_time_ms)["throughput"]}
 
 
-def reference_dict(ref: Reference, best: Candidate | None) -> dict[str, Any]:
-    out = candidate_dict(Candidate(ref.split, ref.summary))
+def reference_dict(ref: Reference, best: Candidate | None, job: Any = None) -> dict[str, Any]:
+    out = candidate_dict(Candidate(ref.split, ref.summary), job)
     out["label"] = ref.label
     if best is not None:
         out["best_speedup"] = ref.summary.iteration_time_ms / best.summary.iteration_time_ms
@@ -236,25 +239,27 @@ def result_dict(planned: Planned, specs: DeepSpeedSpecs = DEFAULT_SPECS) -> dict
     res = planned.result
     p = res.problem
     ds = next((r for r in planned.frameworks if r.key == "deepspeed_parameters"), None)
+    job = p.hardware.job
     out: dict[str, Any] = {
         "schedule": p.schedule.name, "pp": p.schedule.pp, "vpp": p.schedule.vpp,
         "microbatches": p.schedule.microbatches, "memory_limit_bytes": p.hardware.memory_bytes,
-        "best": None, "baseline": candidate_dict(res.baseline) if res.baseline else None,
-        "deepspeed": candidate_dict(Candidate(ds.split, ds.summary)) if ds else None,
-        "baselines": [{"key": r.key, **reference_dict(r, res.best)}
+        "best": None, "baseline": candidate_dict(res.baseline, job) if res.baseline else None,
+        "deepspeed": candidate_dict(Candidate(ds.split, ds.summary), job) if ds else None,
+        "baselines": [{"key": r.key, **reference_dict(r, res.best, job)}
                       for r in baselines_of(planned)],
         "baselines_missing": [{"key": f.key, "label": f.label, "note": f.note}
                               for f in planned.without],
-        "candidates": [candidate_dict(c) for c in res.candidates],
+        "candidates": [candidate_dict(c, job) for c in res.candidates],
         "proven_optimal": res.proven_optimal, "lower_bound_ms": res.lower_bound_ms,
         "evaluated": res.evaluated, "total_splits": res.total_splits, "seconds": res.seconds,
         "baseline_label": planned.baseline.label if planned.baseline else None,
-        "compared": [reference_dict(r, res.best) for r in planned.compared],
+        "compared": [reference_dict(r, res.best, job) for r in planned.compared],
+        "job": job_dict(job, 0.0)["job"],
         "evaluator": "shared: unshared search, re-timed with sharing" if p.topology
         else "exact",
     }
     if res.best is not None:
-        best = candidate_dict(res.best)
+        best = candidate_dict(res.best, job)
         best.update(exports_of(p.pattern, res.best.split, p.schedule.microbatch_group,
                                specs))
         t = res.best.summary.iteration_time_ms
@@ -378,12 +383,15 @@ def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], to
                       f"{res.seconds:.2f} s")
         if p.schedule.vpp > 1:
             console.print(CHUNKED_BOUND_NOTE, markup=False)
+    print_job(console, p.hardware.job, bt)
     print_exports(console, exports_of(p.pattern, res.best.split, p.schedule.microbatch_group,
                                       specs))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     started = process_start()  # the budget covers the whole command
+    if getattr(args, "gpus", None) is not None:  # the whole job's shape, with its split
+        return cmd_job_plan(args)
     cfg = config_from_args(args)
     if args.top < 1:
         raise UserError("--top", f"must be at least 1, got {args.top}", "use --top 5")
@@ -410,7 +418,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         out["seconds"] = time.perf_counter() - started  # the whole command's wall time
         if len(per_variant) > 1:
             out["variant"] = next(label for label, r in per_variant if r is best)
-            out["variants"] = [{"variant": label, "best": candidate_dict(r.best)
+            out["variants"] = [{"variant": label, "best": candidate_dict(r.best,
+                                                                          r.problem.hardware.job)
                                 if r.best else None, "proven_optimal": r.proven_optimal}
                                for label, r in per_variant]
         if best.best is None:

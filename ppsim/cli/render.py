@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ppsim.job import throughput as job_throughput
 from ppsim.sim.summary import Summary
 from ppsim.units import fmt_bytes
 
@@ -40,6 +41,29 @@ def summary_dict(summary: Summary) -> dict[str, Any]:
                    "peak_memory_bytes": r.peak_memory_bytes, "peak_inflight": r.peak_inflight,
                    "fits": r.fits} for r in summary.ranks],
     }
+
+
+def job_dict(job: Any, iteration_ms: float) -> dict[str, Any]:
+    """`throughput` (tokens/s, per GPU, TFLOP/s/GPU, MFU) and `job` for JSON; nulls for
+    a uniform model."""
+    if job is None:
+        return {"throughput": None, "job": None}
+    t = job.throughput(iteration_ms)
+    return {"throughput": t.to_dict() if t else None, "job": job.describe()}
+
+
+def job_line(job: Any, iteration_ms: float) -> str:
+    """The job and its throughput in one line of text."""
+    if job is None:
+        return job_throughput.line(None)
+    d = job.describe()
+    shape = (f"{d['gpus']:,} GPUs (tp {d['tp']} cp {d['cp']} ep {d['ep']} dp {d['dp']} "
+             f"pp {d['pp']}), global batch {d['global_batch_size']:,}")
+    return f"{shape}: {job_throughput.line(job.throughput(iteration_ms))}"
+
+
+def print_job(console: Any, job: Any, iteration_ms: float) -> None:
+    console.print(job_line(job, iteration_ms), markup=False)
 
 
 def text_timeline(ops_per_rank: Any, end_ms: float, width: int = 96) -> list[Text]:

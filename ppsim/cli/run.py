@@ -32,7 +32,7 @@ HELP = "run a split for real with torch.distributed (torchrun) and record a trac
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    add_config_flags(p)
+    add_config_flags(p, job_flags=False)  # its own --dp counts replicas it launches
     g = p.add_argument_group("launch")
     g.add_argument("--nproc-per-node", type=int, metavar="N",
                    help="ranks on this node (default: pp / nnodes)")
@@ -107,9 +107,6 @@ def validate(args: argparse.Namespace) -> Any:
         raise UserError("model.kind", "ppsim run trains a transformer, not a uniform cost "
                         "model", "use a preset (e.g. --preset tiny-gpt) or kind = \"transformer\"")
     fields = cfg.model.fields()
-    if cfg.model.arch.tp != 1:
-        raise UserError("model.tp", f"the executor runs pipeline parallelism only, tp = "
-                        f"{cfg.model.arch.tp}", "set tp = 1 (--tp 1)")
     problem = load_problem(args)
     pp = problem.split.pp
     if not problem.split.standard_ends or problem.split.mtp:
@@ -124,8 +121,11 @@ def validate(args: argparse.Namespace) -> Any:
     if dp > 1 and args.engine == "torch":
         raise UserError("--dp", "the torch peer runs one pipeline replica",
                         "use --engine ppsim with --dp, or --dp 1")
-    runchecks.check_launch(args, pp * dp)
-    runchecks.check_world(args, pp * dp)
+    tp = cfg.model.arch.tp
+    if tp > 1:
+        _check_tensor_parallel(args, fields, problem, tp)
+    runchecks.check_launch(args, pp * dp * tp)
+    runchecks.check_world(args, pp * dp * tp)
     if args.iterations < 1 or not 0 <= args.warmup < args.iterations:
         raise UserError("--warmup", f"{args.warmup} warm-up of {args.iterations} iterations",
                         "need iterations >= 1 and 0 <= warmup < iterations")
@@ -147,6 +147,25 @@ def validate(args: argparse.Namespace) -> Any:
                             "replica and no --versus", "drop the other flag")
         runchecks.check_peer(problem)
     return problem
+
+
+def _check_tensor_parallel(args: argparse.Namespace, fields: dict[str, Any], problem: Any,
+                           tp: int) -> None:
+    """tp > 1 runs the built-in GPT's column- and row-parallel layers on the ppsim engine."""
+    from ppsim.executor.builders import builder_spec, load_builder  # torch loads only here
+    from ppsim.executor.builders.gpt import GPTBuilder  # (a run starts)
+
+    if not isinstance(load_builder(builder_spec(args.model, fields), fields), GPTBuilder):
+        raise UserError("model.tp", f"tp = {tp} needs the built-in GPT (dense, LayerNorm, "
+                        "learned positions)", "use --preset tiny-gpt or tiny-llm, or --tp 1")
+    # The heads' rule is the config's (ppsim.config.validate); the MLP splits by columns too.
+    if fields["ffn_hidden_size"] % tp:
+        raise UserError("model.tp", f"ffn_hidden_size ({fields['ffn_hidden_size']}) does not "
+                        f"divide by tp ({tp})", "choose tp dividing ffn_hidden_size")
+    if args.engine != "ppsim" or args.alongside_torch or problem.schedule.split_backward:
+        raise UserError("model.tp", f"tp = {tp} runs on the ppsim engine, without the torch "
+                        "peer and without a split backward (W)", "use --engine ppsim, a "
+                        "schedule such as 1f1b or interleaved-1f1b, or --tp 1")
 
 
 def _data_parallel(args: argparse.Namespace, fields: dict[str, Any]) -> int:

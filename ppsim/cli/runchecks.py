@@ -23,9 +23,9 @@ def check_launch(args: argparse.Namespace, pp: int) -> None:
         args.nproc_per_node = max(1, pp // args.nnodes)
     if args.nproc_per_node * args.nnodes != pp:
         raise UserError("--nproc-per-node", f"{args.nproc_per_node} x {args.nnodes} node(s) = "
-                        f"{args.nproc_per_node * args.nnodes} ranks but pp x dp = {pp}",
-                        f"run pp x dp = {pp} ranks in all (one rank per pipeline stage "
-                        "and replica)")
+                        f"{args.nproc_per_node * args.nnodes} ranks but pp x dp x tp = {pp}",
+                        f"run pp x dp x tp = {pp} ranks in all (one rank per pipeline stage, "
+                        "replica and tensor rank)")
 
 
 RANKS_PER_DEVICE = 8

@@ -10,7 +10,7 @@ from typing import Any
 
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
 from ppsim.cli.picture import render_png
-from ppsim.cli.render import rank_table, summary_dict, text_timeline
+from ppsim.cli.render import job_dict, print_job, rank_table, summary_dict, text_timeline
 from ppsim.cli.schedule import print_notes
 from ppsim.config import limits, validate
 from ppsim.config.limits import check_request
@@ -59,11 +59,14 @@ def cmd_presets(args: argparse.Namespace) -> int:
                   MODEL_NOTES[name])
     console.print(t)
     h = Table(title="hardware presets", title_justify="left")
-    for col in ("name", "memory", "peak TFLOP/s", "efficiency", "P2P GB/s", "note"):
+    for col in ("name", "memory", "peak TFLOP/s", "efficiency", "P2P GB/s", "GPUs/node",
+                "NVLink GB/s", "NIC GB/s", "note"):
         h.add_column(col)
     for name, hw in HARDWARE_PRESETS.items():
         h.add_row(name, f"{hw['memory_bytes'] / 1e9:.0f} GB", f"{hw['peak_tflops']:g}",
-                  f"{hw['efficiency']:g}", f"{hw['p2p_bandwidth_gbps']:g}", HARDWARE_NOTES[name])
+                  f"{hw['efficiency']:g}", f"{hw['p2p_bandwidth_gbps']:g}",
+                  str(hw.get("gpus_per_node", "-")), f"{hw.get('intra_node_bandwidth_gbps', 0):g}",
+                  f"{hw.get('inter_node_bandwidth_gbps', 0):g}", HARDWARE_NOTES[name])
     console.print(h)
     return 0
 
@@ -214,7 +217,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                    "vpp": problem.split.vpp, "microbatches": problem.schedule.microbatches,
                    "split": list(problem.split.counts),
                    "memory_limit_bytes": problem.hardware.memory_bytes, **summary_dict(s),
-                   **policy_json(problem)})
+                   **policy_json(problem),
+                   **job_dict(problem.hardware.job, s.iteration_time_ms)})
         return 0
     _print_simulation(sim)
     host = policy_json(problem)
@@ -242,6 +246,7 @@ def _print_simulation(sim: Any) -> None:
                   f"bubble [bold]{s.bubble_fraction:.1%}[/bold]   peak memory "
                   f"{s.peak_memory_bytes / 1e9:.2f} GB of {problem.hardware.memory_bytes / 1e9:.0f}"
                   f" GB   {'fits' if s.fits else '[red]does NOT fit[/red]'}")
+    print_job(console, problem.hardware.job, s.iteration_time_ms)
     console.print(rank_table(s, problem.hardware.memory_bytes))
     if sim.timeline is None:
         console.print(f"(no text timeline above {limits.TIMELINE_OPS:,} ops; --trace keeps "

@@ -18,11 +18,14 @@ from ppsim.config.schema import (
     hardware_config,
 )
 from ppsim.errors import UserError
+from ppsim.job import shape as job_shape
 
-MODEL_KEYS = ("num_layers", "recompute", "tp", "micro_batch_size", "hybrid_layer_pattern")
+MODEL_KEYS = ("num_layers", "recompute", "tp", "micro_batch_size", "hybrid_layer_pattern", "dp",
+              "cp", "ep", "seq_length")
 """[model] fields an override may set (the rest come from the file or the preset)."""
 PIPELINE_KEYS = ("pp", "vpp", "microbatches", "schedule", "actions_csv",
-                 "microbatch_group_size")
+                 "microbatch_group_size", "global_batch_size", "rank_order", "tp_comm_overlap",
+                 "overlap_grad_reduce", "overlap_param_gather")
 """[pipeline] fields an override may set besides the split."""
 
 
@@ -70,7 +73,7 @@ def with_overrides(cfg: Config, *, preset: str | None = None,
     out = Config(model=m, pipeline=pipe, hardware=hw,
                  costs_file=costs_file or cfg.costs_file, placement=place, memory=policy)
     check_config(out)
-    return out
+    return job_shape.resolved(out)
 
 
 def _given(values: dict[str, Any] | None, allowed: tuple[str, ...],

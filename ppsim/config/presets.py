@@ -138,28 +138,41 @@ def _curve(achieved_tflops: float, fixed_us: float, peak: float = 989.0) -> list
 # attention at 30 %, 3.0 TB/s for elementwise work, and 80 us of host time per
 # modelled op (Python modules, dispatch, autograd; the same figure
 # `profile --hardware-out` measures on this 2-core VM's CPU: ~78 us).
+#
+# Topology (ppsim.job.topology), per GPU and per direction: NVLink 4 on H100/H200 SXM is
+# 900 GB/s bidirectional per GPU (NVIDIA H100 datasheet), 450 each way; NVLink 3 on A100
+# SXM 600 GB/s (A100 datasheet), 300 each way. A DGX H100/H200 node has 8 ConnectX-7 NICs
+# of 400 Gb/s, one per GPU: 50 GB/s (DGX H100 user guide); DGX A100 8 x 200 Gb/s HDR:
+# 25 GB/s. One collective step costs ~1 us inside a node and ~5 us across nodes, the
+# order of nccl-tests' small-message latencies (a modelling figure, not a datasheet one).
+_TOPOLOGY_H = dict(gpus_per_node=8, intra_node_bandwidth_gbps=450.0, intra_node_latency_us=1.0,
+                   inter_node_bandwidth_gbps=50.0, inter_node_latency_us=5.0)
+_TOPOLOGY_A = dict(gpus_per_node=8, intra_node_bandwidth_gbps=300.0, intra_node_latency_us=1.0,
+                   inter_node_bandwidth_gbps=25.0, inter_node_latency_us=5.0)
+#
 # Host link and host memory (activation offload): H100 and H200 SXM attach to the
 # host over PCIe Gen5 x16, A100 SXM over PCIe Gen4 x16 (NVIDIA H100/H200/A100
 # datasheets): 32 and 16 GT/s x 16 lanes, 128b/130b coded, 63 and 31.5 GB/s each
 # way. DGX H100, DGX H200 and DGX A100 (640 GB) nodes have 2 TB of system memory for
 # their 8 GPUs (DGX user guides).
-_HOST = {"h100": dict(host_link_gbps=63.0, host_memory_bytes=2e12, gpus_per_node=8),
-         "a100": dict(host_link_gbps=31.5, host_memory_bytes=2e12, gpus_per_node=8)}
+_HOST = {"h100": dict(host_link_gbps=63.0, host_memory_bytes=2e12),
+         "a100": dict(host_link_gbps=31.5, host_memory_bytes=2e12)}
 
 HARDWARE_PRESETS: dict[str, dict] = {
     "a100-80gb": dict(memory_bytes=80e9, peak_tflops=312.0, efficiency=0.5,
                       p2p_bandwidth_gbps=25.0, p2p_latency_ms=0.01,
                       matmul_efficiency=_curve(250.0, 5.0, 312.0),
                       attention_efficiency=0.55, memory_bandwidth_gbps=1850.0,
-                      kernel_overhead_us=10.0, **_HOST["a100"]),
+                      kernel_overhead_us=10.0, **_TOPOLOGY_A, **_HOST["a100"]),
     "h100-80gb": dict(memory_bytes=80e9, peak_tflops=989.0, efficiency=0.45,
                       p2p_bandwidth_gbps=50.0, p2p_latency_ms=0.01,
                       matmul_efficiency=_curve(790.0, 5.0), attention_efficiency=0.35,
-                      memory_bandwidth_gbps=3000.0, kernel_overhead_us=10.0, **_HOST["h100"]),
+                      memory_bandwidth_gbps=3000.0, kernel_overhead_us=10.0, **_TOPOLOGY_H,
+                      **_HOST["h100"]),
     "h200-141gb": dict(memory_bytes=141e9, peak_tflops=989.0, efficiency=0.45,
                        p2p_bandwidth_gbps=50.0, p2p_latency_ms=0.01,
                        matmul_efficiency=_curve(813.0, 40.0), attention_efficiency=0.30,
-                       memory_bandwidth_gbps=3000.0, kernel_overhead_us=80.0,
+                       memory_bandwidth_gbps=3000.0, kernel_overhead_us=80.0, **_TOPOLOGY_H,
                        **_HOST["h100"]),
     "cpu": dict(memory_bytes=16e9, peak_tflops=0.04, efficiency=1.0,
                 p2p_bandwidth_gbps=1.0, p2p_latency_ms=0.05),

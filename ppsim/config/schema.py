@@ -15,6 +15,7 @@ from ppsim.config import validate
 from ppsim.config.model import Model, UniformModel, parse_model
 from ppsim.config.presets import HARDWARE_PRESETS
 from ppsim.errors import UserError
+from ppsim.job import shape as job_shape
 from ppsim.pipeline.placement import PlacementConfig
 from ppsim.policy.model import memory_policy
 
@@ -69,6 +70,17 @@ class PipelineConfig:
     """Microbatches per group of the interleaved table, Megatron's
     --microbatch-group-size-per-virtual-pipeline-stage; none: the smallest group that
     runs (ppsim.schedules.generators.interleaved_group)."""
+    global_batch_size: int = 0
+    """Sequences per iteration over all replicas (Megatron --global-batch-size); set, it
+    gives microbatches = global_batch_size / (micro_batch_size x dp); 0: `microbatches`."""
+    rank_order: str = "tp-cp-ep-dp-pp"
+    """Megatron's rank order, innermost first: which groups share a node."""
+    tp_comm_overlap: bool = False
+    """Hide tensor-parallel collectives behind the layer's compute (--tp-comm-overlap)."""
+    overlap_grad_reduce: bool = False
+    """Reduce gradients in buckets during the last backward (--overlap-grad-reduce)."""
+    overlap_param_gather: bool = False
+    """Gather parameters during the next forward (--overlap-param-gather)."""
 
 
 @dataclass(kw_only=True)
@@ -96,8 +108,17 @@ class HardwareConfig:
     """Device <-> host bandwidth each way in GB/s (activation offload's copies); 0: free."""
     host_memory_bytes: float = 0.0
     """Host memory of one node that offloaded activations may use; 0: no limit."""
-    gpus_per_node: int = 1
-    """Devices sharing one host's memory."""
+    gpus_per_node: int = 8
+    """GPUs in one node: its NVLink domain (ppsim.job.topology) and the devices sharing
+    its host memory (host_memory_bytes)."""
+    intra_node_bandwidth_gbps: float = 0.0
+    """NVLink per GPU per direction, GB/s; 0: inter_node_bandwidth_gbps."""
+    intra_node_latency_us: float = 0.0
+    """One collective step inside a node; 0: inter_node_latency_us."""
+    inter_node_bandwidth_gbps: float = 0.0
+    """Each GPU's NIC per direction, GB/s; 0: p2p_bandwidth_gbps."""
+    inter_node_latency_us: float = 0.0
+    """One collective step across nodes; 0: p2p_latency_ms."""
 
 
 @dataclass(kw_only=True)
@@ -165,7 +186,7 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     if "memory" in data:
         cfg.memory = dict(validate.table("memory", data["memory"]))
     check_config(cfg)
-    return cfg
+    return job_shape.resolved(cfg)
 
 
 def check_config(cfg: Config) -> None:
@@ -176,6 +197,7 @@ def check_config(cfg: Config) -> None:
     validate.placement(cfg.placement)
     if cfg.memory is not None:
         memory_policy(cfg.memory, "none")  # every key and module name checked
+    job_shape.check(cfg)
 
 
 def hardware_config(table: dict[str, Any]) -> HardwareConfig:

@@ -248,7 +248,7 @@ _ARCH_MAX = 10**7
 FLOPs stay exact floats (a 200-digit hidden_size would overflow float conversion)."""
 _CHOICES = {"recompute": RECOMPUTE, "dtype": tuple(DTYPE_BYTES), "attention": ATTENTION,
             "norm": NORMS, "position": POSITIONS}
-_POSITIVE = ("tp", "dp", "ep", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
+_POSITIVE = ("tp", "dp", "ep", "cp", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
              "vocab_size", "seq_length", "micro_batch_size")
 _COUNTS = ("mtp_layers", "head_dim", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
            "v_head_dim", "num_experts", "top_k", "moe_ffn_hidden_size", "shared_experts")
@@ -267,7 +267,7 @@ def transformer(raw: dict[str, Any]) -> None:
         if key in raw and typed(f"model.{key}", raw[key], int) < low:
             raise UserError(f"model.{key}", f"must be at least {low}, got {raw[key]}",
                             "use a whole number >= " + str(low))
-    for key in ("gated_mlp", "distributed_optimizer", "dropout"):
+    for key in ("gated_mlp", "distributed_optimizer", "dropout", "tie_embeddings"):
         if key in raw:
             typed(f"model.{key}", raw[key], bool)
     if "layers" in raw:

@@ -45,6 +45,12 @@ class Architecture:
     """Shard optimizer states over dp (Megatron --use-distributed-optimizer)."""
     dp: int = 1
     """Data-parallel size the distributed optimizer shards over."""
+    cp: int = 1
+    """Context-parallel size: each rank holds seq_length / cp tokens of every sequence."""
+    tie_embeddings: bool = False
+    """The LM head shares the embedding's weights (Megatron's default unless
+    --untie-embeddings-and-output-weights): with pp > 1 the first and last stage
+    all-reduce that gradient at the end of the step."""
     layers: str = ""
     """Decoder layer kinds in order, e.g. "dense*3, moe*58"; empty: all "moe" when
     num_experts > 0, else all "dense"."""

@@ -12,8 +12,10 @@ from ppsim.config.schema import Config
 from ppsim.costs.costfile import load_conditions, load_costs, load_p2p, read_cost_file
 from ppsim.costs.hybrid import HybridPattern, check_pipeline, parse_pattern, pipe_counts
 from ppsim.costs.model import ModelCosts, StageCost, stage_costs, uniform_costs
-from ppsim.costs.transformer import accelerator, transformer_costs
+from ppsim.costs.transformer import accelerator
 from ppsim.errors import UserError
+from ppsim.job.layers import job_costs
+from ppsim.job.model import Job, build_job
 from ppsim.pipeline import split as splits
 from ppsim.pipeline.layout import parse_layout
 from ppsim.pipeline.messages import delay_ms, wire_ms
@@ -39,6 +41,9 @@ class Hardware:
     iteration_boundary_ms: float = 0.0
     """Between one iteration's end and the next one's start: the executor's loss
     all-reduce across ranks, as `ppsim profile` measures it; 0 when not measured."""
+    job: Job | None = None
+    """The whole job (ppsim.job.model): its data-parallel step and its throughput; None
+    for a uniform model."""
 
     def transfer_ms(self, nbytes: int) -> float:
         """Time from send to arrival of one message; 0 when transfers are free."""
@@ -88,8 +93,9 @@ def model_costs(cfg: Config) -> ModelCosts:
                                     or arch.num_heads % arch.num_kv_heads):
         raise UserError("model.num_heads", "hidden_size must divide by num_heads and num_heads "
                         "by num_kv_heads", "fix the head counts")
-    acc = accelerator(cfg.hardware)
-    return transformer_costs(arch, acc)
+    job = build_job(cfg)
+    assert job is not None  # a transformer model always has a job
+    return job_costs(job, accelerator(cfg.hardware))
 
 
 def mtp_layers(cfg: Config) -> int:
@@ -268,7 +274,8 @@ def hardware(cfg: Config) -> Hardware:
             membw, fixed = cond.optimizer_gbps, cond.optimizer_fixed_ms
         if cond is not None and cfg.pipeline.pp * dp > 1:
             boundary = cond.iteration_boundary_ms
-    hw = Hardware(cfg.hardware.memory_bytes, latency, bandwidth, membw, dp, fixed, boundary)
+    hw = Hardware(cfg.hardware.memory_bytes, latency, bandwidth, membw, dp, fixed, boundary,
+                  build_job(cfg))
     if hw.memory_bytes <= 0:
         raise UserError("hardware.memory_bytes", f"must be positive, got {hw.memory_bytes:g}",
                         "give the memory one rank may use, e.g. 80e9 (--memory-gb 80)")

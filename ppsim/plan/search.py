@@ -205,7 +205,7 @@ class SplitSearch:
         last = [e[-1] if e else 0.0 for e in ends]
         hw = self.problem.hardware
         tail = step_tail(self.sched, costs, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps,
-                         hw.memory_bandwidth_gbps, hw.dp, hw.optimizer_fixed_ms)
+                         hw.memory_bandwidth_gbps, hw.dp, hw.optimizer_fixed_ms, hw.job)
         summary = summarize(statics, last, busy, layers, self.memory, peaks, tail,
                             hw.iteration_boundary_ms)
         if (len(self._evaluated) + 1) * self.pp > SUMMARY_CACHE_RANKS:

@@ -102,7 +102,7 @@ def finished(problem: Problem, static: tuple[int, ...], ranks: list[RankRun],
         raise RuntimeError(f"schedule deadlocked on ranks {stuck}")
     hw = problem.hardware
     parts = step_parts(sched, problem.stage_costs, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps,
-                       hw.memory_bandwidth_gbps, hw.dp, hw.optimizer_fixed_ms)
+                       hw.memory_bandwidth_gbps, hw.dp, hw.optimizer_fixed_ms, hw.job)
     summary = summarize(static, [rr.end for rr in ranks], [rr.busy for rr in ranks],
                         [problem.split.rank_layers(r) for r in range(sched.pp)],
                         hw.memory_bytes,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ppsim.costs.model import StageCost
 from ppsim.pipeline.messages import wire_ms
@@ -88,15 +89,19 @@ GRAD_BYTES = 4
 
 def step_parts(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
                bandwidth_gbps: float, memory_bandwidth_gbps: float,
-               dp: int, optimizer_fixed_ms: float = 0.0) -> list[tuple[float, float]]:
+               dp: int, optimizer_fixed_ms: float = 0.0,
+               job: Any = None) -> list[tuple[float, float]]:
     """Per rank, what follows its last backward, as (R, S) ms: the data-parallel gradient
     all-reduce (a ring: 2(dp-1)/dp of the gradient bytes, 2(dp-1) latencies) and the
     optimizer step (a fixed time, measured by `ppsim profile` on CPU, plus
     ADAM_BYTES_PER_PARAM over memory bandwidth), as the executor records them.
-    Parameters come from the cost model; a cost file without them costs nothing."""
+    Parameters come from the cost model; a cost file without them costs nothing. A
+    data-parallel job (ppsim.job.model.Job, dp x cp > 1) prices the step itself."""
     params = [0] * s.pp
     for i, c in enumerate(costs):
         params[s.stage_rank(i)] += c.params
+    if job is not None and job.replaces_tail:
+        return _job_parts(s, costs, params, job, memory_bandwidth_gbps, optimizer_fixed_ms)
     out = []
     for n in params:
         reduce = 0.0
@@ -111,12 +116,27 @@ def step_parts(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
     return out
 
 
+def _job_parts(s: Schedule, costs: Sequence[StageCost], params: list[int], job: Any,
+               memory_bandwidth_gbps: float, optimizer_fixed_ms: float
+               ) -> list[tuple[float, float]]:
+    """Per rank (R, S) of a data-parallel job: its one-microbatch forward and backward are
+    the windows the gradient reduction and the parameter gather hide in."""
+    fwd, bwd = [0.0] * s.pp, [0.0] * s.pp
+    for i, c in enumerate(costs):
+        fwd[s.stage_rank(i)] += c.forward_ms
+        bwd[s.stage_rank(i)] += c.backward_ms
+    tails = [job.tail(n, f, b, memory_bandwidth_gbps, optimizer_fixed_ms)
+             for n, f, b in zip(params, fwd, bwd, strict=True)]
+    return [(t.reduce_ms + job.embedding_sync_ms(r), t.optimizer_ms)
+            for r, t in enumerate(tails)]
+
+
 def step_tail(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
               bandwidth_gbps: float, memory_bandwidth_gbps: float, dp: int,
-              optimizer_fixed_ms: float = 0.0) -> list[float]:
+              optimizer_fixed_ms: float = 0.0, job: Any = None) -> list[float]:
     """Per rank, the time of the step's end (all-reduce then optimizer), see step_parts."""
     return [r + o for r, o in step_parts(s, costs, latency_ms, bandwidth_gbps,
-                                         memory_bandwidth_gbps, dp, optimizer_fixed_ms)]
+                                         memory_bandwidth_gbps, dp, optimizer_fixed_ms, job)]
 
 
 def summarize(static: Sequence[int], ends: list[float], busy: list[float], layers: list[int],

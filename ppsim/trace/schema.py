@@ -18,6 +18,7 @@ from typing import Any
 from ppsim.config import limits, validate
 from ppsim.errors import UserError
 from ppsim.fileio import write_json_atomic
+from ppsim.job.throughput import job_info
 from ppsim.trace import stream
 
 COMPUTE_TID, TRANSFER_TID = 0, 1
@@ -94,7 +95,7 @@ def run_info(problem: Any, source: str, iterations: int, warmup: int) -> dict[st
     return {"ppsim": 1, "source": source, "schedule": s.name, "pp": s.pp, "vpp": s.vpp,
             "microbatches": s.microbatches, "placement": s.placement,
             "split": list(problem.split.counts), "iterations": iterations,
-            "warmup_iterations": warmup}
+            "warmup_iterations": warmup, "job": job_info(problem.hardware.job)}
 
 
 def write_trace(path: str, trace: dict, flag: str = "--trace") -> None:

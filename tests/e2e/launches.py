@@ -101,6 +101,10 @@ def torch_dualpipev_csv(path: Path) -> None:
     ts.ScheduleDualPipeV(stages, 4)._dump_csv(str(path), format="compute_comms")
 
 
+GATED_TOML = ('[model]\npreset = "tiny-gpt"\ngated_mlp = true\nnum_kv_heads = 2\n'
+              'norm = "layernorm"\nposition = "learned"\n')
+"""The built-in GPT with SwiGLU and grouped-query attention (4 heads, 2 key/value heads)."""
+
 GPIPE = ["--schedule", "gpipe", "--pp", "2", "--split", "6,2", "--microbatches", "3"]
 ONE_F_ONE_B = ["--schedule", "1f1b", "--pp", "2", "--split", "5,3", "--microbatches", "4"]
 INTERLEAVED = ["--schedule", "interleaved-1f1b", "--pp", "2", "--vpp", "2", "--split",
@@ -179,7 +183,16 @@ OTHERS = {
                         "--iterations", "3", "--timeout-s", "10"], recorded=False),
 }
 
-SPECS: dict[str, Spec] = {**EXECUTOR, **SCHEDULES, **OTHERS}
+# test_executor_tp.py: tensor parallelism for real (column/row-parallel layers over gloo),
+# tp 2 x pp 2 = 4 processes; then tp 2 x pp 2 x dp 2 = 8 with a SwiGLU MLP and GQA, so
+# every sharded matmul and both kinds of group are covered.
+TENSOR = {
+    "tp2-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B]),
+    "tp2-dp2-interleaved-gated": Spec(argv=["--tp", "2", "--dp", "2", *INTERLEAVED,
+                                            "--config", "{tmp}/gated.toml"], dump_grads=False),
+}
+
+SPECS: dict[str, Spec] = {**EXECUTOR, **SCHEDULES, **OTHERS, **TENSOR}
 
 
 def _proc_tree(root: int) -> set[int]:
@@ -222,6 +235,7 @@ def _watched(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, str, 
 
 def _prepare(name: str, tmp: Path) -> None:
     (tmp / "zb.csv").write_text(zb_h1_csv(2, 4))
+    (tmp / "gated.toml").write_text(GATED_TOML)
     if name == "torch-dualpipev-csv":
         torch_dualpipev_csv(tmp / "dualpipev.csv")
     if name == "fault":  # an earlier good run the failed one must leave alone

@@ -17,23 +17,27 @@ from ppsim.sim.simulate import simulate
 from ppsim.sim.summary import ADAM_BYTES_PER_PARAM, GRAD_BYTES
 
 
-def _problem(dp: int, pp: int = 1, split: list[int] | None = None):
+def _problem(dp: int, pp: int = 1, split: list[int] | None = None, gpus_per_node: int = 8):
     pipe = {"pp": pp, "microbatches": 4}
     if split:
         pipe["split"] = split
     return build_problem(config_from_dict({
         "model": {"preset": "llama3-8b", "num_layers": 8, "dp": dp},
-        "hardware": {"preset": "h100-80gb"}, "pipeline": pipe}))
+        "hardware": {"preset": "h100-80gb", "gpus_per_node": gpus_per_node},
+        "pipeline": pipe}))
 
 
-def test_all_reduce_and_optimizer_follow_the_ring_and_bandwidth_formulas():
-    one, eight = _problem(1), _problem(8)
+@pytest.mark.parametrize("gpus_per_node,bus_gbps,step_us", [(8, 450.0, 1.0), (4, 200.0, 5.0)])
+def test_all_reduce_and_optimizer_follow_the_ring_and_bandwidth_formulas(
+        gpus_per_node, bus_gbps, step_us):
+    # dp 8 on one 8-GPU node rings over NVLink (450 GB/s each way, 1 us a step); on
+    # 4-GPU nodes it crosses two, each node's ring through its 4 NICs (4 x 50 GB/s).
+    one, eight = _problem(1), _problem(8, gpus_per_node=gpus_per_node)
     hw = eight.hardware
     params = sum(c.params for c in eight.stage_costs)
     assert params > 2.7e9  # 8 layers (218M each), embedding and head (525M each), one rank
     step = params * ADAM_BYTES_PER_PARAM / (hw.memory_bandwidth_gbps * 1e6)
-    ring = 2 * 7 * hw.p2p_latency_ms + 2 * 7 / 8 * params * GRAD_BYTES / (
-        hw.p2p_bandwidth_gbps * 1e6)
+    ring = 2 * 7 * step_us / 1e3 + 2 * 7 / 8 * params * GRAD_BYTES / (bus_gbps * 1e6)
     base = simulate(one).summary.iteration_time_ms
     assert simulate(eight).summary.iteration_time_ms == pytest.approx(base + ring, rel=1e-12)
     # dp 1 still pays the optimizer step, after the pipeline's last op.

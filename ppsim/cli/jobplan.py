@@ -1,0 +1,76 @@
+"""`ppsim plan --gpus N --global-batch-size B`: the job's shapes, fastest first."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ppsim.cli.flags import config_from_args, emit_json
+from ppsim.config import validate
+from ppsim.errors import UserError
+from ppsim.job.search import JobSearch, ShapeResult, search_job
+from ppsim.pipeline.exports import split_exports
+
+
+def shape_dict(r: ShapeResult) -> dict[str, Any]:
+    s, sm = r.shape, r.summary
+    return {"tp": s.tp, "cp": s.cp, "ep": s.ep, "pp": s.pp, "dp": s.dp, "vpp": s.vpp,
+            "micro_batch_size": s.mbs, "microbatches": s.microbatches,
+            "schedule": r.problem.schedule.name, "split": list(r.problem.split.counts),
+            "split_planned": r.planned, "iteration_time_ms": sm.iteration_time_ms,
+            "bubble_fraction": sm.bubble_fraction, "exposed_comm_ms": r.comm_ms,
+            "fits": sm.fits, "peak_memory_bytes": sm.peak_memory_bytes,
+            "throughput": r.throughput.to_dict() if r.throughput else None,
+            "held_back_by": r.held_back_by}
+
+
+def job_plan_dict(res: JobSearch, gpus: int, gbs: int, top: int) -> dict[str, Any]:
+    fits = [r for r in res.candidates if r.summary.fits]
+    best = None
+    if fits:
+        best = shape_dict(fits[0])
+        best.update(split_exports(fits[0].problem.split))
+    return {"gpus": gpus, "global_batch_size": gbs, "best": best,
+            "candidates": [shape_dict(r) for r in res.candidates[:top]],
+            "evaluated": res.evaluated, "total_shapes": res.total, "complete": res.complete,
+            "seconds": res.seconds}
+
+
+def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    t = Table(title=f"{gpus:,} GPUs, global batch {gbs:,}: {res.evaluated} of {res.total} "
+              f"shapes in {res.seconds:.1f} s", title_justify="left")
+    for col in ("", "shape", "iter ms", "TFLOP/s /GPU", "MFU", "tok/s /GPU", "peak GB",
+                "held back by"):
+        t.add_column(col, justify="right")
+    for i, r in enumerate(res.candidates[:top]):
+        tp = r.throughput
+        t.add_row("best" if i == 0 and r.summary.fits else f"#{i + 1}", r.shape.label(),
+                  f"{r.summary.iteration_time_ms:.0f}",
+                  f"{tp.tflops_per_gpu:.0f}" if tp else "-", f"{tp.mfu:.1%}" if tp else "-",
+                  f"{tp.tokens_per_s_per_gpu:,.0f}" if tp else "-",
+                  f"{r.summary.peak_memory_bytes / 1e9:.1f}", r.held_back_by)
+    console.print(t)
+
+
+def cmd_job_plan(args: argparse.Namespace) -> int:
+    """Plan the job's shape: what `ppsim plan` does when --gpus is given. The configured
+    shape is only where the search starts: the world and the batch are not applied to it."""
+    gbs = args.global_batch_size
+    if gbs is None:
+        raise UserError("--global-batch-size", "is needed with --gpus",
+                        "give the sequences per iteration, e.g. --global-batch-size 1024")
+    if args.top < 1:
+        raise UserError("--top", f"must be at least 1, got {args.top}", "use --top 5")
+    validate.seconds("--time-budget", args.time_budget)
+    cfg = config_from_args(argparse.Namespace(**{**vars(args), "gpus": None,
+                                                 "global_batch_size": None}))
+    res = search_job(cfg, args.gpus, gbs, top_k=args.top, budget_s=args.time_budget)
+    if args.json:
+        emit_json(job_plan_dict(res, args.gpus, gbs, args.top))
+    else:
+        print_job_plan(res, args.gpus, gbs, args.top)
+    return 0 if any(r.summary.fits for r in res.candidates) else 3

@@ -1,0 +1,116 @@
+"""NCCL-like collective costs, as pure functions of a message size and a group's link.
+
+Conventions are nccl-tests' (PERFORMANCE.md): a collective of n ranks moves its buffer
+at the group's bus bandwidth B, a ring pays one latency per step. With S the buffer
+(the gathered buffer for all-gather and reduce-scatter, all a rank sends for
+all-to-all):
+
+- ring all-reduce: 2(n-1) alpha + 2(n-1)/n S / B;
+- tree all-reduce: 2 ceil(log2 n) alpha + 2(n-1)/n S / (B / 2): a double binary
+  tree's reduce and broadcast share the same links, so ppsim takes half the ring's bus
+  bandwidth for it (a modelling choice); the cheaper of ring and tree is used, so small
+  buffers go by tree and large ones by ring, as NCCL's tuner does;
+- all-gather, reduce-scatter: (n-1) alpha + (n-1)/n S / B;
+- all-to-all: (n-1) alpha + the larger of the bytes that stay inside a node over the
+  intra-node link and those that leave it over the rank's NIC.
+
+A group inside one node runs at the NVLink figure; one that spans nodes runs its rings
+through the NICs of the members on each node, k of them giving k NICs' bandwidth, never
+more than NVLink's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ppsim.job.ranks import Span
+from ppsim.job.topology import Network
+
+
+@dataclass(frozen=True, kw_only=True)
+class Link:
+    """What a group's collectives run at."""
+
+    size: int
+    """Ranks in the group."""
+    bus_bandwidth_gbps: float
+    """Bus bandwidth of its rings, GB/s; 0: transfers are free."""
+    latency_ms: float
+    """One ring step."""
+    per_node: int = 1
+    """Members on one node (all-to-all keeps (per_node - 1) / size of its bytes inside)."""
+    intra_bandwidth_gbps: float = 0.0
+    """The node's own link, for what an all-to-all keeps inside a node."""
+    inter_bandwidth_gbps: float = 0.0
+    """One NIC, for what an all-to-all sends off the node."""
+
+
+def link(net: Network, where: Span) -> Link:
+    """The Link of a group placed as `where` on `net`."""
+    if not where.crosses_nodes:
+        bw, lat = net.intra_bandwidth_gbps, net.intra_latency_ms
+    else:
+        bw = min(net.intra_bandwidth_gbps, where.per_node * net.inter_bandwidth_gbps)
+        lat = net.inter_latency_ms
+    return Link(size=where.size, bus_bandwidth_gbps=bw, latency_ms=lat, per_node=where.per_node,
+                intra_bandwidth_gbps=net.intra_bandwidth_gbps,
+                inter_bandwidth_gbps=net.inter_bandwidth_gbps if where.crosses_nodes
+                else net.intra_bandwidth_gbps)
+
+
+def _wire(nbytes: float, gbps: float) -> float:
+    return nbytes / (gbps * 1e6) if gbps > 0 else 0.0
+
+
+def ring_all_reduce_ms(nbytes: float, g: Link) -> float:
+    n = g.size
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) * g.latency_ms + _wire(2 * (n - 1) / n * nbytes, g.bus_bandwidth_gbps)
+
+
+def tree_all_reduce_ms(nbytes: float, g: Link) -> float:
+    n = g.size
+    if n <= 1:
+        return 0.0
+    return (2 * math.ceil(math.log2(n)) * g.latency_ms
+            + _wire(2 * (n - 1) / n * nbytes, g.bus_bandwidth_gbps / 2))
+
+
+def all_reduce_ms(nbytes: float, g: Link) -> float:
+    """The cheaper of ring and tree for this size."""
+    return min(ring_all_reduce_ms(nbytes, g), tree_all_reduce_ms(nbytes, g))
+
+
+def all_gather_ms(nbytes: float, g: Link) -> float:
+    """All-gather of a buffer of `nbytes` in total (each rank contributes nbytes / n)."""
+    n = g.size
+    if n <= 1:
+        return 0.0
+    return (n - 1) * g.latency_ms + _wire((n - 1) / n * nbytes, g.bus_bandwidth_gbps)
+
+
+def reduce_scatter_ms(nbytes: float, g: Link) -> float:
+    """Reduce-scatter of a buffer of `nbytes` (each rank keeps nbytes / n): the same
+    traffic as all-gather."""
+    return all_gather_ms(nbytes, g)
+
+
+def all_to_all_ms(nbytes: float, g: Link) -> float:
+    """All-to-all where each rank sends `nbytes` spread evenly over the group (its own
+    share stays put)."""
+    n = g.size
+    if n <= 1:
+        return 0.0
+    inside = _wire(nbytes * (g.per_node - 1) / n, g.intra_bandwidth_gbps)
+    outside = _wire(nbytes * (n - g.per_node) / n, g.inter_bandwidth_gbps)
+    return (n - 1) * g.latency_ms + max(inside, outside)
+
+
+def send_ms(nbytes: float, g: Link) -> float:
+    """One point-to-point message between neighbours of the group (a ring step)."""
+    if g.size <= 1:
+        return 0.0
+    bw = g.inter_bandwidth_gbps if g.per_node < g.size else g.intra_bandwidth_gbps
+    return g.latency_ms + _wire(nbytes, bw)

@@ -1,0 +1,143 @@
+"""The Job: one training job's shape, links and overlaps, built once from a Config.
+
+`build_job` gives None for a uniform model (it has no sizes, tokens or FLOPs). The
+simulator reads a Job in two places: the layer costs (ppsim.job.layers adds the tensor-,
+context- and expert-parallel collectives each layer waits for) and the step's tail
+(ppsim.job.tail: the data-parallel gradient reduction and parameter gather, the part
+the backward and the next forward do not hide).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from ppsim.costs.arch import Architecture
+from ppsim.costs.layerops import padded_vocab
+from ppsim.costs.transformer import Accelerator, accelerator
+from ppsim.job.collectives import Link, all_reduce_ms, link
+from ppsim.job.flops import iteration_flops
+from ppsim.job.ranks import Sizes, Span, group_ranks, pipeline_hops, span
+from ppsim.job.shape import JobShape, job_shape
+from ppsim.job.tail import Tail, rank_tail
+from ppsim.job.throughput import Throughput, throughput
+from ppsim.job.topology import Network, network
+from ppsim.sim.summary import GRAD_BYTES
+
+
+@dataclass(frozen=True, kw_only=True)
+class Groups:
+    """Where each collective group of rank 0 sits."""
+
+    tp: Span
+    """The tensor-parallel group."""
+    cp: Span
+    """The context-parallel ring."""
+    ep: Span
+    """The expert-parallel group (tp x ep x edp world)."""
+    dp: Span
+    """Gradients reduce over dp x cp (Megatron's dp_cp group)."""
+    pipeline_hops: tuple[bool, ...]
+    """Per pipeline boundary of the first replica: does it cross nodes?"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """One training job: the model, its shape, its links and its overlaps."""
+
+    arch: Architecture
+    """The model as configured (whole sequences)."""
+    shape: JobShape
+    """Sizes and batch."""
+    network: Network
+    """The links (ppsim.job.topology)."""
+    groups: Groups
+    """Where each group sits on them."""
+    peak_tflops: float
+    """Dense peak per GPU, the MFU's denominator."""
+    accelerator: Accelerator
+    """The [hardware] table's compute figures (ppsim.costs.transformer)."""
+    tp_comm_overlap: bool = False
+    """Hide tensor-parallel collectives behind the layer's compute."""
+    overlap_grad_reduce: bool = False
+    """Reduce gradient buckets during the last backward."""
+    overlap_param_gather: bool = False
+    """Gather parameters during the next forward."""
+
+    def link(self, name: str) -> Link:
+        """The Link of group `name` (tp, cp, ep or dp)."""
+        return link(self.network, getattr(self.groups, name))
+
+    @property
+    def replaces_tail(self) -> bool:
+        """The step is the job's (dp x cp > 1, or tied embeddings over stages); else a
+        replica's alone."""
+        return self.groups.dp.size > 1 or self.ties_stages
+
+    @property
+    def ties_stages(self) -> bool:
+        """The first and last stage hold one tied embedding and reduce its gradient."""
+        return self.arch.tie_embeddings and self.shape.sizes.pp > 1
+
+    def embedding_sync_ms(self, pipeline_rank: int) -> float:
+        """The tied embedding's gradient all-reduce on this pipeline rank (fp32, its
+        1/tp vocabulary shard, over the link between the first and last stage)."""
+        pp = self.shape.sizes.pp
+        if not self.ties_stages or pipeline_rank not in (0, pp - 1):
+            return 0.0
+        nbytes = padded_vocab(self.arch) * self.arch.hidden_size / self.arch.tp * GRAD_BYTES
+        hops = self.groups.pipeline_hops
+        ends = Span(size=2, per_node=1 if any(hops) else 2, nodes=2 if any(hops) else 1)
+        return all_reduce_ms(nbytes, link(self.network, ends))
+
+    def tail(self, params: int, forward_ms: float, backward_ms: float,
+             memory_bandwidth_gbps: float, optimizer_fixed_ms: float = 0.0) -> Tail:
+        """One rank's data-parallel step (ppsim.job.tail)."""
+        return rank_tail(self, params, forward_ms, backward_ms, memory_bandwidth_gbps,
+                         optimizer_fixed_ms)
+
+    @property
+    def flops(self) -> float:
+        return iteration_flops(self.arch, self.shape.global_batch_size)
+
+    def throughput(self, iteration_ms: float) -> Throughput | None:
+        return throughput(self.shape.tokens, self.flops, self.shape.gpus, iteration_ms,
+                          self.peak_tflops)
+
+    def describe(self) -> dict[str, Any]:
+        """The job for JSON: sizes, batch, and which groups cross nodes."""
+        s, g = self.shape.sizes, self.groups
+        return {"gpus": s.gpus, "tp": s.tp, "cp": s.cp, "ep": s.ep, "dp": s.dp, "pp": s.pp,
+                "global_batch_size": self.shape.global_batch_size,
+                "micro_batch_size": self.shape.micro_batch_size,
+                "seq_length": self.shape.seq_length, "rank_order": self.shape.rank_order,
+                "crosses_nodes": {"tp": g.tp.crosses_nodes, "cp": g.cp.crosses_nodes,
+                                  "ep": g.ep.crosses_nodes, "dp": g.dp.crosses_nodes,
+                                  "pipeline": list(g.pipeline_hops)}}
+
+
+@lru_cache(maxsize=256)
+def groups(sizes: Sizes, order: str, gpus_per_node: int) -> Groups:
+    """The spans of rank 0's groups (cached: the planner asks for the same shapes often)."""
+    def where(dims: tuple[str, ...], experts: bool = False) -> Span:
+        return span(group_ranks(sizes, dims, order, experts), gpus_per_node)
+
+    return Groups(tp=where(("tp",)), cp=where(("cp",)), ep=where(("ep",), experts=True),
+                  dp=where(("cp", "dp")),
+                  pipeline_hops=tuple(pipeline_hops(sizes, gpus_per_node, order)))
+
+
+def build_job(cfg: Any) -> Job | None:
+    """The Job of a Config; None for a uniform model."""
+    shape = job_shape(cfg)
+    if shape is None:
+        return None
+    net = network(cfg.hardware)
+    p = cfg.pipeline
+    return Job(arch=cfg.model.arch, shape=shape, network=net,
+               groups=groups(shape.sizes, shape.rank_order, net.gpus_per_node),
+               peak_tflops=cfg.hardware.peak_tflops, accelerator=accelerator(cfg.hardware),
+               tp_comm_overlap=p.tp_comm_overlap,
+               overlap_grad_reduce=p.overlap_grad_reduce,
+               overlap_param_gather=p.overlap_param_gather)

@@ -1,0 +1,106 @@
+"""Global ranks of a job and the groups each collective runs over, as Megatron lays them out.
+
+Megatron's RankGenerator (megatron/core/parallel_state.py) numbers ranks by an order of
+dimensions, innermost first; the default "tp-cp-ep-dp-pp" puts tensor parallelism inside
+a node and the pipeline outermost. Attention and dense weights see the world as
+tp x cp x dp x pp (ep plays no part); experts see it as tp x ep x (dp x cp / ep) x pp, in
+the same order. A group is the set of ranks that differ only in its dimensions; what it
+costs depends on how many of its members share a node (ppsim.job.collectives).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ppsim.errors import UserError
+
+DIMS = ("tp", "cp", "ep", "dp", "pp")
+DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sizes:
+    """The job's parallel sizes."""
+
+    tp: int = 1
+    """Tensor-parallel size."""
+    cp: int = 1
+    """Context-parallel size."""
+    ep: int = 1
+    """Expert-parallel size; carved out of dp x cp, as Megatron's expert groups are."""
+    dp: int = 1
+    """Data-parallel size."""
+    pp: int = 1
+    """Pipeline-parallel size."""
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.cp * self.dp * self.pp
+
+
+@dataclass(frozen=True, kw_only=True)
+class Span:
+    """Where one group's members sit."""
+
+    size: int
+    """Ranks in the group."""
+    per_node: int
+    """Most members on one node."""
+    nodes: int
+    """Nodes the group touches."""
+
+    @property
+    def crosses_nodes(self) -> bool:
+        return self.nodes > 1
+
+
+def parse_order(order: str) -> tuple[str, ...]:
+    """The dimensions of a --rank-order string, innermost first; UserError otherwise."""
+    dims = tuple(d.strip() for d in order.split("-"))
+    if sorted(dims) != sorted(DIMS):
+        raise UserError("pipeline.rank_order", f"{order!r} is not an order of "
+                        + ", ".join(DIMS), f"write each once, e.g. {DEFAULT_ORDER!r}")
+    return dims
+
+
+def _strides(sizes: dict[str, int], order: tuple[str, ...]) -> dict[str, int]:
+    stride, out = 1, {}
+    for d in order:
+        out[d] = stride
+        stride *= sizes[d]
+    return out
+
+
+def world_sizes(s: Sizes, experts: bool) -> dict[str, int]:
+    """Sizes per dimension of the dense world, or (experts) of the expert world, whose
+    data-parallel dimension is what dp x cp leaves after ep."""
+    if experts:
+        return {"tp": s.tp, "cp": 1, "ep": s.ep, "dp": max(1, s.dp * s.cp // s.ep), "pp": s.pp}
+    return {"tp": s.tp, "cp": s.cp, "ep": 1, "dp": s.dp, "pp": s.pp}
+
+
+def group_ranks(s: Sizes, dims: tuple[str, ...], order: str = DEFAULT_ORDER,
+                experts: bool = False) -> list[int]:
+    """Global ranks of the group over `dims` that holds rank 0, ascending."""
+    sizes = world_sizes(s, experts)
+    strides = _strides(sizes, parse_order(order))
+    ranks = [0]
+    for d in dims:
+        ranks = [r + k * strides[d] for r in ranks for k in range(sizes[d])]
+    return sorted(ranks)
+
+
+def span(ranks: list[int], gpus_per_node: int) -> Span:
+    """How a group's ranks fall on nodes of `gpus_per_node` GPUs."""
+    per: dict[int, int] = {}
+    for r in ranks:
+        per[r // gpus_per_node] = per.get(r // gpus_per_node, 0) + 1
+    return Span(size=len(ranks), per_node=max(per.values()), nodes=len(per))
+
+
+def pipeline_hops(s: Sizes, gpus_per_node: int, order: str = DEFAULT_ORDER) -> list[bool]:
+    """For each pipeline boundary of rank 0's replica (stage i to i + 1): does it cross
+    nodes?"""
+    ranks = group_ranks(s, ("pp",), order)
+    return [a // gpus_per_node != b // gpus_per_node for a, b in zip(ranks, ranks[1:],
+                                                                      strict=False)]

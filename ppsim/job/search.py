@@ -1,0 +1,257 @@
+"""`ppsim plan --gpus N --global-batch-size B`: the job's shape searched with its split.
+
+Every shape Megatron accepts on N GPUs is a candidate: tp a power of two within a node
+dividing the query groups, cp with 2 x cp dividing the sequence, pp dividing nothing in
+particular (Megatron splits unevenly too), vpp 1 or 2, micro-batch 1, 2 or 4, ep (MoE
+only) dividing the experts and dp x cp; dp is N / (tp x cp x pp) and the microbatches
+B / (mbs x dp), refused when they do not divide as Megatron refuses them. Each shape is
+simulated with its default split; the fastest that fit memory then have their split
+planned (ppsim.plan.planner). Each candidate says what held it back most: memory, the
+pipeline bubble, or communication the compute did not hide.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ppsim.config.overrides import with_overrides
+from ppsim.costs.model import ModelCosts, stage_costs
+from ppsim.errors import UserError
+from ppsim.job.layers import job_costs
+from ppsim.job.throughput import Throughput
+from ppsim.pipeline.problem import Problem, build_problem, model_costs, resolve_split
+from ppsim.plan.planner import plan
+from ppsim.schedules.generators import schedule_placement
+from ppsim.sim.simulate import simulate
+from ppsim.sim.summary import Summary
+
+PP_CHOICES = (1, 2, 4, 8, 16, 32, 64)
+MBS_CHOICES = (1, 2, 4)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shape:
+    """One job shape: parallel sizes, chunks per rank, micro-batch and microbatches."""
+
+    tp: int
+    """Tensor-parallel size (within a node)."""
+    cp: int
+    """Context-parallel size."""
+    ep: int
+    """Expert-parallel size (1 for a dense model)."""
+    pp: int
+    """Pipeline ranks."""
+    dp: int
+    """Data-parallel size: GPUs / (tp x cp x pp)."""
+    vpp: int
+    """Chunks per pipeline rank."""
+    mbs: int
+    """Sequences per microbatch."""
+    microbatches: int
+    """Per replica: global batch / (mbs x dp)."""
+
+    def label(self) -> str:
+        return (f"tp{self.tp} cp{self.cp} ep{self.ep} pp{self.pp} dp{self.dp} vpp{self.vpp} "
+                f"mbs{self.mbs} m{self.microbatches}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShapeResult:
+    """A shape simulated."""
+
+    shape: Shape
+    problem: Problem
+    """What was simulated (its split: the default, or the planned one)."""
+    summary: Summary
+    throughput: Throughput | None
+    """None for a uniform model."""
+    comm_ms: float
+    """Exposed communication on the busiest rank: layer collectives and the DP step."""
+    held_back_by: str
+    """What cost this candidate most: memory, bubble or exposed communication."""
+    planned: bool = False
+    """Its split was planned (else the default split was timed)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSearch:
+    """What `search_job` found."""
+
+    candidates: list[ShapeResult]
+    """Fitting shapes fastest first, then those that do not fit."""
+    evaluated: int
+    """Shapes simulated (those whose static bytes alone overflow memory are not)."""
+    total: int
+    """Shapes the model, the world and the batch allow (the budget may stop short)."""
+    complete: bool = True
+    """Every shape was simulated or bounded out (with its default split) within the budget."""
+    seconds: float
+
+
+def _powers(limit: int) -> list[int]:
+    out, v = [], 1
+    while v <= limit:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int) -> list[Shape]:
+    """Every shape the model, the world and the global batch allow."""
+    out = []
+    for tp in _powers(gpus_per_node):
+        if a.num_heads % tp or (a.attention != "mla" and a.num_kv_heads % tp):
+            continue
+        for cp in (1, 2, 4, 8):
+            if a.seq_length % (2 * cp) and cp > 1:
+                continue
+            for pp in PP_CHOICES:
+                if pp > layers or gpus % (tp * cp * pp):
+                    continue
+                dp = gpus // (tp * cp * pp)
+                for ep in (_powers(a.num_experts) if a.num_experts else [1]):
+                    if (dp * cp) % ep or (a.num_experts and a.num_experts % ep):
+                        continue
+                    for mbs in MBS_CHOICES:
+                        if gbs % (mbs * dp):
+                            continue
+                        m = gbs // (mbs * dp)
+                        for vpp in ((1, 2) if pp > 1 else (1,)):
+                            if layers < pp * vpp or m < pp or (vpp > 1 and m % pp):
+                                continue
+                            out.append(Shape(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp,
+                                             mbs=mbs, microbatches=m))
+    return out
+
+
+def _config(cfg: Any, s: Shape, gbs: int) -> Any:
+    schedule = "interleaved-1f1b" if s.vpp > 1 else "1f1b"
+    return with_overrides(cfg, model={"tp": s.tp, "cp": s.cp, "ep": s.ep, "dp": s.dp,
+                                      "micro_batch_size": s.mbs},
+                          pipeline={"pp": s.pp, "vpp": s.vpp, "schedule": schedule,
+                                    "global_batch_size": gbs}, split={})
+
+
+def exposed_comm_ms(problem: Problem, summary: Summary) -> float:
+    """The busiest rank's communication: what the job adds to its layers over a lone
+    replica's (m microbatches of its share), and its step's exposed DP collectives."""
+    job = problem.hardware.job
+    if job is None:
+        return 0.0
+    free = replace(job.network, intra_bandwidth_gbps=0.0, intra_latency_ms=0.0,
+                   inter_bandwidth_gbps=0.0, inter_latency_ms=0.0)  # 0: transfers are free
+    alone = job_costs(replace(job, network=free), job.accelerator)
+    extra = sum(c.forward_ms + c.backward_ms for c in problem.costs.layers) \
+        - sum(c.forward_ms + c.backward_ms for c in alone.layers)
+    per_rank = extra / problem.schedule.pp * problem.schedule.microbatches
+    rank = max(summary.ranks, key=lambda r: r.busy_ms).rank
+    mine = [c for i, c in enumerate(problem.stage_costs) if problem.schedule.stage_rank(i) == rank]
+    if not job.replaces_tail:
+        return per_rank
+    tail = job.tail(sum(c.params for c in mine), sum(c.forward_ms for c in mine),
+                    sum(c.backward_ms for c in mine), 0.0)
+    return per_rank + tail.reduce_ms
+
+
+def held_back(summary: Summary, comm_ms: float, limit: float) -> str:
+    if not summary.fits:
+        return f"memory ({summary.peak_memory_bytes / 1e9:.0f} GB > {limit / 1e9:.0f})"
+    t = summary.iteration_time_ms
+    bubble = summary.bubble_fraction
+    comm = comm_ms / t if t else 0.0
+    if max(bubble, comm) < 0.005:
+        return "nothing: compute-bound"
+    return f"bubble {bubble:.0%}" if bubble >= comm else f"exposed communication {comm:.0%}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pending:
+    """A shape before it is simulated: its config, costs and a bound on its time."""
+
+    shape: Shape
+    cfg: Any
+    """The Config of the shape."""
+    costs: ModelCosts
+    """Its layer costs, reused when it is simulated."""
+    bound_ms: float
+    """Its busiest rank's compute alone: no schedule runs it faster."""
+
+
+def pending_shape(cfg: Any, s: Shape, gbs: int) -> Pending | None:
+    """The shape's costs and bound; None when Megatron would refuse it or its weights and
+    optimizer states alone overflow memory (nothing to simulate)."""
+    try:
+        c = _config(cfg, s, gbs)
+        costs = model_costs(c)
+        split = resolve_split(c, costs.num_layers, schedule_placement(c.pipeline.schedule))
+    except UserError:
+        return None
+    static, busy = [0] * s.pp, [0.0] * s.pp
+    for i, st in enumerate(stage_costs(costs, split)):
+        static[split.stage_rank(i)] += st.static_bytes
+        busy[split.stage_rank(i)] += st.forward_ms + st.backward_ms
+    if max(static) > c.hardware.memory_bytes:
+        return None
+    return Pending(shape=s, cfg=c, costs=costs, bound_ms=s.microbatches * max(busy))
+
+
+def _result(s: Shape, problem: Problem, summary: Summary, planned: bool = False
+            ) -> ShapeResult:
+    job = problem.hardware.job
+    comm = exposed_comm_ms(problem, summary)
+    return ShapeResult(shape=s, problem=problem, summary=summary,
+                       throughput=job.throughput(summary.iteration_time_ms) if job else None,
+                       comm_ms=comm, held_back_by=held_back(summary, comm,
+                                                            problem.hardware.memory_bytes),
+                       planned=planned)
+
+
+def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
+               budget_s: float = 60.0) -> JobSearch:
+    """Shapes of `gpus` GPUs for a global batch of `gbs`, fastest first."""
+    t0 = time.perf_counter()
+    a = getattr(cfg.model, "arch", None)
+    if a is None:
+        raise UserError("--gpus", "plans the job of a transformer model", "give --preset NAME")
+    layers = cfg.model.total_layers
+    results = []
+    todo = shapes(a, gpus, gbs, cfg.hardware.gpus_per_node, layers)
+    if not todo:
+        raise UserError("--global-batch-size", f"no shape of {gpus:,} GPUs divides a global "
+                        f"batch of {gbs:,}", "give a batch that is a multiple of the "
+                        "data-parallel sizes, e.g. a power of two")
+    # Cheapest bound first: a shape whose busiest rank's compute alone is slower than the
+    # k-th fastest fitting shape found cannot enter the top k.
+    pending = sorted((p for p in (pending_shape(cfg, s, gbs) for s in todo) if p is not None),
+                     key=lambda p: p.bound_ms)
+    complete = True
+    for p in pending:
+        fast = sorted(r.summary.iteration_time_ms for r in results if r.summary.fits)
+        if len(fast) >= top_k and p.bound_ms >= fast[top_k - 1]:
+            break
+        if time.perf_counter() - t0 > budget_s * 0.7:
+            complete = False
+            break
+        problem = build_problem(p.cfg, p.costs)
+        results.append(_result(p.shape, problem, simulate(problem, record=False).summary))
+    results.sort(key=lambda r: (not r.summary.fits, r.summary.iteration_time_ms))
+    refined = []
+    for r in results[:top_k]:
+        left = budget_s - (time.perf_counter() - t0)
+        if not r.summary.fits or left <= 1.0:
+            refined.append(r)
+            continue
+        res = plan(r.problem, top_k=1, time_budget_s=min(5.0, left / top_k))
+        if res.best is not None and res.best.summary.iteration_time_ms < \
+                r.summary.iteration_time_ms:
+            p = r.problem.with_split(res.best.split)
+            refined.append(_result(r.shape, p, res.best.summary, planned=True))
+        else:
+            refined.append(r)
+    refined.sort(key=lambda r: (not r.summary.fits, r.summary.iteration_time_ms))
+    rest = results[top_k:]
+    return JobSearch(candidates=refined + rest, evaluated=len(results), total=len(todo),
+                     seconds=time.perf_counter() - t0, complete=complete)
+

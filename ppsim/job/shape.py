@@ -1,0 +1,124 @@
+"""The job's shape as Megatron reads it: parallel sizes, GPUs, global and micro batch.
+
+Megatron derives the data-parallel size from the world (world / (tp x pp x cp),
+megatron/core/parallel_state.py) and the microbatches per replica from the global batch
+(global / (micro x dp), megatron/core/num_microbatches_calculator.py); ppsim refuses
+what Megatron refuses, with Megatron's own words.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ppsim.errors import UserError
+from ppsim.job.ranks import Sizes, parse_order
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobShape:
+    """One training job: its parallel sizes and its batch."""
+
+    sizes: Sizes
+    """Parallel sizes."""
+    micro_batch_size: int
+    """Sequences per microbatch."""
+    seq_length: int
+    """Tokens per sequence."""
+    microbatches: int
+    """Microbatches per replica per iteration."""
+    rank_order: str
+    """Megatron's rank order, innermost first."""
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch_size * self.microbatches * self.sizes.dp
+
+    @property
+    def gpus(self) -> int:
+        return self.sizes.gpus
+
+    @property
+    def tokens(self) -> int:
+        """Tokens one iteration trains on."""
+        return self.global_batch_size * self.seq_length
+
+
+def microbatches_for(global_batch_size: int, micro_batch_size: int, dp: int) -> int:
+    """Microbatches per replica; UserError with Megatron's ConstantNumMicroBatches message
+    when the global batch does not divide."""
+    per = micro_batch_size * dp
+    if global_batch_size % per:
+        raise UserError("pipeline.global_batch_size", f"global batch size ({global_batch_size}) "
+                        f"is not divisible by micro batch size ({micro_batch_size}) times data "
+                        f"parallel size ({dp})",
+                        f"use a multiple of {per}, e.g. {max(per, global_batch_size // per * per)}")
+    return global_batch_size // per
+
+
+def dp_for_gpus(gpus: int, tp: int, cp: int, pp: int) -> int:
+    """dp = gpus / (tp x pp x cp); UserError with Megatron's message when it does not divide."""
+    model = tp * pp * cp
+    if gpus < 1 or gpus % model:
+        raise UserError("--gpus", f"world_size ({gpus}) is not divisible by {model}",
+                        f"give a multiple of tp x pp x cp = {model}")
+    return gpus // model
+
+
+def arch_of(model: Any) -> Any:
+    """The Architecture of a transformer [model]; None for a uniform one."""
+    return getattr(model, "arch", None)
+
+
+def job_shape(cfg: Any) -> JobShape | None:
+    """The shape of the configured job; None for a uniform model (no sizes, no tokens)."""
+    a = arch_of(cfg.model)
+    if a is None:
+        return None
+    p = cfg.pipeline
+    sizes = Sizes(tp=a.tp, cp=a.cp, ep=a.ep, dp=a.dp, pp=p.pp)
+    return JobShape(sizes=sizes, micro_batch_size=a.micro_batch_size, seq_length=a.seq_length,
+                    microbatches=p.microbatches, rank_order=p.rank_order)
+
+
+def check(cfg: Any) -> None:
+    """The job fields of a config in range: UserError naming the field otherwise."""
+    p = cfg.pipeline
+    parse_order(p.rank_order)
+    if p.global_batch_size < 0:
+        raise UserError("pipeline.global_batch_size", f"must be >= 0, got {p.global_batch_size}",
+                        "give sequences per iteration, or 0 to use microbatches")
+    if cfg.hardware.gpus_per_node < 1:
+        raise UserError("hardware.gpus_per_node", f"must be at least 1, got "
+                        f"{cfg.hardware.gpus_per_node}", "give the GPUs in one node, e.g. 8")
+    for name in ("intra_node_bandwidth_gbps", "intra_node_latency_us",
+                 "inter_node_bandwidth_gbps", "inter_node_latency_us"):
+        value = getattr(cfg.hardware, name)
+        if not 0 <= value < 1e9:
+            raise UserError(f"hardware.{name}", f"must be >= 0 and finite, got {value}",
+                            "give a figure per GPU per direction, or 0 for the p2p link's")
+    a = arch_of(cfg.model)
+    if a is None:
+        return
+    if a.cp > 1 and a.seq_length % (2 * a.cp):
+        raise UserError("model.cp", f"seq_length ({a.seq_length}) is not divisible by 2 x cp "
+                        f"({2 * a.cp}): causal load balancing splits each sequence in 2 x cp "
+                        "chunks", "choose cp so that 2 x cp divides seq_length")
+    # ep above dp x cp is a preset's view of one replica's experts (no world to carve from).
+    if a.dp * a.cp >= a.ep and (a.dp * a.cp) % a.ep:
+        raise UserError("model.ep", f"ep ({a.ep}) does not divide dp x cp ({a.dp * a.cp}): "
+                        "experts are spread over the data-parallel ranks",
+                        "choose ep dividing dp x cp")
+    if p.global_batch_size:
+        microbatches_for(p.global_batch_size, a.micro_batch_size, a.dp)
+
+
+def resolved(cfg: Any) -> Any:
+    """cfg with the microbatches its global batch gives (unchanged when none is set)."""
+    p = cfg.pipeline
+    if not p.global_batch_size:
+        return cfg
+    a = arch_of(cfg.model)
+    mbs, dp = (a.micro_batch_size, a.dp) if a is not None else (1, 1)
+    m = microbatches_for(p.global_batch_size, mbs, dp)
+    return cfg if m == p.microbatches else replace(cfg, pipeline=replace(p, microbatches=m))

@@ -1,0 +1,68 @@
+"""The step's tail of one rank in a data-parallel job: gradient reduction, parameter
+gather and the optimizer, only the part nothing hides.
+
+Megatron's DDP reduces gradients over the dp x cp group in buckets of
+max(40M, 1M x dp x cp) parameters (megatron/core/distributed/distributed_data_parallel.py).
+With the distributed optimizer it reduce-scatters the fp32 gradients and, after each
+rank steps its 1 / (dp x cp) shard, all-gathers the bf16 parameters; without it, one
+all-reduce. --overlap-grad-reduce launches each bucket as the last microbatch's
+backward finishes it: what outlasts that backward is exposed, and never less than the
+last bucket. --overlap-param-gather gathers during the next forward the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ppsim.costs.arch import DTYPE_BYTES
+from ppsim.job.collectives import Link, all_gather_ms, all_reduce_ms, reduce_scatter_ms
+from ppsim.sim.summary import ADAM_BYTES_PER_PARAM, GRAD_BYTES
+
+if TYPE_CHECKING:
+    from ppsim.job.model import Job
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tail:
+    """One rank's step after its last backward, ms."""
+
+    reduce_ms: float
+    """Exposed gradient reduction and parameter gather."""
+    optimizer_ms: float
+    """AdamW on the rank's (shard of its) parameters."""
+
+
+def bucket_params(job: Job) -> int:
+    return max(40_000_000, 1_000_000 * job.groups.dp.size)
+
+
+def _overlapped(total: float, last_bucket: float, window: float, overlap: bool) -> float:
+    return max(last_bucket, total - window) if overlap else total
+
+
+def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
+              memory_bandwidth_gbps: float, optimizer_fixed_ms: float = 0.0) -> Tail:
+    """The tail of a rank holding `params` whose one microbatch takes forward_ms and
+    backward_ms (the windows the overlaps hide in)."""
+    g: Link = job.link("dp")
+    n = job.groups.dp.size
+    bucket = min(params, bucket_params(job))
+    shard = params
+    if job.arch.distributed_optimizer:
+        rs = reduce_scatter_ms(params * GRAD_BYTES, g)
+        ag = all_gather_ms(params * DTYPE_BYTES[job.arch.dtype], g)
+        reduce = (_overlapped(rs, reduce_scatter_ms(bucket * GRAD_BYTES, g), backward_ms,
+                              job.overlap_grad_reduce)
+                  + _overlapped(ag, all_gather_ms(bucket * DTYPE_BYTES[job.arch.dtype], g),
+                                forward_ms, job.overlap_param_gather))
+        shard = params / n
+    else:
+        ar = all_reduce_ms(params * GRAD_BYTES, g)
+        reduce = _overlapped(ar, all_reduce_ms(bucket * GRAD_BYTES, g), backward_ms,
+                             job.overlap_grad_reduce)
+    step = shard * ADAM_BYTES_PER_PARAM / (memory_bandwidth_gbps * 1e6) \
+        if memory_bandwidth_gbps > 0 else 0.0
+    if params and (step or optimizer_fixed_ms):
+        step += optimizer_fixed_ms
+    return Tail(reduce_ms=reduce, optimizer_ms=step)

@@ -1,0 +1,117 @@
+"""The job's collectives in the layer costs and the data-parallel step, against closed forms
+built from the preset's datasheet figures (H100: NVLink 450 GB/s each way, 1 us a step;
+a 400 Gb/s NIC per GPU, 5 us a step; 8 GPUs a node)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from ppsim.config.schema import config_from_dict
+from ppsim.costs.layerops import attention_ops
+from ppsim.costs.ops import op_times
+from ppsim.costs.transformer import accelerator, transformer_costs
+from ppsim.pipeline.problem import build_problem, model_costs
+from ppsim.sim.simulate import simulate
+
+NV, NV_STEP, NIC, NIC_STEP = 450e6, 1e-3, 50e6, 5e-3  # bytes per ms, ms
+
+
+def cfg(model: dict, pipe: dict | None = None, hw: dict | None = None):
+    return config_from_dict({"model": {"preset": "llama3-8b", "num_layers": 4, **model},
+                             "pipeline": {"pp": 1, "microbatches": 4, **(pipe or {})},
+                             "hardware": {"preset": "h100-80gb", **(hw or {})}})
+
+
+def test_tensor_parallel_collectives_are_inside_each_layer() -> None:
+    c = cfg({"tp": 4})
+    alone = transformer_costs(c.model.arch, accelerator(c.hardware))
+    s = 8192 * 4096 * 2  # one microbatch's hidden states, bf16
+    one = 3 * NV_STEP + 3 / 4 * s / NV  # all-gather or reduce-scatter over 4 GPUs of a node
+    got = model_costs(c)
+    assert got.layers[0].forward_ms == pytest.approx(alone.layers[0].forward_ms + 4 * one)
+    assert got.layers[0].backward_ms == pytest.approx(alone.layers[0].backward_ms + 4 * one)
+    assert got.head.forward_ms == pytest.approx(alone.head.forward_ms + one)
+    # --tp-comm-overlap: the layer's compute outlasts its collectives, so none is exposed.
+    hidden = model_costs(cfg({"tp": 4}, {"tp_comm_overlap": True}))
+    assert hidden.layers[0].forward_ms == alone.layers[0].forward_ms
+
+
+def test_tensor_parallel_across_nodes_is_slower() -> None:
+    inside = model_costs(cfg({"tp": 8})).layers[0].forward_ms
+    across = model_costs(cfg({"tp": 8}, hw={"gpus_per_node": 4})).layers[0].forward_ms
+    assert across > inside
+
+
+def test_context_parallel_ring() -> None:
+    c = cfg({"cp": 2})
+    half = replace(c.model.arch, seq_length=4096)
+    acc = accelerator(c.hardware)
+    alone = transformer_costs(half, acc)
+    att = next(op for op in attention_ops(half) if op.attention)
+    f, b, _, _, _ = op_times(acc.roofline(), att)
+    kv = 4096 * (1024 + 1024) * 2  # K and V of 8 kv heads x 128, bf16
+    f_ring = max(0.0, NV_STEP + kv / NV - f)
+    b_ring = max(0.0, NV_STEP + 2 * kv / NV - b)
+    got = model_costs(c)
+    assert got.layers[0].forward_ms == pytest.approx(alone.layers[0].forward_ms + f + f_ring)
+    assert got.layers[0].backward_ms == pytest.approx(alone.layers[0].backward_ms + b + b_ring)
+    assert got.layers[0].activation_bytes == alone.layers[0].activation_bytes
+
+
+def test_expert_all_to_all_on_the_links_it_crosses() -> None:
+    # 16 experts: Megatron's ep must divide them (validate refuses ep 16 over 8).
+    c = config_from_dict({"model": {"preset": "mixtral-8x7b", "num_layers": 2, "ep": 16,
+                                    "num_experts": 16, "dp": 16},
+                          "pipeline": {"pp": 1, "microbatches": 2},
+                          "hardware": {"preset": "h100-80gb"}})
+    acc = replace(accelerator(c.hardware), a2a_bandwidth_gbps=0.0)
+    alone = transformer_costs(c.model.arch, acc)
+    sent = 4096 * 2 * 4096 * 2  # tokens x top-2 x hidden, bf16
+    # 16 ranks on two nodes: 7/16 of the bytes stay on NVLink, 8/16 leave by the NIC.
+    a2a = 15 * NIC_STEP + max(sent * 7 / 16 / NV, sent * 8 / 16 / NIC)
+    got = model_costs(c)
+    assert got.layers[0].forward_ms == pytest.approx(alone.layers[0].forward_ms + 2 * a2a)
+
+
+def test_data_parallel_step_overlaps_with_the_backward() -> None:
+    plain = build_problem(cfg({"dp": 16, "distributed_optimizer": True}))
+    overlapped = build_problem(cfg({"dp": 16, "distributed_optimizer": True},
+                                   {"overlap_grad_reduce": True, "overlap_param_gather": True}))
+    one = build_problem(cfg({"dp": 1}))
+    t_plain = simulate(plain).summary.iteration_time_ms
+    t_over = simulate(overlapped).summary.iteration_time_ms
+    params = sum(c.params for c in plain.stage_costs)
+    # dp 16 over two nodes, one GPU in 8 of each: rings through 8 NICs, capped by NVLink.
+    bus = min(NV, 8 * NIC)
+    rs = 15 * NIC_STEP + 15 / 16 * params * 4 / bus
+    ag = 15 * NIC_STEP + 15 / 16 * params * 2 / bus
+    step_one = params * 28 / 3000e6
+    base = simulate(one).summary.iteration_time_ms - step_one
+    assert t_plain == pytest.approx(base + rs + ag + step_one / 16, rel=1e-9)
+    assert t_over < t_plain
+    bwd = sum(c.backward_ms for c in plain.stage_costs)
+    fwd = sum(c.forward_ms for c in plain.stage_costs)
+    bucket = 40e6
+    exposed = (max(15 * NIC_STEP + 15 / 16 * bucket * 4 / bus, rs - bwd)
+               + max(15 * NIC_STEP + 15 / 16 * bucket * 2 / bus, ag - fwd))
+    assert t_over == pytest.approx(base + exposed + step_one / 16, rel=1e-9)
+
+
+def test_tied_embeddings_reduce_between_the_first_and_last_stage() -> None:
+    def problem(tied: bool):
+        return build_problem(config_from_dict({
+            "model": {"preset": "gpt3-1.3b", "tie_embeddings": tied},
+            "pipeline": {"pp": 4, "microbatches": 8}, "hardware": {"preset": "h100-80gb"}}))
+
+    untied, tied = simulate(problem(False)), simulate(problem(True))
+    # Ranks 0 and 3 share a node: one NVLink all-reduce of 2 ranks, the fp32 gradient of
+    # the 51,200 x 2,048 table: a ring of 2 steps moving half of it each way.
+    sync = 2 * NV_STEP + 51200 * 2048 * 4 / NV
+    ends = [e for e, _, _ in untied.timeline.step]
+    tails = [r + s for _, r, s in untied.timeline.step]
+    expect = max(e + t + (sync if r in (0, 3) else 0.0)
+                 for r, (e, t) in enumerate(zip(ends, tails, strict=True)))
+    assert tied.summary.iteration_time_ms == pytest.approx(expect, rel=1e-12)
+    assert [r for _, r, _ in tied.timeline.step] == pytest.approx([sync, 0, 0, sync])

@@ -1,0 +1,100 @@
+"""Megatron's FLOP count and the throughput line built on it.
+
+The reference below restates Megatron-LM's `num_floating_point_operations`
+(megatron/training/training.py) in the closed form of its earlier releases
+(Narayanan et al. 2021, arXiv 2104.04473, appendix "Floating-point operations", with
+the GQA, SwiGLU, MoE top-k and shared-expert factors training.py added since):
+
+    12 B s L h^2 [ (1 + g/n + s/(2h)) q/h  +  (f/h) k c  +  (f_s/h) c  +  V / (2 L h) ]
+
+B sequences of s tokens, L layers, h hidden, n heads, g query groups, q = kv_channels x n,
+f the (expert) MLP width, k experts per token (1 for dense), c = 3/2 with SwiGLU, f_s the
+shared experts' width, V the vocabulary padded to 128 x tp. It is independent of
+ppsim.job.flops (which follows training.py's current token-linear / core split).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from ppsim.cli.main import main
+from ppsim.config.model import parse_model
+from ppsim.job.flops import iteration_flops
+from ppsim.job.throughput import throughput
+
+
+def megatron_closed_form(preset: str, batch: int, tp: int = 1) -> float:
+    a = parse_model({"preset": preset, "tp": tp}).arch  # type: ignore[union-attr]
+    h, s, n, L = a.hidden_size, a.seq_length, a.num_heads, a.num_layers
+    q = (a.head_dim or h // n) * n
+    g = a.num_kv_heads
+    c = 1.5 if a.gated_mlp else 1.0
+    f, k = (a.moe_ffn_hidden_size, a.top_k) if a.num_experts else (a.ffn_hidden_size, 1)
+    shared = a.shared_experts * a.moe_ffn_hidden_size
+    vocab = math.ceil(a.vocab_size / (128 * tp)) * 128 * tp
+    return 12 * batch * s * L * h * h * ((1 + g / n + s / (2 * h)) * q / h + f / h * k * c
+                                         + shared / h * c + vocab / (2 * L * h))
+
+
+@pytest.mark.parametrize("preset,tp", [("gpt3-1.3b", 1), ("llama2-7b", 1), ("llama3-8b", 2),
+                                       ("llama3-70b", 8), ("gpt3-175b", 8),
+                                       ("llama3.1-405b", 8), ("mixtral-8x7b", 1),
+                                       ("qwen3-235b-a22b", 4)])
+def test_flops_equal_megatrons_closed_form(preset: str, tp: int) -> None:
+    a = parse_model({"preset": preset, "tp": tp}).arch  # type: ignore[union-attr]
+    assert iteration_flops(a, 16) == pytest.approx(megatron_closed_form(preset, 16, tp),
+                                                   rel=1e-12)
+
+
+def test_mla_and_mtp_follow_training_py() -> None:
+    # DeepSeek-V3 by training.py's MLA branch (q_lora 1536, kv_lora 512, 128 heads of
+    # 128 + 64 rope, v 128), 3 dense + 58 MoE layers + 1 MTP (MoE), 8 of 2048-wide experts
+    # plus one shared, vocabulary 129280 padded to 129280 (a multiple of 128).
+    h, n, s = 7168, 128, 4096
+    q_term = 1536 * (h + n * (128 + 64) + 1)
+    kv_term = 512 * (h + n * (128 + 128) + 1) + h * 64
+    linear = 6 * (q_term + kv_term + n * 128 * h)
+    core = 6 * (n * (128 + 64) / 2 + n * 128 / 2)
+    mlp = 6 * h * (18432 * 3 * 3 + 2048 * 8 * 3 * 59 + 2048 * 3 * 59)
+    mtp = 6 * (3 * h + 2 * h * h)
+    logits = 6 * h * 129280 * 2
+    expect = s * (mlp + linear * 62 + mtp + logits) + s * s * core * 62
+    a = parse_model({"preset": "deepseek-v3"}).arch  # type: ignore[union-attr]
+    assert iteration_flops(a, 1) == pytest.approx(expect, rel=1e-12)
+
+
+def test_throughput_units() -> None:
+    t = throughput(tokens=4096 * 192, flops=3.0e18, gpus=96, iteration_ms=2000.0,
+                   peak_tflops=989.0)
+    assert t is not None
+    assert t.tokens_per_s == 4096 * 192 / 2.0
+    assert t.tokens_per_s_per_gpu == 4096 * 192 / 2.0 / 96
+    assert t.tflops_per_gpu == pytest.approx(3.0e18 / 2.0 / 96 / 1e12)
+    assert t.mfu == pytest.approx(t.tflops_per_gpu / 989.0)
+    assert throughput(tokens=1, flops=1.0, gpus=1, iteration_ms=0.0, peak_tflops=1.0) is None
+
+
+def test_simulate_json_carries_the_throughput(capsys) -> None:
+    assert main(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "2",
+                 "--dp", "4", "--global-batch-size", "32", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    t, job = out["throughput"], out["job"]
+    seconds = out["iteration_time_ms"] / 1e3
+    assert job["gpus"] == 8 and job["global_batch_size"] == 32
+    assert t["tokens_per_s"] == pytest.approx(32 * 8192 / seconds)
+    assert t["tokens_per_s_per_gpu"] == pytest.approx(32 * 8192 / seconds / 8)
+    assert t["tflops_per_gpu"] == pytest.approx(
+        megatron_closed_form("llama3-8b", 32) / seconds / 8 / 1e12)
+    assert t["mfu"] == pytest.approx(t["tflops_per_gpu"] / 989.0)
+
+
+def test_uniform_model_has_no_throughput(tmp_path, capsys) -> None:
+    cfg = tmp_path / "u.toml"
+    cfg.write_text('[model]\nkind = "uniform"\nnum_layers = 4\nforward_ms = 1.0\n'
+                   'backward_ms = 2.0\n[pipeline]\npp = 2\nmicrobatches = 4\n')
+    assert main(["simulate", "--json", "--config", str(cfg)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["throughput"] is None and out["job"] is None

@@ -1,0 +1,26 @@
+"""`ppsim run --tp N`: what the tensor-parallel executor refuses, before any process."""
+
+from __future__ import annotations
+
+import pytest
+
+from ppsim.cli.main import main
+from ppsim.executor import launch
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--tp", "3"], "3 does not divide num_heads = 4"),
+    (["--tp", "2", "--schedule", "zb-h1"], "without a split backward"),
+    (["--tp", "2", "--alongside-torch"], "without the torch peer"),
+    (["--tp", "2", "--preset", "llama3-8b", "--num-layers", "2"], "needs the built-in GPT"),
+    (["--tp", "2", "--nproc-per-node", "2"], "pp x dp x tp = 4"),
+])
+def test_tensor_parallel_run_refusals(argv, words, tmp_path, capsys, monkeypatch) -> None:
+    def no_launch(*a, **k):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(launch.subprocess, "Popen", no_launch)
+    rc = main(["run", "--preset", "tiny-gpt", "--trace-dir", str(tmp_path / "t"), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and words in err[0], err
+    assert not (tmp_path / "t").exists()
