@@ -9,16 +9,14 @@ for a state other than the one in the widgets. Escape cancels what runs.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
 from textual import on, work
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, ProgressBar, Static
+from textual.widgets import Footer, Header, Input, Static
 
 from ppsim.config.schema import Config, load_config
 from ppsim.errors import UserError
@@ -32,7 +30,7 @@ from ppsim.tui.editing import (
     set_count,
 )
 from ppsim.tui.files import FileActions
-from ppsim.tui.headline import Headline, headline_text, over_limit
+from ppsim.tui.headline import Headline, over_limit
 from ppsim.tui.lanes import interleave, pinned_lanes, sim_lanes, trace_lanes
 from ppsim.tui.memory import MemoryBars, bars_from_summary
 from ppsim.tui.messages import BoundaryMove, CountSet, CursorMoved, SettingChanged, StageClick
@@ -45,12 +43,15 @@ from ppsim.tui.session import (
     evaluate_state,
     state_from_config,
 )
-from ppsim.tui.settings import Settings, state_values
+from ppsim.tui.settings import Settings, field_label, state_values
 from ppsim.tui.split_editor import SplitEditor
+from ppsim.tui.status import StatusLine
 from ppsim.tui.timeline import Timeline
 from ppsim.tui.views import ViewActions
 
 PANELS = ("#settings", "#split-rows", "#timeline", "#compare-box")
+HINT = "? help · 1-4 panels · z timeline full screen · p plan · B pin a typed layout"
+"""What the status line says until the first message."""
 
 
 class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
@@ -58,17 +59,22 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
     TITLE = "ppsim"
     SUB_TITLE = "pipeline split editor"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("question_mark,f1", "help", "Help"),
         Binding("u,ctrl+z", "undo", "Undo"),
         Binding("ctrl+y", "redo", "Redo", show=False),
         Binding("p", "plan", "Plan"),
-        Binding("e", "export", "Export"),
+        Binding("a", "accept_plan", "Accept plan", show=False),
+        Binding("x", "dismiss_plan", "Dismiss plan", show=False),
+        Binding("z", "maximise", "Max timeline", show=False),
+        Binding("e", "export", "Export", show=False),  # the help and ctrl+p list these
         Binding("y", "copy_export", "Copy", show=False),
-        Binding("s", "save", "Save"),
-        Binding("t", "load_trace", "Trace"),
+        Binding("s", "save", "Save", show=False),
+        Binding("t", "load_trace", "Trace", show=False),
         Binding("b", "pin", "Pin", show=False),
+        Binding("B", "pin_typed", "Pin typed", show=False),
         Binding("v", "toggle_pinned", "Overlay", show=False),
         Binding("slash", "find", "Find"),
         Binding("n", "find_next", "Next match", show=False),
@@ -91,6 +97,7 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         self._lanes: tuple = ([], [])
         self.comparison: Comparison | None = None
         self.plan_result: Any = None
+        self.proposal: EditState | None = None
         self.pinned: tuple[int, ...] | None = None
         self.show_pinned = False
         self.simulating = False
@@ -123,6 +130,8 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         """Notifications carry paths and typed text: never read them as markup."""
         kwargs.setdefault("markup", False)
         super().notify(message, **kwargs)
+        # and on the status line, where it stays after the toast is gone
+        self.say(message, str(kwargs.get("severity", "information")))
 
     @property
     def state(self) -> EditState:
@@ -141,11 +150,12 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
             with Vertical(id="right"):
                 yield Timeline(id="timeline")
                 yield Static("", id="cursor-info", markup=False)
-                yield ProgressBar(id="plan-progress", show_eta=False)
                 with VerticalScroll(id="compare-box", can_focus=True):
                     yield Static("", id="compare", markup=False)
                     yield Static("", id="deltas", markup=False)
+                    yield Static("", id="proposal", markup=False)
                     yield MemoryBars(id="memory")
+        yield StatusLine(id="status")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -156,14 +166,18 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
             self.query_one(panel).border_title = title
         self.query_one("#compare-box").border_subtitle = "b pin split · v overlay"
         self.resimulate()
+        self.say(HINT)
         if self._note:
-            self.notify(self._note, timeout=8)
+            self.say(self._note, "warning")
         if self._initial_trace:
             self.load_trace(self._initial_trace)
 
     # ------------------------------------------------------------ state & simulation
 
     def set_state(self, state: EditState, record: bool = True, field: str = "") -> None:
+        status = self.query_one(StatusLine)
+        if status.message.severity == "error":
+            status.say("")  # an accepted edit: the last refusal no longer applies
         if record:
             self.history.push(state)
         self._edit_field = field
@@ -195,10 +209,7 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         s = self.state
         busy = (f"simulating pp {s.pp} x {s.microbatches} microbatches… (Esc cancels; "
                 f"numbers below are the previous state's)")
-        if self.result is not None:
-            self.query_one(Headline).update(headline_text(self.result, busy=busy))
-        else:
-            self.query_one(Headline).update(busy)
+        self.query_one(Headline).show(self.result, busy)
         if not self._sim_running:  # one simulation at a time; the newest state goes next
             self._sim_running = True
             self._simulate(self.state, self.pinned, self._token, self._edit_field)
@@ -238,21 +249,18 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         if not self._sim_finished(token):
             return
         if self.result is None:
-            self.query_one(Headline).update(f"cannot simulate: {message}")
+            self.query_one(Headline).show(None, f"cannot simulate: {message}")
+            self.say(f"cannot simulate: {message}", "error")
             return
-        text = f"{field or 'edit'} refused, kept the previous state: {message}"
+        text = f"{field_label(field or 'edit')} refused, kept the previous state: {message}"
         self.history.revert_to(self.result.state)
         self._show_state()
-        self._show_error(field, text)
-        self.query_one(Headline).update(headline_text(self.result))
+        self.say(text, "error")
+        self.query_one(Headline).show(self.result)
 
-    def _show_error(self, field: str, text: str) -> None:
-        settings = self.query_one(Settings)
-        editor = self.query_one(SplitEditor)
-        if field in settings.values or not text:
-            settings.show_error(field, text)
-        if field not in settings.values or not text:
-            editor.show_error(text)
+    def say(self, text: str, severity: str = "information") -> None:
+        """Put a message on the status line, where it stays until the next one."""
+        self.query_one(StatusLine).say(text, severity)
 
     def _apply(self, result: Result, token: int, views: tuple = ()) -> None:
         if not self._sim_finished(token):
@@ -264,12 +272,14 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         recompare = not views or views[2] is not self.trace
         if not recompare:
             self.comparison = views[3]
-        self.query_one(Headline).update(headline_text(result))
+        self.query_one(Headline).show(result)
         self._show_split()
         self._show_timeline(recompare)
         self.query_one(MemoryBars).set_bars(bars_from_summary(result.sim.summary),
                                             result.sim.problem.hardware.memory_bytes)
-        self.query_one("#deltas", Static).update("\n".join(delta_lines(result)))
+        width = max(20, self.query_one("#compare-box").size.width - 4)
+        self.query_one("#deltas", Static).update("\n".join(delta_lines(result, width)))
+        self._show_proposal()
         self.results_applied += 1
 
     def _show_timeline(self, recompare: bool = True) -> None:
@@ -293,13 +303,11 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
     # ------------------------------------------------------------ edits
 
     def _edit_split(self, make: Any) -> None:
-        editor = self.query_one(SplitEditor)
         try:
             counts = make(self.state.counts)
         except EditRefused as exc:
-            editor.show_error(exc.reason)
+            self.say(f"{field_label(exc.field)} refused: {exc.reason}", "error")
             return
-        editor.show_error("")
         if counts != self.state.counts:
             self.set_state(replace(self.state, counts=counts), field="split")
 
@@ -319,17 +327,15 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
     def _setting(self, event: SettingChanged) -> None:
         settings = self.query_one(Settings)
         if state_values(self.state).get(event.name) == event.text.strip():
-            settings.show_error(event.name, "")
             return
         try:
             state = apply_setting(self.base, self.state, event.name, event.text)
         except EditRefused as exc:
             # a refused value never stays in its field: the field shows what is simulated
             settings.revert(event.name)
-            settings.show_error(event.name, f"{event.name} {event.text.strip()!r} refused, "
-                                f"kept {settings.values.get(event.name)}: {exc.reason}")
+            self.say(f"{field_label(event.name)} {event.text.strip()!r} refused, kept "
+                     f"{settings.values.get(event.name)}: {exc.reason}", "error")
             return
-        settings.show_error(event.name, "")
         self.set_state(state, field=event.name)
 
     @on(CursorMoved)
@@ -340,7 +346,8 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         if op is not None and tl.lanes[event.lane].source == "sim":
             real = [lane for lane in tl.lanes if lane.source == "real"
                     and lane.rank == tl.lanes[event.lane].rank]
-            delta = op_delta(op, real[0].ops) if real else ""
+            shown = self.comparison is not None and not self.comparison.hidden
+            delta = op_delta(op, real[0].ops) if real and shown else ""
             if delta:
                 text += f"\n{delta}"
         self.query_one("#cursor-info", Static).update(text)
@@ -389,25 +396,8 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
             if self.result is not None:
                 self.history.revert_to(self.result.state)
                 self._show_state()
-                self.query_one(Headline).update(headline_text(self.result))
-            else:
-                self.query_one(Headline).update("simulation cancelled")
-            self.notify("simulation cancelled; showing the last simulated state")
+            self.query_one(Headline).show(self.result, "" if self.result else
+                                          "simulation cancelled")
+            self.say("simulation cancelled; showing the last simulated state")
         if self.planning is not None:
             self.planning.set()
-
-    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
-        yield SystemCommand("Plan", "Run the planner and jump to its best split", self.action_plan)
-        yield SystemCommand("Export split", "Write Megatron / torchtitan / DeepSpeed forms",
-                            self.action_export)
-        yield SystemCommand("Copy export", "Copy the export text to the clipboard",
-                            self.action_copy_export)
-        yield SystemCommand("Save config", "Write the config as TOML", self.action_save)
-        yield SystemCommand("Load trace", "Compare a real trace with the simulation",
-                            self.action_load_trace)
-        yield SystemCommand("Pin split", "Compare later edits with the current split",
-                            self.action_pin)
-        yield SystemCommand("Undo", "Undo the last edit", self.action_undo)
-        yield SystemCommand("Redo", "Redo the last undone edit", self.action_redo)
-        yield SystemCommand("Help", "Key bindings", self.action_help)

@@ -1,18 +1,27 @@
-"""Comparison and navigation actions: pin a split, overlay its lanes, find an op.
+"""Comparison and navigation actions: pin a split (or a typed one), overlay its lanes,
+find an op, maximise the timeline, the command palette's entries.
 
 A mixin of `ppsim.tui.app.PPSimApp`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from ppsim.tui.screens import FindPrompt
+from textual.app import SystemCommand
+from textual.screen import Screen
+
+from ppsim.errors import UserError
+from ppsim.plan.references import parse_reference
+from ppsim.tui.screens import FindPrompt, PathPrompt
+from ppsim.tui.text import counts_text
 from ppsim.tui.timeline import Timeline
 
 
 class ViewActions:
-    """`b` pin, `v` overlay, `/` find, `n` next match (mixed into the App)."""
+    """`b` pin, `B` pin a typed split, `v` overlay, `/` find, `n` next match, `z`
+maximise the timeline (mixed into the App)."""
 
     pinned: tuple[int, ...] | None
     show_pinned: bool
@@ -29,6 +38,33 @@ class ViewActions:
             self.pinned = self.state.counts
             self.notify(f"pinned {list(self.state.counts)} for comparison")
         self.resimulate()
+
+    def action_pin_typed(self) -> None:
+        self.push_screen(PathPrompt(
+            "Pin a published layout or split to compare with (as plan --compare): "
+            "11,10,10,10,10,10,10,9 or 'Et*11|(t*10|)*6t*9L'", ""), self.pin_text)
+
+    def pin_text(self, text: str | None) -> None:
+        """Pin the split `text` names (a Megatron layout or counts), parsed as
+        `ppsim plan --compare` parses it; refused in one line on the status line."""
+        if not text or self.result is None:
+            return
+        try:
+            split = parse_reference(text, self.result.sim.problem)
+        except UserError as exc:
+            self.say(f"pin refused: {exc.problem}; {exc.fix}" if exc.fix else
+                     f"pin refused: {exc.problem}", "error")
+            return
+        self.pinned = tuple(split.counts)
+        self.say(f"pinned {counts_text(self.pinned)} for comparison")
+        self.resimulate()
+
+    def action_maximise(self) -> None:
+        """The timeline alone (with its cursor line) over the whole width, or back."""
+        self.screen.toggle_class("-max-timeline")
+        tl = self.query_one(Timeline)
+        tl.focus()
+        self.call_after_refresh(tl.refit)
 
     def action_toggle_pinned(self) -> None:
         self.show_pinned = not self.show_pinned
@@ -54,3 +90,24 @@ class ViewActions:
             self.notify(f"no op matches {self.find_query!r}", severity="warning")
         else:
             self.query_one(Timeline).focus()
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)  # type: ignore[misc]
+        yield SystemCommand("Plan", "Run the planner; a accepts its best split, x dismisses",
+                            self.action_plan)
+        yield SystemCommand("Export split", "Write Megatron / torchtitan / DeepSpeed forms",
+                            self.action_export)
+        yield SystemCommand("Copy export", "Copy the export text to the clipboard",
+                            self.action_copy_export)
+        yield SystemCommand("Save config", "Write the config as TOML", self.action_save)
+        yield SystemCommand("Load trace", "Compare a real trace with the simulation",
+                            self.action_load_trace)
+        yield SystemCommand("Pin split", "Compare later edits with the current split",
+                            self.action_pin)
+        yield SystemCommand("Pin a layout or split", "Type a published layout or split "
+                            "to compare with (as plan --compare)", self.action_pin_typed)
+        yield SystemCommand("Maximise timeline", "Give the timeline the whole screen (z)",
+                            self.action_maximise)
+        yield SystemCommand("Undo", "Undo the last edit", self.action_undo)
+        yield SystemCommand("Redo", "Redo the last undone edit", self.action_redo)
+        yield SystemCommand("Help", "Key bindings", self.action_help)

@@ -8,7 +8,7 @@ import shlex
 import sys
 from typing import Any
 
-from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
+from ppsim.cli.flags import add_config_flags, assume_hardware, config_from_args, emit_json
 from ppsim.cli.picture import render_png
 from ppsim.cli.render import rank_table, summary_dict, text_timeline
 from ppsim.cli.schedule import print_notes
@@ -123,7 +123,9 @@ def print_exports(console: Any, exports: dict[str, Any]) -> None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     simulate = simulator(args.engine)
-    cfg = config_from_args(args)
+    cfg, assumed = assume_hardware(args, config_from_args(args))
+    if assumed:
+        print(f"ppsim simulate: {assumed}", file=sys.stderr)
     ops = limits.check_request(cfg, limits.SIMULATE)
     if args.trace or args.png:
         limits.check_request(cfg, limits.TRACE)

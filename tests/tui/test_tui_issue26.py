@@ -1,0 +1,449 @@
+"""Issue 26's defects at 80x24 and 160x45, each driven as a user would.
+
+Each test failed on the code before the fix; its docstring says what happened.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+
+import pytest
+
+from ppsim.cli.flags import assume_hardware
+from ppsim.cli.main import build_parser
+from ppsim.cli.main import main as ppsim_main
+from ppsim.config.overrides import with_overrides
+from ppsim.config.schema import load_config
+from ppsim.tui.app import PPSimApp
+from ppsim.tui.status import StatusLine
+from ppsim.tui.testing import screen_text, settle
+from ppsim.tui.timeline import Timeline
+
+ROOT = Path(__file__).parents[2]
+SMALL, LARGE = (80, 24), (160, 45)
+
+
+def model_config(preset: str, pp: int, microbatches: int, vpp: int = 1,
+                 schedule: str = "1f1b"):
+    """The embedded default with a model preset on H100s (as the CLI's flags set it)."""
+    return with_overrides(load_config(None), preset=preset, hardware="h100-80gb",
+                          pipeline={"pp": pp, "vpp": vpp, "microbatches": microbatches,
+                                    "schedule": schedule}, split={})
+
+
+def llama(pp: int = 8, microbatches: int = 64):
+    return model_config("llama3-70b", pp, microbatches)
+
+
+def deepseek():
+    return model_config("deepseek-v3", 16, 32, 2, "interleaved-1f1b")
+
+
+def status(app: PPSimApp) -> str:
+    """The status line's message (on a screen without one: the whole screen's text)."""
+    found = app.query(StatusLine)
+    return found.first().text if found else "\n".join(screen_text(app))
+
+
+def visible(app: PPSimApp, selector: str, size: tuple[int, int]) -> bool:
+    """The widget is on screen, whole, with room for content (not pushed off)."""
+    region = app.query_one(selector).region
+    return region.height >= 3 and region.y >= 0 and region.bottom <= size[1]
+
+
+# ------------------------------------------------------------------ 1. the split panel
+
+
+async def test_a_long_refusal_keeps_the_split_panel_and_2_switches_to_it() -> None:
+    """Before: the six-line refusal grew the settings panel and pushed the split panel
+    off screen at 80x24, and the `2` after it was typed into the field (`642`)."""
+    app = PPSimApp(llama())
+    async with app.run_test(size=SMALL) as pilot:
+        await settle(pilot)
+        assert visible(app, "#split-editor", SMALL)
+        assert "1.000x vs even" in "\n".join(screen_text(app))  # not "vs even…"
+        await pilot.press("1", *["tab"] * 6)
+        assert app.focused is app.query_one("#set-microbatches")
+        app.focused.value = ""
+        await pilot.press(*"100000", "enter")
+        await settle(pilot)
+        assert "microbatches '100000' refused, kept 64" in status(app)
+        assert visible(app, "#split-editor", SMALL) and visible(app, "#settings", SMALL)
+        await pilot.press("2")
+        assert app.focused is app.query_one("#split-rows")
+        assert app.query_one("#set-microbatches").value == "64"
+        assert app.state.microbatches == 64
+
+
+# ------------------------------------------------------------------ 2. foreign traces
+
+
+@pytest.mark.parametrize("size", [SMALL, LARGE])
+async def test_a_trace_of_another_configuration_shows_no_figures(size) -> None:
+    """Before: a pp 2 trace beside a pp 8 session showed "error -97.2 %", "ops matched
+    32" and a cursor line "-77.0 %" next to "the traces differ in pp"."""
+    app = PPSimApp(llama())
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot)
+        app.load_trace(str(ROOT / "traces/1f1b-5-3-m8/real.json"))
+        await settle(pilot)
+        shown = str(app.query_one("#compare").render())
+        assert "figures are hidden" in shown and "pp 2 (simulated 8)" in shown
+        assert "error" not in shown and "matched" not in shown and "%" not in shown
+        assert "figures are hidden" in status(app)
+        cursor = str(app.query_one("#cursor-info").render())
+        assert "real start" not in cursor and "%" not in cursor
+
+
+async def test_a_trace_of_this_configuration_still_shows_its_figures() -> None:
+    cfg = load_config(str(ROOT / "traces/1f1b-5-3-m8/config.toml"))
+    app = PPSimApp(cfg, trace_path=str(ROOT / "traces/1f1b-5-3-m8/real.json"))
+    async with app.run_test(size=LARGE) as pilot:
+        await settle(pilot)
+        shown = str(app.query_one("#compare").render())
+        assert "error" in shown and "ops matched" in shown and "hidden" not in shown
+
+
+# ------------------------------------------------------------------ 3. zoom under key repeat
+
+
+async def test_zoom_under_key_repeat_keeps_the_cursor_and_per_cell_follows() -> None:
+    """Before: 50 fast `+` at pp 16 x 256 left the axis somewhere else than the cursor,
+    and "per cell" in the cursor line stayed stale after `+` / `0`."""
+    app = PPSimApp(llama(16, 256))
+    async with app.run_test(size=LARGE) as pilot:
+        await settle(pilot)
+        await pilot.press("3", "home", *["right"] * 17)
+        await pilot.press("0")
+        tl = app.query_one(Timeline)
+        for _ in range(50):  # key repeat: every press before the next frame
+            tl.action_zoom(0.5)
+        await pilot.pause()
+        await pilot.pause()
+        op = tl.current_op()
+        cell = (op.start + op.end) / 2 / tl.ms_per_cell
+        assert tl.scroll_x <= cell < tl.scroll_x + tl._view_width()
+        info = str(app.query_one("#cursor-info").render())
+        assert tl.describe_scale() in info
+        await pilot.press("0")
+        await pilot.pause()
+        assert tl.describe_scale() in str(app.query_one("#cursor-info").render())
+
+
+# ------------------------------------------------------------------ 4. messages that stay
+
+
+def fake_planner(monkeypatch: pytest.MonkeyPatch, release: threading.Event,
+                 counts: tuple[int, ...], evaluated: int = 1234) -> None:
+    """A planner that reports `evaluated` splits until released, then answers `counts`."""
+    import ppsim.tui.planning
+    from ppsim.pipeline.split import Split
+
+    class Best:
+        split = Split(counts, 2, 1)
+
+        class summary:  # noqa: N801 - shaped like ppsim.planner's result
+            iteration_time_ms = 1.0
+
+    class Res:
+        best = Best
+        proven_optimal = True
+        evaluated = 95
+        total_splits = 5_843_355_957
+
+    def plan(base, state, progress):
+        while not release.wait(0.01):
+            progress(evaluated, 0)
+        return Res
+
+    monkeypatch.setattr(ppsim.tui.planning, "run_planner", plan)
+    monkeypatch.setattr(ppsim.tui.planning, "IN_PROCESS", False)  # the stand-in lives here
+    monkeypatch.setattr(ppsim.tui.planning, "planner_available", lambda: True)
+
+
+async def test_planner_progress_counts_splits_and_its_outcome_stays(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: the progress bar read `--%`; the outcome said 95/5843355957."""
+    release = threading.Event()
+    fake_planner(monkeypatch, release, (7, 1), evaluated=12345)
+    app = PPSimApp()
+    async with app.run_test(size=SMALL) as pilot:
+        await settle(pilot)
+        await pilot.press("p")
+        for _ in range(50):
+            await pilot.pause(0.01)
+            if "12,345 splits evaluated" in status(app):
+                break
+        assert "12,345 splits evaluated of 9 possible" in status(app)
+        release.set()
+        await settle(pilot)
+        assert "95 of 5,843,355,957 splits" in status(app)
+        assert "a accepts" in status(app)
+
+
+async def test_no_split_fits_stays_with_the_lowest_peak_and_what_to_try(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: "the planner found no split that fits memory" was a toast gone in ~5 s,
+    without the lowest peak, its rank or what to try (the CLI gives them)."""
+    import ppsim.tui.planning
+
+    monkeypatch.setattr(ppsim.tui.planning, "IN_PROCESS", False)
+    cfg = load_config(None)
+    cfg.hardware.memory_bytes = 1e6  # 1 MB: nothing fits
+    app = PPSimApp(cfg)
+    async with app.run_test(size=LARGE) as pilot:
+        await settle(pilot)
+        await pilot.press("p")
+        await settle(pilot)
+        text = status(app)
+        assert "no split fits 0.0 GB per rank" in text and "on rank" in text
+        assert "try more pipeline stages" in text
+        app.query_one("#split-rows").focus()
+        await pilot.press("down")  # later keys that say nothing keep it
+        assert status(app) == text
+
+
+async def test_a_count_input_error_is_in_view_at_160x45() -> None:
+    """Before: "'abc' is not a whole number" sat below the visible part of the split
+    panel (at pp 16 its rows fill it)."""
+    app = PPSimApp(llama(16, 64))
+    async with app.run_test(size=LARGE) as pilot:
+        await settle(pilot)
+        await pilot.press("2", "c", *"abc", "enter")
+        await settle(pilot)
+        assert "'abc' is not a whole number" in status(app)
+        assert visible(app, "#status", (160, 45)) or app.query_one("#status").region.bottom <= 45
+        assert any("'abc' is not a whole number" in line for line in screen_text(app))
+
+
+# ------------------------------------------------------------------ 5. plan -> compare -> accept
+
+
+async def test_a_split_nudge_while_planning_keeps_the_result_as_a_proposal(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: nudging the split while the planner ran threw its result away ("the
+    settings changed while it ran"), though the planner replaces the split anyway."""
+    release = threading.Event()
+    fake_planner(monkeypatch, release, (7, 1))
+    app = PPSimApp()
+    async with app.run_test(size=LARGE) as pilot:
+        await settle(pilot)
+        await pilot.press("p")
+        await pilot.pause()
+        await pilot.press("left")  # only the split: (5, 3)
+        await pilot.pause()
+        release.set()
+        await settle(pilot)
+        assert app.state.counts == (5, 3)  # a proposal, not applied behind the user's back
+        shown = str(app.query_one("#proposal").render())
+        assert "planner [7, 1]" in shown and "a accept" in shown
+        await pilot.press("a")
+        await settle(pilot)
+        assert app.state.counts == (7, 1)
+        assert not app.query_one("#proposal").display
+        await pilot.press("u")
+        await settle(pilot)
+        assert app.state.counts == (5, 3)
+
+
+async def test_a_proposal_can_be_dismissed_and_a_settings_change_drops_the_result(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+    fake_planner(monkeypatch, release, (7, 1))
+    app = PPSimApp()
+    async with app.run_test(size=SMALL) as pilot:
+        await settle(pilot)
+        await pilot.press("p")
+        release.set()
+        await settle(pilot)
+        assert app.proposal is not None
+        await pilot.press("x")
+        assert app.proposal is None and app.state.counts == (6, 2)
+        release.clear()
+        await pilot.press("p")
+        await pilot.pause()
+        inp = app.query_one("#set-microbatches")
+        inp.focus()
+        inp.value = "16"
+        await pilot.press("enter")
+        release.set()
+        await settle(pilot)
+        assert app.proposal is None and "planner result dropped" in status(app)
+
+
+async def test_a_typed_layout_can_be_pinned() -> None:
+    app = PPSimApp(llama())
+    async with app.run_test(size=LARGE) as pilot:
+        await settle(pilot)
+        app.pin_text("Et*11|(t*10|)*6t*9L")
+        await settle(pilot)
+        assert app.result.pinned_counts == (11, 10, 10, 10, 10, 10, 10, 9)
+        assert "pinned: [11, 10, 10, 10, 10, 10, 10, 9]" in "\n".join(screen_text(app))
+        app.pin_text("1,2,3")
+        await settle(pilot)
+        assert "pin refused" in status(app)
+        assert app.result.pinned_counts == (11, 10, 10, 10, 10, 10, 10, 9)
+
+
+# ------------------------------------------------------------------ 6. cut and unformatted text
+
+
+def cut_words(lines: list[str]) -> list[str]:
+    """Words the issue found cut without a mark."""
+    bad = ("microbatc ", "selecte", "vs even…", "interleaved-1f1 ", "2de", "2mo")
+    return [b for b in bad for line in lines if b in line + " "]
+
+
+async def test_at_80x24_nothing_is_cut_without_an_ellipsis() -> None:
+    """Before: `vs even…`, `microbatc`, `count layers for the selecte`, kinds
+    `2de`/`2mo`, `schedule interleaved-1f1`."""
+    app = PPSimApp(deepseek())
+    async with app.run_test(size=SMALL) as pilot:
+        await settle(pilot)
+        lines = screen_text(app)
+        assert cut_words(lines) == []
+        text = "\n".join(lines)
+        assert "interleaved-1f1b" in text and "stage 0: 1 dense" in text
+
+
+async def test_at_160x45_the_compare_line_keeps_its_brackets() -> None:
+    """Before: `current [1, 2, 2, … 2, 2` ended with no bracket or ellipsis."""
+    app = PPSimApp(deepseek())
+    async with app.run_test(size=LARGE) as pilot:
+        await settle(pilot)
+        line = next(x for x in screen_text(app) if "current [" in x)
+        body = line[line.index("current ["):].split("│")[0].rstrip()
+        assert body.endswith("]") or body.endswith("…"), body
+        assert re.search(r"vs even split \[[^\]]*\]", body) or body.endswith("…")
+
+
+async def test_the_help_fits_80_columns_without_ragged_wrapping() -> None:
+    """Before: the help's lines were wider than the box at 80 columns and wrapped."""
+    from ppsim.tui.screens import HELP
+
+    app = PPSimApp()
+    async with app.run_test(size=SMALL) as pilot:
+        await settle(pilot)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        box = app.screen.query_one("#help-text")
+        plain = [re.sub(r"\[/?[^\]]*\]", "", line) for line in HELP.replace("\\\n", "")
+                 .splitlines()]
+        assert max(len(line) for line in plain) <= box.content_region.width
+        assert box.virtual_size.height <= len(plain) + 1  # no line wrapped
+
+
+def test_memory_gb_refusals_name_the_label() -> None:
+    from ppsim.tui.settings import field_label
+
+    assert field_label("memory_gb") == "memory GB"
+
+
+async def test_a_refused_memory_value_names_the_field_as_shown() -> None:
+    """Before: errors named internal fields (`memory_gb`) instead of the label."""
+    app = PPSimApp()
+    async with app.run_test(size=LARGE) as pilot:
+        await settle(pilot)
+        inp = app.query_one("#set-memory_gb")
+        inp.focus()
+        inp.value = "lots"
+        await pilot.press("enter")
+        await settle(pilot)
+        assert status(app).startswith("memory GB 'lots' refused") and "memory_gb" not in \
+            status(app)
+
+
+# ------------------------------------------------------------------ 7. focus and scroll
+
+
+def _background(app: PPSimApp, selector: str):
+    widget = app.query_one(selector)
+    return widget.styles.background
+
+
+async def test_a_focused_select_stands_out() -> None:
+    """Before: a focused Select differed from an unfocused one by one shade (235/234)."""
+    app = PPSimApp()
+    async with app.run_test(size=SMALL) as pilot:
+        await settle(pilot)
+        app.query_one("#split-rows").focus()
+        await pilot.pause()
+        idle = _background(app, "#set-schedule SelectCurrent")
+        app.query_one("#set-schedule").focus()
+        await pilot.pause()
+        focused = _background(app, "#set-schedule SelectCurrent")
+        r, g, b = (abs(x - y) for x, y in zip(focused.rgb, idle.rgb, strict=True))
+        assert max(r, g, b) >= 40, (focused, idle)
+
+
+async def test_after_a_resize_the_selected_stage_stays_in_view() -> None:
+    """Before: after a resize the selected stage scrolled out of view and → edited a
+    row the user could not see."""
+    app = PPSimApp(llama())
+    async with app.run_test(size=LARGE) as pilot:
+        await settle(pilot)
+        await pilot.press("2", *["down"] * 7)
+        await pilot.resize_terminal(*SMALL)
+        await settle(pilot)
+        editor = app.query_one("#split-editor")
+        row = 1 + app.query_one("#split-rows").cursor  # under the header line
+        assert editor.scroll_y <= row < editor.scroll_y + editor.scrollable_content_region.height
+        assert any(line.lstrip("│ ").startswith("7 r7") for line in screen_text(app))
+
+
+# ------------------------------------------------------------------ 8. GPU model, cpu hardware
+
+
+def test_a_gpu_model_without_hardware_is_simulated_on_an_assumed_gpu(capsys) -> None:
+    """Before: `--preset deepseek-v3 --pp 16 ...` without --hardware ran on the cpu
+    preset and said "iteration 170102040.041 ms", silently."""
+    argv = ["simulate", "--preset", "deepseek-v3", "--pp", "16", "--vpp", "2",
+            "--schedule", "interleaved-1f1b", "--microbatches", "32", "--json"]
+    assert ppsim_main(argv) == 0
+    out = capsys.readouterr()
+    assert "assuming h100-80gb" in out.err and out.err.count("\n") == 1
+    import json
+
+    assert json.loads(out.out)["iteration_time_ms"] < 1e6
+    assert ppsim_main([*argv, "--hardware", "cpu"]) == 0
+    out = capsys.readouterr()
+    assert out.err == "" and json.loads(out.out)["iteration_time_ms"] > 1e6
+
+
+async def test_the_tui_says_which_hardware_it_assumed() -> None:
+    args = build_parser().parse_args(["tui", "--preset", "deepseek-v3", "--pp", "16",
+                                      "--vpp", "2", "--schedule", "interleaved-1f1b",
+                                      "--microbatches", "32"])
+    from ppsim.cli.flags import config_from_args
+
+    cfg, note = assume_hardware(args, config_from_args(args))
+    app = PPSimApp(cfg, note=note)
+    async with app.run_test(size=SMALL) as pilot:
+        await settle(pilot)
+        assert "assuming h100-80gb" in status(app)
+        assert app.state.hardware_preset == "h100-80gb"
+        assert app.result.sim.summary.iteration_time_ms < 1e6
+
+
+# ------------------------------------------------------------------ 9. README figures
+
+
+def test_the_tui_readme_screenshot_shows_what_the_simulator_gives() -> None:
+    """Before: the README's TUI figures were older than the simulator's."""
+    from ppsim.pipeline.problem import build_problem
+    from ppsim.sim.simulate import simulate
+    from ppsim.tui.session import config_for, state_from_config
+
+    svg = (ROOT / "tui/screenshot.svg").read_text().replace("&#160;", " ")
+    text = re.sub(r"<[^>]+>", "", svg)
+    m = re.search(r"pp=(\d+) vpp=(\d+) microbatches=(\d+)\s+split=\[([\d, ]+)\]", text)
+    assert m, "the screenshot names its state"
+    cfg = llama(int(m.group(1)), int(m.group(3)))
+    state = state_from_config(cfg)
+    counts = tuple(int(x) for x in m.group(4).split(","))
+    from dataclasses import replace
+
+    sim = simulate(build_problem(config_for(cfg, replace(state, counts=counts))))
+    assert f"{sim.summary.iteration_time_ms:.3f} ms" in text
