@@ -35,7 +35,6 @@ from ppsim.tui.lanes import interleave, pinned_lanes, sim_lanes, trace_lanes
 from ppsim.tui.memory import MemoryBars, bars_from_summary
 from ppsim.tui.messages import BoundaryMove, CountSet, CursorMoved, SettingChanged, StageClick
 from ppsim.tui.planning import PlannerActions
-from ppsim.tui.screens import HelpScreen
 from ppsim.tui.session import (
     EditState,
     Result,
@@ -47,9 +46,8 @@ from ppsim.tui.settings import Settings, field_label, state_values
 from ppsim.tui.split_editor import SplitEditor
 from ppsim.tui.status import StatusLine
 from ppsim.tui.timeline import Timeline
-from ppsim.tui.views import ViewActions
+from ppsim.tui.views import PANELS, ViewActions
 
-PANELS = ("#settings", "#split-rows", "#timeline", "#compare-box")
 HINT = "? help · 1-4 panels · z timeline full screen · p plan · B pin a typed layout"
 """What the status line says until the first message."""
 
@@ -127,7 +125,9 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         super()._handle_exception(error)
 
     def notify(self, message: str, **kwargs: Any) -> None:  # type: ignore[override]
-        """Notifications carry paths and typed text: never read them as markup."""
+        """Notifications carry paths and typed text: never read them as markup. The
+        toast shows the whole message for a while; the status line keeps it (cut to
+        one line) until the next one."""
         kwargs.setdefault("markup", False)
         super().notify(message, **kwargs)
         # and on the status line, where it stays after the toast is gone
@@ -151,9 +151,9 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
                 yield Timeline(id="timeline")
                 yield Static("", id="cursor-info", markup=False)
                 with VerticalScroll(id="compare-box", can_focus=True):
+                    yield Static("", id="proposal", markup=False)  # first: in view
                     yield Static("", id="compare", markup=False)
                     yield Static("", id="deltas", markup=False)
-                    yield Static("", id="proposal", markup=False)
                     yield MemoryBars(id="memory")
         yield StatusLine(id="status")
         yield Footer()
@@ -168,7 +168,7 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         self.resimulate()
         self.say(HINT)
         if self._note:
-            self.say(self._note, "warning")
+            self.notify(self._note, severity="warning", timeout=8)
         if self._initial_trace:
             self.load_trace(self._initial_trace)
 
@@ -255,7 +255,7 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         text = f"{field_label(field or 'edit')} refused, kept the previous state: {message}"
         self.history.revert_to(self.result.state)
         self._show_state()
-        self.say(text, "error")
+        self.notify(text, severity="error")
         self.query_one(Headline).show(self.result)
 
     def say(self, text: str, severity: str = "information") -> None:
@@ -277,7 +277,7 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         self._show_timeline(recompare)
         self.query_one(MemoryBars).set_bars(bars_from_summary(result.sim.summary),
                                             result.sim.problem.hardware.memory_bytes)
-        width = max(20, self.query_one("#compare-box").size.width - 4)
+        width = max(20, self.query_one("#compare-box").scrollable_content_region.width - 2)
         self.query_one("#deltas", Static).update("\n".join(delta_lines(result, width)))
         self._show_proposal()
         self.results_applied += 1
@@ -306,7 +306,7 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         try:
             counts = make(self.state.counts)
         except EditRefused as exc:
-            self.say(f"{field_label(exc.field)} refused: {exc.reason}", "error")
+            self.notify(f"{field_label(exc.field)} refused: {exc.reason}", severity="error")
             return
         if counts != self.state.counts:
             self.set_state(replace(self.state, counts=counts), field="split")
@@ -333,8 +333,8 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         except EditRefused as exc:
             # a refused value never stays in its field: the field shows what is simulated
             settings.revert(event.name)
-            self.say(f"{field_label(event.name)} {event.text.strip()!r} refused, kept "
-                     f"{settings.values.get(event.name)}: {exc.reason}", "error")
+            self.notify(f"{field_label(event.name)} {event.text.strip()!r} refused, kept "
+                        f"{settings.values.get(event.name)}: {exc.reason}", severity="error")
             return
         self.set_state(state, field=event.name)
 
@@ -353,30 +353,6 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         self.query_one("#cursor-info", Static).update(text)
 
     # ------------------------------------------------------------ actions
-
-    def action_undo(self) -> None:
-        if self.history.undo() is not None:
-            self.set_state(self.state, record=False)
-        else:
-            self.notify("nothing to undo")
-
-    def action_redo(self) -> None:
-        if self.history.redo() is not None:
-            self.set_state(self.state, record=False)
-        else:
-            self.notify("nothing to redo")
-
-    def action_help(self) -> None:
-        self.push_screen(HelpScreen())
-
-    def action_edit_count(self) -> None:
-        self.query_one("#count-input").focus()
-
-    def action_panel(self, index: int) -> None:
-        target = self.query_one(PANELS[index])
-        if index == 0:
-            target = self.query_one("#set-schedule")
-        target.focus()
 
     def action_escape(self) -> None:
         """Leave a text field (putting back the simulated value), else cancel what runs."""

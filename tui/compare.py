@@ -74,7 +74,10 @@ def shape_note(sim: Any, trace: Any) -> str:
                        ("vpp", p.split.vpp), ("microbatches", p.schedule.microbatches),
                        ("split", list(p.split.counts))):
         if name in info and info[name] != mine:
-            notes.append(f"{name} {info[name]} (simulated {mine})")
+            theirs, ours = info[name], mine
+            if name == "split" and isinstance(theirs, list):
+                theirs, ours = counts_text(theirs, 24), counts_text(mine, 24)
+            notes.append(f"{name} {theirs} (simulated {ours})")
     return "trace differs: " + ", ".join(notes) if notes else ""
 
 
@@ -150,6 +153,8 @@ def delta_lines(result: Any, width: int = 100) -> list[str]:
 
     pin, cur = result.pinned.summary, result.sim.summary
     which = "even split" if result.pinned_is_even else "pinned split"
+    if width < 60:
+        which = which.split()[0]  # "even" / "pinned": room for the counts
     dt = cur.iteration_time_ms - pin.iteration_time_ms
     deltas = rank_deltas(pin, cur)
     big = max((abs(x) for d in deltas for x in d.busy_ms), default=0.0) >= 1e5

@@ -92,10 +92,10 @@ def outcome_text(res: Any, current_ms: float | None) -> str:
     best = res.best
     t = best.summary.iteration_time_ms
     proof = "proven optimal" if res.proven_optimal else "best found in the budget"
-    vs = f", {current_ms / t:.3f}x vs current" if current_ms and t > 0 else ""
-    return (f"planner: {counts_text(best.split.counts)} {t:.3f} ms ({proof}; "
-            f"{thousands(res.evaluated)} of {thousands(res.total_splits)} splits "
-            f"evaluated{vs}); a accepts it, x dismisses")
+    vs = f" {current_ms / t:.3f}x vs current," if current_ms and t > 0 else ""
+    return (f"planner: {counts_text(best.split.counts, 30)} {t:.3f} ms,{vs} a accepts, "
+            f"x dismisses ({proof}; {thousands(res.evaluated)} of "
+            f"{thousands(res.total_splits)} splits evaluated)")
 
 
 class PlannerActions:
@@ -114,7 +114,7 @@ class PlannerActions:
         if self.planning is not None:
             self.notify("the planner is running (Esc cancels it)")
             return
-        self.say(progress_text(0, 0))
+        self.say(progress_text(0, total_splits(self.state)))
         self.planning = threading.Event()
         self._plan(self.state, self.planning)
 
@@ -178,7 +178,7 @@ class PlannerActions:
             self.notify(error)
             return
         if res is not None and res.best is None:
-            self.say(no_fit_message(res), "error")  # stays: the lowest peak and what to try
+            self.notify(no_fit_message(res), severity="error")  # stays on the status line
             return
         if res is None:
             self.say(f"planner: {error}", "error")
@@ -207,7 +207,7 @@ class PlannerActions:
             return
         t = res.best.summary.iteration_time_ms
         cur = self.result.sim.summary.iteration_time_ms if self.result else t
-        width = max(20, self.query_one("#compare-box").size.width - 4)
+        width = max(20, self.query_one("#compare-box").scrollable_content_region.width - 2)
         box.update(f"planner {counts_text(prop.counts, width - 30)} {t:.3f} ms "
                    f"({t - cur:+.3f} ms vs current)\na accept · x dismiss")
         box.add_class("-shown")

@@ -71,8 +71,8 @@ def check_limits(num_layers: int, pp: int, vpp: int, microbatches: int, schedule
         limits.check_shape(num_layers, pp, vpp, microbatches)
         limits.check_ops(pp, vpp, microbatches, bool(spec and spec.split_backward),
                          limits.INTERACTIVE)
-    except UserError as exc:
-        raise EditRefused(field, str(exc)) from None
+    except UserError as exc:  # the field is named by the screen's label already
+        raise EditRefused(field, exc.problem + (f" ({exc.fix})" if exc.fix else "")) from None
 
 
 def _recompute(model: Model) -> str:

@@ -14,19 +14,46 @@ from textual.screen import Screen
 
 from ppsim.errors import UserError
 from ppsim.plan.references import parse_reference
-from ppsim.tui.screens import FindPrompt, PathPrompt
+from ppsim.tui.screens import FindPrompt, HelpScreen, PathPrompt
 from ppsim.tui.text import counts_text
 from ppsim.tui.timeline import Timeline
 
+PANELS = ("#settings", "#split-rows", "#timeline", "#compare-box")
+"""What the keys 1-4 focus (settings: its first field)."""
+
 
 class ViewActions:
-    """`b` pin, `B` pin a typed split, `v` overlay, `/` find, `n` next match, `z`
-maximise the timeline (mixed into the App)."""
+    """Undo/redo, help, panel keys, `b` pin, `B` pin a typed split, `v` overlay, `/`
+    find, `n` next match, `z` maximise the timeline (mixed into the App)."""
 
     pinned: tuple[int, ...] | None
     show_pinned: bool
     find_query: str
     state: Any
+
+    def action_undo(self) -> None:
+        if self.history.undo() is not None:
+            self.set_state(self.state, record=False)
+        else:
+            self.notify("nothing to undo")
+
+    def action_redo(self) -> None:
+        if self.history.redo() is not None:
+            self.set_state(self.state, record=False)
+        else:
+            self.notify("nothing to redo")
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_edit_count(self) -> None:
+        self.query_one("#count-input").focus()
+
+    def action_panel(self, index: int) -> None:
+        target = self.query_one(PANELS[index])
+        if index == 0:
+            target = self.query_one("#set-schedule")
+        target.focus()
 
     def action_pin(self) -> None:
         """Pin the current split for comparison; pressed on the pinned split, go back

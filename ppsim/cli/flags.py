@@ -104,8 +104,8 @@ def assume_hardware(args: argparse.Namespace, cfg: Config) -> tuple[Config, str]
     memory = cfg.hardware.memory_bytes if getattr(args, "memory_gb", None) is not None \
         else None
     cfg = with_overrides(cfg, hardware=GPU_HARDWARE, memory_bytes=memory)
-    return cfg, (f"--preset {preset} is a GPU-class model and no --hardware was given: "
-                 f"assuming {GPU_HARDWARE} (give --hardware to choose another)")
+    return cfg, (f"assuming --hardware {GPU_HARDWARE}: --preset {preset} is a GPU-class "
+                 "model and no --hardware was given (give one to choose another)")
 
 
 def emit_json(obj: Any) -> None:

@@ -401,7 +401,7 @@ def test_a_gpu_model_without_hardware_is_simulated_on_an_assumed_gpu(capsys) -> 
             "--schedule", "interleaved-1f1b", "--microbatches", "32", "--json"]
     assert ppsim_main(argv) == 0
     out = capsys.readouterr()
-    assert "assuming h100-80gb" in out.err and out.err.count("\n") == 1
+    assert "assuming --hardware h100-80gb" in out.err and out.err.count("\n") == 1
     import json
 
     assert json.loads(out.out)["iteration_time_ms"] < 1e6
@@ -420,7 +420,7 @@ async def test_the_tui_says_which_hardware_it_assumed() -> None:
     app = PPSimApp(cfg, note=note)
     async with app.run_test(size=SMALL) as pilot:
         await settle(pilot)
-        assert "assuming h100-80gb" in status(app)
+        assert "assuming --hardware h100-80gb" in status(app)
         assert app.state.hardware_preset == "h100-80gb"
         assert app.result.sim.summary.iteration_time_ms < 1e6
 
