@@ -1,7 +1,7 @@
 """TUI responsiveness (issues 6, 12): key press -> new numbers + timeline, redraws, and
 input while the planner runs.
 
-1. pp=8 x 64 and pp=16 x 256 microbatches (llama3-70b, 80 GB): time from a
+1. pp=8 x 64 and pp=16 x 256 microbatches (llama3-70b, h100-80gb): time from a
    boundary-move key press in the split editor until the re-simulated numbers
    are applied and every visible timeline line has been rendered (goals: under
    100 ms and under 250 ms median).
@@ -26,6 +26,7 @@ from dataclasses import replace
 
 from textual import events
 
+from ppsim.config.overrides import with_overrides
 from ppsim.config.schema import load_config
 from ppsim.pipeline.split import even_counts
 from ppsim.tui.app import PPSimApp
@@ -37,12 +38,9 @@ PRESSES = 20
 
 
 def config(pp: int, microbatches: int):
-    cfg = load_config(None)
-    cfg.model = {"preset": "llama3-70b"}
-    cfg.hardware.preset = None
-    cfg.hardware.memory_bytes = 80e9
-    cfg.pipeline.pp, cfg.pipeline.microbatches, cfg.pipeline.split = pp, microbatches, None
-    return cfg
+    """Llama-3-70B on H100s (80 GB), the even split."""
+    return with_overrides(load_config(None), preset="llama3-70b", hardware="h100-80gb",
+                          pipeline={"pp": pp, "microbatches": microbatches}, split={})
 
 
 async def key_to_update(pp: int, microbatches: int) -> tuple[list[float], list[float]]:

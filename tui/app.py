@@ -8,6 +8,7 @@ for a state other than the one in the widgets. Escape cancels what runs.
 
 from __future__ import annotations
 
+import gc
 import threading
 from dataclasses import replace
 from typing import Any
@@ -39,6 +40,7 @@ from ppsim.tui.session import (
     EditState,
     Result,
     apply_setting,
+    collection_paused,
     evaluate_state,
     state_from_config,
 )
@@ -228,20 +230,21 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
 
     @work(thread=True, group="simulate")
     def _simulate(self, state: EditState, pinned: Any, token: int, field: str) -> None:
-        try:
-            result = evaluate_state(self.base, state, pinned)
-        except (UserError, EditRefused) as exc:
-            self.call_from_thread(self._refused, str(exc), token, field)
-            return
-        # lanes and the trace comparison grow with the run: built here, not on the UI
-        # thread (a 300k-op state would stall the screen for a while otherwise)
-
-        trace = self.trace
-        pin = self._lanes  # the pinned split's simulation is cached: so are its lanes
-        pin_l = pin[2] if len(pin) > 2 and pin[3] is result.pinned else \
-            pinned_lanes(result.pinned)
-        views = (sim_lanes(result.sim), pin_l, trace,
-                 compare(result.sim, trace) if trace is not None else None)
+        with collection_paused():  # see collection_paused: no stall of the screen's thread
+            try:
+                result = evaluate_state(self.base, state, pinned)
+            except (UserError, EditRefused) as exc:
+                self.call_from_thread(self._refused, str(exc), token, field)
+                return
+            # lanes and the trace comparison grow with the run: built here, not on the
+            # UI thread (a 300k-op state would stall the screen for a while otherwise)
+            trace = self.trace
+            sim_l = sim_lanes(result.sim)
+            pin = self._lanes  # the pinned split's simulation is cached: so are its lanes
+            pin_l = pin[2] if len(pin) > 2 and pin[3] is result.pinned else \
+                pinned_lanes(result.pinned, sim_l if result.pinned is result.sim else None)
+            views = (sim_l, pin_l, trace,
+                     compare(result.sim, trace) if trace is not None else None)
         self.call_from_thread(self._apply, result, token, views)
 
     def _refused(self, message: str, token: int, field: str) -> None:
@@ -281,6 +284,7 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         self.query_one("#deltas", Static).update("\n".join(delta_lines(result, width)))
         self._show_proposal()
         self.results_applied += 1
+        gc.freeze()  # see collection_paused
 
     def _show_timeline(self, recompare: bool = True) -> None:
         """Lanes (real ones under their rank) and the trace comparison; `recompare`

@@ -97,9 +97,11 @@ def trace_lanes(trace: Any, iteration: int | None = None, prefix: str = "real") 
     return lanes
 
 
-def pinned_lanes(sim: Any) -> list[Lane]:
-    """The pinned split's lanes, labelled "pin0", "pin1", ..."""
-    return [Lane(f"pin{lane.rank}", lane.ops, lane.rank, "pinned") for lane in sim_lanes(sim)]
+def pinned_lanes(sim: Any, lanes: list[Lane] | None = None) -> list[Lane]:
+    """The pinned split's lanes, labelled "pin0", "pin1", ...; `lanes`: its lanes
+    already built (the pinned split is the current one), relabelled only."""
+    return [Lane(f"pin{lane.rank}", lane.ops, lane.rank, "pinned")
+            for lane in (lanes if lanes is not None else sim_lanes(sim))]
 
 
 def interleave(main: list[Lane], *others: list[Lane]) -> list[Lane]:

@@ -317,6 +317,34 @@ async def test_at_160x45_the_compare_line_keeps_its_brackets() -> None:
         assert re.search(r"vs even split \[[^\]]*\]", body) or body.endswith("…")
 
 
+async def test_at_160x45_the_memory_delta_column_stands_apart() -> None:
+    """Before: the Δ mem column ran into the peak column (`6.38 MB+856.06 kB`)."""
+    app = PPSimApp(llama())
+    async with app.run_test(size=LARGE) as pilot:
+        await settle(pilot)
+        await pilot.press("2", "right")  # an uneven split: deltas on every column
+        await settle(pilot)
+        rows = [x for x in screen_text(app) if re.search(r"│ r\d+ +\d", x)]
+        assert rows and not any(re.search(r"B[+-]\d", x) for x in rows)
+        assert any(re.search(r"GB +\+\d", x) for x in rows)
+
+
+async def test_z_gives_the_timeline_the_whole_screen_and_back() -> None:
+    app = PPSimApp(llama())
+    async with app.run_test(size=SMALL) as pilot:
+        await settle(pilot)
+        narrow = app.query_one(Timeline).size.width
+        await pilot.press("z")
+        await settle(pilot)
+        tl = app.query_one(Timeline)
+        assert not app.query_one("#left").display and tl.size.width >= SMALL[0] - 2 > narrow
+        assert app.focused is tl
+        assert any(line.startswith("│r7") for line in screen_text(app))
+        await pilot.press("z")
+        await settle(pilot)
+        assert app.query_one("#left").display and visible(app, "#split-editor", SMALL)
+
+
 async def test_the_help_fits_80_columns_without_ragged_wrapping() -> None:
     """Before: the help's lines were wider than the box at 80 columns and wrapped."""
     from ppsim.tui.screens import HELP
