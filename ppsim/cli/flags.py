@@ -87,9 +87,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 GPU_HARDWARE = "h100-80gb"
 """The hardware a GPU-class model preset is simulated on when no hardware is given."""
-CPU_SIZED_MODELS = ("tiny-gpt", "tiny-llm")
-"""Model presets sized for the embedded default's CPU hardware; every other preset is
-a GPU-class model (billions of parameters)."""
+CPU_SIZED_PREFIX = "tiny-"
+"""Model presets named so (tiny-gpt, tiny-llm) are sized for the embedded default's
+CPU hardware; every other preset is a GPU-class model (billions of parameters)."""
 
 
 def assume_hardware(args: argparse.Namespace, cfg: Config) -> tuple[Config, str]:
@@ -98,7 +98,7 @@ def assume_hardware(args: argparse.Namespace, cfg: Config) -> tuple[Config, str]
     (DeepSeek-V3 at 170,000 s an iteration), so GPU_HARDWARE is assumed. Returns the
     config and a one-line note saying so ('' when nothing was assumed)."""
     preset = getattr(args, "preset", None)
-    if preset is None or preset in CPU_SIZED_MODELS or getattr(args, "config", None) \
+    if preset is None or preset.startswith(CPU_SIZED_PREFIX) or getattr(args, "config", None) \
             or getattr(args, "hardware", None) is not None or cfg.hardware.preset != "cpu":
         return cfg, ""
     memory = cfg.hardware.memory_bytes if getattr(args, "memory_gb", None) is not None \
