@@ -139,8 +139,13 @@ async def keys_while_simulating(pp: int, microbatches: int) -> tuple[list[float]
         tl = app.query_one(Timeline)
         tl.focus()
         before_runs = app.results_applied
+        t0 = time.perf_counter()
         app.set_state(replace(app.state, pp=pp, microbatches=microbatches,
                               counts=even_counts(app.state.num_layers, pp, 1)))
+        # the screen draws the new state; the simulation starts after that frame
+        while not any(w.group == "simulate" and w.is_running for w in app.workers):
+            await asyncio.sleep(0.0005)
+        KEY_CPU[("drawn", pp, microbatches)] = [time.perf_counter() - t0]
         i = 0
         while app.simulating:
             before = tl.cursor
@@ -175,9 +180,11 @@ def main() -> None:
         print("the planner finished before a key could be pressed")
     k, runs = asyncio.run(keys_while_simulating(64, 1024))
     if k:
+        drawn = KEY_CPU[("drawn", 64, 1024)][0]
         print(f"while pp=64 x 1024 simulates ({runs} result, {len(k)} timeline presses): key "
               f"-> cursor moved median {statistics.median(k) * 1e3:.1f} ms, max "
-              f"{max(k) * 1e3:.1f} ms (goal: max < 100 ms)")
+              f"{max(k) * 1e3:.1f} ms (goal: max < 100 ms); the edit drawn before the "
+              f"simulation starts: {drawn * 1e3:.1f} ms")
     r = asyncio.run(redraw(16, 256))
     lines = int(r.pop("lines"))
     for k, v in r.items():

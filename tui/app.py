@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import threading
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from textual import on, work
@@ -50,6 +51,9 @@ from ppsim.tui.status import StatusLine
 from ppsim.tui.timeline import Timeline
 from ppsim.tui.views import PANELS, ViewActions
 
+DEFER_MICROBATCH_STAGES = 16_384
+"""Above pp x vpp x microbatches (simulations of about a second and more), the
+simulation starts after the screen drew the edit."""
 HINT = "? help · 1-4 panels · z timeline full screen · p plan · B pin a typed layout"
 """What the status line says until the first message."""
 
@@ -214,7 +218,15 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         self.query_one(Headline).show(self.result, busy)
         if not self._sim_running:  # one simulation at a time; the newest state goes next
             self._sim_running = True
-            self._simulate(self.state, self.pinned, self._token, self._edit_field)
+            run = partial(self._simulate, self.state, self.pinned, self._token,
+                          self._edit_field)
+            if s.pp * s.vpp * s.microbatches > DEFER_MICROBATCH_STAGES:
+                # a run of seconds: let the screen draw the new state first, so the
+                # worker does not compete with that frame for the GIL (a key waited
+                # 130-260 ms behind it at pp 64 x 1024)
+                self.call_after_refresh(run)
+            else:
+                run()
 
     def _sim_finished(self, token: int) -> bool:
         """A worker ended: True when its result is for the current state; otherwise
