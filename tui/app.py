@@ -292,11 +292,23 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         self._show_timeline(recompare)
         self.query_one(MemoryBars).set_bars(bars_from_summary(result.sim.summary),
                                             result.sim.problem.hardware.memory_bytes)
-        width = max(20, self.query_one("#compare-box").scrollable_content_region.width - 2)
-        self.query_one("#deltas", Static).update("\n".join(delta_lines(result, width)))
-        self._show_proposal()
+        self._show_deltas()
         self.results_applied += 1
         gc.freeze()  # see collection_paused
+
+    def _show_deltas(self) -> None:
+        """The compare panel's lines (and the planner's proposal) worded for its width."""
+        if self.result is None:
+            return
+        box = self.query_one("#compare-box")
+        if box.scrollable_content_region.width <= 0:  # not laid out yet
+            self.call_after_refresh(self._show_deltas)
+        width = max(20, box.scrollable_content_region.width - 2)
+        self.query_one("#deltas", Static).update("\n".join(delta_lines(self.result, width)))
+        self._show_proposal()
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._show_deltas)  # the panel's width follows the screen
 
     def _show_timeline(self, recompare: bool = True) -> None:
         """Lanes (real ones under their rank) and the trace comparison; `recompare`
