@@ -369,6 +369,7 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
     @on(CursorMoved)
     def _cursor(self, event: CursorMoved) -> None:
         tl = self.query_one(Timeline)
+        tl.border_subtitle = tl.describe_scale()  # on the border: never cut at 80 columns
         text = f"{tl.cursor_text()} | {tl.describe_scale()}"
         op = tl.current_op()
         if op is not None and tl.lanes[event.lane].source == "sim":

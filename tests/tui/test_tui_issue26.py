@@ -125,10 +125,11 @@ async def test_zoom_under_key_repeat_keeps_the_cursor_and_per_cell_follows() -> 
         cell = (op.start + op.end) / 2 / tl.ms_per_cell
         assert tl.scroll_x <= cell < tl.scroll_x + tl._view_width()
         info = str(app.query_one("#cursor-info").render())
-        assert tl.describe_scale() in info
+        assert tl.describe_scale() in info and tl.border_subtitle == tl.describe_scale()
         await pilot.press("0")
         await pilot.pause()
         assert tl.describe_scale() in str(app.query_one("#cursor-info").render())
+        assert tl.border_subtitle == tl.describe_scale()
 
 
 # ------------------------------------------------------------------ 4. messages that stay
