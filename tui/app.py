@@ -18,7 +18,7 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Footer, Header, Input, Static
+from textual.widgets import Footer, Header, Static
 
 from ppsim.config.schema import Config, load_config
 from ppsim.errors import UserError
@@ -383,26 +383,3 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
 
     # ------------------------------------------------------------ actions
 
-    def action_escape(self) -> None:
-        """Leave a text field (putting back the simulated value), else cancel what runs."""
-        focused = self.focused
-        if isinstance(focused, Input):
-            settings = self.query_one(Settings)
-            name = (focused.id or "")[4:]
-            typed = focused.value.strip() != settings.values.get(name, "")
-            if name in settings.values:
-                settings.revert(name)
-            self.query_one("#split-rows").focus()
-            if typed:
-                return  # this Escape abandoned the typing; the next one cancels
-        if self.simulating:
-            self._token += 1  # its result, when it comes, is dropped
-            self.simulating = False
-            if self.result is not None:
-                self.history.revert_to(self.result.state)
-                self._show_state()
-            self.query_one(Headline).show(self.result, "" if self.result else
-                                          "simulation cancelled")
-            self.say("simulation cancelled; showing the last simulated state")
-        if self.planning is not None:
-            self.planning.set()

@@ -11,10 +11,13 @@ from typing import Any
 
 from textual.app import SystemCommand
 from textual.screen import Screen
+from textual.widgets import Input
 
 from ppsim.errors import UserError
 from ppsim.plan.references import parse_reference
+from ppsim.tui.headline import Headline
 from ppsim.tui.screens import FindPrompt, HelpScreen, PathPrompt
+from ppsim.tui.settings import Settings
 from ppsim.tui.text import counts_text
 from ppsim.tui.timeline import Timeline
 
@@ -23,7 +26,7 @@ PANELS = ("#settings", "#split-rows", "#timeline", "#compare-box")
 
 
 class ViewActions:
-    """Undo/redo, help, panel keys, `b` pin, `B` pin a typed split, `v` overlay, `/`
+    """Undo/redo, help, panel keys, Escape, `b` pin, `B` pin a typed split, `v` overlay, `/`
     find, `n` next match, `z` maximise the timeline (mixed into the App)."""
 
     pinned: tuple[int, ...] | None
@@ -54,6 +57,30 @@ class ViewActions:
         if index == 0:
             target = self.query_one("#set-schedule")
         target.focus()
+
+    def action_escape(self) -> None:
+        """Leave a text field (putting back the simulated value), else cancel what runs."""
+        focused = self.focused
+        if isinstance(focused, Input):
+            settings = self.query_one(Settings)
+            name = (focused.id or "")[4:]
+            typed = focused.value.strip() != settings.values.get(name, "")
+            if name in settings.values:
+                settings.revert(name)
+            self.query_one("#split-rows").focus()
+            if typed:
+                return  # this Escape abandoned the typing; the next one cancels
+        if self.simulating:
+            self._token += 1  # its result, when it comes, is dropped
+            self.simulating = False
+            if self.result is not None:
+                self.history.revert_to(self.result.state)
+                self._show_state()
+            self.query_one(Headline).show(self.result, "" if self.result else
+                                          "simulation cancelled")
+            self.say("simulation cancelled; showing the last simulated state")
+        if self.planning is not None:
+            self.planning.set()
 
     def action_pin(self) -> None:
         """Pin the current split for comparison; pressed on the pinned split, go back
