@@ -124,12 +124,12 @@ def print_exports(console: Any, exports: dict[str, Any]) -> None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     simulate = simulator(args.engine)
     cfg, assumed = assume_hardware(args, config_from_args(args))
-    if assumed:
-        print(f"ppsim simulate: {assumed}", file=sys.stderr)
     ops = limits.check_request(cfg, limits.SIMULATE)
     if args.trace or args.png:
         limits.check_request(cfg, limits.TRACE)
     problem = build_problem(cfg)
+    if assumed:  # after the checks: bad input stays one line on stderr
+        print(f"ppsim simulate: {assumed}", file=sys.stderr)
     print_notes(problem.schedule, "simulate")
     warning = placement_warning(cfg)
     if warning:
