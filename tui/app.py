@@ -8,17 +8,17 @@ for a state other than the one in the widgets. Escape cancels what runs.
 
 from __future__ import annotations
 
+import gc
 import threading
-from collections.abc import Iterable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from textual import on, work
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, ProgressBar, Static
+from textual.widgets import Footer, Header, Static
 
 from ppsim.config.schema import Config, load_config
 from ppsim.errors import UserError
@@ -32,25 +32,30 @@ from ppsim.tui.editing import (
     set_count,
 )
 from ppsim.tui.files import FileActions
-from ppsim.tui.headline import Headline, headline_text, over_limit
+from ppsim.tui.headline import Headline, over_limit
 from ppsim.tui.lanes import interleave, pinned_lanes, sim_lanes, trace_lanes
 from ppsim.tui.memory import MemoryBars, bars_from_summary
 from ppsim.tui.messages import BoundaryMove, CountSet, CursorMoved, SettingChanged, StageClick
 from ppsim.tui.planning import PlannerActions
-from ppsim.tui.screens import HelpScreen
 from ppsim.tui.session import (
     EditState,
     Result,
     apply_setting,
+    collection_paused,
     evaluate_state,
     state_from_config,
 )
-from ppsim.tui.settings import Settings, state_values
+from ppsim.tui.settings import Settings, field_label, state_values
 from ppsim.tui.split_editor import SplitEditor
+from ppsim.tui.status import StatusLine
 from ppsim.tui.timeline import Timeline
-from ppsim.tui.views import ViewActions
+from ppsim.tui.views import PANELS, ViewActions
 
-PANELS = ("#settings", "#split-rows", "#timeline", "#compare-box")
+DEFER_MICROBATCH_STAGES = 16_384
+"""Above pp x vpp x microbatches (simulations of about a second and more), the
+simulation starts after the screen drew the edit."""
+HINT = "? help · 1-4 panels · z timeline full screen · p plan · B pin a typed layout"
+"""What the status line says until the first message."""
 
 
 class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
@@ -58,17 +63,22 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
     TITLE = "ppsim"
     SUB_TITLE = "pipeline split editor"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]
     BINDINGS = [
         Binding("q", "quit", "Quit"),
         Binding("question_mark,f1", "help", "Help"),
         Binding("u,ctrl+z", "undo", "Undo"),
         Binding("ctrl+y", "redo", "Redo", show=False),
         Binding("p", "plan", "Plan"),
-        Binding("e", "export", "Export"),
+        Binding("a", "accept_plan", "Accept plan", show=False),
+        Binding("x", "dismiss_plan", "Dismiss plan", show=False),
+        Binding("z", "maximise", "Max timeline", show=False),
+        Binding("e", "export", "Export", show=False),  # the help and ctrl+p list these
         Binding("y", "copy_export", "Copy", show=False),
-        Binding("s", "save", "Save"),
-        Binding("t", "load_trace", "Trace"),
+        Binding("s", "save", "Save", show=False),
+        Binding("t", "load_trace", "Trace", show=False),
         Binding("b", "pin", "Pin", show=False),
+        Binding("B", "pin_typed", "Pin typed", show=False),
         Binding("v", "toggle_pinned", "Overlay", show=False),
         Binding("slash", "find", "Find"),
         Binding("n", "find_next", "Next match", show=False),
@@ -91,6 +101,7 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         self._lanes: tuple = ([], [])
         self.comparison: Comparison | None = None
         self.plan_result: Any = None
+        self.proposal: EditState | None = None
         self.pinned: tuple[int, ...] | None = None
         self.show_pinned = False
         self.simulating = False
@@ -120,9 +131,13 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         super()._handle_exception(error)
 
     def notify(self, message: str, **kwargs: Any) -> None:  # type: ignore[override]
-        """Notifications carry paths and typed text: never read them as markup."""
+        """Notifications carry paths and typed text: never read them as markup. The
+        toast shows the whole message for a while; the status line keeps it (cut to
+        one line) until the next one."""
         kwargs.setdefault("markup", False)
         super().notify(message, **kwargs)
+        # and on the status line, where it stays after the toast is gone
+        self.say(message, str(kwargs.get("severity", "information")))
 
     @property
     def state(self) -> EditState:
@@ -141,11 +156,12 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
             with Vertical(id="right"):
                 yield Timeline(id="timeline")
                 yield Static("", id="cursor-info", markup=False)
-                yield ProgressBar(id="plan-progress", show_eta=False)
                 with VerticalScroll(id="compare-box", can_focus=True):
+                    yield Static("", id="proposal", markup=False)  # first: in view
                     yield Static("", id="compare", markup=False)
                     yield Static("", id="deltas", markup=False)
                     yield MemoryBars(id="memory")
+        yield StatusLine(id="status")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -156,14 +172,18 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
             self.query_one(panel).border_title = title
         self.query_one("#compare-box").border_subtitle = "b pin split · v overlay"
         self.resimulate()
+        self.say(HINT)
         if self._note:
-            self.notify(self._note, timeout=8)
+            self.notify(self._note, severity="warning", timeout=8)
         if self._initial_trace:
             self.load_trace(self._initial_trace)
 
     # ------------------------------------------------------------ state & simulation
 
     def set_state(self, state: EditState, record: bool = True, field: str = "") -> None:
+        status = self.query_one(StatusLine)
+        if status.message.severity == "error":
+            status.say("")  # an accepted edit: the last refusal no longer applies
         if record:
             self.history.push(state)
         self._edit_field = field
@@ -195,13 +215,18 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         s = self.state
         busy = (f"simulating pp {s.pp} x {s.microbatches} microbatches… (Esc cancels; "
                 f"numbers below are the previous state's)")
-        if self.result is not None:
-            self.query_one(Headline).update(headline_text(self.result, busy=busy))
-        else:
-            self.query_one(Headline).update(busy)
+        self.query_one(Headline).show(self.result, busy)
         if not self._sim_running:  # one simulation at a time; the newest state goes next
             self._sim_running = True
-            self._simulate(self.state, self.pinned, self._token, self._edit_field)
+            run = partial(self._simulate, self.state, self.pinned, self._token,
+                          self._edit_field)
+            if s.pp * s.vpp * s.microbatches > DEFER_MICROBATCH_STAGES:
+                # a run of seconds: let the screen draw the new state first, so the
+                # worker does not compete with that frame for the GIL (a key waited
+                # 130-260 ms behind it at pp 64 x 1024)
+                self.call_after_refresh(run)
+            else:
+                run()
 
     def _sim_finished(self, token: int) -> bool:
         """A worker ended: True when its result is for the current state; otherwise
@@ -217,20 +242,21 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
 
     @work(thread=True, group="simulate")
     def _simulate(self, state: EditState, pinned: Any, token: int, field: str) -> None:
-        try:
-            result = evaluate_state(self.base, state, pinned)
-        except (UserError, EditRefused) as exc:
-            self.call_from_thread(self._refused, str(exc), token, field)
-            return
-        # lanes and the trace comparison grow with the run: built here, not on the UI
-        # thread (a 300k-op state would stall the screen for a while otherwise)
-
-        trace = self.trace
-        pin = self._lanes  # the pinned split's simulation is cached: so are its lanes
-        pin_l = pin[2] if len(pin) > 2 and pin[3] is result.pinned else \
-            pinned_lanes(result.pinned)
-        views = (sim_lanes(result.sim), pin_l, trace,
-                 compare(result.sim, trace) if trace is not None else None)
+        with collection_paused():  # see collection_paused: no stall of the screen's thread
+            try:
+                result = evaluate_state(self.base, state, pinned)
+            except (UserError, EditRefused) as exc:
+                self.call_from_thread(self._refused, str(exc), token, field)
+                return
+            # lanes and the trace comparison grow with the run: built here, not on the
+            # UI thread (a 300k-op state would stall the screen for a while otherwise)
+            trace = self.trace
+            sim_l = sim_lanes(result.sim)
+            pin = self._lanes  # the pinned split's simulation is cached: so are its lanes
+            pin_l = pin[2] if len(pin) > 2 and pin[3] is result.pinned else \
+                pinned_lanes(result.pinned, sim_l if result.pinned is result.sim else None)
+            views = (sim_l, pin_l, trace,
+                     compare(result.sim, trace) if trace is not None else None)
         self.call_from_thread(self._apply, result, token, views)
 
     def _refused(self, message: str, token: int, field: str) -> None:
@@ -238,21 +264,18 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         if not self._sim_finished(token):
             return
         if self.result is None:
-            self.query_one(Headline).update(f"cannot simulate: {message}")
+            self.query_one(Headline).show(None, f"cannot simulate: {message}")
+            self.say(f"cannot simulate: {message}", "error")
             return
-        text = f"{field or 'edit'} refused, kept the previous state: {message}"
+        text = f"{field_label(field or 'edit')} refused, kept the previous state: {message}"
         self.history.revert_to(self.result.state)
         self._show_state()
-        self._show_error(field, text)
-        self.query_one(Headline).update(headline_text(self.result))
+        self.notify(text, severity="error")
+        self.query_one(Headline).show(self.result)
 
-    def _show_error(self, field: str, text: str) -> None:
-        settings = self.query_one(Settings)
-        editor = self.query_one(SplitEditor)
-        if field in settings.values or not text:
-            settings.show_error(field, text)
-        if field not in settings.values or not text:
-            editor.show_error(text)
+    def say(self, text: str, severity: str = "information") -> None:
+        """Put a message on the status line, where it stays until the next one."""
+        self.query_one(StatusLine).say(text, severity)
 
     def _apply(self, result: Result, token: int, views: tuple = ()) -> None:
         if not self._sim_finished(token):
@@ -264,13 +287,28 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         recompare = not views or views[2] is not self.trace
         if not recompare:
             self.comparison = views[3]
-        self.query_one(Headline).update(headline_text(result))
+        self.query_one(Headline).show(result)
         self._show_split()
         self._show_timeline(recompare)
         self.query_one(MemoryBars).set_bars(bars_from_summary(result.sim.summary),
                                             result.sim.problem.hardware.memory_bytes)
-        self.query_one("#deltas", Static).update("\n".join(delta_lines(result)))
+        self._show_deltas()
         self.results_applied += 1
+        gc.freeze()  # see collection_paused
+
+    def _show_deltas(self) -> None:
+        """The compare panel's lines (and the planner's proposal) worded for its width."""
+        if self.result is None:
+            return
+        box = self.query_one("#compare-box")
+        if box.scrollable_content_region.width <= 0:  # not laid out yet
+            self.call_after_refresh(self._show_deltas)
+        width = max(20, box.scrollable_content_region.width - 2)
+        self.query_one("#deltas", Static).update("\n".join(delta_lines(self.result, width)))
+        self._show_proposal()
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._show_deltas)  # the panel's width follows the screen
 
     def _show_timeline(self, recompare: bool = True) -> None:
         """Lanes (real ones under their rank) and the trace comparison; `recompare`
@@ -293,13 +331,11 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
     # ------------------------------------------------------------ edits
 
     def _edit_split(self, make: Any) -> None:
-        editor = self.query_one(SplitEditor)
         try:
             counts = make(self.state.counts)
         except EditRefused as exc:
-            editor.show_error(exc.reason)
+            self.notify(f"{field_label(exc.field)} refused: {exc.reason}", severity="error")
             return
-        editor.show_error("")
         if counts != self.state.counts:
             self.set_state(replace(self.state, counts=counts), field="split")
 
@@ -319,95 +355,31 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
     def _setting(self, event: SettingChanged) -> None:
         settings = self.query_one(Settings)
         if state_values(self.state).get(event.name) == event.text.strip():
-            settings.show_error(event.name, "")
             return
         try:
             state = apply_setting(self.base, self.state, event.name, event.text)
         except EditRefused as exc:
             # a refused value never stays in its field: the field shows what is simulated
             settings.revert(event.name)
-            settings.show_error(event.name, f"{event.name} {event.text.strip()!r} refused, "
-                                f"kept {settings.values.get(event.name)}: {exc.reason}")
+            self.notify(f"{field_label(event.name)} {event.text.strip()!r} refused, kept "
+                        f"{settings.values.get(event.name)}: {exc.reason}", severity="error")
             return
-        settings.show_error(event.name, "")
         self.set_state(state, field=event.name)
 
     @on(CursorMoved)
     def _cursor(self, event: CursorMoved) -> None:
         tl = self.query_one(Timeline)
+        tl.border_subtitle = tl.describe_scale()  # on the border: never cut at 80 columns
         text = f"{tl.cursor_text()} | {tl.describe_scale()}"
         op = tl.current_op()
         if op is not None and tl.lanes[event.lane].source == "sim":
             real = [lane for lane in tl.lanes if lane.source == "real"
                     and lane.rank == tl.lanes[event.lane].rank]
-            delta = op_delta(op, real[0].ops) if real else ""
+            shown = self.comparison is not None and not self.comparison.hidden
+            delta = op_delta(op, real[0].ops) if real and shown else ""
             if delta:
                 text += f"\n{delta}"
         self.query_one("#cursor-info", Static).update(text)
 
     # ------------------------------------------------------------ actions
 
-    def action_undo(self) -> None:
-        if self.history.undo() is not None:
-            self.set_state(self.state, record=False)
-        else:
-            self.notify("nothing to undo")
-
-    def action_redo(self) -> None:
-        if self.history.redo() is not None:
-            self.set_state(self.state, record=False)
-        else:
-            self.notify("nothing to redo")
-
-    def action_help(self) -> None:
-        self.push_screen(HelpScreen())
-
-    def action_edit_count(self) -> None:
-        self.query_one("#count-input").focus()
-
-    def action_panel(self, index: int) -> None:
-        target = self.query_one(PANELS[index])
-        if index == 0:
-            target = self.query_one("#set-schedule")
-        target.focus()
-
-    def action_escape(self) -> None:
-        """Leave a text field (putting back the simulated value), else cancel what runs."""
-        focused = self.focused
-        if isinstance(focused, Input):
-            settings = self.query_one(Settings)
-            name = (focused.id or "")[4:]
-            typed = focused.value.strip() != settings.values.get(name, "")
-            if name in settings.values:
-                settings.revert(name)
-            self.query_one("#split-rows").focus()
-            if typed:
-                return  # this Escape abandoned the typing; the next one cancels
-        if self.simulating:
-            self._token += 1  # its result, when it comes, is dropped
-            self.simulating = False
-            if self.result is not None:
-                self.history.revert_to(self.result.state)
-                self._show_state()
-                self.query_one(Headline).update(headline_text(self.result))
-            else:
-                self.query_one(Headline).update("simulation cancelled")
-            self.notify("simulation cancelled; showing the last simulated state")
-        if self.planning is not None:
-            self.planning.set()
-
-    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
-        yield SystemCommand("Plan", "Run the planner and jump to its best split", self.action_plan)
-        yield SystemCommand("Export split", "Write Megatron / torchtitan / DeepSpeed forms",
-                            self.action_export)
-        yield SystemCommand("Copy export", "Copy the export text to the clipboard",
-                            self.action_copy_export)
-        yield SystemCommand("Save config", "Write the config as TOML", self.action_save)
-        yield SystemCommand("Load trace", "Compare a real trace with the simulation",
-                            self.action_load_trace)
-        yield SystemCommand("Pin split", "Compare later edits with the current split",
-                            self.action_pin)
-        yield SystemCommand("Undo", "Undo the last edit", self.action_undo)
-        yield SystemCommand("Redo", "Redo the last undone edit", self.action_redo)
-        yield SystemCommand("Help", "Key bindings", self.action_help)

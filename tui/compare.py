@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from ppsim.errors import UserError
 from ppsim.trace.diff import diff_traces, steady_iteration
 from ppsim.trace.schema import simulation_trace, trace_from_json
+from ppsim.tui.text import counts_text
 from ppsim.units import fmt_bytes
 
 
@@ -35,6 +36,9 @@ class Comparison:
     """Empty when the trace was run with the simulated schedule and split."""
     details: tuple[str, ...] = ()
     """Extra lines from ppsim diff (duration errors, critical path, worst op)."""
+    hidden: bool = False
+    """The trace is of another configuration (pp, vpp, microbatches, schedule or
+    split): its figures would compare unlike things, so they are not shown."""
 
     @property
     def rel_error(self) -> float:
@@ -42,6 +46,9 @@ class Comparison:
         return (self.real_ms - self.sim_ms) / self.sim_ms if self.sim_ms > 0 else 0.0
 
     def lines(self) -> list[str]:
+        if self.hidden:
+            return [f"trace {self.trace_path}", f"{self.shape_note}; its figures are hidden "
+                    "(load a trace of this configuration, or set the session to the trace's)"]
         out = [f"real iteration {self.iteration} compared (of {self.iterations}, as ppsim "
                f"diff): error {self.rel_error:+.1%}",
                f"sim {self.sim_ms:.3f} ms  real {self.real_ms:.3f} ms  error=(real-sim)/sim",
@@ -64,10 +71,13 @@ def shape_note(sim: Any, trace: Any) -> str:
     p = sim.problem
     info = _info(trace)
     for name, mine in (("schedule", p.schedule.name), ("pp", p.split.pp),
-                       ("microbatches", p.schedule.microbatches),
+                       ("vpp", p.split.vpp), ("microbatches", p.schedule.microbatches),
                        ("split", list(p.split.counts))):
         if name in info and info[name] != mine:
-            notes.append(f"{name} {info[name]} (simulated {mine})")
+            theirs, ours = info[name], mine
+            if name == "split" and isinstance(theirs, list):
+                theirs, ours = counts_text(theirs, 24), counts_text(mine, 24)
+            notes.append(f"{name} {theirs} (simulated {ours})")
     return "trace differs: " + ", ".join(notes) if notes else ""
 
 
@@ -80,12 +90,14 @@ def compared_iteration(trace: Any) -> int:
 def compare(sim: Any, trace: Any) -> Comparison:
     """Simulated iteration against a recorded trace (`ppsim.trace.Trace`)."""
 
+    note = shape_note(sim, trace)
+    if note:
+        return hidden_comparison(sim, trace, note)
     simulated = trace_from_json(simulation_trace(sim), "simulated")
     try:
         d = diff_traces(simulated, trace).to_dict(top=1)
-    except UserError as exc:
-        own = own_compare(sim, trace)
-        return Comparison(**{**own.__dict__, "details": (f"no op-by-op diff: {exc.problem}",)})
+    except UserError as exc:  # a shape the trace's otherData does not name
+        return hidden_comparison(sim, trace, f"trace differs: {exc.problem}")
     details = []
     kinds = d.get("duration_error", {})
     if kinds:
@@ -101,23 +113,14 @@ def compare(sim: Any, trace: Any) -> Comparison:
     sim_ms, real_ms = d["iteration_time_ms"]
     only_sim, only_real = d["ops_only_in"]
     return Comparison(trace.path, sim_ms, real_ms, d["iterations"][1], len(trace.iterations),
-                      d["ops_matched"], only_sim, only_real, shape_note(sim, trace),
-                      tuple(details))
+                      d["ops_matched"], only_sim, only_real, "", tuple(details))
 
 
-def own_compare(sim: Any, trace: Any) -> Comparison:
-    """Iteration time of the compared iteration and matched ops, without ppsim.diff's
-    shape checks (for traces of another pipeline shape)."""
-    it = compared_iteration(trace)
-    ops = [o for o in trace.ops if o.iteration == it]
-    real = (max(o.end_us for o in ops) - min(o.start_us for o in ops)) / 1e3 if ops else 0.0
-    real_keys = {o.key for o in ops}
-    sim_keys = {(o.rank, o.chunk, o.action.microbatch, o.action.kind)
-                for lane in sim.timeline.ops for o in lane}
-    return Comparison(trace.path, sim.summary.iteration_time_ms, real, it,
-                      len(trace.iterations), len(real_keys & sim_keys),
-                      len(sim_keys - real_keys), len(real_keys - sim_keys),
-                      shape_note(sim, trace))
+def hidden_comparison(sim: Any, trace: Any, note: str) -> Comparison:
+    """A trace of another configuration: nothing compared, the mismatch said."""
+    return Comparison(trace.path, sim.summary.iteration_time_ms, 0.0,
+                      compared_iteration(trace), len(trace.iterations), 0, 0, 0, note,
+                      hidden=True)
 
 
 # ------------------------------------------------------------------ current vs pinned
@@ -150,18 +153,22 @@ def delta_lines(result: Any, width: int = 100) -> list[str]:
 
     pin, cur = result.pinned.summary, result.sim.summary
     which = "even split" if result.pinned_is_even else "pinned split"
+    if width < 60:
+        which = which.split()[0]  # "even" / "pinned": room for the counts
     dt = cur.iteration_time_ms - pin.iteration_time_ms
     deltas = rank_deltas(pin, cur)
     big = max((abs(x) for d in deltas for x in d.busy_ms), default=0.0) >= 1e5
     unit, scale = ("s", 1e3) if big else ("ms", 1.0)  # keep the columns apart
-    out = [f"current {list(result.state.counts)} vs {which} {list(result.pinned_counts)}"[:width],
+    room = max(8, (width - len(f"current  vs {which} ")) // 2)
+    out = [f"current {counts_text(result.state.counts, room)} vs {which} "
+           f"{counts_text(result.pinned_counts, room)}",
            f"iteration {cur.iteration_time_ms:.3f} ms vs {pin.iteration_time_ms:.3f} ms "
            f"({dt:+.3f} ms)",
-           f"{'rank':<5}{'busy ' + unit:>10} {'Δ ' + unit:>9}{'peak mem':>10}{'Δ mem':>10}"]
+           f"{'rank':<5}{'busy ' + unit:>10} {'Δ ' + unit:>9} {'peak mem':>10} {'Δ mem':>11}"]
     for d in deltas:
         mem = ("-" if d.peak_delta_bytes < 0 else "+") + fmt_bytes(abs(d.peak_delta_bytes))
         out.append(f"r{d.rank:<4}{d.busy_ms[1] / scale:>10.2f} {d.busy_delta_ms / scale:>+9.2f}"
-                   f"{fmt_bytes(d.peak_bytes[1]):>10}{mem:>10}")
+                   f" {fmt_bytes(d.peak_bytes[1]):>10} {mem:>11}")
     return out
 
 

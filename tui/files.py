@@ -129,6 +129,12 @@ class FileActions:
             return
         self.trace = trace
         self._show_timeline()  # type: ignore[attr-defined]
+        shown = self.comparison  # type: ignore[attr-defined]
+        if shown is not None and shown.hidden:
+            self.say(f"{path}: {shown.shape_note}; its figures are hidden",  # type: ignore
+                     "warning")
+        elif shown is not None:
+            self.say(f"trace {path} loaded: error {shown.rel_error:+.1%} (as ppsim diff)")  # type: ignore
 
     async def action_quit(self) -> None:
         if self.saved_state is not None and self.saved_state == self.state:  # type: ignore

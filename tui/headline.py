@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from ppsim.tui.text import counts_text
 from ppsim.units import fmt_bytes
 
 
@@ -30,38 +31,77 @@ def memory_text(summary: object, limit: float) -> str:
             f"{fmt_bytes(limit)}){more}")
 
 
-def headline_text(result: object, busy: str = "") -> Text:
-    """The two headline lines for a `ppsim.tui.session.Result`; `busy` says what is running."""
+def _parts(result: object, compact: bool) -> list[tuple[str, str]]:
+    """The first line's (text, style) pieces; `compact` for a narrow terminal."""
     r = result
     s = r.sim.summary  # type: ignore[attr-defined]
-    st = r.state  # type: ignore[attr-defined]
     limit = r.sim.problem.hardware.memory_bytes  # type: ignore[attr-defined]
-    t = Text(no_wrap=True, overflow="ellipsis")
-    t.append("iteration ")
-    t.append(f"{s.iteration_time_ms:.3f} ms", style="bold")
-    t.append("   bubble ")
-    t.append(f"{s.bubble_fraction:.1%}", style="bold")
-    mem = memory_text(s, limit)
+    which = "even" if r.pinned_is_even else "pinned"  # type: ignore[attr-defined]
+    mem_style = "bold green" if s.fits else "bold red"
+    parts = [("iter " if compact else "iteration ", ""),
+             (f"{s.iteration_time_ms:.3f} ms", "bold"),
+             ("  bubble " if compact else "   bubble ", ""), (f"{s.bubble_fraction:.1%}", "bold")]
     if s.fits:
-        t.append(f"   peak {fmt_bytes(s.peak_memory_bytes)} / {fmt_bytes(limit)} ")
+        peak = (f"  {fmt_bytes(s.peak_memory_bytes)}/{fmt_bytes(limit)} " if compact
+                else f"   peak {fmt_bytes(s.peak_memory_bytes)} / {fmt_bytes(limit)} ")
+        parts += [(peak, ""), ("fits", mem_style)]
     else:
-        t.append("   ")
-    t.append(mem, style="bold green" if s.fits else "bold red")
-    which = "even split" if r.pinned_is_even else "pinned"  # type: ignore[attr-defined]
-    t.append(f"   vs {which} ")
+        parts += [("   ", ""), (memory_text(s, limit), mem_style)]
     sp = r.speedup  # type: ignore[attr-defined]
     if sp is not None:
-        t.append(f"{sp:.3f}x", style="bold")
-        t.append(f" ({r.baseline_ms:.3f} ms)", style="dim")  # type: ignore[attr-defined]
+        if compact:
+            parts += [("  ", ""), (f"{sp:.3f}x", "bold"), (f" vs {which}", "")]
+        else:
+            parts += [(f"   vs {which} split " if which == "even" else "   vs pinned ", ""),
+                      (f"{sp:.3f}x", "bold"),
+                      (f" ({r.baseline_ms:.3f} ms)", "dim")]  # type: ignore[attr-defined]
+    return parts
+
+
+def headline_text(result: object, busy: str = "", width: int | None = None) -> Text:
+    """The two headline lines for a `ppsim.tui.session.Result` in `width` columns (a
+    shorter wording when the full one does not fit; what is still cut ends in `…`);
+    `busy` says what is running."""
+    parts = _parts(result, compact=False)
+    if width is not None and sum(len(p) for p, _ in parts) > width:
+        parts = _parts(result, compact=True)
+    t = Text(no_wrap=True, overflow="ellipsis")
+    for piece, style in parts:
+        t.append(piece, style=style)
     t.append("\n")
     if busy:
         t.append(busy, style="bold italic yellow")
         t.append("  ")
-    t.append(f"{st.schedule}  pp={st.pp} vpp={st.vpp} microbatches={st.microbatches}  "
-             f"split={list(st.counts)}   {which}: {list(r.pinned_counts)}",  # type: ignore
-             style="dim")
+    r = result
+    st = r.state  # type: ignore[attr-defined]
+    which = "even" if r.pinned_is_even else "pinned"  # type: ignore[attr-defined]
+    shape = f"{st.schedule}  pp={st.pp} vpp={st.vpp} microbatches={st.microbatches}  split="
+    if width is not None and width < 100:
+        shape = f"{st.schedule} pp={st.pp} vpp={st.vpp} mbs={st.microbatches} split="
+    room = None if width is None else max(8, (width - len(shape) - len(which) - 5) // 2)
+    t.append(f"{shape}{counts_text(st.counts, room)}   {which}: "
+             f"{counts_text(r.pinned_counts, room)}", style="dim")  # type: ignore
     return t
 
 
 class Headline(Static):
-    """Shows `headline_text` of the latest result."""
+    """Shows `headline_text` of the latest result, worded for the widget's width."""
+
+    def __init__(self, text: str = "", *, id: str | None = None) -> None:
+        super().__init__(text, id=id, markup=False)
+        self.result: object | None = None
+        self.busy = ""
+
+    def show(self, result: object | None, busy: str = "") -> None:
+        """The result's numbers (None: `busy` alone), and what runs."""
+        self.result, self.busy = result, busy
+        self.update(self._text())
+
+    def _text(self) -> Text | str:
+        if self.result is None:
+            return self.busy
+        return headline_text(self.result, self.busy, max(1, self.size.width - 2))
+
+    def on_resize(self) -> None:
+        if self.result is not None:
+            self.update(self._text())

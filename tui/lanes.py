@@ -97,9 +97,11 @@ def trace_lanes(trace: Any, iteration: int | None = None, prefix: str = "real") 
     return lanes
 
 
-def pinned_lanes(sim: Any) -> list[Lane]:
-    """The pinned split's lanes, labelled "pin0", "pin1", ..."""
-    return [Lane(f"pin{lane.rank}", lane.ops, lane.rank, "pinned") for lane in sim_lanes(sim)]
+def pinned_lanes(sim: Any, lanes: list[Lane] | None = None) -> list[Lane]:
+    """The pinned split's lanes, labelled "pin0", "pin1", ...; `lanes`: its lanes
+    already built (the pinned split is the current one), relabelled only."""
+    return [Lane(f"pin{lane.rank}", lane.ops, lane.rank, "pinned")
+            for lane in (lanes if lanes is not None else sim_lanes(sim))]
 
 
 def interleave(main: list[Lane], *others: list[Lane]) -> list[Lane]:
@@ -251,3 +253,20 @@ def find_op(lanes: list[Lane], query: str, after: tuple[int, int] = (-1, -1)
 def fit_scale(end_ms: float, width: int) -> float:
     """ms per cell so that the whole iteration fits `width` cells."""
     return end_ms / max(1, width - 1) if end_ms > 0 else 1.0
+
+
+def zoomed_scale(ms_per_cell: float, factor: float, fit_ms: float, finest_ms: float) -> float:
+    """The scale after a zoom by `factor`: never coarser than `fit_ms` (the whole
+    iteration in view) nor finer than `finest_ms` (the widget's cell limit)."""
+    new = ms_per_cell * factor
+    return min(fit_ms, max(new, finest_ms))
+
+
+def zoom_scroll(anchor_ms: float, old_ms_per_cell: float, new_ms_per_cell: float,
+                scroll_x: int, view_cells: int) -> int:
+    """The first visible column after a zoom that keeps time `anchor_ms` (the cursor)
+    at the same screen column; an anchor that was out of view is put a third in."""
+    screen_x = anchor_ms / old_ms_per_cell - scroll_x
+    if not 0 <= screen_x < view_cells:
+        screen_x = view_cells / 3
+    return max(0, round(anchor_ms / new_ms_per_cell - screen_x))

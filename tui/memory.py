@@ -27,23 +27,22 @@ def bars_from_summary(summary: object) -> list[Bar]:
 def bar_cells(bar: Bar, limit: float, width: int) -> tuple[int, int, int]:
     """(static, activation, free) cells of a bar `width` cells long scaled to the limit.
 
-    Over the limit the bar fills completely (its colour says it does not fit)."""
+    Each part gets the cells it fills, rounded (a part under half a cell draws
+    none: 12.63 MB of 16 GB is not two full cells); the label gives the exact
+    figure. Over the limit the bar fills completely (its colour says it does not fit)."""
     if width <= 0:
         return 0, 0, 0
     scale = width / max(limit, bar.peak_bytes, 1)
     s = min(width, round(bar.static_bytes * scale))
-    if bar.static_bytes > 0 and s == 0:
-        s = 1
-    a = min(width - s, round(bar.activation_bytes * scale))
-    if bar.activation_bytes > 0 and a == 0 and s < width:
-        a = 1
-    return s, a, width - s - a
+    a = min(width - s, round((bar.static_bytes + bar.activation_bytes) * scale) - s)
+    return s, max(0, a), width - s - max(0, a)
 
 
 def bar_label(bar: Bar, limit: float) -> str:
     flag = "" if bar.fits else " OVER"
     pct = bar.peak_bytes / limit if limit > 0 else 0.0
-    return (f" {fmt_bytes(bar.peak_bytes)} {pct:.0%}{flag}  static "
+    share = "<1%" if 0 < pct < 0.005 else f"{pct:.0%}"
+    return (f" {fmt_bytes(bar.peak_bytes)} {share}{flag}  static "
             f"{fmt_bytes(bar.static_bytes)} + act {fmt_bytes(bar.activation_bytes)}")
 
 
@@ -88,5 +87,5 @@ class MemoryBars(Widget):
             out.append(bar_label(bar, self.limit))
             lines.append(out)
         for line in lines:
-            line.truncate(max(1, self.size.width))
+            line.truncate(max(1, self.size.width), overflow="ellipsis")
         return Text("\n", no_wrap=True).join(lines)

@@ -20,20 +20,29 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from textual import work
-from textual.widgets import ProgressBar
+from textual.widgets import Static
 
 from ppsim.errors import UserError
+from ppsim.plan.advice import no_fit_message
+from ppsim.plan.planner import count_splits
 from ppsim.tui.session import (
     EditState,
     planner_available,
     run_planner,
     state_with_split,
 )
+from ppsim.tui.text import counts_text, thousands
 
 IN_PROCESS = True
+
+
+def total_splits(state: EditState) -> int:
+    """How many splits the planner may evaluate (what the status line counts against)."""
+    return count_splits(state.num_layers, state.pp * state.vpp)
 
 
 def start_child(base: Any, state: EditState) -> subprocess.Popen:
@@ -65,11 +74,37 @@ class PlanCancelled(Exception):
     """Raised from the planner's progress callback to stop it."""
 
 
+def same_but_split(started: EditState, current: EditState) -> bool:
+    """True when `current` differs from the state the planner started from only in
+    its split (which the planner's answer replaces anyway)."""
+    return replace(started, counts=current.counts) == current
+
+
+def progress_text(evaluated: int, total: int) -> str:
+    """The status line while the planner runs: a real count of splits evaluated."""
+    of = f" of {thousands(total)} possible" if total > 0 else ""
+    return f"planner: {thousands(evaluated)} splits evaluated{of}… (Esc stops it)"
+
+
+def outcome_text(res: Any, current_ms: float | None) -> str:
+    """The planner's best as the status line says it: split, time, how sure, what
+    it costs against the current split, and the keys that accept or dismiss it."""
+    best = res.best
+    t = best.summary.iteration_time_ms
+    proof = "proven optimal" if res.proven_optimal else "best found in the budget"
+    vs = f" {current_ms / t:.3f}x vs current," if current_ms and t > 0 else ""
+    return (f"planner: {counts_text(best.split.counts, 30)} {t:.3f} ms,{vs} a accepts, "
+            f"x dismisses ({proof}; {thousands(res.evaluated)} of "
+            f"{thousands(res.total_splits)} splits evaluated)")
+
+
 class PlannerActions:
-    """`p` runs the planner (mixed into the App)."""
+    """`p` runs the planner; its best is a proposal shown beside the current split,
+    `a` accepts it, `x` dismisses it (mixed into the App)."""
 
     planning: threading.Event | None
     plan_result: Any
+    proposal: Any
 
     def action_plan(self) -> None:
         if not planner_available():
@@ -79,10 +114,7 @@ class PlannerActions:
         if self.planning is not None:
             self.notify("the planner is running (Esc cancels it)")
             return
-        bar = self.query_one("#plan-progress", ProgressBar)
-        bar.add_class("-shown")
-        bar.update(total=None, progress=0)
-        self.notify("planner running: the bar shows splits evaluated; Esc cancels")
+        self.say(progress_text(0, total_splits(self.state)))
         self.planning = threading.Event()
         self._plan(self.state, self.planning)
 
@@ -136,26 +168,60 @@ class PlannerActions:
         self.call_from_thread(self._plan_done, res, "", state)
 
     def _plan_progress(self, done: int, total: int) -> None:
-        self.query_one("#plan-progress", ProgressBar).update(total=total or None,
-                                                             progress=done)
+        if self.planning is not None:
+            self.say(progress_text(done, total or total_splits(self.state)))
 
     def _plan_done(self, res: Any, error: str, started: EditState) -> None:
-        self.query_one("#plan-progress", ProgressBar).remove_class("-shown")
         self.planning = None
         self.plan_result = res
         if error == "planner cancelled":
             self.notify(error)
             return
-        if res is None or res.best is None:
-            self.notify(error or "the planner found no split that fits memory",
-                        severity="error")
+        if res is not None and res.best is None:
+            self.notify(no_fit_message(res), severity="error")  # stays on the status line
             return
-        if started != self.state:
+        if res is None:
+            self.say(f"planner: {error}", "error")
+            return
+        if not same_but_split(started, self.state):
             self.notify("planner result dropped: the settings changed while it ran "
                         "(press p to plan the current state)", severity="warning")
             return
-        self.set_state(state_with_split(self.state, res.best.split), field="split")
-        proof = "proven optimal" if res.proven_optimal else "best found"
-        self.notify(f"planner: {list(res.best.split.counts)} "
-                    f"{res.best.summary.iteration_time_ms:.3f} ms ({proof}; "
-                    f"{res.evaluated}/{res.total_splits} splits evaluated)")
+        self.proposal = state_with_split(self.state, res.best.split)
+        current = self.result.sim.summary.iteration_time_ms if self.result else None
+        self.say(outcome_text(res, current))
+        self._show_proposal()
+
+    def _show_proposal(self) -> None:
+        """The planner's best beside the current (and pinned) split, until accepted or
+        dismissed; gone when the shape changed (it no longer fits)."""
+        box = self.query_one("#proposal", Static)
+        prop = self.proposal
+        if prop is not None and (prop.pp, prop.vpp, prop.num_layers) != \
+                (self.state.pp, self.state.vpp, self.state.num_layers):
+            self.proposal = prop = None
+        res = self.plan_result
+        if prop is None or res is None or res.best is None:
+            box.update("")
+            box.remove_class("-shown")
+            return
+        t = res.best.summary.iteration_time_ms
+        cur = self.result.sim.summary.iteration_time_ms if self.result else t
+        width = max(20, self.query_one("#compare-box").scrollable_content_region.width - 2)
+        box.update(f"planner {counts_text(prop.counts, width - 30)} {t:.3f} ms "
+                   f"({t - cur:+.3f} ms vs current)\na accept · x dismiss")
+        box.add_class("-shown")
+
+    def action_accept_plan(self) -> None:
+        if self.proposal is None:
+            self.notify("no planner proposal (p runs the planner)")
+            return
+        state, self.proposal = self.proposal, None
+        self.set_state(state, field="split")
+        self.say(f"planner's split accepted: {counts_text(state.counts)} (u undoes)")
+
+    def action_dismiss_plan(self) -> None:
+        if self.proposal is not None:
+            self.proposal = None
+            self._show_proposal()
+            self.say("planner proposal dismissed")

@@ -10,45 +10,57 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Label, Static
 
 HELP = """\
-[b]ppsim tui[/b] — edit a pipeline split and watch the simulated iteration change.
+[b]ppsim tui[/b]: edit a pipeline split, watch the simulated iteration change.
 [b]Close this help with Escape, q or ?[/b] (it scrolls: ↑/↓, PgUp/PgDn).
 
-[b]Panels[/b]  1 settings  2 split  3 timeline  4 compare + memory  (tab cycles;
-the focused panel has a bright border; Escape leaves a text field, putting its
-value back)
+[b]Panels[/b]  1 settings  2 split  3 timeline  4 compare + memory
+  tab cycles; the focused panel has a bright border and the footer shows
+  its keys; z gives the timeline the whole screen (z again: back)
+  The status line above the footer keeps the last message (a refusal,
+  the planner's outcome) until the next one.
 
-[b]Split editor[/b]  a row per virtual stage: stage, rank, chunk, layers, first layer;
-E = embedding, H = LM head + loss, ! = its rank is over the memory limit; layer
-kinds when the model has them ("3 dense + 5 moe")
+[b]Settings[/b]  type a value and press Enter (or leave the field); Escape
+  puts it back. A refused value is put back and the reason is on the
+  status line. Below 100 columns: sched = schedule, recomp = recompute,
+  hw = hardware, mbs = microbatches, mem GB = memory per rank.
+
+[b]Split editor[/b]  a row per virtual stage: stage, rank, chunk, layers,
+  first layer; E = embedding, H = LM head + loss, ! = the rank is over
+  the memory limit; layer kinds ("3 dense + 5 moe") in a column, or for
+  the selected stage under the panel when the column does not fit
   ↑/↓ select a stage   → give it one more layer   ← take one away
-  (→/← move its end boundary, the last stage's start; shift+←/→ its start)
-  click a layer on a row: move the nearest boundary there
+  (→/← move its end boundary, the last stage's start; shift+←/→ its
+  start)   click a layer on a row: move the nearest boundary there
   c type a count for the stage (the next stage absorbs the difference)
 
-[b]Timeline[/b]  one lane per rank; a loaded trace's lane "realN" sits under rank N
-  [on #1e5aa8] F [/] forward  [on #2e8540] B [/] backward (inputs)  [on #b8860b] W [/] \
-weight-grad  · idle
+[b]Timeline[/b]  one lane per rank; a trace's lane "realN" sits under rank N
+  [on #1e5aa8] F [/] forward  [on #2e8540] B [/] backward (inputs)  \
+[on #b8860b] W [/] weight-grad  · idle
   a darker shade = a later chunk (virtual stage) of the rank
-  "F12" = forward of microbatch 12; odd microbatches are lower case ("f13")
-  so neighbours stay apart
+  "F12" = forward of microbatch 12; odd microbatches are lower case
+  ("f13") so neighbours stay apart
   ←/→ previous/next op   ↑/↓ lane   +/- zoom around the cursor   0 fit
   shift+←/→ or the mouse wheel scroll   click an op to select it
-  / find: r3 = rank 3, F12 = forward of microbatch 12, 12 = microbatch 12,
-  combined as "r3 b12"   n next match
+  / find: r3 = rank 3, F12 = forward of microbatch 12, 12 = microbatch
+  12, combined as "r3 b12"   n next match
 
-[b]Compare[/b]  b pin the current split (b on the pinned one: the even split again)
-  v show the pinned split's lanes under the current ones; the panel lists each
-  rank's busy time and peak memory, and current minus pinned. With a trace, the
-  cursor line shows the real op and its difference (real - sim, as ppsim diff)
+[b]Compare[/b]  b pin the current split (b on the pinned one: even again)
+  B pin a published layout or split you type (as plan --compare)
+  v show the pinned split's lanes under the current ones; the panel
+  lists each rank's busy time and peak memory, current minus pinned.
+  With a trace of this configuration, the cursor line shows the real
+  op and its difference (real - sim, as ppsim diff); a trace of another
+  configuration is drawn but its figures are hidden.
 
-[b]Everywhere[/b]
-  u undo   ctrl+y redo   p planner: jump to its best split (Esc cancels)
-  e export the split to a file   y copy the export to the clipboard
-  s save the config (TOML)   t load a real trace and compare
-  Escape cancels a running simulation or planner   ctrl+p commands   q quit
+[b]Planner[/b]  p plans in a child process (Esc stops it); the status
+  line counts the splits evaluated. Its best split is shown beside the
+  current one: a accepts it (u undoes), x dismisses it. Nudging the
+  split while it runs keeps its answer; changing a setting drops it.
 
-Settings: type a value and press Enter (or leave the field); a refused value is
-put back and the reason stays under the form until the next accepted change.
+[b]Everywhere[/b]  u undo   ctrl+y redo   e export the split to a file
+  y copy the export   s save the config (TOML)   t load a real trace
+  Escape cancels a running simulation or planner
+  ctrl+p commands   q quit
 """
 
 

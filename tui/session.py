@@ -8,8 +8,10 @@ off the UI thread, so no key press waits on it.
 
 from __future__ import annotations
 
+import gc
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -71,8 +73,8 @@ def check_limits(num_layers: int, pp: int, vpp: int, microbatches: int, schedule
         limits.check_shape(num_layers, pp, vpp, microbatches)
         limits.check_ops(pp, vpp, microbatches, bool(spec and spec.split_backward),
                          limits.INTERACTIVE)
-    except UserError as exc:
-        raise EditRefused(field, str(exc)) from None
+    except UserError as exc:  # the field is named by the screen's label already
+        raise EditRefused(field, exc.problem + (f" ({exc.fix})" if exc.fix else "")) from None
 
 
 def _recompute(model: Model) -> str:
@@ -277,6 +279,26 @@ def evaluate_state(base: Config, state: EditState,
     _pinned_cache[key] = other  # the next edits of this shape compare with it for free
     even = counts == even_counts(state.num_layers, state.pp, state.vpp, state.mtp)
     return Result(state, cfg, sim, other, even)
+
+
+@contextmanager
+def collection_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a simulation runs in the worker thread.
+
+    A pp 64 x 1024 simulation allocates millions of objects; each full collection
+    over them holds the GIL for 100-250 ms (measured with gc.callbacks while
+    benchmarks/bench_tui.py ran), so a key press waited that long. Reference counting
+    still frees everything; collection resumes after, and the app freezes
+    (gc.freeze) what survives each applied result, so later collections do not walk
+    the shown result's objects again (reference counting still frees them when the
+    next result replaces them)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 # ------------------------------------------------------------------ planner

@@ -14,7 +14,13 @@ from ppsim.tui.session import FROM_CONFIG, NO_RECOMPUTE, RECOMPUTE_MODES, EditSt
 
 INPUTS = (("pp", "pp"), ("vpp", "vpp"), ("microbatches", "microbatches"),
           ("memory_gb", "memory GB"))
-"""(name, label); labels are cut to 9 characters in a narrow terminal."""
+"""(name, label) of the typed fields."""
+
+SHORT_LABELS = {"schedule": "sched", "recompute": "recomp", "model": "model",
+                "hardware": "hw", "pp": "pp", "vpp": "vpp", "microbatches": "mbs",
+                "memory_gb": "mem GB"}
+"""The labels in a narrow terminal (below 100 columns), whole words or plain
+abbreviations, never a cut word; the help lists them."""
 
 
 def select_options(config_model: bool, config_hardware: bool,
@@ -34,6 +40,12 @@ SELECTS = (("schedule", "schedule", tuple(SCHEDULES)),
 """(name, label, preset choices); what a dropdown offers is `select_options`."""
 
 
+def field_label(name: str) -> str:
+    """What the screen calls setting `name` (in messages: "memory GB", not "memory_gb")."""
+    labels = {n: label for n, label in INPUTS} | {n: label for n, label, _ in SELECTS}
+    return labels.get(name, name)
+
+
 def state_values(state: EditState) -> dict[str, str]:
     """What each field shows for a state (exactly what is simulated)."""
     return {"pp": str(state.pp), "vpp": str(state.vpp), "microbatches": str(state.microbatches),
@@ -42,11 +54,14 @@ def state_values(state: EditState) -> dict[str, str]:
             "hardware": state.hardware_preset or FROM_CONFIG}
 
 
-class Settings(Vertical):
+class Settings(Vertical, can_focus=True):
     """A compact form; each change is posted as SettingChanged and checked by the app.
 
-    A typed value takes effect on Enter or when the field loses focus; Escape
-    puts the field back to the value being simulated."""
+    A typed value takes effect on Enter or when the field loses focus; Enter also
+    leaves the field (focus stays on the form, so the panel keys 1-4 work again
+    instead of being typed into it); Escape puts the field back to the value being
+    simulated. Refusals are said on the app's status line, never inside the form
+    (a message there would grow it and push the split panel off a small screen)."""
 
     def __init__(self, state: EditState, config_model: bool, config_hardware: bool, *,
                  id: str | None = None) -> None:
@@ -54,18 +69,24 @@ class Settings(Vertical):
         self._config = (config_model, config_hardware)
         self.values = state_values(state)
         self.options = select_options(*self._config, state.recompute != NO_RECOMPUTE)
+        self._submitted_value: tuple[str, str] | None = None
 
     def compose(self) -> ComposeResult:
         for name, label, _ in SELECTS:
             with Horizontal(classes="field"):
-                yield Label(label, classes="field-label")
+                yield Label(label, classes="field-label", id=f"label-{name}")
                 yield Select([(o, o) for o in self.options[name]], id=f"set-{name}",
                              compact=True, allow_blank=False, value=self.values[name])
         for name, label in INPUTS:
             with Horizontal(classes="field"):
-                yield Label(label, classes="field-label")
+                yield Label(label, classes="field-label", id=f"label-{name}")
                 yield Input(id=f"set-{name}", compact=True)
-        yield Label("", id="settings-error", classes="error")
+
+    def on_resize(self) -> None:
+        narrow = self.size.width < 40
+        for name, label in [(n, lab) for n, lab, _ in SELECTS] + list(INPUTS):
+            self.query_one(f"#label-{name}", Label).update(
+                SHORT_LABELS[name] if narrow else label)
 
     def show_state(self, state: EditState) -> None:
         """Put a state's values in the fields (without posting changes)."""
@@ -88,22 +109,22 @@ class Settings(Vertical):
         with inp.prevent(Input.Changed):
             inp.value = self.values.get(name, "")
 
-    def show_error(self, field: str, text: str) -> None:
-        label = self.query_one("#settings-error", Label)
-        label.update(text)
-        label.set_class(bool(text), "-shown")
-
     @on(Input.Submitted)
     def _submitted(self, event: Input.Submitted) -> None:
         if event.input.id and event.input.id.startswith("set-"):
             event.stop()
+            self._submitted_value = (event.input.id[4:], event.value)
             self.post_message(SettingChanged(event.input.id[4:], event.value))
+            self.focus()
 
     @on(Input.Blurred)
     def _blurred(self, event: Input.Blurred) -> None:
         # leaving a field with a typed value applies it: a field never shows a
         # value other than the simulated one for long
         name = (event.input.id or "")[4:]
+        if self._submitted_value == (name, event.value):
+            return  # Enter applied it already (and left the field)
+        self._submitted_value = None
         if name in self.values and event.value.strip() != self.values[name]:
             self.post_message(SettingChanged(name, event.value))
 

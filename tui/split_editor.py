@@ -42,14 +42,6 @@ def kinds_summary(kinds: tuple[str, ...], offset: int, count: int) -> str:
     return " + ".join(f"{n} {k}" for k, n in seen.items()) or "no layers"
 
 
-def short_kinds(summary: str) -> str:
-    """A kinds summary for a narrow column: "3 dense + 5 moe" -> "3de+5mo"."""
-    if summary in ("", "no layers"):
-        return summary and "-"
-    return "+".join(f"{n}{k[:2]}" for n, k in (part.split(" ", 1)
-                                               for part in summary.split(" + ")))
-
-
 def bar_layer(cell: int, width: int, num_layers: int) -> int:
     """Which layer a bar cell stands for (the bar spans all layers)."""
     return min(num_layers - 1, cell * num_layers // max(1, width))
@@ -61,8 +53,8 @@ class SplitRows(Widget, can_focus=True):
     BINDINGS = [
         Binding("up,k", "cursor(-1)", "Prev stage", show=False),
         Binding("down,j", "cursor(1)", "Next stage", show=False),
-        Binding("right,l", "grow", "Stage +1 layer", show=False),
-        Binding("left,h", "shrink", "Stage -1 layer", show=False),
+        Binding("right,l", "grow", "+1 layer", key_display="→"),
+        Binding("left,h", "shrink", "-1 layer", key_display="←"),
         Binding("shift+left", "grow_front", "Take layer from prev", show=False),
         Binding("shift+right", "shrink_front", "Give layer to prev", show=False),
     ]
@@ -85,14 +77,33 @@ class SplitRows(Widget, can_focus=True):
         self.cursor = min(self.cursor, split.num_stages - 1)
         if self.styles.height is None or self.styles.height.value != split.num_stages + 1:
             self.styles.height = split.num_stages + 1
+        self._caption()
         self.refresh()
+
+    def _caption(self) -> None:
+        """The selected stage's layer kinds under the panel when the kinds column does
+        not fit (whole, never cut to "2de"); nothing when it fits or there are none."""
+        parent = self.parent
+        if not isinstance(parent, Widget) or self.split is None:
+            return
+        st = self.split.stages[min(self.cursor, self.split.num_stages - 1)]
+        show = bool(self.kinds) and not self._bar_offset()
+        parent.border_subtitle = f"stage {st.index}: {self._kinds(st)}" if show else ""
+
+    def on_resize(self) -> None:
+        self._caption()
 
     def watch_cursor(self) -> None:
         self.refresh()
+        self._caption()
+        self.scroll_cursor_into_view()
+
+    def scroll_cursor_into_view(self) -> None:
         parent = self.parent
         if self.split is not None and isinstance(parent, Widget):
             # keep the selected row (line cursor + 1, under the header) in view
-            parent.scroll_to_region(Region(0, self.cursor, 1, 3), animate=False)
+            parent.scroll_to_region(Region(0, self.cursor, 1, 3), animate=False,
+                                    immediate=True)
 
     def render(self) -> Text:
         out = Text(no_wrap=True, overflow="crop")
@@ -108,9 +119,7 @@ class SplitRows(Widget, can_focus=True):
         over = self.get_component_rich_style("split-rows--over")
         L = self.split.num_layers
         kinds_w = self._bar_offset()
-        width = self.size.width - prefix_w - kinds_w
-        width = width if width >= 4 or not kinds_w else 0  # kinds first when narrow
-        width = max(width, 0 if kinds_w else 4)
+        width = max(4, self.size.width - prefix_w - kinds_w)
         for st in self.split.stages:
             is_over = st.rank in self.over_ranks
             prefix = row_prefix(self.split, st.index, is_over, self._compact)
@@ -120,7 +129,7 @@ class SplitRows(Widget, can_focus=True):
             if is_over:
                 line.stylize(over, 0, prefix_w - 1)
             if kinds_w:
-                line.append(self._kinds(st)[:kinds_w - 1].ljust(kinds_w))
+                line.append(self._kinds(st).ljust(kinds_w))
             for c in range(width):
                 # a cell is the stage's when their layer ranges overlap, so even a
                 # stage narrower than a cell shows (and one with no layers never does)
@@ -141,19 +150,15 @@ class SplitRows(Widget, can_focus=True):
         return COMPACT if self._compact else PREFIX
 
     def _bar_offset(self) -> int:
+        """The kinds column's width: 0 when it and a bar of 4 cells do not both fit
+        (the selected stage's kinds then get a line of their own, never cut)."""
         if self.split is None or not self.kinds:
             return 0
-        w = max(len(self._kinds(st)) for st in self.split.stages)
-        return min(w + 1, max(0, self.size.width - self._prefix))
+        w = max(len(self._kinds(st)) for st in self.split.stages) + 1
+        return w if w + 4 <= self.size.width - self._prefix else 0
 
     def _kinds(self, st) -> str:  # type: ignore[no-untyped-def]
-        """The stage's kinds, in the short form when the long one does not fit."""
-        assert self.split is not None
-        full = [kinds_summary(self.kinds, s.offset, s.layers) for s in self.split.stages]
-        text = kinds_summary(self.kinds, st.offset, st.layers)
-        if max(map(len, full)) + 5 <= self.size.width - self._prefix:
-            return text  # the long form and a bar of 4 cells or more
-        return short_kinds(text)
+        return kinds_summary(self.kinds, st.offset, st.layers)
 
     def action_cursor(self, step: int) -> None:
         if self.split is not None:
@@ -201,9 +206,7 @@ class SplitEditor(Vertical):
         yield SplitRows(id="split-rows")
         with Horizontal(id="count-row"):
             yield Label("count ", id="count-label")
-            yield Input(placeholder="layers for the selected stage", id="count-input",
-                        compact=True)
-        yield Label("", id="split-error", classes="error")
+            yield Input(placeholder="layers (c)", id="count-input", compact=True)
 
     @property
     def rows(self) -> SplitRows:
@@ -213,12 +216,13 @@ class SplitEditor(Vertical):
                   kinds: tuple[str, ...] = ()) -> None:
         self.rows.set_split(split, over_ranks, kinds)
 
-    def show_error(self, text: str) -> None:
-        label = self.query_one("#split-error", Label)
-        label.update(text)
-        label.set_class(bool(text), "-shown")
+    def on_resize(self) -> None:
+        # a smaller panel must not leave the selected stage (which → edits) out of view
+        self.call_after_refresh(self.rows.scroll_cursor_into_view)
 
     @on(Input.Submitted, "#count-input")
     def _count(self, event: Input.Submitted) -> None:
         event.stop()
         self.post_message(CountSet(self.rows.cursor, event.value))
+        event.input.value = ""
+        self.rows.focus()  # leave the field: the panel keys work again

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ppsim.config.overrides import with_overrides
+from ppsim.config.schema import Config, load_config
+
 SIZE = (120, 40)
 """The terminal size the tests and the rendered-text goldens use."""
 
@@ -18,3 +21,24 @@ async def settle(pilot: Any) -> None:
 def screen_text(app: Any) -> list[str]:
     """The whole screen as plain text lines (what a user would read)."""
     return [strip.text for strip in app.screen._compositor.render_strips()]
+
+
+def preset_config(preset: str, pp: int, microbatches: int, vpp: int = 1,
+                  schedule: str = "1f1b") -> Config:
+    """The embedded default with a model preset on H100s, the even split (as
+    `--preset ... --hardware h100-80gb --pp ...` sets it)."""
+    return with_overrides(load_config(None), preset=preset, hardware="h100-80gb",
+                          pipeline={"pp": pp, "vpp": vpp, "microbatches": microbatches,
+                                    "schedule": schedule}, split={})
+
+
+def status_text(app: Any) -> str:
+    """The status line's message (on a screen without one: the whole screen's text)."""
+    found = app.query("#status")
+    return found.first().text if found else "\n".join(screen_text(app))
+
+
+def on_screen(app: Any, selector: str, size: tuple[int, int]) -> bool:
+    """The widget is on screen, whole, with room for content (not pushed off)."""
+    region = app.query_one(selector).region
+    return region.height >= 3 and region.y >= 0 and region.bottom <= size[1]

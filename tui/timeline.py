@@ -16,7 +16,16 @@ from textual.geometry import Size
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from ppsim.tui.lanes import Lane, find_op, fit_scale, fmt_ms, lane_cells, ruler
+from ppsim.tui.lanes import (
+    Lane,
+    find_op,
+    fit_scale,
+    fmt_ms,
+    lane_cells,
+    ruler,
+    zoom_scroll,
+    zoomed_scale,
+)
 from ppsim.tui.messages import CursorMoved
 
 GUTTER = 8
@@ -35,9 +44,10 @@ class Timeline(ScrollView, can_focus=True):
         Binding("right", "cursor_op(1)", "Next op", show=False),
         Binding("up", "cursor_lane(-1)", "Lane up", show=False),
         Binding("down", "cursor_lane(1)", "Lane down", show=False),
-        Binding("plus,equals_sign", "zoom(0.5)", "Zoom in", show=False),
+        Binding("plus,equals_sign", "zoom(0.5)", "Zoom", key_display="+/-"),
         Binding("minus", "zoom(2.0)", "Zoom out", show=False),
-        Binding("0", "fit", "Fit", show=False),
+        Binding("0", "fit", "Fit"),
+        Binding("z", "app.maximise", "Full screen"),
         Binding("shift+left", "pan(-1)", "Scroll left", show=False),
         Binding("shift+right", "pan(1)", "Scroll right", show=False),
         Binding("home", "first_op", "First op", show=False),
@@ -55,6 +65,9 @@ class Timeline(ScrollView, can_focus=True):
         self.ms_per_cell = 1.0
         self.cursor: tuple[int, int] = (0, 0)
         self._fitted = True
+        self._target_x: int | None = None
+        """Where a zoom asked the view to scroll (applied after the next refresh): the
+        next zoom starts from it, so keys pressed faster than frames keep the cursor."""
         self._cache: LRUCache[tuple, Strip] = LRUCache(1024)
         self._generation = 0
         self.lines_rendered = 0
@@ -209,29 +222,41 @@ class Timeline(ScrollView, can_focus=True):
 
     def action_zoom(self, factor: float) -> None:
         fit = fit_scale(self.end_ms, self._view_width())
-        new = self.ms_per_cell * factor
-        if self.end_ms / new > MAX_CELLS or new > fit:
-            new = max(fit if new > fit else self.ms_per_cell, self.end_ms / MAX_CELLS)
+        new = zoomed_scale(self.ms_per_cell, factor, fit, self.end_ms / MAX_CELLS)
         op = self.current_op()
-        # keep the cursor's op where it is on screen (zoom centres on the cursor)
-        anchor = (op.start + op.end) / 2 if op is not None else None
-        screen_x = anchor / self.ms_per_cell - self.scroll_x if anchor is not None else 0
+        old, x0 = self.ms_per_cell, self._target_x if self._target_x is not None \
+            else int(self.scroll_x)
         self._fitted = new >= fit
         self.ms_per_cell = fit if self._fitted else new
         self._changed()
-        if anchor is not None and not self._fitted:
-            x = round(anchor / self.ms_per_cell - screen_x)
-            # after the refresh that applies the new virtual size (it bounds scroll_x)
-            self.call_after_refresh(self.scroll_to, x=max(0, x), animate=False,
-                                    immediate=True)
-        elif self._fitted:
+        if self._fitted:
+            self._target_x = None
             self.scroll_to(x=0, animate=False, immediate=True)
+        elif op is not None:
+            # the cursor's op stays where it was on screen (in view if it was not)
+            self._target_x = zoom_scroll((op.start + op.end) / 2, old, self.ms_per_cell,
+                                         x0, self._view_width())
+            # after the refresh that applies the new virtual size (it bounds scroll_x)
+            self.call_after_refresh(self._apply_target)
+        self._post_cursor()  # the cursor line's "per cell" follows the zoom
+
+    def _apply_target(self) -> None:
+        if self._target_x is not None:
+            self.scroll_to(x=self._target_x, animate=False, immediate=True)
+            self._target_x = None
 
     def action_fit(self) -> None:
         self._fitted = True
+        self._target_x = None
         self.ms_per_cell = fit_scale(self.end_ms, self._view_width())
         self._changed()
         self.scroll_to(x=0, animate=False, immediate=True)
+        self._post_cursor()
+
+    def refit(self) -> None:
+        """After the width changed (maximised): fit again if the view was fitted."""
+        if self._fitted and self.lanes:
+            self.action_fit()
 
     def action_pan(self, direction: int) -> None:
         step = max(1, self._view_width() // 2)

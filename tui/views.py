@@ -1,23 +1,86 @@
-"""Comparison and navigation actions: pin a split, overlay its lanes, find an op.
+"""Comparison and navigation actions: pin a split (or a typed one), overlay its lanes,
+find an op, maximise the timeline, the command palette's entries.
 
 A mixin of `ppsim.tui.app.PPSimApp`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from ppsim.tui.screens import FindPrompt
+from textual.app import SystemCommand
+from textual.screen import Screen
+from textual.widgets import Input
+
+from ppsim.errors import UserError
+from ppsim.plan.references import parse_reference
+from ppsim.tui.headline import Headline
+from ppsim.tui.screens import FindPrompt, HelpScreen, PathPrompt
+from ppsim.tui.settings import Settings
+from ppsim.tui.text import counts_text
 from ppsim.tui.timeline import Timeline
+
+PANELS = ("#settings", "#split-rows", "#timeline", "#compare-box")
+"""What the keys 1-4 focus (settings: its first field)."""
 
 
 class ViewActions:
-    """`b` pin, `v` overlay, `/` find, `n` next match (mixed into the App)."""
+    """Undo/redo, help, panel keys, Escape, `b` pin, `B` pin a typed split, `v` overlay, `/`
+    find, `n` next match, `z` maximise the timeline (mixed into the App)."""
 
     pinned: tuple[int, ...] | None
     show_pinned: bool
     find_query: str
     state: Any
+
+    def action_undo(self) -> None:
+        if self.history.undo() is not None:
+            self.set_state(self.state, record=False)
+        else:
+            self.notify("nothing to undo")
+
+    def action_redo(self) -> None:
+        if self.history.redo() is not None:
+            self.set_state(self.state, record=False)
+        else:
+            self.notify("nothing to redo")
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_edit_count(self) -> None:
+        self.query_one("#count-input").focus()
+
+    def action_panel(self, index: int) -> None:
+        target = self.query_one(PANELS[index])
+        if index == 0:
+            target = self.query_one("#set-schedule")
+        target.focus()
+
+    def action_escape(self) -> None:
+        """Leave a text field (putting back the simulated value), else cancel what runs."""
+        focused = self.focused
+        if isinstance(focused, Input):
+            settings = self.query_one(Settings)
+            name = (focused.id or "")[4:]
+            typed = focused.value.strip() != settings.values.get(name, "")
+            if name in settings.values:
+                settings.revert(name)
+            self.query_one("#split-rows").focus()
+            if typed:
+                return  # this Escape abandoned the typing; the next one cancels
+        if self.simulating:
+            self._token += 1  # its result, when it comes, is dropped
+            self.simulating = False
+            if self.result is not None:
+                self.history.revert_to(self.result.state)
+                self._show_state()
+            self.query_one(Headline).show(self.result, "" if self.result else
+                                          "simulation cancelled")
+            self.say("simulation cancelled; showing the last simulated state")
+        if self.planning is not None:
+            self.planning.set()
 
     def action_pin(self) -> None:
         """Pin the current split for comparison; pressed on the pinned split, go back
@@ -29,6 +92,33 @@ class ViewActions:
             self.pinned = self.state.counts
             self.notify(f"pinned {list(self.state.counts)} for comparison")
         self.resimulate()
+
+    def action_pin_typed(self) -> None:
+        self.push_screen(PathPrompt(
+            "Pin a published layout or split to compare with (as plan --compare): "
+            "11,10,10,10,10,10,10,9 or 'Et*11|(t*10|)*6t*9L'", ""), self.pin_text)
+
+    def pin_text(self, text: str | None) -> None:
+        """Pin the split `text` names (a Megatron layout or counts), parsed as
+        `ppsim plan --compare` parses it; refused in one line on the status line."""
+        if not text or self.result is None:
+            return
+        try:
+            split = parse_reference(text, self.result.sim.problem)
+        except UserError as exc:
+            self.say(f"pin refused: {exc.problem}; {exc.fix}" if exc.fix else
+                     f"pin refused: {exc.problem}", "error")
+            return
+        self.pinned = tuple(split.counts)
+        self.say(f"pinned {counts_text(self.pinned)} for comparison")
+        self.resimulate()
+
+    def action_maximise(self) -> None:
+        """The timeline alone (with its cursor line) over the whole width, or back."""
+        self.screen.toggle_class("-max-timeline")
+        tl = self.query_one(Timeline)
+        tl.focus()
+        self.call_after_refresh(tl.refit)
 
     def action_toggle_pinned(self) -> None:
         self.show_pinned = not self.show_pinned
@@ -54,3 +144,24 @@ class ViewActions:
             self.notify(f"no op matches {self.find_query!r}", severity="warning")
         else:
             self.query_one(Timeline).focus()
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)  # type: ignore[misc]
+        yield SystemCommand("Plan", "Run the planner; a accepts its best split, x dismisses",
+                            self.action_plan)
+        yield SystemCommand("Export split", "Write Megatron / torchtitan / DeepSpeed forms",
+                            self.action_export)
+        yield SystemCommand("Copy export", "Copy the export text to the clipboard",
+                            self.action_copy_export)
+        yield SystemCommand("Save config", "Write the config as TOML", self.action_save)
+        yield SystemCommand("Load trace", "Compare a real trace with the simulation",
+                            self.action_load_trace)
+        yield SystemCommand("Pin split", "Compare later edits with the current split",
+                            self.action_pin)
+        yield SystemCommand("Pin a layout or split", "Type a published layout or split "
+                            "to compare with (as plan --compare)", self.action_pin_typed)
+        yield SystemCommand("Maximise timeline", "Give the timeline the whole screen (z)",
+                            self.action_maximise)
+        yield SystemCommand("Undo", "Undo the last edit", self.action_undo)
+        yield SystemCommand("Redo", "Redo the last undone edit", self.action_redo)
+        yield SystemCommand("Help", "Key bindings", self.action_help)

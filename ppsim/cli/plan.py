@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import shlex
 import sys
 import time
@@ -28,6 +27,7 @@ from ppsim.pipeline.exports import (
 )
 from ppsim.pipeline.megatron_rules import refusals
 from ppsim.pipeline.problem import Problem, build_problem
+from ppsim.plan.advice import no_fit_message
 from ppsim.plan.baselines import FrameworkSplit
 from ppsim.plan.bounds import CHUNKED_BOUND_NOTE
 from ppsim.plan.planner import Candidate, PlanResult, plan
@@ -283,23 +283,6 @@ def result_dict(planned: Planned, specs: DeepSpeedSpecs = DEFAULT_SPECS) -> dict
             best["speedup_vs_deepspeed"] = best["speedup_vs_deepspeed_parameters"]
         out["best"] = best
     return out
-
-
-def no_fit_message(res: PlanResult) -> str:
-    p = res.problem
-    peak, rank = res.smallest_peak or (0, 0)
-    tips = [f"more pipeline stages (--pp {p.schedule.pp * 2})",
-            "activation recompute (--recompute selective or full)",
-            "a smaller micro-batch or fewer microbatches in flight"]
-    limit = p.hardware.memory_bytes
-    if peak <= limit or math.isfinite(res.lower_bound_ms):
-        # The search stopped at its budget: a split may fit that it did not reach.
-        return (f"no split that fits {limit / 1e9:.1f} GB per rank was found within the time "
-                f"budget (the lowest peak seen is {peak / 1e9:.2f} GB on rank {rank}); give "
-                "more --time-budget, or try " + ", ".join(tips))
-    return (f"no split fits {limit / 1e9:.1f} GB per rank: the smallest "
-            f"peak any split reaches is {peak / 1e9:.2f} GB on rank {rank}; try "
-            + ", ".join(tips))
 
 
 def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], top: int,

@@ -8,7 +8,13 @@ import shlex
 import sys
 from typing import Any
 
-from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
+from ppsim.cli.flags import (
+    add_config_flags,
+    assume_hardware,
+    config_from_args,
+    emit_json,
+    outputs_apart,
+)
 from ppsim.cli.picture import render_png
 from ppsim.cli.render import job_dict, print_job, rank_table, summary_dict, text_timeline
 from ppsim.cli.schedule import print_notes
@@ -184,12 +190,14 @@ def print_exports(console: Any, exports: dict[str, Any]) -> None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     simulate = simulator(args.engine)
-    cfg = config_from_args(args)
+    cfg, assumed = assume_hardware(args, config_from_args(args))
     outputs_apart(args, {"--trace": args.trace, "--png": args.png}, cfg=cfg)
     ops = limits.check_request(cfg, limits.SIMULATE)
     if args.trace or args.png:
         limits.check_request(cfg, limits.TRACE)
     problem = build_problem(cfg)
+    if assumed:  # after the checks: bad input stays one line on stderr
+        print(f"ppsim simulate: {assumed}", file=sys.stderr)
     print_notes(problem.schedule, "simulate")
     warning = placement_warning(cfg)
     if warning:

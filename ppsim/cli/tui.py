@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from ppsim.cli.flags import RESHAPING, add_config_flags, config_from_args
+from ppsim.cli.flags import RESHAPING, add_config_flags, assume_hardware, config_from_args
 from ppsim.config.overrides import with_split
 from ppsim.config.schema import SPLIT_KEYS
 from ppsim.errors import UserError
@@ -42,8 +42,8 @@ def resplit_note(args: argparse.Namespace, cfg: object) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
-    note = resplit_note(args, cfg)
+    cfg, assumed = assume_hardware(args, config_from_args(args))
+    note = " · ".join(n for n in (assumed, resplit_note(args, cfg)) if n)
     state = state_from_config(cfg)  # limits first: nothing big is built before them
     build_problem(config_for(cfg, state))  # any bad value: one line, exit 2
     if args.trace:

@@ -90,14 +90,15 @@ async def test_huge_sizes_are_refused_at_once_and_keys_stay_responsive(
         inp.focus()
         inp.value = value
         await pilot.pause()
-        took = await handled_within(app, "enter", lambda: "above the limit" in str(
-            app.query_one("#settings-error").render()), 0.2)
-        assert took < 0.5  # refused from the inputs alone, nothing built
-        assert "above the limit" in str(app.query_one("#settings-error").render())
+        took = await handled_within(app, "enter", lambda: "above the limit" in
+                                   app.query_one("#status").text, 0.3)
+        # A hang, not a latency (bench_tui measures that): the old build took minutes.
+        assert took < 3.0  # refused from the inputs alone, nothing built
+        assert "above the limit" in app.query_one("#status").text
         app.query_one("#split-rows").focus()
         await pilot.pause()
-        took = await handled_within(app, "right", lambda: app.state.counts == (7, 1), 0.2)
-        assert took < 0.2  # the key press is handled at once
+        took = await handled_within(app, "right", lambda: app.state.counts == (7, 1), 0.3)
+        assert took < 3.0  # the key press is handled, not queued behind a build
         await settle(pilot)
         assert app.state.counts == (7, 1)
 
@@ -124,8 +125,8 @@ async def test_simulation_runs_off_the_ui_thread_shows_it_and_escape_cancels(
         assert app.simulating and app.state.counts == (7, 1)
         assert "simulating" in text_of(app) and "Esc cancels" in text_of(app)
         rows = app.query_one("#split-rows")
-        took = await handled_within(app, "down", lambda: rows.cursor == 1, 0.2)
-        assert took < 0.2  # the UI still answers
+        took = await handled_within(app, "down", lambda: rows.cursor == 1, 0.3)
+        assert took < 3.0  # the UI still answers (a hang would not)
         await pilot.press("escape")
         await pilot.pause()
         assert not app.simulating and app.state.counts == (6, 2)
@@ -238,12 +239,13 @@ async def test_a_late_planner_result_does_not_overwrite_newer_edits(
         await settle(pilot)
         await pilot.press("p")
         await pilot.pause()
-        assert app.query_one("#plan-progress").display
-        await pilot.press("left")  # a newer edit while it runs: (5, 3)
+        assert "splits evaluated" in app.query_one("#status").text
+        await type_into(pilot, app, "microbatches", "16")  # a newer setting while it runs
         await pilot.pause()
         release.set()
         await settle(pilot)
-        assert app.state.counts == (5, 3)
+        assert app.state.counts == (6, 2) and app.state.microbatches == 16
+        assert app.proposal is None
         assert any("planner result dropped" in str(n.message) for n in app._notifications)
 
 
@@ -280,7 +282,7 @@ async def test_a_value_the_core_refuses_reverts_with_its_reason() -> None:
         await settle(pilot)
         assert app.state == good == app.result.state
         assert app.query_one("#set-microbatches").value == "8"
-        error = str(app.query_one("#settings-error").render())
+        error = app.query_one("#status").text
         assert "microbatches refused" in error and "at least 4" in error
         assert "microbatches=8" in text_of(app)
 
