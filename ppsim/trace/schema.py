@@ -67,6 +67,18 @@ def collective_events(rank: int, kind: str, stage: int, microbatch: int, start_u
     return out
 
 
+def collective_strips(problem: Any, ops: Any) -> list[tuple[float, float, str, int]]:
+    """(start ms, duration ms, "C", microbatch) of the collectives inside one rank's
+    simulated ops, for the PNG timeline (ppsim.cli.picture)."""
+    comm = problem_collectives(problem)
+    if not comm:
+        return []
+    return [(e["ts"] / 1e3, e["dur"] / 1e3, "C", op.action.microbatch) for op in ops
+            for e in collective_events(op.rank, op.action.kind, op.action.stage,
+                                       op.action.microbatch, op.start * 1e3, op.end * 1e3,
+                                       comm[op.action.stage])]
+
+
 def metadata_events(pp: int) -> list[dict]:
     out = []
     for r in range(pp):

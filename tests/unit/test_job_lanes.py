@@ -119,3 +119,20 @@ def test_simulate_trace_writes_the_lane(tmp_path, capsys) -> None:
              if e.get("ph") == "M" and e.get("tid") == COLLECTIVE_TID}
     assert names == {"collectives"}
     assert any(e.get("cat") == "collective" for e in doc["traceEvents"])
+
+
+def test_the_png_timeline_draws_collectives_as_strips(tmp_path, capsys) -> None:
+    from PIL import Image  # Pillow: what the picture is drawn with
+
+    from ppsim.cli.picture import COLOURS
+
+    def strip_pixels(tp: int) -> int:
+        out = tmp_path / f"tp{tp}.png"
+        assert main(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--tp",
+                     str(tp), "--pp", "2", "--microbatches", "2", "--png", str(out)]) == 0
+        capsys.readouterr()
+        img = Image.open(out).convert("RGB")
+        return sum(n for n, colour in img.getcolors(1 << 20) if colour == COLOURS["C"])
+
+    assert strip_pixels(1) == 0
+    assert strip_pixels(4) > 0
