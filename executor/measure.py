@@ -9,15 +9,59 @@ from __future__ import annotations
 import os
 import platform
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import torch
 
 from ppsim.costs.costfile import cost_document, layer_dict
+from ppsim.costs.model import ModelCosts
 from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.conditions import run_conditions
 from ppsim.executor.profile import Profiler, Progress, measure_p2p, p2p_sizes
+from ppsim.executor.profile_tp import measure_tensor_parallel
+
+
+@dataclass(kw_only=True)
+class _Measured:
+    """The pieces' costs and how they were measured."""
+
+    costs: ModelCosts
+    """Under the run's conditions (or, with tp > 1, in the tp processes)."""
+    solo: ModelCosts
+    """One process alone (the same as costs with tp > 1)."""
+    details: dict[str, Any]
+    """Per-piece statistics."""
+    sampled: list[int]
+    """The decoder layers timed."""
+    conditions: dict[str, Any] | None
+    """The placement's conditions (ppsim.executor.conditions); None with tp > 1."""
+    collectives: dict[str, Any] | None
+    """With tp > 1, the bare collectives' times (ppsim.executor.profile_tp)."""
+
+
+def _pieces(fields: dict[str, Any], device: torch.device, device_kind: str, repeats: int,
+            warmup: int, microbatches: int, progress: Progress | None,
+            devices: list[int] | None, pin: bool) -> _Measured:
+    tp = int(fields.get("tp", 1))
+    if tp > 1:  # the pieces in tp gloo processes, each holding its shard
+        if progress is not None:
+            progress(f"F/B/W in {tp} tensor-parallel processes", 0)
+        costs, coll = measure_tensor_parallel(fields, tp, repeats, warmup, microbatches)
+        if progress is not None:
+            progress("tensor-parallel pieces done", warmup + repeats)
+        return _Measured(costs=costs, solo=costs, details={}, sampled=coll["layers_sampled"],
+                         conditions=None, collectives=coll)
+    torch.manual_seed(0)
+    prof = Profiler(fields, device, microbatches)
+    prof.run(repeats, warmup, progress)
+    costs, details = prof.costs()
+    conditions, concurrent = run_conditions(prof, fields, device_kind, devices, repeats,
+                                            warmup, microbatches, progress, pin)
+    return _Measured(costs=concurrent if concurrent is not None else costs, solo=costs,
+                     details=details, sampled=prof.layer_indices, conditions=conditions,
+                     collectives=None)
 
 
 def profile(fields: dict[str, Any], device_kind: str = "cpu", repeats: int = 20,
@@ -36,16 +80,9 @@ def profile(fields: dict[str, Any], device_kind: str = "cpu", repeats: int = 20,
     torch.set_num_threads(threads)  # what each executor rank uses
     kept = keep_freed_memory()  # as each executor rank does (ppsim.executor.alloc)
     device = torch.device("cuda" if device_kind == "cuda" else "cpu")
-    torch.manual_seed(0)
-    prof = Profiler(fields, device, microbatches)
-    prof.run(repeats, warmup, progress)
-    costs, details = prof.costs()
-
-    conditions, concurrent = run_conditions(prof, fields, device_kind, devices, repeats,
-                                            warmup, microbatches, progress, pin)
-    solo = costs
-    if concurrent is not None:
-        costs = concurrent
+    m = _pieces(fields, device, device_kind, repeats, warmup, microbatches, progress,
+                devices, pin)
+    costs, solo, details, conditions = m.costs, m.solo, m.details, m.conditions
     link = None
     if p2p:
         if progress is not None:
@@ -64,8 +101,9 @@ def profile(fields: dict[str, Any], device_kind: str = "cpu", repeats: int = 20,
         torch_version=torch.__version__, host=platform.node(), threads=threads,
         created_utc=datetime.now(UTC).isoformat(timespec="seconds"),
         conditions=conditions,
+        **({"collectives": m.collectives} if m.collectives else {}),
         measurement={"repeats": repeats, "warmup": warmup, "layers_sampled":
-                     prof.layer_indices, "seconds": time.perf_counter() - t0,
+                     m.sampled, "seconds": time.perf_counter() - t0,
                      "pieces": details, "freed_memory_kept": kept, "p2p_host_mediated": host_p2p,
                      "solo": {"layer": layer_dict(solo.layers[0]),
                               "embedding": layer_dict(solo.embedding),

@@ -254,7 +254,9 @@ def _engine(spec: RunSpec, runs: list[Problem], builder: ModelBuilder, rank: int
     offset, epoch = align_clocks(rank, group=ctrl)
     fault = Fault.parse(spec.inject_fault) if spec.inject_fault else None
     pp, tp = problem.split.pp, replica.tp
-    recs = [Recorder(rank, device, offset, epoch, warm) for _ in runs]
+    # A trace names pipeline ranks (the simulator's pids, and the src / dst the runtime
+    # gives its sends): global rank r holds pipeline rank (r // tp) % pp.
+    recs = [Recorder((rank // tp) % pp, device, offset, epoch, warm) for _ in runs]
     first = rank < pp * tp and rank % tp == 0  # replica 0, tensor rank 0: the traced ranks
     rts = [Runtime(p, builder, (rank // tp) % pp, device, wire, rec, seed=spec.seed,
                    lr=spec.lr, fault=fault if first and i == 0 else None, recompute=recompute,

@@ -11,7 +11,10 @@ from collections.abc import Sequence
 
 from ppsim.fileio import write_bytes_atomic
 
-COLOURS = {"F": (76, 120, 168), "B": (84, 162, 75), "W": (238, 202, 59)}
+COLOURS = {"F": (76, 120, 168), "B": (84, 162, 75), "W": (238, 202, 59), "C": (196, 52, 52)}
+COLLECTIVE = "C"
+"""A collective inside an op: a strip along the lane's foot, under its op's block."""
+STRIP_H = 5
 Lane = Sequence[tuple[float, float, str, int]]
 """(start ms, duration ms, kind, microbatch) per op."""
 
@@ -40,11 +43,12 @@ def render_png(panels: Sequence[tuple[str, Sequence[Lane]]], path: str, title: s
         for r, lane in enumerate(lanes):
             draw.text((10, y + 5), f"rank {r}", fill=(90, 90, 90), font=font)
             draw.rectangle([left, y, width - 20, y + lane_h], fill=(245, 245, 245))
-            for s, d, kind, mb in lane:
+            for s, d, kind, mb in sorted(lane, key=lambda op: op[2] == COLLECTIVE):
                 x0 = left + s * scale
                 x1 = max(x0 + 1, left + (s + d) * scale - 1)
-                draw.rectangle([x0, y, x1, y + lane_h], fill=COLOURS.get(kind, (150, 150, 150)))
-                if x1 - x0 > 14:
+                y0 = y + lane_h - STRIP_H if kind == COLLECTIVE else y
+                draw.rectangle([x0, y0, x1, y + lane_h], fill=COLOURS.get(kind, (150, 150, 150)))
+                if kind != COLLECTIVE and x1 - x0 > 14:
                     draw.text((x0 + 2, y + 5), f"{kind}{mb}", fill="white", font=font)
             y += lane_h + gap
         y += 14

@@ -68,9 +68,6 @@ def _transformer_fields(cfg: Config, command: str) -> dict[str, Any]:
         raise UserError("model.kind", f"ppsim {command} measures a transformer, not a uniform "
                         "cost model", "use a preset (e.g. --preset tiny-gpt) or kind = "
                         "\"transformer\"")
-    if cfg.model.arch.tp != 1:
-        raise UserError("model.tp", f"the executor runs pipeline parallelism only, tp = "
-                        f"{cfg.model.arch.tp}", "set tp = 1 (--tp 1)")
     return cfg.model.fields()
 
 
@@ -91,6 +88,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if note := code_note(builder_spec(None, fields)):
         sys.stderr.write(f"ppsim profile: note: {note}\n")
 
+    if cfg.model.arch.tp > 1 and args.device != "cpu":
+        raise UserError("--device", f"tensor parallelism (tp = {cfg.model.arch.tp}) is "
+                        "measured on CPU over gloo", "use --device cpu, or --tp 1")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device", "cuda requested but torch sees no GPU here",
                         "use --device cpu")
@@ -146,6 +146,12 @@ def _print_costs(doc: dict[str, Any], title: str) -> None:
         c.print(f"P2P: latency {p2p['latency_ms'] * 1e3:.1f} us, bandwidth "
                 f"{p2p['bandwidth_gbps']:.2f} GB/s" + (f" ({p2p['backend']})"
                                                        if "backend" in p2p else ""))
+    coll = doc.get("collectives")
+    if coll:
+        c.print(f"tensor parallelism: measured in {coll['tp']} {coll['backend']} processes; "
+                f"at {fmt_bytes(coll['bytes'])} all-reduce {coll['all_reduce_ms']:.3f} ms, "
+                f"all-gather {coll['all_gather_ms']:.3f} ms, reduce-scatter "
+                f"{coll['reduce_scatter_ms']:.3f} ms (inside each layer's F and B above)")
     cond = doc.get("conditions") or {}
     if cond.get("processes", 1) > 1:
         solo = doc["measurement"]["solo"]["layer"]

@@ -43,7 +43,7 @@ from ppsim.pipeline.split import Split
 from ppsim.policy.report import copy_events, policy_json
 from ppsim.schedules.generators import interleaved_group, schedule_placement
 from ppsim.sim.engines import simulator
-from ppsim.trace.schema import simulation_trace, write_trace
+from ppsim.trace.schema import collective_strips, simulation_trace, write_trace
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
@@ -215,7 +215,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.png:
         assert sim.timeline is not None
         lanes = [[(op.start, op.end - op.start, op.action.kind, op.action.microbatch)
-                  for op in ops] for ops in sim.timeline.ops]
+                  for op in ops] + collective_strips(problem, ops) for ops in sim.timeline.ops]
         with validate.output("--png", args.png):
             render_png([(f"{problem.schedule.name}, split {list(problem.split.counts)}",
                          lanes)], args.png, title=f"simulated iteration "

@@ -127,12 +127,20 @@ def _curve(achieved_tflops: float, fixed_us: float, peak: float = 989.0) -> list
 
 # Peak dense bf16 TFLOP/s; P2P bandwidth in GB/s (10^9 bytes/s) between
 # pipeline neighbours on different nodes (one InfiniBand NIC per GPU). The roofline
-# figures: large bf16 matmuls reach ~80 % of peak (790 TFLOP/s measured on an H200
+# figures: large bf16 matmuls reach ~80 % of peak in a burst (790 TFLOP/s on an H200
 # at 8192^3; A100 ~250 of 312) with ~5 us fixed per matmul; FlashAttention-2 (what
 # scaled_dot_product_attention runs) reaches ~35 % of peak on Hopper, ~55 % on
 # A100 (Dao 2023; Shah et al. 2024); memory bandwidth is a copy's achieved rate,
 # ~90 % of the HBM spec (H200 4.8 TB/s -> 4.3 measured, H100 3.35, A100 2.04);
-# eager PyTorch spends ~10 us of host time per kernel. The H200's figures are fitted to
+# eager PyTorch spends ~10 us of host time per kernel. The H100's top rate is the
+# sustained one: a GPU in a training job runs power-saturated near its 700 W TDP, at a
+# lower clock than a matmul burst. stas00/ml-engineering measured H200 bf16 (the same
+# GH100 die, 989 peak and 700 W as the H100 SXM) at 825-848 TFLOP/s in bursts (MAMF)
+# but 700-745 sustained (MSMF), 727 for a node of 8 computing at once
+# (compute/accelerator/benchmarks/README.md): 727 with 5 us fixed. The curve's shape
+# matches XLA's measured sm_90 bf16 table (xla/service/gpu/model/
+# matmul_interpolator_data.h: 632 TFLOP/s at 2048^3, 783 at 4096^3 in bursts, the same
+# ratio as 5 us fixed gives). The H200's figures are fitted to
 # what ppsim's executor measured on one (issue 11: gpt3-1.3b and llama3-8b layers and
 # heads, F/B/W): 40 us fixed per matmul (813 TFLOP/s beyond it: 790 at 8192^3),
 # attention at 30 %, 3.0 TB/s for elementwise work, and 80 us of host time per
@@ -166,7 +174,7 @@ HARDWARE_PRESETS: dict[str, dict] = {
                       kernel_overhead_us=10.0, **_TOPOLOGY_A, **_HOST["a100"]),
     "h100-80gb": dict(memory_bytes=80e9, peak_tflops=989.0, efficiency=0.45,
                       p2p_bandwidth_gbps=50.0, p2p_latency_ms=0.01,
-                      matmul_efficiency=_curve(790.0, 5.0), attention_efficiency=0.35,
+                      matmul_efficiency=_curve(727.0, 5.0), attention_efficiency=0.35,
                       memory_bandwidth_gbps=3000.0, kernel_overhead_us=10.0, **_TOPOLOGY_H,
                       **_HOST["h100"]),
     "h200-141gb": dict(memory_bytes=141e9, peak_tflops=989.0, efficiency=0.45,

@@ -41,12 +41,45 @@ def per_rank_arch(a: Architecture) -> Architecture:
     return a if a.cp == 1 else replace(a, seq_length=a.seq_length // a.cp)
 
 
-def _tp(job: Job, a: Architecture, collectives: int) -> float:
+def tp_collectives_ms(job: Job, a: Architecture, collectives: int) -> float:
     """`collectives` all-gathers or reduce-scatters of one microbatch's hidden states."""
     if a.tp == 1:
         return 0.0
     nbytes = a.seq_length * a.micro_batch_size * a.hidden_size * DTYPE_BYTES[a.dtype]
     return collectives * all_gather_ms(nbytes, job.link("tp"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Collective:
+    """One group's collectives in one piece and direction, ms per microbatch."""
+
+    group: str
+    """tp, cp or ep."""
+    total_ms: float
+    """Time on the group's links."""
+    exposed_ms: float
+    """Of it, what no compute hides: it joins the piece's time."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PieceCollectives:
+    """A piece's collectives, per direction (empty for tp = cp = ep = 1)."""
+
+    forward: tuple[Collective, ...] = ()
+    backward: tuple[Collective, ...] = ()
+
+
+def _cp_ring(job: Job, a: Architecture, acc: Accelerator, backward: bool) -> Collective:
+    """The K/V ring of one direction (dK, dV too in the backward), each pass hidden by
+    one chunk's attention."""
+    att = next(op for op in attention_ops(a) if op.attention)
+    f, b, _, _, _ = op_times(acc.roofline(), att)
+    sh = attention_shape(a)
+    kv = a.seq_length * a.micro_batch_size * (sh.k + sh.v) / a.tp * DTYPE_BYTES[a.dtype]
+    one = send_ms(2 * kv if backward else kv, job.link("cp"))
+    passes = job.arch.cp - 1
+    return Collective(group="cp", total_ms=passes * one,
+                      exposed_ms=passes * max(0.0, one - (b if backward else f)))
 
 
 def _cp(job: Job, a: Architecture, acc: Accelerator) -> tuple[float, float]:
@@ -56,12 +89,8 @@ def _cp(job: Job, a: Architecture, acc: Accelerator) -> tuple[float, float]:
         return 0.0, 0.0
     att = next(op for op in attention_ops(a) if op.attention)
     f, b, _, _, _ = op_times(acc.roofline(), att)
-    sh = attention_shape(a)
-    kv = a.seq_length * a.micro_batch_size * (sh.k + sh.v) / a.tp * DTYPE_BYTES[a.dtype]
-    g = job.link("cp")
-    f_exposed = max(0.0, send_ms(kv, g) - f)
-    b_exposed = max(0.0, send_ms(2 * kv, g) - b)  # K, V forward; dK, dV back
-    return (cp - 1) * (f + f_exposed), (cp - 1) * (b + b_exposed)
+    return ((cp - 1) * f + _cp_ring(job, a, acc, False).exposed_ms,
+            (cp - 1) * b + _cp_ring(job, a, acc, True).exposed_ms)
 
 
 def _ep(job: Job, a: Architecture) -> float:
@@ -77,16 +106,37 @@ def _hidden(comm: float, compute: float, overlap: bool) -> float:
     return max(0.0, comm - compute) if overlap else comm
 
 
+def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
+                      cost: LayerCost) -> PieceCollectives:
+    """Each group's collectives in one decoder layer of `kind`: what they take on the
+    links and what of it the layer waits for (`cost`: the layer's compute alone)."""
+    tp_f = tp_collectives_ms(job, a, 4)
+    tp_b = tp_f + (tp_f if a.recompute == "full" else 0.0)
+    over = job.tp_comm_overlap
+    fwd, bwd = [], []
+    if a.tp > 1:
+        fwd.append(Collective(group="tp", total_ms=tp_f,
+                              exposed_ms=_hidden(tp_f, cost.forward_ms, over)))
+        bwd.append(Collective(group="tp", total_ms=tp_b,
+                              exposed_ms=_hidden(tp_b, cost.backward_ms, over)))
+    if job.arch.cp > 1:
+        fwd.append(_cp_ring(job, a, acc, False))
+        bwd.append(_cp_ring(job, a, acc, True))
+    if kind == "moe" and a.ep > 1:
+        ep = _ep(job, a)
+        fwd.append(Collective(group="ep", total_ms=ep, exposed_ms=ep))
+        bwd.append(Collective(group="ep", total_ms=ep, exposed_ms=ep))
+    return PieceCollectives(forward=tuple(fwd), backward=tuple(bwd))
+
+
 def layer_exposed(job: Job, a: Architecture, acc: Accelerator, kind: str,
                   cost: LayerCost) -> Exposed:
     """What one decoder layer of `kind` waits for beyond its compute."""
-    tp_f = _tp(job, a, 4)
-    tp_b = tp_f + (tp_f if a.recompute == "full" else 0.0)
-    cp_f, cp_b = _cp(job, a, acc)
-    ep = _ep(job, a) if kind == "moe" else 0.0
-    over = job.tp_comm_overlap
-    return Exposed(forward_ms=_hidden(tp_f, cost.forward_ms, over) + cp_f + ep,
-                   backward_ms=_hidden(tp_b, cost.backward_ms, over) + cp_b + ep)
+    comm = layer_collectives(job, a, acc, kind, cost)
+    cp_f, cp_b = _cp(job, a, acc)  # holds the ring's exposed part and the extra attention
+    return Exposed(forward_ms=sum(c.exposed_ms for c in comm.forward if c.group != "cp") + cp_f,
+                   backward_ms=sum(c.exposed_ms for c in comm.backward if c.group != "cp")
+                   + cp_b)
 
 
 def _add(c: LayerCost, e: Exposed) -> LayerCost:
@@ -98,16 +148,22 @@ def _add(c: LayerCost, e: Exposed) -> LayerCost:
                    if c.split_backward_ms else 0.0)
 
 
+def compute_costs(job: Job, acc: Accelerator) -> ModelCosts:
+    """One rank's layer costs without the job's collectives."""
+    a = per_rank_arch(job.arch)
+    quiet = replace(acc, a2a_bandwidth_gbps=0.0) if a.ep > 1 else acc  # EP priced here
+    return transformer_costs(a, quiet)
+
+
 def job_costs(job: Job, acc: Accelerator) -> ModelCosts:
     """Per-layer costs of one rank of the job (the model's own when tp = cp = ep = 1)."""
     a = per_rank_arch(job.arch)
-    quiet = replace(acc, a2a_bandwidth_gbps=0.0) if a.ep > 1 else acc  # EP priced here
-    costs = transformer_costs(a, quiet)
+    costs = compute_costs(job, acc)
     if a.tp == 1 and a.cp == 1 and a.ep == 1:
         return costs
     kinds = costs.kinds or ("dense",) * len(costs.layers)
     last = layer_kinds(a)[-1]  # an MTP module's decoder layer is of the last layer's kind
-    one = _tp(job, a, 1)
+    one = tp_collectives_ms(job, a, 1)
     by_kind: dict[str, Exposed] = {}
     layers = []
     for kind, c in zip(kinds, costs.layers, strict=True):

@@ -92,10 +92,11 @@ class Job:
         return all_reduce_ms(nbytes, link(self.network, ends))
 
     def tail(self, params: int, forward_ms: float, backward_ms: float,
-             memory_bandwidth_gbps: float, optimizer_fixed_ms: float = 0.0) -> Tail:
+             memory_bandwidth_gbps: float, optimizer_fixed_ms: float = 0.0,
+             holds_embedding: bool = False) -> Tail:
         """One rank's data-parallel step (ppsim.job.tail)."""
         return rank_tail(self, params, forward_ms, backward_ms, memory_bandwidth_gbps,
-                         optimizer_fixed_ms)
+                         optimizer_fixed_ms, holds_embedding)
 
     @property
     def flops(self) -> float:

@@ -125,8 +125,9 @@ def _job_parts(s: Schedule, costs: Sequence[StageCost], params: list[int], job: 
     for i, c in enumerate(costs):
         fwd[s.stage_rank(i)] += c.forward_ms
         bwd[s.stage_rank(i)] += c.backward_ms
-    tails = [job.tail(n, f, b, memory_bandwidth_gbps, optimizer_fixed_ms)
-             for n, f, b in zip(params, fwd, bwd, strict=True)]
+    first = s.stage_rank(0)  # the embedding's rank
+    tails = [job.tail(n, f, b, memory_bandwidth_gbps, optimizer_fixed_ms, r == first)
+             for r, (n, f, b) in enumerate(zip(params, fwd, bwd, strict=True))]
     return [(t.reduce_ms + job.embedding_sync_ms(r), t.optimizer_ms)
             for r, t in enumerate(tails)]
 

@@ -2,8 +2,10 @@
 
 Compute ops are complete events ("ph": "X", ts/dur in microseconds,
 pid = rank, tid 0) whose args hold kind, stage, chunk, microbatch and
-iteration; transfers are complete events on tid 1 of the sender; memory is
-a counter ("ph": "C") per rank. Whole-step ops (kind "R": the data-parallel
+iteration; transfers are complete events on tid 1 of the sender; a simulated job's
+tensor-, context- and expert-parallel collectives are complete events on tid 2
+("cat": "collective", one per group inside each F and B, args exposed_ms: what the op
+waits for); memory is a counter ("ph": "C") per rank. Whole-step ops (kind "R": the data-parallel
 gradient all-reduce, "S": the optimizer step) are compute events too, with
 stage, chunk and microbatch -1; readers keep them apart from the pipeline's
 F/B/W (`Trace.step_ops`). `otherData` carries the run's shape
@@ -18,10 +20,11 @@ from typing import Any
 from ppsim.config import limits, validate
 from ppsim.errors import UserError
 from ppsim.fileio import write_json_atomic
+from ppsim.job.lanes import WHAT, StageCollectives, problem_collectives
 from ppsim.job.throughput import job_info
 from ppsim.trace import stream
 
-COMPUTE_TID, TRANSFER_TID = 0, 1
+COMPUTE_TID, TRANSFER_TID, COLLECTIVE_TID = 0, 1, 2
 STEP_KINDS = ("R", "S")
 """Ops of the whole step, not of a (stage, microbatch): gradient reduce, optimizer step."""
 
@@ -47,6 +50,35 @@ def memory_event(rank: int, ts_us: float, static: int, activations: int) -> dict
             "args": {"static": static, "activations": activations}}
 
 
+def collective_events(rank: int, kind: str, stage: int, microbatch: int, start_us: float,
+                      end_us: float, comm: StageCollectives) -> list[dict]:
+    """The collectives inside one F or B op, one event per group from the op's start, in
+    the order the layer runs them (each no longer than what is left of the op)."""
+    out = []
+    t = start_us
+    for c in comm.forward if kind == "F" else comm.backward if kind == "B" else ():
+        dur = min(c.total_ms * 1e3, max(0.0, end_us - t))
+        out.append({"name": f"{c.group} {WHAT[c.group]}", "cat": "collective", "ph": "X",
+                    "pid": rank, "tid": COLLECTIVE_TID, "ts": t, "dur": dur,
+                    "args": {"group": c.group, "op": kind, "stage": stage,
+                             "microbatch": microbatch, "total_ms": c.total_ms,
+                             "exposed_ms": c.exposed_ms}})
+        t += dur
+    return out
+
+
+def collective_strips(problem: Any, ops: Any) -> list[tuple[float, float, str, int]]:
+    """(start ms, duration ms, "C", microbatch) of the collectives inside one rank's
+    simulated ops, for the PNG timeline (ppsim.cli.picture)."""
+    comm = problem_collectives(problem)
+    if not comm:
+        return []
+    return [(e["ts"] / 1e3, e["dur"] / 1e3, "C", op.action.microbatch) for op in ops
+            for e in collective_events(op.rank, op.action.kind, op.action.stage,
+                                       op.action.microbatch, op.start * 1e3, op.end * 1e3,
+                                       comm[op.action.stage])]
+
+
 def metadata_events(pp: int) -> list[dict]:
     out = []
     for r in range(pp):
@@ -67,11 +99,18 @@ def simulation_trace(sim: Any) -> dict:
     p = sim.problem
     tl = sim.timeline
     events = metadata_events(p.schedule.pp)
+    comm = problem_collectives(p)
+    if comm:
+        events += [{"name": "thread_name", "ph": "M", "pid": r, "tid": COLLECTIVE_TID,
+                    "args": {"name": "collectives"}} for r in range(p.schedule.pp)]
     for ops in tl.ops:
         for op in ops:
             a = op.action
             events.append(compute_event(op.rank, a.kind, a.stage, op.chunk, a.microbatch, 0,
                                         op.start * 1e3, (op.end - op.start) * 1e3))
+            if comm:
+                events += collective_events(op.rank, a.kind, a.stage, a.microbatch,
+                                            op.start * 1e3, op.end * 1e3, comm[a.stage])
     for t in tl.transfers:
         a = t.action
         events.append(transfer_event(t.src, t.dst, a.kind, a.stage, a.microbatch, 0,

@@ -4,6 +4,11 @@ and, put back together, the one-process gradients (nothing mocked: torchrun proc
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,8 +20,10 @@ from ppsim.cli.flags import config_from_args  # noqa: E402
 from ppsim.cli.run import add_run_arguments, load_problem  # noqa: E402
 from ppsim.executor.builders import builder_spec, load_builder  # noqa: E402
 from ppsim.executor.reference import reference_step  # noqa: E402
+from ppsim.trace.schema import read_trace  # noqa: E402
 
 pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
 TP = 2
 # How each sharded weight's slices go back together (ppsim.executor.builders.tensor).
 BY_OUTPUT = ("q.weight", "q.bias", "fc1.weight", "fc1.bias", "fc3.weight", "fc3.bias")
@@ -65,3 +72,51 @@ def test_tensor_parallel_loss_equals_one_process(case: str, launches: Pool) -> N
     assert set(got) == set(grads)
     for name, g in grads.items():
         torch.testing.assert_close(got[name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "ppsim.cli", *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def tp_costs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """`ppsim profile --tp 2`: the pieces in two gloo processes, each holding its shard."""
+    out = tmp_path_factory.mktemp("tp-profile") / "costs.json"
+    r = _cli("profile", "--tp", "2", "--microbatches", "4", "--repeats", "3", "--warmup", "1",
+             "--no-p2p", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    return out, json.loads(r.stdout)
+
+
+def test_profile_measures_the_tensor_parallel_collectives(tp_costs) -> None:
+    path, doc = tp_costs
+    c = doc["collectives"]
+    b, s, h = load_builder(builder_spec(None, doc["model"]), doc["model"]).activation_shape
+    assert c["tp"] == 2 and c["backend"] == "gloo"
+    assert c["bytes"] == b * s * h * 4  # one microbatch's hidden states, fp32 on CPU
+    for key in ("all_reduce_ms", "all_gather_ms", "reduce_scatter_ms"):
+        assert 0 < c[key] < 1e3
+    # The file is for the tp 2 model: its sharded layers, loadable only at tp 2.
+    assert doc["model"]["tp"] == 2
+    one = _cli("simulate", "--costs", str(path), "--tp", "1", "--json")
+    assert one.returncode == 2 and "tp" in one.stderr
+
+
+def test_diff_compares_a_tensor_parallel_run_with_its_simulation(launches: Pool, tp_costs,
+                                                                  tmp_path: Path) -> None:
+    run = launches.get("tp2-1f1b")
+    assert run.returncode == 0, run.stderr
+    measured = read_trace(str(run.tmp / "out" / "trace.json"))
+    # The trace names pipeline ranks, so sends pair with their receives.
+    assert {op.rank for op in measured.ops} == {0, 1}
+    sim = tmp_path / "sim.json"
+    argv = [a.replace("{tmp}", str(run.tmp)) for a in run.argv]
+    r = _cli("simulate", "--costs", str(tp_costs[0]), *argv, "--trace", str(sim), "--json")
+    assert r.returncode == 0, r.stderr
+    d = _cli("diff", str(run.tmp / "out" / "trace.json"), str(sim), "--json")
+    assert d.returncode == 0, d.stderr
+    got = json.loads(d.stdout)
+    assert got["ops_matched"] == 16 and got["ops_only_in"] == [0, 0]
+    assert all(t > 0 for t in got["iteration_time_ms"])

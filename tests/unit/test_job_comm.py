@@ -93,7 +93,9 @@ def test_data_parallel_step_overlaps_with_the_backward() -> None:
     assert t_over < t_plain
     bwd = sum(c.backward_ms for c in plain.stage_costs)
     fwd = sum(c.forward_ms for c in plain.stage_costs)
-    bucket = 40e6
+    # The bucket reduced last and gathered first holds the embedding: Llama 3's
+    # 128,256 x 4,096 table, not a 40M bucket.
+    bucket = 128256 * 4096
     exposed = (max(15 * NIC_STEP + 15 / 16 * bucket * 4 / bus, rs - bwd)
                + max(15 * NIC_STEP + 15 / 16 * bucket * 2 / bus, ag - fwd))
     assert t_over == pytest.approx(base + exposed + step_one / 16, rel=1e-9)
@@ -115,3 +117,20 @@ def test_tied_embeddings_reduce_between_the_first_and_last_stage() -> None:
                  for r, (e, t) in enumerate(zip(ends, tails, strict=True)))
     assert tied.summary.iteration_time_ms == pytest.approx(expect, rel=1e-12)
     assert [r for _, r, _ in tied.timeline.step] == pytest.approx([sync, 0, 0, sync])
+
+
+def test_only_the_embeddings_rank_waits_for_the_embeddings_bucket() -> None:
+    """pp 2, dp 16, both overlaps: rank 0 (embedding) has the embedding's bucket exposed
+    in full; rank 1 (the head) a 40M bucket, Megatron's bucket size."""
+    problem = build_problem(cfg({"dp": 16, "distributed_optimizer": True},
+                                {"pp": 2, "overlap_grad_reduce": True,
+                                 "overlap_param_gather": True}))
+    reduce = [r for _, r, _ in simulate(problem).timeline.step]
+    # pp outermost: each stage's dp 16 spans two nodes, 8 a node, rings through 8 NICs.
+    bus = min(NV, 8 * NIC)
+
+    def rs_ag(n: float) -> float:
+        return 2 * 15 * NIC_STEP + 15 / 16 * n * (4 + 2) / bus
+
+    assert reduce[0] == pytest.approx(rs_ag(128256 * 4096), rel=1e-9)
+    assert reduce[1] == pytest.approx(rs_ag(40e6), rel=1e-9)

@@ -1,0 +1,86 @@
+"""Each pipeline stage's collectives, for the trace's and the timeline's communication lane.
+
+A stage's forward runs its layers' tensor-, context- and expert-parallel collectives
+(ppsim.job.layers), its backward their mirror; the embedding scatters and the head
+gathers once each way. Per virtual stage and direction this sums, group by group, the
+time on the links and the part of it the stage waits for (the rest hides behind its
+compute). The data-parallel buckets are the step's R, not a stage's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ppsim.costs.arch import layer_kinds
+from ppsim.costs.transformer import Accelerator
+from ppsim.job.layers import (
+    Collective,
+    PieceCollectives,
+    compute_costs,
+    layer_collectives,
+    per_rank_arch,
+    tp_collectives_ms,
+)
+from ppsim.job.model import Job
+
+GROUPS = ("tp", "cp", "ep")
+WHAT = {"tp": "all-gather / reduce-scatter", "cp": "K/V ring", "ep": "all-to-all"}
+"""What each group's collectives are, as the trace names them."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageCollectives:
+    """One virtual stage's collectives per microbatch, by group, in each direction."""
+
+    forward: tuple[Collective, ...] = ()
+    backward: tuple[Collective, ...] = ()
+
+
+def _sum(pieces: Sequence[tuple[Collective, ...]]) -> tuple[Collective, ...]:
+    total = {g: 0.0 for g in GROUPS}
+    exposed = {g: 0.0 for g in GROUPS}
+    for piece in pieces:
+        for c in piece:
+            total[c.group] += c.total_ms
+            exposed[c.group] += c.exposed_ms
+    return tuple(Collective(group=g, total_ms=total[g], exposed_ms=exposed[g])
+                 for g in GROUPS if total[g] > 0)
+
+
+def stage_collectives(job: Job, acc: Accelerator, stages: Sequence[Any]
+                      ) -> list[StageCollectives]:
+    """Per stage of `stages` (ppsim.pipeline.split.Stage, virtual-stage order)."""
+    a = per_rank_arch(job.arch)
+    costs = compute_costs(job, acc)
+    kinds = costs.kinds or ("dense",) * len(costs.layers)
+    last = layer_kinds(a)[-1]  # an MTP module's decoder layer is of the last layer's kind
+    one = tp_collectives_ms(job, a, 1)
+    edge = PieceCollectives(forward=(Collective(group="tp", total_ms=one, exposed_ms=one),),
+                            backward=(Collective(group="tp", total_ms=one, exposed_ms=one),))
+    by_kind: dict[str, PieceCollectives] = {}
+    out = []
+    for st in stages:
+        pieces: list[PieceCollectives] = []
+        for i in range(st.offset, st.offset + st.layers):
+            kind = kinds[i]
+            if kind not in by_kind:
+                by_kind[kind] = layer_collectives(job, a, acc, last if kind == "mtp" else kind,
+                                                  costs.layers[i])
+            pieces.append(by_kind[kind])
+            if kind == "mtp":  # and its own pass through the head
+                pieces.append(edge)
+        pieces += [edge] * (int(st.has_embedding) + int(st.has_head))
+        out.append(StageCollectives(forward=_sum([p.forward for p in pieces]),
+                                    backward=_sum([p.backward for p in pieces])))
+    return out
+
+
+def problem_collectives(problem: Any) -> list[StageCollectives]:
+    """A Problem's stage collectives; empty for a lone replica or when no group
+    communicates (tp = cp = ep = 1)."""
+    job = problem.hardware.job
+    if job is None or (job.arch.tp == 1 and job.arch.cp == 1 and job.arch.ep == 1):
+        return []
+    return stage_collectives(job, job.accelerator, problem.split.stages)

@@ -1,0 +1,138 @@
+"""A job's tensor-, context- and expert-parallel collectives in the simulated Chrome trace
+(issue 24, item 6): their own events on a communication lane per rank, inside the ops
+that run them, their exposed part what the ops wait for."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ppsim.cli.main import main
+from ppsim.config.schema import config_from_dict
+from ppsim.costs.transformer import transformer_costs
+from ppsim.job.layers import per_rank_arch
+from ppsim.pipeline.problem import build_problem
+from ppsim.sim.simulate import simulate
+from ppsim.trace.schema import COLLECTIVE_TID, simulation_trace
+
+NV, NV_STEP = 450e6, 1e-3  # NVLink bytes per ms, ms per step
+
+
+def problem(model: dict, pipe: dict | None = None):
+    return build_problem(config_from_dict({
+        "model": {"preset": "llama3-8b", "num_layers": 4, **model},
+        "pipeline": {"pp": 2, "microbatches": 4, **(pipe or {})},
+        "hardware": {"preset": "h100-80gb"}}))
+
+
+def collectives(p) -> list[dict]:
+    doc = simulation_trace(simulate(p))
+    return [e for e in doc["traceEvents"] if e.get("cat") == "collective"]
+
+
+def test_tensor_parallel_collectives_have_their_own_lane() -> None:
+    events = collectives(problem({"tp": 4}))
+    # One tp event in each F and B: 2 stages x 4 microbatches x 2 directions.
+    assert len(events) == 16
+    assert {e["tid"] for e in events} == {COLLECTIVE_TID}
+    s = 8192 * 4096 * 2  # one microbatch's hidden states, bf16
+    one = 3 * NV_STEP + 3 / 4 * s / NV  # all-gather or reduce-scatter over 4 GPUs of a node
+    by_stage = {(e["args"]["stage"], e["args"]["op"]): e["args"] for e in events}
+    # Stage 0: 2 layers of 4 collectives each way, and the embedding's scatter; stage 1
+    # the same with the head's gather. Nothing overlaps, so all of it is exposed.
+    for stage in (0, 1):
+        for op in ("F", "B"):
+            args = by_stage[(stage, op)]
+            assert args["total_ms"] == pytest.approx(9 * one)
+            assert args["exposed_ms"] == pytest.approx(9 * one)
+
+
+def test_overlapped_collectives_are_shown_but_not_waited_for() -> None:
+    events = collectives(problem({"tp": 4}, {"tp_comm_overlap": True}))
+    s = 8192 * 4096 * 2
+    one = 3 * NV_STEP + 3 / 4 * s / NV
+    for e in events:
+        # The layers' 8 are hidden behind their compute; the embedding's or head's is not.
+        assert e["args"]["total_ms"] == pytest.approx(9 * one)
+        assert e["args"]["exposed_ms"] == pytest.approx(one)
+
+
+def test_a_lone_replica_has_no_collective_lane() -> None:
+    doc = simulation_trace(simulate(problem({})))
+    assert not [e for e in doc["traceEvents"] if e.get("cat") == "collective"
+                or e.get("tid") == COLLECTIVE_TID]
+
+
+@settings(max_examples=12, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4, 8]), cp=st.sampled_from([1, 2, 4]),
+       overlap=st.booleans(), gpus_per_node=st.sampled_from([2, 8]))
+def test_exposed_collectives_are_what_each_stage_adds_to_its_compute(
+        tp: int, cp: int, overlap: bool, gpus_per_node: int) -> None:
+    """Each F and B's exposed collectives (plus, with cp, the other chunks' attention) are
+    the job's stage time less the stage's compute alone, and every event lies inside
+    its op."""
+    p = build_problem(config_from_dict({
+        "model": {"preset": "llama3-8b", "num_layers": 4, "tp": tp, "cp": cp},
+        "pipeline": {"pp": 2, "microbatches": 2, "tp_comm_overlap": overlap},
+        "hardware": {"preset": "h100-80gb", "gpus_per_node": gpus_per_node}}))
+    sim = simulate(p)
+    doc = simulation_trace(sim)
+    events = [e for e in doc["traceEvents"] if e.get("cat") == "collective"]
+    if tp == 1 and cp == 1:
+        assert not events
+        return
+    ops = {(e["args"]["stage"], e["args"]["microbatch"], e["args"]["kind"]): e
+           for e in doc["traceEvents"] if e.get("cat") == "compute"
+           and e["args"]["stage"] >= 0}
+    for e in events:
+        op = ops[(e["args"]["stage"], e["args"]["microbatch"], e["args"]["op"])]
+        assert op["pid"] == e["pid"]
+        assert op["ts"] - 1e-6 <= e["ts"] and e["ts"] + e["dur"] <= op["ts"] + op["dur"] + 1e-3
+    a = per_rank_arch(p.hardware.job.arch)
+    alone = transformer_costs(a, p.hardware.job.accelerator)
+    cfg_costs = p.stage_costs
+    for stage, c in enumerate(cfg_costs):
+        mine = [e["args"] for e in events
+                if e["args"]["stage"] == stage and e["args"]["microbatch"] == 0]
+        base_f = sum(x.forward_ms for x in alone.layers[2 * stage:2 * stage + 2]) + (
+            alone.embedding.forward_ms if stage == 0 else alone.head.forward_ms)
+        extra_f = c.forward_ms - base_f
+        shown = sum(x["exposed_ms"] for x in mine if x["op"] == "F" and x["group"] != "cp")
+        cp_attention = extra_f - shown  # the rest: the other chunks' attention + its ring
+        ring = [x for x in mine if x["op"] == "F" and x["group"] == "cp"]
+        if cp == 1:
+            assert cp_attention == pytest.approx(0.0, abs=1e-9)
+        else:
+            assert cp_attention >= ring[0]["exposed_ms"] - 1e-9
+
+
+def test_simulate_trace_writes_the_lane(tmp_path, capsys) -> None:
+    out = tmp_path / "t.json"
+    assert main(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--tp", "2",
+                 "--pp", "2", "--microbatches", "2", "--trace", str(out)]) == 0
+    capsys.readouterr()
+    doc = json.loads(out.read_text())
+    names = {e["args"]["name"] for e in doc["traceEvents"]
+             if e.get("ph") == "M" and e.get("tid") == COLLECTIVE_TID}
+    assert names == {"collectives"}
+    assert any(e.get("cat") == "collective" for e in doc["traceEvents"])
+
+
+def test_the_png_timeline_draws_collectives_as_strips(tmp_path, capsys) -> None:
+    from PIL import Image  # Pillow: what the picture is drawn with
+
+    from ppsim.cli.picture import COLOURS
+
+    def strip_pixels(tp: int) -> int:
+        out = tmp_path / f"tp{tp}.png"
+        assert main(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--tp",
+                     str(tp), "--pp", "2", "--microbatches", "2", "--png", str(out)]) == 0
+        capsys.readouterr()
+        img = Image.open(out).convert("RGB")
+        return sum(n for n, colour in img.getcolors(1 << 20) if colour == COLOURS["C"])
+
+    assert strip_pixels(1) == 0
+    assert strip_pixels(4) > 0
