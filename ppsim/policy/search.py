@@ -213,12 +213,13 @@ def plan_megatron(problem: Problem, pc: PolicyCosts, budget_s: float,
         planned += 1
         if r.best is not None and not host_fits(r.problem.with_split(r.best.split), pol):
             continue  # the offloaded microbatches overflow the node's host memory
-        cand = SpaceBest(space="megatron", result=r, policies=pol, label=label)
+        # Compared as the copy streams time it: the estimate may miss a stall.
+        cand = resimulated(SpaceBest(space="megatron", result=r, policies=pol, label=label))
         best = _better(best, cand)
     proven = False  # the points not planned are only estimated
     if best is None:
         return SpaceBest(space="megatron", result=None)
-    return resimulated(replace(best, proven=proven))
+    return replace(best, proven=proven)
 
 
 def plan_per_stage(problem: Problem, pc: PolicyCosts, budget_s: float) -> SpaceBest:
