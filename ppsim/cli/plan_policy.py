@@ -73,7 +73,7 @@ def search_spaces(cfg: Config, axes: list[str], budget_s: float, started: float
 def space_dict(sb: SpaceBest, glob: SpaceBest) -> dict[str, Any]:
     r = sb.result
     out: dict[str, Any] = {"space": sb.space, "label": sb.label, "proven_optimal": sb.proven,
-                           "best": None}
+                           "best": None, **({"copies": sb.copies} if sb.copies else {})}
     if r is None or r.best is None:
         return out
     out["best"] = candidate_dict(r.best)
@@ -141,6 +141,8 @@ def print_spaces(spaces: list[SpaceBest]) -> int:
             continue
         if sb.space != "per-stage":
             console.print(f"{sb.space} policy: {sb.label}", markup=False)
+        if sb.copies:
+            console.print(f"{sb.space}: {sb.copies}", markup=False)
         if sb.space == "global":
             continue
         ex = _export(sb)

@@ -8,7 +8,7 @@ Korthikanti et al. 2022 activation formulas). Measured cost files
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from ppsim.errors import UserError
@@ -98,6 +98,11 @@ class StageCost:
     output_bytes: int
     params: int = 0
     split_backward_ms: float = 0.0
+    offload_bytes: int = 0
+    """Bytes of one microbatch's saved tensors copied to host memory after its F and
+    back before its B (part of activation_bytes; ppsim.sim.copies)."""
+    copy_ms: float = 0.0
+    """Time of one such copy each way over the host link."""
 
     def input_grad_ms(self, split: bool) -> float:
         """B's duration: the whole backward, or without W when the schedule splits it."""
@@ -166,8 +171,7 @@ def stage_costs(costs: ModelCosts, split: Split, memory: Any = None) -> list[Sta
 
 
 def _no_output(c: StageCost) -> StageCost:
-    return StageCost(c.forward_ms, c.backward_ms, c.weight_grad_ms, c.static_bytes,
-                     c.activation_bytes, c.weight_grad_bytes, 0, c.params, c.split_backward_ms)
+    return replace(c, output_bytes=0)
 
 
 def uniform_costs(num_layers: int, layer: LayerCost, embedding: LayerCost | None = None,

@@ -1,7 +1,8 @@
 """What stays fixed while the planner varies the split, and the exact evaluator of one split.
 
 `SplitSearch.evaluate` returns exactly what `simulate` reports for a split
-(tests/property/test_planner.py proves it) by list scheduling over a schedule
+(tests/property/test_planner.py proves it; activation offload excepted, whose copies
+it prices per stage by ppsim.sim.copies.estimated) by list scheduling over a schedule
 compiled once. Imports go one way: search -> bounds -> planner.
 """
 
@@ -13,6 +14,7 @@ from functools import lru_cache
 from ppsim.costs.model import StageCost, receives_input, stage_cost
 from ppsim.pipeline.problem import Problem
 from ppsim.schedules.generators import F
+from ppsim.sim.copies import estimated
 from ppsim.sim.evaluate import list_schedule
 from ppsim.sim.summary import Summary, busy_ms, step_tail, summarize
 from ppsim.sim.timing import compile_schedule, p2p_link
@@ -79,9 +81,10 @@ class SplitSearch:
 
     def _stage_cost(self, offset: int, count: int, index: int) -> StageCost:
         if self.problem.memory is not None:  # a memory policy prices the stage
-            return self.problem.memory.stage_cost(offset, count, index, index == 0,
-                                                  index == self.S - 1, self.receives[index],
-                                                  self.fits)
+            # Offload copies by their per-stage estimate (re-simulated where reported).
+            return estimated(self.problem.memory.stage_cost(
+                offset, count, index, index == 0, index == self.S - 1, self.receives[index],
+                self.fits))
         return stage_cost(self.costs, offset, count, index == 0, index == self.S - 1,
                           self.receives[index])
 

@@ -4,11 +4,9 @@ Layers a stage recomputes whole (its first N) cost what the "full" mode costs;
 the others cost their recompute modules' variant (ppsim.costs.modules: the
 tensors they drop, the forward ops they repeat inside B). Offload moves
 `offload_fraction` of the offload modules' tensors to host memory over the host
-link, on a copy stream beside compute: the device holds what stays, plus two
-microbatches' offloaded tensors in flight (one copied out after its forward, one
-copied back before its backward). A copy out overlaps the op after the forward (a
-backward in the steady state), a copy back the op before the backward (a
-forward): whatever a copy takes beyond that op stalls the stage.
+link, on the device's copy streams (simulated by ppsim.sim.copies: out after the F,
+back before the B, the B stalls when the copy is late). The planner prices the same
+copies per stage (ppsim.sim.copies.estimated) and re-simulates what it reports.
 """
 
 from __future__ import annotations
@@ -21,9 +19,7 @@ from ppsim.costs.model import LayerCost, ModelCosts, StageCost
 from ppsim.costs.modules import module_effect
 from ppsim.costs.transformer import Accelerator, layer_kinds, transformer_costs
 from ppsim.policy.model import StagePolicy
-
-COPY_BUFFERS = 2
-"""Microbatches whose offloaded tensors are on the device at once (out and back)."""
+from ppsim.sim.copies import estimated
 
 
 @dataclass(kw_only=True)
@@ -102,12 +98,12 @@ class PolicyCosts:
         if policy.offloads:
             moved = self.offloaded(policy.recompute_modules, policy.offload_modules)
             off = int(policy.offload_fraction * (moved[hi] - moved[mid]))
-        stall_f, stall_b = self._stalls(off, f, b)
-        sb = 0.0 if sb == b else sb + stall_b
-        # What W needs (matmul inputs) comes back with the reload before B and stays on
-        # the device until W: offload does not shrink it, and it may exceed what B frees.
-        return StageCost(f + stall_f, b + stall_b, w, int(st) + COPY_BUFFERS * off,
-                         int(act) - off, int(wg), 0 if last else hidden, int(params), sb)
+        sb = 0.0 if sb == b else sb
+        # The copies run on the device's copy streams (ppsim.sim.copies): the offloaded
+        # tensors are part of the F's allocation until their copy out ends. What W needs
+        # (matmul inputs) comes back with the reload before B and stays until W.
+        return StageCost(f, b, w, int(st), int(act), int(wg), 0 if last else hidden,
+                         int(params), sb, offload_bytes=off, copy_ms=self.copy_ms(off))
 
     def _stalls(self, off: int, f: float, b: float) -> tuple[float, float]:
         """(forward, backward) stall of copying `off` bytes out after F and back before B."""
@@ -206,8 +202,8 @@ class Cheapest:
 
     def policy_of(self, offset: int, count: int, index: int, first: bool, last: bool,
                   receives: bool, fits: Fits | None = None) -> StagePolicy:
-        def cost(p: StagePolicy) -> StageCost:
-            return self.costs.stage_cost(p, offset, count, first, last, receives)
+        def cost(p: StagePolicy) -> StageCost:  # as the planner prices it
+            return estimated(self.costs.stage_cost(p, offset, count, first, last, receives))
 
         best: tuple[float, int, StagePolicy] | None = None
         fallback: tuple[int, StagePolicy] | None = None

@@ -69,30 +69,20 @@ COPY_TID = 2
 
 
 def copy_events(sim: Any) -> list[dict[str, Any]]:
-    """Chrome trace events of the offload copies on each rank's copy stream: out after
-    each forward that offloads, back before its backward (as ppsim.policy.costs prices
-    them: a copy longer than its neighbour op has already stretched that op)."""
-    problem = sim.problem
-    if not isinstance(problem.memory, Fixed) or sim.timeline is None:
+    """Chrome trace events of the offload copies on each rank's copy streams, as the
+    simulator ran them (ppsim.sim.copies): out after each forward that offloads, back
+    before its backward."""
+    if sim.timeline is None or not sim.timeline.copies:
         return []
-    pc = problem.memory.costs
-    moved = [pc.host_bytes(problem.memory.policies[st.index], st.offset, st.layers)
-             for st in problem.split.stages]
     out: list[dict[str, Any]] = []
-    for r in range(problem.schedule.pp):
+    for r in sorted({c.rank for c in sim.timeline.copies}):
         out.append({"name": "thread_name", "ph": "M", "pid": r, "tid": COPY_TID,
                     "args": {"name": "host copies"}})
-    for ops in sim.timeline.ops:
-        for op in ops:
-            a = op.action
-            nbytes = moved[a.stage]
-            if not nbytes or a.kind not in ("F", "B"):
-                continue
-            dur = pc.copy_ms(nbytes)
-            start = op.end if a.kind == "F" else op.start - dur
-            out.append({"name": f"{'offload' if a.kind == 'F' else 'reload'} "
-                        f"{a.kind}{a.microbatch}", "cat": "copy", "ph": "X", "pid": op.rank,
-                        "tid": COPY_TID, "ts": start * 1e3, "dur": dur * 1e3,
-                        "args": {"stage": a.stage, "microbatch": a.microbatch,
-                                 "bytes": nbytes}})
+    for c in sim.timeline.copies:
+        kind = "F" if c.direction == "offload" else "B"
+        out.append({"name": f"{c.direction} {kind}{c.microbatch}", "cat": "copy", "ph": "X",
+                    "pid": c.rank, "tid": COPY_TID, "ts": c.start * 1e3,
+                    "dur": (c.end - c.start) * 1e3,
+                    "args": {"stage": c.stage, "microbatch": c.microbatch,
+                             "bytes": c.nbytes}})
     return out

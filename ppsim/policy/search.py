@@ -29,6 +29,8 @@ from ppsim.plan.search import SplitSearch
 from ppsim.policy.costs import Cheapest, Fixed, PolicyCosts
 from ppsim.policy.model import StagePolicy, shorthand
 from ppsim.policy.report import host_fits
+from ppsim.sim.copies import estimated
+from ppsim.sim.simulate import simulate
 
 MODULE_SETS = (
     (), ("core_attn",), ("layernorm",), ("layernorm", "mlp"), ("layernorm", "moe_act"),
@@ -86,6 +88,28 @@ class SpaceBest:
     """The point, in words ("selective", "layernorm N=2", ...)."""
     proven: bool = False
     """Every point of the space was planned to optimality."""
+    copies: str = ""
+    """How its offload copies were timed: "" (none offloaded), or RESIMULATED."""
+
+
+RESIMULATED = ("planned with the per-stage estimate of the host copies, timed by the "
+               "simulator's copy streams")
+"""What a space's figures are when its policy offloads: the planner's leaves price each
+copy per stage (ppsim.sim.copies.estimated, not a bound), so the reported plan is
+simulated again with the copy streams and no optimality is claimed for it."""
+
+
+def resimulated(sb: SpaceBest) -> SpaceBest:
+    """The space's best timed by the simulator's copy streams when its policy offloads."""
+    r = sb.result
+    if r is None or r.best is None or not any(p.offloads for p in sb.policies):
+        return sb
+    problem = replace(r.problem.with_split(r.best.split),
+                      memory=Fixed(costs=r.problem.memory.costs, policies=sb.policies))
+    summary = simulate(problem, record=False).summary
+    best = replace(r.best, summary=summary)
+    return replace(sb, result=replace(r, best=best, candidates=[best]), proven=False,
+                   copies=RESIMULATED)
 
 
 def _fixed(problem: Problem, pc: PolicyCosts, policies: tuple[StagePolicy, ...]) -> Problem:
@@ -138,8 +162,8 @@ def _proxy_ms(search: SplitSearch, pc: PolicyCosts, policies: tuple[StagePolicy,
     one pass through the stages (fill and drain)."""
     costs, offset = [], 0
     for k, n in enumerate(counts):
-        costs.append(pc.stage_cost(policies[k], offset, n, k == 0, k == len(counts) - 1,
-                                   search.receives[k]))
+        costs.append(estimated(pc.stage_cost(policies[k], offset, n, k == 0,
+                                             k == len(counts) - 1, search.receives[k])))
         offset += n
     busiest = 0.0
     for r, stages in enumerate(search.rank_stages):
@@ -189,7 +213,8 @@ def plan_megatron(problem: Problem, pc: PolicyCosts, budget_s: float,
         planned += 1
         if r.best is not None and not host_fits(r.problem.with_split(r.best.split), pol):
             continue  # the offloaded microbatches overflow the node's host memory
-        cand = SpaceBest(space="megatron", result=r, policies=pol, label=label)
+        # Compared as the copy streams time it: the estimate may miss a stall.
+        cand = resimulated(SpaceBest(space="megatron", result=r, policies=pol, label=label))
         best = _better(best, cand)
     proven = False  # the points not planned are only estimated
     if best is None:
@@ -211,8 +236,8 @@ def plan_per_stage(problem: Problem, pc: PolicyCosts, budget_s: float) -> SpaceB
     if r.best is None:
         return SpaceBest(space="per-stage", result=r)
     policies = chosen_policies(r)
-    return SpaceBest(space="per-stage", result=r, policies=policies,
-                     label="per stage", proven=r.proven_optimal)
+    return resimulated(SpaceBest(space="per-stage", result=r, policies=policies,
+                                 label="per stage", proven=r.proven_optimal))
 
 
 def chosen_policies(r: PlanResult) -> tuple[StagePolicy, ...]:

@@ -10,6 +10,8 @@ other; when a placement shares devices or links, `ppsim.sim.simulate` runs
 `ppsim.sim.shared.SharedEngine` instead, the same processes over shared resources.
 Memory: F allocates its stage's activations when it starts, B releases them
 when it ends (all but what W needs, when W is separate), W releases the rest.
+A stage that offloads runs its copies on the rank's copy streams
+(ppsim.sim.copies): its B also waits for its tensors to come back.
 
 The event loop is simpy's core and nothing more: one heap of (time, id,
 event) with monotone ids, so events at equal times run in the order they
@@ -28,6 +30,7 @@ from typing import NamedTuple
 from ppsim.pipeline.messages import wiring
 from ppsim.pipeline.problem import Problem
 from ppsim.schedules.generators import Action, B, F, Schedule
+from ppsim.sim.copies import Copy, CopyStreams, wake_time
 from ppsim.sim.summary import Summary, step_parts, summarize
 from ppsim.sim.timing import Link, StageTable
 
@@ -62,6 +65,8 @@ class Timeline:
     static: tuple[int, ...]
     step: tuple[tuple[float, float, float], ...] = ()
     """Per rank: (end of its last op, all-reduce ms, optimizer ms) — the step's tail."""
+    copies: tuple[Copy, ...] = ()
+    """Host copies of offloaded activations, in the order they were issued."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,7 @@ class Records:
         self.ops: list[list[Op]] = [[] for _ in range(pp)]
         self.transfers: list[Transfer] = []
         self.memory: list[list[tuple[float, int, int]]] = [[] for _ in range(pp)]
+        self.copies: list[Copy] = []
 
 
 def finished(problem: Problem, static: tuple[int, ...], ranks: list[RankRun],
@@ -112,7 +118,8 @@ def finished(problem: Problem, static: tuple[int, ...], ranks: list[RankRun],
     if records is not None:
         timeline = Timeline(tuple(tuple(o) for o in records.ops), tuple(records.transfers),
                             tuple(tuple(mm) for mm in records.memory), static,
-                            tuple((rr.end, *p) for rr, p in zip(ranks, parts, strict=True)))
+                            tuple((rr.end, *p) for rr, p in zip(ranks, parts, strict=True)),
+                            tuple(records.copies))
     return Simulation(problem, summary, timeline)
 
 
@@ -122,8 +129,11 @@ class Engine:
     message travels."""
 
     def __init__(self, schedule: Schedule, table: StageTable, link: Link,
-                 records: Records | None) -> None:
+                 records: Records | None, copies: CopyStreams | None = None) -> None:
         pp, n = schedule.pp, schedule.num_stages
+        self.copies = copies
+        self.woken = [False] * pp
+        """Rank r's B was woken by its reload's end (its input had already come)."""
         self.pp = pp
         self.acts, self.table, self.records = schedule.actions, table, records
         self.owner = [schedule.stage_rank(s) for s in range(n)]
@@ -160,7 +170,19 @@ class Engine:
             if key not in self.arrived:
                 self.waiting[key] = r
                 return
-            self.arrived.discard(key)
+        copies = self.copies
+        if copies is not None:
+            if kind == B and not self.woken[r]:
+                ready = copies.reload_end(r, st, a.microbatch, now)
+                if ready > now:  # its tensors are still on their way back
+                    self.wake(r, wake_time(now, ready))
+                    return
+            self.woken[r] = False
+            if kind == F:
+                self.act[r], self.peak[r] = copies.settle(r, now, self.act[r], self.peak[r],
+                                                          self._memory(r), self.inflight[r])
+        if keys is not None:
+            self.arrived.discard(keys[a.microbatch])
         if kind == F:
             act = self.act[r] = self.act[r] + self.table.alloc[st]
             inflight = self.inflight[r] = self.inflight[r] + 1
@@ -171,7 +193,19 @@ class Engine:
             if self.records is not None:
                 self.records.memory[r].append((now, act, inflight))
         self.began[r] = now
+        if copies is not None:
+            copies.op_started(r, self.pos[r], now)
+            self.act[r], self.peak[r] = copies.settle(r, now, self.act[r], self.peak[r],
+                                                      self._memory(r), self.inflight[r])
         self.run_op(r, kind, st, now)
+
+    def _memory(self, r: int) -> list[tuple[float, int, int]] | None:
+        return None if self.records is None else self.records.memory[r]
+
+    def wake(self, r: int, t: float) -> None:
+        """Start rank r's op again at t (a B whose reload ends then)."""
+        self.ids += 1
+        heapq.heappush(self.heap, (t, self.ids, self.pp + r))
 
     def run_op(self, r: int, kind: str, st: int, now: float) -> None:
         """Rank r computes its op: here alone on its device, so it ends after its duration."""
@@ -192,6 +226,10 @@ class Engine:
         kind, st = a.kind, a.stage
         released = self.table.free[kind][st]
         rec = self.records
+        copies = self.copies
+        if copies is not None and (released or kind == B):
+            self.act[r], self.peak[r] = copies.settle(r, now, self.act[r], self.peak[r],
+                                                      self._memory(r), self.inflight[r])
         if released or kind == B:
             self.act[r] -= released
             if self.act[r] > self.peak[r]:  # B keeps more for W than it frees
@@ -206,6 +244,8 @@ class Engine:
         if out is not None:
             keys, dst, bound = out
             self.send(r, dst, keys[a.microbatch], bound, a, now)
+        if copies is not None and kind == F:
+            copies.forward_ended(r, st, a.microbatch, now)
         self.pos[r] += 1
         if self.pos[r] < len(self.acts[r]):
             self.start(r, now)
@@ -226,21 +266,24 @@ class Engine:
 
     def run(self) -> list[RankRun]:
         heap, pop = self.heap, heapq.heappop
-        start, deliver, finish = self.start, self.deliver, self.finish
-        for r in range(self.pp):
+        start, deliver, finish, pp = self.start, self.deliver, self.finish, self.pp
+        for r in range(pp):
             if self.acts[r]:
                 start(r, 0.0)
         while heap:
             now, _, who = pop(heap)
             if who < 0:
                 deliver(-1 - who, now)
-            else:
+            elif who < pp:
                 finish(who, now)
+            else:
+                self.woken[who - pp] = True
+                start(who - pp, now)
         return [RankRun(self.ends[r], self.busy[r], self.peak[r], self.peak_in[r], self.pos[r])
                 for r in range(self.pp)]
 
 
 def run(schedule: Schedule, table: StageTable, link: Link,
-        records: Records | None = None) -> list[RankRun]:
+        records: Records | None = None, copies: CopyStreams | None = None) -> list[RankRun]:
     """Simulate the schedule; per-rank statistics (and `records`, when given)."""
-    return Engine(schedule, table, link, records).run()
+    return Engine(schedule, table, link, records, copies).run()

@@ -29,12 +29,14 @@ from typing import NamedTuple
 from ppsim.pipeline.messages import source_stage, target_stage, wire_ms
 from ppsim.pipeline.placement import Topology
 from ppsim.schedules.generators import Action, Schedule
+from ppsim.sim.copies import CopyStreams
 from ppsim.sim.engine import Engine, RankRun, Records, Transfer
 from ppsim.sim.timing import StageTable
 
-_DEV, _ARRIVE, _ON_LINK, _LINK = 0, 1, 2, 3
+_DEV, _ARRIVE, _ON_LINK, _LINK, _WAKE = 0, 1, 2, 3, 4
 """Event kinds: a device's next completion, a message arrives (private link), a
-message reaches its shared link after the latency, a link's next completion."""
+message reaches its shared link after the latency, a link's next completion, a B's
+offloaded tensors are back (ppsim.sim.copies)."""
 
 
 @dataclass
@@ -95,11 +97,11 @@ class SharedEngine(Engine):
     """The simulator's engine with devices and (optionally) links as shared resources."""
 
     def __init__(self, schedule: Schedule, table: StageTable, topo: Topology,
-                 records: Records | None) -> None:
+                 records: Records | None, copies: CopyStreams | None = None) -> None:
         def private(src: int, dst: int, nbytes: int) -> float:
             return 0.0 if src == dst else topo.link(src, dst).transfer_ms(nbytes)
 
-        super().__init__(schedule, table, private, records)
+        super().__init__(schedule, table, private, records, copies)
         self.topo = topo
         self.devices = {d: SharedResource(switch_ms=topo.context_switch_ms)
                         for d in sorted(set(topo.devices))}
@@ -122,6 +124,9 @@ class SharedEngine(Engine):
     def _push(self, t: float, event: int, who: int, ver: int) -> None:
         self.ids += 1
         heapq.heappush(self.heap, (t, self.ids, event, who, ver))  # type: ignore[arg-type]
+
+    def wake(self, r: int, t: float) -> None:
+        self._push(t, _WAKE, r, 0)
 
     def _cpu(self, a: int | None, b: int | None) -> float:
         """CPU ms each end pays for a message from stage a to stage b (0: none crossed)."""
@@ -192,6 +197,9 @@ class SharedEngine(Engine):
                     self.finish(dev.next_finish()[1], now)  # type: ignore[index]
             elif event == _ARRIVE:
                 self._arrive(who, now)
+            elif event == _WAKE:
+                self.woken[who] = True
+                self.start(who, now)
             elif event == _ON_LINK:
                 m = self.sent[who]
                 bandwidth = self.topo.link(m.src, m.dst).bandwidth_gbps

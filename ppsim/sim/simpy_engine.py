@@ -21,6 +21,9 @@ few times its cost. Read or extend this one; `simulate` returns the same
   the op that sends it and the op that receives it (`Topology.message_cpu`).
 - **Memory**: F allocates its stage's activations when it starts, B releases them
   when it ends (all but what W needs, when W is separate), W releases the rest.
+- **Host copies** (activation offload): the copy streams' FIFO arithmetic is
+  `ppsim.sim.copies.CopyStreams`, the heap engine's own; a B whose tensors are not
+  back yet waits for a timeout to their reload's end.
 
 Same instant, same order: where the heap engine does several things at one instant
 in one call (an op ends, its message arrives at once and wakes the receiver, then the
@@ -44,6 +47,7 @@ from simpy.events import URGENT
 from ppsim.pipeline.placement import Topology
 from ppsim.pipeline.problem import Problem
 from ppsim.schedules.generators import Action, B, F
+from ppsim.sim.copies import CopyStreams, offloads
 from ppsim.sim.engine import Op, RankRun, Records, Simulation, Transfer, finished
 from ppsim.sim.shared import SharedResource
 from ppsim.sim.timing import compile_schedule, p2p_link, stage_table
@@ -107,7 +111,9 @@ class _Model:
         sched = self.schedule = problem.schedule
         self.env = simpy.Environment(initial_time=0.0)  # times are floats from the start
         self.c = compile_schedule(sched)
-        self.table = stage_table(sched, problem.stage_costs)
+        costs = problem.stage_costs
+        self.table = stage_table(sched, costs)
+        self.copies = CopyStreams(sched.actions, costs, record) if offloads(costs) else None
         pp, self.last = sched.pp, sched.num_stages - 1
         self.owner = [sched.stage_rank(s) for s in range(sched.num_stages)]
         topo = problem.topology
@@ -151,10 +157,22 @@ class _Model:
         dev, n = self.device_of[r], len(self.c.kind[r])
         for i in range(n):
             key = self.c.wait_key[r][i]
+            waited = False
             if key >= 0 and not self._inbox(key).triggered:
                 if i:
                     dev.replan()  # the device goes on without this rank
+                waited = True
                 yield self._inbox(key)
+            if self.copies is not None and self.c.kind[r][i] == B:
+                a = self.schedule.actions[r][i]
+                ready = self.copies.reload_end(r, a.stage, a.microbatch, self.env.now)
+                if ready > self.env.now:  # its offloaded tensors are still on their way
+                    # The wait is scheduled before the device plans its next completion,
+                    # as the heap engine pushes the wake-up before it replans the device.
+                    wait = self.env.timeout(ready - self.env.now)
+                    if i and not waited:
+                        dev.replan()
+                    yield wait
             yield self._start(r, i, dev)
             if self._finish(r, i):
                 yield self._pass()  # its receiver starts first
@@ -164,6 +182,8 @@ class _Model:
     def _start(self, r: int, i: int, dev: _Sharing) -> simpy.Event:
         """Op i of rank r starts now: F allocates; the op occupies the device."""
         kind, st, now = self.c.kind[r][i], self.c.stage[r][i], self.env.now
+        if self.copies is not None and kind == F:
+            self._settle(r, now)
         if kind == F:
             act = self.act[r] = self.act[r] + self.table.alloc[st]
             inflight = self.inflight[r] = self.inflight[r] + 1
@@ -172,6 +192,9 @@ class _Model:
             if self.ops is not None:
                 self.memory[r].append((now, act, inflight))
         self.began[r] = now
+        if self.copies is not None:
+            self.copies.op_started(r, i, now)
+            self._settle(r, now)
         work = self.table.duration[kind][st]
         if self.charged:
             # F receives from the stage before and sends to the next; B the other way.
@@ -180,6 +203,13 @@ class _Model:
                 work += self._cpu(st - step, st) + self._cpu(st, st + step)
         self.work[r] = work
         return dev.use(r, work)
+
+    def _settle(self, r: int, now: float) -> None:
+        """Apply the copies' memory changes on rank r due by now (CopyStreams.settle)."""
+        assert self.copies is not None
+        self.act[r], self.peak[r] = self.copies.settle(
+            r, now, self.act[r], self.peak[r], self.memory[r] if self.ops is not None
+            else None, self.inflight[r])
 
     def _cpu(self, a: int, b: int) -> float:
         """CPU ms each end pays for a message from stage a to stage b (0: none crosses)."""
@@ -194,6 +224,8 @@ class _Model:
         # Wall time, as the executor records it; alone, the work itself (same sums).
         self.busy[r] += self.work[r] if self.alone[r] else now - self.began[r]
         released = self.table.free[kind][st]
+        if self.copies is not None and (released or kind == B):
+            self._settle(r, now)
         if released or kind == B:
             self.act[r] -= released
             self.peak[r] = max(self.peak[r], self.act[r])  # B may keep more for W than it frees
@@ -205,6 +237,8 @@ class _Model:
             self.ops[r].append(Op(r, a, st // self.schedule.pp, self.began[r], now))
         self.pos[r] += 1
         self.ends[r] = now
+        if self.copies is not None and kind == F:
+            self.copies.forward_ended(r, st, a.microbatch, now)
         key = self.c.send_key[r][i]
         if key < 0:
             return False
@@ -271,4 +305,6 @@ def simulate(problem: Problem, record: bool = True) -> Simulation:
     if m.ops is not None:
         records = Records(problem.schedule.pp)
         records.ops, records.transfers, records.memory = m.ops, m.transfers, m.memory
+        if m.copies is not None and m.copies.copies is not None:
+            records.copies = m.copies.copies
     return finished(problem, m.table.static, ranks, records)

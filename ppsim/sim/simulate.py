@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 
 from ppsim.pipeline.problem import Problem
+from ppsim.sim.copies import CopyStreams, offloads
 from ppsim.sim.engine import Records, Simulation, finished, run
 from ppsim.sim.shared import SharedEngine
 from ppsim.sim.timing import p2p_link, stage_table
@@ -22,18 +23,22 @@ def simulate(problem: Problem, record: bool = True) -> Simulation:
     stays proportional to the schedule, not to what happened.
     """
     sched = problem.schedule
-    table = stage_table(sched, problem.stage_costs)
+    costs = problem.stage_costs
+    table = stage_table(sched, costs)
     records = Records(sched.pp) if record else None
+    copies = CopyStreams(sched.actions, costs, record) if offloads(costs) else None
     # Millions of short-lived objects: the cyclic GC would only rescan them.
     enabled = gc.isenabled()
     gc.disable()
     try:
         topo = problem.topology
         if topo is None or topo.is_private:
-            ranks = run(sched, table, p2p_link(problem.hardware.transfer_ms), records)
+            ranks = run(sched, table, p2p_link(problem.hardware.transfer_ms), records, copies)
         else:
-            ranks = SharedEngine(sched, table, topo, records).run()
+            ranks = SharedEngine(sched, table, topo, records, copies).run()
     finally:
         if enabled:
             gc.enable()
+    if records is not None and copies is not None and copies.copies is not None:
+        records.copies = copies.copies
     return finished(problem, table.static, ranks, records)

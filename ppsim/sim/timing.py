@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ppsim.costs.model import StageCost
 from ppsim.pipeline.messages import wiring
 from ppsim.schedules.generators import B, F, Schedule, W
+from ppsim.sim.copies import resident_bytes
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def stage_table(s: Schedule, costs: Sequence[StageCost]) -> StageTable:
     static = [0] * s.pp
     for i, c in enumerate(costs):
         static[s.stage_rank(i)] += c.static_bytes
-    act = tuple(c.activation_bytes for c in costs)
+    act = tuple(resident_bytes(c) for c in costs)  # free offload copies keep off the device
     return StageTable(
         duration={F: tuple(c.forward_ms for c in costs), B: dur_b,
                   W: tuple(c.weight_grad_ms for c in costs)},
