@@ -5,7 +5,7 @@ The executor's count is its runtime's own (`saved_bytes` over the stage's forwar
 the stage's output it holds, the input handed over on one rank counted once), the
 model's is what an F allocates in the simulator (`resident_bytes`). The differences
 are the causes of the measured-versus-simulated peak gaps of
-tests/e2e/test_executor_policy.py.
+tests/e2e/test_policy_launches.py.
 
 Run:    .venv/bin/python benchmarks/bench_executor_stage_bytes.py
 """
