@@ -9,6 +9,7 @@ work is done with it. Pure: no I/O beyond `os.stat`, no torch.
 from __future__ import annotations
 
 import difflib
+import io
 import json
 import math
 import os
@@ -365,6 +366,29 @@ def read_text(flag: str, path: str, max_bytes: int, what: str) -> str:
     except UnicodeDecodeError as exc:
         raise UserError(flag, f"{path!r} is not UTF-8 text (byte {exc.start})",
                         f"save the {what} as UTF-8") from None
+
+
+def text_lines(flag: str, path: str, max_bytes: int, what: str) -> Iterator[str]:
+    """A UTF-8 text file's lines (a BOM dropped, line ends kept), read as they are used,
+    so a reader that parses line by line holds no copy of the file; the file is refused
+    as `open_regular` refuses, and every failure while reading is a UserError naming
+    flag. Close it (contextlib.closing) when stopping early."""
+    with open_regular(flag, path, max_bytes, what) as fh:
+        stream = io.TextIOWrapper(fh, encoding="utf-8-sig", newline="")
+        chars = 0
+        try:
+            for line in stream:
+                chars += len(line)
+                if chars > max_bytes:  # it grew since stat (a character is a byte or more)
+                    raise UserError(flag, f"{path!r} is above the limit of "
+                                    f"{max_bytes / 1e6:,.0f} MB", f"pass a smaller {what}")
+                yield line
+        except UnicodeDecodeError as exc:
+            raise UserError(flag, f"{path!r} is not UTF-8 text (byte {exc.start} of a read)",
+                            f"save the {what} as UTF-8") from None
+        except OSError as exc:
+            raise UserError(flag, f"cannot read {path!r}: {exc.strerror}",
+                            f"pass a readable {what}") from None
 
 
 def read_json(flag: str, path: str, max_bytes: int, what: str, fix: str,
