@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ppsim.costs.arch import Architecture
+from ppsim.executor.builders.stage import checkpointed
 from ppsim.costs.mixers import (
     GDN_CHUNK,
     GDN_CONV,
@@ -172,15 +173,16 @@ class Mamba2(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         m, (bsz, seq, _) = self.shape, hidden.shape
         z, xbc, dt = self.in_proj(hidden).split([m.inner, m.conv, m.heads], dim=-1)
-        x, b, c = _conv(xbc, self.conv1d).split(
+        x, b, c = checkpointed(_conv, xbc, self.conv1d).split(
             [m.inner, m.groups * m.state, m.groups * m.state], dim=-1)
         x = x.reshape(bsz, seq, m.heads, m.head_dim)
         dt = F.softplus(dt + self.dt_bias)
-        y = ssd_chunked(x, dt, -torch.exp(self.A_log.float()).to(x.dtype),
-                        b.reshape(bsz, seq, m.groups, m.state),
-                        c.reshape(bsz, seq, m.groups, m.state), min(MAMBA_CHUNK, seq))
+        y = checkpointed(ssd_chunked, x, dt, -torch.exp(self.A_log.float()).to(x.dtype),
+                         b.reshape(bsz, seq, m.groups, m.state),
+                         c.reshape(bsz, seq, m.groups, m.state), min(MAMBA_CHUNK, seq))
         y = (y + x * self.D[:, None]).reshape(bsz, seq, m.inner)
-        return self.out_proj(_gated_rmsnorm(y, z, self.norm_weight, m.groups, True))
+        return self.out_proj(checkpointed(_gated_rmsnorm, y, z, self.norm_weight, m.groups,
+                                          True))
 
 
 class GatedDeltaNet(nn.Module):
@@ -203,12 +205,12 @@ class GatedDeltaNet(nn.Module):
         d, a, (bsz, seq, _) = self.shape, self.arch, hidden.shape
         hk, hv = a.linear_num_key_heads, d.value_heads
         qkv, z, beta, alpha = self.in_proj(hidden).split([d.conv, d.value, hv, hv], dim=-1)
-        q, k, v = _conv(qkv, self.conv1d).split([d.key, d.key, d.value], dim=-1)
+        q, k, v = checkpointed(_conv, qkv, self.conv1d).split([d.key, d.key, d.value], dim=-1)
         q, k = (F.normalize(t.reshape(bsz, seq, hk, -1), dim=-1).repeat_interleave(
             hv // hk, dim=2) for t in (q, k))
         g = -torch.exp(self.A_log) * F.softplus(alpha + self.dt_bias)
-        o = delta_chunked(q, k, v.reshape(bsz, seq, hv, -1), g, torch.sigmoid(beta),
-                          min(GDN_CHUNK, seq))
+        o = checkpointed(delta_chunked, q, k, v.reshape(bsz, seq, hv, -1), g,
+                         torch.sigmoid(beta), min(GDN_CHUNK, seq))
         z = z.reshape(bsz, seq, hv, -1)
-        return self.out_proj(_gated_rmsnorm(o, z, self.norm_weight, 1, False).reshape(
-            bsz, seq, d.value))
+        return self.out_proj(checkpointed(_gated_rmsnorm, o, z, self.norm_weight, 1, False
+                                          ).reshape(bsz, seq, d.value))

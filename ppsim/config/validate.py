@@ -158,8 +158,14 @@ def hardware(hw: Any) -> None:
               "to leave memory-bound ops free")
     number("hardware.kernel_overhead_us", getattr(hw, "kernel_overhead_us", 0.0),
            hi=MAX_MS * 1e3, fix="give microseconds per kernel, or 0")
-    number("hardware.host_link_gbps", getattr(hw, "host_link_gbps", 0.0), hi=MAX_GBPS,
-           fix="give the host link's GB/s each way, or 0 for free copies")
+    bandwidth("hardware.host_link_gbps", getattr(hw, "host_link_gbps", 0.0),
+              "for free copies")
+    for name, zero_means in (("intra_node_bandwidth_gbps", "for the inter-node figure"),
+                             ("inter_node_bandwidth_gbps", "for p2p_bandwidth_gbps")):
+        bandwidth(f"hardware.{name}", getattr(hw, name, 0.0), zero_means)
+    for name in ("intra_node_latency_us", "inter_node_latency_us"):
+        number(f"hardware.{name}", getattr(hw, name, 0.0), hi=MAX_MS * 1e3,
+               fix="give the latency in microseconds, 0 for none")
     number("hardware.host_memory_bytes", getattr(hw, "host_memory_bytes", 0.0), hi=MAX_BYTES,
            fix="give a node's host memory for offloaded activations, or 0 for no limit")
     number("hardware.gpus_per_node", getattr(hw, "gpus_per_node", 1), lo=1, hi=1 << 16,
