@@ -6,6 +6,11 @@ and `ppsim run` work on hybrid stacks without mamba_ssm or FLA kernels. Each sca
 computed chunk by chunk as the fused kernels do (within a chunk as matrices, the
 state passed between chunks); `ssd_recurrent` and `delta_recurrent` are the
 token-by-token definitions the tests hold the chunked forms to.
+
+The conv, the scan and the gated norm run under checkpoints (their inputs kept, their
+insides recomputed in the backward), as mamba_ssm's and FLA's fused kernels keep their
+inputs and recompute the rest: a layer keeps what ppsim.costs.mixers counts, less the
+few tensors those kernels also keep (docs/model.md names them per kind).
 """
 
 from __future__ import annotations
@@ -15,7 +20,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ppsim.costs.arch import Architecture
-from ppsim.executor.builders.stage import checkpointed
 from ppsim.costs.mixers import (
     GDN_CHUNK,
     GDN_CONV,
@@ -24,6 +28,7 @@ from ppsim.costs.mixers import (
     delta_shape,
     mamba_shape,
 )
+from ppsim.executor.builders.stage import checkpointed
 
 
 def _pad(x: torch.Tensor, chunk: int, dim: int = 1) -> torch.Tensor:
@@ -105,8 +110,9 @@ def delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
     strict = torch.tril(torch.ones(chunk, chunk, dtype=torch.bool, device=q.device), -1)
     a = (beta[..., None] * rel * (k @ k.transpose(-1, -2))).masked_fill(~strict, 0.0)
     eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
-    t_inv = torch.linalg.solve_triangular(eye + a, eye.expand_as(a), upper=False,
-                                          unitriangular=True)
+    # In fp32, as FLA solves it (torch has no bf16 triangular solve on CPU either).
+    t_inv = torch.linalg.solve_triangular((eye + a).float(), eye.expand_as(a).float(),
+                                          upper=False, unitriangular=True).to(q.dtype)
     w = t_inv @ (beta[..., None] * torch.exp(cum)[..., None] * k)  # U = U0 - W S0
     u0 = t_inv @ (beta[..., None] * v)
     attn = (q @ k.transpose(-1, -2)) * rel  # j <= i, decayed
