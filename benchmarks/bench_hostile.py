@@ -3,7 +3,8 @@
 Each case runs in a fresh process (`ppsim ...` or a one-line reader), so its peak
 RSS is its own. Cases: `ppsim calibrate` on traces of 200, 2,000 and 20,000
 iterations (the embedded default's ops, repeated); reading a trace of 1M compute
-events; refusing a trace and a CSV above their cost limits; `ppsim plan` of the
+events; refusing a trace and a CSV above their cost limits; reading and
+validating a CSV at its cell limit; `ppsim plan` of the
 405B preset over four search axes against its --time-budget.
 
     .venv/bin/python benchmarks/bench_hostile.py
@@ -18,6 +19,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+
+from ppsim.schedules.torchcsv import MAX_CSV_CELLS
 
 PY = [sys.executable, "-P"]
 
@@ -56,6 +59,17 @@ def _repeated_trace(folder: str, iterations: int) -> str:
     return path
 
 
+def _csv_at_the_cell_limit(folder: str) -> str:
+    """A valid GPipe order on 4 ranks (every F, then every B) of MAX_CSV_CELLS cells."""
+    path = os.path.join(folder, "at-cap.csv")
+    microbatches = MAX_CSV_CELLS // 8
+    with open(path, "w") as fh:
+        for r in range(4):
+            fh.write(",".join([f"{r}F{i}" for i in range(microbatches)]
+                              + [f"{r}B{i}" for i in range(microbatches)]) + "\n")
+    return path
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for n in (200, 2_000, 20_000):
@@ -86,6 +100,11 @@ def main() -> None:
             fh.write("0F0\n")
         s, mb, code = _timed([*PY, "-m", "ppsim.cli", "simulate", "--actions-csv", csv])
         print(f"refuse a CSV of 16M cells (64 MB): {s:.2f} s, {mb:.0f} MB, exit {code}")
+        at_cap = _csv_at_the_cell_limit(folder)
+        s, mb, code = _timed([*PY, "-c", "from ppsim.schedules.torchcsv import "
+                              f"load_actions_csv; load_actions_csv({at_cap!r})"])
+        print(f"read and validate a CSV at the cell limit ({MAX_CSV_CELLS:,} cells, "
+              f"{os.path.getsize(at_cap) / 1e6:.1f} MB): {s:.2f} s, {mb:.0f} MB, exit {code}")
     for budget in (2, 25):
         t0 = time.perf_counter()
         proc = subprocess.run([*PY, "-m", "ppsim.cli", "plan", "--preset", "llama3.1-405b",

@@ -6,6 +6,11 @@ and `ppsim run` work on hybrid stacks without mamba_ssm or FLA kernels. Each sca
 computed chunk by chunk as the fused kernels do (within a chunk as matrices, the
 state passed between chunks); `ssd_recurrent` and `delta_recurrent` are the
 token-by-token definitions the tests hold the chunked forms to.
+
+The conv, the scan and the gated norm run under checkpoints (their inputs kept, their
+insides recomputed in the backward), as mamba_ssm's and FLA's fused kernels keep their
+inputs and recompute the rest: a layer keeps what ppsim.costs.mixers counts, less the
+few tensors those kernels also keep (docs/model.md names them per kind).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from ppsim.costs.mixers import (
     delta_shape,
     mamba_shape,
 )
+from ppsim.executor.builders.stage import checkpointed
 
 
 def _pad(x: torch.Tensor, chunk: int, dim: int = 1) -> torch.Tensor:
@@ -104,8 +110,9 @@ def delta_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
     strict = torch.tril(torch.ones(chunk, chunk, dtype=torch.bool, device=q.device), -1)
     a = (beta[..., None] * rel * (k @ k.transpose(-1, -2))).masked_fill(~strict, 0.0)
     eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
-    t_inv = torch.linalg.solve_triangular(eye + a, eye.expand_as(a), upper=False,
-                                          unitriangular=True)
+    # In fp32, as FLA solves it (torch has no bf16 triangular solve on CPU either).
+    t_inv = torch.linalg.solve_triangular((eye + a).float(), eye.expand_as(a).float(),
+                                          upper=False, unitriangular=True).to(q.dtype)
     w = t_inv @ (beta[..., None] * torch.exp(cum)[..., None] * k)  # U = U0 - W S0
     u0 = t_inv @ (beta[..., None] * v)
     attn = (q @ k.transpose(-1, -2)) * rel  # j <= i, decayed
@@ -172,15 +179,16 @@ class Mamba2(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         m, (bsz, seq, _) = self.shape, hidden.shape
         z, xbc, dt = self.in_proj(hidden).split([m.inner, m.conv, m.heads], dim=-1)
-        x, b, c = _conv(xbc, self.conv1d).split(
+        x, b, c = checkpointed(_conv, xbc, self.conv1d).split(
             [m.inner, m.groups * m.state, m.groups * m.state], dim=-1)
         x = x.reshape(bsz, seq, m.heads, m.head_dim)
         dt = F.softplus(dt + self.dt_bias)
-        y = ssd_chunked(x, dt, -torch.exp(self.A_log.float()).to(x.dtype),
-                        b.reshape(bsz, seq, m.groups, m.state),
-                        c.reshape(bsz, seq, m.groups, m.state), min(MAMBA_CHUNK, seq))
+        y = checkpointed(ssd_chunked, x, dt, -torch.exp(self.A_log.float()).to(x.dtype),
+                         b.reshape(bsz, seq, m.groups, m.state),
+                         c.reshape(bsz, seq, m.groups, m.state), min(MAMBA_CHUNK, seq))
         y = (y + x * self.D[:, None]).reshape(bsz, seq, m.inner)
-        return self.out_proj(_gated_rmsnorm(y, z, self.norm_weight, m.groups, True))
+        return self.out_proj(checkpointed(_gated_rmsnorm, y, z, self.norm_weight, m.groups,
+                                          True))
 
 
 class GatedDeltaNet(nn.Module):
@@ -203,12 +211,12 @@ class GatedDeltaNet(nn.Module):
         d, a, (bsz, seq, _) = self.shape, self.arch, hidden.shape
         hk, hv = a.linear_num_key_heads, d.value_heads
         qkv, z, beta, alpha = self.in_proj(hidden).split([d.conv, d.value, hv, hv], dim=-1)
-        q, k, v = _conv(qkv, self.conv1d).split([d.key, d.key, d.value], dim=-1)
+        q, k, v = checkpointed(_conv, qkv, self.conv1d).split([d.key, d.key, d.value], dim=-1)
         q, k = (F.normalize(t.reshape(bsz, seq, hk, -1), dim=-1).repeat_interleave(
             hv // hk, dim=2) for t in (q, k))
         g = -torch.exp(self.A_log) * F.softplus(alpha + self.dt_bias)
-        o = delta_chunked(q, k, v.reshape(bsz, seq, hv, -1), g, torch.sigmoid(beta),
-                          min(GDN_CHUNK, seq))
+        o = checkpointed(delta_chunked, q, k, v.reshape(bsz, seq, hv, -1), g,
+                         torch.sigmoid(beta), min(GDN_CHUNK, seq))
         z = z.reshape(bsz, seq, hv, -1)
-        return self.out_proj(_gated_rmsnorm(o, z, self.norm_weight, 1, False).reshape(
-            bsz, seq, d.value))
+        return self.out_proj(checkpointed(_gated_rmsnorm, o, z, self.norm_weight, 1, False
+                                          ).reshape(bsz, seq, d.value))

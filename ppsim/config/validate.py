@@ -9,6 +9,7 @@ work is done with it. Pure: no I/O beyond `os.stat`, no torch.
 from __future__ import annotations
 
 import difflib
+import io
 import json
 import math
 import os
@@ -157,8 +158,14 @@ def hardware(hw: Any) -> None:
               "to leave memory-bound ops free")
     number("hardware.kernel_overhead_us", getattr(hw, "kernel_overhead_us", 0.0),
            hi=MAX_MS * 1e3, fix="give microseconds per kernel, or 0")
-    number("hardware.host_link_gbps", getattr(hw, "host_link_gbps", 0.0), hi=MAX_GBPS,
-           fix="give the host link's GB/s each way, or 0 for free copies")
+    bandwidth("hardware.host_link_gbps", getattr(hw, "host_link_gbps", 0.0),
+              "for free copies")
+    for name, zero_means in (("intra_node_bandwidth_gbps", "for the inter-node figure"),
+                             ("inter_node_bandwidth_gbps", "for p2p_bandwidth_gbps")):
+        bandwidth(f"hardware.{name}", getattr(hw, name, 0.0), zero_means)
+    for name in ("intra_node_latency_us", "inter_node_latency_us"):
+        number(f"hardware.{name}", getattr(hw, name, 0.0), hi=MAX_MS * 1e3,
+               fix="give the latency in microseconds, 0 for none")
     number("hardware.host_memory_bytes", getattr(hw, "host_memory_bytes", 0.0), hi=MAX_BYTES,
            fix="give a node's host memory for offloaded activations, or 0 for no limit")
     number("hardware.gpus_per_node", getattr(hw, "gpus_per_node", 1), lo=1, hi=1 << 16,
@@ -365,6 +372,29 @@ def read_text(flag: str, path: str, max_bytes: int, what: str) -> str:
     except UnicodeDecodeError as exc:
         raise UserError(flag, f"{path!r} is not UTF-8 text (byte {exc.start})",
                         f"save the {what} as UTF-8") from None
+
+
+def text_lines(flag: str, path: str, max_bytes: int, what: str) -> Iterator[str]:
+    """A UTF-8 text file's lines (a BOM dropped, line ends kept), read as they are used,
+    so a reader that parses line by line holds no copy of the file; the file is refused
+    as `open_regular` refuses, and every failure while reading is a UserError naming
+    flag. Close it (contextlib.closing) when stopping early."""
+    with open_regular(flag, path, max_bytes, what) as fh:
+        stream = io.TextIOWrapper(fh, encoding="utf-8-sig", newline="")
+        chars = 0
+        try:
+            for line in stream:
+                chars += len(line)
+                if chars > max_bytes:  # it grew since stat (a character is a byte or more)
+                    raise UserError(flag, f"{path!r} is above the limit of "
+                                    f"{max_bytes / 1e6:,.0f} MB", f"pass a smaller {what}")
+                yield line
+        except UnicodeDecodeError as exc:
+            raise UserError(flag, f"{path!r} is not UTF-8 text (byte {exc.start} of a read)",
+                            f"save the {what} as UTF-8") from None
+        except OSError as exc:
+            raise UserError(flag, f"cannot read {path!r}: {exc.strerror}",
+                            f"pass a readable {what}") from None
 
 
 def read_json(flag: str, path: str, max_bytes: int, what: str, fix: str,

@@ -102,7 +102,8 @@ def validate(schedule: Schedule) -> None:
     """
     n = schedule.num_stages
     m = schedule.microbatches
-    where: dict[Action, tuple[int, int]] = {}
+    where: dict[Action, int] = {}
+    """Each action's position on its rank (the rank is its stage's, checked first)."""
     for r, acts in enumerate(schedule.actions):
         for pos, a in enumerate(acts):
             if a.kind not in (F, B, W):
@@ -116,7 +117,7 @@ def validate(schedule: Schedule) -> None:
                                 f"{schedule.stage_rank(a.stage)}", "move it to its own rank")
             if a in where:
                 raise UserError("schedule", f"rank {r} runs {a} twice", "keep one of them")
-            where[a] = (r, pos)
+            where[a] = pos
     kinds = (F, B, W) if schedule.split_backward else (F, B)
     for s in range(n):
         for i in range(m):
@@ -126,9 +127,9 @@ def validate(schedule: Schedule) -> None:
                 if a not in where:
                     raise UserError("schedule", f"{a} (kind {k}, stage {s}, microbatch {i}) "
                                     "is missing", "every stage needs each kind per microbatch")
-                if prev is not None and where[prev][1] > where[a][1]:
+                if prev is not None and where[prev] > where[a]:
                     raise UserError("schedule", f"{a} comes before {prev} on rank "
-                                    f"{where[a][0]}", "order F before B before W")
+                                    f"{schedule.stage_rank(s)}", "order F before B before W")
                 prev = a
             if not schedule.split_backward and Action(W, s, i) in where:
                 raise UserError("schedule", f"{Action(W, s, i)} in a schedule without "

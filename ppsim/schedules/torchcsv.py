@@ -23,17 +23,22 @@ from __future__ import annotations
 import csv
 import io
 import re
+from collections.abc import Iterable, Iterator
+from contextlib import closing
 
 from ppsim.config.limits import check_shape
-from ppsim.config.validate import read_text as read_small_text
+from ppsim.config.validate import text_lines
 from ppsim.errors import UserError
 from ppsim.schedules.actions import Action, B, CellMarks, Schedule, W, stage_rank, validate
 
 MAX_CSV_BYTES = 64 * 2**20
 """A torch CSV of pp 256 x 4096 microbatches is ~40 MB; beyond this, refuse unread."""
-MAX_CSV_CELLS = 4_000_000
-"""Cells (commas and rows) read at most: ~5 s and ~620 MB to parse on a 2-core machine
-(~1.3 us and ~150 B a cell), as many ops as `ppsim plan` times (limits.PLAN)."""
+MAX_CSV_CELLS = 1_000_000
+"""Cells (commas and rows) read at most, counted line by line before csv splits them.
+Reading and validating takes ~8 us and ~300 B a cell on a 2-core machine (the
+schedule's actions and the validator's index of them, not the text: it is streamed),
+so a CSV at the limit stays well inside 30 s and 2 GB (benchmarks/bench_hostile.py);
+pp 64 x 4,096 microbatches of a split backward is ~790k cells."""
 FIELD = "pipeline.actions_csv"
 COMMS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 SHARDING = ("UNSHARD", "RESHARD", "REDUCE_GRAD")
@@ -45,25 +50,60 @@ _OVERLAP = re.compile(r"\(([^()]*)\)OVERLAP_F_B")
 
 
 class _Reader:
-    """Turns cells into actions, counting what it leaves out for the notes."""
+    """Turns rows of cells into each rank's actions as they are read, counting what it
+    leaves out for the notes."""
 
     def __init__(self) -> None:
         self.kinds: set[str] = set()
         self.comms = 0
         self.sharding = 0
         self.overlaps = 0
+        self.actions: list[list[Action]] = []
+        """Per rank, its actions so far (torch's I and B both as ppsim's B)."""
+        self.pairs: list[set[int]] = []
+        """Per rank, positions of the F that starts an OVERLAP_F_B pair."""
+        self.wholes: list[set[int]] = []
+        """Per rank, positions of the B cells written as a whole backward."""
+        self.stages = 0
+        self.microbatches = 0
+
+    def row(self, cells: list[str]) -> None:
+        """One rank's row; a row of empty cells is no rank."""
+        r = len(self.actions)
+        acts: list[Action] = []
+        pairs: set[int] = set()
+        wholes: set[int] = set()
+        seen = False
+        for col, text in enumerate(cells):
+            text = text.strip()
+            if not text:
+                continue
+            seen = True
+            found = self.cell(text, f"row {r + 1} column {col + 1}")
+            if len(found) == 2:  # only an OVERLAP_F_B cell reads as two actions
+                pairs.add(len(acts))
+            for kind, stage, mb in found:
+                if kind == B:
+                    wholes.add(len(acts))
+                acts.append(Action(B if kind == "I" else kind, stage, mb))
+                self.stages = max(self.stages, stage + 1)
+                self.microbatches = max(self.microbatches, mb + 1)
+        if seen:
+            self.actions.append(acts)
+            self.pairs.append(pairs)
+            self.wholes.append(wholes)
 
     def cell(self, text: str, where: str) -> list[tuple[str, int, int]]:
         """(torch kind, stage, microbatch) of one cell: none, one, or an overlapped pair."""
-        over = _OVERLAP.fullmatch(text)
-        if over:
+        m = _CELL.fullmatch(text)
+        if m is None:
+            over = _OVERLAP.fullmatch(text)
+            if over is None:
+                raise UserError(FIELD, f"{where}: cannot read {text[:40]!r}",
+                                "write cells like 0F3, 1I2, 1W2, 0B0 or (0F3;3B1)OVERLAP_F_B")
             self.overlaps += 1
             subs = [s.strip() for s in over.group(1).split(";") if s.strip()]
             return [a for s in subs for a in self.cell(s, where)]
-        m = _CELL.fullmatch(text)
-        if m is None:
-            raise UserError(FIELD, f"{where}: cannot read {text[:40]!r}",
-                            "write cells like 0F3, 1I2, 1W2, 0B0 or (0F3;3B1)OVERLAP_F_B")
         stage, kind, mb = m.groups()
         if kind in COMMS:
             self.comms += 1
@@ -91,14 +131,34 @@ class _Reader:
             out.append("a whole backward (B) in a split-backward order runs as B then its W")
         return tuple(out)
 
+    def schedule_actions(self, split: bool
+                         ) -> tuple[tuple[tuple[Action, ...], ...], CellMarks | None]:
+        """Each rank's ppsim actions, and which cells were pairs and whole backwards: in
+        a split order a whole B is followed at once by its W."""
+        actions, pairs, wholes = self.actions, self.pairs, self.wholes
+        if split:
+            for r, whole in enumerate(wholes):
+                if whole:
+                    actions[r], pairs[r], wholes[r] = _with_w(actions[r], pairs[r], whole)
+        out = tuple(tuple(acts) for acts in actions)
+        self.actions = []
+        if not split and not any(pairs):
+            return out, None
+        return out, CellMarks(overlaps=tuple(frozenset(p) for p in pairs),
+                              whole=tuple(frozenset(w) for w in wholes))
 
-def _rows(text: str) -> list[list[str]]:
-    try:
-        rows = [[c.strip() for c in row] for row in csv.reader(text.splitlines())]
-    except csv.Error as exc:
-        raise UserError(FIELD, f"is not CSV: {exc}", "write one row of cells per rank, "
-                        "separated by commas") from None
-    return [row for row in rows if any(row)]
+
+def _with_w(acts: list[Action], pairs: set[int], wholes: set[int]
+            ) -> tuple[list[Action], set[int], set[int]]:
+    """A rank's actions with a W right after each whole B, and the positions moved."""
+    out: list[Action] = []
+    moved: dict[int, int] = {}
+    for k, a in enumerate(acts):
+        moved[k] = len(out)
+        out.append(a)
+        if k in wholes:
+            out.append(Action(W, a.stage, a.microbatch))
+    return out, {moved[k] for k in pairs}, {moved[k] for k in wholes}
 
 
 def _placement(stage_of: dict[int, int], pp: int, vpp: int) -> str:
@@ -121,32 +181,28 @@ def _check_shape(got: int, want: int | None, what: str, field: str, flag: str) -
                         f"set {field.split('.')[-1]} = {got} ({flag} {got})")
 
 
-Cell = list[tuple[str, int, int]]
-"""One cell's (torch kind, stage, microbatch) actions: none, one, or an overlapped pair."""
+def _counted(lines: Iterable[str], where: str) -> Iterator[str]:
+    """The lines, refused once their cells (commas and rows) pass MAX_CSV_CELLS: counted
+    on each line before csv splits it, so a runaway file is refused unparsed."""
+    cells = 0
+    for line in lines:
+        cells += line.count(",") + 1
+        if cells > MAX_CSV_CELLS:
+            raise UserError(FIELD, f"{where} has more than {MAX_CSV_CELLS:,} cells",
+                            "pass a schedule of fewer ranks or microbatches")
+        yield line
 
 
-def _actions(cell_rows: list[list[Cell]], split: bool
-             ) -> tuple[list[tuple[Action, ...]], CellMarks | None]:
-    """Each rank's ppsim actions, and which cells were pairs and whole backwards."""
-    actions, overlaps, whole = [], [], []
-    for row in cell_rows:
-        acts: list[Action] = []
-        pairs, wholes = set(), set()
-        for cell in row:
-            if len(cell) == 2:  # only an OVERLAP_F_B cell reads as two actions
-                pairs.add(len(acts))
-            for kind, s, i in cell:
-                if kind == B:
-                    wholes.add(len(acts))
-                acts.append(Action(B if kind in "IB" else kind, s, i))
-                if kind == B and split:
-                    acts.append(Action(W, s, i))
-        actions.append(tuple(acts))
-        overlaps.append(frozenset(pairs))
-        whole.append(frozenset(wholes))
-    if not split and not any(overlaps):
-        return actions, None
-    return actions, CellMarks(overlaps=tuple(overlaps), whole=tuple(whole))
+def _read(lines: Iterable[str], where: str) -> _Reader:
+    """Every row read into actions, one line at a time."""
+    reader = _Reader()
+    try:
+        for row in csv.reader(_counted(lines, where)):
+            reader.row(row)
+    except csv.Error as exc:
+        raise UserError(FIELD, f"is not CSV: {exc}", "write one row of cells per rank, "
+                        "separated by commas") from None
+    return reader
 
 
 def parse_actions_csv(text: str, pp: int | None = None, vpp: int | None = None,
@@ -159,16 +215,16 @@ def parse_actions_csv(text: str, pp: int | None = None, vpp: int | None = None,
     stages run unless given. The result is validated: complete, ordered,
     deadlock-free.
     """
-    rows = _rows(text)
-    if not rows:
+    lines = io.StringIO(text.removeprefix("\ufeff"), newline="")
+    return _schedule(_read(lines, "the CSV"), pp, vpp, microbatches, placement)
+
+
+def _schedule(reader: _Reader, pp: int | None, vpp: int | None, microbatches: int | None,
+              placement: str | None) -> Schedule:
+    """The read rows as a validated schedule of the shape asked for."""
+    if not reader.actions:
         raise UserError(FIELD, "has no actions", "write one row of actions per rank")
-    reader = _Reader()
-    cell_rows = [[reader.cell(cell, f"row {r + 1} column {col + 1}")
-                  for col, cell in enumerate(row) if cell] for r, row in enumerate(rows)]
-    parsed = [[a for cell in row for a in cell] for row in cell_rows]
-    n_pp = len(rows)
-    stages = 1 + max((s for row in parsed for _, s, _ in row), default=-1)
-    n_m = 1 + max((i for row in parsed for _, _, i in row), default=-1)
+    n_pp, stages, n_m = len(reader.actions), reader.stages, reader.microbatches
     if not stages:
         raise UserError(FIELD, "has no compute actions (F, I, B, W)",
                         "write one row of actions per rank, e.g. 0F0,0B0")
@@ -182,37 +238,36 @@ def parse_actions_csv(text: str, pp: int | None = None, vpp: int | None = None,
                  "pipeline.vpp", "--vpp")
     _check_shape(n_m, microbatches, "microbatches", "pipeline.microbatches", "--microbatches")
     split = bool(reader.kinds & {"I", W})
-    actions, marks = _actions(cell_rows, split)
+    notes = reader.notes(split)
+    actions, marks = reader.schedule_actions(split)
     if placement is None:
-        stage_of: dict[int, int] = {}
-        for r, acts in enumerate(actions):
-            for a in acts:
-                if stage_of.setdefault(a.stage, r) != r:
-                    raise UserError(FIELD, f"stage {a.stage} runs on ranks {stage_of[a.stage]}"
-                                    f" and {r}", "run each stage on one rank")
-        placement = _placement(stage_of, n_pp, n_vpp)
-    sched = Schedule("csv", n_pp, n_vpp, n_m, placement, split, tuple(actions),
-                     reader.notes(split), cells=marks)
+        placement = _placement(_stage_ranks(actions), n_pp, n_vpp)
+    sched = Schedule("csv", n_pp, n_vpp, n_m, placement, split, actions, notes, cells=marks)
     validate(sched)
     return sched
 
 
-def read_text(path: str, field: str = FIELD) -> str:
-    """A small UTF-8 text file's contents; any problem is a one-line UserError. A FIFO or
-    device is refused unread (it could block forever), and so is a file of more cells
-    than MAX_CSV_CELLS, counted before any is parsed."""
-    text = read_small_text(field, path, MAX_CSV_BYTES, "schedule CSV (one row per rank)")
-    cells = text.count(",") + text.count("\n") + 1
-    if cells > MAX_CSV_CELLS:
-        raise UserError(field, f"{path} has up to {cells:,} cells, above the limit of "
-                        f"{MAX_CSV_CELLS:,}", "pass a schedule of fewer ranks or microbatches")
-    return text.removeprefix("\ufeff")
+def _stage_ranks(actions: tuple[tuple[Action, ...], ...]) -> dict[int, int]:
+    """The rank each stage runs on; UserError when one runs on two."""
+    stage_of: dict[int, int] = {}
+    for r, acts in enumerate(actions):
+        for a in acts:
+            if stage_of.setdefault(a.stage, r) != r:
+                raise UserError(FIELD, f"stage {a.stage} runs on ranks {stage_of[a.stage]}"
+                                f" and {r}", "run each stage on one rank")
+    return stage_of
 
 
 def load_actions_csv(path: str, pp: int | None = None, vpp: int | None = None,
                      microbatches: int | None = None) -> Schedule:
-    """Read and validate a torch schedule CSV file (see parse_actions_csv)."""
-    return parse_actions_csv(read_text(path), pp, vpp, microbatches)
+    """Read and validate a torch schedule CSV file (see parse_actions_csv), streamed: a
+    FIFO or device is refused unread (it could block forever), the file's size is
+    capped by MAX_CSV_BYTES and its cells by MAX_CSV_CELLS as each line comes, and
+    rows become actions one at a time, so no copy of the text is kept."""
+    with closing(text_lines(FIELD, path, MAX_CSV_BYTES, "schedule CSV (one row per rank)")
+                 ) as lines:
+        reader = _read(lines, path)
+    return _schedule(reader, pp, vpp, microbatches, None)
 
 
 def torch_cells(schedule: Schedule) -> list[list[str]]:

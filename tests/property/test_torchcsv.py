@@ -77,6 +77,20 @@ def test_every_schedule_round_trips_through_torchs_load_csv(tmp_path, shape):
     assert any("SEND" in n for n in back.notes) == (pp > 1)
 
 
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shapes(), st.sampled_from(["\n", "\r\n"]), st.booleans())
+def test_a_streamed_file_reads_as_its_text(tmp_path, shape, newline, bom):
+    """load_actions_csv reads line by line; parse_actions_csv the whole text: one answer,
+    whatever the line ends and a BOM."""
+    name, pp, vpp, m = shape
+    text = ("\ufeff" if bom else "") + to_torch_csv(build_schedule(name, pp, vpp, m)).replace(
+        "\r\n", newline)
+    path = tmp_path / "order.csv"
+    path.write_bytes(text.encode())
+    assert load_actions_csv(str(path)) == parse_actions_csv(text)
+
+
 def _torch_order(name: str, pp: int, vpp: int, m: int):
     return getattr(ts, TORCH_CLASSES[name])(_stages(pp, vpp), m)
 

@@ -12,7 +12,9 @@ import pytest
 
 from ppsim.cli.main import main
 from ppsim.costs.costfile import cost_document
+from ppsim.errors import UserError
 from ppsim.pipeline.problem import model_costs
+from ppsim.schedules.torchcsv import MAX_CSV_CELLS, load_actions_csv, parse_actions_csv
 
 TINY = '[model]\npreset = "tiny-gpt"\n'
 MIXTRAL = '[model]\npreset = "mixtral-8x7b"\n'
@@ -51,6 +53,10 @@ IMPOSSIBLE = [
     (TINY + "[hardware]\npeak_tflops = 1e8\n", "hardware.peak_tflops"),
     (TINY + "[hardware]\np2p_bandwidth_gbps = 1e-300\n", "floor of 0.001"),
     (TINY + "[hardware]\nmemory_bandwidth_gbps = 1e-300\n", "hardware.memory_bandwidth"),
+    (TINY + "[hardware]\nintra_node_bandwidth_gbps = 1e-300\n", "hardware.intra_node_band"),
+    (TINY + "[hardware]\ninter_node_bandwidth_gbps = 1e-300\n", "hardware.inter_node_band"),
+    (TINY + "[hardware]\nhost_link_gbps = 1e-300\n", "hardware.host_link_gbps"),
+    (TINY + "[hardware]\ninter_node_latency_us = 1e300\n", "hardware.inter_node_latency"),
     (TINY + "[hardware]\np2p_bandwidth_gbps = 1e7\n", "100000"),
     (TINY + "[placement]\ninter_node_bandwidth_gbps = 1e-12\n", "placement.inter_node"),
     (TINY + "mtp_layers = 10000000\n", "model.mtp_layers"),
@@ -143,6 +149,36 @@ def test_a_csv_of_too_many_cells_is_refused_before_parsing(tmp_path, capsys) -> 
     t0 = time.monotonic()
     _refused(capsys, ["simulate", "--actions-csv", csv, "--pp", "1"], "cells")
     assert time.monotonic() - t0 < 3  # counted, not parsed (parsing takes ~5 s)
+
+
+def test_a_csv_is_refused_on_the_line_that_passes_the_cell_limit(tmp_path, capsys) -> None:
+    # Streamed: the over-long first line is refused before the bytes after it are decoded
+    # (a reader of the whole text finds the bad UTF-8 first).
+    path = tmp_path / "big.csv"
+    path.write_bytes((",".join(["0F0"] * (MAX_CSV_CELLS + 1)) + "\n").encode()
+                     + b" " * 2**20 + b"\xff\xfe\n")  # past the decoder's chunk
+    _refused(capsys, ["simulate", "--actions-csv", str(path), "--pp", "1"], "cells",
+             f"{MAX_CSV_CELLS:,}")
+
+
+def test_a_csv_of_bad_utf8_after_good_rows_is_one_line(tmp_path, capsys) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_bytes(b"0F0,0B0\n" * 3 + b"\xff\n")
+    _refused(capsys, ["simulate", "--actions-csv", str(path)], "not UTF-8")
+
+
+def test_a_streamed_csv_reads_as_its_text_does(tmp_path) -> None:
+    text = "\ufeff0F0,,1F1\r\n\r\n0SEND_F0,1F0,0B1\r\n"
+    path = tmp_path / "o.csv"
+    path.write_text(text, encoding="utf-8", newline="")
+    with pytest.raises(UserError) as from_file:
+        load_actions_csv(str(path))
+    with pytest.raises(UserError) as from_text:
+        parse_actions_csv(text)
+    assert str(from_file.value) == str(from_text.value)
+    good = "0F0,0F1,,0B0,0B1\r\n\r\n1F0,1B0,1F1,1B1\r\n"
+    path.write_text(good, encoding="utf-8", newline="")
+    assert load_actions_csv(str(path)) == parse_actions_csv(good)
 
 
 def test_a_trace_of_too_many_events_is_refused_before_decoding(tmp_path, capsys) -> None:

@@ -194,6 +194,16 @@ def test_the_hybrid_stack_trains_through_every_mixer():
                    for p in layer.parameters()), builder.layer_kind(layers.index(layer))
 
 
+def test_a_bf16_hybrid_stack_runs_forward_and_backward_on_cpu():
+    # torch has no bf16 triangular solve on CPU; the delta rule solves its chunk in fp32.
+    builder = build(parse_model({"preset": "tiny-hybrid", "dtype": "bf16"}).fields())
+    gdn = builder.layer(4).to(builder.dtype)
+    x = torch.randn(builder.activation_shape, dtype=builder.dtype, requires_grad=True)
+    out = gdn(x)
+    out.float().sum().backward()
+    assert out.dtype == torch.bfloat16 and torch.isfinite(x.grad.float()).all()
+
+
 @pytest.mark.parametrize("change, field", [
     ({"mamba_head_dim": 0}, "model.mamba_head_dim"),
     ({"mamba_num_groups": 3}, "model.mamba_num_heads"),  # 16 heads in 3 groups
