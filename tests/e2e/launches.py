@@ -146,7 +146,7 @@ EXECUTOR = {
     "moe-dualpipev": Spec(argv=[*MOE, *DUALPIPEV]),
     # a hybrid stack (Mamba-2, attention, GatedDeltaNet, MoE, MLP layers), zero-bubble
     "hybrid-zb-h1": Spec(argv=["--preset", "tiny-hybrid", *ZB_H1]),
-    # a memory policy on 1F1B, interleaved and ZB-V (test_executor_policy.py's peaks)
+    # a memory policy on 1F1B, interleaved and ZB-V (test_policy_launches.py's peaks)
     "1f1b-policy": Spec(argv=[*ONE_F_ONE_B, *POLICY]),
     "interleaved-policy": Spec(argv=[*INTERLEAVED, *POLICY]),
     "zbv-policy": Spec(argv=["--schedule", "zbv", *V, "--microbatches", "4", *POLICY]),
