@@ -14,8 +14,8 @@ import argparse
 from typing import Any
 
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
+from ppsim.config.files import output
 from ppsim.config.model import TransformerModel
-from ppsim.config.validate import output
 from ppsim.costs.costfile import cost_document, layer_dict
 from ppsim.costs.model import ModelCosts
 from ppsim.errors import UserError

@@ -7,7 +7,7 @@ from typing import Any
 
 from ppsim.cli.flags import emit_json, outputs_apart
 from ppsim.cli.picture import render_png
-from ppsim.config.validate import output
+from ppsim.config.files import output
 from ppsim.errors import UserError
 from ppsim.job.throughput import Throughput, from_info, line, trace_throughput
 from ppsim.trace.diff import Window, diff_traces

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from ppsim import fileio
-from ppsim.config import validate
+from ppsim.config import files, validate
 from ppsim.config.overrides import MODEL_KEYS, PIPELINE_KEYS, with_overrides
 from ppsim.config.schema import SPLIT_KEYS, Config, load_config
 from ppsim.errors import UserError
@@ -183,7 +183,7 @@ def assume_hardware(args: argparse.Namespace, cfg: Config) -> tuple[Config, str]
 
 def emit_json(obj: Any) -> None:
     """Strict JSON: a value that is not finite is written as null, never as NaN/Infinity."""
-    sys.stdout.write(json.dumps(validate.finite_json(obj), indent=2, allow_nan=False) + "\n")
+    sys.stdout.write(json.dumps(files.finite_json(obj), indent=2, allow_nan=False) + "\n")
 
 
 def outputs_apart(args: argparse.Namespace, outputs: dict[str, str | None],

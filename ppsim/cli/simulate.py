@@ -18,7 +18,7 @@ from ppsim.cli.flags import (
 from ppsim.cli.picture import render_png
 from ppsim.cli.render import job_dict, print_job, rank_table, summary_dict, text_timeline
 from ppsim.cli.schedule import print_notes
-from ppsim.config import limits, validate
+from ppsim.config import files, limits
 from ppsim.config.limits import check_request
 from ppsim.config.presets import HARDWARE_NOTES, HARDWARE_PRESETS, MODEL_NOTES, MODEL_PRESETS
 from ppsim.config.schema import Config
@@ -216,7 +216,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         assert sim.timeline is not None
         lanes = [[(op.start, op.end - op.start, op.action.kind, op.action.microbatch)
                   for op in ops] + collective_strips(problem, ops) for ops in sim.timeline.ops]
-        with validate.output("--png", args.png):
+        with files.output("--png", args.png):
             render_png([(f"{problem.schedule.name}, split {list(problem.split.counts)}",
                          lanes)], args.png, title=f"simulated iteration "
                        f"{s.iteration_time_ms:.2f} ms, bubble {s.bubble_fraction:.1%}")

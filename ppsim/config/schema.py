@@ -11,7 +11,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from ppsim.config import validate
+from ppsim.config import files, validate
 from ppsim.config.model import Model, UniformModel, parse_model
 from ppsim.config.presets import HARDWARE_PRESETS
 from ppsim.errors import UserError
@@ -228,7 +228,7 @@ def load_config(path: str | None) -> Config:
     """Load a config file, or the embedded default when path is None."""
     if path is None:
         return config_from_dict(parse_toml(DEFAULT_TOML, "default config"))
-    text = validate.read_text("--config", path, validate.MAX_CONFIG_BYTES, "TOML config file")
+    text = files.read_text("--config", path, files.MAX_CONFIG_BYTES, "TOML config file")
     cfg = config_from_dict(parse_toml(text, path))
     if cfg.costs_file and not os.path.isabs(cfg.costs_file):
         # A cost file named in a config lives next to that config.

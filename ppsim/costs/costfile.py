@@ -33,7 +33,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from ppsim.config import limits, validate
+from ppsim.config import files, limits, validate
 from ppsim.costs.hybrid import pattern_layers
 from ppsim.costs.model import LAYER_FIELDS, LayerCost, ModelCosts
 from ppsim.costs.transformer import Architecture
@@ -155,7 +155,7 @@ def cost_document(costs: ModelCosts, *, source: str, model: dict[str, Any] | Non
 
 def write_costs(path: str, doc: dict[str, Any]) -> None:
     """Write atomically (a crash never leaves half a cost file), then re-read it to check."""
-    with validate.output("--out", path):
+    with files.output("--out", path):
         write_json_atomic(path, doc)
     _CACHE.pop(os.path.abspath(path), None)
     read_cost_file(path)
@@ -291,7 +291,7 @@ def read_cost_file(path: str) -> CostFile:
     """Read and check a cost file (cached by modification time: the planner asks often)."""
     full = os.path.abspath(path)
     # Refused up front: a device (/dev/zero), a FIFO or a runaway file is never read.
-    validate.readable_file("--costs", full, validate.MAX_COSTS_BYTES, "cost file")
+    files.readable_file("--costs", full, files.MAX_COSTS_BYTES, "cost file")
     try:
         st = os.stat(full)
     except OSError as exc:
@@ -301,7 +301,7 @@ def read_cost_file(path: str) -> CostFile:
     hit = _CACHE.get(full)
     if hit is not None and hit[0] == stamp:
         return hit[1]
-    data = validate.read_json("--costs", full, validate.MAX_COSTS_BYTES, "cost file",
+    data = files.read_json("--costs", full, files.MAX_COSTS_BYTES, "cost file",
                               "re-run ppsim profile or ppsim calibrate",
                               max_containers=MAX_CONTAINERS)
     cf = cost_file_from_dict(data, path)

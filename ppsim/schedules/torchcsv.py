@@ -26,8 +26,8 @@ import re
 from collections.abc import Iterable, Iterator
 from contextlib import closing
 
+from ppsim.config.files import text_lines
 from ppsim.config.limits import check_shape
-from ppsim.config.validate import text_lines
 from ppsim.errors import UserError
 from ppsim.schedules.actions import Action, B, CellMarks, Schedule, W, stage_rank, validate
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ppsim.config import limits, validate
+from ppsim.config import files, limits, validate
 from ppsim.errors import UserError
 from ppsim.fileio import write_json_atomic
 from ppsim.job.lanes import WHAT, StageCollectives, problem_collectives
@@ -138,7 +138,7 @@ def run_info(problem: Any, source: str, iterations: int, warmup: int) -> dict[st
 
 
 def write_trace(path: str, trace: dict, flag: str = "--trace") -> None:
-    with validate.output(flag, path):
+    with files.output(flag, path):
         write_json_atomic(path, trace)
 
 
@@ -187,11 +187,11 @@ def read_trace(path: str) -> Trace:
     """Parse and check a trace, one event at a time (ppsim.trace.stream); a malformed one
     is a UserError naming what is wrong."""
     found = _Collector(path)
-    with validate.open_regular("trace", path, validate.MAX_TRACE_BYTES,
+    with files.open_regular("trace", path, files.MAX_TRACE_BYTES,
                                "Chrome trace (JSON)") as fh:
         try:
             fields = stream.scan(fh, path, found.add, "re-record or re-export the trace",
-                                 validate.MAX_TRACE_BYTES)
+                                 files.MAX_TRACE_BYTES)
         except OSError as exc:
             raise UserError("trace", f"cannot read {path!r}: {exc.strerror}",
                             "pass a readable trace") from None
