@@ -148,17 +148,23 @@ def _add(c: LayerCost, e: Exposed) -> LayerCost:
                    if c.split_backward_ms else 0.0)
 
 
-def compute_costs(job: Job, acc: Accelerator) -> ModelCosts:
-    """One rank's layer costs without the job's collectives."""
+def compute_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None = None,
+                  full: bool | None = None) -> ModelCosts:
+    """One rank's layer costs without the job's collectives; `recompute` and `full` as
+    transformer_costs takes them (a memory policy's variant), by default the global mode."""
     a = per_rank_arch(job.arch)
     quiet = replace(acc, a2a_bandwidth_gbps=0.0) if a.ep > 1 else acc  # EP priced here
-    return transformer_costs(a, quiet)
+    return transformer_costs(a, quiet, recompute, full)
 
 
-def job_costs(job: Job, acc: Accelerator) -> ModelCosts:
-    """Per-layer costs of one rank of the job (the model's own when tp = cp = ep = 1)."""
+def job_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None = None,
+              full: bool | None = None) -> ModelCosts:
+    """Per-layer costs of one rank of the job (the model's own when tp = cp = ep = 1),
+    every layer recomputing `recompute` (or whole, `full`; default the global mode)."""
     a = per_rank_arch(job.arch)
-    costs = compute_costs(job, acc)
+    if full is not None:  # a policy's variant: a whole-layer recompute repeats the forward's
+        a = replace(a, recompute="full" if full else "none")  # collectives in the backward
+    costs = compute_costs(job, acc, recompute, full)
     if a.tp == 1 and a.cp == 1 and a.ep == 1:
         return costs
     kinds = costs.kinds or ("dense",) * len(costs.layers)

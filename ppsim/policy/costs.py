@@ -30,6 +30,9 @@ class PolicyCosts:
     """The model (its global recompute mode is ignored: the policy says)."""
     acc: Accelerator
     """The device the ops run on."""
+    price: Callable[[tuple[str, ...], bool], ModelCosts] | None = None
+    """A variant's layers given (recomputed modules, whole-layer recompute): the job's,
+    with its collectives (ppsim.job.layers.job_costs); None: transformer_costs of `arch`."""
     host_link_gbps: float = 0.0
     """Host link bandwidth each way (GB/s); 0: copies are free."""
     host_limit_bytes: float = float("inf")
@@ -40,17 +43,21 @@ class PolicyCosts:
     _prefixes: dict[tuple[str, ...] | None, _Prefix] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.full = transformer_costs(self.arch, self.acc, recompute=(), full=True)
+        self.full = self._priced((), True)
         self.base = self.layers_under(())
         kinds = layer_kinds(self.arch)
         self.kinds = kinds + (kinds[-1] if kinds else "dense",) * self.arch.mtp_layers
+
+    def _priced(self, modules: tuple[str, ...], full: bool) -> ModelCosts:
+        if self.price is not None:
+            return self.price(modules, full)
+        return transformer_costs(self.arch, self.acc, recompute=modules, full=full)
 
     def layers_under(self, modules: tuple[str, ...]) -> ModelCosts:
         """Every layer recomputing `modules` (no block recompute, no offload)."""
         hit = self._variants.get(modules)
         if hit is None:
-            hit = self._variants[modules] = transformer_costs(self.arch, self.acc,
-                                                              recompute=modules, full=False)
+            hit = self._variants[modules] = self._priced(modules, False)
         return hit
 
     def offloaded(self, modules: tuple[str, ...], offload: tuple[str, ...]) -> tuple[int, ...]:

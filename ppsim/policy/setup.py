@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from ppsim.config.model import TransformerModel
 from ppsim.config.schema import Config
+from ppsim.costs.model import ModelCosts
 from ppsim.costs.transformer import accelerator
 from ppsim.errors import UserError
+from ppsim.job.layers import job_costs, per_rank_arch
+from ppsim.job.model import build_job
 from ppsim.policy.costs import Fixed, PolicyCosts
 from ppsim.policy.model import MemoryPolicy, memory_policy, shorthand
 
@@ -18,7 +21,16 @@ def policy_costs(cfg: Config) -> PolicyCosts:
                         "drop [memory] and the --recompute-modules/--offload flags, or "
                         "configure a transformer model without a cost file")
     hw = cfg.hardware
-    return PolicyCosts(arch=m.arch, acc=accelerator(hw), host_link_gbps=hw.host_link_gbps,
+    job = build_job(cfg)
+    assert job is not None  # a transformer model always has a job
+    acc = accelerator(hw)
+
+    def price(modules: tuple[str, ...], full: bool) -> ModelCosts:
+        # The same pricing as a model without a policy: the job's collectives included.
+        return job_costs(job, acc, modules, full)
+
+    return PolicyCosts(arch=per_rank_arch(job.arch), acc=acc, price=price,
+                       host_link_gbps=hw.host_link_gbps,
                        host_limit_bytes=hw.host_memory_bytes / max(1, hw.gpus_per_node)
                        if hw.host_memory_bytes > 0 else float("inf"))
 
