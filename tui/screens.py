@@ -33,10 +33,20 @@ HELP = """\
   start)   click a layer on a row: move the nearest boundary there
   c type a count for the stage (the next stage absorbs the difference)
 
+[b]Memory policy[/b]  per stage, in Megatron's names; the line under the
+  rows is the selected stage's, the letter after its marks says what it
+  does: R recomputes modules, N its first N layers, F every layer,
+  O offloads.   m / M next / previous recompute module set
+  ] / [ block N (the first N layers recomputed whole) one more / less
+  o / O next / previous offload module set   f / F offload 25% more / less
+  Changing the recompute setting puts every stage back on its mode.
+
 [b]Timeline[/b]  one lane per rank; a trace's lane "realN" sits under rank N
   [on #1e5aa8] F [/] forward  [on #2e8540] B [/] backward (inputs)  \
 [on #b8860b] W [/] weight-grad  · idle
   a darker shade = a later chunk (virtual stage) of the rank
+  [on #6a3d9a] O [/] / [on #6a3d9a] R [/] host copies of offloaded activations: lanes
+  "outN" (after the F) and "inN" (back before the B) under rank N
   "F12" = forward of microbatch 12; odd microbatches are lower case
   ("f13") so neighbours stay apart
   ←/→ previous/next op   ↑/↓ lane   +/- zoom around the cursor   0 fit
@@ -56,6 +66,8 @@ HELP = """\
   line counts the splits evaluated. Its best split is shown beside the
   current one: a accepts it (u undoes), x dismisses it. Nudging the
   split while it runs keeps its answer; changing a setting drops it.
+  P plans the split with a memory policy (per stage with one chunk per
+  rank, else one Megatron-expressible policy); a / x as for p.
 
 [b]Everywhere[/b]  u undo   ctrl+y redo   e export the split to a file
   y copy the export   s save the config (TOML)   t load a real trace
