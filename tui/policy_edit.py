@@ -118,14 +118,21 @@ def short_policy_text(policy: StagePolicy, layers: int) -> str:
             .replace("N all/", "Nall/"))
 
 
-def policy_line(stage: int, policy: StagePolicy, layers: int, width: int) -> str:
-    """The selected stage's policy line, worded for `width` columns (cut with "…"
-    only when even the short form does not fit)."""
-    for text in (f"stage {stage} {policy_text(policy, layers)}",
-                 f"s{stage} {short_policy_text(policy, layers)}"):
+def policy_lines(stage: int, policy: StagePolicy, layers: int, width: int) -> list[str]:
+    """The selected stage's policy worded for `width` columns: one line, the long form
+    if it fits, else the short one, else the short one in two lines (recompute, then
+    offload), each cut with "…" only when even that does not fit."""
+    short = short_policy_text(policy, layers)
+    for text in (f"stage {stage} {policy_text(policy, layers)}", f"s{stage} {short}"):
         if width <= 0 or len(text) <= width:
-            return text
-    return text[:max(1, width - 1)] + "…"
+            return [text]
+    head, _, off = f"s{stage} {short}".partition(" off ")
+    return [cut(head, width), cut(f"   off {off}", width)]
+
+
+def cut(text: str, width: int) -> str:
+    """`text` within `width` columns, ending in "…" when it was longer."""
+    return text if len(text) <= width else text[:max(1, width - 1)] + "…"
 
 
 def policy_mark(policy: StagePolicy, layers: int) -> str:

@@ -37,15 +37,16 @@ HELP = """\
   rows is the selected stage's, the letter after its marks says what it
   does: R recomputes modules, N its first N layers, F every layer,
   O offloads.   m / M next / previous recompute module set
-  ] / [ block N (the first N layers recomputed whole) one more / less
-  o / O next / previous offload module set   f / F offload 25% more / less
+  ] / \\[ block N (the first N layers recomputed whole) one more / less
+  o / O next / previous offload module set
+  f / F offload 25% more / less of the modules' tensors
   Changing the recompute setting puts every stage back on its mode.
 
 [b]Timeline[/b]  one lane per rank; a trace's lane "realN" sits under rank N
   [on #1e5aa8] F [/] forward  [on #2e8540] B [/] backward (inputs)  \
 [on #b8860b] W [/] weight-grad  · idle
   a darker shade = a later chunk (virtual stage) of the rank
-  [on #6a3d9a] O [/] / [on #6a3d9a] R [/] host copies of offloaded activations: lanes
+  [on #6a3d9a] O [/] [on #6a3d9a] R [/] host copies of offloaded activations, in lanes
   "outN" (after the F) and "inN" (back before the B) under rank N
   "F12" = forward of microbatch 12; odd microbatches are lower case
   ("f13") so neighbours stay apart

@@ -16,7 +16,7 @@ from textual.widgets import Input, Label
 from ppsim.pipeline.split import Split
 from ppsim.policy.model import StagePolicy
 from ppsim.tui.messages import BoundaryMove, CountSet, PolicyKey, StageClick
-from ppsim.tui.policy_edit import policy_line, policy_mark
+from ppsim.tui.policy_edit import policy_lines, policy_mark
 
 PREFIX = 26  # "  0 r0  c0   5    0  E H!"
 COMPACT = 20  # without the "first" column, below 44 columns
@@ -90,12 +90,25 @@ class SplitRows(Widget, can_focus=True):
         self.kinds = kinds if len(kinds) == split.num_layers else ()
         self.policies = policies if len(policies) == split.num_stages else ()
         self.cursor = min(self.cursor, split.num_stages - 1)
-        # the rows, the header and (with a policy) the selected stage's policy line
-        height = split.num_stages + 1 + bool(self.policies)
-        if self.styles.height is None or self.styles.height.value != height:
-            self.styles.height = height
+        self._fit_height()
         self._caption()
         self.refresh()
+
+    def _policy_lines(self) -> list[str]:
+        """The selected stage's policy for this width ([] without policies)."""
+        if self.split is None or not self.policies:
+            return []
+        st = self.split.stages[min(self.cursor, self.split.num_stages - 1)]
+        return policy_lines(st.index, self.policies[st.index], st.layers, self.size.width)
+
+    def _fit_height(self) -> None:
+        """The header, the rows and the selected stage's policy lines (their count
+        depends on the width and on the stage)."""
+        if self.split is None:
+            return
+        height = self.split.num_stages + 1 + len(self._policy_lines())
+        if self.styles.height is None or self.styles.height.value != height:
+            self.styles.height = height
 
     def _caption(self) -> None:
         """The selected stage's layer kinds under the panel when the kinds column does
@@ -108,9 +121,11 @@ class SplitRows(Widget, can_focus=True):
         parent.border_subtitle = f"stage {st.index}: {self._kinds(st)}" if show else ""
 
     def on_resize(self) -> None:
+        self._fit_height()
         self._caption()
 
     def watch_cursor(self) -> None:
+        self._fit_height()
         self.refresh()
         self._caption()
         self.scroll_cursor_into_view()
@@ -156,10 +171,8 @@ class SplitRows(Widget, can_focus=True):
                 line.append("█" if mine else "·", style=own if mine else other)
             out.append_text(line)
             out.append("\n")
-        if self.policies:
-            st = self.split.stages[min(self.cursor, self.split.num_stages - 1)]
-            out.append(policy_line(st.index, self.policies[st.index], st.layers,
-                                   self.size.width), style="bold")
+        for text in self._policy_lines():
+            out.append(text + "\n", style="bold")
         out.rstrip()
         return out
 

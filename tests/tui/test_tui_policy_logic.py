@@ -21,7 +21,7 @@ from ppsim.tui.policy_edit import (
     choices_for,
     edit_policy,
     memory_tables,
-    policy_line,
+    policy_lines,
     policy_mark,
     policy_text,
     stage_policies,
@@ -128,9 +128,10 @@ def test_policy_words_marks_and_width() -> None:
                     offload_modules=("core_attn",), offload_fraction=0.5)
     assert policy_text(p, 5) == "recompute core_attn · N 2/5 · offload 50% core_attn"
     assert policy_text(shorthand("full"), 4) == "recompute - · N all/4 · offload -"
-    assert policy_line(3, p, 5, 200).startswith("stage 3 recompute core_attn")
-    assert policy_line(3, p, 5, 38) == "s3 rc core_attn N2/5 off 50% core_attn"
-    assert len(policy_line(3, p, 5, 20)) == 20 and policy_line(3, p, 5, 20).endswith("…")
+    assert policy_lines(3, p, 5, 200)[0].startswith("stage 3 recompute core_attn")
+    assert policy_lines(3, p, 5, 38) == ["s3 rc core_attn N2/5 off 50% core_attn"]
+    assert policy_lines(3, p, 5, 26) == ["s3 rc core_attn N2/5", "   off 50% core_attn"]
+    assert policy_lines(3, p, 5, 12) == ["s3 rc core_…", "   off 50% …"]
     assert [policy_mark(x, 4) for x in (StagePolicy(), shorthand("selective"),
                                         StagePolicy(recompute_layers=2), shorthand("full"),
                                         p)] == [" ", "R", "N", "F", "O"]
