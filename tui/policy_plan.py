@@ -48,12 +48,13 @@ def proposed_state(state: EditState, best: SpaceBest) -> EditState | None:
 
 def policy_summary(state: EditState, width: int) -> str:
     """The proposed policies, runs of stages with the same one together:
-    "s0-1 layernorm,mlp; s2-7 -" (ppsim.policy.model.StagePolicy.label, N capped at
+    "s0-1 layernorm,mlp; s2-7 none" (ppsim.policy.model.StagePolicy.label, N capped at
     each stage's layers), cut to `width`."""
     runs: list[list] = []
     for st in state.split.stages:
         p = state.policies[st.index]
-        text = replace(p, recompute_layers=min(p.recompute_layers, st.layers)).label()
+        label = replace(p, recompute_layers=min(p.recompute_layers, st.layers)).label()
+        text = "none" if label == "-" else label  # nothing recomputed or offloaded
         if runs and runs[-1][2] == text:
             runs[-1][1] = st.index
         else:
