@@ -33,27 +33,18 @@ HELP = """\
   start)   click a layer on a row: move the nearest boundary there
   c type a count for the stage (the next stage absorbs the difference)
 
-[b]Memory policy[/b]  per stage, in Megatron's names; the line under the
-  rows is the selected stage's, the letter after its marks says what it
-  does: R recomputes modules, N its first N layers, F every layer,
-  O offloads.   m / M next / previous recompute module set
-  ] / \\[ block N (the first N layers recomputed whole) one more / less
-  o / O next / previous offload module set
-  f / F offload 25% more / less of the modules' tensors
-  Changing the recompute setting puts every stage back on its mode.
-
 [b]Timeline[/b]  one lane per rank; a trace's lane "realN" sits under rank N
   [on #1e5aa8] F [/] forward  [on #2e8540] B [/] backward (inputs)  \
 [on #b8860b] W [/] weight-grad  · idle
   a darker shade = a later chunk (virtual stage) of the rank
-  [on #6a3d9a] O [/] [on #6a3d9a] R [/] host copies of offloaded activations, in lanes
-  "outN" (after the F) and "inN" (back before the B) under rank N
   "F12" = forward of microbatch 12; odd microbatches are lower case
   ("f13") so neighbours stay apart
   ←/→ previous/next op   ↑/↓ lane   +/- zoom around the cursor   0 fit
   shift+←/→ or the mouse wheel scroll   click an op to select it
   / find: r3 = rank 3, F12 = forward of microbatch 12, 12 = microbatch
   12, combined as "r3 b12"   n next match
+  [on #6a3d9a] O [/] [on #6a3d9a] R [/] host copies of offloaded activations, in lanes
+  "outN" (after the F) and "inN" (back before the B) under rank N
 
 [b]Compare[/b]  b pin the current split (b on the pinned one: even again)
   B pin a published layout or split you type (as plan --compare)
@@ -62,6 +53,15 @@ HELP = """\
   With a trace of this configuration, the cursor line shows the real
   op and its difference (real - sim, as ppsim diff); a trace of another
   configuration is drawn but its figures are hidden.
+
+[b]Memory policy[/b]  per stage, in Megatron's names; the line under the
+  rows is the selected stage's, the letter after its marks says what it
+  does: R recomputes modules, N its first N layers, F every layer,
+  O offloads.   m / M next / previous recompute module set
+  ] / \\[ block N (the first N layers recomputed whole) one more / less
+  o / O next / previous offload module set
+  f / F offload 25% more / less of the modules' tensors
+  Changing the recompute setting puts every stage back on its mode.
 
 [b]Planner[/b]  p plans in a child process (Esc stops it); the status
   line counts the splits evaluated. Its best split is shown beside the
