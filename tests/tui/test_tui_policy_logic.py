@@ -209,3 +209,16 @@ def test_a_proposal_carries_the_split_and_a_policy_per_stage() -> None:
     shown = replace(s, policies=pols)
     assert policy_summary(shown, 80) == "s0-1 none; s2-3 - N=20"
     assert policy_summary(shown, 12) == "s0-1 none; …"
+
+
+def test_a_saved_config_reopens_with_the_edited_policies(tmp_path) -> None:
+    """`s` writes config_to_toml(config_for(...)): the per-stage policies survive it."""
+    from ppsim.config.schema import config_to_toml, load_config
+
+    cfg, s = llama_state()
+    pols = (StagePolicy(recompute_layers=3),
+            StagePolicy(offload_modules=("core_attn",), offload_fraction=0.75),
+            StagePolicy(recompute_modules=("layernorm", "mlp")), StagePolicy())
+    path = tmp_path / "saved.toml"
+    path.write_text(config_to_toml(config_for(cfg, replace(s, policies=pols))))
+    assert state_from_config(load_config(str(path))).policies == pols
