@@ -142,3 +142,18 @@ async def test_x_dismisses_the_policy_plan_and_keeps_the_state() -> None:
         await settle(pilot)
         assert app.proposal is None and app.state == before
         assert not any("policy s0" in line for line in screen_text(app))
+
+
+async def test_y_copies_the_policy_flags_with_the_split() -> None:
+    app = llama()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("y")
+        await pilot.pause()
+        assert "MEGATRON_POLICY_ARGS" not in app.clipboard  # on the recompute mode
+        await pilot.press("M")  # stage 0: selective's core_attn steps back to nothing
+        await settle(pilot)
+        await pilot.press("y")
+        await pilot.pause()
+        assert "MEGATRON_ARGS=" in app.clipboard
+        assert "this policy differs per stage" in app.clipboard

@@ -222,3 +222,22 @@ def test_a_saved_config_reopens_with_the_edited_policies(tmp_path) -> None:
     path = tmp_path / "saved.toml"
     path.write_text(config_to_toml(config_for(cfg, replace(s, policies=pols))))
     assert state_from_config(load_config(str(path))).policies == pols
+
+
+def test_the_export_carries_megatron_policy_flags_only_when_megatron_can_run_it() -> None:
+    from ppsim.policy.report import policy_flags
+    from ppsim.tui.exports import export_text, read_export
+
+    cfg, s = llama_state()
+    block = (StagePolicy(recompute_layers=2),) * 4
+    problem = build_problem(config_for(cfg, replace(s, policies=block)))
+    text = export_text(problem.split, policy=policy_flags(problem, block))
+    args = read_export(text)["MEGATRON_POLICY_ARGS"].split()
+    assert args[args.index("--recompute-method") + 1] == "block"
+    assert args[args.index("--recompute-num-layers") + 1] == "2"
+    mixed = with_stage(block, 3, StagePolicy())
+    problem = build_problem(config_for(cfg, replace(s, policies=mixed)))
+    text = export_text(problem.split, policy=policy_flags(problem, mixed))
+    assert "MEGATRON_POLICY_ARGS" not in read_export(text)
+    assert "this policy differs per stage" in text and "ppsim executor" in text
+    assert "MEGATRON_POLICY_ARGS" not in export_text(problem.split)
