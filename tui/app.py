@@ -23,6 +23,7 @@ from textual.widgets import Footer, Header, Static
 from ppsim.config.schema import Config, load_config
 from ppsim.errors import UserError
 from ppsim.tui.compare import Comparison, compare, delta_lines, op_delta
+from ppsim.tui.copy_lanes import copy_lanes
 from ppsim.tui.editing import (
     EditRefused,
     History,
@@ -37,6 +38,7 @@ from ppsim.tui.lanes import interleave, pinned_lanes, sim_lanes, trace_lanes
 from ppsim.tui.memory import MemoryBars, bars_from_summary
 from ppsim.tui.messages import BoundaryMove, CountSet, CursorMoved, SettingChanged, StageClick
 from ppsim.tui.planning import PlannerActions
+from ppsim.tui.policy_actions import PolicyActions, current_policies
 from ppsim.tui.session import (
     EditState,
     Result,
@@ -58,7 +60,7 @@ HINT = "? help · 1-4 panels · z timeline full screen · p plan · B pin a type
 """What the status line says until the first message."""
 
 
-class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
+class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None]):
     CSS_PATH = "ppsim.tcss"
     TITLE = "ppsim"
     SUB_TITLE = "pipeline split editor"
@@ -70,6 +72,7 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         Binding("u,ctrl+z", "undo", "Undo"),
         Binding("ctrl+y", "redo", "Redo", show=False),
         Binding("p", "plan", "Plan"),
+        Binding("P", "plan_policy", "Plan policy", show=False),
         Binding("a", "accept_plan", "Accept plan", show=False),
         Binding("x", "dismiss_plan", "Dismiss plan", show=False),
         Binding("z", "maximise", "Max timeline", show=False),
@@ -195,7 +198,8 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         new = self.state
         if self._shown is None or state_values(self._shown) != state_values(new):
             self.query_one(Settings).show_state(new)
-        if self._shown is None or self._shown.split != new.split:
+        if self._shown is None or (self._shown.split, self._shown.policies) != (
+                new.split, new.policies):
             self._show_split()
         self._shown = new
 
@@ -207,7 +211,8 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
             over = frozenset(r for r, _ in over_limit(
                 summary, self.result.sim.problem.hardware.memory_bytes))
             kinds = tuple(getattr(self.result.sim.problem.costs, "kinds", ()) or ())
-        self.query_one(SplitEditor).set_split(self.state.split, over, kinds)
+        self.query_one(SplitEditor).set_split(self.state.split, over, kinds,
+                                              current_policies(self.state))
 
     def resimulate(self) -> None:
         self._token += 1
@@ -326,7 +331,9 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
                 self.comparison = compare(self.result.sim, self.trace)
             box.update("\n".join(self.comparison.lines()))
             box.add_class("-shown")
-        self.query_one(Timeline).set_lanes(interleave(sim_l, *others))
+        # the host copies of an offloading policy under their rank (ppsim.sim.copies)
+        copies = copy_lanes(self.result.sim)
+        self.query_one(Timeline).set_lanes(interleave(sim_l, copies, *others))
 
     # ------------------------------------------------------------ edits
 

@@ -14,6 +14,7 @@ from ppsim.errors import UserError
 from ppsim.fileio import write_text_atomic
 from ppsim.pipeline.exports import split_exports, torchtitan_fqns
 from ppsim.pipeline.split import Split
+from ppsim.policy.megatron import PolicyExport
 
 
 def export_forms(split: Split) -> dict[str, object]:
@@ -30,8 +31,19 @@ def export_forms(split: Split) -> dict[str, object]:
                 "deepspeed_boundaries": None, "deepspeed_note": exc.problem}
 
 
-def export_text(split: Split, title: str = "") -> str:
-    """The export file's text: one shell variable per form."""
+def policy_export_lines(policy: PolicyExport) -> list[str]:
+    """The memory policy's part of the export: Megatron's flags when its one setting
+    for every stage says it (MEGATRON_POLICY_ARGS), what they need, who runs it."""
+    runs = ", ".join(policy.frameworks) or "no framework as given"
+    lines = [f"# memory policy runs on: {runs}"]
+    if policy.megatron_flags is not None:
+        lines.append("MEGATRON_POLICY_ARGS=" + shlex.quote(shlex.join(policy.megatron_flags)))
+    return lines + [f"# {note}" for note in policy.notes]
+
+
+def export_text(split: Split, title: str = "", policy: PolicyExport | None = None) -> str:
+    """The export file's text: one shell variable per form (and the memory policy's
+    flags when the state has one per stage)."""
     forms = export_forms(split)
     ds = forms["deepspeed_boundaries"]
     lines = [f"# ppsim split export{': ' + title if title else ''}",
@@ -55,6 +67,8 @@ def export_text(split: Split, title: str = "") -> str:
                   "DEEPSPEED_BOUNDARIES=" + shlex.quote(json.dumps(ds))]
     else:
         lines.append(f"# DeepSpeed: n/a ({forms.get('deepspeed_note')})")
+    if policy is not None:
+        lines += policy_export_lines(policy)
     return "\n".join(lines) + "\n"
 
 
@@ -69,8 +83,9 @@ def read_export(text: str) -> dict[str, str]:
     return out
 
 
-def write_export(path: str, split: Split, title: str = "") -> str:
-    text = export_text(split, title)
+def write_export(path: str, split: Split, title: str = "",
+                 policy: PolicyExport | None = None) -> str:
+    text = export_text(split, title, policy)
     write_text_atomic(path, text)
     return text
 

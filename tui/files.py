@@ -16,6 +16,9 @@ from textual.widgets import Static
 from ppsim.config.schema import config_to_toml
 from ppsim.errors import UserError
 from ppsim.fileio import write_text_atomic
+from ppsim.policy.costs import Fixed
+from ppsim.policy.megatron import PolicyExport
+from ppsim.policy.report import policy_flags
 from ppsim.trace.schema import read_trace
 from ppsim.tui.exports import export_text
 from ppsim.tui.screens import ConfirmQuit, PathPrompt
@@ -75,8 +78,18 @@ class FileActions:
             return False
         return True
 
+    def _policy(self) -> PolicyExport | None:
+        """The Megatron flags of the shown state's per-stage memory policy (None when
+        the state follows the recompute mode, or is not simulated yet)."""
+        result = self.result  # type: ignore[attr-defined]
+        if result is None or result.state != self.state or not self.state.policies:  # type: ignore[attr-defined]
+            return None
+        problem = result.sim.problem
+        return policy_flags(problem, problem.memory.policies) \
+            if isinstance(problem.memory, Fixed) else None
+
     def action_export(self) -> None:
-        preview = export_text(self.state.split)  # type: ignore[attr-defined]
+        preview = export_text(self.state.split, policy=self._policy())  # type: ignore[attr-defined]
         self.push_screen(PathPrompt("Export the split to (y in the main screen copies it "  # type: ignore[attr-defined]
                                     "to the clipboard instead)", "ppsim-split.sh", preview),
                          self.export_to)
@@ -84,13 +97,13 @@ class FileActions:
     def export_to(self, path: str | None) -> None:
         if not path:
             return
-        text = export_text(self.state.split, self._title())  # type: ignore[attr-defined]
+        text = export_text(self.state.split, self._title(), self._policy())  # type: ignore[attr-defined]
         if self._write("export", path, text):
             self.copy_to_clipboard(text)  # type: ignore[attr-defined]
             self.notify(f"split exported to {path} (and copied to the clipboard)")  # type: ignore
 
     def action_copy_export(self) -> None:
-        text = export_text(self.state.split, self._title())  # type: ignore[attr-defined]
+        text = export_text(self.state.split, self._title(), self._policy())  # type: ignore[attr-defined]
         self.copy_to_clipboard(text)  # type: ignore[attr-defined]
         self.notify("export (Megatron, torchtitan, DeepSpeed forms) copied to the clipboard")  # type: ignore
 

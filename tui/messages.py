@@ -48,3 +48,13 @@ class CursorMoved(Message):
         super().__init__()
         self.lane = lane
         self.op = op
+
+
+class PolicyKey(Message):
+    """Step knob `knob` (ppsim.tui.policy_edit.KNOBS) of stage `stage`'s memory policy."""
+
+    def __init__(self, stage: int, knob: str, step: int) -> None:
+        super().__init__()
+        self.stage = stage
+        self.knob = knob
+        self.step = step

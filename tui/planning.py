@@ -29,6 +29,7 @@ from textual.widgets import Static
 from ppsim.errors import UserError
 from ppsim.plan.advice import no_fit_message
 from ppsim.plan.planner import count_splits
+from ppsim.tui.policy_plan import policy_summary
 from ppsim.tui.session import (
     EditState,
     planner_available,
@@ -208,8 +209,10 @@ class PlannerActions:
         t = res.best.summary.iteration_time_ms
         cur = self.result.sim.summary.iteration_time_ms if self.result else t
         width = max(20, self.query_one("#compare-box").scrollable_content_region.width - 2)
+        policy = f"\npolicy {policy_summary(prop, width - 7)}" \
+            if prop.policies and prop.policies != self.state.policies else ""
         box.update(f"planner {counts_text(prop.counts, width - 30)} {t:.3f} ms "
-                   f"({t - cur:+.3f} ms vs current)\na accept · x dismiss")
+                   f"({t - cur:+.3f} ms vs current){policy}\na accept · x dismiss")
         box.add_class("-shown")
 
     def action_accept_plan(self) -> None:

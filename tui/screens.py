@@ -43,6 +43,8 @@ HELP = """\
   shift+←/→ or the mouse wheel scroll   click an op to select it
   / find: r3 = rank 3, F12 = forward of microbatch 12, 12 = microbatch
   12, combined as "r3 b12"   n next match
+  [on #6a3d9a] O [/] [on #6a3d9a] R [/] host copies of offloaded activations, in lanes
+  "outN" (after the F) and "inN" (back before the B) under rank N
 
 [b]Compare[/b]  b pin the current split (b on the pinned one: even again)
   B pin a published layout or split you type (as plan --compare)
@@ -52,10 +54,21 @@ HELP = """\
   op and its difference (real - sim, as ppsim diff); a trace of another
   configuration is drawn but its figures are hidden.
 
+[b]Memory policy[/b]  per stage, in Megatron's names; the line under the
+  rows is the selected stage's, the letter after its marks says what it
+  does: R recomputes modules, N its first N layers, F every layer,
+  O offloads.   m / M next / previous recompute module set
+  ] / \\[ block N (the first N layers recomputed whole) one more / less
+  o / O next / previous offload module set
+  f / F offload 25% more / less of the modules' tensors
+  Changing the recompute setting puts every stage back on its mode.
+
 [b]Planner[/b]  p plans in a child process (Esc stops it); the status
   line counts the splits evaluated. Its best split is shown beside the
   current one: a accepts it (u undoes), x dismisses it. Nudging the
   split while it runs keeps its answer; changing a setting drops it.
+  P plans the split with a memory policy (per stage with one chunk per
+  rank, else one Megatron-expressible policy); a / x as for p.
 
 [b]Everywhere[/b]  u undo   ctrl+y redo   e export the split to a file
   y copy the export   s save the config (TOML)   t load a real trace

@@ -24,10 +24,13 @@ from ppsim.errors import UserError
 from ppsim.pipeline.problem import Problem, build_problem, resolve_split
 from ppsim.pipeline.split import Split, even_counts
 from ppsim.plan import planner
+from ppsim.policy.model import StagePolicy
+from ppsim.policy.setup import configured_policy
 from ppsim.schedules.generators import SCHEDULES, schedule_placement
 from ppsim.sim.engine import Simulation
 from ppsim.sim.simulate import simulate
 from ppsim.tui.editing import EditRefused, parse_float, parse_int
+from ppsim.tui.policy_edit import memory_tables
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 SETTINGS = ("schedule", "pp", "vpp", "microbatches", "recompute", "memory_gb", "model",
@@ -53,6 +56,9 @@ class EditState:
     hardware_preset: str | None
     mtp: int = 0
     """MTP layers among the counts (they follow the decoder layers)."""
+    policies: tuple[StagePolicy, ...] = ()
+    """Each virtual stage's memory policy (ppsim.tui.policy_edit); () or a count that
+    is not the stages': every stage on the recompute mode."""
 
     @property
     def split(self) -> Split:
@@ -97,10 +103,13 @@ def state_from_config(cfg: Config) -> EditState:
                         "give the memory one rank may use, e.g. --memory-gb 80")
     # no split given: the core's default (Megatron's even split, else near-even)
     split = resolve_split(cfg, None, schedule_placement(p.schedule))
+    pol = configured_policy(cfg, split.num_stages) if cfg.memory is not None else None
+    policies = tuple(pol.of(i) for i in range(split.num_stages)) if pol else ()
     return EditState(model_preset=cfg.model.preset, recompute=_recompute(cfg.model),
                      schedule=p.schedule, pp=p.pp, vpp=p.vpp, microbatches=p.microbatches,
                      counts=tuple(split.counts), memory_bytes=mem,
-                     hardware_preset=cfg.hardware.preset, mtp=cfg.model.mtp_layers)
+                     hardware_preset=cfg.hardware.preset, mtp=cfg.model.mtp_layers,
+                     policies=policies)
 
 
 def config_for(base: Config, state: EditState) -> Config:
@@ -114,7 +123,9 @@ def config_for(base: Config, state: EditState) -> Config:
         model["recompute"] = state.recompute  # always: the preset's default may differ
     hardware = state.hardware_preset \
         if state.hardware_preset not in (None, base.hardware.preset) else None
+    per_stage = len(state.policies) == state.pp * state.vpp
     return with_overrides(base, preset=preset, model=model,
+                          memory=memory_tables(state.policies) if per_stage else None,
                           pipeline={"pp": state.pp, "vpp": state.vpp,
                                     "microbatches": state.microbatches,
                                     "schedule": state.schedule},
@@ -154,7 +165,7 @@ def _shape(state: EditState, field: str, **changes: Any) -> EditState:
     layers = state.num_layers
     check_limits(layers, s.pp, s.vpp, s.microbatches, s.schedule, field)
     if (s.pp, s.vpp, layers) != (state.pp, state.vpp, state.num_layers):
-        s = replace(s, counts=even_counts(layers, s.pp, s.vpp, s.mtp))
+        s = replace(s, counts=even_counts(layers, s.pp, s.vpp, s.mtp), policies=())
     return s
 
 
@@ -189,7 +200,7 @@ def apply_setting(base: Config, state: EditState, name: str, text: str) -> EditS
                               "costs); choose a transformer model")
         if text not in RECOMPUTE_MODES:
             raise EditRefused("recompute", f"unknown mode {text!r}")
-        return replace(s, recompute=text)
+        return replace(s, recompute=text, policies=())  # the mode sets every stage
     if name == "memory_gb":
         return replace(s, memory_bytes=parse_float("memory_gb", text) * 1e9)
     if name == "model":
@@ -215,7 +226,7 @@ def _model(base: Config, s: EditState, text: str) -> EditState:
     layers = model.total_layers
     s = replace(s, model_preset=preset, recompute=_recompute(model), mtp=model.mtp_layers)
     check_limits(layers, s.pp, s.vpp, s.microbatches, s.schedule, "model")
-    return replace(s, counts=even_counts(layers, s.pp, s.vpp, s.mtp))
+    return replace(s, counts=even_counts(layers, s.pp, s.vpp, s.mtp), policies=())
 
 
 # ------------------------------------------------------------------ evaluation

@@ -14,7 +14,9 @@ from textual.widget import Widget
 from textual.widgets import Input, Label
 
 from ppsim.pipeline.split import Split
-from ppsim.tui.messages import BoundaryMove, CountSet, StageClick
+from ppsim.policy.model import StagePolicy
+from ppsim.tui.messages import BoundaryMove, CountSet, PolicyKey, StageClick
+from ppsim.tui.policy_edit import policy_lines, policy_mark
 
 PREFIX = 26  # "  0 r0  c0   5    0  E H!"
 COMPACT = 20  # without the "first" column, below 44 columns
@@ -22,13 +24,15 @@ HEADER = f"{'stg':>3} {'rank':<4}{'ch':<2}{'lay':>4}{'first':>6}      layers"
 COMPACT_HEADER = f"{'stg':>3} {'rank':<4}{'ch':<2}{'lay':>4}      layers"
 
 
-def row_prefix(split: Split, index: int, over: bool = False, compact: bool = False) -> str:
-    """A stage's row head; "!" marks a stage whose rank is over the memory limit."""
+def row_prefix(split: Split, index: int, over: bool = False, compact: bool = False,
+               policy: str = " ") -> str:
+    """A stage's row head; "!" marks a stage whose rank is over the memory limit,
+    `policy` is its memory policy's letter (ppsim.tui.policy_edit.policy_mark)."""
     st = split.stages[index]
     marks = ("E" if st.has_embedding else " ") + ("H" if st.has_head else " ")
     flag = "!" if over else " "
     first = "" if compact else f"{st.offset:>6}"
-    return f"{st.index:>3} r{st.rank:<3}c{st.chunk:<2}{st.layers:>4}{first} {marks}{flag} "
+    return f"{st.index:>3} r{st.rank:<3}c{st.chunk:<2}{st.layers:>4}{first} {marks}{flag}{policy}"
 
 
 def kinds_summary(kinds: tuple[str, ...], offset: int, count: int) -> str:
@@ -57,6 +61,14 @@ class SplitRows(Widget, can_focus=True):
         Binding("left,h", "shrink", "-1 layer", key_display="←"),
         Binding("shift+left", "grow_front", "Take layer from prev", show=False),
         Binding("shift+right", "shrink_front", "Give layer to prev", show=False),
+        Binding("m", "policy('modules', 1)", "Recompute", show=False),
+        Binding("M", "policy('modules', -1)", "Recompute back", show=False),
+        Binding("right_square_bracket", "policy('layers', 1)", "Block N+1", show=False),
+        Binding("left_square_bracket", "policy('layers', -1)", "Block N-1", show=False),
+        Binding("o", "policy('offload', 1)", "Offload", show=False),
+        Binding("O", "policy('offload', -1)", "Offload back", show=False),
+        Binding("f", "policy('fraction', 1)", "Offload more", show=False),
+        Binding("F", "policy('fraction', -1)", "Offload less", show=False),
     ]
     COMPONENT_CLASSES = {"split-rows--own", "split-rows--other", "split-rows--cursor",
                          "split-rows--ends", "split-rows--over"}
@@ -68,17 +80,35 @@ class SplitRows(Widget, can_focus=True):
         self.split: Split | None = None
         self.over_ranks: frozenset[int] = frozenset()
         self.kinds: tuple[str, ...] = ()
+        self.policies: tuple[StagePolicy, ...] = ()
 
     def set_split(self, split: Split, over_ranks: frozenset[int] = frozenset(),
-                  kinds: tuple[str, ...] = ()) -> None:
+                  kinds: tuple[str, ...] = (),
+                  policies: tuple[StagePolicy, ...] = ()) -> None:
         self.split = split
         self.over_ranks = over_ranks
         self.kinds = kinds if len(kinds) == split.num_layers else ()
+        self.policies = policies if len(policies) == split.num_stages else ()
         self.cursor = min(self.cursor, split.num_stages - 1)
-        if self.styles.height is None or self.styles.height.value != split.num_stages + 1:
-            self.styles.height = split.num_stages + 1
+        self._fit_height()
         self._caption()
         self.refresh()
+
+    def _policy_lines(self) -> list[str]:
+        """The selected stage's policy for this width ([] without policies)."""
+        if self.split is None or not self.policies:
+            return []
+        st = self.split.stages[min(self.cursor, self.split.num_stages - 1)]
+        return policy_lines(st.index, self.policies[st.index], st.layers, self.size.width)
+
+    def _fit_height(self) -> None:
+        """The header, the rows and the selected stage's policy lines (their count
+        depends on the width and on the stage)."""
+        if self.split is None:
+            return
+        height = self.split.num_stages + 1 + len(self._policy_lines())
+        if self.styles.height is None or self.styles.height.value != height:
+            self.styles.height = height
 
     def _caption(self) -> None:
         """The selected stage's layer kinds under the panel when the kinds column does
@@ -91,9 +121,11 @@ class SplitRows(Widget, can_focus=True):
         parent.border_subtitle = f"stage {st.index}: {self._kinds(st)}" if show else ""
 
     def on_resize(self) -> None:
+        self._fit_height()
         self._caption()
 
     def watch_cursor(self) -> None:
+        self._fit_height()
         self.refresh()
         self._caption()
         self.scroll_cursor_into_view()
@@ -122,7 +154,8 @@ class SplitRows(Widget, can_focus=True):
         width = max(4, self.size.width - prefix_w - kinds_w)
         for st in self.split.stages:
             is_over = st.rank in self.over_ranks
-            prefix = row_prefix(self.split, st.index, is_over, self._compact)
+            mark = policy_mark(self.policies[st.index], st.layers) if self.policies else " "
+            prefix = row_prefix(self.split, st.index, is_over, self._compact, mark)
             line = Text(prefix, style=cur if st.index == self.cursor else Style())
             if st.has_embedding or st.has_head:
                 line.stylize(ends, prefix_w - 4, prefix_w - 2)
@@ -138,6 +171,8 @@ class SplitRows(Widget, can_focus=True):
                 line.append("█" if mine else "·", style=own if mine else other)
             out.append_text(line)
             out.append("\n")
+        for text in self._policy_lines():
+            out.append(text + "\n", style="bold")
         out.rstrip()
         return out
 
@@ -181,6 +216,11 @@ class SplitRows(Widget, can_focus=True):
         else:
             self.post_message(BoundaryMove(self.cursor, -1))
 
+    def action_policy(self, knob: str, step: int) -> None:
+        """Step one knob of the selected stage's memory policy (the app applies it)."""
+        if self.split is not None:
+            self.post_message(PolicyKey(self.cursor, knob, step))
+
     def action_grow_front(self) -> None:
         self.post_message(BoundaryMove(self.cursor - 1, -1))
 
@@ -213,8 +253,9 @@ class SplitEditor(Vertical):
         return self.query_one(SplitRows)
 
     def set_split(self, split: Split, over_ranks: frozenset[int] = frozenset(),
-                  kinds: tuple[str, ...] = ()) -> None:
-        self.rows.set_split(split, over_ranks, kinds)
+                  kinds: tuple[str, ...] = (),
+                  policies: tuple[StagePolicy, ...] = ()) -> None:
+        self.rows.set_split(split, over_ranks, kinds, policies)
 
     def on_resize(self) -> None:
         # a smaller panel must not leave the selected stage (which → edits) out of view

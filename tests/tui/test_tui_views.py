@@ -60,7 +60,8 @@ async def test_headline_and_split_table_mark_the_rank_over_the_limit() -> None:
         await settle(pilot)
         text = text_of(app)
         assert "DOES NOT FIT: r0 " in text
-        assert "   0 r0  c0   40     0 E ! " in text and "   1 r1  c0   40    40  H! " in text
+        # after the marks, each stage's memory policy letter (selective: R)
+        assert "   0 r0  c0   40     0 E !R" in text and "   1 r1  c0   40    40  H!R" in text
 
 
 # ------------------------------------------------------------------ comparison

@@ -1,0 +1,95 @@
+"""The memory-policy keys as app actions: the split editor's policy knobs and `P`,
+the policy planner (a mixin of `ppsim.tui.app.PPSimApp`, which holds `state`,
+`set_state`, `result`, `planning`, `proposal` and `plan_result`)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from typing import Any
+
+from textual import work
+
+from ppsim.errors import UserError
+from ppsim.plan.advice import no_fit_message
+from ppsim.policy.search import SpaceBest
+from ppsim.tui.editing import EditRefused
+from ppsim.tui.messages import PolicyKey
+from ppsim.tui.planning import same_but_split
+from ppsim.tui.policy_edit import choices_for, edit_policy, stage_policies, with_stage
+from ppsim.tui.policy_plan import BUDGET_S, outcome_text, plan_policy, proposed_state
+from ppsim.tui.session import EditState
+
+
+def current_policies(state: EditState) -> tuple:
+    """What the split editor shows for a state: one policy per virtual stage, or ()
+    for a model without a recompute setting (uniform costs: no policy)."""
+    if state.recompute not in ("none", "selective", "full"):
+        return ()
+    return stage_policies(state.policies, state.recompute, state.pp * state.vpp)
+
+
+class PolicyActions:
+    """Policy keys of the split editor (m M [ ] o O f F) and `P` (mixed into the App)."""
+
+    planning: threading.Event | None
+    plan_result: Any
+    proposal: Any
+
+    def on_policy_key(self, event: PolicyKey) -> None:
+        event.stop()
+        s = self.state
+        choices = choices_for(self.result.config.model) if self.result is not None else None
+        if choices is None or not current_policies(s):
+            self.notify("memory policy refused: this model has uniform costs (no op lists); "
+                        "choose a transformer model", severity="error")
+            return
+        policies = current_policies(s)
+        st = s.split.stages[event.stage]
+        try:
+            new = edit_policy(policies[event.stage], event.knob, event.step, st.layers,
+                              *choices)
+        except EditRefused as exc:
+            self.notify(f"{exc.field} refused: {exc.reason}", severity="error")
+            return
+        self.set_state(replace(s, policies=with_stage(policies, event.stage, new)),
+                       field="policy")
+
+    def action_plan_policy(self) -> None:
+        if self.planning is not None:
+            self.notify("the planner is running (Esc cancels it)")
+            return
+        self.say(f"policy planner: split x memory policy, up to {BUDGET_S:g} s… (Esc drops it)")
+        self.planning = threading.Event()
+        self._plan_policy(self.state, self.planning)
+
+    @work(thread=True, group="plan")
+    def _plan_policy(self, state: EditState, cancel: threading.Event) -> None:
+        try:
+            best, error = plan_policy(self.base, state), ""
+        except UserError as exc:
+            best, error = None, str(exc)
+        self.call_from_thread(self._policy_done, best, error, state, cancel)
+
+    def _policy_done(self, best: SpaceBest | None, error: str, started: EditState,
+                     cancel: threading.Event) -> None:
+        self.planning = None
+        if cancel.is_set():
+            self.notify("policy planner cancelled")
+            return
+        if best is None or best.result is None:
+            self.say(f"policy planner: {error or best.label}", "error")  # type: ignore
+            return
+        prop = proposed_state(self.state, best)
+        if prop is None:
+            self.notify(no_fit_message(best.result), severity="error")
+            return
+        if not same_but_split(started, self.state):
+            self.notify("policy plan dropped: the settings or the policy changed while it "
+                        "ran (press P to plan the current state)", severity="warning")
+            return
+        self.plan_result = best.result
+        self.proposal = prop
+        current = self.result.sim.summary.iteration_time_ms if self.result else None
+        self.say(outcome_text(best, prop, current))
+        self._show_proposal()
