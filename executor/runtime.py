@@ -27,6 +27,7 @@ from ppsim.executor.builders.deferral import WeightGradStore
 from ppsim.executor.builders.policy import apply_policy
 from ppsim.executor.builders.stage import Stage, build_stage, saved_bytes
 from ppsim.executor.optim import adamw
+from ppsim.executor.outputs import backward_from, deallocate_output
 from ppsim.executor.recorder import Recorder
 from ppsim.pipeline.messages import Message, awaits, feeds
 from ppsim.pipeline.problem import Problem
@@ -172,23 +173,6 @@ class P2P:
             raise RuntimeError(f"unconsumed messages at end of iteration: "
                                f"{sorted(self.posted) + sorted(self.local)}")
         self._reset()
-
-
-def deallocate_output(y: torch.Tensor) -> None:
-    """Free a sent output's data, keeping its autograd graph for the backward (as
-    Megatron's `deallocate_output_tensor`): nothing the backward needs is in it (the
-    ops that need it saved their own reference), and the send holds its own."""
-    if y._base is None and y.grad_fn is not None:
-        y.data = torch.empty((1,), device=y.device, dtype=y.dtype)
-
-
-def backward_from(y: torch.Tensor, grad: torch.Tensor | None) -> None:
-    """Backward from `y` with gradient `grad`: the engine directly, as Megatron's
-    custom_backward, since a deallocated output's shape no longer matches grad's."""
-    grads = (torch.ones_like(y) if grad is None else grad,)
-    torch.autograd.Variable._execution_engine.run_backward(  # type: ignore[attr-defined]
-        (y,), grads, keep_graph=False, create_graph=False, inputs=(),
-        allow_unreachable=True, accumulate_grad=True)
 
 
 def _now_ns() -> int:
