@@ -195,19 +195,19 @@ class Profiler:
     # --------------------------------------------------------------- bytes
 
     def measure_bytes(self, piece: _Piece) -> None:
-        """Activation bytes as the runtime counts them (saved tensors + output), static
-        bytes as its optimizer holds them (params, grads, AdamW states after a step)."""
+        """Activation bytes as the runtime counts them (saved tensors and the piece's
+        input; on the head the loss's too), static bytes as its optimizer holds them
+        (params, grads, AdamW states after a step)."""
         params = list(piece.module.parameters())
         ptrs = {t.untyped_storage().data_ptr() for t in [*params, *piece.module.buffers()]}
         x = self.input_for(piece)
         with saved_bytes(ptrs) as seen:
-            y = piece.module(x)
+            y = self.forward(piece, x, 0)
         if piece.kind != "embedding":
-            # A layer's input is the previous piece's output, counted there; summing
-            # pieces then counts each boundary tensor once, as the runtime does.
-            seen.pop(x.untyped_storage().data_ptr(), None)
-        out = y.untyped_storage()
-        seen[out.data_ptr()] = out.nbytes()
+            # A piece counts its input (the runtime holds a stage's input until the B,
+            # the next layer saves its own), not its output (freed once sent): summing
+            # pieces counts each boundary tensor once, as the runtime does.
+            seen[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
         piece.activation_bytes = sum(seen.values())
         piece.output_bytes = 0 if piece.kind == "head" else y.numel() * y.element_size()
         del y

@@ -27,6 +27,7 @@ from ppsim.executor.builders.deferral import WeightGradStore
 from ppsim.executor.builders.policy import apply_policy
 from ppsim.executor.builders.stage import Stage, build_stage, saved_bytes
 from ppsim.executor.optim import adamw
+from ppsim.executor.outputs import backward_from, deallocate_output
 from ppsim.executor.recorder import Recorder
 from ppsim.pipeline.messages import Message, awaits, feeds
 from ppsim.pipeline.problem import Problem
@@ -274,31 +275,37 @@ class Runtime:
         else:
             x = self.p2p.recv(inbox).requires_grad_()
         start.append(self.rec.mark())
-        module = self.modules[s]
+        target = self._batch(mb)[1] if out is None else None
         if s in self._stage_bytes or self.rec.cuda:
-            y = module(x)
+            y = self._stage_forward(s, x, target)
         else:
-            y = self._measured_forward(module, x, s)
-        if out is None:  # the last stage feeds its own B through the loss
-            y = self.builder.loss(y, self._batch(mb)[1]) / self.schedule.microbatches
+            y = self._measured_forward(s, x, target)
+        if target is not None:  # the last stage feeds its own B through the loss
             self.loss += y.detach()
         else:
             self.p2p.send(y, out, s)
+            if self.schedule.stage_rank(out.stage) != self.rank and y is not x:
+                deallocate_output(y)
         self._inputs[(s, mb)], self._outputs[(s, mb)] = x, y
         self._hold((s, mb), self._stage_bytes.get(s, 0))
 
-    def _measured_forward(self, module: Stage, x: torch.Tensor, s: int) -> torch.Tensor:
+    def _stage_forward(self, s: int, x: torch.Tensor, target: torch.Tensor | None
+                       ) -> torch.Tensor:
+        """Stage s's output, or with a `target` (the last stage) its share of the loss."""
+        y = self.modules[s](x)
+        if target is None:
+            return y
+        return self.builder.loss(y, target) / self.schedule.microbatches
+
+    def _measured_forward(self, s: int, x: torch.Tensor, target: torch.Tensor | None
+                          ) -> torch.Tensor:
         """Forward once counting what autograd keeps per microbatch (saved tensors and
         checkpoint inputs). Shapes are static, so one measurement per stage holds for
         every microbatch."""
         with saved_bytes(self._param_ptrs) as seen:
-            y = module(x)
-        out = y.untyped_storage()
-        seen[out.data_ptr()] = out.nbytes()
-        if s > 0 and self.schedule.stage_rank(s - 1) == self.rank:
-            # Handed over on this rank (V placement): the same storage as the previous
-            # stage's output, which that stage counts.
-            seen.pop(x.untyped_storage().data_ptr(), None)
+            y = self._stage_forward(s, x, target)
+        if x.requires_grad:  # hidden states: held in self._inputs until the B
+            seen[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
         self._stage_bytes[s] = sum(seen.values())
         return y
 
@@ -312,7 +319,7 @@ class Runtime:
             WeightGradStore.deferring, WeightGradStore.key = True, (s, mb)
         try:
             if y.requires_grad:
-                torch.autograd.backward(y, grad_tensors=grad)
+                backward_from(y, grad)
             elif x.requires_grad:  # an empty stage: the gradient passes through
                 x.grad = grad
         finally:

@@ -42,7 +42,12 @@ class WeightGradStore:
 
     @classmethod
     def held_bytes(cls, key: tuple[int, int]) -> int:
-        return sum(getattr(fn, "nbytes", 0) for fn in cls.queues.get(key, []))
+        """Bytes the queue keeps alive, each storage once (matmuls that share an input,
+        as the query and key/value projections, keep one tensor)."""
+        held: dict[int, int] = {}
+        for fn in cls.queues.get(key, []):
+            held.update(getattr(fn, "storages", {}))
+        return sum(held.values())
 
     @classmethod
     def reset(cls) -> None:
@@ -60,7 +65,8 @@ def _accumulate(p: torch.Tensor, g: torch.Tensor) -> None:
 
 def _defer(fn: Callable[[], None], *kept: torch.Tensor) -> None:
     # What the queue keeps alive until W: the matmul input and the output grad.
-    fn.nbytes = sum(t.numel() * t.element_size() for t in kept)  # type: ignore[attr-defined]
+    fn.storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()  # type: ignore[attr-defined]
+                   for t in kept}
     WeightGradStore.push(fn)
 
 

@@ -30,6 +30,7 @@ from ppsim.pipeline.problem import Problem, build_problem
 from ppsim.plan.advice import no_fit_message
 from ppsim.plan.baselines import FrameworkSplit
 from ppsim.plan.bounds import CHUNKED_BOUND_NOTE
+from ppsim.plan.gap import chunked_gap
 from ppsim.plan.planner import Candidate, PlanResult, plan
 from ppsim.plan.references import (
     Reference,
@@ -265,7 +266,12 @@ def result_dict(planned: Planned, specs: DeepSpeedSpecs = DEFAULT_SPECS) -> dict
         t = res.best.summary.iteration_time_ms
         best["gap_to_lower_bound"] = (t - res.lower_bound_ms) / t if t else 0.0
         if p.schedule.vpp > 1 and not res.proven_optimal:
-            out["bound_note"] = CHUNKED_BOUND_NOTE
+            gap = chunked_gap(res.best.summary, res.lower_bound_ms)
+            out["bound_note"] = f"{CHUNKED_BOUND_NOTE}; {gap.text()}"
+            out["bound_gap"] = {"rank": gap.rank, "busy_ms": gap.busy_ms,
+                                "mean_busy_ms": gap.mean_busy_ms, "idle_ms": gap.idle_ms,
+                                "imbalance_ms": gap.imbalance_ms,
+                                "bound_below_mean_ms": gap.bound_below_mean_ms}
         if isinstance(p.memory, Fixed):  # a configured memory policy: its flags too
             at = p.with_split(res.best.split)
             best["policy"] = stage_policies(at)
@@ -366,6 +372,8 @@ def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], to
                       f"{res.seconds:.2f} s")
         if p.schedule.vpp > 1:
             console.print(CHUNKED_BOUND_NOTE, markup=False)
+            console.print(chunked_gap(res.best.summary, res.lower_bound_ms).text(),
+                          markup=False)
     print_job(console, p.hardware.job, bt)
     print_exports(console, exports_of(p.pattern, res.best.split, p.schedule.microbatch_group,
                                       specs))

@@ -124,28 +124,36 @@ def _sum(parts: list[LayerCost]) -> tuple[float, float, float, int, int, int, in
     return f, b, w, st, act, wg, n, (0.0 if sb == b else sb)
 
 
+def held_input_bytes(costs: ModelCosts, layers: int, last: bool, receives: bool) -> int:
+    """Bytes of a stage's input it keeps per microbatch beyond what its layers count.
+
+    The runtime holds a stage's input until the backward (Megatron's `input_tensors`),
+    and its first layer saves that same tensor (the norm's input, or a recomputed
+    layer's checkpoint input), so the layers already count it once; only a stage with
+    no layers that passes it on holds it on its own. (The output a stage sends is
+    freed after the send, Megatron's `deallocate_output_tensor`: no stage keeps it.)"""
+    return costs.hidden_bytes if receives and not layers and not last else 0
+
+
 def stage_cost(costs: ModelCosts, offset: int, layers: int, first: bool, last: bool,
                receives: bool = False) -> StageCost:
-    """Sum the layers [offset, offset + layers) plus embedding/head where they sit. A stage
-    that `receives` its input from another rank also holds that input (its own buffer,
-    kept for the backward) per microbatch in flight; pieces count their input as the
-    previous piece's output, which on another rank is a second copy."""
+    """Sum the layers [offset, offset + layers) plus embedding/head where they sit; a
+    stage that `receives` hidden states holds its input as `held_input_bytes` says."""
     parts = list(costs.layers[offset:offset + layers])
     if first:
         parts.insert(0, costs.embedding)
     if last:
         parts.append(costs.head)
     f, b, w, st, act, wg, n, sb = _sum(parts)
-    if receives:
-        act += costs.hidden_bytes
+    act += held_input_bytes(costs, layers, last, receives)
     return StageCost(f, b, w, st, act, wg, 0 if last else costs.hidden_bytes, n, sb)
 
 
 def receives_input(split: Split, index: int) -> bool:
-    """Virtual stage `index` gets hidden states from a stage on another rank."""
+    """Virtual stage `index` takes hidden states from the stage before it (on another
+    rank or handed over on its own)."""
     loss = split.num_stages - 1 if split.loss_stage == -1 else split.loss_stage
-    return (split.embedding_stage < index <= loss
-            and split.stage_rank(index - 1) != split.stage_rank(index))
+    return split.embedding_stage < index <= loss
 
 
 def stage_costs(costs: ModelCosts, split: Split, memory: Any = None) -> list[StageCost]:

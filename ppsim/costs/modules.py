@@ -162,6 +162,15 @@ def module_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
                         repeated_ops=frozenset(repeated & present))
 
 
+def offloaded_input_bytes(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
+                          offload: tuple[str, ...] = ()) -> int:
+    """Of what the offload modules move off a layer, its input's bytes (`attn_norm`
+    moves the norm's input, the residual stream the layer takes)."""
+    moved = {n for m in offload if applies(m, a, kind) for n in _MOVES[m]}
+    kept = kept_tensors(a, kind, recompute)
+    return int(kept[LAYER_INPUT]) if LAYER_INPUT in moved and LAYER_INPUT in kept else 0
+
+
 SHORTHAND = {"none": (), "selective": ("core_attn",)}
 """The global --recompute modes as module sets ("full": every layer block-recomputed)."""
 

@@ -43,7 +43,7 @@ from ppsim.costs.layerops import (
 from ppsim.costs.mixers import any_kind_params, kind_ops, mixer_activation_bytes, mtp_kinds
 from ppsim.costs.model import LAYER_FIELDS, LayerCost, ModelCosts
 from ppsim.costs.modules import SHORTHAND, layer_activation_bytes, module_effect
-from ppsim.costs.ops import Roofline, piece_times
+from ppsim.costs.ops import Op, Roofline, piece_times
 from ppsim.errors import UserError
 
 __all__ = ["ATTENTION", "DTYPE_BYTES", "KINDS", "NORMS", "POSITIONS", "RECOMPUTE",
@@ -140,10 +140,8 @@ def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
         # The recomputed modules' forward ops run again inside the backward.
         bi += piece_times(roof, [op for op in ops if op.name in repeated])[0]
         bi += a2a if "a2a" in repeated else 0.0
-    # ZB: after B, W still needs the inputs of the weight matmuls (and the output
-    # gradients it is given); the rest of what the forward kept is freed.
-    w_keep = min(act, int(sum(op.shape[0] * op.shape[2] for op in ops if op.params)
-                          * DTYPE_BYTES[a.dtype]))
+    w_keep = min(act, weight_grad_bytes(ops, DTYPE_BYTES[a.dtype], inputs=True)) \
+        + weight_grad_bytes(ops, DTYPE_BYTES[a.dtype], inputs=False)
     return LayerCost(forward_ms=f, backward_ms=bi + bw, weight_grad_ms=bw,
                      static_bytes=_static(a, any_kind_params(a, kind)),
                      activation_bytes=act, weight_grad_bytes=w_keep,
@@ -151,16 +149,25 @@ def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
                      params=_held(a, any_kind_params(a, kind)))
 
 
+def weight_grad_bytes(ops: list[Op], dtype_bytes: int, inputs: bool) -> int:
+    """ZB: what W still needs after B, per weight matmul: its input (`inputs`) or the
+    gradient of its output B computed (the rest of what the forward kept is freed).
+    Zero-bubble's WeightGradStore queues both with each deferred matmul."""
+    return int(sum(op.shape[0] * (op.shape[2] if inputs else op.shape[1])
+                   for op in ops if op.params) * dtype_bytes)
+
+
 def _head_cost(a: Architecture, acc: Accelerator) -> LayerCost:
     """Final norm + vocab projection + cross-entropy in fp32."""
-    s, b, h, t = a.seq_length, a.micro_batch_size, a.hidden_size, a.tp
-    f, bi, bw = piece_times(acc.roofline(), head_ops(a))
+    h, t, ops = a.hidden_size, a.tp, head_ops(a)
+    f, bi, bw = piece_times(acc.roofline(), ops)
     norm = h * (1 if a.rmsnorm else 2)
+    # W keeps the vocabulary projection's input and its logits' gradient.
+    w_keep = sum(weight_grad_bytes(ops, DTYPE_BYTES[a.dtype], inputs) for inputs in (True, False))
     return LayerCost(forward_ms=f, backward_ms=bi + bw, weight_grad_ms=bw,
                      static_bytes=int((padded_vocab(a) * h / t + norm) * bytes_per_param(a)),
-                     activation_bytes=head_activation_bytes(a),
-                     weight_grad_bytes=int(s * b * h * DTYPE_BYTES[a.dtype] / t), output_bytes=0,
-                     params=int(padded_vocab(a) * h / t + norm))
+                     activation_bytes=head_activation_bytes(a), weight_grad_bytes=w_keep,
+                     output_bytes=0, params=int(padded_vocab(a) * h / t + norm))
 
 
 def _mtp_cost(a: Architecture, acc: Accelerator, layer: LayerCost,

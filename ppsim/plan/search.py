@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from functools import lru_cache
 
-from ppsim.costs.model import StageCost, receives_input, stage_cost
+from ppsim.costs.model import StageCost, held_input_bytes, receives_input, stage_cost
 from ppsim.pipeline.problem import Problem
 from ppsim.schedules.generators import F
 from ppsim.sim.copies import estimated
@@ -66,7 +66,7 @@ class SplitSearch:
         self.rank_stages = [[s for s in range(self.S) if self.sched.stage_rank(s) == r]
                             for r in range(self.pp)]
         self.receives = [receives_input(problem.split, s) for s in range(self.S)]
-        """Stage s holds its input too: it came from another rank."""
+        """Stage s takes hidden states from the stage before (held until its B)."""
         self._stage = lru_cache(maxsize=STAGE_CACHE)(self._stage_cost)
         self._evaluated: dict[tuple[int, ...], Summary] = {}
         # Integer prefix sums of the byte fields: exact, so a stage's bytes in O(1).
@@ -137,8 +137,8 @@ class SplitSearch:
                 v += getattr(self.costs.embedding, name)
             if k == self.S - 1:
                 v += getattr(self.costs.head, name)
-            if name == "activation_bytes" and self.receives[k]:
-                v += self.costs.hidden_bytes
+            if name == "activation_bytes":
+                v += held_input_bytes(self.costs, count, k == self.S - 1, self.receives[k])
             out.append(v)
         return out[0], out[1], out[2]
 

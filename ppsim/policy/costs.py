@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ppsim.costs.arch import Architecture
-from ppsim.costs.model import LayerCost, ModelCosts, StageCost
-from ppsim.costs.modules import module_effect
+from ppsim.costs.model import LayerCost, ModelCosts, StageCost, held_input_bytes
+from ppsim.costs.modules import module_effect, offloaded_input_bytes
 from ppsim.costs.transformer import Accelerator, layer_kinds, transformer_costs
 from ppsim.policy.model import StagePolicy
 from ppsim.sim.copies import estimated
@@ -100,17 +100,23 @@ class PolicyCosts:
                                                                            strict=True)]
         f, b, w, sb, st, act, wg, params = sums
         hidden = self.base.hidden_bytes
-        act += hidden if receives else 0
-        off = 0
+        act += held_input_bytes(self.base, count, last, receives)
+        off = copied = 0
         if policy.offloads:
             moved = self.offloaded(policy.recompute_modules, policy.offload_modules)
-            off = int(policy.offload_fraction * (moved[hi] - moved[mid]))
+            off = copied = int(policy.offload_fraction * (moved[hi] - moved[mid]))
+            if receives and n == 0 and round(policy.offload_fraction * count) >= 1:
+                # The runtime holds the stage's input until its B (held_input_bytes):
+                # offloading the first layer's copy of it frees nothing on the device.
+                off -= min(off, offloaded_input_bytes(
+                    self.arch, self.kinds[offset], policy.recompute_modules,
+                    policy.offload_modules))
         sb = 0.0 if sb == b else sb
         # The copies run on the device's copy streams (ppsim.sim.copies): the offloaded
         # tensors are part of the F's allocation until their copy out ends. What W needs
         # (matmul inputs) comes back with the reload before B and stays until W.
         return StageCost(f, b, w, int(st), int(act), int(wg), 0 if last else hidden,
-                         int(params), sb, offload_bytes=off, copy_ms=self.copy_ms(off))
+                         int(params), sb, offload_bytes=off, copy_ms=self.copy_ms(copied))
 
     def _stalls(self, off: int, f: float, b: float) -> tuple[float, float]:
         """(forward, backward) stall of copying `off` bytes out after F and back before B."""

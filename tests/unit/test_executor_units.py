@@ -36,6 +36,7 @@ from ppsim.executor.builders.deferral import DeferringLinear, WeightGradStore, d
 from ppsim.executor.builders.gpt import GPTBuilder, GPTShape
 from ppsim.executor.builders.llama import LlamaBuilder, MoE, parse_kinds
 from ppsim.executor.builders.stage import Stage, full_model, saved_bytes
+from ppsim.executor.outputs import backward_from, deallocate_output
 from ppsim.executor.recorder import merge_parts
 from ppsim.executor.runspec import RunSpec
 from ppsim.executor.runtime import Fault, outgoing
@@ -435,3 +436,20 @@ def test_a_teardown_abort_is_kept_only_after_every_failed_rank_finished(
     if kept:
         assert warnings == ["rank 1 killed by signal 6 (SIGABRT) after finishing its work (in "
                             "torch.distributed's teardown); the run's results are complete"]
+
+
+def test_a_sent_output_is_freed_and_its_backward_still_runs() -> None:
+    """Megatron's deallocate_output_tensor: the data of a stage's sent output goes, its
+    graph stays, and the backward from it gives the gradients a plain backward gives."""
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 16)
+    x = torch.randn(8, 16, requires_grad=True)
+    grad = torch.randn(8, 16)
+    lin(x).add(1.0).backward(grad)
+    want_x, want_w = x.grad.clone(), lin.weight.grad.clone()
+    x.grad, lin.weight.grad, lin.bias.grad = None, None, None
+    y = lin(x).add(1.0)
+    deallocate_output(y)
+    assert y.untyped_storage().nbytes() == y.element_size()
+    backward_from(y, grad)
+    assert torch.equal(x.grad, want_x) and torch.equal(lin.weight.grad, want_w)

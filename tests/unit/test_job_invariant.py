@@ -2,7 +2,8 @@
 
 tests/unit/job_baseline.json holds figures recorded from the code path before the job
 layer existed (commit b2cbf7e) by simulating each preset below: the job's
-topology, collectives and throughput must not move a single digit of them.
+topology, collectives and throughput must not move a single digit of them (the peaks
+as the memory model counts a stage's input: once, held until its B).
 """
 
 from __future__ import annotations
