@@ -23,6 +23,7 @@ from textual.widgets import Footer, Header, Static
 from ppsim.config.schema import Config, load_config
 from ppsim.errors import UserError
 from ppsim.tui.child import (
+    ChildCancelled,
     ChildRefused,
     PinnedCache,
     child_for,
@@ -219,7 +220,9 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
         busy = (f"simulating pp {s.pp} x {s.microbatches} microbatches… (Esc cancels; "
                 f"numbers below are the previous state's)")
         self.query_one(Headline).show(self.result, busy)
-        if not self._sim_running:  # one simulation at a time; the newest state goes next
+        if self._sim_running:  # a stale run in the child stops; the newest state goes next
+            self._child.cancel()
+        else:  # one simulation at a time
             self._sim_running = True
             run = partial(self._simulate, self.state, self.pinned, self._token,
                           self._edit_field)
@@ -253,6 +256,9 @@ class PPSimApp(FileActions, PlannerActions, ViewActions, App[None]):
             ev = evaluate_anywhere(self._child, self.base, state, pinned, trace, cache)
         except (UserError, EditRefused, ChildRefused) as exc:
             self.call_from_thread(self._refused, str(exc), token, field)
+            return
+        except ChildCancelled:  # a newer state, or Escape: its answer is not wanted
+            self.call_from_thread(self._sim_finished, token)
             return
         self.call_from_thread(self._apply, ev.result, token,
                               (ev.lanes, ev.pinned_lanes, trace, ev.comparison))

@@ -4,19 +4,22 @@
 what grows with the run: the timeline lanes and the trace comparison. It runs in
 the simulation worker thread for small states. A large state (more than
 `CHILD_MICROBATCH_STAGES` stage-microbatches, a simulation of about a second) runs
-in `SimChild`, a process of its own (multiprocessing, 'spawn'), because a thread
+in `SimChild`, a process of its own (`python -m ppsim.tui.sim_child`), because a thread
 shares the GIL with the screen: freeing a replaced pp 64 x 1024 result alone (millions
 of objects) held it 150 ms in one go, so a key press waited that long. The child
 sends back a compact result: the summaries, the problem without its schedule's action
 lists, the lanes as arrays (ppsim.tui.lanes.LaneOps), the comparison.
 
-A result for a state no longer current is ignored (the app's generation token);
-the child lives as long as the app, and is killed when the app is gone.
+A result for a state no longer current is ignored (the app's generation token), and
+a newer edit kills the job that runs; the child lives as long as the app.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import os
+import pickle
+import subprocess
+import sys
 import threading
 import weakref
 from dataclasses import dataclass, replace
@@ -88,78 +91,119 @@ def slim(ev: Evaluation) -> Evaluation:
     return replace(ev, result=replace(r, sim=sim, pinned=pinned))
 
 
-def serve(conn: Any) -> None:
+def serve(stdin: Any, stdout: Any) -> None:
     """The child's loop: a job (base, state, pinned, trace) in, ("done", Evaluation) or
-    ("error", text) out, until the pipe closes."""
+    ("error", text) out, each a length-prefixed pickle, until stdin closes."""
     cache: PinnedCache | None = None
     while True:
-        try:
-            base, state, pinned, trace = conn.recv()
-        except (EOFError, OSError):
+        job = read_frame(stdin)
+        if job is None:
             return
+        base, state, pinned, trace = job
         try:
             ev = evaluate_views(base, state, pinned, trace, cache)
         except (UserError, EditRefused) as exc:
-            conn.send(("error", str(exc)))
+            write_frame(stdout, ("error", str(exc)))
             continue
         cache = PinnedCache(sim=ev.result.pinned, lanes=ev.pinned_lanes)
-        conn.send(("done", slim(ev)))
+        write_frame(stdout, ("done", slim(ev)))
+
+
+def write_frame(out: Any, obj: Any) -> None:
+    """One message: its pickle's length (8 bytes) and the pickle, flushed."""
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    out.write(len(data).to_bytes(8, "little") + data)
+    out.flush()
+
+
+def read_frame(stream: Any) -> Any:
+    """The next message, None at the end of the stream. The bytes are read first (the
+    read waits without the GIL), then unpickled at once."""
+    head = stream.read(8)
+    if len(head) < 8:
+        return None
+    size = int.from_bytes(head, "little")
+    data = stream.read(size)
+    if len(data) < size:
+        return None
+    return pickle.loads(data)
 
 
 class ChildFailed(Exception):
     """The child process ended without an answer."""
 
 
+class ChildCancelled(Exception):
+    """The job was cancelled (`SimChild.cancel`): its answer is not wanted."""
+
+
 class ChildRefused(Exception):
     """The core refused the state in the child; the text is the refusal's own."""
 
 
+def start_python(module: str) -> subprocess.Popen:
+    """`python -P -m module` with pipes, on this process's import path (not the working
+    directory's, unless that is on it). A fresh interpreter, like multiprocessing's
+    'spawn', without its re-import of the launching script (a script without a
+    `__main__` guard would run again in the child)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    return subprocess.Popen([sys.executable, "-P", "-m", module], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+
+
 class SimChild:
-    """A simulation process started on first use and reused; `evaluate` blocks the
-    calling (worker) thread only, waiting on the pipe without the GIL."""
+    """A simulation process (`python -m ppsim.tui.sim_child`) started on first use and
+    reused; `evaluate` blocks the calling (worker) thread only, waiting on the pipe
+    without the GIL. `cancel` kills a running job (the next one starts a new process:
+    about 0.2 s, less than waiting for a stale simulation of seconds)."""
 
     def __init__(self) -> None:
-        self._proc: Any = None
-        self._conn: Any = None
+        self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
+        self._cancelled = False
 
     def evaluate(self, base: Any, state: EditState, pinned: tuple[int, ...] | None,
                  trace: Any = None) -> Evaluation:
-        """The child's Evaluation of the state; UserError with the core's refusal."""
+        """The child's Evaluation of the state; ChildRefused with the core's refusal."""
         with self._lock:  # one job at a time (the app runs one simulation at a time)
-            conn = self._start()
+            self._cancelled = False
+            proc = self._start()
             try:
-                conn.send((base, state, pinned, trace))
-                kind, payload = conn.recv()
-            except (EOFError, OSError) as exc:
+                write_frame(proc.stdin, (base, state, pinned, trace))
+                answer = read_frame(proc.stdout)
+            except (OSError, ValueError, pickle.UnpicklingError):
+                answer = None
+            if answer is None:
                 self.close()
-                raise ChildFailed("the simulation process ended") from exc
+                if self._cancelled:
+                    raise ChildCancelled
+                raise ChildFailed("the simulation process ended without an answer")
+        kind, payload = answer
         if kind == "error":
             raise ChildRefused(payload)
         return payload
 
-    def _start(self) -> Any:
-        if self._proc is None or not self._proc.is_alive():
-            ctx = multiprocessing.get_context("spawn")
-            self._conn, child_end = ctx.Pipe()
-            self._proc = ctx.Process(target=serve, args=(child_end,), daemon=True,
-                                     name="ppsim-tui-simulation")
-            self._proc.start()
-            child_end.close()
-        return self._conn
+    def _start(self) -> subprocess.Popen:
+        if self._proc is None or self._proc.poll() is not None:
+            self._proc = start_python("ppsim.tui.sim_child")
+        return self._proc
+
+    def cancel(self) -> None:
+        """Stop the job that runs, if any (from any thread)."""
+        if self._lock.locked() and self._proc is not None:
+            self._cancelled = True
+            self._proc.kill()
 
     def close(self) -> None:
         """Stop the child (it is started again on the next `evaluate`)."""
-        stop(self._proc, self._conn)
-        self._proc = self._conn = None
-
-
-def stop(proc: Any, conn: Any) -> None:
-    if conn is not None:
-        conn.close()
-    if proc is not None and proc.is_alive():
-        proc.kill()
-        proc.join(5)
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(5)
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    pipe.close()
 
 
 def child_for(owner: object) -> SimChild:
@@ -186,3 +230,4 @@ def evaluate_anywhere(child: SimChild, base: Any, state: EditState,
         except (ChildFailed, OSError):
             pass
     return evaluate_views(base, state, pinned, trace, cache)
+

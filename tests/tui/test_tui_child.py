@@ -119,3 +119,29 @@ def test_a_lane_of_tuples_reads_as_the_same_lane_of_arrays() -> None:
     assert lane.overlapping(0.0, 0.5) == 0
     assert lane.overlapping(1.0, 1.9) == -1  # the zero-length op is idle
     assert lane.overlapping(2.5, 2.6) == 2
+
+
+def test_a_cancelled_job_stops_and_the_next_one_runs(child) -> None:
+    import threading
+
+    base = llama(16, 2048)  # a run of seconds
+    state = state_from_config(base)
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            child.evaluate(base, state, None)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - the test reads which one
+            outcome.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    while not child._lock.locked():
+        pass
+    child.cancel()
+    worker.join(30)
+    assert len(outcome) == 1 and isinstance(outcome[0], ppsim.tui.child.ChildCancelled)
+    small = state_from_config(llama())
+    assert child.evaluate(llama(), small, None).result.sim.summary == \
+        evaluate_state(llama(), small).sim.summary
