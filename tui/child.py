@@ -161,6 +161,8 @@ class SimChild:
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
         self._cancelled = False
+        self.running: subprocess.Popen | None = None
+        """The process while a job is in flight (what `cancel` kills)."""
 
     def evaluate(self, base: Any, state: EditState, pinned: tuple[int, ...] | None,
                  trace: Any = None) -> Evaluation:
@@ -168,11 +170,14 @@ class SimChild:
         with self._lock:  # one job at a time (the app runs one simulation at a time)
             self._cancelled = False
             proc = self._start()
+            self.running = proc
             try:
                 write_frame(proc.stdin, (base, state, pinned, trace))
                 answer = read_frame(proc.stdout)
             except (OSError, ValueError, pickle.UnpicklingError):
                 answer = None
+            finally:
+                self.running = None
             if answer is None:
                 self.close()
                 if self._cancelled:
@@ -190,9 +195,10 @@ class SimChild:
 
     def cancel(self) -> None:
         """Stop the job that runs, if any (from any thread)."""
-        if self._lock.locked() and self._proc is not None:
+        proc = self.running
+        if proc is not None:
             self._cancelled = True
-            self._proc.kill()
+            proc.kill()
 
     def close(self) -> None:
         """Stop the child (it is started again on the next `evaluate`)."""

@@ -123,6 +123,7 @@ def test_a_lane_of_tuples_reads_as_the_same_lane_of_arrays() -> None:
 
 def test_a_cancelled_job_stops_and_the_next_one_runs(child) -> None:
     import threading
+    import time
 
     base = llama(16, 2048)  # a run of seconds
     state = state_from_config(base)
@@ -137,8 +138,8 @@ def test_a_cancelled_job_stops_and_the_next_one_runs(child) -> None:
 
     worker = threading.Thread(target=run)
     worker.start()
-    while not child._lock.locked():
-        pass
+    while child.running is None:
+        time.sleep(0.001)
     child.cancel()
     worker.join(30)
     assert len(outcome) == 1 and isinstance(outcome[0], ppsim.tui.child.ChildCancelled)
