@@ -187,12 +187,12 @@ def lane_cells(lane: Lane, ms_per_cell: float, x0: int, width: int,
     stay apart; idle cells are '·'. Op `force` (the cursor) always gets at least its
     first cell, even when it is too short to win one at this zoom.
     """
-    ops = lane.ops
+    ops: LaneOps = lane.ops  # type: ignore[assignment]  # read as arrays: no tuple per run
     owners = []
     for x in range(x0, x0 + width):
         owners.append(lane.overlapping(x * ms_per_cell, (x + 1) * ms_per_cell))
     if 0 <= force < len(ops) and force not in owners and ms_per_cell > 0:
-        cx = int(ops[force].start / ms_per_cell) - x0
+        cx = int(ops.start[force] / ms_per_cell) - x0
         if 0 <= cx < width:
             owners[cx] = force
     runs: list[Cell] = []
@@ -206,9 +206,9 @@ def lane_cells(lane: Lane, ms_per_cell: float, x0: int, width: int,
         if k < 0:
             runs.append(Cell("·" * n, -1))
         else:
-            op = ops[k]
-            ch = op.kind if op.microbatch % 2 == 0 else op.kind.lower()
-            label = f"{ch}{op.microbatch}"
+            kind, mb = ops.kinds[ops.codes[k]], ops.microbatch[k]
+            ch = kind if mb % 2 == 0 else kind.lower()
+            label = f"{ch}{mb}"
             text = (label + " " * n)[:n] if n >= len(label) + 1 else ch * n
             runs.append(Cell(text, k))
         i = j + 1
