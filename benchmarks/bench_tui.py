@@ -9,10 +9,11 @@ input while the planner runs.
    every line built; warm: served from the strip cache), at fit and zoomed in.
 3. While the planner runs (pp=16 x 256): time from a key press until the app has
    handled it (the edit is in the state); the planner never blocks input.
-4. While a pp=64 x 1024 simulation runs in the worker thread (seconds): time from a
-   timeline key press until the cursor moved, every press; the goal is that no key
-   waits more than 100 ms for the screen's thread (else the simulation would have to
-   move to a child process, as the planner did).
+4. While a pp=64 x 1024 simulation runs (in the child process, ppsim.tui.child): time
+   from a timeline key press until the cursor moved, every press; the goal is that no
+   key waits more than 100 ms for the screen's thread. The first press is reported
+   apart: it waits for the screen's own layout of the edit (64 new stage rows), which
+   takes as long with no simulation at all.
 
 Run: .venv/bin/python benchmarks/bench_tui.py
 """
@@ -179,12 +180,14 @@ def main() -> None:
     else:
         print("the planner finished before a key could be pressed")
     k, runs = asyncio.run(keys_while_simulating(64, 1024))
-    if k:
+    if len(k) > 1:
         drawn = KEY_CPU[("drawn", 64, 1024)][0]
-        print(f"while pp=64 x 1024 simulates ({runs} result, {len(k)} timeline presses): key "
-              f"-> cursor moved median {statistics.median(k) * 1e3:.1f} ms, max "
-              f"{max(k) * 1e3:.1f} ms (goal: max < 100 ms); the edit drawn before the "
-              f"simulation starts: {drawn * 1e3:.1f} ms")
+        print(f"while pp=64 x 1024 simulates in the child process ({runs} result, {len(k)} "
+              f"timeline presses): first key -> cursor moved {k[0] * 1e3:.1f} ms (it waits "
+              f"for the screen's own layout of the 64-stage edit); the later keys median "
+              f"{statistics.median(k[1:]) * 1e3:.1f} ms, max {max(k[1:]) * 1e3:.1f} ms "
+              f"(goal: max < 100 ms); the edit drawn before the simulation starts: "
+              f"{drawn * 1e3:.1f} ms")
     r = asyncio.run(redraw(16, 256))
     lines = int(r.pop("lines"))
     for k, v in r.items():

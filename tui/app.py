@@ -22,7 +22,15 @@ from textual.widgets import Footer, Header, Static
 
 from ppsim.config.schema import Config, load_config
 from ppsim.errors import UserError
-from ppsim.tui.compare import Comparison, compare, delta_lines, op_delta
+from ppsim.tui.child import (
+    ChildCancelled,
+    ChildRefused,
+    PinnedCache,
+    child_for,
+    evaluate_anywhere,
+    uses_child,
+)
+from ppsim.tui.compare import Comparison, compare, delta_lines, needs_records, op_delta
 from ppsim.tui.copy_lanes import copy_lanes
 from ppsim.tui.editing import (
     EditRefused,
@@ -43,8 +51,6 @@ from ppsim.tui.session import (
     EditState,
     Result,
     apply_setting,
-    collection_paused,
-    evaluate_state,
     state_from_config,
 )
 from ppsim.tui.settings import Settings, field_label, state_values
@@ -53,9 +59,6 @@ from ppsim.tui.status import StatusLine
 from ppsim.tui.timeline import Timeline
 from ppsim.tui.views import PANELS, ViewActions
 
-DEFER_MICROBATCH_STAGES = 16_384
-"""Above pp x vpp x microbatches (simulations of about a second and more), the
-simulation starts after the screen drew the edit."""
 HINT = "? help · 1-4 panels · z timeline full screen · p plan · B pin a typed layout"
 """What the status line says until the first message."""
 
@@ -117,6 +120,7 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
         self._edit_field = ""
         self._shown: EditState | None = None
         self.results_applied = 0
+        self._child = child_for(self)
 
     def _handle_exception(self, error: Exception) -> None:
         """A user error that escapes (a trace or config the checks did not catch) ends
@@ -221,14 +225,15 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
         busy = (f"simulating pp {s.pp} x {s.microbatches} microbatches… (Esc cancels; "
                 f"numbers below are the previous state's)")
         self.query_one(Headline).show(self.result, busy)
-        if not self._sim_running:  # one simulation at a time; the newest state goes next
+        if self._sim_running:  # a stale run in the child stops; the newest state goes next
+            self._child.cancel()
+        else:  # one simulation at a time
             self._sim_running = True
             run = partial(self._simulate, self.state, self.pinned, self._token,
                           self._edit_field)
-            if s.pp * s.vpp * s.microbatches > DEFER_MICROBATCH_STAGES:
-                # a run of seconds: let the screen draw the new state first, so the
-                # worker does not compete with that frame for the GIL (a key waited
-                # 130-260 ms behind it at pp 64 x 1024)
+            if uses_child(s):
+                # a run of about a second or more: let the screen draw the new state
+                # first (starting the child's job competes with that frame)
                 self.call_after_refresh(run)
             else:
                 run()
@@ -247,22 +252,21 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
 
     @work(thread=True, group="simulate")
     def _simulate(self, state: EditState, pinned: Any, token: int, field: str) -> None:
-        with collection_paused():  # see collection_paused: no stall of the screen's thread
-            try:
-                result = evaluate_state(self.base, state, pinned)
-            except (UserError, EditRefused) as exc:
-                self.call_from_thread(self._refused, str(exc), token, field)
-                return
-            # lanes and the trace comparison grow with the run: built here, not on the
-            # UI thread (a 300k-op state would stall the screen for a while otherwise)
-            trace = self.trace
-            sim_l = sim_lanes(result.sim)
-            pin = self._lanes  # the pinned split's simulation is cached: so are its lanes
-            pin_l = pin[2] if len(pin) > 2 and pin[3] is result.pinned else \
-                pinned_lanes(result.pinned, sim_l if result.pinned is result.sim else None)
-            views = (sim_l, pin_l, trace,
-                     compare(result.sim, trace) if trace is not None else None)
-        self.call_from_thread(self._apply, result, token, views)
+        # lanes and the trace comparison grow with the run: built off the UI thread, a
+        # large state in the child process (ppsim.tui.child says why)
+        trace = self.trace
+        pin = self._lanes  # the pinned split's simulation is cached: so are its lanes
+        cache = PinnedCache(sim=pin[3], lanes=pin[2]) if len(pin) > 2 else None
+        try:
+            ev = evaluate_anywhere(self._child, self.base, state, pinned, trace, cache)
+        except (UserError, EditRefused, ChildRefused) as exc:
+            self.call_from_thread(self._refused, str(exc), token, field)
+            return
+        except ChildCancelled:  # a newer state, or Escape: its answer is not wanted
+            self.call_from_thread(self._sim_finished, token)
+            return
+        self.call_from_thread(self._apply, ev.result, token,
+                              (ev.lanes, ev.pinned_lanes, trace, ev.comparison))
 
     def _refused(self, message: str, token: int, field: str) -> None:
         """The core refused the state: go back to the last simulated one, say why."""
@@ -327,6 +331,10 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
             if self._trace_lanes[0] is not self.trace:
                 self._trace_lanes = (self.trace, trace_lanes(self.trace))
             others.append(self._trace_lanes[1])
+            if (recompare or self.comparison is None) and needs_records(self.result.sim,
+                                                                        self.trace):
+                self.resimulate()  # simulated in the child, without records: compared there
+                return
             if recompare or self.comparison is None:
                 self.comparison = compare(self.result.sim, self.trace)
             box.update("\n".join(self.comparison.lines()))

@@ -87,6 +87,12 @@ def compared_iteration(trace: Any) -> int:
     return steady_iteration(trace)
 
 
+def needs_records(sim: Any, trace: Any) -> bool:
+    """True when comparing with `trace` needs the per-op records `sim` was sent without
+    (ppsim.tui.child); a trace of another shape is refused from the summary alone."""
+    return sim.timeline is None and not shape_note(sim, trace)
+
+
 def compare(sim: Any, trace: Any) -> Comparison:
     """Simulated iteration against a recorded trace (`ppsim.trace.Trace`)."""
 

@@ -1,5 +1,6 @@
 """The headline: iteration time, bubble, memory (naming the rank over the limit),
-speed-up over the pinned split, and whether a simulation is running."""
+speed-up over the pinned split, throughput in users' units (tokens/s per GPU,
+TFLOP/s/GPU, MFU), and whether a simulation is running."""
 
 from __future__ import annotations
 
@@ -58,6 +59,25 @@ def _parts(result: object, compact: bool) -> list[tuple[str, str]]:
     return parts
 
 
+MIN_COUNTS_ROOM = 8
+"""Fewer columns than this for each split list on the headline: the lists are left out."""
+
+
+def throughput_text(result: object, compact: bool = False) -> str:
+    """The iteration's throughput in the units training logs print, as `ppsim simulate`
+    formats them (ppsim.job.throughput.line): tokens/s per GPU, TFLOP/s per GPU, MFU;
+    '' for a model without tokens or FLOPs (uniform costs)."""
+    sim = result.sim  # type: ignore[attr-defined]
+    job = getattr(sim.problem.hardware, "job", None)
+    t = job.throughput(sim.summary.iteration_time_ms) if job is not None else None
+    if t is None:
+        return ""
+    tokens = f"{t.tokens_per_s_per_gpu:,.0f} tok/s/GPU" if compact else \
+        f"{t.tokens_per_s_per_gpu:,.0f} tokens/s/GPU"
+    sep = " " if compact else "  "
+    return f"{tokens}{sep}{t.tflops_per_gpu:.1f} TFLOP/s/GPU{sep}MFU {t.mfu:.1%}"
+
+
 def headline_text(result: object, busy: str = "", width: int | None = None) -> Text:
     """The two headline lines for a `ppsim.tui.session.Result` in `width` columns (a
     shorter wording when the full one does not fit; what is still cut ends in `…`);
@@ -65,6 +85,10 @@ def headline_text(result: object, busy: str = "", width: int | None = None) -> T
     parts = _parts(result, compact=False)
     if width is not None and sum(len(p) for p, _ in parts) > width:
         parts = _parts(result, compact=True)
+    rate = throughput_text(result)
+    first = width is None or sum(len(p) for p, _ in parts) + 3 + len(rate) <= width
+    if rate and first:  # room on the first line: the second keeps its split lists
+        parts += [("   ", ""), (rate, "bold")]
     t = Text(no_wrap=True, overflow="ellipsis")
     for piece, style in parts:
         t.append(piece, style=style)
@@ -72,16 +96,37 @@ def headline_text(result: object, busy: str = "", width: int | None = None) -> T
     if busy:
         t.append(busy, style="bold italic yellow")
         t.append("  ")
+    for piece, style in _second_line(result, len(busy) + 2 * bool(busy), width,
+                                     with_rate=not first):
+        t.append(piece, style=style)
+    return t
+
+
+def _second_line(result: object, used: int, width: int | None,
+                 with_rate: bool) -> list[tuple[str, str]]:
+    """Throughput (`with_rate`: it had no room on the first line), shape and the split
+    lists in the columns `used` leaves: the full wording, else the compact one, else the
+    compact one without the lists (the split and compare panels show them)."""
     r = result
     st = r.state  # type: ignore[attr-defined]
     which = "even" if r.pinned_is_even else "pinned"  # type: ignore[attr-defined]
-    shape = f"{st.schedule}  pp={st.pp} vpp={st.vpp} microbatches={st.microbatches}  split="
-    if width is not None and width < 100:
-        shape = f"{st.schedule} pp={st.pp} vpp={st.vpp} mbs={st.microbatches} split="
-    room = None if width is None else max(8, (width - len(shape) - len(which) - 5) // 2)
-    t.append(f"{shape}{counts_text(st.counts, room)}   {which}: "
-             f"{counts_text(r.pinned_counts, room)}", style="dim")  # type: ignore
-    return t
+    for compact in (False, True):
+        rate = throughput_text(result, compact) if with_rate else ""
+        shape = f"{st.schedule}  pp={st.pp} vpp={st.vpp} microbatches={st.microbatches}  " \
+            "split=" if not compact else \
+            f"{st.schedule} pp={st.pp} vpp={st.vpp} mbs={st.microbatches} split="
+        head = [(rate, "bold"), ("  ", "")] if rate else []  # what a log is compared with
+        if width is None:
+            room = None
+        else:
+            room = (width - used - len(rate) - 2 * bool(rate) - len(shape) - len(which) - 5) // 2
+            if room < MIN_COUNTS_ROOM:
+                if not compact:
+                    continue
+                return head + [(shape.removesuffix(" split="), "dim")]
+        return head + [(f"{shape}{counts_text(st.counts, room)}   {which}: "
+                        f"{counts_text(r.pinned_counts, room)}", "dim")]  # type: ignore
+    return []
 
 
 class Headline(Static):

@@ -6,7 +6,9 @@ cells x0..x0+width of lane y" and the answer is tested without a terminal.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -24,23 +26,72 @@ class LaneOp(NamedTuple):
     stage: int
 
 
+class LaneOps(Sequence[LaneOp]):
+    """A lane's ops in a few flat arrays, read as a sequence of `LaneOp`.
+
+    A pp 64 x 1024 run has 131,072 ops: as tuples that is about a million objects,
+    and freeing a replaced result of them holds the GIL in one go (150 ms and more,
+    a key press waits behind it); arrays free at once and pickle as bytes (the
+    simulation child, ppsim.tui.child, sends them)."""
+
+    __slots__ = ("start", "end", "codes", "kinds", "chunk", "microbatch", "stage")
+
+    def __init__(self, ops: Iterable[LaneOp] = ()) -> None:
+        self.start, self.end = array("d"), array("d")
+        self.codes = array("B")
+        self.chunk, self.microbatch, self.stage = array("l"), array("l"), array("l")
+        kinds: dict[str, int] = {}
+        for o in ops:
+            self.start.append(o.start)
+            self.end.append(o.end)
+            self.codes.append(kinds.setdefault(o.kind, len(kinds)))
+            self.chunk.append(o.chunk)
+            self.microbatch.append(o.microbatch)
+            self.stage.append(o.stage)
+        self.kinds = tuple(kinds)
+        """The distinct kinds; `codes` index into them."""
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        return LaneOp(self.start[i], self.end[i], self.kinds[self.codes[i]], self.chunk[i],
+                      self.microbatch[i], self.stage[i])
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or len(other) != len(self):
+            return False
+        return all(a == b for a, b in zip(self, other, strict=True))
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"LaneOps({list(self)!r})"
+
+
 @dataclass(frozen=True)
 class Lane:
     label: str
-    ops: tuple[LaneOp, ...]
-    """Sorted by start."""
+    ops: Sequence[LaneOp]
+    """Sorted by start (stored as `LaneOps`)."""
     rank: int = -1
     source: str = "sim"
     """"sim" (the current split), "real" (a loaded trace) or "pinned"."""
 
     def __post_init__(self) -> None:
+        ops = self.ops if isinstance(self.ops, LaneOps) else LaneOps(self.ops)
+        object.__setattr__(self, "ops", ops)
         # Zero-length ops (a stage without layers, embedding or head) do no work:
         # they are never drawn, so such a rank shows idle, not busy.
-        work = [i for i, o in enumerate(self.ops) if o.end > o.start]
+        work = array("l", (i for i, (a, b) in enumerate(zip(ops.start, ops.end, strict=True))
+                                   if b > a))
         object.__setattr__(self, "_work", work)
-        object.__setattr__(self, "_starts", [self.ops[i].start for i in work])
-        object.__setattr__(self, "_ends", [self.ops[i].end for i in work])
-        object.__setattr__(self, "_all_starts", [o.start for o in self.ops])
+        object.__setattr__(self, "_starts", array("d", (ops.start[i] for i in work)))
+        object.__setattr__(self, "_ends", array("d", (ops.end[i] for i in work)))
+        object.__setattr__(self, "_all_starts", ops.start)
 
     @property
     def end(self) -> float:
@@ -49,14 +100,15 @@ class Lane:
     def overlapping(self, t0: float, t1: float) -> int:
         """Index of the op to show in [t0, t1): the one covering the midpoint if any,
         else the first overlapping one; -1 when the interval is idle."""
-        ends: list[float] = self._ends  # type: ignore[attr-defined]
-        work: list[int] = self._work  # type: ignore[attr-defined]
+        ends: array = self._ends  # type: ignore[attr-defined]
+        work: array = self._work  # type: ignore[attr-defined]
         i = bisect_right(ends, t0)  # ops end in start order (one rank runs one op at a time)
-        if i >= len(work) or self.ops[work[i]].start >= t1:
+        ops: LaneOps = self.ops  # type: ignore[assignment]
+        if i >= len(work) or ops.start[work[i]] >= t1:
             return -1
         mid = (t0 + t1) / 2
         j = bisect_right(self._starts, mid) - 1  # type: ignore[attr-defined]
-        if j >= i and self.ops[work[j]].end > mid:
+        if j >= i and ops.end[work[j]] > mid:
             return work[j]
         return work[i]
 
@@ -73,8 +125,8 @@ def sim_lanes(sim: Any) -> list[Lane]:
     """One lane per rank of a `ppsim.simulator.Simulation`."""
     lanes = []
     for r, ops in enumerate(sim.timeline.ops):
-        lane_ops = tuple(LaneOp(o.start, o.end, o.action.kind, o.chunk, o.action.microbatch,
-                                o.action.stage) for o in ops)
+        lane_ops = LaneOps(LaneOp(o.start, o.end, o.action.kind, o.chunk, o.action.microbatch,
+                                  o.action.stage) for o in ops)
         lanes.append(Lane(f"r{r}", lane_ops, r, "sim"))
     return lanes
 
@@ -91,7 +143,7 @@ def trace_lanes(trace: Any, iteration: int | None = None, prefix: str = "real") 
     lanes = []
     for r in ranks:
         mine = sorted((o for o in ops if o.rank == r), key=lambda o: o.start_us)
-        lanes.append(Lane(f"{prefix}{r}", tuple(
+        lanes.append(Lane(f"{prefix}{r}", LaneOps(
             LaneOp((o.start_us - t0) / 1e3, (o.end_us - t0) / 1e3, o.kind, o.chunk,
                    o.microbatch, o.stage) for o in mine), r, "real"))
     return lanes
@@ -135,12 +187,12 @@ def lane_cells(lane: Lane, ms_per_cell: float, x0: int, width: int,
     stay apart; idle cells are '·'. Op `force` (the cursor) always gets at least its
     first cell, even when it is too short to win one at this zoom.
     """
-    ops = lane.ops
+    ops: LaneOps = lane.ops  # type: ignore[assignment]  # read as arrays: no tuple per run
     owners = []
     for x in range(x0, x0 + width):
         owners.append(lane.overlapping(x * ms_per_cell, (x + 1) * ms_per_cell))
     if 0 <= force < len(ops) and force not in owners and ms_per_cell > 0:
-        cx = int(ops[force].start / ms_per_cell) - x0
+        cx = int(ops.start[force] / ms_per_cell) - x0
         if 0 <= cx < width:
             owners[cx] = force
     runs: list[Cell] = []
@@ -154,9 +206,9 @@ def lane_cells(lane: Lane, ms_per_cell: float, x0: int, width: int,
         if k < 0:
             runs.append(Cell("·" * n, -1))
         else:
-            op = ops[k]
-            ch = op.kind if op.microbatch % 2 == 0 else op.kind.lower()
-            label = f"{ch}{op.microbatch}"
+            kind, mb = ops.kinds[ops.codes[k]], ops.microbatch[k]
+            ch = kind if mb % 2 == 0 else kind.lower()
+            label = f"{ch}{mb}"
             text = (label + " " * n)[:n] if n >= len(label) + 1 else ch * n
             runs.append(Cell(text, k))
         i = j + 1

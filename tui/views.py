@@ -72,6 +72,7 @@ class ViewActions:
                 return  # this Escape abandoned the typing; the next one cancels
         if self.simulating:
             self._token += 1  # its result, when it comes, is dropped
+            self._child.cancel()  # a run in the child stops (ppsim.tui.child)
             self.simulating = False
             if self.result is not None:
                 self.history.revert_to(self.result.state)

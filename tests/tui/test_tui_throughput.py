@@ -1,0 +1,68 @@
+"""Issue 24 item 4 on the TUI: the headline shows throughput in users' units (tokens/s
+per GPU, TFLOP/s/GPU, MFU) equal to `ppsim simulate --json`'s `throughput`, whole at
+80 and 160 columns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import simulate_json
+
+from ppsim.config.schema import DEFAULT_TOML, load_config
+from ppsim.tui.app import PPSimApp
+from ppsim.tui.headline import Headline
+from ppsim.tui.testing import settle
+
+LLAMA = """\
+[model]
+preset = "llama3-70b"
+
+[pipeline]
+pp = 8
+microbatches = 64
+
+[hardware]
+preset = "h100-80gb"
+"""
+
+
+def shown_rate(t: dict, compact: bool) -> str:
+    """How the headline words `ppsim simulate --json`'s throughput (the CLI's formats)."""
+    tokens = "tok/s/GPU" if compact else "tokens/s/GPU"
+    sep = " " if compact else "  "
+    return (f"{t['tokens_per_s_per_gpu']:,.0f} {tokens}{sep}{t['tflops_per_gpu']:.1f} "
+            f"TFLOP/s/GPU{sep}MFU {t['mfu']:.1%}")
+
+
+@pytest.mark.parametrize("text", [LLAMA, DEFAULT_TOML], ids=["llama3-70b", "default"])
+@pytest.mark.parametrize("size", [(80, 24), (160, 45)])
+async def test_headline_throughput_is_simulates(text: str, size: tuple[int, int],
+                                                tmp_path: Path) -> None:
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    ref = simulate_json(path)["throughput"]
+    assert ref is not None and ref["tflops_per_gpu"] >= 0
+    app = PPSimApp(load_config(str(path)), config_path=str(path))
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot)
+        head = app.query_one(Headline)
+        lines = head.render().plain.splitlines()
+        width = head.size.width - 2
+        full, compact = shown_rate(ref, compact=False), shown_rate(ref, compact=True)
+        # at the end of the first line when it has room, else first on the second
+        assert lines[0].endswith(full) or lines[1].startswith((full, compact))
+        if width < 100:
+            assert lines[1].startswith(compact)
+        assert all(len(line) <= width for line in lines)  # nothing runs past the edge
+
+
+async def test_a_uniform_model_shows_no_throughput(tmp_path: Path) -> None:
+    path = tmp_path / "u.toml"
+    path.write_text('[model]\nkind = "uniform"\nnum_layers = 8\nforward_ms = 1.0\n'
+                    'backward_ms = 2.0\n\n[pipeline]\npp = 2\nmicrobatches = 4\n')
+    assert simulate_json(path)["throughput"] is None
+    app = PPSimApp(load_config(str(path)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        assert "TFLOP/s" not in app.query_one(Headline).render().plain
