@@ -214,11 +214,17 @@ def test_the_tui_readme_screenshot_shows_what_the_simulator_gives() -> None:
 
     svg = (ROOT / "tui/screenshot.svg").read_text().replace("&#160;", " ")
     text = re.sub(r"<[^>]+>", "", svg)
-    m = re.search(r"pp=(\d+) vpp=(\d+) microbatches=(\d+)\s+split=\[([\d, ]+)\]", text)
+    m = re.search(r"pp=(\d+) vpp=(\d+) (?:microbatches|mbs)=(\d+)\s+split=\[([\d, …]+)\]",
+                  text)
     assert m, "the screenshot names its state"
     cfg = llama(int(m.group(1)), int(m.group(3)))
     state = state_from_config(cfg)
-    counts = tuple(int(x) for x in m.group(4).split(","))
+    # The headline may cut the split; scripts/tui_screenshot.py names it whole.
+    script = (ROOT / "scripts/tui_screenshot.py").read_text()
+    counts = tuple(int(x) for x in re.search(r"SPLIT = \(([\d, ]+)\)", script).group(1)
+                   .split(","))
+    shown = [x.strip() for x in m.group(4).split(",")]
+    assert [int(shown[0]), int(shown[-1])] == [counts[0], counts[-1]]
     from dataclasses import replace
 
     sim = simulate(build_problem(config_for(cfg, replace(state, counts=counts))))
