@@ -88,8 +88,8 @@ def _lowest_peak_dfs(search: SplitSearch, total: Callable[[int, list[StageCost]]
             if r is not None:
                 v = max(cur, (total(r, new), r))
             if v[0] >= found[0]:
-                if r is not None:
-                    break  # more layers only need more memory
+                if r is not None and c > 0:  # an empty stage holds its whole input
+                    break  # from one layer on, more layers only need more memory
                 continue
             stack[-1][3] = c + 1 if k < S - 1 else -1
             stack.append([new, pos + c, v, 0])

@@ -66,7 +66,9 @@ class MinMaxTable:
                         return False
                     t = term(pos, c, k)
                     if t >= best:
-                        break  # the term only grows with c (INF: no more fits)
+                        if c == 0:  # an empty stage may not fit where one layer does
+                            continue  # (held_input_bytes): only from c = 1 on does
+                        break  # the term only grow with c (INF: no more fits)
                     x = nxt[pos + c]
                     v = t if t > x else x
                     if v < best:

@@ -190,12 +190,16 @@ class BranchAndBound:
                 total = (s.one_chunk_total(pos, c, k) if one
                          else self._rank_total(r, costs, sc))  # type: ignore[arg-type]
                 if total > s.memory:
-                    break  # more layers only need more memory
+                    if c == 0:  # an empty stage holds its whole input (held_input_bytes),
+                        continue  # which a first layer's saved bytes may be smaller than
+                    break  # from one layer on, more layers only need more memory
                 child_mem = max(mem, total)
             nb = base
             if one:  # one chunk per rank: the stage's own term
                 nb = max(base, self.terms.term(pos, c, k))  # type: ignore[union-attr]
                 if nb > cut:
+                    if c == 0 and nb == INF:  # an empty stage that does not fit
+                        continue
                     break  # the term only grows with the stage's layers
             elif closes:
                 spans, at = {}, 0

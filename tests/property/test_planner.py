@@ -52,6 +52,22 @@ def small_problems(draw):
         memory=memory)
 
 
+def test_an_empty_stage_that_does_not_fit_does_not_end_the_search():
+    """An empty stage holds its whole input (1 MB here) where one layer keeps 100 bytes:
+    the search once stopped at the empty stage ("more layers only need more memory")
+    and missed the best split, (1, 1, 3, 2), while calling (2, 1, 3, 1) optimal."""
+    problem = uniform_problem(
+        2, 2, 4, "zbv", counts=[7, 0, 0, 0], f=1.25, b=1.25, w=0.625, wg=40, act=100,
+        static=300, out=10**6, hw={"p2p_latency_ms": 0.0, "p2p_bandwidth_gbps": 2.0},
+        head={"forward_ms": 0.25, "backward_ms": 0.25, "activation_bytes": 0,
+              "static_bytes": 900},
+        emb={"forward_ms": 0.5, "static_bytes": 0}, memory=6000.0)
+    best_t, best = min((s.iteration_time_ms, c) for c, s in brute_force(problem) if s.fits)
+    res = plan(problem, top_k=3)
+    assert res.best is not None and res.best.split.counts == best == (1, 1, 3, 2)
+    assert res.best.summary.iteration_time_ms == pytest.approx(best_t, rel=1e-9)
+
+
 def draw_split(problem, data):
     """Any split of the problem's layers over its stages, as counts and as a Split."""
     s = problem.split
