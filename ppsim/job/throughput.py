@@ -42,7 +42,13 @@ def line(t: Throughput | None) -> str:
     if t is None:
         return "throughput: n/a (a uniform model has no tokens or FLOPs)"
     return (f"throughput {t.tokens_per_s:,.0f} tokens/s ({t.tokens_per_s_per_gpu:,.0f} per GPU), "
-            f"{t.tflops_per_gpu:.1f} TFLOP/s/GPU, MFU {t.mfu:.1%}")
+            f"{tflops_text(t.tflops_per_gpu)} TFLOP/s/GPU, MFU {t.mfu:.1%}")
+
+
+def tflops_text(tflops: float) -> str:
+    """TFLOP/s with one decimal, or three significant digits below 1 (a CPU's few GFLOP/s
+    would print as 0.0)."""
+    return f"{tflops:.1f}" if tflops >= 1 or tflops == 0 else f"{tflops:.3g}"
 
 
 JOB_INFO_KEYS = ("tokens", "flops", "gpus", "peak_tflops")
