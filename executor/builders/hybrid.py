@@ -9,7 +9,6 @@ GQA attention only); the cost model covers them.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -17,8 +16,15 @@ from torch import nn
 
 from ppsim.costs.hybrid import parse_pattern
 from ppsim.errors import UserError
-from ppsim.executor.builders.common import DTYPES, Head, init_normal, stage_loss, token_microbatch
-from ppsim.executor.builders.llama import MLP, Attention, Embedding, LlamaShape, MoE
+from ppsim.executor.builders.common import init_normal
+from ppsim.executor.builders.llama import (
+    MLP,
+    Attention,
+    LlamaBuilder,
+    LlamaShape,
+    MoE,
+    init_experts,
+)
 from ppsim.executor.builders.ssm import GatedDeltaNet, Mamba2
 
 _OUT = ("o", "down", "out_proj")
@@ -51,26 +57,16 @@ class HybridLayer(nn.Module):
         return x + self.mixer(self.norm(x))
 
 
-class HybridBuilder:
-    """`ModelBuilder` of a hybrid pattern."""
+class HybridBuilder(LlamaBuilder):
+    """`ModelBuilder` of a hybrid pattern: the Llama builder's embedding, head and data,
+    with each layer the pattern's mixer."""
 
     def __init__(self, shape: LlamaShape) -> None:
         a = shape.arch
         if parse_pattern(a.hybrid_layer_pattern).mtp_depths or a.mtp_layers:
             raise UserError("model.hybrid_layer_pattern", "the shipped builder has no MTP",
                             "drop the '/' part to run it (the cost model prices MTP)")
-        self.shape = shape
-        self.num_layers = a.num_layers
-        self.activation_shape = (a.micro_batch_size, a.seq_length, a.hidden_size)
-        self.dtype = DTYPES[a.dtype]
-
-    def layer_kind(self, index: int) -> str:
-        return self.shape.kinds[index]
-
-    def embedding(self) -> nn.Module:
-        e = Embedding(self.shape)
-        init_normal(e, self.num_layers, ())
-        return e
+        super().__init__(shape)
 
     def layer(self, index: int) -> nn.Module:
         layer = HybridLayer(self.shape, self.shape.kinds[index])
@@ -83,27 +79,9 @@ class HybridBuilder:
                 mixer.norm_weight.fill_(1.0)
             if isinstance(mixer, Mamba2):
                 mixer.D.fill_(1.0)
-            if isinstance(mixer, MoE):  # expert stacks: initialised like their Linears
-                for p in (mixer.gate, mixer.up):
-                    if p is not None:
-                        p.normal_(0.0, 0.02)
-                mixer.down.normal_(0.0, 0.02 / math.sqrt(2 * self.num_layers))
+            if isinstance(mixer, MoE):
+                init_experts(mixer, self.num_layers)
         return layer
-
-    def head(self) -> nn.Module:
-        a = self.shape.arch
-        h = Head(a.hidden_size, a.vocab_size, norm=self.shape.norm)
-        init_normal(h, self.num_layers, ())
-        return h
-
-    def microbatch(self, seed: int, iteration: int, index: int) -> tuple[torch.Tensor,
-                                                                       torch.Tensor]:
-        a = self.shape.arch
-        return token_microbatch(a.micro_batch_size, a.seq_length, a.vocab_size, seed,
-                                iteration, index)
-
-    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return stage_loss(output, targets)
 
 
 def build(fields: dict[str, Any]) -> HybridBuilder:

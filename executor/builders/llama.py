@@ -242,6 +242,15 @@ class Embedding(nn.Module):
         return x
 
 
+def init_experts(moe: MoE, num_layers: int) -> None:
+    """Expert stacks initialised like their Linears (init_normal skips raw parameters)."""
+    with torch.no_grad():
+        for p in (moe.gate, moe.up):
+            if p is not None:
+                p.normal_(0.0, 0.02)
+        moe.down.normal_(0.0, 0.02 / math.sqrt(2 * num_layers))
+
+
 class LlamaBuilder:
     """`ModelBuilder` of the decoder above."""
 
@@ -263,12 +272,8 @@ class LlamaBuilder:
     def layer(self, index: int) -> nn.Module:
         layer = Layer(self.shape, self.shape.kinds[index])
         init_normal(layer, self.num_layers, ("o", "down"))
-        if isinstance(layer.mlp, MoE):  # expert stacks: initialised like their Linears
-            with torch.no_grad():
-                for p in (layer.mlp.gate, layer.mlp.up):
-                    if p is not None:
-                        p.normal_(0.0, 0.02)
-                layer.mlp.down.normal_(0.0, 0.02 / math.sqrt(2 * self.num_layers))
+        if isinstance(layer.mlp, MoE):
+            init_experts(layer.mlp, self.num_layers)
         return layer
 
     def head(self) -> nn.Module:
