@@ -7,11 +7,12 @@ setup:
 demo: setup
 	.venv/bin/ppsim demo
 
-# The in-process tests on two workers, then the real torchrun launches one at a time
-# (tests/e2e/launches.py pools them; two launches at once are no faster on two cores).
+# Every test on two workers: the real torchrun launches (tests/e2e, pooled by
+# launches.py) run in order on one worker while the other takes the in-process tests
+# (tests/conftest.py's scheduler).
 test: setup
-	OMP_NUM_THREADS=1 .venv/bin/python -m pytest -n 2 tests/unit tests/property tests/tui
-	OMP_NUM_THREADS=1 .venv/bin/python -m pytest tests/e2e
+	OMP_NUM_THREADS=1 .venv/bin/python -m pytest -n 2 tests/e2e tests/unit tests/property \
+		tests/tui
 	.venv/bin/ruff check .
 
 lint: setup

@@ -1,8 +1,10 @@
 """The executor: run a planned split for real and record what happened.
 
 `ppsim run` (ppsim.cli.run) validates the config, writes the run spec
-(ppsim.executor.runspec) and launches torchrun, which starts each rank as
-`python -P -m ppsim.executor.worker --spec PATH`; each rank builds its chunks of the
+(ppsim.executor.runspec) and launches torchrun (forked, ppsim.executor.forked), which
+forks each rank to run the worker script (ppsim.executor.worker) on the spec; a
+printed launch starts `python -P -m ppsim.executor.worker --spec PATH` instead.
+Each rank builds its chunks of the
 model a builder describes (ppsim.executor.builders: the GPT by default, or
 `--model module:function`),
 runs its action list from ppsim.schedules (ppsim.executor.runtime), reduces gradients

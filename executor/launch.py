@@ -2,8 +2,12 @@
 
 ppsim never starts ranks itself: it writes the run spec (ppsim.executor.runspec)
 into the run's folder and runs `python -P -m torch.distributed.run` (torchrun),
-which starts each rank as `python -P -u -m ppsim.executor.worker --spec PATH`;
-it reads the rank-0 worker's `ppsim-progress` lines to drive a progress bar.
+which forks each rank and runs the worker script in it (`--start-method fork
+--run-path`): a rank starts with torch already imported, which is most of a
+small run's start-up. torchrun's own process never touches CUDA, so a forked
+rank initialises it afresh. It reads the rank-0 worker's `ppsim-progress` lines
+to drive a progress bar. The printed launch and the Slurm script start each rank
+as `python -P -u -m ppsim.executor.worker --spec PATH` instead, plain torchrun.
 `-P` (Python >= 3.11) keeps the working directory off the import path, so a
 user's folder named `ppsim`, `executor` or `torch` is never imported instead.
 
@@ -25,10 +29,12 @@ import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ppsim.errors import UserError
+from ppsim.executor import forked
 
 STORE_ENV = "PPSIM_STORE"
 """host:port of the store `ppsim run` hosts; the worker builds its process group on it."""
@@ -37,8 +43,19 @@ SPEC_END = "PPSIM_RUN_SPEC"
 
 
 def worker_command(spec_path: str, python: str = sys.executable) -> list[str]:
-    """How torchrun starts each rank (`--no-python`: the interpreter and its flags are ours)."""
-    return [python, "-P", "-u", "-m", "ppsim.executor.worker", "--spec", spec_path]
+    """How a printed torchrun starts each rank (`--no-python`: the interpreter and its flags
+    are ours)."""
+    return ["--no-python", python, "-P", "-u", "-m", "ppsim.executor.worker", "--spec",
+            spec_path]
+
+
+def forked_worker(spec_path: str) -> list[str]:
+    """How `ppsim run`'s torchrun starts each rank: forked from torchrun, the worker script
+    run in it."""
+    import importlib.util
+
+    script = importlib.util.find_spec("ppsim.executor.worker").origin  # type: ignore[union-attr]
+    return ["--start-method", "fork", "--run-path", str(script), "--spec", spec_path]
 
 
 def torchrun_args(args: argparse.Namespace, store: tuple[str, int] | None = None) -> list[str]:
@@ -56,14 +73,20 @@ def torchrun_args(args: argparse.Namespace, store: tuple[str, int] | None = None
         rdzv = ["--nnodes", str(args.nnodes), "--node-rank", str(args.node_rank),
                 "--master-addr", args.master_addr, "--master-port",
                 str(args.master_port or 29500)]
-    return rdzv + ["--nproc-per-node", str(args.nproc_per_node), "--max-restarts", "0",
-                   "--no-python"]
+    return rdzv + ["--nproc-per-node", str(args.nproc_per_node), "--max-restarts", "0"]
+
+
+def torchrun_argv(args: argparse.Namespace, spec_path: str,
+                  store: tuple[str, int] | None = None) -> list[str]:
+    """torchrun's command line, after `torchrun`, as `ppsim run` runs it."""
+    return [*torchrun_args(args, store), *forked_worker(spec_path)]
 
 
 def launch_command(args: argparse.Namespace, spec_path: str,
                    store: tuple[str, int] | None = None) -> list[str]:
-    return [sys.executable, "-P", "-m", "torch.distributed.run", *torchrun_args(args, store),
-            *worker_command(spec_path)]
+    """The same as a command (`ppsim run` forks torchrun rather than exec it: forked.py)."""
+    return [sys.executable, "-P", "-m", "torch.distributed.run",
+            *torchrun_argv(args, spec_path, store)]
 
 
 def spec_script(spec_path: str, spec_json: str) -> str:
@@ -99,8 +122,10 @@ class JobStore:
         import torch.distributed as dist
 
         # The store takes the listening socket over (detach: Python must not close it).
+        self.listen_fd = sock.detach()
+        """The listening socket's descriptor: torchrun, forked from here, closes its copy."""
         self.store = dist.TCPStore(addr, self.port, is_master=True, wait_for_workers=False,
-                                   master_listen_fd=sock.detach(),
+                                   master_listen_fd=self.listen_fd,
                                    timeout=timedelta(seconds=60))
 
     @property
@@ -128,7 +153,7 @@ def check_port_free(addr: str, port: int) -> None:
 def sbatch_script(args: argparse.Namespace, spec_path: str, spec_json: str) -> str:
     """A Slurm batch script: the run spec, then one torchrun per node, c10d rendezvous on
     the first node."""
-    worker = shlex.join(["--no-python", *worker_command(spec_path, "python")])
+    worker = shlex.join(worker_command(spec_path, "python"))
     gpus = f"#SBATCH --gpus-per-node={args.nproc_per_node}\n" if args.device == "cuda" else ""
     return (
         "#!/bin/bash\n"
@@ -203,16 +228,24 @@ _RECORD_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\b")
 _RECORD_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\b")
 
 
-def run_torchrun(cmd: list[str], on_progress: Callable[[dict], None],
-                 timeout_s: float | None = None,
-                 env_extra: dict[str, str] | None = None) -> Outcome:
-    """Run torchrun, feeding progress lines to `on_progress`; never leaves it running."""
+def run_torchrun(argv: list[str], on_progress: Callable[[dict], None], *,
+                 env_extra: dict[str, str] | None = None, close_fds: Sequence[int] = (),
+                 preload: Sequence[str] = ()) -> Outcome:
+    """Run torchrun with `argv`, forked from this process with `preload` imported first,
+    feeding progress lines to `on_progress`; never leaves it running."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
     env.update(env_extra or {})
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            errors="replace", env=env, start_new_session=True)
+    forked.preload(preload)
+    return follow(forked.ForkedProcess(forked.torchrun(argv), env, close_fds=close_fds),
+                  on_progress)
+
+
+def follow(proc: Any, on_progress: Callable[[dict], None],
+           timeout_s: float | None = None) -> Outcome:
+    """Read a torchrun's output to its end (a Popen, or a ForkedProcess); stop it on
+    Ctrl-C, a timeout or an error."""
     out = Outcome(0)
     tail: collections.deque[str] = collections.deque(maxlen=30)
     record_rank: int | None = None
@@ -302,7 +335,7 @@ def failure_lines(out: Outcome) -> tuple[list[str], list[str]]:
     return [printable(e) for e in errors], [printable(n) for n in notes]
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: Any) -> None:
     """torchrun forwards SIGTERM to its workers; SIGKILL the group if that stalls."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)

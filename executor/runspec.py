@@ -1,8 +1,9 @@
 """What every rank of `ppsim run` needs, as a small JSON file the launcher writes.
 
 `ppsim run` resolves the config (file, preset and flags) and every run setting
-once, writes them into the run's folder (ppsim.executor.rundir.spec_path), and starts each rank as
-`python -P -m ppsim.executor.worker --spec PATH`. Ranks parse no flags, so the
+once, writes them into the run's folder (ppsim.executor.rundir.spec_path), and each rank
+runs the worker on it (`python -P -m ppsim.executor.worker --spec PATH` in a printed
+launch; torchrun forks it when `ppsim run` launches). Ranks parse no flags, so the
 executor needs nothing from the command layer, and a printed torchrun command
 or Slurm script runs exactly what `ppsim run` would have.
 

@@ -1,4 +1,4 @@
-"""Measurements spawned in several processes, each leaving its result in a JSON file.
+"""Measurements run in several processes, each leaving its result in a JSON file.
 
 gloo can abort a process while it tears down (torch 2.13 on this VM, rarely:
 "terminate called without an active exception" after destroy_process_group); a
@@ -22,10 +22,12 @@ def spawn_results(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int,
     """Run `fn(rank, *args)` in `nprocs` processes and read `paths` (the results they
     write with ppsim.fileio.write_json_atomic). A process that died after every result
     was written is reported on stderr and tolerated; any other failure is raised."""
+    import torch
     import torch.multiprocessing as mp
 
     try:
-        mp.spawn(fn, args=args, nprocs=nprocs, join=True)
+        mp.start_processes(fn, args=args, nprocs=nprocs, join=True,
+                           start_method=start_method(torch.cuda.is_initialized()))
     except mp.ProcessExitedException as exc:
         if not all(os.path.exists(p) for p in paths):
             raise
@@ -36,6 +38,13 @@ def spawn_results(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int,
         with open(p, encoding="utf-8") as fh:
             results.append(json.load(fh))
     return results
+
+
+def start_method(cuda_initialized: bool) -> str:
+    """fork: each process starts with this one's imports (torch: 1.7 s of CPU each
+    under spawn). A process that has initialised CUDA cannot fork one that uses it:
+    spawn then."""
+    return "spawn" if cuda_initialized else "fork"
 
 
 def free_port() -> int:

@@ -29,6 +29,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -138,11 +139,23 @@ class Watchdog:
         self.thread.join()
 
 
+REPORTED_EXIT_DELAY_S = 0.3
+"""How long a rank that reported its failure waits before it exits. torchrun, forking
+its ranks, records only the first failed rank it sees at a poll (every 0.1 s); a rank
+that died without a word (SIGKILL, the OOM killer) is the cause and must be that one,
+not the rank that then noticed a reset connection."""
+
+
+def _exit_reported(code: int) -> None:
+    time.sleep(REPORTED_EXIT_DELAY_S)
+    os._exit(code)
+
+
 def _stopping(rank: int, why: str) -> None:
     # `why` came over the network: print it with control characters escaped.
     sys.stderr.write(f"ppsim-abort: rank {rank} stopping: {printable(why)}\n")
     sys.stderr.flush()
-    os._exit(3)
+    _exit_reported(3)
 
 
 def _fail(spec: RunSpec, rank: int, dog: Watchdog, exc: BaseException) -> None:
@@ -162,7 +175,7 @@ def _fail(spec: RunSpec, rank: int, dog: Watchdog, exc: BaseException) -> None:
         _stopping(rank, earlier)
     sys.stderr.write(f"ppsim-error: {printable(msg)}\n")
     sys.stderr.flush()
-    os._exit(1)  # no clean shutdown: peers may be blocked on us
+    _exit_reported(1)  # no clean shutdown: peers may be blocked on us
 
 
 def _devices(kind: str, local_rank: int, local_world: int, placed: int | None = None,
@@ -381,6 +394,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True, metavar="PATH",
                         help="the run spec ppsim run (or --print-launch) wrote")
     args = parser.parse_args(argv)
+    # A rank forked from torchrun inherits its handlers, which raise on SIGTERM: a rank
+    # torchrun stops must just stop, as an exec'd one does.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         spec = RunSpec.read(args.spec)
     except UserError as exc:

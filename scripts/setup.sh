@@ -13,8 +13,10 @@ fi
 python3 -m venv "$VENV"
 # pip's own chatter (and this machine's index warnings) go to a log, shown on failure.
 log="$VENV/setup.log"
+# --no-compile: modules are byte-compiled when first imported, not all of torch's now
+# (setup takes half the time).
 pip() {
-  "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@" >>"$log" 2>&1 \
+  "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@" --no-compile >>"$log" 2>&1 \
     || { cat "$log" >&2; echo "setup: pip install $* failed (log: $log)" >&2; exit 1; }
 }
 echo "setting up $VENV (torch, simpy, textual, ...); log in $log" >&2

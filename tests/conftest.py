@@ -7,3 +7,16 @@ settings.register_profile("ci", derandomize=True, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+def pytest_xdist_make_scheduler(config, log):  # noqa: ANN001, ANN201 - xdist's hook
+    """`pytest -n 2`: the e2e tests are one unit of work, run in order on one worker (they
+    share its pool of launches, tests/e2e/launches.py), the largest unit so the first
+    sent; every other test is a unit of its own, for whichever worker is free."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class E2EOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "e2e" if nodeid.startswith("tests/e2e/") else nodeid
+
+    return E2EOnOneWorker(config, log)

@@ -1,7 +1,5 @@
 """`python -m ppsim.cli`: the same entry point as the `ppsim` script."""
 
-import sys
+from ppsim.cli.main import entry
 
-from ppsim.cli.main import main
-
-sys.exit(main())
+entry()

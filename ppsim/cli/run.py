@@ -189,6 +189,17 @@ def run_spec(args: argparse.Namespace) -> Any:
                    fault_mode=args.fault_mode, dump_grads=args.dump_grads)
 
 
+def rank_imports(args: argparse.Namespace) -> list[str]:
+    """Modules the ranks will import, imported once before torchrun forks them: torch's
+    checkpoint and its pipelining import torch._dynamo, 1.6 s of CPU in each rank."""
+    cfg = config_from_args(args)
+    fields, memory = cfg.model.fields(), cfg.memory or {}
+    checkpoints = (fields.get("recompute", "none") != "none" or fields.get("hybrid_layer_pattern")
+                   or memory.get("recompute_modules") or memory.get("recompute_num_layers"))
+    pipelining = args.engine == "torch" or args.alongside_torch
+    return ["torch._dynamo"] if checkpoints or pipelining else []
+
+
 def _check_versus(args: argparse.Namespace, problem: Any, dp: int) -> None:
     if args.engine != "ppsim" or dp != 1:
         raise UserError("--versus", "alternating two splits needs the ppsim engine and one "
@@ -309,9 +320,11 @@ def _launch(args: argparse.Namespace, problem: Any, store: Any) -> Any:
             note = f"iteration {msg['iteration']}/{msg['of']}  loss {msg['loss']:.4f}"
             bar.update(task, completed=msg["iteration"], note=note)
 
-        cmd = launch.launch_command(args, rundir.spec_path(args.trace_dir),
+        argv = launch.torchrun_argv(args, rundir.spec_path(args.trace_dir),
                                     store.endpoint if store else None)
-        return launch.run_torchrun(cmd, progress, env_extra=env)
+        return launch.run_torchrun(argv, progress, env_extra=env,
+                                   close_fds=[store.listen_fd] if store else [],
+                                   preload=rank_imports(args))
 
 
 def _report_failure(out: Any) -> None:

@@ -1,11 +1,14 @@
 """Every real `ppsim run` the e2e tests read, launched once per session and shared.
 
-A launch costs seconds of process start (torch imported by `ppsim run`, torchrun
-and each rank) and a fraction of a second of training, so one launch serves
-several tests: its trace, summary, losses, dumped gradients and run folder are
-read by each test that needs that configuration. Extra flags ride on a case's
-launch where they do not change what the other tests read (`--alongside-torch`
-runs torch's engine in the same processes, `--versus` a second split).
+Each launch is `ppsim run` in a process forked from this one, which has imported
+torch and the modules the ranks use (PRELOAD) once: `ppsim run` forks torchrun
+and torchrun forks the ranks, so no launch pays an interpreter's start-up. One
+launch also serves several tests: its trace, summary, losses, dumped gradients
+and run folder are read by each test that needs that configuration. Extra flags
+ride on a case's launch where they do not change what the other tests read
+(`--alongside-torch` runs torch's engine in the same processes, `--versus` a
+second split). The installed `ppsim` script itself is run as a user runs it by
+test_launch_safety.py.
 
 Launches run one at a time, when first asked for: two in flight were no faster on
 two cores (the ranks of one launch already keep both busy).
@@ -17,13 +20,17 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ppsim.executor import forked
 
 ROOT = Path(__file__).resolve().parents[2]
 MOE = ["--model", "tests/model_moe.py:build"]
@@ -180,7 +187,7 @@ OTHERS = {
                           "--fault-mode", "kill"], recorded=False),
     # rank 1's LM head sleeps in iteration 1: rank 0 times out waiting, rank 1 is blamed
     "stall": Spec(argv=["--model", "tests/model_sleepy.py:build", "--microbatches", "4",
-                        "--iterations", "3", "--timeout-s", "10"], recorded=False),
+                        "--iterations", "3", "--timeout-s", "5"], recorded=False),
 }
 
 # test_executor_tp.py: tensor parallelism for real (column/row-parallel layers over gloo),
@@ -212,24 +219,46 @@ def _proc_tree(root: int) -> set[int]:
     return tree
 
 
-def _watched(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, str, str,
-                                                                      set[str]]:
-    """Run cmd, noting every TCP address its process tree listens on meanwhile."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    seen: set[str] = set()
+def _ppsim(argv: list[str]) -> Callable[[], int]:
+    """`ppsim` with argv, as a ForkedProcess target (its entry point exits the process)."""
+
+    def run() -> int:
+        from ppsim.cli.main import entry
+
+        sys.argv = ["ppsim", *argv]
+        entry()
+        return 0
+
+    return run
+
+
+def _run(argv: list[str], cwd: Path, env: dict[str, str], watch: bool,
+         timeout_s: float = 300) -> tuple[int, str, str, set[str]]:
+    """`ppsim` with argv in a process forked from this one (torch and ppsim already
+    imported: the CLI's own start-up is not what these tests measure); with `watch`,
+    every TCP address its process tree listens on meanwhile."""
+    proc = forked.ForkedProcess(_ppsim(argv), env, cwd=str(cwd), stderr_apart=True)
     out: dict[str, str] = {}
-    reader = threading.Thread(target=lambda: out.update(zip(("o", "e"), proc.communicate(),
-                                                            strict=True)))
-    reader.start()  # drain the pipes while polling: a full pipe would stall the run
-    while proc.poll() is None and shutil.which("ss"):
-        pids = _proc_tree(proc.pid)
-        ss = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout
-        for line in ss.splitlines():
-            if any(int(p) in pids for p in re.findall(r"pid=(\d+)", line)):
-                seen.add(line.split()[3])
-        time.sleep(0.1)
-    reader.join(timeout=60)
+    readers = [threading.Thread(target=lambda k=k, f=f: out.__setitem__(k, f.read()))
+               for k, f in (("o", proc.stdout), ("e", proc.stderr))]
+    for r in readers:  # drain the pipes while waiting: a full pipe would stall the run
+        r.start()
+    seen: set[str] = set()
+    end = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < end:
+        if watch and shutil.which("ss"):
+            pids = _proc_tree(proc.pid)
+            ss = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout
+            for line in ss.splitlines():
+                if any(int(p) in pids for p in re.findall(r"pid=(\d+)", line)):
+                    seen.add(line.split()[3])
+        time.sleep(0.1 if watch else 0.02)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    for r in readers:
+        r.join(timeout=60)
+    assert proc.returncode is not None
     return proc.returncode, out.get("o", ""), out.get("e", ""), seen
 
 
@@ -258,16 +287,15 @@ def launch(name: str, tmp: Path) -> Launch:
             flags += ["--dump-grads", str(tmp / "grads")]
     cwd = tmp if spec.in_tmp else ROOT
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **spec.env}
-    cmd = [sys.executable, "-m", "ppsim.cli", "run", *flags]
     t0 = time.monotonic()
-    if spec.watch_listen:
-        rc, so, se, seen = _watched(cmd, cwd, env)
-    else:
-        res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
-                             timeout=300)
-        rc, so, se, seen = res.returncode, res.stdout, res.stderr, set()
+    rc, so, se, seen = _run(["run", *flags], cwd, env, spec.watch_listen)
     return Launch(name=name, tmp=tmp, argv=argv, returncode=rc, stdout=so, stderr=se,
                   elapsed_s=time.monotonic() - t0, listening=seen)
+
+
+PRELOAD = ("torch", "torch._dynamo", "torch.distributed.run", "torch.distributed.pipelining",
+           "ppsim.cli.main", "ppsim.cli.run", "ppsim.executor.worker")
+"""What every launch imports (torch's checkpoint and pipelining import torch._dynamo)."""
 
 
 class Pool:
@@ -276,6 +304,7 @@ class Pool:
     def __init__(self, folder: Any) -> None:
         self.folder = folder  # a callable: name -> a fresh directory
         self.done: dict[str, Launch] = {}
+        forked.preload(PRELOAD)
 
     def get(self, name: str) -> Launch:
         if name not in self.done:

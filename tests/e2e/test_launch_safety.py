@@ -33,6 +33,7 @@ def no_launch(monkeypatch):
         raise AssertionError("a process was started")
 
     monkeypatch.setattr(launch.subprocess, "Popen", refuse)
+    monkeypatch.setattr(launch.forked.os, "fork", refuse)
 
 
 def _one_line(capsys, rc: int, field: str) -> str:
@@ -157,7 +158,9 @@ def test_print_launch_names_a_fresh_directory_and_creates_nothing(tmp_path, monk
 
 def _fake_torchrun(lines: list[str]) -> launch.Outcome:
     code = f"import sys; print({chr(10).join(lines)!r}); sys.exit(1)"
-    return launch.run_torchrun([sys.executable, "-c", code], lambda m: None)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return launch.follow(proc, lambda m: None)
 
 
 def test_a_silent_death_in_torchruns_record_is_the_cause() -> None:

@@ -1,9 +1,10 @@
-"""Measurements in spawned processes survive a process that aborts after writing its
+"""Measurements in several processes survive a process that aborts after writing its
 result (gloo's rare teardown abort), and still fail when a result is missing. Real
 processes: the aborting one calls os.abort(), as std::terminate does."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import time
 
@@ -18,6 +19,7 @@ from ppsim.fileio import write_json_atomic  # noqa: E402
 
 
 def _writes_then_maybe_aborts(rank: int, folder: str, abort_before: bool, n: int) -> None:
+    faulthandler.disable()  # forked from pytest: its stack dump on SIGABRT is noise here
     if rank == 1 and abort_before:
         os.abort()
     write_json_atomic(os.path.join(folder, f"r{rank}.json"), {"rank": rank, "sq": rank * rank})

@@ -14,10 +14,12 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parents[2]
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -345,9 +347,14 @@ def test_ranks_start_from_the_spec_with_the_working_directory_off_the_path() -> 
     cmd = launch.launch_command(args, "out/run-spec.json")
     assert cmd[:4] == [sys.executable, "-P", "-m", "torch.distributed.run"]
     assert "--standalone" in cmd
-    rank = cmd[cmd.index("--no-python") + 1:]
-    assert rank == [sys.executable, "-P", "-u", "-m", "ppsim.executor.worker", "--spec",
-                    "out/run-spec.json"]
+    # torchrun forks each rank (torch already imported) and runs the worker script in it
+    rank = cmd[cmd.index("--start-method"):]
+    assert rank[:3] == ["--start-method", "fork", "--run-path"]
+    assert Path(rank[3]).resolve() == (ROOT / "executor" / "worker.py").resolve()
+    assert rank[4:] == ["--spec", "out/run-spec.json"]
+    printed = launch.worker_command("out/run-spec.json", "python")
+    assert printed == ["--no-python", "python", "-P", "-u", "-m", "ppsim.executor.worker",
+                       "--spec", "out/run-spec.json"]
 
 
 def test_print_launch_shows_torchrun_and_sbatch(capsys) -> None:
