@@ -1,5 +1,6 @@
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # CI runs with CI=true: a fixed, derandomised profile keeps runs reproducible.
@@ -9,6 +10,7 @@ settings.register_profile("dev", deadline=None, suppress_health_check=[HealthChe
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
+@pytest.hookimpl(optionalhook=True)  # without xdist (-p no:xdist) the hook is unknown
 def pytest_xdist_make_scheduler(config, log):  # noqa: ANN001, ANN201 - xdist's hook
     """`pytest -n 2`: the e2e tests are one unit of work, run in order on one worker (they
     share its pool of launches, tests/e2e/launches.py), the largest unit so the first

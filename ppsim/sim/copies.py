@@ -35,6 +35,7 @@ tensors held in flight; not a bound): the planner searches with it and re-simula
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -161,10 +162,15 @@ class CopyStreams:
         return act, peak
 
 
-def wake_time(now: float, ready: float) -> float:
-    """When a B that waits for its reload starts: `ready`, as simpy's timeout computes it
-    (now + delay), so every engine starts it at the same float."""
-    return now + (ready - now)
+def wake_delay(now: float, ready: float) -> float:
+    """How long after `now` a B that waits for its reload starts: the least delay with
+    now + delay >= ready (ready - now alone can round below it), so the B never starts
+    before its tensors are back; both engines add it to now (simpy's timeout does), so
+    they start it at the same float."""
+    delay = ready - now
+    while now + delay < ready:
+        delay = math.nextafter(delay, math.inf)
+    return delay
 
 
 def streamed(c: StageCost) -> int:

@@ -30,7 +30,7 @@ from typing import NamedTuple
 from ppsim.pipeline.messages import wiring
 from ppsim.pipeline.problem import Problem
 from ppsim.schedules.generators import Action, B, F, Schedule
-from ppsim.sim.copies import Copy, CopyStreams, wake_time
+from ppsim.sim.copies import Copy, CopyStreams, wake_delay
 from ppsim.sim.summary import Summary, step_parts, summarize
 from ppsim.sim.timing import Link, StageTable
 
@@ -175,7 +175,7 @@ class Engine:
             if kind == B and not self.woken[r]:
                 ready = copies.reload_end(r, st, a.microbatch, now)
                 if ready > now:  # its tensors are still on their way back
-                    self.wake(r, wake_time(now, ready))
+                    self.wake(r, now + wake_delay(now, ready))
                     return
             self.woken[r] = False
             if kind == F:

@@ -47,7 +47,7 @@ from simpy.events import URGENT
 from ppsim.pipeline.placement import Topology
 from ppsim.pipeline.problem import Problem
 from ppsim.schedules.generators import Action, B, F
-from ppsim.sim.copies import CopyStreams, offloads
+from ppsim.sim.copies import CopyStreams, offloads, wake_delay
 from ppsim.sim.engine import Op, RankRun, Records, Simulation, Transfer, finished
 from ppsim.sim.shared import SharedResource
 from ppsim.sim.timing import compile_schedule, p2p_link, stage_table
@@ -169,7 +169,7 @@ class _Model:
                 if ready > self.env.now:  # its offloaded tensors are still on their way
                     # The wait is scheduled before the device plans its next completion,
                     # as the heap engine pushes the wake-up before it replans the device.
-                    wait = self.env.timeout(ready - self.env.now)
+                    wait = self.env.timeout(wake_delay(self.env.now, ready))
                     if i and not waited:
                         dev.replan()
                     yield wait

@@ -3,6 +3,7 @@ late copies stall the backward, and no offload leaves every engine as it was."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from helpers import random_problems, uniform_problem
@@ -20,7 +21,7 @@ from ppsim.policy.report import copy_events
 from ppsim.policy.search import RESIMULATED, SpaceBest, resimulated
 from ppsim.policy.setup import policy_costs
 from ppsim.sim import simpy_engine
-from ppsim.sim.copies import estimated
+from ppsim.sim.copies import estimated, wake_delay
 from ppsim.sim.evaluate import evaluate
 from ppsim.sim.simulate import simulate
 from ppsim.sim.timing import compile_schedule, op_table
@@ -223,3 +224,18 @@ def test_free_copies_keep_the_offloaded_tensors_off_the_device() -> None:
         assert sim.timeline.ops == simulate(plain).timeline.ops
         # Rank 0 holds 2 microbatches under 1F1B on 2 ranks, each 750,000 bytes.
         assert sim.summary.ranks[0].peak_activation_bytes == 2 * 750_000
+
+
+def test_a_woken_backward_never_starts_before_its_reload_ends() -> None:
+    now, ready = 17.490470923116597, 101.3455145796802
+    assert now + (ready - now) < ready  # the plain difference rounds below `ready`
+    delay = wake_delay(now, ready)
+    assert now + delay >= ready > now + math.nextafter(delay, -math.inf)
+
+
+@given(st.floats(0, 1e6), st.floats(0, 1e6))
+def test_the_wake_delay_is_the_least_that_reaches_ready(a, b):
+    now, ready = min(a, b), max(a, b)
+    delay = wake_delay(now, ready)
+    assert now + delay >= ready
+    assert now + math.nextafter(delay, -math.inf) < ready or delay == ready - now
