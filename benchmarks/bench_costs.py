@@ -27,8 +27,9 @@ from typing import Any
 
 import torch
 
+from ppsim.config.model import ARCH_FIELDS, model_fields
 from ppsim.config.presets import MODEL_PRESETS
-from ppsim.config.schema import ARCH_FIELDS, hardware_config, model_fields
+from ppsim.config.schema import hardware_config
 from ppsim.costs.costfile import cost_document
 from ppsim.costs.transformer import (
     Architecture,
@@ -56,7 +57,7 @@ def measurable(fields: dict) -> bool:
 
 def scaled(name: str) -> dict:
     """A preset's fields with its layer shape scaled down (widths / 64, heads / 8, s = 64,
-    at most 8 experts over s = 512 tokens, so the busiest expert's padding stays small),
+    at most 8 experts over s = 512 tokens, so every expert gets tokens),
     ratios, norm, positions, MLP and layer kinds kept. tiny-gpt is small already."""
     f = model_fields({"preset": name, "tp": 1})
     if name == "tiny-gpt":
@@ -92,8 +93,7 @@ def saved_layer_bytes(fields: dict) -> tuple[int, int]:
 
 def memory_check() -> list[dict]:
     """Each preset's layer (scaled) as the executor runs it against the analytic bytes:
-    within 2 % for dense layers, 10 % for MoE (the dropless dispatch pads every expert
-    to the busiest one)."""
+    within 2 % for dense and MoE layers."""
     rows = []
     for name, raw in MODEL_PRESETS.items():
         if not measurable(raw):

@@ -20,7 +20,8 @@ from collections.abc import Callable
 
 import torch
 
-from ppsim.config.schema import load_config, model_fields
+from ppsim.config.model import model_fields
+from ppsim.config.schema import load_config
 from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.builders.stage import Stage
 from ppsim.executor.profile import Profiler

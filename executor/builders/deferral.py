@@ -4,8 +4,8 @@ While `WeightGradStore.deferring` is set, a backward through a deferring
 matmul computes only the input gradient and queues the weight-gradient matmul
 under the current key; the W action runs the queue later. ppsim turns every
 `nn.Linear` inside a user's modules into `DeferringLinear` (same parameters,
-only `forward` differs), so a builder writes plain torch. Batched expert
-matmuls use `grouped_mm`, which defers the same way. Norm and embedding
+only `forward` differs), so a builder writes plain torch. Expert matmuls use
+`segmented_mm`, which defers the same way. Norm and embedding
 weights (cheap, elementwise) still get their gradients in B, as in Megatron's
 zero-bubble implementation.
 """
@@ -121,30 +121,45 @@ def defer_linears(module: nn.Module) -> int:
     return n
 
 
-class _GroupedFn(torch.autograd.Function):
+def _segments(x: torch.Tensor, weight: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """Rows of x grouped by expert (counts[e] rows for expert e) times their expert's
+    matrix: (n, a) x (E, a, b) -> (n, b)."""
+    return torch.cat([xs @ weight[e] for e, xs in enumerate(x.split(counts))])
+
+
+class _SegmentedFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        ctx.weight = weight
-        return torch.bmm(x, weight)
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor,
+                counts: list[int]) -> torch.Tensor:
+        ctx.save_for_backward(x)  # the tokens once: no padding, no per-expert copy
+        ctx.weight, ctx.counts = weight, counts
+        return _segments(x, weight, counts)
 
     @staticmethod
-    def backward(ctx: Any, gy: torch.Tensor) -> tuple[Any, Any]:
+    def backward(ctx: Any, gy: torch.Tensor) -> tuple[Any, Any, None]:
         (x,) = ctx.saved_tensors
-        x, gy, weight = x.detach(), gy.detach(), ctx.weight
-        gx = torch.bmm(gy, weight.transpose(1, 2)) if ctx.needs_input_grad[0] else None
+        x, gy, weight, counts = x.detach(), gy.detach(), ctx.weight, ctx.counts
+        gx = _segments(gy, weight.transpose(1, 2), counts) if ctx.needs_input_grad[0] \
+            else None
+
+        def grads() -> torch.Tensor:
+            return torch.stack([xs.T @ gs for xs, gs in zip(x.split(counts), gy.split(counts),
+                                                           strict=True)])
+
+        if not ctx.needs_input_grad[1]:
+            return gx, None, None
         if not WeightGradStore.deferring:
-            return gx, torch.bmm(x.transpose(1, 2), gy)
+            return gx, grads(), None
 
         def weight_grad() -> None:
-            _accumulate(weight, torch.bmm(x.transpose(1, 2), gy))
+            _accumulate(weight, grads())
 
         _defer(weight_grad, x, gy)
-        return gx, None
+        return gx, None, None
 
 
-def grouped_mm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """(E, n, a) @ (E, a, b): one matmul per expert, batched; weight grads deferrable."""
-    if WeightGradStore.enabled and torch.is_grad_enabled() and weight.requires_grad:
-        return _GroupedFn.apply(x, weight)
-    return torch.bmm(x, weight)
+def segmented_mm(x: torch.Tensor, weight: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """Dropless grouped GEMM: (n, a) rows sorted by expert, counts[e] of them for expert e,
+    times (E, a, b) -> (n, b), as Megatron's grouped GEMM runs it (no expert padded to the
+    busiest); keeps only x for the backward; weight grads deferrable."""
+    return _SegmentedFn.apply(x, weight, counts)

@@ -6,9 +6,9 @@ runs the model the cost model describes: `norm` (RMSNorm, or LayerNorm),
 and the layer kinds of `layers` ("dense*3, moe*5"; all MoE when num_experts >
 0 and no kinds are given). A MoE layer has `num_experts` experts of width
 `moe_ffn_hidden_size`, routes each token to its `top_k` (softmax router in
-fp32, weights renormalised over the chosen k, no auxiliary loss), runs them as
-batched matmuls over an experts dimension (tokens grouped by expert into one
-(experts, capacity, hidden) tensor padded to the busiest expert: dropless), and
+fp32, weights renormalised over the chosen k, no auxiliary loss), runs them as a
+dropless grouped GEMM (each (token, slot) pair once, sorted by expert, no expert
+padded to the busiest: deferral.segmented_mm), and
 adds `shared_experts` always-on experts (as one MLP of their summed width,
 which is the same function). MLA attention and dropout are not built.
 """
@@ -26,7 +26,7 @@ from torch import nn
 from ppsim.costs.transformer import Architecture, layer_kinds
 from ppsim.errors import UserError
 from ppsim.executor.builders.common import DTYPES, Head, init_normal, stage_loss, token_microbatch
-from ppsim.executor.builders.deferral import grouped_mm
+from ppsim.executor.builders.deferral import segmented_mm
 from ppsim.executor.builders.stage import AttentionCore
 
 _ARCH = {f.name for f in fields(Architecture)}
@@ -171,7 +171,7 @@ class MLP(nn.Module):
 
 
 class MoE(nn.Module):
-    """Top-k routed experts as batched matmuls, plus the shared experts."""
+    """Top-k routed experts as a dropless grouped GEMM, plus the shared experts."""
 
     def __init__(self, s: LlamaShape) -> None:
         super().__init__()
@@ -185,10 +185,11 @@ class MoE(nn.Module):
         self.down = nn.Parameter(torch.empty(e, f, h))
         self.shared = MLP(h, f * a.shared_experts, a.gated_mlp) if a.shared_experts else None
 
-    def _experts(self, buf: torch.Tensor) -> torch.Tensor:
-        up = grouped_mm(buf, self.up)
-        act = F.gelu(up) if self.gate is None else F.silu(grouped_mm(buf, self.gate)) * up
-        return grouped_mm(act, self.down)
+    def _experts(self, pairs: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        up = segmented_mm(pairs, self.up, counts)
+        act = F.gelu(up) if self.gate is None else \
+            F.silu(segmented_mm(pairs, self.gate, counts)) * up
+        return segmented_mm(act, self.down, counts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape
@@ -198,16 +199,12 @@ class MoE(nn.Module):
         weight, expert = torch.topk(probs, self.top_k, dim=-1)
         weight = (weight / weight.sum(-1, keepdim=True)).to(x.dtype)
         flat = expert.reshape(-1)  # (n * k,) expert of each (token, slot)
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=e)
-        starts = torch.cumsum(counts, 0) - counts
-        slot = torch.empty_like(flat)
-        slot[order] = torch.arange(flat.numel(), device=x.device) - starts[flat[order]]
-        capacity = int(counts.max().item())
-        token_of = torch.arange(n, device=x.device).repeat_interleave(self.top_k)
-        buf = tokens.new_zeros(e, capacity, h).index_put((flat, slot), tokens[token_of])
-        y = self._experts(buf)
-        out = (y[flat, slot] * weight.reshape(-1, 1)).view(n, self.top_k, h).sum(1)
+        order = torch.argsort(flat, stable=True)  # the pairs grouped by expert
+        counts = torch.bincount(flat, minlength=e).tolist()
+        y = self._experts(tokens[order // self.top_k], counts)
+        back = torch.empty_like(order)
+        back[order] = torch.arange(order.numel(), device=x.device)
+        out = (y[back] * weight.reshape(-1, 1)).view(n, self.top_k, h).sum(1)
         if self.shared is not None:
             out = out + self.shared(tokens)
         return out.view(b, t, h)

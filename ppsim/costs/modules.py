@@ -30,9 +30,9 @@ OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_nor
 _DROPS = {
     "core_attn": ("attn.lse",),  # q, k, v are the checkpoint's inputs; out_proj keeps out
     "mlp": ("mlp.fc1_out", "mlp.act_mid", "mlp.act_out"),
-    "moe": ("router.probs", "experts.fc1_in", "experts.fc1_out", "experts.act_mid",
-            "experts.act_out", "experts.out", "shared.fc1_out", "shared.act_mid",
-            "shared.act_out"),
+    "moe": ("router.probs", "router.indices", "experts.fc1_in", "experts.fc1_out",
+            "experts.act_mid", "experts.act_out", "experts.out", "shared.fc1_out",
+            "shared.act_mid", "shared.act_out"),
     "moe_act": ("experts.act_mid", "experts.act_out"),
     "layernorm": ("norm1.out", "norm1.stats", "norm2.out", "norm2.stats"),
     "mla_up_proj": ("attn.q", "attn.k", "attn.v"),
@@ -106,6 +106,9 @@ def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
     else:
         pairs = tok * a.top_k
         t["router.probs"] = 2 * tok * a.num_experts * 4  # logits and probabilities, fp32
+        # int64 indices: each token's top-k, and the permutations that sort the pairs by
+        # expert and back (the dispatch's and the combine's backward gathers by them)
+        t["router.indices"] = 3 * pairs * 8
         t["experts.fc1_in"] = pairs * h * w  # the dispatched tokens
         t.update(_mlp_tensors(a, "experts", pairs, a.moe_ffn_hidden_size))
         t["experts.out"] = pairs * h * w  # weighted in the combine

@@ -72,9 +72,7 @@ def test_gdn_keeps_the_cost_models_bytes_but_the_chunk_matrix(seq_length: int) -
 def test_mlp_and_moe_layers_keep_the_cost_models_bytes(index: int, kind: str) -> None:
     arch = parse_model({"preset": "tiny-hybrid"}).arch  # type: ignore[union-attr]
     want = kind_activation_bytes(arch, kind)
-    # MoE: the padded dispatch of the Llama builder's MoE (10 % as test_executor_policy)
-    slack = 0.02 if kind == "mlp" else 0.10
-    assert abs(_kept(TINY, index) - want) <= slack * want
+    assert abs(_kept(TINY, index) - want) <= 0.02 * want
 
 
 def test_attention_keeps_the_cost_models_bytes_and_the_layout_copy() -> None:
