@@ -275,7 +275,7 @@ def measure_concurrent(fields: dict[str, Any], devices: list[int], repeats: int,
     try:
         results = spawn_results(_worker, (free_port(), fields, repeats, warmup,
                                           microbatches, threads, out, plan), n,
-                                [f"{out}.{r}" for r in range(n)])
+                                [f"{out}.{r}" for r in range(n)], device_kind=device_kind)
     finally:
         for path in [out] + [f"{out}.{r}" for r in range(n)]:
             if os.path.exists(path):

@@ -8,7 +8,8 @@ start-up to the rendezvous. The child is torchrun's own `main()`, in a new
 session as `subprocess.Popen(start_new_session=True)` would start it, its
 stdout and stderr one pipe this process reads; `ForkedProcess` offers the part
 of Popen's interface `run_torchrun` uses (the e2e tests fork `ppsim` itself so).
-Nothing here touches CUDA: the ranks torchrun forks initialise it afresh.
+torchrun's process uses no CUDA; with `--device cuda` its ranks are exec'd
+(launch.rank_start), since ppsim run has touched the driver by then.
 """
 
 from __future__ import annotations

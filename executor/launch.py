@@ -2,12 +2,12 @@
 
 ppsim never starts ranks itself: it writes the run spec (ppsim.executor.runspec)
 into the run's folder and runs `python -P -m torch.distributed.run` (torchrun),
-which forks each rank and runs the worker script in it (`--start-method fork
---run-path`): a rank starts with torch already imported, which is most of a
-small run's start-up. torchrun's own process never touches CUDA, so a forked
-rank initialises it afresh. It reads the rank-0 worker's `ppsim-progress` lines
-to drive a progress bar. The printed launch and the Slurm script start each rank
-as `python -P -u -m ppsim.executor.worker --spec PATH` instead, plain torchrun.
+which on CPU forks each rank and runs the worker script in it (`--start-method
+fork --run-path`): a rank starts with torch already imported, which is most of a
+small run's start-up. With CUDA (`rank_start`), and in the printed launch and the
+Slurm script, torchrun starts each rank as `python -P -u -m ppsim.executor.worker
+--spec PATH` instead. It reads the rank-0 worker's `ppsim-progress` lines to drive
+a progress bar.
 `-P` (Python >= 3.11) keeps the working directory off the import path, so a
 user's folder named `ppsim`, `executor` or `torch` is never imported instead.
 
@@ -50,8 +50,8 @@ def worker_command(spec_path: str, python: str = sys.executable) -> list[str]:
 
 
 def forked_worker(spec_path: str) -> list[str]:
-    """How `ppsim run`'s torchrun starts each rank: forked from torchrun, the worker script
-    run in it."""
+    """How `ppsim run`'s torchrun starts each rank by default on CPU: forked from torchrun,
+    the worker script run in it."""
     import importlib.util
 
     script = importlib.util.find_spec("ppsim.executor.worker").origin  # type: ignore[union-attr]
@@ -79,7 +79,15 @@ def torchrun_args(args: argparse.Namespace, store: tuple[str, int] | None = None
 def torchrun_argv(args: argparse.Namespace, spec_path: str,
                   store: tuple[str, int] | None = None) -> list[str]:
     """torchrun's command line, after `torchrun`, as `ppsim run` runs it."""
-    return [*torchrun_args(args, store), *forked_worker(spec_path)]
+    ranks = forked_worker(spec_path) if rank_start(args) == "fork" else \
+        worker_command(spec_path)
+    return [*torchrun_args(args, store), *ranks]
+
+
+def rank_start(args: argparse.Namespace) -> str:
+    """--rank-start, or its default: fork on CPU; exec with CUDA, where ppsim run has
+    touched the driver (a forked process could not use it) and start-up is not the cost."""
+    return getattr(args, "rank_start", None) or ("exec" if args.device == "cuda" else "fork")
 
 
 def launch_command(args: argparse.Namespace, spec_path: str,

@@ -356,7 +356,7 @@ def measure_p2p(device_kind: str, sizes: list[int], rounds: int = 20) -> dict[st
     os.unlink(out)  # the worker creates it: its existence says the result is whole
     try:
         res = spawn_results(_p2p_worker, (free_port(), sizes, rounds, out, device_kind), 2,
-                            [out])[0]
+                            [out], device_kind=device_kind)[0]
     finally:
         if os.path.exists(out):
             os.unlink(out)

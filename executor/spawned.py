@@ -18,7 +18,7 @@ from typing import Any
 
 
 def spawn_results(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int,
-                  paths: list[str]) -> list[Any]:
+                  paths: list[str], *, device_kind: str = "cpu") -> list[Any]:
     """Run `fn(rank, *args)` in `nprocs` processes and read `paths` (the results they
     write with ppsim.fileio.write_json_atomic). A process that died after every result
     was written is reported on stderr and tolerated; any other failure is raised."""
@@ -27,7 +27,7 @@ def spawn_results(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int,
 
     try:
         mp.start_processes(fn, args=args, nprocs=nprocs, join=True,
-                           start_method=start_method(torch.cuda.is_initialized()))
+                           start_method=start_method(device_kind, torch.cuda.is_initialized()))
     except mp.ProcessExitedException as exc:
         if not all(os.path.exists(p) for p in paths):
             raise
@@ -40,11 +40,11 @@ def spawn_results(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int,
     return results
 
 
-def start_method(cuda_initialized: bool) -> str:
-    """fork: each process starts with this one's imports (torch: 1.7 s of CPU each
-    under spawn). A process that has initialised CUDA cannot fork one that uses it:
-    spawn then."""
-    return "spawn" if cuda_initialized else "fork"
+def start_method(device_kind: str, cuda_initialized: bool) -> str:
+    """fork on CPU: each process starts with this one's imports (torch: 1.7 s of CPU
+    each under spawn). spawn where the processes use CUDA (a process that has touched
+    the driver, even to count devices, cannot fork one that does) or this one has."""
+    return "spawn" if device_kind == "cuda" or cuda_initialized else "fork"
 
 
 def free_port() -> int:

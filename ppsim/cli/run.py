@@ -45,6 +45,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="print the torchrun command and a Slurm sbatch script; run nothing")
     r = p.add_argument_group("run")
     r.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    r.add_argument("--rank-start", choices=("fork", "exec"),
+                   help="how torchrun starts each rank: fork (torch imported once; the "
+                   "default on CPU) or exec (an interpreter per rank, as --print-launch's "
+                   "torchrun; the default with --device cuda)")
     r.add_argument("--engine", choices=("ppsim", "torch"), default="ppsim",
                    help="ppsim's runtime, or torch.distributed.pipelining's schedules")
     r.add_argument("--iterations", type=int, default=3, metavar="N")
@@ -324,7 +328,8 @@ def _launch(args: argparse.Namespace, problem: Any, store: Any) -> Any:
                                     store.endpoint if store else None)
         return launch.run_torchrun(argv, progress, env_extra=env,
                                    close_fds=[store.listen_fd] if store else [],
-                                   preload=rank_imports(args))
+                                   preload=rank_imports(args)
+                                   if launch.rank_start(args) == "fork" else [])
 
 
 def _report_failure(out: Any) -> None:

@@ -302,7 +302,9 @@ def _two_nodes(tmp_path: Path, *extra: str) -> list[tuple[int, str, str, float]]
         cmd = [sys.executable, "-m", "ppsim.cli", "run", "--nnodes", "2", "--node-rank",
                str(node), "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
                "--master-port", port, "--microbatches", "4", "--iterations", "2",
-               "--trace-dir", str(tmp_path / f"node{node}"), "--timeout-s", "30", *extra]
+               "--trace-dir", str(tmp_path / f"node{node}"), "--timeout-s", "30",
+               # an interpreter per rank, as with --device cuda: that path runs for real
+               "--rank-start", "exec", *extra]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     out = []

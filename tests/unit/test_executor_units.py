@@ -355,6 +355,14 @@ def test_ranks_start_from_the_spec_with_the_working_directory_off_the_path() -> 
     printed = launch.worker_command("out/run-spec.json", "python")
     assert printed == ["--no-python", "python", "-P", "-u", "-m", "ppsim.executor.worker",
                        "--spec", "out/run-spec.json"]
+    # with CUDA (or --rank-start exec) an interpreter per rank, as the printed launch
+    for device, start in (("cuda", None), ("cpu", "exec")):
+        args.device, args.rank_start = device, start
+        cmd = launch.launch_command(args, "out/run-spec.json")
+        assert "--start-method" not in cmd
+        assert cmd[cmd.index("--no-python") + 1:] == [
+            sys.executable, "-P", "-u", "-m", "ppsim.executor.worker", "--spec",
+            "out/run-spec.json"]
 
 
 def test_print_launch_shows_torchrun_and_sbatch(capsys) -> None:

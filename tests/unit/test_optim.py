@@ -65,5 +65,6 @@ def test_a_step_does_not_import_dynamo() -> None:
 def test_measurements_fork_unless_cuda_is_initialised() -> None:
     from ppsim.executor.spawned import start_method
 
-    assert start_method(cuda_initialized=False) == "fork"
-    assert start_method(cuda_initialized=True) == "spawn"
+    assert start_method("cpu", cuda_initialized=False) == "fork"
+    assert start_method("cpu", cuda_initialized=True) == "spawn"
+    assert start_method("cuda", cuda_initialized=False) == "spawn"
