@@ -1,9 +1,10 @@
 """The planner's memory-policy search for the TUI's current state (no Textual here).
 
 `P` plans the split and the memory policy together, as `ppsim plan --search
-policy-per-stage` does for one chunk per rank (each stage its cheapest policy that
-fits, ppsim.policy.search.plan_per_stage) and as `--search policy` does with chunks
-(one Megatron-expressible policy for every stage). The answer is a proposal: an
+policy-per-stage` does: for one chunk per rank each stage its cheapest policy that
+fits (ppsim.policy.search.plan_per_stage); with chunks the Megatron-expressible
+space's best split, each rank's chunks then given their fastest fitting policy
+(refine_per_rank). The answer is a proposal: an
 EditState with the planner's split and per-stage policies, accepted or dismissed
 like the split planner's.
 """
@@ -15,7 +16,7 @@ from dataclasses import replace
 from ppsim.config.overrides import with_overrides
 from ppsim.config.schema import Config
 from ppsim.pipeline.problem import build_problem
-from ppsim.policy.search import SpaceBest, plan_megatron, plan_per_stage
+from ppsim.policy.search import SpaceBest, plan_megatron, plan_per_stage, refine_per_rank
 from ppsim.policy.setup import policy_costs
 from ppsim.tui.session import EditState, config_for, state_with_split
 from ppsim.tui.text import counts_text
@@ -27,14 +28,15 @@ BUDGET_S = 5.0
 def plan_policy(base: Config, state: EditState, budget_s: float = BUDGET_S) -> SpaceBest:
     """The best split with its memory policy for the state's shape (UserError for a
     model without op lists): per stage with one chunk per rank, else the
-    Megatron-expressible space seeded with the current and the even split."""
+    Megatron-expressible space seeded with the current and the even split, refined
+    per rank."""
     cfg = with_overrides(config_for(base, replace(state, policies=())), split={})
     problem = build_problem(cfg)
     pc = policy_costs(cfg)
     if problem.split.vpp == 1:
         return plan_per_stage(problem, pc, budget_s)
     seeds = list(dict.fromkeys([tuple(state.counts), tuple(problem.split.counts)]))
-    return plan_megatron(problem, pc, budget_s, seeds)
+    return refine_per_rank(problem, pc, plan_megatron(problem, pc, budget_s, seeds))
 
 
 def proposed_state(state: EditState, best: SpaceBest) -> EditState | None:

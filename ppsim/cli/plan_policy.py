@@ -19,12 +19,18 @@ from ppsim.pipeline.problem import build_problem
 from ppsim.plan.planner import PlanResult
 from ppsim.policy.megatron import PolicyExport
 from ppsim.policy.report import policy_flags
-from ppsim.policy.search import SpaceBest, plan_global, plan_megatron, plan_per_stage
+from ppsim.policy.search import (
+    PER_RANK,
+    SpaceBest,
+    plan_global,
+    plan_megatron,
+    plan_per_stage,
+    refine_per_rank,
+    space_key,
+)
 from ppsim.policy.setup import policy_costs
 
 POLICY_AXES = ("policy", "policy-per-stage")
-PER_STAGE_CHUNKS = ("not searched: the per-stage space prices each stage alone, which needs "
-                    "one chunk per rank (vpp 1)")
 SHARES = {"global": 0.3, "per-stage": 0.3}
 """Parts of the time budget the per-stage and global spaces get; the Megatron space
 plans with what they leave (less a margin for the output)."""
@@ -65,8 +71,8 @@ def search_spaces(cfg: Config, axes: list[str], budget_s: float, started: float
     even = problem.split.counts
     meg = plan_megatron(problem, pc, left(0.75), _splits(*(x for x in (ps, glob) if x)) + [
         even])
-    if "policy-per-stage" in axes and not per_stage:
-        ps = SpaceBest(space="per-stage", result=None, label=PER_STAGE_CHUNKS)
+    if "policy-per-stage" in axes and not per_stage:  # several chunks per rank
+        ps = refine_per_rank(problem, pc, min((meg, glob), key=space_key))
     return [glob, meg] + ([ps] if ps else [])
 
 
@@ -141,6 +147,9 @@ def print_spaces(spaces: list[SpaceBest]) -> int:
             continue
         if sb.space != "per-stage":
             console.print(f"{sb.space} policy: {sb.label}", markup=False)
+        elif sb.label == PER_RANK:  # several chunks per rank: not a search over splits
+            console.print(f"per-stage: {PER_RANK}: each rank's chunks their fastest policy "
+                          "that fits", markup=False)
         if sb.copies:
             console.print(f"{sb.space}: {sb.copies}", markup=False)
         if sb.space == "global":
@@ -153,7 +162,8 @@ def print_spaces(spaces: list[SpaceBest]) -> int:
             shlex.join(ex.megatron_flags) or "none needed")
         console.print(f"{sb.space} Megatron policy flags: {flags}"
                       + (f" ({'; '.join(ex.notes)})" if ex.notes else "")
-                      + f"; runs on: {', '.join(ex.frameworks)}", markup=False, soft_wrap=True)
+                      + f"; runs on: {', '.join(ex.frameworks) or 'none of them as given'}",
+                      markup=False, soft_wrap=True)
     if not any(s.result and s.result.best for s in spaces):
         return EXIT_NO_FIT
     return 0

@@ -116,12 +116,14 @@ def _fixed(problem: Problem, pc: PolicyCosts, policies: tuple[StagePolicy, ...])
     return replace(problem, costs=pc.base, memory=Fixed(costs=pc, policies=policies))
 
 
-def _key(r: PlanResult | None) -> tuple[float, int]:
+def space_key(sb: SpaceBest) -> tuple[float, int]:
+    """(iteration ms, peak bytes) of a space's best; inf when it has none."""
+    r = sb.result
     return r.best.key if r is not None and r.best is not None else (float("inf"), 0)
 
 
 def _better(a: SpaceBest | None, b: SpaceBest) -> SpaceBest:
-    return b if a is None or _key(b.result) < _key(a.result) else a
+    return b if a is None or space_key(b) < space_key(a) else a
 
 
 def per_rank(p: StagePolicy, pp: int, stages: int, delta: float) -> tuple[StagePolicy, ...]:
@@ -238,6 +240,58 @@ def plan_per_stage(problem: Problem, pc: PolicyCosts, budget_s: float) -> SpaceB
     policies = chosen_policies(r)
     return resimulated(SpaceBest(space="per-stage", result=r, policies=policies,
                                  label="per stage", proven=r.proven_optimal))
+
+
+PER_RANK = "per rank, on the best split found"
+"""The per-stage space's label with several chunks per rank (refine_per_rank)."""
+
+
+def refine_per_rank(problem: Problem, pc: PolicyCosts, start: SpaceBest) -> SpaceBest:
+    """The per-stage space with several chunks per rank: a rank's memory is the sum of its
+    chunks', so stages are not priced alone. The best split found (`start`'s) is kept
+    and each rank's chunks take the policy, of the groups, of each N, or the one they
+    had, that gives the rank the least F + B time while it fits in memory: the best
+    per-rank choice for that split (recompute and copies only lengthen ops), not a
+    search over splits, so never proven. Never slower than `start`: it is kept when
+    the refined policies simulate slower."""
+    r = start.result
+    if r is None or r.best is None:
+        return SpaceBest(space="per-stage", result=None, label=PER_RANK)
+    split = r.best.split
+    counts, S = split.counts, split.num_stages
+    search = SplitSearch(replace(problem.with_split(split), memory=None))
+    offsets = [sum(counts[:k]) for k in range(S)]
+    options = module_groups(pc, pc.host_link_gbps > 0) + [
+        StagePolicy(recompute_layers=n) for n in range(1, max(counts) + 1)]
+    chosen = list(start.policies)
+    for rank, stages in enumerate(search.rank_stages):
+        best_ms = None
+        for option in [None, *options]:  # None: the chunks keep what they had
+            pols = [chosen[k] if option is None else option for k in stages]
+            rc = [estimated(pc.stage_cost(pol, offsets[k], counts[k], k == 0, k == S - 1,
+                                          search.receives[k]))
+                  for pol, k in zip(pols, stages, strict=True)]
+            if sum(c.static_bytes for c in rc) + search.rank_peak(rank, rc) > search.memory:
+                continue
+            ms = sum(c.forward_ms + c.backward_ms for c in rc)
+            if best_ms is None or ms < best_ms - 1e-9:
+                best_ms = ms
+                for k, pol in zip(stages, pols, strict=True):
+                    chosen[k] = pol
+    policies = tuple(chosen)
+    fixed = replace(problem.with_split(split), costs=pc.base,
+                    memory=Fixed(costs=pc, policies=policies))
+    if not host_fits(fixed, policies):
+        return replace(start, space="per-stage", label=PER_RANK, proven=False)
+    summary = simulate(fixed, record=False).summary
+    if (summary.iteration_time_ms, summary.peak_memory_bytes) >= r.best.key or not all(
+            rs.fits for rs in summary.ranks):
+        return replace(start, space="per-stage", label=PER_RANK, proven=False)
+    best = replace(r.best, summary=summary)
+    out = replace(r, best=best, candidates=[best], problem=replace(r.problem, memory=Fixed(
+        costs=pc, policies=policies)))
+    return SpaceBest(space="per-stage", result=out, policies=policies, label=PER_RANK,
+                     copies=RESIMULATED if any(p.offloads for p in policies) else "")
 
 
 def chosen_policies(r: PlanResult) -> tuple[StagePolicy, ...]:

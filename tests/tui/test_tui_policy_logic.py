@@ -243,16 +243,17 @@ def test_the_export_carries_megatron_policy_flags_only_when_megatron_can_run_it(
     assert "MEGATRON_POLICY_ARGS" not in export_text(problem.split)
 
 
-def test_with_chunks_the_policy_plan_is_one_megatron_setting_for_every_stage() -> None:
+def test_with_chunks_the_policy_plan_is_per_rank_on_the_megatron_split() -> None:
+    from ppsim.policy.search import PER_RANK, space_key
     from ppsim.tui.policy_plan import plan_policy
 
     cfg = with_overrides(preset_config("llama3-70b", 4, 8, 2, "interleaved-1f1b"),
                          memory_bytes=62e9)
     s = state_from_config(cfg)
     best = plan_policy(cfg, s, budget_s=1.0)
-    assert best.space == "megatron"
+    assert best.space == "per-stage" and best.label == PER_RANK
     prop = proposed_state(s, best)
     assert prop is not None and len(prop.policies) == 8 and prop.vpp == 2
-    assert len({(p.recompute_modules, p.recompute_layers) for p in prop.policies}) == 1
     sim = evaluate_state(cfg, prop).sim
     assert all(r.fits for r in sim.summary.ranks)
+    assert sim.summary.iteration_time_ms == pytest.approx(space_key(best)[0])

@@ -149,3 +149,36 @@ def test_plan_with_a_configured_policy_exports_it(mode: str, flags, capsys) -> N
         assert "--recompute-num-layers" in best["megatron_note"]
     else:
         assert best["megatron_flags"].endswith(flags)
+
+
+def _chunked(memory_bytes: float):
+    from ppsim.config.schema import config_from_dict
+    from ppsim.pipeline.problem import build_problem
+    from ppsim.policy.setup import policy_costs
+
+    cfg = config_from_dict({"model": {"preset": "llama3-8b", "num_layers": 8},
+                            "pipeline": {"pp": 2, "vpp": 2, "microbatches": 8,
+                                         "schedule": "interleaved-1f1b"},
+                            "hardware": {"preset": "h100-80gb", "memory_bytes": memory_bytes}})
+    return build_problem(cfg), policy_costs(cfg)
+
+
+def test_with_two_chunks_per_rank_each_rank_gets_its_fastest_fitting_policy() -> None:
+    """pp 2 vpp 2 at 34 GB: `full` is the best single global mode; with each rank's
+    chunks given their own policy, the rank with room recomputes nothing."""
+    from ppsim.policy.search import PER_RANK, plan_global, refine_per_rank, space_key
+
+    problem, pc = _chunked(34e9)
+    start = plan_global(problem, pc, 2.0)
+    assert start.label == "full"
+    got = refine_per_rank(problem, pc, start)
+    assert got.space == "per-stage" and got.label == PER_RANK and not got.proven
+    assert space_key(got)[0] < 0.95 * space_key(start)[0]
+    assert got.result is not None and got.result.best is not None
+    assert got.result.best.split == start.result.best.split  # the split is kept
+    assert all(r.fits for r in got.result.best.summary.ranks)
+    by_rank = [{got.policies[s] for s in range(4) if s % 2 == r} for r in range(2)]
+    assert by_rank[0] != by_rank[1]  # the ranks differ: Megatron could not say it
+    roomy_problem, roomy_pc = _chunked(1e15)  # nothing to gain: the start comes back
+    roomy = plan_global(roomy_problem, roomy_pc, 2.0)
+    assert space_key(refine_per_rank(roomy_problem, roomy_pc, roomy)) == space_key(roomy)
