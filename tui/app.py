@@ -30,6 +30,7 @@ from ppsim.tui.child import (
     evaluate_anywhere,
     uses_child,
 )
+from ppsim.tui.comm_lanes import comm_lanes
 from ppsim.tui.compare import Comparison, compare, delta_lines, needs_records, op_delta
 from ppsim.tui.copy_lanes import copy_lanes
 from ppsim.tui.editing import (
@@ -86,6 +87,7 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
         Binding("b", "pin", "Pin", show=False),
         Binding("B", "pin_typed", "Pin typed", show=False),
         Binding("v", "toggle_pinned", "Overlay", show=False),
+        Binding("C", "toggle_collectives", "Collectives", show=False),
         Binding("slash", "find", "Find"),
         Binding("n", "find_next", "Next match", show=False),
         Binding("escape", "escape", "Cancel", show=False),
@@ -110,6 +112,7 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
         self.proposal: EditState | None = None
         self.pinned: tuple[int, ...] | None = None
         self.show_pinned = False
+        self.show_collectives = True
         self.simulating = False
         self.planning: threading.Event | None = None
         self.find_query = ""
@@ -339,9 +342,11 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
                 self.comparison = compare(self.result.sim, self.trace)
             box.update("\n".join(self.comparison.lines()))
             box.add_class("-shown")
-        # the host copies of an offloading policy under their rank (ppsim.sim.copies)
-        copies = copy_lanes(self.result.sim)
-        self.query_one(Timeline).set_lanes(interleave(sim_l, copies, *others))
+        # the host copies of an offloading policy and the tp / cp / ep collectives inside
+        # the ops, under their rank (ppsim.sim.copies, ppsim.job.lanes)
+        sim = self.result.sim
+        comm = comm_lanes(sim) if self.show_collectives else []
+        self.query_one(Timeline).set_lanes(interleave(sim_l, copy_lanes(sim), comm, *others))
 
     # ------------------------------------------------------------ edits
 

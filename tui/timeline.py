@@ -30,9 +30,10 @@ from ppsim.tui.messages import CursorMoved
 
 GUTTER = 8
 KIND_CLASS = {"F": "timeline--forward", "B": "timeline--backward", "W": "timeline--weight",
-              "O": "timeline--copy", "R": "timeline--copy"}
+              "O": "timeline--copy", "R": "timeline--copy", "C": "timeline--comm"}
 SHADE_CLASS = {"F": "timeline--forward-late", "B": "timeline--backward-late",
-               "W": "timeline--weight-late", "O": "timeline--copy", "R": "timeline--copy"}
+               "W": "timeline--weight-late", "O": "timeline--copy", "R": "timeline--copy",
+               "C": "timeline--comm"}
 """Ops of a rank's later chunks (virtual stages) are drawn a shade darker."""
 MAX_CELLS = 2_000_000
 
@@ -56,7 +57,8 @@ class Timeline(ScrollView, can_focus=True):
     ]
     COMPONENT_CLASSES = {"timeline--forward", "timeline--backward", "timeline--weight",
                          "timeline--forward-late", "timeline--backward-late",
-                         "timeline--weight-late", "timeline--copy", "timeline--idle",
+                         "timeline--weight-late", "timeline--copy", "timeline--comm",
+                         "timeline--idle",
                          "timeline--cursor", "timeline--label", "timeline--ruler"}
 
     def __init__(self, *, id: str | None = None) -> None:

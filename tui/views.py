@@ -26,11 +26,13 @@ PANELS = ("#settings", "#split-rows", "#timeline", "#compare-box")
 
 
 class ViewActions:
-    """Undo/redo, help, panel keys, Escape, `b` pin, `B` pin a typed split, `v` overlay, `/`
-    find, `n` next match, `z` maximise the timeline (mixed into the App)."""
+    """Undo/redo, help, panel keys, Escape, `b` pin, `B` pin a typed split, `v` overlay, `C`
+    collectives lanes, `/` find, `n` next match, `z` maximise the timeline (mixed into the
+    App)."""
 
     pinned: tuple[int, ...] | None
     show_pinned: bool
+    show_collectives: bool
     find_query: str
     state: Any
 
@@ -124,6 +126,13 @@ class ViewActions:
     def action_toggle_pinned(self) -> None:
         self.show_pinned = not self.show_pinned
         self._show_timeline(recompare=False)
+
+    def action_toggle_collectives(self) -> None:
+        """The tp / cp / ep collectives' lanes under each rank, or not (pp 16 x tp 8:
+        twice the lanes)."""
+        self.show_collectives = not self.show_collectives
+        self._show_timeline(recompare=False)
+        self.notify("collectives lanes " + ("shown" if self.show_collectives else "hidden"))
 
     def action_find(self) -> None:
         self.push_screen(FindPrompt(self.find_query), self._find)

@@ -335,6 +335,8 @@ async def test_big_timeline_renders_only_visible_lines() -> None:
     app = PPSimApp(cfg)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
+        await pilot.press("C")  # the preset's tp collectives' lanes hidden
+        await settle(pilot)
         tl = app.query_one(Timeline)
         assert len(tl.lanes) == 16 and sum(len(lane.ops) for lane in tl.lanes) == 8192
         tl.focus()

@@ -63,6 +63,8 @@ async def test_offload_draws_the_host_copies_under_the_rank(size) -> None:
     app = llama()
     async with app.run_test(size=size) as pilot:
         await settle(pilot)
+        await pilot.press("C")  # the preset's tp collectives' lanes hidden
+        await settle(pilot)
         assert [lane.label for lane in app.query_one(Timeline).lanes] == \
             ["r0", "r1", "r2", "r3"]
         await pilot.press("down", "o")
