@@ -170,6 +170,17 @@ class MLP(nn.Module):
         return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
+class ExpertsFC1(nn.Module):
+    """The experts' first matmuls (gate and up) as a piece of their own, Megatron's
+    `expert_fc1`: what offloading it moves is the dispatched pairs they keep. It holds
+    no parameters: the MoE passes its expert stacks in."""
+
+    def forward(self, pairs: torch.Tensor, counts: list[int], up: torch.Tensor,
+                gate: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return (segmented_mm(pairs, up, counts),
+                None if gate is None else segmented_mm(pairs, gate, counts))
+
+
 class MoE(nn.Module):
     """Top-k routed experts as a dropless grouped GEMM, plus the shared experts."""
 
@@ -184,11 +195,11 @@ class MoE(nn.Module):
         self.up = nn.Parameter(torch.empty(e, h, f))
         self.down = nn.Parameter(torch.empty(e, f, h))
         self.shared = MLP(h, f * a.shared_experts, a.gated_mlp) if a.shared_experts else None
+        self.fc1 = ExpertsFC1()
 
     def _experts(self, pairs: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        up = segmented_mm(pairs, self.up, counts)
-        act = F.gelu(up) if self.gate is None else \
-            F.silu(segmented_mm(pairs, self.gate, counts)) * up
+        up, gate = self.fc1(pairs, counts, self.up, self.gate)
+        act = F.gelu(up) if gate is None else F.silu(gate) * up
         return segmented_mm(act, self.down, counts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -40,6 +40,7 @@ def _roles(layer: nn.Module) -> dict[str, list[nn.Module]]:
         out = {"attn_norm": [get("attn_norm")], "qkv_linear": [att.q, att.k, att.v],
                "core_attn": [att.core], "attn_proj": [att.o], "mlp_norm": [get("mlp_norm")],
                "mlp": [] if moe else [mlp], "moe": [mlp] if moe else [],
+               "expert_fc1": [mlp.fc1] if moe else [],
                "shared_experts": [mlp.shared] if moe and mlp.shared is not None else []}
     else:
         out = {"core_attn": [m for m in layer.modules() if isinstance(m, AttentionCore)]}

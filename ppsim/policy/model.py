@@ -19,7 +19,8 @@ from ppsim.errors import UserError
 EXECUTOR_RECOMPUTE = ("core_attn", "mlp", "moe", "shared_experts")
 """Recompute modules ppsim's executor runs (its builders' own submodules; "mlp" in the
 Llama-style layers, whose MLP is one module)."""
-EXECUTOR_OFFLOAD = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm")
+EXECUTOR_OFFLOAD = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm",
+                    "expert_fc1")
 """Offload modules ppsim's executor runs."""
 
 ALL_LAYERS = 1 << 30
