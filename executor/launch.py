@@ -1,13 +1,13 @@
 """Launching through torchrun: the command line, a Slurm script, and running it.
 
 ppsim never starts ranks itself: it writes the run spec (ppsim.executor.runspec)
-into the run's folder and runs `python -P -m torch.distributed.run` (torchrun),
-which on CPU forks each rank and runs the worker script in it (`--start-method
-fork --run-path`): a rank starts with torch already imported, which is most of a
-small run's start-up. With CUDA (`rank_start`), and in the printed launch and the
-Slurm script, torchrun starts each rank as `python -P -u -m ppsim.executor.worker
---spec PATH` instead. It reads the rank-0 worker's `ppsim-progress` lines to drive
-a progress bar.
+into the run's folder and runs torchrun (`torch.distributed.run`'s main, in a
+process forked from this one: ppsim.executor.forked). On CPU torchrun forks each
+rank and runs the worker script in it (`--start-method fork --run-path`), so a
+rank starts with torch already imported, which is most of a small run's start-up.
+With CUDA (`rank_start`), and in the printed launch and the Slurm script, torchrun
+starts each rank as `python -P -u -m ppsim.executor.worker --spec PATH` instead.
+It reads the rank-0 worker's `ppsim-progress` lines to drive a progress bar.
 `-P` (Python >= 3.11) keeps the working directory off the import path, so a
 user's folder named `ppsim`, `executor` or `torch` is never imported instead.
 
@@ -250,10 +250,9 @@ def run_torchrun(argv: list[str], on_progress: Callable[[dict], None], *,
                   on_progress)
 
 
-def follow(proc: Any, on_progress: Callable[[dict], None],
-           timeout_s: float | None = None) -> Outcome:
+def follow(proc: Any, on_progress: Callable[[dict], None]) -> Outcome:
     """Read a torchrun's output to its end (a Popen, or a ForkedProcess); stop it on
-    Ctrl-C, a timeout or an error."""
+    Ctrl-C or an error."""
     out = Outcome(0)
     tail: collections.deque[str] = collections.deque(maxlen=30)
     record_rank: int | None = None
@@ -285,11 +284,8 @@ def follow(proc: Any, on_progress: Callable[[dict], None],
                 elif (m := _RECORD_EXIT.match(line)) and record_rank is not None:
                     out.exits[record_rank] = int(m.group(1))
                     record_rank = None
-        out.returncode = proc.wait(timeout=timeout_s)
-    except (KeyboardInterrupt, subprocess.TimeoutExpired):
-        _stop(proc)
-        raise
-    finally:
+        out.returncode = proc.wait()
+    finally:  # Ctrl-C or an error while reading: never leave torchrun running
         if proc.poll() is None:
             _stop(proc)
     out.tail = list(tail)

@@ -106,6 +106,8 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
         self.result: Result | None = None
         self.trace: Any = None
         self._trace_lanes: tuple[Any, list] = (None, [])
+        self._under: list = []
+        """The lanes drawn under their rank's (ppsim.tui.child.Evaluation.under_lanes)."""
         self._lanes: tuple = ([], [])
         self.comparison: Comparison | None = None
         self.plan_result: Any = None
@@ -269,7 +271,7 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
             self.call_from_thread(self._sim_finished, token)
             return
         self.call_from_thread(self._apply, ev.result, token,
-                              (ev.lanes, ev.pinned_lanes, trace, ev.comparison))
+                              (ev.lanes, ev.pinned_lanes, trace, ev.comparison, ev.under_lanes))
 
     def _refused(self, message: str, token: int, field: str) -> None:
         """The core refused the state: go back to the last simulated one, say why."""
@@ -296,6 +298,7 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
         self._lanes = views[:2] if views else (sim_lanes(result.sim),
                                                pinned_lanes(result.pinned))
         self._lanes += (self._lanes[1], result.pinned)
+        self._under = views[4] if views else copy_lanes(result.sim) + comm_lanes(result.sim)
         recompare = not views or views[2] is not self.trace
         if not recompare:
             self.comparison = views[3]
@@ -343,10 +346,10 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
             box.update("\n".join(self.comparison.lines()))
             box.add_class("-shown")
         # the host copies of an offloading policy and the tp / cp / ep collectives inside
-        # the ops, under their rank (ppsim.sim.copies, ppsim.job.lanes)
-        sim = self.result.sim
-        comm = comm_lanes(sim) if self.show_collectives else []
-        self.query_one(Timeline).set_lanes(interleave(sim_l, copy_lanes(sim), comm, *others))
+        # the ops, under their rank (built with the simulation: ppsim.tui.child)
+        under = [lane for lane in self._under
+                 if self.show_collectives or lane.source != "comm"]
+        self.query_one(Timeline).set_lanes(interleave(sim_l, under, *others))
 
     # ------------------------------------------------------------ edits
 

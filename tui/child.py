@@ -27,7 +27,9 @@ from typing import Any
 
 from ppsim.errors import UserError
 from ppsim.sim.engine import Simulation
+from ppsim.tui.comm_lanes import comm_lanes
 from ppsim.tui.compare import Comparison, compare
+from ppsim.tui.copy_lanes import copy_lanes
 from ppsim.tui.editing import EditRefused
 from ppsim.tui.lanes import Lane, pinned_lanes, sim_lanes
 from ppsim.tui.session import EditState, Result, collection_paused, evaluate_state
@@ -47,6 +49,9 @@ class Evaluation:
     """The current split's timeline lanes."""
     pinned_lanes: list[Lane]
     """The pinned split's lanes (pin0, pin1, ...)."""
+    under_lanes: list[Lane]
+    """Lanes drawn under their rank's: the host copies (ppsim.tui.copy_lanes) and the
+    collectives (ppsim.tui.comm_lanes), built here where the timeline's records are."""
     comparison: Comparison | None
     """The trace comparison, when a trace was given."""
 
@@ -72,8 +77,10 @@ def evaluate_views(base: Any, state: EditState, pinned: tuple[int, ...] | None,
             pin_l = cache.lanes
         else:
             pin_l = pinned_lanes(result.pinned, lanes if result.pinned is result.sim else None)
+        under = copy_lanes(result.sim) + comm_lanes(result.sim)
         comparison = compare(result.sim, trace) if trace is not None else None
-    return Evaluation(result=result, lanes=lanes, pinned_lanes=pin_l, comparison=comparison)
+    return Evaluation(result=result, lanes=lanes, pinned_lanes=pin_l, under_lanes=under,
+                      comparison=comparison)
 
 
 def slim_simulation(sim: Simulation) -> Simulation:

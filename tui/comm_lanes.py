@@ -3,7 +3,7 @@
 A job with tensor, context or expert parallelism runs collectives inside every F and
 B: one lane per rank, `comm3` under rank 3, draws them (kind "C") from each op's
 start, group after group, as the trace's collectives thread does
-(ppsim.trace.schema.collective_events). A lone replica, or a job whose groups are
+(ppsim.trace.schema.collective_spans). A lone replica, or a job whose groups are
 all of size 1, has no such lanes.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ppsim.job.lanes import problem_collectives
-from ppsim.trace.schema import collective_events
+from ppsim.trace.schema import collective_spans
 from ppsim.tui.lanes import Lane, LaneOp
 
 
@@ -23,15 +23,12 @@ def comm_lanes(sim: Any) -> list[Lane]:
     comm = problem_collectives(sim.problem) if ops_by_rank else []
     if not comm:
         return []
-    stages = sim.problem.split.stages
+    chunk = [st.chunk for st in sim.problem.split.stages]
     lanes = []
     for rank, ops in enumerate(ops_by_rank):
-        strips = [LaneOp(e["ts"] / 1e3, (e["ts"] + e["dur"]) / 1e3, "C",
-                         stages[op.action.stage].chunk, op.action.microbatch, op.action.stage)
-                  for op in ops
-                  for e in collective_events(rank, op.action.kind, op.action.stage,
-                                             op.action.microbatch, op.start * 1e3,
-                                             op.end * 1e3, comm[op.action.stage])]
+        strips = [LaneOp(t, t + dur, "C", chunk[a.stage], a.microbatch, a.stage)
+                  for op in ops for a in (op.action,)
+                  for _, t, dur in collective_spans(a.kind, op.start, op.end, comm[a.stage])]
         if strips:
             lanes.append(Lane(f"comm{rank}", tuple(sorted(strips, key=lambda o: o.start)),
                               rank, "comm"))

@@ -279,14 +279,15 @@ def refine_per_rank(problem: Problem, pc: PolicyCosts, start: SpaceBest) -> Spac
                 for k, pol in zip(stages, pols, strict=True):
                     chosen[k] = pol
     policies = tuple(chosen)
+    kept = replace(start, space="per-stage", label=PER_RANK, proven=False)
     fixed = replace(problem.with_split(split), costs=pc.base,
                     memory=Fixed(costs=pc, policies=policies))
     if not host_fits(fixed, policies):
-        return replace(start, space="per-stage", label=PER_RANK, proven=False)
+        return kept
     summary = simulate(fixed, record=False).summary
     if (summary.iteration_time_ms, summary.peak_memory_bytes) >= r.best.key or not all(
             rs.fits for rs in summary.ranks):
-        return replace(start, space="per-stage", label=PER_RANK, proven=False)
+        return kept
     best = replace(r.best, summary=summary)
     out = replace(r, best=best, candidates=[best], problem=replace(r.problem, memory=Fixed(
         costs=pc, policies=policies)))

@@ -50,21 +50,28 @@ def memory_event(rank: int, ts_us: float, static: int, activations: int) -> dict
             "args": {"static": static, "activations": activations}}
 
 
-def collective_events(rank: int, kind: str, stage: int, microbatch: int, start_us: float,
-                      end_us: float, comm: StageCollectives) -> list[dict]:
-    """The collectives inside one F or B op, one event per group from the op's start, in
-    the order the layer runs them (each no longer than what is left of the op)."""
+def collective_spans(kind: str, start: float, end: float, comm: StageCollectives,
+                     per_ms: float = 1.0) -> list[tuple[Any, float, float]]:
+    """(collective, start, duration) of the collectives inside one F or B op running
+    from `start` to `end` (in units of 1/per_ms ms): one per group from the op's start,
+    in the order the layer runs them, each no longer than what is left of the op."""
     out = []
-    t = start_us
+    t = start
     for c in comm.forward if kind == "F" else comm.backward if kind == "B" else ():
-        dur = min(c.total_ms * 1e3, max(0.0, end_us - t))
-        out.append({"name": f"{c.group} {WHAT[c.group]}", "cat": "collective", "ph": "X",
-                    "pid": rank, "tid": COLLECTIVE_TID, "ts": t, "dur": dur,
-                    "args": {"group": c.group, "op": kind, "stage": stage,
-                             "microbatch": microbatch, "total_ms": c.total_ms,
-                             "exposed_ms": c.exposed_ms}})
+        dur = min(c.total_ms * per_ms, max(0.0, end - t))
+        out.append((c, t, dur))
         t += dur
     return out
+
+
+def collective_events(rank: int, kind: str, stage: int, microbatch: int, start_us: float,
+                      end_us: float, comm: StageCollectives) -> list[dict]:
+    """The collectives inside one F or B op (collective_spans), one trace event each."""
+    return [{"name": f"{c.group} {WHAT[c.group]}", "cat": "collective", "ph": "X",
+             "pid": rank, "tid": COLLECTIVE_TID, "ts": t, "dur": dur,
+             "args": {"group": c.group, "op": kind, "stage": stage, "microbatch": microbatch,
+                      "total_ms": c.total_ms, "exposed_ms": c.exposed_ms}}
+            for c, t, dur in collective_spans(kind, start_us, end_us, comm, per_ms=1e3)]
 
 
 def collective_strips(problem: Any, ops: Any) -> list[tuple[float, float, str, int]]:

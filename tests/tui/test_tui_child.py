@@ -57,6 +57,9 @@ def test_the_child_gives_the_worker_threads_numbers_lanes_and_comparison(child) 
     assert b.sim.problem.hardware == a.sim.problem.hardware
     assert lane_rows(there.lanes) == lane_rows(here.lanes)
     assert lane_rows(there.pinned_lanes) == lane_rows(here.pinned_lanes)
+    # the preset's tp 8 collectives, built where the records are (none reach the screen)
+    assert [lane.label for lane in there.under_lanes] == [f"comm{r}" for r in range(4)]
+    assert lane_rows(there.under_lanes) == lane_rows(here.under_lanes)
     assert there.comparison == here.comparison
     assert there.comparison is not None and there.comparison.matched > 0
     assert str(headline_text(b, width=160)) == str(headline_text(a, width=160))
