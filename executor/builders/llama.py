@@ -121,7 +121,8 @@ def rotary_tables(seq: int, dim: int, theta: float) -> tuple[torch.Tensor, torch
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding on (b, heads, s, d), pairs (i, i + d/2) as in Llama's HF port."""
+    """Rotary embedding on (b, s, heads, d) with (s, 1, d/2) tables, pairs (i, i + d/2) as in
+    Llama's HF port."""
     a, b = x.chunk(2, dim=-1)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
@@ -145,13 +146,16 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        # Rotated and attended in (b, s, heads, d) memory, so attention's output is laid out
+        # as the projection reads it: one tensor kept for both, as FlashAttention's [s, b, h]
+        # output is in Megatron (a (b, heads, s, d) output would need a copy for it).
+        q = self.q(x).view(b, t, self.heads, self.head_dim)
+        k = self.k(x).view(b, t, self.kv_heads, self.head_dim)
+        v = self.v(x).view(b, t, self.kv_heads, self.head_dim)
         if self.rotary:
-            cos, sin = self.cos[:t], self.sin[:t]
+            cos, sin = self.cos[:t, None], self.sin[:t, None]
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        a = self.core(q, k, v)
+        a = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self.o(a.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 
@@ -181,6 +185,14 @@ class ExpertsFC1(nn.Module):
                 None if gate is None else segmented_mm(pairs, gate, counts))
 
 
+class ExpertsAct(nn.Module):
+    """The experts' activation (SwiGLU, or GELU) as a piece of its own, Megatron's
+    `moe_act`: recomputing it frees its output, offloading it moves its inputs."""
+
+    def forward(self, up: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        return F.gelu(up) if gate is None else F.silu(gate) * up
+
+
 class MoE(nn.Module):
     """Top-k routed experts as a dropless grouped GEMM, plus the shared experts."""
 
@@ -196,11 +208,11 @@ class MoE(nn.Module):
         self.down = nn.Parameter(torch.empty(e, f, h))
         self.shared = MLP(h, f * a.shared_experts, a.gated_mlp) if a.shared_experts else None
         self.fc1 = ExpertsFC1()
+        self.act = ExpertsAct()
 
     def _experts(self, pairs: torch.Tensor, counts: list[int]) -> torch.Tensor:
         up, gate = self.fc1(pairs, counts, self.up, self.gate)
-        act = F.gelu(up) if gate is None else F.silu(gate) * up
-        return segmented_mm(act, self.down, counts)
+        return segmented_mm(self.act(up, gate), self.down, counts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape

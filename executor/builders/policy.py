@@ -19,8 +19,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from ppsim.executor.builders import discard
 from ppsim.executor.builders.stage import AttentionCore, checkpointed
 from ppsim.policy.model import EXECUTOR_OFFLOAD, EXECUTOR_RECOMPUTE, StagePolicy
+
+DISCARDING = ("layernorm", "moe_act")
+"""Recompute modules that free their output (discard.py), not only their internals."""
 
 offloaded: list[int] = [0]
 """Bytes moved to the host since the last reset (the tests read it)."""
@@ -32,15 +36,16 @@ def _roles(layer: nn.Module) -> dict[str, list[nn.Module]]:
     if hasattr(layer, "norm1"):  # the GPT block
         out = {"attn_norm": [get("norm1")], "qkv_linear": [get("q"), get("kv")],
                "core_attn": [get("attention")], "attn_proj": [get("proj")],
-               "mlp_norm": [get("norm2")]}
+               "mlp_norm": [get("norm2")], "layernorm": [get("norm1"), get("norm2")]}
     elif hasattr(layer, "attn_norm"):  # the Llama layer
         att = get("attention")
         mlp = get("mlp")
         moe = hasattr(mlp, "router")
         out = {"attn_norm": [get("attn_norm")], "qkv_linear": [att.q, att.k, att.v],
                "core_attn": [att.core], "attn_proj": [att.o], "mlp_norm": [get("mlp_norm")],
+               "layernorm": [get("attn_norm"), get("mlp_norm")],
                "mlp": [] if moe else [mlp], "moe": [mlp] if moe else [],
-               "expert_fc1": [mlp.fc1] if moe else [],
+               "expert_fc1": [mlp.fc1] if moe else [], "moe_act": [mlp.act] if moe else [],
                "shared_experts": [mlp.shared] if moe and mlp.shared is not None else []}
     else:
         out = {"core_attn": [m for m in layer.modules() if isinstance(m, AttentionCore)]}
@@ -69,28 +74,29 @@ def _offload_forward(module: nn.Module, cache: dict, forward: Callable[..., Any]
                                                         *module.buffers()]}
 
     def pack(t: torch.Tensor) -> Any:
-        if t.untyped_storage().data_ptr() in static:
-            return t
-        # One host copy per tensor a layer's modules save (q, k and v share an input). The
-        # cache holds the device tensor until the layer's forward ends (as Megatron frees
-        # an offload group when it commits), so no new tensor can take its address then.
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
-               t.stride(), t.dtype)
-        hit = cache.get(key)
-        if hit is not None:
-            return hit[1]
-        host = torch.empty(t.shape, dtype=t.dtype, device="cpu",
-                           pin_memory=t.device.type == "cuda")
-        host.copy_(t, non_blocking=t.device.type == "cuda")
-        offloaded[0] += host.nbytes
-        cache[key] = (t, (t.device, host))
-        return cache[key][1]
+        if t.untyped_storage().data_ptr() in static or discard.pending(t):
+            return t  # a weight, or an output a recompute module frees anyway
+        # One host copy per storage a layer's modules save (q, k and v share an input;
+        # attention's output and the projection's input are one storage in two layouts).
+        # The cache holds the device tensor until the layer's forward ends (as Megatron
+        # frees an offload group when it commits), so no new tensor takes its address.
+        storage = t.untyped_storage()
+        key = (storage.data_ptr(), t.dtype)
+        if key not in cache:
+            flat = t.new_empty(0).set_(storage, 0, (storage.nbytes() // t.element_size(),))
+            host = torch.empty(flat.shape, dtype=t.dtype, device="cpu",
+                               pin_memory=t.device.type == "cuda")
+            host.copy_(flat, non_blocking=t.device.type == "cuda")
+            offloaded[0] += host.nbytes
+            cache[key] = (t, host)
+        return t.device, cache[key][1], tuple(t.shape), t.stride(), t.storage_offset()
 
     def unpack(packed: Any) -> torch.Tensor:
         if isinstance(packed, torch.Tensor):
             return packed
-        device, host = packed
-        return host.to(device, non_blocking=device.type == "cuda")
+        device, host, shape, stride, offset = packed
+        return host.to(device, non_blocking=device.type == "cuda").as_strided(
+            shape, stride, offset)
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         return forward(*args, **kwargs)
@@ -122,8 +128,15 @@ def apply_policy(layers: nn.ModuleDict, p: StagePolicy) -> None:
             continue
         roles = _roles(layer)
         for name in p.recompute_modules:
+            if name in DISCARDING:
+                continue
             for m in roles.get(name, []):
                 _wrap(m, checkpointed)
+        # "moe" checkpoints the whole MoE, which recomputes its activation anyway.
+        subsumed = {"moe_act"} if "moe" in p.recompute_modules else set()
+        discard.discard_outputs(layer, [m for name in p.recompute_modules
+                                        if name in DISCARDING and name not in subsumed
+                                        for m in roles.get(name, [])])
         if i - n < off_layers:
             cache: dict = {}
             _wrap(layer, functools.partial(_fresh, cache))

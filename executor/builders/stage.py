@@ -68,6 +68,11 @@ _counting: list[dict[int, int]] = []
 """Active saved-bytes counters (innermost last); checkpoint inputs are added to it."""
 
 
+def counters() -> list[dict[int, int]]:
+    """The active saved-bytes counters (a storage freed early is taken out of each)."""
+    return _counting
+
+
 def checkpointed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """fn(*args) under a non-reentrant checkpoint, its tensor inputs counted as kept."""
     if not torch.is_grad_enabled():

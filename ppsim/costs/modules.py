@@ -57,7 +57,7 @@ _MOVES = {
     "attn_proj": ("attn.out",),
     "mlp_norm": ("norm2.in", "norm2.stats"),
     "expert_fc1": ("experts.fc1_in",),
-    "moe_act": ("experts.fc1_out",),
+    "moe_act": ("experts.fc1_out", "experts.act_mid"),  # an eager SwiGLU saves its SiLU too
 }
 LAYER_INPUT = "norm1.in"
 """What a fully recomputed layer keeps: its input (the residual stream)."""

@@ -16,11 +16,11 @@ from typing import Any
 from ppsim.costs.modules import OFFLOAD_MODULES, RECOMPUTE_MODULES, SHORTHAND
 from ppsim.errors import UserError
 
-EXECUTOR_RECOMPUTE = ("core_attn", "mlp", "moe", "shared_experts")
+EXECUTOR_RECOMPUTE = ("core_attn", "mlp", "moe_act", "layernorm", "moe", "shared_experts")
 """Recompute modules ppsim's executor runs (its builders' own submodules; "mlp" in the
-Llama-style layers, whose MLP is one module)."""
+Llama-style layers, whose MLP is one module). It builds no MLA, so no mla_up_proj."""
 EXECUTOR_OFFLOAD = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm",
-                    "expert_fc1")
+                    "expert_fc1", "moe_act")
 """Offload modules ppsim's executor runs."""
 
 ALL_LAYERS = 1 << 30

@@ -125,6 +125,18 @@ V = ["--pp", "2", "--vpp", "2", "--split", "2,3,2,1"]
 PEER = ["--alongside-torch"]
 POLICY = ["--recompute-modules", "core_attn", "--offload-modules", "attn_norm,qkv_linear,mlp_norm"]
 """A memory policy (issue 28): core_attn recomputed, three modules offloaded."""
+NORM_POLICY = ["--recompute-modules", "layernorm,core_attn", "--offload-modules",
+               "attn_norm,mlp_norm"]
+"""The norms' outputs freed (output-discarding recompute), their inputs offloaded."""
+MOE_TOML = ('[model]\npreset = "tiny-gpt"\ngated_mlp = true\nnum_kv_heads = 2\n'
+            'layers = "dense, moe, dense, moe, dense, moe, dense, moe"\nnum_experts = 4\n'
+            'top_k = 2\nmoe_ffn_hidden_size = 96\nshared_experts = 1\n')
+"""tiny-gpt with MoE layers, as `simulate` and `run` both read it."""
+MOE_CONFIG = ["--config", "{tmp}/moe.toml"]
+MOE_POLICY = ["--recompute-modules", "layernorm,moe_act", "--offload-modules",
+              "moe_act,expert_fc1,attn_norm"]
+"""The MoE's own pieces: its activation's output freed, its inputs and the dispatched
+tokens offloaded."""
 SMALL = ["--microbatches", "4", "--iterations", "2", "--timeout-s", "30"]
 
 # test_executor.py's cases: every schedule, both builders, recompute modes and dp 2.
@@ -156,7 +168,9 @@ EXECUTOR = {
     # a memory policy on 1F1B, interleaved and ZB-V (test_policy_launches.py's peaks)
     "1f1b-policy": Spec(argv=[*ONE_F_ONE_B, *POLICY]),
     "interleaved-policy": Spec(argv=[*INTERLEAVED, *POLICY]),
-    "zbv-policy": Spec(argv=["--schedule", "zbv", *V, "--microbatches", "4", *POLICY]),
+    "zbv-policy": Spec(argv=["--schedule", "zbv", *V, "--microbatches", "4", *NORM_POLICY]),
+    "moe-interleaved-config": Spec(argv=[*INTERLEAVED, *MOE_CONFIG]),
+    "moe-interleaved-policy": Spec(argv=[*INTERLEAVED, *MOE_CONFIG, *MOE_POLICY]),
 }
 
 # test_executor_schedules.py's cases beyond those above; its zb-h1, dualpipev and
@@ -265,6 +279,7 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str], watch: bool,
 def _prepare(name: str, tmp: Path) -> None:
     (tmp / "zb.csv").write_text(zb_h1_csv(2, 4))
     (tmp / "gated.toml").write_text(GATED_TOML)
+    (tmp / "moe.toml").write_text(MOE_TOML)
     if name == "torch-dualpipev-csv":
         torch_dualpipev_csv(tmp / "dualpipev.csv")
     if name == "fault":  # an earlier good run the failed one must leave alone

@@ -11,14 +11,28 @@ import pytest
 
 pytest.importorskip("torch")
 
-from launches import INTERLEAVED, ONE_F_ONE_B, POLICY, Pool, V  # noqa: E402
+from launches import (  # noqa: E402
+    INTERLEAVED,
+    MOE_CONFIG,
+    MOE_POLICY,
+    NORM_POLICY,
+    ONE_F_ONE_B,
+    POLICY,
+    Pool,
+    V,
+)
 
 from ppsim.cli.main import main  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 CASES = {"1f1b-policy": ONE_F_ONE_B, "interleaved-policy": INTERLEAVED,
-         "zbv-policy": ["--schedule", "zbv", *V, "--microbatches", "4"]}
-PLAIN = {"1f1b-policy": "1f1b", "interleaved-policy": "interleaved", "zbv-policy": "zbv"}
+         "zbv-policy": ["--schedule", "zbv", *V, "--microbatches", "4"],
+         "moe-interleaved-policy": [*INTERLEAVED, *MOE_CONFIG]}
+"""Each policy launch's flags without the policy."""
+POLICIES = {"1f1b-policy": POLICY, "interleaved-policy": POLICY, "zbv-policy": NORM_POLICY,
+            "moe-interleaved-policy": MOE_POLICY}
+PLAIN = {"1f1b-policy": "1f1b", "interleaved-policy": "interleaved", "zbv-policy": "zbv",
+         "moe-interleaved-policy": "moe-interleaved-config"}
 
 
 def _peaks(trace: Path, pp: int) -> list[int]:
@@ -27,7 +41,8 @@ def _peaks(trace: Path, pp: int) -> list[int]:
                 if e.get("ph") == "C" and e["pid"] == r) for r in range(pp)]
 
 
-def _simulated(argv: list[str], capsys) -> list[int]:
+def _simulated(argv: list[str], capsys, tmp: Path) -> list[int]:
+    argv = [a.format(tmp=tmp) for a in argv]
     assert main(["simulate", *argv, "--json"]) == 0
     return [r["peak_activation_bytes"] for r in json.loads(capsys.readouterr().out)["ranks"]]
 
@@ -36,8 +51,9 @@ def _simulated(argv: list[str], capsys) -> list[int]:
 def test_policy_peaks_are_predicted_within_2_percent(case: str, launches: Pool, capsys) -> None:
     """Every rank's measured activation peak within 2 % of the simulated one: a stage's
     input held until its B, a sent output freed (Megatron's deallocate_output_tensor)."""
-    got = _peaks(launches.get(case).tmp / "out" / "trace.json", 2)
-    want = _simulated([*CASES[case], *POLICY], capsys)
+    run = launches.get(case)
+    got = _peaks(run.tmp / "out" / "trace.json", 2)
+    want = _simulated([*CASES[case], *POLICIES[case]], capsys, run.tmp)
     for g, w in zip(got, want, strict=True):
         assert abs(g - w) <= 0.02 * w, (got, want)
 
@@ -46,8 +62,9 @@ def test_policy_peaks_are_predicted_within_2_percent(case: str, launches: Pool, 
 def test_plain_peaks_are_predicted_within_2_percent(case: str, launches: Pool, capsys) -> None:
     """The same without a policy (the pooled launches the policy runs are compared to)."""
     argv = {v: CASES[k] for k, v in PLAIN.items()}[case]
-    got = _peaks(launches.get(case).tmp / "out" / "trace.json", 2)
-    want = _simulated(argv, capsys)
+    run = launches.get(case)
+    got = _peaks(run.tmp / "out" / "trace.json", 2)
+    want = _simulated(argv, capsys, run.tmp)
     for g, w in zip(got, want, strict=True):
         assert abs(g - w) <= 0.02 * w, (got, want)
 
@@ -56,9 +73,10 @@ def test_plain_peaks_are_predicted_within_2_percent(case: str, launches: Pool, c
 def test_a_policy_lowers_every_ranks_measured_peak(case: str, launches: Pool, capsys) -> None:
     """Offload and recompute free activations on every rank, as simulated."""
     pp = 2
-    policy = _peaks(launches.get(case).tmp / "out" / "trace.json", pp)
+    run = launches.get(case)
+    policy = _peaks(run.tmp / "out" / "trace.json", pp)
     plain = _peaks(launches.get(PLAIN[case]).tmp / "out" / "trace.json", pp)
-    sim_policy = _simulated([*CASES[case], *POLICY], capsys)
-    sim_plain = _simulated(CASES[case], capsys)
+    sim_policy = _simulated([*CASES[case], *POLICIES[case]], capsys, run.tmp)
+    sim_plain = _simulated(CASES[case], capsys, run.tmp)
     for r in range(pp):
         assert policy[r] < plain[r] and sim_policy[r] < sim_plain[r]

@@ -75,9 +75,9 @@ def test_mlp_and_moe_layers_keep_the_cost_models_bytes(index: int, kind: str) ->
     assert abs(_kept(TINY, index) - want) <= 0.02 * want
 
 
-def test_attention_keeps_the_cost_models_bytes_and_the_layout_copy() -> None:
+def test_attention_keeps_the_cost_models_bytes() -> None:
+    """No copy of attention's output for the projection: it is laid out as the projection
+    reads it (a copy would be 20 % of this layer)."""
     arch = parse_model({"preset": "tiny-hybrid"}).arch  # type: ignore[union-attr]
-    # the output transposed to (b, s, h) for the projection (docs/model.md)
-    copy = _tokens(TINY) * arch.hidden_size * FP32
-    want = kind_activation_bytes(arch, "attention") + copy
+    want = kind_activation_bytes(arch, "attention")
     assert abs(_kept(TINY, 2) - want) <= 0.02 * want
