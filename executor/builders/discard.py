@@ -16,13 +16,11 @@ layer's output), which bounds the same bytes per microbatch.
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
 
 from ppsim.executor.builders import stage as stage_mod
 
@@ -106,12 +104,11 @@ _open: list[list[_Discarded]] = []
 """The scopes of the layers whose forward is running (innermost last)."""
 
 
-def _discarding(forward: Callable[..., torch.Tensor], *inputs: Any) -> torch.Tensor:
+def discarding(forward: Callable[..., torch.Tensor], *inputs: Any) -> torch.Tensor:
     if not torch.is_grad_enabled() or not _open:
         return forward(*inputs)
     rec = _Discarded(forward, inputs)
     out = _DiscardingFn.apply(rec, *inputs)
-    rec.output = out
     _open[-1].append(rec)
     return out
 
@@ -133,7 +130,7 @@ def _free(scope: list[_Discarded]) -> None:
         storage.resize_(0)
 
 
-def _layer(forward: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) -> torch.Tensor:
+def layer_scope(forward: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) -> torch.Tensor:
     if not torch.is_grad_enabled():
         return forward(*args, **kwargs)
     scope: list[_Discarded] = []
@@ -146,12 +143,3 @@ def _layer(forward: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) -> t
         return out
     _free(scope)
     return _RefillFn.apply(scope, out)
-
-
-def discard_outputs(layer: nn.Module, modules: list[nn.Module]) -> None:
-    """Run `modules` (inside `layer`) as output-discarding checkpoints."""
-    if not modules:
-        return
-    for m in modules:
-        m.forward = functools.partial(_discarding, m.forward)
-    layer.forward = functools.partial(_layer, layer.forward)

@@ -21,7 +21,7 @@ from torch import nn
 
 from ppsim.executor.builders import discard
 from ppsim.executor.builders.stage import AttentionCore, checkpointed
-from ppsim.policy.model import EXECUTOR_OFFLOAD, EXECUTOR_RECOMPUTE, StagePolicy
+from ppsim.policy.model import EXECUTOR_RECOMPUTE, StagePolicy
 
 DISCARDING = ("layernorm", "moe_act")
 """Recompute modules that free their output (discard.py), not only their internals."""
@@ -108,10 +108,6 @@ def check_policy(p: StagePolicy) -> None:
         if name not in EXECUTOR_RECOMPUTE:
             raise ValueError(f"the executor does not recompute {name!r} on its own; it "
                              f"recomputes {', '.join(EXECUTOR_RECOMPUTE)} and whole layers")
-    for name in p.offload_modules:
-        if name not in EXECUTOR_OFFLOAD:
-            raise ValueError(f"the executor does not offload {name!r}; it offloads "
-                             f"{', '.join(EXECUTOR_OFFLOAD)}")
 
 
 def apply_policy(layers: nn.ModuleDict, p: StagePolicy) -> None:
@@ -127,16 +123,15 @@ def apply_policy(layers: nn.ModuleDict, p: StagePolicy) -> None:
             _wrap(layer, checkpointed)
             continue
         roles = _roles(layer)
-        for name in p.recompute_modules:
-            if name in DISCARDING:
-                continue
-            for m in roles.get(name, []):
-                _wrap(m, checkpointed)
         # "moe" checkpoints the whole MoE, which recomputes its activation anyway.
         subsumed = {"moe_act"} if "moe" in p.recompute_modules else set()
-        discard.discard_outputs(layer, [m for name in p.recompute_modules
-                                        if name in DISCARDING and name not in subsumed
-                                        for m in roles.get(name, [])])
+        discarded = False
+        for name in set(p.recompute_modules) - subsumed:
+            for m in roles.get(name, []):
+                _wrap(m, discard.discarding if name in DISCARDING else checkpointed)
+                discarded |= name in DISCARDING
+        if discarded:
+            _wrap(layer, discard.layer_scope)
         if i - n < off_layers:
             cache: dict = {}
             _wrap(layer, functools.partial(_fresh, cache))

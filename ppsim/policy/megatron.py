@@ -8,8 +8,7 @@ fine-grained offload takes one module list, one fraction (of the offload groups,
 which ppsim prices as the same share of their bytes) and a per-pp-rank step in
 bytes; it runs on Transformer Engine's modules. torchtitan applies one activation
 checkpoint policy to every block; ppsim's executor runs any policy whose modules its
-builders have as pieces of their own (ppsim.policy.model.EXECUTOR_RECOMPUTE and
-EXECUTOR_OFFLOAD).
+builders have as pieces of their own (ppsim.policy.model.EXECUTOR_RECOMPUTE).
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 
 from ppsim.costs.arch import Architecture
 from ppsim.errors import UserError
-from ppsim.policy.model import ALL_LAYERS, EXECUTOR_OFFLOAD, EXECUTOR_RECOMPUTE, StagePolicy
+from ppsim.policy.model import ALL_LAYERS, EXECUTOR_RECOMPUTE, StagePolicy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,9 +91,7 @@ def policy_export(policies: tuple[StagePolicy, ...], pp: int, a: Architecture,
                   offload_bytes: int = 0) -> PolicyExport:
     """Megatron's flags of the policy and the frameworks that run it; `offload_bytes`:
     what the first rank offloads per microbatch at fraction 1 (prices the per-rank step)."""
-    runs = all(set(p.recompute_modules) <= set(EXECUTOR_RECOMPUTE)
-               and (not p.offloads or set(p.offload_modules) <= set(EXECUTOR_OFFLOAD))
-               for p in policies)
+    runs = all(set(p.recompute_modules) <= set(EXECUTOR_RECOMPUTE) for p in policies)
     frameworks = ["ppsim executor"] if runs else []
     if len({(p.recompute_modules, p.recompute_layers) for p in policies}) == 1 and not any(
             p.offloads for p in policies) and policies[0].recompute_layers in (0, ALL_LAYERS):

@@ -18,10 +18,8 @@ from ppsim.errors import UserError
 
 EXECUTOR_RECOMPUTE = ("core_attn", "mlp", "moe_act", "layernorm", "moe", "shared_experts")
 """Recompute modules ppsim's executor runs (its builders' own submodules; "mlp" in the
-Llama-style layers, whose MLP is one module). It builds no MLA, so no mla_up_proj."""
-EXECUTOR_OFFLOAD = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm",
-                    "expert_fc1", "moe_act")
-"""Offload modules ppsim's executor runs."""
+Llama-style layers, whose MLP is one module). It builds no MLA, so no mla_up_proj; it
+offloads every offload module."""
 
 ALL_LAYERS = 1 << 30
 """A block count that covers every layer of any stage (the "full" mode)."""
