@@ -33,6 +33,19 @@ def _timed(argv: list[str]) -> tuple[float, float, int]:
     return time.perf_counter() - t0, usage.ru_maxrss / 1e3, os.waitstatus_to_exitcode(status)
 
 
+def _added_mb(csv: str) -> float:
+    """Peak memory a CSV read adds to its process, from the process itself: its VmHWM
+    after the import and after the read (ru_maxrss would start from this parent's peak,
+    VmHWM starts afresh at exec)."""
+    hwm = ("lambda: int(next(line.split()[1] for line in open('/proc/self/status') "
+           "if line.startswith('VmHWM')))")
+    out = subprocess.run([*PY, "-c", f"from ppsim.schedules.torchcsv import "
+                          f"load_actions_csv; hwm = {hwm}; base = hwm(); "
+                          f"load_actions_csv({csv!r}); print(hwm() - base)"],
+                         capture_output=True, text=True, check=True)
+    return int(out.stdout) / 1e3
+
+
 def _write_events(path: str, events: Iterator[dict], other: dict) -> None:
     """A trace written event by event, so this process stays small: a child's peak RSS
     starts from its parent's at fork."""
@@ -103,8 +116,10 @@ def main() -> None:
         at_cap = _csv_at_the_cell_limit(folder)
         s, mb, code = _timed([*PY, "-c", "from ppsim.schedules.torchcsv import "
                               f"load_actions_csv; load_actions_csv({at_cap!r})"])
+        size = os.path.getsize(at_cap) / 1e6
         print(f"read and validate a CSV at the cell limit ({MAX_CSV_CELLS:,} cells, "
-              f"{os.path.getsize(at_cap) / 1e6:.1f} MB): {s:.2f} s, {mb:.0f} MB, exit {code}")
+              f"{size:.1f} MB): {s:.2f} s, {mb:.0f} MB, exit {code}; the read itself adds "
+              f"{_added_mb(at_cap):.1f} MB: {_added_mb(at_cap) / size:.2f}x the file")
     for budget in (2, 25):
         t0 = time.perf_counter()
         proc = subprocess.run([*PY, "-m", "ppsim.cli", "plan", "--preset", "llama3.1-405b",

@@ -78,16 +78,19 @@ def read_text(flag: str, path: str, max_bytes: int, what: str) -> str:
                         f"save the {what} as UTF-8") from None
 
 
-def text_lines(flag: str, path: str, max_bytes: int, what: str) -> Iterator[str]:
+def text_lines(flag: str, path: str, max_bytes: int, what: str, piece: int = 2**20
+               ) -> Iterator[str]:
     """A UTF-8 text file's lines (a BOM dropped, line ends kept), read as they are used,
-    so a reader that parses line by line holds no copy of the file; the file is refused
-    as `open_regular` refuses, and every failure while reading is a UserError naming
-    flag. Close it (contextlib.closing) when stopping early."""
+    so a reader that parses line by line holds no copy of the file; a line longer than
+    `piece` characters comes in pieces (only the last ends in the line end), so a reader
+    can refuse a runaway line before it is all decoded. The file is refused as
+    `open_regular` refuses, and every failure while reading is a UserError naming flag.
+    Close it (contextlib.closing) when stopping early."""
     with open_regular(flag, path, max_bytes, what) as fh:
         stream = io.TextIOWrapper(fh, encoding="utf-8-sig", newline="")
         chars = 0
         try:
-            for line in stream:
+            while line := stream.readline(piece):
                 chars += len(line)
                 if chars > max_bytes:  # it grew since stat (a character is a byte or more)
                     raise UserError(flag, f"{path!r} is above the limit of "

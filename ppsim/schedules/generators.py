@@ -23,9 +23,9 @@ from ppsim.schedules.actions import (
     W,
     dependencies,
     stage_rank,
-    validate,
 )
 from ppsim.schedules.v_shape import dualpipev, dualpipev_cells, zbv
+from ppsim.schedules.validate import validate
 
 __all__ = ["B", "F", "W", "Action", "Schedule", "SCHEDULES", "build_schedule", "dependencies",
            "dualpipev", "gpipe", "interleaved_1f1b", "interleaved_group", "interleaved_order",

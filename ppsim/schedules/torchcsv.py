@@ -22,23 +22,29 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import re
+from array import array
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from contextlib import closing
 
 from ppsim.config.files import text_lines
 from ppsim.config.limits import check_shape
 from ppsim.errors import UserError
-from ppsim.schedules.actions import Action, B, CellMarks, Schedule, W, stage_rank, validate
+from ppsim.schedules.actions import KINDS, Action, B, CellMarks, Schedule, W, stage_rank
+from ppsim.schedules.packed import PackedActions, Positions, encode
+from ppsim.schedules.validate import validate
 
 MAX_CSV_BYTES = 64 * 2**20
 """A torch CSV of pp 256 x 4096 microbatches is ~40 MB; beyond this, refuse unread."""
 MAX_CSV_CELLS = 1_000_000
 """Cells (commas and rows) read at most, counted line by line before csv splits them.
-Reading and validating takes ~8 us and ~300 B a cell on a 2-core machine (the
-schedule's actions and the validator's index of them, not the text: it is streamed),
-so a CSV at the limit stays well inside 30 s and 2 GB (benchmarks/bench_hostile.py);
-pp 64 x 4,096 microbatches of a split backward is ~790k cells."""
+Reading and validating takes ~3 us and ~14 B a cell on a 2-core machine (8 B of code
+per action, the validator's bytes per stage x microbatch; the text is streamed), so a
+CSV at the limit takes ~3 s and less than twice its own size in memory
+(benchmarks/bench_hostile.py); pp 64 x 4,096 microbatches of a split backward is ~790k
+cells."""
 FIELD = "pipeline.actions_csv"
 COMMS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 SHARDING = ("UNSHARD", "RESHARD", "REDUCE_GRAD")
@@ -47,33 +53,34 @@ SHARDING = ("UNSHARD", "RESHARD", "REDUCE_GRAD")
 _CELL = re.compile(r"([0-9]{1,9})(F|I|B|W|" + "|".join(COMMS + SHARDING) + r")([0-9]{0,9})",
                    re.ASCII)
 _OVERLAP = re.compile(r"\(([^()]*)\)OVERLAP_F_B")
+_KIND = {"I": KINDS.index(B), **{k: n for n, k in enumerate(KINDS)}}
+"""Torch kind -> ppsim's kind index (torch's I is ppsim's B)."""
 
 
 class _Reader:
     """Turns rows of cells into each rank's actions as they are read, counting what it
-    leaves out for the notes."""
+    leaves out for the notes. Actions and cell marks are kept as codes
+    (ppsim.schedules.packed), ~8 bytes a cell: about the file's own size."""
 
     def __init__(self) -> None:
         self.kinds: set[str] = set()
         self.comms = 0
         self.sharding = 0
         self.overlaps = 0
-        self.actions: list[list[Action]] = []
+        self.actions: list[PackedActions] = []
         """Per rank, its actions so far (torch's I and B both as ppsim's B)."""
-        self.pairs: list[set[int]] = []
+        self.pairs: list[Positions] = []
         """Per rank, positions of the F that starts an OVERLAP_F_B pair."""
-        self.wholes: list[set[int]] = []
+        self.wholes: list[Positions] = []
         """Per rank, positions of the B cells written as a whole backward."""
         self.stages = 0
         self.microbatches = 0
 
-    def row(self, cells: list[str]) -> None:
+    def row(self, cells: Iterable[str]) -> None:
         """One rank's row; a row of empty cells is no rank."""
         r = len(self.actions)
-        acts: list[Action] = []
-        pairs: set[int] = set()
-        wholes: set[int] = set()
-        seen = False
+        acts, pairs, wholes = PackedActions(), Positions(), Positions()
+        codes, seen = acts.codes, False
         for col, text in enumerate(cells):
             text = text.strip()
             if not text:
@@ -81,11 +88,11 @@ class _Reader:
             seen = True
             found = self.cell(text, f"row {r + 1} column {col + 1}")
             if len(found) == 2:  # only an OVERLAP_F_B cell reads as two actions
-                pairs.add(len(acts))
+                pairs.sorted.append(len(codes))
             for kind, stage, mb in found:
                 if kind == B:
-                    wholes.add(len(acts))
-                acts.append(Action(B if kind == "I" else kind, stage, mb))
+                    wholes.sorted.append(len(codes))
+                codes.append(encode(_KIND[kind], stage, mb))
                 self.stages = max(self.stages, stage + 1)
                 self.microbatches = max(self.microbatches, mb + 1)
         if seen:
@@ -132,7 +139,7 @@ class _Reader:
         return tuple(out)
 
     def schedule_actions(self, split: bool
-                         ) -> tuple[tuple[tuple[Action, ...], ...], CellMarks | None]:
+                         ) -> tuple[tuple[PackedActions, ...], CellMarks | None]:
         """Each rank's ppsim actions, and which cells were pairs and whole backwards: in
         a split order a whole B is followed at once by its W."""
         actions, pairs, wholes = self.actions, self.pairs, self.wholes
@@ -140,25 +147,30 @@ class _Reader:
             for r, whole in enumerate(wholes):
                 if whole:
                     actions[r], pairs[r], wholes[r] = _with_w(actions[r], pairs[r], whole)
-        out = tuple(tuple(acts) for acts in actions)
+        out = tuple(actions)
         self.actions = []
         if not split and not any(pairs):
             return out, None
-        return out, CellMarks(overlaps=tuple(frozenset(p) for p in pairs),
-                              whole=tuple(frozenset(w) for w in wholes))
+        return out, CellMarks(overlaps=tuple(pairs), whole=tuple(wholes))
 
 
-def _with_w(acts: list[Action], pairs: set[int], wholes: set[int]
-            ) -> tuple[list[Action], set[int], set[int]]:
-    """A rank's actions with a W right after each whole B, and the positions moved."""
-    out: list[Action] = []
-    moved: dict[int, int] = {}
-    for k, a in enumerate(acts):
-        moved[k] = len(out)
-        out.append(a)
-        if k in wholes:
-            out.append(Action(W, a.stage, a.microbatch))
-    return out, {moved[k] for k in pairs}, {moved[k] for k in wholes}
+def _with_w(acts: PackedActions, pairs: Positions, wholes: Positions
+            ) -> tuple[PackedActions, Positions, Positions]:
+    """A rank's actions with a W right after each whole B, and the positions moved: the
+    action at k moves by the whole backwards before it."""
+    out, whole_at = array("Q"), Positions()
+    wholes_iter = iter(wholes.sorted)
+    next_whole = next(wholes_iter, -1)
+    for k, code in enumerate(acts.codes):
+        if k == next_whole:
+            whole_at.sorted.append(len(out))
+            next_whole = next(wholes_iter, -1)
+            out.append(code)
+            out.append(code & ~(3 << 32) | (_KIND[W] << 32))
+        else:
+            out.append(code)
+    pair_at = Positions(array("I", (k + bisect_left(wholes.sorted, k) for k in pairs)))
+    return PackedActions(out), pair_at, whole_at
 
 
 def _placement(stage_of: dict[int, int], pp: int, vpp: int) -> str:
@@ -181,28 +193,77 @@ def _check_shape(got: int, want: int | None, what: str, field: str, flag: str) -
                         f"set {field.split('.')[-1]} = {got} ({flag} {got})")
 
 
-def _counted(lines: Iterable[str], where: str) -> Iterator[str]:
-    """The lines, refused once their cells (commas and rows) pass MAX_CSV_CELLS: counted
-    on each line before csv splits it, so a runaway file is refused unparsed."""
-    cells = 0
-    for line in lines:
-        cells += line.count(",") + 1
-        if cells > MAX_CSV_CELLS:
+def _ends(piece: str) -> bool:
+    return piece.endswith(("\n", "\r"))
+
+
+def _counted(pieces: Iterable[str], where: str) -> Iterator[str]:
+    """The pieces of the lines (see text_lines), refused once their cells (commas and
+    rows) pass MAX_CSV_CELLS: counted on each piece as it comes, so a runaway line is
+    refused before it is all read."""
+    cells, started = 0, False  # started: the line being read has text (an empty one no cell)
+    for piece in pieces:
+        body = piece.rstrip("\r\n")
+        started = started or bool(body)
+        cells += piece.count(",") + (started and len(body) < len(piece))
+        started = started and len(body) == len(piece)
+        # A started line at the limit has one more cell to come, at its end.
+        if cells > MAX_CSV_CELLS or (started and cells == MAX_CSV_CELLS):
             raise UserError(FIELD, f"{where} has more than {MAX_CSV_CELLS:,} cells",
                             "pass a schedule of fewer ranks or microbatches")
-        yield line
+        yield piece
 
 
-def _read(lines: Iterable[str], where: str) -> _Reader:
-    """Every row read into actions, one line at a time."""
+def _read(pieces: Iterable[str], where: str) -> _Reader:
+    """Every row read into actions, one piece of a line at a time."""
     reader = _Reader()
+    rest = iter(_counted(pieces, where))
     try:
-        for row in csv.reader(_counted(lines, where)):
-            reader.row(row)
+        for piece in rest:
+            reader.row(_line_cells(piece, rest))
     except csv.Error as exc:
         raise UserError(FIELD, f"is not CSV: {exc}", "write one row of cells per rank, "
                         "separated by commas") from None
     return reader
+
+
+def _line_cells(piece: str, rest: Iterator[str]) -> Iterator[str]:
+    """The cells of the line that starts with `piece`, taking its other pieces from
+    `rest`: split at commas piece by piece (a cell cut by a piece's end carried over), so
+    a long row is never one string. From a piece with a quote on (torch writes none),
+    csv reads the rest of the record, as it would the whole line."""
+    carry = ""
+    while True:
+        if '"' in piece:
+            tail = carry + piece + ("" if _ends(piece) else "".join(_line_end(rest)))
+            yield from next(csv.reader(itertools.chain([tail], _lines(rest))), [])
+            return
+        cells = piece.rstrip("\r\n").split(",")
+        cells[0] = carry + cells[0]
+        if _ends(piece):
+            yield from cells
+            return
+        carry = cells.pop()
+        yield from cells
+        following = next(rest, None)
+        if following is None:
+            yield carry
+            return
+        piece = following
+
+
+def _line_end(rest: Iterator[str]) -> Iterator[str]:
+    """The pieces up to and with the next line end."""
+    for piece in rest:
+        yield piece
+        if _ends(piece):
+            return
+
+
+def _lines(rest: Iterator[str]) -> Iterator[str]:
+    """Whole lines from pieces, for csv to read a quoted cell across lines."""
+    for piece in rest:
+        yield piece if _ends(piece) else piece + "".join(_line_end(rest))
 
 
 def parse_actions_csv(text: str, pp: int | None = None, vpp: int | None = None,
@@ -247,13 +308,13 @@ def _schedule(reader: _Reader, pp: int | None, vpp: int | None, microbatches: in
     return sched
 
 
-def _stage_ranks(actions: tuple[tuple[Action, ...], ...]) -> dict[int, int]:
+def _stage_ranks(actions: tuple[PackedActions, ...]) -> dict[int, int]:
     """The rank each stage runs on; UserError when one runs on two."""
     stage_of: dict[int, int] = {}
     for r, acts in enumerate(actions):
-        for a in acts:
-            if stage_of.setdefault(a.stage, r) != r:
-                raise UserError(FIELD, f"stage {a.stage} runs on ranks {stage_of[a.stage]}"
+        for _, stage, _ in acts.triples():
+            if stage_of.setdefault(stage, r) != r:
+                raise UserError(FIELD, f"stage {stage} runs on ranks {stage_of[stage]}"
                                 f" and {r}", "run each stage on one rank")
     return stage_of
 
@@ -262,11 +323,12 @@ def load_actions_csv(path: str, pp: int | None = None, vpp: int | None = None,
                      microbatches: int | None = None) -> Schedule:
     """Read and validate a torch schedule CSV file (see parse_actions_csv), streamed: a
     FIFO or device is refused unread (it could block forever), the file's size is
-    capped by MAX_CSV_BYTES and its cells by MAX_CSV_CELLS as each line comes, and
-    rows become actions one at a time, so no copy of the text is kept."""
-    with closing(text_lines(FIELD, path, MAX_CSV_BYTES, "schedule CSV (one row per rank)")
-                 ) as lines:
-        reader = _read(lines, path)
+    capped by MAX_CSV_BYTES and its cells by MAX_CSV_CELLS as each 64 kB piece of a
+    line comes, and cells become actions as they are split, so no copy of the text,
+    nor of a whole row, is kept."""
+    with closing(text_lines(FIELD, path, MAX_CSV_BYTES, "schedule CSV (one row per rank)",
+                            piece=2**16)) as pieces:
+        reader = _read(pieces, path)
     return _schedule(reader, pp, vpp, microbatches, None)
 
 

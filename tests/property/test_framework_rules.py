@@ -36,8 +36,8 @@ from ppsim.plan.baselines import (
     torchtitan_counts,
     torchtitan_split,
 )
-from ppsim.schedules.actions import validate
 from ppsim.schedules.generators import build_schedule, interleaved_group, interleaved_order
+from ppsim.schedules.validate import validate
 
 # ---------------------------------------------------------------- DeepSpeed, re-stated
 
