@@ -1,4 +1,5 @@
-"""Output-discarding recompute: Megatron's `layernorm` and `moe_act` recompute modules.
+"""Output-discarding recompute: Megatron's `layernorm`, `moe_act` and `mla_up_proj`
+recompute modules.
 
 A whole-module checkpoint keeps a module's inputs and drops what it saves inside;
 its output is still kept by whoever consumes it (the projections after a norm, the
@@ -38,29 +39,37 @@ class _Discarded:
         # so nothing here keeps an input alive beside what autograd saved.
         self.constants = [_TENSOR if torch.is_tensor(a) else a for a in inputs]
         self.node: Callable[[], Any] = lambda: None
-        self.output: torch.Tensor | None = None
-        self.nbytes = 0
-        self.graph: tuple[list[Any], torch.Tensor] | None = None
+        self.outputs: tuple[torch.Tensor, ...] = ()
+        """The outputs (one, or MLA's q, k and v), their storages freed and refilled."""
+        self.nbytes: tuple[int, ...] = ()
+        self.graph: tuple[list[Any], tuple[torch.Tensor, ...]] | None = None
 
-    def recompute(self) -> tuple[list[Any], torch.Tensor]:
+    def recompute(self) -> tuple[list[Any], tuple[torch.Tensor, ...]]:
         """The module's forward again, with autograd, on detached copies of its inputs."""
         if self.graph is None:
             saved = iter(self.node().saved_tensors)
             leaves = [next(saved).detach().requires_grad_() if c is _TENSOR else c
                       for c in self.constants]
             with torch.enable_grad():
-                self.graph = (leaves, self.forward(*leaves))
+                self.graph = (leaves, _tensors(self.forward(*leaves)))
         return self.graph
 
     def refill(self) -> None:
-        """Recompute the output into its freed storage (before any consumer's backward)."""
-        if self.output is None or self.output.untyped_storage().nbytes() == self.nbytes:
+        """Recompute the outputs into their freed storages (before any consumer's
+        backward)."""
+        if all(o.untyped_storage().nbytes() == n for o, n in zip(self.outputs, self.nbytes,
+                                                                  strict=True)):
             return
         _, again = self.recompute()
-        storage = self.output.untyped_storage()
-        storage.resize_(self.nbytes)
-        with torch.no_grad():
-            storage.copy_(again.untyped_storage())
+        for out, nbytes, new in zip(self.outputs, self.nbytes, again, strict=True):
+            storage = out.untyped_storage()
+            storage.resize_(nbytes)
+            with torch.no_grad():
+                storage.copy_(new.untyped_storage())
+
+
+def _tensors(out: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    return out if isinstance(out, tuple) else (out,)
 
 
 class _DiscardingFn(torch.autograd.Function):
@@ -68,19 +77,20 @@ class _DiscardingFn(torch.autograd.Function):
     recomputation."""
 
     @staticmethod
-    def forward(ctx: Any, rec: _Discarded, *inputs: Any) -> torch.Tensor:
+    def forward(ctx: Any, rec: _Discarded, *inputs: Any) -> Any:
         ctx.rec = rec
         rec.node = weakref.ref(ctx)
         ctx.save_for_backward(*[a for a in inputs if torch.is_tensor(a)])
         out = rec.forward(*inputs)
-        rec.output, rec.nbytes = out, out.untyped_storage().nbytes()
+        rec.outputs = _tensors(out)
+        rec.nbytes = tuple(o.untyped_storage().nbytes() for o in rec.outputs)
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
         rec: _Discarded = ctx.rec
         leaves, again = rec.recompute()
-        torch.autograd.backward(again, grad)
+        torch.autograd.backward(again, grads)
         rec.graph = None
         return (None, *[a.grad if torch.is_tensor(a) else None for a in leaves])
 
@@ -104,7 +114,7 @@ _open: list[list[_Discarded]] = []
 """The scopes of the layers whose forward is running (innermost last)."""
 
 
-def discarding(forward: Callable[..., torch.Tensor], *inputs: Any) -> torch.Tensor:
+def discarding(forward: Callable[..., Any], *inputs: Any) -> Any:
     if not torch.is_grad_enabled() or not _open:
         return forward(*inputs)
     rec = _Discarded(forward, inputs)
@@ -116,15 +126,13 @@ def discarding(forward: Callable[..., torch.Tensor], *inputs: Any) -> torch.Tens
 def pending(t: torch.Tensor) -> bool:
     """t's storage is an output the open layer will discard (offload leaves it alone)."""
     ptr = t.untyped_storage().data_ptr()
-    return bool(_open) and any(r.output is not None
-                               and r.output.untyped_storage().data_ptr() == ptr
-                               for r in _open[-1])
+    return bool(_open) and any(o.untyped_storage().data_ptr() == ptr
+                               for r in _open[-1] for o in r.outputs)
 
 
 def _free(scope: list[_Discarded]) -> None:
-    for rec in scope:
-        assert rec.output is not None
-        storage = rec.output.untyped_storage()
+    for out in (o for rec in scope for o in rec.outputs):
+        storage = out.untyped_storage()
         for seen in stage_mod.counters():  # no longer kept, whoever saved it
             seen.pop(storage.data_ptr(), None)
         storage.resize_(0)

@@ -10,7 +10,8 @@ fp32, weights renormalised over the chosen k, no auxiliary loss), runs them as a
 dropless grouped GEMM (each (token, slot) pair once, sorted by expert, no expert
 padded to the busiest: deferral.segmented_mm), and
 adds `shared_experts` always-on experts (as one MLP of their summed width,
-which is the same function). MLA attention and dropout are not built.
+which is the same function). `attention = "mla"` builds DeepSeek's latent attention
+(ppsim.executor.builders.mla). Dropout is not built.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from ppsim.costs.transformer import Architecture, layer_kinds
 from ppsim.errors import UserError
 from ppsim.executor.builders.common import DTYPES, Head, init_normal, stage_loss, token_microbatch
 from ppsim.executor.builders.deferral import segmented_mm
+from ppsim.executor.builders.mla import LatentAttention
+from ppsim.executor.builders.rotary import rotary_tables, rotate
 from ppsim.executor.builders.stage import AttentionCore
 
 _ARCH = {f.name for f in fields(Architecture)}
@@ -59,9 +62,11 @@ class LlamaShape:
     @classmethod
     def from_fields(cls, f: dict[str, Any]) -> LlamaShape:
         a = architecture(f)
-        if a.attention == "mla":
-            raise UserError("model.attention", "the shipped builders build GQA/MHA, not MLA",
-                            "use attention = \"gqa\", or a builder of your own (--model)")
+        if a.attention == "mla" and (not a.kv_lora_rank or a.qk_rope_head_dim % 2):
+            raise UserError("model.kv_lora_rank", "MLA needs kv_lora_rank > 0 and an even "
+                            f"qk_rope_head_dim (got {a.kv_lora_rank}, {a.qk_rope_head_dim})",
+                            "set kv_lora_rank and qk_rope_head_dim as DeepSeek-V3 does "
+                            "(512, 64)")
         return cls(a, layer_kinds(a))
 
     @property
@@ -114,20 +119,6 @@ class RMSNorm(nn.Module):
                 ).to(x.dtype) * self.weight
 
 
-def rotary_tables(seq: int, dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    inv = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
-    ang = torch.outer(torch.arange(seq, dtype=torch.float64), inv)
-    return torch.cos(ang).float(), torch.sin(ang).float()
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding on (b, s, heads, d) with (s, 1, d/2) tables, pairs (i, i + d/2) as in
-    Llama's HF port."""
-    a, b = x.chunk(2, dim=-1)
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
-
-
 class Attention(nn.Module):
     def __init__(self, s: LlamaShape) -> None:
         super().__init__()
@@ -143,6 +134,10 @@ class Attention(nn.Module):
             cos, sin = rotary_tables(a.seq_length, hd // 2 * 2, 10000.0)
             self.register_buffer("cos", cos[:, : hd // 2], persistent=False)
             self.register_buffer("sin", sin[:, : hd // 2], persistent=False)
+
+    def input_linears(self) -> list[nn.Module]:
+        """The projections that read the layer's normed input (Megatron's qkv_linear)."""
+        return [self.q, self.k, self.v]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -238,7 +233,7 @@ class Layer(nn.Module):
         super().__init__()
         a = s.arch
         self.attn_norm = s.norm(a.hidden_size)
-        self.attention = Attention(s)
+        self.attention = LatentAttention(s) if a.attention == "mla" else Attention(s)
         self.mlp_norm = s.norm(a.hidden_size)
         self.mlp = MoE(s) if kind == "moe" else MLP(a.hidden_size, a.ffn_hidden_size,
                                                      a.gated_mlp)

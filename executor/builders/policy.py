@@ -2,7 +2,8 @@
 
 Modules are found by their role in a layer (Megatron's names): the GPT block's
 norm1 / q, kv / attention / proj / norm2 and the Llama layer's attn_norm /
-attention.q, k, v / attention.core / attention.o / mlp_norm / mlp. Recompute
+attention.q, k, v (MLA: q_down, kv_down, k_rope; up, its mla_up_proj) / attention.core /
+attention.o / mlp_norm / mlp. Recompute
 checkpoints the module (torch.utils.checkpoint, non-reentrant: its inputs kept,
 its internals recomputed in the backward); block N checkpoints the stage's first N
 layers whole. Offload runs a module's forward under saved-tensor hooks that move
@@ -21,9 +22,9 @@ from torch import nn
 
 from ppsim.executor.builders import discard
 from ppsim.executor.builders.stage import AttentionCore, checkpointed
-from ppsim.policy.model import EXECUTOR_RECOMPUTE, StagePolicy
+from ppsim.policy.model import StagePolicy
 
-DISCARDING = ("layernorm", "moe_act")
+DISCARDING = ("layernorm", "moe_act", "mla_up_proj")
 """Recompute modules that free their output (discard.py), not only their internals."""
 
 offloaded: list[int] = [0]
@@ -41,8 +42,9 @@ def _roles(layer: nn.Module) -> dict[str, list[nn.Module]]:
         att = get("attention")
         mlp = get("mlp")
         moe = hasattr(mlp, "router")
-        out = {"attn_norm": [get("attn_norm")], "qkv_linear": [att.q, att.k, att.v],
+        out = {"attn_norm": [get("attn_norm")], "qkv_linear": att.input_linears(),
                "core_attn": [att.core], "attn_proj": [att.o], "mlp_norm": [get("mlp_norm")],
+               "mla_up_proj": [att.up] if hasattr(att, "up") else [],
                "layernorm": [get("attn_norm"), get("mlp_norm")],
                "mlp": [] if moe else [mlp], "moe": [mlp] if moe else [],
                "expert_fc1": [mlp.fc1] if moe else [], "moe_act": [mlp.act] if moe else [],
@@ -102,18 +104,9 @@ def _offload_forward(module: nn.Module, cache: dict, forward: Callable[..., Any]
         return forward(*args, **kwargs)
 
 
-def check_policy(p: StagePolicy) -> None:
-    """ValueError for a module the executor's builders do not run as its own piece."""
-    for name in p.recompute_modules:
-        if name not in EXECUTOR_RECOMPUTE:
-            raise ValueError(f"the executor does not recompute {name!r} on its own; it "
-                             f"recomputes {', '.join(EXECUTOR_RECOMPUTE)} and whole layers")
-
-
 def apply_policy(layers: nn.ModuleDict, p: StagePolicy) -> None:
     """Checkpoint and offload the stage's layers (in order) as the policy says; the
     first N layers whole, the first offload_fraction of the others' offload modules."""
-    check_policy(p)
     ordered = list(layers.values())
     n = min(p.recompute_layers, len(ordered))
     rest = ordered[n:]

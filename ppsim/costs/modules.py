@@ -125,6 +125,9 @@ class ModuleEffect:
     """Bytes the layer keeps on the device per microbatch until its backward."""
     offloaded_bytes: int
     """Bytes moved to host memory (and back) per microbatch, at fraction 1."""
+    freed_bytes: int
+    """Of those, the bytes that leave the device: a tensor another piece saves too, and
+    that piece is not offloaded, is copied but stays."""
     repeated_ops: frozenset[str]
     """Forward ops run again inside the backward."""
 
@@ -146,7 +149,12 @@ def kept_tensors(a: Architecture, kind: str, recompute: tuple[str, ...] = ()
                  ) -> dict[str, float]:
     """saved_tensors of a layer less those the `recompute` modules drop."""
     dropped = {n for m in recompute if applies(m, a, kind) for n in _DROPS[m]}
-    return {n: v for n, v in saved_tensors(a, kind).items() if n not in dropped}
+    kept = {n: v for n, v in saved_tensors(a, kind).items() if n not in dropped}
+    if "mla_up_proj" in recompute and applies("mla_up_proj", a, kind):
+        # Its checkpoint keeps its inputs: the latents (kept by the up projections anyway)
+        # and the keys' shared rotary part, which nothing keeps without it.
+        kept["attn.k_rope"] = _tokens(a) * a.qk_rope_head_dim * DTYPE_BYTES[a.dtype] / a.tp
+    return kept
 
 
 def module_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
@@ -155,14 +163,29 @@ def module_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
     the whole layer recomputed (Megatron's block method), keeping only its input."""
     if full:
         return ModuleEffect(kept_bytes=int(saved_tensors(a, kind)[LAYER_INPUT]),
-                            offloaded_bytes=0, repeated_ops=frozenset({"*"}))
+                            offloaded_bytes=0, freed_bytes=0, repeated_ops=frozenset({"*"}))
     repeated = {op for m in recompute if applies(m, a, kind) for op in _REPEATS[m]}
     kept = kept_tensors(a, kind, recompute)
     moved = {n for m in offload if applies(m, a, kind) for n in _MOVES[m]} & set(kept)
+    freed = moved - _held_elsewhere(a, kind, recompute, offload)
     present = {op.name for op in layer_ops(a, kind)} | ({"a2a"} if kind == "moe" else set())
-    return ModuleEffect(kept_bytes=int(sum(v for n, v in kept.items() if n not in moved)),
+    return ModuleEffect(kept_bytes=int(sum(v for n, v in kept.items() if n not in freed)),
                         offloaded_bytes=int(sum(v for n, v in kept.items() if n in moved)),
+                        freed_bytes=int(sum(v for n, v in kept.items() if n in freed)),
                         repeated_ops=frozenset(repeated & present))
+
+
+def _held_elsewhere(a: Architecture, kind: str, recompute: tuple[str, ...],
+                    offload: tuple[str, ...]) -> set[str]:
+    """Tensors two pieces save, one of them not offloaded: copied to the host, but kept on
+    the device too. Attention's output is saved by attention (unless recomputed) and by
+    the output projection; with mla_up_proj and no query latent, the layer's normed input
+    is an input of the up projection's checkpoint as well as of the latents'."""
+    out_savers = {"attn_proj"} | (set() if "core_attn" in recompute else {"core_attn"})
+    held = set() if out_savers <= set(offload) else {"attn.out"}
+    if "mla_up_proj" in recompute and applies("mla_up_proj", a, kind) and not a.q_lora_rank:
+        held.add("norm1.out")
+    return held
 
 
 def offloaded_input_bytes(a: Architecture, kind: str, recompute: tuple[str, ...] = (),

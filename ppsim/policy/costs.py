@@ -38,7 +38,7 @@ class PolicyCosts:
     host_limit_bytes: float = float("inf")
     """Host memory one rank's offloaded tensors may use (its node's over its devices)."""
     _variants: dict[tuple[str, ...], ModelCosts] = field(default_factory=dict)
-    _offload: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[int, ...]] = field(
+    _offload: dict[tuple[tuple[str, ...], tuple[str, ...], bool], tuple[int, ...]] = field(
         default_factory=dict)
     _prefixes: dict[tuple[str, ...] | None, _Prefix] = field(default_factory=dict)
 
@@ -60,16 +60,18 @@ class PolicyCosts:
             hit = self._variants[modules] = self._priced(modules, False)
         return hit
 
-    def offloaded(self, modules: tuple[str, ...], offload: tuple[str, ...]) -> tuple[int, ...]:
-        """Prefix sums over the layers of the bytes the offload modules move at fraction 1."""
-        key = (modules, offload)
+    def offloaded(self, modules: tuple[str, ...], offload: tuple[str, ...], freed: bool = False
+                  ) -> tuple[int, ...]:
+        """Prefix sums over the layers of the bytes the offload modules move at fraction 1
+        (`freed`: of those, what leaves the device; ModuleEffect.freed_bytes)."""
+        key = (modules, offload, freed)
         hit = self._offload.get(key)
         if hit is None:
-            by_kind = {k: module_effect(self.arch, k, modules, offload).offloaded_bytes
-                       for k in set(self.kinds)}
+            effects = {k: module_effect(self.arch, k, modules, offload) for k in set(self.kinds)}
             pre = [0]
             for k in self.kinds:
-                pre.append(pre[-1] + by_kind[k])
+                pre.append(pre[-1] + (effects[k].freed_bytes if freed
+                                      else effects[k].offloaded_bytes))
             hit = self._offload[key] = tuple(pre)
         return hit
 
@@ -104,7 +106,9 @@ class PolicyCosts:
         off = copied = 0
         if policy.offloads:
             moved = self.offloaded(policy.recompute_modules, policy.offload_modules)
-            off = copied = int(policy.offload_fraction * (moved[hi] - moved[mid]))
+            freed = self.offloaded(policy.recompute_modules, policy.offload_modules, freed=True)
+            copied = int(policy.offload_fraction * (moved[hi] - moved[mid]))
+            off = int(policy.offload_fraction * (freed[hi] - freed[mid]))
             if receives and n == 0 and round(policy.offload_fraction * count) >= 1:
                 # The runtime holds the stage's input until its B (held_input_bytes):
                 # offloading the first layer's copy of it frees nothing on the device.

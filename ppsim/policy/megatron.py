@@ -7,8 +7,8 @@ first N layers of each stage) or the uniform method (every layer). Its
 fine-grained offload takes one module list, one fraction (of the offload groups,
 which ppsim prices as the same share of their bytes) and a per-pp-rank step in
 bytes; it runs on Transformer Engine's modules. torchtitan applies one activation
-checkpoint policy to every block; ppsim's executor runs any policy whose modules its
-builders have as pieces of their own (ppsim.policy.model.EXECUTOR_RECOMPUTE).
+checkpoint policy to every block; ppsim's executor runs any policy (its builders have
+every module as a piece of its own).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ppsim.costs.arch import Architecture
 from ppsim.errors import UserError
-from ppsim.policy.model import ALL_LAYERS, EXECUTOR_RECOMPUTE, StagePolicy
+from ppsim.policy.model import ALL_LAYERS, StagePolicy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,8 +91,7 @@ def policy_export(policies: tuple[StagePolicy, ...], pp: int, a: Architecture,
                   offload_bytes: int = 0) -> PolicyExport:
     """Megatron's flags of the policy and the frameworks that run it; `offload_bytes`:
     what the first rank offloads per microbatch at fraction 1 (prices the per-rank step)."""
-    runs = all(set(p.recompute_modules) <= set(EXECUTOR_RECOMPUTE) for p in policies)
-    frameworks = ["ppsim executor"] if runs else []
+    frameworks = ["ppsim executor"]
     if len({(p.recompute_modules, p.recompute_layers) for p in policies}) == 1 and not any(
             p.offloads for p in policies) and policies[0].recompute_layers in (0, ALL_LAYERS):
         frameworks.append("torchtitan (one checkpoint policy for every block)")

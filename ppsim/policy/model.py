@@ -16,11 +16,6 @@ from typing import Any
 from ppsim.costs.modules import OFFLOAD_MODULES, RECOMPUTE_MODULES, SHORTHAND
 from ppsim.errors import UserError
 
-EXECUTOR_RECOMPUTE = ("core_attn", "mlp", "moe_act", "layernorm", "moe", "shared_experts")
-"""Recompute modules ppsim's executor runs (its builders' own submodules; "mlp" in the
-Llama-style layers, whose MLP is one module). It builds no MLA, so no mla_up_proj; it
-offloads every offload module."""
-
 ALL_LAYERS = 1 << 30
 """A block count that covers every layer of any stage (the "full" mode)."""
 

@@ -38,8 +38,11 @@ MODULE_SETS = (
     ("layernorm", "mla_up_proj"), ("layernorm", "moe_act", "mla_up_proj"),
 )
 """Recompute module sets the search tries (those that differ for the model)."""
-OFFLOAD_SETS = (("core_attn",), ("core_attn", "mlp_norm", "expert_fc1", "moe_act"))
-"""Offload module sets the search tries when the hardware has a host link."""
+OFFLOAD_SETS = (("core_attn", "attn_proj"),
+                ("core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act"))
+"""Offload module sets the search tries when the hardware has a host link (core_attn with
+attn_proj: attention's output, which both save, leaves the device only with both, and is
+copied once either way)."""
 FRACTIONS = (0.5, 1.0)
 """Offload fractions the search tries."""
 

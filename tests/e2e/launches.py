@@ -137,6 +137,14 @@ MOE_POLICY = ["--recompute-modules", "layernorm,moe_act", "--offload-modules",
               "moe_act,expert_fc1,attn_norm"]
 """The MoE's own pieces: its activation's output freed, its inputs and the dispatched
 tokens offloaded."""
+MLA_TOML = ('[model]\npreset = "tiny-gpt"\ngated_mlp = true\nnorm = "rmsnorm"\n'
+            'position = "rotary"\nattention = "mla"\nq_lora_rank = 32\nkv_lora_rank = 24\n'
+            'qk_rope_head_dim = 8\nhead_dim = 16\nv_head_dim = 12\n')
+"""tiny-gpt with DeepSeek's latent attention (value heads narrower than key heads)."""
+MLA_CONFIG = ["--config", "{tmp}/mla.toml"]
+MLA_POLICY = ["--recompute-modules", "mla_up_proj,layernorm", "--offload-modules",
+              "core_attn,qkv_linear"]
+"""MLA's up projection and the norms freed; attention's and the latents' inputs offloaded."""
 SMALL = ["--microbatches", "4", "--iterations", "2", "--timeout-s", "30"]
 
 # test_executor.py's cases: every schedule, both builders, recompute modes and dp 2.
@@ -171,6 +179,8 @@ EXECUTOR = {
     "zbv-policy": Spec(argv=["--schedule", "zbv", *V, "--microbatches", "4", *NORM_POLICY]),
     "moe-interleaved-config": Spec(argv=[*INTERLEAVED, *MOE_CONFIG]),
     "moe-interleaved-policy": Spec(argv=[*INTERLEAVED, *MOE_CONFIG, *MOE_POLICY]),
+    "mla-1f1b-config": Spec(argv=[*ONE_F_ONE_B, *MLA_CONFIG]),
+    "mla-1f1b-policy": Spec(argv=[*ONE_F_ONE_B, *MLA_CONFIG, *MLA_POLICY]),
 }
 
 # test_executor_schedules.py's cases beyond those above; its zb-h1, dualpipev and
@@ -280,6 +290,7 @@ def _prepare(name: str, tmp: Path) -> None:
     (tmp / "zb.csv").write_text(zb_h1_csv(2, 4))
     (tmp / "gated.toml").write_text(GATED_TOML)
     (tmp / "moe.toml").write_text(MOE_TOML)
+    (tmp / "mla.toml").write_text(MLA_TOML)
     if name == "torch-dualpipev-csv":
         torch_dualpipev_csv(tmp / "dualpipev.csv")
     if name == "fault":  # an earlier good run the failed one must leave alone

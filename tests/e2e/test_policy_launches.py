@@ -13,6 +13,8 @@ pytest.importorskip("torch")
 
 from launches import (  # noqa: E402
     INTERLEAVED,
+    MLA_CONFIG,
+    MLA_POLICY,
     MOE_CONFIG,
     MOE_POLICY,
     NORM_POLICY,
@@ -27,12 +29,13 @@ from ppsim.cli.main import main  # noqa: E402
 pytestmark = pytest.mark.e2e
 CASES = {"1f1b-policy": ONE_F_ONE_B, "interleaved-policy": INTERLEAVED,
          "zbv-policy": ["--schedule", "zbv", *V, "--microbatches", "4"],
-         "moe-interleaved-policy": [*INTERLEAVED, *MOE_CONFIG]}
+         "moe-interleaved-policy": [*INTERLEAVED, *MOE_CONFIG],
+         "mla-1f1b-policy": [*ONE_F_ONE_B, *MLA_CONFIG]}
 """Each policy launch's flags without the policy."""
 POLICIES = {"1f1b-policy": POLICY, "interleaved-policy": POLICY, "zbv-policy": NORM_POLICY,
-            "moe-interleaved-policy": MOE_POLICY}
+            "moe-interleaved-policy": MOE_POLICY, "mla-1f1b-policy": MLA_POLICY}
 PLAIN = {"1f1b-policy": "1f1b", "interleaved-policy": "interleaved", "zbv-policy": "zbv",
-         "moe-interleaved-policy": "moe-interleaved-config"}
+         "moe-interleaved-policy": "moe-interleaved-config", "mla-1f1b-policy": "mla-1f1b-config"}
 
 
 def _peaks(trace: Path, pp: int) -> list[int]:

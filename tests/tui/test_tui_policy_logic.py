@@ -42,13 +42,13 @@ def test_dense_choices_name_only_modules_a_dense_layer_has() -> None:
     moe_names = {"moe", "moe_act", "shared_experts", "mla_up_proj", "expert_fc1"}
     assert not any(set(m) & moe_names for m in DENSE_MODULES + DENSE_OFFLOAD)
     assert len(set(DENSE_MODULES)) == len(DENSE_MODULES)  # each choice once
-    assert DENSE_OFFLOAD == [(), ("core_attn",), ("core_attn", "mlp_norm")]
+    assert DENSE_OFFLOAD == [(), ("core_attn", "attn_proj"), ("core_attn", "attn_proj", "mlp_norm")]
 
 
 def test_moe_mla_choices_offer_their_modules_and_uniform_models_none() -> None:
     modules, offload = choices_for(DEEPSEEK)  # type: ignore[misc]
     assert ("layernorm", "moe_act") in modules and ("layernorm", "mla_up_proj") in modules
-    assert ("core_attn", "mlp_norm", "expert_fc1", "moe_act") in offload
+    assert ("core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act") in offload
     uniform = parse_model({"kind": "uniform", "num_layers": 4})
     assert choices_for(uniform) is None
 
@@ -72,7 +72,7 @@ def test_offload_cycles_through_the_sets_and_the_fraction_needs_modules() -> Non
     with pytest.raises(EditRefused, match="offloads no modules"):
         step(StagePolicy(), "fraction", 1)
     p = step(StagePolicy(), "offload", 1)
-    assert p.offload_modules == ("core_attn",) and p.offload_fraction == 1.0
+    assert p.offload_modules == ("core_attn", "attn_proj") and p.offload_fraction == 1.0
     half = step(step(p, "fraction", -1), "fraction", -1)
     assert half.offload_fraction == 0.5
     assert step(p, "fraction", 1).offload_fraction == 1.0  # clamped

@@ -77,6 +77,7 @@ def _kept(fields: dict, index: int, policy: StagePolicy) -> tuple[int, int]:
 
 CASES = [
     StagePolicy(),
+    StagePolicy(offload_modules=("attn_proj",), offload_fraction=1.0),
     StagePolicy(recompute_modules=("core_attn",)),
     StagePolicy(recompute_modules=("layernorm",)),
     StagePolicy(recompute_modules=("layernorm", "core_attn"), offload_modules=(
@@ -121,9 +122,63 @@ def test_moe_bytes_per_module_set_are_the_cost_models(policy) -> None:
     assert abs(moved - want.offloaded_bytes) <= 0.02 * max(want.offloaded_bytes, 1)
 
 
-def test_the_executor_refuses_modules_it_has_no_piece_for() -> None:
-    b = load_builder(DEFAULT_BUILDER, GPT)
-    stage = Stage(b, 0, 2, False, False)
-    with pytest.raises(ValueError, match="mla_up_proj"):
-        executor_policy.apply_policy(stage.layers, StagePolicy(
-            recompute_modules=("mla_up_proj",)))
+MLA = {**LLAMA, "attention": "mla", "q_lora_rank": 32, "kv_lora_rank": 24,
+       "qk_rope_head_dim": 8, "head_dim": 16, "v_head_dim": 12}
+MLA_CASES = CASES + [
+    StagePolicy(recompute_modules=("mla_up_proj",)),
+    StagePolicy(recompute_modules=("mla_up_proj", "core_attn", "layernorm")),
+    StagePolicy(offload_modules=("qkv_linear", "core_attn", "attn_proj"), offload_fraction=1.0),
+    StagePolicy(recompute_modules=("mla_up_proj",), offload_modules=("core_attn", "qkv_linear"),
+                offload_fraction=1.0),
+    StagePolicy(offload_modules=("core_attn",), offload_fraction=1.0),
+]
+
+
+@pytest.mark.parametrize("policy", MLA_CASES, ids=lambda p: p.label())
+@pytest.mark.parametrize(("kind", "q_lora_rank"), [("dense", 32), ("moe", 32), ("dense", 0)])
+def test_mla_bytes_per_module_set_are_the_cost_models(policy, kind: str,
+                                                      q_lora_rank: int) -> None:
+    """Latents, the up projection (Megatron's mla_up_proj) and attention with value heads
+    narrower than key heads keep what the model counts: no s x s scores, no padded value."""
+    fields = {**MLA, "dtype": "bf16", "q_lora_rank": q_lora_rank}
+    kept, moved = _kept(fields, 0 if kind == "dense" else 2, policy)
+    want = module_effect(architecture(fields), kind, policy.recompute_modules,
+                         policy.offload_modules, full=policy.recompute_layers > 0)
+    assert abs(kept - want.kept_bytes) <= 0.02 * want.kept_bytes, (kept, want)
+    assert abs(moved - want.offloaded_bytes) <= 0.02 * max(want.offloaded_bytes, 1)
+
+
+@pytest.mark.parametrize("policy", [
+    StagePolicy(recompute_modules=("mla_up_proj",)),
+    StagePolicy(recompute_modules=("mla_up_proj", "layernorm", "moe_act"),
+                offload_modules=("qkv_linear", "core_attn"), offload_fraction=1.0),
+    StagePolicy(recompute_modules=("core_attn",), recompute_layers=1,
+                offload_modules=("attn_proj", "expert_fc1"), offload_fraction=1.0),
+], ids=lambda p: p.label())
+def test_an_mla_policy_leaves_losses_and_gradients_unchanged(policy) -> None:
+    want_loss, want = _loss_and_grads(MLA, None)
+    got_loss, got = _loss_and_grads(MLA, policy)
+    assert got_loss == want_loss
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_mla_attention_is_exact_attention() -> None:
+    """The padded fused kernel against softmax(QK^T / sqrt(d))V in float64, values and
+    gradients."""
+    from ppsim.executor.builders.mla import LatentAttentionCore
+
+    gen = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(2, 48, 4, 24, generator=gen).transpose(1, 2).requires_grad_()
+            for _ in range(2))
+    v = torch.randn(2, 48, 4, 16, generator=gen).transpose(1, 2).requires_grad_()
+    out = LatentAttentionCore()(q, k, v)
+    grad = torch.randn(out.shape, generator=gen)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    scores = q.double() @ k.double().transpose(-1, -2) / 24 ** 0.5
+    mask = torch.ones(48, 48, dtype=torch.bool).triu(1)
+    ref = torch.softmax(scores.masked_fill(mask, float("-inf")), -1) @ v.double()
+    want = torch.autograd.grad(ref, (q, k, v), grad.double())
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.double(), w.double(), rtol=1e-4, atol=1e-5)

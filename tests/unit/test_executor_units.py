@@ -180,8 +180,10 @@ def test_the_default_builder_builds_what_the_fields_describe() -> None:
         if layer is not None:
             assert type(layer.attn_norm).__name__ == "RMSNorm" and layer.attention.rotary
     assert load_builder(DEFAULT_BUILDER, mixtral).layer_kind(3) == "moe"
-    with pytest.raises(UserError, match="model.attention"):
-        load_builder(DEFAULT_BUILDER, model_fields({"preset": "deepseek-v3"}))
+    deepseek = load_builder(DEFAULT_BUILDER, model_fields({"preset": "deepseek-v3"}))
+    assert deepseek.shape.arch.attention == "mla"  # built as MLA (its layers are not: 7168 wide)
+    with pytest.raises(UserError, match="model.kv_lora_rank"):
+        load_builder(DEFAULT_BUILDER, {**FIELDS, "attention": "mla", "kv_lora_rank": 0})
 
 
 @pytest.mark.parametrize("spec, problem", [

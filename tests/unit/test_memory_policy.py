@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ppsim.cli.main import main
 from ppsim.config.schema import config_from_dict, config_to_toml, load_config
 from ppsim.costs.arch import Architecture
-from ppsim.costs.modules import module_effect, saved_tensors
+from ppsim.costs.modules import OFFLOAD_MODULES, RECOMPUTE_MODULES, module_effect, saved_tensors
 from ppsim.costs.transformer import Accelerator, layer_activation_bytes, transformer_costs
 from ppsim.errors import UserError
 from ppsim.pipeline.problem import build_problem
@@ -204,3 +206,32 @@ def test_the_trace_shows_each_offload_copy(tmp_path, capsys) -> None:
     per_layer = 8192 * 4096 * 2  # attn_proj's input: the attention output
     assert all(e["args"]["bytes"] == 16 * per_layer for e in copies)
     assert all(e["dur"] == pytest.approx(16 * per_layer / 63e9 * 1e6) for e in copies)
+
+
+RECOMPUTES = st.lists(st.sampled_from(RECOMPUTE_MODULES), unique=True, max_size=4)
+OFFLOADS = st.lists(st.sampled_from(OFFLOAD_MODULES), unique=True, max_size=4)
+
+
+@given(st.sampled_from([(DENSE, "dense"), (MOE, "moe"), (MLA, "dense"), (MLA, "moe")]),
+       RECOMPUTES, OFFLOADS)
+def test_offload_frees_at_most_what_it_copies_and_keeps_the_rest(case, recompute, offload):
+    base, kind = case
+    a = arch(base)
+    plain = module_effect(a, kind, tuple(recompute))
+    got = module_effect(a, kind, tuple(recompute), tuple(offload))
+    assert 0 <= got.freed_bytes <= got.offloaded_bytes
+    assert got.kept_bytes + got.freed_bytes == plain.kept_bytes  # freed leaves, the rest stays
+    assert got.repeated_ops == plain.repeated_ops
+
+
+def test_attention_output_leaves_the_device_only_with_both_its_savers_offloaded() -> None:
+    a = arch(DENSE)
+    out = 128 * 2 * 256 * 2  # tokens x heads x head width, bf16
+    alone = module_effect(a, "dense", (), ("core_attn",))
+    both = module_effect(a, "dense", (), ("core_attn", "attn_proj"))
+    proj = module_effect(a, "dense", (), ("attn_proj",))
+    assert alone.offloaded_bytes - alone.freed_bytes == out  # copied, kept by the projection
+    assert both.offloaded_bytes == both.freed_bytes == alone.offloaded_bytes
+    assert proj.freed_bytes == 0 and proj.offloaded_bytes == out  # attention keeps it too
+    # recomputed, attention keeps its inputs only: the projection alone frees its output
+    assert module_effect(a, "dense", ("core_attn",), ("attn_proj",)).freed_bytes == out

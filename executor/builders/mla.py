@@ -1,0 +1,135 @@
+"""DeepSeek's multi-head latent attention (MLA), built as Megatron-Core builds it.
+
+Queries go through a low-rank latent (q_down, q_norm, q_up; or one q_proj when
+q_lora_rank is 0); keys and values through one latent (kv_down, kv_norm, then k_up
+and v_up per head), and each key's rotary part through one shared projection
+(k_rope, `qk_rope_head_dim` wide, the same for every head). Megatron's kv_down is one
+matmul to kv_lora_rank + qk_rope_head_dim split in two; here they are two Linears of
+those widths (the same flops and parameters), so the latent autograd keeps is a
+tensor of its own, the width the cost model counts (ppsim.costs.modules).
+
+`UpProjection` is Megatron's `mla_up_proj`: the up projections and the rotary, whose
+outputs (q, k, v) are what attention keeps; recomputing it (executor/builders/discard.py)
+frees them and keeps the latents and the rotary key part instead.
+
+Attention itself: query and key heads are qk_head_dim + qk_rope_head_dim wide, value
+heads v_head_dim. torch's fused CPU attention wants one width, and its fallback keeps
+the s x s scores; `_FlashMLA` pads the values with zeros to the key width for the fused
+kernel (forward and backward), keeping q, k, v, the output and its log-sum-exp at their
+own widths: what FlashAttention keeps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ppsim.executor.builders.rotary import rotary_tables, rotate
+from ppsim.executor.builders.stage import AttentionCore
+
+_aten = torch.ops.aten
+
+
+class _FlashMLA(torch.autograd.Function):
+    """Causal attention of (b, heads, s, d_qk) queries and keys over (b, heads, s, d_v)
+    values by the fused CPU kernel, the values padded to d_qk inside."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        pad = q.shape[-1] - v.shape[-1]
+        out, lse = _aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, F.pad(v, (0, pad)), 0.0, True)
+        # The output at its own width in (b, s, heads, d_v) memory: the projection reads it.
+        out = out[..., : v.shape[-1]].transpose(1, 2).contiguous().transpose(1, 2)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        pad = q.shape[-1] - v.shape[-1]
+        gq, gk, gv = _aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            F.pad(grad, (0, pad)), q, k, F.pad(v, (0, pad)), F.pad(out, (0, pad)), lse,
+            0.0, True)
+        return gq, gk, gv[..., : v.shape[-1]]
+
+
+class LatentAttentionCore(AttentionCore):
+    """softmax(QK^T)V, causal, with value heads narrower than query and key heads."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if q.shape[-1] == v.shape[-1] or q.device.type != "cpu":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return _FlashMLA.apply(q, k, v)
+
+
+class UpProjection(nn.Module):
+    """Megatron's `mla_up_proj`: q, k and v per head from the latents, rotary applied.
+    Inputs (b, s, width); outputs in (b, s, heads, d) memory."""
+
+    def __init__(self, *, q_in: int, kv_lora: int, heads: int, nope: int, rope: int,
+                 value: int, rotary: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        super().__init__()
+        self.heads, self.nope, self.rope, self.value = heads, nope, rope, value
+        self.q_up = nn.Linear(q_in, heads * (nope + rope), bias=False)
+        self.k_up = nn.Linear(kv_lora, heads * nope, bias=False)
+        self.v_up = nn.Linear(kv_lora, heads * value, bias=False)
+        self.rotary = rotary is not None
+        if rotary is not None:
+            self.register_buffer("cos", rotary[0], persistent=False)
+            self.register_buffer("sin", rotary[1], persistent=False)
+
+    def _rotate(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.rotary:
+            return x
+        t = x.shape[1]
+        return rotate(x, self.cos[:t, None], self.sin[:t, None])
+
+    def forward(self, q_in: torch.Tensor, kv_latent: torch.Tensor, k_rope: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, t, _ = q_in.shape
+        h = self.heads
+        q_nope, q_pe = self.q_up(q_in).view(b, t, h, self.nope + self.rope).split(
+            [self.nope, self.rope], dim=-1)
+        q = torch.cat((q_nope, self._rotate(q_pe)), dim=-1)
+        k_pe = self._rotate(k_rope.view(b, t, 1, self.rope)).expand(b, t, h, self.rope)
+        k = torch.cat((self.k_up(kv_latent).view(b, t, h, self.nope), k_pe), dim=-1)
+        return q, k, self.v_up(kv_latent).view(b, t, h, self.value)
+
+
+class LatentAttention(nn.Module):
+    """MLA: the latents, the up projection, attention, the output projection."""
+
+    def __init__(self, s: Any) -> None:
+        super().__init__()
+        a = s.arch
+        h, heads, nope, rope = a.hidden_size, a.num_heads, s.head_dim, a.qk_rope_head_dim
+        value = a.v_head_dim or nope
+        self.heads, self.value = heads, value
+        self.q_down = nn.Linear(h, a.q_lora_rank, bias=False) if a.q_lora_rank else None
+        self.q_norm = s.norm(a.q_lora_rank) if a.q_lora_rank else None
+        self.kv_down = nn.Linear(h, a.kv_lora_rank, bias=False)
+        self.k_rope = nn.Linear(h, rope, bias=False)
+        self.kv_norm = s.norm(a.kv_lora_rank)
+        tables = None
+        if a.rotary:
+            tables = rotary_tables(a.seq_length, rope, 10000.0)
+        self.up = UpProjection(q_in=a.q_lora_rank or h, kv_lora=a.kv_lora_rank, heads=heads,
+                               nope=nope, rope=rope, value=value, rotary=tables)
+        self.core = LatentAttentionCore()
+        self.o = nn.Linear(heads * value, h, bias=False)
+
+    def input_linears(self) -> list[nn.Module]:
+        """The projections that read the layer's normed input (Megatron's qkv_linear)."""
+        first = self.q_down if self.q_down is not None else self.up.q_up
+        return [first, self.kv_down, self.k_rope]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q_in = x if self.q_down is None else self.q_norm(self.q_down(x))  # type: ignore[misc]
+        q, k, v = self.up(q_in, self.kv_norm(self.kv_down(x)), self.k_rope(x))
+        a = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return self.o(a.transpose(1, 2).reshape(b, t, self.heads * self.value))
