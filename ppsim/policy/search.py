@@ -19,9 +19,12 @@ force).
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from ppsim.costs.model import StageCost
 from ppsim.costs.modules import applies, module_effect
 from ppsim.pipeline.problem import Problem
 from ppsim.plan.planner import PlanResult, plan
@@ -249,14 +252,26 @@ PER_RANK = "per rank, on the best split found"
 """The per-stage space's label with several chunks per rank (refine_per_rank)."""
 
 
+RANK_COMBOS = 4096
+"""Per rank, the most combinations of its chunks' policies tried (options ** chunks);
+beyond, every chunk of the rank takes the same option."""
+
+
+def _rank_combos(options: int, chunks: int) -> Iterator[tuple[int, ...]]:
+    """Option indices per chunk: each chunk its own, or (past RANK_COMBOS) one for all."""
+    if options ** chunks <= RANK_COMBOS:
+        return itertools.product(range(options), repeat=chunks)
+    return ((o,) * chunks for o in range(options))
+
+
 def refine_per_rank(problem: Problem, pc: PolicyCosts, start: SpaceBest) -> SpaceBest:
     """The per-stage space with several chunks per rank: a rank's memory is the sum of its
     chunks', so stages are not priced alone. The best split found (`start`'s) is kept
-    and each rank's chunks take the policy, of the groups, of each N, or the one they
-    had, that gives the rank the least F + B time while it fits in memory: the best
-    per-rank choice for that split (recompute and copies only lengthen ops), not a
-    search over splits, so never proven. Never slower than `start`: it is kept when
-    the refined policies simulate slower."""
+    and each rank's chunks take the policies (each chunk its own, of the groups, of
+    each N, or the one it had; see RANK_COMBOS) that give the rank the least F + B time
+    while it fits in memory: the best per-rank choice for that split (recompute and
+    copies only lengthen ops), not a search over splits, so never proven. Never slower
+    than `start`: it is kept when the refined policies simulate slower."""
     r = start.result
     if r is None or r.best is None:
         return SpaceBest(space="per-stage", result=None, label=PER_RANK)
@@ -264,23 +279,28 @@ def refine_per_rank(problem: Problem, pc: PolicyCosts, start: SpaceBest) -> Spac
     counts, S = split.counts, split.num_stages
     search = SplitSearch(replace(problem.with_split(split), memory=None))
     offsets = [sum(counts[:k]) for k in range(S)]
-    options = module_groups(pc, pc.host_link_gbps > 0) + [
-        StagePolicy(recompute_layers=n) for n in range(1, max(counts) + 1)]
+    options: list[StagePolicy | None] = [None, *module_groups(pc, pc.host_link_gbps > 0), *(
+        StagePolicy(recompute_layers=n) for n in range(1, max(counts) + 1))]
     chosen = list(start.policies)
+
+    def cost(k: int, option: StagePolicy | None) -> StageCost:
+        pol = chosen[k] if option is None else option
+        return estimated(pc.stage_cost(pol, offsets[k], counts[k], k == 0, k == S - 1,
+                                       search.receives[k]))
+
     for rank, stages in enumerate(search.rank_stages):
-        best_ms = None
-        for option in [None, *options]:  # None: the chunks keep what they had
-            pols = [chosen[k] if option is None else option for k in stages]
-            rc = [estimated(pc.stage_cost(pol, offsets[k], counts[k], k == 0, k == S - 1,
-                                          search.receives[k]))
-                  for pol, k in zip(pols, stages, strict=True)]
+        table = {(k, n): cost(k, o) for k in stages for n, o in enumerate(options)}
+        best: tuple[float, tuple[int, ...]] | None = None
+        for combo in _rank_combos(len(options), len(stages)):
+            rc = [table[k, n] for k, n in zip(stages, combo, strict=True)]
             if sum(c.static_bytes for c in rc) + search.rank_peak(rank, rc) > search.memory:
                 continue
             ms = sum(c.forward_ms + c.backward_ms for c in rc)
-            if best_ms is None or ms < best_ms - 1e-9:
-                best_ms = ms
-                for k, pol in zip(stages, pols, strict=True):
-                    chosen[k] = pol
+            if best is None or ms < best[0] - 1e-9:
+                best = (ms, combo)
+        if best is not None:
+            for k, n in zip(stages, best[1], strict=True):
+                chosen[k] = options[n] or chosen[k]
     policies = tuple(chosen)
     kept = replace(start, space="per-stage", label=PER_RANK, proven=False)
     fixed = replace(problem.with_split(split), costs=pc.base,

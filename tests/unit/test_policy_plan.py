@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import shlex
@@ -182,3 +183,42 @@ def test_with_two_chunks_per_rank_each_rank_gets_its_fastest_fitting_policy() ->
     roomy_problem, roomy_pc = _chunked(1e15)  # nothing to gain: the start comes back
     roomy = plan_global(roomy_problem, roomy_pc, 2.0)
     assert space_key(refine_per_rank(roomy_problem, roomy_pc, roomy)) == space_key(roomy)
+
+
+def test_each_chunk_of_a_rank_takes_its_own_policy_as_brute_force_would() -> None:
+    """Per rank, the refined chunks' F + B is the least of every pair of policies (each
+    chunk its own) that fits the rank, by the same estimate."""
+    import itertools
+
+    from ppsim.plan.search import SplitSearch
+    from ppsim.policy.search import module_groups, plan_global, refine_per_rank
+    from ppsim.sim.copies import estimated
+
+    problem, pc = _chunked(30e9)
+    start = plan_global(problem, pc, 2.0)
+    got = refine_per_rank(problem, pc, start)
+    assert got.result is not None and got.result.best is not None
+    split = got.result.best.split
+    search = SplitSearch(dataclasses.replace(problem.with_split(split), memory=None))
+    offsets = [sum(split.counts[:k]) for k in range(split.num_stages)]
+    options = [*module_groups(pc, True), *start.policies,
+               *(StagePolicy(recompute_layers=n) for n in range(1, max(split.counts) + 1))]
+
+    def costs(stages, pols):
+        return [estimated(pc.stage_cost(p, offsets[k], split.counts[k], k == 0,
+                                        k == split.num_stages - 1, search.receives[k]))
+                for k, p in zip(stages, pols, strict=True)]
+
+    def fits(rank, rc):
+        return sum(c.static_bytes for c in rc) + search.rank_peak(rank, rc) <= search.memory
+
+    mixed = False
+    for rank, stages in enumerate(search.rank_stages):
+        best = min(sum(c.forward_ms + c.backward_ms for c in rc)
+                   for pols in itertools.product(options, repeat=len(stages))
+                   if fits(rank, rc := costs(stages, pols)))
+        rc = costs(stages, [got.policies[k] for k in stages])
+        assert fits(rank, rc)
+        assert sum(c.forward_ms + c.backward_ms for c in rc) == pytest.approx(best, rel=1e-9)
+        mixed |= len({got.policies[k] for k in stages}) > 1
+    assert mixed  # some rank's two chunks differ: one policy per rank would not say it
