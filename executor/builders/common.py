@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Piece:
+    """A part of a module's forward that a memory policy wraps as it wraps a module
+    (`forward` replaced), with no parameters of its own: the GPT block's MLP, whose
+    Linears stay the block's (their parameter names unchanged)."""
+
+    def __init__(self, forward: Callable[..., Any]) -> None:
+        self.forward = forward
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
 
 def init_normal(module: nn.Module, num_layers: int, out_proj: tuple[str, ...]) -> None:
     """GPT-2 style init from torch's RNG (ppsim seeds it per piece)."""

@@ -18,7 +18,14 @@ from torch import nn
 
 from ppsim.costs.transformer import Architecture, layer_kinds
 from ppsim.executor.builders import hybrid
-from ppsim.executor.builders.common import DTYPES, Head, init_normal, stage_loss, token_microbatch
+from ppsim.executor.builders.common import (
+    DTYPES,
+    Head,
+    Piece,
+    init_normal,
+    stage_loss,
+    token_microbatch,
+)
 from ppsim.executor.builders.llama import architecture, describe
 from ppsim.executor.builders.stage import AttentionCore
 from ppsim.executor.builders.tensor import (
@@ -78,6 +85,7 @@ class Block(nn.Module):
         self.fc1 = nn.Linear(h, s.ffn_hidden_size)
         self.fc3 = nn.Linear(h, s.ffn_hidden_size) if s.gated_mlp else None
         self.fc2 = nn.Linear(s.ffn_hidden_size, h)
+        self.mlp = Piece(self._mlp)  # Megatron's `mlp` recompute module
         self.tp: TensorGroup | None = None
 
     def shard(self, g: TensorGroup) -> None:
@@ -96,6 +104,13 @@ class Block(nn.Module):
         assert self.tp is not None
         return reduce_out(F.linear(x, linear.weight), self.tp) + linear.bias
 
+    def _mlp(self, y: torch.Tensor) -> torch.Tensor:
+        """The MLP on the normed input, before the residual add."""
+        if self.tp is not None:
+            y = copy_in(y, self.tp)
+        y = F.silu(self.fc1(y)) * self.fc3(y) if self.fc3 is not None else F.gelu(self.fc1(y))
+        return self.fc2(y) if self.tp is None else self._row(self.fc2, y)
+
     def _tensor_parallel(self, x: torch.Tensor) -> torch.Tensor:
         assert self.tp is not None
         b, t, _ = x.shape
@@ -104,9 +119,7 @@ class Block(nn.Module):
         k, v = self.kv(y).view(b, t, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         a = self.attention(q, k, v)
         x = x + self._row(self.proj, a.transpose(1, 2).reshape(b, t, -1))
-        y = copy_in(self.norm2(x), self.tp)
-        y = F.silu(self.fc1(y)) * self.fc3(y) if self.fc3 is not None else F.gelu(self.fc1(y))
-        return x + self._row(self.fc2, y)
+        return x + self.mlp(self.norm2(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp is not None:
@@ -117,12 +130,7 @@ class Block(nn.Module):
         k, v = self.kv(y).view(b, t, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         a = self.attention(q, k, v)
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, h))
-        y = self.norm2(x)
-        if self.fc3 is not None:
-            y = F.silu(self.fc1(y)) * self.fc3(y)
-        else:
-            y = F.gelu(self.fc1(y))
-        return x + self.fc2(y)
+        return x + self.mlp(self.norm2(x))
 
 
 class Embedding(nn.Module):

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ppsim.executor.builders import discard
+from ppsim.executor.builders.common import Piece
 from ppsim.executor.builders.stage import AttentionCore, checkpointed
 from ppsim.policy.model import StagePolicy
 
@@ -31,13 +32,14 @@ offloaded: list[int] = [0]
 """Bytes moved to the host since the last reset (the tests read it)."""
 
 
-def _roles(layer: nn.Module) -> dict[str, list[nn.Module]]:
+def _roles(layer: nn.Module) -> dict[str, list[nn.Module | Piece]]:
     """Role -> the layer's modules that play it (empty when the layer has none)."""
     get = functools.partial(getattr, layer)
     if hasattr(layer, "norm1"):  # the GPT block
         out = {"attn_norm": [get("norm1")], "qkv_linear": [get("q"), get("kv")],
                "core_attn": [get("attention")], "attn_proj": [get("proj")],
-               "mlp_norm": [get("norm2")], "layernorm": [get("norm1"), get("norm2")]}
+               "mlp_norm": [get("norm2")], "layernorm": [get("norm1"), get("norm2")],
+               "mlp": [get("mlp")]}
     elif hasattr(layer, "attn_norm"):  # the Llama layer
         att = get("attention")
         mlp = get("mlp")
@@ -54,7 +56,7 @@ def _roles(layer: nn.Module) -> dict[str, list[nn.Module]]:
     return out
 
 
-def _wrap(module: nn.Module, around: Callable[..., Any]) -> None:
+def _wrap(module: nn.Module | Piece, around: Callable[..., Any]) -> None:
     """Run module's forward through `around(forward, *args)`."""
     inner = module.forward
     module.forward = functools.partial(around, inner)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape
+from ppsim.costs.arch import DTYPE_BYTES, KINDS, Architecture, attention_shape
 from ppsim.costs.layerops import layer_ops
 
 RECOMPUTE_MODULES = ("core_attn", "mlp", "moe_act", "layernorm", "mla_up_proj", "moe",
@@ -133,7 +133,10 @@ class ModuleEffect:
 
 
 def applies(module: str, a: Architecture, kind: str) -> bool:
-    """A module exists in a layer of this kind (Megatron ignores the others there)."""
+    """A module exists in a layer of this kind (Megatron ignores the others there); a
+    hybrid stack's mixers (ppsim.costs.mixers) have none of them."""
+    if kind not in KINDS:
+        return False
     if module in ("moe", "moe_act", "expert_fc1"):
         return kind == "moe"
     if module == "shared_experts":

@@ -43,6 +43,15 @@ def configured_policy(cfg: Config, num_stages: int) -> MemoryPolicy:
 
 
 def fixed_policy(cfg: Config, num_stages: int) -> Fixed:
-    """Each virtual stage's configured policy, priced."""
+    """Each virtual stage's configured policy, priced; a module policy on a hybrid stack
+    (whose mixers know no modules: they keep all, or block N recomputes them) refused."""
     pol = configured_policy(cfg, num_stages)
-    return Fixed(costs=policy_costs(cfg), policies=tuple(pol.of(i) for i in range(num_stages)))
+    policies = tuple(pol.of(i) for i in range(num_stages))
+    if cfg.model.fields().get("hybrid_layer_pattern") and any(
+            p.recompute_modules or p.offload_modules for p in policies):
+        raise UserError("memory", "a hybrid layer pattern takes block recompute only "
+                        "(its Mamba, GatedDeltaNet and attention layers have no Megatron "
+                        "recompute or offload modules here)",
+                        "use --recompute-num-layers N (or recompute = \"full\") and drop "
+                        "the recompute and offload modules")
+    return Fixed(costs=policy_costs(cfg), policies=policies)

@@ -40,7 +40,7 @@ def _loss_and_grads(fields: dict, policy: StagePolicy | None) -> tuple[float, li
                         offload_modules=OFFLOAD, offload_fraction=0.5)),
     (LLAMA, StagePolicy(recompute_modules=("shared_experts",),
                         offload_modules=("core_attn", "expert_fc1"), offload_fraction=1.0)),
-    (GPT, StagePolicy(recompute_modules=("layernorm",), offload_modules=("attn_norm",),
+    (GPT, StagePolicy(recompute_modules=("layernorm", "mlp"), offload_modules=("attn_norm",),
                       offload_fraction=1.0)),
     (LLAMA, StagePolicy(recompute_modules=("layernorm", "moe_act"),
                         offload_modules=("attn_norm", "qkv_linear", "moe_act"),
@@ -117,6 +117,19 @@ def test_moe_bytes_per_module_set_are_the_cost_models(policy) -> None:
     fields = {**LLAMA, "dtype": "bf16"}
     kept, moved = _kept(fields, 2, policy)
     want = module_effect(architecture(fields), "moe", policy.recompute_modules,
+                         policy.offload_modules, full=policy.recompute_layers > 0)
+    assert abs(kept - want.kept_bytes) <= 0.02 * want.kept_bytes, (kept, want)
+    assert abs(moved - want.offloaded_bytes) <= 0.02 * max(want.offloaded_bytes, 1)
+
+
+@pytest.mark.parametrize("policy", CASES + [StagePolicy(recompute_modules=("mlp",)),
+                                    StagePolicy(recompute_modules=("mlp", "layernorm"))],
+                         ids=lambda p: p.label())
+def test_gpt_bytes_per_module_set_are_the_cost_models(policy) -> None:
+    """The default builder's block (LayerNorm, learned positions, GELU MLP inline): its
+    MLP is a piece a policy checkpoints as the Llama layer's MLP module."""
+    kept, moved = _kept(GPT, 0, policy)
+    want = module_effect(architecture(GPT), "dense", policy.recompute_modules,
                          policy.offload_modules, full=policy.recompute_layers > 0)
     assert abs(kept - want.kept_bytes) <= 0.02 * want.kept_bytes, (kept, want)
     assert abs(moved - want.offloaded_bytes) <= 0.02 * max(want.offloaded_bytes, 1)

@@ -16,6 +16,7 @@ from ppsim.costs.modules import OFFLOAD_MODULES, RECOMPUTE_MODULES, module_effec
 from ppsim.costs.transformer import Accelerator, layer_activation_bytes, transformer_costs
 from ppsim.errors import UserError
 from ppsim.pipeline.problem import build_problem
+from ppsim.policy.model import StagePolicy
 
 ACC = Accelerator(peak_tflops=100.0, memory_bandwidth_gbps=1000.0)
 DENSE = dict(num_layers=4, hidden_size=256, num_heads=8, num_kv_heads=8, ffn_hidden_size=1024,
@@ -235,3 +236,18 @@ def test_attention_output_leaves_the_device_only_with_both_its_savers_offloaded(
     assert proj.freed_bytes == 0 and proj.offloaded_bytes == out  # attention keeps it too
     # recomputed, attention keeps its inputs only: the projection alone frees its output
     assert module_effect(a, "dense", ("core_attn",), ("attn_proj",)).freed_bytes == out
+
+
+def test_a_hybrid_stack_takes_block_recompute_only(capsys) -> None:
+    """Its mixers have no Megatron modules: a module policy would change nothing in the
+    model or the executor, so it is refused, and the search offers block N alone."""
+    from ppsim.config.schema import config_from_dict
+    from ppsim.policy.search import module_groups
+    from ppsim.policy.setup import policy_costs
+
+    assert main(["simulate", "--preset", "tiny-hybrid", "--recompute-modules", "mlp"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "memory" in err[0] and "--recompute-num-layers" in err[0]
+    assert main(["simulate", "--preset", "tiny-hybrid", "--recompute-num-layers", "1"]) == 0
+    pc = policy_costs(config_from_dict({"model": {"preset": "tiny-hybrid"}}))
+    assert module_groups(pc, offload=True) == [StagePolicy()]
