@@ -106,10 +106,27 @@ def _offload_forward(module: nn.Module, cache: dict, forward: Callable[..., Any]
         return forward(*args, **kwargs)
 
 
+def unsupported(layer: nn.Module, p: StagePolicy) -> tuple[str, ...]:
+    """The policy's modules a layer has no piece for: none in the shipped builders'
+    layers (a module a layer lacks, such as moe in a dense one, is one the model prices
+    at nothing there too); in any other layer all but core_attn, which is found by its
+    AttentionCore."""
+    if hasattr(layer, "norm1") or hasattr(layer, "attn_norm"):
+        return ()
+    named = dict.fromkeys((*p.recompute_modules, *p.offload_modules))
+    found = _roles(layer)
+    return tuple(m for m in named if not found.get(m))
+
+
 def apply_policy(layers: nn.ModuleDict, p: StagePolicy) -> None:
     """Checkpoint and offload the stage's layers (in order) as the policy says; the
-    first N layers whole, the first offload_fraction of the others' offload modules."""
+    first N layers whole, the first offload_fraction of the others' offload modules.
+    ValueError for a module a layer has no piece for (`unsupported`)."""
     ordered = list(layers.values())
+    for layer in ordered[min(p.recompute_layers, len(ordered)):]:
+        if missing := unsupported(layer, p):
+            raise ValueError(f"{type(layer).__name__} layers have no piece for "
+                             f"{', '.join(missing)}")
     n = min(p.recompute_layers, len(ordered))
     rest = ordered[n:]
     off_layers = round(p.offload_fraction * len(rest)) if p.offload_modules else 0

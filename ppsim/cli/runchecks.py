@@ -56,9 +56,12 @@ def check_world(args: argparse.Namespace, world: int) -> None:
                     "(--nnodes, --print-launch)")
 
 
-def check_builder(args: argparse.Namespace, fields: dict[str, Any]) -> None:
+def check_builder(args: argparse.Namespace, fields: dict[str, Any], memory: Any = None
+                  ) -> None:
     """Import and call the builder here, so a bad one exits 2 before any process; with
-    --print-launch (which runs nothing) only the spec's form is checked, no code loads."""
+    --print-launch (which runs nothing) only the spec's form is checked, no code loads;
+    with a memory policy (`memory`: the problem's), its modules are checked against the
+    builder's layers."""
     from ppsim.executor.builders import (  # torch loads only when a run starts
         builder_spec,
         code_note,
@@ -74,12 +77,33 @@ def check_builder(args: argparse.Namespace, fields: dict[str, Any]) -> None:
     if note := code_note(spec):
         sys.stderr.write(f"ppsim run: note: {note}\n")
     try:
-        load_builder(spec, fields, where)
+        builder = load_builder(spec, fields, where)
     except UserError:
         raise
     except Exception as exc:
         raise UserError(where, f"building the model failed: {type(exc).__name__}: {exc}",
                         "fix the builder or the [model] fields it reads") from None
+    if memory is not None:
+        check_policy_pieces(builder, memory.policies)
+
+
+def check_policy_pieces(builder: Any, policies: Any) -> None:
+    """A policy naming modules the builder's layers have no piece for would run as if
+    they were not named while the simulation frees their tensors: refused. One layer is
+    built on the meta device (no memory) to look."""
+    import torch
+
+    from ppsim.executor.builders.policy import unsupported  # torch: only when a run starts
+
+    with torch.device("meta"):
+        layer = builder.layer(0)
+    missing = dict.fromkeys(m for p in policies for m in unsupported(layer, p))
+    if missing:
+        raise UserError("memory", f"the builder's {type(layer).__name__} layers have no "
+                        f"piece for {', '.join(missing)} (the executor recomputes and "
+                        "offloads the shipped builders' modules, and core_attn in any layer "
+                        "that uses AttentionCore)", "drop those modules, or build the layers "
+                        "from ppsim.executor.builders.llama's")
 
 
 def check_fault(text: str, problem: Any, iterations: int) -> None:

@@ -195,3 +195,48 @@ def test_mla_attention_is_exact_attention() -> None:
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g.double(), w.double(), rtol=1e-4, atol=1e-5)
+
+
+WRAPPED = '''
+from torch import nn
+from ppsim.executor.builders import gpt
+
+
+class Wrapped(nn.Module):
+    """A user's layer around the shipped block: its AttentionCore is found, nothing else."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+class Builder(gpt.GPTBuilder):
+    def layer(self, index):
+        return Wrapped(super().layer(index))
+
+
+def build(fields):
+    return Builder(gpt.GPTShape.from_fields(fields))
+'''
+
+
+def test_a_policy_naming_modules_a_users_layers_lack_is_refused(tmp_path, capsys) -> None:
+    """Those modules would run as if not named while the simulation frees their tensors."""
+    from ppsim.cli.main import main
+
+    path = tmp_path / "wrapped.py"
+    path.write_text(WRAPPED)
+    argv = ["run", "--model", f"{path}:build", "--iterations", "1"]
+    assert main([*argv, "--recompute-modules", "layernorm,core_attn",
+                 "--offload-modules", "attn_norm"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "memory" in err[-1] and "layernorm, attn_norm" in err[-1] and len(err) <= 2
+    b = load_builder(f"{path}:build", GPT)
+    layer = b.layer(0)
+    assert executor_policy.unsupported(layer, StagePolicy(recompute_modules=("core_attn",))) == ()
+    with pytest.raises(ValueError, match="Wrapped layers have no piece for mlp"):
+        executor_policy.apply_policy(torch.nn.ModuleDict({"0": layer}),
+                                     StagePolicy(recompute_modules=("mlp",)))
