@@ -9,7 +9,7 @@ per rank, or a compact sequence of them for an order read from a file
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 
 from ppsim.pipeline.messages import awaits
@@ -35,10 +35,10 @@ class Action:
 class CellMarks:
     """How torch writes some actions of an order as cells (see ppsim.schedules.torchcsv)."""
 
-    overlaps: tuple[frozenset[int], ...]
+    overlaps: tuple[Set[int], ...]
     """Per rank, positions of the F actions that start an OVERLAP_F_B pair with the B
     after them (and that B's W, when the B is whole)."""
-    whole: tuple[frozenset[int], ...]
+    whole: tuple[Set[int], ...]
     """Per rank, positions of the B actions torch writes as one whole backward (`B`),
     the W right after them included; every other B of a split order is torch's `I`."""
 

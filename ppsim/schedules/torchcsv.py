@@ -39,7 +39,7 @@ from ppsim.schedules.validate import validate
 MAX_CSV_BYTES = 64 * 2**20
 """A torch CSV of pp 256 x 4096 microbatches is ~40 MB; beyond this, refuse unread."""
 MAX_CSV_CELLS = 1_000_000
-"""Cells (commas and rows) read at most, counted line by line before csv splits them.
+"""Cells (commas and rows) read at most, counted on each piece of a line as it is read.
 Reading and validating takes ~3 us and ~14 B a cell on a 2-core machine (8 B of code
 per action, the validator's bytes per stage x microbatch; the text is streamed), so a
 CSV at the limit takes ~3 s and less than twice its own size in memory
@@ -162,13 +162,11 @@ def _with_w(acts: PackedActions, pairs: Positions, wholes: Positions
     wholes_iter = iter(wholes.sorted)
     next_whole = next(wholes_iter, -1)
     for k, code in enumerate(acts.codes):
+        out.append(code)
         if k == next_whole:
-            whole_at.sorted.append(len(out))
+            whole_at.sorted.append(k + len(whole_at.sorted))
+            out.append(code & ~(3 << 32) | (_KIND[W] << 32))  # the same action, kind W
             next_whole = next(wholes_iter, -1)
-            out.append(code)
-            out.append(code & ~(3 << 32) | (_KIND[W] << 32))
-        else:
-            out.append(code)
     pair_at = Positions(array("I", (k + bisect_left(wholes.sorted, k) for k in pairs)))
     return PackedActions(out), pair_at, whole_at
 
