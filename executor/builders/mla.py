@@ -21,7 +21,7 @@ own widths: what FlashAttention keeps.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +29,9 @@ from torch import nn
 
 from ppsim.executor.builders.rotary import rotary_tables, rotate
 from ppsim.executor.builders.stage import AttentionCore
+
+if TYPE_CHECKING:  # llama.py builds this module: a runtime import would be a cycle
+    from ppsim.executor.builders.llama import LlamaShape
 
 _aten = torch.ops.aten
 
@@ -103,7 +106,7 @@ class UpProjection(nn.Module):
 class LatentAttention(nn.Module):
     """MLA: the latents, the up projection, attention, the output projection."""
 
-    def __init__(self, s: Any) -> None:
+    def __init__(self, s: LlamaShape) -> None:
         super().__init__()
         a = s.arch
         h, heads, nope, rope = a.hidden_size, a.num_heads, s.head_dim, a.qk_rope_head_dim
