@@ -24,6 +24,7 @@ class Piece:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.forward(*args, **kwargs)
 
+
 def init_normal(module: nn.Module, num_layers: int, out_proj: tuple[str, ...]) -> None:
     """GPT-2 style init from torch's RNG (ppsim seeds it per piece)."""
     out_std = 0.02 / math.sqrt(2 * num_layers)

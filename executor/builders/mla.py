@@ -117,9 +117,7 @@ class LatentAttention(nn.Module):
         self.kv_down = nn.Linear(h, a.kv_lora_rank, bias=False)
         self.k_rope = nn.Linear(h, rope, bias=False)
         self.kv_norm = s.norm(a.kv_lora_rank)
-        tables = None
-        if a.rotary:
-            tables = rotary_tables(a.seq_length, rope, 10000.0)
+        tables = rotary_tables(a.seq_length, rope, 10000.0) if a.rotary else None
         self.up = UpProjection(q_in=a.q_lora_rank or h, kv_lora=a.kv_lora_rank, heads=heads,
                                nope=nope, rope=rope, value=value, rotary=tables)
         self.core = LatentAttentionCore()

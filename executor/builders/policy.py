@@ -123,12 +123,12 @@ def apply_policy(layers: nn.ModuleDict, p: StagePolicy) -> None:
     first N layers whole, the first offload_fraction of the others' offload modules.
     ValueError for a module a layer has no piece for (`unsupported`)."""
     ordered = list(layers.values())
-    for layer in ordered[min(p.recompute_layers, len(ordered)):]:
+    n = min(p.recompute_layers, len(ordered))
+    rest = ordered[n:]
+    for layer in rest:
         if missing := unsupported(layer, p):
             raise ValueError(f"{type(layer).__name__} layers have no piece for "
                              f"{', '.join(missing)}")
-    n = min(p.recompute_layers, len(ordered))
-    rest = ordered[n:]
     off_layers = round(p.offload_fraction * len(rest)) if p.offload_modules else 0
     for i, layer in enumerate(ordered):
         if i < n:

@@ -22,6 +22,16 @@ from ppsim.policy.model import StagePolicy
 from ppsim.sim.copies import estimated
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Offload:
+    """Prefix sums over the layers (index i: layers 0..i-1) at offload fraction 1."""
+
+    moved: tuple[int, ...]
+    """Bytes the offload modules copy to the host and back (the host link's load)."""
+    freed: tuple[int, ...]
+    """Of those, the bytes that leave the device."""
+
+
 @dataclass(kw_only=True)
 class PolicyCosts:
     """Per-layer costs of one model under any policy, computed once per module set."""
@@ -38,7 +48,7 @@ class PolicyCosts:
     host_limit_bytes: float = float("inf")
     """Host memory one rank's offloaded tensors may use (its node's over its devices)."""
     _variants: dict[tuple[str, ...], ModelCosts] = field(default_factory=dict)
-    _offload: dict[tuple[tuple[str, ...], tuple[str, ...], bool], tuple[int, ...]] = field(
+    _offload: dict[tuple[tuple[str, ...], tuple[str, ...]], _Offload] = field(
         default_factory=dict)
     _prefixes: dict[tuple[str, ...] | None, _Prefix] = field(default_factory=dict)
 
@@ -60,19 +70,18 @@ class PolicyCosts:
             hit = self._variants[modules] = self._priced(modules, False)
         return hit
 
-    def offloaded(self, modules: tuple[str, ...], offload: tuple[str, ...], freed: bool = False
-                  ) -> tuple[int, ...]:
-        """Prefix sums over the layers of the bytes the offload modules move at fraction 1
-        (`freed`: of those, what leaves the device; ModuleEffect.freed_bytes)."""
-        key = (modules, offload, freed)
+    def offloaded(self, modules: tuple[str, ...], offload: tuple[str, ...]) -> _Offload:
+        """Prefix sums over the layers of the bytes the offload modules move at fraction 1,
+        and of what of those leaves the device (ModuleEffect.freed_bytes)."""
+        key = (modules, offload)
         hit = self._offload.get(key)
         if hit is None:
             effects = {k: module_effect(self.arch, k, modules, offload) for k in set(self.kinds)}
-            pre = [0]
+            moved, freed = [0], [0]
             for k in self.kinds:
-                pre.append(pre[-1] + (effects[k].freed_bytes if freed
-                                      else effects[k].offloaded_bytes))
-            hit = self._offload[key] = tuple(pre)
+                moved.append(moved[-1] + effects[k].offloaded_bytes)
+                freed.append(freed[-1] + effects[k].freed_bytes)
+            hit = self._offload[key] = _Offload(moved=tuple(moved), freed=tuple(freed))
         return hit
 
     def copy_ms(self, nbytes: float) -> float:
@@ -105,10 +114,9 @@ class PolicyCosts:
         act += held_input_bytes(self.base, count, last, receives)
         off = copied = 0
         if policy.offloads:
-            moved = self.offloaded(policy.recompute_modules, policy.offload_modules)
-            freed = self.offloaded(policy.recompute_modules, policy.offload_modules, freed=True)
-            copied = int(policy.offload_fraction * (moved[hi] - moved[mid]))
-            off = int(policy.offload_fraction * (freed[hi] - freed[mid]))
+            pre = self.offloaded(policy.recompute_modules, policy.offload_modules)
+            copied = int(policy.offload_fraction * (pre.moved[hi] - pre.moved[mid]))
+            off = int(policy.offload_fraction * (pre.freed[hi] - pre.freed[mid]))
             if receives and n == 0 and round(policy.offload_fraction * count) >= 1:
                 # The runtime holds the stage's input until its B (held_input_bytes):
                 # offloading the first layer's copy of it frees nothing on the device.
@@ -144,7 +152,7 @@ class PolicyCosts:
         if not policy.offloads:
             return 0
         n = min(policy.recompute_layers, count)
-        moved = self.offloaded(policy.recompute_modules, policy.offload_modules)
+        moved = self.offloaded(policy.recompute_modules, policy.offload_modules).moved
         return int(policy.offload_fraction * (moved[offset + count] - moved[offset + n]))
 
 

@@ -32,8 +32,8 @@ from contextlib import closing
 from ppsim.config.files import text_lines
 from ppsim.config.limits import check_shape
 from ppsim.errors import UserError
-from ppsim.schedules.actions import KINDS, Action, B, CellMarks, Schedule, W, stage_rank
-from ppsim.schedules.packed import PackedActions, Positions, encode
+from ppsim.schedules.actions import Action, B, CellMarks, Schedule, W, stage_rank
+from ppsim.schedules.packed import KIND_INDEX, PackedActions, Positions, encode
 from ppsim.schedules.validate import validate
 
 MAX_CSV_BYTES = 64 * 2**20
@@ -53,7 +53,7 @@ SHARDING = ("UNSHARD", "RESHARD", "REDUCE_GRAD")
 _CELL = re.compile(r"([0-9]{1,9})(F|I|B|W|" + "|".join(COMMS + SHARDING) + r")([0-9]{0,9})",
                    re.ASCII)
 _OVERLAP = re.compile(r"\(([^()]*)\)OVERLAP_F_B")
-_KIND = {"I": KINDS.index(B), **{k: n for n, k in enumerate(KINDS)}}
+_KIND = {"I": KIND_INDEX[B], **KIND_INDEX}
 """Torch kind -> ppsim's kind index (torch's I is ppsim's B)."""
 
 

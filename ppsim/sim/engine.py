@@ -30,6 +30,7 @@ from typing import NamedTuple
 from ppsim.pipeline.messages import wiring
 from ppsim.pipeline.problem import Problem
 from ppsim.schedules.generators import Action, B, F, Schedule
+from ppsim.schedules.packed import unpacked
 from ppsim.sim.copies import Copy, CopyStreams, wake_delay
 from ppsim.sim.summary import Summary, step_parts, summarize
 from ppsim.sim.timing import Link, StageTable
@@ -135,7 +136,8 @@ class Engine:
         self.woken = [False] * pp
         """Rank r's B was woken by its reload's end (its input had already come)."""
         self.pp = pp
-        self.acts, self.table, self.records = schedule.actions, table, records
+        self.acts = [unpacked(acts) for acts in schedule.actions]  # decoded once, not per op
+        self.table, self.records = table, records
         self.owner = [schedule.stage_rank(s) for s in range(n)]
         wired = wiring(n, schedule.microbatches)
         self.waits = wired.waits

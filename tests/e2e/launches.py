@@ -108,8 +108,14 @@ def torch_dualpipev_csv(path: Path) -> None:
     ts.ScheduleDualPipeV(stages, 4)._dump_csv(str(path), format="compute_comms")
 
 
-GATED_TOML = ('[model]\npreset = "tiny-gpt"\ngated_mlp = true\nnum_kv_heads = 2\n'
-              'norm = "layernorm"\nposition = "learned"\n')
+def tiny_gpt_toml(**fields: Any) -> str:
+    """A config of tiny-gpt with these [model] fields over the preset's."""
+    return '[model]\npreset = "tiny-gpt"\n' + "".join(f"{k} = {json.dumps(v)}\n"
+                                                      for k, v in fields.items())
+
+
+GATED_TOML = tiny_gpt_toml(gated_mlp=True, num_kv_heads=2, norm="layernorm",
+                           position="learned")
 """The built-in GPT with SwiGLU and grouped-query attention (4 heads, 2 key/value heads)."""
 
 GPIPE = ["--schedule", "gpipe", "--pp", "2", "--split", "6,2", "--microbatches", "3"]
@@ -128,18 +134,17 @@ POLICY = ["--recompute-modules", "core_attn", "--offload-modules", "attn_norm,qk
 NORM_POLICY = ["--recompute-modules", "layernorm,core_attn", "--offload-modules",
                "attn_norm,mlp_norm"]
 """The norms' outputs freed (output-discarding recompute), their inputs offloaded."""
-MOE_TOML = ('[model]\npreset = "tiny-gpt"\ngated_mlp = true\nnum_kv_heads = 2\n'
-            'layers = "dense, moe, dense, moe, dense, moe, dense, moe"\nnum_experts = 4\n'
-            'top_k = 2\nmoe_ffn_hidden_size = 96\nshared_experts = 1\n')
+MOE_TOML = tiny_gpt_toml(gated_mlp=True, num_kv_heads=2, layers="dense, moe, " * 3 + "dense, moe",
+                         num_experts=4, top_k=2, moe_ffn_hidden_size=96, shared_experts=1)
 """tiny-gpt with MoE layers, as `simulate` and `run` both read it."""
 MOE_CONFIG = ["--config", "{tmp}/moe.toml"]
 MOE_POLICY = ["--recompute-modules", "layernorm,moe_act", "--offload-modules",
               "moe_act,expert_fc1,attn_norm"]
 """The MoE's own pieces: its activation's output freed, its inputs and the dispatched
 tokens offloaded."""
-MLA_TOML = ('[model]\npreset = "tiny-gpt"\ngated_mlp = true\nnorm = "rmsnorm"\n'
-            'position = "rotary"\nattention = "mla"\nq_lora_rank = 32\nkv_lora_rank = 24\n'
-            'qk_rope_head_dim = 8\nhead_dim = 16\nv_head_dim = 12\n')
+MLA_TOML = tiny_gpt_toml(gated_mlp=True, norm="rmsnorm", position="rotary", attention="mla",
+                         q_lora_rank=32, kv_lora_rank=24, qk_rope_head_dim=8, head_dim=16,
+                         v_head_dim=12)
 """tiny-gpt with DeepSeek's latent attention (value heads narrower than key heads)."""
 MLA_CONFIG = ["--config", "{tmp}/mla.toml"]
 MLA_POLICY = ["--recompute-modules", "mla_up_proj,layernorm", "--offload-modules",
