@@ -12,7 +12,16 @@
    16M) and DeepSeek-V3 on 2,048 GPUs (global batch 15,360 x 4096, the paper's last):
    wall time of the whole process and the top-3 shapes with their throughput.
 
-Run: .venv/bin/python benchmarks/bench_job.py [--quick]   (--quick: the weak-scaling rows only)
+3. With --measure DIR (on a GPU: `bash benchmarks/gpu_checks.sh job`), each weak-scaling
+   row's own kernels are measured on this device (`ppsim profile --hardware-out` at the
+   row's model, after a warm-up to the power-saturated clock) into DIR/weak-<row>.toml;
+   with --measured DIR the rows are predicted again with those matmul and attention
+   efficiencies over the h100-80gb preset. An H200 has the H100 SXM's GH100 die, peak and
+   700 W, so its compute rates stand for the H100's; memory, links and topology stay the
+   preset's datasheet figures.
+
+Run: .venv/bin/python benchmarks/bench_job.py [--quick] [--measure DIR] [--measured DIR]
+     (--quick: the weak-scaling rows only)
 """
 
 from __future__ import annotations
@@ -21,6 +30,9 @@ import json
 import subprocess
 import sys
 import time
+import tomllib
+from pathlib import Path
+from typing import Any
 
 from ppsim.config.schema import config_from_dict
 from ppsim.job.flops import iteration_flops
@@ -32,9 +44,15 @@ WEAK = [("1.7B", 2048, 24, 16, 1, 408.8), ("7.1B", 4096, 30, 32, 2, 465.9),
         ("16B", 6144, 32, 48, 4, 489.1), ("32B", 7168, 48, 56, 8, 459.6)]
 
 
-def weak_row(hidden: int, layers: int, heads: int, tp: int) -> tuple[float, float, float]:
-    """(iteration ms, TFLOP/s/GPU as counted today, as counted in July 2024)."""
-    cfg = config_from_dict({
+MEASURED_KEYS = ("matmul_efficiency", "attention_efficiency")
+"""What a measured [hardware] table lends the H100 preset: the compute rates alone."""
+
+
+def weak_config(hidden: int, layers: int, heads: int, tp: int,
+                measured: dict[str, Any] | None = None) -> Any:
+    hardware = {"preset": "h100-80gb",
+                **{k: v for k, v in (measured or {}).items() if k in MEASURED_KEYS}}
+    return config_from_dict({
         "model": {"kind": "transformer", "num_layers": layers, "hidden_size": hidden,
                   "num_heads": heads, "num_kv_heads": heads, "ffn_hidden_size": 4 * hidden,
                   "vocab_size": 131072, "seq_length": 4096, "micro_batch_size": 1,
@@ -42,8 +60,13 @@ def weak_row(hidden: int, layers: int, heads: int, tp: int) -> tuple[float, floa
                   "recompute": "selective", "dropout": True},
         "pipeline": {"pp": 1, "global_batch_size": 192, "tp_comm_overlap": True,
                      "overlap_grad_reduce": True, "overlap_param_gather": True},
-        "hardware": {"preset": "h100-80gb"}})
-    problem = build_problem(cfg)
+        "hardware": hardware})
+
+
+def weak_row(hidden: int, layers: int, heads: int, tp: int,
+             measured: dict[str, Any] | None = None) -> tuple[float, float, float]:
+    """(iteration ms, TFLOP/s/GPU as counted today, as counted in July 2024)."""
+    problem = build_problem(weak_config(hidden, layers, heads, tp, measured))
     ms = simulate(problem, record=False).summary.iteration_time_ms
     gpus = tp * 48
     arch = problem.hardware.job.arch  # type: ignore[union-attr]
@@ -72,14 +95,55 @@ def plan_case(label: str, argv: list[str]) -> None:
               f"{c['peak_memory_bytes'] / 1e9:.1f} GB, {c['held_back_by']}")
 
 
-def main() -> None:
+def measure_rows(out: Path, device: str = "cuda") -> None:
+    """Each row's kernels on this GPU into out/weak-<row>.toml, every measurement in
+    out/weak-measurements.json."""
+    from ppsim.executor.hwprofile import hardware_toml, measure_hardware
+    from ppsim.fileio import write_text_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    everything = {}
+    for i, (name, h, layers, heads, tp, _) in enumerate(WEAK):
+        t0 = time.perf_counter()
+        # The first row warms the device up to its settled clock; the rest keep it there.
+        result = measure_hardware(device, model=weak_config(h, layers, heads, tp).model.arch,
+                                  sustained_s=8.0 if i == 0 else 2.0)
+        write_text_atomic(str(out / f"weak-{name}.toml"), hardware_toml(result))
+        everything[name] = result
+        write_text_atomic(str(out / "weak-measurements.json"), json.dumps(everything, indent=1))
+        m = result["measurements"]
+        rates = [x["tflops"] for x in m["model_matmuls"]]
+        print(f"measured {name}: matmuls {min(rates):.0f}-{max(rates):.0f} TFLOP/s, attention "
+              f"{m['model_attention']['tflops']:.0f}, settled {m['settled_tflops']:.0f} "
+              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+
+
+def table(measured: Path | None) -> None:
+    label = f"kernels measured in {measured}" if measured else "the h100-80gb preset"
+    print(f"weak scaling, {label}")
     print(f"{'model':6} {'tp':>3} {'GPUs':>5} {'iter ms':>8} {'TFLOP/s now':>11} "
           f"{'as in 2024':>10} {'published':>9} {'error':>7}")
     for name, h, layers, heads, tp, published in WEAK:
-        ms, now, then = weak_row(h, layers, heads, tp)
+        hw = (tomllib.loads((measured / f"weak-{name}.toml").read_text())["hardware"]
+              if measured else None)
+        ms, now, then = weak_row(h, layers, heads, tp, hw)
         print(f"{name:6} {tp:3} {48 * tp:5} {ms:8.1f} {now:11.1f} {then:10.1f} "
               f"{published:9.1f} {then / published - 1:+7.1%}")
-    if "--quick" in sys.argv:
+
+
+def _dir_after(flag: str) -> Path | None:
+    return Path(sys.argv[sys.argv.index(flag) + 1]) if flag in sys.argv else None
+
+
+def main() -> None:
+    measure, measured = _dir_after("--measure"), _dir_after("--measured")
+    if measure:
+        measure_rows(measure)
+        measured = measured or measure
+    table(None)
+    if measured:
+        table(measured)
+    if "--quick" in sys.argv or measure:
         return
     plan_case("llama3.1-405b on 8,192 H100", ["--preset", "llama3.1-405b", "--hardware",
                                               "h100-80gb", "--gpus", "8192",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check the issues name, for a lent GPU machine (one device, torch already there).
 #
-#   bash benchmarks/gpu_checks.sh [costs] [accuracy] [executor] [policy]
+#   bash benchmarks/gpu_checks.sh [costs] [accuracy] [executor] [policy] [job]
 #                                                  (default: the first three)
 #
 # costs:    benchmarks/bench_costs.py --device cuda     measured vs analytic F/B/W (< 5 min)
@@ -11,17 +11,27 @@
 # policy:   benchmarks/bench_memory_policy_gpu.py --device cuda  two memory policies (none;
 #           core_attn + block N 2 + offload) on one GPU: measured activation peak per rank
 #           and iteration time against the simulation (< 4 min)
+# job:      benchmarks/bench_job.py --measure $OUT/job   issue 24's weak-scaling rows: each
+#           row's own matmuls and attention timed after a warm-up to the settled clock
+#           (weak-<row>.toml), then the rows predicted with them beside the preset (< 3 min)
 #
 # One command may run 10 minutes there: run `costs` alone, then `accuracy executor`.
-# Packages the machine lacks (simpy, textual) travel as wheels in .whl/ (see the device
-# notes); logs go to $OUT when it is set.
+# Packages the machine lacks (simpy, textual) travel as wheels in .whl/ (git-ignored):
+# `.venv/bin/pip download --no-deps -d .whl simpy` here, then carry .whl (job needs none);
+# logs go to $OUT when it is set.
 set -u
 cd "$(dirname "$0")/.."
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
 fi
-export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+# The package as it installs (executor/ and tui/ as ppsim.executor and ppsim.tui), from
+# links into this tree: nothing is built or installed.
+tree=/tmp/ppsim-tree
+rm -rf "$tree" && mkdir -p "$tree/ppsim"
+ln -s "$PWD"/ppsim/* "$tree/ppsim/" && ln -s "$PWD/executor" "$tree/ppsim/executor" \
+    && ln -s "$PWD/tui" "$tree/ppsim/tui"
+export PYTHONPATH="$tree:$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 out="${OUT:-/tmp/ppsim-gpu}"
 mkdir -p "$out"
 checks=("$@")
@@ -29,11 +39,13 @@ checks=("$@")
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
 declare -A script=([costs]=bench_costs.py [accuracy]=bench_accuracy.py [executor]=bench_executor.py
-                   [policy]=bench_memory_policy_gpu.py)
-declare -A limit=([costs]=290 [accuracy]=350 [executor]=200 [policy]=240)
+                   [policy]=bench_memory_policy_gpu.py [job]=bench_job.py)
+declare -A args=([job]="--measure $out/job")
+declare -A limit=([costs]=290 [accuracy]=350 [executor]=200 [policy]=240 [job]=200)
 for c in "${checks[@]}"; do
     echo "=== $c ($(date -u +%H:%M:%S))"
-    timeout "${limit[$c]}" python3 "benchmarks/${script[$c]}" --device cuda 2>&1 \
+    # shellcheck disable=SC2086  # args holds several words
+    timeout "${limit[$c]}" python3 "benchmarks/${script[$c]}" ${args[$c]:---device cuda} 2>&1 \
         | tee "$out/$c.log"
     echo "=== $c exit ${PIPESTATUS[0]}"
 done

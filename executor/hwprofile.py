@@ -4,6 +4,14 @@ A handful of matmul shapes (the efficiency curve), FlashAttention
 (scaled_dot_product_attention, causal) at a few sequence lengths, a copy for
 memory bandwidth, and the executor's layer at a tiny width for the host's time
 per op. On a GPU it takes well under a minute; on CPU the sizes are small.
+
+Given a model, the curve is measured at the matmuls that model runs (each weight
+matmul's forward, input-gradient and weight-gradient shapes, per tensor-parallel
+rank, the head's included) and attention at its heads, sequence and dropout, so the
+[hardware] table holds that job's kernel rates rather than a square-matmul curve's.
+`sustained` seconds of a large matmul first bring a GPU to the clock it holds under
+a training job's power draw (a burst runs faster than that), and each figure is then
+the mean over a window of back-to-back runs rather than a median of single ones.
 """
 
 from __future__ import annotations
@@ -16,9 +24,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ppsim.costs.layerops import layer_ops
+from ppsim.costs.arch import Architecture, attention_shape, layer_kinds
+from ppsim.costs.layerops import attention_ops, head_ops, layer_ops, mtp_ops
+from ppsim.costs.mixers import kind_ops
+from ppsim.costs.ops import FLASH_BACKWARD, matmul_passes
 from ppsim.executor.builders.gpt import build
 from ppsim.executor.builders.llama import architecture
+from ppsim.job.layers import per_rank_arch
 
 # Dense bf16 peaks (TFLOP/s) of GPUs we know; others use the best measured rate / 0.8.
 KNOWN_PEAKS = {"H200": 989.0, "H100": 989.0, "GH200": 989.0, "A100": 312.0, "L40S": 362.0,
@@ -27,6 +39,10 @@ KNOWN_PEAKS = {"H200": 989.0, "H100": 989.0, "GH200": 989.0, "A100": 312.0, "L40
 GPU_MATMULS = [(256, 256, 256), (1024, 1024, 1024), (2048, 2048, 2048), (2048, 6144, 2048),
                (4096, 4096, 4096), (8192, 4096, 14336), (8192, 8192, 8192)]
 CPU_MATMULS = [(32, 32, 32), (64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512)]
+MAX_MODEL_MATMULS = 64
+"""Distinct matmul shapes measured for a model at the most (a hybrid MoE stack has ~40)."""
+ATTENTION_DROPOUT = 0.1
+"""Megatron's default --attention-dropout, what a model with dropout on runs."""
 
 
 def _timer(device: torch.device) -> Callable[[Callable[[], Any], int], float]:
@@ -47,6 +63,61 @@ def _timer(device: torch.device) -> Callable[[Callable[[], Any], int], float]:
     return run
 
 
+def _window_timer(device: torch.device, window_ms: float) -> Callable[[Callable[[], Any], int],
+                                                                      float]:
+    """Mean ms of `fn` over back-to-back runs filling `window_ms` (at least `reps`),
+    after one warm-up: the rate a kernel holds in a stream of work, not a burst's."""
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def run(fn: Callable[[], Any], reps: int) -> float:
+        fn()
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        once = max(time.perf_counter() - t0, 1e-7)
+        n = max(reps, int(window_ms / 1e3 / once))
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync()
+        return (time.perf_counter() - t0) * 1e3 / n
+
+    return run
+
+
+def warm_up(device: torch.device, dtype: torch.dtype, seconds: float) -> float:
+    """Run the largest matmul for `seconds`; returns its TFLOP/s over the last second,
+    the power-saturated rate the device settles at."""
+    m, n, k = (GPU_MATMULS if device.type == "cuda" else CPU_MATMULS)[-1]
+    a = torch.randn(m, k, device=device, dtype=dtype)
+    b = torch.randn(k, n, device=device, dtype=dtype)
+    run = _window_timer(device, 1e3 * max(seconds - 1.0, 0.0))
+    run(lambda: a @ b, 1)
+    ms = _window_timer(device, 1e3 * min(seconds, 1.0))(lambda: a @ b, 1)
+    return 2 * m * n * k / (ms * 1e9)
+
+
+def model_matmuls(a: Architecture) -> list[tuple[int, int, int]]:
+    """The distinct (m, n, k) a model's weight matmuls run per tensor-parallel (and
+    context-parallel) rank: every layer kind's, the head's and an MTP module's, each in
+    its forward, input-gradient and weight-gradient shape (ppsim.costs.ops)."""
+    a = per_rank_arch(a)
+    ops = [op for kind in sorted(set(layer_kinds(a))) for op in kind_ops(a, kind)]
+    ops += head_ops(a) + (mtp_ops(a) if a.mtp_layers else [])
+    shapes: list[tuple[int, int, int]] = []
+    for op in ops:
+        if not op.flops or op.attention:
+            continue
+        p = matmul_passes(op)
+        for shape in (p.forward, p.input_grad, p.weight_grad):
+            if shape and shape not in shapes:
+                shapes.append(shape)
+    return shapes[:MAX_MODEL_MATMULS]
+
+
 def _peak(device: torch.device, best_tflops: float) -> float:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
@@ -56,10 +127,13 @@ def _peak(device: torch.device, best_tflops: float) -> float:
     return best_tflops / 0.8
 
 
-def measure_matmuls(device: torch.device, dtype: torch.dtype, reps: int) -> list[dict]:
-    run = _timer(device)
+def measure_matmuls(device: torch.device, dtype: torch.dtype, reps: int,
+                    shapes: list[tuple[int, int, int]] | None = None,
+                    window_ms: float = 0.0) -> list[dict]:
+    """Each shape's time and rate; by default the generic curve's shapes."""
+    run = _window_timer(device, window_ms) if window_ms > 0 else _timer(device)
     out = []
-    for m, n, k in GPU_MATMULS if device.type == "cuda" else CPU_MATMULS:
+    for m, n, k in shapes or (GPU_MATMULS if device.type == "cuda" else CPU_MATMULS):
         a = torch.randn(m, k, device=device, dtype=dtype)
         b = torch.randn(k, n, device=device, dtype=dtype)
         ms = run(lambda a=a, b=b: a @ b, reps)
@@ -94,6 +168,38 @@ def measure_attention(device: torch.device, dtype: torch.dtype, reps: int) -> li
     return out
 
 
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float) -> torch.Tensor:
+    gqa = q.shape[1] != k.shape[1]
+    kw = {"enable_gqa": True} if gqa else {}
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, **kw)
+
+
+def measure_model_attention(device: torch.device, dtype: torch.dtype, a: Architecture,
+                            window_ms: float = 0.0) -> dict:
+    """A model's attention core as it runs per rank (its heads, key/value heads, head
+    widths, sequence, micro-batch, and Megatron's attention dropout when the model has
+    dropout), forward and forward + backward; FLOPs as the model counts them."""
+    a = per_rank_arch(a)
+    sh = attention_shape(a)
+    heads = max(1, a.num_heads // a.tp)
+    qk_dim, v_dim = sh.q // a.num_heads, sh.out // a.num_heads
+    kv_heads = heads if a.attention == "mla" else max(1, a.num_kv_heads // a.tp)
+    dropout = ATTENTION_DROPOUT if a.dropout else 0.0
+    b, s = a.micro_batch_size, a.seq_length
+    q = torch.randn(b, heads, s, qk_dim, device=device, dtype=dtype, requires_grad=True)
+    k = torch.randn(b, kv_heads, s, qk_dim, device=device, dtype=dtype, requires_grad=True)
+    v = torch.randn(b, kv_heads, s, v_dim, device=device, dtype=dtype, requires_grad=True)
+    g = torch.randn(b, heads, s, v_dim, device=device, dtype=dtype)
+    run = _window_timer(device, window_ms) if window_ms > 0 else _timer(device)
+    fwd = run(lambda: _sdpa(q, k, v, dropout), 5)
+    both = run(lambda: _sdpa(q, k, v, dropout).backward(g), 5)
+    flops = next(op.flops for op in attention_ops(a) if op.attention)
+    return {"heads": heads, "kv_heads": kv_heads, "head_dim": qk_dim, "v_head_dim": v_dim,
+            "seq_length": s, "micro_batch_size": b, "dropout": dropout, "flops": flops,
+            "forward_ms": fwd, "backward_ms": max(both - fwd, 1e-6),
+            "tflops": (1 + FLASH_BACKWARD) * flops / (both * 1e9)}
+
+
 def measure_bandwidth(device: torch.device, reps: int) -> float:
     """GB/s of a large copy (read + write)."""
     n = (1 << 30) if device.type == "cuda" else (64 << 20)
@@ -124,39 +230,75 @@ def measure_kernel_overhead(device: torch.device) -> float:
     return _timer(device)(step, 20) * 1e3 / (2 * ops)  # a forward and a backward kernel each
 
 
-def measure_hardware(device_kind: str = "cpu", reps: int = 10) -> dict[str, Any]:
-    """The measurements and the [hardware] table they make."""
+def efficiency_curve(matmuls: list[dict], peak: float) -> list[list[float]]:
+    """(GFLOP, fraction of peak) points, one per distinct GFLOP (shapes of equal work
+    averaged: the curve is keyed by work alone), in order."""
+    by_work: dict[float, list[float]] = {}
+    for x in matmuls:
+        by_work.setdefault(round(x["gflop"], 4), []).append(min(1.0, x["tflops"] / peak))
+    return [[g, round(statistics.fmean(e), 4)] for g, e in sorted(by_work.items())]
+
+
+def _curve_points(generic: list[dict], model: list[dict]) -> list[dict]:
+    """The model's matmuls, and the generic ones beyond their range (the tails the
+    curve extrapolates to otherwise)."""
+    if not model:
+        return generic
+    lo, hi = min(x["gflop"] for x in model), max(x["gflop"] for x in model)
+    return model + [x for x in generic if x["gflop"] < lo or x["gflop"] > hi]
+
+
+def measure_hardware(device_kind: str = "cpu", reps: int = 10, model: Architecture | None = None,
+                     sustained_s: float = 0.0) -> dict[str, Any]:
+    """The measurements and the [hardware] table they make: at `model`'s own matmuls and
+    attention when given, after `sustained_s` seconds of warm-up (then each figure is a
+    window's mean: module docstring)."""
     device = torch.device("cuda" if device_kind == "cuda" else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     t0 = time.perf_counter()
-    mm = measure_matmuls(device, dtype, reps)
-    peak = _peak(device, max(x["tflops"] for x in mm))
+    window = 200.0 if sustained_s > 0 else 0.0
+    settled = warm_up(device, dtype, sustained_s) if sustained_s > 0 else None
+    generic = measure_matmuls(device, dtype, reps, window_ms=window)
+    mine = measure_matmuls(device, dtype, reps, model_matmuls(model), window) if model else []
+    peak = _peak(device, max(x["tflops"] for x in generic + mine))
     att = measure_attention(device, dtype, reps)
+    model_att = measure_model_attention(device, dtype, model, window) if model else None
     bw = measure_bandwidth(device, reps)
     overhead = measure_kernel_overhead(device)
-    # Attention's figure: forward and backward together, at the longest length.
-    last = att[-1]
-    att_tflops = 3.5 * last["flops"] / ((last["forward_ms"] + last["backward_ms"]) * 1e9)
-    att_eff = att_tflops / peak
+    if model_att:
+        att_tflops = model_att["tflops"]
+    else:  # forward and backward together, at the longest length
+        last = att[-1]
+        att_tflops = ((1 + FLASH_BACKWARD) * last["flops"]
+                      / ((last["forward_ms"] + last["backward_ms"]) * 1e9))
     hw = {"peak_tflops": round(peak, 3),
-          "matmul_efficiency": [[round(x["gflop"], 4), round(min(1.0, x["tflops"] / peak), 4)]
-                                for x in sorted(mm, key=lambda x: x["gflop"])],
-          "attention_efficiency": round(min(1.0, att_eff), 4),
+          "matmul_efficiency": efficiency_curve(_curve_points(generic, mine), peak),
+          "attention_efficiency": round(min(1.0, att_tflops / peak), 4),
           "memory_bandwidth_gbps": round(bw, 1), "kernel_overhead_us": round(overhead, 2)}
     if device.type == "cuda":
         hw["memory_bytes"] = float(torch.cuda.get_device_properties(device).total_memory)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return {"device": name, "torch_version": torch.__version__, "hardware": hw,
-            "measurements": {"matmuls": mm, "attention": att, "copy_gbps": bw,
-                             "kernel_overhead_us": overhead,
+            "measurements": {"matmuls": generic, "model_matmuls": mine, "attention": att,
+                             "model_attention": model_att, "copy_gbps": bw,
+                             "kernel_overhead_us": overhead, "sustained_s": sustained_s,
+                             "settled_tflops": settled,
                              "seconds": time.perf_counter() - t0}}
 
 
 def hardware_toml(result: dict[str, Any]) -> str:
     """A [hardware] table to paste into a config (or use as one with --config)."""
     hw = result["hardware"]
+    m = result["measurements"]
     lines = [f"# Measured by ppsim profile --hardware-out on {result['device']} "
-             f"(torch {result['torch_version']}).", "[hardware]"]
+             f"(torch {result['torch_version']})."]
+    if m.get("model_matmuls"):
+        lines.append(f"# At the model's own {len(m['model_matmuls'])} matmul shapes and "
+                     "attention, per tensor-parallel rank.")
+    if m.get("sustained_s"):
+        lines.append(f"# After {m['sustained_s']:g} s of warm-up, each kernel timed over a "
+                     "window (the rate a training job holds).")
+    lines.append("[hardware]")
     for key, v in hw.items():
         if key == "matmul_efficiency":
             v = "[" + ", ".join(f"[{g}, {e}]" for g, e in v) + "]"

@@ -14,6 +14,7 @@ import argparse
 from typing import Any
 
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
+from ppsim.config import validate
 from ppsim.config.files import output
 from ppsim.config.model import TransformerModel
 from ppsim.costs.costfile import cost_document, layer_dict
@@ -101,7 +102,17 @@ def hardware_profile(args: argparse.Namespace) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device", "cuda requested but torch sees no GPU here",
                         "use --device cpu")
-    result = measure_hardware(args.device)
+    sustained = validate.number("--sustained", args.sustained, hi=600.0,
+                                fix="give the warm-up in seconds, e.g. 5")
+    model = None
+    if args.config or args.preset:
+        cfg = config_from_args(args)
+        if not isinstance(cfg.model, TransformerModel):
+            raise UserError("model.kind", "ppsim profile --hardware-out measures a "
+                            "transformer's kernels, not a uniform cost model",
+                            "use a preset (e.g. --preset llama3-8b) or kind = \"transformer\"")
+        model = cfg.model.arch
+    result = measure_hardware(args.device, model=model, sustained_s=sustained)
 
     with output("--hardware-out", args.hardware_out):
         write_text_atomic(args.hardware_out, hardware_toml(result))
@@ -114,6 +125,17 @@ def hardware_profile(args: argparse.Namespace) -> int:
           + f"; attention {hw['attention_efficiency']:.0%}; memory "
           f"{hw['memory_bandwidth_gbps']:.0f} GB/s; {hw['kernel_overhead_us']:.1f} us per "
           f"kernel ({result['measurements']['seconds']:.1f} s)")
+    m = result["measurements"]
+    if m["model_attention"]:
+        att = m["model_attention"]
+        print(f"at the model's shapes: {len(m['model_matmuls'])} matmuls, "
+              f"{min(x['tflops'] for x in m['model_matmuls']):.1f}-"
+              f"{max(x['tflops'] for x in m['model_matmuls']):.1f} TFLOP/s; attention "
+              f"({att['heads']} heads x {att['head_dim']}, {att['seq_length']} tokens, dropout "
+              f"{att['dropout']:g}) {att['tflops']:.1f} TFLOP/s forward + backward")
+    if m["settled_tflops"]:
+        print(f"after {m['sustained_s']:g} s of warm-up the largest matmul held "
+              f"{m['settled_tflops']:.1f} TFLOP/s")
     print(f"[hardware] table written to {args.hardware_out} (paste it into a config)")
     return 0
 

@@ -46,7 +46,11 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
                    help="skip the two-process P2P measurement (keep the config's values)")
     g.add_argument("--json", action="store_true", help="one JSON object on stdout")
     g.add_argument("--hardware-out", metavar="FILE", help="measure this device's roofline "
-                   "(matmuls, attention, bandwidth) into a [hardware] TOML instead of a model")
+                   "(matmuls, attention, bandwidth) into a [hardware] TOML instead of a model; "
+                   "with --config or --preset, at that model's own matmuls and attention")
+    g.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
+                   help="with --hardware-out: warm the device up this long first and time "
+                   "each kernel over a window, for the rate a training job holds (GPU: 5)")
 
 
 def _calibrate_args(p: argparse.ArgumentParser) -> None:

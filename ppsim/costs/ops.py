@@ -77,6 +77,25 @@ def _matmul_ms(r: Roofline, m: int, n: int, k: int) -> float:
     return flops / (r.peak_tflops * 1e9 * eff)
 
 
+@dataclass(frozen=True, kw_only=True)
+class MatmulPasses:
+    """The (m, n, k) of each matmul a weight matmul's op runs: m x k times k x n."""
+
+    forward: tuple[int, int, int]
+    input_grad: tuple[int, int, int]
+    """dX = dY W^T."""
+    weight_grad: tuple[int, int, int] | None
+    """dW = X^T dY; None for a matmul without weights (its W pass is empty)."""
+
+
+def matmul_passes(op: Op) -> MatmulPasses:
+    """The matmuls of a matmul op's forward, input-gradient and weight-gradient passes
+    (what `ppsim profile --hardware-out` times for a config)."""
+    m, n, k = op.shape
+    return MatmulPasses(forward=(m, n, k), input_grad=(m, k, n),
+                        weight_grad=(k, n, m) if op.params else None)
+
+
 def _mem_ms(r: Roofline, nbytes: float) -> float:
     return nbytes / (r.memory_bandwidth_gbps * 1e6) if r.memory_bandwidth_gbps > 0 else 0.0
 
@@ -91,9 +110,10 @@ def op_times(r: Roofline, op: Op) -> tuple[float, float, float, int, int]:
     if op.flops:
         m, n, k = op.shape
         scale = op.flops / (2.0 * m * n * k)  # several equal matmuls (experts) in one op
-        f = _matmul_ms(r, m, n, k) * scale
-        b = _matmul_ms(r, m, k, n) * scale  # dX = dY W^T
-        w = _matmul_ms(r, k, n, m) * scale if op.params else 0.0  # dW = X^T dY
+        passes = matmul_passes(op)
+        f = _matmul_ms(r, *passes.forward) * scale
+        b = _matmul_ms(r, *passes.input_grad) * scale
+        w = _matmul_ms(r, *passes.weight_grad) * scale if passes.weight_grad else 0.0
         w += _mem_ms(r, 8.0 * op.params)  # read + write the fp32 main grad
         return f, b, w, 1, 1
     back = 2 * op.nbytes if op.backward_bytes < 0 else op.backward_bytes

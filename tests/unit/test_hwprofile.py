@@ -1,0 +1,88 @@
+"""`ppsim profile --hardware-out` at a model's own kernels (executor/hwprofile.py)."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ppsim.cli.main import main
+from ppsim.config.schema import hardware_config
+
+pytest.importorskip("torch")
+
+from ppsim.executor.hwprofile import _curve_points, efficiency_curve  # noqa: E402
+
+
+def _passes(m: int, n: int, k: int) -> set[tuple[int, int, int]]:
+    """Forward Y = X W (m x k by k x n), dX = dY W^T, dW = X^T dY."""
+    return {(m, n, k), (m, k, n), (k, n, m)}
+
+
+def test_a_models_own_matmuls_and_attention_are_measured(tmp_path, capsys):
+    # tiny-gpt at tp 2 with dropout: 2 x 64 tokens, hidden 64, 4 heads of 16, MLP 256,
+    # vocabulary 2048 (a multiple of 128 x 2 already).
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[model]\npreset = "tiny-gpt"\ntp = 2\ndropout = true\n')
+    out = tmp_path / "hw.toml"
+    assert main(["profile", "--hardware-out", str(out), "--config", str(cfg),
+                 "--sustained", "0.2", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    m = doc["measurements"]
+    tokens = 128
+    want = (_passes(tokens, 3 * 64 // 2, 64) | _passes(tokens, 64, 64 // 2)
+            | _passes(tokens, 256 // 2, 64) | _passes(tokens, 64, 256 // 2)
+            | _passes(tokens, 2048 // 2, 64))
+    assert {tuple(x["shape"]) for x in m["model_matmuls"]} == want
+    att = m["model_attention"]
+    assert (att["heads"], att["kv_heads"], att["head_dim"], att["seq_length"],
+            att["micro_batch_size"], att["dropout"]) == (2, 2, 16, 64, 2, 0.1)
+    # Causal attention's FLOPs: 4 s^2 b (heads x head_dim) per rank, half skipped.
+    assert att["flops"] == pytest.approx(2 * 64 * 64 * 2 * 2 * 16)
+    assert m["sustained_s"] == 0.2 and m["settled_tflops"] > 0
+    table = tomllib.loads(out.read_text())["hardware"]
+    hw = hardware_config(table)
+    assert hw.attention_efficiency == pytest.approx(
+        min(1.0, att["tflops"] / table["peak_tflops"]), abs=1e-4)
+    gflops = [g for g, _ in hw.matmul_efficiency]
+    assert gflops == sorted(set(gflops))
+    model_work = {round(2 * a * b * c / 1e9, 4) for a, b, c in want}
+    assert model_work <= set(gflops)
+    assert f"At the model's own {len(want)} matmul shapes" in out.read_text()
+
+
+def test_bad_warm_up_and_a_uniform_model_are_refused(tmp_path, capsys):
+    out = tmp_path / "hw.toml"
+    assert main(["profile", "--hardware-out", str(out), "--sustained", "-1"]) == 2
+    assert "--sustained" in capsys.readouterr().err
+    cfg = tmp_path / "u.toml"
+    cfg.write_text('[model]\nkind = "uniform"\nnum_layers = 4\n')
+    assert main(["profile", "--hardware-out", str(out), "--config", str(cfg)]) == 2
+    assert "model.kind" in capsys.readouterr().err
+    assert not out.exists()
+
+
+_point = st.fixed_dictionaries({"gflop": st.sampled_from([0.5, 1.0, 2.0, 8.0, 64.0, 512.0]),
+                                "tflops": st.floats(1.0, 1200.0)})
+
+
+@settings(max_examples=200, deadline=None)
+@given(generic=st.lists(_point, min_size=1, max_size=8),
+       model=st.lists(_point, max_size=8))
+def test_the_curve_has_one_point_per_work_the_model_s_inside_its_range(generic, model):
+    peak = 989.0
+    curve = efficiency_curve(_curve_points(generic, model), peak)
+    gflops = [g for g, _ in curve]
+    assert gflops == sorted(set(gflops))
+    lo = min((x["gflop"] for x in model), default=None)
+    hi = max((x["gflop"] for x in model), default=None)
+    for g, e in curve:
+        if model and lo <= g <= hi:
+            source = [x for x in model if x["gflop"] == g]  # the model's alone inside
+        else:
+            source = [x for x in generic + model if x["gflop"] == g]
+        effs = [min(1.0, x["tflops"] / peak) for x in source]
+        assert source and min(effs) - 1e-4 <= e <= max(effs) + 1e-4
