@@ -255,7 +255,7 @@ def _print_simulation(sim: Any) -> None:
                   f"{s.peak_memory_bytes / 1e9:.2f} GB of {problem.hardware.memory_bytes / 1e9:.0f}"
                   f" GB   {'fits' if s.fits else '[red]does NOT fit[/red]'}")
     print_job(console, problem.hardware.job, s.iteration_time_ms)
-    console.print(rank_table(s, problem.hardware.memory_bytes))
+    console.print(rank_table(s))
     if sim.timeline is None:
         console.print(f"(no text timeline above {limits.TIMELINE_OPS:,} ops; --trace keeps "
                       "every op)")

@@ -145,3 +145,17 @@ def test_console_script_exit_status_and_no_traceback(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 0
     assert "iteration_time_ms" in json.loads(r.stdout)
+
+
+def test_the_rank_table_keeps_each_rank_on_one_line_at_80_columns(monkeypatch, capsys):
+    # 16 ranks of a 405B job: 5-digit busy times, GB columns, ranks that do not fit.
+    import re
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["simulate", "--preset", "llama3.1-405b", "--hardware", "h100-80gb",
+                 "--tp", "8", "--pp", "16", "--microbatches", "32"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row = re.compile(r"^\s*(\d+)\s+\d+\s+\d+\s+[\d.]+%( +[\d.]+ GB){3}\s+\d+\s+(yes|NO)$")
+    ranks = [int(m.group(1)) for m in map(row.match, lines) if m]
+    assert ranks == list(range(16))
+    assert max(len(line) for line in lines if row.match(line)) <= 80
