@@ -36,23 +36,35 @@ def job_plan_dict(res: JobSearch, gpus: int, gbs: int, top: int) -> dict[str, An
             "seconds": res.seconds}
 
 
+def _shape_cell(r: ShapeResult) -> str:
+    """The parallel sizes over the batch's: two short lines rather than one long one."""
+    s = r.shape
+    return (f"tp{s.tp} cp{s.cp} ep{s.ep} pp{s.pp} dp{s.dp}\n"
+            f"vpp{s.vpp} mbs{s.mbs} m{s.microbatches}")
+
+
 def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int) -> None:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    t = Table(title=f"{gpus:,} GPUs, global batch {gbs:,}: {res.evaluated} of {res.total} "
-              f"shapes in {res.seconds:.1f} s", title_justify="left")
-    for col in ("", "shape", "iter ms", "TFLOP/s /GPU", "MFU", "tok/s /GPU", "peak GB",
-                "held back by"):
-        t.add_column(col, justify="right")
+    console.print(f"{gpus:,} GPUs, global batch {gbs:,}: {res.evaluated} of {res.total} "
+                  f"shapes in {res.seconds:.1f} s")
+    # No vertical rules, so the top-k fits 80 columns (ppsim.cli.render's rank table too).
+    t = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=False,
+              collapse_padding=True)
+    for col in ("", "shape", "iter\nms", "TFLOP/s\n/GPU", "MFU", "tok/s\n/GPU", "peak\nGB"):
+        t.add_column(col, justify="left" if col == "shape" else "right", no_wrap=True)
+    t.add_column("held back by", justify="right")  # the one column that wraps
     for i, r in enumerate(res.candidates[:top]):
         tp = r.throughput
-        t.add_row("best" if i == 0 and r.summary.fits else f"#{i + 1}", r.shape.label(),
+        t.add_row("best" if i == 0 and r.summary.fits else f"#{i + 1}", _shape_cell(r),
                   f"{r.summary.iteration_time_ms:.0f}",
                   f"{tp.tflops_per_gpu:.0f}" if tp else "-", f"{tp.mfu:.1%}" if tp else "-",
                   f"{tp.tokens_per_s_per_gpu:,.0f}" if tp else "-",
-                  f"{r.summary.peak_memory_bytes / 1e9:.1f}", r.held_back_by)
+                  f"{r.summary.peak_memory_bytes / 1e9:.1f}",
+                  r.held_back_by.replace("exposed communication", "exposed comm."))
     console.print(t)
 
 

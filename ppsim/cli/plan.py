@@ -316,16 +316,22 @@ def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], to
     t = Table(title=f"{p.schedule.name} pp={p.schedule.pp} vpp={p.schedule.vpp} "
               f"m={p.schedule.microbatches}, limit {fmt_bytes(p.hardware.memory_bytes)} "
               "per rank", title_justify="left")
-    for col in ("", "split", "iter ms", "bubble", "peak GB per rank", "vs baseline"):
+    refs = baselines_of(planned) + planned.compared
+    # One unit for the column, the largest peak's: a CPU-sized model reads in MB, not 0.0 GB.
+    top_peak = max([c.summary.peak_memory_bytes for c in res.candidates[:top]]
+                   + [r.summary.peak_memory_bytes for r in refs])
+    unit, size = next(((u, n) for u, n in (("GB", 1e9), ("MB", 1e6)) if top_peak >= n),
+                      ("kB", 1e3))
+    for col in ("", "split", "iter ms", "bubble", f"peak {unit} per rank", "vs baseline"):
         t.add_column(col)
 
     def row(label: str, c: Candidate) -> None:
         if len(c.summary.ranks) <= 8:
-            peaks = " ".join(("" if r.fits else "[red]") + f"{r.peak_memory_bytes / 1e9:.1f}"
+            peaks = " ".join(("" if r.fits else "[red]") + f"{r.peak_memory_bytes / size:.1f}"
                              + ("" if r.fits else "[/red]") for r in c.summary.ranks)
         else:
             worst = max(c.summary.ranks, key=lambda r: r.peak_memory_bytes)
-            peaks = f"max {worst.peak_memory_bytes / 1e9:.1f} (rank {worst.rank})"
+            peaks = f"max {worst.peak_memory_bytes / size:.1f} (rank {worst.rank})"
         speed = f"{base_t / c.summary.iteration_time_ms:.3f}x" if base_t else "-"
         counts = ",".join(map(str, c.split.counts))
         if len(counts) > 40:
@@ -335,7 +341,7 @@ def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], to
 
     for i, c in enumerate(res.candidates[:top]):
         row("best" if i == 0 else f"#{i + 1}", c)
-    for ref in baselines_of(planned) + planned.compared:
+    for ref in refs:
         row(ref.label + ("" if ref.summary.fits else " [red](OOM)[/red]"),
             Candidate(ref.split, ref.summary))
     console.print(t)

@@ -159,3 +159,24 @@ def test_the_rank_table_keeps_each_rank_on_one_line_at_80_columns(monkeypatch, c
     ranks = [int(m.group(1)) for m in map(row.match, lines) if m]
     assert ranks == list(range(16))
     assert max(len(line) for line in lines if row.match(line)) <= 80
+
+
+def test_the_job_plan_table_keeps_each_shape_s_figures_on_one_line_at_80_columns(
+        monkeypatch, capsys):
+    import re
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "64",
+                 "--global-batch-size", "256", "--top", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    row = re.compile(r"^\s*(best|#\d)\s+tp\d+ cp\d+ ep\d+ pp\d+ dp\d+\s+\d+\s+\d+\s+[\d.]+%"
+                     r"\s+[\d,]+\s+[\d.]+\s+(bubble|exposed comm\.|nothing|memory)")
+    assert [m.group(1) for m in map(row.match, lines) if m] == ["best", "#2", "#3"]
+    assert max(map(len, lines)) <= 80
+
+
+def test_the_split_plan_table_shows_a_cpu_sized_model_s_peaks_in_mb(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "120")
+    assert main(["plan"]) == 0  # the embedded default: tens of MB per rank
+    out = capsys.readouterr().out
+    assert "peak MB per rank" in out and " 0.0 0.0 " not in out
