@@ -129,13 +129,13 @@ def hardware_profile(args: argparse.Namespace) -> int:
     if m["model_attention"]:
         att = m["model_attention"]
         print(f"at the model's shapes: {len(m['model_matmuls'])} matmuls, "
-              f"{min(x['tflops'] for x in m['model_matmuls']):.1f}-"
-              f"{max(x['tflops'] for x in m['model_matmuls']):.1f} TFLOP/s; attention "
+              f"{min(x['tflops'] for x in m['model_matmuls']):.3g}-"
+              f"{max(x['tflops'] for x in m['model_matmuls']):.3g} TFLOP/s; attention "
               f"({att['heads']} heads x {att['head_dim']}, {att['seq_length']} tokens, dropout "
-              f"{att['dropout']:g}) {att['tflops']:.1f} TFLOP/s forward + backward")
+              f"{att['dropout']:g}) {att['tflops']:.3g} TFLOP/s forward + backward")
     if m["settled_tflops"]:
         print(f"after {m['sustained_s']:g} s of warm-up the largest matmul held "
-              f"{m['settled_tflops']:.1f} TFLOP/s")
+              f"{m['settled_tflops']:.3g} TFLOP/s")
     print(f"[hardware] table written to {args.hardware_out} (paste it into a config)")
     return 0
 
