@@ -91,7 +91,7 @@ def _window_timer(device: torch.device, window_ms: float) -> Callable[[Callable[
 def warm_up(device: torch.device, dtype: torch.dtype, seconds: float) -> float:
     """Run the largest matmul for `seconds`; returns its TFLOP/s over the last second,
     the power-saturated rate the device settles at."""
-    m, n, k = (GPU_MATMULS if device.type == "cuda" else CPU_MATMULS)[-1]
+    m, n, k = generic_matmuls(device)[-1]
     a = torch.randn(m, k, device=device, dtype=dtype)
     b = torch.randn(k, n, device=device, dtype=dtype)
     run = _window_timer(device, 1e3 * max(seconds - 1.0, 0.0))
@@ -127,13 +127,26 @@ def _peak(device: torch.device, best_tflops: float) -> float:
     return best_tflops / 0.8
 
 
+Tick = Callable[[str], None]
+"""Told what is measured next (the CLI's progress bar)."""
+
+
+def _quiet(what: str) -> None:
+    pass
+
+
+def generic_matmuls(device: torch.device) -> list[tuple[int, int, int]]:
+    return GPU_MATMULS if device.type == "cuda" else CPU_MATMULS
+
+
 def measure_matmuls(device: torch.device, dtype: torch.dtype, reps: int,
                     shapes: list[tuple[int, int, int]] | None = None,
-                    window_ms: float = 0.0) -> list[dict]:
+                    window_ms: float = 0.0, tick: Tick = _quiet) -> list[dict]:
     """Each shape's time and rate; by default the generic curve's shapes."""
     run = _window_timer(device, window_ms) if window_ms > 0 else _timer(device)
     out = []
-    for m, n, k in shapes or (GPU_MATMULS if device.type == "cuda" else CPU_MATMULS):
+    for m, n, k in shapes or generic_matmuls(device):
+        tick(f"matmul {m} x {n} x {k}")
         a = torch.randn(m, k, device=device, dtype=dtype)
         b = torch.randn(k, n, device=device, dtype=dtype)
         ms = run(lambda a=a, b=b: a @ b, reps)
@@ -249,20 +262,39 @@ def _curve_points(generic: list[dict], model: list[dict]) -> list[dict]:
 
 
 def measure_hardware(device_kind: str = "cpu", reps: int = 10, model: Architecture | None = None,
-                     sustained_s: float = 0.0) -> dict[str, Any]:
+                     sustained_s: float = 0.0,
+                     progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
     """The measurements and the [hardware] table they make: at `model`'s own matmuls and
     attention when given, after `sustained_s` seconds of warm-up (then each figure is a
-    window's mean: module docstring)."""
+    window's mean: module docstring). `progress(what, done, total)` before each step."""
     device = torch.device("cuda" if device_kind == "cuda" else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     t0 = time.perf_counter()
     window = 200.0 if sustained_s > 0 else 0.0
-    settled = warm_up(device, dtype, sustained_s) if sustained_s > 0 else None
-    generic = measure_matmuls(device, dtype, reps, window_ms=window)
-    mine = measure_matmuls(device, dtype, reps, model_matmuls(model), window) if model else []
+    shapes = model_matmuls(model) if model else []
+    total = len(generic_matmuls(device)) + len(shapes) + (3 if model else 2) + (sustained_s > 0)
+    done = 0
+
+    def tick(what: str) -> None:
+        nonlocal done
+        if progress:
+            progress(what, done, total)
+        done += 1
+
+    settled = None
+    if sustained_s > 0:
+        tick(f"warming up for {sustained_s:g} s")
+        settled = warm_up(device, dtype, sustained_s)
+    generic = measure_matmuls(device, dtype, reps, window_ms=window, tick=tick)
+    mine = measure_matmuls(device, dtype, reps, shapes, window, tick) if model else []
     peak = _peak(device, max(x["tflops"] for x in generic + mine))
+    tick("attention")
     att = measure_attention(device, dtype, reps)
-    model_att = measure_model_attention(device, dtype, model, window) if model else None
+    model_att = None
+    if model:
+        tick("the model's attention")
+        model_att = measure_model_attention(device, dtype, model, window)
+    tick("memory bandwidth and time per kernel")
     bw = measure_bandwidth(device, reps)
     overhead = measure_kernel_overhead(device)
     if model_att:

@@ -112,7 +112,19 @@ def hardware_profile(args: argparse.Namespace) -> int:
                             "transformer's kernels, not a uniform cost model",
                             "use a preset (e.g. --preset llama3-8b) or kind = \"transformer\"")
         model = cfg.model.arch
-    result = measure_hardware(args.device, model=model, sustained_s=sustained)
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    err = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task("measuring", total=None)
+
+        def progress(what: str, done: int, total: int) -> None:
+            bar.update(task, description=what, completed=done, total=total)
+
+        result = measure_hardware(args.device, model=model, sustained_s=sustained,
+                                  progress=progress)
 
     with output("--hardware-out", args.hardware_out):
         write_text_atomic(args.hardware_out, hardware_toml(result))

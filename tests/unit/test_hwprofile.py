@@ -86,3 +86,14 @@ def test_the_curve_has_one_point_per_work_the_model_s_inside_its_range(generic, 
             source = [x for x in generic + model if x["gflop"] == g]
         effs = [min(1.0, x["tflops"] / peak) for x in source]
         assert source and min(effs) - 1e-4 <= e <= max(effs) + 1e-4
+
+
+def test_progress_counts_every_step_once():
+    from ppsim.executor.hwprofile import measure_hardware
+
+    seen: list[tuple[str, int, int]] = []
+    measure_hardware("cpu", reps=1, sustained_s=0.1,
+                     progress=lambda what, done, total: seen.append((what, done, total)))
+    totals = {t for _, _, t in seen}
+    assert len(totals) == 1 and [d for _, d, _ in seen] == list(range(totals.pop()))
+    assert seen[0][0].startswith("warming up") and "bandwidth" in seen[-1][0]
