@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from ppsim.cli.plan import baselines_of, plan_with_references
+from ppsim.cli.plan import plan_with_references
 from ppsim.config.schema import config_from_dict
 from ppsim.pipeline.problem import build_problem
 
@@ -40,7 +40,7 @@ def main() -> None:
             print(f"{preset:16} {pp:3} {m:4} nothing fits")
             continue
         t = best.summary.iteration_time_ms
-        by_key = {r.key: r for r in baselines_of(planned)}
+        by_key = {r.key: r for r in planned.baselines()}
         cells = []
         for k in KEYS:
             r = by_key.get(k)

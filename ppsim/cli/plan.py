@@ -11,9 +11,10 @@ from typing import Any
 
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
 from ppsim.cli.jobplan import cmd_job_plan
-from ppsim.cli.render import job_dict, print_job
+from ppsim.cli.plan_render import print_result
+from ppsim.cli.render import job_dict
 from ppsim.cli.schedule import print_notes
-from ppsim.cli.simulate import add_deepspeed_specs_flag, exports_of, print_exports
+from ppsim.cli.simulate import add_deepspeed_specs_flag, exports_of
 from ppsim.clock import process_start
 from ppsim.config import limits, validate
 from ppsim.config.model import TransformerModel
@@ -44,7 +45,6 @@ from ppsim.plan.search import Deadline
 from ppsim.policy.costs import Fixed
 from ppsim.policy.report import policy_flags, stage_policies
 from ppsim.schedules.generators import SCHEDULES
-from ppsim.units import fmt_bytes
 
 SEARCH_AXES = ("schedule", "vpp", "microbatches", "recompute")
 EXIT_NO_FIT = 3
@@ -123,6 +123,10 @@ class Planned:
     without: list[FrameworkSplit] = field(default_factory=list)
     """The frameworks with no split for this shape, and why."""
 
+    def baselines(self) -> list[Reference]:
+        """Every framework's split, Megatron's first: the rows `plan` measures against."""
+        return ([self.baseline] if self.baseline else []) + self.frameworks
+
 
 FRAMEWORK_SHARE = 0.1
 """Of the time budget, what the frameworks' own splits may take (DeepSpeed's dynamic
@@ -147,11 +151,6 @@ def plan_with_references(problem: Problem, compare_texts: list[str], top_k: int,
     if problem.topology is not None:
         res = _retime_shared(problem, res, refs)
     return Planned(res, base, refs, frameworks, without)
-
-
-SHARED_NOTE = ("the placement shares devices or links: splits were searched with the "
-               "unshared model, a lower bound on the shared one, and the top candidates and "
-               "references re-simulated with sharing; optimality is not proven")
 
 
 def _retime_shared(problem: Problem, res: PlanResult, refs: list[Reference]) -> PlanResult:
@@ -231,11 +230,6 @@ def reference_dict(ref: Reference, best: Candidate | None, job: Any = None) -> d
     return out
 
 
-def baselines_of(planned: Planned) -> list[Reference]:
-    """Every framework's split, Megatron's first: the rows `plan` measures against."""
-    return ([planned.baseline] if planned.baseline else []) + planned.frameworks
-
-
 def result_dict(planned: Planned, specs: DeepSpeedSpecs = DEFAULT_SPECS) -> dict[str, Any]:
     res = planned.result
     p = res.problem
@@ -247,7 +241,7 @@ def result_dict(planned: Planned, specs: DeepSpeedSpecs = DEFAULT_SPECS) -> dict
         "best": None, "baseline": candidate_dict(res.baseline, job) if res.baseline else None,
         "deepspeed": candidate_dict(Candidate(ds.split, ds.summary), job) if ds else None,
         "baselines": [{"key": r.key, **reference_dict(r, res.best, job)}
-                      for r in baselines_of(planned)],
+                      for r in planned.baselines()],
         "baselines_missing": [{"key": f.key, "label": f.label, "note": f.note}
                               for f in planned.without],
         "candidates": [candidate_dict(c, job) for c in res.candidates],
@@ -283,106 +277,12 @@ def result_dict(planned: Planned, specs: DeepSpeedSpecs = DEFAULT_SPECS) -> dict
                                                    shlex.join(ex.megatron_flags)]).strip()
         if res.baseline is not None:
             best["speedup_vs_baseline"] = res.baseline.summary.iteration_time_ms / t
-        for ref in baselines_of(planned):
+        for ref in planned.baselines():
             best[f"speedup_vs_{ref.key}"] = ref.summary.iteration_time_ms / t
         if ds is not None:
             best["speedup_vs_deepspeed"] = best["speedup_vs_deepspeed_parameters"]
         out["best"] = best
     return out
-
-
-def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], top: int,
-                 specs: DeepSpeedSpecs = DEFAULT_SPECS) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-
-    console = Console()
-    res = planned.result
-    p = res.problem
-    if len(per_variant) > 1:
-        t = Table(title="search", title_justify="left")
-        for col in ("variant", "best ms", "split", "proven"):
-            t.add_column(col)
-        for label, r in sorted(per_variant, key=lambda x: x[1].best.key if x[1].best
-                               else (float("inf"), 0)):
-            t.add_row(label, f"{r.best.summary.iteration_time_ms:.2f}" if r.best else "no fit",
-                      str(list(r.best.split.counts)) if r.best else "-",
-                      "yes" if r.proven_optimal else
-                      f">= {r.lower_bound_ms:.2f}" if r.best else "-")
-        console.print(t)
-    assert res.best is not None
-    base_t = res.baseline.summary.iteration_time_ms if res.baseline else None
-    t = Table(title=f"{p.schedule.name} pp={p.schedule.pp} vpp={p.schedule.vpp} "
-              f"m={p.schedule.microbatches}, limit {fmt_bytes(p.hardware.memory_bytes)} "
-              "per rank", title_justify="left")
-    refs = baselines_of(planned) + planned.compared
-    # One unit for the column, the largest peak's: a CPU-sized model reads in MB, not 0.0 GB.
-    top_peak = max([c.summary.peak_memory_bytes for c in res.candidates[:top]]
-                   + [r.summary.peak_memory_bytes for r in refs])
-    unit, size = next(((u, n) for u, n in (("GB", 1e9), ("MB", 1e6)) if top_peak >= n),
-                      ("kB", 1e3))
-    for col in ("", "split", "iter ms", "bubble", f"peak {unit} per rank", "vs baseline"):
-        t.add_column(col)
-
-    def row(label: str, c: Candidate) -> None:
-        if len(c.summary.ranks) <= 8:
-            peaks = " ".join(("" if r.fits else "[red]") + f"{r.peak_memory_bytes / size:.1f}"
-                             + ("" if r.fits else "[/red]") for r in c.summary.ranks)
-        else:
-            worst = max(c.summary.ranks, key=lambda r: r.peak_memory_bytes)
-            peaks = f"max {worst.peak_memory_bytes / size:.1f} (rank {worst.rank})"
-        speed = f"{base_t / c.summary.iteration_time_ms:.3f}x" if base_t else "-"
-        counts = ",".join(map(str, c.split.counts))
-        if len(counts) > 40:
-            counts = counts[:37] + "..."
-        t.add_row(label, counts, f"{c.summary.iteration_time_ms:.2f}",
-                  f"{c.summary.bubble_fraction:.1%}", peaks, speed)
-
-    for i, c in enumerate(res.candidates[:top]):
-        row("best" if i == 0 else f"#{i + 1}", c)
-    for ref in refs:
-        row(ref.label + ("" if ref.summary.fits else " [red](OOM)[/red]"),
-            Candidate(ref.split, ref.summary))
-    console.print(t)
-    if planned.baseline is None and p.split.placement == "loop":
-        console.print(f"baseline: none; Megatron has no even or first/last split of "
-                      f"{p.costs.num_layers - p.costs.mtp_layers} layers over pp="
-                      f"{p.schedule.pp} x vpp={p.schedule.vpp}: only a layout says it",
-                      markup=False)
-    elif planned.baseline is not None and planned.baseline.label != "Megatron even":
-        console.print(f"baseline: no even split ({p.costs.num_layers - p.costs.mtp_layers} "
-                      f"layers over pp={p.schedule.pp}"
-                      + (f" x vpp={p.schedule.vpp}" if p.schedule.vpp > 1 else "")
-                      + "); the fastest split Megatron's first/last flags express", markup=False)
-    bt = res.best.summary.iteration_time_ms
-    if baselines_of(planned):
-        console.print("best against each framework's own split: " + ", ".join(
-            f"{ref.summary.iteration_time_ms / bt:.3f}x vs {ref.label}"
-            + ("" if ref.summary.fits else " (which does not fit)")
-            for ref in baselines_of(planned)), markup=False)
-    for fw in planned.without:
-        console.print(f"{fw.label}: none ({fw.note})", markup=False)
-    for ref in planned.compared:
-        console.print(f"vs {ref.label}: {why_faster(res.best.summary, ref)}", markup=False)
-    if p.topology is not None:
-        console.print(f"{SHARED_NOTE} (unshared lower bound {res.lower_bound_ms:.2f} ms; "
-                      f"{res.evaluated:,} splits timed in {res.seconds:.2f} s)", markup=False)
-    elif res.proven_optimal:
-        console.print(f"[green]optimal[/green] for the cost model: {res.evaluated:,} of "
-                      f"{res.total_splits:,} splits timed in {res.seconds:.2f} s")
-    else:
-        console.print(f"[yellow]not proven optimal[/yellow] within the time budget: lower bound "
-                      f"{res.lower_bound_ms:.2f} ms, gap {(bt - res.lower_bound_ms) / bt:.2%}; "
-                      f"{res.evaluated:,} of {res.total_splits:,} splits timed in "
-                      f"{res.seconds:.2f} s")
-        if p.schedule.vpp > 1:
-            console.print(CHUNKED_BOUND_NOTE, markup=False)
-            console.print(chunked_gap(res.best.summary, res.lower_bound_ms).text(),
-                          markup=False)
-    print_job(console, p.hardware.job, bt)
-    print_exports(console, exports_of(p.pattern, res.best.split, p.schedule.microbatch_group,
-                                      specs))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

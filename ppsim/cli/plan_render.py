@@ -1,0 +1,149 @@
+"""`ppsim plan`'s terminal output: the variants searched, the top splits beside each
+framework's own, why the best is faster, and whether it is proven optimal."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ppsim.cli.render import print_job
+from ppsim.cli.simulate import exports_of, print_exports
+from ppsim.pipeline.exports import DEFAULT_SPECS, DeepSpeedSpecs
+from ppsim.plan.bounds import CHUNKED_BOUND_NOTE
+from ppsim.plan.gap import chunked_gap
+from ppsim.plan.planner import Candidate, PlanResult
+from ppsim.plan.references import why_faster
+from ppsim.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from ppsim.cli.plan import Planned
+
+SHARED_NOTE = ("the placement shares devices or links: splits were searched with the "
+               "unshared model, a lower bound on the shared one, and the top candidates and "
+               "references re-simulated with sharing; optimality is not proven")
+
+
+def _variants_table(per_variant: list[tuple[str, PlanResult]]) -> Table:
+    from rich.table import Table
+
+    t = Table(title="search", title_justify="left")
+    for col in ("variant", "best ms", "split", "proven"):
+        t.add_column(col)
+    for label, r in sorted(per_variant, key=lambda x: x[1].best.key if x[1].best
+                           else (float("inf"), 0)):
+        t.add_row(label, f"{r.best.summary.iteration_time_ms:.2f}" if r.best else "no fit",
+                  str(list(r.best.split.counts)) if r.best else "-",
+                  "yes" if r.proven_optimal else
+                  f">= {r.lower_bound_ms:.2f}" if r.best else "-")
+    return t
+
+
+def _peak_unit(peaks: list[float]) -> tuple[str, float]:
+    """One unit for the column, the largest peak's: a CPU-sized model reads in MB, not
+    0.0 GB."""
+    top = max(peaks)
+    return next(((u, n) for u, n in (("GB", 1e9), ("MB", 1e6)) if top >= n), ("kB", 1e3))
+
+
+def _splits_table(planned: Planned, top: int) -> Table:
+    from rich.table import Table
+
+    res = planned.result
+    p = res.problem
+    base_t = res.baseline.summary.iteration_time_ms if res.baseline else None
+    t = Table(title=f"{p.schedule.name} pp={p.schedule.pp} vpp={p.schedule.vpp} "
+              f"m={p.schedule.microbatches}, limit {fmt_bytes(p.hardware.memory_bytes)} "
+              "per rank", title_justify="left")
+    refs = planned.baselines() + planned.compared
+    unit, size = _peak_unit([c.summary.peak_memory_bytes for c in res.candidates[:top]]
+                            + [r.summary.peak_memory_bytes for r in refs])
+    for col in ("", "split", "iter ms", "bubble", f"peak {unit} per rank", "vs baseline"):
+        t.add_column(col)
+
+    def row(label: str, c: Candidate) -> None:
+        if len(c.summary.ranks) <= 8:
+            peaks = " ".join(("" if r.fits else "[red]") + f"{r.peak_memory_bytes / size:.1f}"
+                             + ("" if r.fits else "[/red]") for r in c.summary.ranks)
+        else:
+            worst = max(c.summary.ranks, key=lambda r: r.peak_memory_bytes)
+            peaks = f"max {worst.peak_memory_bytes / size:.1f} (rank {worst.rank})"
+        speed = f"{base_t / c.summary.iteration_time_ms:.3f}x" if base_t else "-"
+        counts = ",".join(map(str, c.split.counts))
+        if len(counts) > 40:
+            counts = counts[:37] + "..."
+        t.add_row(label, counts, f"{c.summary.iteration_time_ms:.2f}",
+                  f"{c.summary.bubble_fraction:.1%}", peaks, speed)
+
+    for i, c in enumerate(res.candidates[:top]):
+        row("best" if i == 0 else f"#{i + 1}", c)
+    for ref in refs:
+        row(ref.label + ("" if ref.summary.fits else " [red](OOM)[/red]"),
+            Candidate(ref.split, ref.summary))
+    return t
+
+
+def _print_baselines(console: Any, planned: Planned) -> None:
+    """Which baseline the speed-ups are against, and the best against each framework."""
+    res = planned.result
+    p = res.problem
+    layers = p.costs.num_layers - p.costs.mtp_layers
+    if planned.baseline is None and p.split.placement == "loop":
+        console.print(f"baseline: none; Megatron has no even or first/last split of "
+                      f"{layers} layers over pp={p.schedule.pp} x vpp={p.schedule.vpp}: only a "
+                      "layout says it", markup=False)
+    elif planned.baseline is not None and planned.baseline.label != "Megatron even":
+        console.print(f"baseline: no even split ({layers} layers over pp={p.schedule.pp}"
+                      + (f" x vpp={p.schedule.vpp}" if p.schedule.vpp > 1 else "")
+                      + "); the fastest split Megatron's first/last flags express", markup=False)
+    assert res.best is not None
+    bt = res.best.summary.iteration_time_ms
+    if planned.baselines():
+        console.print("best against each framework's own split: " + ", ".join(
+            f"{ref.summary.iteration_time_ms / bt:.3f}x vs {ref.label}"
+            + ("" if ref.summary.fits else " (which does not fit)")
+            for ref in planned.baselines()), markup=False)
+    for fw in planned.without:
+        console.print(f"{fw.label}: none ({fw.note})", markup=False)
+    for ref in planned.compared:
+        console.print(f"vs {ref.label}: {why_faster(res.best.summary, ref)}", markup=False)
+
+
+def _print_proof(console: Any, res: PlanResult) -> None:
+    """Whether the best is optimal for the cost model, or how far the bound leaves it."""
+    p = res.problem
+    assert res.best is not None
+    bt = res.best.summary.iteration_time_ms
+    if p.topology is not None:
+        console.print(f"{SHARED_NOTE} (unshared lower bound {res.lower_bound_ms:.2f} ms; "
+                      f"{res.evaluated:,} splits timed in {res.seconds:.2f} s)", markup=False)
+    elif res.proven_optimal:
+        console.print(f"[green]optimal[/green] for the cost model: {res.evaluated:,} of "
+                      f"{res.total_splits:,} splits timed in {res.seconds:.2f} s")
+    else:
+        console.print(f"[yellow]not proven optimal[/yellow] within the time budget: lower bound "
+                      f"{res.lower_bound_ms:.2f} ms, gap {(bt - res.lower_bound_ms) / bt:.2%}; "
+                      f"{res.evaluated:,} of {res.total_splits:,} splits timed in "
+                      f"{res.seconds:.2f} s")
+        if p.schedule.vpp > 1:
+            console.print(CHUNKED_BOUND_NOTE, markup=False)
+            console.print(chunked_gap(res.best.summary, res.lower_bound_ms).text(),
+                          markup=False)
+
+
+def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], top: int,
+                 specs: DeepSpeedSpecs = DEFAULT_SPECS) -> None:
+    from rich.console import Console
+
+    console = Console()
+    res = planned.result
+    assert res.best is not None
+    if len(per_variant) > 1:
+        console.print(_variants_table(per_variant))
+    console.print(_splits_table(planned, top))
+    _print_baselines(console, planned)
+    _print_proof(console, res)
+    p = res.problem
+    print_job(console, p.hardware.job, res.best.summary.iteration_time_ms)
+    print_exports(console, exports_of(p.pattern, res.best.split, p.schedule.microbatch_group,
+                                      specs))
