@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
+from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
 from ppsim.config import validate
 from ppsim.config.files import output
 from ppsim.config.model import TransformerModel
@@ -104,9 +104,11 @@ def hardware_profile(args: argparse.Namespace) -> int:
                         "use --device cpu")
     sustained = validate.number("--sustained", args.sustained, hi=600.0,
                                 fix="give the warm-up in seconds, e.g. 5")
+    outputs_apart(args, {"--hardware-out": args.hardware_out})
     model = None
     if args.config or args.preset:
         cfg = config_from_args(args)
+        outputs_apart(args, {"--hardware-out": args.hardware_out}, cfg=cfg)
         if not isinstance(cfg.model, TransformerModel):
             raise UserError("model.kind", "ppsim profile --hardware-out measures a "
                             "transformer's kernels, not a uniform cost model",

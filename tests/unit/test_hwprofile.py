@@ -54,7 +54,7 @@ def test_a_models_own_matmuls_and_attention_are_measured(tmp_path, capsys):
     assert f"At the model's own {len(want)} matmul shapes" in out.read_text()
 
 
-def test_bad_warm_up_and_a_uniform_model_are_refused(tmp_path, capsys):
+def test_bad_warm_up_a_uniform_model_and_the_config_as_output_are_refused(tmp_path, capsys):
     out = tmp_path / "hw.toml"
     assert main(["profile", "--hardware-out", str(out), "--sustained", "-1"]) == 2
     assert "--sustained" in capsys.readouterr().err
@@ -63,6 +63,11 @@ def test_bad_warm_up_and_a_uniform_model_are_refused(tmp_path, capsys):
     assert main(["profile", "--hardware-out", str(out), "--config", str(cfg)]) == 2
     assert "model.kind" in capsys.readouterr().err
     assert not out.exists()
+    mine = tmp_path / "mine.toml"
+    mine.write_text('[model]\npreset = "tiny-gpt"\n')
+    assert main(["profile", "--hardware-out", str(mine), "--config", str(mine)]) == 2
+    assert "is also --config" in capsys.readouterr().err
+    assert mine.read_text() == '[model]\npreset = "tiny-gpt"\n'
 
 
 _point = st.fixed_dictionaries({"gflop": st.sampled_from([0.5, 1.0, 2.0, 8.0, 64.0, 512.0]),
