@@ -11,9 +11,10 @@ pieces under `groups`.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
+from ppsim.cli.render import bytes_text, compact_table, ms_text
 from ppsim.config import validate
 from ppsim.config.files import output
 from ppsim.config.model import TransformerModel
@@ -22,7 +23,9 @@ from ppsim.costs.model import ModelCosts
 from ppsim.errors import UserError
 from ppsim.fileio import write_text_atomic
 from ppsim.pipeline.problem import model_costs
-from ppsim.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 def _ranges(idx: list[int]) -> str:
@@ -49,30 +52,44 @@ def costs_document(costs: ModelCosts, source: str) -> dict[str, Any]:
             "head": layer_dict(costs.head)}
 
 
+COSTS_NOTE = ("B is the input-gradient part of the backward; backward_ms = B + W; kept W: "
+              "what the weight gradient still needs after B.")
+
+
+def costs_table(title: str, rows: list[tuple[str, str, dict[str, Any]]]) -> Table:
+    """Pieces' F, B, W and bytes, one per row: (name, layers, a cost file's piece)."""
+    t = compact_table(title)
+    for col in ("piece", "F ms", "B ms", "W ms", "static", "activ.", "kept W", "output"):
+        t.add_column(col, justify="left" if col == "piece" else "right", no_wrap=True)
+    spans = any(where for _, where, _ in rows)
+    if spans:
+        t.add_column("layers", justify="left", no_wrap=True)
+    for name, where, x in rows:
+        b = x["backward_ms"] - x["weight_grad_ms"]
+        t.add_row(name, ms_text(x["forward_ms"]), ms_text(b), ms_text(x["weight_grad_ms"]),
+                  bytes_text(x["static_bytes"]), bytes_text(x["activation_bytes"]),
+                  bytes_text(x["weight_grad_bytes"]), bytes_text(x["output_bytes"]),
+                  *([where] if spans else []))
+    return t
+
+
 def print_costs(doc: dict[str, Any]) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-
-    c = Console()
-    t = Table(title=f"per-piece costs ({doc['source']}), one microbatch", title_justify="left")
-    for col in ("piece", "layers", "F ms", "B ms", "W ms", "static", "activations",
-                "kept for W", "output"):
-        t.add_column(col, justify="right")
-
-    def row(name: str, where: str, x: dict[str, Any]) -> None:
-        b = x["backward_ms"] - x["weight_grad_ms"]
-        t.add_row(name, where, f"{x['forward_ms']:.3f}", f"{b:.3f}",
-                  f"{x['weight_grad_ms']:.3f}", fmt_bytes(x["static_bytes"]),
-                  fmt_bytes(x["activation_bytes"]), fmt_bytes(x["weight_grad_bytes"]),
-                  fmt_bytes(x["output_bytes"]))
-
-    row("embedding", "", doc["embedding"])
+    rows = [("embedding", "", doc["embedding"])]
+    spread = []  # a hybrid's kinds alternate: their ranges go below the table
     for x in doc["layers"]:
-        row(x["kind"], _ranges(x["layers"]), x)
-    row("head", "", doc["head"])
-    c.print(t)
-    c.print("B is the input-gradient part of the backward; backward_ms = B + W.")
+        where = _ranges(x["layers"])
+        if len(where) > 10:
+            spread.append(f"{x['kind']} layers: {where}")
+            where = str(len(x["layers"]))
+        rows.append((x["kind"], where, x))
+    rows.append(("head", "", doc["head"]))
+    c = Console()
+    c.print(costs_table(f"per-piece costs ({doc['source']}), one microbatch", rows))
+    for line in spread:
+        c.print(line, markup=False)
+    c.print(COSTS_NOTE)
 
 
 def cmd_costs(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from ppsim.cli.flags import config_from_args, emit_json
+from ppsim.cli.render import compact_table
 from ppsim.config import validate
 from ppsim.errors import UserError
 from ppsim.job.search import JobSearch, ShapeResult, search_job
@@ -44,16 +45,12 @@ def _shape_cell(r: ShapeResult) -> str:
 
 
 def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int) -> None:
-    from rich import box
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
     console.print(f"{gpus:,} GPUs, global batch {gbs:,}: {res.evaluated} of {res.total} "
                   f"shapes in {res.seconds:.1f} s")
-    # No vertical rules, so the top-k fits 80 columns (ppsim.cli.render's rank table too).
-    t = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=False,
-              collapse_padding=True)
+    t = compact_table()
     for col in ("", "shape", "iter\nms", "TFLOP/s\n/GPU", "MFU", "tok/s\n/GPU", "peak\nGB"):
         t.add_column(col, justify="left" if col == "shape" else "right", no_wrap=True)
     t.add_column("held back by", justify="right")  # the one column that wraps

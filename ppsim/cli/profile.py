@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Any
 
-from ppsim.cli.costs import hardware_profile
+from ppsim.cli.costs import COSTS_NOTE, costs_table, hardware_profile
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
 from ppsim.config import validate
 from ppsim.config.model import TransformerModel
@@ -127,24 +127,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def _print_costs(doc: dict[str, Any], title: str) -> None:
     from rich.console import Console
-    from rich.table import Table
-
 
     c = Console()
-    c.print(title)
-    t = Table()
-    for col in ("piece", "F ms", "B ms", "of which W ms", "static", "activations",
-                "kept for W", "output"):
-        t.add_column(col, justify="right")
-    rows = [("embedding", doc["embedding"]), ("layer" if len(doc["layers"]) == 1
-                                               else "layer 0", doc["layers"][0]),
-            ("head + loss", doc["head"])]
-    for name, x in rows:
-        t.add_row(name, f"{x['forward_ms']:.3f}", f"{x['backward_ms']:.3f}",
-                  f"{x['weight_grad_ms']:.3f}", fmt_bytes(x["static_bytes"]),
-                  fmt_bytes(x["activation_bytes"]), fmt_bytes(x["weight_grad_bytes"]),
-                  fmt_bytes(x["output_bytes"]))
-    c.print(t)
+    layer = "layer" if len(doc["layers"]) == 1 else "layer 0"
+    c.print(costs_table(title, [("embedding", "", doc["embedding"]),
+                                (layer, "", doc["layers"][0]),
+                                ("head + loss", "", doc["head"])]))
+    c.print(COSTS_NOTE)
     p2p = doc.get("p2p")
     if p2p:
         c.print(f"P2P: latency {p2p['latency_ms'] * 1e3:.1f} us, bandwidth "

@@ -15,27 +15,43 @@ if TYPE_CHECKING:
 KIND_STYLE = {"F": "bold blue", "B": "bold green", "W": "bold yellow"}
 
 
-def rank_table(summary: Summary, title: str = "") -> Table:
-    from rich import box  # rich only where a table is drawn: --json stays light
+def compact_table(title: str = "") -> Table:
+    """A table without vertical rules or edge padding: the figures a row holds stay on one
+    line at 80 columns (rich only where a table is drawn: --json stays light)."""
+    from rich import box
     from rich.table import Table
 
-    # No vertical rules: nine columns of a 100,000-ms, 100-GB job fit in 80 columns.
-    t = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1),
-              pad_edge=False, show_edge=False, collapse_padding=True)
+    return Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD,
+                 padding=(0, 1), pad_edge=False, show_edge=False, collapse_padding=True)
+
+
+def ms_text(ms: float) -> str:
+    """Milliseconds to four significant figures or more: 0.1234, 12.34, 1234.6, 123457."""
+    if ms == 0:
+        return "0"
+    return f"{ms:.{max(0, 3 - len(str(int(abs(ms)))) + 1 if abs(ms) >= 1 else 4)}f}"
+
+
+def bytes_text(n: float) -> str:
+    """Bytes to three significant figures with a decimal unit: 755 MB, 9.66 GB, 0 B."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            v = n / size
+            return f"{v:.{2 if abs(v) < 10 else 1 if abs(v) < 100 else 0}f} {unit}"
+    return f"{n:.0f} B"
+
+
+def rank_table(summary: Summary, title: str = "") -> Table:
+    t = compact_table(title)
     for col in ("rank", "layers", "busy ms", "bubble", "static", "activ.", "peak mem",
                 "in-flight", "fits"):
         t.add_column(col, justify="right")
     for r in summary.ranks:
-        t.add_row(str(r.rank), str(r.layers), _ms(r.busy_ms), f"{r.bubble_fraction:.1%}",
+        t.add_row(str(r.rank), str(r.layers), ms_text(r.busy_ms), f"{r.bubble_fraction:.1%}",
                   fmt_bytes(r.static_bytes), fmt_bytes(r.peak_activation_bytes),
                   fmt_bytes(r.peak_memory_bytes), str(r.peak_inflight),
                   "yes" if r.fits else "[red]NO[/red]")
     return t
-
-
-def _ms(ms: float) -> str:
-    """Milliseconds to four significant figures or more: 0.1234, 12.34, 1234.6, 123457."""
-    return f"{ms:.{max(0, 3 - len(str(int(abs(ms)))) + 1 if abs(ms) >= 1 else 4)}f}"
 
 
 def summary_dict(summary: Summary) -> dict[str, Any]:

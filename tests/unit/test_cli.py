@@ -180,3 +180,18 @@ def test_the_split_plan_table_shows_a_cpu_sized_model_s_peaks_in_mb(monkeypatch,
     assert main(["plan"]) == 0  # the embedded default: tens of MB per rank
     out = capsys.readouterr().out
     assert "peak MB per rank" in out and " 0.0 0.0 " not in out
+
+
+def test_the_costs_table_keeps_each_piece_on_one_line_at_80_columns(monkeypatch, capsys):
+    # A hybrid's kinds alternate: 24 Mamba-2 layers spread over 52 (their ranges below).
+    import re
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["costs", "--preset", "nemotron-h-8b", "--hardware", "h100-80gb"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    size = r"\s+[\d.]+ [kMG]?B"
+    row = re.compile(rf"^(embedding|mamba|mlp|attention|head)(\s+[\d.]+){{3}}({size}){{4}}")
+    assert [m.group(1) for m in map(row.match, lines) if m] == [
+        "embedding", "mamba", "mlp", "attention", "head"]
+    assert any(line.startswith("mamba layers: 0, 2, 4, 6, 9") for line in lines)
+    assert max(map(len, lines)) <= 80
