@@ -113,8 +113,10 @@ def measure_rows(out: Path, device: str = "cuda") -> None:
         write_text_atomic(str(out / "weak-measurements.json"), json.dumps(everything, indent=1))
         m = result["measurements"]
         rates = [x["tflops"] for x in m["model_matmuls"]]
+        att = m["model_attention"]
+        kernels = ", ".join(f"{k} {v['tflops']:.0f}" for k, v in att["kernels"].items())
         print(f"measured {name}: matmuls {min(rates):.0f}-{max(rates):.0f} TFLOP/s, attention "
-              f"{m['model_attention']['tflops']:.0f}, settled {m['settled_tflops']:.0f} "
+              f"{kernels} (kept {att['kernel']}), settled {m['settled_tflops']:.0f} "
               f"({time.perf_counter() - t0:.0f} s)", flush=True)
 
 

@@ -16,6 +16,7 @@ the mean over a window of back-to-back runs rather than a median of single ones.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ppsim.costs.arch import Architecture, attention_shape, layer_kinds
 from ppsim.costs.layerops import attention_ops, head_ops, layer_ops, mtp_ops
@@ -191,7 +193,8 @@ def measure_model_attention(device: torch.device, dtype: torch.dtype, a: Archite
                             window_ms: float = 0.0) -> dict:
     """A model's attention core as it runs per rank (its heads, key/value heads, head
     widths, sequence, micro-batch, and Megatron's attention dropout when the model has
-    dropout), forward and forward + backward; FLOPs as the model counts them."""
+    dropout), forward and forward + backward, FLOPs as the model counts them; on a GPU
+    by each fused kernel that takes it, the fastest kept (`kernel`; all in `kernels`)."""
     a = per_rank_arch(a)
     sh = attention_shape(a)
     heads = max(1, a.num_heads // a.tp)
@@ -204,13 +207,32 @@ def measure_model_attention(device: torch.device, dtype: torch.dtype, a: Archite
     v = torch.randn(b, kv_heads, s, v_dim, device=device, dtype=dtype, requires_grad=True)
     g = torch.randn(b, heads, s, v_dim, device=device, dtype=dtype)
     run = _window_timer(device, window_ms) if window_ms > 0 else _timer(device)
-    fwd = run(lambda: _sdpa(q, k, v, dropout), 5)
-    both = run(lambda: _sdpa(q, k, v, dropout).backward(g), 5)
     flops = next(op.flops for op in attention_ops(a) if op.attention)
+    timed = {}
+    for name, backend in _backends(device):
+        try:
+            with sdpa_kernel(backend) if backend else contextlib.nullcontext():
+                fwd = run(lambda: _sdpa(q, k, v, dropout), 5)
+                both = run(lambda: _sdpa(q, k, v, dropout).backward(g), 5)
+        except RuntimeError:  # this kernel does not take these shapes or this dropout
+            continue
+        timed[name] = {"forward_ms": fwd, "backward_ms": max(both - fwd, 1e-6),
+                       "tflops": (1 + FLASH_BACKWARD) * flops / (both * 1e9)}
+    if not timed:
+        raise RuntimeError("no attention kernel ran the model's attention")
+    best = max(timed, key=lambda n: timed[n]["tflops"])
     return {"heads": heads, "kv_heads": kv_heads, "head_dim": qk_dim, "v_head_dim": v_dim,
             "seq_length": s, "micro_batch_size": b, "dropout": dropout, "flops": flops,
-            "forward_ms": fwd, "backward_ms": max(both - fwd, 1e-6),
-            "tflops": (1 + FLASH_BACKWARD) * flops / (both * 1e9)}
+            "kernel": best, "kernels": timed, **timed[best]}
+
+
+def _backends(device: torch.device) -> list[tuple[str, list[SDPBackend] | None]]:
+    """The fused kernels to time on a GPU (Megatron's Transformer Engine picks a fused
+    one: FlashAttention or cuDNN's); the default choice elsewhere."""
+    if device.type != "cuda":
+        return [("default", None)]
+    return [("flash", [SDPBackend.FLASH_ATTENTION]), ("cudnn", [SDPBackend.CUDNN_ATTENTION]),
+            ("efficient", [SDPBackend.EFFICIENT_ATTENTION])]
 
 
 def measure_bandwidth(device: torch.device, reps: int) -> float:
