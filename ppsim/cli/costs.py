@@ -150,25 +150,27 @@ def hardware_profile(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"out": args.hardware_out, **result})
         return 0
-    hw = result["hardware"]
+    _print_hardware(result)
+    print(f"[hardware] table written to {args.hardware_out} (paste it into a config)")
+    return 0
+
+
+def _print_hardware(result: dict[str, Any]) -> None:
+    hw, m = result["hardware"], result["measurements"]
     print(f"{result['device']}: peak {hw['peak_tflops']:.1f} TFLOP/s; matmuls reach "
           + ", ".join(f"{e:.0%} at {g:g} GFLOP" for g, e in hw["matmul_efficiency"])
           + f"; attention {hw['attention_efficiency']:.0%}; memory "
           f"{hw['memory_bandwidth_gbps']:.0f} GB/s; {hw['kernel_overhead_us']:.1f} us per "
-          f"kernel ({result['measurements']['seconds']:.1f} s)")
-    m = result["measurements"]
+          f"kernel ({m['seconds']:.1f} s)")
     if m["model_attention"]:
-        att = m["model_attention"]
-        print(f"at the model's shapes: {len(m['model_matmuls'])} matmuls, "
-              f"{min(x['tflops'] for x in m['model_matmuls']):.3g}-"
-              f"{max(x['tflops'] for x in m['model_matmuls']):.3g} TFLOP/s; attention "
-              f"({att['heads']} heads x {att['head_dim']}, {att['seq_length']} tokens, dropout "
-              f"{att['dropout']:g}) {att['tflops']:.3g} TFLOP/s forward + backward")
+        att, rates = m["model_attention"], [x["tflops"] for x in m["model_matmuls"]]
+        print(f"at the model's shapes: {len(rates)} matmuls, {min(rates):.3g}-"
+              f"{max(rates):.3g} TFLOP/s; attention ({att['heads']} heads x "
+              f"{att['head_dim']}, {att['seq_length']} tokens, dropout {att['dropout']:g}, "
+              f"{att['kernel']} kernel) {att['tflops']:.3g} TFLOP/s forward + backward")
     if m["settled_tflops"]:
         print(f"after {m['sustained_s']:g} s of warm-up the largest matmul held "
               f"{m['settled_tflops']:.3g} TFLOP/s")
-    print(f"[hardware] table written to {args.hardware_out} (paste it into a config)")
-    return 0
 
 
 def register(commands: dict) -> None:
