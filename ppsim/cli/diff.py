@@ -7,12 +7,12 @@ from typing import Any
 
 from ppsim.cli.flags import emit_json, outputs_apart
 from ppsim.cli.picture import render_png
+from ppsim.cli.render import bytes_text, compact_table, ms_text
 from ppsim.config.files import output
 from ppsim.errors import UserError
 from ppsim.job.throughput import Throughput, from_info, line, trace_throughput
 from ppsim.trace.diff import Window, diff_traces
 from ppsim.trace.schema import read_trace
-from ppsim.units import fmt_bytes
 
 
 def lanes(w: Window) -> list[list[tuple[float, float, str, int]]]:
@@ -26,8 +26,6 @@ def lanes(w: Window) -> list[list[tuple[float, float, str, int]]]:
 def print_diff(d: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
-
 
     c = Console()
     a, b = (escape(x) for x in d["traces"])  # file names are not markup
@@ -41,24 +39,24 @@ def print_diff(d: dict[str, Any]) -> None:
     for side, t in zip("AB", d.get("throughput") or (), strict=False):
         if t is not None:
             c.print(f"{side}: {line(Throughput(**t))}", markup=False)
-    t = Table(title="per rank (A / B)", title_justify="left")
-    for col in ("rank", "busy ms", "busy err", "bubble", "peak memory", "drift at end"):
-        t.add_column(col, justify="right")
+    c.print("per rank")
+    t = compact_table()
+    for col in ("rank", "busy ms\nA", "busy ms\nB", "busy\nerror", "bubble\nA", "bubble\nB",
+                "peak\nA", "peak\nB", "drift at\nend ms"):
+        t.add_column(col, justify="right", no_wrap=True)
     for r in d["ranks"]:
-        ma, mb = r["peak_memory_bytes"]
-        t.add_row(str(r["rank"]), f"{r['busy_ms'][0]:.2f} / {r['busy_ms'][1]:.2f}",
-                  f"{r['busy_error']:+.1%}",
-                  f"{r['bubble_fraction'][0]:.1%} / {r['bubble_fraction'][1]:.1%}",
-                  f"{fmt_bytes(ma) if ma is not None else '-'} / "
-                  f"{fmt_bytes(mb) if mb is not None else '-'}",
-                  f"{r['final_start_drift_ms']:+.2f} ms")
+        peaks = [bytes_text(x) if x is not None else "-" for x in r["peak_memory_bytes"]]
+        t.add_row(str(r["rank"]), *map(ms_text, r["busy_ms"]), f"{r['busy_error']:+.1%}",
+                  *(f"{x:.1%}" for x in r["bubble_fraction"]), *peaks,
+                  f"{r['final_start_drift_ms']:+.2f}")
     c.print(t)
-    k = Table(title="op duration error, B relative to A", title_justify="left")
-    for col in ("kind", "ops", "median", "p90 |err|", "max |err|", "median B-A"):
+    c.print("op duration error, B relative to A")
+    k = compact_table()
+    for col in ("kind", "ops", "median", "p90 |err|", "max |err|", "median B-A ms"):
         k.add_column(col, justify="right")
     for kind, e in d["duration_error"].items():
         k.add_row(kind, str(e["count"]), f"{e['median']:+.1%}", f"{e['p90']:.1%}",
-                  f"{e['max']:.1%}", f"{e['median_delta_ms']:+.3f} ms")
+                  f"{e['max']:.1%}", f"{e['median_delta_ms']:+.3f}")
     c.print(k)
     if d["largest_divergences"]:
         c.print("largest divergences: " + "; ".join(

@@ -195,3 +195,20 @@ def test_the_costs_table_keeps_each_piece_on_one_line_at_80_columns(monkeypatch,
         "embedding", "mamba", "mlp", "attention", "head"]
     assert any(line.startswith("mamba layers: 0, 2, 4, 6, 9") for line in lines)
     assert max(map(len, lines)) <= 80
+
+
+def test_diff_keeps_each_rank_on_one_line_at_80_columns(monkeypatch, tmp_path, capsys):
+    import re
+
+    monkeypatch.setenv("COLUMNS", "80")
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert main(["simulate", "--split", "6,2", "--trace", str(a)]) == 0
+    assert main(["simulate", "--split", "4,4", "--trace", str(b)]) == 0
+    capsys.readouterr()
+    assert main(["diff", str(a), str(b)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    size = r"\s+[\d.]+ [kMG]?B"
+    row = re.compile(rf"^\s*(\d)(\s+[\d.]+){{2}}\s+[+-][\d.]+%(\s+[\d.]+%){{2}}({size}){{2}}"
+                     r"\s+[+-][\d.]+$")
+    assert [m.group(1) for m in map(row.match, lines) if m] == ["0", "1"]
+    assert max(len(line) for line in lines if not line.startswith("largest")) <= 80
