@@ -157,6 +157,31 @@ def measure_matmuls(device: torch.device, dtype: torch.dtype, reps: int,
     return out
 
 
+def _qkv(device: torch.device, dtype: torch.dtype, b: int, heads: int, kv_heads: int, s: int,
+         qk_dim: int, v_dim: int) -> tuple[torch.Tensor, ...]:
+    """Query, key, value (b, heads, s, d) and an output gradient."""
+    def t(h: int, d: int, grad: bool = True) -> torch.Tensor:
+        return torch.randn(b, h, s, d, device=device, dtype=dtype, requires_grad=grad)
+
+    return t(heads, qk_dim), t(kv_heads, qk_dim), t(kv_heads, v_dim), t(heads, v_dim, False)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float) -> torch.Tensor:
+    gqa = q.shape[1] != k.shape[1]
+    kw = {"enable_gqa": True} if gqa else {}
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, **kw)
+
+
+def _time_attention(run: Callable[[Callable[[], Any], int], float], qkvg: tuple[torch.Tensor, ...],
+                    dropout: float, reps: int) -> tuple[float, float]:
+    """(forward ms, backward ms) of causal SDPA: the backward as forward + backward less
+    the forward."""
+    q, k, v, g = qkvg
+    fwd = run(lambda: _sdpa(q, k, v, dropout), reps)
+    both = run(lambda: _sdpa(q, k, v, dropout).backward(g), reps)
+    return fwd, max(both - fwd, 1e-6)
+
+
 def measure_attention(device: torch.device, dtype: torch.dtype, reps: int) -> list[dict]:
     """Causal SDPA forward and backward; FLOPs as FlashAttention counts them (half the
     s x s scores)."""
@@ -165,28 +190,13 @@ def measure_attention(device: torch.device, dtype: torch.dtype, reps: int) -> li
         else (4, 32, (64, 128, 256))
     out = []
     for s in lengths:
-        q, k, v = (torch.randn(1, heads, s, hd, device=device, dtype=dtype, requires_grad=True)
-                   for _ in range(3))
         flops = 2 * s * s * heads * hd  # 4 s^2 (heads x hd), halved by the causal mask
-        fwd = run(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-                  reps)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        g = torch.randn_like(y)
-
-        def both(q=q, k=k, v=v, g=g) -> None:
-            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
-
-        bwd = max(run(both, reps) - fwd, 1e-6)
+        fwd, bwd = _time_attention(run, _qkv(device, dtype, 1, heads, heads, s, hd, hd), 0.0,
+                                   reps)
         out.append({"seq_length": s, "flops": flops, "forward_ms": fwd, "backward_ms": bwd,
                     "forward_tflops": flops / (fwd * 1e9),
-                    "backward_tflops": 2.5 * flops / (bwd * 1e9)})
+                    "backward_tflops": FLASH_BACKWARD * flops / (bwd * 1e9)})
     return out
-
-
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float) -> torch.Tensor:
-    gqa = q.shape[1] != k.shape[1]
-    kw = {"enable_gqa": True} if gqa else {}
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, **kw)
 
 
 def measure_model_attention(device: torch.device, dtype: torch.dtype, a: Architecture,
@@ -202,22 +212,18 @@ def measure_model_attention(device: torch.device, dtype: torch.dtype, a: Archite
     kv_heads = heads if a.attention == "mla" else max(1, a.num_kv_heads // a.tp)
     dropout = ATTENTION_DROPOUT if a.dropout else 0.0
     b, s = a.micro_batch_size, a.seq_length
-    q = torch.randn(b, heads, s, qk_dim, device=device, dtype=dtype, requires_grad=True)
-    k = torch.randn(b, kv_heads, s, qk_dim, device=device, dtype=dtype, requires_grad=True)
-    v = torch.randn(b, kv_heads, s, v_dim, device=device, dtype=dtype, requires_grad=True)
-    g = torch.randn(b, heads, s, v_dim, device=device, dtype=dtype)
+    qkvg = _qkv(device, dtype, b, heads, kv_heads, s, qk_dim, v_dim)
     run = _window_timer(device, window_ms) if window_ms > 0 else _timer(device)
     flops = next(op.flops for op in attention_ops(a) if op.attention)
     timed = {}
     for name, backend in _backends(device):
         try:
             with sdpa_kernel(backend) if backend else contextlib.nullcontext():
-                fwd = run(lambda: _sdpa(q, k, v, dropout), 5)
-                both = run(lambda: _sdpa(q, k, v, dropout).backward(g), 5)
+                fwd, bwd = _time_attention(run, qkvg, dropout, 5)
         except RuntimeError:  # this kernel does not take these shapes or this dropout
             continue
-        timed[name] = {"forward_ms": fwd, "backward_ms": max(both - fwd, 1e-6),
-                       "tflops": (1 + FLASH_BACKWARD) * flops / (both * 1e9)}
+        timed[name] = {"forward_ms": fwd, "backward_ms": bwd,
+                       "tflops": (1 + FLASH_BACKWARD) * flops / ((fwd + bwd) * 1e9)}
     if not timed:
         raise RuntimeError("no attention kernel ran the model's attention")
     best = max(timed, key=lambda n: timed[n]["tflops"])
@@ -294,7 +300,9 @@ def measure_hardware(device_kind: str = "cpu", reps: int = 10, model: Architectu
     t0 = time.perf_counter()
     window = 200.0 if sustained_s > 0 else 0.0
     shapes = model_matmuls(model) if model else []
-    total = len(generic_matmuls(device)) + len(shapes) + (3 if model else 2) + (sustained_s > 0)
+    # The matmuls, attention, the model's attention, bandwidth and host time, the warm-up.
+    total = (len(generic_matmuls(device)) + len(shapes) + 2 + (1 if model else 0)
+             + (1 if sustained_s > 0 else 0))
     done = 0
 
     def tick(what: str) -> None:

@@ -14,7 +14,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
-from ppsim.cli.render import bytes_text, compact_table, ms_text
+from ppsim.cli.render import compact_table, ms_text
 from ppsim.config import validate
 from ppsim.config.files import output
 from ppsim.config.model import TransformerModel
@@ -23,6 +23,7 @@ from ppsim.costs.model import ModelCosts
 from ppsim.errors import UserError
 from ppsim.fileio import write_text_atomic
 from ppsim.pipeline.problem import model_costs
+from ppsim.units import fmt_bytes
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -66,10 +67,10 @@ def costs_table(title: str, rows: list[tuple[str, str, dict[str, Any]]]) -> Tabl
         t.add_column("layers", justify="left", no_wrap=True)
     for name, where, x in rows:
         b = x["backward_ms"] - x["weight_grad_ms"]
+        sizes = (fmt_bytes(x[k], figures=3) for k in ("static_bytes", "activation_bytes",
+                                                       "weight_grad_bytes", "output_bytes"))
         t.add_row(name, ms_text(x["forward_ms"]), ms_text(b), ms_text(x["weight_grad_ms"]),
-                  bytes_text(x["static_bytes"]), bytes_text(x["activation_bytes"]),
-                  bytes_text(x["weight_grad_bytes"]), bytes_text(x["output_bytes"]),
-                  *([where] if spans else []))
+                  *sizes, *([where] if spans else []))
     return t
 
 
@@ -121,11 +122,10 @@ def hardware_profile(args: argparse.Namespace) -> int:
                         "use --device cpu")
     sustained = validate.number("--sustained", args.sustained, hi=600.0,
                                 fix="give the warm-up in seconds, e.g. 5")
-    outputs_apart(args, {"--hardware-out": args.hardware_out})
+    cfg = config_from_args(args) if args.config or args.preset else None
+    outputs_apart(args, {"--hardware-out": args.hardware_out}, cfg=cfg)
     model = None
-    if args.config or args.preset:
-        cfg = config_from_args(args)
-        outputs_apart(args, {"--hardware-out": args.hardware_out}, cfg=cfg)
+    if cfg is not None:
         if not isinstance(cfg.model, TransformerModel):
             raise UserError("model.kind", "ppsim profile --hardware-out measures a "
                             "transformer's kernels, not a uniform cost model",

@@ -7,12 +7,13 @@ from typing import Any
 
 from ppsim.cli.flags import emit_json, outputs_apart
 from ppsim.cli.picture import render_png
-from ppsim.cli.render import bytes_text, compact_table, ms_text
+from ppsim.cli.render import compact_table, ms_text
 from ppsim.config.files import output
 from ppsim.errors import UserError
 from ppsim.job.throughput import Throughput, from_info, line, trace_throughput
 from ppsim.trace.diff import Window, diff_traces
 from ppsim.trace.schema import read_trace
+from ppsim.units import fmt_bytes
 
 
 def lanes(w: Window) -> list[list[tuple[float, float, str, int]]]:
@@ -45,7 +46,8 @@ def print_diff(d: dict[str, Any]) -> None:
                 "peak\nA", "peak\nB", "drift at\nend ms"):
         t.add_column(col, justify="right", no_wrap=True)
     for r in d["ranks"]:
-        peaks = [bytes_text(x) if x is not None else "-" for x in r["peak_memory_bytes"]]
+        peaks = [fmt_bytes(x, figures=3) if x is not None else "-"
+                 for x in r["peak_memory_bytes"]]
         t.add_row(str(r["rank"]), *map(ms_text, r["busy_ms"]), f"{r['busy_error']:+.1%}",
                   *(f"{x:.1%}" for x in r["bubble_fraction"]), *peaks,
                   f"{r['final_start_drift_ms']:+.2f}")

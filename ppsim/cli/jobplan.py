@@ -61,7 +61,7 @@ def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int) -> None:
                   f"{tp.tflops_per_gpu:.0f}" if tp else "-", f"{tp.mfu:.1%}" if tp else "-",
                   f"{tp.tokens_per_s_per_gpu:,.0f}" if tp else "-",
                   f"{r.summary.peak_memory_bytes / 1e9:.1f}",
-                  r.held_back_by.replace("exposed communication", "exposed comm."))
+                  r.held_back_by)
     console.print(t)
 
 

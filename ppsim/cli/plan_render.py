@@ -12,7 +12,7 @@ from ppsim.plan.bounds import CHUNKED_BOUND_NOTE
 from ppsim.plan.gap import chunked_gap
 from ppsim.plan.planner import Candidate, PlanResult
 from ppsim.plan.references import why_faster
-from ppsim.units import fmt_bytes
+from ppsim.units import byte_unit, fmt_bytes
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -39,13 +39,6 @@ def _variants_table(per_variant: list[tuple[str, PlanResult]]) -> Table:
     return t
 
 
-def _peak_unit(peaks: list[float]) -> tuple[str, float]:
-    """One unit for the column, the largest peak's: a CPU-sized model reads in MB, not
-    0.0 GB."""
-    top = max(peaks)
-    return next(((u, n) for u, n in (("GB", 1e9), ("MB", 1e6)) if top >= n), ("kB", 1e3))
-
-
 def _splits_table(planned: Planned, top: int) -> Table:
     from rich.table import Table
 
@@ -56,8 +49,9 @@ def _splits_table(planned: Planned, top: int) -> Table:
               f"m={p.schedule.microbatches}, limit {fmt_bytes(p.hardware.memory_bytes)} "
               "per rank", title_justify="left")
     refs = planned.baselines() + planned.compared
-    unit, size = _peak_unit([c.summary.peak_memory_bytes for c in res.candidates[:top]]
-                            + [r.summary.peak_memory_bytes for r in refs])
+    # One unit for the column, the largest peak's: a CPU-sized model reads in MB, not 0.0 GB.
+    unit, size = byte_unit(max([c.summary.peak_memory_bytes for c in res.candidates[:top]]
+                               + [r.summary.peak_memory_bytes for r in refs]))
     for col in ("", "split", "iter ms", "bubble", f"peak {unit} per rank", "vs baseline"):
         t.add_column(col)
 

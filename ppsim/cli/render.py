@@ -32,15 +32,6 @@ def ms_text(ms: float) -> str:
     return f"{ms:.{max(0, 3 - len(str(int(abs(ms)))) + 1 if abs(ms) >= 1 else 4)}f}"
 
 
-def bytes_text(n: float) -> str:
-    """Bytes to three significant figures with a decimal unit: 755 MB, 9.66 GB, 0 B."""
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= size:
-            v = n / size
-            return f"{v:.{2 if abs(v) < 10 else 1 if abs(v) < 100 else 0}f} {unit}"
-    return f"{n:.0f} B"
-
-
 def rank_table(summary: Summary, title: str = "") -> Table:
     t = compact_table(title)
     for col in ("rank", "layers", "busy ms", "bubble", "static", "activ.", "peak mem",
