@@ -1,27 +1,33 @@
 """The whole job against published runs, and `plan --gpus` at scale (issue 24).
 
-1. Megatron-LM's README weak-scaling rows without pipeline parallelism (H100, sequence
-   4096, vocabulary 131,072, data-parallel 48, global batch 192, GPT models with a 4h MLP,
-   the distributed optimizer and the README's overlaps: --tp-comm-overlap,
-   --overlap-grad-reduce, --overlap-param-gather): ppsim's predicted TFLOP/s per GPU
-   against the published one, nothing fitted. The README's figures date from July 2024,
-   when Megatron counted the whole s x s attention (the causal halving came in March
-   2025, commit 8873b55d6a); the prediction is converted with that count too, and shown
-   with today's.
+1. Megatron-LM's weak-scaling table (Megatron-Core r0.8.0 on H100, README of July 2024,
+   images/model_table.png at commit f2e5db402c; sequence 4096, vocabulary 131,072,
+   data-parallel 48, GPT models with a 4h MLP and tied embeddings, the distributed
+   optimizer and the README's overlaps: --tp-comm-overlap, --overlap-grad-reduce,
+   --overlap-param-gather, pipeline-parallel communication overlapped by default):
+   ppsim's predicted TFLOP/s per GPU against the published one, nothing fitted.
+   - the rows without pipeline parallelism (1.7B to 32B): the target;
+   - held out, to check the pipeline part: the rows with pp 2 to 16 (70B to 462B), and
+     the strong-scaling figure's two ends (the 177B model on 96 and 4,608 GPUs at global
+     batch 1,152; the README's text gives their MFU, 47 % and 42 % of 989; the shape is
+     the weak table's 177B one, tp 8 pp 6, whose 2,304-GPU row lies on that curve).
+   The README's figures date from July 2024, when Megatron counted the whole s x s
+   attention (the causal halving came in March 2025, commit 8873b55d6a); the prediction
+   is converted with that count too, and shown with today's.
 2. `ppsim plan --gpus 8192` on the 405B preset (global batch 2048 x 8192 tokens, Llama 3's
    16M) and DeepSeek-V3 on 2,048 GPUs (global batch 15,360 x 4096, the paper's last):
    wall time of the whole process and the top-3 shapes with their throughput.
 
-3. With --measure DIR (on a GPU: `bash benchmarks/gpu_checks.sh job`), each weak-scaling
-   row's own kernels are measured on this device (`ppsim profile --hardware-out` at the
-   row's model, after a warm-up to the power-saturated clock) into DIR/weak-<row>.toml;
+3. With --measure DIR (on a GPU: `bash benchmarks/gpu_checks.sh job`), each model's own
+   kernels are measured on this device (`ppsim profile --hardware-out` at the row's
+   model, after a warm-up to the power-saturated clock) into DIR/weak-<model>.toml;
    with --measured DIR the rows are predicted again with those matmul and attention
    efficiencies over the h100-80gb preset. An H200 has the H100 SXM's GH100 die, peak and
    700 W, so its compute rates stand for the H100's; memory, links and topology stay the
    preset's datasheet figures.
 
 Run: .venv/bin/python benchmarks/bench_job.py [--quick] [--measure DIR] [--measured DIR]
-     (--quick: the weak-scaling rows only)
+     (--quick: the published runs only, no plans)
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,40 +46,94 @@ from ppsim.job.flops import iteration_flops
 from ppsim.pipeline.problem import build_problem
 from ppsim.sim.simulate import simulate
 
-# name, hidden, layers, heads, tp, published TFLOP/s per GPU (Megatron-LM README)
-WEAK = [("1.7B", 2048, 24, 16, 1, 408.8), ("7.1B", 4096, 30, 32, 2, 465.9),
-        ("16B", 6144, 32, 48, 4, 489.1), ("32B", 7168, 48, 56, 8, 459.6)]
+H100_PEAK = 989.0
+"""Dense bf16 TFLOP/s of an H100 SXM: the MFU denominator of the README's table."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PublishedRun:
+    """One Megatron-LM run on H100 as the README reports it."""
+
+    name: str
+    model: str
+    """The model's size label; runs of one model share its measured kernels."""
+    hidden: int
+    layers: int
+    heads: int
+    tp: int
+    pp: int = 1
+    dp: int = 48
+    global_batch: int = 192
+    tflops: float
+    """Published TFLOP/s per GPU (Megatron's July 2024 count)."""
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+def _weak(model: str, hidden: int, layers: int, heads: int, tp: int, pp: int, batch: int,
+          tflops: float) -> PublishedRun:
+    return PublishedRun(name=model, model=model, hidden=hidden, layers=layers, heads=heads,
+                        tp=tp, pp=pp, global_batch=batch, tflops=tflops)
+
+
+WEAK = [_weak("1.7B", 2048, 24, 16, 1, 1, 192, 408.8),
+        _weak("7.1B", 4096, 30, 32, 2, 1, 192, 465.9),
+        _weak("16B", 6144, 32, 48, 4, 1, 192, 489.1),
+        _weak("32B", 7168, 48, 56, 8, 1, 192, 459.6)]
+"""The weak-scaling rows without pipeline parallelism: the target (within 10 %)."""
+
+_STRONG = dict(model="177B", hidden=12288, layers=96, heads=96, tp=8, pp=6, global_batch=1152)
+HELD_OUT = [_weak("70B", 8192, 84, 64, 8, 2, 384, 419.7),
+            _weak("119B", 10240, 92, 80, 8, 4, 768, 420.5),
+            _weak("177B", 12288, 96, 96, 8, 6, 1152, 432.8),
+            _weak("314B", 16384, 96, 128, 8, 8, 1536, 474.4),
+            _weak("462B", 18432, 112, 144, 8, 16, 3072, 459.9),
+            PublishedRun(name="177B@96", dp=2, tflops=0.47 * H100_PEAK, **_STRONG),
+            PublishedRun(name="177B@4608", dp=96, tflops=0.42 * H100_PEAK, **_STRONG)]
+"""Held out to check the pipeline part: the weak-scaling rows with pp > 1 and the
+strong-scaling figure's two ends (their MFU as the README's text rounds it)."""
 
 
 MEASURED_KEYS = ("matmul_efficiency", "attention_efficiency")
 """What a measured [hardware] table lends the H100 preset: the compute rates alone."""
 
 
-def weak_config(hidden: int, layers: int, heads: int, tp: int,
-                measured: dict[str, Any] | None = None) -> Any:
+def run_config(run: PublishedRun, measured: dict[str, Any] | None = None) -> Any:
     hardware = {"preset": "h100-80gb",
                 **{k: v for k, v in (measured or {}).items() if k in MEASURED_KEYS}}
     return config_from_dict({
-        "model": {"kind": "transformer", "num_layers": layers, "hidden_size": hidden,
-                  "num_heads": heads, "num_kv_heads": heads, "ffn_hidden_size": 4 * hidden,
-                  "vocab_size": 131072, "seq_length": 4096, "micro_batch_size": 1,
-                  "gated_mlp": False, "tp": tp, "dp": 48, "distributed_optimizer": True,
-                  "recompute": "selective", "dropout": True},
-        "pipeline": {"pp": 1, "global_batch_size": 192, "tp_comm_overlap": True,
-                     "overlap_grad_reduce": True, "overlap_param_gather": True},
+        "model": {"kind": "transformer", "num_layers": run.layers, "hidden_size": run.hidden,
+                  "num_heads": run.heads, "num_kv_heads": run.heads,
+                  "ffn_hidden_size": 4 * run.hidden, "vocab_size": 131072,
+                  "seq_length": 4096, "micro_batch_size": 1, "gated_mlp": False,
+                  "tie_embeddings": True, "tp": run.tp, "dp": run.dp,
+                  "distributed_optimizer": True, "recompute": "selective", "dropout": True},
+        "pipeline": {"pp": run.pp, "global_batch_size": run.global_batch,
+                     "tp_comm_overlap": True, "overlap_grad_reduce": True,
+                     "overlap_param_gather": True},
         "hardware": hardware})
 
 
-def weak_row(hidden: int, layers: int, heads: int, tp: int,
-             measured: dict[str, Any] | None = None) -> tuple[float, float, float]:
-    """(iteration ms, TFLOP/s/GPU as counted today, as counted in July 2024)."""
-    problem = build_problem(weak_config(hidden, layers, heads, tp, measured))
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    iteration_ms: float
+    tflops_now: float
+    """TFLOP/s per GPU as Megatron counts today (causal attention)."""
+    tflops_2024: float
+    """As Megatron counted in July 2024 (the whole s x s attention)."""
+
+
+def predict(run: PublishedRun, measured: dict[str, Any] | None = None) -> Prediction:
+    problem = build_problem(run_config(run, measured))
     ms = simulate(problem, record=False).summary.iteration_time_ms
-    gpus = tp * 48
     arch = problem.hardware.job.arch  # type: ignore[union-attr]
-    now = iteration_flops(arch, 192) / (ms / 1e3) / gpus / 1e12
-    then = iteration_flops(arch, 192, causal=False) / (ms / 1e3) / gpus / 1e12
-    return ms, now, then
+
+    def rate(causal: bool) -> float:
+        return iteration_flops(arch, run.global_batch, causal=causal) / (ms / 1e3) / run.gpus / 1e12
+
+    return Prediction(iteration_ms=ms, tflops_now=rate(True), tflops_2024=rate(False))
 
 
 def plan_case(label: str, argv: list[str]) -> None:
@@ -95,42 +156,55 @@ def plan_case(label: str, argv: list[str]) -> None:
               f"{c['peak_memory_bytes'] / 1e9:.1f} GB, {c['held_back_by']}")
 
 
+def _models(runs: list[PublishedRun]) -> list[PublishedRun]:
+    """The first run of each model (its kernels stand for the model's other runs)."""
+    seen: dict[str, PublishedRun] = {}
+    for run in runs:
+        seen.setdefault(run.model, run)
+    return list(seen.values())
+
+
 def measure_rows(out: Path, device: str = "cuda") -> None:
-    """Each row's kernels on this GPU into out/weak-<row>.toml, every measurement in
+    """Each model's kernels on this GPU into out/weak-<model>.toml (the target rows'
+    first, each file written as soon as it is measured), every measurement in
     out/weak-measurements.json."""
     from ppsim.executor.hwprofile import hardware_toml, measure_hardware
     from ppsim.fileio import write_text_atomic
 
     out.mkdir(parents=True, exist_ok=True)
     everything = {}
-    for i, (name, h, layers, heads, tp, _) in enumerate(WEAK):
+    for i, run in enumerate(_models(WEAK + HELD_OUT)):
         t0 = time.perf_counter()
-        # The first row warms the device up to its settled clock; the rest keep it there.
-        result = measure_hardware(device, model=weak_config(h, layers, heads, tp).model.arch,
+        # The first model warms the device up to its settled clock; the rest keep it there.
+        result = measure_hardware(device, model=run_config(run).model.arch,
                                   sustained_s=8.0 if i == 0 else 2.0)
-        write_text_atomic(str(out / f"weak-{name}.toml"), hardware_toml(result))
-        everything[name] = result
+        write_text_atomic(str(out / f"weak-{run.model}.toml"), hardware_toml(result))
+        everything[run.model] = result
         write_text_atomic(str(out / "weak-measurements.json"), json.dumps(everything, indent=1))
         m = result["measurements"]
         rates = [x["tflops"] for x in m["model_matmuls"]]
         att = m["model_attention"]
         kernels = ", ".join(f"{k} {v['tflops']:.0f}" for k, v in att["kernels"].items())
-        print(f"measured {name}: matmuls {min(rates):.0f}-{max(rates):.0f} TFLOP/s, attention "
-              f"{kernels} (kept {att['kernel']}), settled {m['settled_tflops']:.0f} "
-              f"({time.perf_counter() - t0:.0f} s)", flush=True)
+        print(f"measured {run.model}: matmuls {min(rates):.0f}-{max(rates):.0f} TFLOP/s, "
+              f"attention {kernels} (kept {att['kernel']}), settled "
+              f"{m['settled_tflops']:.0f} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
 
-def table(measured: Path | None) -> None:
+def table(title: str, runs: list[PublishedRun], measured: Path | None) -> None:
     label = f"kernels measured in {measured}" if measured else "the h100-80gb preset"
-    print(f"weak scaling, {label}")
-    print(f"{'model':6} {'tp':>3} {'GPUs':>5} {'iter ms':>8} {'TFLOP/s now':>11} "
-          f"{'as in 2024':>10} {'published':>9} {'error':>7}")
-    for name, h, layers, heads, tp, published in WEAK:
-        hw = (tomllib.loads((measured / f"weak-{name}.toml").read_text())["hardware"]
-              if measured else None)
-        ms, now, then = weak_row(h, layers, heads, tp, hw)
-        print(f"{name:6} {tp:3} {48 * tp:5} {ms:8.1f} {now:11.1f} {then:10.1f} "
-              f"{published:9.1f} {then / published - 1:+7.1%}")
+    print(f"{title}, {label}")
+    print(f"{'run':10} {'tp':>2} {'pp':>2} {'dp':>3} {'GPUs':>5} {'iter ms':>8} "
+          f"{'TFLOP/s now':>11} {'as in 2024':>10} {'published':>9} {'error':>7}")
+    for run in runs:
+        file = measured / f"weak-{run.model}.toml" if measured else None
+        if file and not file.exists():
+            print(f"{run.name:10} not measured ({file.name} missing)")
+            continue
+        hw = tomllib.loads(file.read_text())["hardware"] if file else None
+        p = predict(run, hw)
+        print(f"{run.name:10} {run.tp:2} {run.pp:2} {run.dp:3} {run.gpus:5} "
+              f"{p.iteration_ms:8.1f} {p.tflops_now:11.1f} {p.tflops_2024:10.1f} "
+              f"{run.tflops:9.1f} {p.tflops_2024 / run.tflops - 1:+7.1%}")
 
 
 def _dir_after(flag: str) -> Path | None:
@@ -142,9 +216,9 @@ def main() -> None:
     if measure:
         measure_rows(measure)
         measured = measured or measure
-    table(None)
-    if measured:
-        table(measured)
+    for source in [None, measured] if measured else [None]:
+        table("weak scaling without pipeline parallelism (the target)", WEAK, source)
+        table("held out: pipeline parallelism, weak and strong scaling", HELD_OUT, source)
     if "--quick" in sys.argv or measure:
         return
     plan_case("llama3.1-405b on 8,192 H100", ["--preset", "llama3.1-405b", "--hardware",

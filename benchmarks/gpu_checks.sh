@@ -11,9 +11,10 @@
 # policy:   benchmarks/bench_memory_policy_gpu.py --device cuda  two memory policies (none;
 #           core_attn + block N 2 + offload) on one GPU: measured activation peak per rank
 #           and iteration time against the simulation (< 4 min)
-# job:      benchmarks/bench_job.py --measure $OUT/job   issue 24's weak-scaling rows: each
-#           row's own matmuls and attention timed after a warm-up to the settled clock
-#           (weak-<row>.toml), then the rows predicted with them beside the preset (< 3 min)
+# job:      benchmarks/bench_job.py --measure $OUT/job   issue 24's published runs: each
+#           model's own matmuls and attention timed after a warm-up to the settled clock
+#           (weak-<model>.toml; the target rows' first), then the runs predicted with them
+#           beside the preset (< 5 min)
 #
 # One command may run 10 minutes there: run `costs` alone, then `accuracy executor`.
 # Packages the machine lacks (simpy, textual) travel as wheels in .whl/ (git-ignored):
@@ -41,7 +42,7 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.i
 declare -A script=([costs]=bench_costs.py [accuracy]=bench_accuracy.py [executor]=bench_executor.py
                    [policy]=bench_memory_policy_gpu.py [job]=bench_job.py)
 declare -A args=([job]="--measure $out/job")
-declare -A limit=([costs]=290 [accuracy]=350 [executor]=200 [policy]=240 [job]=200)
+declare -A limit=([costs]=290 [accuracy]=350 [executor]=200 [policy]=240 [job]=300)
 for c in "${checks[@]}"; do
     echo "=== $c ($(date -u +%H:%M:%S))"
     # shellcheck disable=SC2086  # args holds several words
