@@ -6,9 +6,11 @@ import itertools
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import strategies as st
 
 from ppsim.config.schema import config_from_dict
@@ -92,3 +94,31 @@ def simulate_json(path: Path | str) -> dict[str, Any]:
                           "--config", str(path)], capture_output=True, text=True, timeout=120,
                          check=True)
     return json.loads(out.stdout)
+
+
+def fake_planner(monkeypatch: pytest.MonkeyPatch, release: threading.Event,
+                 counts: tuple[int, ...], evaluated: int = 1234) -> None:
+    """A planner that reports `evaluated` splits until released, then answers `counts`."""
+    import ppsim.tui.planning
+    from ppsim.pipeline.split import Split
+
+    class Best:
+        split = Split(counts, 2, 1)
+
+        class summary:  # noqa: N801 - shaped like ppsim.planner's result
+            iteration_time_ms = 1.0
+
+    class Res:
+        best = Best
+        proven_optimal = True
+        evaluated = 95
+        total_splits = 5_843_355_957
+
+    def plan(base, state, progress):
+        while not release.wait(0.01):
+            progress(evaluated, 0)
+        return Res
+
+    monkeypatch.setattr(ppsim.tui.planning, "run_planner", plan)
+    monkeypatch.setattr(ppsim.tui.planning, "IN_PROCESS", False)  # the stand-in lives here
+    monkeypatch.setattr(ppsim.tui.planning, "planner_available", lambda: True)

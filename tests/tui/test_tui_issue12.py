@@ -15,6 +15,7 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
+from helpers import fake_planner
 
 from ppsim.cli.main import main as ppsim_main
 from ppsim.config.model import parse_model
@@ -200,33 +201,6 @@ def test_a_uniform_model_offers_no_recompute_choice() -> None:
 
 
 # ------------------------------------------------------------------ 3. late planner results
-
-
-def fake_planner(monkeypatch: pytest.MonkeyPatch, release: threading.Event,
-                 counts: tuple[int, ...]) -> None:
-    """A planner that reports progress until released, then answers `counts`."""
-    import ppsim.tui.planning
-    from ppsim.pipeline.split import Split
-
-    class Best:
-        split = Split(counts, 2, 1)
-
-        class summary:  # noqa: N801 - shaped like ppsim.planner's result
-            iteration_time_ms = 1.0
-
-    class Res:
-        best = Best
-        proven_optimal = True
-        evaluated = total_splits = 9
-
-    def plan(base, state, progress):
-        while not release.wait(0.01):
-            progress(1, 0)
-        return Res
-
-    monkeypatch.setattr(ppsim.tui.planning, "run_planner", plan)
-    monkeypatch.setattr(ppsim.tui.planning, "IN_PROCESS", False)  # the stand-in lives here
-    monkeypatch.setattr(ppsim.tui.planning, "planner_available", lambda: True)
 
 
 async def test_a_late_planner_result_does_not_overwrite_newer_edits(

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from helpers import fake_planner
 
 from ppsim.config.schema import load_config
 from ppsim.tui.app import PPSimApp
@@ -112,34 +113,6 @@ async def test_zoom_under_key_repeat_keeps_the_cursor_and_per_cell_follows() -> 
 
 
 # ------------------------------------------------------------------ 4. messages that stay
-
-
-def fake_planner(monkeypatch: pytest.MonkeyPatch, release: threading.Event,
-                 counts: tuple[int, ...], evaluated: int = 1234) -> None:
-    """A planner that reports `evaluated` splits until released, then answers `counts`."""
-    import ppsim.tui.planning
-    from ppsim.pipeline.split import Split
-
-    class Best:
-        split = Split(counts, 2, 1)
-
-        class summary:  # noqa: N801 - shaped like ppsim.planner's result
-            iteration_time_ms = 1.0
-
-    class Res:
-        best = Best
-        proven_optimal = True
-        evaluated = 95
-        total_splits = 5_843_355_957
-
-    def plan(base, state, progress):
-        while not release.wait(0.01):
-            progress(evaluated, 0)
-        return Res
-
-    monkeypatch.setattr(ppsim.tui.planning, "run_planner", plan)
-    monkeypatch.setattr(ppsim.tui.planning, "IN_PROCESS", False)  # the stand-in lives here
-    monkeypatch.setattr(ppsim.tui.planning, "planner_available", lambda: True)
 
 
 async def test_planner_progress_counts_splits_and_its_outcome_stays(
