@@ -7,10 +7,11 @@ from typing import Any
 
 from ppsim.cli.flags import config_from_args, emit_json
 from ppsim.cli.render import compact_table
-from ppsim.config import validate
+from ppsim.config import limits, validate
 from ppsim.errors import UserError
 from ppsim.job.search import JobSearch, ShapeResult, search_job
 from ppsim.pipeline.exports import split_exports
+from ppsim.units import fmt_bytes
 
 
 def shape_dict(r: ShapeResult) -> dict[str, Any]:
@@ -25,6 +26,16 @@ def shape_dict(r: ShapeResult) -> dict[str, Any]:
             "held_back_by": r.held_back_by}
 
 
+def overflow_text(res: JobSearch, memory_bytes: float) -> str | None:
+    """Why nothing was simulated, when the weights alone overflow every shape."""
+    if res.leanest is None:
+        return None
+    return (f"nothing fits: on every shape the weights, gradients and optimizer states "
+            f"alone overflow {fmt_bytes(memory_bytes)} per GPU (the least is "
+            f"{fmt_bytes(res.leanest_static_bytes)}, at {res.leanest.label()}); give more "
+            f"GPUs (--gpus), or a [hardware] with more memory")
+
+
 def job_plan_dict(res: JobSearch, gpus: int, gbs: int, top: int) -> dict[str, Any]:
     fits = [r for r in res.candidates if r.summary.fits]
     best = None
@@ -34,7 +45,9 @@ def job_plan_dict(res: JobSearch, gpus: int, gbs: int, top: int) -> dict[str, An
     return {"gpus": gpus, "global_batch_size": gbs, "best": best,
             "candidates": [shape_dict(r) for r in res.candidates[:top]],
             "evaluated": res.evaluated, "total_shapes": res.total, "complete": res.complete,
-            "seconds": res.seconds}
+            "seconds": res.seconds,
+            "static_overflow": None if res.leanest is None else {
+                "shape": res.leanest.label(), "static_bytes": res.leanest_static_bytes}}
 
 
 def _shape_cell(r: ShapeResult) -> str:
@@ -44,12 +57,17 @@ def _shape_cell(r: ShapeResult) -> str:
             f"vpp{s.vpp} mbs{s.mbs} m{s.microbatches}")
 
 
-def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int) -> None:
+def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
+                   memory_bytes: float) -> None:
     from rich.console import Console
 
     console = Console()
     console.print(f"{gpus:,} GPUs, global batch {gbs:,}: {res.evaluated} of {res.total} "
                   f"shapes in {res.seconds:.1f} s")
+    why = overflow_text(res, memory_bytes)
+    if why:
+        console.print(why, markup=False)
+        return
     t = compact_table()
     for col in ("", "shape", "iter\nms", "TFLOP/s\n/GPU", "MFU", "tok/s\n/GPU", "peak\nGB"):
         t.add_column(col, justify="left" if col == "shape" else "right", no_wrap=True)
@@ -72,6 +90,10 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
     if gbs is None:
         raise UserError("--global-batch-size", "is needed with --gpus",
                         "give the sequences per iteration, e.g. --global-batch-size 1024")
+    validate.count("--gpus", args.gpus, hi=limits.MAX_GPUS,
+                   fix="give the job's world size, e.g. --gpus 1024")
+    validate.count("--global-batch-size", gbs, hi=limits.MAX_GLOBAL_BATCH,
+                   fix="give the sequences per iteration, e.g. --global-batch-size 1024")
     if args.top < 1:
         raise UserError("--top", f"must be at least 1, got {args.top}", "use --top 5")
     validate.seconds("--time-budget", args.time_budget)
@@ -81,5 +103,5 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(job_plan_dict(res, args.gpus, gbs, args.top))
     else:
-        print_job_plan(res, args.gpus, gbs, args.top)
+        print_job_plan(res, args.gpus, gbs, args.top, cfg.hardware.memory_bytes)
     return 0 if any(r.summary.fits for r in res.candidates) else 3

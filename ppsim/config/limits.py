@@ -25,6 +25,10 @@ MAX_LAYERS = 100_000
 MAX_STAGES = 4_096
 """pp x vpp; schedules, bounds and tables are per stage."""
 MAX_MICROBATCHES = 1_000_000
+MAX_GPUS = 1_000_000
+"""World size of `--gpus`: ten times the largest jobs run."""
+MAX_GLOBAL_BATCH = 1_000_000_000
+"""Sequences per iteration of `--global-batch-size`."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -88,6 +88,11 @@ class JobSearch:
     complete: bool = True
     """Every shape was simulated or bounded out (with its default split) within the budget."""
     seconds: float
+    leanest: Shape | None = None
+    """When every shape's weights, gradients and optimizer states alone overflow memory:
+    the shape that needs the least of them (None otherwise)."""
+    leanest_static_bytes: int = 0
+    """Those bytes on its fullest rank."""
 
 
 def _powers(limit: int) -> list[int]:
@@ -178,24 +183,26 @@ class Pending:
     """Its layer costs, reused when it is simulated."""
     bound_ms: float
     """Its busiest rank's compute alone: no schedule runs it faster."""
+    static_bytes: int
+    """Its fullest rank's weights, gradients and optimizer states."""
+
+    @property
+    def overflows(self) -> bool:
+        """Those bytes alone overflow memory: nothing to simulate."""
+        return self.static_bytes > self.cfg.hardware.memory_bytes
 
 
-def pending_shape(cfg: Any, s: Shape, gbs: int) -> Pending | None:
-    """The shape's costs and bound; None when Megatron would refuse it or its weights and
-    optimizer states alone overflow memory (nothing to simulate)."""
-    try:
-        c = _config(cfg, s, gbs)
-        costs = model_costs(c)
-        split = resolve_split(c, costs.num_layers, schedule_placement(c.pipeline.schedule))
-    except UserError:
-        return None
+def pending_shape(cfg: Any, s: Shape, gbs: int) -> Pending:
+    """The shape's costs and bound; UserError when Megatron (or a limit) refuses it."""
+    c = _config(cfg, s, gbs)
+    costs = model_costs(c)
+    split = resolve_split(c, costs.num_layers, schedule_placement(c.pipeline.schedule))
     static, busy = [0] * s.pp, [0.0] * s.pp
     for i, st in enumerate(stage_costs(costs, split)):
         static[split.stage_rank(i)] += st.static_bytes
         busy[split.stage_rank(i)] += st.forward_ms + st.backward_ms
-    if max(static) > c.hardware.memory_bytes:
-        return None
-    return Pending(shape=s, cfg=c, costs=costs, bound_ms=s.microbatches * max(busy))
+    return Pending(shape=s, cfg=c, costs=costs, bound_ms=s.microbatches * max(busy),
+                   static_bytes=max(static))
 
 
 def _result(s: Shape, problem: Problem, summary: Summary, planned: bool = False
@@ -225,8 +232,17 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
                         "data-parallel sizes, e.g. a power of two")
     # Cheapest bound first: a shape whose busiest rank's compute alone is slower than the
     # k-th fastest fitting shape found cannot enter the top k.
-    pending = sorted((p for p in (pending_shape(cfg, s, gbs) for s in todo) if p is not None),
-                     key=lambda p: p.bound_ms)
+    accepted, refusals = [], []
+    for s in todo:
+        try:
+            accepted.append(pending_shape(cfg, s, gbs))
+        except UserError as e:
+            refusals.append(e)
+    if not accepted:
+        raise UserError("--global-batch-size", f"no shape of {gpus:,} GPUs at a global batch "
+                        f"of {gbs:,} can be built; the first refused says {refusals[0]}")
+    pending = sorted((p for p in accepted if not p.overflows), key=lambda p: p.bound_ms)
+    leanest = min(accepted, key=lambda p: p.static_bytes)
     complete = True
     for p in pending:
         fast = sorted(r.summary.iteration_time_ms for r in results if r.summary.fits)
@@ -254,5 +270,7 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
     refined.sort(key=lambda r: (not r.summary.fits, r.summary.iteration_time_ms))
     rest = results[top_k:]
     return JobSearch(candidates=refined + rest, evaluated=len(results), total=len(todo),
-                     seconds=time.perf_counter() - t0, complete=complete)
+                     seconds=time.perf_counter() - t0, complete=complete,
+                     leanest=None if pending else leanest.shape,
+                     leanest_static_bytes=0 if pending else leanest.static_bytes)
 

@@ -59,7 +59,10 @@ def microbatches_for(global_batch_size: int, micro_batch_size: int, dp: int) -> 
 def dp_for_gpus(gpus: int, tp: int, cp: int, pp: int) -> int:
     """dp = gpus / (tp x pp x cp); UserError with Megatron's message when it does not divide."""
     model = tp * pp * cp
-    if gpus < 1 or gpus % model:
+    if gpus < 1:
+        raise UserError("--gpus", f"must be at least 1, got {gpus}",
+                        f"give the job's world size, a multiple of tp x pp x cp = {model}")
+    if gpus % model:
         raise UserError("--gpus", f"world_size ({gpus}) is not divisible by {model}",
                         f"give a multiple of tp x pp x cp = {model}")
     return gpus // model

@@ -64,3 +64,41 @@ def test_a_batch_no_shape_divides_is_refused(capsys) -> None:
     rc = main(["plan", "--preset", "llama3-8b", "--gpus", "48", "--global-batch-size", "8"])
     err = capsys.readouterr().err
     assert rc == 2 and "--global-batch-size" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("flags", [["--gpus", "0", "--global-batch-size", "8"],
+                                   ["--gpus", "-8", "--global-batch-size", "8"],
+                                   ["--gpus", "16", "--global-batch-size", "0"]])
+def test_a_world_or_batch_below_one_is_refused_in_one_line(flags: list[str], capsys) -> None:
+    """Before: --gpus 0 died dividing by zero (a traceback, exit 1)."""
+    rc = main(["plan", "--preset", "llama3-8b", *flags])
+    err = capsys.readouterr().err.strip()
+    field = flags[0] if flags[1] in ("0", "-8") else flags[2]
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert f"{field}: must be between 1 and" in err
+
+
+def test_a_batch_every_shape_refuses_says_why(capsys) -> None:
+    """Before: every shape over the microbatch limit left an empty table (exit 3)."""
+    rc = main(["plan", "--preset", "llama3-8b", "--gpus", "16",
+               "--global-batch-size", "100000000"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert "no shape of 16 GPUs" in err and "above the limit of 1,000,000" in err
+
+
+def test_weights_that_fit_no_shape_are_named_with_the_leanest_shape(capsys) -> None:
+    """Before: DeepSeek-V3 on 8 GPUs printed an empty table and nothing else (exit 3).
+    Its 671B parameters in bf16 alone are 1.34 TB; eight 80 GB GPUs hold 640 GB."""
+    argv = ["plan", "--preset", "deepseek-v3", "--hardware", "h100-80gb", "--gpus", "8",
+            "--global-batch-size", "8"]
+    assert main(argv) == 3
+    out = " ".join(capsys.readouterr().out.split())  # as one line, however Rich wraps it
+    assert "nothing fits" in out and "alone overflow 80.00 GB per GPU" in out
+    assert main([*argv, "--json"]) == 3
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["best"] is None and doc["candidates"] == []
+    over = doc["static_overflow"]
+    assert over["static_bytes"] > 80e9 and over["shape"].startswith("tp")
+    # The leanest shape spreads the weights over all 8 GPUs: at least 671B x 2 bytes / 8.
+    assert over["static_bytes"] >= 671e9 * 2 / 8

@@ -72,3 +72,10 @@ def test_json_reports_the_job(capsys) -> None:
                  "--global-batch-size", "8", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["microbatches"] == 4
+
+
+def test_a_world_of_zero_is_below_one_not_indivisible(capsys) -> None:
+    """Before: --gpus 0 said 'world_size (0) is not divisible by 8', which it is."""
+    rc = main(["simulate", "--preset", "llama3-8b", "--tp", "2", "--pp", "4", "--gpus", "0"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--gpus: must be at least 1, got 0" in err
