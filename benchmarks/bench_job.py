@@ -15,8 +15,9 @@
    attention (the causal halving came in March 2025, commit 8873b55d6a); the prediction
    is converted with that count too, and shown with today's.
 2. `ppsim plan --gpus 8192` on the 405B preset (global batch 2048 x 8192 tokens, Llama 3's
-   16M) and DeepSeek-V3 on 2,048 GPUs (global batch 15,360 x 4096, the paper's last):
-   wall time of the whole process and the top-3 shapes with their throughput.
+   16M; again with `--search policy`, the memory policy planned too) and DeepSeek-V3 on
+   2,048 GPUs (global batch 15,360 x 4096, the paper's last): wall time of the whole
+   process and the top-3 shapes with their throughput.
 
 3. With --measure DIR (on a GPU: `bash benchmarks/gpu_checks.sh job`), each model's own
    kernels are measured on this device (`ppsim profile --hardware-out` at the row's
@@ -153,7 +154,8 @@ def plan_case(label: str, argv: list[str]) -> None:
               f"mbs{c['micro_batch_size']}: {c['iteration_time_ms']:.0f} ms, "
               f"{t['tflops_per_gpu']:.0f} TFLOP/s/GPU, MFU {t['mfu']:.1%}, "
               f"{t['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, peak "
-              f"{c['peak_memory_bytes'] / 1e9:.1f} GB, {c['held_back_by']}")
+              f"{c['peak_memory_bytes'] / 1e9:.1f} GB, {c['held_back_by']}"
+              + (f"; policy {c['memory_policy']}" if c["memory_policy"] else ""))
 
 
 def _models(runs: list[PublishedRun]) -> list[PublishedRun]:
@@ -226,6 +228,10 @@ def main() -> None:
                                               "--global-batch-size", "2048",
                                               "--overlap-grad-reduce", "--overlap-param-gather",
                                               "--tp-comm-overlap"])
+    plan_case("llama3.1-405b on 8,192 H100, memory policy searched",
+              ["--preset", "llama3.1-405b", "--hardware", "h100-80gb", "--gpus", "8192",
+               "--global-batch-size", "2048", "--overlap-grad-reduce",
+               "--overlap-param-gather", "--tp-comm-overlap", "--search", "policy"])
     plan_case("deepseek-v3 on 2,048 H100", ["--preset", "deepseek-v3", "--hardware",
                                             "h100-80gb", "--gpus", "2048",
                                             "--global-batch-size", "15360",

@@ -9,6 +9,7 @@ from ppsim.cli.flags import config_from_args, emit_json
 from ppsim.cli.render import compact_table
 from ppsim.config import limits, validate
 from ppsim.errors import UserError
+from ppsim.job.policy_search import POLICY_AXES
 from ppsim.job.search import JobSearch, ShapeResult, search_job
 from ppsim.pipeline.exports import split_exports
 from ppsim.units import fmt_bytes
@@ -23,7 +24,8 @@ def shape_dict(r: ShapeResult) -> dict[str, Any]:
             "bubble_fraction": sm.bubble_fraction, "exposed_comm_ms": r.comm_ms,
             "fits": sm.fits, "peak_memory_bytes": sm.peak_memory_bytes,
             "throughput": r.throughput.to_dict() if r.throughput else None,
-            "held_back_by": r.held_back_by}
+            "held_back_by": r.held_back_by, "memory_policy": r.policy or None,
+            "megatron_policy_flags": r.policy_flags}
 
 
 def overflow_text(res: JobSearch, memory_bytes: float) -> str | None:
@@ -57,8 +59,14 @@ def _shape_cell(r: ShapeResult) -> str:
             f"vpp{s.vpp} mbs{s.mbs} m{s.microbatches}")
 
 
+def _row_tag(i: int, r: ShapeResult) -> str:
+    return "best" if i == 0 and r.summary.fits else f"#{i + 1}"
+
+
 def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
-                   memory_bytes: float) -> None:
+                   memory_bytes: float, configured: str = "") -> None:
+    """The table of shapes; `configured`: the global recompute mode when the memory
+    policy was searched (a shape's own shows under it when it differs)."""
     from rich.console import Console
 
     console = Console()
@@ -74,13 +82,41 @@ def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
     t.add_column("held back by", justify="right")  # the one column that wraps
     for i, r in enumerate(res.candidates[:top]):
         tp = r.throughput
-        t.add_row("best" if i == 0 and r.summary.fits else f"#{i + 1}", _shape_cell(r),
+        t.add_row(_row_tag(i, r), _shape_cell(r),
                   f"{r.summary.iteration_time_ms:.0f}",
                   f"{tp.tflops_per_gpu:.0f}" if tp else "-", f"{tp.mfu:.1%}" if tp else "-",
                   f"{tp.tokens_per_s_per_gpu:,.0f}" if tp else "-",
                   f"{r.summary.peak_memory_bytes / 1e9:.1f}",
                   r.held_back_by)
     console.print(t)
+    if configured:
+        own = [(_row_tag(i, r), r.policy) for i, r in enumerate(res.candidates[:top])
+               if r.policy and r.policy != configured]
+        console.print(f"memory policy: recompute {configured}"
+                      + (", except" if own else " on every shape"), markup=False)
+        for tag, label in own:
+            console.print(f"  {tag:5} {label}", markup=False, soft_wrap=True)
+    best = res.candidates[0] if res.candidates and res.candidates[0].summary.fits else None
+    if best is not None and best.policy_flags is not None:
+        console.print(f"best's memory policy ({best.policy}), Megatron flags: "
+                      f"{best.policy_flags or 'none needed'}", markup=False, soft_wrap=True)
+
+
+def _policy_axis(search: str | None, cfg: Any) -> str:
+    """What --search asks of the job search: "", "recompute" or "policy" (the job search
+    varies vpp and the micro-batch size anyway; the global batch sets the microbatches)."""
+    axes = {a.strip() for a in (search or "").split(",") if a.strip()} - {"vpp"}
+    other = sorted(axes - set(POLICY_AXES))
+    if other:
+        raise UserError("--search", f"the job search (--gpus) takes recompute or policy, "
+                        f"not {', '.join(other)}", "search recompute or policy; it varies "
+                        "vpp and the micro-batch size itself, and the global batch sets "
+                        "the microbatches")
+    if axes and cfg.memory is not None:
+        raise UserError("--search", "searches the memory policy, but one is configured",
+                        "drop [memory] and the --recompute-modules, --recompute-num-layers "
+                        "and --offload-modules flags")
+    return "policy" if "policy" in axes else "recompute" if axes else ""
 
 
 def cmd_job_plan(args: argparse.Namespace) -> int:
@@ -97,11 +133,17 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise UserError("--top", f"must be at least 1, got {args.top}", "use --top 5")
     validate.seconds("--time-budget", args.time_budget)
+    if args.compare:
+        raise UserError("--compare", "compares splits of one shape, not a job's shapes",
+                        "drop --gpus to compare splits, or --compare to plan the job")
     cfg = config_from_args(argparse.Namespace(**{**vars(args), "gpus": None,
                                                  "global_batch_size": None}))
-    res = search_job(cfg, args.gpus, gbs, top_k=args.top, budget_s=args.time_budget)
+    policy = _policy_axis(args.search, cfg)
+    res = search_job(cfg, args.gpus, gbs, top_k=args.top, budget_s=args.time_budget,
+                     policy=policy)
     if args.json:
         emit_json(job_plan_dict(res, args.gpus, gbs, args.top))
     else:
-        print_job_plan(res, args.gpus, gbs, args.top, cfg.hardware.memory_bytes)
+        print_job_plan(res, args.gpus, gbs, args.top, cfg.hardware.memory_bytes,
+                       (cfg.model.recompute or "none") if policy else "")
     return 0 if any(r.summary.fits for r in res.candidates) else 3

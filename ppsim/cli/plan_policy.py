@@ -206,7 +206,7 @@ def register(commands: dict) -> None:
 
     def handler(args: argparse.Namespace) -> int:
         axes = [a.strip() for a in (args.search or "").split(",")]
-        if any(a in POLICY_AXES for a in axes):
+        if any(a in POLICY_AXES for a in axes) and getattr(args, "gpus", None) is None:
             return cmd_plan_policy(args)
         return plain(args)
 

@@ -20,6 +20,7 @@ from ppsim.config.overrides import with_overrides
 from ppsim.costs.model import ModelCosts, stage_costs
 from ppsim.errors import UserError
 from ppsim.job.layers import job_costs
+from ppsim.job.policy_search import best_policy, fitting_mode
 from ppsim.job.throughput import Throughput
 from ppsim.pipeline.problem import Problem, build_problem, model_costs, resolve_split
 from ppsim.plan.planner import plan
@@ -73,6 +74,11 @@ class ShapeResult:
     """What cost this candidate most: memory, bubble or exposed communication."""
     planned: bool = False
     """Its split was planned (else the default split was timed)."""
+    policy: str = ""
+    """The memory policy the search chose ("full", "layernorm N=2", ...); "" when the
+    configured one was kept (no policy search)."""
+    policy_flags: str | None = None
+    """Megatron's flags for that policy, when the policy space found it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,20 +211,54 @@ def pending_shape(cfg: Any, s: Shape, gbs: int) -> Pending:
                    static_bytes=max(static))
 
 
-def _result(s: Shape, problem: Problem, summary: Summary, planned: bool = False
-            ) -> ShapeResult:
+def _result(s: Shape, problem: Problem, summary: Summary, planned: bool = False,
+            policy: str = "", policy_flags: str | None = None) -> ShapeResult:
     job = problem.hardware.job
     comm = exposed_comm_ms(problem, summary)
     return ShapeResult(shape=s, problem=problem, summary=summary,
                        throughput=job.throughput(summary.iteration_time_ms) if job else None,
                        comm_ms=comm, held_back_by=held_back(summary, comm,
                                                             problem.hardware.memory_bytes),
-                       planned=planned)
+                       planned=planned, policy=policy, policy_flags=policy_flags)
+
+
+def _timed(p: Pending, policy: str) -> ShapeResult:
+    """The shape's default split simulated; with a policy search, at the first global
+    recompute mode that fits when the configured one does not."""
+    problem = build_problem(p.cfg, p.costs)
+    summary = simulate(problem, record=False).summary
+    if policy and not summary.fits:
+        fit = fitting_mode(p.cfg)
+        if fit is not None:
+            return _result(p.shape, fit.problem, fit.summary, policy=fit.mode)
+    return _result(p.shape, problem, summary, policy=policy and (p.cfg.model.recompute
+                                                                 or "none"))
+
+
+def _refined(r: ShapeResult, cfg: Any, policy: str, budget_s: float) -> ShapeResult:
+    """The shape's split planned (with the memory policy, when searched); `r` itself when
+    nothing faster fits."""
+    if policy == "policy":
+        found = best_policy(cfg, budget_s)
+        if found is not None and (not r.summary.fits or found.summary.iteration_time_ms
+                                  < r.summary.iteration_time_ms):
+            return _result(r.shape, found.problem, found.summary, planned=True,
+                           policy=found.label, policy_flags=found.megatron_flags)
+        return r
+    if not r.summary.fits:
+        return r
+    res = plan(r.problem, top_k=1, time_budget_s=budget_s)
+    if res.best is not None and res.best.summary.iteration_time_ms < \
+            r.summary.iteration_time_ms:
+        return _result(r.shape, r.problem.with_split(res.best.split), res.best.summary,
+                       planned=True, policy=r.policy)
+    return r
 
 
 def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
-               budget_s: float = 60.0) -> JobSearch:
-    """Shapes of `gpus` GPUs for a global batch of `gbs`, fastest first."""
+               budget_s: float = 60.0, policy: str = "") -> JobSearch:
+    """Shapes of `gpus` GPUs for a global batch of `gbs`, fastest first; `policy`
+    (ppsim.job.policy_search.POLICY_AXES) searches the memory policy too."""
     t0 = time.perf_counter()
     a = getattr(cfg.model, "arch", None)
     if a is None:
@@ -251,22 +291,13 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
         if time.perf_counter() - t0 > budget_s * 0.7:
             complete = False
             break
-        problem = build_problem(p.cfg, p.costs)
-        results.append(_result(p.shape, problem, simulate(problem, record=False).summary))
+        results.append(_timed(p, policy))
     results.sort(key=lambda r: (not r.summary.fits, r.summary.iteration_time_ms))
     refined = []
     for r in results[:top_k]:
         left = budget_s - (time.perf_counter() - t0)
-        if not r.summary.fits or left <= 1.0:
-            refined.append(r)
-            continue
-        res = plan(r.problem, top_k=1, time_budget_s=min(5.0, left / top_k))
-        if res.best is not None and res.best.summary.iteration_time_ms < \
-                r.summary.iteration_time_ms:
-            p = r.problem.with_split(res.best.split)
-            refined.append(_result(r.shape, p, res.best.summary, planned=True))
-        else:
-            refined.append(r)
+        refined.append(r if left <= 1.0 else
+                       _refined(r, _config(cfg, r.shape, gbs), policy, min(5.0, left / top_k)))
     refined.sort(key=lambda r: (not r.summary.fits, r.summary.iteration_time_ms))
     rest = results[top_k:]
     return JobSearch(candidates=refined + rest, evaluated=len(results), total=len(todo),

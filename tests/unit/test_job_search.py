@@ -102,3 +102,61 @@ def test_weights_that_fit_no_shape_are_named_with_the_leanest_shape(capsys) -> N
     assert over["static_bytes"] > 80e9 and over["shape"].startswith("tp")
     # The leanest shape spreads the weights over all 8 GPUs: at least 671B x 2 bytes / 8.
     assert over["static_bytes"] >= 671e9 * 2 / 8
+
+
+SMALL = ["plan", "--preset", "llama3-8b", "--num-layers", "8", "--hardware", "h100-80gb",
+         "--gpus", "16", "--global-batch-size", "32", "--time-budget", "30", "--top", "3",
+         "--memory-gb", "4", "--json"]
+"""A job whose shapes fit 4 GB only with more recompute than the preset's selective."""
+
+
+def _plan_json(argv: list[str], capsys) -> tuple[int, dict]:
+    rc = main(argv)
+    return rc, json.loads(capsys.readouterr().out)
+
+
+def test_the_job_search_finds_the_recompute_mode_that_fits(capsys) -> None:
+    """Before: --search was dropped with --gpus: nothing fit 4 GB (exit 3)."""
+    rc, plain = _plan_json(SMALL, capsys)
+    assert rc == 3 and plain["best"] is None
+    rc, doc = _plan_json([*SMALL, "--search", "recompute"], capsys)
+    best = doc["best"]
+    assert rc == 0 and best["fits"] and best["memory_policy"] == "full"
+    assert best["peak_memory_bytes"] <= 4e9
+    # The same shape simulated with full recompute takes the same time.
+    argv = ["simulate", "--preset", "llama3-8b", "--num-layers", "8", "--hardware",
+            "h100-80gb", "--memory-gb", "4", "--recompute", "full", "--tp", str(best["tp"]),
+            "--cp", str(best["cp"]), "--pp", str(best["pp"]), "--vpp", str(best["vpp"]),
+            "--dp", str(best["dp"]), "--micro-batch-size", str(best["micro_batch_size"]),
+            "--global-batch-size", "32", "--schedule", best["schedule"], "--split",
+            ",".join(map(str, best["split"])), "--json"]
+    assert main(argv) == 0
+    sim = json.loads(capsys.readouterr().out)
+    assert sim["iteration_time_ms"] == pytest.approx(best["iteration_time_ms"], rel=1e-12)
+
+
+def test_the_job_search_plans_megatrons_memory_policy_for_the_fastest_shapes(capsys) -> None:
+    """Before: `plan --gpus ... --search policy` planned one shape's policy and ignored
+    --gpus and --global-batch-size."""
+    _, modes = _plan_json([*SMALL, "--search", "recompute"], capsys)
+    rc, doc = _plan_json([*SMALL, "--search", "policy"], capsys)
+    best = doc["best"]
+    assert rc == 0 and doc["gpus"] == 16 and best["fits"] and best["split_planned"]
+    assert best["peak_memory_bytes"] <= 4e9
+    assert best["iteration_time_ms"] < modes["best"]["iteration_time_ms"]  # beats full
+    assert best["memory_policy"] not in ("none", "selective", "full")
+    flags = best["megatron_policy_flags"]
+    assert "--recompute-modules" in flags or "--offload-modules" in flags
+
+
+@pytest.mark.parametrize(("extra", "field"), [
+    (["--search", "schedule"], "--search"),
+    (["--search", "policy-per-stage"], "--search"),
+    (["--compare", "4,4"], "--compare"),
+    (["--search", "recompute", "--recompute-modules", "layernorm"], "--search")])
+def test_what_the_job_search_cannot_take_is_refused(extra: list[str], field: str,
+                                                     capsys) -> None:
+    """Before: --search and --compare were dropped silently with --gpus."""
+    rc = main([*SMALL[:-1], *extra])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and f"error: {field}:" in err

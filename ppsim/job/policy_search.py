@@ -1,0 +1,86 @@
+"""The memory policy of a job's shapes, for `plan --gpus N --search recompute|policy`.
+
+Recompute adds only backward time, so for a shape timed with its default split the
+fastest global mode that fits is the first of none, selective, full (from the configured
+one on) whose peak fits memory: `fitting_mode` tries them in that order. For the fastest
+shapes, `best_policy` then plans the split together with the memory policy as
+`plan --search policy` does for one shape (ppsim.policy.search: the global modes and the
+Megatron-expressible space), within the shape's share of the budget.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from ppsim.config.overrides import with_overrides
+from ppsim.pipeline.problem import Problem, build_problem, model_costs
+from ppsim.policy.report import policy_flags
+from ppsim.policy.search import SpaceBest, plan_global, plan_megatron, space_key
+from ppsim.policy.setup import policy_costs
+from ppsim.sim.simulate import simulate
+from ppsim.sim.summary import Summary
+
+MODES = ("none", "selective", "full")
+"""Megatron's global recompute modes, cheapest first."""
+POLICY_AXES = ("recompute", "policy")
+"""What `plan --gpus --search` takes: recompute (the global modes on every shape) and
+policy (those, then the Megatron-expressible policy planned for the fastest shapes)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModeFit:
+    """A shape timed at a stronger global recompute mode."""
+
+    mode: str
+    problem: Problem
+    summary: Summary
+
+
+def fitting_mode(cfg: Any) -> ModeFit | None:
+    """The first global mode after the configured one under which the shape's default
+    split fits memory; None when none does. `cfg` is the shape's config (no [memory])."""
+    start = MODES.index(cfg.model.recompute or "none")
+    for mode in MODES[start + 1:]:
+        c = with_overrides(cfg, model={"recompute": mode})
+        problem = build_problem(c, model_costs(c))
+        summary = simulate(problem, record=False).summary
+        if summary.fits:
+            return ModeFit(mode=mode, problem=problem, summary=summary)
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyPlan:
+    """A shape's split and memory policy planned together."""
+
+    label: str
+    """The policy in words: "full", "layernorm N=2", ..."""
+    problem: Problem
+    """The shape with the planned split and the policy's costs."""
+    summary: Summary
+    megatron_flags: str | None
+    """Megatron's flags for the policy; None when Megatron cannot say it."""
+
+
+def best_policy(cfg: Any, budget_s: float) -> PolicyPlan | None:
+    """The fastest of the global modes and of the Megatron-expressible space for the
+    shape `cfg` (its memory policy as configured is the search's start, not a limit);
+    None when nothing fits."""
+    base = with_overrides(cfg, model={"recompute": "none"})
+    problem = build_problem(base)
+    pc = policy_costs(base)
+    glob = plan_global(problem, pc, budget_s * 0.3)
+    seeds = [problem.split.counts] + ([glob.result.best.split.counts]
+                                      if glob.result and glob.result.best else [])
+    meg = plan_megatron(problem, pc, budget_s * 0.6, seeds)
+    best: SpaceBest = min((glob, meg), key=space_key)
+    r = best.result
+    if r is None or r.best is None:
+        return None
+    planned = r.problem.with_split(r.best.split)
+    export = policy_flags(planned, best.policies)
+    flags = None if export.megatron_flags is None else shlex.join(export.megatron_flags)
+    return PolicyPlan(label=best.label, problem=planned, summary=r.best.summary,
+                      megatron_flags=flags)
