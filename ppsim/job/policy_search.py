@@ -82,5 +82,6 @@ def best_policy(cfg: Any, budget_s: float) -> PolicyPlan | None:
     planned = r.problem.with_split(r.best.split)
     export = policy_flags(planned, best.policies)
     flags = None if export.megatron_flags is None else shlex.join(export.megatron_flags)
-    return PolicyPlan(label=best.label, problem=planned, summary=r.best.summary,
+    label = "none" if best.label == "-" else best.label  # the Megatron space's "nothing"
+    return PolicyPlan(label=label, problem=planned, summary=r.best.summary,
                       megatron_flags=flags)
