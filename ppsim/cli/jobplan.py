@@ -119,9 +119,23 @@ def _policy_axis(search: str | None, cfg: Any) -> str:
     return "policy" if "policy" in axes else "recompute" if axes else ""
 
 
+def fixed_sizes(args: argparse.Namespace) -> dict[str, int]:
+    """The sizes the command line sets (--tp 8 ...): the job search holds them."""
+    names = {"tp": "tp", "cp": "cp", "ep": "ep", "pp": "pp", "dp": "dp", "vpp": "vpp",
+             "mbs": "micro_batch_size"}
+    out = {}
+    for key, attr in names.items():
+        value = getattr(args, attr, None)
+        if value is not None:
+            flag = "--" + attr.replace("_", "-")
+            out[key] = validate.count(flag, value, hi=limits.MAX_GPUS)
+    return out
+
+
 def cmd_job_plan(args: argparse.Namespace) -> int:
-    """Plan the job's shape: what `ppsim plan` does when --gpus is given. The configured
-    shape is only where the search starts: the world and the batch are not applied to it."""
+    """Plan the job's shape: what `ppsim plan` does when --gpus is given. Sizes given as
+    flags (--tp, --cp, --ep, --pp, --vpp, --dp, --micro-batch-size) are held; the config's
+    own are only where the search starts (the world and the batch are not applied to it)."""
     gbs = args.global_batch_size
     if gbs is None:
         raise UserError("--global-batch-size", "is needed with --gpus",
@@ -140,7 +154,7 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
                                                  "global_batch_size": None}))
     policy = _policy_axis(args.search, cfg)
     res = search_job(cfg, args.gpus, gbs, top_k=args.top, budget_s=args.time_budget,
-                     policy=policy)
+                     policy=policy, fixed=fixed_sizes(args))
     if args.json:
         emit_json(job_plan_dict(res, args.gpus, gbs, args.top))
     else:

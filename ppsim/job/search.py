@@ -109,28 +109,43 @@ def _powers(limit: int) -> list[int]:
     return out
 
 
-def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int) -> list[Shape]:
-    """Every shape the model, the world and the global batch allow."""
+FIXABLE = ("tp", "cp", "ep", "pp", "dp", "vpp", "mbs")
+"""The sizes a user may fix (`plan --gpus N --tp 8 ...`); the search varies the rest."""
+
+
+def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
+           fixed: dict[str, int] | None = None) -> list[Shape]:
+    """Every shape the model, the world and the global batch allow, with the sizes in
+    `fixed` (keys of FIXABLE) held at their values."""
+    pin = fixed or {}
+
+    def choices(name: str, free: Any) -> Any:
+        return (pin[name],) if name in pin else free
+
     out = []
-    for tp in _powers(gpus_per_node):
+    for tp in choices("tp", _powers(gpus_per_node)):
         if a.num_heads % tp or (a.attention != "mla" and a.num_kv_heads % tp):
             continue
-        for cp in (1, 2, 4, 8):
+        for cp in choices("cp", (1, 2, 4, 8)):
             if a.seq_length % (2 * cp) and cp > 1:
                 continue
-            for pp in PP_CHOICES:
+            for pp in choices("pp", PP_CHOICES):
                 if pp > layers or gpus % (tp * cp * pp):
                     continue
                 dp = gpus // (tp * cp * pp)
-                for ep in (_powers(a.num_experts) if a.num_experts else [1]):
-                    if (dp * cp) % ep or (a.num_experts and a.num_experts % ep):
+                if pin.get("dp", dp) != dp:
+                    continue
+                for ep in choices("ep", _powers(a.num_experts) if a.num_experts else [1]):
+                    if (dp * cp) % ep or (a.num_experts and a.num_experts % ep) or \
+                            (not a.num_experts and ep > 1):
                         continue
-                    for mbs in MBS_CHOICES:
+                    for mbs in choices("mbs", MBS_CHOICES):
                         if gbs % (mbs * dp):
                             continue
                         m = gbs // (mbs * dp)
-                        for vpp in ((1, 2) if pp > 1 else (1,)):
-                            if layers < pp * vpp or m < pp or (vpp > 1 and m % pp):
+                        for vpp in choices("vpp", (1, 2) if pp > 1 else (1,)):
+                            chunked = vpp > 1  # interleaved: pp > 1, m a multiple of pp
+                            if layers < pp * vpp or m < pp or (chunked and (pp == 1 or m % pp)):
                                 continue
                             out.append(Shape(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp,
                                              mbs=mbs, microbatches=m))
@@ -256,16 +271,23 @@ def _refined(r: ShapeResult, cfg: Any, policy: str, budget_s: float) -> ShapeRes
 
 
 def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
-               budget_s: float = 60.0, policy: str = "") -> JobSearch:
+               budget_s: float = 60.0, policy: str = "",
+               fixed: dict[str, int] | None = None) -> JobSearch:
     """Shapes of `gpus` GPUs for a global batch of `gbs`, fastest first; `policy`
-    (ppsim.job.policy_search.POLICY_AXES) searches the memory policy too."""
+    (ppsim.job.policy_search.POLICY_AXES) searches the memory policy too, `fixed` holds
+    some sizes (FIXABLE) where the user set them."""
     t0 = time.perf_counter()
     a = getattr(cfg.model, "arch", None)
     if a is None:
         raise UserError("--gpus", "plans the job of a transformer model", "give --preset NAME")
     layers = cfg.model.total_layers
     results = []
-    todo = shapes(a, gpus, gbs, cfg.hardware.gpus_per_node, layers)
+    todo = shapes(a, gpus, gbs, cfg.hardware.gpus_per_node, layers, fixed)
+    if not todo and fixed:
+        given = ", ".join(f"{k} {v}" for k, v in fixed.items())
+        raise UserError("--gpus", f"no shape of {gpus:,} GPUs at a global batch of {gbs:,} "
+                        f"has {given} (the model, the world or the batch refuses it)",
+                        "fix fewer sizes, or sizes that divide the world and the batch")
     if not todo:
         raise UserError("--global-batch-size", f"no shape of {gpus:,} GPUs divides a global "
                         f"batch of {gbs:,}", "give a batch that is a multiple of the "

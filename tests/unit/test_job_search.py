@@ -160,3 +160,21 @@ def test_what_the_job_search_cannot_take_is_refused(extra: list[str], field: str
     rc = main([*SMALL[:-1], *extra])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and f"error: {field}:" in err
+
+
+def test_sizes_given_as_flags_are_held(capsys) -> None:
+    """Before: --tp and --pp beside --gpus were only the search's start: every tp and pp
+    came back."""
+    argv = [*ARGS, "--top", "50", "--json", "--tp", "2", "--pp", "2"]
+    rc, doc = _plan_json(["plan", *argv], capsys)
+    cands = doc["candidates"]
+    assert rc == 0 and len(cands) >= 4
+    assert {(c["tp"], c["pp"]) for c in cands} == {(2, 2)}
+    assert {c["cp"] * c["dp"] for c in cands} == {4}  # 16 GPUs / (tp x pp)
+    assert len({(c["cp"], c["vpp"], c["micro_batch_size"]) for c in cands}) > 1  # the rest vary
+
+
+def test_held_sizes_no_shape_has_are_refused_in_one_line(capsys) -> None:
+    rc = main(["plan", *ARGS, "--tp", "2", "--pp", "16"])  # 2 x 16 > 16 GPUs
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "has tp 2, pp 16" in err
