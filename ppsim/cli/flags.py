@@ -152,6 +152,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
               f"{cfg.num_layers} layers", file=sys.stderr)
     # The world gives dp once tp, cp and pp are known; then the global batch divides by it.
     dp = _gpus_dp(cfg, flag("gpus"))
+    if dp is not None and flag("dp") is not None and flag("dp") != dp:
+        raise UserError("--dp", f"{flag('dp')} disagrees with --gpus {flag('gpus')}, which "
+                        f"gives dp = {dp} at this tp, cp and pp", "give --gpus or --dp")
     if dp is None and flag("global_batch_size") is None:
         return cfg
     return with_overrides(cfg, model={"dp": dp},

@@ -79,3 +79,13 @@ def test_a_world_of_zero_is_below_one_not_indivisible(capsys) -> None:
     rc = main(["simulate", "--preset", "llama3-8b", "--tp", "2", "--pp", "4", "--gpus", "0"])
     err = capsys.readouterr().err
     assert rc == 2 and "--gpus: must be at least 1, got 0" in err
+
+
+def test_a_dp_that_disagrees_with_the_world_is_refused(capsys) -> None:
+    """Before: --dp 4 beside --gpus 16 (tp 1, pp 2: dp 8) was overridden without a word."""
+    rc = main(["simulate", "--preset", "llama3-8b", "--pp", "2", "--gpus", "16", "--dp", "4"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert "--dp: 4 disagrees with --gpus 16, which gives dp = 8" in err
+    assert main(["simulate", "--preset", "llama3-8b", "--pp", "2", "--gpus", "16",
+                 "--dp", "8", "--json"]) == 0
