@@ -2,7 +2,7 @@
 
 Every shape Megatron accepts on N GPUs is a candidate: tp a power of two within a node
 dividing the query groups, cp with 2 x cp dividing the sequence, pp dividing nothing in
-particular (Megatron splits unevenly too), vpp 1 or 2, micro-batch 1, 2 or 4, ep (MoE
+particular (Megatron splits unevenly too), vpp 1, 2 or 4, micro-batch 1, 2 or 4, ep (MoE
 only) dividing the experts and dp x cp; dp is N / (tp x cp x pp) and the microbatches
 B / (mbs x dp), refused when they do not divide as Megatron refuses them. Each shape is
 simulated with its default split; the fastest that fit memory then have their split
@@ -30,6 +30,7 @@ from ppsim.sim.summary import Summary
 
 PP_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 MBS_CHOICES = (1, 2, 4)
+VPP_CHOICES = (1, 2, 4)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,7 +144,7 @@ def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
                         if gbs % (mbs * dp):
                             continue
                         m = gbs // (mbs * dp)
-                        for vpp in choices("vpp", (1, 2) if pp > 1 else (1,)):
+                        for vpp in choices("vpp", VPP_CHOICES if pp > 1 else (1,)):
                             chunked = vpp > 1  # interleaved: pp > 1, m a multiple of pp
                             if layers < pp * vpp or m < pp or (chunked and (pp == 1 or m % pp)):
                                 continue
