@@ -66,7 +66,7 @@ def _row_tag(i: int, r: ShapeResult) -> str:
 def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
                    memory_bytes: float, configured: str = "") -> None:
     """The table of shapes; `configured`: the global recompute mode when the memory
-    policy was searched (a shape's own shows under it when it differs)."""
+    policy was searched (below the table, each shape whose policy differs from it)."""
     from rich.console import Console
 
     console = Console()
