@@ -15,7 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ppsim.config.overrides import with_overrides
+from ppsim.job.layers import per_rank_arch
 from ppsim.pipeline.problem import Problem, build_problem, model_costs
+from ppsim.policy.megatron import policy_export
+from ppsim.policy.model import shorthand
 from ppsim.policy.report import policy_flags
 from ppsim.policy.search import SpaceBest, plan_global, plan_megatron, space_key
 from ppsim.policy.setup import policy_costs
@@ -36,6 +39,14 @@ class ModeFit:
     mode: str
     problem: Problem
     summary: Summary
+
+
+def mode_flags(problem: Problem, mode: str) -> str:
+    """Megatron's flags for a global recompute mode ("" for none)."""
+    job = problem.hardware.job
+    assert job is not None  # a job's shape is a transformer model's
+    export = policy_export((shorthand(mode),), 1, per_rank_arch(job.arch))
+    return shlex.join(export.megatron_flags or [])
 
 
 def fitting_mode(cfg: Any) -> ModeFit | None:

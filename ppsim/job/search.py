@@ -20,7 +20,7 @@ from ppsim.config.overrides import with_overrides
 from ppsim.costs.model import ModelCosts, stage_costs
 from ppsim.errors import UserError
 from ppsim.job.layers import job_costs
-from ppsim.job.policy_search import best_policy, fitting_mode
+from ppsim.job.policy_search import best_policy, fitting_mode, mode_flags
 from ppsim.job.throughput import Throughput
 from ppsim.pipeline.problem import Problem, build_problem, model_costs, resolve_split
 from ppsim.plan.planner import plan
@@ -79,7 +79,8 @@ class ShapeResult:
     """The memory policy the search chose ("full", "layernorm N=2", ...); "" when the
     configured one was kept (no policy search)."""
     policy_flags: str | None = None
-    """Megatron's flags for that policy, when the policy space found it."""
+    """Megatron's flags for that policy ("" when none are needed); None without a policy
+    search, or when Megatron cannot say the policy."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -243,12 +244,15 @@ def _timed(p: Pending, policy: str) -> ShapeResult:
     recompute mode that fits when the configured one does not."""
     problem = build_problem(p.cfg, p.costs)
     summary = simulate(problem, record=False).summary
-    if policy and not summary.fits:
-        fit = fitting_mode(p.cfg)
-        if fit is not None:
-            return _result(p.shape, fit.problem, fit.summary, policy=fit.mode)
-    return _result(p.shape, problem, summary, policy=policy and (p.cfg.model.recompute
-                                                                 or "none"))
+    if not policy:
+        return _result(p.shape, problem, summary)
+    fit = fitting_mode(p.cfg) if not summary.fits else None
+    if fit is not None:
+        return _result(p.shape, fit.problem, fit.summary, policy=fit.mode,
+                       policy_flags=mode_flags(fit.problem, fit.mode))
+    mode = p.cfg.model.recompute or "none"
+    return _result(p.shape, problem, summary, policy=mode,
+                   policy_flags=mode_flags(problem, mode))
 
 
 def _refined(r: ShapeResult, cfg: Any, policy: str, budget_s: float) -> ShapeResult:
@@ -267,7 +271,7 @@ def _refined(r: ShapeResult, cfg: Any, policy: str, budget_s: float) -> ShapeRes
     if res.best is not None and res.best.summary.iteration_time_ms < \
             r.summary.iteration_time_ms:
         return _result(r.shape, r.problem.with_split(res.best.split), res.best.summary,
-                       planned=True, policy=r.policy)
+                       planned=True, policy=r.policy, policy_flags=r.policy_flags)
     return r
 
 

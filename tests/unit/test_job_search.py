@@ -122,6 +122,8 @@ def test_the_job_search_finds_the_recompute_mode_that_fits(capsys) -> None:
     rc, doc = _plan_json([*SMALL, "--search", "recompute"], capsys)
     best = doc["best"]
     assert rc == 0 and best["fits"] and best["memory_policy"] == "full"
+    assert best["megatron_policy_flags"] == ("--recompute-granularity full --recompute-method "
+                                             "uniform --recompute-num-layers 1")
     assert best["peak_memory_bytes"] <= 4e9
     # The same shape simulated with full recompute takes the same time.
     argv = ["simulate", "--preset", "llama3-8b", "--num-layers", "8", "--hardware",
