@@ -93,6 +93,10 @@ def best_policy(cfg: Any, budget_s: float) -> PolicyPlan | None:
     planned = r.problem.with_split(r.best.split)
     export = policy_flags(planned, best.policies)
     flags = None if export.megatron_flags is None else shlex.join(export.megatron_flags)
-    label = "none" if best.label == "-" else best.label  # the Megatron space's "nothing"
+    label = best.label  # the Megatron space writes "-" for no recompute modules
+    if label == "-":
+        label = "none"
+    elif label.startswith("- "):
+        label = "no recompute, " + label[2:]
     return PolicyPlan(label=label, problem=planned, summary=r.best.summary,
                       megatron_flags=flags)
