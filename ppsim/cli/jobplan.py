@@ -10,7 +10,7 @@ from ppsim.cli.render import compact_table
 from ppsim.config import limits, validate
 from ppsim.errors import UserError
 from ppsim.job.policy_search import POLICY_AXES
-from ppsim.job.search import JobSearch, ShapeResult, search_job
+from ppsim.job.search import FIXABLE, JobSearch, ShapeResult, search_job
 from ppsim.pipeline.exports import split_exports
 from ppsim.units import fmt_bytes
 
@@ -34,7 +34,7 @@ def overflow_text(res: JobSearch, memory_bytes: float) -> str | None:
         return None
     return (f"nothing fits: on every shape the weights, gradients and optimizer states "
             f"alone overflow {fmt_bytes(memory_bytes)} per GPU (the least is "
-            f"{fmt_bytes(res.leanest_static_bytes)}, at {res.leanest.label()}); give more "
+            f"{fmt_bytes(res.leanest.static_bytes)}, at {res.leanest.shape.label()}); give more "
             f"GPUs (--gpus), or a [hardware] with more memory")
 
 
@@ -49,7 +49,7 @@ def job_plan_dict(res: JobSearch, gpus: int, gbs: int, top: int) -> dict[str, An
             "evaluated": res.evaluated, "total_shapes": res.total, "complete": res.complete,
             "seconds": res.seconds,
             "static_overflow": None if res.leanest is None else {
-                "shape": res.leanest.label(), "static_bytes": res.leanest_static_bytes}}
+                "shape": res.leanest.shape.label(), "static_bytes": res.leanest.static_bytes}}
 
 
 def _shape_cell(r: ShapeResult) -> str:
@@ -120,15 +120,15 @@ def _policy_axis(search: str | None, cfg: Any) -> str:
 
 
 def fixed_sizes(args: argparse.Namespace) -> dict[str, int]:
-    """The sizes the command line sets (--tp 8 ...): the job search holds them."""
-    names = {"tp": "tp", "cp": "cp", "ep": "ep", "pp": "pp", "dp": "dp", "vpp": "vpp",
-             "mbs": "micro_batch_size"}
+    """The sizes the command line sets (--tp 8 ...): the job search holds them (a
+    pipeline size is checked only when a problem is built, so each is checked here)."""
     out = {}
-    for key, attr in names.items():
+    for key in FIXABLE:
+        attr = "micro_batch_size" if key == "mbs" else key
         value = getattr(args, attr, None)
         if value is not None:
-            flag = "--" + attr.replace("_", "-")
-            out[key] = validate.count(flag, value, hi=limits.MAX_GPUS)
+            out[key] = validate.count("--" + attr.replace("_", "-"), value,
+                                      hi=limits.MAX_GPUS)
     return out
 
 

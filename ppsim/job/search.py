@@ -96,11 +96,9 @@ class JobSearch:
     complete: bool = True
     """Every shape was simulated or bounded out (with its default split) within the budget."""
     seconds: float
-    leanest: Shape | None = None
+    leanest: Pending | None = None
     """When every shape's weights, gradients and optimizer states alone overflow memory:
     the shape that needs the least of them (None otherwise)."""
-    leanest_static_bytes: int = 0
-    """Those bytes on its fullest rank."""
 
 
 def _powers(limit: int) -> list[int]:
@@ -329,6 +327,5 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
     rest = results[top_k:]
     return JobSearch(candidates=refined + rest, evaluated=len(results), total=len(todo),
                      seconds=time.perf_counter() - t0, complete=complete,
-                     leanest=None if pending else leanest.shape,
-                     leanest_static_bytes=0 if pending else leanest.static_bytes)
+                     leanest=None if pending else leanest)
 

@@ -180,3 +180,11 @@ def test_held_sizes_no_shape_has_are_refused_in_one_line(capsys) -> None:
     rc = main(["plan", *ARGS, "--tp", "2", "--pp", "16"])  # 2 x 16 > 16 GPUs
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "has tp 2, pp 16" in err
+
+
+def test_a_held_pipeline_size_below_one_is_refused_by_its_flag(capsys) -> None:
+    """A pipeline size is checked only when a problem is built: --vpp 0 must still be
+    named by its flag, not blamed on the batch."""
+    rc = main(["plan", *ARGS, "--vpp", "0"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "error: --vpp: must be between 1" in err
