@@ -62,3 +62,17 @@ def test_declared_dependencies_are_what_the_shipped_code_imports() -> None:
     # Nothing declared that nothing imports (numpy: torch warns at import without it).
     assert required <= set().union(*imported.values())
     assert run_extra - {"numpy"} <= imported["executor"]
+
+
+def test_every_package_folder_is_in_the_wheel() -> None:
+    # setuptools installs only the packages listed; an editable install finds the others
+    # through the source tree, so a missing one fails only for users of a wheel.
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    where = {folder: name for name, folder in setuptools["package-dir"].items()}
+    folders = {init.parent.relative_to(ROOT) for top in ("ppsim", "executor", "tui")
+               for init in (ROOT / top).rglob("__init__.py")}
+    on_disk = set()
+    for folder in folders:
+        top, *rest = folder.parts
+        on_disk.add(".".join([where.get(top, top), *rest]))
+    assert set(setuptools["packages"]) == on_disk
