@@ -34,6 +34,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         _DONE.extend(_runs())
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown under -p no:xdist
 def pytest_testnodedown(node: object, error: object) -> None:
     _DONE.extend((n, s) for n, s in json.loads(
         getattr(node, "workeroutput", {}).get("ppsim_launches", "[]")))
