@@ -289,6 +289,18 @@ def _curve_points(generic: list[dict], model: list[dict]) -> list[dict]:
     return model + [x for x in generic if x["gflop"] < lo or x["gflop"] > hi]
 
 
+def hardware_table(peak: float, matmuls: list[dict], attention_tflops: float,
+                   copy_gbps: float, kernel_overhead_us: float) -> dict[str, Any]:
+    """The [hardware] figures of a measurement. The peak is rounded before the
+    efficiencies are taken of it, so the table's efficiency x peak gives back the rate
+    measured (a slow CPU's peak is a few hundredths of a TFLOP/s)."""
+    peak = float(f"{peak:.4g}")
+    return {"peak_tflops": peak, "matmul_efficiency": efficiency_curve(matmuls, peak),
+            "attention_efficiency": round(min(1.0, attention_tflops / peak), 4),
+            "memory_bandwidth_gbps": round(copy_gbps, 1),
+            "kernel_overhead_us": round(kernel_overhead_us, 2)}
+
+
 def measure_hardware(device_kind: str = "cpu", reps: int = 10, model: Architecture | None = None,
                      sustained_s: float = 0.0,
                      progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
@@ -333,10 +345,7 @@ def measure_hardware(device_kind: str = "cpu", reps: int = 10, model: Architectu
         last = att[-1]
         att_tflops = ((1 + FLASH_BACKWARD) * last["flops"]
                       / ((last["forward_ms"] + last["backward_ms"]) * 1e9))
-    hw = {"peak_tflops": round(peak, 3),
-          "matmul_efficiency": efficiency_curve(_curve_points(generic, mine), peak),
-          "attention_efficiency": round(min(1.0, att_tflops / peak), 4),
-          "memory_bandwidth_gbps": round(bw, 1), "kernel_overhead_us": round(overhead, 2)}
+    hw = hardware_table(peak, _curve_points(generic, mine), att_tflops, bw, overhead)
     if device.type == "cuda":
         hw["memory_bytes"] = float(torch.cuda.get_device_properties(device).total_memory)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

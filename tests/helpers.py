@@ -115,7 +115,10 @@ def fake_planner(monkeypatch: pytest.MonkeyPatch, release: threading.Event,
         total_splits = 5_843_355_957
 
     def plan(base, state, progress):
-        while not release.wait(0.01):
+        # A report at once, then a few a second: reports every few milliseconds keep
+        # the app from ever idling, and each Pilot key press then waits its whole second.
+        progress(evaluated, 0)
+        while not release.wait(0.2):
             progress(evaluated, 0)
         return Res
 

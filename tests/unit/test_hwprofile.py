@@ -14,7 +14,11 @@ from ppsim.config.schema import hardware_config
 
 pytest.importorskip("torch")
 
-from ppsim.executor.hwprofile import _curve_points, efficiency_curve  # noqa: E402
+from ppsim.executor.hwprofile import (  # noqa: E402
+    _curve_points,
+    efficiency_curve,
+    hardware_table,
+)
 
 
 def _passes(m: int, n: int, k: int) -> set[tuple[int, int, int]]:
@@ -102,3 +106,17 @@ def test_progress_counts_every_step_once():
     totals = {t for _, _, t in seen}
     assert len(totals) == 1 and [d for _, d, _ in seen] == list(range(totals.pop()))
     assert seen[0][0].startswith("warming up") and "bandwidth" in seen[-1][0]
+
+
+
+@given(st.floats(0.01, 5000.0), st.floats(0.001, 1.0), st.floats(0.001, 1.0))
+def test_the_table_s_efficiencies_times_its_peak_give_back_the_measured_rates(
+        peak, matmul_share, attention_share):
+    # A slow CPU's peak is a few hundredths of a TFLOP/s: rounded to three decimals after
+    # the efficiencies were taken of it, the table gave back rates up to 10 % off.
+    matmul = {"shape": [64, 64, 64], "gflop": 2 * 64**3 / 1e9, "tflops": matmul_share * peak}
+    table = hardware_table(peak, [matmul], attention_share * peak, 100.0, 10.0)
+    [(_, eff)] = table["matmul_efficiency"]
+    for got, rate in ((eff, matmul["tflops"]),
+                      (table["attention_efficiency"], attention_share * peak)):
+        assert got * table["peak_tflops"] == pytest.approx(rate, rel=1e-3, abs=1e-4 * peak)
