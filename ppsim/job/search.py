@@ -13,6 +13,7 @@ pipeline bubble, or communication the compute did not hide.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,6 +32,13 @@ from ppsim.sim.summary import Summary
 PP_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 MBS_CHOICES = (1, 2, 4)
 VPP_CHOICES = (1, 2, 4)
+
+Progress = Callable[[str, int, int], None]
+"""Told (what, done, total) before each step: a shape simulated, a top shape planned."""
+
+
+def _silent(what: str, done: int, total: int) -> None:
+    pass
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -275,10 +283,11 @@ def _refined(r: ShapeResult, cfg: Any, policy: str, budget_s: float) -> ShapeRes
 
 def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
                budget_s: float = 60.0, policy: str = "",
-               fixed: dict[str, int] | None = None) -> JobSearch:
+               fixed: dict[str, int] | None = None,
+               progress: Progress = _silent) -> JobSearch:
     """Shapes of `gpus` GPUs for a global batch of `gbs`, fastest first; `policy`
     (ppsim.job.policy_search.POLICY_AXES) searches the memory policy too, `fixed` holds
-    some sizes (FIXABLE) where the user set them."""
+    some sizes (FIXABLE) where the user set them; `progress` is told each step."""
     t0 = time.perf_counter()
     a = getattr(cfg.model, "arch", None)
     if a is None:
@@ -316,10 +325,14 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
         if time.perf_counter() - t0 > budget_s * 0.7:
             complete = False
             break
+        # The total is every shape: those the bound rules out are never simulated.
+        progress("simulating shapes", len(results), len(pending))
         results.append(_timed(p, policy))
     results.sort(key=lambda r: (not r.summary.fits, r.summary.iteration_time_ms))
     refined = []
-    for r in results[:top_k]:
+    top = results[:top_k]
+    for i, r in enumerate(top):
+        progress("planning the fastest shapes' splits", i, len(top))
         left = budget_s - (time.perf_counter() - t0)
         refined.append(r if left <= 1.0 else
                        _refined(r, _config(cfg, r.shape, gbs), policy, min(5.0, left / top_k)))

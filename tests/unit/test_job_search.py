@@ -188,3 +188,31 @@ def test_a_held_pipeline_size_below_one_is_refused_by_its_flag(capsys) -> None:
     rc = main(["plan", *ARGS, "--vpp", "0"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "error: --vpp: must be between 1" in err
+
+
+def test_the_job_search_reports_each_shape_it_simulates_and_each_split_it_plans() -> None:
+    # Before: a job plan of 10-20 s printed nothing until its table.
+    from ppsim.cli.flags import config_from_args
+    from ppsim.cli.main import build_parser
+    from ppsim.job.search import search_job
+
+    cfg = config_from_args(build_parser().parse_args(
+        ["plan", "--preset", "llama3-8b", "--num-layers", "8", "--hardware", "h100-80gb"]))
+    steps: list[tuple[str, int, int]] = []
+    res = search_job(cfg, 16, 32, top_k=2, budget_s=5,
+                     progress=lambda what, done, total: steps.append((what, done, total)))
+    simulated = [s for s in steps if s[0] == "simulating shapes"]
+    planned = [s for s in steps if s[0] != "simulating shapes"]
+    assert [d for _, d, _ in simulated] == list(range(res.evaluated))
+    assert all(total >= res.evaluated for _, _, total in simulated)
+    assert [(d, t) for _, d, t in planned] == [(0, 2), (1, 2)]
+    assert steps.index(planned[0]) == len(simulated)  # shapes first, then their splits
+
+
+def test_the_job_search_s_bar_draws_on_any_console() -> None:
+    # The bar's first frame has no step yet; an unset total crashed its counter.
+    from ppsim.cli.jobplan import progress_bar
+
+    with progress_bar(True) as progress:
+        progress("simulating shapes", 0, 3)
+        progress("planning the fastest shapes' splits", 1, 2)
