@@ -9,7 +9,7 @@ import pytest
 from ppsim.cli.main import main
 
 ARGS = ["--preset", "llama3-8b", "--num-layers", "8", "--hardware", "h100-80gb",
-        "--gpus", "16", "--global-batch-size", "32", "--time-budget", "30"]
+        "--gpus", "16", "--global-batch-size", "32", "--time-budget", "8"]
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def test_weights_that_fit_no_shape_are_named_with_the_leanest_shape(capsys) -> N
 
 
 SMALL = ["plan", "--preset", "llama3-8b", "--num-layers", "8", "--hardware", "h100-80gb",
-         "--gpus", "16", "--global-batch-size", "32", "--time-budget", "30", "--top", "3",
+         "--gpus", "16", "--global-batch-size", "32", "--time-budget", "8", "--top", "3",
          "--memory-gb", "4", "--json"]
 """A job whose shapes fit 4 GB only with more recompute than the preset's selective."""
 
