@@ -11,10 +11,11 @@ pieces under `groups`.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING, Any
 
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
-from ppsim.cli.render import compact_table, ms_text
+from ppsim.cli.render import compact_table, ms_text, step_bar
 from ppsim.config import validate
 from ppsim.config.files import output
 from ppsim.config.model import TransformerModel
@@ -131,17 +132,7 @@ def hardware_profile(args: argparse.Namespace) -> int:
                             "transformer's kernels, not a uniform cost model",
                             "use a preset (e.g. --preset llama3-8b) or kind = \"transformer\"")
         model = cfg.model.arch
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    err = Console(stderr=True)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-                  console=err, transient=True, disable=not err.is_terminal) as bar:
-        task = bar.add_task("measuring", total=None)
-
-        def progress(what: str, done: int, total: int) -> None:
-            bar.update(task, description=what, completed=done, total=total)
-
+    with step_bar(sys.stderr.isatty()) as progress:
         result = measure_hardware(args.device, model=model, sustained_s=sustained,
                                   progress=progress)
 

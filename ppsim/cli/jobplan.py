@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 from ppsim.cli.flags import config_from_args, emit_json
-from ppsim.cli.render import compact_table
+from ppsim.cli.render import compact_table, step_bar
 from ppsim.config import limits, validate
 from ppsim.errors import UserError
 from ppsim.job.policy_search import POLICY_AXES
-from ppsim.job.search import FIXABLE, JobSearch, Progress, ShapeResult, search_job
+from ppsim.job.search import FIXABLE, JobSearch, ShapeResult, search_job
 from ppsim.pipeline.exports import split_exports
 from ppsim.units import fmt_bytes
 
@@ -135,24 +133,6 @@ def fixed_sizes(args: argparse.Namespace) -> dict[str, int]:
     return out
 
 
-@contextlib.contextmanager
-def progress_bar(show: bool) -> Iterator[Progress]:
-    """A transient bar on stderr for the job search's steps (nothing when not shown)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
-    from rich.progress import Progress as Bar
-
-    with Bar(TextColumn("{task.description}"), BarColumn(),
-             TextColumn("{task.completed:.0f} of {task.total:.0f}"), TimeElapsedColumn(),
-             disable=not show, transient=True, console=Console(stderr=True)) as bar:
-        task = bar.add_task("", total=1)
-
-        def update(what: str, done: int, total: int) -> None:
-            bar.update(task, description=what, completed=done, total=total)
-
-        yield update
-
-
 def cmd_job_plan(args: argparse.Namespace) -> int:
     """Plan the job's shape: what `ppsim plan` does when --gpus is given. Sizes given as
     flags (--tp, --cp, --ep, --pp, --vpp, --dp, --micro-batch-size) are held; the config's
@@ -174,7 +154,7 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
     cfg = config_from_args(argparse.Namespace(**{**vars(args), "gpus": None,
                                                  "global_batch_size": None}))
     policy = _policy_axis(args.search, cfg)
-    with progress_bar(not args.json and sys.stderr.isatty()) as progress:
+    with step_bar(not args.json and sys.stderr.isatty()) as progress:
         res = search_job(cfg, args.gpus, gbs, top_k=args.top, budget_s=args.time_budget,
                          policy=policy, fixed=fixed_sizes(args), progress=progress)
     if args.json:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ppsim.job import throughput as job_throughput
@@ -13,6 +15,27 @@ if TYPE_CHECKING:
     from rich.text import Text
 
 KIND_STYLE = {"F": "bold blue", "B": "bold green", "W": "bold yellow"}
+
+StepReport = Callable[[str, int, int], None]
+"""Told (what, done, total) before each step of a long command."""
+
+
+@contextlib.contextmanager
+def step_bar(show: bool) -> Iterator[StepReport]:
+    """A transient bar on stderr that a long command's steps move: what is done now, how
+    many of how many, the time so far (nothing is drawn when not shown)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(),
+                  TextColumn("{task.completed:.0f} of {task.total:.0f}"), TimeElapsedColumn(),
+                  disable=not show, transient=True, console=Console(stderr=True)) as bar:
+        task = bar.add_task("", total=1)  # a count needs a total before the first step
+
+        def update(what: str, done: int, total: int) -> None:
+            bar.update(task, description=what, completed=done, total=total)
+
+        yield update
 
 
 def compact_table(title: str = "") -> Table:

@@ -211,8 +211,8 @@ def test_the_job_search_reports_each_shape_it_simulates_and_each_split_it_plans(
 
 def test_the_job_search_s_bar_draws_on_any_console() -> None:
     # The bar's first frame has no step yet; an unset total crashed its counter.
-    from ppsim.cli.jobplan import progress_bar
+    from ppsim.cli.render import step_bar
 
-    with progress_bar(True) as progress:
+    with step_bar(True) as progress:
         progress("simulating shapes", 0, 3)
         progress("planning the fastest shapes' splits", 1, 2)
