@@ -67,6 +67,15 @@ class ModelCosts:
     every layer is of one unnamed kind (uniform models, cost files)."""
     mtp_layers: int = 0
     """How many of the last `layers` are MTP layers (Megatron's 'm')."""
+    tied: LayerCost = field(default_factory=LayerCost)
+    """What the head shares with the embedding when they are tied (the table's weights,
+    gradient and optimizer states: static_bytes and params): one copy on a stage that
+    holds both, as Megatron's one shared weight on a single stage."""
+
+    def held_twice(self, first: bool, last: bool) -> LayerCost:
+        """What adding the embedding (`first`) and the head (`last`) to one stage counts
+        twice: the tied table when the stage holds both, else nothing."""
+        return self.tied if first and last else _NOTHING
 
     @property
     def num_layers(self) -> int:
@@ -109,6 +118,9 @@ class StageCost:
         return input_grad_ms(self, split)
 
 
+_NOTHING = LayerCost()
+
+
 def _sum(parts: list[LayerCost]) -> tuple[float, float, float, int, int, int, int, float]:
     f = b = w = sb = 0.0
     st = act = wg = n = 0
@@ -145,6 +157,8 @@ def stage_cost(costs: ModelCosts, offset: int, layers: int, first: bool, last: b
     if last:
         parts.append(costs.head)
     f, b, w, st, act, wg, n, sb = _sum(parts)
+    twice = costs.held_twice(first, last)
+    st, n = st - twice.static_bytes, n - twice.params
     act += held_input_bytes(costs, layers, last, receives)
     return StageCost(f, b, w, st, act, wg, 0 if last else costs.hidden_bytes, n, sb)
 

@@ -220,5 +220,7 @@ def transformer_costs(a: Architecture, acc: Accelerator, recompute: tuple[str, .
     named = kinds + ("mtp",) * a.mtp_layers
     # A stack of dense layers only has one kind: leave it unnamed, as cost files do.
     plain = set(named) <= {"dense"}
+    tied = LayerCost(static_bytes=emb.static_bytes, params=emb.params) \
+        if a.tie_embeddings else LayerCost()
     return ModelCosts(layers=tuple(layers), embedding=emb, head=head,
-                      kinds=() if plain else named, mtp_layers=a.mtp_layers)
+                      kinds=() if plain else named, mtp_layers=a.mtp_layers, tied=tied)

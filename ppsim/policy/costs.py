@@ -110,6 +110,8 @@ class PolicyCosts:
                              else getattr(piece, name)) for x, name in zip(sums, _FIELDS,
                                                                            strict=True)]
         f, b, w, sb, st, act, wg, params = sums
+        twice = self.base.held_twice(first, last)
+        st, params = st - twice.static_bytes, params - twice.params
         hidden = self.base.hidden_bytes
         act += held_input_bytes(self.base, count, last, receives)
         off = copied = 0

@@ -274,7 +274,7 @@ def calibrate(trace: Trace, cfg: Config, how: str = "mean") -> Calibration:
     costs = ModelCosts(layers=tuple(_scale(c, kf, kb, kw) for c in base.layers),
                        embedding=_scale(base.embedding, kf, kb, kw),
                        head=_scale(base.head, hf, hb, hw_), kinds=base.kinds,
-                       mtp_layers=base.mtp_layers)
+                       mtp_layers=base.mtp_layers, tied=base.tied)
     delay = statistics.median(delays) if delays else None
     new_hw = hw
     if delay is not None:
