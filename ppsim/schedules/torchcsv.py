@@ -86,7 +86,7 @@ class _Reader:
             if not text:
                 continue
             seen = True
-            found = self.cell(text, f"row {r + 1} column {col + 1}")
+            found = self.cell(text, r, col)
             if len(found) == 2:  # only an OVERLAP_F_B cell reads as two actions
                 pairs.sorted.append(len(codes))
             for kind, stage, mb in found:
@@ -100,17 +100,19 @@ class _Reader:
             self.pairs.append(pairs)
             self.wholes.append(wholes)
 
-    def cell(self, text: str, where: str) -> list[tuple[str, int, int]]:
-        """(torch kind, stage, microbatch) of one cell: none, one, or an overlapped pair."""
+    def cell(self, text: str, row: int, col: int) -> list[tuple[str, int, int]]:
+        """(torch kind, stage, microbatch) of one cell at (row, column), both from 0: none,
+        one, or an overlapped pair. (Where it is, is written only into an error: a
+        million-cell file would build a million of those texts.)"""
         m = _CELL.fullmatch(text)
         if m is None:
             over = _OVERLAP.fullmatch(text)
             if over is None:
-                raise UserError(FIELD, f"{where}: cannot read {text[:40]!r}",
+                raise UserError(FIELD, f"{_where(row, col)}: cannot read {text[:40]!r}",
                                 "write cells like 0F3, 1I2, 1W2, 0B0 or (0F3;3B1)OVERLAP_F_B")
             self.overlaps += 1
             subs = [s.strip() for s in over.group(1).split(";") if s.strip()]
-            return [a for s in subs for a in self.cell(s, where)]
+            return [a for s in subs for a in self.cell(s, row, col)]
         stage, kind, mb = m.groups()
         if kind in COMMS:
             self.comms += 1
@@ -119,7 +121,7 @@ class _Reader:
             self.sharding += 1
             return []
         if not mb:
-            raise UserError(FIELD, f"{where}: {text!r} names no microbatch",
+            raise UserError(FIELD, f"{_where(row, col)}: {text!r} names no microbatch",
                             f"write e.g. {stage}{kind}0")
         self.kinds.add(kind)
         return [(kind, int(stage), int(mb))]
@@ -152,6 +154,10 @@ class _Reader:
         if not split and not any(pairs):
             return out, None
         return out, CellMarks(overlaps=tuple(pairs), whole=tuple(wholes))
+
+
+def _where(row: int, col: int) -> str:
+    return f"row {row + 1} column {col + 1}"
 
 
 def _with_w(acts: PackedActions, pairs: Positions, wholes: Positions
