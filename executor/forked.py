@@ -14,6 +14,7 @@ torchrun's process uses no CUDA; with `--device cuda` its ranks are exec'd
 
 from __future__ import annotations
 
+import gc
 import io
 import os
 import signal
@@ -40,9 +41,19 @@ class ForkedProcess:
     def __init__(self, target: Callable[[], int], env: dict[str, str], *,
                  close_fds: Iterable[int] = (), cwd: str | None = None,
                  stderr_apart: bool = False) -> None:
+        self_pid = os.getpid()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe() if stderr_apart else (out_r, out_w)
-        pid = os.fork()
+        # The child (and the ranks torchrun forks from it) inherit every object of this
+        # process frozen: a rank's collection before its timed loop (executor/quiet.py)
+        # then walks only its own objects, not the parent's millions (torch, and a test
+        # session's), which it would also copy page by page on write.
+        gc.freeze()
+        try:
+            pid = os.fork()
+        finally:
+            if os.getpid() == self_pid:
+                gc.unfreeze()
         if pid == 0:  # the child: never returns
             for fd in {out_r, err_r}:
                 os.close(fd)
@@ -80,11 +91,33 @@ def torchrun(argv: list[str]) -> Callable[[], int]:
             sys.path.pop(0)  # as `python -P`: the working directory is not importable
         from torch.distributed.run import main
 
+        _cheap_rendezvous_names()
+
         sys.argv = ["torchrun", *argv]
         main(argv)
         return 0
 
     return run
+
+
+def _cheap_rendezvous_names() -> None:
+    """torch's dynamic rendezvous names each event it records after the function that
+    recorded it, found by `inspect.stack()`, which reads the source of every frame on
+    the stack: ~10 % of a small launch's CPU here. One frame lookup finds the same name."""
+    try:
+        from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+    except ImportError:  # pragma: no cover - torch without elastic
+        return
+    if not callable(getattr(dynamic_rendezvous, "get_method_name", None)):
+        return
+
+    def get_method_name(depth: int = 2) -> str:
+        try:
+            return sys._getframe(depth).f_code.co_name
+        except ValueError:  # a stack shallower than depth, as torch's answers
+            return "no_method_name"
+
+    dynamic_rendezvous.get_method_name = get_method_name
 
 
 def _child(target: Callable[[], int], env: dict[str, str], fds: tuple[int, int],
