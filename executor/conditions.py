@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ppsim.costs.costfile import _layer, layer_dict
+from ppsim.costs.costfile import PROFILE_REPEATS, _layer, layer_dict
 from ppsim.costs.model import ModelCosts
 from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.optim import adamw
@@ -125,7 +125,9 @@ def _loaded_latency(prof: Any, rank: int, n: int, rounds: int = 100) -> float | 
     """One-way ms of a boundary-sized message posted as its sender starts its next op, to
     a receiver waiting for it: a pipeline's critical path. On CPU gloo's thread then
     competes with the sender's compute for its core, which an idle ping-pong never sees.
-    Pairs (0, 1), (2, 3), ...; roles swap every round; one host, so one clock."""
+    Pairs (0, 1), (2, 3), ...; roles swap every round (an even number of them, so each
+    end sends as often); one host, so one clock."""
+    rounds += rounds % 2
     peer = rank ^ 1
     op = _layer_op(prof)
     out = prof.x.detach().clone().contiguous()
@@ -214,6 +216,12 @@ def optimizer_fit(prof: Any, reps: int = 15) -> dict[str, float]:
             "samples": [{"params": n, "ms": t} for n, t in points]}
 
 
+def _samples(full: int, least: int, repeats: int) -> int:
+    """`full` samples scaled by repeats / PROFILE_REPEATS, never fewer than `least`: a
+    profile of few repeats is a quick one, noisier in its messages as in its ops."""
+    return max(least, min(full, round(full * repeats / PROFILE_REPEATS)))
+
+
 def _worker(rank: int, port: int, fields: dict[str, Any], repeats: int, warmup: int,
             microbatches: int, threads: int, out: str, plan: dict[str, Any]) -> None:
     """One of the processes timing the pieces at once; `plan` says where each runs
@@ -239,15 +247,17 @@ def _worker(rank: int, port: int, fields: dict[str, Any], repeats: int, warmup: 
     if plan["k"] > 1:  # ranks sharing devices: the sharing and its messages
         result.update(_sharing(prof, rank, plan["k"]))
         if plan["device_kind"] == "cpu":
-            result["local_message_cpu_ms"] = _local_message_cost(prof, rank, plan["k"])
+            result["local_message_cpu_ms"] = _local_message_cost(
+                prof, rank, plan["k"], blocks=_samples(30, 8, repeats))
     else:
         prof.run(repeats, warmup)
         costs, _ = prof.costs()
         result.update(layers=[layer_dict(x) for x in costs.layers],
                       embedding=layer_dict(costs.embedding), head=layer_dict(costs.head),
-                      message_cpu_ms=_message_cost(prof, rank, n)
+                      message_cpu_ms=_message_cost(prof, rank, n, _samples(30, 8, repeats))
                       if plan["messages"] and n >= 2 else None,
-                      message_latency_ms=_loaded_latency(prof, rank, n)
+                      message_latency_ms=_loaded_latency(prof, rank, n,
+                                                         _samples(100, 24, repeats))
                       if plan["messages"] and n >= 2 else None)
     write_json_atomic(f"{out}.{rank}", result, force=True)
     dist.barrier()

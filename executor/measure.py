@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ppsim.costs.costfile import cost_document, layer_dict
+from ppsim.costs.costfile import PROFILE_REPEATS, cost_document, layer_dict
 from ppsim.costs.model import ModelCosts
 from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.conditions import run_conditions
@@ -64,7 +64,7 @@ def _pieces(fields: dict[str, Any], device: torch.device, device_kind: str, repe
                      collectives=None)
 
 
-def profile(fields: dict[str, Any], device_kind: str = "cpu", repeats: int = 20,
+def profile(fields: dict[str, Any], device_kind: str = "cpu", repeats: int = PROFILE_REPEATS,
             warmup: int = 3, microbatches: int = 1, p2p: bool = True,
             progress: Progress | None = None,
             devices: list[int] | None = None, pin: bool = False) -> dict[str, Any]:

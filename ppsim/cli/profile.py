@@ -17,7 +17,7 @@ from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outpu
 from ppsim.config import validate
 from ppsim.config.model import TransformerModel
 from ppsim.config.schema import Config
-from ppsim.costs.costfile import cost_document, write_costs
+from ppsim.costs.costfile import PROFILE_REPEATS, cost_document, write_costs
 from ppsim.errors import UserError
 from ppsim.trace.calibrate import ESTIMATORS, calibrate
 from ppsim.trace.schema import read_trace
@@ -39,8 +39,9 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     g.add_argument("--out", default="costs.json", metavar="FILE",
                    help="cost file to write (default ./costs.json)")
-    g.add_argument("--repeats", type=int, default=20, metavar="N",
-                   help="timed repeats per op after warm-up; the median is kept")
+    g.add_argument("--repeats", type=int, default=PROFILE_REPEATS, metavar="N",
+                   help="timed repeats per op after warm-up; the median is kept (the "
+                   "message and latency samples scale with it, all of them from the default)")
     g.add_argument("--warmup", type=int, default=3, metavar="N", help="untimed repeats first")
     g.add_argument("--no-p2p", action="store_true",
                    help="skip the two-process P2P measurement (keep the config's values)")

@@ -45,6 +45,9 @@ MAX_CONTAINERS = 3 * limits.MAX_LAYERS + 10_000
 layers, at most limits.MAX_LAYERS), and room for provenance and calibration notes."""
 FORMAT = "ppsim-costs"
 VERSION = 1
+PROFILE_REPEATS = 20
+"""`ppsim profile --repeats`' default, timed repeats per op: from it on the run's
+conditions take their full message and latency samples, fewer repeats fewer of them."""
 
 # Architecture fields that change a layer's time or bytes. num_layers is left
 # out: one layer's measurement applies to a model of any depth.
