@@ -178,6 +178,7 @@ def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
     if p.actions_csv:
         return _csv_problem(cfg, costs)
     placement = schedule_placement(p.schedule)
+    _check_tied(costs, placement, f"the {p.schedule} schedule")
     split = resolve_split(cfg, costs.num_layers, placement)
     name = p.schedule
     pattern = hybrid_pattern(cfg)
@@ -237,6 +238,17 @@ def placement_warning(cfg: Config) -> str | None:
             f"{len(set(want))} ({want}); re-run ppsim profile with this placement")
 
 
+def _check_tied(costs: ModelCosts, placement: str, what: str) -> None:
+    """A V placement runs the embedding's stage and the head's on rank 0: one tied table
+    shared by two stages of a rank is not modelled (neither Megatron, which has no V
+    schedule, nor torchtitan ties them under pipelining), so it is refused."""
+    if placement == "v" and costs.tied.params:
+        raise UserError("model.tie_embeddings", f"{what} puts the embedding and the LM head "
+                        "on rank 0, and ppsim does not model one tied table shared by two "
+                        "stages of a rank", "set tie_embeddings = false, or use a loop "
+                        "schedule such as 1f1b or interleaved-1f1b")
+
+
 def _csv_problem(cfg: Config, costs: ModelCosts) -> Problem:
     """The problem whose order is a torch schedule CSV; its placement shapes the split."""
 
@@ -244,6 +256,7 @@ def _csv_problem(cfg: Config, costs: ModelCosts) -> Problem:
     # A layout sets vpp itself, so only the CSV's stages per rank are checked against it.
     schedule = load_actions_csv(p.actions_csv, p.pp, None if p.layout else p.vpp,  # type: ignore[arg-type]
                                 p.microbatches)
+    _check_tied(costs, schedule.placement, "the actions CSV's V order")
     split = resolve_split(cfg, costs.num_layers, schedule.placement)
     if split.vpp != schedule.vpp:
         raise UserError("pipeline.layout", f"has {split.vpp} stages per rank but the actions "

@@ -4,9 +4,13 @@ stages each keeps its copy and the two reduce its gradient (tests/unit/test_job_
 
 from __future__ import annotations
 
+import json
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ppsim.cli.main import main
 from ppsim.config.schema import config_from_dict
 from ppsim.pipeline.problem import build_problem
 from ppsim.plan.search import SplitSearch
@@ -57,3 +61,27 @@ def test_the_planner_prices_each_stage_as_the_cost_model(pp: int, cut: int, tied
         static, _, _ = search.stage_bytes(st_.offset, st_.layers, st_.index)
         assert static == cost.static_bytes
 
+
+
+def test_a_v_schedule_with_a_tied_table_is_refused_and_the_planner_skips_it(
+        tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """ZB-V puts the embedding and the head on rank 0: one table on two stages of a rank
+    is not modelled, so simulate refuses it (exit 2, one line naming the field) and a plan
+    searching schedules keeps to the loop ones."""
+    cfg = tmp_path / "tied.toml"
+    cfg.write_text('[model]\npreset = "gpt3-1.3b"\ntie_embeddings = true\n'
+                   '[pipeline]\npp = 2\nmicrobatches = 8\n[hardware]\npreset = "h100-80gb"\n')
+    assert main(["simulate", "--config", str(cfg), "--schedule", "zbv", "--vpp", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.tie_embeddings" in err[0] and "Traceback" not in err[0]
+
+    def variants(tied: bool) -> list[str]:
+        cfg.write_text(cfg.read_text().replace(f"tie_embeddings = {str(not tied).lower()}",
+                                               f"tie_embeddings = {str(tied).lower()}"))
+        assert main(["plan", "--config", str(cfg), "--search", "schedule,vpp",
+                     "--time-budget", "3", "--json"]) == 0
+        return [v["variant"] for v in json.loads(capsys.readouterr().out)["variants"]]
+
+    tied, untied = variants(True), variants(False)
+    assert {"zbv vpp=2 m=8", "dualpipev vpp=2 m=8"} <= set(untied)
+    assert set(tied) == set(untied) - {"zbv vpp=2 m=8", "dualpipev vpp=2 m=8"}
