@@ -171,8 +171,11 @@ def test_layer_kinds_parse() -> None:
 
 def test_the_default_builder_builds_what_the_fields_describe() -> None:
     assert isinstance(load_builder(DEFAULT_BUILDER, FIELDS), GPTBuilder)  # LayerNorm, learned
-    llama = model_fields({"preset": "llama3-8b"})
-    mixtral = model_fields({"preset": "mixtral-8x7b"})
+    # The presets' own norms, positions and layer kinds at a small width: a layer of
+    # llama3-8b's 4,096 would take seconds to initialise for the same answer.
+    small = {"hidden_size": 64, "num_heads": 4, "num_kv_heads": 2, "ffn_hidden_size": 128}
+    llama = model_fields({"preset": "llama3-8b", **small})
+    mixtral = model_fields({"preset": "mixtral-8x7b", **small, "moe_ffn_hidden_size": 128})
     for fields in (llama, mixtral):
         b = load_builder(DEFAULT_BUILDER, fields)
         assert isinstance(b, LlamaBuilder)
