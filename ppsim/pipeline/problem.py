@@ -178,8 +178,8 @@ def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
     if p.actions_csv:
         return _csv_problem(cfg, costs)
     placement = schedule_placement(p.schedule)
-    _check_tied(costs, placement, f"the {p.schedule} schedule")
     split = resolve_split(cfg, costs.num_layers, placement)
+    _check_tied(costs, split)
     name = p.schedule
     pattern = hybrid_pattern(cfg)
     if (p.layout is not None or (pattern and pattern.has_pipes)) and split.vpp > 1 \
@@ -238,15 +238,21 @@ def placement_warning(cfg: Config) -> str | None:
             f"{len(set(want))} ({want}); re-run ppsim profile with this placement")
 
 
-def _check_tied(costs: ModelCosts, placement: str, what: str) -> None:
-    """A V placement runs the embedding's stage and the head's on rank 0: one tied table
-    shared by two stages of a rank is not modelled (neither Megatron, which has no V
-    schedule, nor torchtitan ties them under pipelining), so it is refused."""
-    if placement == "v" and costs.tied.params:
-        raise UserError("model.tie_embeddings", f"{what} puts the embedding and the LM head "
-                        "on rank 0, and ppsim does not model one tied table shared by two "
-                        "stages of a rank", "set tie_embeddings = false, or use a loop "
-                        "schedule such as 1f1b or interleaved-1f1b")
+def _check_tied(costs: ModelCosts, split: Split) -> None:
+    """Refuses a tied table on two stages of one rank (a V placement, or several stages
+    on a rank of pp = 1): one copy shared by two stages is not modelled. Megatron has no
+    V schedule, and neither it nor torchtitan ties the ends of one rank's stages."""
+    if not costs.tied.params:
+        return
+    head = split.num_stages - 1 if split.loss_stage == -1 else split.loss_stage
+    emb = split.embedding_stage
+    rank = split.stage_rank(emb)
+    if emb != head and split.stage_rank(head) == rank:
+        raise UserError("model.tie_embeddings", f"the split puts the embedding (stage {emb}) "
+                        f"and the LM head (stage {head}) on rank {rank}, and ppsim does not "
+                        "model one tied table shared by two stages of a rank",
+                        "set tie_embeddings = false, or put the ends on two ranks: pp > 1 "
+                        "with a loop schedule such as 1f1b or interleaved-1f1b")
 
 
 def _csv_problem(cfg: Config, costs: ModelCosts) -> Problem:
@@ -256,8 +262,8 @@ def _csv_problem(cfg: Config, costs: ModelCosts) -> Problem:
     # A layout sets vpp itself, so only the CSV's stages per rank are checked against it.
     schedule = load_actions_csv(p.actions_csv, p.pp, None if p.layout else p.vpp,  # type: ignore[arg-type]
                                 p.microbatches)
-    _check_tied(costs, schedule.placement, "the actions CSV's V order")
     split = resolve_split(cfg, costs.num_layers, schedule.placement)
+    _check_tied(costs, split)
     if split.vpp != schedule.vpp:
         raise UserError("pipeline.layout", f"has {split.vpp} stages per rank but the actions "
                         f"CSV runs {schedule.vpp}", "give a layout with as many stages as the CSV")

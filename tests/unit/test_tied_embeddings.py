@@ -65,15 +65,17 @@ def test_the_planner_prices_each_stage_as_the_cost_model(pp: int, cut: int, tied
 
 def test_a_v_schedule_with_a_tied_table_is_refused_and_the_planner_skips_it(
         tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
-    """ZB-V puts the embedding and the head on rank 0: one table on two stages of a rank
-    is not modelled, so simulate refuses it (exit 2, one line naming the field) and a plan
-    searching schedules keeps to the loop ones."""
+    """ZB-V (or one rank with two stages) puts the embedding and the head on rank 0: one
+    table on two stages of a rank is not modelled, so simulate refuses it (exit 2, one line
+    naming the field) and a plan searching schedules keeps to the loop ones."""
     cfg = tmp_path / "tied.toml"
     cfg.write_text('[model]\npreset = "gpt3-1.3b"\ntie_embeddings = true\n'
                    '[pipeline]\npp = 2\nmicrobatches = 8\n[hardware]\npreset = "h100-80gb"\n')
-    assert main(["simulate", "--config", str(cfg), "--schedule", "zbv", "--vpp", "2"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "model.tie_embeddings" in err[0] and "Traceback" not in err[0]
+    for flags in (["--schedule", "zbv", "--vpp", "2"],  # stages 0 and 3 on rank 0
+                  ["--pp", "1", "--vpp", "2", "--schedule", "interleaved-1f1b"]):
+        assert main(["simulate", "--config", str(cfg), *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "model.tie_embeddings" in err[0] and "rank 0" in err[0]
 
     def variants(tied: bool) -> list[str]:
         cfg.write_text(cfg.read_text().replace(f"tie_embeddings = {str(not tied).lower()}",
