@@ -62,7 +62,6 @@ def test_the_planner_prices_each_stage_as_the_cost_model(pp: int, cut: int, tied
         assert static == cost.static_bytes
 
 
-
 def test_a_v_schedule_with_a_tied_table_is_refused_and_the_planner_skips_it(
         tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     """ZB-V (or one rank with two stages) puts the embedding and the head on rank 0: one
