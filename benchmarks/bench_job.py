@@ -46,6 +46,7 @@ from typing import Any
 
 from ppsim.config.schema import config_from_dict
 from ppsim.job.flops import iteration_flops
+from ppsim.job.search import exposed_comm_ms
 from ppsim.pipeline.problem import build_problem
 from ppsim.sim.simulate import simulate
 
@@ -122,6 +123,9 @@ def run_config(run: PublishedRun, measured: dict[str, Any] | None = None) -> Any
 @dataclass(frozen=True, kw_only=True)
 class Prediction:
     iteration_ms: float
+    comm_ms: float
+    """The busiest rank's exposed communication (ppsim.job.search.exposed_comm_ms)."""
+    bubble: float
     tflops_now: float
     """TFLOP/s per GPU as Megatron counts today (causal attention)."""
     tflops_2024: float
@@ -130,13 +134,16 @@ class Prediction:
 
 def predict(run: PublishedRun, measured: dict[str, Any] | None = None) -> Prediction:
     problem = build_problem(run_config(run, measured))
-    ms = simulate(problem, record=False).summary.iteration_time_ms
+    summary = simulate(problem, record=False).summary
+    ms = summary.iteration_time_ms
     arch = problem.hardware.job.arch  # type: ignore[union-attr]
 
     def rate(causal: bool) -> float:
         return iteration_flops(arch, run.global_batch, causal=causal) / (ms / 1e3) / run.gpus / 1e12
 
-    return Prediction(iteration_ms=ms, tflops_now=rate(True), tflops_2024=rate(False))
+    return Prediction(iteration_ms=ms, comm_ms=exposed_comm_ms(problem, summary),
+                      bubble=summary.bubble_fraction, tflops_now=rate(True),
+                      tflops_2024=rate(False))
 
 
 def plan_case(label: str, argv: list[str]) -> None:
@@ -198,7 +205,8 @@ def table(title: str, runs: list[PublishedRun], measured: Path | None) -> None:
     label = f"kernels measured in {measured}" if measured else "the h100-80gb preset"
     print(f"{title}, {label}")
     print(f"{'run':10} {'tp':>2} {'pp':>2} {'dp':>3} {'GPUs':>5} {'iter ms':>8} "
-          f"{'TFLOP/s now':>11} {'as in 2024':>10} {'published':>9} {'error':>7}")
+          f"{'comm ms':>7} {'bubble':>6} {'TFLOP/s now':>11} {'as in 2024':>10} "
+          f"{'published':>9} {'error':>7}")
     for run in runs:
         file = measured / f"weak-{run.model}.toml" if measured else None
         if file and not file.exists():
@@ -207,7 +215,8 @@ def table(title: str, runs: list[PublishedRun], measured: Path | None) -> None:
         hw = tomllib.loads(file.read_text())["hardware"] if file else None
         p = predict(run, hw)
         print(f"{run.name:10} {run.tp:2} {run.pp:2} {run.dp:3} {run.gpus:5} "
-              f"{p.iteration_ms:8.1f} {p.tflops_now:11.1f} {p.tflops_2024:10.1f} "
+              f"{p.iteration_ms:8.1f} {p.comm_ms:7.1f} {p.bubble:6.1%} "
+              f"{p.tflops_now:11.1f} {p.tflops_2024:10.1f} "
               f"{run.tflops:9.1f} {p.tflops_2024 / run.tflops - 1:+7.1%}")
 
 
