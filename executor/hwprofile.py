@@ -276,8 +276,15 @@ def efficiency_curve(matmuls: list[dict], peak: float) -> list[list[float]]:
     averaged: the curve is keyed by work alone), in order."""
     by_work: dict[float, list[float]] = {}
     for x in matmuls:
-        by_work.setdefault(round(x["gflop"], 4), []).append(min(1.0, x["tflops"] / peak))
-    return [[g, round(statistics.fmean(e), 4)] for g, e in sorted(by_work.items())]
+        by_work.setdefault(_figures(x["gflop"]), []).append(min(1.0, x["tflops"] / peak))
+    return [[g, _figures(statistics.fmean(e))] for g, e in sorted(by_work.items())]
+
+
+def _figures(x: float) -> float:
+    """A GFLOP count or a fraction of peak to 4 significant figures: a small matmul, or
+    one timed on a loaded CPU (~1e-5 of peak), stays above 0, where 4 decimals made it 0,
+    a curve point the [hardware] table refuses."""
+    return float(f"{x:.4g}")
 
 
 def _curve_points(generic: list[dict], model: list[dict]) -> list[dict]:
@@ -296,7 +303,7 @@ def hardware_table(peak: float, matmuls: list[dict], attention_tflops: float,
     measured (a slow CPU's peak is a few hundredths of a TFLOP/s)."""
     peak = float(f"{peak:.4g}")
     return {"peak_tflops": peak, "matmul_efficiency": efficiency_curve(matmuls, peak),
-            "attention_efficiency": round(min(1.0, attention_tflops / peak), 4),
+            "attention_efficiency": _figures(min(1.0, attention_tflops / peak)),
             "memory_bandwidth_gbps": round(copy_gbps, 1),
             "kernel_overhead_us": round(kernel_overhead_us, 2)}
 
