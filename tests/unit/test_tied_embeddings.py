@@ -80,7 +80,7 @@ def test_a_v_schedule_with_a_tied_table_is_refused_and_the_planner_skips_it(
         cfg.write_text(cfg.read_text().replace(f"tie_embeddings = {str(not tied).lower()}",
                                                f"tie_embeddings = {str(tied).lower()}"))
         assert main(["plan", "--config", str(cfg), "--search", "schedule,vpp",
-                     "--time-budget", "3", "--json"]) == 0
+                     "--time-budget", "1", "--json"]) == 0
         return [v["variant"] for v in json.loads(capsys.readouterr().out)["variants"]]
 
     tied, untied = variants(True), variants(False)
