@@ -10,6 +10,7 @@ and says so in a comment on its line or the line above.
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,6 +96,7 @@ ALLOWED = {"core": {"core"}, "ppsim.executor": {"core", "ppsim.executor"},
            "ppsim.cli": {"core", "ppsim.executor", "ppsim.tui", "ppsim.cli"}}
 
 
+@functools.cache  # the tree is read once for the four checks (~2 s each)
 def graph() -> dict[str, list[Import]]:
     files = module_files()
     return {name: imports_of(name, path, set(files)) for name, path in files.items()}
