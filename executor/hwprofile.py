@@ -301,7 +301,7 @@ def hardware_table(peak: float, matmuls: list[dict], attention_tflops: float,
     """The [hardware] figures of a measurement. The peak is rounded before the
     efficiencies are taken of it, so the table's efficiency x peak gives back the rate
     measured (a slow CPU's peak is a few hundredths of a TFLOP/s)."""
-    peak = float(f"{peak:.4g}")
+    peak = _figures(peak)
     return {"peak_tflops": peak, "matmul_efficiency": efficiency_curve(matmuls, peak),
             "attention_efficiency": _figures(min(1.0, attention_tflops / peak)),
             "memory_bandwidth_gbps": round(copy_gbps, 1),

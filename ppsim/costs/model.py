@@ -166,8 +166,7 @@ def stage_cost(costs: ModelCosts, offset: int, layers: int, first: bool, last: b
 def receives_input(split: Split, index: int) -> bool:
     """Virtual stage `index` takes hidden states from the stage before it (on another
     rank or handed over on its own)."""
-    loss = split.num_stages - 1 if split.loss_stage == -1 else split.loss_stage
-    return split.embedding_stage < index <= loss
+    return split.embedding_stage < index <= split.loss_stage
 
 
 def stage_costs(costs: ModelCosts, split: Split, memory: Any = None) -> list[StageCost]:

@@ -244,8 +244,7 @@ def _check_tied(costs: ModelCosts, split: Split) -> None:
     V schedule, and neither it nor torchtitan ties the ends of one rank's stages."""
     if not costs.tied.params:
         return
-    head = split.num_stages - 1 if split.loss_stage == -1 else split.loss_stage
-    emb = split.embedding_stage
+    emb, head = split.embedding_stage, split.loss_stage  # normalised by Split: no -1
     rank = split.stage_rank(emb)
     if emb != head and split.stage_rank(head) == rank:
         raise UserError("model.tie_embeddings", f"the split puts the embedding (stage {emb}) "
