@@ -5,6 +5,7 @@ timeline (host-copy lanes) follow, and `P` proposes a split with a policy that
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
@@ -16,6 +17,16 @@ from ppsim.tui.testing import preset_config, screen_text, settle, status_text
 from ppsim.tui.timeline import Timeline
 
 SIZES = [(80, 24), (160, 45)]
+
+
+@pytest.fixture
+def quick_planner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The policy planner with a 1 s budget instead of 5: what these tests check (a
+    proposal made, accepted or dismissed) does not need its best answer."""
+    from ppsim.tui import policy_actions
+
+    monkeypatch.setattr(policy_actions, "plan_policy",
+                        functools.partial(policy_actions.plan_policy, budget_s=1.0))
 
 
 def llama() -> PPSimApp:
@@ -112,7 +123,8 @@ async def test_the_recompute_setting_puts_every_stage_back_on_its_mode() -> None
 
 
 @pytest.mark.parametrize("size", SIZES)
-async def test_the_policy_planner_proposes_and_a_accepts_split_and_policy(size) -> None:
+async def test_the_policy_planner_proposes_and_a_accepts_split_and_policy(
+        size, quick_planner) -> None:
     app = llama()
     async with app.run_test(size=size) as pilot:
         await settle(pilot)
@@ -132,7 +144,7 @@ async def test_the_policy_planner_proposes_and_a_accepts_split_and_policy(size) 
         assert app.result.sim.summary.iteration_time_ms == pytest.approx(planned, rel=1e-9)
 
 
-async def test_x_dismisses_the_policy_plan_and_keeps_the_state() -> None:
+async def test_x_dismisses_the_policy_plan_and_keeps_the_state(quick_planner) -> None:
     app = llama()
     async with app.run_test(size=(160, 45)) as pilot:
         await settle(pilot)
