@@ -18,7 +18,7 @@ MEMORY_FLAGS = {"recompute_modules": "recompute_modules",
                 "recompute_layers": "recompute_num_layers",
                 "offload_modules": "offload_modules", "offload_fraction": "offload_fraction"}
 """[memory] key -> the flag that sets it."""
-JOB_MODEL_KEYS = ("dp", "cp", "ep", "seq_length")
+JOB_MODEL_KEYS = ("dp", "cp", "ep", "seq_length", "distributed_optimizer")
 """[model] fields only the job flags set."""
 RESHAPING = ("pp", "vpp", "num_layers", "preset", "hybrid_layer_pattern")
 """Flags that change how many layers or stages there are (a saved split no longer fits)."""
@@ -96,6 +96,9 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
                    help="sequences per iteration: microbatches = N / (micro batch x dp)")
     j.add_argument("--rank-order", metavar="ORDER", help="Megatron rank order, innermost "
                    "first (default tp-cp-ep-dp-pp)")
+    j.add_argument("--use-distributed-optimizer", dest="distributed_optimizer",
+                   action="store_true", default=None,
+                   help="shard optimizer states and gradients over dp (ZeRO-1)")
     for name in ("tp-comm-overlap", "overlap-grad-reduce", "overlap-param-gather"):
         j.add_argument(f"--{name}", action="store_true", default=None)
 

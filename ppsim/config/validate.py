@@ -282,8 +282,8 @@ def transformer(raw: dict[str, Any]) -> None:
 
 def parallel_shape(raw: dict[str, Any]) -> None:
     """The splits Megatron asserts (arguments.py): tp divides the attention heads and
-    the key/value groups, the groups divide the heads, ep divides the routed experts,
-    and a token is routed to no more experts than there are."""
+    the key/value groups, the groups divide the heads, ep > 1 has routed experts and
+    divides them, and a token is routed to no more experts than there are."""
     def get(key: str, default: int) -> int:
         value = raw.get(key, default)
         return value if isinstance(value, int) and not isinstance(value, bool) else default
@@ -304,6 +304,10 @@ def parallel_shape(raw: dict[str, Any]) -> None:
     if experts and top_k > experts:
         raise UserError("model.top_k", f"routes each token to {top_k:,} experts of "
                         f"num_experts = {experts:,}", f"use top_k <= {experts:,}")
+    if ep > 1 and not experts:
+        raise UserError("model.ep", f"{ep:,} with no routed experts (num_experts is not set)",
+                        "use ep = 1 for a dense model (Megatron asserts num_experts is set "
+                        "to use expert model parallelism)")
     if experts and experts % ep:
         raise UserError("model.ep", f"{ep:,} does not divide num_experts = {experts:,}",
                         "use an expert-parallel size that divides the experts")

@@ -100,9 +100,17 @@ def check(cfg: Any) -> None:
         if not 0 <= value < 1e9:
             raise UserError(f"hardware.{name}", f"must be >= 0 and finite, got {value}",
                             "give a figure per GPU per direction, or 0 for the p2p link's")
+    if p.overlap_param_gather and not p.overlap_grad_reduce:
+        raise UserError("pipeline.overlap_param_gather", "Must use --overlap-param-gather "
+                        "with --overlap-grad-reduce", "add --overlap-grad-reduce "
+                        "(overlap_grad_reduce = true in [pipeline])")
     a = arch_of(cfg.model)
     if a is None:
         return
+    if p.overlap_param_gather and not a.distributed_optimizer:
+        raise UserError("pipeline.overlap_param_gather", "--overlap-param-gather only "
+                        "supported with distributed optimizer", "add "
+                        "--use-distributed-optimizer (distributed_optimizer = true in [model])")
     if a.cp > 1 and a.seq_length % (2 * a.cp):
         raise UserError("model.cp", f"seq_length ({a.seq_length}) is not divisible by 2 x cp "
                         f"({2 * a.cp}): causal load balancing splits each sequence in 2 x cp "

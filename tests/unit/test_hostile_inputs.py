@@ -46,6 +46,7 @@ def _file(tmp_path: Path, name: str, text: str) -> str:
 IMPOSSIBLE = [
     (MIXTRAL + "top_k = 9\n", "model.top_k"),
     (MIXTRAL + "ep = 3\n", "model.ep"),
+    (TINY + "ep = 2\n", "num_experts is not set"),
     (TINY + "tp = 1000000\n", "model.tp"),
     (TINY + "tp = 3\n", "num_heads"),
     (TINY + "num_heads = 4\nnum_kv_heads = 3\n", "model.num_kv_heads"),

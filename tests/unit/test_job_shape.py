@@ -89,3 +89,32 @@ def test_a_dp_that_disagrees_with_the_world_is_refused(capsys) -> None:
     assert "--dp: 4 disagrees with --gpus 16, which gives dp = 8" in err
     assert main(["simulate", "--preset", "llama3-8b", "--pp", "2", "--gpus", "16",
                  "--dp", "8", "--json"]) == 0
+
+
+def _one_line_error(capsys, argv: list[str]) -> str:
+    rc = main(["simulate", "--preset", "llama3-8b", "--pp", "2", "--dp", "4", *argv])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    return err
+
+
+def test_param_gather_overlap_needs_the_grad_reduce_overlap_and_the_sharded_optimizer(
+        capsys) -> None:
+    """Megatron's arguments.py asserts both; before, the flag was dropped without a word
+    when the optimizer was not distributed (nothing to gather)."""
+    err = _one_line_error(capsys, ["--overlap-param-gather", "--use-distributed-optimizer"])
+    assert "Must use --overlap-param-gather with --overlap-grad-reduce" in err
+    err = _one_line_error(capsys, ["--overlap-param-gather", "--overlap-grad-reduce"])
+    assert "pipeline.overlap_param_gather" in err and "distributed optimizer" in err
+    assert "--use-distributed-optimizer" in err
+    cfg = args_config("--preset", "llama3-8b", "--pp", "2", "--dp", "4",
+                      "--overlap-param-gather", "--overlap-grad-reduce",
+                      "--use-distributed-optimizer")
+    assert cfg.model.arch.distributed_optimizer and cfg.pipeline.overlap_param_gather
+
+
+def test_expert_parallelism_needs_experts(capsys) -> None:
+    """Megatron: 'num_experts must be non None to use expert model parallelism'; before,
+    ep 2 on a dense model was taken and did nothing."""
+    err = _one_line_error(capsys, ["--ep", "2"])
+    assert "model.ep" in err and "num_experts is not set" in err
