@@ -104,28 +104,47 @@ def print_job(console: Any, job: Any, iteration_ms: float) -> None:
     console.print(job_line(job, iteration_ms), markup=False)
 
 
-def text_timeline(ops_per_rank: Any, end_ms: float, width: int = 96) -> list[Text]:
-    """One line per rank: each cell shows the kind of op running at its midpoint.
+def timeline_cells(ops: Any, end_ms: float, width: int) -> str:
+    """One rank's ops as `width` cells: each cell shows the kind of op that fills most
+    of its time, '.' where the rank is idle for half of it or more. Upper case when that
+    kind's longest piece in the cell is of an even microbatch, lower case for odd, so
+    neighbouring ops stay distinguishable. By time share rather than by whichever op
+    lands on a cell, so a cell spanning many microbatches shows what the rank mostly
+    did (a 1F1B steady state reads as two Bs to each F, not as the op that aliases)."""
+    if end_ms <= 0 or width < 1:
+        return "." * max(width, 0)
+    cell_ms = end_ms / width
+    time = [dict.fromkeys("FBW", 0.0) for _ in range(width)]
+    longest: list[dict[str, tuple[float, int]]] = [{} for _ in range(width)]
+    for op in ops:
+        kind, mb = op.action.kind, op.action.microbatch
+        first = max(0, int(op.start / cell_ms))
+        for x in range(first, min(width, int(op.end / cell_ms) + 1)):
+            part = min(op.end, (x + 1) * cell_ms) - max(op.start, x * cell_ms)
+            if part <= 0:
+                continue
+            time[x][kind] = time[x].get(kind, 0.0) + part
+            if part > longest[x].get(kind, (0.0, 0))[0]:
+                longest[x][kind] = (part, mb)
+    cells = []
+    for x in range(width):
+        busy = sum(time[x].values())
+        if busy < cell_ms / 2:
+            cells.append(".")
+            continue
+        kind = max(time[x], key=time[x].__getitem__)
+        cells.append(kind if longest[x][kind][1] % 2 == 0 else kind.lower())
+    return "".join(cells)
 
-    Upper case for even microbatches, lower case for odd, so neighbouring
-    ops stay distinguishable; '.' is idle (the bubble).
-    """
+
+def text_timeline(ops_per_rank: Any, end_ms: float, width: int = 96) -> list[Text]:
+    """One line per rank of `timeline_cells`, each kind in its colour."""
     from rich.text import Text
 
     lines = []
-    scale = width / end_ms if end_ms > 0 else 0.0
     for r, ops in enumerate(ops_per_rank):
-        cells = ["."] * width
-        styles = [""] * width
-        for op in ops:
-            lo = int(op.start * scale + 0.5)
-            hi = max(lo + 1, int(op.end * scale + 0.5)) if op.end > op.start else lo
-            ch = op.action.kind if op.action.microbatch % 2 == 0 else op.action.kind.lower()
-            for x in range(lo, min(hi, width)):
-                cells[x] = ch
-                styles[x] = KIND_STYLE[op.action.kind]
         line = Text(f"rank {r:<3}", style="dim")
-        for ch, st in zip(cells, styles, strict=True):
-            line.append(ch, style=st or "dim")
+        for ch in timeline_cells(ops, end_ms, width):
+            line.append(ch, style=KIND_STYLE.get(ch.upper(), "dim"))
         lines.append(line)
     return lines

@@ -260,7 +260,8 @@ def _print_simulation(sim: Any) -> None:
         console.print(f"(no text timeline above {limits.TIMELINE_OPS:,} ops; --trace keeps "
                       "every op)")
         return
-    console.print("timeline (F/B/W = forward/backward/weight-grad, . = idle):")
+    console.print("timeline (each cell the kind that fills most of it: F/B/W = forward/"
+                  "backward/weight-grad, . = idle):")
     for line in text_timeline(sim.timeline.ops, s.iteration_time_ms,
                               width=max(40, min(120, console.width - 10))):
         console.print(line)
