@@ -16,7 +16,14 @@ from ppsim.cli.flags import (
     outputs_apart,
 )
 from ppsim.cli.picture import render_png
-from ppsim.cli.render import job_dict, print_job, rank_table, summary_dict, text_timeline
+from ppsim.cli.render import (
+    compact_table,
+    job_dict,
+    print_job,
+    rank_table,
+    summary_dict,
+    text_timeline,
+)
 from ppsim.cli.schedule import print_notes
 from ppsim.config import files, limits
 from ppsim.config.limits import check_request
@@ -48,33 +55,49 @@ from ppsim.trace.schema import collective_strips, simulation_trace, write_trace
 
 def cmd_presets(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Table
-
 
     if args.json:
         emit_json({"models": MODEL_PRESETS, "hardware": HARDWARE_PRESETS})
         return 0
     console = Console()
-    t = Table(title="model presets", title_justify="left")
-    for col in ("name", "layers", "hidden", "heads/kv", "ffn", "vocab", "seq", "tp", "note"):
-        t.add_column(col)
-    for name, m in MODEL_PRESETS.items():
-        t.add_row(name, str(m["num_layers"]), str(m["hidden_size"]),
-                  f"{m['num_heads']}/{m['num_kv_heads']}", str(m["ffn_hidden_size"]),
-                  str(m["vocab_size"]), str(m["seq_length"]), str(m.get("tp", 1)),
-                  MODEL_NOTES[name])
-    console.print(t)
-    h = Table(title="hardware presets", title_justify="left")
-    for col in ("name", "memory", "peak TFLOP/s", "efficiency", "P2P GB/s", "GPUs/node",
-                "NVLink GB/s", "NIC GB/s", "note"):
-        h.add_column(col)
-    for name, hw in HARDWARE_PRESETS.items():
-        h.add_row(name, f"{hw['memory_bytes'] / 1e9:.0f} GB", f"{hw['peak_tflops']:g}",
-                  f"{hw['efficiency']:g}", f"{hw['p2p_bandwidth_gbps']:g}",
-                  str(hw.get("gpus_per_node", "-")), f"{hw.get('intra_node_bandwidth_gbps', 0):g}",
-                  f"{hw.get('inter_node_bandwidth_gbps', 0):g}", HARDWARE_NOTES[name])
-    console.print(h)
+    models = [[name, str(m["num_layers"]), str(m["hidden_size"]),
+               f"{m['num_heads']}/{m['num_kv_heads']}", str(m["ffn_hidden_size"]),
+               str(m["vocab_size"]), str(m["seq_length"]), str(m.get("tp", 1))]
+              for name, m in MODEL_PRESETS.items()]
+    _preset_table(console, "model presets", ["name", "layers", "hidden", "heads/kv", "ffn",
+                                             "vocab", "seq", "tp"], models, MODEL_NOTES)
+    hardware = [[name, f"{hw['memory_bytes'] / 1e9:.0f} GB", f"{hw['peak_tflops']:g}",
+                 f"{hw['efficiency']:g}", f"{hw['p2p_bandwidth_gbps']:g}",
+                 str(hw.get("gpus_per_node", "-")),
+                 f"{hw.get('intra_node_bandwidth_gbps', 0):g}",
+                 f"{hw.get('inter_node_bandwidth_gbps', 0):g}"]
+                for name, hw in HARDWARE_PRESETS.items()]
+    _preset_table(console, "hardware presets", ["name", "memory", "peak\nTFLOP/s", "efficiency",
+                                                "P2P\nGB/s", "GPUs\nper node", "NVLink\nGB/s",
+                                                "NIC\nGB/s"], hardware, HARDWARE_NOTES)
     return 0
+
+
+def _preset_table(console: Any, title: str, columns: list[str], rows: list[list[str]],
+                  notes: dict[str, str]) -> None:
+    """The presets' figures one line each (names whole, at 80 columns too), then each
+    preset's note under the table, wrapped to the terminal."""
+    from rich.table import Table
+
+    t = compact_table(title)
+    for i, col in enumerate(columns):
+        t.add_column(col, justify="left" if i == 0 else "right", no_wrap=True)
+    for row in rows:
+        t.add_row(*row)
+    console.print(t)
+    console.print()
+    notes_table = Table.grid(padding=(0, 2))
+    notes_table.add_column(no_wrap=True, style="bold")
+    notes_table.add_column()
+    for row in rows:
+        notes_table.add_row(row[0], notes[row[0]])
+    console.print(notes_table)
+    console.print()
 
 
 def add_deepspeed_specs_flag(p: argparse.ArgumentParser) -> None:

@@ -87,7 +87,8 @@ MODEL_PRESETS: dict[str, dict] = {
 MODEL_NOTES: dict[str, str] = {
     "tiny-gpt": "CPU-sized GPT the executor trains in seconds",
     "tiny-llm": "tiny-gpt with an LLM's heavy head: vocab 8192 over hidden 64, so the LM "
-    "head and loss weigh ~4 layers on a CPU (the default; `ppsim demo` plans 6 + 2)",
+    "head and loss weigh several layers on a CPU (the default; `ppsim demo` moves layers "
+    "off the last rank)",
     "gpt3-1.3b": "GPT-3 XL",
     "llama2-7b": "Llama 2 7B",
     "llama3-8b": "Llama 3 8B (GQA, 128k vocab)",

@@ -212,3 +212,22 @@ def test_diff_keeps_each_rank_on_one_line_at_80_columns(monkeypatch, tmp_path, c
                      r"\s+[+-][\d.]+$")
     assert [m.group(1) for m in map(row.match, lines) if m] == ["0", "1"]
     assert max(len(line) for line in lines if not line.startswith("largest")) <= 80
+
+
+def test_presets_keep_each_name_whole_with_its_figures_at_80_columns(monkeypatch, capsys):
+    """Before, the notes column took the width: names were cut ('gpt3-1.…') and a note
+    wrapped to a word per line over 30 lines."""
+    from ppsim.config.presets import HARDWARE_PRESETS, MODEL_NOTES, MODEL_PRESETS
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["presets"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= 80
+    for name, m in MODEL_PRESETS.items():
+        figures = [name, str(m["num_layers"]), str(m["hidden_size"])]
+        assert any(line.split()[:3] == figures for line in lines if line.strip()), name
+        first_words = " ".join(MODEL_NOTES[name].split()[:3])
+        assert any(line.startswith(name) and first_words in line for line in lines), name
+    for name, hw in HARDWARE_PRESETS.items():
+        assert any(line.split()[:2] == [name, f"{hw['memory_bytes'] / 1e9:.0f}"]
+                   for line in lines if line.strip()), name
