@@ -14,7 +14,13 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
+from ppsim.cli.flags import (
+    add_config_flags,
+    assume_hardware,
+    config_from_args,
+    emit_json,
+    outputs_apart,
+)
 from ppsim.cli.render import compact_table, ms_text, step_bar
 from ppsim.config import validate
 from ppsim.config.files import output
@@ -95,8 +101,10 @@ def print_costs(doc: dict[str, Any]) -> None:
 
 
 def cmd_costs(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
+    cfg, assumed = assume_hardware(args, config_from_args(args))
     costs = model_costs(cfg)
+    if assumed:  # after the checks: bad input stays one line on stderr
+        print(f"ppsim costs: {assumed}", file=sys.stderr)
     source = f"cost file {cfg.costs_file}" if cfg.costs_file else (
         "analytic, hardware " + (cfg.hardware.preset or "from the config"))
     doc = costs_document(costs, source)

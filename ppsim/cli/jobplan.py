@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from ppsim.cli.flags import config_from_args, emit_json
+from ppsim.cli.flags import assume_hardware, config_from_args, emit_json
 from ppsim.cli.render import compact_table, step_bar
 from ppsim.config import limits, validate
 from ppsim.errors import UserError
@@ -151,12 +151,14 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
     if args.compare:
         raise UserError("--compare", "compares splits of one shape, not a job's shapes",
                         "drop --gpus to compare splits, or --compare to plan the job")
-    cfg = config_from_args(argparse.Namespace(**{**vars(args), "gpus": None,
-                                                 "global_batch_size": None}))
+    cfg, assumed = assume_hardware(args, config_from_args(argparse.Namespace(
+        **{**vars(args), "gpus": None, "global_batch_size": None})))
     policy = _policy_axis(args.search, cfg)
     with step_bar(not args.json and sys.stderr.isatty()) as progress:
         res = search_job(cfg, args.gpus, gbs, top_k=args.top, budget_s=args.time_budget,
                          policy=policy, fixed=fixed_sizes(args), progress=progress)
+    if assumed:  # after the search's checks: bad input stays one line on stderr
+        sys.stderr.write(f"ppsim plan: {assumed}\n")
     if args.json:
         emit_json(job_plan_dict(res, args.gpus, gbs, args.top))
     else:

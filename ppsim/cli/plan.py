@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
+from ppsim.cli.flags import add_config_flags, assume_hardware, config_from_args, emit_json
 from ppsim.cli.jobplan import cmd_job_plan
 from ppsim.cli.plan_render import print_result
 from ppsim.cli.render import job_dict
@@ -289,7 +289,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     started = process_start()  # the budget covers the whole command
     if getattr(args, "gpus", None) is not None:  # the whole job's shape, with its split
         return cmd_job_plan(args)
-    cfg = config_from_args(args)
+    cfg, assumed = assume_hardware(args, config_from_args(args))
     if args.top < 1:
         raise UserError("--top", f"must be at least 1, got {args.top}", "use --top 5")
     validate.seconds("--time-budget", args.time_budget)  # NaN or inf would mean no budget
@@ -307,6 +307,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                       specs=specs)
     best = planned.result
 
+    if assumed:  # after the checks: bad input stays one line on stderr
+        sys.stderr.write(f"ppsim plan: {assumed}\n")
     print_notes(best.problem.schedule, "plan")
     for line in refusals(best.problem.schedule, cfg.pipeline.microbatch_group_size is not None):
         sys.stderr.write(f"ppsim plan: warning: {line}\n")

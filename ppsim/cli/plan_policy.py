@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 import time
 from typing import Any
 
-from ppsim.cli.flags import config_from_args, emit_json
+from ppsim.cli.flags import assume_hardware, config_from_args, emit_json
 from ppsim.cli.plan import EXIT_NO_FIT, Planned, candidate_dict, result_dict
 from ppsim.clock import process_start
 from ppsim.config import limits, validate
@@ -181,7 +182,7 @@ def check_axes(axes: list[str], cfg: Config) -> None:
 
 def cmd_plan_policy(args: argparse.Namespace) -> int:
     started = process_start()  # the budget covers the whole command
-    cfg = config_from_args(args)
+    cfg, assumed = assume_hardware(args, config_from_args(args))
     validate.seconds("--time-budget", args.time_budget)
     axes = [a.strip() for a in args.search.split(",") if a.strip()]
     check_axes(axes, cfg)
@@ -191,6 +192,8 @@ def cmd_plan_policy(args: argparse.Namespace) -> int:
     ops = limits.check_request(cfg, limits.PLAN)
     if ops is not None:
         limits.check_plan_budget(ops, args.time_budget)
+    if assumed:  # after the checks: bad input stays one line on stderr
+        sys.stderr.write(f"ppsim plan: {assumed}\n")
     spaces = search_spaces(cfg, axes, args.time_budget, started)
     if args.json:
         out = policy_result_json(spaces)
