@@ -7,6 +7,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from ppsim.job.throughput import tflops_text
 from ppsim.tui.text import counts_text
 from ppsim.units import fmt_bytes
 
@@ -75,7 +76,7 @@ def throughput_text(result: object, compact: bool = False) -> str:
     tokens = f"{t.tokens_per_s_per_gpu:,.0f} tok/s/GPU" if compact else \
         f"{t.tokens_per_s_per_gpu:,.0f} tokens/s/GPU"
     sep = " " if compact else "  "
-    return f"{tokens}{sep}{t.tflops_per_gpu:.1f} TFLOP/s/GPU{sep}MFU {t.mfu:.1%}"
+    return f"{tokens}{sep}{tflops_text(t.tflops_per_gpu)} TFLOP/s/GPU{sep}MFU {t.mfu:.1%}"
 
 
 def headline_text(result: object, busy: str = "", width: int | None = None) -> Text:
@@ -114,7 +115,7 @@ def _second_line(result: object, used: int, width: int | None,
         rate = throughput_text(result, compact) if with_rate else ""
         shape = f"{st.schedule}  pp={st.pp} vpp={st.vpp} microbatches={st.microbatches}  " \
             "split=" if not compact else \
-            f"{st.schedule} pp={st.pp} vpp={st.vpp} mbs={st.microbatches} split="
+            f"{st.schedule} pp={st.pp} vpp={st.vpp} m={st.microbatches} split="
         head = [(rate, "bold"), ("  ", "")] if rate else []  # what a log is compared with
         if width is None:
             room = None

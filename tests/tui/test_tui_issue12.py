@@ -259,7 +259,7 @@ async def test_a_value_the_core_refuses_reverts_with_its_reason() -> None:
         error = app.query_one("#status").text
         assert "microbatches refused" in error and "at least 4" in error
         shown = text_of(app)  # the headline's full or compact wording
-        assert "microbatches=8" in shown or "mbs=8" in shown
+        assert "microbatches=8" in shown or "m=8" in shown
 
 
 async def test_leaving_a_field_applies_it_and_escape_puts_it_back() -> None:

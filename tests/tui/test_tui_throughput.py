@@ -31,7 +31,11 @@ def shown_rate(t: dict, compact: bool) -> str:
     """How the headline words `ppsim simulate --json`'s throughput (the CLI's formats)."""
     tokens = "tok/s/GPU" if compact else "tokens/s/GPU"
     sep = " " if compact else "  "
-    return (f"{t['tokens_per_s_per_gpu']:,.0f} {tokens}{sep}{t['tflops_per_gpu']:.1f} "
+    # A CPU model's rate below 1 TFLOP/s to three figures, as `ppsim simulate` prints it
+    # (the headline printed 0.0 there).
+    tf = t["tflops_per_gpu"]
+    rate = f"{tf:.1f}" if tf >= 1 else f"{tf:.3g}"
+    return (f"{t['tokens_per_s_per_gpu']:,.0f} {tokens}{sep}{rate} "
             f"TFLOP/s/GPU{sep}MFU {t['mfu']:.1%}")
 
 
