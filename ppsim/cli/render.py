@@ -114,7 +114,7 @@ def timeline_cells(ops: Any, end_ms: float, width: int) -> str:
     if end_ms <= 0 or width < 1:
         return "." * max(width, 0)
     cell_ms = end_ms / width
-    time = [dict.fromkeys("FBW", 0.0) for _ in range(width)]
+    share = [dict.fromkeys("FBW", 0.0) for _ in range(width)]
     longest: list[dict[str, tuple[float, int]]] = [{} for _ in range(width)]
     for op in ops:
         kind, mb = op.action.kind, op.action.microbatch
@@ -123,16 +123,16 @@ def timeline_cells(ops: Any, end_ms: float, width: int) -> str:
             part = min(op.end, (x + 1) * cell_ms) - max(op.start, x * cell_ms)
             if part <= 0:
                 continue
-            time[x][kind] = time[x].get(kind, 0.0) + part
+            share[x][kind] = share[x].get(kind, 0.0) + part
             if part > longest[x].get(kind, (0.0, 0))[0]:
                 longest[x][kind] = (part, mb)
     cells = []
     for x in range(width):
-        busy = sum(time[x].values())
+        busy = sum(share[x].values())
         if busy < cell_ms / 2:
             cells.append(".")
             continue
-        kind = max(time[x], key=time[x].__getitem__)
+        kind = max(share[x], key=share[x].__getitem__)
         cells.append(kind if longest[x][kind][1] % 2 == 0 else kind.lower())
     return "".join(cells)
 
