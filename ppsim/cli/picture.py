@@ -11,12 +11,15 @@ from collections.abc import Sequence
 
 from ppsim.fileio import write_bytes_atomic
 
-COLOURS = {"F": (76, 120, 168), "B": (84, 162, 75), "W": (238, 202, 59), "C": (196, 52, 52)}
+COLOURS = {"F": (76, 120, 168), "B": (84, 162, 75), "W": (238, 202, 59), "C": (196, 52, 52),
+           "R": (148, 103, 189), "S": (127, 127, 127)}
+"""F/B/W ops, collectives, and the step's tail: R the data-parallel gradient reduce, S the
+optimizer step."""
 COLLECTIVE = "C"
 """A collective inside an op: a strip along the lane's foot, under its op's block."""
 STRIP_H = 5
 Lane = Sequence[tuple[float, float, str, int]]
-"""(start ms, duration ms, kind, microbatch) per op."""
+"""(start ms, duration ms, kind, microbatch) per op; microbatch -1 for the step's R and S."""
 
 
 def render_png(panels: Sequence[tuple[str, Sequence[Lane]]], path: str, title: str = "",
@@ -49,7 +52,8 @@ def render_png(panels: Sequence[tuple[str, Sequence[Lane]]], path: str, title: s
                 y0 = y + lane_h - STRIP_H if kind == COLLECTIVE else y
                 draw.rectangle([x0, y0, x1, y + lane_h], fill=COLOURS.get(kind, (150, 150, 150)))
                 if kind != COLLECTIVE and x1 - x0 > 14:
-                    draw.text((x0 + 2, y + 5), f"{kind}{mb}", fill="white", font=font)
+                    label = f"{kind}{mb}" if mb >= 0 else kind
+                    draw.text((x0 + 2, y + 5), label, fill="white", font=font)
             y += lane_h + gap
         y += 14
     # Time axis with five ticks.
@@ -57,7 +61,7 @@ def render_png(panels: Sequence[tuple[str, Sequence[Lane]]], path: str, title: s
         t = end * i / 5
         x = left + t * scale
         draw.line([x, y, x, y + 5], fill="black")
-        draw.text((x - 10, y + 8), f"{t:.1f} ms", fill="black", font=font)
+        draw.text((min(x - 10, width - 70), y + 8), f"{t:.1f} ms", fill="black", font=font)
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     write_bytes_atomic(path, buf.getvalue())

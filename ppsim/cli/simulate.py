@@ -211,6 +211,14 @@ def print_exports(console: Any, exports: dict[str, Any]) -> None:
                   highlight=False, soft_wrap=True)
 
 
+def _step_ops(step: tuple[float, float, float]) -> list[tuple[float, float, str, int]]:
+    """A rank's step tail (end of its last op, reduce ms, optimizer ms) as the picture's
+    R and S blocks, as the trace writes them."""
+    end, reduce, optimizer = step
+    return [op for op in ((end, reduce, "R", -1), (end + reduce, optimizer, "S", -1))
+            if op[1] > 0]
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     simulate = simulator(args.engine)
     cfg, assumed = assume_hardware(args, config_from_args(args))
@@ -238,7 +246,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.png:
         assert sim.timeline is not None
         lanes = [[(op.start, op.end - op.start, op.action.kind, op.action.microbatch)
-                  for op in ops] + collective_strips(problem, ops) for ops in sim.timeline.ops]
+                  for op in ops] + collective_strips(problem, ops) + _step_ops(step)
+                 for ops, step in zip(sim.timeline.ops, sim.timeline.step, strict=True)]
         with files.output("--png", args.png):
             render_png([(f"{problem.schedule.name}, split {list(problem.split.counts)}",
                          lanes)], args.png, title=f"simulated iteration "

@@ -136,3 +136,23 @@ def test_the_png_timeline_draws_collectives_as_strips(tmp_path, capsys) -> None:
 
     assert strip_pixels(1) == 0
     assert strip_pixels(4) > 0
+
+
+def test_the_png_timeline_ends_with_the_step_tail(tmp_path, capsys) -> None:
+    """The data-parallel reduce (R) and the optimizer step (S) close each rank's lane, as
+    the trace writes them; before, the picture stopped at the last op, short of the
+    iteration its title gives."""
+    from PIL import Image
+
+    from ppsim.cli.picture import COLOURS
+
+    def pixels(dp: int) -> dict[str, int]:
+        out = tmp_path / f"dp{dp}.png"
+        assert main(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp",
+                     "2", "--microbatches", "2", "--dp", str(dp), "--png", str(out)]) == 0
+        capsys.readouterr()
+        colours = {c: n for n, c in Image.open(out).convert("RGB").getcolors(1 << 20)}
+        return {k: colours.get(COLOURS[k], 0) for k in ("R", "S")}
+
+    assert pixels(1)["R"] == 0 and pixels(1)["S"] > 0
+    assert pixels(4)["R"] > 0
