@@ -17,10 +17,15 @@ from ppsim.units import fmt_bytes
 
 
 def lanes(w: Window) -> list[list[tuple[float, float, str, int]]]:
+    """Each rank's ops of the window, and its step's R and S ops, for the picture."""
     pp = 1 + max(k[0] for k in w.ops)
     out: list[list[tuple[float, float, str, int]]] = [[] for _ in range(pp)]
     for k, op in w.ops.items():
         out[k[0]].append((w.start(k), w.dur(k), op.kind, op.microbatch))
+    for op in w.step:
+        if op.rank < pp:
+            out[op.rank].append(((op.start_us - w.origin_us) / 1e3, op.dur_us / 1e3, op.kind,
+                                 -1))
     return out
 
 

@@ -201,3 +201,21 @@ def test_alternated_run_ends_each_iteration_where_the_other_split_began(sim_doc)
     doc["otherData"]["whole_iteration_ms"] = [t + 0.5, None]  # the last: the median gap
     d = diff_traces(as_trace(sim_doc, "sim"), as_trace(doc, "real"), iteration=1).to_dict()
     assert d["iteration_time_ms"][1] == pytest.approx(t + 0.5)
+
+
+def test_the_diff_picture_draws_each_ranks_step(tmp_path, capsys):
+    """The recorded run's optimizer step (S) closes each rank's lane in both panels; before,
+    the picture stopped at the last F or B, short of the iteration its title gives."""
+    from pathlib import Path
+
+    from PIL import Image
+
+    from ppsim.cli.picture import COLOURS
+
+    run = Path(__file__).parents[2] / "traces" / "1f1b-5-3-m8"
+    png = tmp_path / "d.png"
+    assert main(["diff", str(run / "sim.json"), str(run / "real.json"), "--png",
+                 str(png)]) == 0
+    capsys.readouterr()
+    colours = {c: n for n, c in Image.open(png).convert("RGB").getcolors(1 << 20)}
+    assert colours.get(COLOURS["S"], 0) > 0
