@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from ppsim.fileio import write_bytes_atomic
 
 COLOURS = {"F": (76, 120, 168), "B": (84, 162, 75), "W": (238, 202, 59), "C": (196, 52, 52),
-           "R": (148, 103, 189), "S": (127, 127, 127)}
+           "R": (148, 103, 189), "S": (140, 86, 75)}
 """F/B/W ops, collectives, and the step's tail: R the data-parallel gradient reduce, S the
 optimizer step."""
 COLLECTIVE = "C"
