@@ -24,13 +24,14 @@ Lane = Sequence[tuple[float, float, str, int]]
 
 def render_png(panels: Sequence[tuple[str, Sequence[Lane]]], path: str, title: str = "",
                width: int = 1400) -> None:
-    """Draw panels of lanes to a PNG, written atomically."""
+    """Draw panels of lanes to a PNG, written atomically; `title` may run to several lines."""
     import io
 
     from PIL import Image, ImageDraw, ImageFont
 
     font = ImageFont.load_default()
-    lane_h, gap, left, top = 22, 4, 70, 30
+    lane_h, gap, left = 22, 4, 70
+    top = 14 + 16 * (title.count("\n") + 1)
     panel_head = 20
     end = max((s + d for _, lanes in panels for lane in lanes for s, d, _, _ in lane),
               default=1.0) or 1.0
@@ -38,7 +39,7 @@ def render_png(panels: Sequence[tuple[str, Sequence[Lane]]], path: str, title: s
     img = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(img)
     scale = (width - left - 20) / end
-    draw.text((10, 8), title, fill="black", font=font)
+    draw.multiline_text((10, 8), title, fill="black", font=font, spacing=4)
     y = top
     for label, lanes in panels:
         draw.text((10, y), label, fill="black", font=font)

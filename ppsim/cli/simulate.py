@@ -19,6 +19,7 @@ from ppsim.cli.picture import render_png
 from ppsim.cli.render import (
     compact_table,
     job_dict,
+    job_line,
     print_job,
     rank_table,
     summary_dict,
@@ -251,7 +252,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         with files.output("--png", args.png):
             render_png([(f"{problem.schedule.name}, split {list(problem.split.counts)}",
                          lanes)], args.png, title=f"simulated iteration "
-                       f"{s.iteration_time_ms:.2f} ms, bubble {s.bubble_fraction:.1%}")
+                       f"{s.iteration_time_ms:.2f} ms, bubble {s.bubble_fraction:.1%}"
+                       + (f"\n{job_line(problem.hardware.job, s.iteration_time_ms)}"
+                          if problem.hardware.job is not None else ""))
     if args.json:
         emit_json({"schedule": problem.schedule.name, "pp": problem.split.pp,
                    "vpp": problem.split.vpp, "microbatches": problem.schedule.microbatches,
