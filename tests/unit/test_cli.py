@@ -236,7 +236,7 @@ def test_presets_keep_each_name_whole_with_its_figures_at_80_columns(monkeypatch
 @pytest.mark.parametrize("argv", [
     ["plan", "--preset", "llama3-8b", "--pp", "4", "--time-budget", "2"],
     ["plan", "--preset", "llama3-8b", "--gpus", "32", "--global-batch-size", "64",
-     "--time-budget", "2"],
+     "--time-budget", "1"],
     ["plan", "--preset", "llama3-8b", "--pp", "4", "--search", "policy", "--time-budget", "2"],
     ["costs", "--preset", "llama3-8b"],
 ], ids=["split", "job", "policy", "costs"])
