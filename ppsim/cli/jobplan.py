@@ -164,4 +164,10 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
     else:
         print_job_plan(res, args.gpus, gbs, args.top, cfg.hardware.memory_bytes,
                        (cfg.model.recompute or "none") if policy else "")
-    return 0 if any(r.summary.fits for r in res.candidates) else 3
+    if any(r.summary.fits for r in res.candidates):
+        return 0
+    if not res.complete:  # the budget ran out: not the same as "nothing fits"
+        sys.stderr.write(f"ppsim plan: no shape that fits was found within the time budget "
+                         f"({res.evaluated} of {res.total} shapes simulated); give it more "
+                         f"time, e.g. --time-budget {max(10.0, 4 * args.time_budget):g}\n")
+    return 3

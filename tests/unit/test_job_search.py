@@ -216,3 +216,17 @@ def test_the_job_search_s_bar_draws_on_any_console() -> None:
     with step_bar(True) as progress:
         progress("simulating shapes", 0, 3)
         progress("planning the fastest shapes' splits", 1, 2)
+
+
+def test_a_spent_budget_still_simulates_a_shape_and_says_the_budget_ran_out(capsys) -> None:
+    """Before: a budget spent before the first shape (a loaded machine, a short
+    --time-budget) printed an empty table and exit 3, read as "nothing fits"."""
+    rc = main(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "32",
+               "--global-batch-size", "64", "--time-budget", "0.05", "--json"])
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert doc["evaluated"] >= 1 and doc["candidates"] and not doc["complete"]
+    if rc == 3:
+        assert "within the time budget" in out.err and "--time-budget" in out.err
+    else:
+        assert rc == 0
