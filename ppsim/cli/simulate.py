@@ -51,7 +51,7 @@ from ppsim.pipeline.split import Split
 from ppsim.policy.report import copy_events, policy_json
 from ppsim.schedules.generators import interleaved_group, schedule_placement
 from ppsim.sim.engines import simulator
-from ppsim.trace.schema import collective_strips, simulation_trace, write_trace
+from ppsim.trace.schema import collective_strips, simulation_trace, step_spans, write_trace
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
@@ -212,14 +212,6 @@ def print_exports(console: Any, exports: dict[str, Any]) -> None:
                   highlight=False, soft_wrap=True)
 
 
-def _step_ops(step: tuple[float, float, float]) -> list[tuple[float, float, str, int]]:
-    """A rank's step tail (end of its last op, reduce ms, optimizer ms) as the picture's
-    R and S blocks, as the trace writes them."""
-    end, reduce, optimizer = step
-    return [op for op in ((end, reduce, "R", -1), (end + reduce, optimizer, "S", -1))
-            if op[1] > 0]
-
-
 def cmd_simulate(args: argparse.Namespace) -> int:
     simulate = simulator(args.engine)
     cfg, assumed = assume_hardware(args, config_from_args(args))
@@ -247,7 +239,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.png:
         assert sim.timeline is not None
         lanes = [[(op.start, op.end - op.start, op.action.kind, op.action.microbatch)
-                  for op in ops] + collective_strips(problem, ops) + _step_ops(step)
+                  for op in ops] + collective_strips(problem, ops)
+                 + [(start, ms, kind, -1) for kind, start, ms in step_spans(*step)]
                  for ops, step in zip(sim.timeline.ops, sim.timeline.step, strict=True)]
         with files.output("--png", args.png):
             render_png([(f"{problem.schedule.name}, split {list(problem.split.counts)}",

@@ -123,10 +123,8 @@ def simulation_trace(sim: Any) -> dict:
         events.append(transfer_event(t.src, t.dst, a.kind, a.stage, a.microbatch, 0,
                                      t.start * 1e3, (t.end - t.start) * 1e3, t.nbytes))
     for r, (end, reduce, step) in enumerate(tl.step):
-        for kind, dur in (("R", reduce), ("S", step)):
-            if dur > 0:  # as the executor: R only with data parallelism
-                events.append(compute_event(r, kind, -1, -1, -1, 0, end * 1e3, dur * 1e3))
-                end += dur
+        for kind, start, dur in step_spans(end, reduce, step):
+            events.append(compute_event(r, kind, -1, -1, -1, 0, start * 1e3, dur * 1e3))
     for r, mem in enumerate(tl.memory):
         events.append(memory_event(r, 0.0, tl.static[r], 0))
         for time_ms, act, _ in mem:
@@ -134,6 +132,15 @@ def simulation_trace(sim: Any) -> dict:
     info = run_info(p, source="simulator", iterations=1, warmup=0)
     info["iteration_boundary_ms"] = p.hardware.iteration_boundary_ms
     return document(events, info)
+
+
+def step_spans(end_ms: float, reduce_ms: float, optimizer_ms: float
+               ) -> list[tuple[str, float, float]]:
+    """A rank's step tail after its last op ends at `end_ms`: (kind, start ms, ms) of R,
+    the data-parallel reduce, then S, the optimizer step; each only where it takes time
+    (as the executor records them: R only with data parallelism)."""
+    spans = [("R", end_ms, reduce_ms), ("S", end_ms + reduce_ms, optimizer_ms)]
+    return [s for s in spans if s[2] > 0]
 
 
 def run_info(problem: Any, source: str, iterations: int, warmup: int) -> dict[str, Any]:

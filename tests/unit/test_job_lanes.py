@@ -154,5 +154,6 @@ def test_the_png_timeline_ends_with_the_step_tail(tmp_path, capsys) -> None:
         colours = {c: n for n, c in Image.open(out).convert("RGB").getcolors(1 << 20)}
         return {k: colours.get(COLOURS[k], 0) for k in ("R", "S")}
 
-    assert pixels(1)["R"] == 0 and pixels(1)["S"] > 0
+    alone = pixels(1)
+    assert alone["R"] == 0 and alone["S"] > 0
     assert pixels(4)["R"] > 0
