@@ -7,12 +7,17 @@ cells x0..x0+width of lane y" and the answer is tested without a terminal.
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ppsim.tui.compare import compared_iteration
+
+IDLE = -1
+"""`Lane.overlapping` of a cell no op touches."""
+PARTLY_BUSY = -2
+"""`Lane.overlapping` of a cell the rank works in for less than half of its time."""
 
 
 class LaneOp(NamedTuple):
@@ -91,6 +96,10 @@ class Lane:
         object.__setattr__(self, "_work", work)
         object.__setattr__(self, "_starts", array("d", (ops.start[i] for i in work)))
         object.__setattr__(self, "_ends", array("d", (ops.end[i] for i in work)))
+        busy_before = array("d", [0.0])  # busy ms of the work ops before each one
+        for i in work:
+            busy_before.append(busy_before[-1] + ops.end[i] - ops.start[i])
+        object.__setattr__(self, "_busy_before", busy_before)
         object.__setattr__(self, "_all_starts", ops.start)
 
     @property
@@ -98,19 +107,32 @@ class Lane:
         return max(self._ends, default=0.0)  # type: ignore[attr-defined]
 
     def overlapping(self, t0: float, t1: float) -> int:
-        """Index of the op to show in [t0, t1): the one covering the midpoint if any,
-        else the first overlapping one; -1 when the interval is idle."""
+        """Index of the op to show in [t0, t1): the op covering the midpoint, else of
+        the two ops either side of it the one with more of the cell; `IDLE` when no op
+        touches it, `PARTLY_BUSY` when the rank works for less than half of it (as
+        `ppsim simulate`'s text timeline). By busy time, so a zoomed-out cell that a
+        short op merely touches does not read as busy."""
+        starts: array = self._starts  # type: ignore[attr-defined]
         ends: array = self._ends  # type: ignore[attr-defined]
-        work: array = self._work  # type: ignore[attr-defined]
         i = bisect_right(ends, t0)  # ops end in start order (one rank runs one op at a time)
-        ops: LaneOps = self.ops  # type: ignore[assignment]
-        if i >= len(work) or ops.start[work[i]] >= t1:
-            return -1
+        j = bisect_left(starts, t1)  # ops i..j-1 overlap [t0, t1)
+        if i >= j:
+            return IDLE
+        if 2 * self._busy(t0, t1, i, j) < t1 - t0:
+            return PARTLY_BUSY
         mid = (t0 + t1) / 2
-        j = bisect_right(self._starts, mid) - 1  # type: ignore[attr-defined]
-        if j >= i and ops.end[work[j]] > mid:
-            return work[j]
-        return work[i]
+        k = min(max(bisect_right(starts, mid) - 1, i), j - 1)  # the last op to start by mid
+        if ends[k] <= mid and k + 1 < j:  # mid is idle: the neighbour with more of the cell
+            after = min(ends[k + 1], t1) - starts[k + 1]
+            k += after > ends[k] - max(starts[k], t0)
+        return self._work[k]  # type: ignore[attr-defined, no-any-return]
+
+    def _busy(self, t0: float, t1: float, i: int, j: int) -> float:
+        """ms of [t0, t1) the rank spends in work ops i..j-1 (those overlapping it)."""
+        starts: array = self._starts  # type: ignore[attr-defined]
+        ends: array = self._ends  # type: ignore[attr-defined]
+        whole = self._busy_before[j] - self._busy_before[i]  # type: ignore[attr-defined]
+        return whole - max(0.0, t0 - starts[i]) - max(0.0, ends[j - 1] - t1)  # type: ignore[no-any-return]
 
     def at_time(self, t: float) -> int:
         """Index of the op nearest to time t (for moving the cursor between lanes)."""
@@ -175,7 +197,7 @@ def interleave(main: list[Lane], *others: list[Lane]) -> list[Lane]:
 class Cell(NamedTuple):
     text: str
     op: int
-    """Index into the lane's ops, or -1 for idle."""
+    """Index into the lane's ops, or -1 where none is shown (idle or partly busy)."""
 
 
 def lane_cells(lane: Lane, ms_per_cell: float, x0: int, width: int,
@@ -184,8 +206,9 @@ def lane_cells(lane: Lane, ms_per_cell: float, x0: int, width: int,
 
     A run wide enough shows the op's label ("F12" = forward of microbatch 12), a
     narrower one the kind; odd microbatches are lower case ("f13") so neighbours
-    stay apart; idle cells are '·'. Op `force` (the cursor) always gets at least its
-    first cell, even when it is too short to win one at this zoom.
+    stay apart; idle cells are '·', cells busy for less than half their time '░'.
+    Op `force` (the cursor) always gets at least its first cell, even when it is too
+    short to win one at this zoom.
     """
     ops: LaneOps = lane.ops  # type: ignore[assignment]  # read as arrays: no tuple per run
     owners = []
@@ -204,7 +227,7 @@ def lane_cells(lane: Lane, ms_per_cell: float, x0: int, width: int,
         n = j - i + 1
         k = owners[i]
         if k < 0:
-            runs.append(Cell("·" * n, -1))
+            runs.append(Cell(("·" if k == IDLE else "░") * n, -1))
         else:
             kind, mb = ops.kinds[ops.codes[k]], ops.microbatch[k]
             ch = kind if mb % 2 == 0 else kind.lower()

@@ -36,6 +36,7 @@ HELP = """\
 [b]Timeline[/b]  one lane per rank; a trace's lane "realN" sits under rank N
   [on #1e5aa8] F [/] forward  [on #2e8540] B [/] backward (inputs)  \
 [on #b8860b] W [/] weight-grad  · idle
+  ░ busy for less than half of the cell's time (zoomed out)
   a darker shade = a later chunk (virtual stage) of the rank
   "F12" = forward of microbatch 12; odd microbatches are lower case
   ("f13") so neighbours stay apart
@@ -45,6 +46,8 @@ HELP = """\
   12, combined as "r3 b12"   n next match
   [on #6a3d9a] O [/] [on #6a3d9a] R [/] host copies of offloaded activations, in lanes
   "outN" (after the F) and "inN" (back before the B) under rank N
+  [on #0b6b6b] C [/] tensor, context and expert parallel collectives inside
+  each F and B, in lanes "commN" under rank N
 
 [b]Compare[/b]  b pin the current split (b on the pinned one: even again)
   B pin a published layout or split you type (as plan --compare)

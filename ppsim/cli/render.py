@@ -106,7 +106,7 @@ def print_job(console: Any, job: Any, iteration_ms: float) -> None:
 
 def timeline_cells(ops: Any, end_ms: float, width: int) -> str:
     """One rank's ops as `width` cells: each cell shows the kind of op that fills most
-    of its time, '.' where the rank is idle for half of it or more. Upper case when that
+    of its time, '.' where the rank is idle for more than half of it. Upper case when that
     kind's longest piece in the cell is of an even microbatch, lower case for odd, so
     neighbouring ops stay distinguishable. By time share rather than by whichever op
     lands on a cell, so a cell spanning many microbatches shows what the rank mostly

@@ -173,9 +173,13 @@ def test_lane_cells_map_ops_to_columns() -> None:
     assert [c.op for c in cells] == [0, -1, 1, 2, -1]
     # a scrolled viewport starts mid-op
     assert "".join(c.text for c in lane_cells(lane, 1.0, 2, 4)) == "FF··"
-    # zoomed out: an op shorter than a cell vanishes unless it is the cursor
-    assert [c.op for c in lane_cells(lane, 8.0, 0, 2)] == [0, 2]
-    assert [c.op for c in lane_cells(lane, 8.0, 0, 2, force=1)] == [1, 2]
+    # zoomed out: a cell shows the op at its midpoint or, with the midpoint idle, the
+    # op with more of it; a cell the rank is busy in for less than half reads '░'
+    # unless the cursor is in it
+    assert [c.op for c in lane_cells(lane, 8.0, 0, 2)] == [0, -1]
+    assert [c.text for c in lane_cells(lane, 8.0, 0, 3)] == ["F", "░", "·"]
+    assert [c.op for c in lane_cells(lane, 8.0, 0, 2, force=1)] == [1, -1]
+    assert [c.op for c in lane_cells(lane, 8.0, 0, 2, force=2)] == [0, 2]
     assert lane.at_time(7.0) == 1 and lane.overlapping(4.0, 6.0) == -1
 
 
