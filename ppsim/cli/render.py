@@ -106,11 +106,12 @@ def print_job(console: Any, job: Any, iteration_ms: float) -> None:
 
 def timeline_cells(ops: Any, end_ms: float, width: int) -> str:
     """One rank's ops as `width` cells: each cell shows the kind of op that fills most
-    of its time, '.' where the rank is idle for more than half of it. Upper case when that
-    kind's longest piece in the cell is of an even microbatch, lower case for odd, so
-    neighbouring ops stay distinguishable. By time share rather than by whichever op
-    lands on a cell, so a cell spanning many microbatches shows what the rank mostly
-    did (a 1F1B steady state reads as two Bs to each F, not as the op that aliases)."""
+    of its time; '░' where the rank works for less than half of it, '.' where it is idle
+    throughout (as the TUI's timeline). Upper case when that kind's longest piece in the
+    cell is of an even microbatch, lower case for odd, so neighbouring ops stay
+    distinguishable. By time share rather than by whichever op lands on a cell, so a
+    cell spanning many microbatches shows what the rank mostly did (a 1F1B steady state
+    reads as two Bs to each F, not as the op that aliases)."""
     if end_ms <= 0 or width < 1:
         return "." * max(width, 0)
     cell_ms = end_ms / width
@@ -130,7 +131,7 @@ def timeline_cells(ops: Any, end_ms: float, width: int) -> str:
     for x in range(width):
         busy = sum(share[x].values())
         if busy < cell_ms / 2:
-            cells.append(".")
+            cells.append("░" if busy > 0 else ".")
             continue
         kind = max(share[x], key=share[x].__getitem__)
         cells.append(kind if longest[x][kind][1] % 2 == 0 else kind.lower())
