@@ -55,8 +55,7 @@ def policy_summary(state: EditState, width: int) -> str:
     runs: list[list] = []
     for st in state.split.stages:
         p = state.policies[st.index]
-        label = replace(p, recompute_layers=min(p.recompute_layers, st.layers)).label()
-        text = "none" if label == "-" else label  # nothing recomputed or offloaded
+        text = replace(p, recompute_layers=min(p.recompute_layers, st.layers)).label()
         if runs and runs[-1][2] == text:
             runs[-1][1] = st.index
         else:

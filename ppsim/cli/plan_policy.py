@@ -11,6 +11,7 @@ from typing import Any
 
 from ppsim.cli.flags import assume_hardware, config_from_args, emit_json
 from ppsim.cli.plan import EXIT_NO_FIT, Planned, candidate_dict, result_dict
+from ppsim.cli.render import compact_table, split_cell
 from ppsim.clock import process_start
 from ppsim.config import limits, validate
 from ppsim.config.overrides import with_overrides
@@ -101,8 +102,7 @@ def space_dict(sb: SpaceBest, glob: SpaceBest) -> dict[str, Any]:
 def policy_result_json(spaces: list[SpaceBest]) -> dict[str, Any]:
     """The best space's plan as `plan --json` gives a plan, its policy per stage in
     best.policy and its flags in best.megatron_flags; every space in policy_search."""
-    best = min((s for s in spaces if s.result and s.result.best),
-               key=lambda s: s.result.best.key, default=None)  # type: ignore[union-attr]
+    best = min((s for s in spaces if s.result and s.result.best), key=space_key, default=None)
     out = {"policy_search": [space_dict(s, spaces[0]) for s in spaces]}
     if best is None:
         return {**result_dict(Planned(spaces[0].result, None, [])), **out}  # type: ignore
@@ -120,13 +120,13 @@ def policy_result_json(spaces: list[SpaceBest]) -> dict[str, Any]:
 
 def print_spaces(spaces: list[SpaceBest]) -> int:
     from rich.console import Console
-    from rich.table import Table
-
     console = Console()
     glob = spaces[0]
-    t = Table(title="memory policy search", title_justify="left")
-    for col in ("space", "split", "iter ms", "gain", "mem rank", "busiest", "proven"):
-        t.add_column(col, no_wrap=True)
+    t = compact_table("memory policy search")
+    t.add_column("space", no_wrap=True)
+    t.add_column("split", no_wrap=True)
+    for col in ("iter ms", "gain", "memory\nrank", "busiest\nrank", "proven"):
+        t.add_column(col, justify="right", no_wrap=True)
     base = glob.result.best.summary.iteration_time_ms if glob.result and glob.result.best \
         else None
     for sb in spaces:
@@ -134,10 +134,9 @@ def print_spaces(spaces: list[SpaceBest]) -> int:
         if r is None or r.best is None:
             t.add_row(sb.space, "no fit" if r else "-", "-", "-", "-", "-", "-")
             continue
-        counts = ",".join(map(str, r.best.split.counts))
         hb = held_back(r)
         ms = r.best.summary.iteration_time_ms
-        t.add_row(sb.space, counts if len(counts) <= 24 else counts[:21] + "...", f"{ms:.1f}",
+        t.add_row(sb.space, split_cell(r.best.split.counts, 30), f"{ms:.1f}",
                   f"{base / ms:.3f}" if base else "-", str(hb["memory_rank"]),
                   str(hb["busiest_rank"]), "yes" if sb.proven else "no")
     console.print(t)

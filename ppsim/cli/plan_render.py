@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ppsim.cli.render import print_job
+from ppsim.cli.render import compact_table, print_job, split_cell
 from ppsim.cli.simulate import exports_of, print_exports
 from ppsim.pipeline.exports import DEFAULT_SPECS, DeepSpeedSpecs
 from ppsim.plan.bounds import CHUNKED_BOUND_NOTE
@@ -25,49 +25,51 @@ SHARED_NOTE = ("the placement shares devices or links: splits were searched with
 
 
 def _variants_table(per_variant: list[tuple[str, PlanResult]]) -> Table:
-    from rich.table import Table
-
-    t = Table(title="search", title_justify="left")
+    t = compact_table("search")
     for col in ("variant", "best ms", "split", "proven"):
         t.add_column(col)
     for label, r in sorted(per_variant, key=lambda x: x[1].best.key if x[1].best
                            else (float("inf"), 0)):
         t.add_row(label, f"{r.best.summary.iteration_time_ms:.2f}" if r.best else "no fit",
-                  str(list(r.best.split.counts)) if r.best else "-",
+                  split_cell(r.best.split.counts, 30) if r.best else "-",
                   "yes" if r.proven_optimal else
                   f">= {r.lower_bound_ms:.2f}" if r.best else "-")
     return t
 
 
-def _splits_table(planned: Planned, top: int) -> Table:
-    from rich.table import Table
-
+def _splits_table(planned: Planned, top: int, width: int) -> Table:
+    """The top splits and each framework's own, a row each on one line at 80 columns
+    (`width`: the console's; from 120 columns up to 8 ranks list every rank's peak)."""
     res = planned.result
     p = res.problem
     base_t = res.baseline.summary.iteration_time_ms if res.baseline else None
-    t = Table(title=f"{p.schedule.name} pp={p.schedule.pp} vpp={p.schedule.vpp} "
-              f"m={p.schedule.microbatches}, limit {fmt_bytes(p.hardware.memory_bytes)} "
-              "per rank", title_justify="left")
+    t = compact_table(f"{p.schedule.name} pp={p.schedule.pp} vpp={p.schedule.vpp} "
+                      f"m={p.schedule.microbatches}, limit "
+                      f"{fmt_bytes(p.hardware.memory_bytes)} per rank")
     refs = planned.baselines() + planned.compared
     # One unit for the column, the largest peak's: a CPU-sized model reads in MB, not 0.0 GB.
     unit, size = byte_unit(max([c.summary.peak_memory_bytes for c in res.candidates[:top]]
                                + [r.summary.peak_memory_bytes for r in refs]))
-    for col in ("", "split", "iter ms", "bubble", f"peak {unit} per rank", "vs baseline"):
-        t.add_column(col)
+    each_rank = p.schedule.pp <= 8 and width >= 120
+    t.add_column("", no_wrap=True)
+    t.add_column("split", no_wrap=True)
+    for col in ("iter ms", "bubble", f"peak {unit}\n{'per rank' if each_rank else 'at rank'}",
+                "speed-\nup"):
+        t.add_column(col, justify="right", no_wrap=True)
 
     def row(label: str, c: Candidate) -> None:
-        if len(c.summary.ranks) <= 8:
+        if each_rank:
             peaks = " ".join(("" if r.fits else "[red]") + f"{r.peak_memory_bytes / size:.1f}"
                              + ("" if r.fits else "[/red]") for r in c.summary.ranks)
         else:
             worst = max(c.summary.ranks, key=lambda r: r.peak_memory_bytes)
-            peaks = f"max {worst.peak_memory_bytes / size:.1f} (rank {worst.rank})"
+            peaks = ("" if worst.fits else "[red]") + \
+                f"{worst.peak_memory_bytes / size:.1f} r{worst.rank}" + \
+                ("" if worst.fits else "[/red]")
         speed = f"{base_t / c.summary.iteration_time_ms:.3f}x" if base_t else "-"
-        counts = ",".join(map(str, c.split.counts))
-        if len(counts) > 40:
-            counts = counts[:37] + "..."
-        t.add_row(label, counts, f"{c.summary.iteration_time_ms:.2f}",
-                  f"{c.summary.bubble_fraction:.1%}", peaks, speed)
+        t.add_row(label, split_cell(c.split.counts, 40 if width >= 120 else 23),
+                  f"{c.summary.iteration_time_ms:.2f}", f"{c.summary.bubble_fraction:.1%}",
+                  peaks, speed)
 
     for i, c in enumerate(res.candidates[:top]):
         row("best" if i == 0 else f"#{i + 1}", c)
@@ -134,7 +136,7 @@ def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], to
     assert res.best is not None
     if len(per_variant) > 1:
         console.print(_variants_table(per_variant))
-    console.print(_splits_table(planned, top))
+    console.print(_splits_table(planned, top, console.width))
     _print_baselines(console, planned)
     _print_proof(console, res)
     p = res.problem

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
 from ppsim.job import throughput as job_throughput
@@ -46,6 +47,22 @@ def compact_table(title: str = "") -> Table:
 
     return Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD,
                  padding=(0, 1), pad_edge=False, show_edge=False, collapse_padding=True)
+
+
+def split_cell(counts: Sequence[int], width: int = 23) -> str:
+    """A split's layer counts in at most `width` characters, so splits that differ read
+    apart in a table: "10,11,10,9" whole where it fits, else runs of three or more
+    equal counts as "4×12" (4 layers on each of 12 stages in a row), else cut with
+    "…"."""
+    plain = ",".join(map(str, counts))
+    if len(plain) <= width:
+        return plain
+    runs = []
+    for count, group in groupby(counts):
+        n = len(list(group))
+        runs.append(f"{count}×{n}" if n > 2 else ",".join([str(count)] * n))
+    short = ",".join(runs)
+    return short if len(short) <= width else short[:width - 1] + "…"
 
 
 def ms_text(ms: float) -> str:

@@ -18,7 +18,8 @@ from typing import Any, TextIO
 
 ASCII_LOOKALIKES = {"…": "...", "×": "x", "→": "->", "←": "<-", "≤": "<=", "≥": ">=",
                     "−": "-", "–": "-", "—": "-", "·": ".", "µ": "u", "≈": "~", "✓": "ok",
-                    "✗": "x", "█": "#", "▏": "|", "│": "|", "─": "-", "┃": "|", "━": "-"}
+                    "✗": "x", "█": "#", "▏": "|", "│": "|", "─": "-", "┃": "|", "━": "-",
+                    "░": ":"}
 """What a character the output's encoding lacks is written as; others become '?'."""
 ERRORS = "ppsim-ascii"
 

@@ -45,14 +45,15 @@ class StagePolicy:
         return bool(self.offload_modules) and self.offload_fraction > 0
 
     def label(self) -> str:
-        """Short text for tables: "core_attn, N=3, offload 50 % core_attn"."""
-        parts = [",".join(self.recompute_modules) or "-"]
+        """Short text for tables: "core_attn N=3 offload 50% core_attn"; "none" for
+        a policy that recomputes and offloads nothing."""
+        parts = [",".join(self.recompute_modules)] if self.recompute_modules else []
         if self.recompute_layers:
             parts.append("N=all" if self.recompute_layers >= ALL_LAYERS
                          else f"N={self.recompute_layers}")
         if self.offloads:
             parts.append(f"offload {self.offload_fraction:.0%} {','.join(self.offload_modules)}")
-        return " ".join(parts)
+        return " ".join(parts) or "none"
 
 
 def shorthand(mode: str) -> StagePolicy:

@@ -122,10 +122,16 @@ def _fixed(problem: Problem, pc: PolicyCosts, policies: tuple[StagePolicy, ...])
     return replace(problem, costs=pc.base, memory=Fixed(costs=pc, policies=policies))
 
 
-def space_key(sb: SpaceBest) -> tuple[float, int]:
-    """(iteration ms, peak bytes) of a space's best; inf when it has none."""
+def space_key(sb: SpaceBest) -> tuple[float, bool, int]:
+    """(iteration ms, offloads, peak bytes) of a space's best; inf when it has none.
+    Faster first; at equal time a policy that keeps its activations on the device
+    (offloading needs Transformer Engine, host memory and PCIe traffic that then buy
+    nothing), then the lower peak."""
     r = sb.result
-    return r.best.key if r is not None and r.best is not None else (float("inf"), 0)
+    if r is None or r.best is None:
+        return (float("inf"), False, 0)
+    ms, peak = r.best.key
+    return (ms, any(p.offloads for p in sb.policies), peak)
 
 
 def _better(a: SpaceBest | None, b: SpaceBest) -> SpaceBest:

@@ -207,7 +207,7 @@ def test_a_proposal_carries_the_split_and_a_policy_per_stage() -> None:
     assert proposed_state(s, SpaceBest(space="per-stage", result=None)) is None
     pols = (StagePolicy(),) * 2 + (StagePolicy(recompute_layers=ALL_LAYERS),) * 2
     shown = replace(s, policies=pols)
-    assert policy_summary(shown, 80) == "s0-1 none; s2-3 - N=20"
+    assert policy_summary(shown, 80) == "s0-1 none; s2-3 N=20"
     assert policy_summary(shown, 12) == "s0-1 none; …"
 
 

@@ -179,7 +179,30 @@ def test_the_split_plan_table_shows_a_cpu_sized_model_s_peaks_in_mb(monkeypatch,
     monkeypatch.setenv("COLUMNS", "120")
     assert main(["plan"]) == 0  # the embedded default: tens of MB per rank
     out = capsys.readouterr().out
-    assert "peak MB per rank" in out and " 0.0 0.0 " not in out
+    header = [line.split() for line in out.splitlines()[1:3]]
+    assert ["peak", "MB"] == header[0][-3:-1] and ["per", "rank"] == header[1][-3:-1]
+    assert " 0.0 0.0 " not in out
+
+
+def test_the_split_plan_table_keeps_each_row_on_one_line_at_80_columns(monkeypatch, capsys):
+    """At 80 columns (and piped, where rich takes 80) the table cut every split to
+    '10,11,10,10…' and wrapped each row's peaks over four lines: the top five read alike."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["plan", "--preset", "llama3-70b", "--hardware", "h100-80gb", "--pp", "8",
+                 "--microbatches", "64"]) == 0
+    import re
+
+    lines = capsys.readouterr().out.splitlines()
+    row = re.compile(r"^(best|#[2-5]|Megatron even|DeepSpeed parameters|DeepSpeed uniform|"
+                     r"torchtitan default) +([\d,]+) +[\d.]+ +[\d.]+% +[\d.]+ r\d +[\d.]+x$")
+    rows = [m for m in map(row.match, lines) if m]
+    assert [m.group(1) for m in rows] == ["best", "#2", "#3", "#4", "#5", "Megatron even",
+                                          "DeepSpeed parameters", "DeepSpeed uniform",
+                                          "torchtitan default"]
+    assert max(map(len, lines[:lines.index(rows[-1].string) + 1])) <= 80
+    splits = [[int(c) for c in m.group(2).split(",")] for m in rows]
+    assert all(sum(s) == 80 and len(s) == 8 for s in splits)
+    assert len({tuple(s) for s in splits[:5]}) == 5
 
 
 def test_the_costs_table_keeps_each_piece_on_one_line_at_80_columns(monkeypatch, capsys):

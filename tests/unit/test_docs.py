@@ -79,22 +79,28 @@ def test_every_benchmark_has_a_table_with_command_date_and_machine():
         assert f"benchmarks/{script.name}" in section, f"{script.name}: no command runs it"
 
 
-def test_the_readme_plan_example_is_what_the_command_prints(capsys):
+def test_the_readme_plan_example_is_what_the_command_prints(monkeypatch, capsys):
     """The README's abridged `ppsim plan` output (Llama-3-70B) against the command's own
-    answer: each row's split and time, and the throughput line."""
+    at 80 columns: the table's lines verbatim, each row's figures as its JSON gives
+    them, and the throughput line."""
     import json
 
     from ppsim.cli.main import main
 
     block = _text(ROOT / "README.md").split("`ppsim plan` on Llama-3-70B")[1].split("```")[1]
-    assert main(["plan", "--preset", "llama3-70b", "--hardware", "h100-80gb", "--pp", "8",
-                 "--microbatches", "64", "--json"]) == 0
+    args = ["plan", "--preset", "llama3-70b", "--hardware", "h100-80gb", "--pp", "8",
+            "--microbatches", "64"]
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(args) == 0
+    printed = [line.rstrip() for line in capsys.readouterr().out.splitlines()]
+    table = block.strip("\n").split("\nbest against")[0].splitlines()
+    assert len(table) >= 8 and all(line in printed for line in table), (table, printed)
+    assert main([*args, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     rows = {"best": doc["best"], **{b["label"]: b for b in doc["baselines"]}}
     for label, row in rows.items():
         split = ",".join(map(str, row["split"]))
-        line = f" {label:<21} {split:<25} {row['iteration_time_ms']:.2f}"
-        assert line in block, (line, block)
+        assert f"{label:<21} {split:<24} {row['iteration_time_ms']:.2f}" in block, label
     t = doc["best"]["throughput"]
     words = " ".join(block.split())
     assert f"{t['tokens_per_s']:,.0f} tokens/s ({t['tokens_per_s_per_gpu']:,.0f} per GPU)" \

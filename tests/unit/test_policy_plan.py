@@ -7,14 +7,21 @@ import io
 import json
 import shlex
 from contextlib import redirect_stdout
+from dataclasses import replace
 
 import pytest
 
 from ppsim.cli.main import main
+from ppsim.config.overrides import with_overrides
+from ppsim.config.schema import load_config
 from ppsim.costs.arch import Architecture
+from ppsim.pipeline.problem import build_problem
+from ppsim.plan.planner import plan
+from ppsim.policy.costs import Fixed
 from ppsim.policy.megatron import policy_export, recompute_flags
 from ppsim.policy.model import ALL_LAYERS, StagePolicy
-from ppsim.policy.search import per_rank
+from ppsim.policy.search import SpaceBest, per_rank, plan_global, resimulated, space_key
+from ppsim.policy.setup import policy_costs
 
 DENSE = Architecture(num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=4,
                      ffn_hidden_size=256, vocab_size=512, seq_length=64)
@@ -48,6 +55,31 @@ def test_json_gives_a_policy_per_stage_and_every_space(planned: dict) -> None:
         assert s["gain_vs_global"] == pytest.approx(
             times["global"] / s["best"]["iteration_time_ms"])
         assert s["memory_rank"] in range(4) and s["busiest_rank"] in range(4)
+
+
+def test_offloading_that_buys_no_time_is_not_recommended() -> None:
+    """Llama-3-8B on 4 x 141 GB fits with nothing recomputed or offloaded, and offload's
+    copies hide behind compute: the two tie, and the Megatron space took the offload as
+    the lower peak, recommending Transformer Engine's activation offloading for
+    nothing (`plan --search policy` printed its flags as the best)."""
+    cfg = with_overrides(load_config(None), preset="llama3-8b", hardware="h200-141gb",
+                         pipeline={"pp": 4, "microbatches": 4}, split={},
+                         model={"recompute": "none"})
+    problem, pc = build_problem(cfg), policy_costs(cfg)
+    none = replace(plan_global(problem, pc, 30.0), space="megatron")
+    assert none.proven and none.label == "none"
+    offload = StagePolicy(offload_modules=("core_attn", "attn_proj", "mlp_norm"),
+                          offload_fraction=1.0)
+    policies = per_rank(offload, 4, 4, 1 / 3)
+    fixed = replace(problem, costs=pc.base, memory=Fixed(costs=pc, policies=policies))
+    r = plan(fixed, top_k=1, time_budget_s=30.0, seeds=[none.result.best.split.counts])
+    offloaded = resimulated(SpaceBest(space="megatron", result=r, policies=policies,
+                                      label=offload.label()))
+    assert r.proven_optimal
+    assert offloaded.result.best.key[0] == none.result.best.key[0]  # the copies hide
+    assert offloaded.result.best.key[1] < none.result.best.key[1]
+    assert min((offloaded, none), key=space_key) is none
+    assert min((none, offloaded), key=space_key) is none
 
 
 def test_megatron_flags_carry_the_policy(planned: dict) -> None:
