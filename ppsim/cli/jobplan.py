@@ -71,7 +71,7 @@ def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
     from rich.console import Console
 
     console = Console()
-    console.print(f"{gpus:,} GPUs, global batch {gbs:,}: {res.evaluated} of {res.total} "
+    console.print(f"{gpus:,} GPUs, global batch {gbs:,}: {res.evaluated:,} of {res.total:,} "
                   f"shapes in {res.seconds:.1f} s")
     why = overflow_text(res, memory_bytes)
     if why:

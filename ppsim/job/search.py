@@ -5,8 +5,8 @@ dividing the query groups, cp with 2 x cp dividing the sequence, pp dividing not
 particular (Megatron splits unevenly too), vpp 1, 2 or 4, micro-batch 1, 2 or 4, ep (MoE
 only) dividing the experts and dp x cp; dp is N / (tp x cp x pp) and the microbatches
 B / (mbs x dp), refused when they do not divide as Megatron refuses them. Each shape is
-simulated with its default split; the fastest that fit memory then have their split
-planned (ppsim.plan.planner). Each candidate says what held it back most: memory, the
+simulated with its default split; the TOP_SEARCHED fastest (at least) then have their
+split planned (ppsim.plan.planner). Each candidate says what held it back most: memory, the
 pipeline bubble, or communication the compute did not hide.
 """
 
@@ -32,6 +32,9 @@ from ppsim.sim.summary import Summary
 PP_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 MBS_CHOICES = (1, 2, 4)
 VPP_CHOICES = (1, 2, 4)
+TOP_SEARCHED = 5
+"""The fewest fastest shapes the search keeps and plans the splits of, whatever the
+table's --top: the best does not depend on how many rows are shown."""
 
 Progress = Callable[[str, int, int], None]
 """Told (what, done, total) before each step: a shape simulated, a top shape planned."""
@@ -198,7 +201,7 @@ def held_back(summary: Summary, comm_ms: float, limit: float) -> str:
     comm = comm_ms / t if t else 0.0
     if max(bubble, comm) < 0.005:
         return "nothing: compute-bound"
-    return f"bubble {bubble:.0%}" if bubble >= comm else f"exposed communication {comm:.0%}"
+    return f"bubble {bubble:.0%}" if bubble >= comm else f"exposed comm {comm:.0%}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -261,24 +264,34 @@ def _timed(p: Pending, policy: str) -> ShapeResult:
                    policy_flags=mode_flags(problem, mode))
 
 
+def _faster(found: Summary, r: ShapeResult) -> bool:
+    return found.fits and (not r.summary.fits or found.iteration_time_ms
+                           < r.summary.iteration_time_ms)
+
+
 def _refined(r: ShapeResult, cfg: Any, policy: str, budget_s: float) -> ShapeResult:
-    """The shape's split planned (with the memory policy, when searched); `r` itself when
-    nothing faster fits."""
+    """The shape's split planned (with the memory policy, when searched): the fastest
+    that fits, where the default split does not; `r` itself when nothing faster fits."""
     if policy == "policy":
         found = best_policy(cfg, budget_s)
-        if found is not None and (not r.summary.fits or found.summary.iteration_time_ms
-                                  < r.summary.iteration_time_ms):
+        if found is not None and _faster(found.summary, r):
             return _result(r.shape, found.problem, found.summary, planned=True,
                            policy=found.label, policy_flags=found.megatron_flags)
         return r
-    if not r.summary.fits:
-        return r
     res = plan(r.problem, top_k=1, time_budget_s=budget_s)
-    if res.best is not None and res.best.summary.iteration_time_ms < \
-            r.summary.iteration_time_ms:
+    if res.best is not None and _faster(res.best.summary, r):
         return _result(r.shape, r.problem.with_split(res.best.split), res.best.summary,
                        planned=True, policy=r.policy, policy_flags=r.policy_flags)
     return r
+
+
+def _kth_fastest(results: list[ShapeResult], k: int) -> float:
+    fast = sorted(r.summary.iteration_time_ms for r in results if r.summary.fits)
+    return fast[k - 1] if len(fast) >= k else float("inf")
+
+
+def _fastest_first(results: list[ShapeResult]) -> list[ShapeResult]:
+    return sorted(results, key=lambda r: (not r.summary.fits, r.summary.iteration_time_ms))
 
 
 def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
@@ -304,8 +317,10 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
         raise UserError("--global-batch-size", f"no shape of {gpus:,} GPUs divides a global "
                         f"batch of {gbs:,}", "give a batch that is a multiple of the "
                         "data-parallel sizes, e.g. a power of two")
-    # Cheapest bound first: a shape whose busiest rank's compute alone is slower than the
-    # k-th fastest fitting shape found cannot enter the top k.
+    # Cheapest bound first: a shape whose default split's busiest rank alone is slower than
+    # the k-th fastest fitting default split cannot enter the top k at its default split
+    # (k at least TOP_SEARCHED, so a shorter table lists the same best).
+    k = max(top_k, TOP_SEARCHED)
     accepted, refusals = [], []
     for s in todo:
         try:
@@ -319,8 +334,7 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
     leanest = min(accepted, key=lambda p: p.static_bytes)
     complete = True
     for p in pending:
-        fast = sorted(r.summary.iteration_time_ms for r in results if r.summary.fits)
-        if len(fast) >= top_k and p.bound_ms >= fast[top_k - 1]:
+        if p.bound_ms >= _kth_fastest(results, k):
             break
         if results and time.perf_counter() - t0 > budget_s * 0.7:  # one shape at least
             complete = False
@@ -328,17 +342,14 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
         # The total is every shape: those the bound rules out are never simulated.
         progress("simulating shapes", len(results), len(pending))
         results.append(_timed(p, policy))
-    results.sort(key=lambda r: (not r.summary.fits, r.summary.iteration_time_ms))
+    results = _fastest_first(results)
     refined = []
-    top = results[:top_k]
-    for i, r in enumerate(top):
-        progress("planning the fastest shapes' splits", i, len(top))
+    for i, r in enumerate(results[:k]):
+        progress("planning the fastest shapes' splits", i, min(k, len(results)))
         left = budget_s - (time.perf_counter() - t0)
         refined.append(r if left <= 1.0 else
-                       _refined(r, _config(cfg, r.shape, gbs), policy, min(5.0, left / top_k)))
-    refined.sort(key=lambda r: (not r.summary.fits, r.summary.iteration_time_ms))
-    rest = results[top_k:]
-    return JobSearch(candidates=refined + rest, evaluated=len(results), total=len(todo),
+                       _refined(r, _config(cfg, r.shape, gbs), policy, min(5.0, left / k)))
+    return JobSearch(candidates=_fastest_first(refined) + results[k:],
+                     evaluated=len(results), total=len(todo),
                      seconds=time.perf_counter() - t0, complete=complete,
                      leanest=None if pending else leanest)
-
