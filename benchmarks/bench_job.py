@@ -155,7 +155,7 @@ def plan_case(label: str, argv: list[str]) -> None:
         print(f"{label}: exit {out.returncode}: {out.stderr.strip()}")
         return
     doc = json.loads(out.stdout)
-    print(f"{label}: {wall:.1f} s whole process, {doc['evaluated']} of {doc['total_shapes']} "
+    print(f"{label}: {wall:.1f} s whole process, {doc['evaluated']:,} of {doc['total_shapes']:,} "
           "shapes")
     for c in doc["candidates"]:
         t = c["throughput"]
