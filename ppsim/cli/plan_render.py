@@ -57,15 +57,16 @@ def _splits_table(planned: Planned, top: int, width: int) -> Table:
                 "speed-\nup"):
         t.add_column(col, justify="right", no_wrap=True)
 
+    def red_unless(fits: bool, text: str) -> str:
+        return text if fits else f"[red]{text}[/red]"
+
     def row(label: str, c: Candidate) -> None:
         if each_rank:
-            peaks = " ".join(("" if r.fits else "[red]") + f"{r.peak_memory_bytes / size:.1f}"
-                             + ("" if r.fits else "[/red]") for r in c.summary.ranks)
+            peaks = " ".join(red_unless(r.fits, f"{r.peak_memory_bytes / size:.1f}")
+                             for r in c.summary.ranks)
         else:
             worst = max(c.summary.ranks, key=lambda r: r.peak_memory_bytes)
-            peaks = ("" if worst.fits else "[red]") + \
-                f"{worst.peak_memory_bytes / size:.1f} r{worst.rank}" + \
-                ("" if worst.fits else "[/red]")
+            peaks = red_unless(worst.fits, f"{worst.peak_memory_bytes / size:.1f} r{worst.rank}")
         speed = f"{base_t / c.summary.iteration_time_ms:.3f}x" if base_t else "-"
         t.add_row(label, split_cell(c.split.counts, 40 if width >= 120 else 23),
                   f"{c.summary.iteration_time_ms:.2f}", f"{c.summary.bubble_fraction:.1%}",
