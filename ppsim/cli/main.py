@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from ppsim import fileio
+from ppsim import clock, fileio
 from ppsim.cli import (
     costs,
     demo,
@@ -86,6 +86,7 @@ def entry() -> NoReturn:
     Once `ppsim run` has imported torch, the interpreter's teardown takes 0.6-2.3 s
     (torch._dynamo's pools) and writes nothing of ours: with every output flushed,
     the process ends at once."""
+    clock.started_by_script()
     code = main()
     if "torch" in sys.modules:
         try:

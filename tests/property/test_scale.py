@@ -102,6 +102,20 @@ def test_process_start_is_now_for_a_long_lived_host():
     assert time.perf_counter() - start <= clock.STARTUP_S + 1.0
 
 
+def test_a_command_a_host_calls_gets_its_whole_budget():
+    """A plan a test (or any host) runs within its first five seconds had its budget
+    counted from the host's start: `plan --time-budget 2` called 3 s into a pytest
+    process found no split that fits (exit 3) where the command finds one."""
+    import subprocess
+    import sys
+
+    script = ("import time; from ppsim.clock import process_start; "
+              "t = time.perf_counter(); time.sleep(1.5); print(t - process_start())")
+    host = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert float(host.stdout) < 0  # at the call, after the host's 1.5 s of work
+
+
 def test_without_records_memory_does_not_grow_with_the_run():
     import tracemalloc
 
