@@ -26,7 +26,7 @@ from ppsim.pipeline.split import Split, even_counts
 from ppsim.plan import planner
 from ppsim.policy.model import StagePolicy
 from ppsim.policy.setup import configured_policy
-from ppsim.schedules.generators import SCHEDULES, schedule_placement
+from ppsim.schedules.generators import SCHEDULES, schedule_for_vpp, schedule_placement
 from ppsim.sim.engine import Simulation
 from ppsim.sim.simulate import simulate
 from ppsim.tui.editing import EditRefused, parse_float, parse_int
@@ -180,12 +180,7 @@ def apply_setting(base: Config, state: EditState, name: str, text: str) -> EditS
         return _shape(s, name, pp=parse_int("pp", text, 1))
     if name == "vpp":
         vpp = parse_int("vpp", text, 1)
-        sched = s.schedule
-        if vpp > 1 and sched == "1f1b":
-            sched = "interleaved-1f1b"
-        elif vpp == 1 and sched == "interleaved-1f1b":
-            sched = "1f1b"
-        return _shape(s, name, vpp=vpp, schedule=sched)
+        return _shape(s, name, vpp=vpp, schedule=schedule_for_vpp(s.schedule, vpp))
     if name == "microbatches":
         return _shape(s, name, microbatches=parse_int("microbatches", text, 1))
     if name == "schedule":
@@ -352,9 +347,5 @@ def plan_in_child(base: Config, state: EditState, conn: Any) -> None:
 
 def state_with_split(state: EditState, split: Split) -> EditState:
     """The state with a planner's split (its pp/vpp may differ)."""
-    sched = state.schedule
-    if split.vpp > 1 and sched == "1f1b":
-        sched = "interleaved-1f1b"
-    elif split.vpp == 1 and sched == "interleaved-1f1b":
-        sched = "1f1b"
-    return replace(state, counts=tuple(split.counts), pp=split.pp, vpp=split.vpp, schedule=sched)
+    return replace(state, counts=tuple(split.counts), pp=split.pp, vpp=split.vpp,
+                   schedule=schedule_for_vpp(state.schedule, split.vpp))

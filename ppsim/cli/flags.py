@@ -13,6 +13,7 @@ from ppsim.config.overrides import MODEL_KEYS, PIPELINE_KEYS, with_overrides
 from ppsim.config.schema import SPLIT_KEYS, Config, load_config
 from ppsim.errors import UserError
 from ppsim.job import shape as job_shape
+from ppsim.schedules.generators import schedule_for_vpp
 
 MEMORY_FLAGS = {"recompute_modules": "recompute_modules",
                 "recompute_layers": "recompute_num_layers",
@@ -141,6 +142,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if "offload_modules" in memory and "offload_fraction" not in memory:
         memory["offload_fraction"] = 1.0
     pipeline = {k: flag(k) for k in PIPELINE_KEYS if k != "global_batch_size"}
+    if pipeline.get("vpp") is not None and pipeline.get("schedule") is None:
+        # As Megatron, --vpp alone picks the 1F1B variant (an explicit --schedule is kept).
+        pipeline["schedule"] = schedule_for_vpp(cfg.pipeline.schedule, pipeline["vpp"])
     # A command without the job flags (ppsim run has a --dp of its own) sets none of them.
     keys = MODEL_KEYS if hasattr(args, "gpus") else tuple(k for k in MODEL_KEYS
                                                           if k not in JOB_MODEL_KEYS)

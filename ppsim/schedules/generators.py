@@ -231,6 +231,17 @@ def schedule_placement(name: str) -> str:
     return _spec(name).placement
 
 
+def schedule_for_vpp(name: str, vpp: int) -> str:
+    """Megatron's 1F1B as the chunks per rank call it: interleaved with more than one
+    (`--virtual-pipeline-model-parallel-size`), plain with one; any other schedule as
+    named. A vpp given without a schedule, or changed in the TUI, goes through this."""
+    if vpp > 1 and name == "1f1b":
+        return "interleaved-1f1b"
+    if vpp == 1 and name == "interleaved-1f1b":
+        return "1f1b"
+    return name
+
+
 def _spec(name: str) -> ScheduleSpec:
     spec = SCHEDULES.get(name)
     if spec is None:

@@ -183,7 +183,8 @@ def test_a_gpu_model_without_hardware_is_simulated_on_an_assumed_gpu(capsys) -> 
     assert ppsim_main([*argv, "--hardware", "cpu"]) == 0
     out = capsys.readouterr()
     assert out.err == "" and json.loads(out.out)["iteration_time_ms"] > 1e6
-    assert ppsim_main(["simulate", "--preset", "deepseek-v3", "--pp", "16", "--vpp", "2"]) == 2
+    assert ppsim_main(["simulate", "--preset", "deepseek-v3", "--pp", "16", "--vpp", "2",
+                       "--schedule", "1f1b"]) == 2
     err = capsys.readouterr().err  # bad input: still one line, the error alone
     assert err.count("\n") == 1 and "assuming" not in err and "pipeline.schedule" in err
 

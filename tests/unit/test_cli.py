@@ -285,3 +285,15 @@ def test_every_pricing_command_prices_a_gpu_model_on_an_assumed_gpu(capsys, argv
         assert best["throughput"]["tflops_per_gpu"] > 50
     assert main([*argv, "--json", "--hardware", "cpu"]) in (0, 3)
     assert capsys.readouterr().err == ""
+
+
+def test_vpp_alone_picks_megatrons_interleaved_1f1b(capsys):
+    """Megatron runs its interleaved 1F1B whenever a rank holds several chunks; `--vpp 2`
+    alone was refused ("1f1b runs one chunk per rank"). A schedule named with it stays."""
+    assert main(["simulate", "--vpp", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["schedule"] == "interleaved-1f1b"
+    assert main(["simulate", "--vpp", "2", "--schedule", "interleaved-zb", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["schedule"] == "interleaved-zb"
+    assert main(["simulate", "--vpp", "2", "--schedule", "1f1b"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "1f1b runs one chunk per rank" in err
