@@ -45,13 +45,18 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
     g.add_argument("--hybrid-layer-pattern", metavar="STR", help="Megatron's hybrid stack, "
                    "one symbol a layer: M Mamba-2, G GatedDeltaNet, * attention, D DSA, + MLA, "
                    "- MLP, E MoE; | stage boundaries, / MTP depths")
-    g.add_argument("--pp", type=int, metavar="N", help="pipeline ranks")
-    g.add_argument("--vpp", type=int, metavar="N", help="chunks (virtual stages) per rank")
+    g.add_argument("--mtp-num-layers", type=int, metavar="N", help="checked against the "
+                   "model's MTP depths (so Megatron's flags as ppsim prints them read back)")
+    g.add_argument("--pp", "--pipeline-model-parallel-size", dest="pp", type=int, metavar="N",
+                   help="pipeline ranks")
+    g.add_argument("--vpp", "--virtual-pipeline-model-parallel-size", dest="vpp", type=int,
+                   metavar="N", help="chunks (virtual stages) per rank")
     g.add_argument("--microbatches", type=int, metavar="N")
     g.add_argument("--schedule", metavar="NAME")
-    g.add_argument("--microbatch-group-size", type=int, metavar="N",
-                   help="microbatches per group of the interleaved order (Megatron's "
-                   "--microbatch-group-size-per-virtual-pipeline-stage)")
+    g.add_argument("--microbatch-group-size",
+                   "--microbatch-group-size-per-virtual-pipeline-stage",
+                   dest="microbatch_group_size", type=int, metavar="N",
+                   help="microbatches per group of the interleaved order")
     g.add_argument("--recompute", metavar="MODE", help="none | selective | full")
     g.add_argument("--recompute-modules", metavar="M,M", help="Megatron modules recomputed "
                    "in every layer: core_attn mlp moe_act layernorm mla_up_proj moe "
@@ -63,7 +68,8 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
                    "mlp_norm expert_fc1 moe_act")
     g.add_argument("--offload-fraction", type=float, metavar="F",
                    help="share of the offload modules' tensors offloaded (default 1)")
-    g.add_argument("--tp", type=int, metavar="N", help="tensor-parallel size")
+    g.add_argument("--tp", "--tensor-model-parallel-size", dest="tp", type=int, metavar="N",
+                   help="tensor-parallel size")
     g.add_argument("--memory-gb", type=float, metavar="GB", help="memory limit per rank")
     g.add_argument("--costs", metavar="FILE", help="measured cost file (ppsim profile)")
     g.add_argument("--actions-csv", metavar="FILE", help="run this per-rank order instead of "
@@ -76,11 +82,16 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
         s = p.add_argument_group("split (one of)")
         s.add_argument("--split", metavar="N,N,...",
                        help="layers per virtual stage, or 'even' (Megatron's default)")
-        s.add_argument("--layout", metavar="STR", help="Megatron pipeline layout string")
-        s.add_argument("--first-stage-layers", type=int, metavar="N")
-        s.add_argument("--last-stage-layers", type=int, metavar="N")
-        s.add_argument("--account-for-embedding", action="store_true", default=None)
-        s.add_argument("--account-for-loss", action="store_true", default=None)
+        s.add_argument("--layout", "--pipeline-model-parallel-layout", dest="layout",
+                       metavar="STR", help="Megatron pipeline layout string")
+        s.add_argument("--first-stage-layers", "--decoder-first-pipeline-num-layers",
+                       dest="first_stage_layers", type=int, metavar="N")
+        s.add_argument("--last-stage-layers", "--decoder-last-pipeline-num-layers",
+                       dest="last_stage_layers", type=int, metavar="N")
+        s.add_argument("--account-for-embedding", "--account-for-embedding-in-pipeline-split",
+                       dest="account_for_embedding", action="store_true", default=None)
+        s.add_argument("--account-for-loss", "--account-for-loss-in-pipeline-split",
+                       dest="account_for_loss", action="store_true", default=None)
 
 
 def add_job_flags(p: argparse.ArgumentParser) -> None:
@@ -90,7 +101,8 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
     j.add_argument("--gpus", type=int, metavar="N", help="world size: dp = N / (tp x pp x cp)")
     j.add_argument("--cp", "--context-parallel-size", dest="cp", type=int, metavar="N",
                    help="context-parallel size")
-    j.add_argument("--ep", type=int, metavar="N", help="expert-parallel size")
+    j.add_argument("--ep", "--expert-model-parallel-size", dest="ep", type=int, metavar="N",
+                   help="expert-parallel size")
     j.add_argument("--seq-length", type=int, metavar="N", help="tokens per sequence")
     j.add_argument("--micro-batch-size", type=int, metavar="N", help="sequences per microbatch")
     j.add_argument("--global-batch-size", type=int, metavar="N",
@@ -152,6 +164,11 @@ def config_from_args(args: argparse.Namespace) -> Config:
                          model={k: flag(k) for k in keys},
                          pipeline=pipeline, split=split, hardware=flag("hardware"),
                          memory_bytes=limit, costs_file=flag("costs"), devices=devices)
+    mtp = flag("mtp_num_layers")
+    if mtp is not None and mtp != getattr(cfg.model, "mtp_layers", 0):
+        raise UserError("--mtp-num-layers", f"{mtp} disagrees with the model's "
+                        f"{getattr(cfg.model, 'mtp_layers', 0)} MTP layers (set in its preset "
+                        "or [model] mtp_layers)", "drop the flag, or give that model")
     wanted = flag("num_layers")
     if wanted is not None and wanted != cfg.num_layers:
         # Only a hybrid pattern overrides the flag; Megatron warns and goes on the same way.

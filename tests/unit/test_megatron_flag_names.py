@@ -1,0 +1,65 @@
+"""Megatron's own flag names: what `ppsim plan` prints as Megatron flags reads back.
+
+`plan` ends with `Megatron: --num-layers 80 --pipeline-model-parallel-size 8
+--pipeline-model-parallel-layout ...`; a user pasting that (or their launch script's
+flags) into `ppsim simulate` was told "unrecognized arguments"."""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+from contextlib import redirect_stdout
+
+import pytest
+
+from ppsim.cli.main import main
+
+
+def _json(argv: list[str]) -> dict:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main([*argv, "--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+@pytest.mark.parametrize("model", [
+    ["--preset", "llama3-70b", "--pp", "8", "--microbatches", "16"],
+    ["--preset", "deepseek-v3", "--pp", "16", "--ep", "64", "--microbatches", "16",
+     "--recompute", "full"],
+    ["--preset", "llama3-70b", "--pp", "4", "--vpp", "2", "--microbatches", "16"],
+], ids=["llama3-70b", "deepseek-v3-mtp", "llama3-70b-interleaved"])
+def test_the_megatron_flags_plan_prints_simulate_the_planned_split(model: list[str]) -> None:
+    preset = model[:2]
+    common = ["--hardware", "h100-80gb", "--microbatches", model[model.index("--microbatches")
+                                                                   + 1]]
+    if "--recompute" in model:
+        common += ["--recompute", "full"]
+    if "--ep" in model:
+        common += ["--expert-model-parallel-size", "64"]
+    # Whatever the budget finds: the split the flags say is the one simulated again.
+    plan = _json(["plan", *model, "--hardware", "h100-80gb", "--time-budget", "1"])
+    flags = shlex.split(plan["best"]["megatron_flags"])
+    assert "--pipeline-model-parallel-size" in flags
+    sim = _json(["simulate", *preset, *common, *flags])
+    assert sim["iteration_time_ms"] == pytest.approx(plan["best"]["iteration_time_ms"])
+    assert sim["split"] == plan["best"]["split"]
+
+
+def test_megatron_names_mean_the_same_as_ppsim_s() -> None:
+    base = ["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb"]
+    ours = _json([*base, "--tp", "2", "--pp", "4", "--vpp", "2", "--ep", "1",
+                  "--first-stage-layers", "2", "--microbatch-group-size", "4"])
+    megatron = _json([*base, "--tensor-model-parallel-size", "2",
+                      "--pipeline-model-parallel-size", "4",
+                      "--virtual-pipeline-model-parallel-size", "2",
+                      "--expert-model-parallel-size", "1",
+                      "--decoder-first-pipeline-num-layers", "2",
+                      "--microbatch-group-size-per-virtual-pipeline-stage", "4"])
+    assert megatron == ours
+
+
+def test_an_mtp_depth_the_model_lacks_is_refused(capsys) -> None:
+    assert main(["simulate", "--preset", "llama3-8b", "--mtp-num-layers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "--mtp-num-layers: 1 disagrees" in err
