@@ -58,16 +58,27 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
                    dest="microbatch_group_size", type=int, metavar="N",
                    help="microbatches per group of the interleaved order")
     g.add_argument("--recompute", metavar="MODE", help="none | selective | full")
-    g.add_argument("--recompute-modules", metavar="M,M", help="Megatron modules recomputed "
-                   "in every layer: core_attn mlp moe_act layernorm mla_up_proj moe "
-                   "shared_experts (sets [memory])")
+    g.add_argument("--recompute-modules", nargs="+", metavar="M", help="Megatron modules "
+                   "recomputed in every layer: core_attn mlp moe_act layernorm mla_up_proj "
+                   "moe shared_experts (sets [memory])")
     g.add_argument("--recompute-num-layers", type=int, metavar="N", help="the first N layers "
                    "of each stage recomputed whole (Megatron's block method)")
-    g.add_argument("--offload-modules", metavar="M,M", help="Megatron modules whose saved "
-                   "tensors go to host memory: attn_norm qkv_linear core_attn attn_proj "
-                   "mlp_norm expert_fc1 moe_act")
-    g.add_argument("--offload-fraction", type=float, metavar="F",
+    g.add_argument("--recompute-granularity", choices=("full", "selective"),
+                   help="Megatron's: selective (core_attn, or --recompute-modules) or full "
+                   "(with --recompute-method)")
+    g.add_argument("--recompute-method", choices=("uniform", "block"), help="Megatron's, "
+                   "with full granularity: uniform (every layer, --recompute-num-layers 1) or "
+                   "block (--recompute-num-layers N)")
+    g.add_argument("--moe-grouped-gemm", action="store_true", default=None,
+                   help="accepted as Megatron takes it (moe_act recompute needs it there)")
+    g.add_argument("--offload-modules", nargs="+", metavar="M", help="Megatron modules whose "
+                   "saved tensors go to host memory: attn_norm qkv_linear core_attn "
+                   "attn_proj mlp_norm expert_fc1 moe_act")
+    g.add_argument("--offload-fraction", "--activation-offload-fraction",
+                   dest="offload_fraction", type=float, metavar="F",
                    help="share of the offload modules' tensors offloaded (default 1)")
+    g.add_argument("--fine-grained-activation-offloading", action="store_true", default=None,
+                   help="accepted as Megatron takes it with --offload-modules")
     g.add_argument("--tp", "--tensor-model-parallel-size", dest="tp", type=int, metavar="N",
                    help="tensor-parallel size")
     g.add_argument("--memory-gb", type=float, metavar="GB", help="memory limit per rank")
@@ -116,6 +127,43 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
         j.add_argument(f"--{name}", action="store_true", default=None)
 
 
+def megatron_recompute(granularity: str | None, method: str | None, memory: dict[str, Any],
+                       recompute: str | None) -> str | None:
+    """The global recompute mode Megatron's --recompute-granularity and --recompute-method
+    say (None where they leave it to the [memory] flags), refused where Megatron refuses
+    them; uniform's --recompute-num-layers 1 leaves `memory` (it is every layer, not the
+    block method's first N)."""
+    if granularity is None:
+        if method is not None:
+            raise UserError("--recompute-method", "needs --recompute-granularity full",
+                            "add --recompute-granularity full")
+        return None
+    if recompute is not None:
+        raise UserError("--recompute-granularity", "says what --recompute says",
+                        "give one of them")
+    if granularity == "selective":
+        if method is not None or "recompute_layers" in memory:
+            raise UserError("--recompute-method", "Megatron takes a method and a layer count "
+                            "only with full granularity", "drop them, or use full")
+        return None if "recompute_modules" in memory else "selective"
+    if "recompute_modules" in memory:
+        raise UserError("--recompute-modules", "go with selective granularity only",
+                        "use --recompute-granularity selective")
+    if method == "uniform":
+        if memory.pop("recompute_layers", 1) != 1:
+            raise UserError("--recompute-num-layers", "the uniform method with groups of more "
+                            "than one layer keeps one input a group, which ppsim does not "
+                            "model", "use --recompute-num-layers 1, or the block method")
+        return "full"
+    if method == "block":
+        if "recompute_layers" not in memory:
+            raise UserError("--recompute-num-layers", "the block method needs N, the layers "
+                            "of each stage recomputed", "add --recompute-num-layers N")
+        return None
+    raise UserError("--recompute-method", "full granularity needs a method",
+                    "add --recompute-method uniform (every layer) or block")
+
+
 def _gpus_dp(cfg: Config, gpus: int | None) -> int | None:
     """The dp --gpus gives for the configured tp, cp and pp."""
     if gpus is None:
@@ -151,8 +199,13 @@ def config_from_args(args: argparse.Namespace) -> Config:
         if isinstance(devices, str):
             raise UserError("--devices", "needs one device index per rank", "e.g. 0,0")
     memory = {key: flag(name) for key, name in MEMORY_FLAGS.items() if flag(name) is not None}
+    for key in ("recompute_modules", "offload_modules"):  # "a,b", "a b" or a b
+        if isinstance(memory.get(key), list):
+            memory[key] = " ".join(memory[key])
     if "offload_modules" in memory and "offload_fraction" not in memory:
         memory["offload_fraction"] = 1.0
+    mode = megatron_recompute(flag("recompute_granularity"), flag("recompute_method"),
+                              memory, flag("recompute"))
     pipeline = {k: flag(k) for k in PIPELINE_KEYS if k != "global_batch_size"}
     if pipeline.get("vpp") is not None and pipeline.get("schedule") is None:
         # As Megatron, --vpp alone picks the 1F1B variant (an explicit --schedule is kept).
@@ -161,7 +214,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
     keys = MODEL_KEYS if hasattr(args, "gpus") else tuple(k for k in MODEL_KEYS
                                                           if k not in JOB_MODEL_KEYS)
     cfg = with_overrides(cfg, preset=flag("preset"), memory=memory or None,
-                         model={k: flag(k) for k in keys},
+                         model={k: flag(k) for k in keys} | ({"recompute": mode} if mode
+                                                            else {}),
                          pipeline=pipeline, split=split, hardware=flag("hardware"),
                          memory_bytes=limit, costs_file=flag("costs"), devices=devices)
     mtp = flag("mtp_num_layers")

@@ -63,3 +63,60 @@ def test_an_mtp_depth_the_model_lacks_is_refused(capsys) -> None:
     assert main(["simulate", "--preset", "llama3-8b", "--mtp-num-layers", "1"]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "--mtp-num-layers: 1 disagrees" in err
+
+
+LLAMA = ["simulate", "--preset", "llama3-70b", "--hardware", "h100-80gb", "--pp", "4",
+         "--microbatches", "8"]
+
+
+@pytest.mark.parametrize("megatron, ours", [
+    ("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+     "--recompute full"),
+    ("--recompute-granularity full --recompute-method block --recompute-num-layers 2",
+     "--recompute-num-layers 2"),
+    ("--recompute-granularity selective", "--recompute selective"),
+    ("--recompute-granularity selective --recompute-modules layernorm mlp",
+     "--recompute-modules layernorm,mlp"),
+    ("--fine-grained-activation-offloading --offload-modules core_attn attn_proj "
+     "--activation-offload-fraction 0.5", "--offload-modules core_attn,attn_proj "
+     "--offload-fraction 0.5"),
+])
+def test_megatrons_memory_policy_flags_mean_what_ppsim_s_do(megatron: str, ours: str) -> None:
+    """Before, `--recompute-granularity` and friends, which `plan --search policy` prints
+    as the policy's Megatron flags, were unrecognized."""
+    got, want = _json([*LLAMA, *megatron.split()]), _json([*LLAMA, *ours.split()])
+    assert got == want
+    assert got != _json([*LLAMA, "--recompute", "none"])
+
+
+def test_the_recompute_flags_ppsim_exports_read_back() -> None:
+    from ppsim.costs.arch import Architecture
+    from ppsim.policy.megatron import recompute_flags
+    from ppsim.policy.model import ALL_LAYERS, StagePolicy
+
+    arch = Architecture(num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=4,
+                        ffn_hidden_size=256, vocab_size=512, seq_length=64)
+    for policy, ours in [(StagePolicy(recompute_layers=ALL_LAYERS), "--recompute full"),
+                         (StagePolicy(recompute_layers=3), "--recompute-num-layers 3"),
+                         (StagePolicy(recompute_modules=("core_attn", "layernorm")),
+                          "--recompute-modules core_attn,layernorm")]:
+        flags, _ = recompute_flags(policy, arch)
+        assert _json([*LLAMA, *flags]) == _json([*LLAMA, *ours.split()]), flags
+
+
+@pytest.mark.parametrize("flags, field", [
+    ("--recompute-method block --recompute-num-layers 2", "--recompute-method"),
+    ("--recompute-granularity full", "--recompute-method"),
+    ("--recompute-granularity full --recompute-method block", "--recompute-num-layers"),
+    ("--recompute-granularity full --recompute-method uniform --recompute-num-layers 2",
+     "--recompute-num-layers"),
+    ("--recompute-granularity selective --recompute-method uniform", "--recompute-method"),
+    ("--recompute-granularity full --recompute-method uniform --recompute-modules mlp",
+     "--recompute-modules"),
+    ("--recompute-granularity selective --recompute full", "--recompute-granularity"),
+])
+def test_megatrons_recompute_flags_are_refused_where_megatron_refuses_them(
+        flags: str, field: str, capsys) -> None:
+    assert main([*LLAMA, *flags.split()]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and f"error: {field}:" in err
