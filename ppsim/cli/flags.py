@@ -130,9 +130,9 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
 def megatron_recompute(granularity: str | None, method: str | None, memory: dict[str, Any],
                        recompute: str | None) -> str | None:
     """The global recompute mode Megatron's --recompute-granularity and --recompute-method
-    say (None where they leave it to the [memory] flags), refused where Megatron refuses
-    them; uniform's --recompute-num-layers 1 leaves `memory` (it is every layer, not the
-    block method's first N)."""
+    say, refused where Megatron refuses them: "none" under a module list or the block
+    method's first N (Megatron recomputes nothing else, whatever a preset's mode), and
+    uniform's --recompute-num-layers 1 leaves `memory` (every layer, not the first N)."""
     if granularity is None:
         if method is not None:
             raise UserError("--recompute-method", "needs --recompute-granularity full",
@@ -145,7 +145,7 @@ def megatron_recompute(granularity: str | None, method: str | None, memory: dict
         if method is not None or "recompute_layers" in memory:
             raise UserError("--recompute-method", "Megatron takes a method and a layer count "
                             "only with full granularity", "drop them, or use full")
-        return None if "recompute_modules" in memory else "selective"
+        return "none" if "recompute_modules" in memory else "selective"
     if "recompute_modules" in memory:
         raise UserError("--recompute-modules", "go with selective granularity only",
                         "use --recompute-granularity selective")
@@ -159,7 +159,7 @@ def megatron_recompute(granularity: str | None, method: str | None, memory: dict
         if "recompute_layers" not in memory:
             raise UserError("--recompute-num-layers", "the block method needs N, the layers "
                             "of each stage recomputed", "add --recompute-num-layers N")
-        return None
+        return "none"
     raise UserError("--recompute-method", "full granularity needs a method",
                     "add --recompute-method uniform (every layer) or block")
 

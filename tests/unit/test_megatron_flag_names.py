@@ -72,11 +72,12 @@ LLAMA = ["simulate", "--preset", "llama3-70b", "--hardware", "h100-80gb", "--pp"
 @pytest.mark.parametrize("megatron, ours", [
     ("--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
      "--recompute full"),
+    # The preset recomputes core_attn (selective): Megatron's block method, nothing else.
     ("--recompute-granularity full --recompute-method block --recompute-num-layers 2",
-     "--recompute-num-layers 2"),
+     "--recompute none --recompute-num-layers 2"),
     ("--recompute-granularity selective", "--recompute selective"),
     ("--recompute-granularity selective --recompute-modules layernorm mlp",
-     "--recompute-modules layernorm,mlp"),
+     "--recompute none --recompute-modules layernorm,mlp"),
     ("--fine-grained-activation-offloading --offload-modules core_attn attn_proj "
      "--activation-offload-fraction 0.5", "--offload-modules core_attn,attn_proj "
      "--offload-fraction 0.5"),
@@ -97,7 +98,8 @@ def test_the_recompute_flags_ppsim_exports_read_back() -> None:
     arch = Architecture(num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=4,
                         ffn_hidden_size=256, vocab_size=512, seq_length=64)
     for policy, ours in [(StagePolicy(recompute_layers=ALL_LAYERS), "--recompute full"),
-                         (StagePolicy(recompute_layers=3), "--recompute-num-layers 3"),
+                         (StagePolicy(recompute_layers=3),
+                          "--recompute none --recompute-num-layers 3"),
                          (StagePolicy(recompute_modules=("core_attn", "layernorm")),
                           "--recompute-modules core_attn,layernorm")]:
         flags, _ = recompute_flags(policy, arch)
