@@ -79,6 +79,8 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
                    help="share of the offload modules' tensors offloaded (default 1)")
     g.add_argument("--fine-grained-activation-offloading", action="store_true", default=None,
                    help="accepted as Megatron takes it with --offload-modules")
+    g.add_argument("--delta-offload-bytes-across-pp-ranks", type=int, metavar="BYTES",
+                   help="Megatron's per-rank offload step: refused, with what to do instead")
     g.add_argument("--tp", "--tensor-model-parallel-size", dest="tp", type=int, metavar="N",
                    help="tensor-parallel size")
     g.add_argument("--memory-gb", type=float, metavar="GB", help="memory limit per rank")
@@ -206,6 +208,10 @@ def config_from_args(args: argparse.Namespace) -> Config:
         memory["offload_fraction"] = 1.0
     mode = megatron_recompute(flag("recompute_granularity"), flag("recompute_method"),
                               memory, flag("recompute"))
+    if flag("delta_offload_bytes_across_pp_ranks"):
+        raise UserError("--delta-offload-bytes-across-pp-ranks", "a per-rank offload step in "
+                        "bytes is not read here (ppsim plans the step as a fraction: plan "
+                        "--search policy)", "drop it to run one offload fraction on every rank")
     pipeline = {k: flag(k) for k in PIPELINE_KEYS if k != "global_batch_size"}
     if pipeline.get("vpp") is not None and pipeline.get("schedule") is None:
         # As Megatron, --vpp alone picks the 1F1B variant (an explicit --schedule is kept).

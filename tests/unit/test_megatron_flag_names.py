@@ -122,3 +122,12 @@ def test_megatrons_recompute_flags_are_refused_where_megatron_refuses_them(
     assert main([*LLAMA, *flags.split()]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and f"error: {field}:" in err
+
+
+def test_megatrons_per_rank_offload_step_is_refused_by_name(capsys) -> None:
+    """It was argparse's "unrecognized arguments" for the whole line."""
+    assert main([*LLAMA, "--fine-grained-activation-offloading", "--offload-modules",
+                 "core_attn", "--delta-offload-bytes-across-pp-ranks", "1000"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert "error: --delta-offload-bytes-across-pp-ranks: a per-rank offload step" in err
