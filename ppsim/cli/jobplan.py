@@ -168,6 +168,6 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
         return 0
     if not res.complete:  # the budget ran out: not the same as "nothing fits"
         sys.stderr.write(f"ppsim plan: no shape that fits was found within the time budget "
-                         f"({res.evaluated} of {res.total} shapes simulated); give it more "
+                         f"({res.evaluated:,} of {res.total:,} shapes simulated); give it more "
                          f"time, e.g. --time-budget {max(10.0, 4 * args.time_budget):g}\n")
     return 3

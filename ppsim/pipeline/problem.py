@@ -22,7 +22,12 @@ from ppsim.pipeline.messages import delay_ms, wire_ms
 from ppsim.pipeline.placement import Topology, topology
 from ppsim.pipeline.split import Split
 from ppsim.policy.setup import fixed_policy
-from ppsim.schedules.generators import Schedule, build_schedule, schedule_placement
+from ppsim.schedules.generators import (
+    Schedule,
+    build_schedule,
+    schedule_for_vpp,
+    schedule_placement,
+)
 from ppsim.schedules.torchcsv import load_actions_csv
 
 
@@ -182,9 +187,8 @@ def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
     _check_tied(costs, split)
     name = p.schedule
     pattern = hybrid_pattern(cfg)
-    if (p.layout is not None or (pattern and pattern.has_pipes)) and split.vpp > 1 \
-            and name == "1f1b":
-        name = "interleaved-1f1b"  # Megatron runs a multi-chunk layout interleaved
+    if (p.layout is not None or (pattern and pattern.has_pipes)) and split.vpp > 1:
+        name = schedule_for_vpp(name, split.vpp)  # Megatron runs a multi-chunk layout interleaved
     check_ops(p.pp, split.vpp, p.microbatches, False, SIMULATE)
     schedule = build_schedule(name, p.pp, split.vpp, p.microbatches, p.microbatch_group_size)
     hw = hardware(cfg)

@@ -15,7 +15,7 @@ F/B/W (`Trace.step_ops`). `otherData` carries the run's shape
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ppsim.config import files, limits, validate
 from ppsim.errors import UserError
@@ -134,13 +134,20 @@ def simulation_trace(sim: Any) -> dict:
     return document(events, info)
 
 
-def step_spans(end_ms: float, reduce_ms: float, optimizer_ms: float
-               ) -> list[tuple[str, float, float]]:
-    """A rank's step tail after its last op ends at `end_ms`: (kind, start ms, ms) of R,
-    the data-parallel reduce, then S, the optimizer step; each only where it takes time
-    (as the executor records them: R only with data parallelism)."""
-    spans = [("R", end_ms, reduce_ms), ("S", end_ms + reduce_ms, optimizer_ms)]
-    return [s for s in spans if s[2] > 0]
+class StepSpan(NamedTuple):
+    """One piece of a rank's step tail."""
+
+    kind: str
+    """R, the data-parallel reduce, or S, the optimizer step."""
+    start_ms: float
+    ms: float
+
+
+def step_spans(end_ms: float, reduce_ms: float, optimizer_ms: float) -> list[StepSpan]:
+    """A rank's step tail after its last op ends at `end_ms`: R, then S; each only where it
+    takes time (as the executor records them: R only with data parallelism)."""
+    spans = [StepSpan("R", end_ms, reduce_ms), StepSpan("S", end_ms + reduce_ms, optimizer_ms)]
+    return [s for s in spans if s.ms > 0]
 
 
 def run_info(problem: Any, source: str, iterations: int, warmup: int) -> dict[str, Any]:
