@@ -8,7 +8,9 @@ import sys
 from typing import Any
 
 from ppsim import fileio
+from ppsim.cli import megatron_model
 from ppsim.config import files, validate
+from ppsim.config.model import parse_model
 from ppsim.config.overrides import MODEL_KEYS, PIPELINE_KEYS, with_overrides
 from ppsim.config.schema import SPLIT_KEYS, Config, load_config
 from ppsim.errors import UserError
@@ -19,7 +21,7 @@ MEMORY_FLAGS = {"recompute_modules": "recompute_modules",
                 "recompute_layers": "recompute_num_layers",
                 "offload_modules": "offload_modules", "offload_fraction": "offload_fraction"}
 """[memory] key -> the flag that sets it."""
-JOB_MODEL_KEYS = ("dp", "cp", "ep", "seq_length", "distributed_optimizer")
+JOB_MODEL_KEYS = ("dp", "cp", "ep", "distributed_optimizer")
 """[model] fields only the job flags set."""
 RESHAPING = ("pp", "vpp", "num_layers", "preset", "hybrid_layer_pattern")
 """Flags that change how many layers or stages there are (a saved split no longer fits)."""
@@ -89,6 +91,7 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
                    "--schedule's (a torch.distributed.pipelining schedule CSV)")
     g.add_argument("--devices", metavar="D,D,...",
                    help="device of each rank, e.g. 0,0 for two ranks sharing one device")
+    megatron_model.add_model_flags(p)
     if job_flags:
         add_job_flags(p)
     if split_flags:
@@ -116,8 +119,6 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
                    help="context-parallel size")
     j.add_argument("--ep", "--expert-model-parallel-size", dest="ep", type=int, metavar="N",
                    help="expert-parallel size")
-    j.add_argument("--seq-length", type=int, metavar="N", help="tokens per sequence")
-    j.add_argument("--micro-batch-size", type=int, metavar="N", help="sequences per microbatch")
     j.add_argument("--global-batch-size", type=int, metavar="N",
                    help="sequences per iteration: microbatches = N / (micro batch x dp)")
     j.add_argument("--rank-order", metavar="ORDER", help="Megatron rank order, innermost "
@@ -219,7 +220,12 @@ def config_from_args(args: argparse.Namespace) -> Config:
     # A command without the job flags (ppsim run has a --dp of its own) sets none of them.
     keys = MODEL_KEYS if hasattr(args, "gpus") else tuple(k for k in MODEL_KEYS
                                                           if k not in JOB_MODEL_KEYS)
-    cfg = with_overrides(cfg, preset=flag("preset"), memory=memory or None,
+    # Megatron's model flags change a preset or a config's model; else they build one.
+    base = parse_model({"preset": flag("preset")}) if flag("preset") else \
+        cfg.model if args.config else None
+    table = megatron_model.model_table(args, base)
+    cfg = with_overrides(cfg, preset=None if table else flag("preset"), model_table=table,
+                         memory=memory or None,
                          model={k: flag(k) for k in keys} | ({"recompute": mode} if mode
                                                             else {}),
                          pipeline=pipeline, split=split, hardware=flag("hardware"),
@@ -253,19 +259,26 @@ CPU hardware; every other preset is a GPU-class model (billions of parameters)."
 
 
 def assume_hardware(args: argparse.Namespace, cfg: Config) -> tuple[Config, str]:
-    """`--preset` names a GPU-class model and neither `--hardware` nor a config file
-    chose the hardware: the embedded default's `cpu` preset would price it on a CPU
-    (DeepSeek-V3 at 170,000 s an iteration), so GPU_HARDWARE is assumed. Returns the
-    config and a one-line note saying so ('' when nothing was assumed)."""
+    """`--preset` names a GPU-class model, or Megatron's flags built one, and neither
+    `--hardware` nor a config file chose the hardware: the embedded default's `cpu`
+    preset would price it on a CPU (DeepSeek-V3 at 170,000 s an iteration), so
+    GPU_HARDWARE is assumed. Returns the config and a one-line note saying so ('' when
+    nothing was assumed)."""
     preset = getattr(args, "preset", None)
-    if preset is None or preset.startswith(CPU_SIZED_PREFIX) or getattr(args, "config", None) \
-            or getattr(args, "hardware", None) is not None or cfg.hardware.preset != "cpu":
+    if preset is not None and not preset.startswith(CPU_SIZED_PREFIX):
+        what = f"--preset {preset} is a GPU-class model"
+    elif preset is None and megatron_model.given(args) and not getattr(args, "config", None):
+        what = "Megatron's flags describe a GPU-class model"
+    else:
+        return cfg, ""
+    if getattr(args, "config", None) or getattr(args, "hardware", None) is not None \
+            or cfg.hardware.preset != "cpu":
         return cfg, ""
     memory = cfg.hardware.memory_bytes if getattr(args, "memory_gb", None) is not None \
         else None
     cfg = with_overrides(cfg, hardware=GPU_HARDWARE, memory_bytes=memory)
-    return cfg, (f"assuming --hardware {GPU_HARDWARE}: --preset {preset} is a GPU-class "
-                 "model and no --hardware was given (give one to choose another)")
+    return cfg, (f"assuming --hardware {GPU_HARDWARE}: {what} and no --hardware was given "
+                 "(give one to choose another)")
 
 
 def emit_json(obj: Any) -> None:

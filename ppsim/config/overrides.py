@@ -42,6 +42,7 @@ def with_split(pipe: PipelineConfig, **choice: Any) -> PipelineConfig:
 
 
 def with_overrides(cfg: Config, *, preset: str | None = None,
+                   model_table: dict[str, Any] | None = None,
                    model: dict[str, Any] | None = None,
                    pipeline: dict[str, Any] | None = None,
                    split: dict[str, Any] | None = None,
@@ -51,12 +52,15 @@ def with_overrides(cfg: Config, *, preset: str | None = None,
                    memory: dict[str, Any] | None = None) -> Config:
     """`cfg` with the given changes (None: keep), checked as a loaded config is.
 
-    preset replaces [model] by that preset; `model` sets MODEL_KEYS on it; `pipeline`
+    preset replaces [model] by that preset, `model_table` by that table (read as a
+    file's); `model` sets MODEL_KEYS on it; `pipeline`
     sets PIPELINE_KEYS; `split` (SPLIT_KEYS) replaces the split choice, {} meaning the
     default split; `hardware` replaces [hardware] by that preset; `devices` sets
     [placement] devices; `memory` sets keys of the [memory] policy (creating it).
     Values given as None are not changes."""
-    m = parse_model({"preset": preset}) if preset else cfg.model
+    if preset and model_table:
+        raise ValueError("give a preset or a model table, not both")
+    m = parse_model(model_table or {"preset": preset}) if preset or model_table else cfg.model
     changes = _given(model, MODEL_KEYS, "model")
     if changes:
         m = m.with_fields(changes)  # parsed again: checked as a file's table is

@@ -1,0 +1,281 @@
+"""Megatron's model arguments (--hidden-size, --swiglu, --num-experts, ...) as the [model]
+fields they set, so a launch script's MODEL_ARGS pasted after a ppsim command describes
+the model. Over a preset or a config's transformer they change only what they name;
+with nothing to start from they build the model with Megatron's own defaults (its
+arguments.py and TransformerConfig: a 4h GeLU MLP, LayerNorm, learned positions, tied
+embeddings, dropout 0.1, fp32 unless --bf16 or --fp16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from typing import Any
+
+from ppsim.config.model import Model, TransformerModel
+from ppsim.errors import UserError
+
+INT_FLAGS = {
+    "hidden-size": "hidden_size", "num-attention-heads": "num_heads",
+    "ffn-hidden-size": "ffn_hidden_size", "vocab-size": "vocab_size",
+    "num-experts": "num_experts", "moe-router-topk": "top_k",
+    "moe-ffn-hidden-size": "moe_ffn_hidden_size", "q-lora-rank": "q_lora_rank",
+    "kv-lora-rank": "kv_lora_rank", "qk-pos-emb-head-dim": "qk_rope_head_dim",
+    "v-head-dim": "v_head_dim", "mamba-state-dim": "mamba_state_dim",
+    "mamba-head-dim": "mamba_head_dim", "mamba-num-groups": "mamba_num_groups",
+    "mamba-num-heads": "mamba_num_heads", "linear-num-key-heads": "linear_num_key_heads",
+    "linear-num-value-heads": "linear_num_value_heads",
+    "linear-key-head-dim": "linear_key_head_dim",
+    "linear-value-head-dim": "linear_value_head_dim",
+}
+"""Megatron flag -> the [model] field it sets, value as given."""
+ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
+              "group_query_attention", "kv_channels", "qk_head_dim", "swiglu", "normalization",
+              "position_embedding_type", "use_rotary_position_embeddings",
+              "add_position_embedding", "untie_embeddings_and_output_weights", "bf16", "fp16",
+              "hidden_dropout", "attention_dropout", "multi_latent_attention",
+              "moe_shared_expert_intermediate_size", "moe_layer_freq",
+              "make_vocab_size_divisible_by")
+"""Every flag of the group that changes the model (the rest are accepted and ignored)."""
+IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base": float,
+           "rotary-percent": float, "init-method-std": float, "disable-bias-linear": None,
+           "qk-layernorm": None, "attention-softmax-in-fp32": None, "use-flash-attn": None,
+           "sequence-parallel": None}
+"""Accepted as Megatron takes them; ppsim's costs do not depend on them (sequence
+parallelism is always assumed with tp > 1). None: a switch."""
+POSITIONS = {"learned_absolute": "learned", "rope": "rotary", "yarn": "rotary",
+             "mrope": "rotary"}
+REQUIRED = (("num_layers", "--num-layers"), ("hidden_size", "--hidden-size"),
+            ("num_heads", "--num-attention-heads"), ("seq_length", "--seq-length"),
+            ("vocab_size", "--vocab-size"))
+"""What Megatron needs to build a model and ppsim cannot default (the vocabulary comes
+from Megatron's tokenizer, so it is asked for here)."""
+MAX_PATTERN = 100_000
+"""No model has more layers than this; a longer --moe-layer-freq list is refused unread."""
+MLA_DEFAULTS = {"kv_lora_rank": 32, "head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
+"""Megatron's --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim."""
+
+
+SWITCHES = ("group-query-attention", "swiglu", "untie-embeddings-and-output-weights", "bf16",
+            "fp16", "multi-latent-attention", "use-rotary-position-embeddings")
+OTHER_INTS = ("num-query-groups", "kv-channels", "qk-head-dim",
+              "moe-shared-expert-intermediate-size", "make-vocab-size-divisible-by")
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    """Megatron's model arguments, under the names its launch scripts use."""
+    g = p.add_argument_group(
+        "model (Megatron's names)", "a launch script's model arguments, as Megatron takes "
+        "them: --hidden-size, --num-attention-heads, --swiglu, --num-experts, ... (the list: "
+        "docs/model.md); over --preset or the config's transformer they change what they "
+        "name, alone they build the model with Megatron's defaults")
+    g.add_argument("--seq-length", type=int, metavar="N", help="tokens per sequence")
+    g.add_argument("--micro-batch-size", type=int, metavar="N", help="sequences per microbatch")
+    hidden = argparse.SUPPRESS  # listed once in the group's description
+    for flag in (*INT_FLAGS, *OTHER_INTS):
+        g.add_argument(f"--{flag}", type=int, help=hidden)
+    for flag in SWITCHES:
+        g.add_argument(f"--{flag}", action="store_true", default=None, help=hidden)
+    g.add_argument("--no-position-embedding", dest="add_position_embedding",
+                   action="store_false", default=None, help=hidden)
+    g.add_argument("--normalization", choices=("LayerNorm", "RMSNorm"), help=hidden)
+    g.add_argument("--position-embedding-type", help=hidden)
+    for flag in ("hidden-dropout", "attention-dropout"):
+        g.add_argument(f"--{flag}", type=float, help=hidden)
+    g.add_argument("--moe-layer-freq", help=hidden)
+    for flag, kind in IGNORED.items():
+        if kind is None:
+            g.add_argument(f"--{flag}", action="store_true", default=None, help=hidden)
+        else:
+            g.add_argument(f"--{flag}", type=kind, help=hidden)
+
+
+def given(args: argparse.Namespace) -> bool:
+    """Whether any flag that changes the model was given."""
+    return any(getattr(args, d, None) is not None for d in ARCH_DESTS)
+
+
+def model_table(args: argparse.Namespace, base: Model | None) -> dict[str, Any] | None:
+    """The [model] table the flags describe: `base` (a preset's or a config's transformer)
+    with what they name changed, or, over nothing (the embedded default) or a uniform
+    model, a transformer built with Megatron's defaults. None when no model flag was
+    given."""
+    if not given(args):
+        return None
+    known = base.fields() if isinstance(base, TransformerModel) else {}
+    if getattr(args, "num_layers", None) is not None:
+        known["num_layers"] = args.num_layers
+    fields = flag_fields(args, known)
+    if isinstance(base, TransformerModel):
+        return moe_defaults({**base.to_dict(), **fields}, base.fields())
+    extra = {k: getattr(args, k, None) for k in ("num_layers", "seq_length",
+                                                 "micro_batch_size", "hybrid_layer_pattern")}
+    extra["mtp_layers"] = getattr(args, "mtp_num_layers", None)
+    fields.update({k: v for k, v in extra.items() if v is not None})
+    for key, flag in REQUIRED:
+        if key not in fields and not (key == "num_layers" and "hybrid_layer_pattern" in fields):
+            raise UserError(flag, "needed to build the model from Megatron's flags (no "
+                            "--preset or [model] transformer to start from)",
+                            f"add {flag} N, or give --preset NAME")
+    return {"kind": "transformer", **megatron_defaults(args, fields)}
+
+
+def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, Any]:
+    """The [model] fields the given flags set, and only those (`known`: the fields the
+    model has already, which --moe-layer-freq and the shared experts' size need)."""
+    get = lambda dest: getattr(args, dest, None)  # noqa: E731
+    out: dict[str, Any] = {field: get(flag.replace("-", "_"))
+                           for flag, field in INT_FLAGS.items()}
+    out = {k: v for k, v in out.items() if v is not None}
+    if get("group_query_attention"):
+        out["num_kv_heads"] = get("num_query_groups") or 1  # Megatron's default: 1 group
+    elif get("num_query_groups") is not None:
+        print(f"warning: --num-query-groups {get('num_query_groups')} ignored without "
+              "--group-query-attention, as Megatron ignores it", file=sys.stderr)
+    if get("multi_latent_attention"):
+        out["attention"] = "mla"
+    head_dim = get("qk_head_dim") if get("multi_latent_attention") else get("kv_channels")
+    if head_dim is not None:
+        out["head_dim"] = head_dim
+    if get("swiglu"):
+        out["gated_mlp"] = True
+    if get("normalization") is not None:
+        out["norm"] = get("normalization").lower()
+    position = _position(args)
+    if position is not None:
+        out["position"] = position
+    if get("untie_embeddings_and_output_weights"):
+        out["tie_embeddings"] = False
+    if get("bf16") and get("fp16"):
+        raise UserError("--bf16", "and --fp16 both given", "give one of them")
+    if get("bf16") or get("fp16"):
+        out["dtype"] = "bf16" if get("bf16") else "fp16"
+    drops = [p for p in (get("hidden_dropout"), get("attention_dropout")) if p is not None]
+    if drops:
+        out["dropout"] = any(p > 0 for p in drops)
+    out.update(_moe_fields(args, {**known, **out}))
+    divisor = get("make_vocab_size_divisible_by")
+    if divisor not in (None, 128):
+        raise UserError("--make-vocab-size-divisible-by", f"{divisor}: ppsim pads the "
+                        "vocabulary as Megatron's default does, to a multiple of 128 x tp",
+                        "drop the flag (the padding changes the head's cost by under 1 %)")
+    return out
+
+
+def megatron_defaults(args: argparse.Namespace, fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` completed as Megatron completes its arguments for a new model."""
+    out = {"gated_mlp": False, "norm": "layernorm", "position": "learned",
+           "tie_embeddings": True, "dropout": True, "dtype": "fp32", **fields}
+    out.setdefault("num_kv_heads", out["num_heads"])
+    if (getattr(args, "tp", None) or 1) > 1 and not getattr(args, "sequence_parallel", None):
+        print("note: ppsim prices tensor parallelism with sequence parallelism (Megatron's "
+              "--sequence-parallel), which this job does not turn on", file=sys.stderr)
+    if "ffn_hidden_size" not in out:  # arguments.py: 4h, or 2/3 of it for SwiGLU
+        h = out["hidden_size"]
+        out["ffn_hidden_size"] = int((4 * h * 2 / 3) / 64) * 64 if out["gated_mlp"] else 4 * h
+    out = moe_defaults(out, out)
+    if out.get("attention") == "mla":
+        for key, value in MLA_DEFAULTS.items():
+            out.setdefault(key, value)
+    return out
+
+
+def moe_defaults(table: dict[str, Any], merged: dict[str, Any]) -> dict[str, Any]:
+    """`table` with Megatron's defaults for a router's top-k (2) and an expert's width
+    (ffn_hidden_size) where it has routed experts and `merged` (every field) lacks them."""
+    if not table.get("num_experts"):
+        return table
+    out = dict(table)
+    if not merged.get("top_k"):
+        out["top_k"] = 2
+    if not merged.get("moe_ffn_hidden_size"):
+        out["moe_ffn_hidden_size"] = table.get("ffn_hidden_size", merged.get("ffn_hidden_size"))
+    return out
+
+
+def _position(args: argparse.Namespace) -> str | None:
+    kind = getattr(args, "position_embedding_type", None)
+    if getattr(args, "use_rotary_position_embeddings", None):
+        kind = "rope"
+    if getattr(args, "add_position_embedding", None) is False:
+        kind = "none"
+    if kind is None:
+        return None
+    if kind not in POSITIONS:
+        raise UserError("--position-embedding-type", f"{kind!r}: ppsim prices "
+                        "learned_absolute and rope (yarn, mrope) position embeddings",
+                        "give rope or learned_absolute")
+    return POSITIONS[kind]
+
+
+def _moe_fields(args: argparse.Namespace, fields: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    shared = getattr(args, "moe_shared_expert_intermediate_size", None)
+    if shared is not None:
+        width = fields.get("moe_ffn_hidden_size") or fields.get("ffn_hidden_size")
+        if not width or shared % width:
+            raise UserError("--moe-shared-expert-intermediate-size", f"{shared} is not a "
+                            "whole number of experts of --moe-ffn-hidden-size "
+                            f"{width or '(not given)'}", "give both, the first a multiple "
+                            "of the second")
+        out["shared_experts"] = shared // width
+    freq = getattr(args, "moe_layer_freq", None)
+    if freq is not None:
+        if "num_layers" not in fields:
+            raise UserError("--moe-layer-freq", "needs the layer count", "add --num-layers N")
+        out["layers"] = layer_kinds_spec(moe_layer_pattern(freq, fields["num_layers"]))
+    return out
+
+
+def moe_layer_pattern(freq: str, num_layers: int) -> list[int]:
+    """Megatron's --moe-layer-freq as one 0/1 a layer (1: MoE): N means every Nth layer
+    from the first, a list expression such as "([0]*3+[1]*58)" is the list itself (read
+    without eval: lists of 0 and 1, + and * only)."""
+    text = freq.strip()
+    if text.isdigit():
+        every = int(text)
+        if every < 1:
+            raise UserError("--moe-layer-freq", "must be at least 1", "give N >= 1 or a list")
+        return [1 if i % every == 0 else 0 for i in range(num_layers)]
+    try:
+        pattern = _list_value(ast.parse(text, mode="eval").body)
+    except (SyntaxError, ValueError):
+        raise UserError("--moe-layer-freq", f"{freq!r} is neither a number nor a list "
+                        "expression of 0 and 1", 'write e.g. "([0]*3+[1]*58)"') from None
+    if len(pattern) != num_layers:
+        raise UserError("--moe-layer-freq", f"Invalid length of moe_layer_pattern: "
+                        f"{len(pattern)}, expected {num_layers}",
+                        "give one 0 or 1 per layer")
+    return pattern
+
+
+def _list_value(node: ast.AST) -> list[int]:
+    if isinstance(node, ast.List):
+        values = [n.value for n in node.elts if isinstance(n, ast.Constant)]
+        if len(values) != len(node.elts) or any(v not in (0, 1) or isinstance(v, bool)
+                                                for v in values):
+            raise ValueError("a list of 0 and 1")
+        return values
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _list_value(node.left) + _list_value(node.right)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        for lst, times in ((node.left, node.right), (node.right, node.left)):
+            if isinstance(times, ast.Constant) and type(times.value) is int:
+                part = _list_value(lst)
+                if len(part) * times.value > MAX_PATTERN:
+                    raise ValueError("longer than any model")
+                return part * max(times.value, 0)
+    raise ValueError("lists of 0 and 1 with + and *")
+
+
+def layer_kinds_spec(pattern: list[int]) -> str:
+    """A 0/1 pattern as ppsim's `layers` spec, runs of a kind together: "dense*3, moe*58"."""
+    runs: list[list[Any]] = []
+    for bit in pattern:
+        kind = "moe" if bit else "dense"
+        if runs and runs[-1][0] == kind:
+            runs[-1][1] += 1
+        else:
+            runs.append([kind, 1])
+    return ", ".join(f"{kind}*{n}" for kind, n in runs)

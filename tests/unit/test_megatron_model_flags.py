@@ -1,0 +1,155 @@
+"""Megatron's model arguments: a launch script's MODEL_ARGS pasted after a ppsim command.
+
+`ppsim simulate --num-layers 32 --hidden-size 4096 --swiglu ...` was "unrecognized
+arguments" for every flag but the layer count, so a user had to translate their job into
+a TOML [model] table before ppsim could price it."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import shlex
+from contextlib import redirect_stdout
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ppsim.cli.flags import add_config_flags, config_from_args
+from ppsim.cli.main import main
+from ppsim.cli.megatron_model import layer_kinds_spec, moe_layer_pattern
+from ppsim.costs.arch import layer_kinds
+
+# Llama-3-8B as a Megatron launch script writes it (Megatron's Llama-3 example arguments).
+LLAMA3_8B = """--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336
+--num-attention-heads 32 --group-query-attention --num-query-groups 8 --kv-channels 128
+--seq-length 8192 --max-position-embeddings 8192 --vocab-size 128256 --swiglu
+--normalization RMSNorm --norm-epsilon 1e-5 --position-embedding-type rope
+--rotary-base 500000 --untie-embeddings-and-output-weights --disable-bias-linear
+--attention-dropout 0.0 --hidden-dropout 0.0 --init-method-std 0.02 --bf16
+--attention-softmax-in-fp32 --sequence-parallel --micro-batch-size 1"""
+# DeepSeek-V3 as Megatron's DeepSeek-V3 recipe writes it.
+DEEPSEEK_V3 = """--num-layers 61 --hidden-size 7168 --ffn-hidden-size 18432
+--num-attention-heads 128 --kv-channels 128 --multi-latent-attention --q-lora-rank 1536
+--kv-lora-rank 512 --qk-head-dim 128 --qk-pos-emb-head-dim 64 --v-head-dim 128
+--num-experts 256 --moe-layer-freq ([0]*3+[1]*58) --moe-ffn-hidden-size 2048
+--moe-shared-expert-intermediate-size 2048 --moe-router-topk 8 --mtp-num-layers 1
+--vocab-size 129280 --swiglu --normalization RMSNorm --position-embedding-type rope
+--untie-embeddings-and-output-weights --seq-length 4096 --bf16 --disable-bias-linear
+--attention-dropout 0 --hidden-dropout 0 --use-distributed-optimizer"""
+JOB = "--hardware h100-80gb --pp 4 --microbatches 8 --dp 1"
+
+
+def _json(argv: list[str]) -> dict:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main([*argv, "--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+def _arch(argv: str):
+    p = argparse.ArgumentParser()
+    add_config_flags(p)
+    return config_from_args(p.parse_args(shlex.split(argv))).model.arch
+
+
+@pytest.mark.parametrize("script, preset, extra", [
+    (LLAMA3_8B, "llama3-8b", "--recompute-granularity selective"),
+    (DEEPSEEK_V3, "deepseek-v3", "--recompute-granularity selective --ep 8"),
+], ids=["llama3-8b", "deepseek-v3"])
+def test_a_launch_scripts_model_arguments_price_as_the_preset_of_that_model(
+        script: str, preset: str, extra: str) -> None:
+    ours = _json(["simulate", *shlex.split(f"{script} {JOB} {extra}")])
+    theirs = _json(["simulate", "--preset", preset, *shlex.split(f"{JOB} {extra}")])
+    assert ours["iteration_time_ms"] == theirs["iteration_time_ms"]
+    assert [r["peak_memory_bytes"] for r in ours["ranks"]] == \
+        [r["peak_memory_bytes"] for r in theirs["ranks"]]
+    assert ours["split"] == theirs["split"]
+
+
+def test_what_the_flags_leave_out_is_megatrons_default() -> None:
+    a = _arch("--num-layers 4 --hidden-size 4096 --num-attention-heads 32 --seq-length 2048 "
+              "--vocab-size 50257")
+    # arguments.py: 4h GeLU MLP; TransformerConfig: LayerNorm, dropout 0.1; fp32 without
+    # --bf16; tied embeddings without --untie-...; learned_absolute positions; MHA.
+    assert (a.ffn_hidden_size, a.gated_mlp, a.norm, a.position) == \
+        (16384, False, "layernorm", "learned")
+    assert (a.dtype, a.tie_embeddings, a.dropout, a.num_kv_heads) == ("fp32", True, True, 32)
+    swiglu = _arch("--num-layers 4 --hidden-size 4096 --num-attention-heads 32 --seq-length "
+                   "2048 --vocab-size 50257 --swiglu --num-experts 8 --bf16")
+    # int((4 * 4096 * 2 / 3) / 64) * 64 = int(170.67) * 64; a router's top-k 2; experts
+    # as wide as the dense MLP (arguments.py); every layer MoE (--moe-layer-freq 1).
+    assert (swiglu.ffn_hidden_size, swiglu.top_k, swiglu.moe_ffn_hidden_size) == \
+        (10880, 2, 10880)
+    assert layer_kinds(swiglu) == ("moe",) * 4 and swiglu.dtype == "bf16"
+    mla = _arch("--num-layers 2 --hidden-size 1024 --num-attention-heads 8 --seq-length 512 "
+                "--vocab-size 1000 --multi-latent-attention")
+    assert (mla.attention, mla.kv_lora_rank, mla.head_dim, mla.qk_rope_head_dim,
+            mla.v_head_dim, mla.q_lora_rank) == ("mla", 32, 128, 64, 128, 0)
+
+
+def test_over_a_preset_the_flags_change_only_what_they_name(capsys) -> None:
+    a = _arch("--preset llama3-8b --hidden-size 2048 --num-query-groups 2")
+    assert (a.hidden_size, a.num_kv_heads, a.ffn_hidden_size, a.gated_mlp) == \
+        (2048, 8, 14336, True)
+    assert "--num-query-groups 2 ignored without --group-query-attention" in \
+        capsys.readouterr().err
+    assert _arch("--preset llama3-8b --group-query-attention --num-query-groups 2"
+                 ).num_kv_heads == 2
+    moe = _arch("--preset llama3-8b --num-experts 8")
+    assert (moe.top_k, moe.moe_ffn_hidden_size) == (2, 14336)
+    # The preset's experts are 2,048 wide: 4,096 of shared experts is two of them.
+    dsv3 = _arch("--preset deepseek-v3 --moe-shared-expert-intermediate-size 4096 "
+                 "--moe-layer-freq 2")
+    assert dsv3.shared_experts == 2 and layer_kinds(dsv3)[:3] == ("moe", "dense", "moe")
+
+
+def test_a_model_built_from_flags_is_priced_on_a_gpu_and_says_so(capsys) -> None:
+    sim = _json(["simulate", "--num-layers", "4", "--hidden-size", "4096",
+                 "--num-attention-heads", "32", "--seq-length", "4096", "--vocab-size",
+                 "32000", "--bf16", "--mtp-num-layers", "1", "--pp", "1"])
+    assert "assuming --hardware h100-80gb: Megatron's flags" in capsys.readouterr().err
+    assert sum(r["layers"] for r in sim["ranks"]) == 5  # four decoder layers and the MTP one
+    assert sim["memory_limit_bytes"] == 80e9
+
+
+@pytest.mark.parametrize("argv, message", [
+    ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64",
+     "--vocab-size: needed to build the model from Megatron's flags"),
+    ("--hidden-size 64", "--num-layers: needed to build the model"),
+    ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --vocab-size 99 "
+     "--num-experts 4 --moe-layer-freq [1]*3", "Invalid length of moe_layer_pattern: 3, "
+     "expected 4"),
+    ("--preset llama3-8b --num-experts 4 --moe-layer-freq __import__('os').getcwd()",
+     "is neither a number nor a list expression of 0 and 1"),
+    ("--preset llama3-8b --position-embedding-type none", "--position-embedding-type: 'none'"),
+    ("--preset llama3-8b --bf16 --fp16", "--bf16: and --fp16 both given"),
+    ("--preset llama3-8b --make-vocab-size-divisible-by 64", "--make-vocab-size-divisible-by"),
+    ("--preset deepseek-v3 --moe-shared-expert-intermediate-size 3000",
+     "--moe-shared-expert-intermediate-size: 3000 is not a whole number of experts"),
+])
+def test_what_megatron_or_ppsim_cannot_take_is_one_line_naming_the_flag(
+        argv: str, message: str, capsys) -> None:
+    assert main(["simulate", *shlex.split(argv)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+
+
+@given(st.lists(st.tuples(st.sampled_from((0, 1)), st.integers(1, 9)), min_size=1,
+                max_size=8))
+def test_a_moe_layer_freq_list_is_the_list_megatron_evaluates(runs) -> None:
+    expected = [bit for bit, n in runs for _ in range(n)]
+    text = "(" + "+".join(f"[{bit}]*{n}" for bit, n in runs) + ")"
+    assert moe_layer_pattern(text, len(expected)) == expected
+    spec = layer_kinds_spec(expected)
+    kinds = [k.strip().split("*") for k in spec.split(",")]
+    assert [0 if kind == "dense" else 1 for kind, n in kinds for _ in range(int(n))] == expected
+
+
+@given(st.integers(1, 12), st.integers(1, 60))
+def test_a_moe_layer_freq_number_puts_an_moe_layer_every_n_from_the_first(every: int,
+                                                                          n: int) -> None:
+    pattern = moe_layer_pattern(str(every), n)
+    assert [i for i, bit in enumerate(pattern) if bit] == list(range(0, n, every))
