@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from ppsim import fileio
-from ppsim.cli import megatron_model
+from ppsim.cli import megatron_flags, megatron_model
 from ppsim.config import files, validate
 from ppsim.config.model import parse_model
 from ppsim.config.overrides import MODEL_KEYS, PIPELINE_KEYS, with_overrides
@@ -51,8 +51,12 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
                    "model's MTP depths (so Megatron's flags as ppsim prints them read back)")
     g.add_argument("--pp", "--pipeline-model-parallel-size", dest="pp", type=int, metavar="N",
                    help="pipeline ranks")
-    g.add_argument("--vpp", "--virtual-pipeline-model-parallel-size", dest="vpp", type=int,
+    g.add_argument("--vpp", "--virtual-pipeline-model-parallel-size",
+                   "--num-virtual-stages-per-pipeline-rank", dest="vpp", type=int,
                    metavar="N", help="chunks (virtual stages) per rank")
+    g.add_argument("--num-layers-per-virtual-pipeline-stage", dest="layers_per_virtual_stage",
+                   type=int, metavar="N", help="Megatron's other way to give vpp: the "
+                   "layers of one chunk")
     g.add_argument("--microbatches", type=int, metavar="N")
     g.add_argument("--schedule", metavar="NAME")
     g.add_argument("--microbatch-group-size",
@@ -65,6 +69,8 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
                    "moe shared_experts (sets [memory])")
     g.add_argument("--recompute-num-layers", type=int, metavar="N", help="the first N layers "
                    "of each stage recomputed whole (Megatron's block method)")
+    g.add_argument("--recompute-activations", action="store_true", default=None,
+                   help="Megatron's short form of --recompute-granularity selective")
     g.add_argument("--recompute-granularity", choices=("full", "selective"),
                    help="Megatron's: selective (core_attn, or --recompute-modules) or full "
                    "(with --recompute-method)")
@@ -130,41 +136,22 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
         j.add_argument(f"--{name}", action="store_true", default=None)
 
 
-def megatron_recompute(granularity: str | None, method: str | None, memory: dict[str, Any],
-                       recompute: str | None) -> str | None:
-    """The global recompute mode Megatron's --recompute-granularity and --recompute-method
-    say, refused where Megatron refuses them: "none" under a module list or the block
-    method's first N (Megatron recomputes nothing else, whatever a preset's mode), and
-    uniform's --recompute-num-layers 1 leaves `memory` (every layer, not the first N)."""
-    if granularity is None:
-        if method is not None:
-            raise UserError("--recompute-method", "needs --recompute-granularity full",
-                            "add --recompute-granularity full")
-        return None
-    if recompute is not None:
-        raise UserError("--recompute-granularity", "says what --recompute says",
-                        "give one of them")
-    if granularity == "selective":
-        if method is not None or "recompute_layers" in memory:
-            raise UserError("--recompute-method", "Megatron takes a method and a layer count "
-                            "only with full granularity", "drop them, or use full")
-        return "none" if "recompute_modules" in memory else "selective"
-    if "recompute_modules" in memory:
-        raise UserError("--recompute-modules", "go with selective granularity only",
-                        "use --recompute-granularity selective")
-    if method == "uniform":
-        if memory.pop("recompute_layers", 1) != 1:
-            raise UserError("--recompute-num-layers", "the uniform method with groups of more "
-                            "than one layer keeps one input a group, which ppsim does not "
-                            "model", "use --recompute-num-layers 1, or the block method")
-        return "full"
-    if method == "block":
-        if "recompute_layers" not in memory:
-            raise UserError("--recompute-num-layers", "the block method needs N, the layers "
-                            "of each stage recomputed", "add --recompute-num-layers N")
-        return "none"
-    raise UserError("--recompute-method", "full granularity needs a method",
-                    "add --recompute-method uniform (every layer) or block")
+def _layers_per_virtual_stage(cfg: Config, flag: Any) -> Config:
+    """`cfg` with the vpp Megatron derives from --num-layers-per-virtual-pipeline-stage."""
+    per_chunk = flag("layers_per_virtual_stage")
+    if per_chunk is None:
+        return cfg
+    others = (("vpp", "--vpp (--num-virtual-stages-per-pipeline-rank)"),
+              ("layout", "--pipeline-model-parallel-layout"),
+              ("first_stage_layers", "--decoder-first-pipeline-num-layers"),
+              ("last_stage_layers", "--decoder-last-pipeline-num-layers"))
+    pipe = cfg.pipeline
+    vpp = megatron_flags.vpp_for_layers_per_stage(
+        per_chunk, cfg.model.num_layers, pipe.pp, embedding=bool(pipe.account_for_embedding),
+        loss=bool(pipe.account_for_loss),
+        other=next((name for key, name in others if flag(key) is not None), None))
+    schedule = flag("schedule") or schedule_for_vpp(pipe.schedule, vpp)
+    return with_overrides(cfg, pipeline={"vpp": vpp, "schedule": schedule})
 
 
 def _gpus_dp(cfg: Config, gpus: int | None) -> int | None:
@@ -207,8 +194,10 @@ def config_from_args(args: argparse.Namespace) -> Config:
             memory[key] = " ".join(memory[key])
     if "offload_modules" in memory and "offload_fraction" not in memory:
         memory["offload_fraction"] = 1.0
-    mode = megatron_recompute(flag("recompute_granularity"), flag("recompute_method"),
-                              memory, flag("recompute"))
+    granularity = flag("recompute_granularity") or \
+        ("selective" if flag("recompute_activations") else None)
+    mode = megatron_flags.recompute_mode(granularity, flag("recompute_method"), memory,
+                                         flag("recompute"))
     if flag("delta_offload_bytes_across_pp_ranks"):
         raise UserError("--delta-offload-bytes-across-pp-ranks", "a per-rank offload step in "
                         "bytes is not read here (ppsim plans the step as a fraction: plan "
@@ -230,6 +219,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
                                                             else {}),
                          pipeline=pipeline, split=split, hardware=flag("hardware"),
                          memory_bytes=limit, costs_file=flag("costs"), devices=devices)
+    cfg = _layers_per_virtual_stage(cfg, flag)
     mtp = flag("mtp_num_layers")
     if mtp is not None and mtp != getattr(cfg.model, "mtp_layers", 0):
         raise UserError("--mtp-num-layers", f"{mtp} disagrees with the model's "

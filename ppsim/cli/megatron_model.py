@@ -41,7 +41,7 @@ ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
 IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base": float,
            "rotary-percent": float, "init-method-std": float, "disable-bias-linear": None,
            "qk-layernorm": None, "attention-softmax-in-fp32": None, "use-flash-attn": None,
-           "sequence-parallel": None}
+           "sequence-parallel": None, "transformer-impl": str, "use-mcore-models": None}
 """Accepted as Megatron takes them; ppsim's costs do not depend on them (sequence
 parallelism is always assumed with tp > 1). None: a switch."""
 POSITIONS = {"learned_absolute": "learned", "rope": "rotary", "yarn": "rotary",

@@ -7,12 +7,14 @@ writes it (per pipeline rank and virtual stage), never from ppsim itself.
 
 from __future__ import annotations
 
+import argparse
 import re
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from ppsim.cli.flags import add_config_flags, config_from_args
 from ppsim.errors import UserError
 from ppsim.pipeline.exports import (
     deepspeed_boundaries,
@@ -21,6 +23,7 @@ from ppsim.pipeline.exports import (
     torchtitan_fqns,
 )
 from ppsim.pipeline.layout import parse_layout, to_layout
+from ppsim.pipeline.problem import resolve_split
 from ppsim.pipeline.split import Split, even_split, megatron_split, split_from_counts
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -565,6 +568,18 @@ def test_megatron_flags_rebuild_the_same_split(split):
     assume(split is not None and not (split.pp == 1 and split.vpp > 1))
     assert rebuild(megatron_flags(split)) == split
     assert rebuild(megatron_layout_flag(split)) == split
+
+
+@FAST
+@given(splits)
+def test_ppsim_reads_back_the_megatron_flags_it_exports(split):
+    # `ppsim split` printed --num-virtual-stages-per-pipeline-rank, which ppsim refused.
+    assume(split.num_layers > 0 and not (split.pp == 1 and split.vpp > 1))
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    for argv in (megatron_flags(split), megatron_layout_flag(split)):
+        args = parser.parse_args([*argv, "--microbatches", str(2 * split.pp)])
+        assert resolve_split(config_from_args(args)) == split, argv
 
 
 def _accepted(cfg):

@@ -76,6 +76,7 @@ LLAMA = ["simulate", "--preset", "llama3-70b", "--hardware", "h100-80gb", "--pp"
     ("--recompute-granularity full --recompute-method block --recompute-num-layers 2",
      "--recompute none --recompute-num-layers 2"),
     ("--recompute-granularity selective", "--recompute selective"),
+    ("--recompute-activations", "--recompute selective"),
     ("--recompute-granularity selective --recompute-modules layernorm mlp",
      "--recompute none --recompute-modules layernorm,mlp"),
     ("--fine-grained-activation-offloading --offload-modules core_attn attn_proj "
@@ -131,3 +132,30 @@ def test_megatrons_per_rank_offload_step_is_refused_by_name(capsys) -> None:
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1
     assert "error: --delta-offload-bytes-across-pp-ranks: a per-rank offload step" in err
+
+
+@pytest.mark.parametrize("megatron, ours", [
+    ("--num-virtual-stages-per-pipeline-rank 2", "--vpp 2"),
+    # 80 layers on 4 ranks: 20 a rank, 5 a chunk -> 4 chunks a rank (arguments.py).
+    ("--num-layers-per-virtual-pipeline-stage 5", "--vpp 4"),
+    ("--num-layers-per-virtual-pipeline-stage 20", "--vpp 1"),
+])
+def test_megatrons_virtual_pipeline_flags_mean_vpp(megatron: str, ours: str) -> None:
+    got, want = _json([*LLAMA, *megatron.split()]), _json([*LLAMA, *ours.split()])
+    assert got == want and got["vpp"] == int(ours.split()[-1])
+
+
+@pytest.mark.parametrize("flags, message", [
+    ("--num-layers-per-virtual-pipeline-stage 3", "number of layers per pipeline stage (20) "
+     "must be divisible by number of layers per virtual pipeline stage (3)"),
+    ("--num-layers-per-virtual-pipeline-stage 5 --vpp 2", "is given with --vpp"),
+    ("--num-layers-per-virtual-pipeline-stage 5 --decoder-first-pipeline-num-layers 10",
+     "is given with --decoder-first-pipeline-num-layers"),
+    ("--num-layers-per-virtual-pipeline-stage 5 --account-for-embedding-in-pipeline-split",
+     "number of layers of the model (81) must be divisible by pipeline model parallel size"),
+])
+def test_layers_per_virtual_stage_is_refused_where_megatron_refuses_it(
+        flags: str, message: str, capsys) -> None:
+    assert main([*LLAMA, *flags.split()]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and message in err, err

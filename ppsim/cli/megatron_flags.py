@@ -1,0 +1,70 @@
+"""Megatron's flags that say in other words what ppsim's say: the recompute granularity
+and method (as a recompute mode), and the virtual pipeline size given as layers per
+virtual stage. Each refuses what Megatron's arguments.py refuses, with its reason."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ppsim.errors import UserError
+
+
+def recompute_mode(granularity: str | None, method: str | None, memory: dict[str, Any],
+                   recompute: str | None) -> str | None:
+    """The global recompute mode Megatron's --recompute-granularity and --recompute-method
+    say, refused where Megatron refuses them: "none" under a module list or the block
+    method's first N (Megatron recomputes nothing else, whatever a preset's mode), and
+    uniform's --recompute-num-layers 1 leaves `memory` (every layer, not the first N)."""
+    if granularity is None:
+        if method is not None:
+            raise UserError("--recompute-method", "needs --recompute-granularity full",
+                            "add --recompute-granularity full")
+        return None
+    if recompute is not None:
+        raise UserError("--recompute-granularity", "says what --recompute says",
+                        "give one of them")
+    if granularity == "selective":
+        if method is not None or "recompute_layers" in memory:
+            raise UserError("--recompute-method", "Megatron takes a method and a layer count "
+                            "only with full granularity", "drop them, or use full")
+        return "none" if "recompute_modules" in memory else "selective"
+    if "recompute_modules" in memory:
+        raise UserError("--recompute-modules", "go with selective granularity only",
+                        "use --recompute-granularity selective")
+    if method == "uniform":
+        if memory.pop("recompute_layers", 1) != 1:
+            raise UserError("--recompute-num-layers", "the uniform method with groups of more "
+                            "than one layer keeps one input a group, which ppsim does not "
+                            "model", "use --recompute-num-layers 1, or the block method")
+        return "full"
+    if method == "block":
+        if "recompute_layers" not in memory:
+            raise UserError("--recompute-num-layers", "the block method needs N, the layers "
+                            "of each stage recomputed", "add --recompute-num-layers N")
+        return "none"
+    raise UserError("--recompute-method", "full granularity needs a method",
+                    "add --recompute-method uniform (every layer) or block")
+
+
+def vpp_for_layers_per_stage(per_chunk: int, num_layers: int, pp: int, *,
+                             embedding: bool, loss: bool, other: str | None) -> int:
+    """The vpp Megatron derives from --num-layers-per-virtual-pipeline-stage: the layers of
+    a pipeline stage (the embedding and the loss counted as layers where the split
+    accounts for them) over the layers of a virtual stage. `other`: another vpp or
+    uneven-split option given with it, which Megatron refuses."""
+    flag = "--num-layers-per-virtual-pipeline-stage"
+    if other is not None:
+        raise UserError(flag, f"is given with {other}: Megatron takes one way to set the "
+                        "virtual pipeline, and uneven stages only with "
+                        "--num-virtual-stages-per-pipeline-rank", "keep one of the two")
+    if per_chunk < 1:
+        raise UserError(flag, f"must be at least 1, got {per_chunk}", "give N >= 1")
+    layers = num_layers + embedding + loss
+    if layers % pp:
+        raise UserError(flag, f"number of layers of the model ({layers}) must be divisible "
+                        f"by pipeline model parallel size ({pp})", "give another pp")
+    if (layers // pp) % per_chunk:
+        raise UserError(flag, f"number of layers per pipeline stage ({layers // pp}) must be "
+                        f"divisible by number of layers per virtual pipeline stage "
+                        f"({per_chunk})", "give a divisor of the stage's layers")
+    return layers // pp // per_chunk
