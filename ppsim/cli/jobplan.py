@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from typing import Any
 
 from ppsim.cli.flags import assume_hardware, config_from_args, emit_json
 from ppsim.cli.render import compact_table, step_bar
+from ppsim.cli.simulate import exports_of
 from ppsim.config import limits, validate
 from ppsim.errors import UserError
-from ppsim.job.policy_search import POLICY_AXES
+from ppsim.job.policy_search import POLICY_AXES, mode_flags
 from ppsim.job.search import FIXABLE, JobSearch, ShapeResult, search_job
-from ppsim.pipeline.exports import split_exports
+from ppsim.policy.report import policy_flags
 from ppsim.units import fmt_bytes
 
 
@@ -39,12 +41,53 @@ def overflow_text(res: JobSearch, memory_bytes: float) -> str | None:
             f"GPUs (--gpus), or a [hardware] with more memory")
 
 
+def _exports(r: ShapeResult) -> dict[str, Any]:
+    p = r.problem
+    return exports_of(p.pattern, p.split, p.schedule.microbatch_group)
+
+
+def _policy_flags(r: ShapeResult) -> list[str] | None:
+    """The shape's memory policy as Megatron's flags: the one the search chose, else the
+    configured [memory] policy or recompute mode; None when Megatron cannot say it."""
+    if r.policy:
+        return None if r.policy_flags is None else shlex.split(r.policy_flags)
+    p = r.problem
+    if p.memory is None:
+        assert p.hardware.job is not None  # a job's shape is a transformer model's
+        return shlex.split(mode_flags(p, p.hardware.job.arch.recompute))
+    policies = tuple(p.memory.policy_of(st.offset, st.layers, st.index, st.has_embedding,
+                                        st.has_head, False) for st in p.split.stages)
+    return policy_flags(p, policies).megatron_flags
+
+
+def job_flags(r: ShapeResult, gbs: int) -> str | None:
+    """The shape as Megatron's arguments: parallel sizes, the split, the batch, the memory
+    policy and the overlaps (ppsim reads them back, with --gpus for the world size). None
+    when Megatron cannot build the split or run the policy."""
+    split, policy, job = _exports(r)["megatron_flags"], _policy_flags(r), r.problem.hardware.job
+    if split is None or policy is None or job is None:
+        return None
+    s = r.shape
+    sizes = [(s.tp, "--tensor-model-parallel-size"), (s.cp, "--context-parallel-size"),
+             (s.ep, "--expert-model-parallel-size")]
+    out = [tok for n, flag in sizes if n > 1 for tok in (flag, str(n))]
+    out += ["--sequence-parallel"] * (s.tp > 1) + shlex.split(split)
+    out += ["--micro-batch-size", str(s.mbs), "--global-batch-size", str(gbs), *policy]
+    out += ["--use-distributed-optimizer"] * job.arch.distributed_optimizer
+    for on, flag in ((job.tp_comm_overlap, "--tp-comm-overlap"),
+                     (job.overlap_grad_reduce, "--overlap-grad-reduce"),
+                     (job.overlap_param_gather, "--overlap-param-gather")):
+        out += [flag] * on
+    return shlex.join(out)
+
+
 def job_plan_dict(res: JobSearch, gpus: int, gbs: int, top: int) -> dict[str, Any]:
     fits = [r for r in res.candidates if r.summary.fits]
     best = None
     if fits:
         best = shape_dict(fits[0])
-        best.update(split_exports(fits[0].problem.split))
+        best.update(_exports(fits[0]))
+        best["megatron_job_flags"] = job_flags(fits[0], gbs)
     return {"gpus": gpus, "global_batch_size": gbs, "best": best,
             "candidates": [shape_dict(r) for r in res.candidates[:top]],
             "evaluated": res.evaluated, "total_shapes": res.total, "complete": res.complete,
@@ -98,9 +141,15 @@ def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
         for tag, label in own:
             console.print(f"  {tag:5} {label}", markup=False, soft_wrap=True)
     best = res.candidates[0] if res.candidates and res.candidates[0].summary.fits else None
-    if best is not None and best.policy_flags is not None:
+    if best is None:
+        return
+    if best.policy_flags is not None:
         console.print(f"best's memory policy ({best.policy}), Megatron flags: "
                       f"{best.policy_flags or 'none needed'}", markup=False, soft_wrap=True)
+    flags = job_flags(best, gbs)
+    console.print(f"Megatron ({gpus:,} GPUs): " + (flags or "n/a (Megatron cannot build "
+                  "this split or run this memory policy; see ppsim plan without --gpus)"),
+                  markup=False, soft_wrap=True)
 
 
 def _policy_axis(search: str | None, cfg: Any) -> str:

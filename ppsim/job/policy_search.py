@@ -42,7 +42,11 @@ class ModeFit:
 
 
 def mode_flags(problem: Problem, mode: str) -> str:
-    """Megatron's flags for a global recompute mode ("" for none)."""
+    """Megatron's flags for a global recompute mode ("" for none). Selective is the
+    granularity alone: Megatron's default module list is core_attn, and a hybrid stack
+    takes no module list."""
+    if mode == "selective":
+        return "--recompute-granularity selective"
     job = problem.hardware.job
     assert job is not None  # a job's shape is a transformer model's
     export = policy_export((shorthand(mode),), 1, per_rank_arch(job.arch))

@@ -253,3 +253,27 @@ def test_the_best_shape_does_not_depend_on_how_many_rows_are_shown() -> None:
     one, five = best("1"), best("5")
     assert one["iteration_time_ms"] <= five["iteration_time_ms"] * 1.01
     assert (one["tp"], one["cp"], one["pp"]) == (five["tp"], five["cp"], five["pp"])
+
+
+@pytest.mark.parametrize("model, job", [
+    ("--preset llama3-8b --num-layers 8", "--gpus 16 --global-batch-size 32"),
+    ("--preset mixtral-8x7b", "--gpus 32 --global-batch-size 64 --use-distributed-optimizer "
+     "--overlap-grad-reduce --overlap-param-gather --search policy"),
+    ("--preset nemotron-h-8b", "--gpus 16 --global-batch-size 64"),
+], ids=["dense", "moe-overlapped-policy", "hybrid"])
+def test_the_job_plans_megatron_line_launches_the_best_shape(model: str, job: str,
+                                                             capsys) -> None:
+    """The job plan named the best shape but gave no flags to launch it with: the sizes,
+    the batch, the policy and the overlaps had to be copied out of the table by hand."""
+    import shlex
+
+    common = [*shlex.split(model), "--hardware", "h100-80gb"]
+    assert main(["plan", *common, *shlex.split(job), "--time-budget", "2", "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["best"]
+    flags = shlex.split(best["megatron_job_flags"])
+    assert ("--global-batch-size" in flags) and ("--micro-batch-size" in flags)
+    gpus = shlex.split(job)[1]
+    assert main(["simulate", *common, "--gpus", gpus, *flags, "--json"]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    assert sim["iteration_time_ms"] == pytest.approx(best["iteration_time_ms"], rel=1e-9)
+    assert sim["split"] == best["split"] and sim["job"]["dp"] == best["dp"]
