@@ -220,6 +220,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
                          pipeline=pipeline, split=split, hardware=flag("hardware"),
                          memory_bytes=limit, costs_file=flag("costs"), devices=devices)
     cfg = _layers_per_virtual_stage(cfg, flag)
+    megatron_flags.check_experts_parallel(getattr(cfg.model, "arch", None),
+                                          flag("expert_tensor_parallel_size"),
+                                          flag("moe_token_dispatcher_type"))
     mtp = flag("mtp_num_layers")
     if mtp is not None and mtp != getattr(cfg.model, "mtp_layers", 0):
         raise UserError("--mtp-num-layers", f"{mtp} disagrees with the model's "

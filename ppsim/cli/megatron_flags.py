@@ -68,3 +68,19 @@ def vpp_for_layers_per_stage(per_chunk: int, num_layers: int, pp: int, *,
                         f"divisible by number of layers per virtual pipeline stage "
                         f"({per_chunk})", "give a divisor of the stage's layers")
     return layers // pp // per_chunk
+
+
+def check_experts_parallel(arch: Any, etp: int | None, dispatcher: str | None) -> None:
+    """Refuse the expert layouts ppsim does not price: experts split over other than the
+    tensor-parallel ranks (Megatron's --expert-tensor-parallel-size defaults to tp), and
+    the all-gather token dispatcher across expert-parallel ranks (ppsim prices the
+    all-to-all one). `arch`: the model's Architecture, or None for a uniform model."""
+    experts = arch is not None and arch.num_experts > 0
+    if etp is not None and experts and etp != arch.tp:
+        raise UserError("--expert-tensor-parallel-size", f"{etp}: ppsim splits each expert "
+                        f"over the tensor-parallel ranks (tp = {arch.tp}, Megatron's default)",
+                        "drop the flag, or give it the tensor-parallel size")
+    if dispatcher == "allgather" and experts and arch.ep > 1:
+        raise UserError("--moe-token-dispatcher-type", "allgather: ppsim prices the "
+                        "all-to-all dispatch between expert-parallel ranks",
+                        "give alltoall (or flex), or ep 1")

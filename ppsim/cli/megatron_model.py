@@ -41,9 +41,14 @@ ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
 IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base": float,
            "rotary-percent": float, "init-method-std": float, "disable-bias-linear": None,
            "qk-layernorm": None, "attention-softmax-in-fp32": None, "use-flash-attn": None,
-           "sequence-parallel": None, "transformer-impl": str, "use-mcore-models": None}
+           "sequence-parallel": None, "transformer-impl": str, "use-mcore-models": None,
+           "moe-router-load-balancing-type": [str], "moe-aux-loss-coeff": [float],
+           "moe-router-score-function": str, "moe-router-enable-expert-bias": None,
+           "moe-router-topk-scaling-factor": float, "moe-router-bias-update-rate": float,
+           "moe-router-dtype": str, "moe-permute-fusion": None,
+           "moe-z-loss-coeff": float, "moe-router-pre-softmax": None}
 """Accepted as Megatron takes them; ppsim's costs do not depend on them (sequence
-parallelism is always assumed with tp > 1). None: a switch."""
+parallelism is always assumed with tp > 1). None: a switch; [type]: one or more values."""
 POSITIONS = {"learned_absolute": "learned", "rope": "rotary", "yarn": "rotary",
              "mrope": "rotary"}
 REQUIRED = (("num_layers", "--num-layers"), ("hidden_size", "--hidden-size"),
@@ -87,8 +92,13 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     for flag, kind in IGNORED.items():
         if kind is None:
             g.add_argument(f"--{flag}", action="store_true", default=None, help=hidden)
+        elif isinstance(kind, list):
+            g.add_argument(f"--{flag}", nargs="+", type=kind[0], help=hidden)
         else:
             g.add_argument(f"--{flag}", type=kind, help=hidden)
+    g.add_argument("--expert-tensor-parallel-size", type=int, help=hidden)
+    g.add_argument("--moe-token-dispatcher-type", choices=("allgather", "alltoall", "flex"),
+                   help=hidden)
 
 
 def given(args: argparse.Namespace) -> bool:

@@ -153,3 +153,27 @@ def test_a_moe_layer_freq_number_puts_an_moe_layer_every_n_from_the_first(every:
                                                                           n: int) -> None:
     pattern = moe_layer_pattern(str(every), n)
     assert [i for i, bit in enumerate(pattern) if bit] == list(range(0, n, every))
+
+
+MIXTRAL = "simulate --preset mixtral-8x7b --hardware h100-80gb --tp 2 --ep 4 --pp 2"
+
+
+def test_an_moe_scripts_router_numerics_change_nothing() -> None:
+    plain = _json(shlex.split(MIXTRAL))
+    assert _json(shlex.split(
+        f"{MIXTRAL} --expert-tensor-parallel-size 2 --moe-token-dispatcher-type alltoall "
+        "--moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-2 "
+        "--moe-router-dtype fp32 --moe-permute-fusion --moe-router-score-function softmax"
+    )) == plain
+
+
+@pytest.mark.parametrize("flags, message", [
+    ("--expert-tensor-parallel-size 1", "--expert-tensor-parallel-size: 1: ppsim splits "
+     "each expert over the tensor-parallel ranks (tp = 2"),
+    ("--moe-token-dispatcher-type allgather", "--moe-token-dispatcher-type: allgather"),
+])
+def test_expert_layouts_ppsim_does_not_price_are_refused_by_name(flags: str, message: str,
+                                                                 capsys) -> None:
+    assert main([*shlex.split(MIXTRAL), *flags.split()]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
