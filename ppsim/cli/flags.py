@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from typing import Any
 
 from ppsim import fileio
@@ -12,7 +13,7 @@ from ppsim.cli import megatron_flags, megatron_model
 from ppsim.config import files, validate
 from ppsim.config.model import parse_model
 from ppsim.config.overrides import MODEL_KEYS, PIPELINE_KEYS, with_overrides
-from ppsim.config.schema import SPLIT_KEYS, Config, load_config
+from ppsim.config.schema import SPLIT_KEYS, Config, PipelineConfig, load_config
 from ppsim.errors import UserError
 from ppsim.job import shape as job_shape
 from ppsim.schedules.generators import schedule_for_vpp
@@ -213,6 +214,11 @@ def config_from_args(args: argparse.Namespace) -> Config:
     base = parse_model({"preset": flag("preset")}) if flag("preset") else \
         cfg.model if args.config else None
     table = megatron_model.model_table(args, base)
+    if table is not None and base is None:
+        # A job described by Megatron's flags alone has Megatron's pipeline defaults (no
+        # --pipeline-model-parallel-size: one stage; no global batch: one microbatch),
+        # not the embedded default's two CPU ranks.
+        cfg = replace(cfg, pipeline=PipelineConfig(pp=1, microbatches=1))
     cfg = with_overrides(cfg, preset=None if table else flag("preset"), model_table=table,
                          memory=memory or None,
                          model={k: flag(k) for k in keys} | ({"recompute": mode} if mode

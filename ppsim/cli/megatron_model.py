@@ -46,7 +46,8 @@ IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base":
            "moe-router-score-function": str, "moe-router-enable-expert-bias": None,
            "moe-router-topk-scaling-factor": float, "moe-router-bias-update-rate": float,
            "moe-router-dtype": str, "moe-permute-fusion": None,
-           "moe-z-loss-coeff": float, "moe-router-pre-softmax": None}
+           "moe-z-loss-coeff": float, "moe-router-pre-softmax": None,
+           "attention-backend": str, "apply-layernorm-1p": None}
 """Accepted as Megatron takes them; ppsim's costs do not depend on them (sequence
 parallelism is always assumed with tp > 1). None: a switch; [type]: one or more values."""
 POSITIONS = {"learned_absolute": "learned", "rope": "rotary", "yarn": "rotary",

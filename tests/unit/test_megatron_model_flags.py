@@ -108,10 +108,18 @@ def test_over_a_preset_the_flags_change_only_what_they_name(capsys) -> None:
 def test_a_model_built_from_flags_is_priced_on_a_gpu_and_says_so(capsys) -> None:
     sim = _json(["simulate", "--num-layers", "4", "--hidden-size", "4096",
                  "--num-attention-heads", "32", "--seq-length", "4096", "--vocab-size",
-                 "32000", "--bf16", "--mtp-num-layers", "1", "--pp", "1"])
+                 "32000", "--bf16", "--mtp-num-layers", "1"])
     assert "assuming --hardware h100-80gb: Megatron's flags" in capsys.readouterr().err
     assert sum(r["layers"] for r in sim["ranks"]) == 5  # four decoder layers and the MTP one
     assert sim["memory_limit_bytes"] == 80e9
+    # Megatron's pipeline defaults, not the embedded default's two CPU ranks: one stage,
+    # and a global batch of micro batch x dp (one microbatch) unless one is given.
+    assert (sim["pp"], sim["microbatches"]) == (1, 1)
+    job = _json(["simulate", "--num-layers", "4", "--hidden-size", "4096",
+                 "--num-attention-heads", "32", "--seq-length", "4096", "--vocab-size",
+                 "32000", "--pipeline-model-parallel-size", "2", "--gpus", "8",
+                 "--micro-batch-size", "2", "--global-batch-size", "64"])
+    assert (job["pp"], job["microbatches"], job["job"]["dp"]) == (2, 8, 4)
 
 
 @pytest.mark.parametrize("argv, message", [
