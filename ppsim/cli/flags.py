@@ -22,7 +22,7 @@ MEMORY_FLAGS = {"recompute_modules": "recompute_modules",
                 "recompute_layers": "recompute_num_layers",
                 "offload_modules": "offload_modules", "offload_fraction": "offload_fraction"}
 """[memory] key -> the flag that sets it."""
-JOB_MODEL_KEYS = ("dp", "cp", "ep", "distributed_optimizer")
+JOB_MODEL_KEYS = ("dp", "cp", "ep", "distributed_optimizer", "grad_reduce_in_bf16")
 """[model] fields only the job flags set."""
 RESHAPING = ("pp", "vpp", "num_layers", "preset", "hybrid_layer_pattern")
 """Flags that change how many layers or stages there are (a saved split no longer fits)."""
@@ -133,6 +133,8 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
     j.add_argument("--use-distributed-optimizer", dest="distributed_optimizer",
                    action="store_true", default=None,
                    help="shard optimizer states and gradients over dp (ZeRO-1)")
+    j.add_argument("--grad-reduce-in-bf16", dest="grad_reduce_in_bf16", action="store_true",
+                   default=None, help="keep and reduce bf16 gradients in bf16, not fp32")
     for name in ("tp-comm-overlap", "overlap-grad-reduce", "overlap-param-gather"):
         j.add_argument(f"--{name}", action="store_true", default=None)
 

@@ -74,6 +74,7 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
     out += ["--sequence-parallel"] * (s.tp > 1) + shlex.split(split)
     out += ["--micro-batch-size", str(s.mbs), "--global-batch-size", str(gbs), *policy]
     out += ["--use-distributed-optimizer"] * job.arch.distributed_optimizer
+    out += ["--grad-reduce-in-bf16"] * job.arch.grad_reduce_in_bf16
     for on, flag in ((job.tp_comm_overlap, "--tp-comm-overlap"),
                      (job.overlap_grad_reduce, "--overlap-grad-reduce"),
                      (job.overlap_param_gather, "--overlap-param-gather")):

@@ -21,7 +21,7 @@ from ppsim.errors import UserError
 from ppsim.job import shape as job_shape
 
 MODEL_KEYS = ("num_layers", "recompute", "tp", "micro_batch_size", "hybrid_layer_pattern", "dp",
-              "cp", "ep", "seq_length", "distributed_optimizer")
+              "cp", "ep", "seq_length", "distributed_optimizer", "grad_reduce_in_bf16")
 """[model] fields an override may set (the rest come from the file or the preset)."""
 PIPELINE_KEYS = ("pp", "vpp", "microbatches", "schedule", "actions_csv",
                  "microbatch_group_size", "global_batch_size", "rank_order", "tp_comm_overlap",

@@ -263,7 +263,8 @@ def transformer(raw: dict[str, Any]) -> None:
         if key in raw and typed(f"model.{key}", raw[key], int) < low:
             raise UserError(f"model.{key}", f"must be at least {low}, got {raw[key]}",
                             "use a whole number >= " + str(low))
-    for key in ("gated_mlp", "distributed_optimizer", "dropout", "tie_embeddings"):
+    for key in ("gated_mlp", "distributed_optimizer", "dropout", "tie_embeddings",
+                "grad_reduce_in_bf16"):
         if key in raw:
             typed(f"model.{key}", raw[key], bool)
     if "layers" in raw:

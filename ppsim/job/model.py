@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from ppsim.costs.arch import Architecture
+from ppsim.costs.arch import Architecture, grad_bytes
 from ppsim.costs.layerops import padded_vocab
 from ppsim.costs.transformer import Accelerator, accelerator
 from ppsim.job.collectives import Link, all_reduce_ms, link
@@ -23,7 +23,6 @@ from ppsim.job.shape import JobShape, job_shape
 from ppsim.job.tail import Tail, rank_tail
 from ppsim.job.throughput import Throughput, throughput
 from ppsim.job.topology import Network, network
-from ppsim.sim.summary import GRAD_BYTES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,7 +85,8 @@ class Job:
         pp = self.shape.sizes.pp
         if not self.ties_stages or pipeline_rank not in (0, pp - 1):
             return 0.0
-        nbytes = padded_vocab(self.arch) * self.arch.hidden_size / self.arch.tp * GRAD_BYTES
+        nbytes = padded_vocab(self.arch) * self.arch.hidden_size / self.arch.tp \
+            * grad_bytes(self.arch)
         hops = self.groups.pipeline_hops
         ends = Span(size=2, per_node=1 if any(hops) else 2, nodes=2 if any(hops) else 1)
         return all_reduce_ms(nbytes, link(self.network, ends))

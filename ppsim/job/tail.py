@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ppsim.costs.arch import DTYPE_BYTES
+from ppsim.costs.arch import DTYPE_BYTES, grad_bytes
 from ppsim.costs.layerops import padded_vocab
 from ppsim.job.collectives import Link, all_gather_ms, all_reduce_ms, reduce_scatter_ms
-from ppsim.sim.summary import ADAM_BYTES_PER_PARAM, GRAD_BYTES
+from ppsim.sim.summary import ADAM_BYTES_PER_PARAM
 
 if TYPE_CHECKING:
     from ppsim.job.model import Job
@@ -61,18 +61,18 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
     n = job.groups.dp.size
     edge = max(bucket_params(job), embedding_params(job) if holds_embedding else 0)
     bucket = min(params, edge)
-    shard = params
+    shard, grads = params, grad_bytes(job.arch)
     if job.arch.distributed_optimizer:
-        rs = reduce_scatter_ms(params * GRAD_BYTES, g)
+        rs = reduce_scatter_ms(params * grads, g)
         ag = all_gather_ms(params * DTYPE_BYTES[job.arch.dtype], g)
-        reduce = (_overlapped(rs, reduce_scatter_ms(bucket * GRAD_BYTES, g), backward_ms,
+        reduce = (_overlapped(rs, reduce_scatter_ms(bucket * grads, g), backward_ms,
                               job.overlap_grad_reduce)
                   + _overlapped(ag, all_gather_ms(bucket * DTYPE_BYTES[job.arch.dtype], g),
                                 forward_ms, job.overlap_param_gather))
         shard = params / n
     else:
-        ar = all_reduce_ms(params * GRAD_BYTES, g)
-        reduce = _overlapped(ar, all_reduce_ms(bucket * GRAD_BYTES, g), backward_ms,
+        ar = all_reduce_ms(params * grads, g)
+        reduce = _overlapped(ar, all_reduce_ms(bucket * grads, g), backward_ms,
                              job.overlap_grad_reduce)
     step = shard * ADAM_BYTES_PER_PARAM / (memory_bandwidth_gbps * 1e6) \
         if memory_bandwidth_gbps > 0 else 0.0

@@ -134,3 +134,22 @@ def test_only_the_embeddings_rank_waits_for_the_embeddings_bucket() -> None:
 
     assert reduce[0] == pytest.approx(rs_ag(128256 * 4096), rel=1e-9)
     assert reduce[1] == pytest.approx(rs_ag(40e6), rel=1e-9)
+
+
+def test_gradients_reduced_in_bf16_halve_the_reduce_scatter_and_two_bytes_a_parameter(
+        ) -> None:
+    """Megatron's --grad-reduce-in-bf16: the gradient buffer is bf16, so the reduce-scatter
+    moves 2 bytes a parameter and each rank holds 2 + 2 + 12 / dp bytes a parameter (bf16
+    weights and gradients, the fp32 master weights and Adam moments sharded), not 6 + 12 /
+    dp."""
+    fp32 = build_problem(cfg({"dp": 16, "distributed_optimizer": True}))
+    bf16 = build_problem(cfg({"dp": 16, "distributed_optimizer": True,
+                              "grad_reduce_in_bf16": True}))
+    params = sum(c.params for c in fp32.stage_costs)
+    bus = min(NV, 8 * NIC)
+    saved = 15 / 16 * params * (4 - 2) / bus  # the reduce-scatter's bytes, halved
+    assert simulate(bf16).summary.iteration_time_ms == pytest.approx(
+        simulate(fp32).summary.iteration_time_ms - saved, rel=1e-9)
+    assert sum(c.static_bytes for c in bf16.stage_costs) == pytest.approx(
+        sum(c.static_bytes for c in fp32.stage_costs) * (4 + 12 / 16) / (6 + 12 / 16),
+        rel=1e-6)
