@@ -55,7 +55,7 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
 
 
 def _calibrate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("trace", metavar="TRACE", help="a trace written by ppsim run")
+    p.add_argument("trace", metavar="TRACE", nargs="?", help="a trace written by ppsim run")
     add_config_flags(p, split_flags=False)
     g = p.add_argument_group("calibrate")
     g.add_argument("--out", default="costs-calibrated.json", metavar="FILE",
@@ -176,7 +176,24 @@ def _print_costs(doc: dict[str, Any], title: str) -> None:
                 "keeps none and the hardware preset's P2P applies")
 
 
+def trace_argument(args: argparse.Namespace) -> str:
+    """TRACE, also where a flag taking several values (--recompute-modules a b) took it as
+    its last value, as argparse does when TRACE comes after such a flag."""
+    if args.trace is not None:
+        return args.trace
+    for name, value in vars(args).items():
+        if isinstance(value, list) and value and isinstance(value[-1], str) \
+                and value[-1].endswith(".json"):
+            args.trace = value.pop()
+            if not value:
+                setattr(args, name, None)
+            return args.trace
+    raise UserError("TRACE", "missing", "give the trace ppsim run wrote: ppsim calibrate "
+                    "TRACE [flags]")
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    trace_argument(args)
     cfg = config_from_args(args)
     outputs_apart(args, {"--out": args.out}, {"TRACE": args.trace}, cfg=cfg)
     trace = read_trace(args.trace)

@@ -192,6 +192,24 @@ def test_calibrate_recovers_known_factors_from_a_simulated_trace(
     assert again == pytest.approx(span)
 
 
+def test_calibrate_takes_the_trace_after_a_flag_of_several_values(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--recompute-modules core_attn TRACE` gave TRACE to the module list, and argparse
+    said "the following arguments are required: TRACE"."""
+    trace = tmp_path / "sim.json"
+    flags = ["--recompute-modules", "core_attn"]
+    assert main(["simulate", *flags, "--trace", str(trace)]) == 0
+    capsys.readouterr()
+    runs = [["calibrate", str(trace), *flags], ["calibrate", *flags, str(trace)]]
+    got = []
+    for argv in runs:
+        assert main([*argv, "--out", str(tmp_path / "c.json"), "--json"]) == 0
+        got.append(json.loads(capsys.readouterr().out))
+    assert got[0] == got[1] and got[0]["trace"] == str(trace)
+    assert main(["calibrate", *flags]) == 2
+    assert "error: TRACE: missing" in capsys.readouterr().err
+
+
 def test_calibrate_scales_the_split_backward_path_with_its_weight_gradients(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """W measured 2.5x its profile on a split-backward schedule: the calibrated file keeps
