@@ -25,7 +25,7 @@ from ppsim.pipeline.problem import Problem, build_problem, resolve_split
 from ppsim.pipeline.split import Split, even_counts
 from ppsim.plan import planner
 from ppsim.policy.model import StagePolicy
-from ppsim.policy.setup import configured_policy
+from ppsim.policy.setup import stage_policies
 from ppsim.schedules.generators import SCHEDULES, schedule_for_vpp, schedule_placement
 from ppsim.sim.engine import Simulation
 from ppsim.sim.simulate import simulate
@@ -103,8 +103,7 @@ def state_from_config(cfg: Config) -> EditState:
                         "give the memory one rank may use, e.g. --memory-gb 80")
     # no split given: the core's default (Megatron's even split, else near-even)
     split = resolve_split(cfg, None, schedule_placement(p.schedule))
-    pol = configured_policy(cfg, split.num_stages) if cfg.memory is not None else None
-    policies = tuple(pol.of(i) for i in range(split.num_stages)) if pol else ()
+    policies = stage_policies(cfg, split) if cfg.memory is not None else ()
     return EditState(model_preset=cfg.model.preset, recompute=_recompute(cfg.model),
                      schedule=p.schedule, pp=p.pp, vpp=p.vpp, microbatches=p.microbatches,
                      counts=tuple(split.counts), memory_bytes=mem,

@@ -20,7 +20,8 @@ from ppsim.schedules.generators import schedule_for_vpp
 
 MEMORY_FLAGS = {"recompute_modules": "recompute_modules",
                 "recompute_layers": "recompute_num_layers",
-                "offload_modules": "offload_modules", "offload_fraction": "offload_fraction"}
+                "offload_modules": "offload_modules", "offload_fraction": "offload_fraction",
+                "offload_step_bytes": "delta_offload_bytes_across_pp_ranks"}
 """[memory] key -> the flag that sets it."""
 JOB_MODEL_KEYS = ("dp", "cp", "ep", "distributed_optimizer", "grad_reduce_in_bf16")
 """[model] fields only the job flags set."""
@@ -89,7 +90,8 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
     g.add_argument("--fine-grained-activation-offloading", action="store_true", default=None,
                    help="accepted as Megatron takes it with --offload-modules")
     g.add_argument("--delta-offload-bytes-across-pp-ranks", type=int, metavar="BYTES",
-                   help="Megatron's per-rank offload step: refused, with what to do instead")
+                   help="Megatron's per-rank offload step: each pp rank offloads this many "
+                   "bytes a microbatch fewer")
     g.add_argument("--tp", "--tensor-model-parallel-size", dest="tp", type=int, metavar="N",
                    help="tensor-parallel size")
     g.add_argument("--memory-gb", type=float, metavar="GB", help="memory limit per rank")
@@ -201,10 +203,6 @@ def config_from_args(args: argparse.Namespace) -> Config:
         ("selective" if flag("recompute_activations") else None)
     mode = megatron_flags.recompute_mode(granularity, flag("recompute_method"), memory,
                                          flag("recompute"))
-    if flag("delta_offload_bytes_across_pp_ranks"):
-        raise UserError("--delta-offload-bytes-across-pp-ranks", "a per-rank offload step in "
-                        "bytes is not read here (ppsim plans the step as a fraction: plan "
-                        "--search policy)", "drop it to run one offload fraction on every rank")
     pipeline = {k: flag(k) for k in PIPELINE_KEYS if k != "global_batch_size"}
     if pipeline.get("vpp") is not None and pipeline.get("schedule") is None:
         # As Megatron, --vpp alone picks the 1F1B variant (an explicit --schedule is kept).

@@ -199,7 +199,7 @@ def with_policy(cfg: Config, problem: Problem) -> Problem:
     """The problem priced by the config's [memory] policy, when it has one."""
     if cfg.memory is None:
         return problem
-    memory = fixed_policy(cfg, problem.split.num_stages)
+    memory = fixed_policy(cfg, problem.split)
     return replace(problem, costs=memory.costs.base, memory=memory)
 
 

@@ -113,6 +113,9 @@ class MemoryPolicy:
     """The policy of every stage the per-stage tables do not name."""
     stages: tuple[tuple[int, StagePolicy], ...] = ()
     """(virtual stage, its policy) for the stages given their own."""
+    offload_step_bytes: int = 0
+    """Megatron's --delta-offload-bytes-across-pp-ranks: each pp rank after the first
+    offloads this many bytes a microbatch fewer (stages without a table of their own)."""
 
     def of(self, stage: int) -> StagePolicy:
         for i, p in self.stages:
@@ -129,7 +132,12 @@ def memory_policy(table: dict[str, Any], mode: str, num_stages: int | None = Non
                   ) -> MemoryPolicy:
     """A [memory] section (with [[memory.stage]] tables) over the global `mode`."""
     per = table.get("stage", [])
-    base = stage_policy("memory", {k: v for k, v in table.items() if k != "stage"},
+    step = table.get("offload_step_bytes", 0)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise UserError("memory.offload_step_bytes", f"must be a whole number of bytes >= 0, "
+                        f"got {step!r}"[:200], "give the bytes each pp rank offloads fewer")
+    base = stage_policy("memory", {k: v for k, v in table.items()
+                                   if k not in ("stage", "offload_step_bytes")},
                         shorthand(mode))
     if not isinstance(per, list) or not all(isinstance(t, dict) for t in per):
         raise UserError("memory.stage", "expected [[memory.stage]] tables",
@@ -144,4 +152,9 @@ def memory_policy(table: dict[str, Any], mode: str, num_stages: int | None = Non
         if i in stages:
             raise UserError("memory.stage.stage", f"stage {i} given twice", "give it once")
         stages[i] = stage_policy(f"memory.stage[{i}]", t, base)
-    return MemoryPolicy(default=base, stages=tuple(sorted(stages.items())))
+    if step and not base.offload_modules:
+        raise UserError("memory.offload_step_bytes", "steps the offload down each pp rank, "
+                        "but no offload_modules are set", "add offload_modules "
+                        "(--offload-modules), or drop the step")
+    return MemoryPolicy(default=base, stages=tuple(sorted(stages.items())),
+                        offload_step_bytes=step)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
 from ppsim.config.model import TransformerModel
 from ppsim.config.schema import Config
 from ppsim.costs.model import ModelCosts
@@ -10,7 +13,10 @@ from ppsim.errors import UserError
 from ppsim.job.layers import job_costs, per_rank_arch
 from ppsim.job.model import build_job
 from ppsim.policy.costs import Fixed, PolicyCosts
-from ppsim.policy.model import MemoryPolicy, memory_policy, shorthand
+from ppsim.policy.model import MemoryPolicy, StagePolicy, memory_policy, shorthand
+
+if TYPE_CHECKING:
+    from ppsim.pipeline.split import Split
 
 
 def policy_costs(cfg: Config) -> PolicyCosts:
@@ -42,11 +48,31 @@ def configured_policy(cfg: Config, num_stages: int) -> MemoryPolicy:
         else MemoryPolicy(default=shorthand(mode))
 
 
-def fixed_policy(cfg: Config, num_stages: int) -> Fixed:
+def stage_policies(cfg: Config, split: Split, costs: PolicyCosts | None = None
+                   ) -> tuple[StagePolicy, ...]:
+    """Each virtual stage's configured policy on `split`: a per-rank offload step in bytes
+    (Megatron's delta) lowers the offload fraction of rank r's stages by r steps, a step
+    being that many bytes over what the first stage offloads a microbatch at fraction 1
+    (the inverse of ppsim.policy.megatron.policy_export)."""
+    pol = configured_policy(cfg, split.num_stages)
+    policies = tuple(pol.of(i) for i in range(split.num_stages))
+    if not pol.offload_step_bytes or not pol.default.offloads:
+        return policies
+    first = split.stages[0]
+    whole = replace(pol.of(0), offload_fraction=1.0)
+    full = (costs or policy_costs(cfg)).host_bytes(whole, first.offset, first.layers)
+    step = pol.offload_step_bytes / full if full else 0.0
+    own = {i for i, _ in pol.stages}
+    return tuple(p if i in own else replace(p, offload_fraction=max(
+        0.0, round(p.offload_fraction - step * (i % split.pp), 12)))
+        for i, p in enumerate(policies))
+
+
+def fixed_policy(cfg: Config, split: Split) -> Fixed:
     """Each virtual stage's configured policy, priced; a module policy on a hybrid stack
     (whose mixers know no modules: they keep all, or block N recomputes them) refused."""
-    pol = configured_policy(cfg, num_stages)
-    policies = tuple(pol.of(i) for i in range(num_stages))
+    costs = policy_costs(cfg)
+    policies = stage_policies(cfg, split, costs)
     if cfg.model.fields().get("hybrid_layer_pattern") and any(
             p.recompute_modules or p.offload_modules for p in policies):
         raise UserError("memory", "a hybrid layer pattern takes block recompute only "
@@ -54,4 +80,4 @@ def fixed_policy(cfg: Config, num_stages: int) -> Fixed:
                         "recompute or offload modules here)",
                         "use --recompute-num-layers N (or recompute = \"full\") and drop "
                         "the recompute and offload modules")
-    return Fixed(costs=policy_costs(cfg), policies=policies)
+    return Fixed(costs=costs, policies=policies)

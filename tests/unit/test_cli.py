@@ -286,7 +286,8 @@ def test_every_pricing_command_prices_a_gpu_model_on_an_assumed_gpu(capsys, argv
         assert 0 < best["iteration_time_ms"] < 1e5
         assert best["throughput"]["tflops_per_gpu"] > 50
     assert main([*argv, "--json", "--hardware", "cpu"]) in (0, 3)
-    assert capsys.readouterr().err == ""
+    # Nothing assumed (a budget that ran out on a loaded machine may still say so).
+    assert "assuming" not in capsys.readouterr().err
 
 
 def test_vpp_alone_picks_megatrons_interleaved_1f1b(capsys):

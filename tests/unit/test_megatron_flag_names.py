@@ -14,6 +14,7 @@ from contextlib import redirect_stdout
 import pytest
 
 from ppsim.cli.main import main
+from ppsim.sim.simulate import simulate
 
 
 def _json(argv: list[str]) -> dict:
@@ -125,13 +126,36 @@ def test_megatrons_recompute_flags_are_refused_where_megatron_refuses_them(
     assert len(err.splitlines()) == 1 and f"error: {field}:" in err
 
 
-def test_megatrons_per_rank_offload_step_is_refused_by_name(capsys) -> None:
-    """It was argparse's "unrecognized arguments" for the whole line."""
-    assert main([*LLAMA, "--fine-grained-activation-offloading", "--offload-modules",
-                 "core_attn", "--delta-offload-bytes-across-pp-ranks", "1000"]) == 2
+def test_a_per_rank_offload_step_ppsim_exports_reads_back() -> None:
+    """Megatron's --delta-offload-bytes-across-pp-ranks, which `plan --search policy`
+    prints for a policy whose offload falls rank by rank, was refused when pasted back."""
+    from ppsim.config.schema import config_from_dict
+    from ppsim.pipeline.problem import build_problem
+    from ppsim.policy.model import StagePolicy
+    from ppsim.policy.report import policy_flags
+
+    fractions = (1.0, 0.75, 0.5, 0.25)
+    policies = tuple(StagePolicy(offload_modules=("core_attn", "attn_proj"), offload_fraction=f)
+                     for f in fractions)
+    problem = build_problem(config_from_dict({
+        "model": {"preset": "llama3-70b", "recompute": "none"},
+        "pipeline": {"pp": 4, "microbatches": 8}, "hardware": {"preset": "h100-80gb"},
+        "memory": {"stage": [p.to_dict(i) for i, p in enumerate(policies)]}}))
+    flags = policy_flags(problem, policies).megatron_flags
+    assert flags is not None and "--delta-offload-bytes-across-pp-ranks" in flags
+    ours = _json([*LLAMA, "--recompute", "none", *flags])
+    assert [p["offload_fraction"] for p in ours["policy"]] == pytest.approx(fractions,
+                                                                             abs=1e-9)
+    per_stage = simulate(problem).summary
+    assert ours["iteration_time_ms"] == pytest.approx(per_stage.iteration_time_ms, rel=1e-9)
+    assert [r["peak_memory_bytes"] for r in ours["ranks"]] == pytest.approx(
+        [r.peak_memory_bytes for r in per_stage.ranks], rel=1e-9)
+
+
+def test_an_offload_step_without_offload_modules_is_refused(capsys) -> None:
+    assert main([*LLAMA, "--delta-offload-bytes-across-pp-ranks", "1000"]) == 2
     err = capsys.readouterr().err
-    assert len(err.splitlines()) == 1
-    assert "error: --delta-offload-bytes-across-pp-ranks: a per-rank offload step" in err
+    assert len(err.splitlines()) == 1 and "memory.offload_step_bytes" in err
 
 
 @pytest.mark.parametrize("megatron, ours", [
