@@ -170,19 +170,36 @@ def _gpus_dp(cfg: Config, gpus: int | None) -> int | None:
     return job_shape.dp_for_gpus(gpus, a.tp, a.cp, cfg.pipeline.pp)
 
 
-def config_from_args(args: argparse.Namespace) -> Config:
-    """Load --config (or the default) and apply the flags on top (ppsim.config.overrides)."""
-    cfg = load_config(args.config)
-    flag = lambda key: getattr(args, key, None)  # noqa: E731 - a command may lack a flag
+def _split_choice(args: argparse.Namespace, flag: Any) -> dict[str, Any] | None:
+    """The split the flags choose: a given one replaces the file's; {} (the default split)
+    where the embedded default's own no longer fits; None: keep the file's."""
     chosen = {k: flag(k) for k in SPLIT_KEYS}
-    split: dict[str, Any] | None = None
     if any(v is not None for v in chosen.values()):
-        # A split given on the command line replaces whatever the file chose.
         if chosen["split"] is not None:
             chosen["split"] = _ints(chosen["split"], "--split")
-        split = chosen
-    elif args.config is None and any(flag(k) is not None for k in RESHAPING):
-        split = {}  # the embedded default's split fits only the embedded default
+        return chosen
+    if args.config is None and any(flag(k) is not None for k in RESHAPING):
+        return {}
+    return None
+
+
+def _memory_flags(flag: Any) -> tuple[dict[str, Any], str | None]:
+    """The [memory] keys the flags set, and the global recompute mode they say."""
+    memory = {key: flag(name) for key, name in MEMORY_FLAGS.items() if flag(name) is not None}
+    for key in ("recompute_modules", "offload_modules"):  # "a,b", "a b" or a b
+        if isinstance(memory.get(key), list):
+            memory[key] = " ".join(memory[key])
+    if "offload_modules" in memory and "offload_fraction" not in memory:
+        memory["offload_fraction"] = 1.0
+    granularity = flag("recompute_granularity") or \
+        ("selective" if flag("recompute_activations") else None)
+    return memory, megatron_flags.recompute_mode(granularity, flag("recompute_method"), memory,
+                                                 flag("recompute"))
+
+
+def _hardware_flags(args: argparse.Namespace, flag: Any
+                    ) -> tuple[float | None, list[int] | None]:
+    """--memory-gb in bytes and --devices as a list (None: not given)."""
     limit = flag("memory_gb")
     if limit is not None:
         limit = validate.number(
@@ -193,16 +210,15 @@ def config_from_args(args: argparse.Namespace) -> Config:
         devices = _ints(args.devices, "--devices")
         if isinstance(devices, str):
             raise UserError("--devices", "needs one device index per rank", "e.g. 0,0")
-    memory = {key: flag(name) for key, name in MEMORY_FLAGS.items() if flag(name) is not None}
-    for key in ("recompute_modules", "offload_modules"):  # "a,b", "a b" or a b
-        if isinstance(memory.get(key), list):
-            memory[key] = " ".join(memory[key])
-    if "offload_modules" in memory and "offload_fraction" not in memory:
-        memory["offload_fraction"] = 1.0
-    granularity = flag("recompute_granularity") or \
-        ("selective" if flag("recompute_activations") else None)
-    mode = megatron_flags.recompute_mode(granularity, flag("recompute_method"), memory,
-                                         flag("recompute"))
+    return limit, devices
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Load --config (or the default) and apply the flags on top (ppsim.config.overrides)."""
+    cfg = load_config(args.config)
+    flag = lambda key: getattr(args, key, None)  # noqa: E731 - a command may lack a flag
+    limit, devices = _hardware_flags(args, flag)
+    memory, mode = _memory_flags(flag)
     pipeline = {k: flag(k) for k in PIPELINE_KEYS if k != "global_batch_size"}
     if pipeline.get("vpp") is not None and pipeline.get("schedule") is None:
         # As Megatron, --vpp alone picks the 1F1B variant (an explicit --schedule is kept).
@@ -223,12 +239,19 @@ def config_from_args(args: argparse.Namespace) -> Config:
                          memory=memory or None,
                          model={k: flag(k) for k in keys} | ({"recompute": mode} if mode
                                                             else {}),
-                         pipeline=pipeline, split=split, hardware=flag("hardware"),
-                         memory_bytes=limit, costs_file=flag("costs"), devices=devices)
+                         pipeline=pipeline, split=_split_choice(args, flag),
+                         hardware=flag("hardware"), memory_bytes=limit,
+                         costs_file=flag("costs"), devices=devices)
     cfg = _layers_per_virtual_stage(cfg, flag)
     megatron_flags.check_experts_parallel(getattr(cfg.model, "arch", None),
                                           flag("expert_tensor_parallel_size"),
                                           flag("moe_token_dispatcher_type"))
+    _check_layer_counts(cfg, flag)
+    return _with_world(cfg, flag)
+
+
+def _check_layer_counts(cfg: Config, flag: Any) -> None:
+    """--mtp-num-layers and --num-layers against the model they were applied to."""
     mtp = flag("mtp_num_layers")
     if mtp is not None and mtp != getattr(cfg.model, "mtp_layers", 0):
         raise UserError("--mtp-num-layers", f"{mtp} disagrees with the model's "
@@ -239,7 +262,11 @@ def config_from_args(args: argparse.Namespace) -> Config:
         # Only a hybrid pattern overrides the flag; Megatron warns and goes on the same way.
         print(f"warning: --num-layers {wanted} ignored: the hybrid layer pattern has "
               f"{cfg.num_layers} layers", file=sys.stderr)
-    # The world gives dp once tp, cp and pp are known; then the global batch divides by it.
+
+
+def _with_world(cfg: Config, flag: Any) -> Config:
+    """The world gives dp once tp, cp and pp are known; then the global batch divides
+    by it."""
     dp = _gpus_dp(cfg, flag("gpus"))
     if dp is not None and flag("dp") is not None and flag("dp") != dp:
         raise UserError("--dp", f"{flag('dp')} disagrees with --gpus {flag('gpus')}, which "
