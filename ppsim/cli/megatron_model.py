@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import ast
 import sys
+from dataclasses import fields as dataclass_fields
 from typing import Any
 
 from ppsim.config.model import Model, TransformerModel
+from ppsim.costs.arch import Architecture, layer_kinds
 from ppsim.errors import UserError
 
 INT_FLAGS = {
@@ -47,7 +49,7 @@ IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base":
            "moe-router-topk-scaling-factor": float, "moe-router-bias-update-rate": float,
            "moe-router-dtype": str, "moe-permute-fusion": None,
            "moe-z-loss-coeff": float, "moe-router-pre-softmax": None,
-           "attention-backend": str, "apply-layernorm-1p": None}
+           "attention-backend": str, "apply-layernorm-1p": None, "squared-relu": None}
 """Accepted as Megatron takes them; ppsim's costs do not depend on them (sequence
 parallelism is always assumed with tp > 1). None: a switch; [type]: one or more values."""
 POSITIONS = {"learned_absolute": "learned", "rope": "rotary", "yarn": "rotary",
@@ -290,3 +292,66 @@ def layer_kinds_spec(pattern: list[int]) -> str:
         else:
             runs.append([kind, 1])
     return ", ".join(f"{kind}*{n}" for kind, n in runs)
+
+
+RECOMPUTE_FLAGS = {"none": [], "selective": ["--recompute-granularity", "selective"],
+                   "full": ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                            "--recompute-num-layers", "1"]}
+"""A global recompute mode as Megatron's flags."""
+MAMBA_DEFAULTS = {f.name: f.default for f in dataclass_fields(Architecture)
+                  if f.name.startswith(("mamba_", "linear_"))}
+
+
+def megatron_model_args(a: Architecture) -> list[str]:
+    """The model as Megatron's arguments, the inverse of `model_table` over nothing: the
+    shapes, the kinds of layer, the precision, dropout, the recompute mode, and tp and ep
+    (what a launch script's MODEL_ARGS and parallel sizes hold)."""
+    def kv(flag: str, value: object) -> list[str]:
+        return [flag, str(value)]
+
+    out = kv("--hybrid-layer-pattern", a.hybrid_layer_pattern) if a.hybrid_layer_pattern \
+        else kv("--num-layers", a.num_layers)
+    out += kv("--hidden-size", a.hidden_size) + kv("--ffn-hidden-size", a.ffn_hidden_size)
+    out += kv("--num-attention-heads", a.num_heads)
+    if a.attention == "mla":
+        out += ["--multi-latent-attention"] + kv("--q-lora-rank", a.q_lora_rank) * bool(
+            a.q_lora_rank) + kv("--kv-lora-rank", a.kv_lora_rank) + kv(
+            "--qk-head-dim", a.head_dim or a.hidden_size // a.num_heads) + kv(
+            "--qk-pos-emb-head-dim", a.qk_rope_head_dim) + kv(
+            "--v-head-dim", a.v_head_dim or a.head_dim or a.hidden_size // a.num_heads)
+    else:
+        if a.num_kv_heads != a.num_heads:
+            out += ["--group-query-attention"] + kv("--num-query-groups", a.num_kv_heads)
+        out += kv("--kv-channels", a.head_dim) * bool(a.head_dim)
+    out += kv("--seq-length", a.seq_length) + kv("--max-position-embeddings", a.seq_length)
+    out += kv("--vocab-size", a.vocab_size) + ["--swiglu"] * a.gated_mlp
+    out += kv("--normalization", "RMSNorm" if a.rmsnorm else "LayerNorm")
+    out += kv("--position-embedding-type", "rope" if a.rotary else "learned_absolute")
+    out += ["--untie-embeddings-and-output-weights"] * (not a.tie_embeddings)
+    out += {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(a.dtype, [])
+    out += [] if a.dropout else kv("--attention-dropout", 0) + kv("--hidden-dropout", 0)
+    out += _moe_args(a) + kv("--mtp-num-layers", a.mtp_layers) * bool(
+        a.mtp_layers and not a.hybrid_layer_pattern)
+    for name, default in MAMBA_DEFAULTS.items():
+        if getattr(a, name) != default:
+            out += kv("--" + name.replace("_", "-"), getattr(a, name))
+    out += kv("--micro-batch-size", a.micro_batch_size) + RECOMPUTE_FLAGS[a.recompute]
+    out += (kv("--tensor-model-parallel-size", a.tp) + ["--sequence-parallel"]) * (a.tp > 1)
+    out += kv("--expert-model-parallel-size", a.ep) * (a.ep > 1)
+    return out + ["--use-distributed-optimizer"] * a.distributed_optimizer
+
+
+def _moe_args(a: Architecture) -> list[str]:
+    if not a.num_experts:
+        return []
+    out = ["--num-experts", str(a.num_experts), "--moe-router-topk", str(a.top_k),
+           "--moe-ffn-hidden-size", str(a.moe_ffn_hidden_size)]
+    if a.shared_experts:
+        out += ["--moe-shared-expert-intermediate-size",
+                str(a.shared_experts * a.moe_ffn_hidden_size)]
+    kinds = layer_kinds(a)
+    if not a.hybrid_layer_pattern and "dense" in kinds:
+        runs = layer_kinds_spec([int(k == "moe") for k in kinds]).split(", ")
+        out += ["--moe-layer-freq", "(" + "+".join(
+            f"[{int(kind == 'moe')}]*{n}" for kind, n in (r.split("*") for r in runs)) + ")"]
+    return out

@@ -15,6 +15,7 @@ from ppsim.cli.flags import (
     emit_json,
     outputs_apart,
 )
+from ppsim.cli.megatron_model import megatron_model_args
 from ppsim.cli.picture import render_png
 from ppsim.cli.render import (
     compact_table,
@@ -28,6 +29,7 @@ from ppsim.cli.render import (
 from ppsim.cli.schedule import print_notes
 from ppsim.config import files, limits
 from ppsim.config.limits import check_request
+from ppsim.config.model import TransformerModel, parse_model
 from ppsim.config.presets import HARDWARE_NOTES, HARDWARE_PRESETS, MODEL_NOTES, MODEL_PRESETS
 from ppsim.config.schema import Config
 from ppsim.costs.hybrid import KIND_SYMBOLS, HybridPattern
@@ -57,6 +59,8 @@ from ppsim.trace.schema import collective_strips, simulation_trace, step_spans, 
 def cmd_presets(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    if args.name is not None:
+        return _one_preset(args.name, args.json)
     if args.json:
         emit_json({"models": MODEL_PRESETS, "hardware": HARDWARE_PRESETS})
         return 0
@@ -76,6 +80,23 @@ def cmd_presets(args: argparse.Namespace) -> int:
     _preset_table(console, "hardware presets", ["name", "memory", "peak\nTFLOP/s", "efficiency",
                                                 "P2P\nGB/s", "GPUs\nper node", "NVLink\nGB/s",
                                                 "NIC\nGB/s"], hardware, HARDWARE_NOTES)
+    return 0
+
+
+def _one_preset(name: str, as_json: bool) -> int:
+    """A model preset's fields and its Megatron arguments (ppsim.cli.megatron_model)."""
+    if name not in MODEL_PRESETS:
+        raise UserError("NAME", f"{name!r} is not a model preset", "choose one of "
+                        + ", ".join(MODEL_PRESETS))
+    model = parse_model({"preset": name})
+    assert isinstance(model, TransformerModel)  # every model preset is a transformer
+    args = shlex.join(megatron_model_args(model.arch))
+    if as_json:
+        emit_json({"name": name, "fields": model.fields(), "note": MODEL_NOTES[name],
+                   "megatron_model_args": args})
+        return 0
+    print(f"{name}: {MODEL_NOTES[name]}")
+    print(f"Megatron: {args}")
     return 0
 
 
@@ -297,6 +318,8 @@ def _print_simulation(sim: Any) -> None:
 
 def register(commands: dict[str, Any]) -> None:
     def presets(p: argparse.ArgumentParser) -> None:
+        p.add_argument("name", metavar="NAME", nargs="?", help="a model preset: its "
+                       "Megatron arguments (the model, its precision, recompute, tp and ep)")
         p.add_argument("--json", action="store_true")
 
     def split(p: argparse.ArgumentParser) -> None:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from ppsim.cli.flags import add_config_flags, config_from_args
 from ppsim.cli.main import main
 from ppsim.cli.megatron_model import layer_kinds_spec, moe_layer_pattern
+from ppsim.config.presets import MODEL_PRESETS
 from ppsim.costs.arch import layer_kinds
 
 # Llama-3-8B as a Megatron launch script writes it (Megatron's Llama-3 example arguments).
@@ -185,3 +186,35 @@ def test_expert_layouts_ppsim_does_not_price_are_refused_by_name(flags: str, mes
     assert main([*shlex.split(MIXTRAL), *flags.split()]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def _comparable(a) -> dict:
+    """An architecture's fields, those with two spellings (the kinds spec, an empty norm or
+    position that the MLP decides) compared by what they mean."""
+    from dataclasses import asdict
+
+    out = asdict(a)
+    for spelled in ("dp", "layers", "norm", "position"):
+        out.pop(spelled)
+    return {**out, "kinds": layer_kinds(a), "rmsnorm": a.rmsnorm, "rotary": a.rotary}
+
+
+@pytest.mark.parametrize("name", list(MODEL_PRESETS))
+def test_a_presets_megatron_arguments_build_that_preset(name: str, capsys) -> None:
+    """`ppsim presets NAME` prints the model as a launch script's arguments; read back
+    alone (Megatron's defaults for the rest) they are the preset, field for field (dp,
+    which Megatron takes from the world size, aside)."""
+    from ppsim.config.model import parse_model
+
+    assert main(["presets", name, "--json"]) == 0
+    args = json.loads(capsys.readouterr().out)["megatron_model_args"]
+    assert _comparable(_arch(args)) == _comparable(parse_model({"preset": name}).arch)
+
+
+def test_presets_names_the_model_presets_when_given_another_name(capsys) -> None:
+    assert main(["presets", "h100-80gb"]) == 2
+    err = capsys.readouterr().err
+    assert "NAME: 'h100-80gb' is not a model preset" in err and "llama3-8b" in err
+    assert main(["presets", "llama3-8b"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("Megatron: --num-layers 32 --hidden-size 4096")
