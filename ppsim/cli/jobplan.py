@@ -201,6 +201,10 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
     if args.compare:
         raise UserError("--compare", "compares splits of one shape, not a job's shapes",
                         "drop --gpus to compare splits, or --compare to plan the job")
+    if getattr(args, "layers_per_virtual_stage", None) is not None:
+        raise UserError("--num-layers-per-virtual-pipeline-stage", "the job search varies "
+                        "pp, and with it the chunks a rank's layers make", "give --vpp N to "
+                        "hold the chunks per rank, or drop it")
     cfg, assumed = assume_hardware(args, config_from_args(argparse.Namespace(
         **{**vars(args), "gpus": None, "global_batch_size": None})))
     policy = _policy_axis(args.search, cfg)

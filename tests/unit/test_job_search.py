@@ -176,6 +176,14 @@ def test_sizes_given_as_flags_are_held(capsys) -> None:
     assert len({(c["cp"], c["vpp"], c["micro_batch_size"]) for c in cands}) > 1  # the rest vary
 
 
+def test_layers_per_virtual_stage_is_refused_by_the_job_search(capsys) -> None:
+    """It was ignored: the search varies pp, so a fixed chunk size holds no vpp."""
+    assert main(["plan", *ARGS, "--num-layers-per-virtual-pipeline-stage", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "error: --num-layers-per-virtual-pipeline-stage:" in err and len(
+        err.splitlines()) == 1
+
+
 def test_held_sizes_no_shape_has_are_refused_in_one_line(capsys) -> None:
     rc = main(["plan", *ARGS, "--tp", "2", "--pp", "16"])  # 2 x 16 > 16 GPUs
     err = capsys.readouterr().err.strip()
