@@ -207,6 +207,11 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
                         "hold the chunks per rank, or drop it")
     cfg, assumed = assume_hardware(args, config_from_args(argparse.Namespace(
         **{**vars(args), "gpus": None, "global_batch_size": None})))
+    etp = getattr(args, "expert_tensor_parallel_size", None)
+    experts = getattr(getattr(cfg.model, "arch", None), "num_experts", 0)
+    if etp is not None and experts and args.tp != etp:
+        raise UserError("--expert-tensor-parallel-size", "ppsim splits each expert over the "
+                        "tp ranks, and the job search varies tp", f"hold --tp {etp}, or drop it")
     policy = _policy_axis(args.search, cfg)
     with step_bar(not args.json and sys.stderr.isatty()) as progress:
         res = search_job(cfg, args.gpus, gbs, top_k=args.top, budget_s=args.time_budget,

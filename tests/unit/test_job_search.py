@@ -184,6 +184,15 @@ def test_layers_per_virtual_stage_is_refused_by_the_job_search(capsys) -> None:
         err.splitlines()) == 1
 
 
+def test_an_expert_tp_is_held_with_tp_or_refused(capsys) -> None:
+    job = ["plan", "--preset", "mixtral-8x7b", "--hardware", "h100-80gb", "--gpus", "16",
+           "--global-batch-size", "32", "--expert-tensor-parallel-size", "1"]
+    assert main(job) == 2
+    assert "hold --tp 1, or drop it" in capsys.readouterr().err
+    assert main([*job, "--tp", "1", "--pp", "2", "--time-budget", "2", "--json"]) in (0, 3)
+    assert {c["tp"] for c in json.loads(capsys.readouterr().out)["candidates"]} == {1}
+
+
 def test_held_sizes_no_shape_has_are_refused_in_one_line(capsys) -> None:
     rc = main(["plan", *ARGS, "--tp", "2", "--pp", "16"])  # 2 x 16 > 16 GPUs
     err = capsys.readouterr().err.strip()
