@@ -165,6 +165,9 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
     if get("bf16") or get("fp16"):
         out["dtype"] = "bf16" if get("bf16") else "fp16"
     drops = [p for p in (get("hidden_dropout"), get("attention_dropout")) if p is not None]
+    if any(not 0 <= p < 1 for p in drops):  # nan fails too
+        raise UserError("--hidden-dropout", f"dropout probabilities must be in [0, 1), got "
+                        f"{drops}", "give e.g. 0.1, or 0 for none")
     if drops:
         out["dropout"] = any(p > 0 for p in drops)
     out.update(_moe_fields(args, {**known, **out}))
@@ -237,6 +240,9 @@ def _moe_fields(args: argparse.Namespace, fields: dict[str, Any]) -> dict[str, A
     if freq is not None:
         if "num_layers" not in fields:
             raise UserError("--moe-layer-freq", "needs the layer count", "add --num-layers N")
+        if not fields.get("num_experts"):
+            raise UserError("--moe-layer-freq", "places MoE layers, but the model has no "
+                            "routed experts", "add --num-experts N")
         out["layers"] = layer_kinds_spec(moe_layer_pattern(freq, fields["num_layers"]))
     return out
 
