@@ -38,7 +38,7 @@ ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
               "add_position_embedding", "untie_embeddings_and_output_weights", "bf16", "fp16",
               "hidden_dropout", "attention_dropout", "multi_latent_attention",
               "moe_shared_expert_intermediate_size", "moe_layer_freq",
-              "make_vocab_size_divisible_by")
+              "make_vocab_size_divisible_by", "fp8_format", "fp4_format")
 """Every flag of the group that changes the model (the rest are accepted and ignored)."""
 IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base": float,
            "rotary-percent": float, "init-method-std": float, "disable-bias-linear": None,
@@ -49,9 +49,12 @@ IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base":
            "moe-router-topk-scaling-factor": float, "moe-router-bias-update-rate": float,
            "moe-router-dtype": str, "moe-permute-fusion": None,
            "moe-z-loss-coeff": float, "moe-router-pre-softmax": None,
-           "attention-backend": str, "apply-layernorm-1p": None, "squared-relu": None}
+           "attention-backend": str, "apply-layernorm-1p": None, "squared-relu": None,
+           "fp8-recipe": str, "fp8-param-gather": None, "fp8-amax-history-len": int,
+           "fp8-amax-compute-algo": str, "fp8-margin": int}
 """Accepted as Megatron takes them; ppsim's costs do not depend on them (sequence
-parallelism is always assumed with tp > 1). None: a switch; [type]: one or more values."""
+parallelism is always assumed with tp > 1; the FP8 recipe's knobs do nothing without
+--fp8-format, which is refused). None: a switch; [type]: one or more values."""
 POSITIONS = {"learned_absolute": "learned", "rope": "rotary", "yarn": "rotary",
              "mrope": "rotary"}
 REQUIRED = (("num_layers", "--num-layers"), ("hidden_size", "--hidden-size"),
@@ -100,6 +103,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
         else:
             g.add_argument(f"--{flag}", type=kind, help=hidden)
     g.add_argument("--expert-tensor-parallel-size", type=int, help=hidden)
+    for flag in ("fp8-format", "fp4-format"):
+        g.add_argument(f"--{flag}", help=hidden)
     g.add_argument("--moe-token-dispatcher-type", choices=("allgather", "alltoall", "flex"),
                    help=hidden)
 
@@ -160,6 +165,11 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
         out["position"] = position
     if get("untie_embeddings_and_output_weights"):
         out["tie_embeddings"] = False
+    for low in ("fp8", "fp4"):
+        if get(f"{low}_format") is not None:
+            raise UserError(f"--{low}-format", f"ppsim prices bf16 and fp16 matmuls, not "
+                            f"{low.upper()} (Transformer Engine's)", f"drop the --{low}-* "
+                            "flags to plan at bf16, the slower bound")
     if get("bf16") and get("fp16"):
         raise UserError("--bf16", "and --fp16 both given", "give one of them")
     if get("bf16") or get("fp16"):

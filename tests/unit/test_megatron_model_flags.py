@@ -136,6 +136,8 @@ def test_a_model_built_from_flags_is_priced_on_a_gpu_and_says_so(capsys) -> None
     ("--preset llama3-8b --bf16 --fp16", "--bf16: and --fp16 both given"),
     ("--preset llama3-8b --make-vocab-size-divisible-by 64", "--make-vocab-size-divisible-by"),
     ("--preset llama3-8b --hidden-dropout nan", "--hidden-dropout: dropout probabilities"),
+    ("--preset llama3-8b --bf16 --fp8-format hybrid --fp8-amax-history-len 1024",
+     "--fp8-format: ppsim prices bf16 and fp16 matmuls, not FP8"),
     ("--preset llama3-8b --moe-layer-freq 2", "--moe-layer-freq: places MoE layers, but"),
     ("--preset deepseek-v3 --moe-shared-expert-intermediate-size 3000",
      "--moe-shared-expert-intermediate-size: 3000 is not a whole number of experts"),
