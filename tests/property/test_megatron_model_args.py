@@ -1,0 +1,79 @@
+"""A model as Megatron's arguments reads back as the same model, for any architecture.
+
+`ppsim presets NAME` prints a preset's arguments (ppsim.cli.megatron_model); this holds
+the inverse for every valid architecture, not only the presets: dense or MoE layers in
+any order, GQA or MLA, either norm and position, tied or not, any precision."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from ppsim.cli.flags import add_config_flags, config_from_args
+from ppsim.cli.megatron_model import megatron_model_args
+from ppsim.config.model import parse_model
+from ppsim.costs.arch import layer_kinds
+from ppsim.errors import UserError
+
+
+@st.composite
+def architectures(draw):
+    heads = draw(st.sampled_from([2, 4, 8]))
+    head_dim = draw(st.sampled_from([8, 16, 32]))
+    layers = draw(st.integers(1, 8))
+    fields = dict(
+        num_layers=layers, hidden_size=heads * head_dim, num_heads=heads,
+        num_kv_heads=draw(st.sampled_from([k for k in (1, 2, 4, 8) if heads % k == 0])),
+        ffn_hidden_size=64 * draw(st.integers(1, 8)), vocab_size=draw(st.integers(50, 5000)),
+        seq_length=64 * draw(st.integers(1, 8)), micro_batch_size=draw(st.integers(1, 4)),
+        gated_mlp=draw(st.booleans()), dtype=draw(st.sampled_from(["bf16", "fp16", "fp32"])),
+        recompute=draw(st.sampled_from(["none", "selective", "full"])),
+        tie_embeddings=draw(st.booleans()), dropout=draw(st.booleans()),
+        norm=draw(st.sampled_from(["", "layernorm", "rmsnorm"])),
+        position=draw(st.sampled_from(["", "rotary", "learned"])),
+        head_dim=draw(st.sampled_from([0, head_dim, 2 * head_dim])),
+        distributed_optimizer=draw(st.booleans()), mtp_layers=draw(st.integers(0, 1)),
+        tp=draw(st.sampled_from([1, 2])))
+    if draw(st.booleans()):  # MoE, in any order of kinds
+        experts = draw(st.integers(2, 8))
+        kinds = draw(st.lists(st.sampled_from(["dense", "moe"]), min_size=layers,
+                              max_size=layers))
+        fields.update(num_experts=experts, top_k=draw(st.integers(1, experts)),
+                      moe_ffn_hidden_size=64 * draw(st.integers(1, 4)),
+                      shared_experts=draw(st.integers(0, 2)),
+                      layers=", ".join(kinds), ep=draw(st.sampled_from([1, 2])))
+        assume(experts % fields["ep"] == 0)
+    if draw(st.booleans()):  # MLA
+        fields.update(attention="mla", num_kv_heads=heads,
+                      q_lora_rank=draw(st.sampled_from([0, 32])),
+                      kv_lora_rank=draw(st.integers(8, 64)),
+                      head_dim=draw(st.sampled_from([16, 32])),
+                      qk_rope_head_dim=draw(st.sampled_from([8, 16])),
+                      v_head_dim=draw(st.sampled_from([16, 32])))
+    try:
+        return parse_model({"kind": "transformer", **fields}).arch
+    except UserError:
+        assume(False)
+
+
+def _comparable(a) -> dict:
+    out = asdict(a)
+    for spelled in ("dp", "layers", "norm", "position"):
+        out.pop(spelled)
+    return {**out, "kinds": layer_kinds(a), "rmsnorm": a.rmsnorm, "rotary": a.rotary}
+
+
+PARSER = argparse.ArgumentParser()
+add_config_flags(PARSER)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                    HealthCheck.filter_too_much])
+@given(architectures())
+def test_a_model_as_megatron_arguments_reads_back_as_the_same_model(arch) -> None:
+    args = megatron_model_args(arch)
+    back = config_from_args(PARSER.parse_args(args)).model.arch
+    assert _comparable(back) == _comparable(arch), args
