@@ -193,7 +193,7 @@ def build(fields: dict[str, Any]) -> Any:
     a = architecture(fields)
     if a.hybrid_layer_pattern:
         return hybrid.build(fields)
-    plain = (not a.rmsnorm and not a.rotary and a.attention == "gqa"
+    plain = (not a.rmsnorm and a.learned_positions and a.attention == "gqa"
              and a.head_dim in (0, a.hidden_size // a.num_heads)
              and set(layer_kinds(a)) == {"dense"})
     return GPTBuilder(GPTShape.from_fields(fields)) if plain else describe(fields)

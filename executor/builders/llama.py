@@ -248,7 +248,8 @@ class Embedding(nn.Module):
         super().__init__()
         a = s.arch
         self.tokens = nn.Embedding(a.vocab_size, a.hidden_size)
-        self.positions = None if a.rotary else nn.Embedding(a.seq_length, a.hidden_size)
+        self.positions = nn.Embedding(a.seq_length, a.hidden_size) \
+            if a.learned_positions else None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.tokens(ids)

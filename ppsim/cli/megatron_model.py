@@ -56,7 +56,7 @@ IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base":
 parallelism is always assumed with tp > 1; the FP8 recipe's knobs do nothing without
 --fp8-format, which is refused). None: a switch; [type]: one or more values."""
 POSITIONS = {"learned_absolute": "learned", "rope": "rotary", "yarn": "rotary",
-             "mrope": "rotary"}
+             "mrope": "rotary", "none": "none"}
 REQUIRED = (("num_layers", "--num-layers"), ("hidden_size", "--hidden-size"),
             ("num_heads", "--num-attention-heads"), ("seq_length", "--seq-length"),
             ("vocab_size", "--vocab-size"))
@@ -230,8 +230,8 @@ def _position(args: argparse.Namespace) -> str | None:
         return None
     if kind not in POSITIONS:
         raise UserError("--position-embedding-type", f"{kind!r}: ppsim prices "
-                        "learned_absolute and rope (yarn, mrope) position embeddings",
-                        "give rope or learned_absolute")
+                        "learned_absolute, rope (yarn, mrope) and none",
+                        "give one of them")
     return POSITIONS[kind]
 
 
@@ -342,7 +342,8 @@ def megatron_model_args(a: Architecture) -> list[str]:
     out += kv("--seq-length", a.seq_length) + kv("--max-position-embeddings", a.seq_length)
     out += kv("--vocab-size", a.vocab_size) + ["--swiglu"] * a.gated_mlp
     out += kv("--normalization", "RMSNorm" if a.rmsnorm else "LayerNorm")
-    out += kv("--position-embedding-type", "rope" if a.rotary else "learned_absolute")
+    out += kv("--position-embedding-type", "rope" if a.rotary else "learned_absolute"
+              if a.learned_positions else "none")
     out += ["--untie-embeddings-and-output-weights"] * (not a.tie_embeddings)
     out += {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(a.dtype, [])
     out += [] if a.dropout else kv("--attention-dropout", 0) + kv("--hidden-dropout", 0)

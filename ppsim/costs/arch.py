@@ -16,7 +16,7 @@ RECOMPUTE = ("none", "selective", "full")
 KINDS = ("dense", "moe")
 ATTENTION = ("gqa", "mla")
 NORMS = ("", "layernorm", "rmsnorm")
-POSITIONS = ("", "rotary", "learned")
+POSITIONS = ("", "rotary", "learned", "none")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,7 +85,8 @@ class Architecture:
     norm: str = ""
     """"layernorm" or "rmsnorm"; empty: rmsnorm for gated MLPs (Llama), else layernorm."""
     position: str = ""
-    """"rotary" or "learned" position embeddings; empty: rotary for gated MLPs."""
+    """"rotary" or "learned" position embeddings, or "none" (Megatron's Mamba hybrids);
+    empty: rotary for gated MLPs."""
     dropout: bool = False
     """Hidden and attention dropout on (GPT-3/Megatron defaults) or off (Llama); each
     dropout keeps a 1-byte mask per element for the backward."""
@@ -124,6 +125,11 @@ class Architecture:
     @property
     def rotary(self) -> bool:
         return self.position == "rotary" or (not self.position and self.gated_mlp)
+
+    @property
+    def learned_positions(self) -> bool:
+        """A learned position table added to the token embeddings."""
+        return self.position != "none" and not self.rotary
 
 
 

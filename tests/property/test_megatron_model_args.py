@@ -33,7 +33,7 @@ def architectures(draw):
         recompute=draw(st.sampled_from(["none", "selective", "full"])),
         tie_embeddings=draw(st.booleans()), dropout=draw(st.booleans()),
         norm=draw(st.sampled_from(["", "layernorm", "rmsnorm"])),
-        position=draw(st.sampled_from(["", "rotary", "learned"])),
+        position=draw(st.sampled_from(["", "rotary", "learned", "none"])),
         head_dim=draw(st.sampled_from([0, head_dim, 2 * head_dim])),
         distributed_optimizer=draw(st.booleans()), mtp_layers=draw(st.integers(0, 1)),
         tp=draw(st.sampled_from([1, 2])))
@@ -63,7 +63,8 @@ def _comparable(a) -> dict:
     out = asdict(a)
     for spelled in ("dp", "layers", "norm", "position"):
         out.pop(spelled)
-    return {**out, "kinds": layer_kinds(a), "rmsnorm": a.rmsnorm, "rotary": a.rotary}
+    return {**out, "kinds": layer_kinds(a), "rmsnorm": a.rmsnorm, "rotary": a.rotary,
+            "learned": a.learned_positions}
 
 
 PARSER = argparse.ArgumentParser()

@@ -132,7 +132,8 @@ def test_a_model_built_from_flags_is_priced_on_a_gpu_and_says_so(capsys) -> None
      "expected 4"),
     ("--preset llama3-8b --num-experts 4 --moe-layer-freq __import__('os').getcwd()",
      "is neither a number nor a list expression of 0 and 1"),
-    ("--preset llama3-8b --position-embedding-type none", "--position-embedding-type: 'none'"),
+    ("--preset llama3-8b --position-embedding-type relative",
+     "--position-embedding-type: 'relative'"),
     ("--preset llama3-8b --bf16 --fp16", "--bf16: and --fp16 both given"),
     ("--preset llama3-8b --make-vocab-size-divisible-by 64", "--make-vocab-size-divisible-by"),
     ("--preset llama3-8b --hidden-dropout nan", "--hidden-dropout: dropout probabilities"),
@@ -200,7 +201,8 @@ def _comparable(a) -> dict:
     out = asdict(a)
     for spelled in ("dp", "layers", "norm", "position"):
         out.pop(spelled)
-    return {**out, "kinds": layer_kinds(a), "rmsnorm": a.rmsnorm, "rotary": a.rotary}
+    return {**out, "kinds": layer_kinds(a), "rmsnorm": a.rmsnorm, "rotary": a.rotary,
+            "learned": a.learned_positions}
 
 
 @pytest.mark.parametrize("name", list(MODEL_PRESETS))
@@ -222,3 +224,16 @@ def test_presets_names_the_model_presets_when_given_another_name(capsys) -> None
     assert main(["presets", "llama3-8b"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[1].startswith("Megatron: --num-layers 32 --hidden-size 4096")
+
+
+def test_megatrons_mamba_recipe_takes_no_position_embedding() -> None:
+    """examples/mamba/train.sh passes --position-embedding-type none; it was refused. No
+    table and no rotary op: the same costs as learned positions (whose table ppsim, as
+    Megatron's theoretical memory, does not count) and less than rope's."""
+    hybrid = ("simulate --hybrid-layer-pattern M-M-M*-M- --hidden-size 256 "
+              "--num-attention-heads 8 --group-query-attention --num-query-groups 8 "
+              "--seq-length 512 --vocab-size 1000 --bf16 --hardware h100-80gb")
+    times = {kind: _json(shlex.split(f"{hybrid} --position-embedding-type {kind}"))[
+        "iteration_time_ms"] for kind in ("none", "learned_absolute", "rope")}
+    assert times["none"] == times["learned_absolute"] < times["rope"]
+    assert _arch(hybrid.replace("simulate ", "") + " --no-position-embedding").position == "none"
