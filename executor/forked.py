@@ -47,12 +47,14 @@ class ForkedProcess:
         # The child (and the ranks torchrun forks from it) inherit every object of this
         # process frozen: a rank's collection before its timed loop (executor/quiet.py)
         # then walks only its own objects, not the parent's millions (torch, and a test
-        # session's), which it would also copy page by page on write.
+        # session's), which it would also copy page by page on write. A parent that froze
+        # objects itself (the TUI does) keeps them frozen: unfreezing is all or nothing.
+        held = gc.get_freeze_count()
         gc.freeze()
         try:
             pid = os.fork()
         finally:
-            if os.getpid() == self_pid:
+            if os.getpid() == self_pid and not held:
                 gc.unfreeze()
         if pid == 0:  # the child: never returns
             for fd in {out_r, err_r}:
