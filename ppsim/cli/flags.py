@@ -49,8 +49,9 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
     g.add_argument("--hybrid-layer-pattern", metavar="STR", help="Megatron's hybrid stack, "
                    "one symbol a layer: M Mamba-2, G GatedDeltaNet, * attention, D DSA, + MLA, "
                    "- MLP, E MoE; | stage boundaries, / MTP depths")
-    g.add_argument("--mtp-num-layers", type=int, metavar="N", help="checked against the "
-                   "model's MTP depths (so Megatron's flags as ppsim prints them read back)")
+    g.add_argument("--mtp-num-layers", type=int, metavar="N", help="over a preset or "
+                   "config, checked against its MTP depths (so Megatron's flags as ppsim "
+                   "prints them read back); with Megatron's model flags alone, the depths")
     g.add_argument("--pp", "--pipeline-model-parallel-size", dest="pp", type=int, metavar="N",
                    help="pipeline ranks")
     g.add_argument("--vpp", "--virtual-pipeline-model-parallel-size",
