@@ -66,12 +66,12 @@ MAX_PATTERN = 100_000
 """No model has more layers than this; a longer --moe-layer-freq list is refused unread."""
 MLA_DEFAULTS = {"kv_lora_rank": 32, "head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 """Megatron's --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim."""
-
-
 SWITCHES = ("group-query-attention", "swiglu", "untie-embeddings-and-output-weights", "bf16",
             "fp16", "multi-latent-attention", "use-rotary-position-embeddings")
+"""Model flags without a value (flag_fields reads them)."""
 OTHER_INTS = ("num-query-groups", "kv-channels", "qk-head-dim",
               "moe-shared-expert-intermediate-size", "make-vocab-size-divisible-by")
+"""Model flags with a whole number that flag_fields turns into fields (or refuses)."""
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
