@@ -302,3 +302,17 @@ def test_vpp_alone_picks_megatrons_interleaved_1f1b(capsys):
     assert main(["simulate", "--vpp", "2", "--schedule", "1f1b"]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "1f1b runs one chunk per rank" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["simulate", "--preset", "llama3-8b", "--pp", "4", "--hidden-size", "2048"],
+    ["plan", "--gpus", "64", "--global-batch-size", "128", "--tp", "2"],
+    ["calibrate", "t.json", "--recompute-modules", "core_attn"],
+    ["schedule", "--pp", "2"],
+])
+def test_the_parser_built_for_one_command_reads_it_as_the_whole_parser_does(argv):
+    """main() declares only the named command's flags (the model flags made every line pay
+    for every command's); what it reads must not change."""
+    from ppsim.cli.main import build_parser
+
+    assert vars(build_parser(argv[0]).parse_args(argv)) == vars(build_parser().parse_args(argv))
