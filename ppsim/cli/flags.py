@@ -244,6 +244,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
                          hardware=flag("hardware"), memory_bytes=limit,
                          costs_file=flag("costs"), devices=devices)
     cfg = _layers_per_virtual_stage(cfg, flag)
+    megatron_flags.check_cp_comm_type(flag("cp_comm_type"))
     megatron_flags.check_experts_parallel(getattr(cfg.model, "arch", None),
                                           flag("expert_tensor_parallel_size"),
                                           flag("moe_token_dispatcher_type"))

@@ -70,6 +70,16 @@ def vpp_for_layers_per_stage(per_chunk: int, num_layers: int, pp: int, *,
     return layers // pp // per_chunk
 
 
+def check_cp_comm_type(kinds: list[str] | None) -> None:
+    """Megatron's --cp-comm-type (one for all layers, or one a layer): ppsim prices
+    context parallelism as the ring of K/V passes, Megatron's default p2p."""
+    other = sorted(set(kinds or ()) - {"p2p"})
+    if other:
+        raise UserError("--cp-comm-type", f"{' '.join(other)}: ppsim prices context "
+                        "parallelism as the p2p ring (Megatron's default)",
+                        "give p2p, or drop the flag")
+
+
 def check_experts_parallel(arch: Any, etp: int | None, dispatcher: str | None) -> None:
     """Refuse the expert layouts ppsim does not price: experts split over other than the
     tensor-parallel ranks (Megatron's --expert-tensor-parallel-size defaults to tp), and

@@ -103,6 +103,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
         else:
             g.add_argument(f"--{flag}", type=kind, help=hidden)
     g.add_argument("--expert-tensor-parallel-size", type=int, help=hidden)
+    g.add_argument("--cp-comm-type", nargs="+", help=hidden)
     for flag in ("fp8-format", "fp4-format"):
         g.add_argument(f"--{flag}", help=hidden)
     g.add_argument("--moe-token-dispatcher-type", choices=("allgather", "alltoall", "flex"),

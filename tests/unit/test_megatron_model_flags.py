@@ -177,7 +177,8 @@ def test_an_moe_scripts_router_numerics_change_nothing() -> None:
     assert _json(shlex.split(
         f"{MIXTRAL} --expert-tensor-parallel-size 2 --moe-token-dispatcher-type alltoall "
         "--moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-2 "
-        "--moe-router-dtype fp32 --moe-permute-fusion --moe-router-score-function softmax"
+        "--moe-router-dtype fp32 --moe-permute-fusion --moe-router-score-function softmax "
+        "--cp-comm-type p2p"
     )) == plain
 
 
@@ -185,6 +186,7 @@ def test_an_moe_scripts_router_numerics_change_nothing() -> None:
     ("--expert-tensor-parallel-size 1", "--expert-tensor-parallel-size: 1: ppsim splits "
      "each expert over the tensor-parallel ranks (tp = 2"),
     ("--moe-token-dispatcher-type allgather", "--moe-token-dispatcher-type: allgather"),
+    ("--cp-comm-type p2p a2a", "--cp-comm-type: a2a: ppsim prices context parallelism"),
 ])
 def test_expert_layouts_ppsim_does_not_price_are_refused_by_name(flags: str, message: str,
                                                                  capsys) -> None:
