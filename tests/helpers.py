@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import threading
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from hypothesis import strategies as st
 
 from ppsim.config.schema import config_from_dict
+from ppsim.costs.arch import layer_kinds
 from ppsim.pipeline.problem import Problem, build_problem
 
 
@@ -125,3 +127,14 @@ def fake_planner(monkeypatch: pytest.MonkeyPatch, release: threading.Event,
     monkeypatch.setattr(ppsim.tui.planning, "run_planner", plan)
     monkeypatch.setattr(ppsim.tui.planning, "IN_PROCESS", False)  # the stand-in lives here
     monkeypatch.setattr(ppsim.tui.planning, "planner_available", lambda: True)
+
+
+def arch_meaning(a: Any) -> dict[str, Any]:
+    """An Architecture's fields, those with two spellings (the kinds spec; an empty norm
+    or position that the MLP decides) by what they mean, and dp (Megatron takes it from
+    the world size) left out: what must survive a round trip through Megatron's flags."""
+    out = asdict(a)
+    for spelled in ("dp", "layers", "norm", "position"):
+        out.pop(spelled)
+    return {**out, "kinds": layer_kinds(a), "rmsnorm": a.rmsnorm, "rotary": a.rotary,
+            "learned": a.learned_positions}

@@ -55,9 +55,7 @@ def _policy_flags(r: ShapeResult) -> list[str] | None:
     if p.memory is None:
         assert p.hardware.job is not None  # a job's shape is a transformer model's
         return shlex.split(mode_flags(p, p.hardware.job.arch.recompute))
-    policies = tuple(p.memory.policy_of(st.offset, st.layers, st.index, st.has_embedding,
-                                        st.has_head, False) for st in p.split.stages)
-    return policy_flags(p, policies).megatron_flags
+    return policy_flags(p, p.memory.policies).megatron_flags
 
 
 def job_flags(r: ShapeResult, gbs: int) -> str | None:

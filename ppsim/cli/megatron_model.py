@@ -12,6 +12,7 @@ import argparse
 import ast
 import sys
 from dataclasses import fields as dataclass_fields
+from itertools import groupby
 from typing import Any
 
 from ppsim.config.model import Model, TransformerModel
@@ -299,16 +300,14 @@ def _list_value(node: ast.AST) -> list[int]:
     raise ValueError("lists of 0 and 1 with + and *")
 
 
+def _runs(pattern: list[int]) -> list[tuple[int, int]]:
+    """(bit, how many in a row) of a 0/1 pattern."""
+    return [(bit, len(list(group))) for bit, group in groupby(pattern)]
+
+
 def layer_kinds_spec(pattern: list[int]) -> str:
     """A 0/1 pattern as ppsim's `layers` spec, runs of a kind together: "dense*3, moe*58"."""
-    runs: list[list[Any]] = []
-    for bit in pattern:
-        kind = "moe" if bit else "dense"
-        if runs and runs[-1][0] == kind:
-            runs[-1][1] += 1
-        else:
-            runs.append([kind, 1])
-    return ", ".join(f"{kind}*{n}" for kind, n in runs)
+    return ", ".join(f"{'moe' if bit else 'dense'}*{n}" for bit, n in _runs(pattern))
 
 
 RECOMPUTE_FLAGS = {"none": [], "selective": ["--recompute-granularity", "selective"],
@@ -369,7 +368,6 @@ def _moe_args(a: Architecture) -> list[str]:
                 str(a.shared_experts * a.moe_ffn_hidden_size)]
     kinds = layer_kinds(a)
     if not a.hybrid_layer_pattern and "dense" in kinds:
-        runs = layer_kinds_spec([int(k == "moe") for k in kinds]).split(", ")
-        out += ["--moe-layer-freq", "(" + "+".join(
-            f"[{int(kind == 'moe')}]*{n}" for kind, n in (r.split("*") for r in runs)) + ")"]
+        runs = _runs([int(k == "moe") for k in kinds])
+        out += ["--moe-layer-freq", "(" + "+".join(f"[{bit}]*{n}" for bit, n in runs) + ")"]
     return out

@@ -7,15 +7,14 @@ any order, GQA or MLA, either norm and position, tied or not, any precision."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
 
+from helpers import arch_meaning
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from ppsim.cli.flags import add_config_flags, config_from_args
 from ppsim.cli.megatron_model import megatron_model_args
 from ppsim.config.model import parse_model
-from ppsim.costs.arch import layer_kinds
 from ppsim.errors import UserError
 
 
@@ -59,14 +58,6 @@ def architectures(draw):
         assume(False)
 
 
-def _comparable(a) -> dict:
-    out = asdict(a)
-    for spelled in ("dp", "layers", "norm", "position"):
-        out.pop(spelled)
-    return {**out, "kinds": layer_kinds(a), "rmsnorm": a.rmsnorm, "rotary": a.rotary,
-            "learned": a.learned_positions}
-
-
 PARSER = argparse.ArgumentParser()
 add_config_flags(PARSER)
 
@@ -77,4 +68,4 @@ add_config_flags(PARSER)
 def test_a_model_as_megatron_arguments_reads_back_as_the_same_model(arch) -> None:
     args = megatron_model_args(arch)
     back = config_from_args(PARSER.parse_args(args)).model.arch
-    assert _comparable(back) == _comparable(arch), args
+    assert arch_meaning(back) == arch_meaning(arch), args

@@ -13,6 +13,7 @@ import shlex
 from contextlib import redirect_stdout
 
 import pytest
+from helpers import arch_meaning
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -195,18 +196,6 @@ def test_expert_layouts_ppsim_does_not_price_are_refused_by_name(flags: str, mes
     assert message in err and len(err.strip().splitlines()) == 1, err
 
 
-def _comparable(a) -> dict:
-    """An architecture's fields, those with two spellings (the kinds spec, an empty norm or
-    position that the MLP decides) compared by what they mean."""
-    from dataclasses import asdict
-
-    out = asdict(a)
-    for spelled in ("dp", "layers", "norm", "position"):
-        out.pop(spelled)
-    return {**out, "kinds": layer_kinds(a), "rmsnorm": a.rmsnorm, "rotary": a.rotary,
-            "learned": a.learned_positions}
-
-
 @pytest.mark.parametrize("name", list(MODEL_PRESETS))
 def test_a_presets_megatron_arguments_build_that_preset(name: str, capsys) -> None:
     """`ppsim presets NAME` prints the model as a launch script's arguments; read back
@@ -216,7 +205,7 @@ def test_a_presets_megatron_arguments_build_that_preset(name: str, capsys) -> No
 
     assert main(["presets", name, "--json"]) == 0
     args = json.loads(capsys.readouterr().out)["megatron_model_args"]
-    assert _comparable(_arch(args)) == _comparable(parse_model({"preset": name}).arch)
+    assert arch_meaning(_arch(args)) == arch_meaning(parse_model({"preset": name}).arch)
 
 
 def test_presets_names_the_model_presets_when_given_another_name(capsys) -> None:
