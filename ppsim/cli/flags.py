@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from ppsim import fileio
-from ppsim.cli import megatron_flags, megatron_model
+from ppsim.cli import megatron_flags, megatron_model, megatron_run
 from ppsim.config import files, validate
 from ppsim.config.model import parse_model
 from ppsim.config.overrides import MODEL_KEYS, PIPELINE_KEYS, with_overrides
@@ -236,6 +236,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
         # --pipeline-model-parallel-size: one stage; no global batch: one microbatch),
         # not the embedded default's two CPU ranks.
         cfg = replace(cfg, pipeline=PipelineConfig(pp=1, microbatches=1))
+    order = megatron_run.check_run_flags(args)
+    if order is not None:
+        pipeline["rank_order"] = order
     cfg = with_overrides(cfg, preset=None if table else flag("preset"), model_table=table,
                          memory=memory or None,
                          model={k: flag(k) for k in keys} | ({"recompute": mode} if mode
@@ -249,6 +252,11 @@ def config_from_args(args: argparse.Namespace) -> Config:
                                           flag("expert_tensor_parallel_size"),
                                           flag("moe_token_dispatcher_type"))
     _check_layer_counts(cfg, flag)
+    unpriced = megatron_run.unpriced_given(args)
+    if unpriced:
+        print(f"note: {', '.join(unpriced)} taken, not priced (ppsim prices Megatron's fused "
+              "kernels and neither Python's garbage collector nor the allocator's cache)",
+              file=sys.stderr)
     return _with_world(cfg, flag)
 
 

@@ -13,6 +13,7 @@ from ppsim.cli.simulate import exports_of
 from ppsim.config import limits, validate
 from ppsim.errors import UserError
 from ppsim.job.policy_search import POLICY_AXES, mode_flags
+from ppsim.job.ranks import DEFAULT_ORDER, TP_PP_DP_ORDER, parse_order
 from ppsim.job.search import FIXABLE, JobSearch, ShapeResult, search_job
 from ppsim.policy.report import policy_flags
 from ppsim.units import fmt_bytes
@@ -65,6 +66,9 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
     split, policy, job = _exports(r)["megatron_flags"], _policy_flags(r), r.problem.hardware.job
     if split is None or policy is None or job is None:
         return None
+    order = parse_order(job.shape.rank_order)
+    if order not in (parse_order(DEFAULT_ORDER), parse_order(TP_PP_DP_ORDER)):
+        return None  # Megatron's launch arguments select only these two
     s = r.shape
     sizes = [(s.tp, "--tensor-model-parallel-size"), (s.cp, "--context-parallel-size"),
              (s.ep, "--expert-model-parallel-size")]
@@ -73,6 +77,7 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
     out += ["--micro-batch-size", str(s.mbs), "--global-batch-size", str(gbs), *policy]
     out += ["--use-distributed-optimizer"] * job.arch.distributed_optimizer
     out += ["--grad-reduce-in-bf16"] * job.arch.grad_reduce_in_bf16
+    out += ["--use-tp-pp-dp-mapping"] * (order == parse_order(TP_PP_DP_ORDER))
     for on, flag in ((job.tp_comm_overlap, "--tp-comm-overlap"),
                      (job.overlap_grad_reduce, "--overlap-grad-reduce"),
                      (job.overlap_param_gather, "--overlap-param-gather")):

@@ -13,6 +13,7 @@ from ppsim.cli import (
     costs,
     demo,
     diff,
+    megatron_run,
     plan,
     plan_policy,
     profile,
@@ -57,6 +58,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         if command not in COMMANDS or name == command:
             add(p)
+            if "--hidden-size" in p._option_string_actions:  # noqa: SLF001
+                # A command that takes Megatron's model arguments takes the rest of
+                # the launch line too, after its own flags (ppsim run's --seed wins).
+                megatron_run.add_run_flags(p)
         if not any("--force" in a.option_strings for a in p._actions):
             p.add_argument("--force", action="store_true",
                            help="write outputs through a symbolic link (refused otherwise)")
@@ -109,6 +114,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         return COMMANDS[args.command][2](args)
     except UserError as exc:
+        exc = megatron_run.data_split_hint(args, exc)
         streams.say(f"ppsim {args.command}: error: {exc}\n")
         return 2
     except KeyboardInterrupt:

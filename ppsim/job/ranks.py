@@ -16,6 +16,10 @@ from ppsim.errors import UserError
 
 DIMS = ("tp", "cp", "ep", "dp", "pp")
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+"""Megatron's rank order, innermost first."""
+TP_PP_DP_ORDER = "tp-cp-ep-pp-dp"
+"""The order Megatron's --use-tp-pp-dp-mapping selects (megatron/training/initialize.py);
+no other order can be given to Megatron."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -280,7 +280,9 @@ def test_the_best_shape_does_not_depend_on_how_many_rows_are_shown() -> None:
      "--pp 1 --micro-batch-size 2"),
     ("--preset nemotron-h-8b", "--gpus 16 --global-batch-size 64 --tp 2 --pp 2 --cp 1 "
      "--micro-batch-size 1"),
-], ids=["dense", "moe-overlapped-policy", "hybrid"])
+    ("--preset llama3-8b --num-layers 8", "--gpus 16 --global-batch-size 32 "
+     "--use-tp-pp-dp-mapping"),
+], ids=["dense", "moe-overlapped-policy", "hybrid", "tp-pp-dp-mapping"])
 def test_the_job_plans_megatron_line_launches_the_best_shape(model: str, job: str,
                                                              capsys) -> None:
     """The job plan named the best shape but gave no flags to launch it with: the sizes,
@@ -292,6 +294,8 @@ def test_the_job_plans_megatron_line_launches_the_best_shape(model: str, job: st
     best = json.loads(capsys.readouterr().out)["best"]
     flags = shlex.split(best["megatron_job_flags"])
     assert ("--global-batch-size" in flags) and ("--micro-batch-size" in flags)
+    mapping = "--use-tp-pp-dp-mapping"
+    assert (mapping in flags) == (mapping in job)
     gpus = shlex.split(job)[1]
     # Megatron recomputes nothing unless told; a preset's own mode is ppsim's default.
     unless = [] if "--recompute-granularity" in flags else ["--recompute", "none"]
@@ -299,3 +303,14 @@ def test_the_job_plans_megatron_line_launches_the_best_shape(model: str, job: st
     sim = json.loads(capsys.readouterr().out)
     assert sim["iteration_time_ms"] == pytest.approx(best["iteration_time_ms"], rel=1e-9)
     assert sim["split"] == best["split"] and sim["job"]["dp"] == best["dp"]
+    assert sim["job"]["rank_order"] == ("tp-cp-ep-pp-dp" if mapping in job
+                                        else "tp-cp-ep-dp-pp")
+
+
+def test_a_rank_order_megatron_cannot_select_gives_no_megatron_line(capsys) -> None:
+    """Megatron's arguments select its default order or --use-tp-pp-dp-mapping's only."""
+    assert main(["plan", "--preset", "llama3-8b", "--num-layers", "8", "--hardware",
+                 "h100-80gb", "--gpus", "16", "--global-batch-size", "32", "--rank-order",
+                 "tp-dp-cp-ep-pp", "--time-budget", "2", "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["best"]
+    assert best["iteration_time_ms"] > 0 and best["megatron_job_flags"] is None

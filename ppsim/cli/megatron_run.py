@@ -1,0 +1,159 @@
+"""The rest of a Megatron launch line: the arguments that run the training (learning
+rate, data, checkpoints, logging, ...) rather than shape an iteration. A launch script
+passes them in the same breath as the model and parallel sizes (TRAINING_ARGS holds
+--micro-batch-size and --global-batch-size beside --lr), so ppsim takes them too:
+`ppsim plan $MODEL_ARGS $TRAINING_ARGS $MODEL_PARALLEL_ARGS $DATA_ARGS` works as pasted.
+
+Three kinds, by what they do to one steady iteration:
+- RUN: nothing (when to stop, what to read, where to save, what to log). Taken, silent.
+- UNPRICED: a little of its time or memory, in ways ppsim does not model (a kernel
+  fusion switched off, Python's garbage collector held back). Taken, named on stderr.
+- the rest of Megatron's names stay unknown to ppsim: refused by argparse, by name.
+Names as in Megatron-LM's megatron/training/arguments.py and its config dataclasses.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ppsim.errors import UserError
+from ppsim.job.ranks import TP_PP_DP_ORDER
+
+RUN = {
+    "training length": (
+        "train-iters", "train-samples", "exit-interval", "exit-duration-in-mins",
+        "exit-signal-handler", "exit-signal", "rampup-batch-size", "step-batch-size-schedule",
+        "iterations-to-skip", "skip-train"),
+    "learning rate": (
+        "lr", "min-lr", "decoupled-lr", "decoupled-min-lr", "warmup", "lr-decay-style",
+        "lr-decay-iters", "lr-decay-samples", "lr-warmup-fraction", "lr-warmup-iters",
+        "lr-warmup-samples", "lr-warmup-init", "lr-wsd-decay-style", "lr-wsd-decay-iters",
+        "lr-wsd-decay-samples", "override-opt-param-scheduler",
+        "use-checkpoint-opt_param-scheduler", "start-weight-decay", "end-weight-decay",
+        "weight-decay-incr-style"),
+    "regularization": (
+        "weight-decay", "clip-grad", "adam-beta1", "adam-beta2", "adam-eps", "sgd-momentum",
+        "apply-wd-to-qk-layernorm"),
+    "numerics checks and loss scaling": (
+        "seed", "init-method-xavier-uniform", "data-parallel-random-init",
+        "use-cpu-initialization", "loss-scale", "initial-loss-scale", "min-loss-scale",
+        "loss-scale-window", "hysteresis", "accumulate-allreduce-grads-in-fp32",
+        "calculate-per-token-loss", "no-check-for-nan-in-loss-and-grad",
+        "check-for-spiky-loss", "check-for-large-grads", "rerun-mode"),
+    "checkpointing": (
+        "save", "save-interval", "load", "no-save-optim", "no-save-rng", "no-load-optim",
+        "no-load-rng", "finetune", "pretrained-checkpoint", "ckpt-step", "use-checkpoint-args",
+        "no-use-tokenizer-model-from-checkpoint-args", "exit-on-missing-checkpoint",
+        "ckpt-format", "auto-detect-ckpt-format", "async-save", "ckpt-fully-parallel-save",
+        "no-ckpt-fully-parallel-save", "ckpt-fully-parallel-load",
+        "ckpt-assume-constant-structure", "dist-ckpt-strictness", "use-dist-ckpt",
+        "save-retain-interval", "non-persistent-save-interval", "non-persistent-ckpt-type",
+        "non-persistent-global-ckpt-dir", "non-persistent-local-ckpt-dir"),
+    "data": (
+        "data-path", "split", "train-data-path", "valid-data-path", "test-data-path",
+        "data-args-path", "per-split-data-args-path", "data-cache-path", "no-mmap-bin-files",
+        "mock-data", "num-workers", "dataloader-type", "reset-position-ids",
+        "reset-attention-mask", "eod-mask-loss", "no-create-attention-mask-in-dataloader",
+        "num-dataset-builder-threads", "object-storage-cache-path",
+        "mid-level-dataset-surplus"),
+    "tokenizer": (
+        "tokenizer-type", "tokenizer-model", "vocab-file", "merge-file", "vocab-extra-ids",
+        "tiktoken-pattern", "tiktoken-num-special-tokens", "trust-remote-code",
+        "tokenizer-hf-include-special-tokens", "tokenizer-hf-no-include-special-tokens"),
+    "logging and validation": (
+        "log-interval", "log-params-norm", "log-throughput", "log-progress",
+        "timing-log-level", "timing-log-option", "tensorboard-dir", "tensorboard-log-interval",
+        "tensorboard-queue-size", "log-timers-to-tensorboard",
+        "log-validation-ppl-to-tensorboard", "log-memory-to-tensorboard",
+        "log-world-size-to-tensorboard", "no-log-loss-scale-to-tensorboard",
+        "log-num-zeros-in-grad", "log-energy", "wandb-project", "wandb-exp-name",
+        "wandb-save-dir", "wandb-entity", "logging-level", "log-straggler",
+        "straggler-minmax-count", "disable-straggler-on-startup", "eval-iters",
+        "eval-interval"),
+    "profiling and setup": (
+        "profile", "profile-step-start", "profile-step-end", "profile-ranks",
+        "use-pytorch-profiler", "record-memory-history", "memory-snapshot-path",
+        "distributed-backend", "distributed-timeout-minutes", "local-rank"),
+}
+"""Megatron's arguments that change nothing in a steady training iteration (a batch
+ramp-up ends at --global-batch-size, the iteration ppsim prices)."""
+UNPRICED = (
+    "no-masked-softmax-fusion", "no-bias-gelu-fusion", "no-bias-swiglu-fusion",
+    "no-bias-dropout-fusion", "no-rope-fusion", "no-gradient-accumulation-fusion",
+    "no-persist-layer-norm", "cross-entropy-loss-fusion", "cross-entropy-fusion-impl",
+    "manual-gc", "manual-gc-interval", "empty-unused-memory-level")
+"""Megatron's arguments that change an iteration's time or memory a little in ways ppsim
+does not model: its memory-bound operations are priced as Megatron's default fused
+kernels, and neither Python's garbage collector nor the allocator's cache is."""
+PREFIX = "megatron_run_"
+"""Where argparse keeps what these flags were given (read back by `unpriced_given`)."""
+OPTIMIZERS_PRICED = ("adam",)
+"""--optimizer values ppsim prices (Adam's two fp32 moments beside the fp32 main
+weights); SGD, Muon and the rest keep other states."""
+
+
+def add_run_flags(p: argparse.ArgumentParser) -> None:
+    """Megatron's run arguments, taken with any values (dropped); a name the command
+    already declares (ppsim run's --seed) keeps its own meaning."""
+    g = p.add_argument_group(
+        "the rest of a Megatron launch line", "taken as Megatron takes them and not "
+        "priced: " + ", ".join(RUN) + " arguments (--lr, --data-path, --save, ...); kernel "
+        "fusion and garbage-collection switches are named on stderr (the list: "
+        "docs/model.md)")
+    taken = p._option_string_actions  # noqa: SLF001 - argparse has no public lookup
+    for flag in (*(f for group in RUN.values() for f in group), *UNPRICED):
+        if f"--{flag}" not in taken:
+            g.add_argument(f"--{flag}", dest=PREFIX + flag.replace("-", "_"), nargs="*",
+                           help=argparse.SUPPRESS)
+    g.add_argument("--optimizer", help=argparse.SUPPRESS)
+    g.add_argument("--use-tp-pp-dp-mapping", action="store_true", default=None,
+                   help=argparse.SUPPRESS)
+    for flag in ("use-torch-fsdp2", "use-megatron-fsdp", "optimizer-cpu-offload"):
+        g.add_argument(f"--{flag}", action="store_true", default=None, help=argparse.SUPPRESS)
+
+
+def unpriced_given(args: argparse.Namespace) -> list[str]:
+    """The UNPRICED flags given, as typed."""
+    return [f"--{f}" for f in UNPRICED
+            if getattr(args, PREFIX + f.replace("-", "_"), None) is not None]
+
+
+def check_run_flags(args: argparse.Namespace) -> str | None:
+    """Refuse what changes the job beyond ppsim's model (FSDP, another optimizer, the
+    optimizer on the host); return the rank order --use-tp-pp-dp-mapping selects, or
+    None."""
+    flag = lambda key: getattr(args, key, None)  # noqa: E731 - a command may lack a flag
+    for dest, name in (("use_torch_fsdp2", "--use-torch-fsdp2"),
+                       ("use_megatron_fsdp", "--use-megatron-fsdp")):
+        if flag(dest):
+            raise UserError(name, "FSDP shards weights, gradients and optimizer states "
+                            "layer by layer, which ppsim does not model (it prices Megatron's "
+                            "DDP, with or without --use-distributed-optimizer)",
+                            "drop it; --use-distributed-optimizer is the closest ppsim prices")
+    if flag("optimizer_cpu_offload"):
+        raise UserError("--optimizer-cpu-offload", "the optimizer stepping on the host is not "
+                        "modelled", "drop it (ppsim prices the optimizer on the GPU)")
+    optimizer = flag("optimizer")
+    if optimizer is not None and optimizer not in OPTIMIZERS_PRICED:
+        raise UserError("--optimizer", f"{optimizer!r} keeps other states than Adam's, which "
+                        "ppsim does not price", "drop it, or give --optimizer adam")
+    if not flag("use_tp_pp_dp_mapping"):
+        return None
+    order = flag("rank_order")
+    if order is not None and order != TP_PP_DP_ORDER:
+        raise UserError("--use-tp-pp-dp-mapping", f"selects the rank order {TP_PP_DP_ORDER}, "
+                        f"not --rank-order {order}", "give one of them")
+    return TP_PP_DP_ORDER
+
+
+def data_split_hint(args: argparse.Namespace, exc: UserError) -> UserError:
+    """A --split that fails as a layer split may be Megatron's data split (three
+    weights: train, valid, test) from a pasted DATA_ARGS: the error says so too."""
+    text = getattr(args, "split", None)
+    parts = text.split(",") if isinstance(text, str) else []
+    if "split" not in exc.field or len(parts) != 3 \
+            or not all(p.strip().isdigit() for p in parts):
+        return exc
+    hint = (f"if {text} is Megatron's data split (train,valid,test weights), drop it: "
+            "ppsim's --split gives the layers of each virtual stage")
+    return UserError(exc.field, exc.problem, f"{exc.fix}; {hint}" if exc.fix else hint)

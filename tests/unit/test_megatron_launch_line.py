@@ -1,0 +1,157 @@
+"""A Megatron launch line pasted whole: the training, data, checkpoint and logging
+arguments beside the model and parallel ones.
+
+Megatron's scripts pass --micro-batch-size and --global-batch-size in TRAINING_ARGS, next
+to --lr and --clip-grad; `ppsim plan $TRAINING_ARGS ...` was "unrecognized arguments:
+--train-iters ... --lr ..." and the user had to pick the arguments ppsim knew out by hand."""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+from contextlib import redirect_stderr, redirect_stdout
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ppsim.cli.flags import config_from_args
+from ppsim.cli.main import build_parser, main
+from ppsim.cli.megatron_run import RUN, UNPRICED
+
+# Megatron-LM's examples/gpt3/train_gpt3_175b_distributed.sh, its argument arrays as
+# written (paths filled in), with --vocab-size, which Megatron reads from the vocab file.
+GPT_MODEL_ARGS = ("--num-layers 96 --hidden-size 12288 --num-attention-heads 96 "
+                  "--seq-length 2048 --max-position-embeddings 2048 --attention-backend auto "
+                  "--vocab-size 50257")
+TRAINING_ARGS = ("--micro-batch-size 1 --global-batch-size 1536 --step-batch-size-schedule "
+                 "'0:16 2.4B:320 4.8B:624 7.2B:928 9.6B:1232 12B:1536' --train-iters 500000 "
+                 "--weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --init-method-std "
+                 "0.006 --clip-grad 1.0 --fp16 --lr 6.0e-5 --lr-decay-style cosine --min-lr "
+                 "6.0e-6 --lr-warmup-fraction .001 --lr-decay-iters 430000")
+MODEL_PARALLEL_ARGS = "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 16"
+DATA_ARGS = ("--data-path /data/text_document --vocab-file gpt2-vocab.json --merge-file "
+             "gpt2-merges.txt --split 949,50,1")
+EVAL_AND_LOGGING_ARGS = ("--log-interval 100 --save-interval 10000 --eval-interval 1000 "
+                         "--save /ckpt --load /ckpt --eval-iters 10 --tensorboard-dir /tb")
+PRICED = shlex.split(f"{GPT_MODEL_ARGS} --micro-batch-size 1 --global-batch-size 1536 "
+                     f"--init-method-std 0.006 --fp16 {MODEL_PARALLEL_ARGS}")
+"""What ppsim reads of that line; the rest runs the training."""
+JOB = ["--hardware", "h100-80gb", "--gpus", "1536"]
+
+
+def _run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _errors(err: str) -> list[str]:
+    """The error lines (a note, such as the one on sequence parallelism, may precede)."""
+    return [line for line in err.splitlines() if not line.startswith("note: ")]
+
+
+def test_megatrons_example_launch_line_plans_as_pasted() -> None:
+    """`ppsim plan` takes every array of Megatron's GPT-3 175B example, and prices it as
+    the arguments ppsim reads alone."""
+    line = shlex.split(" ".join((GPT_MODEL_ARGS, TRAINING_ARGS, MODEL_PARALLEL_ARGS,
+                                 DATA_ARGS, EVAL_AND_LOGGING_ARGS)))
+    code, whole, err = _run(["plan", *line, *JOB, "--time-budget", "2", "--json"])
+    assert code == 0, err
+    assert "not priced" not in err  # none of these touches an iteration
+    code, priced, _ = _run(["plan", *PRICED, *JOB, "--time-budget", "2", "--json"])
+    assert code == 0
+    a, b = json.loads(whole)["best"], json.loads(priced)["best"]
+    assert a["split"] == b["split"] and a["iteration_time_ms"] == b["iteration_time_ms"]
+
+
+def test_megatrons_data_split_on_simulate_is_named_as_such() -> None:
+    """simulate's --split is the layers of each stage; Megatron's data split pasted there
+    is refused as a layer split, and the error says what it may be."""
+    code, _, err = _run(["simulate", *PRICED, *JOB, *shlex.split(DATA_ARGS)])
+    assert code == 2 and len(_errors(err)) == 1
+    assert "pipeline.split: " in err and "if 949,50,1 is Megatron's data split" in err
+    # A layer split that is wrong for another reason keeps its own message.
+    code, _, err = _run(["simulate", *PRICED, *JOB, "--split", "90,3,3,0"])
+    assert code == 2 and "data split" not in err
+
+
+def test_unpriced_switches_are_named_on_stderr_and_change_nothing() -> None:
+    code, base, _ = _run(["simulate", *PRICED, *JOB, "--json"])
+    assert code == 0
+    switches = ["--no-rope-fusion", "--manual-gc", "--manual-gc-interval", "10",
+                "--empty-unused-memory-level", "1"]
+    code, out, err = _run(["simulate", *PRICED, *JOB, *switches, "--json"])
+    assert code == 0 and out == base
+    note = [line for line in err.splitlines() if "not priced" in line]
+    assert len(note) == 1
+    assert all(s in note[0] for s in ("--no-rope-fusion", "--manual-gc,",
+                                      "--empty-unused-memory-level"))
+
+
+@pytest.mark.parametrize("extra, field", [
+    (["--optimizer", "sgd"], "--optimizer"),
+    (["--optimizer", "muon"], "--optimizer"),
+    (["--use-torch-fsdp2"], "--use-torch-fsdp2"),
+    (["--use-megatron-fsdp"], "--use-megatron-fsdp"),
+    (["--optimizer-cpu-offload"], "--optimizer-cpu-offload"),
+    (["--use-tp-pp-dp-mapping", "--rank-order", "tp-cp-ep-dp-pp"], "--use-tp-pp-dp-mapping"),
+])
+def test_what_changes_the_job_beyond_ppsims_model_is_refused_by_name(extra: list[str],
+                                                                     field: str) -> None:
+    code, out, err = _run(["simulate", *PRICED, *JOB, *extra])
+    assert code == 2 and out == "" and len(_errors(err)) == 1
+    assert f"error: {field}: " in err and "Traceback" not in err
+
+
+def test_adams_name_is_taken() -> None:
+    code, base, _ = _run(["simulate", *PRICED, *JOB, "--json"])
+    code2, out, _ = _run(["simulate", *PRICED, *JOB, "--optimizer", "adam", "--json"])
+    assert code == code2 == 0 and out == base
+
+
+def test_use_tp_pp_dp_mapping_is_megatrons_other_rank_order() -> None:
+    """Megatron's initialize.py: order 'tp-cp-ep-pp-dp' under --use-tp-pp-dp-mapping."""
+    job = [*PRICED, "--hardware", "h100-80gb", "--gpus", "3072", "--json"]
+    _, mapped, _ = _run(["simulate", *job, "--use-tp-pp-dp-mapping"])
+    _, ordered, _ = _run(["simulate", *job, "--rank-order", "tp-cp-ep-pp-dp"])
+    _, default, _ = _run(["simulate", *job])
+    assert json.loads(mapped)["job"]["rank_order"] == "tp-cp-ep-pp-dp"
+    assert mapped == ordered and mapped != default
+
+
+def test_a_misspelt_megatron_argument_is_still_refused() -> None:
+    err = io.StringIO()
+    with redirect_stderr(err), pytest.raises(SystemExit) as stop:
+        main(["simulate", *PRICED, *JOB, "--lr-decay-stile", "cosine"])
+    assert stop.value.code == 2
+    assert "unrecognized arguments: --lr-decay-stile" in err.getvalue()
+
+
+def test_ppsim_runs_own_seed_keeps_its_meaning() -> None:
+    args = build_parser("run").parse_args(["run", "--seed", "3", "--lr", "1e-4"])
+    assert args.seed == 3
+
+
+RUN_FLAGS = sorted({f for group in RUN.values() for f in group} - {"split"})
+VALUE = st.one_of(st.integers(-10**6, 10**6).map(str),
+                  st.floats(-1e6, 1e6).map(lambda x: f"{x:.4f}"),
+                  st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1,
+                          max_size=12).filter(lambda t: not t.startswith("-")))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(RUN_FLAGS + list(UNPRICED)),
+                          st.lists(VALUE, max_size=3)), max_size=8))
+def test_run_arguments_with_any_values_leave_the_config_as_it_was(extra) -> None:
+    """Whatever Megatron run arguments a line holds, in any order and with any values
+    Megatron's own parser takes (negative numbers, paths, none), the config ppsim prices
+    is the same."""
+    tail = [tok for flag, values in extra for tok in (f"--{flag}", *values)]
+    parser = build_parser("simulate")
+    with redirect_stderr(io.StringIO()):  # the notes
+        base = config_from_args(parser.parse_args(["simulate", *PRICED, *JOB]))
+        cfg = config_from_args(parser.parse_args(["simulate", *PRICED, *JOB, *tail]))
+    assert cfg == base
