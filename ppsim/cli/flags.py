@@ -140,6 +140,10 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
                    default=None, help="keep and reduce bf16 gradients in bf16, not fp32")
     for name in ("tp-comm-overlap", "overlap-grad-reduce", "overlap-param-gather"):
         j.add_argument(f"--{name}", action="store_true", default=None)
+    j.add_argument("--ddp-bucket-size", type=int, metavar="N", help="parameters per gradient "
+                   "bucket (default max(40M, 1M x dp x cp))")
+    j.add_argument("--ddp-num-buckets", type=int, metavar="N",
+                   help="or the rank's parameters in N buckets")
 
 
 def _layers_per_virtual_stage(cfg: Config, flag: Any) -> Config:

@@ -78,6 +78,9 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
     out += ["--use-distributed-optimizer"] * job.arch.distributed_optimizer
     out += ["--grad-reduce-in-bf16"] * job.arch.grad_reduce_in_bf16
     out += ["--use-tp-pp-dp-mapping"] * (order == parse_order(TP_PP_DP_ORDER))
+    for size, flag in ((job.ddp_bucket_size, "--ddp-bucket-size"),
+                       (job.ddp_num_buckets, "--ddp-num-buckets")):
+        out += [flag, str(size)] if size is not None else []
     for on, flag in ((job.tp_comm_overlap, "--tp-comm-overlap"),
                      (job.overlap_grad_reduce, "--overlap-grad-reduce"),
                      (job.overlap_param_gather, "--overlap-param-gather")):

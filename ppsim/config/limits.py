@@ -29,6 +29,8 @@ MAX_GPUS = 1_000_000
 """World size of `--gpus`: ten times the largest jobs run."""
 MAX_GLOBAL_BATCH = 1_000_000_000
 """Sequences per iteration of `--global-batch-size`."""
+MAX_BUCKET = 10**15
+"""Parameters per gradient bucket, or buckets per rank: beyond any model's count."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -81,6 +81,12 @@ class PipelineConfig:
     """Reduce gradients in buckets during the last backward (--overlap-grad-reduce)."""
     overlap_param_gather: bool = False
     """Gather parameters during the next forward (--overlap-param-gather)."""
+    ddp_bucket_size: int | None = None
+    """Parameters per gradient bucket (Megatron's --ddp-bucket-size); none: Megatron's
+    max(40M, 1M x dp x cp)."""
+    ddp_num_buckets: int | None = None
+    """Gradient buckets per rank (--ddp-num-buckets): each holds the rank's parameters
+    // N; not with ddp_bucket_size."""
 
 
 @dataclass(kw_only=True)

@@ -63,6 +63,10 @@ class Job:
     """Reduce gradient buckets during the last backward."""
     overlap_param_gather: bool = False
     """Gather parameters during the next forward."""
+    ddp_bucket_size: int | None = None
+    """Parameters per gradient bucket; None: Megatron's default."""
+    ddp_num_buckets: int | None = None
+    """Or buckets per rank."""
 
     def link(self, name: str) -> Link:
         """The Link of group `name` (tp, cp, ep or dp)."""
@@ -141,4 +145,5 @@ def build_job(cfg: Any) -> Job | None:
                peak_tflops=cfg.hardware.peak_tflops, accelerator=accelerator(cfg.hardware),
                tp_comm_overlap=p.tp_comm_overlap,
                overlap_grad_reduce=p.overlap_grad_reduce,
-               overlap_param_gather=p.overlap_param_gather)
+               overlap_param_gather=p.overlap_param_gather,
+               ddp_bucket_size=p.ddp_bucket_size, ddp_num_buckets=p.ddp_num_buckets)

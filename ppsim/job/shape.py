@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ppsim.config import limits, validate
 from ppsim.errors import UserError
 from ppsim.job.ranks import Sizes, parse_order
 
@@ -100,6 +101,13 @@ def check(cfg: Any) -> None:
         if not 0 <= value < 1e9:
             raise UserError(f"hardware.{name}", f"must be >= 0 and finite, got {value}",
                             "give a figure per GPU per direction, or 0 for the p2p link's")
+    for name in ("ddp_bucket_size", "ddp_num_buckets"):
+        if getattr(p, name) is not None:
+            validate.count(f"pipeline.{name}", getattr(p, name), hi=limits.MAX_BUCKET,
+                           fix="give a whole number, or drop it for Megatron's default")
+    if p.ddp_bucket_size is not None and p.ddp_num_buckets is not None:
+        raise UserError("pipeline.ddp_num_buckets", "Cannot specify both num_buckets and "
+                        "bucket_size", "give --ddp-bucket-size or --ddp-num-buckets")
     if p.overlap_param_gather and not p.overlap_grad_reduce:
         raise UserError("pipeline.overlap_param_gather", "Must use --overlap-param-gather "
                         "with --overlap-grad-reduce", "add --overlap-grad-reduce "

@@ -38,7 +38,13 @@ class Tail:
     """AdamW on the rank's (shard of its) parameters."""
 
 
-def bucket_params(job: Job) -> int:
+def bucket_params(job: Job, params: int) -> int:
+    """Parameters per bucket of a rank holding `params`, as Megatron resolves it
+    (megatron/training/training.py, resolve_ddp_bucket_size)."""
+    if job.ddp_num_buckets is not None:
+        return max(1, params // job.ddp_num_buckets)
+    if job.ddp_bucket_size is not None:
+        return job.ddp_bucket_size
     return max(40_000_000, 1_000_000 * job.groups.dp.size)
 
 
@@ -59,7 +65,7 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
     first stage, whose exposed bucket is the embedding's."""
     g: Link = job.link("dp")
     n = job.groups.dp.size
-    edge = max(bucket_params(job), embedding_params(job) if holds_embedding else 0)
+    edge = max(bucket_params(job, params), embedding_params(job) if holds_embedding else 0)
     bucket = min(params, edge)
     shard, grads = params, grad_bytes(job.arch)
     if job.arch.distributed_optimizer:

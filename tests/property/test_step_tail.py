@@ -70,3 +70,23 @@ def test_the_simulated_trace_records_the_tail_as_the_executor_does(tmp_path, cap
     assert main(["diff", str(trace), str(trace), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["iteration_time_delta_ms"] == 0
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 10**10), st.integers(1, 10**10), st.sampled_from([1, 2]))
+def test_a_larger_gradient_bucket_never_exposes_less(small, large, pp):
+    """--ddp-bucket-size: the last bucket stays exposed whatever the backward hides, so
+    each rank's exposed reduction grows with the bucket (never shrinks)."""
+    small, large = sorted((small, large))
+
+    def reduce(bucket: int) -> list[float]:
+        problem = build_problem(config_from_dict({
+            "model": {"preset": "llama3-8b", "num_layers": 4, "dp": 16,
+                      "distributed_optimizer": True},
+            "hardware": {"preset": "h100-80gb"},
+            "pipeline": {"pp": pp, "microbatches": 4, "overlap_grad_reduce": True,
+                         "overlap_param_gather": True, "ddp_bucket_size": bucket}}))
+        return [r for _, r, _ in simulate(problem).timeline.step]
+
+    for a, b in zip(reduce(small), reduce(large), strict=True):
+        assert a <= b * (1 + 1e-12)

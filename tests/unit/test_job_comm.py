@@ -136,6 +136,40 @@ def test_only_the_embeddings_rank_waits_for_the_embeddings_bucket() -> None:
     assert reduce[1] == pytest.approx(rs_ag(40e6), rel=1e-9)
 
 
+@pytest.mark.parametrize("buckets", [{"ddp_bucket_size": 100_000_000},
+                                     {"ddp_bucket_size": 10**12}, {"ddp_num_buckets": 8},
+                                     {"ddp_num_buckets": 1}])
+def test_megatrons_bucket_flags_set_the_bucket_left_exposed(buckets: dict) -> None:
+    """--ddp-bucket-size N: N parameters a bucket; --ddp-num-buckets K: the rank's
+    parameters // K (Megatron's resolve_ddp_bucket_size). A bucket larger than the rank's
+    parameters is all of them; the embedding's rank never less than its table."""
+    pipe = {"pp": 2, "overlap_grad_reduce": True, "overlap_param_gather": True}
+    problem = build_problem(cfg({"dp": 16, "distributed_optimizer": True},
+                                {**pipe, **buckets}))
+    reduce = [r for _, r, _ in simulate(problem).timeline.step]
+    bus = min(NV, 8 * NIC)
+
+    def rs_ag(n: float) -> float:
+        return 2 * 15 * NIC_STEP + 15 / 16 * n * (4 + 2) / bus
+
+    params = [c.params for c in problem.stage_costs]
+    size = buckets.get("ddp_bucket_size")
+    bucket = [min(p, size) if size else p // buckets["ddp_num_buckets"] for p in params]
+    embedding = 128256 * 4096
+    assert reduce[0] == pytest.approx(rs_ag(min(params[0], max(bucket[0], embedding))),
+                                      rel=1e-9)
+    assert reduce[1] == pytest.approx(rs_ag(bucket[1]), rel=1e-9)
+
+
+def test_both_bucket_flags_are_refused_as_megatron_refuses_them(capsys) -> None:
+    from ppsim.cli.main import main
+
+    assert main(["simulate", "--preset", "llama3-8b", "--gpus", "16", "--ddp-bucket-size",
+                 "1000", "--ddp-num-buckets", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "Cannot specify both num_buckets and bucket_size" in err and err.count("\n") == 1
+
+
 def test_gradients_reduced_in_bf16_halve_the_reduce_scatter_and_two_bytes_a_parameter(
         ) -> None:
     """Megatron's --grad-reduce-in-bf16: the gradient buffer is bf16, so the reduce-scatter

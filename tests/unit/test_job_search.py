@@ -281,8 +281,9 @@ def test_the_best_shape_does_not_depend_on_how_many_rows_are_shown() -> None:
     ("--preset nemotron-h-8b", "--gpus 16 --global-batch-size 64 --tp 2 --pp 2 --cp 1 "
      "--micro-batch-size 1"),
     ("--preset llama3-8b --num-layers 8", "--gpus 16 --global-batch-size 32 "
-     "--use-tp-pp-dp-mapping"),
-], ids=["dense", "moe-overlapped-policy", "hybrid", "tp-pp-dp-mapping"])
+     "--use-tp-pp-dp-mapping --use-distributed-optimizer --overlap-grad-reduce "
+     "--ddp-bucket-size 20000000"),
+], ids=["dense", "moe-overlapped-policy", "hybrid", "tp-pp-dp-mapping-buckets"])
 def test_the_job_plans_megatron_line_launches_the_best_shape(model: str, job: str,
                                                              capsys) -> None:
     """The job plan named the best shape but gave no flags to launch it with: the sizes,
@@ -295,7 +296,8 @@ def test_the_job_plans_megatron_line_launches_the_best_shape(model: str, job: st
     flags = shlex.split(best["megatron_job_flags"])
     assert ("--global-batch-size" in flags) and ("--micro-batch-size" in flags)
     mapping = "--use-tp-pp-dp-mapping"
-    assert (mapping in flags) == (mapping in job)
+    for flag in (mapping, "--ddp-bucket-size"):
+        assert (flag in flags) == (flag in job)
     gpus = shlex.split(job)[1]
     # Megatron recomputes nothing unless told; a preset's own mode is ppsim's default.
     unless = [] if "--recompute-granularity" in flags else ["--recompute", "none"]
