@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from ppsim.cli.flags import assume_hardware, config_from_args, emit_json
+from ppsim.cli.megatron_model import optimizer_args
 from ppsim.cli.render import compact_table, step_bar
 from ppsim.cli.simulate import exports_of
 from ppsim.config import limits, validate
@@ -75,8 +76,7 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
     out = [tok for n, flag in sizes if n > 1 for tok in (flag, str(n))]
     out += ["--sequence-parallel"] * (s.tp > 1) + shlex.split(split)
     out += ["--micro-batch-size", str(s.mbs), "--global-batch-size", str(gbs), *policy]
-    out += ["--use-distributed-optimizer"] * job.arch.distributed_optimizer
-    out += ["--grad-reduce-in-bf16"] * job.arch.grad_reduce_in_bf16
+    out += optimizer_args(job.arch)
     out += ["--use-tp-pp-dp-mapping"] * (order == parse_order(TP_PP_DP_ORDER))
     for size, flag in ((job.ddp_bucket_size, "--ddp-bucket-size"),
                        (job.ddp_num_buckets, "--ddp-num-buckets")):

@@ -16,7 +16,7 @@ from itertools import groupby
 from typing import Any
 
 from ppsim.config.model import Model, TransformerModel
-from ppsim.costs.arch import Architecture, layer_kinds
+from ppsim.costs.arch import OPTIMIZER_DTYPES, Architecture, layer_kinds
 from ppsim.errors import UserError
 
 INT_FLAGS = {
@@ -355,7 +355,19 @@ def megatron_model_args(a: Architecture) -> list[str]:
     out += kv("--micro-batch-size", a.micro_batch_size) + RECOMPUTE_FLAGS[a.recompute]
     out += (kv("--tensor-model-parallel-size", a.tp) + ["--sequence-parallel"]) * (a.tp > 1)
     out += kv("--expert-model-parallel-size", a.ep) * (a.ep > 1)
-    return out + ["--use-distributed-optimizer"] * a.distributed_optimizer
+    return out + optimizer_args(a)
+
+
+def optimizer_args(a: Architecture) -> list[str]:
+    """How the architecture keeps its gradients and Adam's state, as Megatron's
+    arguments (the fp32 defaults unsaid)."""
+    out = ["--use-distributed-optimizer"] * a.distributed_optimizer
+    out += ["--grad-reduce-in-bf16"] * a.grad_reduce_in_bf16
+    if a.precision_aware_optimizer:
+        out.append("--use-precision-aware-optimizer")
+        out += [tok for key in OPTIMIZER_DTYPES if getattr(a, key) != "fp32"
+                for tok in (f"--{key.replace('_', '-')}", getattr(a, key))]
+    return out
 
 
 def _moe_args(a: Architecture) -> list[str]:

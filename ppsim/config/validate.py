@@ -13,7 +13,14 @@ import math
 from typing import Any
 
 from ppsim.config import limits
-from ppsim.costs.arch import ATTENTION, DTYPE_BYTES, NORMS, POSITIONS, RECOMPUTE
+from ppsim.costs.arch import (
+    ATTENTION,
+    DTYPE_BYTES,
+    NORMS,
+    OPTIMIZER_DTYPES,
+    POSITIONS,
+    RECOMPUTE,
+)
 from ppsim.errors import UserError
 
 MAX_MS = 1e9
@@ -243,7 +250,7 @@ _ARCH_MAX = 10**7
 """Any architecture dimension or count: far above real models, and small enough that
 FLOPs stay exact floats (a 200-digit hidden_size would overflow float conversion)."""
 _CHOICES = {"recompute": RECOMPUTE, "dtype": tuple(DTYPE_BYTES), "attention": ATTENTION,
-            "norm": NORMS, "position": POSITIONS}
+            "norm": NORMS, "position": POSITIONS, **OPTIMIZER_DTYPES}
 _POSITIVE = ("tp", "dp", "ep", "cp", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
              "vocab_size", "seq_length", "micro_batch_size")
 _COUNTS = ("mtp_layers", "head_dim", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
@@ -264,7 +271,7 @@ def transformer(raw: dict[str, Any]) -> None:
             raise UserError(f"model.{key}", f"must be at least {low}, got {raw[key]}",
                             "use a whole number >= " + str(low))
     for key in ("gated_mlp", "distributed_optimizer", "dropout", "tie_embeddings",
-                "grad_reduce_in_bf16"):
+                "grad_reduce_in_bf16", "precision_aware_optimizer"):
         if key in raw:
             typed(f"model.{key}", raw[key], bool)
     if "layers" in raw:
@@ -279,6 +286,27 @@ def transformer(raw: dict[str, Any]) -> None:
     if isinstance(raw.get("num_layers"), int) and isinstance(raw.get("mtp_layers"), int):
         limits.check_shape(raw["num_layers"], 1, 1, 1, raw["mtp_layers"])
     parallel_shape(raw)
+    optimizer_states(raw)
+
+
+def optimizer_states(raw: dict[str, Any]) -> None:
+    """The state dtypes as Megatron asserts them (optimizer_config.py, optimizer/
+    __init__.py): other than fp32 only under the precision-aware optimizer, which needs
+    the distributed optimizer; ppsim prices it for bf16 training."""
+    aware = raw.get("precision_aware_optimizer", False)
+    for key in OPTIMIZER_DTYPES:
+        if not aware and raw.get(key, "fp32") != "fp32":
+            raise UserError(f"model.{key}", f"{key} can only be fp32 when not using "
+                            "precision-aware optimizer", "add --use-precision-aware-optimizer "
+                            "(precision_aware_optimizer = true in [model])")
+    if aware and not raw.get("distributed_optimizer", False):
+        raise UserError("model.precision_aware_optimizer", "--use-precision-aware-optimizer "
+                        "only supported with distributed optimizer", "add "
+                        "--use-distributed-optimizer (distributed_optimizer = true in [model])")
+    if aware and raw.get("dtype", "bf16") != "bf16":
+        raise UserError("model.precision_aware_optimizer", "ppsim prices the precision-aware "
+                        "optimizer for bf16 training only", "train in bf16 (--bf16), or "
+                        "drop it")
 
 
 def parallel_shape(raw: dict[str, Any]) -> None:

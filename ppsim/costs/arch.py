@@ -48,6 +48,19 @@ class Architecture:
     grad_reduce_in_bf16: bool = False
     """bf16 training keeps and reduces its gradients in bf16, not fp32 (Megatron
     --grad-reduce-in-bf16): 2 bytes a parameter less, half the data-parallel traffic."""
+    precision_aware_optimizer: bool = False
+    """TransformerEngine's FusedAdam keeps the optimizer's state in the dtypes below
+    (Megatron --use-precision-aware-optimizer; bf16 training, distributed optimizer)."""
+    main_grads_dtype: str = "fp32"
+    """Gradients the optimizer reads (--main-grads-dtype fp32|bf16): bf16 keeps and
+    reduces them in bf16, as --grad-reduce-in-bf16."""
+    main_params_dtype: str = "fp32"
+    """Master weights (--main-params-dtype fp32|fp16): 2 bytes either way, fp32 ones
+    stored as the 16 bits the bf16 weight lacks (TE's store_param_remainders)."""
+    exp_avg_dtype: str = "fp32"
+    """Adam's first moment (--exp-avg-dtype fp32|fp16|bf16|fp8)."""
+    exp_avg_sq_dtype: str = "fp32"
+    """Adam's second moment (--exp-avg-sq-dtype fp32|fp16|bf16|fp8)."""
     cp: int = 1
     """Context-parallel size: each rank holds seq_length / cp tokens of every sequence."""
     tie_embeddings: bool = False
@@ -252,18 +265,52 @@ def model_params(a: Architecture) -> tuple[int, int, int]:
     return total, active, mtp
 
 
+STATE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+"""Bytes of one optimizer-state element in each dtype Megatron's flags name."""
+OPTIMIZER_DTYPES = {"main_grads_dtype": ("fp32", "bf16"), "main_params_dtype": ("fp32", "fp16"),
+                    "exp_avg_dtype": tuple(STATE_BYTES), "exp_avg_sq_dtype": tuple(STATE_BYTES)}
+"""Each state dtype field and the values Megatron's flag of that name takes."""
+
+
 def grad_bytes(a: Architecture) -> int:
     """Bytes of one parameter's gradient as Megatron keeps and reduces it: fp32, or bf16
-    under --grad-reduce-in-bf16."""
-    return 2 if a.grad_reduce_in_bf16 and a.dtype == "bf16" else 4
+    under --grad-reduce-in-bf16 or --main-grads-dtype bf16 (neither forces fp32
+    accumulation then: arguments.py)."""
+    bf16_grads = a.grad_reduce_in_bf16 or a.main_grads_dtype == "bf16"
+    return 2 if bf16_grads and a.dtype == "bf16" else 4
+
+
+def optimizer_state_bytes(a: Architecture) -> int:
+    """Adam's state per parameter, before the distributed optimizer shards it: the master
+    weight (none for fp32 training, whose weight is its own) and two moments."""
+    if a.precision_aware_optimizer:
+        return 2 + STATE_BYTES[a.exp_avg_dtype] + STATE_BYTES[a.exp_avg_sq_dtype]
+    return 8 if a.dtype == "fp32" else 12
+
+
+ADAM_BYTES_PER_PARAM = 28
+"""AdamW's step reads the fp32 parameter, gradient and two moments (16 B) and writes
+the parameter and the moments (12 B): memory-bound. Megatron's optimizer casts bf16
+gradients to fp32 first, so it is 28 whatever the gradient buffer's dtype."""
+
+
+def adam_step_bytes(a: Architecture) -> int:
+    """Memory traffic of AdamW's step per parameter: ADAM_BYTES_PER_PARAM, or under the
+    precision-aware optimizer the gradient as kept, the master weight and the moments in
+    their dtypes, read and written back."""
+    if not a.precision_aware_optimizer:
+        return ADAM_BYTES_PER_PARAM
+    return grad_bytes(a) + 2 * optimizer_state_bytes(a)
 
 
 def bytes_per_param(a: Architecture) -> float:
     """Megatron (its distributed optimizer's table): weights + grads + Adam states, per
     parameter; bf16 weights keep fp32 gradients unless they are reduced in bf16."""
     if a.dtype == "fp32":
-        return 8 + 8 / a.dp if a.distributed_optimizer else 16
-    if a.dtype == "fp16":
-        return 4 + 16 / a.dp if a.distributed_optimizer else 20
-    held = 2 + grad_bytes(a)  # bf16 weights and their gradient buffer
-    return held + 12 / a.dp if a.distributed_optimizer else held + 12
+        held = 8  # the weight (its own master) and its gradient
+    elif a.dtype == "fp16":
+        held = 4  # the weight and its fp16 gradient; the fp32 main gradient is state
+    else:
+        held = 2 + grad_bytes(a)  # bf16 weights and their gradient buffer
+    state = optimizer_state_bytes(a) + 4 * (a.dtype == "fp16")
+    return held + state / a.dp if a.distributed_optimizer else held + state

@@ -19,10 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ppsim.costs.arch import DTYPE_BYTES, grad_bytes
+from ppsim.costs.arch import DTYPE_BYTES, adam_step_bytes, grad_bytes
 from ppsim.costs.layerops import padded_vocab
 from ppsim.job.collectives import Link, all_gather_ms, all_reduce_ms, reduce_scatter_ms
-from ppsim.sim.summary import ADAM_BYTES_PER_PARAM
 
 if TYPE_CHECKING:
     from ppsim.job.model import Job
@@ -80,7 +79,7 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
         ar = all_reduce_ms(params * grads, g)
         reduce = _overlapped(ar, all_reduce_ms(bucket * grads, g), backward_ms,
                              job.overlap_grad_reduce)
-    step = shard * ADAM_BYTES_PER_PARAM / (memory_bandwidth_gbps * 1e6) \
+    step = shard * adam_step_bytes(job.arch) / (memory_bandwidth_gbps * 1e6) \
         if memory_bandwidth_gbps > 0 else 0.0
     if params and (step or optimizer_fixed_ms):
         step += optimizer_fixed_ms

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ppsim.costs.arch import ADAM_BYTES_PER_PARAM, adam_step_bytes
 from ppsim.costs.model import StageCost
 from ppsim.pipeline.messages import wire_ms
 from ppsim.schedules.actions import B, F, Schedule
@@ -80,9 +81,6 @@ def memory_peaks(kinds: Sequence[str], alloc: Sequence[int], free: Sequence[int]
     return peak, peak_inflight
 
 
-ADAM_BYTES_PER_PARAM = 28
-"""AdamW's step reads the fp32 parameter, gradient and two moments (16 B) and writes
-the parameter and the moments (12 B): memory-bound."""
 GRAD_BYTES = 4
 """Gradients are reduced in fp32 (Megatron's main grads)."""
 
@@ -102,13 +100,14 @@ def step_parts(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
         params[s.stage_rank(i)] += c.params
     if job is not None and job.replaces_tail:
         return _job_parts(s, costs, params, job, memory_bandwidth_gbps, optimizer_fixed_ms)
+    per_param = ADAM_BYTES_PER_PARAM if job is None else adam_step_bytes(job.arch)
     out = []
     for n in params:
         reduce = 0.0
         if dp > 1:
             reduce = 2 * (dp - 1) * latency_ms + wire_ms(bandwidth_gbps,
                                                          2 * (dp - 1) / dp * n * GRAD_BYTES)
-        step = n * ADAM_BYTES_PER_PARAM / (memory_bandwidth_gbps * 1e6) \
+        step = n * per_param / (memory_bandwidth_gbps * 1e6) \
             if memory_bandwidth_gbps > 0 else 0.0
         if n and (step or optimizer_fixed_ms):
             step += optimizer_fixed_ms

@@ -187,3 +187,44 @@ def test_gradients_reduced_in_bf16_halve_the_reduce_scatter_and_two_bytes_a_para
     assert sum(c.static_bytes for c in bf16.stage_costs) == pytest.approx(
         sum(c.static_bytes for c in fp32.stage_costs) * (4 + 12 / 16) / (6 + 12 / 16),
         rel=1e-6)
+
+
+@pytest.mark.parametrize("states, bytes_sharded, grad", [
+    ({}, 2 + 4 + 4, 4),  # fp32 moments; the master weight as 16-bit remainders
+    ({"exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}, 2 + 2 + 2, 4),
+    ({"exp_avg_dtype": "fp8", "exp_avg_sq_dtype": "fp16", "main_params_dtype": "fp16"},
+     2 + 1 + 2, 4),
+    ({"main_grads_dtype": "bf16"}, 2 + 4 + 4, 2),
+])
+def test_the_precision_aware_optimizer_keeps_adams_state_in_its_dtypes(
+        states: dict, bytes_sharded: int, grad: int) -> None:
+    """--use-precision-aware-optimizer (TransformerEngine's FusedAdam): each rank holds
+    bf16 weights, the gradient buffer (fp32, or bf16 with --main-grads-dtype bf16) and
+    its 1/dp shard of the master weight (2 bytes: fp16, or the 16 bits an fp32 master
+    adds to the bf16 weight) and the two moments in their dtypes; the step reads the
+    gradient and reads and writes that state."""
+    model = {"dp": 16, "distributed_optimizer": True}
+    plain = build_problem(cfg(model))
+    aware = build_problem(cfg({**model, "precision_aware_optimizer": True, **states}))
+    held = sum(c.static_bytes for c in plain.stage_costs) / (6 + 12 / 16)  # parameters
+    assert sum(c.static_bytes for c in aware.stage_costs) == pytest.approx(
+        held * (2 + grad + bytes_sharded / 16), rel=1e-6)
+    step = [s for _, _, s in simulate(aware).timeline.step][0]
+    plain_step = [s for _, _, s in simulate(plain).timeline.step][0]
+    assert step / plain_step == pytest.approx((grad + 2 * bytes_sharded) / 28, rel=1e-9)
+
+
+@pytest.mark.parametrize("model, field", [
+    ({"exp_avg_dtype": "bf16", "distributed_optimizer": True}, "model.exp_avg_dtype"),
+    ({"precision_aware_optimizer": True}, "model.precision_aware_optimizer"),
+    ({"precision_aware_optimizer": True, "distributed_optimizer": True, "dtype": "fp16"},
+     "model.precision_aware_optimizer"),
+    ({"precision_aware_optimizer": True, "distributed_optimizer": True,
+      "main_params_dtype": "bf16"}, "model.main_params_dtype"),
+])
+def test_state_dtypes_megatron_refuses_are_refused(model: dict, field: str) -> None:
+    from ppsim.errors import UserError
+
+    with pytest.raises(UserError) as err:
+        build_problem(cfg({"dp": 16, **model}))
+    assert err.value.field == field

@@ -277,7 +277,7 @@ def test_the_best_shape_does_not_depend_on_how_many_rows_are_shown() -> None:
     # Held sizes keep the searches to a few shapes, which any budget finishes.
     ("--preset mixtral-8x7b", "--gpus 32 --global-batch-size 64 --use-distributed-optimizer "
      "--overlap-grad-reduce --overlap-param-gather --search policy --tp 1 --cp 4 --ep 8 "
-     "--pp 1 --micro-batch-size 2"),
+     "--pp 1 --micro-batch-size 2 --use-precision-aware-optimizer --exp-avg-dtype bf16"),
     ("--preset nemotron-h-8b", "--gpus 16 --global-batch-size 64 --tp 2 --pp 2 --cp 1 "
      "--micro-batch-size 1"),
     ("--preset llama3-8b --num-layers 8", "--gpus 16 --global-batch-size 32 "
@@ -296,7 +296,8 @@ def test_the_job_plans_megatron_line_launches_the_best_shape(model: str, job: st
     flags = shlex.split(best["megatron_job_flags"])
     assert ("--global-batch-size" in flags) and ("--micro-batch-size" in flags)
     mapping = "--use-tp-pp-dp-mapping"
-    for flag in (mapping, "--ddp-bucket-size"):
+    for flag in (mapping, "--ddp-bucket-size", "--use-precision-aware-optimizer",
+                 "--exp-avg-dtype"):
         assert (flag in flags) == (flag in job)
     gpus = shlex.split(job)[1]
     # Megatron recomputes nothing unless told; a preset's own mode is ppsim's default.
