@@ -303,9 +303,19 @@ def adam_step_bytes(a: Architecture) -> int:
     return grad_bytes(a) + 2 * optimizer_state_bytes(a)
 
 
-def bytes_per_param(a: Architecture) -> float:
+def optimizer_shards(a: Architecture, experts: bool = False) -> int:
+    """Ranks the distributed optimizer shards a parameter's state over: dense ones over
+    dp x cp (Megatron's intra_dp_cp_group), routed experts' over the expert data-parallel
+    group, dp x cp / ep (world / (ep x etp x pp) with etp = tp)."""
+    if not a.distributed_optimizer:
+        return 1
+    return max(1, a.dp * a.cp // a.ep) if experts else a.dp * a.cp
+
+
+def bytes_per_param(a: Architecture, experts: bool = False) -> float:
     """Megatron (its distributed optimizer's table): weights + grads + Adam states, per
-    parameter; bf16 weights keep fp32 gradients unless they are reduced in bf16."""
+    parameter; bf16 weights keep fp32 gradients unless they are reduced in bf16.
+    `experts`: a routed expert's, whose state shards over fewer ranks."""
     if a.dtype == "fp32":
         held = 8  # the weight (its own master) and its gradient
     elif a.dtype == "fp16":
@@ -313,4 +323,4 @@ def bytes_per_param(a: Architecture) -> float:
     else:
         held = 2 + grad_bytes(a)  # bf16 weights and their gradient buffer
     state = optimizer_state_bytes(a) + 4 * (a.dtype == "fp16")
-    return held + state / a.dp if a.distributed_optimizer else held + state
+    return held + state / optimizer_shards(a, experts)

@@ -105,8 +105,9 @@ def _held(a: Architecture, p: KindParams) -> int:
 
 
 def _static(a: Architecture, p: KindParams) -> int:
-    mats = p.dense - p.norms
-    return int((mats / a.tp + p.norms + p.experts / (a.ep * a.tp)) * bytes_per_param(a))
+    dense = (p.dense - p.norms) / a.tp + p.norms
+    return int(dense * bytes_per_param(a)
+               + p.experts / (a.ep * a.tp) * bytes_per_param(a, experts=True))
 
 
 def _kind_cost(a: Architecture, acc: Accelerator, kind: str,

@@ -228,3 +228,24 @@ def test_state_dtypes_megatron_refuses_are_refused(model: dict, field: str) -> N
     with pytest.raises(UserError) as err:
         build_problem(cfg({"dp": 16, **model}))
     assert err.value.field == field
+
+
+def test_distributed_optimizer_shards_dense_over_dp_cp_and_experts_over_expert_dp() -> None:
+    """Megatron's distributed optimizer shards dense parameters' state over dp x cp
+    (intra_dp_cp_group) and routed experts' over the expert data-parallel group,
+    world / (ep x etp x pp) = dp x cp / ep (theoretical_memory_usage.py:
+    num_bytes_per_parameter(expert_data_parallel_size)). Both used to shard over dp."""
+    def problem(distributed: bool):
+        return build_problem(config_from_dict({
+            "model": {"preset": "mixtral-8x7b", "num_layers": 2, "dp": 16, "cp": 2, "ep": 8,
+                      "distributed_optimizer": distributed},
+            "pipeline": {"pp": 1, "microbatches": 4}, "hardware": {"preset": "h100-80gb"}}))
+
+    sharded, whole = problem(True), problem(False)
+    params = sum(c.params for c in whole.stage_costs)
+    experts = 2 * 8 * 3 * 4096 * 14336 // 8  # 2 layers, 8 experts of 3 h x 14336, ep 8
+    dense = params - experts
+    assert sum(c.static_bytes for c in whole.stage_costs) == pytest.approx(18 * params,
+                                                                           rel=1e-6)
+    assert sum(c.static_bytes for c in sharded.stage_costs) == pytest.approx(
+        dense * (6 + 12 / 32) + experts * (6 + 12 / 4), rel=1e-6)
