@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 from ppsim.errors import UserError
-from ppsim.job.ranks import TP_PP_DP_ORDER
+from ppsim.job.ranks import TP_PP_DP_ORDER, parse_order
 
 RUN = {
     "training length": (
@@ -140,7 +140,7 @@ def check_run_flags(args: argparse.Namespace) -> str | None:
     if not flag("use_tp_pp_dp_mapping"):
         return None
     order = flag("rank_order")
-    if order is not None and order != TP_PP_DP_ORDER:
+    if order is not None and parse_order(order) != parse_order(TP_PP_DP_ORDER):
         raise UserError("--use-tp-pp-dp-mapping", f"selects the rank order {TP_PP_DP_ORDER}, "
                         f"not --rank-order {order}", "give one of them")
     return TP_PP_DP_ORDER
