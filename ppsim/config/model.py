@@ -16,7 +16,7 @@ from ppsim.config import validate
 from ppsim.config.presets import MODEL_PRESETS
 from ppsim.costs.arch import Architecture
 from ppsim.costs.hybrid import model_counts
-from ppsim.costs.model import LAYER_FIELDS, LayerCost
+from ppsim.costs.model import INTEGER_FIELDS, LAYER_FIELDS, LayerCost
 from ppsim.errors import UserError
 
 ARCH_FIELDS = tuple(f.name for f in fields(Architecture))
@@ -180,7 +180,7 @@ def _layer(table: dict[str, Any], where: str) -> LayerCost:
             raise UserError(f"{where}.{key}", "unknown key", "valid keys: " + ", ".join(
                 LAYER_FIELDS))
     validate.layer_table(where, table)
-    return LayerCost(**{k: int(v) if k.endswith("bytes") or k == "params" else float(v)
+    return LayerCost(**{k: int(v) if k in INTEGER_FIELDS else float(v)
                         for k, v in table.items()})
 
 

@@ -21,6 +21,7 @@ from ppsim.costs.arch import (
     POSITIONS,
     RECOMPUTE,
 )
+from ppsim.costs.model import INTEGER_FIELDS
 from ppsim.errors import UserError
 
 MAX_MS = 1e9
@@ -226,7 +227,7 @@ def pipeline(p: Any) -> None:
 def layer_table(where: str, raw: dict[str, Any]) -> None:
     """Numbers of a uniform layer (or embedding/head table): finite, >= 0, in range."""
     for key, value in raw.items():
-        if key.endswith("bytes") or key == "params":
+        if key in INTEGER_FIELDS:
             byte_count(f"{where}.{key}", value)
         else:
             duration_ms(f"{where}.{key}", value)

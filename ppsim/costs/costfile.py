@@ -21,7 +21,8 @@ A cost file is one JSON object:
 LayerCost fields are forward_ms, backward_ms (whole backward), weight_grad_ms (the
 part of backward_ms that a split-backward schedule runs as W), split_backward_ms (the
 whole backward when W runs apart; 0: backward_ms), static_bytes, activation_bytes,
-weight_grad_bytes, output_bytes and params; a missing one is 0.
+weight_grad_bytes, output_bytes, params and expert_params (routed experts' among params);
+a missing one is 0.
 
 Pure logic: no torch import, so planning with a measured file works anywhere.
 """
@@ -35,7 +36,7 @@ from typing import Any
 
 from ppsim.config import files, limits, validate
 from ppsim.costs.hybrid import pattern_layers
-from ppsim.costs.model import LAYER_FIELDS, LayerCost, ModelCosts
+from ppsim.costs.model import INTEGER_FIELDS, LAYER_FIELDS, LayerCost, ModelCosts
 from ppsim.costs.transformer import Architecture
 from ppsim.errors import UserError
 from ppsim.fileio import write_json_atomic
@@ -189,7 +190,7 @@ def _layer(path: str, where: str, table: Any) -> LayerCost:
         if key not in LAYER_FIELDS:
             raise UserError(f"{path}: {where}.{key}", "unknown key",
                             "valid keys: " + ", ".join(LAYER_FIELDS))
-        kw[key] = _number(path, f"{where}.{key}", value, key.endswith("bytes") or key == "params")
+        kw[key] = _number(path, f"{where}.{key}", value, key in INTEGER_FIELDS)
     lc = LayerCost(**kw)
     if lc.split_backward_ms and lc.weight_grad_ms > lc.split_backward_ms * (1 + 1e-9):
         raise UserError(f"{path}: {where}.weight_grad_ms", f"{lc.weight_grad_ms} exceeds "

@@ -41,6 +41,9 @@ class LayerCost:
     params: int = 0
     """Parameters one rank holds for this piece (after tp/ep sharding): the optimizer
     step and the data-parallel gradient all-reduce at the end of a step scale with it."""
+    expert_params: int = 0
+    """Routed experts' among `params`: their gradients reduce over the expert
+    data-parallel group, their optimizer state shards over it (ppsim.job.tail)."""
     split_backward_ms: float = 0.0
     """Whole backward when W runs apart from B (weight-gradient deferral costs a little
     more than one pass, as `ppsim profile` measures); 0: backward_ms."""
@@ -52,6 +55,8 @@ class LayerCost:
 
 LAYER_FIELDS = tuple(f.name for f in fields(LayerCost))
 """The keys of a layer's costs: a uniform [model] table, its embedding/head, a cost file."""
+INTEGER_FIELDS = frozenset(f for f in LAYER_FIELDS if f.endswith(("bytes", "params")))
+"""The keys among them that count (bytes, parameters); the rest are times."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +76,10 @@ class ModelCosts:
     """What the head shares with the embedding when they are tied (the table's weights,
     gradient and optimizer states: static_bytes and params): one copy on a stage that
     holds both, as Megatron's one shared weight on a single stage."""
+
+    def experts_in(self, offset: int, count: int) -> int:
+        """Routed-expert parameters of the layers [offset, offset + count)."""
+        return sum(c.expert_params for c in self.layers[offset:offset + count])
 
     def held_twice(self, first: bool, last: bool) -> LayerCost:
         """What adding the embedding (`first`) and the head (`last`) to one stage counts
@@ -112,6 +121,8 @@ class StageCost:
     back before its B (part of activation_bytes; ppsim.sim.copies)."""
     copy_ms: float = 0.0
     """Time of one such copy each way over the host link."""
+    expert_params: int = 0
+    """Routed-expert parameters among `params`."""
 
     def input_grad_ms(self, split: bool) -> float:
         """B's duration: the whole backward, or without W when the schedule splits it."""
@@ -160,7 +171,8 @@ def stage_cost(costs: ModelCosts, offset: int, layers: int, first: bool, last: b
     twice = costs.held_twice(first, last)
     st, n = st - twice.static_bytes, n - twice.params
     act += held_input_bytes(costs, layers, last, receives)
-    return StageCost(f, b, w, st, act, wg, 0 if last else costs.hidden_bytes, n, sb)
+    return StageCost(f, b, w, st, act, wg, 0 if last else costs.hidden_bytes, n, sb,
+                     expert_params=costs.experts_in(offset, layers))
 
 
 def receives_input(split: Split, index: int) -> bool:

@@ -104,6 +104,11 @@ def _held(a: Architecture, p: KindParams) -> int:
     return int(mats / a.tp + p.norms + p.experts / (a.ep * a.tp))
 
 
+def _held_experts(a: Architecture, kind: str) -> int:
+    """Routed-expert parameters one rank holds of a layer of this kind."""
+    return int(any_kind_params(a, kind).experts / (a.ep * a.tp))
+
+
 def _static(a: Architecture, p: KindParams) -> int:
     dense = (p.dense - p.norms) / a.tp + p.norms
     return int(dense * bytes_per_param(a)
@@ -147,7 +152,8 @@ def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
                      static_bytes=_static(a, any_kind_params(a, kind)),
                      activation_bytes=act, weight_grad_bytes=w_keep,
                      output_bytes=s * b * h * DTYPE_BYTES[a.dtype] // t,
-                     params=_held(a, any_kind_params(a, kind)))
+                     params=_held(a, any_kind_params(a, kind)),
+                     expert_params=_held_experts(a, kind))
 
 
 def weight_grad_bytes(ops: list[Op], dtype_bytes: int, inputs: bool) -> int:
@@ -186,7 +192,8 @@ def _mtp_cost(a: Architecture, acc: Accelerator, layer: LayerCost,
         activation_bytes=layer.activation_bytes + head.activation_bytes
         + int(2 * s * b * h * width / t),
         weight_grad_bytes=layer.weight_grad_bytes + head.weight_grad_bytes,
-        output_bytes=layer.output_bytes, params=layer.params + int(mtp_extra_params(a) / t))
+        output_bytes=layer.output_bytes, params=layer.params + int(mtp_extra_params(a) / t),
+        expert_params=layer.expert_params)
 
 
 def _chain(parts: list[LayerCost]) -> LayerCost:

@@ -37,6 +37,9 @@ class Groups:
     """The expert-parallel group (tp x ep x edp world)."""
     dp: Span
     """Gradients reduce over dp x cp (Megatron's dp_cp group)."""
+    edp: Span
+    """Routed experts' gradients reduce over the expert data-parallel group, dp x cp /
+    ep ranks (Megatron's expt_dp group)."""
     pipeline_hops: tuple[bool, ...]
     """Per pipeline boundary of the first replica: does it cross nodes?"""
 
@@ -69,7 +72,7 @@ class Job:
     """Or buckets per rank."""
 
     def link(self, name: str) -> Link:
-        """The Link of group `name` (tp, cp, ep or dp)."""
+        """The Link of group `name` (tp, cp, ep, dp or edp)."""
         return link(self.network, getattr(self.groups, name))
 
     @property
@@ -97,10 +100,10 @@ class Job:
 
     def tail(self, params: int, forward_ms: float, backward_ms: float,
              memory_bandwidth_gbps: float, optimizer_fixed_ms: float = 0.0,
-             holds_embedding: bool = False) -> Tail:
+             holds_embedding: bool = False, expert_params: int = 0) -> Tail:
         """One rank's data-parallel step (ppsim.job.tail)."""
         return rank_tail(self, params, forward_ms, backward_ms, memory_bandwidth_gbps,
-                         optimizer_fixed_ms, holds_embedding)
+                         optimizer_fixed_ms, holds_embedding, expert_params)
 
     @property
     def flops(self) -> float:
@@ -129,7 +132,7 @@ def groups(sizes: Sizes, order: str, gpus_per_node: int) -> Groups:
         return span(group_ranks(sizes, dims, order, experts), gpus_per_node)
 
     return Groups(tp=where(("tp",)), cp=where(("cp",)), ep=where(("ep",), experts=True),
-                  dp=where(("cp", "dp")),
+                  dp=where(("cp", "dp")), edp=where(("dp",), experts=True),
                   pipeline_hops=tuple(pipeline_hops(sizes, gpus_per_node, order)))
 
 

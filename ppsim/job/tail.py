@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ppsim.costs.arch import DTYPE_BYTES, adam_step_bytes, grad_bytes
 from ppsim.costs.layerops import padded_vocab
-from ppsim.job.collectives import Link, all_gather_ms, all_reduce_ms, reduce_scatter_ms
+from ppsim.job.collectives import all_gather_ms, all_reduce_ms, reduce_scatter_ms
 
 if TYPE_CHECKING:
     from ppsim.job.model import Job
@@ -58,26 +58,33 @@ def embedding_params(job: Job) -> int:
 
 def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
               memory_bandwidth_gbps: float, optimizer_fixed_ms: float = 0.0,
-              holds_embedding: bool = False) -> Tail:
-    """The tail of a rank holding `params` whose one microbatch takes forward_ms and
-    backward_ms (the windows the overlaps hide in); `holds_embedding`: the rank of the
-    first stage, whose exposed bucket is the embedding's."""
-    g: Link = job.link("dp")
-    n = job.groups.dp.size
+              holds_embedding: bool = False, expert_params: int = 0) -> Tail:
+    """The tail of a rank holding `params` (`expert_params` of them routed experts')
+    whose one microbatch takes forward_ms and backward_ms (the windows the overlaps hide
+    in); `holds_embedding`: the rank of the first stage, whose exposed bucket is the
+    embedding's. Dense gradients reduce over dp x cp, the experts' over the expert
+    data-parallel group, each buffer in its own collectives, one after the other."""
+    dense = params - expert_params
+    buffers = [(n, job.link(name)) for n, name in ((dense, "dp"), (expert_params, "edp"))
+               if n]
     edge = max(bucket_params(job, params), embedding_params(job) if holds_embedding else 0)
-    bucket = min(params, edge)
-    shard, grads = params, grad_bytes(job.arch)
+    # The bucket reduced last (and gathered first) is the dense buffer's: it holds the
+    # embedding, the first layers' attention and norms.
+    last_n, last_g = buffers[0] if buffers else (0, job.link("dp"))
+    bucket = min(last_n, edge)
+    grads, weights = grad_bytes(job.arch), DTYPE_BYTES[job.arch.dtype]
+    shard = params
     if job.arch.distributed_optimizer:
-        rs = reduce_scatter_ms(params * grads, g)
-        ag = all_gather_ms(params * DTYPE_BYTES[job.arch.dtype], g)
-        reduce = (_overlapped(rs, reduce_scatter_ms(bucket * grads, g), backward_ms,
+        rs = sum(reduce_scatter_ms(n * grads, g) for n, g in buffers)
+        ag = sum(all_gather_ms(n * weights, g) for n, g in buffers)
+        reduce = (_overlapped(rs, reduce_scatter_ms(bucket * grads, last_g), backward_ms,
                               job.overlap_grad_reduce)
-                  + _overlapped(ag, all_gather_ms(bucket * DTYPE_BYTES[job.arch.dtype], g),
-                                forward_ms, job.overlap_param_gather))
-        shard = params / n
+                  + _overlapped(ag, all_gather_ms(bucket * weights, last_g), forward_ms,
+                                job.overlap_param_gather))
+        shard = sum(n / g.size for n, g in buffers)
     else:
-        ar = all_reduce_ms(params * grads, g)
-        reduce = _overlapped(ar, all_reduce_ms(bucket * grads, g), backward_ms,
+        ar = sum(all_reduce_ms(n * grads, g) for n, g in buffers)
+        reduce = _overlapped(ar, all_reduce_ms(bucket * grads, last_g), backward_ms,
                              job.overlap_grad_reduce)
     step = shard * adam_step_bytes(job.arch) / (memory_bandwidth_gbps * 1e6) \
         if memory_bandwidth_gbps > 0 else 0.0

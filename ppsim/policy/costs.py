@@ -130,7 +130,8 @@ class PolicyCosts:
         # tensors are part of the F's allocation until their copy out ends. What W needs
         # (matmul inputs) comes back with the reload before B and stays until W.
         return StageCost(f, b, w, int(st), int(act), int(wg), 0 if last else hidden,
-                         int(params), sb, offload_bytes=off, copy_ms=self.copy_ms(copied))
+                         int(params), sb, offload_bytes=off, copy_ms=self.copy_ms(copied),
+                         expert_params=self.base.experts_in(offset, count))
 
     def _stalls(self, off: int, f: float, b: float) -> tuple[float, float]:
         """(forward, backward) stall of copying `off` bytes out after F and back before B."""

@@ -120,13 +120,14 @@ def _job_parts(s: Schedule, costs: Sequence[StageCost], params: list[int], job: 
                ) -> list[tuple[float, float]]:
     """Per rank (R, S) of a data-parallel job: its one-microbatch forward and backward are
     the windows the gradient reduction and the parameter gather hide in."""
-    fwd, bwd = [0.0] * s.pp, [0.0] * s.pp
+    fwd, bwd, experts = [0.0] * s.pp, [0.0] * s.pp, [0] * s.pp
     for i, c in enumerate(costs):
         fwd[s.stage_rank(i)] += c.forward_ms
         bwd[s.stage_rank(i)] += c.backward_ms
+        experts[s.stage_rank(i)] += c.expert_params
     first = s.stage_rank(0)  # the embedding's rank
-    tails = [job.tail(n, f, b, memory_bandwidth_gbps, optimizer_fixed_ms, r == first)
-             for r, (n, f, b) in enumerate(zip(params, fwd, bwd, strict=True))]
+    tails = [job.tail(n, f, b, memory_bandwidth_gbps, optimizer_fixed_ms, r == first, e)
+             for r, (n, f, b, e) in enumerate(zip(params, fwd, bwd, experts, strict=True))]
     return [(t.reduce_ms + job.embedding_sync_ms(r), t.optimizer_ms)
             for r, t in enumerate(tails)]
 

@@ -249,3 +249,29 @@ def test_distributed_optimizer_shards_dense_over_dp_cp_and_experts_over_expert_d
                                                                            rel=1e-6)
     assert sum(c.static_bytes for c in sharded.stage_costs) == pytest.approx(
         dense * (6 + 12 / 32) + experts * (6 + 12 / 4), rel=1e-6)
+
+
+def test_routed_experts_reduce_over_the_expert_data_parallel_group() -> None:
+    """Megatron keeps routed experts' gradients in a buffer of their own, reduced over
+    the expert data-parallel group (dp x cp / ep ranks) and stepped on that group's
+    shard: Mixtral on dp 16, ep 8 reduces its dense buffer over 16 ranks on two nodes
+    (8 NICs a node) and its experts over 2 ranks, one a node (one NIC)."""
+    problem = build_problem(config_from_dict({
+        "model": {"preset": "mixtral-8x7b", "num_layers": 2, "dp": 16, "ep": 8,
+                  "distributed_optimizer": True},
+        "pipeline": {"pp": 1, "microbatches": 4}, "hardware": {"preset": "h100-80gb"}}))
+    params = sum(c.params for c in problem.stage_costs)
+    experts = sum(c.expert_params for c in problem.stage_costs)
+    assert experts == 2 * 8 * 3 * 4096 * 14336 // 8
+    dense = params - experts
+    dense_bus, expert_bus = min(NV, 8 * NIC), NIC
+
+    def both(width: int) -> float:  # reduce-scatter (4) or all-gather (2) of each buffer
+        return (15 * NIC_STEP + 15 / 16 * dense * width / dense_bus
+                + 1 * NIC_STEP + 1 / 2 * experts * width / expert_bus)
+
+    [(_, reduce, step)] = simulate(problem).timeline.step
+    assert reduce == pytest.approx(both(4) + both(2), rel=1e-9)
+    shard = dense / 16 + experts / 2
+    assert step == pytest.approx(
+        shard * 28 / (problem.hardware.memory_bandwidth_gbps * 1e6), rel=1e-9)
