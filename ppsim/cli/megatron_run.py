@@ -28,9 +28,9 @@ RUN = {
         "lr", "min-lr", "decoupled-lr", "decoupled-min-lr", "warmup", "lr-decay-style",
         "lr-decay-iters", "lr-decay-samples", "lr-warmup-fraction", "lr-warmup-iters",
         "lr-warmup-samples", "lr-warmup-init", "lr-wsd-decay-style", "lr-wsd-decay-iters",
-        "lr-wsd-decay-samples", "override-opt-param-scheduler",
-        "use-checkpoint-opt_param-scheduler", "start-weight-decay", "end-weight-decay",
-        "weight-decay-incr-style"),
+        "lr-wsd-decay-samples", "override-opt-param-scheduler", "override-opt_param-scheduler",
+        "use-checkpoint-opt-param-scheduler", "use-checkpoint-opt_param-scheduler",
+        "start-weight-decay", "end-weight-decay", "weight-decay-incr-style"),
     "regularization": (
         "weight-decay", "clip-grad", "adam-beta1", "adam-beta2", "adam-eps", "sgd-momentum",
         "apply-wd-to-qk-layernorm"),
