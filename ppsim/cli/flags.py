@@ -48,7 +48,8 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
     g.add_argument("--preset", metavar="NAME", help="model preset (replaces [model])")
     g.add_argument("--hardware", metavar="NAME", help="hardware preset")
     g.add_argument("--num-layers", type=int, metavar="N")
-    g.add_argument("--hybrid-layer-pattern", metavar="STR", help="Megatron's hybrid stack, "
+    g.add_argument("--hybrid-layer-pattern", "--hybrid-override-pattern",
+                   dest="hybrid_layer_pattern", metavar="STR", help="Megatron's hybrid stack, "
                    "one symbol a layer: M Mamba-2, G GatedDeltaNet, * attention, D DSA, + MLA, "
                    "- MLP, E MoE; | stage boundaries, / MTP depths")
     g.add_argument("--mtp-num-layers", type=int, metavar="N", help="over a preset or "

@@ -67,6 +67,42 @@ def test_megatrons_example_launch_line_plans_as_pasted() -> None:
     assert a["split"] == b["split"] and a["iteration_time_ms"] == b["iteration_time_ms"]
 
 
+# Megatron-LM's examples/mamba/train.sh, its 800M options as written (paths filled in).
+MAMBA_800M = ("--tensor-model-parallel-size 1 --sequence-parallel "
+              "--pipeline-model-parallel-size 1 --use-distributed-optimizer "
+              "--overlap-param-gather --overlap-grad-reduce "
+              "--untie-embeddings-and-output-weights --init-method-std 0.02 "
+              "--position-embedding-type none --hybrid-layer-pattern "
+              "M-M-M--M-*M-M-M-M--*M-M-M-M-*M--M-M-M-*M-M--M-M- --hidden-size 1024 "
+              "--num-attention-heads 16 --group-query-attention --num-query-groups 8 "
+              "--seq-length 4096 --max-position-embeddings 4096 --train-samples 73242188 "
+              "--lr-warmup-samples 50000 --lr-decay-samples 73192188 --save ./checkpoints "
+              "--load ./checkpoints --data-path /data --data-cache-path ./data-cache "
+              "--split 99,1,0 --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model "
+              "/tok --distributed-backend nccl --micro-batch-size 4 --global-batch-size 32 "
+              "--lr 2.5e-4 --min-lr 2.5e-5 --lr-decay-style cosine --weight-decay 0.1 "
+              "--clip-grad 1.0 --attention-dropout 0.0 --hidden-dropout 0.0 "
+              "--disable-bias-linear --normalization RMSNorm --adam-beta1 0.9 "
+              "--adam-beta2 0.95 --log-interval 10 --save-interval 2000 --eval-interval 2000 "
+              "--eval-iters 32 --bf16 --use-mcore-models --spec "
+              "megatron.core.models.hybrid.hybrid_layer_specs hybrid_stack_spec "
+              "--no-create-attention-mask-in-dataloader --tensorboard-dir ./tensorboard")
+
+
+def test_megatrons_hybrid_example_plans_as_pasted() -> None:
+    """Megatron's Mamba recipe (torchrun --nproc_per_node 8) with its layer --spec and
+    the deprecated --hybrid-override-pattern spelling of the pattern."""
+    job = ["--vocab-size", "256000", "--gpus", "8", "--time-budget", "2", "--json"]
+    code, out, err = _run(["plan", *shlex.split(MAMBA_800M), *job])
+    assert code == 0, err
+    best = json.loads(out)["best"]
+    assert (best["tp"], best["pp"], best["dp"]) == (1, 1, 8)
+    old = MAMBA_800M.replace("--hybrid-layer-pattern", "--hybrid-override-pattern")
+    code, again, _ = _run(["plan", *shlex.split(old), *job])
+    assert code == 0 and json.loads(again)["best"]["iteration_time_ms"] == \
+        best["iteration_time_ms"]
+
+
 def test_megatrons_data_split_on_simulate_is_named_as_such() -> None:
     """simulate's --split is the layers of each stage; Megatron's data split pasted there
     is refused as a layer split, and the error says what it may be."""
