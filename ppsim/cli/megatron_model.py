@@ -52,7 +52,8 @@ IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base":
            "moe-z-loss-coeff": float, "moe-router-pre-softmax": None,
            "attention-backend": str, "apply-layernorm-1p": None, "squared-relu": None,
            "fp8-recipe": str, "fp8-param-gather": None, "fp8-amax-history-len": int,
-           "fp8-amax-compute-algo": str, "fp8-margin": int, "spec": [str]}
+           "fp8-amax-compute-algo": str, "fp8-margin": int, "spec": [str],
+           "rope-type": str}
 """Accepted as Megatron takes them; ppsim's costs do not depend on them (sequence
 parallelism is always assumed with tp > 1; the FP8 recipe's knobs do nothing without
 --fp8-format, which is refused; --spec names the builder of the layers the model

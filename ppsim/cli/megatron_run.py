@@ -68,8 +68,8 @@ RUN = {
         "log-world-size-to-tensorboard", "no-log-loss-scale-to-tensorboard",
         "log-num-zeros-in-grad", "log-energy", "wandb-project", "wandb-exp-name",
         "wandb-save-dir", "wandb-entity", "logging-level", "log-straggler",
-        "straggler-minmax-count", "disable-straggler-on-startup", "eval-iters",
-        "eval-interval"),
+        "straggler-minmax-count", "disable-straggler-on-startup", "moe-per-layer-logging",
+        "eval-iters", "eval-interval"),
     "profiling and setup": (
         "profile", "profile-step-start", "profile-step-end", "profile-ranks",
         "use-pytorch-profiler", "record-memory-history", "memory-snapshot-path",
