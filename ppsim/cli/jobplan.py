@@ -88,14 +88,25 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
     return shlex.join(out)
 
 
-def job_plan_dict(res: JobSearch, gpus: int, gbs: int, top: int) -> dict[str, Any]:
+def held_text(held: dict[str, int]) -> str:
+    """The sizes the search held as given, and how to free one ('' when none)."""
+    if not held:
+        return ""
+    sizes = " ".join(f"--{'micro-batch-size' if k == 'mbs' else k} {v}"
+                     for k, v in held.items())
+    return f"held as given: {sizes} (drop a flag to search that size)"
+
+
+def job_plan_dict(res: JobSearch, gpus: int, gbs: int, top: int,
+                  held: dict[str, int] | None = None) -> dict[str, Any]:
     fits = [r for r in res.candidates if r.summary.fits]
     best = None
     if fits:
         best = shape_dict(fits[0])
         best.update(_exports(fits[0]))
         best["megatron_job_flags"] = job_flags(fits[0], gbs)
-    return {"gpus": gpus, "global_batch_size": gbs, "best": best,
+    held_json = {"micro_batch_size" if k == "mbs" else k: v for k, v in (held or {}).items()}
+    return {"gpus": gpus, "global_batch_size": gbs, "held": held_json, "best": best,
             "candidates": [shape_dict(r) for r in res.candidates[:top]],
             "evaluated": res.evaluated, "total_shapes": res.total, "complete": res.complete,
             "seconds": res.seconds,
@@ -115,14 +126,18 @@ def _row_tag(i: int, r: ShapeResult) -> str:
 
 
 def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
-                   memory_bytes: float, configured: str = "") -> None:
+                   memory_bytes: float, configured: str = "",
+                   held: dict[str, int] | None = None) -> None:
     """The table of shapes; `configured`: the global recompute mode when the memory
-    policy was searched (below the table, each shape whose policy differs from it)."""
+    policy was searched (below the table, each shape whose policy differs from it);
+    `held`: the sizes given as flags."""
     from rich.console import Console
 
     console = Console()
     console.print(f"{gpus:,} GPUs, global batch {gbs:,}: {res.evaluated:,} of {res.total:,} "
                   f"shapes in {res.seconds:.1f} s")
+    if held:
+        console.print(held_text(held), markup=False)
     why = overflow_text(res, memory_bytes)
     if why:
         console.print(why, markup=False)
@@ -219,16 +234,17 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
         raise UserError("--expert-tensor-parallel-size", "ppsim splits each expert over the "
                         "tp ranks, and the job search varies tp", f"hold --tp {etp}, or drop it")
     policy = _policy_axis(args.search, cfg)
+    held = fixed_sizes(args)
     with step_bar(not args.json and sys.stderr.isatty()) as progress:
         res = search_job(cfg, args.gpus, gbs, top_k=args.top, budget_s=args.time_budget,
-                         policy=policy, fixed=fixed_sizes(args), progress=progress)
+                         policy=policy, fixed=held, progress=progress)
     if assumed:  # after the search's checks: bad input stays one line on stderr
         sys.stderr.write(f"ppsim plan: {assumed}\n")
     if args.json:
-        emit_json(job_plan_dict(res, args.gpus, gbs, args.top))
+        emit_json(job_plan_dict(res, args.gpus, gbs, args.top, held))
     else:
         print_job_plan(res, args.gpus, gbs, args.top, cfg.hardware.memory_bytes,
-                       (cfg.model.recompute or "none") if policy else "")
+                       (cfg.model.recompute or "none") if policy else "", held)
     if any(r.summary.fits for r in res.candidates):
         return 0
     if not res.complete:  # the budget ran out: not the same as "nothing fits"

@@ -317,3 +317,15 @@ def test_a_rank_order_megatron_cannot_select_gives_no_megatron_line(capsys) -> N
                  "tp-dp-cp-ep-pp", "--time-budget", "2", "--json"]) == 0
     best = json.loads(capsys.readouterr().out)["best"]
     assert best["iteration_time_ms"] > 0 and best["megatron_job_flags"] is None
+
+
+def test_the_job_plan_says_which_sizes_it_held(capsys) -> None:
+    """A pasted launch line fixes tp, pp, ...: the table showed a handful of shapes with
+    no word on why the search was so small."""
+    argv = ["plan", "--preset", "llama3-8b", "--num-layers", "8", "--hardware", "h100-80gb",
+            "--gpus", "16", "--global-batch-size", "32", "--tp", "2", "--micro-batch-size",
+            "1", "--time-budget", "2"]
+    assert main(argv) == 0
+    assert "held as given: --tp 2 --micro-batch-size 1" in capsys.readouterr().out
+    assert main([*argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["held"] == {"tp": 2, "micro_batch_size": 1}
