@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from ppsim.costs.arch import Architecture, layer_kinds
 from ppsim.costs.layerops import padded_vocab
+from ppsim.costs.mixers import any_kind_params
 
 GEMM = 3 * 2
 """Forward + weight gradient + input gradient, 2 FLOPs per multiply-add."""
@@ -59,3 +60,29 @@ def iteration_flops(a: Architecture, global_batch_size: int, causal: bool = True
     tokens = global_batch_size * a.seq_length
     full = 1 if causal else 2
     return tokens * per_token + global_batch_size * a.seq_length ** 2 * core * layers * full
+
+
+ATTENTION_KINDS = frozenset({"dense", "moe", "attention", "dsa", "mla"})
+"""Layer kinds with a full attention (the rest are Mamba, GatedDeltaNet, MLP or MoE
+mixers, whose cost is linear in the sequence)."""
+
+
+def torchtitan_flops_per_token(a: Architecture) -> float:
+    """torchtitan's `num_flops_per_token` (torchtitan/models/utils.py,
+    get_dense_model_nparams_and_flops and get_moe_model_nparams_and_flops), the figure
+    its logged MFU multiplies by tokens/s per GPU: 6 x the parameters a token's matmuls
+    use (every parameter, norms included, but the embedding table unless it is tied to
+    the head; routed experts top_k / num_experts of theirs) + 6 x full-attention layers x
+    heads x (q/k + v head dims) x seq_length, the whole s x s (no causal halving, no
+    recomputation). MTP modules are left out."""
+    kinds = layer_kinds(a)
+    h, embed = a.hidden_size, a.vocab_size * a.hidden_size
+    used = h + embed  # the final norm and the head (the tied table, counted once)
+    for k in kinds:
+        p = any_kind_params(a, k)
+        used += p.active + p.norms
+    hd = a.head_dim or h // a.num_heads
+    head_dims = (hd + a.qk_rope_head_dim + (a.v_head_dim or hd) if a.attention == "mla"
+                 else 2 * hd)
+    full_attention = sum(k in ATTENTION_KINDS for k in kinds)
+    return 6 * used + 6 * full_attention * a.num_heads * head_dims * a.seq_length

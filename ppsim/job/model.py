@@ -17,7 +17,7 @@ from ppsim.costs.arch import Architecture, grad_bytes
 from ppsim.costs.layerops import padded_vocab
 from ppsim.costs.transformer import Accelerator, accelerator
 from ppsim.job.collectives import Link, all_reduce_ms, link
-from ppsim.job.flops import iteration_flops
+from ppsim.job.flops import iteration_flops, torchtitan_flops_per_token
 from ppsim.job.ranks import Sizes, Span, group_ranks, pipeline_hops, span
 from ppsim.job.shape import JobShape, job_shape
 from ppsim.job.tail import Tail, rank_tail
@@ -109,9 +109,13 @@ class Job:
     def flops(self) -> float:
         return iteration_flops(self.arch, self.shape.global_batch_size)
 
+    @property
+    def torchtitan_flops(self) -> float:
+        return self.shape.tokens * torchtitan_flops_per_token(self.arch)
+
     def throughput(self, iteration_ms: float) -> Throughput | None:
         return throughput(self.shape.tokens, self.flops, self.shape.gpus, iteration_ms,
-                          self.peak_tflops)
+                          self.peak_tflops, self.torchtitan_flops)
 
     def describe(self) -> dict[str, Any]:
         """The job for JSON: sizes, batch, and which groups cross nodes."""

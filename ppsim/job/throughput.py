@@ -20,29 +20,43 @@ class Throughput:
     """Megatron's FLOPs of an iteration (ppsim.job.flops) per second per GPU, in 10^12."""
     mfu: float
     """tflops_per_gpu over the hardware's dense peak."""
+    torchtitan_tflops_per_gpu: float | None = None
+    """The same time by torchtitan's count (ppsim.job.flops.torchtitan_flops_per_token,
+    the whole s x s attention): what its log's `tflops` prints; None without a model."""
+    torchtitan_mfu: float | None = None
+    """That over the peak: its log's `mfu`."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def throughput(tokens: int, flops: float, gpus: int, iteration_ms: float,
-               peak_tflops: float) -> Throughput | None:
-    """An iteration of `tokens` and `flops` on `gpus` taking iteration_ms; None when the
-    time is not positive."""
+               peak_tflops: float, torchtitan_flops: float | None = None
+               ) -> Throughput | None:
+    """An iteration of `tokens` and `flops` (`torchtitan_flops` by torchtitan's count) on
+    `gpus` taking iteration_ms; None when the time is not positive."""
     if iteration_ms <= 0 or gpus < 1:
         return None
     seconds = iteration_ms / 1e3
-    tflops = flops / seconds / gpus / 1e12
+
+    def per_gpu(f: float) -> tuple[float, float]:
+        tflops = f / seconds / gpus / 1e12
+        return tflops, tflops / peak_tflops if peak_tflops > 0 else 0.0
+
+    tflops, mfu = per_gpu(flops)
+    titan = per_gpu(torchtitan_flops) if torchtitan_flops else (None, None)
     return Throughput(tokens_per_s=tokens / seconds, tokens_per_s_per_gpu=tokens / seconds / gpus,
-                      tflops_per_gpu=tflops, mfu=tflops / peak_tflops if peak_tflops > 0 else 0.0)
+                      tflops_per_gpu=tflops, mfu=mfu, torchtitan_tflops_per_gpu=titan[0],
+                      torchtitan_mfu=titan[1])
 
 
 def line(t: Throughput | None) -> str:
     """One line for text output."""
     if t is None:
         return "throughput: n/a (a uniform model has no tokens or FLOPs)"
+    titan = "" if t.torchtitan_mfu is None else f" (torchtitan's count {t.torchtitan_mfu:.1%})"
     return (f"throughput {t.tokens_per_s:,.0f} tokens/s ({t.tokens_per_s_per_gpu:,.0f} per GPU), "
-            f"{tflops_text(t.tflops_per_gpu)} TFLOP/s/GPU, MFU {t.mfu:.1%}")
+            f"{tflops_text(t.tflops_per_gpu)} TFLOP/s/GPU, MFU {t.mfu:.1%}{titan}")
 
 
 def tflops_text(tflops: float) -> str:
@@ -52,7 +66,8 @@ def tflops_text(tflops: float) -> str:
 
 
 JOB_INFO_KEYS = ("tokens", "flops", "gpus", "peak_tflops")
-"""What a trace's otherData.job records so a diff can print its throughput."""
+"""What a trace's otherData.job records so a diff can print its throughput (and, where
+it was recorded, `torchtitan_flops`)."""
 
 
 def job_info(job: Any) -> dict[str, float] | None:
@@ -60,7 +75,7 @@ def job_info(job: Any) -> dict[str, float] | None:
     if job is None:
         return None
     return {"tokens": job.shape.tokens, "flops": job.flops, "gpus": job.shape.gpus,
-            "peak_tflops": job.peak_tflops}
+            "peak_tflops": job.peak_tflops, "torchtitan_flops": job.torchtitan_flops}
 
 
 def from_info(info: Any, where: str) -> dict[str, float] | None:
@@ -70,8 +85,10 @@ def from_info(info: Any, where: str) -> dict[str, float] | None:
     if not isinstance(info, dict):
         raise UserError(where, "must be an object", "re-record the trace")
     out = {}
-    for key in JOB_INFO_KEYS:
+    for key in (*JOB_INFO_KEYS, "torchtitan_flops"):
         v = info.get(key)
+        if key == "torchtitan_flops" and v is None:
+            continue  # traces recorded before torchtitan's count was kept
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
                 or v <= 0 or v > 1e30:
             raise UserError(f"{where}.{key}", f"must be a positive number, got {v!r}"[:200],
@@ -85,4 +102,4 @@ def trace_throughput(info: dict[str, float] | None, iteration_ms: float) -> Thro
     if info is None:
         return None
     return throughput(int(info["tokens"]), info["flops"], int(info["gpus"]), iteration_ms,
-                      info["peak_tflops"])
+                      info["peak_tflops"], info.get("torchtitan_flops"))

@@ -98,3 +98,38 @@ def test_uniform_model_has_no_throughput(tmp_path, capsys) -> None:
     assert main(["simulate", "--json", "--config", str(cfg)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["throughput"] is None and out["job"] is None
+
+
+# torchtitan's count (torchtitan/models/utils.py, get_dense_model_nparams_and_flops and
+# get_moe_model_nparams_and_flops), restated on the models' own shapes: 6 x every
+# parameter but the untied embedding table (routed experts top_k / num_experts of
+# theirs) + 6 x layers x heads x (q/k + v head dims) x seq_length.
+def _llama3_8b_titan() -> float:
+    h, L, f, V, s = 4096, 32, 14336, 128256, 8192
+    layer = 2 * h * h + 2 * h * 1024 + 3 * h * f + 2 * h  # q, o; k, v; SwiGLU; two norms
+    return 6 * (L * layer + h + V * h) + 6 * L * 32 * (128 + 128) * s
+
+
+def _deepseek_v3_titan() -> float:
+    h, V, s, heads = 7168, 129280, 4096, 128
+    attention = (h * 1536 + 1536 + 1536 * heads * (128 + 64)  # q down, q norm, q up
+                 + h * (512 + 64) + 512 + 512 * heads * (128 + 128)  # kv down, norm, up
+                 + heads * 128 * h + 2 * h)  # out, the two layer norms
+    expert = 3 * h * 2048
+    dense = attention + 3 * h * 18432
+    moe = attention + h * 256 + expert + 8 * expert  # router, shared, top-8 of 256
+    return 6 * (3 * dense + 58 * moe + h + V * h) + 6 * 61 * heads * (128 + 64 + 128) * s
+
+
+@pytest.mark.parametrize("preset, per_token", [("llama3-8b", _llama3_8b_titan),
+                                               ("deepseek-v3", _deepseek_v3_titan)])
+def test_torchtitans_mfu_is_its_own_count(preset: str, per_token, capsys) -> None:
+    """torchtitan logs MFU = num_flops_per_token x tokens/s per GPU / peak; ppsim gave
+    only Megatron's count, which differs (causal half, no norms, the padded vocabulary)."""
+    assert main(["simulate", "--preset", preset, "--hardware", "h100-80gb", "--gpus", "64",
+                 "--pp", "4", "--global-batch-size", "128", "--json"]) == 0
+    t = json.loads(capsys.readouterr().out)["throughput"]
+    tflops = per_token() * t["tokens_per_s_per_gpu"] / 1e12
+    assert t["torchtitan_tflops_per_gpu"] == pytest.approx(tflops, rel=1e-9)
+    assert t["torchtitan_mfu"] == pytest.approx(tflops / 989.0, rel=1e-9)
+    assert t["torchtitan_mfu"] != pytest.approx(t["mfu"], rel=1e-3)
