@@ -58,9 +58,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         if command not in COMMANDS or name == command:
             add(p)
-            if "--hidden-size" in p._option_string_actions:  # noqa: SLF001
-                # A command that takes Megatron's model arguments takes the rest of
-                # the launch line too, after its own flags (ppsim run's --seed wins).
+            if "--hidden-size" in p._option_string_actions \
+                    and name not in megatron_run.TRAINING_COMMANDS:  # noqa: SLF001
+                # A command that prices Megatron's model arguments takes the rest of
+                # the launch line too, after its own flags.
                 megatron_run.add_run_flags(p)
         if not any("--force" in a.option_strings for a in p._actions):
             p.add_argument("--force", action="store_true",

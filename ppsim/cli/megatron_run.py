@@ -85,6 +85,9 @@ UNPRICED = (
 """Megatron's arguments that change an iteration's time or memory a little in ways ppsim
 does not model: its memory-bound operations are priced as Megatron's default fused
 kernels, and neither Python's garbage collector nor the allocator's cache is."""
+TRAINING_COMMANDS = ("run", "demo")
+"""Commands that train for real: a --weight-decay or --clip-grad they took and dropped
+would mislead, so they take none of these (ppsim run has its own --lr and --seed)."""
 PREFIX = "megatron_run_"
 """Where argparse keeps what these flags were given (read back by `unpriced_given`)."""
 OPTIMIZERS_PRICED = ("adam",)
@@ -94,7 +97,7 @@ weights); SGD, Muon and the rest keep other states."""
 
 def add_run_flags(p: argparse.ArgumentParser) -> None:
     """Megatron's run arguments, taken with any values (dropped); a name the command
-    already declares (ppsim run's --seed) keeps its own meaning."""
+    already declares keeps its own meaning."""
     g = p.add_argument_group(
         "the rest of a Megatron launch line", "taken as Megatron takes them and not "
         "priced: " + ", ".join(RUN) + " arguments (--lr, --data-path, --save, ...); kernel "

@@ -166,9 +166,15 @@ def test_a_misspelt_megatron_argument_is_still_refused() -> None:
     assert "unrecognized arguments: --lr-decay-stile" in err.getvalue()
 
 
-def test_ppsim_runs_own_seed_keeps_its_meaning() -> None:
+def test_commands_that_train_for_real_take_no_training_arguments_to_drop() -> None:
+    """ppsim run trains with its own --lr and --seed; a Megatron --clip-grad it took and
+    dropped would mislead, so it is refused there."""
     args = build_parser("run").parse_args(["run", "--seed", "3", "--lr", "1e-4"])
-    assert args.seed == 3
+    assert args.seed == 3 and args.lr == 1e-4
+    err = io.StringIO()
+    with redirect_stderr(err), pytest.raises(SystemExit):
+        build_parser("run").parse_args(["run", "--clip-grad", "1.0"])
+    assert "unrecognized arguments: --clip-grad" in err.getvalue()
 
 
 RUN_FLAGS = sorted({f for group in RUN.values() for f in group} - {"split"})
