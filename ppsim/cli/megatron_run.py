@@ -53,7 +53,7 @@ RUN = {
         "data-path", "split", "train-data-path", "valid-data-path", "test-data-path",
         "data-args-path", "per-split-data-args-path", "data-cache-path", "no-mmap-bin-files",
         "mock-data", "num-workers", "dataloader-type", "reset-position-ids",
-        "reset-attention-mask", "eod-mask-loss", "no-create-attention-mask-in-dataloader",
+        "eod-mask-loss", "no-create-attention-mask-in-dataloader",
         "num-dataset-builder-threads", "object-storage-cache-path",
         "mid-level-dataset-surplus"),
     "tokenizer": (
@@ -81,10 +81,11 @@ UNPRICED = (
     "no-masked-softmax-fusion", "no-bias-gelu-fusion", "no-bias-swiglu-fusion",
     "no-bias-dropout-fusion", "no-rope-fusion", "no-gradient-accumulation-fusion",
     "no-persist-layer-norm", "cross-entropy-loss-fusion", "cross-entropy-fusion-impl",
-    "manual-gc", "manual-gc-interval", "empty-unused-memory-level")
+    "manual-gc", "manual-gc-interval", "empty-unused-memory-level", "reset-attention-mask")
 """Megatron's arguments that change an iteration's time or memory a little in ways ppsim
-does not model: its memory-bound operations are priced as Megatron's default fused
-kernels, and neither Python's garbage collector nor the allocator's cache is."""
+does not model: its memory-bound operations and attention are priced as Megatron's
+default fused kernels (a per-document attention mask is not one), and neither Python's
+garbage collector nor the allocator's cache is."""
 TRAINING_COMMANDS = ("run", "demo")
 """Commands that train for real: a --weight-decay or --clip-grad they took and dropped
 would mislead, so they take none of these (ppsim run has its own --lr and --seed)."""
