@@ -75,6 +75,8 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
              (s.ep, "--expert-model-parallel-size")]
     out = [tok for n, flag in sizes if n > 1 for tok in (flag, str(n))]
     out += ["--sequence-parallel"] * (s.tp > 1) + shlex.split(split)
+    # Megatron's default dispatcher gathers; ppsim prices the all-to-all one at ep > 1.
+    out += ["--moe-token-dispatcher-type", "alltoall"] * (s.ep > 1)
     out += ["--micro-batch-size", str(s.mbs), "--global-batch-size", str(gbs), *policy]
     out += optimizer_args(job.arch)
     out += ["--use-tp-pp-dp-mapping"] * (order == parse_order(TP_PP_DP_ORDER))

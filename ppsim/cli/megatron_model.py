@@ -356,7 +356,9 @@ def megatron_model_args(a: Architecture) -> list[str]:
             out += kv("--" + name.replace("_", "-"), getattr(a, name))
     out += kv("--micro-batch-size", a.micro_batch_size) + RECOMPUTE_FLAGS[a.recompute]
     out += (kv("--tensor-model-parallel-size", a.tp) + ["--sequence-parallel"]) * (a.tp > 1)
-    out += kv("--expert-model-parallel-size", a.ep) * (a.ep > 1)
+    # Megatron's default dispatcher gathers; ppsim prices the all-to-all one at ep > 1.
+    out += (kv("--expert-model-parallel-size", a.ep)
+            + kv("--moe-token-dispatcher-type", "alltoall")) * (a.ep > 1)
     return out + optimizer_args(a)
 
 

@@ -299,6 +299,9 @@ def test_the_job_plans_megatron_line_launches_the_best_shape(model: str, job: st
     for flag in (mapping, "--ddp-bucket-size", "--use-precision-aware-optimizer",
                  "--exp-avg-dtype"):
         assert (flag in flags) == (flag in job)
+    # Megatron's default dispatcher is allgather, which ppsim does not price at ep > 1.
+    if best["ep"] > 1:
+        assert flags[flags.index("--moe-token-dispatcher-type") + 1] == "alltoall"
     gpus = shlex.split(job)[1]
     # Megatron recomputes nothing unless told; a preset's own mode is ppsim's default.
     unless = [] if "--recompute-granularity" in flags else ["--recompute", "none"]
