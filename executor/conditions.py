@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ppsim.costs.arch import ADAM_BYTES_PER_PARAM
 from ppsim.costs.costfile import PROFILE_REPEATS, _layer, layer_dict
 from ppsim.costs.model import ModelCosts
 from ppsim.executor.alloc import keep_freed_memory
@@ -41,7 +42,6 @@ from ppsim.executor.optim import adamw
 from ppsim.executor.profile import Profiler
 from ppsim.executor.spawned import free_port, spawn_results
 from ppsim.fileio import write_json_atomic
-from ppsim.sim.summary import ADAM_BYTES_PER_PARAM
 
 
 def _layer_op(prof: Any) -> Any:

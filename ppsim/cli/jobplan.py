@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from ppsim.cli.flags import assume_hardware, config_from_args, emit_json
-from ppsim.cli.megatron_model import optimizer_args
+from ppsim.cli.megatron_model import optimizer_args, parallel_args
 from ppsim.cli.render import compact_table, step_bar
 from ppsim.cli.simulate import exports_of
 from ppsim.config import limits, validate
@@ -71,12 +71,7 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
     if order not in (parse_order(DEFAULT_ORDER), parse_order(TP_PP_DP_ORDER)):
         return None  # Megatron's launch arguments select only these two
     s = r.shape
-    sizes = [(s.tp, "--tensor-model-parallel-size"), (s.cp, "--context-parallel-size"),
-             (s.ep, "--expert-model-parallel-size")]
-    out = [tok for n, flag in sizes if n > 1 for tok in (flag, str(n))]
-    out += ["--sequence-parallel"] * (s.tp > 1) + shlex.split(split)
-    # Megatron's default dispatcher gathers; ppsim prices the all-to-all one at ep > 1.
-    out += ["--moe-token-dispatcher-type", "alltoall"] * (s.ep > 1)
+    out = parallel_args(s.tp, s.cp, s.ep) + shlex.split(split)
     out += ["--micro-batch-size", str(s.mbs), "--global-batch-size", str(gbs), *policy]
     out += optimizer_args(job.arch)
     out += ["--use-tp-pp-dp-mapping"] * (order == parse_order(TP_PP_DP_ORDER))
@@ -90,12 +85,16 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
     return shlex.join(out)
 
 
+def size_name(key: str) -> str:
+    """The argument (and JSON) name of a FIXABLE size: micro_batch_size for mbs."""
+    return "micro_batch_size" if key == "mbs" else key
+
+
 def held_text(held: dict[str, int]) -> str:
     """The sizes the search held as given, and how to free one ('' when none)."""
     if not held:
         return ""
-    sizes = " ".join(f"--{'micro-batch-size' if k == 'mbs' else k} {v}"
-                     for k, v in held.items())
+    sizes = " ".join(f"--{size_name(k).replace('_', '-')} {v}" for k, v in held.items())
     return f"held as given: {sizes} (drop a flag to search that size)"
 
 
@@ -107,8 +106,8 @@ def job_plan_dict(res: JobSearch, gpus: int, gbs: int, top: int,
         best = shape_dict(fits[0])
         best.update(_exports(fits[0]))
         best["megatron_job_flags"] = job_flags(fits[0], gbs)
-    held_json = {"micro_batch_size" if k == "mbs" else k: v for k, v in (held or {}).items()}
-    return {"gpus": gpus, "global_batch_size": gbs, "held": held_json, "best": best,
+    return {"gpus": gpus, "global_batch_size": gbs,
+            "held": {size_name(k): v for k, v in (held or {}).items()}, "best": best,
             "candidates": [shape_dict(r) for r in res.candidates[:top]],
             "evaluated": res.evaluated, "total_shapes": res.total, "complete": res.complete,
             "seconds": res.seconds,
@@ -198,7 +197,7 @@ def fixed_sizes(args: argparse.Namespace) -> dict[str, int]:
     pipeline size is checked only when a problem is built, so each is checked here)."""
     out = {}
     for key in FIXABLE:
-        attr = "micro_batch_size" if key == "mbs" else key
+        attr = size_name(key)
         value = getattr(args, attr, None)
         if value is not None:
             out[key] = validate.count("--" + attr.replace("_", "-"), value,

@@ -355,11 +355,17 @@ def megatron_model_args(a: Architecture) -> list[str]:
         if getattr(a, name) != default:
             out += kv("--" + name.replace("_", "-"), getattr(a, name))
     out += kv("--micro-batch-size", a.micro_batch_size) + RECOMPUTE_FLAGS[a.recompute]
-    out += (kv("--tensor-model-parallel-size", a.tp) + ["--sequence-parallel"]) * (a.tp > 1)
-    # Megatron's default dispatcher gathers; ppsim prices the all-to-all one at ep > 1.
-    out += (kv("--expert-model-parallel-size", a.ep)
-            + kv("--moe-token-dispatcher-type", "alltoall")) * (a.ep > 1)
-    return out + optimizer_args(a)
+    return out + parallel_args(a.tp, a.cp, a.ep) + optimizer_args(a)
+
+
+def parallel_args(tp: int, cp: int, ep: int) -> list[str]:
+    """The tensor, context and expert sizes as Megatron's arguments (1s unsaid), with
+    what ppsim prices them with: sequence parallelism at tp > 1, and the all-to-all token
+    dispatcher at ep > 1 (Megatron's default gathers)."""
+    out = ["--tensor-model-parallel-size", str(tp), "--sequence-parallel"] * (tp > 1)
+    out += ["--context-parallel-size", str(cp)] * (cp > 1)
+    return out + ["--expert-model-parallel-size", str(ep),
+                  "--moe-token-dispatcher-type", "alltoall"] * (ep > 1)
 
 
 def optimizer_args(a: Architecture) -> list[str]:

@@ -9,6 +9,8 @@ Korthikanti et al. 2022 activation formulas). Measured cost files
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
+from itertools import accumulate
 from typing import Any
 
 from ppsim.errors import UserError
@@ -77,9 +79,16 @@ class ModelCosts:
     gradient and optimizer states: static_bytes and params): one copy on a stage that
     holds both, as Megatron's one shared weight on a single stage."""
 
+    @cached_property
+    def _experts_before(self) -> tuple[int, ...]:
+        """Routed-expert parameters of the layers before each index (prefix sums: the
+        planner asks for many stages)."""
+        return (0, *accumulate(c.expert_params for c in self.layers))
+
     def experts_in(self, offset: int, count: int) -> int:
         """Routed-expert parameters of the layers [offset, offset + count)."""
-        return sum(c.expert_params for c in self.layers[offset:offset + count])
+        before = self._experts_before
+        return before[offset + count] - before[offset]
 
     def held_twice(self, first: bool, last: bool) -> LayerCost:
         """What adding the embedding (`first`) and the head (`last`) to one stage counts

@@ -98,21 +98,18 @@ def accelerator(hw: Any) -> Accelerator:
                        kernel_overhead_us=hw.kernel_overhead_us)
 
 
-def _held(a: Architecture, p: KindParams) -> int:
-    """Parameters one rank holds: matrices split by tp, norms whole, experts by ep x tp."""
-    mats = p.dense - p.norms
-    return int(mats / a.tp + p.norms + p.experts / (a.ep * a.tp))
+@dataclass(frozen=True)
+class _Held:
+    """Parameters one rank holds of a layer."""
+
+    dense: float
+    """Matrices split by tp, norms whole."""
+    experts: float
+    """Routed experts, split by ep x tp."""
 
 
-def _held_experts(a: Architecture, kind: str) -> int:
-    """Routed-expert parameters one rank holds of a layer of this kind."""
-    return int(any_kind_params(a, kind).experts / (a.ep * a.tp))
-
-
-def _static(a: Architecture, p: KindParams) -> int:
-    dense = (p.dense - p.norms) / a.tp + p.norms
-    return int(dense * bytes_per_param(a)
-               + p.experts / (a.ep * a.tp) * bytes_per_param(a, experts=True))
+def _held(a: Architecture, p: KindParams) -> _Held:
+    return _Held(dense=(p.dense - p.norms) / a.tp + p.norms, experts=p.experts / (a.ep * a.tp))
 
 
 def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
@@ -148,12 +145,13 @@ def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
         bi += a2a if "a2a" in repeated else 0.0
     w_keep = min(act, weight_grad_bytes(ops, DTYPE_BYTES[a.dtype], inputs=True)) \
         + weight_grad_bytes(ops, DTYPE_BYTES[a.dtype], inputs=False)
+    held = _held(a, any_kind_params(a, kind))
     return LayerCost(forward_ms=f, backward_ms=bi + bw, weight_grad_ms=bw,
-                     static_bytes=_static(a, any_kind_params(a, kind)),
+                     static_bytes=int(held.dense * bytes_per_param(a)
+                                      + held.experts * bytes_per_param(a, experts=True)),
                      activation_bytes=act, weight_grad_bytes=w_keep,
                      output_bytes=s * b * h * DTYPE_BYTES[a.dtype] // t,
-                     params=_held(a, any_kind_params(a, kind)),
-                     expert_params=_held_experts(a, kind))
+                     params=int(held.dense + held.experts), expert_params=int(held.experts))
 
 
 def weight_grad_bytes(ops: list[Op], dtype_bytes: int, inputs: bool) -> int:

@@ -10,11 +10,12 @@ from hypothesis import strategies as st
 
 from ppsim.cli.main import main
 from ppsim.config.schema import config_from_dict
+from ppsim.costs.arch import ADAM_BYTES_PER_PARAM
 from ppsim.pipeline.problem import build_problem
 from ppsim.pipeline.split import split_from_counts
 from ppsim.plan.search import SplitSearch
 from ppsim.sim.simulate import simulate
-from ppsim.sim.summary import ADAM_BYTES_PER_PARAM, GRAD_BYTES
+from ppsim.sim.summary import GRAD_BYTES
 
 
 def _problem(dp: int, pp: int = 1, split: list[int] | None = None, gpus_per_node: int = 8):
