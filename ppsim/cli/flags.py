@@ -14,7 +14,7 @@ from ppsim.config import files, validate
 from ppsim.config.model import parse_model
 from ppsim.config.overrides import MODEL_KEYS, PIPELINE_KEYS, with_overrides
 from ppsim.config.schema import SPLIT_KEYS, Config, PipelineConfig, load_config
-from ppsim.costs.arch import OPTIMIZER_DTYPES
+from ppsim.costs.arch import FSDP_RESHARD, OPTIMIZER_DTYPES
 from ppsim.errors import UserError
 from ppsim.job import shape as job_shape
 from ppsim.schedules.generators import schedule_for_vpp
@@ -25,7 +25,8 @@ MEMORY_FLAGS = {"recompute_modules": "recompute_modules",
                 "offload_step_bytes": "delta_offload_bytes_across_pp_ranks"}
 """[memory] key -> the flag that sets it."""
 JOB_MODEL_KEYS = ("dp", "cp", "ep", "distributed_optimizer", "grad_reduce_in_bf16",
-                  "precision_aware_optimizer", *OPTIMIZER_DTYPES)
+                  "precision_aware_optimizer", "fsdp", "fsdp_reshard_after_forward",
+                  *OPTIMIZER_DTYPES)
 """[model] fields only the job flags set."""
 RESHAPING = ("pp", "vpp", "num_layers", "preset", "hybrid_layer_pattern")
 """Flags that change how many layers or stages there are (a saved split no longer fits)."""
@@ -139,6 +140,12 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
     j.add_argument("--use-distributed-optimizer", dest="distributed_optimizer",
                    action="store_true", default=None,
                    help="shard optimizer states and gradients over dp (ZeRO-1)")
+    j.add_argument("--fsdp", action="store_true", default=None, help="shard weights, "
+                   "gradients and optimizer states over dp x cp, one unit a layer: FSDP2 as "
+                   "torchtitan applies it (ZeRO-3)")
+    j.add_argument("--fsdp-reshard-after-forward", dest="fsdp_reshard_after_forward",
+                   choices=FSDP_RESHARD, help="torchtitan's policy (default: free the "
+                   "gathered weights after the forward unless pp > 1)")
     j.add_argument("--grad-reduce-in-bf16", dest="grad_reduce_in_bf16", action="store_true",
                    default=None, help="keep and reduce bf16 gradients in bf16, not fp32")
     j.add_argument("--use-precision-aware-optimizer", dest="precision_aware_optimizer",

@@ -11,6 +11,7 @@ from ppsim.cli.flags import assume_hardware, config_from_args, emit_json
 from ppsim.cli.megatron_model import optimizer_args, parallel_args
 from ppsim.cli.render import compact_table, step_bar
 from ppsim.cli.simulate import exports_of
+from ppsim.cli.torchtitan_job import torchtitan_job, torchtitan_text
 from ppsim.config import limits, validate
 from ppsim.errors import UserError
 from ppsim.job.policy_search import POLICY_AXES, mode_flags
@@ -65,7 +66,7 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
     policy and the overlaps (ppsim reads them back, with --gpus for the world size). None
     when Megatron cannot build the split or run the policy."""
     split, policy, job = _exports(r)["megatron_flags"], _policy_flags(r), r.problem.hardware.job
-    if split is None or policy is None or job is None:
+    if split is None or policy is None or job is None or job.arch.fsdp:
         return None
     order = parse_order(job.shape.rank_order)
     if order not in (parse_order(DEFAULT_ORDER), parse_order(TP_PP_DP_ORDER)):
@@ -83,6 +84,26 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
                      (job.overlap_param_gather, "--overlap-param-gather")):
         out += [flag] * on
     return shlex.join(out)
+
+
+def _recompute_mode(r: ShapeResult) -> str:
+    """The shape's global recompute mode; "" for a per-module or per-stage policy."""
+    if r.policy:
+        return r.policy if r.policy in ("none", "selective", "full") else ""
+    p = r.problem
+    assert p.hardware.job is not None  # a job's shape is a transformer model's
+    return p.hardware.job.arch.recompute if p.memory is None else ""
+
+
+def torchtitan_fields(r: ShapeResult, gbs: int) -> dict[str, Any] | None:
+    """The shape as torchtitan's config fields, for a job that shards as torchtitan does
+    (FSDP); None otherwise."""
+    job = r.problem.hardware.job
+    if job is None or not job.arch.fsdp:
+        return None
+    return torchtitan_job(r.shape, r.problem, gbs,
+                          _exports(r)["torchtitan_module_fqns_per_model_part"],
+                          _recompute_mode(r))
 
 
 def size_name(key: str) -> str:
@@ -106,6 +127,7 @@ def job_plan_dict(res: JobSearch, gpus: int, gbs: int, top: int,
         best = shape_dict(fits[0])
         best.update(_exports(fits[0]))
         best["megatron_job_flags"] = job_flags(fits[0], gbs)
+        best["torchtitan_job"] = torchtitan_fields(fits[0], gbs)
     return {"gpus": gpus, "global_batch_size": gbs,
             "held": {size_name(k): v for k, v in (held or {}).items()}, "best": best,
             "candidates": [shape_dict(r) for r in res.candidates[:top]],
@@ -169,6 +191,11 @@ def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
     if best.policy_flags is not None:
         console.print(f"best's memory policy ({best.policy}), Megatron flags: "
                       f"{best.policy_flags or 'none needed'}", markup=False, soft_wrap=True)
+    titan = torchtitan_fields(best, gbs)
+    if titan is not None:
+        console.print(f"torchtitan ({gpus:,} GPUs): {torchtitan_text(titan)}", markup=False,
+                      soft_wrap=True)
+        return
     flags = job_flags(best, gbs)
     console.print(f"Megatron ({gpus:,} GPUs): " + (flags or "n/a (Megatron cannot build "
                   "this split or run this memory policy; see ppsim plan without --gpus)"),

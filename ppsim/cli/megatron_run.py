@@ -130,10 +130,10 @@ def check_run_flags(args: argparse.Namespace) -> str | None:
     for dest, name in (("use_torch_fsdp2", "--use-torch-fsdp2"),
                        ("use_megatron_fsdp", "--use-megatron-fsdp")):
         if flag(dest):
-            raise UserError(name, "FSDP shards weights, gradients and optimizer states "
-                            "layer by layer, which ppsim does not model (it prices Megatron's "
-                            "DDP, with or without --use-distributed-optimizer)",
-                            "drop it; --use-distributed-optimizer is the closest ppsim prices")
+            raise UserError(name, "Megatron's FSDP keeps its own dtypes and loop, which "
+                            "ppsim does not model (it prices Megatron's DDP, and FSDP2 as "
+                            "torchtitan applies it)", "drop it; --use-distributed-optimizer "
+                            "is Megatron's closest, --fsdp torchtitan's FSDP2")
     if flag("optimizer_cpu_offload"):
         raise UserError("--optimizer-cpu-offload", "the optimizer stepping on the host is not "
                         "modelled", "drop it (ppsim prices the optimizer on the GPU)")

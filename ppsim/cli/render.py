@@ -112,7 +112,8 @@ def job_line(job: Any, iteration_ms: float) -> str:
     if job is None:
         return job_throughput.line(None)
     d = job.describe()
-    shape = (f"{d['gpus']:,} GPUs (tp {d['tp']} cp {d['cp']} ep {d['ep']} dp {d['dp']} "
+    fsdp = " FSDP" if d["data_parallel"] == "fsdp" else ""
+    shape = (f"{d['gpus']:,} GPUs (tp {d['tp']} cp {d['cp']} ep {d['ep']} dp {d['dp']}{fsdp} "
              f"pp {d['pp']}), global batch {d['global_batch_size']:,}")
     return f"{shape}: {job_throughput.line(job.throughput(iteration_ms))}"
 

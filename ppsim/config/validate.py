@@ -16,6 +16,7 @@ from ppsim.config import limits
 from ppsim.costs.arch import (
     ATTENTION,
     DTYPE_BYTES,
+    FSDP_RESHARD,
     NORMS,
     OPTIMIZER_DTYPES,
     POSITIONS,
@@ -251,7 +252,8 @@ _ARCH_MAX = 10**7
 """Any architecture dimension or count: far above real models, and small enough that
 FLOPs stay exact floats (a 200-digit hidden_size would overflow float conversion)."""
 _CHOICES = {"recompute": RECOMPUTE, "dtype": tuple(DTYPE_BYTES), "attention": ATTENTION,
-            "norm": NORMS, "position": POSITIONS, **OPTIMIZER_DTYPES}
+            "norm": NORMS, "position": POSITIONS, "fsdp_reshard_after_forward": FSDP_RESHARD,
+            **OPTIMIZER_DTYPES}
 _POSITIVE = ("tp", "dp", "ep", "cp", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
              "vocab_size", "seq_length", "micro_batch_size")
 _COUNTS = ("mtp_layers", "head_dim", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
@@ -272,7 +274,7 @@ def transformer(raw: dict[str, Any]) -> None:
             raise UserError(f"model.{key}", f"must be at least {low}, got {raw[key]}",
                             "use a whole number >= " + str(low))
     for key in ("gated_mlp", "distributed_optimizer", "dropout", "tie_embeddings",
-                "grad_reduce_in_bf16", "precision_aware_optimizer"):
+                "grad_reduce_in_bf16", "precision_aware_optimizer", "fsdp"):
         if key in raw:
             typed(f"model.{key}", raw[key], bool)
     if "layers" in raw:
@@ -288,6 +290,19 @@ def transformer(raw: dict[str, Any]) -> None:
         limits.check_shape(raw["num_layers"], 1, 1, 1, raw["mtp_layers"])
     parallel_shape(raw)
     optimizer_states(raw)
+    sharding(raw)
+
+
+def sharding(raw: dict[str, Any]) -> None:
+    """FSDP is the replicas' whole sharding: not beside the distributed optimizer, and
+    its reshard policy only with it."""
+    if raw.get("fsdp", False) and raw.get("distributed_optimizer", False):
+        raise UserError("model.fsdp", "FSDP already shards the optimizer's state, and the "
+                        "weights and gradients too", "drop --use-distributed-optimizer "
+                        "(distributed_optimizer in [model]), or drop --fsdp")
+    if raw.get("fsdp_reshard_after_forward", "default") != "default" and not raw.get("fsdp"):
+        raise UserError("model.fsdp_reshard_after_forward", "is FSDP's policy and FSDP is "
+                        "off", "add --fsdp (fsdp = true in [model]), or drop it")
 
 
 def optimizer_states(raw: dict[str, Any]) -> None:

@@ -17,6 +17,8 @@ KINDS = ("dense", "moe")
 ATTENTION = ("gqa", "mla")
 NORMS = ("", "layernorm", "rmsnorm")
 POSITIONS = ("", "rotary", "learned", "none")
+FSDP_RESHARD = ("default", "always", "never")
+"""torchtitan's fsdp_reshard_after_forward policies."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +47,14 @@ class Architecture:
     """Shard optimizer states over dp (Megatron --use-distributed-optimizer)."""
     dp: int = 1
     """Data-parallel size the distributed optimizer shards over."""
+    fsdp: bool = False
+    """Fully shard weights, gradients and Adam's state over dp x cp, one unit a layer:
+    torch's FSDP2 as torchtitan applies it (its default data parallelism, ZeRO-3;
+    ppsim.job.fsdp)."""
+    fsdp_reshard_after_forward: str = "default"
+    """torchtitan's policy: "always" frees a unit's gathered weights after its forward
+    (gathered again for the backward), "never" keeps them to the backward, "default"
+    is always without pipeline parallelism and never with it."""
     grad_reduce_in_bf16: bool = False
     """bf16 training keeps and reduces its gradients in bf16, not fp32 (Megatron
     --grad-reduce-in-bf16): 2 bytes a parameter less, half the data-parallel traffic."""
@@ -304,10 +314,11 @@ def adam_step_bytes(a: Architecture) -> int:
 
 
 def optimizer_shards(a: Architecture, experts: bool = False) -> int:
-    """Ranks the distributed optimizer shards a parameter's state over: dense ones over
-    dp x cp (Megatron's intra_dp_cp_group), routed experts' over the expert data-parallel
-    group, dp x cp / ep (world / (ep x etp x pp) with etp = tp)."""
-    if not a.distributed_optimizer:
+    """Ranks the distributed optimizer (or FSDP) shards a parameter's state over: dense
+    ones over dp x cp (Megatron's intra_dp_cp_group, torchtitan's dp_shard x cp mesh),
+    routed experts' over the expert data-parallel group, dp x cp / ep (world / (ep x etp
+    x pp) with etp = tp; torchtitan's efsdp)."""
+    if not (a.distributed_optimizer or a.fsdp):
         return 1
     return max(1, a.dp * a.cp // a.ep) if experts else a.dp * a.cp
 
@@ -315,7 +326,11 @@ def optimizer_shards(a: Architecture, experts: bool = False) -> int:
 def bytes_per_param(a: Architecture, experts: bool = False) -> float:
     """Megatron (its distributed optimizer's table): weights + grads + Adam states, per
     parameter; bf16 weights keep fp32 gradients unless they are reduced in bf16.
-    `experts`: a routed expert's, whose state shards over fewer ranks."""
+    `experts`: a routed expert's, whose state shards over fewer ranks. Under FSDP all of
+    it is sharded: the fp32 weight (mixed precision computes with a gathered bf16 copy,
+    ppsim.job.fsdp), its gradient and Adam's two fp32 moments."""
+    if a.fsdp:
+        return (4 + grad_bytes(a) + 8) / optimizer_shards(a, experts)
     if a.dtype == "fp32":
         held = 8  # the weight (its own master) and its gradient
     elif a.dtype == "fp16":

@@ -99,7 +99,7 @@ def accelerator(hw: Any) -> Accelerator:
 
 
 @dataclass(frozen=True)
-class _Held:
+class HeldParams:
     """Parameters one rank holds of a layer."""
 
     dense: float
@@ -108,8 +108,11 @@ class _Held:
     """Routed experts, split by ep x tp."""
 
 
-def _held(a: Architecture, p: KindParams) -> _Held:
-    return _Held(dense=(p.dense - p.norms) / a.tp + p.norms, experts=p.experts / (a.ep * a.tp))
+def held_params(a: Architecture, kind: str) -> HeldParams:
+    """One rank's parameters of a layer of `kind`."""
+    p = any_kind_params(a, kind)
+    return HeldParams(dense=(p.dense - p.norms) / a.tp + p.norms,
+                      experts=p.experts / (a.ep * a.tp))
 
 
 def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
@@ -145,7 +148,7 @@ def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
         bi += a2a if "a2a" in repeated else 0.0
     w_keep = min(act, weight_grad_bytes(ops, DTYPE_BYTES[a.dtype], inputs=True)) \
         + weight_grad_bytes(ops, DTYPE_BYTES[a.dtype], inputs=False)
-    held = _held(a, any_kind_params(a, kind))
+    held = held_params(a, kind)
     return LayerCost(forward_ms=f, backward_ms=bi + bw, weight_grad_ms=bw,
                      static_bytes=int(held.dense * bytes_per_param(a)
                                       + held.experts * bytes_per_param(a, experts=True)),

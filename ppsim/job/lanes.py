@@ -2,9 +2,11 @@
 
 A stage's forward runs its layers' tensor-, context- and expert-parallel collectives
 (ppsim.job.layers), its backward their mirror; the embedding scatters and the head
-gathers once each way. Per virtual stage and direction this sums, group by group, the
-time on the links and the part of it the stage waits for (the rest hides behind its
-compute). The data-parallel buckets are the step's R, not a stage's.
+gathers once each way; under FSDP without pp each unit's gathers and reduce-scatters
+(ppsim.job.fsdp). Per virtual stage and direction this sums, group by group, the time
+on the links and the part of it the stage waits for (the rest hides behind its
+compute). The data-parallel buckets (and FSDP's once-a-step collectives) are the
+step's R, not a stage's.
 """
 
 from __future__ import annotations
@@ -19,14 +21,16 @@ from ppsim.job.layers import (
     Collective,
     PieceCollectives,
     compute_costs,
+    edge_collectives,
     layer_collectives,
     per_rank_arch,
     tp_collectives_ms,
 )
 from ppsim.job.model import Job
 
-GROUPS = ("tp", "cp", "ep")
-WHAT = {"tp": "all-gather / reduce-scatter", "cp": "K/V ring", "ep": "all-to-all"}
+GROUPS = ("tp", "cp", "ep", "dp")
+WHAT = {"tp": "all-gather / reduce-scatter", "cp": "K/V ring", "ep": "all-to-all",
+        "dp": "FSDP all-gather / reduce-scatter"}
 """What each group's collectives are, as the trace names them."""
 
 
@@ -59,6 +63,8 @@ def stage_collectives(job: Job, acc: Accelerator, stages: Sequence[Any]
     one = tp_collectives_ms(job, a, 1)
     edge = PieceCollectives(forward=(Collective(group="tp", total_ms=one, exposed_ms=one),),
                             backward=(Collective(group="tp", total_ms=one, exposed_ms=one),))
+    embedding = edge_collectives(job, a, costs.embedding)
+    head = edge_collectives(job, a, costs.head, head=True)
     by_kind: dict[str, PieceCollectives] = {}
     out = []
     for st in stages:
@@ -71,7 +77,7 @@ def stage_collectives(job: Job, acc: Accelerator, stages: Sequence[Any]
             pieces.append(by_kind[kind])
             if kind == "mtp":  # and its own pass through the head
                 pieces.append(edge)
-        pieces += [edge] * (int(st.has_embedding) + int(st.has_head))
+        pieces += [embedding] * st.has_embedding + [head] * st.has_head
         out.append(StageCollectives(forward=_sum([p.forward for p in pieces]),
                                     backward=_sum([p.backward for p in pieces])))
     return out
@@ -79,8 +85,8 @@ def stage_collectives(job: Job, acc: Accelerator, stages: Sequence[Any]
 
 def problem_collectives(problem: Any) -> list[StageCollectives]:
     """A Problem's stage collectives; empty for a lone replica or when no group
-    communicates (tp = cp = ep = 1)."""
+    communicates in a microbatch (tp = cp = ep = 1, no FSDP without pp)."""
     job = problem.hardware.job
-    if job is None or (job.arch.tp == 1 and job.arch.cp == 1 and job.arch.ep == 1):
+    if job is None or not job.in_microbatches:
         return []
     return stage_collectives(job, job.accelerator, problem.split.stages)

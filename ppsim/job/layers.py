@@ -22,6 +22,7 @@ from ppsim.costs.layerops import attention_ops
 from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.costs.ops import op_times
 from ppsim.costs.transformer import Accelerator, transformer_costs
+from ppsim.job import fsdp
 from ppsim.job.collectives import all_gather_ms, all_to_all_ms, send_ms
 from ppsim.job.model import Job
 
@@ -54,7 +55,7 @@ class Collective:
     """One group's collectives in one piece and direction, ms per microbatch."""
 
     group: str
-    """tp, cp or ep."""
+    """tp, cp, ep, or dp (FSDP's gathers and reduce-scatters)."""
     total_ms: float
     """Time on the group's links."""
     exposed_ms: float
@@ -106,6 +107,37 @@ def _hidden(comm: float, compute: float, overlap: bool) -> float:
     return max(0.0, comm - compute) if overlap else comm
 
 
+def fsdp_collectives(job: Job, cost: LayerCost, head: bool = False) -> PieceCollectives:
+    """FSDP's collectives of one unit (`cost`: its compute alone) in each microbatch:
+    hidden behind a unit's compute as far as it lasts (ppsim.job.fsdp). The head's unit
+    keeps its weights to the backward unless the policy is "always" (torchtitan)."""
+    steps = job.fsdp_steps
+    if steps is None or not steps.per_microbatch:
+        return PieceCollectives()
+    gather = fsdp.gather_ms(job, cost.params, cost.expert_params)
+    again = steps.backward_gather and (not head or job.arch.fsdp_reshard_after_forward
+                                       == "always")
+    f = gather if steps.forward_gather else 0.0
+    b = (gather if again else 0.0) \
+        + (fsdp.reduce_ms(job, cost.params, cost.expert_params) if steps.backward_reduce
+           else 0.0)
+    return PieceCollectives(
+        forward=(Collective(group="dp", total_ms=f, exposed_ms=_hidden(f, cost.forward_ms,
+                                                                       True)),) if f else (),
+        backward=(Collective(group="dp", total_ms=b, exposed_ms=_hidden(b, cost.backward_ms,
+                                                                        True)),) if b else ())
+
+
+def edge_collectives(job: Job, a: Architecture, cost: LayerCost,
+                     head: bool = False) -> PieceCollectives:
+    """The embedding's (or the head's) collectives: one tensor-parallel gather (or
+    scatter) each way, and its FSDP unit's."""
+    one = tp_collectives_ms(job, a, 1)
+    tp = (Collective(group="tp", total_ms=one, exposed_ms=one),) if one else ()
+    own = fsdp_collectives(job, cost, head)
+    return PieceCollectives(forward=tp + own.forward, backward=tp + own.backward)
+
+
 def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
                       cost: LayerCost) -> PieceCollectives:
     """Each group's collectives in one decoder layer of `kind`: what they take on the
@@ -126,7 +158,8 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
         ep = _ep(job, a)
         fwd.append(Collective(group="ep", total_ms=ep, exposed_ms=ep))
         bwd.append(Collective(group="ep", total_ms=ep, exposed_ms=ep))
-    return PieceCollectives(forward=tuple(fwd), backward=tuple(bwd))
+    own = fsdp_collectives(job, cost)
+    return PieceCollectives(forward=(*fwd, *own.forward), backward=(*bwd, *own.backward))
 
 
 def layer_exposed(job: Job, a: Architecture, acc: Accelerator, kind: str,
@@ -137,6 +170,11 @@ def layer_exposed(job: Job, a: Architecture, acc: Accelerator, kind: str,
     return Exposed(forward_ms=sum(c.exposed_ms for c in comm.forward if c.group != "cp") + cp_f,
                    backward_ms=sum(c.exposed_ms for c in comm.backward if c.group != "cp")
                    + cp_b)
+
+
+def _exposed(comm: PieceCollectives) -> Exposed:
+    return Exposed(forward_ms=sum(c.exposed_ms for c in comm.forward),
+                   backward_ms=sum(c.exposed_ms for c in comm.backward))
 
 
 def _add(c: LayerCost, e: Exposed) -> LayerCost:
@@ -165,7 +203,9 @@ def job_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None = No
     if full is not None:  # a policy's variant: a whole-layer recompute repeats the forward's
         a = replace(a, recompute="full" if full else "none")  # collectives in the backward
     costs = compute_costs(job, acc, recompute, full)
-    if a.tp == 1 and a.cp == 1 and a.ep == 1:
+    if job.arch.fsdp:
+        costs = fsdp.with_held(job, costs)
+    if not job.in_microbatches:
         return costs
     kinds = costs.kinds or ("dense",) * len(costs.layers)
     last = layer_kinds(a)[-1]  # an MTP module's decoder layer is of the last layer's kind
@@ -179,6 +219,6 @@ def job_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None = No
                 e = Exposed(forward_ms=e.forward_ms + one, backward_ms=e.backward_ms + one)
             by_kind[kind] = e
         layers.append(_add(c, by_kind[kind]))
-    head = _add(costs.head, Exposed(forward_ms=one, backward_ms=one))
-    emb = _add(costs.embedding, Exposed(forward_ms=one, backward_ms=one))
+    head = _add(costs.head, _exposed(edge_collectives(job, a, costs.head, head=True)))
+    emb = _add(costs.embedding, _exposed(edge_collectives(job, a, costs.embedding)))
     return replace(costs, layers=tuple(layers), head=head, embedding=emb)

@@ -18,6 +18,7 @@ from ppsim.costs.layerops import padded_vocab
 from ppsim.costs.transformer import Accelerator, accelerator
 from ppsim.job.collectives import Link, all_reduce_ms, link
 from ppsim.job.flops import iteration_flops, torchtitan_flops_per_token
+from ppsim.job.fsdp import FsdpSteps, fsdp_steps
 from ppsim.job.ranks import Sizes, Span, group_ranks, pipeline_hops, span
 from ppsim.job.shape import JobShape, job_shape
 from ppsim.job.tail import Tail, rank_tail
@@ -70,6 +71,21 @@ class Job:
     """Parameters per gradient bucket; None: Megatron's default."""
     ddp_num_buckets: int | None = None
     """Or buckets per rank."""
+
+    @property
+    def fsdp_steps(self) -> FsdpSteps | None:
+        """When FSDP's collectives run (ppsim.job.fsdp); None without FSDP."""
+        if not self.arch.fsdp:
+            return None
+        return fsdp_steps(self.arch.fsdp_reshard_after_forward, self.shape.sizes.pp > 1)
+
+    @property
+    def in_microbatches(self) -> bool:
+        """Some group communicates inside a microbatch's forward or backward: tp, cp or
+        ep > 1, or FSDP syncing every microbatch."""
+        steps = self.fsdp_steps
+        return (self.arch.tp > 1 or self.arch.cp > 1 or self.arch.ep > 1
+                or (steps is not None and steps.per_microbatch))
 
     def link(self, name: str) -> Link:
         """The Link of group `name` (tp, cp, ep, dp or edp)."""
@@ -124,9 +140,17 @@ class Job:
                 "global_batch_size": self.shape.global_batch_size,
                 "micro_batch_size": self.shape.micro_batch_size,
                 "seq_length": self.shape.seq_length, "rank_order": self.shape.rank_order,
+                "data_parallel": data_parallel(self.arch),
                 "crosses_nodes": {"tp": g.tp.crosses_nodes, "cp": g.cp.crosses_nodes,
                                   "ep": g.ep.crosses_nodes, "dp": g.dp.crosses_nodes,
                                   "pipeline": list(g.pipeline_hops)}}
+
+
+def data_parallel(a: Architecture) -> str:
+    """How the replicas keep their state: "fsdp", "distributed optimizer" or "ddp"."""
+    if a.fsdp:
+        return "fsdp"
+    return "distributed optimizer" if a.distributed_optimizer else "ddp"
 
 
 @lru_cache(maxsize=256)

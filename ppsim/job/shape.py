@@ -115,6 +115,8 @@ def check(cfg: Any) -> None:
     a = arch_of(cfg.model)
     if a is None:
         return
+    if a.fsdp:
+        _fsdp_alone(p)
     if p.overlap_param_gather and not a.distributed_optimizer:
         raise UserError("pipeline.overlap_param_gather", "--overlap-param-gather only "
                         "supported with distributed optimizer", "add "
@@ -130,6 +132,17 @@ def check(cfg: Any) -> None:
                         "choose ep dividing dp x cp")
     if p.global_batch_size:
         microbatches_for(p.global_batch_size, a.micro_batch_size, a.dp)
+
+
+def _fsdp_alone(p: Any) -> None:
+    """Megatron DDP's knobs have no meaning under FSDP, which overlaps one unit at a time."""
+    for name, flag in (("overlap_grad_reduce", "--overlap-grad-reduce"),
+                       ("ddp_bucket_size", "--ddp-bucket-size"),
+                       ("ddp_num_buckets", "--ddp-num-buckets")):
+        if getattr(p, name) not in (None, False):
+            raise UserError(f"pipeline.{name}", f"{flag} is Megatron DDP's; FSDP reduces "
+                            "and gathers one unit (a layer) at a time, overlapped by "
+                            "itself", f"drop {flag} ({name} in [pipeline]), or drop --fsdp")
 
 
 def resolved(cfg: Any) -> Any:

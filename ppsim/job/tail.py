@@ -11,16 +11,20 @@ last bucket. --overlap-param-gather gathers during the next forward the same way
 Buckets fill in reverse order of the forward and close once they reach the bucket size,
 so the rank holding the embedding has it in the bucket reduced last and gathered first:
 that bucket is at least the embedding's own parameters (131,072 x 2,048 = 268M for
-Megatron's 1.7B GPT, beside 40M buckets), and nothing hides it.
+Megatron's 1.7B GPT, beside 40M buckets), and nothing hides it. Under FSDP the tail
+holds what FSDP runs once a step (ppsim.job.fsdp) and the optimizer on the rank's shard.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from ppsim.costs.arch import DTYPE_BYTES, adam_step_bytes, grad_bytes
+from ppsim.costs.arch import DTYPE_BYTES, Architecture, adam_step_bytes, grad_bytes, layer_kinds
 from ppsim.costs.layerops import padded_vocab
+from ppsim.costs.transformer import held_params
+from ppsim.job import fsdp
 from ppsim.job.collectives import all_gather_ms, all_reduce_ms, reduce_scatter_ms
 
 if TYPE_CHECKING:
@@ -56,6 +60,13 @@ def embedding_params(job: Job) -> int:
     return padded_vocab(job.arch) * job.arch.hidden_size // job.arch.tp
 
 
+@lru_cache(maxsize=64)
+def layer_params(a: Architecture) -> int:
+    """The largest decoder layer's parameters on one rank (FSDP's unit)."""
+    held = (held_params(a, kind) for kind in set(layer_kinds(a)))
+    return max(int(h.dense + h.experts) for h in held)
+
+
 def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
               memory_bandwidth_gbps: float, optimizer_fixed_ms: float = 0.0,
               holds_embedding: bool = False, expert_params: int = 0) -> Tail:
@@ -74,7 +85,11 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
     bucket = min(last_n, edge)
     grads, weights = grad_bytes(job.arch), DTYPE_BYTES[job.arch.dtype]
     shard = params
-    if job.arch.distributed_optimizer:
+    if job.arch.fsdp:
+        first = embedding_params(job) if holds_embedding else layer_params(job.arch)
+        reduce = fsdp.step_reduce_ms(job, params, expert_params, forward_ms, first)
+        shard = sum(n / g.size for n, g in buffers)
+    elif job.arch.distributed_optimizer:
         rs = sum(reduce_scatter_ms(n * grads, g) for n, g in buffers)
         ag = sum(all_gather_ms(n * weights, g) for n, g in buffers)
         reduce = (_overlapped(rs, reduce_scatter_ms(bucket * grads, last_g), backward_ms,

@@ -1,0 +1,75 @@
+"""A job's shape as torchtitan's config takes it: the fields of its ParallelismConfig and
+TrainingConfig (torchtitan/config/configs.py), for a job whose replicas shard as
+torchtitan's do (FSDP).
+
+torchtitan counts its batch in tokens: one microbatch of a data-parallel rank is
+num_tokens_per_microbatch_per_dp_rank (micro batch x sequence), a step
+num_tokens_per_train_step (global batch x sequence); with pp the rank's microbatches
+per gradient-accumulation step are num_pp_microbatches (ppsim's microbatches, so one
+accumulation step), without it the accumulation steps are the microbatches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TORCH_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
+                   "interleaved-zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble",
+                   "dualpipev": "DualPipeV"}
+"""ppsim's schedules by torch.distributed.pipelining's names (get_schedule_class)."""
+AC_OF_MODE = {"none": None, "full": "FullAC"}
+"""Recompute modes torchtitan has a policy for (its SelectiveAC saves other ops than
+Megatron's selective core-attention recompute)."""
+
+
+def torchtitan_job(shape: Any, problem: Any, gbs: int, fqns: list[list[str]] | None,
+                   recompute: str) -> dict[str, Any]:
+    """torchtitan's fields for `shape` (ppsim.job.search.Shape) of an FSDP job; `fqns`:
+    the split's module_fqns_per_model_part (None where torchtitan cannot take it),
+    `recompute`: the shape's recompute mode, or "" for a policy torchtitan cannot say.
+    `notes` says what torchtitan cannot take, each in a few words."""
+    job = problem.hardware.job
+    seq = job.shape.seq_length
+    par: dict[str, Any] = {"data_parallel_shard_degree": shape.dp,
+                           "tensor_parallel_degree": shape.tp,
+                           "context_parallel_degree": shape.cp,
+                           "expert_parallel_degree": shape.ep,
+                           "pipeline_parallel_degree": shape.pp}
+    if job.arch.fsdp_reshard_after_forward != "default":
+        par["fsdp_reshard_after_forward"] = job.arch.fsdp_reshard_after_forward
+    train: dict[str, Any] = {"num_tokens_per_microbatch_per_dp_rank": shape.mbs * seq,
+                             "num_tokens_per_train_step": gbs * seq,
+                             "max_context_length": seq}
+    notes = []
+    if shape.pp > 1:
+        name = TORCH_SCHEDULES.get(problem.schedule.name)
+        par["pipeline_parallel_schedule"] = name
+        par["module_fqns_per_model_part"] = fqns
+        train["num_pp_microbatches"] = shape.microbatches
+        if name is None:
+            notes.append(f"torch has no {problem.schedule.name} schedule")
+        if fqns is None:
+            notes.append("torchtitan cannot build this split")
+    out: dict[str, Any] = {"parallelism": par, "training": train}
+    if recompute in AC_OF_MODE:
+        out["activation_checkpointing"] = AC_OF_MODE[recompute]
+    else:
+        notes.append("torchtitan has no form of this memory policy")
+    out["notes"] = notes
+    return out
+
+
+def torchtitan_text(fields: dict[str, Any]) -> str:
+    """The fields as one line: section, then name=value pairs."""
+    parts = []
+    for section in ("parallelism", "training"):
+        pairs = ", ".join(f"{k}={v!r}" for k, v in fields[section].items()
+                          if k != "module_fqns_per_model_part")
+        parts.append(f"{section}: {pairs}")
+    if "activation_checkpointing" in fields:
+        parts.append(f"activation_checkpointing: {fields['activation_checkpointing']}")
+    fqns = fields["parallelism"].get("module_fqns_per_model_part")
+    if fqns is not None:
+        parts.append(f"module_fqns_per_model_part={fqns!r}")
+    text = "; ".join(parts)
+    return text + (f" (n/a: {'; '.join(fields['notes'])})" if fields["notes"] else "")

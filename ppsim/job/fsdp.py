@@ -1,0 +1,145 @@
+"""Fully sharded data parallelism: torch's FSDP2 as torchtitan applies it.
+
+torchtitan makes each transformer block, the embedding, and the final norm with the LM
+head one unit each (torchtitan/distributed/fsdp.py, apply_fsdp_to_decoder), sharded
+over the dp x cp ranks (its dp_shard x cp mesh), routed experts over the expert
+data-parallel ranks, dp x cp / ep (efsdp). Mixed precision keeps the shards in fp32,
+gathers the weights in bf16 and reduces the gradients in fp32
+(MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)). FSDP2 gathers a unit one
+ahead of the compute (implicit prefetch), so a unit's gather hides behind a unit's
+compute and what outlasts it is exposed; the same holds for its gradient's
+reduce-scatter in the backward.
+
+When the collectives run:
+- without pipeline parallelism torchtitan's loop syncs every microbatch (FSDP2's
+  default): each forward gathers every unit, each backward gathers it again when it
+  was freed after the forward and reduce-scatters its gradient;
+- with it, torch.distributed.pipelining turns the sync off until the step's end
+  (stage.py: backward_maybe_with_nosync, perform_reduce_grad): gradients accumulate
+  unsharded in fp32 (FSDPParam.to_accumulated_grad_if_needed) and reduce once after
+  the last backward, nothing left to hide them; by default the gathered weights stay
+  to the end of the step (fsdp.py: get_fsdp_reshard_after_forward_policy gives False
+  with pp), so they are gathered once, during the first forward.
+
+Memory a parameter costs a rank: its shard of the fp32 weight, gradient and two Adam
+moments (ppsim.costs.arch.bytes_per_param), plus what is held unsharded: with pp > 1
+the gathered weight and the accumulated fp32 gradient (6 bytes in bf16); with pp = 1,
+"never" the gathered weights, else only the units in flight (two units' gathered
+weights, the computing one and the prefetched one, and one unit's gradient).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from ppsim.costs.arch import DTYPE_BYTES, Architecture, grad_bytes, optimizer_shards
+from ppsim.costs.model import LayerCost, ModelCosts
+from ppsim.job.collectives import all_gather_ms, reduce_scatter_ms
+
+if TYPE_CHECKING:
+    from ppsim.job.model import Job
+
+
+@dataclass(frozen=True, kw_only=True)
+class FsdpSteps:
+    """When FSDP's collectives run: each microbatch, or once a step."""
+
+    forward_gather: bool
+    """Every microbatch's forward gathers each unit (else once, during the first)."""
+    backward_gather: bool
+    """Every microbatch's backward gathers each unit again."""
+    backward_reduce: bool
+    """Every microbatch's backward reduce-scatters each unit's gradient (else once, after
+    the last backward, exposed)."""
+
+    @property
+    def per_microbatch(self) -> bool:
+        """Any collective runs inside the microbatches' forwards and backwards."""
+        return self.forward_gather or self.backward_gather or self.backward_reduce
+
+
+def reshards_after_forward(policy: str, pipelined: bool) -> bool:
+    """torchtitan's get_fsdp_reshard_after_forward_policy: "default" reshards unless
+    pipelined (a gather per microbatch would not overlap)."""
+    return policy == "always" or (policy == "default" and not pipelined)
+
+
+def fsdp_steps(policy: str, pipelined: bool) -> FsdpSteps:
+    """When the collectives run for torchtitan's `policy` with or without pp."""
+    reshard = reshards_after_forward(policy, pipelined)
+    return FsdpSteps(forward_gather=reshard or not pipelined, backward_gather=reshard,
+                     backward_reduce=not pipelined)
+
+
+def held_bytes(a: Architecture, pipelined: bool, experts: bool = False) -> int:
+    """Bytes a parameter holds unsharded all the step (none when its shards are one
+    rank's: nothing is gathered)."""
+    if optimizer_shards(a, experts) == 1:
+        return 0
+    weight = DTYPE_BYTES[a.dtype]
+    if pipelined:
+        return weight + grad_bytes(a)
+    return weight if a.fsdp_reshard_after_forward == "never" else 0
+
+
+def _buffers(params: float, expert_params: float) -> list[tuple[float, str]]:
+    """A unit's dense and expert parameters with the group each shards over (an empty
+    buffer runs no collective)."""
+    return [(n, g) for n, g in ((params - expert_params, "dp"), (expert_params, "edp")) if n]
+
+
+def gather_ms(job: Job, params: float, expert_params: float = 0) -> float:
+    """All-gather of a unit's weights (bf16) on one rank's groups."""
+    w = DTYPE_BYTES[job.arch.dtype]
+    return sum(all_gather_ms(n * w, job.link(g)) for n, g in _buffers(params, expert_params))
+
+
+def reduce_ms(job: Job, params: float, expert_params: float = 0) -> float:
+    """Reduce-scatter of a unit's gradients (fp32) on one rank's groups."""
+    b = grad_bytes(job.arch)
+    return sum(reduce_scatter_ms(n * b, job.link(g))
+               for n, g in _buffers(params, expert_params))
+
+
+def _held(a: Architecture, pipelined: bool, c: LayerCost) -> LayerCost:
+    extra = (c.params - c.expert_params) * held_bytes(a, pipelined) \
+        + c.expert_params * held_bytes(a, pipelined, experts=True)
+    return replace(c, static_bytes=c.static_bytes + extra) if extra else c
+
+
+def in_flight_bytes(a: Architecture, costs: ModelCosts) -> int:
+    """The units in flight without pp (resharding after the forward): the largest unit's
+    gathered weights twice (the computing one and the prefetched one) and its gradient."""
+    if optimizer_shards(a) == 1:
+        return 0
+    unit = max((c.params for c in (*costs.layers, costs.embedding, costs.head)), default=0)
+    return unit * (2 * DTYPE_BYTES[a.dtype] + grad_bytes(a))
+
+
+def with_held(job: Job, costs: ModelCosts) -> ModelCosts:
+    """`costs` with what FSDP holds unsharded added to each piece's static bytes (the
+    units in flight once, on the embedding: without pp one rank holds them all)."""
+    a, pipelined = job.arch, job.shape.sizes.pp > 1
+    emb = _held(a, pipelined, costs.embedding)
+    if not pipelined and a.fsdp_reshard_after_forward != "never":
+        emb = replace(emb, static_bytes=emb.static_bytes + in_flight_bytes(a, costs))
+    return replace(costs, layers=tuple(_held(a, pipelined, c) for c in costs.layers),
+                   embedding=emb, head=_held(a, pipelined, costs.head),
+                   tied=_held(a, pipelined, costs.tied))
+
+
+def step_reduce_ms(job: Job, params: int, expert_params: int, forward_ms: float,
+                   first_unit: int) -> float:
+    """The exposed part of the collectives FSDP runs once a step on a rank holding
+    `params`: the gather during the first forward (`forward_ms`, one microbatch's),
+    never less than its first unit's, and the gradients' reduce-scatter after the last
+    backward."""
+    steps = job.fsdp_steps
+    out = 0.0
+    if not steps.forward_gather:
+        whole = gather_ms(job, params, expert_params)
+        out += max(gather_ms(job, min(first_unit, params)), whole - forward_ms)
+    if not steps.backward_reduce:
+        out += reduce_ms(job, params, expert_params)
+    return out

@@ -1,0 +1,73 @@
+"""FSDP's invariants on random jobs: more shards never cost a rank more memory; against
+Megatron's distributed optimizer it saves memory without pp and costs more with it (the
+gathered weights and the accumulated gradient stay all step); what a step waits for is
+never negative, never more than the collectives take, and with pp never less than the
+gradients' reduce-scatter nothing follows."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ppsim.config.schema import config_from_dict
+from ppsim.costs.transformer import accelerator, transformer_costs
+from ppsim.job import fsdp
+from ppsim.job.layers import layer_collectives
+from ppsim.job.model import build_job
+from ppsim.pipeline.problem import model_costs
+
+KINDS = st.sampled_from(["tiny-llm", "tiny-gpt"])
+
+
+def cfg(preset: str, model: dict, pp: int = 1):
+    return config_from_dict({"model": {"preset": preset, **model},
+                             "pipeline": {"pp": pp, "microbatches": 4},
+                             "hardware": {"preset": "h100-80gb", "gpus_per_node": 4}})
+
+
+@settings(max_examples=40, deadline=None)
+@given(KINDS, st.integers(1, 64), st.sampled_from([1, 2]), st.sampled_from([1, 2]),
+       st.sampled_from(["default", "always", "never"]))
+def test_more_shards_never_cost_more(preset: str, dp: int, cp: int, pp: int,
+                                     policy: str) -> None:
+    def static(n: int) -> int:
+        c = model_costs(cfg(preset, {"dp": n, "cp": cp, "fsdp": True,
+                                     "fsdp_reshard_after_forward": policy}, pp))
+        return sum(x.static_bytes for x in (*c.layers, c.embedding, c.head))
+
+    more = static(dp + 1)
+    assert more <= static(dp) or dp == 1 and cp == 1  # one rank gathers nothing
+
+
+@settings(max_examples=40, deadline=None)
+@given(KINDS, st.integers(2, 64), st.sampled_from([1, 2, 4]))
+def test_against_the_distributed_optimizer(preset: str, dp: int, pp: int) -> None:
+    full = model_costs(cfg(preset, {"dp": dp, "fsdp": True}, pp)).layers[0].static_bytes
+    zero1 = model_costs(cfg(preset, {"dp": dp, "distributed_optimizer": True}, pp))
+    if pp == 1:
+        assert full < zero1.layers[0].static_bytes
+    else:
+        assert full >= zero1.layers[0].static_bytes
+
+
+@settings(max_examples=40, deadline=None)
+@given(KINDS, st.integers(2, 64), st.sampled_from([1, 2]),
+       st.sampled_from(["default", "always", "never"]), st.integers(128, 4096))
+def test_what_a_step_waits_for(preset: str, dp: int, pp: int, policy: str, seq: int) -> None:
+    c = cfg(preset, {"dp": dp, "fsdp": True, "fsdp_reshard_after_forward": policy,
+                     "seq_length": seq}, pp)
+    job = build_job(c)
+    assert job is not None
+    acc = accelerator(c.hardware)
+    alone = transformer_costs(job.arch, acc).layers[0]
+    comm = layer_collectives(job, job.arch, acc, "dense", alone)
+    for piece in (comm.forward, comm.backward):
+        for one in piece:
+            assert 0.0 <= one.exposed_ms <= one.total_ms
+    params = sum(x.params for x in model_costs(c).layers)
+    tail = job.tail(params, alone.forward_ms, alone.backward_ms, 0.0)
+    assert tail.reduce_ms >= 0.0
+    if pp > 1:
+        assert tail.reduce_ms >= fsdp.reduce_ms(job, params)
+    else:
+        assert tail.reduce_ms == 0.0

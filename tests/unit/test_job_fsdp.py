@@ -1,0 +1,191 @@
+"""FSDP as torchtitan applies it: memory per parameter, when the collectives run, and what
+of them a step waits for, against closed forms restated here from torch's and
+torchtitan's code (torch/distributed/fsdp/_fully_shard, torch/distributed/pipelining/
+stage.py, torchtitan/distributed/fsdp.py) and the h100-80gb preset's datasheet links
+(NVLink 450 GB/s each way, 1 us a step; a 400 Gb/s NIC per GPU, 5 us a step; 8 GPUs a
+node)."""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+
+import pytest
+
+from ppsim.cli.main import main
+from ppsim.config.schema import config_from_dict
+from ppsim.costs.transformer import accelerator, transformer_costs
+from ppsim.job.fsdp import fsdp_steps
+from ppsim.job.model import build_job
+from ppsim.pipeline.problem import model_costs
+
+NV, NV_STEP, NIC, NIC_STEP = 450e6, 1e-3, 50e6, 5e-3  # bytes per ms, ms
+LAYER = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+"""A Llama-3-8B layer: q and o, k and v (8 heads of 128), the SwiGLU MLP, two norms."""
+EMBEDDING = 128256 * 4096
+
+
+def cfg(model: dict, pipe: dict | None = None):
+    return config_from_dict({"model": {"preset": "llama3-8b", "num_layers": 4,
+                                       "recompute": "none", **model},
+                             "pipeline": {"pp": 1, "microbatches": 4, **(pipe or {})},
+                             "hardware": {"preset": "h100-80gb"}})
+
+
+@dataclass(frozen=True)
+class Ran:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(argv: list[str]) -> Ran:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(argv)
+    return Ran(code, out.getvalue(), err.getvalue())
+
+
+def ring(n: int, nbytes: float, bw: float, step: float) -> float:
+    """All-gather or reduce-scatter of an `nbytes` buffer over n ranks (nccl-tests)."""
+    return (n - 1) * step + (n - 1) / n * nbytes / bw
+
+
+def test_memory_per_parameter() -> None:
+    # Shards: fp32 weight, fp32 gradient, Adam's two fp32 moments, over dp x cp.
+    alone = model_costs(cfg({"dp": 64, "fsdp": True})).layers[0]
+    assert alone.static_bytes == LAYER * 16 // 64
+    # pp > 1: the gathered bf16 weights and the accumulated fp32 gradient stay all step.
+    piped = model_costs(cfg({"dp": 64, "fsdp": True}, {"pp": 2})).layers[0]
+    assert piped.static_bytes == LAYER * 16 // 64 + LAYER * (2 + 4)
+    # pp = 1 keeping the weights to the backward ("never"): the gathered weights.
+    kept = model_costs(cfg({"dp": 64, "fsdp": True, "fsdp_reshard_after_forward": "never"}))
+    assert kept.layers[0].static_bytes == LAYER * 16 // 64 + LAYER * 2
+    # context-parallel ranks shard too (torchtitan's dp_shard x cp mesh).
+    cp = model_costs(cfg({"dp": 32, "cp": 2, "fsdp": True})).layers[0]
+    assert cp.static_bytes == LAYER * 16 // 64
+    # One rank: nothing to gather, all 16 bytes a parameter.
+    one = model_costs(cfg({"fsdp": True}))
+    assert one.layers[0].static_bytes == LAYER * 16
+    assert one.embedding.static_bytes == EMBEDDING * 16
+
+
+def test_units_in_flight_without_pp() -> None:
+    """Resharding after the forward: two units' bf16 weights (the computing and the
+    prefetched one) and one unit's fp32 gradient, the largest unit's (the head: the
+    vocabulary projection and the final norm), held once."""
+    got = model_costs(cfg({"dp": 64, "fsdp": True}))
+    head = EMBEDDING + 4096
+    assert got.embedding.static_bytes == EMBEDDING * 16 // 64 + head * (2 * 2 + 4)
+
+
+@pytest.mark.parametrize(("policy", "pipelined", "expected"), [
+    # torchtitan's loop syncs every microbatch and reshards after the forward by default.
+    ("default", False, (True, True, True)),
+    ("never", False, (True, False, True)),
+    # torch's pipelining accumulates unsynced; the default keeps the weights.
+    ("default", True, (False, False, False)),
+    ("never", True, (False, False, False)),
+    ("always", True, (True, True, False)),
+])
+def test_when_the_collectives_run(policy: str, pipelined: bool,
+                                  expected: tuple[bool, bool, bool]) -> None:
+    s = fsdp_steps(policy, pipelined)
+    assert (s.forward_gather, s.backward_gather, s.backward_reduce) == expected
+
+
+def test_each_microbatch_waits_for_what_its_compute_does_not_hide() -> None:
+    c = cfg({"dp": 16, "fsdp": True, "seq_length": 1024})
+    alone = transformer_costs(c.model.arch, accelerator(c.hardware))
+    bw = min(NV, 8 * NIC)  # 16 ranks on 2 nodes: 8 NICs a node carry the ring
+    gather = ring(16, LAYER * 2, bw, NIC_STEP)
+    reduce = ring(16, LAYER * 4, bw, NIC_STEP)
+    f, b = alone.layers[0].forward_ms, alone.layers[0].backward_ms
+    assert gather > f  # this short sequence cannot hide its gather
+    got = model_costs(c)
+    assert got.layers[0].forward_ms == pytest.approx(f + gather - f)
+    assert got.layers[0].backward_ms == pytest.approx(b + max(0.0, gather + reduce - b))
+    # The embedding computes nothing to hide its unit's gather behind.
+    emb_gather = ring(16, EMBEDDING * 2, bw, NIC_STEP)
+    assert got.embedding.forward_ms == pytest.approx(alone.embedding.forward_ms + emb_gather)
+    # The step's tail only steps the optimizer: every gradient was reduced in the loop.
+    job = build_job(c)
+    assert job is not None
+    assert job.tail(LAYER, f, b, 0.0).reduce_ms == 0.0
+
+
+def test_pipelined_step_reduces_once_exposed() -> None:
+    c = cfg({"dp": 16, "fsdp": True}, {"pp": 2})
+    alone = transformer_costs(c.model.arch, accelerator(c.hardware))
+    got = model_costs(c)
+    # No collective inside a microbatch: the pieces keep their compute alone.
+    assert got.layers[0].forward_ms == alone.layers[0].forward_ms
+    assert got.layers[0].backward_ms == alone.layers[0].backward_ms
+    job = build_job(c)
+    assert job is not None
+    bw = min(NV, 8 * NIC)
+    params, forward = 2 * LAYER, 3.0
+    whole_gather = ring(16, params * 2, bw, NIC_STEP)
+    first = ring(16, LAYER * 2, bw, NIC_STEP)
+    expected = max(first, whole_gather - forward) + ring(16, params * 4, bw, NIC_STEP)
+    assert job.tail(params, forward, 9.0, 0.0).reduce_ms == pytest.approx(expected)
+    # The first stage gathers the embedding first, and nothing hides that unit.
+    total = params + EMBEDDING
+    first_emb = ring(16, EMBEDDING * 2, bw, NIC_STEP)
+    expected = max(first_emb, ring(16, total * 2, bw, NIC_STEP) - 1e6) \
+        + ring(16, total * 4, bw, NIC_STEP)
+    assert job.tail(total, 1e6, 9.0, 0.0, holds_embedding=True).reduce_ms \
+        == pytest.approx(expected)
+
+
+def test_optimizer_steps_its_shard() -> None:
+    c = cfg({"dp": 16, "fsdp": True}, {"pp": 2})
+    job = build_job(c)
+    assert job is not None
+    step = job.tail(LAYER, 1.0, 1.0, 3350.0).optimizer_ms
+    # AdamW reads weight, gradient, two moments and writes three: 28 bytes a parameter.
+    assert step == pytest.approx(LAYER / 16 * 28 / 3350e6)
+
+
+@pytest.mark.parametrize(("flags", "field"), [
+    (["--fsdp", "--use-distributed-optimizer"], "model.fsdp"),
+    (["--fsdp-reshard-after-forward", "never"], "model.fsdp_reshard_after_forward"),
+    (["--fsdp", "--overlap-grad-reduce"], "pipeline.overlap_grad_reduce"),
+    (["--fsdp", "--ddp-bucket-size", "1000000"], "pipeline.ddp_bucket_size"),
+])
+def test_contradictions_are_refused(flags: list[str], field: str) -> None:
+    r = run_cli(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "1",
+                 "--dp", "8", *flags])
+    assert r.returncode == 2
+    assert field in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_simulate_and_plan_say_fsdp() -> None:
+    r = run_cli(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "1",
+                 "--gpus", "64", "--global-batch-size", "256", "--fsdp"])
+    assert r.returncode == 0, r.stderr
+    assert "dp 64 FSDP" in r.stdout
+    r = run_cli(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "1",
+                 "--gpus", "64", "--global-batch-size", "256", "--fsdp", "--json"])
+    assert json.loads(r.stdout)["job"]["data_parallel"] == "fsdp"
+    r = run_cli(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "64",
+                 "--global-batch-size", "256", "--fsdp", "--recompute", "full", "--pp", "2",
+                 "--tp", "1", "--cp", "1", "--micro-batch-size", "1", "--vpp", "1",
+                 "--json"])
+    assert r.returncode == 0, r.stderr
+    best = json.loads(r.stdout)["best"]
+    assert best["megatron_job_flags"] is None  # Megatron's FSDP is not what ppsim prices
+    titan = best["torchtitan_job"]
+    assert titan["parallelism"]["data_parallel_shard_degree"] == 32
+    assert titan["parallelism"]["pipeline_parallel_degree"] == 2
+    assert titan["parallelism"]["pipeline_parallel_schedule"] == "1F1B"
+    assert titan["training"] == {"num_tokens_per_microbatch_per_dp_rank": 8192,
+                                 "num_tokens_per_train_step": 256 * 8192,
+                                 "max_context_length": 8192, "num_pp_microbatches": 8}
+    assert titan["activation_checkpointing"] == "FullAC"
+    parts = titan["parallelism"]["module_fqns_per_model_part"]
+    assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "lm_head"]
+    assert titan["notes"] == []
