@@ -26,7 +26,7 @@ MEMORY_FLAGS = {"recompute_modules": "recompute_modules",
 """[memory] key -> the flag that sets it."""
 JOB_MODEL_KEYS = ("dp", "cp", "ep", "distributed_optimizer", "grad_reduce_in_bf16",
                   "precision_aware_optimizer", "fsdp", "fsdp_reshard_after_forward",
-                  *OPTIMIZER_DTYPES)
+                  "dp_replicas", *OPTIMIZER_DTYPES)
 """[model] fields only the job flags set."""
 RESHAPING = ("pp", "vpp", "num_layers", "preset", "hybrid_layer_pattern")
 """Flags that change how many layers or stages there are (a saved split no longer fits)."""
@@ -143,6 +143,10 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
     j.add_argument("--fsdp", action="store_true", default=None, help="shard weights, "
                    "gradients and optimizer states over dp x cp, one unit a layer: FSDP2 as "
                    "torchtitan applies it (ZeRO-3)")
+    j.add_argument("--dp-replicas", "--num-distributed-optimizer-instances",
+                   dest="dp_replicas", type=int, metavar="N", help="copies of the sharded "
+                   "state across dp x cp (Megatron's partial distributed optimizer; with "
+                   "--fsdp torchtitan's HSDP replicate degree)")
     j.add_argument("--fsdp-reshard-after-forward", dest="fsdp_reshard_after_forward",
                    choices=FSDP_RESHARD, help="torchtitan's policy (default: free the "
                    "gathered weights after the forward unless pp > 1)")

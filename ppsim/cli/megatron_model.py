@@ -372,6 +372,7 @@ def optimizer_args(a: Architecture) -> list[str]:
     """How the architecture keeps its gradients and Adam's state, as Megatron's
     arguments (the fp32 defaults unsaid)."""
     out = ["--use-distributed-optimizer"] * a.distributed_optimizer
+    out += ["--num-distributed-optimizer-instances", str(a.dp_replicas)] * (a.dp_replicas > 1)
     out += ["--grad-reduce-in-bf16"] * a.grad_reduce_in_bf16
     if a.precision_aware_optimizer:
         out.append("--use-precision-aware-optimizer")

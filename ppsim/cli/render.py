@@ -113,6 +113,7 @@ def job_line(job: Any, iteration_ms: float) -> str:
         return job_throughput.line(None)
     d = job.describe()
     fsdp = " FSDP" if d["data_parallel"] == "fsdp" else ""
+    fsdp += f" x{d['dp_replicas']} copies" if d["dp_replicas"] > 1 else ""
     shape = (f"{d['gpus']:,} GPUs (tp {d['tp']} cp {d['cp']} ep {d['ep']} dp {d['dp']}{fsdp} "
              f"pp {d['pp']}), global batch {d['global_batch_size']:,}")
     return f"{shape}: {job_throughput.line(job.throughput(iteration_ms))}"

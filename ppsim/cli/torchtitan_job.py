@@ -30,17 +30,21 @@ def torchtitan_job(shape: Any, problem: Any, gbs: int, fqns: list[list[str]] | N
     `notes` says what torchtitan cannot take, each in a few words."""
     job = problem.hardware.job
     seq = job.shape.seq_length
-    par: dict[str, Any] = {"data_parallel_shard_degree": shape.dp,
+    copies = job.arch.dp_replicas
+    par: dict[str, Any] = {"data_parallel_shard_degree": shape.dp // copies,
                            "tensor_parallel_degree": shape.tp,
                            "context_parallel_degree": shape.cp,
                            "expert_parallel_degree": shape.ep,
                            "pipeline_parallel_degree": shape.pp}
+    if copies > 1:
+        par["data_parallel_replicate_degree"] = copies
     if job.arch.fsdp_reshard_after_forward != "default":
         par["fsdp_reshard_after_forward"] = job.arch.fsdp_reshard_after_forward
     train: dict[str, Any] = {"num_tokens_per_microbatch_per_dp_rank": shape.mbs * seq,
                              "num_tokens_per_train_step": gbs * seq,
                              "max_context_length": seq}
-    notes = []
+    notes = [f"HSDP replicates over dp alone, and {copies} copies do not divide "
+             f"dp = {shape.dp}"] if shape.dp % copies else []
     if shape.pp > 1:
         name = TORCH_SCHEDULES.get(problem.schedule.name)
         par["pipeline_parallel_schedule"] = name

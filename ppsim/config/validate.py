@@ -254,8 +254,8 @@ FLOPs stay exact floats (a 200-digit hidden_size would overflow float conversion
 _CHOICES = {"recompute": RECOMPUTE, "dtype": tuple(DTYPE_BYTES), "attention": ATTENTION,
             "norm": NORMS, "position": POSITIONS, "fsdp_reshard_after_forward": FSDP_RESHARD,
             **OPTIMIZER_DTYPES}
-_POSITIVE = ("tp", "dp", "ep", "cp", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
-             "vocab_size", "seq_length", "micro_batch_size")
+_POSITIVE = ("tp", "dp", "ep", "cp", "dp_replicas", "hidden_size", "num_heads", "num_kv_heads",
+             "ffn_hidden_size", "vocab_size", "seq_length", "micro_batch_size")
 _COUNTS = ("mtp_layers", "head_dim", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
            "v_head_dim", "num_experts", "top_k", "moe_ffn_hidden_size", "shared_experts")
 _REQUIRED = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size",
@@ -303,6 +303,18 @@ def sharding(raw: dict[str, Any]) -> None:
     if raw.get("fsdp_reshard_after_forward", "default") != "default" and not raw.get("fsdp"):
         raise UserError("model.fsdp_reshard_after_forward", "is FSDP's policy and FSDP is "
                         "off", "add --fsdp (fsdp = true in [model]), or drop it")
+    replicas(raw)
+
+
+def replicas(raw: dict[str, Any]) -> None:
+    """Copies of the sharded state need one (how they divide the data-parallel group is
+    checked with the job's shape: ppsim.job.shape)."""
+    n = raw.get("dp_replicas", 1)
+    if not isinstance(n, int) or n == 1:
+        return
+    if not (raw.get("distributed_optimizer") or raw.get("fsdp")):
+        raise UserError("model.dp_replicas", "copies of the sharded state need a sharded "
+                        "state", "add --use-distributed-optimizer or --fsdp, or drop it")
 
 
 def optimizer_states(raw: dict[str, Any]) -> None:

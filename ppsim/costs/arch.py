@@ -47,6 +47,11 @@ class Architecture:
     """Shard optimizer states over dp (Megatron --use-distributed-optimizer)."""
     dp: int = 1
     """Data-parallel size the distributed optimizer shards over."""
+    dp_replicas: int = 1
+    """Copies of the sharded state across dp x cp: each shards over dp x cp /
+    dp_replicas ranks, gradients reduce-scattered inside a copy, then all-reduced across
+    the copies (Megatron --num-distributed-optimizer-instances; with fsdp, torchtitan's
+    data_parallel_replicate_degree: HSDP)."""
     fsdp: bool = False
     """Fully shard weights, gradients and Adam's state over dp x cp, one unit a layer:
     torch's FSDP2 as torchtitan applies it (its default data parallelism, ZeRO-3;
@@ -317,10 +322,11 @@ def optimizer_shards(a: Architecture, experts: bool = False) -> int:
     """Ranks the distributed optimizer (or FSDP) shards a parameter's state over: dense
     ones over dp x cp (Megatron's intra_dp_cp_group, torchtitan's dp_shard x cp mesh),
     routed experts' over the expert data-parallel group, dp x cp / ep (world / (ep x etp
-    x pp) with etp = tp; torchtitan's efsdp)."""
+    x pp) with etp = tp; torchtitan's efsdp); each over 1 / dp_replicas of that group."""
     if not (a.distributed_optimizer or a.fsdp):
         return 1
-    return max(1, a.dp * a.cp // a.ep) if experts else a.dp * a.cp
+    group = max(1, a.dp * a.cp // a.ep) if experts else a.dp * a.cp
+    return max(1, group // a.dp_replicas)
 
 
 def bytes_per_param(a: Architecture, experts: bool = False) -> float:

@@ -54,9 +54,10 @@ conditions take their full message and latency samples, fewer repeats fewer of t
 # out: one layer's measurement applies to a model of any depth.
 SHAPE_KEYS = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size",
               "seq_length", "micro_batch_size", "gated_mlp", "dtype", "tp", "recompute",
-              "distributed_optimizer", "fsdp", "dp", "hybrid_layer_pattern", "mamba_state_dim",
-              "mamba_head_dim", "mamba_num_groups", "mamba_num_heads", "linear_num_key_heads",
-              "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
+              "distributed_optimizer", "fsdp", "dp_replicas", "dp", "hybrid_layer_pattern",
+              "mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads",
+              "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+              "linear_value_head_dim")
 
 
 @dataclass(frozen=True)

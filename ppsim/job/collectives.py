@@ -97,6 +97,14 @@ def reduce_scatter_ms(nbytes: float, g: Link) -> float:
     return all_gather_ms(nbytes, g)
 
 
+def sharded_reduce_ms(nbytes: float, shard: Link, replica: Link) -> float:
+    """Gradients of `nbytes` reduced into shards kept in several copies: reduce-scatter
+    inside a copy, then each shard all-reduced across the copies (Megatron's partial
+    distributed optimizer, torchtitan's HSDP)."""
+    shards = max(1, shard.size)
+    return reduce_scatter_ms(nbytes, shard) + all_reduce_ms(nbytes / shards, replica)
+
+
 def all_to_all_ms(nbytes: float, g: Link) -> float:
     """All-to-all where each rank sends `nbytes` spread evenly over the group (its own
     share stays put)."""

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from ppsim.costs.arch import DTYPE_BYTES, Architecture, grad_bytes, optimizer_shards
 from ppsim.costs.model import LayerCost, ModelCosts
-from ppsim.job.collectives import all_gather_ms, reduce_scatter_ms
+from ppsim.job.collectives import all_gather_ms, sharded_reduce_ms
 
 if TYPE_CHECKING:
     from ppsim.job.model import Job
@@ -92,13 +92,15 @@ def _buffers(params: float, expert_params: float) -> list[tuple[float, str]]:
 def gather_ms(job: Job, params: float, expert_params: float = 0) -> float:
     """All-gather of a unit's weights (bf16) on one rank's groups."""
     w = DTYPE_BYTES[job.arch.dtype]
-    return sum(all_gather_ms(n * w, job.link(g)) for n, g in _buffers(params, expert_params))
+    return sum(all_gather_ms(n * w, job.link(g + "_shard"))
+               for n, g in _buffers(params, expert_params))
 
 
 def reduce_ms(job: Job, params: float, expert_params: float = 0) -> float:
-    """Reduce-scatter of a unit's gradients (fp32) on one rank's groups."""
+    """Reduce-scatter of a unit's gradients (fp32) on one rank's groups (HSDP: then
+    the shards all-reduced across the copies)."""
     b = grad_bytes(job.arch)
-    return sum(reduce_scatter_ms(n * b, job.link(g))
+    return sum(sharded_reduce_ms(n * b, job.link(g + "_shard"), job.link(g + "_replica"))
                for n, g in _buffers(params, expert_params))
 
 

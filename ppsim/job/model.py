@@ -41,6 +41,16 @@ class Groups:
     edp: Span
     """Routed experts' gradients reduce over the expert data-parallel group, dp x cp /
     ep ranks (Megatron's expt_dp group)."""
+    dp_shard: Span
+    """The ranks one copy of the sharded state spans: the first 1 / dp_replicas of the
+    dp x cp group (Megatron's intra-instance group, torchtitan's dp_shard x cp)."""
+    dp_replica: Span
+    """The copies' ranks holding the same shard (Megatron's inter-instance group,
+    torchtitan's dp_replicate)."""
+    edp_shard: Span
+    """dp_shard of the expert data-parallel group."""
+    edp_replica: Span
+    """dp_replica of the expert data-parallel group."""
     pipeline_hops: tuple[bool, ...]
     """Per pipeline boundary of the first replica: does it cross nodes?"""
 
@@ -88,7 +98,7 @@ class Job:
                 or (steps is not None and steps.per_microbatch))
 
     def link(self, name: str) -> Link:
-        """The Link of group `name` (tp, cp, ep, dp or edp)."""
+        """The Link of group `name` (a field of Groups: tp, cp, ep, dp, edp, ...)."""
         return link(self.network, getattr(self.groups, name))
 
     @property
@@ -141,6 +151,7 @@ class Job:
                 "micro_batch_size": self.shape.micro_batch_size,
                 "seq_length": self.shape.seq_length, "rank_order": self.shape.rank_order,
                 "data_parallel": data_parallel(self.arch),
+                "dp_replicas": self.arch.dp_replicas,
                 "crosses_nodes": {"tp": g.tp.crosses_nodes, "cp": g.cp.crosses_nodes,
                                   "ep": g.ep.crosses_nodes, "dp": g.dp.crosses_nodes,
                                   "pipeline": list(g.pipeline_hops)}}
@@ -154,13 +165,24 @@ def data_parallel(a: Architecture) -> str:
 
 
 @lru_cache(maxsize=256)
-def groups(sizes: Sizes, order: str, gpus_per_node: int) -> Groups:
-    """The spans of rank 0's groups (cached: the planner asks for the same shapes often)."""
+def groups(sizes: Sizes, order: str, gpus_per_node: int, replicas: int = 1) -> Groups:
+    """The spans of rank 0's groups (cached: the planner asks for the same shapes often);
+    `replicas`: copies of the sharded state, each a contiguous 1 / replicas of the
+    data-parallel group (Megatron's partial distributed optimizer groups)."""
     def where(dims: tuple[str, ...], experts: bool = False) -> Span:
         return span(group_ranks(sizes, dims, order, experts), gpus_per_node)
 
+    def split(dims: tuple[str, ...], experts: bool = False) -> tuple[Span, Span]:
+        ranks = group_ranks(sizes, dims, order, experts)
+        inner = max(1, len(ranks) // replicas)
+        return span(ranks[:inner], gpus_per_node), span(ranks[::inner], gpus_per_node)
+
+    dp_shard, dp_replica = split(("cp", "dp"))
+    edp_shard, edp_replica = split(("dp",), experts=True)
     return Groups(tp=where(("tp",)), cp=where(("cp",)), ep=where(("ep",), experts=True),
                   dp=where(("cp", "dp")), edp=where(("dp",), experts=True),
+                  dp_shard=dp_shard, dp_replica=dp_replica, edp_shard=edp_shard,
+                  edp_replica=edp_replica,
                   pipeline_hops=tuple(pipeline_hops(sizes, gpus_per_node, order)))
 
 
@@ -172,7 +194,8 @@ def build_job(cfg: Any) -> Job | None:
     net = network(cfg.hardware)
     p = cfg.pipeline
     return Job(arch=cfg.model.arch, shape=shape, network=net,
-               groups=groups(shape.sizes, shape.rank_order, net.gpus_per_node),
+               groups=groups(shape.sizes, shape.rank_order, net.gpus_per_node,
+                             cfg.model.arch.dp_replicas),
                peak_tflops=cfg.hardware.peak_tflops, accelerator=accelerator(cfg.hardware),
                tp_comm_overlap=p.tp_comm_overlap,
                overlap_grad_reduce=p.overlap_grad_reduce,

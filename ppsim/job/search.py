@@ -148,7 +148,8 @@ def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
                     continue
                 for ep in choices("ep", _powers(a.num_experts) if a.num_experts else [1]):
                     if (dp * cp) % ep or (a.num_experts and a.num_experts % ep) or \
-                            (not a.num_experts and ep > 1):
+                            (not a.num_experts and ep > 1) or \
+                            (dp * cp) % a.dp_replicas or (dp * cp // ep) % a.dp_replicas:
                         continue
                     for mbs in choices("mbs", MBS_CHOICES):
                         if gbs % (mbs * dp):

@@ -117,6 +117,7 @@ def check(cfg: Any) -> None:
         return
     if a.fsdp:
         _fsdp_alone(p)
+    _copies_divide(a)
     if p.overlap_param_gather and not a.distributed_optimizer:
         raise UserError("pipeline.overlap_param_gather", "--overlap-param-gather only "
                         "supported with distributed optimizer", "add "
@@ -132,6 +133,22 @@ def check(cfg: Any) -> None:
                         "choose ep dividing dp x cp")
     if p.global_batch_size:
         microbatches_for(p.global_batch_size, a.micro_batch_size, a.dp)
+
+
+def _copies_divide(a: Any) -> None:
+    """Copies of the sharded state divide the data-parallel group, dense and expert, as
+    Megatron asserts (parallel_state.py)."""
+    n, group = a.dp_replicas, a.dp * a.cp
+    if n == 1 or group == 1:  # dp x cp = 1: one replica's view, before the world gives dp
+        return
+    if group % n:
+        raise UserError("model.dp_replicas", "Data parallel size should be divisible by "
+                        f"partial DistOpt shard factor (dp x cp = {group}, {n} copies)",
+                        "give a number of copies dividing dp x cp")
+    if a.num_experts and group >= a.ep and (group // a.ep) % n:
+        raise UserError("model.dp_replicas", "Expert data parallel size should be divisible "
+                        f"by partial DistOpt shard factor (dp x cp / ep = {group // a.ep}, "
+                        f"{n} copies)", "give a number of copies dividing dp x cp / ep")
 
 
 def _fsdp_alone(p: Any) -> None:

@@ -25,7 +25,7 @@ from ppsim.costs.arch import DTYPE_BYTES, Architecture, adam_step_bytes, grad_by
 from ppsim.costs.layerops import padded_vocab
 from ppsim.costs.transformer import held_params
 from ppsim.job import fsdp
-from ppsim.job.collectives import all_gather_ms, all_reduce_ms, reduce_scatter_ms
+from ppsim.job.collectives import all_gather_ms, all_reduce_ms, sharded_reduce_ms
 
 if TYPE_CHECKING:
     from ppsim.job.model import Job
@@ -76,30 +76,33 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
     embedding's. Dense gradients reduce over dp x cp, the experts' over the expert
     data-parallel group, each buffer in its own collectives, one after the other."""
     dense = params - expert_params
-    buffers = [(n, job.link(name)) for n, name in ((dense, "dp"), (expert_params, "edp"))
-               if n]
+    named = [(n, g) for n, g in ((dense, "dp"), (expert_params, "edp")) if n]
     edge = max(bucket_params(job, params), embedding_params(job) if holds_embedding else 0)
     # The bucket reduced last (and gathered first) is the dense buffer's: it holds the
     # embedding, the first layers' attention and norms.
-    last_n, last_g = buffers[0] if buffers else (0, job.link("dp"))
+    last_n, last_g = named[0] if named else (0, "dp")
     bucket = min(last_n, edge)
     grads, weights = grad_bytes(job.arch), DTYPE_BYTES[job.arch.dtype]
-    shard = params
+    shard = sum(n / job.link(g + "_shard").size for n, g in named)
     if job.arch.fsdp:
         first = embedding_params(job) if holds_embedding else layer_params(job.arch)
         reduce = fsdp.step_reduce_ms(job, params, expert_params, forward_ms, first)
-        shard = sum(n / g.size for n, g in buffers)
     elif job.arch.distributed_optimizer:
-        rs = sum(reduce_scatter_ms(n * grads, g) for n, g in buffers)
-        ag = sum(all_gather_ms(n * weights, g) for n, g in buffers)
-        reduce = (_overlapped(rs, reduce_scatter_ms(bucket * grads, last_g), backward_ms,
-                              job.overlap_grad_reduce)
-                  + _overlapped(ag, all_gather_ms(bucket * weights, last_g), forward_ms,
-                                job.overlap_param_gather))
-        shard = sum(n / g.size for n, g in buffers)
+        def rs(n: float, g: str) -> float:
+            return sharded_reduce_ms(n * grads, job.link(g + "_shard"),
+                                     job.link(g + "_replica"))
+
+        def ag(n: float, g: str) -> float:
+            return all_gather_ms(n * weights, job.link(g + "_shard"))
+
+        reduce = (_overlapped(sum(rs(n, g) for n, g in named), rs(bucket, last_g),
+                              backward_ms, job.overlap_grad_reduce)
+                  + _overlapped(sum(ag(n, g) for n, g in named), ag(bucket, last_g),
+                                forward_ms, job.overlap_param_gather))
     else:
-        ar = sum(all_reduce_ms(n * grads, g) for n, g in buffers)
-        reduce = _overlapped(ar, all_reduce_ms(bucket * grads, last_g), backward_ms,
+        shard = params
+        ar = sum(all_reduce_ms(n * grads, job.link(g)) for n, g in named)
+        reduce = _overlapped(ar, all_reduce_ms(bucket * grads, job.link(last_g)), backward_ms,
                              job.overlap_grad_reduce)
     step = shard * adam_step_bytes(job.arch) / (memory_bandwidth_gbps * 1e6) \
         if memory_bandwidth_gbps > 0 else 0.0

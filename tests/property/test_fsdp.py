@@ -71,3 +71,17 @@ def test_what_a_step_waits_for(preset: str, dp: int, pp: int, policy: str, seq: 
         assert tail.reduce_ms >= fsdp.reduce_ms(job, params)
     else:
         assert tail.reduce_ms == 0.0
+
+
+@settings(max_examples=40, deadline=None)
+@given(KINDS, st.sampled_from([4, 8, 16, 32]), st.booleans(), st.sampled_from([1, 2]),
+       st.sampled_from([1, 2]))
+def test_more_copies_never_hold_less(preset: str, dp: int, full: bool, pp: int,
+                                     copies: int) -> None:
+    sharding = {"fsdp": True} if full else {"distributed_optimizer": True}
+
+    def static(n: int) -> int:
+        c = model_costs(cfg(preset, {"dp": dp, "dp_replicas": n, **sharding}, pp))
+        return sum(x.static_bytes for x in (*c.layers, c.embedding, c.head))
+
+    assert static(copies) <= static(2 * copies)

@@ -189,3 +189,71 @@ def test_simulate_and_plan_say_fsdp() -> None:
     parts = titan["parallelism"]["module_fqns_per_model_part"]
     assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "lm_head"]
     assert titan["notes"] == []
+
+
+def test_copies_of_the_sharded_state() -> None:
+    """Megatron's --num-distributed-optimizer-instances: each copy shards over dp x cp /
+    copies ranks, a contiguous block of the data-parallel group (its intra-instance
+    group), and all-reduces each shard across the copies (the inter-instance group)."""
+    c = cfg({"dp": 16, "distributed_optimizer": True, "dp_replicas": 2})
+    # bf16 weight and fp32 gradient whole, master weight and moments over 8 ranks.
+    assert model_costs(c).layers[0].static_bytes == LAYER * (2 + 4) + LAYER * 12 // 8
+    job = build_job(c)
+    assert job is not None
+    # Ranks 0-7 share a node: the reduce-scatter and the gather stay on NVLink; ranks 0
+    # and 8 hold the same shard, one NIC each: a two-rank ring all-reduce of 1/8.
+    expected = (ring(8, LAYER * 4, NV, NV_STEP) + 2 * NIC_STEP + LAYER * 4 / 8 / NIC
+                + ring(8, LAYER * 2, NV, NV_STEP))
+    assert job.tail(LAYER, 1.0, 1.0, 0.0).reduce_ms == pytest.approx(expected)
+    # FSDP's HSDP: the same groups, per unit.
+    hsdp = build_job(cfg({"dp": 16, "fsdp": True, "dp_replicas": 2}, {"pp": 2}))
+    assert hsdp is not None
+    assert hsdp.tail(LAYER, 1e6, 1.0, 0.0).reduce_ms == pytest.approx(
+        ring(8, LAYER * 2, NV, NV_STEP) + ring(8, LAYER * 4, NV, NV_STEP) + 2 * NIC_STEP
+        + LAYER * 4 / 8 / NIC)
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--dp-replicas", "2"], "need a sharded state"),
+    (["--use-distributed-optimizer", "--num-distributed-optimizer-instances", "3"],
+     "Data parallel size should be divisible by partial DistOpt shard factor"),
+])
+def test_copies_are_checked(flags: list[str], message: str) -> None:
+    r = run_cli(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "1",
+                 "--gpus", "16", "--global-batch-size", "32", *flags])
+    assert r.returncode == 2
+    assert "model.dp_replicas" in r.stderr and message in r.stderr
+
+
+def test_expert_copies_are_checked() -> None:
+    r = run_cli(["simulate", "--preset", "mixtral-8x7b", "--hardware", "h100-80gb", "--pp",
+                 "1", "--tp", "2", "--gpus", "16", "--ep", "8", "--global-batch-size", "32",
+                 "--use-distributed-optimizer", "--num-distributed-optimizer-instances", "2"])
+    assert r.returncode == 2
+    assert "Expert data parallel size should be divisible" in r.stderr
+
+
+def test_megatron_line_with_copies_reads_back() -> None:
+    r = run_cli(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "64",
+                 "--global-batch-size", "128", "--use-distributed-optimizer",
+                 "--dp-replicas", "4", "--pp", "1", "--tp", "1", "--cp", "1", "--recompute",
+                 "full", "--json"])
+    assert r.returncode == 0, r.stderr
+    best = json.loads(r.stdout)["best"]
+    line = best["megatron_job_flags"]
+    assert "--num-distributed-optimizer-instances 4" in line
+    again = run_cli(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb",
+                     "--gpus", "64", *line.split(), "--json"])
+    assert again.returncode == 0, again.stderr
+    doc = json.loads(again.stdout)
+    assert doc["job"]["dp_replicas"] == 4
+    assert doc["iteration_time_ms"] == pytest.approx(best["iteration_time_ms"])
+
+
+def test_torchtitan_hsdp_fields() -> None:
+    r = run_cli(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "64",
+                 "--global-batch-size", "128", "--fsdp", "--dp-replicas", "4", "--pp", "1",
+                 "--tp", "1", "--cp", "1", "--recompute", "none", "--json"])
+    assert r.returncode == 0, r.stderr
+    par = json.loads(r.stdout)["best"]["torchtitan_job"]["parallelism"]
+    assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (4, 16)
