@@ -78,6 +78,9 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
                    "of each stage recomputed whole (Megatron's block method)")
     g.add_argument("--recompute-activations", action="store_true", default=None,
                    help="Megatron's short form of --recompute-granularity selective")
+    g.add_argument("--moe-layer-recompute", action="store_true", default=None,
+                   help="Megatron's older form of --recompute-modules moe (beside "
+                   "core_attn unless modules are given)")
     g.add_argument("--recompute-granularity", choices=("full", "selective"),
                    help="Megatron's: selective (core_attn, or --recompute-modules) or full "
                    "(with --recompute-method)")
@@ -158,7 +161,8 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
     for key, choices in OPTIMIZER_DTYPES.items():
         j.add_argument(f"--{key.replace('_', '-')}", choices=choices,
                        help="with --use-precision-aware-optimizer")
-    for name in ("tp-comm-overlap", "overlap-grad-reduce", "overlap-param-gather"):
+    for name in ("tp-comm-overlap", "overlap-grad-reduce", "overlap-param-gather",
+                 "moe-shared-expert-overlap"):
         j.add_argument(f"--{name}", action="store_true", default=None)
     j.add_argument("--ddp-bucket-size", type=int, metavar="N", help="parameters per gradient "
                    "bucket (default max(40M, 1M x dp x cp))")
@@ -218,6 +222,8 @@ def _memory_flags(flag: Any) -> tuple[dict[str, Any], str | None]:
         memory["offload_fraction"] = 1.0
     granularity = flag("recompute_granularity") or \
         ("selective" if flag("recompute_activations") else None)
+    if flag("moe_layer_recompute"):
+        granularity = megatron_flags.moe_layer_recompute(granularity, memory)
     return memory, megatron_flags.recompute_mode(granularity, flag("recompute_method"), memory,
                                                  flag("recompute"))
 
@@ -274,7 +280,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
     megatron_flags.check_cp_comm_type(flag("cp_comm_type"))
     megatron_flags.check_experts_parallel(getattr(cfg.model, "arch", None),
                                           flag("expert_tensor_parallel_size"),
-                                          flag("moe_token_dispatcher_type"))
+                                          flag("moe_token_dispatcher_type"),
+                                          bool(cfg.pipeline.moe_shared_expert_overlap))
     _check_layer_counts(cfg, flag)
     unpriced = megatron_run.unpriced_given(args)
     if unpriced:

@@ -46,6 +46,18 @@ def recompute_mode(granularity: str | None, method: str | None, memory: dict[str
                     "add --recompute-method uniform (every layer) or block")
 
 
+def moe_layer_recompute(granularity: str | None, memory: dict[str, Any]) -> str:
+    """Megatron's --moe-layer-recompute (transformer_config.py): selective granularity with
+    the moe module added to the recompute modules (core_attn by default); refused with
+    full granularity, as Megatron refuses it."""
+    if granularity == "full":
+        raise UserError("--moe-layer-recompute", "Do not set --moe-layer-recompute with full "
+                        "recompute granularity", "drop one of them")
+    modules = memory.get("recompute_modules", "core_attn").replace(",", " ").split()
+    memory["recompute_modules"] = " ".join(modules + ["moe"] * ("moe" not in modules))
+    return "selective"
+
+
 def vpp_for_layers_per_stage(per_chunk: int, num_layers: int, pp: int, *,
                              embedding: bool, loss: bool, other: str | None) -> int:
     """The vpp Megatron derives from --num-layers-per-virtual-pipeline-stage: the layers of
@@ -80,7 +92,8 @@ def check_cp_comm_type(kinds: list[str] | None) -> None:
                         "give p2p, or drop the flag")
 
 
-def check_experts_parallel(arch: Any, etp: int | None, dispatcher: str | None) -> None:
+def check_experts_parallel(arch: Any, etp: int | None, dispatcher: str | None,
+                           shared_overlap: bool = False) -> None:
     """Refuse the expert layouts ppsim does not price: experts split over other than the
     tensor-parallel ranks (Megatron's --expert-tensor-parallel-size defaults to tp), and
     the all-gather token dispatcher across expert-parallel ranks (ppsim prices the
@@ -90,6 +103,10 @@ def check_experts_parallel(arch: Any, etp: int | None, dispatcher: str | None) -
         raise UserError("--expert-tensor-parallel-size", f"{etp}: ppsim splits each expert "
                         f"over the tensor-parallel ranks (tp = {arch.tp}, Megatron's default)",
                         "drop the flag, or give it the tensor-parallel size")
+    if dispatcher == "allgather" and shared_overlap:
+        raise UserError("--moe-shared-expert-overlap", "moe_shared_expert_overlap only works "
+                        "with alltoall or flex token dispatcher", "give "
+                        "--moe-token-dispatcher-type alltoall")
     if dispatcher == "allgather" and experts and arch.ep > 1:
         raise UserError("--moe-token-dispatcher-type", "allgather: ppsim prices the "
                         "all-to-all dispatch between expert-parallel ranks",

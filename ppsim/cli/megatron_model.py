@@ -53,11 +53,15 @@ IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base":
            "attention-backend": str, "apply-layernorm-1p": None, "squared-relu": None,
            "fp8-recipe": str, "fp8-param-gather": None, "fp8-amax-history-len": int,
            "fp8-amax-compute-algo": str, "fp8-margin": int, "spec": [str],
-           "rope-type": str}
+           "rope-type": str, "moe-router-num-groups": int, "moe-router-group-topk": int,
+           "moe-token-drop-policy": str, "rotary-scaling-factor": float, "mscale": float,
+           "mscale-all-dim": float}
 """Accepted as Megatron takes them; ppsim's costs do not depend on them (sequence
 parallelism is always assumed with tp > 1; the FP8 recipe's knobs do nothing without
 --fp8-format, which is refused; --spec names the builder of the layers the model
-arguments describe). None: a switch; [type]: one or more values."""
+arguments describe; group-limited routing picks the experts, not how many, and the
+all-to-all still reaches every expert-parallel rank; YaRN's scaling changes no shape).
+None: a switch; [type]: one or more values."""
 POSITIONS = {"learned_absolute": "learned", "rope": "rotary", "yarn": "rotary",
              "mrope": "rotary", "none": "none"}
 REQUIRED = (("num_layers", "--num-layers"), ("hidden_size", "--hidden-size"),
@@ -186,10 +190,8 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
         out["dropout"] = any(p > 0 for p in drops)
     out.update(_moe_fields(args, {**known, **out}))
     divisor = get("make_vocab_size_divisible_by")
-    if divisor not in (None, 128):
-        raise UserError("--make-vocab-size-divisible-by", f"{divisor}: ppsim pads the "
-                        "vocabulary as Megatron's default does, to a multiple of 128 x tp",
-                        "drop the flag (the padding changes the head's cost by under 1 %)")
+    if divisor is not None:
+        out["vocab_divisor"] = divisor
     return out
 
 
@@ -343,6 +345,7 @@ def megatron_model_args(a: Architecture) -> list[str]:
         out += kv("--kv-channels", a.head_dim) * bool(a.head_dim)
     out += kv("--seq-length", a.seq_length) + kv("--max-position-embeddings", a.seq_length)
     out += kv("--vocab-size", a.vocab_size) + ["--swiglu"] * a.gated_mlp
+    out += kv("--make-vocab-size-divisible-by", a.vocab_divisor) * (a.vocab_divisor != 128)
     out += kv("--normalization", "RMSNorm" if a.rmsnorm else "LayerNorm")
     out += kv("--position-embedding-type", "rope" if a.rotary else "learned_absolute"
               if a.learned_positions else "none")

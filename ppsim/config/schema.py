@@ -79,6 +79,9 @@ class PipelineConfig:
     """Hide tensor-parallel collectives behind the layer's compute (--tp-comm-overlap)."""
     overlap_grad_reduce: bool = False
     """Reduce gradients in buckets during the last backward (--overlap-grad-reduce)."""
+    moe_shared_expert_overlap: bool = False
+    """Run the shared experts while the routed tokens' all-to-alls are on the links, so
+    their compute hides that much of them (--moe-shared-expert-overlap)."""
     overlap_param_gather: bool = False
     """Gather parameters during the next forward (--overlap-param-gather)."""
     ddp_bucket_size: int | None = None

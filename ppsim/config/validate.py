@@ -254,8 +254,9 @@ FLOPs stay exact floats (a 200-digit hidden_size would overflow float conversion
 _CHOICES = {"recompute": RECOMPUTE, "dtype": tuple(DTYPE_BYTES), "attention": ATTENTION,
             "norm": NORMS, "position": POSITIONS, "fsdp_reshard_after_forward": FSDP_RESHARD,
             **OPTIMIZER_DTYPES}
-_POSITIVE = ("tp", "dp", "ep", "cp", "dp_replicas", "hidden_size", "num_heads", "num_kv_heads",
-             "ffn_hidden_size", "vocab_size", "seq_length", "micro_batch_size")
+_POSITIVE = ("tp", "dp", "ep", "cp", "dp_replicas", "vocab_divisor", "hidden_size",
+             "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_length",
+             "micro_batch_size")
 _COUNTS = ("mtp_layers", "head_dim", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
            "v_head_dim", "num_experts", "top_k", "moe_ffn_hidden_size", "shared_experts")
 _REQUIRED = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size",

@@ -33,6 +33,9 @@ class Architecture:
     """MLP width of dense layers."""
     vocab_size: int
     seq_length: int
+    vocab_divisor: int = 128
+    """The vocabulary is padded to a multiple of this x tp (Megatron
+    --make-vocab-size-divisible-by)."""
     micro_batch_size: int = 1
     """Sequences per microbatch."""
     gated_mlp: bool = True

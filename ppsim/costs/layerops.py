@@ -21,8 +21,9 @@ from ppsim.costs.ops import Op
 
 
 def padded_vocab(a: Architecture) -> int:
-    """Megatron pads the vocabulary to a multiple of 128 x tp."""
-    m = 128 * a.tp
+    """Megatron pads the vocabulary to a multiple of --make-vocab-size-divisible-by
+    (128 by default) x tp."""
+    m = a.vocab_divisor * a.tp
     return -(-a.vocab_size // m) * m
 
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape, layer_kinds
-from ppsim.costs.layerops import attention_ops
+from ppsim.costs.layerops import attention_ops, mlp_ops
 from ppsim.costs.model import LayerCost, ModelCosts
-from ppsim.costs.ops import op_times
+from ppsim.costs.ops import op_times, piece_times
 from ppsim.costs.transformer import Accelerator, transformer_costs
 from ppsim.job import fsdp
 from ppsim.job.collectives import all_gather_ms, all_to_all_ms, send_ms
@@ -103,6 +103,15 @@ def _ep(job: Job, a: Architecture) -> float:
     return 2 * all_to_all_ms(nbytes, job.link("ep"))
 
 
+def shared_experts_ms(a: Architecture, acc: Accelerator) -> tuple[float, float]:
+    """(forward, backward) of a MoE layer's shared experts: what hides the all-to-alls
+    under --moe-shared-expert-overlap (Megatron runs them between the router and the
+    routed experts, beside the dispatch and the combine)."""
+    shared = [op for op in mlp_ops(a, "moe") if op.name.startswith("shared.")]
+    f, bi, bw = piece_times(acc.roofline(), shared)
+    return f, bi + bw
+
+
 def _hidden(comm: float, compute: float, overlap: bool) -> float:
     return max(0.0, comm - compute) if overlap else comm
 
@@ -156,8 +165,10 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
         bwd.append(_cp_ring(job, a, acc, True))
     if kind == "moe" and a.ep > 1:
         ep = _ep(job, a)
-        fwd.append(Collective(group="ep", total_ms=ep, exposed_ms=ep))
-        bwd.append(Collective(group="ep", total_ms=ep, exposed_ms=ep))
+        over_f, over_b = (shared_experts_ms(a, acc) if job.moe_shared_expert_overlap
+                          and a.shared_experts else (0.0, 0.0))
+        fwd.append(Collective(group="ep", total_ms=ep, exposed_ms=max(0.0, ep - over_f)))
+        bwd.append(Collective(group="ep", total_ms=ep, exposed_ms=max(0.0, ep - over_b)))
     own = fsdp_collectives(job, cost)
     return PieceCollectives(forward=(*fwd, *own.forward), backward=(*bwd, *own.backward))
 

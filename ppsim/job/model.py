@@ -75,6 +75,8 @@ class Job:
     """Hide tensor-parallel collectives behind the layer's compute."""
     overlap_grad_reduce: bool = False
     """Reduce gradient buckets during the last backward."""
+    moe_shared_expert_overlap: bool = False
+    """Hide the expert-parallel all-to-alls behind the shared experts' compute."""
     overlap_param_gather: bool = False
     """Gather parameters during the next forward."""
     ddp_bucket_size: int | None = None
@@ -199,5 +201,6 @@ def build_job(cfg: Any) -> Job | None:
                peak_tflops=cfg.hardware.peak_tflops, accelerator=accelerator(cfg.hardware),
                tp_comm_overlap=p.tp_comm_overlap,
                overlap_grad_reduce=p.overlap_grad_reduce,
+               moe_shared_expert_overlap=p.moe_shared_expert_overlap,
                overlap_param_gather=p.overlap_param_gather,
                ddp_bucket_size=p.ddp_bucket_size, ddp_num_buckets=p.ddp_num_buckets)

@@ -18,10 +18,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ppsim.cli.flags import add_config_flags, config_from_args
-from ppsim.cli.main import main
+from ppsim.cli.main import build_parser, main
 from ppsim.cli.megatron_model import layer_kinds_spec, moe_layer_pattern
 from ppsim.config.presets import MODEL_PRESETS
 from ppsim.costs.arch import layer_kinds
+from ppsim.costs.layerops import padded_vocab
 
 # Llama-3-8B as a Megatron launch script writes it (Megatron's Llama-3 example arguments).
 LLAMA3_8B = """--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336
@@ -136,7 +137,10 @@ def test_a_model_built_from_flags_is_priced_on_a_gpu_and_says_so(capsys) -> None
     ("--preset llama3-8b --position-embedding-type relative",
      "--position-embedding-type: 'relative'"),
     ("--preset llama3-8b --bf16 --fp16", "--bf16: and --fp16 both given"),
-    ("--preset llama3-8b --make-vocab-size-divisible-by 64", "--make-vocab-size-divisible-by"),
+    ("--preset llama3-8b --recompute-granularity full --recompute-method uniform "
+     "--moe-layer-recompute", "Do not set --moe-layer-recompute with full recompute"),
+    ("--preset deepseek-v3 --moe-token-dispatcher-type allgather --ep 1 "
+     "--moe-shared-expert-overlap", "moe_shared_expert_overlap only works with alltoall"),
     ("--preset llama3-8b --hidden-dropout nan", "--hidden-dropout: dropout probabilities"),
     ("--preset llama3-8b --bf16 --fp8-format hybrid --fp8-amax-history-len 1024",
      "--fp8-format: ppsim prices bf16 and fp16 matmuls, not FP8"),
@@ -228,3 +232,65 @@ def test_megatrons_mamba_recipe_takes_no_position_embedding() -> None:
         "iteration_time_ms"] for kind in ("none", "learned_absolute", "rope")}
     assert times["none"] == times["learned_absolute"] < times["rope"]
     assert _arch(hybrid.replace("simulate ", "") + " --no-position-embedding").position == "none"
+
+
+# Megatron-LM's examples/post_training/modelopt/conf/deepseek-ai/DeepSeek-R1.sh, MODEL_ARGS
+# as written (the vocabulary comes from its tokenizer: DeepSeek's 129,280).
+DEEPSEEK_R1 = """--save-interval 100000 --micro-batch-size 1 --bf16 --no-masked-softmax-fusion
+--disable-bias-linear --untie-embeddings-and-output-weights --position-embedding-type rope
+--no-rope-fusion --normalization RMSNorm --swiglu --num-layers 61 --hidden-size 7168
+--ffn-hidden-size 18432 --num-attention-heads 128 --kv-channels 128
+--multi-latent-attention --kv-lora-rank 512 --v-head-dim 128 --q-lora-rank 1536
+--qk-head-dim 128 --qk-layernorm --qk-pos-emb-head-dim 64 --num-experts 256
+--moe-layer-freq [0]*3+[1]*58 --moe-ffn-hidden-size 2048 --moe-router-dtype fp32
+--moe-router-score-function sigmoid --moe-router-bias-update-rate 1e-3
+--moe-router-enable-expert-bias --moe-router-topk 8 --moe-router-num-groups 8
+--moe-router-group-topk 4 --moe-router-pre-softmax --moe-router-topk-scaling-factor 2.5
+--moe-shared-expert-overlap --moe-shared-expert-intermediate-size 2048
+--moe-aux-loss-coeff 1e-4 --moe-router-load-balancing-type seq_aux_loss
+--moe-token-dispatcher-type alltoall --moe-token-drop-policy probs --seq-length 4096
+--max-position-embeddings 163840 --tokenizer-type HuggingFaceTokenizer
+--make-vocab-size-divisible-by 1280 --use-mcore-models --rotary-base 10000
+--rotary-percent 1.0 --rotary-scaling-factor 40 --mscale 1.0 --mscale-all-dim 1.0
+--recompute-activations --moe-layer-recompute --sequence-parallel --vocab-size 129280"""
+R1_JOB = "--hardware h100-80gb --pp 16 --ep 64 --gpus 2048 --global-batch-size 4096"
+
+
+def test_megatrons_deepseek_r1_model_arguments_price_as_written() -> None:
+    """Its MLA and MoE shapes are DeepSeek-V3's without the MTP layer; --recompute-activations
+    with --moe-layer-recompute recompute core_attn and moe; its routed all-to-alls hide
+    behind the shared expert."""
+    ours = _json(["plan", *shlex.split(f"{DEEPSEEK_R1} {R1_JOB}"), "--top", "1",
+                  "--tp", "2", "--cp", "1", "--vpp", "1", "--micro-batch-size", "1"])
+    best = ours["best"]
+    assert best is not None and best["micro_batch_size"] == 1
+    line = best["megatron_job_flags"]
+    assert "--recompute-modules core_attn moe" in line
+    assert "--moe-shared-expert-overlap" in line
+    args = build_parser().parse_args(["simulate", *shlex.split(DEEPSEEK_R1)])
+    a = config_from_args(args).model.arch
+    preset = _arch("--preset deepseek-v3")
+    assert (a.vocab_divisor, a.mtp_layers, a.top_k, a.num_experts, a.kv_lora_rank) == \
+        (1280, 0, preset.top_k, preset.num_experts, preset.kv_lora_rank)
+    assert layer_kinds(a) == layer_kinds(preset)
+
+
+def test_the_shared_experts_hide_the_all_to_alls() -> None:
+    base = f"--preset deepseek-v3 {R1_JOB} --recompute-granularity selective"
+    plain = _json(["simulate", *shlex.split(base)])
+    hidden = _json(["simulate", *shlex.split(base), "--moe-shared-expert-overlap"])
+    assert hidden["iteration_time_ms"] < plain["iteration_time_ms"]
+    # Without expert parallelism there is no all-to-all to hide.
+    alone = "--preset deepseek-v3 --hardware h100-80gb --pp 16 --ep 1 --dp 1"
+    assert _json(["simulate", *shlex.split(alone)])["iteration_time_ms"] == \
+        _json(["simulate", *shlex.split(alone), "--moe-shared-expert-overlap"]
+              )["iteration_time_ms"]
+
+
+def test_the_vocabulary_pads_to_the_given_divisor_times_tp() -> None:
+    a = _arch("--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 64 "
+              "--vocab-size 50257 --make-vocab-size-divisible-by 1280 --tp 2")
+    assert padded_vocab(a) == 51200  # ceil(50257 / 2560) x 2560
+    again = _arch("--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 64 "
+                  "--vocab-size 50257 --tp 2")
+    assert padded_vocab(again) == 50432  # Megatron's default 128 x 2
