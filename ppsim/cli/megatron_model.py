@@ -55,12 +55,15 @@ IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base":
            "fp8-amax-compute-algo": str, "fp8-margin": int, "spec": [str],
            "rope-type": str, "moe-router-num-groups": int, "moe-router-group-topk": int,
            "moe-token-drop-policy": str, "rotary-scaling-factor": float, "mscale": float,
-           "mscale-all-dim": float}
+           "mscale-all-dim": float, "add-qkv-bias": None, "rotary-interleaved": None,
+           "rotary-seq-len-interpolation-factor": float, "use-rope-scaling": None,
+           "rope-scaling-factor": float, "no-rope-freq": str, "is-hybrid-model": None}
 """Accepted as Megatron takes them; ppsim's costs do not depend on them (sequence
 parallelism is always assumed with tp > 1; the FP8 recipe's knobs do nothing without
 --fp8-format, which is refused; --spec names the builder of the layers the model
 arguments describe; group-limited routing picks the experts, not how many, and the
-all-to-all still reaches every expert-parallel rank; YaRN's scaling changes no shape).
+all-to-all still reaches every expert-parallel rank; YaRN's and Llama's rope scaling,
+layers without rope and the query/key/value biases (3 widths a layer) change no cost).
 None: a switch; [type]: one or more values."""
 POSITIONS = {"learned_absolute": "learned", "rope": "rotary", "yarn": "rotary",
              "mrope": "rotary", "none": "none"}

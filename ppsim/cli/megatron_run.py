@@ -73,7 +73,8 @@ RUN = {
     "profiling and setup": (
         "profile", "profile-step-start", "profile-step-end", "profile-ranks",
         "use-pytorch-profiler", "record-memory-history", "memory-snapshot-path",
-        "distributed-backend", "distributed-timeout-minutes", "local-rank"),
+        "distributed-backend", "distributed-timeout-minutes", "local-rank",
+        "enable-experimental", "disable-gloo-process-groups"),
 }
 """Megatron's arguments that change nothing in a steady training iteration (a batch
 ramp-up ends at --global-batch-size, the iteration ppsim prices)."""
@@ -81,7 +82,8 @@ UNPRICED = (
     "no-masked-softmax-fusion", "no-bias-gelu-fusion", "no-bias-swiglu-fusion",
     "no-bias-dropout-fusion", "no-rope-fusion", "no-gradient-accumulation-fusion",
     "no-persist-layer-norm", "cross-entropy-loss-fusion", "cross-entropy-fusion-impl",
-    "manual-gc", "manual-gc-interval", "empty-unused-memory-level", "reset-attention-mask")
+    "manual-gc", "manual-gc-interval", "empty-unused-memory-level", "reset-attention-mask",
+    "use-fused-weighted-squared-relu")
 """Megatron's arguments that change an iteration's time or memory a little in ways ppsim
 does not model: its memory-bound operations and attention are priced as Megatron's
 default fused kernels (a per-document attention mask is not one), and neither Python's
