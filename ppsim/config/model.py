@@ -111,10 +111,21 @@ class TransformerModel:
         return out
 
     def with_fields(self, changes: dict[str, Any]) -> UniformModel | TransformerModel:
-        return parse_model({**self.to_dict(), **changes})
+        return parse_model({**self.to_dict(), **one_sharding(changes)})
 
 
 Model = UniformModel | TransformerModel
+
+
+def one_sharding(given: dict[str, Any]) -> dict[str, Any]:
+    """`given` fields over others: a sharding turned on (fsdp or distributed_optimizer)
+    turns the other off unless `given` names both (FSDP over a preset whose replicas use
+    the distributed optimizer is FSDP; both at once is refused)."""
+    out = dict(given)
+    for on, other in (("fsdp", "distributed_optimizer"), ("distributed_optimizer", "fsdp")):
+        if out.get(on) is True and other not in out:
+            out[other] = False
+    return out
 
 
 def _layer_dict(cost: LayerCost) -> dict[str, Any]:
@@ -130,7 +141,8 @@ def _merged(table: dict[str, Any]) -> dict[str, Any]:
     if preset not in MODEL_PRESETS:
         raise UserError("model.preset", f"unknown preset {preset!r}",
                         "choose one of " + ", ".join(MODEL_PRESETS))
-    return {"kind": "transformer", **MODEL_PRESETS[preset], **raw, "preset": preset}
+    return {"kind": "transformer", **MODEL_PRESETS[preset], **one_sharding(raw),
+            "preset": preset}
 
 
 def parse_model(table: dict[str, Any]) -> Model:

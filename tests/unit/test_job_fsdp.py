@@ -257,3 +257,19 @@ def test_torchtitan_hsdp_fields() -> None:
     assert r.returncode == 0, r.stderr
     par = json.loads(r.stdout)["best"]["torchtitan_job"]["parallelism"]
     assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (4, 16)
+
+
+def test_fsdp_over_a_distributed_optimizer_preset() -> None:
+    """DeepSeek-V3's preset keeps the distributed optimizer; --fsdp (or fsdp = true beside
+    the preset) replaces it, and --use-distributed-optimizer over an FSDP table the other
+    way; only both at once is refused."""
+    preset = config_from_dict({"model": {"preset": "deepseek-v3"}}).model.arch
+    assert preset.distributed_optimizer and not preset.fsdp
+    table = config_from_dict({"model": {"preset": "deepseek-v3", "fsdp": True}}).model.arch
+    assert table.fsdp and not table.distributed_optimizer
+    r = run_cli(["simulate", "--preset", "deepseek-v3", "--hardware", "h100-80gb", "--pp",
+                 "16", "--ep", "8", "--dp", "8", "--fsdp", "--json"])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["job"]["data_parallel"] == "fsdp"
+    back = config_from_dict({"model": {"preset": "deepseek-v3", "fsdp": True}}).model
+    assert back.with_fields({"distributed_optimizer": True}).arch.fsdp is False
