@@ -16,12 +16,18 @@ What ppsim can check of them:
   500 W with HBM2e (the h100-80gb preset is the 700 W SXM with HBM3), eager, and with
   torchtitan's per-op checkpointing, none of which ppsim's compute rates hold.
 
-Run: .venv/bin/python benchmarks/bench_fsdp.py
+Then (without --quick) `ppsim plan --gpus --fsdp` at scale: the 405B preset on 8,192 GPUs
+and DeepSeek-V3 on 2,048, as bench_job.py plans them with the distributed optimizer.
+
+Run: .venv/bin/python benchmarks/bench_fsdp.py [--quick]
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+
+from bench_job import plan_case
 
 from ppsim.config.schema import config_from_dict
 from ppsim.pipeline.problem import build_problem
@@ -82,6 +88,14 @@ def main() -> None:
         print(f"{r.gpus:5} {full[r.gpus].peak_gib:10.1f} {r.peak_gib:9.1f} "
               f"{sel[r.gpus].peak_gib:9.1f}   {full[r.gpus].tokens_per_gpu:15,.0f} "
               f"{sel[r.gpus].tokens_per_gpu:9,.0f} {r.tokens_per_gpu:9,.0f}")
+    if "--quick" in sys.argv:
+        return
+    plan_case("llama3.1-405b on 8,192 H100, FSDP", [
+        "--preset", "llama3.1-405b", "--hardware", "h100-80gb", "--gpus", "8192",
+        "--global-batch-size", "2048", "--fsdp"])
+    plan_case("deepseek-v3 on 2,048 H100, FSDP", [
+        "--preset", "deepseek-v3", "--hardware", "h100-80gb", "--gpus", "2048",
+        "--global-batch-size", "15360", "--fsdp"])
 
 
 if __name__ == "__main__":
