@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ppsim.costs.transformer import Architecture, layer_kinds
+from ppsim.errors import UserError
 from ppsim.executor.builders import hybrid
 from ppsim.executor.builders.common import (
     DTYPES,
@@ -191,6 +192,10 @@ def build(fields: dict[str, Any]) -> Any:
     measures what the cost model assumes.
     """
     a = architecture(fields)
+    if a.attention_window:
+        raise UserError("model.attention_window", "the shipped builders run full causal "
+                        "attention", "drop attention_window to run the model (the costs "
+                        "price the window), or give a builder of your own")
     if a.hybrid_layer_pattern:
         return hybrid.build(fields)
     plain = (not a.rmsnorm and a.learned_positions and a.attention == "gqa"

@@ -9,7 +9,6 @@ embeddings, dropout 0.1, fp32 unless --bf16 or --fp16).
 from __future__ import annotations
 
 import argparse
-import ast
 import sys
 from dataclasses import fields as dataclass_fields
 from itertools import groupby
@@ -17,6 +16,7 @@ from typing import Any
 
 from ppsim.config.model import Model, TransformerModel
 from ppsim.costs.arch import OPTIMIZER_DTYPES, Architecture, layer_kinds
+from ppsim.costs.patterns import bits
 from ppsim.errors import UserError
 
 INT_FLAGS = {
@@ -38,7 +38,8 @@ ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
               "position_embedding_type", "use_rotary_position_embeddings",
               "add_position_embedding", "untie_embeddings_and_output_weights", "bf16", "fp16",
               "hidden_dropout", "attention_dropout", "multi_latent_attention",
-              "moe_shared_expert_intermediate_size", "moe_layer_freq",
+              "moe_shared_expert_intermediate_size", "moe_layer_freq", "window_size",
+              "window_attn_skip_freq", "quick_geglu",
               "make_vocab_size_divisible_by", "fp8_format", "fp4_format")
 """Every flag of the group that changes the model (the rest are accepted and ignored)."""
 IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base": float,
@@ -57,13 +58,16 @@ IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base":
            "moe-token-drop-policy": str, "rotary-scaling-factor": float, "mscale": float,
            "mscale-all-dim": float, "add-qkv-bias": None, "rotary-interleaved": None,
            "rotary-seq-len-interpolation-factor": float, "use-rope-scaling": None,
-           "rope-scaling-factor": float, "no-rope-freq": str, "is-hybrid-model": None}
+           "rope-scaling-factor": float, "no-rope-freq": str, "is-hybrid-model": None,
+           "glu-linear-offset": float, "softmax-type": str,
+           "activation-func-clamp-value": float}
 """Accepted as Megatron takes them; ppsim's costs do not depend on them (sequence
 parallelism is always assumed with tp > 1; the FP8 recipe's knobs do nothing without
 --fp8-format, which is refused; --spec names the builder of the layers the model
 arguments describe; group-limited routing picks the experts, not how many, and the
 all-to-all still reaches every expert-parallel rank; YaRN's and Llama's rope scaling,
-layers without rope and the query/key/value biases (3 widths a layer) change no cost).
+layers without rope and the query/key/value biases (3 widths a layer) change no cost, nor
+do gpt-oss's attention sinks (one logit a head) and its GLU's offset and clamp).
 None: a switch; [type]: one or more values."""
 POSITIONS = {"learned_absolute": "learned", "rope": "rotary", "yarn": "rotary",
              "mrope": "rotary", "none": "none"}
@@ -72,12 +76,10 @@ REQUIRED = (("num_layers", "--num-layers"), ("hidden_size", "--hidden-size"),
             ("vocab_size", "--vocab-size"))
 """What Megatron needs to build a model and ppsim cannot default (the vocabulary comes
 from Megatron's tokenizer, so it is asked for here)."""
-MAX_PATTERN = 100_000
-"""No model has more layers than this; a longer --moe-layer-freq list is refused unread."""
 MLA_DEFAULTS = {"kv_lora_rank": 32, "head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 """Megatron's --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim."""
 SWITCHES = ("group-query-attention", "swiglu", "untie-embeddings-and-output-weights", "bf16",
-            "fp16", "multi-latent-attention", "use-rotary-position-embeddings")
+            "fp16", "multi-latent-attention", "use-rotary-position-embeddings", "quick-geglu")
 """Model flags without a value (flag_fields reads them)."""
 OTHER_INTS = ("num-query-groups", "kv-channels", "qk-head-dim",
               "moe-shared-expert-intermediate-size", "make-vocab-size-divisible-by")
@@ -105,6 +107,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     for flag in ("hidden-dropout", "attention-dropout"):
         g.add_argument(f"--{flag}", type=float, help=hidden)
     g.add_argument("--moe-layer-freq", help=hidden)
+    g.add_argument("--window-size", help=hidden)
+    g.add_argument("--window-attn-skip-freq", help=hidden)
     for flag, kind in IGNORED.items():
         if kind is None:
             g.add_argument(f"--{flag}", action="store_true", default=None, help=hidden)
@@ -167,8 +171,11 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
     head_dim = get("qk_head_dim") if get("multi_latent_attention") else get("kv_channels")
     if head_dim is not None:
         out["head_dim"] = head_dim
-    if get("swiglu"):
+    if get("swiglu") and get("quick_geglu"):
+        raise UserError("--quick-geglu", "and --swiglu both given", "give one of them")
+    if get("swiglu") or get("quick_geglu"):  # both gate the MLP: three matrices
         out["gated_mlp"] = True
+    out.update(_window_fields(get("window_size"), get("window_attn_skip_freq")))
     if get("normalization") is not None:
         out["norm"] = get("normalization").lower()
     position = _position(args)
@@ -195,6 +202,24 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
     divisor = get("make_vocab_size_divisible_by")
     if divisor is not None:
         out["vocab_divisor"] = divisor
+    return out
+
+
+def _window_fields(size: str | None, freq: str | None) -> dict[str, Any]:
+    """Megatron's --window-size "W,R" (keys before and after each query; -1: all) and
+    --window-attn-skip-freq as [model] fields: ppsim prices causal windows, R = 0."""
+    out: dict[str, Any] = {} if freq is None else {"window_attn_skip_freq": freq}
+    if size is None:
+        return out
+    try:
+        left, right = (int(x) for x in size.replace("(", "").replace(")", "").split(","))
+    except ValueError:
+        raise UserError("--window-size", f"{size!r} is not two whole numbers",
+                        "write e.g. 127,0") from None
+    if right != 0 and (left, right) != (-1, -1):
+        raise UserError("--window-size", f"{size}: keys after a query are not causal "
+                        "attention, which ppsim prices", "give W,0")
+    out["attention_window"] = max(left, 0)  # -1: no limit
     return out
 
 
@@ -277,8 +302,8 @@ def moe_layer_pattern(freq: str, num_layers: int) -> list[int]:
             raise UserError("--moe-layer-freq", "must be at least 1", "give N >= 1 or a list")
         return [1 if i % every == 0 else 0 for i in range(num_layers)]
     try:
-        pattern = _list_value(ast.parse(text, mode="eval").body)
-    except (SyntaxError, ValueError):
+        pattern = bits(text)
+    except ValueError:
         raise UserError("--moe-layer-freq", f"{freq!r} is neither a number nor a list "
                         "expression of 0 and 1", 'write e.g. "([0]*3+[1]*58)"') from None
     if len(pattern) != num_layers:
@@ -286,25 +311,6 @@ def moe_layer_pattern(freq: str, num_layers: int) -> list[int]:
                         f"{len(pattern)}, expected {num_layers}",
                         "give one 0 or 1 per layer")
     return pattern
-
-
-def _list_value(node: ast.AST) -> list[int]:
-    if isinstance(node, ast.List):
-        values = [n.value for n in node.elts if isinstance(n, ast.Constant)]
-        if len(values) != len(node.elts) or any(v not in (0, 1) or isinstance(v, bool)
-                                                for v in values):
-            raise ValueError("a list of 0 and 1")
-        return values
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        return _list_value(node.left) + _list_value(node.right)
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
-        for lst, times in ((node.left, node.right), (node.right, node.left)):
-            if isinstance(times, ast.Constant) and type(times.value) is int:
-                part = _list_value(lst)
-                if len(part) * times.value > MAX_PATTERN:
-                    raise ValueError("longer than any model")
-                return part * max(times.value, 0)
-    raise ValueError("lists of 0 and 1 with + and *")
 
 
 def _runs(pattern: list[int]) -> list[tuple[int, int]]:
@@ -355,6 +361,10 @@ def megatron_model_args(a: Architecture) -> list[str]:
     out += ["--untie-embeddings-and-output-weights"] * (not a.tie_embeddings)
     out += {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(a.dtype, [])
     out += [] if a.dropout else kv("--attention-dropout", 0) + kv("--hidden-dropout", 0)
+    if a.attention_window:
+        out += kv("--window-size", f"{a.attention_window},0")
+        out += kv("--window-attn-skip-freq", a.window_attn_skip_freq) * bool(
+            a.window_attn_skip_freq)
     out += _moe_args(a) + kv("--mtp-num-layers", a.mtp_layers) * bool(
         a.mtp_layers and not a.hybrid_layer_pattern)
     for name, default in MAMBA_DEFAULTS.items():

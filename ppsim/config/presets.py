@@ -54,6 +54,11 @@ MODEL_PRESETS: dict[str, dict] = {
         num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
         num_experts=8, top_k=2, moe_ffn_hidden_size=14336, ep=8, vocab_size=32000,
         seq_length=4096, micro_batch_size=1, recompute="selective"),
+    "gpt-oss-120b": dict(
+        num_layers=36, hidden_size=2880, num_heads=64, num_kv_heads=8, head_dim=64,
+        ffn_hidden_size=2880, num_experts=128, top_k=4, moe_ffn_hidden_size=2880, ep=8,
+        vocab_size=201088, seq_length=4096, micro_batch_size=1, attention_window=127,
+        window_attn_skip_freq="2", recompute="selective"),
     # Hybrid stacks (ppsim.costs.hybrid): the pattern sets num_layers and mtp_layers.
     "tiny-hybrid": dict(
         hybrid_layer_pattern="M-*-G-E-", num_layers=8, hidden_size=64, num_heads=4, num_kv_heads=4,
@@ -104,6 +109,10 @@ MODEL_NOTES: dict[str, str] = {
     "(Qwen/Qwen3-235B-A22B config.json; 235B, 22B active)",
     "mixtral-8x7b": "Mixtral 8x7B: 32 MoE layers, 8 experts top-2, ep 8 "
     "(mistralai/Mixtral-8x7B-v0.1 config.json; 46.7B, 12.9B active)",
+    "gpt-oss-120b": "gpt-oss-120b: 36 MoE layers, 128 experts top-4, GQA 64/8, a 128-token "
+    "sliding window on every other layer, ep 8 (openai/gpt-oss-120b config.json; Megatron-LM's "
+    "examples/post_training/modelopt/conf/openai/gpt-oss-120b.sh; arXiv 2508.10925: 116.8B, "
+    "5.1B active)",
     "tiny-hybrid": "CPU-sized hybrid stack: Mamba-2, attention, GatedDeltaNet, MoE and MLP "
     "layers (pattern M-*-G-E-)",
     "nemotron-h-8b": "NVIDIA Nemotron-H-8B-Base-8K: 24 Mamba-2, 24 MLP, 4 attention layers "

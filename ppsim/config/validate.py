@@ -21,6 +21,7 @@ from ppsim.costs.arch import (
     OPTIMIZER_DTYPES,
     POSITIONS,
     RECOMPUTE,
+    windows,
 )
 from ppsim.costs.model import INTEGER_FIELDS
 from ppsim.errors import UserError
@@ -257,8 +258,9 @@ _CHOICES = {"recompute": RECOMPUTE, "dtype": tuple(DTYPE_BYTES), "attention": AT
 _POSITIVE = ("tp", "dp", "ep", "cp", "dp_replicas", "vocab_divisor", "hidden_size",
              "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_length",
              "micro_batch_size")
-_COUNTS = ("mtp_layers", "head_dim", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
-           "v_head_dim", "num_experts", "top_k", "moe_ffn_hidden_size", "shared_experts")
+_COUNTS = ("attention_window", "mtp_layers", "head_dim", "q_lora_rank", "kv_lora_rank",
+           "qk_rope_head_dim", "v_head_dim", "num_experts", "top_k", "moe_ffn_hidden_size",
+           "shared_experts")
 _REQUIRED = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size",
              "seq_length")
 
@@ -292,6 +294,28 @@ def transformer(raw: dict[str, Any]) -> None:
     parallel_shape(raw)
     optimizer_states(raw)
     sharding(raw)
+    sliding_window(raw)
+
+
+def sliding_window(raw: dict[str, Any]) -> None:
+    """A sliding window on a stack of decoder layers, its pattern one a layer; not
+    beside a hybrid pattern or context parallelism, which ppsim prices for full causal
+    attention."""
+    freq = raw.get("window_attn_skip_freq", "")
+    typed("model.window_attn_skip_freq", freq, str)
+    if not raw.get("attention_window"):
+        if freq:
+            raise UserError("model.window_attn_skip_freq", "places a window, but there is "
+                            "none", "add attention_window (--window-size W,0), or drop it")
+        return
+    if raw.get("hybrid_layer_pattern"):
+        raise UserError("model.attention_window", "ppsim prices a hybrid stack's attention "
+                        "layers without a window", "drop the window, or the pattern")
+    if raw.get("cp", 1) != 1:
+        raise UserError("model.attention_window", "ppsim prices context parallelism's K/V "
+                        "ring for full causal attention", "drop the window, or use cp 1")
+    if isinstance(raw.get("num_layers"), int):
+        windows(raw["num_layers"], raw["attention_window"], freq)
 
 
 def sharding(raw: dict[str, Any]) -> None:

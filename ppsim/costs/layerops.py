@@ -48,8 +48,19 @@ def _mm(name: str, m: int, n: float, k: float, count: float = 1, weights: bool =
               params=int(n * k * count) if weights else 0)
 
 
-def attention_ops(a: Architecture) -> list[Op]:
-    """QKV projections (MLA: through the latents), rotary, the core, the output projection."""
+def window_share(s: int, window: int) -> float:
+    """The share of the causal core's work a window keeps: each query attends to itself
+    and at most `window` keys before it, against the s(s+1)/2 query-key pairs of full
+    causal attention; 1 without a window."""
+    keys = window + 1
+    if not window or keys >= s:
+        return 1.0
+    return (keys * (keys + 1) / 2 + (s - keys) * keys) / (s * (s + 1) / 2)
+
+
+def attention_ops(a: Architecture, window: int = 0) -> list[Op]:
+    """QKV projections (MLA: through the latents), rotary, the core (over a sliding
+    `window` when one is given), the output projection."""
     t, h, tok, w = a.tp, a.hidden_size, _tokens(a), DTYPE_BYTES[a.dtype]
     sh = attention_shape(a)
     if a.attention == "mla":
@@ -67,7 +78,8 @@ def attention_ops(a: Architecture) -> list[Op]:
     if a.rotary:
         ops.append(Op("rotary", nbytes=2 * tok * (sh.q + sh.k) * w / t))
     # FlashAttention, causal: QK^T and AV over the unmasked half of the s x s scores.
-    core = a.seq_length * a.seq_length * a.micro_batch_size * (sh.q + sh.out) / t
+    core = a.seq_length * a.seq_length * a.micro_batch_size * (sh.q + sh.out) / t \
+        * window_share(a.seq_length, window)
     ops.append(Op("attention", flops=core, attention=True))
     ops.append(_mm("out_proj", tok, h, sh.out / t))
     return ops
@@ -101,9 +113,10 @@ def mlp_ops(a: Architecture, kind: str) -> list[Op]:
     return ops
 
 
-def layer_ops(a: Architecture, kind: str) -> list[Op]:
-    """The forward ops of one decoder layer of `kind`, per tp rank."""
-    return (_norm_ops(a, "norm1", a.hidden_size) + attention_ops(a)
+def layer_ops(a: Architecture, kind: str, window: int = 0) -> list[Op]:
+    """The forward ops of one decoder layer of `kind` (attending over `window`), per tp
+    rank."""
+    return (_norm_ops(a, "norm1", a.hidden_size) + attention_ops(a, window)
             + [_residual(a, "residual1")] + _norm_ops(a, "norm2", a.hidden_size)
             + mlp_ops(a, kind) + [_residual(a, "residual2")])
 

@@ -282,9 +282,10 @@ def mixer_ops(a: Architecture, kind: str) -> list[Op]:
     return _norm_ops(a, "norm", h) + body + [_residual(a, "residual")]
 
 
-def kind_ops(a: Architecture, kind: str) -> list[Op]:
-    """layer_ops for the transformer kinds, mixer_ops for the hybrid ones."""
-    return layer_ops(a, kind) if kind in KINDS else mixer_ops(a, kind)
+def kind_ops(a: Architecture, kind: str, window: int = 0) -> list[Op]:
+    """layer_ops for the transformer kinds (attending over `window`), mixer_ops for the
+    hybrid ones."""
+    return layer_ops(a, kind, window) if kind in KINDS else mixer_ops(a, kind)
 
 
 # ------------------------------------------------------------------ activation memory

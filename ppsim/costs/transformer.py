@@ -30,6 +30,7 @@ from ppsim.costs.arch import (
     bytes_per_param,
     kind_params,
     layer_kinds,
+    layer_windows,
     model_params,
     mtp_extra_params,
 )
@@ -116,15 +117,17 @@ def held_params(a: Architecture, kind: str) -> HeldParams:
 
 
 def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
-               recompute: tuple[str, ...] | None = None, full: bool | None = None) -> LayerCost:
-    """One layer of `kind`; `recompute` (Megatron module names) and `full` (the whole
-    layer recomputed) default to the architecture's global mode."""
+               recompute: tuple[str, ...] | None = None, full: bool | None = None,
+               window: int = 0) -> LayerCost:
+    """One layer of `kind` attending over `window` (0: all the keys before a query);
+    `recompute` (Megatron module names) and `full` (the whole layer recomputed) default
+    to the architecture's global mode."""
     s, b, h, t = a.seq_length, a.micro_batch_size, a.hidden_size, a.tp
     if full is None:
         full = a.recompute == "full"
     if recompute is None:
         recompute = SHORTHAND.get(a.recompute, ())
-    ops = kind_ops(a, kind)
+    ops = kind_ops(a, kind, window)
     roof = acc.roofline()
     f, bi, bw = piece_times(roof, ops)
     a2a = 0.0
@@ -213,11 +216,13 @@ def transformer_costs(a: Architecture, acc: Accelerator, recompute: tuple[str, .
     the architecture's global mode (ppsim.costs.modules)."""
     s, b, h, t = a.seq_length, a.micro_batch_size, a.hidden_size, a.tp
     kinds = layer_kinds(a)
-    by_kind = {k: _kind_cost(a, acc, k, recompute, full) for k in set(kinds)}
+    pieces = list(zip(kinds, layer_windows(a), strict=True))
+    by_kind = {p: _kind_cost(a, acc, p[0], recompute, full, p[1]) for p in set(pieces)}
     head = _head_cost(a, acc)
-    layers = [by_kind[k] for k in kinds]
+    layers = [by_kind[p] for p in pieces]
     if a.mtp_layers:
-        inner = [by_kind.get(k) or _kind_cost(a, acc, k, recompute, full) for k in mtp_kinds(a)]
+        inner = [by_kind.get((k, 0)) or _kind_cost(a, acc, k, recompute, full)
+                 for k in mtp_kinds(a)]
         mtp = _mtp_cost(a, acc, _chain(inner), head)
         layers += [mtp] * a.mtp_layers
     # Embedding: a lookup (no matmul); its backward scatters gradients into the table.

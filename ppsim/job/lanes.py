@@ -65,16 +65,16 @@ def stage_collectives(job: Job, acc: Accelerator, stages: Sequence[Any]
                             backward=(Collective(group="tp", total_ms=one, exposed_ms=one),))
     embedding = edge_collectives(job, a, costs.embedding)
     head = edge_collectives(job, a, costs.head, head=True)
-    by_kind: dict[str, PieceCollectives] = {}
+    by_piece: dict[tuple[str, Any], PieceCollectives] = {}
     out = []
     for st in stages:
         pieces: list[PieceCollectives] = []
         for i in range(st.offset, st.offset + st.layers):
-            kind = kinds[i]
-            if kind not in by_kind:
-                by_kind[kind] = layer_collectives(job, a, acc, last if kind == "mtp" else kind,
-                                                  costs.layers[i])
-            pieces.append(by_kind[kind])
+            kind, cost = kinds[i], costs.layers[i]
+            if (kind, cost) not in by_piece:
+                by_piece[kind, cost] = layer_collectives(
+                    job, a, acc, last if kind == "mtp" else kind, cost)
+            pieces.append(by_piece[kind, cost])
             if kind == "mtp":  # and its own pass through the head
                 pieces.append(edge)
         pieces += [embedding] * st.has_embedding + [head] * st.has_head

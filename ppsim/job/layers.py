@@ -221,15 +221,16 @@ def job_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None = No
     kinds = costs.kinds or ("dense",) * len(costs.layers)
     last = layer_kinds(a)[-1]  # an MTP module's decoder layer is of the last layer's kind
     one = tp_collectives_ms(job, a, 1)
-    by_kind: dict[str, Exposed] = {}
+    # One entry per distinct piece: layers of a kind differ where a window applies.
+    by_piece: dict[tuple[str, LayerCost], Exposed] = {}
     layers = []
     for kind, c in zip(kinds, costs.layers, strict=True):
-        if kind not in by_kind:
+        if (kind, c) not in by_piece:
             e = layer_exposed(job, a, acc, last if kind == "mtp" else kind, c)
             if kind == "mtp":  # and its own pass through the head
                 e = Exposed(forward_ms=e.forward_ms + one, backward_ms=e.backward_ms + one)
-            by_kind[kind] = e
-        layers.append(_add(c, by_kind[kind]))
+            by_piece[kind, c] = e
+        layers.append(_add(c, by_piece[kind, c]))
     head = _add(costs.head, _exposed(edge_collectives(job, a, costs.head, head=True)))
     emb = _add(costs.embedding, _exposed(edge_collectives(job, a, costs.embedding)))
     return replace(costs, layers=tuple(layers), head=head, embedding=emb)

@@ -129,6 +129,15 @@ def test_preset_parameter_counts_match_model_cards(name, total, active, source):
     assert got_active == pytest.approx(active, rel=0.02), source
 
 
+def test_gpt_oss_parameter_counts_match_its_model_card():
+    """arXiv 2508.10925, Table 1: 116.83B total; 5.13B active, a count that takes the
+    unembedding but not the embedding (ppsim's active count takes both)."""
+    arch = Architecture(**MODEL_PRESETS["gpt-oss-120b"])
+    total, active, _ = model_params(arch)
+    assert total == pytest.approx(116.83e9, rel=0.01)
+    assert active - arch.vocab_size * arch.hidden_size == pytest.approx(5.13e9, rel=0.01)
+
+
 def test_deepseek_stack_kinds_and_mtp():
     arch = Architecture(**MODEL_PRESETS["deepseek-v3"])
     assert layer_kinds(arch) == ("dense",) * 3 + ("moe",) * 58
