@@ -39,7 +39,8 @@ ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
               "add_position_embedding", "untie_embeddings_and_output_weights", "bf16", "fp16",
               "hidden_dropout", "attention_dropout", "multi_latent_attention",
               "moe_shared_expert_intermediate_size", "moe_layer_freq", "window_size",
-              "window_attn_skip_freq", "quick_geglu",
+              "window_attn_skip_freq", "quick_geglu", "moe_expert_capacity_factor",
+              "moe_pad_expert_input_to_capacity",
               "make_vocab_size_divisible_by", "fp8_format", "fp4_format")
 """Every flag of the group that changes the model (the rest are accepted and ignored)."""
 IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base": float,
@@ -108,6 +109,9 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
         g.add_argument(f"--{flag}", type=float, help=hidden)
     g.add_argument("--moe-layer-freq", help=hidden)
     g.add_argument("--window-size", help=hidden)
+    g.add_argument("--moe-expert-capacity-factor", type=float, help=hidden)
+    g.add_argument("--moe-pad-expert-input-to-capacity", action="store_true", default=None,
+                   help=hidden)
     g.add_argument("--window-attn-skip-freq", help=hidden)
     for flag, kind in IGNORED.items():
         if kind is None:
@@ -271,6 +275,11 @@ def _position(args: argparse.Namespace) -> str | None:
 
 def _moe_fields(args: argparse.Namespace, fields: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    factor = getattr(args, "moe_expert_capacity_factor", None)
+    if factor is not None:  # Megatron takes a negative factor as dropless
+        out["moe_capacity_factor"] = max(factor, 0.0) if factor == factor else factor
+    if getattr(args, "moe_pad_expert_input_to_capacity", None):
+        out["moe_pad_to_capacity"] = True
     shared = getattr(args, "moe_shared_expert_intermediate_size", None)
     if shared is not None:
         width = fields.get("moe_ffn_hidden_size") or fields.get("ffn_hidden_size")
@@ -405,6 +414,9 @@ def _moe_args(a: Architecture) -> list[str]:
     if a.shared_experts:
         out += ["--moe-shared-expert-intermediate-size",
                 str(a.shared_experts * a.moe_ffn_hidden_size)]
+    if a.moe_capacity_factor:
+        out += ["--moe-expert-capacity-factor", f"{a.moe_capacity_factor:g}"]
+        out += ["--moe-pad-expert-input-to-capacity"] * a.moe_pad_to_capacity
     kinds = layer_kinds(a)
     if not a.hybrid_layer_pattern and "dense" in kinds:
         runs = _runs([int(k == "moe") for k in kinds])

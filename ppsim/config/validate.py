@@ -277,11 +277,16 @@ def transformer(raw: dict[str, Any]) -> None:
             raise UserError(f"model.{key}", f"must be at least {low}, got {raw[key]}",
                             "use a whole number >= " + str(low))
     for key in ("gated_mlp", "distributed_optimizer", "dropout", "tie_embeddings",
-                "grad_reduce_in_bf16", "precision_aware_optimizer", "fsdp"):
+                "grad_reduce_in_bf16", "precision_aware_optimizer", "fsdp",
+                "moe_pad_to_capacity"):
         if key in raw:
             typed(f"model.{key}", raw[key], bool)
     if "layers" in raw:
         typed("model.layers", raw["layers"], str)
+    if "moe_capacity_factor" in raw:
+        number("model.moe_capacity_factor", raw["moe_capacity_factor"], hi=1e3,
+               fix="give the capacity over an expert's even share, e.g. 1.0, or 0 for "
+               "dropless")
     missing = [k for k in _REQUIRED if k not in raw]
     if missing:
         raise UserError(f"model.{missing[0]}", "missing for a transformer model",

@@ -114,6 +114,11 @@ class Architecture:
     """Experts every token passes through (DeepSeek-V3: 1)."""
     ep: int = 1
     """Expert-parallel size: routed experts are divided over ep ranks."""
+    moe_capacity_factor: float = 0.0
+    """Token-expert pairs an expert takes over its even share (Megatron
+    --moe-expert-capacity-factor); beyond it tokens are dropped; 0: dropless."""
+    moe_pad_to_capacity: bool = False
+    """Each expert computes its whole capacity, padded (--moe-pad-expert-input-to-capacity)."""
     norm: str = ""
     """"layernorm" or "rmsnorm"; empty: rmsnorm for gated MLPs (Llama), else layernorm."""
     position: str = ""
@@ -156,6 +161,16 @@ class Architecture:
     """Which layers the window applies to (Megatron --window-attn-skip-freq): "N", one
     full-attention layer after every N - 1 windowed ones; a list expression of 1
     (windowed) and 0 (full) a layer, e.g. "([1]*3+[0])*9"; empty: every layer."""
+
+    @property
+    def expert_load(self) -> float:
+        """Token-expert pairs the routed experts compute and exchange over the even
+        share: ppsim routes evenly, so a capacity drops nothing at or above 1, and
+        padding fills every expert to it."""
+        f = self.moe_capacity_factor
+        if f <= 0:
+            return 1.0
+        return f if self.moe_pad_to_capacity else min(f, 1.0)
 
     @property
     def rmsnorm(self) -> bool:

@@ -100,14 +100,15 @@ def mlp_ops(a: Architecture, kind: str) -> list[Op]:
     if kind == "dense":
         return _mlp_ops(a, "mlp", _tokens(a), a.ffn_hidden_size)
     t, h, tok, w = a.tp, a.hidden_size, _tokens(a), DTYPE_BYTES[a.dtype]
-    pairs = tok * a.top_k  # token-expert pairs each rank computes, on average
-    per_expert = max(1, pairs * a.ep // max(1, a.num_experts))
+    # token-expert pairs each rank computes, on average (dropped or padded to capacity)
+    pairs = tok * a.top_k * a.expert_load
+    per_expert = max(1, int(pairs * a.ep // max(1, a.num_experts)))
     local = max(1, a.num_experts // a.ep)
     ops = [_mm("router", tok, a.num_experts / t, h),
            Op("router.softmax_topk", nbytes=3 * tok * a.num_experts * 4 / t),
-           Op("dispatch", nbytes=(1 + a.top_k) * tok * h * w / t)]
+           Op("dispatch", nbytes=(tok + pairs) * h * w / t)]
     ops += _mlp_ops(a, "experts", per_expert, a.moe_ffn_hidden_size, local)
-    ops.append(Op("combine", nbytes=(1 + a.top_k) * tok * h * w / t))
+    ops.append(Op("combine", nbytes=(tok + pairs) * h * w / t))
     if a.shared_experts:
         ops += _mlp_ops(a, "shared", tok, a.shared_experts * a.moe_ffn_hidden_size)
     return ops

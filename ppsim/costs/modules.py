@@ -104,11 +104,11 @@ def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
     if kind == "dense":
         t.update(_mlp_tensors(a, "mlp", tok, a.ffn_hidden_size))
     else:
-        pairs = tok * a.top_k
+        pairs = tok * a.top_k * a.expert_load
         t["router.probs"] = 2 * tok * a.num_experts * 4  # logits and probabilities, fp32
         # int64 indices: each token's top-k, and the permutations that sort the pairs by
         # expert and back (the dispatch's and the combine's backward gathers by them)
-        t["router.indices"] = 3 * pairs * 8
+        t["router.indices"] = 3 * tok * a.top_k * 8
         t["experts.fc1_in"] = pairs * h * w  # the dispatched tokens
         t.update(_mlp_tensors(a, "experts", pairs, a.moe_ffn_hidden_size))
         t["experts.out"] = pairs * h * w  # weighted in the combine

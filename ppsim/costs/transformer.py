@@ -133,7 +133,8 @@ def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
     a2a = 0.0
     if kind in ("moe", "moe-mlp") and a.ep > 1 and acc.a2a_bandwidth_gbps > 0:
         # Dispatch and combine each move top_k copies of every token; (ep-1)/ep leave.
-        a2a = 2 * s * b * a.top_k * h * DTYPE_BYTES[a.dtype] * (a.ep - 1) / a.ep / t
+        a2a = 2 * s * b * a.top_k * a.expert_load * h * DTYPE_BYTES[a.dtype] \
+            * (a.ep - 1) / a.ep / t
         a2a /= acc.a2a_bandwidth_gbps * 1e6
         f += a2a
         bi += a2a

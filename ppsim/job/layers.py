@@ -94,11 +94,11 @@ def _cp(job: Job, a: Architecture, acc: Accelerator) -> tuple[float, float]:
             (cp - 1) * b + _cp_ring(job, a, acc, True).exposed_ms)
 
 
-def _ep(job: Job, a: Architecture) -> float:
+def ep_all_to_all_ms(job: Job, a: Architecture) -> float:
     """Dispatch and combine of one microbatch: two all-to-alls."""
     if a.ep == 1:
         return 0.0
-    nbytes = (a.seq_length * a.micro_batch_size * a.top_k * a.hidden_size
+    nbytes = (a.seq_length * a.micro_batch_size * a.top_k * a.expert_load * a.hidden_size
               * DTYPE_BYTES[a.dtype] / a.tp)
     return 2 * all_to_all_ms(nbytes, job.link("ep"))
 
@@ -164,7 +164,7 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
         fwd.append(_cp_ring(job, a, acc, False))
         bwd.append(_cp_ring(job, a, acc, True))
     if kind == "moe" and a.ep > 1:
-        ep = _ep(job, a)
+        ep = ep_all_to_all_ms(job, a)
         over_f, over_b = (shared_experts_ms(a, acc) if job.moe_shared_expert_overlap
                           and a.shared_experts else (0.0, 0.0))
         fwd.append(Collective(group="ep", total_ms=ep, exposed_ms=max(0.0, ep - over_f)))
