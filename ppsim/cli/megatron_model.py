@@ -23,7 +23,8 @@ INT_FLAGS = {
     "hidden-size": "hidden_size", "num-attention-heads": "num_heads",
     "ffn-hidden-size": "ffn_hidden_size", "vocab-size": "vocab_size",
     "num-experts": "num_experts", "moe-router-topk": "top_k",
-    "moe-ffn-hidden-size": "moe_ffn_hidden_size", "q-lora-rank": "q_lora_rank",
+    "moe-ffn-hidden-size": "moe_ffn_hidden_size", "moe-latent-size": "moe_latent_size",
+    "q-lora-rank": "q_lora_rank",
     "kv-lora-rank": "kv_lora_rank", "qk-pos-emb-head-dim": "qk_rope_head_dim",
     "v-head-dim": "v_head_dim", "mamba-state-dim": "mamba_state_dim",
     "mamba-head-dim": "mamba_head_dim", "mamba-num-groups": "mamba_num_groups",
@@ -414,6 +415,8 @@ def _moe_args(a: Architecture) -> list[str]:
     if a.shared_experts:
         out += ["--moe-shared-expert-intermediate-size",
                 str(a.shared_experts * a.moe_ffn_hidden_size)]
+    if a.moe_latent_size:
+        out += ["--moe-latent-size", str(a.moe_latent_size)]
     if a.moe_capacity_factor:
         out += ["--moe-expert-capacity-factor", f"{a.moe_capacity_factor:g}"]
         out += ["--moe-pad-expert-input-to-capacity"] * a.moe_pad_to_capacity

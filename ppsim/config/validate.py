@@ -258,9 +258,9 @@ _CHOICES = {"recompute": RECOMPUTE, "dtype": tuple(DTYPE_BYTES), "attention": AT
 _POSITIVE = ("tp", "dp", "ep", "cp", "dp_replicas", "vocab_divisor", "hidden_size",
              "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_length",
              "micro_batch_size")
-_COUNTS = ("attention_window", "mtp_layers", "head_dim", "q_lora_rank", "kv_lora_rank",
-           "qk_rope_head_dim", "v_head_dim", "num_experts", "top_k", "moe_ffn_hidden_size",
-           "shared_experts")
+_COUNTS = ("attention_window", "moe_latent_size", "mtp_layers", "head_dim", "q_lora_rank",
+           "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "num_experts", "top_k",
+           "moe_ffn_hidden_size", "shared_experts")
 _REQUIRED = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size",
              "seq_length")
 

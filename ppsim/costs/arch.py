@@ -114,6 +114,9 @@ class Architecture:
     """Experts every token passes through (DeepSeek-V3: 1)."""
     ep: int = 1
     """Expert-parallel size: routed experts are divided over ep ranks."""
+    moe_latent_size: int = 0
+    """Routed experts work on tokens projected down to this width and back (Megatron
+    --moe-latent-size; the projections are whole on every tp rank); 0: the hidden size."""
     moe_capacity_factor: float = 0.0
     """Token-expert pairs an expert takes over its even share (Megatron
     --moe-expert-capacity-factor); beyond it tokens are dropped; 0: dropless."""
@@ -285,8 +288,9 @@ def attention_params(a: Architecture) -> tuple[int, int]:
     return h * (sh.q + sh.k + sh.v) + sh.out * h, h
 
 
-def _mlp_params(a: Architecture, ffn: int) -> int:
-    return a.hidden_size * ffn * (3 if a.gated_mlp else 2)
+def _mlp_params(a: Architecture, ffn: int, width: int = 0) -> int:
+    """An MLP of `ffn` from and to `width` (default: the hidden size)."""
+    return (width or a.hidden_size) * ffn * (3 if a.gated_mlp else 2)
 
 
 @dataclass(frozen=True)
@@ -301,6 +305,8 @@ class KindParams:
     """Weights one token's matmuls touch (FLOPs = 2 x tokens x active)."""
     norms: int = 0
     """Part of `dense` in norms (LayerNorm: weight and bias), not split by tp."""
+    duplicated: int = 0
+    """Part of `dense` in matmuls held whole on every tp rank (MoE latent projections)."""
 
 
 def kind_params(a: Architecture, kind: str) -> KindParams:
@@ -309,11 +315,12 @@ def kind_params(a: Architecture, kind: str) -> KindParams:
     if kind == "dense":
         mlp = _mlp_params(a, a.ffn_hidden_size)
         return KindParams(attn + mlp + norm, 0, attn + mlp, norm)
-    expert = _mlp_params(a, a.moe_ffn_hidden_size)
+    expert = _mlp_params(a, a.moe_ffn_hidden_size, a.moe_latent_size)
     router = a.hidden_size * a.num_experts
-    shared = a.shared_experts * expert
-    return KindParams(attn + shared + router + norm, a.num_experts * expert,
-                      attn + shared + router + a.top_k * expert, norm)
+    shared = a.shared_experts * _mlp_params(a, a.moe_ffn_hidden_size)  # on the whole width
+    latent = 2 * a.hidden_size * a.moe_latent_size  # down to the latent width and back up
+    return KindParams(attn + shared + router + latent + norm, a.num_experts * expert,
+                      attn + shared + router + latent + a.top_k * expert, norm, latent)
 
 
 def mtp_extra_params(a: Architecture) -> int:

@@ -85,9 +85,11 @@ def attention_ops(a: Architecture, window: int = 0) -> list[Op]:
     return ops
 
 
-def _mlp_ops(a: Architecture, name: str, tokens: int, ffn: int, count: float = 1) -> list[Op]:
-    """fc1 (fc1 and fc3 when gated), the activation function, fc2."""
-    t, h, w = a.tp, a.hidden_size, DTYPE_BYTES[a.dtype]
+def _mlp_ops(a: Architecture, name: str, tokens: int, ffn: int, count: float = 1,
+             width: int = 0) -> list[Op]:
+    """fc1 (fc1 and fc3 when gated), the activation function, fc2, from and to `width`
+    (default: the hidden size)."""
+    t, h, w = a.tp, width or a.hidden_size, DTYPE_BYTES[a.dtype]
     up = 2 * ffn if a.gated_mlp else ffn
     elems = tokens * ffn * count / t
     # Eager SwiGLU: silu (read, write), then the product (read two, write one).
@@ -100,15 +102,18 @@ def mlp_ops(a: Architecture, kind: str) -> list[Op]:
     if kind == "dense":
         return _mlp_ops(a, "mlp", _tokens(a), a.ffn_hidden_size)
     t, h, tok, w = a.tp, a.hidden_size, _tokens(a), DTYPE_BYTES[a.dtype]
+    lat = a.moe_latent_size
     # token-expert pairs each rank computes, on average (dropped or padded to capacity)
     pairs = tok * a.top_k * a.expert_load
     per_expert = max(1, int(pairs * a.ep // max(1, a.num_experts)))
     local = max(1, a.num_experts // a.ep)
     ops = [_mm("router", tok, a.num_experts / t, h),
-           Op("router.softmax_topk", nbytes=3 * tok * a.num_experts * 4 / t),
-           Op("dispatch", nbytes=(tok + pairs) * h * w / t)]
-    ops += _mlp_ops(a, "experts", per_expert, a.moe_ffn_hidden_size, local)
-    ops.append(Op("combine", nbytes=(tok + pairs) * h * w / t))
+           Op("router.softmax_topk", nbytes=3 * tok * a.num_experts * 4 / t)]
+    ops += [_mm("latent.fc1", tok, lat / t, h)] if lat else []
+    ops.append(Op("dispatch", nbytes=(tok + pairs) * (lat or h) * w / t))
+    ops += _mlp_ops(a, "experts", per_expert, a.moe_ffn_hidden_size, local, lat)
+    ops.append(Op("combine", nbytes=(tok + pairs) * (lat or h) * w / t))
+    ops += [_mm("latent.fc2", tok, h / t, lat)] if lat else []
     if a.shared_experts:
         ops += _mlp_ops(a, "shared", tok, a.shared_experts * a.moe_ffn_hidden_size)
     return ops

@@ -32,7 +32,7 @@ _DROPS = {
     "mlp": ("mlp.fc1_out", "mlp.act_mid", "mlp.act_out"),
     "moe": ("router.probs", "router.indices", "experts.fc1_in", "experts.fc1_out",
             "experts.act_mid", "experts.act_out", "experts.out", "shared.fc1_out",
-            "shared.act_mid", "shared.act_out"),
+            "shared.act_mid", "shared.act_out", "latent.fc2_in"),
     "moe_act": ("experts.act_mid", "experts.act_out"),
     "layernorm": ("norm1.out", "norm1.stats", "norm2.out", "norm2.stats"),
     "mla_up_proj": ("attn.q", "attn.k", "attn.v"),
@@ -42,8 +42,9 @@ _DROPS = {
 _REPEATS = {
     "core_attn": ("attention",),
     "mlp": ("mlp.fc1", "mlp.act", "mlp.fc2"),
-    "moe": ("router", "router.softmax_topk", "dispatch", "experts.fc1", "experts.act",
-            "experts.fc2", "combine", "shared.fc1", "shared.act", "shared.fc2", "a2a"),
+    "moe": ("router", "router.softmax_topk", "latent.fc1", "dispatch", "experts.fc1",
+            "experts.act", "experts.fc2", "combine", "latent.fc2", "shared.fc1", "shared.act",
+            "shared.fc2", "a2a"),
     "moe_act": ("experts.act",),
     "layernorm": ("norm1", "norm2"),
     "mla_up_proj": ("q_up", "kv_up", "rotary"),
@@ -109,9 +110,12 @@ def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
         # int64 indices: each token's top-k, and the permutations that sort the pairs by
         # expert and back (the dispatch's and the combine's backward gathers by them)
         t["router.indices"] = 3 * tok * a.top_k * 8
-        t["experts.fc1_in"] = pairs * h * w  # the dispatched tokens
+        width = a.moe_latent_size or h  # the experts' tokens, projected down
+        t["experts.fc1_in"] = pairs * width * w  # the dispatched tokens
         t.update(_mlp_tensors(a, "experts", pairs, a.moe_ffn_hidden_size))
-        t["experts.out"] = pairs * h * w  # weighted in the combine
+        t["experts.out"] = pairs * width * w  # weighted in the combine
+        if a.moe_latent_size:
+            t["latent.fc2_in"] = tok * width * w  # the combined tokens, projected back up
         if a.shared_experts:
             t.update(_mlp_tensors(a, "shared", tok, a.shared_experts * a.moe_ffn_hidden_size))
     return {k: v / a.tp for k, v in t.items()}

@@ -112,7 +112,8 @@ class HeldParams:
 def held_params(a: Architecture, kind: str) -> HeldParams:
     """One rank's parameters of a layer of `kind`."""
     p = any_kind_params(a, kind)
-    return HeldParams(dense=(p.dense - p.norms) / a.tp + p.norms,
+    whole = p.norms + p.duplicated
+    return HeldParams(dense=(p.dense - whole) / a.tp + whole,
                       experts=p.experts / (a.ep * a.tp))
 
 
@@ -133,8 +134,8 @@ def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
     a2a = 0.0
     if kind in ("moe", "moe-mlp") and a.ep > 1 and acc.a2a_bandwidth_gbps > 0:
         # Dispatch and combine each move top_k copies of every token; (ep-1)/ep leave.
-        a2a = 2 * s * b * a.top_k * a.expert_load * h * DTYPE_BYTES[a.dtype] \
-            * (a.ep - 1) / a.ep / t
+        a2a = 2 * s * b * a.top_k * a.expert_load * (a.moe_latent_size or h) \
+            * DTYPE_BYTES[a.dtype] * (a.ep - 1) / a.ep / t
         a2a /= acc.a2a_bandwidth_gbps * 1e6
         f += a2a
         bi += a2a

@@ -98,7 +98,8 @@ def ep_all_to_all_ms(job: Job, a: Architecture) -> float:
     """Dispatch and combine of one microbatch: two all-to-alls."""
     if a.ep == 1:
         return 0.0
-    nbytes = (a.seq_length * a.micro_batch_size * a.top_k * a.expert_load * a.hidden_size
+    width = a.moe_latent_size or a.hidden_size  # what the dispatcher moves
+    nbytes = (a.seq_length * a.micro_batch_size * a.top_k * a.expert_load * width
               * DTYPE_BYTES[a.dtype] / a.tp)
     return 2 * all_to_all_ms(nbytes, job.link("ep"))
 

@@ -117,6 +117,10 @@ def check(cfg: Any) -> None:
         return
     if a.fsdp:
         _fsdp_alone(p)
+    if p.moe_shared_expert_overlap and a.moe_latent_size and a.shared_experts:
+        raise UserError("pipeline.moe_shared_expert_overlap", "Shared expert overlap with MoE "
+                        "latent projections is not supported during training",
+                        "drop --moe-shared-expert-overlap, or the latent size")
     _copies_divide(a)
     if p.overlap_param_gather and not a.distributed_optimizer:
         raise UserError("pipeline.overlap_param_gather", "--overlap-param-gather only "
