@@ -24,7 +24,8 @@ MIXTRAL = Architecture(**MODEL_PRESETS["mixtral-8x7b"])
 # Megatron-LM's examples/post_training/modelopt/conf/nvidia/
 # NVIDIA-Nemotron-3-Super-120B-A12B-BF16.sh, MODEL_ARGS as written but for ModelOpt's
 # --export-model-type; the vocabulary is its tokenizer's (131,072).
-SUPER = """--trust-remote-code --save-interval 100000 --micro-batch-size 1
+PATTERN = "MEMEMEM*EMEMEMEM*EMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEM*EMEMEMEME"
+SUPER = f"""--trust-remote-code --save-interval 100000 --micro-batch-size 1
 --enable-experimental --use-fused-weighted-squared-relu --cross-entropy-loss-fusion
 --cross-entropy-fusion-impl native --num-experts 512 --moe-router-score-function sigmoid
 --moe-grouped-gemm --moe-aux-loss-coeff 1e-4 --moe-router-topk 22 --moe-permute-fusion
@@ -32,7 +33,7 @@ SUPER = """--trust-remote-code --save-interval 100000 --micro-batch-size 1
 --moe-router-load-balancing-type seq_aux_loss --moe-shared-expert-intermediate-size 5376
 --moe-token-dispatcher-type alltoall --moe-latent-size 1024 --attention-backend flash
 --disable-gloo-process-groups --is-hybrid-model --mamba-num-heads 128 --mamba-head-dim 64
---hybrid-layer-pattern MEMEMEM*EMEMEMEM*EMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEMEM*EMEMEMEM*EMEMEMEME
+--hybrid-layer-pattern {PATTERN}
 --use-mcore-models --untie-embeddings-and-output-weights --disable-bias-linear
 --init-method-std 0.014 --position-embedding-type none --squared-relu --hidden-size 4096
 --num-attention-heads 32 --group-query-attention --num-query-groups 2 --ffn-hidden-size 2688
