@@ -16,7 +16,7 @@ from typing import Any
 
 from ppsim.config.model import Model, TransformerModel
 from ppsim.costs.arch import OPTIMIZER_DTYPES, Architecture, layer_kinds
-from ppsim.costs.patterns import bits
+from ppsim.costs.patterns import moe_layers
 from ppsim.errors import UserError
 
 INT_FLAGS = {
@@ -297,30 +297,8 @@ def _moe_fields(args: argparse.Namespace, fields: dict[str, Any]) -> dict[str, A
         if not fields.get("num_experts"):
             raise UserError("--moe-layer-freq", "places MoE layers, but the model has no "
                             "routed experts", "add --num-experts N")
-        out["layers"] = layer_kinds_spec(moe_layer_pattern(freq, fields["num_layers"]))
+        out["layers"] = layer_kinds_spec(moe_layers(freq, fields["num_layers"]))
     return out
-
-
-def moe_layer_pattern(freq: str, num_layers: int) -> list[int]:
-    """Megatron's --moe-layer-freq as one 0/1 a layer (1: MoE): N means every Nth layer
-    from the first, a list expression such as "([0]*3+[1]*58)" is the list itself (read
-    without eval: lists of 0 and 1, + and * only)."""
-    text = freq.strip()
-    if text.isdigit():
-        every = int(text)
-        if every < 1:
-            raise UserError("--moe-layer-freq", "must be at least 1", "give N >= 1 or a list")
-        return [1 if i % every == 0 else 0 for i in range(num_layers)]
-    try:
-        pattern = bits(text)
-    except ValueError:
-        raise UserError("--moe-layer-freq", f"{freq!r} is neither a number nor a list "
-                        "expression of 0 and 1", 'write e.g. "([0]*3+[1]*58)"') from None
-    if len(pattern) != num_layers:
-        raise UserError("--moe-layer-freq", f"Invalid length of moe_layer_pattern: "
-                        f"{len(pattern)}, expected {num_layers}",
-                        "give one 0 or 1 per layer")
-    return pattern
 
 
 def _runs(pattern: list[int]) -> list[tuple[int, int]]:

@@ -21,9 +21,9 @@ from ppsim.costs.arch import (
     OPTIMIZER_DTYPES,
     POSITIONS,
     RECOMPUTE,
-    windows,
 )
 from ppsim.costs.model import INTEGER_FIELDS
+from ppsim.costs.patterns import windows
 from ppsim.errors import UserError
 
 MAX_MS = 1e9

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ppsim.costs.hybrid import parse_pattern
-from ppsim.costs.patterns import bits
+from ppsim.costs.patterns import windows
 from ppsim.errors import UserError
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -238,32 +238,6 @@ class AttentionShape:
 def layer_windows(a: Architecture) -> tuple[int, ...]:
     """Each decoder layer's attention window (0: full causal attention)."""
     return windows(a.num_layers, a.attention_window, a.window_attn_skip_freq)
-
-
-def windows(n: int, w: int, freq: str) -> tuple[int, ...]:
-    """The windows of `n` layers, as Megatron's is_layer_window_attention places a window
-    `w` by --window-attn-skip-freq `freq` (layer numbers from 1)."""
-    freq = freq.strip()
-    if not w:
-        return (0,) * n
-    if not freq:
-        return (w,) * n
-    if freq.isdigit():
-        every = int(freq)
-        if every < 1:
-            raise UserError("model.window_attn_skip_freq", "must be at least 1",
-                            "give N >= 1 or a list")
-        return tuple(w if (i + 1) % every else 0 for i in range(n))
-    try:
-        pattern = bits(freq)
-    except ValueError:
-        raise UserError("model.window_attn_skip_freq", f"{freq!r} is neither a number nor a "
-                        "list expression of 0 and 1", 'write e.g. "2" or "([1]*3+[0])*9"'
-                        ) from None
-    if len(pattern) != n:
-        raise UserError("model.window_attn_skip_freq", f"{len(pattern)} entries for "
-                        f"{n} layers", "give one 0 or 1 per layer")
-    return tuple(w if bit else 0 for bit in pattern)
 
 
 def attention_shape(a: Architecture) -> AttentionShape:

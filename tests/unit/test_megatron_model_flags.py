@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 
 from ppsim.cli.flags import add_config_flags, config_from_args
 from ppsim.cli.main import build_parser, main
-from ppsim.cli.megatron_model import layer_kinds_spec, moe_layer_pattern
+from ppsim.cli.megatron_model import layer_kinds_spec
 from ppsim.config.presets import MODEL_PRESETS
 from ppsim.costs.arch import layer_kinds
 from ppsim.costs.layerops import padded_vocab
+from ppsim.costs.patterns import moe_layers
 
 # Llama-3-8B as a Megatron launch script writes it (Megatron's Llama-3 example arguments).
 LLAMA3_8B = """--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336
@@ -161,7 +162,7 @@ def test_what_megatron_or_ppsim_cannot_take_is_one_line_naming_the_flag(
 def test_a_moe_layer_freq_list_is_the_list_megatron_evaluates(runs) -> None:
     expected = [bit for bit, n in runs for _ in range(n)]
     text = "(" + "+".join(f"[{bit}]*{n}" for bit, n in runs) + ")"
-    assert moe_layer_pattern(text, len(expected)) == expected
+    assert moe_layers(text, len(expected)) == expected
     spec = layer_kinds_spec(expected)
     kinds = [k.strip().split("*") for k in spec.split(",")]
     assert [0 if kind == "dense" else 1 for kind, n in kinds for _ in range(int(n))] == expected
@@ -170,7 +171,7 @@ def test_a_moe_layer_freq_list_is_the_list_megatron_evaluates(runs) -> None:
 @given(st.integers(1, 12), st.integers(1, 60))
 def test_a_moe_layer_freq_number_puts_an_moe_layer_every_n_from_the_first(every: int,
                                                                           n: int) -> None:
-    pattern = moe_layer_pattern(str(every), n)
+    pattern = moe_layers(str(every), n)
     assert [i for i, bit in enumerate(pattern) if bit] == list(range(0, n, every))
 
 
