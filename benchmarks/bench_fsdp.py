@@ -17,7 +17,8 @@ What ppsim can check of them:
   torchtitan's per-op checkpointing, none of which ppsim's compute rates hold.
 
 Then (without --quick) `ppsim plan --gpus --fsdp` at scale: the 405B preset on 8,192 GPUs
-and DeepSeek-V3 on 2,048, as bench_job.py plans them with the distributed optimizer.
+and DeepSeek-V3 on 2,048, as bench_job.py plans them with the distributed optimizer; and
+the 405B with the sharding searched (`--search sharding`, bench_job.py's overlaps on).
 
 Run: .venv/bin/python benchmarks/bench_fsdp.py [--quick]
 """
@@ -93,6 +94,10 @@ def main() -> None:
     plan_case("llama3.1-405b on 8,192 H100, FSDP", [
         "--preset", "llama3.1-405b", "--hardware", "h100-80gb", "--gpus", "8192",
         "--global-batch-size", "2048", "--fsdp"])
+    plan_case("llama3.1-405b on 8,192 H100, sharding searched", [
+        "--preset", "llama3.1-405b", "--hardware", "h100-80gb", "--gpus", "8192",
+        "--global-batch-size", "2048", "--overlap-grad-reduce", "--overlap-param-gather",
+        "--tp-comm-overlap", "--search", "sharding"])
     plan_case("deepseek-v3 on 2,048 H100, FSDP", [
         "--preset", "deepseek-v3", "--hardware", "h100-80gb", "--gpus", "2048",
         "--global-batch-size", "15360", "--fsdp"])

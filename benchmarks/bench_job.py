@@ -163,7 +163,9 @@ def plan_case(label: str, argv: list[str]) -> None:
               f"mbs{c['micro_batch_size']}: {c['iteration_time_ms']:.0f} ms, "
               f"{t['tflops_per_gpu']:.0f} TFLOP/s/GPU, MFU {t['mfu']:.1%}, "
               f"{t['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, peak "
-              f"{c['peak_memory_bytes'] / 1e9:.1f} GB, {c['held_back_by']}"
+              f"{c['peak_memory_bytes'] / 1e9:.1f} GB, {c['held_back_by']}, "
+              f"{c['data_parallel']}" + (f" x{c['dp_replicas']} copies"
+                                         if c["dp_replicas"] > 1 else "")
               + (f"; policy {c['memory_policy']}" if c["memory_policy"] else ""))
 
 

@@ -14,6 +14,7 @@ from ppsim.cli.simulate import exports_of
 from ppsim.cli.torchtitan_job import torchtitan_job, torchtitan_text
 from ppsim.config import limits, validate
 from ppsim.errors import UserError
+from ppsim.job.model import data_parallel
 from ppsim.job.policy_search import POLICY_AXES, mode_flags
 from ppsim.job.ranks import DEFAULT_ORDER, TP_PP_DP_ORDER, parse_order
 from ppsim.job.search import FIXABLE, JobSearch, ShapeResult, search_job
@@ -31,6 +32,10 @@ def shape_dict(r: ShapeResult) -> dict[str, Any]:
             "fits": sm.fits, "peak_memory_bytes": sm.peak_memory_bytes,
             "throughput": r.throughput.to_dict() if r.throughput else None,
             "held_back_by": r.held_back_by, "memory_policy": r.policy or None,
+            "data_parallel": data_parallel(r.problem.hardware.job.arch)
+            if r.problem.hardware.job else None,
+            "dp_replicas": r.problem.hardware.job.arch.dp_replicas
+            if r.problem.hardware.job else 1,
             "megatron_policy_flags": r.policy_flags}
 
 
@@ -142,7 +147,7 @@ def _shape_cell(r: ShapeResult) -> str:
     """The parallel sizes over the batch's: two short lines rather than one long one."""
     s = r.shape
     return (f"tp{s.tp} cp{s.cp} ep{s.ep} pp{s.pp} dp{s.dp}\n"
-            f"vpp{s.vpp} mbs{s.mbs} m{s.microbatches}")
+            f"vpp{s.vpp} mbs{s.mbs} m{s.microbatches}{s.sharding_label()}")
 
 
 def _row_tag(i: int, r: ShapeResult) -> str:
@@ -206,13 +211,13 @@ def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
 def _policy_axis(search: str | None, cfg: Any) -> str:
     """What --search asks of the job search: "", "recompute" or "policy" (the job search
     varies vpp and the micro-batch size anyway; the global batch sets the microbatches)."""
-    axes = {a.strip() for a in (search or "").split(",") if a.strip()} - {"vpp"}
+    axes = {a.strip() for a in (search or "").split(",") if a.strip()} - {"vpp", "sharding"}
     other = sorted(axes - set(POLICY_AXES))
     if other:
-        raise UserError("--search", f"the job search (--gpus) takes recompute or policy, "
-                        f"not {', '.join(other)}", "search recompute or policy; it varies "
-                        "vpp and the micro-batch size itself, and the global batch sets "
-                        "the microbatches")
+        raise UserError("--search", f"the job search (--gpus) takes recompute, policy or "
+                        f"sharding, not {', '.join(other)}", "search recompute, policy or "
+                        "sharding; it varies vpp and the micro-batch size itself, and the "
+                        "global batch sets the microbatches")
     if axes and cfg.memory is not None:
         raise UserError("--search", "searches the memory policy, but one is configured",
                         "drop [memory] and the --recompute-modules, --recompute-num-layers "
@@ -266,7 +271,8 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
     held = fixed_sizes(args)
     with step_bar(not args.json and sys.stderr.isatty()) as progress:
         res = search_job(cfg, args.gpus, gbs, top_k=args.top, budget_s=args.time_budget,
-                         policy=policy, fixed=held, progress=progress)
+                         policy=policy, fixed=held, progress=progress,
+                         sharding="sharding" in (args.search or "").replace(" ", "").split(","))
     if assumed:  # after the search's checks: bad input stays one line on stderr
         sys.stderr.write(f"ppsim plan: {assumed}\n")
     if args.json:

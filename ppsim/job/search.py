@@ -64,10 +64,22 @@ class Shape:
     """Sequences per microbatch."""
     microbatches: int
     """Per replica: global batch / (mbs x dp)."""
+    sharding: str = ""
+    """How the replicas keep their state when the search varies it ("fsdp" or
+    "distributed optimizer", ppsim.job.model.data_parallel); "": as configured."""
+    dp_replicas: int = 1
+    """Copies of the sharded state (with `sharding`)."""
 
     def label(self) -> str:
         return (f"tp{self.tp} cp{self.cp} ep{self.ep} pp{self.pp} dp{self.dp} vpp{self.vpp} "
-                f"mbs{self.mbs} m{self.microbatches}")
+                f"mbs{self.mbs} m{self.microbatches}" + self.sharding_label())
+
+    def sharding_label(self) -> str:
+        """" fsdp", " distopt/4" (4 copies) when the search varies it; "" otherwise."""
+        if not self.sharding:
+            return ""
+        name = "fsdp" if self.sharding == "fsdp" else "distopt"
+        return f" {name}" + (f"/{self.dp_replicas}" if self.dp_replicas > 1 else "")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,9 +137,12 @@ FIXABLE = ("tp", "cp", "ep", "pp", "dp", "vpp", "mbs")
 
 
 def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
-           fixed: dict[str, int] | None = None) -> list[Shape]:
+           fixed: dict[str, int] | None = None, any_copies: bool = False) -> list[Shape]:
     """Every shape the model, the world and the global batch allow, with the sizes in
-    `fixed` (keys of FIXABLE) held at their values."""
+    `fixed` (keys of FIXABLE) held at their values; the configured copies of the sharded
+    state divide each one's data-parallel groups unless `any_copies` (the sharding is
+    searched)."""
+    copies = 1 if any_copies else a.dp_replicas
     pin = fixed or {}
 
     def choices(name: str, free: Any) -> Any:
@@ -149,7 +164,7 @@ def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
                 for ep in choices("ep", _powers(a.num_experts) if a.num_experts else [1]):
                     if (dp * cp) % ep or (a.num_experts and a.num_experts % ep) or \
                             (not a.num_experts and ep > 1) or \
-                            (dp * cp) % a.dp_replicas or (dp * cp // ep) % a.dp_replicas:
+                            (dp * cp) % copies or (dp * cp // ep) % copies:
                         continue
                     for mbs in choices("mbs", MBS_CHOICES):
                         if gbs % (mbs * dp):
@@ -164,10 +179,27 @@ def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
     return out
 
 
+def sharding_choices(s: Shape, gpus_per_node: int, experts: bool) -> list[Shape]:
+    """`s` under each sharding the search tries: the distributed optimizer and FSDP, each
+    over the whole data-parallel group and, where it spans nodes with more than one of its
+    ranks on each, with one copy a node (its shards then reduce and gather over NVLink,
+    the copies all-reduce across)."""
+    group = s.dp * s.cp
+    per_node = max(1, gpus_per_node // s.tp)  # dp x cp ranks on a node (tp innermost)
+    copies = [1]
+    if group > per_node > 1 and group % per_node == 0 and \
+            (not experts or (group // s.ep) % (group // per_node) == 0):
+        copies.append(group // per_node)
+    return [replace(s, sharding=kind, dp_replicas=n)
+            for kind in ("distributed optimizer", "fsdp") for n in copies]
+
+
 def _config(cfg: Any, s: Shape, gbs: int) -> Any:
     schedule = "interleaved-1f1b" if s.vpp > 1 else "1f1b"
+    sharding = {"fsdp": s.sharding == "fsdp", "dp_replicas": s.dp_replicas,
+                "distributed_optimizer": s.sharding != "fsdp"} if s.sharding else {}
     return with_overrides(cfg, model={"tp": s.tp, "cp": s.cp, "ep": s.ep, "dp": s.dp,
-                                      "micro_batch_size": s.mbs},
+                                      "micro_batch_size": s.mbs, **sharding},
                           pipeline={"pp": s.pp, "vpp": s.vpp, "schedule": schedule,
                                     "global_batch_size": gbs}, split={})
 
@@ -298,17 +330,21 @@ def _fastest_first(results: list[ShapeResult]) -> list[ShapeResult]:
 def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
                budget_s: float = 60.0, policy: str = "",
                fixed: dict[str, int] | None = None,
-               progress: Progress = _silent) -> JobSearch:
+               progress: Progress = _silent, sharding: bool = False) -> JobSearch:
     """Shapes of `gpus` GPUs for a global batch of `gbs`, fastest first; `policy`
-    (ppsim.job.policy_search.POLICY_AXES) searches the memory policy too, `fixed` holds
-    some sizes (FIXABLE) where the user set them; `progress` is told each step."""
+    (ppsim.job.policy_search.POLICY_AXES) searches the memory policy too, `sharding` the
+    replicas' sharding (sharding_choices), `fixed` holds some sizes (FIXABLE) where the
+    user set them; `progress` is told each step."""
     t0 = time.perf_counter()
     a = getattr(cfg.model, "arch", None)
     if a is None:
         raise UserError("--gpus", "plans the job of a transformer model", "give --preset NAME")
     layers = cfg.model.total_layers
     results = []
-    todo = shapes(a, gpus, gbs, cfg.hardware.gpus_per_node, layers, fixed)
+    todo = shapes(a, gpus, gbs, cfg.hardware.gpus_per_node, layers, fixed, sharding)
+    if sharding:
+        todo = [v for s in todo
+                for v in sharding_choices(s, cfg.hardware.gpus_per_node, a.num_experts > 0)]
     if not todo and fixed:
         given = ", ".join(f"{k} {v}" for k, v in fixed.items())
         raise UserError("--gpus", f"no shape of {gpus:,} GPUs at a global batch of {gbs:,} "

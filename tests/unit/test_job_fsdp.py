@@ -19,6 +19,7 @@ from ppsim.config.schema import config_from_dict
 from ppsim.costs.transformer import accelerator, transformer_costs
 from ppsim.job.fsdp import fsdp_steps
 from ppsim.job.model import build_job
+from ppsim.job.search import Shape, sharding_choices
 from ppsim.pipeline.problem import model_costs
 
 NV, NV_STEP, NIC, NIC_STEP = 450e6, 1e-3, 50e6, 5e-3  # bytes per ms, ms
@@ -273,3 +274,37 @@ def test_fsdp_over_a_distributed_optimizer_preset() -> None:
     assert json.loads(r.stdout)["job"]["data_parallel"] == "fsdp"
     back = config_from_dict({"model": {"preset": "deepseek-v3", "fsdp": True}}).model
     assert back.with_fields({"distributed_optimizer": True}).arch.fsdp is False
+
+
+def test_the_sharding_choices_of_a_shape() -> None:
+    """Distributed optimizer and FSDP, each whole and with one copy a node: tp 4 leaves
+    two data-parallel ranks on an 8-GPU node, so 64 ranks make 32 copies."""
+    s = Shape(tp=4, cp=1, ep=1, pp=1, dp=64, vpp=1, mbs=1, microbatches=4)
+    got = {(v.sharding, v.dp_replicas) for v in sharding_choices(s, 8, experts=False)}
+    assert got == {("distributed optimizer", 1), ("distributed optimizer", 32),
+                   ("fsdp", 1), ("fsdp", 32)}
+    # A data-parallel group inside one node has no copies to make, nor one with a single
+    # rank a node (a copy a node would shard nothing).
+    small = Shape(tp=8, cp=1, ep=1, pp=8, dp=1, vpp=1, mbs=1, microbatches=8)
+    assert {v.dp_replicas for v in sharding_choices(small, 8, experts=False)} == {1}
+    wide = Shape(tp=8, cp=1, ep=1, pp=1, dp=64, vpp=1, mbs=1, microbatches=8)
+    assert {v.dp_replicas for v in sharding_choices(wide, 8, experts=False)} == {1}
+
+
+def test_plan_searches_the_sharding() -> None:
+    r = run_cli(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "64",
+                 "--global-batch-size", "128", "--pp", "1", "--tp", "1", "--cp", "1",
+                 "--micro-batch-size", "1", "--recompute", "full", "--search", "sharding",
+                 "--json"])
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    seen = {(c["data_parallel"], c["dp_replicas"]) for c in doc["candidates"]}
+    assert seen == {("distributed optimizer", 1), ("distributed optimizer", 8),
+                    ("fsdp", 1), ("fsdp", 8)}  # every shape fixed but its sharding
+    times = [c["iteration_time_ms"] for c in doc["candidates"] if c["fits"]]
+    assert times == sorted(times)
+    best = doc["best"]
+    assert (best["megatron_job_flags"] is None) == (best["data_parallel"] == "fsdp")
+    bad = run_cli(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus",
+                   "64", "--global-batch-size", "128", "--search", "tp"])
+    assert bad.returncode == 2 and "recompute, policy or sharding" in bad.stderr
