@@ -8,9 +8,12 @@ pass hidden by one chunk's attention. With tensor parallelism (sequence parallel
 layer all-gathers before attention and before the MLP and reduce-scatters after each,
 in the forward and mirrored in the backward (again in the backward under full
 recompute); --tp-comm-overlap hides them behind the layer's compute as far as it lasts.
-Expert parallelism's dispatch and combine are all-to-alls over the expert group's links.
-The head gathers once before the vocabulary projection, the embedding scatters once
-after the lookup. With tp = cp = ep = 1 the costs are the model's, untouched.
+Expert parallelism's dispatch and combine are all-to-alls over the expert group's links
+(--moe-shared-expert-overlap hides them behind the shared experts' compute as far as it
+lasts). The head gathers once before the vocabulary projection, the embedding scatters
+once after the lookup. FSDP without pp gathers and reduce-scatters each unit in every
+microbatch (ppsim.job.fsdp), and keeps what it holds unsharded in the static bytes. With
+tp = cp = ep = 1 and no FSDP the costs are the model's, untouched.
 """
 
 from __future__ import annotations
