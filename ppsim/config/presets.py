@@ -112,7 +112,7 @@ MODEL_NOTES: dict[str, str] = {
     "gpt-oss-120b": "gpt-oss-120b: 36 MoE layers, 128 experts top-4, GQA 64/8, a 128-token "
     "sliding window on every other layer, ep 8 (openai/gpt-oss-120b config.json; Megatron-LM's "
     "examples/post_training/modelopt/conf/openai/gpt-oss-120b.sh; arXiv 2508.10925: 116.8B, "
-    "5.1B active)",
+    "5.1B active; its gated MLP is Megatron's --quick-geglu, the same matmuls as --swiglu)",
     "tiny-hybrid": "CPU-sized hybrid stack: Mamba-2, attention, GatedDeltaNet, MoE and MLP "
     "layers (pattern M-*-G-E-)",
     "nemotron-h-8b": "NVIDIA Nemotron-H-8B-Base-8K: 24 Mamba-2, 24 MLP, 4 attention layers "
