@@ -308,3 +308,18 @@ def test_plan_searches_the_sharding() -> None:
     bad = run_cli(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus",
                    "64", "--global-batch-size", "128", "--search", "tp"])
     assert bad.returncode == 2 and "recompute, policy or sharding" in bad.stderr
+
+
+def test_searching_the_sharding_never_loses_to_either_choice() -> None:
+    """The searched sharding includes both whole ones: its best is never slower."""
+    base = ["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "64",
+            "--global-batch-size", "256", "--recompute", "full", "--pp", "2", "--json"]
+
+    def best(*flags: str) -> float:
+        r = run_cli([*base, *flags])
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["best"]["iteration_time_ms"]
+
+    searched = best("--search", "sharding")
+    assert searched <= best("--use-distributed-optimizer") + 1e-9
+    assert searched <= best("--fsdp") + 1e-9
