@@ -313,7 +313,7 @@ def test_plan_searches_the_sharding() -> None:
 def test_searching_the_sharding_never_loses_to_either_choice() -> None:
     """The searched sharding includes both whole ones: its best is never slower."""
     base = ["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "64",
-            "--global-batch-size", "256", "--recompute", "full", "--pp", "2", "--json"]
+            "--global-batch-size", "256", "--recompute", "full", "--pp", "1", "--json"]
 
     def best(*flags: str) -> float:
         r = run_cli([*base, *flags])
