@@ -23,7 +23,7 @@ from ppsim.units import fmt_bytes
 
 
 def shape_dict(r: ShapeResult) -> dict[str, Any]:
-    s, sm = r.shape, r.summary
+    s, sm, job = r.shape, r.summary, r.problem.hardware.job
     return {"tp": s.tp, "cp": s.cp, "ep": s.ep, "pp": s.pp, "dp": s.dp, "vpp": s.vpp,
             "micro_batch_size": s.mbs, "microbatches": s.microbatches,
             "schedule": r.problem.schedule.name, "split": list(r.problem.split.counts),
@@ -32,10 +32,8 @@ def shape_dict(r: ShapeResult) -> dict[str, Any]:
             "fits": sm.fits, "peak_memory_bytes": sm.peak_memory_bytes,
             "throughput": r.throughput.to_dict() if r.throughput else None,
             "held_back_by": r.held_back_by, "memory_policy": r.policy or None,
-            "data_parallel": data_parallel(r.problem.hardware.job.arch)
-            if r.problem.hardware.job else None,
-            "dp_replicas": r.problem.hardware.job.arch.dp_replicas
-            if r.problem.hardware.job else 1,
+            "data_parallel": data_parallel(job.arch) if job else None,
+            "dp_replicas": job.arch.dp_replicas if job else 1,
             "megatron_policy_flags": r.policy_flags}
 
 
@@ -208,10 +206,16 @@ def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
                   markup=False, soft_wrap=True)
 
 
-def _policy_axis(search: str | None, cfg: Any) -> str:
-    """What --search asks of the job search: "", "recompute" or "policy" (the job search
-    varies vpp and the micro-batch size anyway; the global batch sets the microbatches)."""
-    axes = {a.strip() for a in (search or "").split(",") if a.strip()} - {"vpp", "sharding"}
+def _search_axes(search: str | None) -> set[str]:
+    """The axes --search names."""
+    return {a.strip() for a in (search or "").split(",") if a.strip()}
+
+
+def _policy_axis(given: set[str], cfg: Any) -> str:
+    """What the --search axes `given` ask of the job search about the memory policy: "",
+    "recompute" or "policy" (the job search varies vpp and the micro-batch size anyway,
+    the global batch sets the microbatches, and sharding is an axis of its own)."""
+    axes = given - {"vpp", "sharding"}
     other = sorted(axes - set(POLICY_AXES))
     if other:
         raise UserError("--search", f"the job search (--gpus) takes recompute, policy or "
@@ -267,12 +271,13 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
     if etp is not None and experts and args.tp != etp:
         raise UserError("--expert-tensor-parallel-size", "ppsim splits each expert over the "
                         "tp ranks, and the job search varies tp", f"hold --tp {etp}, or drop it")
-    policy = _policy_axis(args.search, cfg)
+    axes = _search_axes(args.search)
+    policy = _policy_axis(axes, cfg)
     held = fixed_sizes(args)
     with step_bar(not args.json and sys.stderr.isatty()) as progress:
         res = search_job(cfg, args.gpus, gbs, top_k=args.top, budget_s=args.time_budget,
                          policy=policy, fixed=held, progress=progress,
-                         sharding="sharding" in (args.search or "").replace(" ", "").split(","))
+                         sharding="sharding" in axes)
     if assumed:  # after the search's checks: bad input stays one line on stderr
         sys.stderr.write(f"ppsim plan: {assumed}\n")
     if args.json:

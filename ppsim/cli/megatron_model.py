@@ -277,8 +277,8 @@ def _position(args: argparse.Namespace) -> str | None:
 def _moe_fields(args: argparse.Namespace, fields: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     factor = getattr(args, "moe_expert_capacity_factor", None)
-    if factor is not None:  # Megatron takes a negative factor as dropless
-        out["moe_capacity_factor"] = max(factor, 0.0) if factor == factor else factor
+    if factor is not None:  # Megatron takes a negative factor as dropless (NaN: refused later)
+        out["moe_capacity_factor"] = 0.0 if factor < 0 else factor
     if getattr(args, "moe_pad_expert_input_to_capacity", None):
         out["moe_pad_to_capacity"] = True
     shared = getattr(args, "moe_shared_expert_intermediate_size", None)

@@ -31,10 +31,12 @@ weights, the computing one and the prefetched one, and one unit's gradient).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from ppsim.costs.arch import DTYPE_BYTES, Architecture, grad_bytes, optimizer_shards
+from ppsim.costs.arch import DTYPE_BYTES, Architecture, grad_bytes, layer_kinds, optimizer_shards
 from ppsim.costs.model import LayerCost, ModelCosts
+from ppsim.costs.transformer import held_params
 from ppsim.job.collectives import all_gather_ms, sharded_reduce_ms
 
 if TYPE_CHECKING:
@@ -80,7 +82,7 @@ def held_bytes(a: Architecture, pipelined: bool, experts: bool = False) -> int:
     weight = DTYPE_BYTES[a.dtype]
     if pipelined:
         return weight + grad_bytes(a)
-    return weight if a.fsdp_reshard_after_forward == "never" else 0
+    return 0 if reshards_after_forward(a.fsdp_reshard_after_forward, pipelined) else weight
 
 
 def _buffers(params: float, expert_params: float) -> list[tuple[float, str]]:
@@ -124,24 +126,34 @@ def with_held(job: Job, costs: ModelCosts) -> ModelCosts:
     units in flight once, on the embedding: without pp one rank holds them all)."""
     a, pipelined = job.arch, job.shape.sizes.pp > 1
     emb = _held(a, pipelined, costs.embedding)
-    if not pipelined and a.fsdp_reshard_after_forward != "never":
+    if not pipelined and reshards_after_forward(a.fsdp_reshard_after_forward, pipelined):
         emb = replace(emb, static_bytes=emb.static_bytes + in_flight_bytes(a, costs))
     return replace(costs, layers=tuple(_held(a, pipelined, c) for c in costs.layers),
                    embedding=emb, head=_held(a, pipelined, costs.head),
                    tied=_held(a, pipelined, costs.tied))
 
 
+@lru_cache(maxsize=64)
+def layer_unit_params(a: Architecture) -> int:
+    """The largest decoder layer's parameters on one rank: the unit a stage without the
+    embedding gathers first."""
+    held = (held_params(a, kind) for kind in set(layer_kinds(a)))
+    return max(int(h.dense + h.experts) for h in held)
+
+
 def step_reduce_ms(job: Job, params: int, expert_params: int, forward_ms: float,
-                   first_unit: int) -> float:
+                   holds_embedding: bool) -> float:
     """The exposed part of the collectives FSDP runs once a step on a rank holding
     `params`: the gather during the first forward (`forward_ms`, one microbatch's),
-    never less than its first unit's, and the gradients' reduce-scatter after the last
-    backward."""
+    never less than its first unit's (the embedding on the first stage's rank, else a
+    layer), and the gradients' reduce-scatter after the last backward."""
     steps = job.fsdp_steps
+    assert steps is not None  # an FSDP job's
     out = 0.0
     if not steps.forward_gather:
+        first = job.embedding_params if holds_embedding else layer_unit_params(job.arch)
         whole = gather_ms(job, params, expert_params)
-        out += max(gather_ms(job, min(first_unit, params)), whole - forward_ms)
+        out += max(gather_ms(job, min(first, params)), whole - forward_ms)
     if not steps.backward_reduce:
         out += reduce_ms(job, params, expert_params)
     return out

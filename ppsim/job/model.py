@@ -114,14 +114,19 @@ class Job:
         """The first and last stage hold one tied embedding and reduce its gradient."""
         return self.arch.tie_embeddings and self.shape.sizes.pp > 1
 
+    @property
+    def embedding_params(self) -> int:
+        """The word embedding's parameters on one tensor-parallel rank (its padded
+        vocabulary's 1/tp share)."""
+        return padded_vocab(self.arch) * self.arch.hidden_size // self.arch.tp
+
     def embedding_sync_ms(self, pipeline_rank: int) -> float:
         """The tied embedding's gradient all-reduce on this pipeline rank (fp32, its
         1/tp vocabulary shard, over the link between the first and last stage)."""
         pp = self.shape.sizes.pp
         if not self.ties_stages or pipeline_rank not in (0, pp - 1):
             return 0.0
-        nbytes = padded_vocab(self.arch) * self.arch.hidden_size / self.arch.tp \
-            * grad_bytes(self.arch)
+        nbytes = self.embedding_params * grad_bytes(self.arch)
         hops = self.groups.pipeline_hops
         ends = Span(size=2, per_node=1 if any(hops) else 2, nodes=2 if any(hops) else 1)
         return all_reduce_ms(nbytes, link(self.network, ends))
@@ -174,17 +179,18 @@ def groups(sizes: Sizes, order: str, gpus_per_node: int, replicas: int = 1) -> G
     def where(dims: tuple[str, ...], experts: bool = False) -> Span:
         return span(group_ranks(sizes, dims, order, experts), gpus_per_node)
 
-    def split(dims: tuple[str, ...], experts: bool = False) -> tuple[Span, Span]:
+    def split(dims: tuple[str, ...], experts: bool = False) -> tuple[Span, Span, Span]:
+        """The whole group, one copy's block of it, and the ranks across the copies."""
         ranks = group_ranks(sizes, dims, order, experts)
         inner = max(1, len(ranks) // replicas)
-        return span(ranks[:inner], gpus_per_node), span(ranks[::inner], gpus_per_node)
+        return (span(ranks, gpus_per_node), span(ranks[:inner], gpus_per_node),
+                span(ranks[::inner], gpus_per_node))
 
-    dp_shard, dp_replica = split(("cp", "dp"))
-    edp_shard, edp_replica = split(("dp",), experts=True)
+    dp, dp_shard, dp_replica = split(("cp", "dp"))
+    edp, edp_shard, edp_replica = split(("dp",), experts=True)
     return Groups(tp=where(("tp",)), cp=where(("cp",)), ep=where(("ep",), experts=True),
-                  dp=where(("cp", "dp")), edp=where(("dp",), experts=True),
-                  dp_shard=dp_shard, dp_replica=dp_replica, edp_shard=edp_shard,
-                  edp_replica=edp_replica,
+                  dp=dp, edp=edp, dp_shard=dp_shard, dp_replica=dp_replica,
+                  edp_shard=edp_shard, edp_replica=edp_replica,
                   pipeline_hops=tuple(pipeline_hops(sizes, gpus_per_node, order)))
 
 

@@ -18,12 +18,9 @@ holds what FSDP runs once a step (ppsim.job.fsdp) and the optimizer on the rank'
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from ppsim.costs.arch import DTYPE_BYTES, Architecture, adam_step_bytes, grad_bytes, layer_kinds
-from ppsim.costs.layerops import padded_vocab
-from ppsim.costs.transformer import held_params
+from ppsim.costs.arch import DTYPE_BYTES, adam_step_bytes, grad_bytes
 from ppsim.job import fsdp
 from ppsim.job.collectives import all_gather_ms, all_reduce_ms, sharded_reduce_ms
 
@@ -55,18 +52,6 @@ def _overlapped(total: float, last_bucket: float, window: float, overlap: bool) 
     return max(last_bucket, total - window) if overlap else total
 
 
-def embedding_params(job: Job) -> int:
-    """The word embedding's parameters on one tensor-parallel rank."""
-    return padded_vocab(job.arch) * job.arch.hidden_size // job.arch.tp
-
-
-@lru_cache(maxsize=64)
-def layer_params(a: Architecture) -> int:
-    """The largest decoder layer's parameters on one rank (FSDP's unit)."""
-    held = (held_params(a, kind) for kind in set(layer_kinds(a)))
-    return max(int(h.dense + h.experts) for h in held)
-
-
 def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
               memory_bandwidth_gbps: float, optimizer_fixed_ms: float = 0.0,
               holds_embedding: bool = False, expert_params: int = 0) -> Tail:
@@ -77,16 +62,14 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
     data-parallel group, each buffer in its own collectives, one after the other."""
     dense = params - expert_params
     named = [(n, g) for n, g in ((dense, "dp"), (expert_params, "edp")) if n]
-    edge = max(bucket_params(job, params), embedding_params(job) if holds_embedding else 0)
+    edge = max(bucket_params(job, params), job.embedding_params if holds_embedding else 0)
     # The bucket reduced last (and gathered first) is the dense buffer's: it holds the
     # embedding, the first layers' attention and norms.
     last_n, last_g = named[0] if named else (0, "dp")
     bucket = min(last_n, edge)
     grads, weights = grad_bytes(job.arch), DTYPE_BYTES[job.arch.dtype]
-    shard = sum(n / job.link(g + "_shard").size for n, g in named)
     if job.arch.fsdp:
-        first = embedding_params(job) if holds_embedding else layer_params(job.arch)
-        reduce = fsdp.step_reduce_ms(job, params, expert_params, forward_ms, first)
+        reduce = fsdp.step_reduce_ms(job, params, expert_params, forward_ms, holds_embedding)
     elif job.arch.distributed_optimizer:
         def rs(n: float, g: str) -> float:
             return sharded_reduce_ms(n * grads, job.link(g + "_shard"),
@@ -100,10 +83,11 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
                   + _overlapped(sum(ag(n, g) for n, g in named), ag(bucket, last_g),
                                 forward_ms, job.overlap_param_gather))
     else:
-        shard = params
         ar = sum(all_reduce_ms(n * grads, job.link(g)) for n, g in named)
         reduce = _overlapped(ar, all_reduce_ms(bucket * grads, job.link(last_g)), backward_ms,
                              job.overlap_grad_reduce)
+    sharded = job.arch.fsdp or job.arch.distributed_optimizer
+    shard = sum(n / job.link(g + "_shard").size for n, g in named) if sharded else params
     step = shard * adam_step_bytes(job.arch) / (memory_bandwidth_gbps * 1e6) \
         if memory_bandwidth_gbps > 0 else 0.0
     if params and (step or optimizer_fixed_ms):

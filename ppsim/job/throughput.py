@@ -66,8 +66,9 @@ def tflops_text(tflops: float) -> str:
 
 
 JOB_INFO_KEYS = ("tokens", "flops", "gpus", "peak_tflops")
-"""What a trace's otherData.job records so a diff can print its throughput (and, where
-it was recorded, `torchtitan_flops`)."""
+"""What a trace's otherData.job records so a diff can print its throughput."""
+OPTIONAL_INFO_KEYS = ("torchtitan_flops",)
+"""What it records beside them that older traces lack."""
 
 
 def job_info(job: Any) -> dict[str, float] | None:
@@ -85,10 +86,10 @@ def from_info(info: Any, where: str) -> dict[str, float] | None:
     if not isinstance(info, dict):
         raise UserError(where, "must be an object", "re-record the trace")
     out = {}
-    for key in (*JOB_INFO_KEYS, "torchtitan_flops"):
+    for key in (*JOB_INFO_KEYS, *OPTIONAL_INFO_KEYS):
         v = info.get(key)
-        if key == "torchtitan_flops" and v is None:
-            continue  # traces recorded before torchtitan's count was kept
+        if v is None and key in OPTIONAL_INFO_KEYS:
+            continue
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) \
                 or v <= 0 or v > 1e30:
             raise UserError(f"{where}.{key}", f"must be a positive number, got {v!r}"[:200],

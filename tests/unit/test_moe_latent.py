@@ -69,11 +69,12 @@ def test_the_experts_and_the_dispatch_work_at_the_latent_width() -> None:
 
 def test_the_projections_are_whole_on_every_tp_rank() -> None:
     a = replace(MIXTRAL, moe_latent_size=1024, tp=2)
-    p = kind_params(a, "moe")
-    assert p.duplicated == 2 * a.hidden_size * 1024
-    held = held_params(a, "moe")
-    assert held.dense == pytest.approx((p.dense - p.norms - p.duplicated) / 2 + p.norms
-                                       + p.duplicated)
+    assert kind_params(a, "moe").duplicated == 2 * 4096 * 1024
+    # Beside the same layer without them, a tp rank holds both projections whole (not
+    # half of them, as it does the attention's and the shared experts' matrices).
+    without = replace(MIXTRAL, tp=2)
+    assert held_params(a, "moe").dense - held_params(without, "moe").dense == \
+        pytest.approx(2 * 4096 * 1024)
 
 
 def test_shared_expert_overlap_with_latents_is_refused() -> None:
