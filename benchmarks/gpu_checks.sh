@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check the issues name, for a lent GPU machine (one device, torch already there).
 #
-#   bash benchmarks/gpu_checks.sh [costs] [accuracy] [executor] [policy] [job]
+#   bash benchmarks/gpu_checks.sh [costs] [accuracy] [executor] [policy] [job] [fp8]
 #                                                  (default: the first three)
 #
 # costs:    benchmarks/bench_costs.py --device cuda     measured vs analytic F/B/W (< 5 min)
@@ -15,6 +15,9 @@
 #           model's own matmuls and attention timed after a warm-up to the settled clock
 #           (weak-<model>.toml; the target rows' first), then the runs predicted with them
 #           beside the preset (< 5 min)
+# fp8:      benchmarks/bench_fp8_gemm.py --device cuda  FP8 against bf16 GEMMs at the 70B and
+#           405B linears' shapes, settled clock: the FP8 / bf16 ratio ppsim prices at 2.0
+#           (< 2 min)
 #
 # One command may run 10 minutes there: run `costs` alone, then `accuracy executor`.
 # Packages the machine lacks (simpy, textual) travel as wheels in .whl/ (git-ignored):
@@ -40,9 +43,11 @@ checks=("$@")
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
 declare -A script=([costs]=bench_costs.py [accuracy]=bench_accuracy.py [executor]=bench_executor.py
-                   [policy]=bench_memory_policy_gpu.py [job]=bench_job.py)
+                   [policy]=bench_memory_policy_gpu.py [job]=bench_job.py
+                   [fp8]=bench_fp8_gemm.py)
 declare -A args=([job]="--measure $out/job")
-declare -A limit=([costs]=290 [accuracy]=350 [executor]=200 [policy]=240 [job]=300)
+declare -A limit=([costs]=290 [accuracy]=350 [executor]=200 [policy]=240 [job]=300
+                  [fp8]=120)
 for c in "${checks[@]}"; do
     echo "=== $c ($(date -u +%H:%M:%S))"
     # shellcheck disable=SC2086  # args holds several words

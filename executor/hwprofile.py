@@ -37,6 +37,10 @@ from ppsim.job.layers import per_rank_arch
 # Dense bf16 peaks (TFLOP/s) of GPUs we know; others use the best measured rate / 0.8.
 KNOWN_PEAKS = {"H200": 989.0, "H100": 989.0, "GH200": 989.0, "A100": 312.0, "L40S": 362.0,
                "B200": 2250.0}
+# Their dense FP8 peaks (datasheets; A100 has no FP8 tensor cores): what --fp8-format's
+# matmuls run at, written beside the measured figures; 0 for a device not listed.
+KNOWN_FP8_PEAKS = {"H200": 1979.0, "H100": 1979.0, "GH200": 1979.0, "L40S": 733.0,
+                   "B200": 4500.0}
 
 GPU_MATMULS = [(256, 256, 256), (1024, 1024, 1024), (2048, 2048, 2048), (2048, 6144, 2048),
                (4096, 4096, 4096), (8192, 4096, 14336), (8192, 8192, 8192)]
@@ -120,13 +124,14 @@ def model_matmuls(a: Architecture) -> list[tuple[int, int, int]]:
     return shapes[:MAX_MODEL_MATMULS]
 
 
-def _peak(device: torch.device, best_tflops: float) -> float:
+def _peak(device: torch.device, best_tflops: float, peaks: dict[str, float] = KNOWN_PEAKS,
+          ) -> float:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        for key, peak in KNOWN_PEAKS.items():
+        for key, peak in peaks.items():
             if key in name:
                 return peak
-    return best_tflops / 0.8
+    return best_tflops / 0.8 if peaks is KNOWN_PEAKS else 0.0
 
 
 Tick = Callable[[str], None]
@@ -353,6 +358,9 @@ def measure_hardware(device_kind: str = "cpu", reps: int = 10, model: Architectu
         att_tflops = ((1 + FLASH_BACKWARD) * last["flops"]
                       / ((last["forward_ms"] + last["backward_ms"]) * 1e9))
     hw = hardware_table(peak, _curve_points(generic, mine), att_tflops, bw, overhead)
+    fp8 = _peak(device, 0.0, KNOWN_FP8_PEAKS)
+    if fp8:
+        hw["fp8_peak_tflops"] = fp8
     if device.type == "cuda":
         hw["memory_bytes"] = float(torch.cuda.get_device_properties(device).total_memory)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

@@ -138,3 +138,13 @@ def arch_meaning(a: Any) -> dict[str, Any]:
         out.pop(spelled)
     return {**out, "kinds": layer_kinds(a), "rmsnorm": a.rmsnorm, "rotary": a.rotary,
             "learned": a.learned_positions}
+
+
+def mla_fields(draw: Any, heads: int) -> dict[str, Any]:
+    """Hypothesis: the fields of a small MLA attention over `heads` heads."""
+    return dict(attention="mla", num_kv_heads=heads,
+                q_lora_rank=draw(st.sampled_from([0, 32])),
+                kv_lora_rank=draw(st.integers(8, 64)),
+                head_dim=draw(st.sampled_from([16, 32])),
+                qk_rope_head_dim=draw(st.sampled_from([8, 16])),
+                v_head_dim=draw(st.sampled_from([16, 32])))

@@ -196,6 +196,9 @@ def build(fields: dict[str, Any]) -> Any:
         raise UserError("model.attention_window", "the shipped builders run full causal "
                         "attention", "drop attention_window to run the model (the costs "
                         "price the window), or give a builder of your own")
+    if a.fp8:
+        raise UserError("model.fp8", "the executor's CPU processes have no FP8 matmuls",
+                        "drop fp8 (--fp8-format) to run the model (the costs price FP8)")
     if a.hybrid_layer_pattern:
         return hybrid.build(fields)
     plain = (not a.rmsnorm and a.learned_positions and a.attention == "gqa"

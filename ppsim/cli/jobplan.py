@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from ppsim.cli.flags import assume_hardware, config_from_args, emit_json
-from ppsim.cli.megatron_model import optimizer_args, parallel_args
+from ppsim.cli.megatron_args import optimizer_args, parallel_args
 from ppsim.cli.render import compact_table, step_bar
 from ppsim.cli.simulate import exports_of
 from ppsim.cli.torchtitan_job import torchtitan_job, torchtitan_text

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import fields as dataclass_fields
 from itertools import groupby
 from typing import Any
 
 from ppsim.config.model import Model, TransformerModel
-from ppsim.costs.arch import OPTIMIZER_DTYPES, Architecture, layer_kinds
+from ppsim.costs.arch import FP8_FORMATS
 from ppsim.costs.patterns import moe_layers
 from ppsim.errors import UserError
 
@@ -42,7 +41,8 @@ ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
               "moe_shared_expert_intermediate_size", "moe_layer_freq", "window_size",
               "window_attn_skip_freq", "quick_geglu", "moe_expert_capacity_factor",
               "moe_pad_expert_input_to_capacity",
-              "make_vocab_size_divisible_by", "fp8_format", "fp4_format")
+              "make_vocab_size_divisible_by", "fp8_format", "fp8_recipe", "fp8_param_gather",
+              "first_last_layers_bf16", "fp4_format")
 """Every flag of the group that changes the model (the rest are accepted and ignored)."""
 IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base": float,
            "rotary-percent": float, "init-method-std": float, "disable-bias-linear": None,
@@ -54,8 +54,9 @@ IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base":
            "moe-router-dtype": str, "moe-permute-fusion": None,
            "moe-z-loss-coeff": float, "moe-router-pre-softmax": None,
            "attention-backend": str, "apply-layernorm-1p": None, "squared-relu": None,
-           "fp8-recipe": str, "fp8-param-gather": None, "fp8-amax-history-len": int,
-           "fp8-amax-compute-algo": str, "fp8-margin": int, "spec": [str],
+           "fp8-amax-history-len": int, "num-layers-at-start-in-bf16": int,
+           "num-layers-at-end-in-bf16": int, "fp8-amax-compute-algo": str,
+           "fp8-margin": int, "spec": [str],
            "rope-type": str, "moe-router-num-groups": int, "moe-router-group-topk": int,
            "moe-token-drop-policy": str, "rotary-scaling-factor": float, "mscale": float,
            "mscale-all-dim": float, "add-qkv-bias": None, "rotary-interleaved": None,
@@ -64,8 +65,9 @@ IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base":
            "glu-linear-offset": float, "softmax-type": str,
            "activation-func-clamp-value": float}
 """Accepted as Megatron takes them; ppsim's costs do not depend on them (sequence
-parallelism is always assumed with tp > 1; the FP8 recipe's knobs do nothing without
---fp8-format, which is refused; --spec names the builder of the layers the model
+parallelism is always assumed with tp > 1; FP8's scaling knobs change neither the
+matmuls nor what is kept, and the bf16 layer counts act only with
+--first-last-layers-bf16, which is refused; --spec names the builder of the layers the model
 arguments describe; group-limited routing picks the experts, not how many, and the
 all-to-all still reaches every expert-parallel rank; YaRN's and Llama's rope scaling,
 layers without rope and the query/key/value biases (3 widths a layer) change no cost, nor
@@ -123,10 +125,26 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
             g.add_argument(f"--{flag}", type=kind, help=hidden)
     g.add_argument("--expert-tensor-parallel-size", type=int, help=hidden)
     g.add_argument("--cp-comm-type", nargs="+", help=hidden)
-    for flag in ("fp8-format", "fp4-format"):
-        g.add_argument(f"--{flag}", help=hidden)
+    g.add_argument("--fp8-format", choices=FP8_FORMATS[1:], help=hidden)
+    g.add_argument("--fp8-recipe", help=hidden)
+    g.add_argument("--fp4-format", help=hidden)
+    for flag in ("fp8-param-gather", "first-last-layers-bf16"):
+        g.add_argument(f"--{flag}", action="store_true", default=None, help=hidden)
     g.add_argument("--moe-token-dispatcher-type", choices=("allgather", "alltoall", "flex"),
                    help=hidden)
+
+
+def _fp8_fields(get: Any) -> dict[str, Any]:
+    """--fp8-format, --fp8-recipe and --fp8-param-gather as fields (ppsim.costs.fp8)."""
+    if get("fp4_format") is not None:
+        raise UserError("--fp4-format", "ppsim prices bf16 and FP8 matmuls, not FP4 "
+                        "(Blackwell's NVFP4)", "drop the --fp4-* flags to plan at bf16")
+    if get("first_last_layers_bf16"):
+        raise UserError("--first-last-layers-bf16", "ppsim prices every decoder layer in "
+                        "FP8", "drop it (the bf16 layers run slower than priced)")
+    out: dict[str, Any] = {"fp8": get("fp8_format"), "fp8_recipe": get("fp8_recipe"),
+                           "fp8_param_gather": get("fp8_param_gather")}
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def given(args: argparse.Namespace) -> bool:
@@ -188,11 +206,7 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
         out["position"] = position
     if get("untie_embeddings_and_output_weights"):
         out["tie_embeddings"] = False
-    for low in ("fp8", "fp4"):
-        if get(f"{low}_format") is not None:
-            raise UserError(f"--{low}-format", f"ppsim prices bf16 and fp16 matmuls, not "
-                            f"{low.upper()} (Transformer Engine's)", f"drop the --{low}-* "
-                            "flags to plan at bf16, the slower bound")
+    out.update(_fp8_fields(get))
     if get("bf16") and get("fp16"):
         raise UserError("--bf16", "and --fp16 both given", "give one of them")
     if get("bf16") or get("fp16"):
@@ -301,105 +315,11 @@ def _moe_fields(args: argparse.Namespace, fields: dict[str, Any]) -> dict[str, A
     return out
 
 
-def _runs(pattern: list[int]) -> list[tuple[int, int]]:
+def bit_runs(pattern: list[int]) -> list[tuple[int, int]]:
     """(bit, how many in a row) of a 0/1 pattern."""
     return [(bit, len(list(group))) for bit, group in groupby(pattern)]
 
 
 def layer_kinds_spec(pattern: list[int]) -> str:
     """A 0/1 pattern as ppsim's `layers` spec, runs of a kind together: "dense*3, moe*58"."""
-    return ", ".join(f"{'moe' if bit else 'dense'}*{n}" for bit, n in _runs(pattern))
-
-
-RECOMPUTE_FLAGS = {"none": [], "selective": ["--recompute-granularity", "selective"],
-                   "full": ["--recompute-granularity", "full", "--recompute-method", "uniform",
-                            "--recompute-num-layers", "1"]}
-"""A global recompute mode as Megatron's flags."""
-MAMBA_DEFAULTS = {f.name: f.default for f in dataclass_fields(Architecture)
-                  if f.name.startswith(("mamba_", "linear_"))}
-
-
-def megatron_model_args(a: Architecture) -> list[str]:
-    """The model as Megatron's arguments, the inverse of `model_table` over nothing: the
-    shapes, the kinds of layer, the precision, dropout, the recompute mode, and tp and ep
-    (what a launch script's MODEL_ARGS and parallel sizes hold)."""
-    def kv(flag: str, value: object) -> list[str]:
-        return [flag, str(value)]
-
-    out = kv("--hybrid-layer-pattern", a.hybrid_layer_pattern) if a.hybrid_layer_pattern \
-        else kv("--num-layers", a.num_layers)
-    out += kv("--hidden-size", a.hidden_size) + kv("--ffn-hidden-size", a.ffn_hidden_size)
-    out += kv("--num-attention-heads", a.num_heads)
-    if a.attention == "mla":
-        out += ["--multi-latent-attention"] + kv("--q-lora-rank", a.q_lora_rank) * bool(
-            a.q_lora_rank) + kv("--kv-lora-rank", a.kv_lora_rank) + kv(
-            "--qk-head-dim", a.head_dim or a.hidden_size // a.num_heads) + kv(
-            "--qk-pos-emb-head-dim", a.qk_rope_head_dim) + kv(
-            "--v-head-dim", a.v_head_dim or a.head_dim or a.hidden_size // a.num_heads)
-    else:
-        if a.num_kv_heads != a.num_heads:
-            out += ["--group-query-attention"] + kv("--num-query-groups", a.num_kv_heads)
-        out += kv("--kv-channels", a.head_dim) * bool(a.head_dim)
-    out += kv("--seq-length", a.seq_length) + kv("--max-position-embeddings", a.seq_length)
-    out += kv("--vocab-size", a.vocab_size) + ["--swiglu"] * a.gated_mlp
-    out += kv("--make-vocab-size-divisible-by", a.vocab_divisor) * (a.vocab_divisor != 128)
-    out += kv("--normalization", "RMSNorm" if a.rmsnorm else "LayerNorm")
-    out += kv("--position-embedding-type", "rope" if a.rotary else "learned_absolute"
-              if a.learned_positions else "none")
-    out += ["--untie-embeddings-and-output-weights"] * (not a.tie_embeddings)
-    out += {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(a.dtype, [])
-    out += [] if a.dropout else kv("--attention-dropout", 0) + kv("--hidden-dropout", 0)
-    if a.attention_window:
-        out += kv("--window-size", f"{a.attention_window},0")
-        out += kv("--window-attn-skip-freq", a.window_attn_skip_freq) * bool(
-            a.window_attn_skip_freq)
-    out += _moe_args(a) + kv("--mtp-num-layers", a.mtp_layers) * bool(
-        a.mtp_layers and not a.hybrid_layer_pattern)
-    for name, default in MAMBA_DEFAULTS.items():
-        if getattr(a, name) != default:
-            out += kv("--" + name.replace("_", "-"), getattr(a, name))
-    out += kv("--micro-batch-size", a.micro_batch_size) + RECOMPUTE_FLAGS[a.recompute]
-    return out + parallel_args(a.tp, a.cp, a.ep) + optimizer_args(a)
-
-
-def parallel_args(tp: int, cp: int, ep: int) -> list[str]:
-    """The tensor, context and expert sizes as Megatron's arguments (1s unsaid), with
-    what ppsim prices them with: sequence parallelism at tp > 1, and the all-to-all token
-    dispatcher at ep > 1 (Megatron's default gathers)."""
-    out = ["--tensor-model-parallel-size", str(tp), "--sequence-parallel"] * (tp > 1)
-    out += ["--context-parallel-size", str(cp)] * (cp > 1)
-    return out + ["--expert-model-parallel-size", str(ep),
-                  "--moe-token-dispatcher-type", "alltoall"] * (ep > 1)
-
-
-def optimizer_args(a: Architecture) -> list[str]:
-    """How the architecture keeps its gradients and Adam's state, as Megatron's
-    arguments (the fp32 defaults unsaid)."""
-    out = ["--use-distributed-optimizer"] * a.distributed_optimizer
-    out += ["--num-distributed-optimizer-instances", str(a.dp_replicas)] * (a.dp_replicas > 1)
-    out += ["--grad-reduce-in-bf16"] * a.grad_reduce_in_bf16
-    if a.precision_aware_optimizer:
-        out.append("--use-precision-aware-optimizer")
-        out += [tok for key in OPTIMIZER_DTYPES if getattr(a, key) != "fp32"
-                for tok in (f"--{key.replace('_', '-')}", getattr(a, key))]
-    return out
-
-
-def _moe_args(a: Architecture) -> list[str]:
-    if not a.num_experts:
-        return []
-    out = ["--num-experts", str(a.num_experts), "--moe-router-topk", str(a.top_k),
-           "--moe-ffn-hidden-size", str(a.moe_ffn_hidden_size)]
-    if a.shared_experts:
-        out += ["--moe-shared-expert-intermediate-size",
-                str(a.shared_experts * a.moe_ffn_hidden_size)]
-    if a.moe_latent_size:
-        out += ["--moe-latent-size", str(a.moe_latent_size)]
-    if a.moe_capacity_factor:
-        out += ["--moe-expert-capacity-factor", f"{a.moe_capacity_factor:g}"]
-        out += ["--moe-pad-expert-input-to-capacity"] * a.moe_pad_to_capacity
-    kinds = layer_kinds(a)
-    if not a.hybrid_layer_pattern and "dense" in kinds:
-        runs = _runs([int(k == "moe") for k in kinds])
-        out += ["--moe-layer-freq", "(" + "+".join(f"[{bit}]*{n}" for bit, n in runs) + ")"]
-    return out
+    return ", ".join(f"{'moe' if bit else 'dense'}*{n}" for bit, n in bit_runs(pattern))

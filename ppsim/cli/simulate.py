@@ -15,7 +15,7 @@ from ppsim.cli.flags import (
     emit_json,
     outputs_apart,
 )
-from ppsim.cli.megatron_model import megatron_model_args
+from ppsim.cli.megatron_args import megatron_model_args
 from ppsim.cli.picture import render_png
 from ppsim.cli.render import (
     compact_table,
@@ -72,19 +72,21 @@ def cmd_presets(args: argparse.Namespace) -> int:
     _preset_table(console, "model presets", ["name", "layers", "hidden", "heads/kv", "ffn",
                                              "vocab", "seq", "tp"], models, MODEL_NOTES)
     hardware = [[name, f"{hw['memory_bytes'] / 1e9:.0f} GB", f"{hw['peak_tflops']:g}",
+                 f"{hw.get('fp8_peak_tflops', 0):g}" if hw.get("fp8_peak_tflops") else "-",
                  f"{hw['efficiency']:g}", f"{hw['p2p_bandwidth_gbps']:g}",
                  str(hw.get("gpus_per_node", "-")),
                  f"{hw.get('intra_node_bandwidth_gbps', 0):g}",
                  f"{hw.get('inter_node_bandwidth_gbps', 0):g}"]
                 for name, hw in HARDWARE_PRESETS.items()]
-    _preset_table(console, "hardware presets", ["name", "memory", "peak\nTFLOP/s", "efficiency",
+    _preset_table(console, "hardware presets", ["name", "memory", "peak\nTFLOP/s",
+                                                "FP8\nTFLOP/s", "efficiency",
                                                 "P2P\nGB/s", "GPUs\nper node", "NVLink\nGB/s",
                                                 "NIC\nGB/s"], hardware, HARDWARE_NOTES)
     return 0
 
 
 def _one_preset(name: str, as_json: bool) -> int:
-    """A model preset's fields and its Megatron arguments (ppsim.cli.megatron_model)."""
+    """A model preset's fields and its Megatron arguments (ppsim.cli.megatron_args)."""
     if name not in MODEL_PRESETS:
         raise UserError("NAME", f"{name!r} is not a model preset", "choose one of "
                         + ", ".join(MODEL_PRESETS))

@@ -65,10 +65,13 @@ def with_overrides(cfg: Config, *, preset: str | None = None,
     Values given as None are not changes."""
     if preset and model_table:
         raise ValueError("give a preset or a model table, not both")
-    m = parse_model(model_table or {"preset": preset}) if preset or model_table else cfg.model
     changes = _given(model, MODEL_KEYS, "model")
-    if changes:
-        m = m.with_fields(changes)  # parsed again: checked as a file's table is
+    if model_table:  # checked whole: a flag's field may need another's (fp8_param_gather)
+        m = parse_model({**model_table, **changes})
+    else:
+        m = parse_model({"preset": preset}) if preset else cfg.model
+        if changes:
+            m = m.with_fields(changes)  # parsed again: checked as a file's table is
     pipe = replace(cfg.pipeline, **_given(pipeline, PIPELINE_KEYS, "pipeline"))
     if split is not None:
         pipe = with_split(pipe, **split)

@@ -157,6 +157,12 @@ def _curve(achieved_tflops: float, fixed_us: float, peak: float = 989.0) -> list
 # modelled op (Python modules, dispatch, autograd; the same figure
 # `profile --hardware-out` measures on this 2-core VM's CPU: ~78 us).
 #
+# FP8 (--fp8-format, ppsim.costs.fp8): the dense FP8 tensor-core peak is twice bf16's,
+# 1979 TFLOP/s on H100 and H200 SXM (NVIDIA H100 datasheet); A100 has none. FP8 GEMMs
+# run on bf16's efficiency curve: on the same die they reach about the same share of
+# their peak (tile-lang's measured H800 SXM table, benchmark/matmul_fp8: 1507 of 1979
+# TFLOP/s at 8192^3, 76 %, where bf16 bursts reach 790 of 989, 80 %).
+#
 # Topology (ppsim.job.topology), per GPU and per direction: NVLink 4 on H100/H200 SXM is
 # 900 GB/s bidirectional per GPU (NVIDIA H100 datasheet), 450 each way; NVLink 3 on A100
 # SXM 600 GB/s (A100 datasheet), 300 each way. A DGX H100/H200 node has 8 ConnectX-7 NICs
@@ -182,12 +188,14 @@ HARDWARE_PRESETS: dict[str, dict] = {
                       matmul_efficiency=_curve(250.0, 5.0, 312.0),
                       attention_efficiency=0.55, memory_bandwidth_gbps=1850.0,
                       kernel_overhead_us=10.0, **_TOPOLOGY_A, **_HOST["a100"]),
-    "h100-80gb": dict(memory_bytes=80e9, peak_tflops=989.0, efficiency=0.45,
+    "h100-80gb": dict(memory_bytes=80e9, peak_tflops=989.0, fp8_peak_tflops=1979.0,
+                      efficiency=0.45,
                       p2p_bandwidth_gbps=50.0, p2p_latency_ms=0.01,
                       matmul_efficiency=_curve(727.0, 5.0), attention_efficiency=0.35,
                       memory_bandwidth_gbps=3000.0, kernel_overhead_us=10.0, **_TOPOLOGY_H,
                       **_HOST["h100"]),
-    "h200-141gb": dict(memory_bytes=141e9, peak_tflops=989.0, efficiency=0.45,
+    "h200-141gb": dict(memory_bytes=141e9, peak_tflops=989.0, fp8_peak_tflops=1979.0,
+                       efficiency=0.45,
                        p2p_bandwidth_gbps=50.0, p2p_latency_ms=0.01,
                        matmul_efficiency=_curve(813.0, 40.0), attention_efficiency=0.30,
                        memory_bandwidth_gbps=3000.0, kernel_overhead_us=80.0, **_TOPOLOGY_H,

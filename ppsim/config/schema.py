@@ -101,6 +101,8 @@ class HardwareConfig:
     p2p_bandwidth_gbps: float = 0.0
     """GB/s (10^9 bytes per second); 0 means transfers are free."""
     peak_tflops: float = 989.0
+    fp8_peak_tflops: float = 0.0
+    """Dense FP8 peak in TFLOP/s (--fp8-format's matmuls); 0: no FP8 tensor cores."""
     efficiency: float = 0.5
     """Matmul fraction of peak, used when matmul_efficiency is empty."""
     matmul_efficiency: list[list[float]] | None = None

@@ -12,10 +12,11 @@ import difflib
 import math
 from typing import Any
 
-from ppsim.config import limits
+from ppsim.config import features, limits
 from ppsim.costs.arch import (
     ATTENTION,
     DTYPE_BYTES,
+    FP8_FORMATS,
     FSDP_RESHARD,
     NORMS,
     OPTIMIZER_DTYPES,
@@ -23,7 +24,6 @@ from ppsim.costs.arch import (
     RECOMPUTE,
 )
 from ppsim.costs.model import INTEGER_FIELDS
-from ppsim.costs.patterns import windows
 from ppsim.errors import UserError
 
 MAX_MS = 1e9
@@ -254,6 +254,7 @@ _ARCH_MAX = 10**7
 FLOPs stay exact floats (a 200-digit hidden_size would overflow float conversion)."""
 _CHOICES = {"recompute": RECOMPUTE, "dtype": tuple(DTYPE_BYTES), "attention": ATTENTION,
             "norm": NORMS, "position": POSITIONS, "fsdp_reshard_after_forward": FSDP_RESHARD,
+            "fp8": FP8_FORMATS,
             **OPTIMIZER_DTYPES}
 _POSITIVE = ("tp", "dp", "ep", "cp", "dp_replicas", "vocab_divisor", "hidden_size",
              "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_length",
@@ -278,11 +279,12 @@ def transformer(raw: dict[str, Any]) -> None:
                             "use a whole number >= " + str(low))
     for key in ("gated_mlp", "distributed_optimizer", "dropout", "tie_embeddings",
                 "grad_reduce_in_bf16", "precision_aware_optimizer", "fsdp",
-                "moe_pad_to_capacity"):
+                "moe_pad_to_capacity", "fp8_param_gather"):
         if key in raw:
             typed(f"model.{key}", raw[key], bool)
-    if "layers" in raw:
-        typed("model.layers", raw["layers"], str)
+    for key in ("layers", "window_attn_skip_freq"):
+        if key in raw:
+            typed(f"model.{key}", raw[key], str)
     if "moe_capacity_factor" in raw:
         number("model.moe_capacity_factor", raw["moe_capacity_factor"], hi=1e3,
                fix="give the capacity over an expert's even share, e.g. 1.0, or 0 for "
@@ -299,28 +301,8 @@ def transformer(raw: dict[str, Any]) -> None:
     parallel_shape(raw)
     optimizer_states(raw)
     sharding(raw)
-    sliding_window(raw)
-
-
-def sliding_window(raw: dict[str, Any]) -> None:
-    """A sliding window on a stack of decoder layers, its pattern one a layer; not
-    beside a hybrid pattern or context parallelism, which ppsim prices for full causal
-    attention."""
-    freq = raw.get("window_attn_skip_freq", "")
-    typed("model.window_attn_skip_freq", freq, str)
-    if not raw.get("attention_window"):
-        if freq:
-            raise UserError("model.window_attn_skip_freq", "places a window, but there is "
-                            "none", "add attention_window (--window-size W,0), or drop it")
-        return
-    if raw.get("hybrid_layer_pattern"):
-        raise UserError("model.attention_window", "ppsim prices a hybrid stack's attention "
-                        "layers without a window", "drop the window, or the pattern")
-    if raw.get("cp", 1) != 1:
-        raise UserError("model.attention_window", "ppsim prices context parallelism's K/V "
-                        "ring for full causal attention", "drop the window, or use cp 1")
-    if isinstance(raw.get("num_layers"), int):
-        windows(raw["num_layers"], raw["attention_window"], freq)
+    features.sliding_window(raw)
+    features.fp8(raw)
 
 
 def sharding(raw: dict[str, Any]) -> None:

@@ -20,6 +20,10 @@ NORMS = ("", "layernorm", "rmsnorm")
 POSITIONS = ("", "rotary", "learned", "none")
 FSDP_RESHARD = ("default", "always", "never")
 """torchtitan's fsdp_reshard_after_forward policies."""
+FP8_FORMATS = ("", "e4m3", "hybrid")
+"""Megatron's --fp8-format choices ("": bf16 matmuls)."""
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
+"""Megatron's --fp8-recipe choices on Hopper (mxfp8 is Blackwell's)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,6 +168,13 @@ class Architecture:
     """Which layers the window applies to (Megatron --window-attn-skip-freq): "N", one
     full-attention layer after every N - 1 windowed ones; a list expression of 1
     (windowed) and 0 (full) a layer, e.g. "([1]*3+[0])*9"; empty: every layer."""
+    fp8: str = ""
+    """Transformer Engine's FP8 matmuls in the decoder layers (Megatron --fp8-format
+    e4m3|hybrid; ppsim.costs.fp8); empty: bf16."""
+    fp8_recipe: str = "delayed"
+    """How FP8 scales (--fp8-recipe delayed|tensorwise|blockwise); priced alike."""
+    fp8_param_gather: bool = False
+    """Keep the layers' weights in FP8 and gather them so (--fp8-param-gather)."""
 
     @property
     def expert_load(self) -> float:

@@ -17,6 +17,7 @@ by width, so every tensor is divided by tp. Each piece counts its own input
 from __future__ import annotations
 
 from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape
+from ppsim.costs.fp8 import fp8_ops
 from ppsim.costs.ops import Op
 
 
@@ -121,10 +122,10 @@ def mlp_ops(a: Architecture, kind: str) -> list[Op]:
 
 def layer_ops(a: Architecture, kind: str, window: int = 0) -> list[Op]:
     """The forward ops of one decoder layer of `kind` (attending over `window`), per tp
-    rank."""
-    return (_norm_ops(a, "norm1", a.hidden_size) + attention_ops(a, window)
-            + [_residual(a, "residual1")] + _norm_ops(a, "norm2", a.hidden_size)
-            + mlp_ops(a, kind) + [_residual(a, "residual2")])
+    rank; its TE linears marked FP8 under --fp8-format."""
+    return fp8_ops(a, _norm_ops(a, "norm1", a.hidden_size) + attention_ops(a, window)
+                   + [_residual(a, "residual1")] + _norm_ops(a, "norm2", a.hidden_size)
+                   + mlp_ops(a, kind) + [_residual(a, "residual2")])
 
 
 def head_ops(a: Architecture) -> list[Op]:

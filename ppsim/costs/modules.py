@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ppsim.costs.arch import DTYPE_BYTES, KINDS, Architecture, attention_shape
+from ppsim.costs.fp8 import FP8_BYTES, FP8_INPUTS, PROJ_INPUT
 from ppsim.costs.layerops import layer_ops
 
 RECOMPUTE_MODULES = ("core_attn", "mlp", "moe_act", "layernorm", "mla_up_proj", "moe",
@@ -60,6 +61,22 @@ _MOVES = {
     "expert_fc1": ("experts.fc1_in",),
     "moe_act": ("experts.fc1_out", "experts.act_mid"),  # an eager SwiGLU saves its SiLU too
 }
+
+
+def _drops(a: Architecture, module: str) -> tuple[str, ...]:
+    """What a recompute module stops keeping: under FP8 recomputed attention frees its
+    bf16 output too (the projection keeps an FP8 copy)."""
+    extra = ("attn.out",) if a.fp8 and module == "core_attn" else ()
+    return _DROPS[module] + extra
+
+
+def _moves(a: Architecture, module: str) -> tuple[str, ...]:
+    """What an offload module moves: under FP8 the projection's input is its FP8 copy."""
+    if a.fp8 and module == "attn_proj":
+        return (PROJ_INPUT,)
+    return _MOVES[module]
+
+
 LAYER_INPUT = "norm1.in"
 """What a fully recomputed layer keeps: its input (the residual stream)."""
 
@@ -118,6 +135,9 @@ def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
             t["latent.fc2_in"] = tok * width * w  # the combined tokens, projected back up
         if a.shared_experts:
             t.update(_mlp_tensors(a, "shared", tok, a.shared_experts * a.moe_ffn_hidden_size))
+    if a.fp8:  # TE's linears keep their inputs in FP8 (ppsim.costs.fp8)
+        t.update({n: v / w * FP8_BYTES for n, v in t.items() if n in FP8_INPUTS})
+        t[PROJ_INPUT] = tok * sh.out * FP8_BYTES
     return {k: v / a.tp for k, v in t.items()}
 
 
@@ -155,7 +175,7 @@ def applies(module: str, a: Architecture, kind: str) -> bool:
 def kept_tensors(a: Architecture, kind: str, recompute: tuple[str, ...] = ()
                  ) -> dict[str, float]:
     """saved_tensors of a layer less those the `recompute` modules drop."""
-    dropped = {n for m in recompute if applies(m, a, kind) for n in _DROPS[m]}
+    dropped = {n for m in recompute if applies(m, a, kind) for n in _drops(a, m)}
     kept = {n: v for n, v in saved_tensors(a, kind).items() if n not in dropped}
     if "mla_up_proj" in recompute and applies("mla_up_proj", a, kind):
         # Its checkpoint keeps its inputs: the latents (kept by the up projections anyway)
@@ -173,7 +193,7 @@ def module_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
                             offloaded_bytes=0, freed_bytes=0, repeated_ops=frozenset({"*"}))
     repeated = {op for m in recompute if applies(m, a, kind) for op in _REPEATS[m]}
     kept = kept_tensors(a, kind, recompute)
-    moved = {n for m in offload if applies(m, a, kind) for n in _MOVES[m]} & set(kept)
+    moved = {n for m in offload if applies(m, a, kind) for n in _moves(a, m)} & set(kept)
     freed = moved - _held_elsewhere(a, kind, recompute, offload)
     present = {op.name for op in layer_ops(a, kind)} | ({"a2a"} if kind == "moe" else set())
     return ModuleEffect(kept_bytes=int(sum(v for n, v in kept.items() if n not in freed)),
@@ -189,7 +209,8 @@ def _held_elsewhere(a: Architecture, kind: str, recompute: tuple[str, ...],
     the output projection; with mla_up_proj and no query latent, the layer's normed input
     is an input of the up projection's checkpoint as well as of the latents'."""
     out_savers = {"attn_proj"} | (set() if "core_attn" in recompute else {"core_attn"})
-    held = set() if out_savers <= set(offload) else {"attn.out"}
+    # under FP8 the projection keeps its own copy (PROJ_INPUT): attention's is one saver's
+    held = set() if a.fp8 or out_savers <= set(offload) else {"attn.out"}
     if "mla_up_proj" in recompute and applies("mla_up_proj", a, kind) and not a.q_lora_rank:
         held.add("norm1.out")
     return held
@@ -199,7 +220,7 @@ def offloaded_input_bytes(a: Architecture, kind: str, recompute: tuple[str, ...]
                           offload: tuple[str, ...] = ()) -> int:
     """Of what the offload modules move off a layer, its input's bytes (`attn_norm`
     moves the norm's input, the residual stream the layer takes)."""
-    moved = {n for m in offload if applies(m, a, kind) for n in _MOVES[m]}
+    moved = {n for m in offload if applies(m, a, kind) for n in _moves(a, m)}
     kept = kept_tensors(a, kind, recompute)
     return int(kept[LAYER_INPUT]) if LAYER_INPUT in moved and LAYER_INPUT in kept else 0
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ppsim.errors import UserError
+
 # FlashAttention's backward does five s x s matmuls (scores recomputed, dV, dP,
 # dQ, dK) against the forward's two: 2.5x the forward FLOPs.
 FLASH_BACKWARD = 2.5
@@ -36,6 +38,13 @@ class Op:
     """Weights of a matmul: W accumulates their gradient into fp32 main grads."""
     backward_bytes: float = -1.0
     """Backward bytes of a memory-bound op; -1: twice the forward's."""
+    fp8: bool = False
+    """A matmul Transformer Engine runs in FP8 (ppsim.costs.fp8)."""
+
+
+QUANTIZE_BYTES = 4
+"""Bytes an element of an FP8 GEMM's operand costs to quantize: read in bf16, written as
+FP8 and as its FP8 transpose."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +62,8 @@ class Roofline:
     """Achieved memory bandwidth; 0: memory-bound ops are free."""
     kernel_overhead_us: float = 0.0
     """Least time one kernel takes (host dispatch + launch)."""
+    fp8_peak_tflops: float = 0.0
+    """Dense FP8 peak; 0: no FP8 tensor cores."""
 
 
 def matmul_efficiency(r: Roofline, gflop: float) -> float:
@@ -69,12 +80,13 @@ def matmul_efficiency(r: Roofline, gflop: float) -> float:
     return pts[-1][1]
 
 
-def _matmul_ms(r: Roofline, m: int, n: int, k: int) -> float:
+def _matmul_ms(r: Roofline, m: int, n: int, k: int, fp8: bool = False) -> float:
+    """An (m, n, k) matmul; `fp8`: at the FP8 peak, on the same efficiency curve."""
     flops = 2.0 * m * n * k
     if flops <= 0:
         return 0.0
     eff = max(matmul_efficiency(r, flops / 1e9), 1e-6)
-    return flops / (r.peak_tflops * 1e9 * eff)
+    return flops / ((r.fp8_peak_tflops if fp8 else r.peak_tflops) * 1e9 * eff)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,11 +123,20 @@ def op_times(r: Roofline, op: Op) -> tuple[float, float, float, int, int]:
         m, n, k = op.shape
         scale = op.flops / (2.0 * m * n * k)  # several equal matmuls (experts) in one op
         passes = matmul_passes(op)
-        f = _matmul_ms(r, *passes.forward) * scale
-        b = _matmul_ms(r, *passes.input_grad) * scale
-        w = _matmul_ms(r, *passes.weight_grad) * scale if passes.weight_grad else 0.0
+        if op.fp8 and r.fp8_peak_tflops <= 0:
+            raise UserError("hardware.fp8_peak_tflops", "is 0: the device has no FP8 "
+                            "tensor cores to run --fp8-format on", "give the dense FP8 peak "
+                            "(H100/H200: 1979), or drop fp8")
+        f = _matmul_ms(r, *passes.forward, op.fp8) * scale
+        b = _matmul_ms(r, *passes.input_grad, op.fp8) * scale
+        w = _matmul_ms(r, *passes.weight_grad, op.fp8) * scale if passes.weight_grad else 0.0
         w += _mem_ms(r, 8.0 * op.params)  # read + write the fp32 main grad
-        return f, b, w, 1, 1
+        if not op.fp8:
+            return f, b, w, 1, 1
+        # quantize the input (forward) and the output's gradient (backward) first
+        f += _mem_ms(r, QUANTIZE_BYTES * m * k * scale)
+        b += _mem_ms(r, QUANTIZE_BYTES * m * n * scale)
+        return f, b, w, 2, 2
     back = 2 * op.nbytes if op.backward_bytes < 0 else op.backward_bytes
     return _mem_ms(r, op.nbytes), _mem_ms(r, back), 0.0, 1, 1
 

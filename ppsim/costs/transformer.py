@@ -34,6 +34,7 @@ from ppsim.costs.arch import (
     model_params,
     mtp_extra_params,
 )
+from ppsim.costs.fp8 import FP8_BYTES, fp8_weight_bytes
 from ppsim.costs.layerops import (
     embedding_activation_bytes,
     head_activation_bytes,
@@ -70,13 +71,16 @@ class Accelerator:
     """Achieved device-memory bandwidth; 0: memory-bound ops are free."""
     kernel_overhead_us: float = 0.0
     """Least time one kernel takes (host dispatch and launch)."""
+    fp8_peak_tflops: float = 0.0
+    """Dense FP8 peak; 0: no FP8 tensor cores."""
 
     def roofline(self) -> Roofline:
         return Roofline(peak_tflops=self.peak_tflops, efficiency=self.efficiency,
                         matmul_efficiency=self.matmul_efficiency,
                         attention_efficiency=self.attention_efficiency,
                         memory_bandwidth_gbps=self.memory_bandwidth_gbps,
-                        kernel_overhead_us=self.kernel_overhead_us)
+                        kernel_overhead_us=self.kernel_overhead_us,
+                        fp8_peak_tflops=self.fp8_peak_tflops)
 
 
 def accelerator(hw: Any) -> Accelerator:
@@ -96,7 +100,8 @@ def accelerator(hw: Any) -> Accelerator:
                        a2a_bandwidth_gbps=hw.p2p_bandwidth_gbps, matmul_efficiency=tuple(curve),
                        attention_efficiency=hw.attention_efficiency,
                        memory_bandwidth_gbps=hw.memory_bandwidth_gbps,
-                       kernel_overhead_us=hw.kernel_overhead_us)
+                       kernel_overhead_us=hw.kernel_overhead_us,
+                       fp8_peak_tflops=getattr(hw, "fp8_peak_tflops", 0.0))
 
 
 @dataclass(frozen=True)
@@ -156,7 +161,8 @@ def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
     held = held_params(a, kind)
     return LayerCost(forward_ms=f, backward_ms=bi + bw, weight_grad_ms=bw,
                      static_bytes=int(held.dense * bytes_per_param(a)
-                                      + held.experts * bytes_per_param(a, experts=True)),
+                                      + held.experts * bytes_per_param(a, experts=True))
+                     + fp8_weight_bytes(a, ops),
                      activation_bytes=act, weight_grad_bytes=w_keep,
                      output_bytes=s * b * h * DTYPE_BYTES[a.dtype] // t,
                      params=int(held.dense + held.experts), expert_params=int(held.experts))
@@ -165,9 +171,10 @@ def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
 def weight_grad_bytes(ops: list[Op], dtype_bytes: int, inputs: bool) -> int:
     """ZB: what W still needs after B, per weight matmul: its input (`inputs`) or the
     gradient of its output B computed (the rest of what the forward kept is freed).
-    Zero-bubble's WeightGradStore queues both with each deferred matmul."""
+    Zero-bubble's WeightGradStore queues both with each deferred matmul (an FP8
+    matmul's quantized copies)."""
     return int(sum(op.shape[0] * (op.shape[2] if inputs else op.shape[1])
-                   for op in ops if op.params) * dtype_bytes)
+                   * (FP8_BYTES if op.fp8 else dtype_bytes) for op in ops if op.params))
 
 
 def _head_cost(a: Architecture, acc: Accelerator) -> LayerCost:

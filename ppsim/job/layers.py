@@ -6,8 +6,9 @@ computes against the other ranks' keys (causal load balancing gives every rank 1
 the s x s work: cp times a chunk's own) while the K/V chunks pass around the ring, each
 pass hidden by one chunk's attention. With tensor parallelism (sequence parallel) each
 layer all-gathers before attention and before the MLP and reduce-scatters after each,
-in the forward and mirrored in the backward (again in the backward under full
-recompute); --tp-comm-overlap hides them behind the layer's compute as far as it lasts.
+in the forward (under FP8 the gathers move the quantized input) and mirrored in the
+backward (again in the backward under full recompute); --tp-comm-overlap hides them
+behind the layer's compute as far as it lasts.
 Expert parallelism's dispatch and combine are all-to-alls over the expert group's links
 (--moe-shared-expert-overlap hides them behind the shared experts' compute as far as it
 lasts). The head gathers once before the vocabulary projection, the embedding scatters
@@ -21,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape, layer_kinds
+from ppsim.costs.fp8 import FP8_BYTES
 from ppsim.costs.layerops import attention_ops, mlp_ops
 from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.costs.ops import op_times, piece_times
@@ -45,12 +47,24 @@ def per_rank_arch(a: Architecture) -> Architecture:
     return a if a.cp == 1 else replace(a, seq_length=a.seq_length // a.cp)
 
 
-def tp_collectives_ms(job: Job, a: Architecture, collectives: int) -> float:
-    """`collectives` all-gathers or reduce-scatters of one microbatch's hidden states."""
+def tp_collectives_ms(job: Job, a: Architecture, collectives: int,
+                      element_bytes: int = 0) -> float:
+    """`collectives` all-gathers or reduce-scatters of one microbatch's hidden states,
+    `element_bytes` an element (0: the training dtype's)."""
     if a.tp == 1:
         return 0.0
-    nbytes = a.seq_length * a.micro_batch_size * a.hidden_size * DTYPE_BYTES[a.dtype]
+    nbytes = a.seq_length * a.micro_batch_size * a.hidden_size \
+        * (element_bytes or DTYPE_BYTES[a.dtype])
     return collectives * all_gather_ms(nbytes, job.link("tp"))
+
+
+def tp_layer_ms(job: Job, a: Architecture) -> tuple[float, float]:
+    """A decoder layer's sequence-parallel collectives, forward and backward: two
+    all-gathers (under FP8 of the quantized input) and two reduce-scatters each way."""
+    gathers = tp_collectives_ms(job, a, 2, FP8_BYTES if a.fp8 else 0)
+    forward = gathers + tp_collectives_ms(job, a, 2)
+    backward = tp_collectives_ms(job, a, 4)
+    return forward, backward + (forward if a.recompute == "full" else 0.0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,8 +169,7 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
                       cost: LayerCost) -> PieceCollectives:
     """Each group's collectives in one decoder layer of `kind`: what they take on the
     links and what of it the layer waits for (`cost`: the layer's compute alone)."""
-    tp_f = tp_collectives_ms(job, a, 4)
-    tp_b = tp_f + (tp_f if a.recompute == "full" else 0.0)
+    tp_f, tp_b = tp_layer_ms(job, a)
     over = job.tp_comm_overlap
     fwd, bwd = [], []
     if a.tp > 1:

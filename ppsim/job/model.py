@@ -133,10 +133,11 @@ class Job:
 
     def tail(self, params: int, forward_ms: float, backward_ms: float,
              memory_bandwidth_gbps: float, optimizer_fixed_ms: float = 0.0,
-             holds_embedding: bool = False, expert_params: int = 0) -> Tail:
+             holds_embedding: bool = False, expert_params: int = 0,
+             holds_head: bool = False) -> Tail:
         """One rank's data-parallel step (ppsim.job.tail)."""
         return rank_tail(self, params, forward_ms, backward_ms, memory_bandwidth_gbps,
-                         optimizer_fixed_ms, holds_embedding, expert_params)
+                         optimizer_fixed_ms, holds_embedding, expert_params, holds_head)
 
     @property
     def flops(self) -> float:

@@ -222,7 +222,8 @@ def exposed_comm_ms(problem: Problem, summary: Summary) -> float:
         return per_rank
     tail = job.tail(sum(c.params for c in mine), sum(c.forward_ms for c in mine),
                     sum(c.backward_ms for c in mine), 0.0,
-                    holds_embedding=rank == problem.schedule.stage_rank(0))
+                    holds_embedding=rank == problem.schedule.stage_rank(0),
+                    holds_head=rank == problem.schedule.stage_rank(len(problem.stage_costs) - 1))
     return per_rank + tail.reduce_ms
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ppsim.costs.arch import DTYPE_BYTES, adam_step_bytes, grad_bytes
+from ppsim.costs.fp8 import gathered_weight_bytes
 from ppsim.job import fsdp
 from ppsim.job.collectives import all_gather_ms, all_reduce_ms, sharded_reduce_ms
 
@@ -52,14 +53,24 @@ def _overlapped(total: float, last_bucket: float, window: float, overlap: bool) 
     return max(last_bucket, total - window) if overlap else total
 
 
+def edge_params(job: Job, holds_embedding: bool, holds_head: bool) -> int:
+    """Of a rank's parameters, the word embedding's and the output layer's (one tied
+    weight where a rank holds both)."""
+    both = holds_embedding and holds_head and job.arch.tie_embeddings
+    return job.embedding_params * (int(holds_embedding) + int(holds_head and not both))
+
+
 def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
               memory_bandwidth_gbps: float, optimizer_fixed_ms: float = 0.0,
-              holds_embedding: bool = False, expert_params: int = 0) -> Tail:
+              holds_embedding: bool = False, expert_params: int = 0,
+              holds_head: bool = False) -> Tail:
     """The tail of a rank holding `params` (`expert_params` of them routed experts')
     whose one microbatch takes forward_ms and backward_ms (the windows the overlaps hide
     in); `holds_embedding`: the rank of the first stage, whose exposed bucket is the
-    embedding's. Dense gradients reduce over dp x cp, the experts' over the expert
-    data-parallel group, each buffer in its own collectives, one after the other."""
+    embedding's; `holds_head`: of the last. Dense gradients reduce over dp x cp, the
+    experts' over the expert data-parallel group, each buffer in its own collectives,
+    one after the other. Under --fp8-param-gather the layers' weights gather in FP8, the
+    embedding's and the output layer's in the training dtype (ppsim.costs.fp8)."""
     dense = params - expert_params
     named = [(n, g) for n, g in ((dense, "dp"), (expert_params, "edp")) if n]
     edge = max(bucket_params(job, params), job.embedding_params if holds_embedding else 0)
@@ -67,7 +78,10 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
     # embedding, the first layers' attention and norms.
     last_n, last_g = named[0] if named else (0, "dp")
     bucket = min(last_n, edge)
-    grads, weights = grad_bytes(job.arch), DTYPE_BYTES[job.arch.dtype]
+    grads, w16 = grad_bytes(job.arch), DTYPE_BYTES[job.arch.dtype]
+    weights = gathered_weight_bytes(job.arch, w16)
+    edges = edge_params(job, holds_embedding, holds_head)
+    embedding = job.embedding_params if holds_embedding else 0  # in the first bucket
     if job.arch.fsdp:
         reduce = fsdp.step_reduce_ms(job, params, expert_params, forward_ms, holds_embedding)
     elif job.arch.distributed_optimizer:
@@ -75,12 +89,14 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
             return sharded_reduce_ms(n * grads, job.link(g + "_shard"),
                                      job.link(g + "_replica"))
 
-        def ag(n: float, g: str) -> float:
-            return all_gather_ms(n * weights, job.link(g + "_shard"))
+        def ag(n: float, g: str, wide: float = 0.0) -> float:
+            """`wide` of the `n` gathered in the training dtype."""
+            return all_gather_ms(n * weights + wide * (w16 - weights), job.link(g + "_shard"))
 
         reduce = (_overlapped(sum(rs(n, g) for n, g in named), rs(bucket, last_g),
                               backward_ms, job.overlap_grad_reduce)
-                  + _overlapped(sum(ag(n, g) for n, g in named), ag(bucket, last_g),
+                  + _overlapped(sum(ag(n, g, edges if g == "dp" else 0) for n, g in named),
+                                ag(bucket, last_g, min(bucket, embedding)),
                                 forward_ms, job.overlap_param_gather))
     else:
         ar = sum(all_reduce_ms(n * grads, job.link(g)) for n, g in named)

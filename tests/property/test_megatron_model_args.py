@@ -1,19 +1,19 @@
 """A model as Megatron's arguments reads back as the same model, for any architecture.
 
-`ppsim presets NAME` prints a preset's arguments (ppsim.cli.megatron_model); this holds
+`ppsim presets NAME` prints a preset's arguments (ppsim.cli.megatron_args); this holds
 the inverse for every valid architecture, not only the presets: dense or MoE layers in
-any order, GQA or MLA, either norm and position, tied or not, any precision."""
+any order, GQA or MLA, either norm and position, tied or not, any precision, FP8 or not."""
 
 from __future__ import annotations
 
 import argparse
 
-from helpers import arch_meaning
+from helpers import arch_meaning, mla_fields
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from ppsim.cli.flags import add_config_flags, config_from_args
-from ppsim.cli.megatron_model import megatron_model_args
+from ppsim.cli.megatron_args import megatron_model_args
 from ppsim.config.model import parse_model
 from ppsim.errors import UserError
 
@@ -36,6 +36,10 @@ def architectures(draw):
         head_dim=draw(st.sampled_from([0, head_dim, 2 * head_dim])),
         distributed_optimizer=draw(st.booleans()), mtp_layers=draw(st.integers(0, 1)),
         tp=draw(st.sampled_from([1, 2])))
+    if fields["dtype"] == "bf16" and draw(st.booleans()):  # FP8 matmuls
+        fields.update(fp8=draw(st.sampled_from(["e4m3", "hybrid"])),
+                      fp8_recipe=draw(st.sampled_from(["delayed", "tensorwise", "blockwise"])),
+                      fp8_param_gather=fields["distributed_optimizer"] and draw(st.booleans()))
     if draw(st.booleans()):  # MoE, in any order of kinds
         experts = draw(st.integers(2, 8))
         kinds = draw(st.lists(st.sampled_from(["dense", "moe"]), min_size=layers,
@@ -46,12 +50,7 @@ def architectures(draw):
                       layers=", ".join(kinds), ep=draw(st.sampled_from([1, 2])))
         assume(experts % fields["ep"] == 0)
     if draw(st.booleans()):  # MLA
-        fields.update(attention="mla", num_kv_heads=heads,
-                      q_lora_rank=draw(st.sampled_from([0, 32])),
-                      kv_lora_rank=draw(st.integers(8, 64)),
-                      head_dim=draw(st.sampled_from([16, 32])),
-                      qk_rope_head_dim=draw(st.sampled_from([8, 16])),
-                      v_head_dim=draw(st.sampled_from([16, 32])))
+        fields.update(mla_fields(draw, heads))
     try:
         return parse_model({"kind": "transformer", **fields}).arch
     except UserError:

@@ -130,3 +130,20 @@ def test_a_table_of_any_positive_rates_is_one_the_config_accepts(peak, matmul_sh
     table = hardware_table(peak, [matmul], attention_share * peak, 100.0, 21194.67)
     hw = hardware_config(table)
     assert all(e > 0 for _, e in hw.matmul_efficiency) and hw.attention_efficiency > 0
+
+
+@pytest.mark.parametrize("name, fp8", [("NVIDIA H100 80GB HBM3", 1979.0),
+                                       ("NVIDIA H200", 1979.0),
+                                       ("NVIDIA A100-SXM4-80GB", 0.0),
+                                       ("Some Future GPU", 0.0)])
+def test_a_gpus_fp8_peak_is_its_datasheets_or_none(monkeypatch, name: str, fp8: float) -> None:
+    """--hardware-out writes fp8_peak_tflops for the GPUs whose FP8 peak it knows (the
+    H100's 1979), so a measured table prices --fp8-format; none for an A100 (no FP8
+    tensor cores) or a GPU it does not know."""
+    import torch
+
+    from ppsim.executor.hwprofile import KNOWN_FP8_PEAKS, _peak
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert _peak(torch.device("cuda"), 0.0, KNOWN_FP8_PEAKS) == fp8
+    assert _peak(torch.device("cpu"), 0.0, KNOWN_FP8_PEAKS) == 0.0

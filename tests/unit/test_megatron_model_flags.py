@@ -143,8 +143,24 @@ def test_a_model_built_from_flags_is_priced_on_a_gpu_and_says_so(capsys) -> None
     ("--preset deepseek-v3 --moe-token-dispatcher-type allgather --ep 1 "
      "--moe-shared-expert-overlap", "moe_shared_expert_overlap only works with alltoall"),
     ("--preset llama3-8b --hidden-dropout nan", "--hidden-dropout: dropout probabilities"),
-    ("--preset llama3-8b --bf16 --fp8-format hybrid --fp8-amax-history-len 1024",
-     "--fp8-format: ppsim prices bf16 and fp16 matmuls, not FP8"),
+    ("--preset llama3-8b --bf16 --fp4-format nvfp4", "--fp4-format: ppsim prices bf16 and "
+     "FP8 matmuls, not FP4"),
+    ("--preset llama3-8b --fp8-format hybrid --first-last-layers-bf16",
+     "--first-last-layers-bf16: ppsim prices every decoder layer in FP8"),
+    ("--preset llama3-8b --fp8-format hybrid --fp8-recipe mxfp8",
+     "model.fp8_recipe: 'mxfp8' is not priced"),
+    ("--preset llama3-8b --fp8-param-gather", "model.fp8_param_gather: keeps the weights in "
+     "FP8 and FP8 is off"),
+    ("--preset llama3-8b --fp8-format hybrid --fp8-param-gather", "--fp8-param-gather only "
+     "supported with distributed optimizer"),
+    ("--preset llama3-8b --fp16 --fp8-format hybrid", "model.dtype: ppsim prices FP8 over "
+     "bf16 training"),
+    ("--preset llama3-8b --fp8-format hybrid --fsdp", "model.fsdp: ppsim prices FP8 as "
+     "Megatron runs it"),
+    ("--preset tiny-hybrid --fp8-format hybrid", "model.hybrid_layer_pattern: ppsim prices "
+     "FP8 for attention and MLP/MoE layers"),
+    ("--preset llama3-8b --hardware a100-80gb --fp8-format e4m3", "hardware.fp8_peak_tflops: "
+     "is 0: the device has no FP8 tensor cores"),
     ("--preset llama3-8b --moe-layer-freq 2", "--moe-layer-freq: places MoE layers, but"),
     ("--preset deepseek-v3 --moe-shared-expert-intermediate-size 3000",
      "--moe-shared-expert-intermediate-size: 3000 is not a whole number of experts"),

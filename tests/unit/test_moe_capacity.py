@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from ppsim.cli.flags import add_config_flags, config_from_args
-from ppsim.cli.megatron_model import megatron_model_args
+from ppsim.cli.megatron_args import megatron_model_args
 from ppsim.config.presets import MODEL_PRESETS
 from ppsim.config.schema import config_from_dict
 from ppsim.costs.arch import Architecture

@@ -1,0 +1,96 @@
+"""FP8 (--fp8-format, ppsim.costs.fp8) against Megatron-Bridge's published H100 runs, held
+out: nothing is fitted to them.
+
+NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md, "25.11 NeMo Container",
+System DGX-H100, precision FP8-CS (Transformer Engine's current, tensorwise scaling):
+tokens/s per GPU of each run, its shape as the table gives it (GBS, MBS, sequence, TP,
+PP, CP, VP, EP). Each is priced as its flags say on the h100-80gb preset, with what the
+recipes run (the distributed optimizer, --overlap-grad-reduce, --overlap-param-gather,
+--tp-comm-overlap, --fp8-param-gather) and the presets' recompute mode; the same run in
+bf16 beside it (no published counterpart: the speed-up ppsim predicts). The MoE rows use
+Megatron's all-to-all dispatcher as ppsim prices it, force-balanced as the table's note
+says; DeepSeek-V3's preset has its MTP layer (the 25.11 H100 table does not say).
+
+Then (without --quick) `ppsim plan --gpus 8192` for the 405B preset in FP8, the plan time.
+
+Run: .venv/bin/python benchmarks/bench_fp8.py [--quick]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+from dataclasses import dataclass
+
+from bench_job import plan_case
+
+from ppsim.cli.main import main as ppsim
+
+OVERLAPS = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+            "--tp-comm-overlap"]
+FP8 = ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-param-gather"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BridgeRun:
+    name: str
+    preset: str
+    gpus: int
+    shape: str
+    """The table's shape as ppsim's flags."""
+    tokens_per_gpu: float
+    """Published tokens/s per GPU."""
+
+
+RUNS = [
+    BridgeRun(name="Llama 3 70B", preset="llama3-70b", gpus=64, tokens_per_gpu=1602,
+              shape="--global-batch-size 128 --micro-batch-size 1 --tp 4 --pp 8 --vpp 5"),
+    BridgeRun(name="Llama 3.1 405B", preset="llama3.1-405b", gpus=1024, tokens_per_gpu=292,
+              shape="--global-batch-size 512 --micro-batch-size 1 --tp 8 --pp 8 --cp 2 "
+                    "--vpp 8"),
+    BridgeRun(name="Qwen3-235B-A22B", preset="qwen3-235b-a22b", gpus=256, tokens_per_gpu=1575,
+              shape="--global-batch-size 2048 --micro-batch-size 1 --seq-length 4096 --tp 2 "
+                    "--pp 8 --vpp 4 --ep 32"),
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Priced:
+    tokens_per_gpu: float
+    tflops_per_gpu: float
+    peak_gb: float
+
+
+def price(run: BridgeRun, fp8: bool) -> Priced:
+    argv = ["simulate", "--preset", run.preset, "--hardware", "h100-80gb", "--gpus",
+            str(run.gpus), *run.shape.split(), *OVERLAPS, *(FP8 if fp8 else []), "--json"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert ppsim(argv) == 0, argv
+    sim = json.loads(out.getvalue())
+    peak = max(r["peak_memory_bytes"] for r in sim["ranks"])
+    return Priced(tokens_per_gpu=sim["throughput"]["tokens_per_s_per_gpu"],
+                  tflops_per_gpu=sim["throughput"]["tflops_per_gpu"], peak_gb=peak / 1e9)
+
+
+def main() -> None:
+    print("Megatron-Bridge 25.11, DGX-H100, FP8-CS (held out); h100-80gb preset")
+    print(f"{'run':16} {'GPUs':>5} {'published':>9} {'ppsim FP8':>9} {'error':>7} "
+          f"{'TFLOP/s':>7} {'peak GB':>7}   {'ppsim bf16':>10} {'FP8 / bf16':>10}")
+    for run in RUNS:
+        f8, bf = price(run, True), price(run, False)
+        print(f"{run.name:16} {run.gpus:5} {run.tokens_per_gpu:9,.0f} {f8.tokens_per_gpu:9,.0f} "
+              f"{f8.tokens_per_gpu / run.tokens_per_gpu - 1:+7.1%} {f8.tflops_per_gpu:7.0f} "
+              f"{f8.peak_gb:7.1f}   {bf.tokens_per_gpu:10,.0f} "
+              f"{f8.tokens_per_gpu / bf.tokens_per_gpu:10.2f}")
+    if "--quick" in sys.argv:
+        return
+    plan_case("llama3.1-405b on 8,192 H100, FP8", [
+        "--preset", "llama3.1-405b", "--hardware", "h100-80gb", "--gpus", "8192",
+        "--global-batch-size", "2048", *OVERLAPS, *FP8])
+
+
+if __name__ == "__main__":
+    main()

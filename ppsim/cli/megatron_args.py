@@ -1,0 +1,106 @@
+"""A model as Megatron's arguments: the inverse of ppsim.cli.megatron_model over nothing
+(`ppsim presets NAME` prints it; `plan` prints the parallel sizes and the optimizer's
+arguments of a job beside its split)."""
+
+from __future__ import annotations
+
+from dataclasses import fields as dataclass_fields
+
+from ppsim.cli.megatron_model import bit_runs
+from ppsim.costs.arch import OPTIMIZER_DTYPES, Architecture, layer_kinds
+
+RECOMPUTE_FLAGS = {"none": [], "selective": ["--recompute-granularity", "selective"],
+                   "full": ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                            "--recompute-num-layers", "1"]}
+"""A global recompute mode as Megatron's flags."""
+MAMBA_DEFAULTS = {f.name: f.default for f in dataclass_fields(Architecture)
+                  if f.name.startswith(("mamba_", "linear_"))}
+
+
+def megatron_model_args(a: Architecture) -> list[str]:
+    """The model as Megatron's arguments, the inverse of `model_table` over nothing: the
+    shapes, the kinds of layer, the precision, dropout, the recompute mode, and tp and ep
+    (what a launch script's MODEL_ARGS and parallel sizes hold)."""
+    def kv(flag: str, value: object) -> list[str]:
+        return [flag, str(value)]
+
+    out = kv("--hybrid-layer-pattern", a.hybrid_layer_pattern) if a.hybrid_layer_pattern \
+        else kv("--num-layers", a.num_layers)
+    out += kv("--hidden-size", a.hidden_size) + kv("--ffn-hidden-size", a.ffn_hidden_size)
+    out += kv("--num-attention-heads", a.num_heads)
+    if a.attention == "mla":
+        out += ["--multi-latent-attention"] + kv("--q-lora-rank", a.q_lora_rank) * bool(
+            a.q_lora_rank) + kv("--kv-lora-rank", a.kv_lora_rank) + kv(
+            "--qk-head-dim", a.head_dim or a.hidden_size // a.num_heads) + kv(
+            "--qk-pos-emb-head-dim", a.qk_rope_head_dim) + kv(
+            "--v-head-dim", a.v_head_dim or a.head_dim or a.hidden_size // a.num_heads)
+    else:
+        if a.num_kv_heads != a.num_heads:
+            out += ["--group-query-attention"] + kv("--num-query-groups", a.num_kv_heads)
+        out += kv("--kv-channels", a.head_dim) * bool(a.head_dim)
+    out += kv("--seq-length", a.seq_length) + kv("--max-position-embeddings", a.seq_length)
+    out += kv("--vocab-size", a.vocab_size) + ["--swiglu"] * a.gated_mlp
+    out += kv("--make-vocab-size-divisible-by", a.vocab_divisor) * (a.vocab_divisor != 128)
+    out += kv("--normalization", "RMSNorm" if a.rmsnorm else "LayerNorm")
+    out += kv("--position-embedding-type", "rope" if a.rotary else "learned_absolute"
+              if a.learned_positions else "none")
+    out += ["--untie-embeddings-and-output-weights"] * (not a.tie_embeddings)
+    out += {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(a.dtype, [])
+    if a.fp8:
+        out += kv("--fp8-format", a.fp8) + kv("--fp8-recipe", a.fp8_recipe)
+        out += ["--fp8-param-gather"] * a.fp8_param_gather
+    out += [] if a.dropout else kv("--attention-dropout", 0) + kv("--hidden-dropout", 0)
+    if a.attention_window:
+        out += kv("--window-size", f"{a.attention_window},0")
+        out += kv("--window-attn-skip-freq", a.window_attn_skip_freq) * bool(
+            a.window_attn_skip_freq)
+    out += _moe_args(a) + kv("--mtp-num-layers", a.mtp_layers) * bool(
+        a.mtp_layers and not a.hybrid_layer_pattern)
+    for name, default in MAMBA_DEFAULTS.items():
+        if getattr(a, name) != default:
+            out += kv("--" + name.replace("_", "-"), getattr(a, name))
+    out += kv("--micro-batch-size", a.micro_batch_size) + RECOMPUTE_FLAGS[a.recompute]
+    return out + parallel_args(a.tp, a.cp, a.ep) + optimizer_args(a)
+
+
+def parallel_args(tp: int, cp: int, ep: int) -> list[str]:
+    """The tensor, context and expert sizes as Megatron's arguments (1s unsaid), with
+    what ppsim prices them with: sequence parallelism at tp > 1, and the all-to-all token
+    dispatcher at ep > 1 (Megatron's default gathers)."""
+    out = ["--tensor-model-parallel-size", str(tp), "--sequence-parallel"] * (tp > 1)
+    out += ["--context-parallel-size", str(cp)] * (cp > 1)
+    return out + ["--expert-model-parallel-size", str(ep),
+                  "--moe-token-dispatcher-type", "alltoall"] * (ep > 1)
+
+
+def optimizer_args(a: Architecture) -> list[str]:
+    """How the architecture keeps its gradients and Adam's state, as Megatron's
+    arguments (the fp32 defaults unsaid)."""
+    out = ["--use-distributed-optimizer"] * a.distributed_optimizer
+    out += ["--num-distributed-optimizer-instances", str(a.dp_replicas)] * (a.dp_replicas > 1)
+    out += ["--grad-reduce-in-bf16"] * a.grad_reduce_in_bf16
+    if a.precision_aware_optimizer:
+        out.append("--use-precision-aware-optimizer")
+        out += [tok for key in OPTIMIZER_DTYPES if getattr(a, key) != "fp32"
+                for tok in (f"--{key.replace('_', '-')}", getattr(a, key))]
+    return out
+
+
+def _moe_args(a: Architecture) -> list[str]:
+    if not a.num_experts:
+        return []
+    out = ["--num-experts", str(a.num_experts), "--moe-router-topk", str(a.top_k),
+           "--moe-ffn-hidden-size", str(a.moe_ffn_hidden_size)]
+    if a.shared_experts:
+        out += ["--moe-shared-expert-intermediate-size",
+                str(a.shared_experts * a.moe_ffn_hidden_size)]
+    if a.moe_latent_size:
+        out += ["--moe-latent-size", str(a.moe_latent_size)]
+    if a.moe_capacity_factor:
+        out += ["--moe-expert-capacity-factor", f"{a.moe_capacity_factor:g}"]
+        out += ["--moe-pad-expert-input-to-capacity"] * a.moe_pad_to_capacity
+    kinds = layer_kinds(a)
+    if not a.hybrid_layer_pattern and "dense" in kinds:
+        runs = bit_runs([int(k == "moe") for k in kinds])
+        out += ["--moe-layer-freq", "(" + "+".join(f"[{bit}]*{n}" for bit, n in runs) + ")"]
+    return out

@@ -1,0 +1,60 @@
+"""Cross-field checks of transformer features ppsim prices in part (a sliding window,
+FP8): each names the field and the fix. ppsim.config.validate calls them once the
+fields' types and ranges are checked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ppsim.costs.arch import FP8_RECIPES
+from ppsim.costs.patterns import windows
+from ppsim.errors import UserError
+
+
+def sliding_window(raw: dict[str, Any]) -> None:
+    """A sliding window on a stack of decoder layers, its pattern one a layer; not
+    beside a hybrid pattern or context parallelism, which ppsim prices for full causal
+    attention."""
+    freq = raw.get("window_attn_skip_freq", "")
+    if not raw.get("attention_window"):
+        if freq:
+            raise UserError("model.window_attn_skip_freq", "places a window, but there is "
+                            "none", "add attention_window (--window-size W,0), or drop it")
+        return
+    if raw.get("hybrid_layer_pattern"):
+        raise UserError("model.attention_window", "ppsim prices a hybrid stack's attention "
+                        "layers without a window", "drop the window, or the pattern")
+    if raw.get("cp", 1) != 1:
+        raise UserError("model.attention_window", "ppsim prices context parallelism's K/V "
+                        "ring for full causal attention", "drop the window, or use cp 1")
+    if isinstance(raw.get("num_layers"), int):
+        windows(raw["num_layers"], raw["attention_window"], freq)
+
+
+def fp8(raw: dict[str, Any]) -> None:
+    """FP8 as ppsim prices it (ppsim.costs.fp8): Hopper's recipes, over bf16 training,
+    in the decoder layers of a transformer stack, as Megatron runs it with Transformer
+    Engine; --fp8-param-gather as Megatron asserts it."""
+    recipe = raw.get("fp8_recipe", "delayed")
+    if recipe not in FP8_RECIPES:
+        raise UserError("model.fp8_recipe", f"{recipe!r} is not priced: ppsim prices "
+                        "Hopper's FP8 recipes", "use " + " | ".join(FP8_RECIPES))
+    if raw.get("fp8_param_gather") and not raw.get("fp8"):
+        raise UserError("model.fp8_param_gather", "keeps the weights in FP8 and FP8 is off",
+                        "add --fp8-format hybrid (fp8 = \"hybrid\" in [model]), or drop it")
+    if not raw.get("fp8"):
+        return
+    if raw.get("fp8_param_gather") and not raw.get("distributed_optimizer"):
+        raise UserError("model.fp8_param_gather", "--fp8-param-gather only supported with "
+                        "distributed optimizer, torch fsdp2, megatron fsdp, or inference mode",
+                        "add --use-distributed-optimizer (distributed_optimizer = true)")
+    drop = "drop fp8 (--fp8-format) to price this model in bf16"
+    for key, bad, why, fix in (
+            ("hybrid_layer_pattern", raw.get("hybrid_layer_pattern"), "for attention and "
+             "MLP/MoE layers, not a hybrid stack's mixers", drop),
+            ("fsdp", raw.get("fsdp"), "as Megatron runs it with Transformer Engine, not "
+             "torchtitan's float8 under FSDP", drop),
+            ("dtype", raw.get("dtype", "bf16") != "bf16", "over bf16 training",
+             "train in bf16 (--bf16), or drop fp8 (--fp8-format)")):
+        if bad:
+            raise UserError(f"model.{key}", f"ppsim prices FP8 {why}", fix)

@@ -1,0 +1,62 @@
+"""FP8 training as Megatron runs it with Transformer Engine on Hopper (--fp8-format).
+
+Inside the decoder layers every weight matmul but the router's is a TE linear (QKV and
+MLA's projections, the output projection, the MLPs' fc1 and fc2, routed and shared
+experts, the latent projections): its forward, input-gradient and weight-gradient
+GEMMs run in FP8 at the device's FP8 peak ([hardware] fp8_peak_tflops) on the same
+efficiency curve as bf16. The attention core, the router, the embedding and the output
+layer stay in bf16 (Megatron's output layer is not a TE module). Each FP8 GEMM's
+operands are quantized first: the input in the forward, the output's gradient in the
+backward, each read in bf16 and written as FP8 and as its FP8 transpose (Hopper's FP8
+GEMMs take one layout; the transpose feeds the weight gradient): ppsim.costs.ops.
+
+Memory: each of those linears saves its input for the backward in FP8 (1 byte an
+element, not 2), so attention's output is kept twice, in bf16 by FlashAttention and in
+FP8 by the output projection. TE keeps each FP8 weight and its transpose from the
+first microbatch to the last (2 bytes a parameter); with --fp8-param-gather the weight
+itself is FP8 (1 byte for the bf16 copy's 2) beside its transpose, and the distributed
+optimizer gathers it in FP8. Sequence parallelism's forward all-gathers move the
+quantized input. The FLOP count, and so TFLOP/s and MFU against the bf16 peak, are
+Megatron's and torchtitan's as without FP8.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ppsim.costs.arch import Architecture
+from ppsim.costs.ops import Op
+
+FP8_BYTES = 1
+"""An FP8 element."""
+BF16_MATMULS = ("router",)
+"""Weight matmuls of a decoder layer that are not TE linears."""
+FP8_INPUTS = ("norm1.out", "q_norm.out", "kv_norm.out", "norm2.out", "mlp.act_out",
+              "experts.fc1_in", "experts.act_out", "shared.act_out", "latent.fc2_in")
+"""Saved tensors (ppsim.costs.modules) that are only an FP8 linear's input."""
+PROJ_INPUT = "attn_proj.in"
+"""The output projection's FP8 copy of attention's output."""
+CACHED_COPIES = 2
+"""Bytes a parameter of TE's cached FP8 weight and its transpose."""
+
+
+def fp8_ops(a: Architecture, ops: list[Op]) -> list[Op]:
+    """A decoder layer's ops with its TE linears marked FP8 (unchanged without FP8)."""
+    if not a.fp8:
+        return ops
+    return [replace(op, fp8=True) if op.params and op.name not in BF16_MATMULS else op
+            for op in ops]
+
+
+def fp8_weight_bytes(a: Architecture, ops: list[Op]) -> int:
+    """Bytes one rank holds beyond the bf16 weights for the FP8 linears among `ops`:
+    the cached FP8 weight and transpose, or, with --fp8-param-gather, nothing (the FP8
+    weight and its transpose take the bf16 weight's 2 bytes)."""
+    if not a.fp8 or a.fp8_param_gather:
+        return 0
+    return int(CACHED_COPIES * sum(op.params for op in ops if op.fp8))
+
+
+def gathered_weight_bytes(a: Architecture, bf16_bytes: int) -> int:
+    """Bytes a parameter of the decoder layers the distributed optimizer all-gathers."""
+    return FP8_BYTES if a.fp8 and a.fp8_param_gather else bf16_bytes
