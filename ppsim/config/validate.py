@@ -272,7 +272,7 @@ def transformer(raw: dict[str, Any]) -> None:
     for key, choices in _CHOICES.items():
         if key in raw and raw[key] not in choices:
             raise UserError(f"model.{key}", f"unknown value {raw[key]!r}",
-                            "use " + " | ".join(choices))
+                            "use " + " | ".join(c or '""' for c in choices))
     for key, low in [(k, 1) for k in _POSITIVE] + [(k, 0) for k in _COUNTS]:
         if key in raw and typed(f"model.{key}", raw[key], int) < low:
             raise UserError(f"model.{key}", f"must be at least {low}, got {raw[key]}",

@@ -168,3 +168,20 @@ def test_the_executor_refuses_fp8() -> None:
     fields = {**MODEL_PRESETS["llama3-8b"], "fp8": "hybrid"}
     with pytest.raises(UserError, match="model.fp8"):
         build(fields)
+
+
+@pytest.mark.parametrize("model, hardware, message", [
+    ('fp8 = 1', '', 'model.fp8: unknown value 1 (use "" | e4m3 | hybrid)'),
+    ('fp8 = "hybrid"\nfp8_recipe = 3', '', "model.fp8_recipe: 3 is not priced"),
+    ('fp8 = "hybrid"\nfp8_param_gather = "yes"', '', "model.fp8_param_gather: expected bool"),
+    ('fp8 = "hybrid"', 'fp8_peak_tflops = nan', "hardware.fp8_peak_tflops: must be a finite"),
+    ('fp8 = "hybrid"', 'fp8_peak_tflops = 0', "hardware.fp8_peak_tflops: is 0"),
+])
+def test_a_bad_fp8_field_is_one_line_naming_it(tmp_path, capsys, model: str, hardware: str,
+                                                message: str) -> None:
+    path = tmp_path / "job.toml"
+    path.write_text(f'[model]\npreset = "llama3-8b"\n{model}\n'
+                    f'[hardware]\npreset = "h100-80gb"\n{hardware}\n')
+    assert main(["simulate", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
