@@ -116,6 +116,8 @@ def job_line(job: Any, iteration_ms: float) -> str:
     fsdp += f" x{d['dp_replicas']} copies" if d["dp_replicas"] > 1 else ""
     shape = (f"{d['gpus']:,} GPUs (tp {d['tp']} cp {d['cp']} ep {d['ep']} dp {d['dp']}{fsdp} "
              f"pp {d['pp']}), global batch {d['global_batch_size']:,}")
+    if d["fp8"]:
+        shape += f", FP8 {d['fp8']['format']} {d['fp8']['recipe']}"
     return f"{shape}: {job_throughput.line(job.throughput(iteration_ms))}"
 
 

@@ -152,7 +152,8 @@ class Job:
                           self.peak_tflops, self.torchtitan_flops)
 
     def describe(self) -> dict[str, Any]:
-        """The job for JSON: sizes, batch, and which groups cross nodes."""
+        """The job for JSON: sizes, batch, sharding, FP8 (None in bf16), and which groups
+        cross nodes."""
         s, g = self.shape.sizes, self.groups
         return {"gpus": s.gpus, "tp": s.tp, "cp": s.cp, "ep": s.ep, "dp": s.dp, "pp": s.pp,
                 "global_batch_size": self.shape.global_batch_size,
@@ -160,6 +161,8 @@ class Job:
                 "seq_length": self.shape.seq_length, "rank_order": self.shape.rank_order,
                 "data_parallel": data_parallel(self.arch),
                 "dp_replicas": self.arch.dp_replicas,
+                "fp8": {"format": self.arch.fp8, "recipe": self.arch.fp8_recipe,
+                        "param_gather": self.arch.fp8_param_gather} if self.arch.fp8 else None,
                 "crosses_nodes": {"tp": g.tp.crosses_nodes, "cp": g.cp.crosses_nodes,
                                   "ep": g.ep.crosses_nodes, "dp": g.dp.crosses_nodes,
                                   "pipeline": list(g.pipeline_hops)}}

@@ -151,9 +151,18 @@ def test_fp8_speeds_the_step_and_leaves_the_flop_count(capsys) -> None:
         assert main([*argv, *extra]) == 0
         runs.append(json.loads(capsys.readouterr().out))
     bf16, fp8 = (r["throughput"] for r in runs)
+    assert runs[0]["job"]["fp8"] is None
+    assert runs[1]["job"]["fp8"] == {"format": "hybrid", "recipe": "blockwise",
+                                     "param_gather": False}
     assert fp8["tflops_per_gpu"] > bf16["tflops_per_gpu"]
     ratio = runs[0]["iteration_time_ms"] / runs[1]["iteration_time_ms"]
     assert fp8["tflops_per_gpu"] / bf16["tflops_per_gpu"] == pytest.approx(ratio, rel=1e-9)
+
+
+def test_the_job_line_says_fp8(capsys) -> None:
+    assert main(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb",
+                 "--num-layers", "4", "--gpus", "8", "--fp8-format", "e4m3"]) == 0
+    assert "global batch 32, FP8 e4m3 delayed:" in " ".join(capsys.readouterr().out.split())
 
 
 def test_the_model_as_megatron_arguments_says_fp8() -> None:
