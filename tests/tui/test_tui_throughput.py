@@ -27,8 +27,12 @@ preset = "h100-80gb"
 """
 
 
-def shown_rate(t: dict, compact: bool) -> str:
-    """How the headline words `ppsim simulate --json`'s throughput (the CLI's formats)."""
+LLAMA_FP8 = LLAMA.replace('preset = "llama3-70b"', 'preset = "llama3-70b"\nfp8 = "hybrid"')
+
+
+def shown_rate(t: dict, compact: bool, fp8: bool = False) -> str:
+    """How the headline words `ppsim simulate --json`'s throughput (the CLI's formats),
+    and says FP8 when the job's matmuls are."""
     tokens = "tok/s/GPU" if compact else "tokens/s/GPU"
     sep = " " if compact else "  "
     # A CPU model's rate below 1 TFLOP/s to three figures, as `ppsim simulate` prints it
@@ -36,16 +40,18 @@ def shown_rate(t: dict, compact: bool) -> str:
     tf = t["tflops_per_gpu"]
     rate = f"{tf:.1f}" if tf >= 1 else f"{tf:.3g}"
     return (f"{t['tokens_per_s_per_gpu']:,.0f} {tokens}{sep}{rate} "
-            f"TFLOP/s/GPU{sep}MFU {t['mfu']:.1%}")
+            f"TFLOP/s/GPU{sep}MFU {t['mfu']:.1%}" + (f"{sep}FP8" if fp8 else ""))
 
 
-@pytest.mark.parametrize("text", [LLAMA, DEFAULT_TOML], ids=["llama3-70b", "default"])
+@pytest.mark.parametrize("text", [LLAMA, LLAMA_FP8, DEFAULT_TOML],
+                         ids=["llama3-70b", "llama3-70b-fp8", "default"])
 @pytest.mark.parametrize("size", [(80, 24), (160, 45)])
 async def test_headline_throughput_is_simulates(text: str, size: tuple[int, int],
                                                 tmp_path: Path) -> None:
     path = tmp_path / "job.toml"
     path.write_text(text)
-    ref = simulate_json(path)["throughput"]
+    sim = simulate_json(path)
+    ref, fp8 = sim["throughput"], sim["job"] is not None and sim["job"]["fp8"] is not None
     assert ref is not None and ref["tflops_per_gpu"] >= 0
     app = PPSimApp(load_config(str(path)), config_path=str(path))
     async with app.run_test(size=size) as pilot:
@@ -53,7 +59,7 @@ async def test_headline_throughput_is_simulates(text: str, size: tuple[int, int]
         head = app.query_one(Headline)
         lines = head.render().plain.splitlines()
         width = head.size.width - 2
-        full, compact = shown_rate(ref, compact=False), shown_rate(ref, compact=True)
+        full, compact = shown_rate(ref, False, fp8), shown_rate(ref, True, fp8)
         # at the end of the first line when it has room, else first on the second
         assert lines[0].endswith(full) or lines[1].startswith((full, compact))
         if width < 100:
