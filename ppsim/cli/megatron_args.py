@@ -49,6 +49,10 @@ def megatron_model_args(a: Architecture) -> list[str]:
     if a.fp8:
         out += kv("--fp8-format", a.fp8) + kv("--fp8-recipe", a.fp8_recipe)
         out += ["--fp8-param-gather"] * a.fp8_param_gather
+        if a.first_last_layers_bf16:
+            out += ["--first-last-layers-bf16"]
+            out += kv("--num-layers-at-start-in-bf16", a.num_layers_at_start_in_bf16)
+            out += kv("--num-layers-at-end-in-bf16", a.num_layers_at_end_in_bf16)
     out += [] if a.dropout else kv("--attention-dropout", 0) + kv("--hidden-dropout", 0)
     if a.attention_window:
         out += kv("--window-size", f"{a.attention_window},0")

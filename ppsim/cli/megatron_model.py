@@ -42,7 +42,8 @@ ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
               "window_attn_skip_freq", "quick_geglu", "moe_expert_capacity_factor",
               "moe_pad_expert_input_to_capacity",
               "make_vocab_size_divisible_by", "fp8_format", "fp8_recipe", "fp8_param_gather",
-              "first_last_layers_bf16", "fp4_format")
+              "first_last_layers_bf16", "num_layers_at_start_in_bf16",
+              "num_layers_at_end_in_bf16", "fp4_format")
 """Every flag of the group that changes the model (the rest are accepted and ignored)."""
 IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base": float,
            "rotary-percent": float, "init-method-std": float, "disable-bias-linear": None,
@@ -54,8 +55,7 @@ IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base":
            "moe-router-dtype": str, "moe-permute-fusion": None,
            "moe-z-loss-coeff": float, "moe-router-pre-softmax": None,
            "attention-backend": str, "apply-layernorm-1p": None, "squared-relu": None,
-           "fp8-amax-history-len": int, "num-layers-at-start-in-bf16": int,
-           "num-layers-at-end-in-bf16": int, "fp8-amax-compute-algo": str,
+           "fp8-amax-history-len": int, "fp8-amax-compute-algo": str,
            "fp8-margin": int, "spec": [str],
            "rope-type": str, "moe-router-num-groups": int, "moe-router-group-topk": int,
            "moe-token-drop-policy": str, "rotary-scaling-factor": float, "mscale": float,
@@ -66,8 +66,7 @@ IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base":
            "activation-func-clamp-value": float}
 """Accepted as Megatron takes them; ppsim's costs do not depend on them (sequence
 parallelism is always assumed with tp > 1; FP8's scaling knobs change neither the
-matmuls nor what is kept, and the bf16 layer counts act only with
---first-last-layers-bf16, which is refused; --spec names the builder of the layers the model
+matmuls nor what is kept; --spec names the builder of the layers the model
 arguments describe; group-limited routing picks the experts, not how many, and the
 all-to-all still reaches every expert-parallel rank; YaRN's and Llama's rope scaling,
 layers without rope and the query/key/value biases (3 widths a layer) change no cost, nor
@@ -130,20 +129,23 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fp4-format", help=hidden)
     for flag in ("fp8-param-gather", "first-last-layers-bf16"):
         g.add_argument(f"--{flag}", action="store_true", default=None, help=hidden)
+    for flag in ("num-layers-at-start-in-bf16", "num-layers-at-end-in-bf16"):
+        g.add_argument(f"--{flag}", type=int, help=hidden)
     g.add_argument("--moe-token-dispatcher-type", choices=("allgather", "alltoall", "flex"),
                    help=hidden)
 
 
 def _fp8_fields(get: Any) -> dict[str, Any]:
-    """--fp8-format, --fp8-recipe and --fp8-param-gather as fields (ppsim.costs.fp8)."""
+    """--fp8-format, --fp8-recipe, --fp8-param-gather and the bf16 first and last layers as
+    fields (ppsim.costs.fp8)."""
     if get("fp4_format") is not None:
         raise UserError("--fp4-format", "ppsim prices bf16 and FP8 matmuls, not FP4 "
                         "(Blackwell's NVFP4)", "drop the --fp4-* flags to plan at bf16")
-    if get("first_last_layers_bf16"):
-        raise UserError("--first-last-layers-bf16", "ppsim prices every decoder layer in "
-                        "FP8", "drop it (the bf16 layers run slower than priced)")
     out: dict[str, Any] = {"fp8": get("fp8_format"), "fp8_recipe": get("fp8_recipe"),
-                           "fp8_param_gather": get("fp8_param_gather")}
+                           "fp8_param_gather": get("fp8_param_gather"),
+                           "first_last_layers_bf16": get("first_last_layers_bf16"),
+                           "num_layers_at_start_in_bf16": get("num_layers_at_start_in_bf16"),
+                           "num_layers_at_end_in_bf16": get("num_layers_at_end_in_bf16")}
     return {k: v for k, v in out.items() if v is not None}
 
 

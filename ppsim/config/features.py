@@ -44,6 +44,10 @@ def fp8(raw: dict[str, Any]) -> None:
                         "add --fp8-format hybrid (fp8 = \"hybrid\" in [model]), or drop it")
     if not raw.get("fp8"):
         return
+    if raw.get("first_last_layers_bf16") and recipe == "delayed":
+        raise UserError("model.first_last_layers_bf16", "Delayed scaling does not support "
+                        "first / last layer in BF16.", "use --fp8-recipe tensorwise or "
+                        "blockwise, or drop --first-last-layers-bf16")
     if raw.get("fp8_param_gather") and not raw.get("distributed_optimizer"):
         raise UserError("model.fp8_param_gather", "--fp8-param-gather only supported with "
                         "distributed optimizer, torch fsdp2, megatron fsdp, or inference mode",

@@ -261,7 +261,8 @@ _POSITIVE = ("tp", "dp", "ep", "cp", "dp_replicas", "vocab_divisor", "hidden_siz
              "micro_batch_size")
 _COUNTS = ("attention_window", "moe_latent_size", "mtp_layers", "head_dim", "q_lora_rank",
            "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "num_experts", "top_k",
-           "moe_ffn_hidden_size", "shared_experts")
+           "moe_ffn_hidden_size", "shared_experts", "num_layers_at_start_in_bf16",
+           "num_layers_at_end_in_bf16")
 _REQUIRED = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size",
              "seq_length")
 
@@ -279,7 +280,7 @@ def transformer(raw: dict[str, Any]) -> None:
                             "use a whole number >= " + str(low))
     for key in ("gated_mlp", "distributed_optimizer", "dropout", "tie_embeddings",
                 "grad_reduce_in_bf16", "precision_aware_optimizer", "fsdp",
-                "moe_pad_to_capacity", "fp8_param_gather"):
+                "moe_pad_to_capacity", "fp8_param_gather", "first_last_layers_bf16"):
         if key in raw:
             typed(f"model.{key}", raw[key], bool)
     for key in ("layers", "window_attn_skip_freq"):

@@ -175,6 +175,11 @@ class Architecture:
     """How FP8 scales (--fp8-recipe delayed|tensorwise|blockwise); priced alike."""
     fp8_param_gather: bool = False
     """Keep the layers' weights in FP8 and gather them so (--fp8-param-gather)."""
+    first_last_layers_bf16: bool = False
+    """Under FP8, keep the first and last decoder layers in bf16 (--first-last-layers-bf16;
+    how many: --num-layers-at-start-in-bf16 and --num-layers-at-end-in-bf16)."""
+    num_layers_at_start_in_bf16: int = 1
+    num_layers_at_end_in_bf16: int = 1
 
     @property
     def expert_load(self) -> float:

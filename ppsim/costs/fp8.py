@@ -16,8 +16,9 @@ FP8 by the output projection. TE keeps each FP8 weight and its transpose from th
 first microbatch to the last (2 bytes a parameter); with --fp8-param-gather the weight
 itself is FP8 (1 byte for the bf16 copy's 2) beside its transpose, and the distributed
 optimizer gathers it in FP8. Sequence parallelism's forward all-gathers move the
-quantized input. The FLOP count, and so TFLOP/s and MFU against the bf16 peak, are
-Megatron's and torchtitan's as without FP8.
+quantized input. --first-last-layers-bf16 keeps the first and last decoder layers
+wholly in bf16 (their weights too). The FLOP count, and so TFLOP/s and MFU against the
+bf16 peak, are Megatron's and torchtitan's as without FP8.
 """
 
 from __future__ import annotations
@@ -38,6 +39,24 @@ PROJ_INPUT = "attn_proj.in"
 """The output projection's FP8 copy of attention's output."""
 CACHED_COPIES = 2
 """Bytes a parameter of TE's cached FP8 weight and its transpose."""
+
+
+def fp8_layers(a: Architecture) -> tuple[bool, ...]:
+    """Whether each decoder layer runs FP8: all under --fp8-format but, with
+    --first-last-layers-bf16, the first and last ones Megatron keeps in bf16 (by their
+    global index: is_first_last_bf16_layer in megatron/core/fp8_utils.py)."""
+    n = a.num_layers
+    if not a.fp8:
+        return (False,) * n
+    if not a.first_last_layers_bf16:
+        return (True,) * n
+    start, end = a.num_layers_at_start_in_bf16, a.num_layers_at_end_in_bf16
+    return tuple(not (i < start or i >= n - end) for i in range(n))
+
+
+def layer_precision(a: Architecture, fp8: bool) -> Architecture:
+    """The architecture one decoder layer is priced with: without FP8 for a bf16 layer."""
+    return a if fp8 or not a.fp8 else replace(a, fp8="", fp8_param_gather=False)
 
 
 def fp8_ops(a: Architecture, ops: list[Op]) -> list[Op]:

@@ -34,7 +34,7 @@ from ppsim.costs.arch import (
     model_params,
     mtp_extra_params,
 )
-from ppsim.costs.fp8 import FP8_BYTES, fp8_weight_bytes
+from ppsim.costs.fp8 import FP8_BYTES, fp8_layers, fp8_weight_bytes, layer_precision
 from ppsim.costs.layerops import (
     embedding_activation_bytes,
     head_activation_bytes,
@@ -225,12 +225,13 @@ def transformer_costs(a: Architecture, acc: Accelerator, recompute: tuple[str, .
     the architecture's global mode (ppsim.costs.modules)."""
     s, b, h, t = a.seq_length, a.micro_batch_size, a.hidden_size, a.tp
     kinds = layer_kinds(a)
-    pieces = list(zip(kinds, layer_windows(a), strict=True))
-    by_kind = {p: _kind_cost(a, acc, p[0], recompute, full, p[1]) for p in set(pieces)}
+    pieces = list(zip(kinds, layer_windows(a), fp8_layers(a), strict=True))
+    by_kind = {p: _kind_cost(layer_precision(a, p[2]), acc, p[0], recompute, full, p[1])
+               for p in set(pieces)}
     head = _head_cost(a, acc)
     layers = [by_kind[p] for p in pieces]
     if a.mtp_layers:
-        inner = [by_kind.get((k, 0)) or _kind_cost(a, acc, k, recompute, full)
+        inner = [by_kind.get((k, 0, bool(a.fp8))) or _kind_cost(a, acc, k, recompute, full)
                  for k in mtp_kinds(a)]
         mtp = _mtp_cost(a, acc, _chain(inner), head)
         layers += [mtp] * a.mtp_layers

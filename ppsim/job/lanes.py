@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ppsim.costs.arch import layer_kinds
+from ppsim.costs.fp8 import layer_precision
 from ppsim.costs.transformer import Accelerator
 from ppsim.job.layers import (
     Collective,
@@ -24,6 +25,7 @@ from ppsim.job.layers import (
     edge_collectives,
     layer_collectives,
     per_rank_arch,
+    piece_fp8,
     tp_collectives_ms,
 )
 from ppsim.job.model import Job
@@ -61,6 +63,7 @@ def stage_collectives(job: Job, acc: Accelerator, stages: Sequence[Any]
     kinds = costs.kinds or ("dense",) * len(costs.layers)
     last = layer_kinds(a)[-1]  # an MTP module's decoder layer is of the last layer's kind
     one = tp_collectives_ms(job, a, 1)
+    fp8 = piece_fp8(a, len(costs.layers))
     edge = PieceCollectives(forward=(Collective(group="tp", total_ms=one, exposed_ms=one),),
                             backward=(Collective(group="tp", total_ms=one, exposed_ms=one),))
     embedding = edge_collectives(job, a, costs.embedding)
@@ -73,7 +76,7 @@ def stage_collectives(job: Job, acc: Accelerator, stages: Sequence[Any]
             kind, cost = kinds[i], costs.layers[i]
             if (kind, cost) not in by_piece:
                 by_piece[kind, cost] = layer_collectives(
-                    job, a, acc, last if kind == "mtp" else kind, cost)
+                    job, layer_precision(a, fp8[i]), acc, last if kind == "mtp" else kind, cost)
             pieces.append(by_piece[kind, cost])
             if kind == "mtp":  # and its own pass through the head
                 pieces.append(edge)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape, layer_kinds
-from ppsim.costs.fp8 import FP8_BYTES
+from ppsim.costs.fp8 import FP8_BYTES, fp8_layers, layer_precision
 from ppsim.costs.layerops import attention_ops, mlp_ops
 from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.costs.ops import op_times, piece_times
@@ -65,6 +65,13 @@ def tp_layer_ms(job: Job, a: Architecture) -> tuple[float, float]:
     forward = gathers + tp_collectives_ms(job, a, 2)
     backward = tp_collectives_ms(job, a, 4)
     return forward, backward + (forward if a.recompute == "full" else 0.0)
+
+
+def piece_fp8(a: Architecture, pieces: int) -> tuple[bool, ...]:
+    """Whether each decoder layer, then each MTP layer (FP8 whenever the model is), runs
+    FP8 (ppsim.costs.fp8)."""
+    layers = fp8_layers(a)
+    return layers + (bool(a.fp8),) * (pieces - len(layers))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,9 +248,10 @@ def job_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None = No
     # One entry per distinct piece: layers of a kind differ where a window applies.
     by_piece: dict[tuple[str, LayerCost], Exposed] = {}
     layers = []
-    for kind, c in zip(kinds, costs.layers, strict=True):
+    for kind, c, fp8 in zip(kinds, costs.layers, piece_fp8(a, len(kinds)), strict=True):
         if (kind, c) not in by_piece:
-            e = layer_exposed(job, a, acc, last if kind == "mtp" else kind, c)
+            e = layer_exposed(job, layer_precision(a, fp8), acc, last if kind == "mtp" else kind,
+                              c)
             if kind == "mtp":  # and its own pass through the head
                 e = Exposed(forward_ms=e.forward_ms + one, backward_ms=e.backward_ms + one)
             by_piece[kind, c] = e

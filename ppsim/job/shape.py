@@ -122,6 +122,7 @@ def check(cfg: Any) -> None:
                         "latent projections is not supported during training",
                         "drop --moe-shared-expert-overlap, or the latent size")
     _copies_divide(a)
+    _bf16_layers_fit(a, p.pp)
     if p.overlap_param_gather and not a.distributed_optimizer:
         raise UserError("pipeline.overlap_param_gather", "--overlap-param-gather only "
                         "supported with distributed optimizer", "add "
@@ -175,3 +176,17 @@ def resolved(cfg: Any) -> Any:
     mbs, dp = (a.micro_batch_size, a.dp) if a is not None else (1, 1)
     m = microbatches_for(p.global_batch_size, mbs, dp)
     return cfg if m == p.microbatches else replace(cfg, pipeline=replace(p, microbatches=m))
+
+
+def _bf16_layers_fit(a: Any, pp: int) -> None:
+    """--num-layers-at-start/end-in-bf16 as Megatron bounds them under FP8: at most the
+    layers of one pipeline stage (TransformerConfig.__post_init__)."""
+    if not (a.fp8 and a.first_last_layers_bf16):
+        return
+    most = a.num_layers // pp
+    for where in ("start", "end"):
+        n = getattr(a, f"num_layers_at_{where}_in_bf16")
+        if n > most:
+            raise UserError(f"model.num_layers_at_{where}_in_bf16", f"num_layers_at_{where}_"
+                            f"in_bf16 ({n}) must be between 0 and number of layers per "
+                            f"pipeline stage ({most}).", f"give at most {most}")

@@ -70,7 +70,8 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
     embedding's; `holds_head`: of the last. Dense gradients reduce over dp x cp, the
     experts' over the expert data-parallel group, each buffer in its own collectives,
     one after the other. Under --fp8-param-gather the layers' weights gather in FP8, the
-    embedding's and the output layer's in the training dtype (ppsim.costs.fp8)."""
+    embedding's and the output layer's in the training dtype (ppsim.costs.fp8; layers
+    --first-last-layers-bf16 keeps in bf16 are counted as FP8 here, a layer or two)."""
     dense = params - expert_params
     named = [(n, g) for n, g in ((dense, "dp"), (expert_params, "edp")) if n]
     edge = max(bucket_params(job, params), job.embedding_params if holds_embedding else 0)

@@ -40,6 +40,10 @@ def architectures(draw):
         fields.update(fp8=draw(st.sampled_from(["e4m3", "hybrid"])),
                       fp8_recipe=draw(st.sampled_from(["delayed", "tensorwise", "blockwise"])),
                       fp8_param_gather=fields["distributed_optimizer"] and draw(st.booleans()))
+        if fields["fp8_recipe"] != "delayed" and draw(st.booleans()):
+            fields.update(first_last_layers_bf16=True,
+                          num_layers_at_start_in_bf16=draw(st.integers(0, layers)),
+                          num_layers_at_end_in_bf16=draw(st.integers(0, layers)))
     if draw(st.booleans()):  # MoE, in any order of kinds
         experts = draw(st.integers(2, 8))
         kinds = draw(st.lists(st.sampled_from(["dense", "moe"]), min_size=layers,

@@ -94,6 +94,19 @@ def test_linear_inputs_are_kept_in_fp8_and_attentions_output_twice() -> None:
         == saved + 2048 * 1024 * 2
 
 
+def test_the_first_and_last_layers_in_bf16_cost_as_bf16_layers() -> None:
+    """--first-last-layers-bf16 with 2 at the start and 1 at the end: layers 0, 1 and 7 of
+    8 cost what the bf16 model's do, weights included; the rest what the FP8 model's do."""
+    acc = accelerator(cfg({}).hardware)
+    a = replace(GPT, num_layers=8)
+    bf16, fp8 = (transformer_costs(x, acc).layers[0] for x in (a, _fp8(a)))
+    mixed = transformer_costs(_fp8(a, fp8_recipe="tensorwise", first_last_layers_bf16=True,
+                                   num_layers_at_start_in_bf16=2,
+                                   num_layers_at_end_in_bf16=1), acc).layers
+    assert [c == bf16 for c in mixed] == [True, True, False, False, False, False, False, True]
+    assert all(c == fp8 for c in mixed[2:7])
+
+
 def test_fp8_weights_are_cached_beside_the_bf16_ones_unless_gathered_in_fp8() -> None:
     """2 bytes (the FP8 weight and its transpose) a parameter of the layer's linears:
     qkv 1,024 x 3,072, proj 1,024 x 1,024, fc1 and fc2 1,024 x 4,096 each; none with
@@ -123,6 +136,17 @@ def test_sequence_parallel_gathers_the_quantized_input() -> None:
     assert got.forward_ms == pytest.approx(alone.layers[0].forward_ms + 2 * one(s)
                                            + 2 * one(2 * s))
     assert got.backward_ms == pytest.approx(alone.layers[0].backward_ms + 4 * one(2 * s))
+
+
+def test_a_bf16_first_layer_gathers_in_bf16() -> None:
+    """With the first and last of 4 layers in bf16, their forward all-gathers move 2 bytes
+    an element and the middle layers' 1: the bf16 layers cost the bf16 job's layers."""
+    keep = {"fp8_recipe": "tensorwise", "first_last_layers_bf16": True}
+    mixed = model_costs(cfg({"tp": 4, "fp8": "hybrid", **keep})).layers
+    bf16 = model_costs(cfg({"tp": 4})).layers[0]
+    fp8 = model_costs(cfg({"tp": 4, "fp8": "hybrid", "fp8_recipe": "tensorwise"})).layers[0]
+    assert [mixed[0], mixed[3]] == [bf16, bf16]
+    assert [mixed[1], mixed[2]] == [fp8, fp8]
 
 
 def test_fp8_param_gather_gathers_the_layers_in_fp8_and_the_embedding_in_bf16() -> None:

@@ -146,7 +146,11 @@ def test_a_model_built_from_flags_is_priced_on_a_gpu_and_says_so(capsys) -> None
     ("--preset llama3-8b --bf16 --fp4-format nvfp4", "--fp4-format: ppsim prices bf16 and "
      "FP8 matmuls, not FP4"),
     ("--preset llama3-8b --fp8-format hybrid --first-last-layers-bf16",
-     "--first-last-layers-bf16: ppsim prices every decoder layer in FP8"),
+     "model.first_last_layers_bf16: Delayed scaling does not support first / last layer"),
+    ("--preset llama3-8b --fp8-format hybrid --fp8-recipe blockwise --first-last-layers-bf16 "
+     "--num-layers-at-end-in-bf16 17 --pp 2", "model.num_layers_at_end_in_bf16: "
+     "num_layers_at_end_in_bf16 (17) must be between 0 and number of layers per pipeline "
+     "stage (16)."),
     ("--preset llama3-8b --fp8-format hybrid --fp8-recipe mxfp8",
      "model.fp8_recipe: 'mxfp8' is not priced"),
     ("--preset llama3-8b --fp8-param-gather", "model.fp8_param_gather: keeps the weights in "
