@@ -323,24 +323,25 @@ def _p2p_worker(rank: int, port: int, sizes: list[int], rounds: int, out: str,
 
 
 def fit_latency_bandwidth(samples: list[dict[str, float]]) -> tuple[float, float]:
-    """Least-squares t = latency + bytes / bandwidth; (latency ms, bandwidth GB/s).
+    """t = latency + bytes / bandwidth, fitted robustly; (latency ms, bandwidth GB/s).
 
-    A non-positive slope (size made no measurable difference) means bandwidth 0,
-    which the simulator reads as "bytes are free".
+    The slope is the median of the pairwise slopes and the latency the median intercept
+    (Theil-Sen): one size slowed by a busy machine does not bend the fit, as it does a
+    least-squares one. Where size made no measurable difference (a median slope not above
+    0), all of the largest message's time is taken as transfer, a bandwidth no higher
+    than the link's: never 0, which the simulator would read as free transfers.
     """
     xs = [float(s["bytes"]) for s in samples]
     ys = [float(s["one_way_ms"]) for s in samples]
-    if len(xs) < 2:
-        return (ys[0] if ys else 0.0), 0.0
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+    if not xs:
+        return 0.0, 0.0
+    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(len(xs))
+              for j in range(i + 1, len(xs)) if xs[j] != xs[i]]
+    slope = statistics.median(slopes) if slopes else 0.0
     if slope <= 0:
-        return max(0.0, min(ys)), 0.0
-    latency = my - slope * mx
-    if latency < 0:  # refit through the origin rather than report a negative latency
-        slope = sum(x * y for x, y in zip(xs, ys, strict=True)) / sum(x * x for x in xs)
-        latency = 0.0
+        big = max(range(len(xs)), key=lambda i: (xs[i], ys[i]))
+        return 0.0, (xs[big] / ys[big] / 1e6 if ys[big] > 0 else 0.0)
+    latency = max(0.0, statistics.median(y - slope * x for x, y in zip(xs, ys, strict=True)))
     return latency, 1.0 / slope / 1e6  # bytes per ms -> GB/s
 
 
