@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ppsim.executor.hwprofile import KNOWN_FP8_PEAKS, _peak, _window_timer, warm_up
+from ppsim.executor.hwprofile import _peak, _window_timer, fp8_peak, warm_up
 
 TOKENS = 8192
 SHAPES = {  # (m, n, k) of the forward GEMM per rank: tokens x out x in
@@ -63,17 +63,17 @@ def main() -> None:
         return
     settled = warm_up(device, torch.bfloat16, args.sustained)
     bf16_peak = _peak(device, settled)
-    fp8_peak = _peak(device, 0.0, KNOWN_FP8_PEAKS) or 2 * bf16_peak
+    fp8 = fp8_peak(device) or 2 * bf16_peak
     print(f"{torch.cuda.get_device_name(device)}: settled at {settled:.0f} TFLOP/s bf16; "
-          f"peaks {bf16_peak:g} / {fp8_peak:g} (bf16 / FP8; priced ratio "
-          f"{fp8_peak / bf16_peak:.2f})")
+          f"peaks {bf16_peak:g} / {fp8:g} (bf16 / FP8; priced ratio "
+          f"{fp8 / bf16_peak:.2f})")
     print(f"{'GEMM':14} {'m x n x k':>20} {'bf16':>6} {'FP8':>6} {'ratio':>6} "
           f"{'bf16 %':>6} {'FP8 %':>6}")
     for name, (m, n, k) in SHAPES.items():
         t = time_shape(device, m, n, k, 200.0)
         print(f"{name:14} {f'{m}x{n}x{k}':>20} {t.bf16_tflops:6.0f} {t.fp8_tflops:6.0f} "
               f"{t.fp8_tflops / t.bf16_tflops:6.2f} {t.bf16_tflops / bf16_peak:6.1%} "
-              f"{t.fp8_tflops / fp8_peak:6.1%}")
+              f"{t.fp8_tflops / fp8:6.1%}")
 
 
 if __name__ == "__main__":

@@ -124,14 +124,24 @@ def model_matmuls(a: Architecture) -> list[tuple[int, int, int]]:
     return shapes[:MAX_MODEL_MATMULS]
 
 
-def _peak(device: torch.device, best_tflops: float, peaks: dict[str, float] = KNOWN_PEAKS,
-          ) -> float:
+def _known(device: torch.device, peaks: dict[str, float]) -> float | None:
+    """The peak `peaks` gives this GPU by name; None for a CPU or a GPU not listed."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         for key, peak in peaks.items():
             if key in name:
                 return peak
-    return best_tflops / 0.8 if peaks is KNOWN_PEAKS else 0.0
+    return None
+
+
+def _peak(device: torch.device, best_tflops: float) -> float:
+    known = _known(device, KNOWN_PEAKS)
+    return best_tflops / 0.8 if known is None else known
+
+
+def fp8_peak(device: torch.device) -> float:
+    """The device's dense FP8 peak, 0 where it is not known (or has none)."""
+    return _known(device, KNOWN_FP8_PEAKS) or 0.0
 
 
 Tick = Callable[[str], None]
@@ -358,7 +368,7 @@ def measure_hardware(device_kind: str = "cpu", reps: int = 10, model: Architectu
         att_tflops = ((1 + FLASH_BACKWARD) * last["flops"]
                       / ((last["forward_ms"] + last["backward_ms"]) * 1e9))
     hw = hardware_table(peak, _curve_points(generic, mine), att_tflops, bw, overhead)
-    fp8 = _peak(device, 0.0, KNOWN_FP8_PEAKS)
+    fp8 = fp8_peak(device)
     if fp8:
         hw["fp8_peak_tflops"] = fp8
     if device.type == "cuda":

@@ -74,7 +74,8 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
     --first-last-layers-bf16 keeps in bf16 are counted as FP8 here, a layer or two)."""
     dense = params - expert_params
     named = [(n, g) for n, g in ((dense, "dp"), (expert_params, "edp")) if n]
-    edge = max(bucket_params(job, params), job.embedding_params if holds_embedding else 0)
+    embedding = job.embedding_params if holds_embedding else 0  # in the first bucket
+    edge = max(bucket_params(job, params), embedding)
     # The bucket reduced last (and gathered first) is the dense buffer's: it holds the
     # embedding, the first layers' attention and norms.
     last_n, last_g = named[0] if named else (0, "dp")
@@ -82,7 +83,6 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
     grads, w16 = grad_bytes(job.arch), DTYPE_BYTES[job.arch.dtype]
     weights = gathered_weight_bytes(job.arch, w16)
     edges = edge_params(job, holds_embedding, holds_head)
-    embedding = job.embedding_params if holds_embedding else 0  # in the first bucket
     if job.arch.fsdp:
         reduce = fsdp.step_reduce_ms(job, params, expert_params, forward_ms, holds_embedding)
     elif job.arch.distributed_optimizer:

@@ -142,8 +142,8 @@ def test_a_gpus_fp8_peak_is_its_datasheets_or_none(monkeypatch, name: str, fp8: 
     tensor cores) or a GPU it does not know."""
     import torch
 
-    from ppsim.executor.hwprofile import KNOWN_FP8_PEAKS, _peak
+    from ppsim.executor.hwprofile import fp8_peak
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    assert _peak(torch.device("cuda"), 0.0, KNOWN_FP8_PEAKS) == fp8
-    assert _peak(torch.device("cpu"), 0.0, KNOWN_FP8_PEAKS) == 0.0
+    assert fp8_peak(torch.device("cuda")) == fp8
+    assert fp8_peak(torch.device("cpu")) == 0.0
