@@ -164,6 +164,10 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
     for name in ("tp-comm-overlap", "overlap-grad-reduce", "overlap-param-gather",
                  "moe-shared-expert-overlap"):
         j.add_argument(f"--{name}", action="store_true", default=None)
+    j.add_argument("--overlap-moe-expert-parallel-comm", action="store_true", default=None,
+                   help="Megatron's combined 1F1B: each forward beside another "
+                   "microbatch's backward, their all-to-alls hidden by each other's compute "
+                   "(needs ep > 1, and vpp > 1 when pp > 1)")
     j.add_argument("--ddp-bucket-size", type=int, metavar="N", help="parameters per gradient "
                    "bucket (default max(40M, 1M x dp x cp))")
     j.add_argument("--ddp-num-buckets", type=int, metavar="N",

@@ -85,6 +85,8 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
     for on, flag in ((job.tp_comm_overlap, "--tp-comm-overlap"),
                      (job.overlap_grad_reduce, "--overlap-grad-reduce"),
                      (job.moe_shared_expert_overlap, "--moe-shared-expert-overlap"),
+                     (job.overlap_moe_expert_parallel_comm,
+                      "--overlap-moe-expert-parallel-comm"),
                      (job.overlap_param_gather, "--overlap-param-gather")):
         out += [flag] * on
     return shlex.join(out)

@@ -30,7 +30,8 @@ def config_schedule(cfg: Any) -> Schedule:
     p = cfg.pipeline
     if p.actions_csv:
         return load_actions_csv(p.actions_csv, p.pp, p.vpp, p.microbatches)
-    return build_schedule(p.schedule, p.pp, p.vpp, p.microbatches, p.microbatch_group_size)
+    return build_schedule(p.schedule, p.pp, p.vpp, p.microbatches, p.microbatch_group_size,
+                          combined=p.overlap_moe_expert_parallel_comm)
 
 
 def order_rule(schedule: Schedule) -> str | None:

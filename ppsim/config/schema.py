@@ -15,6 +15,7 @@ from ppsim.config import files, validate
 from ppsim.config.model import Model, UniformModel, parse_model
 from ppsim.config.presets import HARDWARE_PRESETS
 from ppsim.errors import UserError
+from ppsim.job import combined
 from ppsim.job import shape as job_shape
 from ppsim.pipeline.placement import PlacementConfig
 from ppsim.policy.model import memory_policy
@@ -84,6 +85,10 @@ class PipelineConfig:
     their compute hides that much of them (--moe-shared-expert-overlap)."""
     overlap_param_gather: bool = False
     """Gather parameters during the next forward (--overlap-param-gather)."""
+    overlap_moe_expert_parallel_comm: bool = False
+    """Megatron's combined 1F1B (--overlap-moe-expert-parallel-comm): one more warm-up
+    forward, then each forward runs beside a backward of another microbatch, the
+    expert-parallel all-to-alls of each behind the other's compute."""
     ddp_bucket_size: int | None = None
     """Parameters per gradient bucket (Megatron's --ddp-bucket-size); none: Megatron's
     max(40M, 1M x dp x cp)."""
@@ -209,6 +214,7 @@ def check_config(cfg: Config) -> None:
     if cfg.memory is not None:
         memory_policy(cfg.memory, "none")  # every key and module name checked
     job_shape.check(cfg)
+    combined.check(cfg)
 
 
 def hardware_config(table: dict[str, Any]) -> HardwareConfig:

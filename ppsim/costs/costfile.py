@@ -133,7 +133,8 @@ def _sized(path: str, key: str, entries: tuple[LayerCost, ...], want: int | None
 
 
 def layer_dict(c: LayerCost) -> dict[str, Any]:
-    return asdict(c)
+    """A layer's measured costs (what the job prices stays out: PRICED_FIELDS)."""
+    return {k: v for k, v in asdict(c).items() if k in LAYER_FIELDS}
 
 
 def cost_document(costs: ModelCosts, *, source: str, model: dict[str, Any] | None,

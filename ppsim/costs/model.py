@@ -49,13 +49,19 @@ class LayerCost:
     split_backward_ms: float = 0.0
     """Whole backward when W runs apart from B (weight-gradient deferral costs a little
     more than one pass, as `ppsim profile` measures); 0: backward_ms."""
+    pair_saving_ms: float = 0.0
+    """What each of a forward and a backward saves when Megatron's combined 1F1B runs
+    them as a pair (--overlap-moe-expert-parallel-comm): the all-to-all time the other's
+    compute hides (ppsim.job.layers); 0 for a layer without them."""
 
     def input_grad_ms(self, split: bool) -> float:
         """B's duration: the whole backward, or without W when the schedule splits it."""
         return input_grad_ms(self, split)
 
 
-LAYER_FIELDS = tuple(f.name for f in fields(LayerCost))
+PRICED_FIELDS = ("pair_saving_ms",)
+"""LayerCost fields the job prices and no table or cost file gives."""
+LAYER_FIELDS = tuple(f.name for f in fields(LayerCost) if f.name not in PRICED_FIELDS)
 """The keys of a layer's costs: a uniform [model] table, its embedding/head, a cost file."""
 INTEGER_FIELDS = frozenset(f for f in LAYER_FIELDS if f.endswith(("bytes", "params")))
 """The keys among them that count (bytes, parameters); the rest are times."""
@@ -132,6 +138,8 @@ class StageCost:
     """Time of one such copy each way over the host link."""
     expert_params: int = 0
     """Routed-expert parameters among `params`."""
+    pair_saving_ms: float = 0.0
+    """What its F and its B each save in a combined pair (LayerCost.pair_saving_ms)."""
 
     def input_grad_ms(self, split: bool) -> float:
         """B's duration: the whole backward, or without W when the schedule splits it."""
@@ -181,7 +189,8 @@ def stage_cost(costs: ModelCosts, offset: int, layers: int, first: bool, last: b
     st, n = st - twice.static_bytes, n - twice.params
     act += held_input_bytes(costs, layers, last, receives)
     return StageCost(f, b, w, st, act, wg, 0 if last else costs.hidden_bytes, n, sb,
-                     expert_params=costs.experts_in(offset, layers))
+                     expert_params=costs.experts_in(offset, layers),
+                     pair_saving_ms=sum(p.pair_saving_ms for p in parts))
 
 
 def receives_input(split: Split, index: int) -> bool:

@@ -11,9 +11,11 @@ backward (again in the backward under full recompute); --tp-comm-overlap hides t
 behind the layer's compute as far as it lasts.
 Expert parallelism's dispatch and combine are all-to-alls over the expert group's links
 (--moe-shared-expert-overlap hides them behind the shared experts' compute as far as it
-lasts). The head gathers once before the vocabulary projection, the embedding scatters
-once after the lookup. FSDP without pp gathers and reduce-scatters each unit in every
-microbatch (ppsim.job.fsdp), and keeps what it holds unsharded in the static bytes. With
+lasts; Megatron's combined 1F1B hides them behind another microbatch's compute in the
+pairs it runs, --overlap-moe-expert-parallel-comm: `pair_saving_ms`). The head gathers
+once before the vocabulary projection, the embedding scatters once after the lookup.
+FSDP without pp gathers and reduce-scatters each unit in every microbatch
+(ppsim.job.fsdp), and keeps what it holds unsharded in the static bytes. With
 tp = cp = ep = 1 and no FSDP the costs are the model's, untouched.
 """
 
@@ -23,7 +25,7 @@ from dataclasses import dataclass, replace
 
 from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape, layer_kinds
 from ppsim.costs.fp8 import FP8_BYTES, fp8_layers, layer_precision
-from ppsim.costs.layerops import attention_ops, mlp_ops
+from ppsim.costs.layerops import attention_ops, layer_ops, mlp_ops
 from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.costs.ops import op_times, piece_times
 from ppsim.costs.transformer import Accelerator, transformer_costs
@@ -40,6 +42,8 @@ class Exposed:
     """Added to the forward."""
     backward_ms: float = 0.0
     """Added to the backward (its input-gradient part)."""
+    pair_saving_ms: float = 0.0
+    """What each of the forward and the backward saves in a combined pair (LayerCost)."""
 
 
 def per_rank_arch(a: Architecture) -> Architecture:
@@ -137,6 +141,34 @@ def shared_experts_ms(a: Architecture, acc: Accelerator) -> tuple[float, float]:
     return f, bi + bw
 
 
+def pair_saving_ms(job: Job, a: Architecture, acc: Accelerator) -> float:
+    """What each of a MoE layer's forward and backward saves when Megatron's combined
+    1F1B runs it beside another microbatch's backward or forward of a layer like it
+    (--overlap-moe-expert-parallel-comm).
+
+    Megatron's per-layer overlap (TransformerLayerSchedulePlan.run), one all-to-all c
+    on the comm stream beside compute on the other: the backward's combine beside the
+    forward's attention and router (before the dispatch); the forward's dispatch, then
+    the backward's, beside the backward's experts (input and weight gradients), then
+    the forward's; the forward's combine beside the backward's attention. What the pair
+    still waits for, split evenly between its forward and backward, replaces the 2c
+    each waits for alone. Priced from the layer's own ops without recompute (a repeated
+    forward would hide a little more), so a memory policy never changes it and the
+    planner's bounds stay bounds; attention over the whole sequence (a sliding window
+    computes less beside the all-to-alls)."""
+    c = ep_all_to_all_ms(job, a) / 2
+    if c == 0.0:
+        return 0.0
+    ops = layer_ops(a, "moe")
+    experts = [op for op in ops if op.name.startswith(("experts.", "shared."))]
+    rest = [op for op in ops if not op.name.startswith(("experts.", "shared."))]
+    mf, mb, mw = piece_times(acc.roofline(), experts)
+    af, ab, aw = piece_times(acc.roofline(), rest)
+    experts_slot = max(max(c, mb) + c, max(mb + mw, c) + mf) - (mb + mw + mf)
+    waits = max(0.0, c - af) + experts_slot + max(0.0, c - ab - aw)
+    return 2 * c - waits / 2
+
+
 def _hidden(comm: float, compute: float, overlap: bool) -> float:
     return max(0.0, comm - compute) if overlap else comm
 
@@ -202,9 +234,10 @@ def layer_exposed(job: Job, a: Architecture, acc: Accelerator, kind: str,
     """What one decoder layer of `kind` waits for beyond its compute."""
     comm = layer_collectives(job, a, acc, kind, cost)
     cp_f, cp_b = _cp(job, a, acc)  # holds the ring's exposed part and the extra attention
+    paired = job.overlap_moe_expert_parallel_comm and kind == "moe"
     return Exposed(forward_ms=sum(c.exposed_ms for c in comm.forward if c.group != "cp") + cp_f,
                    backward_ms=sum(c.exposed_ms for c in comm.backward if c.group != "cp")
-                   + cp_b)
+                   + cp_b, pair_saving_ms=pair_saving_ms(job, a, acc) if paired else 0.0)
 
 
 def _exposed(comm: PieceCollectives) -> Exposed:
@@ -218,7 +251,7 @@ def _add(c: LayerCost, e: Exposed) -> LayerCost:
     return replace(c, forward_ms=c.forward_ms + e.forward_ms,
                    backward_ms=c.backward_ms + e.backward_ms,
                    split_backward_ms=c.split_backward_ms + e.backward_ms
-                   if c.split_backward_ms else 0.0)
+                   if c.split_backward_ms else 0.0, pair_saving_ms=e.pair_saving_ms)
 
 
 def compute_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None = None,
@@ -253,7 +286,7 @@ def job_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None = No
             e = layer_exposed(job, layer_precision(a, fp8), acc, last if kind == "mtp" else kind,
                               c)
             if kind == "mtp":  # and its own pass through the head
-                e = Exposed(forward_ms=e.forward_ms + one, backward_ms=e.backward_ms + one)
+                e = replace(e, forward_ms=e.forward_ms + one, backward_ms=e.backward_ms + one)
             by_piece[kind, c] = e
         layers.append(_add(c, by_piece[kind, c]))
     head = _add(costs.head, _exposed(edge_collectives(job, a, costs.head, head=True)))

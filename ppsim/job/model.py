@@ -79,6 +79,9 @@ class Job:
     """Hide the expert-parallel all-to-alls behind the shared experts' compute."""
     overlap_param_gather: bool = False
     """Gather parameters during the next forward."""
+    overlap_moe_expert_parallel_comm: bool = False
+    """Megatron's combined 1F1B: each steady-phase forward runs beside another
+    microbatch's backward, their all-to-alls behind each other's compute."""
     ddp_bucket_size: int | None = None
     """Parameters per gradient bucket; None: Megatron's default."""
     ddp_num_buckets: int | None = None
@@ -213,4 +216,5 @@ def build_job(cfg: Any) -> Job | None:
                overlap_grad_reduce=p.overlap_grad_reduce,
                moe_shared_expert_overlap=p.moe_shared_expert_overlap,
                overlap_param_gather=p.overlap_param_gather,
+               overlap_moe_expert_parallel_comm=p.overlap_moe_expert_parallel_comm,
                ddp_bucket_size=p.ddp_bucket_size, ddp_num_buckets=p.ddp_num_buckets)

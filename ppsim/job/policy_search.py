@@ -57,7 +57,9 @@ def fitting_mode(cfg: Any) -> ModeFit | None:
     """The first global mode after the configured one under which the shape's default
     split fits memory; None when none does. `cfg` is the shape's config (no [memory])."""
     start = MODES.index(cfg.model.recompute or "none")
-    for mode in MODES[start + 1:]:
+    # Megatron's combined 1F1B refuses full recompute (ppsim.job.combined).
+    modes = MODES[:2] if cfg.pipeline.overlap_moe_expert_parallel_comm else MODES
+    for mode in modes[start + 1:]:
         c = with_overrides(cfg, model={"recompute": mode})
         problem = build_problem(c, model_costs(c))
         summary = simulate(problem, record=False).summary

@@ -137,11 +137,13 @@ FIXABLE = ("tp", "cp", "ep", "pp", "dp", "vpp", "mbs")
 
 
 def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
-           fixed: dict[str, int] | None = None, any_copies: bool = False) -> list[Shape]:
+           fixed: dict[str, int] | None = None, any_copies: bool = False,
+           combined: bool = False) -> list[Shape]:
     """Every shape the model, the world and the global batch allow, with the sizes in
     `fixed` (keys of FIXABLE) held at their values; the configured copies of the sharded
     state divide each one's data-parallel groups unless `any_copies` (the sharding is
-    searched)."""
+    searched). `combined`: only shapes Megatron's combined 1F1B runs (ep > 1; vpp > 1
+    when pp > 1: ppsim.job.combined)."""
     copies = 1 if any_copies else a.dp_replicas
     pin = fixed or {}
 
@@ -174,24 +176,27 @@ def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
                             chunked = vpp > 1  # interleaved: pp > 1, m a multiple of pp
                             if layers < pp * vpp or m < pp or (chunked and (pp == 1 or m % pp)):
                                 continue
+                            if combined and (ep == 1 or (pp > 1 and not chunked)):
+                                continue
                             out.append(Shape(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp,
                                              mbs=mbs, microbatches=m))
     return out
 
 
-def sharding_choices(s: Shape, gpus_per_node: int, experts: bool) -> list[Shape]:
-    """`s` under each sharding the search tries: the distributed optimizer and FSDP, each
-    over the whole data-parallel group and, where it spans nodes with more than one of its
-    ranks on each, with one copy a node (its shards then reduce and gather over NVLink,
-    the copies all-reduce across)."""
+def sharding_choices(s: Shape, gpus_per_node: int, experts: bool,
+                     combined: bool = False) -> list[Shape]:
+    """`s` under each sharding the search tries: the distributed optimizer and FSDP (not
+    with Megatron's `combined` 1F1B), each over the whole data-parallel group and, where
+    it spans nodes with more than one of its ranks on each, with one copy a node (its
+    shards then reduce and gather over NVLink, the copies all-reduce across)."""
     group = s.dp * s.cp
     per_node = max(1, gpus_per_node // s.tp)  # dp x cp ranks on a node (tp innermost)
     copies = [1]
     if group > per_node > 1 and group % per_node == 0 and \
             (not experts or (group // s.ep) % (group // per_node) == 0):
         copies.append(group // per_node)
-    return [replace(s, sharding=kind, dp_replicas=n)
-            for kind in ("distributed optimizer", "fsdp") for n in copies]
+    kinds = ("distributed optimizer",) if combined else ("distributed optimizer", "fsdp")
+    return [replace(s, sharding=kind, dp_replicas=n) for kind in kinds for n in copies]
 
 
 def _config(cfg: Any, s: Shape, gbs: int) -> Any:
@@ -213,7 +218,9 @@ def exposed_comm_ms(problem: Problem, summary: Summary) -> float:
     free = replace(job.network, intra_bandwidth_gbps=0.0, intra_latency_ms=0.0,
                    inter_bandwidth_gbps=0.0, inter_latency_ms=0.0)  # 0: transfers are free
     alone = job_costs(replace(job, network=free), job.accelerator)
-    extra = sum(c.forward_ms + c.backward_ms for c in problem.costs.layers) \
+    # A combined 1F1B hides up to 2 x pair_saving_ms of each layer's in a microbatch.
+    extra = sum(c.forward_ms + c.backward_ms - 2 * c.pair_saving_ms
+                for c in problem.costs.layers) \
         - sum(c.forward_ms + c.backward_ms for c in alone.layers)
     per_rank = extra / problem.schedule.pp * problem.schedule.microbatches
     rank = max(summary.ranks, key=lambda r: r.busy_ms).rank
@@ -342,10 +349,12 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
         raise UserError("--gpus", "plans the job of a transformer model", "give --preset NAME")
     layers = cfg.model.total_layers
     results = []
-    todo = shapes(a, gpus, gbs, cfg.hardware.gpus_per_node, layers, fixed, sharding)
+    combined = cfg.pipeline.overlap_moe_expert_parallel_comm
+    todo = shapes(a, gpus, gbs, cfg.hardware.gpus_per_node, layers, fixed, sharding, combined)
     if sharding:
         todo = [v for s in todo
-                for v in sharding_choices(s, cfg.hardware.gpus_per_node, a.num_experts > 0)]
+                for v in sharding_choices(s, cfg.hardware.gpus_per_node, a.num_experts > 0,
+                                          combined)]
     if not todo and fixed:
         given = ", ".join(f"{k} {v}" for k, v in fixed.items())
         raise UserError("--gpus", f"no shape of {gpus:,} GPUs at a global batch of {gbs:,} "

@@ -14,6 +14,7 @@ from ppsim.costs.hybrid import HybridPattern, check_pipeline, parse_pattern, pip
 from ppsim.costs.model import ModelCosts, StageCost, stage_costs, uniform_costs
 from ppsim.costs.transformer import accelerator
 from ppsim.errors import UserError
+from ppsim.job import combined
 from ppsim.job.layers import job_costs
 from ppsim.job.model import Job, build_job
 from ppsim.pipeline import split as splits
@@ -190,7 +191,9 @@ def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
     if (p.layout is not None or (pattern and pattern.has_pipes)) and split.vpp > 1:
         name = schedule_for_vpp(name, split.vpp)  # Megatron runs a multi-chunk layout interleaved
     check_ops(p.pp, split.vpp, p.microbatches, False, SIMULATE)
-    schedule = build_schedule(name, p.pp, split.vpp, p.microbatches, p.microbatch_group_size)
+    combined.check_shape(cfg, split.vpp)
+    schedule = build_schedule(name, p.pp, split.vpp, p.microbatches, p.microbatch_group_size,
+                              combined=p.overlap_moe_expert_parallel_comm)
     hw = hardware(cfg)
     return with_policy(cfg, Problem(costs, split, schedule, hw, _topology(cfg, hw), pattern))
 

@@ -2,7 +2,9 @@
 
 Every bound is the length of a real path in the schedule's dependency graph
 (ops on one rank run in order; an F needs the previous stage's F, a B the
-next stage's B), so it can never exceed the simulated time. The paths run
+next stage's B), so it can never exceed the simulated time. Under a combined 1F1B
+every F and B is taken as short as in a pair (pair_saving_ms less) and the pairs'
+own waits are dropped, which only shortens the paths. The paths run
 through one rank; their lengths are linear in stage costs with counts read
 off the action lists, and prefix sums depend only on where a stage starts,
 so with one chunk per rank each term depends on one stage alone and a
@@ -101,9 +103,10 @@ class PathBounds:
         c = s.costs
         self.pre_f, self.pre_b, self.pre_w = [0.0], [0.0], [0.0]
         for lc in c.layers:
-            self.pre_f.append(self.pre_f[-1] + lc.forward_ms)
-            self.pre_b.append(self.pre_b[-1] + self.bpart(lc))
-            self.pre_w.append(self.pre_w[-1] + lc.backward_ms)
+            cut = lc.pair_saving_ms if s.paired else 0.0  # every op as short as in a pair
+            self.pre_f.append(self.pre_f[-1] + lc.forward_ms - cut)
+            self.pre_b.append(self.pre_b[-1] + self.bpart(lc) - cut)
+            self.pre_w.append(self.pre_w[-1] + lc.backward_ms - cut)
         self.total_f = c.embedding.forward_ms + self.pre_f[-1] + c.head.forward_ms
         self.total_b = self.bpart(c.embedding) + self.pre_b[-1] + self.bpart(c.head)
         self.emb_f, self.emb_b = c.embedding.forward_ms, self.bpart(c.embedding)
@@ -238,7 +241,8 @@ class WaterFill:
         self.suffix_work = [0.0] * (len(layers) + 1)
         for i in range(len(layers) - 1, -1, -1):
             lc = layers[i]
-            self.suffix_work[i] = self.suffix_work[i + 1] + lc.forward_ms + lc.backward_ms
+            cut = 2 * lc.pair_saving_ms if search.paired else 0.0
+            self.suffix_work[i] = self.suffix_work[i + 1] + lc.forward_ms + lc.backward_ms - cut
         head = search.costs.head
         self.head_work = head.forward_ms + head.backward_ms
 
@@ -247,9 +251,10 @@ class WaterFill:
         s = self.s
         t = 0.0
         for j in range(upto):
-            t += costs[j].forward_ms + s.delay[j]
+            cut = costs[j].pair_saving_ms if s.paired else 0.0
+            t += costs[j].forward_ms - cut + s.delay[j]
             if not s.split_bw:
-                t += costs[j].backward_ms + s.delay[j]
+                t += costs[j].backward_ms - cut + s.delay[j]
         return t
 
     def bound(self, costs: list[StageCost], k: int, remaining: int) -> float:
@@ -311,7 +316,8 @@ def prefix_time(paths: PathBounds, counts: list[int]) -> float:
     trip = rest_f + rest_b + 2 * (paths.pre_d[-1] - paths.pre_d[k - 1])  # k-1 -> end -> k-1
     dur = {kd: [0.0] * k for kd in "FBW"}
     for i, c in enumerate(costs):
-        dur["F"][i], dur["B"][i] = c.forward_ms, paths.bpart(c)
+        cut = c.pair_saving_ms if s.paired else 0.0  # pairs' constraints dropped too
+        dur["F"][i], dur["B"][i] = c.forward_ms - cut, paths.bpart(c) - cut
         dur["W"][i] = c.weight_grad_ms if s.split_bw else 0.0
     kinds, waits, sends, durations, delays = [], [], [], [], []
     for r in range(s.pp):

@@ -47,6 +47,9 @@ class PolicyCosts:
     """Host link bandwidth each way (GB/s); 0: copies are free."""
     host_limit_bytes: float = float("inf")
     """Host memory one rank's offloaded tensors may use (its node's over its devices)."""
+    combined: bool = False
+    """Megatron's combined 1F1B runs (--overlap-moe-expert-parallel-comm): it refuses
+    whole-layer recompute and the "moe" module, so no search offers them."""
     _variants: dict[tuple[str, ...], ModelCosts] = field(default_factory=dict)
     _offload: dict[tuple[tuple[str, ...], tuple[str, ...]], _Offload] = field(
         default_factory=dict)
@@ -109,7 +112,7 @@ class PolicyCosts:
                 sums = [x + (piece.split_backward_ms or piece.backward_ms if name == "sb"
                              else getattr(piece, name)) for x, name in zip(sums, _FIELDS,
                                                                            strict=True)]
-        f, b, w, sb, st, act, wg, params = sums
+        f, b, w, sb, st, act, wg, params, paired = sums
         twice = self.base.held_twice(first, last)
         st, params = st - twice.static_bytes, params - twice.params
         hidden = self.base.hidden_bytes
@@ -131,7 +134,8 @@ class PolicyCosts:
         # (matmul inputs) comes back with the reload before B and stays until W.
         return StageCost(f, b, w, int(st), int(act), int(wg), 0 if last else hidden,
                          int(params), sb, offload_bytes=off, copy_ms=self.copy_ms(copied),
-                         expert_params=self.base.experts_in(offset, count))
+                         expert_params=self.base.experts_in(offset, count),
+                         pair_saving_ms=paired)
 
     def _stalls(self, off: int, f: float, b: float) -> tuple[float, float]:
         """(forward, backward) stall of copying `off` bytes out after F and back before B."""
@@ -160,7 +164,7 @@ class PolicyCosts:
 
 
 _FIELDS = ("forward_ms", "backward_ms", "weight_grad_ms", "sb", "static_bytes",
-           "activation_bytes", "weight_grad_bytes", "params")
+           "activation_bytes", "weight_grad_bytes", "params", "pair_saving_ms")
 """The LayerCost sums a stage needs, in StageCost's order ("sb": the split backward)."""
 
 
@@ -244,8 +248,9 @@ class Cheapest:
             return ((fits is None or fits(index, c)) and self._host_ok(p, offset, count, index)
                     and not self.costs.stalls(p, offset, count, first, last, receives))
 
+        most = 0 if self.costs.combined else count
         for g in self.groups:
-            top = _with_n(g, count)
+            top = _with_n(g, most)
             low_cost = cost(top)
             mem = low_cost.static_bytes + low_cost.activation_bytes
             if fallback is None or mem < fallback[0]:
@@ -254,7 +259,7 @@ class Cheapest:
                 continue  # not even every layer recomputed fits
             if best is not None and _work(cost(g)) > best[0]:
                 continue  # the group's cheapest is already slower
-            lo, hi = 0, count  # hi fits; find the least N that does
+            lo, hi = 0, most  # hi fits; find the least N that does
             while lo < hi:
                 mid = (lo + hi) // 2
                 p = _with_n(g, mid)

@@ -58,6 +58,8 @@ def module_groups(pc: PolicyCosts, offload: bool) -> list[StagePolicy]:
     for mods in MODULE_SETS:
         if any(not any(applies(m, pc.arch, k) for k in kinds) for m in mods):
             continue  # a module the model does not have: the same as a smaller set
+        if pc.combined and "moe" in mods:
+            continue  # Megatron's combined 1F1B refuses it
         var = pc.layers_under(mods)
         saved = sum(module_effect(pc.arch, k, ()).kept_bytes
                     - module_effect(pc.arch, k, mods).kept_bytes for k in kinds)
@@ -149,9 +151,11 @@ def plan_global(problem: Problem, pc: PolicyCosts, budget_s: float) -> SpaceBest
     best = None
     proven = True
     S = problem.split.num_stages
-    for i, mode in enumerate(("none", "selective", "full")):
+    modes = ("none", "selective") if pc.combined else ("none", "selective", "full")
+    for i, mode in enumerate(modes):
         pol = (shorthand(mode),) * S
-        r = plan(_fixed(problem, pc, pol), top_k=1, time_budget_s=budget_s / (3 - i) * 0.9)
+        r = plan(_fixed(problem, pc, pol), top_k=1,
+                 time_budget_s=budget_s / (len(modes) - i) * 0.9)
         budget_s -= r.seconds
         proven = proven and (r.proven_optimal or r.best is None)
         best = _better(best, SpaceBest(space="global", result=r, policies=pol, label=mode))
@@ -198,8 +202,8 @@ def megatron_candidates(problem: Problem, pc: PolicyCosts, splits: list[tuple[in
     out = []
     for g, delta in megatron_points(pc, pp, pc.host_link_gbps > 0):
         # Megatron takes --recompute-num-layers with full granularity only: N > 0
-        # recomputes whole layers and no modules.
-        for n in range(0, most + 1 if not g.recompute_modules else 1):
+        # recomputes whole layers and no modules (and none under the combined 1F1B).
+        for n in range(0, most + 1 if not g.recompute_modules and not pc.combined else 1):
             pol = per_rank(replace(g, recompute_layers=n), pp, S, delta)
             est = min((_proxy_ms(search, pc, pol, c) for c in splits), default=float("inf"))
             label = replace(g, recompute_layers=n).label() + (
@@ -286,7 +290,8 @@ def refine_per_rank(problem: Problem, pc: PolicyCosts, start: SpaceBest) -> Spac
     search = SplitSearch(replace(problem.with_split(split), memory=None))
     offsets = [sum(counts[:k]) for k in range(S)]
     options: list[StagePolicy | None] = [None, *module_groups(pc, pc.host_link_gbps > 0), *(
-        StagePolicy(recompute_layers=n) for n in range(1, max(counts) + 1))]
+        StagePolicy(recompute_layers=n) for n in range(1, 0 if pc.combined
+                                                       else max(counts) + 1))]
     chosen = list(start.policies)
 
     def cost(k: int, option: StagePolicy | None) -> StageCost:

@@ -38,7 +38,8 @@ def policy_costs(cfg: Config) -> PolicyCosts:
     return PolicyCosts(arch=per_rank_arch(job.arch), acc=acc, price=price,
                        host_link_gbps=hw.host_link_gbps,
                        host_limit_bytes=hw.host_memory_bytes / max(1, hw.gpus_per_node)
-                       if hw.host_memory_bytes > 0 else float("inf"))
+                       if hw.host_memory_bytes > 0 else float("inf"),
+                       combined=job.overlap_moe_expert_parallel_comm)
 
 
 def configured_policy(cfg: Config, num_stages: int) -> MemoryPolicy:

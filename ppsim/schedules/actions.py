@@ -64,6 +64,15 @@ class Schedule:
     cells: CellMarks | None = None
     """Which actions torch writes as pairs or whole backwards; None: ppsim's default
     (a B with its W right after is one whole backward)."""
+    pairs: tuple[frozenset[int], ...] = ()
+    """Per rank, positions of the F actions that run combined with the B right after
+    them (Megatron's combined 1F1B, --overlap-moe-expert-parallel-comm): the pair
+    starts once both inputs are in and both messages leave when the B ends; empty
+    when no action is paired."""
+
+    def paired(self, rank: int) -> frozenset[int]:
+        """Positions of rank's F actions that start a combined pair."""
+        return self.pairs[rank] if self.pairs else frozenset()
 
     @property
     def num_stages(self) -> int:

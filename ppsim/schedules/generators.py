@@ -9,7 +9,7 @@ re-exported here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ppsim.errors import UserError
@@ -46,11 +46,12 @@ def gpipe(pp: int, vpp: int, m: int) -> list[list[Action]]:
     return out
 
 
-def one_f_one_b(pp: int, vpp: int, m: int) -> list[list[Action]]:
-    """Megatron's non-interleaved 1F1B: warmup min(p - r - 1, m) forwards."""
+def one_f_one_b(pp: int, vpp: int, m: int, extra: int = 0) -> list[list[Action]]:
+    """Megatron's non-interleaved 1F1B: warmup min(p - r - 1, m) forwards (`extra` more:
+    the combined 1F1B's one)."""
     out = []
     for r in range(pp):
-        warm = min(pp - r - 1, m)
+        warm = min(pp - r - 1 + extra, m)
         acts = [Action(F, r, i) for i in range(warm)]
         for i in range(m - warm):
             acts += [Action(F, r, warm + i), Action(B, r, i)]
@@ -96,14 +97,15 @@ def interleaved_order(m: int, vpp: int, group: int) -> list[tuple[int, int]]:
 
 
 def _interleaved(pp: int, vpp: int, m: int, zero_bubble: bool,
-                 group: int | None = None) -> list[list[Action]]:
+                 group: int | None = None, extra: int = 0) -> list[list[Action]]:
     """Interleaved 1F1B, or torch's interleaved zero bubble (ZB1P) when `zero_bubble`.
 
     Forward step k and backward step k both walk the table (backward with the
     chunks reversed). Rank r warms up with (vpp - 1) N forwards plus 2 per hop to
     the last rank (1 per hop for zero bubble, whose B is shorter), then one
     forward and one backward per step. Zero bubble queues each B's W and runs
-    the oldest one after every backward from step r on, the rest at the end.
+    the oldest one after every backward from step r on, the rest at the end. `extra`
+    more warm-up forwards: the combined 1F1B's one.
     """
     group = interleaved_group(pp, m, group)
     table = interleaved_order(m, vpp, group)
@@ -111,7 +113,7 @@ def _interleaved(pp: int, vpp: int, m: int, zero_bubble: bool,
     hop = 1 if zero_bubble else 2
     out = []
     for r in range(pp):
-        warm = min((vpp - 1) * group + hop * (pp - r - 1), total)
+        warm = min((vpp - 1) * group + hop * (pp - r - 1) + extra, total)
         fwd = [Action(F, c * pp + r, i) for i, c in table]
         bwd = [Action(B, (vpp - 1 - c) * pp + r, i) for i, c in table]
         acts = fwd[:warm]
@@ -130,9 +132,19 @@ def _interleaved(pp: int, vpp: int, m: int, zero_bubble: bool,
     return out
 
 
-def interleaved_1f1b(pp: int, vpp: int, m: int, group: int | None = None) -> list[list[Action]]:
-    """Megatron's interleaved 1F1B (torch's ScheduleInterleaved1F1B: the same order)."""
-    return _interleaved(pp, vpp, m, zero_bubble=False, group=group)
+def interleaved_1f1b(pp: int, vpp: int, m: int, group: int | None = None,
+                     extra: int = 0) -> list[list[Action]]:
+    """Megatron's interleaved 1F1B (torch's ScheduleInterleaved1F1B: the same order);
+    `extra` more warm-up forwards per rank (the combined 1F1B's one)."""
+    return _interleaved(pp, vpp, m, zero_bubble=False, group=group, extra=extra)
+
+
+def combined_pairs(acts: Sequence[Action]) -> frozenset[int]:
+    """Positions of the F actions a combined 1F1B runs with the B right after them: in
+    its order every F followed by a B is a steady-phase step (warm-up runs forwards
+    alone, cool-down backwards alone)."""
+    return frozenset(i for i in range(len(acts) - 1)
+                     if acts[i].kind == F and acts[i + 1].kind == B)
 
 
 def interleaved_zb(pp: int, vpp: int, m: int, group: int | None = None) -> list[list[Action]]:
@@ -251,12 +263,33 @@ def _spec(name: str) -> ScheduleSpec:
     return spec
 
 
+COMBINED = ("1f1b", "interleaved-1f1b")
+"""The schedules Megatron runs as a combined 1F1B (--overlap-moe-expert-parallel-comm):
+1F1B without pipelining, interleaved 1F1B with it."""
+
+
+def _check_combined(name: str, pp: int) -> None:
+    if name not in COMBINED:
+        raise UserError("pipeline.schedule", f"{name} has no combined 1F1B: Megatron "
+                        "overlaps expert-parallel all-to-alls in its own 1F1B only",
+                        "use schedule = \"interleaved-1f1b\" (or \"1f1b\" with pp = 1)")
+    if name == "1f1b" and pp > 1:
+        raise UserError("pipeline.vpp", "If enabling EP A2A overlap, "
+                        "virtual_pipeline_model_parallel_size must be specified when "
+                        "pipeline_model_parallel_size > 1", "set vpp >= 2 "
+                        "(--num-virtual-stages-per-pipeline-rank), or pp = 1")
+
+
 def build_schedule(name: str, pp: int, vpp: int, microbatches: int,
-                   group: int | None = None) -> Schedule:
+                   group: int | None = None, combined: bool = False) -> Schedule:
     """Generate a named schedule; rejects what it cannot build, with the reason (what
     Megatron alone refuses is ppsim.pipeline.megatron_rules' to say). `group`: the
-    microbatches per group of an interleaved order (None: interleaved_group's choice)."""
+    microbatches per group of an interleaved order (None: interleaved_group's choice).
+    `combined`: Megatron's combined 1F1B (--overlap-moe-expert-parallel-comm): one
+    more warm-up forward per rank, each steady-phase F run with the B after it."""
     spec = _spec(name)
+    if combined:
+        _check_combined(name, pp)
     for field, value in (("pipeline.pp", pp), ("pipeline.vpp", vpp),
                          ("pipeline.microbatches", microbatches),
                          ("pipeline.microbatch_group_size", 1 if group is None else group)):
@@ -272,12 +305,16 @@ def build_schedule(name: str, pp: int, vpp: int, microbatches: int,
             raise UserError("pipeline.microbatch_group_size", f"is {group}: {reason}",
                             f"leave it unset, or set it to {interleaved_group(pp, microbatches)}")
     grouped = spec.grouped and vpp > 1
-    acts = spec.generate(pp, vpp, microbatches, group=group) if grouped \
-        else spec.generate(pp, vpp, microbatches)
+    more = {"extra": 1} if combined else {}
+    acts = spec.generate(pp, vpp, microbatches, group=group, **more) if grouped \
+        else spec.generate(pp, vpp, microbatches, **more)
+    pairs = tuple(combined_pairs(a) for a in acts) if combined else ()
+    cells = spec.cells(pp, vpp, microbatches) if spec.cells else None
+    if combined:  # torch's CSV writes each pair as one OVERLAP_F_B
+        cells = CellMarks(overlaps=pairs, whole=(frozenset(),) * pp)
     return Schedule(name, pp, vpp, microbatches, spec.placement, spec.split_backward,
                     tuple(tuple(a) for a in acts),
                     microbatch_group=interleaved_group(pp, microbatches, group) if grouped
-                    else 0,
-                    cells=spec.cells(pp, vpp, microbatches) if spec.cells else None)
+                    else 0, cells=cells, pairs=pairs)
 
 

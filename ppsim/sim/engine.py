@@ -161,6 +161,10 @@ class Engine:
         self.inflight = [0] * pp
         self.peak = [0] * pp
         self.peak_in = [0] * pp
+        self.pairs = [schedule.paired(r) for r in range(pp)]
+        """Per rank: positions of the F actions run combined with the B after them."""
+        self.held: list[tuple[int, int, int, Action] | None] = [None] * pp
+        """Per rank: a paired F's message (dst, key, boundary, action), sent with its B's."""
 
     def start(self, r: int, now: float) -> None:
         """Start rank r's next op at `now`, or park the rank until its input arrives."""
@@ -172,6 +176,8 @@ class Engine:
             if key not in self.arrived:
                 self.waiting[key] = r
                 return
+        if self.pairs[r] and self.pos[r] in self.pairs[r] and not self._partner_ready(r):
+            return
         copies = self.copies
         if copies is not None:
             if kind == B and not self.woken[r]:
@@ -201,6 +207,23 @@ class Engine:
                                                       self._memory(r), self.inflight[r])
         self.run_op(r, kind, st, now)
 
+    def _partner_ready(self, r: int) -> bool:
+        """A paired F starts once its B's input is in too; else rank r waits for it."""
+        b = self.acts[r][self.pos[r] + 1]
+        keys = self.waits[b.kind][b.stage]
+        if keys is None or keys[b.microbatch] in self.arrived:
+            return True
+        self.waiting[keys[b.microbatch]] = r
+        return False
+
+    def op_ms(self, r: int, kind: str, st: int) -> float:
+        """Duration of rank r's current op: alone, or in a combined pair."""
+        pairs = self.pairs[r]
+        if not pairs:
+            return self.table.duration[kind][st]
+        pos = self.pos[r]
+        return self.table.op_ms(kind, st, pos in pairs or pos - 1 in pairs)
+
     def _memory(self, r: int) -> list[tuple[float, int, int]] | None:
         return None if self.records is None else self.records.memory[r]
 
@@ -211,7 +234,7 @@ class Engine:
 
     def run_op(self, r: int, kind: str, st: int, now: float) -> None:
         """Rank r computes its op: here alone on its device, so it ends after its duration."""
-        d = self.table.duration[kind][st]
+        d = self.op_ms(r, kind, st)
         self.busy[r] += d
         self.ids += 1
         heapq.heappush(self.heap, (now + d, self.ids, r))
@@ -243,6 +266,14 @@ class Engine:
         if rec is not None:
             rec.ops[r].append(Op(r, a, st // self.pp, self.began[r], now))
         out = self.out[kind][st]
+        pairs = self.pairs[r]
+        if pairs and self.pos[r] in pairs:  # a paired F's message leaves with its B's
+            self.held[r] = None if out is None else (out[1], out[0][a.microbatch], out[2], a)
+            out = None
+        elif pairs and self.pos[r] - 1 in pairs and self.held[r] is not None:
+            dst, key, bound, fa = self.held[r]  # type: ignore[misc]
+            self.held[r] = None
+            self.send(r, dst, key, bound, fa, now)
         if out is not None:
             keys, dst, bound = out
             self.send(r, dst, keys[a.microbatch], bound, a, now)

@@ -16,13 +16,17 @@ from ppsim.sim.timing import CompiledSchedule, OpTable
 
 def op_times(table: OpTable) -> tuple[list[list[float]], list[list[float]]]:
     """Start and end time of every op, per rank. Raises RuntimeError on deadlock."""
-    return list_schedule(table.compiled, table.duration, table.send_delays())
+    return list_schedule(table.compiled, table.duration, table.send_delays(),
+                         table.compiled.schedule.pairs)
 
 
 def list_schedule(c: CompiledSchedule, duration: Sequence[Sequence[float]],
-                  send_delay: Sequence[Sequence[float]]
+                  send_delay: Sequence[Sequence[float]],
+                  pairs: Sequence[frozenset[int]] = ()
                   ) -> tuple[list[list[float]], list[list[float]]]:
-    """Start and end times given per-op durations and message delays."""
+    """Start and end times given per-op durations and message delays; `pairs` per rank
+    as Schedule.pairs (a paired F waits for its B's input too, its message leaves with
+    the B's)."""
     pp = len(c.kind)
     starts: list[list[float]] = [[] for _ in range(pp)]
     ends: list[list[float]] = [[] for _ in range(pp)]
@@ -34,6 +38,7 @@ def list_schedule(c: CompiledSchedule, duration: Sequence[Sequence[float]],
     while ready:
         r = ready.pop()
         waits, sends, dur, delay = c.wait_key[r], c.send_key[r], duration[r], send_delay[r]
+        paired = pairs[r] if pairs else frozenset()
         i, now, n = pos[r], clock[r], len(waits)
         st, en = starts[r], ends[r]
         while i < n:
@@ -45,15 +50,30 @@ def list_schedule(c: CompiledSchedule, duration: Sequence[Sequence[float]],
                     break
                 if t > now:
                     now = t
+            if paired and i in paired:  # a paired F starts once its B's input is in too
+                key = waits[i + 1]
+                if key >= 0:
+                    t = arrival.get(key)
+                    if t is None:
+                        waiting[key] = r
+                        break
+                    if t > now:
+                        now = t
             st.append(now)
             now = now + dur[i]
             en.append(now)
-            key = sends[i]
-            if key >= 0:
-                arrival[key] = now + delay[i]
-                blocked = waiting.pop(key, None)
-                if blocked is not None:
-                    ready.append(blocked)
+            if paired and i in paired:  # its message leaves with its B's, when the B ends
+                i += 1
+                continue
+            j = i - 1 if paired and i - 1 in paired else i
+            while j <= i:
+                key = sends[j]
+                if key >= 0:
+                    arrival[key] = now + delay[j]
+                    blocked = waiting.pop(key, None)
+                    if blocked is not None:
+                        ready.append(blocked)
+                j += 1
             i += 1
         pos[r], clock[r] = i, now
     if any(pos[r] < len(c.wait_key[r]) for r in range(pp)):

@@ -135,7 +135,7 @@ class SharedEngine(Engine):
         return self.topo.message_cpu(self.owner[a], self.owner[b])
 
     def run_op(self, r: int, kind: str, st: int, now: float) -> None:
-        work = self.table.duration[kind][st]
+        work = self.op_ms(r, kind, st)
         if self.charged:
             work += self.message_cpu[kind][st]
         d = self.topo.devices[r]

@@ -155,14 +155,17 @@ class _Model:
     def _rank(self, r: int) -> Process:
         """Rank r's process: per op, wait for its input, compute, send its output."""
         dev, n = self.device_of[r], len(self.c.kind[r])
+        pairs = self.schedule.paired(r)
         for i in range(n):
-            key = self.c.wait_key[r][i]
             waited = False
-            if key >= 0 and not self._inbox(key).triggered:
-                if i:
-                    dev.replan()  # the device goes on without this rank
-                waited = True
-                yield self._inbox(key)
+            # A paired F waits for its B's input too (Schedule.pairs).
+            for key in (self.c.wait_key[r][i], self.c.wait_key[r][i + 1]) if i in pairs \
+                    else (self.c.wait_key[r][i],):
+                if key >= 0 and not self._inbox(key).triggered:
+                    if i and not waited:
+                        dev.replan()  # the device goes on without this rank
+                    waited = True
+                    yield self._inbox(key)
             if self.copies is not None and self.c.kind[r][i] == B:
                 a = self.schedule.actions[r][i]
                 ready = self.copies.reload_end(r, a.stage, a.microbatch, self.env.now)
@@ -195,7 +198,8 @@ class _Model:
         if self.copies is not None:
             self.copies.op_started(r, i, now)
             self._settle(r, now)
-        work = self.table.duration[kind][st]
+        pairs = self.schedule.paired(r)
+        work = self.table.op_ms(kind, st, i in pairs or i - 1 in pairs)
         if self.charged:
             # F receives from the stage before and sends to the next; B the other way.
             step = 1 if kind == F else -1 if kind == B else 0
@@ -239,11 +243,17 @@ class _Model:
         self.ends[r] = now
         if self.copies is not None and kind == F:
             self.copies.forward_ended(r, st, a.microbatch, now)
-        key = self.c.send_key[r][i]
-        if key < 0:
+        pairs = self.schedule.paired(r)
+        if i in pairs:  # a paired F's message leaves with its B's, when the B ends
             return False
-        nbytes = self.table.boundary_bytes[self.c.send_stage[r][i]]
-        return self._send(r, self.c.send_rank[r][i], key, nbytes, a)
+        at_once = False
+        for j in (i - 1, i) if i - 1 in pairs else (i,):
+            key = self.c.send_key[r][j]
+            if key >= 0:
+                nbytes = self.table.boundary_bytes[self.c.send_stage[r][j]]
+                at_once |= self._send(r, self.c.send_rank[r][j], key, nbytes,
+                                      self.schedule.actions[r][j])
+        return at_once
 
     def _send(self, r: int, dst: int, key: int, nbytes: int, a: Action) -> bool:
         """Hand a message to its link; True when it arrived at once."""

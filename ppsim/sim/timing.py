@@ -78,6 +78,13 @@ class StageTable:
     """Bytes crossing the boundary between stage s and s + 1 (activation and gradient)."""
     static: tuple[int, ...]
     """Static bytes per rank."""
+    paired: dict[str, tuple[float, ...]]
+    """Kind -> per-stage duration of an F or B that runs in a combined pair (its
+    all-to-alls behind the other's compute; Schedule.pairs)."""
+
+    def op_ms(self, kind: str, stage: int, paired: bool) -> float:
+        """Duration of one op: alone, or in a combined pair."""
+        return (self.paired if paired else self.duration)[kind][stage]
 
 
 def stage_table(s: Schedule, costs: Sequence[StageCost]) -> StageTable:
@@ -93,13 +100,23 @@ def stage_table(s: Schedule, costs: Sequence[StageCost]) -> StageTable:
     for i, c in enumerate(costs):
         static[s.stage_rank(i)] += c.static_bytes
     act = tuple(resident_bytes(c) for c in costs)  # free offload copies keep off the device
+    dur_f = tuple(c.forward_ms for c in costs)
+    dur_w = tuple(c.weight_grad_ms for c in costs)
     return StageTable(
-        duration={F: tuple(c.forward_ms for c in costs), B: dur_b,
-                  W: tuple(c.weight_grad_ms for c in costs)},
+        duration={F: dur_f, B: dur_b, W: dur_w},
+        paired={F: tuple(d - c.pair_saving_ms for d, c in zip(dur_f, costs, strict=True)),
+                B: tuple(d - c.pair_saving_ms for d, c in zip(dur_b, costs, strict=True)),
+                W: dur_w},
         alloc=act,
         free={F: (0,) * len(costs), B: tuple(a - k for a, k in zip(act, keep, strict=True)),
               W: keep},
         boundary_bytes=tuple(c.output_bytes for c in costs), static=tuple(static))
+
+
+def in_pairs(s: Schedule, rank: int) -> frozenset[int]:
+    """Positions of rank's ops that run in a combined pair: each paired F and its B."""
+    firsts = s.paired(rank)
+    return firsts | {i + 1 for i in firsts}
 
 
 Link = Callable[[int, int, int], float]
@@ -162,7 +179,9 @@ def op_table(compiled: CompiledSchedule, costs: Sequence[StageCost],
     zero = (0,) * len(costs)
     for r in range(s.pp):
         kinds, stages = compiled.kind[r], compiled.stage[r]
-        durations.append(tuple(st.duration[k][i] for k, i in zip(kinds, stages, strict=True)))
+        together = in_pairs(s, r)
+        durations.append(tuple(st.op_ms(k, i, pos in together)
+                               for pos, (k, i) in enumerate(zip(kinds, stages, strict=True))))
         allocs.append(tuple((st.alloc if k == F else zero)[i]
                             for k, i in zip(kinds, stages, strict=True)))
         frees.append(tuple(st.free[k][i] for k, i in zip(kinds, stages, strict=True)))

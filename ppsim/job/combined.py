@@ -1,0 +1,84 @@
+"""Megatron's combined 1F1B (--overlap-moe-expert-parallel-comm): which jobs may run it.
+
+Under the flag Megatron runs each steady-phase forward beside the backward of another
+microbatch, layer by layer, so the expert-parallel all-to-alls of each run behind the
+other's compute (megatron/core/pipeline_parallel/combined_1f1b.py); the schedule gets
+one more warm-up forward per rank (ppsim.schedules.generators). TransformerConfig
+asserts what it needs; ppsim refuses the same jobs with Megatron's own words.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ppsim.errors import UserError
+from ppsim.policy.model import memory_policy
+
+FLAG = "pipeline.overlap_moe_expert_parallel_comm"
+DROP = "or drop --overlap-moe-expert-parallel-comm"
+
+
+def check(cfg: Any) -> None:
+    """UserError, naming the field, for a job Megatron's combined 1F1B does not run, its
+    parallel sizes aside (`plan --gpus` searches them: check_shape)."""
+    p = cfg.pipeline
+    if not p.overlap_moe_expert_parallel_comm:
+        return
+    a = getattr(cfg.model, "arch", None)
+    if a is None or not a.num_experts:
+        raise UserError(FLAG, "overlaps the all-to-alls of a model with experts",
+                        f"configure a MoE transformer, {DROP}")
+    if a.fsdp:
+        raise UserError(FLAG, "is Megatron's combined 1F1B; torchtitan (--fsdp) has none",
+                        f"drop --fsdp, {DROP}")
+    if p.actions_csv:
+        raise UserError(FLAG, "runs Megatron's own combined order, not a given actions CSV",
+                        f"drop actions_csv, {DROP}")
+    if a.recompute == "full":
+        raise UserError("model.recompute", "disable full recomputation when enabling "
+                        "overlap_moe_expert_parallel_comm", f"use selective or none, {DROP}")
+    _check_memory(cfg.memory)
+    if a.dtype not in ("bf16", "fp16"):
+        raise UserError("model.dtype", "overlap_moe_expert_parallel_comm is only supported "
+                        "with bf16 or fp16 model", f"train in bf16, {DROP}")
+    if p.moe_shared_expert_overlap:
+        raise UserError("pipeline.moe_shared_expert_overlap", "disable "
+                        "moe_shared_expert_overlap when enabling "
+                        "overlap_moe_expert_parallel_comm",
+                        f"drop --moe-shared-expert-overlap, {DROP}")
+    if a.mtp_layers > 1:
+        raise UserError("model.mtp_layers", "MTP supports at most one layer when enabling "
+                        "overlap_moe_expert_parallel_comm.", f"give at most 1, {DROP}")
+
+
+def check_shape(cfg: Any, vpp: int) -> None:
+    """The parallel sizes and schedule of a job under the flag (`vpp`: the split's)."""
+    p = cfg.pipeline
+    if not p.overlap_moe_expert_parallel_comm:
+        return
+    if cfg.model.arch.ep <= 1:
+        raise UserError("model.ep", "overlap_moe_expert_parallel_comm is only supported "
+                        "with expert model parallelism",
+                        f"set ep > 1 (--expert-model-parallel-size), {DROP}")
+    if p.pp > 1 and vpp == 1:
+        raise UserError("pipeline.vpp", "If enabling EP A2A overlap, "
+                        "virtual_pipeline_model_parallel_size must be specified when "
+                        "pipeline_model_parallel_size > 1",
+                        "set vpp >= 2 (--num-virtual-stages-per-pipeline-rank), or pp = 1")
+
+
+def _check_memory(memory: dict[str, Any] | None) -> None:
+    """A [memory] policy may not recompute whole layers or the MoE block."""
+    if memory is None:
+        return
+    policy = memory_policy(memory, "none")
+    for where, p in (("memory", policy.default),
+                     *((f"memory.stage[{i}]", q) for i, q in policy.stages)):
+        if p.recompute_layers:
+            raise UserError(f"{where}.recompute_layers", "recompute_num_layers must be None "
+                            "when enabling overlap_moe_expert_parallel_comm",
+                            f"give 0 (no --recompute-num-layers), {DROP}")
+        if "moe" in p.recompute_modules:
+            raise UserError(f"{where}.recompute_modules", "disable moe in recompute_modules "
+                            "when enabling overlap_moe_expert_parallel_comm",
+                            f"recompute moe_act instead, {DROP}")
