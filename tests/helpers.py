@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 import threading
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from ppsim.config.schema import config_from_dict
 from ppsim.costs.arch import layer_kinds
 from ppsim.pipeline.problem import Problem, build_problem
+from ppsim.schedules.generators import build_schedule
 
 
 def uniform_problem(pp: int, vpp: int, m: int, schedule: str, counts: list[int] | None = None,
@@ -40,6 +41,18 @@ def uniform_problem(pp: int, vpp: int, m: int, schedule: str, counts: list[int] 
         pipe["split"] = counts
     return build_problem(config_from_dict({"model": model, "pipeline": pipe,
                                            "hardware": {"memory_bytes": memory, **(hw or {})}}))
+
+
+def combined(problem: Problem, savings: list[float]) -> Problem:
+    """`problem` under Megatron's combined 1F1B (its schedule with pairs), layer i's F and
+    B each saving savings[i % len(savings)] ms in a pair (at most either's time)."""
+    s = problem.schedule
+    layers = tuple(replace(c, pair_saving_ms=min(savings[i % len(savings)], c.forward_ms,
+                                                 c.backward_ms))
+                   for i, c in enumerate(problem.costs.layers))
+    return replace(problem, costs=replace(problem.costs, layers=layers),
+                   schedule=build_schedule(s.name, s.pp, s.vpp, s.microbatches,
+                                           combined=True))
 
 
 def all_counts(layers: int, stages: int):

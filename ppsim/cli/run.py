@@ -111,6 +111,10 @@ def validate(args: argparse.Namespace) -> Any:
         raise UserError("model.kind", "ppsim run trains a transformer, not a uniform cost "
                         "model", "use a preset (e.g. --preset tiny-gpt) or kind = \"transformer\"")
     fields = cfg.model.fields()
+    if cfg.pipeline.overlap_moe_expert_parallel_comm:
+        raise UserError("pipeline.overlap_moe_expert_parallel_comm", "the executor runs no "
+                        "expert-parallel all-to-alls to overlap", "drop it to run the model "
+                        "(simulate and plan price it)")
     problem = load_problem(args)
     pp = problem.split.pp
     if not problem.split.standard_ends or problem.split.mtp:

@@ -155,8 +155,8 @@ class Job:
                           self.peak_tflops, self.torchtitan_flops)
 
     def describe(self) -> dict[str, Any]:
-        """The job for JSON: sizes, batch, sharding, FP8 (None in bf16), and which groups
-        cross nodes."""
+        """The job for JSON: sizes, batch, sharding, FP8 (None in bf16), the combined
+        1F1B's all-to-all overlap, and which groups cross nodes."""
         s, g = self.shape.sizes, self.groups
         return {"gpus": s.gpus, "tp": s.tp, "cp": s.cp, "ep": s.ep, "dp": s.dp, "pp": s.pp,
                 "global_batch_size": self.shape.global_batch_size,
@@ -166,6 +166,7 @@ class Job:
                 "dp_replicas": self.arch.dp_replicas,
                 "fp8": {"format": self.arch.fp8, "recipe": self.arch.fp8_recipe,
                         "param_gather": self.arch.fp8_param_gather} if self.arch.fp8 else None,
+                "ep_overlap": self.overlap_moe_expert_parallel_comm,
                 "crosses_nodes": {"tp": g.tp.crosses_nodes, "cp": g.cp.crosses_nodes,
                                   "ep": g.ep.crosses_nodes, "dp": g.dp.crosses_nodes,
                                   "pipeline": list(g.pipeline_hops)}}

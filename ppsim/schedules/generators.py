@@ -142,7 +142,10 @@ def interleaved_1f1b(pp: int, vpp: int, m: int, group: int | None = None,
 def combined_pairs(acts: Sequence[Action]) -> frozenset[int]:
     """Positions of the F actions a combined 1F1B runs with the B right after them: in
     its order every F followed by a B is a steady-phase step (warm-up runs forwards
-    alone, cool-down backwards alone)."""
+    alone, cool-down backwards alone), unless the warm-up ran every forward."""
+    lead = next((i for i, a in enumerate(acts) if a.kind != F), len(acts))
+    if lead == sum(a.kind == F for a in acts):
+        return frozenset()
     return frozenset(i for i in range(len(acts) - 1)
                      if acts[i].kind == F and acts[i + 1].kind == B)
 
