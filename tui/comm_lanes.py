@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ppsim.job.lanes import problem_collectives
+from ppsim.job.lanes import op_collectives, problem_collectives
 from ppsim.trace.schema import collective_spans
 from ppsim.tui.lanes import Lane, LaneOp
 
@@ -26,9 +26,10 @@ def comm_lanes(sim: Any) -> list[Lane]:
     chunk = [st.chunk for st in sim.problem.split.stages]
     lanes = []
     for rank, ops in enumerate(ops_by_rank):
+        mine = op_collectives(sim.problem, comm, rank)
         strips = [LaneOp(t, t + dur, "C", chunk[a.stage], a.microbatch, a.stage)
-                  for op in ops for a in (op.action,)
-                  for _, t, dur in collective_spans(a.kind, op.start, op.end, comm[a.stage])]
+                  for op, c in zip(ops, mine, strict=True) for a in (op.action,)
+                  for _, t, dur in collective_spans(a.kind, op.start, op.end, c)]
         if strips:
             lanes.append(Lane(f"comm{rank}", tuple(sorted(strips, key=lambda o: o.start)),
                               rank, "comm"))

@@ -12,7 +12,7 @@ step's R, not a stage's.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim.costs.arch import layer_kinds
@@ -29,6 +29,7 @@ from ppsim.job.layers import (
     tp_collectives_ms,
 )
 from ppsim.job.model import Job
+from ppsim.sim.timing import in_pairs
 
 GROUPS = ("tp", "cp", "ep", "dp")
 WHAT = {"tp": "all-gather / reduce-scatter", "cp": "K/V ring", "ep": "all-to-all",
@@ -84,6 +85,25 @@ def stage_collectives(job: Job, acc: Accelerator, stages: Sequence[Any]
         out.append(StageCollectives(forward=_sum([p.forward for p in pieces]),
                                     backward=_sum([p.backward for p in pieces])))
     return out
+
+
+def in_pair(c: StageCollectives, saving_ms: float) -> StageCollectives:
+    """A stage's collectives in an F or B of a combined pair (Schedule.pairs): its
+    all-to-alls exposed `saving_ms` less, the rest behind the partner's compute."""
+    def cut(side: tuple[Collective, ...]) -> tuple[Collective, ...]:
+        return tuple(replace(x, exposed_ms=max(0.0, x.exposed_ms - saving_ms))
+                     if x.group == "ep" else x for x in side)
+    return StageCollectives(forward=cut(c.forward), backward=cut(c.backward))
+
+
+def op_collectives(problem: Any, comm: Sequence[StageCollectives], rank: int
+                   ) -> list[StageCollectives]:
+    """The collectives of each of rank's ops, in its order (`comm`: per stage)."""
+    sched = problem.schedule
+    together = in_pairs(sched, rank)
+    saving = [c.pair_saving_ms for c in problem.stage_costs] if together else []
+    return [in_pair(comm[a.stage], saving[a.stage]) if i in together else comm[a.stage]
+            for i, a in enumerate(sched.actions[rank])]
 
 
 def problem_collectives(problem: Any) -> list[StageCollectives]:

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from ppsim.config import files, limits, validate
 from ppsim.errors import UserError
 from ppsim.fileio import write_json_atomic
-from ppsim.job.lanes import WHAT, StageCollectives, problem_collectives
+from ppsim.job.lanes import WHAT, StageCollectives, op_collectives, problem_collectives
 from ppsim.job.throughput import job_info
 from ppsim.trace import stream
 
@@ -80,10 +80,11 @@ def collective_strips(problem: Any, ops: Any) -> list[tuple[float, float, str, i
     comm = problem_collectives(problem)
     if not comm:
         return []
-    return [(e["ts"] / 1e3, e["dur"] / 1e3, "C", op.action.microbatch) for op in ops
+    mine = op_collectives(problem, comm, ops[0].rank) if ops else []
+    return [(e["ts"] / 1e3, e["dur"] / 1e3, "C", op.action.microbatch)
+            for op, c in zip(ops, mine, strict=True)
             for e in collective_events(op.rank, op.action.kind, op.action.stage,
-                                       op.action.microbatch, op.start * 1e3, op.end * 1e3,
-                                       comm[op.action.stage])]
+                                       op.action.microbatch, op.start * 1e3, op.end * 1e3, c)]
 
 
 def metadata_events(pp: int) -> list[dict]:
@@ -110,14 +111,15 @@ def simulation_trace(sim: Any) -> dict:
     if comm:
         events += [{"name": "thread_name", "ph": "M", "pid": r, "tid": COLLECTIVE_TID,
                     "args": {"name": "collectives"}} for r in range(p.schedule.pp)]
-    for ops in tl.ops:
-        for op in ops:
+    for r, ops in enumerate(tl.ops):
+        mine = op_collectives(p, comm, r) if comm else []
+        for i, op in enumerate(ops):
             a = op.action
             events.append(compute_event(op.rank, a.kind, a.stage, op.chunk, a.microbatch, 0,
                                         op.start * 1e3, (op.end - op.start) * 1e3))
             if comm:
                 events += collective_events(op.rank, a.kind, a.stage, a.microbatch,
-                                            op.start * 1e3, op.end * 1e3, comm[a.stage])
+                                            op.start * 1e3, op.end * 1e3, mine[i])
     for t in tl.transfers:
         a = t.action
         events.append(transfer_event(t.src, t.dst, a.kind, a.stage, a.microbatch, 0,

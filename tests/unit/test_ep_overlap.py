@@ -147,3 +147,19 @@ def test_searches_offer_only_what_megatron_runs_combined() -> None:
     # A shape that needs more than selective recompute is left without a mode.
     tight = with_overrides(c, memory_bytes=1e9)
     assert fitting_mode(tight) is None
+
+
+def test_the_trace_shows_a_pairs_all_to_alls_hidden_behind_its_partner() -> None:
+    from ppsim.sim.simulate import simulate
+    from ppsim.trace.schema import simulation_trace
+
+    problem = build_problem(cfg({"recompute": "none"}))
+    saving = problem.stage_costs[0].pair_saving_ms
+    events = [e for e in simulation_trace(simulate(problem))["traceEvents"]
+              if e.get("cat") == "collective" and e["args"]["group"] == "ep"]
+    by_mb = {(e["args"]["op"], e["args"]["microbatch"]): e["args"] for e in events}
+    # 1F1B without pipelining, 4 microbatches: F0 alone, then (F1 B0) (F2 B1) (F3 B2), B3.
+    alone, paired = by_mb["F", 0], by_mb["F", 1]
+    assert alone["total_ms"] == paired["total_ms"] > 0
+    assert paired["exposed_ms"] == pytest.approx(max(0.0, alone["exposed_ms"] - saving))
+    assert by_mb["B", 3]["exposed_ms"] == alone["exposed_ms"] > paired["exposed_ms"]

@@ -1,0 +1,83 @@
+"""Megatron's combined 1F1B (--overlap-moe-expert-parallel-comm) against published H100
+runs, held out: nothing is fitted to them.
+
+yanring/Megatron-MoE-ModelZoo, best_practice/Qwen3/readme.md (Qwen3-235B-A22B, 256 H100,
+NVLink 4, InfiniBand 8 x 50 GB/s, sequence 4096, bf16, recompute "norm, act":
+--recompute-modules layernorm moe_act; best-practice/qwen3/run_235b.sh adds
+--moe-router-force-load-balancing): step time and TFLOP/s per GPU of each row. The two
+cross-node rows ran the DeepEP dispatcher, without and with "1f1b overlap"; the third
+Megatron's all-to-all dispatcher, the one ppsim prices (DeepEP sends a token to a node
+once and forwards it over NVLink: fewer bytes on the NICs than an all-to-all). Each is
+priced on the h100-80gb preset with the distributed optimizer and its overlaps.
+
+Then (without --quick) `ppsim plan --gpus 256` for the same job with the flag.
+
+Run: .venv/bin/python benchmarks/bench_ep_overlap.py [--quick]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+from dataclasses import dataclass
+
+from bench_job import plan_case
+
+from ppsim.cli.main import main as ppsim
+
+COMMON = ["--preset", "qwen3-235b-a22b", "--hardware", "h100-80gb", "--gpus", "256",
+          "--global-batch-size", "2048", "--micro-batch-size", "1", "--seq-length", "4096",
+          "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+          "--recompute-granularity", "selective", "--recompute-modules", "layernorm",
+          "moe_act"]
+OVERLAP = "--overlap-moe-expert-parallel-comm"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Row:
+    name: str
+    shape: str
+    """The row's sizes as ppsim's flags."""
+    step_s: float
+    """Published step time."""
+    tflops: float
+    """Published TFLOP/s per GPU."""
+
+
+ROWS = [
+    Row(name="DeepEP, EP across nodes", shape="--tp 2 --pp 8 --vpp 4 --ep 32", step_s=19.7,
+        tflops=245),
+    Row(name="  + 1f1b overlap", shape=f"--tp 2 --pp 8 --vpp 4 --ep 32 {OVERLAP}",
+        step_s=17.6, tflops=276),
+    Row(name="A2A, EP in a node", shape="--tp 2 --pp 32 --vpp 3 --ep 8", step_s=24.2,
+        tflops=200),
+]
+
+
+def price(row: Row) -> dict:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert ppsim(["simulate", *COMMON, *row.shape.split(), "--json"]) == 0, row
+    return json.loads(out.getvalue())
+
+
+def main() -> None:
+    print("Megatron-MoE-ModelZoo, Qwen3-235B-A22B on 256 H100 (held out); h100-80gb preset")
+    print(f"{'row':24} {'published s':>11} {'ppsim s':>8} {'error':>7} {'TFLOP/s':>7} "
+          f"{'ppsim':>6} {'peak GB':>7}")
+    for row in ROWS:
+        sim = price(row)
+        t = sim["iteration_time_ms"] / 1e3
+        peak = max(r["peak_memory_bytes"] for r in sim["ranks"]) / 1e9
+        print(f"{row.name:24} {row.step_s:11.1f} {t:8.2f} {t / row.step_s - 1:+7.1%} "
+              f"{row.tflops:7.0f} {sim['throughput']['tflops_per_gpu']:6.0f} {peak:7.1f}")
+    if "--quick" in sys.argv:
+        return
+    plan_case("qwen3-235b-a22b on 256 H100, combined 1F1B",
+              [*COMMON[:8], *COMMON[12:15], OVERLAP])
+
+
+if __name__ == "__main__":
+    main()
