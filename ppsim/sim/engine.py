@@ -234,7 +234,7 @@ class Engine:
 
     def run_op(self, r: int, kind: str, st: int, now: float) -> None:
         """Rank r computes its op: here alone on its device, so it ends after its duration."""
-        d = self.op_ms(r, kind, st)
+        d = self.op_ms(r, kind, st) if self.pairs[r] else self.table.duration[kind][st]
         self.busy[r] += d
         self.ids += 1
         heapq.heappush(self.heap, (now + d, self.ids, r))

@@ -9,6 +9,7 @@ operations, so the two agree to the last digit (tests/property/test_simulator.py
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from ppsim.sim.summary import Summary, busy_ms, memory_peaks, summarize
 from ppsim.sim.timing import CompiledSchedule, OpTable
@@ -38,9 +39,12 @@ def list_schedule(c: CompiledSchedule, duration: Sequence[Sequence[float]],
     while ready:
         r = ready.pop()
         waits, sends, dur, delay = c.wait_key[r], c.send_key[r], duration[r], send_delay[r]
-        paired = pairs[r] if pairs else frozenset()
-        i, now, n = pos[r], clock[r], len(waits)
         st, en = starts[r], ends[r]
+        if pairs and pairs[r]:
+            pos[r], clock[r] = _paired_rank(_Rank(r, waits, sends, dur, delay, pairs[r], st, en),
+                                            pos[r], clock[r], arrival, waiting, ready)
+            continue
+        i, now, n = pos[r], clock[r], len(waits)
         while i < n:
             key = waits[i]
             if key >= 0:
@@ -50,35 +54,64 @@ def list_schedule(c: CompiledSchedule, duration: Sequence[Sequence[float]],
                     break
                 if t > now:
                     now = t
-            if paired and i in paired:  # a paired F starts once its B's input is in too
-                key = waits[i + 1]
-                if key >= 0:
-                    t = arrival.get(key)
-                    if t is None:
-                        waiting[key] = r
-                        break
-                    if t > now:
-                        now = t
             st.append(now)
             now = now + dur[i]
             en.append(now)
-            if paired and i in paired:  # its message leaves with its B's, when the B ends
-                i += 1
-                continue
-            j = i - 1 if paired and i - 1 in paired else i
-            while j <= i:
-                key = sends[j]
-                if key >= 0:
-                    arrival[key] = now + delay[j]
-                    blocked = waiting.pop(key, None)
-                    if blocked is not None:
-                        ready.append(blocked)
-                j += 1
+            key = sends[i]
+            if key >= 0:
+                arrival[key] = now + delay[i]
+                blocked = waiting.pop(key, None)
+                if blocked is not None:
+                    ready.append(blocked)
             i += 1
         pos[r], clock[r] = i, now
     if any(pos[r] < len(c.wait_key[r]) for r in range(pp)):
         raise RuntimeError("schedule deadlocks")
     return starts, ends
+
+
+class _Rank(NamedTuple):
+    """One rank's ops as list_schedule reads them."""
+
+    rank: int
+    waits: Sequence[int]
+    sends: Sequence[int]
+    dur: Sequence[float]
+    delay: Sequence[float]
+    paired: frozenset[int]
+    starts: list[float]
+    ends: list[float]
+
+
+def _paired_rank(k: _Rank, i: int, now: float, arrival: dict[int, float],
+                 waiting: dict[int, int], ready: list[int]) -> tuple[int, float]:
+    """list_schedule's walk of one rank whose order has combined pairs, from op i at
+    `now` until an input is missing: a paired F starts once its B's input is in too, and
+    its message leaves with the B's. Returns where it stopped."""
+    n = len(k.waits)
+    while i < n:
+        last = i + 1 if i in k.paired else i
+        for j in range(i, last + 1):
+            key = k.waits[j]
+            if key >= 0:
+                t = arrival.get(key)
+                if t is None:
+                    waiting[key] = k.rank
+                    return i, now
+                now = max(now, t)
+        k.starts.append(now)
+        now = now + k.dur[i]
+        k.ends.append(now)
+        if i not in k.paired:
+            for j in range(i - 1 if i - 1 in k.paired else i, i + 1):
+                key = k.sends[j]
+                if key >= 0:
+                    arrival[key] = now + k.delay[j]
+                    blocked = waiting.pop(key, None)
+                    if blocked is not None:
+                        ready.append(blocked)
+        i += 1
+    return i, now
 
 
 def evaluate(table: OpTable, layers: list[int], memory_bytes: float,
