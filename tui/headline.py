@@ -128,7 +128,10 @@ def _second_line(result: object, used: int, width: int | None,
             if room < MIN_COUNTS_ROOM:
                 if not compact:
                     continue
-                return head + [(shape.removesuffix(" split="), "dim")]
+                short = shape.removesuffix(" split=")
+                if used + len(rate) + 2 + len(short) > width:
+                    return head[:1]  # the shape is in the settings panel
+                return head + [(short, "dim")]
         return head + [(f"{shape}{counts_text(st.counts, room)}   {which}: "
                         f"{counts_text(r.pinned_counts, room)}", "dim")]  # type: ignore
     return []

@@ -28,11 +28,28 @@ preset = "h100-80gb"
 
 
 LLAMA_FP8 = LLAMA.replace('preset = "llama3-70b"', 'preset = "llama3-70b"\nfp8 = "hybrid"')
+MIXTRAL_A2A = """\
+[model]
+preset = "mixtral-8x7b"
+num_layers = 8
+ep = 8
+dp = 8
+
+[pipeline]
+pp = 2
+vpp = 2
+schedule = "interleaved-1f1b"
+microbatches = 8
+overlap_moe_expert_parallel_comm = true
+
+[hardware]
+preset = "h100-80gb"
+"""
 
 
-def shown_rate(t: dict, compact: bool, fp8: bool = False) -> str:
+def shown_rate(t: dict, compact: bool, fp8: bool = False, a2a: bool = False) -> str:
     """How the headline words `ppsim simulate --json`'s throughput (the CLI's formats),
-    and says FP8 when the job's matmuls are."""
+    and says FP8 when the job's matmuls are, A2A overlap under the combined 1F1B."""
     tokens = "tok/s/GPU" if compact else "tokens/s/GPU"
     sep = " " if compact else "  "
     # A CPU model's rate below 1 TFLOP/s to three figures, as `ppsim simulate` prints it
@@ -40,11 +57,12 @@ def shown_rate(t: dict, compact: bool, fp8: bool = False) -> str:
     tf = t["tflops_per_gpu"]
     rate = f"{tf:.1f}" if tf >= 1 else f"{tf:.3g}"
     return (f"{t['tokens_per_s_per_gpu']:,.0f} {tokens}{sep}{rate} "
-            f"TFLOP/s/GPU{sep}MFU {t['mfu']:.1%}" + (f"{sep}FP8" if fp8 else ""))
+            f"TFLOP/s/GPU{sep}MFU {t['mfu']:.1%}" + (f"{sep}FP8" if fp8 else "")
+            + (f"{sep}A2A overlap" if a2a else ""))
 
 
-@pytest.mark.parametrize("text", [LLAMA, LLAMA_FP8, DEFAULT_TOML],
-                         ids=["llama3-70b", "llama3-70b-fp8", "default"])
+@pytest.mark.parametrize("text", [LLAMA, LLAMA_FP8, MIXTRAL_A2A, DEFAULT_TOML],
+                         ids=["llama3-70b", "llama3-70b-fp8", "mixtral-a2a", "default"])
 @pytest.mark.parametrize("size", [(80, 24), (160, 45)])
 async def test_headline_throughput_is_simulates(text: str, size: tuple[int, int],
                                                 tmp_path: Path) -> None:
@@ -52,6 +70,7 @@ async def test_headline_throughput_is_simulates(text: str, size: tuple[int, int]
     path.write_text(text)
     sim = simulate_json(path)
     ref, fp8 = sim["throughput"], sim["job"] is not None and sim["job"]["fp8"] is not None
+    a2a = sim["job"] is not None and sim["job"]["ep_overlap"]
     assert ref is not None and ref["tflops_per_gpu"] >= 0
     app = PPSimApp(load_config(str(path)), config_path=str(path))
     async with app.run_test(size=size) as pilot:
@@ -59,7 +78,7 @@ async def test_headline_throughput_is_simulates(text: str, size: tuple[int, int]
         head = app.query_one(Headline)
         lines = head.render().plain.splitlines()
         width = head.size.width - 2
-        full, compact = shown_rate(ref, False, fp8), shown_rate(ref, True, fp8)
+        full, compact = shown_rate(ref, False, fp8, a2a), shown_rate(ref, True, fp8, a2a)
         # at the end of the first line when it has room, else first on the second
         assert lines[0].endswith(full) or lines[1].startswith((full, compact))
         if width < 100:
