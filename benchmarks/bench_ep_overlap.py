@@ -5,10 +5,11 @@ yanring/Megatron-MoE-ModelZoo, best_practice/Qwen3/readme.md (Qwen3-235B-A22B, 2
 NVLink 4, InfiniBand 8 x 50 GB/s, sequence 4096, bf16, recompute "norm, act":
 --recompute-modules layernorm moe_act; best-practice/qwen3/run_235b.sh adds
 --moe-router-force-load-balancing): step time and TFLOP/s per GPU of each row. The two
-cross-node rows ran the DeepEP dispatcher, without and with "1f1b overlap"; the third
-Megatron's all-to-all dispatcher, the one ppsim prices (DeepEP sends a token to a node
-once and forwards it over NVLink: fewer bytes on the NICs than an all-to-all). Each is
-priced on the h100-80gb preset with the distributed optimizer and its overlaps.
+cross-node rows ran the DeepEP dispatcher (`--moe-token-dispatcher-type flex`: a token
+crosses to each node once and is forwarded over NVLink), without and with "1f1b
+overlap"; the third Megatron's all-to-all dispatcher. Each is priced on the h100-80gb
+preset with the distributed optimizer and its overlaps, the DeepEP rows also as if they
+had run the all-to-all (the column ppsim priced them at without the flex dispatcher).
 
 Then (without --quick) `ppsim plan --gpus 256` for the same job with the flag.
 
@@ -46,37 +47,40 @@ class Row:
     """Published TFLOP/s per GPU."""
 
 
+FLEX = "--moe-token-dispatcher-type flex"
 ROWS = [
-    Row(name="DeepEP, EP across nodes", shape="--tp 2 --pp 8 --vpp 4 --ep 32", step_s=19.7,
-        tflops=245),
-    Row(name="  + 1f1b overlap", shape=f"--tp 2 --pp 8 --vpp 4 --ep 32 {OVERLAP}",
+    Row(name="DeepEP, EP across nodes", shape=f"--tp 2 --pp 8 --vpp 4 --ep 32 {FLEX}",
+        step_s=19.7, tflops=245),
+    Row(name="  + 1f1b overlap", shape=f"--tp 2 --pp 8 --vpp 4 --ep 32 {FLEX} {OVERLAP}",
         step_s=17.6, tflops=276),
     Row(name="A2A, EP in a node", shape="--tp 2 --pp 32 --vpp 3 --ep 8", step_s=24.2,
         tflops=200),
 ]
 
 
-def price(row: Row) -> dict:
+def price(shape: str) -> dict:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert ppsim(["simulate", *COMMON, *row.shape.split(), "--json"]) == 0, row
+        assert ppsim(["simulate", *COMMON, *shape.split(), "--json"]) == 0, shape
     return json.loads(out.getvalue())
 
 
 def main() -> None:
     print("Megatron-MoE-ModelZoo, Qwen3-235B-A22B on 256 H100 (held out); h100-80gb preset")
     print(f"{'row':24} {'published s':>11} {'ppsim s':>8} {'error':>7} {'TFLOP/s':>7} "
-          f"{'ppsim':>6} {'peak GB':>7}")
+          f"{'ppsim':>6} {'peak GB':>7} {'as all-to-all s':>15}")
     for row in ROWS:
-        sim = price(row)
+        sim = price(row.shape)
         t = sim["iteration_time_ms"] / 1e3
         peak = max(r["peak_memory_bytes"] for r in sim["ranks"]) / 1e9
+        a2a = (f"{price(row.shape.replace(FLEX, ''))['iteration_time_ms'] / 1e3:15.2f}"
+               if FLEX in row.shape else "")
         print(f"{row.name:24} {row.step_s:11.1f} {t:8.2f} {t / row.step_s - 1:+7.1%} "
-              f"{row.tflops:7.0f} {sim['throughput']['tflops_per_gpu']:6.0f} {peak:7.1f}")
+              f"{row.tflops:7.0f} {sim['throughput']['tflops_per_gpu']:6.0f} {peak:7.1f} {a2a}")
     if "--quick" in sys.argv:
         return
-    plan_case("qwen3-235b-a22b on 256 H100, combined 1F1B",
-              [*COMMON[:8], *COMMON[12:15], OVERLAP])
+    plan_case("qwen3-235b-a22b on 256 H100, DeepEP, combined 1F1B",
+              [*COMMON[:8], *COMMON[12:15], *FLEX.split(), OVERLAP])
 
 
 if __name__ == "__main__":

@@ -255,6 +255,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
     limit, devices = _hardware_flags(args, flag)
     memory, mode = _memory_flags(flag)
     pipeline = {k: flag(k) for k in PIPELINE_KEYS if k != "global_batch_size"}
+    if pipeline.get("moe_token_dispatcher_type") == "allgather":
+        pipeline["moe_token_dispatcher_type"] = None  # check_experts_parallel says why
     if pipeline.get("vpp") is not None and pipeline.get("schedule") is None:
         # As Megatron, --vpp alone picks the 1F1B variant (an explicit --schedule is kept).
         pipeline["schedule"] = schedule_for_vpp(cfg.pipeline.schedule, pipeline["vpp"])
@@ -282,6 +284,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
                          costs_file=flag("costs"), devices=devices)
     cfg = _layers_per_virtual_stage(cfg, flag)
     megatron_flags.check_cp_comm_type(flag("cp_comm_type"))
+    megatron_flags.check_flex_backend(flag("moe_flex_dispatcher_backend"),
+                                      cfg.pipeline.moe_token_dispatcher_type)
     megatron_flags.check_experts_parallel(getattr(cfg.model, "arch", None),
                                           flag("expert_tensor_parallel_size"),
                                           flag("moe_token_dispatcher_type"),

@@ -75,7 +75,7 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
     if order not in (parse_order(DEFAULT_ORDER), parse_order(TP_PP_DP_ORDER)):
         return None  # Megatron's launch arguments select only these two
     s = r.shape
-    out = parallel_args(s.tp, s.cp, s.ep) + shlex.split(split)
+    out = parallel_args(s.tp, s.cp, s.ep, job.moe_token_dispatcher_type) + shlex.split(split)
     out += ["--micro-batch-size", str(s.mbs), "--global-batch-size", str(gbs), *policy]
     out += optimizer_args(job.arch)
     out += ["--use-tp-pp-dp-mapping"] * (order == parse_order(TP_PP_DP_ORDER))

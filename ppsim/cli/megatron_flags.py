@@ -92,6 +92,15 @@ def check_cp_comm_type(kinds: list[str] | None) -> None:
                         "give p2p, or drop the flag")
 
 
+def check_flex_backend(backend: str | None, dispatcher: str) -> None:
+    """The flex dispatcher's backend: DeepEP (Megatron's default) is priced."""
+    if backend is None or backend == "deepep":
+        return
+    raise UserError("--moe-flex-dispatcher-backend", f"{backend}: ppsim prices DeepEP's "
+                    "dispatch (each token once to a node, then NVLink)",
+                    "give deepep (Megatron's default), or drop the flag")
+
+
 def check_experts_parallel(arch: Any, etp: int | None, dispatcher: str | None,
                            shared_overlap: bool = False) -> None:
     """Refuse the expert layouts ppsim does not price: experts split over other than the

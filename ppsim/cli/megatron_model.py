@@ -133,6 +133,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
         g.add_argument(f"--{flag}", type=int, help=hidden)
     g.add_argument("--moe-token-dispatcher-type", choices=("allgather", "alltoall", "flex"),
                    help=hidden)
+    g.add_argument("--moe-flex-dispatcher-backend", choices=("deepep", "hybridep", "ncclep"),
+                   help=hidden)
 
 
 def _fp8_fields(get: Any) -> dict[str, Any]:

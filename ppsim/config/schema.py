@@ -85,6 +85,10 @@ class PipelineConfig:
     their compute hides that much of them (--moe-shared-expert-overlap)."""
     overlap_param_gather: bool = False
     """Gather parameters during the next forward (--overlap-param-gather)."""
+    moe_token_dispatcher_type: str = "alltoall"
+    """How routed tokens reach their experts (--moe-token-dispatcher-type): "alltoall"
+    (NCCL all-to-all: a copy per expert), "flex" (DeepEP: a token crosses to each node
+    once and is forwarded over NVLink), "allgather" (no expert parallelism)."""
     overlap_moe_expert_parallel_comm: bool = False
     """Megatron's combined 1F1B (--overlap-moe-expert-parallel-comm): one more warm-up
     forward, then each forward runs beside a backward of another microbatch, the

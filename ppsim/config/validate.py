@@ -210,6 +210,10 @@ def stages(p: Any) -> None:
                             "set it to 1 or more")
 
 
+DISPATCHERS = ("alltoall", "flex", "allgather")
+"""Megatron's token dispatchers (flex: DeepEP, ppsim.job.collectives.deepep_ms)."""
+
+
 def pipeline(p: Any) -> None:
     """Split counts of a PipelineConfig in range. pp, vpp and microbatches are refused by
     ppsim.limits.check_request when a command is asked for (a config may hold any)."""
@@ -217,6 +221,10 @@ def pipeline(p: Any) -> None:
         v = getattr(p, name)
         if v is not None:
             count(f"pipeline.{name}", v, lo=0, hi=limits.MAX_LAYERS)
+    if p.moe_token_dispatcher_type not in DISPATCHERS:
+        raise UserError("pipeline.moe_token_dispatcher_type",
+                        f"unknown dispatcher {_show(p.moe_token_dispatcher_type)}",
+                        "choose one of " + ", ".join(DISPATCHERS))
     if isinstance(p.split, list):  # or "even"
         if len(p.split) > limits.MAX_STAGES:
             raise UserError("pipeline.split", f"has {len(p.split):,} entries, above the limit "

@@ -116,6 +116,36 @@ def all_to_all_ms(nbytes: float, g: Link) -> float:
     return (n - 1) * g.latency_ms + max(inside, outside)
 
 
+def spread(experts: int, top_k: int, shares: int) -> float:
+    """Expected distinct shares (`shares` equal parts of the experts: ranks, or nodes) that
+    one token's top_k experts fall in, drawn without replacement (an even router)."""
+    per = experts / shares
+    miss = 1.0  # probability that a given share holds none of them
+    for i in range(top_k):
+        miss *= max(0.0, experts - per - i) / (experts - i)
+    return shares * (1 - miss)
+
+
+def deepep_ms(token_bytes: float, g: Link, experts: int, top_k: int) -> float:
+    """DeepEP's dispatch (or combine) of tokens of `token_bytes` in all, each routed to
+    top_k of `experts` spread evenly over the group (Megatron's flex dispatcher,
+    deepseek-ai/DeepEP's normal kernels): a token crosses to each other node that holds
+    one of its experts once, over the NIC, and reaches each GPU there over NVLink, where
+    an all-to-all sends it once per expert. (n - 1) alpha plus the longer of the NIC's
+    and NVLink's bytes."""
+    n = g.size
+    if n <= 1:
+        return 0.0
+    nodes = max(1, n // g.per_node)
+    hit_node = spread(experts, top_k, nodes) / nodes  # a given node holds one of them
+    gpus = spread(experts, top_k, n) / n  # a given GPU holds one of them
+    remote = (nodes - 1) * hit_node  # copies over the NIC
+    # Straight to the other GPUs of its node, and forwarded to those of each node reached.
+    nvlink = (g.per_node - 1) * gpus * (1 + remote / hit_node if hit_node else 1)
+    return (n - 1) * g.latency_ms + max(_wire(token_bytes * nvlink, g.intra_bandwidth_gbps),
+                                        _wire(token_bytes * remote, g.inter_bandwidth_gbps))
+
+
 def send_ms(nbytes: float, g: Link) -> float:
     """One point-to-point message between neighbours of the group (a ring step)."""
     if g.size <= 1:

@@ -30,7 +30,7 @@ from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.costs.ops import op_times, piece_times
 from ppsim.costs.transformer import Accelerator, transformer_costs
 from ppsim.job import fsdp
-from ppsim.job.collectives import all_gather_ms, all_to_all_ms, send_ms
+from ppsim.job.collectives import all_gather_ms, all_to_all_ms, deepep_ms, send_ms
 from ppsim.job.model import Job
 
 
@@ -123,13 +123,16 @@ def _cp(job: Job, a: Architecture, acc: Accelerator) -> tuple[float, float]:
 
 
 def ep_all_to_all_ms(job: Job, a: Architecture) -> float:
-    """Dispatch and combine of one microbatch: two all-to-alls."""
+    """Dispatch and combine of one microbatch: two all-to-alls, or with the flex
+    dispatcher two of DeepEP's (each token once to a node, ppsim.job.collectives)."""
     if a.ep == 1:
         return 0.0
     width = a.moe_latent_size or a.hidden_size  # what the dispatcher moves
-    nbytes = (a.seq_length * a.micro_batch_size * a.top_k * a.expert_load * width
+    tokens = (a.seq_length * a.micro_batch_size * a.expert_load * width
               * DTYPE_BYTES[a.dtype] / a.tp)
-    return 2 * all_to_all_ms(nbytes, job.link("ep"))
+    if job.moe_token_dispatcher_type == "flex":
+        return 2 * deepep_ms(tokens, job.link("ep"), a.num_experts, a.top_k)
+    return 2 * all_to_all_ms(tokens * a.top_k, job.link("ep"))
 
 
 def shared_experts_ms(a: Architecture, acc: Accelerator) -> tuple[float, float]:

@@ -82,6 +82,8 @@ class Job:
     overlap_moe_expert_parallel_comm: bool = False
     """Megatron's combined 1F1B: each steady-phase forward runs beside another
     microbatch's backward, their all-to-alls behind each other's compute."""
+    moe_token_dispatcher_type: str = "alltoall"
+    """How routed tokens travel: "alltoall" (NCCL), "flex" (DeepEP)."""
     ddp_bucket_size: int | None = None
     """Parameters per gradient bucket; None: Megatron's default."""
     ddp_num_buckets: int | None = None
@@ -167,6 +169,7 @@ class Job:
                 "fp8": {"format": self.arch.fp8, "recipe": self.arch.fp8_recipe,
                         "param_gather": self.arch.fp8_param_gather} if self.arch.fp8 else None,
                 "ep_overlap": self.overlap_moe_expert_parallel_comm,
+                "moe_token_dispatcher_type": self.moe_token_dispatcher_type,
                 "crosses_nodes": {"tp": g.tp.crosses_nodes, "cp": g.cp.crosses_nodes,
                                   "ep": g.ep.crosses_nodes, "dp": g.dp.crosses_nodes,
                                   "pipeline": list(g.pipeline_hops)}}
@@ -218,4 +221,5 @@ def build_job(cfg: Any) -> Job | None:
                moe_shared_expert_overlap=p.moe_shared_expert_overlap,
                overlap_param_gather=p.overlap_param_gather,
                overlap_moe_expert_parallel_comm=p.overlap_moe_expert_parallel_comm,
+               moe_token_dispatcher_type=p.moe_token_dispatcher_type,
                ddp_bucket_size=p.ddp_bucket_size, ddp_num_buckets=p.ddp_num_buckets)

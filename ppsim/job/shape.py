@@ -117,6 +117,10 @@ def check(cfg: Any) -> None:
         return
     if a.fsdp:
         _fsdp_alone(p)
+    if p.moe_token_dispatcher_type == "allgather" and a.num_experts and a.ep > 1:
+        raise UserError("pipeline.moe_token_dispatcher_type", "allgather: ppsim prices the "
+                        "all-to-all dispatch between expert-parallel ranks",
+                        "give alltoall (or flex), or ep 1")
     if p.moe_shared_expert_overlap and a.moe_latent_size and a.shared_experts:
         raise UserError("pipeline.moe_shared_expert_overlap", "Shared expert overlap with MoE "
                         "latent projections is not supported during training",
