@@ -168,6 +168,9 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
                    help="Megatron's combined 1F1B: each forward beside another "
                    "microbatch's backward, their all-to-alls hidden by each other's compute "
                    "(needs ep > 1, and vpp > 1 when pp > 1)")
+    j.add_argument("--delay-wgrad-compute", action="store_true", default=None,
+                   help="with it: the experts' weight gradients beside the dispatch's "
+                   "backward")
     j.add_argument("--ddp-bucket-size", type=int, metavar="N", help="parameters per gradient "
                    "bucket (default max(40M, 1M x dp x cp))")
     j.add_argument("--ddp-num-buckets", type=int, metavar="N",
@@ -285,7 +288,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
     cfg = _layers_per_virtual_stage(cfg, flag)
     megatron_flags.check_cp_comm_type(flag("cp_comm_type"))
     megatron_flags.check_flex_backend(flag("moe_flex_dispatcher_backend"),
-                                      cfg.pipeline.moe_token_dispatcher_type)
+                                      cfg.pipeline.moe_token_dispatcher_type,
+                                      bool(flag("moe_enable_deepep")))
     megatron_flags.check_experts_parallel(getattr(cfg.model, "arch", None),
                                           flag("expert_tensor_parallel_size"),
                                           flag("moe_token_dispatcher_type"),

@@ -87,6 +87,7 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
                      (job.moe_shared_expert_overlap, "--moe-shared-expert-overlap"),
                      (job.overlap_moe_expert_parallel_comm,
                       "--overlap-moe-expert-parallel-comm"),
+                     (job.delay_wgrad_compute, "--delay-wgrad-compute"),
                      (job.overlap_param_gather, "--overlap-param-gather")):
         out += [flag] * on
     return shlex.join(out)

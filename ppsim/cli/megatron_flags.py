@@ -92,8 +92,16 @@ def check_cp_comm_type(kinds: list[str] | None) -> None:
                         "give p2p, or drop the flag")
 
 
-def check_flex_backend(backend: str | None, dispatcher: str) -> None:
-    """The flex dispatcher's backend: DeepEP (Megatron's default) is priced."""
+def check_flex_backend(backend: str | None, dispatcher: str,
+                       enable_deepep: bool = False) -> None:
+    """The flex dispatcher's backend: DeepEP (Megatron's default) is priced;
+    --moe-enable-deepep is its older name (TransformerConfig's checks)."""
+    if enable_deepep and dispatcher != "flex":
+        raise UserError("--moe-enable-deepep", "DeepEP backend is only supported with flex "
+                        "token dispatcher.", "add --moe-token-dispatcher-type flex")
+    if enable_deepep and backend == "hybridep":
+        raise UserError("--moe-enable-deepep", "Only one backend is supported for flex token "
+                        "dispatcher.", "drop --moe-flex-dispatcher-backend hybridep")
     if backend is None or backend == "deepep":
         return
     raise UserError("--moe-flex-dispatcher-backend", f"{backend}: ppsim prices DeepEP's "

@@ -135,6 +135,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help=hidden)
     g.add_argument("--moe-flex-dispatcher-backend", choices=("deepep", "hybridep", "ncclep"),
                    help=hidden)
+    g.add_argument("--moe-enable-deepep", action="store_true", default=None, help=hidden)
 
 
 def _fp8_fields(get: Any) -> dict[str, Any]:

@@ -30,7 +30,7 @@ PIPELINE_KEYS = ("pp", "vpp", "microbatches", "schedule", "actions_csv",
                  "microbatch_group_size", "global_batch_size", "rank_order", "tp_comm_overlap",
                  "overlap_grad_reduce", "overlap_param_gather", "ddp_bucket_size",
                  "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm",
-                 "moe_token_dispatcher_type",
+                 "moe_token_dispatcher_type", "delay_wgrad_compute",
                  "ddp_num_buckets")
 """[pipeline] fields an override may set besides the split."""
 

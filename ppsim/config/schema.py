@@ -93,6 +93,9 @@ class PipelineConfig:
     """Megatron's combined 1F1B (--overlap-moe-expert-parallel-comm): one more warm-up
     forward, then each forward runs beside a backward of another microbatch, the
     expert-parallel all-to-alls of each behind the other's compute."""
+    delay_wgrad_compute: bool = False
+    """In a combined pair, the experts' weight gradients run beside the dispatch's
+    backward instead of before it (--delay-wgrad-compute)."""
     ddp_bucket_size: int | None = None
     """Parameters per gradient bucket (Megatron's --ddp-bucket-size); none: Megatron's
     max(40M, 1M x dp x cp)."""

@@ -22,6 +22,11 @@ def check(cfg: Any) -> None:
     """UserError, naming the field, for a job Megatron's combined 1F1B does not run, its
     parallel sizes aside (`plan --gpus` searches them: check_shape)."""
     p = cfg.pipeline
+    if p.delay_wgrad_compute and not p.overlap_moe_expert_parallel_comm:
+        raise UserError("pipeline.delay_wgrad_compute", "overlap_moe_expert_parallel_comm "
+                        "must be enabled when enabling delay_wgrad_compute",
+                        "add --overlap-moe-expert-parallel-comm, or drop "
+                        "--delay-wgrad-compute")
     if not p.overlap_moe_expert_parallel_comm:
         return
     a = getattr(cfg.model, "arch", None)

@@ -153,7 +153,9 @@ def pair_saving_ms(job: Job, a: Architecture, acc: Accelerator) -> float:
     on the comm stream beside compute on the other: the backward's combine beside the
     forward's attention and router (before the dispatch); the forward's dispatch, then
     the backward's, beside the backward's experts (input and weight gradients), then
-    the forward's; the forward's combine beside the backward's attention. What the pair
+    the forward's; the backward's dispatch waits for the experts' weight gradients too,
+    unless --delay-wgrad-compute runs them beside it; the forward's combine beside the
+    backward's attention. What the pair
     still waits for, split evenly between its forward and backward, replaces the 2c
     each waits for alone. Priced from the layer's own ops without recompute (a repeated
     forward would hide a little more), so a memory policy never changes it and the
@@ -167,7 +169,8 @@ def pair_saving_ms(job: Job, a: Architecture, acc: Accelerator) -> float:
     rest = [op for op in ops if not op.name.startswith(("experts.", "shared."))]
     mf, mb, mw = piece_times(acc.roofline(), experts)
     af, ab, aw = piece_times(acc.roofline(), rest)
-    experts_slot = max(max(c, mb) + c, max(mb + mw, c) + mf) - (mb + mw + mf)
+    before_dispatch = mb if job.delay_wgrad_compute else mb + mw
+    experts_slot = max(max(c, before_dispatch) + c, max(mb + mw, c) + mf) - (mb + mw + mf)
     waits = max(0.0, c - af) + experts_slot + max(0.0, c - ab - aw)
     return 2 * c - waits / 2
 

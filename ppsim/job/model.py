@@ -84,6 +84,9 @@ class Job:
     microbatch's backward, their all-to-alls behind each other's compute."""
     moe_token_dispatcher_type: str = "alltoall"
     """How routed tokens travel: "alltoall" (NCCL), "flex" (DeepEP)."""
+    delay_wgrad_compute: bool = False
+    """In a combined pair the experts' weight gradients run beside the dispatch's
+    backward (else before it: the dispatch waits for them)."""
     ddp_bucket_size: int | None = None
     """Parameters per gradient bucket; None: Megatron's default."""
     ddp_num_buckets: int | None = None
@@ -222,4 +225,5 @@ def build_job(cfg: Any) -> Job | None:
                overlap_param_gather=p.overlap_param_gather,
                overlap_moe_expert_parallel_comm=p.overlap_moe_expert_parallel_comm,
                moe_token_dispatcher_type=p.moe_token_dispatcher_type,
+               delay_wgrad_compute=p.delay_wgrad_compute,
                ddp_bucket_size=p.ddp_bucket_size, ddp_num_buckets=p.ddp_num_buckets)

@@ -77,3 +77,22 @@ def test_the_plan_launches_the_dispatcher_it_priced(capsys) -> None:
                  "--moe-token-dispatcher-type", "flex", "--json"]) in (0, 3)
     best = json.loads(capsys.readouterr().out)["best"]
     assert best["ep"] > 1 and "--moe-token-dispatcher-type flex" in best["megatron_job_flags"]
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--moe-enable-deepep"], "--moe-enable-deepep: DeepEP backend is only supported with "
+     "flex token dispatcher."),
+    (["--moe-token-dispatcher-type", "flex", "--moe-enable-deepep",
+      "--moe-flex-dispatcher-backend", "hybridep"], "--moe-enable-deepep: Only one backend "
+     "is supported for flex token dispatcher."),
+])
+def test_megatrons_older_deepep_switch_is_checked_as_megatron_does(capsys, flags,
+                                                                   words) -> None:
+    assert main(["simulate", "--preset", "mixtral-8x7b", *flags]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_the_older_deepep_switch_with_flex_prices_deepep(capsys) -> None:
+    with_switch = simulate(capsys, "--moe-token-dispatcher-type", "flex",
+                           "--moe-enable-deepep")
+    assert with_switch["job"]["moe_token_dispatcher_type"] == "flex"
