@@ -25,13 +25,18 @@ from dataclasses import dataclass, replace
 
 from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape, layer_kinds
 from ppsim.costs.fp8 import FP8_BYTES, fp8_layers, layer_precision
-from ppsim.costs.layerops import attention_ops, layer_ops, mlp_ops
+from ppsim.costs.layerops import attention_ops, mlp_ops
+from ppsim.costs.mixers import kind_ops
 from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.costs.ops import op_times, piece_times
 from ppsim.costs.transformer import Accelerator, transformer_costs
 from ppsim.job import fsdp
 from ppsim.job.collectives import all_gather_ms, all_to_all_ms, deepep_ms, send_ms
 from ppsim.job.model import Job
+
+MOE_KINDS = ("moe", "moe-mlp")
+"""Layer kinds whose routed tokens cross the expert-parallel group: a MoE decoder layer
+and a hybrid stack's MoE block ('E')."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,7 +149,7 @@ def shared_experts_ms(a: Architecture, acc: Accelerator) -> tuple[float, float]:
     return f, bi + bw
 
 
-def pair_saving_ms(job: Job, a: Architecture, acc: Accelerator) -> float:
+def pair_saving_ms(job: Job, a: Architecture, acc: Accelerator, kind: str = "moe") -> float:
     """What each of a MoE layer's forward and backward saves when Megatron's combined
     1F1B runs it beside another microbatch's backward or forward of a layer like it
     (--overlap-moe-expert-parallel-comm).
@@ -164,7 +169,7 @@ def pair_saving_ms(job: Job, a: Architecture, acc: Accelerator) -> float:
     c = ep_all_to_all_ms(job, a) / 2
     if c == 0.0:
         return 0.0
-    ops = layer_ops(a, "moe")
+    ops = kind_ops(a, kind)  # a decoder layer, or a hybrid stack's MoE block alone
     experts = [op for op in ops if op.name.startswith(("experts.", "shared."))]
     rest = [op for op in ops if not op.name.startswith(("experts.", "shared."))]
     mf, mb, mw = piece_times(acc.roofline(), experts)
@@ -225,7 +230,7 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
     if job.arch.cp > 1:
         fwd.append(_cp_ring(job, a, acc, False))
         bwd.append(_cp_ring(job, a, acc, True))
-    if kind == "moe" and a.ep > 1:
+    if kind in MOE_KINDS and a.ep > 1:
         ep = ep_all_to_all_ms(job, a)
         over_f, over_b = (shared_experts_ms(a, acc) if job.moe_shared_expert_overlap
                           and a.shared_experts else (0.0, 0.0))
@@ -240,10 +245,10 @@ def layer_exposed(job: Job, a: Architecture, acc: Accelerator, kind: str,
     """What one decoder layer of `kind` waits for beyond its compute."""
     comm = layer_collectives(job, a, acc, kind, cost)
     cp_f, cp_b = _cp(job, a, acc)  # holds the ring's exposed part and the extra attention
-    paired = job.overlap_moe_expert_parallel_comm and kind == "moe"
+    paired = job.overlap_moe_expert_parallel_comm and kind in MOE_KINDS
     return Exposed(forward_ms=sum(c.exposed_ms for c in comm.forward if c.group != "cp") + cp_f,
                    backward_ms=sum(c.exposed_ms for c in comm.backward if c.group != "cp")
-                   + cp_b, pair_saving_ms=pair_saving_ms(job, a, acc) if paired else 0.0)
+                   + cp_b, pair_saving_ms=pair_saving_ms(job, a, acc, kind) if paired else 0.0)
 
 
 def _exposed(comm: PieceCollectives) -> Exposed:

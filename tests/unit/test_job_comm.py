@@ -275,3 +275,25 @@ def test_routed_experts_reduce_over_the_expert_data_parallel_group() -> None:
     shard = dense / 16 + experts / 2
     assert step == pytest.approx(
         shard * 28 / (problem.hardware.memory_bandwidth_gbps * 1e6), rel=1e-9)
+
+
+def test_a_hybrid_stacks_moe_blocks_pay_their_all_to_alls() -> None:
+    # Nemotron-style 'E' blocks at ep 8 across 4 nodes of 2 GPUs: dispatch and combine
+    # each way, as a MoE decoder layer's (they were free in the job's pricing).
+    from ppsim.job.layers import compute_costs, ep_all_to_all_ms, per_rank_arch
+    from ppsim.job.model import build_job
+
+    c = config_from_dict({
+        "model": {"preset": "nemotron-h-8b", "hybrid_layer_pattern": "M-M-M-M*-ME",
+                  "num_layers": 11, "num_experts": 8, "top_k": 2, "moe_ffn_hidden_size": 2048,
+                  "ep": 8, "dp": 8},
+        "pipeline": {"pp": 1, "microbatches": 2},
+        "hardware": {"preset": "h100-80gb", "gpus_per_node": 2}})
+    job = build_job(c)
+    got, alone = model_costs(c), compute_costs(job, accelerator(c.hardware))
+    a2a = ep_all_to_all_ms(job, per_rank_arch(job.arch))
+    assert a2a > 0
+    for kind, g, x in zip(got.kinds, got.layers, alone.layers, strict=True):
+        if kind == "moe-mlp":
+            assert g.forward_ms == pytest.approx(x.forward_ms + a2a)
+            assert g.backward_ms == pytest.approx(x.backward_ms + a2a)
