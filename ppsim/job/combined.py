@@ -56,20 +56,13 @@ def check(cfg: Any) -> None:
                         "overlap_moe_expert_parallel_comm.", f"give at most 1, {DROP}")
 
 
-def check_shape(cfg: Any, vpp: int) -> None:
-    """The parallel sizes and schedule of a job under the flag (`vpp`: the split's)."""
-    p = cfg.pipeline
-    if not p.overlap_moe_expert_parallel_comm:
-        return
-    if cfg.model.arch.ep <= 1:
+def check_shape(cfg: Any) -> None:
+    """The expert-parallel size of a job under the flag (its schedule and chunks are
+    ppsim.schedules.generators.build_schedule's to check)."""
+    if cfg.pipeline.overlap_moe_expert_parallel_comm and cfg.model.arch.ep <= 1:
         raise UserError("model.ep", "overlap_moe_expert_parallel_comm is only supported "
                         "with expert model parallelism",
                         f"set ep > 1 (--expert-model-parallel-size), {DROP}")
-    if p.pp > 1 and vpp == 1:
-        raise UserError("pipeline.vpp", "If enabling EP A2A overlap, "
-                        "virtual_pipeline_model_parallel_size must be specified when "
-                        "pipeline_model_parallel_size > 1",
-                        "set vpp >= 2 (--num-virtual-stages-per-pipeline-rank), or pp = 1")
 
 
 def _check_memory(memory: dict[str, Any] | None) -> None:

@@ -160,12 +160,11 @@ def pair_saving_ms(job: Job, a: Architecture, acc: Accelerator, kind: str = "moe
     the backward's, beside the backward's experts (input and weight gradients), then
     the forward's; the backward's dispatch waits for the experts' weight gradients too,
     unless --delay-wgrad-compute runs them beside it; the forward's combine beside the
-    backward's attention. What the pair
-    still waits for, split evenly between its forward and backward, replaces the 2c
-    each waits for alone. Priced from the layer's own ops without recompute (a repeated
-    forward would hide a little more), so a memory policy never changes it and the
-    planner's bounds stay bounds; attention over the whole sequence (a sliding window
-    computes less beside the all-to-alls)."""
+    backward's attention. What the pair still waits for, split evenly between its
+    forward and backward, replaces the 2c each waits for alone. Priced from the layer's
+    own ops without recompute (a repeated forward would hide a little more), so a memory
+    policy never changes it and the planner's bounds stay bounds; attention over the
+    whole sequence (a sliding window computes less beside the all-to-alls)."""
     c = ep_all_to_all_ms(job, a) / 2
     if c == 0.0:
         return 0.0

@@ -191,7 +191,7 @@ def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
     if (p.layout is not None or (pattern and pattern.has_pipes)) and split.vpp > 1:
         name = schedule_for_vpp(name, split.vpp)  # Megatron runs a multi-chunk layout interleaved
     check_ops(p.pp, split.vpp, p.microbatches, False, SIMULATE)
-    combined.check_shape(cfg, split.vpp)
+    combined.check_shape(cfg)
     schedule = build_schedule(name, p.pp, split.vpp, p.microbatches, p.microbatch_group_size,
                               combined=p.overlap_moe_expert_parallel_comm)
     hw = hardware(cfg)

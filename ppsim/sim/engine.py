@@ -8,6 +8,9 @@ isend/irecv: compute and communication overlap). `Engine` gives every rank its
 own device and every message its own link, so messages never queue behind each
 other; when a placement shares devices or links, `ppsim.sim.simulate` runs
 `ppsim.sim.shared.SharedEngine` instead, the same processes over shared resources.
+A combined pair (Schedule.pairs, Megatron's combined 1F1B) is an F that starts once its
+B's input is in too and whose message leaves with the B's, when the B ends; each of the
+two takes its paired duration (StageTable.paired).
 Memory: F allocates its stage's activations when it starts, B releases them
 when it ends (all but what W needs, when W is separate), W releases the rest.
 A stage that offloads runs its copies on the rank's copy streams

@@ -19,6 +19,8 @@ few times its cost. Read or extend this one; `simulate` returns the same
   the context switch, and each message on a shared link first waits out the latency
   (a timeout), then shares the bandwidth. On CPU each message also costs compute on
   the op that sends it and the op that receives it (`Topology.message_cpu`).
+- **A combined pair** (Schedule.pairs): its F also yields its B's message before it
+  starts, and its own message is sent with the B's when the B ends.
 - **Memory**: F allocates its stage's activations when it starts, B releases them
   when it ends (all but what W needs, when W is separate), W releases the rest.
 - **Host copies** (activation offload): the copy streams' FIFO arithmetic is
