@@ -125,11 +125,8 @@ class JobSearch:
 
 
 def _powers(limit: int) -> list[int]:
-    out, v = [], 1
-    while v <= limit:
-        out.append(v)
-        v *= 2
-    return out
+    """1, 2, 4, ... up to `limit`."""
+    return [1 << i for i in range(max(0, limit).bit_length())]
 
 
 FIXABLE = ("tp", "cp", "ep", "pp", "dp", "vpp", "mbs")
