@@ -7,9 +7,9 @@ tokens/s per GPU of each run, its shape as the table gives it (GBS, MBS, sequenc
 PP, CP, VP, EP). Each is priced as its flags say on the h100-80gb preset, with what the
 recipes run (the distributed optimizer, --overlap-grad-reduce, --overlap-param-gather,
 --tp-comm-overlap, --fp8-param-gather) and the presets' recompute mode; the same run in
-bf16 beside it (no published counterpart: the speed-up ppsim predicts). The MoE rows use
-Megatron's all-to-all dispatcher as ppsim prices it, force-balanced as the table's note
-says; DeepSeek-V3's preset has its MTP layer (the 25.11 H100 table does not say).
+bf16 beside it (no published counterpart: the speed-up ppsim predicts). The MoE row runs
+Megatron's all-to-all dispatcher with the combined 1F1B, as its workload config says,
+force-balanced as the table's note says.
 
 Then (without --quick) `ppsim plan --gpus 8192` for the 405B preset in FP8, the plan time.
 
@@ -50,9 +50,12 @@ RUNS = [
     BridgeRun(name="Llama 3.1 405B", preset="llama3.1-405b", gpus=1024, tokens_per_gpu=292,
               shape="--global-batch-size 512 --micro-batch-size 1 --tp 8 --pp 8 --cp 2 "
                     "--vpp 8"),
+    # Its workload config (qwen3_workload_base_configs.py, H100 V1) sets moe_a2a_overlap:
+    # Bridge's set_moe_a2a_overlap_overrides turns on both flags below.
     BridgeRun(name="Qwen3-235B-A22B", preset="qwen3-235b-a22b", gpus=256, tokens_per_gpu=1575,
               shape="--global-batch-size 2048 --micro-batch-size 1 --seq-length 4096 --tp 2 "
-                    "--pp 8 --vpp 4 --ep 32"),
+                    "--pp 8 --vpp 4 --ep 32 --moe-token-dispatcher-type alltoall "
+                    "--overlap-moe-expert-parallel-comm --delay-wgrad-compute"),
 ]
 
 
