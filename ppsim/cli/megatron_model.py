@@ -63,14 +63,19 @@ IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base":
            "rotary-seq-len-interpolation-factor": float, "use-rope-scaling": None,
            "rope-scaling-factor": float, "no-rope-freq": str, "is-hybrid-model": None,
            "glu-linear-offset": float, "softmax-type": str,
-           "activation-func-clamp-value": float}
+           "activation-func-clamp-value": float, "moe-router-fusion": None,
+           "moe-router-force-load-balancing": None, "moe-router-padding-for-fp8": None,
+           "moe-router-padding-for-quantization": None, "mtp-loss-scaling-factor": float}
 """Accepted as Megatron takes them; ppsim's costs do not depend on them (sequence
 parallelism is always assumed with tp > 1; FP8's scaling knobs change neither the
 matmuls nor what is kept; --spec names the builder of the layers the model
 arguments describe; group-limited routing picks the experts, not how many, and the
 all-to-all still reaches every expert-parallel rank; YaRN's and Llama's rope scaling,
 layers without rope and the query/key/value biases (3 widths a layer) change no cost, nor
-do gpt-oss's attention sinks (one logit a head) and its GLU's offset and clamp).
+do gpt-oss's attention sinks (one logit a head) and its GLU's offset and clamp; the
+router is priced fused and even, which is what its fusion and forced balancing give, and
+padding each expert's tokens to a multiple of 16 for FP8 adds at most 15 rows an expert;
+MTP's loss scale weighs the loss).
 None: a switch; [type]: one or more values."""
 POSITIONS = {"learned_absolute": "learned", "rope": "rotary", "yarn": "rotary",
              "mrope": "rotary", "none": "none"}

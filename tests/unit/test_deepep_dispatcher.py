@@ -96,3 +96,22 @@ def test_the_older_deepep_switch_with_flex_prices_deepep(capsys) -> None:
     with_switch = simulate(capsys, "--moe-token-dispatcher-type", "flex",
                            "--moe-enable-deepep")
     assert with_switch["job"]["moe_token_dispatcher_type"] == "flex"
+
+
+def test_the_model_zoos_deepseek_v3_h100_line_prices_as_written(capsys) -> None:
+    """Megatron-MoE-ModelZoo's DeepSeek-V3 H100 guide, its key arguments pasted whole:
+    DeepEP, the combined 1F1B with delayed weight gradients, blockwise FP8, MTP."""
+    line = ("simulate --preset deepseek-v3 --hardware h100-80gb --gpus 1024 "
+            "--global-batch-size 8192 --tp 2 --pp 8 --ep 32 --moe-router-dtype fp32 "
+            "--moe-permute-fusion --moe-grouped-gemm --moe-router-fusion "
+            "--moe-token-dispatcher-type flex --moe-enable-deepep --recompute-granularity "
+            "selective --recompute-modules mla_up_proj mlp --fp8-recipe blockwise "
+            "--fp8-format e4m3 --fp8-param-gather --use-precision-aware-optimizer "
+            "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 --overlap-moe-expert-parallel-comm "
+            "--delay-wgrad-compute --mtp-num-layers 1 --mtp-loss-scaling-factor 0.1 "
+            "--pipeline-model-parallel-layout Et|(tt|)*30mL --moe-router-padding-for-fp8 "
+            "--moe-router-force-load-balancing --use-distributed-optimizer --json")
+    assert main(line.split()) == 0
+    job = json.loads(capsys.readouterr().out)["job"]
+    assert (job["moe_token_dispatcher_type"], job["ep_overlap"], job["pp"]) == ("flex", True, 8)
+    assert job["fp8"]["recipe"] == "blockwise"

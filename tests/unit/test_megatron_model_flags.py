@@ -204,7 +204,8 @@ def test_an_moe_scripts_router_numerics_change_nothing() -> None:
         f"{MIXTRAL} --expert-tensor-parallel-size 2 --moe-token-dispatcher-type alltoall "
         "--moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-2 "
         "--moe-router-dtype fp32 --moe-permute-fusion --moe-router-score-function softmax "
-        "--cp-comm-type p2p"
+        "--cp-comm-type p2p --moe-router-fusion --moe-router-force-load-balancing "
+        "--moe-router-padding-for-fp8 --moe-router-padding-for-quantization"
     )) == plain
 
 
