@@ -298,8 +298,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
     unpriced = megatron_run.unpriced_given(args)
     if unpriced:
         print(f"note: {', '.join(unpriced)} taken, not priced (ppsim prices Megatron's fused "
-              "kernels, its causal attention among them, and neither Python's garbage "
-              "collector nor the allocator's cache)", file=sys.stderr)
+              "kernels, its causal attention among them, each launched from the host, and "
+              "neither Python's garbage collector nor the allocator's cache)",
+              file=sys.stderr)
     return _with_world(cfg, flag)
 
 

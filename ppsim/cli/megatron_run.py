@@ -83,10 +83,12 @@ UNPRICED = (
     "no-bias-dropout-fusion", "no-rope-fusion", "no-gradient-accumulation-fusion",
     "no-persist-layer-norm", "cross-entropy-loss-fusion", "cross-entropy-fusion-impl",
     "manual-gc", "manual-gc-interval", "empty-unused-memory-level", "reset-attention-mask",
-    "use-fused-weighted-squared-relu")
+    "use-fused-weighted-squared-relu", "cuda-graph-impl", "cuda-graph-scope",
+    "cuda-graph-warmup-steps", "external-cuda-graph", "enable-cuda-graph", "te-rng-tracker")
 """Megatron's arguments that change an iteration's time or memory a little in ways ppsim
 does not model: its memory-bound operations and attention are priced as Megatron's
-default fused kernels (a per-document attention mask is not one), and neither Python's
+default fused kernels (a per-document attention mask is not one), each kernel launched
+from the host (CUDA graphs replay captured ones without it), and neither Python's
 garbage collector nor the allocator's cache is."""
 TRAINING_COMMANDS = ("run", "demo")
 """Commands that train for real: a --weight-decay or --clip-grad they took and dropped
