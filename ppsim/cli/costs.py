@@ -81,7 +81,18 @@ def costs_table(title: str, rows: list[tuple[str, str, dict[str, Any]]]) -> Tabl
     return t
 
 
-def print_costs(doc: dict[str, Any]) -> None:
+def pair_lines(costs: ModelCosts) -> list[str]:
+    """What each kind's F and B save in a combined pair, one line a kind that saves."""
+    saved: dict[str, float] = {}
+    for i, c in enumerate(costs.layers):
+        if c.pair_saving_ms:
+            saved.setdefault(costs.kind_of(i), c.pair_saving_ms)
+    return [f"in a combined pair (--overlap-moe-expert-parallel-comm) each F and B of a "
+            f"{kind} layer takes {ms_text(ms)} ms less: its all-to-alls behind the other's "
+            "compute" for kind, ms in saved.items()]
+
+
+def print_costs(doc: dict[str, Any], pairs: list[str] | None = None) -> None:
     from rich.console import Console
 
     rows = [("embedding", "", doc["embedding"])]
@@ -95,7 +106,7 @@ def print_costs(doc: dict[str, Any]) -> None:
     rows.append(("head", "", doc["head"]))
     c = Console()
     c.print(costs_table(f"per-piece costs ({doc['source']}), one microbatch", rows))
-    for line in spread:
+    for line in (*spread, *(pairs or ())):
         c.print(line, markup=False)
     c.print(COSTS_NOTE)
 
@@ -113,7 +124,7 @@ def cmd_costs(args: argparse.Namespace) -> int:
         emit_json(cost_document(costs, source=source, model=model, num_layers=costs.num_layers,
                                 mtp_layers=costs.mtp_layers, groups=doc["layers"]))
     else:
-        print_costs(doc)
+        print_costs(doc, pair_lines(costs))
     return 0
 
 

@@ -204,3 +204,16 @@ def test_the_job_searchs_bound_holds_under_pairs() -> None:
         assert p.bound_ms <= t
         checked += 1
     assert checked
+
+
+def test_costs_says_what_a_pair_saves(capsys) -> None:
+    from ppsim.cli.render import ms_text
+
+    flags = ["--preset", "mixtral-8x7b", "--num-layers", "4", "--hardware", "h100-80gb",
+             "--ep", "8", "--dp", "8", "--pp", "1", "--recompute", "none"]
+    saving = model_costs(cfg({"recompute": "none"})).layers[0].pair_saving_ms
+    assert main(["costs", *flags, "--overlap-moe-expert-parallel-comm"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"each F and B of a moe layer takes {ms_text(saving)} ms less" in out
+    assert main(["costs", *flags]) == 0
+    assert "combined pair" not in capsys.readouterr().out
