@@ -121,6 +121,10 @@ def check(cfg: Any) -> None:
         raise UserError("pipeline.moe_token_dispatcher_type", "allgather: ppsim prices the "
                         "all-to-all dispatch between expert-parallel ranks",
                         "give alltoall (or flex), or ep 1")
+    if p.moe_token_dispatcher_type == "flex" and a.moe_pad_to_capacity:
+        raise UserError("pipeline.moe_token_dispatcher_type", "Flex token dispatcher with "
+                        "deepep backend does not support moe_pad_expert_input_to_capacity",
+                        "give alltoall, or drop --moe-pad-expert-input-to-capacity")
     if p.moe_shared_expert_overlap and a.moe_latent_size and a.shared_experts:
         raise UserError("pipeline.moe_shared_expert_overlap", "Shared expert overlap with MoE "
                         "latent projections is not supported during training",

@@ -59,14 +59,17 @@ def test_other_flex_backends_are_refused_with_exit_status_2() -> None:
     assert "--moe-flex-dispatcher-backend: hybridep" in run.stderr
 
 
-@pytest.mark.parametrize("dispatcher, words", [
-    ("allgather", "allgather: ppsim prices the all-to-all dispatch"),
-    ("deepep", "unknown dispatcher 'deepep'"),
+@pytest.mark.parametrize("dispatcher, more, words", [
+    ("allgather", {}, "allgather: ppsim prices the all-to-all dispatch"),
+    ("deepep", {}, "unknown dispatcher 'deepep'"),
+    ("flex", {"moe_capacity_factor": 1.0, "moe_pad_to_capacity": True}, "Flex token "
+     "dispatcher with deepep backend does not support moe_pad_expert_input_to_capacity"),
 ])
-def test_a_config_names_a_dispatcher_ppsim_prices(dispatcher: str, words: str) -> None:
+def test_a_config_names_a_dispatcher_ppsim_prices(dispatcher: str, more: dict,
+                                                  words: str) -> None:
     with pytest.raises(UserError) as e:
         build_problem(config_from_dict({
-            "model": {"preset": "mixtral-8x7b", "num_layers": 4, "ep": 8, "dp": 8},
+            "model": {"preset": "mixtral-8x7b", "num_layers": 4, "ep": 8, "dp": 8, **more},
             "pipeline": {"pp": 1, "moe_token_dispatcher_type": dispatcher}}))
     assert e.value.field == "pipeline.moe_token_dispatcher_type" and words in e.value.problem
 
