@@ -279,7 +279,7 @@ def test_routed_experts_reduce_over_the_expert_data_parallel_group() -> None:
 
 def test_a_hybrid_stacks_moe_blocks_pay_their_all_to_alls() -> None:
     # Nemotron-style 'E' blocks at ep 8 across 4 nodes of 2 GPUs: dispatch and combine
-    # each way, as a MoE decoder layer's (they were free in the job's pricing).
+    # each way, as a MoE decoder layer's.
     from ppsim.job.layers import compute_costs, ep_all_to_all_ms, per_rank_arch
     from ppsim.job.model import build_job
 
