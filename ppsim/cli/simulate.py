@@ -34,6 +34,7 @@ from ppsim.config.presets import HARDWARE_NOTES, HARDWARE_PRESETS, MODEL_NOTES, 
 from ppsim.config.schema import Config
 from ppsim.costs.hybrid import KIND_SYMBOLS, HybridPattern
 from ppsim.errors import UserError
+from ppsim.job import combined
 from ppsim.pipeline.exports import (
     DEFAULT_SPECS,
     DeepSpeedSpecs,
@@ -251,6 +252,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(warning, file=sys.stderr)
     for line in refusals(problem.schedule, cfg.pipeline.microbatch_group_size is not None):
         print(f"ppsim simulate: warning: {line}", file=sys.stderr)
+    note = combined.unpaired_note(problem.schedule)
+    if note:
+        print(f"ppsim simulate: {note}", file=sys.stderr)
     # Per-op records only where something shows them: memory stays flat otherwise.
     timeline = not args.json and (ops or 0) <= limits.TIMELINE_OPS
     sim = simulate(problem, record=bool(args.trace or args.png or timeline))

@@ -80,3 +80,21 @@ def _check_memory(memory: dict[str, Any] | None) -> None:
             raise UserError(f"{where}.recompute_modules", "disable moe in recompute_modules "
                             "when enabling overlap_moe_expert_parallel_comm",
                             f"recompute moe_act instead, {DROP}")
+
+
+def unpaired_note(schedule: Any) -> str | None:
+    """A line when the combined order pairs nothing on some ranks: their warm-up runs
+    every forward (too few microbatches), so the overlap hides nothing there."""
+    if not schedule.pairs:
+        return None
+    idle = [r for r, pairs in enumerate(schedule.pairs) if not pairs]
+    if not idle:
+        return None
+    if len(idle) == 1:
+        ranks = f"rank {idle[0]}"
+    elif idle == list(range(idle[0], idle[-1] + 1)):
+        ranks = f"ranks {idle[0]}-{idle[-1]}"
+    else:
+        ranks = "ranks " + ", ".join(map(str, idle))
+    return (f"note: the combined 1F1B pairs nothing on {ranks}: the warm-up runs every "
+            "forward there, so no all-to-all hides (more microbatches let it overlap)")

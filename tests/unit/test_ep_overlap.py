@@ -217,3 +217,14 @@ def test_costs_says_what_a_pair_saves(capsys) -> None:
     assert f"each F and B of a moe layer takes {ms_text(saving)} ms less" in out
     assert main(["costs", *flags]) == 0
     assert "combined pair" not in capsys.readouterr().out
+
+
+def test_simulate_says_where_too_few_microbatches_pair_nothing(capsys) -> None:
+    flags = ["simulate", "--preset", "mixtral-8x7b", "--num-layers", "8", "--hardware",
+             "h100-80gb", "--ep", "8", "--dp", "8", "--pp", "4", "--vpp", "2",
+             "--overlap-moe-expert-parallel-comm"]
+    # Rank 0 warms up with (vpp - 1) x 4 + 2 x 3 + 1 = 11 forwards: all 8 of m = 4.
+    assert main([*flags, "--microbatches", "4"]) == 0
+    assert "pairs nothing on ranks 0-" in capsys.readouterr().err
+    assert main([*flags, "--microbatches", "32"]) == 0
+    assert "pairs nothing" not in capsys.readouterr().err
