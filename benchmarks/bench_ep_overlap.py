@@ -17,7 +17,14 @@ they had run the all-to-all.
 
 Then (without --quick) `ppsim plan --gpus 256` for the same job with the flag.
 
-Run: .venv/bin/python benchmarks/bench_ep_overlap.py [--quick]
+With --measure DIR (on a GPU: `bash benchmarks/gpu_checks.sh ep`) the model's own kernels
+at tp 2 ep 32 (its experts' grouped matmuls at the tokens each rank's experts get) are
+measured after a warm-up to the settled clock into DIR/qwen3-235b.toml; with --measured
+DIR the rows are priced again with those matmul and attention rates on the H100 preset.
+Once the all-to-alls hide, the overlapped rows are bound by exactly these kernels.
+
+Run: .venv/bin/python benchmarks/bench_ep_overlap.py [--quick] [--measure DIR]
+     [--measured DIR]
 """
 
 from __future__ import annotations
@@ -26,11 +33,16 @@ import contextlib
 import io
 import json
 import sys
+import tempfile
+import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 
-from bench_job import plan_case
+from bench_job import MEASURED_KEYS, plan_case
 
 from ppsim.cli.main import main as ppsim
+from ppsim.config.schema import config_from_dict
+from ppsim.fileio import write_text_atomic
 
 COMMON = ["--preset", "qwen3-235b-a22b", "--hardware", "h100-80gb", "--gpus", "256",
           "--global-batch-size", "2048", "--micro-batch-size", "1", "--seq-length", "4096",
@@ -66,32 +78,80 @@ ROWS = [
 ]
 
 
-def price(shape: str) -> dict:
+MEASURED_FILE = "qwen3-235b.toml"
+
+
+def price(shape: str, hardware: Path | None = None) -> dict:
+    """simulate --json of a row; `hardware`: a config whose [hardware] replaces the
+    preset's."""
+    flags = [*COMMON, *shape.split()]
+    if hardware is not None:
+        at = flags.index("--hardware")
+        flags[at:at + 2] = ["--config", str(hardware)]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert ppsim(["simulate", *COMMON, *shape.split(), "--json"]) == 0, shape
+        assert ppsim(["simulate", *flags, "--json"]) == 0, shape
     return json.loads(out.getvalue())
 
 
+def measure(out: Path) -> None:
+    """The model's kernels at the rows' tp 2 ep 32 on this GPU into out/MEASURED_FILE."""
+    from ppsim.executor.hwprofile import hardware_toml, measure_hardware
+
+    out.mkdir(parents=True, exist_ok=True)
+    arch = config_from_dict({"model": {"preset": "qwen3-235b-a22b", "tp": 2, "ep": 32,
+                                       "dp": 16}}).model.arch
+    result = measure_hardware("cuda", model=arch, sustained_s=8.0)
+    write_text_atomic(str(out / MEASURED_FILE), hardware_toml(result))
+    rates = [x["tflops"] for x in result["measurements"]["model_matmuls"]]
+    print(f"measured: matmuls {min(rates):.0f}-{max(rates):.0f} TFLOP/s into "
+          f"{out / MEASURED_FILE}", flush=True)
+
+
+def measured_config(directory: Path, into: Path) -> Path:
+    """A config of the H100 preset with the measured compute rates (MEASURED_KEYS)."""
+    hw = tomllib.loads((directory / MEASURED_FILE).read_text())["hardware"]
+    lines = ['[model]', 'preset = "qwen3-235b-a22b"', '[hardware]', 'preset = "h100-80gb"']
+    lines += [f"{k} = {json.dumps(hw[k])}" for k in MEASURED_KEYS if k in hw]
+    path = into / "measured.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _dir_after(flag: str) -> Path | None:
+    return Path(sys.argv[sys.argv.index(flag) + 1]) if flag in sys.argv else None
+
+
 def main() -> None:
-    print("Megatron-MoE-ModelZoo, Qwen3-235B-A22B on 256 H100 (held out); h100-80gb preset;")
+    to_measure, measured = _dir_after("--measure"), _dir_after("--measured")
+    if to_measure:
+        measure(to_measure)
+        measured = measured or to_measure
+    with tempfile.TemporaryDirectory() as tmp:
+        table(None, "the h100-80gb preset")
+        if measured:
+            table(measured_config(measured, Path(tmp)), f"kernels measured in {measured}")
+    if "--quick" in sys.argv or to_measure:
+        return
+    plan_case("qwen3-235b-a22b on 256 H100, DeepEP, combined 1F1B",
+              [*COMMON[:8], *COMMON[12:16], *FLEX.split(), *OVERLAP.split()])
+
+
+def table(hardware: Path | None, source: str) -> None:
+    print(f"Megatron-MoE-ModelZoo, Qwen3-235B-A22B on 256 H100 (held out); {source};")
     print("error: ppsim's TFLOP/s per GPU over the published (+: ppsim faster)")
     print(f"{'row':24} {'TFLOP/s':>7} {'ppsim':>6} {'error':>7} {'step s':>6} {'ppsim s':>8} "
           f"{'peak GB':>7} {'as all-to-all s':>15}")
     for row in ROWS:
-        sim = price(row.shape)
+        sim = price(row.shape, hardware)
         t = sim["iteration_time_ms"] / 1e3
         tf = sim["throughput"]["tflops_per_gpu"]
         peak = max(r["peak_memory_bytes"] for r in sim["ranks"]) / 1e9
-        a2a = (f"{price(row.shape.replace(FLEX, ''))['iteration_time_ms'] / 1e3:15.2f}"
+        a2a = (f"{price(row.shape.replace(FLEX, ''), hardware)['iteration_time_ms'] / 1e3:15.2f}"
                if FLEX in row.shape else "")
         step = f"{row.step_s:6.1f}" if row.step_s else f"{'-':>6}"
         print(f"{row.name:24} {row.tflops:7.0f} {tf:6.0f} {tf / row.tflops - 1:+7.1%} {step} "
               f"{t:8.2f} {peak:7.1f} {a2a}")
-    if "--quick" in sys.argv:
-        return
-    plan_case("qwen3-235b-a22b on 256 H100, DeepEP, combined 1F1B",
-              [*COMMON[:8], *COMMON[12:16], *FLEX.split(), *OVERLAP.split()])
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check the issues name, for a lent GPU machine (one device, torch already there).
 #
-#   bash benchmarks/gpu_checks.sh [costs] [accuracy] [executor] [policy] [job] [fp8]
+#   bash benchmarks/gpu_checks.sh [costs] [accuracy] [executor] [policy] [job] [fp8] [ep]
 #                                                  (default: the first three)
 #
 # costs:    benchmarks/bench_costs.py --device cuda     measured vs analytic F/B/W (< 5 min)
@@ -18,6 +18,10 @@
 # fp8:      benchmarks/bench_fp8_gemm.py --device cuda  FP8 against bf16 GEMMs at the 70B and
 #           405B linears' shapes, settled clock: the FP8 / bf16 ratio ppsim prices at 2.0
 #           (< 2 min)
+# ep:       benchmarks/bench_ep_overlap.py --measure $OUT/ep   Qwen3-235B's own kernels at tp 2
+#           ep 32 (its experts' matmuls at the tokens a rank's experts get), settled clock,
+#           then the ModelZoo rows (DeepEP, the combined 1F1B) priced with them (< 3 min;
+#           needs simpy: carry .whl)
 #
 # One command may run 10 minutes there: run `costs` alone, then `accuracy executor`.
 # Packages the machine lacks (simpy, textual) travel as wheels in .whl/ (git-ignored):
@@ -44,10 +48,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
 declare -A script=([costs]=bench_costs.py [accuracy]=bench_accuracy.py [executor]=bench_executor.py
                    [policy]=bench_memory_policy_gpu.py [job]=bench_job.py
-                   [fp8]=bench_fp8_gemm.py)
-declare -A args=([job]="--measure $out/job")
+                   [fp8]=bench_fp8_gemm.py [ep]=bench_ep_overlap.py)
+declare -A args=([job]="--measure $out/job" [ep]="--measure $out/ep --quick")
 declare -A limit=([costs]=290 [accuracy]=350 [executor]=200 [policy]=240 [job]=300
-                  [fp8]=120)
+                  [fp8]=120 [ep]=180)
 for c in "${checks[@]}"; do
     echo "=== $c ($(date -u +%H:%M:%S))"
     # shellcheck disable=SC2086  # args holds several words
