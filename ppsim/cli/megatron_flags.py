@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ppsim.errors import UserError
+from ppsim.job.shape import dispatcher_refusal
 
 
 def recompute_mode(granularity: str | None, method: str | None, memory: dict[str, Any],
@@ -124,7 +125,6 @@ def check_experts_parallel(arch: Any, etp: int | None, dispatcher: str | None,
         raise UserError("--moe-shared-expert-overlap", "moe_shared_expert_overlap only works "
                         "with alltoall or flex token dispatcher", "give "
                         "--moe-token-dispatcher-type alltoall")
-    if dispatcher == "allgather" and experts and arch.ep > 1:
-        raise UserError("--moe-token-dispatcher-type", "allgather: ppsim prices the "
-                        "all-to-all dispatch between expert-parallel ranks",
-                        "give alltoall (or flex), or ep 1")
+    refusal = dispatcher_refusal(dispatcher, arch)
+    if refusal is not None:
+        raise UserError("--moe-token-dispatcher-type", *refusal)

@@ -85,6 +85,15 @@ def job_shape(cfg: Any) -> JobShape | None:
                     microbatches=p.microbatches, rank_order=p.rank_order)
 
 
+def dispatcher_refusal(dispatcher: str | None, a: Any) -> tuple[str, str] | None:
+    """(problem, fix) when ppsim does not price `dispatcher` for the model `a` (None for
+    a uniform one): the all-gather dispatcher across expert-parallel ranks."""
+    if dispatcher == "allgather" and a is not None and a.num_experts and a.ep > 1:
+        return ("allgather: ppsim prices the all-to-all dispatch between expert-parallel "
+                "ranks", "give alltoall (or flex), or ep 1")
+    return None
+
+
 def check(cfg: Any) -> None:
     """The job fields of a config in range: UserError naming the field otherwise."""
     p = cfg.pipeline
@@ -117,10 +126,9 @@ def check(cfg: Any) -> None:
         return
     if a.fsdp:
         _fsdp_alone(p)
-    if p.moe_token_dispatcher_type == "allgather" and a.num_experts and a.ep > 1:
-        raise UserError("pipeline.moe_token_dispatcher_type", "allgather: ppsim prices the "
-                        "all-to-all dispatch between expert-parallel ranks",
-                        "give alltoall (or flex), or ep 1")
+    refusal = dispatcher_refusal(p.moe_token_dispatcher_type, a)
+    if refusal is not None:
+        raise UserError("pipeline.moe_token_dispatcher_type", *refusal)
     if p.moe_token_dispatcher_type == "flex" and a.moe_pad_to_capacity:
         raise UserError("pipeline.moe_token_dispatcher_type", "Flex token dispatcher with "
                         "deepep backend does not support moe_pad_expert_input_to_capacity",
