@@ -38,7 +38,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_job import MEASURED_KEYS, plan_case
+from bench_job import MEASURED_KEYS, dir_after, plan_case
 
 from ppsim.cli.main import main as ppsim
 from ppsim.config.schema import config_from_dict
@@ -118,12 +118,8 @@ def measured_config(directory: Path, into: Path) -> Path:
     return path
 
 
-def _dir_after(flag: str) -> Path | None:
-    return Path(sys.argv[sys.argv.index(flag) + 1]) if flag in sys.argv else None
-
-
 def main() -> None:
-    to_measure, measured = _dir_after("--measure"), _dir_after("--measured")
+    to_measure, measured = dir_after("--measure"), dir_after("--measured")
     if to_measure:
         measure(to_measure)
         measured = measured or to_measure

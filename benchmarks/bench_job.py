@@ -222,12 +222,13 @@ def table(title: str, runs: list[PublishedRun], measured: Path | None) -> None:
               f"{run.tflops:9.1f} {p.tflops_2024 / run.tflops - 1:+7.1%}")
 
 
-def _dir_after(flag: str) -> Path | None:
+def dir_after(flag: str) -> Path | None:
+    """The path given after `flag` on the command line, or None."""
     return Path(sys.argv[sys.argv.index(flag) + 1]) if flag in sys.argv else None
 
 
 def main() -> None:
-    measure, measured = _dir_after("--measure"), _dir_after("--measured")
+    measure, measured = dir_after("--measure"), dir_after("--measured")
     if measure:
         measure_rows(measure)
         measured = measured or measure

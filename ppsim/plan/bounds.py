@@ -103,7 +103,7 @@ class PathBounds:
         c = s.costs
         self.pre_f, self.pre_b, self.pre_w = [0.0], [0.0], [0.0]
         for lc in c.layers:
-            cut = lc.pair_saving_ms if s.paired else 0.0  # every op as short as in a pair
+            cut = lc.pair_saving_ms  # every op as short as in a pair
             self.pre_f.append(self.pre_f[-1] + lc.forward_ms - cut)
             self.pre_b.append(self.pre_b[-1] + self.bpart(lc) - cut)
             self.pre_w.append(self.pre_w[-1] + lc.backward_ms - cut)
@@ -241,8 +241,8 @@ class WaterFill:
         self.suffix_work = [0.0] * (len(layers) + 1)
         for i in range(len(layers) - 1, -1, -1):
             lc = layers[i]
-            cut = 2 * lc.pair_saving_ms if search.paired else 0.0
-            self.suffix_work[i] = self.suffix_work[i + 1] + lc.forward_ms + lc.backward_ms - cut
+            self.suffix_work[i] = (self.suffix_work[i + 1] + lc.forward_ms + lc.backward_ms
+                                   - 2 * lc.pair_saving_ms)
         head = search.costs.head
         self.head_work = head.forward_ms + head.backward_ms
 
@@ -251,7 +251,7 @@ class WaterFill:
         s = self.s
         t = 0.0
         for j in range(upto):
-            cut = costs[j].pair_saving_ms if s.paired else 0.0
+            cut = costs[j].pair_saving_ms
             t += costs[j].forward_ms - cut + s.delay[j]
             if not s.split_bw:
                 t += costs[j].backward_ms - cut + s.delay[j]
@@ -316,7 +316,7 @@ def prefix_time(paths: PathBounds, counts: list[int]) -> float:
     trip = rest_f + rest_b + 2 * (paths.pre_d[-1] - paths.pre_d[k - 1])  # k-1 -> end -> k-1
     dur = {kd: [0.0] * k for kd in "FBW"}
     for i, c in enumerate(costs):
-        cut = c.pair_saving_ms if s.paired else 0.0  # pairs' constraints dropped too
+        cut = c.pair_saving_ms  # as short as in a pair; pairs' constraints dropped too
         dur["F"][i], dur["B"][i] = c.forward_ms - cut, paths.bpart(c) - cut
         dur["W"][i] = c.weight_grad_ms if s.split_bw else 0.0
     kinds, waits, sends, durations, delays = [], [], [], [], []

@@ -53,10 +53,8 @@ class SplitSearch:
         self.memory = problem.hardware.memory_bytes
         self.split_bw = self.sched.split_backward
         self.together = [in_pairs(self.sched, r) for r in range(self.pp)]
-        """Per rank: positions of the ops a combined 1F1B runs in pairs (none: empty)."""
-        self.paired = bool(self.sched.pairs)
-        """Some ops run in pairs: their F and B take pair_saving_ms less (the bounds take
-        every F and B at that, ppsim.plan.bounds)."""
+        """Per rank: positions of the ops a combined 1F1B runs in pairs (none: empty);
+        they take pair_saving_ms less (0 unless the job runs the combined order)."""
         self.evaluated = 0
         # The simulator's link model; every boundary carries the hidden state.
         link = p2p_link(problem.hardware.transfer_ms)
@@ -102,11 +100,9 @@ class SplitSearch:
         return self._stage(offset, count, index)
 
     def work(self, c: StageCost) -> float:
-        """Least busy time of one microbatch on a stage (F + B + W; as a pair's, when
-        the schedule pairs)."""
-        if self.paired:
-            return c.forward_ms + c.backward_ms - 2 * c.pair_saving_ms
-        return c.forward_ms + c.backward_ms
+        """Least busy time of one microbatch on a stage (F + B + W, as short as in a
+        combined pair)."""
+        return c.forward_ms + c.backward_ms - 2 * c.pair_saving_ms
 
     def _memory_pattern(self, r: int) -> list[tuple[int, ...]]:
         """Per-chunk (full, kept) activation counts at every op start on rank r.
@@ -203,11 +199,10 @@ class SplitSearch:
         durations = [[by_kind[k][s] for k, s in zip(kinds, stages, strict=True)]
                      for kinds, stages in zip(self.compiled.kind, self.compiled.stage,
                                               strict=True)]
-        if self.paired:  # as ppsim.sim.timing.StageTable.paired prices them
-            for r, together in enumerate(self.together):
-                stages = self.compiled.stage[r]
-                for i in together:
-                    durations[r][i] = durations[r][i] - costs[stages[i]].pair_saving_ms
+        for r, together in enumerate(self.together):  # as StageTable.paired prices them
+            stages = self.compiled.stage[r]
+            for i in together:
+                durations[r][i] = durations[r][i] - costs[stages[i]].pair_saving_ms
         _, ends = list_schedule(self.compiled, durations, self.send_delay, self.sched.pairs)
         busy = [busy_ms(durs) for durs in durations]
         statics = [0] * self.pp

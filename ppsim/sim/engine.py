@@ -36,7 +36,7 @@ from ppsim.schedules.generators import Action, B, F, Schedule
 from ppsim.schedules.packed import unpacked
 from ppsim.sim.copies import Copy, CopyStreams, wake_delay
 from ppsim.sim.summary import Summary, step_parts, summarize
-from ppsim.sim.timing import Link, StageTable
+from ppsim.sim.timing import Link, StageTable, in_pairs
 
 
 class Op(NamedTuple):
@@ -166,6 +166,8 @@ class Engine:
         self.peak_in = [0] * pp
         self.pairs = [schedule.paired(r) for r in range(pp)]
         """Per rank: positions of the F actions run combined with the B after them."""
+        self.together = [in_pairs(schedule, r) for r in range(pp)]
+        """Per rank: positions of every op in a pair (each paired F and its B)."""
         self.held: list[tuple[int, int, int, Action] | None] = [None] * pp
         """Per rank: a paired F's message (dst, key, boundary, action), sent with its B's."""
 
@@ -221,11 +223,7 @@ class Engine:
 
     def op_ms(self, r: int, kind: str, st: int) -> float:
         """Duration of rank r's current op: alone, or in a combined pair."""
-        pairs = self.pairs[r]
-        if not pairs:
-            return self.table.duration[kind][st]
-        pos = self.pos[r]
-        return self.table.op_ms(kind, st, pos in pairs or pos - 1 in pairs)
+        return self.table.op_ms(kind, st, self.pos[r] in self.together[r])
 
     def _memory(self, r: int) -> list[tuple[float, int, int]] | None:
         return None if self.records is None else self.records.memory[r]

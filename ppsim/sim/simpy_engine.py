@@ -52,7 +52,7 @@ from ppsim.schedules.generators import Action, B, F
 from ppsim.sim.copies import CopyStreams, offloads, wake_delay
 from ppsim.sim.engine import Op, RankRun, Records, Simulation, Transfer, finished
 from ppsim.sim.shared import SharedResource
-from ppsim.sim.timing import compile_schedule, p2p_link, stage_table
+from ppsim.sim.timing import compile_schedule, in_pairs, p2p_link, stage_table
 
 Process = Generator[simpy.Event, Any, None]
 
@@ -118,6 +118,8 @@ class _Model:
         self.copies = CopyStreams(sched.actions, costs, record) if offloads(costs) else None
         pp, self.last = sched.pp, sched.num_stages - 1
         self.owner = [sched.stage_rank(s) for s in range(sched.num_stages)]
+        self.together = [in_pairs(sched, r) for r in range(pp)]
+        """Per rank: positions of every op in a combined pair (Schedule.pairs)."""
         topo = problem.topology
         # A private placement is the classic model, priced by the hardware's link.
         self.topo: Topology | None = None if topo is None or topo.is_private else topo
@@ -200,8 +202,7 @@ class _Model:
         if self.copies is not None:
             self.copies.op_started(r, i, now)
             self._settle(r, now)
-        pairs = self.schedule.paired(r)
-        work = self.table.op_ms(kind, st, i in pairs or i - 1 in pairs)
+        work = self.table.op_ms(kind, st, i in self.together[r])
         if self.charged:
             # F receives from the stage before and sends to the next; B the other way.
             step = 1 if kind == F else -1 if kind == B else 0
