@@ -39,7 +39,10 @@ tree=/tmp/ppsim-tree
 rm -rf "$tree" && mkdir -p "$tree/ppsim"
 ln -s "$PWD"/ppsim/* "$tree/ppsim/" && ln -s "$PWD/executor" "$tree/ppsim/executor" \
     && ln -s "$PWD/tui" "$tree/ppsim/tui"
-export PYTHONPATH="$tree:$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+# PYTHONSAFEPATH: `python -m ppsim.cli` run from the repository root must import the tree's
+# ppsim (with executor/ and tui/), not the bare ./ppsim beside it.
+export PYTHONPATH="$tree:$PWD/benchmarks:$PWD:${PYTHONPATH:-}" PYTHONSAFEPATH=1 \
+    PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 out="${OUT:-/tmp/ppsim-gpu}"
 mkdir -p "$out"
 checks=("$@")
