@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,7 +26,11 @@ BASE = ["--num-layers", "8", "--pp", "2", "--split", "4,4", "--schedule", "1f1b"
         "--microbatches", "8", "--recompute", "none"]
 POLICIES = {"none": [],
             "policy": ["--recompute-modules", "core_attn", "--recompute-num-layers", "2",
-                       "--offload-modules", "attn_norm,qkv_linear,mlp_norm"]}
+                       "--offload-modules", "attn_norm,qkv_linear,mlp_norm"],
+            # The policy's parts alone (--policies), to tell which one a GPU peak misses.
+            "core_attn": ["--recompute-modules", "core_attn"],
+            "block": ["--recompute-num-layers", "2"],
+            "offload": ["--offload-modules", "attn_norm,qkv_linear,mlp_norm"]}
 
 
 def _ppsim(*args: str) -> dict:
@@ -41,16 +46,25 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     ap.add_argument("--preset", default="gpt3-1.3b", help="tiny-gpt: the script's path on CPU")
+    ap.add_argument("--policies", default="none,policy",
+                    help=f"comma-separated, of {', '.join(POLICIES)}")
+    ap.add_argument("--trace-out", type=Path, help="keep each run's trace as DIR/<policy>.json")
     args = ap.parse_args()
     base = ["--preset", args.preset, *BASE]
     print(f"{'policy':8} {'rank':>4} {'measured B':>14} {'simulated B':>14} {'ratio':>6} "
           f"{'measured ms':>12} {'simulated ms':>12}")
-    for name, flags in POLICIES.items():
+    for name in args.policies.split(","):
+        flags = POLICIES[name]
         with tempfile.TemporaryDirectory() as tmp:
             res = _ppsim("run", *base, *flags, "--device", args.device, "--devices", "0,0",
                          "--iterations", "4", "--warmup", "2", "--trace-dir",
                          str(Path(tmp) / "out"), "--json")
-            events = json.loads((Path(tmp) / "out" / "trace.json").read_text())["traceEvents"]
+            trace = Path(tmp) / "out" / "trace.json"
+            events = json.loads(trace.read_text())["traceEvents"]
+            if args.trace_out:
+                args.trace_out.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(trace, args.trace_out / f"{name}.json")
+                (args.trace_out / f"{name}-run.json").write_text(json.dumps(res, indent=1))
         sim = _ppsim("simulate", *base, *flags, "--hardware", "h200-141gb", "--devices", "0,0",
                      "--json")
         for r, rank in enumerate(sim["ranks"]):

@@ -26,7 +26,8 @@
 # One command may run 10 minutes there: run `costs` alone, then `accuracy executor`.
 # Packages the machine lacks (simpy, textual) travel as wheels in .whl/ (git-ignored):
 # `.venv/bin/pip download --no-deps -d .whl simpy` here, then carry .whl (job needs none);
-# logs go to $OUT when it is set.
+# logs go to $OUT when it is set. GPU_CHECK_ARGS adds arguments to each check's script, e.g.
+# GPU_CHECK_ARGS="--policies none,block,offload,policy --trace-out $OUT/traces" ... policy.
 set -u
 cd "$(dirname "$0")/.."
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -58,7 +59,8 @@ declare -A limit=([costs]=290 [accuracy]=350 [executor]=200 [policy]=240 [job]=3
 for c in "${checks[@]}"; do
     echo "=== $c ($(date -u +%H:%M:%S))"
     # shellcheck disable=SC2086  # args holds several words
-    timeout "${limit[$c]}" python3 "benchmarks/${script[$c]}" ${args[$c]:---device cuda} 2>&1 \
+    timeout "${limit[$c]}" python3 "benchmarks/${script[$c]}" ${args[$c]:---device cuda} \
+        ${GPU_CHECK_ARGS:-} 2>&1 \
         | tee "$out/$c.log"
     echo "=== $c exit ${PIPESTATUS[0]}"
 done

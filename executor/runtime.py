@@ -394,6 +394,9 @@ class Runtime:
         before = self.rec.memory()
         t0 = self.rec.mark()
         fn()
+        # The first step creates AdamW's state: static from here on, or a GPU's count
+        # (allocated - static) would read it as activations.
+        self.rec.static_bytes = self._static_bytes()
         self.rec.op(t0, self.rec.mark(), kind, -1, -1, -1, before, self.rec.memory())
 
     def _all_reduce(self) -> None:

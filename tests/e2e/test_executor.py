@@ -131,6 +131,22 @@ def test_trace_holds_each_action_once_in_rank_order(case, launches: Pool) -> Non
     assert all((r["grad_reduce_ms"] > 0) == (dp > 1) for r in summary["ranks"])
 
 
+def test_optimizer_state_counts_as_static_from_the_first_step(launches: Pool) -> None:
+    """The first optimizer step creates AdamW's state: the memory sample at its end holds
+    it as static (as every later iteration's do), not as activations, which a GPU's count
+    (allocated - static) would otherwise report as a peak of the warm-up iteration."""
+    run = launches.get("1f1b")
+    events = json.loads((run.tmp / "out" / "trace.json").read_text())["traceEvents"]
+    for r in range(_problem(run.argv).schedule.pp):
+        step = next(e for e in events if e.get("cat") == "compute" and e["pid"] == r
+                    and e["args"]["kind"] == "S" and e["args"]["iteration"] == 0)
+        end = step["ts"] + step["dur"]
+        samples = [e["args"] for e in events if e.get("ph") == "C" and e["pid"] == r]
+        at_end = [e["args"]["static"] for e in events if e.get("ph") == "C"
+                  and e["pid"] == r and abs(e["ts"] - end) < 1e-3]
+        assert at_end and at_end[-1] == samples[-1]["static"] > samples[0]["static"], r
+
+
 def _peak_activations(trace_path: Path, rank: int) -> int:
     events = json.loads(trace_path.read_text())["traceEvents"]
     return max(e["args"]["activations"] for e in events
