@@ -151,6 +151,9 @@ def hardware(hw: Any) -> None:
            f"{MAX_TFLOPS:g}, e.g. 989")
     number("hardware.efficiency", hw.efficiency, lo=0.0, lo_open=True, hi=1.0,
            fix="give the achieved fraction of peak, e.g. 0.5")
+    number("hardware.fp8_efficiency_ratio", getattr(hw, "fp8_efficiency_ratio", 1.0),
+           lo=0.0, lo_open=True, hi=2.0,
+           fix="give FP8's share of peak over bf16's at one size, e.g. 0.92 (1: the same)")
     number("hardware.attention_efficiency", getattr(hw, "attention_efficiency", 0.0), hi=1.0,
            fix="give FlashAttention's fraction of peak, or 0 to time it as a matmul")
     bandwidth("hardware.memory_bandwidth_gbps", getattr(hw, "memory_bandwidth_gbps", 0.0),

@@ -64,6 +64,8 @@ class Roofline:
     """Least time one kernel takes (host dispatch + launch)."""
     fp8_peak_tflops: float = 0.0
     """Dense FP8 peak; 0: no FP8 tensor cores."""
+    fp8_efficiency_ratio: float = 1.0
+    """FP8 GEMMs' share of their peak over bf16's at the same FLOPs."""
 
 
 def matmul_efficiency(r: Roofline, gflop: float) -> float:
@@ -81,12 +83,15 @@ def matmul_efficiency(r: Roofline, gflop: float) -> float:
 
 
 def _matmul_ms(r: Roofline, m: int, n: int, k: int, fp8: bool = False) -> float:
-    """An (m, n, k) matmul; `fp8`: at the FP8 peak, on the same efficiency curve."""
+    """An (m, n, k) matmul; `fp8`: at the FP8 peak, on the bf16 efficiency curve scaled
+    by fp8_efficiency_ratio."""
     flops = 2.0 * m * n * k
     if flops <= 0:
         return 0.0
     eff = max(matmul_efficiency(r, flops / 1e9), 1e-6)
-    return flops / ((r.fp8_peak_tflops if fp8 else r.peak_tflops) * 1e9 * eff)
+    if fp8:
+        return flops / (r.fp8_peak_tflops * 1e9 * eff * r.fp8_efficiency_ratio)
+    return flops / (r.peak_tflops * 1e9 * eff)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -73,6 +73,8 @@ class Accelerator:
     """Least time one kernel takes (host dispatch and launch)."""
     fp8_peak_tflops: float = 0.0
     """Dense FP8 peak; 0: no FP8 tensor cores."""
+    fp8_efficiency_ratio: float = 1.0
+    """FP8 GEMMs' share of their peak over bf16's at the same FLOPs."""
 
     def roofline(self) -> Roofline:
         return Roofline(peak_tflops=self.peak_tflops, efficiency=self.efficiency,
@@ -80,7 +82,8 @@ class Accelerator:
                         attention_efficiency=self.attention_efficiency,
                         memory_bandwidth_gbps=self.memory_bandwidth_gbps,
                         kernel_overhead_us=self.kernel_overhead_us,
-                        fp8_peak_tflops=self.fp8_peak_tflops)
+                        fp8_peak_tflops=self.fp8_peak_tflops,
+                        fp8_efficiency_ratio=self.fp8_efficiency_ratio)
 
 
 def accelerator(hw: Any) -> Accelerator:
@@ -101,7 +104,8 @@ def accelerator(hw: Any) -> Accelerator:
                        attention_efficiency=hw.attention_efficiency,
                        memory_bandwidth_gbps=hw.memory_bandwidth_gbps,
                        kernel_overhead_us=hw.kernel_overhead_us,
-                       fp8_peak_tflops=getattr(hw, "fp8_peak_tflops", 0.0))
+                       fp8_peak_tflops=getattr(hw, "fp8_peak_tflops", 0.0),
+                       fp8_efficiency_ratio=getattr(hw, "fp8_efficiency_ratio", 1.0))
 
 
 @dataclass(frozen=True)

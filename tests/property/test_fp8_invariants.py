@@ -58,14 +58,15 @@ SETTINGS = settings(max_examples=150, deadline=None,
 
 
 @SETTINGS
-@given(layers(), st.floats(100.0, 2000.0), st.floats(1.5, 3.0))
-def test_only_the_te_linears_change_speed_by_the_peaks_ratio(layer, peak: float,
-                                                            ratio: float) -> None:
+@given(layers(), st.floats(100.0, 2000.0), st.floats(1.5, 3.0), st.floats(0.5, 1.5))
+def test_only_the_te_linears_change_speed_by_the_peaks_and_efficiencies_ratio(
+        layer, peak: float, ratio: float, share: float) -> None:
+    """An FP8 GEMM takes bf16's time x peak / (FP8 peak x fp8_efficiency_ratio)."""
     a, kind = layer
     roof = Roofline(peak_tflops=peak, fp8_peak_tflops=peak * ratio,
-                    matmul_efficiency=((0.01, 0.2), (100.0, 0.8)))
+                    matmul_efficiency=((0.01, 0.2), (100.0, 0.8)), fp8_efficiency_ratio=share)
     for f8, bf in zip(layer_ops(a, kind), layer_ops(replace(a, fp8=""), kind), strict=True):
-        scale = 1 / ratio if f8.fp8 else 1.0
+        scale = 1 / (ratio * share) if f8.fp8 else 1.0
         assert f8.fp8 == (bf.params > 0 and bf.name != "router")
         got, base = op_times(roof, f8)[:3], op_times(roof, bf)[:3]
         for g, b in zip(got, base, strict=True):
