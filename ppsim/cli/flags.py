@@ -260,6 +260,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
     pipeline = {k: flag(k) for k in PIPELINE_KEYS if k != "global_batch_size"}
     if pipeline.get("moe_token_dispatcher_type") == "allgather":
         pipeline["moe_token_dispatcher_type"] = None  # check_experts_parallel says why
+    if pipeline.get("moe_flex_dispatcher_num_sms") is None:
+        pipeline["moe_flex_dispatcher_num_sms"] = flag("moe_deepep_num_sms")  # older name
     if pipeline.get("vpp") is not None and pipeline.get("schedule") is None:
         # As Megatron, --vpp alone picks the 1F1B variant (an explicit --schedule is kept).
         pipeline["schedule"] = schedule_for_vpp(cfg.pipeline.schedule, pipeline["vpp"])

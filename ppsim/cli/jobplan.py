@@ -80,7 +80,8 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
     out += optimizer_args(job.arch)
     out += ["--use-tp-pp-dp-mapping"] * (order == parse_order(TP_PP_DP_ORDER))
     for size, flag in ((job.ddp_bucket_size, "--ddp-bucket-size"),
-                       (job.ddp_num_buckets, "--ddp-num-buckets")):
+                       (job.ddp_num_buckets, "--ddp-num-buckets"),
+                       (job.flex_dispatcher_num_sms, "--moe-flex-dispatcher-num-sms")):
         out += [flag, str(size)] if size is not None else []
     for on, flag in ((job.tp_comm_overlap, "--tp-comm-overlap"),
                      (job.overlap_grad_reduce, "--overlap-grad-reduce"),

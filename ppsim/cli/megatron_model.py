@@ -141,6 +141,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--moe-flex-dispatcher-backend", choices=("deepep", "hybridep", "ncclep"),
                    help=hidden)
     g.add_argument("--moe-enable-deepep", action="store_true", default=None, help=hidden)
+    for flag in ("moe-flex-dispatcher-num-sms", "moe-deepep-num-sms"):
+        g.add_argument(f"--{flag}", type=int, help=hidden)
 
 
 def _fp8_fields(get: Any) -> dict[str, Any]:

@@ -31,7 +31,7 @@ PIPELINE_KEYS = ("pp", "vpp", "microbatches", "schedule", "actions_csv",
                  "overlap_grad_reduce", "overlap_param_gather", "ddp_bucket_size",
                  "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm",
                  "moe_token_dispatcher_type", "delay_wgrad_compute",
-                 "ddp_num_buckets")
+                 "ddp_num_buckets", "moe_flex_dispatcher_num_sms")
 """[pipeline] fields an override may set besides the split."""
 
 

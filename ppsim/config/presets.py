@@ -184,25 +184,31 @@ _TOPOLOGY_A = dict(gpus_per_node=8, intra_node_bandwidth_gbps=300.0, intra_node_
 # their 8 GPUs (DGX user guides).
 _HOST = {"h100": dict(host_link_gbps=63.0, host_memory_bytes=2e12),
          "a100": dict(host_link_gbps=31.5, host_memory_bytes=2e12)}
+#
+# Streaming multiprocessors: 132 on the H100 SXM5 (NVIDIA H100 Tensor Core GPU
+# Architecture whitepaper) and on the H200 (the same GH100; torch reports 132 on the
+# lent one), 108 on the A100 (NVIDIA A100 whitepaper). A communication kernel that
+# holds some of them beside compute (DeepEP's 20) slows that compute by their share.
 
 HARDWARE_PRESETS: dict[str, dict] = {
     "a100-80gb": dict(memory_bytes=80e9, peak_tflops=312.0, efficiency=0.5,
                       p2p_bandwidth_gbps=25.0, p2p_latency_ms=0.01,
                       matmul_efficiency=_curve(250.0, 5.0, 312.0),
                       attention_efficiency=0.55, memory_bandwidth_gbps=1850.0,
-                      kernel_overhead_us=10.0, **_TOPOLOGY_A, **_HOST["a100"]),
+                      kernel_overhead_us=10.0, sm_count=108, **_TOPOLOGY_A,
+                      **_HOST["a100"]),
     "h100-80gb": dict(memory_bytes=80e9, peak_tflops=989.0, fp8_peak_tflops=1979.0,
                       fp8_efficiency_ratio=0.92, efficiency=0.45,
                       p2p_bandwidth_gbps=50.0, p2p_latency_ms=0.01,
                       matmul_efficiency=_curve(727.0, 5.0), attention_efficiency=0.35,
-                      memory_bandwidth_gbps=3000.0, kernel_overhead_us=10.0, **_TOPOLOGY_H,
-                      **_HOST["h100"]),
+                      memory_bandwidth_gbps=3000.0, kernel_overhead_us=10.0, sm_count=132,
+                      **_TOPOLOGY_H, **_HOST["h100"]),
     "h200-141gb": dict(memory_bytes=141e9, peak_tflops=989.0, fp8_peak_tflops=1979.0,
                        fp8_efficiency_ratio=0.92, efficiency=0.45,
                        p2p_bandwidth_gbps=50.0, p2p_latency_ms=0.01,
                        matmul_efficiency=_curve(813.0, 40.0), attention_efficiency=0.30,
-                       memory_bandwidth_gbps=3000.0, kernel_overhead_us=80.0, **_TOPOLOGY_H,
-                       **_HOST["h100"]),
+                       memory_bandwidth_gbps=3000.0, kernel_overhead_us=80.0, sm_count=132,
+                       **_TOPOLOGY_H, **_HOST["h100"]),
     "cpu": dict(memory_bytes=16e9, peak_tflops=0.04, efficiency=1.0,
                 p2p_bandwidth_gbps=1.0, p2p_latency_ms=0.05),
 }

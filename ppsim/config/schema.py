@@ -96,6 +96,9 @@ class PipelineConfig:
     delay_wgrad_compute: bool = False
     """In a combined pair, the experts' weight gradients run beside the dispatch's
     backward instead of before it (--delay-wgrad-compute)."""
+    moe_flex_dispatcher_num_sms: int | None = None
+    """SMs DeepEP's dispatch and combine kernels hold (--moe-flex-dispatcher-num-sms, or
+    the older --moe-deepep-num-sms); none: Megatron's 20."""
     ddp_bucket_size: int | None = None
     """Parameters per gradient bucket (Megatron's --ddp-bucket-size); none: Megatron's
     max(40M, 1M x dp x cp)."""
@@ -137,6 +140,9 @@ class HardwareConfig:
     gpus_per_node: int = 8
     """GPUs in one node: its NVLink domain (ppsim.job.topology) and the devices sharing
     its host memory (host_memory_bytes)."""
+    sm_count: int = 0
+    """Streaming multiprocessors per GPU (the SMs a communication kernel holds beside
+    compute slow it by their share); 0: unknown, such kernels cost compute nothing."""
     intra_node_bandwidth_gbps: float = 0.0
     """NVLink per GPU per direction, GB/s; 0: inter_node_bandwidth_gbps."""
     intra_node_latency_us: float = 0.0

@@ -172,6 +172,8 @@ def hardware(hw: Any) -> None:
            fix="give a node's host memory for offloaded activations, or 0 for no limit")
     number("hardware.gpus_per_node", getattr(hw, "gpus_per_node", 1), lo=1, hi=1 << 16,
            fix="give the devices that share one host, e.g. 8")
+    count("hardware.sm_count", getattr(hw, "sm_count", 0), lo=0, hi=1 << 16,
+          fix="give the GPU's streaming multiprocessors (H100 SXM: 132), or 0 for unknown")
     curve = getattr(hw, "matmul_efficiency", None)
     if curve is not None:
         fix = "write [[GFLOP, fraction of peak], ...], e.g. [[1, 0.2], [1000, 0.8]]"
@@ -228,6 +230,9 @@ def pipeline(p: Any) -> None:
         raise UserError("pipeline.moe_token_dispatcher_type",
                         f"unknown dispatcher {_show(p.moe_token_dispatcher_type)}",
                         "choose one of " + ", ".join(DISPATCHERS))
+    if getattr(p, "moe_flex_dispatcher_num_sms", None) is not None:
+        count("pipeline.moe_flex_dispatcher_num_sms", p.moe_flex_dispatcher_num_sms, lo=1,
+              hi=1024, fix="give the SMs DeepEP's kernels take, e.g. 20 (Megatron's default)")
     if isinstance(p.split, list):  # or "even"
         if len(p.split) > limits.MAX_STAGES:
             raise UserError("pipeline.split", f"has {len(p.split):,} entries, above the limit "

@@ -164,7 +164,9 @@ def pair_saving_ms(job: Job, a: Architecture, acc: Accelerator, kind: str = "moe
     forward and backward, replaces the 2c each waits for alone. Priced from the layer's
     own ops without recompute (a repeated forward would hide a little more), so a memory
     policy never changes it and the planner's bounds stay bounds; attention over the
-    whole sequence (a sliding window computes less beside the all-to-alls)."""
+    whole sequence (a sliding window computes less beside the all-to-alls). Compute
+    beside DeepEP's kernels runs on the SMs they leave: each hidden millisecond costs
+    the dispatcher's SM share of one (Job.dispatcher_sm_share)."""
     c = ep_all_to_all_ms(job, a) / 2
     if c == 0.0:
         return 0.0
@@ -176,7 +178,7 @@ def pair_saving_ms(job: Job, a: Architecture, acc: Accelerator, kind: str = "moe
     before_dispatch = mb if job.delay_wgrad_compute else mb + mw
     experts_slot = max(max(c, before_dispatch) + c, max(mb + mw, c) + mf) - (mb + mw + mf)
     waits = max(0.0, c - af) + experts_slot + max(0.0, c - ab - aw)
-    return 2 * c - waits / 2
+    return (2 * c - waits / 2) * (1 - job.dispatcher_sm_share)
 
 
 def _hidden(comm: float, compute: float, overlap: bool) -> float:
@@ -233,8 +235,12 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
         ep = ep_all_to_all_ms(job, a)
         over_f, over_b = (shared_experts_ms(a, acc) if job.moe_shared_expert_overlap
                           and a.shared_experts else (0.0, 0.0))
-        fwd.append(Collective(group="ep", total_ms=ep, exposed_ms=max(0.0, ep - over_f)))
-        bwd.append(Collective(group="ep", total_ms=ep, exposed_ms=max(0.0, ep - over_b)))
+        # The shared experts beside DeepEP run on the SMs it leaves: what they hide
+        # costs its SM share again in compute.
+        share = job.dispatcher_sm_share
+        for out, over in ((fwd, over_f), (bwd, over_b)):
+            out.append(Collective(group="ep", total_ms=ep, exposed_ms=max(0.0, ep - over)
+                                  + share * min(ep, over)))
     own = fsdp_collectives(job, cost)
     return PieceCollectives(forward=(*fwd, *own.forward), backward=(*bwd, *own.backward))
 

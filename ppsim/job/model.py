@@ -16,6 +16,7 @@ from typing import Any
 from ppsim.costs.arch import Architecture, grad_bytes
 from ppsim.costs.layerops import padded_vocab
 from ppsim.costs.transformer import Accelerator, accelerator
+from ppsim.errors import UserError
 from ppsim.job.collectives import Link, all_reduce_ms, link
 from ppsim.job.flops import iteration_flops, torchtitan_flops_per_token
 from ppsim.job.fsdp import FsdpSteps, fsdp_steps
@@ -55,6 +56,11 @@ class Groups:
     """Per pipeline boundary of the first replica: does it cross nodes?"""
 
 
+DEEPEP_SMS = 20
+"""The SMs Megatron gives DeepEP when --moe-flex-dispatcher-num-sms is unset
+(megatron/core/transformer/moe/token_dispatcher.py, MoEFlexTokenDispatcher)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Job:
     """One training job: the model, its shape, its links and its overlaps."""
@@ -87,10 +93,30 @@ class Job:
     delay_wgrad_compute: bool = False
     """In a combined pair the experts' weight gradients run beside the dispatch's
     backward (else before it: the dispatch waits for them)."""
+    flex_dispatcher_num_sms: int | None = None
+    """SMs DeepEP's kernels hold (--moe-flex-dispatcher-num-sms); None: Megatron's 20."""
+    sm_count: int = 0
+    """The GPU's streaming multiprocessors; 0: unknown."""
     ddp_bucket_size: int | None = None
     """Parameters per gradient bucket; None: Megatron's default."""
     ddp_num_buckets: int | None = None
     """Or buckets per rank."""
+
+    def __post_init__(self) -> None:
+        held = self.flex_dispatcher_num_sms or DEEPEP_SMS
+        if self.sm_count and self.moe_token_dispatcher_type == "flex" and held >= self.sm_count:
+            raise UserError("pipeline.moe_flex_dispatcher_num_sms",
+                            f"{held} SMs for DeepEP leave none of the GPU's {self.sm_count} "
+                            "to compute", f"give fewer than {self.sm_count}")
+
+    @property
+    def dispatcher_sm_share(self) -> float:
+        """The share of the GPU's SMs the token dispatcher's kernels hold while compute
+        runs beside them: DeepEP's over the GPU's; 0 for NCCL's all-to-all (NCCL picks
+        its channels and no figure gives their SMs) or an unknown SM count."""
+        if self.moe_token_dispatcher_type != "flex" or not self.sm_count:
+            return 0.0
+        return (self.flex_dispatcher_num_sms or DEEPEP_SMS) / self.sm_count
 
     @property
     def fsdp_steps(self) -> FsdpSteps | None:
@@ -226,4 +252,6 @@ def build_job(cfg: Any) -> Job | None:
                overlap_moe_expert_parallel_comm=p.overlap_moe_expert_parallel_comm,
                moe_token_dispatcher_type=p.moe_token_dispatcher_type,
                delay_wgrad_compute=p.delay_wgrad_compute,
+               flex_dispatcher_num_sms=p.moe_flex_dispatcher_num_sms,
+               sm_count=getattr(cfg.hardware, "sm_count", 0),
                ddp_bucket_size=p.ddp_bucket_size, ddp_num_buckets=p.ddp_num_buckets)
