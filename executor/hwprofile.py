@@ -371,8 +371,7 @@ def measure_hardware(device_kind: str = "cpu", reps: int = 10, model: Architectu
     fp8 = fp8_peak(device)
     if fp8:
         hw["fp8_peak_tflops"] = fp8
-    if device.type == "cuda":
-        hw["memory_bytes"] = float(torch.cuda.get_device_properties(device).total_memory)
+    hw.update(device_facts(device))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return {"device": name, "torch_version": torch.__version__, "hardware": hw,
             "measurements": {"matmuls": generic, "model_matmuls": mine, "attention": att,
@@ -380,6 +379,15 @@ def measure_hardware(device_kind: str = "cpu", reps: int = 10, model: Architectu
                              "kernel_overhead_us": overhead, "sustained_s": sustained_s,
                              "settled_tflops": settled,
                              "seconds": time.perf_counter() - t0}}
+
+
+def device_facts(device: torch.device) -> dict[str, float | int]:
+    """What a GPU reports of itself for [hardware]: its memory and its SMs (which
+    price the SMs DeepEP's kernels hold); nothing on CPU."""
+    if device.type != "cuda":
+        return {}
+    props = torch.cuda.get_device_properties(device)
+    return {"memory_bytes": float(props.total_memory), "sm_count": props.multi_processor_count}
 
 
 def hardware_toml(result: dict[str, Any]) -> str:

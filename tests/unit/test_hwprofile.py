@@ -147,3 +147,23 @@ def test_a_gpus_fp8_peak_is_its_datasheets_or_none(monkeypatch, name: str, fp8: 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     assert fp8_peak(torch.device("cuda")) == fp8
     assert fp8_peak(torch.device("cpu")) == 0.0
+
+
+def test_a_gpus_own_memory_and_sms_go_into_its_table(monkeypatch) -> None:
+    """--hardware-out on a GPU writes the memory and SM count it reports (torch reported
+    132 SMs on the lent H200), so a measured table prices DeepEP's held SMs; the table
+    is one [hardware] accepts. Nothing is said of a CPU."""
+    import types
+
+    import torch
+
+    from ppsim.executor.hwprofile import device_facts
+
+    h200 = types.SimpleNamespace(total_memory=150109880320, multi_processor_count=132)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: h200)
+    facts = device_facts(torch.device("cuda"))
+    assert facts == {"memory_bytes": 150109880320.0, "sm_count": 132}
+    table = hardware_table(989.0, [{"shape": [8, 8, 8], "gflop": 1e-6, "tflops": 1.0}],
+                           300.0, 3000.0, 10.0) | facts
+    assert hardware_config(table).sm_count == 132
+    assert device_facts(torch.device("cpu")) == {}
