@@ -199,6 +199,7 @@ class Job:
                         "param_gather": self.arch.fp8_param_gather} if self.arch.fp8 else None,
                 "ep_overlap": self.overlap_moe_expert_parallel_comm,
                 "moe_token_dispatcher_type": self.moe_token_dispatcher_type,
+                "dispatcher_sm_share": self.dispatcher_sm_share,
                 "crosses_nodes": {"tp": g.tp.crosses_nodes, "cp": g.cp.crosses_nodes,
                                   "ep": g.ep.crosses_nodes, "dp": g.dp.crosses_nodes,
                                   "pipeline": list(g.pipeline_hops)}}

@@ -76,7 +76,13 @@ def test_the_shared_experts_beside_deepep_pay_its_share_of_what_they_hide() -> N
 
 def _iteration(capsys, *flags: str) -> float:
     assert main(["simulate", *QWEN, *flags, "--json"]) == 0
-    return json.loads(capsys.readouterr().out)["iteration_time_ms"]
+    doc = json.loads(capsys.readouterr().out)
+    held = next((int(v) for k, v in zip(flags, flags[1:], strict=False)
+                 if k == "--moe-flex-dispatcher-num-sms"), None) or (
+        next((int(v) for k, v in zip(flags, flags[1:], strict=False)
+              if k == "--moe-deepep-num-sms"), 20))
+    assert doc["job"]["dispatcher_sm_share"] == pytest.approx(held / 132)
+    return doc["iteration_time_ms"]
 
 
 def test_megatrons_default_and_older_flag_are_read_as_megatron_reads_them(capsys) -> None:
