@@ -118,8 +118,8 @@ def job_line(job: Any, iteration_ms: float) -> str:
              f"pp {d['pp']}), global batch {d['global_batch_size']:,}")
     if d["fp8"]:
         shape += f", FP8 {d['fp8']['format']} {d['fp8']['recipe']}"
-    if d["moe_token_dispatcher_type"] == "flex" and d["ep"] > 1:
-        shape += ", DeepEP"
+    if d["deepep_buffer_bytes"]:
+        shape += f", DeepEP (its buffer {d['deepep_buffer_bytes'] / 1e9:.2f} GB)"
     if d["ep_overlap"]:
         shape += ", EP all-to-alls overlapped (combined 1F1B)"
     return f"{shape}: {job_throughput.line(job.throughput(iteration_ms))}"

@@ -17,6 +17,7 @@ from ppsim.costs.arch import Architecture, grad_bytes
 from ppsim.costs.layerops import padded_vocab
 from ppsim.costs.transformer import Accelerator, accelerator
 from ppsim.errors import UserError
+from ppsim.job import deepep
 from ppsim.job.collectives import Link, all_reduce_ms, link
 from ppsim.job.flops import iteration_flops, torchtitan_flops_per_token
 from ppsim.job.fsdp import FsdpSteps, fsdp_steps
@@ -54,11 +55,6 @@ class Groups:
     """dp_replica of the expert data-parallel group."""
     pipeline_hops: tuple[bool, ...]
     """Per pipeline boundary of the first replica: does it cross nodes?"""
-
-
-DEEPEP_SMS = 20
-"""The SMs Megatron gives DeepEP when --moe-flex-dispatcher-num-sms is unset
-(megatron/core/transformer/moe/token_dispatcher.py, MoEFlexTokenDispatcher)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,20 +99,44 @@ class Job:
     """Or buckets per rank."""
 
     def __post_init__(self) -> None:
-        held = self.flex_dispatcher_num_sms or DEEPEP_SMS
-        if self.sm_count and self.moe_token_dispatcher_type == "flex" and held >= self.sm_count:
+        if not self.deepep:
+            return
+        held = self.deepep_sms
+        if self.sm_count and held >= self.sm_count:
             raise UserError("pipeline.moe_flex_dispatcher_num_sms",
                             f"{held} SMs for DeepEP leave none of the GPU's {self.sm_count} "
                             "to compute", f"give fewer than {self.sm_count}")
+        if self.arch.tp * self.arch.ep <= 1:
+            raise UserError("pipeline.moe_token_dispatcher_type", "DeepEP dispatcher requires "
+                            "TPxEP > 1", "give --ep or --tp above 1, or alltoall")
+        deepep.check(self.arch.tp * self.arch.ep, held)
+
+    @property
+    def deepep(self) -> bool:
+        """Routed tokens travel by DeepEP (the flex dispatcher, with experts)."""
+        return self.moe_token_dispatcher_type == "flex" and self.arch.num_experts > 0
+
+    @property
+    def deepep_sms(self) -> int:
+        """The SMs DeepEP's kernels hold (Megatron's 20 unless given)."""
+        return self.flex_dispatcher_num_sms or deepep.DEFAULT_SMS
 
     @property
     def dispatcher_sm_share(self) -> float:
         """The share of the GPU's SMs the token dispatcher's kernels hold while compute
         runs beside them: DeepEP's over the GPU's; 0 for NCCL's all-to-all (NCCL picks
         its channels and no figure gives their SMs) or an unknown SM count."""
-        if self.moe_token_dispatcher_type != "flex" or not self.sm_count:
+        if not self.deepep or not self.sm_count:
             return 0.0
-        return (self.flex_dispatcher_num_sms or DEEPEP_SMS) / self.sm_count
+        return self.deepep_sms / self.sm_count
+
+    @property
+    def deepep_buffer_bytes(self) -> int:
+        """What DeepEP's one buffer takes on each GPU (ppsim.job.deepep); 0 without it."""
+        if not self.deepep:
+            return 0
+        return deepep.buffer_bytes(self.arch.tp * self.arch.ep, self.arch.hidden_size,
+                                   self.deepep_sms)
 
     @property
     def fsdp_steps(self) -> FsdpSteps | None:
@@ -200,6 +220,7 @@ class Job:
                 "ep_overlap": self.overlap_moe_expert_parallel_comm,
                 "moe_token_dispatcher_type": self.moe_token_dispatcher_type,
                 "dispatcher_sm_share": self.dispatcher_sm_share,
+                "deepep_buffer_bytes": self.deepep_buffer_bytes,
                 "crosses_nodes": {"tp": g.tp.crosses_nodes, "cp": g.cp.crosses_nodes,
                                   "ep": g.ep.crosses_nodes, "dp": g.dp.crosses_nodes,
                                   "pipeline": list(g.pipeline_hops)}}

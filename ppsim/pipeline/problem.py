@@ -299,8 +299,11 @@ def hardware(cfg: Config) -> Hardware:
             membw, fixed = cond.optimizer_gbps, cond.optimizer_fixed_ms
         if cond is not None and cfg.pipeline.pp * dp > 1:
             boundary = cond.iteration_boundary_ms
-    hw = Hardware(cfg.hardware.memory_bytes, latency, bandwidth, membw, dp, fixed, boundary,
-                  build_job(cfg))
+    job = build_job(cfg)
+    # DeepEP's buffer is the process's, beside the model's: the model has what it leaves.
+    held = job.deepep_buffer_bytes if job is not None else 0
+    hw = Hardware(cfg.hardware.memory_bytes - held, latency, bandwidth, membw, dp, fixed,
+                  boundary, job)
     if hw.memory_bytes <= 0:
         raise UserError("hardware.memory_bytes", f"must be positive, got {hw.memory_bytes:g}",
                         "give the memory one rank may use, e.g. 80e9 (--memory-gb 80)")
