@@ -8,7 +8,11 @@ pass hidden by one chunk's attention. With tensor parallelism (sequence parallel
 layer all-gathers before attention and before the MLP and reduce-scatters after each,
 in the forward (under FP8 the gathers move the quantized input) and mirrored in the
 backward (again in the backward under full recompute); --tp-comm-overlap hides them
-behind the layer's compute as far as it lasts.
+behind the layer's compute as far as it lasts. A MoE layer does so for its attention
+alone: its experts' tokens travel by the dispatcher, which with the all-to-all one
+gathers over tp every token copy the rank's experts received and scatters their
+outputs (`dispatcher_tp_ms`, on the compute stream, never hidden); a hybrid block is
+one sublayer (SP_SUBLAYERS).
 Expert parallelism's dispatch and combine are all-to-alls over the expert group's links
 (--moe-shared-expert-overlap hides them behind the shared experts' compute as far as it
 lasts; Megatron's combined 1F1B hides them behind another microbatch's compute in the
@@ -67,13 +71,36 @@ def tp_collectives_ms(job: Job, a: Architecture, collectives: int,
     return collectives * all_gather_ms(nbytes, job.link("tp"))
 
 
-def tp_layer_ms(job: Job, a: Architecture) -> tuple[float, float]:
-    """A decoder layer's sequence-parallel collectives, forward and backward: two
-    all-gathers (under FP8 of the quantized input) and two reduce-scatters each way."""
-    gathers = tp_collectives_ms(job, a, 2, FP8_BYTES if a.fp8 else 0)
-    forward = gathers + tp_collectives_ms(job, a, 2)
-    backward = tp_collectives_ms(job, a, 4)
+SP_SUBLAYERS = {"dense": 2, "moe": 1, "moe-mlp": 0}
+"""Sublayers that gather the sequence before them and scatter it after, by kind: a dense
+layer's attention and MLP, a MoE layer's attention (its experts' tokens travel by the
+dispatcher: `dispatcher_tp_ms`), a hybrid stack's MoE block none; every other hybrid
+block (Mamba, GatedDeltaNet, attention, MLP) is one sublayer."""
+
+
+def tp_layer_ms(job: Job, a: Architecture, sublayers: int = 2) -> tuple[float, float]:
+    """The sequence-parallel collectives of a layer of `sublayers`, forward and
+    backward: one all-gather (under FP8 of the quantized input) and one reduce-scatter
+    each way per sublayer."""
+    gathers = tp_collectives_ms(job, a, sublayers, FP8_BYTES if a.fp8 else 0)
+    forward = gathers + tp_collectives_ms(job, a, sublayers)
+    backward = tp_collectives_ms(job, a, 2 * sublayers)
     return forward, backward + (forward if a.recompute == "full" else 0.0)
+
+
+def dispatcher_tp_ms(job: Job, a: Architecture) -> float:
+    """The all-to-all dispatcher's tensor-parallel step in one direction of a MoE layer
+    at tp > 1 (Megatron's dispatch_postprocess and combine_preprocess): an all-gather
+    of the tokens the rank's experts received, from every tensor-parallel rank's share
+    of the sequence, and a reduce-scatter of their outputs; each buffer the whole
+    sequence's routed copies, s x top_k tokens. DeepEP runs over the tp x ep group and
+    needs neither."""
+    if a.tp == 1 or job.moe_token_dispatcher_type == "flex":
+        return 0.0
+    width = a.moe_latent_size or a.hidden_size
+    nbytes = (a.seq_length * a.micro_batch_size * a.expert_load * a.top_k * width
+              * DTYPE_BYTES[a.dtype])
+    return 2 * all_gather_ms(nbytes, job.link("tp"))
 
 
 def piece_fp8(a: Architecture, pieces: int) -> tuple[bool, ...]:
@@ -220,14 +247,17 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
                       cost: LayerCost) -> PieceCollectives:
     """Each group's collectives in one decoder layer of `kind`: what they take on the
     links and what of it the layer waits for (`cost`: the layer's compute alone)."""
-    tp_f, tp_b = tp_layer_ms(job, a)
+    tp_f, tp_b = tp_layer_ms(job, a, SP_SUBLAYERS.get(kind, 1))
+    # The dispatcher's gathers run on the compute stream, beside no userbuffer overlap.
+    d_f = dispatcher_tp_ms(job, a) if kind in MOE_KINDS else 0.0
+    d_b = d_f * (2 if a.recompute == "full" else 1)
     over = job.tp_comm_overlap
     fwd, bwd = [], []
     if a.tp > 1:
-        fwd.append(Collective(group="tp", total_ms=tp_f,
-                              exposed_ms=_hidden(tp_f, cost.forward_ms, over)))
-        bwd.append(Collective(group="tp", total_ms=tp_b,
-                              exposed_ms=_hidden(tp_b, cost.backward_ms, over)))
+        fwd.append(Collective(group="tp", total_ms=tp_f + d_f,
+                              exposed_ms=_hidden(tp_f, cost.forward_ms, over) + d_f))
+        bwd.append(Collective(group="tp", total_ms=tp_b + d_b,
+                              exposed_ms=_hidden(tp_b, cost.backward_ms, over) + d_b))
     if job.arch.cp > 1:
         fwd.append(_cp_ring(job, a, acc, False))
         bwd.append(_cp_ring(job, a, acc, True))
