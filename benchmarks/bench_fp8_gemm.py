@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ppsim.executor.hwprofile import _peak, _window_timer, fp8_peak, warm_up
+from ppsim.executor.devices import dense_peak, fp8_peak
+from ppsim.executor.hwprofile import _window_timer, warm_up
 
 TOKENS = 8192
 SHAPES = {  # (m, n, k) of the forward GEMM per rank: tokens x out x in
@@ -62,7 +63,7 @@ def main() -> None:
         print("needs a CUDA GPU with FP8 tensor cores (sm_89 or later): nothing timed")
         return
     settled = warm_up(device, torch.bfloat16, args.sustained)
-    bf16_peak = _peak(device, settled)
+    bf16_peak = dense_peak(device, settled)
     fp8 = fp8_peak(device) or 2 * bf16_peak
     print(f"{torch.cuda.get_device_name(device)}: settled at {settled:.0f} TFLOP/s bf16; "
           f"peaks {bf16_peak:g} / {fp8:g} (bf16 / FP8; priced ratio "

@@ -32,15 +32,8 @@ from ppsim.costs.mixers import kind_ops
 from ppsim.costs.ops import FLASH_BACKWARD, matmul_passes
 from ppsim.executor.builders.gpt import build
 from ppsim.executor.builders.llama import architecture
+from ppsim.executor.devices import dense_peak, device_facts, fp8_peak
 from ppsim.job.layers import per_rank_arch
-
-# Dense bf16 peaks (TFLOP/s) of GPUs we know; others use the best measured rate / 0.8.
-KNOWN_PEAKS = {"H200": 989.0, "H100": 989.0, "GH200": 989.0, "A100": 312.0, "L40S": 362.0,
-               "B200": 2250.0}
-# Their dense FP8 peaks (datasheets; A100 has no FP8 tensor cores): what --fp8-format's
-# matmuls run at, written beside the measured figures; 0 for a device not listed.
-KNOWN_FP8_PEAKS = {"H200": 1979.0, "H100": 1979.0, "GH200": 1979.0, "L40S": 733.0,
-                   "B200": 4500.0}
 
 GPU_MATMULS = [(256, 256, 256), (1024, 1024, 1024), (2048, 2048, 2048), (2048, 6144, 2048),
                (4096, 4096, 4096), (8192, 4096, 14336), (8192, 8192, 8192)]
@@ -122,26 +115,6 @@ def model_matmuls(a: Architecture) -> list[tuple[int, int, int]]:
             if shape and shape not in shapes:
                 shapes.append(shape)
     return shapes[:MAX_MODEL_MATMULS]
-
-
-def _known(device: torch.device, peaks: dict[str, float]) -> float | None:
-    """The peak `peaks` gives this GPU by name; None for a CPU or a GPU not listed."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, peak in peaks.items():
-            if key in name:
-                return peak
-    return None
-
-
-def _peak(device: torch.device, best_tflops: float) -> float:
-    known = _known(device, KNOWN_PEAKS)
-    return best_tflops / 0.8 if known is None else known
-
-
-def fp8_peak(device: torch.device) -> float:
-    """The device's dense FP8 peak, 0 where it is not known (or has none)."""
-    return _known(device, KNOWN_FP8_PEAKS) or 0.0
 
 
 Tick = Callable[[str], None]
@@ -351,7 +324,7 @@ def measure_hardware(device_kind: str = "cpu", reps: int = 10, model: Architectu
         settled = warm_up(device, dtype, sustained_s)
     generic = measure_matmuls(device, dtype, reps, window_ms=window, tick=tick)
     mine = measure_matmuls(device, dtype, reps, shapes, window, tick) if model else []
-    peak = _peak(device, max(x["tflops"] for x in generic + mine))
+    peak = dense_peak(device, max(x["tflops"] for x in generic + mine))
     tick("attention")
     att = measure_attention(device, dtype, reps)
     model_att = None
@@ -379,15 +352,6 @@ def measure_hardware(device_kind: str = "cpu", reps: int = 10, model: Architectu
                              "kernel_overhead_us": overhead, "sustained_s": sustained_s,
                              "settled_tflops": settled,
                              "seconds": time.perf_counter() - t0}}
-
-
-def device_facts(device: torch.device) -> dict[str, float | int]:
-    """What a GPU reports of itself for [hardware]: its memory and its SMs (which
-    price the SMs DeepEP's kernels hold); nothing on CPU."""
-    if device.type != "cuda":
-        return {}
-    props = torch.cuda.get_device_properties(device)
-    return {"memory_bytes": float(props.total_memory), "sm_count": props.multi_processor_count}
 
 
 def hardware_toml(result: dict[str, Any]) -> str:

@@ -142,7 +142,7 @@ def test_a_gpus_fp8_peak_is_its_datasheets_or_none(monkeypatch, name: str, fp8: 
     tensor cores) or a GPU it does not know."""
     import torch
 
-    from ppsim.executor.hwprofile import fp8_peak
+    from ppsim.executor.devices import fp8_peak
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     assert fp8_peak(torch.device("cuda")) == fp8
@@ -157,7 +157,7 @@ def test_a_gpus_own_memory_and_sms_go_into_its_table(monkeypatch) -> None:
 
     import torch
 
-    from ppsim.executor.hwprofile import device_facts
+    from ppsim.executor.devices import device_facts
 
     h200 = types.SimpleNamespace(total_memory=150109880320, multi_processor_count=132)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: h200)
