@@ -126,22 +126,24 @@ def spread(experts: int, top_k: int, shares: int) -> float:
     return shares * (1 - miss)
 
 
-def deepep_ms(token_bytes: float, g: Link, experts: int, top_k: int) -> float:
+def deepep_ms(token_bytes: float, g: Link, experts: int, top_k: int, shards: int = 1) -> float:
     """DeepEP's dispatch (or combine) of tokens of `token_bytes` in all, each routed to
-    top_k of `experts` spread evenly over the group (Megatron's flex dispatcher,
-    deepseek-ai/DeepEP's normal kernels): a token crosses to each other node that holds
-    one of its experts once, over the NIC, and reaches each GPU there over NVLink, where
-    an all-to-all sends it once per expert. (n - 1) alpha plus the longer of the NIC's
-    and NVLink's bytes."""
-    n = g.size
+    top_k of `experts` spread evenly over the expert-parallel group `g` (Megatron's flex
+    dispatcher, deepseek-ai/DeepEP's normal kernels): a token crosses to each other node
+    that holds one of its experts once, over the NIC, and reaches each GPU there over
+    NVLink, where an all-to-all sends it once per expert. Megatron runs it over the tp x
+    ep group, each expert in `shards` (tp) pieces on the GPUs of one tensor-parallel
+    group: a token reaches every piece of its experts. (n - 1) alpha over the tp x ep
+    ranks plus the longer of the NIC's and NVLink's bytes."""
+    n = g.size * shards
     if n <= 1:
         return 0.0
-    nodes = max(1, n // g.per_node)
+    nodes = max(1, g.size // g.per_node)
     hit_node = spread(experts, top_k, nodes) / nodes  # a given node holds one of them
-    gpus = spread(experts, top_k, n) / n  # a given GPU holds one of them
+    gpus = spread(experts, top_k, g.size) / g.size  # a given GPU holds one of them
     remote = (nodes - 1) * hit_node  # copies over the NIC
     # Straight to the other GPUs of its node, and forwarded to those of each node reached.
-    nvlink = (g.per_node - 1) * gpus * (1 + remote / hit_node if hit_node else 1)
+    nvlink = (g.per_node * shards - 1) * gpus * (1 + remote / hit_node if hit_node else 1)
     return (n - 1) * g.latency_ms + max(_wire(token_bytes * nvlink, g.intra_bandwidth_gbps),
                                         _wire(token_bytes * remote, g.inter_bandwidth_gbps))
 

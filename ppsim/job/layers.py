@@ -156,14 +156,16 @@ def _cp(job: Job, a: Architecture, acc: Accelerator) -> tuple[float, float]:
 
 def ep_all_to_all_ms(job: Job, a: Architecture) -> float:
     """Dispatch and combine of one microbatch: two all-to-alls, or with the flex
-    dispatcher two of DeepEP's (each token once to a node, ppsim.job.collectives)."""
-    if a.ep == 1:
+    dispatcher two of DeepEP's over the tp x ep group (each token once to a node, then
+    to every tensor-parallel piece of its experts: ppsim.job.collectives)."""
+    flex = job.moe_token_dispatcher_type == "flex"
+    if a.ep == 1 and not (flex and a.tp > 1):
         return 0.0
     width = a.moe_latent_size or a.hidden_size  # what the dispatcher moves
     tokens = (a.seq_length * a.micro_batch_size * a.expert_load * width
               * DTYPE_BYTES[a.dtype] / a.tp)
-    if job.moe_token_dispatcher_type == "flex":
-        return 2 * deepep_ms(tokens, job.link("ep"), a.num_experts, a.top_k)
+    if flex:
+        return 2 * deepep_ms(tokens, job.link("ep"), a.num_experts, a.top_k, a.tp)
     return 2 * all_to_all_ms(tokens * a.top_k, job.link("ep"))
 
 
@@ -261,8 +263,8 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
     if job.arch.cp > 1:
         fwd.append(_cp_ring(job, a, acc, False))
         bwd.append(_cp_ring(job, a, acc, True))
-    if kind in MOE_KINDS and a.ep > 1:
-        ep = ep_all_to_all_ms(job, a)
+    ep = ep_all_to_all_ms(job, a) if kind in MOE_KINDS else 0.0
+    if ep:
         over_f, over_b = (shared_experts_ms(a, acc) if job.moe_shared_expert_overlap
                           and a.shared_experts else (0.0, 0.0))
         # The shared experts beside DeepEP run on the SMs it leaves: what they hide

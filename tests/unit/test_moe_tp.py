@@ -69,3 +69,27 @@ def test_a_hybrid_block_is_one_sublayer(kind: str, sublayers: int, routed: bool)
     if routed:
         want += 2 * gather_ms(2048 * a.top_k * a.hidden_size * e * a.expert_load)
     assert f == pytest.approx(want, rel=1e-9)
+
+
+def _job(ep: int, dispatcher: str = "flex"):
+    cfg = config_from_dict({
+        "model": {**QWEN, "ep": ep, "tp": 2, "dp": 8, "micro_batch_size": 1},
+        "pipeline": {"pp": 1, "global_batch_size": 8, "moe_token_dispatcher_type": dispatcher},
+        "hardware": {"preset": "h100-80gb"}})
+    return build_job(cfg)
+
+
+@pytest.mark.parametrize("ep", [1, 4])
+def test_deepep_reaches_every_tensor_parallel_piece_of_a_tokens_experts(ep: int) -> None:
+    """Megatron runs DeepEP over the tp x ep group (here 2 x ep GPUs of one node), each
+    expert in tp pieces: a rank's s / tp tokens each reach the GPUs of the tensor-parallel
+    groups holding its top-8 of 128 experts, over NVLink: (2 ep - 1) x P(a group holds
+    one) copies, P = 1 - C(128 - 128 / ep, 8) / C(128, 8), each way and direction."""
+    from math import comb
+
+    from ppsim.job.layers import ep_all_to_all_ms
+    job = _job(ep)
+    hit = 1 - comb(128 - 128 // ep, 8) / comb(128, 8)
+    token_bytes = 4096 // 2 * 4096 * 2
+    one = (2 * ep - 1) * 1e-3 + token_bytes * (2 * ep - 1) * hit / 450e6
+    assert ep_all_to_all_ms(job, job.arch) == pytest.approx(2 * one, rel=1e-9)
