@@ -370,5 +370,9 @@ def hardware_toml(result: dict[str, Any]) -> str:
     for key, v in hw.items():
         if key == "matmul_efficiency":
             v = "[" + ", ".join(f"[{g}, {e}]" for g, e in v) + "]"
+        if key == "kernel_overhead_us":
+            # Eager PyTorch's host time per op: what ppsim run pays, not a fused job.
+            lines.append("# kernel_overhead_us: the eager executor's host time per op (ppsim "
+                         "run); drop it to price a Megatron or TE job.")
         lines.append(f"{key} = {v}")
     return "\n".join(lines) + "\n"

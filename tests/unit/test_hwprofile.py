@@ -167,3 +167,19 @@ def test_a_gpus_own_memory_and_sms_go_into_its_table(monkeypatch) -> None:
                            300.0, 3000.0, 10.0) | facts
     assert hardware_config(table).sm_count == 132
     assert device_facts(torch.device("cpu")) == {}
+
+
+def test_the_table_says_its_kernel_overhead_is_the_eager_executors() -> None:
+    """A measured table's kernel_overhead_us is eager PyTorch's host time per op (96 us on
+    the lent H200): the table says so beside it, so nobody prices a fused Megatron job
+    with it unawares; the table still loads."""
+    from ppsim.executor.hwprofile import hardware_toml
+
+    hw = hardware_table(989.0, [{"shape": [8, 8, 8], "gflop": 1e-6, "tflops": 1.0}],
+                        300.0, 3000.0, 96.0)
+    text = hardware_toml({"device": "NVIDIA H200", "torch_version": "2.11", "hardware": hw,
+                          "measurements": {}})
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("kernel_overhead_us"))
+    assert "eager executor" in lines[at - 1] and lines[at - 1].startswith("#")
+    assert hardware_config(tomllib.loads(text)["hardware"]).kernel_overhead_us == 96.0
