@@ -17,7 +17,8 @@ from ppsim.errors import UserError
 from ppsim.job.model import data_parallel
 from ppsim.job.policy_search import POLICY_AXES, mode_flags
 from ppsim.job.ranks import DEFAULT_ORDER, TP_PP_DP_ORDER, parse_order
-from ppsim.job.search import FIXABLE, JobSearch, ShapeResult, search_job
+from ppsim.job.search import JobSearch, ShapeResult, search_job
+from ppsim.job.shapes import FIXABLE
 from ppsim.policy.report import policy_flags
 from ppsim.units import fmt_bytes
 

@@ -24,7 +24,7 @@ Megatron's selective core-attention recompute)."""
 
 def torchtitan_job(shape: Any, problem: Any, gbs: int, fqns: list[list[str]] | None,
                    recompute: str) -> dict[str, Any]:
-    """torchtitan's fields for `shape` (ppsim.job.search.Shape) of an FSDP job; `fqns`:
+    """torchtitan's fields for `shape` (ppsim.job.shapes.Shape) of an FSDP job; `fqns`:
     the split's module_fqns_per_model_part (None where torchtitan cannot take it),
     `recompute`: the shape's recompute mode, or "" for a policy torchtitan cannot say.
     `notes` says what torchtitan cannot take, each in a few words."""

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppsim.config.schema import config_from_dict
-from ppsim.job.search import FIXABLE, shapes
+from ppsim.job.shapes import FIXABLE, shapes
 
 ARCHS = {name: config_from_dict({"model": {"preset": name}}).model.arch
          for name in ("llama3-8b", "mixtral-8x7b")}

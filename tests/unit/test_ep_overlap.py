@@ -17,7 +17,7 @@ from ppsim.errors import UserError
 from ppsim.job.layers import compute_costs
 from ppsim.job.model import build_job
 from ppsim.job.policy_search import fitting_mode
-from ppsim.job.search import shapes
+from ppsim.job.shapes import shapes
 from ppsim.pipeline.problem import build_problem, model_costs
 from ppsim.policy.search import module_groups
 from ppsim.policy.setup import policy_costs

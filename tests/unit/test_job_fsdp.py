@@ -19,7 +19,7 @@ from ppsim.config.schema import config_from_dict
 from ppsim.costs.transformer import accelerator, transformer_costs
 from ppsim.job.fsdp import fsdp_steps
 from ppsim.job.model import build_job
-from ppsim.job.search import Shape, sharding_choices
+from ppsim.job.shapes import Shape, sharding_choices
 from ppsim.pipeline.problem import model_costs
 
 NV, NV_STEP, NIC, NIC_STEP = 450e6, 1e-3, 50e6, 5e-3  # bytes per ms, ms

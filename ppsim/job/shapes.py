@@ -1,0 +1,123 @@
+"""The job shapes `ppsim plan --gpus N --global-batch-size B` tries (ppsim.job.search):
+every split of N GPUs into tp, cp, ep, pp and dp that Megatron accepts, with the chunks
+per rank and micro-batch sizes the batch allows, and the shardings when they are searched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+PP_CHOICES = (1, 2, 4, 8, 16, 32, 64)
+MBS_CHOICES = (1, 2, 4)
+VPP_CHOICES = (1, 2, 4)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shape:
+    """One job shape: parallel sizes, chunks per rank, micro-batch and microbatches."""
+
+    tp: int
+    """Tensor-parallel size (within a node)."""
+    cp: int
+    """Context-parallel size."""
+    ep: int
+    """Expert-parallel size (1 for a dense model)."""
+    pp: int
+    """Pipeline ranks."""
+    dp: int
+    """Data-parallel size: GPUs / (tp x cp x pp)."""
+    vpp: int
+    """Chunks per pipeline rank."""
+    mbs: int
+    """Sequences per microbatch."""
+    microbatches: int
+    """Per replica: global batch / (mbs x dp)."""
+    sharding: str = ""
+    """How the replicas keep their state when the search varies it ("fsdp" or
+    "distributed optimizer", ppsim.job.model.data_parallel); "": as configured."""
+    dp_replicas: int = 1
+    """Copies of the sharded state (with `sharding`)."""
+
+    def label(self) -> str:
+        return (f"tp{self.tp} cp{self.cp} ep{self.ep} pp{self.pp} dp{self.dp} vpp{self.vpp} "
+                f"mbs{self.mbs} m{self.microbatches}" + self.sharding_label())
+
+    def sharding_label(self) -> str:
+        """" fsdp", " distopt/4" (4 copies) when the search varies it; "" otherwise."""
+        if not self.sharding:
+            return ""
+        name = "fsdp" if self.sharding == "fsdp" else "distopt"
+        return f" {name}" + (f"/{self.dp_replicas}" if self.dp_replicas > 1 else "")
+
+
+def _powers(limit: int) -> list[int]:
+    """1, 2, 4, ... up to `limit`."""
+    return [1 << i for i in range(max(0, limit).bit_length())]
+
+
+FIXABLE = ("tp", "cp", "ep", "pp", "dp", "vpp", "mbs")
+"""The sizes a user may fix (`plan --gpus N --tp 8 ...`); the search varies the rest."""
+
+
+def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
+           fixed: dict[str, int] | None = None, any_copies: bool = False,
+           combined: bool = False) -> list[Shape]:
+    """Every shape the model, the world and the global batch allow, with the sizes in
+    `fixed` (keys of FIXABLE) held at their values; the configured copies of the sharded
+    state divide each one's data-parallel groups unless `any_copies` (the sharding is
+    searched). `combined`: only shapes Megatron's combined 1F1B runs (ep > 1; vpp > 1
+    when pp > 1: ppsim.job.combined)."""
+    copies = 1 if any_copies else a.dp_replicas
+    pin = fixed or {}
+
+    def choices(name: str, free: Any) -> Any:
+        return (pin[name],) if name in pin else free
+
+    out = []
+    for tp in choices("tp", _powers(gpus_per_node)):
+        if a.num_heads % tp or (a.attention != "mla" and a.num_kv_heads % tp):
+            continue
+        for cp in choices("cp", (1, 2, 4, 8)):
+            if a.seq_length % (2 * cp) and cp > 1:
+                continue
+            for pp in choices("pp", PP_CHOICES):
+                if pp > layers or gpus % (tp * cp * pp):
+                    continue
+                dp = gpus // (tp * cp * pp)
+                if pin.get("dp", dp) != dp:
+                    continue
+                for ep in choices("ep", _powers(a.num_experts) if a.num_experts else [1]):
+                    if (dp * cp) % ep or (a.num_experts and a.num_experts % ep) or \
+                            (not a.num_experts and ep > 1) or \
+                            (dp * cp) % copies or (dp * cp // ep) % copies:
+                        continue
+                    for mbs in choices("mbs", MBS_CHOICES):
+                        if gbs % (mbs * dp):
+                            continue
+                        m = gbs // (mbs * dp)
+                        for vpp in choices("vpp", VPP_CHOICES if pp > 1 else (1,)):
+                            chunked = vpp > 1  # interleaved: pp > 1, m a multiple of pp
+                            if layers < pp * vpp or m < pp or (chunked and (pp == 1 or m % pp)):
+                                continue
+                            if combined and (ep == 1 or (pp > 1 and not chunked)):
+                                continue
+                            out.append(Shape(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp,
+                                             mbs=mbs, microbatches=m))
+    return out
+
+
+def sharding_choices(s: Shape, gpus_per_node: int, experts: bool,
+                     combined: bool = False) -> list[Shape]:
+    """`s` under each sharding the search tries: the distributed optimizer and FSDP (not
+    with Megatron's `combined` 1F1B), each over the whole data-parallel group and, where
+    it spans nodes with more than one of its ranks on each, with one copy a node (its
+    shards then reduce and gather over NVLink, the copies all-reduce across)."""
+    group = s.dp * s.cp
+    per_node = max(1, gpus_per_node // s.tp)  # dp x cp ranks on a node (tp innermost)
+    copies = [1]
+    if group > per_node > 1 and group % per_node == 0 and \
+            (not experts or (group // s.ep) % (group // per_node) == 0):
+        copies.append(group // per_node)
+    kinds = ("distributed optimizer",) if combined else ("distributed optimizer", "fsdp")
+    return [replace(s, sharding=kind, dp_replicas=n) for kind in kinds for n in copies]
