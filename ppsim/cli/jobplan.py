@@ -35,6 +35,7 @@ def shape_dict(r: ShapeResult) -> dict[str, Any]:
             "held_back_by": r.held_back_by, "memory_policy": r.policy or None,
             "data_parallel": data_parallel(job.arch) if job else None,
             "dp_replicas": job.arch.dp_replicas if job else 1,
+            "moe_token_dispatcher_type": job.moe_token_dispatcher_type if job else None,
             "megatron_policy_flags": r.policy_flags}
 
 
@@ -76,7 +77,8 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
     if order not in (parse_order(DEFAULT_ORDER), parse_order(TP_PP_DP_ORDER)):
         return None  # Megatron's launch arguments select only these two
     s = r.shape
-    out = parallel_args(s.tp, s.cp, s.ep, job.moe_token_dispatcher_type) + shlex.split(split)
+    dispatcher = job.moe_token_dispatcher_type if job.arch.num_experts else "alltoall"
+    out = parallel_args(s.tp, s.cp, s.ep, dispatcher) + shlex.split(split)
     out += ["--micro-batch-size", str(s.mbs), "--global-batch-size", str(gbs), *policy]
     out += optimizer_args(job.arch)
     out += ["--use-tp-pp-dp-mapping"] * (order == parse_order(TP_PP_DP_ORDER))
@@ -150,7 +152,7 @@ def _shape_cell(r: ShapeResult) -> str:
     """The parallel sizes over the batch's: two short lines rather than one long one."""
     s = r.shape
     return (f"tp{s.tp} cp{s.cp} ep{s.ep} pp{s.pp} dp{s.dp}\n"
-            f"vpp{s.vpp} mbs{s.mbs} m{s.microbatches}{s.sharding_label()}")
+            f"vpp{s.vpp} mbs{s.mbs} m{s.microbatches}{s.searched_label()}")
 
 
 def _row_tag(i: int, r: ShapeResult) -> str:
@@ -220,13 +222,13 @@ def _policy_axis(given: set[str], cfg: Any) -> str:
     """What the --search axes `given` ask of the job search about the memory policy: "",
     "recompute" or "policy" (the job search varies vpp and the micro-batch size anyway,
     the global batch sets the microbatches, and sharding is an axis of its own)."""
-    axes = given - {"vpp", "sharding"}
+    axes = given - {"vpp", "sharding", "dispatcher"}
     other = sorted(axes - set(POLICY_AXES))
     if other:
-        raise UserError("--search", f"the job search (--gpus) takes recompute, policy or "
-                        f"sharding, not {', '.join(other)}", "search recompute, policy or "
-                        "sharding; it varies vpp and the micro-batch size itself, and the "
-                        "global batch sets the microbatches")
+        raise UserError("--search", f"the job search (--gpus) takes recompute, policy, "
+                        f"sharding or dispatcher, not {', '.join(other)}", "search recompute, "
+                        "policy, sharding or dispatcher; it varies vpp and the micro-batch "
+                        "size itself, and the global batch sets the microbatches")
     if axes and cfg.memory is not None:
         raise UserError("--search", "searches the memory policy, but one is configured",
                         "drop [memory] and the --recompute-modules, --recompute-num-layers "
@@ -282,7 +284,7 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
     with step_bar(not args.json and sys.stderr.isatty()) as progress:
         res = search_job(cfg, args.gpus, gbs, top_k=args.top, budget_s=args.time_budget,
                          policy=policy, fixed=held, progress=progress,
-                         sharding="sharding" in axes)
+                         sharding="sharding" in axes, dispatcher="dispatcher" in axes)
     if assumed:  # after the search's checks: bad input stays one line on stderr
         sys.stderr.write(f"ppsim plan: {assumed}\n")
     if args.json:

@@ -70,11 +70,12 @@ def megatron_model_args(a: Architecture) -> list[str]:
 def parallel_args(tp: int, cp: int, ep: int, dispatcher: str = "alltoall") -> list[str]:
     """The tensor, context and expert sizes as Megatron's arguments (1s unsaid), with
     what ppsim prices them with: sequence parallelism at tp > 1, and the `dispatcher`
-    (all-to-all, or flex: DeepEP) at ep > 1 (Megatron's default gathers)."""
+    (all-to-all, or flex: DeepEP, which also runs at ep 1 over tp) at ep > 1
+    (Megatron's default gathers)."""
     out = ["--tensor-model-parallel-size", str(tp), "--sequence-parallel"] * (tp > 1)
     out += ["--context-parallel-size", str(cp)] * (cp > 1)
-    return out + ["--expert-model-parallel-size", str(ep),
-                  "--moe-token-dispatcher-type", dispatcher] * (ep > 1)
+    out += ["--expert-model-parallel-size", str(ep)] * (ep > 1)
+    return out + ["--moe-token-dispatcher-type", dispatcher] * (ep > 1 or dispatcher == "flex")
 
 
 def optimizer_args(a: Architecture) -> list[str]:

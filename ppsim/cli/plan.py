@@ -341,7 +341,7 @@ def register(commands: dict) -> None:
         p.add_argument("--search", metavar="AXES",
                        help="also search over: " + ",".join(SEARCH_AXES) + "; or plan "
                        "the memory policy with the split: policy (Megatron-expressible) "
-                       "or policy,policy-per-stage")
+                       "or policy,policy-per-stage; with --gpus also sharding, dispatcher")
         p.add_argument("--time-budget", type=float, default=60.0, metavar="S",
                        help="stop proving optimality after S seconds (default 60)")
         add_deepspeed_specs_flag(p)

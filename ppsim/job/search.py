@@ -22,7 +22,7 @@ from ppsim.costs.model import ModelCosts, stage_costs
 from ppsim.errors import UserError
 from ppsim.job.layers import job_costs
 from ppsim.job.policy_search import best_policy, fitting_mode, mode_flags
-from ppsim.job.shapes import Shape, shapes, sharding_choices
+from ppsim.job.shapes import Shape, dispatcher_choices, shapes, sharding_choices
 from ppsim.job.throughput import Throughput
 from ppsim.pipeline.problem import Problem, build_problem, model_costs, resolve_split
 from ppsim.plan.planner import plan
@@ -88,10 +88,11 @@ def _config(cfg: Any, s: Shape, gbs: int) -> Any:
     schedule = "interleaved-1f1b" if s.vpp > 1 else "1f1b"
     sharding = {"fsdp": s.sharding == "fsdp", "dp_replicas": s.dp_replicas,
                 "distributed_optimizer": s.sharding != "fsdp"} if s.sharding else {}
+    dispatcher = {"moe_token_dispatcher_type": s.dispatcher} if s.dispatcher else {}
     return with_overrides(cfg, model={"tp": s.tp, "cp": s.cp, "ep": s.ep, "dp": s.dp,
                                       "micro_batch_size": s.mbs, **sharding},
                           pipeline={"pp": s.pp, "vpp": s.vpp, "schedule": schedule,
-                                    "global_batch_size": gbs}, split={})
+                                    "global_batch_size": gbs, **dispatcher}, split={})
 
 
 def exposed_comm_ms(problem: Problem, summary: Summary) -> float:
@@ -224,11 +225,13 @@ def _fastest_first(results: list[ShapeResult]) -> list[ShapeResult]:
 def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
                budget_s: float = 60.0, policy: str = "",
                fixed: dict[str, int] | None = None,
-               progress: Progress = _silent, sharding: bool = False) -> JobSearch:
+               progress: Progress = _silent, sharding: bool = False,
+               dispatcher: bool = False) -> JobSearch:
     """Shapes of `gpus` GPUs for a global batch of `gbs`, fastest first; `policy`
     (ppsim.job.policy_search.POLICY_AXES) searches the memory policy too, `sharding` the
-    replicas' sharding (sharding_choices), `fixed` holds some sizes (FIXABLE) where the
-    user set them; `progress` is told each step."""
+    replicas' sharding (sharding_choices), `dispatcher` the MoE token dispatcher
+    (dispatcher_choices), `fixed` holds some sizes (FIXABLE) where the user set them;
+    `progress` is told each step."""
     t0 = time.perf_counter()
     a = getattr(cfg.model, "arch", None)
     if a is None:
@@ -241,6 +244,11 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
         todo = [v for s in todo
                 for v in sharding_choices(s, cfg.hardware.gpus_per_node, a.num_experts > 0,
                                           combined)]
+    if dispatcher:
+        if not a.num_experts:
+            raise UserError("--search", "dispatcher: the model has no routed experts",
+                            "drop dispatcher from --search, or plan a MoE model")
+        todo = [v for s in todo for v in dispatcher_choices(s)]
     if not todo and fixed:
         given = ", ".join(f"{k} {v}" for k, v in fixed.items())
         raise UserError("--gpus", f"no shape of {gpus:,} GPUs at a global batch of {gbs:,} "

@@ -38,17 +38,23 @@ class Shape:
     "distributed optimizer", ppsim.job.model.data_parallel); "": as configured."""
     dp_replicas: int = 1
     """Copies of the sharded state (with `sharding`)."""
+    dispatcher: str = ""
+    """How routed tokens travel when the search varies it ("alltoall" or "flex":
+    DeepEP); "": as configured."""
 
     def label(self) -> str:
         return (f"tp{self.tp} cp{self.cp} ep{self.ep} pp{self.pp} dp{self.dp} vpp{self.vpp} "
-                f"mbs{self.mbs} m{self.microbatches}" + self.sharding_label())
+                f"mbs{self.mbs} m{self.microbatches}" + self.searched_label())
 
-    def sharding_label(self) -> str:
-        """" fsdp", " distopt/4" (4 copies) when the search varies it; "" otherwise."""
+    def searched_label(self) -> str:
+        """" fsdp", " distopt/4" (4 copies), " deepep", " a2a": the searched axes' values
+        ("" for those not searched)."""
+        dispatcher = {"": "", "alltoall": " a2a", "flex": " deepep"}[self.dispatcher]
         if not self.sharding:
-            return ""
+            return dispatcher
         name = "fsdp" if self.sharding == "fsdp" else "distopt"
-        return f" {name}" + (f"/{self.dp_replicas}" if self.dp_replicas > 1 else "")
+        return (f" {name}" + (f"/{self.dp_replicas}" if self.dp_replicas > 1 else "")
+                + dispatcher)
 
 
 def _powers(limit: int) -> list[int]:
@@ -121,3 +127,10 @@ def sharding_choices(s: Shape, gpus_per_node: int, experts: bool,
         copies.append(group // per_node)
     kinds = ("distributed optimizer",) if combined else ("distributed optimizer", "fsdp")
     return [replace(s, sharding=kind, dp_replicas=n) for kind in kinds for n in copies]
+
+
+def dispatcher_choices(s: Shape) -> list[Shape]:
+    """`s` with each token dispatcher the search tries: the all-to-all, and DeepEP where
+    its tp x ep group has more than one rank (Megatron's flex dispatcher requires it)."""
+    kinds = ("alltoall", "flex") if s.tp * s.ep > 1 else ("alltoall",)
+    return [replace(s, dispatcher=kind) for kind in kinds]
