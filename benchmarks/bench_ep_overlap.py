@@ -15,7 +15,8 @@ parallel-comm --delay-wgrad-compute for "1f1b overlap". Each is priced on the h1
 preset with those and the distributed optimizer's overlaps, the DeepEP rows also as if
 they had run the all-to-all.
 
-Then (without --quick) `ppsim plan --gpus 256` for the same job with the flag.
+Then (without --quick) `ppsim plan --gpus 256` for the same job with the flag, and with the
+dispatcher searched (`--search dispatcher`: the all-to-all or DeepEP per shape).
 
 With --measure DIR (on a GPU: `bash benchmarks/gpu_checks.sh ep`) the model's own kernels
 at tp 2 ep 32 (its experts' grouped matmuls at the tokens each rank's experts get) are
@@ -131,6 +132,8 @@ def main() -> None:
         return
     plan_case("qwen3-235b-a22b on 256 H100, DeepEP, combined 1F1B",
               [*COMMON[:8], *COMMON[12:16], *FLEX.split(), *OVERLAP.split()])
+    plan_case("qwen3-235b-a22b on 256 H100, combined 1F1B, the dispatcher searched",
+              [*COMMON[:8], *COMMON[12:16], *OVERLAP.split(), "--search", "dispatcher"])
 
 
 def table(hardware: Path | None, source: str) -> None:

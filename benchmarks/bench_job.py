@@ -171,6 +171,7 @@ def plan_case(label: str, argv: list[str]) -> None:
               f"{c['peak_memory_bytes'] / 1e9:.1f} GB, {c['held_back_by']}, "
               f"{c['data_parallel']}" + (f" x{c['dp_replicas']} copies"
                                          if c["dp_replicas"] > 1 else "")
+              + (" DeepEP" if c.get("moe_token_dispatcher_type") == "flex" else "")
               + (f"; policy {c['memory_policy']}" if c["memory_policy"] else ""))
 
 
