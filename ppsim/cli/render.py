@@ -119,7 +119,9 @@ def job_line(job: Any, iteration_ms: float) -> str:
     if d["fp8"]:
         shape += f", FP8 {d['fp8']['format']} {d['fp8']['recipe']}"
     if d["deepep_buffer_bytes"]:
-        shape += f", DeepEP (its buffer {d['deepep_buffer_bytes'] / 1e9:.2f} GB)"
+        sms = (f"{job.deepep_sms} of {job.sm_count} SMs, " if job.sm_count
+               else f"{job.deepep_sms} SMs, ")
+        shape += f", DeepEP ({sms}its buffer {d['deepep_buffer_bytes'] / 1e9:.2f} GB)"
     if d["ep_overlap"]:
         shape += ", EP all-to-alls overlapped (combined 1F1B)"
     return f"{shape}: {job_throughput.line(job.throughput(iteration_ms))}"

@@ -170,7 +170,7 @@ def test_the_model_has_what_deepeps_buffer_leaves(capsys) -> None:
     a2a = json.loads(capsys.readouterr().out)
     assert a2a["job"]["deepep_buffer_bytes"] == 0 and a2a["memory_limit_bytes"] == 80e9
     assert main(["simulate", *QWEN]) == 0
-    assert "DeepEP (its buffer 0." in capsys.readouterr().out
+    assert "DeepEP (20 of 132 SMs, its buffer 0.29 GB)" in " ".join(capsys.readouterr().out.split())
 
 
 @pytest.mark.parametrize("flags, message", [
