@@ -222,28 +222,17 @@ def _fastest_first(results: list[ShapeResult]) -> list[ShapeResult]:
     return sorted(results, key=lambda r: (not r.summary.fits, r.summary.iteration_time_ms))
 
 
-def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
-               budget_s: float = 60.0, policy: str = "",
-               fixed: dict[str, int] | None = None,
-               progress: Progress = _silent, sharding: bool = False,
-               dispatcher: bool = False) -> JobSearch:
-    """Shapes of `gpus` GPUs for a global batch of `gbs`, fastest first; `policy`
-    (ppsim.job.policy_search.POLICY_AXES) searches the memory policy too, `sharding` the
-    replicas' sharding (sharding_choices), `dispatcher` the MoE token dispatcher
-    (dispatcher_choices), `fixed` holds some sizes (FIXABLE) where the user set them;
-    `progress` is told each step."""
-    t0 = time.perf_counter()
-    a = getattr(cfg.model, "arch", None)
-    if a is None:
-        raise UserError("--gpus", "plans the job of a transformer model", "give --preset NAME")
-    layers = cfg.model.total_layers
-    results = []
+def _candidates(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int] | None,
+                sharding: bool, dispatcher: bool) -> list[Shape]:
+    """The shapes to time: every one the model, world and batch allow, under each
+    sharding and dispatcher when those are searched; UserError when there is none."""
+    a = cfg.model.arch
     combined = cfg.pipeline.overlap_moe_expert_parallel_comm
-    todo = shapes(a, gpus, gbs, cfg.hardware.gpus_per_node, layers, fixed, sharding, combined)
+    per_node = cfg.hardware.gpus_per_node
+    todo = shapes(a, gpus, gbs, per_node, cfg.model.total_layers, fixed, sharding, combined)
     if sharding:
         todo = [v for s in todo
-                for v in sharding_choices(s, cfg.hardware.gpus_per_node, a.num_experts > 0,
-                                          combined)]
+                for v in sharding_choices(s, per_node, a.num_experts > 0, combined)]
     if dispatcher:
         if not a.num_experts:
             raise UserError("--search", "dispatcher: the model has no routed experts",
@@ -258,6 +247,24 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
         raise UserError("--global-batch-size", f"no shape of {gpus:,} GPUs divides a global "
                         f"batch of {gbs:,}", "give a batch that is a multiple of the "
                         "data-parallel sizes, e.g. a power of two")
+    return todo
+
+
+def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
+               budget_s: float = 60.0, policy: str = "",
+               fixed: dict[str, int] | None = None,
+               progress: Progress = _silent, sharding: bool = False,
+               dispatcher: bool = False) -> JobSearch:
+    """Shapes of `gpus` GPUs for a global batch of `gbs`, fastest first; `policy`
+    (ppsim.job.policy_search.POLICY_AXES) searches the memory policy too, `sharding` the
+    replicas' sharding (sharding_choices), `dispatcher` the MoE token dispatcher
+    (dispatcher_choices), `fixed` holds some sizes (FIXABLE) where the user set them;
+    `progress` is told each step."""
+    t0 = time.perf_counter()
+    if getattr(cfg.model, "arch", None) is None:
+        raise UserError("--gpus", "plans the job of a transformer model", "give --preset NAME")
+    results = []
+    todo = _candidates(cfg, gpus, gbs, fixed, sharding, dispatcher)
     # Cheapest bound first: a shape whose default split's busiest rank alone is slower than
     # the k-th fastest fitting default split cannot enter the top k at its default split
     # (k at least TOP_SEARCHED, so a shorter table lists the same best).
