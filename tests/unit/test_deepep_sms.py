@@ -185,3 +185,13 @@ def test_groups_and_sm_counts_deepep_cannot_run_are_refused(capsys, flags: list[
     assert main(["simulate", *QWEN, *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_executor_refuses_deepep_before_any_process_starts(capsys) -> None:
+    """ppsim run has no DeepEP (gloo processes): a flex dispatcher on a model with experts
+    is refused in one line, as the combined 1F1B is, rather than run as something else."""
+    assert main(["run", "--preset", "tiny-hybrid", "--tp", "2",
+                 "--moe-token-dispatcher-type", "flex"]) == 2
+    err = capsys.readouterr().err
+    assert "pipeline.moe_token_dispatcher_type: flex: the executor has no DeepEP" in err
+    assert len(err.strip().splitlines()) == 1
