@@ -1,7 +1,9 @@
-"""The SMs DeepEP's kernels hold (Megatron's --moe-flex-dispatcher-num-sms, 20 unset):
-compute that runs beside them (a combined 1F1B pair's, the shared experts' under
+"""What DeepEP holds on each GPU as Megatron runs it. Its SMs (--moe-flex-dispatcher-num-sms,
+20 unset): compute beside its kernels (a combined 1F1B pair's, the shared experts' under
 --moe-shared-expert-overlap) runs on the SMs they leave, so each millisecond it hides
-costs their share of the GPU's SMs (H100: 132, the whitepaper's count) in compute."""
+costs their share of the GPU's SMs (H100: 132, the whitepaper's count) in compute. Its
+buffer: DeepEP's own size hints, taken from the memory the model has. What DeepEP or the
+executor cannot run is refused in one line."""
 
 from __future__ import annotations
 
