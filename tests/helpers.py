@@ -61,6 +61,18 @@ def all_counts(layers: int, stages: int):
         yield tuple(b - a for a, b in itertools.pairwise(edges))
 
 
+def every_split(problem: Problem) -> list[tuple[tuple[int, ...], Any]]:
+    """(counts, simulated summary) of every split of `problem`'s layers over its stages:
+    the brute force a planner's answer is checked against."""
+    from ppsim.pipeline.split import split_from_counts
+    from ppsim.sim.simulate import simulate
+
+    s = problem.split
+    return [(counts, simulate(problem.with_split(split_from_counts(
+        counts, s.pp, s.vpp, s.num_layers, s.placement))).summary)
+        for counts in all_counts(s.num_layers, s.num_stages)]
+
+
 @st.composite
 def small_shapes(draw, names: list[str] | tuple[str, ...], min_pp: int = 1,
                  max_m: int = 6) -> tuple[str, int, int, int]:

@@ -11,12 +11,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from helpers import all_counts, combined, uniform_problem
+from helpers import combined, every_split, uniform_problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_simpy_engine import assert_same, placed
 
-from ppsim.pipeline.split import split_from_counts
 from ppsim.plan.bounds import PathBounds, prefix_time
 from ppsim.plan.planner import plan
 from ppsim.plan.search import SplitSearch
@@ -148,11 +147,8 @@ def plannable(draw):
 @given(plannable())
 def test_the_planner_stays_exact_under_pairs(problem):
     s = problem.split
-    results = []
-    for counts in all_counts(s.num_layers, s.num_stages):
-        split = split_from_counts(counts, s.pp, s.vpp, s.num_layers, s.placement)
-        sim = simulate(problem.with_split(split)).summary
-        results.append((counts, sim))
+    results = every_split(problem)
+    for counts, sim in results:
         # The bounds stay bounds: every F and B as short as in a pair.
         paths, spans, at = PathBounds(SplitSearch(problem)), {}, 0
         for i, n in enumerate(counts):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import all_counts, uniform_problem
+from helpers import all_counts, every_split, uniform_problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -62,7 +62,7 @@ def test_an_empty_stage_that_does_not_fit_does_not_end_the_search():
         head={"forward_ms": 0.25, "backward_ms": 0.25, "activation_bytes": 0,
               "static_bytes": 900},
         emb={"forward_ms": 0.5, "static_bytes": 0}, memory=6000.0)
-    best_t, best = min((s.iteration_time_ms, c) for c, s in brute_force(problem) if s.fits)
+    best_t, best = min((s.iteration_time_ms, c) for c, s in every_split(problem) if s.fits)
     res = plan(problem, top_k=3)
     assert res.best is not None and res.best.split.counts == best == (1, 1, 3, 2)
     assert res.best.summary.iteration_time_ms == pytest.approx(best_t, rel=1e-9)
@@ -75,19 +75,10 @@ def draw_split(problem, data):
     return counts, split_from_counts(counts, s.pp, s.vpp, s.num_layers, s.placement)
 
 
-def brute_force(problem):
-    s = problem.split
-    results = []
-    for counts in all_counts(s.num_layers, s.num_stages):
-        split = split_from_counts(counts, s.pp, s.vpp, s.num_layers, s.placement)
-        results.append((counts, simulate(problem.with_split(split)).summary))
-    return results
-
-
 @settings(max_examples=40)
 @given(small_problems())
-def test_plan_matches_brute_force(problem):
-    results = brute_force(problem)
+def test_plan_matches_every_split(problem):
+    results = every_split(problem)
     fitting = [(s.iteration_time_ms, s.peak_memory_bytes, c) for c, s in results if s.fits]
     res = plan(problem, top_k=3)
     if not fitting:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import all_counts, small_shapes
+from helpers import every_split, small_shapes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,7 +17,7 @@ from ppsim.costs.transformer import Architecture, layer_kinds, model_params
 from ppsim.errors import UserError
 from ppsim.pipeline.layout import parse_layout, to_layout
 from ppsim.pipeline.problem import Hardware, Problem, build_problem, model_costs, resolve_split
-from ppsim.pipeline.split import Split, default_split, near_even_counts, split_from_counts
+from ppsim.pipeline.split import Split, default_split, near_even_counts
 from ppsim.plan.planner import plan
 from ppsim.schedules.generators import build_schedule, schedule_placement
 from ppsim.sim.simulate import simulate
@@ -59,11 +59,7 @@ def stacks(draw):
 @settings(max_examples=40, deadline=None)
 @given(stacks())
 def test_plan_equals_brute_force_on_heterogeneous_stacks(problem):
-    s = problem.split
-    results = []
-    for counts in all_counts(s.num_layers, s.num_stages):
-        split = split_from_counts(counts, s.pp, s.vpp, s.num_layers, s.placement)
-        results.append((counts, simulate(problem.with_split(split)).summary))
+    results = every_split(problem)
     fitting = [(r.iteration_time_ms, r.peak_memory_bytes) for _, r in results if r.fits]
     res = plan(problem, top_k=2)
     if not fitting:
