@@ -118,6 +118,8 @@ class _Model:
         self.copies = CopyStreams(sched.actions, costs, record) if offloads(costs) else None
         pp, self.last = sched.pp, sched.num_stages - 1
         self.owner = [sched.stage_rank(s) for s in range(sched.num_stages)]
+        self.pairs = [sched.paired(r) for r in range(pp)]
+        """Per rank: positions of the F actions run combined with the B after them."""
         self.together = [in_pairs(sched, r) for r in range(pp)]
         """Per rank: positions of every op in a combined pair (Schedule.pairs)."""
         topo = problem.topology
@@ -158,8 +160,7 @@ class _Model:
 
     def _rank(self, r: int) -> Process:
         """Rank r's process: per op, wait for its input, compute, send its output."""
-        dev, n = self.device_of[r], len(self.c.kind[r])
-        pairs = self.schedule.paired(r)
+        dev, n, pairs = self.device_of[r], len(self.c.kind[r]), self.pairs[r]
         for i in range(n):
             waited = False
             # A paired F waits for its B's input too (Schedule.pairs).
@@ -246,7 +247,7 @@ class _Model:
         self.ends[r] = now
         if self.copies is not None and kind == F:
             self.copies.forward_ended(r, st, a.microbatch, now)
-        pairs = self.schedule.paired(r)
+        pairs = self.pairs[r]
         if i in pairs:  # a paired F's message leaves with its B's, when the B ends
             return False
         at_once = False
