@@ -12,8 +12,15 @@ Without a GPU (the default, --device cpu) it runs the memory check: the bytes
 autograd saves in the executor's layer (saved-tensor hooks), each preset's shape
 scaled down, against the analytic activation bytes; the timing part is not run.
 
+With --models, the named presets alone, and Megatron's weak-scaling GPT models
+(bench_job.py, issue 24) as weak-1.7B, weak-7.1B, weak-16B, weak-32B: one layer at
+tp 1, dropout off (the executor's layer has none). --measured DIR prices each weak
+model with its own measured kernels, DIR/weak-<size>.toml (`gpu_checks.sh job`), so
+the check asks whether the layer is the sum of the kernels ppsim prices.
+
 Run:    .venv/bin/python benchmarks/bench_costs.py [--device cuda] [--hardware h200-141gb]
-        [--hardware-file hw.toml] [--repeats 10] [--out results.json]
+        [--hardware-file hw.toml] [--models a,b] [--measured DIR] [--repeats 10]
+        [--out results.json]
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ from ppsim.executor.builders import DEFAULT_BUILDER, load_builder
 from ppsim.executor.builders.llama import architecture
 from ppsim.executor.builders.stage import Stage, saved_bytes
 
+NOT_BUILT = "MLA, hybrid or windowed: not in the executor's model"
+
 
 def arch_of(fields: dict) -> Architecture:
     return Architecture(**{k: v for k, v in fields.items() if k in ARCH_FIELDS})
@@ -49,7 +58,8 @@ def arch_of(fields: dict) -> Architecture:
 def measurable(fields: dict) -> bool:
     """A transformer layer the executor builds as the cost model counts it (hybrid
     stacks' reference mixers are plain torch, not the fused kernels the costs price)."""
-    return fields.get("attention", "gqa") != "mla" and not fields.get("hybrid_layer_pattern")
+    return (fields.get("attention", "gqa") != "mla" and not fields.get("hybrid_layer_pattern")
+            and not fields.get("attention_window"))
 
 
 # ------------------------------------------------------------------ CPU memory check
@@ -97,7 +107,7 @@ def memory_check() -> list[dict]:
     rows = []
     for name, raw in MODEL_PRESETS.items():
         if not measurable(raw):
-            rows.append({"preset": name, "skipped": "MLA or hybrid: not in the executor's model"})
+            rows.append({"preset": name, "skipped": NOT_BUILT})
             continue
         want, got = saved_layer_bytes(scaled(name))
         rows.append({"preset": name, "saved_bytes": want, "analytic_bytes": got,
@@ -116,23 +126,53 @@ def fits(fields: dict, memory: float) -> bool:
     return need < 0.8 * memory
 
 
-def timing(hw: dict, repeats: int) -> list[dict]:
+WEAK_PREFIX = "weak-"
+
+
+def weak_fields(name: str) -> dict:
+    """A weak-scaling GPT of bench_job.py (`weak-1.7B`, ...) at tp 1, without dropout."""
+    from bench_job import WEAK, run_config
+
+    run = next((r for r in WEAK if WEAK_PREFIX + r.model == name), None)
+    if run is None:
+        raise SystemExit(f"--models: no {name}; the weak models are "
+                         + ", ".join(WEAK_PREFIX + r.model for r in WEAK))
+    fields = run_config(run).model.fields()
+    return {**fields, "tp": 1, "dp": 1, "dropout": False, "distributed_optimizer": False}
+
+
+def model_table(name: str) -> tuple[dict, dict]:
+    """(the preset's raw fields, the fields a builder takes) of a preset or weak model."""
+    if name.startswith(WEAK_PREFIX):
+        f = weak_fields(name)
+        return f, f
+    if name not in MODEL_PRESETS:
+        raise SystemExit(f"--models: no preset {name}")
+    return MODEL_PRESETS[name], model_fields({"preset": name, "tp": 1})
+
+
+def timing(hw: dict, repeats: int, names: list[str], measured: str | None) -> list[dict]:
     from ppsim.executor.measure import profile
 
-    acc = accelerator(hardware_config(hw))
     memory = torch.cuda.get_device_properties(0).total_memory
     rows = []
-    for name, raw in MODEL_PRESETS.items():
-        f = model_fields({"preset": name, "tp": 1})
+    for name in names:
+        raw, f = model_table(name)
+        own = f"{measured}/{name}.toml" if measured and name.startswith(WEAK_PREFIX) else None
+        table = hw
+        if own:
+            with open(own, "rb") as fh:
+                table = {**hw, **tomllib.load(fh)["hardware"]}
+        acc = accelerator(hardware_config(table))
         if name == "tiny-gpt" or not measurable(raw) or not fits(f, memory):
             rows.append({"preset": name, "skipped": "does not fit one GPU at tp 1"
-                         if measurable(raw) else "MLA/hybrid: not in the executor's model"})
+                         if measurable(raw) else NOT_BUILT})
             continue
         t0 = time.perf_counter()
         doc = profile({**f, "num_layers": 1}, "cuda", repeats=repeats, warmup=2, p2p=False)
         torch.cuda.empty_cache()
         an = transformer_costs(arch_of(f), acc)
-        row = {"preset": name, "seconds": time.perf_counter() - t0}
+        row = {"preset": name, "seconds": time.perf_counter() - t0, "hardware": own or "given"}
         for piece, m, a in (("layer", doc["layers"][0], an.layers[0]),
                             ("head", doc["head"], an.head)):
             meas = (m["forward_ms"], m["backward_ms"] - m["weight_grad_ms"], m["weight_grad_ms"])
@@ -260,6 +300,9 @@ def main() -> int:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--hardware", default="h200-141gb", help="hardware preset to compare with")
     ap.add_argument("--hardware-file", help="a [hardware] TOML (ppsim profile --hardware-out)")
+    ap.add_argument("--models", help="comma-separated presets and weak-<size> models "
+                    "(default: every preset)")
+    ap.add_argument("--measured", help="a folder of weak-<size>.toml measured kernels")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--out", help="write the results as JSON")
     args = ap.parse_args()
@@ -281,7 +324,8 @@ def main() -> int:
                 hw.update(tomllib.load(fh)["hardware"])
         print(f"\nTiming on {torch.cuda.get_device_name(0)} against {args.hardware}"
               + (f" + {args.hardware_file}" if args.hardware_file else ""))
-        out["timing"] = timing(hw, args.repeats)
+        names = args.models.split(",") if args.models else list(MODEL_PRESETS)
+        out["timing"] = timing(hw, args.repeats, names, args.measured)
         print_timing(out["timing"])
     else:
         print("\nTiming part not run (no --device cuda): re-measuring F/B/W needs a GPU.")
