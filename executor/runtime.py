@@ -291,11 +291,11 @@ class Runtime:
 
     def _stage_forward(self, s: int, x: torch.Tensor, target: torch.Tensor | None
                        ) -> torch.Tensor:
-        """Stage s's output, or with a `target` (the last stage) its share of the loss."""
-        y = self.modules[s](x)
+        """Stage s's output, or with a `target` (the last stage) its share of the loss
+        (the logits passed straight on, bound to no local: Stage.forward says why)."""
         if target is None:
-            return y
-        return self.builder.loss(y, target) / self.schedule.microbatches
+            return self.modules[s](x)
+        return self.builder.loss(self.modules[s](x), target) / self.schedule.microbatches
 
     def _measured_forward(self, s: int, x: torch.Tensor, target: torch.Tensor | None
                           ) -> torch.Tensor:

@@ -149,9 +149,11 @@ class Stage(nn.Module):
             x = self.embedding(x)
         for layer in self.layers.values():
             x = layer(x)
-        if self.head is not None:
-            x = self.head(x)
-        return x
+        # The logits are returned, never bound to a local: a reference cycle through a
+        # layer's frames keeps every caller's frame, locals and all, until a full
+        # collection (torch 2.11's checkpoint makes one on CUDA when its first call
+        # imports torch._dynamo), and one microbatch's logits would stay allocated.
+        return x if self.head is None else self.head(x)
 
 
 def build_stage(builder: ModelBuilder, stage: Any, seed: int = 0,
