@@ -151,8 +151,8 @@ class Stage(nn.Module):
             x = layer(x)
         # The logits are returned, never bound to a local: a reference cycle through a
         # layer's frames keeps every caller's frame, locals and all, until a full
-        # collection (torch 2.11's checkpoint makes one on CUDA when its first call
-        # imports torch._dynamo), and one microbatch's logits would stay allocated.
+        # collection (on CUDA, torch 2.11's first checkpoint call leaves one through the
+        # imports it runs), and one microbatch's logits would stay allocated.
         return x if self.head is None else self.head(x)
 
 

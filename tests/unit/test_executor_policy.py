@@ -257,7 +257,7 @@ class _Link:
 
 def _cycle_below(module: torch.nn.Module, made: list) -> None:
     """Make `module`'s forward leave a reference cycle through its own frame, as torch
-    2.11's checkpoint does on CUDA the first time it imports torch._dynamo: until a full
+    2.11's first checkpoint call on CUDA does through the imports it runs: until a full
     collection, that frame keeps its callers' frames (f_back) and their locals."""
     inner = module.forward
 
