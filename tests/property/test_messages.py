@@ -113,14 +113,14 @@ def test_keys_name_every_message_once(n, m):
 
 @given(shapes())
 def test_the_executor_sends_what_the_rule_says_in_its_own_order(shape):
-    runtime = pytest.importorskip("ppsim.executor.runtime")
+    p2p = pytest.importorskip("ppsim.executor.p2p")
     s = build_schedule(*shape)
     n, m = s.num_stages, s.microbatches
     crossing = {k: v for k, v in expected(n, m).items()
                 if s.stage_rank(k[1]) != s.stage_rank(v[1])}
     got = []
     for r in range(s.pp):
-        out = runtime.outgoing(s, r)
+        out = p2p.outgoing(s, r)
         order = [(a.kind, a.stage, a.microbatch) for a in s.actions[r]]
         # In the order rank r runs the ops that send them.
         assert [order.index(crossing[tuple(msg)]) for _, msg in out] == \
@@ -131,7 +131,7 @@ def test_the_executor_sends_what_the_rule_says_in_its_own_order(shape):
         got += [tuple(msg) for _, msg in out]
     assert sorted(got) == sorted(crossing)
     # The wire tag is the message's key: one tag per message.
-    tags = [runtime.P2P.tag(SimpleNamespace(m=m), Message(*k)) for k in crossing]
+    tags = [p2p.P2P.tag(SimpleNamespace(m=m), Message(*k)) for k in crossing]
     assert tags == [key(k[1], k[2], k[0] == "B", m) for k in crossing]
     assert len(set(tags)) == len(tags)
 

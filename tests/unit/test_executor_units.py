@@ -39,9 +39,10 @@ from ppsim.executor.builders.gpt import GPTBuilder, GPTShape
 from ppsim.executor.builders.llama import LlamaBuilder, MoE, parse_kinds
 from ppsim.executor.builders.stage import Stage, full_model, saved_bytes
 from ppsim.executor.outputs import backward_from, deallocate_output
+from ppsim.executor.p2p import outgoing
 from ppsim.executor.recorder import merge_parts
 from ppsim.executor.runspec import RunSpec
-from ppsim.executor.runtime import Fault, outgoing
+from ppsim.executor.runtime import Fault
 from ppsim.schedules.generators import build_schedule
 
 FIELDS = load_config(None).model.fields()
