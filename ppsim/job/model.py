@@ -16,7 +16,6 @@ from typing import Any
 from ppsim.costs.arch import Architecture, grad_bytes
 from ppsim.costs.layerops import padded_vocab
 from ppsim.costs.transformer import Accelerator, accelerator
-from ppsim.errors import UserError
 from ppsim.job import deepep
 from ppsim.job.collectives import Link, all_reduce_ms, link
 from ppsim.job.flops import iteration_flops, torchtitan_flops_per_token
@@ -97,19 +96,6 @@ class Job:
     """Parameters per gradient bucket; None: Megatron's default."""
     ddp_num_buckets: int | None = None
     """Or buckets per rank."""
-
-    def __post_init__(self) -> None:
-        if not self.deepep:
-            return
-        held = self.deepep_sms
-        if self.sm_count and held >= self.sm_count:
-            raise UserError("pipeline.moe_flex_dispatcher_num_sms",
-                            f"{held} SMs for DeepEP leave none of the GPU's {self.sm_count} "
-                            "to compute", f"give fewer than {self.sm_count}")
-        if self.arch.tp * self.arch.ep <= 1:
-            raise UserError("pipeline.moe_token_dispatcher_type", "DeepEP dispatcher requires "
-                            "TPxEP > 1", "give --ep or --tp above 1, or alltoall")
-        deepep.check(self.arch.tp * self.arch.ep, held)
 
     @property
     def deepep(self) -> bool:

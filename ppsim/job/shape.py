@@ -13,6 +13,7 @@ from typing import Any
 
 from ppsim.config import limits, validate
 from ppsim.errors import UserError
+from ppsim.job import deepep
 from ppsim.job.ranks import Sizes, parse_order
 
 
@@ -129,10 +130,8 @@ def check(cfg: Any) -> None:
     refusal = dispatcher_refusal(p.moe_token_dispatcher_type, a)
     if refusal is not None:
         raise UserError("pipeline.moe_token_dispatcher_type", *refusal)
-    if p.moe_token_dispatcher_type == "flex" and a.moe_pad_to_capacity:
-        raise UserError("pipeline.moe_token_dispatcher_type", "Flex token dispatcher with "
-                        "deepep backend does not support moe_pad_expert_input_to_capacity",
-                        "give alltoall, or drop --moe-pad-expert-input-to-capacity")
+    if p.moe_token_dispatcher_type == "flex" and a.num_experts:
+        _deepep_runs(a, p, getattr(cfg.hardware, "sm_count", 0))
     if p.moe_shared_expert_overlap and a.moe_latent_size and a.shared_experts:
         raise UserError("pipeline.moe_shared_expert_overlap", "Shared expert overlap with MoE "
                         "latent projections is not supported during training",
@@ -170,6 +169,25 @@ def _copies_divide(a: Any) -> None:
         raise UserError("model.dp_replicas", "Expert data parallel size should be divisible "
                         f"by partial DistOpt shard factor (dp x cp / ep = {group // a.ep}, "
                         f"{n} copies)", "give a number of copies dividing dp x cp / ep")
+
+
+def _deepep_runs(a: Any, p: Any, sm_count: int) -> None:
+    """UserError for a flex (DeepEP) dispatcher Megatron or DeepEP refuses: padded to
+    capacity, a tp x ep group of one or of a size DeepEP has no configuration for, its SMs
+    all of the GPU's, or odd across nodes."""
+    if a.moe_pad_to_capacity:
+        raise UserError("pipeline.moe_token_dispatcher_type", "Flex token dispatcher with "
+                        "deepep backend does not support moe_pad_expert_input_to_capacity",
+                        "give alltoall, or drop --moe-pad-expert-input-to-capacity")
+    held = p.moe_flex_dispatcher_num_sms or deepep.DEFAULT_SMS
+    if sm_count and held >= sm_count:
+        raise UserError("pipeline.moe_flex_dispatcher_num_sms",
+                        f"{held} SMs for DeepEP leave none of the GPU's {sm_count} to "
+                        "compute", f"give fewer than {sm_count}")
+    if a.tp * a.ep <= 1:
+        raise UserError("pipeline.moe_token_dispatcher_type", "DeepEP dispatcher requires "
+                        "TPxEP > 1", "give --ep or --tp above 1, or alltoall")
+    deepep.check(a.tp * a.ep, held)
 
 
 def _fsdp_alone(p: Any) -> None:
