@@ -2,9 +2,9 @@
 
 The model the analytic cost model describes: attention through
 scaled_dot_product_attention with is_causal (FlashAttention's kernel on GPU,
-no s x s scores kept), LayerNorm, a GELU or SwiGLU MLP of any width, and the
-loss computed in float32 from training-dtype logits, as Megatron's
-vocab-parallel cross entropy does.
+no s x s scores kept; a sliding window as an additive mask), LayerNorm, a GELU
+or SwiGLU MLP of any width, and the loss computed in float32 from training-dtype
+logits, as Megatron's vocab-parallel cross entropy does.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ppsim.costs.arch import layer_windows
 from ppsim.costs.transformer import Architecture, layer_kinds
 from ppsim.errors import UserError
 from ppsim.executor.builders import hybrid
@@ -55,6 +56,8 @@ class GPTShape:
     micro_batch_size: int
     gated_mlp: bool
     dtype: str
+    windows: tuple[int, ...] = ()
+    """Each layer's sliding window (0: full causal attention); none: every layer full."""
 
     @classmethod
     def from_fields(cls, f: dict[str, Any]) -> GPTShape:
@@ -63,7 +66,11 @@ class GPTShape:
         a = Architecture(**{k: v for k, v in f.items() if k in _ARCH})
         return cls(a.num_layers, a.hidden_size, a.num_heads, a.num_kv_heads,
                    a.ffn_hidden_size, a.vocab_size, a.seq_length, a.micro_batch_size,
-                   a.gated_mlp, a.dtype)
+                   a.gated_mlp, a.dtype, layer_windows(a))
+
+    def window(self, index: int) -> int:
+        """Layer `index`'s sliding window (0: full causal attention)."""
+        return self.windows[index] if self.windows else 0
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -73,14 +80,14 @@ class GPTShape:
 class Block(nn.Module):
     """Pre-norm decoder block: causal self-attention (GQA) and an MLP."""
 
-    def __init__(self, s: GPTShape) -> None:
+    def __init__(self, s: GPTShape, window: int = 0) -> None:
         super().__init__()
         h, self.heads, self.kv_heads = s.hidden_size, s.num_heads, s.num_kv_heads
         self.head_dim = h // s.num_heads
         self.norm1 = nn.LayerNorm(h)
         self.q = nn.Linear(h, h)
         self.kv = nn.Linear(h, 2 * self.kv_heads * self.head_dim)
-        self.attention = AttentionCore()
+        self.attention = AttentionCore(window)
         self.proj = nn.Linear(h, h)
         self.norm2 = nn.LayerNorm(h)
         self.fc1 = nn.Linear(h, s.ffn_hidden_size)
@@ -159,8 +166,12 @@ class GPTBuilder:
         init_normal(e, self.num_layers, ())
         return e
 
+    def layer_kind(self, index: int) -> str:
+        """dense, windowed layers apart (a profile times each kind)."""
+        return "dense+window" if self.shape.window(index) else "dense"
+
     def layer(self, index: int) -> nn.Module:
-        b = Block(self.shape)
+        b = Block(self.shape, self.shape.window(index))
         init_normal(b, self.num_layers, ("proj", "fc2"))
         g = current()
         if g is not None:  # built whole from the layer's seed, then sliced
@@ -192,10 +203,6 @@ def build(fields: dict[str, Any]) -> Any:
     measures what the cost model assumes.
     """
     a = architecture(fields)
-    if a.attention_window:
-        raise UserError("model.attention_window", "the shipped builders run full causal "
-                        "attention", "drop attention_window to run the model (the costs "
-                        "price the window), or give a builder of your own")
     if a.fp8:
         raise UserError("model.fp8", "the executor's CPU processes have no FP8 matmuls",
                         "drop fp8 (--fp8-format) to run the model (the costs price FP8)")

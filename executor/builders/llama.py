@@ -11,7 +11,9 @@ dropless grouped GEMM (each (token, slot) pair once, sorted by expert, no expert
 padded to the busiest: deferral.segmented_mm), and
 adds `shared_experts` always-on experts (as one MLP of their summed width,
 which is the same function). `attention = "mla"` builds DeepSeek's latent attention
-(ppsim.executor.builders.mla). Dropout is not built.
+(ppsim.executor.builders.mla). `attention_window` and `window_attn_skip_freq` give
+layers a sliding window (ppsim.executor.builders.stage.AttentionCore). Dropout is not
+built.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ppsim.costs.arch import layer_windows
 from ppsim.costs.transformer import Architecture, layer_kinds
 from ppsim.errors import UserError
 from ppsim.executor.builders.common import DTYPES, Head, init_normal, stage_loss, token_microbatch
@@ -58,6 +61,8 @@ def parse_kinds(spec: Any, num_layers: int) -> list[str]:
 class LlamaShape:
     arch: Architecture
     kinds: tuple[str, ...]
+    windows: tuple[int, ...]
+    """Each layer's sliding window (0: full causal attention)."""
 
     @classmethod
     def from_fields(cls, f: dict[str, Any]) -> LlamaShape:
@@ -67,7 +72,11 @@ class LlamaShape:
                             f"qk_rope_head_dim (got {a.kv_lora_rank}, {a.qk_rope_head_dim})",
                             "set kv_lora_rank and qk_rope_head_dim as DeepSeek-V3 does "
                             "(512, 64)")
-        return cls(a, layer_kinds(a))
+        if a.attention == "mla" and a.attention_window:
+            raise UserError("model.attention_window", "the shipped latent attention runs "
+                            "no sliding window", "drop attention_window, or give a builder "
+                            "of your own")
+        return cls(a, layer_kinds(a), layer_windows(a))
 
     @property
     def head_dim(self) -> int:
@@ -120,14 +129,14 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, s: LlamaShape) -> None:
+    def __init__(self, s: LlamaShape, window: int = 0) -> None:
         super().__init__()
         a, hd = s.arch, s.head_dim
         self.heads, self.kv_heads, self.head_dim = a.num_heads, a.num_kv_heads, hd
         self.q = nn.Linear(a.hidden_size, a.num_heads * hd, bias=False)
         self.k = nn.Linear(a.hidden_size, a.num_kv_heads * hd, bias=False)
         self.v = nn.Linear(a.hidden_size, a.num_kv_heads * hd, bias=False)
-        self.core = AttentionCore()
+        self.core = AttentionCore(window)
         self.o = nn.Linear(a.num_heads * hd, a.hidden_size, bias=False)
         self.rotary = a.rotary
         if self.rotary:
@@ -229,11 +238,11 @@ class MoE(nn.Module):
 
 
 class Layer(nn.Module):
-    def __init__(self, s: LlamaShape, kind: str) -> None:
+    def __init__(self, s: LlamaShape, kind: str, window: int = 0) -> None:
         super().__init__()
         a = s.arch
         self.attn_norm = s.norm(a.hidden_size)
-        self.attention = LatentAttention(s) if a.attention == "mla" else Attention(s)
+        self.attention = LatentAttention(s) if a.attention == "mla" else Attention(s, window)
         self.mlp_norm = s.norm(a.hidden_size)
         self.mlp = MoE(s) if kind == "moe" else MLP(a.hidden_size, a.ffn_hidden_size,
                                                      a.gated_mlp)
@@ -278,7 +287,8 @@ class LlamaBuilder:
         self.dtype = DTYPES[a.dtype]
 
     def layer_kind(self, index: int) -> str:
-        return self.shape.kinds[index]
+        """dense or moe, windowed layers apart (a profile times each kind)."""
+        return self.shape.kinds[index] + ("+window" if self.shape.windows[index] else "")
 
     def embedding(self) -> nn.Module:
         e = Embedding(self.shape)
@@ -286,7 +296,7 @@ class LlamaBuilder:
         return e
 
     def layer(self, index: int) -> nn.Module:
-        layer = Layer(self.shape, self.shape.kinds[index])
+        layer = Layer(self.shape, self.shape.kinds[index], self.shape.windows[index])
         init_normal(layer, self.num_layers, ("o", "down"))
         if isinstance(layer.mlp, MoE):
             init_experts(layer.mlp, self.num_layers)

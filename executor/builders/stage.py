@@ -46,8 +46,28 @@ def build_piece(make: Callable[[], nn.Module], seed: int, what: str) -> nn.Modul
     return module
 
 
+_window_masks: dict[tuple[int, int, torch.dtype, torch.device], torch.Tensor] = {}
+"""The sliding-window masks made so far, one per (length, window, dtype, device)."""
+
+
+def window_mask(length: int, window: int, dtype: torch.dtype,
+                device: torch.device) -> torch.Tensor:
+    """The additive mask of a sliding window: query i sees keys i - window .. i (Megatron's
+    --window-size W,0). One per shape, shared by every layer and left out of the bytes a
+    stage keeps (saved_bytes): FlashAttention takes a window as two integers, no mask."""
+    key = (length, window, dtype, device)
+    if key not in _window_masks:
+        i = torch.arange(length, device=device)
+        behind = i[:, None] - i[None, :]
+        seen = (behind >= 0) & (behind <= window)
+        _window_masks[key] = torch.zeros(length, length, dtype=dtype, device=device
+                                         ).masked_fill_(~seen, float("-inf"))
+    return _window_masks[key]
+
+
 class AttentionCore(nn.Module):
-    """softmax(QK^T)V with a causal mask: what FlashAttention computes.
+    """softmax(QK^T)V with a causal mask: what FlashAttention computes; with `window` > 0,
+    each query sees itself and at most `window` keys before it.
 
     q: (b, heads, s, d); k, v: (b, kv_heads, s, d) (grouped-query attention is
     done by the kernel, no repeated K/V is stored).
@@ -56,9 +76,17 @@ class AttentionCore(nn.Module):
     ppsim_recompute = True
     """Selective recompute checkpoints this module."""
 
+    def __init__(self, window: int = 0) -> None:
+        super().__init__()
+        self.window = window
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                              enable_gqa=k.shape[1] != q.shape[1])
+        gqa = k.shape[1] != q.shape[1]
+        length = q.shape[2]
+        if 0 < self.window < length - 1:
+            mask = window_mask(length, self.window, q.dtype, q.device)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
 
 
 # ------------------------------------------------------------------ recompute + bytes
@@ -106,7 +134,7 @@ def saved_bytes(exclude: set[int]) -> Iterator[dict[int, int]]:
     """Storages autograd keeps for the backward while inside: {data_ptr: bytes}.
 
     Counts saved tensors (saved-tensor hooks) and checkpoint inputs, once per
-    storage; storages in `exclude` (the parameters) are left out.
+    storage; storages in `exclude` (the parameters) and the window masks are left out.
     """
     seen: dict[int, int] = {}
 
@@ -121,7 +149,7 @@ def saved_bytes(exclude: set[int]) -> Iterator[dict[int, int]]:
             yield seen
     finally:
         _counting.pop()
-        for ptr in exclude:
+        for ptr in [*exclude, *(m.untyped_storage().data_ptr() for m in _window_masks.values())]:
             seen.pop(ptr, None)
 
 

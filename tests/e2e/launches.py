@@ -147,6 +147,11 @@ MLA_TOML = tiny_gpt_toml(gated_mlp=True, norm="rmsnorm", position="rotary", atte
                          v_head_dim=12)
 """tiny-gpt with DeepSeek's latent attention (value heads narrower than key heads)."""
 MLA_CONFIG = ["--config", "{tmp}/mla.toml"]
+WINDOW_TOML = tiny_gpt_toml(gated_mlp=True, num_kv_heads=2, norm="rmsnorm", position="rotary",
+                            layers="dense, moe, " * 3 + "dense, moe", num_experts=4, top_k=2,
+                            moe_ffn_hidden_size=96, attention_window=5,
+                            window_attn_skip_freq="[1,1,0,0]*2")
+"""gpt-oss's shape in small: rotary, MoE and a sliding window on half the layers."""
 MLA_POLICY = ["--recompute-modules", "mla_up_proj,layernorm", "--offload-modules",
               "core_attn,qkv_linear"]
 """MLA's up projection and the norms freed; attention's and the latents' inputs offloaded."""
@@ -186,6 +191,8 @@ EXECUTOR = {
     "moe-interleaved-policy": Spec(argv=[*INTERLEAVED, *MOE_CONFIG, *MOE_POLICY]),
     "mla-1f1b-config": Spec(argv=[*ONE_F_ONE_B, *MLA_CONFIG]),
     "mla-1f1b-policy": Spec(argv=[*ONE_F_ONE_B, *MLA_CONFIG, *MLA_POLICY]),
+    "window-moe-1f1b-selective": Spec(argv=[*ONE_F_ONE_B, "--config", "{tmp}/window.toml",
+                                            "--recompute", "selective"]),
 }
 
 # test_executor_schedules.py's cases beyond those above; its zb-h1, dualpipev and
@@ -296,6 +303,7 @@ def _prepare(name: str, tmp: Path) -> None:
     (tmp / "gated.toml").write_text(GATED_TOML)
     (tmp / "moe.toml").write_text(MOE_TOML)
     (tmp / "mla.toml").write_text(MLA_TOML)
+    (tmp / "window.toml").write_text(WINDOW_TOML)
     if name == "torch-dualpipev-csv":
         torch_dualpipev_csv(tmp / "dualpipev.csv")
     if name == "fault":  # an earlier good run the failed one must leave alone

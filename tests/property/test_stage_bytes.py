@@ -24,7 +24,8 @@ SCHEDULES = {"1f1b": 1, "interleaved-1f1b": 2, "zbv": 2}
 @st.composite
 def runs(draw: st.DrawFn) -> list[str]:
     """A schedule on 2 ranks, a split of the tiny GPT's 8 layers (every stage at least
-    one layer, so each has a layer's activations to compare), with or without a policy."""
+    one layer, so each has a layer's activations to compare), with or without a policy,
+    with or without a sliding window on every other layer (its mask is a constant)."""
     schedule = draw(st.sampled_from(sorted(SCHEDULES)))
     stages = 2 * SCHEDULES[schedule]
     cuts = sorted(draw(st.sets(st.integers(1, 7), min_size=stages - 1, max_size=stages - 1)))
@@ -33,7 +34,9 @@ def runs(draw: st.DrawFn) -> list[str]:
             "--microbatches", "4"]
     if stages > 2:
         argv += ["--vpp", "2"]
-    return argv + (POLICY if draw(st.booleans()) else [])
+    window = ["--preset", "tiny-gpt", "--window-size", "5,0", "--window-attn-skip-freq", "2"]
+    return (argv + (POLICY if draw(st.booleans()) else [])
+            + (window if draw(st.booleans()) else []))
 
 
 @settings(max_examples=12, deadline=None)

@@ -125,11 +125,3 @@ def test_megatrons_gpt_oss_arguments_are_the_preset() -> None:
 def test_window_flags_megatron_or_ppsim_cannot_take(flags: str, message: str) -> None:
     code, _, err = _run(["simulate", "--preset", "llama3-8b", *shlex.split(flags)])
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
-
-
-def test_the_executor_says_it_runs_full_attention() -> None:
-    from ppsim.executor.builders.gpt import build
-
-    with pytest.raises(UserError) as e:
-        build({**MODEL_PRESETS["tiny-llm"], "attention_window": 7})
-    assert e.value.field == "model.attention_window"
