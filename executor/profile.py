@@ -122,6 +122,10 @@ class Profiler:
         self.device, self.seed, self.m = device, seed, max(1, microbatches)
         self.clock = _Clock(device)
         rc = str(fields.get("recompute", "none"))
+        self.state_shards = int(fields.get("dp", 1)) if fields.get("distributed_optimizer") \
+            else 1
+        """Replicas the distributed optimizer shards Adam's state over (the runtime's
+        ppsim.executor.dataparallel.Sharded)."""
         build: list[tuple[str, str, Stage]] = [
             ("embedding", "embedding", Stage(b, 0, 0, True, False, seed, rc))]
         self.kinds = [layer_kind(b, i) for i in range(b.num_layers)]
@@ -197,7 +201,8 @@ class Profiler:
     def measure_bytes(self, piece: _Piece) -> None:
         """Activation bytes as the runtime counts them (saved tensors and the piece's
         input; on the head the loss's too), static bytes as its optimizer holds them
-        (params, grads, AdamW states after a step)."""
+        (params, grads, AdamW states after a step; under the distributed optimizer its
+        moments and an fp32 master copy a 1 / dp share)."""
         params = list(piece.module.parameters())
         ptrs = {t.untyped_storage().data_ptr() for t in [*params, *piece.module.buffers()]}
         x = self.input_for(piece)
@@ -214,8 +219,13 @@ class Profiler:
         opt = adamw(params, lr=1e-3)
         opt.step()  # AdamW allocates its states at the first step
         tensors = params + [p.grad for p in params if p.grad is not None]
-        tensors += [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v)]
-        piece.static_bytes = sum(t.numel() * t.element_size() for t in tensors)
+        # Sharded keeps one step count for its shard; DDP's AdamW one per tensor.
+        state = [v for st in opt.state.values() for k, v in st.items()
+                 if k != "step" or self.state_shards == 1]
+        if self.state_shards > 1 and params and params[0].dtype != torch.float32:
+            state += [p.float() for p in params]  # the master weights Sharded keeps
+        piece.static_bytes = sum(t.numel() * t.element_size() for t in tensors) + sum(
+            t.numel() * t.element_size() for t in state) // self.state_shards
 
     # --------------------------------------------------------------- all
 

@@ -19,7 +19,7 @@ from ppsim.executor.builders import ModelBuilder
 from ppsim.executor.builders.deferral import WeightGradStore
 from ppsim.executor.builders.policy import apply_policy
 from ppsim.executor.builders.stage import Stage, build_stage, saved_bytes
-from ppsim.executor.optim import adamw
+from ppsim.executor.dataparallel import data_parallel
 from ppsim.executor.outputs import backward_from, deallocate_output
 from ppsim.executor.p2p import P2P
 from ppsim.executor.recorder import Recorder
@@ -44,6 +44,9 @@ class Replica:
     """Tensor-parallel ranks per pipeline rank (innermost: global = (replica x pp + pipeline
     rank) x tp + tensor rank, Megatron's order)."""
     tp_rank: int = 0
+    sharded: bool = False
+    """Megatron's distributed optimizer: each replica steps 1 / size of the weights
+    (ppsim.executor.dataparallel)."""
 
     def global_rank(self, pipeline_rank: int, pp: int) -> int:
         return (self.index * pp + pipeline_rank) * self.tp + self.tp_rank
@@ -101,8 +104,9 @@ class Runtime:
                     apply_policy(mod.layers, memory.policies[st.index])
                 self.modules[st.index] = mod.to(device=device, dtype=builder.dtype)
         self.params = [p for m in self.modules.values() for p in m.parameters()]
-        self.grads = self._grad_buffer()
-        self.optimizer = adamw(self.params, lr) if self.params else None
+        self.dp = data_parallel(self.params, device, lr, sharded=self.replica.sharded,
+                                group=self.replica.group, size=self.replica.size,
+                                index=self.replica.index, wire=wire)
         # Parameters and buffers (rotary tables) are static, never activations.
         self._param_ptrs = {t.untyped_storage().data_ptr() for m in self.modules.values()
                             for t in [*m.parameters(), *m.buffers()]}
@@ -121,26 +125,10 @@ class Runtime:
         self._batches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._prepared = -1
 
-    def _grad_buffer(self) -> torch.Tensor:
-        """One flat, persistent gradient buffer (as Megatron's); each p.grad is a view,
-        so the data-parallel all-reduce is a single collective with no copies."""
-        n = sum(p.numel() for p in self.params)
-        dtype = self.params[0].dtype if self.params else torch.float32
-        flat = torch.zeros(n, dtype=dtype, device=self.device)
-        at = 0
-        for p in self.params:
-            p.grad = flat[at:at + p.numel()].view_as(p)
-            at += p.numel()
-        return flat
-
     # --------------------------------------------------------------- bookkeeping
 
     def _static_bytes(self) -> int:
-        tensors = list(self.params) + [self.grads]
-        if self.optimizer is not None:
-            tensors += [v for s in self.optimizer.state.values() for v in s.values()
-                        if torch.is_tensor(v)]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.numel() * t.element_size() for t in self.dp.static_tensors())
 
     def _hold(self, key: tuple[int, int], nbytes: int) -> None:
         self.rec.activation_bytes += nbytes - self._held.get(key, 0)
@@ -269,14 +257,18 @@ class Runtime:
             progress.RANK.finish(label)
         self.p2p.finish()
         if self.replica.size > 1:
-            self._step_op("R", self._all_reduce)
+            self._step_op("R", self.dp.reduce)
         if dump_grads:
+            names = [n for m in self.modules.values() for n, _ in m.named_parameters()]
+            grads = self.dp.reduced_grads()
             torch.save({"loss": self.loss.item(),
-                        "grads": {n: p.grad.detach().cpu().clone() for m in self.modules.values()
-                                  for n, p in m.named_parameters()}},
+                        "grads": {n: g.detach().cpu().clone()
+                                  for n, g in zip(names, grads, strict=True)}},
                        f"{dump_grads}.rank{self.replica.global_rank(self.rank, self.schedule.pp)}"
                        ".pt")
-        self._step_op("S", self._step)
+        self._step_op("S", self.dp.step)
+        if self.replica.size > 1 and self.dp.gathers:  # the distributed optimizer's weights
+            self._step_op("R", self.dp.gather)
         self.rec.end_iteration()
         self._batches, self._prepared = [], -1
 
@@ -298,15 +290,4 @@ class Runtime:
         self.rec.static_bytes = self._static_bytes()
         self.rec.op(t0, self.rec.mark(), kind, -1, -1, -1, before, self.rec.memory())
 
-    def _all_reduce(self) -> None:
-        """DDP-style: sum the flat gradient buffer over replicas, then average."""
-        buf = self.grads if self.grads.device == self.p2p.wire else self.grads.to(self.p2p.wire)
-        dist.all_reduce(buf, group=self.replica.group)
-        if buf is not self.grads:
-            self.grads.copy_(buf)
-        self.grads.div_(self.replica.size)
 
-    def _step(self) -> None:
-        if self.optimizer is not None:
-            self.optimizer.step()
-            self.grads.zero_()  # the flat buffer every p.grad views: one pass

@@ -30,6 +30,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -219,7 +220,8 @@ def run(spec: RunSpec) -> dict[str, Any] | None:
     pp, dp, tp = problems[0].split.pp, spec.dp, int(fields.get("tp", 1))
     if world != pp * dp * tp:
         raise RuntimeError(f"world size {world} != pp {pp} x dp {dp} x tp {tp}")
-    replica = _groups(rank, pp, dp, tp)
+    replica = replace(_groups(rank, pp, dp, tp),
+                      sharded=bool(fields.get("distributed_optimizer")))
     progress.RANK.record.rank = rank
     dog = Watchdog(rank, world)
     try:

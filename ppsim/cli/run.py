@@ -111,14 +111,7 @@ def validate(args: argparse.Namespace) -> Any:
         raise UserError("model.kind", "ppsim run trains a transformer, not a uniform cost "
                         "model", "use a preset (e.g. --preset tiny-gpt) or kind = \"transformer\"")
     fields = cfg.model.fields()
-    if cfg.pipeline.overlap_moe_expert_parallel_comm:
-        raise UserError("pipeline.overlap_moe_expert_parallel_comm", "the executor runs no "
-                        "expert-parallel all-to-alls to overlap", "drop it to run the model "
-                        "(simulate and plan price it)")
-    if cfg.pipeline.moe_token_dispatcher_type == "flex" and cfg.model.arch.num_experts:
-        raise UserError("pipeline.moe_token_dispatcher_type", "flex: the executor has no "
-                        "DeepEP (its processes talk over gloo)", "drop it to run the model "
-                        "(simulate and plan price DeepEP)")
+    runchecks.check_features(cfg)
     problem = load_problem(args)
     pp = problem.split.pp
     if not problem.split.standard_ends or problem.split.mtp:

@@ -56,6 +56,27 @@ def check_world(args: argparse.Namespace, world: int) -> None:
                     "(--nnodes, --print-launch)")
 
 
+def check_features(cfg: Any) -> None:
+    """What the config asks that the executor does not run: refused, not run otherwise."""
+    a = cfg.model.arch
+    if cfg.pipeline.overlap_moe_expert_parallel_comm:
+        raise UserError("pipeline.overlap_moe_expert_parallel_comm", "the executor runs no "
+                        "expert-parallel all-to-alls to overlap", "drop it to run the model "
+                        "(simulate and plan price it)")
+    if cfg.pipeline.moe_token_dispatcher_type == "flex" and a.num_experts:
+        raise UserError("pipeline.moe_token_dispatcher_type", "flex: the executor has no "
+                        "DeepEP (its processes talk over gloo)", "drop it to run the model "
+                        "(simulate and plan price DeepEP)")
+    if a.fsdp:
+        raise UserError("model.fsdp", "the executor runs DDP or Megatron's distributed "
+                        "optimizer, not FSDP", "use distributed_optimizer = true (or "
+                        "neither) to run the model; simulate and plan price FSDP")
+    if a.distributed_optimizer and a.dp_replicas > 1:
+        raise UserError("model.dp_replicas", "the executor's distributed optimizer shards "
+                        "over the whole data-parallel group", "drop dp_replicas to run the "
+                        "model; simulate and plan price the partial distributed optimizer")
+
+
 def check_builder(args: argparse.Namespace, fields: dict[str, Any], memory: Any = None
                   ) -> None:
     """Import and call the builder here, so a bad one exits 2 before any process; with

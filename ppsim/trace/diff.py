@@ -66,8 +66,14 @@ class Window:
         return self.span_ms + self.boundary_ms
 
     def step_ms(self, kind: str) -> float:
-        """Longest R or S op of the iteration over ranks (0 when the trace has none)."""
-        return max((op.dur_us / 1e3 for op in self.step if op.kind == kind), default=0.0)
+        """The most time a rank spends in R (or S) ops this iteration (0 when the trace
+        has none): a distributed optimizer's rank reduces its gradients before the step
+        and gathers its weights after it, two R ops."""
+        per_rank: dict[int, float] = {}
+        for op in self.step:
+            if op.kind == kind:
+                per_rank[op.rank] = per_rank.get(op.rank, 0.0) + op.dur_us / 1e3
+        return max(per_rank.values(), default=0.0)
 
     @cached_property
     def by_rank(self) -> dict[int, list[Key]]:

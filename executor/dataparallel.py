@@ -1,0 +1,163 @@
+"""A rank's weights and gradients across its data-parallel replicas, and their step.
+
+Two ways, as the config's `distributed_optimizer` says, so a run does what `simulate`
+prices:
+
+- DDP (`Replicated`): one flat gradient buffer, all-reduced and averaged after the
+  last backward (R); AdamW on every parameter (S).
+- Megatron's distributed optimizer (`Sharded`): weights and gradients in flat buffers
+  padded to a multiple of dp; the gradients reduce-scattered and averaged (R); AdamW
+  on this rank's 1 / dp of them, in fp32 (a master copy where the model trains in a
+  lower precision), its moments for that shard alone (S); the updated weights
+  all-gathered (a second R after the S: the model prices both collectives as the
+  step's reduce). AdamW is elementwise, so the shards step exactly as the whole.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ppsim.executor.optim import FusedAdamW, adamw
+
+# torch 2.13 names them *_single; older releases *_into_tensor / *_tensor.
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def _on(t: torch.Tensor, wire: torch.device) -> torch.Tensor:
+    return t if t.device == wire else t.to(wire)
+
+
+def _adam_state(optimizer: FusedAdamW | None) -> list[torch.Tensor]:
+    return [] if optimizer is None else [
+        v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+
+
+class Replicated:
+    """DDP: each rank keeps every weight and its Adam state; gradients all-reduced."""
+
+    gathers = False
+    """No weights to gather after the step: every rank stepped them all."""
+
+    def __init__(self, params: list[nn.Parameter], device: torch.device, lr: float,
+                 group: Any = None, size: int = 1, wire: torch.device | None = None) -> None:
+        self.params, self.group, self.size = params, group, size
+        self.wire = wire or device
+        dtype = params[0].dtype if params else torch.float32
+        self.grads = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=device)
+        """The flat gradient buffer every p.grad views (one collective, no copies)."""
+        at = 0
+        for p in params:
+            p.grad = self.grads[at:at + p.numel()].view_as(p)
+            at += p.numel()
+        self.optimizer: FusedAdamW | None = adamw(params, lr) if params else None
+
+    def reduce(self) -> None:
+        """Sum the gradients over the replicas, then average."""
+        buf = _on(self.grads, self.wire)
+        dist.all_reduce(buf, group=self.group)
+        if buf is not self.grads:
+            self.grads.copy_(buf)
+        self.grads.div_(self.size)
+
+    def step(self) -> None:
+        if self.optimizer is not None:
+            self.optimizer.step()
+        self.grads.zero_()  # the flat buffer every p.grad views: one pass
+
+    def gather(self) -> None:
+        """Nothing to gather (gathers is False)."""
+
+    def reduced_grads(self) -> list[torch.Tensor]:
+        """Each parameter's gradient after reduce()."""
+        return [p.grad for p in self.params]
+
+    def static_tensors(self) -> list[torch.Tensor]:
+        """What the rank keeps between steps: weights, gradients, Adam's state."""
+        return [*self.params, self.grads, *_adam_state(self.optimizer)]
+
+
+class Sharded:
+    """Megatron's distributed optimizer over `size` replicas, this one `index`."""
+
+    gathers = True
+
+    def __init__(self, params: list[nn.Parameter], device: torch.device, lr: float,
+                 group: Any, size: int, index: int, wire: torch.device | None = None) -> None:
+        self.params, self.group, self.size = params, group, size
+        self.wire = wire or device
+        padded = -(-sum(p.numel() for p in params) // size) * size
+        self.shard = slice(index * padded // size, (index + 1) * padded // size)
+        """This rank's part of the flat buffers: the weights it steps."""
+        dtype = params[0].dtype if params else torch.float32
+        self.weights = torch.zeros(padded, dtype=dtype, device=device)
+        self.grads = torch.zeros(padded, dtype=dtype, device=device)
+        at = 0
+        with torch.no_grad():
+            for p in params:
+                p.data = self.weights[at:at + p.numel()].view_as(p).copy_(p)
+                p.grad = self.grads[at:at + p.numel()].view_as(p)
+                at += p.numel()
+        mine = self.weights[self.shard]
+        # fp32 training steps its own weights; a lower precision keeps an fp32 master.
+        self.main = nn.Parameter(mine if dtype == torch.float32 else mine.float())
+        self.optimizer = adamw([self.main], lr) if params else None
+
+    @property
+    def _own_master(self) -> bool:
+        return self.main.data_ptr() != self.weights[self.shard].data_ptr()
+
+    def reduce(self) -> None:
+        """Reduce-scatter the gradients: this rank's shard summed over the replicas,
+        averaged (Megatron reduces into the buffer in place; gloo takes a separate output)."""
+        grads = _on(self.grads, self.wire)
+        out = torch.empty(grads.numel() // self.size, dtype=grads.dtype, device=grads.device)
+        _REDUCE_SCATTER(out, grads, group=self.group)
+        self.grads[self.shard].copy_(out).div_(self.size)
+
+    def step(self) -> None:
+        if self.optimizer is not None:
+            grad = self.grads[self.shard]
+            self.main.grad = grad if grad.dtype == self.main.dtype else grad.float()
+            self.optimizer.step()
+            self.main.grad = None
+            if self._own_master:
+                with torch.no_grad():
+                    self.weights[self.shard].copy_(self.main)
+        self.grads.zero_()
+
+    def gather(self) -> None:
+        """All-gather the stepped shards into every rank's weights."""
+        weights = _on(self.weights, self.wire)
+        _ALL_GATHER(weights, weights[self.shard].clone(), group=self.group)
+        if weights is not self.weights:
+            self.weights.copy_(weights)
+
+    def reduced_grads(self) -> list[torch.Tensor]:
+        """Each parameter's averaged gradient after reduce(), the shards all-gathered into
+        a copy (for --dump-grads: a rank of Megatron's holds its own shard alone)."""
+        whole = _on(self.grads, self.wire).clone()
+        _ALL_GATHER(whole, whole[self.shard].clone(), group=self.group)
+        out, at = [], 0
+        for p in self.params:
+            out.append(whole[at:at + p.numel()].view_as(p))
+            at += p.numel()
+        return out
+
+    def static_tensors(self) -> list[torch.Tensor]:
+        """Weights and gradients whole; the fp32 master and Adam's moments of the shard."""
+        master = [self.main] if self._own_master else []
+        return [self.weights, self.grads, *master, *_adam_state(self.optimizer)]
+
+
+def data_parallel(params: list[nn.Parameter], device: torch.device, lr: float, *,
+                  sharded: bool, group: Any = None, size: int = 1, index: int = 0,
+                  wire: torch.device | None = None) -> Replicated | Sharded:
+    """The config's way: Sharded under the distributed optimizer with dp > 1, else DDP."""
+    if sharded and size > 1:
+        return Sharded(params, device, lr, group, size, index, wire)
+    return Replicated(params, device, lr, group, size, wire)

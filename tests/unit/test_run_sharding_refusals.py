@@ -1,0 +1,23 @@
+"""`ppsim run` runs DDP or Megatron's distributed optimizer over the whole data-parallel
+group; a sharding it does not run is refused in one line before any process starts,
+never run as another (the model prices what the config says)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ppsim.cli.main import main
+
+
+@pytest.mark.parametrize(("model", "field"), [
+    ('fsdp = true', "model.fsdp"),
+    ('distributed_optimizer = true\ndp_replicas = 2', "model.dp_replicas"),
+])
+def test_a_sharding_the_executor_does_not_run_is_refused(tmp_path, capsys, model: str,
+                                                          field: str) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[model]\npreset = "tiny-gpt"\n{model}\n')
+    assert main(["run", "--config", str(cfg), "--pp", "2", "--dp", "4",
+                 "--microbatches", "4"]) == 2
+    err = capsys.readouterr().err
+    assert f"{field}: " in err and len(err.strip().splitlines()) == 1, err
