@@ -113,7 +113,10 @@ class Sharded:
 
     def reduce(self) -> None:
         """Reduce-scatter the gradients: this rank's shard summed over the replicas,
-        averaged (Megatron reduces into the buffer in place; gloo takes a separate output)."""
+        averaged (Megatron reduces into the buffer in place; gloo takes a separate output).
+        A pipeline position without weights has no collective: its peers hold none either."""
+        if not self.params:
+            return
         grads = _on(self.grads, self.wire)
         out = torch.empty(grads.numel() // self.size, dtype=grads.dtype, device=grads.device)
         _REDUCE_SCATTER(out, grads, group=self.group)
@@ -132,6 +135,8 @@ class Sharded:
 
     def gather(self) -> None:
         """All-gather the stepped shards into every rank's weights."""
+        if not self.params:
+            return
         weights = _on(self.weights, self.wire)
         _ALL_GATHER(weights, weights[self.shard].clone(), group=self.group)
         if weights is not self.weights:

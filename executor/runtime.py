@@ -280,8 +280,8 @@ class Runtime:
         return float(total.item()) / self.replica.size / self.replica.tp
 
     def _step_op(self, kind: str, fn: Any) -> None:
-        """An op of the whole step (R: gradient all-reduce, S: optimizer step), on the
-        compute lane; it belongs to no stage or microbatch (-1)."""
+        """An op of the whole step (R: the gradients' reduce or the weights' gather, S: the
+        optimizer step), on the compute lane; it belongs to no stage or microbatch (-1)."""
         before = self.rec.memory()
         t0 = self.rec.mark()
         fn()
@@ -289,5 +289,3 @@ class Runtime:
         # (allocated - static) would read it as activations.
         self.rec.static_bytes = self._static_bytes()
         self.rec.op(t0, self.rec.mark(), kind, -1, -1, -1, before, self.rec.memory())
-
-
