@@ -24,12 +24,21 @@ from torch import nn
 from ppsim.executor.optim import FusedAdamW, adamw
 
 # torch 2.13 names them *_single; older releases *_into_tensor / *_tensor.
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _on(t: torch.Tensor, wire: torch.device) -> torch.Tensor:
     return t if t.device == wire else t.to(wire)
+
+
+def _views(flat: torch.Tensor, params: list[nn.Parameter]) -> list[torch.Tensor]:
+    """Each parameter's place in `flat`, end to end, shaped as the parameter."""
+    out, at = [], 0
+    for p in params:
+        out.append(flat[at:at + p.numel()].view_as(p))
+        at += p.numel()
+    return out
 
 
 def _adam_state(optimizer: FusedAdamW | None) -> list[torch.Tensor]:
@@ -50,10 +59,8 @@ class Replicated:
         dtype = params[0].dtype if params else torch.float32
         self.grads = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=device)
         """The flat gradient buffer every p.grad views (one collective, no copies)."""
-        at = 0
-        for p in params:
-            p.grad = self.grads[at:at + p.numel()].view_as(p)
-            at += p.numel()
+        for p, grad in zip(params, _views(self.grads, params), strict=True):
+            p.grad = grad
         self.optimizer: FusedAdamW | None = adamw(params, lr) if params else None
 
     def reduce(self) -> None:
@@ -96,12 +103,10 @@ class Sharded:
         dtype = params[0].dtype if params else torch.float32
         self.weights = torch.zeros(padded, dtype=dtype, device=device)
         self.grads = torch.zeros(padded, dtype=dtype, device=device)
-        at = 0
         with torch.no_grad():
-            for p in params:
-                p.data = self.weights[at:at + p.numel()].view_as(p).copy_(p)
-                p.grad = self.grads[at:at + p.numel()].view_as(p)
-                at += p.numel()
+            for p, weight, grad in zip(params, _views(self.weights, params),
+                                       _views(self.grads, params), strict=True):
+                p.data, p.grad = weight.copy_(p), grad
         mine = self.weights[self.shard]
         # fp32 training steps its own weights; a lower precision keeps an fp32 master.
         self.main = nn.Parameter(mine if dtype == torch.float32 else mine.float())
@@ -119,7 +124,7 @@ class Sharded:
             return
         grads = _on(self.grads, self.wire)
         out = torch.empty(grads.numel() // self.size, dtype=grads.dtype, device=grads.device)
-        _REDUCE_SCATTER(out, grads, group=self.group)
+        REDUCE_SCATTER(out, grads, group=self.group)
         self.grads[self.shard].copy_(out).div_(self.size)
 
     def step(self) -> None:
@@ -138,20 +143,18 @@ class Sharded:
         if not self.params:
             return
         weights = _on(self.weights, self.wire)
-        _ALL_GATHER(weights, weights[self.shard].clone(), group=self.group)
+        ALL_GATHER(weights, weights[self.shard].clone(), group=self.group)
         if weights is not self.weights:
             self.weights.copy_(weights)
 
     def reduced_grads(self) -> list[torch.Tensor]:
         """Each parameter's averaged gradient after reduce(), the shards all-gathered into
         a copy (for --dump-grads: a rank of Megatron's holds its own shard alone)."""
+        if not self.params:
+            return []
         whole = _on(self.grads, self.wire).clone()
-        _ALL_GATHER(whole, whole[self.shard].clone(), group=self.group)
-        out, at = [], 0
-        for p in self.params:
-            out.append(whole[at:at + p.numel()].view_as(p))
-            at += p.numel()
-        return out
+        ALL_GATHER(whole, whole[self.shard].clone(), group=self.group)
+        return _views(whole, self.params)
 
     def static_tensors(self) -> list[torch.Tensor]:
         """Weights and gradients whole; the fp32 master and Adam's moments of the shard."""

@@ -31,7 +31,7 @@ from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.builders import ModelBuilder, builder_spec, layer_kind, load_builder
 from ppsim.executor.builders.deferral import WeightGradStore
-from ppsim.executor.builders.stage import Stage, saved_bytes
+from ppsim.executor.builders.stage import Stage, saved_bytes, tensor_bytes
 from ppsim.executor.optim import adamw
 from ppsim.executor.spawned import free_port, spawn_results
 from ppsim.fileio import write_json_atomic
@@ -224,8 +224,7 @@ class Profiler:
                  if k != "step" or self.state_shards == 1]
         if self.state_shards > 1 and params and params[0].dtype != torch.float32:
             state += [p.float() for p in params]  # the master weights Sharded keeps
-        piece.static_bytes = sum(t.numel() * t.element_size() for t in tensors) + sum(
-            t.numel() * t.element_size() for t in state) // self.state_shards
+        piece.static_bytes = tensor_bytes(tensors) + tensor_bytes(state) // self.state_shards
 
     # --------------------------------------------------------------- all
 

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from ppsim.costs.costfile import layer_dict
 from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.executor.builders.tensor import TensorGroup, set_group
+from ppsim.executor.dataparallel import ALL_GATHER, REDUCE_SCATTER
 from ppsim.executor.profile import Profiler
 from ppsim.executor.spawned import free_port, spawn_results
 from ppsim.fileio import write_json_atomic
@@ -40,9 +41,6 @@ def _timed_ms(fn: Any, repeats: int, warmup: int, group: Any) -> float:
     return statistics.median(out)
 
 
-# torch 2.13 names them *_single; older releases *_into_tensor / *_tensor.
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def time_collectives(group: Any, tp: int, shape: tuple[int, ...], dtype: torch.dtype,
@@ -54,9 +52,9 @@ def time_collectives(group: Any, tp: int, shape: tuple[int, ...], dtype: torch.d
     return {"bytes": whole.numel() * whole.element_size(),
             "all_reduce_ms": _timed_ms(lambda: dist.all_reduce(whole, group=group),
                                        repeats, warmup, group),
-            "all_gather_ms": _timed_ms(lambda: _ALL_GATHER(flat, part, group=group),
+            "all_gather_ms": _timed_ms(lambda: ALL_GATHER(flat, part, group=group),
                                        repeats, warmup, group),
-            "reduce_scatter_ms": _timed_ms(lambda: _REDUCE_SCATTER(part, flat, group=group),
+            "reduce_scatter_ms": _timed_ms(lambda: REDUCE_SCATTER(part, flat, group=group),
                                            repeats, warmup, group)}
 
 

@@ -18,7 +18,7 @@ from ppsim.executor import progress
 from ppsim.executor.builders import ModelBuilder
 from ppsim.executor.builders.deferral import WeightGradStore
 from ppsim.executor.builders.policy import apply_policy
-from ppsim.executor.builders.stage import Stage, build_stage, saved_bytes
+from ppsim.executor.builders.stage import Stage, build_stage, saved_bytes, tensor_bytes
 from ppsim.executor.dataparallel import data_parallel
 from ppsim.executor.outputs import backward_from, deallocate_output
 from ppsim.executor.p2p import P2P
@@ -128,7 +128,7 @@ class Runtime:
     # --------------------------------------------------------------- bookkeeping
 
     def _static_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.dp.static_tensors())
+        return tensor_bytes(self.dp.static_tensors())
 
     def _hold(self, key: tuple[int, int], nbytes: int) -> None:
         self.rec.activation_bytes += nbytes - self._held.get(key, 0)
@@ -267,7 +267,7 @@ class Runtime:
                        f"{dump_grads}.rank{self.replica.global_rank(self.rank, self.schedule.pp)}"
                        ".pt")
         self._step_op("S", self.dp.step)
-        if self.replica.size > 1 and self.dp.gathers:  # the distributed optimizer's weights
+        if self.dp.gathers:  # the distributed optimizer's weights (dp > 1)
             self._step_op("R", self.dp.gather)
         self.rec.end_iteration()
         self._batches, self._prepared = [], -1

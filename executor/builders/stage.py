@@ -16,7 +16,7 @@ recompute does).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -127,6 +127,11 @@ def apply_recompute(layers: nn.ModuleDict, mode: str) -> None:
         for m in layers.modules():
             if getattr(m, "ppsim_recompute", False):
                 _wrap(m)
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """The bytes of `tensors`' elements."""
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 @contextmanager
