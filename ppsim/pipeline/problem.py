@@ -299,7 +299,10 @@ def hardware(cfg: Config) -> Hardware:
             membw, fixed = cond.optimizer_gbps, cond.optimizer_fixed_ms
         if cond is not None and cfg.pipeline.pp * dp > 1:
             boundary = cond.iteration_boundary_ms
-    job = build_job(cfg)
+    # Collectives with no topology of their own run on the point-to-point link
+    # (ppsim.job.topology): the measured one where the cost file has it.
+    job = build_job(replace(cfg, hardware=replace(
+        cfg.hardware, p2p_latency_ms=latency, p2p_bandwidth_gbps=bandwidth)))
     # DeepEP's buffer is the process's, beside the model's: the model has what it leaves.
     held = job.deepep_buffer_bytes if job is not None else 0
     hw = Hardware(cfg.hardware.memory_bytes - held, latency, bandwidth, membw, dp, fixed,
