@@ -6,6 +6,7 @@ per rank and micro-batch sizes the batch allows, and the shardings when they are
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import product
 from typing import Any
 
 PP_CHOICES = (1, 2, 4, 8, 16, 32, 64)
@@ -66,6 +67,31 @@ FIXABLE = ("tp", "cp", "ep", "pp", "dp", "vpp", "mbs")
 """The sizes a user may fix (`plan --gpus N --tp 8 ...`); the search varies the rest."""
 
 
+def _grid_fits(a: Any, gpus: int, layers: int, tp: int, cp: int, pp: int) -> bool:
+    """tp divides the heads (and the key/value heads but under MLA), cp splits the
+    sequence into 2 cp chunks (causal load balancing), pp has layers and divides the
+    world with them."""
+    return not (a.num_heads % tp or (a.attention != "mla" and a.num_kv_heads % tp)
+                or (cp > 1 and a.seq_length % (2 * cp))
+                or pp > layers or gpus % (tp * cp * pp))
+
+
+def _ep_fits(a: Any, group: int, ep: int, copies: int) -> bool:
+    """ep divides the dp x cp `group` and the experts (1 for a dense model), and the
+    sharded state's `copies` divide both the group and its expert data-parallel part."""
+    return not (group % ep or (a.num_experts and a.num_experts % ep)
+                or (not a.num_experts and ep > 1) or group % copies or (group // ep) % copies)
+
+
+def _schedule_runs(layers: int, pp: int, vpp: int, m: int, ep: int, combined: bool) -> bool:
+    """Each chunk has a layer, every rank a microbatch; interleaving needs pp > 1 and m a
+    multiple of pp; Megatron's combined 1F1B needs ep > 1 and, with pp > 1, interleaving."""
+    chunked = vpp > 1
+    if layers < pp * vpp or m < pp or (chunked and (pp == 1 or m % pp)):
+        return False
+    return not (combined and (ep == 1 or (pp > 1 and not chunked)))
+
+
 def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
            fixed: dict[str, int] | None = None, any_copies: bool = False,
            combined: bool = False) -> list[Shape]:
@@ -80,36 +106,20 @@ def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
     def choices(name: str, free: Any) -> Any:
         return (pin[name],) if name in pin else free
 
+    experts = _powers(a.num_experts) if a.num_experts else [1]
     out = []
-    for tp in choices("tp", _powers(gpus_per_node)):
-        if a.num_heads % tp or (a.attention != "mla" and a.num_kv_heads % tp):
+    for tp, cp, pp in product(choices("tp", _powers(gpus_per_node)),
+                              choices("cp", (1, 2, 4, 8)), choices("pp", PP_CHOICES)):
+        dp = gpus // (tp * cp * pp)
+        if not _grid_fits(a, gpus, layers, tp, cp, pp) or pin.get("dp", dp) != dp:
             continue
-        for cp in choices("cp", (1, 2, 4, 8)):
-            if a.seq_length % (2 * cp) and cp > 1:
+        for ep, mbs in product(choices("ep", experts), choices("mbs", MBS_CHOICES)):
+            if not _ep_fits(a, dp * cp, ep, copies) or gbs % (mbs * dp):
                 continue
-            for pp in choices("pp", PP_CHOICES):
-                if pp > layers or gpus % (tp * cp * pp):
-                    continue
-                dp = gpus // (tp * cp * pp)
-                if pin.get("dp", dp) != dp:
-                    continue
-                for ep in choices("ep", _powers(a.num_experts) if a.num_experts else [1]):
-                    if (dp * cp) % ep or (a.num_experts and a.num_experts % ep) or \
-                            (not a.num_experts and ep > 1) or \
-                            (dp * cp) % copies or (dp * cp // ep) % copies:
-                        continue
-                    for mbs in choices("mbs", MBS_CHOICES):
-                        if gbs % (mbs * dp):
-                            continue
-                        m = gbs // (mbs * dp)
-                        for vpp in choices("vpp", VPP_CHOICES if pp > 1 else (1,)):
-                            chunked = vpp > 1  # interleaved: pp > 1, m a multiple of pp
-                            if layers < pp * vpp or m < pp or (chunked and (pp == 1 or m % pp)):
-                                continue
-                            if combined and (ep == 1 or (pp > 1 and not chunked)):
-                                continue
-                            out.append(Shape(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp,
-                                             mbs=mbs, microbatches=m))
+            m = gbs // (mbs * dp)
+            out += [Shape(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, mbs=mbs, microbatches=m)
+                    for vpp in choices("vpp", VPP_CHOICES if pp > 1 else (1,))
+                    if _schedule_runs(layers, pp, vpp, m, ep, combined)]
     return out
 
 
