@@ -20,6 +20,7 @@ from ppsim.costs.model import ModelCosts
 from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.conditions import run_conditions
 from ppsim.executor.profile import Profiler, Progress, measure_p2p, p2p_sizes
+from ppsim.executor.profile_dp import measure_data_parallel
 from ppsim.executor.profile_tp import measure_tensor_parallel
 
 
@@ -64,6 +65,26 @@ def _pieces(fields: dict[str, Any], device: torch.device, device_kind: str, repe
                      collectives=None)
 
 
+def _data_parallel(fields: dict[str, Any], costs: ModelCosts, device_kind: str,
+                   devices: list[int] | None, repeats: int, warmup: int,
+                   progress: Progress | None) -> dict[str, Any] | None:
+    """With dp > 1 on CPU, the data-parallel collectives timed in pp x dp gloo processes
+    (ppsim.executor.profile_dp); None otherwise (on a GPU they are NCCL's, priced from
+    the hardware's links)."""
+    dp = int(fields.get("dp", 1))
+    if dp <= 1 or device_kind != "cpu":
+        return None
+    pp = len(devices) if devices else 1
+    if progress is not None:
+        progress(f"data-parallel collectives in {pp * dp} processes", 0)
+    params = sum(c.params for c in costs.layers) + costs.embedding.params + costs.head.params
+    out = measure_data_parallel(params, pp, dp, str(fields.get("dtype", "fp32")), repeats,
+                                warmup)
+    if progress is not None:
+        progress("data-parallel collectives done", 1)
+    return out
+
+
 def profile(fields: dict[str, Any], device_kind: str = "cpu", repeats: int = PROFILE_REPEATS,
             warmup: int = 3, microbatches: int = 1, p2p: bool = True,
             progress: Progress | None = None,
@@ -90,6 +111,8 @@ def profile(fields: dict[str, Any], device_kind: str = "cpu", repeats: int = PRO
         link = measure_p2p(device_kind, p2p_sizes(costs.hidden_bytes))
         if progress is not None:
             progress("P2P done", 1)
+    dp_collectives = _data_parallel(fields, costs, device_kind, devices, repeats, warmup,
+                                    progress)
     host_p2p = None
     if link is not None and link.get("staged_via_host"):
         # One GPU: two processes through the host measure no NVLink or InfiniBand link;
@@ -102,6 +125,7 @@ def profile(fields: dict[str, Any], device_kind: str = "cpu", repeats: int = PRO
         created_utc=datetime.now(UTC).isoformat(timespec="seconds"),
         conditions=conditions,
         **({"collectives": m.collectives} if m.collectives else {}),
+        **({"dp_collectives": dp_collectives} if dp_collectives else {}),
         measurement={"repeats": repeats, "warmup": warmup, "layers_sampled":
                      m.sampled, "seconds": time.perf_counter() - t0,
                      "pieces": details, "freed_memory_kept": kept, "p2p_host_mediated": host_p2p,

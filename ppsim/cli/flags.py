@@ -265,9 +265,10 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if pipeline.get("vpp") is not None and pipeline.get("schedule") is None:
         # As Megatron, --vpp alone picks the 1F1B variant (an explicit --schedule is kept).
         pipeline["schedule"] = schedule_for_vpp(cfg.pipeline.schedule, pipeline["vpp"])
-    # A command without the job flags (ppsim run has a --dp of its own) sets none of them.
-    keys = MODEL_KEYS if hasattr(args, "gpus") else tuple(k for k in MODEL_KEYS
-                                                          if k not in JOB_MODEL_KEYS)
+    # A command without the job flags (ppsim run has a --dp of its own) sets only those
+    # of them it has.
+    keys = MODEL_KEYS if hasattr(args, "gpus") else tuple(
+        k for k in MODEL_KEYS if k not in JOB_MODEL_KEYS or (k != "dp" and hasattr(args, k)))
     # Megatron's model flags change a preset or a config's model; else they build one.
     base = parse_model({"preset": flag("preset")}) if flag("preset") else \
         cfg.model if args.config else None

@@ -103,7 +103,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     err = Console(stderr=True)
-    total = args.warmup + args.repeats + (0 if args.no_p2p else 1)
+    dp_steps = 1 if cfg.model.arch.dp > 1 and args.device == "cpu" else 0
+    total = args.warmup + args.repeats + (0 if args.no_p2p else 1) + dp_steps
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                   console=err, transient=True, disable=not err.is_terminal) as bar:
         task = bar.add_task("building pieces", total=total)
@@ -146,6 +147,13 @@ def _print_costs(doc: dict[str, Any], title: str) -> None:
                 f"at {fmt_bytes(coll['bytes'])} all-reduce {coll['all_reduce_ms']:.3f} ms, "
                 f"all-gather {coll['all_gather_ms']:.3f} ms, reduce-scatter "
                 f"{coll['reduce_scatter_ms']:.3f} ms (inside each layer's F and B above)")
+    dpc = doc.get("dp_collectives")
+    if dpc:
+        big = dpc["samples"][-1]
+        c.print(f"data parallelism: measured in {dpc['processes']} {dpc['backend']} processes "
+                f"(groups of {dpc['size']}); at {fmt_bytes(big['bytes'])} all-reduce "
+                f"{big['all_reduce_ms']:.3f} ms, reduce-scatter {big['reduce_scatter_ms']:.3f} "
+                f"ms, all-gather {big['all_gather_ms']:.3f} ms (they price the step's reduce)")
     cond = doc.get("conditions") or {}
     if cond.get("processes", 1) > 1:
         solo = doc["measurement"]["solo"]["layer"]

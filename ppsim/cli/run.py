@@ -70,6 +70,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--dp", type=int, metavar="N",
                    help="data-parallel replicas of the pipeline: world = pp x dp "
                    "(default: the model's dp, else 1)")
+    r.add_argument("--use-distributed-optimizer", dest="distributed_optimizer",
+                   action="store_true", default=None, help="with --dp: Megatron's "
+                   "distributed optimizer (gradients reduce-scattered, each replica stepping "
+                   "its shard, the weights all-gathered)")
     r.add_argument("--versus", metavar="N,N,...",
                    help="also run this split in the same processes, alternating iteration "
                    "by iteration with the run's own, so the machine's drift hits both "

@@ -12,6 +12,9 @@ A cost file is one JSON object:
                                                              entry each or one for all)
      "embedding": {LayerCost fields}, "head": {LayerCost fields},
      "p2p": {"latency_ms": x, "bandwidth_gbps": y, ...} | null,
+     "dp_collectives": {"size": n, "samples": [{"bytes": b, "all_reduce_ms": t,
+                        "reduce_scatter_ms": t, "all_gather_ms": t}, ...]}   (optional:
+                                                             ppsim.costs.grouptimes)
      "conditions": {"devices": [0, 1], "processes": 2,                   (optional: what
                     "message_cpu_ms": x, "context_switch_ms": y,          the run adds, as
                     "local_message_cpu_ms": w, "iteration_boundary_ms": z,
@@ -35,6 +38,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ppsim.config import files, limits, validate
+from ppsim.costs.grouptimes import GroupTimes, group_times_from_dict
 from ppsim.costs.hybrid import pattern_layers
 from ppsim.costs.model import INTEGER_FIELDS, LAYER_FIELDS, LayerCost, ModelCosts
 from ppsim.costs.transformer import Architecture
@@ -98,6 +102,8 @@ class CostFile:
     conditions: Conditions | None = None
     mtp: tuple[LayerCost, ...] = ()
     """MTP layers' costs (one entry each, or one for all); empty: the file has none."""
+    dp_collectives: GroupTimes | None = None
+    """The data-parallel group's collectives as timed on it (ppsim.costs.grouptimes)."""
 
     def model_costs(self, num_layers: int | None = None, mtp_layers: int = 0) -> ModelCosts:
         """The costs for a model of num_layers decoder layers (None: as many as the file
@@ -243,7 +249,8 @@ def cost_file_from_dict(data: Any, path: str = "costs") -> CostFile:
         if "bandwidth_gbps" in p2p:
             bw = float(_number(path, "p2p.bandwidth_gbps", p2p["bandwidth_gbps"], False))
     return CostFile(path, layers, emb, head, model, lat, bw, data,
-                    _conditions(path, data.get("conditions")), mtp)
+                    _conditions(path, data.get("conditions")), mtp,
+                    group_times_from_dict(path, data.get("dp_collectives")))
 
 
 def _mtp_entries(path: str, raw: Any) -> tuple[LayerCost, ...]:
@@ -352,3 +359,8 @@ def load_p2p(path: str) -> tuple[float | None, float | None]:
     """(latency ms, bandwidth GB/s) measured in the file; None where it has none."""
     cf = read_cost_file(path)
     return cf.p2p_latency_ms, cf.p2p_bandwidth_gbps
+
+
+def load_dp_collectives(path: str) -> GroupTimes | None:
+    """The data-parallel group's collectives timed in the file; None where it has none."""
+    return read_cost_file(path).dp_collectives

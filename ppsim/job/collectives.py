@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ppsim.costs.grouptimes import GroupTimes
 from ppsim.job.ranks import Span
 from ppsim.job.topology import Network
 
@@ -44,6 +45,9 @@ class Link:
     """The node's own link, for what an all-to-all keeps inside a node."""
     inter_bandwidth_gbps: float = 0.0
     """One NIC, for what an all-to-all sends off the node."""
+    timed: GroupTimes | None = None
+    """The group's all-reduce, reduce-scatter and all-gather as timed on it (a cost
+    file's, ppsim.costs.grouptimes): they replace the closed forms."""
 
 
 def link(net: Network, where: Span) -> Link:
@@ -79,22 +83,32 @@ def tree_all_reduce_ms(nbytes: float, g: Link) -> float:
 
 
 def all_reduce_ms(nbytes: float, g: Link) -> float:
-    """The cheaper of ring and tree for this size."""
+    """The cheaper of ring and tree for this size (or as timed on the group)."""
+    if g.timed is not None and g.size > 1:
+        return g.timed.all_reduce.ms(nbytes)
     return min(ring_all_reduce_ms(nbytes, g), tree_all_reduce_ms(nbytes, g))
 
 
-def all_gather_ms(nbytes: float, g: Link) -> float:
-    """All-gather of a buffer of `nbytes` in total (each rank contributes nbytes / n)."""
+def _gather_traffic_ms(nbytes: float, g: Link) -> float:
+    """A ring's all-gather or reduce-scatter of `nbytes` in total: the same traffic."""
     n = g.size
     if n <= 1:
         return 0.0
     return (n - 1) * g.latency_ms + _wire((n - 1) / n * nbytes, g.bus_bandwidth_gbps)
 
 
+def all_gather_ms(nbytes: float, g: Link) -> float:
+    """All-gather of a buffer of `nbytes` in total (each rank contributes nbytes / n)."""
+    if g.timed is not None and g.size > 1:
+        return g.timed.all_gather.ms(nbytes)
+    return _gather_traffic_ms(nbytes, g)
+
+
 def reduce_scatter_ms(nbytes: float, g: Link) -> float:
-    """Reduce-scatter of a buffer of `nbytes` (each rank keeps nbytes / n): the same
-    traffic as all-gather."""
-    return all_gather_ms(nbytes, g)
+    """Reduce-scatter of a buffer of `nbytes` (each rank keeps nbytes / n)."""
+    if g.timed is not None and g.size > 1:
+        return g.timed.reduce_scatter.ms(nbytes)
+    return _gather_traffic_ms(nbytes, g)
 
 
 def sharded_reduce_ms(nbytes: float, shard: Link, replica: Link) -> float:

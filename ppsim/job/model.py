@@ -9,11 +9,12 @@ the backward and the next forward do not hide).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
 from ppsim.costs.arch import Architecture, grad_bytes
+from ppsim.costs.grouptimes import GroupTimes
 from ppsim.costs.layerops import padded_vocab
 from ppsim.costs.transformer import Accelerator, accelerator
 from ppsim.job import deepep
@@ -25,6 +26,9 @@ from ppsim.job.shape import JobShape, job_shape
 from ppsim.job.tail import Tail, rank_tail
 from ppsim.job.throughput import Throughput, throughput
 from ppsim.job.topology import Network, network
+
+DATA_PARALLEL_GROUPS = ("dp", "edp", "dp_shard", "dp_replica", "edp_shard", "edp_replica")
+"""The groups a step's gradients reduce and its parameters gather over."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +100,9 @@ class Job:
     """Parameters per gradient bucket; None: Megatron's default."""
     ddp_num_buckets: int | None = None
     """Or buckets per rank."""
+    timed_dp: GroupTimes | None = None
+    """The data-parallel group's collectives as a cost file timed them: they price the
+    data-parallel groups of the size they were timed on (ppsim.costs.grouptimes)."""
 
     @property
     def deepep(self) -> bool:
@@ -141,7 +148,12 @@ class Job:
 
     def link(self, name: str) -> Link:
         """The Link of group `name` (a field of Groups: tp, cp, ep, dp, edp, ...)."""
-        return link(self.network, getattr(self.groups, name))
+        where = getattr(self.groups, name)
+        found = link(self.network, where)
+        if self.timed_dp is not None and name in DATA_PARALLEL_GROUPS \
+                and where.size == self.timed_dp.size:
+            return replace(found, timed=self.timed_dp)
+        return found
 
     @property
     def replaces_tail(self) -> bool:
@@ -242,8 +254,9 @@ def groups(sizes: Sizes, order: str, gpus_per_node: int, replicas: int = 1) -> G
                   pipeline_hops=tuple(pipeline_hops(sizes, gpus_per_node, order)))
 
 
-def build_job(cfg: Any) -> Job | None:
-    """The Job of a Config; None for a uniform model."""
+def build_job(cfg: Any, timed_dp: GroupTimes | None = None) -> Job | None:
+    """The Job of a Config; None for a uniform model. `timed_dp`: the data-parallel
+    collectives a cost file timed."""
     shape = job_shape(cfg)
     if shape is None:
         return None
@@ -262,4 +275,5 @@ def build_job(cfg: Any) -> Job | None:
                delay_wgrad_compute=p.delay_wgrad_compute,
                flex_dispatcher_num_sms=p.moe_flex_dispatcher_num_sms,
                sm_count=getattr(cfg.hardware, "sm_count", 0),
-               ddp_bucket_size=p.ddp_bucket_size, ddp_num_buckets=p.ddp_num_buckets)
+               ddp_bucket_size=p.ddp_bucket_size, ddp_num_buckets=p.ddp_num_buckets,
+               timed_dp=timed_dp)

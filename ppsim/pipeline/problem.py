@@ -9,7 +9,13 @@ from ppsim.config import validate
 from ppsim.config.limits import SIMULATE, check_ops, check_shape
 from ppsim.config.model import TransformerModel, UniformModel
 from ppsim.config.schema import Config
-from ppsim.costs.costfile import load_conditions, load_costs, load_p2p, read_cost_file
+from ppsim.costs.costfile import (
+    load_conditions,
+    load_costs,
+    load_dp_collectives,
+    load_p2p,
+    read_cost_file,
+)
 from ppsim.costs.hybrid import HybridPattern, check_pipeline, parse_pattern, pipe_counts
 from ppsim.costs.model import ModelCosts, StageCost, stage_costs, uniform_costs
 from ppsim.costs.transformer import accelerator
@@ -300,9 +306,11 @@ def hardware(cfg: Config) -> Hardware:
         if cond is not None and cfg.pipeline.pp * dp > 1:
             boundary = cond.iteration_boundary_ms
     # Collectives with no topology of their own run on the point-to-point link
-    # (ppsim.job.topology): the measured one where the cost file has it.
+    # (ppsim.job.topology): the measured one where the cost file has it; the
+    # data-parallel ones as the file timed them, where it did.
     job = build_job(replace(cfg, hardware=replace(
-        cfg.hardware, p2p_latency_ms=latency, p2p_bandwidth_gbps=bandwidth)))
+        cfg.hardware, p2p_latency_ms=latency, p2p_bandwidth_gbps=bandwidth)),
+        load_dp_collectives(cfg.costs_file) if cfg.costs_file else None)
     # DeepEP's buffer is the process's, beside the model's: the model has what it leaves.
     held = job.deepep_buffer_bytes if job is not None else 0
     hw = Hardware(cfg.hardware.memory_bytes - held, latency, bandwidth, membw, dp, fixed,

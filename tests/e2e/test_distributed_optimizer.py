@@ -31,9 +31,11 @@ def test_sharded_state_is_predicted_from_a_sharded_profile(launches: Pool, tmp_p
                                                            capsys) -> None:
     """The profile counts Adam's moments as a 1 / dp share, so the simulated peak of each
     rank is the run's to the 4 bytes of the shard's one step count; DDP's is larger. The
-    reduce is priced on the profile's measured link."""
+    reduce is priced by the collectives the profile timed in pp x dp gloo processes: the
+    all-reduce's line (DDP), the reduce-scatter's and the all-gather's (sharded), each at
+    the rank's gradient buffer (rank 0: the embedding and five layers, fp32)."""
     from ppsim.config.schema import load_config
-    from ppsim.costs.costfile import write_costs
+    from ppsim.costs.costfile import read_cost_file, write_costs
     from ppsim.executor.measure import profile
 
     peaks = {}
@@ -44,13 +46,22 @@ def test_sharded_state_is_predicted_from_a_sharded_profile(launches: Pool, tmp_p
                       devices=[0])
         costs, sim = str(tmp_path / f"{case}.json"), str(tmp_path / f"{case}-sim.json")
         write_costs(costs, doc)
+        # One pipeline position timed (devices=[0]): its two replicas.
+        assert doc["dp_collectives"]["size"] == 2 and doc["dp_collectives"]["processes"] == 2
+        assert all(v > 0 for sample in doc["dp_collectives"]["samples"]
+                   for v in sample.values() if not isinstance(v, str))
+        cf = read_cost_file(costs)
+        timed = cf.dp_collectives
+        rank0 = 4 * (cf.embedding.params + sum(c.params for c in cf.model_costs(8).layers[:5]))
+        reduce_ms = (timed.reduce_scatter.ms(rank0) + timed.all_gather.ms(rank0)
+                     if case.endswith("distopt") else timed.all_reduce.ms(rank0))
         assert main(["simulate", *run.argv, "--costs", costs, "--trace", sim]) == 0
         capsys.readouterr()
         assert main(["diff", sim, str(run.tmp / "out" / "trace.json"), "--json"]) == 0
         doc = json.loads(capsys.readouterr().out)
-        # The data-parallel reduce runs on the profile's measured link (the config names no
-        # topology), priced beside the run's measured one rather than free.
-        assert doc["step_ops_ms"]["R"][0] > 0 and doc["step_ops_ms"]["R"][1] > 0
+        # Rank 0 holds the most parameters: its reduce is the simulation's longest.
+        assert doc["step_ops_ms"]["R"][0] == pytest.approx(reduce_ms, rel=1e-9)
+        assert doc["step_ops_ms"]["R"][1] > 0
         ranks = doc["ranks"]
         for r in ranks:
             pred, real = r["peak_memory_bytes"]

@@ -9,15 +9,17 @@ import pytest
 from ppsim.cli.main import main
 
 
-@pytest.mark.parametrize(("model", "field"), [
-    ('fsdp = true', "model.fsdp"),
-    ('distributed_optimizer = true\ndp_replicas = 2', "model.dp_replicas"),
+@pytest.mark.parametrize(("model", "flags", "field"), [
+    ('fsdp = true', [], "model.fsdp"),
+    ('distributed_optimizer = true\ndp_replicas = 2', [], "model.dp_replicas"),
+    # Megatron's flag sets what the config's field does (simulate takes it too).
+    ('dp_replicas = 2', ["--use-distributed-optimizer"], "model.dp_replicas"),
 ])
 def test_a_sharding_the_executor_does_not_run_is_refused(tmp_path, capsys, model: str,
-                                                          field: str) -> None:
+                                                          flags: list[str], field: str) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[model]\npreset = "tiny-gpt"\n{model}\n')
     assert main(["run", "--config", str(cfg), "--pp", "2", "--dp", "4",
-                 "--microbatches", "4"]) == 2
+                 "--microbatches", "4", *flags]) == 2
     err = capsys.readouterr().err
     assert f"{field}: " in err and len(err.strip().splitlines()) == 1, err
