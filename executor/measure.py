@@ -69,18 +69,18 @@ def _pieces(fields: dict[str, Any], device: torch.device, device_kind: str, repe
 def _data_parallel(fields: dict[str, Any], costs: ModelCosts, device_kind: str,
                    devices: list[int] | None, repeats: int, warmup: int,
                    progress: Progress | None) -> dict[str, Any] | None:
-    """With dp > 1 on CPU, the data-parallel collectives timed in pp x dp gloo processes
-    (ppsim.executor.profile_dp); None otherwise (on a GPU they are NCCL's, priced from
-    the hardware's links)."""
+    """With dp > 1 on CPU, the data-parallel collectives timed in pp x tp x dp gloo
+    processes (ppsim.executor.profile_dp); None otherwise (on a GPU they are NCCL's,
+    priced from the hardware's links)."""
     dp = int(fields.get("dp", 1))
     if dp <= 1 or device_kind != "cpu":
         return None
-    pp = len(devices) if devices else 1
+    pp, tp = len(devices) if devices else 1, int(fields.get("tp", 1))
     if progress is not None:
-        progress(f"data-parallel collectives in {pp * dp} processes", 0)
+        progress(f"data-parallel collectives in {pp * tp * dp} processes", 0)
     params = sum(c.params for c in costs.layers) + costs.embedding.params + costs.head.params
     out = measure_data_parallel(params, pp, dp, str(fields.get("dtype", "fp32")), repeats,
-                                warmup)
+                                warmup, tp)
     if progress is not None:
         progress("data-parallel collectives done", 1)
     return out
