@@ -17,7 +17,7 @@ from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outpu
 from ppsim.config import validate
 from ppsim.config.model import TransformerModel
 from ppsim.config.schema import Config
-from ppsim.costs.costfile import PROFILE_REPEATS, cost_document, write_costs
+from ppsim.costs.costfile import PROFILE_REPEATS, cost_document, read_cost_file, write_costs
 from ppsim.errors import UserError
 from ppsim.trace.calibrate import ESTIMATORS, calibrate
 from ppsim.trace.schema import read_trace
@@ -221,13 +221,18 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         "error_before": err_before, "error_after": err_after,
         "optimizer_step_ms": cal.optimizer_ms,
     }
+    # The base file's timed data-parallel collectives are measurements the trace does
+    # not refit: they stay.
+    timed = read_cost_file(cfg.costs_file).raw.get("dp_collectives") if cfg.costs_file \
+        else None
     doc = cost_document(
         cal.costs, source="calibrate",
         model=cfg.model.fields() if isinstance(cfg.model, TransformerModel) else None,
         p2p={"latency_ms": cal.hardware.p2p_latency_ms,
              "bandwidth_gbps": cal.hardware.p2p_bandwidth_gbps,
              "from": "trace" if cal.p2p_delay_ms is not None else "base"},
-        device=trace.info.get("device"), calibration=summary)
+        device=trace.info.get("device"), calibration=summary,
+        **({"dp_collectives": timed} if timed else {}))
     write_costs(args.out, doc)
     if args.json:
         emit_json({"out": args.out, **summary})

@@ -68,5 +68,11 @@ def test_sharded_state_is_predicted_from_a_sharded_profile(launches: Pool, tmp_p
             pred, real = r["peak_memory_bytes"]
             assert 0 <= real - pred <= 4 + 2 * 16, (case, r["rank"], pred, real)
         peaks[case] = [r["peak_memory_bytes"][1] for r in ranks]
+        # Calibrating on the run refits the compute, not the timed collectives: they stay.
+        fitted = str(tmp_path / f"{case}-calibrated.json")
+        assert main(["calibrate", str(run.tmp / "out" / "trace.json"), *run.argv,
+                     "--costs", costs, "--out", fitted]) == 0
+        capsys.readouterr()
+        assert read_cost_file(fitted).dp_collectives == timed
     assert all(s < d for s, d in zip(peaks["1f1b-dp2-distopt"], peaks["1f1b-dp2"],
                                      strict=True))
