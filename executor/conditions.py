@@ -333,14 +333,13 @@ def pooled(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run_conditions(prof: Any, fields: dict[str, Any], device_kind: str,
                    devices: list[int] | None, repeats: int, warmup: int, microbatches: int,
-                   progress: Any, pin: bool = False, replicas: int = 1
+                   progress: Any, pin: bool = False
                    ) -> tuple[dict[str, Any], ModelCosts | None]:
-    """The cost file's `conditions` and, on CPU with several devices (or replicas), the
-    costs measured in one process per device and replica at once (None otherwise):
-    `replicas` data-parallel copies of the pipeline run in lockstep, each on the same
-    cores unpinned (as `ppsim run --dp` starts them), so their ops share the processors.
-    Where the placement puts k ranks on a device, k processes per device are timed too,
-    for the context-switch cost beyond processor sharing."""
+    """The cost file's `conditions` and, on CPU with several devices, the costs measured
+    in one process per device at once (None otherwise), never more processes than the
+    cores unpinned ones share (the simulator shares those cores among more: the
+    conditions' `cores`). Where the placement puts k ranks on a device, k processes per
+    device are timed too, for the context-switch cost beyond processor sharing."""
 
     devs = list(devices) if devices else [0]
     distinct = sorted(set(devs))
@@ -349,14 +348,17 @@ def run_conditions(prof: Any, fields: dict[str, Any], device_kind: str,
                             "context_switch_ms": 0.0, "iteration_boundary_ms": 0.0,
                             "optimizer": optimizer_fit(prof)}
     costs = None
-    processes = len(distinct) * replicas
-    if device_kind == "cpu" and processes >= 2:
+    if device_kind == "cpu":
+        cond["cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else (os.cpu_count() or 1)
+        if not pin:  # each op alone on a core, its neighbours busy on theirs
+            distinct = distinct[:cond["cores"]]
+    if device_kind == "cpu" and len(distinct) >= 2:
         if progress is not None:
-            progress(f"timing in {processes} processes at once", 0)
-        body = pooled(measure_concurrent(fields, distinct * replicas, repeats, warmup,
-                                         microbatches, "cpu", pin and replicas == 1))
-        cond.update(processes=processes, replicas=replicas,
-                    message_cpu_ms=body["message_cpu_ms"],
+            progress(f"timing in {len(distinct)} processes at once", 0)
+        body = pooled(measure_concurrent(fields, distinct, repeats, warmup, microbatches,
+                                         "cpu", pin))
+        cond.update(processes=len(distinct), message_cpu_ms=body["message_cpu_ms"],
                     message_latency_ms=body["message_latency_ms"],
                     iteration_boundary_ms=body["iteration_boundary_ms"])
         costs = ModelCosts(layers=tuple(_layer("profile", "layer", x) for x in body["layers"]),

@@ -59,8 +59,7 @@ def _pieces(fields: dict[str, Any], device: torch.device, device_kind: str, repe
     prof.run(repeats, warmup, progress)
     costs, details = prof.costs()
     conditions, concurrent = run_conditions(prof, fields, device_kind, devices, repeats,
-                                            warmup, microbatches, progress, pin,
-                                            replicas=int(fields.get("dp", 1)))
+                                            warmup, microbatches, progress, pin)
     return _Measured(costs=concurrent if concurrent is not None else costs, solo=costs,
                      details=details, sampled=prof.layer_indices, conditions=conditions,
                      collectives=None)

@@ -160,11 +160,8 @@ def _print_costs(doc: dict[str, Any], title: str) -> None:
         layer = doc["layers"][0]
         both = layer["forward_ms"] + layer["backward_ms"]
         alone = solo["forward_ms"] + solo["backward_ms"]
-        copies = cond.get("replicas", 1)
         c.print(f"op times measured in {cond['processes']} processes at once (placement "
-                f"{cond['devices']}" + (f", {copies} data-parallel replicas" if copies > 1
-                                        else "") +
-                f"): a layer's F+B {both:.3f} ms against {alone:.3f} ms "
+                f"{cond['devices']}): a layer's F+B {both:.3f} ms against {alone:.3f} ms "
                 f"alone; each gloo message costs {cond['message_cpu_ms'] * 1e3:.0f} us of CPU "
                 "at each end")
     if cond.get("shared"):

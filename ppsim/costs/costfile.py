@@ -15,7 +15,7 @@ A cost file is one JSON object:
      "dp_collectives": {"size": n, "samples": [{"bytes": b, "all_reduce_ms": t,
                         "reduce_scatter_ms": t, "all_gather_ms": t}, ...]}   (optional:
                                                              ppsim.costs.grouptimes)
-     "conditions": {"devices": [0, 1], "processes": 2,                   (optional: what
+     "conditions": {"devices": [0, 1], "processes": 2, "cores": 2,       (optional: what
                     "message_cpu_ms": x, "context_switch_ms": y,          the run adds, as
                     "local_message_cpu_ms": w, "iteration_boundary_ms": z,
                     "optimizer": {"fixed_ms": a, "gbps": b}} | null,     measured)
@@ -85,6 +85,9 @@ class Conditions:
     local_message_cpu_ms: float = 0.0
     """CPU time one gloo message between two ranks on one device costs each end (that
     device); 0: not measured."""
+    cores: int = 0
+    """CPU cores the profile's processes could run on (unpinned ranks share them); 0:
+    not measured."""
 
 
 @dataclass(frozen=True)
@@ -294,7 +297,9 @@ def _conditions(path: str, raw: Any) -> Conditions | None:
                       float(num(where="conditions.message_latency_ms",
                                 value=raw.get("message_latency_ms", 0.0))),
                       float(num(where="conditions.local_message_cpu_ms",
-                                value=raw.get("local_message_cpu_ms", 0.0))))
+                                value=raw.get("local_message_cpu_ms", 0.0))),
+                      validate.count(f"{path}: conditions.cores", raw.get("cores", 0), lo=0,
+                                     hi=1 << 20, fix="re-run ppsim profile"))
 
 
 _CACHE: dict[str, tuple[tuple[int, int], CostFile]] = {}

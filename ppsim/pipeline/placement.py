@@ -76,6 +76,12 @@ class Topology:
     message_cpu_ms: float = 0.0
     shared_links: bool = False
     local_message_cpu_ms: float = 0.0
+    cores: int = 0
+    """Processors every rank's ops share, scheduled by the OS (unpinned CPU ranks); 0:
+    each device is its own processor."""
+    replicas: int = 1
+    """With cores: each rank's twins in lockstep data-parallel replicas, on the same
+    cores, busy when it is."""
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -87,9 +93,19 @@ class Topology:
         return len(set(self.devices)) < len(self.devices)
 
     @property
+    def pooled(self) -> bool:
+        """The ranks' processes (replicas included) outnumber the cores they share."""
+        return 0 < self.cores < self.pp * self.replicas
+
+    @property
+    def compute_devices(self) -> tuple[int, ...]:
+        """Per rank, the processor its ops run on: its device, or one pool for all."""
+        return (0,) * self.pp if self.pooled else self.devices
+
+    @property
     def is_private(self) -> bool:
         """Every rank owns its device and every message its link: the classic model."""
-        return (not self.shares_devices and not self.shared_links
+        return (not self.shares_devices and not self.shared_links and not self.pooled
                 and self.message_cpu_ms == 0 and self.context_switch_ms == 0)
     # local_message_cpu_ms needs ranks sharing a device, so it never makes a private one.
 
@@ -126,8 +142,10 @@ def _finite(field_name: str, value: float | None, default: float) -> float:
 
 
 def topology(cfg: PlacementConfig, pp: int, latency_ms: float,
-             bandwidth_gbps: float) -> Topology:
-    """Resolve a [placement] section for pp ranks; link defaults come from the hardware."""
+             bandwidth_gbps: float, cores: int = 0, replicas: int = 1) -> Topology:
+    """Resolve a [placement] section for pp ranks; link defaults come from the hardware.
+    `cores`, `replicas`: unpinned ranks share that many cores with their twins in
+    `replicas` data-parallel copies (Topology.cores)."""
     devices = tuple(range(pp)) if cfg.devices is None else tuple(cfg.devices)
     if len(devices) != pp:
         raise UserError("placement.devices", f"lists {len(devices)} devices for {pp} ranks",
@@ -153,4 +171,4 @@ def topology(cfg: PlacementConfig, pp: int, latency_ms: float,
     cpu = _finite("message_cpu_ms", cfg.message_cpu_ms, 0.0)
     local = _finite("local_message_cpu_ms", cfg.local_message_cpu_ms, 0.0)
     shared = bool(cfg.shared_links) or len(set(devices)) < len(devices)
-    return Topology(devices, rpn, intra, inter, cs, cpu, shared, local)
+    return Topology(devices, rpn, intra, inter, cs, cpu, shared, local, cores, replicas)

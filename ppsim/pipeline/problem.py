@@ -216,16 +216,19 @@ def _topology(cfg: Config, hw: Hardware) -> Topology | None:
     """The placement's shared resources (None: the private, classic model). A measured
     cost file supplies the per-message CPU times and the context-switch cost unless the
     placement sets them."""
-    pl = cfg.placement
+    pl, cores = cfg.placement, 0
     if cfg.costs_file:
         cond = load_conditions(cfg.costs_file)
+        if cond is not None and pl.devices is None:
+            cores = cond.cores  # unpinned ranks, and their replicas, share the cores
         if cond is not None and cond.message_cpu_ms and not pl.message_cpu_ms:
             pl = replace(pl, message_cpu_ms=cond.message_cpu_ms)
         if cond is not None and cond.context_switch_ms and not pl.context_switch_ms:
             pl = replace(pl, context_switch_ms=cond.context_switch_ms)
         if cond is not None and cond.local_message_cpu_ms and not pl.local_message_cpu_ms:
             pl = replace(pl, local_message_cpu_ms=cond.local_message_cpu_ms)
-    topo = topology(pl, cfg.pipeline.pp, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps)
+    topo = topology(pl, cfg.pipeline.pp, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps, cores,
+                    hw.dp)
     return None if topo.is_private else topo
 
 

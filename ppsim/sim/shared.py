@@ -41,11 +41,18 @@ offloaded tensors are back (ppsim.sim.copies)."""
 
 @dataclass
 class SharedResource:
-    """Processor sharing: every job progresses at rate / (number of jobs)."""
+    """Processor sharing: with n jobs each standing for `weight`, every job progresses
+    at rate while n x weight <= cores, else at rate x cores / (n x weight) (one
+    processor: rate / n)."""
 
     rate: float = 1.0
     switch_ms: float = 0.0
     """Extra work an op pays when it starts beside another (context switch)."""
+    cores: int = 1
+    """Processors the jobs share (a pool of CPU cores the OS schedules them on)."""
+    weight: int = 1
+    """Jobs each running one stands for: the rank's twins in lockstep data-parallel
+    replicas, busy when it is."""
     jobs: dict[int, float] = field(default_factory=dict)
     """job -> remaining work (at full rate)."""
     since: float = 0.0
@@ -53,10 +60,18 @@ class SharedResource:
 
     def _advance(self, now: float) -> None:
         if self.jobs and now > self.since:
-            step = (now - self.since) * self.rate / len(self.jobs)
+            load = len(self.jobs) * self.weight
+            # Written so that one processor's arithmetic is rate / n's to the last digit.
+            step = ((now - self.since) * self.rate * self.cores / load if load > self.cores
+                    else (now - self.since) * self.rate)
             for j in self.jobs:
                 self.jobs[j] -= step
         self.since = now
+
+    def delay(self, work: float) -> float:
+        """Time the current sharing takes to do `work` of one job."""
+        load = len(self.jobs) * self.weight
+        return work * load / (self.rate * self.cores) if load > self.cores else work / self.rate
 
     def add(self, job: int, work: float, now: float) -> None:
         self._advance(now)
@@ -73,11 +88,17 @@ class SharedResource:
         if not self.jobs:
             return None
         job = min(self.jobs, key=lambda j: (self.jobs[j], j))
-        left = max(0.0, self.jobs[job])
-        k = len(self.jobs)
         # One job alone: exactly since + work (what the unshared engine computes).
-        return (self.since + left if k == 1 and self.rate == 1.0
-                else self.since + left * k / self.rate), job
+        return self.since + self.delay(max(0.0, self.jobs[job])), job
+
+
+def processor(topo: Topology) -> SharedResource:
+    """A fresh resource for one of the topology's compute devices: a device of its own
+    processor, or the pool of cores every rank and its replicas share."""
+    if topo.pooled:
+        return SharedResource(switch_ms=topo.context_switch_ms, cores=topo.cores,
+                              weight=topo.replicas)
+    return SharedResource(switch_ms=topo.context_switch_ms)
 
 
 class InFlight(NamedTuple):
@@ -103,13 +124,15 @@ class SharedEngine(Engine):
 
         super().__init__(schedule, table, private, records, copies)
         self.topo = topo
-        self.devices = {d: SharedResource(switch_ms=topo.context_switch_ms)
-                        for d in sorted(set(topo.devices))}
+        self.device_of = topo.compute_devices
+        """Rank -> the processor pool its ops run on (its device; one pool for all
+        ranks where the topology pools cores)."""
+        self.devices = {d: processor(topo) for d in sorted(set(self.device_of))}
         self.links: list[SharedResource] = []
         self.link_index: dict[tuple[str, int, int], int] = {}
         self.sent: dict[int, InFlight] = {}
         """Message key -> the message on its way."""
-        on = [topo.devices.count(d) for d in topo.devices]
+        on = [self.device_of.count(d) for d in self.device_of]
         self.alone = [n == 1 and not topo.context_switch_ms for n in on]
         """Ranks with a device to themselves: their ops take exactly their work."""
         self.work = [0.0] * self.pp
@@ -138,7 +161,7 @@ class SharedEngine(Engine):
         work = self.op_ms(r, kind, st)
         if self.charged:
             work += self.message_cpu[kind][st]
-        d = self.topo.devices[r]
+        d = self.device_of[r]
         self.work[r] = work
         self.devices[d].add(r, work, now)
         self._plan_device(d)
@@ -152,7 +175,7 @@ class SharedEngine(Engine):
         # Wall time, as the executor records it; alone on a device that is the work
         # itself (added as such, so the unshared engine's sums are matched exactly).
         self.busy[r] += self.work[r] if self.alone[r] else now - self.began[r]
-        d = self.topo.devices[r]
+        d = self.device_of[r]
         self.devices[d].remove(r, now)
         super().finish(r, now)
         self._plan_device(d)

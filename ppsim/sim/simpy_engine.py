@@ -51,7 +51,7 @@ from ppsim.pipeline.problem import Problem
 from ppsim.schedules.generators import Action, B, F
 from ppsim.sim.copies import CopyStreams, offloads, wake_delay
 from ppsim.sim.engine import Op, RankRun, Records, Simulation, Transfer, finished
-from ppsim.sim.shared import SharedResource
+from ppsim.sim.shared import SharedResource, processor
 from ppsim.sim.timing import compile_schedule, in_pairs, p2p_link, stage_table
 
 Process = Generator[simpy.Event, Any, None]
@@ -75,9 +75,9 @@ class _Sharing:
     old) and a later plan stands.
     """
 
-    def __init__(self, env: simpy.Environment, switch_ms: float = 0.0) -> None:
+    def __init__(self, env: simpy.Environment, state: SharedResource | None = None) -> None:
         self.env = env
-        self.state = SharedResource(switch_ms=switch_ms)
+        self.state = state or SharedResource()
         self.done: dict[int, simpy.Event] = {}
 
     def use(self, job: int, work: float) -> simpy.Event:
@@ -94,7 +94,7 @@ class _Sharing:
         assert s.since == self.env.now  # plans follow a change made now
         job = s.next_finish()[1]  # type: ignore[index]
         # next_finish's own arithmetic, as a delay from `since`: now + delay is its time.
-        delay = max(0.0, s.jobs[job]) * len(s.jobs) / s.rate
+        delay = s.delay(max(0.0, s.jobs[job]))
         self.env.timeout(delay).callbacks.append(partial(self._wake, s.version))
 
     def _wake(self, version: int, _: simpy.Event) -> None:
@@ -126,9 +126,10 @@ class _Model:
         # A private placement is the classic model, priced by the hardware's link.
         self.topo: Topology | None = None if topo is None or topo.is_private else topo
         self.delay = p2p_link(problem.hardware.transfer_ms)
-        devices = self.topo.devices if self.topo else tuple(range(pp))
+        devices = self.topo.compute_devices if self.topo else tuple(range(pp))
         switch = self.topo.context_switch_ms if self.topo else 0.0
-        self.devices = {d: _Sharing(self.env, switch) for d in sorted(set(devices))}
+        self.devices = {d: _Sharing(self.env, processor(self.topo) if self.topo else None)
+                        for d in sorted(set(devices))}
         self.device_of = [self.devices[d] for d in devices]
         # Alone on a device an op takes exactly its work (and busy adds that work).
         self.alone = [devices.count(d) == 1 and not switch for d in devices]

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppsim.cli.main import main
-from ppsim.pipeline.placement import PlacementConfig, topology
+from ppsim.pipeline.placement import PlacementConfig, Topology, topology
 from ppsim.sim.engine import Records, run
 from ppsim.sim.shared import SharedEngine, SharedResource
 from ppsim.sim.simulate import simulate
@@ -33,9 +33,10 @@ def problems(draw, free_transfers: bool = False):
                            head={"forward_ms": draw(t), "backward_ms": draw(t)})
 
 
-def _shared_run(problem, cfg: PlacementConfig, record: bool = True):
+def _shared_run(problem, cfg: PlacementConfig | Topology, record: bool = True):
     hw = problem.hardware
-    topo = topology(cfg, problem.schedule.pp, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps)
+    topo = cfg if isinstance(cfg, Topology) else topology(
+        cfg, problem.schedule.pp, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps)
     table = stage_table(problem.schedule, problem.stage_costs)
     records = Records(problem.schedule.pp) if record else None
     return SharedEngine(problem.schedule, table, topo, records).run(), records
@@ -88,6 +89,47 @@ def test_processor_sharing_without_dependencies_takes_the_summed_work(works):
         order.append(job)
     assert now == pytest.approx(sum(works))
     assert [works[j] for j in order] == sorted(works)  # shortest finishes first
+
+
+@given(st.integers(1, 8), st.integers(1, 4), st.integers(1, 8), st.floats(0.5, 50.0))
+def test_a_pool_runs_each_job_at_its_share_of_the_cores(cores, weight, jobs, work):
+    """n jobs standing for `weight` processes each, on `cores` processors: each runs at
+    min(1, cores / (n x weight)), so equal jobs started together end together."""
+    pool = SharedResource(cores=cores, weight=weight)
+    for j in range(jobs):
+        pool.add(j, work, 0.0)
+    ends = []
+    while (nxt := pool.next_finish()) is not None:
+        ends.append(nxt[0])
+        pool.remove(nxt[1], nxt[0])
+    stretch = max(1.0, jobs * weight / cores)
+    assert ends[0] == pytest.approx(work * stretch)  # the first ends at the shared rate
+    assert len(ends) == jobs
+
+
+def _pooled(cores: int, replicas: int):
+    p = uniform_problem(2, 1, 2, "gpipe", counts=[1, 1], f=1.0, b=2.0,
+                        hw={"p2p_latency_ms": 0.0, "p2p_bandwidth_gbps": 0.0},
+                        head={"forward_ms": 0.0, "backward_ms": 0.0},
+                        emb={"forward_ms": 0.0, "backward_ms": 0.0})
+    topo = topology(PlacementConfig(), 2, 0.0, 0.0, cores, replicas)
+    return p, topo
+
+
+def test_unpinned_ranks_and_their_replicas_share_the_cores():
+    """GPipe, 2 ranks, 2 microbatches, F 1 ms and B 2 ms a stage, each rank's twin in a
+    second replica, on 2 cores. Alone, r0 F0 0-1; r0 F1 and r1 F0 with their twins are
+    4 processes on 2 cores, each at half speed, 1-3; r1 F1 3-4 and r1 B0 4-6 alone (the
+    twins: 2 processes, 2 cores); r1 B1 and r0 B0 6-10 at half speed; r0 B1 10-12. Private
+    (a core each): 9 ms."""
+    p, topo = _pooled(cores=2, replicas=2)
+    assert topo.pooled and not topo.is_private
+    runs, _ = _shared_run(p, topo)
+    assert max(r.end for r in runs) == pytest.approx(12.0)
+    assert simulate(replace(p, topology=topo)).summary.iteration_time_ms == pytest.approx(
+        simulate(p).summary.iteration_time_ms + 3.0)
+    roomy = _pooled(cores=4, replicas=2)[1]
+    assert not roomy.pooled and roomy.is_private
 
 
 def test_sharing_only_slows_and_context_switches_cost_time():

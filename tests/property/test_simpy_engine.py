@@ -52,6 +52,17 @@ def placed(draw, problems: st.SearchStrategy[Problem]) -> Problem:
     return replace(p, topology=topology(cfg, pp, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps))
 
 
+@st.composite
+def pooled(draw, problems: st.SearchStrategy[Problem]) -> Problem:
+    """A problem whose unpinned ranks and their data-parallel twins share a few cores."""
+    p = draw(problems)
+    pp = p.schedule.pp
+    cfg = PlacementConfig(message_cpu_ms=draw(st.sampled_from([0.0, 0.125])))
+    hw = p.hardware
+    return replace(p, topology=topology(cfg, pp, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps,
+                                        draw(st.integers(1, pp)), draw(st.integers(1, 3))))
+
+
 def assert_same(problem: Problem) -> None:
     ours, theirs = engine.simulate(problem), simpy_engine.simulate(problem)
     # Exact equality of every float: iteration time, each rank's busy time and peaks.
@@ -89,6 +100,12 @@ def test_simpy_engine_equals_the_event_engine_on_shared_placements(problem):
 @settings(max_examples=60, deadline=None)
 @given(placed(random_problems()))
 def test_simpy_engine_equals_the_event_engine_on_random_placements(problem):
+    assert_same(problem)
+
+
+@settings(max_examples=80, deadline=None)
+@given(pooled(tied_problems()))
+def test_simpy_engine_equals_the_event_engine_on_pooled_cores(problem):
     assert_same(problem)
 
 
