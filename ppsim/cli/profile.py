@@ -93,6 +93,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if note := code_note(builder_spec(None, fields)):
         sys.stderr.write(f"ppsim profile: note: {note}\n")
 
+    _check_processes(cfg, args.device)
     if cfg.model.arch.tp > 1 and args.device != "cpu":
         raise UserError("--device", f"tensor parallelism (tp = {cfg.model.arch.tp}) is "
                         "measured on CPU over gloo", "use --device cpu, or --tp 1")
@@ -125,6 +126,23 @@ def cmd_profile(args: argparse.Namespace) -> int:
                  f"{doc['threads']} thread(s)) in {doc['measurement']['seconds']:.1f} s")
     print(f"cost file written to {args.out} (use: ppsim simulate --costs {args.out})")
     return 0
+
+
+def _check_processes(cfg: Config, device: str) -> None:
+    """With dp > 1 on CPU the collectives are timed in pp x tp x dp processes: no more
+    than `ppsim run` would start on this host."""
+    from ppsim.cli.runchecks import RANKS_PER_DEVICE, host_devices
+
+    a = cfg.model.arch
+    if a.dp <= 1 or device != "cpu":
+        return
+    world = cfg.pipeline.pp * a.tp * a.dp
+    cores = host_devices("cpu")
+    if world > RANKS_PER_DEVICE * cores:
+        raise UserError("--dp", f"the data-parallel collectives would be timed in pp x tp x "
+                        f"dp = {world:,} processes, more than {RANKS_PER_DEVICE} per CPU core "
+                        f"of this host ({cores:,})", "profile with a smaller --dp (the "
+                        "timed collectives hold for that group size only)")
 
 
 def _print_costs(doc: dict[str, Any], title: str) -> None:

@@ -131,3 +131,10 @@ def test_simulate_refuses_a_bad_timing_with_one_line(tmp_path, capsys) -> None:
     assert main(["simulate", "--preset", "tiny-gpt", "--dp", "2", "--costs", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "dp_collectives.samples[0].all_reduce_ms" in err[0]
+
+
+def test_profile_refuses_more_processes_than_a_run_here_would_start(capsys) -> None:
+    assert main(["profile", "--preset", "tiny-gpt", "--pp", "2", "--dp", "100000",
+                 "--out", "never-written.json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ppsim profile: error: --dp: ")
