@@ -141,8 +141,8 @@ def _check_processes(cfg: Config, device: str) -> None:
     if world > RANKS_PER_DEVICE * cores:
         raise UserError("--dp", f"the data-parallel collectives would be timed in pp x tp x "
                         f"dp = {world:,} processes, more than {RANKS_PER_DEVICE} per CPU core "
-                        f"of this host ({cores:,})", "profile with a smaller --dp (the "
-                        "timed collectives hold for that group size only)")
+                        f"of this host ({cores:,})", "profile with a smaller --dp; the timed "
+                        "collectives hold for that group size only")
 
 
 def _print_costs(doc: dict[str, Any], title: str) -> None:
