@@ -133,8 +133,9 @@ class SharedEngine(Engine):
         self.sent: dict[int, InFlight] = {}
         """Message key -> the message on its way."""
         on = [self.device_of.count(d) for d in self.device_of]
-        self.alone = [n == 1 and not topo.context_switch_ms for n in on]
-        """Ranks with a device to themselves: their ops take exactly their work."""
+        self.alone = [n == 1 and not topo.context_switch_ms and not topo.pooled for n in on]
+        """Ranks with a device to themselves (not twins' cores): their ops take exactly
+        their work."""
         self.work = [0.0] * self.pp
         self.charged = bool(topo.message_cpu_ms or topo.local_message_cpu_ms)
         n = schedule.num_stages

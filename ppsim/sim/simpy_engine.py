@@ -132,7 +132,8 @@ class _Model:
                         for d in sorted(set(devices))}
         self.device_of = [self.devices[d] for d in devices]
         # Alone on a device an op takes exactly its work (and busy adds that work).
-        self.alone = [devices.count(d) == 1 and not switch for d in devices]
+        pooled = bool(self.topo and self.topo.pooled)
+        self.alone = [devices.count(d) == 1 and not switch and not pooled for d in devices]
         self.charged = bool(self.topo and (self.topo.message_cpu_ms
                                            or self.topo.local_message_cpu_ms))
         self.links: dict[tuple[str, int, int], _Sharing] = {}

@@ -61,3 +61,22 @@ def test_a_bad_core_count_is_refused_naming_its_field(tmp_path, capsys) -> None:
     assert main(["simulate", "--preset", "tiny-gpt", "--costs", path]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "conditions.cores" in err[0]
+
+
+def test_one_rank_with_its_twins_on_one_core_takes_twice_as_long() -> None:
+    """pp 1, dp 2 on one core: the rank's every op shares the core with its twin."""
+    from dataclasses import replace
+
+    from helpers import uniform_problem
+
+    from ppsim.pipeline.placement import PlacementConfig, topology
+    from ppsim.sim.simulate import simulate
+
+    p = uniform_problem(1, 1, 2, "1f1b", counts=[1], f=1.0, b=2.0,
+                        head={"forward_ms": 0.0, "backward_ms": 0.0},
+                        emb={"forward_ms": 0.0, "backward_ms": 0.0})
+    twins = replace(p, topology=topology(PlacementConfig(), 1, 0.0, 0.0, 1, 2))
+    alone, shared = simulate(p).summary, simulate(twins).summary
+    assert shared.iteration_time_ms == pytest.approx(alone.iteration_time_ms + 6.0)
+    # Busy is wall time spent in ops: the shared core's, not the work's.
+    assert shared.ranks[0].busy_ms == pytest.approx(2 * alone.ranks[0].busy_ms)
