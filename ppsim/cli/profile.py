@@ -14,6 +14,7 @@ from typing import Any
 
 from ppsim.cli.costs import COSTS_NOTE, costs_table, hardware_profile
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
+from ppsim.cli.runchecks import RANKS_PER_DEVICE, host_devices
 from ppsim.config import validate
 from ppsim.config.model import TransformerModel
 from ppsim.config.schema import Config
@@ -131,8 +132,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def _check_processes(cfg: Config, device: str) -> None:
     """With dp > 1 on CPU the collectives are timed in pp x tp x dp processes: no more
     than `ppsim run` would start on this host."""
-    from ppsim.cli.runchecks import RANKS_PER_DEVICE, host_devices
-
     a = cfg.model.arch
     if a.dp <= 1 or device != "cpu":
         return
