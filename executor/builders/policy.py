@@ -3,7 +3,7 @@
 Modules are found by their role in a layer (Megatron's names): the GPT block's
 norm1 / q, kv / attention / proj / norm2 and the Llama layer's attn_norm /
 attention.q, k, v (MLA: q_down, kv_down, k_rope; up, its mla_up_proj) / attention.core /
-attention.o / mlp_norm / mlp. Recompute
+attention.o / mlp_norm / mlp; a hybrid layer's norm and mixer play one half's. Recompute
 checkpoints the module (torch.utils.checkpoint, non-reentrant: its inputs kept,
 its internals recomputed in the backward); block N checkpoints the stage's first N
 layers whole. Offload runs a module's forward under saved-tensor hooks that move
@@ -22,6 +22,7 @@ from torch import nn
 
 from ppsim.executor.builders import discard
 from ppsim.executor.builders.common import Piece
+from ppsim.executor.builders.hybrid import HybridLayer
 from ppsim.executor.builders.stage import AttentionCore, checkpointed
 from ppsim.policy.model import StagePolicy
 
@@ -51,9 +52,27 @@ def _roles(layer: nn.Module) -> dict[str, list[nn.Module | Piece]]:
                "mlp": [] if moe else [mlp], "moe": [mlp] if moe else [],
                "expert_fc1": [mlp.fc1] if moe else [], "moe_act": [mlp.act] if moe else [],
                "shared_experts": [mlp.shared] if moe and mlp.shared is not None else []}
+    elif isinstance(layer, HybridLayer):  # one half of the Llama layer's
+        out = _hybrid_roles(layer.norm, layer.mixer)
     else:
         out = {"core_attn": [m for m in layer.modules() if isinstance(m, AttentionCore)]}
     return out
+
+
+def _hybrid_roles(norm: nn.Module, mixer: nn.Module) -> dict[str, list[nn.Module | Piece]]:
+    """A hybrid layer's modules by role: an attention layer's are the attention half's,
+    an MLP or MoE layer's the MLP half's (its norm the mlp_norm); Mamba and GatedDeltaNet
+    layers have none (ppsim.costs.modules.HYBRID_HALVES)."""
+    if hasattr(mixer, "core"):
+        return {"attn_norm": [norm], "qkv_linear": mixer.input_linears(),
+                "core_attn": [mixer.core], "attn_proj": [mixer.o], "layernorm": [norm]}
+    if hasattr(mixer, "router"):
+        return {"mlp_norm": [norm], "layernorm": [norm], "moe": [mixer],
+                "expert_fc1": [mixer.fc1], "moe_act": [mixer.act],
+                "shared_experts": [mixer.shared] if mixer.shared is not None else []}
+    if hasattr(mixer, "up"):
+        return {"mlp_norm": [norm], "layernorm": [norm], "mlp": [mixer]}
+    return {}
 
 
 def _wrap(module: nn.Module | Piece, around: Callable[..., Any]) -> None:
@@ -108,10 +127,10 @@ def _offload_forward(module: nn.Module, cache: dict, forward: Callable[..., Any]
 
 def unsupported(layer: nn.Module, p: StagePolicy) -> tuple[str, ...]:
     """The policy's modules a layer has no piece for: none in the shipped builders'
-    layers (a module a layer lacks, such as moe in a dense one, is one the model prices
-    at nothing there too); in any other layer all but core_attn, which is found by its
-    AttentionCore."""
-    if hasattr(layer, "norm1") or hasattr(layer, "attn_norm"):
+    layers, hybrid ones included (a module a layer lacks, such as moe in a dense one or
+    any in a Mamba one, is one the model prices at nothing there too); in any other
+    layer all but core_attn, which is found by its AttentionCore."""
+    if hasattr(layer, "norm1") or hasattr(layer, "attn_norm") or isinstance(layer, HybridLayer):
         return ()
     named = dict.fromkeys((*p.recompute_modules, *p.offload_modules))
     found = _roles(layer)

@@ -42,7 +42,12 @@ from ppsim.costs.layerops import (
     layer_ops,
     mlp_ops,
 )
-from ppsim.costs.modules import SHORTHAND, kept_tensors, layer_activation_bytes
+from ppsim.costs.modules import (
+    HYBRID_HALVES,
+    ModuleEffect,
+    layer_activation_bytes,
+    module_effect,
+)
 from ppsim.costs.ops import Op
 from ppsim.errors import UserError
 
@@ -291,27 +296,9 @@ def kind_ops(a: Architecture, kind: str, window: int = 0) -> list[Op]:
 # ------------------------------------------------------------------ activation memory
 
 
-def _kept_whole(a: Architecture, kind: str, names: tuple[str, ...]) -> float:
-    """Whole-width bytes of the tensors a transformer layer of `kind` keeps under the
-    global mode (ppsim.costs.modules) whose names start with `names`."""
-    kept = kept_tensors(a, kind, SHORTHAND.get(a.recompute, ()))
-    return a.tp * sum(v for n, v in kept.items() if n.startswith(names))
-
-
-def _attention_bytes(a: Architecture) -> float:
-    """The attention block's kept tensors beyond its norm's input: the norm output,
-    MLA's latents, Q, K, V, the output (and the log-sum-exp where it is kept)."""
-    return _kept_whole(a, "dense", ("norm1.out", "attn.", "q_norm.", "kv_norm."))
-
-
-def _mlp_bytes(a: Architecture) -> float:
-    """The MLP's kept tensors beyond its norm's input: fc1's input, its outputs, the
-    activation's output."""
-    return _kept_whole(a, "dense", ("norm2.out", "mlp."))
-
-
 def _mixer_bytes(a: Architecture, kind: str) -> float:
-    """What the mixer keeps beyond the pre-norm, before tp (whole widths)."""
+    """What a Mamba or GatedDeltaNet mixer keeps beyond the pre-norm, before tp (whole
+    widths)."""
     tok, w = _tokens(a), DTYPE_BYTES[a.dtype]
     if kind == "mamba":
         m = mamba_shape(a)
@@ -321,36 +308,37 @@ def _mixer_bytes(a: Architecture, kind: str) -> float:
         return (tok * (a.hidden_size + m.in_proj + m.conv + 2 * m.inner) * w
                 + tok * (2 * m.heads + m.groups) * 4
                 + tok / MAMBA_CHUNK * m.inner * m.state * 4)
-    if kind == "gdn":
-        d = delta_shape(a)
-        c = GDN_CHUNK
-        # norm output, in_proj output, conv output, l2-normed q and k, the chunk's
-        # A matrix, g and beta (fp32), the chunk states (fp32), core and norm outputs
-        return (tok * (a.hidden_size + d.in_proj + d.conv + 2 * d.key + 2 * d.value) * w
-                + tok * d.value_heads * (c + 3) * 4
-                + tok / c * d.value_heads * a.linear_key_head_dim * a.linear_value_head_dim * 4)
-    if kind in ("attention", "mla", "dsa"):
-        b = a if kind == "attention" else _latent(a)
-        out = _attention_bytes(b)
-        if kind == "dsa":
-            n, d = a.dsa_indexer_n_heads, a.dsa_indexer_head_dim
-            out += tok * ((n * d + d) * w + n * 4 + a.dsa_indexer_topk * 4)
-        return out
-    return _mlp_bytes(a)
+    d = delta_shape(a)
+    c = GDN_CHUNK
+    # norm output, in_proj output, conv output, l2-normed q and k, the chunk's
+    # A matrix, g and beta (fp32), the chunk states (fp32), core and norm outputs
+    return (tok * (a.hidden_size + d.in_proj + d.conv + 2 * d.key + 2 * d.value) * w
+            + tok * d.value_heads * (c + 3) * 4
+            + tok / c * d.value_heads * a.linear_key_head_dim * a.linear_value_head_dim * 4)
 
 
 def mixer_activation_bytes(a: Architecture, kind: str) -> int:
-    """Bytes one microbatch's forward keeps for the backward, per tp rank."""
+    """Bytes one microbatch's forward keeps for the backward, per tp rank: an attention,
+    MLP or MoE layer its half of a decoder layer's (ppsim.costs.modules.HYBRID_HALVES),
+    a Mamba or GatedDeltaNet layer all its tensors, or its input when recomputed whole."""
+    if kind in HYBRID_HALVES:
+        return layer_activation_bytes(a, kind)
     tok, h, w = _tokens(a), a.hidden_size, DTYPE_BYTES[a.dtype]
     if a.recompute == "full":
         return int(tok * h * w / a.tp)  # only the layer's input
     masks = tok * h if a.dropout else 0
-    if kind == "moe-mlp":
-        # A transformer MoE layer less a dense one is the MoE block less a dense MLP.
-        moe = layer_activation_bytes(a, "moe") - layer_activation_bytes(a, "dense")
-        return moe + int((_norm_bytes(a, h) + _mlp_bytes(a)
-                          + masks) / a.tp)
     return int((_norm_bytes(a, h) + _mixer_bytes(a, kind) + masks) / a.tp)
+
+
+def kind_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
+                offload: tuple[str, ...] = (), full: bool = False) -> ModuleEffect:
+    """module_effect for a layer of any kind: a Mamba or GatedDeltaNet layer has no
+    modules, so it keeps all its tensors, or only its input when recomputed whole."""
+    if kind in KINDS or kind in HYBRID_HALVES:
+        return module_effect(a, kind, recompute, offload, full)
+    kept = mixer_activation_bytes(replace(a, recompute="full" if full else "none"), kind)
+    return ModuleEffect(kept_bytes=kept, offloaded_bytes=0, freed_bytes=0,
+                        repeated_ops=frozenset({"*"}) if full else frozenset())
 
 
 def kind_activation_bytes(a: Architecture, kind: str) -> int:

@@ -11,7 +11,7 @@ recompute (`--recompute-method block`) of a layer keeps only the layer's input.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ppsim.costs.arch import DTYPE_BYTES, KINDS, Architecture, attention_shape
 from ppsim.costs.fp8 import FP8_BYTES, FP8_INPUTS, PROJ_INPUT
@@ -80,6 +80,33 @@ def _moves(a: Architecture, module: str) -> tuple[str, ...]:
 LAYER_INPUT = "norm1.in"
 """What a fully recomputed layer keeps: its input (the residual stream)."""
 
+_ATTENTION_HALF = ("norm1.", "attn.", "attn_proj.", "q_norm.", "kv_norm.", "drop1.")
+_ATTENTION_MODULES = ("core_attn", "layernorm", "mla_up_proj", "attn_norm", "qkv_linear",
+                      "attn_proj")
+HYBRID_HALVES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "attention": ("dense", _ATTENTION_HALF, _ATTENTION_MODULES),
+    "mla": ("dense", _ATTENTION_HALF, _ATTENTION_MODULES),
+    "dsa": ("dense", (*_ATTENTION_HALF, "dsa."), _ATTENTION_MODULES),
+    "mlp": ("dense", ("norm2.", "mlp.", "drop2."), ("mlp", "layernorm", "mlp_norm")),
+    "moe-mlp": ("moe", ("norm2.", "router.", "experts.", "shared.", "latent.", "drop2."),
+                ("moe", "moe_act", "shared_experts", "expert_fc1", "layernorm", "mlp_norm")),
+}
+"""A hybrid stack's attention, MLP and MoE layers (ppsim.costs.mixers) as the half of a
+decoder layer each is (Megatron builds them as TransformerLayers with the other half
+empty): hybrid kind -> (the decoder layer's kind, its tensors' name prefixes, the
+recompute and offload modules it has). Mamba and GatedDeltaNet layers have none."""
+
+
+def _half_arch(a: Architecture, kind: str) -> Architecture:
+    """The architecture a hybrid half runs: '+' and 'D' layers are MLA (ppsim.costs.mixers)."""
+    return replace(a, attention="mla") if kind in ("mla", "dsa") else a
+
+
+def layer_input(kind: str) -> str:
+    """The saved tensor that is a layer's input: the first norm's (an MLP or MoE layer of a
+    hybrid stack starts at the second)."""
+    return "norm2.in" if kind in ("mlp", "moe-mlp") else LAYER_INPUT
+
 
 def _tokens(a: Architecture) -> int:
     return a.seq_length * a.micro_batch_size
@@ -105,7 +132,10 @@ def _norm(a: Architecture, name: str, width: int) -> dict[str, float]:
 
 def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
     """Name -> bytes per tp rank of every tensor one microbatch's forward of a layer of
-    `kind` keeps without any recompute (FlashAttention: no s x s scores)."""
+    `kind` keeps without any recompute (FlashAttention: no s x s scores); a hybrid
+    stack's attention, MLP or MoE layer keeps its half's (HYBRID_HALVES)."""
+    if kind in HYBRID_HALVES:
+        return _half_tensors(a, kind)
     tok, h, w = _tokens(a), a.hidden_size, DTYPE_BYTES[a.dtype]
     sh = attention_shape(a)
     t: dict[str, float] = {**_norm(a, "norm1", h)}
@@ -141,6 +171,16 @@ def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
     return {k: v / a.tp for k, v in t.items()}
 
 
+def _half_tensors(a: Architecture, kind: str) -> dict[str, float]:
+    base, prefixes, _ = HYBRID_HALVES[kind]
+    t = {n: v for n, v in saved_tensors(_half_arch(a, kind), base).items()
+         if n.startswith(prefixes)}
+    if kind == "dsa":  # the lightning indexer's queries, keys, weights and top-k indices
+        n, d, w = a.dsa_indexer_n_heads, a.dsa_indexer_head_dim, DTYPE_BYTES[a.dtype]
+        t["dsa.indexer"] = _tokens(a) * ((n * d + d) * w + n * 4 + a.dsa_indexer_topk * 4) / a.tp
+    return t
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModuleEffect:
     """What a set of recompute and offload modules does to one layer of one kind."""
@@ -158,7 +198,11 @@ class ModuleEffect:
 
 def applies(module: str, a: Architecture, kind: str) -> bool:
     """A module exists in a layer of this kind (Megatron ignores the others there); a
-    hybrid stack's mixers (ppsim.costs.mixers) have none of them."""
+    hybrid stack's attention, MLP and MoE layers have their half's (HYBRID_HALVES), its
+    Mamba and GatedDeltaNet layers none."""
+    if kind in HYBRID_HALVES:
+        base, _, own = HYBRID_HALVES[kind]
+        return module in own and applies(module, _half_arch(a, kind), base)
     if kind not in KINDS:
         return False
     if module in ("moe", "moe_act", "expert_fc1"):
@@ -189,17 +233,28 @@ def module_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
     """Kept and offloaded bytes and repeated ops of a layer under these modules; `full`:
     the whole layer recomputed (Megatron's block method), keeping only its input."""
     if full:
-        return ModuleEffect(kept_bytes=int(saved_tensors(a, kind)[LAYER_INPUT]),
+        return ModuleEffect(kept_bytes=int(saved_tensors(a, kind)[layer_input(kind)]),
                             offloaded_bytes=0, freed_bytes=0, repeated_ops=frozenset({"*"}))
-    repeated = {op for m in recompute if applies(m, a, kind) for op in _REPEATS[m]}
     kept = kept_tensors(a, kind, recompute)
     moved = {n for m in offload if applies(m, a, kind) for n in _moves(a, m)} & set(kept)
     freed = moved - _held_elsewhere(a, kind, recompute, offload)
-    present = {op.name for op in layer_ops(a, kind)} | ({"a2a"} if kind == "moe" else set())
     return ModuleEffect(kept_bytes=int(sum(v for n, v in kept.items() if n not in freed)),
                         offloaded_bytes=int(sum(v for n, v in kept.items() if n in moved)),
                         freed_bytes=int(sum(v for n, v in kept.items() if n in freed)),
-                        repeated_ops=frozenset(repeated & present))
+                        repeated_ops=_repeated(a, kind, recompute))
+
+
+def _repeated(a: Architecture, kind: str, recompute: tuple[str, ...]) -> frozenset[str]:
+    """The forward ops the recompute modules run again, of those the layer has (a hybrid
+    layer's one norm is "norm": ppsim.costs.mixers)."""
+    ops = {op for m in recompute if applies(m, a, kind) for op in _REPEATS[m]}
+    base = HYBRID_HALVES[kind][0] if kind in HYBRID_HALVES else kind
+    present = {op.name for op in layer_ops(_half_arch(a, kind), base)}
+    present |= {"a2a"} if base == "moe" else set()
+    if kind in HYBRID_HALVES:
+        ops = {"norm" if op in ("norm1", "norm2") else op for op in ops}
+        present.add("norm")
+    return frozenset(ops & present)
 
 
 def _held_elsewhere(a: Architecture, kind: str, recompute: tuple[str, ...],
@@ -221,8 +276,11 @@ def offloaded_input_bytes(a: Architecture, kind: str, recompute: tuple[str, ...]
     """Of what the offload modules move off a layer, its input's bytes (`attn_norm`
     moves the norm's input, the residual stream the layer takes)."""
     moved = {n for m in offload if applies(m, a, kind) for n in _moves(a, m)}
+    name = layer_input(kind)
+    if name not in moved:
+        return 0
     kept = kept_tensors(a, kind, recompute)
-    return int(kept[LAYER_INPUT]) if LAYER_INPUT in moved and LAYER_INPUT in kept else 0
+    return int(kept[name]) if name in kept else 0
 
 
 SHORTHAND = {"none": (), "selective": ("core_attn",)}

@@ -12,7 +12,7 @@ and experts sharded over ep x tp.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from ppsim.costs.arch import (
@@ -42,9 +42,9 @@ from ppsim.costs.layerops import (
     mtp_ops,
     padded_vocab,
 )
-from ppsim.costs.mixers import any_kind_params, kind_ops, mixer_activation_bytes, mtp_kinds
+from ppsim.costs.mixers import any_kind_params, kind_effect, kind_ops, mtp_kinds
 from ppsim.costs.model import LAYER_FIELDS, LayerCost, ModelCosts
-from ppsim.costs.modules import SHORTHAND, layer_activation_bytes, module_effect
+from ppsim.costs.modules import SHORTHAND, layer_activation_bytes
 from ppsim.costs.ops import Op, Roofline, piece_times
 from ppsim.errors import UserError
 
@@ -148,12 +148,8 @@ def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
         a2a /= acc.a2a_bandwidth_gbps * 1e6
         f += a2a
         bi += a2a
-    if kind in KINDS:
-        effect = module_effect(a, kind, recompute, full=full)
-        act, repeated = effect.kept_bytes, effect.repeated_ops
-    else:  # the hybrid mixers know no module policy: all kept or, recomputed, the input
-        act = mixer_activation_bytes(replace(a, recompute="full") if full else a, kind)
-        repeated = frozenset()
+    effect = kind_effect(a, kind, recompute, full=full)
+    act, repeated = effect.kept_bytes, effect.repeated_ops
     if full:
         bi += f  # the forward runs again before the backward
     elif repeated:

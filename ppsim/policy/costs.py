@@ -15,8 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ppsim.costs.arch import Architecture
+from ppsim.costs.mixers import kind_effect
 from ppsim.costs.model import LayerCost, ModelCosts, StageCost, held_input_bytes
-from ppsim.costs.modules import module_effect, offloaded_input_bytes
+from ppsim.costs.modules import offloaded_input_bytes
 from ppsim.costs.transformer import Accelerator, layer_kinds, transformer_costs
 from ppsim.policy.model import StagePolicy
 from ppsim.sim.copies import estimated
@@ -79,7 +80,7 @@ class PolicyCosts:
         key = (modules, offload)
         hit = self._offload.get(key)
         if hit is None:
-            effects = {k: module_effect(self.arch, k, modules, offload) for k in set(self.kinds)}
+            effects = {k: kind_effect(self.arch, k, modules, offload) for k in set(self.kinds)}
             moved, freed = [0], [0]
             for k in self.kinds:
                 moved.append(moved[-1] + effects[k].offloaded_bytes)

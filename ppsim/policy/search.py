@@ -24,8 +24,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from ppsim.costs.mixers import kind_effect
 from ppsim.costs.model import StageCost
-from ppsim.costs.modules import applies, module_effect
+from ppsim.costs.modules import applies
 from ppsim.pipeline.problem import Problem
 from ppsim.plan.planner import PlanResult, plan
 from ppsim.plan.search import SplitSearch
@@ -61,8 +62,8 @@ def module_groups(pc: PolicyCosts, offload: bool) -> list[StagePolicy]:
         if pc.combined and "moe" in mods:
             continue  # Megatron's combined 1F1B refuses it
         var = pc.layers_under(mods)
-        saved = sum(module_effect(pc.arch, k, ()).kept_bytes
-                    - module_effect(pc.arch, k, mods).kept_bytes for k in kinds)
+        saved = sum(kind_effect(pc.arch, k, ()).kept_bytes
+                    - kind_effect(pc.arch, k, mods).kept_bytes for k in kinds)
         extra = sum(var.layers[pc.kinds.index(k)].backward_ms
                     - pc.base.layers[pc.kinds.index(k)].backward_ms for k in kinds)
         seen.setdefault((saved, round(extra, 9)), StagePolicy(recompute_modules=mods))
@@ -77,7 +78,7 @@ def module_groups(pc: PolicyCosts, offload: bool) -> list[StagePolicy]:
                 for o in OFFLOAD_SETS}
         out += [replace(p, offload_modules=o, offload_fraction=f)
                 for p in list(out) for o in sorted(sets) for f in FRACTIONS
-                if any(module_effect(pc.arch, k, p.recompute_modules, o).offloaded_bytes
+                if any(kind_effect(pc.arch, k, p.recompute_modules, o).offloaded_bytes
                        for k in kinds)]
     return out
 

@@ -70,15 +70,7 @@ def stage_policies(cfg: Config, split: Split, costs: PolicyCosts | None = None
 
 
 def fixed_policy(cfg: Config, split: Split) -> Fixed:
-    """Each virtual stage's configured policy, priced; a module policy on a hybrid stack
-    (whose mixers know no modules: they keep all, or block N recomputes them) refused."""
+    """Each virtual stage's configured policy, priced (a hybrid stack's modules act on
+    its attention, MLP and MoE layers: ppsim.costs.modules.HYBRID_HALVES)."""
     costs = policy_costs(cfg)
-    policies = stage_policies(cfg, split, costs)
-    if cfg.model.fields().get("hybrid_layer_pattern") and any(
-            p.recompute_modules or p.offload_modules for p in policies):
-        raise UserError("memory", "a hybrid layer pattern takes block recompute only "
-                        "(its Mamba, GatedDeltaNet and attention layers have no Megatron "
-                        "recompute or offload modules here)",
-                        "use --recompute-num-layers N (or recompute = \"full\") and drop "
-                        "the recompute and offload modules")
-    return Fixed(costs=costs, policies=policies)
+    return Fixed(costs=costs, policies=stage_policies(cfg, split, costs))

@@ -155,6 +155,12 @@ WINDOW_TOML = tiny_gpt_toml(gated_mlp=True, num_kv_heads=2, norm="rmsnorm", posi
 MLA_POLICY = ["--recompute-modules", "mla_up_proj,layernorm", "--offload-modules",
               "core_attn,qkv_linear"]
 """MLA's up projection and the norms freed; attention's and the latents' inputs offloaded."""
+HYBRID_HALVES = ["--preset", "tiny-hybrid", "--hybrid-layer-pattern", "*-*-E-*-"]
+"""A hybrid stack of attention, MLP and MoE layers only (each half of a decoder layer)."""
+HYBRID_POLICY = ["--recompute-modules", "core_attn,mlp,moe_act", "--offload-modules",
+                 "attn_norm,mlp_norm"]
+"""Each half's own modules: attention and the MLP recomputed, the MoE's activation's
+output freed, both norms' inputs offloaded."""
 SMALL = ["--microbatches", "4", "--iterations", "2", "--timeout-s", "30"]
 
 # test_executor.py's cases: every schedule, both builders, recompute modes and dp 2.
@@ -191,6 +197,8 @@ EXECUTOR = {
     "moe-interleaved-policy": Spec(argv=[*INTERLEAVED, *MOE_CONFIG, *MOE_POLICY]),
     "mla-1f1b-config": Spec(argv=[*ONE_F_ONE_B, *MLA_CONFIG]),
     "mla-1f1b-policy": Spec(argv=[*ONE_F_ONE_B, *MLA_CONFIG, *MLA_POLICY]),
+    "hybrid-1f1b": Spec(argv=[*HYBRID_HALVES, *ONE_F_ONE_B]),
+    "hybrid-1f1b-policy": Spec(argv=[*HYBRID_HALVES, *ONE_F_ONE_B, *HYBRID_POLICY]),
     "window-moe-1f1b-selective": Spec(argv=[*ONE_F_ONE_B, "--config", "{tmp}/window.toml",
                                             "--recompute", "selective"]),
     # data parallelism both ways: DDP, and Megatron's distributed optimizer

@@ -12,6 +12,8 @@ import pytest
 pytest.importorskip("torch")
 
 from launches import (  # noqa: E402
+    HYBRID_HALVES,
+    HYBRID_POLICY,
     INTERLEAVED,
     MLA_CONFIG,
     MLA_POLICY,
@@ -30,12 +32,15 @@ pytestmark = pytest.mark.e2e
 CASES = {"1f1b-policy": ONE_F_ONE_B, "interleaved-policy": INTERLEAVED,
          "zbv-policy": ["--schedule", "zbv", *V, "--microbatches", "4"],
          "moe-interleaved-policy": [*INTERLEAVED, *MOE_CONFIG],
-         "mla-1f1b-policy": [*ONE_F_ONE_B, *MLA_CONFIG]}
+         "mla-1f1b-policy": [*ONE_F_ONE_B, *MLA_CONFIG],
+         "hybrid-1f1b-policy": [*HYBRID_HALVES, *ONE_F_ONE_B]}
 """Each policy launch's flags without the policy."""
 POLICIES = {"1f1b-policy": POLICY, "interleaved-policy": POLICY, "zbv-policy": NORM_POLICY,
-            "moe-interleaved-policy": MOE_POLICY, "mla-1f1b-policy": MLA_POLICY}
+            "moe-interleaved-policy": MOE_POLICY, "mla-1f1b-policy": MLA_POLICY,
+            "hybrid-1f1b-policy": HYBRID_POLICY}
 PLAIN = {"1f1b-policy": "1f1b", "interleaved-policy": "interleaved", "zbv-policy": "zbv",
-         "moe-interleaved-policy": "moe-interleaved-config", "mla-1f1b-policy": "mla-1f1b-config"}
+         "moe-interleaved-policy": "moe-interleaved-config", "mla-1f1b-policy": "mla-1f1b-config",
+         "hybrid-1f1b-policy": "hybrid-1f1b"}
 
 
 def _peaks(trace: Path, pp: int) -> list[int]:

@@ -81,3 +81,93 @@ def test_attention_keeps_the_cost_models_bytes() -> None:
     arch = parse_model({"preset": "tiny-hybrid"}).arch  # type: ignore[union-attr]
     want = kind_activation_bytes(arch, "attention")
     assert abs(_kept(TINY, 2) - want) <= 0.02 * want
+
+
+# ------------------------------------------------------------------ memory policies
+
+from ppsim.costs.mixers import kind_effect  # noqa: E402
+from ppsim.executor.builders import policy as executor_policy  # noqa: E402
+from ppsim.executor.builders.stage import full_model  # noqa: E402
+from ppsim.policy.model import StagePolicy  # noqa: E402
+
+ARCH = parse_model({"preset": "tiny-hybrid"}).arch  # type: ignore[union-attr]
+
+
+def _under(index: int, policy: StagePolicy) -> tuple[int, int]:
+    """(device bytes kept, bytes offloaded) by hybrid layer `index` under the policy."""
+    b = build(TINY)
+    stage = Stage(b, index, 1, False, False)
+    executor_policy.apply_policy(stage.layers, policy)
+    stage = stage.to(b.dtype)
+    x = torch.randn(b.activation_shape, generator=torch.Generator().manual_seed(0)).to(
+        b.dtype).requires_grad_()
+    static = {t.untyped_storage().data_ptr() for t in [*stage.parameters(), *stage.buffers()]}
+    executor_policy.offloaded[0] = 0
+    with saved_bytes(static) as seen:
+        stage(x)
+    return sum(seen.values()), executor_policy.offloaded[0]
+
+
+ALL_OFF = 1.0
+HYBRID_CASES = [
+    (2, "attention", StagePolicy(recompute_modules=("core_attn",))),
+    (2, "attention", StagePolicy(recompute_modules=("layernorm",))),
+    (2, "attention", StagePolicy(offload_modules=("attn_norm", "qkv_linear", "attn_proj"),
+                                 offload_fraction=ALL_OFF)),
+    (2, "attention", StagePolicy(recompute_modules=("layernorm",),
+                                 offload_modules=("core_attn",), offload_fraction=ALL_OFF)),
+    (1, "mlp", StagePolicy(recompute_modules=("mlp",))),
+    (1, "mlp", StagePolicy(recompute_modules=("layernorm",), offload_modules=("mlp_norm",),
+                           offload_fraction=ALL_OFF)),
+    (6, "moe-mlp", StagePolicy(recompute_modules=("moe_act",))),
+    (6, "moe-mlp", StagePolicy(recompute_modules=("moe",))),
+    (6, "moe-mlp", StagePolicy(offload_modules=("expert_fc1", "moe_act"),
+                               offload_fraction=ALL_OFF)),
+]
+
+
+@pytest.mark.parametrize(("index", "kind", "policy"), HYBRID_CASES,
+                         ids=lambda x: x.label() if isinstance(x, StagePolicy) else str(x))
+def test_a_policy_on_a_hybrid_layer_keeps_the_cost_models_bytes(index: int, kind: str,
+                                                                policy: StagePolicy) -> None:
+    """Attention, MLP and MoE layers of a hybrid stack act on their modules as the half
+    of a decoder layer each is: what the executor keeps and offloads under the policy is
+    what ppsim.costs.modules counts for the kind."""
+    kept, moved = _under(index, policy)
+    want = kind_effect(ARCH, kind, policy.recompute_modules, policy.offload_modules)
+    assert want.kept_bytes < kind_activation_bytes(ARCH, kind) or want.offloaded_bytes
+    assert abs(kept - want.kept_bytes) <= 0.02 * want.kept_bytes, (kept, want)
+    assert abs(moved - want.offloaded_bytes) <= 0.02 * max(want.offloaded_bytes, 1), (
+        moved, want)
+
+
+@pytest.mark.parametrize("index", [0, 4])
+def test_mamba_and_gdn_layers_have_no_modules(index: int) -> None:
+    policy = StagePolicy(recompute_modules=("core_attn", "layernorm", "mlp"),
+                         offload_modules=("attn_norm", "mlp_norm"), offload_fraction=ALL_OFF)
+    assert _under(index, policy) == _under(index, StagePolicy())
+    kind = ("mamba", "gdn")[index // 4]
+    assert kind_effect(ARCH, kind, policy.recompute_modules, policy.offload_modules) == \
+        kind_effect(ARCH, kind)
+
+
+def test_a_policy_leaves_a_hybrid_stacks_losses_and_gradients_unchanged() -> None:
+    def loss_and_grads(policy: StagePolicy | None) -> tuple[float, list]:
+        b = build(TINY)
+        model = full_model(b).to(b.dtype)
+        if policy is not None:
+            executor_policy.apply_policy(model.layers, policy)
+        ids, targets = b.microbatch(0, 0, 0)
+        loss = b.loss(model(ids), targets)
+        loss.backward()
+        return loss.item(), [p.grad.clone() for p in model.parameters()]
+
+    want_loss, want = loss_and_grads(None)
+    executor_policy.offloaded[0] = 0
+    got_loss, got = loss_and_grads(StagePolicy(
+        recompute_modules=("core_attn", "mlp", "moe_act", "layernorm"),
+        offload_modules=("qkv_linear", "expert_fc1"), offload_fraction=ALL_OFF))
+    assert executor_policy.offloaded[0] > 0  # the host path ran
+    assert got_loss == want_loss
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)

@@ -238,16 +238,23 @@ def test_attention_output_leaves_the_device_only_with_both_its_savers_offloaded(
     assert module_effect(a, "dense", ("core_attn",), ("attn_proj",)).freed_bytes == out
 
 
-def test_a_hybrid_stack_takes_block_recompute_only(capsys) -> None:
-    """Its mixers have no Megatron modules: a module policy would change nothing in the
-    model or the executor, so it is refused, and the search offers block N alone."""
+def test_a_hybrid_stacks_modules_act_on_its_attention_mlp_and_moe_layers(capsys) -> None:
+    """Megatron builds a hybrid stack's attention, MLP and MoE layers as TransformerLayers
+    with one half: their modules recompute and offload there (simulate, and the search
+    offers them); a stack of Mamba layers alone has none, so the search offers block N
+    alone there."""
     from ppsim.config.schema import config_from_dict
     from ppsim.policy.search import module_groups
     from ppsim.policy.setup import policy_costs
 
-    assert main(["simulate", "--preset", "tiny-hybrid", "--recompute-modules", "mlp"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "memory" in err[0] and "--recompute-num-layers" in err[0]
-    assert main(["simulate", "--preset", "tiny-hybrid", "--recompute-num-layers", "1"]) == 0
+    def peaks(*flags: str) -> list[int]:
+        assert main(["simulate", "--preset", "tiny-hybrid", "--json", *flags]) == 0
+        return [r["peak_activation_bytes"] for r in json.loads(capsys.readouterr().out)["ranks"]]
+
+    plain, policy = peaks(), peaks("--recompute-modules", "mlp,core_attn")
+    assert all(p < q for p, q in zip(policy, plain, strict=True))
     pc = policy_costs(config_from_dict({"model": {"preset": "tiny-hybrid"}}))
-    assert module_groups(pc, offload=True) == [StagePolicy()]
+    assert len(module_groups(pc, offload=False)) > 1
+    mamba = policy_costs(config_from_dict({"model": {"preset": "tiny-hybrid",
+                                                     "hybrid_layer_pattern": "MMMMMMMM"}}))
+    assert module_groups(mamba, offload=True) == [StagePolicy()]
