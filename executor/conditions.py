@@ -331,6 +331,12 @@ def pooled(results: list[dict[str, Any]]) -> dict[str, Any]:
             "iteration_boundary_ms": boundary}
 
 
+def cpu_cores() -> int:
+    """The cores this process (and the ones it starts) may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else (os.cpu_count() or 1)
+
+
 def run_conditions(prof: Any, fields: dict[str, Any], device_kind: str,
                    devices: list[int] | None, repeats: int, warmup: int, microbatches: int,
                    progress: Any, pin: bool = False
@@ -349,8 +355,7 @@ def run_conditions(prof: Any, fields: dict[str, Any], device_kind: str,
                             "optimizer": optimizer_fit(prof)}
     costs = None
     if device_kind == "cpu":
-        cond["cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-            else (os.cpu_count() or 1)
+        cond["cores"] = cpu_cores()
         if not pin:  # each op alone on a core, its neighbours busy on theirs
             distinct = distinct[:cond["cores"]]
     if device_kind == "cpu" and len(distinct) >= 2:

@@ -52,6 +52,8 @@ def _pieces(fields: dict[str, Any], device: torch.device, device_kind: str, repe
         costs, coll = measure_tensor_parallel(fields, tp, repeats, warmup, microbatches)
         if progress is not None:
             progress("tensor-parallel pieces done", warmup + repeats)
+        # No cores recorded: these ops include waits on their peers' collectives, which
+        # pooling the cores (ppsim.pipeline.placement) would stretch as if they were work.
         return _Measured(costs=costs, solo=costs, details={}, sampled=coll["layers_sampled"],
                          conditions=None, collectives=coll)
     torch.manual_seed(0)

@@ -79,9 +79,11 @@ class Topology:
     cores: int = 0
     """Processors every rank's ops share, scheduled by the OS (unpinned CPU ranks); 0:
     each device is its own processor."""
-    replicas: int = 1
-    """With cores: each rank's twins in lockstep data-parallel replicas, on the same
-    cores, busy when it is."""
+    copies: int = 1
+    """With cores: the processes each rank stands for on them, itself and its twins in
+    the other data-parallel replicas (dp), which run its ops in lockstep, busy when it is.
+    A profile with tp > 1 records no cores: its ops hold waits on the tensor-parallel
+    peers' collectives, which sharing would stretch as if they were work."""
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -94,8 +96,8 @@ class Topology:
 
     @property
     def pooled(self) -> bool:
-        """The ranks' processes (replicas included) outnumber the cores they share."""
-        return 0 < self.cores < self.pp * self.replicas
+        """The ranks' processes (their copies included) outnumber the cores they share."""
+        return 0 < self.cores < self.pp * self.copies
 
     @property
     def compute_devices(self) -> tuple[int, ...]:
@@ -142,10 +144,10 @@ def _finite(field_name: str, value: float | None, default: float) -> float:
 
 
 def topology(cfg: PlacementConfig, pp: int, latency_ms: float,
-             bandwidth_gbps: float, cores: int = 0, replicas: int = 1) -> Topology:
+             bandwidth_gbps: float, cores: int = 0, copies: int = 1) -> Topology:
     """Resolve a [placement] section for pp ranks; link defaults come from the hardware.
-    `cores`, `replicas`: unpinned ranks share that many cores with their twins in
-    `replicas` data-parallel copies (Topology.cores)."""
+    `cores`, `copies`: unpinned ranks share that many cores, each standing for `copies`
+    processes (Topology.cores, Topology.copies)."""
     devices = tuple(range(pp)) if cfg.devices is None else tuple(cfg.devices)
     if len(devices) != pp:
         raise UserError("placement.devices", f"lists {len(devices)} devices for {pp} ranks",
@@ -171,4 +173,4 @@ def topology(cfg: PlacementConfig, pp: int, latency_ms: float,
     cpu = _finite("message_cpu_ms", cfg.message_cpu_ms, 0.0)
     local = _finite("local_message_cpu_ms", cfg.local_message_cpu_ms, 0.0)
     shared = bool(cfg.shared_links) or len(set(devices)) < len(devices)
-    return Topology(devices, rpn, intra, inter, cs, cpu, shared, local, cores, replicas)
+    return Topology(devices, rpn, intra, inter, cs, cpu, shared, local, cores, copies)

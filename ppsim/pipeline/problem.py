@@ -220,7 +220,7 @@ def _topology(cfg: Config, hw: Hardware) -> Topology | None:
     if cfg.costs_file:
         cond = load_conditions(cfg.costs_file)
         if cond is not None and pl.devices is None:
-            cores = cond.cores  # unpinned ranks, and their replicas, share the cores
+            cores = cond.cores  # unpinned ranks, and their copies, share the cores
         if cond is not None and cond.message_cpu_ms and not pl.message_cpu_ms:
             pl = replace(pl, message_cpu_ms=cond.message_cpu_ms)
         if cond is not None and cond.context_switch_ms and not pl.context_switch_ms:

@@ -51,8 +51,8 @@ class SharedResource:
     cores: int = 1
     """Processors the jobs share (a pool of CPU cores the OS schedules them on)."""
     weight: int = 1
-    """Jobs each running one stands for: the rank's twins in lockstep data-parallel
-    replicas, busy when it is."""
+    """Processes each running job stands for (a rank and its copies: ppsim.pipeline.
+    placement.Topology.copies)."""
     jobs: dict[int, float] = field(default_factory=dict)
     """job -> remaining work (at full rate)."""
     since: float = 0.0
@@ -94,10 +94,10 @@ class SharedResource:
 
 def processor(topo: Topology) -> SharedResource:
     """A fresh resource for one of the topology's compute devices: a device of its own
-    processor, or the pool of cores every rank and its replicas share."""
+    processor, or the pool of cores every rank and its copies share."""
     if topo.pooled:
         return SharedResource(switch_ms=topo.context_switch_ms, cores=topo.cores,
-                              weight=topo.replicas)
+                              weight=topo.copies)
     return SharedResource(switch_ms=topo.context_switch_ms)
 
 

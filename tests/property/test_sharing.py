@@ -107,12 +107,12 @@ def test_a_pool_runs_each_job_at_its_share_of_the_cores(cores, weight, jobs, wor
     assert len(ends) == jobs
 
 
-def _pooled(cores: int, replicas: int):
+def _pooled(cores: int, copies: int):
     p = uniform_problem(2, 1, 2, "gpipe", counts=[1, 1], f=1.0, b=2.0,
                         hw={"p2p_latency_ms": 0.0, "p2p_bandwidth_gbps": 0.0},
                         head={"forward_ms": 0.0, "backward_ms": 0.0},
                         emb={"forward_ms": 0.0, "backward_ms": 0.0})
-    topo = topology(PlacementConfig(), 2, 0.0, 0.0, cores, replicas)
+    topo = topology(PlacementConfig(), 2, 0.0, 0.0, cores, copies)
     return p, topo
 
 
@@ -122,13 +122,13 @@ def test_unpinned_ranks_and_their_replicas_share_the_cores():
     4 processes on 2 cores, each at half speed, 1-3; r1 F1 3-4 and r1 B0 4-6 alone (the
     twins: 2 processes, 2 cores); r1 B1 and r0 B0 6-10 at half speed; r0 B1 10-12. Private
     (a core each): 9 ms."""
-    p, topo = _pooled(cores=2, replicas=2)
+    p, topo = _pooled(cores=2, copies=2)
     assert topo.pooled and not topo.is_private
     runs, _ = _shared_run(p, topo)
     assert max(r.end for r in runs) == pytest.approx(12.0)
     assert simulate(replace(p, topology=topo)).summary.iteration_time_ms == pytest.approx(
         simulate(p).summary.iteration_time_ms + 3.0)
-    roomy = _pooled(cores=4, replicas=2)[1]
+    roomy = _pooled(cores=4, copies=2)[1]
     assert not roomy.pooled and roomy.is_private
 
 

@@ -38,7 +38,7 @@ def test_ranks_and_replicas_beyond_the_cores_share_them(tmp_path, cores: int, dp
     topo = problem(costs(tmp_path, cores), dp).topology
     assert (topo is not None and topo.pooled) == pooled
     if pooled:
-        assert (topo.cores, topo.replicas) == (cores, dp)
+        assert (topo.cores, topo.copies) == (cores, dp)
 
 
 def test_pinned_ranks_keep_their_devices(tmp_path) -> None:
