@@ -65,6 +65,11 @@ def print_diff(d: dict[str, Any]) -> None:
         k.add_row(kind, str(e["count"]), f"{e['median']:+.1%}", f"{e['p90']:.1%}",
                   f"{e['max']:.1%}", f"{e['median_delta_ms']:+.3f}")
     c.print(k)
+    (ra, rb), (sa, sb) = d["step_ops_ms"]["R"], d["step_ops_ms"]["S"]
+    if ra or rb:
+        c.print(f"step, the longest rank's: reduce (R) A {ra:.3f} ms, B {rb:.3f} ms; "
+                f"optimizer (S) A {sa:.3f} ms, B {sb:.3f} ms (with data parallelism a run's R also "
+                "waits for the other replicas to reach it)", soft_wrap=True)
     if d["largest_divergences"]:
         c.print("largest divergences: " + "; ".join(
             f"rank {x['rank']} {x['kind']}{x['microbatch']} (chunk {x['chunk']}) at "

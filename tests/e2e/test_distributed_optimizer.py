@@ -70,6 +70,8 @@ def test_sharded_state_is_predicted_from_a_sharded_profile(launches: Pool, tmp_p
             pred, real = r["peak_memory_bytes"]
             assert 0 <= real - pred <= 4 + 2 * 16, (case, r["rank"], pred, real)
         peaks[case] = [r["peak_memory_bytes"][1] for r in ranks]
+        assert main(["diff", sim, str(run.tmp / "out" / "trace.json")]) == 0
+        assert f"reduce (R) A {reduce_ms:.3f} ms" in capsys.readouterr().out
         # Calibrating on the run refits the compute, not the timed collectives: they stay.
         fitted = str(tmp_path / f"{case}-calibrated.json")
         assert main(["calibrate", str(run.tmp / "out" / "trace.json"), *run.argv,
