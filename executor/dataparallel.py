@@ -5,6 +5,8 @@ prices:
 
 - DDP (`Replicated`): one flat gradient buffer, all-reduced and averaged after the
   last backward (R); AdamW on every parameter (S).
+- torchtitan's FSDP with pipeline parallelism (`FullyShardedPipelined`): Sharded with an
+  fp32 shard of its own and its gradient's shard kept (ppsim.job.fsdp's accounting).
 - Megatron's distributed optimizer (`Sharded`): weights and gradients in flat buffers
   padded to a multiple of dp; the gradients reduce-scattered and averaged (R); AdamW
   on this rank's 1 / dp of them, in fp32 (a master copy where the model trains in a
@@ -162,10 +164,61 @@ class Sharded:
         return [self.weights, self.grads, *master, *_adam_state(self.optimizer)]
 
 
+class FullyShardedPipelined(Sharded):
+    """torchtitan's FSDP2 with pipeline parallelism (ppsim.job.fsdp): the shards hold the
+    fp32 weights, their gradients and Adam's moments; the weights gathered for the step's
+    forwards and their accumulated gradients are held whole until the reduce-scatter
+    after the last backward (torch.distributed.pipelining syncs once a step). The gather
+    runs after the step, unhidden: torchtitan's runs during the next first forward, unit
+    by unit behind its compute, and the model prices only what that leaves exposed."""
+
+    def __init__(self, params: list[nn.Parameter], device: torch.device, lr: float,
+                 group: Any, size: int, index: int, wire: torch.device | None = None) -> None:
+        super().__init__(params, device, lr, group, size, index, wire)
+        mine = self.weights[self.shard]
+        if self.main.data_ptr() == mine.data_ptr():  # fp32: the shard as a copy of its own
+            self.main = nn.Parameter(mine.clone())
+            self.optimizer = adamw([self.main], lr) if params else None
+        self.grad_shard = torch.zeros_like(self.main)
+        """The reduce-scattered gradient's shard (FSDP keeps it as the shard's .grad)."""
+
+    def reduce(self) -> None:
+        if not self.params:
+            return
+        grads = _on(self.grads, self.wire)
+        out = torch.empty(grads.numel() // self.size, dtype=grads.dtype, device=grads.device)
+        REDUCE_SCATTER(out, grads, group=self.group)
+        self.grad_shard.copy_(out).div_(self.size)
+
+    def step(self) -> None:
+        if self.optimizer is not None:
+            self.main.grad = self.grad_shard
+            self.optimizer.step()
+            self.main.grad = None
+            with torch.no_grad():
+                self.weights[self.shard].copy_(self.main)
+        self.grads.zero_()
+
+    def reduced_grads(self) -> list[torch.Tensor]:
+        if not self.params:
+            return []
+        self.grads[self.shard].copy_(self.grad_shard)
+        return super().reduced_grads()
+
+    def static_tensors(self) -> list[torch.Tensor]:
+        """The whole weights and gradients held for the step; the fp32 shard, its
+        gradient and Adam's moments."""
+        return [*super().static_tensors(), self.grad_shard]
+
+
 def data_parallel(params: list[nn.Parameter], device: torch.device, lr: float, *,
                   sharded: bool, group: Any = None, size: int = 1, index: int = 0,
-                  wire: torch.device | None = None) -> Replicated | Sharded:
-    """The config's way: Sharded under the distributed optimizer with dp > 1, else DDP."""
+                  wire: torch.device | None = None,
+                  fully_sharded: bool = False) -> Replicated | Sharded:
+    """The config's way with dp > 1: FSDP's pipelined form (`fully_sharded`), Sharded
+    under the distributed optimizer, else DDP."""
+    if fully_sharded and size > 1:
+        return FullyShardedPipelined(params, device, lr, group, size, index, wire)
     if sharded and size > 1:
         return Sharded(params, device, lr, group, size, index, wire)
     return Replicated(params, device, lr, group, size, wire)

@@ -122,10 +122,11 @@ class Profiler:
         self.device, self.seed, self.m = device, seed, max(1, microbatches)
         self.clock = _Clock(device)
         rc = str(fields.get("recompute", "none"))
-        self.state_shards = int(fields.get("dp", 1)) if fields.get("distributed_optimizer") \
-            else 1
-        """Replicas the distributed optimizer shards Adam's state over (the runtime's
-        ppsim.executor.dataparallel.Sharded)."""
+        self.fsdp = bool(fields.get("fsdp"))
+        self.state_shards = int(fields.get("dp", 1)) \
+            if fields.get("distributed_optimizer") or self.fsdp else 1
+        """Replicas the distributed optimizer (or FSDP) shards Adam's state over (the
+        runtime's ppsim.executor.dataparallel.Sharded, FullyShardedPipelined)."""
         build: list[tuple[str, str, Stage]] = [
             ("embedding", "embedding", Stage(b, 0, 0, True, False, seed, rc))]
         self.kinds = [layer_kind(b, i) for i in range(b.num_layers)]
@@ -202,7 +203,8 @@ class Profiler:
         """Activation bytes as the runtime counts them (saved tensors and the piece's
         input; on the head the loss's too), static bytes as its optimizer holds them
         (params, grads, AdamW states after a step; under the distributed optimizer its
-        moments and an fp32 master copy a 1 / dp share)."""
+        moments and an fp32 master copy a 1 / dp share, under FSDP its gradient's shard
+        too)."""
         params = list(piece.module.parameters())
         ptrs = {t.untyped_storage().data_ptr() for t in [*params, *piece.module.buffers()]}
         x = self.input_for(piece)
@@ -222,8 +224,10 @@ class Profiler:
         # Sharded keeps one step count for its shard; DDP's AdamW one per tensor.
         state = [v for st in opt.state.values() for k, v in st.items()
                  if k != "step" or self.state_shards == 1]
-        if self.state_shards > 1 and params and params[0].dtype != torch.float32:
+        if self.state_shards > 1 and params and (self.fsdp or params[0].dtype != torch.float32):
             state += [p.float() for p in params]  # the master weights Sharded keeps
+        if self.state_shards > 1 and self.fsdp:
+            state += [p.float() for p in params]  # and FSDP its gradients' shard
         piece.static_bytes = tensor_bytes(tensors) + tensor_bytes(state) // self.state_shards
 
     # --------------------------------------------------------------- all

@@ -47,6 +47,8 @@ class Replica:
     sharded: bool = False
     """Megatron's distributed optimizer: each replica steps 1 / size of the weights
     (ppsim.executor.dataparallel)."""
+    fully_sharded: bool = False
+    """torchtitan's FSDP (its pipelined form): the shards hold the fp32 weights too."""
 
     def global_rank(self, pipeline_rank: int, pp: int) -> int:
         return (self.index * pp + pipeline_rank) * self.tp + self.tp_rank
@@ -106,7 +108,8 @@ class Runtime:
         self.params = [p for m in self.modules.values() for p in m.parameters()]
         self.dp = data_parallel(self.params, device, lr, sharded=self.replica.sharded,
                                 group=self.replica.group, size=self.replica.size,
-                                index=self.replica.index, wire=wire)
+                                index=self.replica.index, wire=wire,
+                                fully_sharded=self.replica.fully_sharded)
         # Parameters and buffers (rotary tables) are static, never activations.
         self._param_ptrs = {t.untyped_storage().data_ptr() for m in self.modules.values()
                             for t in [*m.parameters(), *m.buffers()]}
@@ -267,7 +270,7 @@ class Runtime:
                        f"{dump_grads}.rank{self.replica.global_rank(self.rank, self.schedule.pp)}"
                        ".pt")
         self._step_op("S", self.dp.step)
-        if self.dp.gathers:  # the distributed optimizer's weights (dp > 1)
+        if self.dp.gathers:  # the sharded weights (dp > 1)
             self._step_op("R", self.dp.gather)
         self.rec.end_iteration()
         self._batches, self._prepared = [], -1

@@ -221,7 +221,8 @@ def run(spec: RunSpec) -> dict[str, Any] | None:
     if world != pp * dp * tp:
         raise RuntimeError(f"world size {world} != pp {pp} x dp {dp} x tp {tp}")
     replica = replace(_groups(rank, pp, dp, tp),
-                      sharded=bool(fields.get("distributed_optimizer")))
+                      sharded=bool(fields.get("distributed_optimizer")),
+                      fully_sharded=bool(fields.get("fsdp")))
     progress.RANK.record.rank = rank
     dog = Watchdog(rank, world)
     try:

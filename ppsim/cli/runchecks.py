@@ -68,13 +68,29 @@ def check_features(cfg: Any) -> None:
                         "DeepEP (its processes talk over gloo)", "drop it to run the model "
                         "(simulate and plan price DeepEP)")
     if a.fsdp:
-        raise UserError("model.fsdp", "the executor runs DDP or Megatron's distributed "
-                        "optimizer, not FSDP", "use distributed_optimizer = true (or "
-                        "neither) to run the model; simulate and plan price FSDP")
+        _check_fsdp(cfg)
     if a.distributed_optimizer and a.dp_replicas > 1:
         raise UserError("model.dp_replicas", "the executor's distributed optimizer shards "
                         "over the whole data-parallel group", "drop dp_replicas to run the "
                         "model; simulate and plan price the partial distributed optimizer")
+
+
+def _check_fsdp(cfg: Any) -> None:
+    """The executor runs FSDP as torchtitan does with pipeline parallelism (gathered once
+    a step, reduced after the last backward), over the whole data-parallel group."""
+    a = cfg.model.arch
+    if cfg.pipeline.pp == 1:
+        raise UserError("model.fsdp", "the executor runs FSDP with pipeline parallelism only "
+                        "(without it torchtitan gathers and reduces every microbatch)",
+                        "use pp >= 2 to run it; simulate and plan price FSDP at pp = 1")
+    if a.fsdp_reshard_after_forward == "always":
+        raise UserError("model.fsdp_reshard_after_forward", "always: the executor keeps the "
+                        "gathered weights for the step", "use default or never to run the "
+                        "model; simulate and plan price resharding after each forward")
+    if a.dp_replicas > 1:
+        raise UserError("model.dp_replicas", "the executor's FSDP shards over the whole "
+                        "data-parallel group", "drop dp_replicas to run the model; simulate "
+                        "and plan price HSDP")
 
 
 def check_builder(args: argparse.Namespace, fields: dict[str, Any], memory: Any = None

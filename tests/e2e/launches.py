@@ -201,12 +201,15 @@ EXECUTOR = {
     "hybrid-1f1b-policy": Spec(argv=[*HYBRID_HALVES, *ONE_F_ONE_B, *HYBRID_POLICY]),
     "window-moe-1f1b-selective": Spec(argv=[*ONE_F_ONE_B, "--config", "{tmp}/window.toml",
                                             "--recompute", "selective"]),
-    # data parallelism both ways: DDP, and Megatron's distributed optimizer
-    # (test_distributed_optimizer.py compares the two)
+    # data parallelism three ways: DDP, Megatron's distributed optimizer and FSDP
+    # (test_distributed_optimizer.py compares them)
     "1f1b-dp2": Spec(argv=[*ONE_F_ONE_B, "--dp", "2", "--config", "{tmp}/ddp.toml"],
                      iterations=3),
     "1f1b-dp2-distopt": Spec(argv=[*ONE_F_ONE_B, "--dp", "2", "--config",
                                    "{tmp}/distopt.toml"], iterations=3),
+    # torchtitan's FSDP with pipeline parallelism
+    "1f1b-dp2-fsdp": Spec(argv=[*ONE_F_ONE_B, "--dp", "2", "--config", "{tmp}/fsdp.toml"],
+                          iterations=3),
 }
 
 # test_executor_schedules.py's cases beyond those above; its zb-h1, dualpipev and
@@ -320,6 +323,7 @@ def _prepare(name: str, tmp: Path) -> None:
     (tmp / "window.toml").write_text(WINDOW_TOML)
     (tmp / "ddp.toml").write_text(tiny_gpt_toml())
     (tmp / "distopt.toml").write_text(tiny_gpt_toml(distributed_optimizer=True))
+    (tmp / "fsdp.toml").write_text(tiny_gpt_toml(fsdp=True))
     if name == "torch-dualpipev-csv":
         torch_dualpipev_csv(tmp / "dualpipev.csv")
     if name == "fault":  # an earlier good run the failed one must leave alone

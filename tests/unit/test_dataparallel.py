@@ -1,5 +1,6 @@
 """ppsim.executor.dataparallel on one process (a gloo group of one): the distributed
-optimizer's flat buffers, padding and fp32 master copy step as AdamW on the whole.
+optimizer's (and FSDP's) flat buffers, padding and fp32 master copy step as AdamW on the
+whole.
 Two replicas for real: tests/e2e/test_distributed_optimizer.py."""
 
 from __future__ import annotations
@@ -11,7 +12,12 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
-from ppsim.executor.dataparallel import Replicated, Sharded  # noqa: E402
+from ppsim.executor.builders.stage import tensor_bytes  # noqa: E402
+from ppsim.executor.dataparallel import (  # noqa: E402
+    FullyShardedPipelined,
+    Replicated,
+    Sharded,
+)
 
 
 @pytest.fixture(scope="module")
@@ -73,3 +79,21 @@ def test_bf16_weights_step_from_an_fp32_master(group) -> None:
     start = _params(torch.bfloat16)  # the updates did not round away
     assert not all(torch.equal(a.detach(), b.detach()) for a, b in zip(params, start,
                                                                        strict=True))
+
+
+def test_fsdp_steps_bit_for_bit_as_replicated_from_a_shard_of_its_own(group) -> None:
+    """torchtitan's FSDP (pipelined): the fp32 shard is a tensor of its own, not a view of
+    the gathered weights, and the reduced gradient's shard is kept; the weights step as
+    DDP's, and the state holds the fp32 weights, their gradients and Adam's moments
+    beside the whole weights and gradients (ppsim.job.fsdp: 16 / dp + 8 bytes)."""
+    ddp_params = _params(torch.float32)
+    want = _train(Replicated(ddp_params, torch.device("cpu"), 1e-2, group, 1), ddp_params)
+    params = _params(torch.float32)
+    fsdp = FullyShardedPipelined(params, torch.device("cpu"), 1e-2, group, 1, 0)
+    assert fsdp.main.data_ptr() != fsdp.weights.data_ptr()
+    got = _train(fsdp, params)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    n = sum(p.numel() for p in params)
+    step_counts = 4  # Adam's one step count, a scalar
+    assert tensor_bytes(fsdp.static_tensors()) == (4 + 4 + 16) * n + step_counts

@@ -1,6 +1,6 @@
-"""`ppsim run` runs DDP or Megatron's distributed optimizer over the whole data-parallel
-group; a sharding it does not run is refused in one line before any process starts,
-never run as another (the model prices what the config says)."""
+"""`ppsim run` runs DDP, Megatron's distributed optimizer or torchtitan's pipelined FSDP
+over the whole data-parallel group; a sharding it does not run is refused in one line
+before any process starts, never run as another (the model prices what the config says)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ from ppsim.cli.main import main
 
 
 @pytest.mark.parametrize(("model", "flags", "field"), [
-    ('fsdp = true', [], "model.fsdp"),
+    # without pp torchtitan's FSDP syncs every microbatch; the executor runs its pipelined form
+    ('fsdp = true', ["--pp", "1"], "model.fsdp"),
+    ('fsdp = true\nfsdp_reshard_after_forward = "always"', [],
+     "model.fsdp_reshard_after_forward"),
+    ('fsdp = true\ndp_replicas = 2', [], "model.dp_replicas"),
     ('distributed_optimizer = true\ndp_replicas = 2', [], "model.dp_replicas"),
     # Megatron's flag sets what the config's field does (simulate takes it too).
     ('dp_replicas = 2', ["--use-distributed-optimizer"], "model.dp_replicas"),
