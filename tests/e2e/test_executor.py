@@ -102,7 +102,7 @@ def test_trace_holds_each_action_once_in_rank_order(case, launches: Pool) -> Non
     tmp, argv, summary = run.tmp, run.argv, run.summary
     problem = _problem(argv)
     sched, dp = problem.schedule, _args(argv).dp or 1
-    sharded = any(a.endswith("distopt.toml") for a in argv)
+    sharded = any(a.endswith(("distopt.toml", "fsdp.toml")) for a in argv)
     trace = read_trace(str(tmp / "out" / "trace.json"))
     assert trace.info["source"] == "executor" and trace.info["warmup_iterations"] == 1
     assert trace.info["dp"] == dp
@@ -117,7 +117,7 @@ def test_trace_holds_each_action_once_in_rank_order(case, launches: Pool) -> Non
             assert all(o.chunk == problem.split.stage_chunk(o.stage) for o in ops)
             assert len({o.key for o in ops}) == len(ops)
             # The step ends with the gradient reduce (dp > 1) and the optimizer step, and
-            # under the distributed optimizer the gather of the weights after it.
+            # under the distributed optimizer (or FSDP) the gather of the weights after it.
             step = sorted((o for o in trace.step_ops if o.rank == r and o.iteration == it),
                           key=lambda o: o.start_us)
             assert [o.kind for o in step] == (["S"] if dp == 1 else ["R", "S", "R"]
