@@ -173,3 +173,27 @@ def mla_fields(draw: Any, heads: int) -> dict[str, Any]:
                 head_dim=draw(st.sampled_from([16, 32])),
                 qk_rope_head_dim=draw(st.sampled_from([8, 16])),
                 v_head_dim=draw(st.sampled_from([16, 32])))
+
+
+def kept_under_policy(fields: dict[str, Any], index: int, policy: Any) -> tuple[int, int]:
+    """(device bytes kept, bytes offloaded) by decoder layer `index` of the default
+    builder's model (a hybrid stack's too) under a memory policy: saved tensors and
+    checkpoint inputs, parameters left out."""
+    import torch  # only the executor's tests call this
+
+    from ppsim.executor.builders import DEFAULT_BUILDER, load_builder
+    from ppsim.executor.builders import policy as executor_policy
+    from ppsim.executor.builders.stage import Stage, saved_bytes
+
+    b = load_builder(DEFAULT_BUILDER, fields)
+    stage = Stage(b, index, 1, False, False)
+    executor_policy.apply_policy(stage.layers, policy)
+    stage = stage.to(b.dtype)
+    # A fixed input: the routing (so each expert's share of the pairs) is the same each run.
+    x = torch.randn(b.activation_shape, generator=torch.Generator().manual_seed(0)).to(
+        b.dtype).requires_grad_()
+    static = {t.untyped_storage().data_ptr() for t in [*stage.parameters(), *stage.buffers()]}
+    executor_policy.offloaded[0] = 0
+    with saved_bytes(static) as seen:
+        stage(x)
+    return sum(seen.values()), executor_policy.offloaded[0]

@@ -9,6 +9,7 @@ import types
 import weakref
 
 import pytest
+from helpers import kept_under_policy
 
 torch = pytest.importorskip("torch")
 
@@ -17,7 +18,7 @@ from ppsim.costs.modules import module_effect  # noqa: E402
 from ppsim.executor.builders import DEFAULT_BUILDER, load_builder  # noqa: E402
 from ppsim.executor.builders import policy as executor_policy  # noqa: E402
 from ppsim.executor.builders.llama import architecture  # noqa: E402
-from ppsim.executor.builders.stage import Stage, full_model, saved_bytes  # noqa: E402
+from ppsim.executor.builders.stage import Stage, full_model  # noqa: E402
 from ppsim.executor.runtime import Runtime  # noqa: E402
 from ppsim.policy.model import StagePolicy  # noqa: E402
 
@@ -65,22 +66,6 @@ def test_a_policy_leaves_losses_and_gradients_unchanged(fields: dict, policy) ->
         torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
-def _kept(fields: dict, index: int, policy: StagePolicy) -> tuple[int, int]:
-    """(device bytes kept, bytes offloaded) by decoder layer `index` under the policy."""
-    b = load_builder(DEFAULT_BUILDER, fields)
-    stage = Stage(b, index, 1, False, False)
-    executor_policy.apply_policy(stage.layers, policy)
-    stage = stage.to(b.dtype)
-    # A fixed input: the routing (so each expert's share of the pairs) is the same each run.
-    x = torch.randn(b.activation_shape, generator=torch.Generator().manual_seed(0)).to(
-        b.dtype).requires_grad_()
-    static = {t.untyped_storage().data_ptr() for t in [*stage.parameters(), *stage.buffers()]}
-    executor_policy.offloaded[0] = 0
-    with saved_bytes(static) as seen:
-        stage(x)
-    return sum(seen.values()), executor_policy.offloaded[0]
-
-
 CASES = [
     StagePolicy(),
     StagePolicy(offload_modules=("attn_proj",), offload_fraction=1.0),
@@ -99,7 +84,7 @@ CASES = [
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_dense_bytes_per_module_set_are_the_cost_models(policy, dtype: str) -> None:
     fields = {**LLAMA, "dtype": dtype, "layers": "dense*8"}
-    kept, moved = _kept(fields, 0, policy)
+    kept, moved = kept_under_policy(fields, 0, policy)
     want = module_effect(architecture(fields), "dense", policy.recompute_modules,
                          policy.offload_modules, full=policy.recompute_layers > 0)
     assert abs(kept - want.kept_bytes) <= 0.02 * want.kept_bytes, (kept, want)
@@ -121,7 +106,7 @@ def test_moe_bytes_per_module_set_are_the_cost_models(policy) -> None:
     """The dropless grouped GEMM keeps each (token, slot) pair once, as the model counts
     it (an expert padded to the busiest one's count would keep more)."""
     fields = {**LLAMA, "dtype": "bf16"}
-    kept, moved = _kept(fields, 2, policy)
+    kept, moved = kept_under_policy(fields, 2, policy)
     want = module_effect(architecture(fields), "moe", policy.recompute_modules,
                          policy.offload_modules, full=policy.recompute_layers > 0)
     assert abs(kept - want.kept_bytes) <= 0.02 * want.kept_bytes, (kept, want)
@@ -134,7 +119,7 @@ def test_moe_bytes_per_module_set_are_the_cost_models(policy) -> None:
 def test_gpt_bytes_per_module_set_are_the_cost_models(policy) -> None:
     """The default builder's block (LayerNorm, learned positions, GELU MLP inline): its
     MLP is a piece a policy checkpoints as the Llama layer's MLP module."""
-    kept, moved = _kept(GPT, 0, policy)
+    kept, moved = kept_under_policy(GPT, 0, policy)
     want = module_effect(architecture(GPT), "dense", policy.recompute_modules,
                          policy.offload_modules, full=policy.recompute_layers > 0)
     assert abs(kept - want.kept_bytes) <= 0.02 * want.kept_bytes, (kept, want)
@@ -160,7 +145,7 @@ def test_mla_bytes_per_module_set_are_the_cost_models(policy, kind: str,
     """Latents, the up projection (Megatron's mla_up_proj) and attention with value heads
     narrower than key heads keep what the model counts: no s x s scores, no padded value."""
     fields = {**MLA, "dtype": "bf16", "q_lora_rank": q_lora_rank}
-    kept, moved = _kept(fields, 0 if kind == "dense" else 2, policy)
+    kept, moved = kept_under_policy(fields, 0 if kind == "dense" else 2, policy)
     want = module_effect(architecture(fields), kind, policy.recompute_modules,
                          policy.offload_modules, full=policy.recompute_layers > 0)
     assert abs(kept - want.kept_bytes) <= 0.02 * want.kept_bytes, (kept, want)

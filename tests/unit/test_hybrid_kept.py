@@ -5,6 +5,7 @@ few the reference recomputes under its checkpoints)."""
 from __future__ import annotations
 
 import pytest
+from helpers import kept_under_policy
 
 torch = pytest.importorskip("torch")
 
@@ -14,10 +15,13 @@ from ppsim.costs.mixers import (  # noqa: E402
     MAMBA_CHUNK,
     delta_shape,
     kind_activation_bytes,
+    kind_effect,
     mamba_shape,
 )
+from ppsim.executor.builders import policy as executor_policy  # noqa: E402
 from ppsim.executor.builders.hybrid import build  # noqa: E402
-from ppsim.executor.builders.stage import Stage, saved_bytes  # noqa: E402
+from ppsim.executor.builders.stage import full_model  # noqa: E402
+from ppsim.policy.model import StagePolicy  # noqa: E402
 
 TINY = parse_model({"preset": "tiny-hybrid"}).fields()
 """Pattern M-*-G-E-: Mamba-2, MLP, attention, MLP, GatedDeltaNet, MLP, MoE, MLP."""
@@ -27,14 +31,7 @@ FP32 = 4
 def _kept(fields: dict, index: int) -> int:
     """Bytes layer `index` keeps for its backward: saved tensors and checkpoint inputs,
     parameters left out (as test_executor_policy measures the transformer layers)."""
-    b = build(fields)
-    stage = Stage(b, index, 1, False, False).to(b.dtype)
-    x = torch.randn(b.activation_shape, generator=torch.Generator().manual_seed(0)).to(
-        b.dtype).requires_grad_()
-    static = {t.untyped_storage().data_ptr() for t in [*stage.parameters(), *stage.buffers()]}
-    with saved_bytes(static) as seen:
-        stage(x)
-    return sum(seen.values())
+    return kept_under_policy(fields, index, StagePolicy())[0]
 
 
 def _tokens(fields: dict) -> int:
@@ -85,27 +82,7 @@ def test_attention_keeps_the_cost_models_bytes() -> None:
 
 # ------------------------------------------------------------------ memory policies
 
-from ppsim.costs.mixers import kind_effect  # noqa: E402
-from ppsim.executor.builders import policy as executor_policy  # noqa: E402
-from ppsim.executor.builders.stage import full_model  # noqa: E402
-from ppsim.policy.model import StagePolicy  # noqa: E402
-
 ARCH = parse_model({"preset": "tiny-hybrid"}).arch  # type: ignore[union-attr]
-
-
-def _under(index: int, policy: StagePolicy) -> tuple[int, int]:
-    """(device bytes kept, bytes offloaded) by hybrid layer `index` under the policy."""
-    b = build(TINY)
-    stage = Stage(b, index, 1, False, False)
-    executor_policy.apply_policy(stage.layers, policy)
-    stage = stage.to(b.dtype)
-    x = torch.randn(b.activation_shape, generator=torch.Generator().manual_seed(0)).to(
-        b.dtype).requires_grad_()
-    static = {t.untyped_storage().data_ptr() for t in [*stage.parameters(), *stage.buffers()]}
-    executor_policy.offloaded[0] = 0
-    with saved_bytes(static) as seen:
-        stage(x)
-    return sum(seen.values()), executor_policy.offloaded[0]
 
 
 ALL_OFF = 1.0
@@ -133,7 +110,7 @@ def test_a_policy_on_a_hybrid_layer_keeps_the_cost_models_bytes(index: int, kind
     """Attention, MLP and MoE layers of a hybrid stack act on their modules as the half
     of a decoder layer each is: what the executor keeps and offloads under the policy is
     what ppsim.costs.modules counts for the kind."""
-    kept, moved = _under(index, policy)
+    kept, moved = kept_under_policy(TINY, index, policy)
     want = kind_effect(ARCH, kind, policy.recompute_modules, policy.offload_modules)
     assert want.kept_bytes < kind_activation_bytes(ARCH, kind) or want.offloaded_bytes
     assert abs(kept - want.kept_bytes) <= 0.02 * want.kept_bytes, (kept, want)
@@ -145,7 +122,7 @@ def test_a_policy_on_a_hybrid_layer_keeps_the_cost_models_bytes(index: int, kind
 def test_mamba_and_gdn_layers_have_no_modules(index: int) -> None:
     policy = StagePolicy(recompute_modules=("core_attn", "layernorm", "mlp"),
                          offload_modules=("attn_norm", "mlp_norm"), offload_fraction=ALL_OFF)
-    assert _under(index, policy) == _under(index, StagePolicy())
+    assert kept_under_policy(TINY, index, policy) == kept_under_policy(TINY, index, StagePolicy())
     kind = ("mamba", "gdn")[index // 4]
     assert kind_effect(ARCH, kind, policy.recompute_modules, policy.offload_modules) == \
         kind_effect(ARCH, kind)
