@@ -13,6 +13,7 @@ from helpers import kept_under_policy
 
 torch = pytest.importorskip("torch")
 
+from ppsim.config.model import parse_model  # noqa: E402
 from ppsim.config.schema import load_config  # noqa: E402
 from ppsim.costs.modules import module_effect  # noqa: E402
 from ppsim.executor.builders import DEFAULT_BUILDER, load_builder  # noqa: E402
@@ -27,6 +28,8 @@ LLAMA = {**GPT, "gated_mlp": True, "norm": "rmsnorm", "position": "rotary",
          "num_kv_heads": 2, "ffn_hidden_size": 176, "layers": "dense*2, moe*6",
          "num_experts": 4, "top_k": 2, "moe_ffn_hidden_size": 48, "shared_experts": 1}
 OFFLOAD = ("attn_norm", "qkv_linear", "attn_proj", "mlp_norm")
+HYBRID = parse_model({"preset": "tiny-hybrid"}).fields()
+"""Mamba-2, GatedDeltaNet, attention, MLP and MoE layers (their halves' modules)."""
 
 
 def _loss_and_grads(fields: dict, policy: StagePolicy | None) -> tuple[float, list]:
@@ -54,8 +57,10 @@ def _loss_and_grads(fields: dict, policy: StagePolicy | None) -> tuple[float, li
                         offload_fraction=1.0)),
     (LLAMA, StagePolicy(recompute_modules=("moe_act", "core_attn"), recompute_layers=1,
                         offload_modules=("moe_act", "expert_fc1"), offload_fraction=1.0)),
+    (HYBRID, StagePolicy(recompute_modules=("core_attn", "mlp", "moe_act", "layernorm"),
+                         offload_modules=("qkv_linear", "expert_fc1"), offload_fraction=1.0)),
 ], ids=["gpt", "llama-moe", "llama-shared", "gpt-layernorm", "llama-discarding",
-        "llama-moe_act"])
+        "llama-moe_act", "hybrid"])
 def test_a_policy_leaves_losses_and_gradients_unchanged(fields: dict, policy) -> None:
     want_loss, want = _loss_and_grads(fields, None)
     executor_policy.offloaded[0] = 0
