@@ -80,21 +80,34 @@ def _moves(a: Architecture, module: str) -> tuple[str, ...]:
 LAYER_INPUT = "norm1.in"
 """What a fully recomputed layer keeps: its input (the residual stream)."""
 
-_ATTENTION_HALF = ("norm1.", "attn.", "attn_proj.", "q_norm.", "kv_norm.", "drop1.")
-_ATTENTION_MODULES = ("core_attn", "layernorm", "mla_up_proj", "attn_norm", "qkv_linear",
-                      "attn_proj")
-HYBRID_HALVES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
-    "attention": ("dense", _ATTENTION_HALF, _ATTENTION_MODULES),
-    "mla": ("dense", _ATTENTION_HALF, _ATTENTION_MODULES),
-    "dsa": ("dense", (*_ATTENTION_HALF, "dsa."), _ATTENTION_MODULES),
-    "mlp": ("dense", ("norm2.", "mlp.", "drop2."), ("mlp", "layernorm", "mlp_norm")),
-    "moe-mlp": ("moe", ("norm2.", "router.", "experts.", "shared.", "latent.", "drop2."),
-                ("moe", "moe_act", "shared_experts", "expert_fc1", "layernorm", "mlp_norm")),
+@dataclass(frozen=True)
+class HybridHalf:
+    """The half of a decoder layer a hybrid stack's layer is."""
+
+    base: str
+    """The decoder layer's kind ("dense" or "moe")."""
+    prefixes: tuple[str, ...]
+    """Its saved tensors' name prefixes (the half's share of the layer's)."""
+    modules: tuple[str, ...]
+    """The recompute and offload modules it has."""
+
+
+_ATTENTION_HALF = HybridHalf(
+    base="dense", prefixes=("norm1.", "attn.", "attn_proj.", "q_norm.", "kv_norm.", "drop1."),
+    modules=("core_attn", "layernorm", "mla_up_proj", "attn_norm", "qkv_linear", "attn_proj"))
+HYBRID_HALVES: dict[str, HybridHalf] = {
+    "attention": _ATTENTION_HALF,
+    "mla": _ATTENTION_HALF,
+    "dsa": replace(_ATTENTION_HALF, prefixes=(*_ATTENTION_HALF.prefixes, "dsa.")),
+    "mlp": HybridHalf(base="dense", prefixes=("norm2.", "mlp.", "drop2."),
+                      modules=("mlp", "layernorm", "mlp_norm")),
+    "moe-mlp": HybridHalf(
+        base="moe", prefixes=("norm2.", "router.", "experts.", "shared.", "latent.", "drop2."),
+        modules=("moe", "moe_act", "shared_experts", "expert_fc1", "layernorm", "mlp_norm")),
 }
 """A hybrid stack's attention, MLP and MoE layers (ppsim.costs.mixers) as the half of a
 decoder layer each is (Megatron builds them as TransformerLayers with the other half
-empty): hybrid kind -> (the decoder layer's kind, its tensors' name prefixes, the
-recompute and offload modules it has). Mamba and GatedDeltaNet layers have none."""
+empty). Mamba and GatedDeltaNet layers have none."""
 
 
 def _half_arch(a: Architecture, kind: str) -> Architecture:
@@ -172,9 +185,9 @@ def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
 
 
 def _half_tensors(a: Architecture, kind: str) -> dict[str, float]:
-    base, prefixes, _ = HYBRID_HALVES[kind]
-    t = {n: v for n, v in saved_tensors(_half_arch(a, kind), base).items()
-         if n.startswith(prefixes)}
+    half = HYBRID_HALVES[kind]
+    t = {n: v for n, v in saved_tensors(_half_arch(a, kind), half.base).items()
+         if n.startswith(half.prefixes)}
     if kind == "dsa":  # the lightning indexer's queries, keys, weights and top-k indices
         n, d, w = a.dsa_indexer_n_heads, a.dsa_indexer_head_dim, DTYPE_BYTES[a.dtype]
         t["dsa.indexer"] = _tokens(a) * ((n * d + d) * w + n * 4 + a.dsa_indexer_topk * 4) / a.tp
@@ -201,8 +214,8 @@ def applies(module: str, a: Architecture, kind: str) -> bool:
     hybrid stack's attention, MLP and MoE layers have their half's (HYBRID_HALVES), its
     Mamba and GatedDeltaNet layers none."""
     if kind in HYBRID_HALVES:
-        base, _, own = HYBRID_HALVES[kind]
-        return module in own and applies(module, _half_arch(a, kind), base)
+        half = HYBRID_HALVES[kind]
+        return module in half.modules and applies(module, _half_arch(a, kind), half.base)
     if kind not in KINDS:
         return False
     if module in ("moe", "moe_act", "expert_fc1"):
@@ -248,7 +261,7 @@ def _repeated(a: Architecture, kind: str, recompute: tuple[str, ...]) -> frozens
     """The forward ops the recompute modules run again, of those the layer has (a hybrid
     layer's one norm is "norm": ppsim.costs.mixers)."""
     ops = {op for m in recompute if applies(m, a, kind) for op in _REPEATS[m]}
-    base = HYBRID_HALVES[kind][0] if kind in HYBRID_HALVES else kind
+    base = HYBRID_HALVES[kind].base if kind in HYBRID_HALVES else kind
     present = {op.name for op in layer_ops(_half_arch(a, kind), base)}
     present |= {"a2a"} if base == "moe" else set()
     if kind in HYBRID_HALVES:
