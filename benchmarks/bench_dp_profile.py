@@ -1,11 +1,12 @@
 """How close is a profiled data-parallel run's prediction? Profile, simulate, run, diff.
 
-The tiny GPT on 1F1B, pp 2, split 5,3, 4 microbatches, with dp 2 replicas: DDP and
-Megatron's distributed optimizer. `ppsim profile --dp 2` times the ops in pp x dp
-processes at once (the replicas share the cores, as the run's do) and the
-data-parallel collectives for real; `ppsim simulate --costs` prices the step's reduce by
-them. Each trial profiles, simulates, runs and diffs; the median trial is reported with
-every trial's figures, since this VM's speed swings between minutes.
+The tiny GPT on 1F1B, pp 2, split 5,3, 4 microbatches, with dp 2 replicas: DDP,
+Megatron's distributed optimizer and torchtitan's FSDP (its pipelined form).
+`ppsim profile --dp 2` times the ops in pp processes, records the cores the run's
+pp x dp processes will share (the simulator pools them) and times the data-parallel
+collectives for real; `ppsim simulate --costs` prices the step's reduce by them. Each
+trial profiles, simulates, runs and diffs; the median trial is reported with every
+trial's figures, since this VM's speed swings between minutes.
 
 Run:    .venv/bin/python benchmarks/bench_dp_profile.py [--trials 3] [--iterations 6]
 """
@@ -22,7 +23,8 @@ import tempfile
 
 CASE = ["--preset", "tiny-gpt", "--schedule", "1f1b", "--pp", "2", "--split", "5,3",
         "--microbatches", "4", "--dp", "2"]
-WAYS = {"ddp": [], "distributed optimizer": ["--use-distributed-optimizer"]}
+WAYS = {"ddp": [], "distributed optimizer": ["--use-distributed-optimizer"],
+        "fsdp": ["--fsdp"]}
 
 
 def ppsim(*args: str) -> str:

@@ -74,6 +74,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    action="store_true", default=None, help="with --dp: Megatron's "
                    "distributed optimizer (gradients reduce-scattered, each replica stepping "
                    "its shard, the weights all-gathered)")
+    r.add_argument("--fsdp", action="store_true", default=None, help="with --dp and pp >= 2: "
+                   "torchtitan's FSDP as it runs with pipeline parallelism (fp32 shards, the "
+                   "weights gathered and the gradients reduced once a step)")
     r.add_argument("--versus", metavar="N,N,...",
                    help="also run this split in the same processes, alternating iteration "
                    "by iteration with the run's own, so the machine's drift hits both "

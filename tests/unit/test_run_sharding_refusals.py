@@ -12,6 +12,7 @@ from ppsim.cli.main import main
 @pytest.mark.parametrize(("model", "flags", "field"), [
     # without pp torchtitan's FSDP syncs every microbatch; the executor runs its pipelined form
     ('fsdp = true', ["--pp", "1"], "model.fsdp"),
+    ('', ["--pp", "1", "--fsdp"], "model.fsdp"),  # the flag sets what the field does
     ('fsdp = true\nfsdp_reshard_after_forward = "always"', [],
      "model.fsdp_reshard_after_forward"),
     ('fsdp = true\ndp_replicas = 2', [], "model.dp_replicas"),
