@@ -94,6 +94,9 @@ class Sharded:
     """Megatron's distributed optimizer over `size` replicas, this one `index`."""
 
     gathers = True
+    owns_shard = False
+    """The shard's fp32 weights and its gradient are tensors of their own (FSDP), not
+    views of the flat buffers where the model trains in fp32."""
 
     def __init__(self, params: list[nn.Parameter], device: torch.device, lr: float,
                  group: Any, size: int, index: int, wire: torch.device | None = None) -> None:
@@ -111,8 +114,11 @@ class Sharded:
                 p.data, p.grad = weight.copy_(p), grad
         mine = self.weights[self.shard]
         # fp32 training steps its own weights; a lower precision keeps an fp32 master.
-        self.main = nn.Parameter(mine if dtype == torch.float32 else mine.float())
+        self.main = nn.Parameter(mine.float() if dtype != torch.float32
+                                 else mine.clone() if self.owns_shard else mine)
         self.optimizer = adamw([self.main], lr) if params else None
+        self.reduced = torch.zeros_like(self.main) if self.owns_shard else self.grads[self.shard]
+        """Where reduce() leaves this rank's averaged gradient shard."""
 
     @property
     def _own_master(self) -> bool:
@@ -127,11 +133,11 @@ class Sharded:
         grads = _on(self.grads, self.wire)
         out = torch.empty(grads.numel() // self.size, dtype=grads.dtype, device=grads.device)
         REDUCE_SCATTER(out, grads, group=self.group)
-        self.grads[self.shard].copy_(out).div_(self.size)
+        self.reduced.copy_(out).div_(self.size)
 
     def step(self) -> None:
         if self.optimizer is not None:
-            grad = self.grads[self.shard]
+            grad = self.reduced
             self.main.grad = grad if grad.dtype == self.main.dtype else grad.float()
             self.optimizer.step()
             self.main.grad = None
@@ -155,6 +161,7 @@ class Sharded:
         if not self.params:
             return []
         whole = _on(self.grads, self.wire).clone()
+        whole[self.shard].copy_(self.reduced)
         ALL_GATHER(whole, whole[self.shard].clone(), group=self.group)
         return _views(whole, self.params)
 
@@ -172,43 +179,12 @@ class FullyShardedPipelined(Sharded):
     runs after the step, unhidden: torchtitan's runs during the next first forward, unit
     by unit behind its compute, and the model prices only what that leaves exposed."""
 
-    def __init__(self, params: list[nn.Parameter], device: torch.device, lr: float,
-                 group: Any, size: int, index: int, wire: torch.device | None = None) -> None:
-        super().__init__(params, device, lr, group, size, index, wire)
-        mine = self.weights[self.shard]
-        if self.main.data_ptr() == mine.data_ptr():  # fp32: the shard as a copy of its own
-            self.main = nn.Parameter(mine.clone())
-            self.optimizer = adamw([self.main], lr) if params else None
-        self.grad_shard = torch.zeros_like(self.main)
-        """The reduce-scattered gradient's shard (FSDP keeps it as the shard's .grad)."""
-
-    def reduce(self) -> None:
-        if not self.params:
-            return
-        grads = _on(self.grads, self.wire)
-        out = torch.empty(grads.numel() // self.size, dtype=grads.dtype, device=grads.device)
-        REDUCE_SCATTER(out, grads, group=self.group)
-        self.grad_shard.copy_(out).div_(self.size)
-
-    def step(self) -> None:
-        if self.optimizer is not None:
-            self.main.grad = self.grad_shard
-            self.optimizer.step()
-            self.main.grad = None
-            with torch.no_grad():
-                self.weights[self.shard].copy_(self.main)
-        self.grads.zero_()
-
-    def reduced_grads(self) -> list[torch.Tensor]:
-        if not self.params:
-            return []
-        self.grads[self.shard].copy_(self.grad_shard)
-        return super().reduced_grads()
+    owns_shard = True
 
     def static_tensors(self) -> list[torch.Tensor]:
         """The whole weights and gradients held for the step; the fp32 shard, its
         gradient and Adam's moments."""
-        return [*super().static_tensors(), self.grad_shard]
+        return [*super().static_tensors(), self.reduced]
 
 
 def data_parallel(params: list[nn.Parameter], device: torch.device, lr: float, *,
