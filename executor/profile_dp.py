@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import statistics
 import tempfile
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -22,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ppsim.executor.builders.common import DTYPES
-from ppsim.executor.dataparallel import ALL_GATHER, REDUCE_SCATTER
+from ppsim.executor.profile_tp import time_collectives
 from ppsim.executor.spawned import free_port, spawn_results
 from ppsim.fileio import write_json_atomic
 
@@ -40,28 +39,6 @@ def buffer_sizes(params: int, pp: int, element_bytes: int, dp: int) -> list[int]
     return sorted({max(step, int(per_rank * s) // step * step) for s in SCALES})
 
 
-def _timed_ms(fn: Any, repeats: int, warmup: int) -> float:
-    """Median ms of `fn`; every group starts each repeat together (a world barrier)."""
-    out = []
-    for rep in range(warmup + repeats):
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        if rep >= warmup:
-            out.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(out)
-
-
-def _sample(group: Any, dp: int, nbytes: int, dtype: torch.dtype, repeats: int,
-            warmup: int) -> dict[str, float]:
-    whole = torch.randn(nbytes // torch.empty((), dtype=dtype).element_size()).to(dtype)
-    part = torch.empty(whole.numel() // dp, dtype=dtype)
-    ops = {"all_reduce_ms": lambda: dist.all_reduce(whole, group=group),
-           "reduce_scatter_ms": lambda: REDUCE_SCATTER(part, whole, group=group),
-           "all_gather_ms": lambda: ALL_GATHER(whole, part, group=group)}
-    return {"bytes": nbytes, **{k: _timed_ms(fn, repeats, warmup) for k, fn in ops.items()}}
-
-
 def _worker(rank: int, port: int, positions: int, dp: int, sizes: list[int],
             dtype_name: str, repeats: int, warmup: int, out_dir: str) -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -71,7 +48,11 @@ def _worker(rank: int, port: int, positions: int, dp: int, sizes: list[int],
         # Every rank makes every group, in one order (new_group is collective).
         groups = [dist.new_group([s * dp + r for r in range(dp)]) for s in range(positions)]
         mine = groups[rank // dp]
-        samples = [_sample(mine, dp, n, DTYPES[dtype_name], repeats, warmup) for n in sizes]
+        dtype = DTYPES[dtype_name]
+        element = torch.empty((), dtype=dtype).element_size()
+        # Every group starts each repeat together (a world barrier), as the run reduces.
+        samples = [time_collectives(mine, dp, (n // element,), dtype, repeats, warmup,
+                                    start=None) for n in sizes]
         write_json_atomic(os.path.join(out_dir, f"{rank}.json"), samples)
     finally:
         dist.destroy_process_group()

@@ -30,7 +30,8 @@ from ppsim.fileio import write_json_atomic
 
 
 def _timed_ms(fn: Any, repeats: int, warmup: int, group: Any) -> float:
-    """Median ms of `fn` over repeats; every rank starts each together (a barrier)."""
+    """Median ms of `fn` over repeats; every rank of `group` (None: the world) starts each
+    together (a barrier)."""
     out = []
     for rep in range(warmup + repeats):
         dist.barrier(group=group)
@@ -41,21 +42,21 @@ def _timed_ms(fn: Any, repeats: int, warmup: int, group: Any) -> float:
     return statistics.median(out)
 
 
-
-
-def time_collectives(group: Any, tp: int, shape: tuple[int, ...], dtype: torch.dtype,
-                     repeats: int, warmup: int) -> dict[str, float]:
-    """All-reduce of a (b, s, h) tensor, all-gather into it and reduce-scatter out of it."""
+def time_collectives(group: Any, size: int, shape: tuple[int, ...], dtype: torch.dtype,
+                     repeats: int, warmup: int, *, start: Any) -> dict[str, float]:
+    """All-reduce of a tensor of `shape` over `group` (of `size` ranks), all-gather into
+    it and reduce-scatter out of it, each repeat started together by the ranks of
+    `start` (None: the world, so that several groups run at once)."""
     whole = torch.randn(shape).to(dtype)
-    part = torch.empty(whole.numel() // tp, dtype=dtype)
-    flat = whole.reshape(-1)[:part.numel() * tp].contiguous()
+    part = torch.empty(whole.numel() // size, dtype=dtype)
+    flat = whole.reshape(-1)[:part.numel() * size].contiguous()
     return {"bytes": whole.numel() * whole.element_size(),
             "all_reduce_ms": _timed_ms(lambda: dist.all_reduce(whole, group=group),
-                                       repeats, warmup, group),
+                                       repeats, warmup, start),
             "all_gather_ms": _timed_ms(lambda: ALL_GATHER(flat, part, group=group),
-                                       repeats, warmup, group),
+                                       repeats, warmup, start),
             "reduce_scatter_ms": _timed_ms(lambda: REDUCE_SCATTER(part, flat, group=group),
-                                           repeats, warmup, group)}
+                                           repeats, warmup, start)}
 
 
 class _TogetherClock:
@@ -84,7 +85,7 @@ def _worker(rank: int, port: int, fields: dict[str, Any], tp: int, repeats: int,
         prof.run(repeats, warmup)  # every rank runs the same ops: the collectives pair up
         costs, _ = prof.costs()
         coll = time_collectives(group, tp, tuple(prof.builder.activation_shape),
-                                prof.builder.dtype, repeats, warmup)
+                                prof.builder.dtype, repeats, warmup, start=group)
         write_json_atomic(os.path.join(out_dir, f"{rank}.json"), {
             "layers": [layer_dict(c) for c in costs.layers],
             "embedding": layer_dict(costs.embedding), "head": layer_dict(costs.head),
