@@ -90,6 +90,8 @@ class HybridHalf:
     """Its saved tensors' name prefixes (the half's share of the layer's)."""
     modules: tuple[str, ...]
     """The recompute and offload modules it has."""
+    input: str = LAYER_INPUT
+    """The saved tensor that is its input: its norm's."""
 
 
 _ATTENTION_HALF = HybridHalf(
@@ -100,10 +102,11 @@ HYBRID_HALVES: dict[str, HybridHalf] = {
     "mla": _ATTENTION_HALF,
     "dsa": replace(_ATTENTION_HALF, prefixes=(*_ATTENTION_HALF.prefixes, "dsa.")),
     "mlp": HybridHalf(base="dense", prefixes=("norm2.", "mlp.", "drop2."),
-                      modules=("mlp", "layernorm", "mlp_norm")),
+                      modules=("mlp", "layernorm", "mlp_norm"), input="norm2.in"),
     "moe-mlp": HybridHalf(
         base="moe", prefixes=("norm2.", "router.", "experts.", "shared.", "latent.", "drop2."),
-        modules=("moe", "moe_act", "shared_experts", "expert_fc1", "layernorm", "mlp_norm")),
+        modules=("moe", "moe_act", "shared_experts", "expert_fc1", "layernorm", "mlp_norm"),
+        input="norm2.in"),
 }
 """A hybrid stack's attention, MLP and MoE layers (ppsim.costs.mixers) as the half of a
 decoder layer each is (Megatron builds them as TransformerLayers with the other half
@@ -116,9 +119,8 @@ def _half_arch(a: Architecture, kind: str) -> Architecture:
 
 
 def layer_input(kind: str) -> str:
-    """The saved tensor that is a layer's input: the first norm's (an MLP or MoE layer of a
-    hybrid stack starts at the second)."""
-    return "norm2.in" if kind in ("mlp", "moe-mlp") else LAYER_INPUT
+    """The saved tensor that is a layer's input: the first norm's (a hybrid half's own)."""
+    return HYBRID_HALVES[kind].input if kind in HYBRID_HALVES else LAYER_INPUT
 
 
 def _tokens(a: Architecture) -> int:
