@@ -189,6 +189,13 @@ _HOST = {"h100": dict(host_link_gbps=63.0, host_memory_bytes=2e12),
 # Architecture whitepaper) and on the H200 (the same GH100; torch reports 132 on the
 # lent one), 108 on the A100 (NVIDIA A100 whitepaper). A communication kernel that
 # holds some of them beside compute (DeepEP's 20) slows that compute by their share.
+# NCCL runs a collective as one CTA per channel, each alone on its SM ("NCCL CTAs
+# won't share an SM with compute kernels"), and takes as many channels as the
+# platform's bandwidth needs: 16 SMs on a DGX with 8 NICs (NCCL's maintainer,
+# NVIDIA/nccl issue 689); NCCL's own log of a ring over three 8-GPU, 8-NIC H100 nodes
+# lists 16 channels (NVIDIA/nccl issue 1453). A data-parallel collective hidden
+# behind compute slows it by 16 / sm_count.
+_COLLECTIVE_SMS = dict(collective_sms=16)
 
 HARDWARE_PRESETS: dict[str, dict] = {
     "a100-80gb": dict(memory_bytes=80e9, peak_tflops=312.0, efficiency=0.5,
@@ -196,19 +203,20 @@ HARDWARE_PRESETS: dict[str, dict] = {
                       matmul_efficiency=_curve(250.0, 5.0, 312.0),
                       attention_efficiency=0.55, memory_bandwidth_gbps=1850.0,
                       kernel_overhead_us=10.0, sm_count=108, **_TOPOLOGY_A,
+                      **_COLLECTIVE_SMS,
                       **_HOST["a100"]),
     "h100-80gb": dict(memory_bytes=80e9, peak_tflops=989.0, fp8_peak_tflops=1979.0,
                       fp8_efficiency_ratio=0.92, efficiency=0.45,
                       p2p_bandwidth_gbps=50.0, p2p_latency_ms=0.01,
                       matmul_efficiency=_curve(727.0, 5.0), attention_efficiency=0.35,
                       memory_bandwidth_gbps=3000.0, kernel_overhead_us=10.0, sm_count=132,
-                      **_TOPOLOGY_H, **_HOST["h100"]),
+                      **_TOPOLOGY_H, **_HOST["h100"], **_COLLECTIVE_SMS),
     "h200-141gb": dict(memory_bytes=141e9, peak_tflops=989.0, fp8_peak_tflops=1979.0,
                        fp8_efficiency_ratio=0.92, efficiency=0.45,
                        p2p_bandwidth_gbps=50.0, p2p_latency_ms=0.01,
                        matmul_efficiency=_curve(813.0, 40.0), attention_efficiency=0.30,
                        memory_bandwidth_gbps=3000.0, kernel_overhead_us=80.0, sm_count=132,
-                       **_TOPOLOGY_H, **_HOST["h100"]),
+                       **_TOPOLOGY_H, **_HOST["h100"], **_COLLECTIVE_SMS),
     "cpu": dict(memory_bytes=16e9, peak_tflops=0.04, efficiency=1.0,
                 p2p_bandwidth_gbps=1.0, p2p_latency_ms=0.05),
 }

@@ -143,6 +143,10 @@ class HardwareConfig:
     sm_count: int = 0
     """Streaming multiprocessors per GPU (the SMs a communication kernel holds beside
     compute slow it by their share); 0: unknown, such kernels cost compute nothing."""
+    collective_sms: int = 0
+    """SMs an NCCL collective across nodes holds while it runs, one per channel (16 on
+    a node of 8 NICs); the compute a data-parallel collective hides behind runs on the
+    rest. 0: unknown, hidden collectives cost compute nothing."""
     intra_node_bandwidth_gbps: float = 0.0
     """NVLink per GPU per direction, GB/s; 0: inter_node_bandwidth_gbps."""
     intra_node_latency_us: float = 0.0

@@ -174,6 +174,11 @@ def hardware(hw: Any) -> None:
            fix="give the devices that share one host, e.g. 8")
     count("hardware.sm_count", getattr(hw, "sm_count", 0), lo=0, hi=1 << 16,
           fix="give the GPU's streaming multiprocessors (H100 SXM: 132), or 0 for unknown")
+    sms = int(getattr(hw, "sm_count", 0))  # an integer: checked just above
+    count("hardware.collective_sms", getattr(hw, "collective_sms", 0), lo=0,
+          hi=max(0, sms - 1) if sms else 1 << 16,
+          fix="give the SMs an NCCL collective holds (its channels, 16 on a node of 8 "
+              "NICs), fewer than sm_count, or 0 for unknown")
     curve = getattr(hw, "matmul_efficiency", None)
     if curve is not None:
         fix = "write [[GFLOP, fraction of peak], ...], e.g. [[1, 0.2], [1000, 0.8]]"

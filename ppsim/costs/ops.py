@@ -52,6 +52,7 @@ class Roofline:
     """What a device achieves, per kind of work."""
 
     peak_tflops: float
+    """Dense peak of the training dtype."""
     efficiency: float = 0.5
     """Matmul efficiency when no curve is given."""
     matmul_efficiency: tuple[tuple[float, float], ...] = ()

@@ -12,7 +12,7 @@ and experts sharded over ep x tp.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ppsim.costs.arch import (
@@ -56,34 +56,14 @@ __all__ = ["ATTENTION", "DTYPE_BYTES", "KINDS", "NORMS", "POSITIONS", "RECOMPUTE
 
 
 @dataclass(frozen=True, kw_only=True)
-class Accelerator:
-    peak_tflops: float
-    """Dense peak of the training dtype."""
-    efficiency: float = 0.5
-    """Achieved fraction of peak for matmuls when no curve is given."""
+class Accelerator(Roofline):
+    """A device's roofline, and the rate its ranks send at in the MoE all-to-all."""
+
     a2a_bandwidth_gbps: float = 0.0
     """GB/s each rank sends at in the MoE all-to-all; 0: free."""
-    matmul_efficiency: tuple[tuple[float, float], ...] = ()
-    """(GFLOP of one matmul, fraction of peak) points; empty: `efficiency` for all."""
-    attention_efficiency: float = 0.0
-    """FlashAttention's fraction of peak; 0: as a matmul of its FLOPs."""
-    memory_bandwidth_gbps: float = 0.0
-    """Achieved device-memory bandwidth; 0: memory-bound ops are free."""
-    kernel_overhead_us: float = 0.0
-    """Least time one kernel takes (host dispatch and launch)."""
-    fp8_peak_tflops: float = 0.0
-    """Dense FP8 peak; 0: no FP8 tensor cores."""
-    fp8_efficiency_ratio: float = 1.0
-    """FP8 GEMMs' share of their peak over bf16's at the same FLOPs."""
 
     def roofline(self) -> Roofline:
-        return Roofline(peak_tflops=self.peak_tflops, efficiency=self.efficiency,
-                        matmul_efficiency=self.matmul_efficiency,
-                        attention_efficiency=self.attention_efficiency,
-                        memory_bandwidth_gbps=self.memory_bandwidth_gbps,
-                        kernel_overhead_us=self.kernel_overhead_us,
-                        fp8_peak_tflops=self.fp8_peak_tflops,
-                        fp8_efficiency_ratio=self.fp8_efficiency_ratio)
+        return Roofline(**{f.name: getattr(self, f.name) for f in fields(Roofline)})
 
 
 def accelerator(hw: Any) -> Accelerator:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from ppsim.costs.arch import DTYPE_BYTES, Architecture, grad_bytes, layer_kinds, optimizer_shards
 from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.costs.transformer import held_params
-from ppsim.job.collectives import all_gather_ms, sharded_reduce_ms
+from ppsim.job.collectives import all_gather_ms, behind_compute_ms, sharded_reduce_ms
 
 if TYPE_CHECKING:
     from ppsim.job.model import Job
@@ -153,7 +153,8 @@ def step_reduce_ms(job: Job, params: int, expert_params: int, forward_ms: float,
     if not steps.forward_gather:
         first = job.embedding_params if holds_embedding else layer_unit_params(job.arch)
         whole = gather_ms(job, params, expert_params)
-        out += max(gather_ms(job, min(first, params)), whole - forward_ms)
+        out += behind_compute_ms(whole, forward_ms, job.collective_sm_share,
+                                 gather_ms(job, min(first, params)))
     if not steps.backward_reduce:
         out += reduce_ms(job, params, expert_params)
     return out

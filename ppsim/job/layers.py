@@ -35,7 +35,13 @@ from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.costs.ops import op_times, piece_times
 from ppsim.costs.transformer import Accelerator, transformer_costs
 from ppsim.job import fsdp
-from ppsim.job.collectives import all_gather_ms, all_to_all_ms, deepep_ms, send_ms
+from ppsim.job.collectives import (
+    all_gather_ms,
+    all_to_all_ms,
+    behind_compute_ms,
+    deepep_ms,
+    send_ms,
+)
 from ppsim.job.model import Job
 
 MOE_KINDS = ("moe", "moe-mlp")
@@ -211,13 +217,16 @@ def pair_saving_ms(job: Job, a: Architecture, acc: Accelerator, kind: str = "moe
 
 
 def _hidden(comm: float, compute: float, overlap: bool) -> float:
-    return max(0.0, comm - compute) if overlap else comm
+    """Tensor-parallel collectives under --tp-comm-overlap: TE's userbuffers, whose SMs
+    each GEMM's configuration sets (priced as two ideal streams)."""
+    return behind_compute_ms(comm, compute, 0.0) if overlap else comm
 
 
 def fsdp_collectives(job: Job, cost: LayerCost, head: bool = False) -> PieceCollectives:
     """FSDP's collectives of one unit (`cost`: its compute alone) in each microbatch:
     hidden behind a unit's compute as far as it lasts (ppsim.job.fsdp). The head's unit
-    keeps its weights to the backward unless the policy is "always" (torchtitan)."""
+    keeps its weights to the backward unless the policy is "always" (torchtitan). What
+    the unit's compute hides costs it NCCL's SMs (Job.collective_sm_share)."""
     steps = job.fsdp_steps
     if steps is None or not steps.per_microbatch:
         return PieceCollectives()
@@ -228,11 +237,12 @@ def fsdp_collectives(job: Job, cost: LayerCost, head: bool = False) -> PieceColl
     b = (gather if again else 0.0) \
         + (fsdp.reduce_ms(job, cost.params, cost.expert_params) if steps.backward_reduce
            else 0.0)
+    share = job.collective_sm_share
     return PieceCollectives(
-        forward=(Collective(group="dp", total_ms=f, exposed_ms=_hidden(f, cost.forward_ms,
-                                                                       True)),) if f else (),
-        backward=(Collective(group="dp", total_ms=b, exposed_ms=_hidden(b, cost.backward_ms,
-                                                                        True)),) if b else ())
+        forward=(Collective(group="dp", total_ms=f, exposed_ms=behind_compute_ms(
+            f, cost.forward_ms, share)),) if f else (),
+        backward=(Collective(group="dp", total_ms=b, exposed_ms=behind_compute_ms(
+            b, cost.backward_ms, share)),) if b else ())
 
 
 def edge_collectives(job: Job, a: Architecture, cost: LayerCost,

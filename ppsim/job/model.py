@@ -96,6 +96,8 @@ class Job:
     """SMs DeepEP's kernels hold (--moe-flex-dispatcher-num-sms); None: Megatron's 20."""
     sm_count: int = 0
     """The GPU's streaming multiprocessors; 0: unknown."""
+    collective_sms: int = 0
+    """SMs an NCCL collective's kernel holds while it runs (its channels); 0: unknown."""
     ddp_bucket_size: int | None = None
     """Parameters per gradient bucket; None: Megatron's default."""
     ddp_num_buckets: int | None = None
@@ -122,6 +124,15 @@ class Job:
         if not self.deepep or not self.sm_count:
             return 0.0
         return self.deepep_sms / self.sm_count
+
+    @property
+    def collective_sm_share(self) -> float:
+        """The share of the GPU's SMs a data-parallel collective's kernel holds from the
+        compute it runs beside: NCCL's channels, one CTA each, never sharing an SM with
+        compute; 0 where either count is unknown."""
+        if not self.sm_count:
+            return 0.0
+        return min(self.collective_sms, self.sm_count) / self.sm_count
 
     @property
     def deepep_buffer_bytes(self) -> int:
@@ -205,7 +216,8 @@ class Job:
 
     def describe(self) -> dict[str, Any]:
         """The job for JSON: sizes, batch, sharding, FP8 (None in bf16), the combined
-        1F1B's all-to-all overlap, and which groups cross nodes."""
+        1F1B's all-to-all overlap, the SMs communication holds, and which groups cross
+        nodes."""
         s, g = self.shape.sizes, self.groups
         return {"gpus": s.gpus, "tp": s.tp, "cp": s.cp, "ep": s.ep, "dp": s.dp, "pp": s.pp,
                 "global_batch_size": self.shape.global_batch_size,
@@ -218,6 +230,7 @@ class Job:
                 "ep_overlap": self.overlap_moe_expert_parallel_comm,
                 "moe_token_dispatcher_type": self.moe_token_dispatcher_type,
                 "dispatcher_sm_share": self.dispatcher_sm_share,
+                "collective_sm_share": self.collective_sm_share,
                 "deepep_buffer_bytes": self.deepep_buffer_bytes,
                 "crosses_nodes": {"tp": g.tp.crosses_nodes, "cp": g.cp.crosses_nodes,
                                   "ep": g.ep.crosses_nodes, "dp": g.dp.crosses_nodes,
@@ -275,5 +288,6 @@ def build_job(cfg: Any, timed_dp: GroupTimes | None = None) -> Job | None:
                delay_wgrad_compute=p.delay_wgrad_compute,
                flex_dispatcher_num_sms=p.moe_flex_dispatcher_num_sms,
                sm_count=getattr(cfg.hardware, "sm_count", 0),
+               collective_sms=getattr(cfg.hardware, "collective_sms", 0),
                ddp_bucket_size=p.ddp_bucket_size, ddp_num_buckets=p.ddp_num_buckets,
                timed_dp=timed_dp)

@@ -8,6 +8,7 @@ rank steps its 1 / (dp x cp) shard, all-gathers the bf16 parameters; without it,
 all-reduce. --overlap-grad-reduce launches each bucket as the last microbatch's
 backward finishes it: what outlasts that backward is exposed, and never less than the
 last bucket. --overlap-param-gather gathers during the next forward the same way.
+What they hide still holds NCCL's SMs from the compute beside them (Job.collective_sm_share).
 Buckets fill in reverse order of the forward and close once they reach the bucket size,
 so the rank holding the embedding has it in the bucket reduced last and gathered first:
 that bucket is at least the embedding's own parameters (131,072 x 2,048 = 268M for
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING
 from ppsim.costs.arch import DTYPE_BYTES, adam_step_bytes, grad_bytes
 from ppsim.costs.fp8 import gathered_weight_bytes
 from ppsim.job import fsdp
-from ppsim.job.collectives import all_gather_ms, all_reduce_ms, sharded_reduce_ms
+from ppsim.job.collectives import all_gather_ms, all_reduce_ms, behind_compute_ms, sharded_reduce_ms
 
 if TYPE_CHECKING:
     from ppsim.job.model import Job
@@ -34,7 +35,8 @@ class Tail:
     """One rank's step after its last backward, ms."""
 
     reduce_ms: float
-    """Exposed gradient reduction and parameter gather."""
+    """Exposed gradient reduction and parameter gather, and what their kernels' SMs
+    cost the compute they run beside."""
     optimizer_ms: float
     """AdamW on the rank's (shard of its) parameters."""
 
@@ -49,8 +51,9 @@ def bucket_params(job: Job, params: int) -> int:
     return max(40_000_000, 1_000_000 * job.groups.dp.size)
 
 
-def _overlapped(total: float, last_bucket: float, window: float, overlap: bool) -> float:
-    return max(last_bucket, total - window) if overlap else total
+def _overlapped(total: float, last_bucket: float, window: float, overlap: bool,
+                share: float) -> float:
+    return behind_compute_ms(total, window, share, last_bucket) if overlap else total
 
 
 def edge_params(job: Job, holds_embedding: bool, holds_head: bool) -> int:
@@ -83,6 +86,7 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
     grads, w16 = grad_bytes(job.arch), DTYPE_BYTES[job.arch.dtype]
     weights = gathered_weight_bytes(job.arch, w16)
     edges = edge_params(job, holds_embedding, holds_head)
+    share = job.collective_sm_share
     if job.arch.fsdp:
         reduce = fsdp.step_reduce_ms(job, params, expert_params, forward_ms, holds_embedding)
     elif job.arch.distributed_optimizer:
@@ -95,14 +99,14 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
             return all_gather_ms(n * weights + wide * (w16 - weights), job.link(g + "_shard"))
 
         reduce = (_overlapped(sum(rs(n, g) for n, g in named), rs(bucket, last_g),
-                              backward_ms, job.overlap_grad_reduce)
+                              backward_ms, job.overlap_grad_reduce, share)
                   + _overlapped(sum(ag(n, g, edges if g == "dp" else 0) for n, g in named),
                                 ag(bucket, last_g, min(bucket, embedding)),
-                                forward_ms, job.overlap_param_gather))
+                                forward_ms, job.overlap_param_gather, share))
     else:
         ar = sum(all_reduce_ms(n * grads, job.link(g)) for n, g in named)
         reduce = _overlapped(ar, all_reduce_ms(bucket * grads, job.link(last_g)), backward_ms,
-                             job.overlap_grad_reduce)
+                             job.overlap_grad_reduce, share)
     sharded = job.arch.fsdp or job.arch.distributed_optimizer
     shard = sum(n / job.link(g + "_shard").size for n, g in named) if sharded else params
     step = shard * adam_step_bytes(job.arch) / (memory_bandwidth_gbps * 1e6) \

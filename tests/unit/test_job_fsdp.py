@@ -26,6 +26,8 @@ NV, NV_STEP, NIC, NIC_STEP = 450e6, 1e-3, 50e6, 5e-3  # bytes per ms, ms
 LAYER = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
 """A Llama-3-8B layer: q and o, k and v (8 heads of 128), the SwiGLU MLP, two norms."""
 EMBEDDING = 128256 * 4096
+NCCL_SHARE = 16 / 132
+"""An NCCL collective's 16 channels, an SM each, of the H100's 132 SMs."""
 
 
 def cfg(model: dict, pipe: dict | None = None):
@@ -106,8 +108,11 @@ def test_each_microbatch_waits_for_what_its_compute_does_not_hide() -> None:
     f, b = alone.layers[0].forward_ms, alone.layers[0].backward_ms
     assert gather > f  # this short sequence cannot hide its gather
     got = model_costs(c)
-    assert got.layers[0].forward_ms == pytest.approx(f + gather - f)
-    assert got.layers[0].backward_ms == pytest.approx(b + max(0.0, gather + reduce - b))
+    # What the compute hides still holds 16 of its 132 SMs.
+    assert got.layers[0].forward_ms == pytest.approx(f + gather - f + NCCL_SHARE * f)
+    both = gather + reduce
+    assert got.layers[0].backward_ms == pytest.approx(
+        b + max(0.0, both - b) + NCCL_SHARE * min(both, b))
     # The embedding computes nothing to hide its unit's gather behind.
     emb_gather = ring(16, EMBEDDING * 2, bw, NIC_STEP)
     assert got.embedding.forward_ms == pytest.approx(alone.embedding.forward_ms + emb_gather)
@@ -130,13 +135,15 @@ def test_pipelined_step_reduces_once_exposed() -> None:
     params, forward = 2 * LAYER, 3.0
     whole_gather = ring(16, params * 2, bw, NIC_STEP)
     first = ring(16, LAYER * 2, bw, NIC_STEP)
-    expected = max(first, whole_gather - forward) + ring(16, params * 4, bw, NIC_STEP)
+    waited = max(first, whole_gather - forward)
+    expected = waited + NCCL_SHARE * (whole_gather - waited) + ring(16, params * 4, bw, NIC_STEP)
     assert job.tail(params, forward, 9.0, 0.0).reduce_ms == pytest.approx(expected)
     # The first stage gathers the embedding first, and nothing hides that unit.
     total = params + EMBEDDING
     first_emb = ring(16, EMBEDDING * 2, bw, NIC_STEP)
-    expected = max(first_emb, ring(16, total * 2, bw, NIC_STEP) - 1e6) \
-        + ring(16, total * 4, bw, NIC_STEP)
+    whole_gather = ring(16, total * 2, bw, NIC_STEP)
+    waited = max(first_emb, whole_gather - 1e6)
+    expected = waited + NCCL_SHARE * (whole_gather - waited) + ring(16, total * 4, bw, NIC_STEP)
     assert job.tail(total, 1e6, 9.0, 0.0, holds_embedding=True).reduce_ms \
         == pytest.approx(expected)
 
