@@ -171,6 +171,34 @@ class Recorder:
         self._pending.clear()
 
 
+def _step_reduces(events: list[dict]) -> dict[tuple[int, int], dict]:
+    """A part's R events by (iteration, their order in it)."""
+    out: dict[tuple[int, int], dict] = {}
+    seen: dict[int, int] = {}
+    for ev in events:
+        args = ev.get("args", {})
+        if ev.get("cat") == "compute" and args.get("kind") == "R":
+            it = args["iteration"]
+            seen[it] = seen.get(it, -1) + 1
+            out[(it, seen[it])] = ev
+    return out
+
+
+def mark_replica_waits(parts: list[dict], pp: int, tp: int, dp: int) -> None:
+    """Give each R event of replica 0's traced ranks (`parts`: every global rank's, in
+    Megatron's order) the time it waited for the last of its replicas to start the same
+    collective (args.replica_wait_us): a collective ends no sooner than its last member
+    arrives, and the clocks are aligned (align_clocks), so that part of the op is skew
+    between the replicas, not the collective's own cost."""
+    if dp < 2:
+        return
+    for r in range(pp):
+        group = [_step_reduces(parts[(d * pp + r) * tp]["events"]) for d in range(dp)]
+        for key, ev in group[0].items():
+            last = max(g[key]["ts"] for g in group if key in g)
+            ev["args"]["replica_wait_us"] = min(max(0.0, last - ev["ts"]), ev["dur"])
+
+
 def merge_parts(parts: list[list[dict]], pp: int) -> list[dict]:
     """One event list from every rank's part; sends and receives pair into transfers."""
     events = tr.metadata_events(pp)

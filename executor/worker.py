@@ -46,7 +46,13 @@ from ppsim.executor.builders.tensor import TensorGroup, set_group
 from ppsim.executor.launch import STORE_ENV, printable
 from ppsim.executor.peer import Peer, run_peer, slowest_ms
 from ppsim.executor.quiet import no_gc_pauses
-from ppsim.executor.recorder import Recorder, align_clocks, gather_json, merge_parts
+from ppsim.executor.recorder import (
+    Recorder,
+    align_clocks,
+    gather_json,
+    mark_replica_waits,
+    merge_parts,
+)
 from ppsim.executor.runspec import RunSpec
 from ppsim.executor.runtime import Fault, OpFailed, Replica, Runtime
 from ppsim.fileio import write_json_atomic
@@ -292,6 +298,8 @@ def _engine(spec: RunSpec, runs: list[Problem], builder: ModelBuilder, rank: int
         parts.append(gather_json(part, ctrl))
     if parts[0] is None:
         return None
+    for got in parts:
+        mark_replica_waits(got, pp, tp, replica.size)  # type: ignore[arg-type]
     # The trace holds replica 0's tensor rank 0 (global ranks 0, tp, ..); the others run
     # the same order.
     parts = [got[:pp * tp:tp] for got in parts]  # type: ignore[index]

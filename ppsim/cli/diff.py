@@ -68,8 +68,8 @@ def print_diff(d: dict[str, Any]) -> None:
     (ra, rb), (sa, sb) = d["step_ops_ms"]["R"], d["step_ops_ms"]["S"]
     if ra or rb:
         c.print(f"step, the longest rank's: reduce (R) A {ra:.3f} ms, B {rb:.3f} ms; "
-                f"optimizer (S) A {sa:.3f} ms, B {sb:.3f} ms (with data parallelism a run's R also "
-                "waits for the other replicas to reach it)", soft_wrap=True)
+                f"optimizer (S) A {sa:.3f} ms, B {sb:.3f} ms{_replica_waits(d)}",
+                soft_wrap=True)
     if d["largest_divergences"]:
         c.print("largest divergences: " + "; ".join(
             f"rank {x['rank']} {x['kind']}{x['microbatch']} (chunk {x['chunk']}) at "
@@ -125,3 +125,11 @@ def register(commands: dict) -> None:
 
     commands["diff"] = ("compare two traces op by op (simulated vs real, or any two)", add,
                         cmd_diff)
+
+
+def _replica_waits(d: dict) -> str:
+    """What of each trace's R waited for the last replica to start it (a run's skew)."""
+    waits = d["step_wait_ms"]["R"]
+    said = [f"{name} {w:.3f} ms" for name, w in zip("AB", waits, strict=True) if w]
+    return f" (of R, waiting for the last replica to start it: {', '.join(said)})" \
+        if said else ""

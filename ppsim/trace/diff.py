@@ -65,15 +65,25 @@ class Window:
             return (self.until_us - self.origin_us) / 1e3
         return self.span_ms + self.boundary_ms
 
+    def _longest_step(self, kind: str) -> tuple[float, float]:
+        """(time in `kind` ops, of it waiting for the replicas) of the rank with the most."""
+        per_rank: dict[int, tuple[float, float]] = {}
+        for op in self.step:
+            if op.kind == kind:
+                t, w = per_rank.get(op.rank, (0.0, 0.0))
+                per_rank[op.rank] = (t + op.dur_us / 1e3, w + op.wait_us / 1e3)
+        return max(per_rank.values(), default=(0.0, 0.0))
+
     def step_ms(self, kind: str) -> float:
         """The most time a rank spends in R (or S) ops this iteration (0 when the trace
         has none): a distributed optimizer's rank reduces its gradients before the step
         and gathers its weights after it, two R ops."""
-        per_rank: dict[int, float] = {}
-        for op in self.step:
-            if op.kind == kind:
-                per_rank[op.rank] = per_rank.get(op.rank, 0.0) + op.dur_us / 1e3
-        return max(per_rank.values(), default=0.0)
+        return self._longest_step(kind)[0]
+
+    def step_wait_ms(self, kind: str) -> float:
+        """Of that rank's `kind` ops, the time they waited for the last replica to start
+        them (a run's data-parallel skew; 0 in a simulated trace)."""
+        return self._longest_step(kind)[1]
 
     @cached_property
     def by_rank(self) -> dict[int, list[Key]]:
@@ -314,6 +324,7 @@ class Diff:
             "ops_matched": len(self.matched), "ops_only_in": [len(self.only_a), len(self.only_b)],
             "ranks": ranks, "duration_error": per_kind, "largest_divergences": divergent,
             "step_ops_ms": {k: [a.step_ms(k), b.step_ms(k)] for k in ("R", "S")},
+            "step_wait_ms": {"R": [a.step_wait_ms("R"), b.step_wait_ms("R")]},
             "critical_path": [[{"rank": r, "ms": t} for r, t in cpa],
                               [{"rank": r, "ms": t} for r, t in cpb]],
             "critical_path_changed": [r for r, _ in cpa] != [r for r, _ in cpb],

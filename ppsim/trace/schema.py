@@ -178,6 +178,9 @@ class TraceOp:
     iteration: int
     start_us: float
     dur_us: float
+    wait_us: float = 0.0
+    """Of a step's R op in a data-parallel run, the time it waited for the last of its
+    replicas to start the same collective (args.replica_wait_us; 0 when not recorded)."""
 
     @property
     def key(self) -> tuple[int, int, int, str]:
@@ -312,12 +315,14 @@ def _compute_op(ev: dict, n: int, path: str) -> TraceOp:
             return -1
         return _index(f"{where}: {name}", value, hi)
 
+    dur_us = _micros(f"{where}: dur", dur, 0.0, _MAX_DUR_US)
     return TraceOp(_index(f"{where}: pid", pid, _RANKS), kind,
                    place("stage", stage, _RANKS), place("chunk", chunk, _RANKS),
                    place("microbatch", mb, validate.MAX_INDEX),
                    _index(f"{where}: iteration", args.get("iteration", 0), validate.MAX_INDEX),
-                   _micros(f"{where}: ts", ts, -_MAX_US, _MAX_US),
-                   _micros(f"{where}: dur", dur, 0.0, _MAX_DUR_US))
+                   _micros(f"{where}: ts", ts, -_MAX_US, _MAX_US), dur_us,
+                   _micros(f"{where}: args.replica_wait_us", args.get("replica_wait_us", 0.0),
+                           0.0, dur_us))
 
 
 def _memory_sample(ev: dict, n: int, path: str) -> tuple[int, float, int]:

@@ -29,6 +29,19 @@ def test_sharded_steps_train_exactly_as_ddp(launches: Pool, case: str) -> None:
     assert sharded["losses"][2] != sharded["losses"][0]
 
 
+@pytest.mark.parametrize("case", ["1f1b-dp2", "1f1b-dp2-distopt", "1f1b-dp2-fsdp"])
+def test_each_step_reduce_says_how_long_it_waited_for_the_other_replica(
+        launches: Pool, case: str) -> None:
+    """The traced replica's R ops each carry the wait for the other replica to start the
+    same collective (the clocks are one host's), never longer than the op."""
+    doc = json.loads((launches.get(case).tmp / "out" / "trace.json").read_text())
+    reduces = [e for e in doc["traceEvents"] if e.get("args", {}).get("kind") == "R"]
+    per_iteration = 2 if case.endswith(("distopt", "fsdp")) else 1  # reduce, then gather
+    assert len(reduces) == 2 * 3 * per_iteration  # 2 ranks, 3 iterations
+    for e in reduces:
+        assert 0.0 <= e["args"]["replica_wait_us"] <= e["dur"]
+
+
 def test_sharded_state_is_predicted_from_a_sharded_profile(launches: Pool, tmp_path,
                                                            capsys) -> None:
     """The profile counts Adam's moments as a 1 / dp share, so the simulated peak of each
