@@ -332,3 +332,30 @@ def test_the_job_plan_says_which_sizes_it_held(capsys) -> None:
     assert "held as given: --tp 2 --micro-batch-size 1" in capsys.readouterr().out
     assert main([*argv, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["held"] == {"tp": 2, "micro_batch_size": 1}
+
+
+@pytest.mark.parametrize("sharding", [[], ["--use-distributed-optimizer"]])
+def test_the_overlaps_the_best_leaves_off_are_named_and_hide_its_communication(
+        sharding: list[str], capsys) -> None:
+    """Megatron's overlaps are off unless given: the plan names those that apply to the
+    best shape (data-parallel reduce and gather, tensor-parallel collectives), and with
+    them given the best waits less. tp 2 dp 8: dp rings across two nodes."""
+    held = [*ARGS, "--tp", "2", "--cp", "1", "--pp", "1", *sharding]
+    assert main(["plan", *held, "--json"]) == 0
+    b = json.loads(capsys.readouterr().out)["best"]
+    want = ["--overlap-grad-reduce", *["--overlap-param-gather"] * bool(sharding),
+            "--tp-comm-overlap"]
+    assert (b["tp"], b["dp"]) == (2, 8) and b["overlaps_off"] == want
+    assert main(["plan", *held]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    share = b["exposed_comm_ms"] / b["iteration_time_ms"]
+    assert share >= 0.05
+    assert f"the best waits {share:.0%} of its iteration on communication; " \
+           f"Megatron's {' '.join(want)}, off here, hide part of it" in text
+    assert main(["plan", *held, *want, "--json"]) == 0
+    given = json.loads(capsys.readouterr().out)["best"]
+    assert given["overlaps_off"] == []
+    assert given["exposed_comm_ms"] < b["exposed_comm_ms"]
+    assert given["iteration_time_ms"] < b["iteration_time_ms"]
+    assert main(["plan", *held, *want]) == 0
+    assert "off here" not in capsys.readouterr().out
