@@ -17,7 +17,7 @@ from ppsim.errors import UserError
 from ppsim.job.model import data_parallel
 from ppsim.job.policy_search import POLICY_AXES, mode_flags
 from ppsim.job.ranks import DEFAULT_ORDER, TP_PP_DP_ORDER, parse_order
-from ppsim.job.search import JobSearch, ShapeResult, search_job
+from ppsim.job.search import JobSearch, ShapeResult, overlap_hint, overlaps_off, search_job
 from ppsim.job.shapes import FIXABLE
 from ppsim.policy.report import policy_flags
 from ppsim.units import fmt_bytes
@@ -97,38 +97,6 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
     return shlex.join(out)
 
 
-OVERLAP_HINT_SHARE = 0.05
-"""Exposed communication, as a share of the best's iteration, worth naming the overlaps
-left off."""
-
-
-def overlaps_off(r: ShapeResult) -> list[str]:
-    """Megatron's overlap flags the shape's job leaves off where they would hide some of
-    its communication: the data-parallel reduce and gather (not under FSDP, whose
-    prefetch torchtitan always runs), and the tensor-parallel collectives."""
-    job = r.problem.hardware.job
-    if job is None or job.arch.fsdp:
-        return []
-    s, out = r.shape, []
-    if s.dp * s.cp > 1:
-        out += ["--overlap-grad-reduce"] * (not job.overlap_grad_reduce)
-        out += ["--overlap-param-gather"] * (job.arch.distributed_optimizer
-                                             and not job.overlap_param_gather)
-    out += ["--tp-comm-overlap"] * (s.tp > 1 and not job.tp_comm_overlap)
-    return out
-
-
-def overlap_hint(r: ShapeResult) -> str:
-    """A line naming the overlaps left off when the shape waits on its communication
-    ("" otherwise)."""
-    t = r.summary.iteration_time_ms
-    off = overlaps_off(r)
-    if not off or not t or r.comm_ms / t < OVERLAP_HINT_SHARE:
-        return ""
-    return (f"the best waits {r.comm_ms / t:.0%} of its iteration on communication; "
-            f"Megatron's {' '.join(off)}, off here, hide part of it: plan again with them")
-
-
 def _recompute_mode(r: ShapeResult) -> str:
     """The shape's global recompute mode; "" for a per-module or per-stage policy."""
     if r.policy:
@@ -170,7 +138,7 @@ def job_plan_dict(res: JobSearch, gpus: int, gbs: int, top: int,
         best = shape_dict(fits[0])
         best.update(_exports(fits[0]))
         best["megatron_job_flags"] = job_flags(fits[0], gbs)
-        best["overlaps_off"] = overlaps_off(fits[0])
+        best["overlaps_off"] = overlaps_off(fits[0].problem.hardware.job)
         best["torchtitan_job"] = torchtitan_fields(fits[0], gbs)
     return {"gpus": gpus, "global_batch_size": gbs,
             "held": {size_name(k): v for k, v in (held or {}).items()}, "best": best,
@@ -232,7 +200,8 @@ def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
     best = res.candidates[0] if res.candidates and res.candidates[0].summary.fits else None
     if best is None:
         return
-    hint = overlap_hint(best)
+    hint = overlap_hint(best.problem.hardware.job, best.comm_ms,
+                        best.summary.iteration_time_ms, "the best", "plan")
     if hint:
         console.print(hint, markup=False, soft_wrap=True)
     if best.policy_flags is not None:

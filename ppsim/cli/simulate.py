@@ -35,6 +35,7 @@ from ppsim.config.schema import Config
 from ppsim.costs.hybrid import KIND_SYMBOLS, HybridPattern
 from ppsim.errors import UserError
 from ppsim.job import combined
+from ppsim.job.search import exposed_comm_ms, overlap_hint, overlaps_off
 from ppsim.pipeline.exports import (
     DEFAULT_SPECS,
     DeepSpeedSpecs,
@@ -281,7 +282,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                    "split": list(problem.split.counts),
                    "memory_limit_bytes": problem.hardware.memory_bytes, **summary_dict(s),
                    **policy_json(problem),
-                   **job_dict(problem.hardware.job, s.iteration_time_ms)})
+                   **job_dict(problem.hardware.job, s.iteration_time_ms),
+                   **_waits(problem, s)})
         return 0
     _print_simulation(sim)
     host = policy_json(problem)
@@ -294,6 +296,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.png:
         print(f"timeline picture written to {args.png}")
     return 0
+
+
+def _waits(problem: Any, s: Any) -> dict[str, Any]:
+    """A job's exposed communication on its busiest rank and the overlaps it leaves off
+    (none for a uniform model)."""
+    job = problem.hardware.job
+    if job is None:
+        return {}
+    return {"exposed_comm_ms": exposed_comm_ms(problem, s), "overlaps_off": overlaps_off(job)}
 
 
 def _print_simulation(sim: Any) -> None:
@@ -310,6 +321,11 @@ def _print_simulation(sim: Any) -> None:
                   f"{s.peak_memory_bytes / 1e9:.2f} GB of {problem.hardware.memory_bytes / 1e9:.0f}"
                   f" GB   {'fits' if s.fits else '[red]does NOT fit[/red]'}")
     print_job(console, problem.hardware.job, s.iteration_time_ms)
+    waits = _waits(problem, s)
+    hint = overlap_hint(problem.hardware.job, waits.get("exposed_comm_ms", 0.0),
+                        s.iteration_time_ms, "the job", "simulate")
+    if hint:
+        console.print(hint, markup=False, soft_wrap=True)
     console.print(rank_table(s))
     if sim.timeline is None:
         console.print(f"(no text timeline above {limits.TIMELINE_OPS:,} ops; --trace keeps "

@@ -21,6 +21,7 @@ from ppsim.config.overrides import with_overrides
 from ppsim.costs.model import ModelCosts, stage_costs
 from ppsim.errors import UserError
 from ppsim.job.layers import job_costs
+from ppsim.job.model import Job
 from ppsim.job.policy_search import best_policy, fitting_mode, mode_flags
 from ppsim.job.shapes import Shape, dispatcher_choices, shapes, sharding_choices
 from ppsim.job.throughput import Throughput
@@ -103,7 +104,9 @@ def exposed_comm_ms(problem: Problem, summary: Summary) -> float:
         return 0.0
     free = replace(job.network, intra_bandwidth_gbps=0.0, intra_latency_ms=0.0,
                    inter_bandwidth_gbps=0.0, inter_latency_ms=0.0)  # 0: transfers are free
-    alone = job_costs(replace(job, network=free), job.accelerator)
+    # Priced as the problem's layers are: a memory policy's base recomputes nothing.
+    variant = ((), False) if problem.memory is not None else (None, None)
+    alone = job_costs(replace(job, network=free), job.accelerator, *variant)
     # A combined 1F1B hides up to 2 x pair_saving_ms of each layer's in a microbatch.
     extra = sum(c.forward_ms + c.backward_ms - 2 * c.pair_saving_ms
                 for c in problem.costs.layers) \
@@ -129,6 +132,38 @@ def held_back(summary: Summary, comm_ms: float, limit: float) -> str:
     if max(bubble, comm) < 0.005:
         return "nothing: compute-bound"
     return f"bubble {bubble:.0%}" if bubble >= comm else f"exposed comm {comm:.0%}"
+
+
+OVERLAP_HINT_SHARE = 0.05
+"""Exposed communication, as a share of the iteration, worth naming the overlaps left
+off."""
+
+
+def overlaps_off(job: Job | None) -> list[str]:
+    """Megatron's overlap flags the job leaves off where they would hide some of its
+    communication: the data-parallel reduce and gather (not under FSDP, whose prefetch
+    torchtitan always runs), and the tensor-parallel collectives."""
+    if job is None or job.arch.fsdp:
+        return []
+    s, out = job.shape.sizes, []
+    if s.dp * s.cp > 1:
+        out += ["--overlap-grad-reduce"] * (not job.overlap_grad_reduce)
+        out += ["--overlap-param-gather"] * (job.arch.distributed_optimizer
+                                             and not job.overlap_param_gather)
+    out += ["--tp-comm-overlap"] * (s.tp > 1 and not job.tp_comm_overlap)
+    return out
+
+
+def overlap_hint(job: Job | None, comm_ms: float, iteration_ms: float, who: str,
+                 command: str) -> str:
+    """A line naming the overlaps `who` leaves off when it waits OVERLAP_HINT_SHARE or
+    more of its iteration on communication ("" otherwise); `command` to run again."""
+    off = overlaps_off(job)
+    if not off or not iteration_ms or comm_ms / iteration_ms < OVERLAP_HINT_SHARE:
+        return ""
+    return (f"{who} waits {comm_ms / iteration_ms:.0%} of its iteration on communication; "
+            f"Megatron's {' '.join(off)}, off here, hide part of it: {command} again with "
+            "them")
 
 
 @dataclass(frozen=True, kw_only=True)

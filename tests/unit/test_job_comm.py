@@ -4,6 +4,7 @@ a 400 Gb/s NIC per GPU, 5 us a step; 8 GPUs a node)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -307,3 +308,18 @@ def test_a_hybrid_stacks_moe_blocks_pay_their_all_to_alls() -> None:
         if kind == "moe-mlp":
             assert g.forward_ms == pytest.approx(x.forward_ms + a2a)
             assert g.backward_ms == pytest.approx(x.backward_ms + a2a)
+
+
+def test_a_memory_policy_leaves_the_exposed_communication_as_it_is(capsys) -> None:
+    """Under a memory policy the layers are priced on the policy's base (nothing
+    recomputed): the communication the job exposes is measured against that base, not
+    against the model's global recompute mode, so it equals the job's without a policy."""
+    from ppsim.cli.main import main
+
+    argv = ["simulate", "--preset", "llama3-70b", "--hardware", "h100-80gb", "--pp", "4",
+            "--microbatches", "8", "--json"]
+    waits = []
+    for extra in (["--recompute-modules", "core_attn,layernorm"], ["--recompute", "none"]):
+        assert main([*argv, *extra]) == 0
+        waits.append(json.loads(capsys.readouterr().out)["exposed_comm_ms"])
+    assert waits[0] > 0 and waits[0] == pytest.approx(waits[1], rel=1e-12)

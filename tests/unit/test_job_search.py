@@ -359,3 +359,27 @@ def test_the_overlaps_the_best_leaves_off_are_named_and_hide_its_communication(
     assert given["iteration_time_ms"] < b["iteration_time_ms"]
     assert main(["plan", *held, *want]) == 0
     assert "off here" not in capsys.readouterr().out
+
+
+def test_simulate_names_the_overlaps_its_job_leaves_off(capsys) -> None:
+    """The same shape simulated says what the plan said of it: its exposed communication
+    and the overlaps off; with them on, none is named."""
+    held = [*ARGS, "--tp", "2", "--cp", "1", "--pp", "1"]
+    assert main(["plan", *held, "--json"]) == 0
+    b = json.loads(capsys.readouterr().out)["best"]
+    sim = ["simulate", "--preset", "llama3-8b", "--num-layers", "8", "--hardware", "h100-80gb",
+           "--gpus", "16", "--global-batch-size", "32", "--tp", "2", "--pp", "1",
+           "--micro-batch-size", str(b["micro_batch_size"])]
+    assert main([*sim, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["iteration_time_ms"] == pytest.approx(b["iteration_time_ms"], rel=1e-12)
+    assert doc["exposed_comm_ms"] == pytest.approx(b["exposed_comm_ms"], rel=1e-12)
+    assert doc["overlaps_off"] == b["overlaps_off"] == ["--overlap-grad-reduce",
+                                                         "--tp-comm-overlap"]
+    assert main(sim) == 0
+    share = doc["exposed_comm_ms"] / doc["iteration_time_ms"]
+    assert f"the job waits {share:.0%} of its iteration on communication; Megatron's " \
+           "--overlap-grad-reduce --tp-comm-overlap, off here" \
+           in " ".join(capsys.readouterr().out.split())
+    assert main([*sim, "--overlap-grad-reduce", "--tp-comm-overlap", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["overlaps_off"] == []
