@@ -2,6 +2,7 @@
 # Every GPU check the issues name, for a lent GPU machine (one device, torch already there).
 #
 #   bash benchmarks/gpu_checks.sh [costs] [accuracy] [executor] [policy] [job] [fp8] [ep]
+#                                 [share]
 #                                                  (default: the first three)
 #
 # costs:    benchmarks/bench_costs.py --device cuda     measured vs analytic F/B/W (< 5 min)
@@ -22,6 +23,9 @@
 #           ep 32 (its experts' matmuls at the tokens a rank's experts get), settled clock,
 #           then the ModelZoo rows (DeepEP, the combined 1F1B) priced with them (< 3 min;
 #           needs simpy: carry .whl)
+# share:    benchmarks/bench_sm_share.py --device cuda  the target rows' GEMMs with 16 SMs
+#           carved out of cuBLAS against all 132: the compute a hidden collective slows,
+#           priced at 132 / 116 - 1 = +13.8 % (< 2 min)
 #
 # One command may run 10 minutes there: run `costs` alone, then `accuracy executor`.
 # Packages the machine lacks (simpy, textual) travel as wheels in .whl/ (git-ignored):
@@ -52,10 +56,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
 declare -A script=([costs]=bench_costs.py [accuracy]=bench_accuracy.py [executor]=bench_executor.py
                    [policy]=bench_memory_policy_gpu.py [job]=bench_job.py
-                   [fp8]=bench_fp8_gemm.py [ep]=bench_ep_overlap.py)
+                   [fp8]=bench_fp8_gemm.py [ep]=bench_ep_overlap.py
+                   [share]=bench_sm_share.py)
 declare -A args=([job]="--measure $out/job" [ep]="--measure $out/ep --quick")
 declare -A limit=([costs]=290 [accuracy]=350 [executor]=200 [policy]=240 [job]=300
-                  [fp8]=120 [ep]=180)
+                  [fp8]=120 [ep]=180 [share]=120)
 for c in "${checks[@]}"; do
     echo "=== $c ($(date -u +%H:%M:%S))"
     # shellcheck disable=SC2086  # args holds several words
