@@ -8,7 +8,8 @@ pass hidden by one chunk's attention. With tensor parallelism (sequence parallel
 layer all-gathers before attention and before the MLP and reduce-scatters after each,
 in the forward (under FP8 the gathers move the quantized input) and mirrored in the
 backward (again in the backward under full recompute); --tp-comm-overlap hides them
-behind the layer's compute as far as it lasts. A MoE layer does so for its attention
+behind the layer's compute as far as it lasts, as Transformer Engine's userbuffers run
+them (ppsim.job.userbuffers). A MoE layer does so for its attention
 alone: its experts' tokens travel by the dispatcher, which with the all-to-all one
 gathers over tp every token copy the rank's experts received and scatters their
 outputs (`dispatcher_tp_ms`, on the compute stream, never hidden); a hybrid block is
@@ -43,6 +44,7 @@ from ppsim.job.collectives import (
     send_ms,
 )
 from ppsim.job.model import Job
+from ppsim.job.userbuffers import TpTraffic, overlapped_ms
 
 MOE_KINDS = ("moe", "moe-mlp")
 """Layer kinds whose routed tokens cross the expert-parallel group: a MoE decoder layer
@@ -84,14 +86,18 @@ dispatcher: `dispatcher_tp_ms`), a hybrid stack's MoE block none; every other hy
 block (Mamba, GatedDeltaNet, attention, MLP) is one sublayer."""
 
 
-def tp_layer_ms(job: Job, a: Architecture, sublayers: int = 2) -> tuple[float, float]:
+def tp_layer_ms(job: Job, a: Architecture, sublayers: int = 2
+                ) -> tuple[TpTraffic, TpTraffic]:
     """The sequence-parallel collectives of a layer of `sublayers`, forward and
     backward: one all-gather (under FP8 of the quantized input) and one reduce-scatter
-    each way per sublayer."""
+    each way per sublayer, the forward's again in the backward under full recompute."""
     gathers = tp_collectives_ms(job, a, sublayers, FP8_BYTES if a.fp8 else 0)
-    forward = gathers + tp_collectives_ms(job, a, sublayers)
-    backward = tp_collectives_ms(job, a, 2 * sublayers)
-    return forward, backward + (forward if a.recompute == "full" else 0.0)
+    scatters = tp_collectives_ms(job, a, sublayers)
+    forward = TpTraffic(gathers_ms=gathers, scatters_ms=scatters, pipelined_ms=scatters)
+    again = a.recompute == "full"
+    backward = TpTraffic(gathers_ms=scatters + gathers * again,
+                         scatters_ms=scatters * (1 + again), pipelined_ms=scatters * again)
+    return forward, backward
 
 
 def dispatcher_tp_ms(job: Job, a: Architecture) -> float:
@@ -216,12 +222,6 @@ def pair_saving_ms(job: Job, a: Architecture, acc: Accelerator, kind: str = "moe
     return (2 * c - waits / 2) * (1 - job.dispatcher_sm_share)
 
 
-def _hidden(comm: float, compute: float, overlap: bool) -> float:
-    """Tensor-parallel collectives under --tp-comm-overlap: TE's userbuffers, whose SMs
-    each GEMM's configuration sets (priced as two ideal streams)."""
-    return behind_compute_ms(comm, compute, 0.0) if overlap else comm
-
-
 def fsdp_collectives(job: Job, cost: LayerCost, head: bool = False) -> PieceCollectives:
     """FSDP's collectives of one unit (`cost`: its compute alone) in each microbatch:
     hidden behind a unit's compute as far as it lasts (ppsim.job.fsdp). The head's unit
@@ -263,13 +263,13 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
     # The dispatcher's gathers run on the compute stream, beside no userbuffer overlap.
     d_f = dispatcher_tp_ms(job, a) if kind in MOE_KINDS else 0.0
     d_b = d_f * (2 if a.recompute == "full" else 1)
-    over = job.tp_comm_overlap
     fwd, bwd = [], []
     if a.tp > 1:
-        fwd.append(Collective(group="tp", total_ms=tp_f + d_f,
-                              exposed_ms=_hidden(tp_f, cost.forward_ms, over) + d_f))
-        bwd.append(Collective(group="tp", total_ms=tp_b + d_b,
-                              exposed_ms=_hidden(tp_b, cost.backward_ms, over) + d_b))
+        for out, t, d, compute in ((fwd, tp_f, d_f, cost.forward_ms),
+                                   (bwd, tp_b, d_b, cost.backward_ms)):
+            waits = overlapped_ms(t, compute, job.sm_count) if job.tp_comm_overlap \
+                else t.total_ms
+            out.append(Collective(group="tp", total_ms=t.total_ms + d, exposed_ms=waits + d))
     if job.arch.cp > 1:
         fwd.append(_cp_ring(job, a, acc, False))
         bwd.append(_cp_ring(job, a, acc, True))

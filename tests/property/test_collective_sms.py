@@ -1,6 +1,7 @@
-"""A data-parallel collective hidden behind compute holds NCCL's SMs from it: each
-millisecond hidden costs collective_sms / sm_count of a millisecond (the H100 preset:
-16 of 132, NVIDIA/nccl issues 689 and 1453)."""
+"""Communication hidden behind compute holds SMs from it: each millisecond of a
+data-parallel collective hidden costs collective_sms / sm_count of a millisecond (the H100
+preset: 16 of 132, NVIDIA/nccl issues 689 and 1453), and each of TE's userbuffers
+reduce-scatters 16 / sm_count (ppsim.job.userbuffers)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from ppsim.cli.main import main
 from ppsim.config.schema import config_from_dict
 from ppsim.job.collectives import behind_compute_ms
 from ppsim.job.model import build_job
+from ppsim.job.userbuffers import TpTraffic, overlapped_ms
 
 ms = st.floats(min_value=0.0, max_value=1e4, allow_nan=False)
 share = st.floats(min_value=0.0, max_value=1.0)
@@ -77,3 +79,26 @@ def test_more_sms_than_the_gpu_has_are_refused(tmp_path, capsys, sms: int,
     err = capsys.readouterr().err
     assert message in err and "fewer than sm_count" in err, err
     assert len(err.strip().splitlines()) == 1, err
+
+
+@settings(max_examples=300, deadline=None)
+@given(gathers=ms, scatters=ms, pipelined=st.floats(min_value=0.0, max_value=1.0),
+       compute=ms, sms=st.sampled_from([0, 108, 132]))
+def test_userbuffers_wait_for_the_last_chunk_and_pay_the_scatters_sms(
+        gathers: float, scatters: float, pipelined: float, compute: float,
+        sms: int) -> None:
+    """TE's userbuffers under --tp-comm-overlap (ppsim.job.userbuffers): the last of 4
+    chunks of a pipelined reduce-scatter always waits; the compute hides the rest as far
+    as it lasts, paying 16 SMs' share of what it hides of the scatters."""
+    t = TpTraffic(gathers_ms=gathers, scatters_ms=scatters, pipelined_ms=pipelined * scatters)
+    got = overlapped_ms(t, compute, sms)
+    tail = t.pipelined_ms / 4
+    rest = t.total_ms - tail
+    waited = tail + max(0.0, rest - compute)
+    hidden = rest - max(0.0, rest - compute)
+    scatter_share = (scatters - tail) / rest if rest > 0 else 0.0
+    share = 16 / sms if sms else 0.0
+    assert got == pytest.approx(waited + share * hidden * scatter_share, abs=1e-9)
+    assert tail - 1e-9 <= got <= t.total_ms + 1e-9
+    assert overlapped_ms(t, 0.0, sms) == pytest.approx(t.total_ms, abs=1e-9)
+    assert overlapped_ms(t, compute + 1.0, sms) <= got + 1e-9

@@ -43,9 +43,19 @@ def test_tensor_parallel_collectives_are_inside_each_layer() -> None:
     assert got.layers[0].forward_ms == pytest.approx(alone.layers[0].forward_ms + 4 * one)
     assert got.layers[0].backward_ms == pytest.approx(alone.layers[0].backward_ms + 4 * one)
     assert got.head.forward_ms == pytest.approx(alone.head.forward_ms + one)
-    # --tp-comm-overlap: the layer's compute outlasts its collectives, so none is exposed.
+    # --tp-comm-overlap (TE's userbuffers): the layer's compute outlasts its collectives,
+    # so of them it waits for the last of 4 chunks of each forward reduce-scatter alone;
+    # the reduce-scatters it hides hold 16 of the 132 SMs, the gathers none.
     hidden = model_costs(cfg({"tp": 4}, {"tp_comm_overlap": True}))
-    assert hidden.layers[0].forward_ms == alone.layers[0].forward_ms
+    share, tails = 16 / 132, 2 * one / 4
+    assert hidden.layers[0].forward_ms == pytest.approx(
+        alone.layers[0].forward_ms + tails + share * (2 * one - tails))
+    assert hidden.layers[0].backward_ms == pytest.approx(
+        alone.layers[0].backward_ms + share * 2 * one)
+    # Without an SM count the hidden part is free.
+    free = model_costs(cfg({"tp": 4}, {"tp_comm_overlap": True}, {"sm_count": 0}))
+    assert free.layers[0].forward_ms == pytest.approx(alone.layers[0].forward_ms + tails)
+    assert free.layers[0].backward_ms == alone.layers[0].backward_ms
 
 
 def test_tensor_parallel_across_nodes_is_slower() -> None:
