@@ -91,12 +91,12 @@ def tp_layer_ms(job: Job, a: Architecture, sublayers: int = 2
     """The sequence-parallel collectives of a layer of `sublayers`, forward and
     backward: one all-gather (under FP8 of the quantized input) and one reduce-scatter
     each way per sublayer, the forward's again in the backward under full recompute."""
-    gathers = tp_collectives_ms(job, a, sublayers, FP8_BYTES if a.fp8 else 0)
-    scatters = tp_collectives_ms(job, a, sublayers)
-    forward = TpTraffic(gathers_ms=gathers, scatters_ms=scatters, pipelined_ms=scatters)
+    inputs = tp_collectives_ms(job, a, sublayers, FP8_BYTES if a.fp8 else 0)
+    each = tp_collectives_ms(job, a, sublayers)  # one a sublayer, in the training dtype
+    forward = TpTraffic(gathers_ms=inputs, scatters_ms=each, pipelined_ms=each)
     again = a.recompute == "full"
-    backward = TpTraffic(gathers_ms=scatters + gathers * again,
-                         scatters_ms=scatters * (1 + again), pipelined_ms=scatters * again)
+    backward = TpTraffic(gathers_ms=each + inputs * again, scatters_ms=each * (1 + again),
+                         pipelined_ms=each * again)
     return forward, backward
 
 
