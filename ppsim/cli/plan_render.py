@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ppsim.cli.render import compact_table, print_job, split_cell
 from ppsim.cli.simulate import exports_of, print_exports
+from ppsim.job.search import exposed_comm_ms, overlap_hint
 from ppsim.pipeline.exports import DEFAULT_SPECS, DeepSpeedSpecs
 from ppsim.plan.bounds import CHUNKED_BOUND_NOTE
 from ppsim.plan.gap import chunked_gap
@@ -142,5 +143,10 @@ def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], to
     _print_proof(console, res)
     p = res.problem
     print_job(console, p.hardware.job, res.best.summary.iteration_time_ms)
+    best = p.with_split(res.best.split)
+    hint = overlap_hint(p.hardware.job, exposed_comm_ms(best, res.best.summary),
+                        res.best.summary.iteration_time_ms, "the best split", "plan")
+    if hint:
+        console.print(hint, markup=False, soft_wrap=True)
     print_exports(console, exports_of(p.pattern, res.best.split, p.schedule.microbatch_group,
                                       specs))

@@ -383,3 +383,20 @@ def test_simulate_names_the_overlaps_its_job_leaves_off(capsys) -> None:
            in " ".join(capsys.readouterr().out.split())
     assert main([*sim, "--overlap-grad-reduce", "--tp-comm-overlap", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["overlaps_off"] == []
+
+
+def test_the_split_plan_names_the_overlaps_its_best_split_leaves_off(capsys) -> None:
+    """`ppsim plan` without --gpus plans the split of the job given, and says the same of
+    its best split as simulate does of that split."""
+    job = ["--preset", "llama3-8b", "--num-layers", "8", "--hardware", "h100-80gb",
+           "--tp", "8", "--pp", "2", "--dp", "4", "--global-batch-size", "32"]
+    assert main(["plan", *job, "--json"]) == 0
+    split = json.loads(capsys.readouterr().out)["best"]["split"]
+    assert main(["simulate", *job, "--split", ",".join(map(str, split)), "--json"]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    share = sim["exposed_comm_ms"] / sim["iteration_time_ms"]
+    assert share >= 0.05
+    assert main(["plan", *job]) == 0
+    assert f"the best split waits {share:.0%} of its iteration on communication; " \
+           "Megatron's --overlap-grad-reduce --tp-comm-overlap, off here" \
+           in " ".join(capsys.readouterr().out.split())
