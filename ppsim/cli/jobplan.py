@@ -28,7 +28,8 @@ def shape_dict(r: ShapeResult) -> dict[str, Any]:
     return {"tp": s.tp, "cp": s.cp, "ep": s.ep, "pp": s.pp, "dp": s.dp, "vpp": s.vpp,
             "micro_batch_size": s.mbs, "microbatches": s.microbatches,
             "schedule": r.problem.schedule.name, "split": list(r.problem.split.counts),
-            "split_planned": r.planned, "iteration_time_ms": sm.iteration_time_ms,
+            "split_planned": r.planned, "split_proven": r.split_proven,
+            "iteration_time_ms": sm.iteration_time_ms,
             "bubble_fraction": sm.bubble_fraction, "exposed_comm_ms": r.comm_ms,
             "fits": sm.fits, "peak_memory_bytes": sm.peak_memory_bytes,
             "throughput": r.throughput.to_dict() if r.throughput else None,
@@ -200,6 +201,7 @@ def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
     best = res.candidates[0] if res.candidates and res.candidates[0].summary.fits else None
     if best is None:
         return
+    console.print(split_text(best), markup=False, soft_wrap=True)
     hint = overlap_hint(best.problem.hardware.job, best.comm_ms,
                         best.summary.iteration_time_ms, "the best", "plan")
     if hint:
@@ -216,6 +218,14 @@ def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
     console.print(f"Megatron ({gpus:,} GPUs): " + (flags or "n/a (Megatron cannot build "
                   "this split or run this memory policy; see ppsim plan without --gpus)"),
                   markup=False, soft_wrap=True)
+
+
+def split_text(r: ShapeResult) -> str:
+    """Whether the best shape's split is proven the fastest of that shape's splits."""
+    if r.split_proven:
+        return "the best's split: proven the fastest of its shape's (within the cost model)"
+    return ("the best's split: the fastest found within its share of the time budget, not "
+            "proven; a longer --time-budget may find a faster one")
 
 
 def _search_axes(search: str | None) -> set[str]:

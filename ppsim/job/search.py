@@ -59,6 +59,9 @@ class ShapeResult:
     """What cost this candidate most: memory, bubble or exposed communication."""
     planned: bool = False
     """Its split was planned (else the default split was timed)."""
+    split_proven: bool = False
+    """The split planner proved its split the fastest of the shape's (the cost model's);
+    False where it stopped at its time budget, or did not run."""
     policy: str = ""
     """The memory policy the search chose ("full", "layernorm N=2", ...); "" when the
     configured one was kept (no policy search)."""
@@ -243,9 +246,11 @@ def _refined(r: ShapeResult, cfg: Any, policy: str, budget_s: float) -> ShapeRes
         return r
     res = plan(r.problem, top_k=1, time_budget_s=budget_s)
     if res.best is not None and _faster(res.best.summary, r):
-        return _result(r.shape, r.problem.with_split(res.best.split), res.best.summary,
-                       planned=True, policy=r.policy, policy_flags=r.policy_flags)
-    return r
+        return replace(_result(r.shape, r.problem.with_split(res.best.split), res.best.summary,
+                               planned=True, policy=r.policy, policy_flags=r.policy_flags),
+                       split_proven=res.proven_optimal)
+    # Nothing faster fits: a finished search proves the default split the fastest.
+    return replace(r, split_proven=res.proven_optimal)
 
 
 def _kth_fastest(results: list[ShapeResult], k: int) -> float:

@@ -400,3 +400,25 @@ def test_the_split_plan_names_the_overlaps_its_best_split_leaves_off(capsys) -> 
     assert f"the best split waits {share:.0%} of its iteration on communication; " \
            "Megatron's --overlap-grad-reduce --tp-comm-overlap, off here" \
            in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_plan_says_whether_the_best_split_is_proven(capsys) -> None:
+    """A one-stage shape has one split: its planner finishes and proves it. With the
+    budget spent before any split is planned, none is proven and the plan says a longer
+    budget may find a faster one."""
+    one_stage = [*ARGS, "--tp", "2", "--cp", "1", "--pp", "1"]
+    assert main(["plan", *one_stage, "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["best"]
+    assert best["pp"] == 1 and best["split_proven"] is True
+    assert main(["plan", *one_stage]) == 0
+    assert "the best's split: proven the fastest of its shape's" in capsys.readouterr().out
+    spent = ["plan", "--preset", "llama3-8b", "--num-layers", "8", "--hardware", "h100-80gb",
+             "--gpus", "16", "--global-batch-size", "32", "--pp", "4", "--time-budget", "0.05"]
+    rc = main([*spent, "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc in (0, 3) and all(c["split_proven"] is False for c in doc["candidates"])
+    rc = main(spent)  # a spent budget may leave no fitting shape: exit 3, no best to name
+    out = " ".join(capsys.readouterr().out.split())
+    assert rc in (0, 3)
+    if rc == 0:
+        assert "not proven; a longer --time-budget may find a faster one" in out
