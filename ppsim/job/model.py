@@ -22,7 +22,7 @@ from ppsim.job.collectives import Link, all_reduce_ms, link
 from ppsim.job.flops import iteration_flops, torchtitan_flops_per_token
 from ppsim.job.fsdp import FsdpSteps, fsdp_steps
 from ppsim.job.ranks import Sizes, Span, group_ranks, pipeline_hops, span
-from ppsim.job.shape import JobShape, job_shape
+from ppsim.job.shape import JobShape, job_shape, tp_overlap_refusal
 from ppsim.job.tail import Tail, rank_tail
 from ppsim.job.throughput import Throughput, throughput
 from ppsim.job.topology import Network, network
@@ -273,6 +273,7 @@ def build_job(cfg: Any, timed_dp: GroupTimes | None = None) -> Job | None:
     shape = job_shape(cfg)
     if shape is None:
         return None
+    tp_overlap_refusal(cfg)
     net = network(cfg.hardware)
     p = cfg.pipeline
     return Job(arch=cfg.model.arch, shape=shape, network=net,

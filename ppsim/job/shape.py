@@ -86,6 +86,18 @@ def job_shape(cfg: Any) -> JobShape | None:
                     microbatches=p.microbatches, rank_order=p.rank_order)
 
 
+def tp_overlap_refusal(cfg: Any) -> None:
+    """Megatron's refusal of --tp-comm-overlap at tp 1, where it turns sequence
+    parallelism off: for the job as configured (a job search's base config is not one;
+    its shapes at tp 1 run without the overlap)."""
+    a = arch_of(cfg.model)
+    if a is not None and a.tp == 1 and cfg.pipeline.tp_comm_overlap:
+        raise UserError("pipeline.tp_comm_overlap", "Tensor parallel communication/GEMM "
+                        "overlap can happen only when sequence parallelism is enabled",
+                        "drop --tp-comm-overlap at tp 1, where Megatron disables "
+                        "sequence parallelism")
+
+
 def dispatcher_refusal(dispatcher: str | None, a: Any) -> tuple[str, str] | None:
     """(problem, fix) when ppsim does not price `dispatcher` for the model `a` (None for
     a uniform one): the all-gather dispatcher across expert-parallel ranks."""

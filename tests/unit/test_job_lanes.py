@@ -86,7 +86,7 @@ def test_exposed_collectives_are_what_each_stage_adds_to_its_compute(
     its op."""
     p = build_problem(config_from_dict({
         "model": {"preset": "llama3-8b", "num_layers": 4, "tp": tp, "cp": cp},
-        "pipeline": {"pp": 2, "microbatches": 2, "tp_comm_overlap": overlap},
+        "pipeline": {"pp": 2, "microbatches": 2, "tp_comm_overlap": overlap and tp > 1},
         "hardware": {"preset": "h100-80gb", "gpus_per_node": gpus_per_node}}))
     sim = simulate(p)
     doc = simulation_trace(sim)

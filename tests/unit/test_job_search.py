@@ -422,3 +422,24 @@ def test_the_plan_says_whether_the_best_split_is_proven(capsys) -> None:
     assert rc in (0, 3)
     if rc == 0:
         assert "not proven; a longer --time-budget may find a faster one" in out
+
+
+def test_tp_comm_overlap_at_tp_1_is_refused_as_megatron_refuses_it(capsys) -> None:
+    """Megatron turns sequence parallelism off at tp 1 and then asserts that
+    --tp-comm-overlap needs it; the job search applies the flag to its shapes with tp > 1
+    and launches those at tp 1 without it."""
+    job = ["--preset", "llama3-8b", "--num-layers", "4", "--hardware", "h100-80gb",
+           "--tp-comm-overlap"]
+    for cmd in (["simulate", *job, "--tp", "1"], ["plan", *job, "--pp", "2"]):
+        assert main(cmd) == 2
+        err = capsys.readouterr().err
+        assert "pipeline.tp_comm_overlap: Tensor parallel communication/GEMM overlap can " \
+               "happen only when sequence parallelism is enabled" in err
+        assert len(err.strip().splitlines()) == 1
+    search = ["plan", *job[:6], "--gpus", "16", "--global-batch-size", "32",
+              "--tp-comm-overlap", "--cp", "1", "--pp", "1", "--json"]
+    for tp, flagged in (("1", False), ("2", True)):
+        assert main([*search, "--tp", tp]) == 0
+        best = json.loads(capsys.readouterr().out)["best"]
+        assert best["tp"] == int(tp)
+        assert ("--tp-comm-overlap" in best["megatron_job_flags"]) == flagged
