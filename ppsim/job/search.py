@@ -215,7 +215,8 @@ def _result(s: Shape, problem: Problem, summary: Summary, planned: bool = False,
                        throughput=job.throughput(summary.iteration_time_ms) if job else None,
                        comm_ms=comm, held_back_by=held_back(summary, comm,
                                                             problem.hardware.memory_bytes),
-                       planned=planned, policy=policy, policy_flags=policy_flags)
+                       planned=planned, policy=policy, policy_flags=policy_flags,
+                       split_proven=problem.split.num_stages == 1)  # its only split
 
 
 def _timed(p: Pending, policy: str) -> ShapeResult:
