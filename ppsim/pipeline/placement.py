@@ -105,6 +105,15 @@ class Topology:
         return (0,) * self.pp if self.pooled else self.devices
 
     @property
+    def alone(self) -> tuple[bool, ...]:
+        """Per rank: it has its processor to itself (no other rank on its device, no
+        context switch, no pool of cores shared with its twins), so each op takes
+        exactly its work."""
+        on = self.compute_devices
+        quiet = not self.context_switch_ms and not self.pooled
+        return tuple(quiet and on.count(d) == 1 for d in on)
+
+    @property
     def is_private(self) -> bool:
         """Every rank owns its device and every message its link: the classic model."""
         return (not self.shares_devices and not self.shared_links and not self.pooled

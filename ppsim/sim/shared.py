@@ -132,10 +132,8 @@ class SharedEngine(Engine):
         self.link_index: dict[tuple[str, int, int], int] = {}
         self.sent: dict[int, InFlight] = {}
         """Message key -> the message on its way."""
-        on = [self.device_of.count(d) for d in self.device_of]
-        self.alone = [n == 1 and not topo.context_switch_ms and not topo.pooled for n in on]
-        """Ranks with a device to themselves (not twins' cores): their ops take exactly
-        their work."""
+        self.alone = topo.alone
+        """Ranks with a processor to themselves: their ops take exactly their work."""
         self.work = [0.0] * self.pp
         self.charged = bool(topo.message_cpu_ms or topo.local_message_cpu_ms)
         n = schedule.num_stages

@@ -127,13 +127,11 @@ class _Model:
         self.topo: Topology | None = None if topo is None or topo.is_private else topo
         self.delay = p2p_link(problem.hardware.transfer_ms)
         devices = self.topo.compute_devices if self.topo else tuple(range(pp))
-        switch = self.topo.context_switch_ms if self.topo else 0.0
         self.devices = {d: _Sharing(self.env, processor(self.topo) if self.topo else None)
                         for d in sorted(set(devices))}
         self.device_of = [self.devices[d] for d in devices]
         # Alone on a device an op takes exactly its work (and busy adds that work).
-        pooled = bool(self.topo and self.topo.pooled)
-        self.alone = [devices.count(d) == 1 and not switch and not pooled for d in devices]
+        self.alone = self.topo.alone if self.topo else (True,) * pp
         self.charged = bool(self.topo and (self.topo.message_cpu_ms
                                            or self.topo.local_message_cpu_ms))
         self.links: dict[tuple[str, int, int], _Sharing] = {}
