@@ -201,11 +201,11 @@ def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
     best = res.candidates[0] if res.candidates and res.candidates[0].summary.fits else None
     if best is None:
         return
-    console.print(split_text(best), markup=False, soft_wrap=True)
+    console.print(split_text(best), markup=False)
     hint = overlap_hint(best.problem.hardware.job, best.comm_ms,
                         best.summary.iteration_time_ms, "the best", "plan")
     if hint:
-        console.print(hint, markup=False, soft_wrap=True)
+        console.print(hint, markup=False)
     if best.policy_flags is not None:
         console.print(f"best's memory policy ({best.policy}), Megatron flags: "
                       f"{best.policy_flags or 'none needed'}", markup=False, soft_wrap=True)

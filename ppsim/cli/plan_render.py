@@ -147,6 +147,6 @@ def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], to
     hint = overlap_hint(p.hardware.job, exposed_comm_ms(best, res.best.summary),
                         res.best.summary.iteration_time_ms, "the best split", "plan")
     if hint:
-        console.print(hint, markup=False, soft_wrap=True)
+        console.print(hint, markup=False)
     print_exports(console, exports_of(p.pattern, res.best.split, p.schedule.microbatch_group,
                                       specs))

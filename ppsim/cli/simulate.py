@@ -325,7 +325,7 @@ def _print_simulation(sim: Any) -> None:
     hint = overlap_hint(problem.hardware.job, waits.get("exposed_comm_ms", 0.0),
                         s.iteration_time_ms, "the job", "simulate")
     if hint:
-        console.print(hint, markup=False, soft_wrap=True)
+        console.print(hint, markup=False)
     console.print(rank_table(s))
     if sim.timeline is None:
         console.print(f"(no text timeline above {limits.TIMELINE_OPS:,} ops; --trace keeps "
