@@ -331,7 +331,8 @@ def _with_world(cfg: Config, flag: Any) -> Config:
     if dp is None and flag("global_batch_size") is None:
         return cfg
     return with_overrides(cfg, model={"dp": dp},
-                          pipeline={"global_batch_size": flag("global_batch_size")})
+                          pipeline={"global_batch_size": flag("global_batch_size"),
+                                    "microbatches": flag("microbatches")})
 
 
 GPU_HARDWARE = "h100-80gb"

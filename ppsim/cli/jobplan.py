@@ -282,6 +282,10 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
     if args.compare:
         raise UserError("--compare", "compares splits of one shape, not a job's shapes",
                         "drop --gpus to compare splits, or --compare to plan the job")
+    if getattr(args, "microbatches", None) is not None:
+        raise UserError("--microbatches", "the job search gives each shape global batch / "
+                        "(micro-batch size x dp) microbatches", "drop it; hold "
+                        "--micro-batch-size or --dp to hold that")
     if getattr(args, "layers_per_virtual_stage", None) is not None:
         raise UserError("--num-layers-per-virtual-pipeline-stage", "the job search varies "
                         "pp, and with it the chunks a rank's layers make", "give --vpp N to "

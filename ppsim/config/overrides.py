@@ -73,7 +73,8 @@ def with_overrides(cfg: Config, *, preset: str | None = None,
         m = parse_model({"preset": preset}) if preset else cfg.model
         if changes:
             m = m.with_fields(changes)  # parsed again: checked as a file's table is
-    pipe = replace(cfg.pipeline, **_given(pipeline, PIPELINE_KEYS, "pipeline"))
+    pipe_changes = _given(pipeline, PIPELINE_KEYS, "pipeline")
+    pipe = replace(cfg.pipeline, **pipe_changes)
     if split is not None:
         pipe = with_split(pipe, **split)
     hw = hardware_config({"preset": hardware}) if hardware else replace(cfg.hardware)
@@ -86,7 +87,8 @@ def with_overrides(cfg: Config, *, preset: str | None = None,
     out = Config(model=m, pipeline=pipe, hardware=hw,
                  costs_file=costs_file or cfg.costs_file, placement=place, memory=policy)
     check_config(out)
-    return job_shape.resolved(out)
+    return job_shape.resolved(out, pipe_changes.get("microbatches"),
+                              "global_batch_size" in pipe_changes)
 
 
 def _given(values: dict[str, Any] | None, allowed: tuple[str, ...],

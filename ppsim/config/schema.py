@@ -214,7 +214,8 @@ def config_from_dict(data: dict[str, Any]) -> Config:
             raise UserError(key, "unknown section",
                             "use [model], [pipeline], [hardware], [placement] and [memory]")
     cfg = Config(model=parse_model(validate.table("model", data.get("model", {}))))
-    _fill(cfg.pipeline, validate.table("pipeline", data.get("pipeline", {})), "pipeline")
+    pipeline = validate.table("pipeline", data.get("pipeline", {}))
+    _fill(cfg.pipeline, pipeline, "pipeline")
     cfg.hardware = hardware_config(dict(validate.table("hardware", data.get("hardware", {}))))
     _fill(cfg.placement, validate.table("placement", data.get("placement", {})), "placement")
     if "costs_file" in data:
@@ -222,7 +223,8 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     if "memory" in data:
         cfg.memory = dict(validate.table("memory", data["memory"]))
     check_config(cfg)
-    return job_shape.resolved(cfg)
+    return job_shape.resolved(cfg, cfg.pipeline.microbatches if "microbatches" in pipeline
+                              else None)
 
 
 def check_config(cfg: Config) -> None:

@@ -213,14 +213,29 @@ def _fsdp_alone(p: Any) -> None:
                             "itself", f"drop {flag} ({name} in [pipeline]), or drop --fsdp")
 
 
-def resolved(cfg: Any) -> Any:
-    """cfg with the microbatches its global batch gives (unchanged when none is set)."""
+def resolved(cfg: Any, microbatches_given: int | None = None,
+             batch_given: bool = True) -> Any:
+    """cfg with the microbatches its global batch gives (unchanged when none is set).
+
+    A microbatch count given with it (a flag, a file's field, a TUI edit) is either the
+    one the batch gives, or refused when the global batch was given with it
+    (`batch_given`), or else replaces the loaded global batch: what is given overrides
+    what was loaded, and nothing given is dropped silently."""
     p = cfg.pipeline
     if not p.global_batch_size:
         return cfg
     a = arch_of(cfg.model)
     mbs, dp = (a.micro_batch_size, a.dp) if a is not None else (1, 1)
+    if microbatches_given is not None and not batch_given \
+            and microbatches_given * mbs * dp != p.global_batch_size:
+        return replace(cfg, pipeline=replace(p, global_batch_size=0,
+                                             microbatches=microbatches_given))
     m = microbatches_for(p.global_batch_size, mbs, dp)
+    if microbatches_given is not None and microbatches_given != m:
+        raise UserError("pipeline.microbatches", f"{microbatches_given} disagrees with "
+                        f"global_batch_size {p.global_batch_size}, which gives {m} at "
+                        f"micro_batch_size {mbs} and dp {dp}", "give the global batch "
+                        "(--global-batch-size) or the microbatches (--microbatches), not both")
     return cfg if m == p.microbatches else replace(cfg, pipeline=replace(p, microbatches=m))
 
 

@@ -27,3 +27,36 @@ def test_holding_sizes_keeps_exactly_the_shapes_that_have_them(name, gpus, gbs, 
     for s in held:
         assert s.tp * s.cp * s.pp * s.dp == gpus
         assert s.mbs * s.microbatches * s.dp == gbs
+
+
+@settings(max_examples=80, deadline=None)
+@given(mbs=st.sampled_from([1, 2, 4]), dp=st.sampled_from([1, 2, 3, 8]),
+       m=st.integers(1, 64), given_m=st.integers(1, 64), batch_given=st.booleans())
+def test_a_given_microbatch_count_is_the_batchs_refused_or_replaces_it(
+        mbs, dp, m, given_m, batch_given) -> None:
+    """Whatever is given is honoured or refused, never dropped: a count equal to the
+    batch's keeps the batch; another is refused beside a given batch, else it replaces
+    the loaded one."""
+    from dataclasses import replace
+
+    from ppsim.errors import UserError
+    from ppsim.job.shape import resolved
+
+    cfg = config_from_dict({"model": {"preset": "llama3-8b", "dp": dp,
+                                      "micro_batch_size": mbs},
+                            "pipeline": {"pp": 2, "global_batch_size": m * mbs * dp}})
+    assert cfg.pipeline.microbatches == m
+    cfg = replace(cfg, pipeline=replace(cfg.pipeline, microbatches=given_m))
+    if given_m == m:
+        out = resolved(cfg, given_m, batch_given)
+        assert (out.pipeline.microbatches, out.pipeline.global_batch_size) == (m, m * mbs * dp)
+    elif batch_given:
+        try:
+            resolved(cfg, given_m, batch_given)
+        except UserError as exc:
+            assert exc.field == "pipeline.microbatches"
+        else:
+            raise AssertionError("a disagreeing count beside a given batch was taken")
+    else:
+        out = resolved(cfg, given_m, batch_given)
+        assert (out.pipeline.microbatches, out.pipeline.global_batch_size) == (given_m, 0)

@@ -118,3 +118,59 @@ def test_expert_parallelism_needs_experts(capsys) -> None:
     ep 2 on a dense model was taken and did nothing."""
     err = _one_line_error(capsys, ["--ep", "2"])
     assert "model.ep" in err and "num_experts is not set" in err
+
+
+def test_microbatches_that_disagree_with_the_global_batch_are_refused(capsys) -> None:
+    """Before: --microbatches 2 beside --global-batch-size 256 gave 256 microbatches
+    without a word."""
+    rc = main(["simulate", "--preset", "llama3-8b", "--pp", "2", "--dp", "2",
+               "--global-batch-size", "256", "--microbatches", "2"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert "pipeline.microbatches: 2 disagrees with global_batch_size 256, which gives " \
+           "128 at micro_batch_size 1 and dp 2" in err
+    assert args_config("--preset", "llama3-8b", "--pp", "2", "--dp", "2", "--global-batch-size",
+                       "256", "--microbatches", "128").pipeline.microbatches == 128
+    with pytest.raises(UserError, match="pipeline.microbatches"):
+        config_from_dict({"model": {"preset": "llama3-8b", "dp": 4},
+                          "pipeline": {"pp": 2, "global_batch_size": 64, "microbatches": 4}})
+    agreed = config_from_dict({"model": {"preset": "llama3-8b", "dp": 4},
+                               "pipeline": {"pp": 2, "global_batch_size": 64,
+                                            "microbatches": 16}})
+    assert agreed.pipeline.global_batch_size == 64
+
+
+def test_a_microbatch_flag_overrides_a_files_global_batch(tmp_path) -> None:
+    """Flags override the file: before, the file's global batch won over the flag."""
+    path = tmp_path / "job.toml"
+    path.write_text('[model]\npreset = "llama3-8b"\n[pipeline]\npp = 2\n'
+                    "global_batch_size = 64\n")
+    cfg = args_config("--config", str(path), "--microbatches", "8")
+    assert (cfg.pipeline.microbatches, cfg.pipeline.global_batch_size) == (8, 0)
+    kept = args_config("--config", str(path), "--microbatches", "64")
+    assert (kept.pipeline.microbatches, kept.pipeline.global_batch_size) == (64, 64)
+
+
+def test_the_job_search_refuses_a_microbatch_count(capsys) -> None:
+    """Before: plan --gpus took --microbatches 2 and planned 256 per replica."""
+    rc = main(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "8",
+               "--global-batch-size", "256", "--microbatches", "2"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and err.startswith(
+        "ppsim plan: error: --microbatches:")
+
+
+def test_a_tui_microbatch_edit_is_kept_under_a_global_batch() -> None:
+    """Before: with a global batch loaded, the TUI's microbatch edit was replaced by the
+    batch's count, so the edit changed nothing."""
+    from dataclasses import replace
+
+    from ppsim.tui.session import config_for, state_from_config
+
+    base = args_config("--preset", "llama3-8b", "--pp", "2", "--dp", "2",
+                       "--global-batch-size", "32")
+    state = state_from_config(base)
+    assert state.microbatches == 16
+    assert config_for(base, state).pipeline.global_batch_size == 32
+    edited = config_for(base, replace(state, microbatches=4))
+    assert (edited.pipeline.microbatches, edited.pipeline.global_batch_size) == (4, 0)
