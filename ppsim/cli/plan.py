@@ -75,8 +75,10 @@ def variants(cfg: Config, axes: list[str]) -> list[Variant]:
     """Configs the --search axes allow, the given one first; invalid combos skipped."""
     for a in axes:
         if a not in SEARCH_AXES:
-            raise UserError("--search", f"unknown axis {a!r}", "use any of " + ", ".join(
-                SEARCH_AXES))
+            job_only = a in ("sharding", "dispatcher")
+            raise UserError("--search", f"{a!r} is an axis of the job search (--gpus)"
+                            if job_only else f"unknown axis {a!r}", "use any of "
+                            + ", ".join(SEARCH_AXES) + "; or policy, policy-per-stage alone")
     base = with_overrides(cfg, split={})
     transformer = isinstance(base.model, TransformerModel)
     layers = base.model.num_layers

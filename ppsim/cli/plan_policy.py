@@ -160,7 +160,7 @@ def print_spaces(spaces: list[SpaceBest]) -> int:
                 f"{i}: {p.label()}" for i, p in enumerate(sb.policies)), markup=False)
         flags = "n/a" if ex.megatron_flags is None else (
             shlex.join(ex.megatron_flags) or "none needed")
-        console.print(f"{sb.space} Megatron policy flags: {flags}"
+        console.print(f"{sb.space} policy as flags: {flags}"
                       + (f" ({'; '.join(ex.notes)})" if ex.notes else "")
                       + f"; runs on: {', '.join(ex.frameworks) or 'none of them as given'}",
                       markup=False, soft_wrap=True)

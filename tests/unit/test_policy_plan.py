@@ -150,7 +150,7 @@ def test_policy_search_takes_no_other_axes(capsys) -> None:
 def test_text_output_lists_the_spaces(capsys) -> None:
     assert main([*PLAN[:-1], "--search", "policy", "--time-budget", "3"]) == 0
     out = capsys.readouterr().out
-    assert "global" in out and "megatr" in out and "Megatron policy flags" in out
+    assert "global" in out and "megatr" in out and "megatron policy as flags: --recompute" in out
 
 
 def test_a_chunked_plan_not_proven_says_why_its_bound_is_loose(capsys) -> None:
@@ -254,3 +254,11 @@ def test_each_chunk_of_a_rank_takes_its_own_policy_as_brute_force_would() -> Non
         assert sum(c.forward_ms + c.backward_ms for c in rc) == pytest.approx(best, rel=1e-9)
         mixed |= len({got.policies[k] for k in stages}) > 1
     assert mixed  # some rank's two chunks differ: one policy per rank would not say it
+
+
+def test_a_job_search_axis_without_gpus_says_where_it_belongs(capsys) -> None:
+    """Before: 'sharding' was an unknown axis, and the axes listed left policy out."""
+    assert main([*PLAN, "--search", "sharding"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "'sharding' is an axis of the job search (--gpus)" in err and "\n" not in err
+    assert "policy, policy-per-stage alone" in err
