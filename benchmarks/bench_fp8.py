@@ -11,6 +11,14 @@ bf16 beside it (no published counterpart: the speed-up ppsim predicts). The MoE 
 Megatron's all-to-all dispatcher with the combined 1F1B, as its workload config says,
 force-balanced as the table's note says.
 
+Beside them the one BF16 run the archive gives for a model ppsim has a preset of on
+DGX-H100 (26.02 NeMo container): GPT-OSS 120B on 64 GPUs, priced with its workload config
+(gpt_oss_workload_base_configs.py H100_BF16_V2: GBS 1280, MBS 1, PP 4, EP 8, recompute of
+layernorm and moe_act) over its recipe (recipes/gpt_oss: the all-to-all dispatcher, the
+distributed optimizer with both DP overlaps, sequence 4096, the model from the Hugging
+Face config, vocabulary 201,088) and the performance scripts' set_gpt_oss_common_configs
+(gradients reduced in bf16).
+
 Then (without --quick) `ppsim plan --gpus 8192` for the 405B preset in FP8, the plan time.
 
 Run: .venv/bin/python benchmarks/bench_fp8.py [--quick]
@@ -66,9 +74,18 @@ class Priced:
     peak_gb: float
 
 
-def price(run: BridgeRun, fp8: bool) -> Priced:
+BF16_RUN = BridgeRun(name="GPT-OSS 120B", preset="gpt-oss-120b", gpus=64, tokens_per_gpu=5993,
+                     shape="--global-batch-size 1280 --micro-batch-size 1 --seq-length 4096 "
+                           "--pp 4 --ep 8 --moe-token-dispatcher-type alltoall "
+                           "--recompute-modules layernorm moe_act --grad-reduce-in-bf16 "
+                           "--use-distributed-optimizer --overlap-grad-reduce "
+                           "--overlap-param-gather")
+"""Megatron-Bridge 26.02, DGX-H100, BF16 (tp 1: no --tp-comm-overlap)."""
+
+
+def price(run: BridgeRun, fp8: bool, overlaps: list[str] = OVERLAPS) -> Priced:
     argv = ["simulate", "--preset", run.preset, "--hardware", "h100-80gb", "--gpus",
-            str(run.gpus), *run.shape.split(), *OVERLAPS, *(FP8 if fp8 else []), "--json"]
+            str(run.gpus), *run.shape.split(), *overlaps, *(FP8 if fp8 else []), "--json"]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert ppsim(argv) == 0, argv
@@ -88,6 +105,12 @@ def main() -> None:
               f"{f8.tokens_per_gpu / run.tokens_per_gpu - 1:+7.1%} {f8.tflops_per_gpu:7.0f} "
               f"{f8.peak_gb:7.1f}   {bf.tokens_per_gpu:10,.0f} "
               f"{f8.tokens_per_gpu / bf.tokens_per_gpu:10.2f}")
+    bf = price(BF16_RUN, False, [])
+    print(f"Megatron-Bridge 26.02, DGX-H100, BF16 (held out): {BF16_RUN.name} on "
+          f"{BF16_RUN.gpus}: published {BF16_RUN.tokens_per_gpu:,.0f}, ppsim "
+          f"{bf.tokens_per_gpu:,.0f} tokens/s/GPU "
+          f"({bf.tokens_per_gpu / BF16_RUN.tokens_per_gpu - 1:+.1%}), "
+          f"{bf.tflops_per_gpu:.0f} TFLOP/s/GPU, peak {bf.peak_gb:.1f} GB")
     if "--quick" in sys.argv:
         return
     plan_case("llama3.1-405b on 8,192 H100, FP8", [
