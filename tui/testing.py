@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ppsim.config.overrides import with_overrides
@@ -16,6 +17,18 @@ async def settle(pilot: Any) -> None:
     await pilot.pause()
     await pilot.app.workers.wait_for_complete()
     await pilot.pause()
+
+
+async def settle_until(pilot: Any, done: Any, timeout_s: float = 120.0) -> None:
+    """settle() until `done()` holds (a planner in a child process may outlast one
+    settle on a loaded machine); AssertionError with the status line after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    await settle(pilot)
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not done after {timeout_s:g} s: {status_text(pilot.app)}")
+        await pilot.pause(0.05)
+        await settle(pilot)
 
 
 def screen_text(app: Any) -> list[str]:

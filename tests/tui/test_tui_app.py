@@ -19,7 +19,7 @@ from ppsim.tui.app import PPSimApp
 from ppsim.tui.exports import megatron_to_ppsim_args, read_export
 from ppsim.tui.memory import MemoryBars
 from ppsim.tui.session import config_for, planner_available
-from ppsim.tui.testing import SIZE, screen_text, settle
+from ppsim.tui.testing import SIZE, screen_text, settle, settle_until, status_text
 from ppsim.tui.timeline import Timeline
 from ppsim.units import fmt_bytes
 
@@ -221,9 +221,8 @@ async def test_planner_lands_on_the_best_split() -> None:
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         await pilot.press("p")
-        await settle(pilot)
-        await settle(pilot)
-        assert app.plan_result is not None and app.planning is None
+        await settle_until(pilot, lambda: app.planning is None)
+        assert app.plan_result is not None, status_text(app)
         assert app.proposal.counts == best.split.counts  # a proposal: a accepts it
         await pilot.press("a")
         await settle(pilot)
