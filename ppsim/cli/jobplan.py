@@ -145,6 +145,7 @@ def job_plan_dict(res: JobSearch, gpus: int, gbs: int, top: int,
             "held": {size_name(k): v for k, v in (held or {}).items()}, "best": best,
             "candidates": [shape_dict(r) for r in res.candidates[:top]],
             "evaluated": res.evaluated, "total_shapes": res.total, "complete": res.complete,
+            "static_overflows": res.overflowing, "refused": res.refused,
             "seconds": res.seconds,
             "static_overflow": None if res.leanest is None else {
                 "shape": res.leanest.shape.label(), "static_bytes": res.leanest.static_bytes}}
@@ -155,6 +156,19 @@ def _shape_cell(r: ShapeResult) -> str:
     s = r.shape
     return (f"tp{s.tp} cp{s.cp} ep{s.ep} pp{s.pp} dp{s.dp}\n"
             f"vpp{s.vpp} mbs{s.mbs} m{s.microbatches}{s.searched_label()}")
+
+
+def unsimulated_text(res: JobSearch) -> str:
+    """Why the shapes not simulated were not ('' when every one was)."""
+    bounded = res.total - res.evaluated - res.overflowing - res.refused
+    if not res.complete:
+        return f"; the time budget ran out with {bounded:,} not reached"
+    parts = [f"{n:,} {why}" for n, why in (
+        (bounded, "bounded out (their default split's busiest rank alone is no faster than "
+                  "the top ones)"),
+        (res.overflowing, "over memory on weights, gradients and optimizer states alone"),
+        (res.refused, "refused by the model's own checks")) if n]
+    return "; " + ", ".join(parts) if parts else ""
 
 
 def _row_tag(i: int, r: ShapeResult) -> str:
@@ -171,7 +185,8 @@ def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
 
     console = Console()
     console.print(f"{gpus:,} GPUs, global batch {gbs:,}: {res.evaluated:,} of {res.total:,} "
-                  f"shapes in {res.seconds:.1f} s")
+                  f"shapes simulated in {res.seconds:.1f} s{unsimulated_text(res)}",
+                  markup=False)
     if held:
         console.print(held_text(held), markup=False)
     why = overflow_text(res, memory_bytes)

@@ -82,6 +82,10 @@ class JobSearch:
     """Shapes the model, the world and the batch allow (the budget may stop short)."""
     complete: bool = True
     """Every shape was simulated or bounded out (with its default split) within the budget."""
+    overflowing: int = 0
+    """Shapes whose weights, gradients and optimizer states alone overflow memory."""
+    refused: int = 0
+    """Shapes the model refuses (Megatron's checks, e.g. heads that tp does not divide)."""
     seconds: float
     leanest: Pending | None = None
     """When every shape's weights, gradients and optimizer states alone overflow memory:
@@ -344,5 +348,6 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
                        _refined(r, _config(cfg, r.shape, gbs), policy, min(5.0, left / k)))
     return JobSearch(candidates=_fastest_first(refined) + results[k:],
                      evaluated=len(results), total=len(todo),
+                     overflowing=len(accepted) - len(pending), refused=len(refusals),
                      seconds=time.perf_counter() - t0, complete=complete,
                      leanest=None if pending else leanest)
