@@ -31,6 +31,8 @@ from ppsim.schedules.generators import schedule_placement
 from ppsim.sim.simulate import simulate
 from ppsim.sim.summary import Summary
 
+SPLIT_SHARE = 1 / 12
+"""The most of the budget one shape's split plan takes (5 s of the default 60)."""
 TOP_SEARCHED = 5
 """The fewest fastest shapes the search keeps and plans the splits of, whatever the
 table's --top: the best does not depend on how many rows are shown."""
@@ -341,11 +343,15 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
         results.append(_timed(p, policy))
     results = _fastest_first(results)
     refined = []
+    n = min(k, len(results))
     for i, r in enumerate(results[:k]):
-        progress("planning the fastest shapes' splits", i, min(k, len(results)))
+        progress("planning the fastest shapes' splits", i, n)
         left = budget_s - (time.perf_counter() - t0)
+        # An equal share of what is left, at most SPLIT_SHARE of the budget: a longer
+        # budget gives each split more time.
+        share = min(budget_s * SPLIT_SHARE, left / (n - i))
         refined.append(r if left <= 1.0 else
-                       _refined(r, _config(cfg, r.shape, gbs), policy, min(5.0, left / k)))
+                       _refined(r, _config(cfg, r.shape, gbs), policy, share))
     return JobSearch(candidates=_fastest_first(refined) + results[k:],
                      evaluated=len(results), total=len(todo),
                      overflowing=len(accepted) - len(pending), refused=len(refusals),

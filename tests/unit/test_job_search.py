@@ -472,3 +472,26 @@ def test_the_plan_says_why_each_shape_it_did_not_simulate_was_not(capsys) -> Non
     assert said["refused by"] == doc["refused"]
     # Memory no shape's static bytes overflow: nothing is over memory.
     assert _plan_json("--memory-gb", "100000")["static_overflows"] == 0
+
+
+@pytest.mark.parametrize("budget", [60.0, 120.0])
+def test_a_longer_budget_gives_each_split_plan_more_time(budget: float, monkeypatch) -> None:
+    """Before: each shape's split plan got at most 5 s whatever --time-budget said, so
+    'a longer --time-budget may find a faster one' could not come true."""
+    from ppsim.cli.flags import config_from_args
+    from ppsim.cli.main import build_parser
+    from ppsim.job import search
+
+    given: list[float] = []
+
+    def refined(r, cfg, policy, budget_s):  # noqa: ANN001, ANN202 - the search's own call
+        given.append(budget_s)
+        return r
+
+    monkeypatch.setattr(search, "_refined", refined)
+    cfg = config_from_args(build_parser().parse_args(
+        ["plan", "--preset", "llama3-8b", "--num-layers", "8", "--hardware", "h100-80gb"]))
+    res = search.search_job(cfg, 16, 32, budget_s=budget, fixed={"tp": 2, "cp": 1, "pp": 2,
+                                                                  "vpp": 1, "mbs": 1})
+    assert res.evaluated == len(given) == 1  # one shape holds every size
+    assert budget / 12 * 0.99 <= given[0] <= budget / 12
