@@ -448,7 +448,7 @@ def test_tp_comm_overlap_at_tp_1_is_refused_as_megatron_refuses_it(capsys) -> No
         assert ("--tp-comm-overlap" in best["megatron_job_flags"]) == flagged
 
 
-def _plan_json(*extra: str) -> dict:
+def _args_plan_json(*extra: str) -> dict:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(["plan", *ARGS, *extra, "--json"]) == 0
@@ -458,7 +458,7 @@ def _plan_json(*extra: str) -> dict:
 def test_the_plan_says_why_each_shape_it_did_not_simulate_was_not(capsys) -> None:
     """Before: '86 of 465 shapes' left the other 379 unexplained (cut by the clock, or
     ruled out?)."""
-    doc = _plan_json("--memory-gb", "20")
+    doc = _args_plan_json("--memory-gb", "20")
     assert doc["complete"]
     rest = doc["total_shapes"] - doc["evaluated"]
     assert rest > 0 and doc["static_overflows"] > 0
@@ -471,7 +471,7 @@ def test_the_plan_says_why_each_shape_it_did_not_simulate_was_not(capsys) -> Non
     assert said["over memory"] == doc["static_overflows"]
     assert said["refused by"] == doc["refused"]
     # Memory no shape's static bytes overflow: nothing is over memory.
-    assert _plan_json("--memory-gb", "100000")["static_overflows"] == 0
+    assert _args_plan_json("--memory-gb", "100000")["static_overflows"] == 0
 
 
 @pytest.mark.parametrize("budget", [60.0, 120.0])
