@@ -11,13 +11,14 @@ bf16 beside it (no published counterpart: the speed-up ppsim predicts). The MoE 
 Megatron's all-to-all dispatcher with the combined 1F1B, as its workload config says,
 force-balanced as the table's note says.
 
-Beside them the one BF16 run the archive gives for a model ppsim has a preset of on
-DGX-H100 (26.02 NeMo container): GPT-OSS 120B on 64 GPUs, priced with its workload config
-(gpt_oss_workload_base_configs.py H100_BF16_V2: GBS 1280, MBS 1, PP 4, EP 8, recompute of
-layernorm and moe_act) over its recipe (recipes/gpt_oss: the all-to-all dispatcher, the
-distributed optimizer with both DP overlaps, sequence 4096, the model from the Hugging
-Face config, vocabulary 201,088) and the performance scripts' set_gpt_oss_common_configs
-(gradients reduced in bf16).
+The 25.11 DGX-B200 runs in FP8-CS of a dense preset (Llama 3 8B, 3.1 405B) check the
+b200-180gb preset the same way. Beside them the one BF16 run the archive gives for a
+model ppsim has a preset of on DGX-H100 (26.02 NeMo container): GPT-OSS 120B on 64 GPUs,
+priced with its workload config (gpt_oss_workload_base_configs.py H100_BF16_V2: GBS
+1280, MBS 1, PP 4, EP 8, recompute of layernorm and moe_act) over its recipe
+(recipes/gpt_oss: the all-to-all dispatcher, the distributed optimizer with both DP
+overlaps, sequence 4096, the model from the Hugging Face config, vocabulary 201,088) and
+the performance scripts' set_gpt_oss_common_configs (gradients reduced in bf16).
 
 Then (without --quick) `ppsim plan --gpus 8192` for the 405B preset in FP8, the plan time.
 
@@ -50,6 +51,7 @@ class BridgeRun:
     """The table's shape as ppsim's flags."""
     tokens_per_gpu: float
     """Published tokens/s per GPU."""
+    hardware: str = "h100-80gb"
 
 
 RUNS = [
@@ -74,6 +76,17 @@ class Priced:
     peak_gb: float
 
 
+B200_RUNS = [
+    # Megatron-Bridge 25.11, DGX-B200, FP8-CS; tp 1 takes no --tp-comm-overlap.
+    BridgeRun(name="Llama 3 8B", preset="llama3-8b", gpus=8, tokens_per_gpu=30624,
+              hardware="b200-180gb",
+              shape="--global-batch-size 128 --micro-batch-size 2 --pp 1"),
+    BridgeRun(name="Llama 3.1 405B", preset="llama3.1-405b", gpus=128, tokens_per_gpu=661,
+              hardware="b200-180gb", shape="--global-batch-size 64 --micro-batch-size 1 "
+              "--tp 4 --pp 8 --cp 2 --vpp 8 --tp-comm-overlap"),
+]
+"""Held out for the b200-180gb preset: the 25.11 DGX-B200 runs in FP8-CS."""
+
 BF16_RUN = BridgeRun(name="GPT-OSS 120B", preset="gpt-oss-120b", gpus=64, tokens_per_gpu=5993,
                      shape="--global-batch-size 1280 --micro-batch-size 1 --seq-length 4096 "
                            "--pp 4 --ep 8 --moe-token-dispatcher-type alltoall "
@@ -84,7 +97,7 @@ BF16_RUN = BridgeRun(name="GPT-OSS 120B", preset="gpt-oss-120b", gpus=64, tokens
 
 
 def price(run: BridgeRun, fp8: bool, overlaps: list[str] = OVERLAPS) -> Priced:
-    argv = ["simulate", "--preset", run.preset, "--hardware", "h100-80gb", "--gpus",
+    argv = ["simulate", "--preset", run.preset, "--hardware", run.hardware, "--gpus",
             str(run.gpus), *run.shape.split(), *overlaps, *(FP8 if fp8 else []), "--json"]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -105,6 +118,12 @@ def main() -> None:
               f"{f8.tokens_per_gpu / run.tokens_per_gpu - 1:+7.1%} {f8.tflops_per_gpu:7.0f} "
               f"{f8.peak_gb:7.1f}   {bf.tokens_per_gpu:10,.0f} "
               f"{f8.tokens_per_gpu / bf.tokens_per_gpu:10.2f}")
+    print("Megatron-Bridge 25.11, DGX-B200, FP8-CS (held out); b200-180gb preset")
+    for run in B200_RUNS:
+        f8 = price(run, True, OVERLAPS[:3])
+        print(f"{run.name:16} {run.gpus:5} {run.tokens_per_gpu:9,.0f} {f8.tokens_per_gpu:9,.0f} "
+              f"{f8.tokens_per_gpu / run.tokens_per_gpu - 1:+7.1%} {f8.tflops_per_gpu:7.0f} "
+              f"{f8.peak_gb:7.1f}")
     bf = price(BF16_RUN, False, [])
     print(f"Megatron-Bridge 26.02, DGX-H100, BF16 (held out): {BF16_RUN.name} on "
           f"{BF16_RUN.gpus}: published {BF16_RUN.tokens_per_gpu:,.0f}, ppsim "

@@ -197,6 +197,23 @@ _HOST = {"h100": dict(host_link_gbps=63.0, host_memory_bytes=2e12),
 # behind compute slows it by 16 / sm_count.
 _COLLECTIVE_SMS = dict(collective_sms=16)
 
+# B200 (DGX/HGX B200, Blackwell GB100, sm_100, 1000 W): 2250 TFLOP/s dense bf16 and 4500
+# FP8 (NVIDIA HGX B200 datasheet: 36 and 72 PFLOPS for 8 GPUs with sparsity), 180 GB of
+# HBM3e at 8 TB/s (DGX B200: 1,440 GB, 64 TB/s), 148 SMs (as B200 software reports),
+# NVLink 5 at 1.8 TB/s bidirectional per GPU (900 each way), 8 ConnectX-7 NICs of 400 Gb/s
+# (DGX B200 datasheet: 50 GB/s per GPU), PCIe Gen5 x16 to the host, 2 TB of system memory.
+# Matmuls: XLA's measured sm_100 bf16 table (matmul_interpolator_data.h) fits a fixed
+# 6 us plus 1530 TFLOP/s beyond it (466 TFLOP/s at 2048x1024x1024, 1142-1186 at 34 GFLOP,
+# 1338-1544 at 137); those are bursts, and ml-engineering's brute-force best shape reaches
+# 1745 (MAMF), so the sustained rate a training job holds is not measured yet. FP8 over
+# bf16 at the same share of peak: MAMF 76.3 % of 4500 against 77.6 % of 2250, 0.98.
+# Attention: cuDNN 9.13's best forward on B200, 1605 / 1.3 TFLOP/s (the FlashAttention-4
+# paper and Together AI's post: FA4 reaches 1605, up to 1.3x cuDNN), 55 % of peak: an upper
+# figure, since the backward and short sequences run slower. Memory-bound work at 90 % of
+# the HBM rate, as on the H100; NCCL's 16 channels on an 8-NIC node as there (unmeasured
+# on B200).
+_TOPOLOGY_B = dict(_TOPOLOGY_H, intra_node_bandwidth_gbps=900.0)
+
 HARDWARE_PRESETS: dict[str, dict] = {
     "a100-80gb": dict(memory_bytes=80e9, peak_tflops=312.0, efficiency=0.5,
                       p2p_bandwidth_gbps=25.0, p2p_latency_ms=0.01,
@@ -217,6 +234,13 @@ HARDWARE_PRESETS: dict[str, dict] = {
                        matmul_efficiency=_curve(813.0, 40.0), attention_efficiency=0.30,
                        memory_bandwidth_gbps=3000.0, kernel_overhead_us=80.0, sm_count=132,
                        **_TOPOLOGY_H, **_HOST["h100"], **_COLLECTIVE_SMS),
+    "b200-180gb": dict(memory_bytes=180e9, peak_tflops=2250.0, fp8_peak_tflops=4500.0,
+                       fp8_efficiency_ratio=0.98, efficiency=0.45,
+                       p2p_bandwidth_gbps=50.0, p2p_latency_ms=0.01,
+                       matmul_efficiency=_curve(1530.0, 6.0, 2250.0),
+                       attention_efficiency=0.55, memory_bandwidth_gbps=7200.0,
+                       kernel_overhead_us=10.0, sm_count=148,
+                       **_TOPOLOGY_B, **_HOST["h100"], **_COLLECTIVE_SMS),
     "cpu": dict(memory_bytes=16e9, peak_tflops=0.04, efficiency=1.0,
                 p2p_bandwidth_gbps=1.0, p2p_latency_ms=0.05),
 }
@@ -225,5 +249,6 @@ HARDWARE_NOTES: dict[str, str] = {
     "a100-80gb": "NVIDIA A100 80 GB, HDR InfiniBand",
     "h100-80gb": "NVIDIA H100 80 GB, NDR InfiniBand",
     "h200-141gb": "NVIDIA H200 141 GB, NDR InfiniBand",
+    "b200-180gb": "NVIDIA B200 180 GB (DGX B200), NDR InfiniBand",
     "cpu": "CPU processes over gloo (calibrate with ppsim profile)",
 }
