@@ -25,6 +25,29 @@ class Piece:
         return self.forward(*args, **kwargs)
 
 
+class _SwiGLUFn(torch.autograd.Function):
+    """silu(gate) * up as Megatron's fused SwiGLU (bias_swiglu_impl) computes it: only the
+    two inputs kept, the SiLU recomputed in the backward."""
+
+    @staticmethod
+    def forward(ctx: Any, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        gate, up = ctx.saved_tensors
+        sig = torch.sigmoid(gate)
+        silu = gate * sig
+        return g * up * sig * (1 + gate * (1 - sig)), g * silu
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, keep_silu: bool) -> torch.Tensor:
+    """silu(gate) * up: eager (autograd keeps the SiLU output too, as torchtitan's MLP
+    does) when `keep_silu`, else fused (ppsim.costs.arch.Architecture.swiglu_keeps_silu)."""
+    return F.silu(gate) * up if keep_silu else _SwiGLUFn.apply(gate, up)
+
+
 def init_normal(module: nn.Module, num_layers: int, out_proj: tuple[str, ...]) -> None:
     """GPT-2 style init from torch's RNG (ppsim seeds it per piece)."""
     out_std = 0.02 / math.sqrt(2 * num_layers)

@@ -26,6 +26,7 @@ from ppsim.executor.builders.common import (
     Piece,
     init_normal,
     stage_loss,
+    swiglu,
     token_microbatch,
 )
 from ppsim.executor.builders.llama import architecture, describe
@@ -58,6 +59,8 @@ class GPTShape:
     dtype: str
     windows: tuple[int, ...] = ()
     """Each layer's sliding window (0: full causal attention); none: every layer full."""
+    keep_silu: bool = False
+    """A gated MLP keeps its SiLU output (Architecture.swiglu_keeps_silu)."""
 
     @classmethod
     def from_fields(cls, f: dict[str, Any]) -> GPTShape:
@@ -66,7 +69,7 @@ class GPTShape:
         a = Architecture(**{k: v for k, v in f.items() if k in _ARCH})
         return cls(a.num_layers, a.hidden_size, a.num_heads, a.num_kv_heads,
                    a.ffn_hidden_size, a.vocab_size, a.seq_length, a.micro_batch_size,
-                   a.gated_mlp, a.dtype, layer_windows(a))
+                   a.gated_mlp, a.dtype, layer_windows(a), a.swiglu_keeps_silu)
 
     def window(self, index: int) -> int:
         """Layer `index`'s sliding window (0: full causal attention)."""
@@ -93,6 +96,7 @@ class Block(nn.Module):
         self.fc1 = nn.Linear(h, s.ffn_hidden_size)
         self.fc3 = nn.Linear(h, s.ffn_hidden_size) if s.gated_mlp else None
         self.fc2 = nn.Linear(s.ffn_hidden_size, h)
+        self.keep_silu = s.keep_silu
         self.mlp = Piece(self._mlp)  # Megatron's `mlp` recompute module
         self.tp: TensorGroup | None = None
 
@@ -116,7 +120,8 @@ class Block(nn.Module):
         """The MLP on the normed input, before the residual add."""
         if self.tp is not None:
             y = copy_in(y, self.tp)
-        y = F.silu(self.fc1(y)) * self.fc3(y) if self.fc3 is not None else F.gelu(self.fc1(y))
+        y = swiglu(self.fc1(y), self.fc3(y), self.keep_silu) if self.fc3 is not None \
+            else F.gelu(self.fc1(y))
         return self.fc2(y) if self.tp is None else self._row(self.fc2, y)
 
     def _tensor_parallel(self, x: torch.Tensor) -> torch.Tensor:

@@ -45,7 +45,8 @@ class HybridLayer(nn.Module):
         elif kind == "attention":
             self.mixer = Attention(s)
         elif kind == "mlp":
-            self.mixer = MLP(a.hidden_size, a.ffn_hidden_size, a.gated_mlp)
+            self.mixer = MLP(a.hidden_size, a.ffn_hidden_size, a.gated_mlp,
+                             a.swiglu_keeps_silu)
         elif kind == "moe-mlp":
             self.mixer = MoE(s)
         else:

@@ -29,7 +29,14 @@ from torch import nn
 from ppsim.costs.arch import layer_windows
 from ppsim.costs.transformer import Architecture, layer_kinds
 from ppsim.errors import UserError
-from ppsim.executor.builders.common import DTYPES, Head, init_normal, stage_loss, token_microbatch
+from ppsim.executor.builders.common import (
+    DTYPES,
+    Head,
+    init_normal,
+    stage_loss,
+    swiglu,
+    token_microbatch,
+)
 from ppsim.executor.builders.deferral import segmented_mm
 from ppsim.executor.builders.mla import LatentAttention
 from ppsim.executor.builders.rotary import rotary_tables, rotate
@@ -166,16 +173,18 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU (gated) or GELU MLP, no biases."""
 
-    def __init__(self, hidden: int, ffn: int, gated: bool = True) -> None:
+    def __init__(self, hidden: int, ffn: int, gated: bool = True,
+                 keep_silu: bool = False) -> None:
         super().__init__()
         self.gate = nn.Linear(hidden, ffn, bias=False) if gated else None
         self.up = nn.Linear(hidden, ffn, bias=False)
         self.down = nn.Linear(ffn, hidden, bias=False)
+        self.keep_silu = keep_silu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate is None:
             return self.down(F.gelu(self.up(x)))
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+        return self.down(swiglu(self.gate(x), self.up(x), self.keep_silu))
 
 
 class ExpertsFC1(nn.Module):
@@ -193,8 +202,12 @@ class ExpertsAct(nn.Module):
     """The experts' activation (SwiGLU, or GELU) as a piece of its own, Megatron's
     `moe_act`: recomputing it frees its output, offloading it moves its inputs."""
 
+    def __init__(self, keep_silu: bool = False) -> None:
+        super().__init__()
+        self.keep_silu = keep_silu
+
     def forward(self, up: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
-        return F.gelu(up) if gate is None else F.silu(gate) * up
+        return F.gelu(up) if gate is None else swiglu(gate, up, self.keep_silu)
 
 
 class MoE(nn.Module):
@@ -210,9 +223,10 @@ class MoE(nn.Module):
         self.gate = nn.Parameter(torch.empty(e, h, f)) if a.gated_mlp else None
         self.up = nn.Parameter(torch.empty(e, h, f))
         self.down = nn.Parameter(torch.empty(e, f, h))
-        self.shared = MLP(h, f * a.shared_experts, a.gated_mlp) if a.shared_experts else None
+        self.shared = MLP(h, f * a.shared_experts, a.gated_mlp,
+                          a.swiglu_keeps_silu) if a.shared_experts else None
         self.fc1 = ExpertsFC1()
-        self.act = ExpertsAct()
+        self.act = ExpertsAct(a.swiglu_keeps_silu)
 
     def _experts(self, pairs: torch.Tensor, counts: list[int]) -> torch.Tensor:
         up, gate = self.fc1(pairs, counts, self.up, self.gate)
@@ -245,7 +259,7 @@ class Layer(nn.Module):
         self.attention = LatentAttention(s) if a.attention == "mla" else Attention(s, window)
         self.mlp_norm = s.norm(a.hidden_size)
         self.mlp = MoE(s) if kind == "moe" else MLP(a.hidden_size, a.ffn_hidden_size,
-                                                     a.gated_mlp)
+                                                     a.gated_mlp, a.swiglu_keeps_silu)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attn_norm(x))

@@ -200,6 +200,13 @@ class Architecture:
         return self.position == "rotary" or (not self.position and self.gated_mlp)
 
     @property
+    def swiglu_keeps_silu(self) -> bool:
+        """A gated MLP's activation keeps its SiLU output for the backward: torchtitan's
+        eager `silu(w1(x)) * w3(x)` (the fsdp jobs) does; Megatron's fused SwiGLU
+        (bias_swiglu_impl, its default) keeps only its input and recomputes the SiLU."""
+        return self.gated_mlp and self.fsdp
+
+    @property
     def learned_positions(self) -> bool:
         """A learned position table added to the token embeddings."""
         return self.position != "none" and not self.rotary

@@ -128,12 +128,13 @@ def _tokens(a: Architecture) -> int:
 
 
 def _mlp_tensors(a: Architecture, prefix: str, tokens: int, ffn: int) -> dict[str, float]:
-    """fc1's (and fc3's) output, an eager SwiGLU's SiLU output, the activation's output
-    (fc2's input). fc1's input is counted by whoever produced it."""
+    """fc1's (and fc3's) output, an eager SwiGLU's SiLU output (Architecture.
+    swiglu_keeps_silu), the activation's output (fc2's input). fc1's input is counted by
+    whoever produced it."""
     w = DTYPE_BYTES[a.dtype]
     out = {f"{prefix}.fc1_out": tokens * ffn * (2 if a.gated_mlp else 1) * w,
            f"{prefix}.act_out": tokens * ffn * w}
-    if a.gated_mlp:
+    if a.swiglu_keeps_silu:
         out[f"{prefix}.act_mid"] = tokens * ffn * w
     return out
 

@@ -66,3 +66,32 @@ def test_rmsnorm_keeps_input_and_statistics_and_is_exact() -> None:
     with saved_bytes({norm.weight.untyped_storage().data_ptr()}) as seen:
         norm(xb)
     assert sum(seen.values()) == xb.numel() * 2 + 4 * 4  # the input, fp32 1/rms per row
+
+
+def test_the_fused_swiglu_keeps_its_inputs_alone_and_matches_the_eager_one() -> None:
+    """Megatron's bias_swiglu_impl keeps only its input and recomputes the SiLU in the
+    backward; the eager form (torchtitan's) keeps the SiLU output too."""
+    from ppsim.executor.builders.common import swiglu
+
+    g = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    u = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda g, u: swiglu(g, u, False), (g, u))
+    torch.testing.assert_close(swiglu(g, u, False), swiglu(g, u, True))
+    gb = torch.randn(4, 6, dtype=torch.bfloat16, requires_grad=True)
+    ub = torch.randn(4, 6, dtype=torch.bfloat16, requires_grad=True)
+    for keep, tensors in ((False, 2), (True, 3)):
+        with saved_bytes(set()) as seen:
+            swiglu(gb, ub, keep)
+        assert sum(seen.values()) == tensors * gb.numel() * 2
+
+
+@pytest.mark.parametrize("model", ["gpt", "llama"])
+def test_a_torchtitan_job_keeps_the_silu_output_a_megatron_job_does_not(model: str) -> None:
+    """Before: every gated MLP was counted with the eager SwiGLU's SiLU output, which
+    Megatron's default fused SwiGLU does not keep (tokens x ffn x 2 bytes a layer)."""
+    fields = {**(FIELDS if model == "gpt" else LLAMA), "dtype": "bf16", "gated_mlp": True}
+    megatron, _ = _kept(fields, 0, "selective")
+    titan, want = _kept({**fields, "fsdp": True}, 0, "selective")
+    tokens = fields["seq_length"] * fields.get("micro_batch_size", 1)
+    assert titan - megatron == tokens * fields["ffn_hidden_size"] * 2
+    assert abs(titan - want) <= 0.02 * want, (titan, want)
