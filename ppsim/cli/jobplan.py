@@ -82,6 +82,7 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
     out = parallel_args(s.tp, s.cp, s.ep, dispatcher) + shlex.split(split)
     out += ["--micro-batch-size", str(s.mbs), "--global-batch-size", str(gbs), *policy]
     out += optimizer_args(job.arch)
+    out += ["--no-bias-swiglu-fusion"] * (job.arch.gated_mlp and not job.arch.bias_swiglu_fusion)
     out += ["--use-tp-pp-dp-mapping"] * (order == parse_order(TP_PP_DP_ORDER))
     for size, flag in ((job.ddp_bucket_size, "--ddp-bucket-size"),
                        (job.ddp_num_buckets, "--ddp-num-buckets"),

@@ -40,6 +40,7 @@ def megatron_model_args(a: Architecture) -> list[str]:
         out += kv("--kv-channels", a.head_dim) * bool(a.head_dim)
     out += kv("--seq-length", a.seq_length) + kv("--max-position-embeddings", a.seq_length)
     out += kv("--vocab-size", a.vocab_size) + ["--swiglu"] * a.gated_mlp
+    out += ["--no-bias-swiglu-fusion"] * (a.gated_mlp and not a.bias_swiglu_fusion)
     out += kv("--make-vocab-size-divisible-by", a.vocab_divisor) * (a.vocab_divisor != 128)
     out += kv("--normalization", "RMSNorm" if a.rmsnorm else "LayerNorm")
     out += kv("--position-embedding-type", "rope" if a.rotary else "learned_absolute"

@@ -79,8 +79,8 @@ RUN = {
 """Megatron's arguments that change nothing in a steady training iteration (a batch
 ramp-up ends at --global-batch-size, the iteration ppsim prices)."""
 UNPRICED = (
-    "no-masked-softmax-fusion", "no-bias-gelu-fusion", "no-bias-swiglu-fusion",
-    "no-bias-dropout-fusion", "no-rope-fusion", "no-gradient-accumulation-fusion",
+    "no-masked-softmax-fusion", "no-bias-gelu-fusion", "no-bias-dropout-fusion",
+    "no-rope-fusion", "no-gradient-accumulation-fusion",
     "no-persist-layer-norm", "cross-entropy-loss-fusion", "cross-entropy-fusion-impl",
     "manual-gc", "manual-gc-interval", "empty-unused-memory-level", "reset-attention-mask",
     "use-fused-weighted-squared-relu", "cuda-graph-impl", "cuda-graph-scope",

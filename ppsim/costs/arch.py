@@ -60,6 +60,9 @@ class Architecture:
     dp_replicas ranks, gradients reduce-scattered inside a copy, then all-reduced across
     the copies (Megatron --num-distributed-optimizer-instances; with fsdp, torchtitan's
     data_parallel_replicate_degree: HSDP)."""
+    bias_swiglu_fusion: bool = True
+    """A gated MLP's activation as Megatron's fused SwiGLU (its default): only its input
+    kept; False (--no-bias-swiglu-fusion), the eager one that keeps its SiLU output too."""
     fsdp: bool = False
     """Fully shard weights, gradients and Adam's state over dp x cp, one unit a layer:
     torch's FSDP2 as torchtitan applies it (its default data parallelism, ZeRO-3;
@@ -202,9 +205,10 @@ class Architecture:
     @property
     def swiglu_keeps_silu(self) -> bool:
         """A gated MLP's activation keeps its SiLU output for the backward: torchtitan's
-        eager `silu(w1(x)) * w3(x)` (the fsdp jobs) does; Megatron's fused SwiGLU
-        (bias_swiglu_impl, its default) keeps only its input and recomputes the SiLU."""
-        return self.gated_mlp and self.fsdp
+        eager `silu(w1(x)) * w3(x)` (the fsdp jobs) does, and Megatron's under
+        --no-bias-swiglu-fusion; its fused SwiGLU (bias_swiglu_impl, the default) keeps
+        only its input and recomputes the SiLU."""
+        return self.gated_mlp and (self.fsdp or not self.bias_swiglu_fusion)
 
     @property
     def learned_positions(self) -> bool:

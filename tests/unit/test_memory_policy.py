@@ -261,3 +261,20 @@ def test_a_hybrid_stacks_modules_act_on_its_attention_mlp_and_moe_layers(capsys)
     mamba = policy_costs(config_from_dict({"model": {"preset": "tiny-hybrid",
                                                      "hybrid_layer_pattern": "MMMMMMMM"}}))
     assert module_groups(mamba, offload=True) == [StagePolicy()]
+
+
+def test_no_bias_swiglu_fusion_keeps_the_silu_output_as_megatrons_eager_swiglu(capsys) -> None:
+    """Megatron's --no-bias-swiglu-fusion runs the eager SwiGLU, which keeps its SiLU
+    output: seq x ffn x 2 bytes more a Llama 3 8B layer (8192 x 14336 at tp 1, bf16).
+    Before: taken, not priced; the plan's Megatron line carries it back."""
+    base = ["costs", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "2", "--json"]
+    assert main(base) == 0
+    fused = json.loads(capsys.readouterr().out)["groups"][0]["activation_bytes"]
+    assert main([*base, "--no-bias-swiglu-fusion"]) == 0
+    eager = json.loads(capsys.readouterr().out)["groups"][0]["activation_bytes"]
+    assert eager - fused == 8192 * 14336 * 2
+    assert main(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "8",
+                 "--global-batch-size", "64", "--no-bias-swiglu-fusion", "--time-budget",
+                 "5", "--json"]) == 0
+    assert "--no-bias-swiglu-fusion" in json.loads(capsys.readouterr().out)[
+        "best"]["megatron_job_flags"]
