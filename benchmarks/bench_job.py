@@ -120,7 +120,9 @@ def run_config(run: PublishedRun, measured: dict[str, Any] | None = None) -> Any
                   "tie_embeddings": False, "tp": run.tp, "dp": run.dp,
                   "distributed_optimizer": True, "recompute": "selective", "dropout": True},
         "pipeline": {"pp": run.pp, "global_batch_size": run.global_batch,
-                     "tp_comm_overlap": True, "overlap_grad_reduce": True,
+                     # Megatron refuses --tp-comm-overlap at tp 1 (no sequence
+                     # parallelism there): the tp-1 row ran without it.
+                     "tp_comm_overlap": run.tp > 1, "overlap_grad_reduce": True,
                      "overlap_param_gather": True},
         "hardware": hardware})
 
