@@ -93,7 +93,9 @@ def _mlp_ops(a: Architecture, name: str, tokens: int, ffn: int, count: float = 1
     t, h, w = a.tp, width or a.hidden_size, DTYPE_BYTES[a.dtype]
     up = 2 * ffn if a.gated_mlp else ffn
     elems = tokens * ffn * count / t
-    # Eager SwiGLU: silu (read, write), then the product (read two, write one).
+    # Eager SwiGLU: silu (read, write), then the product (read two, write one). Megatron's
+    # fused one makes three of those five passes; priced as eager either way (a few tenths
+    # of a percent of a layer), so the memory rule alone tells the two apart.
     act = Op(f"{name}.act", nbytes=elems * w * (5 if a.gated_mlp else 2))
     return [_mm(f"{name}.fc1", tokens, up / t, h, count), act,
             _mm(f"{name}.fc2", tokens, h, ffn / t, count)]
