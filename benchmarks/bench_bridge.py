@@ -1,5 +1,5 @@
-"""FP8 (--fp8-format, ppsim.costs.fp8) against Megatron-Bridge's published H100 runs, held
-out: nothing is fitted to them.
+"""Megatron-Bridge's published runs, held out (nothing is fitted to them): FP8
+(--fp8-format, ppsim.costs.fp8) on DGX-H100 and DGX-B200, and a BF16 MoE run on DGX-H100.
 
 NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md, "25.11 NeMo Container",
 System DGX-H100, precision FP8-CS (Transformer Engine's current, tensorwise scaling):
@@ -22,7 +22,7 @@ the performance scripts' set_gpt_oss_common_configs (gradients reduced in bf16).
 
 Then (without --quick) `ppsim plan --gpus 8192` for the 405B preset in FP8, the plan time.
 
-Run: .venv/bin/python benchmarks/bench_fp8.py [--quick]
+Run: .venv/bin/python benchmarks/bench_bridge.py [--quick]
 """
 
 from __future__ import annotations
