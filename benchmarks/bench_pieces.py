@@ -20,7 +20,6 @@ from collections.abc import Callable
 
 import torch
 
-from ppsim.config.model import model_fields
 from ppsim.config.schema import load_config
 from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.builders.stage import Stage
@@ -73,7 +72,7 @@ def main() -> None:
     torch.set_num_threads(1)
     if not args.default_malloc:
         keep_freed_memory()  # as ppsim profile and the executor do
-    prof = Profiler(model_fields(load_config(None).model), torch.device("cpu"), 8)
+    prof = Profiler(load_config(None).model.fields(), torch.device("cpu"), 8)
     b, n = prof.builder, args.layers
 
     def stage(offset: int, emb: bool, head: bool) -> Stage:
