@@ -11,14 +11,15 @@ bf16 beside it (no published counterpart: the speed-up ppsim predicts). The MoE 
 Megatron's all-to-all dispatcher with the combined 1F1B, as its workload config says,
 force-balanced as the table's note says.
 
-The 25.11 DGX-B200 runs in FP8-CS of a dense preset (Llama 3 8B, 3.1 405B) check the
-b200-180gb preset the same way. Beside them the one BF16 run the archive gives for a
-model ppsim has a preset of on DGX-H100 (26.02 NeMo container): GPT-OSS 120B on 64 GPUs,
-priced with its workload config (gpt_oss_workload_base_configs.py H100_BF16_V2: GBS
-1280, MBS 1, PP 4, EP 8, recompute of layernorm and moe_act) over its recipe
-(recipes/gpt_oss: the all-to-all dispatcher, the distributed optimizer with both DP
-overlaps, sequence 4096, the model from the Hugging Face config, vocabulary 201,088) and
-the performance scripts' set_gpt_oss_common_configs (gradients reduced in bf16).
+The 25.11 DGX-B200 and DGX-GB200 runs in FP8-CS of a dense preset (Llama 3 8B, 3.1 405B)
+check the b200-180gb and gb200-186gb presets the same way. Beside them the one BF16 run
+the archive gives for a model ppsim has a preset of on DGX-H100 (26.02 NeMo container):
+GPT-OSS 120B on 64 GPUs, priced with its workload config
+(gpt_oss_workload_base_configs.py H100_BF16_V2: GBS 1280, MBS 1, PP 4, EP 8, recompute
+of layernorm and moe_act) over its recipe (recipes/gpt_oss: the all-to-all dispatcher,
+the distributed optimizer with both DP overlaps, sequence 4096, the model from the
+Hugging Face config, vocabulary 201,088) and the performance scripts'
+set_gpt_oss_common_configs (gradients reduced in bf16).
 
 Then (without --quick) `ppsim plan --gpus 8192` for the 405B preset in FP8, the plan time.
 
@@ -87,6 +88,17 @@ B200_RUNS = [
 ]
 """Held out for the b200-180gb preset: the 25.11 DGX-B200 runs in FP8-CS."""
 
+GB200_RUNS = [
+    BridgeRun(name="Llama 3 8B", preset="llama3-8b", gpus=8, tokens_per_gpu=31508,
+              hardware="gb200-186gb",
+              shape="--global-batch-size 128 --micro-batch-size 2 --pp 1"),
+    BridgeRun(name="Llama 3.1 405B", preset="llama3.1-405b", gpus=256, tokens_per_gpu=813,
+              hardware="gb200-186gb", shape="--global-batch-size 1536 --micro-batch-size 1 "
+              "--tp 4 --pp 16 --vpp 4 --tp-comm-overlap"),
+]
+"""Held out for the gb200-186gb preset: the 25.11 DGX-GB200 runs in FP8-CS (the 405B at
+its workload config's V2 shape, LLAMA31_405B_PRETRAIN_CONFIG_GB200_FP8_CS_V2)."""
+
 BF16_RUN = BridgeRun(name="GPT-OSS 120B", preset="gpt-oss-120b", gpus=64, tokens_per_gpu=5993,
                      shape="--global-batch-size 1280 --micro-batch-size 1 --seq-length 4096 "
                            "--pp 4 --ep 8 --moe-token-dispatcher-type alltoall "
@@ -118,12 +130,13 @@ def main() -> None:
               f"{f8.tokens_per_gpu / run.tokens_per_gpu - 1:+7.1%} {f8.tflops_per_gpu:7.0f} "
               f"{f8.peak_gb:7.1f}   {bf.tokens_per_gpu:10,.0f} "
               f"{f8.tokens_per_gpu / bf.tokens_per_gpu:10.2f}")
-    print("Megatron-Bridge 25.11, DGX-B200, FP8-CS (held out); b200-180gb preset")
-    for run in B200_RUNS:
-        f8 = price(run, True, OVERLAPS[:3])
-        print(f"{run.name:16} {run.gpus:5} {run.tokens_per_gpu:9,.0f} {f8.tokens_per_gpu:9,.0f} "
-              f"{f8.tokens_per_gpu / run.tokens_per_gpu - 1:+7.1%} {f8.tflops_per_gpu:7.0f} "
-              f"{f8.peak_gb:7.1f}")
+    for system, runs in (("DGX-B200", B200_RUNS), ("DGX-GB200", GB200_RUNS)):
+        print(f"Megatron-Bridge 25.11, {system}, FP8-CS (held out); {runs[0].hardware} preset")
+        for run in runs:
+            f8 = price(run, True, OVERLAPS[:3])
+            print(f"{run.name:16} {run.gpus:5} {run.tokens_per_gpu:9,.0f} "
+                  f"{f8.tokens_per_gpu:9,.0f} {f8.tokens_per_gpu / run.tokens_per_gpu - 1:+7.1%} "
+                  f"{f8.tflops_per_gpu:7.0f} {f8.peak_gb:7.1f}")
     bf = price(BF16_RUN, False, [])
     print(f"Megatron-Bridge 26.02, DGX-H100, BF16 (held out): {BF16_RUN.name} on "
           f"{BF16_RUN.gpus}: published {BF16_RUN.tokens_per_gpu:,.0f}, ppsim "

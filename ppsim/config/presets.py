@@ -213,6 +213,17 @@ _COLLECTIVE_SMS = dict(collective_sms=16)
 # the HBM rate, as on the H100; NCCL's 16 channels on an 8-NIC node as there (unmeasured
 # on B200).
 _TOPOLOGY_B = dict(_TOPOLOGY_H, intra_node_bandwidth_gbps=900.0)
+#
+# GB200 NVL72 (a rack of 36 GB200 superchips, each one Grace and two Blackwell GPUs, at
+# 1200 W): per GPU 2500 TFLOP/s dense bf16 and 5000 FP8 (NVL72: 360 PFLOPS FP8 for 72),
+# 186 GB of HBM3e at 8 TB/s (13.4 TB and 576 TB/s for 72), 152 SMs (as GB200 software
+# reports), one NVLink 5 domain of 72 GPUs at 900 GB/s each way, one 400 Gb/s ConnectX-7
+# NIC a GPU to the next rack; the host is its Grace over NVLink-C2C, 900 GB/s
+# bidirectional shared by its two GPUs (225 each way a GPU), with 480 GB of LPDDR5X
+# (17.3 TB for the 72). Matmuls on the same sm_100 curve as the B200 (XLA's table names
+# no device; ml-engineering's best shapes put GB200 4 % above B200, 1822 against 1745);
+# FP8 at MAMF's 72.3 % against 72.9 %, 0.99; attention at cuDNN's B200 rate, 1235 of 2500.
+_TOPOLOGY_NVL72 = dict(_TOPOLOGY_B, gpus_per_node=72)
 
 HARDWARE_PRESETS: dict[str, dict] = {
     "a100-80gb": dict(memory_bytes=80e9, peak_tflops=312.0, efficiency=0.5,
@@ -241,6 +252,14 @@ HARDWARE_PRESETS: dict[str, dict] = {
                        attention_efficiency=0.55, memory_bandwidth_gbps=7200.0,
                        kernel_overhead_us=10.0, sm_count=148,
                        **_TOPOLOGY_B, **_HOST["h100"], **_COLLECTIVE_SMS),
+    "gb200-186gb": dict(memory_bytes=186e9, peak_tflops=2500.0, fp8_peak_tflops=5000.0,
+                        fp8_efficiency_ratio=0.99, efficiency=0.45,
+                        p2p_bandwidth_gbps=50.0, p2p_latency_ms=0.01,
+                        matmul_efficiency=_curve(1530.0, 6.0, 2500.0),
+                        attention_efficiency=0.49, memory_bandwidth_gbps=7200.0,
+                        kernel_overhead_us=10.0, sm_count=152, host_link_gbps=225.0,
+                        host_memory_bytes=72 * 240e9, **_TOPOLOGY_NVL72,
+                        **_COLLECTIVE_SMS),
     "cpu": dict(memory_bytes=16e9, peak_tflops=0.04, efficiency=1.0,
                 p2p_bandwidth_gbps=1.0, p2p_latency_ms=0.05),
 }
@@ -250,5 +269,6 @@ HARDWARE_NOTES: dict[str, str] = {
     "h100-80gb": "NVIDIA H100 80 GB, NDR InfiniBand",
     "h200-141gb": "NVIDIA H200 141 GB, NDR InfiniBand",
     "b200-180gb": "NVIDIA B200 180 GB (DGX B200), NDR InfiniBand",
+    "gb200-186gb": "NVIDIA GB200 NVL72: 72 GPUs of 186 GB in one NVLink domain",
     "cpu": "CPU processes over gloo (calibrate with ppsim profile)",
 }

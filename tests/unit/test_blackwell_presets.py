@@ -1,10 +1,13 @@
-"""The B200 preset against its sources: datasheets and published measurements.
+"""The B200 and GB200 presets against their sources: datasheets and published measurements.
 
 XLA's measured sm_100 bf16 table (xla/service/gpu/model/matmul_interpolator_data.h, in
 bursts), FLOP/s at (batch, m, n, k); stas00/ml-engineering's MAMF table (the best of a
 brute-force shape search): B200 SXM bf16 1745.0 TFLOP/s (77.6 % of 2250), FP8 3432.5
 (76.3 % of 4500); NVIDIA's HGX/DGX B200 datasheets: 2250 / 4500 TFLOP/s dense, 180 GB,
-8 TB/s, NVLink 5 1.8 TB/s per GPU, one 400 Gb/s NIC per GPU.
+8 TB/s, NVLink 5 1.8 TB/s per GPU, one 400 Gb/s NIC per GPU; GB200 NVL72: 360 PFLOPS FP8
+for 72 GPUs, 13.4 TB of HBM3e, one NVLink domain of 72, NVLink-C2C 900 GB/s bidirectional
+from a Grace to its two GPUs and 480 GB of LPDDR5X; MAMF GB200 bf16 72.9 %, FP8 72.3 %;
+FlashAttention-4 reaches 1605 TFLOP/s on B200, up to 1.3x cuDNN 9.13.
 """
 
 from __future__ import annotations
@@ -50,3 +53,20 @@ def test_b200_datasheet_figures() -> None:
     # FP8 keeps bf16's share of its peak: MAMF's shares, 76.3 % against 77.6 %.
     ratio = (MAMF_FP8 / 4500.0) / (MAMF_BF16 / 2250.0)
     assert abs(B200["fp8_efficiency_ratio"] - ratio) < 0.01
+
+
+def test_gb200_datasheet_figures() -> None:
+    g = HARDWARE_PRESETS["gb200-186gb"]
+    assert (g["peak_tflops"], g["fp8_peak_tflops"]) == (2500.0, 360e3 / 72)  # dense
+    assert abs(g["memory_bytes"] - 13.4e12 / 72) / g["memory_bytes"] < 0.001
+    assert (g["gpus_per_node"], g["sm_count"]) == (72, 152)
+    assert g["intra_node_bandwidth_gbps"] == 1800.0 / 2 and g["inter_node_bandwidth_gbps"] == 50
+    assert g["host_link_gbps"] == 900.0 / 2 / 2  # shared by two GPUs, each way
+    assert g["host_memory_bytes"] / g["gpus_per_node"] == 480e9 / 2
+    assert abs(g["fp8_efficiency_ratio"] - 72.3 / 72.9) < 0.01
+    assert abs(g["attention_efficiency"] - 1605 / 1.3 / 2500) < 0.01
+    # the same measured sm_100 matmul rates as the B200's, at its own peak
+    for gflop in (4.3, 34.4, 137.4):
+        r = Roofline(peak_tflops=2500.0,
+                     matmul_efficiency=tuple(tuple(p) for p in g["matmul_efficiency"]))
+        assert abs(2500.0 * matmul_efficiency(r, gflop) - _tflops(gflop)) / _tflops(gflop) < 0.01
