@@ -178,12 +178,12 @@ _TOPOLOGY_A = dict(gpus_per_node=8, intra_node_bandwidth_gbps=300.0, intra_node_
                    inter_node_bandwidth_gbps=25.0, inter_node_latency_us=5.0)
 #
 # Host link and host memory (activation offload): H100 and H200 SXM attach to the
-# host over PCIe Gen5 x16, A100 SXM over PCIe Gen4 x16 (NVIDIA H100/H200/A100
+# host over PCIe Gen5 x16 (B200 too), A100 SXM over PCIe Gen4 x16 (NVIDIA H100/H200/A100
 # datasheets): 32 and 16 GT/s x 16 lanes, 128b/130b coded, 63 and 31.5 GB/s each
-# way. DGX H100, DGX H200 and DGX A100 (640 GB) nodes have 2 TB of system memory for
-# their 8 GPUs (DGX user guides).
-_HOST = {"h100": dict(host_link_gbps=63.0, host_memory_bytes=2e12),
-         "a100": dict(host_link_gbps=31.5, host_memory_bytes=2e12)}
+# way. DGX H100, DGX H200, DGX B200 and DGX A100 (640 GB) nodes have 2 TB of system memory
+# for their 8 GPUs (DGX user guides).
+_HOST = {"pcie5": dict(host_link_gbps=63.0, host_memory_bytes=2e12),
+         "pcie4": dict(host_link_gbps=31.5, host_memory_bytes=2e12)}
 #
 # Streaming multiprocessors: 132 on the H100 SXM5 (NVIDIA H100 Tensor Core GPU
 # Architecture whitepaper) and on the H200 (the same GH100; torch reports 132 on the
@@ -232,26 +232,26 @@ HARDWARE_PRESETS: dict[str, dict] = {
                       attention_efficiency=0.55, memory_bandwidth_gbps=1850.0,
                       kernel_overhead_us=10.0, sm_count=108, **_TOPOLOGY_A,
                       **_COLLECTIVE_SMS,
-                      **_HOST["a100"]),
+                      **_HOST["pcie4"]),
     "h100-80gb": dict(memory_bytes=80e9, peak_tflops=989.0, fp8_peak_tflops=1979.0,
                       fp8_efficiency_ratio=0.92, efficiency=0.45,
                       p2p_bandwidth_gbps=50.0, p2p_latency_ms=0.01,
                       matmul_efficiency=_curve(727.0, 5.0), attention_efficiency=0.35,
                       memory_bandwidth_gbps=3000.0, kernel_overhead_us=10.0, sm_count=132,
-                      **_TOPOLOGY_H, **_HOST["h100"], **_COLLECTIVE_SMS),
+                      **_TOPOLOGY_H, **_HOST["pcie5"], **_COLLECTIVE_SMS),
     "h200-141gb": dict(memory_bytes=141e9, peak_tflops=989.0, fp8_peak_tflops=1979.0,
                        fp8_efficiency_ratio=0.92, efficiency=0.45,
                        p2p_bandwidth_gbps=50.0, p2p_latency_ms=0.01,
                        matmul_efficiency=_curve(813.0, 40.0), attention_efficiency=0.30,
                        memory_bandwidth_gbps=3000.0, kernel_overhead_us=80.0, sm_count=132,
-                       **_TOPOLOGY_H, **_HOST["h100"], **_COLLECTIVE_SMS),
+                       **_TOPOLOGY_H, **_HOST["pcie5"], **_COLLECTIVE_SMS),
     "b200-180gb": dict(memory_bytes=180e9, peak_tflops=2250.0, fp8_peak_tflops=4500.0,
                        fp8_efficiency_ratio=0.98, efficiency=0.45,
                        p2p_bandwidth_gbps=50.0, p2p_latency_ms=0.01,
                        matmul_efficiency=_curve(1530.0, 6.0, 2250.0),
                        attention_efficiency=0.55, memory_bandwidth_gbps=7200.0,
                        kernel_overhead_us=10.0, sm_count=148,
-                       **_TOPOLOGY_B, **_HOST["h100"], **_COLLECTIVE_SMS),
+                       **_TOPOLOGY_B, **_HOST["pcie5"], **_COLLECTIVE_SMS),
     "gb200-186gb": dict(memory_bytes=186e9, peak_tflops=2500.0, fp8_peak_tflops=5000.0,
                         fp8_efficiency_ratio=0.99, efficiency=0.45,
                         p2p_bandwidth_gbps=50.0, p2p_latency_ms=0.01,
