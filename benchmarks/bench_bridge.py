@@ -38,8 +38,8 @@ from bench_job import plan_case
 
 from ppsim.cli.main import main as ppsim
 
-OVERLAPS = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
-            "--tp-comm-overlap"]
+DP_OVERLAPS = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+OVERLAPS = [*DP_OVERLAPS, "--tp-comm-overlap"]
 FP8 = ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-param-gather"]
 
 
@@ -77,25 +77,25 @@ class Priced:
     peak_gb: float
 
 
-B200_RUNS = [
-    # Megatron-Bridge 25.11, DGX-B200, FP8-CS; tp 1 takes no --tp-comm-overlap.
-    BridgeRun(name="Llama 3 8B", preset="llama3-8b", gpus=8, tokens_per_gpu=30624,
-              hardware="b200-180gb",
-              shape="--global-batch-size 128 --micro-batch-size 2 --pp 1"),
-    BridgeRun(name="Llama 3.1 405B", preset="llama3.1-405b", gpus=128, tokens_per_gpu=661,
-              hardware="b200-180gb", shape="--global-batch-size 64 --micro-batch-size 1 "
-              "--tp 4 --pp 8 --cp 2 --vpp 8 --tp-comm-overlap"),
-]
-"""Held out for the b200-180gb preset: the 25.11 DGX-B200 runs in FP8-CS."""
+def _blackwell_runs(*, hardware: str, tokens_8b: float, gpus_405b: int, tokens_405b: float,
+                    shape_405b: str) -> list[BridgeRun]:
+    """One 25.11 Blackwell system's FP8-CS runs of the dense presets: Llama 3 8B on 8 GPUs
+    (tp 1: no --tp-comm-overlap) and Llama 3.1 405B at its workload config's shape."""
+    return [BridgeRun(name="Llama 3 8B", preset="llama3-8b", gpus=8, tokens_per_gpu=tokens_8b,
+                      hardware=hardware,
+                      shape="--global-batch-size 128 --micro-batch-size 2 --pp 1"),
+            BridgeRun(name="Llama 3.1 405B", preset="llama3.1-405b", gpus=gpus_405b,
+                      tokens_per_gpu=tokens_405b, hardware=hardware,
+                      shape=f"{shape_405b} --tp-comm-overlap")]
 
-GB200_RUNS = [
-    BridgeRun(name="Llama 3 8B", preset="llama3-8b", gpus=8, tokens_per_gpu=31508,
-              hardware="gb200-186gb",
-              shape="--global-batch-size 128 --micro-batch-size 2 --pp 1"),
-    BridgeRun(name="Llama 3.1 405B", preset="llama3.1-405b", gpus=256, tokens_per_gpu=813,
-              hardware="gb200-186gb", shape="--global-batch-size 1536 --micro-batch-size 1 "
-              "--tp 4 --pp 16 --vpp 4 --tp-comm-overlap"),
-]
+
+B200_RUNS = _blackwell_runs(hardware="b200-180gb", tokens_8b=30624, gpus_405b=128,
+                            tokens_405b=661, shape_405b="--global-batch-size 64 "
+                            "--micro-batch-size 1 --tp 4 --pp 8 --cp 2 --vpp 8")
+"""Held out for the b200-180gb preset: the 25.11 DGX-B200 runs in FP8-CS."""
+GB200_RUNS = _blackwell_runs(hardware="gb200-186gb", tokens_8b=31508, gpus_405b=256,
+                             tokens_405b=813, shape_405b="--global-batch-size 1536 "
+                             "--micro-batch-size 1 --tp 4 --pp 16 --vpp 4")
 """Held out for the gb200-186gb preset: the 25.11 DGX-GB200 runs in FP8-CS (the 405B at
 its workload config's V2 shape, LLAMA31_405B_PRETRAIN_CONFIG_GB200_FP8_CS_V2)."""
 
@@ -133,7 +133,7 @@ def main() -> None:
     for system, runs in (("DGX-B200", B200_RUNS), ("DGX-GB200", GB200_RUNS)):
         print(f"Megatron-Bridge 25.11, {system}, FP8-CS (held out); {runs[0].hardware} preset")
         for run in runs:
-            f8 = price(run, True, OVERLAPS[:3])
+            f8 = price(run, True, DP_OVERLAPS)
             print(f"{run.name:16} {run.gpus:5} {run.tokens_per_gpu:9,.0f} "
                   f"{f8.tokens_per_gpu:9,.0f} {f8.tokens_per_gpu / run.tokens_per_gpu - 1:+7.1%} "
                   f"{f8.tflops_per_gpu:7.0f} {f8.peak_gb:7.1f}")
