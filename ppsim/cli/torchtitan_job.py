@@ -17,6 +17,9 @@ TORCH_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interl
                    "interleaved-zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble",
                    "dualpipev": "DualPipeV"}
 """ppsim's schedules by torch.distributed.pipelining's names (get_schedule_class)."""
+FLOAT8 = "Float8LinearConverter.Config(recipe_name='rowwise', filter_fqns=['output'])"
+"""torchtitan's float8 (components/quantization/float8.py): every linear but the output
+layer's, as ppsim prices FP8 under FSDP."""
 AC_OF_MODE = {"none": None, "full": "FullAC"}
 """Recompute modes torchtitan has a policy for (its SelectiveAC saves other ops than
 Megatron's selective core-attention recompute)."""
@@ -55,6 +58,11 @@ def torchtitan_job(shape: Any, problem: Any, gbs: int, fqns: list[list[str]] | N
         if fqns is None:
             notes.append("torchtitan cannot build this split")
     out: dict[str, Any] = {"parallelism": par, "training": train}
+    if job.arch.fp8:
+        out["quantization"] = FLOAT8
+        if job.arch.fp8_recipe != "rowwise":
+            notes.append("torchtitan's Float8LinearConverter scales rowwise; tensorwise "
+                         "is torchao's Float8LinearConfig, applied by hand")
     if recompute in AC_OF_MODE:
         out["activation_checkpointing"] = AC_OF_MODE[recompute]
     else:
@@ -70,8 +78,9 @@ def torchtitan_text(fields: dict[str, Any]) -> str:
         pairs = ", ".join(f"{k}={v!r}" for k, v in fields[section].items()
                           if k != "module_fqns_per_model_part")
         parts.append(f"{section}: {pairs}")
-    if "activation_checkpointing" in fields:
-        parts.append(f"activation_checkpointing: {fields['activation_checkpointing']}")
+    for key in ("activation_checkpointing", "quantization"):
+        if key in fields:
+            parts.append(f"{key}: {fields[key]}")
     fqns = fields["parallelism"].get("module_fqns_per_model_part")
     if fqns is not None:
         parts.append(f"module_fqns_per_model_part={fqns!r}")

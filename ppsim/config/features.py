@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ppsim.costs.arch import FP8_RECIPES
+from ppsim.costs.arch import FP8_RECIPES, TORCHAO_FP8_RECIPES
 from ppsim.costs.patterns import windows
 from ppsim.errors import UserError
 
@@ -36,19 +36,23 @@ def fp8(raw: dict[str, Any]) -> None:
     in the decoder layers of a transformer stack, as Megatron runs it with Transformer
     Engine; --fp8-param-gather as Megatron asserts it."""
     recipe = raw.get("fp8_recipe", "delayed")
-    if recipe not in FP8_RECIPES:
-        raise UserError("model.fp8_recipe", f"{recipe!r} is not priced: ppsim prices "
-                        "Hopper's FP8 recipes", "use " + " | ".join(FP8_RECIPES))
     if raw.get("fp8_param_gather") and not raw.get("fp8"):
         raise UserError("model.fp8_param_gather", "keeps the weights in FP8 and FP8 is off",
                         "add --fp8-format hybrid (fp8 = \"hybrid\" in [model]), or drop it")
+    if raw.get("fsdp"):
+        _torchao_fp8(raw, recipe)
+    elif recipe not in FP8_RECIPES:
+        raise UserError("model.fp8_recipe", f"{recipe!r} is not priced: ppsim prices "
+                        "Hopper's FP8 recipes with Transformer Engine (torchao's rowwise "
+                        "under --fsdp)", "use " + " | ".join(FP8_RECIPES))
     if not raw.get("fp8"):
         return
     if raw.get("first_last_layers_bf16") and recipe == "delayed":
         raise UserError("model.first_last_layers_bf16", "Delayed scaling does not support "
                         "first / last layer in BF16.", "use --fp8-recipe tensorwise or "
                         "blockwise, or drop --first-last-layers-bf16")
-    if raw.get("fp8_param_gather") and not raw.get("distributed_optimizer"):
+    if raw.get("fp8_param_gather") and not (raw.get("distributed_optimizer")
+                                            or raw.get("fsdp")):
         raise UserError("model.fp8_param_gather", "--fp8-param-gather only supported with "
                         "distributed optimizer, torch fsdp2, megatron fsdp, or inference mode",
                         "add --use-distributed-optimizer (distributed_optimizer = true)")
@@ -56,9 +60,23 @@ def fp8(raw: dict[str, Any]) -> None:
     for key, bad, why, fix in (
             ("hybrid_layer_pattern", raw.get("hybrid_layer_pattern"), "for attention and "
              "MLP/MoE layers, not a hybrid stack's mixers", drop),
-            ("fsdp", raw.get("fsdp"), "as Megatron runs it with Transformer Engine, not "
-             "torchtitan's float8 under FSDP", drop),
             ("dtype", raw.get("dtype", "bf16") != "bf16", "over bf16 training",
              "train in bf16 (--bf16), or drop fp8 (--fp8-format)")):
         if bad:
             raise UserError(f"model.{key}", f"ppsim prices FP8 {why}", fix)
+
+
+def _torchao_fp8(raw: dict[str, Any], recipe: str) -> None:
+    """FP8 under FSDP is torchtitan's: torchao's Float8Linear, tensorwise or rowwise;
+    FSDP gathers FP8 weights (enable_fsdp_float8_all_gather) with tensorwise scales only,
+    as torchao's Float8LinearConfig asserts."""
+    if not raw.get("fp8"):
+        return
+    if recipe not in TORCHAO_FP8_RECIPES:
+        raise UserError("model.fp8_recipe", f"torchtitan's float8 under FSDP (torchao's "
+                        f"Float8Linear) scales tensorwise or rowwise, not {recipe!r}",
+                        "use --fp8-recipe rowwise (torchtitan's default) or tensorwise")
+    if raw.get("fp8_param_gather") and recipe != "tensorwise":
+        raise UserError("model.fp8_param_gather", "enable_fsdp_float8_all_gather only "
+                        f"supports tensorwise scaling granularity, got {recipe}",
+                        "use --fp8-recipe tensorwise, or drop --fp8-param-gather")

@@ -24,6 +24,8 @@ FP8_FORMATS = ("", "e4m3", "hybrid")
 """Megatron's --fp8-format choices ("": bf16 matmuls)."""
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
 """Megatron's --fp8-recipe choices on Hopper (mxfp8 is Blackwell's)."""
+TORCHAO_FP8_RECIPES = ("tensorwise", "rowwise")
+"""torchao's Float8Linear recipes torchtitan runs under FSDP (all-tensorwise, rowwise)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -175,9 +177,11 @@ class Architecture:
     """Transformer Engine's FP8 matmuls in the decoder layers (Megatron --fp8-format
     e4m3|hybrid; ppsim.costs.fp8); empty: bf16."""
     fp8_recipe: str = "delayed"
-    """How FP8 scales (--fp8-recipe delayed|tensorwise|blockwise); priced alike."""
+    """How FP8 scales (--fp8-recipe delayed|tensorwise|blockwise; under FSDP torchao's
+    tensorwise|rowwise); the GEMMs priced alike."""
     fp8_param_gather: bool = False
-    """Keep the layers' weights in FP8 and gather them so (--fp8-param-gather)."""
+    """Keep the layers' weights in FP8 and gather them so (--fp8-param-gather; under FSDP
+    torchtitan's enable_fsdp_float8_all_gather)."""
     first_last_layers_bf16: bool = False
     """Under FP8, keep the first and last decoder layers in bf16 (--first-last-layers-bf16;
     how many: --num-layers-at-start-in-bf16 and --num-layers-at-end-in-bf16)."""
@@ -209,6 +213,13 @@ class Architecture:
         --no-bias-swiglu-fusion; its fused SwiGLU (bias_swiglu_impl, the default) keeps
         only its input and recomputes the SiLU."""
         return self.gated_mlp and (self.fsdp or not self.bias_swiglu_fusion)
+
+    @property
+    def fp8_copies(self) -> bool:
+        """The FP8 linears save and communicate their quantized operands (Transformer
+        Engine; torchao's tensorwise Float8Linear), not the bf16 originals (torchao's
+        rowwise, which quantizes them again in the backward and communicates in bf16)."""
+        return bool(self.fp8) and not (self.fsdp and self.fp8_recipe == "rowwise")
 
     @property
     def learned_positions(self) -> bool:

@@ -19,6 +19,14 @@ optimizer gathers it in FP8. Sequence parallelism's forward all-gathers move the
 quantized input. --first-last-layers-bf16 keeps the first and last decoder layers
 wholly in bf16 (their weights too). The FLOP count, and so TFLOP/s and MFU against the
 bf16 peak, are Megatron's and torchtitan's as without FP8.
+
+Under FSDP FP8 is torchtitan's: torchao's Float8Linear on every decoder linear (the output
+layer filtered out), its three GEMMs priced as TE's. It caches no FP8 weight: the
+tensorwise recipe casts the weight each forward and saves that FP8 transpose for the
+backward, a microbatch's own (with enable_fsdp_float8_all_gather, --fp8-param-gather
+here, FSDP gathers the weight in FP8 and the saved transpose is a view of it); the
+rowwise recipe saves the bf16 input and weight and quantizes them again in the backward,
+and communicates in bf16 (Architecture.fp8_copies).
 """
 
 from __future__ import annotations
@@ -69,11 +77,20 @@ def fp8_ops(a: Architecture, ops: list[Op]) -> list[Op]:
 
 def fp8_weight_bytes(a: Architecture, ops: list[Op]) -> int:
     """Bytes one rank holds beyond the bf16 weights for the FP8 linears among `ops`:
-    the cached FP8 weight and transpose, or, with --fp8-param-gather, nothing (the FP8
-    weight and its transpose take the bf16 weight's 2 bytes)."""
-    if not a.fp8 or a.fp8_param_gather:
+    TE's cached FP8 weight and transpose, or, with --fp8-param-gather, nothing (the FP8
+    weight and its transpose take the bf16 weight's 2 bytes); torchao caches none."""
+    if not a.fp8 or a.fp8_param_gather or a.fsdp:
         return 0
     return int(CACHED_COPIES * sum(op.params for op in ops if op.fp8))
+
+
+def saved_weight_bytes(a: Architecture, ops: list[Op]) -> int:
+    """Bytes a microbatch's forward saves for its backward beyond the activations: the
+    FP8 transpose of each weight torchao's tensorwise Float8Linear casts (nothing where
+    FSDP gathered the weight in FP8, a view of it, nor for TE's cached copies)."""
+    if not (a.fsdp and a.fp8_copies) or a.fp8_param_gather:
+        return 0
+    return int(FP8_BYTES * sum(op.params for op in ops if op.fp8))
 
 
 def gathered_weight_bytes(a: Architecture, bf16_bytes: int) -> int:

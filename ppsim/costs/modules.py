@@ -66,13 +66,13 @@ _MOVES = {
 def _drops(a: Architecture, module: str) -> tuple[str, ...]:
     """What a recompute module stops keeping: under FP8 recomputed attention frees its
     bf16 output too (the projection keeps an FP8 copy)."""
-    extra = ("attn.out",) if a.fp8 and module == "core_attn" else ()
+    extra = ("attn.out",) if a.fp8_copies and module == "core_attn" else ()
     return _DROPS[module] + extra
 
 
 def _moves(a: Architecture, module: str) -> tuple[str, ...]:
     """What an offload module moves: under FP8 the projection's input is its FP8 copy."""
-    if a.fp8 and module == "attn_proj":
+    if a.fp8_copies and module == "attn_proj":
         return (PROJ_INPUT,)
     return _MOVES[module]
 
@@ -181,7 +181,7 @@ def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
             t["latent.fc2_in"] = tok * width * w  # the combined tokens, projected back up
         if a.shared_experts:
             t.update(_mlp_tensors(a, "shared", tok, a.shared_experts * a.moe_ffn_hidden_size))
-    if a.fp8:  # TE's linears keep their inputs in FP8 (ppsim.costs.fp8)
+    if a.fp8_copies:  # the FP8 linears keep their inputs in FP8 (ppsim.costs.fp8)
         t.update({n: v / w * FP8_BYTES for n, v in t.items() if n in FP8_INPUTS})
         t[PROJ_INPUT] = tok * sh.out * FP8_BYTES
     return {k: v / a.tp for k, v in t.items()}
@@ -281,7 +281,7 @@ def _held_elsewhere(a: Architecture, kind: str, recompute: tuple[str, ...],
     is an input of the up projection's checkpoint as well as of the latents'."""
     out_savers = {"attn_proj"} | (set() if "core_attn" in recompute else {"core_attn"})
     # under FP8 the projection keeps its own copy (PROJ_INPUT): attention's is one saver's
-    held = set() if a.fp8 or out_savers <= set(offload) else {"attn.out"}
+    held = set() if a.fp8_copies or out_savers <= set(offload) else {"attn.out"}
     if "mla_up_proj" in recompute and applies("mla_up_proj", a, kind) and not a.q_lora_rank:
         held.add("norm1.out")
     return held

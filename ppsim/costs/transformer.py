@@ -34,7 +34,13 @@ from ppsim.costs.arch import (
     model_params,
     mtp_extra_params,
 )
-from ppsim.costs.fp8 import FP8_BYTES, fp8_layers, fp8_weight_bytes, layer_precision
+from ppsim.costs.fp8 import (
+    FP8_BYTES,
+    fp8_layers,
+    fp8_weight_bytes,
+    layer_precision,
+    saved_weight_bytes,
+)
 from ppsim.costs.layerops import (
     embedding_activation_bytes,
     head_activation_bytes,
@@ -130,6 +136,8 @@ def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
         bi += a2a
     effect = kind_effect(a, kind, recompute, full=full)
     act, repeated = effect.kept_bytes, effect.repeated_ops
+    if not full:  # a fully recomputed layer's saved weights live inside its backward alone
+        act += saved_weight_bytes(a, ops)
     if full:
         bi += f  # the forward runs again before the backward
     elif repeated:

@@ -35,6 +35,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from ppsim.costs.arch import DTYPE_BYTES, Architecture, grad_bytes, layer_kinds, optimizer_shards
+from ppsim.costs.fp8 import gathered_weight_bytes
 from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.costs.transformer import held_params
 from ppsim.job.collectives import all_gather_ms, behind_compute_ms, sharded_reduce_ms
@@ -74,12 +75,14 @@ def fsdp_steps(policy: str, pipelined: bool) -> FsdpSteps:
                      backward_reduce=not pipelined)
 
 
-def held_bytes(a: Architecture, pipelined: bool, experts: bool = False) -> int:
+def held_bytes(a: Architecture, pipelined: bool, experts: bool = False,
+               wide: bool = False) -> int:
     """Bytes a parameter holds unsharded all the step (none when its shards are one
-    rank's: nothing is gathered)."""
+    rank's: nothing is gathered); `wide`: the embedding's or the output layer's, gathered
+    in the training dtype under FP8 too."""
     if optimizer_shards(a, experts) == 1:
         return 0
-    weight = DTYPE_BYTES[a.dtype]
+    weight = DTYPE_BYTES[a.dtype] if wide else gathered_weight_bytes(a, DTYPE_BYTES[a.dtype])
     if pipelined:
         return weight + grad_bytes(a)
     return 0 if reshards_after_forward(a.fsdp_reshard_after_forward, pipelined) else weight
@@ -91,10 +94,15 @@ def _buffers(params: float, expert_params: float) -> list[tuple[float, str]]:
     return [(n, g) for n, g in ((params - expert_params, "dp"), (expert_params, "edp")) if n]
 
 
-def gather_ms(job: Job, params: float, expert_params: float = 0) -> float:
-    """All-gather of a unit's weights (bf16) on one rank's groups."""
-    w = DTYPE_BYTES[job.arch.dtype]
-    return sum(all_gather_ms(n * w, job.link(g + "_shard"))
+def gather_ms(job: Job, params: float, expert_params: float = 0, wide: float = 0) -> float:
+    """All-gather of a unit's weights on one rank's groups: in the training dtype, the
+    decoder layers' in FP8 under --fp8-param-gather (torchtitan's
+    enable_fsdp_float8_all_gather); `wide` of the dense ones (the embedding's, the output
+    layer's) in the training dtype all the same."""
+    w16 = DTYPE_BYTES[job.arch.dtype]
+    w = gathered_weight_bytes(job.arch, w16)
+    return sum(all_gather_ms(n * w + (wide if g == "dp" else 0) * (w16 - w),
+                             job.link(g + "_shard"))
                for n, g in _buffers(params, expert_params))
 
 
@@ -106,8 +114,8 @@ def reduce_ms(job: Job, params: float, expert_params: float = 0) -> float:
                for n, g in _buffers(params, expert_params))
 
 
-def _held(a: Architecture, pipelined: bool, c: LayerCost) -> LayerCost:
-    extra = (c.params - c.expert_params) * held_bytes(a, pipelined) \
+def _held(a: Architecture, pipelined: bool, c: LayerCost, wide: bool = False) -> LayerCost:
+    extra = (c.params - c.expert_params) * held_bytes(a, pipelined, wide=wide) \
         + c.expert_params * held_bytes(a, pipelined, experts=True)
     return replace(c, static_bytes=c.static_bytes + extra) if extra else c
 
@@ -125,12 +133,12 @@ def with_held(job: Job, costs: ModelCosts) -> ModelCosts:
     """`costs` with what FSDP holds unsharded added to each piece's static bytes (the
     units in flight once, on the embedding: without pp one rank holds them all)."""
     a, pipelined = job.arch, job.shape.sizes.pp > 1
-    emb = _held(a, pipelined, costs.embedding)
+    emb = _held(a, pipelined, costs.embedding, wide=True)
     if not pipelined and reshards_after_forward(a.fsdp_reshard_after_forward, pipelined):
         emb = replace(emb, static_bytes=emb.static_bytes + in_flight_bytes(a, costs))
     return replace(costs, layers=tuple(_held(a, pipelined, c) for c in costs.layers),
-                   embedding=emb, head=_held(a, pipelined, costs.head),
-                   tied=_held(a, pipelined, costs.tied))
+                   embedding=emb, head=_held(a, pipelined, costs.head, wide=True),
+                   tied=_held(a, pipelined, costs.tied, wide=True))
 
 
 @lru_cache(maxsize=64)
@@ -142,19 +150,21 @@ def layer_unit_params(a: Architecture) -> int:
 
 
 def step_reduce_ms(job: Job, params: int, expert_params: int, forward_ms: float,
-                   holds_embedding: bool) -> float:
+                   holds_embedding: bool, wide: int = 0) -> float:
     """The exposed part of the collectives FSDP runs once a step on a rank holding
-    `params`: the gather during the first forward (`forward_ms`, one microbatch's),
-    never less than its first unit's (the embedding on the first stage's rank, else a
-    layer), and the gradients' reduce-scatter after the last backward."""
+    `params` (`wide` of them the embedding's and the output layer's): the gather during
+    the first forward (`forward_ms`, one microbatch's), never less than its first unit's
+    (the embedding on the first stage's rank, else a layer), and the gradients'
+    reduce-scatter after the last backward."""
     steps = job.fsdp_steps
     assert steps is not None  # an FSDP job's
     out = 0.0
     if not steps.forward_gather:
-        first = job.embedding_params if holds_embedding else layer_unit_params(job.arch)
-        whole = gather_ms(job, params, expert_params)
+        first = min(job.embedding_params if holds_embedding else layer_unit_params(job.arch),
+                    params)
+        whole = gather_ms(job, params, expert_params, wide)
         out += behind_compute_ms(whole, forward_ms, job.collective_sm_share,
-                                 gather_ms(job, min(first, params)))
+                                 gather_ms(job, first, wide=first if holds_embedding else 0))
     if not steps.backward_reduce:
         out += reduce_ms(job, params, expert_params)
     return out

@@ -91,7 +91,7 @@ def tp_layer_ms(job: Job, a: Architecture, sublayers: int = 2
     """The sequence-parallel collectives of a layer of `sublayers`, forward and
     backward: one all-gather (under FP8 of the quantized input) and one reduce-scatter
     each way per sublayer, the forward's again in the backward under full recompute."""
-    inputs = tp_collectives_ms(job, a, sublayers, FP8_BYTES if a.fp8 else 0)
+    inputs = tp_collectives_ms(job, a, sublayers, FP8_BYTES if a.fp8_copies else 0)
     each = tp_collectives_ms(job, a, sublayers)  # one a sublayer, in the training dtype
     forward = TpTraffic(gathers_ms=inputs, scatters_ms=each, pipelined_ms=each)
     again = a.recompute == "full"
@@ -222,15 +222,18 @@ def pair_saving_ms(job: Job, a: Architecture, acc: Accelerator, kind: str = "moe
     return (2 * c - waits / 2) * (1 - job.dispatcher_sm_share)
 
 
-def fsdp_collectives(job: Job, cost: LayerCost, head: bool = False) -> PieceCollectives:
+def fsdp_collectives(job: Job, cost: LayerCost, head: bool = False,
+                     edge: bool = False) -> PieceCollectives:
     """FSDP's collectives of one unit (`cost`: its compute alone) in each microbatch:
     hidden behind a unit's compute as far as it lasts (ppsim.job.fsdp). The head's unit
-    keeps its weights to the backward unless the policy is "always" (torchtitan). What
+    keeps its weights to the backward unless the policy is "always" (torchtitan); `edge`:
+    the embedding's or the head's unit, gathered in the training dtype under FP8 too. What
     the unit's compute hides costs it NCCL's SMs (Job.collective_sm_share)."""
     steps = job.fsdp_steps
     if steps is None or not steps.per_microbatch:
         return PieceCollectives()
-    gather = fsdp.gather_ms(job, cost.params, cost.expert_params)
+    gather = fsdp.gather_ms(job, cost.params, cost.expert_params,
+                            cost.params - cost.expert_params if edge else 0)
     again = steps.backward_gather and (not head or job.arch.fsdp_reshard_after_forward
                                        == "always")
     f = gather if steps.forward_gather else 0.0
@@ -251,7 +254,7 @@ def edge_collectives(job: Job, a: Architecture, cost: LayerCost,
     scatter) each way, and its FSDP unit's."""
     one = tp_collectives_ms(job, a, 1)
     tp = (Collective(group="tp", total_ms=one, exposed_ms=one),) if one else ()
-    own = fsdp_collectives(job, cost, head)
+    own = fsdp_collectives(job, cost, head, edge=True)
     return PieceCollectives(forward=tp + own.forward, backward=tp + own.backward)
 
 

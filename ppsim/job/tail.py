@@ -88,7 +88,8 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
     edges = edge_params(job, holds_embedding, holds_head)
     share = job.collective_sm_share
     if job.arch.fsdp:
-        reduce = fsdp.step_reduce_ms(job, params, expert_params, forward_ms, holds_embedding)
+        reduce = fsdp.step_reduce_ms(job, params, expert_params, forward_ms, holds_embedding,
+                                     edges)
     elif job.arch.distributed_optimizer:
         def rs(n: float, g: str) -> float:
             return sharded_reduce_ms(n * grads, job.link(g + "_shard"),

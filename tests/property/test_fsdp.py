@@ -85,3 +85,30 @@ def test_more_copies_never_hold_less(preset: str, dp: int, full: bool, pp: int,
         return sum(x.static_bytes for x in (*c.layers, c.embedding, c.head))
 
     assert static(copies) <= static(2 * copies)
+
+
+@settings(max_examples=30, deadline=None)
+@given(KINDS, st.integers(2, 64), st.sampled_from([1, 2, 4]), st.sampled_from([1, 2]),
+       st.sampled_from(["none", "selective", "full"]))
+def test_an_fp8_gather_never_costs_more(preset: str, dp: int, pp: int, tp: int,
+                                        recompute: str) -> None:
+    """torchtitan's float8 under FSDP: gathering the weights in FP8 never holds more on a
+    rank nor takes longer to gather than the tensorwise recipe gathering bf16, and the
+    rowwise recipe keeps what a bf16 layer keeps."""
+    def costs(more: dict):
+        return model_costs(cfg(preset, {"dp": dp, "tp": tp, "fsdp": True, "recompute": recompute,
+                                        "dtype": "bf16", **more}, pp))
+
+    tensorwise = {"fp8": "hybrid", "fp8_recipe": "tensorwise", "dtype": "bf16"}
+    plain, gathered = costs(tensorwise), costs({**tensorwise, "fp8_param_gather": True})
+    for a, b in zip((*plain.layers, plain.embedding, plain.head),
+                    (*gathered.layers, gathered.embedding, gathered.head), strict=True):
+        assert b.static_bytes + b.activation_bytes <= a.static_bytes + a.activation_bytes
+    job = build_job(cfg(preset, {"dp": dp, "tp": tp, "fsdp": True, **tensorwise,
+                                 "fp8_param_gather": True}, pp))
+    assert job is not None
+    n = plain.layers[0].params
+    assert fsdp.gather_ms(job, n) <= fsdp.gather_ms(job, n, wide=n)
+    rowwise = costs({"fp8": "hybrid", "fp8_recipe": "rowwise"})
+    assert [c.activation_bytes for c in rowwise.layers] == \
+        [c.activation_bytes for c in costs({}).layers]
