@@ -25,6 +25,13 @@ checkpointing (they keep different ops) and neither torch.compile's fusions nor 
 memory. Tables 2 and 6 (context parallelism) are left out: torchtitan rotated K/V by
 all-gather, ppsim prices Megatron's p2p ring.
 
+Then benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (June 2025, the same machines):
+Llama 3.1 70B on 256 GPUs (FSDP 32 x TP 8, local batch 16, full checkpointing) and 8B on
+64 (FSDP 8 x TP 8, local batch 12, per-op selective checkpointing), each in bf16, Float8
+tensorwise and rowwise, with vanilla TP and AsyncTP: FP8's speed-up over bf16 and
+AsyncTP's over vanilla TP. The document itself calls its rowwise vanilla-TP baseline low
+(pytorch/torchtitan issue 1207).
+
 Run: .venv/bin/python benchmarks/bench_torchtitan.py
 """
 
@@ -39,6 +46,7 @@ from ppsim.sim.simulate import simulate
 
 GIB = 2 ** 30
 FLOAT8 = {"fp8": "hybrid", "fp8_recipe": "tensorwise", "fp8_param_gather": True}
+ROWWISE = {"fp8": "hybrid", "fp8_recipe": "rowwise"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,6 +113,38 @@ def _405b(interleaved: bool, tps: float, mem: float) -> TitanRun:
                     tokens_per_gpu=tps, memory_gib=mem)
 
 
+def _size(preset: str) -> str:
+    return preset.split("-")[1].upper()
+
+
+def _2d(preset: str, quant: str, async_tp: bool, tps: float) -> TitanRun:
+    """A row of the June 2025 AsyncTP tables."""
+    big = preset == "llama3-70b"
+    model = {"bf16": {}, "tensorwise": FLOAT8, "rowwise": ROWWISE}[quant]
+    return TitanRun(label=f"{_size(preset)} TP 8 {quant}" + (" AsyncTP" if async_tp else ""),
+                    preset=preset, dp=32 if big else 8, tp=8, mbs=16 if big else 12,
+                    recompute="full" if big else "selective", model=model,
+                    pipeline={"tp_comm_overlap": async_tp}, tokens_per_gpu=tps,
+                    memory_gib=0.0)
+
+
+JUNE_2025 = {("llama3-70b", "bf16"): (597.3, 652.4), ("llama3-70b", "tensorwise"): (809.8, 942.4),
+             ("llama3-70b", "rowwise"): (599.6, 624.8), ("llama3-8b", "bf16"): (4378, 4809.4),
+             ("llama3-8b", "tensorwise"): (5078.1, 5570.1),
+             ("llama3-8b", "rowwise"): (3708.5, 3914.9)}
+"""Published tokens/s per GPU, vanilla TP and AsyncTP."""
+
+
+def _june_pairs() -> list[tuple[str, TitanRun, TitanRun]]:
+    runs = {(m, q, a): _2d(m, q, a, tps[a]) for (m, q), tps in JUNE_2025.items()
+            for a in (False, True)}
+    pairs = [(f"June: {_size(m)} AsyncTP, {q}", runs[m, q, False], runs[m, q, True])
+             for m, q in JUNE_2025]
+    pairs += [(f"June: {_size(m)} {q} over bf16", runs[m, "bf16", False], runs[m, q, False])
+              for m, q in JUNE_2025 if q != "bf16"]
+    return pairs
+
+
 PAIRS = [  # (base, variant): the ratio variant / base is the check
     ("Table 1: Float8 over bf16", _8b(8, False, 6667, 77.0), _8b(8, True, 8532, 76.8)),
     ("Table 3: Float8 over bf16", _8b(128, False, 6514, 62.0), _8b(128, True, 8380, 61.8)),
@@ -114,14 +154,18 @@ PAIRS = [  # (base, variant): the ratio variant / base is the check
 
 
 def main() -> None:
-    print("torchtitan's published runs (Dec 2024; 500 W H100 96 GB), priced on h100-80gb")
+    print("torchtitan's published runs (Dec 2024, June 2025; 500 W H100 96 GB), priced on "
+          "h100-80gb")
     print(f"{'run':28} {'tok/s/GPU':>9} {'published':>9} {'peak GiB':>8} {'published':>9}")
-    ratios = []
-    for title, base, variant in PAIRS:
+    ratios, shown = [], set()
+    for title, base, variant in PAIRS + _june_pairs():
         ours = [predict(r) for r in (base, variant)]
         for r, p in zip((base, variant), ours, strict=True):
-            print(f"{r.label:28} {p.tokens_per_gpu:9,.0f} {r.tokens_per_gpu:9,.0f} "
-                  f"{p.peak_gib:8.1f} {r.memory_gib:9.1f}")
+            if r.label not in shown:
+                shown.add(r.label)
+                memory = f"{r.memory_gib:9.1f}" if r.memory_gib else ""
+                print(f"{r.label:28} {p.tokens_per_gpu:9,.0f} {r.tokens_per_gpu:9,.0f} "
+                      f"{p.peak_gib:8.1f} {memory}")
         predicted = ours[1].tokens_per_gpu / ours[0].tokens_per_gpu
         published = variant.tokens_per_gpu / base.tokens_per_gpu
         ratios.append((title, predicted, published))
