@@ -291,7 +291,6 @@ def config_from_args(args: argparse.Namespace) -> Config:
                          hardware=flag("hardware"), memory_bytes=limit,
                          costs_file=flag("costs"), devices=devices)
     cfg = _layers_per_virtual_stage(cfg, flag)
-    megatron_flags.check_cp_comm_type(flag("cp_comm_type"))
     megatron_flags.check_flex_backend(flag("moe_flex_dispatcher_backend"),
                                       cfg.pipeline.moe_token_dispatcher_type,
                                       bool(flag("moe_enable_deepep")))

@@ -83,16 +83,6 @@ def vpp_for_layers_per_stage(per_chunk: int, num_layers: int, pp: int, *,
     return layers // pp // per_chunk
 
 
-def check_cp_comm_type(kinds: list[str] | None) -> None:
-    """Megatron's --cp-comm-type (one for all layers, or one a layer): ppsim prices
-    context parallelism as the ring of K/V passes, Megatron's default p2p."""
-    other = sorted(set(kinds or ()) - {"p2p"})
-    if other:
-        raise UserError("--cp-comm-type", f"{' '.join(other)}: ppsim prices context "
-                        "parallelism as the p2p ring (Megatron's default)",
-                        "give p2p, or drop the flag")
-
-
 def check_flex_backend(backend: str | None, dispatcher: str,
                        enable_deepep: bool = False) -> None:
     """The flex dispatcher's backend: DeepEP (Megatron's default) is priced;

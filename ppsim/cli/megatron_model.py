@@ -14,7 +14,7 @@ from itertools import groupby
 from typing import Any
 
 from ppsim.config.model import Model, TransformerModel
-from ppsim.costs.arch import FP8_FORMATS
+from ppsim.costs.arch import CP_COMM_TYPES, FP8_FORMATS
 from ppsim.costs.patterns import moe_layers
 from ppsim.errors import UserError
 
@@ -43,7 +43,7 @@ ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
               "moe_pad_expert_input_to_capacity",
               "make_vocab_size_divisible_by", "fp8_format", "fp8_recipe", "fp8_param_gather",
               "first_last_layers_bf16", "num_layers_at_start_in_bf16",
-              "num_layers_at_end_in_bf16", "fp4_format")
+              "num_layers_at_end_in_bf16", "fp4_format", "cp_comm_type")
 """Every flag of the group that changes the model (the rest are accepted and ignored)."""
 IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base": float,
            "rotary-percent": float, "init-method-std": float, "disable-bias-linear": None,
@@ -219,6 +219,8 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
     if get("untie_embeddings_and_output_weights"):
         out["tie_embeddings"] = False
     out.update(_fp8_fields(get))
+    if get("cp_comm_type") is not None:
+        out["cp_comm_type"] = _cp_comm_type(get("cp_comm_type"))
     if get("bf16") and get("fp16"):
         raise UserError("--bf16", "and --fp16 both given", "give one of them")
     if get("bf16") or get("fp16"):
@@ -234,6 +236,19 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
     if divisor is not None:
         out["vocab_divisor"] = divisor
     return out
+
+
+def _cp_comm_type(kinds: list[str]) -> str:
+    """Megatron's --cp-comm-type, one type for every layer or one a layer: ppsim prices one
+    for all (p2p, all_gather or a2a; not the hierarchical a2a+p2p)."""
+    if len(set(kinds)) > 1:
+        raise UserError("--cp-comm-type", f"{' '.join(kinds)}: ppsim prices one type for "
+                        "every layer", "give one of p2p, all_gather, a2a")
+    if kinds[0] not in CP_COMM_TYPES:
+        raise UserError("--cp-comm-type", f"{kinds[0]}: ppsim prices "
+                        + ", ".join(CP_COMM_TYPES) + " (not the hierarchical a2a+p2p)",
+                        "give one of them")
+    return kinds[0]
 
 
 def _window_fields(size: str | None, freq: str | None) -> dict[str, Any]:

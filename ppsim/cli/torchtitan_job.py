@@ -58,6 +58,9 @@ def torchtitan_job(shape: Any, problem: Any, gbs: int, fqns: list[list[str]] | N
         if fqns is None:
             notes.append("torchtitan cannot build this split")
     out: dict[str, Any] = {"parallelism": par, "training": train}
+    if shape.cp > 1 and job.arch.cp_comm_type != "p2p":
+        notes.append(f"torchtitan's context parallelism is torch's, not Transformer "
+                     f"Engine's {job.arch.cp_comm_type}")
     if job.arch.fp8:
         out["quantization"] = FLOAT8
         if job.arch.fp8_recipe != "rowwise":

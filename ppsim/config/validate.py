@@ -15,6 +15,7 @@ from typing import Any
 from ppsim.config import features, limits
 from ppsim.costs.arch import (
     ATTENTION,
+    CP_COMM_TYPES,
     DTYPE_BYTES,
     FP8_FORMATS,
     FSDP_RESHARD,
@@ -275,7 +276,7 @@ _ARCH_MAX = 10**7
 FLOPs stay exact floats (a 200-digit hidden_size would overflow float conversion)."""
 _CHOICES = {"recompute": RECOMPUTE, "dtype": tuple(DTYPE_BYTES), "attention": ATTENTION,
             "norm": NORMS, "position": POSITIONS, "fsdp_reshard_after_forward": FSDP_RESHARD,
-            "fp8": FP8_FORMATS,
+            "fp8": FP8_FORMATS, "cp_comm_type": CP_COMM_TYPES,
             **OPTIMIZER_DTYPES}
 _POSITIVE = ("tp", "dp", "ep", "cp", "dp_replicas", "vocab_divisor", "hidden_size",
              "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_length",

@@ -24,6 +24,8 @@ FP8_FORMATS = ("", "e4m3", "hybrid")
 """Megatron's --fp8-format choices ("": bf16 matmuls)."""
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
 """Megatron's --fp8-recipe choices on Hopper (mxfp8 is Blackwell's)."""
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a")
+"""Megatron's --cp-comm-type choices ppsim prices (a2a+p2p, hierarchical, is not)."""
 TORCHAO_FP8_RECIPES = ("tensorwise", "rowwise")
 """torchao's Float8Linear recipes torchtitan runs under FSDP (all-tensorwise, rowwise)."""
 
@@ -91,6 +93,13 @@ class Architecture:
     """Adam's second moment (--exp-avg-sq-dtype fp32|fp16|bf16|fp8)."""
     cp: int = 1
     """Context-parallel size: each rank holds seq_length / cp tokens of every sequence."""
+    cp_comm_type: str = "p2p"
+    """How attention meets the other ranks' tokens (Megatron --cp-comm-type, Transformer
+    Engine's context parallelism): "p2p", K/V passed round a ring behind each chunk's
+    attention; "all_gather", K/V gathered before it (and again in the backward, dK/dV
+    reduce-scattered after), exposed; "a2a", DeepSpeed-Ulysses: Q, K, V and the output
+    exchanged by all-to-all so each rank attends over the whole sequence for 1 / cp of
+    the heads, exposed."""
     tie_embeddings: bool = False
     """The LM head shares the embedding's weights (Megatron's default unless
     --untie-embeddings-and-output-weights): with pp > 1 the first and last stage

@@ -41,6 +41,7 @@ from ppsim.job.collectives import (
     all_to_all_ms,
     behind_compute_ms,
     deepep_ms,
+    reduce_scatter_ms,
     send_ms,
 )
 from ppsim.job.model import Job
@@ -142,28 +143,45 @@ class PieceCollectives:
     backward: tuple[Collective, ...] = ()
 
 
-def _cp_ring(job: Job, a: Architecture, acc: Accelerator, backward: bool) -> Collective:
-    """The K/V ring of one direction (dK, dV too in the backward), each pass hidden by
-    one chunk's attention."""
+def _cp_comm(job: Job, a: Architecture, acc: Accelerator, backward: bool) -> Collective:
+    """Context parallelism's traffic in one direction of a layer (a.cp_comm_type):
+    - p2p: the K/V ring (dK, dV too in the backward), each pass hidden by one chunk's
+      attention;
+    - all_gather: K and V gathered before the attention, again in the backward with
+      dK and dV reduce-scattered after it, all exposed (Transformer Engine's
+      AttnFuncWithCPAndKVAllGather);
+    - a2a: Q, K and V exchanged by all-to-all before the attention and its output
+      after, the mirror in the backward, all exposed (AttnFuncWithCPAndQKVOA2A)."""
     att = next(op for op in attention_ops(a) if op.attention)
     f, b, _, _, _ = op_times(acc.roofline(), att)
-    sh = attention_shape(a)
-    kv = a.seq_length * a.micro_batch_size * (sh.k + sh.v) / a.tp * DTYPE_BYTES[a.dtype]
-    one = send_ms(2 * kv if backward else kv, job.link("cp"))
-    passes = job.arch.cp - 1
-    return Collective(group="cp", total_ms=passes * one,
-                      exposed_ms=passes * max(0.0, one - (b if backward else f)))
+    sh, w = attention_shape(a), DTYPE_BYTES[a.dtype]
+    tokens = a.seq_length * a.micro_batch_size / a.tp  # this rank's, per tensor rank
+    kv = tokens * (sh.k + sh.v) * w
+    cp, link = job.arch.cp, job.link("cp")
+    if a.cp_comm_type == "all_gather":
+        total = all_gather_ms(cp * kv, link) + (reduce_scatter_ms(cp * kv, link)
+                                                if backward else 0.0)
+        return Collective(group="cp", total_ms=total, exposed_ms=total)
+    if a.cp_comm_type == "a2a":
+        total = all_to_all_ms(tokens * (sh.q + sh.k + sh.v) * w, link) \
+            + all_to_all_ms(tokens * sh.out * w, link)
+        return Collective(group="cp", total_ms=total, exposed_ms=total)
+    one = send_ms(2 * kv if backward else kv, link)
+    return Collective(group="cp", total_ms=(cp - 1) * one,
+                      exposed_ms=(cp - 1) * max(0.0, one - (b if backward else f)))
 
 
 def _cp(job: Job, a: Architecture, acc: Accelerator) -> tuple[float, float]:
-    """(forward, backward) ms the other chunks' attention and the exposed ring add."""
+    """(forward, backward) ms the other chunks' attention and the exposed traffic add
+    (each way, every rank attends over 1 / cp of the sequence's work: its chunks, or
+    with a2a its heads)."""
     cp = job.arch.cp
     if cp == 1:
         return 0.0, 0.0
     att = next(op for op in attention_ops(a) if op.attention)
     f, b, _, _, _ = op_times(acc.roofline(), att)
-    return ((cp - 1) * f + _cp_ring(job, a, acc, False).exposed_ms,
-            (cp - 1) * b + _cp_ring(job, a, acc, True).exposed_ms)
+    return ((cp - 1) * f + _cp_comm(job, a, acc, False).exposed_ms,
+            (cp - 1) * b + _cp_comm(job, a, acc, True).exposed_ms)
 
 
 def ep_all_to_all_ms(job: Job, a: Architecture) -> float:
@@ -274,8 +292,8 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
                 else t.total_ms
             out.append(Collective(group="tp", total_ms=t.total_ms + d, exposed_ms=waits + d))
     if job.arch.cp > 1:
-        fwd.append(_cp_ring(job, a, acc, False))
-        bwd.append(_cp_ring(job, a, acc, True))
+        fwd.append(_cp_comm(job, a, acc, False))
+        bwd.append(_cp_comm(job, a, acc, True))
     ep = ep_all_to_all_ms(job, a) if kind in MOE_KINDS else 0.0
     if ep:
         over_f, over_b = (shared_experts_ms(a, acc) if job.moe_shared_expert_overlap

@@ -227,6 +227,7 @@ class Job:
                 "dp_replicas": self.arch.dp_replicas,
                 "fp8": {"format": self.arch.fp8, "recipe": self.arch.fp8_recipe,
                         "param_gather": self.arch.fp8_param_gather} if self.arch.fp8 else None,
+                "cp_comm_type": self.arch.cp_comm_type,
                 "ep_overlap": self.overlap_moe_expert_parallel_comm,
                 "moe_token_dispatcher_type": self.moe_token_dispatcher_type,
                 "dispatcher_sm_share": self.dispatcher_sm_share,

@@ -158,6 +158,8 @@ def check(cfg: Any) -> None:
         raise UserError("model.cp", f"seq_length ({a.seq_length}) is not divisible by 2 x cp "
                         f"({2 * a.cp}): causal load balancing splits each sequence in 2 x cp "
                         "chunks", "choose cp so that 2 x cp divides seq_length")
+    if a.cp > 1 and a.cp_comm_type == "a2a":
+        _ulysses_heads(a)
     # ep above dp x cp is a preset's view of one replica's experts (no world to carve from).
     if a.dp * a.cp >= a.ep and (a.dp * a.cp) % a.ep:
         raise UserError("model.ep", f"ep ({a.ep}) does not divide dp x cp ({a.dp * a.cp}): "
@@ -165,6 +167,18 @@ def check(cfg: Any) -> None:
                         "choose ep dividing dp x cp")
     if p.global_batch_size:
         microbatches_for(p.global_batch_size, a.micro_batch_size, a.dp)
+
+
+def _ulysses_heads(a: Any) -> None:
+    """--cp-comm-type a2a gives each context-parallel rank 1 / cp of a tensor rank's query
+    and key/value heads, as Transformer Engine asserts."""
+    q = a.num_heads // a.tp
+    kv = (a.num_heads if a.attention == "mla" else a.num_kv_heads) // a.tp
+    if q % a.cp or kv % a.cp:
+        raise UserError("model.cp_comm_type", "cp_comm_type='a2a' requires num_heads % "
+                        f"cp_size == 0 for Q, K, V. Found num_heads_q = {q}, num_heads_kv = "
+                        f"{kv}, cp_size = {a.cp}", "use --cp-comm-type p2p or all_gather, "
+                        "or a cp that divides both")
 
 
 def _copies_divide(a: Any) -> None:

@@ -213,7 +213,9 @@ def test_an_moe_scripts_router_numerics_change_nothing() -> None:
     ("--expert-tensor-parallel-size 1", "--expert-tensor-parallel-size: 1: ppsim splits "
      "each expert over the tensor-parallel ranks (tp = 2"),
     ("--moe-token-dispatcher-type allgather", "--moe-token-dispatcher-type: allgather"),
-    ("--cp-comm-type p2p a2a", "--cp-comm-type: a2a: ppsim prices context parallelism"),
+    ("--cp-comm-type p2p a2a", "--cp-comm-type: p2p a2a: ppsim prices one type for every "
+     "layer"),
+    ("--cp-comm-type a2a+p2p", "--cp-comm-type: a2a+p2p: ppsim prices p2p, all_gather, a2a"),
 ])
 def test_expert_layouts_ppsim_does_not_price_are_refused_by_name(flags: str, message: str,
                                                                  capsys) -> None:
