@@ -22,8 +22,11 @@ device's rate cancels: FP8 over bf16, AsyncTP over none, interleaved over 1F1B. 
 beside torchtitan's logged memory (max_reserved_gib: the allocator's reserve, above what
 the tensors take). ppsim prices Megatron's selective recompute for torchtitan's selective
 checkpointing (they keep different ops) and neither torch.compile's fusions nor its own
-memory. Tables 2 and 6 (context parallelism) are left out: torchtitan rotated K/V by
-all-gather, ppsim prices Megatron's p2p ring.
+memory. Tables 2 and 6, context parallelism at 32,768 to 262,144 tokens (8B on 8 GPUs,
+FSDP x CP = 8, local batch 1; the 405B 3-D job of Table 5 with 8 microbatches of 1, FSDP x
+CP = 8; full checkpointing, Float8): each row over the CP 1 row (a longer sequence, so
+fewer tokens/s), priced with `--cp-comm-type all_gather` (torchtitan rotated K/V by
+all-gather; Transformer Engine's exposes it, torch's hides part behind the local chunk).
 
 Then benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (June 2025, the same machines):
 Llama 3.1 70B on 256 GPUs (FSDP 32 x TP 8, local batch 16, full checkpointing) and 8B on
@@ -103,6 +106,23 @@ def _70b(async_tp: bool, tps: float, mem: float) -> TitanRun:
                     pipeline={"tp_comm_overlap": async_tp}, tokens_per_gpu=tps, memory_gib=mem)
 
 
+def _cp_rows(big: bool) -> list[tuple[str, TitanRun, TitanRun]]:
+    """Tables 2 (8B) and 6 (405B): each CP size's row over CP 1's."""
+    published = (76, 47, 31, 16) if big else (3890, 2540, 1071, 548)
+    runs = []
+    for i, tps in enumerate(published):
+        cp = 2 ** i
+        model = {**FLOAT8, "cp": cp, "seq_length": 32768 * cp, "cp_comm_type": "all_gather"}
+        pipe = {"tp_comm_overlap": True, "split": [15, *[16] * 6, 15]} if big else {}
+        runs.append(TitanRun(label=f"{'405B 3D' if big else '8B FSDP'} CP {cp}",
+                             preset="llama3.1-405b" if big else "llama3-8b", dp=8 // cp,
+                             tp=8 if big else 1, pp=8 if big else 1, mbs=1,
+                             microbatches=8 if big else 1, recompute="full", model=model,
+                             pipeline=pipe, tokens_per_gpu=tps, memory_gib=0.0))
+    table = "6" if big else "2"
+    return [(f"Table {table}: CP {r.model['cp']} over CP 1", runs[0], r) for r in runs[1:]]
+
+
 def _405b(interleaved: bool, tps: float, mem: float) -> TitanRun:
     split = [7, *[8] * 14, 7] if interleaved else [15, *[16] * 6, 15]
     sched = {"schedule": "interleaved-1f1b", "vpp": 2} if interleaved else {"schedule": "1f1b"}
@@ -158,7 +178,7 @@ def main() -> None:
           "h100-80gb")
     print(f"{'run':28} {'tok/s/GPU':>9} {'published':>9} {'peak GiB':>8} {'published':>9}")
     ratios, shown = [], set()
-    for title, base, variant in PAIRS + _june_pairs():
+    for title, base, variant in PAIRS + _cp_rows(False) + _cp_rows(True) + _june_pairs():
         ours = [predict(r) for r in (base, variant)]
         for r, p in zip((base, variant), ours, strict=True):
             if r.label not in shown:
