@@ -13,8 +13,8 @@ from ppsim.errors import UserError
 
 def sliding_window(raw: dict[str, Any]) -> None:
     """A sliding window on a stack of decoder layers, its pattern one a layer; not
-    beside a hybrid pattern or context parallelism, which ppsim prices for full causal
-    attention."""
+    beside a hybrid pattern, which ppsim prices for full causal attention, nor context
+    parallelism's p2p ring (Transformer Engine runs windows with all_gather and a2a)."""
     freq = raw.get("window_attn_skip_freq", "")
     if not raw.get("attention_window"):
         if freq:
@@ -24,9 +24,10 @@ def sliding_window(raw: dict[str, Any]) -> None:
     if raw.get("hybrid_layer_pattern"):
         raise UserError("model.attention_window", "ppsim prices a hybrid stack's attention "
                         "layers without a window", "drop the window, or the pattern")
-    if raw.get("cp", 1) != 1:
-        raise UserError("model.attention_window", "ppsim prices context parallelism's K/V "
-                        "ring for full causal attention", "drop the window, or use cp 1")
+    if raw.get("cp", 1) != 1 and raw.get("cp_comm_type", "p2p") == "p2p":
+        raise UserError("model.attention_window", "Context parallelism does not support "
+                        "sliding window attention with cp_comm_type='p2p'!",
+                        "use --cp-comm-type a2a or all_gather, or cp 1")
     if isinstance(raw.get("num_layers"), int):
         windows(raw["num_layers"], raw["attention_window"], freq)
 

@@ -21,6 +21,7 @@ from ppsim.costs.transformer import Accelerator
 from ppsim.job.layers import (
     Collective,
     PieceCollectives,
+    attention_again,
     compute_costs,
     edge_collectives,
     layer_collectives,
@@ -77,7 +78,8 @@ def stage_collectives(job: Job, acc: Accelerator, stages: Sequence[Any]
             kind, cost = kinds[i], costs.layers[i]
             if (kind, cost) not in by_piece:
                 by_piece[kind, cost] = layer_collectives(
-                    job, layer_precision(a, fp8[i]), acc, last if kind == "mtp" else kind, cost)
+                    job, layer_precision(a, fp8[i]), acc, last if kind == "mtp" else kind, cost,
+                    attention_again(a))
             pieces.append(by_piece[kind, cost])
             if kind == "mtp":  # and its own pass through the head
                 pieces.append(edge)

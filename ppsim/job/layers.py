@@ -28,11 +28,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape, layer_kinds
+from ppsim.costs.arch import (
+    DTYPE_BYTES,
+    Architecture,
+    attention_shape,
+    layer_kinds,
+    layer_windows,
+)
 from ppsim.costs.fp8 import FP8_BYTES, fp8_layers, layer_precision
-from ppsim.costs.layerops import attention_ops, mlp_ops
+from ppsim.costs.layerops import attention_ops, mlp_ops, window_share
 from ppsim.costs.mixers import kind_ops
 from ppsim.costs.model import LayerCost, ModelCosts
+from ppsim.costs.modules import SHORTHAND
 from ppsim.costs.ops import op_times, piece_times
 from ppsim.costs.transformer import Accelerator, transformer_costs
 from ppsim.job import fsdp
@@ -171,17 +178,39 @@ def _cp_comm(job: Job, a: Architecture, acc: Accelerator, backward: bool) -> Col
                       exposed_ms=(cp - 1) * max(0.0, one - (b if backward else f)))
 
 
-def _cp(job: Job, a: Architecture, acc: Accelerator) -> tuple[float, float]:
-    """(forward, backward) ms the other chunks' attention and the exposed traffic add
-    (each way, every rank attends over 1 / cp of the sequence's work: its chunks, or
-    with a2a its heads)."""
+def attention_again(a: Architecture, recompute: tuple[str, ...] | None = None) -> bool:
+    """The backward runs the attention's forward again: the whole layer recomputed, or its
+    core (`recompute` modules; default the global mode's, selective: core_attn)."""
+    modules = SHORTHAND.get(a.recompute, ()) if recompute is None else recompute
+    return a.recompute == "full" or "core_attn" in modules
+
+
+def _cp_traffic(job: Job, a: Architecture, acc: Accelerator,
+                again: bool) -> tuple[Collective, Collective]:
+    """Context parallelism's forward and backward traffic of a layer; the backward's holds
+    the forward's again where the attention is recomputed (`again`)."""
+    f, b = _cp_comm(job, a, acc, False), _cp_comm(job, a, acc, True)
+    if again:
+        b = Collective(group="cp", total_ms=b.total_ms + f.total_ms,
+                       exposed_ms=b.exposed_ms + f.exposed_ms)
+    return f, b
+
+
+def _cp(job: Job, a: Architecture, acc: Accelerator, window: int = 0,
+        again: bool = False) -> tuple[float, float]:
+    """(forward, backward) ms the rest of the attention and the exposed traffic add to a
+    layer attending over `window`: every rank does 1 / cp of the whole sequence's work
+    (its chunks, or with a2a its heads), of which its own chunk's is priced already; a
+    recomputed attention (`again`) runs the rest's forward in the backward too."""
     cp = job.arch.cp
     if cp == 1:
         return 0.0, 0.0
     att = next(op for op in attention_ops(a) if op.attention)
     f, b, _, _, _ = op_times(acc.roofline(), att)
-    return ((cp - 1) * f + _cp_comm(job, a, acc, False).exposed_ms,
-            (cp - 1) * b + _cp_comm(job, a, acc, True).exposed_ms)
+    # f, b: a chunk's full causal core; the whole sequence's is cp x cp chunks' worth / cp.
+    rest = cp * window_share(a.seq_length * cp, window) - window_share(a.seq_length, window)
+    fwd, bwd = _cp_traffic(job, a, acc, again)
+    return rest * f + fwd.exposed_ms, rest * (b + f * again) + bwd.exposed_ms
 
 
 def ep_all_to_all_ms(job: Job, a: Architecture) -> float:
@@ -277,9 +306,10 @@ def edge_collectives(job: Job, a: Architecture, cost: LayerCost,
 
 
 def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
-                      cost: LayerCost) -> PieceCollectives:
+                      cost: LayerCost, again: bool = False) -> PieceCollectives:
     """Each group's collectives in one decoder layer of `kind`: what they take on the
-    links and what of it the layer waits for (`cost`: the layer's compute alone)."""
+    links and what of it the layer waits for (`cost`: the layer's compute alone;
+    `again`: its attention recomputed in the backward, attention_again)."""
     tp_f, tp_b = tp_layer_ms(job, a, SP_SUBLAYERS.get(kind, 1))
     # The dispatcher's gathers run on the compute stream, beside no userbuffer overlap.
     d_f = dispatcher_tp_ms(job, a) if kind in MOE_KINDS else 0.0
@@ -292,8 +322,9 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
                 else t.total_ms
             out.append(Collective(group="tp", total_ms=t.total_ms + d, exposed_ms=waits + d))
     if job.arch.cp > 1:
-        fwd.append(_cp_comm(job, a, acc, False))
-        bwd.append(_cp_comm(job, a, acc, True))
+        cp_f, cp_b = _cp_traffic(job, a, acc, again)
+        fwd.append(cp_f)
+        bwd.append(cp_b)
     ep = ep_all_to_all_ms(job, a) if kind in MOE_KINDS else 0.0
     if ep:
         over_f, over_b = (shared_experts_ms(a, acc) if job.moe_shared_expert_overlap
@@ -309,10 +340,11 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
 
 
 def layer_exposed(job: Job, a: Architecture, acc: Accelerator, kind: str,
-                  cost: LayerCost) -> Exposed:
-    """What one decoder layer of `kind` waits for beyond its compute."""
-    comm = layer_collectives(job, a, acc, kind, cost)
-    cp_f, cp_b = _cp(job, a, acc)  # holds the ring's exposed part and the extra attention
+                  cost: LayerCost, window: int = 0, again: bool = False) -> Exposed:
+    """What one decoder layer of `kind` attending over `window` waits for beyond its
+    compute (`again`: its attention recomputed in the backward)."""
+    comm = layer_collectives(job, a, acc, kind, cost, again)
+    cp_f, cp_b = _cp(job, a, acc, window, again)  # the exposed traffic, the extra attention
     paired = job.overlap_moe_expert_parallel_comm and kind in MOE_KINDS
     return Exposed(forward_ms=sum(c.exposed_ms for c in comm.forward if c.group != "cp") + cp_f,
                    backward_ms=sum(c.exposed_ms for c in comm.backward if c.group != "cp")
@@ -354,20 +386,23 @@ def job_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None = No
         costs = fsdp.with_held(job, costs)
     if not job.in_microbatches:
         return costs
+    again = attention_again(a, recompute)
     kinds = costs.kinds or ("dense",) * len(costs.layers)
     last = layer_kinds(a)[-1]  # an MTP module's decoder layer is of the last layer's kind
     one = tp_collectives_ms(job, a, 1)
     # One entry per distinct piece: layers of a kind differ where a window applies.
-    by_piece: dict[tuple[str, LayerCost], Exposed] = {}
+    by_piece: dict[tuple[str, LayerCost, int], Exposed] = {}
     layers = []
-    for kind, c, fp8 in zip(kinds, costs.layers, piece_fp8(a, len(kinds)), strict=True):
-        if (kind, c) not in by_piece:
+    wins = layer_windows(a) + (0,) * (len(kinds) - a.num_layers)  # MTP: full attention
+    for kind, c, fp8, w in zip(kinds, costs.layers, piece_fp8(a, len(kinds)), wins,
+                               strict=True):
+        if (kind, c, w) not in by_piece:
             e = layer_exposed(job, layer_precision(a, fp8), acc, last if kind == "mtp" else kind,
-                              c)
+                              c, w, again)
             if kind == "mtp":  # and its own pass through the head
                 e = replace(e, forward_ms=e.forward_ms + one, backward_ms=e.backward_ms + one)
-            by_piece[kind, c] = e
-        layers.append(_add(c, by_piece[kind, c]))
+            by_piece[kind, c, w] = e
+        layers.append(_add(c, by_piece[kind, c, w]))
     head = _add(costs.head, _exposed(edge_collectives(job, a, costs.head, head=True)))
     emb = _add(costs.embedding, _exposed(edge_collectives(job, a, costs.embedding)))
     return replace(costs, layers=tuple(layers), head=head, embedding=emb)

@@ -15,7 +15,7 @@ from ppsim.cli.megatron_args import megatron_model_args
 from ppsim.config.schema import config_from_dict
 from ppsim.costs.transformer import accelerator, transformer_costs
 from ppsim.errors import UserError
-from ppsim.job.layers import layer_collectives, per_rank_arch
+from ppsim.job.layers import attention_again, layer_collectives, per_rank_arch
 from ppsim.job.model import build_job
 from ppsim.pipeline.problem import model_costs
 
@@ -28,19 +28,20 @@ Q, KV = 4096, 1024  # llama3-8b: 32 query heads, 8 key/value heads of 128
 def cfg(kind: str, **model):
     return config_from_dict({"model": {"preset": "llama3-8b", "num_layers": 4, "tp": 1,
                                        "cp": CP, "seq_length": SEQ, "cp_comm_type": kind,
-                                       **model},
+                                       "recompute": "none", **model},
                              "pipeline": {"pp": 1, "microbatches": 2},
                              "hardware": {"preset": "h100-80gb"}})
 
 
-def cp_traffic(kind: str) -> tuple[float, float, float, float]:
+def cp_traffic(kind: str, recompute: str = "none") -> tuple[float, float, float, float]:
     """(forward total, forward exposed, backward total, backward exposed) ms."""
-    c = cfg(kind)
+    c = cfg(kind, recompute=recompute)
     job = build_job(c)
     assert job is not None
     acc = accelerator(c.hardware)
     a = per_rank_arch(job.arch)
-    comm = layer_collectives(job, a, acc, "dense", transformer_costs(a, acc).layers[0])
+    comm = layer_collectives(job, a, acc, "dense", transformer_costs(a, acc).layers[0],
+                             attention_again(a))
     f = next(x for x in comm.forward if x.group == "cp")
     b = next(x for x in comm.backward if x.group == "cp")
     return f.total_ms, f.exposed_ms, b.total_ms, b.exposed_ms
@@ -62,6 +63,38 @@ def test_a2a_exchanges_q_k_v_and_the_output() -> None:
     f, fe, b, be = cp_traffic("a2a")
     assert f == pytest.approx(want) and b == pytest.approx(want)
     assert fe == f and be == b
+
+
+@pytest.mark.parametrize("kind", ["p2p", "all_gather", "a2a"])
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+def test_a_recomputed_attention_exchanges_its_forward_again(kind: str, recompute: str) -> None:
+    """Megatron's selective recompute (the core attention) and full recompute run the
+    attention's forward, its context-parallel traffic included, inside the backward."""
+    f, fe, b, be = cp_traffic(kind)
+    again = cp_traffic(kind, recompute)
+    assert again[0] == f and again[2] == pytest.approx(b + f)
+    assert again[3] == pytest.approx(be + fe)
+
+
+def test_a_recomputed_attention_computes_the_other_chunks_again() -> None:
+    """The backward of a layer whose attention is recomputed holds the other chunks'
+    forward too: against no recompute, the layer's backward grows by the whole
+    sequence's attention forward on this rank (cp chunks' worth), not its own chunk's
+    alone (a defect: only the rank's own chunk was recomputed)."""
+    def backward(cp: int, recompute: str) -> float:
+        return model_costs(config_from_dict({
+            "model": {"preset": "llama3-8b", "num_layers": 2, "tp": 1, "cp": cp,
+                      "seq_length": SEQ * cp // CP, "recompute": recompute,
+                      "cp_comm_type": "a2a"},
+            "pipeline": {"pp": 1, "microbatches": 2},
+            "hardware": {"preset": "h100-80gb"}})).layers[0].backward_ms
+
+    grew = backward(CP, "selective") - backward(CP, "none")
+    attention = grew - cp_traffic("a2a")[0]  # the forward's all-to-alls again, exposed
+    alone = backward(1, "selective") - backward(1, "none")  # the core of a chunk's tokens
+    # A rank's share of the whole sequence's causal core is cp chunks' worth (the core's
+    # time is its FLOPs at this size).
+    assert attention == pytest.approx(CP * alone, rel=1e-6)
 
 
 def test_the_ring_hides_behind_the_attention() -> None:
@@ -112,3 +145,30 @@ def test_a_flag_prices_the_exposed_gather(capsys: pytest.CaptureFixture[str]) ->
         return json.loads(capsys.readouterr().out)["iteration_time_ms"]
 
     assert iteration("all_gather") > iteration("p2p")
+
+
+def test_a_window_beside_context_parallelism_needs_a_gather_or_ulysses() -> None:
+    with pytest.raises(UserError) as err:
+        cfg("p2p", attention_window=1024)
+    assert err.value.field == "model.attention_window"
+    assert "cp_comm_type='p2p'" in str(err.value)
+
+
+@pytest.mark.parametrize("kind", ["a2a", "all_gather"])
+def test_a_windows_saving_is_shared_by_the_context_parallel_ranks(kind: str) -> None:
+    """Each rank attends over 1 / cp of the whole sequence's windowed work: what the window
+    saves a layer at cp 2 is half what it saves at cp 1 (the traffic is the same with or
+    without it, and the core's time is its FLOPs at this size)."""
+    def saved(cp: int) -> tuple[float, float]:
+        full, windowed = (model_costs(config_from_dict({
+            "model": {"preset": "llama3-8b", "num_layers": 2, "tp": 1, "cp": cp,
+                      "seq_length": 16384, "cp_comm_type": kind, **window},
+            "pipeline": {"pp": 1, "microbatches": 2},
+            "hardware": {"preset": "h100-80gb"}})).layers[0]
+            for window in ({}, {"attention_window": 1024}))
+        return (full.forward_ms - windowed.forward_ms,
+                full.backward_ms - windowed.backward_ms)
+
+    (f1, b1), (f2, b2) = saved(1), saved(2)
+    assert f1 > 0 and b1 > 0
+    assert f2 == pytest.approx(f1 / 2, rel=1e-6) and b2 == pytest.approx(b1 / 2, rel=1e-6)
