@@ -159,8 +159,6 @@ def _cp_comm(job: Job, a: Architecture, acc: Accelerator, backward: bool) -> Col
       AttnFuncWithCPAndKVAllGather);
     - a2a: Q, K and V exchanged by all-to-all before the attention and its output
       after, the mirror in the backward, all exposed (AttnFuncWithCPAndQKVOA2A)."""
-    att = next(op for op in attention_ops(a) if op.attention)
-    f, b, _, _, _ = op_times(acc.roofline(), att)
     sh, w = attention_shape(a), DTYPE_BYTES[a.dtype]
     tokens = a.seq_length * a.micro_batch_size / a.tp  # this rank's, per tensor rank
     kv = tokens * (sh.k + sh.v) * w
@@ -173,6 +171,8 @@ def _cp_comm(job: Job, a: Architecture, acc: Accelerator, backward: bool) -> Col
         total = all_to_all_ms(tokens * (sh.q + sh.k + sh.v) * w, link) \
             + all_to_all_ms(tokens * sh.out * w, link)
         return Collective(group="cp", total_ms=total, exposed_ms=total)
+    att = next(op for op in attention_ops(a) if op.attention)
+    f, b, _, _, _ = op_times(acc.roofline(), att)  # each pass hides behind a chunk's core
     one = send_ms(2 * kv if backward else kv, link)
     return Collective(group="cp", total_ms=(cp - 1) * one,
                       exposed_ms=(cp - 1) * max(0.0, one - (b if backward else f)))
