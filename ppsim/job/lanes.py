@@ -21,12 +21,12 @@ from ppsim.costs.transformer import Accelerator
 from ppsim.job.layers import (
     Collective,
     PieceCollectives,
-    attention_again,
     compute_costs,
     edge_collectives,
     layer_collectives,
     per_rank_arch,
     piece_fp8,
+    recomputed,
     tp_collectives_ms,
 )
 from ppsim.job.model import Job
@@ -79,7 +79,7 @@ def stage_collectives(job: Job, acc: Accelerator, stages: Sequence[Any]
             if (kind, cost) not in by_piece:
                 by_piece[kind, cost] = layer_collectives(
                     job, layer_precision(a, fp8[i]), acc, last if kind == "mtp" else kind, cost,
-                    attention_again(a))
+                    recomputed(a))
             pieces.append(by_piece[kind, cost])
             if kind == "mtp":  # and its own pass through the head
                 pieces.append(edge)

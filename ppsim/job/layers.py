@@ -178,22 +178,39 @@ def _cp_comm(job: Job, a: Architecture, acc: Accelerator, backward: bool) -> Col
                       exposed_ms=(cp - 1) * max(0.0, one - (b if backward else f)))
 
 
-def attention_again(a: Architecture, recompute: tuple[str, ...] | None = None) -> bool:
-    """The backward runs the attention's forward again: the whole layer recomputed, or its
-    core (`recompute` modules; default the global mode's, selective: core_attn)."""
+@dataclass(frozen=True)
+class Recomputed:
+    """The forward traffic a layer's backward runs again, because it recomputes it."""
+
+    attention: bool = False
+    """The attention (its core, or the whole layer): context parallelism's traffic, and
+    the other chunks' attention."""
+    dispatch: bool = False
+    """The MoE block (`moe`, or the whole layer): the dispatcher's all-to-alls and gathers."""
+
+
+def recomputed(a: Architecture, recompute: tuple[str, ...] | None = None) -> Recomputed:
+    """What the backward runs again of a layer recomputing `recompute` (Megatron's modules;
+    default the global mode's, selective: core_attn) or, under full recompute, whole."""
     modules = SHORTHAND.get(a.recompute, ()) if recompute is None else recompute
-    return a.recompute == "full" or "core_attn" in modules
+    full = a.recompute == "full"
+    return Recomputed(attention=full or "core_attn" in modules, dispatch=full or "moe" in modules)
+
+
+def _again(forward: Collective, backward: Collective, again: bool) -> Collective:
+    """The backward's collective, with the forward's run again inside it when `again`."""
+    if not again:
+        return backward
+    return replace(backward, total_ms=backward.total_ms + forward.total_ms,
+                   exposed_ms=backward.exposed_ms + forward.exposed_ms)
 
 
 def _cp_traffic(job: Job, a: Architecture, acc: Accelerator,
                 again: bool) -> tuple[Collective, Collective]:
     """Context parallelism's forward and backward traffic of a layer; the backward's holds
     the forward's again where the attention is recomputed (`again`)."""
-    f, b = _cp_comm(job, a, acc, False), _cp_comm(job, a, acc, True)
-    if again:
-        b = Collective(group="cp", total_ms=b.total_ms + f.total_ms,
-                       exposed_ms=b.exposed_ms + f.exposed_ms)
-    return f, b
+    f = _cp_comm(job, a, acc, False)
+    return f, _again(f, _cp_comm(job, a, acc, True), again)
 
 
 def _cp(job: Job, a: Architecture, acc: Accelerator, window: int = 0,
@@ -306,14 +323,14 @@ def edge_collectives(job: Job, a: Architecture, cost: LayerCost,
 
 
 def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
-                      cost: LayerCost, again: bool = False) -> PieceCollectives:
+                      cost: LayerCost, again: Recomputed = Recomputed()) -> PieceCollectives:
     """Each group's collectives in one decoder layer of `kind`: what they take on the
     links and what of it the layer waits for (`cost`: the layer's compute alone;
-    `again`: its attention recomputed in the backward, attention_again)."""
+    `again`: what its backward recomputes)."""
     tp_f, tp_b = tp_layer_ms(job, a, SP_SUBLAYERS.get(kind, 1))
     # The dispatcher's gathers run on the compute stream, beside no userbuffer overlap.
     d_f = dispatcher_tp_ms(job, a) if kind in MOE_KINDS else 0.0
-    d_b = d_f * (2 if a.recompute == "full" else 1)
+    d_b = d_f * (2 if again.dispatch else 1)
     fwd, bwd = [], []
     if a.tp > 1:
         for out, t, d, compute in ((fwd, tp_f, d_f, cost.forward_ms),
@@ -322,7 +339,7 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
                 else t.total_ms
             out.append(Collective(group="tp", total_ms=t.total_ms + d, exposed_ms=waits + d))
     if job.arch.cp > 1:
-        cp_f, cp_b = _cp_traffic(job, a, acc, again)
+        cp_f, cp_b = _cp_traffic(job, a, acc, again.attention)
         fwd.append(cp_f)
         bwd.append(cp_b)
     ep = ep_all_to_all_ms(job, a) if kind in MOE_KINDS else 0.0
@@ -332,19 +349,21 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
         # The shared experts beside DeepEP run on the SMs it leaves: what they hide
         # costs its SM share again in compute.
         share = job.dispatcher_sm_share
-        for out, over in ((fwd, over_f), (bwd, over_b)):
-            out.append(Collective(group="ep", total_ms=ep, exposed_ms=max(0.0, ep - over)
-                                  + share * min(ep, over)))
+        ep_f, ep_b = (Collective(group="ep", total_ms=ep, exposed_ms=max(0.0, ep - over)
+                                 + share * min(ep, over)) for over in (over_f, over_b))
+        fwd.append(ep_f)
+        bwd.append(_again(ep_f, ep_b, again.dispatch))
     own = fsdp_collectives(job, cost)
     return PieceCollectives(forward=(*fwd, *own.forward), backward=(*bwd, *own.backward))
 
 
 def layer_exposed(job: Job, a: Architecture, acc: Accelerator, kind: str,
-                  cost: LayerCost, window: int = 0, again: bool = False) -> Exposed:
+                  cost: LayerCost, window: int = 0,
+                  again: Recomputed = Recomputed()) -> Exposed:
     """What one decoder layer of `kind` attending over `window` waits for beyond its
-    compute (`again`: its attention recomputed in the backward)."""
+    compute (`again`: what its backward recomputes)."""
     comm = layer_collectives(job, a, acc, kind, cost, again)
-    cp_f, cp_b = _cp(job, a, acc, window, again)  # the exposed traffic, the extra attention
+    cp_f, cp_b = _cp(job, a, acc, window, again.attention)  # the traffic, the extra attention
     paired = job.overlap_moe_expert_parallel_comm and kind in MOE_KINDS
     return Exposed(forward_ms=sum(c.exposed_ms for c in comm.forward if c.group != "cp") + cp_f,
                    backward_ms=sum(c.exposed_ms for c in comm.backward if c.group != "cp")
@@ -386,7 +405,7 @@ def job_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None = No
         costs = fsdp.with_held(job, costs)
     if not job.in_microbatches:
         return costs
-    again = attention_again(a, recompute)
+    again = recomputed(a, recompute)
     kinds = costs.kinds or ("dense",) * len(costs.layers)
     last = layer_kinds(a)[-1]  # an MTP module's decoder layer is of the last layer's kind
     one = tp_collectives_ms(job, a, 1)

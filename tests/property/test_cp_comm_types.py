@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from ppsim.config.schema import config_from_dict
 from ppsim.costs.transformer import accelerator, transformer_costs
-from ppsim.job.layers import attention_again, layer_collectives, per_rank_arch
+from ppsim.job.layers import layer_collectives, per_rank_arch, recomputed
 from ppsim.job.model import build_job
 from ppsim.pipeline.problem import model_costs
 
@@ -38,7 +38,7 @@ def test_each_type_adds_its_exposed_traffic(tp: int, cp: int, per_node: int,
         acc = accelerator(c.hardware)
         a = per_rank_arch(job.arch)
         comm = layer_collectives(job, a, acc, "dense", transformer_costs(a, acc).layers[0],
-                             attention_again(a))
+                             recomputed(a))
         cps = [x for x in (*comm.forward, *comm.backward) if x.group == "cp"]
         assert len(cps) == 2
         for x in cps:

@@ -15,7 +15,7 @@ from ppsim.cli.megatron_args import megatron_model_args
 from ppsim.config.schema import config_from_dict
 from ppsim.costs.transformer import accelerator, transformer_costs
 from ppsim.errors import UserError
-from ppsim.job.layers import attention_again, layer_collectives, per_rank_arch
+from ppsim.job.layers import layer_collectives, per_rank_arch, recomputed
 from ppsim.job.model import build_job
 from ppsim.pipeline.problem import model_costs
 
@@ -41,7 +41,7 @@ def cp_traffic(kind: str, recompute: str = "none") -> tuple[float, float, float,
     acc = accelerator(c.hardware)
     a = per_rank_arch(job.arch)
     comm = layer_collectives(job, a, acc, "dense", transformer_costs(a, acc).layers[0],
-                             attention_again(a))
+                             recomputed(a))
     f = next(x for x in comm.forward if x.group == "cp")
     b = next(x for x in comm.backward if x.group == "cp")
     return f.total_ms, f.exposed_ms, b.total_ms, b.exposed_ms

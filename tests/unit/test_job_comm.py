@@ -13,6 +13,8 @@ from ppsim.config.schema import config_from_dict
 from ppsim.costs.layerops import attention_ops
 from ppsim.costs.ops import op_times
 from ppsim.costs.transformer import accelerator, transformer_costs
+from ppsim.job.layers import layer_collectives, recomputed
+from ppsim.job.model import build_job
 from ppsim.pipeline.problem import build_problem, model_costs
 from ppsim.sim.simulate import simulate
 
@@ -96,6 +98,28 @@ def test_expert_all_to_all_on_the_links_it_crosses() -> None:
     a2a = 15 * NIC_STEP + max(sent * 7 / 16 / NV, sent * 8 / 16 / NIC)
     got = model_costs(c)
     assert got.layers[0].forward_ms == pytest.approx(alone.layers[0].forward_ms + 2 * a2a)
+
+
+@pytest.mark.parametrize("recompute, modules", [("full", None), ("none", ("moe",))])
+def test_a_recomputed_moe_block_dispatches_again(recompute: str, modules) -> None:
+    """Full recompute, or the `moe` module, runs the dispatch and combine again inside the
+    backward: the backward's all-to-alls are the forward's two more (a defect: they were
+    left out)."""
+    c = config_from_dict({"model": {"preset": "mixtral-8x7b", "num_layers": 2, "ep": 16,
+                                    "num_experts": 16, "dp": 16, "recompute": recompute},
+                          "pipeline": {"pp": 1, "microbatches": 2},
+                          "hardware": {"preset": "h100-80gb"}})
+    sent = 4096 * 2 * 4096 * 2  # tokens x top-2 x hidden, bf16
+    a2a = 15 * NIC_STEP + max(sent * 7 / 16 / NV, sent * 8 / 16 / NIC)
+    job = build_job(c)
+    assert job is not None
+    acc = accelerator(c.hardware)
+    layer = transformer_costs(job.arch, acc).layers[0]
+    comm = layer_collectives(job, job.arch, acc, "moe", layer, recomputed(job.arch, modules))
+    ep_f = next(x for x in comm.forward if x.group == "ep")
+    ep_b = next(x for x in comm.backward if x.group == "ep")
+    assert ep_f.total_ms == pytest.approx(2 * a2a)
+    assert ep_b.total_ms == pytest.approx(4 * a2a) and ep_b.exposed_ms == ep_b.total_ms
 
 
 def test_data_parallel_step_overlaps_with_the_backward() -> None:
