@@ -19,17 +19,14 @@ from ppsim.costs.arch import layer_kinds
 from ppsim.costs.fp8 import layer_precision
 from ppsim.costs.transformer import Accelerator
 from ppsim.job.layers import (
-    Collective,
-    PieceCollectives,
     compute_costs,
     edge_collectives,
     layer_collectives,
     per_rank_arch,
     piece_fp8,
-    recomputed,
-    tp_collectives_ms,
 )
 from ppsim.job.model import Job
+from ppsim.job.traffic import Collective, PieceCollectives, recomputed, tp_collectives_ms
 from ppsim.sim.timing import in_pairs
 
 GROUPS = ("tp", "cp", "ep", "dp")

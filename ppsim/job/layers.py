@@ -1,26 +1,16 @@
 """A job's layer costs: one rank's share of the work plus the collectives it waits for.
 
-With context parallelism a rank holds seq_length / cp tokens of each sequence, so its
-costs are the model's at that length (ppsim.costs.transformer), plus the attention it
-computes against the other ranks' keys (causal load balancing gives every rank 1/cp of
-the s x s work: cp times a chunk's own) while the K/V chunks pass around the ring, each
-pass hidden by one chunk's attention. With tensor parallelism (sequence parallel) each
-layer all-gathers before attention and before the MLP and reduce-scatters after each,
-in the forward (under FP8 the gathers move the quantized input) and mirrored in the
-backward (again in the backward under full recompute); --tp-comm-overlap hides them
+A layer's tensor- and context-parallel traffic is priced in ppsim.job.traffic; here it
+joins the layer with the rest: --tp-comm-overlap hides the sequence-parallel collectives
 behind the layer's compute as far as it lasts, as Transformer Engine's userbuffers run
-them (ppsim.job.userbuffers). A MoE layer does so for its attention
-alone: its experts' tokens travel by the dispatcher, which with the all-to-all one
-gathers over tp every token copy the rank's experts received and scatters their
-outputs (`dispatcher_tp_ms`, on the compute stream, never hidden); a hybrid block is
-one sublayer (SP_SUBLAYERS).
-Expert parallelism's dispatch and combine are all-to-alls over the expert group's links
-(--moe-shared-expert-overlap hides them behind the shared experts' compute as far as it
-lasts; Megatron's combined 1F1B hides them behind another microbatch's compute in the
-pairs it runs, --overlap-moe-expert-parallel-comm: `pair_saving_ms`). The head gathers
-once before the vocabulary projection, the embedding scatters once after the lookup.
-FSDP without pp gathers and reduce-scatters each unit in every microbatch
-(ppsim.job.fsdp), and keeps what it holds unsharded in the static bytes. With
+them (ppsim.job.userbuffers). Expert parallelism's dispatch and combine are all-to-alls
+over the expert group's links (--moe-shared-expert-overlap hides them behind the shared
+experts' compute as far as it lasts; Megatron's combined 1F1B hides them behind another
+microbatch's compute in the pairs it runs, --overlap-moe-expert-parallel-comm:
+`pair_saving_ms`). The head gathers once before the vocabulary projection, the embedding
+scatters once after the lookup. FSDP without pp gathers and reduce-scatters each unit in
+every microbatch (ppsim.job.fsdp), and keeps what it holds unsharded in the static bytes.
+A recomputing backward runs its forward's traffic again (traffic.Recomputed). With
 tp = cp = ep = 1 and no FSDP the costs are the model's, untouched.
 """
 
@@ -31,28 +21,36 @@ from dataclasses import dataclass, replace
 from ppsim.costs.arch import (
     DTYPE_BYTES,
     Architecture,
-    attention_shape,
     layer_kinds,
     layer_windows,
 )
-from ppsim.costs.fp8 import FP8_BYTES, fp8_layers, layer_precision
-from ppsim.costs.layerops import attention_ops, mlp_ops, window_share
+from ppsim.costs.fp8 import fp8_layers, layer_precision
+from ppsim.costs.layerops import mlp_ops
 from ppsim.costs.mixers import kind_ops
 from ppsim.costs.model import LayerCost, ModelCosts
-from ppsim.costs.modules import SHORTHAND
-from ppsim.costs.ops import op_times, piece_times
+from ppsim.costs.ops import piece_times
 from ppsim.costs.transformer import Accelerator, transformer_costs
 from ppsim.job import fsdp
 from ppsim.job.collectives import (
-    all_gather_ms,
     all_to_all_ms,
     behind_compute_ms,
     deepep_ms,
-    reduce_scatter_ms,
-    send_ms,
 )
 from ppsim.job.model import Job
-from ppsim.job.userbuffers import TpTraffic, overlapped_ms
+from ppsim.job.traffic import (
+    SP_SUBLAYERS,
+    Collective,
+    PieceCollectives,
+    Recomputed,
+    cp_attention_ms,
+    cp_traffic,
+    dispatcher_tp_ms,
+    recomputed,
+    tp_collectives_ms,
+    tp_layer_ms,
+    with_forward_again,
+)
+from ppsim.job.userbuffers import overlapped_ms
 
 MOE_KINDS = ("moe", "moe-mlp")
 """Layer kinds whose routed tokens cross the expert-parallel group: a MoE decoder layer
@@ -76,158 +74,11 @@ def per_rank_arch(a: Architecture) -> Architecture:
     return a if a.cp == 1 else replace(a, seq_length=a.seq_length // a.cp)
 
 
-def tp_collectives_ms(job: Job, a: Architecture, collectives: int,
-                      element_bytes: int = 0) -> float:
-    """`collectives` all-gathers or reduce-scatters of one microbatch's hidden states,
-    `element_bytes` an element (0: the training dtype's)."""
-    if a.tp == 1:
-        return 0.0
-    nbytes = a.seq_length * a.micro_batch_size * a.hidden_size \
-        * (element_bytes or DTYPE_BYTES[a.dtype])
-    return collectives * all_gather_ms(nbytes, job.link("tp"))
-
-
-SP_SUBLAYERS = {"dense": 2, "moe": 1, "moe-mlp": 0}
-"""Sublayers that gather the sequence before them and scatter it after, by kind: a dense
-layer's attention and MLP, a MoE layer's attention (its experts' tokens travel by the
-dispatcher: `dispatcher_tp_ms`), a hybrid stack's MoE block none; every other hybrid
-block (Mamba, GatedDeltaNet, attention, MLP) is one sublayer."""
-
-
-def tp_layer_ms(job: Job, a: Architecture, sublayers: int = 2
-                ) -> tuple[TpTraffic, TpTraffic]:
-    """The sequence-parallel collectives of a layer of `sublayers`, forward and
-    backward: one all-gather (under FP8 of the quantized input) and one reduce-scatter
-    each way per sublayer, the forward's again in the backward under full recompute."""
-    inputs = tp_collectives_ms(job, a, sublayers, FP8_BYTES if a.fp8_copies else 0)
-    each = tp_collectives_ms(job, a, sublayers)  # one a sublayer, in the training dtype
-    forward = TpTraffic(gathers_ms=inputs, scatters_ms=each, pipelined_ms=each)
-    again = a.recompute == "full"
-    backward = TpTraffic(gathers_ms=each + inputs * again, scatters_ms=each * (1 + again),
-                         pipelined_ms=each * again)
-    return forward, backward
-
-
-def dispatcher_tp_ms(job: Job, a: Architecture) -> float:
-    """The all-to-all dispatcher's tensor-parallel step in one direction of a MoE layer
-    at tp > 1 (Megatron's dispatch_postprocess and combine_preprocess): an all-gather
-    of the tokens the rank's experts received, from every tensor-parallel rank's share
-    of the sequence, and a reduce-scatter of their outputs; each buffer the whole
-    sequence's routed copies, s x top_k tokens. DeepEP runs over the tp x ep group and
-    needs neither."""
-    if a.tp == 1 or job.moe_token_dispatcher_type == "flex":
-        return 0.0
-    width = a.moe_latent_size or a.hidden_size
-    nbytes = (a.seq_length * a.micro_batch_size * a.expert_load * a.top_k * width
-              * DTYPE_BYTES[a.dtype])
-    return 2 * all_gather_ms(nbytes, job.link("tp"))
-
-
 def piece_fp8(a: Architecture, pieces: int) -> tuple[bool, ...]:
     """Whether each decoder layer, then each MTP layer (FP8 whenever the model is), runs
     FP8 (ppsim.costs.fp8)."""
     layers = fp8_layers(a)
     return layers + (bool(a.fp8),) * (pieces - len(layers))
-
-
-@dataclass(frozen=True, kw_only=True)
-class Collective:
-    """One group's collectives in one piece and direction, ms per microbatch."""
-
-    group: str
-    """tp, cp, ep, or dp (FSDP's gathers and reduce-scatters)."""
-    total_ms: float
-    """Time on the group's links."""
-    exposed_ms: float
-    """Of it, what no compute hides: it joins the piece's time."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class PieceCollectives:
-    """A piece's collectives, per direction (empty for tp = cp = ep = 1)."""
-
-    forward: tuple[Collective, ...] = ()
-    backward: tuple[Collective, ...] = ()
-
-
-def _cp_comm(job: Job, a: Architecture, acc: Accelerator, backward: bool) -> Collective:
-    """Context parallelism's traffic in one direction of a layer (a.cp_comm_type):
-    - p2p: the K/V ring (dK, dV too in the backward), each pass hidden by one chunk's
-      attention;
-    - all_gather: K and V gathered before the attention, again in the backward with
-      dK and dV reduce-scattered after it, all exposed (Transformer Engine's
-      AttnFuncWithCPAndKVAllGather);
-    - a2a: Q, K and V exchanged by all-to-all before the attention and its output
-      after, the mirror in the backward, all exposed (AttnFuncWithCPAndQKVOA2A)."""
-    sh, w = attention_shape(a), DTYPE_BYTES[a.dtype]
-    tokens = a.seq_length * a.micro_batch_size / a.tp  # this rank's, per tensor rank
-    kv = tokens * (sh.k + sh.v) * w
-    cp, link = job.arch.cp, job.link("cp")
-    if a.cp_comm_type == "all_gather":
-        total = all_gather_ms(cp * kv, link) + (reduce_scatter_ms(cp * kv, link)
-                                                if backward else 0.0)
-        return Collective(group="cp", total_ms=total, exposed_ms=total)
-    if a.cp_comm_type == "a2a":
-        total = all_to_all_ms(tokens * (sh.q + sh.k + sh.v) * w, link) \
-            + all_to_all_ms(tokens * sh.out * w, link)
-        return Collective(group="cp", total_ms=total, exposed_ms=total)
-    att = next(op for op in attention_ops(a) if op.attention)
-    f, b, _, _, _ = op_times(acc.roofline(), att)  # each pass hides behind a chunk's core
-    one = send_ms(2 * kv if backward else kv, link)
-    return Collective(group="cp", total_ms=(cp - 1) * one,
-                      exposed_ms=(cp - 1) * max(0.0, one - (b if backward else f)))
-
-
-@dataclass(frozen=True)
-class Recomputed:
-    """The forward traffic a layer's backward runs again, because it recomputes it."""
-
-    attention: bool = False
-    """The attention (its core, or the whole layer): context parallelism's traffic, and
-    the other chunks' attention."""
-    dispatch: bool = False
-    """The MoE block (`moe`, or the whole layer): the dispatcher's all-to-alls and gathers."""
-
-
-def recomputed(a: Architecture, recompute: tuple[str, ...] | None = None) -> Recomputed:
-    """What the backward runs again of a layer recomputing `recompute` (Megatron's modules;
-    default the global mode's, selective: core_attn) or, under full recompute, whole."""
-    modules = SHORTHAND.get(a.recompute, ()) if recompute is None else recompute
-    full = a.recompute == "full"
-    return Recomputed(attention=full or "core_attn" in modules, dispatch=full or "moe" in modules)
-
-
-def _again(forward: Collective, backward: Collective, again: bool) -> Collective:
-    """The backward's collective, with the forward's run again inside it when `again`."""
-    if not again:
-        return backward
-    return replace(backward, total_ms=backward.total_ms + forward.total_ms,
-                   exposed_ms=backward.exposed_ms + forward.exposed_ms)
-
-
-def _cp_traffic(job: Job, a: Architecture, acc: Accelerator,
-                again: bool) -> tuple[Collective, Collective]:
-    """Context parallelism's forward and backward traffic of a layer; the backward's holds
-    the forward's again where the attention is recomputed (`again`)."""
-    f = _cp_comm(job, a, acc, False)
-    return f, _again(f, _cp_comm(job, a, acc, True), again)
-
-
-def _cp(job: Job, a: Architecture, acc: Accelerator, window: int = 0,
-        again: bool = False) -> tuple[float, float]:
-    """(forward, backward) ms the rest of the attention and the exposed traffic add to a
-    layer attending over `window`: every rank does 1 / cp of the whole sequence's work
-    (its chunks, or with a2a its heads), of which its own chunk's is priced already; a
-    recomputed attention (`again`) runs the rest's forward in the backward too."""
-    cp = job.arch.cp
-    if cp == 1:
-        return 0.0, 0.0
-    att = next(op for op in attention_ops(a) if op.attention)
-    f, b, _, _, _ = op_times(acc.roofline(), att)
-    # f, b: a chunk's full causal core; the whole sequence's is cp x cp chunks' worth / cp.
-    rest = cp * window_share(a.seq_length * cp, window) - window_share(a.seq_length, window)
-    fwd, bwd = _cp_traffic(job, a, acc, again)
-    return rest * f + fwd.exposed_ms, rest * (b + f * again) + bwd.exposed_ms
 
 
 def ep_all_to_all_ms(job: Job, a: Architecture) -> float:
@@ -323,11 +174,12 @@ def edge_collectives(job: Job, a: Architecture, cost: LayerCost,
 
 
 def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
-                      cost: LayerCost, again: Recomputed = Recomputed()) -> PieceCollectives:
+                      cost: LayerCost, again: Recomputed | None = None) -> PieceCollectives:
     """Each group's collectives in one decoder layer of `kind`: what they take on the
     links and what of it the layer waits for (`cost`: the layer's compute alone;
-    `again`: what its backward recomputes)."""
-    tp_f, tp_b = tp_layer_ms(job, a, SP_SUBLAYERS.get(kind, 1))
+    `again`: what its backward recomputes, by default as the global mode says)."""
+    again = recomputed(a) if again is None else again
+    tp_f, tp_b = tp_layer_ms(job, a, SP_SUBLAYERS.get(kind, 1), again.tp_share(a, kind))
     # The dispatcher's gathers run on the compute stream, beside no userbuffer overlap.
     d_f = dispatcher_tp_ms(job, a) if kind in MOE_KINDS else 0.0
     d_b = d_f * (2 if again.dispatch else 1)
@@ -339,7 +191,7 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
                 else t.total_ms
             out.append(Collective(group="tp", total_ms=t.total_ms + d, exposed_ms=waits + d))
     if job.arch.cp > 1:
-        cp_f, cp_b = _cp_traffic(job, a, acc, again.attention)
+        cp_f, cp_b = cp_traffic(job, a, acc, again.attention)
         fwd.append(cp_f)
         bwd.append(cp_b)
     ep = ep_all_to_all_ms(job, a) if kind in MOE_KINDS else 0.0
@@ -352,18 +204,19 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
         ep_f, ep_b = (Collective(group="ep", total_ms=ep, exposed_ms=max(0.0, ep - over)
                                  + share * min(ep, over)) for over in (over_f, over_b))
         fwd.append(ep_f)
-        bwd.append(_again(ep_f, ep_b, again.dispatch))
+        bwd.append(with_forward_again(ep_f, ep_b, again.dispatch))
     own = fsdp_collectives(job, cost)
     return PieceCollectives(forward=(*fwd, *own.forward), backward=(*bwd, *own.backward))
 
 
 def layer_exposed(job: Job, a: Architecture, acc: Accelerator, kind: str,
                   cost: LayerCost, window: int = 0,
-                  again: Recomputed = Recomputed()) -> Exposed:
+                  again: Recomputed | None = None) -> Exposed:
     """What one decoder layer of `kind` attending over `window` waits for beyond its
-    compute (`again`: what its backward recomputes)."""
+    compute (`again`: what its backward recomputes, by default as the global mode says)."""
+    again = recomputed(a) if again is None else again
     comm = layer_collectives(job, a, acc, kind, cost, again)
-    cp_f, cp_b = _cp(job, a, acc, window, again.attention)  # the traffic, the extra attention
+    cp_f, cp_b = cp_attention_ms(job, a, acc, window, again.attention)  # with its traffic
     paired = job.overlap_moe_expert_parallel_comm and kind in MOE_KINDS
     return Exposed(forward_ms=sum(c.exposed_ms for c in comm.forward if c.group != "cp") + cp_f,
                    backward_ms=sum(c.exposed_ms for c in comm.backward if c.group != "cp")

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from ppsim.config.schema import config_from_dict
 from ppsim.costs.transformer import accelerator, transformer_costs
-from ppsim.job.layers import layer_collectives, per_rank_arch, recomputed
+from ppsim.job.layers import layer_collectives, per_rank_arch
 from ppsim.job.model import build_job
+from ppsim.job.traffic import recomputed
 from ppsim.pipeline.problem import model_costs
 
 

@@ -15,8 +15,9 @@ from ppsim.cli.megatron_args import megatron_model_args
 from ppsim.config.schema import config_from_dict
 from ppsim.costs.transformer import accelerator, transformer_costs
 from ppsim.errors import UserError
-from ppsim.job.layers import layer_collectives, per_rank_arch, recomputed
+from ppsim.job.layers import layer_collectives, per_rank_arch
 from ppsim.job.model import build_job
+from ppsim.job.traffic import recomputed
 from ppsim.pipeline.problem import model_costs
 
 NV, NV_STEP = 450e6, 1e-3  # bytes per ms, ms a step (h100-80gb, inside a node)

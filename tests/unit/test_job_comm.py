@@ -13,8 +13,9 @@ from ppsim.config.schema import config_from_dict
 from ppsim.costs.layerops import attention_ops
 from ppsim.costs.ops import op_times
 from ppsim.costs.transformer import accelerator, transformer_costs
-from ppsim.job.layers import layer_collectives, recomputed
+from ppsim.job.layers import layer_collectives
 from ppsim.job.model import build_job
+from ppsim.job.traffic import recomputed
 from ppsim.pipeline.problem import build_problem, model_costs
 from ppsim.sim.simulate import simulate
 
@@ -360,3 +361,25 @@ def test_a_memory_policy_leaves_the_exposed_communication_as_it_is(capsys) -> No
         assert main([*argv, *extra]) == 0
         waits.append(json.loads(capsys.readouterr().out)["exposed_comm_ms"])
     assert waits[0] > 0 and waits[0] == pytest.approx(waits[1], rel=1e-12)
+
+
+def test_a_recomputed_mlp_gathers_and_scatters_again() -> None:
+    """Megatron's `mlp` module recomputes the MLP with its sequence-parallel all-gather
+    (inside TE's fc1) and reduce-scatter (fc2): a dense layer's backward then moves half
+    its forward's tensor-parallel traffic again (a defect: only full recompute did)."""
+    c = cfg({"tp": 4})
+    job = build_job(c)
+    assert job is not None
+    acc = accelerator(c.hardware)
+    layer = transformer_costs(job.arch, acc).layers[0]
+
+    def tp(modules: tuple[str, ...]) -> tuple[float, float]:
+        comm = layer_collectives(job, job.arch, acc, "dense", layer,
+                                 recomputed(job.arch, modules))
+        return (next(x.total_ms for x in comm.forward if x.group == "tp"),
+                next(x.total_ms for x in comm.backward if x.group == "tp"))
+
+    f, b = tp(())
+    assert b == pytest.approx(f)
+    assert tp(("mlp",)) == pytest.approx((f, 1.5 * f))
+    assert tp(("core_attn",)) == pytest.approx((f, f))  # the core holds no tp traffic

@@ -15,8 +15,8 @@ from ppsim.config.schema import config_from_dict
 from ppsim.errors import UserError
 from ppsim.job import fsdp
 from ppsim.job.collectives import all_gather_ms
-from ppsim.job.layers import tp_layer_ms
 from ppsim.job.model import build_job
+from ppsim.job.traffic import tp_layer_ms
 from ppsim.pipeline.problem import model_costs
 
 H, KV, FFN = 4096, 1024, 14336  # llama3-8b at tp 1

@@ -1,0 +1,192 @@
+"""A layer's traffic on each group, as the job's collectives price it: tensor parallelism's
+sequence-parallel gathers and scatters (and the all-to-all dispatcher's over tp),
+context parallelism's per --cp-comm-type (and the rest of the attention it spreads), and
+what of it a recomputing backward runs again. ppsim.job.layers adds them to a layer's
+compute; ppsim.job.lanes draws them.
+
+With context parallelism a rank holds seq_length / cp tokens of each sequence, so a
+layer costs the model's at that length plus the attention it computes against the other
+ranks' keys (causal load balancing gives every rank 1/cp of the s x s work: cp times a
+chunk's own) and the traffic its type moves. With tensor parallelism (sequence parallel)
+each layer all-gathers before attention and before the MLP and reduce-scatters after each,
+in the forward (under FP8 the gathers move the quantized input) and mirrored in the
+backward; a MoE layer does so for its attention alone: its experts' tokens travel by the
+dispatcher, which with the all-to-all one gathers over tp every token copy the rank's
+experts received and scatters their outputs (`dispatcher_tp_ms`, on the compute stream,
+never hidden); a hybrid block is one sublayer (SP_SUBLAYERS).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape
+from ppsim.costs.fp8 import FP8_BYTES
+from ppsim.costs.layerops import attention_ops, window_share
+from ppsim.costs.modules import SHORTHAND, applies
+from ppsim.costs.ops import op_times
+from ppsim.costs.transformer import Accelerator
+from ppsim.job.collectives import all_gather_ms, all_to_all_ms, reduce_scatter_ms, send_ms
+from ppsim.job.model import Job
+from ppsim.job.userbuffers import TpTraffic
+
+
+def tp_collectives_ms(job: Job, a: Architecture, collectives: int,
+                      element_bytes: int = 0) -> float:
+    """`collectives` all-gathers or reduce-scatters of one microbatch's hidden states,
+    `element_bytes` an element (0: the training dtype's)."""
+    if a.tp == 1:
+        return 0.0
+    nbytes = a.seq_length * a.micro_batch_size * a.hidden_size \
+        * (element_bytes or DTYPE_BYTES[a.dtype])
+    return collectives * all_gather_ms(nbytes, job.link("tp"))
+
+
+SP_SUBLAYERS = {"dense": 2, "moe": 1, "moe-mlp": 0}
+"""Sublayers that gather the sequence before them and scatter it after, by kind: a dense
+layer's attention and MLP, a MoE layer's attention (its experts' tokens travel by the
+dispatcher: `dispatcher_tp_ms`), a hybrid stack's MoE block none; every other hybrid
+block (Mamba, GatedDeltaNet, attention, MLP) is one sublayer."""
+
+
+def tp_layer_ms(job: Job, a: Architecture, sublayers: int = 2, again: float | None = None
+                ) -> tuple[TpTraffic, TpTraffic]:
+    """The sequence-parallel collectives of a layer of `sublayers`, forward and
+    backward: one all-gather (under FP8 of the quantized input) and one reduce-scatter
+    each way per sublayer, and in the backward the forward's share `again` of them the
+    recompute runs again (default: all under full recompute, else none)."""
+    inputs = tp_collectives_ms(job, a, sublayers, FP8_BYTES if a.fp8_copies else 0)
+    each = tp_collectives_ms(job, a, sublayers)  # one a sublayer, in the training dtype
+    forward = TpTraffic(gathers_ms=inputs, scatters_ms=each, pipelined_ms=each)
+    share = float(a.recompute == "full") if again is None else again
+    backward = TpTraffic(gathers_ms=each + inputs * share, scatters_ms=each * (1 + share),
+                         pipelined_ms=each * share)
+    return forward, backward
+
+
+def dispatcher_tp_ms(job: Job, a: Architecture) -> float:
+    """The all-to-all dispatcher's tensor-parallel step in one direction of a MoE layer
+    at tp > 1 (Megatron's dispatch_postprocess and combine_preprocess): an all-gather
+    of the tokens the rank's experts received, from every tensor-parallel rank's share
+    of the sequence, and a reduce-scatter of their outputs; each buffer the whole
+    sequence's routed copies, s x top_k tokens. DeepEP runs over the tp x ep group and
+    needs neither."""
+    if a.tp == 1 or job.moe_token_dispatcher_type == "flex":
+        return 0.0
+    width = a.moe_latent_size or a.hidden_size
+    nbytes = (a.seq_length * a.micro_batch_size * a.expert_load * a.top_k * width
+              * DTYPE_BYTES[a.dtype])
+    return 2 * all_gather_ms(nbytes, job.link("tp"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Collective:
+    """One group's collectives in one piece and direction, ms per microbatch."""
+
+    group: str
+    """tp, cp, ep, or dp (FSDP's gathers and reduce-scatters)."""
+    total_ms: float
+    """Time on the group's links."""
+    exposed_ms: float
+    """Of it, what no compute hides: it joins the piece's time."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PieceCollectives:
+    """A piece's collectives, per direction (empty for tp = cp = ep = 1)."""
+
+    forward: tuple[Collective, ...] = ()
+    backward: tuple[Collective, ...] = ()
+
+
+def cp_comm(job: Job, a: Architecture, acc: Accelerator, backward: bool) -> Collective:
+    """Context parallelism's traffic in one direction of a layer (a.cp_comm_type):
+    - p2p: the K/V ring (dK, dV too in the backward), each pass hidden by one chunk's
+      attention;
+    - all_gather: K and V gathered before the attention, again in the backward with
+      dK and dV reduce-scattered after it, all exposed (Transformer Engine's
+      AttnFuncWithCPAndKVAllGather);
+    - a2a: Q, K and V exchanged by all-to-all before the attention and its output
+      after, the mirror in the backward, all exposed (AttnFuncWithCPAndQKVOA2A)."""
+    sh, w = attention_shape(a), DTYPE_BYTES[a.dtype]
+    tokens = a.seq_length * a.micro_batch_size / a.tp  # this rank's, per tensor rank
+    kv = tokens * (sh.k + sh.v) * w
+    cp, link = job.arch.cp, job.link("cp")
+    if a.cp_comm_type == "all_gather":
+        total = all_gather_ms(cp * kv, link) + (reduce_scatter_ms(cp * kv, link)
+                                                if backward else 0.0)
+        return Collective(group="cp", total_ms=total, exposed_ms=total)
+    if a.cp_comm_type == "a2a":
+        total = all_to_all_ms(tokens * (sh.q + sh.k + sh.v) * w, link) \
+            + all_to_all_ms(tokens * sh.out * w, link)
+        return Collective(group="cp", total_ms=total, exposed_ms=total)
+    att = next(op for op in attention_ops(a) if op.attention)
+    f, b, _, _, _ = op_times(acc.roofline(), att)  # each pass hides behind a chunk's core
+    one = send_ms(2 * kv if backward else kv, link)
+    return Collective(group="cp", total_ms=(cp - 1) * one,
+                      exposed_ms=(cp - 1) * max(0.0, one - (b if backward else f)))
+
+
+@dataclass(frozen=True)
+class Recomputed:
+    """The forward traffic a layer's backward runs again, because it recomputes it."""
+
+    full: bool = False
+    """The whole layer: every collective of its forward."""
+    attention: bool = False
+    """The attention (its core, or the whole layer): context parallelism's traffic, and
+    the other chunks' attention."""
+    mlp: bool = False
+    """A dense MLP (`mlp`): its sequence-parallel gather and scatter, inside Transformer
+    Engine's fc1 and fc2."""
+    dispatch: bool = False
+    """The MoE block (`moe`, or the whole layer): the dispatcher's all-to-alls and gathers."""
+
+    def tp_share(self, a: Architecture, kind: str) -> float:
+        """The share of a layer of `kind`'s sequence-parallel sublayers run again."""
+        if self.full:
+            return 1.0
+        sublayers = SP_SUBLAYERS.get(kind, 1)
+        return 1 / sublayers if self.mlp and sublayers and applies("mlp", a, kind) else 0.0
+
+
+def recomputed(a: Architecture, recompute: tuple[str, ...] | None = None) -> Recomputed:
+    """What the backward runs again of a layer recomputing `recompute` (Megatron's modules;
+    default the global mode's, selective: core_attn) or, under full recompute, whole."""
+    modules = SHORTHAND.get(a.recompute, ()) if recompute is None else recompute
+    full = a.recompute == "full"
+    return Recomputed(full=full, attention=full or "core_attn" in modules,
+                      mlp="mlp" in modules, dispatch=full or "moe" in modules)
+
+
+def with_forward_again(forward: Collective, backward: Collective, again: bool) -> Collective:
+    """The backward's collective, with the forward's run again inside it when `again`."""
+    if not again:
+        return backward
+    return replace(backward, total_ms=backward.total_ms + forward.total_ms,
+                   exposed_ms=backward.exposed_ms + forward.exposed_ms)
+
+
+def cp_traffic(job: Job, a: Architecture, acc: Accelerator,
+                again: bool) -> tuple[Collective, Collective]:
+    """Context parallelism's forward and backward traffic of a layer; the backward's holds
+    the forward's again where the attention is recomputed (`again`)."""
+    f = cp_comm(job, a, acc, False)
+    return f, with_forward_again(f, cp_comm(job, a, acc, True), again)
+
+
+def cp_attention_ms(job: Job, a: Architecture, acc: Accelerator, window: int = 0,
+        again: bool = False) -> tuple[float, float]:
+    """(forward, backward) ms the rest of the attention and the exposed traffic add to a
+    layer attending over `window`: every rank does 1 / cp of the whole sequence's work
+    (its chunks, or with a2a its heads), of which its own chunk's is priced already; a
+    recomputed attention (`again`) runs the rest's forward in the backward too."""
+    cp = job.arch.cp
+    if cp == 1:
+        return 0.0, 0.0
+    att = next(op for op in attention_ops(a) if op.attention)
+    f, b, _, _, _ = op_times(acc.roofline(), att)
+    # f, b: a chunk's full causal core; the whole sequence's is cp x cp chunks' worth / cp.
+    rest = cp * window_share(a.seq_length * cp, window) - window_share(a.seq_length, window)
+    fwd, bwd = cp_traffic(job, a, acc, again)
+    return rest * f + fwd.exposed_ms, rest * (b + f * again) + bwd.exposed_ms
