@@ -13,7 +13,6 @@ from ppsim.config.schema import config_from_dict
 from ppsim.costs.transformer import accelerator, transformer_costs
 from ppsim.job.layers import layer_collectives, per_rank_arch
 from ppsim.job.model import build_job
-from ppsim.job.traffic import recomputed
 from ppsim.pipeline.problem import model_costs
 
 
@@ -38,8 +37,7 @@ def test_each_type_adds_its_exposed_traffic(tp: int, cp: int, per_node: int,
         assert job is not None
         acc = accelerator(c.hardware)
         a = per_rank_arch(job.arch)
-        comm = layer_collectives(job, a, acc, "dense", transformer_costs(a, acc).layers[0],
-                             recomputed(a))
+        comm = layer_collectives(job, a, acc, "dense", transformer_costs(a, acc).layers[0])
         cps = [x for x in (*comm.forward, *comm.backward) if x.group == "cp"]
         assert len(cps) == 2
         for x in cps:

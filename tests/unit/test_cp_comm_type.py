@@ -17,7 +17,6 @@ from ppsim.costs.transformer import accelerator, transformer_costs
 from ppsim.errors import UserError
 from ppsim.job.layers import layer_collectives, per_rank_arch
 from ppsim.job.model import build_job
-from ppsim.job.traffic import recomputed
 from ppsim.pipeline.problem import model_costs
 
 NV, NV_STEP = 450e6, 1e-3  # bytes per ms, ms a step (h100-80gb, inside a node)
@@ -41,8 +40,7 @@ def cp_traffic(kind: str, recompute: str = "none") -> tuple[float, float, float,
     assert job is not None
     acc = accelerator(c.hardware)
     a = per_rank_arch(job.arch)
-    comm = layer_collectives(job, a, acc, "dense", transformer_costs(a, acc).layers[0],
-                             recomputed(a))
+    comm = layer_collectives(job, a, acc, "dense", transformer_costs(a, acc).layers[0])
     f = next(x for x in comm.forward if x.group == "cp")
     b = next(x for x in comm.backward if x.group == "cp")
     return f.total_ms, f.exposed_ms, b.total_ms, b.exposed_ms
