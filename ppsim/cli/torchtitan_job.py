@@ -1,6 +1,6 @@
-"""A job's shape as torchtitan's config takes it: the fields of its ParallelismConfig and
-TrainingConfig (torchtitan/config/configs.py), for a job whose replicas shard as
-torchtitan's do (FSDP).
+"""A job's shape as torchtitan's config takes it: the fields of its ParallelismConfig,
+TrainingConfig and, for AsyncTP (--tp-comm-overlap here), CompileConfig
+(torchtitan/config/configs.py), for a job whose replicas shard as torchtitan's do (FSDP).
 
 torchtitan counts its batch in tokens: one microbatch of a data-parallel rank is
 num_tokens_per_microbatch_per_dp_rank (micro batch x sequence), a step
@@ -61,6 +61,8 @@ def torchtitan_job(shape: Any, problem: Any, gbs: int, fqns: list[list[str]] | N
     if shape.cp > 1 and job.arch.cp_comm_type != "p2p":
         notes.append(f"torchtitan's context parallelism is torch's, not Transformer "
                      f"Engine's {job.arch.cp_comm_type}")
+    if job.tp_comm_overlap and shape.tp > 1:  # AsyncTP: torchtitan compiles the model for it
+        out["compile"] = {"enable": True, "enable_async_tensor_parallel": True}
     if job.arch.fp8:
         out["quantization"] = FLOAT8
         if job.arch.fp8_recipe != "rowwise":
@@ -77,7 +79,9 @@ def torchtitan_job(shape: Any, problem: Any, gbs: int, fqns: list[list[str]] | N
 def torchtitan_text(fields: dict[str, Any]) -> str:
     """The fields as one line: section, then name=value pairs."""
     parts = []
-    for section in ("parallelism", "training"):
+    for section in ("parallelism", "training", "compile"):
+        if section not in fields:
+            continue
         pairs = ", ".join(f"{k}={v!r}" for k, v in fields[section].items()
                           if k != "module_fqns_per_model_part")
         parts.append(f"{section}: {pairs}")

@@ -267,6 +267,18 @@ def test_torchtitan_hsdp_fields() -> None:
     assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (4, 16)
 
 
+def test_torchtitan_async_tp_fields() -> None:
+    """--tp-comm-overlap under --fsdp is torchtitan's AsyncTP, which it runs compiled."""
+    args = ["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "64",
+            "--global-batch-size", "128", "--fsdp", "--tp", "4", "--pp", "1", "--json"]
+    r = run_cli([*args, "--tp-comm-overlap"])
+    assert r.returncode == 0, r.stderr
+    titan = json.loads(r.stdout)["best"]["torchtitan_job"]
+    assert titan["compile"] == {"enable": True, "enable_async_tensor_parallel": True}
+    plain = run_cli(args)
+    assert "compile" not in json.loads(plain.stdout)["best"]["torchtitan_job"]
+
+
 def test_fsdp_over_a_distributed_optimizer_preset() -> None:
     """DeepSeek-V3's preset keeps the distributed optimizer; --fsdp (or fsdp = true beside
     the preset) replaces it, and --use-distributed-optimizer over an FSDP table the other
