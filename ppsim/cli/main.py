@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ppsim import clock, fileio
 from ppsim.cli import (
@@ -34,7 +34,12 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line, exit status 2."""
+    """argparse that reports a bad flag in one line, exit status 2, and takes no flag by a
+    prefix: `run --cp 2` must not read as the hidden Megatron flag --cp-comm-type."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         # prog is "ppsim" or "ppsim <command>": name it once, as UserErrors do.

@@ -316,3 +316,16 @@ def test_the_parser_built_for_one_command_reads_it_as_the_whole_parser_does(argv
     from ppsim.cli.main import build_parser
 
     assert vars(build_parser(argv[0]).parse_args(argv)) == vars(build_parser().parse_args(argv))
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["run", "--cp", "2"], "--cp 2"),  # run has no --cp; a prefix of --cp-comm-type
+    (["simulate", "--micro", "2"], "--micro 2"),
+])
+def test_a_flag_is_never_taken_by_its_prefix(capsys, args: list[str], flag: str) -> None:
+    """A prefix does not stand for a flag (a defect: `run --cp 2` was read as the hidden
+    Megatron flag --cp-comm-type and refused in its name)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and f"unrecognized arguments: {flag}" in err[-1]
