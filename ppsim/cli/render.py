@@ -114,8 +114,9 @@ def job_line(job: Any, iteration_ms: float) -> str:
     d = job.describe()
     fsdp = " FSDP" if d["data_parallel"] == "fsdp" else ""
     fsdp += f" x{d['dp_replicas']} copies" if d["dp_replicas"] > 1 else ""
-    shape = (f"{d['gpus']:,} GPUs (tp {d['tp']} cp {d['cp']} ep {d['ep']} dp {d['dp']}{fsdp} "
-             f"pp {d['pp']}), global batch {d['global_batch_size']:,}")
+    cp = f" {d['cp_comm_type']}" if d["cp"] > 1 and d["cp_comm_type"] != "p2p" else ""
+    shape = (f"{d['gpus']:,} GPUs (tp {d['tp']} cp {d['cp']}{cp} ep {d['ep']} dp {d['dp']}"
+             f"{fsdp} pp {d['pp']}), global batch {d['global_batch_size']:,}")
     if d["fp8"]:
         shape += f", FP8 {d['fp8']['format']} {d['fp8']['recipe']}"
     if d["deepep_buffer_bytes"]:

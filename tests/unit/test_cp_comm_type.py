@@ -137,6 +137,15 @@ def test_the_flag_reads_and_exports_as_megatron_says_it() -> None:
     assert "--cp-comm-type" not in megatron_model_args(cfg("p2p").model.arch)
 
 
+def test_the_job_line_names_a_traffic_other_than_the_ring(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--cp", "2"]
+    assert main([*args, "--cp-comm-type", "a2a"]) == 0
+    assert "cp 2 a2a ep 1" in capsys.readouterr().out
+    assert main(args) == 0
+    assert "cp 2 ep 1" in capsys.readouterr().out
+
+
 def test_a_flag_prices_the_exposed_gather(capsys: pytest.CaptureFixture[str]) -> None:
     def iteration(kind: str) -> float:
         assert main(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--cp", "2",
