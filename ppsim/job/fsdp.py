@@ -122,11 +122,15 @@ def _held(a: Architecture, pipelined: bool, c: LayerCost, wide: bool = False) ->
 
 def in_flight_bytes(a: Architecture, costs: ModelCosts) -> int:
     """The units in flight without pp (resharding after the forward): the largest unit's
-    gathered weights twice (the computing one and the prefetched one) and its gradient."""
+    gathered weights twice (the computing one and the prefetched one; a decoder layer's in
+    FP8 under --fp8-param-gather) and its gradient."""
     if optimizer_shards(a) == 1:
         return 0
-    unit = max((c.params for c in (*costs.layers, costs.embedding, costs.head)), default=0)
-    return unit * (2 * DTYPE_BYTES[a.dtype] + grad_bytes(a))
+    w16 = DTYPE_BYTES[a.dtype]
+    layer = 2 * gathered_weight_bytes(a, w16) + grad_bytes(a)
+    units = [(c.params, layer) for c in costs.layers] + \
+        [(c.params, 2 * w16 + grad_bytes(a)) for c in (costs.embedding, costs.head)]
+    return int(max((n * b for n, b in units), default=0))
 
 
 def with_held(job: Job, costs: ModelCosts) -> ModelCosts:

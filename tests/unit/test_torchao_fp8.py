@@ -158,3 +158,15 @@ def test_the_torchtitan_job_names_its_float8(capsys: pytest.CaptureFixture[str])
     assert main([*args, "--fp8-recipe", "tensorwise"]) == 0
     titan = json.loads(capsys.readouterr().out)["best"]["torchtitan_job"]
     assert any("tensorwise" in n for n in titan["notes"])
+
+
+def test_without_pp_the_units_in_flight_gather_in_fp8_too() -> None:
+    """Without pp FSDP holds two units' gathered weights (the computing one and the
+    prefetched one) and one unit's gradient: a decoder layer's weights in FP8 under the
+    FP8 gather, when a layer is the largest unit."""
+    def held(model: dict) -> int:
+        c = model_costs(cfg({**model, "vocab_size": 1024}, pp=1))
+        return c.embedding.static_bytes  # the units in flight ride on the embedding
+
+    layer = LINEAR_PARAMS + 2 * H  # the largest unit at this vocabulary
+    assert held(TENSORWISE) - held(GATHER) == 2 * layer  # two copies, 1 byte saved each
