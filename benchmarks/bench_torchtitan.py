@@ -1,4 +1,4 @@
-"""torchtitan's published FSDP, 2-D and 3-D runs in Float8, held out (nothing fitted).
+"""torchtitan's published 1-D to 4-D runs (FSDP, TP, PP, CP), held out (nothing fitted).
 
 benchmarks/llama3_h100_202412_torchtitan.md of pytorch/torchtitan (torch 1963fc8, torchao
 eab345c, torchtitan 9dec370, December 2024; H100 with 96 GB of HBM2e at 500 W, 400 Gb/s a
