@@ -48,6 +48,27 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
     g.add_argument("--config", metavar="FILE", help="TOML config; default: embedded preset")
     g.add_argument("--preset", metavar="NAME", help="model preset (replaces [model])")
     g.add_argument("--hardware", metavar="NAME", help="hardware preset")
+    _add_pipeline_flags(g)
+    _add_memory_policy_flags(g)
+    g.add_argument("--tp", "--tensor-model-parallel-size", dest="tp", type=int, metavar="N",
+                   help="tensor-parallel size")
+    g.add_argument("--no-bias-swiglu-fusion", dest="bias_swiglu_fusion", action="store_false",
+                   default=None, help="Megatron's eager SwiGLU: its SiLU output kept too")
+    g.add_argument("--memory-gb", type=float, metavar="GB", help="memory limit per rank")
+    g.add_argument("--costs", metavar="FILE", help="measured cost file (ppsim profile)")
+    g.add_argument("--actions-csv", metavar="FILE", help="run this per-rank order instead of "
+                   "--schedule's (a torch.distributed.pipelining schedule CSV)")
+    g.add_argument("--devices", metavar="D,D,...",
+                   help="device of each rank, e.g. 0,0 for two ranks sharing one device")
+    megatron_model.add_model_flags(p)
+    if job_flags:
+        add_job_flags(p)
+    if split_flags:
+        _add_split_flags(p)
+
+
+def _add_pipeline_flags(g: Any) -> None:
+    """The stack's layers and the pipeline: its ranks, chunks, microbatches and order."""
     g.add_argument("--num-layers", type=int, metavar="N")
     g.add_argument("--hybrid-layer-pattern", "--hybrid-override-pattern",
                    dest="hybrid_layer_pattern", metavar="STR", help="Megatron's hybrid stack, "
@@ -70,6 +91,10 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
                    "--microbatch-group-size-per-virtual-pipeline-stage",
                    dest="microbatch_group_size", type=int, metavar="N",
                    help="microbatches per group of the interleaved order")
+
+
+def _add_memory_policy_flags(g: Any) -> None:
+    """The memory policy as Megatron's flags: recompute and offload (sets [memory])."""
     g.add_argument("--recompute", metavar="MODE", help="none | selective | full")
     g.add_argument("--recompute-modules", nargs="+", metavar="M", help="Megatron modules "
                    "recomputed in every layer: core_attn mlp moe_act layernorm mla_up_proj "
@@ -100,33 +125,23 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
     g.add_argument("--delta-offload-bytes-across-pp-ranks", type=int, metavar="BYTES",
                    help="Megatron's per-rank offload step: each pp rank offloads this many "
                    "bytes a microbatch fewer")
-    g.add_argument("--tp", "--tensor-model-parallel-size", dest="tp", type=int, metavar="N",
-                   help="tensor-parallel size")
-    g.add_argument("--no-bias-swiglu-fusion", dest="bias_swiglu_fusion", action="store_false",
-                   default=None, help="Megatron's eager SwiGLU: its SiLU output kept too")
-    g.add_argument("--memory-gb", type=float, metavar="GB", help="memory limit per rank")
-    g.add_argument("--costs", metavar="FILE", help="measured cost file (ppsim profile)")
-    g.add_argument("--actions-csv", metavar="FILE", help="run this per-rank order instead of "
-                   "--schedule's (a torch.distributed.pipelining schedule CSV)")
-    g.add_argument("--devices", metavar="D,D,...",
-                   help="device of each rank, e.g. 0,0 for two ranks sharing one device")
-    megatron_model.add_model_flags(p)
-    if job_flags:
-        add_job_flags(p)
-    if split_flags:
-        s = p.add_argument_group("split (one of)")
-        s.add_argument("--split", metavar="N,N,...",
-                       help="layers per virtual stage, or 'even' (Megatron's default)")
-        s.add_argument("--layout", "--pipeline-model-parallel-layout", dest="layout",
-                       metavar="STR", help="Megatron pipeline layout string")
-        s.add_argument("--first-stage-layers", "--decoder-first-pipeline-num-layers",
-                       dest="first_stage_layers", type=int, metavar="N")
-        s.add_argument("--last-stage-layers", "--decoder-last-pipeline-num-layers",
-                       dest="last_stage_layers", type=int, metavar="N")
-        s.add_argument("--account-for-embedding", "--account-for-embedding-in-pipeline-split",
-                       dest="account_for_embedding", action="store_true", default=None)
-        s.add_argument("--account-for-loss", "--account-for-loss-in-pipeline-split",
-                       dest="account_for_loss", action="store_true", default=None)
+
+
+def _add_split_flags(p: argparse.ArgumentParser) -> None:
+    """The split, in each of the ways Megatron, torchtitan and ppsim give one."""
+    s = p.add_argument_group("split (one of)")
+    s.add_argument("--split", metavar="N,N,...",
+                   help="layers per virtual stage, or 'even' (Megatron's default)")
+    s.add_argument("--layout", "--pipeline-model-parallel-layout", dest="layout",
+                   metavar="STR", help="Megatron pipeline layout string")
+    s.add_argument("--first-stage-layers", "--decoder-first-pipeline-num-layers",
+                   dest="first_stage_layers", type=int, metavar="N")
+    s.add_argument("--last-stage-layers", "--decoder-last-pipeline-num-layers",
+                   dest="last_stage_layers", type=int, metavar="N")
+    s.add_argument("--account-for-embedding", "--account-for-embedding-in-pipeline-split",
+                   dest="account_for_embedding", action="store_true", default=None)
+    s.add_argument("--account-for-loss", "--account-for-loss-in-pipeline-split",
+                   dest="account_for_loss", action="store_true", default=None)
 
 
 def add_job_flags(p: argparse.ArgumentParser) -> None:
