@@ -24,6 +24,9 @@ MEMORY_FLAGS = {"recompute_modules": "recompute_modules",
                 "offload_modules": "offload_modules", "offload_fraction": "offload_fraction",
                 "offload_step_bytes": "delta_offload_bytes_across_pp_ranks"}
 """[memory] key -> the flag that sets it."""
+MEGATRON_MODEL_KEYS = ("cp_comm_type",)
+"""Overridable [model] fields a Megatron model flag sets (megatron_model.model_table reads
+them as Megatron writes them)."""
 JOB_MODEL_KEYS = ("dp", "cp", "ep", "distributed_optimizer", "grad_reduce_in_bf16",
                   "precision_aware_optimizer", "fsdp", "fsdp_reshard_after_forward",
                   "dp_replicas", *OPTIMIZER_DTYPES)
@@ -286,6 +289,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     # of them it has.
     keys = MODEL_KEYS if hasattr(args, "gpus") else tuple(
         k for k in MODEL_KEYS if k not in JOB_MODEL_KEYS or (k != "dp" and hasattr(args, k)))
+    keys = tuple(k for k in keys if k not in MEGATRON_MODEL_KEYS)
     # Megatron's model flags change a preset or a config's model; else they build one.
     base = parse_model({"preset": flag("preset")}) if flag("preset") else \
         cfg.model if args.config else None

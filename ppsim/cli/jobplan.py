@@ -17,7 +17,14 @@ from ppsim.errors import UserError
 from ppsim.job.model import data_parallel
 from ppsim.job.policy_search import POLICY_AXES, mode_flags
 from ppsim.job.ranks import DEFAULT_ORDER, TP_PP_DP_ORDER, parse_order
-from ppsim.job.search import JobSearch, ShapeResult, overlap_hint, overlaps_off, search_job
+from ppsim.job.search import (
+    JOB_AXES,
+    JobSearch,
+    ShapeResult,
+    overlap_hint,
+    overlaps_off,
+    search_job,
+)
 from ppsim.job.shapes import FIXABLE
 from ppsim.policy.report import policy_flags
 from ppsim.units import fmt_bytes
@@ -37,6 +44,7 @@ def shape_dict(r: ShapeResult) -> dict[str, Any]:
             "data_parallel": data_parallel(job.arch) if job else None,
             "dp_replicas": job.arch.dp_replicas if job else 1,
             "moe_token_dispatcher_type": job.moe_token_dispatcher_type if job else None,
+            "cp_comm_type": job.arch.cp_comm_type if job else None,
             "megatron_policy_flags": r.policy_flags}
 
 
@@ -254,13 +262,13 @@ def _policy_axis(given: set[str], cfg: Any) -> str:
     """What the --search axes `given` ask of the job search about the memory policy: "",
     "recompute" or "policy" (the job search varies vpp and the micro-batch size anyway,
     the global batch sets the microbatches, and sharding is an axis of its own)."""
-    axes = given - {"vpp", "sharding", "dispatcher"}
+    axes = given - {"vpp", *JOB_AXES}
     other = sorted(axes - set(POLICY_AXES))
     if other:
-        raise UserError("--search", f"the job search (--gpus) takes recompute, policy, "
-                        f"sharding or dispatcher, not {', '.join(other)}", "search recompute, "
-                        "policy, sharding or dispatcher; it varies vpp and the micro-batch "
-                        "size itself, and the global batch sets the microbatches")
+        takes = ", ".join(("recompute", "policy", *JOB_AXES))
+        raise UserError("--search", f"the job search (--gpus) takes {takes}, not "
+                        f"{', '.join(other)}", f"search {takes}; it varies vpp and the "
+                        "micro-batch size itself, and the global batch sets the microbatches")
     if axes and cfg.memory is not None:
         raise UserError("--search", "searches the memory policy, but one is configured",
                         "drop [memory] and the --recompute-modules, --recompute-num-layers "
@@ -320,7 +328,7 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
     with step_bar(not args.json and sys.stderr.isatty()) as progress:
         res = search_job(cfg, args.gpus, gbs, top_k=args.top, budget_s=args.time_budget,
                          policy=policy, fixed=held, progress=progress,
-                         sharding="sharding" in axes, dispatcher="dispatcher" in axes)
+                         axes=frozenset(axes & set(JOB_AXES)))
     if assumed:  # after the search's checks: bad input stays one line on stderr
         sys.stderr.write(f"ppsim plan: {assumed}\n")
     if args.json:

@@ -21,6 +21,7 @@ from ppsim.config.model import TransformerModel
 from ppsim.config.overrides import with_overrides
 from ppsim.config.schema import Config
 from ppsim.errors import UserError
+from ppsim.job.search import JOB_AXES
 from ppsim.pipeline.exports import (
     DEFAULT_SPECS,
     DeepSpeedSpecs,
@@ -75,7 +76,7 @@ def variants(cfg: Config, axes: list[str]) -> list[Variant]:
     """Configs the --search axes allow, the given one first; invalid combos skipped."""
     for a in axes:
         if a not in SEARCH_AXES:
-            job_only = a in ("sharding", "dispatcher")
+            job_only = a in JOB_AXES
             raise UserError("--search", f"{a!r} is an axis of the job search (--gpus)"
                             if job_only else f"unknown axis {a!r}", "use any of "
                             + ", ".join(SEARCH_AXES) + "; or policy, policy-per-stage alone")
@@ -343,7 +344,7 @@ def register(commands: dict) -> None:
         p.add_argument("--search", metavar="AXES",
                        help="also search over: " + ",".join(SEARCH_AXES) + "; or plan "
                        "the memory policy with the split: policy (Megatron-expressible) "
-                       "or policy,policy-per-stage; with --gpus also sharding, dispatcher")
+                       "or policy,policy-per-stage; with --gpus also " + ", ".join(JOB_AXES))
         p.add_argument("--time-budget", type=float, default=60.0, metavar="S",
                        help="stop proving optimality after S seconds (default 60)")
         add_deepspeed_specs_flag(p)

@@ -23,7 +23,13 @@ from ppsim.errors import UserError
 from ppsim.job.layers import job_costs
 from ppsim.job.model import Job
 from ppsim.job.policy_search import best_policy, fitting_mode, mode_flags
-from ppsim.job.shapes import Shape, dispatcher_choices, shapes, sharding_choices
+from ppsim.job.shapes import (
+    Shape,
+    cp_comm_choices,
+    dispatcher_choices,
+    shapes,
+    sharding_choices,
+)
 from ppsim.job.throughput import Throughput
 from ppsim.pipeline.problem import Problem, build_problem, model_costs, resolve_split
 from ppsim.plan.planner import plan
@@ -36,6 +42,8 @@ SPLIT_SHARE = 1 / 12
 TOP_SEARCHED = 5
 """The fewest fastest shapes the search keeps and plans the splits of, whatever the
 table's --top: the best does not depend on how many rows are shown."""
+JOB_AXES = ("sharding", "dispatcher", "cp-comm")
+"""--search axes of the job search alone (beside the memory policy's)."""
 
 Progress = Callable[[str, int, int], None]
 """Told (what, done, total) before each step: a shape simulated, a top shape planned."""
@@ -99,6 +107,7 @@ def _config(cfg: Any, s: Shape, gbs: int) -> Any:
     sharding = {"fsdp": s.sharding == "fsdp", "dp_replicas": s.dp_replicas,
                 "distributed_optimizer": s.sharding != "fsdp"} if s.sharding else {}
     dispatcher = {"moe_token_dispatcher_type": s.dispatcher} if s.dispatcher else {}
+    sharding |= {"cp_comm_type": s.cp_comm} if s.cp_comm else {}
     # --tp-comm-overlap applies to the shapes with tensor parallelism (Megatron refuses it
     # at tp 1).
     overlap = {"tp_comm_overlap": False} if s.tp == 1 else {}
@@ -274,21 +283,25 @@ def _fastest_first(results: list[ShapeResult]) -> list[ShapeResult]:
 
 
 def _candidates(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int] | None,
-                sharding: bool, dispatcher: bool) -> list[Shape]:
+                axes: frozenset[str]) -> list[Shape]:
     """The shapes to time: every one the model, world and batch allow, under each
-    sharding and dispatcher when those are searched; UserError when there is none."""
+    sharding, dispatcher and context-parallel traffic when those are searched (`axes`,
+    JOB_AXES); UserError when there is none."""
     a = cfg.model.arch
     combined = cfg.pipeline.overlap_moe_expert_parallel_comm
     per_node = cfg.hardware.gpus_per_node
+    sharding = "sharding" in axes
     todo = shapes(a, gpus, gbs, per_node, cfg.model.total_layers, fixed, sharding, combined)
     if sharding:
         todo = [v for s in todo
                 for v in sharding_choices(s, per_node, a.num_experts > 0, combined)]
-    if dispatcher:
+    if "dispatcher" in axes:
         if not a.num_experts:
             raise UserError("--search", "dispatcher: the model has no routed experts",
                             "drop dispatcher from --search, or plan a MoE model")
         todo = [v for s in todo for v in dispatcher_choices(s)]
+    if "cp-comm" in axes:
+        todo = [v for s in todo for v in cp_comm_choices(s, a)]
     if not todo and fixed:
         given = ", ".join(f"{k} {v}" for k, v in fixed.items())
         raise UserError("--gpus", f"no shape of {gpus:,} GPUs at a global batch of {gbs:,} "
@@ -304,18 +317,21 @@ def _candidates(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int] | None,
 def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
                budget_s: float = 60.0, policy: str = "",
                fixed: dict[str, int] | None = None,
-               progress: Progress = _silent, sharding: bool = False,
-               dispatcher: bool = False) -> JobSearch:
+               progress: Progress = _silent,
+               axes: frozenset[str] = frozenset()) -> JobSearch:
     """Shapes of `gpus` GPUs for a global batch of `gbs`, fastest first; `policy`
-    (ppsim.job.policy_search.POLICY_AXES) searches the memory policy too, `sharding` the
-    replicas' sharding (sharding_choices), `dispatcher` the MoE token dispatcher
-    (dispatcher_choices), `fixed` holds some sizes (FIXABLE) where the user set them;
-    `progress` is told each step."""
+    (ppsim.job.policy_search.POLICY_AXES) searches the memory policy too, `axes`
+    (JOB_AXES) the replicas' sharding (sharding_choices), the MoE token dispatcher
+    (dispatcher_choices) and context parallelism's traffic (cp_comm_choices); `fixed`
+    holds some sizes (FIXABLE) where the user set them; `progress` is told each step."""
     t0 = time.perf_counter()
     if getattr(cfg.model, "arch", None) is None:
         raise UserError("--gpus", "plans the job of a transformer model", "give --preset NAME")
     results = []
-    todo = _candidates(cfg, gpus, gbs, fixed, sharding, dispatcher)
+    unknown = sorted(axes - set(JOB_AXES))
+    if unknown:
+        raise ValueError(f"unknown job search axes {unknown}")
+    todo = _candidates(cfg, gpus, gbs, fixed, axes)
     # Cheapest bound first: a shape whose default split's busiest rank alone is slower than
     # the k-th fastest fitting default split cannot enter the top k at its default split
     # (k at least TOP_SEARCHED, so a shorter table lists the same best).

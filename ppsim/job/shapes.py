@@ -42,20 +42,26 @@ class Shape:
     dispatcher: str = ""
     """How routed tokens travel when the search varies it ("alltoall" or "flex":
     DeepEP); "": as configured."""
+    cp_comm: str = ""
+    """Context parallelism's traffic when the search varies it (p2p, all_gather or a2a:
+    Architecture.cp_comm_type); "": as configured."""
 
     def label(self) -> str:
         return (f"tp{self.tp} cp{self.cp} ep{self.ep} pp{self.pp} dp{self.dp} vpp{self.vpp} "
                 f"mbs{self.mbs} m{self.microbatches}" + self.searched_label())
 
     def searched_label(self) -> str:
-        """" fsdp", " distopt/4" (4 copies), " deepep", " a2a": the searched axes' values
-        ("" for those not searched)."""
-        dispatcher = {"": "", "alltoall": " a2a", "flex": " deepep"}[self.dispatcher]
-        if not self.sharding:
-            return dispatcher
-        name = "fsdp" if self.sharding == "fsdp" else "distopt"
-        return (f" {name}" + (f"/{self.dp_replicas}" if self.dp_replicas > 1 else "")
-                + dispatcher)
+        """" fsdp", " distopt/4" (4 copies), " deepep", " a2a", " cp-a2a": the searched
+        axes' values ("" for those not searched)."""
+        parts = []
+        if self.sharding:
+            name = "fsdp" if self.sharding == "fsdp" else "distopt"
+            parts.append(name + (f"/{self.dp_replicas}" if self.dp_replicas > 1 else ""))
+        if self.dispatcher:
+            parts.append({"alltoall": "a2a", "flex": "deepep"}[self.dispatcher])
+        if self.cp_comm:
+            parts.append(f"cp-{self.cp_comm}")
+        return "".join(" " + p for p in parts)
 
 
 def _powers(limit: int) -> list[int]:
@@ -137,6 +143,18 @@ def sharding_choices(s: Shape, gpus_per_node: int, experts: bool,
         copies.append(group // per_node)
     kinds = ("distributed optimizer",) if combined else ("distributed optimizer", "fsdp")
     return [replace(s, sharding=kind, dp_replicas=n) for kind in kinds for n in copies]
+
+
+def cp_comm_choices(s: Shape, a: Any) -> list[Shape]:
+    """`s` with each context-parallel traffic the search tries where cp > 1: the p2p ring,
+    the all-gather, and the Ulysses all-to-alls where cp divides a tensor rank's query and
+    key/value heads (Transformer Engine's condition)."""
+    if s.cp == 1:
+        return [s]
+    kv = a.num_heads if a.attention == "mla" else a.num_kv_heads
+    ulysses = (a.num_heads // s.tp) % s.cp == 0 and (kv // s.tp) % s.cp == 0
+    kinds = ("p2p", "all_gather", "a2a") if ulysses else ("p2p", "all_gather")
+    return [replace(s, cp_comm=kind) for kind in kinds]
 
 
 def dispatcher_choices(s: Shape) -> list[Shape]:
