@@ -107,12 +107,12 @@ def _config(cfg: Any, s: Shape, gbs: int) -> Any:
     sharding = {"fsdp": s.sharding == "fsdp", "dp_replicas": s.dp_replicas,
                 "distributed_optimizer": s.sharding != "fsdp"} if s.sharding else {}
     dispatcher = {"moe_token_dispatcher_type": s.dispatcher} if s.dispatcher else {}
-    sharding |= {"cp_comm_type": s.cp_comm} if s.cp_comm else {}
+    cp_comm = {"cp_comm_type": s.cp_comm} if s.cp_comm else {}
     # --tp-comm-overlap applies to the shapes with tensor parallelism (Megatron refuses it
     # at tp 1).
     overlap = {"tp_comm_overlap": False} if s.tp == 1 else {}
     return with_overrides(cfg, model={"tp": s.tp, "cp": s.cp, "ep": s.ep, "dp": s.dp,
-                                      "micro_batch_size": s.mbs, **sharding},
+                                      "micro_batch_size": s.mbs, **sharding, **cp_comm},
                           pipeline={"pp": s.pp, "vpp": s.vpp, "schedule": schedule,
                                     "global_batch_size": gbs, **dispatcher, **overlap},
                           split={})
