@@ -18,8 +18,9 @@
    is converted with that count too, and shown with today's.
 2. `ppsim plan --gpus 8192` on the 405B preset (global batch 2048 x 8192 tokens, Llama 3's
    16M; again with `--search policy`, the memory policy planned too) and DeepSeek-V3 on
-   2,048 GPUs (global batch 15,360 x 4096, the paper's last): wall time of the whole
-   process and the top-3 shapes with their throughput.
+   2,048 GPUs (global batch 15,360 x 4096, the paper's last; again with `--search
+   cp-comm`, context parallelism's traffic searched too): wall time of the whole process
+   and the top-3 shapes with their throughput.
 
 3. With --measure DIR (on a GPU: `bash benchmarks/gpu_checks.sh job`), each model's own
    kernels are measured on this device (`ppsim profile --hardware-out` at the row's
@@ -174,6 +175,7 @@ def plan_case(label: str, argv: list[str]) -> None:
               f"{c['data_parallel']}" + (f" x{c['dp_replicas']} copies"
                                          if c["dp_replicas"] > 1 else "")
               + (" DeepEP" if c.get("moe_token_dispatcher_type") == "flex" else "")
+              + (f" cp {c['cp_comm_type']}" if c["cp"] > 1 else "")
               + (f"; policy {c['memory_policy']}" if c["memory_policy"] else ""))
 
 
@@ -258,10 +260,12 @@ def main() -> None:
               ["--preset", "llama3.1-405b", "--hardware", "h100-80gb", "--gpus", "8192",
                "--global-batch-size", "2048", "--overlap-grad-reduce",
                "--overlap-param-gather", "--tp-comm-overlap", "--search", "policy"])
-    plan_case("deepseek-v3 on 2,048 H100", ["--preset", "deepseek-v3", "--hardware",
-                                            "h100-80gb", "--gpus", "2048",
-                                            "--global-batch-size", "15360",
-                                            "--overlap-grad-reduce", "--overlap-param-gather"])
+    deepseek = ["--preset", "deepseek-v3", "--hardware", "h100-80gb", "--gpus", "2048",
+                "--global-batch-size", "15360", "--overlap-grad-reduce",
+                "--overlap-param-gather"]
+    plan_case("deepseek-v3 on 2,048 H100", deepseek)
+    plan_case("deepseek-v3 on 2,048 H100, context-parallel traffic searched",
+              [*deepseek, "--search", "cp-comm"])
 
 
 if __name__ == "__main__":
