@@ -49,18 +49,17 @@ dispatcher: `dispatcher_tp_ms`), a hybrid stack's MoE block none; every other hy
 block (Mamba, GatedDeltaNet, attention, MLP) is one sublayer."""
 
 
-def tp_layer_ms(job: Job, a: Architecture, sublayers: int = 2, again: float | None = None
+def tp_layer_ms(job: Job, a: Architecture, sublayers: int = 2, again: float = 0.0
                 ) -> tuple[TpTraffic, TpTraffic]:
     """The sequence-parallel collectives of a layer of `sublayers`, forward and
     backward: one all-gather (under FP8 of the quantized input) and one reduce-scatter
     each way per sublayer, and in the backward the forward's share `again` of them the
-    recompute runs again (default: all under full recompute, else none)."""
+    recompute runs again (Recomputed.tp_share)."""
     inputs = tp_collectives_ms(job, a, sublayers, FP8_BYTES if a.fp8_copies else 0)
     each = tp_collectives_ms(job, a, sublayers)  # one a sublayer, in the training dtype
     forward = TpTraffic(gathers_ms=inputs, scatters_ms=each, pipelined_ms=each)
-    share = float(a.recompute == "full") if again is None else again
-    backward = TpTraffic(gathers_ms=each + inputs * share, scatters_ms=each * (1 + share),
-                         pipelined_ms=each * share)
+    backward = TpTraffic(gathers_ms=each + inputs * again, scatters_ms=each * (1 + again),
+                         pipelined_ms=each * again)
     return forward, backward
 
 
