@@ -13,6 +13,9 @@
      the strong-scaling figure's two ends (the 177B model on 96 and 4,608 GPUs at global
      batch 1,152; the README's text gives their MFU, 47 % and 42 % of 989; the shape is
      the weak table's 177B one, tp 8 pp 6, whose 2,304-GPU row lies on that curve).
+   Each target row also gives, in ms of compute, ppsim's, the least any H100 could take
+   (CEILING) and the most the published time leaves (Room): where the room falls below
+   the floor, no compute rate reaches the published time at that micro-batch size.
    The README's figures date from July 2024, when Megatron counted the whole s x s
    attention (the causal halving came in March 2025, commit 8873b55d6a); the prediction
    is converted with that count too, and shown with today's.
@@ -109,9 +112,24 @@ MEASURED_KEYS = ("matmul_efficiency", "attention_efficiency")
 """What a measured [hardware] table lends the H100 preset: the compute rates alone."""
 
 
+CEILING = {"matmul_efficiency": [[0.001, 745.0 / H100_PEAK], [1e6, 745.0 / H100_PEAK]],
+           "attention_efficiency": 0.75, "memory_bandwidth_gbps": 3350.0,
+           "kernel_overhead_us": 0.0, "intra_node_bandwidth_gbps": 1e5,
+           "inter_node_bandwidth_gbps": 1e5, "intra_node_latency_us": 0.0,
+           "inter_node_latency_us": 0.0}
+"""Compute rates no H100 job beats, generous on every count: every matmul at 745
+TFLOP/s whatever its size (the top of the 700-745 ml-engineering measured sustained on
+the GH100 die, MSMF), attention at FlashAttention-3's best bf16 forward (740 TFLOP/s,
+75 %, Shah et al. 2024; the rows' own, cuDNN with dropout, measure 21-29 %),
+elementwise work at the whole HBM3 datasheet rate (3.35 TB/s), no host time a kernel,
+links free; `room` also takes off the fp32 main-grad pass, which gradient-accumulation
+fusion runs inside the weight-gradient GEMM."""
+
+
 def run_config(run: PublishedRun, measured: dict[str, Any] | None = None) -> Any:
-    hardware = {"preset": "h100-80gb",
-                **{k: v for k, v in (measured or {}).items() if k in MEASURED_KEYS}}
+    lent = measured if measured is CEILING else \
+        {k: v for k, v in (measured or {}).items() if k in MEASURED_KEYS}
+    hardware = {"preset": "h100-80gb", **lent}
     return config_from_dict({
         "model": {"kind": "transformer", "num_layers": run.layers, "hidden_size": run.hidden,
                   "num_heads": run.heads, "num_kv_heads": run.heads,
@@ -152,6 +170,43 @@ def predict(run: PublishedRun, measured: dict[str, Any] | None = None) -> Predic
     return Prediction(iteration_ms=ms, comm_ms=exposed_comm_ms(problem, summary),
                       bubble=summary.bubble_fraction, tflops_now=rate(True),
                       tflops_2024=rate(False))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Room:
+    """How the published time of a row without pipeline parallelism bounds its compute."""
+
+    floor_ms: float
+    """The fastest its compute can run (CEILING's rates)."""
+    room_ms: float
+    """The most compute the published time leaves room for, were the data-parallel tail
+    hidden as far as any overlap can: its gradient reduce-scatter and parameter gather
+    (X, ppsim's link times, each whole) run only beside the last microbatch's backward
+    and the first one's forward, together 1 / m of the compute C, so the step takes at
+    least C (1 - 1/m) + max(C/m, X). Generous too: no last bucket, SMs or optimizer."""
+
+    @property
+    def reachable(self) -> bool:
+        return self.floor_ms <= self.room_ms
+
+
+def room(run: PublishedRun) -> Room:
+    real = build_problem(run_config(run))
+    job = real.hardware.job
+    assert job is not None
+    whole = replace(job, overlap_grad_reduce=False, overlap_param_gather=False)
+    x = whole.tail(sum(c.params for c in real.stage_costs), 0.0, 0.0, 0.0,
+                   holds_embedding=True, holds_head=True).reduce_ms
+    fastest = build_problem(run_config(run, CEILING))
+    summary = simulate(fastest, record=False).summary
+    main_grad_ms = 8.0 * sum(c.params for c in fastest.stage_costs) \
+        * fastest.schedule.microbatches / (CEILING["memory_bandwidth_gbps"] * 1e6)
+    floor = summary.iteration_time_ms - exposed_comm_ms(fastest, summary) - main_grad_ms
+    flops = iteration_flops(job.arch, run.global_batch, causal=False) / run.gpus
+    published_ms = flops / (run.tflops * 1e12) * 1e3
+    m = real.schedule.microbatches
+    c_max = published_ms if m == 1 else (published_ms - x) * m / (m - 1)
+    return Room(floor_ms=floor, room_ms=published_ms if c_max / m > x else c_max)
 
 
 def plan_case(label: str, argv: list[str]) -> None:
@@ -219,7 +274,7 @@ def table(title: str, runs: list[PublishedRun], measured: Path | None) -> None:
     print(f"{title}, {label}" + (f", micro-batch {mbs.pop()}" if mbs else ""))
     print(f"{'run':10} {'tp':>2} {'pp':>2} {'dp':>3} {'GPUs':>5} {'iter ms':>8} "
           f"{'comm ms':>7} {'bubble':>6} {'TFLOP/s now':>11} {'as in 2024':>10} "
-          f"{'published':>9} {'error':>7}")
+          f"{'published':>9} {'error':>7} {'compute ms':>10} {'floor':>5} {'room':>5}")
     for run in runs:
         file = measured / f"weak-{run.model}.toml" if measured else None
         if file and not file.exists():
@@ -230,7 +285,17 @@ def table(title: str, runs: list[PublishedRun], measured: Path | None) -> None:
         print(f"{run.name:10} {run.tp:2} {run.pp:2} {run.dp:3} {run.gpus:5} "
               f"{p.iteration_ms:8.1f} {p.comm_ms:7.1f} {p.bubble:6.1%} "
               f"{p.tflops_now:11.1f} {p.tflops_2024:10.1f} "
-              f"{run.tflops:9.1f} {p.tflops_2024 / run.tflops - 1:+7.1%}")
+              f"{run.tflops:9.1f} {p.tflops_2024 / run.tflops - 1:+7.1%}" + bounds(run, p))
+
+
+def bounds(run: PublishedRun, p: Prediction) -> str:
+    """A row without pipeline parallelism: its compute time as ppsim prices it, the
+    least any H100 could take (Room.floor_ms) and the most the published time allows
+    (Room.room_ms); the room below the floor: no rate makes the published time."""
+    if run.pp > 1:
+        return ""
+    r = room(run)
+    return f" {p.iteration_ms - p.comm_ms:10.0f} {r.floor_ms:5.0f} {r.room_ms:5.0f}"
 
 
 def dir_after(flag: str) -> Path | None:

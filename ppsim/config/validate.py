@@ -257,6 +257,11 @@ def layer_table(where: str, raw: dict[str, Any]) -> None:
             duration_ms(f"{where}.{key}", value)
 
 
+_WRITE_A = {int: "write a whole number", float: "write a number", str: "write a string",
+             bool: "write true or false", list: "write a list [..]", dict: "write a table"}
+"""The fix a mistyped field's message names, in words."""
+
+
 def typed(where: str, value: Any, kind: type) -> Any:
     """value if it is a `kind` (an int counts as a float, a bool as neither); floats
     finite (their ranges are checked per field)."""
@@ -265,7 +270,7 @@ def typed(where: str, value: Any, kind: type) -> Any:
         or (kind is not float and kind is not int and isinstance(value, kind))
     if not ok:
         raise UserError(where, f"expected {kind.__name__}, got {value!r}"[:200],
-                        f"write a {kind.__name__}")
+                        _WRITE_A.get(kind, f"write a {kind.__name__}"))
     if kind is float:
         return number(where, value, lo=-math.inf, hi=math.inf, fix="write a finite number")
     return value

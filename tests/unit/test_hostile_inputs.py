@@ -80,6 +80,19 @@ def test_mtp_layers_count_against_the_layer_cap_everywhere(tmp_path, capsys, arg
     _refused(capsys, [*argv, "--config", cfg], "model.mtp_layers", "100,000")
 
 
+MISTYPED = [
+    (TINY + 'num_layers = "x"\n', "model.num_layers", "write a whole number"),
+    (TINY + "[hardware]\nmemory_bytes = \"80GB\"\n", "hardware.memory_bytes", "write a number"),
+    (TINY + "gated_mlp = 1\n", "model.gated_mlp", "write true or false"),
+]
+
+
+@pytest.mark.parametrize("text, field, fix", MISTYPED, ids=range(len(MISTYPED)))
+def test_a_mistyped_field_names_the_kind_in_words(tmp_path, capsys, text, field, fix) -> None:
+    err = _refused(capsys, ["simulate", "--config", _file(tmp_path, "c.toml", text)], field, fix)
+    assert "write a int" not in err and "write a float" not in err
+
+
 def test_a_plausible_floor_and_zero_still_pass(tmp_path, capsys) -> None:
     text = TINY + "[hardware]\npeak_tflops = 0.001\np2p_bandwidth_gbps = 0\n"
     assert main(["simulate", "--config", _file(tmp_path, "c.toml", text), "--json"]) == 0
