@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from ppsim.cli.flags import assume_hardware, config_from_args, emit_json
-from ppsim.cli.megatron_args import activation_args, optimizer_args, parallel_args
+from ppsim.cli.megatron_args import fusion_args, optimizer_args, parallel_args
 from ppsim.cli.render import compact_table, step_bar
 from ppsim.cli.simulate import exports_of
 from ppsim.cli.torchtitan_job import torchtitan_job, torchtitan_text
@@ -91,7 +91,7 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
         + shlex.split(split)
     out += ["--micro-batch-size", str(s.mbs), "--global-batch-size", str(gbs), *policy]
     out += optimizer_args(job.arch)
-    out += activation_args(job.arch)
+    out += fusion_args(job.arch)
     out += ["--use-tp-pp-dp-mapping"] * (order == parse_order(TP_PP_DP_ORDER))
     for size, flag in ((job.ddp_bucket_size, "--ddp-bucket-size"),
                        (job.ddp_num_buckets, "--ddp-num-buckets"),

@@ -39,7 +39,7 @@ def megatron_model_args(a: Architecture) -> list[str]:
             out += ["--group-query-attention"] + kv("--num-query-groups", a.num_kv_heads)
         out += kv("--kv-channels", a.head_dim) * bool(a.head_dim)
     out += kv("--seq-length", a.seq_length) + kv("--max-position-embeddings", a.seq_length)
-    out += kv("--vocab-size", a.vocab_size) + ["--swiglu"] * a.gated_mlp + activation_args(a)
+    out += kv("--vocab-size", a.vocab_size) + activation_args(a)
     out += kv("--make-vocab-size-divisible-by", a.vocab_divisor) * (a.vocab_divisor != 128)
     out += kv("--normalization", "RMSNorm" if a.rmsnorm else "LayerNorm")
     out += kv("--position-embedding-type", "rope" if a.rotary else "learned_absolute"
@@ -82,9 +82,17 @@ def parallel_args(tp: int, cp: int, ep: int, dispatcher: str = "alltoall",
 
 
 def activation_args(a: Architecture) -> list[str]:
-    """The gated MLP's activation as Megatron's argument: the eager SwiGLU is the one that
-    is not its default."""
-    return ["--no-bias-swiglu-fusion"] * (a.gated_mlp and not a.bias_swiglu_fusion)
+    """The gated MLP's activation as Megatron's arguments (none: GPT's GeLU MLP)."""
+    if not a.gated_mlp:
+        return []
+    return ["--quick-geglu"] if a.gated_activation == "quick_geglu" \
+        else ["--swiglu", *fusion_args(a)]
+
+
+def fusion_args(a: Architecture) -> list[str]:
+    """The eager SwiGLU, the one that is not Megatron's default, as its argument."""
+    swiglu = a.gated_mlp and a.gated_activation == "swiglu"
+    return ["--no-bias-swiglu-fusion"] * (swiglu and not a.bias_swiglu_fusion)
 
 
 def optimizer_args(a: Architecture) -> list[str]:

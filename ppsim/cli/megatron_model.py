@@ -210,6 +210,7 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
         raise UserError("--quick-geglu", "and --swiglu both given", "give one of them")
     if get("swiglu") or get("quick_geglu"):  # both gate the MLP: three matrices
         out["gated_mlp"] = True
+        out["gated_activation"] = "quick_geglu" if get("quick_geglu") else "swiglu"
     out.update(_window_fields(get("window_size"), get("window_attn_skip_freq")))
     if get("normalization") is not None:
         out["norm"] = get("normalization").lower()

@@ -19,6 +19,7 @@ from ppsim.costs.arch import (
     DTYPE_BYTES,
     FP8_FORMATS,
     FSDP_RESHARD,
+    GATED_ACTIVATIONS,
     NORMS,
     OPTIMIZER_DTYPES,
     POSITIONS,
@@ -282,6 +283,7 @@ FLOPs stay exact floats (a 200-digit hidden_size would overflow float conversion
 _CHOICES = {"recompute": RECOMPUTE, "dtype": tuple(DTYPE_BYTES), "attention": ATTENTION,
             "norm": NORMS, "position": POSITIONS, "fsdp_reshard_after_forward": FSDP_RESHARD,
             "fp8": FP8_FORMATS, "cp_comm_type": CP_COMM_TYPES,
+            "gated_activation": GATED_ACTIVATIONS,
             **OPTIMIZER_DTYPES}
 _POSITIVE = ("tp", "dp", "ep", "cp", "dp_replicas", "vocab_divisor", "hidden_size",
              "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_length",

@@ -25,6 +25,7 @@ FP8_FORMATS = ("", "e4m3", "hybrid")
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
 """Megatron's --fp8-recipe choices on Hopper (mxfp8 is Blackwell's)."""
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a")
+GATED_ACTIVATIONS = ("swiglu", "quick_geglu")
 """Megatron's --cp-comm-type choices ppsim prices (a2a+p2p, hierarchical, is not)."""
 TORCHAO_FP8_RECIPES = ("tensorwise", "rowwise")
 """torchao's Float8Linear recipes torchtitan runs under FSDP (all-tensorwise, rowwise)."""
@@ -49,6 +50,10 @@ class Architecture:
     """Sequences per microbatch."""
     gated_mlp: bool = True
     """SwiGLU-style MLP with three matrices (Llama); False for GPT's two."""
+    gated_activation: str = "swiglu"
+    """A gated MLP's activation: "swiglu" (Megatron --swiglu, SiLU) or "quick_geglu"
+    (--quick-geglu, gpt-oss's): the same matmuls, but Megatron's FLOP count takes a
+    gated MLP's third matrix only with --swiglu."""
     dtype: str = "bf16"
     """Training dtype: bf16, fp16 or fp32."""
     tp: int = 1

@@ -1,23 +1,32 @@
 """Megatron's FLOP count of one iteration, the figure its log's TFLOP/s/GPU divides.
 
-Restated from `num_floating_point_operations` (megatron/training/training.py,
-transformer_flops, the BSHD path: every sequence seq_length tokens, causal): per token,
-every GEMM three times (forward, weight gradient, input gradient) at two FLOPs per
+Restated from `num_floating_point_operations` (megatron/training/training.py, the BSHD
+path: every sequence seq_length tokens, causal). A transformer (transformer_flops): per
+token, every GEMM three times (forward, weight gradient, input gradient) at two FLOPs per
 multiply-add; attention projections, the core attention's causal half of QK^T and AV,
-dense MLPs, the routed experts a token visits (top_k) and the shared experts, MTP
-modules (counted as layers of the last layer's kind plus their norms and projection),
-and the logits of the padded vocabulary once per head (main and MTP). Routers, norms
-and the optimizer are not counted, as in Megatron.
+dense MLPs, the routed experts a token visits (top_k, through the latent where
+--moe-latent-size sets one) and the shared experts, MTP modules (counted as layers of
+the last layer's kind plus their norms and projection), and the logits of the padded
+vocabulary once per head (main and MTP). A gated MLP counts its third matrix only under
+--swiglu (`ffn_expansion_factor = 3 if args.swiglu else 2`): --quick-geglu (gpt-oss)
+counts two. A hybrid stack (--hybrid-layer-pattern, hybrid_flops) counts each symbol of
+the main pattern and of every MTP depth: Mamba-2, GatedDeltaNet, attention, MLP and MoE
+layers by their own formulas ('D' and '+' layers are not counted, as in Megatron), and
+the logits once per head. Routers, norms and the optimizer are not counted, as in
+Megatron.
 """
 
 from __future__ import annotations
 
 from ppsim.costs.arch import Architecture, layer_kinds
+from ppsim.costs.hybrid import parse_pattern
 from ppsim.costs.layerops import padded_vocab
 from ppsim.costs.mixers import any_kind_params
 
 GEMM = 3 * 2
 """Forward + weight gradient + input gradient, 2 FLOPs per multiply-add."""
+GDN_CONV_KERNEL = 4
+"""GatedDeltaNet's short convolution (Megatron --linear-conv-kernel-dim, default 4)."""
 
 
 def _attention_terms(a: Architecture) -> tuple[float, float]:
@@ -37,10 +46,26 @@ def _attention_terms(a: Architecture) -> tuple[float, float]:
     return GEMM * (h * (q + 2 * kv) + q * h), GEMM * q / 2 * 2
 
 
+def _ffn_factor(a: Architecture) -> int:
+    """Matrices of an MLP as Megatron counts them: three only under --swiglu."""
+    return 3 if a.gated_mlp and a.gated_activation == "swiglu" else 2
+
+
+def _routed_per_token(a: Architecture) -> float:
+    """One MoE layer's routed experts' multiply-adds per token, over h: through the
+    latent when there is one (its down and up projections too)."""
+    routed = a.moe_ffn_hidden_size * a.top_k * _ffn_factor(a)
+    if not a.moe_latent_size:
+        return routed
+    return routed * a.moe_latent_size / a.hidden_size + 2 * a.moe_latent_size
+
+
 def iteration_flops(a: Architecture, global_batch_size: int, causal: bool = True) -> float:
     """FLOPs of one iteration of `global_batch_size` sequences of a.seq_length tokens.
     causal=False counts the whole s x s attention, as Megatron did before March 2025
     (commit 8873b55d6a): the formula behind figures published until then."""
+    if a.hybrid_layer_pattern:
+        return _hybrid_flops(a, global_batch_size, causal)
     kinds = layer_kinds(a)
     moe, dense = kinds.count("moe"), kinds.count("dense")
     if a.mtp_layers:
@@ -48,11 +73,11 @@ def iteration_flops(a: Architecture, global_batch_size: int, causal: bool = True
         moe += a.mtp_layers if last_moe else 0
         dense += 0 if last_moe else a.mtp_layers
     layers = a.num_layers + a.mtp_layers
-    h, ffn_x = a.hidden_size, (3 if a.gated_mlp else 2)
+    h, ffn_x = a.hidden_size, _ffn_factor(a)
     shared = a.shared_experts * a.moe_ffn_hidden_size
     linear, core = _attention_terms(a)
     per_token = (GEMM * h * (a.ffn_hidden_size * ffn_x * dense
-                             + a.moe_ffn_hidden_size * a.top_k * ffn_x * moe
+                             + _routed_per_token(a) * moe
                              + shared * ffn_x * moe)
                  + linear * layers
                  + GEMM * a.mtp_layers * (3 * h + 2 * h * h)
@@ -60,6 +85,42 @@ def iteration_flops(a: Architecture, global_batch_size: int, causal: bool = True
     tokens = global_batch_size * a.seq_length
     full = 1 if causal else 2
     return tokens * per_token + global_batch_size * a.seq_length ** 2 * core * layers * full
+
+
+def _mixer_per_token(a: Architecture, kind: str) -> float:
+    """Forward FLOPs per token of one hybrid layer's token-linear work (hybrid_flops)."""
+    h = a.hidden_size
+    if kind == "mamba":
+        d_in = 2 * h
+        heads = a.mamba_num_heads or d_in // a.mamba_head_dim
+        return (2 * h * (2 * d_in + 2 * a.mamba_num_groups * a.mamba_state_dim + heads)
+                + 7 * d_in * a.mamba_state_dim + 2 * d_in * h)
+    if kind == "gdn":
+        qk = a.linear_key_head_dim * a.linear_num_key_heads
+        v = a.linear_value_head_dim * a.linear_num_value_heads
+        in_proj = 2 * qk + 2 * v + 2 * a.linear_num_value_heads
+        return 2 * (h * in_proj + GDN_CONV_KERNEL * (2 * qk + v)
+                    + a.linear_num_value_heads * a.linear_value_head_dim ** 2 * 4 + h * v)
+    if kind == "attention":
+        q = (a.head_dim or h // a.num_heads) * a.num_heads
+        return 4 * q * (h + h * a.num_kv_heads / a.num_heads)
+    if kind == "mlp":
+        return 4 * a.ffn_hidden_size * h * _ffn_factor(a) / 2
+    if kind == "moe-mlp":
+        shared = a.shared_experts * a.moe_ffn_hidden_size * _ffn_factor(a)
+        return 2 * h * (_routed_per_token(a) + shared)
+    return 0.0  # 'D' and '+': not in Megatron's count
+
+
+def _hybrid_flops(a: Architecture, global_batch_size: int, causal: bool) -> float:
+    p = parse_pattern(a.hybrid_layer_pattern)
+    kinds = [*p.kinds, *(p.mtp_kinds * p.mtp_depths)]
+    h, s = a.hidden_size, a.seq_length
+    q = (a.head_dim or h // a.num_heads) * a.num_heads
+    per_token = (sum(_mixer_per_token(a, k) for k in kinds)
+                 + 2 * h * padded_vocab(a) * (1 + p.mtp_depths))
+    core = 2 * s * q * kinds.count("attention") * (1 if causal else 2)
+    return 3 * global_batch_size * s * (per_token + core)
 
 
 ATTENTION_KINDS = frozenset({"dense", "moe", "attention", "dsa", "mla"})

@@ -133,3 +133,73 @@ def test_torchtitans_mfu_is_its_own_count(preset: str, per_token, capsys) -> Non
     assert t["torchtitan_tflops_per_gpu"] == pytest.approx(tflops, rel=1e-9)
     assert t["torchtitan_mfu"] == pytest.approx(tflops / 989.0, rel=1e-9)
     assert t["torchtitan_mfu"] != pytest.approx(t["mfu"], rel=1e-3)
+
+
+# Megatron-Bridge's published pre-training rows (docs/performance-summary-archive.md of
+# NVIDIA-NeMo/Megatron-Bridge; NeMo containers 26.02 to 26.08): tokens/s per GPU and
+# model TFLOP/s per GPU, each rounded to a whole number, so their ratio is the count per
+# token the run logged, within half a unit of each. (preset, tp, tokens/s, TFLOP/s).
+BRIDGE_ROWS = [("llama3-70b", 4, 1639, 736), ("llama3-70b", 4, 1633, 734),  # H100 FP8
+               ("llama3.1-405b", 8, 326, 822), ("llama3.1-405b", 8, 311, 784),
+               ("qwen3-235b-a22b", 2, 1633, 242), ("qwen3-235b-a22b", 2, 1686, 250),
+               ("gpt-oss-120b", 1, 5993, 163), ("gpt-oss-120b", 1, 5810, 158),  # H100 BF16
+               ("deepseek-v3", 1, 4969, 1292), ("deepseek-v3", 1, 2815, 732)]  # GB200, B200
+
+
+@pytest.mark.parametrize("preset, tp, tokens, tflops", BRIDGE_ROWS)
+def test_the_count_per_token_is_the_one_published_runs_logged(preset, tp, tokens,
+                                                              tflops) -> None:
+    """Held out: each run's logged TFLOP/s over its tokens/s. gpt-oss's gated MLP is
+    --quick-geglu, which Megatron counts as two matrices (a SwiGLU count reads 26 % high
+    against these rows)."""
+    a = parse_model({"preset": preset, "tp": tp}).arch  # type: ignore[union-attr]
+    per_token = iteration_flops(a, 1) / a.seq_length
+    low, high = (tflops - 0.5) * 1e12 / tokens, (tflops + 0.5) * 1e12 / tokens
+    assert low * 0.999 <= per_token <= high * 1.001
+
+
+def test_quick_geglu_counts_two_matrices_and_exports_its_flag(capsys) -> None:
+    swiglu = parse_model({"preset": "gpt-oss-120b", "gated_activation": "swiglu"}).arch
+    geglu = parse_model({"preset": "gpt-oss-120b"}).arch  # type: ignore[union-attr]
+    h, ffn, k, layers = 2880, 2880, 4, 36
+    third = 6 * h * ffn * k * layers * 4096  # the third matrix of every token's experts
+    assert iteration_flops(swiglu, 1) - iteration_flops(geglu, 1) == pytest.approx(third)
+    assert main(["presets", "gpt-oss-120b", "--json"]) == 0
+    flags = json.loads(capsys.readouterr().out)["megatron_model_args"].split()
+    assert "--quick-geglu" in flags and "--swiglu" not in flags
+    assert main(["presets", "llama3-8b", "--json"]) == 0
+    assert "--swiglu" in json.loads(capsys.readouterr().out)["megatron_model_args"].split()
+
+
+def _mamba(h: int, state: int, groups: int, heads: int) -> float:
+    d_in = 2 * h  # Megatron's mamba_layer_flops, per token, forward
+    return 2 * h * (2 * d_in + 2 * groups * state + heads) + 7 * d_in * state + 2 * d_in * h
+
+
+def test_hybrid_stacks_follow_megatrons_hybrid_formula() -> None:
+    """training.py's hybrid_flops, restated for Nemotron-H-8B (Megatron-LM's
+    Nemotron-H-8B-Base-8K.sh: 24 Mamba-2, 24 squared-ReLU MLP and 4 attention layers,
+    hidden 4096, 32 heads of 128 in 8 groups, MLP 21504, Mamba state 128 in 8 groups,
+    128 heads, vocabulary 131072, sequence 8192): 3 x the forward's FLOPs."""
+    h, s, q = 4096, 8192, 32 * 128
+    attention = 4 * q * (h + h * 8 / 32) + 2 * s * q  # projections + causal core
+    mlp = 4 * 21504 * h
+    forward = 24 * _mamba(h, 128, 8, 128) + 24 * mlp + 4 * attention + 2 * h * 131072
+    a = parse_model({"preset": "nemotron-h-8b"}).arch  # type: ignore[union-attr]
+    assert iteration_flops(a, 2) == pytest.approx(3 * 2 * s * forward, rel=1e-12)
+
+
+def test_gated_delta_net_moe_and_mtp_in_a_hybrid_stack() -> None:
+    """Qwen3-Next-80B-A3B as its pattern builds it (36 G, 12 *, 48 E, an MTP depth of *
+    and E): GatedDeltaNet by gdn_layer_flops (16 key heads of 128, 32 value heads of 128,
+    a 4-wide convolution), MoE top-10 of 512-wide SwiGLU experts and one shared, the
+    logits twice (main and MTP)."""
+    h, s, q = 2048, 4096, 16 * 256
+    qk, v = 16 * 128, 32 * 128
+    gdn = 2 * (h * (2 * qk + 2 * v + 2 * 32) + 4 * (2 * qk + v) + 32 * 128 ** 2 * 4 + h * v)
+    attention = 4 * q * (h + h * 2 / 16) + 2 * s * q
+    moe = 4 * h * 512 * 10 * 1.5 + 4 * h * 512 * 1.5
+    vocab = 151936  # a multiple of 128
+    forward = 36 * gdn + 13 * attention + 49 * moe + 2 * h * vocab * 2
+    a = parse_model({"preset": "qwen3-next-80b-a3b"}).arch  # type: ignore[union-attr]
+    assert iteration_flops(a, 1) == pytest.approx(3 * s * forward, rel=1e-12)
