@@ -46,6 +46,13 @@ MODEL_PRESETS: dict[str, dict] = {
         num_experts=256, top_k=8, moe_ffn_hidden_size=2048, shared_experts=1, ep=64,
         vocab_size=129280, seq_length=4096, micro_batch_size=1, recompute="selective",
         distributed_optimizer=True, dp=128),
+    "kimi-k2": dict(
+        num_layers=61, layers="dense*1, moe*60", hidden_size=7168, num_heads=64,
+        num_kv_heads=64, head_dim=128, attention="mla", q_lora_rank=1536, kv_lora_rank=512,
+        qk_rope_head_dim=64, v_head_dim=128, ffn_hidden_size=18432, num_experts=384, top_k=8,
+        moe_ffn_hidden_size=2048, shared_experts=1, ep=32, tp=2, vocab_size=163840,
+        seq_length=4096, micro_batch_size=1, recompute="selective",
+        distributed_optimizer=True, dp=16),
     "qwen3-235b-a22b": dict(
         num_layers=94, hidden_size=4096, num_heads=64, num_kv_heads=4, head_dim=128,
         ffn_hidden_size=12288, num_experts=128, top_k=8, moe_ffn_hidden_size=1536, ep=8,
@@ -105,6 +112,10 @@ MODEL_NOTES: dict[str, str] = {
     "deepseek-v3": "DeepSeek-V3: MLA, 3 dense + 58 MoE layers (256 experts top-8 + 1 shared), "
     "1 MTP, ep 64, distributed optimizer over dp 128 (deepseek-ai/DeepSeek-V3 config.json; "
     "arXiv 2412.19437: 671B, 37B active)",
+    "kimi-k2": "Kimi K2: MLA (64 heads), 1 dense + 60 MoE layers (384 experts top-8 + 1 "
+    "shared), tp 2, ep 32, distributed optimizer over dp 16 (moonshotai/Kimi-K2-Instruct "
+    "config.json; Megatron-Bridge's H100 recipe shape; 1T, 32B active; trained with "
+    "Muon, priced with Adam's states)",
     "qwen3-235b-a22b": "Qwen3-235B-A22B: 94 MoE layers, 128 experts top-8, GQA 64/4, tp 4, ep 8 "
     "(Qwen/Qwen3-235B-A22B config.json; 235B, 22B active)",
     "mixtral-8x7b": "Mixtral 8x7B: 32 MoE layers, 8 experts top-2, ep 8 "
