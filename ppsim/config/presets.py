@@ -57,6 +57,10 @@ MODEL_PRESETS: dict[str, dict] = {
         num_layers=94, hidden_size=4096, num_heads=64, num_kv_heads=4, head_dim=128,
         ffn_hidden_size=12288, num_experts=128, top_k=8, moe_ffn_hidden_size=1536, ep=8,
         vocab_size=151936, seq_length=4096, micro_batch_size=1, tp=4, recompute="selective"),
+    "qwen3-30b-a3b": dict(
+        num_layers=48, hidden_size=2048, num_heads=32, num_kv_heads=4, head_dim=128,
+        ffn_hidden_size=6144, num_experts=128, top_k=8, moe_ffn_hidden_size=768, ep=8,
+        vocab_size=151936, seq_length=4096, micro_batch_size=1, recompute="selective"),
     "mixtral-8x7b": dict(
         num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
         num_experts=8, top_k=2, moe_ffn_hidden_size=14336, ep=8, vocab_size=32000,
@@ -118,6 +122,8 @@ MODEL_NOTES: dict[str, str] = {
     "Muon, priced with Adam's states)",
     "qwen3-235b-a22b": "Qwen3-235B-A22B: 94 MoE layers, 128 experts top-8, GQA 64/4, tp 4, ep 8 "
     "(Qwen/Qwen3-235B-A22B config.json; 235B, 22B active)",
+    "qwen3-30b-a3b": "Qwen3-30B-A3B: 48 MoE layers, 128 experts top-8 (768 wide), GQA "
+    "32/4, ep 8 (Qwen/Qwen3-30B-A3B config.json; 30.5B, 3.3B active)",
     "mixtral-8x7b": "Mixtral 8x7B: 32 MoE layers, 8 experts top-2, ep 8 "
     "(mistralai/Mixtral-8x7B-v0.1 config.json; 46.7B, 12.9B active)",
     "gpt-oss-120b": "gpt-oss-120b: 36 MoE layers, 128 experts top-4, GQA 64/8, a 128-token "

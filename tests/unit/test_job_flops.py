@@ -144,7 +144,8 @@ BRIDGE_ROWS = [("llama3-70b", 4, 1639, 736), ("llama3-70b", 4, 1633, 734),  # H1
                ("qwen3-235b-a22b", 2, 1633, 242), ("qwen3-235b-a22b", 2, 1686, 250),
                ("gpt-oss-120b", 1, 5993, 163), ("gpt-oss-120b", 1, 5810, 158),  # H100 BF16
                ("deepseek-v3", 1, 4969, 1292), ("deepseek-v3", 1, 2815, 732),  # GB200, B200
-               ("kimi-k2", 1, 5372, 1099), ("kimi-k2", 1, 5072, 1037)]  # GB300
+               ("kimi-k2", 1, 5372, 1099), ("kimi-k2", 1, 5072, 1037),  # GB300
+               ("qwen3-30b-a3b", 1, 8960, 206), ("qwen3-30b-a3b", 1, 9058, 208)]  # H100
 
 
 @pytest.mark.parametrize("preset, tp, tokens, tflops", BRIDGE_ROWS)
