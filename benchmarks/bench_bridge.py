@@ -19,7 +19,9 @@ GPT-OSS 120B on 64 GPUs, priced with its workload config
 of layernorm and moe_act) over its recipe (recipes/gpt_oss: the all-to-all dispatcher,
 the distributed optimizer with both DP overlaps, sequence 4096, the model from the
 Hugging Face config, vocabulary 201,088) and the performance scripts'
-set_gpt_oss_common_configs (gradients reduced in bf16).
+set_gpt_oss_common_configs (gradients reduced in bf16). And the archive's DGX-H100 FP8 run
+of Qwen3-30B-A3B (26.02.01 container), priced at the archive's shape with its workload
+config's combined 1F1B: both fine-grained MoEs read far above their published rates.
 
 Then (without --quick) `ppsim plan --gpus 8192` for the 405B preset in FP8, the plan time.
 
@@ -108,6 +110,16 @@ BF16_RUN = BridgeRun(name="GPT-OSS 120B", preset="gpt-oss-120b", gpus=64, tokens
 """Megatron-Bridge 26.02, DGX-H100, BF16 (tp 1: no --tp-comm-overlap)."""
 
 
+SMALL_MOE_RUN = BridgeRun(name="Qwen3-30B-A3B", preset="qwen3-30b-a3b", gpus=16,
+                          tokens_per_gpu=9058,
+                          shape="--global-batch-size 1024 --micro-batch-size 1 --seq-length "
+                                "4096 --pp 2 --vpp 12 --ep 8 --moe-token-dispatcher-type "
+                                "alltoall --overlap-moe-expert-parallel-comm "
+                                "--delay-wgrad-compute")
+"""Megatron-Bridge 26.02.01, DGX-H100, FP8 (the archive's shape; its workload config,
+QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS, sets moe_a2a_overlap and no CUDA graphs)."""
+
+
 def price(run: BridgeRun, fp8: bool, overlaps: list[str] = OVERLAPS) -> Priced:
     argv = ["simulate", "--preset", run.preset, "--hardware", run.hardware, "--gpus",
             str(run.gpus), *run.shape.split(), *overlaps, *(FP8 if fp8 else []), "--json"]
@@ -143,6 +155,12 @@ def main() -> None:
           f"{bf.tokens_per_gpu:,.0f} tokens/s/GPU "
           f"({bf.tokens_per_gpu / BF16_RUN.tokens_per_gpu - 1:+.1%}), "
           f"{bf.tflops_per_gpu:.0f} TFLOP/s/GPU, peak {bf.peak_gb:.1f} GB")
+    small = price(SMALL_MOE_RUN, True, DP_OVERLAPS)
+    print(f"Megatron-Bridge 26.02.01, DGX-H100, FP8 (held out): {SMALL_MOE_RUN.name} on "
+          f"{SMALL_MOE_RUN.gpus}: published {SMALL_MOE_RUN.tokens_per_gpu:,.0f}, ppsim "
+          f"{small.tokens_per_gpu:,.0f} tokens/s/GPU "
+          f"({small.tokens_per_gpu / SMALL_MOE_RUN.tokens_per_gpu - 1:+.1%}), "
+          f"{small.tflops_per_gpu:.0f} TFLOP/s/GPU, peak {small.peak_gb:.1f} GB")
     if "--quick" in sys.argv:
         return
     plan_case("llama3.1-405b on 8,192 H100, FP8", [
