@@ -96,9 +96,13 @@ def fusion_args(a: Architecture) -> list[str]:
 
 
 def optimizer_args(a: Architecture) -> list[str]:
-    """How the architecture keeps its gradients and Adam's state, as Megatron's
-    arguments (the fp32 defaults unsaid)."""
-    out = ["--use-distributed-optimizer"] * a.distributed_optimizer
+    """The optimizer and how the architecture keeps its gradients and the optimizer's
+    state, as Megatron's arguments (its defaults unsaid)."""
+    out = ["--optimizer", "muon"] if a.optimizer == "muon" else []
+    if a.optimizer == "muon":
+        out += ["--muon-num-ns-steps", str(a.muon_ns_steps)] * (a.muon_ns_steps != 5)
+        out += ["--muon-tp-mode", a.muon_tp_mode] * (a.muon_tp_mode != "duplicated")
+    out += ["--use-distributed-optimizer"] * a.distributed_optimizer
     out += ["--num-distributed-optimizer-instances", str(a.dp_replicas)] * (a.dp_replicas > 1)
     out += ["--grad-reduce-in-bf16"] * a.grad_reduce_in_bf16
     if a.precision_aware_optimizer:

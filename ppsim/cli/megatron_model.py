@@ -14,7 +14,7 @@ from itertools import groupby
 from typing import Any
 
 from ppsim.config.model import Model, TransformerModel
-from ppsim.costs.arch import CP_COMM_TYPES, FP8_FORMATS
+from ppsim.costs.arch import CP_COMM_TYPES, FP8_FORMATS, MUON_TP_MODES, OPTIMIZERS
 from ppsim.costs.patterns import moe_layers
 from ppsim.errors import UserError
 
@@ -43,7 +43,8 @@ ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
               "moe_pad_expert_input_to_capacity",
               "make_vocab_size_divisible_by", "fp8_format", "fp8_recipe", "fp8_param_gather",
               "first_last_layers_bf16", "num_layers_at_start_in_bf16",
-              "num_layers_at_end_in_bf16", "fp4_format", "cp_comm_type")
+              "num_layers_at_end_in_bf16", "fp4_format", "cp_comm_type", "optimizer",
+              "muon_num_ns_steps", "muon_tp_mode")
 """Every flag of the group that changes the model (the rest are accepted and ignored)."""
 IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base": float,
            "rotary-percent": float, "init-method-std": float, "disable-bias-linear": None,
@@ -129,6 +130,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
             g.add_argument(f"--{flag}", type=kind, help=hidden)
     g.add_argument("--expert-tensor-parallel-size", type=int, help=hidden)
     g.add_argument("--cp-comm-type", nargs="+", help=hidden)
+    g.add_argument("--muon-num-ns-steps", type=int, help=hidden)
+    g.add_argument("--muon-tp-mode", choices=MUON_TP_MODES, help=hidden)
     g.add_argument("--fp8-format", choices=FP8_FORMATS[1:], help=hidden)
     g.add_argument("--fp8-recipe", help=hidden)
     g.add_argument("--fp4-format", help=hidden)
@@ -222,6 +225,7 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
     out.update(_fp8_fields(get))
     if get("cp_comm_type") is not None:
         out["cp_comm_type"] = _cp_comm_type(get("cp_comm_type"))
+    out.update(_optimizer_fields(get))
     if get("bf16") and get("fp16"):
         raise UserError("--bf16", "and --fp16 both given", "give one of them")
     if get("bf16") or get("fp16"):
@@ -237,6 +241,22 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
     if divisor is not None:
         out["vocab_divisor"] = divisor
     return out
+
+
+def _optimizer_fields(get: Any) -> dict[str, Any]:
+    """--optimizer (adam or muon; dist_muon, deprecated, is muon with the distributed
+    optimizer, as Megatron turns it), --muon-num-ns-steps and --muon-tp-mode as fields."""
+    out: dict[str, Any] = {"muon_ns_steps": get("muon_num_ns_steps"),
+                           "muon_tp_mode": get("muon_tp_mode")}
+    name = get("optimizer")
+    if name == "dist_muon":
+        out.update(optimizer="muon", distributed_optimizer=True)
+    elif name is not None and name not in OPTIMIZERS:
+        raise UserError("--optimizer", f"{name!r} keeps other states than Adam's or Muon's, "
+                        "which ppsim does not price", "give --optimizer adam or muon")
+    elif name is not None:
+        out["optimizer"] = name
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def _cp_comm_type(kinds: list[str]) -> str:

@@ -33,7 +33,8 @@ RUN = {
         "start-weight-decay", "end-weight-decay", "weight-decay-incr-style"),
     "regularization": (
         "weight-decay", "clip-grad", "adam-beta1", "adam-beta2", "adam-eps", "sgd-momentum",
-        "apply-wd-to-qk-layernorm"),
+        "apply-wd-to-qk-layernorm", "muon-momentum", "muon-nesterov", "muon-scale-mode",
+        "muon-coefficient-type", "muon-extra-scale-factor", "muon-scalar-optimizer"),
     "numerics checks and loss scaling": (
         "seed", "init-method-xavier-uniform", "data-parallel-random-init",
         "use-cpu-initialization", "loss-scale", "initial-loss-scale", "min-loss-scale",
@@ -84,7 +85,8 @@ UNPRICED = (
     "no-persist-layer-norm", "cross-entropy-loss-fusion", "cross-entropy-fusion-impl",
     "manual-gc", "manual-gc-interval", "empty-unused-memory-level", "reset-attention-mask",
     "use-fused-weighted-squared-relu", "cuda-graph-impl", "cuda-graph-scope",
-    "cuda-graph-warmup-steps", "external-cuda-graph", "enable-cuda-graph", "te-rng-tracker")
+    "cuda-graph-warmup-steps", "external-cuda-graph", "enable-cuda-graph", "te-rng-tracker",
+    "muon-no-split-qkv", "muon-fp32-matmul-prec", "muon-use-syrk")
 """Megatron's arguments that change an iteration's time or memory a little in ways ppsim
 does not model: its memory-bound operations and attention are priced as Megatron's
 default fused kernels (a per-document attention mask is not one), each kernel launched
@@ -95,9 +97,6 @@ TRAINING_COMMANDS = ("run", "demo")
 would mislead, so they take none of these (ppsim run has its own --lr and --seed)."""
 PREFIX = "megatron_run_"
 """Where argparse keeps what these flags were given (read back by `unpriced_given`)."""
-OPTIMIZERS_PRICED = ("adam",)
-"""--optimizer values ppsim prices (Adam's two fp32 moments beside the fp32 main
-weights); SGD, Muon and the rest keep other states."""
 
 
 def add_run_flags(p: argparse.ArgumentParser) -> None:
@@ -127,9 +126,9 @@ def unpriced_given(args: argparse.Namespace) -> list[str]:
 
 
 def check_run_flags(args: argparse.Namespace) -> str | None:
-    """Refuse what changes the job beyond ppsim's model (FSDP, another optimizer, the
-    optimizer on the host); return the rank order --use-tp-pp-dp-mapping selects, or
-    None."""
+    """Refuse what changes the job beyond ppsim's model (Megatron's FSDP, the optimizer
+    on the host; an optimizer other than Adam or Muon is refused with the model's flags);
+    return the rank order --use-tp-pp-dp-mapping selects, or None."""
     flag = lambda key: getattr(args, key, None)  # noqa: E731 - a command may lack a flag
     for dest, name in (("use_torch_fsdp2", "--use-torch-fsdp2"),
                        ("use_megatron_fsdp", "--use-megatron-fsdp")):
@@ -141,10 +140,6 @@ def check_run_flags(args: argparse.Namespace) -> str | None:
     if flag("optimizer_cpu_offload"):
         raise UserError("--optimizer-cpu-offload", "the optimizer stepping on the host is not "
                         "modelled", "drop it (ppsim prices the optimizer on the GPU)")
-    optimizer = flag("optimizer")
-    if optimizer is not None and optimizer not in OPTIMIZERS_PRICED:
-        raise UserError("--optimizer", f"{optimizer!r} keeps other states than Adam's, which "
-                        "ppsim does not price", "drop it, or give --optimizer adam")
     if not flag("use_tp_pp_dp_mapping"):
         return None
     order = flag("rank_order")

@@ -119,6 +119,8 @@ def job_line(job: Any, iteration_ms: float) -> str:
              f"{fsdp} pp {d['pp']}), global batch {d['global_batch_size']:,}")
     if d["fp8"]:
         shape += f", FP8 {d['fp8']['format']} {d['fp8']['recipe']}"
+    if d["optimizer"] == "muon":
+        shape += ", Muon"
     if d["deepep_buffer_bytes"]:
         sms = (f"{job.deepep_sms} of {job.sm_count} SMs, " if job.sm_count
                else f"{job.deepep_sms} SMs, ")

@@ -67,6 +67,9 @@ def check_features(cfg: Any) -> None:
         raise UserError("pipeline.moe_token_dispatcher_type", "flex: the executor has no "
                         "DeepEP (its processes talk over gloo)", "drop it to run the model "
                         "(simulate and plan price DeepEP)")
+    if a.optimizer != "adam":
+        raise UserError("model.optimizer", f"{a.optimizer}: the executor steps with AdamW",
+                        "drop it to run the model (simulate and plan price Muon)")
     if a.fsdp:
         _check_fsdp(cfg)
     if a.distributed_optimizer and a.dp_replicas > 1:

@@ -20,8 +20,10 @@ from ppsim.costs.arch import (
     FP8_FORMATS,
     FSDP_RESHARD,
     GATED_ACTIVATIONS,
+    MUON_TP_MODES,
     NORMS,
     OPTIMIZER_DTYPES,
+    OPTIMIZERS,
     POSITIONS,
     RECOMPUTE,
 )
@@ -283,9 +285,10 @@ FLOPs stay exact floats (a 200-digit hidden_size would overflow float conversion
 _CHOICES = {"recompute": RECOMPUTE, "dtype": tuple(DTYPE_BYTES), "attention": ATTENTION,
             "norm": NORMS, "position": POSITIONS, "fsdp_reshard_after_forward": FSDP_RESHARD,
             "fp8": FP8_FORMATS, "cp_comm_type": CP_COMM_TYPES,
-            "gated_activation": GATED_ACTIVATIONS,
+            "gated_activation": GATED_ACTIVATIONS, "optimizer": OPTIMIZERS,
+            "muon_tp_mode": MUON_TP_MODES,
             **OPTIMIZER_DTYPES}
-_POSITIVE = ("tp", "dp", "ep", "cp", "dp_replicas", "vocab_divisor", "hidden_size",
+_POSITIVE = ("tp", "dp", "ep", "cp", "dp_replicas", "vocab_divisor", "hidden_size", "muon_ns_steps",
              "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_length",
              "micro_batch_size")
 _COUNTS = ("attention_window", "moe_latent_size", "mtp_layers", "head_dim", "q_lora_rank",
@@ -331,6 +334,7 @@ def transformer(raw: dict[str, Any]) -> None:
         limits.check_shape(raw["num_layers"], 1, 1, 1, raw["mtp_layers"])
     parallel_shape(raw)
     optimizer_states(raw)
+    muon(raw)
     sharding(raw)
     features.sliding_window(raw)
     features.fp8(raw)
@@ -378,6 +382,19 @@ def optimizer_states(raw: dict[str, Any]) -> None:
         raise UserError("model.precision_aware_optimizer", "ppsim prices the precision-aware "
                         "optimizer for bf16 training only", "train in bf16 (--bf16), or "
                         "drop it")
+
+
+def muon(raw: dict[str, Any]) -> None:
+    """Muon as ppsim prices it: Megatron's, its state in fp32 (not torchtitan's FSDP2 nor
+    the precision-aware optimizer's dtypes)."""
+    if raw.get("optimizer", "adam") != "muon":
+        return
+    for key, what in (("fsdp", "torchtitan's FSDP2"),
+                      ("precision_aware_optimizer", "the precision-aware optimizer")):
+        if raw.get(key):
+            raise UserError("model.optimizer", f"muon with {what} is not priced (ppsim "
+                            "prices Megatron's Muon, its state in fp32)",
+                            f"drop {key} or use --optimizer adam")
 
 
 def parallel_shape(raw: dict[str, Any]) -> None:

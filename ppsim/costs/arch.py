@@ -26,6 +26,10 @@ FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
 """Megatron's --fp8-recipe choices on Hopper (mxfp8 is Blackwell's)."""
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a")
 GATED_ACTIVATIONS = ("swiglu", "quick_geglu")
+OPTIMIZERS = ("adam", "muon")
+"""--optimizer values ppsim prices."""
+MUON_TP_MODES = ("duplicated", "blockwise", "distributed")
+"""--muon-tp-mode values."""
 """Megatron's --cp-comm-type choices ppsim prices (a2a+p2p, hierarchical, is not)."""
 TORCHAO_FP8_RECIPES = ("tensorwise", "rowwise")
 """torchao's Float8Linear recipes torchtitan runs under FSDP (all-tensorwise, rowwise)."""
@@ -83,6 +87,16 @@ class Architecture:
     grad_reduce_in_bf16: bool = False
     """bf16 training keeps and reduces its gradients in bf16, not fp32 (Megatron
     --grad-reduce-in-bf16): 2 bytes a parameter less, half the data-parallel traffic."""
+    optimizer: str = "adam"
+    """"adam", or "muon" (Megatron --optimizer muon, ppsim.costs.muon): the decoder's
+    2-D weights keep one fp32 momentum instead of Adam's two moments and are stepped by
+    Newton-Schulz iterations; the embedding, output layer and norms stay on Adam."""
+    muon_ns_steps: int = 5
+    """Newton-Schulz iterations a Muon step runs (--muon-num-ns-steps)."""
+    muon_tp_mode: str = "duplicated"
+    """How Muon orthogonalizes a tensor-parallel weight (--muon-tp-mode): "duplicated",
+    the whole matrix on every tensor rank; "blockwise", each shard alone; "distributed",
+    the whole matrix's work split over the tensor ranks."""
     precision_aware_optimizer: bool = False
     """TransformerEngine's FusedAdam keeps the optimizer's state in the dtypes below
     (Megatron --use-precision-aware-optimizer; bf16 training, distributed optimizer)."""
@@ -393,6 +407,12 @@ def optimizer_state_bytes(a: Architecture) -> int:
     return 8 if a.dtype == "fp32" else 12
 
 
+def muon_state_bytes(a: Architecture) -> int:
+    """Muon's state per decoder weight before the distributed optimizer spreads it: the
+    fp32 momentum, and the fp32 master unless the model trains in fp32."""
+    return 4 if a.dtype == "fp32" else 8
+
+
 ADAM_BYTES_PER_PARAM = 28
 """AdamW's step reads the fp32 parameter, gradient and two moments (16 B) and writes
 the parameter and the moments (12 B): memory-bound. Megatron's optimizer casts bf16
@@ -419,12 +439,13 @@ def optimizer_shards(a: Architecture, experts: bool = False) -> int:
     return max(1, group // a.dp_replicas)
 
 
-def bytes_per_param(a: Architecture, experts: bool = False) -> float:
+def bytes_per_param(a: Architecture, experts: bool = False, layer: bool = False) -> float:
     """Megatron (its distributed optimizer's table): weights + grads + Adam states, per
     parameter; bf16 weights keep fp32 gradients unless they are reduced in bf16.
-    `experts`: a routed expert's, whose state shards over fewer ranks. Under FSDP all of
-    it is sharded: the fp32 weight (mixed precision computes with a gathered bf16 copy,
-    ppsim.job.fsdp), its gradient and Adam's two fp32 moments."""
+    `experts`: a routed expert's, whose state shards over fewer ranks. `layer`: a decoder
+    layer's, which Muon steps (its norms too: a few thousand of millions). Under FSDP
+    all of it is sharded: the fp32 weight (mixed precision computes with a gathered bf16
+    copy, ppsim.job.fsdp), its gradient and Adam's two fp32 moments."""
     if a.fsdp:
         return (4 + grad_bytes(a) + 8) / optimizer_shards(a, experts)
     if a.dtype == "fp32":
@@ -433,5 +454,6 @@ def bytes_per_param(a: Architecture, experts: bool = False) -> float:
         held = 4  # the weight and its fp16 gradient; the fp32 main gradient is state
     else:
         held = 2 + grad_bytes(a)  # bf16 weights and their gradient buffer
-    state = optimizer_state_bytes(a) + 4 * (a.dtype == "fp16")
+    muon = layer and a.optimizer == "muon"
+    state = (muon_state_bytes(a) if muon else optimizer_state_bytes(a)) + 4 * (a.dtype == "fp16")
     return held + state / optimizer_shards(a, experts)

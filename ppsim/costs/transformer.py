@@ -148,8 +148,9 @@ def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
         + weight_grad_bytes(ops, DTYPE_BYTES[a.dtype], inputs=False)
     held = held_params(a, kind)
     return LayerCost(forward_ms=f, backward_ms=bi + bw, weight_grad_ms=bw,
-                     static_bytes=int(held.dense * bytes_per_param(a)
-                                      + held.experts * bytes_per_param(a, experts=True))
+                     static_bytes=int(held.dense * bytes_per_param(a, layer=True)
+                                      + held.experts * bytes_per_param(a, experts=True,
+                                                                       layer=True))
                      + fp8_weight_bytes(a, ops),
                      activation_bytes=act, weight_grad_bytes=w_keep,
                      output_bytes=s * b * h * DTYPE_BYTES[a.dtype] // t,
@@ -183,7 +184,7 @@ def _mtp_cost(a: Architecture, acc: Accelerator, layer: LayerCost,
     """An MTP module: its norms and projection, its decoder layer, the shared head, a loss."""
     s, b, h, t = a.seq_length, a.micro_batch_size, a.hidden_size, a.tp
     f, bi, bw = piece_times(acc.roofline(), mtp_ops(a))
-    extra = int(mtp_extra_params(a) / t * bytes_per_param(a))
+    extra = int(mtp_extra_params(a) / t * bytes_per_param(a, layer=True))
     width = DTYPE_BYTES[a.dtype]
     return LayerCost(
         forward_ms=layer.forward_ms + f + head.forward_ms,

@@ -215,9 +215,9 @@ class Job:
                           self.peak_tflops, self.torchtitan_flops)
 
     def describe(self) -> dict[str, Any]:
-        """The job for JSON: sizes, batch, sharding, FP8 (None in bf16), the combined
-        1F1B's all-to-all overlap, the SMs communication holds, and which groups cross
-        nodes."""
+        """The job for JSON: sizes, batch, sharding, FP8 (None in bf16), the optimizer,
+        the combined 1F1B's all-to-all overlap, the SMs communication holds, and which
+        groups cross nodes."""
         s, g = self.shape.sizes, self.groups
         return {"gpus": s.gpus, "tp": s.tp, "cp": s.cp, "ep": s.ep, "dp": s.dp, "pp": s.pp,
                 "global_batch_size": self.shape.global_batch_size,
@@ -228,6 +228,7 @@ class Job:
                 "fp8": {"format": self.arch.fp8, "recipe": self.arch.fp8_recipe,
                         "param_gather": self.arch.fp8_param_gather} if self.arch.fp8 else None,
                 "cp_comm_type": self.arch.cp_comm_type,
+                "optimizer": self.arch.optimizer,
                 "ep_overlap": self.overlap_moe_expert_parallel_comm,
                 "moe_token_dispatcher_type": self.moe_token_dispatcher_type,
                 "dispatcher_sm_share": self.dispatcher_sm_share,

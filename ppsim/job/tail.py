@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from ppsim.costs.arch import DTYPE_BYTES, adam_step_bytes, grad_bytes
 from ppsim.costs.fp8 import gathered_weight_bytes
+from ppsim.costs.muon import muon_step_ms
 from ppsim.job import fsdp
 from ppsim.job.collectives import all_gather_ms, all_reduce_ms, behind_compute_ms, sharded_reduce_ms
 
@@ -108,10 +109,25 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
         ar = sum(all_reduce_ms(n * grads, job.link(g)) for n, g in named)
         reduce = _overlapped(ar, all_reduce_ms(bucket * grads, job.link(last_g)), backward_ms,
                              job.overlap_grad_reduce, share)
-    sharded = job.arch.fsdp or job.arch.distributed_optimizer
-    shard = sum(n / job.link(g + "_shard").size for n, g in named) if sharded else params
-    step = shard * adam_step_bytes(job.arch) / (memory_bandwidth_gbps * 1e6) \
-        if memory_bandwidth_gbps > 0 else 0.0
+    step = step_ms(job, dense, expert_params, edges, memory_bandwidth_gbps)
     if params and (step or optimizer_fixed_ms):
         step += optimizer_fixed_ms
     return Tail(reduce_ms=reduce, optimizer_ms=step)
+
+
+def step_ms(job: Job, dense: int, experts: int, edges: int,
+            memory_bandwidth_gbps: float) -> float:
+    """The optimizer's step on the rank's weights (`edges` of the dense ones the
+    embedding's and the output layer's), the share it owns under the distributed
+    optimizer or FSDP: AdamW's memory traffic, or Muon's (ppsim.costs.muon)."""
+    sharded = job.arch.fsdp or job.arch.distributed_optimizer
+
+    def owned(n: float, group: str) -> float:
+        return n / job.link(group + "_shard").size if sharded and n else n
+
+    if job.arch.optimizer == "muon":
+        return muon_step_ms(job.arch, job.accelerator, owned(dense - edges, "dp"),
+                            owned(experts, "edp"), owned(edges, "dp"), memory_bandwidth_gbps)
+    shard = owned(dense, "dp") + owned(experts, "edp")
+    return shard * adam_step_bytes(job.arch) / (memory_bandwidth_gbps * 1e6) \
+        if memory_bandwidth_gbps > 0 else 0.0

@@ -94,11 +94,12 @@ def step_parts(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
     optimizer step (a fixed time, measured by `ppsim profile` on CPU, plus
     ADAM_BYTES_PER_PARAM over memory bandwidth), as the executor records them.
     Parameters come from the cost model; a cost file without them costs nothing. A
-    data-parallel job (ppsim.job.model.Job, dp x cp > 1) prices the step itself."""
+    data-parallel job (ppsim.job.model.Job, dp x cp > 1), or one stepping by Muon, prices
+    the step itself."""
     params = [0] * s.pp
     for i, c in enumerate(costs):
         params[s.stage_rank(i)] += c.params
-    if job is not None and job.replaces_tail:
+    if job is not None and (job.replaces_tail or job.arch.optimizer != "adam"):
         return _job_parts(s, costs, params, job, memory_bandwidth_gbps, optimizer_fixed_ms)
     per_param = ADAM_BYTES_PER_PARAM if job is None else adam_step_bytes(job.arch)
     out = []

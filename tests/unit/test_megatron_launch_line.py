@@ -129,7 +129,7 @@ def test_unpriced_switches_are_named_on_stderr_and_change_nothing() -> None:
 
 @pytest.mark.parametrize("extra, field", [
     (["--optimizer", "sgd"], "--optimizer"),
-    (["--optimizer", "muon"], "--optimizer"),
+    (["--optimizer", "adaptive_muon"], "--optimizer"),
     (["--use-torch-fsdp2"], "--use-torch-fsdp2"),
     (["--use-megatron-fsdp"], "--use-megatron-fsdp"),
     (["--optimizer-cpu-offload"], "--optimizer-cpu-offload"),
