@@ -130,6 +130,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
             g.add_argument(f"--{flag}", type=kind, help=hidden)
     g.add_argument("--expert-tensor-parallel-size", type=int, help=hidden)
     g.add_argument("--cp-comm-type", nargs="+", help=hidden)
+    g.add_argument("--optimizer", help=hidden)
     g.add_argument("--muon-num-ns-steps", type=int, help=hidden)
     g.add_argument("--muon-tp-mode", choices=MUON_TP_MODES, help=hidden)
     g.add_argument("--fp8-format", choices=FP8_FORMATS[1:], help=hidden)

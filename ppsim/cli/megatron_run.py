@@ -112,7 +112,6 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
         if f"--{flag}" not in taken:
             g.add_argument(f"--{flag}", dest=PREFIX + flag.replace("-", "_"), nargs="*",
                            help=argparse.SUPPRESS)
-    g.add_argument("--optimizer", help=argparse.SUPPRESS)
     g.add_argument("--use-tp-pp-dp-mapping", action="store_true", default=None,
                    help=argparse.SUPPRESS)
     for flag in ("use-torch-fsdp2", "use-megatron-fsdp", "optimizer-cpu-offload"):

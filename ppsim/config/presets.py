@@ -51,7 +51,7 @@ MODEL_PRESETS: dict[str, dict] = {
         num_kv_heads=64, head_dim=128, attention="mla", q_lora_rank=1536, kv_lora_rank=512,
         qk_rope_head_dim=64, v_head_dim=128, ffn_hidden_size=18432, num_experts=384, top_k=8,
         moe_ffn_hidden_size=2048, shared_experts=1, ep=32, tp=2, vocab_size=163840,
-        seq_length=4096, micro_batch_size=1, recompute="selective",
+        seq_length=4096, micro_batch_size=1, recompute="selective", optimizer="muon",
         distributed_optimizer=True, dp=16),
     "qwen3-235b-a22b": dict(
         num_layers=94, hidden_size=4096, num_heads=64, num_kv_heads=4, head_dim=128,
@@ -117,9 +117,9 @@ MODEL_NOTES: dict[str, str] = {
     "1 MTP, ep 64, distributed optimizer over dp 128 (deepseek-ai/DeepSeek-V3 config.json; "
     "arXiv 2412.19437: 671B, 37B active)",
     "kimi-k2": "Kimi K2: MLA (64 heads), 1 dense + 60 MoE layers (384 experts top-8 + 1 "
-    "shared), tp 2, ep 32, distributed optimizer over dp 16 (moonshotai/Kimi-K2-Instruct "
-    "config.json; Megatron-Bridge's H100 recipe shape; 1T, 32B active; trained with "
-    "Muon, priced with Adam's states)",
+    "shared), tp 2, ep 32, Muon (as Moonshot trained it and Megatron-Bridge's recipe runs "
+    "it) under the distributed optimizer over dp 16 (moonshotai/Kimi-K2-Instruct "
+    "config.json; Bridge's H100 recipe shape; 1T, 32B active)",
     "qwen3-235b-a22b": "Qwen3-235B-A22B: 94 MoE layers, 128 experts top-8, GQA 64/4, tp 4, ep 8 "
     "(Qwen/Qwen3-235B-A22B config.json; 235B, 22B active)",
     "qwen3-30b-a3b": "Qwen3-30B-A3B: 48 MoE layers, 128 experts top-8 (768 wide), GQA "

@@ -137,4 +137,4 @@ def test_kimi_k2_fits_under_muon_where_adam_does_not(capsys) -> None:
                      "16", "--gpus", "512", "--global-batch-size", "4096",
                      "--use-distributed-optimizer", *extra, "--json"]) == 0
         return max(r["peak_memory_bytes"] for r in json.loads(capsys.readouterr().out)["ranks"])
-    assert peak() > 80e9 > peak("--optimizer", "muon")
+    assert peak("--optimizer", "adam") > 80e9 > peak()  # the preset trains with Muon
