@@ -34,9 +34,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ppsim.costs.arch import ADAM_BYTES_PER_PARAM
 from ppsim.costs.costfile import PROFILE_REPEATS, _layer, layer_dict
 from ppsim.costs.model import ModelCosts
+from ppsim.costs.state import ADAM_BYTES_PER_PARAM
 from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.optim import adamw
 from ppsim.executor.profile import Profiler

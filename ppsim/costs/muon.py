@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ppsim.costs.arch import ADAM_BYTES_PER_PARAM, Architecture, attention_shape, layer_kinds
+from ppsim.costs.arch import Architecture, attention_shape, layer_kinds
 from ppsim.costs.mixers import any_kind_params
 from ppsim.costs.ops import Roofline, _matmul_ms
+from ppsim.costs.state import ADAM_BYTES_PER_PARAM
 
 MUON_BYTES_PER_PARAM = 20
 """Muon's elementwise traffic per weight: reads the fp32 master, gradient and momentum

@@ -27,7 +27,6 @@ from ppsim.costs.arch import (
     KindParams,
     attention_params,
     attention_shape,
-    bytes_per_param,
     kind_params,
     layer_kinds,
     layer_windows,
@@ -52,6 +51,7 @@ from ppsim.costs.mixers import any_kind_params, kind_effect, kind_ops, mtp_kinds
 from ppsim.costs.model import LAYER_FIELDS, LayerCost, ModelCosts
 from ppsim.costs.modules import SHORTHAND, layer_activation_bytes
 from ppsim.costs.ops import Op, Roofline, piece_times
+from ppsim.costs.state import bytes_per_param
 from ppsim.errors import UserError
 
 __all__ = ["ATTENTION", "DTYPE_BYTES", "KINDS", "NORMS", "POSITIONS", "RECOMPUTE",

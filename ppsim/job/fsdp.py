@@ -22,7 +22,7 @@ When the collectives run:
   with pp), so they are gathered once, during the first forward.
 
 Memory a parameter costs a rank: its shard of the fp32 weight, gradient and two Adam
-moments (ppsim.costs.arch.bytes_per_param), plus what is held unsharded: with pp > 1
+moments (ppsim.costs.state.bytes_per_param), plus what is held unsharded: with pp > 1
 the gathered weight and the accumulated fp32 gradient (6 bytes in bf16); with pp = 1,
 "never" the gathered weights, else only the units in flight (two units' gathered
 weights, the computing one and the prefetched one, and one unit's gradient).
@@ -34,9 +34,10 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from ppsim.costs.arch import DTYPE_BYTES, Architecture, grad_bytes, layer_kinds, optimizer_shards
+from ppsim.costs.arch import DTYPE_BYTES, Architecture, layer_kinds
 from ppsim.costs.fp8 import gathered_weight_bytes
 from ppsim.costs.model import LayerCost, ModelCosts
+from ppsim.costs.state import grad_bytes, optimizer_shards
 from ppsim.costs.transformer import held_params
 from ppsim.job.collectives import all_gather_ms, behind_compute_ms, sharded_reduce_ms
 

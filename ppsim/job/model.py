@@ -13,9 +13,10 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-from ppsim.costs.arch import Architecture, grad_bytes
+from ppsim.costs.arch import Architecture
 from ppsim.costs.grouptimes import GroupTimes
 from ppsim.costs.layerops import padded_vocab
+from ppsim.costs.state import grad_bytes
 from ppsim.costs.transformer import Accelerator, accelerator
 from ppsim.job import deepep
 from ppsim.job.collectives import Link, all_reduce_ms, link

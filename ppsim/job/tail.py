@@ -21,9 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ppsim.costs.arch import DTYPE_BYTES, adam_step_bytes, grad_bytes
+from ppsim.costs.arch import DTYPE_BYTES
 from ppsim.costs.fp8 import gathered_weight_bytes
 from ppsim.costs.muon import muon_step_ms
+from ppsim.costs.state import adam_step_bytes, grad_bytes
 from ppsim.job import fsdp
 from ppsim.job.collectives import all_gather_ms, all_reduce_ms, behind_compute_ms, sharded_reduce_ms
 

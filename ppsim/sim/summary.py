@@ -13,8 +13,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ppsim.costs.arch import ADAM_BYTES_PER_PARAM, adam_step_bytes
 from ppsim.costs.model import StageCost
+from ppsim.costs.state import ADAM_BYTES_PER_PARAM, adam_step_bytes
 from ppsim.pipeline.messages import wire_ms
 from ppsim.schedules.actions import B, F, Schedule
 

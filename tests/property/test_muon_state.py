@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppsim.config.schema import config_from_dict
-from ppsim.costs.arch import optimizer_shards
 from ppsim.costs.muon import newton_schulz
+from ppsim.costs.state import optimizer_shards
 from ppsim.costs.transformer import accelerator
 from ppsim.pipeline.problem import model_costs
 

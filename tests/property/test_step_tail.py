@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from ppsim.cli.main import main
 from ppsim.config.schema import config_from_dict
-from ppsim.costs.arch import ADAM_BYTES_PER_PARAM
+from ppsim.costs.state import ADAM_BYTES_PER_PARAM
 from ppsim.pipeline.problem import build_problem
 from ppsim.pipeline.split import split_from_counts
 from ppsim.plan.search import SplitSearch

@@ -1,0 +1,76 @@
+"""What a weight costs to hold and to step: its gradient, the optimizer's state (Adam's,
+or Muon's on the decoder's weights), how the distributed optimizer or FSDP spreads that
+state, and the step's memory traffic. Megatron's distributed optimizer's table, its
+precision-aware optimizer's dtypes, torchtitan's FSDP2."""
+
+from __future__ import annotations
+
+from ppsim.costs.arch import STATE_BYTES, Architecture
+
+
+def grad_bytes(a: Architecture) -> int:
+    """Bytes of one parameter's gradient as Megatron keeps and reduces it: fp32, or bf16
+    under --grad-reduce-in-bf16 or --main-grads-dtype bf16 (neither forces fp32
+    accumulation then: arguments.py)."""
+    bf16_grads = a.grad_reduce_in_bf16 or a.main_grads_dtype == "bf16"
+    return 2 if bf16_grads and a.dtype == "bf16" else 4
+
+
+def optimizer_state_bytes(a: Architecture) -> int:
+    """Adam's state per parameter, before the distributed optimizer shards it: the master
+    weight (none for fp32 training, whose weight is its own) and two moments."""
+    if a.precision_aware_optimizer:
+        return 2 + STATE_BYTES[a.exp_avg_dtype] + STATE_BYTES[a.exp_avg_sq_dtype]
+    return 8 if a.dtype == "fp32" else 12
+
+
+def muon_state_bytes(a: Architecture) -> int:
+    """Muon's state per decoder weight before the distributed optimizer spreads it: the
+    fp32 momentum, and the fp32 master unless the model trains in fp32."""
+    return 4 if a.dtype == "fp32" else 8
+
+
+ADAM_BYTES_PER_PARAM = 28
+"""AdamW's step reads the fp32 parameter, gradient and two moments (16 B) and writes
+the parameter and the moments (12 B): memory-bound. Megatron's optimizer casts bf16
+gradients to fp32 first, so it is 28 whatever the gradient buffer's dtype."""
+
+
+def adam_step_bytes(a: Architecture) -> int:
+    """Memory traffic of AdamW's step per parameter: ADAM_BYTES_PER_PARAM, or under the
+    precision-aware optimizer the gradient as kept, the master weight and the moments in
+    their dtypes, read and written back."""
+    if not a.precision_aware_optimizer:
+        return ADAM_BYTES_PER_PARAM
+    return grad_bytes(a) + 2 * optimizer_state_bytes(a)
+
+
+def optimizer_shards(a: Architecture, experts: bool = False) -> int:
+    """Ranks the distributed optimizer (or FSDP) shards a parameter's state over: dense
+    ones over dp x cp (Megatron's intra_dp_cp_group, torchtitan's dp_shard x cp mesh),
+    routed experts' over the expert data-parallel group, dp x cp / ep (world / (ep x etp
+    x pp) with etp = tp; torchtitan's efsdp); each over 1 / dp_replicas of that group."""
+    if not (a.distributed_optimizer or a.fsdp):
+        return 1
+    group = max(1, a.dp * a.cp // a.ep) if experts else a.dp * a.cp
+    return max(1, group // a.dp_replicas)
+
+
+def bytes_per_param(a: Architecture, experts: bool = False, layer: bool = False) -> float:
+    """Megatron (its distributed optimizer's table): weights + grads + Adam states, per
+    parameter; bf16 weights keep fp32 gradients unless they are reduced in bf16.
+    `experts`: a routed expert's, whose state shards over fewer ranks. `layer`: a decoder
+    layer's, which Muon steps (its norms too: a few thousand of millions). Under FSDP
+    all of it is sharded: the fp32 weight (mixed precision computes with a gathered bf16
+    copy, ppsim.job.fsdp), its gradient and Adam's two fp32 moments."""
+    if a.fsdp:
+        return (4 + grad_bytes(a) + 8) / optimizer_shards(a, experts)
+    if a.dtype == "fp32":
+        held = 8  # the weight (its own master) and its gradient
+    elif a.dtype == "fp16":
+        held = 4  # the weight and its fp16 gradient; the fp32 main gradient is state
+    else:
+        held = 2 + grad_bytes(a)  # bf16 weights and their gradient buffer
+    muon = layer and a.optimizer == "muon"
+    state = (muon_state_bytes(a) if muon else optimizer_state_bytes(a)) + 4 * (a.dtype == "fp16")
+    return held + state / optimizer_shards(a, experts)
