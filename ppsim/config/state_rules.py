@@ -1,0 +1,75 @@
+"""Cross-field checks of how the replicas keep and step their state: FSDP beside the
+distributed optimizer, copies of the sharded state, the precision-aware optimizer's
+dtypes, Muon. Each names the field and the fix; ppsim.config.validate calls `check` once
+the fields' types and ranges are checked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ppsim.costs.arch import OPTIMIZER_DTYPES
+from ppsim.errors import UserError
+
+
+def check(raw: dict[str, Any]) -> None:
+    """Every rule below, on a transformer's merged fields."""
+    optimizer_states(raw)
+    muon(raw)
+    sharding(raw)
+
+
+def sharding(raw: dict[str, Any]) -> None:
+    """FSDP is the replicas' whole sharding: not beside the distributed optimizer, and
+    its reshard policy only with it."""
+    if raw.get("fsdp", False) and raw.get("distributed_optimizer", False):
+        raise UserError("model.fsdp", "FSDP already shards the optimizer's state, and the "
+                        "weights and gradients too", "drop --use-distributed-optimizer "
+                        "(distributed_optimizer in [model]), or drop --fsdp")
+    if raw.get("fsdp_reshard_after_forward", "default") != "default" and not raw.get("fsdp"):
+        raise UserError("model.fsdp_reshard_after_forward", "is FSDP's policy and FSDP is "
+                        "off", "add --fsdp (fsdp = true in [model]), or drop it")
+    replicas(raw)
+
+
+def replicas(raw: dict[str, Any]) -> None:
+    """Copies of the sharded state need one (how they divide the data-parallel group is
+    checked with the job's shape: ppsim.job.shape)."""
+    n = raw.get("dp_replicas", 1)
+    if not isinstance(n, int) or n == 1:
+        return
+    if not (raw.get("distributed_optimizer") or raw.get("fsdp")):
+        raise UserError("model.dp_replicas", "copies of the sharded state need a sharded "
+                        "state", "add --use-distributed-optimizer or --fsdp, or drop it")
+
+
+def optimizer_states(raw: dict[str, Any]) -> None:
+    """The state dtypes as Megatron asserts them (optimizer_config.py, optimizer/
+    __init__.py): other than fp32 only under the precision-aware optimizer, which needs
+    the distributed optimizer; ppsim prices it for bf16 training."""
+    aware = raw.get("precision_aware_optimizer", False)
+    for key in OPTIMIZER_DTYPES:
+        if not aware and raw.get(key, "fp32") != "fp32":
+            raise UserError(f"model.{key}", f"{key} can only be fp32 when not using "
+                            "precision-aware optimizer", "add --use-precision-aware-optimizer "
+                            "(precision_aware_optimizer = true in [model])")
+    if aware and not raw.get("distributed_optimizer", False):
+        raise UserError("model.precision_aware_optimizer", "--use-precision-aware-optimizer "
+                        "only supported with distributed optimizer", "add "
+                        "--use-distributed-optimizer (distributed_optimizer = true in [model])")
+    if aware and raw.get("dtype", "bf16") != "bf16":
+        raise UserError("model.precision_aware_optimizer", "ppsim prices the precision-aware "
+                        "optimizer for bf16 training only", "train in bf16 (--bf16), or "
+                        "drop it")
+
+
+def muon(raw: dict[str, Any]) -> None:
+    """Muon as ppsim prices it: Megatron's, its state in fp32 (not torchtitan's FSDP2 nor
+    the precision-aware optimizer's dtypes)."""
+    if raw.get("optimizer", "adam") != "muon":
+        return
+    for key, what in (("fsdp", "torchtitan's FSDP2"),
+                      ("precision_aware_optimizer", "the precision-aware optimizer")):
+        if raw.get(key):
+            raise UserError("model.optimizer", f"muon with {what} is not priced (ppsim "
+                            "prices Megatron's Muon, its state in fp32)",
+                            f"drop {key} or use --optimizer adam")
