@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ppsim.executor.optim import FusedAdamW, adamw
+from ppsim.executor.optim import FusedAdamW, Optimizers, adamw, optimizer
 
 # torch 2.13 names them *_single; older releases *_into_tensor / *_tensor.
 ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -43,19 +43,21 @@ def _views(flat: torch.Tensor, params: list[nn.Parameter]) -> list[torch.Tensor]
     return out
 
 
-def _adam_state(optimizer: FusedAdamW | None) -> list[torch.Tensor]:
+def _adam_state(optimizer: FusedAdamW | Optimizers | None) -> list[torch.Tensor]:
     return [] if optimizer is None else [
         v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
 
 
 class Replicated:
-    """DDP: each rank keeps every weight and its Adam state; gradients all-reduced."""
+    """DDP: each rank keeps every weight and its optimizer's state (Adam's; Muon's on the
+    `muon` weights); gradients all-reduced."""
 
     gathers = False
     """No weights to gather after the step: every rank stepped them all."""
 
     def __init__(self, params: list[nn.Parameter], device: torch.device, lr: float,
-                 group: Any = None, size: int = 1, wire: torch.device | None = None) -> None:
+                 group: Any = None, size: int = 1, wire: torch.device | None = None,
+                 muon: list[nn.Parameter] | None = None) -> None:
         self.params, self.group, self.size = params, group, size
         self.wire = wire or device
         dtype = params[0].dtype if params else torch.float32
@@ -63,7 +65,8 @@ class Replicated:
         """The flat gradient buffer every p.grad views (one collective, no copies)."""
         for p, grad in zip(params, _views(self.grads, params), strict=True):
             p.grad = grad
-        self.optimizer: FusedAdamW | None = adamw(params, lr) if params else None
+        self.optimizer: FusedAdamW | Optimizers | None = \
+            optimizer(params, lr, muon or ()) if params else None
 
     def reduce(self) -> None:
         """Sum the gradients over the replicas, then average."""
@@ -189,12 +192,12 @@ class FullyShardedPipelined(Sharded):
 
 def data_parallel(params: list[nn.Parameter], device: torch.device, lr: float, *,
                   sharded: bool, group: Any = None, size: int = 1, index: int = 0,
-                  wire: torch.device | None = None,
-                  fully_sharded: bool = False) -> Replicated | Sharded:
+                  wire: torch.device | None = None, fully_sharded: bool = False,
+                  muon: list[nn.Parameter] | None = None) -> Replicated | Sharded:
     """The config's way with dp > 1: FSDP's pipelined form (`fully_sharded`), Sharded
     under the distributed optimizer, else DDP."""
     if fully_sharded and size > 1:
         return FullyShardedPipelined(params, device, lr, group, size, index, wire)
     if sharded and size > 1:
         return Sharded(params, device, lr, group, size, index, wire)
-    return Replicated(params, device, lr, group, size, wire)
+    return Replicated(params, device, lr, group, size, wire, muon)

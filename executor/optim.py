@@ -17,6 +17,7 @@ small run's start-up.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -69,3 +70,84 @@ class FusedAdamW:
 def adamw(params: Sequence[torch.nn.Parameter], lr: float) -> FusedAdamW:
     """Fused AdamW over `params` (floating point)."""
     return FusedAdamW(params, lr)
+
+
+NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)
+"""The quintic Newton-Schulz iteration's coefficients (torch.optim.Muon's default)."""
+
+
+class Muon:
+    """torch.optim.Muon's update on 2-D weights, torch's defaults (momentum 0.95 with
+    Nesterov, five quintic Newton-Schulz iterations in bf16, the rate scaled by
+    sqrt(max(1, rows / cols)), decoupled weight decay 0.1): ours for the reason
+    FusedAdamW is, stepping bit for bit alike (tests/unit/test_executor_muon.py). Its
+    state is one momentum a weight."""
+
+    def __init__(self, params: Sequence[torch.nn.Parameter], lr: float, *,
+                 weight_decay: float = 0.1, momentum: float = 0.95, ns_steps: int = 5,
+                 eps: float = 1e-7) -> None:
+        self.params = list(params)
+        if any(p.dim() != 2 for p in self.params):
+            raise ValueError("Muon steps 2-D weights only")
+        self.lr, self.weight_decay, self.momentum = lr, weight_decay, momentum
+        self.ns_steps, self.eps = ns_steps, eps
+        self.state: dict[torch.nn.Parameter, dict[str, torch.Tensor]] = {}
+        """Per weight, allocated at its first step: `momentum_buffer`."""
+
+    def _orthogonal(self, grad: torch.Tensor) -> torch.Tensor:
+        a, b, c = NS_COEFFICIENTS
+        x = grad.bfloat16()
+        tall = grad.size(0) > grad.size(1)
+        x = x.T if tall else x
+        x.div_(x.norm().clamp(min=self.eps))
+        for _ in range(self.ns_steps):
+            gram = x @ x.T
+            x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+        return x.T if tall else x
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p in self.params:
+            if p.grad is None:
+                continue
+            buf = self.state.setdefault(p, {"momentum_buffer": torch.zeros_like(p.grad)})[
+                "momentum_buffer"]
+            buf.lerp_(p.grad, 1 - self.momentum)
+            update = self._orthogonal(p.grad.lerp(buf, self.momentum))
+            p.mul_(1 - self.lr * self.weight_decay)
+            p.add_(update, alpha=-self.lr * math.sqrt(max(1, p.size(0) / p.size(1))))
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+
+class Optimizers:
+    """Several optimizers stepped as one (Muon's weights and the rest on AdamW): their
+    states side by side."""
+
+    def __init__(self, *parts: FusedAdamW | Muon) -> None:
+        self.parts = parts
+
+    @property
+    def state(self) -> dict[torch.nn.Parameter, dict[str, torch.Tensor]]:
+        return {k: v for part in self.parts for k, v in part.state.items()}
+
+    def step(self) -> None:
+        for part in self.parts:
+            part.step()
+
+    def zero_grad(self) -> None:
+        for part in self.parts:
+            part.zero_grad()
+
+
+def optimizer(params: Sequence[torch.nn.Parameter], lr: float,
+              muon: Sequence[torch.nn.Parameter] = ()) -> FusedAdamW | Optimizers:
+    """AdamW over `params`, or (`muon` given: the decoder's 2-D weights among them)
+    Muon over those and AdamW over the rest, as Megatron's --optimizer muon splits them."""
+    if not muon:
+        return adamw(params, lr)
+    ids = {id(p) for p in muon}
+    rest = [p for p in params if id(p) not in ids]
+    return Optimizers(*([adamw(rest, lr)] if rest else []), Muon(list(muon), lr))

@@ -32,7 +32,7 @@ from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.builders import ModelBuilder, builder_spec, layer_kind, load_builder
 from ppsim.executor.builders.deferral import WeightGradStore
 from ppsim.executor.builders.stage import Stage, saved_bytes, tensor_bytes
-from ppsim.executor.optim import adamw
+from ppsim.executor.optim import optimizer
 from ppsim.executor.spawned import free_port, spawn_results
 from ppsim.fileio import write_json_atomic
 
@@ -127,6 +127,8 @@ class Profiler:
             if fields.get("distributed_optimizer") or self.fsdp else 1
         """Replicas the distributed optimizer (or FSDP) shards Adam's state over (the
         runtime's ppsim.executor.dataparallel.Sharded, FullyShardedPipelined)."""
+        self.muon = fields.get("optimizer") == "muon"
+        """The decoder layers' 2-D weights keep Muon's state (ppsim.executor.optim)."""
         build: list[tuple[str, str, Stage]] = [
             ("embedding", "embedding", Stage(b, 0, 0, True, False, seed, rc))]
         self.kinds = [layer_kind(b, i) for i in range(b.num_layers)]
@@ -202,9 +204,9 @@ class Profiler:
     def measure_bytes(self, piece: _Piece) -> None:
         """Activation bytes as the runtime counts them (saved tensors and the piece's
         input; on the head the loss's too), static bytes as its optimizer holds them
-        (params, grads, AdamW states after a step; under the distributed optimizer its
-        moments and an fp32 master copy a 1 / dp share, under FSDP its gradient's shard
-        too)."""
+        (params, grads, AdamW's or Muon's states after a step; under the distributed
+        optimizer its moments and an fp32 master copy a 1 / dp share, under FSDP its
+        gradient's shard too)."""
         params = list(piece.module.parameters())
         ptrs = {t.untyped_storage().data_ptr() for t in [*params, *piece.module.buffers()]}
         x = self.input_for(piece)
@@ -218,8 +220,10 @@ class Profiler:
         piece.activation_bytes = sum(seen.values())
         piece.output_bytes = 0 if piece.kind == "head" else y.numel() * y.element_size()
         del y
-        opt = adamw(params, lr=1e-3)
-        opt.step()  # AdamW allocates its states at the first step
+        muon = [p for p in piece.module.layers.parameters() if p.dim() == 2] \
+            if self.muon and piece.kind == "layer" else []
+        opt = optimizer(params, lr=1e-3, muon=muon)
+        opt.step()  # AdamW and Muon allocate their states at the first step
         tensors = params + [p.grad for p in params if p.grad is not None]
         # Sharded keeps one step count for its shard; DDP's AdamW one per tensor.
         state = [v for st in opt.state.values() for k, v in st.items()

@@ -49,6 +49,9 @@ class Replica:
     (ppsim.executor.dataparallel)."""
     fully_sharded: bool = False
     """torchtitan's FSDP (its pipelined form): the shards hold the fp32 weights too."""
+    muon: bool = False
+    """Megatron's --optimizer muon: the decoder layers' 2-D weights on Muon, the rest on
+    AdamW (ppsim.executor.optim)."""
 
     def global_rank(self, pipeline_rank: int, pp: int) -> int:
         return (self.index * pp + pipeline_rank) * self.tp + self.tp_rank
@@ -106,10 +109,12 @@ class Runtime:
                     apply_policy(mod.layers, memory.policies[st.index])
                 self.modules[st.index] = mod.to(device=device, dtype=builder.dtype)
         self.params = [p for m in self.modules.values() for p in m.parameters()]
+        muon = [p for m in self.modules.values() for p in m.layers.parameters()
+                if p.dim() == 2] if self.replica.muon else []
         self.dp = data_parallel(self.params, device, lr, sharded=self.replica.sharded,
                                 group=self.replica.group, size=self.replica.size,
                                 index=self.replica.index, wire=wire,
-                                fully_sharded=self.replica.fully_sharded)
+                                fully_sharded=self.replica.fully_sharded, muon=muon)
         # Parameters and buffers (rotary tables) are static, never activations.
         self._param_ptrs = {t.untyped_storage().data_ptr() for m in self.modules.values()
                             for t in [*m.parameters(), *m.buffers()]}

@@ -228,7 +228,8 @@ def run(spec: RunSpec) -> dict[str, Any] | None:
         raise RuntimeError(f"world size {world} != pp {pp} x dp {dp} x tp {tp}")
     replica = replace(_groups(rank, pp, dp, tp),
                       sharded=bool(fields.get("distributed_optimizer")),
-                      fully_sharded=bool(fields.get("fsdp")))
+                      fully_sharded=bool(fields.get("fsdp")),
+                      muon=fields.get("optimizer") == "muon")
     progress.RANK.record.rank = rank
     dog = Watchdog(rank, world)
     try:

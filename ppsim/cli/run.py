@@ -119,6 +119,7 @@ def validate(args: argparse.Namespace) -> Any:
                         "model", "use a preset (e.g. --preset tiny-gpt) or kind = \"transformer\"")
     fields = cfg.model.fields()
     runchecks.check_features(cfg)
+    runchecks.check_engine(args, cfg)
     problem = load_problem(args)
     pp = problem.split.pp
     if not problem.split.standard_ends or problem.split.mtp:

@@ -12,6 +12,14 @@ from ppsim.errors import UserError
 from ppsim.schedules.generators import Action
 
 
+def check_engine(args: argparse.Namespace, cfg: Any) -> None:
+    """torch.distributed.pipelining's engine steps with AdamW alone."""
+    if cfg.model.arch.optimizer == "muon" and (getattr(args, "engine", "ppsim") == "torch"
+                                               or getattr(args, "alongside_torch", False)):
+        raise UserError("model.optimizer", "muon: the torch engine steps with AdamW",
+                        "run it with --engine ppsim, without --alongside-torch")
+
+
 def check_launch(args: argparse.Namespace, pp: int) -> None:
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         raise UserError("--node-rank", f"{args.node_rank} is not in 0..{args.nnodes - 1}",
@@ -67,9 +75,10 @@ def check_features(cfg: Any) -> None:
         raise UserError("pipeline.moe_token_dispatcher_type", "flex: the executor has no "
                         "DeepEP (its processes talk over gloo)", "drop it to run the model "
                         "(simulate and plan price DeepEP)")
-    if a.optimizer != "adam":
-        raise UserError("model.optimizer", f"{a.optimizer}: the executor steps with AdamW",
-                        "drop it to run the model (simulate and plan price Muon)")
+    if a.optimizer == "muon" and (a.distributed_optimizer or a.fsdp):
+        raise UserError("model.optimizer", "muon: the executor runs it with DDP (it builds "
+                        "no layer-wise distributed optimizer)", "drop distributed_optimizer "
+                        "(and fsdp) to run it; simulate and plan price it sharded")
     if a.fsdp:
         _check_fsdp(cfg)
     if a.distributed_optimizer and a.dp_replicas > 1:

@@ -60,7 +60,7 @@ def bytes_per_param(a: Architecture, experts: bool = False, layer: bool = False)
     """Megatron (its distributed optimizer's table): weights + grads + Adam states, per
     parameter; bf16 weights keep fp32 gradients unless they are reduced in bf16.
     `experts`: a routed expert's, whose state shards over fewer ranks. `layer`: a decoder
-    layer's, which Muon steps (its norms too: a few thousand of millions). Under FSDP
+    layer's weight matrix, which Muon steps (its norms stay on Adam). Under FSDP
     all of it is sharded: the fp32 weight (mixed precision computes with a gathered bf16
     copy, ppsim.job.fsdp), its gradient and Adam's two fp32 moments."""
     if a.fsdp:

@@ -147,8 +147,10 @@ def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
     w_keep = min(act, weight_grad_bytes(ops, DTYPE_BYTES[a.dtype], inputs=True)) \
         + weight_grad_bytes(ops, DTYPE_BYTES[a.dtype], inputs=False)
     held = held_params(a, kind)
+    norms = any_kind_params(a, kind).norms if a.optimizer == "muon" else 0  # on Adam
     return LayerCost(forward_ms=f, backward_ms=bi + bw, weight_grad_ms=bw,
-                     static_bytes=int(held.dense * bytes_per_param(a, layer=True)
+                     static_bytes=int((held.dense - norms) * bytes_per_param(a, layer=True)
+                                      + norms * bytes_per_param(a)
                                       + held.experts * bytes_per_param(a, experts=True,
                                                                        layer=True))
                      + fp8_weight_bytes(a, ops),

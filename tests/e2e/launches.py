@@ -210,6 +210,9 @@ EXECUTOR = {
     # torchtitan's FSDP with pipeline parallelism
     "1f1b-dp2-fsdp": Spec(argv=[*ONE_F_ONE_B, "--dp", "2", "--config", "{tmp}/fsdp.toml"],
                           iterations=3),
+    # Megatron's --optimizer muon under DDP (test_muon_run.py)
+    "1f1b-dp2-muon": Spec(argv=[*ONE_F_ONE_B, "--dp", "2", "--config", "{tmp}/muon.toml"],
+                          iterations=3),
 }
 
 # test_executor_schedules.py's cases beyond those above; its zb-h1, dualpipev and
@@ -324,6 +327,7 @@ def _prepare(name: str, tmp: Path) -> None:
     (tmp / "ddp.toml").write_text(tiny_gpt_toml())
     (tmp / "distopt.toml").write_text(tiny_gpt_toml(distributed_optimizer=True))
     (tmp / "fsdp.toml").write_text(tiny_gpt_toml(fsdp=True))
+    (tmp / "muon.toml").write_text(tiny_gpt_toml(optimizer="muon"))
     if name == "torch-dualpipev-csv":
         torch_dualpipev_csv(tmp / "dualpipev.csv")
     if name == "fault":  # an earlier good run the failed one must leave alone

@@ -1,7 +1,7 @@
-"""Muon on random models and shapes: a decoder layer holds exactly 4 bytes a weight less
-than under Adam, spread as the distributed optimizer spreads the rest of its state (the
-embedding and the output layer keep Adam's), and the tensor-parallel modes order as
-their work does."""
+"""Muon on random models and shapes: a decoder layer holds exactly 4 bytes a weight of
+its matrices less than under Adam, spread as the distributed optimizer spreads the rest
+of its state (the norms, the embedding and the output layer keep Adam's), and the
+tensor-parallel modes order as their work does."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppsim.config.schema import config_from_dict
+from ppsim.costs.arch import layer_kinds
+from ppsim.costs.mixers import any_kind_params
 from ppsim.costs.muon import newton_schulz
 from ppsim.costs.state import optimizer_shards
 from ppsim.costs.transformer import accelerator
@@ -34,8 +36,9 @@ def test_a_layer_holds_four_bytes_a_weight_less(preset: str, tp: int, dp: int,
     adam, muon = (model_costs(_cfg(preset, tp, dp, sharded, o)) for o in ("adam", "muon"))
     arch = _cfg(preset, tp, dp, sharded, "muon").model.arch
     dense, experts = optimizer_shards(arch), optimizer_shards(arch, experts=True)
-    for a, m in zip(adam.layers, muon.layers, strict=True):
-        saved = 4 * ((a.params - a.expert_params) / dense + a.expert_params / experts)
+    for a, m, kind in zip(adam.layers, muon.layers, layer_kinds(arch), strict=True):
+        norms = any_kind_params(arch, kind).norms  # whole on every rank, on Adam
+        saved = 4 * ((a.params - a.expert_params - norms) / dense + a.expert_params / experts)
         assert a.static_bytes - m.static_bytes == pytest.approx(saved, abs=2)
     assert muon.head.static_bytes == adam.head.static_bytes
     assert muon.embedding.static_bytes == adam.embedding.static_bytes

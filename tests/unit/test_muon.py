@@ -16,7 +16,8 @@ from ppsim.costs.ops import Roofline
 from ppsim.pipeline.problem import model_costs
 
 H, KV, FFN = 4096, 1024, 14336  # llama3-8b at tp 1
-LAYER = H * (H + KV + KV + H) + 3 * H * FFN + 2 * H  # linears and the two RMSNorms
+MATRICES = H * (H + KV + KV + H) + 3 * H * FFN  # Muon's
+LAYER = MATRICES + 2 * H  # and the two RMSNorms, on Adam
 
 
 def _costs(**model):
@@ -30,7 +31,7 @@ def _costs(**model):
 def test_a_layer_keeps_four_bytes_a_weight_less_and_the_edges_keep_adams() -> None:
     adam, muon = _costs(), _costs(optimizer="muon")
     assert adam.layers[0].params == LAYER
-    assert adam.layers[0].static_bytes - muon.layers[0].static_bytes == 4 * LAYER
+    assert adam.layers[0].static_bytes - muon.layers[0].static_bytes == 4 * MATRICES
     assert muon.head.static_bytes == adam.head.static_bytes
     assert muon.embedding.static_bytes == adam.embedding.static_bytes
 
@@ -39,7 +40,7 @@ def test_the_distributed_optimizer_spreads_the_momentum_too() -> None:
     adam = _costs(distributed_optimizer=True, dp=8)
     muon = _costs(distributed_optimizer=True, dp=8, optimizer="muon")
     assert adam.layers[0].static_bytes - muon.layers[0].static_bytes == pytest.approx(
-        4 * LAYER / 8, abs=1)
+        4 * MATRICES / 8, abs=1)
 
 
 FLAT = Roofline(peak_tflops=100.0, efficiency=0.5)  # every matmul at 50 TFLOP/s
@@ -121,12 +122,17 @@ def test_what_is_not_priced_is_refused(capsys, argv: list[str], words: str) -> N
     assert code == 2 and err.count("\n") == 1 and words in err, err
 
 
-def test_run_refuses_muon(tmp_path, capsys) -> None:
+@pytest.mark.parametrize("extra, words", [
+    (["--dp", "2", "--use-distributed-optimizer"], "layer-wise distributed optimizer"),
+    (["--engine", "torch"], "torch engine"),
+])
+def test_run_trains_muon_under_ddp_alone(tmp_path, capsys, extra: list[str],
+                                         words: str) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text('[model]\npreset = "tiny-gpt"\noptimizer = "muon"\n')
-    assert main(["run", "--config", str(cfg), "--print-launch"]) == 2
+    assert main(["run", "--config", str(cfg), *extra, "--print-launch"]) == 2
     err = capsys.readouterr().err
-    assert "model.optimizer" in err and "AdamW" in err
+    assert "model.optimizer" in err and words in err and err.count("\n") == 1
 
 
 def test_kimi_k2_fits_under_muon_where_adam_does_not(capsys) -> None:
