@@ -38,7 +38,7 @@ from ppsim.costs.costfile import PROFILE_REPEATS, _layer, layer_dict
 from ppsim.costs.model import ModelCosts
 from ppsim.costs.state import ADAM_BYTES_PER_PARAM
 from ppsim.executor.alloc import keep_freed_memory
-from ppsim.executor.optim import adamw
+from ppsim.executor.optim import optimizer
 from ppsim.executor.profile import Profiler
 from ppsim.executor.spawned import free_port, spawn_results
 from ppsim.fileio import write_json_atomic
@@ -185,18 +185,22 @@ EVICT_BYTES = 64 << 20
 here), so the step finds its state where the run's compute left it, in memory."""
 
 
-def optimizer_fit(prof: Any, reps: int = 15) -> dict[str, float]:
-    """AdamW step time over one layer's parameters and over every piece's: the fixed time
-    and the bandwidth (ADAM_BYTES_PER_PARAM per parameter) through both points. Each
-    step is timed after the caches are flushed, as in a run, where it follows the
-    pipeline's compute (a hot repeat of the step measured ~30 % faster here)."""
+def optimizer_fit(prof: Any, reps: int = 15) -> dict[str, Any]:
+    """The run's optimizer step time over one layer's parameters and over every piece's:
+    the fixed time and the bandwidth (ADAM_BYTES_PER_PARAM per parameter) through both
+    points; `kind` names the optimizer (AdamW, or Muon on the layers' matrices with AdamW
+    on the rest, as the run steps them). Each step is timed after the caches are flushed,
+    as in a run, where it follows the pipeline's compute (a hot repeat of the step
+    measured ~30 % faster here)."""
     layer = next(p for p in prof.pieces if p.kind == "layer")
     scratch = torch.zeros(EVICT_BYTES // 4, device=prof.device)
     points = []
     for pieces in ([layer], prof.pieces):
         params = [q for p in pieces for q in p.module.parameters()]
-        opt = adamw(params, lr=1e-9)
-        opt.step()  # allocates the moments
+        muon = [q for p in pieces if p.kind == "layer" for q in p.module.layers.parameters()
+                if q.dim() == 2] if prof.muon else []
+        opt = optimizer(params, lr=1e-9, muon=muon)
+        opt.step()  # allocates the states
         times = []
         cuda = prof.device.type == "cuda"
         for _ in range(reps):
@@ -213,6 +217,7 @@ def optimizer_fit(prof: Any, reps: int = 15) -> dict[str, float]:
     per_param = (t2 - t1) / (n2 - n1) if n2 > n1 and t2 > t1 else t2 / max(1, n2)
     fixed = max(0.0, t2 - per_param * n2)
     return {"fixed_ms": fixed, "gbps": ADAM_BYTES_PER_PARAM / (per_param * 1e6),
+            "kind": "muon" if prof.muon else "adam",
             "samples": [{"params": n, "ms": t} for n, t in points]}
 
 

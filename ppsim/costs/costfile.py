@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ppsim.config import files, limits, validate
+from ppsim.costs.arch import OPTIMIZERS
 from ppsim.costs.grouptimes import GroupTimes, group_times_from_dict
 from ppsim.costs.hybrid import pattern_layers
 from ppsim.costs.model import INTEGER_FIELDS, LAYER_FIELDS, LayerCost, ModelCosts
@@ -88,6 +89,9 @@ class Conditions:
     cores: int = 0
     """CPU cores the profile's processes could run on (unpinned ranks share them); 0:
     not measured."""
+    optimizer_kind: str = "adam"
+    """The optimizer the step was timed with: "adam", or "muon" (its decoder layers'
+    matrices on Muon, the rest on AdamW)."""
 
 
 @dataclass(frozen=True)
@@ -299,7 +303,15 @@ def _conditions(path: str, raw: Any) -> Conditions | None:
                       float(num(where="conditions.local_message_cpu_ms",
                                 value=raw.get("local_message_cpu_ms", 0.0))),
                       validate.count(f"{path}: conditions.cores", raw.get("cores", 0), lo=0,
-                                     hi=1 << 20, fix="re-run ppsim profile"))
+                                     hi=1 << 20, fix="re-run ppsim profile"),
+                      _optimizer_kind(path, opt.get("kind", "adam")))
+
+
+def _optimizer_kind(path: str, kind: Any) -> str:
+    if kind not in OPTIMIZERS:
+        raise UserError(f"{path}: conditions.optimizer.kind", f"unknown optimizer {kind!r}"[:200],
+                        "use " + " or ".join(OPTIMIZERS) + ", or re-run ppsim profile")
+    return str(kind)
 
 
 _CACHE: dict[str, tuple[tuple[int, int], CostFile]] = {}

@@ -106,6 +106,9 @@ class Job:
     timed_dp: GroupTimes | None = None
     """The data-parallel group's collectives as a cost file timed them: they price the
     data-parallel groups of the size they were timed on (ppsim.costs.grouptimes)."""
+    timed_step: bool = False
+    """A cost file timed this model's optimizer step (its fixed time and rate price the
+    step, Muon's too) rather than the model's roofline."""
 
     @property
     def deepep(self) -> bool:

@@ -120,13 +120,14 @@ def step_ms(job: Job, dense: int, experts: int, edges: int,
             memory_bandwidth_gbps: float) -> float:
     """The optimizer's step on the rank's weights (`edges` of the dense ones the
     embedding's and the output layer's), the share it owns under the distributed
-    optimizer or FSDP: AdamW's memory traffic, or Muon's (ppsim.costs.muon)."""
+    optimizer or FSDP: AdamW's memory traffic, or Muon's (ppsim.costs.muon), or the rate
+    a cost file timed this model's step at (ADAM_BYTES_PER_PARAM a weight)."""
     sharded = job.arch.fsdp or job.arch.distributed_optimizer
 
     def owned(n: float, group: str) -> float:
         return n / job.link(group + "_shard").size if sharded and n else n
 
-    if job.arch.optimizer == "muon":
+    if job.arch.optimizer == "muon" and not job.timed_step:
         return muon_step_ms(job.arch, job.accelerator, owned(dense - edges, "dp"),
                             owned(experts, "edp"), owned(edges, "dp"), memory_bandwidth_gbps)
     shard = owned(dense, "dp") + owned(experts, "edp")

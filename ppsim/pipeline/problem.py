@@ -296,7 +296,7 @@ def hardware(cfg: Config) -> Hardware:
         latency = latency if lat is None else lat
         bandwidth = bandwidth if bw is None else bw
     dp = cfg.model.arch.dp if isinstance(cfg.model, TransformerModel) else 1
-    membw, fixed, boundary = cfg.hardware.memory_bandwidth_gbps, 0.0, 0.0
+    membw, fixed, boundary, timed_step = cfg.hardware.memory_bandwidth_gbps, 0.0, 0.0, False
     if cfg.costs_file:
         cond = load_conditions(cfg.costs_file)
         if cond is not None and cond.message_latency_ms:
@@ -306,6 +306,8 @@ def hardware(cfg: Config) -> Hardware:
             latency = max(0.0, cond.message_latency_ms - wire_ms(bandwidth, nbytes))
         if cond is not None and cond.optimizer_gbps > 0:  # the step as measured here
             membw, fixed = cond.optimizer_gbps, cond.optimizer_fixed_ms
+            timed_step = isinstance(cfg.model, TransformerModel) \
+                and cond.optimizer_kind == cfg.model.arch.optimizer
         if cond is not None and cfg.pipeline.pp * dp > 1:
             boundary = cond.iteration_boundary_ms
     # Collectives with no topology of their own run on the point-to-point link
@@ -314,6 +316,8 @@ def hardware(cfg: Config) -> Hardware:
     job = build_job(replace(cfg, hardware=replace(
         cfg.hardware, p2p_latency_ms=latency, p2p_bandwidth_gbps=bandwidth)),
         load_dp_collectives(cfg.costs_file) if cfg.costs_file else None)
+    if job is not None and timed_step:
+        job = replace(job, timed_step=True)
     # DeepEP's buffer is the process's, beside the model's: the model has what it leaves.
     held = job.deepep_buffer_bytes if job is not None else 0
     hw = Hardware(cfg.hardware.memory_bytes - held, latency, bandwidth, membw, dp, fixed,

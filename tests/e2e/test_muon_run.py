@@ -41,6 +41,9 @@ def test_muons_state_is_predicted_from_a_profile_of_it(launches: Pool, tmp_path,
         fields = load_config(str(run.tmp / cfg)).model.fields()
         doc = profile({**fields, "dp": 2}, "cpu", repeats=1, warmup=0, p2p=True,
                       devices=[0])
+        # The step is timed as the run takes it (the simulation prices it so).
+        assert doc["conditions"]["optimizer"]["kind"] == case.rpartition("-")[2].replace(
+            "dp2", "adam")
         costs, sim = str(tmp_path / f"{case}.json"), str(tmp_path / f"{case}-sim.json")
         write_costs(costs, doc)
         assert main(["simulate", *run.argv, "--costs", costs, "--trace", sim]) == 0

@@ -144,3 +144,57 @@ def test_kimi_k2_fits_under_muon_where_adam_does_not(capsys) -> None:
                      "--use-distributed-optimizer", *extra, "--json"]) == 0
         return max(r["peak_memory_bytes"] for r in json.loads(capsys.readouterr().out)["ranks"])
     assert peak("--optimizer", "adam") > 80e9 > peak()  # the preset trains with Muon
+
+
+def _muon_costs(tmp_path, kind: str) -> str:
+    """tiny-gpt's analytic costs as a cost file whose step was timed with `kind`."""
+    from ppsim.costs.costfile import cost_document
+
+    cfg = config_from_dict({"model": {"preset": "tiny-gpt", "optimizer": "muon"}})
+    doc = cost_document(model_costs(cfg), source="hand", model=None,
+                        p2p={"latency_ms": 0.1, "bandwidth_gbps": 1.0})
+    doc["conditions"] = {"devices": [0, 1], "optimizer": {"fixed_ms": 1.0, "gbps": 2.8,
+                                                          "kind": kind}}
+    path = tmp_path / f"{kind}.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def _problem(costs: str, optimizer: str):
+    from ppsim.pipeline.problem import build_problem
+
+    return build_problem(config_from_dict({"model": {"preset": "tiny-gpt",
+                                                     "optimizer": optimizer},
+                                           "costs_file": costs}))
+
+
+def _steps(costs: str, optimizer: str) -> list[float]:
+    from ppsim.sim.summary import step_parts
+
+    p = _problem(costs, optimizer)
+    hw = p.hardware
+    return [s for _, s in step_parts(p.schedule, p.stage_costs, hw.p2p_latency_ms,
+                                     hw.p2p_bandwidth_gbps, hw.memory_bandwidth_gbps, hw.dp,
+                                     hw.optimizer_fixed_ms, hw.job)]
+
+
+def test_a_step_timed_with_muon_prices_muons_step(tmp_path) -> None:
+    """`ppsim profile` of a Muon model times the run's Muon step: its fixed time and rate
+    price the step (28 bytes a weight at the fitted rate, as Adam's); a step timed with
+    AdamW leaves Muon's to the roofline."""
+    timed = _muon_costs(tmp_path, "muon")
+    p = _problem(timed, "muon")
+    params = [0] * p.schedule.pp
+    for i, c in enumerate(p.stage_costs):
+        params[p.schedule.stage_rank(i)] += c.params
+    assert _steps(timed, "muon") == pytest.approx([1.0 + n * 28 / 2.8e6 for n in params],
+                                                  rel=1e-12)
+    assert _steps(_muon_costs(tmp_path, "adam"), "muon") != pytest.approx(
+        _steps(timed, "muon"))
+
+
+def test_an_unknown_timed_optimizer_is_refused(tmp_path, capsys) -> None:
+    path = _muon_costs(tmp_path, "lion")
+    assert main(["simulate", "--preset", "tiny-gpt", "--costs", path]) == 2
+    err = capsys.readouterr().err
+    assert "conditions.optimizer.kind" in err and err.count("\n") == 1
