@@ -260,7 +260,7 @@ def test_the_best_shape_does_not_depend_on_how_many_rows_are_shown() -> None:
     import contextlib
     import io
 
-    def best(top: str) -> dict:
+    def plan(top: str) -> list[dict]:
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             assert main(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus",
@@ -268,11 +268,15 @@ def test_the_best_shape_does_not_depend_on_how_many_rows_are_shown() -> None:
                          "--json"]) == 0
         doc = json.loads(out.getvalue())
         assert len(doc["candidates"]) >= int(top)
-        return doc["candidates"][0]
+        return doc["candidates"]
 
-    one, five = best("1"), best("5")
-    assert one["iteration_time_ms"] <= five["iteration_time_ms"] * 1.01
-    assert (one["tp"], one["cp"], one["pp"]) == (five["tp"], five["cp"], five["pp"])
+    one, five = plan("1")[0], plan("5")
+    fastest = five[0]["iteration_time_ms"]
+    assert one["iteration_time_ms"] <= fastest * 1.01
+    # Shapes of equal time (cp 2 dp 1 against cp 1 dp 2: the same work a rank) tie; the
+    # one shown first may be either under a time budget.
+    tied = {(c["tp"], c["cp"], c["pp"]) for c in five if c["iteration_time_ms"] <= fastest * 1.01}
+    assert (one["tp"], one["cp"], one["pp"]) in tied
 
 
 @pytest.mark.parametrize("model, job", [
