@@ -21,7 +21,9 @@ the distributed optimizer with both DP overlaps, sequence 4096, the model from t
 Hugging Face config, vocabulary 201,088) and the performance scripts'
 set_gpt_oss_common_configs (gradients reduced in bf16). And the archive's DGX-H100 FP8 run
 of Qwen3-30B-A3B (26.02.01 container), priced at the archive's shape with its workload
-config's combined 1F1B: both fine-grained MoEs read far above their published rates.
+config's combined 1F1B: both fine-grained MoEs read far above their published rates. And
+the 25.09 DGX-H100 FP8-CS run of DeepSeek-V3 on 1,024 GPUs at its workload config (DeepEP,
+the combined 1F1B, mla_up_proj and mlp recomputed).
 
 Then (without --quick) `ppsim plan --gpus 8192` for the 405B preset in FP8, the plan time.
 
@@ -120,6 +122,19 @@ SMALL_MOE_RUN = BridgeRun(name="Qwen3-30B-A3B", preset="qwen3-30b-a3b", gpus=16,
 QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS, sets moe_a2a_overlap and no CUDA graphs)."""
 
 
+DEEPSEEK_RUN = BridgeRun(name="DeepSeek-V3", preset="deepseek-v3", gpus=1024,
+                         tokens_per_gpu=1297,
+                         shape="--global-batch-size 8192 --micro-batch-size 1 --tp 2 --pp 8 "
+                               "--vpp 4 --ep 64 --recompute-granularity selective "
+                               "--recompute-modules mla_up_proj mlp "
+                               "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend "
+                               "deepep --overlap-moe-expert-parallel-comm "
+                               "--delay-wgrad-compute")
+"""Megatron-Bridge 25.09, DGX-H100, FP8-CS (dropless, force-balanced), at its workload
+config (DEEPSEEK_V3_PRETRAIN_CONFIG_H100_BASE_CONFIG: DeepEP, moe_a2a_overlap, recompute
+of mla_up_proj and mlp), on ppsim's default split of the 32 virtual stages."""
+
+
 def price(run: BridgeRun, fp8: bool, overlaps: list[str] = OVERLAPS) -> Priced:
     argv = ["simulate", "--preset", run.preset, "--hardware", run.hardware, "--gpus",
             str(run.gpus), *run.shape.split(), *overlaps, *(FP8 if fp8 else []), "--json"]
@@ -155,6 +170,12 @@ def main() -> None:
           f"{bf.tokens_per_gpu:,.0f} tokens/s/GPU "
           f"({bf.tokens_per_gpu / BF16_RUN.tokens_per_gpu - 1:+.1%}), "
           f"{bf.tflops_per_gpu:.0f} TFLOP/s/GPU, peak {bf.peak_gb:.1f} GB")
+    dsv3 = price(DEEPSEEK_RUN, True, DP_OVERLAPS)
+    print(f"Megatron-Bridge 25.09, DGX-H100, FP8-CS (held out): {DEEPSEEK_RUN.name} on "
+          f"{DEEPSEEK_RUN.gpus:,}: published {DEEPSEEK_RUN.tokens_per_gpu:,.0f}, ppsim "
+          f"{dsv3.tokens_per_gpu:,.0f} tokens/s/GPU "
+          f"({dsv3.tokens_per_gpu / DEEPSEEK_RUN.tokens_per_gpu - 1:+.1%}), "
+          f"{dsv3.tflops_per_gpu:.0f} TFLOP/s/GPU, peak {dsv3.peak_gb:.1f} GB")
     small = price(SMALL_MOE_RUN, True, DP_OVERLAPS)
     print(f"Megatron-Bridge 26.02.01, DGX-H100, FP8 (held out): {SMALL_MOE_RUN.name} on "
           f"{SMALL_MOE_RUN.gpus}: published {SMALL_MOE_RUN.tokens_per_gpu:,.0f}, ppsim "
