@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from ppsim.costs.arch import Architecture, attention_shape, layer_kinds
 from ppsim.costs.mixers import any_kind_params
-from ppsim.costs.ops import Roofline, _matmul_ms
+from ppsim.costs.ops import Roofline, matmul_ms
 from ppsim.costs.state import ADAM_BYTES_PER_PARAM
 
 MUON_BYTES_PER_PARAM = 20
@@ -87,7 +87,7 @@ def layer_matrices(a: Architecture, kind: str) -> tuple[list[Matrix], list[Matri
 
 def _iteration_ms(r: Roofline, rows: int, cols: int) -> float:
     m, n = min(rows, cols), max(rows, cols)
-    return 2 * _matmul_ms(r, m, m, n) + _matmul_ms(r, m, m, m)
+    return 2 * matmul_ms(r, m, m, n) + matmul_ms(r, m, m, m)
 
 
 def _matrix_ms(a: Architecture, r: Roofline, x: Matrix) -> float:

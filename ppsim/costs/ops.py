@@ -83,7 +83,7 @@ def matmul_efficiency(r: Roofline, gflop: float) -> float:
     return pts[-1][1]
 
 
-def _matmul_ms(r: Roofline, m: int, n: int, k: int, fp8: bool = False) -> float:
+def matmul_ms(r: Roofline, m: int, n: int, k: int, fp8: bool = False) -> float:
     """An (m, n, k) matmul; `fp8`: at the FP8 peak, on the bf16 efficiency curve scaled
     by fp8_efficiency_ratio."""
     flops = 2.0 * m * n * k
@@ -133,9 +133,9 @@ def op_times(r: Roofline, op: Op) -> tuple[float, float, float, int, int]:
             raise UserError("hardware.fp8_peak_tflops", "is 0: the device has no FP8 "
                             "tensor cores to run --fp8-format on", "give the dense FP8 peak "
                             "(H100/H200: 1979), or drop fp8")
-        f = _matmul_ms(r, *passes.forward, op.fp8) * scale
-        b = _matmul_ms(r, *passes.input_grad, op.fp8) * scale
-        w = _matmul_ms(r, *passes.weight_grad, op.fp8) * scale if passes.weight_grad else 0.0
+        f = matmul_ms(r, *passes.forward, op.fp8) * scale
+        b = matmul_ms(r, *passes.input_grad, op.fp8) * scale
+        w = matmul_ms(r, *passes.weight_grad, op.fp8) * scale if passes.weight_grad else 0.0
         w += _mem_ms(r, 8.0 * op.params)  # read + write the fp32 main grad
         if not op.fp8:
             return f, b, w, 1, 1
