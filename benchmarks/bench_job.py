@@ -185,12 +185,10 @@ class Room:
     and the first one's forward, together 1 / m of the compute C, so the step takes at
     least C (1 - 1/m) + max(C/m, X). Generous too: no last bucket, SMs or optimizer."""
 
-    @property
-    def reachable(self) -> bool:
-        return self.floor_ms <= self.room_ms
-
 
 def room(run: PublishedRun) -> Room:
+    """The row's Room: its floor priced at CEILING (less what communication it still
+    exposes and the main-grad pass), its room from the published time and the links."""
     real = build_problem(run_config(run))
     job = real.hardware.job
     assert job is not None
