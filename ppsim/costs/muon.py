@@ -20,6 +20,8 @@ B = b A + c A² (2 m³), X = a X + B X (2 m² n).
 
 from __future__ import annotations
 
+import functools
+from collections import Counter
 from dataclasses import dataclass
 
 from ppsim.costs.arch import Architecture, attention_shape, layer_kinds
@@ -109,16 +111,18 @@ class NewtonSchulz:
     experts: float
 
 
+@functools.lru_cache(maxsize=256)
 def newton_schulz(a: Architecture, r: Roofline) -> NewtonSchulz:
     """The model's decoder layers' iteration time over their weights, per rank's
-    weight: dense and routed experts' apart (they shard over different groups)."""
+    weight: dense and routed experts' apart (they shard over different groups). Cached:
+    every rank of every shape a plan prices asks for its model's."""
     totals = {"dense": [0.0, 0.0], "experts": [0.0, 0.0]}
-    for kind in layer_kinds(a):
+    for kind, layers in Counter(layer_kinds(a)).items():
         for name, mats in zip(("dense", "experts"), layer_matrices(a, kind), strict=True):
             for x in mats:
                 t = a.tp if x.split else 1
-                totals[name][0] += _matrix_ms(a, r, x)
-                totals[name][1] += x.rows * x.cols * x.count / t
+                totals[name][0] += layers * _matrix_ms(a, r, x)
+                totals[name][1] += layers * x.rows * x.cols * x.count / t
     return NewtonSchulz(**{k: ms / n if n else 0.0 for k, (ms, n) in totals.items()})
 
 
