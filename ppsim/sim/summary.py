@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ppsim.costs.model import StageCost
-from ppsim.costs.state import ADAM_BYTES_PER_PARAM, adam_step_bytes
+from ppsim.costs.state import ADAM_BYTES_PER_PARAM
 from ppsim.pipeline.messages import wire_ms
 from ppsim.schedules.actions import B, F, Schedule
 
@@ -94,21 +94,19 @@ def step_parts(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
     optimizer step (a fixed time, measured by `ppsim profile` on CPU, plus
     ADAM_BYTES_PER_PARAM over memory bandwidth), as the executor records them.
     Parameters come from the cost model; a cost file without them costs nothing. A
-    data-parallel job (ppsim.job.model.Job, dp x cp > 1), or one stepping by Muon, prices
-    the step itself."""
+    transformer's job (ppsim.job.model.Job) prices the step itself (ppsim.job.tail)."""
     params = [0] * s.pp
     for i, c in enumerate(costs):
         params[s.stage_rank(i)] += c.params
-    if job is not None and (job.replaces_tail or job.arch.optimizer != "adam"):
+    if job is not None:
         return _job_parts(s, costs, params, job, memory_bandwidth_gbps, optimizer_fixed_ms)
-    per_param = ADAM_BYTES_PER_PARAM if job is None else adam_step_bytes(job.arch)
     out = []
     for n in params:
         reduce = 0.0
         if dp > 1:
             reduce = 2 * (dp - 1) * latency_ms + wire_ms(bandwidth_gbps,
                                                          2 * (dp - 1) / dp * n * GRAD_BYTES)
-        step = n * per_param / (memory_bandwidth_gbps * 1e6) \
+        step = n * ADAM_BYTES_PER_PARAM / (memory_bandwidth_gbps * 1e6) \
             if memory_bandwidth_gbps > 0 else 0.0
         if n and (step or optimizer_fixed_ms):
             step += optimizer_fixed_ms
