@@ -38,7 +38,7 @@ from ppsim.costs.costfile import PROFILE_REPEATS, _layer, layer_dict
 from ppsim.costs.model import ModelCosts
 from ppsim.costs.state import ADAM_BYTES_PER_PARAM
 from ppsim.executor.alloc import keep_freed_memory
-from ppsim.executor.optim import optimizer
+from ppsim.executor.optim import muon_weights, optimizer
 from ppsim.executor.profile import Profiler
 from ppsim.executor.spawned import free_port, spawn_results
 from ppsim.fileio import write_json_atomic
@@ -197,8 +197,8 @@ def optimizer_fit(prof: Any, reps: int = 15) -> dict[str, Any]:
     points = []
     for pieces in ([layer], prof.pieces):
         params = [q for p in pieces for q in p.module.parameters()]
-        muon = [q for p in pieces if p.kind == "layer" for q in p.module.layers.parameters()
-                if q.dim() == 2] if prof.muon else []
+        muon = muon_weights(p.module for p in pieces if p.kind == "layer") \
+            if prof.muon else []
         opt = optimizer(params, lr=1e-9, muon=muon)
         opt.step()  # allocates the states
         times = []

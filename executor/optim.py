@@ -18,7 +18,7 @@ small run's start-up.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -140,6 +140,13 @@ class Optimizers:
     def zero_grad(self) -> None:
         for part in self.parts:
             part.zero_grad()
+
+
+def muon_weights(stages: Iterable[torch.nn.Module]) -> list[torch.nn.Parameter]:
+    """The weights Megatron's --optimizer muon steps by Muon: the 2-D ones of the stages'
+    decoder layers (ppsim.executor.builders.stage.Stage.layers), not the embedding's,
+    the head's or the norms'."""
+    return [p for stage in stages for p in stage.layers.parameters() if p.dim() == 2]
 
 
 def optimizer(params: Sequence[torch.nn.Parameter], lr: float,

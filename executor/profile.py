@@ -32,7 +32,7 @@ from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.builders import ModelBuilder, builder_spec, layer_kind, load_builder
 from ppsim.executor.builders.deferral import WeightGradStore
 from ppsim.executor.builders.stage import Stage, saved_bytes, tensor_bytes
-from ppsim.executor.optim import optimizer
+from ppsim.executor.optim import muon_weights, optimizer
 from ppsim.executor.spawned import free_port, spawn_results
 from ppsim.fileio import write_json_atomic
 
@@ -220,8 +220,7 @@ class Profiler:
         piece.activation_bytes = sum(seen.values())
         piece.output_bytes = 0 if piece.kind == "head" else y.numel() * y.element_size()
         del y
-        muon = [p for p in piece.module.layers.parameters() if p.dim() == 2] \
-            if self.muon and piece.kind == "layer" else []
+        muon = muon_weights([piece.module]) if self.muon and piece.kind == "layer" else []
         opt = optimizer(params, lr=1e-3, muon=muon)
         opt.step()  # AdamW and Muon allocate their states at the first step
         tensors = params + [p.grad for p in params if p.grad is not None]

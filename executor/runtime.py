@@ -20,6 +20,7 @@ from ppsim.executor.builders.deferral import WeightGradStore
 from ppsim.executor.builders.policy import apply_policy
 from ppsim.executor.builders.stage import Stage, build_stage, saved_bytes, tensor_bytes
 from ppsim.executor.dataparallel import data_parallel
+from ppsim.executor.optim import muon_weights
 from ppsim.executor.outputs import backward_from, deallocate_output
 from ppsim.executor.p2p import P2P
 from ppsim.executor.recorder import Recorder
@@ -109,8 +110,7 @@ class Runtime:
                     apply_policy(mod.layers, memory.policies[st.index])
                 self.modules[st.index] = mod.to(device=device, dtype=builder.dtype)
         self.params = [p for m in self.modules.values() for p in m.parameters()]
-        muon = [p for m in self.modules.values() for p in m.layers.parameters()
-                if p.dim() == 2] if self.replica.muon else []
+        muon = muon_weights(self.modules.values()) if self.replica.muon else []
         self.dp = data_parallel(self.params, device, lr, sharded=self.replica.sharded,
                                 group=self.replica.group, size=self.replica.size,
                                 index=self.replica.index, wire=wire,
