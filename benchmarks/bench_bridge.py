@@ -147,6 +147,14 @@ def price(run: BridgeRun, fp8: bool, overlaps: list[str] = OVERLAPS) -> Priced:
                   tflops_per_gpu=sim["throughput"]["tflops_per_gpu"], peak_gb=peak / 1e9)
 
 
+def held_out_line(label: str, run: BridgeRun, p: Priced) -> str:
+    """One published run beside ppsim's price of it, in a line."""
+    return (f"Megatron-Bridge {label} (held out): {run.name} on {run.gpus:,}: published "
+            f"{run.tokens_per_gpu:,.0f}, ppsim {p.tokens_per_gpu:,.0f} tokens/s/GPU "
+            f"({p.tokens_per_gpu / run.tokens_per_gpu - 1:+.1%}), {p.tflops_per_gpu:.0f} "
+            f"TFLOP/s/GPU, peak {p.peak_gb:.1f} GB")
+
+
 def main() -> None:
     print("Megatron-Bridge 25.11, DGX-H100, FP8-CS (held out); h100-80gb preset")
     print(f"{'run':16} {'GPUs':>5} {'published':>9} {'ppsim FP8':>9} {'error':>7} "
@@ -164,24 +172,12 @@ def main() -> None:
             print(f"{run.name:16} {run.gpus:5} {run.tokens_per_gpu:9,.0f} "
                   f"{f8.tokens_per_gpu:9,.0f} {f8.tokens_per_gpu / run.tokens_per_gpu - 1:+7.1%} "
                   f"{f8.tflops_per_gpu:7.0f} {f8.peak_gb:7.1f}")
-    bf = price(BF16_RUN, False, [])
-    print(f"Megatron-Bridge 26.02, DGX-H100, BF16 (held out): {BF16_RUN.name} on "
-          f"{BF16_RUN.gpus}: published {BF16_RUN.tokens_per_gpu:,.0f}, ppsim "
-          f"{bf.tokens_per_gpu:,.0f} tokens/s/GPU "
-          f"({bf.tokens_per_gpu / BF16_RUN.tokens_per_gpu - 1:+.1%}), "
-          f"{bf.tflops_per_gpu:.0f} TFLOP/s/GPU, peak {bf.peak_gb:.1f} GB")
-    dsv3 = price(DEEPSEEK_RUN, True, DP_OVERLAPS)
-    print(f"Megatron-Bridge 25.09, DGX-H100, FP8-CS (held out): {DEEPSEEK_RUN.name} on "
-          f"{DEEPSEEK_RUN.gpus:,}: published {DEEPSEEK_RUN.tokens_per_gpu:,.0f}, ppsim "
-          f"{dsv3.tokens_per_gpu:,.0f} tokens/s/GPU "
-          f"({dsv3.tokens_per_gpu / DEEPSEEK_RUN.tokens_per_gpu - 1:+.1%}), "
-          f"{dsv3.tflops_per_gpu:.0f} TFLOP/s/GPU, peak {dsv3.peak_gb:.1f} GB")
-    small = price(SMALL_MOE_RUN, True, DP_OVERLAPS)
-    print(f"Megatron-Bridge 26.02.01, DGX-H100, FP8 (held out): {SMALL_MOE_RUN.name} on "
-          f"{SMALL_MOE_RUN.gpus}: published {SMALL_MOE_RUN.tokens_per_gpu:,.0f}, ppsim "
-          f"{small.tokens_per_gpu:,.0f} tokens/s/GPU "
-          f"({small.tokens_per_gpu / SMALL_MOE_RUN.tokens_per_gpu - 1:+.1%}), "
-          f"{small.tflops_per_gpu:.0f} TFLOP/s/GPU, peak {small.peak_gb:.1f} GB")
+    for label, run, fp8, overlaps in (("26.02, DGX-H100, BF16", BF16_RUN, False, []),
+                                      ("25.09, DGX-H100, FP8-CS", DEEPSEEK_RUN, True,
+                                       DP_OVERLAPS),
+                                      ("26.02.01, DGX-H100, FP8", SMALL_MOE_RUN, True,
+                                       DP_OVERLAPS)):
+        print(held_out_line(label, run, price(run, fp8, overlaps)))
     if "--quick" in sys.argv:
         return
     plan_case("llama3.1-405b on 8,192 H100, FP8", [
