@@ -327,6 +327,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if best.best is None:
             peak, rank = best.smallest_peak or (0, 0)
             out["smallest_peak_bytes"], out["smallest_peak_rank"] = peak, rank
+            if best.floor is not None:
+                out["memory_floor"] = {"static_bytes": best.floor.static_bytes,
+                                       "peak_bytes": best.floor.peak_bytes,
+                                       "inflight": list(best.floor.inflight)}
         emit_json(out)
         return 0 if best.best is not None else EXIT_NO_FIT
     if best.best is None:

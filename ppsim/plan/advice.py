@@ -12,10 +12,20 @@ def no_fit_message(res: PlanResult) -> str:
     """One line: why no split fits (or none was found in the budget) and what to try."""
     p = res.problem
     peak, rank = res.smallest_peak or (0, 0)
+    limit = p.hardware.memory_bytes
+    floor = res.floor
+    if floor is not None and floor.static_bytes > limit:
+        return _state_message(res, floor.static_bytes, limit)
     tips = [f"more pipeline stages (--pp {p.schedule.pp * 2})",
             "activation recompute (--recompute selective or full)",
             "a smaller micro-batch or fewer microbatches in flight"]
-    limit = p.hardware.memory_bytes
+    if floor is not None and floor.peak_bytes > limit and p.schedule.vpp > 1:
+        # Proven by the floor; no search ran to find the lowest peak itself.
+        held = f"{min(floor.inflight)} to {max(floor.inflight)}"
+        return (f"no split fits {limit / 1e9:.1f} GB per rank: with the weights, the "
+                f"optimizer state and the activations of the microbatches in flight ({held} "
+                f"a stage at once) some rank of {p.schedule.pp} holds at least "
+                f"{floor.peak_bytes / 1e9:.2f} GB; try " + ", ".join(tips))
     if peak <= limit or math.isfinite(res.lower_bound_ms):
         # The search stopped at its budget: a split may fit that it did not reach.
         return (f"no split that fits {limit / 1e9:.1f} GB per rank was found within the time "
@@ -25,3 +35,19 @@ def no_fit_message(res: PlanResult) -> str:
             f"peak any split reaches is {peak / 1e9:.2f} GB on rank {rank}; try "
             + ", ".join(tips))
 
+
+def _state_message(res: PlanResult, floor: int, limit: float) -> str:
+    """The weights, gradients and optimizer state alone pass the limit on some rank:
+    recompute, micro-batches and time cannot help; fewer of them a rank can."""
+    pp, layers = res.problem.schedule.pp, res.problem.costs.num_layers
+    need = math.ceil(floor * pp / limit)  # stages that could spread the state within limit
+    stages = f"more pipeline stages (--pp {need} at the least)" if need <= layers else None
+    tips = [t for t in (stages, "more tensor or expert parallelism (--tp, --ep)",
+                        "the distributed optimizer over more data-parallel ranks "
+                        "(--use-distributed-optimizer, --gpus)") if t]
+    peak, rank = res.smallest_peak or (0, 0)
+    lowest = (f"the smallest peak any split reaches is {peak / 1e9:.2f} GB on rank {rank}, and "
+              if res.problem.schedule.vpp == 1 and peak else "")
+    return (f"no split fits {limit / 1e9:.1f} GB per rank: {lowest}weights, gradients and "
+            f"optimizer state alone leave at least {floor / 1e9:.2f} GB on some rank of {pp} "
+            "(recompute cannot help); try " + ", ".join(tips))

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,13 +29,16 @@ from ppsim.pipeline.problem import Problem
 from ppsim.pipeline.split import Split, even_counts, split_from_counts
 from ppsim.plan.baselines import smallest_peak
 from ppsim.plan.bounds import OneChunkBound, PathBounds, WaterFill, prefix_time
-from ppsim.plan.search import Deadline, SplitSearch
+from ppsim.plan.local import improve
+from ppsim.plan.search import Deadline, MemoryFloor, SplitSearch
 from ppsim.sim.summary import Summary
 
 __all__ = ["BranchAndBound", "Candidate", "PlanResult", "count_splits", "even_counts",
            "improve", "plan", "smallest_peak"]
 
 INF = math.inf
+_EMPTY = StageCost(0.0, 0.0, 0.0, 0, 0, 0, 0)
+"""A stage not placed yet, in a lower bound on its rank's memory."""
 TIE = 1e-9
 """Iteration times within this relative difference count as equal."""
 
@@ -70,6 +72,9 @@ class PlanResult:
     smallest_peak: tuple[int, int] | None
     """(bytes, rank): the lowest max-rank peak memory any split reaches, when none fits."""
     seconds: float
+    floor: MemoryFloor | None = None
+    """What the fullest rank holds at the least under any split; above the memory
+    limit, no split fits and none is searched."""
 
 
 def count_splits(layers: int, stages: int) -> int:
@@ -164,6 +169,17 @@ class BranchAndBound:
         rc = [costs[i] if i < len(costs) else sc for i in s.rank_stages[r]]
         return sum(c.static_bytes for c in rc) + s.rank_peak(r, rc)
 
+    def _open_rank_over(self, r: int, costs: list[StageCost], sc: StageCost) -> bool:
+        """Rank r, its stage len(costs) (cost sc) placed and later ones to come, already
+        needs more than the memory: its later stages, counted empty, only add bytes."""
+        s = self.search
+        k = len(costs)
+        rc = [costs[i] if i < k else sc if i == k else _EMPTY for i in s.rank_stages[r]]
+        static = sum(c.static_bytes for c in rc)
+        if static + s.rank_peak_cap(r, rc) <= s.memory:
+            return False  # the quick check: every chunk at its own fullest fits
+        return static + s.rank_peak(r, rc) > s.memory
+
     def _bound_of(self, costs: list[StageCost], k: int, pos: int, base: float) -> float:
         """Lower bound on T for every completion of the first k stages (costs)."""
         if self.dp_ready:
@@ -194,6 +210,10 @@ class BranchAndBound:
                         continue  # which a first layer's saved bytes may be smaller than
                     break  # from one layer on, more layers only need more memory
                 child_mem = max(mem, total)
+            elif not one and self._open_rank_over(r, costs, sc):  # type: ignore[arg-type]
+                # Every count is checked: a per-stage memory policy may recompute more,
+                # and keep less, of a longer stage.
+                continue
             nb = base
             if one:  # one chunk per rank: the stage's own term
                 nb = max(base, self.terms.term(pos, c, k))  # type: ignore[union-attr]
@@ -302,6 +322,8 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
         return t0 + fraction * time_budget_s
 
     search = SplitSearch(problem)
+    if search.floor.peak_bytes > search.memory:
+        return _floor_over_limit(search, t0)
     bb = BranchAndBound(search, top_k, progress)
     step = lambda: search.eval_s  # noqa: E731 - what one more evaluation costs
     # Starts give the threshold a good start: the even split, the caller's seeds (each
@@ -344,63 +366,18 @@ def _result(bb: BranchAndBound, finished: bool, t0: float, deadline: Deadline) -
                                                                  time.perf_counter() + 5.0)))
     return PlanResult(search.problem, best, cands, baseline, finished and best is not None,
                       lower, search.evaluated, count_splits(search.L, search.S), peak,
-                      time.perf_counter() - t0)
+                      time.perf_counter() - t0, search.floor)
 
 
-def improve(key_of: Callable[[tuple[int, ...]], tuple[float, float]], counts: tuple[int, ...],
-            until: float, perturb: bool = False,
-            step_s: Callable[[], float] = lambda: 0.0) -> tuple[int, ...]:
-    """Local search over splits: move one layer between two stages, or swap two
-    stages' counts, taking the first change that helps; with `perturb`, restart
-    from random nearby splits of the best (iterated local search) until `until`.
-
-    Only a head start for the branch and bound: a better incumbent cuts more;
-    optimality still comes from the search. `step_s()` is what one more
-    evaluation is expected to take: none starts that would end after `until`.
-    """
-    rng = random.Random(0)  # deterministic: same answer every run
-    S = len(counts)
-    best, best_key = counts, key_of(counts)
-    current, current_key = best, best_key
-    while time.perf_counter() + step_s() < until:
-        improved = False
-        for a in range(S):
-            for b in range(S):
-                if a == b:
-                    continue
-                if time.perf_counter() + step_s() >= until:
-                    break
-                n = list(current)
-                if current[a] > 0:
-                    n[a] -= 1
-                    n[b] += 1
-                    k = key_of(tuple(n))
-                    if k < current_key:
-                        current, current_key, improved = tuple(n), k, True
-                        break
-                if a < b and current[a] != current[b]:
-                    n = list(current)
-                    n[a], n[b] = n[b], n[a]
-                    k = key_of(tuple(n))
-                    if k < current_key:
-                        current, current_key, improved = tuple(n), k, True
-                        break
-            if time.perf_counter() + step_s() >= until:
-                break
-        if current_key < best_key:
-            best, best_key = current, current_key
-        if improved:
-            continue
-        if not perturb:
-            break
-        n = list(best)
-        for _ in range(rng.randint(2, 4)):
-            a, b = rng.randrange(S), rng.randrange(S)
-            if n[a] > 0:
-                n[a] -= 1
-                n[b] += 1
-        current, current_key = tuple(n), key_of(tuple(n))
-    return best
+def _floor_over_limit(search: SplitSearch, t0: float) -> PlanResult:
+    """No split fits, proven without a search: the least the fullest rank holds passes
+    the limit. The lowest peak is exact where one chunk a rank makes it quick, else the
+    even split's."""
+    baseline = _candidate(search, _even(search))
+    quick = Deadline(time.perf_counter() + (5.0 if search.vpp == 1 else 0.0))
+    return PlanResult(search.problem, None, [], baseline, False, INF, search.evaluated,
+                      count_splits(search.L, search.S), smallest_peak(search, quick),
+                      time.perf_counter() - t0, search.floor)
 
 
 def _candidate(search: SplitSearch, counts: tuple[int, ...]) -> Candidate:

@@ -9,9 +9,11 @@ compiled once. Imports go one way: search -> bounds -> planner.
 from __future__ import annotations
 
 import time
-from functools import lru_cache
+from collections import Counter
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
 
-from ppsim.costs.model import StageCost, held_input_bytes, receives_input, stage_cost
+from ppsim.costs.model import LayerCost, StageCost, held_input_bytes, receives_input, stage_cost
 from ppsim.pipeline.problem import Problem
 from ppsim.schedules.generators import F
 from ppsim.sim.copies import estimated
@@ -37,6 +39,23 @@ class Deadline:
     def affords(self, seconds: float) -> bool:
         """True when work expected to take `seconds` ends before the deadline."""
         return time.perf_counter() + seconds <= self.at
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryFloor:
+    """What the fullest rank holds at the least under any split. Between them the ranks
+    hold every layer, the embedding and the head (a tied table twice when two stages hold
+    it), and at one moment each rank holds `inflight` microbatches' activations of each
+    of its stages, so some rank holds at least what the most even spread gives."""
+
+    static_bytes: int
+    """Weights, gradients and optimizer state: the whole model's over pp ranks."""
+    peak_bytes: int
+    """With the activations each rank holds at its fullest, the layers spread as evenly
+    as those loads allow."""
+    inflight: tuple[int, ...]
+    """Per rank, the microbatches each of its stages holds at once, at the least, at
+    one moment; 0 under a memory policy (it may recompute or offload them)."""
 
 
 class SplitSearch:
@@ -66,6 +85,9 @@ class SplitSearch:
         self.eval_s = 0.0
         """Wall time of the latest evaluation: what one more is expected to cost."""
         self.patterns = [self._memory_pattern(r) for r in range(self.pp)]
+        self._caps = [tuple(map(max, zip(*recs, strict=True))) if recs else (0,) * 2 * self.vpp
+                      for recs in self.patterns]
+        """Per rank: each count's largest value over its records (rank_peak_cap)."""
         self.rank_stages = [[s for s in range(self.S) if self.sched.stage_rank(s) == r]
                             for r in range(self.pp)]
         self.receives = [receives_input(problem.split, s) for s in range(self.S)]
@@ -159,6 +181,13 @@ class SplitSearch:
                 for c in costs]
         return self._peak(r, act, keep)
 
+    def rank_peak_cap(self, r: int, costs: list[StageCost]) -> int:
+        """An upper bound on rank_peak: each chunk at its own fullest, as if at once."""
+        cap, n = self._caps[r], self.vpp
+        keep = self.split_bw
+        return sum(cap[i] * c.activation_bytes + (cap[n + i] * c.weight_grad_bytes if keep
+                                                  else 0) for i, c in enumerate(costs))
+
     def held_peak(self, r: int, per_chunk: list[int]) -> int:
         """Peak on rank r of bytes each in-flight microbatch of a chunk holds until its
         backward (activations, or what a memory policy keeps on the host)."""
@@ -225,6 +254,37 @@ class SplitSearch:
         self._evaluated[counts] = summary
         self.eval_s = time.perf_counter() - t0
         return summary
+
+    @cached_property
+    def floor(self) -> MemoryFloor:
+        """Lower bounds on the fullest rank's peak over every split (MemoryFloor)."""
+        whole = stage_cost(self.costs, 0, self.L, True, True)
+        held = [0] * self.pp
+        if self.problem.memory is None:  # a policy may recompute or offload activations
+            held = [max((min(rec[:self.vpp]) for rec in self.patterns[r]), default=0)
+                    for r in range(self.pp)]
+        return MemoryFloor(static_bytes=-(-whole.static_bytes // self.pp),
+                           peak_bytes=self._weighted_floor(whole, held), inflight=tuple(held))
+
+    def _weighted_floor(self, whole: StageCost, held: list[int]) -> int:
+        """Rank r holds its pieces' static bytes and held[r] microbatches' activations of
+        each (at least, at its fullest record). For any weights lam_r > 0 the fullest
+        rank's T satisfies T * sum(lam) >= sum over ranks of lam_r * load_r >= the fixed
+        pieces' share plus, per layer, its cheapest rank's lam_r * cost (weak duality);
+        lam_r = 1 / (the whole model's cost on rank r) makes it exact for uniform layers."""
+        c = self.costs
+        lam = [1.0 / max(1, whole.static_bytes + n * whole.activation_bytes) for n in held]
+
+        def cost(piece: LayerCost, r: int) -> float:
+            return piece.static_bytes + held[r] * piece.activation_bytes
+
+        first, last = self.sched.stage_rank(0), self.sched.stage_rank(self.S - 1)
+        fixed = lam[first] * cost(c.embedding, first) + lam[last] * cost(c.head, last)
+        fixed -= lam[first] * c.held_twice(first == last, first == last).static_bytes
+        kinds = Counter((lc.static_bytes, lc.activation_bytes) for lc in c.layers)
+        spread = sum(n * min(lam[r] * (st + held[r] * act) for r in range(self.pp))
+                     for (st, act), n in kinds.items())
+        return int((fixed + spread) / sum(lam) * (1 - 1e-12))
 
     def smallest_peak_seen(self) -> tuple[int, int] | None:
         """(bytes, rank) of the lowest highest-rank peak among the splits evaluated."""
