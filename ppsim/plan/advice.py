@@ -22,10 +22,10 @@ def no_fit_message(res: PlanResult) -> str:
     if floor is not None and floor.peak_bytes > limit and p.schedule.vpp > 1:
         # Proven by the floor; no search ran to find the lowest peak itself.
         held = f"{min(floor.inflight)} to {max(floor.inflight)}"
-        return (f"no split fits {limit / 1e9:.1f} GB per rank: with the weights, the "
-                f"optimizer state and the activations of the microbatches in flight ({held} "
-                f"a stage at once) some rank of {p.schedule.pp} holds at least "
-                f"{floor.peak_bytes / 1e9:.2f} GB; try " + ", ".join(tips))
+        return (f"no split fits {limit / 1e9:.1f} GB per rank: some rank of {p.schedule.pp} "
+                f"holds at least {floor.peak_bytes / 1e9:.2f} GB (weights, optimizer state "
+                f"and the activations of the {held} microbatches a stage holds at once); "
+                "try " + ", ".join(tips))
     if peak <= limit or math.isfinite(res.lower_bound_ms):
         # The search stopped at its budget: a split may fit that it did not reach.
         return (f"no split that fits {limit / 1e9:.1f} GB per rank was found within the time "
@@ -46,7 +46,7 @@ def _state_message(res: PlanResult, floor: int, limit: float) -> str:
                         "the distributed optimizer over more data-parallel ranks "
                         "(--use-distributed-optimizer, --gpus)") if t]
     peak, rank = res.smallest_peak or (0, 0)
-    lowest = (f"the smallest peak any split reaches is {peak / 1e9:.2f} GB on rank {rank}, and "
+    lowest = (f"the smallest peak any split reaches is {peak / 1e9:.2f} GB on rank {rank}; "
               if res.problem.schedule.vpp == 1 and peak else "")
     return (f"no split fits {limit / 1e9:.1f} GB per rank: {lowest}weights, gradients and "
             f"optimizer state alone leave at least {floor / 1e9:.2f} GB on some rank of {pp} "
