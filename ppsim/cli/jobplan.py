@@ -53,9 +53,10 @@ def overflow_text(res: JobSearch, memory_bytes: float) -> str | None:
     if res.leanest is None:
         return None
     return (f"nothing fits: on every shape the weights, gradients and optimizer states "
-            f"alone overflow {fmt_bytes(memory_bytes)} per GPU (the least is "
-            f"{fmt_bytes(res.leanest.static_bytes)}, at {res.leanest.shape.label()}); give more "
-            f"GPUs (--gpus), or a [hardware] with more memory")
+            f"alone overflow {fmt_bytes(memory_bytes)} per GPU, however the layers are split "
+            f"(the least is {fmt_bytes(res.leanest.static_bytes)}, at "
+            f"{res.leanest.shape.label()}); give more GPUs (--gpus), or a [hardware] with more "
+            "memory")
 
 
 def _exports(r: ShapeResult) -> dict[str, Any]:

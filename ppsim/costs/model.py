@@ -199,6 +199,13 @@ def receives_input(split: Split, index: int) -> bool:
     return split.embedding_stage < index <= split.loss_stage
 
 
+def static_floor_bytes(costs: ModelCosts, pp: int) -> int:
+    """The least weights, gradients and optimizer state the fullest of `pp` ranks holds
+    under any split: between them the ranks hold every layer, the embedding and the head
+    (a tied table twice when two stages hold it), so one holds at least the average."""
+    return -(-stage_cost(costs, 0, costs.num_layers, True, True).static_bytes // pp)
+
+
 def stage_costs(costs: ModelCosts, split: Split, memory: Any = None) -> list[StageCost]:
     """Per-virtual-stage costs for a split, in virtual-stage order; `memory` (a memory
     policy's costs, ppsim.policy.costs) prices each stage in place of `costs`."""

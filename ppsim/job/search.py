@@ -5,9 +5,11 @@ dividing the query groups, cp with 2 x cp dividing the sequence, pp dividing not
 particular (Megatron splits unevenly too), vpp 1, 2 or 4, micro-batch 1, 2 or 4, ep (MoE
 only) dividing the experts and dp x cp; dp is N / (tp x cp x pp) and the microbatches
 B / (mbs x dp), refused when they do not divide as Megatron refuses them. Each shape is
-simulated with its default split; the TOP_SEARCHED fastest (at least) then have their
-split planned (ppsim.plan.planner). Each candidate says what held it back most: memory, the
-pipeline bubble, or communication the compute did not hide.
+simulated with its default split (unless no split could hold its weights and optimizer
+state); the TOP_SEARCHED fastest that fit (at least), and any faster that does not fit at
+its default split, then have their split planned (ppsim.plan.planner). Each candidate
+says what held it back most: memory, the pipeline bubble, or communication the compute
+did not hide.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim.config.overrides import with_overrides
-from ppsim.costs.model import ModelCosts, stage_costs
+from ppsim.costs.model import ModelCosts, stage_costs, static_floor_bytes
 from ppsim.errors import UserError
 from ppsim.job.layers import job_costs
 from ppsim.job.model import Job
@@ -200,11 +202,12 @@ class Pending:
     bound_ms: float
     """Its busiest rank's compute alone: no schedule runs it faster."""
     static_bytes: int
-    """Its fullest rank's weights, gradients and optimizer states."""
+    """The least weights, gradients and optimizer states its fullest rank holds under any
+    split (ppsim.costs.model.static_floor_bytes)."""
 
     @property
     def overflows(self) -> bool:
-        """Those bytes alone overflow memory: nothing to simulate."""
+        """Those bytes alone overflow memory under every split: nothing to simulate."""
         return self.static_bytes > self.cfg.hardware.memory_bytes
 
 
@@ -213,13 +216,12 @@ def pending_shape(cfg: Any, s: Shape, gbs: int) -> Pending:
     c = _config(cfg, s, gbs)
     costs = model_costs(c)
     split = resolve_split(c, costs.num_layers, schedule_placement(c.pipeline.schedule))
-    static, busy = [0] * s.pp, [0.0] * s.pp
+    busy = [0.0] * s.pp
     for i, st in enumerate(stage_costs(costs, split)):
-        static[split.stage_rank(i)] += st.static_bytes
         # Each op at least as short as in a combined pair: the bound stays a bound.
         busy[split.stage_rank(i)] += st.forward_ms + st.backward_ms - 2 * st.pair_saving_ms
     return Pending(shape=s, cfg=c, costs=costs, bound_ms=s.microbatches * max(busy),
-                   static_bytes=max(static))
+                   static_bytes=static_floor_bytes(costs, s.pp))
 
 
 def _result(s: Shape, problem: Problem, summary: Summary, planned: bool = False,
@@ -276,6 +278,20 @@ def _refined(r: ShapeResult, cfg: Any, policy: str, budget_s: float) -> ShapeRes
 def _kth_fastest(results: list[ShapeResult], k: int) -> float:
     fast = sorted(r.summary.iteration_time_ms for r in results if r.summary.fits)
     return fast[k - 1] if len(fast) >= k else float("inf")
+
+
+def _to_plan(results: list[ShapeResult], k: int) -> tuple[list[ShapeResult], list[ShapeResult]]:
+    """(the shapes whose splits get planned, the rest): the k fastest that fit at their
+    default split, and any faster one that does not (another split may fit: the first
+    stage's memory is what makes splits uneven), at most 2k in all."""
+    chosen, fitting = [], 0
+    by_time = sorted(range(len(results)), key=lambda i: results[i].summary.iteration_time_ms)
+    for i in by_time:
+        if fitting >= k or len(chosen) >= 2 * k:
+            break
+        chosen.append(i)
+        fitting += results[i].summary.fits
+    return [results[i] for i in chosen], [r for i, r in enumerate(results) if i not in chosen]
 
 
 def _fastest_first(results: list[ShapeResult]) -> list[ShapeResult]:
@@ -357,10 +373,10 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
         # The total is every shape: those the bound rules out are never simulated.
         progress("simulating shapes", len(results), len(pending))
         results.append(_timed(p, policy))
-    results = _fastest_first(results)
+    chosen, rest = _to_plan(results, k)
     refined = []
-    n = min(k, len(results))
-    for i, r in enumerate(results[:k]):
+    n = len(chosen)
+    for i, r in enumerate(chosen):
         progress("planning the fastest shapes' splits", i, n)
         left = budget_s - (time.perf_counter() - t0)
         # An equal share of what is left, at most SPLIT_SHARE of the budget: a longer
@@ -368,7 +384,7 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
         share = min(budget_s * SPLIT_SHARE, left / (n - i))
         refined.append(r if left <= 1.0 else
                        _refined(r, _config(cfg, r.shape, gbs), policy, share))
-    return JobSearch(candidates=_fastest_first(refined) + results[k:],
+    return JobSearch(candidates=_fastest_first(refined + rest),
                      evaluated=len(results), total=len(todo),
                      overflowing=len(accepted) - len(pending), refused=len(refusals),
                      seconds=time.perf_counter() - t0, complete=complete,

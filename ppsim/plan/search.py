@@ -13,7 +13,14 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
-from ppsim.costs.model import LayerCost, StageCost, held_input_bytes, receives_input, stage_cost
+from ppsim.costs.model import (
+    LayerCost,
+    StageCost,
+    held_input_bytes,
+    receives_input,
+    stage_cost,
+    static_floor_bytes,
+)
 from ppsim.pipeline.problem import Problem
 from ppsim.schedules.generators import F
 from ppsim.sim.copies import estimated
@@ -43,13 +50,13 @@ class Deadline:
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryFloor:
-    """What the fullest rank holds at the least under any split. Between them the ranks
-    hold every layer, the embedding and the head (a tied table twice when two stages hold
-    it), and at one moment each rank holds `inflight` microbatches' activations of each
-    of its stages, so some rank holds at least what the most even spread gives."""
+    """What the fullest rank holds at the least under any split: at one moment each rank
+    holds `inflight` microbatches' activations of each of its stages beside its static
+    bytes (ppsim.costs.model.static_floor_bytes), so some rank holds at least what the
+    most even spread of both gives."""
 
     static_bytes: int
-    """Weights, gradients and optimizer state: the whole model's over pp ranks."""
+    """Weights, gradients and optimizer state (static_floor_bytes)."""
     peak_bytes: int
     """With the activations each rank holds at its fullest, the layers spread as evenly
     as those loads allow."""
@@ -263,7 +270,7 @@ class SplitSearch:
         if self.problem.memory is None:  # a policy may recompute or offload activations
             held = [max((min(rec[:self.vpp]) for rec in self.patterns[r]), default=0)
                     for r in range(self.pp)]
-        return MemoryFloor(static_bytes=-(-whole.static_bytes // self.pp),
+        return MemoryFloor(static_bytes=static_floor_bytes(self.costs, self.pp),
                            peak_bytes=self._weighted_floor(whole, held), inflight=tuple(held))
 
     def _weighted_floor(self, whole: StageCost, held: list[int]) -> int:

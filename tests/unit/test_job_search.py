@@ -107,6 +107,22 @@ def test_weights_that_fit_no_shape_are_named_with_the_leanest_shape(capsys) -> N
     assert over["static_bytes"] >= 671e9 * 2 / 8
 
 
+def test_a_shape_whose_even_split_overflows_is_planned_unevenly(capsys) -> None:
+    """Llama 3 8B on 4 GPUs (pp 4, sequence 512) within 39 GB: Megatron's even split puts
+    8 layers beside the 9.45 GB embedding, 40.9 GB of weights and Adam state on the first
+    rank; fewer layers there fit. Before: "nothing fits: on every shape the weights ...
+    alone overflow" (the even split's bytes taken for every split's), nothing simulated."""
+    argv = ["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "4",
+            "--global-batch-size", "16", "--tp", "1", "--pp", "4", "--seq-length", "512",
+            "--memory-gb", "39", "--time-budget", "20", "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    best = doc["best"]
+    assert doc["static_overflows"] == 0 and doc["evaluated"] == doc["total_shapes"]
+    assert best["fits"] and best["peak_memory_bytes"] <= 39e9 and best["split_planned"]
+    assert sum(best["split"][0::best["pp"]]) < 8  # the first rank's layers, every chunk
+
+
 SMALL = ["plan", "--preset", "llama3-8b", "--num-layers", "8", "--hardware", "h100-80gb",
          "--gpus", "16", "--global-batch-size", "32", "--time-budget", "8", "--top", "3",
          "--memory-gb", "4", "--json"]
