@@ -280,17 +280,17 @@ def _kth_fastest(results: list[ShapeResult], k: int) -> float:
     return fast[k - 1] if len(fast) >= k else float("inf")
 
 
-def _to_plan(results: list[ShapeResult], k: int) -> tuple[list[ShapeResult], list[ShapeResult]]:
-    """(the shapes whose splits get planned, the rest): the k fastest that fit at their
-    default split, and any faster one that does not (another split may fit: the first
-    stage's memory is what makes splits uneven), at most 2k in all."""
-    chosen, fitting = [], 0
+def shapes_to_plan(results: list[ShapeResult], k: int) -> tuple[list[ShapeResult], list[ShapeResult]]:
+    """(the shapes whose splits get planned, fastest first; the rest): the k fastest that
+    fit at their default split, and faster ones that do not (another split may fit: the
+    first stage's memory is what makes splits uneven), 2k in all at the most."""
     by_time = sorted(range(len(results)), key=lambda i: results[i].summary.iteration_time_ms)
-    for i in by_time:
-        if fitting >= k or len(chosen) >= 2 * k:
-            break
-        chosen.append(i)
-        fitting += results[i].summary.fits
+    fitting = [i for i in by_time if results[i].summary.fits][:k]
+    slowest = (results[fitting[-1]].summary.iteration_time_ms if len(fitting) == k
+               else float("inf"))
+    over = [i for i in by_time if not results[i].summary.fits
+            and results[i].summary.iteration_time_ms < slowest][:2 * k - len(fitting)]
+    chosen = sorted(fitting + over, key=by_time.index)
     return [results[i] for i in chosen], [r for i, r in enumerate(results) if i not in chosen]
 
 
@@ -373,7 +373,7 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
         # The total is every shape: those the bound rules out are never simulated.
         progress("simulating shapes", len(results), len(pending))
         results.append(_timed(p, policy))
-    chosen, rest = _to_plan(results, k)
+    chosen, rest = shapes_to_plan(results, k)
     refined = []
     n = len(chosen)
     for i, r in enumerate(chosen):

@@ -1,0 +1,35 @@
+"""Which shapes the job search plans the splits of (ppsim.job.search.shapes_to_plan): the k
+fastest that fit at their default split always, and faster ones that do not (an uneven
+split may fit), never crowding those out."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ppsim.job.search import shapes_to_plan
+
+shapes = st.lists(st.tuples(st.integers(1, 50), st.booleans()), max_size=30).map(
+    lambda rows: [SimpleNamespace(summary=SimpleNamespace(iteration_time_ms=float(t), fits=f))
+                  for t, f in rows])
+
+
+@given(shapes, st.integers(1, 6))
+def test_the_fastest_fitting_shapes_are_always_planned(results, k) -> None:
+    chosen, rest = shapes_to_plan(results, k)
+    assert sorted(map(id, chosen + rest)) == sorted(map(id, results))  # a partition
+    assert len(chosen) <= 2 * k
+    fitting = sorted((r for r in results if r.summary.fits),
+                     key=lambda r: r.summary.iteration_time_ms)
+    fitting_chosen = [r for r in chosen if r.summary.fits]
+    assert len(fitting_chosen) == min(k, len(fitting))
+    if fitting_chosen:  # the fastest of them (ties by any order)
+        slowest = max(r.summary.iteration_time_ms for r in fitting_chosen)
+        assert all(r.summary.iteration_time_ms >= slowest for r in rest if r.summary.fits)
+    if len(fitting) >= k:  # a shape that does not fit is planned only if it could lead
+        kth = fitting[k - 1].summary.iteration_time_ms
+        assert all(r.summary.iteration_time_ms < kth for r in chosen if not r.summary.fits)
+    times = [r.summary.iteration_time_ms for r in chosen]
+    assert times == sorted(times)  # planned fastest first
