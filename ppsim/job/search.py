@@ -280,8 +280,8 @@ def _kth_fastest(results: list[ShapeResult], k: int) -> float:
     return fast[k - 1] if len(fast) >= k else float("inf")
 
 
-def shapes_to_plan(results: list[ShapeResult], k: int) -> tuple[list[ShapeResult], list[ShapeResult]]:
-    """(the shapes whose splits get planned, fastest first; the rest): the k fastest that
+def shapes_to_plan(results: list[ShapeResult], k: int) -> list[ShapeResult]:
+    """The shapes whose splits get planned, fastest first: the k fastest that
     fit at their default split, and faster ones that do not (another split may fit: the
     first stage's memory is what makes splits uneven), 2k in all at the most."""
     by_time = sorted(range(len(results)), key=lambda i: results[i].summary.iteration_time_ms)
@@ -290,8 +290,7 @@ def shapes_to_plan(results: list[ShapeResult], k: int) -> tuple[list[ShapeResult
                else float("inf"))
     over = [i for i in by_time if not results[i].summary.fits
             and results[i].summary.iteration_time_ms < slowest][:2 * k - len(fitting)]
-    chosen = sorted(fitting + over, key=by_time.index)
-    return [results[i] for i in chosen], [r for i, r in enumerate(results) if i not in chosen]
+    return [results[i] for i in sorted(fitting + over, key=by_time.index)]
 
 
 def _fastest_first(results: list[ShapeResult]) -> list[ShapeResult]:
@@ -373,7 +372,8 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
         # The total is every shape: those the bound rules out are never simulated.
         progress("simulating shapes", len(results), len(pending))
         results.append(_timed(p, policy))
-    chosen, rest = shapes_to_plan(results, k)
+    chosen = shapes_to_plan(results, k)
+    rest = [r for r in results if all(r is not c for c in chosen)]
     refined = []
     n = len(chosen)
     for i, r in enumerate(chosen):
