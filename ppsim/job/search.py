@@ -41,6 +41,8 @@ from ppsim.sim.summary import Summary
 
 SPLIT_SHARE = 1 / 12
 """The most of the budget one shape's split plan takes (5 s of the default 60)."""
+LONG_SHOT = 0.25
+"""The share of SPLIT_SHARE a shape gets whose default split does not fit."""
 TOP_SEARCHED = 5
 """The fewest fastest shapes the search keeps and plans the splits of, whatever the
 table's --top: the best does not depend on how many rows are shown."""
@@ -379,9 +381,11 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
     for i, r in enumerate(chosen):
         progress("planning the fastest shapes' splits", i, n)
         left = budget_s - (time.perf_counter() - t0)
-        # An equal share of what is left, at most SPLIT_SHARE of the budget: a longer
-        # budget gives each split more time.
-        share = min(budget_s * SPLIT_SHARE, left / (n - i))
+        # An equal share of what is left, at most SPLIT_SHARE of the budget (a quarter
+        # of that for a shape that does not fit at its default split: a long shot): a
+        # longer budget gives each split more time.
+        most = budget_s * SPLIT_SHARE * (1.0 if r.summary.fits else LONG_SHOT)
+        share = min(most, left / (n - i))
         refined.append(r if left <= 1.0 else
                        _refined(r, _config(cfg, r.shape, gbs), policy, share))
     return JobSearch(candidates=_fastest_first(refined + rest),
