@@ -52,6 +52,7 @@ from ppsim.pipeline.problem import (
     resolve_split,
 )
 from ppsim.pipeline.split import Split
+from ppsim.plan.advice import fit_hint
 from ppsim.policy.report import copy_events, policy_json
 from ppsim.schedules.generators import interleaved_group, schedule_placement
 from ppsim.sim.engines import simulator
@@ -320,6 +321,8 @@ def _print_simulation(sim: Any) -> None:
                   f"bubble [bold]{s.bubble_fraction:.1%}[/bold]   peak memory "
                   f"{s.peak_memory_bytes / 1e9:.2f} GB of {problem.hardware.memory_bytes / 1e9:.0f}"
                   f" GB   {'fits' if s.fits else '[red]does NOT fit[/red]'}")
+    if not s.fits:
+        console.print(fit_hint(problem), markup=False)
     print_job(console, problem.hardware.job, s.iteration_time_ms)
     waits = _waits(problem, s)
     hint = overlap_hint(problem.hardware.job, waits.get("exposed_comm_ms", 0.0),

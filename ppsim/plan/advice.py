@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 
+from ppsim.pipeline.problem import Problem
 from ppsim.plan.planner import PlanResult
+from ppsim.plan.search import SplitSearch
 
 
 def no_fit_message(res: PlanResult) -> str:
@@ -51,3 +53,19 @@ def _state_message(res: PlanResult, floor: int, limit: float) -> str:
     return (f"no split fits {limit / 1e9:.1f} GB per rank: {lowest}weights, gradients and "
             f"optimizer state alone leave at least {floor / 1e9:.2f} GB on some rank of {pp} "
             "(recompute cannot help); try " + ", ".join(tips))
+
+
+def fit_hint(problem: Problem) -> str:
+    """One line for a simulated split that does not fit: whether any split could (the
+    memory floor), and what to do."""
+    floor, pp = SplitSearch(problem).floor, problem.schedule.pp
+    limit = problem.hardware.memory_bytes
+    if floor.static_bytes > limit:
+        return (f"no split fits: weights, gradients and optimizer state alone leave at least "
+                f"{floor.static_bytes / 1e9:.2f} GB on some rank of {pp} (recompute cannot "
+                "help; `ppsim plan` says what can)")
+    if floor.peak_bytes > limit:
+        return (f"no split fits: some rank of {pp} holds at least "
+                f"{floor.peak_bytes / 1e9:.2f} GB with its activations in flight; try "
+                "recompute, a smaller micro-batch or more stages")
+    return "another split may fit: `ppsim plan` finds the fastest that does"

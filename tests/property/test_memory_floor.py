@@ -106,3 +106,18 @@ def test_state_over_the_limit_points_at_sharding_not_recompute(capsys) -> None:
     out = json.loads(capsys.readouterr().out)
     assert out["best"] is None and out["evaluated"] == 1
     assert out["memory_floor"]["static_bytes"] > 80e9
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--preset", "llama3-8b", "--pp", "4", "--seq-length", "512", "--memory-gb", "39",
+      "--microbatches", "16"], "another split may fit: `ppsim plan` finds the fastest"),
+    (["--preset", "qwen3-next-80b-a3b", "--seq-length", "64"],
+     "no split fits: weights, gradients and optimizer state alone leave at least 109."),
+    (["--preset", "deepseek-v3", "--pp", "8", "--vpp", "2"],
+     "no split fits: some rank of 8 holds at least 111."),
+])
+def test_simulate_says_whether_another_split_could_fit(argv, said, capsys) -> None:
+    """A simulated split that does not fit says whether any split could, by the floor."""
+    assert main(["simulate", *argv, "--hardware", "h100-80gb"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # as one line, however Rich wraps it
+    assert "does NOT fit" in out and said in out
