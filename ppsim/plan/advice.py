@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+from ppsim.config.limits import PLAN, schedule_ops
+from ppsim.costs.model import static_floor_bytes
 from ppsim.pipeline.problem import Problem
 from ppsim.plan.planner import PlanResult
 from ppsim.plan.search import SplitSearch
@@ -57,15 +59,18 @@ def _state_message(res: PlanResult, floor: int, limit: float) -> str:
 
 def fit_hint(problem: Problem) -> str:
     """One line for a simulated split that does not fit: whether any split could (the
-    memory floor), and what to do."""
-    floor, pp = SplitSearch(problem).floor, problem.schedule.pp
-    limit = problem.hardware.memory_bytes
-    if floor.static_bytes > limit:
+    memory floor; with the activations only where the planner would take the schedule),
+    and what to do."""
+    s, limit = problem.schedule, problem.hardware.memory_bytes
+    static = static_floor_bytes(problem.costs, s.pp)
+    if static > limit:
         return (f"no split fits: weights, gradients and optimizer state alone leave at least "
-                f"{floor.static_bytes / 1e9:.2f} GB on some rank of {pp} (recompute cannot "
-                "help; `ppsim plan` says what can)")
-    if floor.peak_bytes > limit:
-        return (f"no split fits: some rank of {pp} holds at least "
-                f"{floor.peak_bytes / 1e9:.2f} GB with its activations in flight; try "
-                "recompute, a smaller micro-batch or more stages")
+                f"{static / 1e9:.2f} GB on some rank of {s.pp} (recompute cannot help; "
+                "`ppsim plan` says what can)")
+    if schedule_ops(s.pp, s.vpp, s.microbatches, s.split_backward) <= PLAN.ops:
+        peak = SplitSearch(problem).floor.peak_bytes
+        if peak > limit:
+            return (f"no split fits: some rank of {s.pp} holds at least {peak / 1e9:.2f} GB "
+                    "with its activations in flight; try recompute, a smaller micro-batch "
+                    "or more stages")
     return "another split may fit: `ppsim plan` finds the fastest that does"
