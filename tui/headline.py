@@ -19,8 +19,9 @@ def over_limit(summary: object, limit: float) -> list[tuple[int, int]]:
     return sorted(over, key=lambda x: (-x[1], x[0]))
 
 
-def memory_text(summary: object, limit: float) -> str:
-    """'fits' or which rank is over and by how much (the worst one, and how many more)."""
+def memory_text(summary: object, limit: float, no_split: bool = False) -> str:
+    """'fits' or which rank is over and by how much (the worst one, and how many more);
+    `no_split`: no split of this shape fits either (the planner's memory floor)."""
     over = over_limit(summary, limit)
     if not over:
         return "fits"
@@ -29,7 +30,8 @@ def memory_text(summary: object, limit: float) -> str:
                 if r.rank == rank)
     more = f" (+{len(over) - 1} more rank{'s' if len(over) > 2 else ''})" if len(over) > 1 \
         else ""
-    return (f"DOES NOT FIT: r{rank} {fmt_bytes(extra)} over ({fmt_bytes(peak)} / "
+    verdict = "NO SPLIT FITS" if no_split else "DOES NOT FIT"
+    return (f"{verdict}: r{rank} {fmt_bytes(extra)} over ({fmt_bytes(peak)} / "
             f"{fmt_bytes(limit)}){more}")
 
 
@@ -48,7 +50,7 @@ def _parts(result: object, compact: bool) -> list[tuple[str, str]]:
                 else f"   peak {fmt_bytes(s.peak_memory_bytes)} / {fmt_bytes(limit)} ")
         parts += [(peak, ""), ("fits", mem_style)]
     else:
-        parts += [("   ", ""), (memory_text(s, limit), mem_style)]
+        parts += [("   ", ""), (memory_text(s, limit, r.no_split_fits), mem_style)]  # type: ignore[attr-defined]
     sp = r.speedup  # type: ignore[attr-defined]
     if sp is not None:
         if compact:

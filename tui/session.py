@@ -24,6 +24,7 @@ from ppsim.errors import UserError
 from ppsim.pipeline.problem import Problem, build_problem, resolve_split
 from ppsim.pipeline.split import Split, even_counts
 from ppsim.plan import planner
+from ppsim.plan.search import SplitSearch
 from ppsim.policy.model import StagePolicy
 from ppsim.policy.setup import stage_policies
 from ppsim.schedules.generators import SCHEDULES, schedule_for_vpp, schedule_placement
@@ -236,6 +237,8 @@ class Result:
     pinned: Simulation
     """The pinned split's simulation: the even split unless the user pinned another."""
     pinned_is_even: bool
+    no_split_fits: bool = False
+    """No split of this shape fits memory (the planner's floor, SplitSearch.floor)."""
 
     @property
     def pinned_counts(self) -> tuple[int, ...]:
@@ -283,7 +286,23 @@ def evaluate_state(base: Config, state: EditState,
         _pinned_cache.clear()
     _pinned_cache[key] = other  # the next edits of this shape compare with it for free
     even = counts == even_counts(state.num_layers, state.pp, state.vpp, state.mtp)
-    return Result(state, cfg, sim, other, even)
+    return Result(state, cfg, sim, other, even,
+                  not sim.summary.fits and _no_split_fits(base, state, problem))
+
+
+_floor_cache: dict[Any, bool] = {}
+
+
+def _no_split_fits(base: Config, state: EditState, problem: Problem) -> bool:
+    """Whether no split of the state's shape fits (split-independent: cached per shape)."""
+    key = (_base_key(base), replace(state, counts=pinned_counts(state, None)))
+    hit = _floor_cache.get(key)
+    if hit is None:
+        if len(_floor_cache) > 32:
+            _floor_cache.clear()
+        floor = SplitSearch(problem).floor
+        hit = _floor_cache[key] = floor.peak_bytes > problem.hardware.memory_bytes
+    return hit
 
 
 @contextmanager

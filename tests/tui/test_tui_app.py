@@ -400,7 +400,7 @@ async def test_a_model_preset_too_big_for_memory_shows_over_limit() -> None:
         s = app.result.sim.summary
         assert not s.fits  # 70B on two 16 GB CPU ranks
         text = "\n".join(screen_text(app))
-        assert "DOES NOT FIT" in text and "OVER" in text
+        assert "NO SPLIT FITS" in text and "OVER" in text
 
 
 async def test_many_stages_keep_the_selected_row_in_view() -> None:

@@ -48,7 +48,22 @@ def test_memory_text_names_the_worst_rank_and_the_excess() -> None:
     text = memory_text(s, 16e9)
     assert text.startswith(f"DOES NOT FIT: r{over[0][0]} ") and "over" in text
     assert "+1 more rank" in text
+    assert memory_text(s, 16e9, no_split=True).startswith(f"NO SPLIT FITS: r{over[0][0]} ")
     assert memory_text(summary((5, 3)), 16e9) == "fits"
+
+
+async def test_a_split_that_does_not_fit_where_another_would_says_does_not_fit() -> None:
+    """Llama 3 8B at pp 4 within 39 GB: the even split's first rank is over, an uneven
+    split fits (plan --gpus finds one), so the headline does not say no split fits."""
+    cfg = load_config(None)
+    cfg.model = parse_model({"preset": "llama3-8b", "seq_length": 512})
+    cfg.pipeline.pp, cfg.pipeline.microbatches, cfg.pipeline.split = 4, 16, None
+    cfg.hardware.memory_bytes = 39e9
+    app = PPSimApp(cfg)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert not app.result.sim.summary.fits and not app.result.no_split_fits
+        assert "DOES NOT FIT: r0 " in text_of(app)
 
 
 async def test_headline_and_split_table_mark_the_rank_over_the_limit() -> None:
@@ -59,7 +74,8 @@ async def test_headline_and_split_table_mark_the_rank_over_the_limit() -> None:
         app.query_one("#set-model").value = "llama3-70b"
         await settle(pilot)
         text = text_of(app)
-        assert "DOES NOT FIT: r0 " in text
+        # 70B on two 16 GB CPU ranks: no split of it fits, and the headline says so.
+        assert "NO SPLIT FITS: r0 " in text and app.result.no_split_fits
         # after the marks, each stage's memory policy letter (selective: R)
         assert "   0 r0  c0   40     0 E !R" in text and "   1 r1  c0   40    40  H!R" in text
 
