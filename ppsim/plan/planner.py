@@ -29,8 +29,9 @@ from ppsim.pipeline.problem import Problem
 from ppsim.pipeline.split import Split, even_counts, split_from_counts
 from ppsim.plan.baselines import smallest_peak
 from ppsim.plan.bounds import OneChunkBound, PathBounds, WaterFill, prefix_time
+from ppsim.plan.floor import MemoryFloor
 from ppsim.plan.local import improve
-from ppsim.plan.search import Deadline, MemoryFloor, SplitSearch
+from ppsim.plan.search import Deadline, SplitSearch
 from ppsim.sim.summary import Summary
 
 __all__ = ["BranchAndBound", "Candidate", "PlanResult", "count_splits", "even_counts",
@@ -291,6 +292,8 @@ class BranchAndBound:
             nb = max(nb, prefix_time(self.paths, counts))
             if self._prunable(nb, child_mem):
                 continue
+            if s.vpp > 1 and s.floors.completion(costs, pos) > s.memory:
+                continue  # no completion fits: the ranks left cannot hold what is left
             self.nodes += 1
             if self.progress is not None and self.nodes % 256 == 0:
                 self.progress(s.evaluated, 0)

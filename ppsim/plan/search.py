@@ -9,19 +9,11 @@ compiled once. Imports go one way: search -> bounds -> planner.
 from __future__ import annotations
 
 import time
-from collections import Counter
-from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
-from ppsim.costs.model import (
-    LayerCost,
-    StageCost,
-    held_input_bytes,
-    receives_input,
-    stage_cost,
-    static_floor_bytes,
-)
+from ppsim.costs.model import StageCost, held_input_bytes, receives_input, stage_cost
 from ppsim.pipeline.problem import Problem
+from ppsim.plan.floor import MemoryFloor, MemoryFloors
 from ppsim.schedules.generators import F
 from ppsim.sim.copies import estimated
 from ppsim.sim.evaluate import list_schedule
@@ -46,23 +38,6 @@ class Deadline:
     def affords(self, seconds: float) -> bool:
         """True when work expected to take `seconds` ends before the deadline."""
         return time.perf_counter() + seconds <= self.at
-
-
-@dataclass(frozen=True, kw_only=True)
-class MemoryFloor:
-    """What the fullest rank holds at the least under any split: at one moment each rank
-    holds `inflight` microbatches' activations of each of its stages beside its static
-    bytes (ppsim.costs.model.static_floor_bytes), so some rank holds at least what the
-    most even spread of both gives."""
-
-    static_bytes: int
-    """Weights, gradients and optimizer state (static_floor_bytes)."""
-    peak_bytes: int
-    """With the activations each rank holds at its fullest, the layers spread as evenly
-    as those loads allow."""
-    inflight: tuple[int, ...]
-    """Per rank, the microbatches each of its stages holds at once, at the least, at
-    one moment; 0 under a memory policy (it may recompute or offload them)."""
 
 
 class SplitSearch:
@@ -263,35 +238,18 @@ class SplitSearch:
         return summary
 
     @cached_property
-    def floor(self) -> MemoryFloor:
-        """Lower bounds on the fullest rank's peak over every split (MemoryFloor)."""
-        whole = stage_cost(self.costs, 0, self.L, True, True)
+    def floors(self) -> MemoryFloors:
+        """The memory floor of this schedule and model, whole and for partial splits."""
         held = [0] * self.pp
         if self.problem.memory is None:  # a policy may recompute or offload activations
             held = [max((min(rec[:self.vpp]) for rec in self.patterns[r]), default=0)
                     for r in range(self.pp)]
-        return MemoryFloor(static_bytes=static_floor_bytes(self.costs, self.pp),
-                           peak_bytes=self._weighted_floor(whole, held), inflight=tuple(held))
+        return MemoryFloors(self.costs, self.sched.stage_rank, self.S, self.pp, held)
 
-    def _weighted_floor(self, whole: StageCost, held: list[int]) -> int:
-        """Rank r holds its pieces' static bytes and held[r] microbatches' activations of
-        each (at least, at its fullest record). For any weights lam_r > 0 the fullest
-        rank's T satisfies T * sum(lam) >= sum over ranks of lam_r * load_r >= the fixed
-        pieces' share plus, per layer, its cheapest rank's lam_r * cost (weak duality);
-        lam_r = 1 / (the whole model's cost on rank r) makes it exact for uniform layers."""
-        c = self.costs
-        lam = [1.0 / max(1, whole.static_bytes + n * whole.activation_bytes) for n in held]
-
-        def cost(piece: LayerCost, r: int) -> float:
-            return piece.static_bytes + held[r] * piece.activation_bytes
-
-        first, last = self.sched.stage_rank(0), self.sched.stage_rank(self.S - 1)
-        fixed = lam[first] * cost(c.embedding, first) + lam[last] * cost(c.head, last)
-        fixed -= lam[first] * c.held_twice(first == last, first == last).static_bytes
-        kinds = Counter((lc.static_bytes, lc.activation_bytes) for lc in c.layers)
-        spread = sum(n * min(lam[r] * (st + held[r] * act) for r in range(self.pp))
-                     for (st, act), n in kinds.items())
-        return int((fixed + spread) / sum(lam) * (1 - 1e-12))
+    @property
+    def floor(self) -> MemoryFloor:
+        """Lower bounds on the fullest rank's peak over every split (MemoryFloor)."""
+        return self.floors.floor
 
     def smallest_peak_seen(self) -> tuple[int, int] | None:
         """(bytes, rank) of the lowest highest-rank peak among the splits evaluated."""

@@ -58,6 +58,25 @@ def test_the_floor_is_below_every_splits_fullest_rank(problem):
         assert res.best is None and res.evaluated <= 1 and res.floor == floor
 
 
+@settings(max_examples=60, deadline=None)
+@given(mixed_problems(), st.data())
+def test_a_partial_splits_floor_is_below_every_completion(problem, data):
+    """What the planner cuts a branch by: no completion of the placed stages fits below
+    SplitSearch.floors.completion (checked against every completion, simulated)."""
+    search = SplitSearch(problem)
+    results = every_split(problem)
+    k = data.draw(st.integers(1, search.S - 1)) if search.S > 1 else 1
+    counts, _ = data.draw(st.sampled_from(results))
+    prefix = counts[:k]
+    placed, pos = [], 0
+    for i, n in enumerate(prefix):
+        placed.append(search.stage(pos, n, i))
+        pos += n
+    bound = search.floors.completion(placed, pos)
+    peaks = [s.peak_memory_bytes for c, s in results if c[:k] == prefix]
+    assert bound <= min(peaks) * (1 + 1e-12)
+
+
 def test_uniform_layers_make_the_floor_tight():
     """One chunk a rank, layers that all cost alike: the floor is the even spread's."""
     problem = uniform_problem(2, 1, 4, "gpipe", counts=[8, 0], act=100, static=1000,

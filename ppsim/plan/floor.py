@@ -1,0 +1,90 @@
+"""What the fullest rank holds at the least, under any split or any completion of a
+partial one: the planner's memory floor (SplitSearch.floor, SplitSearch.floors).
+
+Between them the ranks hold every layer, the embedding and the head (a tied table twice
+when two stages hold it), and at one moment each rank r holds `held[r]` microbatches'
+activations of each of its stages (the schedule's memory record whose least count over
+the rank's chunks is largest). So rank r's peak is at least the sum over its pieces of
+static + held[r] x activation bytes. For any weights lam_r > 0 the fullest rank's peak T
+satisfies T x sum(lam) >= sum of lam_r x load_r >= the fixed pieces' share plus, per
+layer, its cheapest rank's lam_r x cost (weak duality); lam_r = 1 / (the whole model's
+cost on rank r) makes it exact for uniform layers. For a partial split the layers left
+can go only to the ranks with stages left, so the average runs over those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ppsim.costs.model import LayerCost, ModelCosts, StageCost, stage_cost, static_floor_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryFloor:
+    """What the fullest rank holds at the least under any split."""
+
+    static_bytes: int
+    """Weights, gradients and optimizer state (static_floor_bytes)."""
+    peak_bytes: int
+    """With the activations each rank holds at its fullest, the layers spread as evenly
+    as those loads allow."""
+    inflight: tuple[int, ...]
+    """Per rank, the microbatches each of its stages holds at once, at the least, at
+    one moment; 0 under a memory policy (it may recompute or offload them)."""
+
+
+class MemoryFloors:
+    """The floor of a schedule and model, whole and for partial splits."""
+
+    def __init__(self, costs: ModelCosts, stage_rank: Callable[[int], int], stages: int,
+                 pp: int, held: Sequence[int]) -> None:
+        self.costs, self.pp, self.S = costs, pp, stages
+        self.rank = [stage_rank(s) for s in range(stages)]
+        self.held = list(held)
+        whole = stage_cost(costs, 0, costs.num_layers, True, True)
+        self.lam = [1.0 / max(1, whole.static_bytes + n * whole.activation_bytes)
+                    for n in self.held]
+        first, last = self.rank[0], self.rank[-1]
+        self.tied = costs.held_twice(first == last, first == last).static_bytes
+        kinds = [(lc.static_bytes, lc.activation_bytes) for lc in costs.layers]
+        self.kinds = sorted(set(kinds))
+        index = {k: i for i, k in enumerate(self.kinds)}
+        self.before = [[0] * len(self.kinds)]
+        for k in kinds:  # per kind, how many of the layers before each index
+            row = list(self.before[-1])
+            row[index[k]] += 1
+            self.before.append(row)
+        self.open_after = [sorted(set(self.rank[k:])) for k in range(stages + 1)]
+        """Per count of stages placed: the ranks with stages still to place."""
+        self.floor = MemoryFloor(
+            static_bytes=static_floor_bytes(costs, pp),
+            peak_bytes=int(self._bound([], 0, range(pp)) * (1 - 1e-12)),
+            inflight=tuple(self.held))
+
+    def _cost(self, piece: LayerCost | StageCost, r: int) -> float:
+        return self.lam[r] * (piece.static_bytes + self.held[r] * piece.activation_bytes)
+
+    def _bound(self, placed: Sequence[StageCost], pos: int, ranks: Sequence[int]) -> float:
+        """The weighted bound over `ranks`, the stages `placed` and the layers from `pos`
+        left (with the embedding and the head where no placed stage holds them)."""
+        if not ranks:
+            return 0.0
+        total = sum(self._cost(c, self.rank[s]) for s, c in enumerate(placed)
+                    if self.rank[s] in ranks)
+        if not placed:
+            total += self._cost(self.costs.embedding, self.rank[0])
+        if len(placed) < self.S:
+            total += self._cost(self.costs.head, self.rank[-1])
+            if self.tied:  # one table where one rank holds both ends
+                total -= self.lam[self.rank[-1]] * self.tied
+        left = [a - b for a, b in zip(self.before[-1], self.before[pos], strict=True)]
+        for (st, act), n in zip(self.kinds, left, strict=True):
+            if n:
+                total += n * min(self.lam[r] * (st + self.held[r] * act) for r in ranks)
+        return total / sum(self.lam[r] for r in ranks)
+
+    def completion(self, placed: Sequence[StageCost], pos: int) -> float:
+        """A lower bound on the fullest rank's peak over every completion of the first
+        len(placed) stages, layers [pos, L) left for the rest."""
+        return self._bound(placed, pos, self.open_after[len(placed)])
