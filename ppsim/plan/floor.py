@@ -55,8 +55,10 @@ class MemoryFloors:
             row = list(self.before[-1])
             row[index[k]] += 1
             self.before.append(row)
-        self.open_after = [sorted(set(self.rank[k:])) for k in range(stages + 1)]
-        """Per count of stages placed: the ranks with stages still to place."""
+        self.last_stage = [-1] * pp
+        """Per rank, its last stage: placed, the rank takes no more layers."""
+        for st, r in enumerate(self.rank):
+            self.last_stage[r] = st
         self.floor = MemoryFloor(
             static_bytes=static_floor_bytes(costs, pp),
             peak_bytes=int(self._bound([], 0, range(pp)) * (1 - 1e-12)),
@@ -70,8 +72,9 @@ class MemoryFloors:
         left (with the embedding and the head where no placed stage holds them)."""
         if not ranks:
             return 0.0
+        member = set(ranks)
         total = sum(self._cost(c, self.rank[s]) for s, c in enumerate(placed)
-                    if self.rank[s] in ranks)
+                    if self.rank[s] in member)
         if not placed:
             total += self._cost(self.costs.embedding, self.rank[0])
         if len(placed) < self.S:
@@ -87,4 +90,5 @@ class MemoryFloors:
     def completion(self, placed: Sequence[StageCost], pos: int) -> float:
         """A lower bound on the fullest rank's peak over every completion of the first
         len(placed) stages, layers [pos, L) left for the rest."""
-        return self._bound(placed, pos, self.open_after[len(placed)])
+        k = len(placed)
+        return self._bound(placed, pos, [r for r in range(self.pp) if self.last_stage[r] >= k])
