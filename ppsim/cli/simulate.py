@@ -284,7 +284,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                    "memory_limit_bytes": problem.hardware.memory_bytes, **summary_dict(s),
                    **policy_json(problem),
                    **job_dict(problem.hardware.job, s.iteration_time_ms),
-                   **_waits(problem, s)})
+                   **_waits(problem, s),
+                   **({} if s.fits else {"fit_hint": fit_hint(problem)})})
         return 0
     _print_simulation(sim)
     host = policy_json(problem)

@@ -140,3 +140,5 @@ def test_simulate_says_whether_another_split_could_fit(argv, said, capsys) -> No
     assert main(["simulate", *argv, "--hardware", "h100-80gb"]) == 0
     out = " ".join(capsys.readouterr().out.split())  # as one line, however Rich wraps it
     assert "does NOT fit" in out and said in out
+    assert main(["simulate", *argv, "--hardware", "h100-80gb", "--json"]) == 0
+    assert said in json.loads(capsys.readouterr().out)["fit_hint"]
