@@ -54,18 +54,21 @@ def smallest_peak(search: SplitSearch, deadline: Deadline | None = None) -> tupl
                 pos += c
             return int(worst[0]), worst[1]
         return seen or (0, 0)
-    found = _lowest_peak_dfs(search, total, deadline)
-    if seen is not None and (found is None or seen[0] < found[0]):
+    found = _lowest_peak_dfs(search, total, deadline, seen)
+    if seen is not None and (found is None or seen[0] <= found[0]):
         return seen
     return found or (0, 0)
 
 
 def _lowest_peak_dfs(search: SplitSearch, total: Callable[[int, list[StageCost]], int],
-                     deadline: Deadline) -> tuple[int, int] | None:
-    """Branch and bound (explicit stack) for the lowest max-rank peak, several chunks."""
+                     deadline: Deadline, seen: tuple[int, int] | None = None
+                     ) -> tuple[int, int] | None:
+    """Branch and bound (explicit stack) for the lowest max-rank peak, several chunks,
+    from the lowest `seen` (a split the planner evaluated); a partial split is cut when
+    its floor (SplitSearch.floors.completion) reaches the lowest found."""
     S, L = search.S, search.L
     last_of_rank = {max(st): r for r, st in enumerate(search.rank_stages)}
-    found: tuple[float, int] = (INF, -1)
+    found: tuple[float, int] = (float(seen[0]), seen[1]) if seen else (INF, -1)
     # Frame: (costs placed, first free layer, worst (peak, rank) so far, next count to try)
     stack: list[list] = [[[], 0, (0, -1), 0]]
     while stack and not deadline.passed():
@@ -90,6 +93,8 @@ def _lowest_peak_dfs(search: SplitSearch, total: Callable[[int, list[StageCost]]
             if v[0] >= found[0]:
                 if r is not None and c > 0:  # an empty stage holds its whole input
                     break  # from one layer on, more layers only need more memory
+                continue
+            if k < S - 1 and search.floors.completion(new, pos + c) >= found[0]:
                 continue
             stack[-1][3] = c + 1 if k < S - 1 else -1
             stack.append([new, pos + c, v, 0])
