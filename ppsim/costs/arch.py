@@ -25,12 +25,13 @@ FP8_FORMATS = ("", "e4m3", "hybrid")
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
 """Megatron's --fp8-recipe choices on Hopper (mxfp8 is Blackwell's)."""
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a")
+"""Megatron's --cp-comm-type choices ppsim prices (a2a+p2p, hierarchical, is not)."""
 GATED_ACTIVATIONS = ("swiglu", "quick_geglu")
+"""A gated MLP's activation: Megatron's --swiglu or --quick-geglu."""
 OPTIMIZERS = ("adam", "muon")
 """--optimizer values ppsim prices."""
 MUON_TP_MODES = ("duplicated", "blockwise", "distributed")
 """--muon-tp-mode values."""
-"""Megatron's --cp-comm-type choices ppsim prices (a2a+p2p, hierarchical, is not)."""
 TORCHAO_FP8_RECIPES = ("tensorwise", "rowwise")
 """torchao's Float8Linear recipes torchtitan runs under FSDP (all-tensorwise, rowwise)."""
 

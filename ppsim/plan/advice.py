@@ -52,9 +52,13 @@ def _state_message(res: PlanResult, floor: int, limit: float) -> str:
     peak, rank = res.smallest_peak or (0, 0)
     lowest = (f"the smallest peak any split reaches is {peak / 1e9:.2f} GB on rank {rank}; "
               if res.problem.schedule.vpp == 1 and peak else "")
-    return (f"no split fits {limit / 1e9:.1f} GB per rank: {lowest}weights, gradients and "
-            f"optimizer state alone leave at least {floor / 1e9:.2f} GB on some rank of {pp} "
+    return (f"no split fits {limit / 1e9:.1f} GB per rank: {lowest}{_state_alone(floor, pp)} "
             "(recompute cannot help); try " + ", ".join(tips))
+
+
+def _state_alone(floor: int, pp: int) -> str:
+    return (f"weights, gradients and optimizer state alone leave at least "
+            f"{floor / 1e9:.2f} GB on some rank of {pp}")
 
 
 def fit_hint(problem: Problem) -> str:
@@ -64,8 +68,7 @@ def fit_hint(problem: Problem) -> str:
     s, limit = problem.schedule, problem.hardware.memory_bytes
     static = static_floor_bytes(problem.costs, s.pp)
     if static > limit:
-        return (f"no split fits: weights, gradients and optimizer state alone leave at least "
-                f"{static / 1e9:.2f} GB on some rank of {s.pp} (recompute cannot help; "
+        return (f"no split fits: {_state_alone(static, s.pp)} (recompute cannot help; "
                 "`ppsim plan` says what can)")
     if schedule_ops(s.pp, s.vpp, s.microbatches, s.split_backward) <= PLAN.ops:
         peak = SplitSearch(problem).floor.peak_bytes
