@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -197,3 +199,20 @@ def kept_under_policy(fields: dict[str, Any], index: int, policy: Any) -> tuple[
     with saved_bytes(static) as seen:
         stage(x)
     return sum(seen.values()), executor_policy.offloaded[0]
+
+
+@contextmanager
+def saved_tensors_only() -> Iterator[None]:
+    """While inside, `simulate` counts only what autograd saves: the executor on CPU
+    counts saved tensors (saved-tensor hooks) and cannot see what lives only inside a
+    backward (the head's logit gradient, a recompute's tensors; StageCost.transient_bytes,
+    priced in tests/unit/test_backward_transient.py), so a measured CPU peak is compared
+    without it."""
+    import ppsim.sim.simulate as sim
+
+    table = sim.stage_table
+    sim.stage_table = lambda s, costs: table(s, [replace(c, transient_bytes=0) for c in costs])
+    try:
+        yield
+    finally:
+        sim.stage_table = table

@@ -24,8 +24,9 @@ A cost file is one JSON object:
 LayerCost fields are forward_ms, backward_ms (whole backward), weight_grad_ms (the
 part of backward_ms that a split-backward schedule runs as W), split_backward_ms (the
 whole backward when W runs apart; 0: backward_ms), static_bytes, activation_bytes,
-weight_grad_bytes, output_bytes, params and expert_params (routed experts' among params);
-a missing one is 0.
+weight_grad_bytes, transient_bytes (what the backward holds while it runs; `ppsim
+profile` on CPU cannot see it: 0), output_bytes, params and expert_params (routed
+experts' among params); a missing one is 0.
 
 Pure logic: no torch import, so planning with a measured file works anywhere.
 """

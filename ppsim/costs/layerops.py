@@ -168,6 +168,13 @@ def head_activation_bytes(a: Architecture) -> int:
     return int((_norm_bytes(a, a.hidden_size) + tok * a.hidden_size * w + logits * 4) / a.tp)
 
 
+def head_transient_bytes(a: Architecture) -> int:
+    """The logits' gradient in the training dtype, made inside the head's backward:
+    Megatron's vocab-parallel loss writes its gradient into the fp32 softmax it kept, in
+    place, and the backward of the cast to fp32 returns one new tensor of the logits'."""
+    return int(_tokens(a) * padded_vocab(a) * DTYPE_BYTES[a.dtype] / a.tp)
+
+
 def embedding_activation_bytes(a: Architecture) -> int:
     """Token ids (int64) and, with dropout, the embedding dropout's mask."""
     tok = _tokens(a)

@@ -336,9 +336,11 @@ def kind_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
     modules, so it keeps all its tensors, or only its input when recomputed whole."""
     if kind in KINDS or kind in HYBRID_HALVES:
         return module_effect(a, kind, recompute, offload, full)
-    kept = mixer_activation_bytes(replace(a, recompute="full" if full else "none"), kind)
+    whole = mixer_activation_bytes(replace(a, recompute="none"), kind)
+    kept = mixer_activation_bytes(replace(a, recompute="full"), kind) if full else whole
     return ModuleEffect(kept_bytes=kept, offloaded_bytes=0, freed_bytes=0,
-                        repeated_ops=frozenset({"*"}) if full else frozenset())
+                        repeated_ops=frozenset({"*"}) if full else frozenset(),
+                        transient_bytes=whole - kept)
 
 
 def kind_activation_bytes(a: Architecture, kind: str) -> int:

@@ -38,6 +38,9 @@ class LayerCost:
     """Bytes one microbatch's forward stores until its backward."""
     weight_grad_bytes: int = 0
     """Part of activation_bytes that W still needs after B (ZB's M_W)."""
+    transient_bytes: int = 0
+    """Bytes its backward holds beyond activation_bytes while it runs and frees before it
+    ends: what a recompute brings back, the head's logit gradient."""
     output_bytes: int = 0
     """Bytes of the tensor sent to the next stage (and of its gradient back)."""
     params: int = 0
@@ -96,6 +99,14 @@ class ModelCosts:
         before = self._experts_before
         return before[offset + count] - before[offset]
 
+    @cached_property
+    def _transients(self) -> RangeMax:
+        return RangeMax([c.transient_bytes for c in self.layers])
+
+    def transient_in(self, offset: int, count: int) -> int:
+        """The largest transient_bytes of the layers [offset, offset + count)."""
+        return self._transients.max(offset, offset + count)
+
     def held_twice(self, first: bool, last: bool) -> LayerCost:
         """What adding the embedding (`first`) and the head (`last`) to one stage counts
         twice: the tied table when the stage holds both, else nothing."""
@@ -140,6 +151,9 @@ class StageCost:
     """Routed-expert parameters among `params`."""
     pair_saving_ms: float = 0.0
     """What its F and its B each save in a combined pair (LayerCost.pair_saving_ms)."""
+    transient_bytes: int = 0
+    """What its B holds beyond activation_bytes while it runs: the largest of its
+    pieces' (LayerCost.transient_bytes), as their backwards run one after another."""
 
     def input_grad_ms(self, split: bool) -> float:
         """B's duration: the whole backward, or without W when the schedule splits it."""
@@ -147,6 +161,27 @@ class StageCost:
 
 
 _NOTHING = LayerCost()
+
+
+class RangeMax:
+    """The largest of a list's values over any index range in O(1) (a sparse table:
+    row j holds the maxima of the spans of 2**j values)."""
+
+    def __init__(self, values: list[int]) -> None:
+        self.rows = [list(values)]
+        span = 1
+        while 2 * span <= len(values):
+            prev = self.rows[-1]
+            self.rows.append([max(prev[i], prev[i + span]) for i in range(len(prev) - span)])
+            span *= 2
+
+    def max(self, lo: int, hi: int) -> int:
+        """max(values[lo:hi]); 0 for an empty range."""
+        if hi <= lo:
+            return 0
+        j = (hi - lo).bit_length() - 1
+        row = self.rows[j]
+        return max(row[lo], row[hi - (1 << j)])
 
 
 def _sum(parts: list[LayerCost]) -> tuple[float, float, float, int, int, int, int, float]:
@@ -190,7 +225,17 @@ def stage_cost(costs: ModelCosts, offset: int, layers: int, first: bool, last: b
     act += held_input_bytes(costs, layers, last, receives)
     return StageCost(f, b, w, st, act, wg, 0 if last else costs.hidden_bytes, n, sb,
                      expert_params=costs.experts_in(offset, layers),
-                     pair_saving_ms=sum(p.pair_saving_ms for p in parts))
+                     pair_saving_ms=sum(p.pair_saving_ms for p in parts),
+                     transient_bytes=stage_transient(costs, offset, layers, first, last))
+
+
+def stage_transient(costs: ModelCosts, offset: int, layers: int, first: bool,
+                    last: bool) -> int:
+    """A stage's transient_bytes: its pieces' largest (their backwards run in turn)."""
+    t = costs.transient_in(offset, layers)
+    if first:
+        t = max(t, costs.embedding.transient_bytes)
+    return max(t, costs.head.transient_bytes) if last else t
 
 
 def receives_input(split: Split, index: int) -> bool:

@@ -210,6 +210,10 @@ class ModuleEffect:
     that piece is not offloaded, is copied but stays."""
     repeated_ops: frozenset[str]
     """Forward ops run again inside the backward."""
+    transient_bytes: int = 0
+    """Bytes a recompute brings back inside the backward, at its largest: the whole
+    layer's tensors less its input, or one recompute module's dropped tensors (each
+    module's checkpoint runs again just before its own backward)."""
 
 
 def applies(module: str, a: Architecture, kind: str) -> bool:
@@ -248,16 +252,27 @@ def module_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
                   offload: tuple[str, ...] = (), full: bool = False) -> ModuleEffect:
     """Kept and offloaded bytes and repeated ops of a layer under these modules; `full`:
     the whole layer recomputed (Megatron's block method), keeping only its input."""
+    saved = saved_tensors(a, kind)
     if full:
-        return ModuleEffect(kept_bytes=int(saved_tensors(a, kind)[layer_input(kind)]),
-                            offloaded_bytes=0, freed_bytes=0, repeated_ops=frozenset({"*"}))
+        kept = int(saved[layer_input(kind)])
+        return ModuleEffect(kept_bytes=kept, offloaded_bytes=0, freed_bytes=0,
+                            repeated_ops=frozenset({"*"}),
+                            transient_bytes=int(sum(saved.values())) - kept)
     kept = kept_tensors(a, kind, recompute)
     moved = {n for m in offload if applies(m, a, kind) for n in _moves(a, m)} & set(kept)
     freed = moved - _held_elsewhere(a, kind, recompute, offload)
     return ModuleEffect(kept_bytes=int(sum(v for n, v in kept.items() if n not in freed)),
                         offloaded_bytes=int(sum(v for n, v in kept.items() if n in moved)),
                         freed_bytes=int(sum(v for n, v in kept.items() if n in freed)),
-                        repeated_ops=_repeated(a, kind, recompute))
+                        repeated_ops=_repeated(a, kind, recompute),
+                        transient_bytes=_recomputed_bytes(a, kind, recompute, saved))
+
+
+def _recomputed_bytes(a: Architecture, kind: str, recompute: tuple[str, ...],
+                      saved: dict[str, float]) -> int:
+    """The most bytes one recompute module's checkpoint brings back: what it dropped."""
+    return int(max((sum(saved.get(n, 0) for n in _drops(a, m)) for m in recompute
+                    if applies(m, a, kind)), default=0))
 
 
 def _repeated(a: Architecture, kind: str, recompute: tuple[str, ...]) -> frozenset[str]:

@@ -44,6 +44,7 @@ from ppsim.costs.layerops import (
     embedding_activation_bytes,
     head_activation_bytes,
     head_ops,
+    head_transient_bytes,
     mtp_ops,
     padded_vocab,
 )
@@ -135,8 +136,11 @@ def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
         f += a2a
         bi += a2a
     effect = kind_effect(a, kind, recompute, full=full)
-    act, repeated = effect.kept_bytes, effect.repeated_ops
-    if not full:  # a fully recomputed layer's saved weights live inside its backward alone
+    act, repeated, transient = effect.kept_bytes, effect.repeated_ops, effect.transient_bytes
+    # a fully recomputed layer's saved weights live inside its backward alone
+    if full:
+        transient += saved_weight_bytes(a, ops)
+    else:
         act += saved_weight_bytes(a, ops)
     if full:
         bi += f  # the forward runs again before the backward
@@ -154,7 +158,7 @@ def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
                                       + held.experts * bytes_per_param(a, experts=True,
                                                                        layer=True))
                      + fp8_weight_bytes(a, ops),
-                     activation_bytes=act, weight_grad_bytes=w_keep,
+                     activation_bytes=act, weight_grad_bytes=w_keep, transient_bytes=transient,
                      output_bytes=s * b * h * DTYPE_BYTES[a.dtype] // t,
                      params=int(held.dense + held.experts), expert_params=int(held.experts))
 
@@ -178,7 +182,8 @@ def _head_cost(a: Architecture, acc: Accelerator) -> LayerCost:
     return LayerCost(forward_ms=f, backward_ms=bi + bw, weight_grad_ms=bw,
                      static_bytes=int((padded_vocab(a) * h / t + norm) * bytes_per_param(a)),
                      activation_bytes=head_activation_bytes(a), weight_grad_bytes=w_keep,
-                     output_bytes=0, params=int(padded_vocab(a) * h / t + norm))
+                     transient_bytes=head_transient_bytes(a), output_bytes=0,
+                     params=int(padded_vocab(a) * h / t + norm))
 
 
 def _mtp_cost(a: Architecture, acc: Accelerator, layer: LayerCost,
@@ -196,6 +201,7 @@ def _mtp_cost(a: Architecture, acc: Accelerator, layer: LayerCost,
         activation_bytes=layer.activation_bytes + head.activation_bytes
         + int(2 * s * b * h * width / t),
         weight_grad_bytes=layer.weight_grad_bytes + head.weight_grad_bytes,
+        transient_bytes=max(layer.transient_bytes, head.transient_bytes),
         output_bytes=layer.output_bytes, params=layer.params + int(mtp_extra_params(a) / t),
         expert_params=layer.expert_params)
 
@@ -206,7 +212,8 @@ def _chain(parts: list[LayerCost]) -> LayerCost:
         return parts[0]
     total = {f: sum(getattr(p, f) for p in parts) for f in LAYER_FIELDS}
     return LayerCost(**{**total, "output_bytes": parts[-1].output_bytes,
-                        "split_backward_ms": 0.0})
+                        "split_backward_ms": 0.0,
+                        "transient_bytes": max(p.transient_bytes for p in parts)})
 
 
 def transformer_costs(a: Architecture, acc: Accelerator, recompute: tuple[str, ...] | None = None,

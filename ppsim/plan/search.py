@@ -11,7 +11,13 @@ from __future__ import annotations
 import time
 from functools import cached_property, lru_cache
 
-from ppsim.costs.model import StageCost, held_input_bytes, receives_input, stage_cost
+from ppsim.costs.model import (
+    StageCost,
+    held_input_bytes,
+    receives_input,
+    stage_cost,
+    stage_transient,
+)
 from ppsim.pipeline.problem import Problem
 from ppsim.plan.floor import MemoryFloor, MemoryFloors
 from ppsim.schedules.generators import F
@@ -67,7 +73,7 @@ class SplitSearch:
         self.eval_s = 0.0
         """Wall time of the latest evaluation: what one more is expected to cost."""
         self.patterns = [self._memory_pattern(r) for r in range(self.pp)]
-        self._caps = [tuple(map(max, zip(*recs, strict=True))) if recs else (0,) * 2 * self.vpp
+        self._caps = [tuple(map(max, zip(*recs, strict=True))) if recs else (0,) * 3 * self.vpp
                       for recs in self.patterns]
         """Per rank: each count's largest value over its records (rank_peak_cap)."""
         self.rank_stages = [[s for s in range(self.S) if self.sched.stage_rank(s) == r]
@@ -98,7 +104,8 @@ class SplitSearch:
     def fits(self, index: int, c: StageCost) -> bool:
         """Stage `index` with cost c keeps its rank within memory, one chunk per rank."""
         wg = c.weight_grad_bytes if self.split_bw else 0
-        return c.static_bytes + self._peak(index, [c.activation_bytes], [wg]) <= self.memory
+        return c.static_bytes + self._peak(index, [c.activation_bytes], [wg],
+                                           [c.transient_bytes]) <= self.memory
 
     def stage(self, offset: int, count: int, index: int) -> StageCost:
         return self._stage(offset, count, index)
@@ -109,10 +116,11 @@ class SplitSearch:
         return c.forward_ms + c.backward_ms - 2 * c.pair_saving_ms
 
     def _memory_pattern(self, r: int) -> list[tuple[int, ...]]:
-        """Per-chunk (full, kept) activation counts at every op start on rank r.
+        """Per-chunk (full, kept, in B) counts at every op start on rank r.
 
         A rank's peak activation bytes is the max over these records of
-        sum(full_c * activation_c + kept_c * weight_grad_c), integer-exact.
+        sum(full_c * activation_c + kept_c * weight_grad_c + inb_c * transient_c),
+        integer-exact (inb_c: 1 while a B of chunk c runs).
         """
         chunks = self.vpp
         full = [0] * chunks
@@ -122,7 +130,10 @@ class SplitSearch:
             c = stage // self.pp
             if kind == F:
                 full[c] += 1
-            records.add(tuple(full) + tuple(kept))
+            inb = [0] * chunks
+            if kind == "B":
+                inb[c] = 1
+            records.add(tuple(full) + tuple(kept) + tuple(inb))
             if kind == "B":
                 full[c] -= 1
                 if self.split_bw:
@@ -151,37 +162,46 @@ class SplitSearch:
             out.append(v)
         return out[0], out[1], out[2]
 
+    def stage_transient(self, pos: int, count: int, k: int) -> int:
+        """What stage k's B holds beyond its activations (StageCost.transient_bytes), O(1)."""
+        if self.problem.memory is not None:
+            return self.stage(pos, count, k).transient_bytes
+        return stage_transient(self.costs, pos, count, k == 0, k == self.S - 1)
+
     def one_chunk_total(self, pos: int, count: int, k: int) -> int:
         """Peak memory of rank k when it holds only stage k (one chunk per rank)."""
         static, act, wg = self.stage_bytes(pos, count, k)
-        return static + self._peak(k, [act], [wg if self.split_bw else 0])
+        return static + self._peak(k, [act], [wg if self.split_bw else 0],
+                                   [self.stage_transient(pos, count, k)])
 
     def rank_peak(self, r: int, costs: list[StageCost]) -> int:
         """Peak activation bytes on rank r given its stages' costs (chunk order)."""
         act = [c.activation_bytes for c in costs]
         keep = [c.weight_grad_bytes if self.split_bw else 0
                 for c in costs]
-        return self._peak(r, act, keep)
+        return self._peak(r, act, keep, [c.transient_bytes for c in costs])
 
     def rank_peak_cap(self, r: int, costs: list[StageCost]) -> int:
         """An upper bound on rank_peak: each chunk at its own fullest, as if at once."""
         cap, n = self._caps[r], self.vpp
         keep = self.split_bw
         return sum(cap[i] * c.activation_bytes + (cap[n + i] * c.weight_grad_bytes if keep
-                                                  else 0) for i, c in enumerate(costs))
+                                                  else 0) + cap[2 * n + i] * c.transient_bytes
+                   for i, c in enumerate(costs))
 
     def held_peak(self, r: int, per_chunk: list[int]) -> int:
         """Peak on rank r of bytes each in-flight microbatch of a chunk holds until its
         backward (activations, or what a memory policy keeps on the host)."""
-        return self._peak(r, per_chunk, [0] * len(per_chunk))
+        zeros = [0] * len(per_chunk)
+        return self._peak(r, per_chunk, zeros, zeros)
 
-    def _peak(self, r: int, act: list[int], keep: list[int]) -> int:
+    def _peak(self, r: int, act: list[int], keep: list[int], transient: list[int]) -> int:
         n = len(act)
         best = 0
         for rec in self.patterns[r]:
             v = 0
             for i in range(n):
-                v += rec[i] * act[i] + rec[n + i] * keep[i]
+                v += rec[i] * act[i] + rec[n + i] * keep[i] + rec[2 * n + i] * transient[i]
             if v > best:
                 best = v
         return best

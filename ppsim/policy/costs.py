@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ppsim.costs.arch import Architecture
 from ppsim.costs.mixers import kind_effect
-from ppsim.costs.model import LayerCost, ModelCosts, StageCost, held_input_bytes
+from ppsim.costs.model import LayerCost, ModelCosts, RangeMax, StageCost, held_input_bytes
 from ppsim.costs.modules import offloaded_input_bytes
 from ppsim.costs.transformer import Accelerator, layer_kinds, transformer_costs
 from ppsim.policy.model import StagePolicy
@@ -129,6 +129,9 @@ class PolicyCosts:
                 off -= min(off, offloaded_input_bytes(
                     self.arch, self.kinds[offset], policy.recompute_modules,
                     policy.offload_modules))
+        transient = max(full.transients.max(lo, mid), var.transients.max(mid, hi),
+                        self.base.embedding.transient_bytes if first else 0,
+                        self.base.head.transient_bytes if last else 0)
         sb = 0.0 if sb == b else sb
         # The copies run on the device's copy streams (ppsim.sim.copies): the offloaded
         # tensors are part of the F's allocation until their copy out ends. What W needs
@@ -136,7 +139,7 @@ class PolicyCosts:
         return StageCost(f, b, w, int(st), int(act), int(wg), 0 if last else hidden,
                          int(params), sb, offload_bytes=off, copy_ms=self.copy_ms(copied),
                          expert_params=self.base.experts_in(offset, count),
-                         pair_saving_ms=paired)
+                         pair_saving_ms=paired, transient_bytes=transient)
 
     def _stalls(self, off: int, f: float, b: float) -> tuple[float, float]:
         """(forward, backward) stall of copying `off` bytes out after F and back before B."""
@@ -170,9 +173,11 @@ _FIELDS = ("forward_ms", "backward_ms", "weight_grad_ms", "sb", "static_bytes",
 
 
 class _Prefix:
-    """Prefix sums of the _FIELDS over a list of layers: a span's sum in O(1)."""
+    """Prefix sums of the _FIELDS over a list of layers: a span's sum in O(1); and
+    their transient bytes' range maxima."""
 
     def __init__(self, layers: Sequence[LayerCost]) -> None:
+        self.transients = RangeMax([lc.transient_bytes for lc in layers])
         self.pre: list[list[float]] = []
         for name in _FIELDS:
             acc, pre = 0.0 if name.endswith("ms") or name == "sb" else 0, [0]
@@ -217,8 +222,8 @@ def _work(c: StageCost) -> float:
 class Cheapest:
     """Each stage takes the policy of `groups` that fits with the least added work: the
     per-stage space (offload only where the host link hides its copies). Within a group
-    (module sets, offload) N runs from 0 up: work grows and memory shrinks with N, so the
-    least N that fits is found by bisection."""
+    (module sets, offload) N runs from 0 up: work grows with N and, from N = 1, memory
+    shrinks, so the least N that fits is N = 0 or found by bisection."""
 
     costs: PolicyCosts
     """The per-module layer costs."""
@@ -242,10 +247,12 @@ class Cheapest:
         fallback: tuple[int, StagePolicy] | None = None
 
         def ok(p: StagePolicy, c: StageCost) -> bool:
-            # Device memory, host memory and copy time all shrink as N grows (block layers
-            # offload nothing, and take longer to hide copies behind): the least N that
-            # fits is found by bisection. A copy that stalls the stage is left out, so no
-            # choice adds forward time and the cheapest is the fastest (see search.py).
+            # Device memory, host memory and copy time all shrink as N grows from 1 (block
+            # layers offload nothing, and take longer to hide copies behind): the least N
+            # that fits is found by bisection. N = 0 is tried first: the first whole layer
+            # recomputed brings its transient (StageCost.transient_bytes), which may cost
+            # more than its dropped activations save. A copy that stalls the stage is left
+            # out, so no choice adds forward time and the cheapest is the fastest.
             return ((fits is None or fits(index, c)) and self._host_ok(p, offset, count, index)
                     and not self.costs.stalls(p, offset, count, first, last, receives))
 
@@ -256,11 +263,12 @@ class Cheapest:
             mem = low_cost.static_bytes + low_cost.activation_bytes
             if fallback is None or mem < fallback[0]:
                 fallback = (mem, top)
-            if not ok(top, low_cost):
-                continue  # not even every layer recomputed fits
             if best is not None and _work(cost(g)) > best[0]:
                 continue  # the group's cheapest is already slower
-            lo, hi = 0, most  # hi fits; find the least N that does
+            lo, hi = (0, 0) if ok(g, cost(g)) else (1, most)
+            if lo and not ok(top, low_cost):
+                continue  # not even every layer recomputed fits
+            # hi fits; find the least N that does
             while lo < hi:
                 mid = (lo + hi) // 2
                 p = _with_n(g, mid)

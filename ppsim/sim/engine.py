@@ -11,7 +11,8 @@ other; when a placement shares devices or links, `ppsim.sim.simulate` runs
 A combined pair (Schedule.pairs, Megatron's combined 1F1B) is an F that starts once its
 B's input is in too and whose message leaves with the B's, when the B ends; each of the
 two takes its paired duration (StageTable.paired).
-Memory: F allocates its stage's activations when it starts, B releases them
+Memory: F allocates its stage's activations when it starts; B allocates its
+transient (what lives only inside it) when it starts and releases it and the activations
 when it ends (all but what W needs, when W is separate), W releases the rest.
 A stage that offloads runs its copies on the rank's copy streams
 (ppsim.sim.copies): its B also waits for its tensors to come back.
@@ -205,6 +206,12 @@ class Engine:
                 self.peak_in[r] = inflight
             if self.records is not None:
                 self.records.memory[r].append((now, act, inflight))
+        elif kind == B and self.table.transient[st]:  # held until the B ends
+            act = self.act[r] = self.act[r] + self.table.transient[st]
+            if act > self.peak[r]:
+                self.peak[r] = act
+            if self.records is not None:
+                self.records.memory[r].append((now, act, self.inflight[r]))
         self.began[r] = now
         if copies is not None:
             copies.op_started(r, self.pos[r], now)

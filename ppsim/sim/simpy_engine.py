@@ -21,7 +21,8 @@ few times its cost. Read or extend this one; `simulate` returns the same
   the op that sends it and the op that receives it (`Topology.message_cpu`).
 - **A combined pair** (Schedule.pairs): its F also yields its B's message before it
   starts, and its own message is sent with the B's when the B ends.
-- **Memory**: F allocates its stage's activations when it starts, B releases them
+- **Memory**: F allocates its stage's activations when it starts; B allocates its
+  transient (what lives only inside it) when it starts and releases it and the activations
   when it ends (all but what W needs, when W is separate), W releases the rest.
 - **Host copies** (activation offload): the copy streams' FIFO arithmetic is
   `ppsim.sim.copies.CopyStreams`, the heap engine's own; a B whose tensors are not
@@ -188,7 +189,8 @@ class _Model:
             dev.replan()
 
     def _start(self, r: int, i: int, dev: _Sharing) -> simpy.Event:
-        """Op i of rank r starts now: F allocates; the op occupies the device."""
+        """Op i of rank r starts now: F allocates, B its transient; the op occupies the
+        device."""
         kind, st, now = self.c.kind[r][i], self.c.stage[r][i], self.env.now
         if self.copies is not None and kind == F:
             self._settle(r, now)
@@ -199,6 +201,11 @@ class _Model:
             self.peak_in[r] = max(self.peak_in[r], inflight)
             if self.ops is not None:
                 self.memory[r].append((now, act, inflight))
+        elif kind == B and self.table.transient[st]:  # held until the B ends
+            act = self.act[r] = self.act[r] + self.table.transient[st]
+            self.peak[r] = max(self.peak[r], act)
+            if self.ops is not None:
+                self.memory[r].append((now, act, self.inflight[r]))
         self.began[r] = now
         if self.copies is not None:
             self.copies.op_started(r, i, now)

@@ -72,8 +72,11 @@ class StageTable:
     """Kind -> per-stage duration of one op of that kind."""
     alloc: tuple[int, ...]
     """Activation bytes an F allocates when it starts."""
+    transient: tuple[int, ...]
+    """Bytes a B allocates when it starts and frees when it ends (StageCost.transient_bytes)."""
     free: dict[str, tuple[int, ...]]
-    """Kind -> bytes released when the op ends (B: all W does not keep; W: the rest)."""
+    """Kind -> bytes released when the op ends (B: its transient and all W does not keep;
+    W: the rest)."""
     boundary_bytes: tuple[int, ...]
     """Bytes crossing the boundary between stage s and s + 1 (activation and gradient)."""
     static: tuple[int, ...]
@@ -100,6 +103,7 @@ def stage_table(s: Schedule, costs: Sequence[StageCost]) -> StageTable:
     for i, c in enumerate(costs):
         static[s.stage_rank(i)] += c.static_bytes
     act = tuple(resident_bytes(c) for c in costs)  # free offload copies keep off the device
+    transient = tuple(c.transient_bytes for c in costs)
     dur_f = tuple(c.forward_ms for c in costs)
     dur_w = tuple(c.weight_grad_ms for c in costs)
     return StageTable(
@@ -107,8 +111,9 @@ def stage_table(s: Schedule, costs: Sequence[StageCost]) -> StageTable:
         paired={F: tuple(d - c.pair_saving_ms for d, c in zip(dur_f, costs, strict=True)),
                 B: tuple(d - c.pair_saving_ms for d, c in zip(dur_b, costs, strict=True)),
                 W: dur_w},
-        alloc=act,
-        free={F: (0,) * len(costs), B: tuple(a - k for a, k in zip(act, keep, strict=True)),
+        alloc=act, transient=transient,
+        free={F: (0,) * len(costs),
+              B: tuple(a - k + t for a, k, t in zip(act, keep, transient, strict=True)),
               W: keep},
         boundary_bytes=tuple(c.output_bytes for c in costs), static=tuple(static))
 
@@ -151,7 +156,7 @@ class OpTable:
     send_bytes: tuple[tuple[int, ...], ...]
     """Bytes of the message the op sends (0 for none, or inside one rank)."""
     alloc: tuple[tuple[int, ...], ...]
-    """Bytes allocated when the op starts (activations, at F)."""
+    """Bytes allocated when the op starts (activations at F, the transient at B)."""
     free: tuple[tuple[int, ...], ...]
     """Bytes released when the op ends (at B, and at W for what W kept)."""
     static: tuple[int, ...]
@@ -182,8 +187,8 @@ def op_table(compiled: CompiledSchedule, costs: Sequence[StageCost],
         together = in_pairs(s, r)
         durations.append(tuple(st.op_ms(k, i, pos in together)
                                for pos, (k, i) in enumerate(zip(kinds, stages, strict=True))))
-        allocs.append(tuple((st.alloc if k == F else zero)[i]
-                            for k, i in zip(kinds, stages, strict=True)))
+        starts = {F: st.alloc, B: st.transient}
+        allocs.append(tuple(starts.get(k, zero)[i] for k, i in zip(kinds, stages, strict=True)))
         frees.append(tuple(st.free[k][i] for k, i in zip(kinds, stages, strict=True)))
         nbytes.append(tuple(st.boundary_bytes[ss] if ss >= 0 and dst != r else 0
                             for ss, dst in zip(compiled.send_stage[r], compiled.send_rank[r],

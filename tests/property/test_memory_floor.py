@@ -33,15 +33,16 @@ def mixed_problems(draw):
     layers = draw(st.integers(pp * vpp, 7))
     problem = uniform_problem(
         pp, vpp, m, name, counts=[layers] + [0] * (pp * vpp - 1), wg=40,
-        head={"activation_bytes": draw(st.integers(0, 800)), "static_bytes": 900},
+        head={"activation_bytes": draw(st.integers(0, 800)), "static_bytes": 900,
+              "transient_bytes": draw(st.sampled_from([0, 600]))},
         emb={"static_bytes": draw(st.integers(0, 2000)),
              "activation_bytes": draw(st.integers(0, 300))},
         memory=draw(st.sampled_from([1e12, 3000.0, 6000.0, 12000.0])))
-    sizes = st.tuples(st.integers(0, 3000), st.integers(0, 400))
+    sizes = st.tuples(st.integers(0, 3000), st.integers(0, 400), st.sampled_from([0, 0, 500]))
     kinds = [draw(sizes) for _ in range(layers)]
     costs = replace(problem.costs, layers=tuple(
-        replace(c, static_bytes=s, activation_bytes=a)
-        for c, (s, a) in zip(problem.costs.layers, kinds, strict=True)))
+        replace(c, static_bytes=s, activation_bytes=a, transient_bytes=t)
+        for c, (s, a, t) in zip(problem.costs.layers, kinds, strict=True)))
     return replace(problem, costs=costs)
 
 

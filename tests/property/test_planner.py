@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from helpers import all_counts, every_split, uniform_problem
@@ -40,16 +41,22 @@ def small_problems(draw):
     b = draw(costs)
     # A measured split path (B then W apart) may take longer than the one-pass backward.
     split_b = draw(st.sampled_from([0.0, b, b * 1.25]))
-    return uniform_problem(
+    problem = uniform_problem(
         pp, vpp, m, name, counts=counts, f=draw(costs), b=b, w=b / 2, wg=40, act=100,
         split_b=split_b,
         static=300,
         out=draw(st.sampled_from([0, 10**6])),
         hw={"p2p_latency_ms": draw(st.sampled_from([0.0, 0.25])), "p2p_bandwidth_gbps": 2.0},
         head={"forward_ms": draw(costs), "backward_ms": draw(costs),
-              "activation_bytes": draw(st.integers(0, 800)), "static_bytes": 900},
+              "activation_bytes": draw(st.integers(0, 800)), "static_bytes": 900,
+              "transient_bytes": draw(st.sampled_from([0, 0, 500, 2500]))},
         emb={"forward_ms": draw(costs), "static_bytes": draw(st.integers(0, 2000))},
         memory=memory)
+    # What a backward holds while it runs (a recompute's tensors) differs by layer.
+    transients = [draw(st.sampled_from([0, 0, 50, 700])) for _ in range(layers)]
+    return replace(problem, costs=replace(problem.costs, layers=tuple(
+        replace(c, transient_bytes=t) for c, t in zip(problem.costs.layers, transients,
+                                                      strict=True))))
 
 
 def test_an_empty_stage_that_does_not_fit_does_not_end_the_search():

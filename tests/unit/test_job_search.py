@@ -167,7 +167,8 @@ def test_the_job_search_plans_megatrons_memory_policy_for_the_fastest_shapes(cap
     assert best["iteration_time_ms"] < modes["best"]["iteration_time_ms"]  # beats full
     assert best["memory_policy"] not in ("none", "selective", "full")
     flags = best["megatron_policy_flags"]
-    assert "--recompute-modules" in flags or "--offload-modules" in flags
+    assert any(f in flags for f in ("--recompute-modules", "--offload-modules",
+                                    "--recompute-method block"))
 
 
 @pytest.mark.parametrize(("extra", "field"), [
@@ -241,8 +242,10 @@ def test_the_job_search_reports_each_shape_it_simulates_and_each_split_it_plans(
     planned = [s for s in steps if s[0] != "simulating shapes"]
     assert [d for _, d, _ in simulated] == list(range(res.evaluated))
     assert all(total >= res.evaluated for _, _, total in simulated)
-    # the five fastest have their splits planned, however few rows are asked for
-    assert [(d, t) for _, d, t in planned] == [(i, 5) for i in range(5)]
+    # the five fastest have their splits planned, however few rows are asked for (and
+    # faster ones whose default split does not fit, ppsim.job.search.shapes_to_plan)
+    assert len(planned) >= 5
+    assert [(d, t) for _, d, t in planned] == [(i, len(planned)) for i in range(len(planned))]
     assert steps.index(planned[0]) == len(simulated)  # shapes first, then their splits
 
 

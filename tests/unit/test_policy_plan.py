@@ -226,7 +226,7 @@ def test_each_chunk_of_a_rank_takes_its_own_policy_as_brute_force_would() -> Non
     from ppsim.policy.search import module_groups, plan_global, refine_per_rank
     from ppsim.sim.copies import estimated
 
-    problem, pc = _chunked(30e9)
+    problem, pc = _chunked(31e9)
     start = plan_global(problem, pc, 2.0)
     got = refine_per_rank(problem, pc, start)
     assert got.result is not None and got.result.best is not None
