@@ -3,8 +3,9 @@
 A gpt3-1.3b-shaped GPT of 8 layers, pp 2 on one device (`--devices 0,0`), 1F1B, 8
 microbatches: no policy, then core_attn recomputed, the first 2 layers of each stage
 recomputed whole and attn_norm, qkv_linear, mlp_norm offloaded (to pinned host
-memory). For each: the measured activation peak per rank (the run's trace) and its
-iteration time against `ppsim simulate` on the h200-141gb preset.
+memory). For each: the measured activation peak per rank (the run's trace, sampled
+between ops) and its iteration time against `ppsim simulate` on the h200-141gb preset
+(its peak of what the ops hold between them).
 
 Run:    python3 benchmarks/bench_memory_policy_gpu.py --device cuda
         (benchmarks/gpu_checks.sh policy)
@@ -42,6 +43,23 @@ def _ppsim(*args: str) -> dict:
     return json.loads(out.stdout)
 
 
+def _between_ops_peaks(argv: list[str]) -> list[int]:
+    """simulate's activation peak per rank of what the ops hold between them
+    (Problem.transients off): the run's trace samples memory between ops, so what a B
+    holds only while it runs (the head's logit gradient, a recompute's tensors) is not
+    in it."""
+    from dataclasses import replace
+
+    from ppsim.cli.flags import config_from_args
+    from ppsim.cli.main import build_parser
+    from ppsim.pipeline.problem import build_problem
+    from ppsim.sim.simulate import simulate
+
+    cfg = config_from_args(build_parser().parse_args(["simulate", *argv]))
+    problem = replace(build_problem(cfg), transients=False)
+    return [r.peak_activation_bytes for r in simulate(problem, record=False).summary.ranks]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
@@ -65,12 +83,11 @@ def main() -> int:
                 args.trace_out.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(trace, args.trace_out / f"{name}.json")
                 (args.trace_out / f"{name}-run.json").write_text(json.dumps(res, indent=1))
-        sim = _ppsim("simulate", *base, *flags, "--hardware", "h200-141gb", "--devices", "0,0",
-                     "--json")
-        for r, rank in enumerate(sim["ranks"]):
+        sim_args = [*base, *flags, "--hardware", "h200-141gb", "--devices", "0,0"]
+        sim = _ppsim("simulate", *sim_args, "--json")
+        for r, want in enumerate(_between_ops_peaks(sim_args)):
             got = max(e["args"]["activations"] for e in events
                       if e.get("ph") == "C" and e["pid"] == r)
-            want = rank["peak_activation_bytes"]
             print(f"{name:8} {r:>4} {got:>14,} {want:>14,} {got / want:>6.3f} "
                   f"{res['iteration_time_ms']:>12.1f} {sim['iteration_time_ms']:>12.1f}")
     return 0

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import replace
-from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILDERS = {"gpt": [], "llama-moe": ["--model", "tests/model_moe.py:build"]}
@@ -45,25 +44,17 @@ def _measured(base: list[str], extra: list[str]) -> tuple[dict, list[int]]:
 
 
 def _saved_peaks(base: list[str], mode: str) -> list[int]:
-    """`ppsim simulate`'s activation peak per rank of what autograd saves: the executor
-    on CPU counts saved tensors, not what lives only inside a backward (the head's logit
-    gradient, a recompute's tensors: StageCost.transient_bytes), so that is left out."""
+    """`ppsim simulate`'s activation peak per rank of what the ops hold between them
+    (Problem.transients off): the executor on CPU counts saved tensors, not what lives
+    only inside a backward (the head's logit gradient, a recompute's tensors)."""
     from ppsim.cli.flags import config_from_args
     from ppsim.cli.main import build_parser
     from ppsim.pipeline.problem import build_problem
     from ppsim.sim.simulate import simulate
 
     cfg = config_from_args(build_parser().parse_args(["simulate", *base, "--recompute", mode]))
-    problem = build_problem(cfg)
-    c = problem.costs
-
-    def held(lc: Any) -> Any:
-        return replace(lc, transient_bytes=0)
-
-    costs = replace(c, layers=tuple(map(held, c.layers)), head=held(c.head),
-                    embedding=held(c.embedding))
-    summary = simulate(replace(problem, costs=costs), record=False).summary
-    return [r.peak_activation_bytes for r in summary.ranks]
+    problem = replace(build_problem(cfg), transients=False)
+    return [r.peak_activation_bytes for r in simulate(problem, record=False).summary.ranks]
 
 
 def main() -> int:

@@ -7,8 +7,6 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -201,18 +199,16 @@ def kept_under_policy(fields: dict[str, Any], index: int, policy: Any) -> tuple[
     return sum(seen.values()), executor_policy.offloaded[0]
 
 
-@contextmanager
-def saved_tensors_only() -> Iterator[None]:
-    """While inside, `simulate` counts only what autograd saves: the executor on CPU
-    counts saved tensors (saved-tensor hooks) and cannot see what lives only inside a
-    backward (the head's logit gradient, a recompute's tensors; StageCost.transient_bytes,
-    priced in tests/unit/test_backward_transient.py), so a measured CPU peak is compared
-    without it."""
-    import ppsim.sim.simulate as sim
 
-    table = sim.stage_table
-    sim.stage_table = lambda s, costs: table(s, [replace(c, transient_bytes=0) for c in costs])
-    try:
-        yield
-    finally:
-        sim.stage_table = table
+def between_ops_peaks(argv: list[str]) -> list[int]:
+    """`ppsim simulate ARGV`'s activation peak per rank of what the ops hold between them
+    (Problem.transients off): an executor's trace samples memory between ops (on CPU it
+    counts saved tensors), so what a B holds only while it runs (the head's logit
+    gradient, a recompute's tensors; tests/unit/test_backward_transient.py) is not in it."""
+    from ppsim.cli.flags import config_from_args
+    from ppsim.cli.main import build_parser
+    from ppsim.sim.simulate import simulate
+
+    problem = build_problem(config_from_args(build_parser().parse_args(["simulate", *argv])))
+    summary = simulate(replace(problem, transients=False), record=False).summary
+    return [r.peak_activation_bytes for r in summary.ranks]

@@ -106,9 +106,17 @@ def print_costs(doc: dict[str, Any], pairs: list[str] | None = None) -> None:
     rows.append(("head", "", doc["head"]))
     c = Console()
     c.print(costs_table(f"per-piece costs ({doc['source']}), one microbatch", rows))
-    for line in (*spread, *(pairs or ())):
+    for line in (*spread, *(pairs or ()), *transient_lines(rows)):
         c.print(line, markup=False)
     c.print(COSTS_NOTE)
+
+
+def transient_lines(rows: list[tuple[str, str, dict[str, Any]]]) -> list[str]:
+    """What each piece's backward holds while it runs beyond its activations, where any."""
+    held = [f"{name} {fmt_bytes(x['transient_bytes'], figures=3)}" for name, _, x in rows
+            if x.get("transient_bytes")]
+    return [f"inside its B a piece also holds (a recompute's tensors, the logit gradient): "
+            f"{', '.join(held)}"] if held else []
 
 
 def cmd_costs(args: argparse.Namespace) -> int:

@@ -78,10 +78,19 @@ class Problem:
     """A memory policy's stage costs (ppsim.policy.costs.Fixed or Cheapest); None: the
     model's global recompute mode, in `costs`. With one, `costs` holds the layers
     without recompute: the least time any policy takes (the planner's bounds)."""
+    transients: bool = True
+    """Count what a B holds while it runs beyond its activations (StageCost.
+    transient_bytes); False: only what the ops hold between them, which is what an
+    executor's trace samples (tests and benchmarks that compare with one)."""
 
     @property
     def stage_costs(self) -> list[StageCost]:
-        return stage_costs(self.costs, self.split, self.memory)
+        return [self.held(c) for c in stage_costs(self.costs, self.split, self.memory)]
+
+    def held(self, c: StageCost) -> StageCost:
+        """A stage's costs as this problem counts them (without its transient where
+        `transients` is off)."""
+        return c if self.transients or not c.transient_bytes else replace(c, transient_bytes=0)
 
     def with_split(self, split: Split) -> Problem:
         return replace(self, split=split)

@@ -95,11 +95,11 @@ class SplitSearch:
     def _stage_cost(self, offset: int, count: int, index: int) -> StageCost:
         if self.problem.memory is not None:  # a memory policy prices the stage
             # Offload copies by their per-stage estimate (re-simulated where reported).
-            return estimated(self.problem.memory.stage_cost(
+            return self.problem.held(estimated(self.problem.memory.stage_cost(
                 offset, count, index, index == 0, index == self.S - 1, self.receives[index],
-                self.fits))
-        return stage_cost(self.costs, offset, count, index == 0, index == self.S - 1,
-                          self.receives[index])
+                self.fits)))
+        return self.problem.held(stage_cost(self.costs, offset, count, index == 0,
+                                            index == self.S - 1, self.receives[index]))
 
     def fits(self, index: int, c: StageCost) -> bool:
         """Stage `index` with cost c keeps its rank within memory, one chunk per rank."""
@@ -164,7 +164,7 @@ class SplitSearch:
 
     def stage_transient(self, pos: int, count: int, k: int) -> int:
         """What stage k's B holds beyond its activations (StageCost.transient_bytes), O(1)."""
-        if self.problem.memory is not None:
+        if self.problem.memory is not None or not self.problem.transients:
             return self.stage(pos, count, k).transient_bytes
         return stage_transient(self.costs, pos, count, k == 0, k == self.S - 1)
 

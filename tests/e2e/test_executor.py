@@ -26,7 +26,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from helpers import saved_tensors_only  # noqa: E402
+from helpers import between_ops_peaks  # noqa: E402
 from launches import EXECUTOR, ONE_F_ONE_B, SPECS, Pool  # noqa: E402
 
 from ppsim.cli.flags import config_from_args
@@ -157,7 +157,7 @@ def _peak_activations(trace_path: Path, rank: int) -> int:
                if e.get("ph") == "C" and e["pid"] == rank)
 
 
-def test_recompute_peaks_follow_the_prediction(launches: Pool, capsys) -> None:
+def test_recompute_peaks_follow_the_prediction(launches: Pool) -> None:
     """Measured activation peaks across none / selective / full against `simulate`'s.
 
     The executor's attention is scaled_dot_product_attention (FlashAttention's
@@ -170,10 +170,7 @@ def test_recompute_peaks_follow_the_prediction(launches: Pool, capsys) -> None:
                        ("full", "1f1b-full")):
         tmp = launches.get(case).tmp
         measured[mode] = [_peak_activations(tmp / "out" / "trace.json", r) for r in (0, 1)]
-        with saved_tensors_only():  # what the executor counts on CPU
-            assert main(["simulate", *ONE_F_ONE_B, "--recompute", mode, "--json"]) == 0
-        sim = json.loads(capsys.readouterr().out)
-        predicted[mode] = [r["peak_memory_bytes"] - r["static_bytes"] for r in sim["ranks"]]
+        predicted[mode] = between_ops_peaks([*ONE_F_ONE_B, "--recompute", mode])
     for r in (0, 1):
         assert measured["none"][r] > measured["selective"][r] > measured["full"][r]
         assert predicted["none"][r] >= predicted["selective"][r] > predicted["full"][r]

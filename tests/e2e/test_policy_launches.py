@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import saved_tensors_only
+from helpers import between_ops_peaks
 
 pytest.importorskip("torch")
 
@@ -26,8 +26,6 @@ from launches import (  # noqa: E402
     Pool,
     V,
 )
-
-from ppsim.cli.main import main  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 CASES = {"1f1b-policy": ONE_F_ONE_B, "interleaved-policy": INTERLEAVED,
@@ -50,43 +48,40 @@ def _peaks(trace: Path, pp: int) -> list[int]:
                 if e.get("ph") == "C" and e["pid"] == r) for r in range(pp)]
 
 
-def _simulated(argv: list[str], capsys, tmp: Path) -> list[int]:
-    argv = [a.format(tmp=tmp) for a in argv]
-    with saved_tensors_only():  # what the executor counts on CPU
-        assert main(["simulate", *argv, "--json"]) == 0
-    return [r["peak_activation_bytes"] for r in json.loads(capsys.readouterr().out)["ranks"]]
+def _simulated(argv: list[str], tmp: Path) -> list[int]:
+    return between_ops_peaks([a.format(tmp=tmp) for a in argv])  # what the trace samples
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_policy_peaks_are_predicted_within_2_percent(case: str, launches: Pool, capsys) -> None:
+def test_policy_peaks_are_predicted_within_2_percent(case: str, launches: Pool) -> None:
     """Every rank's measured activation peak within 2 % of the simulated one: a stage's
     input held until its B, a sent output freed (Megatron's deallocate_output_tensor)."""
     run = launches.get(case)
     got = _peaks(run.tmp / "out" / "trace.json", 2)
-    want = _simulated([*CASES[case], *POLICIES[case]], capsys, run.tmp)
+    want = _simulated([*CASES[case], *POLICIES[case]], run.tmp)
     for g, w in zip(got, want, strict=True):
         assert abs(g - w) <= 0.02 * w, (got, want)
 
 
 @pytest.mark.parametrize("case", list(PLAIN.values()))
-def test_plain_peaks_are_predicted_within_2_percent(case: str, launches: Pool, capsys) -> None:
+def test_plain_peaks_are_predicted_within_2_percent(case: str, launches: Pool) -> None:
     """The same without a policy (the pooled launches the policy runs are compared to)."""
     argv = {v: CASES[k] for k, v in PLAIN.items()}[case]
     run = launches.get(case)
     got = _peaks(run.tmp / "out" / "trace.json", 2)
-    want = _simulated(argv, capsys, run.tmp)
+    want = _simulated(argv, run.tmp)
     for g, w in zip(got, want, strict=True):
         assert abs(g - w) <= 0.02 * w, (got, want)
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_policy_lowers_every_ranks_measured_peak(case: str, launches: Pool, capsys) -> None:
+def test_a_policy_lowers_every_ranks_measured_peak(case: str, launches: Pool) -> None:
     """Offload and recompute free activations on every rank, as simulated."""
     pp = 2
     run = launches.get(case)
     policy = _peaks(run.tmp / "out" / "trace.json", pp)
     plain = _peaks(launches.get(PLAIN[case]).tmp / "out" / "trace.json", pp)
-    sim_policy = _simulated([*CASES[case], *POLICIES[case]], capsys, run.tmp)
-    sim_plain = _simulated(CASES[case], capsys, run.tmp)
+    sim_policy = _simulated([*CASES[case], *POLICIES[case]], run.tmp)
+    sim_plain = _simulated(CASES[case], run.tmp)
     for r in range(pp):
         assert policy[r] < plain[r] and sim_policy[r] < sim_plain[r]

@@ -4,6 +4,8 @@ Before, neither counted: a rank's peak was its held activations alone."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -93,3 +95,28 @@ def test_range_max_is_the_slices_max(values: list[int], data) -> None:
     lo = data.draw(st.integers(0, len(values)))
     hi = data.draw(st.integers(lo, len(values)))
     assert RangeMax(values).max(lo, hi) == max(values[lo:hi], default=0)
+
+
+def test_costs_says_what_each_backward_holds_while_it_runs(capsys) -> None:
+    from ppsim.cli.main import main
+
+    assert main(["costs", "--preset", "llama3-70b", "--hardware", "h100-80gb",
+                 "--recompute", "full"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    # Megatron pads the vocabulary to a multiple of 128 x tp: 128,256 -> 129,024 at tp 8
+    head = 8192 * 129_024 // 8 * 2
+    assert f"head {head / 1e6:.0f} MB" in out and "inside its B a piece also holds" in out
+
+
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+def test_without_transients_a_problem_counts_what_the_ops_hold_between_them(recompute) -> None:
+    """Problem.transients off (what an executor's trace samples): the last rank's peak is
+    its one microbatch's activations, and the planner's evaluator agrees with simulate."""
+    from ppsim.plan.search import SplitSearch
+
+    problem, _ = _llama(recompute)
+    held = replace(problem, transients=False)
+    summary = simulate(held).summary
+    last = stage_costs(problem.costs, problem.split)[-1]
+    assert summary.ranks[1].peak_activation_bytes == last.activation_bytes
+    assert SplitSearch(held).evaluate(problem.split.counts) == summary
