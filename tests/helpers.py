@@ -25,11 +25,11 @@ def uniform_problem(pp: int, vpp: int, m: int, schedule: str, counts: list[int] 
                     act: int = 100, out: int = 10, static: int = 1000, wg: int = 0,
                     hw: dict | None = None,
                     head: dict | None = None, emb: dict | None = None,
-                    memory: float = 1e15, split_b: float = 0.0) -> Problem:
+                    memory: float = 1e15, split_b: float = 0.0, transient: int = 0) -> Problem:
     n = sum(counts) if counts is not None else pp * vpp * layers_per_stage
     model: dict[str, Any] = {"kind": "uniform", "num_layers": n, "forward_ms": f,
                              "backward_ms": b, "weight_grad_ms": w, "activation_bytes": act,
-                             "weight_grad_bytes": wg,
+                             "weight_grad_bytes": wg, "transient_bytes": transient,
                              "output_bytes": out, "static_bytes": static,
                              "split_backward_ms": split_b}
     if head:
@@ -101,7 +101,8 @@ def random_problems(draw):
         counts[0] = 1
     floats = st.floats(0.01, 10.0, allow_nan=False)
     part = {"forward_ms": draw(floats), "backward_ms": draw(floats),
-            "activation_bytes": draw(st.integers(0, 10**6))}
+            "activation_bytes": draw(st.integers(0, 10**6)),
+            "transient_bytes": draw(st.sampled_from([0, 0, 10**6, 5 * 10**7]))}
     hw = {"p2p_latency_ms": draw(st.sampled_from([0.0, 0.013, 0.5])),
           "p2p_bandwidth_gbps": draw(st.sampled_from([0.0, 0.37, 12.5]))}
     b = draw(floats)
@@ -111,7 +112,8 @@ def random_problems(draw):
                            out=draw(st.integers(0, 10**7)),
                            static=draw(st.integers(0, 10**8)), hw=hw, head=part,
                            emb={"forward_ms": draw(floats)},
-                           memory=draw(st.floats(1e3, 1e9)))
+                           memory=draw(st.floats(1e3, 1e9)),
+                           transient=draw(st.sampled_from([0, 0, 10**5, 10**7])))
 
 
 def simulate_json(path: Path | str) -> dict[str, Any]:

@@ -192,7 +192,7 @@ class Engine:
                     self.wake(r, now + wake_delay(now, ready))
                     return
             self.woken[r] = False
-            if kind == F:
+            if kind == F or kind == B:  # the copies' changes due by now go first
                 self.act[r], self.peak[r] = copies.settle(r, now, self.act[r], self.peak[r],
                                                           self._memory(r), self.inflight[r])
         if keys is not None:

@@ -192,7 +192,7 @@ class _Model:
         """Op i of rank r starts now: F allocates, B its transient; the op occupies the
         device."""
         kind, st, now = self.c.kind[r][i], self.c.stage[r][i], self.env.now
-        if self.copies is not None and kind == F:
+        if self.copies is not None and kind in (F, B):  # the copies' changes go first
             self._settle(r, now)
         if kind == F:
             act = self.act[r] = self.act[r] + self.table.alloc[st]

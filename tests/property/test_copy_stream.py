@@ -108,8 +108,10 @@ def sweep_peaks(sim) -> list[int]:
             keep = c.weight_grad_bytes if split else 0
             if a.kind == "F":
                 changes[r].append((op.start, 2, 3 * i, c.activation_bytes))
-            elif a.kind == "B":
-                changes[r].append((op.end, 2, 3 * i + 2, -(c.activation_bytes - keep)))
+            elif a.kind == "B":  # its transient held from its start to its end
+                changes[r].append((op.start, 2, 3 * i, c.transient_bytes))
+                changes[r].append((op.end, 2, 3 * i + 2,
+                                   -(c.activation_bytes - keep + c.transient_bytes)))
                 asked[(r, a.stage, a.microbatch)] = 3 * (i - 1) + 1
             else:
                 changes[r].append((op.end, 2, 3 * i + 2, -keep))
