@@ -268,11 +268,18 @@ def module_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
                         transient_bytes=_recomputed_bytes(a, kind, recompute, saved))
 
 
+_REMADE = {"core_attn": ("attn.out",)}
+"""Tensors a recompute module's forward makes again though another piece keeps the first:
+attention's output, which the output projection keeps as its input (and FlashAttention's
+backward takes the recomputed one)."""
+
+
 def _recomputed_bytes(a: Architecture, kind: str, recompute: tuple[str, ...],
                       saved: dict[str, float]) -> int:
-    """The most bytes one recompute module's checkpoint brings back: what it dropped."""
-    return int(max((sum(saved.get(n, 0) for n in _drops(a, m)) for m in recompute
-                    if applies(m, a, kind)), default=0))
+    """The most bytes one recompute module's checkpoint brings back: what it dropped and
+    what it makes again."""
+    return int(max((sum(saved.get(n, 0) for n in {*_drops(a, m), *_REMADE.get(m, ())})
+                    for m in recompute if applies(m, a, kind)), default=0))
 
 
 def _repeated(a: Architecture, kind: str, recompute: tuple[str, ...]) -> frozenset[str]:
