@@ -201,7 +201,6 @@ def kept_under_policy(fields: dict[str, Any], index: int, policy: Any) -> tuple[
     return sum(seen.values()), executor_policy.offloaded[0]
 
 
-
 def between_ops_peaks(argv: list[str]) -> list[int]:
     """`ppsim simulate ARGV`'s activation peak per rank of what the ops hold between them
     (Problem.transients off): an executor's trace samples memory between ops (on CPU it

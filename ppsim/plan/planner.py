@@ -308,6 +308,11 @@ def _even(search: SplitSearch) -> tuple[int, ...]:
     return even_counts(search.L, search.pp, search.vpp, search.problem.split.mtp)
 
 
+BOUND_SHARE = 0.4
+"""Of the budget, what the bound's table (and the local search after it) may take at the
+most; the search has until 70 %, then perturbs and searches again until 90 %."""
+
+
 def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] | None = None,
          time_budget_s: float = 60.0, seeds: Sequence[tuple[int, ...]] = (),
          started: float | None = None) -> PlanResult:
@@ -334,10 +339,15 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
     starts = [_even(search), *seeds]
     for counts in starts:
         bb.key_of(tuple(counts))
-    bb.solve_bound(Deadline(at(0.25)))
+    # The table before the search: without its start a search seldom finishes, so even a
+    # short budget gives it room first. The local search then has until a quarter of the
+    # budget, and at least a twentieth of it after the table.
+    bb.solve_bound(Deadline(at(BOUND_SHARE)))
     if bb.dp_ready:
         starts.append(bb.terms.argmin())  # type: ignore[union-attr]
-    local = [improve(bb.key_of, tuple(seed), at(0.25), step_s=step)
+    local_until = min(at(BOUND_SHARE), max(at(0.25), time.perf_counter()
+                                           + 0.05 * time_budget_s))
+    local = [improve(bb.key_of, tuple(seed), local_until, step_s=step)
              for seed in starts if seed]
     finished = bb.run(Deadline(at(0.7)))
     if not finished:
