@@ -212,8 +212,8 @@ class ModuleEffect:
     """Forward ops run again inside the backward."""
     transient_bytes: int = 0
     """Bytes a recompute brings back inside the backward, at its largest: the whole
-    layer's tensors less its input, or one recompute module's dropped tensors (each
-    module's checkpoint runs again just before its own backward)."""
+    layer's tensors less its input, or one recompute module's dropped and remade tensors
+    (each module's checkpoint runs again just before its own backward)."""
 
 
 def applies(module: str, a: Architecture, kind: str) -> bool:
