@@ -44,20 +44,15 @@ def _ppsim(*args: str) -> dict:
 
 
 def _between_ops_peaks(argv: list[str]) -> list[int]:
-    """simulate's activation peak per rank of what the ops hold between them
-    (Problem.transients off): the run's trace samples memory between ops, so what a B
-    holds only while it runs (the head's logit gradient, a recompute's tensors) is not
-    in it."""
-    from dataclasses import replace
-
+    """simulate's activation peaks of what the ops hold between them, which is what the
+    run's trace samples (ppsim.sim.simulate.between_ops_peaks)."""
     from ppsim.cli.flags import config_from_args
     from ppsim.cli.main import build_parser
     from ppsim.pipeline.problem import build_problem
-    from ppsim.sim.simulate import simulate
+    from ppsim.sim.simulate import between_ops_peaks
 
-    cfg = config_from_args(build_parser().parse_args(["simulate", *argv]))
-    problem = replace(build_problem(cfg), transients=False)
-    return [r.peak_activation_bytes for r in simulate(problem, record=False).summary.ranks]
+    return between_ops_peaks(build_problem(config_from_args(
+        build_parser().parse_args(["simulate", *argv]))))
 
 
 def main() -> int:

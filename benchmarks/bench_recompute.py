@@ -19,7 +19,6 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import replace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILDERS = {"gpt": [], "llama-moe": ["--model", "tests/model_moe.py:build"]}
@@ -44,17 +43,15 @@ def _measured(base: list[str], extra: list[str]) -> tuple[dict, list[int]]:
 
 
 def _saved_peaks(base: list[str], mode: str) -> list[int]:
-    """`ppsim simulate`'s activation peak per rank of what the ops hold between them
-    (Problem.transients off): the executor on CPU counts saved tensors, not what lives
-    only inside a backward (the head's logit gradient, a recompute's tensors)."""
+    """`ppsim simulate`'s activation peaks of what the ops hold between them: the executor
+    on CPU counts saved tensors (ppsim.sim.simulate.between_ops_peaks)."""
     from ppsim.cli.flags import config_from_args
     from ppsim.cli.main import build_parser
     from ppsim.pipeline.problem import build_problem
-    from ppsim.sim.simulate import simulate
+    from ppsim.sim.simulate import between_ops_peaks
 
     cfg = config_from_args(build_parser().parse_args(["simulate", *base, "--recompute", mode]))
-    problem = replace(build_problem(cfg), transients=False)
-    return [r.peak_activation_bytes for r in simulate(problem, record=False).summary.ranks]
+    return between_ops_peaks(build_problem(cfg))
 
 
 def main() -> int:

@@ -202,14 +202,11 @@ def kept_under_policy(fields: dict[str, Any], index: int, policy: Any) -> tuple[
 
 
 def between_ops_peaks(argv: list[str]) -> list[int]:
-    """`ppsim simulate ARGV`'s activation peak per rank of what the ops hold between them
-    (Problem.transients off): an executor's trace samples memory between ops (on CPU it
-    counts saved tensors), so what a B holds only while it runs (the head's logit
-    gradient, a recompute's tensors; tests/unit/test_backward_transient.py) is not in it."""
+    """`ppsim simulate ARGV`'s activation peaks of what the ops hold between them
+    (ppsim.sim.simulate.between_ops_peaks): what a run's trace samples."""
     from ppsim.cli.flags import config_from_args
     from ppsim.cli.main import build_parser
-    from ppsim.sim.simulate import simulate
+    from ppsim.sim.simulate import between_ops_peaks as peaks
 
-    problem = build_problem(config_from_args(build_parser().parse_args(["simulate", *argv])))
-    summary = simulate(replace(problem, transients=False), record=False).summary
-    return [r.peak_activation_bytes for r in summary.ranks]
+    return peaks(build_problem(config_from_args(build_parser().parse_args(["simulate",
+                                                                          *argv]))))

@@ -232,10 +232,14 @@ def stage_cost(costs: ModelCosts, offset: int, layers: int, first: bool, last: b
 def stage_transient(costs: ModelCosts, offset: int, layers: int, first: bool,
                     last: bool) -> int:
     """A stage's transient_bytes: its pieces' largest (their backwards run in turn)."""
-    t = costs.transient_in(offset, layers)
-    if first:
-        t = max(t, costs.embedding.transient_bytes)
-    return max(t, costs.head.transient_bytes) if last else t
+    return max(costs.transient_in(offset, layers), ends_transient(costs, first, last))
+
+
+def ends_transient(costs: ModelCosts, first: bool, last: bool) -> int:
+    """The largest transient of the embedding (`first`) and the head (`last`) a stage
+    holds: what its layers' transients are compared with."""
+    return max(costs.embedding.transient_bytes if first else 0,
+               costs.head.transient_bytes if last else 0)
 
 
 def receives_input(split: Split, index: int) -> bool:

@@ -20,7 +20,7 @@ from ppsim.costs.model import (
 )
 from ppsim.pipeline.problem import Problem
 from ppsim.plan.floor import MemoryFloor, MemoryFloors
-from ppsim.schedules.generators import F
+from ppsim.schedules.generators import B, F, W
 from ppsim.sim.copies import estimated
 from ppsim.sim.evaluate import list_schedule
 from ppsim.sim.summary import Summary, busy_ms, step_tail, summarize
@@ -130,15 +130,13 @@ class SplitSearch:
             c = stage // self.pp
             if kind == F:
                 full[c] += 1
-            inb = [0] * chunks
-            if kind == "B":
-                inb[c] = 1
-            records.add(tuple(full) + tuple(kept) + tuple(inb))
-            if kind == "B":
+            inb = tuple(int(kind == B and i == c) for i in range(chunks))
+            records.add(tuple(full) + tuple(kept) + inb)
+            if kind == B:
                 full[c] -= 1
                 if self.split_bw:
                     kept[c] += 1
-            elif kind == "W":
+            elif kind == W:
                 kept[c] -= 1
         return sorted(records)
 

@@ -16,7 +16,13 @@ from dataclasses import dataclass, field
 
 from ppsim.costs.arch import Architecture
 from ppsim.costs.mixers import kind_effect
-from ppsim.costs.model import LayerCost, ModelCosts, RangeMax, StageCost, held_input_bytes
+from ppsim.costs.model import (
+    LayerCost,
+    ModelCosts,
+    StageCost,
+    ends_transient,
+    held_input_bytes,
+)
 from ppsim.costs.modules import offloaded_input_bytes
 from ppsim.costs.transformer import Accelerator, layer_kinds, transformer_costs
 from ppsim.policy.model import StagePolicy
@@ -129,9 +135,9 @@ class PolicyCosts:
                 off -= min(off, offloaded_input_bytes(
                     self.arch, self.kinds[offset], policy.recompute_modules,
                     policy.offload_modules))
-        transient = max(full.transients.max(lo, mid), var.transients.max(mid, hi),
-                        self.base.embedding.transient_bytes if first else 0,
-                        self.base.head.transient_bytes if last else 0)
+        transient = max(self.full.transient_in(lo, n),
+                        self.layers_under(policy.recompute_modules).transient_in(mid, hi - mid),
+                        ends_transient(self.base, first, last))
         sb = 0.0 if sb == b else sb
         # The copies run on the device's copy streams (ppsim.sim.copies): the offloaded
         # tensors are part of the F's allocation until their copy out ends. What W needs
@@ -173,11 +179,9 @@ _FIELDS = ("forward_ms", "backward_ms", "weight_grad_ms", "sb", "static_bytes",
 
 
 class _Prefix:
-    """Prefix sums of the _FIELDS over a list of layers: a span's sum in O(1); and
-    their transient bytes' range maxima."""
+    """Prefix sums of the _FIELDS over a list of layers: a span's sum in O(1)."""
 
     def __init__(self, layers: Sequence[LayerCost]) -> None:
-        self.transients = RangeMax([lc.transient_bytes for lc in layers])
         self.pre: list[list[float]] = []
         for name in _FIELDS:
             acc, pre = 0.0 if name.endswith("ms") or name == "sb" else 0, [0]
@@ -263,9 +267,10 @@ class Cheapest:
             mem = low_cost.static_bytes + low_cost.activation_bytes
             if fallback is None or mem < fallback[0]:
                 fallback = (mem, top)
-            if best is not None and _work(cost(g)) > best[0]:
+            cheapest = cost(g)
+            if best is not None and _work(cheapest) > best[0]:
                 continue  # the group's cheapest is already slower
-            lo, hi = (0, 0) if ok(g, cost(g)) else (1, most)
+            lo, hi = (0, 0) if ok(g, cheapest) else (1, most)
             if lo and not ok(top, low_cost):
                 continue  # not even every layer recomputed fits
             # hi fits; find the least N that does

@@ -8,6 +8,7 @@ over shared resources (equal to the private engine when nothing is shared).
 from __future__ import annotations
 
 import gc
+from dataclasses import replace
 
 from ppsim.pipeline.problem import Problem
 from ppsim.sim.copies import CopyStreams, offloads
@@ -42,3 +43,13 @@ def simulate(problem: Problem, record: bool = True) -> Simulation:
     if records is not None and copies is not None and copies.copies is not None:
         records.copies = copies.copies
     return finished(problem, table.static, ranks, records)
+
+
+def between_ops_peaks(problem: Problem) -> list[int]:
+    """Each rank's activation peak of what the ops hold between them (Problem.transients
+    off): what an executor's trace samples (on CPU it counts saved tensors), which never
+    holds what a B holds only while it runs (the head's logit gradient, a recompute's
+    tensors). Tests and benchmarks compare a trace's peaks with this."""
+    summary = simulate(replace(problem, transients=False), record=False).summary
+    return [r.peak_activation_bytes for r in summary.ranks]
+
