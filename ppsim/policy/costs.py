@@ -11,6 +11,7 @@ copies per stage (ppsim.sim.copies.estimated) and re-simulates what it reports.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -61,6 +62,9 @@ class PolicyCosts:
     _offload: dict[tuple[tuple[str, ...], tuple[str, ...]], _Offload] = field(
         default_factory=dict)
     _prefixes: dict[tuple[str, ...] | None, _Prefix] = field(default_factory=dict)
+    _next_larger: list[int] | None = field(default=None, init=False, repr=False)
+    _more: dict[tuple[tuple[str, ...], tuple[str, ...], float], list[int]] = field(
+        default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.full = self._priced((), True)
@@ -92,6 +96,52 @@ class PolicyCosts:
                 moved.append(moved[-1] + effects[k].offloaded_bytes)
                 freed.append(freed[-1] + effects[k].freed_bytes)
             hit = self._offload[key] = _Offload(moved=tuple(moved), freed=tuple(freed))
+        return hit
+
+    def memory_rises(self, policy: StagePolicy, offset: int, count: int) -> list[int]:
+        """The N in 1..count at which recomputing one more of the stage's layers whole may
+        raise its memory under `policy`: 1; where that layer's transient is the largest of
+        the first N (StageCost.transient_bytes); where it keeps more whole-recomputed than
+        `policy` keeps of it (an offloaded layer may keep less than its input). Between two
+        of them memory falls as N grows."""
+        hi, more = offset + count, self._keeps_more(policy)
+        rises = {i - offset + 1 for i in more[bisect_left(more, offset):bisect_left(more, hi)]}
+        i, larger = offset, self._next_larger_transient()
+        while i < hi:
+            rises.add(i - offset + 1)
+            i = larger[i]
+        return sorted(rises)
+
+    def _next_larger_transient(self) -> list[int]:
+        """Per layer, the next layer whose whole-layer recompute transient is larger (the
+        layer count if none), by a monotone stack."""
+        if self._next_larger is None:
+            values = [c.transient_bytes for c in self.full.layers]
+            nxt, stack = [len(values)] * len(values), []
+            for i, v in enumerate(values):
+                while stack and values[stack[-1]] < v:
+                    nxt[stack.pop()] = i
+                stack.append(i)
+            self._next_larger = nxt
+        return self._next_larger
+
+    def _keeps_more(self, policy: StagePolicy) -> list[int]:
+        """The layers that keep more recomputed whole than under `policy`'s modules and
+        offload (ascending)."""
+        key = (policy.recompute_modules, policy.offload_modules, policy.offload_fraction)
+        hit = self._more.get(key)
+        if hit is None:
+            full, var = self._prefix(None), self._prefix(policy.recompute_modules)
+            act, wg = _FIELDS.index("activation_bytes"), _FIELDS.index("weight_grad_bytes")
+            freed = (self.offloaded(policy.recompute_modules, policy.offload_modules).freed
+                     if policy.offloads else None)
+            hit = []
+            for i in range(len(self.full.layers)):
+                out = policy.offload_fraction * (freed[i + 1] - freed[i]) if freed else 0
+                if (full.span(act, i, i + 1) > var.span(act, i, i + 1) - out
+                        or full.span(wg, i, i + 1) > var.span(wg, i, i + 1)):
+                    hit.append(i)
+            self._more[key] = hit
         return hit
 
     def copy_ms(self, nbytes: float) -> float:
@@ -226,8 +276,8 @@ def _work(c: StageCost) -> float:
 class Cheapest:
     """Each stage takes the policy of `groups` that fits with the least added work: the
     per-stage space (offload only where the host link hides its copies). Within a group
-    (module sets, offload) N runs from 0 up: work grows with N and, from N = 1, memory
-    shrinks, so the least N that fits is N = 0 or found by bisection."""
+    (module sets, offload) N runs from 0 up and work grows with N, so the least N that
+    fits is the cheapest (`_least_n`)."""
 
     costs: PolicyCosts
     """The per-module layer costs."""
@@ -251,12 +301,8 @@ class Cheapest:
         fallback: tuple[int, StagePolicy] | None = None
 
         def ok(p: StagePolicy, c: StageCost) -> bool:
-            # Device memory, host memory and copy time all shrink as N grows from 1 (block
-            # layers offload nothing, and take longer to hide copies behind): the least N
-            # that fits is found by bisection. N = 0 is tried first: the first whole layer
-            # recomputed brings its transient (StageCost.transient_bytes), which may cost
-            # more than its dropped activations save. A copy that stalls the stage is left
-            # out, so no choice adds forward time and the cheapest is the fastest.
+            # A copy that stalls the stage is left out, so no choice adds forward time
+            # and the cheapest is the fastest.
             return ((fits is None or fits(index, c)) and self._host_ok(p, offset, count, index)
                     and not self.costs.stalls(p, offset, count, first, last, receives))
 
@@ -268,20 +314,16 @@ class Cheapest:
             if fallback is None or mem < fallback[0]:
                 fallback = (mem, top)
             cheapest = cost(g)
-            if best is not None and _work(cheapest) > best[0]:
+            # A bound on the group's work: its N = 0 ops without the stalls `estimated`
+            # adds (no choice stalls)
+            floor = self.costs.stage_cost(g, offset, count, first, last, receives)
+            if best is not None and _work(floor) > best[0]:
                 continue  # the group's cheapest is already slower
-            lo, hi = (0, 0) if ok(g, cheapest) else (1, most)
-            if lo and not ok(top, low_cost):
-                continue  # not even every layer recomputed fits
-            # hi fits; find the least N that does
-            while lo < hi:
-                mid = (lo + hi) // 2
-                p = _with_n(g, mid)
-                if ok(p, cost(p)):
-                    hi = mid
-                else:
-                    lo = mid + 1
-            p = _with_n(g, lo)
+            least = 0 if ok(g, cheapest) else self._least_n(
+                g, offset, most, lambda p: ok(p, cost(p)))
+            if least is None:
+                continue  # no N fits
+            p = _with_n(g, least)
             c = cost(p)
             key = (_work(c), c.static_bytes + c.activation_bytes)
             if best is None or key < best[:2]:
@@ -290,6 +332,26 @@ class Cheapest:
             return best[2]
         assert fallback is not None
         return fallback[1]  # nothing fits: the least memory, for the planner to refuse
+
+    def _least_n(self, g: StagePolicy, offset: int, most: int,
+                 fits: Callable[[StagePolicy], bool]) -> int | None:
+        """The least N in 1..most with which `g` fits, or None. Host memory and copy time
+        shrink as N grows (block layers offload nothing); device memory too, except at
+        PolicyCosts.memory_rises. Between two rises the N that fit are a suffix: the
+        first span whose last N fits holds the least, found by bisection."""
+        rises = self.costs.memory_rises(g, offset, most)
+        for start, end in zip(rises, [*rises[1:], most + 1], strict=True):
+            lo, hi = start, end - 1
+            if not fits(_with_n(g, hi)):
+                continue
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if fits(_with_n(g, mid)):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            return lo
+        return None
 
     def stage_cost(self, offset: int, count: int, index: int, first: bool, last: bool,
                    receives: bool, fits: Fits | None = None) -> StageCost:

@@ -31,9 +31,14 @@ def stacks(draw):
     layers = draw(st.integers(2, 4))
     pp = draw(st.integers(1, 3 if layers <= 3 else 2))
     m = draw(st.integers(1, 4))
-    gated = draw(st.booleans())
+    if draw(st.booleans()):  # a hybrid stack: layers that differ in what they hold
+        model = {"preset": "tiny-hybrid", "num_layers": layers,
+                 "hybrid_layer_pattern": draw(st.text("M*-GE", min_size=layers,
+                                                      max_size=layers))}
+    else:
+        model = {**TINY, "num_layers": layers, "gated_mlp": draw(st.booleans())}
     cfg = config_from_dict({
-        "model": {**TINY, "num_layers": layers, "gated_mlp": gated},
+        "model": model,
         "pipeline": {"pp": pp, "microbatches": m, "schedule": "1f1b"},
         "hardware": {"preset": "h100-80gb"}})
     problem = build_problem(with_overrides(cfg, split={}))
