@@ -153,6 +153,13 @@ def hardware(hw: Any) -> None:
     number("hardware.peak_tflops", hw.peak_tflops, lo=MIN_TFLOPS, hi=MAX_TFLOPS,
            fix=f"give the accelerator's dense peak in TFLOP/s, {MIN_TFLOPS:g} to "
            f"{MAX_TFLOPS:g}, e.g. 989")
+    fp8 = number("hardware.fp8_peak_tflops", getattr(hw, "fp8_peak_tflops", 0.0),
+                 hi=MAX_TFLOPS, fix=f"give the dense FP8 peak in TFLOP/s, {MIN_TFLOPS:g} to "
+                 f"{MAX_TFLOPS:g} (e.g. 1979), or 0 for a device without FP8")
+    if 0 < fp8 < MIN_TFLOPS:
+        raise UserError("hardware.fp8_peak_tflops", f"{fp8:g} TFLOP/s is below the floor of "
+                        f"{MIN_TFLOPS:g}", "give the dense FP8 peak in TFLOP/s (e.g. 1979), "
+                        "or 0 for a device without FP8")
     number("hardware.efficiency", hw.efficiency, lo=0.0, lo_open=True, hi=1.0,
            fix="give the achieved fraction of peak, e.g. 0.5")
     number("hardware.fp8_efficiency_ratio", getattr(hw, "fp8_efficiency_ratio", 1.0),

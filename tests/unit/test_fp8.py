@@ -224,6 +224,8 @@ def test_the_executor_refuses_fp8() -> None:
     ('fp8 = "hybrid"\nfp8_param_gather = "yes"', '', "model.fp8_param_gather: expected bool"),
     ('fp8 = "hybrid"', 'fp8_peak_tflops = nan', "hardware.fp8_peak_tflops: must be a finite"),
     ('fp8 = "hybrid"', 'fp8_peak_tflops = 0', "hardware.fp8_peak_tflops: is 0"),
+    ('', 'fp8_peak_tflops = -1', "hardware.fp8_peak_tflops: must be at least 0"),
+    ('', 'fp8_peak_tflops = 1e-9', "hardware.fp8_peak_tflops: 1e-09 TFLOP/s is below"),
     ('fp8 = "hybrid"', 'fp8_efficiency_ratio = 0', "hardware.fp8_efficiency_ratio: must be "
      "above 0 and at most 2"),
 ])
