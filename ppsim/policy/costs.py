@@ -197,22 +197,11 @@ class PolicyCosts:
                          expert_params=self.base.experts_in(offset, count),
                          pair_saving_ms=paired, transient_bytes=transient)
 
-    def _stalls(self, off: int, f: float, b: float) -> tuple[float, float]:
-        """(forward, backward) stall of copying `off` bytes out after F and back before B."""
-        copy = self.copy_ms(off)
-        return max(0.0, copy - b), max(0.0, copy - f)
-
     def stalls(self, policy: StagePolicy, offset: int, count: int, first: bool,
                last: bool, receives: bool) -> bool:
         """The policy's copies take longer than the ops they hide behind."""
-        if not policy.offloads:
-            return False
-        plain = self.stage_cost(StagePolicy(recompute_modules=policy.recompute_modules,
-                                            recompute_layers=policy.recompute_layers),
-                                offset, count, first, last, receives)
-        f, b = self._stalls(self.host_bytes(policy, offset, count), plain.forward_ms,
-                            plain.backward_ms)
-        return f > 0 or b > 0
+        return policy.offloads and copies_stall(
+            self.stage_cost(policy, offset, count, first, last, receives))
 
     def host_bytes(self, policy: StagePolicy, offset: int, count: int) -> int:
         """Host bytes one microbatch of the stage holds while offloaded."""
@@ -268,6 +257,13 @@ class Fixed:
         return self.policies[index]
 
 
+def copies_stall(c: StageCost) -> bool:
+    """A stage's copies outlast what hides them: the copy out the B after its F, the copy
+    back the F before its B (the ops' own time; ppsim.sim.copies.estimated adds the
+    rest)."""
+    return c.copy_ms > min(c.forward_ms, c.backward_ms)
+
+
 def _work(c: StageCost) -> float:
     return c.forward_ms + c.backward_ms
 
@@ -294,44 +290,42 @@ class Cheapest:
 
     def policy_of(self, offset: int, count: int, index: int, first: bool, last: bool,
                   receives: bool, fits: Fits | None = None) -> StagePolicy:
-        def cost(p: StagePolicy) -> StageCost:  # as the planner prices it
-            return estimated(self.costs.stage_cost(p, offset, count, first, last, receives))
+        priced: dict[StagePolicy, StageCost] = {}
+
+        def raw(p: StagePolicy) -> StageCost:  # its ops without the stalls `estimated` adds
+            c = priced.get(p)
+            if c is None:
+                c = priced[p] = self.costs.stage_cost(p, offset, count, first, last, receives)
+            return c
+
+        def ok(p: StagePolicy) -> bool:
+            # A copy that stalls the stage is left out, so no choice adds forward time
+            # and the cheapest is the fastest (priced as the planner prices it).
+            c = raw(p)
+            return ((fits is None or fits(index, estimated(c)))
+                    and self._host_ok(p, offset, count, index) and not copies_stall(c))
 
         best: tuple[float, int, StagePolicy] | None = None
-        fallback: tuple[int, StagePolicy] | None = None
-
-        def ok(p: StagePolicy, c: StageCost) -> bool:
-            # A copy that stalls the stage is left out, so no choice adds forward time
-            # and the cheapest is the fastest.
-            return ((fits is None or fits(index, c)) and self._host_ok(p, offset, count, index)
-                    and not self.costs.stalls(p, offset, count, first, last, receives))
-
         most = 0 if self.costs.combined else count
         for g in self.groups:
-            top = _with_n(g, most)
-            low_cost = cost(top)
-            mem = low_cost.static_bytes + low_cost.activation_bytes
-            if fallback is None or mem < fallback[0]:
-                fallback = (mem, top)
-            cheapest = cost(g)
-            # A bound on the group's work: its N = 0 ops without the stalls `estimated`
-            # adds (no choice stalls)
-            floor = self.costs.stage_cost(g, offset, count, first, last, receives)
-            if best is not None and _work(floor) > best[0]:
-                continue  # the group's cheapest is already slower
-            least = 0 if ok(g, cheapest) else self._least_n(
-                g, offset, most, lambda p: ok(p, cost(p)))
+            if best is not None and _work(raw(g)) > best[0]:
+                continue  # the group's least work (at N = 0, no stall) is already more
+            least = 0 if ok(g) else self._least_n(g, offset, most, ok)
             if least is None:
                 continue  # no N fits
             p = _with_n(g, least)
-            c = cost(p)
+            c = estimated(raw(p))
             key = (_work(c), c.static_bytes + c.activation_bytes)
             if best is None or key < best[:2]:
                 best = (key[0], key[1], p)
         if best is not None:
             return best[2]
-        assert fallback is not None
-        return fallback[1]  # nothing fits: the least memory, for the planner to refuse
+
+        def held(p: StagePolicy) -> int:
+            c = estimated(raw(p))
+            return c.static_bytes + c.activation_bytes
+        # Nothing fits: the least memory, for the planner to refuse.
+        return min((_with_n(g, most) for g in self.groups), key=held)
 
     def _least_n(self, g: StagePolicy, offset: int, most: int,
                  fits: Callable[[StagePolicy], bool]) -> int | None:
