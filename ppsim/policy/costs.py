@@ -69,6 +69,7 @@ class PolicyCosts:
     def __post_init__(self) -> None:
         self.full = self._priced((), True)
         self.base = self.layers_under(())
+        self._ends = (_fields_of(self.base.embedding), _fields_of(self.base.head))
         kinds = layer_kinds(self.arch)
         self.kinds = kinds + (kinds[-1] if kinds else "dense",) * self.arch.mtp_layers
 
@@ -131,15 +132,14 @@ class PolicyCosts:
         key = (policy.recompute_modules, policy.offload_modules, policy.offload_fraction)
         hit = self._more.get(key)
         if hit is None:
-            full, var = self._prefix(None), self._prefix(policy.recompute_modules)
-            act, wg = _FIELDS.index("activation_bytes"), _FIELDS.index("weight_grad_bytes")
+            var = self.layers_under(policy.recompute_modules).layers
             freed = (self.offloaded(policy.recompute_modules, policy.offload_modules).freed
                      if policy.offloads else None)
             hit = []
-            for i in range(len(self.full.layers)):
+            for i, (whole, kept) in enumerate(zip(self.full.layers, var, strict=True)):
                 out = policy.offload_fraction * (freed[i + 1] - freed[i]) if freed else 0
-                if (full.span(act, i, i + 1) > var.span(act, i, i + 1) - out
-                        or full.span(wg, i, i + 1) > var.span(wg, i, i + 1)):
+                if (whole.activation_bytes > kept.activation_bytes - out
+                        or whole.weight_grad_bytes > kept.weight_grad_bytes):
                     hit.append(i)
             self._more[key] = hit
         return hit
@@ -161,14 +161,13 @@ class PolicyCosts:
         `policy`: its first N layers recomputed whole, the rest by module. Sums as
         ppsim.costs.model.stage_cost does, from prefix sums (O(1) per stage)."""
         n = min(policy.recompute_layers, count)
-        full, var = self._prefix(None), self._prefix(policy.recompute_modules)
+        full, var = self._prefix(None).rows, self._prefix(policy.recompute_modules).rows
         lo, mid, hi = offset, offset + n, offset + count
-        sums = [full.span(i, lo, mid) + var.span(i, mid, hi) for i in range(len(_FIELDS))]
-        for piece, on in ((self.base.embedding, first), (self.base.head, last)):
+        sums = [(a - b) + (c - d) for a, b, c, d in zip(full[mid], full[lo], var[hi], var[mid],
+                                                        strict=True)]
+        for piece, on in zip(self._ends, (first, last), strict=True):
             if on:
-                sums = [x + (piece.split_backward_ms or piece.backward_ms if name == "sb"
-                             else getattr(piece, name)) for x, name in zip(sums, _FIELDS,
-                                                                           strict=True)]
+                sums = [x + y for x, y in zip(sums, piece, strict=True)]
         f, b, w, sb, st, act, wg, params, paired = sums
         twice = self.base.held_twice(first, last)
         st, params = st - twice.static_bytes, params - twice.params
@@ -217,21 +216,22 @@ _FIELDS = ("forward_ms", "backward_ms", "weight_grad_ms", "sb", "static_bytes",
 """The LayerCost sums a stage needs, in StageCost's order ("sb": the split backward)."""
 
 
+def _fields_of(c: LayerCost) -> tuple[float, ...]:
+    """A piece's _FIELDS values ("sb": its split backward, else its backward)."""
+    return tuple(c.split_backward_ms or c.backward_ms if name == "sb" else getattr(c, name)
+                 for name in _FIELDS)
+
+
 class _Prefix:
-    """Prefix sums of the _FIELDS over a list of layers: a span's sum in O(1)."""
+    """Prefix sums of the _FIELDS over a list of layers: rows[j] sums layers 0..j-1, so
+    a span's sum is a difference of two rows."""
 
     def __init__(self, layers: Sequence[LayerCost]) -> None:
-        self.pre: list[list[float]] = []
-        for name in _FIELDS:
-            acc, pre = 0.0 if name.endswith("ms") or name == "sb" else 0, [0]
-            for lc in layers:
-                acc += lc.split_backward_ms or lc.backward_ms if name == "sb" else getattr(lc,
-                                                                                          name)
-                pre.append(acc)
-            self.pre.append(pre)
-
-    def span(self, i: int, lo: int, hi: int) -> float:
-        return self.pre[i][hi] - self.pre[i][lo]
+        row = (0,) * len(_FIELDS)
+        self.rows: list[tuple[float, ...]] = [row]
+        for lc in layers:
+            row = tuple(x + y for x, y in zip(row, _fields_of(lc), strict=True))
+            self.rows.append(row)
 
 
 Fits = Callable[[int, StageCost], bool]
