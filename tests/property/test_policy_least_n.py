@@ -110,3 +110,39 @@ def test_a_group_whose_copies_stall_at_n_0_is_still_tried() -> None:
     c = estimated(pc.stage_cost(chosen, 8, 25, False, False, True))
     assert fits(0, c)
     assert c.forward_ms + c.backward_ms <= want * (1 + 1e-12), (chosen, fastest)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pattern=st.text("M*-GE", min_size=2, max_size=8), offload=st.booleans(),
+       inflight=st.integers(1, 8), pick=st.integers(0, 10**6), start=st.integers(0, 7),
+       length=st.integers(1, 8))
+# layer 5 (an MLP) keeps nothing under layernorm and mlp recompute with mlp_norm offloaded,
+# its input recomputed whole: memory rises from N = 1 to 2 on layers 4-6
+@example(pattern="M-*-G-E-", offload=True, inflight=1, pick=25, start=4, length=3)
+# layer 3 (an MLP under layernorm and mlp recompute) keeps its input either way, but
+# recomputed whole it brings a larger transient than attention's before it
+@example(pattern="M-*-G-E-", offload=False, inflight=1, pick=4, start=2, length=2)
+def test_memory_falls_with_n_between_two_rises(pattern, offload, inflight, pick, start,
+                                               length) -> None:
+    """What the least-N search stands on: past each of PolicyCosts.memory_rises, up to
+    the next, one more whole-recomputed layer never raises the stage's memory, nor its
+    host bytes, and never makes its copies stall."""
+    pc = priced(pattern)
+    groups = module_groups(pc, offload=offload)
+    g = groups[pick % len(groups)]
+    layers = len(pc.kinds)
+    offset = start % layers
+    count = 1 + (length - 1) % (layers - offset)
+    first, last = offset == 0, offset + count == layers
+    rises = set(pc.memory_rises(g, offset, count))
+    assert 1 in rises and rises <= set(range(1, count + 1))
+    prev = None
+    for n in range(1, count + 1):
+        p = StagePolicy(recompute_modules=g.recompute_modules, recompute_layers=n,
+                        offload_modules=g.offload_modules, offload_fraction=g.offload_fraction)
+        now = (memory(estimated(pc.stage_cost(p, offset, count, first, last, True)), inflight),
+               pc.host_bytes(p, offset, count),
+               pc.stalls(p, offset, count, first, last, True))
+        if prev is not None and n not in rises:
+            assert now[0] <= prev[0] and now[1] <= prev[1] and now[2] <= prev[2], (n, prev, now)
+        prev = now
