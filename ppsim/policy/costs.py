@@ -333,6 +333,8 @@ class Cheapest:
         shrink as N grows (block layers offload nothing); device memory too, except at
         PolicyCosts.memory_rises. Between two rises the N that fit are a suffix: the
         first span whose last N fits holds the least, found by bisection."""
+        if most < 1:
+            return None  # no whole layer may be recomputed (the combined 1F1B)
         rises = self.costs.memory_rises(g, offset, most)
         for start, end in zip(rises, [*rises[1:], most + 1], strict=True):
             lo, hi = start, end - 1

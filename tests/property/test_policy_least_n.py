@@ -146,3 +146,30 @@ def test_memory_falls_with_n_between_two_rises(pattern, offload, inflight, pick,
         if prev is not None and n not in rises:
             assert now[0] <= prev[0] and now[1] <= prev[1] and now[2] <= prev[2], (n, prev, now)
         prev = now
+
+
+def test_under_the_combined_1f1b_only_module_sets_are_chosen() -> None:
+    """Megatron's combined 1F1B refuses whole-layer recompute: N stays 0, and a stage
+    that no module set fits gets the least memory (the planner then refuses it)."""
+    cfg = config_from_dict({
+        "model": {"preset": "mixtral-8x7b", "num_layers": 4, "ep": 8, "dp": 8},
+        "pipeline": {"pp": 1, "microbatches": 4, "overlap_moe_expert_parallel_comm": True},
+        "hardware": {"preset": "h100-80gb"}})
+    pc = policy_costs(cfg)
+    assert pc.combined
+    groups = module_groups(pc, offload=True)
+    opts = [(p, c) for p, c in options(pc, groups, 0, 4, True, True) if p.recompute_layers == 0]
+    for limit in sorted({memory(c, 4) for _, c in opts} | {0}):
+        def fits(_index: int, c: StageCost, limit: int = limit) -> bool:
+            return memory(c, 4) <= limit
+
+        chosen = Cheapest(costs=pc, groups=groups).policy_of(0, 4, 0, True, True, True, fits)
+        assert chosen.recompute_layers == 0
+        c = estimated(pc.stage_cost(chosen, 0, 4, True, True, True))
+        ok = [x.forward_ms + x.backward_ms for p, x in opts
+              if fits(0, x) and not pc.stalls(p, 0, 4, True, True, True)]
+        if ok:
+            assert fits(0, c) and c.forward_ms + c.backward_ms <= min(ok) * (1 + 1e-12)
+        else:
+            assert c.static_bytes + c.activation_bytes == min(
+                x.static_bytes + x.activation_bytes for _, x in opts)
