@@ -218,12 +218,7 @@ def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
                   r.held_back_by)
     console.print(t)
     if configured:
-        own = [(_row_tag(i, r), r.policy) for i, r in enumerate(res.candidates[:top])
-               if r.policy and r.policy != configured]
-        console.print(f"memory policy: recompute {configured}"
-                      + (", except" if own else " on every shape"), markup=False)
-        for tag, label in own:
-            console.print(f"  {tag:5} {label}", markup=False, soft_wrap=True)
+        _print_policies(console, configured, res.candidates[:top])
     best = res.candidates[0] if res.candidates and res.candidates[0].summary.fits else None
     if best is None:
         return
@@ -344,3 +339,18 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
                          f"({res.evaluated:,} of {res.total:,} shapes simulated); give it more "
                          f"time, e.g. --time-budget {max(10.0, 4 * args.time_budget):g}\n")
     return 3
+
+
+def _print_policies(console: Any, configured: str, shown: list[ShapeResult]) -> None:
+    """Each shown shape's memory policy: the configured mode, with the rows that differ;
+    one line when every row takes the same other policy."""
+    own = [(_row_tag(i, r), r.policy) for i, r in enumerate(shown)
+           if r.policy and r.policy != configured]
+    if own and len(own) == len(shown) and len({label for _, label in own}) == 1:
+        console.print(f"memory policy: {own[0][1]} on every shape shown (configured: "
+                      f"recompute {configured})", markup=False, soft_wrap=True)
+        return
+    console.print(f"memory policy: recompute {configured}"
+                  + (", except" if own else " on every shape"), markup=False)
+    for tag, label in own:
+        console.print(f"  {tag:5} {label}", markup=False, soft_wrap=True)

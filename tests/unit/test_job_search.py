@@ -521,3 +521,14 @@ def test_a_longer_budget_gives_each_split_plan_more_time(budget: float, monkeypa
                                                                   "vpp": 1, "mbs": 1})
     assert res.evaluated == len(given) == 1  # one shape holds every size
     assert budget / 12 * 0.99 <= given[0] <= budget / 12
+
+
+def test_one_policy_on_every_shape_shown_is_said_once(capsys) -> None:
+    """Before: "memory policy: recompute selective, except" and then every row, each
+    with the same other mode."""
+    text = [a for a in SMALL if a != "--json"]
+    text[text.index("--top") + 1] = "1"
+    assert main([*text, "--search", "recompute"]) == 0
+    out = capsys.readouterr().out
+    assert "memory policy: full on every shape shown (configured: recompute selective)" in out
+    assert ", except" not in out
