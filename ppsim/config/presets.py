@@ -10,6 +10,9 @@ from __future__ import annotations
 NEMOTRON_H_8B = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
 NEMOTRON_H_56B = "M-M-M-M*-" + "M-M-M-M-M*-" * 9 + "M-M-M-M-M-"
 """Megatron-LM examples/post_training/modelopt/conf/nvidia/Nemotron-H-{8B,56B}-Base-8K.sh."""
+NEMOTRON_3_NANO = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
+"""NVIDIA-NeMo/Megatron-Bridge recipes/nemotronh/h100/nemotron_3_nano.py (its
+HybridModelProvider): 23 Mamba-2, 23 MoE, 6 attention layers."""
 
 MODEL_PRESETS: dict[str, dict] = {
     "tiny-gpt": dict(
@@ -91,6 +94,13 @@ MODEL_PRESETS: dict[str, dict] = {
         head_dim=128, ffn_hidden_size=32768, gated_mlp=False, norm="rmsnorm",
         mamba_head_dim=64, mamba_num_groups=8, mamba_state_dim=256, vocab_size=131072,
         seq_length=8192, micro_batch_size=1, tp=8, recompute="selective"),
+    "nemotron-3-nano-30b-a3b": dict(
+        hybrid_layer_pattern=NEMOTRON_3_NANO, num_layers=52, hidden_size=2688, num_heads=32,
+        num_kv_heads=2, head_dim=128, ffn_hidden_size=1856, gated_mlp=False, norm="rmsnorm",
+        position="none", mamba_num_heads=64, mamba_head_dim=64, mamba_num_groups=8,
+        mamba_state_dim=128, num_experts=128, top_k=6, moe_ffn_hidden_size=1856,
+        shared_experts=2, vocab_size=131072, seq_length=8192, micro_batch_size=1, ep=8,
+        recompute="selective"),
     "qwen3-next-80b-a3b": dict(
         hybrid_layer_pattern="GEGEGE*E" * 12 + "/*E", num_layers=96, mtp_layers=1,
         hidden_size=2048, num_heads=16,
@@ -136,6 +146,10 @@ MODEL_NOTES: dict[str, str] = {
     "(Megatron-LM's Nemotron-H-8B-Base-8K.sh; arXiv 2504.03624; 8B)",
     "nemotron-h-56b": "NVIDIA Nemotron-H-56B-Base-8K: 54 Mamba-2, 54 MLP, 10 attention "
     "layers, tp 8 (Megatron-LM's Nemotron-H-56B-Base-8K.sh; arXiv 2504.03624; 56B)",
+    "nemotron-3-nano-30b-a3b": "NVIDIA Nemotron 3 Nano 30B-A3B: 23 Mamba-2, 23 MoE (128 "
+    "experts top-6, squared ReLU; its one shared expert of 3,712 counted as 2 of 1,856), 6 "
+    "attention layers, ep 8 (Megatron-Bridge's nemotron_3_nano recipe; NVIDIA's Nemotron 3 "
+    "Nano report: 31.6B, 3.2B active)",
     "qwen3-next-80b-a3b": "Qwen3-Next-80B-A3B: 36 GatedDeltaNet + 12 attention layers, each "
     "with a MoE (512 experts top-10 + 1 shared), 1 MTP, ep 8 (Qwen/Qwen3-Next-80B-A3B "
     "config.json; 80B, 3B active)",

@@ -261,6 +261,18 @@ def test_hybrid_preset_parameter_counts_match_model_cards(name, total, source):
         assert active - 2 * arch.vocab_size * arch.hidden_size == pytest.approx(3e9, rel=0.1)
 
 
+def test_nemotron_3_nano_counts_match_its_report():
+    """NVIDIA's Nemotron 3 Nano report: 31.6B parameters, 3.2B active a token (3.6B with
+    the embedding table); 23 Mamba-2, 23 MoE and 6 attention layers."""
+    arch = parse_model({"preset": "nemotron-3-nano-30b-a3b"}).arch  # type: ignore[union-attr]
+    total, active, _ = hybrid_params(arch)
+    assert total == pytest.approx(31.6e9, rel=0.01)
+    assert active == pytest.approx(3.6e9, rel=0.02)
+    assert active - arch.vocab_size * arch.hidden_size == pytest.approx(3.2e9, rel=0.02)
+    kinds = parse_pattern(MODEL_PRESETS["nemotron-3-nano-30b-a3b"]["hybrid_layer_pattern"]).kinds
+    assert tuple(kinds.count(k) for k in ("mamba", "moe-mlp", "attention")) == (23, 23, 6)
+
+
 def test_nemotron_h_layer_mix_matches_its_paper():
     # arXiv 2504.03624: 8B has 24 Mamba-2, 24 MLP and 4 attention layers; 56B 54, 54, 10.
     for name, want in (("nemotron-h-8b", (24, 24, 4)), ("nemotron-h-56b", (54, 54, 10))):
