@@ -137,17 +137,14 @@ def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
         bi += a2a
     effect = kind_effect(a, kind, recompute, full=full)
     act, repeated, transient = effect.kept_bytes, effect.repeated_ops, effect.transient_bytes
-    # a fully recomputed layer's saved weights live inside its backward alone
-    if full:
+    if full:  # its saved weights live inside its backward alone, as its forward reruns
         transient += saved_weight_bytes(a, ops)
+        bi += f  # the forward runs again before the backward
     else:
         act += saved_weight_bytes(a, ops)
-    if full:
-        bi += f  # the forward runs again before the backward
-    elif repeated:
-        # The recomputed modules' forward ops run again inside the backward.
-        bi += piece_times(roof, [op for op in ops if op.name in repeated])[0]
-        bi += a2a if "a2a" in repeated else 0.0
+        if repeated:  # the recomputed modules' forward ops run again inside the backward
+            bi += piece_times(roof, [op for op in ops if op.name in repeated])[0]
+            bi += a2a if "a2a" in repeated else 0.0
     w_keep = min(act, weight_grad_bytes(ops, DTYPE_BYTES[a.dtype], inputs=True)) \
         + weight_grad_bytes(ops, DTYPE_BYTES[a.dtype], inputs=False)
     held = held_params(a, kind)

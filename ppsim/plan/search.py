@@ -162,7 +162,9 @@ class SplitSearch:
 
     def stage_transient(self, pos: int, count: int, k: int) -> int:
         """What stage k's B holds beyond its activations (StageCost.transient_bytes), O(1)."""
-        if self.problem.memory is not None or not self.problem.transients:
+        if not self.problem.transients:
+            return 0
+        if self.problem.memory is not None:
             return self.stage(pos, count, k).transient_bytes
         return stage_transient(self.costs, pos, count, k == 0, k == self.S - 1)
 

@@ -52,4 +52,3 @@ def between_ops_peaks(problem: Problem) -> list[int]:
     tensors). Tests and benchmarks compare a trace's peaks with this."""
     summary = simulate(replace(problem, transients=False), record=False).summary
     return [r.peak_activation_bytes for r in summary.ranks]
-

@@ -4,7 +4,7 @@ links, Megatron's overlaps, FP8, the combined 1F1B and DeepEP, on random splits.
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
 from ppsim.config.overrides import with_overrides
@@ -51,17 +51,16 @@ def jobs(draw) -> Problem:
                                 "hardware": {"preset": "h100-80gb"}})
         problem = build_problem(with_overrides(cfg, split={}))
     except UserError:
-        assume(False)  # a job Megatron (or ppsim) refuses
+        reject()  # a job Megatron (or ppsim) refuses
     s = problem.split
     cuts = sorted(draw(st.lists(st.integers(1, s.num_layers - 1), min_size=s.num_stages - 1,
                                 max_size=s.num_stages - 1, unique=True)))
     counts = tuple(b - a for a, b in zip([0, *cuts], [*cuts, s.num_layers], strict=True))
     try:
         split = split_from_counts(counts, s.pp, s.vpp, s.num_layers, s.placement, mtp=s.mtp)
-        return problem.with_split(split)
     except UserError:
-        assume(False)  # a split the model refuses (its MTP layers off the last stage)
-        raise
+        reject()  # a split the model refuses (its MTP layers off the last stage)
+    return problem.with_split(split)
 
 
 def key(s: Summary) -> tuple[float, tuple[int, ...]]:
