@@ -23,7 +23,11 @@ set_gpt_oss_common_configs (gradients reduced in bf16). And the archive's DGX-H1
 of Qwen3-30B-A3B (26.02.01 container), priced at the archive's shape with its workload
 config's combined 1F1B: both fine-grained MoEs read far above their published rates. And
 the 25.09 DGX-H100 FP8-CS run of DeepSeek-V3 on 1,024 GPUs at its workload config (DeepEP,
-the combined 1F1B, mla_up_proj and mlp recomputed).
+the combined 1F1B, mla_up_proj and mlp recomputed). And a hybrid stack: the 26.06
+DGX-H100 FP8-CS run of Nemotron 3 Nano (Mamba-2, MoE and attention layers) at its workload
+config, with the FLOPs a token its published TFLOP/s imply beside ppsim's count. And a
+hybrid stack without experts: NVIDIA's DGX Cloud Benchmarking run of Nemotron-H 56B
+(Mamba-2, MLP and attention layers) on 128 H100 in FP8.
 
 Then (without --quick) `ppsim plan --gpus 8192` for the 405B preset in FP8, the plan time.
 
@@ -57,6 +61,8 @@ class BridgeRun:
     tokens_per_gpu: float
     """Published tokens/s per GPU."""
     hardware: str = "h100-80gb"
+    tflops_per_gpu: float = 0.0
+    """Published model TFLOP/s per GPU, where the line compares FLOPs a token (0: not)."""
 
 
 RUNS = [
@@ -135,6 +141,36 @@ config (DEEPSEEK_V3_PRETRAIN_CONFIG_H100_BASE_CONFIG: DeepEP, moe_a2a_overlap, r
 of mla_up_proj and mlp), on ppsim's default split of the 32 virtual stages."""
 
 
+NANO_RUN = BridgeRun(name="Nemotron 3 Nano", preset="nemotron-3-nano-30b-a3b", gpus=16,
+                     tokens_per_gpu=14719, tflops_per_gpu=328,
+                     shape="--global-batch-size 1024 --micro-batch-size 1 --seq-length 8192 "
+                           "--pp 1 --ep 8 --recompute-granularity selective "
+                           "--recompute-modules moe layernorm core_attn moe_act "
+                           "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend "
+                           "deepep --grad-reduce-in-bf16")
+"""Megatron-Bridge 26.06, DGX-H100, FP8-CS (14,336 to 14,890 over the 26.02.01 to 26.06
+containers), at the workload config of that release (nemotron_3_workload_base_configs.py
+NEMOTRON_3_NANO_PRETRAIN_CONFIG_H100_FP8_CS_V1 and nemotron_3_llm_pretrain.py: ep 8,
+recompute of moe, layernorm, core_attn and moe_act, force-balanced, gradients reduced in
+bf16, first and last layers in FP8 too). Its HybridEP dispatcher is priced as DeepEP:
+inside one node both are NVLink all-to-alls."""
+
+
+HYBRID_DENSE_RUN = BridgeRun(name="Nemotron-H 56B", preset="nemotron-h-56b", gpus=128,
+                             tokens_per_gpu=8192 * 384 / 11.874 / 128,
+                             shape="--global-batch-size 384 --micro-batch-size 1 --tp 8 "
+                                   "--pp 1 --recompute none")
+"""NVIDIA's DGX Cloud Benchmarking recipe for Nemotron-H 56B (NVIDIA/dgxc-benchmarking
+nemotron-h/README.md of release 25.08.01, commit 2fc17d4: the example run
+pretrain_nemotronh_56b_fp8_gpus128_tp8_pp1_cp1_vpNone_mbs1_gbs384, 11.874 s a step over
+iterations 35 to 44, std 0.027 s) on DGX-H100 in FP8 current scaling, NeMo 25.07.01: its
+recipe (NeMo's nemotronh_56b.py in performance mode) keeps sequence parallelism, the
+distributed optimizer, --overlap-grad-reduce without --overlap-param-gather, gradients
+reduced in fp32, --tp-comm-overlap and no recompute."""
+HYBRID_DENSE_OVERLAPS = ["--use-distributed-optimizer", "--overlap-grad-reduce",
+                         "--tp-comm-overlap"]
+
+
 def price(run: BridgeRun, fp8: bool, overlaps: list[str] = OVERLAPS) -> Priced:
     argv = ["simulate", "--preset", run.preset, "--hardware", run.hardware, "--gpus",
             str(run.gpus), *run.shape.split(), *overlaps, *(FP8 if fp8 else []), "--json"]
@@ -149,10 +185,14 @@ def price(run: BridgeRun, fp8: bool, overlaps: list[str] = OVERLAPS) -> Priced:
 
 def held_out_line(label: str, run: BridgeRun, p: Priced) -> str:
     """One published run beside ppsim's price of it, in a line."""
-    return (f"Megatron-Bridge {label} (held out): {run.name} on {run.gpus:,}: published "
+    line = (f"{label} (held out): {run.name} on {run.gpus:,}: published "
             f"{run.tokens_per_gpu:,.0f}, ppsim {p.tokens_per_gpu:,.0f} tokens/s/GPU "
             f"({p.tokens_per_gpu / run.tokens_per_gpu - 1:+.1%}), {p.tflops_per_gpu:.0f} "
             f"TFLOP/s/GPU, peak {p.peak_gb:.1f} GB")
+    if run.tflops_per_gpu:
+        line += (f"; GFLOP a token: published {run.tflops_per_gpu / run.tokens_per_gpu * 1e3:.2f}"
+                 f", ppsim {p.tflops_per_gpu / p.tokens_per_gpu * 1e3:.2f}")
+    return line
 
 
 def main() -> None:
@@ -176,8 +216,12 @@ def main() -> None:
                                       ("25.09, DGX-H100, FP8-CS", DEEPSEEK_RUN, True,
                                        DP_OVERLAPS),
                                       ("26.02.01, DGX-H100, FP8", SMALL_MOE_RUN, True,
+                                       DP_OVERLAPS),
+                                      ("26.06, DGX-H100, FP8-CS", NANO_RUN, True,
                                        DP_OVERLAPS)):
-        print(held_out_line(label, run, price(run, fp8, overlaps)))
+        print(held_out_line(f"Megatron-Bridge {label}", run, price(run, fp8, overlaps)))
+    print(held_out_line("DGX Cloud Benchmarking 25.08.01, DGX-H100, FP8-CS",
+                        HYBRID_DENSE_RUN, price(HYBRID_DENSE_RUN, True, HYBRID_DENSE_OVERLAPS)))
     if "--quick" in sys.argv:
         return
     plan_case("llama3.1-405b on 8,192 H100, FP8", [

@@ -2,7 +2,8 @@
 
 Inside the decoder layers every weight matmul but the router's is a TE linear (QKV and
 MLA's projections, the output projection, the MLPs' fc1 and fc2, routed and shared
-experts, the latent projections): its forward, input-gradient and weight-gradient
+experts, the latent projections, a hybrid stack's Mamba and GatedDeltaNet in_proj and
+out_proj): its forward, input-gradient and weight-gradient
 GEMMs run in FP8 at the device's FP8 peak ([hardware] fp8_peak_tflops) on the same
 efficiency curve as bf16. The attention core, the router, the embedding and the output
 layer stay in bf16 (Megatron's output layer is not a TE module). Each FP8 GEMM's
@@ -11,14 +12,14 @@ backward, each read in bf16 and written as FP8 and as its FP8 transpose (Hopper'
 GEMMs take one layout; the transpose feeds the weight gradient): ppsim.costs.ops.
 
 Memory: each of those linears saves its input for the backward in FP8 (1 byte an
-element, not 2), so attention's output is kept twice, in bf16 by FlashAttention and in
-FP8 by the output projection. TE keeps each FP8 weight and its transpose from the
-first microbatch to the last (2 bytes a parameter); with --fp8-param-gather the weight
-itself is FP8 (1 byte for the bf16 copy's 2) beside its transpose, and the distributed
-optimizer gathers it in FP8. Sequence parallelism's forward all-gathers move the
-quantized input. --first-last-layers-bf16 keeps the first and last decoder layers
-wholly in bf16 (their weights too). The FLOP count, and so TFLOP/s and MFU against the
-bf16 peak, are Megatron's and torchtitan's as without FP8.
+element, not 2; a mixer's in ppsim.costs.mixers), so attention's output is kept twice,
+in bf16 by FlashAttention and in FP8 by the output projection. TE keeps each FP8 weight
+and its transpose from the first microbatch to the last (2 bytes a parameter); with
+--fp8-param-gather the weight itself is FP8 (1 byte for the bf16 copy's 2) beside its
+transpose, and the distributed optimizer gathers it in FP8. Sequence parallelism's
+forward all-gathers move the quantized input. --first-last-layers-bf16 keeps the first
+and last decoder layers wholly in bf16 (their weights too). The FLOP count, and so
+TFLOP/s and MFU against the bf16 peak, are Megatron's and torchtitan's as without FP8.
 
 Under FSDP FP8 is torchtitan's: torchao's Float8Linear on every decoder linear (the output
 layer filtered out), its three GEMMs priced as TE's. It caches no FP8 weight: the

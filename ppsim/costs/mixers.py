@@ -30,6 +30,7 @@ from ppsim.costs.arch import (
     layer_kinds,
     mtp_extra_params,
 )
+from ppsim.costs.fp8 import FP8_BYTES, fp8_ops
 from ppsim.costs.hybrid import parse_pattern
 from ppsim.costs.layerops import (
     _mlp_ops,
@@ -59,6 +60,9 @@ GDN_CONV = 4
 """GatedDeltaNet's conv width (Megatron's linear_conv_kernel_dim default)."""
 GDN_CHUNK = 64
 """The chunk of FLA's chunk_gated_delta_rule."""
+FP8_ALIGN = 16
+"""What an FP8 GEMM's dimensions divide by on Hopper (megatron/core/fp8_utils.py
+get_fp8_align_size; mxfp8's 32 is Blackwell's)."""
 MIXER_KINDS = ("mamba", "gdn", "attention", "mla", "dsa", "mlp", "moe-mlp")
 
 
@@ -89,6 +93,15 @@ def _need(a: Architecture, names: tuple[str, ...], layers: str) -> None:
                             "at least 1", f"set {name} >= 1")
 
 
+def _fp8_aligned(a: Architecture, in_proj: int, layer: str, field: str) -> None:
+    """Megatron's FP8 assertion on a mixer (MambaMixer, GatedDeltaNet): Hopper's FP8
+    GEMMs take dimensions in multiples of 16."""
+    if a.fp8 and in_proj % FP8_ALIGN:
+        raise UserError(field, f"For FP8, the innermost dimension of the {layer} layer input "
+                        f"projection output tensor must be a multiple of 16 (it is {in_proj})",
+                        "change the mixer's widths, or drop fp8 (--fp8-format)")
+
+
 def mamba_shape(a: Architecture) -> MambaShape:
     _need(a, ("mamba_head_dim", "mamba_num_groups", "mamba_state_dim"), "Mamba-2 ('M')")
     heads = a.mamba_num_heads or 2 * a.hidden_size // a.mamba_head_dim
@@ -96,9 +109,10 @@ def mamba_shape(a: Architecture) -> MambaShape:
     if heads < 1 or heads % a.mamba_num_groups:
         raise UserError("model.mamba_num_heads", f"{heads} heads do not divide into "
                         f"{a.mamba_num_groups} groups", "Megatron needs heads % groups == 0")
+    in_proj = 2 * inner + bc + heads
+    _fp8_aligned(a, in_proj, "Mamba", "model.mamba_num_heads")
     return MambaShape(heads=heads, head_dim=a.mamba_head_dim, groups=a.mamba_num_groups,
-                      state=a.mamba_state_dim, inner=inner, conv=inner + bc,
-                      in_proj=2 * inner + bc + heads)
+                      state=a.mamba_state_dim, inner=inner, conv=inner + bc, in_proj=in_proj)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,8 +139,10 @@ def delta_shape(a: Architecture) -> DeltaShape:
     if hv % a.linear_num_key_heads:
         raise UserError("model.linear_num_value_heads", f"{hv} value heads do not divide by "
                         f"{a.linear_num_key_heads} key heads", "make them divide")
+    in_proj = 2 * key + 2 * value + 2 * hv
+    _fp8_aligned(a, in_proj, "GDN", "model.linear_num_value_heads")
     return DeltaShape(key=key, value=value, value_heads=hv, conv=2 * key + value,
-                      in_proj=2 * key + 2 * value + 2 * hv)
+                      in_proj=in_proj)
 
 
 def _latent(a: Architecture) -> Architecture:
@@ -270,7 +286,9 @@ def dsa_ops(a: Architecture) -> list[Op]:
 
 
 def mixer_ops(a: Architecture, kind: str) -> list[Op]:
-    """The forward ops of one hybrid layer, per tp rank: pre-norm, mixer, residual."""
+    """The forward ops of one hybrid layer, per tp rank: pre-norm, mixer, residual; its
+    TE linears (a mixer's in_proj and out_proj among them) marked FP8 under
+    --fp8-format."""
     h = a.hidden_size
     if kind == "mamba":
         body = mamba_ops(a)
@@ -284,7 +302,7 @@ def mixer_ops(a: Architecture, kind: str) -> list[Op]:
         body = _mlp_ops(a, "mlp", _tokens(a), a.ffn_hidden_size)
     else:
         body = mlp_ops(a, "moe")
-    return _norm_ops(a, "norm", h) + body + [_residual(a, "residual")]
+    return fp8_ops(a, _norm_ops(a, "norm", h) + body + [_residual(a, "residual")])
 
 
 def kind_ops(a: Architecture, kind: str, window: int = 0) -> list[Op]:
@@ -300,19 +318,23 @@ def _mixer_bytes(a: Architecture, kind: str) -> float:
     """What a Mamba or GatedDeltaNet mixer keeps beyond the pre-norm, before tp (whole
     widths)."""
     tok, w = _tokens(a), DTYPE_BYTES[a.dtype]
+    # The norm's output and the gated norm's are in_proj's and out_proj's inputs only:
+    # FP8 linears keep them quantized (ppsim.costs.fp8).
+    f = FP8_BYTES if a.fp8_copies else w
     if kind == "mamba":
         m = mamba_shape(a)
         # norm output, z x B C dt, conv output (the scan's x, B, C), dt and its cumsum
         # (fp32), the chunk states (fp32), the scan output, the gated norm's rstd and
         # output (out_proj's input)
-        return (tok * (a.hidden_size + m.in_proj + m.conv + 2 * m.inner) * w
+        return (tok * (a.hidden_size + m.inner) * f + tok * (m.in_proj + m.conv + m.inner) * w
                 + tok * (2 * m.heads + m.groups) * 4
                 + tok / MAMBA_CHUNK * m.inner * m.state * 4)
     d = delta_shape(a)
     c = GDN_CHUNK
     # norm output, in_proj output, conv output, l2-normed q and k, the chunk's
     # A matrix, g and beta (fp32), the chunk states (fp32), core and norm outputs
-    return (tok * (a.hidden_size + d.in_proj + d.conv + 2 * d.key + 2 * d.value) * w
+    return (tok * (a.hidden_size + d.value) * f
+            + tok * (d.in_proj + d.conv + 2 * d.key + d.value) * w
             + tok * d.value_heads * (c + 3) * 4
             + tok / c * d.value_heads * a.linear_key_head_dim * a.linear_value_head_dim * 4)
 

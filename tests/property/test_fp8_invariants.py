@@ -1,7 +1,8 @@
 """FP8's invariants over any transformer layer: its TE linears scale by the peaks' ratio
 and nothing else changes speed; no kept tensor grows, the one new tensor is the output
 projection's FP8 copy; under any recompute and offload modules the layer keeps at most
-what bf16 keeps plus that copy."""
+what bf16 keeps plus that copy. Over any Mamba or GatedDeltaNet mixer: its in_proj and
+out_proj alone change speed, and it keeps their inputs in one byte."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ppsim.config.model import parse_model
 from ppsim.costs.arch import Architecture, attention_shape
 from ppsim.costs.fp8 import PROJ_INPUT
 from ppsim.costs.layerops import layer_ops
+from ppsim.costs.mixers import mixer_activation_bytes, mixer_ops
 from ppsim.costs.modules import (
     OFFLOAD_MODULES,
     RECOMPUTE_MODULES,
@@ -97,3 +99,54 @@ def test_under_any_modules_fp8_keeps_at_most_bf16s_plus_the_copy(
     assert f8.kept_bytes <= bf.kept_bytes + copy + 1
     assert f8.freed_bytes <= f8.offloaded_bytes
     assert f8.repeated_ops == bf.repeated_ops
+
+
+@st.composite
+def mixers(draw) -> tuple[Architecture, str]:
+    """A Mamba-2 or GatedDeltaNet layer whose in_proj FP8 can run (its width a multiple
+    of 16, as Megatron asserts)."""
+    kind = draw(st.sampled_from(["mamba", "gdn"]))
+    groups = draw(st.sampled_from([1, 2, 4]))
+    fields = dict(num_layers=1, hidden_size=64 * draw(st.integers(1, 4)), num_heads=4,
+                  num_kv_heads=4, ffn_hidden_size=128, vocab_size=512,
+                  seq_length=128 * draw(st.integers(1, 4)),
+                  micro_batch_size=draw(st.integers(1, 2)), tp=draw(st.sampled_from([1, 2])),
+                  dtype="bf16", fp8=draw(st.sampled_from(["e4m3", "hybrid"])),
+                  dropout=draw(st.booleans()),
+                  mamba_num_heads=groups * draw(st.integers(1, 8)) * 2,
+                  mamba_head_dim=draw(st.sampled_from([8, 16, 32])), mamba_num_groups=groups,
+                  mamba_state_dim=draw(st.sampled_from([8, 16, 64])),
+                  linear_num_key_heads=groups, linear_num_value_heads=groups * draw(
+                      st.integers(1, 4)) * 2,
+                  linear_key_head_dim=draw(st.sampled_from([8, 16, 32])),
+                  linear_value_head_dim=draw(st.sampled_from([8, 16, 32])),
+                  hybrid_layer_pattern="M" if kind == "mamba" else "G", norm="rmsnorm")
+    try:
+        a = parse_model({"kind": "transformer", **fields}).arch
+        mixer_ops(a, kind)  # refuses an in_proj FP8 cannot run (Megatron's assertion)
+    except UserError:
+        assume(False)
+        raise
+    return a, kind
+
+
+@SETTINGS
+@given(mixers(), st.floats(1.5, 3.0))
+def test_a_mixers_projections_alone_change_and_keep_their_inputs_in_one_byte(
+        mixer, ratio: float) -> None:
+    """in_proj and out_proj take bf16's time x peak / FP8 peak; the conv, the scan and the
+    norms do not change; what the layer keeps falls by their inputs' second byte."""
+    a, kind = mixer
+    roof = Roofline(peak_tflops=500.0, fp8_peak_tflops=500.0 * ratio,
+                    matmul_efficiency=((0.01, 0.2), (100.0, 0.8)))
+    linears = {f"{kind}.in_proj", f"{kind}.out_proj"}
+    for f8, bf in zip(mixer_ops(a, kind), mixer_ops(replace(a, fp8=""), kind), strict=True):
+        assert f8.fp8 == (f8.name in linears)
+        scale = 1 / ratio if f8.fp8 else 1.0
+        for g, b in zip(op_times(roof, f8)[:3], op_times(roof, bf)[:3], strict=True):
+            assert abs(g - b * scale) <= 1e-9 * max(b, 1e-12)
+    out_in = (a.mamba_num_heads * a.mamba_head_dim if kind == "mamba"
+              else a.linear_num_value_heads * a.linear_value_head_dim)
+    tokens = a.seq_length * a.micro_batch_size
+    saved = mixer_activation_bytes(replace(a, fp8=""), kind) - mixer_activation_bytes(a, kind)
+    assert abs(saved - tokens * (a.hidden_size + out_in) / a.tp) <= 1

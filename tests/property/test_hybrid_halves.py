@@ -58,11 +58,13 @@ def test_an_attention_and_an_mlp_layer_keep_what_one_decoder_layer_does(arch, re
 
 @settings(max_examples=40, deadline=None)
 @given(st.sampled_from([(), ("core_attn",), ("layernorm",), ("mlp",), ("core_attn", "mlp"),
-                        ("moe_act", "layernorm"), ("moe",)]), st.booleans())
-def test_a_hybrid_pair_takes_a_decoder_layers_time(rec, moe):
+                        ("moe_act", "layernorm"), ("moe",)]), st.booleans(),
+       st.sampled_from(["", "hybrid"]))
+def test_a_hybrid_pair_takes_a_decoder_layers_time(rec, moe, fp8):
     """Same ops, so the same forward; the recomputed modules' forward ops once more in
-    the backward (selective recompute on a hybrid stack's attention layers included)."""
-    base = MOE if moe else DENSE
+    the backward (selective recompute on a hybrid stack's attention layers included);
+    under FP8 the same TE linears in FP8."""
+    base = replace(MOE if moe else DENSE, fp8=fp8)
     layer = transformer_costs(base, ACC, rec).layers[0]
     hybrid = replace(base, hybrid_layer_pattern="*E" if moe else "*-", num_layers=2)
     pair = transformer_costs(hybrid, ACC, rec).layers

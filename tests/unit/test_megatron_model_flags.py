@@ -161,8 +161,8 @@ def test_a_model_built_from_flags_is_priced_on_a_gpu_and_says_so(capsys) -> None
      "bf16 training"),
     ("--preset llama3-8b --fp8-format hybrid --fsdp", "model.fp8_recipe: torchtitan's "
      "float8 under FSDP (torchao's Float8Linear) scales tensorwise or rowwise"),
-    ("--preset tiny-hybrid --fp8-format hybrid", "model.hybrid_layer_pattern: ppsim prices "
-     "FP8 for attention and MLP/MoE layers"),
+    ("--preset tiny-hybrid --fp8-format hybrid", "model.dtype: ppsim prices FP8 over bf16 "
+     "training"),
     ("--preset llama3-8b --hardware a100-80gb --fp8-format e4m3", "hardware.fp8_peak_tflops: "
      "is 0: the device has no FP8 tensor cores"),
     ("--preset llama3-8b --moe-layer-freq 2", "--moe-layer-freq: places MoE layers, but"),
