@@ -153,6 +153,11 @@ def _latent(a: Architecture) -> Architecture:
     return replace(a, attention="mla")
 
 
+def attention_arch(a: Architecture, kind: str) -> Architecture:
+    """The architecture a layer of `kind` attends with: MLA's for '+' and 'D' layers."""
+    return _latent(a) if kind in ("mla", "dsa") else a
+
+
 def _norm_width(a: Architecture) -> int:
     return a.hidden_size * (1 if a.rmsnorm else 2)
 
@@ -295,7 +300,7 @@ def mixer_ops(a: Architecture, kind: str) -> list[Op]:
     elif kind == "gdn":
         body = delta_ops(a)
     elif kind in ("attention", "mla"):
-        body = attention_ops(a if kind == "attention" else _latent(a))
+        body = attention_ops(attention_arch(a, kind))
     elif kind == "dsa":
         body = dsa_ops(a)
     elif kind == "mlp":

@@ -26,7 +26,8 @@ from ppsim.costs.arch import (
 )
 from ppsim.costs.fp8 import fp8_layers, layer_precision
 from ppsim.costs.layerops import mlp_ops
-from ppsim.costs.mixers import kind_ops
+from ppsim.costs.mixer_split import SSM_KINDS
+from ppsim.costs.mixers import attention_arch, kind_ops
 from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.costs.ops import piece_times
 from ppsim.costs.transformer import Accelerator, transformer_costs
@@ -38,11 +39,13 @@ from ppsim.job.collectives import (
 )
 from ppsim.job.model import Job
 from ppsim.job.traffic import (
+    ATTENTION_KINDS,
     SP_SUBLAYERS,
     Collective,
     PieceCollectives,
     Recomputed,
     cp_attention_ms,
+    cp_mixer_comm,
     cp_traffic,
     dispatcher_tp_ms,
     recomputed,
@@ -190,10 +193,14 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
             waits = overlapped_ms(t, compute, job.sm_count) if job.tp_comm_overlap \
                 else t.total_ms
             out.append(Collective(group="tp", total_ms=t.total_ms + d, exposed_ms=waits + d))
-    if job.arch.cp > 1:
-        cp_f, cp_b = cp_traffic(job, a, acc, again.attention)
+    if job.arch.cp > 1 and kind in ATTENTION_KINDS:
+        cp_f, cp_b = cp_traffic(job, attention_arch(a, kind), acc, again.attention)
         fwd.append(cp_f)
         bwd.append(cp_b)
+    elif job.arch.cp > 1 and kind in SSM_KINDS:
+        cp_f = cp_mixer_comm(job, a, kind)
+        fwd.append(cp_f)
+        bwd.append(with_forward_again(cp_f, cp_f, again.full))
     ep = ep_all_to_all_ms(job, a) if kind in MOE_KINDS else 0.0
     if ep:
         over_f, over_b = (shared_experts_ms(a, acc) if job.moe_shared_expert_overlap
@@ -216,11 +223,16 @@ def layer_exposed(job: Job, a: Architecture, acc: Accelerator, kind: str,
     compute (`again`: what its backward recomputes, by default as the global mode says)."""
     again = recomputed(a) if again is None else again
     comm = layer_collectives(job, a, acc, kind, cost, again)
-    cp_f, cp_b = cp_attention_ms(job, a, acc, window, again.attention)  # with its traffic
+    attends = kind in ATTENTION_KINDS  # its cp traffic is in cp_attention_ms's
+    cp_f, cp_b = cp_attention_ms(job, attention_arch(a, kind), acc, window,
+                                 again.attention) if attends else (0.0, 0.0)
     paired = job.overlap_moe_expert_parallel_comm and kind in MOE_KINDS
-    return Exposed(forward_ms=sum(c.exposed_ms for c in comm.forward if c.group != "cp") + cp_f,
-                   backward_ms=sum(c.exposed_ms for c in comm.backward if c.group != "cp")
-                   + cp_b, pair_saving_ms=pair_saving_ms(job, a, acc, kind) if paired else 0.0)
+    return Exposed(
+        forward_ms=sum(c.exposed_ms for c in comm.forward if not (attends and c.group == "cp"))
+        + cp_f,
+        backward_ms=sum(c.exposed_ms for c in comm.backward
+                        if not (attends and c.group == "cp")) + cp_b,
+        pair_saving_ms=pair_saving_ms(job, a, acc, kind) if paired else 0.0)
 
 
 def _exposed(comm: PieceCollectives) -> Exposed:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim.config import limits, validate
+from ppsim.costs.mixer_split import check_split
 from ppsim.errors import UserError
 from ppsim.job import deepep
 from ppsim.job.ranks import Sizes, parse_order
@@ -137,6 +138,7 @@ def check(cfg: Any) -> None:
     a = arch_of(cfg.model)
     if a is None:
         return
+    check_split(a)
     if a.fsdp:
         _fsdp_alone(p)
     refusal = dispatcher_refusal(p.moe_token_dispatcher_type, a)

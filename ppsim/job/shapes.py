@@ -9,6 +9,8 @@ from dataclasses import dataclass, replace
 from itertools import product
 from typing import Any
 
+from ppsim.costs.mixer_split import split_problem
+
 PP_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 MBS_CHOICES = (1, 2, 4)
 VPP_CHOICES = (1, 2, 4)
@@ -75,11 +77,11 @@ FIXABLE = ("tp", "cp", "ep", "pp", "dp", "vpp", "mbs")
 
 def _grid_fits(a: Any, gpus: int, layers: int, tp: int, cp: int, pp: int) -> bool:
     """tp divides the heads (and the key/value heads but under MLA), cp splits the
-    sequence into 2 cp chunks (causal load balancing), pp has layers and divides the
-    world with them."""
+    sequence into 2 cp chunks (causal load balancing), a hybrid stack's mixers split over
+    both (ppsim.costs.mixer_split), pp has layers and divides the world with them."""
     return not (a.num_heads % tp or (a.attention != "mla" and a.num_kv_heads % tp)
                 or (cp > 1 and a.seq_length % (2 * cp))
-                or pp > layers or gpus % (tp * cp * pp))
+                or pp > layers or gpus % (tp * cp * pp) or split_problem(a, tp, cp))
 
 
 def _ep_fits(a: Any, group: int, ep: int, copies: int) -> bool:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape
 from ppsim.costs.fp8 import FP8_BYTES
 from ppsim.costs.layerops import attention_ops, window_share
+from ppsim.costs.mixer_split import cp_exchange
 from ppsim.costs.modules import SHORTHAND, applies
 from ppsim.costs.ops import op_times
 from ppsim.costs.transformer import Accelerator
@@ -189,3 +190,22 @@ def cp_attention_ms(job: Job, a: Architecture, acc: Accelerator, window: int = 0
     rest = cp * window_share(a.seq_length * cp, window) - window_share(a.seq_length, window)
     fwd, bwd = cp_traffic(job, a, acc, again)
     return rest * f + fwd.exposed_ms, rest * (b + f * again) + bwd.exposed_ms
+
+
+ATTENTION_KINDS = ("dense", "moe", "attention", "mla", "dsa")
+"""Layer kinds with an attention block, which context parallelism splits by sequence
+chunks (their K/V traffic and the other chunks' work: cp_attention_ms). A Mamba or
+GatedDeltaNet mixer exchanges its heads for the sequence instead (cp_mixer_comm); an MLP
+or MoE block alone needs no context-parallel traffic."""
+
+
+def cp_mixer_comm(job: Job, a: Architecture, kind: str) -> Collective:
+    """A Mamba or GatedDeltaNet mixer's context-parallel all-to-alls in one direction of
+    a microbatch (the backward mirrors the forward's): its in_proj output to the whole
+    sequence at 1 / cp of the heads before the conv and the scan, the gated output back
+    after (ppsim.costs.mixer_split), in the training dtype, on the compute stream, so all
+    of it exposed. `a`: one context-parallel rank's view (seq_length / cp)."""
+    x = cp_exchange(a, kind)
+    tokens = a.seq_length * a.micro_batch_size * DTYPE_BYTES[a.dtype]
+    ms = sum(all_to_all_ms(tokens * width, job.link("cp")) for width in (x.before, x.after))
+    return Collective(group="cp", total_ms=ms, exposed_ms=ms)
