@@ -2,7 +2,7 @@
 # Every GPU check the issues name, for a lent GPU machine (one device, torch already there).
 #
 #   bash benchmarks/gpu_checks.sh [costs] [accuracy] [executor] [policy] [job] [fp8] [ep]
-#                                 [share]
+#                                 [share] [moe]
 #                                                  (default: the first three)
 #
 # costs:    benchmarks/bench_costs.py --device cuda     measured vs analytic F/B/W (< 5 min)
@@ -26,6 +26,9 @@
 # share:    benchmarks/bench_sm_share.py --device cuda  the target rows' GEMMs with 16 SMs
 #           carved out of cuBLAS against all 132: the compute a hidden collective slows,
 #           priced at 132 / 116 - 1 = +13.8 % (< 2 min)
+# moe:      benchmarks/bench_moe_layer.py --device cuda  a fine-grained MoE block's ops
+#           (gpt-oss, Qwen3-30B-A3B, Nemotron 3 Nano at ep 8) timed one by one beside
+#           ppsim's price of each: where the 40-67 % they read fast goes (< 2 min)
 #
 # One command may run 10 minutes there: run `costs` alone, then `accuracy executor`.
 # Packages the machine lacks (simpy, textual) travel as wheels in .whl/ (git-ignored):
@@ -57,10 +60,10 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.i
 declare -A script=([costs]=bench_costs.py [accuracy]=bench_accuracy.py [executor]=bench_executor.py
                    [policy]=bench_memory_policy_gpu.py [job]=bench_job.py
                    [fp8]=bench_fp8_gemm.py [ep]=bench_ep_overlap.py
-                   [share]=bench_sm_share.py)
+                   [share]=bench_sm_share.py [moe]=bench_moe_layer.py)
 declare -A args=([job]="--measure $out/job" [ep]="--measure $out/ep --quick")
 declare -A limit=([costs]=290 [accuracy]=350 [executor]=200 [policy]=240 [job]=300
-                  [fp8]=120 [ep]=180 [share]=120)
+                  [fp8]=120 [ep]=180 [share]=120 [moe]=150)
 for c in "${checks[@]}"; do
     echo "=== $c ($(date -u +%H:%M:%S))"
     # shellcheck disable=SC2086  # args holds several words

@@ -30,3 +30,15 @@ def test_each_published_run_is_priced(script: str, args: list[str], rows: int) -
                          timeout=120, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     assert len(ROW.findall(out.stdout)) >= rows, out.stdout
+
+
+def test_the_moe_block_check_runs_its_ops_on_cpu() -> None:
+    """bench_moe_layer.py (a GPU check) times every op ppsim prices in a MoE block; its
+    --quick CPU run checks the script, not a GPU."""
+    out = subprocess.run([sys.executable, str(BENCH / "bench_moe_layer.py"), "--device", "cpu",
+                          "--quick"], capture_output=True, text=True, cwd=BENCH,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for op in ("router", "router.softmax_topk", "dispatch", "experts.fc1", "experts.act",
+               "experts.fc2", "combine", "as one graph"):
+        assert op in out.stdout, out.stdout
