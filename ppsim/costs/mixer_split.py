@@ -56,17 +56,14 @@ def _mamba_problem(a: Architecture, tp: int, cp: int) -> tuple[str, str] | None:
 
 
 def _gdn_problem(a: Architecture, tp: int, cp: int) -> tuple[str, str] | None:
-    """(field, Megatron's message) where GatedDeltaNet's head split asserts."""
-    if a.linear_num_key_heads % tp or a.linear_num_value_heads % tp:
-        return "model.tp", (f"linear heads ({a.linear_num_key_heads} key, "
-                            f"{a.linear_num_value_heads} value) do not divide by tp={tp}")
-    qk = a.linear_num_key_heads * a.linear_key_head_dim // tp
-    v = a.linear_num_value_heads * a.linear_value_head_dim // tp
-    hv = a.linear_num_value_heads // tp
-    sections = (qk, qk, v, v, hv, hv)
-    if cp > 1 and any(s % cp for s in sections):
-        return "model.cp", (f"split_sections {sections} must be divisible by cp_size {cp} "
-                            "for GDN")
+    """(field, Megatron's message) where TransformerConfig asserts on GatedDeltaNet's key
+    and value heads over tp x cp (its in_proj sections then split over cp too)."""
+    for name in ("linear_num_key_heads", "linear_num_value_heads"):
+        if getattr(a, name) % (tp * cp):
+            return ("model.cp" if cp > 1 else "model.tp",
+                    f"self.{name}={getattr(a, name)} must be a multiple of "
+                    f"(self.tensor_model_parallel_size={tp} * "
+                    f"self.context_parallel_size={cp}).")
     return None
 
 

@@ -90,9 +90,13 @@ def test_an_attention_layer_still_pays_its_other_chunks() -> None:
     ("--preset nemotron-h-8b --pp 1 --mamba-num-heads 120 --mamba-num-groups 6 --cp 4 "
      "--tp 2 --gpus 16 --global-batch-size 16", "model.cp: cp_size must be evenly "
      "divisible by ngroups/tp_size"),
-    ("--preset qwen3-next-80b-a3b --cp 64 --gpus 64 --global-batch-size 64",
-     "model.cp: split_sections (2048, 2048, 4096, 4096, 32, 32) must be divisible by "
-     "cp_size 64 for GDN"),
+    ("--preset qwen3-next-80b-a3b --cp 32 --gpus 64 --global-batch-size 64",
+     "model.cp: self.linear_num_key_heads=16 must be a multiple of "
+     "(self.tensor_model_parallel_size=1 * self.context_parallel_size=32)."),
+    ("--preset qwen3-next-80b-a3b --linear-num-value-heads 6 --linear-num-key-heads 3 "
+     "--tp 2 --gpus 64 --global-batch-size 64", "model.tp: self.linear_num_key_heads=3 "
+     "must be a multiple of (self.tensor_model_parallel_size=2 * "
+     "self.context_parallel_size=1)."),
 ])
 def test_a_split_megatron_asserts_against_is_refused_in_its_words(capsys, flags: str,
                                                                   message: str) -> None:
