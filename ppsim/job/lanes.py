@@ -15,14 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ppsim.costs.arch import layer_kinds
 from ppsim.costs.fp8 import layer_precision
 from ppsim.costs.transformer import Accelerator
 from ppsim.job.layers import (
     compute_costs,
     edge_collectives,
-    layer_collectives,
     per_rank_arch,
+    piece_collectives,
     piece_fp8,
 )
 from ppsim.job.model import Job
@@ -60,7 +59,6 @@ def stage_collectives(job: Job, acc: Accelerator, stages: Sequence[Any]
     a = per_rank_arch(job.arch)
     costs = compute_costs(job, acc)
     kinds = costs.kinds or ("dense",) * len(costs.layers)
-    last = layer_kinds(a)[-1]  # an MTP module's decoder layer is of the last layer's kind
     one = tp_collectives_ms(job, a, 1)
     fp8 = piece_fp8(a, len(costs.layers))
     edge = PieceCollectives(forward=(Collective(group="tp", total_ms=one, exposed_ms=one),),
@@ -74,9 +72,8 @@ def stage_collectives(job: Job, acc: Accelerator, stages: Sequence[Any]
         for i in range(st.offset, st.offset + st.layers):
             kind, cost = kinds[i], costs.layers[i]
             if (kind, cost) not in by_piece:
-                by_piece[kind, cost] = layer_collectives(
-                    job, layer_precision(a, fp8[i]), acc, last if kind == "mtp" else kind, cost,
-                    recomputed(a))
+                by_piece[kind, cost] = piece_collectives(
+                    job, layer_precision(a, fp8[i]), acc, kind, cost, recomputed(a))
             pieces.append(by_piece[kind, cost])
             if kind == "mtp":  # and its own pass through the head
                 pieces.append(edge)

@@ -21,13 +21,12 @@ from dataclasses import dataclass, replace
 from ppsim.costs.arch import (
     DTYPE_BYTES,
     Architecture,
-    layer_kinds,
     layer_windows,
 )
 from ppsim.costs.fp8 import fp8_layers, layer_precision
 from ppsim.costs.layerops import mlp_ops
 from ppsim.costs.mixer_split import SSM_KINDS
-from ppsim.costs.mixers import attention_arch, kind_ops
+from ppsim.costs.mixers import attention_arch, kind_ops, mtp_kinds
 from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.costs.ops import piece_times
 from ppsim.costs.transformer import Accelerator, transformer_costs
@@ -176,11 +175,28 @@ def edge_collectives(job: Job, a: Architecture, cost: LayerCost,
     return PieceCollectives(forward=tp + own.forward, backward=tp + own.backward)
 
 
-def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
+def piece_kinds(a: Architecture, kind: str) -> tuple[str, ...]:
+    """The layer kinds a piece of `kind` runs: an MTP module's decoder layers (its pattern's
+    in a hybrid stack, else one of the last layer's kind), or the one layer."""
+    return mtp_kinds(a) if kind == "mtp" else (kind,)
+
+
+def piece_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
                       cost: LayerCost, again: Recomputed | None = None) -> PieceCollectives:
+    """layer_collectives of each layer a piece runs, its FSDP unit's once."""
+    parts = [layer_collectives(job, a, acc, k, cost, again, own=i == 0)
+             for i, k in enumerate(piece_kinds(a, kind))]
+    return PieceCollectives(forward=tuple(c for p in parts for c in p.forward),
+                            backward=tuple(c for p in parts for c in p.backward))
+
+
+def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
+                      cost: LayerCost, again: Recomputed | None = None,
+                      own: bool = True) -> PieceCollectives:
     """Each group's collectives in one decoder layer of `kind`: what they take on the
     links and what of it the layer waits for (`cost`: the layer's compute alone;
-    `again`: what its backward recomputes, by default as the global mode says)."""
+    `again`: what its backward recomputes, by default as the global mode says; `own`:
+    with its FSDP unit's)."""
     again = recomputed(a) if again is None else again
     tp_f, tp_b = tp_layer_ms(job, a, SP_SUBLAYERS.get(kind, 1), again.tp_share(a, kind))
     # The dispatcher's gathers run on the compute stream, beside no userbuffer overlap.
@@ -212,17 +228,28 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
                                  + share * min(ep, over)) for over in (over_f, over_b))
         fwd.append(ep_f)
         bwd.append(with_forward_again(ep_f, ep_b, again.dispatch))
-    own = fsdp_collectives(job, cost)
-    return PieceCollectives(forward=(*fwd, *own.forward), backward=(*bwd, *own.backward))
+    unit = fsdp_collectives(job, cost) if own else PieceCollectives()
+    return PieceCollectives(forward=(*fwd, *unit.forward), backward=(*bwd, *unit.backward))
+
+
+def piece_exposed(job: Job, a: Architecture, acc: Accelerator, kind: str, cost: LayerCost,
+                  window: int = 0, again: Recomputed | None = None) -> Exposed:
+    """layer_exposed of each layer a piece runs, summed (its FSDP unit's once)."""
+    parts = [layer_exposed(job, a, acc, k, cost, window, again, own=i == 0)
+             for i, k in enumerate(piece_kinds(a, kind))]
+    return Exposed(forward_ms=sum(e.forward_ms for e in parts),
+                   backward_ms=sum(e.backward_ms for e in parts),
+                   pair_saving_ms=sum(e.pair_saving_ms for e in parts))
 
 
 def layer_exposed(job: Job, a: Architecture, acc: Accelerator, kind: str,
                   cost: LayerCost, window: int = 0,
-                  again: Recomputed | None = None) -> Exposed:
+                  again: Recomputed | None = None, own: bool = True) -> Exposed:
     """What one decoder layer of `kind` attending over `window` waits for beyond its
-    compute (`again`: what its backward recomputes, by default as the global mode says)."""
+    compute (`again`: what its backward recomputes, by default as the global mode says;
+    `own`: with its FSDP unit's collectives)."""
     again = recomputed(a) if again is None else again
-    comm = layer_collectives(job, a, acc, kind, cost, again)
+    comm = layer_collectives(job, a, acc, kind, cost, again, own)
     attends = kind in ATTENTION_KINDS  # its cp traffic is in cp_attention_ms's
     cp_f, cp_b = cp_attention_ms(job, attention_arch(a, kind), acc, window,
                                  again.attention) if attends else (0.0, 0.0)
@@ -272,7 +299,6 @@ def job_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None = No
         return costs
     again = recomputed(a, recompute)
     kinds = costs.kinds or ("dense",) * len(costs.layers)
-    last = layer_kinds(a)[-1]  # an MTP module's decoder layer is of the last layer's kind
     one = tp_collectives_ms(job, a, 1)
     # One entry per distinct piece: layers of a kind differ where a window applies.
     by_piece: dict[tuple[str, LayerCost, int], Exposed] = {}
@@ -281,8 +307,7 @@ def job_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None = No
     for kind, c, fp8, w in zip(kinds, costs.layers, piece_fp8(a, len(kinds)), wins,
                                strict=True):
         if (kind, c, w) not in by_piece:
-            e = layer_exposed(job, layer_precision(a, fp8), acc, last if kind == "mtp" else kind,
-                              c, w, again)
+            e = piece_exposed(job, layer_precision(a, fp8), acc, kind, c, w, again)
             if kind == "mtp":  # and its own pass through the head
                 e = replace(e, forward_ms=e.forward_ms + one, backward_ms=e.backward_ms + one)
             by_piece[kind, c, w] = e

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ppsim.costs.arch import Architecture
-from ppsim.costs.mixers import kind_effect
+from ppsim.costs.mixers import kind_effect, mtp_kinds
 from ppsim.costs.model import (
     LayerCost,
     ModelCosts,
@@ -70,8 +70,7 @@ class PolicyCosts:
         self.full = self._priced((), True)
         self.base = self.layers_under(())
         self._ends = (_fields_of(self.base.embedding), _fields_of(self.base.head))
-        kinds = layer_kinds(self.arch)
-        self.kinds = kinds + (kinds[-1] if kinds else "dense",) * self.arch.mtp_layers
+        self.kinds = layer_kinds(self.arch) + ("mtp",) * self.arch.mtp_layers
 
     def _priced(self, modules: tuple[str, ...], full: bool) -> ModelCosts:
         if self.price is not None:
@@ -91,13 +90,21 @@ class PolicyCosts:
         key = (modules, offload)
         hit = self._offload.get(key)
         if hit is None:
-            effects = {k: kind_effect(self.arch, k, modules, offload) for k in set(self.kinds)}
+            effects = {k: self._moved_and_freed(k, modules, offload) for k in set(self.kinds)}
             moved, freed = [0], [0]
             for k in self.kinds:
-                moved.append(moved[-1] + effects[k].offloaded_bytes)
-                freed.append(freed[-1] + effects[k].freed_bytes)
+                moved.append(moved[-1] + effects[k][0])
+                freed.append(freed[-1] + effects[k][1])
             hit = self._offload[key] = _Offload(moved=tuple(moved), freed=tuple(freed))
         return hit
+
+    def _moved_and_freed(self, kind: str, modules: tuple[str, ...],
+                         offload: tuple[str, ...]) -> tuple[int, int]:
+        """The bytes the offload modules move off a piece of `kind`, and of those what
+        leaves the device: an MTP module's decoder layers' summed."""
+        effects = [kind_effect(self.arch, k, modules, offload)
+                   for k in (mtp_kinds(self.arch) if kind == "mtp" else (kind,))]
+        return (sum(e.offloaded_bytes for e in effects), sum(e.freed_bytes for e in effects))
 
     def memory_rises(self, policy: StagePolicy, offset: int, count: int) -> list[int]:
         """The N in 1..count at which recomputing one more of the stage's layers whole may
@@ -178,7 +185,8 @@ class PolicyCosts:
             pre = self.offloaded(policy.recompute_modules, policy.offload_modules)
             copied = int(policy.offload_fraction * (pre.moved[hi] - pre.moved[mid]))
             off = int(policy.offload_fraction * (pre.freed[hi] - pre.freed[mid]))
-            if receives and n == 0 and round(policy.offload_fraction * count) >= 1:
+            if receives and n == 0 and round(policy.offload_fraction * count) >= 1 \
+                    and self.kinds[offset] != "mtp":  # its layers take its projection's
                 # The runtime holds the stage's input until its B (held_input_bytes):
                 # offloading the first layer's copy of it frees nothing on the device.
                 off -= min(off, offloaded_input_bytes(
