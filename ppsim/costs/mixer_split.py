@@ -97,7 +97,7 @@ def cp_exchange(a: Architecture, kind: str) -> Exchange:
         d = delta_shape(a)
         return Exchange(before=d.in_proj // a.tp, after=d.value // a.tp)
     m = mamba_shape(a)
-    local = m.groups // a.tp
+    local = max(1, m.groups // a.tp)  # check_split refuses groups that tp does not divide
     repeat = a.cp // local if local < a.cp else 1
     return Exchange(before=m.in_proj // a.tp + 2 * local * m.state * (repeat - 1),
                     after=m.inner // a.tp)

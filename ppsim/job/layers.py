@@ -183,7 +183,8 @@ def piece_kinds(a: Architecture, kind: str) -> tuple[str, ...]:
 
 def piece_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
                       cost: LayerCost, again: Recomputed | None = None) -> PieceCollectives:
-    """layer_collectives of each layer a piece runs, its FSDP unit's once."""
+    """layer_collectives of each layer a piece runs, its FSDP unit's once (what an
+    overlap hides behind compute, each hides behind the piece's)."""
     parts = [layer_collectives(job, a, acc, k, cost, again, own=i == 0)
              for i, k in enumerate(piece_kinds(a, kind))]
     return PieceCollectives(forward=tuple(c for p in parts for c in p.forward),

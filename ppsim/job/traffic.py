@@ -206,6 +206,7 @@ def cp_mixer_comm(job: Job, a: Architecture, kind: str) -> Collective:
     after (ppsim.costs.mixer_split), in the training dtype, on the compute stream, so all
     of it exposed. `a`: one context-parallel rank's view (seq_length / cp)."""
     x = cp_exchange(a, kind)
-    tokens = a.seq_length * a.micro_batch_size * DTYPE_BYTES[a.dtype]
-    ms = sum(all_to_all_ms(tokens * width, job.link("cp")) for width in (x.before, x.after))
+    channel_bytes = a.seq_length * a.micro_batch_size * DTYPE_BYTES[a.dtype]  # its tokens'
+    ms = sum(all_to_all_ms(channel_bytes * width, job.link("cp"))
+             for width in (x.before, x.after))
     return Collective(group="cp", total_ms=ms, exposed_ms=ms)
