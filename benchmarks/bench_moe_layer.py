@@ -1,6 +1,6 @@
 """A fine-grained MoE block's ops timed one by one on a device, beside ppsim's price of
 each: where the time goes that makes gpt-oss, Qwen3-30B-A3B and Nemotron 3 Nano read
-40 to 67 % fast against Megatron-Bridge's published runs (bench_bridge.py).
+40 to 57 % fast against Megatron-Bridge's published runs (bench_bridge.py).
 
 For each model at its published run's shape (sequence, micro-batch 1, tp 1, ep 8: one
 rank's 16 local experts, each getting pairs x ep / experts tokens as ppsim's even router

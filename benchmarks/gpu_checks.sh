@@ -28,7 +28,7 @@
 #           priced at 132 / 116 - 1 = +13.8 % (< 2 min)
 # moe:      benchmarks/bench_moe_layer.py --device cuda  a fine-grained MoE block's ops
 #           (gpt-oss, Qwen3-30B-A3B, Nemotron 3 Nano at ep 8) timed one by one beside
-#           ppsim's price of each: where the 40-67 % they read fast goes (< 2 min)
+#           ppsim's price of each: where the 40-57 % they read fast goes (< 2 min)
 #
 # One command may run 10 minutes there: run `costs` alone, then `accuracy executor`.
 # Packages the machine lacks (simpy, textual) travel as wheels in .whl/ (git-ignored):

@@ -46,6 +46,7 @@ from ppsim.job.traffic import (
     cp_attention_ms,
     cp_mixer_comm,
     cp_traffic,
+    dispatcher_sort_ms,
     dispatcher_tp_ms,
     recomputed,
     tp_collectives_ms,
@@ -225,8 +226,9 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
         # The shared experts beside DeepEP run on the SMs it leaves: what they hide
         # costs its SM share again in compute.
         share = job.dispatcher_sm_share
-        ep_f, ep_b = (Collective(group="ep", total_ms=ep, exposed_ms=max(0.0, ep - over)
-                                 + share * min(ep, over)) for over in (over_f, over_b))
+        sort = dispatcher_sort_ms(job, a, acc)  # compute-stream work: nothing hides it
+        ep_f, ep_b = (Collective(group="ep", total_ms=ep + sort, exposed_ms=max(0.0, ep - over)
+                                 + share * min(ep, over) + sort) for over in (over_f, over_b))
         fwd.append(ep_f)
         bwd.append(with_forward_again(ep_f, ep_b, again.dispatch))
     unit = fsdp_collectives(job, cost) if own else PieceCollectives()
