@@ -226,9 +226,8 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
         # The shared experts beside DeepEP run on the SMs it leaves: what they hide
         # costs its SM share again in compute.
         share = job.dispatcher_sm_share
-        sort = dispatcher_sort_ms(job, a, acc)  # compute-stream work: nothing hides it
-        ep_f, ep_b = (Collective(group="ep", total_ms=ep + sort, exposed_ms=max(0.0, ep - over)
-                                 + share * min(ep, over) + sort) for over in (over_f, over_b))
+        ep_f, ep_b = (Collective(group="ep", total_ms=ep, exposed_ms=max(0.0, ep - over)
+                                 + share * min(ep, over)) for over in (over_f, over_b))
         fwd.append(ep_f)
         bwd.append(with_forward_again(ep_f, ep_b, again.dispatch))
     unit = fsdp_collectives(job, cost) if own else PieceCollectives()
@@ -285,7 +284,26 @@ def compute_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None 
     transformer_costs takes them (a memory policy's variant), by default the global mode."""
     a = per_rank_arch(job.arch)
     quiet = replace(acc, a2a_bandwidth_gbps=0.0) if a.ep > 1 else acc  # EP priced here
-    return transformer_costs(a, quiet, recompute, full)
+    return _with_sorts(job, a, acc, transformer_costs(a, quiet, recompute, full), recompute,
+                       full)
+
+
+def _with_sorts(job: Job, a: Architecture, acc: Accelerator, costs: ModelCosts,
+                recompute: tuple[str, ...] | None, full: bool | None) -> ModelCosts:
+    """The costs with the all-to-all dispatcher's sorts in each MoE layer: compute-stream
+    work, once each way, and in the backward again where the MoE block is recomputed."""
+    sort = dispatcher_sort_ms(job, a, acc)
+    if not sort or not costs.kinds:
+        return costs
+    if full is not None:
+        a = replace(a, recompute="full" if full else "none")
+    again = 2 if recomputed(a, recompute).dispatch else 1
+    layers = []
+    for kind, c in zip(costs.kinds, costs.layers, strict=True):
+        n = sum(k in MOE_KINDS for k in piece_kinds(a, kind))
+        layers.append(_add(c, Exposed(forward_ms=n * sort, backward_ms=n * sort * again))
+                      if n else c)
+    return replace(costs, layers=tuple(layers))
 
 
 def job_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None = None,
