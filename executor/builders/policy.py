@@ -3,7 +3,9 @@
 Modules are found by their role in a layer (Megatron's names): the GPT block's
 norm1 / q, kv / attention / proj / norm2 and the Llama layer's attn_norm /
 attention.q, k, v (MLA: q_down, kv_down, k_rope; up, its mla_up_proj) / attention.core /
-attention.o / mlp_norm / mlp; a hybrid layer's norm and mixer play one half's. Recompute
+attention.o / mlp_norm / mlp; a hybrid layer's norm and mixer play one half's. A norm
+Megatron fuses into the next linear (all but an MLA layer's input norm and a MoE layer's
+pre-MLP norm) plays no role: `layernorm` and the norm offloads leave it alone. Recompute
 checkpoints the module (torch.utils.checkpoint, non-reentrant: its inputs kept,
 its internals recomputed in the backward); block N checkpoints the stage's first N
 layers whole. Offload runs a module's forward under saved-tensor hooks that move
@@ -36,22 +38,20 @@ offloaded: list[int] = [0]
 def _roles(layer: nn.Module) -> dict[str, list[nn.Module | Piece]]:
     """Role -> the layer's modules that play it (empty when the layer has none)."""
     get = functools.partial(getattr, layer)
-    if hasattr(layer, "norm1"):  # the GPT block
-        out = {"attn_norm": [get("norm1")], "qkv_linear": [get("q"), get("kv")],
-               "core_attn": [get("attention")], "attn_proj": [get("proj")],
-               "mlp_norm": [get("norm2")], "layernorm": [get("norm1"), get("norm2")],
-               "mlp": [get("mlp")]}
+    if hasattr(layer, "norm1"):  # the GPT block: both norms fused in Megatron's spec
+        out = {"qkv_linear": [get("q"), get("kv")], "core_attn": [get("attention")],
+               "attn_proj": [get("proj")], "mlp": [get("mlp")]}
     elif hasattr(layer, "attn_norm"):  # the Llama layer
         att = get("attention")
         mlp = get("mlp")
         moe = hasattr(mlp, "router")
-        out = {"attn_norm": [get("attn_norm")], "qkv_linear": att.input_linears(),
-               "core_attn": [att.core], "attn_proj": [att.o], "mlp_norm": [get("mlp_norm")],
+        out = {"qkv_linear": att.input_linears(), "core_attn": [att.core], "attn_proj": [att.o],
                "mla_up_proj": [att.up] if hasattr(att, "up") else [],
-               "layernorm": [get("attn_norm"), get("mlp_norm")],
                "mlp": [] if moe else [mlp], "moe": [mlp] if moe else [],
                "expert_fc1": [mlp.fc1] if moe else [], "moe_act": [mlp.act] if moe else [],
                "shared_experts": [mlp.shared] if moe and mlp.shared is not None else []}
+        out |= _norms(get("attn_norm") if hasattr(att, "up") else None,
+                      get("mlp_norm") if moe else None)
     elif isinstance(layer, HybridLayer):  # one half of the Llama layer's
         out = _hybrid_roles(layer.norm, layer.mixer)
     else:
@@ -64,15 +64,26 @@ def _hybrid_roles(norm: nn.Module, mixer: nn.Module) -> dict[str, list[nn.Module
     an MLP or MoE layer's the MLP half's (its norm the mlp_norm); Mamba and GatedDeltaNet
     layers have none (ppsim.costs.modules.HYBRID_HALVES)."""
     if hasattr(mixer, "core"):
-        return {"attn_norm": [norm], "qkv_linear": mixer.input_linears(),
-                "core_attn": [mixer.core], "attn_proj": [mixer.o], "layernorm": [norm]}
+        return {"qkv_linear": mixer.input_linears(), "core_attn": [mixer.core],
+                "attn_proj": [mixer.o], **_norms(norm if hasattr(mixer, "up") else None, None)}
     if hasattr(mixer, "router"):
-        return {"mlp_norm": [norm], "layernorm": [norm], "moe": [mixer],
-                "expert_fc1": [mixer.fc1], "moe_act": [mixer.act],
-                "shared_experts": [mixer.shared] if mixer.shared is not None else []}
+        return {"moe": [mixer], "expert_fc1": [mixer.fc1], "moe_act": [mixer.act],
+                "shared_experts": [mixer.shared] if mixer.shared is not None else [],
+                **_norms(None, norm)}
     if hasattr(mixer, "up"):
-        return {"mlp_norm": [norm], "layernorm": [norm], "mlp": [mixer]}
+        return {"mlp": [mixer]}
     return {}
+
+
+def _norms(attn_norm: nn.Module | None, mlp_norm: nn.Module | None
+           ) -> dict[str, list[nn.Module | Piece]]:
+    """The norm roles of a layer whose separate norms are these (None: fused into the next
+    linear in Megatron's spec, so no `layernorm` recompute or norm offload acts on it:
+    ppsim.costs.modules.separate_norms): an MLA layer's input norm, a MoE layer's
+    pre-MLP norm."""
+    both = [m for m in (attn_norm, mlp_norm) if m is not None]
+    return {"attn_norm": [attn_norm] if attn_norm is not None else [],
+            "mlp_norm": [mlp_norm] if mlp_norm is not None else [], "layernorm": both}
 
 
 def _wrap(module: nn.Module | Piece, around: Callable[..., Any]) -> None:

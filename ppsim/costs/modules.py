@@ -63,9 +63,28 @@ _MOVES = {
 }
 
 
-def _drops(a: Architecture, module: str) -> tuple[str, ...]:
-    """What a recompute module stops keeping: under FP8 recomputed attention frees its
-    bf16 output too (the projection keeps an FP8 copy)."""
+def separate_norms(a: Architecture, kind: str) -> tuple[str, ...]:
+    """The norms of a decoder layer of `kind` that Megatron builds as modules of their own
+    (Transformer Engine's layer spec, its default; the hybrid specs alike): the input
+    norm before MLA's down projections, and the pre-MLP norm of a MoE layer, whose router
+    and experts both read its output. The others are fused into the next linear
+    (TELayerNormColumnParallelLinear: QKV, the dense MLP's fc1), which keeps the norm's
+    output as its own input: TransformerLayer skips such a norm (an IdentityOp) for the
+    `layernorm` recompute and the `attn_norm` / `mlp_norm` offload."""
+    if kind in HYBRID_HALVES:
+        half = HYBRID_HALVES[kind]
+        own = separate_norms(_half_arch(a, kind), half.base)
+        return tuple(n for n in own if any(n + "." == p for p in half.prefixes))
+    norm1 = ("norm1",) if a.attention == "mla" else ()
+    return norm1 + (("norm2",) if kind == "moe" else ())
+
+
+def _drops(a: Architecture, module: str, kind: str) -> tuple[str, ...]:
+    """What a recompute module stops keeping in a layer of `kind`: `layernorm` the
+    outputs and statistics of its separate norms; under FP8 recomputed attention frees
+    its bf16 output too (the projection keeps an FP8 copy)."""
+    if module == "layernorm":
+        return tuple(f"{n}.{t}" for n in separate_norms(a, kind) for t in ("out", "stats"))
     extra = ("attn.out",) if a.fp8_copies and module == "core_attn" else ()
     return _DROPS[module] + extra
 
@@ -233,13 +252,21 @@ def applies(module: str, a: Architecture, kind: str) -> bool:
         return kind == "dense"
     if module == "mla_up_proj":
         return a.attention == "mla"
+    if module in _NORM_MODULES:
+        return bool(set(_NORM_MODULES[module]) & set(separate_norms(a, kind)))
     return True
+
+
+_NORM_MODULES = {"layernorm": ("norm1", "norm2"), "attn_norm": ("norm1",),
+                 "mlp_norm": ("norm2",)}
+"""The recompute and offload modules that act on a norm, and which norms (separate_norms
+says where one exists)."""
 
 
 def kept_tensors(a: Architecture, kind: str, recompute: tuple[str, ...] = ()
                  ) -> dict[str, float]:
     """saved_tensors of a layer less those the `recompute` modules drop."""
-    dropped = {n for m in recompute if applies(m, a, kind) for n in _drops(a, m)}
+    dropped = {n for m in recompute if applies(m, a, kind) for n in _drops(a, m, kind)}
     kept = {n: v for n, v in saved_tensors(a, kind).items() if n not in dropped}
     if "mla_up_proj" in recompute and applies("mla_up_proj", a, kind):
         # Its checkpoint keeps its inputs: the latents (kept by the up projections anyway)
@@ -278,7 +305,7 @@ def _recomputed_bytes(a: Architecture, kind: str, recompute: tuple[str, ...],
                       saved: dict[str, float]) -> int:
     """The most bytes one recompute module's checkpoint brings back: what it dropped and
     what it makes again."""
-    return int(max((sum(saved.get(n, 0) for n in {*_drops(a, m), *_REMADE.get(m, ())})
+    return int(max((sum(saved.get(n, 0) for n in {*_drops(a, m, kind), *_REMADE.get(m, ())})
                     for m in recompute if applies(m, a, kind)), default=0))
 
 
@@ -286,6 +313,7 @@ def _repeated(a: Architecture, kind: str, recompute: tuple[str, ...]) -> frozens
     """The forward ops the recompute modules run again, of those the layer has (a hybrid
     layer's one norm is "norm": ppsim.costs.mixers)."""
     ops = {op for m in recompute if applies(m, a, kind) for op in _REPEATS[m]}
+    ops -= {"norm1", "norm2"} - set(separate_norms(a, kind))  # fused norms run no more
     base = HYBRID_HALVES[kind].base if kind in HYBRID_HALVES else kind
     present = {op.name for op in layer_ops(_half_arch(a, kind), base)}
     present |= {"a2a"} if base == "moe" else set()

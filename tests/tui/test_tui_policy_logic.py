@@ -37,12 +37,15 @@ DENSE_MODULES, DENSE_OFFLOAD = choices_for(LLAMA)  # type: ignore[misc]
 
 
 def test_dense_choices_name_only_modules_a_dense_layer_has() -> None:
+    """A dense Llama layer's norms are fused into QKV and fc1 in Megatron's spec: no
+    `layernorm` recompute and no norm offload acts on them, so none is offered."""
     assert DENSE_MODULES[0] == ()
-    assert {("core_attn",), ("layernorm",), ("layernorm", "mlp")} <= set(DENSE_MODULES)
-    moe_names = {"moe", "moe_act", "shared_experts", "mla_up_proj", "expert_fc1"}
+    assert {("core_attn",), ("mlp",)} <= set(DENSE_MODULES)
+    moe_names = {"moe", "moe_act", "shared_experts", "mla_up_proj", "expert_fc1",
+                 "layernorm", "attn_norm", "mlp_norm"}
     assert not any(set(m) & moe_names for m in DENSE_MODULES + DENSE_OFFLOAD)
     assert len(set(DENSE_MODULES)) == len(DENSE_MODULES)  # each choice once
-    assert DENSE_OFFLOAD == [(), ("core_attn", "attn_proj"), ("core_attn", "attn_proj", "mlp_norm")]
+    assert DENSE_OFFLOAD == [(), ("core_attn", "attn_proj")]
 
 
 def test_moe_mla_choices_offer_their_modules_and_uniform_models_none() -> None:
@@ -83,7 +86,7 @@ def test_offload_cycles_through_the_sets_and_the_fraction_needs_modules() -> Non
 
 
 def test_a_module_set_typed_in_a_config_steps_to_the_ends() -> None:
-    odd = StagePolicy(recompute_modules=("mlp",))
+    odd = StagePolicy(recompute_modules=("core_attn", "mlp"))
     assert step(odd, "modules", 1).recompute_modules == ()
     assert step(odd, "modules", -1).recompute_modules == DENSE_MODULES[-1]
 

@@ -85,14 +85,14 @@ ARCH = parse_model({"preset": "tiny-hybrid"}).arch  # type: ignore[union-attr]
 ALL_OFF = 1.0
 HYBRID_CASES = [
     (2, "attention", StagePolicy(recompute_modules=("core_attn",))),
-    (2, "attention", StagePolicy(recompute_modules=("layernorm",))),
     (2, "attention", StagePolicy(offload_modules=("attn_norm", "qkv_linear", "attn_proj"),
                                  offload_fraction=ALL_OFF)),
     (2, "attention", StagePolicy(recompute_modules=("layernorm",),
                                  offload_modules=("core_attn",), offload_fraction=ALL_OFF)),
     (1, "mlp", StagePolicy(recompute_modules=("mlp",))),
-    (1, "mlp", StagePolicy(recompute_modules=("layernorm",), offload_modules=("mlp_norm",),
-                           offload_fraction=ALL_OFF)),
+    (6, "moe-mlp", StagePolicy(recompute_modules=("layernorm",))),
+    (6, "moe-mlp", StagePolicy(recompute_modules=("layernorm",), offload_modules=("mlp_norm",),
+                               offload_fraction=ALL_OFF)),
     (6, "moe-mlp", StagePolicy(recompute_modules=("moe_act",))),
     (6, "moe-mlp", StagePolicy(recompute_modules=("moe",))),
     (6, "moe-mlp", StagePolicy(offload_modules=("expert_fc1", "moe_act"),

@@ -159,8 +159,8 @@ def test_the_job_search_finds_the_recompute_mode_that_fits(capsys) -> None:
 def test_the_job_search_plans_megatrons_memory_policy_for_the_fastest_shapes(capsys) -> None:
     """Before: `plan --gpus ... --search policy` planned one shape's policy and ignored
     --gpus and --global-batch-size. At 4.5 GB the best global mode is full recompute and
-    a module set beats it by a wide margin (~15 %), so a loaded machine's shorter search
-    still finds it."""
+    a policy of Megatron's knobs beats it, so a loaded machine's shorter search still
+    finds it."""
     roomier = [*SMALL[:SMALL.index("--memory-gb")], "--memory-gb", "4.5", "--json"]
     _, modes = _plan_json([*roomier, "--search", "recompute"], capsys)
     rc, doc = _plan_json([*roomier, "--search", "policy"], capsys)
@@ -171,7 +171,8 @@ def test_the_job_search_plans_megatrons_memory_policy_for_the_fastest_shapes(cap
     assert best["iteration_time_ms"] < modes["best"]["iteration_time_ms"]  # beats full
     assert best["memory_policy"] not in ("none", "selective", "full")
     flags = best["megatron_policy_flags"]
-    assert "--recompute-modules" in flags or "--offload-modules" in flags
+    assert any(f in flags for f in ("--recompute-modules", "--offload-modules",
+                                    "--recompute-method block"))
 
 
 @pytest.mark.parametrize(("extra", "field"), [

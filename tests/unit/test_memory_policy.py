@@ -50,12 +50,31 @@ def test_each_module_drops_what_megatron_discards() -> None:
     drop = {m: none - module_effect(a, "dense", (m,)).kept_bytes
             for m in ("core_attn", "layernorm", "mlp", "moe_act", "moe")}
     assert drop["core_attn"] == 4 * tok * 8  # only the fp32 log-sum-exp per head
-    assert drop["layernorm"] == 2 * (tok * h * 2 + tok * 4)  # outputs and 1/rms of both
+    # Megatron fuses a dense GQA layer's norms into QKV and fc1, which keep their outputs
+    assert drop["layernorm"] == 0
     # fc1+fc3 out and the product: Megatron's fused SwiGLU keeps no SiLU output
     assert drop["mlp"] == tok * 3 * ffn * 2
     assert drop["moe_act"] == drop["moe"] == 0  # no MoE in a dense layer
     full = module_effect(a, "dense", full=True).kept_bytes
     assert full == tok * h * 2
+
+
+@pytest.mark.parametrize(("base", "kind", "norms"), [
+    (DENSE, "dense", 0), (MOE, "moe", 1), (MLA, "dense", 1), (MLA, "moe", 2)])
+def test_layernorm_acts_on_the_norms_megatron_keeps_apart(base: dict, kind: str,
+                                                          norms: int) -> None:
+    """Transformer Engine's spec builds an MLA layer's input norm (before the two down
+    projections) and a MoE layer's pre-MLP norm (read by the router and the experts) as
+    modules of their own; TransformerLayer skips the fused ones (IdentityOp) for the
+    `layernorm` recompute and the `attn_norm` / `mlp_norm` offload. Each separate norm's
+    output and 1/rms are what `layernorm` drops."""
+    a = arch(base)
+    tok, h = a.seq_length * a.micro_batch_size, a.hidden_size
+    none = module_effect(a, kind).kept_bytes
+    assert none - module_effect(a, kind, ("layernorm",)).kept_bytes == norms * (tok * h * 2
+                                                                              + tok * 4)
+    offload = module_effect(a, kind, (), ("attn_norm", "mlp_norm")).offloaded_bytes
+    assert (offload > 0) == (norms > 0)
 
 
 def test_moe_modules_overlap_once() -> None:

@@ -150,7 +150,7 @@ def test_policy_search_takes_no_other_axes(capsys) -> None:
 def test_text_output_lists_the_spaces(capsys) -> None:
     assert main([*PLAN[:-1], "--search", "policy", "--time-budget", "3"]) == 0
     out = capsys.readouterr().out
-    assert "global" in out and "megatr" in out and "megatron policy as flags: --recompute" in out
+    assert "global" in out and "megatr" in out and "megatron policy as flags: " in out
 
 
 def test_a_chunked_plan_not_proven_says_why_its_bound_is_loose(capsys) -> None:
