@@ -58,6 +58,8 @@ class PolicyCosts:
     combined: bool = False
     """Megatron's combined 1F1B runs (--overlap-moe-expert-parallel-comm): it refuses
     whole-layer recompute and the "moe" module, so no search offers them."""
+    shared_overlap: bool = False
+    """--moe-shared-expert-overlap: Megatron refuses the shared_experts recompute beside it."""
     _variants: dict[tuple[str, ...], ModelCosts] = field(default_factory=dict)
     _offload: dict[tuple[tuple[str, ...], tuple[str, ...]], _Offload] = field(
         default_factory=dict)

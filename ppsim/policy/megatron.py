@@ -49,15 +49,34 @@ def _uniform(policies: tuple[StagePolicy, ...], pp: int) -> tuple[StagePolicy, f
     return first, step
 
 
+def recompute_refusal(modules: tuple[str, ...], a: Architecture,
+                      shared_overlap: bool = False) -> str | None:
+    """Megatron's words where TransformerConfig refuses these recompute modules for the
+    model (`shared_overlap`: --moe-shared-expert-overlap); None where it takes them."""
+    if "mla_up_proj" in modules and a.attention != "mla":
+        return "mla_up_proj in recompute_modules is only supported with multi_latent_attention."
+    if a.fp8 and a.fp8_recipe == "delayed" and {"moe_act", "layernorm"} & set(modules):
+        return "Delayed scaling does not support moe_act and layernorm recompute for fp8."
+    if "shared_experts" in modules and a.shared_experts and shared_overlap:
+        return "shared_experts recompute cannot work with --moe-shared-expert-overlap."
+    return None
+
+
+def check_recompute(modules: tuple[str, ...], a: Architecture, shared_overlap: bool) -> None:
+    """UserError naming memory.recompute_modules where Megatron refuses them."""
+    refusal = recompute_refusal(modules, a, shared_overlap)
+    if refusal:
+        raise UserError("memory.recompute_modules", refusal,
+                        "drop the module Megatron names, or change what it needs")
+
+
 def recompute_flags(p: StagePolicy, a: Architecture) -> tuple[list[str], list[str]]:
     """(flags, notes) of one stage's recompute setting; UserError where Megatron refuses."""
     if p.recompute_layers and p.recompute_modules:
         raise UserError("memory.recompute_layers", "Megatron takes --recompute-num-layers "
                         "only with --recompute-granularity full, not with recompute modules",
                         "use modules or N, or run the policy with ppsim's executor")
-    if "mla_up_proj" in p.recompute_modules and a.attention != "mla":
-        raise UserError("memory.recompute_modules", "mla_up_proj needs MLA attention",
-                        "drop mla_up_proj, or set attention = \"mla\"")
+    check_recompute(p.recompute_modules, a, False)
     notes = []
     if p.recompute_layers >= ALL_LAYERS:
         return ["--recompute-granularity", "full", "--recompute-method", "uniform",

@@ -31,6 +31,7 @@ from ppsim.pipeline.problem import Problem
 from ppsim.plan.planner import PlanResult, plan
 from ppsim.plan.search import SplitSearch
 from ppsim.policy.costs import Cheapest, Fixed, PolicyCosts
+from ppsim.policy.megatron import recompute_refusal
 from ppsim.policy.model import StagePolicy, shorthand
 from ppsim.policy.report import host_fits
 from ppsim.sim.copies import estimated
@@ -61,6 +62,8 @@ def module_groups(pc: PolicyCosts, offload: bool) -> list[StagePolicy]:
             continue  # a module the model does not have: the same as a smaller set
         if pc.combined and "moe" in mods:
             continue  # Megatron's combined 1F1B refuses it
+        if recompute_refusal(mods, pc.arch, pc.shared_overlap):
+            continue  # nor does Megatron take it for this model
         var = pc.layers_under(mods)
         saved = sum(kind_effect(pc.arch, k, ()).kept_bytes
                     - kind_effect(pc.arch, k, mods).kept_bytes for k in kinds)

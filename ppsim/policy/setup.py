@@ -13,6 +13,7 @@ from ppsim.errors import UserError
 from ppsim.job.layers import job_costs, per_rank_arch
 from ppsim.job.model import build_job
 from ppsim.policy.costs import Fixed, PolicyCosts
+from ppsim.policy.megatron import check_recompute
 from ppsim.policy.model import MemoryPolicy, StagePolicy, memory_policy, shorthand
 
 if TYPE_CHECKING:
@@ -39,14 +40,20 @@ def policy_costs(cfg: Config) -> PolicyCosts:
                        host_link_gbps=hw.host_link_gbps,
                        host_limit_bytes=hw.host_memory_bytes / max(1, hw.gpus_per_node)
                        if hw.host_memory_bytes > 0 else float("inf"),
-                       combined=job.overlap_moe_expert_parallel_comm)
+                       combined=job.overlap_moe_expert_parallel_comm,
+                       shared_overlap=job.moe_shared_expert_overlap)
 
 
 def configured_policy(cfg: Config, num_stages: int) -> MemoryPolicy:
     """The [memory] section over the model's global recompute mode."""
     mode = cfg.model.recompute or "none"
-    return memory_policy(cfg.memory or {}, mode, num_stages) if cfg.memory is not None \
+    pol = memory_policy(cfg.memory or {}, mode, num_stages) if cfg.memory is not None \
         else MemoryPolicy(default=shorthand(mode))
+    arch = getattr(cfg.model, "arch", None)
+    if arch is not None:
+        for p in (pol.default, *(q for _, q in pol.stages)):
+            check_recompute(p.recompute_modules, arch, cfg.pipeline.moe_shared_expert_overlap)
+    return pol
 
 
 def stage_policies(cfg: Config, split: Split, costs: PolicyCosts | None = None

@@ -101,7 +101,7 @@ def test_megatron_flags_carry_the_policy(planned: dict) -> None:
 def test_megatron_refuses_what_megatron_refuses() -> None:
     with pytest.raises(Exception, match="--recompute-num-layers"):
         recompute_flags(StagePolicy(recompute_modules=("core_attn",), recompute_layers=2), DENSE)
-    with pytest.raises(Exception, match="mla_up_proj needs MLA"):
+    with pytest.raises(Exception, match="mla_up_proj in recompute_modules is only supported"):
         recompute_flags(StagePolicy(recompute_modules=("mla_up_proj",)), DENSE)
     flags, _ = recompute_flags(StagePolicy(recompute_modules=("mla_up_proj",)), MLA)
     assert flags == ["--recompute-granularity", "selective", "--recompute-modules",
