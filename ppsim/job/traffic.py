@@ -85,7 +85,7 @@ def dispatcher_sort_ms(job: Job, a: Architecture, acc: Accelerator) -> float:
     combine_preprocess, sort_chunks_by_idxs): with more than one local expert, the
     copies a rank received are sorted by local expert after the dispatch and back before
     the combine, each sort a read and a write of them, on the compute stream (the
-    backward's sorts mirror them): compute, added to the layer's (job.layers). DeepEP's
+    backward's sorts mirror them): compute, added to the layer's (ppsim.job.layers). DeepEP's
     flex dispatcher permutes once, with the layer's own permutation; at ep 1 ppsim prices
     no dispatch (Megatron's default there gathers, and sorts nothing)."""
     if job.moe_token_dispatcher_type != "alltoall" or a.ep == 1 or a.num_experts // a.ep < 2:
