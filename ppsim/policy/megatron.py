@@ -62,8 +62,25 @@ def recompute_refusal(modules: tuple[str, ...], a: Architecture,
     return None
 
 
+def offload_refusal(recompute: tuple[str, ...], offload: tuple[str, ...]) -> str | None:
+    """Megatron's words where TransformerConfig refuses these offload modules beside these
+    recompute modules; None where it takes them."""
+    if "attn_proj" in offload and "core_attn" not in offload:
+        return ("attn_proj cannot be set to offload_modules alone without core_attn because "
+                "the input of attn_proj is the output of core_attn, which is needed in "
+                "core_attn.backward().")
+    inside = sorted({"moe_act", "expert_fc1"} & set(offload))
+    if "moe" in recompute and inside:
+        names = "{" + ", ".join(repr(m) for m in inside) + "}"
+        return (f"Cannot offload {names} while recomputing the entire MoE layer. 'moe' in "
+                "recompute_modules wraps the full MoE forward in a checkpoint, so offloading "
+                "activations inside it is redundant and will cause errors.")
+    return None
+
+
 def check_recompute(modules: tuple[str, ...], a: Architecture, shared_overlap: bool) -> None:
-    """UserError naming memory.recompute_modules where Megatron refuses them."""
+    """UserError naming memory.recompute_modules where Megatron refuses them (an offload
+    set Megatron refuses is the executor's to run: policy_export says Megatron cannot)."""
     refusal = recompute_refusal(modules, a, shared_overlap)
     if refusal:
         raise UserError("memory.recompute_modules", refusal,
@@ -124,6 +141,9 @@ def policy_export(policies: tuple[StagePolicy, ...], pp: int, a: Architecture,
         rflags, rnotes = recompute_flags(p, a)
     except UserError as e:
         return PolicyExport(megatron_flags=None, frameworks=frameworks, notes=[str(e)])
+    refusal = offload_refusal(p.recompute_modules, p.offload_modules) if p.offloads else None
+    if refusal:
+        return PolicyExport(megatron_flags=None, frameworks=frameworks, notes=[refusal])
     oflags, onotes = offload_flags(p, int(step * offload_bytes))
     return PolicyExport(megatron_flags=rflags + oflags, notes=rnotes + onotes,
                         frameworks=["Megatron-LM", *frameworks])

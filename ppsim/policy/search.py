@@ -31,7 +31,7 @@ from ppsim.pipeline.problem import Problem
 from ppsim.plan.planner import PlanResult, plan
 from ppsim.plan.search import SplitSearch
 from ppsim.policy.costs import Cheapest, Fixed, PolicyCosts
-from ppsim.policy.megatron import recompute_refusal
+from ppsim.policy.megatron import offload_refusal, recompute_refusal
 from ppsim.policy.model import StagePolicy, shorthand
 from ppsim.policy.report import host_fits
 from ppsim.sim.copies import estimated
@@ -81,8 +81,9 @@ def module_groups(pc: PolicyCosts, offload: bool) -> list[StagePolicy]:
                 for o in OFFLOAD_SETS}
         out += [replace(p, offload_modules=o, offload_fraction=f)
                 for p in list(out) for o in sorted(sets) for f in FRACTIONS
-                if any(kind_effect(pc.arch, k, p.recompute_modules, o).offloaded_bytes
-                       for k in kinds)]
+                if not offload_refusal(p.recompute_modules, o)
+                and any(kind_effect(pc.arch, k, p.recompute_modules, o).offloaded_bytes
+                        for k in kinds)]
     return out
 
 

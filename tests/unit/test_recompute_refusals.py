@@ -1,6 +1,6 @@
 """Recompute modules Megatron's TransformerConfig refuses for a model: refused in its words
 when asked for, and never offered by the memory policy search (whose flags would not
-launch)."""
+launch); offload sets it refuses: no Megatron flags, and never offered either."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from ppsim.config.model import parse_model
 from ppsim.config.schema import config_from_dict
 from ppsim.costs.transformer import accelerator
 from ppsim.policy.costs import PolicyCosts
+from ppsim.policy.megatron import policy_export
+from ppsim.policy.model import StagePolicy
 from ppsim.policy.search import module_groups
 
 DEEPSEEK = parse_model({"preset": "deepseek-v3", "num_layers": 4,
@@ -56,3 +58,31 @@ def test_the_search_offers_no_module_megatron_would_refuse() -> None:
     assert "shared_experts" in _offered(PolicyCosts(arch=DEEPSEEK, acc=ACC))
     assert "shared_experts" not in _offered(PolicyCosts(arch=DEEPSEEK, acc=ACC,
                                                         shared_overlap=True))
+
+
+@pytest.mark.parametrize("policy, words", [
+    (StagePolicy(offload_modules=("attn_proj",), offload_fraction=1.0),
+     "attn_proj cannot be set to offload_modules alone without core_attn"),
+    (StagePolicy(recompute_modules=("moe",), offload_modules=("expert_fc1", "moe_act"),
+                 offload_fraction=1.0),
+     "Cannot offload {'expert_fc1', 'moe_act'} while recomputing the entire MoE layer."),
+])
+def test_an_offload_megatron_refuses_has_no_megatron_flags(policy: StagePolicy,
+                                                           words: str) -> None:
+    """ppsim's executor runs such a policy; Megatron's TransformerConfig refuses it, so the
+    export gives no flags and says why in its words."""
+    export = policy_export((policy,), 1, DEEPSEEK, 0)
+    assert export.megatron_flags is None and words in export.notes[0]
+    assert "Megatron-LM" not in export.frameworks
+
+
+def test_the_search_offers_no_offload_megatron_would_refuse() -> None:
+    """No offload inside a MoE block the policy recomputes whole, and attn_proj only with
+    core_attn."""
+    groups = module_groups(PolicyCosts(arch=DEEPSEEK, acc=ACC), True)
+    assert any("moe" in p.recompute_modules for p in groups)
+    assert any(p.offloads for p in groups)
+    for p in groups:
+        assert not ("moe" in p.recompute_modules and {"expert_fc1", "moe_act"}
+                    & set(p.offload_modules)), p
+        assert "attn_proj" not in p.offload_modules or "core_attn" in p.offload_modules
