@@ -91,7 +91,10 @@ class Block:
     def ops(self) -> dict[str, tuple[Callable[[], torch.Tensor], list[torch.Tensor]]]:
         """ppsim's op name -> (its forward, the tensors its backward differentiates)."""
         a, k = self.a, self.a.top_k
-        loop = lambda xs, w: torch.cat([xs[i] @ w[i] for i in range(self.local)])  # noqa: E731
+
+        def loop(xs: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # one GEMM an expert
+            return torch.cat([xs[i] @ w[i] for i in range(self.local)])
+
         ops = {
             "router": (lambda: self.x @ self.router, [self.x, self.router]),
             "router.softmax_topk": (lambda: torch.softmax(self.logits.float(), -1)

@@ -74,7 +74,7 @@ def separate_norms(a: Architecture, kind: str) -> tuple[str, ...]:
     if kind in HYBRID_HALVES:
         half = HYBRID_HALVES[kind]
         own = separate_norms(_half_arch(a, kind), half.base)
-        return tuple(n for n in own if any(n + "." == p for p in half.prefixes))
+        return tuple(n for n in own if n + "." in half.prefixes)
     norm1 = ("norm1",) if a.attention == "mla" else ()
     return norm1 + (("norm2",) if kind == "moe" else ())
 
@@ -84,7 +84,8 @@ def _drops(a: Architecture, module: str, kind: str) -> tuple[str, ...]:
     outputs and statistics of its separate norms; under FP8 recomputed attention frees
     its bf16 output too (the projection keeps an FP8 copy)."""
     if module == "layernorm":
-        return tuple(f"{n}.{t}" for n in separate_norms(a, kind) for t in ("out", "stats"))
+        norms = separate_norms(a, kind)
+        return tuple(n for n in _DROPS[module] if n.partition(".")[0] in norms)
     extra = ("attn.out",) if a.fp8_copies and module == "core_attn" else ()
     return _DROPS[module] + extra
 
@@ -235,6 +236,12 @@ class ModuleEffect:
     (each module's checkpoint runs again just before its own backward)."""
 
 
+_NORM_MODULES = {"layernorm": ("norm1", "norm2"), "attn_norm": ("norm1",),
+                 "mlp_norm": ("norm2",)}
+"""The recompute and offload modules that act on a norm, and which norms (separate_norms
+says where one exists)."""
+
+
 def applies(module: str, a: Architecture, kind: str) -> bool:
     """A module exists in a layer of this kind (Megatron ignores the others there); a
     hybrid stack's attention, MLP and MoE layers have their half's (HYBRID_HALVES), its
@@ -256,11 +263,6 @@ def applies(module: str, a: Architecture, kind: str) -> bool:
         return bool(set(_NORM_MODULES[module]) & set(separate_norms(a, kind)))
     return True
 
-
-_NORM_MODULES = {"layernorm": ("norm1", "norm2"), "attn_norm": ("norm1",),
-                 "mlp_norm": ("norm2",)}
-"""The recompute and offload modules that act on a norm, and which norms (separate_norms
-says where one exists)."""
 
 
 def kept_tensors(a: Architecture, kind: str, recompute: tuple[str, ...] = ()

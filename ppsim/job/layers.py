@@ -28,7 +28,7 @@ from ppsim.costs.layerops import mlp_ops
 from ppsim.costs.mixer_split import SSM_KINDS
 from ppsim.costs.mixers import attention_arch, kind_ops, mtp_kinds
 from ppsim.costs.model import LayerCost, ModelCosts
-from ppsim.costs.ops import piece_times
+from ppsim.costs.ops import Op, op_times, piece_times
 from ppsim.costs.transformer import Accelerator, transformer_costs
 from ppsim.job import fsdp
 from ppsim.job.collectives import (
@@ -46,7 +46,6 @@ from ppsim.job.traffic import (
     cp_attention_ms,
     cp_mixer_comm,
     cp_traffic,
-    dispatcher_sort_ms,
     dispatcher_tp_ms,
     recomputed,
     tp_collectives_ms,
@@ -286,6 +285,22 @@ def compute_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None 
     quiet = replace(acc, a2a_bandwidth_gbps=0.0) if a.ep > 1 else acc  # EP priced here
     return _with_sorts(job, a, acc, transformer_costs(a, quiet, recompute, full), recompute,
                        full)
+
+
+def dispatcher_sort_ms(job: Job, a: Architecture, acc: Accelerator) -> float:
+    """The all-to-all dispatcher's second permutation in one direction of a MoE layer
+    (megatron/core/transformer/moe/token_dispatcher.py: dispatch_postprocess and
+    combine_preprocess, sort_chunks_by_idxs): with more than one local expert, the
+    copies a rank received are sorted by local expert after the dispatch and back before
+    the combine, each sort a read and a write of them, on the compute stream (the
+    backward's sorts mirror them): compute, added to the layer's (_with_sorts). DeepEP's
+    flex dispatcher permutes once, with the layer's own permutation; at ep 1 ppsim prices
+    no dispatch (Megatron's default there gathers, and sorts nothing)."""
+    if job.moe_token_dispatcher_type != "alltoall" or a.ep == 1 or a.num_experts // a.ep < 2:
+        return 0.0
+    copies = a.seq_length * a.micro_batch_size * a.expert_load * a.top_k
+    nbytes = 2 * 2 * copies * (a.moe_latent_size or a.hidden_size) * DTYPE_BYTES[a.dtype]
+    return op_times(acc.roofline(), Op("dispatch.sort", nbytes=nbytes))[0]
 
 
 def _with_sorts(job: Job, a: Architecture, acc: Accelerator, costs: ModelCosts,

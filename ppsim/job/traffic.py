@@ -25,7 +25,7 @@ from ppsim.costs.fp8 import FP8_BYTES
 from ppsim.costs.layerops import attention_ops, window_share
 from ppsim.costs.mixer_split import cp_exchange
 from ppsim.costs.modules import SHORTHAND, applies
-from ppsim.costs.ops import Op, op_times
+from ppsim.costs.ops import op_times
 from ppsim.costs.transformer import Accelerator
 from ppsim.job.collectives import all_gather_ms, all_to_all_ms, reduce_scatter_ms, send_ms
 from ppsim.job.model import Job
@@ -77,22 +77,6 @@ def dispatcher_tp_ms(job: Job, a: Architecture) -> float:
     nbytes = (a.seq_length * a.micro_batch_size * a.expert_load * a.top_k * width
               * DTYPE_BYTES[a.dtype])
     return 2 * all_gather_ms(nbytes, job.link("tp"))
-
-
-def dispatcher_sort_ms(job: Job, a: Architecture, acc: Accelerator) -> float:
-    """The all-to-all dispatcher's second permutation in one direction of a MoE layer
-    (megatron/core/transformer/moe/token_dispatcher.py: dispatch_postprocess and
-    combine_preprocess, sort_chunks_by_idxs): with more than one local expert, the
-    copies a rank received are sorted by local expert after the dispatch and back before
-    the combine, each sort a read and a write of them, on the compute stream (the
-    backward's sorts mirror them): compute, added to the layer's (ppsim.job.layers). DeepEP's
-    flex dispatcher permutes once, with the layer's own permutation; at ep 1 ppsim prices
-    no dispatch (Megatron's default there gathers, and sorts nothing)."""
-    if job.moe_token_dispatcher_type != "alltoall" or a.ep == 1 or a.num_experts // a.ep < 2:
-        return 0.0
-    copies = a.seq_length * a.micro_batch_size * a.expert_load * a.top_k
-    nbytes = 2 * 2 * copies * (a.moe_latent_size or a.hidden_size) * DTYPE_BYTES[a.dtype]
-    return op_times(acc.roofline(), Op("dispatch.sort", nbytes=nbytes))[0]
 
 
 @dataclass(frozen=True, kw_only=True)
