@@ -39,7 +39,8 @@ def megatron_model_args(a: Architecture) -> list[str]:
             out += ["--group-query-attention"] + kv("--num-query-groups", a.num_kv_heads)
         out += kv("--kv-channels", a.head_dim) * bool(a.head_dim)
     out += kv("--seq-length", a.seq_length) + kv("--max-position-embeddings", a.seq_length)
-    out += kv("--vocab-size", a.vocab_size) + activation_args(a)
+    out += kv("--vocab-size" if a.pad_vocab else "--padded-vocab-size", a.vocab_size)
+    out += activation_args(a)
     out += kv("--make-vocab-size-divisible-by", a.vocab_divisor) * (a.vocab_divisor != 128)
     out += kv("--normalization", "RMSNorm" if a.rmsnorm else "LayerNorm")
     out += kv("--position-embedding-type", "rope" if a.rotary else "learned_absolute"

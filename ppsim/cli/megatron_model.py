@@ -40,8 +40,8 @@ ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
               "hidden_dropout", "attention_dropout", "multi_latent_attention",
               "moe_shared_expert_intermediate_size", "moe_layer_freq", "window_size",
               "window_attn_skip_freq", "quick_geglu", "moe_expert_capacity_factor",
-              "moe_pad_expert_input_to_capacity",
-              "make_vocab_size_divisible_by", "fp8_format", "fp8_recipe", "fp8_param_gather",
+              "moe_pad_expert_input_to_capacity", "make_vocab_size_divisible_by",
+              "padded_vocab_size", "fp8_format", "fp8_recipe", "fp8_param_gather",
               "first_last_layers_bf16", "num_layers_at_start_in_bf16",
               "num_layers_at_end_in_bf16", "fp4_format", "cp_comm_type", "optimizer",
               "muon_num_ns_steps", "muon_tp_mode")
@@ -55,7 +55,7 @@ IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base":
            "moe-router-topk-scaling-factor": float, "moe-router-bias-update-rate": float,
            "moe-router-dtype": str, "moe-permute-fusion": None,
            "moe-z-loss-coeff": float, "moe-router-pre-softmax": None,
-           "attention-backend": str, "apply-layernorm-1p": None, "squared-relu": None,
+           "apply-layernorm-1p": None, "squared-relu": None,
            "fp8-amax-history-len": int, "fp8-amax-compute-algo": str,
            "fp8-margin": int, "spec": [str],
            "rope-type": str, "moe-router-num-groups": int, "moe-router-group-topk": int,
@@ -78,6 +78,9 @@ router is priced fused and even, which is what its fusion and forced balancing g
 padding each expert's tokens to a multiple of 16 for FP8 adds at most 15 rows an expert;
 MTP's loss scale weighs the loss).
 None: a switch; [type]: one or more values."""
+ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
+"""Megatron's AttnBackend (megatron/core/transformer/enums.py); unfused and local are
+refused (ppsim.cli.megatron_run.check_run_flags)."""
 POSITIONS = {"learned_absolute": "learned", "rope": "rotary", "yarn": "rotary",
              "mrope": "rotary", "none": "none"}
 REQUIRED = (("num_layers", "--num-layers"), ("hidden_size", "--hidden-size"),
@@ -91,7 +94,8 @@ SWITCHES = ("group-query-attention", "swiglu", "untie-embeddings-and-output-weig
             "fp16", "multi-latent-attention", "use-rotary-position-embeddings", "quick-geglu")
 """Model flags without a value (flag_fields reads them)."""
 OTHER_INTS = ("num-query-groups", "kv-channels", "qk-head-dim",
-              "moe-shared-expert-intermediate-size", "make-vocab-size-divisible-by")
+              "moe-shared-expert-intermediate-size", "make-vocab-size-divisible-by",
+              "padded-vocab-size")
 """Model flags with a whole number that flag_fields turns into fields (or refuses)."""
 
 
@@ -128,6 +132,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
             g.add_argument(f"--{flag}", nargs="+", type=kind[0], help=hidden)
         else:
             g.add_argument(f"--{flag}", type=kind, help=hidden)
+    g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, help=hidden)
     g.add_argument("--expert-tensor-parallel-size", type=int, help=hidden)
     g.add_argument("--cp-comm-type", nargs="+", help=hidden)
     g.add_argument("--optimizer", help=hidden)
@@ -187,9 +192,10 @@ def model_table(args: argparse.Namespace, base: Model | None) -> dict[str, Any] 
     fields.update({k: v for k, v in extra.items() if v is not None})
     for key, flag in REQUIRED:
         if key not in fields and not (key == "num_layers" and "hybrid_layer_pattern" in fields):
+            also = " (or --padded-vocab-size N)" * (flag == "--vocab-size")
             raise UserError(flag, "needed to build the model from Megatron's flags (no "
                             "--preset or [model] transformer to start from)",
-                            f"add {flag} N, or give --preset NAME")
+                            f"add {flag} N{also}, or give --preset NAME")
     return {"kind": "transformer", **megatron_defaults(args, fields)}
 
 
@@ -200,6 +206,11 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
     out: dict[str, Any] = {field: get(flag.replace("-", "_"))
                            for flag, field in INT_FLAGS.items()}
     out = {k: v for k, v in out.items() if v is not None}
+    if get("padded_vocab_size") is not None:
+        # Megatron takes --padded-vocab-size as it is, over --vocab-size (argument_utils.py)
+        out.update(vocab_size=get("padded_vocab_size"), pad_vocab=False)
+    elif get("vocab_size") is not None:
+        out["pad_vocab"] = True
     if get("group_query_attention"):
         out["num_kv_heads"] = get("num_query_groups") or 1  # Megatron's default: 1 group
     elif get("num_query_groups") is not None:

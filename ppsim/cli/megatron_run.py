@@ -71,6 +71,12 @@ RUN = {
         "wandb-save-dir", "wandb-entity", "logging-level", "log-straggler",
         "straggler-minmax-count", "disable-straggler-on-startup", "moe-per-layer-logging",
         "eval-iters", "eval-interval"),
+    "post-training (Model Optimizer)": (
+        "export-model-type", "export-legacy-megatron", "export-te-mcore-model",
+        "export-default-te-spec", "export-kd-teacher-model-config",
+        "export-kd-teacher-ckpt-format", "export-kd-cfg", "finetune-hf-dataset",
+        "finetune-data-split", "finetune-data-files", "modelopt-enabled", "enable-gpt-oss",
+        "export-qk-l2-norm", "export-moe-apply-probs-on-input"),
     "profiling and setup": (
         "profile", "profile-step-start", "profile-step-end", "profile-ranks",
         "use-pytorch-profiler", "record-memory-history", "memory-snapshot-path",
@@ -92,6 +98,31 @@ does not model: its memory-bound operations and attention are priced as Megatron
 default fused kernels (a per-document attention mask is not one), each kernel launched
 from the host (CUDA graphs replay captured ones without it), and neither Python's
 garbage collector nor the allocator's cache is."""
+_QUANTIZERS = ("Model Optimizer's quantizers run beside every linear (quantization-aware "
+               "training), which ppsim does not price", "drop it to plan the run without them")
+_UNFUSED = ("runs attention unfused, keeping each layer's whole score matrix (heads x "
+            "sequence^2) for its backward, where ppsim prices a fused kernel (flash or "
+            "cuDNN) that keeps none", "give --attention-backend auto, flash or fused")
+_FROZEN = ("freezes part of the model, whose parameters then keep no gradients or optimizer "
+           "states; ppsim prices training every parameter",
+           "drop it, or give --qad-train-target both")
+REFUSED = {
+    "attention-backend": (("flash", "fused", "auto"), *_UNFUSED),
+    "export-force-local-attention": ((), *_UNFUSED),
+    "export-kd-teacher-load": ((), "distillation runs a teacher model's forward beside the "
+                               "student's every microbatch, which ppsim does not price",
+                               "drop it to plan the student alone"),
+    "export-quant-cfg": (("None",), *_QUANTIZERS),
+    "export-real-quant-cfg": (("None",), *_QUANTIZERS),
+    "export-kv-cache-quant": (("none",), *_QUANTIZERS),
+    "export-offline-model": ((), "builds the model without its decoder layers (an offline "
+                             "speculative-decoding draft's base)", "drop it"),
+    "qad-train-target": (("both",), *_FROZEN),
+    "freeze-base-for-mtp": ((), *_FROZEN),
+}
+"""Megatron's arguments (the unfused attention backends, Model Optimizer's post-training
+ones) that make an iteration other than the one ppsim prices: flag -> (the values that do
+not, the problem, the fix). Refused by check_run_flags."""
 TRAINING_COMMANDS = ("run", "demo")
 """Commands that train for real: a --weight-decay or --clip-grad they took and dropped
 would mislead, so they take none of these (ppsim run has its own --lr and --seed)."""
@@ -108,7 +139,8 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
         "fusion and garbage-collection switches are named on stderr (the list: "
         "docs/model.md)")
     taken = p._option_string_actions  # noqa: SLF001 - argparse has no public lookup
-    for flag in (*(f for group in RUN.values() for f in group), *UNPRICED):
+    for flag in (*(f for group in RUN.values() for f in group), *UNPRICED,
+                 *(f for f in REFUSED if f != "attention-backend")):
         if f"--{flag}" not in taken:
             g.add_argument(f"--{flag}", dest=PREFIX + flag.replace("-", "_"), nargs="*",
                            help=argparse.SUPPRESS)
@@ -136,6 +168,13 @@ def check_run_flags(args: argparse.Namespace) -> str | None:
                             "ppsim does not model (it prices Megatron's DDP, and FSDP2 as "
                             "torchtitan applies it)", "drop it; --use-distributed-optimizer "
                             "is Megatron's closest, --fsdp torchtitan's FSDP2")
+    for name, (inert, problem, fix) in REFUSED.items():
+        dest = "attention_backend" if name == "attention-backend" else \
+            PREFIX + name.replace("-", "_")
+        given = flag(dest)
+        values = given if isinstance(given, list) else [given]
+        if given is not None and not (values and set(values) <= set(inert)):
+            raise UserError(" ".join([f"--{name}", *map(str, values)]).strip(), problem, fix)
     if flag("optimizer_cpu_offload"):
         raise UserError("--optimizer-cpu-offload", "the optimizer stepping on the host is not "
                         "modelled", "drop it (ppsim prices the optimizer on the GPU)")

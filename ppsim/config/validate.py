@@ -26,6 +26,7 @@ from ppsim.costs.arch import (
     OPTIMIZERS,
     POSITIONS,
     RECOMPUTE,
+    vocab_split_problem,
 )
 from ppsim.costs.model import INTEGER_FIELDS
 from ppsim.errors import UserError
@@ -317,7 +318,7 @@ def transformer(raw: dict[str, Any]) -> None:
         if key in raw and typed(f"model.{key}", raw[key], int) < low:
             raise UserError(f"model.{key}", f"must be at least {low}, got {raw[key]}",
                             "use a whole number >= " + str(low))
-    for key in ("gated_mlp", "distributed_optimizer", "dropout", "tie_embeddings",
+    for key in ("gated_mlp", "distributed_optimizer", "dropout", "tie_embeddings", "pad_vocab",
                 "grad_reduce_in_bf16", "precision_aware_optimizer", "fsdp",
                 "moe_pad_to_capacity", "fp8_param_gather", "first_last_layers_bf16",
                 "bias_swiglu_fusion"):
@@ -346,9 +347,10 @@ def transformer(raw: dict[str, Any]) -> None:
 
 
 def parallel_shape(raw: dict[str, Any]) -> None:
-    """The splits Megatron asserts (arguments.py): tp divides the attention heads and
-    the key/value groups, the groups divide the heads, ep > 1 has routed experts and
-    divides them, and a token is routed to no more experts than there are."""
+    """The splits Megatron asserts (arguments.py): tp divides the attention heads, the
+    key/value groups and a vocabulary it does not pad, the groups divide the heads, ep > 1
+    has routed experts and divides them, and a token is routed to no more experts than
+    there are."""
     def get(key: str, default: int) -> int:
         value = raw.get(key, default)
         return value if isinstance(value, int) and not isinstance(value, bool) else default
@@ -359,6 +361,12 @@ def parallel_shape(raw: dict[str, Any]) -> None:
         raise UserError("model.tp", f"{tp:,} does not divide num_heads = {heads:,}",
                         "use a tensor-parallel size that divides the heads (Megatron asserts "
                         "num_attention_heads % tp == 0)")
+    vocab = vocab_split_problem(get("vocab_size", tp), raw.get("pad_vocab", True) is not False,
+                                tp)
+    if vocab:
+        raise UserError("model.vocab_size", f"{vocab} (tp), as Megatron asserts for a "
+                        "vocabulary taken as it is (--padded-vocab-size, pad_vocab = false)",
+                        "give a size tp divides, or --vocab-size for Megatron to pad it")
     if raw.get("attention", "gqa") != "mla":
         if heads % groups:
             raise UserError("model.num_kv_heads", f"{groups:,} key/value heads do not divide "

@@ -23,7 +23,9 @@ from ppsim.costs.ops import Op
 
 def padded_vocab(a: Architecture) -> int:
     """Megatron pads the vocabulary to a multiple of --make-vocab-size-divisible-by
-    (128 by default) x tp."""
+    (128 by default) x tp, unless --padded-vocab-size gave it as it is."""
+    if not a.pad_vocab:
+        return a.vocab_size
     m = a.vocab_divisor * a.tp
     return -(-a.vocab_size // m) * m
 
