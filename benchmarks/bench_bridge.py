@@ -40,7 +40,7 @@ import contextlib
 import io
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bench_job import plan_case
 
@@ -220,6 +220,13 @@ def main() -> None:
                                       ("26.06, DGX-H100, FP8-CS", NANO_RUN, True,
                                        DP_OVERLAPS)):
         print(held_out_line(f"Megatron-Bridge {label}", run, price(run, fp8, overlaps)))
+        if run is BF16_RUN:  # the kernel TE falls back to where no fused one takes sinks
+            unfused = price(replace(run, shape=f"{run.shape} --attention-backend unfused"),
+                            fp8, overlaps)
+            print(f"  the same with the unfused attention core: ppsim "
+                  f"{unfused.tokens_per_gpu:,.0f} tokens/s/GPU "
+                  f"({unfused.tokens_per_gpu / run.tokens_per_gpu - 1:+.1%}), peak "
+                  f"{unfused.peak_gb:.1f} GB")
     print(held_out_line("DGX Cloud Benchmarking 25.08.01, DGX-H100, FP8-CS",
                         HYBRID_DENSE_RUN, price(HYBRID_DENSE_RUN, True, HYBRID_DENSE_OVERLAPS)))
     if "--quick" in sys.argv:

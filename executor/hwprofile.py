@@ -111,7 +111,7 @@ def model_matmuls(a: Architecture) -> list[tuple[int, int, int]]:
         if not op.flops or op.attention:
             continue
         p = matmul_passes(op)
-        for shape in (p.forward, p.input_grad, p.weight_grad):
+        for shape in (p.forward, p.input_grad, p.weight_grad, p.operand_grad):
             if shape and shape not in shapes:
                 shapes.append(shape)
     return shapes[:MAX_MODEL_MATMULS]

@@ -61,6 +61,8 @@ class GPTShape:
     """Each layer's sliding window (0: full causal attention); none: every layer full."""
     keep_silu: bool = False
     """A gated MLP keeps its SiLU output (Architecture.swiglu_keeps_silu)."""
+    unfused: bool = False
+    """The attention core unfused (Architecture.unfused_attention)."""
 
     @classmethod
     def from_fields(cls, f: dict[str, Any]) -> GPTShape:
@@ -69,7 +71,8 @@ class GPTShape:
         a = Architecture(**{k: v for k, v in f.items() if k in _ARCH})
         return cls(a.num_layers, a.hidden_size, a.num_heads, a.num_kv_heads,
                    a.ffn_hidden_size, a.vocab_size, a.seq_length, a.micro_batch_size,
-                   a.gated_mlp, a.dtype, layer_windows(a), a.swiglu_keeps_silu)
+                   a.gated_mlp, a.dtype, layer_windows(a), a.swiglu_keeps_silu,
+                   a.unfused_attention)
 
     def window(self, index: int) -> int:
         """Layer `index`'s sliding window (0: full causal attention)."""
@@ -90,7 +93,7 @@ class Block(nn.Module):
         self.norm1 = nn.LayerNorm(h)
         self.q = nn.Linear(h, h)
         self.kv = nn.Linear(h, 2 * self.kv_heads * self.head_dim)
-        self.attention = AttentionCore(window)
+        self.attention = AttentionCore(window, s.unfused)
         self.proj = nn.Linear(h, h)
         self.norm2 = nn.LayerNorm(h)
         self.fc1 = nn.Linear(h, s.ffn_hidden_size)

@@ -143,7 +143,7 @@ class Attention(nn.Module):
         self.q = nn.Linear(a.hidden_size, a.num_heads * hd, bias=False)
         self.k = nn.Linear(a.hidden_size, a.num_kv_heads * hd, bias=False)
         self.v = nn.Linear(a.hidden_size, a.num_kv_heads * hd, bias=False)
-        self.core = AttentionCore(window)
+        self.core = AttentionCore(window, a.unfused_attention)
         self.o = nn.Linear(a.num_heads * hd, a.hidden_size, bias=False)
         self.rotary = a.rotary
         if self.rotary:

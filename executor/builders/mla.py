@@ -64,8 +64,8 @@ class LatentAttentionCore(AttentionCore):
     """softmax(QK^T)V, causal, with value heads narrower than query and key heads."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if q.shape[-1] == v.shape[-1] or q.device.type != "cpu":
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.unfused or q.shape[-1] == v.shape[-1] or q.device.type != "cpu":
+            return super().forward(q, k, v)
         return _FlashMLA.apply(q, k, v)
 
 
@@ -120,7 +120,7 @@ class LatentAttention(nn.Module):
         tables = rotary_tables(a.seq_length, rope, 10000.0) if a.rotary else None
         self.up = UpProjection(q_in=a.q_lora_rank or h, kv_lora=a.kv_lora_rank, heads=heads,
                                nope=nope, rope=rope, value=value, rotary=tables)
-        self.core = LatentAttentionCore()
+        self.core = LatentAttentionCore(unfused=a.unfused_attention)
         self.o = nn.Linear(heads * value, h, bias=False)
 
     def input_linears(self) -> list[nn.Module]:

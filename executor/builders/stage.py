@@ -65,9 +65,25 @@ def window_mask(length: int, window: int, dtype: torch.dtype,
     return _window_masks[key]
 
 
+def unfused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      window: int = 0) -> torch.Tensor:
+    """softmax(QK^T / sqrt(d) + mask)V as Megatron's DotProductAttention computes it: K
+    and V repeated to every query head, the whole score matrix, the probabilities kept
+    for the backward (ppsim.costs.layerops.unfused_core_ops)."""
+    repeat = q.shape[1] // k.shape[1]
+    if repeat > 1:
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    length = q.shape[2]
+    mask = window_mask(length, window if 0 < window < length - 1 else length, q.dtype,
+                       q.device)
+    scores = torch.matmul(q, k.transpose(-2, -1)) * q.shape[-1] ** -0.5 + mask
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
 class AttentionCore(nn.Module):
     """softmax(QK^T)V with a causal mask: what FlashAttention computes; with `window` > 0,
-    each query sees itself and at most `window` keys before it.
+    each query sees itself and at most `window` keys before it; `unfused`: as Megatron's
+    DotProductAttention computes it (`unfused_attention`).
 
     q: (b, heads, s, d); k, v: (b, kv_heads, s, d) (grouped-query attention is
     done by the kernel, no repeated K/V is stored).
@@ -76,11 +92,13 @@ class AttentionCore(nn.Module):
     ppsim_recompute = True
     """Selective recompute checkpoints this module."""
 
-    def __init__(self, window: int = 0) -> None:
+    def __init__(self, window: int = 0, unfused: bool = False) -> None:
         super().__init__()
-        self.window = window
+        self.window, self.unfused = window, unfused
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.unfused:
+            return unfused_attention(q, k, v, self.window)
         gqa = k.shape[1] != q.shape[1]
         length = q.shape[2]
         if 0 < self.window < length - 1:

@@ -46,6 +46,7 @@ def megatron_model_args(a: Architecture) -> list[str]:
     out += kv("--position-embedding-type", "rope" if a.rotary else "learned_absolute"
               if a.learned_positions else "none")
     out += ["--untie-embeddings-and-output-weights"] * (not a.tie_embeddings)
+    out += kv("--attention-backend", "unfused") * a.unfused_attention
     out += {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(a.dtype, [])
     if a.fp8:
         out += kv("--fp8-format", a.fp8) + kv("--fp8-recipe", a.fp8_recipe)

@@ -79,8 +79,12 @@ padding each expert's tokens to a multiple of 16 for FP8 adds at most 15 rows an
 MTP's loss scale weighs the loss).
 None: a switch; [type]: one or more values."""
 ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
-"""Megatron's AttnBackend (megatron/core/transformer/enums.py); unfused and local are
-refused (ppsim.cli.megatron_run.check_run_flags)."""
+"""Megatron's AttnBackend (megatron/core/transformer/enums.py)."""
+UNFUSED_BACKENDS = ("unfused", "local")
+"""The backends that compute the whole score matrix (`unfused_attention`), as Model
+Optimizer's --export-force-local-attention does too."""
+FORCE_LOCAL = "megatron_run_export_force_local_attention"
+"""Where argparse keeps --export-force-local-attention (ppsim.cli.megatron_run)."""
 POSITIONS = {"learned_absolute": "learned", "rope": "rotary", "yarn": "rotary",
              "mrope": "rotary", "none": "none"}
 REQUIRED = (("num_layers", "--num-layers"), ("hidden_size", "--hidden-size"),
@@ -170,7 +174,16 @@ def _fp8_fields(get: Any) -> dict[str, Any]:
 
 def given(args: argparse.Namespace) -> bool:
     """Whether any flag that changes the model was given."""
-    return any(getattr(args, d, None) is not None for d in ARCH_DESTS)
+    return any(getattr(args, d, None) is not None for d in ARCH_DESTS) \
+        or bool(_unfused(args))
+
+
+def _unfused(args: argparse.Namespace) -> bool | None:
+    """Whether the attention backend flags ask for the unfused core; None: not given."""
+    if getattr(args, FORCE_LOCAL, None) is not None:
+        return True
+    backend = getattr(args, "attention_backend", None)
+    return None if backend is None else backend in UNFUSED_BACKENDS
 
 
 def model_table(args: argparse.Namespace, base: Model | None) -> dict[str, Any] | None:
@@ -235,6 +248,8 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
     if get("untie_embeddings_and_output_weights"):
         out["tie_embeddings"] = False
     out.update(_fp8_fields(get))
+    if _unfused(args) is not None:
+        out["unfused_attention"] = _unfused(args)
     if get("cp_comm_type") is not None:
         out["cp_comm_type"] = _cp_comm_type(get("cp_comm_type"))
     out.update(_optimizer_fields(get))

@@ -92,7 +92,8 @@ UNPRICED = (
     "manual-gc", "manual-gc-interval", "empty-unused-memory-level", "reset-attention-mask",
     "use-fused-weighted-squared-relu", "cuda-graph-impl", "cuda-graph-scope",
     "cuda-graph-warmup-steps", "external-cuda-graph", "enable-cuda-graph", "te-rng-tracker",
-    "muon-no-split-qkv", "muon-fp32-matmul-prec", "muon-use-syrk")
+    "muon-no-split-qkv", "muon-fp32-matmul-prec", "muon-use-syrk",
+    "disable-bf16-reduced-precision-matmul")
 """Megatron's arguments that change an iteration's time or memory a little in ways ppsim
 does not model: its memory-bound operations and attention are priced as Megatron's
 default fused kernels (a per-document attention mask is not one), each kernel launched
@@ -100,15 +101,10 @@ from the host (CUDA graphs replay captured ones without it), and neither Python'
 garbage collector nor the allocator's cache is."""
 _QUANTIZERS = ("Model Optimizer's quantizers run beside every linear (quantization-aware "
                "training), which ppsim does not price", "drop it to plan the run without them")
-_UNFUSED = ("runs attention unfused, keeping each layer's whole score matrix (heads x "
-            "sequence^2) for its backward, where ppsim prices a fused kernel (flash or "
-            "cuDNN) that keeps none", "give --attention-backend auto, flash or fused")
 _FROZEN = ("freezes part of the model, whose parameters then keep no gradients or optimizer "
            "states; ppsim prices training every parameter",
            "drop it, or give --qad-train-target both")
 REFUSED = {
-    "attention-backend": (("flash", "fused", "auto"), *_UNFUSED),
-    "export-force-local-attention": ((), *_UNFUSED),
     "export-kd-teacher-load": ((), "distillation runs a teacher model's forward beside the "
                                "student's every microbatch, which ppsim does not price",
                                "drop it to plan the student alone"),
@@ -120,9 +116,9 @@ REFUSED = {
     "qad-train-target": (("both",), *_FROZEN),
     "freeze-base-for-mtp": ((), *_FROZEN),
 }
-"""Megatron's arguments (the unfused attention backends, Model Optimizer's post-training
-ones) that make an iteration other than the one ppsim prices: flag -> (the values that do
-not, the problem, the fix). Refused by check_run_flags."""
+"""Model Optimizer's post-training arguments that make an iteration other than the one
+ppsim prices: flag -> (the values that do not, the problem, the fix). Refused by
+check_run_flags."""
 TRAINING_COMMANDS = ("run", "demo")
 """Commands that train for real: a --weight-decay or --clip-grad they took and dropped
 would mislead, so they take none of these (ppsim run has its own --lr and --seed)."""
@@ -139,8 +135,8 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
         "fusion and garbage-collection switches are named on stderr (the list: "
         "docs/model.md)")
     taken = p._option_string_actions  # noqa: SLF001 - argparse has no public lookup
-    for flag in (*(f for group in RUN.values() for f in group), *UNPRICED,
-                 *(f for f in REFUSED if f != "attention-backend")):
+    for flag in (*(f for group in RUN.values() for f in group), *UNPRICED, *REFUSED,
+                 "export-force-local-attention"):
         if f"--{flag}" not in taken:
             g.add_argument(f"--{flag}", dest=PREFIX + flag.replace("-", "_"), nargs="*",
                            help=argparse.SUPPRESS)
@@ -169,9 +165,7 @@ def check_run_flags(args: argparse.Namespace) -> str | None:
                             "torchtitan applies it)", "drop it; --use-distributed-optimizer "
                             "is Megatron's closest, --fsdp torchtitan's FSDP2")
     for name, (inert, problem, fix) in REFUSED.items():
-        dest = "attention_backend" if name == "attention-backend" else \
-            PREFIX + name.replace("-", "_")
-        given = flag(dest)
+        given = flag(PREFIX + name.replace("-", "_"))
         values = given if isinstance(given, list) else [given]
         if given is not None and not (values and set(values) <= set(inert)):
             raise UserError(" ".join([f"--{name}", *map(str, values)]).strip(), problem, fix)

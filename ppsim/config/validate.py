@@ -321,7 +321,7 @@ def transformer(raw: dict[str, Any]) -> None:
     for key in ("gated_mlp", "distributed_optimizer", "dropout", "tie_embeddings", "pad_vocab",
                 "grad_reduce_in_bf16", "precision_aware_optimizer", "fsdp",
                 "moe_pad_to_capacity", "fp8_param_gather", "first_last_layers_bf16",
-                "bias_swiglu_fusion"):
+                "bias_swiglu_fusion", "unfused_attention"):
         if key in raw:
             typed(f"model.{key}", raw[key], bool)
     for key in ("layers", "window_attn_skip_freq"):

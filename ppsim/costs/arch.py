@@ -205,6 +205,12 @@ class Architecture:
     """Which layers the window applies to (Megatron --window-attn-skip-freq): "N", one
     full-attention layer after every N - 1 windowed ones; a list expression of 1
     (windowed) and 0 (full) a layer, e.g. "([1]*3+[0])*9"; empty: every layer."""
+    unfused_attention: bool = False
+    """The attention core as Megatron's DotProductAttention or Transformer Engine's
+    unfused path computes it (--attention-backend local|unfused): K and V repeated to
+    every query head, the whole s x s scores by one batched matmul, a fused
+    scale-mask-softmax, dropout on the probabilities, a second batched matmul; the
+    probabilities kept for the backward (ppsim.costs.layerops.unfused_core_ops)."""
     fp8: str = ""
     """Transformer Engine's FP8 matmuls in the decoder layers (Megatron --fp8-format
     e4m3|hybrid; ppsim.costs.fp8); empty: bf16."""

@@ -80,11 +80,46 @@ def attention_ops(a: Architecture, window: int = 0) -> list[Op]:
         ops = [_mm("qkv", tok, (sh.q + sh.k + sh.v) / t, h)]
     if a.rotary:
         ops.append(Op("rotary", nbytes=2 * tok * (sh.q + sh.k) * w / t))
-    # FlashAttention, causal: QK^T and AV over the unmasked half of the s x s scores.
-    core = a.seq_length * a.seq_length * a.micro_batch_size * (sh.q + sh.out) / t \
-        * window_share(a.seq_length, window)
-    ops.append(Op("attention", flops=core, attention=True))
+    if a.unfused_attention:
+        ops += unfused_core_ops(a)
+    else:
+        # FlashAttention, causal: QK^T and AV over the unmasked half of the s x s scores.
+        core = a.seq_length * a.seq_length * a.micro_batch_size * (sh.q + sh.out) / t \
+            * window_share(a.seq_length, window)
+        ops.append(Op("attention", flops=core, attention=True))
     ops.append(_mm("out_proj", tok, h, sh.out / t))
+    return ops
+
+
+def scores_elements(a: Architecture) -> float:
+    """Elements of one microbatch's s x s attention scores on a tp rank, every head."""
+    return a.micro_batch_size * a.num_heads / a.tp * a.seq_length ** 2
+
+
+def unfused_core_ops(a: Architecture) -> list[Op]:
+    """Megatron's DotProductAttention (megatron/core/transformer/dot_product_attention.py),
+    as Transformer Engine's unfused path computes it too: K and V repeated to every query
+    head (grouped-query attention), the whole s x s scores by one batched matmul (a
+    causal mask or a window removes no work), FusedScaleMaskSoftmax (read the scores,
+    write the probabilities; its backward reads them and their gradient, writes one),
+    dropout on the probabilities (a mask byte each), the probabilities times V. Each
+    batched matmul's backward computes both its operands' gradients."""
+    sh, s, w = attention_shape(a), a.seq_length, DTYPE_BYTES[a.dtype]
+    tok, heads = _tokens(a), a.micro_batch_size * a.num_heads / a.tp
+    qk, v = sh.q // a.num_heads, sh.out // a.num_heads
+    scores = scores_elements(a)
+    ops = []
+    if sh.k < sh.q:  # repeat_interleave: read K and V, write them at every query head
+        moved = tok * (sh.k + sh.v + (qk + v) * a.num_heads) * w / a.tp
+        ops.append(Op("attention.repeat_kv", nbytes=moved, backward_bytes=moved))
+    ops.append(Op("attention.scores", flops=2.0 * s * s * qk * heads, shape=(s, s, qk),
+                  both_grads=True))
+    ops.append(Op("attention.softmax", nbytes=2 * scores * w, backward_bytes=3 * scores * w))
+    if a.dropout:  # read, write and a mask byte; the backward alike
+        ops.append(Op("attention.dropout", nbytes=scores * (2 * w + 1),
+                      backward_bytes=scores * (2 * w + 1)))
+    ops.append(Op("attention.context", flops=2.0 * s * v * s * heads, shape=(s, v, s),
+                  both_grads=True))
     return ops
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from ppsim.costs.arch import DTYPE_BYTES, KINDS, Architecture, attention_shape
 from ppsim.costs.fp8 import FP8_BYTES, FP8_INPUTS, PROJ_INPUT
-from ppsim.costs.layerops import layer_ops
+from ppsim.costs.layerops import layer_ops, scores_elements
 
 RECOMPUTE_MODULES = ("core_attn", "mlp", "moe_act", "layernorm", "mla_up_proj", "moe",
                      "shared_experts")
@@ -24,12 +24,16 @@ OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_nor
                    "expert_fc1", "moe_act")
 """Megatron's --offload-modules choices (each offloads the tensors its forward saves)."""
 
+UNFUSED_TENSORS = ("attn.k_rep", "attn.v_rep", "attn.probs", "attn.probs_mask",
+                   "attn.probs_dropped")
+"""What an unfused attention core keeps beyond its inputs (`unfused_tensors`)."""
 # Tensors each recompute module stops keeping. Output-discarding checkpoints
 # (layernorm, moe_act, mla_up_proj) free the module's output once its consumer has
 # run; whole-module checkpoints (core_attn, mlp, moe, shared_experts) keep only
 # their inputs, which their consumers' or producers' entries already count.
 _DROPS = {
-    "core_attn": ("attn.lse",),  # q, k, v are the checkpoint's inputs; out_proj keeps out
+    # q, k, v are the checkpoint's inputs; out_proj keeps out
+    "core_attn": ("attn.lse", *UNFUSED_TENSORS),
     "mlp": ("mlp.fc1_out", "mlp.act_mid", "mlp.act_out"),
     "moe": ("router.probs", "router.indices", "experts.fc1_in", "experts.fc1_out",
             "experts.act_mid", "experts.act_out", "experts.out", "shared.fc1_out",
@@ -41,7 +45,8 @@ _DROPS = {
 }
 # Forward ops each recompute module runs again before its backward.
 _REPEATS = {
-    "core_attn": ("attention",),
+    "core_attn": ("attention", "attention.repeat_kv", "attention.scores",
+                  "attention.softmax", "attention.dropout", "attention.context"),
     "mlp": ("mlp.fc1", "mlp.act", "mlp.fc2"),
     "moe": ("router", "router.softmax_topk", "latent.fc1", "dispatch", "experts.fc1",
             "experts.act", "experts.fc2", "combine", "latent.fc2", "shared.fc1", "shared.act",
@@ -55,7 +60,7 @@ _REPEATS = {
 _MOVES = {
     "attn_norm": ("norm1.in", "norm1.stats"),
     "qkv_linear": ("norm1.out",),
-    "core_attn": ("attn.q", "attn.k", "attn.v", "attn.out", "attn.lse"),
+    "core_attn": ("attn.q", "attn.k", "attn.v", "attn.out", "attn.lse", *UNFUSED_TENSORS),
     "attn_proj": ("attn.out",),
     "mlp_norm": ("norm2.in", "norm2.stats"),
     "expert_fc1": ("experts.fc1_in",),
@@ -91,9 +96,12 @@ def _drops(a: Architecture, module: str, kind: str) -> tuple[str, ...]:
 
 
 def _moves(a: Architecture, module: str) -> tuple[str, ...]:
-    """What an offload module moves: under FP8 the projection's input is its FP8 copy."""
+    """What an offload module moves: under FP8 the projection's input is its FP8 copy;
+    an unfused core saves no output (its second matmul keeps its inputs)."""
     if a.fp8_copies and module == "attn_proj":
         return (PROJ_INPUT,)
+    if a.unfused_attention and module == "core_attn":
+        return tuple(n for n in _MOVES[module] if n != "attn.out")
     return _MOVES[module]
 
 
@@ -180,7 +188,8 @@ def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
             if rank:
                 t.update(_norm(a, name, rank))  # the latent, its stats, the up-projection input
     t.update({"attn.q": tok * sh.q * w, "attn.k": tok * sh.k * w, "attn.v": tok * sh.v * w,
-              "attn.out": tok * sh.out * w, "attn.lse": 4 * tok * a.num_heads})
+              "attn.out": tok * sh.out * w})
+    t.update(unfused_tensors(a) if a.unfused_attention else {"attn.lse": 4 * tok * a.num_heads})
     if a.dropout:
         t["drop1.mask"] = tok * h
         t["drop2.mask"] = tok * h
@@ -205,6 +214,23 @@ def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
         t.update({n: v / w * FP8_BYTES for n, v in t.items() if n in FP8_INPUTS})
         t[PROJ_INPUT] = tok * sh.out * FP8_BYTES
     return {k: v / a.tp for k, v in t.items()}
+
+
+def unfused_tensors(a: Architecture) -> dict[str, float]:
+    """Bytes (all tp ranks together) an unfused attention core keeps beyond q, k and v
+    (ppsim.costs.layerops.unfused_core_ops): the repeated K and V's added heads, which
+    its first batched matmul saves; the probabilities, which the softmax's backward
+    reads; with dropout its mask and the dropped probabilities, the second matmul's
+    input. No log-sum-exp: that is FlashAttention's."""
+    sh, tok, w = attention_shape(a), _tokens(a), DTYPE_BYTES[a.dtype]
+    heads = a.num_heads
+    scores = scores_elements(a) * a.tp
+    t = {"attn.k_rep": tok * (heads * (sh.q // heads) - sh.k) * w,
+         "attn.v_rep": tok * (heads * (sh.out // heads) - sh.v) * w,
+         "attn.probs": scores * w}
+    if a.dropout:
+        t.update({"attn.probs_mask": scores, "attn.probs_dropped": scores * w})
+    return {n: v for n, v in t.items() if v > 0}
 
 
 def _half_tensors(a: Architecture, kind: str) -> dict[str, float]:
@@ -264,7 +290,6 @@ def applies(module: str, a: Architecture, kind: str) -> bool:
     return True
 
 
-
 def kept_tensors(a: Architecture, kind: str, recompute: tuple[str, ...] = ()
                  ) -> dict[str, float]:
     """saved_tensors of a layer less those the `recompute` modules drop."""
@@ -286,7 +311,8 @@ def module_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
         kept = int(saved[layer_input(kind)])
         return ModuleEffect(kept_bytes=kept, offloaded_bytes=0, freed_bytes=0,
                             repeated_ops=frozenset({"*"}),
-                            transient_bytes=int(sum(saved.values())) - kept)
+                            transient_bytes=int(sum(saved.values())) - kept
+                            + scores_workspace(a, kind))
     kept = kept_tensors(a, kind, recompute)
     moved = {n for m in offload if applies(m, a, kind) for n in _moves(a, m)} & set(kept)
     freed = moved - _held_elsewhere(a, kind, recompute, offload)
@@ -294,7 +320,17 @@ def module_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
                         offloaded_bytes=int(sum(v for n, v in kept.items() if n in moved)),
                         freed_bytes=int(sum(v for n, v in kept.items() if n in freed)),
                         repeated_ops=_repeated(a, kind, recompute),
-                        transient_bytes=_recomputed_bytes(a, kind, recompute, saved))
+                        transient_bytes=_recomputed_bytes(a, kind, recompute, saved)
+                        + scores_workspace(a, kind))
+
+
+def scores_workspace(a: Architecture, kind: str) -> int:
+    """What an unfused attention core holds beside its kept tensors in its backward: the
+    buffer its batched matmul writes the scores into (Megatron's global memory buffer,
+    one a rank, reused by every layer) and the probabilities' gradient."""
+    if not a.unfused_attention or "attn.probs" not in saved_tensors(a, kind):
+        return 0
+    return int(2 * scores_elements(a) * DTYPE_BYTES[a.dtype])
 
 
 _REMADE = {"core_attn": ("attn.out",)}
@@ -328,10 +364,12 @@ def _repeated(a: Architecture, kind: str, recompute: tuple[str, ...]) -> frozens
 def _held_elsewhere(a: Architecture, kind: str, recompute: tuple[str, ...],
                     offload: tuple[str, ...]) -> set[str]:
     """Tensors two pieces save, one of them not offloaded: copied to the host, but kept on
-    the device too. Attention's output is saved by attention (unless recomputed) and by
-    the output projection; with mla_up_proj and no query latent, the layer's normed input
-    is an input of the up projection's checkpoint as well as of the latents'."""
-    out_savers = {"attn_proj"} | (set() if "core_attn" in recompute else {"core_attn"})
+    the device too. Attention's output is saved by attention (unless recomputed, or
+    unfused) and by the output projection; with mla_up_proj and no query latent, the
+    layer's normed input is an input of the up projection's checkpoint as well as of the
+    latents'."""
+    out_savers = {"attn_proj"} | (set() if "core_attn" in recompute or a.unfused_attention
+                                  else {"core_attn"})
     # under FP8 the projection keeps its own copy (PROJ_INPUT): attention's is one saver's
     held = set() if a.fp8_copies or out_savers <= set(offload) else {"attn.out"}
     if "mla_up_proj" in recompute and applies("mla_up_proj", a, kind) and not a.q_lora_rank:

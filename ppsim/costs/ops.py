@@ -40,6 +40,9 @@ class Op:
     """Backward bytes of a memory-bound op; -1: twice the forward's."""
     fp8: bool = False
     """A matmul Transformer Engine runs in FP8 (ppsim.costs.fp8)."""
+    both_grads: bool = False
+    """A matmul of two activations (unfused attention's scores and context): its
+    backward computes both operands' gradients, each in the input-gradient pass."""
 
 
 QUANTIZE_BYTES = 4
@@ -104,6 +107,9 @@ class MatmulPasses:
     """dX = dY W^T."""
     weight_grad: tuple[int, int, int] | None
     """dW = X^T dY; None for a matmul without weights (its W pass is empty)."""
+    operand_grad: tuple[int, int, int] | None = None
+    """The second operand's gradient, X^T dY, where it is an activation (`both_grads`):
+    part of the input-gradient pass."""
 
 
 def matmul_passes(op: Op) -> MatmulPasses:
@@ -111,7 +117,8 @@ def matmul_passes(op: Op) -> MatmulPasses:
     (what `ppsim profile --hardware-out` times for a config)."""
     m, n, k = op.shape
     return MatmulPasses(forward=(m, n, k), input_grad=(m, k, n),
-                        weight_grad=(k, n, m) if op.params else None)
+                        weight_grad=(k, n, m) if op.params else None,
+                        operand_grad=(k, n, m) if op.both_grads else None)
 
 
 def _mem_ms(r: Roofline, nbytes: float) -> float:
@@ -135,10 +142,12 @@ def op_times(r: Roofline, op: Op) -> tuple[float, float, float, int, int]:
                             "(H100/H200: 1979), or drop fp8")
         f = matmul_ms(r, *passes.forward, op.fp8) * scale
         b = matmul_ms(r, *passes.input_grad, op.fp8) * scale
+        if passes.operand_grad:
+            b += matmul_ms(r, *passes.operand_grad, op.fp8) * scale
         w = matmul_ms(r, *passes.weight_grad, op.fp8) * scale if passes.weight_grad else 0.0
         w += _mem_ms(r, 8.0 * op.params)  # read + write the fp32 main grad
         if not op.fp8:
-            return f, b, w, 1, 1
+            return f, b, w, 1, 2 if passes.operand_grad else 1
         # quantize the input (forward) and the output's gradient (backward) first
         f += _mem_ms(r, QUANTIZE_BYTES * m * k * scale)
         b += _mem_ms(r, QUANTIZE_BYTES * m * n * scale)

@@ -160,6 +160,10 @@ def check(cfg: Any) -> None:
         raise UserError("model.cp", f"seq_length ({a.seq_length}) is not divisible by 2 x cp "
                         f"({2 * a.cp}): causal load balancing splits each sequence in 2 x cp "
                         "chunks", "choose cp so that 2 x cp divides seq_length")
+    if a.cp > 1 and a.unfused_attention:
+        raise UserError("model.cp", "Context parallelism is only supported by "
+                        "TEDotProductAttention! (Megatron's assertion; the unfused attention "
+                        "core is not)", "use cp = 1, or a fused --attention-backend")
     if a.cp > 1 and a.cp_comm_type == "a2a":
         _ulysses_heads(a)
     # ep above dp x cp is a preset's view of one replica's experts (no world to carve from).

@@ -1,13 +1,12 @@
-"""Model Optimizer's post-training arguments and the unfused attention backends in a
-pasted Megatron launch line.
+"""Model Optimizer's post-training arguments in a pasted Megatron launch line.
 
 Megatron-LM's post-training configs (examples/post_training/modelopt/conf/*.sh) pass
 Model Optimizer's arguments (megatron/post_training/arguments.py: --export-model-type,
 --enable-gpt-oss, ...) in MODEL_ARGS; ppsim refused each as "unrecognized arguments"
 without saying what to do. Those that change nothing in an iteration are now taken;
-those that make another iteration (a teacher's forward, quantizers, frozen parameters,
-an attention that keeps its whole score matrix, which --attention-backend unfused or
-local also selects and ppsim took silently) are refused by name, exit 2."""
+those that make another iteration (a teacher's forward, quantizers, frozen parameters)
+are refused by name, exit 2 (--export-force-local-attention is priced:
+test_unfused_attention.py)."""
 
 from __future__ import annotations
 
@@ -64,9 +63,6 @@ def test_a_post_training_config_prices_as_its_model_alone() -> None:
 
 
 @pytest.mark.parametrize("flags, named", [
-    ("--attention-backend unfused", "--attention-backend unfused"),
-    ("--attention-backend local", "--attention-backend local"),
-    ("--export-force-local-attention", "--export-force-local-attention"),
     ("--export-kd-teacher-load /ckpt/teacher", "--export-kd-teacher-load"),
     ("--export-quant-cfg fp8", "--export-quant-cfg fp8"),
     ("--export-real-quant-cfg fp8_real_quant", "--export-real-quant-cfg"),
