@@ -229,3 +229,16 @@ def test_the_executors_unfused_core_computes_what_flash_attention_does() -> None
     for window in (0, 5):
         torch.testing.assert_close(AttentionCore(window, unfused=True)(q, k, v),
                                    AttentionCore(window)(q, k, v))
+
+
+def test_a_cost_file_measured_on_the_fused_core_is_refused_for_the_unfused_one() -> None:
+    from types import SimpleNamespace
+
+    from ppsim.costs.costfile import check_model
+    from ppsim.errors import UserError
+
+    fused = {"kind": "transformer", **{k: v for k, v in GPT.items() if k != "kind"}}
+    measured = SimpleNamespace(model=fused, path="costs.json")
+    check_model(measured, fused)  # the same model: taken
+    with pytest.raises(UserError, match="unfused_attention"):
+        check_model(measured, {**fused, "unfused_attention": True})
