@@ -256,6 +256,9 @@ _TOPOLOGY_B = dict(_TOPOLOGY_H, intra_node_bandwidth_gbps=900.0)
 # FP8 at MAMF's 72.3 % against 72.9 %, 0.99; attention at cuDNN's B200 rate, 1235 of 2500.
 _TOPOLOGY_NVL72 = dict(_TOPOLOGY_B, gpus_per_node=72)
 
+# memory_bytes: the nameplate capacity in 10^9 bytes; NVML reports ~7 % more (H100
+# 81,559 MiB, H200 143,771 MiB, A100 80GB 81,920 MiB), left to what ppsim does not count
+# (CUDA context, NCCL and library buffers, allocator fragmentation): docs/model.md, Memory.
 HARDWARE_PRESETS: dict[str, dict] = {
     "a100-80gb": dict(memory_bytes=80e9, peak_tflops=312.0, efficiency=0.5,
                       p2p_bandwidth_gbps=25.0, p2p_latency_ms=0.01,
