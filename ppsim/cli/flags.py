@@ -281,7 +281,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if pipeline.get("moe_token_dispatcher_type") == "allgather":
         pipeline["moe_token_dispatcher_type"] = None  # check_experts_parallel says why
     if pipeline.get("moe_flex_dispatcher_num_sms") is None:
-        pipeline["moe_flex_dispatcher_num_sms"] = flag("moe_deepep_num_sms")  # older name
+        pipeline["moe_flex_dispatcher_num_sms"] = flag("moe_deepep_num_sms") or flag(
+            "moe_hybridep_num_sms")  # the older, per-backend names
     if pipeline.get("vpp") is not None and pipeline.get("schedule") is None:
         # As Megatron, --vpp alone picks the 1F1B variant (an explicit --schedule is kept).
         pipeline["schedule"] = schedule_for_vpp(cfg.pipeline.schedule, pipeline["vpp"])

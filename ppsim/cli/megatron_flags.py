@@ -4,6 +4,7 @@ virtual stage. Each refuses what Megatron's arguments.py refuses, with its reaso
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from ppsim.errors import UserError
@@ -85,8 +86,10 @@ def vpp_for_layers_per_stage(per_chunk: int, num_layers: int, pp: int, *,
 
 def check_flex_backend(backend: str | None, dispatcher: str,
                        enable_deepep: bool = False) -> None:
-    """The flex dispatcher's backend: DeepEP (Megatron's default) is priced;
-    --moe-enable-deepep is its older name (TransformerConfig's checks)."""
+    """The flex dispatcher's backend: DeepEP (Megatron's default) is priced, and HybridEP
+    as DeepEP (each token once to every node that holds one of its experts, then NVLink;
+    a note says so); --moe-enable-deepep is DeepEP's older name (TransformerConfig's
+    checks)."""
     if enable_deepep and dispatcher != "flex":
         raise UserError("--moe-enable-deepep", "DeepEP backend is only supported with flex "
                         "token dispatcher.", "add --moe-token-dispatcher-type flex")
@@ -95,9 +98,14 @@ def check_flex_backend(backend: str | None, dispatcher: str,
                         "dispatcher.", "drop --moe-flex-dispatcher-backend hybridep")
     if backend is None or backend == "deepep":
         return
+    if backend == "hybridep":
+        print("note: HybridEP priced as DeepEP's dispatch (each token once to every node that "
+              "holds one of its experts, then NVLink); its own kernels' rate is not measured",
+              file=sys.stderr)
+        return
     raise UserError("--moe-flex-dispatcher-backend", f"{backend}: ppsim prices DeepEP's "
                     "dispatch (each token once to a node, then NVLink)",
-                    "give deepep (Megatron's default), or drop the flag")
+                    "give deepep (Megatron's default) or hybridep, or drop the flag")
 
 
 def check_experts_parallel(arch: Any, etp: int | None, dispatcher: str | None,

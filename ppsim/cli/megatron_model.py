@@ -154,7 +154,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--moe-flex-dispatcher-backend", choices=("deepep", "hybridep", "ncclep"),
                    help=hidden)
     g.add_argument("--moe-enable-deepep", action="store_true", default=None, help=hidden)
-    for flag in ("moe-flex-dispatcher-num-sms", "moe-deepep-num-sms"):
+    for flag in ("moe-flex-dispatcher-num-sms", "moe-deepep-num-sms", "moe-hybridep-num-sms"):
         g.add_argument(f"--{flag}", type=int, help=hidden)
 
 

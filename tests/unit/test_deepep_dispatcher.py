@@ -1,5 +1,6 @@
-"""--moe-token-dispatcher-type flex (DeepEP, Megatron's default flex backend): priced,
-said in the job's JSON and line, exported in the plan's flags; other backends refused."""
+"""--moe-token-dispatcher-type flex (DeepEP, Megatron's default flex backend; HybridEP as
+DeepEP): priced, said in the job's JSON and line, exported in the plan's flags; NCCL EP
+refused."""
 
 from __future__ import annotations
 
@@ -50,13 +51,26 @@ def test_across_nodes_a_token_crosses_once_a_node() -> None:
     assert ms("flex") < ms("alltoall")
 
 
+def test_hybridep_is_priced_as_deepep_and_says_so(capsys) -> None:
+    """Megatron's own DeepSeek-V3 example (examples/megatron_fsdp) and Bridge's GB200 and
+    Nemotron 3 recipes run HybridEP; its traffic is DeepEP's (a token once to each node
+    holding one of its experts, then NVLink), priced so, with a note."""
+    deepep = simulate(capsys, "--moe-token-dispatcher-type", "flex")
+    hybrid = simulate(capsys, "--moe-token-dispatcher-type", "flex",
+                      "--moe-flex-dispatcher-backend", "hybridep", "--moe-hybridep-num-sms", "20")
+    assert hybrid["iteration_time_ms"] == deepep["iteration_time_ms"]
+    assert main(["simulate", "--preset", "mixtral-8x7b", "--moe-token-dispatcher-type", "flex",
+                 "--moe-flex-dispatcher-backend", "hybridep"]) == 0
+    assert "note: HybridEP priced as DeepEP" in capsys.readouterr().err
+
+
 def test_other_flex_backends_are_refused_with_exit_status_2() -> None:
     run = subprocess.run([sys.executable, "-m", "ppsim.cli", "simulate", "--preset",
                           "mixtral-8x7b", "--moe-token-dispatcher-type", "flex",
-                          "--moe-flex-dispatcher-backend", "hybridep"],
+                          "--moe-flex-dispatcher-backend", "ncclep"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "Traceback" not in run.stderr
-    assert "--moe-flex-dispatcher-backend: hybridep" in run.stderr
+    assert "--moe-flex-dispatcher-backend: ncclep" in run.stderr
 
 
 @pytest.mark.parametrize("dispatcher, more, words", [
