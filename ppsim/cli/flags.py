@@ -319,12 +319,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
                                           flag("moe_token_dispatcher_type"),
                                           bool(cfg.pipeline.moe_shared_expert_overlap))
     _check_layer_counts(cfg, flag)
-    unpriced = megatron_run.unpriced_given(args)
-    if unpriced:
-        print(f"note: {', '.join(unpriced)} taken, not priced (ppsim prices Megatron's fused "
-              "kernels, its causal attention among them, each launched from the host, and "
-              "neither Python's garbage collector nor the allocator's cache)",
-              file=sys.stderr)
+    for note in megatron_run.unpriced_notes(args):
+        print(note, file=sys.stderr)
     return _with_world(cfg, flag)
 
 

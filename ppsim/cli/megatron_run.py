@@ -34,7 +34,10 @@ RUN = {
     "regularization": (
         "weight-decay", "clip-grad", "adam-beta1", "adam-beta2", "adam-eps", "sgd-momentum",
         "apply-wd-to-qk-layernorm", "muon-momentum", "muon-nesterov", "muon-scale-mode",
-        "muon-coefficient-type", "muon-extra-scale-factor", "muon-scalar-optimizer"),
+        "muon-coefficient-type", "muon-extra-scale-factor", "muon-scalar-optimizer",
+        "head-lr-mult", "embedding-init-method-std", "use-mup", "mup-width-mult",
+        "mup-base-hidden-size", "mup-base-head-dim", "mup-embedding-mult", "mup-output-mult",
+        "mup-attn-scale-power"),
     "numerics checks and loss scaling": (
         "seed", "init-method-xavier-uniform", "data-parallel-random-init",
         "use-cpu-initialization", "loss-scale", "initial-loss-scale", "min-loss-scale",
@@ -49,18 +52,32 @@ RUN = {
         "no-ckpt-fully-parallel-save", "ckpt-fully-parallel-load",
         "ckpt-assume-constant-structure", "dist-ckpt-strictness", "use-dist-ckpt",
         "save-retain-interval", "non-persistent-save-interval", "non-persistent-ckpt-type",
-        "non-persistent-global-ckpt-dir", "non-persistent-local-ckpt-dir"),
+        "non-persistent-global-ckpt-dir", "non-persistent-local-ckpt-dir",
+        "ckpt-convert-format", "ckpt-convert-save", "dist-ckpt-format", "dist-ckpt-workers",
+        "dist-ckpt-optim-fully-reshardable", "ckpt-fully-parallel-load-exchange-algo",
+        "async-strategy", "persistent-save-interval", "use-persistent-ckpt-worker",
+        "override-ckpt-iteration", "load-main-params-from-ckpt", "verify-integrity",
+        "use-mp-args-from-checkpoint-args", "ckpt-drop-redundant-extra-state",
+        "no-ckpt-load-validate-sharding-integrity", "non-persistent-local-ckpt-algo"),
     "data": (
         "data-path", "split", "train-data-path", "valid-data-path", "test-data-path",
         "data-args-path", "per-split-data-args-path", "data-cache-path", "no-mmap-bin-files",
         "mock-data", "num-workers", "dataloader-type", "reset-position-ids",
         "eod-mask-loss", "no-create-attention-mask-in-dataloader",
         "num-dataset-builder-threads", "object-storage-cache-path",
-        "mid-level-dataset-surplus"),
+        "mid-level-dataset-surplus",
+        "dataloader-defer-npy-index-mmap", "dataloader-fast-cache-load",
+        "per-dataset-sequences-path", "phase-transition-iterations", "multiple-validation-sets",
+        "validation-set-names", "full-validation", "eval-global-batch-size",
+        "eval-micro-batch-size", "start-eval-at-iter", "sft", "fim-data", "fim-rate",
+        "fim-spm-rate", "fim-split-sample", "fim-fragment-rate", "fim-no-prefix"),
     "tokenizer": (
         "tokenizer-type", "tokenizer-model", "vocab-file", "merge-file", "vocab-extra-ids",
         "tiktoken-pattern", "tiktoken-num-special-tokens", "trust-remote-code",
-        "tokenizer-hf-include-special-tokens", "tokenizer-hf-no-include-special-tokens"),
+        "tokenizer-hf-include-special-tokens", "tokenizer-hf-no-include-special-tokens",
+        "tokenizer-hf-no-use-fast", "tokenizer-metadata", "tokenizer-sentencepiece-legacy",
+        "tokenizer-special-tokens", "null-tokenizer-eod-id", "null-tokenizer-pad-id",
+        "chat-template", "no-save-tokenizer-assets"),
     "logging and validation": (
         "log-interval", "log-params-norm", "log-throughput", "log-progress",
         "timing-log-level", "timing-log-option", "tensorboard-dir", "tensorboard-log-interval",
@@ -70,7 +87,12 @@ RUN = {
         "log-num-zeros-in-grad", "log-energy", "wandb-project", "wandb-exp-name",
         "wandb-save-dir", "wandb-entity", "logging-level", "log-straggler",
         "straggler-minmax-count", "disable-straggler-on-startup", "moe-per-layer-logging",
-        "eval-iters", "eval-interval"),
+        "eval-iters", "eval-interval",
+        "log-device-memory-used", "log-memory-interval", "log-max-attention-logit",
+        "config-logger-dir", "no-one-logger", "one-logger-project", "one-logger-run-name",
+        "one-logger-async", "app-tag-run-name", "app-tag-run-version", "nvtx-ranges",
+        "pytorch-profiler-collect-shapes", "pytorch-profiler-collect-callstack",
+        "pytorch-profiler-collect-chakra", "record-shapes"),
     "post-training (Model Optimizer)": (
         "export-model-type", "export-legacy-megatron", "export-te-mcore-model",
         "export-default-te-spec", "export-kd-teacher-model-config",
@@ -81,24 +103,52 @@ RUN = {
         "profile", "profile-step-start", "profile-step-end", "profile-ranks",
         "use-pytorch-profiler", "record-memory-history", "memory-snapshot-path",
         "distributed-backend", "distributed-timeout-minutes", "local-rank",
-        "enable-experimental", "disable-gloo-process-groups"),
+        "enable-experimental", "disable-gloo-process-groups",
+        "lazy-mpu-init", "no-initialization", "use-same-sampling-seed-across-dp-ranks",
+        "enable-ft-package", "calc-ft-timeouts", "ft-num-warmup-iters",
+        "exit-signal-handler-for-training", "exit-signal-handler-for-dataloader",
+        "adlr-autoresume", "adlr-autoresume-interval", "flight-recorder-dump-path",
+        "flight-recorder-trace-buffer-size", "flight-recorder-include-stack-trace",
+        "inprocess-restart", "gpu-sniff-test-interval"),
 }
 """Megatron's arguments that change nothing in a steady training iteration (a batch
 ramp-up ends at --global-batch-size, the iteration ppsim prices)."""
-UNPRICED = (
-    "no-masked-softmax-fusion", "no-bias-gelu-fusion", "no-bias-dropout-fusion",
-    "no-rope-fusion", "no-gradient-accumulation-fusion",
-    "no-persist-layer-norm", "cross-entropy-loss-fusion", "cross-entropy-fusion-impl",
-    "manual-gc", "manual-gc-interval", "empty-unused-memory-level", "reset-attention-mask",
-    "use-fused-weighted-squared-relu", "cuda-graph-impl", "cuda-graph-scope",
-    "cuda-graph-warmup-steps", "external-cuda-graph", "enable-cuda-graph", "te-rng-tracker",
-    "muon-no-split-qkv", "muon-fp32-matmul-prec", "muon-use-syrk",
-    "disable-bf16-reduced-precision-matmul")
+UNPRICED_GROUPS = {
+    "ppsim prices Megatron's default fused kernels, and neither Python's garbage collector "
+    "nor the allocator's cache": (
+        "no-masked-softmax-fusion", "no-bias-gelu-fusion", "no-bias-dropout-fusion",
+        "no-rope-fusion", "no-gradient-accumulation-fusion", "no-persist-layer-norm",
+        "cross-entropy-loss-fusion", "cross-entropy-fusion-impl", "manual-gc",
+        "manual-gc-interval", "empty-unused-memory-level", "reset-attention-mask",
+        "use-fused-weighted-squared-relu", "muon-no-split-qkv", "muon-fp32-matmul-prec",
+        "muon-use-syrk", "disable-bf16-reduced-precision-matmul", "deterministic-mode",
+        "disable-jit-fuser", "no-gradient-reduce-div-fusion", "use-te-activation-func",
+        "use-transformer-engine-op-fuser", "fused-residual-rmsnorm",
+        "disable-clone-scatter-output-in-embedding", "keep-fp8-transpose-cache"),
+    "ppsim launches each kernel from the host, as eager PyTorch does": (
+        "cuda-graph-impl", "cuda-graph-scope", "cuda-graph-modules", "cuda-graph-warmup-steps",
+        "external-cuda-graph", "enable-cuda-graph", "inference-cuda-graph-scope",
+        "te-rng-tracker"),
+    "ppsim prices each collective's traffic on its links, not these NCCL, stream and "
+    "overlap tunings": (
+        "ddp-average-in-collective", "ddp-pad-buckets-for-high-nccl-busbw",
+        "ddp-reduce-scatter-with-fp32-accumulation", "no-align-grad-reduce",
+        "no-align-param-gather", "no-overlap-p2p-communication",
+        "overlap-p2p-communication-warmup-flush", "high-priority-stream-groups",
+        "nccl-communicator-config-path", "use-sharp", "sharp-enabled-group", "use-nccl-ub",
+        "disable-symmetric-registration", "symmetric-ar-type", "tp-comm-overlap-cfg",
+        "tp-comm-bootstrap-backend", "tp-comm-overlap-rs-dgrad", "disable-tp-comm-overlap-ag",
+        "disable-tp-comm-overlap-rs", "disable-tp-comm-split-ag", "disable-tp-comm-split-rs",
+        "disable-tp-comm-bulk-dgrad", "disable-tp-comm-bulk-wgrad",
+        "pipeline-model-parallel-comm-backend", "use-ring-exchange-p2p"),
+}
 """Megatron's arguments that change an iteration's time or memory a little in ways ppsim
-does not model: its memory-bound operations and attention are priced as Megatron's
-default fused kernels (a per-document attention mask is not one), each kernel launched
-from the host (CUDA graphs replay captured ones without it), and neither Python's
-garbage collector nor the allocator's cache is."""
+does not model, by why not: its memory-bound operations and attention are priced as
+Megatron's default fused kernels (a per-document attention mask is not one), each kernel
+launched from the host (CUDA graphs replay captured ones without it), each collective by
+its traffic; Python's garbage collector and the allocator's cache are not modelled."""
+UNPRICED = tuple(f for group in UNPRICED_GROUPS.values() for f in group)
+"""Every UNPRICED_GROUPS flag."""
 _QUANTIZERS = ("Model Optimizer's quantizers run beside every linear (quantization-aware "
                "training), which ppsim does not price", "drop it to plan the run without them")
 _FROZEN = ("freezes part of the model, whose parameters then keep no gradients or optimizer "
@@ -150,6 +200,17 @@ def unpriced_given(args: argparse.Namespace) -> list[str]:
     """The UNPRICED flags given, as typed."""
     return [f"--{f}" for f in UNPRICED
             if getattr(args, PREFIX + f.replace("-", "_"), None) is not None]
+
+
+def unpriced_notes(args: argparse.Namespace) -> list[str]:
+    """A note for each group of UNPRICED flags given: which, and why not priced."""
+    given = set(unpriced_given(args))
+    notes = []
+    for why, flags in UNPRICED_GROUPS.items():
+        named = [f"--{f}" for f in flags if f"--{f}" in given]
+        if named:
+            notes.append(f"note: {', '.join(named)} taken, not priced ({why})")
+    return notes
 
 
 def check_run_flags(args: argparse.Namespace) -> str | None:

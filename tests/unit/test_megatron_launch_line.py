@@ -127,6 +127,26 @@ def test_unpriced_switches_are_named_on_stderr_and_change_nothing() -> None:
                                       "--empty-unused-memory-level"))
 
 
+def test_each_reason_gets_its_note() -> None:
+    """Megatron's newer names (--cuda-graph-modules, Megatron-LM's CUDA graph guide) and
+    communication tunings were "unrecognized arguments"; each group's note says why it is
+    not priced, and resiliency and µP switches pass silently."""
+    code, base, _ = _run(["simulate", *PRICED, *JOB, "--json"])
+    switches = ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-modules", "attn",
+                "mlp", "--use-sharp", "--no-align-grad-reduce", "--deterministic-mode",
+                "--enable-ft-package", "--use-mup", "--mup-width-mult", "4",
+                "--log-memory-interval", "10"]
+    code, out, err = _run(["simulate", *PRICED, *JOB, *switches, "--json"])
+    assert code == 0 and out == base
+    notes = [line for line in err.splitlines() if "not priced" in line]
+    assert len(notes) == 3
+    graphs = next(n for n in notes if "--cuda-graph-modules" in n)
+    assert "--cuda-graph-impl" in graphs and "from the host" in graphs
+    comm = next(n for n in notes if "--use-sharp" in n)
+    assert "--no-align-grad-reduce" in comm and "traffic" in comm
+    assert not any(f in err for f in ("--enable-ft-package", "--use-mup", "--log-memory"))
+
+
 @pytest.mark.parametrize("extra, field", [
     (["--optimizer", "sgd"], "--optimizer"),
     (["--optimizer", "adaptive_muon"], "--optimizer"),
