@@ -67,7 +67,7 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
     if job_flags:
         add_job_flags(p)
     if split_flags:
-        _add_split_flags(p)
+        add_split_flags(p)
 
 
 def _add_pipeline_flags(g: Any) -> None:
@@ -130,11 +130,13 @@ def _add_memory_policy_flags(g: Any) -> None:
                    "bytes a microbatch fewer")
 
 
-def _add_split_flags(p: argparse.ArgumentParser) -> None:
-    """The split, in each of the ways Megatron, torchtitan and ppsim give one."""
+def add_split_flags(p: argparse.ArgumentParser, counts: bool = True) -> None:
+    """The split, in each of the ways Megatron, torchtitan and ppsim give one (`counts`:
+    with ppsim's --split; `plan` takes Megatron's ways alone, its launch line's split)."""
     s = p.add_argument_group("split (one of)")
-    s.add_argument("--split", metavar="N,N,...",
-                   help="layers per virtual stage, or 'even' (Megatron's default)")
+    if counts:
+        s.add_argument("--split", metavar="N,N,...",
+                       help="layers per virtual stage, or 'even' (Megatron's default)")
     s.add_argument("--layout", "--pipeline-model-parallel-layout", dest="layout",
                    metavar="STR", help="Megatron pipeline layout string")
     s.add_argument("--first-stage-layers", "--decoder-first-pipeline-num-layers",

@@ -13,6 +13,7 @@ from ppsim.cli.render import compact_table, step_bar
 from ppsim.cli.simulate import exports_of
 from ppsim.cli.torchtitan_job import torchtitan_job, torchtitan_text
 from ppsim.config import limits, validate
+from ppsim.config.schema import SPLIT_KEYS
 from ppsim.errors import UserError
 from ppsim.job.model import data_parallel
 from ppsim.job.policy_search import POLICY_AXES, mode_flags
@@ -285,6 +286,12 @@ def fixed_sizes(args: argparse.Namespace) -> dict[str, int]:
     return out
 
 
+def split_flags_given(args: argparse.Namespace) -> list[str]:
+    """The split flags given (a launch line's: its layout, first and last stages' layers,
+    embedding and loss accounted), as attribute names."""
+    return [k for k in SPLIT_KEYS if k != "split" and getattr(args, k, None) not in (None, False)]
+
+
 def cmd_job_plan(args: argparse.Namespace) -> int:
     """Plan the job's shape: what `ppsim plan` does when --gpus is given. Sizes given as
     flags (--tp, --cp, --ep, --pp, --vpp, --dp, --micro-batch-size) are held; the config's
@@ -299,6 +306,9 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
                    fix="give the sequences per iteration, e.g. --global-batch-size 1024")
     if args.top < 1:
         raise UserError("--top", f"must be at least 1, got {args.top}", "use --top 5")
+    if split_flags_given(args):
+        print("note: the job search plans each shape's own split; the launch line's split "
+              "is compared by `ppsim plan` with its shape and without --gpus", file=sys.stderr)
     validate.seconds("--time-budget", args.time_budget)
     if args.compare:
         raise UserError("--compare", "compares splits of one shape, not a job's shapes",

@@ -9,8 +9,14 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ppsim.cli.flags import add_config_flags, assume_hardware, config_from_args, emit_json
-from ppsim.cli.jobplan import cmd_job_plan
+from ppsim.cli.flags import (
+    add_config_flags,
+    add_split_flags,
+    assume_hardware,
+    config_from_args,
+    emit_json,
+)
+from ppsim.cli.jobplan import cmd_job_plan, split_flags_given
 from ppsim.cli.plan_render import print_result
 from ppsim.cli.render import job_dict
 from ppsim.cli.schedule import print_notes
@@ -29,6 +35,7 @@ from ppsim.pipeline.exports import (
 )
 from ppsim.pipeline.megatron_rules import refusals
 from ppsim.pipeline.problem import Problem, build_problem
+from ppsim.pipeline.split import Split
 from ppsim.plan.advice import no_fit_message
 from ppsim.plan.baselines import FrameworkSplit
 from ppsim.plan.bounds import CHUNKED_BOUND_NOTE
@@ -139,10 +146,14 @@ program is cubic in the layers)."""
 def plan_with_references(problem: Problem, compare_texts: list[str], top_k: int,
                          budget_s: float, progress: Any = None,
                          started: float | None = None,
-                         specs: DeepSpeedSpecs = DEFAULT_SPECS) -> Planned:
-    """Plan, seeded with the baselines and the references so it is never slower."""
+                         specs: DeepSpeedSpecs = DEFAULT_SPECS,
+                         given: Split | None = None) -> Planned:
+    """Plan, seeded with the baselines and the references so it is never slower;
+    `given`: a launch line's split, a reference too."""
     base = megatron_baseline(problem)
     refs = compare(problem, compare_texts)
+    if given is not None:
+        refs.insert(0, Reference(GIVEN, given, time_split(problem, given)))
     deadline = Deadline(time.perf_counter() + FRAMEWORK_SHARE * budget_s)
     frameworks, without = framework_baselines(problem, specs, deadline)
     seeds = [r.split.counts for r in ([base] if base else []) + frameworks + refs
@@ -172,9 +183,10 @@ def _retime_shared(problem: Problem, res: PlanResult, refs: list[Reference]) -> 
 
 def run_search(cfg: Config, axes: list[str], top_k: int, budget_s: float,
                show_progress: bool, compare_texts: list[str] | None = None,
-               started: float | None = None, specs: DeepSpeedSpecs = DEFAULT_SPECS
-               ) -> tuple[Planned, list[tuple[str, PlanResult]]]:
-    """Plan every variant; the best result overall, and each variant's result."""
+               started: float | None = None, specs: DeepSpeedSpecs = DEFAULT_SPECS,
+               given: Split | None = None) -> tuple[Planned, list[tuple[str, PlanResult]]]:
+    """Plan every variant; the best result overall, and each variant's result (`given`:
+    a launch line's split, a reference row of the configured shape)."""
     vs = variants(cfg, axes)
     results: list[tuple[str, Planned]] = []
     # One deadline for the whole search: each variant's set-up (its problem, schedule
@@ -203,7 +215,8 @@ def run_search(cfg: Config, axes: list[str], top_k: int, budget_s: float,
             # References belong to the configured shape; variants are planned bare.
             texts = (compare_texts or []) if v is vs[0] else []
             results.append((v.label, plan_with_references(
-                problem, texts, top_k, share, tick, started=begun, specs=specs)))
+                problem, texts, top_k, share, tick, started=begun, specs=specs,
+                given=given if v is vs[0] else None)))
             bar.advance(task)
     fitting = [r for _, r in results if r.result.best is not None]
     best = min(fitting, key=lambda r: r.result.best.key) if fitting else results[0][1]  # type: ignore
@@ -288,6 +301,17 @@ def result_dict(planned: Planned, specs: DeepSpeedSpecs = DEFAULT_SPECS) -> dict
     return out
 
 
+GIVEN = "given split"
+"""The label of the split a pasted launch line gives (--pipeline-model-parallel-layout,
+--decoder-first/last-pipeline-num-layers, --account-for-*-in-pipeline-split)."""
+
+
+def given_split(args: argparse.Namespace, cfg: Config) -> Split | None:
+    """The split the flags give (a launch line's, which plan compares; refused as Megatron
+    refuses it), or None."""
+    return build_problem(cfg).split if split_flags_given(args) else None
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     started = process_start()  # the budget covers the whole command
     if getattr(args, "gpus", None) is not None:  # the whole job's shape, with its split
@@ -307,7 +331,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     planned, per_variant = run_search(cfg, axes, args.top, args.time_budget,
                                       show_progress=not args.json and sys.stderr.isatty(),
                                       compare_texts=args.compare or [], started=started,
-                                      specs=specs)
+                                      specs=specs, given=given_split(args, cfg))
     best = planned.result
 
     if assumed:  # after the checks: bad input stays one line on stderr
@@ -343,6 +367,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def register(commands: dict) -> None:
     def add(p: argparse.ArgumentParser) -> None:
         add_config_flags(p, split_flags=False)
+        add_split_flags(p, counts=False)  # a pasted launch line's split: a row to beat
         p.add_argument("--json", action="store_true", help="one JSON object on stdout")
         p.add_argument("--top", type=int, default=5, metavar="K", help="candidates to show")
         p.add_argument("--search", metavar="AXES",
