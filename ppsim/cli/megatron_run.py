@@ -155,6 +155,9 @@ _FROZEN = ("freezes part of the model, whose parameters then keep no gradients o
            "states; ppsim prices training every parameter",
            "drop it, or give --qad-train-target both")
 REFUSED = {
+    "checkpoint-activations": ((), "is no longer valid (Megatron's words)",
+                               "use --recompute-activations, or, for more control, "
+                               "--recompute-granularity and --recompute-method"),
     "export-kd-teacher-load": ((), "distillation runs a teacher model's forward beside the "
                                "student's every microbatch, which ppsim does not price",
                                "drop it to plan the student alone"),
@@ -167,8 +170,8 @@ REFUSED = {
     "freeze-base-for-mtp": ((), *_FROZEN),
 }
 """Model Optimizer's post-training arguments that make an iteration other than the one
-ppsim prices: flag -> (the values that do not, the problem, the fix). Refused by
-check_run_flags."""
+ppsim prices, and what Megatron itself refuses: flag -> (the values that do not, the
+problem, the fix). Refused by check_run_flags."""
 TRAINING_COMMANDS = ("run", "demo")
 """Commands that train for real: a --weight-decay or --clip-grad they took and dropped
 would mislead, so they take none of these (ppsim run has its own --lr and --seed)."""

@@ -70,6 +70,7 @@ def test_a_post_training_config_prices_as_its_model_alone() -> None:
     ("--export-offline-model", "--export-offline-model"),
     ("--qad-train-target mtp", "--qad-train-target mtp"),
     ("--freeze-base-for-mtp", "--freeze-base-for-mtp"),
+    ("--checkpoint-activations", "--checkpoint-activations: is no longer valid"),
 ])
 def test_what_makes_another_iteration_is_refused_by_name(flags: str, named: str) -> None:
     code, out, err = _run(["simulate", "--preset", "llama3-8b", *shlex.split(flags), *JOB])
