@@ -9,6 +9,7 @@ the backward and the next forward do not hide).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
@@ -24,7 +25,7 @@ from ppsim.job.flops import iteration_flops, torchtitan_flops_per_token
 from ppsim.job.fsdp import FsdpSteps, fsdp_steps
 from ppsim.job.ranks import Sizes, Span, group_ranks, pipeline_hops, span
 from ppsim.job.shape import JobShape, job_shape, tp_overlap_refusal
-from ppsim.job.tail import Tail, rank_tail
+from ppsim.job.tail import FirstChunk, Tail, first_chunk, rank_tail
 from ppsim.job.throughput import Throughput, throughput
 from ppsim.job.topology import Network, network
 
@@ -201,10 +202,16 @@ class Job:
     def tail(self, params: int, forward_ms: float, backward_ms: float,
              memory_bandwidth_gbps: float, optimizer_fixed_ms: float = 0.0,
              holds_embedding: bool = False, expert_params: int = 0,
-             holds_head: bool = False) -> Tail:
+             holds_head: bool = False, unbucketed: FirstChunk | None = None) -> Tail:
         """One rank's data-parallel step (ppsim.job.tail)."""
         return rank_tail(self, params, forward_ms, backward_ms, memory_bandwidth_gbps,
-                         optimizer_fixed_ms, holds_embedding, expert_params, holds_head)
+                         optimizer_fixed_ms, holds_embedding, expert_params, holds_head,
+                         unbucketed)
+
+    def unbucketed(self, stage_ranks: Sequence[int], costs: Sequence[Any], rank: int
+                   ) -> FirstChunk | None:
+        """The chunk whose whole gradients wait at the end on `rank` (ppsim.job.tail)."""
+        return first_chunk(stage_ranks, costs, rank)
 
     @property
     def flops(self) -> float:

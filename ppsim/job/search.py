@@ -142,10 +142,12 @@ def exposed_comm_ms(problem: Problem, summary: Summary) -> float:
     mine = [c for i, c in enumerate(problem.stage_costs) if problem.schedule.stage_rank(i) == rank]
     if not job.replaces_tail:
         return per_rank
+    ranks = [problem.schedule.stage_rank(i) for i in range(len(problem.stage_costs))]
     tail = job.tail(sum(c.params for c in mine), sum(c.forward_ms for c in mine),
-                    sum(c.backward_ms for c in mine), 0.0,
-                    holds_embedding=rank == problem.schedule.stage_rank(0),
-                    holds_head=rank == problem.schedule.stage_rank(len(problem.stage_costs) - 1))
+                    sum(c.backward_ms for c in mine), 0.0, holds_embedding=rank == ranks[0],
+                    expert_params=sum(c.expert_params for c in mine),
+                    holds_head=rank == ranks[-1],
+                    unbucketed=job.unbucketed(ranks, problem.stage_costs, rank))
     return per_rank + tail.reduce_ms
 
 

@@ -12,14 +12,17 @@ What they hide still holds NCCL's SMs from the compute beside them (Job.collecti
 Buckets fill in reverse order of the forward and close once they reach the bucket size,
 so the rank holding the embedding has it in the bucket reduced last and gathered first:
 that bucket is at least the embedding's own parameters (131,072 x 2,048 = 268M for
-Megatron's 1.7B GPT, beside 40M buckets), and nothing hides it. Under FSDP the tail
-holds what FSDP runs once a step (ppsim.job.fsdp) and the optimizer on the rank's shard.
+Megatron's 1.7B GPT, beside 40M buckets), and nothing hides it. Only pipeline rank 0 is
+bucketed; elsewhere each chunk is one bucket, the first chunk's last (FirstChunk). Under
+FSDP the tail holds what FSDP runs once a step (ppsim.job.fsdp) and the optimizer on the
+rank's shard.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ppsim.costs.arch import DTYPE_BYTES
 from ppsim.costs.fp8 import gathered_weight_bytes
@@ -41,6 +44,34 @@ class Tail:
     cost the compute they run beside."""
     optimizer_ms: float
     """AdamW on the rank's (shard of its) parameters."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FirstChunk:
+    """A pipeline rank's first model chunk, on a rank Megatron does not bucket: its DDP
+    splits gradients into buckets on pipeline rank 0's first chunk alone (elsewhere
+    "data-parallel communication ... is not on the critical path",
+    distributed_data_parallel.py), so each chunk there is one bucket, and the first
+    chunk's, whose backward ends last, waits whole."""
+
+    dense: int
+    """Its parameters but the routed experts'."""
+    experts: int
+    """Its routed experts' parameters (their own buffer, one bucket too)."""
+    whole: bool
+    """The rank's only chunk (its embedding or output layer in it)."""
+
+
+def first_chunk(stage_ranks: Sequence[int], costs: Sequence[Any], rank: int
+                ) -> FirstChunk | None:
+    """The first chunk `rank` holds (stage i on rank stage_ranks[i], costs[i] its
+    params and expert_params); None on the first pipeline rank, which buckets."""
+    if not stage_ranks or rank == stage_ranks[0]:
+        return None
+    mine = [i for i, r in enumerate(stage_ranks) if r == rank]
+    c = costs[mine[0]]
+    return FirstChunk(dense=c.params - c.expert_params, experts=c.expert_params,
+                      whole=len(mine) == 1)
 
 
 def bucket_params(job: Job, params: int) -> int:
@@ -68,7 +99,7 @@ def edge_params(job: Job, holds_embedding: bool, holds_head: bool) -> int:
 def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
               memory_bandwidth_gbps: float, optimizer_fixed_ms: float = 0.0,
               holds_embedding: bool = False, expert_params: int = 0,
-              holds_head: bool = False) -> Tail:
+              holds_head: bool = False, unbucketed: FirstChunk | None = None) -> Tail:
     """The tail of a rank holding `params` (`expert_params` of them routed experts')
     whose one microbatch takes forward_ms and backward_ms (the windows the overlaps hide
     in); `holds_embedding`: the rank of the first stage, whose exposed bucket is the
@@ -76,7 +107,9 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
     experts' over the expert data-parallel group, each buffer in its own collectives,
     one after the other. Under --fp8-param-gather the layers' weights gather in FP8, the
     embedding's and the output layer's in the training dtype (ppsim.costs.fp8; layers
-    --first-last-layers-bf16 keeps in bf16 are counted as FP8 here, a layer or two)."""
+    --first-last-layers-bf16 keeps in bf16 are counted as FP8 here, a layer or two).
+    `unbucketed`: on pipeline ranks but the first, the first chunk, whose whole gradients
+    are the last bucket (FirstChunk)."""
     dense = params - expert_params
     named = [(n, g) for n, g in ((dense, "dp"), (expert_params, "edp")) if n]
     embedding = job.embedding_params if holds_embedding else 0  # in the first bucket
@@ -101,15 +134,21 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
             """`wide` of the `n` gathered in the training dtype."""
             return all_gather_ms(n * weights + wide * (w16 - weights), job.link(g + "_shard"))
 
-        reduce = (_overlapped(sum(rs(n, g) for n, g in named), rs(bucket, last_g),
+        last = [(bucket, last_g, min(bucket, embedding))] if unbucketed is None else [
+            (unbucketed.dense, "dp", edges if unbucketed.whole else 0),
+            (unbucketed.experts, "edp", 0)]
+        reduce = (_overlapped(sum(rs(n, g) for n, g in named),
+                              sum(rs(n, g) for n, g, _ in last if n),
                               backward_ms, job.overlap_grad_reduce, share)
                   + _overlapped(sum(ag(n, g, edges if g == "dp" else 0) for n, g in named),
-                                ag(bucket, last_g, min(bucket, embedding)),
+                                sum(ag(n, g, wide) for n, g, wide in last if n),
                                 forward_ms, job.overlap_param_gather, share))
     else:
         ar = sum(all_reduce_ms(n * grads, job.link(g)) for n, g in named)
-        reduce = _overlapped(ar, all_reduce_ms(bucket * grads, job.link(last_g)), backward_ms,
-                             job.overlap_grad_reduce, share)
+        last_ar = all_reduce_ms(bucket * grads, job.link(last_g)) if unbucketed is None else \
+            sum(all_reduce_ms(n * grads, job.link(g)) for n, g in
+                ((unbucketed.dense, "dp"), (unbucketed.experts, "edp")) if n)
+        reduce = _overlapped(ar, last_ar, backward_ms, job.overlap_grad_reduce, share)
     step = step_ms(job, dense, expert_params, edges, memory_bandwidth_gbps)
     if params and (step or optimizer_fixed_ms):
         step += optimizer_fixed_ms

@@ -125,8 +125,9 @@ def _job_parts(s: Schedule, costs: Sequence[StageCost], params: list[int], job: 
         bwd[s.stage_rank(i)] += c.backward_ms
         experts[s.stage_rank(i)] += c.expert_params
     first, last = s.stage_rank(0), s.stage_rank(len(costs) - 1)  # embedding's, head's
+    ranks = [s.stage_rank(i) for i in range(len(costs))]
     tails = [job.tail(n, f, b, memory_bandwidth_gbps, optimizer_fixed_ms, r == first, e,
-                      r == last)
+                      r == last, job.unbucketed(ranks, costs, r))
              for r, (n, f, b, e) in enumerate(zip(params, fwd, bwd, experts, strict=True))]
     return [(t.reduce_ms + job.embedding_sync_ms(r), t.optimizer_ms)
             for r, t in enumerate(tails)]

@@ -165,8 +165,9 @@ def test_a_bf16_first_layer_gathers_in_bf16() -> None:
 
 def test_fp8_param_gather_gathers_the_layers_in_fp8_and_the_embedding_in_bf16() -> None:
     """pp 2, dp 16, both overlaps: rank 0's exposed bucket is the embedding's (bf16:
-    fp32 gradients reduce-scattered, bf16 weights gathered, 4 + 2 bytes); rank 1's a 40M
-    bucket of its first layers, gathered in FP8 (4 + 1)."""
+    fp32 gradients reduce-scattered, bf16 weights gathered, 4 + 2 bytes); rank 1, which
+    Megatron does not bucket, waits on all its gradients, its layers gathered in FP8
+    (4 + 1) and its output layer in bf16 (4 + 2)."""
     problem = build_problem(cfg({"dp": 16, "distributed_optimizer": True, "fp8": "hybrid",
                                  "fp8_param_gather": True},
                                 {"pp": 2, "overlap_grad_reduce": True,
@@ -179,7 +180,10 @@ def test_fp8_param_gather_gathers_the_layers_in_fp8_and_the_embedding_in_bf16() 
         return 2 * 15 * NIC_STEP + 15 / 16 * n * (4 + weight_bytes) / bus
 
     assert reduce[0] == pytest.approx(rs_ag(128256 * 4096, 2), rel=1e-9)
-    assert reduce[1] == pytest.approx(rs_ag(40e6, 1), rel=1e-9)
+    head = 128256 * 4096
+    layers = problem.stage_costs[1].params - head
+    assert reduce[1] == pytest.approx(rs_ag(layers, 1) + rs_ag(head, 2) - 2 * 15 * NIC_STEP,
+                                      rel=1e-9)
 
 
 def test_fp8_speeds_the_step_and_leaves_the_flop_count(capsys) -> None:

@@ -169,7 +169,8 @@ def test_tied_embeddings_reduce_between_the_first_and_last_stage() -> None:
 
 def test_only_the_embeddings_rank_waits_for_the_embeddings_bucket() -> None:
     """pp 2, dp 16, both overlaps: rank 0 (embedding) has the embedding's bucket exposed
-    in full; rank 1 (the head) a 40M bucket, Megatron's bucket size."""
+    in full; rank 1 (the head) all its gradients, one bucket: Megatron's DDP buckets only
+    pipeline rank 0 (distributed_data_parallel.py: bucket_size None where pp_rank > 0)."""
     problem = build_problem(cfg({"dp": 16, "distributed_optimizer": True},
                                 {"pp": 2, "overlap_grad_reduce": True,
                                  "overlap_param_gather": True},
@@ -182,7 +183,7 @@ def test_only_the_embeddings_rank_waits_for_the_embeddings_bucket() -> None:
         return 2 * 15 * NIC_STEP + 15 / 16 * n * (4 + 2) / bus
 
     assert reduce[0] == pytest.approx(rs_ag(128256 * 4096), rel=1e-9)
-    assert reduce[1] == pytest.approx(rs_ag(40e6), rel=1e-9)
+    assert reduce[1] == pytest.approx(rs_ag(problem.stage_costs[1].params), rel=1e-9)
 
 
 @pytest.mark.parametrize("buckets", [{"ddp_bucket_size": 100_000_000},
@@ -191,7 +192,8 @@ def test_only_the_embeddings_rank_waits_for_the_embeddings_bucket() -> None:
 def test_megatrons_bucket_flags_set_the_bucket_left_exposed(buckets: dict) -> None:
     """--ddp-bucket-size N: N parameters a bucket; --ddp-num-buckets K: the rank's
     parameters // K (Megatron's resolve_ddp_bucket_size). A bucket larger than the rank's
-    parameters is all of them; the embedding's rank never less than its table."""
+    parameters is all of them; the embedding's rank never less than its table. Rank 1
+    is not bucketed whatever the flags: all its gradients wait."""
     pipe = {"pp": 2, "overlap_grad_reduce": True, "overlap_param_gather": True}
     problem = build_problem(cfg({"dp": 16, "distributed_optimizer": True},
                                 {**pipe, **buckets}, {"collective_sms": 0}))
@@ -207,7 +209,28 @@ def test_megatrons_bucket_flags_set_the_bucket_left_exposed(buckets: dict) -> No
     embedding = 128256 * 4096
     assert reduce[0] == pytest.approx(rs_ag(min(params[0], max(bucket[0], embedding))),
                                       rel=1e-9)
-    assert reduce[1] == pytest.approx(rs_ag(bucket[1]), rel=1e-9)
+    assert reduce[1] == pytest.approx(rs_ag(params[1]), rel=1e-9)
+
+
+def test_interleaved_ranks_wait_on_their_first_chunk_whole() -> None:
+    """pp 2, vpp 2 (8 layers): rank 1 holds chunks 1 and 3; its first chunk's backward
+    ends last, and unbucketed its whole gradients wait, the later chunk's having reduced
+    behind that backward. Rank 0 buckets its first chunk (the embedding's bucket)."""
+    problem = build_problem(cfg({"dp": 16, "distributed_optimizer": True, "num_layers": 8},
+                                {"pp": 2, "vpp": 2, "schedule": "interleaved-1f1b",
+                                 "microbatches": 4, "overlap_grad_reduce": True,
+                                 "overlap_param_gather": True},
+                                {"collective_sms": 0}))
+    reduce = [r for _, r, _ in simulate(problem).timeline.step]
+    bus = min(NV, 8 * NIC)
+
+    def rs_ag(n: float) -> float:
+        return 2 * 15 * NIC_STEP + 15 / 16 * n * (4 + 2) / bus
+
+    chunk = problem.stage_costs[1].params  # rank 1's first chunk: 2 layers, no head
+    assert chunk < sum(problem.stage_costs[i].params for i in (1, 3))
+    assert reduce[1] >= rs_ag(chunk) * (1 - 1e-9)
+    assert reduce[0] >= rs_ag(128256 * 4096) * (1 - 1e-9)
 
 
 def test_both_bucket_flags_are_refused_as_megatron_refuses_them(capsys) -> None:
