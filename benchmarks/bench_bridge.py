@@ -46,7 +46,12 @@ from bench_job import plan_case
 
 from ppsim.cli.main import main as ppsim
 
-DP_OVERLAPS = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+DP_OVERLAPS = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+               "--ddp-bucket-size", str(128 * 1024 * 1024)]
+"""The data-parallel overlaps Bridge's CommOverlapConfig sets where dp > 1 (with its
+128M-parameter buckets; src/megatron/bridge/training/comm_overlap.py). Its performance
+scripts also overlap the first bucket's gather with the optimizer step where pp and vpp
+> 1 (--overlap-param-gather-with-optimizer-step), which ppsim does not price."""
 OVERLAPS = [*DP_OVERLAPS, "--tp-comm-overlap"]
 FP8 = ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-param-gather"]
 

@@ -140,7 +140,8 @@ UNPRICED_GROUPS = {
         "tp-comm-bootstrap-backend", "tp-comm-overlap-rs-dgrad", "disable-tp-comm-overlap-ag",
         "disable-tp-comm-overlap-rs", "disable-tp-comm-split-ag", "disable-tp-comm-split-rs",
         "disable-tp-comm-bulk-dgrad", "disable-tp-comm-bulk-wgrad",
-        "pipeline-model-parallel-comm-backend", "use-ring-exchange-p2p"),
+        "pipeline-model-parallel-comm-backend", "use-ring-exchange-p2p",
+        "overlap-param-gather-with-optimizer-step"),
 }
 """Megatron's arguments that change an iteration's time or memory a little in ways ppsim
 does not model, by why not: its memory-bound operations and attention are priced as
