@@ -26,8 +26,8 @@ from ppsim.costs.arch import (
     OPTIMIZERS,
     POSITIONS,
     RECOMPUTE,
-    vocab_split_problem,
 )
+from ppsim.costs.layerops import vocab_split_problem
 from ppsim.costs.model import INTEGER_FIELDS
 from ppsim.errors import UserError
 

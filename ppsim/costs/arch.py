@@ -53,7 +53,7 @@ class Architecture:
     --make-vocab-size-divisible-by)."""
     pad_vocab: bool = True
     """False: vocab_size is the model's own, taken as it is (Megatron's
-    --padded-vocab-size); it must divide by tp (`vocab_split_problem`)."""
+    --padded-vocab-size); it must divide by tp (layerops.vocab_split_problem)."""
     micro_batch_size: int = 1
     """Sequences per microbatch."""
     gated_mlp: bool = True
@@ -392,15 +392,6 @@ def model_params(a: Architecture) -> tuple[int, int, int]:
     last = kind_params(a, kinds[-1]) if kinds else KindParams(0, 0, 0)
     mtp = a.mtp_layers * (last.dense + last.experts + mtp_extra_params(a))
     return total, active, mtp
-
-
-def vocab_split_problem(vocab_size: int, pad_vocab: bool, tp: int) -> str | None:
-    """Megatron's VocabParallelEmbedding and output layer give each tensor-parallel rank
-    vocab_size / tp rows (`divide`, megatron/core/utils.py): a vocabulary taken as it is
-    must divide by tp. What Megatron's assertion says, or None."""
-    if pad_vocab or vocab_size % tp == 0:
-        return None
-    return f"{vocab_size} is not divisible by {tp}"
 
 
 STATE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}

@@ -30,6 +30,15 @@ def padded_vocab(a: Architecture) -> int:
     return -(-a.vocab_size // m) * m
 
 
+def vocab_split_problem(vocab_size: int, pad_vocab: bool, tp: int) -> str | None:
+    """Megatron's VocabParallelEmbedding and output layer give each tensor-parallel rank
+    vocab_size / tp rows (`divide`, megatron/core/utils.py): a vocabulary taken as it is
+    must divide by tp. What Megatron's assertion says, or None."""
+    if pad_vocab or vocab_size % tp == 0:
+        return None
+    return f"{vocab_size} is not divisible by {tp}"
+
+
 def _tokens(a: Architecture) -> int:
     return a.seq_length * a.micro_batch_size
 

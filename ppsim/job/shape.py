@@ -156,16 +156,8 @@ def check(cfg: Any) -> None:
         raise UserError("pipeline.overlap_param_gather", "--overlap-param-gather only "
                         "supported with distributed optimizer", "add "
                         "--use-distributed-optimizer (distributed_optimizer = true in [model])")
-    if a.cp > 1 and a.seq_length % (2 * a.cp):
-        raise UserError("model.cp", f"seq_length ({a.seq_length}) is not divisible by 2 x cp "
-                        f"({2 * a.cp}): causal load balancing splits each sequence in 2 x cp "
-                        "chunks", "choose cp so that 2 x cp divides seq_length")
-    if a.cp > 1 and a.unfused_attention:
-        raise UserError("model.cp", "Context parallelism is only supported by "
-                        "TEDotProductAttention! (Megatron's assertion; the unfused attention "
-                        "core is not)", "use cp = 1, or a fused --attention-backend")
-    if a.cp > 1 and a.cp_comm_type == "a2a":
-        _ulysses_heads(a)
+    if a.cp > 1:
+        _context_parallel(a)
     # ep above dp x cp is a preset's view of one replica's experts (no world to carve from).
     if a.dp * a.cp >= a.ep and (a.dp * a.cp) % a.ep:
         raise UserError("model.ep", f"ep ({a.ep}) does not divide dp x cp ({a.dp * a.cp}): "
@@ -173,6 +165,22 @@ def check(cfg: Any) -> None:
                         "choose ep dividing dp x cp")
     if p.global_batch_size:
         microbatches_for(p.global_batch_size, a.micro_batch_size, a.dp)
+
+
+def _context_parallel(a: Any) -> None:
+    """cp > 1 as Megatron takes it: the sequence in 2 x cp chunks (causal load
+    balancing), Transformer Engine's attention (its unfused core refused in Megatron's
+    words), and under a2a the heads split over cp."""
+    if a.seq_length % (2 * a.cp):
+        raise UserError("model.cp", f"seq_length ({a.seq_length}) is not divisible by 2 x cp "
+                        f"({2 * a.cp}): causal load balancing splits each sequence in 2 x cp "
+                        "chunks", "choose cp so that 2 x cp divides seq_length")
+    if a.unfused_attention:
+        raise UserError("model.cp", "Context parallelism is only supported by "
+                        "TEDotProductAttention! (Megatron's assertion; the unfused attention "
+                        "core is not)", "use cp = 1, or a fused --attention-backend")
+    if a.cp_comm_type == "a2a":
+        _ulysses_heads(a)
 
 
 def _ulysses_heads(a: Any) -> None:

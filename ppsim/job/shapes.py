@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from itertools import product
 from typing import Any
 
-from ppsim.costs.arch import vocab_split_problem
+from ppsim.costs.layerops import vocab_split_problem
 from ppsim.costs.mixer_split import split_problem
 
 PP_CHOICES = (1, 2, 4, 8, 16, 32, 64)
