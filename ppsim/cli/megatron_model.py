@@ -49,7 +49,7 @@ ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
 IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base": float,
            "rotary-percent": float, "init-method-std": float, "disable-bias-linear": None,
            "qk-layernorm": None, "attention-softmax-in-fp32": None, "use-flash-attn": None,
-           "sequence-parallel": None, "transformer-impl": str, "use-mcore-models": None,
+           "sequence-parallel": None, "use-mcore-models": None,
            "moe-router-load-balancing-type": [str], "moe-aux-loss-coeff": [float],
            "moe-router-score-function": str, "moe-router-enable-expert-bias": None,
            "moe-router-topk-scaling-factor": float, "moe-router-bias-update-rate": float,
@@ -80,6 +80,8 @@ MTP's loss scale weighs the loss).
 None: a switch; [type]: one or more values."""
 ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
 """Megatron's AttnBackend (megatron/core/transformer/enums.py)."""
+TRANSFORMER_IMPLS = ("transformer_engine", "local", "inference_optimized")
+"""Megatron's --transformer-impl; ppsim prices Transformer Engine's layer spec (its default)."""
 UNFUSED_BACKENDS = ("unfused", "local")
 """The backends that compute the whole score matrix (`unfused_attention`), as Model
 Optimizer's --export-force-local-attention does too."""
@@ -137,6 +139,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
         else:
             g.add_argument(f"--{flag}", type=kind, help=hidden)
     g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, help=hidden)
+    g.add_argument("--transformer-impl", choices=TRANSFORMER_IMPLS, help=hidden)
     g.add_argument("--expert-tensor-parallel-size", type=int, help=hidden)
     g.add_argument("--cp-comm-type", nargs="+", help=hidden)
     g.add_argument("--optimizer", help=hidden)
@@ -268,6 +271,30 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
     if divisor is not None:
         out["vocab_divisor"] = divisor
     return out
+
+
+def check_spec(args: argparse.Namespace) -> None:
+    """The layer spec ppsim prices is Transformer Engine's (fused norms and attention):
+    Megatron's local spec (separate norms, DotProductAttention) and the inference one are
+    refused; attention sinks (--softmax-type learnable or off-by-one), which no
+    FlashAttention kernel takes, are said to be priced at its rate."""
+    get = lambda dest: getattr(args, dest, None)  # noqa: E731
+    impl = get("transformer_impl")
+    if impl not in (None, "transformer_engine"):
+        raise UserError(f"--transformer-impl {impl}", "ppsim prices Transformer Engine's "
+                        "layer spec (norms fused into the linears, a fused attention); "
+                        "Megatron's local or inference spec builds other modules",
+                        "drop it; --attention-backend unfused prices the local spec's "
+                        "attention")
+    if get("softmax_type") in ("learnable", "off-by-one") and not _unfused_given(get):
+        print(f"note: --softmax-type {get('softmax_type')} (attention sinks) priced at "
+              "FlashAttention's rate, which runs no sinks: Transformer Engine takes cuDNN's "
+              "fused kernel or its unfused path (--attention-backend unfused prices that)",
+              file=sys.stderr)
+
+
+def _unfused_given(get: Any) -> bool:
+    return get(FORCE_LOCAL) is not None or get("attention_backend") in UNFUSED_BACKENDS
 
 
 def _optimizer_fields(get: Any) -> dict[str, Any]:

@@ -242,3 +242,25 @@ def test_a_cost_file_measured_on_the_fused_core_is_refused_for_the_unfused_one()
     check_model(measured, fused)  # the same model: taken
     with pytest.raises(UserError, match="unfused_attention"):
         check_model(measured, {**fused, "unfused_attention": True})
+
+
+def test_megatrons_local_spec_is_refused_not_priced_as_transformer_engines() -> None:
+    """--transformer-impl local builds separate norms and DotProductAttention; ppsim took
+    it silently and priced Transformer Engine's fused modules."""
+    for impl in ("local", "inference_optimized"):
+        code, out, err = _run(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb",
+                               "--transformer-impl", impl])
+        assert code == 2 and out == ""
+        assert err.strip().splitlines() == [line for line in err.splitlines() if line] and \
+            err.count("\n") == 1 and f"--transformer-impl {impl}" in err
+    assert _run(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb",
+                 "--transformer-impl", "transformer_engine"])[0] == 0
+
+
+def test_attention_sinks_say_which_kernel_the_price_assumes() -> None:
+    base = ["simulate", "--preset", "gpt-oss-120b", "--hardware", "h100-80gb", "--pp", "4",
+            "--softmax-type", "learnable"]
+    _, _, err = _run(base)
+    assert "note: --softmax-type learnable (attention sinks) priced at FlashAttention" in err
+    _, _, err = _run([*base, "--attention-backend", "unfused"])
+    assert "attention sinks" not in err
