@@ -116,7 +116,7 @@ def test_presets_print_it_back_and_it_reads_back() -> None:
 def test_padding_rules(vocab: int, tp: int, divisor: int) -> None:
     """Padded: the least multiple of divisor x tp at or above the vocabulary. As given:
     itself, accepted exactly when tp divides it."""
-    heads = {"num_heads": 16 * 3, "num_kv_heads": 16 * 3, "tp": tp}
+    heads = {"num_heads": 48, "num_kv_heads": 48, "tp": tp}
     a = Architecture(num_layers=1, hidden_size=64, num_heads=48, num_kv_heads=48,
                      ffn_hidden_size=256, vocab_size=vocab, seq_length=16, tp=tp,
                      vocab_divisor=divisor)
