@@ -286,15 +286,11 @@ def check_spec(args: argparse.Namespace) -> None:
                         "Megatron's local or inference spec builds other modules",
                         "drop it; --attention-backend unfused prices the local spec's "
                         "attention")
-    if get("softmax_type") in ("learnable", "off-by-one") and not _unfused_given(get):
+    if get("softmax_type") in ("learnable", "off-by-one") and not _unfused(args):
         print(f"note: --softmax-type {get('softmax_type')} (attention sinks) priced at "
               "FlashAttention's rate, which runs no sinks: Transformer Engine takes cuDNN's "
               "fused kernel or its unfused path (--attention-backend unfused prices that)",
               file=sys.stderr)
-
-
-def _unfused_given(get: Any) -> bool:
-    return get(FORCE_LOCAL) is not None or get("attention_backend") in UNFUSED_BACKENDS
 
 
 def _optimizer_fields(get: Any) -> dict[str, Any]:

@@ -178,7 +178,7 @@ TRAINING_COMMANDS = ("run", "demo")
 """Commands that train for real: a --weight-decay or --clip-grad they took and dropped
 would mislead, so they take none of these (ppsim run has its own --lr and --seed)."""
 PREFIX = "megatron_run_"
-"""Where argparse keeps what these flags were given (read back by `unpriced_given`)."""
+"""Where argparse keeps what these flags were given (read back by `unpriced_notes`)."""
 
 
 def add_run_flags(p: argparse.ArgumentParser) -> None:
@@ -201,18 +201,12 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
         g.add_argument(f"--{flag}", action="store_true", default=None, help=argparse.SUPPRESS)
 
 
-def unpriced_given(args: argparse.Namespace) -> list[str]:
-    """The UNPRICED flags given, as typed."""
-    return [f"--{f}" for f in UNPRICED
-            if getattr(args, PREFIX + f.replace("-", "_"), None) is not None]
-
-
 def unpriced_notes(args: argparse.Namespace) -> list[str]:
     """A note for each group of UNPRICED flags given: which, and why not priced."""
-    given = set(unpriced_given(args))
     notes = []
     for why, flags in UNPRICED_GROUPS.items():
-        named = [f"--{f}" for f in flags if f"--{f}" in given]
+        named = [f"--{f}" for f in flags
+                 if getattr(args, PREFIX + f.replace("-", "_"), None) is not None]
         if named:
             notes.append(f"note: {', '.join(named)} taken, not priced ({why})")
     return notes
@@ -232,10 +226,9 @@ def check_run_flags(args: argparse.Namespace) -> str | None:
                             "is Megatron's closest, --fsdp torchtitan's FSDP2")
     megatron_model.check_spec(args)
     for name, (inert, problem, fix) in REFUSED.items():
-        given = flag(PREFIX + name.replace("-", "_"))
-        values = given if isinstance(given, list) else [given]
-        if given is not None and not (values and set(values) <= set(inert)):
-            raise UserError(" ".join([f"--{name}", *map(str, values)]).strip(), problem, fix)
+        given = flag(PREFIX + name.replace("-", "_"))  # its values: nargs="*"
+        if given is not None and not (given and set(given) <= set(inert)):
+            raise UserError(" ".join([f"--{name}", *given]), problem, fix)
     if flag("optimizer_cpu_offload"):
         raise UserError("--optimizer-cpu-offload", "the optimizer stepping on the host is not "
                         "modelled", "drop it (ppsim prices the optimizer on the GPU)")

@@ -64,6 +64,10 @@ FP8_ALIGN = 16
 """What an FP8 GEMM's dimensions divide by on Hopper (megatron/core/fp8_utils.py
 get_fp8_align_size; mxfp8's 32 is Blackwell's)."""
 MIXER_KINDS = ("mamba", "gdn", "attention", "mla", "dsa", "mlp", "moe-mlp")
+ATTENTION_KINDS = ("dense", "moe", "attention", "mla", "dsa")
+"""Layer kinds with a full attention block: its cost grows with the sequence, and context
+parallelism splits it by sequence chunks. Mamba and GatedDeltaNet mixers are linear in
+the sequence and split by heads; MLP and MoE blocks alone have no attention."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -230,6 +234,12 @@ def mtp_kinds(a: Architecture) -> tuple[str, ...]:
         return parse_pattern(a.hybrid_layer_pattern).mtp_kinds
     kinds = layer_kinds(a)
     return (kinds[-1] if kinds else "dense",)
+
+
+def piece_kinds(a: Architecture, kind: str) -> tuple[str, ...]:
+    """The layer kinds a piece of `kind` runs: an MTP module's decoder layers (mtp_kinds),
+    or the one layer."""
+    return mtp_kinds(a) if kind == "mtp" else (kind,)
 
 
 # ------------------------------------------------------------------ ops

@@ -312,7 +312,7 @@ def module_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
         return ModuleEffect(kept_bytes=kept, offloaded_bytes=0, freed_bytes=0,
                             repeated_ops=frozenset({"*"}),
                             transient_bytes=int(sum(saved.values())) - kept
-                            + scores_workspace(a, kind))
+                            + scores_workspace(a, saved))
     kept = kept_tensors(a, kind, recompute)
     moved = {n for m in offload if applies(m, a, kind) for n in _moves(a, m)} & set(kept)
     freed = moved - _held_elsewhere(a, kind, recompute, offload)
@@ -321,14 +321,14 @@ def module_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
                         freed_bytes=int(sum(v for n, v in kept.items() if n in freed)),
                         repeated_ops=_repeated(a, kind, recompute),
                         transient_bytes=_recomputed_bytes(a, kind, recompute, saved)
-                        + scores_workspace(a, kind))
+                        + scores_workspace(a, saved))
 
 
-def scores_workspace(a: Architecture, kind: str) -> int:
-    """What an unfused attention core holds beside its kept tensors in its backward: the
-    buffer its batched matmul writes the scores into (Megatron's global memory buffer,
-    one a rank, reused by every layer) and the probabilities' gradient."""
-    if not a.unfused_attention or "attn.probs" not in saved_tensors(a, kind):
+def scores_workspace(a: Architecture, saved: dict[str, float]) -> int:
+    """What an unfused attention core holds beside a layer's `saved` tensors in its
+    backward: the buffer its batched matmul writes the scores into (Megatron's global
+    memory buffer, one a rank, reused by every layer) and the probabilities' gradient."""
+    if "attn.probs" not in saved:
         return 0
     return int(2 * scores_elements(a) * DTYPE_BYTES[a.dtype])
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from ppsim.costs.arch import Architecture, layer_kinds
 from ppsim.costs.hybrid import parse_pattern
 from ppsim.costs.layerops import padded_vocab
-from ppsim.costs.mixers import any_kind_params
+from ppsim.costs.mixers import ATTENTION_KINDS, any_kind_params
 
 GEMM = 3 * 2
 """Forward + weight gradient + input gradient, 2 FLOPs per multiply-add."""
@@ -123,9 +123,6 @@ def _hybrid_flops(a: Architecture, global_batch_size: int, causal: bool) -> floa
     return 3 * global_batch_size * s * (per_token + core)
 
 
-ATTENTION_KINDS = frozenset({"dense", "moe", "attention", "dsa", "mla"})
-"""Layer kinds with a full attention (the rest are Mamba, GatedDeltaNet, MLP or MoE
-mixers, whose cost is linear in the sequence)."""
 
 
 def torchtitan_flops_per_token(a: Architecture) -> float:

@@ -26,7 +26,7 @@ from ppsim.costs.arch import (
 from ppsim.costs.fp8 import fp8_layers, layer_precision
 from ppsim.costs.layerops import mlp_ops
 from ppsim.costs.mixer_split import SSM_KINDS
-from ppsim.costs.mixers import attention_arch, kind_ops, mtp_kinds
+from ppsim.costs.mixers import ATTENTION_KINDS, attention_arch, kind_ops, piece_kinds
 from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.costs.ops import Op, op_times, piece_times
 from ppsim.costs.transformer import Accelerator, transformer_costs
@@ -38,7 +38,6 @@ from ppsim.job.collectives import (
 )
 from ppsim.job.model import Job
 from ppsim.job.traffic import (
-    ATTENTION_KINDS,
     SP_SUBLAYERS,
     Collective,
     PieceCollectives,
@@ -173,12 +172,6 @@ def edge_collectives(job: Job, a: Architecture, cost: LayerCost,
     tp = (Collective(group="tp", total_ms=one, exposed_ms=one),) if one else ()
     own = fsdp_collectives(job, cost, head, edge=True)
     return PieceCollectives(forward=tp + own.forward, backward=tp + own.backward)
-
-
-def piece_kinds(a: Architecture, kind: str) -> tuple[str, ...]:
-    """The layer kinds a piece of `kind` runs: an MTP module's decoder layers (its pattern's
-    in a hybrid stack, else one of the last layer's kind), or the one layer."""
-    return mtp_kinds(a) if kind == "mtp" else (kind,)
 
 
 def piece_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,

@@ -192,12 +192,6 @@ def cp_attention_ms(job: Job, a: Architecture, acc: Accelerator, window: int = 0
     return rest * f + fwd.exposed_ms, rest * (b + f * again) + bwd.exposed_ms
 
 
-ATTENTION_KINDS = ("dense", "moe", "attention", "mla", "dsa")
-"""Layer kinds with an attention block, which context parallelism splits by sequence
-chunks (their K/V traffic and the other chunks' work: cp_attention_ms). A Mamba or
-GatedDeltaNet mixer exchanges its heads for the sequence instead (cp_mixer_comm); an MLP
-or MoE block alone needs no context-parallel traffic."""
-
 
 def cp_mixer_comm(job: Job, a: Architecture, kind: str) -> Collective:
     """A Mamba or GatedDeltaNet mixer's context-parallel all-to-alls in one direction of

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ppsim.costs.arch import Architecture
-from ppsim.costs.mixers import kind_effect, mtp_kinds
+from ppsim.costs.mixers import kind_effect, piece_kinds
 from ppsim.costs.model import (
     LayerCost,
     ModelCosts,
@@ -105,7 +105,7 @@ class PolicyCosts:
         """The bytes the offload modules move off a piece of `kind`, and of those what
         leaves the device: an MTP module's decoder layers' summed."""
         effects = [kind_effect(self.arch, k, modules, offload)
-                   for k in (mtp_kinds(self.arch) if kind == "mtp" else (kind,))]
+                   for k in piece_kinds(self.arch, kind)]
         return (sum(e.offloaded_bytes for e in effects), sum(e.freed_bytes for e in effects))
 
     def memory_rises(self, policy: StagePolicy, offset: int, count: int) -> list[int]:
