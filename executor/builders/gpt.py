@@ -206,9 +206,9 @@ def build(fields: dict[str, Any]) -> Any:
 
     This GPT when they describe one (LayerNorm, learned positions, dense layers);
     a hybrid pattern's stack (ppsim.executor.builders.hybrid); otherwise (RMSNorm,
-    rotary, MoE layers, a head_dim of its own) the decoder of
-    ppsim.executor.builders.llama built exactly as described, so a run or a profile
-    measures what the cost model assumes.
+    rotary, MoE layers, a head_dim of its own, query and key norms, an output gate) the
+    decoder of ppsim.executor.builders.llama built exactly as described, so a run or a
+    profile measures what the cost model assumes.
     """
     a = architecture(fields)
     if a.fp8:
@@ -217,6 +217,7 @@ def build(fields: dict[str, Any]) -> Any:
     if a.hybrid_layer_pattern:
         return hybrid.build(fields)
     plain = (not a.rmsnorm and a.learned_positions and a.attention == "gqa"
+             and not (a.qk_layernorm or a.attention_output_gate)
              and a.head_dim in (0, a.hidden_size // a.num_heads)
              and set(layer_kinds(a)) == {"dense"})
     return GPTBuilder(GPTShape.from_fields(fields)) if plain else describe(fields)

@@ -3,6 +3,7 @@
 It follows the `[model]` architecture fields (ppsim.arch.Architecture), so it
 runs the model the cost model describes: `norm` (RMSNorm, or LayerNorm),
 `position` (rotary, or learned), `gated_mlp` (SwiGLU, or GELU), `head_dim`,
+`qk_layernorm` (a norm on each query and key head), `attention_output_gate`,
 and the layer kinds of `layers` ("dense*3, moe*5"; all MoE when num_experts >
 0 and no kinds are given). A MoE layer has `num_experts` experts of width
 `moe_ffn_hidden_size`, routes each token to its `top_k` (softmax router in
@@ -145,6 +146,10 @@ class Attention(nn.Module):
         self.v = nn.Linear(a.hidden_size, a.num_kv_heads * hd, bias=False)
         self.core = AttentionCore(window, a.unfused_attention)
         self.o = nn.Linear(a.num_heads * hd, a.hidden_size, bias=False)
+        self.q_norm = s.norm(hd) if a.qk_layernorm else None
+        self.k_norm = s.norm(hd) if a.qk_layernorm else None
+        self.gate = nn.Linear(a.hidden_size, a.num_heads * hd, bias=False) \
+            if a.attention_output_gate else None
         self.rotary = a.rotary
         if self.rotary:
             cos, sin = rotary_tables(a.seq_length, hd // 2 * 2, 10000.0)
@@ -152,8 +157,10 @@ class Attention(nn.Module):
             self.register_buffer("sin", sin[:, : hd // 2], persistent=False)
 
     def input_linears(self) -> list[nn.Module]:
-        """The projections that read the layer's normed input (Megatron's qkv_linear)."""
-        return [self.q, self.k, self.v]
+        """The projections that read the layer's normed input and the query and key norms
+        (Megatron's qkv_linear offloads them together)."""
+        extra = [m for m in (self.gate, self.q_norm, self.k_norm) if m is not None]
+        return [self.q, self.k, self.v, *extra]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -163,11 +170,33 @@ class Attention(nn.Module):
         q = self.q(x).view(b, t, self.heads, self.head_dim)
         k = self.k(x).view(b, t, self.kv_heads, self.head_dim)
         v = self.v(x).view(b, t, self.kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary:
             cos, sin = self.cos[:t, None], self.sin[:t, None]
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         a = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        return self.o(a.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+        out = a.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
+        if self.gate is not None:
+            out = _OutputGate.apply(out, self.gate(x))
+        return self.o(out)
+
+
+class _OutputGate(torch.autograd.Function):
+    """x * sigmoid(gate), the sigmoid in fp32, as Megatron's compiled _apply_output_gate:
+    x and the gate kept, the sigmoid made again in the backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, gate)
+        return (x * torch.sigmoid(gate.to(_stats_dtype(gate)))).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, gy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, gate = ctx.saved_tensors
+        dt = _stats_dtype(gate)
+        s, g = torch.sigmoid(gate.to(dt)), gy.to(dt)
+        return (g * s).to(x.dtype), (g * x.to(dt) * s * (1 - s)).to(gate.dtype)
 
 
 class MLP(nn.Module):

@@ -14,7 +14,8 @@ from ppsim.config import files, validate
 from ppsim.config.model import parse_model
 from ppsim.config.overrides import MODEL_KEYS, PIPELINE_KEYS, with_overrides
 from ppsim.config.schema import SPLIT_KEYS, Config, PipelineConfig, load_config
-from ppsim.costs.arch import FSDP_RESHARD, OPTIMIZER_DTYPES
+from ppsim.costs.arch import FSDP_RESHARD
+from ppsim.costs.state import OPTIMIZER_DTYPES
 from ppsim.errors import UserError
 from ppsim.job import shape as job_shape
 from ppsim.schedules.generators import schedule_for_vpp

@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import fields as dataclass_fields
 
 from ppsim.cli.megatron_model import bit_runs
-from ppsim.costs.arch import OPTIMIZER_DTYPES, Architecture, layer_kinds
+from ppsim.costs.arch import Architecture, layer_kinds
+from ppsim.costs.state import OPTIMIZER_DTYPES
 
 RECOMPUTE_FLAGS = {"none": [], "selective": ["--recompute-granularity", "selective"],
                    "full": ["--recompute-granularity", "full", "--recompute-method", "uniform",
@@ -38,6 +39,9 @@ def megatron_model_args(a: Architecture) -> list[str]:
         if a.num_kv_heads != a.num_heads:
             out += ["--group-query-attention"] + kv("--num-query-groups", a.num_kv_heads)
         out += kv("--kv-channels", a.head_dim) * bool(a.head_dim)
+        out += ["--attention-output-gate"] * a.attention_output_gate
+    # MLA's latent norms, which ppsim prices with it or without, are built by this flag.
+    out += ["--qk-layernorm"] * (a.qk_layernorm or a.attention == "mla")
     out += kv("--seq-length", a.seq_length) + kv("--max-position-embeddings", a.seq_length)
     out += kv("--vocab-size" if a.pad_vocab else "--padded-vocab-size", a.vocab_size)
     out += activation_args(a)

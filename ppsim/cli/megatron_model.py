@@ -44,11 +44,11 @@ ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
               "padded_vocab_size", "fp8_format", "fp8_recipe", "fp8_param_gather",
               "first_last_layers_bf16", "num_layers_at_start_in_bf16",
               "num_layers_at_end_in_bf16", "fp4_format", "cp_comm_type", "optimizer",
-              "muon_num_ns_steps", "muon_tp_mode")
+              "muon_num_ns_steps", "muon_tp_mode", "qk_layernorm", "attention_output_gate")
 """Every flag of the group that changes the model (the rest are accepted and ignored)."""
 IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base": float,
            "rotary-percent": float, "init-method-std": float, "disable-bias-linear": None,
-           "qk-layernorm": None, "attention-softmax-in-fp32": None, "use-flash-attn": None,
+           "attention-softmax-in-fp32": None, "use-flash-attn": None,
            "sequence-parallel": None, "use-mcore-models": None,
            "moe-router-load-balancing-type": [str], "moe-aux-loss-coeff": [float],
            "moe-router-score-function": str, "moe-router-enable-expert-bias": None,
@@ -97,7 +97,8 @@ from Megatron's tokenizer, so it is asked for here)."""
 MLA_DEFAULTS = {"kv_lora_rank": 32, "head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 """Megatron's --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim."""
 SWITCHES = ("group-query-attention", "swiglu", "untie-embeddings-and-output-weights", "bf16",
-            "fp16", "multi-latent-attention", "use-rotary-position-embeddings", "quick-geglu")
+            "fp16", "multi-latent-attention", "use-rotary-position-embeddings", "quick-geglu",
+            "qk-layernorm", "attention-output-gate")
 """Model flags without a value (flag_fields reads them)."""
 OTHER_INTS = ("num-query-groups", "kv-channels", "qk-head-dim",
               "moe-shared-expert-intermediate-size", "make-vocab-size-divisible-by",
@@ -243,6 +244,9 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
         out["gated_mlp"] = True
         out["gated_activation"] = "quick_geglu" if get("quick_geglu") else "swiglu"
     out.update(_window_fields(get("window_size"), get("window_attn_skip_freq")))
+    # Under MLA --qk-layernorm builds the latent norms, which ppsim prices either way.
+    out.update({k: True for k in ("qk_layernorm", "attention_output_gate")
+                if get(k) and not (k == "qk_layernorm" and get("multi_latent_attention"))})
     if get("normalization") is not None:
         out["norm"] = get("normalization").lower()
     position = _position(args)

@@ -17,7 +17,7 @@ from ppsim.config.schema import (
     check_config,
     hardware_config,
 )
-from ppsim.costs.arch import OPTIMIZER_DTYPES
+from ppsim.costs.state import OPTIMIZER_DTYPES
 from ppsim.errors import UserError
 from ppsim.job import shape as job_shape
 

@@ -59,11 +59,13 @@ MODEL_PRESETS: dict[str, dict] = {
     "qwen3-235b-a22b": dict(
         num_layers=94, hidden_size=4096, num_heads=64, num_kv_heads=4, head_dim=128,
         ffn_hidden_size=12288, num_experts=128, top_k=8, moe_ffn_hidden_size=1536, ep=8,
-        vocab_size=151936, seq_length=4096, micro_batch_size=1, tp=4, recompute="selective"),
+        vocab_size=151936, seq_length=4096, micro_batch_size=1, tp=4, recompute="selective",
+        qk_layernorm=True),
     "qwen3-30b-a3b": dict(
         num_layers=48, hidden_size=2048, num_heads=32, num_kv_heads=4, head_dim=128,
         ffn_hidden_size=6144, num_experts=128, top_k=8, moe_ffn_hidden_size=768, ep=8,
-        vocab_size=151936, seq_length=4096, micro_batch_size=1, recompute="selective"),
+        vocab_size=151936, seq_length=4096, micro_batch_size=1, recompute="selective",
+        qk_layernorm=True),
     "mixtral-8x7b": dict(
         num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, ffn_hidden_size=14336,
         num_experts=8, top_k=2, moe_ffn_hidden_size=14336, ep=8, vocab_size=32000,
@@ -107,7 +109,8 @@ MODEL_PRESETS: dict[str, dict] = {
         num_kv_heads=2, head_dim=256, ffn_hidden_size=5120, num_experts=512, top_k=10,
         moe_ffn_hidden_size=512, shared_experts=1, linear_num_key_heads=16,
         linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
-        vocab_size=151936, seq_length=4096, micro_batch_size=1, ep=8, recompute="selective"),
+        vocab_size=151936, seq_length=4096, micro_batch_size=1, ep=8, recompute="selective",
+        qk_layernorm=True, attention_output_gate=True),
 }
 
 MODEL_NOTES: dict[str, str] = {
@@ -130,10 +133,11 @@ MODEL_NOTES: dict[str, str] = {
     "shared), tp 2, ep 32, Muon (as Moonshot trained it and Megatron-Bridge's recipe runs "
     "it) under the distributed optimizer over dp 16 (moonshotai/Kimi-K2-Instruct "
     "config.json; Bridge's H100 recipe shape; 1T, 32B active)",
-    "qwen3-235b-a22b": "Qwen3-235B-A22B: 94 MoE layers, 128 experts top-8, GQA 64/4, tp 4, ep 8 "
-    "(Qwen/Qwen3-235B-A22B config.json; 235B, 22B active)",
+    "qwen3-235b-a22b": "Qwen3-235B-A22B: 94 MoE layers, 128 experts top-8, GQA 64/4 with "
+    "query and key norms, tp 4, ep 8 (Qwen/Qwen3-235B-A22B config.json; 235B, 22B active)",
     "qwen3-30b-a3b": "Qwen3-30B-A3B: 48 MoE layers, 128 experts top-8 (768 wide), GQA "
-    "32/4, ep 8 (Qwen/Qwen3-30B-A3B config.json; 30.5B, 3.3B active)",
+    "32/4 with query and key norms, ep 8 (Qwen/Qwen3-30B-A3B config.json; 30.5B, 3.3B "
+    "active)",
     "mixtral-8x7b": "Mixtral 8x7B: 32 MoE layers, 8 experts top-2, ep 8 "
     "(mistralai/Mixtral-8x7B-v0.1 config.json; 46.7B, 12.9B active)",
     "gpt-oss-120b": "gpt-oss-120b: 36 MoE layers, 128 experts top-4, GQA 64/8, a 128-token "
@@ -150,9 +154,9 @@ MODEL_NOTES: dict[str, str] = {
     "experts top-6, squared ReLU; its one shared expert of 3,712 counted as 2 of 1,856), 6 "
     "attention layers, ep 8 (Megatron-Bridge's nemotron_3_nano recipe; NVIDIA's Nemotron 3 "
     "Nano report: 31.6B, 3.2B active)",
-    "qwen3-next-80b-a3b": "Qwen3-Next-80B-A3B: 36 GatedDeltaNet + 12 attention layers, each "
-    "with a MoE (512 experts top-10 + 1 shared), 1 MTP, ep 8 (Qwen/Qwen3-Next-80B-A3B "
-    "config.json; 80B, 3B active)",
+    "qwen3-next-80b-a3b": "Qwen3-Next-80B-A3B: 36 GatedDeltaNet + 12 gated attention layers "
+    "(an output gate, query and key norms), each with a MoE (512 experts top-10 + 1 "
+    "shared), 1 MTP, ep 8 (Qwen/Qwen3-Next-80B-A3B config.json; 80B, 3B active)",
 }
 
 

@@ -22,13 +22,13 @@ from ppsim.costs.arch import (
     GATED_ACTIVATIONS,
     MUON_TP_MODES,
     NORMS,
-    OPTIMIZER_DTYPES,
     OPTIMIZERS,
     POSITIONS,
     RECOMPUTE,
 )
 from ppsim.costs.layerops import vocab_split_problem
 from ppsim.costs.model import INTEGER_FIELDS
+from ppsim.costs.state import OPTIMIZER_DTYPES
 from ppsim.errors import UserError
 
 MAX_MS = 1e9
@@ -321,7 +321,8 @@ def transformer(raw: dict[str, Any]) -> None:
     for key in ("gated_mlp", "distributed_optimizer", "dropout", "tie_embeddings", "pad_vocab",
                 "grad_reduce_in_bf16", "precision_aware_optimizer", "fsdp",
                 "moe_pad_to_capacity", "fp8_param_gather", "first_last_layers_bf16",
-                "bias_swiglu_fusion", "unfused_attention"):
+                "bias_swiglu_fusion", "unfused_attention", "qk_layernorm",
+                "attention_output_gate"):
         if key in raw:
             typed(f"model.{key}", raw[key], bool)
     for key in ("layers", "window_attn_skip_freq"):
@@ -340,6 +341,10 @@ def transformer(raw: dict[str, Any]) -> None:
             count(f"model.{key}", value, lo=0, hi=_ARCH_MAX, fix="use a smaller number")
     if isinstance(raw.get("num_layers"), int) and isinstance(raw.get("mtp_layers"), int):
         limits.check_shape(raw["num_layers"], 1, 1, 1, raw["mtp_layers"])
+    if raw.get("attention_output_gate") is True and raw.get("attention") == "mla":
+        raise UserError("model.attention_output_gate", "Output gate is not supported for "
+                        "MLA yet. (Megatron's error)", "drop attention_output_gate "
+                        "(--attention-output-gate) or use attention = \"gqa\"")
     parallel_shape(raw)
     state_rules.check(raw)
     features.sliding_window(raw)

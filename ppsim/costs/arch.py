@@ -211,6 +211,15 @@ class Architecture:
     every query head, the whole s x s scores by one batched matmul, a fused
     scale-mask-softmax, dropout on the probabilities, a second batched matmul; the
     probabilities kept for the backward (ppsim.costs.layerops.unfused_core_ops)."""
+    qk_layernorm: bool = False
+    """A norm (`norm`'s kind) on every query and key head before rotary (Megatron
+    --qk-layernorm, Transformer Engine's TENorm over head_dim; Qwen3, OLMo 2): two
+    memory-bound passes, their inputs and statistics kept. MLA's latent norms, which the
+    same flag builds in Megatron, are priced with or without it."""
+    attention_output_gate: bool = False
+    """Attention's output times the sigmoid of a gate the QKV projection makes as wide as
+    the queries (Megatron --attention-output-gate; Qwen3-Next): the gate and the gated
+    output kept. Not with MLA, which Megatron refuses it for."""
     fp8: str = ""
     """Transformer Engine's FP8 matmuls in the decoder layers (Megatron --fp8-format
     e4m3|hybrid; ppsim.costs.fp8); empty: bf16."""
@@ -309,6 +318,8 @@ class AttentionShape:
     """Input width of the output projection."""
     latent: int
     """MLA's compressed query/key-value latents (0 otherwise)."""
+    gate: int = 0
+    """The output gate the QKV projection makes (attention_output_gate; 0 without)."""
 
 
 def layer_windows(a: Architecture) -> tuple[int, ...]:
@@ -322,8 +333,8 @@ def attention_shape(a: Architecture) -> AttentionShape:
         qk = a.num_heads * (hd + a.qk_rope_head_dim)
         v = a.num_heads * (a.v_head_dim or hd)
         return AttentionShape(qk, qk, v, v, a.q_lora_rank + a.kv_lora_rank + a.qk_rope_head_dim)
-    kv = a.num_kv_heads * hd
-    return AttentionShape(a.num_heads * hd, kv, kv, a.num_heads * hd, 0)
+    kv, q = a.num_kv_heads * hd, a.num_heads * hd
+    return AttentionShape(q, kv, kv, q, 0, q if a.attention_output_gate else 0)
 
 
 def attention_params(a: Architecture) -> tuple[int, int]:
@@ -335,7 +346,8 @@ def attention_params(a: Architecture) -> tuple[int, int]:
         kv = (h * (a.kv_lora_rank + a.qk_rope_head_dim)
               + a.kv_lora_rank * a.num_heads * (hd + (a.v_head_dim or hd)))
         return q + kv + sh.out * h, h + a.q_lora_rank + a.kv_lora_rank
-    return h * (sh.q + sh.k + sh.v) + sh.out * h, h
+    hd = a.head_dim or h // a.num_heads
+    return h * (sh.q + sh.k + sh.v + sh.gate) + sh.out * h, h + 2 * hd * a.qk_layernorm
 
 
 def _mlp_params(a: Architecture, ffn: int, width: int = 0) -> int:
@@ -392,10 +404,3 @@ def model_params(a: Architecture) -> tuple[int, int, int]:
     last = kind_params(a, kinds[-1]) if kinds else KindParams(0, 0, 0)
     mtp = a.mtp_layers * (last.dense + last.experts + mtp_extra_params(a))
     return total, active, mtp
-
-
-STATE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-"""Bytes of one optimizer-state element in each dtype Megatron's flags name."""
-OPTIMIZER_DTYPES = {"main_grads_dtype": ("fp32", "bf16"), "main_params_dtype": ("fp32", "fp16"),
-                    "exp_avg_dtype": tuple(STATE_BYTES), "exp_avg_sq_dtype": tuple(STATE_BYTES)}
-"""Each state dtype field and the values Megatron's flag of that name takes."""

@@ -71,8 +71,9 @@ def window_share(s: int, window: int) -> float:
 
 
 def attention_ops(a: Architecture, window: int = 0) -> list[Op]:
-    """QKV projections (MLA: through the latents), rotary, the core (over a sliding
-    `window` when one is given), the output projection."""
+    """QKV projections (MLA: through the latents; the output gate's too), the query and
+    key norms, rotary, the core (over a sliding `window` when one is given), the output
+    gate, the output projection."""
     t, h, tok, w = a.tp, a.hidden_size, _tokens(a), DTYPE_BYTES[a.dtype]
     sh = attention_shape(a)
     if a.attention == "mla":
@@ -86,7 +87,8 @@ def attention_ops(a: Architecture, window: int = 0) -> list[Op]:
                 *_norm_ops(a, "kv_norm", a.kv_lora_rank),
                 _mm("kv_up", tok, kv_up / t, a.kv_lora_rank)]
     else:
-        ops = [_mm("qkv", tok, (sh.q + sh.k + sh.v) / t, h)]
+        ops = [_mm("qkv", tok, (sh.q + sh.k + sh.v + sh.gate) / t, h)]
+        ops += _norm_ops(a, "qk_norm", sh.q + sh.k) if a.qk_layernorm else []
     if a.rotary:
         ops.append(Op("rotary", nbytes=2 * tok * (sh.q + sh.k) * w / t))
     if a.unfused_attention:
@@ -96,6 +98,12 @@ def attention_ops(a: Architecture, window: int = 0) -> list[Op]:
         core = a.seq_length * a.seq_length * a.micro_batch_size * (sh.q + sh.out) / t \
             * window_share(a.seq_length, window)
         ops.append(Op("attention", flops=core, attention=True))
+    if sh.gate:
+        # One fused kernel (Megatron's compiled _apply_output_gate): reads the output and
+        # the gate, writes the product; its backward reads those and the product's
+        # gradient, writes both inputs' gradients.
+        ops.append(Op("output_gate", nbytes=tok * (2 * sh.out + sh.gate) * w / t,
+                      backward_bytes=tok * (3 * sh.out + 2 * sh.gate) * w / t))
     ops.append(_mm("out_proj", tok, h, sh.out / t))
     return ops
 

@@ -14,8 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ppsim.costs.arch import DTYPE_BYTES, KINDS, Architecture, attention_shape
+from ppsim.costs.attention_tensors import (
+    GATED,
+    UNFUSED_TENSORS,
+    qk_norm_and_gate,
+    scores_workspace,
+    unfused_tensors,
+)
 from ppsim.costs.fp8 import FP8_BYTES, FP8_INPUTS, PROJ_INPUT
-from ppsim.costs.layerops import layer_ops, scores_elements
+from ppsim.costs.layerops import layer_ops
 
 RECOMPUTE_MODULES = ("core_attn", "mlp", "moe_act", "layernorm", "mla_up_proj", "moe",
                      "shared_experts")
@@ -24,9 +31,6 @@ OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_nor
                    "expert_fc1", "moe_act")
 """Megatron's --offload-modules choices (each offloads the tensors its forward saves)."""
 
-UNFUSED_TENSORS = ("attn.k_rep", "attn.v_rep", "attn.probs", "attn.probs_mask",
-                   "attn.probs_dropped")
-"""What an unfused attention core keeps beyond its inputs (`unfused_tensors`)."""
 # Tensors each recompute module stops keeping. Output-discarding checkpoints
 # (layernorm, moe_act, mla_up_proj) free the module's output once its consumer has
 # run; whole-module checkpoints (core_attn, mlp, moe, shared_experts) keep only
@@ -59,7 +63,9 @@ _REPEATS = {
 # Tensors each offload module moves to the host.
 _MOVES = {
     "attn_norm": ("norm1.in", "norm1.stats"),
-    "qkv_linear": ("norm1.out",),
+    # Megatron offloads the query and key norms with the projection (both run inside
+    # get_query_key_value_tensors, under the qkv_linear offload context).
+    "qkv_linear": ("norm1.out", "qk_norm.in", "qk_norm.stats"),
     "core_attn": ("attn.q", "attn.k", "attn.v", "attn.out", "attn.lse", *UNFUSED_TENSORS),
     "attn_proj": ("attn.out",),
     "mlp_norm": ("norm2.in", "norm2.stats"),
@@ -87,19 +93,23 @@ def separate_norms(a: Architecture, kind: str) -> tuple[str, ...]:
 def _drops(a: Architecture, module: str, kind: str) -> tuple[str, ...]:
     """What a recompute module stops keeping in a layer of `kind`: `layernorm` the
     outputs and statistics of its separate norms; under FP8 recomputed attention frees
-    its bf16 output too (the projection keeps an FP8 copy)."""
+    its bf16 output too (the projection keeps an FP8 copy), unless an output gate keeps
+    it."""
     if module == "layernorm":
         norms = separate_norms(a, kind)
         return tuple(n for n in _DROPS[module] if n.partition(".")[0] in norms)
-    extra = ("attn.out",) if a.fp8_copies and module == "core_attn" else ()
+    extra = ("attn.out",) if (a.fp8_copies and module == "core_attn"
+                              and not a.attention_output_gate) else ()
     return _DROPS[module] + extra
 
 
 def _moves(a: Architecture, module: str) -> tuple[str, ...]:
-    """What an offload module moves: under FP8 the projection's input is its FP8 copy;
-    an unfused core saves no output (its second matmul keeps its inputs)."""
-    if a.fp8_copies and module == "attn_proj":
-        return (PROJ_INPUT,)
+    """What an offload module moves: the projection's input is its FP8 copy under FP8,
+    the gated output under an output gate; an unfused core saves no output (its second
+    matmul keeps its inputs)."""
+    if module == "attn_proj":
+        return (PROJ_INPUT,) if a.fp8_copies else (GATED,) if a.attention_output_gate \
+            else _MOVES[module]
     if a.unfused_attention and module == "core_attn":
         return tuple(n for n in _MOVES[module] if n != "attn.out")
     return _MOVES[module]
@@ -123,7 +133,8 @@ class HybridHalf:
 
 
 _ATTENTION_HALF = HybridHalf(
-    base="dense", prefixes=("norm1.", "attn.", "attn_proj.", "q_norm.", "kv_norm.", "drop1."),
+    base="dense", prefixes=("norm1.", "attn.", "attn_proj.", "q_norm.", "kv_norm.", "qk_norm.",
+                            "drop1."),
     modules=("core_attn", "layernorm", "mla_up_proj", "attn_norm", "qkv_linear", "attn_proj"))
 HYBRID_HALVES: dict[str, HybridHalf] = {
     "attention": _ATTENTION_HALF,
@@ -190,6 +201,7 @@ def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
     t.update({"attn.q": tok * sh.q * w, "attn.k": tok * sh.k * w, "attn.v": tok * sh.v * w,
               "attn.out": tok * sh.out * w})
     t.update(unfused_tensors(a) if a.unfused_attention else {"attn.lse": 4 * tok * a.num_heads})
+    t.update(qk_norm_and_gate(a))
     if a.dropout:
         t["drop1.mask"] = tok * h
         t["drop2.mask"] = tok * h
@@ -213,24 +225,8 @@ def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
     if a.fp8_copies:  # the FP8 linears keep their inputs in FP8 (ppsim.costs.fp8)
         t.update({n: v / w * FP8_BYTES for n, v in t.items() if n in FP8_INPUTS})
         t[PROJ_INPUT] = tok * sh.out * FP8_BYTES
+        t.pop(GATED, None)  # the projection's FP8 copy is of the gated output
     return {k: v / a.tp for k, v in t.items()}
-
-
-def unfused_tensors(a: Architecture) -> dict[str, float]:
-    """Bytes (all tp ranks together) an unfused attention core keeps beyond q, k and v
-    (ppsim.costs.layerops.unfused_core_ops): the repeated K and V's added heads, which
-    its first batched matmul saves; the probabilities, which the softmax's backward
-    reads; with dropout its mask and the dropped probabilities, the second matmul's
-    input. No log-sum-exp: that is FlashAttention's."""
-    sh, tok, w = attention_shape(a), _tokens(a), DTYPE_BYTES[a.dtype]
-    heads = a.num_heads
-    scores = scores_elements(a) * a.tp
-    t = {"attn.k_rep": tok * (heads * (sh.q // heads) - sh.k) * w,
-         "attn.v_rep": tok * (heads * (sh.out // heads) - sh.v) * w,
-         "attn.probs": scores * w}
-    if a.dropout:
-        t.update({"attn.probs_mask": scores, "attn.probs_dropped": scores * w})
-    return {n: v for n, v in t.items() if v > 0}
 
 
 def _half_tensors(a: Architecture, kind: str) -> dict[str, float]:
@@ -324,15 +320,6 @@ def module_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
                         + scores_workspace(a, saved))
 
 
-def scores_workspace(a: Architecture, saved: dict[str, float]) -> int:
-    """What an unfused attention core holds beside a layer's `saved` tensors in its
-    backward: the buffer its batched matmul writes the scores into (Megatron's global
-    memory buffer, one a rank, reused by every layer) and the probabilities' gradient."""
-    if "attn.probs" not in saved:
-        return 0
-    return int(2 * scores_elements(a) * DTYPE_BYTES[a.dtype])
-
-
 _REMADE = {"core_attn": ("attn.out",)}
 """Tensors a recompute module's forward makes again though another piece keeps the first:
 attention's output, which the output projection keeps as its input (and FlashAttention's
@@ -372,6 +359,8 @@ def _held_elsewhere(a: Architecture, kind: str, recompute: tuple[str, ...],
                                   else {"core_attn"})
     # under FP8 the projection keeps its own copy (PROJ_INPUT): attention's is one saver's
     held = set() if a.fp8_copies or out_savers <= set(offload) else {"attn.out"}
+    if a.attention_output_gate:  # the gate keeps attention's output too, never offloaded
+        held.add("attn.out")
     if "mla_up_proj" in recompute and applies("mla_up_proj", a, kind) and not a.q_lora_rank:
         held.add("norm1.out")
     return held

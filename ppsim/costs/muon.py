@@ -49,8 +49,11 @@ class Matrix:
 def _attention(a: Architecture) -> list[Matrix]:
     h, sh = a.hidden_size, attention_shape(a)
     if a.attention != "mla":
-        return [Matrix(rows=sh.q, cols=h, split="rows"), Matrix(rows=sh.k, cols=h, split="rows"),
-                Matrix(rows=sh.v, cols=h, split="rows"), Matrix(rows=h, cols=sh.out, split="cols")]
+        # Megatron's Muon splits the fused projection into q, its gate, k and v.
+        gate = [Matrix(rows=sh.gate, cols=h, split="rows")] if sh.gate else []
+        return [Matrix(rows=sh.q, cols=h, split="rows"), *gate,
+                Matrix(rows=sh.k, cols=h, split="rows"), Matrix(rows=sh.v, cols=h, split="rows"),
+                Matrix(rows=h, cols=sh.out, split="cols")]
     hd = a.head_dim or h // a.num_heads
     q = ([Matrix(rows=a.q_lora_rank, cols=h), Matrix(rows=sh.q, cols=a.q_lora_rank, split="rows")]
          if a.q_lora_rank else [Matrix(rows=sh.q, cols=h, split="rows")])

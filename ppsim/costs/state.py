@@ -5,7 +5,13 @@ precision-aware optimizer's dtypes, torchtitan's FSDP2."""
 
 from __future__ import annotations
 
-from ppsim.costs.arch import STATE_BYTES, Architecture
+from ppsim.costs.arch import Architecture
+
+STATE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+"""Bytes of one optimizer-state element in each dtype Megatron's flags name."""
+OPTIMIZER_DTYPES = {"main_grads_dtype": ("fp32", "bf16"), "main_params_dtype": ("fp32", "fp16"),
+                    "exp_avg_dtype": tuple(STATE_BYTES), "exp_avg_sq_dtype": tuple(STATE_BYTES)}
+"""Each state dtype field and the values Megatron's flag of that name takes."""
 
 
 def grad_bytes(a: Architecture) -> int:

@@ -3,17 +3,18 @@
 Restated from `num_floating_point_operations` (megatron/training/training.py, the BSHD
 path: every sequence seq_length tokens, causal). A transformer (transformer_flops): per
 token, every GEMM three times (forward, weight gradient, input gradient) at two FLOPs per
-multiply-add; attention projections, the core attention's causal half of QK^T and AV,
-dense MLPs, the routed experts a token visits (top_k, through the latent where
---moe-latent-size sets one) and the shared experts, MTP modules (counted as layers of
+multiply-add; attention projections (the output gate's too, --attention-output-gate),
+the core attention's causal half of QK^T and AV, dense MLPs, the routed experts a token
+visits (top_k, through the latent where --moe-latent-size sets one) and the shared
+experts, MTP modules (counted as layers of
 the last layer's kind plus their norms and projection), and the logits of the padded
 vocabulary once per head (main and MTP). A gated MLP counts its third matrix only under
 --swiglu (`ffn_expansion_factor = 3 if args.swiglu else 2`): --quick-geglu (gpt-oss)
 counts two. A hybrid stack (--hybrid-layer-pattern, hybrid_flops) counts each symbol of
 the main pattern and of every MTP depth: Mamba-2, GatedDeltaNet, attention, MLP and MoE
-layers by their own formulas ('D' and '+' layers are not counted, as in Megatron), and
-the logits once per head. Routers, norms and the optimizer are not counted, as in
-Megatron.
+layers by their own formulas ('D' and '+' layers, and an attention layer's output gate,
+are not counted, as in Megatron), and the logits once per head. Routers, norms and the
+optimizer are not counted, as in Megatron.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def _attention_terms(a: Architecture) -> tuple[float, float]:
         core = GEMM * (n * (hd + rope) / 2 + n * v / 2)
         return linear, core
     q, kv = hd * n, hd * a.num_kv_heads
-    return GEMM * (h * (q + 2 * kv) + q * h), GEMM * q / 2 * 2
+    gate = q if a.attention_output_gate else 0
+    return GEMM * (h * (q + 2 * kv + gate) + q * h), GEMM * q / 2 * 2
 
 
 def _ffn_factor(a: Architecture) -> int:

@@ -2,7 +2,8 @@
 
 `ppsim presets NAME` prints a preset's arguments (ppsim.cli.megatron_args); this holds
 the inverse for every valid architecture, not only the presets: dense or MoE layers in
-any order, GQA or MLA, either norm and position, tied or not, any precision, FP8 or not."""
+any order, GQA (with query and key norms, an output gate, or not) or MLA, either norm and
+position, tied or not, any precision, FP8 or not."""
 
 from __future__ import annotations
 
@@ -55,6 +56,8 @@ def architectures(draw):
         assume(experts % fields["ep"] == 0)
     if draw(st.booleans()):  # MLA
         fields.update(mla_fields(draw, heads))
+    else:  # query and key norms, an output gate
+        fields.update(qk_layernorm=draw(st.booleans()), attention_output_gate=draw(st.booleans()))
     try:
         return parse_model({"kind": "transformer", **fields}).arch
     except UserError:

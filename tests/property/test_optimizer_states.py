@@ -8,8 +8,8 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppsim.costs.arch import OPTIMIZER_DTYPES, STATE_BYTES, Architecture
-from ppsim.costs.state import bytes_per_param
+from ppsim.costs.arch import Architecture
+from ppsim.costs.state import OPTIMIZER_DTYPES, STATE_BYTES, bytes_per_param
 
 MOMENTS = ("exp_avg_dtype", "exp_avg_sq_dtype")
 
