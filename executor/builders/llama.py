@@ -11,7 +11,8 @@ fp32, weights renormalised over the chosen k, no auxiliary loss), runs them as a
 dropless grouped GEMM (each (token, slot) pair once, sorted by expert, no expert
 padded to the busiest: deferral.segmented_mm), and
 adds `shared_experts` always-on experts (as one MLP of their summed width,
-which is the same function). `attention = "mla"` builds DeepSeek's latent attention
+which is the same function; `shared_expert_gate` scales them by a sigmoid gate).
+`attention = "mla"` builds DeepSeek's latent attention
 (ppsim.executor.builders.mla). `attention_window` and `window_attn_skip_freq` give
 layers a sliding window (ppsim.executor.builders.stage.AttentionCore). Dropout is not
 built.
@@ -216,6 +217,19 @@ class MLP(nn.Module):
         return self.down(swiglu(self.gate(x), self.up(x), self.keep_silu))
 
 
+class GatedSharedExperts(MLP):
+    """The shared experts times a per-token sigmoid gate (Megatron's
+    --moe-shared-expert-gate): their output and the score kept for the product."""
+
+    def __init__(self, hidden: int, ffn: int, gated: bool = True,
+                 keep_silu: bool = False) -> None:
+        super().__init__(hidden, ffn, gated, keep_silu)
+        self.gate_weight = nn.Parameter(torch.empty(1, hidden).normal_(0.0, 0.02))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * torch.sigmoid(F.linear(x, self.gate_weight))
+
+
 class ExpertsFC1(nn.Module):
     """The experts' first matmuls (gate and up) as a piece of their own, Megatron's
     `expert_fc1`: what offloading it moves is the dispatched pairs they keep. It holds
@@ -252,8 +266,9 @@ class MoE(nn.Module):
         self.gate = nn.Parameter(torch.empty(e, h, f)) if a.gated_mlp else None
         self.up = nn.Parameter(torch.empty(e, h, f))
         self.down = nn.Parameter(torch.empty(e, f, h))
-        self.shared = MLP(h, f * a.shared_experts, a.gated_mlp,
-                          a.swiglu_keeps_silu) if a.shared_experts else None
+        shared = GatedSharedExperts if a.shared_expert_gate else MLP
+        self.shared = shared(h, f * a.shared_experts, a.gated_mlp,
+                             a.swiglu_keeps_silu) if a.shared_experts else None
         self.fc1 = ExpertsFC1()
         self.act = ExpertsAct(a.swiglu_keeps_silu)
 

@@ -126,6 +126,7 @@ def _moe_args(a: Architecture) -> list[str]:
     if a.shared_experts:
         out += ["--moe-shared-expert-intermediate-size",
                 str(a.shared_experts * a.moe_ffn_hidden_size)]
+        out += ["--moe-shared-expert-gate"] * a.shared_expert_gate
     if a.moe_latent_size:
         out += ["--moe-latent-size", str(a.moe_latent_size)]
     if a.moe_capacity_factor:

@@ -44,7 +44,8 @@ ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
               "padded_vocab_size", "fp8_format", "fp8_recipe", "fp8_param_gather",
               "first_last_layers_bf16", "num_layers_at_start_in_bf16",
               "num_layers_at_end_in_bf16", "fp4_format", "cp_comm_type", "optimizer",
-              "muon_num_ns_steps", "muon_tp_mode", "qk_layernorm", "attention_output_gate")
+              "muon_num_ns_steps", "muon_tp_mode", "qk_layernorm", "attention_output_gate",
+              "moe_shared_expert_gate")
 """Every flag of the group that changes the model (the rest are accepted and ignored)."""
 IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base": float,
            "rotary-percent": float, "init-method-std": float, "disable-bias-linear": None,
@@ -98,7 +99,7 @@ MLA_DEFAULTS = {"kv_lora_rank": 32, "head_dim": 128, "qk_rope_head_dim": 64, "v_
 """Megatron's --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim."""
 SWITCHES = ("group-query-attention", "swiglu", "untie-embeddings-and-output-weights", "bf16",
             "fp16", "multi-latent-attention", "use-rotary-position-embeddings", "quick-geglu",
-            "qk-layernorm", "attention-output-gate")
+            "qk-layernorm", "attention-output-gate", "moe-shared-expert-gate")
 """Model flags without a value (flag_fields reads them)."""
 OTHER_INTS = ("num-query-groups", "kv-channels", "qk-head-dim",
               "moe-shared-expert-intermediate-size", "make-vocab-size-divisible-by",
@@ -244,6 +245,8 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
         out["gated_mlp"] = True
         out["gated_activation"] = "quick_geglu" if get("quick_geglu") else "swiglu"
     out.update(_window_fields(get("window_size"), get("window_attn_skip_freq")))
+    if get("moe_shared_expert_gate"):
+        out["shared_expert_gate"] = True
     # Under MLA --qk-layernorm builds the latent norms, which ppsim prices either way.
     out.update({k: True for k in ("qk_layernorm", "attention_output_gate")
                 if get(k) and not (k == "qk_layernorm" and get("multi_latent_attention"))})

@@ -110,7 +110,7 @@ MODEL_PRESETS: dict[str, dict] = {
         moe_ffn_hidden_size=512, shared_experts=1, linear_num_key_heads=16,
         linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
         vocab_size=151936, seq_length=4096, micro_batch_size=1, ep=8, recompute="selective",
-        qk_layernorm=True, attention_output_gate=True),
+        qk_layernorm=True, attention_output_gate=True, shared_expert_gate=True),
 }
 
 MODEL_NOTES: dict[str, str] = {
@@ -156,7 +156,7 @@ MODEL_NOTES: dict[str, str] = {
     "Nano report: 31.6B, 3.2B active)",
     "qwen3-next-80b-a3b": "Qwen3-Next-80B-A3B: 36 GatedDeltaNet + 12 gated attention layers "
     "(an output gate, query and key norms), each with a MoE (512 experts top-10 + 1 "
-    "shared), 1 MTP, ep 8 (Qwen/Qwen3-Next-80B-A3B config.json; 80B, 3B active)",
+    "gated shared), 1 MTP, ep 8 (Qwen/Qwen3-Next-80B-A3B config.json; 80B, 3B active)",
 }
 
 

@@ -153,6 +153,10 @@ class Architecture:
     """Width of each routed (and shared) expert's MLP."""
     shared_experts: int = 0
     """Experts every token passes through (DeepSeek-V3: 1)."""
+    shared_expert_gate: bool = False
+    """The shared experts' output times a per-token sigmoid gate (Megatron
+    --moe-shared-expert-gate; Qwen3-Next): one weight of hidden_size, whole on every tp
+    rank; the output and the gate's score kept for the product's backward."""
     ep: int = 1
     """Expert-parallel size: routed experts are divided over ep ranks."""
     moe_latent_size: int = 0
@@ -381,8 +385,9 @@ def kind_params(a: Architecture, kind: str) -> KindParams:
     router = a.hidden_size * a.num_experts
     shared = a.shared_experts * _mlp_params(a, a.moe_ffn_hidden_size)  # on the whole width
     latent = 2 * a.hidden_size * a.moe_latent_size  # down to the latent width and back up
-    return KindParams(attn + shared + router + latent + norm, a.num_experts * expert,
-                      attn + shared + router + latent + a.top_k * expert, norm, latent)
+    whole = latent + a.hidden_size * (a.shared_expert_gate and a.shared_experts > 0)
+    return KindParams(attn + shared + router + whole + norm, a.num_experts * expert,
+                      attn + shared + router + whole + a.top_k * expert, norm, whole)
 
 
 def mtp_extra_params(a: Architecture) -> int:

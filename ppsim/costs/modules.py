@@ -31,6 +31,8 @@ OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_nor
                    "expert_fc1", "moe_act")
 """Megatron's --offload-modules choices (each offloads the tensors its forward saves)."""
 
+SHARED_GATE = ("shared.out", "shared.gate_score")
+"""What the shared experts' gate keeps: their output and its sigmoid score a token."""
 # Tensors each recompute module stops keeping. Output-discarding checkpoints
 # (layernorm, moe_act, mla_up_proj) free the module's output once its consumer has
 # run; whole-module checkpoints (core_attn, mlp, moe, shared_experts) keep only
@@ -41,11 +43,11 @@ _DROPS = {
     "mlp": ("mlp.fc1_out", "mlp.act_mid", "mlp.act_out"),
     "moe": ("router.probs", "router.indices", "experts.fc1_in", "experts.fc1_out",
             "experts.act_mid", "experts.act_out", "experts.out", "shared.fc1_out",
-            "shared.act_mid", "shared.act_out", "latent.fc2_in"),
+            "shared.act_mid", "shared.act_out", *SHARED_GATE, "latent.fc2_in"),
     "moe_act": ("experts.act_mid", "experts.act_out"),
     "layernorm": ("norm1.out", "norm1.stats", "norm2.out", "norm2.stats"),
     "mla_up_proj": ("attn.q", "attn.k", "attn.v"),
-    "shared_experts": ("shared.fc1_out", "shared.act_mid", "shared.act_out"),
+    "shared_experts": ("shared.fc1_out", "shared.act_mid", "shared.act_out", *SHARED_GATE),
 }
 # Forward ops each recompute module runs again before its backward.
 _REPEATS = {
@@ -54,11 +56,11 @@ _REPEATS = {
     "mlp": ("mlp.fc1", "mlp.act", "mlp.fc2"),
     "moe": ("router", "router.softmax_topk", "latent.fc1", "dispatch", "experts.fc1",
             "experts.act", "experts.fc2", "combine", "latent.fc2", "shared.fc1", "shared.act",
-            "shared.fc2", "a2a"),
+            "shared.fc2", "shared.gate", "a2a"),
     "moe_act": ("experts.act",),
     "layernorm": ("norm1", "norm2"),
     "mla_up_proj": ("q_up", "kv_up", "rotary"),
-    "shared_experts": ("shared.fc1", "shared.act", "shared.fc2"),
+    "shared_experts": ("shared.fc1", "shared.act", "shared.fc2", "shared.gate"),
 }
 # Tensors each offload module moves to the host.
 _MOVES = {
@@ -222,6 +224,8 @@ def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
             t["latent.fc2_in"] = tok * width * w  # the combined tokens, projected back up
         if a.shared_experts:
             t.update(_mlp_tensors(a, "shared", tok, a.shared_experts * a.moe_ffn_hidden_size))
+        if a.shared_experts and a.shared_expert_gate:  # the gated product's inputs
+            t.update({SHARED_GATE[0]: tok * h * w, SHARED_GATE[1]: tok * w})
     if a.fp8_copies:  # the FP8 linears keep their inputs in FP8 (ppsim.costs.fp8)
         t.update({n: v / w * FP8_BYTES for n, v in t.items() if n in FP8_INPUTS})
         t[PROJ_INPUT] = tok * sh.out * FP8_BYTES

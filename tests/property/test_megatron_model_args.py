@@ -54,6 +54,7 @@ def architectures(draw):
                       shared_experts=draw(st.integers(0, 2)),
                       layers=", ".join(kinds), ep=draw(st.sampled_from([1, 2])))
         assume(experts % fields["ep"] == 0)
+        fields["shared_expert_gate"] = fields["shared_experts"] > 0 and draw(st.booleans())
     if draw(st.booleans()):  # MLA
         fields.update(mla_fields(draw, heads))
     else:  # query and key norms, an output gate

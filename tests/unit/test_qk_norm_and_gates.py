@@ -1,9 +1,10 @@
-"""Query and key norms (Megatron --qk-layernorm; Qwen3, OLMo 2) and attention's output gate
-(--attention-output-gate; Qwen3-Next).
+"""Query and key norms (Megatron --qk-layernorm; Qwen3, OLMo 2), attention's output gate
+(--attention-output-gate) and the shared experts' gate (--moe-shared-expert-gate), both
+Qwen3-Next's.
 
 ppsim took --qk-layernorm silently and priced no norm: no time, no kept input, no weight;
-it refused --attention-output-gate as an unknown argument, so no Qwen3-Next launch line
-could be pasted, and its preset had neither."""
+it refused the two gates as unknown arguments, so no Qwen3-Next launch line could be
+pasted, and its preset had none of the three."""
 
 from __future__ import annotations
 
@@ -213,3 +214,54 @@ def test_a_cost_file_measured_without_them_is_refused_with_them() -> None:
     for key in ("qk_layernorm", "attention_output_gate"):
         with pytest.raises(UserError, match=key):
             check_model(measured, {**fields, key: True})
+
+
+# ------------------------------------------------------------------ the shared experts' gate
+
+
+def _moe(**more) -> Architecture:
+    return _arch(num_experts=4, top_k=2, moe_ffn_hidden_size=64, shared_experts=1,
+                 layers="moe*2", shared_expert_gate=True, **more)
+
+
+@settings(max_examples=40, deadline=None)
+@given(h=st.sampled_from([64, 128, 256]), s=st.sampled_from([16, 64]), b=st.integers(1, 3),
+       tp=st.sampled_from([1, 2, 4]), shared=st.integers(0, 2))
+def test_the_shared_experts_gate_keeps_their_output_and_its_score(h, s, b, tp, shared) -> None:
+    """Per tp rank: the shared experts' h-wide output and a 2-byte score a token; nothing
+    without shared experts, which Megatron then does not build; one more weight of h,
+    whole on every tp rank; `shared_experts` and `moe` recompute drop both."""
+    a = replace(_moe(hidden_size=h, num_heads=4, num_kv_heads=4, seq_length=s,
+                     micro_batch_size=b, tp=tp), shared_experts=shared)
+    plain = replace(a, shared_expert_gate=False)
+    got = sum(kept_tensors(a, "moe").values()) - sum(kept_tensors(plain, "moe").values())
+    assert got == pytest.approx((s * b * h * 2 + s * b * 2) / tp * (shared > 0))
+    from ppsim.costs.arch import kind_params
+
+    extra = kind_params(a, "moe").duplicated - kind_params(plain, "moe").duplicated
+    assert extra == h * (shared > 0)
+    for module in ("shared_experts", "moe"):
+        if shared:
+            assert kept_tensors(a, "moe", (module,)) == kept_tensors(plain, "moe", (module,))
+            assert "shared.gate" in module_effect(a, "moe", (module,)).repeated_ops
+
+
+MOE_LLAMA = {**LLAMA, "layers": "moe*8", "num_experts": 4, "top_k": 2, "moe_ffn_hidden_size": 48,
+             "shared_experts": 1, "shared_expert_gate": True}
+
+
+@pytest.mark.parametrize("policy", [StagePolicy(),
+                                    StagePolicy(recompute_modules=("shared_experts",)),
+                                    StagePolicy(recompute_modules=("moe",))],
+                         ids=lambda p: p.label())
+def test_the_executors_gated_shared_experts_keep_what_the_model_counts(policy) -> None:
+    kept, _ = kept_under_policy(MOE_LLAMA, 0, policy)
+    want = module_effect(architecture(MOE_LLAMA), "moe", policy.recompute_modules)
+    assert abs(kept - want.kept_bytes) <= 0.02 * want.kept_bytes, (kept, want)
+
+
+def test_the_flag_sets_it_and_qwen3_next_has_it() -> None:
+    a = _parsed("--preset qwen3-30b-a3b --moe-shared-expert-intermediate-size 768 "
+                "--moe-shared-expert-gate")
+    assert a.shared_expert_gate and a.shared_experts == 1
+    assert parse_model({"preset": "qwen3-next-80b-a3b"}).arch.shared_expert_gate
