@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ppsim.costs.arch import Architecture, attention_shape, layer_kinds
+from ppsim.costs.kinds import kind_ops
 from ppsim.costs.layerops import attention_ops, head_ops, layer_ops, mtp_ops
-from ppsim.costs.mixers import kind_ops
 from ppsim.costs.ops import FLASH_BACKWARD, matmul_passes
 from ppsim.executor.builders.gpt import build
 from ppsim.executor.builders.llama import architecture

@@ -1,8 +1,11 @@
-"""The hybrid stack a Megatron pattern describes, in plain torch (ppsim.costs.hybrid).
+"""The hybrid stack a Megatron pattern describes, in plain torch (ppsim.costs.hybrid), and a
+GPT model whose layers attend by GatedDeltaNet where linear_attention_freq says.
 
 One module per symbol, each behind its own pre-norm and residual as Megatron's
-HybridModel builds them: Mamba-2 and GatedDeltaNet from ppsim.executor.builders.ssm,
-attention, the MLP and the MoE block from ppsim.executor.builders.llama. MLA and DSA
+HybridModel builds them (a GatedDeltaNet decoder layer is two of them, its mixer's and its
+MLP or MoE block's, as Megatron's TransformerLayer runs them): Mamba-2 and GatedDeltaNet
+from ppsim.executor.builders.ssm, attention, the MLP and the MoE block from
+ppsim.executor.builders.llama. MLA and DSA
 layers ('+', 'D') and MTP depths are not built here (the shipped builders build
 GQA attention only); the cost model covers them.
 """
@@ -14,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ppsim.costs.arch import LINEAR_KINDS
 from ppsim.costs.hybrid import parse_pattern
 from ppsim.errors import UserError
 from ppsim.executor.builders.common import init_normal
@@ -58,19 +62,47 @@ class HybridLayer(nn.Module):
         return x + self.mixer(self.norm(x))
 
 
+class LinearAttentionLayer(nn.Module):
+    """A GPT model's decoder layer with GatedDeltaNet for attention (LINEAR_KINDS):
+    x + gdn(norm(x)), then its MLP or MoE block, one layer for the pipeline."""
+
+    def __init__(self, s: LlamaShape, kind: str) -> None:
+        super().__init__()
+        first, second = LINEAR_KINDS[kind]
+        self.mixer_half = HybridLayer(s, first)
+        self.mlp_half = HybridLayer(s, second)
+
+    def halves(self) -> tuple[HybridLayer, HybridLayer]:
+        return self.mixer_half, self.mlp_half
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp_half(self.mixer_half(x))
+
+
 class HybridBuilder(LlamaBuilder):
     """`ModelBuilder` of a hybrid pattern: the Llama builder's embedding, head and data,
     with each layer the pattern's mixer."""
 
     def __init__(self, shape: LlamaShape) -> None:
         a = shape.arch
-        if parse_pattern(a.hybrid_layer_pattern).mtp_depths or a.mtp_layers:
+        if a.mtp_layers or (a.hybrid_layer_pattern
+                            and parse_pattern(a.hybrid_layer_pattern).mtp_depths):
             raise UserError("model.hybrid_layer_pattern", "the shipped builder has no MTP",
                             "drop the '/' part to run it (the cost model prices MTP)")
         super().__init__(shape)
 
     def layer(self, index: int) -> nn.Module:
-        layer = HybridLayer(self.shape, self.shape.kinds[index])
+        kind = self.shape.kinds[index]
+        if kind in LINEAR_KINDS:
+            paired = LinearAttentionLayer(self.shape, kind)
+            for half in paired.halves():
+                self._init(half)
+            return paired
+        if kind in ("dense", "moe"):  # a GPT model's attention layer among GatedDeltaNet's
+            return super().layer(index)
+        return self._init(HybridLayer(self.shape, kind))
+
+    def _init(self, layer: HybridLayer) -> HybridLayer:
         init_normal(layer, self.num_layers, _OUT)
         with torch.no_grad():
             mixer = layer.mixer
@@ -86,5 +118,5 @@ class HybridBuilder(LlamaBuilder):
 
 
 def build(fields: dict[str, Any]) -> HybridBuilder:
-    """The stack the fields' hybrid_layer_pattern describes."""
+    """The stack the fields' hybrid_layer_pattern (or linear_attention_freq) describes."""
     return HybridBuilder(LlamaShape.from_fields(fields))

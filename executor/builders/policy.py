@@ -24,7 +24,7 @@ from torch import nn
 
 from ppsim.executor.builders import discard
 from ppsim.executor.builders.common import Piece
-from ppsim.executor.builders.hybrid import HybridLayer
+from ppsim.executor.builders.hybrid import HybridLayer, LinearAttentionLayer
 from ppsim.executor.builders.stage import AttentionCore, checkpointed
 from ppsim.policy.model import StagePolicy
 
@@ -54,6 +54,11 @@ def _roles(layer: nn.Module) -> dict[str, list[nn.Module | Piece]]:
                       get("mlp_norm") if moe else None)
     elif isinstance(layer, HybridLayer):  # one half of the Llama layer's
         out = _hybrid_roles(layer.norm, layer.mixer)
+    elif isinstance(layer, LinearAttentionLayer):  # a GatedDeltaNet layer: its two halves'
+        out = {}
+        for half in layer.halves():
+            for role, modules in _hybrid_roles(half.norm, half.mixer).items():
+                out[role] = [*out.get(role, []), *modules]
     else:
         out = {"core_attn": [m for m in layer.modules() if isinstance(m, AttentionCore)]}
     return out
@@ -141,7 +146,8 @@ def unsupported(layer: nn.Module, p: StagePolicy) -> tuple[str, ...]:
     layers, hybrid ones included (a module a layer lacks, such as moe in a dense one or
     any in a Mamba one, is one the model prices at nothing there too); in any other
     layer all but core_attn, which is found by its AttentionCore."""
-    if hasattr(layer, "norm1") or hasattr(layer, "attn_norm") or isinstance(layer, HybridLayer):
+    if hasattr(layer, "norm1") or hasattr(layer, "attn_norm") \
+            or isinstance(layer, (HybridLayer, LinearAttentionLayer)):
         return ()
     named = dict.fromkeys((*p.recompute_modules, *p.offload_modules))
     found = _roles(layer)

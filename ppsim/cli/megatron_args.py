@@ -15,7 +15,9 @@ RECOMPUTE_FLAGS = {"none": [], "selective": ["--recompute-granularity", "selecti
                             "--recompute-num-layers", "1"]}
 """A global recompute mode as Megatron's flags."""
 MAMBA_DEFAULTS = {f.name: f.default for f in dataclass_fields(Architecture)
-                  if f.name.startswith(("mamba_", "linear_"))}
+                  if f.name.startswith(("mamba_", "linear_"))
+                  and f.name != "linear_attention_freq"}
+"""The mixers' sizes, printed where they differ from Megatron's defaults."""
 
 
 def megatron_model_args(a: Architecture) -> list[str]:
@@ -42,6 +44,9 @@ def megatron_model_args(a: Architecture) -> list[str]:
         out += ["--attention-output-gate"] * a.attention_output_gate
     # MLA's latent norms, which ppsim prices with it or without, are built by this flag.
     out += ["--qk-layernorm"] * (a.qk_layernorm or a.attention == "mla")
+    if a.linear_attention_freq:
+        out += kv("--experimental-attention-variant", "gated_delta_net") + kv(
+            "--linear-attention-freq", a.linear_attention_freq)
     out += kv("--seq-length", a.seq_length) + kv("--max-position-embeddings", a.seq_length)
     out += kv("--vocab-size" if a.pad_vocab else "--padded-vocab-size", a.vocab_size)
     out += activation_args(a)
@@ -132,7 +137,7 @@ def _moe_args(a: Architecture) -> list[str]:
     if a.moe_capacity_factor:
         out += ["--moe-expert-capacity-factor", f"{a.moe_capacity_factor:g}"]
         out += ["--moe-pad-expert-input-to-capacity"] * a.moe_pad_to_capacity
-    kinds = layer_kinds(a)
+    kinds = [k.removeprefix("gdn-") for k in layer_kinds(a)]  # the MLP kinds alone
     if not a.hybrid_layer_pattern and "dense" in kinds:
         runs = bit_runs([int(k == "moe") for k in kinds])
         out += ["--moe-layer-freq", "(" + "+".join(f"[{bit}]*{n}" for bit, n in runs) + ")"]

@@ -45,7 +45,8 @@ ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
               "first_last_layers_bf16", "num_layers_at_start_in_bf16",
               "num_layers_at_end_in_bf16", "fp4_format", "cp_comm_type", "optimizer",
               "muon_num_ns_steps", "muon_tp_mode", "qk_layernorm", "attention_output_gate",
-              "moe_shared_expert_gate")
+              "moe_shared_expert_gate", "experimental_attention_variant",
+              "linear_attention_freq", "linear_conv_kernel_dim")
 """Every flag of the group that changes the model (the rest are accepted and ignored)."""
 IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base": float,
            "rotary-percent": float, "init-method-std": float, "disable-bias-linear": None,
@@ -133,6 +134,9 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--moe-pad-expert-input-to-capacity", action="store_true", default=None,
                    help=hidden)
     g.add_argument("--window-attn-skip-freq", help=hidden)
+    g.add_argument("--experimental-attention-variant", help=hidden)
+    g.add_argument("--linear-attention-freq", help=hidden)
+    g.add_argument("--linear-conv-kernel-dim", type=int, help=hidden)
     for flag, kind in IGNORED.items():
         if kind is None:
             g.add_argument(f"--{flag}", action="store_true", default=None, help=hidden)
@@ -247,6 +251,7 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
     out.update(_window_fields(get("window_size"), get("window_attn_skip_freq")))
     if get("moe_shared_expert_gate"):
         out["shared_expert_gate"] = True
+    out.update(_linear_attention_fields(get))
     # Under MLA --qk-layernorm builds the latent norms, which ppsim prices either way.
     out.update({k: True for k in ("qk_layernorm", "attention_output_gate")
                 if get(k) and not (k == "qk_layernorm" and get("multi_latent_attention"))})
@@ -298,6 +303,41 @@ def check_spec(args: argparse.Namespace) -> None:
               "FlashAttention's rate, which runs no sinks: Transformer Engine takes cuDNN's "
               "fused kernel or its unfused path (--attention-backend unfused prices that)",
               file=sys.stderr)
+
+
+LINEAR_VARIANTS = ("gated_delta_net", "gdn")
+"""--experimental-attention-variant values ppsim prices (gated_delta_net is Megatron's
+deprecated spelling of gdn)."""
+GDN_CONV_KERNEL = 4
+"""The only --linear-conv-kernel-dim ppsim prices (Megatron's default)."""
+
+
+def _linear_attention_fields(get: Any) -> dict[str, Any]:
+    """--experimental-attention-variant gated_delta_net with --linear-attention-freq as
+    `linear_attention_freq`, refused where Megatron refuses it or ppsim does not price it;
+    the frequency alone Megatron ignores, and so does ppsim (with a warning)."""
+    variant, freq = get("experimental_attention_variant"), get("linear_attention_freq")
+    kernel = get("linear_conv_kernel_dim")
+    if kernel is not None and kernel != GDN_CONV_KERNEL:
+        raise UserError("--linear-conv-kernel-dim", f"{kernel}: ppsim prices GatedDeltaNet's "
+                        f"short convolution at Megatron's default, {GDN_CONV_KERNEL}",
+                        f"give {GDN_CONV_KERNEL}, or drop it")
+    if variant is None:
+        if freq is not None:
+            print(f"warning: --linear-attention-freq {freq} ignored without "
+                  "--experimental-attention-variant, as Megatron ignores it", file=sys.stderr)
+        return {}
+    if variant not in LINEAR_VARIANTS:
+        raise UserError("--experimental-attention-variant", f"{variant!r} is not priced: "
+                        "ppsim prices GatedDeltaNet (gated_delta_net, gdn)",
+                        "give gated_delta_net, or a --hybrid-layer-pattern ('D': DeepSeek "
+                        "sparse attention)")
+    if freq is None:
+        raise UserError("--linear-attention-freq", f"Linear attention type {variant} is "
+                        "specified but linear_attention_freq is None. Please set "
+                        "linear_attention_freq to specify the LA/SDPA layer pattern.",
+                        "give --linear-attention-freq N (every Nth layer full attention)")
+    return {"linear_attention_freq": freq}
 
 
 def _optimizer_fields(get: Any) -> dict[str, Any]:

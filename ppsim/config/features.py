@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ppsim.costs.arch import FP8_RECIPES, TORCHAO_FP8_RECIPES
-from ppsim.costs.patterns import windows
+from ppsim.costs.patterns import linear_attention_layers, windows
 from ppsim.errors import UserError
 
 
@@ -30,6 +30,27 @@ def sliding_window(raw: dict[str, Any]) -> None:
                         "use --cp-comm-type a2a or all_gather, or cp 1")
     if isinstance(raw.get("num_layers"), int):
         windows(raw["num_layers"], raw["attention_window"], freq)
+
+
+def linear_attention(raw: dict[str, Any]) -> None:
+    """GatedDeltaNet in place of some decoder layers' attention: its pattern one a layer;
+    not beside a hybrid pattern (whose own 'G' layers are the same mixer), MLA (Megatron
+    refuses it) or a sliding window (which ppsim places by layer, over every layer)."""
+    freq = raw.get("linear_attention_freq", "")
+    if not freq.strip():
+        return
+    for key, why in (("hybrid_layer_pattern", "a hybrid pattern places its own 'G' "
+                      "layers"), ("attention_window", "ppsim places a window over every "
+                      "layer's attention")):
+        if raw.get(key):
+            raise UserError("model.linear_attention_freq", f"beside {key}: {why}",
+                            f"drop one of the two ({key} or --linear-attention-freq)")
+    if raw.get("attention") == "mla":
+        raise UserError("model.linear_attention_freq", "ppsim prices GatedDeltaNet beside "
+                        "GQA attention, not MLA", "drop --multi-latent-attention or the "
+                        "linear attention")
+    if isinstance(raw.get("num_layers"), int):
+        linear_attention_layers(freq, raw["num_layers"])
 
 
 def fp8(raw: dict[str, Any]) -> None:

@@ -325,7 +325,7 @@ def transformer(raw: dict[str, Any]) -> None:
                 "attention_output_gate", "shared_expert_gate"):
         if key in raw:
             typed(f"model.{key}", raw[key], bool)
-    for key in ("layers", "window_attn_skip_freq"):
+    for key in ("layers", "window_attn_skip_freq", "linear_attention_freq"):
         if key in raw:
             typed(f"model.{key}", raw[key], str)
     if "moe_capacity_factor" in raw:
@@ -348,6 +348,7 @@ def transformer(raw: dict[str, Any]) -> None:
     parallel_shape(raw)
     state_rules.check(raw)
     features.sliding_window(raw)
+    features.linear_attention(raw)
     features.fp8(raw)
 
 

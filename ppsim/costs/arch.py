@@ -9,12 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ppsim.costs.hybrid import parse_pattern
-from ppsim.costs.patterns import windows
+from ppsim.costs.patterns import linear_attention_layers, windows
 from ppsim.errors import UserError
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 RECOMPUTE = ("none", "selective", "full")
 KINDS = ("dense", "moe")
+LINEAR_KINDS = {"gdn-dense": ("gdn", "mlp"), "gdn-moe": ("gdn", "moe-mlp")}
+"""A GPT model's decoder layers whose attention is GatedDeltaNet (linear_attention_freq):
+each one piece that runs a hybrid stack's GatedDeltaNet and its MLP or MoE block."""
 ATTENTION = ("gqa", "mla")
 NORMS = ("", "layernorm", "rmsnorm")
 POSITIONS = ("", "rotary", "learned", "none")
@@ -220,6 +223,12 @@ class Architecture:
     --qk-layernorm, Transformer Engine's TENorm over head_dim; Qwen3, OLMo 2): two
     memory-bound passes, their inputs and statistics kept. MLA's latent norms, which the
     same flag builds in Megatron, are priced with or without it."""
+    linear_attention_freq: str = ""
+    """Which decoder layers attend by GatedDeltaNet in place of attention (Megatron
+    --experimental-attention-variant gated_delta_net --linear-attention-freq; Qwen3-Next
+    and Qwen3.5 as Megatron-Bridge runs them): "N", every Nth layer full attention and
+    the others linear; a list expression of 1 (linear) and 0 a layer. Each such layer is
+    one layer for the pipeline, its MLP or MoE block with it (LINEAR_KINDS); empty: none."""
     attention_output_gate: bool = False
     """Attention's output times the sigmoid of a gate the QKV projection makes as wide as
     the queries (Megatron --attention-output-gate; Qwen3-Next): the gate and the gated
@@ -280,10 +289,20 @@ class Architecture:
 
 
 def layer_kinds(a: Architecture) -> tuple[str, ...]:
-    """The decoder layers' kinds, in order, from the `layers` spec (or the hybrid
-    pattern's symbols, ppsim.costs.hybrid)."""
+    """The decoder layers' kinds, in order, from the `layers` spec, GatedDeltaNet's
+    where linear_attention_freq puts it (LINEAR_KINDS), or the hybrid pattern's symbols
+    (ppsim.costs.hybrid)."""
     if a.hybrid_layer_pattern:
         return parse_pattern(a.hybrid_layer_pattern).kinds
+    kinds = _stack_kinds(a)
+    if not a.linear_attention_freq.strip():
+        return kinds
+    linear = linear_attention_layers(a.linear_attention_freq, a.num_layers)
+    return tuple(f"gdn-{k}" if bit else k for k, bit in zip(kinds, linear, strict=True))
+
+
+def _stack_kinds(a: Architecture) -> tuple[str, ...]:
+    """The decoder layers' MLP kinds from the `layers` spec (all MoE with experts)."""
     if not a.layers.strip():
         return ("moe" if a.num_experts else "dense",) * a.num_layers
     out: list[str] = []
@@ -339,73 +358,3 @@ def attention_shape(a: Architecture) -> AttentionShape:
         return AttentionShape(qk, qk, v, v, a.q_lora_rank + a.kv_lora_rank + a.qk_rope_head_dim)
     kv, q = a.num_kv_heads * hd, a.num_heads * hd
     return AttentionShape(q, kv, kv, q, 0, q if a.attention_output_gate else 0)
-
-
-def attention_params(a: Architecture) -> tuple[int, int]:
-    """(matmul weights, norm weights) of one attention block, input norm included."""
-    h, sh = a.hidden_size, attention_shape(a)
-    if a.attention == "mla":
-        hd = a.head_dim or h // a.num_heads
-        q = h * a.q_lora_rank + a.q_lora_rank * sh.q if a.q_lora_rank else h * sh.q
-        kv = (h * (a.kv_lora_rank + a.qk_rope_head_dim)
-              + a.kv_lora_rank * a.num_heads * (hd + (a.v_head_dim or hd)))
-        return q + kv + sh.out * h, h + a.q_lora_rank + a.kv_lora_rank
-    hd = a.head_dim or h // a.num_heads
-    return h * (sh.q + sh.k + sh.v + sh.gate) + sh.out * h, h + 2 * hd * a.qk_layernorm
-
-
-def _mlp_params(a: Architecture, ffn: int, width: int = 0) -> int:
-    """An MLP of `ffn` from and to `width` (default: the hidden size)."""
-    return (width or a.hidden_size) * ffn * (3 if a.gated_mlp else 2)
-
-
-@dataclass(frozen=True)
-class KindParams:
-    """Parameter counts of one decoder layer of a kind."""
-
-    dense: int
-    """Weights every rank of a tp group holds (matmuls a 1/tp share, norms whole)."""
-    experts: int
-    """Routed expert weights, divided over ep x tp."""
-    active: int
-    """Weights one token's matmuls touch (FLOPs = 2 x tokens x active)."""
-    norms: int = 0
-    """Part of `dense` in norms (LayerNorm: weight and bias), not split by tp."""
-    duplicated: int = 0
-    """Part of `dense` in matmuls held whole on every tp rank (MoE latent projections)."""
-
-
-def kind_params(a: Architecture, kind: str) -> KindParams:
-    attn, norms = attention_params(a)
-    norm = (norms + a.hidden_size) * (1 if a.rmsnorm else 2)  # and the MLP's input norm
-    if kind == "dense":
-        mlp = _mlp_params(a, a.ffn_hidden_size)
-        return KindParams(attn + mlp + norm, 0, attn + mlp, norm)
-    expert = _mlp_params(a, a.moe_ffn_hidden_size, a.moe_latent_size)
-    router = a.hidden_size * a.num_experts
-    shared = a.shared_experts * _mlp_params(a, a.moe_ffn_hidden_size)  # on the whole width
-    latent = 2 * a.hidden_size * a.moe_latent_size  # down to the latent width and back up
-    whole = latent + a.hidden_size * (a.shared_expert_gate and a.shared_experts > 0)
-    return KindParams(attn + shared + router + whole + norm, a.num_experts * expert,
-                      attn + shared + router + whole + a.top_k * expert, norm, whole)
-
-
-def mtp_extra_params(a: Architecture) -> int:
-    """An MTP module beyond its decoder layer: two norms, the 2h -> h projection, a
-    final norm (the embedding and the head are shared with the main model)."""
-    h = a.hidden_size
-    return 2 * h * h + 3 * h
-
-
-def model_params(a: Architecture) -> tuple[int, int, int]:
-    """(total, active per token, MTP) parameters; total and active exclude MTP."""
-    kinds = layer_kinds(a)
-    embed = a.vocab_size * a.hidden_size
-    total = active = 2 * embed + a.hidden_size  # embedding, head, final norm
-    for k in kinds:
-        p = kind_params(a, k)
-        total += p.dense + p.experts
-        active += p.active
-    last = kind_params(a, kinds[-1]) if kinds else KindParams(0, 0, 0)
-    mtp = a.mtp_layers * (last.dense + last.experts + mtp_extra_params(a))
-    return total, active, mtp

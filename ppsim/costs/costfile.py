@@ -64,7 +64,8 @@ SHAPE_KEYS = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vo
               "mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads",
               "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
               "linear_value_head_dim", "unfused_attention", "pad_vocab", "qk_layernorm",
-              "attention_output_gate", "shared_expert_gate")
+              "attention_output_gate", "shared_expert_gate",
+              "linear_attention_freq")
 
 
 @dataclass(frozen=True)

@@ -19,19 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ppsim.costs.arch import (
-    DTYPE_BYTES,
-    KINDS,
-    Architecture,
-    KindParams,
-    attention_params,
-    attention_shape,
-    kind_params,
-    layer_kinds,
-    mtp_extra_params,
-)
+from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape
 from ppsim.costs.fp8 import FP8_BYTES, fp8_ops
-from ppsim.costs.hybrid import parse_pattern
 from ppsim.costs.layerops import (
     _mlp_ops,
     _mm,
@@ -40,16 +29,14 @@ from ppsim.costs.layerops import (
     _residual,
     _tokens,
     attention_ops,
-    layer_ops,
     mlp_ops,
 )
 from ppsim.costs.modules import (
     HYBRID_HALVES,
-    ModuleEffect,
     layer_activation_bytes,
-    module_effect,
 )
 from ppsim.costs.ops import Op
+from ppsim.costs.params import KindParams, attention_params, kind_params
 from ppsim.errors import UserError
 
 MAMBA_CONV = 4
@@ -210,38 +197,6 @@ def _indexer_params(a: Architecture) -> int:
         + a.hidden_size * n
 
 
-def any_kind_params(a: Architecture, kind: str) -> KindParams:
-    """kind_params for the transformer kinds, mixer_params for the hybrid ones."""
-    return kind_params(a, kind) if kind in KINDS else mixer_params(a, kind)
-
-
-def hybrid_params(a: Architecture) -> tuple[int, int, int]:
-    """(total, active per token, MTP) parameters of a hybrid stack, as model_params
-    counts a transformer: embedding, head and final norm in total and active."""
-    p = parse_pattern(a.hybrid_layer_pattern)
-    total = active = 2 * a.vocab_size * a.hidden_size + a.hidden_size
-    for k in p.kinds:
-        kp = mixer_params(a, k)
-        total += kp.dense + kp.experts
-        active += kp.active
-    depth = sum(mixer_params(a, k).dense + mixer_params(a, k).experts for k in p.mtp_kinds)
-    return total, active, p.mtp_depths * (depth + mtp_extra_params(a))
-
-
-def mtp_kinds(a: Architecture) -> tuple[str, ...]:
-    """The kinds one MTP depth runs: the pattern's MTP part, else the last layer's kind."""
-    if a.hybrid_layer_pattern:
-        return parse_pattern(a.hybrid_layer_pattern).mtp_kinds
-    kinds = layer_kinds(a)
-    return (kinds[-1] if kinds else "dense",)
-
-
-def piece_kinds(a: Architecture, kind: str) -> tuple[str, ...]:
-    """The layer kinds a piece of `kind` runs: an MTP module's decoder layers (mtp_kinds),
-    or the one layer."""
-    return mtp_kinds(a) if kind == "mtp" else (kind,)
-
-
 # ------------------------------------------------------------------ ops
 
 
@@ -320,12 +275,6 @@ def mixer_ops(a: Architecture, kind: str) -> list[Op]:
     return fp8_ops(a, _norm_ops(a, "norm", h) + body + [_residual(a, "residual")])
 
 
-def kind_ops(a: Architecture, kind: str, window: int = 0) -> list[Op]:
-    """layer_ops for the transformer kinds (attending over `window`), mixer_ops for the
-    hybrid ones."""
-    return layer_ops(a, kind, window) if kind in KINDS else mixer_ops(a, kind)
-
-
 # ------------------------------------------------------------------ activation memory
 
 
@@ -367,19 +316,3 @@ def mixer_activation_bytes(a: Architecture, kind: str) -> int:
     return int((_norm_bytes(a, h) + _mixer_bytes(a, kind) + masks) / a.tp)
 
 
-def kind_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
-                offload: tuple[str, ...] = (), full: bool = False) -> ModuleEffect:
-    """module_effect for a layer of any kind: a Mamba or GatedDeltaNet layer has no
-    modules, so it keeps all its tensors, or only its input when recomputed whole."""
-    if kind in KINDS or kind in HYBRID_HALVES:
-        return module_effect(a, kind, recompute, offload, full)
-    whole = mixer_activation_bytes(replace(a, recompute="none"), kind)
-    kept = mixer_activation_bytes(replace(a, recompute="full"), kind) if full else whole
-    return ModuleEffect(kept_bytes=kept, offloaded_bytes=0, freed_bytes=0,
-                        repeated_ops=frozenset({"*"}) if full else frozenset(),
-                        transient_bytes=whole - kept)
-
-
-def kind_activation_bytes(a: Architecture, kind: str) -> int:
-    """layer_activation_bytes for the transformer kinds, the mixers' for the hybrid ones."""
-    return layer_activation_bytes(a, kind) if kind in KINDS else mixer_activation_bytes(a, kind)

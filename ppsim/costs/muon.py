@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ppsim.costs.arch import Architecture, attention_shape, layer_kinds
-from ppsim.costs.mixers import any_kind_params
+from ppsim.costs.kinds import any_kind_params
 from ppsim.costs.ops import Roofline, matmul_ms
 from ppsim.costs.state import ADAM_BYTES_PER_PARAM
 

@@ -71,6 +71,16 @@ def moe_layers(freq: str, num_layers: int) -> list[int]:
                          f"{got}, expected {want}")
 
 
+def linear_attention_layers(freq: str, num_layers: int) -> list[int]:
+    """Megatron's --linear-attention-freq, 1 a GatedDeltaNet layer: N makes every Nth
+    layer (numbers from 1) full attention and the rest linear."""
+    return layer_pattern(freq, num_layers, where="model.linear_attention_freq",
+                         nth=lambda every, i: int((i + 1) % every != 0),
+                         example='"4" or "([1]*3+[0])*12"',
+                         length=lambda got, want: "Invalid length of linear_attention_pattern: "
+                         f"{got}, expected {want}")
+
+
 def windows(n: int, w: int, freq: str) -> tuple[int, ...]:
     """The attention windows of `n` layers, as Megatron's is_layer_window_attention places
     a window `w` by --window-attn-skip-freq `freq`: "N", one full-attention layer after

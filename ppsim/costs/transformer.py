@@ -24,14 +24,9 @@ from ppsim.costs.arch import (
     RECOMPUTE,
     Architecture,
     AttentionShape,
-    KindParams,
-    attention_params,
     attention_shape,
-    kind_params,
     layer_kinds,
     layer_windows,
-    model_params,
-    mtp_extra_params,
 )
 from ppsim.costs.fp8 import (
     FP8_BYTES,
@@ -40,6 +35,7 @@ from ppsim.costs.fp8 import (
     layer_precision,
     saved_weight_bytes,
 )
+from ppsim.costs.kinds import any_kind_params, kind_effect, kind_ops, model_params, mtp_kinds
 from ppsim.costs.layerops import (
     embedding_activation_bytes,
     head_activation_bytes,
@@ -48,10 +44,10 @@ from ppsim.costs.layerops import (
     mtp_ops,
     padded_vocab,
 )
-from ppsim.costs.mixers import any_kind_params, kind_effect, kind_ops, mtp_kinds
 from ppsim.costs.model import LAYER_FIELDS, LayerCost, ModelCosts
 from ppsim.costs.modules import SHORTHAND, layer_activation_bytes
 from ppsim.costs.ops import Op, Roofline, piece_times
+from ppsim.costs.params import KindParams, attention_params, kind_params, mtp_extra_params
 from ppsim.costs.state import bytes_per_param
 from ppsim.errors import UserError
 
@@ -128,7 +124,7 @@ def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
     roof = acc.roofline()
     f, bi, bw = piece_times(roof, ops)
     a2a = 0.0
-    if kind in ("moe", "moe-mlp") and a.ep > 1 and acc.a2a_bandwidth_gbps > 0:
+    if kind in ("moe", "moe-mlp", "gdn-moe") and a.ep > 1 and acc.a2a_bandwidth_gbps > 0:
         # Dispatch and combine each move top_k copies of every token; (ep-1)/ep leave.
         a2a = 2 * s * b * a.top_k * a.expert_load * (a.moe_latent_size or h) \
             * DTYPE_BYTES[a.dtype] * (a.ep - 1) / a.ep / t

@@ -7,8 +7,9 @@ multiply-add; attention projections (the output gate's too, --attention-output-g
 the core attention's causal half of QK^T and AV, dense MLPs, the routed experts a token
 visits (top_k, through the latent where --moe-latent-size sets one) and the shared
 experts, MTP modules (counted as layers of
-the last layer's kind plus their norms and projection), and the logits of the padded
-vocabulary once per head (main and MTP). A gated MLP counts its third matrix only under
+the last layer's kind plus their norms and projection), GatedDeltaNet in place of
+attention where --linear-attention-freq puts it (its MTP layers' too), and the logits of
+the padded vocabulary once per head (main and MTP). A gated MLP counts its third matrix only under
 --swiglu (`ffn_expansion_factor = 3 if args.swiglu else 2`): --quick-geglu (gpt-oss)
 counts two. A hybrid stack (--hybrid-layer-pattern, hybrid_flops) counts each symbol of
 the main pattern and of every MTP depth: Mamba-2, GatedDeltaNet, attention, MLP and MoE
@@ -21,8 +22,9 @@ from __future__ import annotations
 
 from ppsim.costs.arch import Architecture, layer_kinds
 from ppsim.costs.hybrid import parse_pattern
+from ppsim.costs.kinds import any_kind_params
 from ppsim.costs.layerops import padded_vocab
-from ppsim.costs.mixers import ATTENTION_KINDS, any_kind_params
+from ppsim.costs.mixers import ATTENTION_KINDS
 
 GEMM = 3 * 2
 """Forward + weight gradient + input gradient, 2 FLOPs per multiply-add."""
@@ -68,25 +70,39 @@ def iteration_flops(a: Architecture, global_batch_size: int, causal: bool = True
     (commit 8873b55d6a): the formula behind figures published until then."""
     if a.hybrid_layer_pattern:
         return _hybrid_flops(a, global_batch_size, causal)
-    kinds = layer_kinds(a)
+    kinds = [k.removeprefix("gdn-") for k in layer_kinds(a)]
     moe, dense = kinds.count("moe"), kinds.count("dense")
     if a.mtp_layers:
         last_moe = bool(kinds) and kinds[-1] == "moe"
         moe += a.mtp_layers if last_moe else 0
         dense += 0 if last_moe else a.mtp_layers
     layers = a.num_layers + a.mtp_layers
+    gdn = _linear_attention_layers(a, layers)
     h, ffn_x = a.hidden_size, _ffn_factor(a)
     shared = a.shared_experts * a.moe_ffn_hidden_size
     linear, core = _attention_terms(a)
     per_token = (GEMM * h * (a.ffn_hidden_size * ffn_x * dense
                              + _routed_per_token(a) * moe
                              + shared * ffn_x * moe)
-                 + linear * layers
+                 + linear * (layers - gdn) + 3 * _mixer_per_token(a, "gdn") * gdn
                  + GEMM * a.mtp_layers * (3 * h + 2 * h * h)
                  + GEMM * h * padded_vocab(a) * (a.mtp_layers + 1))
     tokens = global_batch_size * a.seq_length
     full = 1 if causal else 2
-    return tokens * per_token + global_batch_size * a.seq_length ** 2 * core * layers * full
+    return tokens * per_token \
+        + global_batch_size * a.seq_length ** 2 * core * (layers - gdn) * full
+
+
+def _linear_attention_layers(a: Architecture, layers: int) -> int:
+    """GatedDeltaNet layers among the decoder's and MTP's `layers`, as transformer_flops
+    counts them: --linear-attention-freq N over every one of them (MTP's too); a list
+    over the decoder's."""
+    freq = a.linear_attention_freq.strip()
+    if not freq:
+        return 0
+    if freq.isdigit():
+        return sum((i + 1) % int(freq) != 0 for i in range(layers))
+    return sum(k.startswith("gdn-") for k in layer_kinds(a))
 
 
 def _mixer_per_token(a: Architecture, kind: str) -> float:

@@ -24,9 +24,10 @@ from ppsim.costs.arch import (
     layer_windows,
 )
 from ppsim.costs.fp8 import fp8_layers, layer_precision
+from ppsim.costs.kinds import kind_ops, piece_kinds
 from ppsim.costs.layerops import mlp_ops
 from ppsim.costs.mixer_split import SSM_KINDS
-from ppsim.costs.mixers import ATTENTION_KINDS, attention_arch, kind_ops, piece_kinds
+from ppsim.costs.mixers import ATTENTION_KINDS, attention_arch
 from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.costs.ops import Op, op_times, piece_times
 from ppsim.costs.transformer import Accelerator, transformer_costs

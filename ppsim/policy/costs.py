@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ppsim.costs.arch import Architecture
-from ppsim.costs.mixers import kind_effect, piece_kinds
+from ppsim.costs.kinds import kind_effect, piece_kinds
 from ppsim.costs.model import (
     LayerCost,
     ModelCosts,

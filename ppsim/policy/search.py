@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from ppsim.costs.mixers import kind_effect
+from ppsim.costs.kinds import kind_effect
 from ppsim.costs.model import StageCost
 from ppsim.costs.modules import applies
 from ppsim.pipeline.problem import Problem

@@ -161,6 +161,11 @@ HYBRID_POLICY = ["--recompute-modules", "core_attn,mlp,moe_act", "--offload-modu
                  "attn_norm,mlp_norm"]
 """Each half's own modules: attention and the MLP recomputed, the MoE's activation's
 output freed, both norms' inputs offloaded."""
+LINEAR_GPT = ["--preset", "tiny-gpt", "--experimental-attention-variant", "gated_delta_net",
+              "--linear-attention-freq", "2", "--linear-num-key-heads", "2",
+              "--linear-num-value-heads", "4", "--linear-key-head-dim", "16",
+              "--linear-value-head-dim", "16", "--qk-layernorm", "--attention-output-gate"]
+"""tiny-gpt with GatedDeltaNet in every other layer and gated, normed attention in the rest."""
 SMALL = ["--microbatches", "4", "--iterations", "2", "--timeout-s", "30"]
 
 # test_executor.py's cases: every schedule, both builders, recompute modes and dp 2.
@@ -189,6 +194,8 @@ EXECUTOR = {
     "moe-dualpipev": Spec(argv=[*MOE, *DUALPIPEV]),
     # a hybrid stack (Mamba-2, attention, GatedDeltaNet, MoE, MLP layers), zero-bubble
     "hybrid-zb-h1": Spec(argv=["--preset", "tiny-hybrid", *ZB_H1]),
+    # GatedDeltaNet in a GPT model's layers, with Qwen3-Next's gated attention
+    "linear-zb-h1": Spec(argv=[*LINEAR_GPT, *ZB_H1]),
     # a memory policy on 1F1B, interleaved and ZB-V (test_policy_launches.py's peaks)
     "1f1b-policy": Spec(argv=[*ONE_F_ONE_B, *POLICY]),
     "interleaved-policy": Spec(argv=[*INTERLEAVED, *POLICY]),

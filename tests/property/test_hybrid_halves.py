@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from ppsim.config.model import parse_model
 from ppsim.config.schema import config_from_dict
-from ppsim.costs.mixers import kind_effect
+from ppsim.costs.kinds import kind_effect
 from ppsim.costs.modules import OFFLOAD_MODULES, RECOMPUTE_MODULES, module_effect
 from ppsim.costs.transformer import accelerator, transformer_costs
 

@@ -2,8 +2,8 @@
 
 `ppsim presets NAME` prints a preset's arguments (ppsim.cli.megatron_args); this holds
 the inverse for every valid architecture, not only the presets: dense or MoE layers in
-any order, GQA (with query and key norms, an output gate, or not) or MLA, either norm and
-position, tied or not, any precision, FP8 or not."""
+any order, GQA (with query and key norms, an output gate, GatedDeltaNet in some layers,
+or not) or MLA, either norm and position, tied or not, any precision, FP8 or not."""
 
 from __future__ import annotations
 
@@ -57,8 +57,9 @@ def architectures(draw):
         fields["shared_expert_gate"] = fields["shared_experts"] > 0 and draw(st.booleans())
     if draw(st.booleans()):  # MLA
         fields.update(mla_fields(draw, heads))
-    else:  # query and key norms, an output gate
-        fields.update(qk_layernorm=draw(st.booleans()), attention_output_gate=draw(st.booleans()))
+    else:  # query and key norms, an output gate, GatedDeltaNet in some layers
+        fields.update(qk_layernorm=draw(st.booleans()), attention_output_gate=draw(st.booleans()),
+                      linear_attention_freq=draw(st.sampled_from(["", "1", "2", "3"])))
     try:
         return parse_model({"kind": "transformer", **fields}).arch
     except UserError:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from ppsim.config.schema import config_from_dict
 from ppsim.costs.arch import layer_kinds
-from ppsim.costs.mixers import any_kind_params
+from ppsim.costs.kinds import any_kind_params
 from ppsim.costs.muon import newton_schulz
 from ppsim.costs.state import optimizer_shards
 from ppsim.costs.transformer import accelerator

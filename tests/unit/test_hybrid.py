@@ -15,7 +15,7 @@ from ppsim.config.presets import MODEL_PRESETS
 from ppsim.config.schema import config_from_dict
 from ppsim.costs.costfile import cost_document
 from ppsim.costs.hybrid import parse_pattern, with_pipes
-from ppsim.costs.mixers import hybrid_params
+from ppsim.costs.kinds import hybrid_params
 from ppsim.errors import UserError
 from ppsim.pipeline.hybrid_exports import piped_pattern
 from ppsim.pipeline.problem import build_problem, model_costs, resolve_split

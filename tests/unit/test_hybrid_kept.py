@@ -10,14 +10,8 @@ from helpers import kept_under_policy
 torch = pytest.importorskip("torch")
 
 from ppsim.config.model import parse_model  # noqa: E402
-from ppsim.costs.mixers import (  # noqa: E402
-    GDN_CHUNK,
-    MAMBA_CHUNK,
-    delta_shape,
-    kind_activation_bytes,
-    kind_effect,
-    mamba_shape,
-)
+from ppsim.costs.kinds import kind_activation_bytes, kind_effect  # noqa: E402
+from ppsim.costs.mixers import GDN_CHUNK, MAMBA_CHUNK, delta_shape, mamba_shape  # noqa: E402
 from ppsim.policy.model import StagePolicy  # noqa: E402
 
 TINY = parse_model({"preset": "tiny-hybrid"}).fields()

@@ -8,7 +8,7 @@ import pytest
 
 from ppsim.config.model import parse_model
 from ppsim.config.schema import config_from_dict
-from ppsim.costs.mixers import kind_effect
+from ppsim.costs.kinds import kind_effect
 from ppsim.costs.transformer import accelerator
 from ppsim.job.layers import compute_costs
 from ppsim.job.model import build_job

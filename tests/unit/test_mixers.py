@@ -11,13 +11,14 @@ from hypothesis import strategies as st
 from ppsim.cli.main import main
 from ppsim.config.model import parse_model
 from ppsim.config.schema import hardware_config
-from ppsim.costs.arch import Architecture, kind_params
+from ppsim.costs.arch import Architecture
 from ppsim.costs.mixers import (
     MIXER_KINDS,
     mixer_activation_bytes,
     mixer_ops,
     mixer_params,
 )
+from ppsim.costs.params import kind_params
 from ppsim.costs.transformer import accelerator, transformer_costs
 
 torch = pytest.importorskip("torch")

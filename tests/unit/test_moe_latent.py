@@ -14,9 +14,10 @@ import pytest
 from ppsim.cli.flags import config_from_args
 from ppsim.cli.main import build_parser, main
 from ppsim.config.presets import MODEL_PRESETS
-from ppsim.costs.arch import Architecture, kind_params
+from ppsim.costs.arch import Architecture
+from ppsim.costs.kinds import hybrid_params
 from ppsim.costs.layerops import mlp_ops
-from ppsim.costs.mixers import hybrid_params
+from ppsim.costs.params import kind_params
 from ppsim.costs.transformer import held_params
 
 MIXTRAL = Architecture(**MODEL_PRESETS["mixtral-8x7b"])

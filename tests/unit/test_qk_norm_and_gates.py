@@ -24,8 +24,8 @@ from ppsim.cli.main import build_parser, main
 from ppsim.config.model import parse_model
 from ppsim.config.schema import load_config
 from ppsim.costs.arch import Architecture
+from ppsim.costs.kinds import hybrid_params
 from ppsim.costs.layerops import attention_ops
-from ppsim.costs.mixers import hybrid_params
 from ppsim.costs.modules import kept_tensors, module_effect
 from ppsim.executor.builders.llama import architecture
 from ppsim.job.flops import iteration_flops
@@ -236,7 +236,7 @@ def test_the_shared_experts_gate_keeps_their_output_and_its_score(h, s, b, tp, s
     plain = replace(a, shared_expert_gate=False)
     got = sum(kept_tensors(a, "moe").values()) - sum(kept_tensors(plain, "moe").values())
     assert got == pytest.approx((s * b * h * 2 + s * b * 2) / tp * (shared > 0))
-    from ppsim.costs.arch import kind_params
+    from ppsim.costs.params import kind_params
 
     extra = kind_params(a, "moe").duplicated - kind_params(plain, "moe").duplicated
     assert extra == h * (shared > 0)

@@ -1,0 +1,123 @@
+"""What a layer of any kind costs, by its kind: a transformer's decoder layer ("dense",
+"moe"; ppsim.costs.layerops and ppsim.costs.modules), a hybrid stack's layer (its mixer
+or half; ppsim.costs.mixers), a GPT model's GatedDeltaNet layer (LINEAR_KINDS: its
+mixer's and its MLP or MoE block's together), an MTP module's layers (piece_kinds)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ppsim.costs.arch import KINDS, LINEAR_KINDS, Architecture, layer_kinds
+from ppsim.costs.hybrid import parse_pattern
+from ppsim.costs.layerops import layer_ops
+from ppsim.costs.mixers import (
+    mixer_activation_bytes,
+    mixer_ops,
+    mixer_params,
+)
+from ppsim.costs.modules import (
+    HYBRID_HALVES,
+    ModuleEffect,
+    layer_activation_bytes,
+    module_effect,
+)
+from ppsim.costs.ops import Op
+from ppsim.costs.params import KindParams, kind_params, mtp_extra_params
+
+
+def any_kind_params(a: Architecture, kind: str) -> KindParams:
+    """kind_params for the transformer kinds, mixer_params for the hybrid ones, their
+    sum for a GatedDeltaNet layer's (LINEAR_KINDS)."""
+    if kind in LINEAR_KINDS:
+        parts = [mixer_params(a, k) for k in LINEAR_KINDS[kind]]
+        return KindParams(*(sum(getattr(p, f) for p in parts) for f in
+                            ("dense", "experts", "active", "norms", "duplicated")))
+    return kind_params(a, kind) if kind in KINDS else mixer_params(a, kind)
+
+
+def model_params(a: Architecture) -> tuple[int, int, int]:
+    """(total, active per token, MTP) parameters; total and active exclude MTP, include
+    the embedding, the head and the final norm."""
+    if a.hybrid_layer_pattern:
+        return hybrid_params(a)
+    kinds = layer_kinds(a)
+    total = active = 2 * a.vocab_size * a.hidden_size + a.hidden_size
+    for k in kinds:
+        p = any_kind_params(a, k)
+        total += p.dense + p.experts
+        active += p.active
+    last = any_kind_params(a, kinds[-1]) if kinds else KindParams(0, 0, 0)
+    return total, active, a.mtp_layers * (last.dense + last.experts + mtp_extra_params(a))
+
+
+def hybrid_params(a: Architecture) -> tuple[int, int, int]:
+    """model_params of a hybrid stack: each symbol's, the MTP pattern's a depth."""
+    p = parse_pattern(a.hybrid_layer_pattern)
+    total = active = 2 * a.vocab_size * a.hidden_size + a.hidden_size
+    for k in p.kinds:
+        kp = mixer_params(a, k)
+        total += kp.dense + kp.experts
+        active += kp.active
+    depth = sum(mixer_params(a, k).dense + mixer_params(a, k).experts for k in p.mtp_kinds)
+    return total, active, p.mtp_depths * (depth + mtp_extra_params(a))
+
+
+def mtp_kinds(a: Architecture) -> tuple[str, ...]:
+    """The kinds one MTP depth runs: the pattern's MTP part, else the last layer's kind."""
+    if a.hybrid_layer_pattern:
+        return parse_pattern(a.hybrid_layer_pattern).mtp_kinds
+    kinds = layer_kinds(a)
+    return (kinds[-1] if kinds else "dense",)
+
+
+def piece_kinds(a: Architecture, kind: str) -> tuple[str, ...]:
+    """The layer kinds a piece of `kind` runs: an MTP module's decoder layers (mtp_kinds,
+    each expanded), a GatedDeltaNet layer's mixer and MLP or MoE block (LINEAR_KINDS), or
+    the one layer."""
+    if kind == "mtp":
+        return tuple(k for m in mtp_kinds(a) for k in piece_kinds(a, m))
+    return LINEAR_KINDS.get(kind, (kind,))
+
+
+def kind_ops(a: Architecture, kind: str, window: int = 0) -> list[Op]:
+    """layer_ops for the transformer kinds (attending over `window`), mixer_ops for the
+    hybrid ones, one after the other for a GatedDeltaNet layer's (LINEAR_KINDS)."""
+    if kind in LINEAR_KINDS:
+        return [op for k in LINEAR_KINDS[kind] for op in mixer_ops(a, k)]
+    return layer_ops(a, kind, window) if kind in KINDS else mixer_ops(a, kind)
+
+
+def kind_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
+                offload: tuple[str, ...] = (), full: bool = False) -> ModuleEffect:
+    """module_effect for a layer of any kind: a Mamba or GatedDeltaNet layer has no
+    modules, so it keeps all its tensors, or only its input when recomputed whole; a
+    GatedDeltaNet decoder layer its two parts' (recomputed whole, its input alone)."""
+    if kind in LINEAR_KINDS:
+        return _linear_layer_effect(a, kind, recompute, offload, full)
+    if kind in KINDS or kind in HYBRID_HALVES:
+        return module_effect(a, kind, recompute, offload, full)
+    whole = mixer_activation_bytes(replace(a, recompute="none"), kind)
+    kept = mixer_activation_bytes(replace(a, recompute="full"), kind) if full else whole
+    return ModuleEffect(kept_bytes=kept, offloaded_bytes=0, freed_bytes=0,
+                        repeated_ops=frozenset({"*"}) if full else frozenset(),
+                        transient_bytes=whole - kept)
+
+
+def _linear_layer_effect(a: Architecture, kind: str, recompute: tuple[str, ...],
+                         offload: tuple[str, ...], full: bool) -> ModuleEffect:
+    parts = [kind_effect(a, k, recompute, offload, full) for k in LINEAR_KINDS[kind]]
+    if full:  # Megatron recomputes the decoder layer whole from its input alone
+        whole = sum(p.kept_bytes + p.transient_bytes for p in parts)
+        return replace(parts[0], transient_bytes=whole - parts[0].kept_bytes)
+    return ModuleEffect(kept_bytes=sum(p.kept_bytes for p in parts),
+                        offloaded_bytes=sum(p.offloaded_bytes for p in parts),
+                        freed_bytes=sum(p.freed_bytes for p in parts),
+                        repeated_ops=frozenset().union(*(p.repeated_ops for p in parts)),
+                        transient_bytes=max(p.transient_bytes for p in parts))
+
+
+def kind_activation_bytes(a: Architecture, kind: str) -> int:
+    """layer_activation_bytes for the transformer kinds, the mixers' for the hybrid ones."""
+    if kind in LINEAR_KINDS:
+        return kind_effect(a, kind, full=a.recompute == "full").kept_bytes
+    return layer_activation_bytes(a, kind) if kind in KINDS else mixer_activation_bytes(a, kind)
