@@ -206,6 +206,8 @@ def model_table(args: argparse.Namespace, base: Model | None) -> dict[str, Any] 
     if getattr(args, "num_layers", None) is not None:
         known["num_layers"] = args.num_layers
     fields = flag_fields(args, known)
+    if "linear_attention_freq" in fields and getattr(args, "hybrid_layer_pattern", None) is None:
+        fields["hybrid_layer_pattern"] = ""  # a GPT model's layers over a hybrid stack's
     if isinstance(base, TransformerModel):
         return moe_defaults({**base.to_dict(), **fields}, base.fields())
     extra = {k: getattr(args, k, None) for k in ("num_layers", "seq_length",

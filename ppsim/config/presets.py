@@ -156,7 +156,10 @@ MODEL_NOTES: dict[str, str] = {
     "Nano report: 31.6B, 3.2B active)",
     "qwen3-next-80b-a3b": "Qwen3-Next-80B-A3B: 36 GatedDeltaNet + 12 gated attention layers "
     "(an output gate, query and key norms), each with a MoE (512 experts top-10 + 1 "
-    "gated shared), 1 MTP, ep 8 (Qwen/Qwen3-Next-80B-A3B config.json; 80B, 3B active)",
+    "gated shared), 1 MTP, ep 8, as a hybrid pattern (Qwen/Qwen3-Next-80B-A3B config.json; "
+    "80B, 3B active); Megatron-Bridge builds it as a GPT model, which splits by decoder "
+    "layer: --num-layers 48 --experimental-attention-variant gated_delta_net "
+    "--linear-attention-freq 4 --mtp-num-layers 1 after the preset",
 }
 
 

@@ -223,3 +223,13 @@ def test_the_executor_runs_the_layer_and_keeps_what_the_model_counts(fields, pol
             want += -tok * heads * GDN_CHUNK * FP32 - tok // GDN_CHUNK * heads * dk * dv * FP32 \
                 + 2 * tok * (heads - a.linear_num_key_heads) * dk * BF16
         assert abs(kept - want) <= 0.02 * want, (kinds[index], kept, want)
+
+
+def test_over_the_hybrid_preset_the_flags_build_the_gpt_model() -> None:
+    """The preset's note: the four flags after it give Megatron-Bridge's GPT model (the
+    pattern dropped), the same as the whole line."""
+    job = ("--gpus", "32", "--global-batch-size", "64", "--pp", "4")
+    over = _simulate("--preset qwen3-next-80b-a3b --num-layers 48 --experimental-attention-"
+                     "variant gated_delta_net --linear-attention-freq 4 --mtp-num-layers 1", *job)
+    assert over["split"] == [12, 12, 12, 13]
+    assert over["iteration_time_ms"] == _simulate(QWEN3_NEXT, *job)["iteration_time_ms"]
