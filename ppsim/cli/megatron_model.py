@@ -45,7 +45,7 @@ ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
               "first_last_layers_bf16", "num_layers_at_start_in_bf16",
               "num_layers_at_end_in_bf16", "fp4_format", "cp_comm_type", "optimizer",
               "muon_num_ns_steps", "muon_tp_mode", "qk_layernorm", "attention_output_gate",
-              "moe_shared_expert_gate", "experimental_attention_variant",
+              "qk_l2_norm", "moe_shared_expert_gate", "experimental_attention_variant",
               "linear_attention_freq", "linear_conv_kernel_dim")
 """Every flag of the group that changes the model (the rest are accepted and ignored)."""
 IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base": float,
@@ -100,7 +100,7 @@ MLA_DEFAULTS = {"kv_lora_rank": 32, "head_dim": 128, "qk_rope_head_dim": 64, "v_
 """Megatron's --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim."""
 SWITCHES = ("group-query-attention", "swiglu", "untie-embeddings-and-output-weights", "bf16",
             "fp16", "multi-latent-attention", "use-rotary-position-embeddings", "quick-geglu",
-            "qk-layernorm", "attention-output-gate", "moe-shared-expert-gate")
+            "qk-layernorm", "qk-l2-norm", "attention-output-gate", "moe-shared-expert-gate")
 """Model flags without a value (flag_fields reads them)."""
 OTHER_INTS = ("num-query-groups", "kv-channels", "qk-head-dim",
               "moe-shared-expert-intermediate-size", "make-vocab-size-divisible-by",
@@ -254,9 +254,12 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
     if get("moe_shared_expert_gate"):
         out["shared_expert_gate"] = True
     out.update(_linear_attention_fields(get))
-    # Under MLA --qk-layernorm builds the latent norms, which ppsim prices either way.
-    out.update({k: True for k in ("qk_layernorm", "attention_output_gate")
-                if get(k) and not (k == "qk_layernorm" and get("multi_latent_attention"))})
+    # Under MLA --qk-layernorm builds the latent norms, which ppsim prices either way;
+    # --qk-l2-norm's L2Norm (Llama 4) makes the same passes and keeps the same tensors.
+    if (get("qk_layernorm") or get("qk_l2_norm")) and not get("multi_latent_attention"):
+        out["qk_layernorm"] = True
+    if get("attention_output_gate"):
+        out["attention_output_gate"] = True
     if get("normalization") is not None:
         out["norm"] = get("normalization").lower()
     position = _position(args)

@@ -159,6 +159,7 @@ def test_the_flags_set_them_and_presets_print_them() -> None:
     a = _parsed("--preset llama3-8b --qk-layernorm --attention-output-gate")
     assert a.qk_layernorm and a.attention_output_gate
     assert not _parsed("--preset llama3-8b").qk_layernorm
+    assert _parsed("--preset llama3-8b --qk-l2-norm").qk_layernorm  # L2Norm: the same passes
     line = " ".join(megatron_model_args(parse_model({"preset": "qwen3-next-80b-a3b"}).arch))
     assert "--qk-layernorm" in line and "--attention-output-gate" in line
     assert "--qk-layernorm" in " ".join(megatron_model_args(
