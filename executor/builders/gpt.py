@@ -214,7 +214,7 @@ def build(fields: dict[str, Any]) -> Any:
     if a.fp8:
         raise UserError("model.fp8", "the executor's CPU processes have no FP8 matmuls",
                         "drop fp8 (--fp8-format) to run the model (the costs price FP8)")
-    if a.hybrid_layer_pattern or a.linear_attention_freq.strip():
+    if a.hybrid_layer_pattern or a.experimental_attention_variant:
         return hybrid.build(fields)
     plain = (not a.rmsnorm and a.learned_positions and a.attention == "gqa"
              and not (a.qk_layernorm or a.attention_output_gate)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ppsim.costs.arch import LINEAR_KINDS
+from ppsim.costs.arch import PAIRED_KINDS
 from ppsim.costs.hybrid import parse_pattern
 from ppsim.errors import UserError
 from ppsim.executor.builders.common import init_normal
@@ -63,12 +63,12 @@ class HybridLayer(nn.Module):
 
 
 class LinearAttentionLayer(nn.Module):
-    """A GPT model's decoder layer with GatedDeltaNet for attention (LINEAR_KINDS):
+    """A GPT model's decoder layer with GatedDeltaNet for attention (PAIRED_KINDS):
     x + gdn(norm(x)), then its MLP or MoE block, one layer for the pipeline."""
 
     def __init__(self, s: LlamaShape, kind: str) -> None:
         super().__init__()
-        first, second = LINEAR_KINDS[kind]
+        first, second = PAIRED_KINDS[kind]
         self.mixer_half = HybridLayer(s, first)
         self.mlp_half = HybridLayer(s, second)
 
@@ -85,6 +85,11 @@ class HybridBuilder(LlamaBuilder):
 
     def __init__(self, shape: LlamaShape) -> None:
         a = shape.arch
+        if a.experimental_attention_variant == "dsa":
+            raise UserError("model.experimental_attention_variant", "the shipped builder "
+                            "has no DeepSeek sparse attention (the cost model prices it)",
+                            "drop --experimental-attention-variant dsa to run its MLA, or "
+                            "give a builder of your own (--model)")
         if a.mtp_layers or (a.hybrid_layer_pattern
                             and parse_pattern(a.hybrid_layer_pattern).mtp_depths):
             raise UserError("model.hybrid_layer_pattern", "the shipped builder has no MTP",
@@ -93,7 +98,7 @@ class HybridBuilder(LlamaBuilder):
 
     def layer(self, index: int) -> nn.Module:
         kind = self.shape.kinds[index]
-        if kind in LINEAR_KINDS:
+        if kind in PAIRED_KINDS:
             paired = LinearAttentionLayer(self.shape, kind)
             for half in paired.halves():
                 self._init(half)
@@ -118,5 +123,5 @@ class HybridBuilder(LlamaBuilder):
 
 
 def build(fields: dict[str, Any]) -> HybridBuilder:
-    """The stack the fields' hybrid_layer_pattern (or linear_attention_freq) describes."""
+    """The stack the fields' hybrid_layer_pattern (or attention variant) describes."""
     return HybridBuilder(LlamaShape.from_fields(fields))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import fields as dataclass_fields
 
 from ppsim.cli.megatron_model import bit_runs
-from ppsim.costs.arch import Architecture, layer_kinds
+from ppsim.costs.arch import Architecture, layer_kinds, mlp_kind
 from ppsim.costs.state import OPTIMIZER_DTYPES
 
 RECOMPUTE_FLAGS = {"none": [], "selective": ["--recompute-granularity", "selective"],
@@ -44,9 +44,14 @@ def megatron_model_args(a: Architecture) -> list[str]:
         out += ["--attention-output-gate"] * a.attention_output_gate
     # MLA's latent norms, which ppsim prices with it or without, are built by this flag.
     out += ["--qk-layernorm"] * (a.qk_layernorm or a.attention == "mla")
-    if a.linear_attention_freq:
-        out += kv("--experimental-attention-variant", "gated_delta_net") + kv(
-            "--linear-attention-freq", a.linear_attention_freq)
+    if a.experimental_attention_variant:
+        out += kv("--experimental-attention-variant", a.experimental_attention_variant)
+        out += kv("--linear-attention-freq", a.linear_attention_freq) * bool(
+            a.linear_attention_freq)
+    if "dsa" in {k.split("-")[0] for k in layer_kinds(a)}:  # Megatron has no defaults
+        out += kv("--dsa-indexer-n-heads", a.dsa_indexer_n_heads) + kv(
+            "--dsa-indexer-head-dim", a.dsa_indexer_head_dim) + kv(
+            "--dsa-indexer-topk", a.dsa_indexer_topk)
     out += kv("--seq-length", a.seq_length) + kv("--max-position-embeddings", a.seq_length)
     out += kv("--vocab-size" if a.pad_vocab else "--padded-vocab-size", a.vocab_size)
     out += activation_args(a)
@@ -137,7 +142,7 @@ def _moe_args(a: Architecture) -> list[str]:
     if a.moe_capacity_factor:
         out += ["--moe-expert-capacity-factor", f"{a.moe_capacity_factor:g}"]
         out += ["--moe-pad-expert-input-to-capacity"] * a.moe_pad_to_capacity
-    kinds = [k.removeprefix("gdn-") for k in layer_kinds(a)]  # the MLP kinds alone
+    kinds = [mlp_kind(k) for k in layer_kinds(a)]  # the MLP kinds alone
     if not a.hybrid_layer_pattern and "dense" in kinds:
         runs = bit_runs([int(k == "moe") for k in kinds])
         out += ["--moe-layer-freq", "(" + "+".join(f"[{bit}]*{n}" for bit, n in runs) + ")"]

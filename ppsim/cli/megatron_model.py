@@ -14,7 +14,13 @@ from itertools import groupby
 from typing import Any
 
 from ppsim.config.model import Model, TransformerModel
-from ppsim.costs.arch import CP_COMM_TYPES, FP8_FORMATS, MUON_TP_MODES, OPTIMIZERS
+from ppsim.costs.arch import (
+    ATTENTION_VARIANTS,
+    CP_COMM_TYPES,
+    FP8_FORMATS,
+    MUON_TP_MODES,
+    OPTIMIZERS,
+)
 from ppsim.costs.patterns import moe_layers
 from ppsim.errors import UserError
 
@@ -31,6 +37,8 @@ INT_FLAGS = {
     "linear-num-value-heads": "linear_num_value_heads",
     "linear-key-head-dim": "linear_key_head_dim",
     "linear-value-head-dim": "linear_value_head_dim",
+    "dsa-indexer-n-heads": "dsa_indexer_n_heads", "dsa-indexer-head-dim": "dsa_indexer_head_dim",
+    "dsa-indexer-topk": "dsa_indexer_topk",
 }
 """Megatron flag -> the [model] field it sets, value as given."""
 ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
@@ -206,7 +214,8 @@ def model_table(args: argparse.Namespace, base: Model | None) -> dict[str, Any] 
     if getattr(args, "num_layers", None) is not None:
         known["num_layers"] = args.num_layers
     fields = flag_fields(args, known)
-    if "linear_attention_freq" in fields and getattr(args, "hybrid_layer_pattern", None) is None:
+    if "experimental_attention_variant" in fields \
+            and getattr(args, "hybrid_layer_pattern", None) is None:
         fields["hybrid_layer_pattern"] = ""  # a GPT model's layers over a hybrid stack's
     if isinstance(base, TransformerModel):
         return moe_defaults({**base.to_dict(), **fields}, base.fields())
@@ -253,7 +262,7 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
     out.update(_window_fields(get("window_size"), get("window_attn_skip_freq")))
     if get("moe_shared_expert_gate"):
         out["shared_expert_gate"] = True
-    out.update(_linear_attention_fields(get))
+    out.update(_attention_variant_fields(get))
     # Under MLA --qk-layernorm builds the latent norms, which ppsim prices either way;
     # --qk-l2-norm's L2Norm (Llama 4) makes the same passes and keeps the same tensors.
     if (get("qk_layernorm") or get("qk_l2_norm")) and not get("multi_latent_attention"):
@@ -310,39 +319,30 @@ def check_spec(args: argparse.Namespace) -> None:
               file=sys.stderr)
 
 
-LINEAR_VARIANTS = ("gated_delta_net", "gdn")
-"""--experimental-attention-variant values ppsim prices (gated_delta_net is Megatron's
-deprecated spelling of gdn)."""
 GDN_CONV_KERNEL = 4
 """The only --linear-conv-kernel-dim ppsim prices (Megatron's default)."""
 
 
-def _linear_attention_fields(get: Any) -> dict[str, Any]:
-    """--experimental-attention-variant gated_delta_net with --linear-attention-freq as
-    `linear_attention_freq`, refused where Megatron refuses it or ppsim does not price it;
-    the frequency alone Megatron ignores, and so does ppsim (with a warning)."""
+def _attention_variant_fields(get: Any) -> dict[str, Any]:
+    """--experimental-attention-variant (with --linear-attention-freq under gdn) as
+    fields (the config checks them: ppsim.config.features.attention_variant); a variant
+    ppsim does not price refused by name; the frequency without a linear variant Megatron
+    ignores, and so does ppsim (with a warning)."""
     variant, freq = get("experimental_attention_variant"), get("linear_attention_freq")
     kernel = get("linear_conv_kernel_dim")
     if kernel is not None and kernel != GDN_CONV_KERNEL:
         raise UserError("--linear-conv-kernel-dim", f"{kernel}: ppsim prices GatedDeltaNet's "
                         f"short convolution at Megatron's default, {GDN_CONV_KERNEL}",
                         f"give {GDN_CONV_KERNEL}, or drop it")
-    if variant is None:
-        if freq is not None:
-            print(f"warning: --linear-attention-freq {freq} ignored without "
-                  "--experimental-attention-variant, as Megatron ignores it", file=sys.stderr)
-        return {}
-    if variant not in LINEAR_VARIANTS:
+    if variant is not None and variant not in ATTENTION_VARIANTS:
         raise UserError("--experimental-attention-variant", f"{variant!r} is not priced: "
-                        "ppsim prices GatedDeltaNet (gated_delta_net, gdn)",
-                        "give gated_delta_net, or a --hybrid-layer-pattern ('D': DeepSeek "
-                        "sparse attention)")
-    if freq is None:
-        raise UserError("--linear-attention-freq", f"Linear attention type {variant} is "
-                        "specified but linear_attention_freq is None. Please set "
-                        "linear_attention_freq to specify the LA/SDPA layer pattern.",
-                        "give --linear-attention-freq N (every Nth layer full attention)")
-    return {"linear_attention_freq": freq}
+                        "ppsim prices gdn (gated_delta_net) and dsa", "give one of those")
+    if freq is not None and variant in (None, "dsa"):
+        print(f"warning: --linear-attention-freq {freq} ignored without a linear "
+              "--experimental-attention-variant, as Megatron ignores it", file=sys.stderr)
+        freq = None
+    out = {"experimental_attention_variant": variant, "linear_attention_freq": freq}
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def _optimizer_fields(get: Any) -> dict[str, Any]:

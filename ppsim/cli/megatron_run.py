@@ -143,6 +143,8 @@ UNPRICED_GROUPS = {
         "disable-tp-comm-bulk-dgrad", "disable-tp-comm-bulk-wgrad",
         "pipeline-model-parallel-comm-backend", "use-ring-exchange-p2p",
         "overlap-param-gather-with-optimizer-step"),
+    "ppsim prices DSA's indexer, not its training loss against attention's scores": (
+        "dsa-indexer-loss-coeff", "dsa-indexer-use-sparse-loss"),
 }
 """Megatron's arguments that change an iteration's time or memory a little in ways ppsim
 does not model, by why not: its memory-bound operations and attention are priced as

@@ -32,23 +32,38 @@ def sliding_window(raw: dict[str, Any]) -> None:
         windows(raw["num_layers"], raw["attention_window"], freq)
 
 
-def linear_attention(raw: dict[str, Any]) -> None:
-    """GatedDeltaNet in place of some decoder layers' attention: its pattern one a layer;
-    not beside a hybrid pattern (whose own 'G' layers are the same mixer), MLA (Megatron
-    refuses it) or a sliding window (which ppsim places by layer, over every layer)."""
-    freq = raw.get("linear_attention_freq", "")
-    if not freq.strip():
+def attention_variant(raw: dict[str, Any]) -> None:
+    """An experimental attention variant in a GPT model's layers, as Megatron takes it:
+    GatedDeltaNet with its pattern, one a layer, beside GQA; DSA over MLA; neither
+    beside a hybrid pattern (whose own 'G' and 'D' layers are the same mixers) or a
+    sliding window (which ppsim places by layer, over every layer)."""
+    variant, freq = raw.get("experimental_attention_variant", ""), raw.get(
+        "linear_attention_freq", "")
+    field = "model.experimental_attention_variant"
+    if freq.strip() and variant not in ("gdn", "gated_delta_net"):
+        raise UserError("model.linear_attention_freq", "places GatedDeltaNet layers, but "
+                        "the attention variant is not gdn", "set experimental_attention_"
+                        "variant = \"gdn\" (--experimental-attention-variant), or drop it")
+    if not variant:
         return
-    for key, why in (("hybrid_layer_pattern", "a hybrid pattern places its own 'G' "
-                      "layers"), ("attention_window", "ppsim places a window over every "
-                      "layer's attention")):
+    for key, why in (("hybrid_layer_pattern", "a hybrid pattern places its own layers"),
+                     ("attention_window", "ppsim places a window over every layer")):
         if raw.get(key):
-            raise UserError("model.linear_attention_freq", f"beside {key}: {why}",
-                            f"drop one of the two ({key} or --linear-attention-freq)")
+            raise UserError(field, f"beside {key}: {why}", f"drop one of the two ({key} or "
+                            "--experimental-attention-variant)")
+    if variant == "dsa":
+        if raw.get("attention") != "mla":
+            raise UserError(field, "Currently only MLA supports sparse attention. (Megatron's "
+                            "assertion)", "add --multi-latent-attention (attention = \"mla\")")
+        return
     if raw.get("attention") == "mla":
-        raise UserError("model.linear_attention_freq", "ppsim prices GatedDeltaNet beside "
-                        "GQA attention, not MLA", "drop --multi-latent-attention or the "
-                        "linear attention")
+        raise UserError(field, "ppsim prices GatedDeltaNet beside GQA attention, not MLA",
+                        "drop --multi-latent-attention or the linear attention")
+    if not freq.strip():
+        raise UserError("model.linear_attention_freq", f"Linear attention type {variant} is "
+                        "specified but linear_attention_freq is None. Please set "
+                        "linear_attention_freq to specify the LA/SDPA layer pattern.",
+                        "give --linear-attention-freq N (every Nth layer full attention)")
     if isinstance(raw.get("num_layers"), int):
         linear_attention_layers(freq, raw["num_layers"])
 

@@ -15,6 +15,7 @@ from typing import Any
 from ppsim.config import features, limits, state_rules
 from ppsim.costs.arch import (
     ATTENTION,
+    ATTENTION_VARIANTS,
     CP_COMM_TYPES,
     DTYPE_BYTES,
     FP8_FORMATS,
@@ -294,7 +295,7 @@ _CHOICES = {"recompute": RECOMPUTE, "dtype": tuple(DTYPE_BYTES), "attention": AT
             "norm": NORMS, "position": POSITIONS, "fsdp_reshard_after_forward": FSDP_RESHARD,
             "fp8": FP8_FORMATS, "cp_comm_type": CP_COMM_TYPES,
             "gated_activation": GATED_ACTIVATIONS, "optimizer": OPTIMIZERS,
-            "muon_tp_mode": MUON_TP_MODES,
+            "muon_tp_mode": MUON_TP_MODES, "experimental_attention_variant": ATTENTION_VARIANTS,
             **OPTIMIZER_DTYPES}
 _POSITIVE = ("tp", "dp", "ep", "cp", "dp_replicas", "vocab_divisor", "hidden_size", "muon_ns_steps",
              "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_length",
@@ -348,7 +349,7 @@ def transformer(raw: dict[str, Any]) -> None:
     parallel_shape(raw)
     state_rules.check(raw)
     features.sliding_window(raw)
-    features.linear_attention(raw)
+    features.attention_variant(raw)
     features.fp8(raw)
 
 

@@ -15,9 +15,14 @@ from ppsim.errors import UserError
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 RECOMPUTE = ("none", "selective", "full")
 KINDS = ("dense", "moe")
-LINEAR_KINDS = {"gdn-dense": ("gdn", "mlp"), "gdn-moe": ("gdn", "moe-mlp")}
-"""A GPT model's decoder layers whose attention is GatedDeltaNet (linear_attention_freq):
-each one piece that runs a hybrid stack's GatedDeltaNet and its MLP or MoE block."""
+PAIRED_KINDS = {f"{mixer}-{kind}": (mixer, half) for mixer in ("gdn", "dsa")
+                for kind, half in (("dense", "mlp"), ("moe", "moe-mlp"))}
+"""A GPT model's decoder layers whose attention is an experimental variant
+(experimental_attention_variant): each one piece that runs a hybrid stack's GatedDeltaNet
+or DeepSeek-sparse-attention layer and its MLP or MoE layer."""
+ATTENTION_VARIANTS = ("", "gdn", "gated_delta_net", "dsa")
+"""Megatron's --experimental-attention-variant values ppsim prices (gated_delta_net is
+its deprecated spelling of gdn)."""
 ATTENTION = ("gqa", "mla")
 NORMS = ("", "layernorm", "rmsnorm")
 POSITIONS = ("", "rotary", "learned", "none")
@@ -223,12 +228,15 @@ class Architecture:
     --qk-layernorm, Transformer Engine's TENorm over head_dim; Qwen3, OLMo 2): two
     memory-bound passes, their inputs and statistics kept. MLA's latent norms, which the
     same flag builds in Megatron, are priced with or without it."""
+    experimental_attention_variant: str = ""
+    """Megatron's --experimental-attention-variant: "gdn" (or "gated_delta_net"),
+    GatedDeltaNet in the layers linear_attention_freq picks (Qwen3-Next and Qwen3.5 as
+    Megatron-Bridge builds them); "dsa", DeepSeek sparse attention over MLA in every layer
+    (DeepSeek-V3.2, GLM-5). Each such layer is one layer for the pipeline, its MLP or MoE
+    block with it (PAIRED_KINDS); empty: attention."""
     linear_attention_freq: str = ""
-    """Which decoder layers attend by GatedDeltaNet in place of attention (Megatron
-    --experimental-attention-variant gated_delta_net --linear-attention-freq; Qwen3-Next
-    and Qwen3.5 as Megatron-Bridge runs them): "N", every Nth layer full attention and
-    the others linear; a list expression of 1 (linear) and 0 a layer. Each such layer is
-    one layer for the pipeline, its MLP or MoE block with it (LINEAR_KINDS); empty: none."""
+    """Under "gdn", which layers are linear (--linear-attention-freq): "N", every Nth layer
+    full attention and the others GatedDeltaNet; a list expression of 1 (linear) and 0."""
     attention_output_gate: bool = False
     """Attention's output times the sigmoid of a gate the QKV projection makes as wide as
     the queries (Megatron --attention-output-gate; Qwen3-Next): the gate and the gated
@@ -289,16 +297,23 @@ class Architecture:
 
 
 def layer_kinds(a: Architecture) -> tuple[str, ...]:
-    """The decoder layers' kinds, in order, from the `layers` spec, GatedDeltaNet's
-    where linear_attention_freq puts it (LINEAR_KINDS), or the hybrid pattern's symbols
+    """The decoder layers' kinds, in order, from the `layers` spec, with the attention
+    variant where it is (PAIRED_KINDS), or the hybrid pattern's symbols
     (ppsim.costs.hybrid)."""
     if a.hybrid_layer_pattern:
         return parse_pattern(a.hybrid_layer_pattern).kinds
     kinds = _stack_kinds(a)
-    if not a.linear_attention_freq.strip():
+    if a.experimental_attention_variant == "dsa":
+        return tuple(f"dsa-{k}" for k in kinds)
+    if not a.experimental_attention_variant:
         return kinds
     linear = linear_attention_layers(a.linear_attention_freq, a.num_layers)
     return tuple(f"gdn-{k}" if bit else k for k, bit in zip(kinds, linear, strict=True))
+
+
+def mlp_kind(kind: str) -> str:
+    """A GPT model's decoder layer's MLP kind ("dense" or "moe"), its attention aside."""
+    return kind.split("-", 1)[1] if kind in PAIRED_KINDS else kind
 
 
 def _stack_kinds(a: Architecture) -> tuple[str, ...]:

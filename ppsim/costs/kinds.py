@@ -1,13 +1,13 @@
 """What a layer of any kind costs, by its kind: a transformer's decoder layer ("dense",
 "moe"; ppsim.costs.layerops and ppsim.costs.modules), a hybrid stack's layer (its mixer
-or half; ppsim.costs.mixers), a GPT model's GatedDeltaNet layer (LINEAR_KINDS: its
+or half; ppsim.costs.mixers), a GPT model's GatedDeltaNet layer (PAIRED_KINDS: its
 mixer's and its MLP or MoE block's together), an MTP module's layers (piece_kinds)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ppsim.costs.arch import KINDS, LINEAR_KINDS, Architecture, layer_kinds
+from ppsim.costs.arch import KINDS, PAIRED_KINDS, Architecture, layer_kinds
 from ppsim.costs.hybrid import parse_pattern
 from ppsim.costs.layerops import layer_ops
 from ppsim.costs.mixers import (
@@ -27,9 +27,9 @@ from ppsim.costs.params import KindParams, kind_params, mtp_extra_params
 
 def any_kind_params(a: Architecture, kind: str) -> KindParams:
     """kind_params for the transformer kinds, mixer_params for the hybrid ones, their
-    sum for a GatedDeltaNet layer's (LINEAR_KINDS)."""
-    if kind in LINEAR_KINDS:
-        parts = [mixer_params(a, k) for k in LINEAR_KINDS[kind]]
+    sum for a GatedDeltaNet layer's (PAIRED_KINDS)."""
+    if kind in PAIRED_KINDS:
+        parts = [mixer_params(a, k) for k in PAIRED_KINDS[kind]]
         return KindParams(*(sum(getattr(p, f) for p in parts) for f in
                             ("dense", "experts", "active", "norms", "duplicated")))
     return kind_params(a, kind) if kind in KINDS else mixer_params(a, kind)
@@ -72,18 +72,18 @@ def mtp_kinds(a: Architecture) -> tuple[str, ...]:
 
 def piece_kinds(a: Architecture, kind: str) -> tuple[str, ...]:
     """The layer kinds a piece of `kind` runs: an MTP module's decoder layers (mtp_kinds,
-    each expanded), a GatedDeltaNet layer's mixer and MLP or MoE block (LINEAR_KINDS), or
+    each expanded), a GatedDeltaNet layer's mixer and MLP or MoE block (PAIRED_KINDS), or
     the one layer."""
     if kind == "mtp":
         return tuple(k for m in mtp_kinds(a) for k in piece_kinds(a, m))
-    return LINEAR_KINDS.get(kind, (kind,))
+    return PAIRED_KINDS.get(kind, (kind,))
 
 
 def kind_ops(a: Architecture, kind: str, window: int = 0) -> list[Op]:
     """layer_ops for the transformer kinds (attending over `window`), mixer_ops for the
-    hybrid ones, one after the other for a GatedDeltaNet layer's (LINEAR_KINDS)."""
-    if kind in LINEAR_KINDS:
-        return [op for k in LINEAR_KINDS[kind] for op in mixer_ops(a, k)]
+    hybrid ones, one after the other for a GatedDeltaNet layer's (PAIRED_KINDS)."""
+    if kind in PAIRED_KINDS:
+        return [op for k in PAIRED_KINDS[kind] for op in mixer_ops(a, k)]
     return layer_ops(a, kind, window) if kind in KINDS else mixer_ops(a, kind)
 
 
@@ -92,7 +92,7 @@ def kind_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
     """module_effect for a layer of any kind: a Mamba or GatedDeltaNet layer has no
     modules, so it keeps all its tensors, or only its input when recomputed whole; a
     GatedDeltaNet decoder layer its two parts' (recomputed whole, its input alone)."""
-    if kind in LINEAR_KINDS:
+    if kind in PAIRED_KINDS:
         return _linear_layer_effect(a, kind, recompute, offload, full)
     if kind in KINDS or kind in HYBRID_HALVES:
         return module_effect(a, kind, recompute, offload, full)
@@ -105,7 +105,7 @@ def kind_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
 
 def _linear_layer_effect(a: Architecture, kind: str, recompute: tuple[str, ...],
                          offload: tuple[str, ...], full: bool) -> ModuleEffect:
-    parts = [kind_effect(a, k, recompute, offload, full) for k in LINEAR_KINDS[kind]]
+    parts = [kind_effect(a, k, recompute, offload, full) for k in PAIRED_KINDS[kind]]
     if full:  # Megatron recomputes the decoder layer whole from its input alone
         whole = sum(p.kept_bytes + p.transient_bytes for p in parts)
         return replace(parts[0], transient_bytes=whole - parts[0].kept_bytes)
@@ -118,6 +118,6 @@ def _linear_layer_effect(a: Architecture, kind: str, recompute: tuple[str, ...],
 
 def kind_activation_bytes(a: Architecture, kind: str) -> int:
     """layer_activation_bytes for the transformer kinds, the mixers' for the hybrid ones."""
-    if kind in LINEAR_KINDS:
+    if kind in PAIRED_KINDS:
         return kind_effect(a, kind, full=a.recompute == "full").kept_bytes
     return layer_activation_bytes(a, kind) if kind in KINDS else mixer_activation_bytes(a, kind)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ppsim.costs.arch import DTYPE_BYTES, KINDS, LINEAR_KINDS, Architecture, attention_shape
+from ppsim.costs.arch import DTYPE_BYTES, KINDS, PAIRED_KINDS, Architecture, attention_shape
 from ppsim.costs.attention_tensors import (
     GATED,
     UNFUSED_TENSORS,
@@ -275,8 +275,8 @@ def applies(module: str, a: Architecture, kind: str) -> bool:
     if kind in HYBRID_HALVES:
         half = HYBRID_HALVES[kind]
         return module in half.modules and applies(module, _half_arch(a, kind), half.base)
-    if kind in LINEAR_KINDS:
-        return any(applies(module, a, k) for k in LINEAR_KINDS[kind])
+    if kind in PAIRED_KINDS:
+        return any(applies(module, a, k) for k in PAIRED_KINDS[kind])
     if kind not in KINDS:
         return False
     if module in ("moe", "moe_act", "expert_fc1"):

@@ -20,7 +20,7 @@ optimizer are not counted, as in Megatron.
 
 from __future__ import annotations
 
-from ppsim.costs.arch import Architecture, layer_kinds
+from ppsim.costs.arch import Architecture, layer_kinds, mlp_kind
 from ppsim.costs.hybrid import parse_pattern
 from ppsim.costs.kinds import any_kind_params
 from ppsim.costs.layerops import padded_vocab
@@ -70,7 +70,7 @@ def iteration_flops(a: Architecture, global_batch_size: int, causal: bool = True
     (commit 8873b55d6a): the formula behind figures published until then."""
     if a.hybrid_layer_pattern:
         return _hybrid_flops(a, global_batch_size, causal)
-    kinds = [k.removeprefix("gdn-") for k in layer_kinds(a)]
+    kinds = [mlp_kind(k) for k in layer_kinds(a)]
     moe, dense = kinds.count("moe"), kinds.count("dense")
     if a.mtp_layers:
         last_moe = bool(kinds) and kinds[-1] == "moe"
@@ -98,8 +98,8 @@ def _linear_attention_layers(a: Architecture, layers: int) -> int:
     counts them: --linear-attention-freq N over every one of them (MTP's too); a list
     over the decoder's."""
     freq = a.linear_attention_freq.strip()
-    if not freq:
-        return 0
+    if a.experimental_attention_variant in ("", "dsa"):
+        return 0  # DSA is counted as the MLA it attends by
     if freq.isdigit():
         return sum((i + 1) % int(freq) != 0 for i in range(layers))
     return sum(k.startswith("gdn-") for k in layer_kinds(a))

@@ -3,7 +3,7 @@
 `ppsim presets NAME` prints a preset's arguments (ppsim.cli.megatron_args); this holds
 the inverse for every valid architecture, not only the presets: dense or MoE layers in
 any order, GQA (with query and key norms, an output gate, GatedDeltaNet in some layers,
-or not) or MLA, either norm and position, tied or not, any precision, FP8 or not."""
+or not) or MLA (sparse or not), either norm and position, tied or not, any precision, FP8 or not."""
 
 from __future__ import annotations
 
@@ -55,11 +55,19 @@ def architectures(draw):
                       layers=", ".join(kinds), ep=draw(st.sampled_from([1, 2])))
         assume(experts % fields["ep"] == 0)
         fields["shared_expert_gate"] = fields["shared_experts"] > 0 and draw(st.booleans())
-    if draw(st.booleans()):  # MLA
+    if draw(st.booleans()):  # MLA, with DeepSeek sparse attention or not
         fields.update(mla_fields(draw, heads))
+        if draw(st.booleans()):
+            fields.update(experimental_attention_variant="dsa",
+                          dsa_indexer_n_heads=draw(st.sampled_from([4, 8])),
+                          dsa_indexer_head_dim=draw(st.sampled_from([16, 32])),
+                          dsa_indexer_topk=draw(st.integers(8, 128)))
     else:  # query and key norms, an output gate, GatedDeltaNet in some layers
-        fields.update(qk_layernorm=draw(st.booleans()), attention_output_gate=draw(st.booleans()),
-                      linear_attention_freq=draw(st.sampled_from(["", "1", "2", "3"])))
+        fields.update(qk_layernorm=draw(st.booleans()), attention_output_gate=draw(st.booleans()))
+        freq = draw(st.sampled_from(["", "1", "2", "3"]))
+        if freq:
+            fields.update(experimental_attention_variant=draw(st.sampled_from(
+                ["gdn", "gated_delta_net"])), linear_attention_freq=freq)
     try:
         return parse_model({"kind": "transformer", **fields}).arch
     except UserError:

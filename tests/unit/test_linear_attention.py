@@ -98,6 +98,7 @@ def test_a_gated_delta_net_layer_costs_its_two_hybrid_layers(layers, freq, moe, 
     if moe:
         base.update(num_experts=4, top_k=2, moe_ffn_hidden_size=64)
     cfg = config_from_dict({"model": {"kind": "transformer", **base,
+                                      "experimental_attention_variant": "gdn",
                                       "linear_attention_freq": str(freq)},
                             # no host floor: it bounds a piece's phases, not each layer's
                             "hardware": {"preset": "h100-80gb", "kernel_overhead_us": 0.0}})
@@ -111,7 +112,8 @@ def test_a_gated_delta_net_layer_costs_its_two_hybrid_layers(layers, freq, moe, 
     costs = transformer_costs(a, acc)
     i = next(i for i, k in enumerate(kinds) if k.startswith("gdn-"))
     second = "moe-mlp" if moe else "mlp"
-    pattern = replace(a, linear_attention_freq="", hybrid_layer_pattern="G" + {
+    pattern = replace(a, experimental_attention_variant="", linear_attention_freq="",
+                      hybrid_layer_pattern="G" + {
         "moe-mlp": "E", "mlp": "-"}[second], num_layers=2)
     halves = transformer_costs(pattern, acc).layers
     layer = costs.layers[i]
@@ -164,7 +166,7 @@ def _arch_of(line: str) -> Architecture:
     ("--experimental-attention-variant gdn --linear-attention-freq '([1]*3+[0])*3'",
      "Invalid length of linear_attention_pattern: 12, expected 8"),
     ("--experimental-attention-variant gdn --linear-attention-freq 2 --window-size 5,0",
-     "model.linear_attention_freq"),
+     "model.experimental_attention_variant"),
 ])
 def test_what_megatron_or_ppsim_refuses_is_refused_in_one_line(flags: str, said: str) -> None:
     code, out, err = _run(["simulate", "--preset", "llama3-8b", "--num-layers", "8",
@@ -177,7 +179,7 @@ def test_what_megatron_or_ppsim_refuses_is_refused_in_one_line(flags: str, said:
 def test_the_frequency_alone_is_ignored_as_megatron_ignores_it() -> None:
     code, out, err = _run(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb",
                            "--linear-attention-freq", "4", "--json"])
-    assert code == 0 and "ignored without --experimental-attention-variant" in err
+    assert code == 0 and "ignored without a linear --experimental-attention-variant" in err
     assert json.loads(out)["iteration_time_ms"] == \
         _simulate("--preset llama3-8b")["iteration_time_ms"]
     assert not _arch_of("--preset llama3-8b --linear-attention-freq 4").linear_attention_freq
@@ -196,7 +198,8 @@ def test_a_list_places_the_linear_layers_and_prints_back() -> None:
 
 GPT = load_config(None).model.fields()
 LINEAR = {**GPT, "gated_mlp": True, "norm": "rmsnorm", "position": "rotary", "num_kv_heads": 2,
-          "ffn_hidden_size": 176, "dtype": "bf16", "linear_attention_freq": "2",
+          "ffn_hidden_size": 176, "dtype": "bf16", "experimental_attention_variant": "gdn",
+          "linear_attention_freq": "2",
           "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
           "linear_value_head_dim": 16}
 LINEAR_MOE = {**LINEAR, "num_experts": 4, "top_k": 2, "moe_ffn_hidden_size": 48,
@@ -233,3 +236,64 @@ def test_over_the_hybrid_preset_the_flags_build_the_gpt_model() -> None:
                      "variant gated_delta_net --linear-attention-freq 4 --mtp-num-layers 1", *job)
     assert over["split"] == [12, 12, 12, 13]
     assert over["iteration_time_ms"] == _simulate(QWEN3_NEXT, *job)["iteration_time_ms"]
+
+
+# ------------------------------------------------------------------ DeepSeek sparse attention
+
+DSA_TEST = """--num-layers 4 --hidden-size 512 --num-attention-heads 8 --multi-latent-attention
+--q-lora-rank 192 --kv-lora-rank 64 --qk-head-dim 16 --qk-pos-emb-head-dim 8 --v-head-dim 16
+--experimental-attention-variant dsa --disable-bias-linear --dsa-indexer-n-heads 64
+--dsa-indexer-head-dim 128 --dsa-indexer-topk 2048 --dsa-indexer-loss-coeff 0.01
+--attention-backend fused --micro-batch-size 4 --global-batch-size 32 --seq-length 1024
+--max-position-embeddings 1024 --tensor-model-parallel-size 2
+--pipeline-model-parallel-size 2 --sequence-parallel --untie-embeddings-and-output-weights
+--attention-softmax-in-fp32 --vocab-size 50257"""
+"""Megatron-LM's functional test gpt3_mcore_te_tp2_pp2_dsa's model and parallel arguments."""
+
+
+def test_megatrons_dsa_test_model_prices_as_its_hybrid_pattern() -> None:
+    """Every layer MLA through the indexer's top-k keys, with its MLP: on one stage the
+    same time and memory as the pattern D-D-D-D-; Megatron counts its FLOPs as the dense
+    MLA model's (transformer_flops has no sparse term); the indexer's loss said unpriced."""
+    code, out, err = _run(["simulate", *shlex.split(DSA_TEST), "--gpus", "8", "--hardware",
+                           "h100-80gb", "--json"])
+    assert code == 0, err
+    assert "--dsa-indexer-loss-coeff taken, not priced" in err
+    assert json.loads(out)["split"] == [2, 2]
+    # At DeepSeek's widths, where no layer is bound by the host's per-kernel floor (which
+    # bounds a whole piece, so two pieces can take longer than one of both)
+    wide = (DSA_TEST.replace("--hidden-size 512", "--hidden-size 4096")
+            .replace("--num-attention-heads 8", "--num-attention-heads 32")
+            .replace("--qk-head-dim 16", "--qk-head-dim 128").replace("--v-head-dim 16",
+                                                                      "--v-head-dim 128")
+            .replace("--seq-length 1024", "--seq-length 4096").replace(
+                "--max-position-embeddings 1024", "--max-position-embeddings 4096"))
+    one = ("--gpus", "4", "--pp", "1")
+    gpt = _simulate(wide, *one)
+    hybrid = _simulate(wide.replace("--num-layers 4", "--hybrid-layer-pattern D-D-D-D-")
+                       .replace("--experimental-attention-variant dsa", ""), *one)
+    assert gpt["iteration_time_ms"] == pytest.approx(hybrid["iteration_time_ms"], rel=1e-12)
+    assert [r["peak_memory_bytes"] for r in gpt["ranks"]] == \
+        [r["peak_memory_bytes"] for r in hybrid["ranks"]]
+    a = _arch_of(DSA_TEST)
+    assert set(layer_kinds(a)) == {"dsa-dense"}
+    assert iteration_flops(a, 32) == iteration_flops(replace(a,
+                                                             experimental_attention_variant=""), 32)
+
+
+def test_dsa_needs_mla_as_megatron_asserts() -> None:
+    code, out, err = _run(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb",
+                           "--experimental-attention-variant", "dsa"])
+    assert code == 2 and "Currently only MLA supports sparse attention." in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_deepseek_v3_with_dsa_splits_its_61_layers() -> None:
+    """DeepSeek-V3.2's shape: the V3 preset with the variant and its indexer's sizes."""
+    got = _simulate("--preset deepseek-v3 --experimental-attention-variant dsa "
+                    "--dsa-indexer-n-heads 64 --dsa-indexer-head-dim 128 --dsa-indexer-topk "
+                    "2048", "--gpus", "1024", "--global-batch-size", "1024", "--pp", "8")
+    assert sum(got["split"]) == 62  # 61 decoder layers and the MTP module
+    plain = _simulate("--preset deepseek-v3", "--gpus", "1024", "--global-batch-size", "1024",
+                      "--pp", "8")
+    assert got["iteration_time_ms"] != plain["iteration_time_ms"]
