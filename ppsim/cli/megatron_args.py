@@ -24,34 +24,11 @@ def megatron_model_args(a: Architecture) -> list[str]:
     """The model as Megatron's arguments, the inverse of `model_table` over nothing: the
     shapes, the kinds of layer, the precision, dropout, the recompute mode, and tp and ep
     (what a launch script's MODEL_ARGS and parallel sizes hold)."""
-    def kv(flag: str, value: object) -> list[str]:
-        return [flag, str(value)]
-
+    kv = _kv
     out = kv("--hybrid-layer-pattern", a.hybrid_layer_pattern) if a.hybrid_layer_pattern \
         else kv("--num-layers", a.num_layers)
     out += kv("--hidden-size", a.hidden_size) + kv("--ffn-hidden-size", a.ffn_hidden_size)
-    out += kv("--num-attention-heads", a.num_heads)
-    if a.attention == "mla":
-        out += ["--multi-latent-attention"] + kv("--q-lora-rank", a.q_lora_rank) * bool(
-            a.q_lora_rank) + kv("--kv-lora-rank", a.kv_lora_rank) + kv(
-            "--qk-head-dim", a.head_dim or a.hidden_size // a.num_heads) + kv(
-            "--qk-pos-emb-head-dim", a.qk_rope_head_dim) + kv(
-            "--v-head-dim", a.v_head_dim or a.head_dim or a.hidden_size // a.num_heads)
-    else:
-        if a.num_kv_heads != a.num_heads:
-            out += ["--group-query-attention"] + kv("--num-query-groups", a.num_kv_heads)
-        out += kv("--kv-channels", a.head_dim) * bool(a.head_dim)
-        out += ["--attention-output-gate"] * a.attention_output_gate
-    # MLA's latent norms, which ppsim prices with it or without, are built by this flag.
-    out += ["--qk-layernorm"] * (a.qk_layernorm or a.attention == "mla")
-    if a.experimental_attention_variant:
-        out += kv("--experimental-attention-variant", a.experimental_attention_variant)
-        out += kv("--linear-attention-freq", a.linear_attention_freq) * bool(
-            a.linear_attention_freq)
-    if "dsa" in {k.split("-")[0] for k in layer_kinds(a)}:  # Megatron has no defaults
-        out += kv("--dsa-indexer-n-heads", a.dsa_indexer_n_heads) + kv(
-            "--dsa-indexer-head-dim", a.dsa_indexer_head_dim) + kv(
-            "--dsa-indexer-topk", a.dsa_indexer_topk)
+    out += kv("--num-attention-heads", a.num_heads) + _attention_args(a)
     out += kv("--seq-length", a.seq_length) + kv("--max-position-embeddings", a.seq_length)
     out += kv("--vocab-size" if a.pad_vocab else "--padded-vocab-size", a.vocab_size)
     out += activation_args(a)
@@ -125,6 +102,36 @@ def optimizer_args(a: Architecture) -> list[str]:
         out.append("--use-precision-aware-optimizer")
         out += [tok for key in OPTIMIZER_DTYPES if getattr(a, key) != "fp32"
                 for tok in (f"--{key.replace('_', '-')}", getattr(a, key))]
+    return out
+
+
+def _kv(flag: str, value: object) -> list[str]:
+    return [flag, str(value)]
+
+
+def _attention_args(a: Architecture) -> list[str]:
+    """The attention's shape, its norms and gate, and an experimental variant."""
+    hd = a.head_dim or a.hidden_size // a.num_heads
+    if a.attention == "mla":
+        out = ["--multi-latent-attention", *_kv("--q-lora-rank", a.q_lora_rank) * bool(
+            a.q_lora_rank), *_kv("--kv-lora-rank", a.kv_lora_rank), *_kv("--qk-head-dim", hd),
+               *_kv("--qk-pos-emb-head-dim", a.qk_rope_head_dim),
+               *_kv("--v-head-dim", a.v_head_dim or hd)]
+    else:
+        out = (["--group-query-attention", *_kv("--num-query-groups", a.num_kv_heads)]
+               * (a.num_kv_heads != a.num_heads))
+        out += _kv("--kv-channels", a.head_dim) * bool(a.head_dim)
+        out += ["--attention-output-gate"] * a.attention_output_gate
+    # MLA's latent norms, which ppsim prices with it or without, are built by this flag.
+    out += ["--qk-layernorm"] * (a.qk_layernorm or a.attention == "mla")
+    if a.experimental_attention_variant:
+        out += _kv("--experimental-attention-variant", a.experimental_attention_variant)
+        out += _kv("--linear-attention-freq", a.linear_attention_freq) * bool(
+            a.linear_attention_freq)
+    if "dsa" in {k.split("-")[0] for k in layer_kinds(a)}:  # Megatron has no defaults
+        out += [*_kv("--dsa-indexer-n-heads", a.dsa_indexer_n_heads),
+                *_kv("--dsa-indexer-head-dim", a.dsa_indexer_head_dim),
+                *_kv("--dsa-indexer-topk", a.dsa_indexer_topk)]
     return out
 
 

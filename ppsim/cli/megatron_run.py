@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from ppsim.cli import megatron_model
+from ppsim.cli import megatron_attention
 from ppsim.errors import UserError
 from ppsim.job.ranks import TP_PP_DP_ORDER, parse_order
 
@@ -226,7 +226,7 @@ def check_run_flags(args: argparse.Namespace) -> str | None:
                             "ppsim does not model (it prices Megatron's DDP, and FSDP2 as "
                             "torchtitan applies it)", "drop it; --use-distributed-optimizer "
                             "is Megatron's closest, --fsdp torchtitan's FSDP2")
-    megatron_model.check_spec(args)
+    megatron_attention.check_spec(args)
     for name, (inert, problem, fix) in REFUSED.items():
         given = flag(PREFIX + name.replace("-", "_"))  # its values: nargs="*"
         if given is not None and not (given and set(given) <= set(inert)):

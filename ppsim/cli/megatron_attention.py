@@ -1,0 +1,112 @@
+"""Megatron's attention arguments as [model] fields: the backend (--attention-backend,
+whose unfused core ppsim prices apart), the layer spec (--transformer-impl), a sliding
+window, query and key norms, the output gate, and the experimental variants
+(--experimental-attention-variant gdn|dsa); ppsim.cli.megatron_model reads the rest."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ppsim.costs.arch import ATTENTION_VARIANTS
+from ppsim.errors import UserError
+
+ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
+"""Megatron's AttnBackend (megatron/core/transformer/enums.py)."""
+TRANSFORMER_IMPLS = ("transformer_engine", "local", "inference_optimized")
+"""Megatron's --transformer-impl; ppsim prices Transformer Engine's layer spec (its default)."""
+UNFUSED_BACKENDS = ("unfused", "local")
+"""The backends that compute the whole score matrix (`unfused_attention`), as Model
+Optimizer's --export-force-local-attention does too."""
+FORCE_LOCAL = "megatron_run_export_force_local_attention"
+"""Where argparse keeps --export-force-local-attention (ppsim.cli.megatron_run)."""
+
+
+def attention_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The [model] fields the attention's flags set: the unfused core, a sliding window,
+    query and key norms, the output gate, an experimental variant."""
+    get = lambda dest: getattr(args, dest, None)  # noqa: E731
+    out = _window_fields(get("window_size"), get("window_attn_skip_freq"))
+    out.update(_attention_variant_fields(get))
+    # Under MLA --qk-layernorm builds the latent norms, which ppsim prices either way;
+    # --qk-l2-norm's L2Norm (Llama 4) makes the same passes and keeps the same tensors.
+    if (get("qk_layernorm") or get("qk_l2_norm")) and not get("multi_latent_attention"):
+        out["qk_layernorm"] = True
+    if get("attention_output_gate"):
+        out["attention_output_gate"] = True
+    if unfused_backend(args) is not None:
+        out["unfused_attention"] = unfused_backend(args)
+    return out
+
+
+def unfused_backend(args: argparse.Namespace) -> bool | None:
+    """Whether the attention backend flags ask for the unfused core; None: not given."""
+    if getattr(args, FORCE_LOCAL, None) is not None:
+        return True
+    backend = getattr(args, "attention_backend", None)
+    return None if backend is None else backend in UNFUSED_BACKENDS
+
+
+def check_spec(args: argparse.Namespace) -> None:
+    """The layer spec ppsim prices is Transformer Engine's (fused norms and attention):
+    Megatron's local spec (separate norms, DotProductAttention) and the inference one are
+    refused; attention sinks (--softmax-type learnable or off-by-one), which no
+    FlashAttention kernel takes, are said to be priced at its rate."""
+    get = lambda dest: getattr(args, dest, None)  # noqa: E731
+    impl = get("transformer_impl")
+    if impl not in (None, "transformer_engine"):
+        raise UserError(f"--transformer-impl {impl}", "ppsim prices Transformer Engine's "
+                        "layer spec (norms fused into the linears, a fused attention); "
+                        "Megatron's local or inference spec builds other modules",
+                        "drop it; --attention-backend unfused prices the local spec's "
+                        "attention")
+    if get("softmax_type") in ("learnable", "off-by-one") and not unfused_backend(args):
+        print(f"note: --softmax-type {get('softmax_type')} (attention sinks) priced at "
+              "FlashAttention's rate, which runs no sinks: Transformer Engine takes cuDNN's "
+              "fused kernel or its unfused path (--attention-backend unfused prices that)",
+              file=sys.stderr)
+
+
+GDN_CONV_KERNEL = 4
+"""The only --linear-conv-kernel-dim ppsim prices (Megatron's default)."""
+
+
+def _attention_variant_fields(get: Any) -> dict[str, Any]:
+    """--experimental-attention-variant (with --linear-attention-freq under gdn) as
+    fields (the config checks them: ppsim.config.features.attention_variant); a variant
+    ppsim does not price refused by name; the frequency without a linear variant Megatron
+    ignores, and so does ppsim (with a warning)."""
+    variant, freq = get("experimental_attention_variant"), get("linear_attention_freq")
+    kernel = get("linear_conv_kernel_dim")
+    if kernel is not None and kernel != GDN_CONV_KERNEL:
+        raise UserError("--linear-conv-kernel-dim", f"{kernel}: ppsim prices GatedDeltaNet's "
+                        f"short convolution at Megatron's default, {GDN_CONV_KERNEL}",
+                        f"give {GDN_CONV_KERNEL}, or drop it")
+    if variant is not None and variant not in ATTENTION_VARIANTS:
+        raise UserError("--experimental-attention-variant", f"{variant!r} is not priced: "
+                        "ppsim prices gdn (gated_delta_net) and dsa", "give one of those")
+    if freq is not None and variant in (None, "dsa"):
+        print(f"warning: --linear-attention-freq {freq} ignored without a linear "
+              "--experimental-attention-variant, as Megatron ignores it", file=sys.stderr)
+        freq = None
+    out = {"experimental_attention_variant": variant, "linear_attention_freq": freq}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _window_fields(size: str | None, freq: str | None) -> dict[str, Any]:
+    """Megatron's --window-size "W,R" (keys before and after each query; -1: all) and
+    --window-attn-skip-freq as [model] fields: ppsim prices causal windows, R = 0."""
+    out: dict[str, Any] = {} if freq is None else {"window_attn_skip_freq": freq}
+    if size is None:
+        return out
+    try:
+        left, right = (int(x) for x in size.replace("(", "").replace(")", "").split(","))
+    except ValueError:
+        raise UserError("--window-size", f"{size!r} is not two whole numbers",
+                        "write e.g. 127,0") from None
+    if right != 0 and (left, right) != (-1, -1):
+        raise UserError("--window-size", f"{size}: keys after a query are not causal "
+                        "attention, which ppsim prices", "give W,0")
+    out["attention_window"] = max(left, 0)  # -1: no limit
+    return out
