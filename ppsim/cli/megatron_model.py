@@ -81,7 +81,17 @@ IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base":
            "glu-linear-offset": float, "softmax-type": str,
            "activation-func-clamp-value": float, "moe-router-fusion": None,
            "moe-router-force-load-balancing": None, "moe-router-padding-for-fp8": None,
-           "moe-router-padding-for-quantization": None, "mtp-loss-scaling-factor": float}
+           "moe-router-padding-for-quantization": None, "mtp-loss-scaling-factor": float,
+           "apply-query-key-layer-scaling": None, "openai-gelu": None, "onnx-safe": [str],
+           "yarn-beta-fast": float, "yarn-beta-slow": float,
+           "yarn-correction-range-round-to-int": None,
+           "no-yarn-correction-range-round-to-int": None,
+           "yarn-original-max-position-embeddings": int, "mrope-section": [int],
+           "moe-input-jitter-eps": float, "moe-router-force-biased": float,
+           "moe-apply-probs-on-input": None, "dsa-indexer-k-norm-fp32": None,
+           "dsa-indexer-k-norm-epsilon": float, "dsa-indexer-rope-interleaved": None,
+           "dsa-indexer-skip-topk-offset": int, "no-dsa-indexer-rotate-activation": None,
+           "no-dsa-indexer-scoring-relu": None}
 """Accepted as Megatron takes them; ppsim's costs do not depend on them (sequence
 parallelism is always assumed with tp > 1; FP8's scaling knobs change neither the
 matmuls nor what is kept; --spec names the builder of the layers the model

@@ -143,8 +143,12 @@ UNPRICED_GROUPS = {
         "disable-tp-comm-bulk-dgrad", "disable-tp-comm-bulk-wgrad",
         "pipeline-model-parallel-comm-backend", "use-ring-exchange-p2p",
         "overlap-param-gather-with-optimizer-step"),
-    "ppsim prices DSA's indexer, not its training loss against attention's scores": (
-        "dsa-indexer-loss-coeff", "dsa-indexer-use-sparse-loss"),
+    "ppsim prices DSA's indexer in every layer by its own ops, not its training loss, a "
+    "top-k reused across layers or a kernel choice": (
+        "dsa-indexer-loss-coeff", "dsa-indexer-use-sparse-loss", "dsa-indexer-topk-freq",
+        "dsa-kernel-backend"),
+    "ppsim prices the optimizer's step, not MuonClip's clipping of the attention logits "
+    "after it": ("qk-clip", "qk-clip-alpha", "qk-clip-threshold", "log-max-attention-logit"),
 }
 """Megatron's arguments that change an iteration's time or memory a little in ways ppsim
 does not model, by why not: its memory-bound operations and attention are priced as

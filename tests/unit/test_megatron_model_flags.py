@@ -318,3 +318,33 @@ def test_the_vocabulary_pads_to_the_given_divisor_times_tp() -> None:
     again = _arch("--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 64 "
                   "--vocab-size 50257 --tp 2")
     assert padded_vocab(again) == 50432  # Megatron's default 128 x 2
+
+
+IGNORED_VALUES = {None: [], int: ["7"], float: ["0.5"], str: ["x"], (str,): ["a", "b"],
+                  (int,): ["11", "11", "10"], (float,): ["0.1"]}
+"""A value of each kind an IGNORED flag takes (a switch: none; a list: several)."""
+
+
+def _ignored_tail(flags: list[str]) -> list[str]:
+    from ppsim.cli.megatron_model import IGNORED
+
+    out = []
+    for flag in flags:
+        kind = IGNORED[flag]
+        out += [f"--{flag}", *IGNORED_VALUES[tuple(kind) if isinstance(kind, list) else kind]]
+    return out
+
+
+def _ignored_flags() -> list[str]:
+    from ppsim.cli.megatron_model import IGNORED
+
+    return sorted(IGNORED)
+
+
+@given(st.lists(st.sampled_from(_ignored_flags()), unique=True, max_size=8))
+def test_flags_taken_with_no_effect_leave_the_config_as_it_was(flags) -> None:
+    """Any set of the numerics-only flags (YaRN's, gpt-oss's, the router's, DSA's
+    indexer's, ...), over Llama-3-8B's arguments, prices the same model."""
+    base = _arch(f"{LLAMA3_8B} --use-distributed-optimizer")
+    assert _arch(f"{LLAMA3_8B} --use-distributed-optimizer "
+                 + " ".join(_ignored_tail(flags))) == base
