@@ -1,6 +1,6 @@
 """What a layer of any kind costs, by its kind: a transformer's decoder layer ("dense",
 "moe"; ppsim.costs.layerops and ppsim.costs.modules), a hybrid stack's layer (its mixer
-or half; ppsim.costs.mixers), a GPT model's GatedDeltaNet layer (PAIRED_KINDS: its
+or half; ppsim.costs.mixers), a GPT model's attention-variant layer (PAIRED_KINDS: its
 mixer's and its MLP or MoE block's together), an MTP module's layers (piece_kinds)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ppsim.costs.params import KindParams, kind_params, mtp_extra_params
 
 def any_kind_params(a: Architecture, kind: str) -> KindParams:
     """kind_params for the transformer kinds, mixer_params for the hybrid ones, their
-    sum for a GatedDeltaNet layer's (PAIRED_KINDS)."""
+    sum for an attention-variant decoder layer's (PAIRED_KINDS)."""
     if kind in PAIRED_KINDS:
         parts = [mixer_params(a, k) for k in PAIRED_KINDS[kind]]
         return KindParams(*(sum(getattr(p, f) for p in parts) for f in
@@ -72,7 +72,7 @@ def mtp_kinds(a: Architecture) -> tuple[str, ...]:
 
 def piece_kinds(a: Architecture, kind: str) -> tuple[str, ...]:
     """The layer kinds a piece of `kind` runs: an MTP module's decoder layers (mtp_kinds,
-    each expanded), a GatedDeltaNet layer's mixer and MLP or MoE block (PAIRED_KINDS), or
+    each expanded), an attention-variant layer's mixer and MLP or MoE block (PAIRED_KINDS), or
     the one layer."""
     if kind == "mtp":
         return tuple(k for m in mtp_kinds(a) for k in piece_kinds(a, m))
@@ -81,7 +81,7 @@ def piece_kinds(a: Architecture, kind: str) -> tuple[str, ...]:
 
 def kind_ops(a: Architecture, kind: str, window: int = 0) -> list[Op]:
     """layer_ops for the transformer kinds (attending over `window`), mixer_ops for the
-    hybrid ones, one after the other for a GatedDeltaNet layer's (PAIRED_KINDS)."""
+    hybrid ones, one after the other for an attention-variant layer's (PAIRED_KINDS)."""
     if kind in PAIRED_KINDS:
         return [op for k in PAIRED_KINDS[kind] for op in mixer_ops(a, k)]
     return layer_ops(a, kind, window) if kind in KINDS else mixer_ops(a, kind)
@@ -91,7 +91,7 @@ def kind_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
                 offload: tuple[str, ...] = (), full: bool = False) -> ModuleEffect:
     """module_effect for a layer of any kind: a Mamba or GatedDeltaNet layer has no
     modules, so it keeps all its tensors, or only its input when recomputed whole; a
-    GatedDeltaNet decoder layer its two parts' (recomputed whole, its input alone)."""
+    GPT model's attention-variant layer its two parts' (recomputed whole, its input alone)."""
     if kind in PAIRED_KINDS:
         return _linear_layer_effect(a, kind, recompute, offload, full)
     if kind in KINDS or kind in HYBRID_HALVES:
