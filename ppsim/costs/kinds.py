@@ -93,7 +93,7 @@ def kind_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
     modules, so it keeps all its tensors, or only its input when recomputed whole; a
     GPT model's attention-variant layer its two parts' (recomputed whole, its input alone)."""
     if kind in PAIRED_KINDS:
-        return _linear_layer_effect(a, kind, recompute, offload, full)
+        return _paired_layer_effect(a, kind, recompute, offload, full)
     if kind in KINDS or kind in HYBRID_HALVES:
         return module_effect(a, kind, recompute, offload, full)
     whole = mixer_activation_bytes(replace(a, recompute="none"), kind)
@@ -103,7 +103,7 @@ def kind_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
                         transient_bytes=whole - kept)
 
 
-def _linear_layer_effect(a: Architecture, kind: str, recompute: tuple[str, ...],
+def _paired_layer_effect(a: Architecture, kind: str, recompute: tuple[str, ...],
                          offload: tuple[str, ...], full: bool) -> ModuleEffect:
     parts = [kind_effect(a, k, recompute, offload, full) for k in PAIRED_KINDS[kind]]
     if full:  # Megatron recomputes the decoder layer whole from its input alone
