@@ -210,3 +210,16 @@ def between_ops_peaks(argv: list[str]) -> list[int]:
 
     return peaks(build_problem(config_from_args(build_parser().parse_args(["simulate",
                                                                           *argv]))))
+
+
+def run_main(argv: list[str]) -> tuple[int, str, str]:
+    """`ppsim ARGV` in this process: (exit status, stdout, stderr)."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from ppsim.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()

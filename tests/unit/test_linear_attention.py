@@ -6,18 +6,16 @@ GPT model counts one."""
 
 from __future__ import annotations
 
-import io
 import json
 import shlex
-from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import replace
 
 import pytest
 from helpers import kept_under_policy
+from helpers import run_main as _run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppsim.cli.main import main
 from ppsim.config.schema import config_from_dict, load_config
 from ppsim.costs.arch import Architecture, layer_kinds
 from ppsim.costs.kinds import kind_effect
@@ -42,13 +40,6 @@ QWEN3_NEXT = """--num-layers 48 --hidden-size 2048 --ffn-hidden-size 5120
 sizes), in Megatron's arguments."""
 PATTERN = "GEGEGE*E" * 12 + "/*E"
 """The same layers as a hybrid pattern (the qwen3-next-80b-a3b preset's)."""
-
-
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 def _simulate(line: str, *more: str) -> dict:

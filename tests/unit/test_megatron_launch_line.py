@@ -10,9 +10,10 @@ from __future__ import annotations
 import io
 import json
 import shlex
-from contextlib import redirect_stderr, redirect_stdout
+from contextlib import redirect_stderr
 
 import pytest
+from helpers import run_main as _run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -39,13 +40,6 @@ PRICED = shlex.split(f"{GPT_MODEL_ARGS} --micro-batch-size 1 --global-batch-size
                      f"--init-method-std 0.006 --fp16 {MODEL_PARALLEL_ARGS}")
 """What ppsim reads of that line; the rest runs the training."""
 JOB = ["--hardware", "h100-80gb", "--gpus", "1536"]
-
-
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 def _errors(err: str) -> list[str]:

@@ -10,16 +10,14 @@ embedding and output layer then need it to divide by tp (`divide`, which asserts
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import shlex
-from contextlib import redirect_stderr, redirect_stdout
 
+from helpers import run_main as _run
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ppsim.cli.flags import add_config_flags, config_from_args
-from ppsim.cli.main import main
 from ppsim.cli.megatron_args import megatron_model_args
 from ppsim.config.validate import parallel_shape
 from ppsim.costs.arch import Architecture
@@ -40,13 +38,6 @@ def _arch(argv: str) -> Architecture:
     p = argparse.ArgumentParser()
     add_config_flags(p)
     return config_from_args(p.parse_args(shlex.split(argv))).model.arch
-
-
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 def test_padded_vocab_size_is_taken_as_it_is() -> None:

@@ -6,23 +6,13 @@ split is a row of the table ("given split", and `compared` in JSON) for the plan
 
 from __future__ import annotations
 
-import io
 import json
-from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
-
-from ppsim.cli.main import main
+from helpers import run_main as _run
 
 BASE = ["plan", "--preset", "llama3-70b", "--hardware", "h100-80gb", "--pp", "8",
         "--microbatches", "16", "--time-budget", "2"]
-
-
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.mark.parametrize("flags, counts", [

@@ -10,14 +10,11 @@ test_unfused_attention.py)."""
 
 from __future__ import annotations
 
-import io
 import json
 import shlex
-from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
-
-from ppsim.cli.main import main
+from helpers import run_main as _run
 
 # NVIDIA-Nemotron-Nano-9B-v2's MODEL_ARGS in Megatron-LM's modelopt conf, as written.
 NANO_9B_V2 = """--trust-remote-code --save-interval 100000 --micro-batch-size 1 --bf16
@@ -35,13 +32,6 @@ MODELOPT_TAKEN = ("--export-model-type HybridModel --enable-gpt-oss --export-qk-
                   "--export-te-mcore-model --modelopt-enabled --qad-train-target both "
                   "--export-quant-cfg None --export-kv-cache-quant none")
 JOB = ["--hardware", "h100-80gb", "--json"]
-
-
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 def _time(argv: list[str]) -> float:

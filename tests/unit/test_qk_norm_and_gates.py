@@ -8,19 +8,18 @@ pasted, and its preset had none of the three."""
 
 from __future__ import annotations
 
-import io
 import json
 import shlex
-from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import replace
 
 import pytest
 from helpers import kept_under_policy
+from helpers import run_main as _run
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from ppsim.cli.flags import config_from_args
-from ppsim.cli.main import build_parser, main
+from ppsim.cli.main import build_parser
 from ppsim.config.model import parse_model
 from ppsim.config.schema import load_config
 from ppsim.costs.arch import Architecture
@@ -37,13 +36,6 @@ def _arch(**more) -> Architecture:
                 ffn_hidden_size=512, vocab_size=1024, seq_length=128, micro_batch_size=2,
                 tp=2, dtype="bf16", dropout=False)
     return Architecture(**{**base, **more})
-
-
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 def _parsed(line: str) -> Architecture:

@@ -4,15 +4,14 @@ against a count of the query-key pairs made here one query at a time."""
 
 from __future__ import annotations
 
-import io
 import json
 import shlex
-from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
+from helpers import run_main as _run
 
 from ppsim.cli.flags import config_from_args
-from ppsim.cli.main import build_parser, main
+from ppsim.cli.main import build_parser
 from ppsim.config.presets import MODEL_PRESETS
 from ppsim.config.schema import config_from_dict
 from ppsim.costs.arch import Architecture, layer_windows
@@ -76,13 +75,6 @@ def test_bad_windows_are_refused(model: dict, field: str) -> None:
     with pytest.raises(UserError) as e:
         config_from_dict({"model": {"preset": "llama3-8b", "num_layers": 4, **model}})
     assert e.value.field == field
-
-
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 # Megatron-LM's examples/post_training/modelopt/conf/openai/gpt-oss-120b.sh, MODEL_ARGS as

@@ -8,19 +8,18 @@ s x s matrix, and refused --export-force-local-attention as unknown."""
 
 from __future__ import annotations
 
-import io
 import json
 import shlex
-from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import replace
 
 import pytest
 from helpers import kept_under_policy
+from helpers import run_main as _run
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from ppsim.cli.flags import config_from_args
-from ppsim.cli.main import build_parser, main
+from ppsim.cli.main import build_parser
 from ppsim.cli.megatron_args import megatron_model_args
 from ppsim.config.schema import load_config
 from ppsim.costs.arch import Architecture
@@ -113,13 +112,6 @@ def test_its_backward_holds_the_scores_buffer_and_the_probabilities_gradient() -
     plain = module_effect(a, "dense").transient_bytes
     assert plain == 2 * scores_bytes
     assert module_effect(replace(a, unfused_attention=False), "dense").transient_bytes == 0
-
-
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        code = main(argv)
-    return code, out.getvalue(), err.getvalue()
 
 
 def _parsed(argv: str) -> Architecture:
