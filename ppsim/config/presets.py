@@ -301,7 +301,10 @@ HARDWARE_PRESETS: dict[str, dict] = {
                         kernel_overhead_us=10.0, sm_count=152, host_link_gbps=225.0,
                         host_memory_bytes=72 * 240e9, **_TOPOLOGY_NVL72,
                         **_COLLECTIVE_SMS),
-    "cpu": dict(memory_bytes=16e9, peak_tflops=0.04, efficiency=1.0,
+    # Peak: one core's fp32 matmul (2048^3, one thread: 191 GFLOP/s on the AVX-512 Xeon
+    # of docs/benchmarks.md's CPU VM), MFU's denominator; the analytic rate is 0.04
+    # TFLOP/s, what a tiny model's eager ops reach (a profile measures the real ones).
+    "cpu": dict(memory_bytes=16e9, peak_tflops=0.19, efficiency=0.04 / 0.19,
                 p2p_bandwidth_gbps=1.0, p2p_latency_ms=0.05),
 }
 
