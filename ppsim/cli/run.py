@@ -170,7 +170,9 @@ def _check_tensor_parallel(args: argparse.Namespace, fields: dict[str, Any], pro
 
     if not isinstance(load_builder(builder_spec(args.model, fields), fields), GPTBuilder):
         raise UserError("model.tp", f"tp = {tp} needs the built-in GPT (dense, LayerNorm, "
-                        "learned positions)", "use --preset tiny-gpt or tiny-llm, or --tp 1")
+                        "learned positions, plain attention)", "use --preset tiny-gpt or "
+                        "tiny-llm without query/key norms, gates or attention variants, or "
+                        "--tp 1")
     # The heads' rule is the config's (ppsim.config.validate); the MLP splits by columns too.
     if fields["ffn_hidden_size"] % tp:
         raise UserError("model.tp", f"ffn_hidden_size ({fields['ffn_hidden_size']}) does not "
