@@ -144,6 +144,7 @@ def _moe_args(a: Architecture) -> list[str]:
         out += ["--moe-shared-expert-intermediate-size",
                 str(a.shared_experts * a.moe_ffn_hidden_size)]
         out += ["--moe-shared-expert-gate"] * a.shared_expert_gate
+    out += ["--moe-permute-fusion"] * a.moe_permute_fusion
     if a.moe_latent_size:
         out += ["--moe-latent-size", str(a.moe_latent_size)]
     if a.moe_capacity_factor:

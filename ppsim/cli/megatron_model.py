@@ -58,8 +58,9 @@ ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
               "first_last_layers_bf16", "num_layers_at_start_in_bf16",
               "num_layers_at_end_in_bf16", "fp4_format", "cp_comm_type", "optimizer",
               "muon_num_ns_steps", "muon_tp_mode", "qk_layernorm", "attention_output_gate",
-              "qk_l2_norm", "moe_shared_expert_gate", "experimental_attention_variant",
-              "linear_attention_freq", "linear_conv_kernel_dim")
+              "qk_l2_norm", "moe_shared_expert_gate", "moe_permute_fusion",
+              "experimental_attention_variant", "linear_attention_freq",
+              "linear_conv_kernel_dim")
 """Every flag of the group that changes the model (the rest are accepted and ignored)."""
 IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base": float,
            "rotary-percent": float, "init-method-std": float, "disable-bias-linear": None,
@@ -68,7 +69,7 @@ IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base":
            "moe-router-load-balancing-type": [str], "moe-aux-loss-coeff": [float],
            "moe-router-score-function": str, "moe-router-enable-expert-bias": None,
            "moe-router-topk-scaling-factor": float, "moe-router-bias-update-rate": float,
-           "moe-router-dtype": str, "moe-permute-fusion": None,
+           "moe-router-dtype": str,
            "moe-z-loss-coeff": float, "moe-router-pre-softmax": None,
            "apply-layernorm-1p": None, "squared-relu": None,
            "fp8-amax-history-len": int, "fp8-amax-compute-algo": str,
@@ -114,7 +115,8 @@ MLA_DEFAULTS = {"kv_lora_rank": 32, "head_dim": 128, "qk_rope_head_dim": 64, "v_
 """Megatron's --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim."""
 SWITCHES = ("group-query-attention", "swiglu", "untie-embeddings-and-output-weights", "bf16",
             "fp16", "multi-latent-attention", "use-rotary-position-embeddings", "quick-geglu",
-            "qk-layernorm", "qk-l2-norm", "attention-output-gate", "moe-shared-expert-gate")
+            "qk-layernorm", "qk-l2-norm", "attention-output-gate", "moe-shared-expert-gate",
+            "moe-permute-fusion")
 """Model flags without a value (flag_fields reads them)."""
 OTHER_INTS = ("num-query-groups", "kv-channels", "qk-head-dim",
               "moe-shared-expert-intermediate-size", "make-vocab-size-divisible-by",
@@ -260,6 +262,8 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
     out.update(attention_fields(args))
     if get("moe_shared_expert_gate"):
         out["shared_expert_gate"] = True
+    if get("moe_permute_fusion"):
+        out["moe_permute_fusion"] = True
     if get("normalization") is not None:
         out["norm"] = get("normalization").lower()
     position = _position(args)
@@ -329,6 +333,8 @@ def megatron_defaults(args: argparse.Namespace, fields: dict[str, Any]) -> dict[
         h = out["hidden_size"]
         out["ffn_hidden_size"] = int((4 * h * 2 / 3) / 64) * 64 if out["gated_mlp"] else 4 * h
     out = moe_defaults(out, out)
+    if out.get("num_experts"):  # Megatron's torch permutation unless the flag fuses it
+        out.setdefault("moe_permute_fusion", False)
     if out.get("attention") == "mla":
         for key, value in MLA_DEFAULTS.items():
             out.setdefault(key, value)

@@ -323,7 +323,7 @@ def transformer(raw: dict[str, Any]) -> None:
                 "grad_reduce_in_bf16", "precision_aware_optimizer", "fsdp",
                 "moe_pad_to_capacity", "fp8_param_gather", "first_last_layers_bf16",
                 "bias_swiglu_fusion", "unfused_attention", "qk_layernorm",
-                "attention_output_gate", "shared_expert_gate"):
+                "attention_output_gate", "shared_expert_gate", "moe_permute_fusion"):
         if key in raw:
             typed(f"model.{key}", raw[key], bool)
     for key in ("layers", "window_attn_skip_freq", "linear_attention_freq"):

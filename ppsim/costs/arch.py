@@ -175,6 +175,11 @@ class Architecture:
     --moe-expert-capacity-factor); beyond it tokens are dropped; 0: dropless."""
     moe_pad_to_capacity: bool = False
     """Each expert computes its whole capacity, padded (--moe-pad-expert-input-to-capacity)."""
+    moe_permute_fusion: bool = True
+    """The dispatcher's permutation and unpermutation as Transformer Engine's fused kernels
+    (Megatron --moe-permute-fusion, which Megatron-Bridge's recipes set); False: Megatron's
+    default torch path, whose unpermute weights the pairs and scatter-adds them in passes
+    of their own."""
     norm: str = ""
     """"layernorm" or "rmsnorm"; empty: rmsnorm for gated MLPs (Llama), else layernorm."""
     position: str = ""

@@ -65,7 +65,8 @@ SHAPE_KEYS = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vo
               "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
               "linear_value_head_dim", "unfused_attention", "pad_vocab", "qk_layernorm",
               "attention_output_gate", "shared_expert_gate",
-              "experimental_attention_variant", "linear_attention_freq")
+              "experimental_attention_variant", "linear_attention_freq",
+              "moe_permute_fusion")
 
 
 @dataclass(frozen=True)

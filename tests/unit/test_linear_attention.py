@@ -33,7 +33,8 @@ QWEN3_NEXT = """--num-layers 48 --hidden-size 2048 --ffn-hidden-size 5120
 --linear-conv-kernel-dim 4 --linear-key-head-dim 128 --linear-value-head-dim 128
 --linear-num-key-heads 16 --linear-num-value-heads 32 --num-experts 512
 --moe-ffn-hidden-size 512 --moe-shared-expert-intermediate-size 512
---moe-shared-expert-gate --moe-router-topk 10 --mtp-num-layers 1 --seq-length 4096
+--moe-shared-expert-gate --moe-router-topk 10 --moe-permute-fusion --mtp-num-layers 1
+--seq-length 4096
 --micro-batch-size 1 --vocab-size 151936 --bf16 --attention-dropout 0 --hidden-dropout 0
 --recompute-granularity selective --expert-model-parallel-size 8"""
 """Qwen3-Next-80B-A3B as Megatron-Bridge's Qwen3NextBridge builds it (its HF config's
