@@ -125,7 +125,8 @@ UNPRICED_GROUPS = {
         "muon-use-syrk", "disable-bf16-reduced-precision-matmul", "deterministic-mode",
         "disable-jit-fuser", "no-gradient-reduce-div-fusion", "use-te-activation-func",
         "use-transformer-engine-op-fuser", "fused-residual-rmsnorm",
-        "disable-clone-scatter-output-in-embedding", "keep-fp8-transpose-cache"),
+        "disable-clone-scatter-output-in-embedding", "keep-fp8-transpose-cache",
+        "use-grouped-gemm-for-shared-expert", "use-grouped-gemm-for-dense-mlp"),
     "ppsim launches each kernel from the host, as eager PyTorch does": (
         "cuda-graph-impl", "cuda-graph-scope", "cuda-graph-modules", "cuda-graph-warmup-steps",
         "external-cuda-graph", "enable-cuda-graph", "inference-cuda-graph-scope",
@@ -142,7 +143,9 @@ UNPRICED_GROUPS = {
         "disable-tp-comm-overlap-rs", "disable-tp-comm-split-ag", "disable-tp-comm-split-rs",
         "disable-tp-comm-bulk-dgrad", "disable-tp-comm-bulk-wgrad",
         "pipeline-model-parallel-comm-backend", "use-ring-exchange-p2p",
-        "overlap-param-gather-with-optimizer-step"),
+        "overlap-param-gather-with-optimizer-step", "high-priority-a2a-comm-stream",
+        "overlap-dispatch-backward-with-experts-wgrad", "ep-overlap-early-attn-memory-release",
+        "defer-embedding-wgrad-compute", "wgrad-deferral-limit"),
     "ppsim prices DSA's indexer in every layer by its own ops, not its training loss, a "
     "top-k reused across layers or a kernel choice": (
         "dsa-indexer-loss-coeff", "dsa-indexer-use-sparse-loss", "dsa-indexer-topk-freq",
