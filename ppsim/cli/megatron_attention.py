@@ -23,12 +23,13 @@ FORCE_LOCAL = "megatron_run_export_force_local_attention"
 """Where argparse keeps --export-force-local-attention (ppsim.cli.megatron_run)."""
 
 
-def attention_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The [model] fields the attention's flags set: the unfused core, a sliding window,
-    query and key norms, the output gate, an experimental variant."""
+def attention_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, Any]:
+    """The [model] fields the attention's flags set over the model's `known` ones: the
+    unfused core, a sliding window, query and key norms, the output gate, an experimental
+    variant."""
     get = lambda dest: getattr(args, dest, None)  # noqa: E731
     out = _window_fields(get("window_size"), get("window_attn_skip_freq"))
-    out.update(_attention_variant_fields(get))
+    out.update(_attention_variant_fields(get, known.get("experimental_attention_variant")))
     # Under MLA --qk-layernorm builds the latent norms, which ppsim prices either way;
     # --qk-l2-norm's L2Norm (Llama 4) makes the same passes and keeps the same tensors.
     if (get("qk_layernorm") or get("qk_l2_norm")) and not get("multi_latent_attention"):
@@ -72,12 +73,14 @@ GDN_CONV_KERNEL = 4
 """The only --linear-conv-kernel-dim ppsim prices (Megatron's default)."""
 
 
-def _attention_variant_fields(get: Any) -> dict[str, Any]:
-    """--experimental-attention-variant (with --linear-attention-freq under gdn) as
-    fields (the config checks them: ppsim.config.features.attention_variant); a variant
-    ppsim does not price refused by name; the frequency without a linear variant Megatron
-    ignores, and so does ppsim (with a warning)."""
+def _attention_variant_fields(get: Any, base: str | None) -> dict[str, Any]:
+    """--experimental-attention-variant (with --linear-attention-freq under gdn, given or
+    the `base` model's) as fields (the config checks them:
+    ppsim.config.features.attention_variant); a variant ppsim does not price refused by
+    name; the frequency without a linear variant Megatron ignores, and so does ppsim (with
+    a warning)."""
     variant, freq = get("experimental_attention_variant"), get("linear_attention_freq")
+    linear = variant if variant is not None else base
     kernel = get("linear_conv_kernel_dim")
     if kernel is not None and kernel != GDN_CONV_KERNEL:
         raise UserError("--linear-conv-kernel-dim", f"{kernel}: ppsim prices GatedDeltaNet's "
@@ -86,7 +89,7 @@ def _attention_variant_fields(get: Any) -> dict[str, Any]:
     if variant is not None and variant not in ATTENTION_VARIANTS:
         raise UserError("--experimental-attention-variant", f"{variant!r} is not priced: "
                         "ppsim prices gdn (gated_delta_net) and dsa", "give one of those")
-    if freq is not None and variant in (None, "dsa"):
+    if freq is not None and linear in (None, "", "dsa"):
         print(f"warning: --linear-attention-freq {freq} ignored without a linear "
               "--experimental-attention-variant, as Megatron ignores it", file=sys.stderr)
         freq = None

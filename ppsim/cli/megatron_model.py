@@ -259,7 +259,7 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
     if get("swiglu") or get("quick_geglu"):  # both gate the MLP: three matrices
         out["gated_mlp"] = True
         out["gated_activation"] = "quick_geglu" if get("quick_geglu") else "swiglu"
-    out.update(attention_fields(args))
+    out.update(attention_fields(args, known))
     if get("moe_shared_expert_gate"):
         out["shared_expert_gate"] = True
     if get("moe_permute_fusion"):

@@ -289,3 +289,14 @@ def test_deepseek_v3_with_dsa_splits_its_61_layers() -> None:
     plain = _simulate("--preset deepseek-v3", "--gpus", "1024", "--global-batch-size", "1024",
                       "--pp", "8")
     assert got["iteration_time_ms"] != plain["iteration_time_ms"]
+
+
+def test_over_a_gpt_model_with_gated_delta_net_the_frequency_alone_changes(tmp_path) -> None:
+    """A config's GPT model with GatedDeltaNet takes --linear-attention-freq alone, as
+    its other sizes; only without a linear variant is it ignored."""
+    toml = tmp_path / "next.toml"
+    toml.write_text('[model]\npreset = "qwen3-next-80b-a3b"\nhybrid_layer_pattern = ""\n'
+                    'num_layers = 48\nmtp_layers = 1\n'
+                    'experimental_attention_variant = "gdn"\nlinear_attention_freq = "4"\n')
+    a = _arch_of(f"--config {toml} --linear-attention-freq 2")
+    assert layer_kinds(a)[:4] == ("gdn-moe", "moe", "gdn-moe", "moe")
