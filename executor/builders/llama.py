@@ -179,11 +179,11 @@ class Attention(nn.Module):
         a = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         out = a.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
         if self.gate is not None:
-            out = _OutputGate.apply(out, self.gate(x))
+            out = OutputGate.apply(out, self.gate(x))
         return self.o(out)
 
 
-class _OutputGate(torch.autograd.Function):
+class OutputGate(torch.autograd.Function):
     """x * sigmoid(gate), the sigmoid in fp32, as Megatron's compiled _apply_output_gate:
     x and the gate kept, the sigmoid made again in the backward."""
 

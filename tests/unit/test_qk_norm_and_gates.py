@@ -26,6 +26,7 @@ from ppsim.costs.arch import Architecture
 from ppsim.costs.kinds import hybrid_params
 from ppsim.costs.layerops import attention_ops
 from ppsim.costs.modules import kept_tensors, module_effect
+from ppsim.costs.params import kind_params
 from ppsim.executor.builders.llama import architecture
 from ppsim.job.flops import iteration_flops
 from ppsim.policy.model import StagePolicy
@@ -136,13 +137,13 @@ def test_the_executor_keeps_what_the_model_counts(fields: dict, layer: int, kind
 
 def test_the_executors_gate_has_the_gradient_of_its_formula() -> None:
     torch = pytest.importorskip("torch")
-    from ppsim.executor.builders.llama import _OutputGate
+    from ppsim.executor.builders.llama import OutputGate
 
     g = torch.Generator().manual_seed(0)
     x, gate = (torch.randn(3, 5, 8, generator=g, dtype=torch.float64, requires_grad=True)
                for _ in range(2))
-    assert torch.autograd.gradcheck(_OutputGate.apply, (x, gate))
-    torch.testing.assert_close(_OutputGate.apply(x, gate), x * torch.sigmoid(gate))
+    assert torch.autograd.gradcheck(OutputGate.apply, (x, gate))
+    torch.testing.assert_close(OutputGate.apply(x, gate), x * torch.sigmoid(gate))
 
 
 def test_the_flags_set_them_and_presets_print_them() -> None:
@@ -229,8 +230,6 @@ def test_the_shared_experts_gate_keeps_their_output_and_its_score(h, s, b, tp, s
     plain = replace(a, shared_expert_gate=False)
     got = sum(kept_tensors(a, "moe").values()) - sum(kept_tensors(plain, "moe").values())
     assert got == pytest.approx((s * b * h * 2 + s * b * 2) / tp * (shared > 0))
-    from ppsim.costs.params import kind_params
-
     extra = kind_params(a, "moe").duplicated - kind_params(plain, "moe").duplicated
     assert extra == h * (shared > 0)
     for module in ("shared_experts", "moe"):
