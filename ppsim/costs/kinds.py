@@ -36,30 +36,20 @@ def any_kind_params(a: Architecture, kind: str) -> KindParams:
 
 
 def model_params(a: Architecture) -> tuple[int, int, int]:
-    """(total, active per token, MTP) parameters; total and active exclude MTP, include
-    the embedding, the head and the final norm."""
-    if a.hybrid_layer_pattern:
-        return hybrid_params(a)
+    """(total, active per token, MTP) parameters of any stack; total and active exclude
+    MTP, include the embedding, the head and the final norm; MTP is its depths' layers
+    (mtp_kinds) and their own weights."""
     kinds = layer_kinds(a)
     total = active = 2 * a.vocab_size * a.hidden_size + a.hidden_size
     for k in kinds:
         p = any_kind_params(a, k)
         total += p.dense + p.experts
         active += p.active
-    last = any_kind_params(a, kinds[-1]) if kinds else KindParams(0, 0, 0)
-    return total, active, a.mtp_layers * (last.dense + last.experts + mtp_extra_params(a))
-
-
-def hybrid_params(a: Architecture) -> tuple[int, int, int]:
-    """model_params of a hybrid stack: each symbol's, the MTP pattern's a depth."""
-    p = parse_pattern(a.hybrid_layer_pattern)
-    total = active = 2 * a.vocab_size * a.hidden_size + a.hidden_size
-    for k in p.kinds:
-        kp = mixer_params(a, k)
-        total += kp.dense + kp.experts
-        active += kp.active
-    depth = sum(mixer_params(a, k).dense + mixer_params(a, k).experts for k in p.mtp_kinds)
-    return total, active, p.mtp_depths * (depth + mtp_extra_params(a))
+    depths = parse_pattern(a.hybrid_layer_pattern).mtp_depths if a.hybrid_layer_pattern \
+        else a.mtp_layers
+    depth = sum(p.dense + p.experts for p in (any_kind_params(a, k) for k in mtp_kinds(a))) \
+        if kinds else 0
+    return total, active, depths * (depth + mtp_extra_params(a))
 
 
 def mtp_kinds(a: Architecture) -> tuple[str, ...]:

@@ -167,18 +167,26 @@ def check(cfg: Any) -> None:
         microbatches_for(p.global_batch_size, a.micro_batch_size, a.dp)
 
 
-def _context_parallel(a: Any) -> None:
-    """cp > 1 as Megatron takes it: the sequence in 2 x cp chunks (causal load
-    balancing), Transformer Engine's attention (its unfused core refused in Megatron's
-    words), and under a2a the heads split over cp."""
-    if a.seq_length % (2 * a.cp):
-        raise UserError("model.cp", f"seq_length ({a.seq_length}) is not divisible by 2 x cp "
-                        f"({2 * a.cp}): causal load balancing splits each sequence in 2 x cp "
-                        "chunks", "choose cp so that 2 x cp divides seq_length")
+def cp_refusal(a: Any, cp: int) -> UserError | None:
+    """Why Megatron refuses context parallelism of `cp` > 1 for this model, or None: the
+    sequence goes in 2 x cp chunks (causal load balancing), and only Transformer Engine's
+    attention takes it (the unfused core not). The job search skips those shapes."""
+    if a.seq_length % (2 * cp):
+        return UserError("model.cp", f"seq_length ({a.seq_length}) is not divisible by 2 x "
+                         f"cp ({2 * cp}): causal load balancing splits each sequence in 2 x "
+                         "cp chunks", "choose cp so that 2 x cp divides seq_length")
     if a.unfused_attention:
-        raise UserError("model.cp", "Context parallelism is only supported by "
-                        "TEDotProductAttention! (Megatron's assertion; the unfused attention "
-                        "core is not)", "use cp = 1, or a fused --attention-backend")
+        return UserError("model.cp", "Context parallelism is only supported by "
+                         "TEDotProductAttention! (Megatron's assertion; the unfused "
+                         "attention core is not)", "use cp = 1, or a fused --attention-backend")
+    return None
+
+
+def _context_parallel(a: Any) -> None:
+    """cp > 1 as Megatron takes it (cp_refusal), and under a2a the heads split over cp."""
+    refusal = cp_refusal(a, a.cp)
+    if refusal is not None:
+        raise refusal
     if a.cp_comm_type == "a2a":
         _ulysses_heads(a)
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from ppsim.costs.layerops import vocab_split_problem
 from ppsim.costs.mixer_split import split_problem
+from ppsim.job.shape import cp_refusal
 
 PP_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 MBS_CHOICES = (1, 2, 4)
@@ -78,12 +79,11 @@ FIXABLE = ("tp", "cp", "ep", "pp", "dp", "vpp", "mbs")
 
 def _grid_fits(a: Any, gpus: int, layers: int, tp: int, cp: int, pp: int) -> bool:
     """tp divides the heads (and the key/value heads but under MLA, and a vocabulary
-    taken as it is), cp splits the sequence into 2 cp chunks (causal load balancing;
-    none with the unfused attention core, which Megatron refuses under cp), a
-    hybrid stack's mixers split over both (ppsim.costs.mixer_split), pp has layers and
-    divides the world with them."""
+    taken as it is), Megatron takes cp (ppsim.job.shape.cp_refusal), a hybrid stack's
+    mixers split over both (ppsim.costs.mixer_split), pp has layers and divides the world
+    with them."""
     return not (a.num_heads % tp or (a.attention != "mla" and a.num_kv_heads % tp)
-                or (cp > 1 and (a.seq_length % (2 * cp) or a.unfused_attention))
+                or (cp > 1 and cp_refusal(a, cp) is not None)
                 or pp > layers or gpus % (tp * cp * pp) or split_problem(a, tp, cp)
                 or vocab_split_problem(a.vocab_size, a.pad_vocab, tp))
 

@@ -15,7 +15,7 @@ from ppsim.config.presets import MODEL_PRESETS
 from ppsim.config.schema import config_from_dict
 from ppsim.costs.costfile import cost_document
 from ppsim.costs.hybrid import parse_pattern, with_pipes
-from ppsim.costs.kinds import hybrid_params
+from ppsim.costs.kinds import model_params
 from ppsim.errors import UserError
 from ppsim.pipeline.hybrid_exports import piped_pattern
 from ppsim.pipeline.problem import build_problem, model_costs, resolve_split
@@ -252,7 +252,7 @@ def test_bad_pattern_on_the_command_line_is_one_line_exit_2(capsys):
 ])
 def test_hybrid_preset_parameter_counts_match_model_cards(name, total, source):
     arch = parse_model({"preset": name}).arch  # type: ignore[union-attr]
-    got, active, _ = hybrid_params(arch)
+    got, active, _ = model_params(arch)
     assert got == pytest.approx(total, rel=0.02), source
     if name.startswith("nemotron"):
         assert active == pytest.approx(got, rel=1e-4)  # dense: every matmul weight, all norms aside
@@ -265,7 +265,7 @@ def test_nemotron_3_nano_counts_match_its_report():
     """NVIDIA's Nemotron 3 Nano report: 31.6B parameters, 3.2B active a token (3.6B with
     the embedding table); 23 Mamba-2, 23 MoE and 6 attention layers."""
     arch = parse_model({"preset": "nemotron-3-nano-30b-a3b"}).arch  # type: ignore[union-attr]
-    total, active, _ = hybrid_params(arch)
+    total, active, _ = model_params(arch)
     assert total == pytest.approx(31.6e9, rel=0.01)
     assert active == pytest.approx(3.6e9, rel=0.02)
     assert active - arch.vocab_size * arch.hidden_size == pytest.approx(3.2e9, rel=0.02)

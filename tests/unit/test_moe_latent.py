@@ -15,7 +15,7 @@ from ppsim.cli.flags import config_from_args
 from ppsim.cli.main import build_parser, main
 from ppsim.config.presets import MODEL_PRESETS
 from ppsim.costs.arch import Architecture
-from ppsim.costs.kinds import hybrid_params
+from ppsim.costs.kinds import model_params
 from ppsim.costs.layerops import mlp_ops
 from ppsim.costs.params import kind_params
 from ppsim.costs.transformer import held_params
@@ -48,7 +48,7 @@ def test_nemotron_3_super_has_the_parameters_its_name_says() -> None:
     args = build_parser().parse_args(["simulate", *shlex.split(SUPER)])
     a = config_from_args(args).model.arch
     assert a.moe_latent_size == 1024
-    total, active, _ = hybrid_params(a)
+    total, active, _ = model_params(a)
     assert total == pytest.approx(120e9, rel=0.02)
     assert active - a.vocab_size * a.hidden_size == pytest.approx(12e9, rel=0.03)
 
