@@ -9,7 +9,7 @@ import argparse
 import sys
 from typing import Any
 
-from ppsim.costs.arch import ATTENTION_VARIANTS
+from ppsim.costs.arch import ATTENTION_VARIANTS, LINEAR_VARIANTS
 from ppsim.errors import UserError
 
 ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
@@ -89,7 +89,7 @@ def _attention_variant_fields(get: Any, base: str | None) -> dict[str, Any]:
     if variant is not None and variant not in ATTENTION_VARIANTS:
         raise UserError("--experimental-attention-variant", f"{variant!r} is not priced: "
                         "ppsim prices gdn (gated_delta_net) and dsa", "give one of those")
-    if freq is not None and linear in (None, "", "dsa"):
+    if freq is not None and linear not in LINEAR_VARIANTS:
         print(f"warning: --linear-attention-freq {freq} ignored without a linear "
               "--experimental-attention-variant, as Megatron ignores it", file=sys.stderr)
         freq = None

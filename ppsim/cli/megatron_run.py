@@ -151,7 +151,7 @@ UNPRICED_GROUPS = {
         "dsa-indexer-loss-coeff", "dsa-indexer-use-sparse-loss", "dsa-indexer-topk-freq",
         "dsa-kernel-backend"),
     "ppsim prices the optimizer's step, not MuonClip's clipping of the attention logits "
-    "after it": ("qk-clip", "qk-clip-alpha", "qk-clip-threshold", "log-max-attention-logit"),
+    "after it": ("qk-clip", "qk-clip-alpha", "qk-clip-threshold"),
 }
 """Megatron's arguments that change an iteration's time or memory a little in ways ppsim
 does not model, by why not: its memory-bound operations and attention are priced as

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ppsim.costs.arch import FP8_RECIPES, TORCHAO_FP8_RECIPES
+from ppsim.costs.arch import FP8_RECIPES, LINEAR_VARIANTS, TORCHAO_FP8_RECIPES
 from ppsim.costs.patterns import linear_attention_layers, windows
 from ppsim.errors import UserError
 
@@ -40,7 +40,7 @@ def attention_variant(raw: dict[str, Any]) -> None:
     variant, freq = raw.get("experimental_attention_variant", ""), raw.get(
         "linear_attention_freq", "")
     field = "model.experimental_attention_variant"
-    if freq.strip() and variant not in ("gdn", "gated_delta_net"):
+    if freq.strip() and variant not in LINEAR_VARIANTS:
         raise UserError("model.linear_attention_freq", "places GatedDeltaNet layers, but "
                         "the attention variant is not gdn", "set experimental_attention_"
                         "variant = \"gdn\" (--experimental-attention-variant), or drop it")

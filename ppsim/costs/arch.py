@@ -20,9 +20,11 @@ PAIRED_KINDS = {f"{mixer}-{kind}": (mixer, half) for mixer in ("gdn", "dsa")
 """A GPT model's decoder layers whose attention is an experimental variant
 (experimental_attention_variant): each one piece that runs a hybrid stack's GatedDeltaNet
 or DeepSeek-sparse-attention layer and its MLP or MoE layer."""
-ATTENTION_VARIANTS = ("", "gdn", "gated_delta_net", "dsa")
-"""Megatron's --experimental-attention-variant values ppsim prices (gated_delta_net is
-its deprecated spelling of gdn)."""
+LINEAR_VARIANTS = ("gdn", "gated_delta_net")
+"""The --experimental-attention-variant values that put GatedDeltaNet in the layers
+--linear-attention-freq picks (gated_delta_net is Megatron's deprecated spelling)."""
+ATTENTION_VARIANTS = ("", *LINEAR_VARIANTS, "dsa")
+"""Megatron's --experimental-attention-variant values ppsim prices."""
 ATTENTION = ("gqa", "mla")
 NORMS = ("", "layernorm", "rmsnorm")
 POSITIONS = ("", "rotary", "learned", "none")
@@ -310,7 +312,7 @@ def layer_kinds(a: Architecture) -> tuple[str, ...]:
     kinds = _stack_kinds(a)
     if a.experimental_attention_variant == "dsa":
         return tuple(f"dsa-{k}" for k in kinds)
-    if not a.experimental_attention_variant:
+    if a.experimental_attention_variant not in LINEAR_VARIANTS:
         return kinds
     linear = linear_attention_layers(a.linear_attention_freq, a.num_layers)
     return tuple(f"gdn-{k}" if bit else k for k, bit in zip(kinds, linear, strict=True))

@@ -20,11 +20,12 @@ optimizer are not counted, as in Megatron.
 
 from __future__ import annotations
 
-from ppsim.costs.arch import Architecture, layer_kinds, mlp_kind
+from ppsim.costs.arch import LINEAR_VARIANTS, Architecture, layer_kinds, mlp_kind
 from ppsim.costs.hybrid import parse_pattern
 from ppsim.costs.kinds import any_kind_params
 from ppsim.costs.layerops import padded_vocab
 from ppsim.costs.mixers import ATTENTION_KINDS
+from ppsim.costs.patterns import linear_attention_layers
 
 GEMM = 3 * 2
 """Forward + weight gradient + input gradient, 2 FLOPs per multiply-add."""
@@ -98,10 +99,10 @@ def _linear_attention_layers(a: Architecture, layers: int) -> int:
     counts them: --linear-attention-freq N over every one of them (MTP's too); a list
     over the decoder's."""
     freq = a.linear_attention_freq.strip()
-    if a.experimental_attention_variant in ("", "dsa"):
+    if a.experimental_attention_variant not in LINEAR_VARIANTS:
         return 0  # DSA is counted as the MLA it attends by
     if freq.isdigit():
-        return sum((i + 1) % int(freq) != 0 for i in range(layers))
+        return sum(linear_attention_layers(freq, layers))
     return sum(k.startswith("gdn-") for k in layer_kinds(a))
 
 
