@@ -37,7 +37,7 @@ from ppsim.pipeline.problem import Problem, build_problem, model_costs, resolve_
 from ppsim.plan.planner import plan
 from ppsim.schedules.generators import schedule_placement
 from ppsim.sim.simulate import simulate
-from ppsim.sim.summary import Summary
+from ppsim.sim.summary import Summary, rank_tails
 
 SPLIT_SHARE = 1 / 12
 """The most of the budget one shape's split plan takes (5 s of the default 60)."""
@@ -139,16 +139,9 @@ def exposed_comm_ms(problem: Problem, summary: Summary) -> float:
         - sum(c.forward_ms + c.backward_ms for c in alone.layers)
     per_rank = extra / problem.schedule.pp * problem.schedule.microbatches
     rank = max(summary.ranks, key=lambda r: r.busy_ms).rank
-    mine = [c for i, c in enumerate(problem.stage_costs) if problem.schedule.stage_rank(i) == rank]
     if not job.replaces_tail:
         return per_rank
-    ranks = [problem.schedule.stage_rank(i) for i in range(len(problem.stage_costs))]
-    tail = job.tail(sum(c.params for c in mine), sum(c.forward_ms for c in mine),
-                    sum(c.backward_ms for c in mine), 0.0, holds_embedding=rank == ranks[0],
-                    expert_params=sum(c.expert_params for c in mine),
-                    holds_head=rank == ranks[-1],
-                    unbucketed=job.unbucketed(ranks, problem.stage_costs, rank))
-    return per_rank + tail.reduce_ms
+    return per_rank + rank_tails(problem.schedule, problem.stage_costs, job, 0.0)[rank].reduce_ms
 
 
 def held_back(summary: Summary, comm_ms: float, limit: float) -> str:

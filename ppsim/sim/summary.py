@@ -99,7 +99,9 @@ def step_parts(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
     for i, c in enumerate(costs):
         params[s.stage_rank(i)] += c.params
     if job is not None:
-        return _job_parts(s, costs, params, job, memory_bandwidth_gbps, optimizer_fixed_ms)
+        tails = rank_tails(s, costs, job, memory_bandwidth_gbps, optimizer_fixed_ms)
+        return [(t.reduce_ms + job.embedding_sync_ms(r), t.optimizer_ms)
+                for r, t in enumerate(tails)]
     out = []
     for n in params:
         reduce = 0.0
@@ -114,23 +116,21 @@ def step_parts(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
     return out
 
 
-def _job_parts(s: Schedule, costs: Sequence[StageCost], params: list[int], job: Any,
-               memory_bandwidth_gbps: float, optimizer_fixed_ms: float
-               ) -> list[tuple[float, float]]:
-    """Per rank (R, S) of a data-parallel job: its one-microbatch forward and backward are
-    the windows the gradient reduction and the parameter gather hide in."""
-    fwd, bwd, experts = [0.0] * s.pp, [0.0] * s.pp, [0] * s.pp
+def rank_tails(s: Schedule, costs: Sequence[StageCost], job: Any,
+               memory_bandwidth_gbps: float, optimizer_fixed_ms: float = 0.0) -> list[Any]:
+    """Each rank's data-parallel step of a job (ppsim.job.tail.Tail): its stages'
+    parameters, its one-microbatch forward and backward (the windows the gradient
+    reduction and the parameter gather hide in), the embedding's and the head's ranks."""
+    params, fwd, bwd, experts = [0] * s.pp, [0.0] * s.pp, [0.0] * s.pp, [0] * s.pp
     for i, c in enumerate(costs):
+        params[s.stage_rank(i)] += c.params
         fwd[s.stage_rank(i)] += c.forward_ms
         bwd[s.stage_rank(i)] += c.backward_ms
         experts[s.stage_rank(i)] += c.expert_params
-    first, last = s.stage_rank(0), s.stage_rank(len(costs) - 1)  # embedding's, head's
     ranks = [s.stage_rank(i) for i in range(len(costs))]
-    tails = [job.tail(n, f, b, memory_bandwidth_gbps, optimizer_fixed_ms, r == first, e,
-                      r == last, job.unbucketed(ranks, costs, r))
-             for r, (n, f, b, e) in enumerate(zip(params, fwd, bwd, experts, strict=True))]
-    return [(t.reduce_ms + job.embedding_sync_ms(r), t.optimizer_ms)
-            for r, t in enumerate(tails)]
+    return [job.tail(n, f, b, memory_bandwidth_gbps, optimizer_fixed_ms, r == ranks[0], e,
+                     r == ranks[-1], job.unbucketed(ranks, costs, r))
+            for r, (n, f, b, e) in enumerate(zip(params, fwd, bwd, experts, strict=True))]
 
 
 def step_tail(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
