@@ -5,9 +5,9 @@ One module per symbol, each behind its own pre-norm and residual as Megatron's
 HybridModel builds them (a GatedDeltaNet decoder layer is two of them, its mixer's and its
 MLP or MoE block's, as Megatron's TransformerLayer runs them): Mamba-2 and GatedDeltaNet
 from ppsim.executor.builders.ssm, attention, the MLP and the MoE block from
-ppsim.executor.builders.llama. MLA and DSA
-layers ('+', 'D') and MTP depths are not built here (the shipped builders build
-GQA attention only); the cost model covers them.
+ppsim.executor.builders.llama. MLA and DSA layers ('+', 'D', the dsa variant) and MTP
+depths are not built here (the shipped builders build GQA attention only); the cost model
+covers them.
 """
 
 from __future__ import annotations
