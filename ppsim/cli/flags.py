@@ -14,6 +14,7 @@ from ppsim.config import files, validate
 from ppsim.config.model import parse_model
 from ppsim.config.overrides import MODEL_KEYS, PIPELINE_KEYS, with_overrides
 from ppsim.config.schema import SPLIT_KEYS, Config, PipelineConfig, load_config
+from ppsim.config.state_rules import HOST_OPTIMIZER_KEYS
 from ppsim.costs.arch import FSDP_RESHARD
 from ppsim.costs.state import OPTIMIZER_DTYPES
 from ppsim.errors import UserError
@@ -30,10 +31,25 @@ MEGATRON_MODEL_KEYS = ("cp_comm_type", "optimizer", "muon_ns_steps", "muon_tp_mo
 them as Megatron writes them)."""
 JOB_MODEL_KEYS = ("dp", "cp", "ep", "distributed_optimizer", "grad_reduce_in_bf16",
                   "precision_aware_optimizer", "fsdp", "fsdp_reshard_after_forward",
-                  "dp_replicas", *OPTIMIZER_DTYPES)
+                  "dp_replicas", *OPTIMIZER_DTYPES, *HOST_OPTIMIZER_KEYS)
 """[model] fields only the job flags set."""
 RESHAPING = ("pp", "vpp", "num_layers", "preset", "hybrid_layer_pattern")
 """Flags that change how many layers or stages there are (a saved split no longer fits)."""
+
+
+def _add_host_optimizer_flags(j: argparse._ArgumentGroup) -> None:
+    """Megatron's optimizer on the host (ppsim.job.host_optimizer)."""
+    j.add_argument("--optimizer-cpu-offload", dest="optimizer_cpu_offload",
+                   action="store_true", default=None, help="step Adam on the host for part "
+                   "of each rank's shard (with --use-precision-aware-optimizer)")
+    j.add_argument("--optimizer-offload-fraction", dest="optimizer_offload_fraction",
+                   type=float, metavar="F", help="the shard's share on the host (default 1)")
+    j.add_argument("--overlap-cpu-optimizer-d2h-h2d", dest="overlap_cpu_optimizer_d2h_h2d",
+                   action="store_true", default=None, help="copy out, step and copy back "
+                   "tensor by tensor, beside each other")
+    j.add_argument("--optimizer-cpu-threads", dest="optimizer_cpu_threads", type=int,
+                   metavar="N", help="host threads each rank steps with: its OMP_NUM_THREADS "
+                   "(default 1, torchrun's)")
 
 
 def _ints(text: str, flag: str) -> list[int] | str:
@@ -184,6 +200,7 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
     for key, choices in OPTIMIZER_DTYPES.items():
         j.add_argument(f"--{key.replace('_', '-')}", choices=choices,
                        help="with --use-precision-aware-optimizer")
+    _add_host_optimizer_flags(j)
     for name in ("tp-comm-overlap", "overlap-grad-reduce", "overlap-param-gather",
                  "moe-shared-expert-overlap"):
         j.add_argument(f"--{name}", action="store_true", default=None)

@@ -102,6 +102,10 @@ def optimizer_args(a: Architecture) -> list[str]:
         out.append("--use-precision-aware-optimizer")
         out += [tok for key in OPTIMIZER_DTYPES if getattr(a, key) != "fp32"
                 for tok in (f"--{key.replace('_', '-')}", getattr(a, key))]
+    if a.optimizer_cpu_offload:  # its threads are the environment's OMP_NUM_THREADS
+        out += ["--optimizer-cpu-offload", "--optimizer-offload-fraction",
+                f"{a.optimizer_offload_fraction:g}"]
+        out += ["--overlap-cpu-optimizer-d2h-h2d"] * a.overlap_cpu_optimizer_d2h_h2d
     return out
 
 

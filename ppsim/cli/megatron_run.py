@@ -111,6 +111,8 @@ RUN = {
         "adlr-autoresume", "adlr-autoresume-interval", "flight-recorder-dump-path",
         "flight-recorder-trace-buffer-size", "flight-recorder-include-stack-trace",
         "inprocess-restart", "gpu-sniff-test-interval"),
+    "the host optimizer's class (Megatron steps Adam with its own either way)": (
+        "use-torch-optimizer-for-cpu-offload",),
 }
 """Megatron's arguments that change nothing in a steady training iteration (a batch
 ramp-up ends at --global-batch-size, the iteration ppsim prices)."""
@@ -152,6 +154,8 @@ UNPRICED_GROUPS = {
         "dsa-kernel-backend"),
     "ppsim prices the optimizer's step, not MuonClip's clipping of the attention logits "
     "after it": ("qk-clip", "qk-clip-alpha", "qk-clip-threshold"),
+    "ppsim prices the host optimizer's copies at the host link's rate, as pinned memory "
+    "reaches it": ("no-pin-cpu-grads", "no-pin-cpu-params"),
 }
 """Megatron's arguments that change an iteration's time or memory a little in ways ppsim
 does not model, by why not: its memory-bound operations and attention are priced as
@@ -206,7 +210,7 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                            help=argparse.SUPPRESS)
     g.add_argument("--use-tp-pp-dp-mapping", action="store_true", default=None,
                    help=argparse.SUPPRESS)
-    for flag in ("use-torch-fsdp2", "use-megatron-fsdp", "optimizer-cpu-offload"):
+    for flag in ("use-torch-fsdp2", "use-megatron-fsdp"):
         g.add_argument(f"--{flag}", action="store_true", default=None, help=argparse.SUPPRESS)
 
 
@@ -222,8 +226,8 @@ def unpriced_notes(args: argparse.Namespace) -> list[str]:
 
 
 def check_run_flags(args: argparse.Namespace) -> str | None:
-    """Refuse what changes the job beyond ppsim's model (Megatron's FSDP, the optimizer
-    on the host; an optimizer other than Adam or Muon is refused with the model's flags);
+    """Refuse what changes the job beyond ppsim's model (Megatron's FSDP; an optimizer
+    other than Adam or Muon is refused with the model's flags);
     return the rank order --use-tp-pp-dp-mapping selects, or None."""
     flag = lambda key: getattr(args, key, None)  # noqa: E731 - a command may lack a flag
     for dest, name in (("use_torch_fsdp2", "--use-torch-fsdp2"),
@@ -238,9 +242,6 @@ def check_run_flags(args: argparse.Namespace) -> str | None:
         given = flag(PREFIX + name.replace("-", "_"))  # its values: nargs="*"
         if given is not None and not (given and set(given) <= set(inert)):
             raise UserError(" ".join([f"--{name}", *given]), problem, fix)
-    if flag("optimizer_cpu_offload"):
-        raise UserError("--optimizer-cpu-offload", "the optimizer stepping on the host is not "
-                        "modelled", "drop it (ppsim prices the optimizer on the GPU)")
     if not flag("use_tp_pp_dp_mapping"):
         return None
     order = flag("rank_order")

@@ -290,7 +290,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     _print_simulation(sim)
     host = policy_json(problem)
     if host and not host["host_fits"]:
-        print(f"warning: offloaded activations need up to {max(host['host_bytes']) / 1e9:.1f} "
+        what = " and ".join(w for w, on in (("offloaded activations", "policy" in host),
+                                            ("the host optimizer's state",
+                                             "optimizer_host_bytes" in host)) if on)
+        print(f"warning: {what} need up to {max(host['host_bytes']) / 1e9:.1f} "
               f"GB of host memory per rank, more than {cfg.hardware.host_memory_bytes / 1e9:g} "
               f"GB over {cfg.hardware.gpus_per_node} devices per node allows", file=sys.stderr)
     if args.trace:

@@ -17,6 +17,7 @@ from ppsim.config.schema import (
     check_config,
     hardware_config,
 )
+from ppsim.config.state_rules import HOST_OPTIMIZER_KEYS
 from ppsim.costs.state import OPTIMIZER_DTYPES
 from ppsim.errors import UserError
 from ppsim.job import shape as job_shape
@@ -25,7 +26,7 @@ MODEL_KEYS = ("num_layers", "recompute", "tp", "micro_batch_size", "hybrid_layer
               "cp", "ep", "seq_length", "distributed_optimizer", "grad_reduce_in_bf16",
               "precision_aware_optimizer", "fsdp", "fsdp_reshard_after_forward",
               "dp_replicas", "bias_swiglu_fusion", "cp_comm_type", "optimizer",
-              "muon_ns_steps", "muon_tp_mode", *OPTIMIZER_DTYPES)
+              "muon_ns_steps", "muon_tp_mode", *OPTIMIZER_DTYPES, *HOST_OPTIMIZER_KEYS)
 """[model] fields an override may set (the rest come from the file or the preset)."""
 PIPELINE_KEYS = ("pp", "vpp", "microbatches", "schedule", "actions_csv",
                  "microbatch_group_size", "global_batch_size", "rank_order", "tp_comm_overlap",

@@ -220,8 +220,22 @@ _TOPOLOGY_A = dict(gpus_per_node=8, intra_node_bandwidth_gbps=300.0, intra_node_
 # datasheets): 32 and 16 GT/s x 16 lanes, 128b/130b coded, 63 and 31.5 GB/s each
 # way. DGX H100, DGX H200, DGX B200 and DGX A100 (640 GB) nodes have 2 TB of system memory
 # for their 8 GPUs (DGX user guides).
-_HOST = {"pcie5": dict(host_link_gbps=63.0, host_memory_bytes=2e12),
-         "pcie4": dict(host_link_gbps=31.5, host_memory_bytes=2e12)}
+#
+# The host's DRAM (the optimizer on the host, --optimizer-cpu-offload): an 8-GPU H100/H200
+# node has two Xeon Platinum 8480C of 8 DDR5 channels each, its 2 TB in 32 DIMMs of 64 GB
+# (NVIDIA's MLPerf Inference v4.1 system description of an 8 x H200 SXM node), two a
+# channel, which Sapphire Rapids clocks at 4400 MT/s (4800 at one a channel: Intel's
+# 8480+ specification): 16 x 4400 MT/s x 8 B = 563.2 GB/s. DGX B200's two Xeon Platinum
+# 8570 hold its 2 TB the same way (assumed: 4400 MT/s at two a channel). DGX A100's two
+# EPYC 7742 have 8 DDR4-3200 channels each: 409.6 GB/s. A GB200's Grace has 480 GB of
+# LPDDR5X at 512 GB/s for its two GPUs (NVL72: 18.4 TB/s for 36).
+# One host core steps 0.9 billion parameters a second with torch's fused AdamW in fp32
+# (benchmarks/bench_cpu_adam.py, 0.86-0.92 on the AVX-512/AMX Xeon of docs/benchmarks.md's
+# CPU VM; the EPYC's and Grace's cores are not measured).
+_HOST = {"pcie5": dict(host_link_gbps=63.0, host_memory_bytes=2e12,
+                       host_memory_bandwidth_gbps=563.2, host_core_adam_gparams=0.9),
+         "pcie4": dict(host_link_gbps=31.5, host_memory_bytes=2e12,
+                       host_memory_bandwidth_gbps=409.6, host_core_adam_gparams=0.9)}
 #
 # Streaming multiprocessors: 132 on the H100 SXM5 (NVIDIA H100 Tensor Core GPU
 # Architecture whitepaper) and on the H200 (the same GH100; torch reports 132 on the
@@ -299,7 +313,8 @@ HARDWARE_PRESETS: dict[str, dict] = {
                         matmul_efficiency=_curve(1530.0, 6.0, 2500.0),
                         attention_efficiency=0.49, memory_bandwidth_gbps=7200.0,
                         kernel_overhead_us=10.0, sm_count=152, host_link_gbps=225.0,
-                        host_memory_bytes=72 * 240e9, **_TOPOLOGY_NVL72,
+                        host_memory_bytes=72 * 240e9, host_memory_bandwidth_gbps=36 * 512.0,
+                        host_core_adam_gparams=0.9, **_TOPOLOGY_NVL72,
                         **_COLLECTIVE_SMS),
     # Peak: one core's fp32 matmul (2048^3, one thread: 191 GFLOP/s on the AVX-512 Xeon
     # of docs/benchmarks.md's CPU VM), MFU's denominator; the analytic rate is 0.04

@@ -136,7 +136,14 @@ class HardwareConfig:
     host_link_gbps: float = 0.0
     """Device <-> host bandwidth each way in GB/s (activation offload's copies); 0: free."""
     host_memory_bytes: float = 0.0
-    """Host memory of one node that offloaded activations may use; 0: no limit."""
+    """Host memory of one node that offloaded activations and optimizer state may use;
+    0: no limit."""
+    host_memory_bandwidth_gbps: float = 0.0
+    """The node's host DRAM bandwidth in GB/s, which its GPUs' ranks share when they
+    step the optimizer on the host (--optimizer-cpu-offload); 0: unknown."""
+    host_core_adam_gparams: float = 0.0
+    """Billions of parameters one host core steps a second with torch's fused AdamW in
+    fp32 (benchmarks/bench_cpu_adam.py measures it); 0: unknown."""
     gpus_per_node: int = 8
     """GPUs in one node: its NVLink domain (ppsim.job.topology) and the devices sharing
     its host memory (host_memory_bytes)."""

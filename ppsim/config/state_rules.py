@@ -1,7 +1,7 @@
 """Cross-field checks of how the replicas keep and step their state: FSDP beside the
 distributed optimizer, copies of the sharded state, the precision-aware optimizer's
-dtypes, Muon. Each names the field and the fix; ppsim.config.validate calls `check` once
-the fields' types and ranges are checked."""
+dtypes, the optimizer on the host, Muon. Each names the field and the fix;
+ppsim.config.validate calls `check` once the fields' types and ranges are checked."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from ppsim.errors import UserError
 def check(raw: dict[str, Any]) -> None:
     """Every rule below, on a transformer's merged fields."""
     optimizer_states(raw)
+    host_optimizer(raw)
     muon(raw)
     sharding(raw)
 
@@ -60,6 +61,37 @@ def optimizer_states(raw: dict[str, Any]) -> None:
         raise UserError("model.precision_aware_optimizer", "ppsim prices the precision-aware "
                         "optimizer for bf16 training only", "train in bf16 (--bf16), or "
                         "drop it")
+
+
+HOST_OPTIMIZER = {"optimizer_offload_fraction": 1.0, "overlap_cpu_optimizer_d2h_h2d": False,
+                  "optimizer_cpu_threads": 1}
+"""The host optimizer's settings and their defaults: inert unless it is on."""
+HOST_OPTIMIZER_KEYS = ("optimizer_cpu_offload", *HOST_OPTIMIZER)
+"""[model] fields of the optimizer on the host."""
+
+
+def host_optimizer(raw: dict[str, Any]) -> None:
+    """Megatron's optimizer on the host as its arguments.py asserts it: with the
+    precision-aware optimizer (whose code path it reuses), FP8 parameter gathering only
+    under the delayed recipe; its settings only with it."""
+    if not raw.get("optimizer_cpu_offload", False):
+        for key, default in HOST_OPTIMIZER.items():
+            if key in raw and raw[key] != default:
+                raise UserError(f"model.{key}", "is the host optimizer's and "
+                                "--optimizer-cpu-offload is off", "add --optimizer-cpu-offload "
+                                "(optimizer_cpu_offload = true in [model]), or drop it")
+        return
+    if not raw.get("precision_aware_optimizer", False):
+        raise UserError("model.optimizer_cpu_offload", "The optimizer cpu offload must be used "
+                        "in conjunction with `--use-precision-aware-optimizer`, as the hybrid "
+                        "device optimizer reuses the code path of this flag (Megatron's words)",
+                        "add --use-precision-aware-optimizer (precision_aware_optimizer = "
+                        "true in [model])")
+    if raw.get("fp8_param_gather", False) and raw.get("fp8_recipe", "delayed") != "delayed":
+        raise UserError("model.optimizer_cpu_offload", "When `--fp8-param-gather` is enabled, "
+                        "the optimizer cpu offload must be used in conjunction with "
+                        "`--fp8-recipe delayed` (Megatron's words)",
+                        "use --fp8-recipe delayed, or drop --fp8-param-gather")
 
 
 def muon(raw: dict[str, Any]) -> None:

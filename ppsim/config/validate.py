@@ -183,6 +183,11 @@ def hardware(hw: Any) -> None:
                fix="give the latency in microseconds, 0 for none")
     number("hardware.host_memory_bytes", getattr(hw, "host_memory_bytes", 0.0), hi=MAX_BYTES,
            fix="give a node's host memory for offloaded activations, or 0 for no limit")
+    bandwidth("hardware.host_memory_bandwidth_gbps",
+              getattr(hw, "host_memory_bandwidth_gbps", 0.0), "for unknown")
+    number("hardware.host_core_adam_gparams", getattr(hw, "host_core_adam_gparams", 0.0),
+           hi=1e3, fix="give billions of parameters one host core steps a second with "
+           "fused AdamW (benchmarks/bench_cpu_adam.py), or 0 for unknown")
     number("hardware.gpus_per_node", getattr(hw, "gpus_per_node", 1), lo=1, hi=1 << 16,
            fix="give the devices that share one host, e.g. 8")
     count("hardware.sm_count", getattr(hw, "sm_count", 0), lo=0, hi=1 << 16,
@@ -298,6 +303,7 @@ _CHOICES = {"recompute": RECOMPUTE, "dtype": tuple(DTYPE_BYTES), "attention": AT
             "muon_tp_mode": MUON_TP_MODES, "experimental_attention_variant": ATTENTION_VARIANTS,
             **OPTIMIZER_DTYPES}
 _POSITIVE = ("tp", "dp", "ep", "cp", "dp_replicas", "vocab_divisor", "hidden_size", "muon_ns_steps",
+             "optimizer_cpu_threads",
              "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_length",
              "micro_batch_size")
 _COUNTS = ("attention_window", "moe_latent_size", "mtp_layers", "head_dim", "q_lora_rank",
@@ -323,12 +329,16 @@ def transformer(raw: dict[str, Any]) -> None:
                 "grad_reduce_in_bf16", "precision_aware_optimizer", "fsdp",
                 "moe_pad_to_capacity", "fp8_param_gather", "first_last_layers_bf16",
                 "bias_swiglu_fusion", "unfused_attention", "qk_layernorm",
-                "attention_output_gate", "shared_expert_gate", "moe_permute_fusion"):
+                "attention_output_gate", "shared_expert_gate", "moe_permute_fusion",
+                "optimizer_cpu_offload", "overlap_cpu_optimizer_d2h_h2d"):
         if key in raw:
             typed(f"model.{key}", raw[key], bool)
     for key in ("layers", "window_attn_skip_freq", "linear_attention_freq"):
         if key in raw:
             typed(f"model.{key}", raw[key], str)
+    if "optimizer_offload_fraction" in raw:
+        number("model.optimizer_offload_fraction", raw["optimizer_offload_fraction"], hi=1.0,
+               fix="give the share of the optimizer's state on the host, 0 to 1")
     if "moe_capacity_factor" in raw:
         number("model.moe_capacity_factor", raw["moe_capacity_factor"], hi=1e3,
                fix="give the capacity over an expert's even share, e.g. 1.0, or 0 for "

@@ -124,6 +124,20 @@ class Architecture:
     """Adam's first moment (--exp-avg-dtype fp32|fp16|bf16|fp8)."""
     exp_avg_sq_dtype: str = "fp32"
     """Adam's second moment (--exp-avg-sq-dtype fp32|fp16|bf16|fp8)."""
+    optimizer_cpu_offload: bool = False
+    """Adam on the host for `optimizer_offload_fraction` of the rank's shard (Megatron
+    --optimizer-cpu-offload, its HybridDeviceOptimizer; needs the precision-aware
+    optimizer): that state in host memory, the gradients copied out and the weights back
+    over the host link, the step on the host's cores (ppsim.job.host_optimizer). Its state
+    is fp32 on both sides, whatever the dtypes above say."""
+    optimizer_offload_fraction: float = 1.0
+    """Share of the rank's optimizer shard on the host (--optimizer-offload-fraction)."""
+    overlap_cpu_optimizer_d2h_h2d: bool = False
+    """Copy, step and copy back tensor by tensor, each stage beside the others (Megatron
+    --overlap-cpu-optimizer-d2h-h2d); off, the three run one after the other."""
+    optimizer_cpu_threads: int = 1
+    """Host threads each rank steps with: the OMP_NUM_THREADS its process runs under,
+    which torchrun sets to 1 unless the environment sets it."""
     cp: int = 1
     """Context-parallel size: each rank holds seq_length / cp tokens of every sequence."""
     cp_comm_type: str = "p2p"

@@ -25,9 +25,17 @@ def grad_bytes(a: Architecture) -> int:
 def optimizer_state_bytes(a: Architecture) -> int:
     """Adam's state per parameter, before the distributed optimizer shards it: the master
     weight (none for fp32 training, whose weight is its own) and two moments."""
-    if a.precision_aware_optimizer:
+    if a.precision_aware_optimizer and not a.optimizer_cpu_offload:
         return 2 + STATE_BYTES[a.exp_avg_dtype] + STATE_BYTES[a.exp_avg_sq_dtype]
     return 8 if a.dtype == "fp32" else 12
+
+
+def device_state_share(a: Architecture) -> float:
+    """Of the optimizer's state, the share the device keeps: all but what the host
+    optimizer holds (Megatron's HybridDeviceOptimizer takes that share of the rank's
+    shard, in fp32 master weights and moments on both sides, whatever the precision-aware
+    dtypes say: it passes them to neither its host nor its device Adam)."""
+    return 1.0 - a.optimizer_offload_fraction if a.optimizer_cpu_offload else 1.0
 
 
 def muon_state_bytes(a: Architecture) -> int:
@@ -45,8 +53,9 @@ gradients to fp32 first, so it is 28 whatever the gradient buffer's dtype."""
 def adam_step_bytes(a: Architecture) -> int:
     """Memory traffic of AdamW's step per parameter: ADAM_BYTES_PER_PARAM, or under the
     precision-aware optimizer the gradient as kept, the master weight and the moments in
-    their dtypes, read and written back."""
-    if not a.precision_aware_optimizer:
+    their dtypes, read and written back (not beside the host optimizer, whose device
+    share steps fp32 state: device_state_share)."""
+    if not a.precision_aware_optimizer or a.optimizer_cpu_offload:
         return ADAM_BYTES_PER_PARAM
     return grad_bytes(a) + 2 * optimizer_state_bytes(a)
 
@@ -79,4 +88,4 @@ def bytes_per_param(a: Architecture, experts: bool = False, layer: bool = False)
         held = 2 + grad_bytes(a)  # bf16 weights and their gradient buffer
     muon = layer and a.optimizer == "muon"
     state = (muon_state_bytes(a) if muon else optimizer_state_bytes(a)) + 4 * (a.dtype == "fp16")
-    return held + state / optimizer_shards(a, experts)
+    return held + state * device_state_share(a) / optimizer_shards(a, experts)

@@ -23,6 +23,7 @@ from ppsim.job import deepep
 from ppsim.job.collectives import Link, all_reduce_ms, link
 from ppsim.job.flops import iteration_flops, torchtitan_flops_per_token
 from ppsim.job.fsdp import FsdpSteps, fsdp_steps
+from ppsim.job.host_optimizer import HostOptimizer, host_optimizer, host_rates_known
 from ppsim.job.ranks import Sizes, Span, group_ranks, pipeline_hops, span
 from ppsim.job.shape import JobShape, job_shape, tp_overlap_refusal
 from ppsim.job.tail import FirstChunk, Tail, first_chunk, rank_tail
@@ -110,6 +111,11 @@ class Job:
     timed_step: bool = False
     """A cost file timed this model's optimizer step (its fixed time and rate price the
     step, Muon's too) rather than the model's roofline."""
+    host_optimizer: HostOptimizer | None = None
+    """Part of the optimizer on the host (ppsim.job.host_optimizer); None: all on the
+    device."""
+    host_rates_known: bool = False
+    """The hardware gives what the host optimizer is priced by (its link, DRAM, cores)."""
 
     @property
     def deepep(self) -> bool:
@@ -304,4 +310,5 @@ def build_job(cfg: Any, timed_dp: GroupTimes | None = None) -> Job | None:
                sm_count=getattr(cfg.hardware, "sm_count", 0),
                collective_sms=getattr(cfg.hardware, "collective_sms", 0),
                ddp_bucket_size=p.ddp_bucket_size, ddp_num_buckets=p.ddp_num_buckets,
-               timed_dp=timed_dp)
+               timed_dp=timed_dp, host_optimizer=host_optimizer(cfg.model.arch, cfg.hardware),
+               host_rates_known=host_rates_known(cfg.hardware))

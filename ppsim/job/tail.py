@@ -30,6 +30,7 @@ from ppsim.costs.muon import muon_step_ms
 from ppsim.costs.state import adam_step_bytes, grad_bytes
 from ppsim.job import fsdp
 from ppsim.job.collectives import all_gather_ms, all_reduce_ms, behind_compute_ms, sharded_reduce_ms
+from ppsim.job.host_optimizer import host_state_bytes
 
 if TYPE_CHECKING:
     from ppsim.job.model import Job
@@ -44,6 +45,8 @@ class Tail:
     cost the compute they run beside."""
     optimizer_ms: float
     """AdamW on the rank's (shard of its) parameters."""
+    host_bytes: float = 0.0
+    """The optimizer's state the host holds for the rank (ppsim.job.host_optimizer)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,7 +155,8 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
     step = step_ms(job, dense, expert_params, edges, memory_bandwidth_gbps)
     if params and (step or optimizer_fixed_ms):
         step += optimizer_fixed_ms
-    return Tail(reduce_ms=reduce, optimizer_ms=step)
+    return Tail(reduce_ms=reduce, optimizer_ms=step,
+                host_bytes=host_state_bytes(job.arch, dense, expert_params))
 
 
 def step_ms(job: Job, dense: int, experts: int, edges: int,
@@ -160,7 +164,8 @@ def step_ms(job: Job, dense: int, experts: int, edges: int,
     """The optimizer's step on the rank's weights (`edges` of the dense ones the
     embedding's and the output layer's), the share it owns under the distributed
     optimizer or FSDP: AdamW's memory traffic, or Muon's (ppsim.costs.muon), or the rate
-    a cost file timed this model's step at (ADAM_BYTES_PER_PARAM a weight)."""
+    a cost file timed this model's step at (ADAM_BYTES_PER_PARAM a weight); with part of
+    it on the host, that part's copies and step beside the device's (ppsim.job.host_optimizer)."""
     sharded = job.arch.fsdp or job.arch.distributed_optimizer
 
     def owned(n: float, group: str) -> float:
@@ -170,5 +175,8 @@ def step_ms(job: Job, dense: int, experts: int, edges: int,
         return muon_step_ms(job.arch, job.accelerator, owned(dense - edges, "dp"),
                             owned(experts, "edp"), owned(edges, "dp"), memory_bandwidth_gbps)
     shard = owned(dense, "dp") + owned(experts, "edp")
-    return shard * adam_step_bytes(job.arch) / (memory_bandwidth_gbps * 1e6) \
+    host = job.host_optimizer
+    on_host = shard * host.fraction if host is not None else 0.0
+    device = (shard - on_host) * adam_step_bytes(job.arch) / (memory_bandwidth_gbps * 1e6) \
         if memory_bandwidth_gbps > 0 else 0.0
+    return host.step_ms(device, on_host) if host is not None else device

@@ -46,9 +46,14 @@ def _state_message(res: PlanResult, floor: int, limit: float) -> str:
     pp, layers = res.problem.schedule.pp, res.problem.costs.num_layers
     need = math.ceil(floor * pp / limit)  # stages that could spread the state within limit
     stages = f"more pipeline stages (--pp {need} at the least)" if need <= layers else None
+    job = res.problem.hardware.job
+    host = job is not None and job.host_rates_known and job.arch.optimizer == "adam" \
+        and not job.arch.fsdp and (job.host_optimizer is None or job.host_optimizer.fraction < 1)
     tips = [t for t in (stages, "more tensor or expert parallelism (--tp, --ep)",
                         "the distributed optimizer over more data-parallel ranks "
-                        "(--use-distributed-optimizer, --gpus)") if t]
+                        "(--use-distributed-optimizer, --gpus)",
+                        host and "the optimizer on the host (--optimizer-cpu-offload "
+                        "--use-precision-aware-optimizer)") if t]
     peak, rank = res.smallest_peak or (0, 0)
     lowest = (f"the smallest peak any split reaches is {peak / 1e9:.2f} GB on rank {rank}; "
               if res.problem.schedule.vpp == 1 and peak else "")

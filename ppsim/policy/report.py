@@ -10,6 +10,7 @@ from ppsim.plan.search import SplitSearch
 from ppsim.policy.costs import Fixed
 from ppsim.policy.megatron import PolicyExport, policy_export
 from ppsim.policy.model import StagePolicy
+from ppsim.sim.summary import rank_tails
 
 
 def policy_flags(problem: Problem, policies: tuple[StagePolicy, ...]) -> PolicyExport:
@@ -35,8 +36,18 @@ def stage_policies(problem: Problem) -> list[dict[str, Any]]:
     return out
 
 
+def optimizer_host_bytes(problem: Problem) -> list[int]:
+    """Per rank, the host optimizer's state (ppsim.job.host_optimizer); zeros without it."""
+    job = problem.hardware.job
+    if job is None or job.host_optimizer is None:
+        return [0] * problem.schedule.pp
+    return [int(t.host_bytes)
+            for t in rank_tails(problem.schedule, problem.stage_costs, job, 0.0)]
+
+
 def host_bytes(problem: Problem, policies: tuple[StagePolicy, ...]) -> list[int]:
-    """Per rank, the most host memory its offloaded microbatches hold at once."""
+    """Per rank, the most host memory its offloaded microbatches hold at once, beside
+    the host optimizer's state."""
     pc = problem.memory.costs
     search = SplitSearch(problem)
     out = []
@@ -44,7 +55,7 @@ def host_bytes(problem: Problem, policies: tuple[StagePolicy, ...]) -> list[int]
         per = [pc.host_bytes(policies[s], problem.split.stages[s].offset,
                              problem.split.stages[s].layers) for s in stages]
         out.append(search.held_peak(r, per) if any(per) else 0)
-    return out
+    return [a + o for a, o in zip(out, optimizer_host_bytes(problem), strict=True)]
 
 
 def host_fits(problem: Problem, policies: tuple[StagePolicy, ...]) -> bool:
@@ -55,13 +66,21 @@ def host_fits(problem: Problem, policies: tuple[StagePolicy, ...]) -> bool:
 
 def policy_json(problem: Problem) -> dict[str, Any]:
     """{"policy": [...], "host_bytes": per rank, "host_fits"} when the problem runs a
-    memory policy, else {}."""
-    if not isinstance(problem.memory, Fixed):
+    memory policy, with "optimizer_host_bytes" (and without "policy" where it runs no
+    memory policy) when the optimizer is partly on the host; else {}."""
+    opt = optimizer_host_bytes(problem)
+    out: dict[str, Any] = {"optimizer_host_bytes": opt} if any(opt) else {}
+    if isinstance(problem.memory, Fixed):
+        held, limit = host_bytes(problem, problem.memory.policies), \
+            problem.memory.costs.host_limit_bytes
+        out["policy"] = stage_policies(problem)
+    elif out:
+        job = problem.hardware.job
+        assert job is not None and job.host_optimizer is not None  # opt has bytes
+        held, limit = opt, job.host_optimizer.host_limit_bytes
+    else:
         return {}
-    held = host_bytes(problem, problem.memory.policies)
-    limit = problem.memory.costs.host_limit_bytes
-    return {"policy": stage_policies(problem), "host_bytes": held,
-            "host_fits": all(h <= limit for h in held)}
+    return {**out, "host_bytes": held, "host_fits": all(h <= limit for h in held)}
 
 
 COPY_TID = 2

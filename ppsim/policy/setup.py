@@ -10,6 +10,7 @@ from ppsim.config.schema import Config
 from ppsim.costs.model import ModelCosts
 from ppsim.costs.transformer import accelerator
 from ppsim.errors import UserError
+from ppsim.job.host_optimizer import host_share_bytes
 from ppsim.job.layers import job_costs, per_rank_arch
 from ppsim.job.model import build_job
 from ppsim.policy.costs import Fixed, PolicyCosts
@@ -38,8 +39,7 @@ def policy_costs(cfg: Config) -> PolicyCosts:
 
     return PolicyCosts(arch=per_rank_arch(job.arch), acc=acc, price=price,
                        host_link_gbps=hw.host_link_gbps,
-                       host_limit_bytes=hw.host_memory_bytes / max(1, hw.gpus_per_node)
-                       if hw.host_memory_bytes > 0 else float("inf"),
+                       host_limit_bytes=host_share_bytes(hw),
                        combined=job.overlap_moe_expert_parallel_comm,
                        shared_overlap=job.moe_shared_expert_overlap)
 

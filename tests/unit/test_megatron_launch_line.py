@@ -146,7 +146,6 @@ def test_each_reason_gets_its_note() -> None:
     (["--optimizer", "adaptive_muon"], "--optimizer"),
     (["--use-torch-fsdp2"], "--use-torch-fsdp2"),
     (["--use-megatron-fsdp"], "--use-megatron-fsdp"),
-    (["--optimizer-cpu-offload"], "--optimizer-cpu-offload"),
     (["--use-tp-pp-dp-mapping", "--rank-order", "tp-cp-ep-dp-pp"], "--use-tp-pp-dp-mapping"),
 ])
 def test_what_changes_the_job_beyond_ppsims_model_is_refused_by_name(extra: list[str],

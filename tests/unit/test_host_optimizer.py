@@ -1,0 +1,195 @@
+"""Megatron's optimizer on the host (--optimizer-cpu-offload, its HybridDeviceOptimizer),
+against closed forms restated from its code: what the device keeps, what the host keeps,
+the copies over the host link and the host's step, as Megatron asserts its flags.
+
+ppsim refused the flag before; a launch line with it could not be priced."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+from helpers import run_main as _run
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ppsim.config.schema import config_from_dict
+from ppsim.pipeline.problem import build_problem
+from ppsim.sim.summary import rank_tails
+
+H100_LINK, H100_DRAM, CORE = 63e6, 563.2e6, 0.9e6
+"""PCIe Gen5 x16 each way, a DGX H100's DDR5 (bytes per ms), one core's fused AdamW
+(parameters per ms): the h100-80gb preset's datasheet and measured figures."""
+HBM = 3000e6
+"""The preset's achieved HBM rate, bytes per ms."""
+HOST = {"precision_aware_optimizer": True, "optimizer_cpu_offload": True}
+
+
+def _problem(model: dict, pipe: dict | None = None, hw: dict | None = None):
+    return build_problem(config_from_dict({
+        "model": {"preset": "llama3-8b", "num_layers": 4, "dp": 4,
+                  "distributed_optimizer": True, **model},
+        "pipeline": {"pp": 2, "microbatches": 4, **(pipe or {})},
+        "hardware": {"preset": "h100-80gb", **(hw or {})}}))
+
+
+def _ranks(problem) -> list[int]:
+    """Each pipeline rank's parameters (its stages')."""
+    out = [0] * problem.schedule.pp
+    for i, c in enumerate(problem.stage_costs):
+        out[problem.schedule.stage_rank(i)] += c.params
+    return out
+
+
+def _expected_step(shard: float, f: float, threads: int, overlap: bool) -> float:
+    """hybrid_optimizer.py restated: the device steps (1 - f) of the shard in fp32 (28
+    bytes a parameter over HBM); the host's share goes out (4 bytes, fp32 gradient),
+    is stepped at min(threads x a core's rate, an eighth of the node's DRAM at 28 bytes)
+    and comes back (4 bytes, fp32 weight); in turn without the overlap, beside each
+    other with it."""
+    device = (1 - f) * shard * 28 / HBM
+    copy = f * shard * 4 / H100_LINK
+    host = f * shard / min(threads * CORE, H100_DRAM / 8 / 28)
+    if f == 0:
+        return device
+    return max(device, copy, host) if overlap else copy + max(device, host) + copy
+
+
+@settings(max_examples=25, deadline=None)
+@given(f=st.sampled_from([0.0, 0.25, 0.5, 1.0]), threads=st.sampled_from([1, 2, 8, 32]),
+       overlap=st.booleans(), dp=st.sampled_from([2, 4, 8]))
+def test_the_step_is_its_closed_form(f: float, threads: int, overlap: bool, dp: int) -> None:
+    p = _problem({**HOST, "dp": dp, "optimizer_offload_fraction": f,
+                  "optimizer_cpu_threads": threads, "overlap_cpu_optimizer_d2h_h2d": overlap})
+    tails = rank_tails(p.schedule, p.stage_costs, p.hardware.job, HBM / 1e6)
+    for params, tail in zip(_ranks(p), tails, strict=True):
+        shard = params / dp  # the distributed optimizer's share of a dense model
+        assert tail.optimizer_ms == pytest.approx(_expected_step(shard, f, threads, overlap))
+        assert tail.host_bytes == pytest.approx(16 * f * shard)  # fp32 w, m, v, grad
+
+
+@settings(max_examples=20, deadline=None)
+@given(f=st.sampled_from([0.0, 0.3, 0.5, 1.0]), dp=st.sampled_from([1, 2, 8]))
+def test_the_device_keeps_the_fp32_state_of_what_stays(f: float, dp: int) -> None:
+    """Megatron's default distributed optimizer keeps 12 bytes of state a parameter over
+    dp ranks; the host optimizer keeps the same fp32 master and moments (it hands the
+    precision-aware dtypes to neither side), (1 - f) of them on the device."""
+    plain = _problem({"dp": dp})
+    host = _problem({**HOST, "dp": dp, "optimizer_offload_fraction": f})
+    for a, b, n in zip(plain.stage_costs, host.stage_costs, (c.params for c in
+                                                             plain.stage_costs), strict=True):
+        assert a.static_bytes - b.static_bytes == pytest.approx(12 * f * n / dp, abs=8)
+
+
+def test_nothing_on_the_host_is_megatrons_default_optimizer_to_the_digit() -> None:
+    base = ["--preset", "llama3-8b", "--num-layers", "8", "--pp", "2", "--gpus", "8",
+            "--global-batch-size", "16", "--use-distributed-optimizer", "--json"]
+    _, plain, _ = _run(["simulate", *base])
+    code, zero, err = _run(["simulate", *base, "--use-precision-aware-optimizer",
+                            "--optimizer-cpu-offload", "--optimizer-offload-fraction", "0"])
+    assert code == 0, err
+    a, b = json.loads(plain), json.loads(zero)
+    assert a["iteration_time_ms"] == b["iteration_time_ms"]
+    assert [r["peak_memory_bytes"] for r in a["ranks"]] == \
+        [r["peak_memory_bytes"] for r in b["ranks"]]
+
+
+def test_a_state_too_big_for_the_device_fits_with_the_optimizer_on_the_host() -> None:
+    """DeepSeek-V3 on 256 H100s, pp 16 ep 16: the routed experts' state shards over one
+    rank (dp x cp / ep = 1), up to 57 GB of weights and state on a rank; with the
+    optimizer on the host the device keeps 34 GB less and the step takes seconds on one
+    core a rank, less on 14 beside the copies."""
+    line = ("--preset deepseek-v3 --hardware h100-80gb --gpus 256 --pp 16 --ep 16 "
+            "--recompute full --microbatches 16 --json")
+    runs = {}
+    for name, extra in (("device", ""), ("host", " --use-precision-aware-optimizer "
+                                         "--optimizer-cpu-offload"),
+                        ("host14", " --use-precision-aware-optimizer --optimizer-cpu-offload "
+                         "--optimizer-cpu-threads 14 --overlap-cpu-optimizer-d2h-h2d")):
+        code, out, err = _run(["simulate", *shlex.split(line + extra)])
+        assert code == 0, err
+        runs[name] = json.loads(out)
+    static = {k: max(r["static_bytes"] for r in v["ranks"]) for k, v in runs.items()}
+    assert static["device"] - static["host"] > 30e9
+    assert runs["device"]["iteration_time_ms"] < runs["host14"]["iteration_time_ms"] \
+        < runs["host"]["iteration_time_ms"]
+    held = runs["host"]["optimizer_host_bytes"]
+    assert len(held) == 16 and all(h > 0 for h in held) and runs["host"]["host_fits"]
+    assert "optimizer_host_bytes" not in runs["device"]
+
+
+def test_host_memory_too_small_warns(tmp_path) -> None:
+    cfg = tmp_path / "small_host.toml"
+    cfg.write_text('[model]\npreset = "llama3-8b"\n[hardware]\npreset = "h100-80gb"\n'
+                   "host_memory_bytes = 8e9\n")
+    code, out, err = _run(["simulate", "--config", str(cfg), "--gpus", "8", "--pp", "1",
+                           "--global-batch-size", "8", "--use-distributed-optimizer",
+                           "--use-precision-aware-optimizer", "--optimizer-cpu-offload"])
+    assert code == 0 and out
+    # 8B parameters over 8 ranks, 16 bytes each on the host: 16 GB, over 1 GB a rank.
+    assert "warning: the host optimizer's state need up to 16.1 GB of host memory" in err
+
+
+@pytest.mark.parametrize(("extra", "field", "words"), [
+    (["--optimizer-cpu-offload"], "model.optimizer_cpu_offload",
+     "must be used in conjunction with `--use-precision-aware-optimizer`"),
+    (["--use-precision-aware-optimizer", "--optimizer-cpu-offload", "--fp8-format",
+      "hybrid", "--fp8-recipe", "blockwise", "--fp8-param-gather"],
+     "model.optimizer_cpu_offload", "must be used in conjunction with `--fp8-recipe delayed`"),
+    (["--optimizer-offload-fraction", "0.5"], "model.optimizer_offload_fraction",
+     "--optimizer-cpu-offload is off"),
+    (["--overlap-cpu-optimizer-d2h-h2d"], "model.overlap_cpu_optimizer_d2h_h2d",
+     "--optimizer-cpu-offload is off"),
+    (["--use-precision-aware-optimizer", "--optimizer-cpu-offload",
+      "--optimizer-offload-fraction", "1.5"], "model.optimizer_offload_fraction",
+     "at most 1"),
+    (["--use-precision-aware-optimizer", "--optimizer-cpu-offload", "--optimizer-cpu-threads",
+      "0"], "model.optimizer_cpu_threads", "at least 1"),
+    (["--use-precision-aware-optimizer", "--optimizer-cpu-offload", "--hardware", "cpu"],
+     "hardware.host_link_gbps", "needs the copies' link"),
+])
+def test_megatrons_assertions_and_bad_settings_name_the_field(extra, field, words) -> None:
+    code, out, err = _run(["simulate", "--preset", "llama3-8b", "--gpus", "8",
+                           "--use-distributed-optimizer", *extra])
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert f"error: {field}: " in err and words in err, err
+
+
+def test_an_unknown_host_rate_is_refused(tmp_path) -> None:
+    cfg = tmp_path / "host.toml"
+    cfg.write_text('[model]\npreset = "llama3-8b"\n[hardware]\npreset = "h100-80gb"\n'
+                   "host_memory_bandwidth_gbps = 0\n")
+    code, _, err = _run(["simulate", "--config", str(cfg), "--gpus", "8",
+                         "--use-distributed-optimizer", "--use-precision-aware-optimizer",
+                         "--optimizer-cpu-offload"])
+    assert code == 2 and "error: hardware.host_memory_bandwidth_gbps: is 0" in err
+
+
+def test_megatrons_flags_paste_and_come_back_in_the_plans_launch_line() -> None:
+    line = ("--preset llama3-8b --num-layers 8 --gpus 8 --pp 2 --global-batch-size 16 "
+            "--use-distributed-optimizer --use-precision-aware-optimizer "
+            "--optimizer-cpu-offload --optimizer-offload-fraction 0.5 "
+            "--overlap-cpu-optimizer-d2h-h2d --no-pin-cpu-grads "
+            "--use-torch-optimizer-for-cpu-offload")
+    code, out, err = _run(["plan", *shlex.split(line), "--json"])
+    assert code == 0, err
+    assert "--no-pin-cpu-grads taken, not priced" in err
+    assert "--optimizer-cpu-offload --optimizer-offload-fraction 0.5 " \
+           "--overlap-cpu-optimizer-d2h-h2d" in json.loads(out)["best"]["megatron_job_flags"]
+
+
+def test_no_split_fits_names_the_host_optimizer() -> None:
+    code, _, err = _run(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb",
+                         "--pp", "1", "--memory-gb", "20", "--microbatches", "2"])
+    assert code == 3
+    assert "the optimizer on the host (--optimizer-cpu-offload" in err
+
+
+def test_the_executor_refuses_it(tmp_path) -> None:
+    cfg = tmp_path / "host.toml"
+    cfg.write_text('[model]\npreset = "tiny-gpt"\ndtype = "bf16"\ndistributed_optimizer = true\n'
+                   "precision_aware_optimizer = true\noptimizer_cpu_offload = true\n"
+                   "[pipeline]\npp = 2\n")
+    code, _, err = _run(["run", "--config", str(cfg), "--print-launch"])
+    assert code == 2 and "error: model.optimizer_cpu_offload: " in err, err
