@@ -15,6 +15,7 @@ from ppsim.cli.torchtitan_job import torchtitan_job, torchtitan_text
 from ppsim.config import limits, validate
 from ppsim.config.schema import SPLIT_KEYS
 from ppsim.errors import UserError
+from ppsim.job.host_optimizer import host_rates_known
 from ppsim.job.model import data_parallel
 from ppsim.job.policy_search import POLICY_AXES, mode_flags
 from ppsim.job.ranks import DEFAULT_ORDER, TP_PP_DP_ORDER, parse_order
@@ -46,18 +47,22 @@ def shape_dict(r: ShapeResult) -> dict[str, Any]:
             "dp_replicas": job.arch.dp_replicas if job else 1,
             "moe_token_dispatcher_type": job.moe_token_dispatcher_type if job else None,
             "cp_comm_type": job.arch.cp_comm_type if job else None,
+            "optimizer_offload_fraction": job.arch.optimizer_offload_fraction
+            if job and job.arch.optimizer_cpu_offload else 0.0,
             "megatron_policy_flags": r.policy_flags}
 
 
-def overflow_text(res: JobSearch, memory_bytes: float) -> str | None:
-    """Why nothing was simulated, when the weights alone overflow every shape."""
+def overflow_text(res: JobSearch, memory_bytes: float, hosting: bool = False) -> str | None:
+    """Why nothing was simulated, when the weights alone overflow every shape; `hosting`:
+    the optimizer on the host, not searched, might make some fit."""
     if res.leanest is None:
         return None
     return (f"nothing fits: on every shape the weights, gradients and optimizer states "
             f"alone overflow {fmt_bytes(memory_bytes)} per GPU, however the layers are split "
             f"(the least is {fmt_bytes(res.leanest.static_bytes)}, at "
             f"{res.leanest.shape.label()}); give more GPUs (--gpus), or a [hardware] with more "
-            "memory")
+            "memory" + (", or search the optimizer on the host (--search host-optimizer)"
+                        if hosting else ""))
 
 
 def _exports(r: ShapeResult) -> dict[str, Any]:
@@ -189,10 +194,11 @@ def _row_tag(i: int, r: ShapeResult) -> str:
 
 def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
                    memory_bytes: float, configured: str = "",
-                   held: dict[str, int] | None = None) -> None:
+                   held: dict[str, int] | None = None, hosting: bool = False) -> None:
     """The table of shapes; `configured`: the global recompute mode when the memory
     policy was searched (below the table, each shape whose policy differs from it);
-    `held`: the sizes given as flags."""
+    `held`: the sizes given as flags; `hosting`: the optimizer on the host may help
+    where nothing fits (overflow_text)."""
     from rich.console import Console
 
     console = Console()
@@ -201,7 +207,7 @@ def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
                   markup=False)
     if held:
         console.print(held_text(held), markup=False)
-    why = overflow_text(res, memory_bytes)
+    why = overflow_text(res, memory_bytes, hosting)
     if why:
         console.print(why, markup=False)
         return
@@ -340,8 +346,10 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(job_plan_dict(res, args.gpus, gbs, args.top, held))
     else:
+        hosting = "host-optimizer" not in axes and host_rates_known(cfg.hardware) \
+            and cfg.model.arch.optimizer == "adam"
         print_job_plan(res, args.gpus, gbs, args.top, cfg.hardware.memory_bytes,
-                       (cfg.model.recompute or "none") if policy else "", held)
+                       (cfg.model.recompute or "none") if policy else "", held, hosting)
     if any(r.summary.fits for r in res.candidates):
         return 0
     if not res.complete:  # the budget ran out: not the same as "nothing fits"

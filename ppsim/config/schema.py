@@ -143,7 +143,7 @@ class HardwareConfig:
     step the optimizer on the host (--optimizer-cpu-offload); 0: unknown."""
     host_core_adam_gparams: float = 0.0
     """Billions of parameters one host core steps a second with torch's fused AdamW in
-    fp32 (benchmarks/bench_cpu_adam.py measures it); 0: unknown."""
+    fp32 (benchmarks/bench_host_optimizer.py measures it); 0: unknown."""
     gpus_per_node: int = 8
     """GPUs in one node: its NVLink domain (ppsim.job.topology) and the devices sharing
     its host memory (host_memory_bytes)."""

@@ -187,7 +187,7 @@ def hardware(hw: Any) -> None:
               getattr(hw, "host_memory_bandwidth_gbps", 0.0), "for unknown")
     number("hardware.host_core_adam_gparams", getattr(hw, "host_core_adam_gparams", 0.0),
            hi=1e3, fix="give billions of parameters one host core steps a second with "
-           "fused AdamW (benchmarks/bench_cpu_adam.py), or 0 for unknown")
+           "fused AdamW (benchmarks/bench_host_optimizer.py), or 0 for unknown")
     number("hardware.gpus_per_node", getattr(hw, "gpus_per_node", 1), lo=1, hi=1 << 16,
            fix="give the devices that share one host, e.g. 8")
     count("hardware.sm_count", getattr(hw, "sm_count", 0), lo=0, hi=1 << 16,

@@ -96,7 +96,7 @@ def host_optimizer(a: Architecture, hw: Any) -> HostOptimizer | None:
     dram = _known(hw, "host_memory_bandwidth_gbps", "the host's memory bandwidth",
                   "563.2 for a DGX H100's DDR5")
     core = _known(hw, "host_core_adam_gparams", "the host cores' AdamW rate",
-                  "0.9, benchmarks/bench_cpu_adam.py measures it")
+                  "0.9, benchmarks/bench_host_optimizer.py measures it")
     share = dram / max(1, hw.gpus_per_node) / ADAM_BYTES_PER_PARAM  # Gparams/s
     return HostOptimizer(fraction=a.optimizer_offload_fraction, link_gbps=link,
                          params_per_ms=min(core * a.optimizer_cpu_threads, share) * 1e6,

@@ -19,11 +19,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ppsim.config.overrides import with_overrides
-from ppsim.costs.model import ModelCosts, stage_costs, static_floor_bytes
 from ppsim.errors import UserError
 from ppsim.job.layers import job_costs
 from ppsim.job.model import Job
+from ppsim.job.pending import (
+    Pending,
+    host_refusal,
+    host_variants,
+    pending_shape,
+    shape_config,
+)
 from ppsim.job.policy_search import best_policy, fitting_mode, mode_flags
 from ppsim.job.shapes import (
     Shape,
@@ -33,20 +38,21 @@ from ppsim.job.shapes import (
     sharding_choices,
 )
 from ppsim.job.throughput import Throughput
-from ppsim.pipeline.problem import Problem, build_problem, model_costs, resolve_split
+from ppsim.pipeline.problem import Problem, build_problem
 from ppsim.plan.planner import plan
-from ppsim.schedules.generators import schedule_placement
 from ppsim.sim.simulate import simulate
 from ppsim.sim.summary import Summary, rank_tails
 
 SPLIT_SHARE = 1 / 12
 """The most of the budget one shape's split plan takes (5 s of the default 60)."""
+HOSTING_SHARE = 0.3
+"""The most of the budget trying overflowing shapes with the optimizer on the host takes."""
 LONG_SHOT = 0.25
 """The share of SPLIT_SHARE a shape gets whose default split does not fit."""
 TOP_SEARCHED = 5
 """The fewest fastest shapes the search keeps and plans the splits of, whatever the
 table's --top: the best does not depend on how many rows are shown."""
-JOB_AXES = ("sharding", "dispatcher", "cp-comm")
+JOB_AXES = ("sharding", "dispatcher", "cp-comm", "host-optimizer")
 """--search axes of the job search alone (beside the memory policy's)."""
 
 Progress = Callable[[str, int, int], None]
@@ -104,22 +110,6 @@ class JobSearch:
     leanest: Pending | None = None
     """When every shape's weights, gradients and optimizer states alone overflow memory:
     the shape that needs the least of them (None otherwise)."""
-
-
-def _config(cfg: Any, s: Shape, gbs: int) -> Any:
-    schedule = "interleaved-1f1b" if s.vpp > 1 else "1f1b"
-    sharding = {"fsdp": s.sharding == "fsdp", "dp_replicas": s.dp_replicas,
-                "distributed_optimizer": s.sharding != "fsdp"} if s.sharding else {}
-    dispatcher = {"moe_token_dispatcher_type": s.dispatcher} if s.dispatcher else {}
-    cp_comm = {"cp_comm_type": s.cp_comm} if s.cp_comm else {}
-    # --tp-comm-overlap applies to the shapes with tensor parallelism (Megatron refuses it
-    # at tp 1).
-    overlap = {"tp_comm_overlap": False} if s.tp == 1 else {}
-    return with_overrides(cfg, model={"tp": s.tp, "cp": s.cp, "ep": s.ep, "dp": s.dp,
-                                      "micro_batch_size": s.mbs, **sharding, **cp_comm},
-                          pipeline={"pp": s.pp, "vpp": s.vpp, "schedule": schedule,
-                                    "global_batch_size": gbs, **dispatcher, **overlap},
-                          split={})
 
 
 def exposed_comm_ms(problem: Problem, summary: Summary) -> float:
@@ -185,40 +175,6 @@ def overlap_hint(job: Job | None, comm_ms: float, iteration_ms: float, who: str,
     return (f"{who} waits {comm_ms / iteration_ms:.0%} of its iteration on communication; "
             f"Megatron's {' '.join(off)}, off here, hide part of it: {command} again with "
             "them")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Pending:
-    """A shape before it is simulated: its config, costs and a bound on its time."""
-
-    shape: Shape
-    cfg: Any
-    """The Config of the shape."""
-    costs: ModelCosts
-    """Its layer costs, reused when it is simulated."""
-    bound_ms: float
-    """Its busiest rank's compute alone: no schedule runs it faster."""
-    static_bytes: int
-    """The least weights, gradients and optimizer states its fullest rank holds under any
-    split (ppsim.costs.model.static_floor_bytes)."""
-
-    @property
-    def overflows(self) -> bool:
-        """Those bytes alone overflow memory under every split: nothing to simulate."""
-        return self.static_bytes > self.cfg.hardware.memory_bytes
-
-
-def pending_shape(cfg: Any, s: Shape, gbs: int) -> Pending:
-    """The shape's costs and bound; UserError when Megatron (or a limit) refuses it."""
-    c = _config(cfg, s, gbs)
-    costs = model_costs(c)
-    split = resolve_split(c, costs.num_layers, schedule_placement(c.pipeline.schedule))
-    busy = [0.0] * s.pp
-    for i, st in enumerate(stage_costs(costs, split)):
-        # Each op at least as short as in a combined pair: the bound stays a bound.
-        busy[split.stage_rank(i)] += st.forward_ms + st.backward_ms - 2 * st.pair_saving_ms
-    return Pending(shape=s, cfg=c, costs=costs, bound_ms=s.microbatches * max(busy),
-                   static_bytes=static_floor_bytes(costs, s.pp))
 
 
 def _result(s: Shape, problem: Problem, summary: Summary, planned: bool = False,
@@ -314,6 +270,8 @@ def _candidates(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int] | None,
         todo = [v for s in todo for v in dispatcher_choices(s)]
     if "cp-comm" in axes:
         todo = [v for s in todo for v in cp_comm_choices(s, a)]
+    if "host-optimizer" in axes:
+        host_refusal(cfg)
     if not todo and fixed:
         given = ", ".join(f"{k} {v}" for k, v in fixed.items())
         raise UserError("--gpus", f"no shape of {gpus:,} GPUs at a global batch of {gbs:,} "
@@ -326,6 +284,32 @@ def _candidates(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int] | None,
     return todo
 
 
+@dataclass(frozen=True, kw_only=True)
+class Hosted:
+    """The overflowing shapes tried with part of their optimizer on the host."""
+
+    found: list[Pending]
+    """Those that fit so (host_variants)."""
+    complete: bool
+    """Every overflowing shape was tried before the deadline."""
+
+
+def _on_the_host(cfg: Any, accepted: list[Pending], gbs: int, progress: Progress,
+                 deadline: float) -> Hosted:
+    """Each shape whose weights and optimizer state alone overflow memory, with the least
+    share of its optimizer on the host that lets them fit and with all of it (where that
+    fits: ppsim.job.pending.host_variants), leanest first until `deadline`
+    (perf_counter seconds)."""
+    over = sorted((p for p in accepted if p.overflows), key=lambda p: p.static_bytes)
+    found = []
+    for i, p in enumerate(over):
+        if time.perf_counter() > deadline:
+            return Hosted(found=found, complete=False)
+        progress("putting the optimizer on the host", i, len(over))
+        found += host_variants(cfg, p, gbs)
+    return Hosted(found=found, complete=True)
+
+
 def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
                budget_s: float = 60.0, policy: str = "",
                fixed: dict[str, int] | None = None,
@@ -334,7 +318,8 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
     """Shapes of `gpus` GPUs for a global batch of `gbs`, fastest first; `policy`
     (ppsim.job.policy_search.POLICY_AXES) searches the memory policy too, `axes`
     (JOB_AXES) the replicas' sharding (sharding_choices), the MoE token dispatcher
-    (dispatcher_choices) and context parallelism's traffic (cp_comm_choices); `fixed`
+    (dispatcher_choices), context parallelism's traffic (cp_comm_choices) and the
+    optimizer on the host for shapes that overflow without it (_on_the_host); `fixed`
     holds some sizes (FIXABLE) where the user set them; `progress` is told each step."""
     t0 = time.perf_counter()
     if getattr(cfg.model, "arch", None) is None:
@@ -354,12 +339,15 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
             accepted.append(pending_shape(cfg, s, gbs))
         except UserError as e:
             refusals.append(e)
+    hosted = _on_the_host(cfg, accepted, gbs, progress, t0 + budget_s * HOSTING_SHARE) \
+        if "host-optimizer" in axes else Hosted(found=[], complete=True)
+    accepted += hosted.found
     if not accepted:
         raise UserError("--global-batch-size", f"no shape of {gpus:,} GPUs at a global batch "
                         f"of {gbs:,} can be built; the first refused says {refusals[0]}")
     pending = sorted((p for p in accepted if not p.overflows), key=lambda p: p.bound_ms)
     leanest = min(accepted, key=lambda p: p.static_bytes)
-    complete = True
+    complete = hosted.complete
     for p in pending:
         if p.bound_ms >= _kth_fastest(results, k):
             break
@@ -382,9 +370,9 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
         most = budget_s * SPLIT_SHARE * (1.0 if r.summary.fits else LONG_SHOT)
         share = min(most, left / (n - i))
         refined.append(r if left <= 1.0 else
-                       _refined(r, _config(cfg, r.shape, gbs), policy, share))
+                       _refined(r, shape_config(cfg, r.shape, gbs), policy, share))
     return JobSearch(candidates=_fastest_first(refined + rest),
-                     evaluated=len(results), total=len(todo),
+                     evaluated=len(results), total=len(todo) + len(hosted.found),
                      overflowing=len(accepted) - len(pending), refused=len(refusals),
                      seconds=time.perf_counter() - t0, complete=complete,
                      leanest=None if pending else leanest)

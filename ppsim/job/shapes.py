@@ -49,14 +49,18 @@ class Shape:
     cp_comm: str = ""
     """Context parallelism's traffic when the search varies it (p2p, all_gather or a2a:
     Architecture.cp_comm_type); "": as configured."""
+    host_optimizer: float = 0.0
+    """Share of each rank's optimizer shard on the host where the search put it there
+    (ppsim.job.pending.host_variant); 0: as configured."""
 
     def label(self) -> str:
         return (f"tp{self.tp} cp{self.cp} ep{self.ep} pp{self.pp} dp{self.dp} vpp{self.vpp} "
                 f"mbs{self.mbs} m{self.microbatches}" + self.searched_label())
 
     def searched_label(self) -> str:
-        """" fsdp", " distopt/4" (4 copies), " deepep", " a2a", " cp-a2a": the searched
-        axes' values ("" for those not searched)."""
+        """" fsdp", " distopt/4" (4 copies), " deepep", " a2a", " cp-a2a", " host0.5"
+        (half the optimizer on the host): the searched axes' values ("" for those not
+        searched)."""
         parts = []
         if self.sharding:
             name = "fsdp" if self.sharding == "fsdp" else "distopt"
@@ -65,6 +69,8 @@ class Shape:
             parts.append({"alltoall": "a2a", "flex": "deepep"}[self.dispatcher])
         if self.cp_comm:
             parts.append(f"cp-{self.cp_comm}")
+        if self.host_optimizer:
+            parts.append(f"host{self.host_optimizer:g}")
         return "".join(" " + p for p in parts)
 
 

@@ -193,3 +193,39 @@ def test_the_executor_refuses_it(tmp_path) -> None:
                    "[pipeline]\npp = 2\n")
     code, _, err = _run(["run", "--config", str(cfg), "--print-launch"])
     assert code == 2 and "error: model.optimizer_cpu_offload: " in err, err
+
+
+SMALL_JOB = ["--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "8",
+             "--global-batch-size", "16", "--memory-gb", "12", "--time-budget", "10"]
+"""Llama 3 8B on 8 GPUs of 12 GB: no shape holds its weights and optimizer state."""
+
+
+def test_the_job_search_puts_the_least_share_on_the_host_that_fits() -> None:
+    code, out, _ = _run(["plan", *SMALL_JOB, "--search", "recompute"])
+    assert code == 3 and "or search the optimizer on the host (--search host-optimizer)" \
+        in " ".join(out.split())  # the table's text wraps
+    code, out, err = _run(["plan", *SMALL_JOB, "--search", "host-optimizer,recompute",
+                           "--json"])
+    assert code == 0, err
+    best = json.loads(out)["best"]
+    share = best["optimizer_offload_fraction"]
+    assert best["fits"] and share in (0.25, 0.5, 0.75, 1.0)
+    assert f"--optimizer-cpu-offload --optimizer-offload-fraction {share:g}" \
+        in best["megatron_job_flags"]
+    # A quarter less on the host leaves more weights and state on the fullest rank than
+    # the memory holds, under the shape's own split too.
+    if share > 0.25:
+        line = ["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--memory-gb",
+                "12", "--tp", str(best["tp"]), "--pp", str(best["pp"]), "--dp",
+                str(best["dp"]), "--global-batch-size", "16", "--use-distributed-optimizer",
+                "--use-precision-aware-optimizer", "--optimizer-cpu-offload",
+                "--optimizer-offload-fraction", str(share - 0.25), "--json"]
+        code, out, err = _run(line)
+        assert code == 0, err
+        assert max(r["static_bytes"] for r in json.loads(out)["ranks"]) > 12e9
+
+
+def test_the_job_search_refuses_the_host_where_it_cannot_be_priced() -> None:
+    code, out, err = _run(["plan", "--preset", "llama3-8b", "--hardware", "cpu", "--gpus",
+                           "8", "--global-batch-size", "16", "--search", "host-optimizer"])
+    assert code == 2 and out == "" and "error: --search: host-optimizer: the [hardware]" in err

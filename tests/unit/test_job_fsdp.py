@@ -326,8 +326,8 @@ def test_plan_searches_the_sharding() -> None:
     assert (best["megatron_job_flags"] is None) == (best["data_parallel"] == "fsdp")
     bad = run_cli(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus",
                    "64", "--global-batch-size", "128", "--search", "tp"])
-    assert bad.returncode == 2 and "recompute, policy, sharding, dispatcher, cp-comm, not tp" \
-        in bad.stderr
+    assert bad.returncode == 2 and "recompute, policy, sharding, dispatcher, cp-comm, " \
+        "host-optimizer, not tp" in bad.stderr
 
 
 def test_searching_the_sharding_never_loses_to_either_choice() -> None:

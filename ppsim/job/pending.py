@@ -1,0 +1,127 @@
+"""A job shape before it is simulated: its config, its costs, a bound on its time and the
+least its fullest rank holds; and, for a shape whose weights and optimizer state alone
+overflow memory, the same shape with part of its optimizer on the host
+(ppsim.job.host_optimizer): the least part that lets them fit, and all of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ppsim.config.overrides import with_overrides
+from ppsim.costs.model import ModelCosts, stage_costs, static_floor_bytes
+from ppsim.errors import UserError
+from ppsim.job.host_optimizer import host_rates_known
+from ppsim.job.shapes import Shape
+from ppsim.pipeline.problem import model_costs, resolve_split
+from ppsim.schedules.generators import schedule_placement
+
+HOST_SHARES = (0.25, 0.5, 0.75, 1.0)
+"""The shares of each rank's optimizer shard the search may put on the host."""
+
+
+def shape_config(cfg: Any, s: Shape, gbs: int) -> Any:
+    """`cfg` as the shape `s` at a global batch of `gbs`: its sizes, and the axes the
+    search varies."""
+    schedule = "interleaved-1f1b" if s.vpp > 1 else "1f1b"
+    sharding = {"fsdp": s.sharding == "fsdp", "dp_replicas": s.dp_replicas,
+                "distributed_optimizer": s.sharding != "fsdp"} if s.sharding else {}
+    dispatcher = {"moe_token_dispatcher_type": s.dispatcher} if s.dispatcher else {}
+    cp_comm = {"cp_comm_type": s.cp_comm} if s.cp_comm else {}
+    host = {"distributed_optimizer": True, "fsdp": False, "precision_aware_optimizer": True,
+            "optimizer_cpu_offload": True,
+            "optimizer_offload_fraction": s.host_optimizer} if s.host_optimizer else {}
+    # --tp-comm-overlap applies to the shapes with tensor parallelism (Megatron refuses it
+    # at tp 1).
+    overlap = {"tp_comm_overlap": False} if s.tp == 1 else {}
+    return with_overrides(cfg, model={"tp": s.tp, "cp": s.cp, "ep": s.ep, "dp": s.dp,
+                                      "micro_batch_size": s.mbs, **sharding, **cp_comm,
+                                      **host},
+                          pipeline={"pp": s.pp, "vpp": s.vpp, "schedule": schedule,
+                                    "global_batch_size": gbs, **dispatcher, **overlap},
+                          split={})
+
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pending:
+    """A shape before it is simulated: its config, costs and a bound on its time."""
+
+    shape: Shape
+    cfg: Any
+    """The Config of the shape."""
+    costs: ModelCosts
+    """Its layer costs, reused when it is simulated."""
+    bound_ms: float
+    """Its busiest rank's compute alone: no schedule runs it faster."""
+    static_bytes: int
+    """The least weights, gradients and optimizer states its fullest rank holds under any
+    split (ppsim.costs.model.static_floor_bytes)."""
+
+    @property
+    def overflows(self) -> bool:
+        """Those bytes alone overflow memory under every split: nothing to simulate."""
+        return self.static_bytes > self.cfg.hardware.memory_bytes
+
+
+def pending_shape(cfg: Any, s: Shape, gbs: int) -> Pending:
+    """The shape's costs and bound; UserError when Megatron (or a limit) refuses it."""
+    c = shape_config(cfg, s, gbs)
+    costs = model_costs(c)
+    split = resolve_split(c, costs.num_layers, schedule_placement(c.pipeline.schedule))
+    busy = [0.0] * s.pp
+    for i, st in enumerate(stage_costs(costs, split)):
+        # Each op at least as short as in a combined pair: the bound stays a bound.
+        busy[split.stage_rank(i)] += st.forward_ms + st.backward_ms - 2 * st.pair_saving_ms
+    return Pending(shape=s, cfg=c, costs=costs, bound_ms=s.microbatches * max(busy),
+                   static_bytes=static_floor_bytes(costs, s.pp))
+
+
+def host_refusal(cfg: Any) -> None:
+    """UserError when no shape of `cfg` could step its optimizer on the host."""
+    if not host_rates_known(cfg.hardware):
+        raise UserError("--search", "host-optimizer: the [hardware] table does not give the "
+                        "host link, DRAM bandwidth and core rate it is priced by",
+                        "use a GPU preset (--hardware h100-80gb), or set host_link_gbps, "
+                        "host_memory_bandwidth_gbps and host_core_adam_gparams")
+    if cfg.model.arch.optimizer != "adam":
+        raise UserError("--search", "host-optimizer: Megatron steps Adam on the host, not "
+                        f"{cfg.model.arch.optimizer}", "drop it from --search, or use "
+                        "--optimizer adam")
+
+
+def _host_applies(cfg: Any, s: Shape) -> bool:
+    """Megatron's host optimizer could step the shape: Adam under the distributed
+    optimizer (not FSDP, not Muon), on hardware that gives the host's rates."""
+    a = cfg.model.arch
+    fsdp = s.sharding == "fsdp" if s.sharding else a.fsdp
+    return a.optimizer == "adam" and not fsdp and host_rates_known(cfg.hardware)
+
+
+def host_variants(cfg: Any, p: Pending, gbs: int) -> list[Pending]:
+    """The shape of `p` with part of its optimizer on the host: the least of HOST_SHARES
+    under which its weights and optimizer state fit (found by halving), the fastest step,
+    and all of it, which leaves the most memory to the activations; none when all of it
+    on the host is not enough, or it does not apply."""
+    if not _host_applies(cfg, p.shape):
+        return []
+
+    def fits(share: float) -> Pending | None:
+        try:
+            q = pending_shape(cfg, replace(p.shape, host_optimizer=share), gbs)
+        except UserError:
+            return None
+        return None if q.overflows else q
+
+    whole = fits(1.0)
+    if whole is None:
+        return []
+    lo, hi, least = 0, len(HOST_SHARES) - 1, whole  # HOST_SHARES[hi] fits
+    while lo < hi:
+        mid = (lo + hi) // 2
+        found = fits(HOST_SHARES[mid])
+        if found is None:
+            lo = mid + 1
+        else:
+            hi, least = mid, found
+    return [least] if least is whole else [least, whole]
