@@ -26,7 +26,8 @@ MEMORY_FLAGS = {"recompute_modules": "recompute_modules",
                 "offload_modules": "offload_modules", "offload_fraction": "offload_fraction",
                 "offload_step_bytes": "delta_offload_bytes_across_pp_ranks"}
 """[memory] key -> the flag that sets it."""
-MEGATRON_MODEL_KEYS = ("cp_comm_type", "optimizer", "muon_ns_steps", "muon_tp_mode")
+MEGATRON_MODEL_KEYS = ("cp_comm_type", "cp_a2a_size", "optimizer", "muon_ns_steps",
+                       "muon_tp_mode")
 """Overridable [model] fields a Megatron model flag sets (megatron_model.model_table reads
 them as Megatron writes them)."""
 JOB_MODEL_KEYS = ("dp", "cp", "ep", "distributed_optimizer", "grad_reduce_in_bf16",

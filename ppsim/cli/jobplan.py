@@ -94,7 +94,8 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
         return None  # Megatron's launch arguments select only these two
     s = r.shape
     dispatcher = job.moe_token_dispatcher_type if job.arch.num_experts else "alltoall"
-    out = parallel_args(s.tp, s.cp, s.ep, dispatcher, job.arch.cp_comm_type) \
+    out = parallel_args(s.tp, s.cp, s.ep, dispatcher, job.arch.cp_comm_type,
+                        job.arch.cp_a2a_size) \
         + shlex.split(split)
     out += ["--micro-batch-size", str(s.mbs), "--global-batch-size", str(gbs), *policy]
     out += optimizer_args(job.arch)

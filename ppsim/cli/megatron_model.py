@@ -56,7 +56,8 @@ ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
               "moe_pad_expert_input_to_capacity", "make_vocab_size_divisible_by",
               "padded_vocab_size", "fp8_format", "fp8_recipe", "fp8_param_gather",
               "first_last_layers_bf16", "num_layers_at_start_in_bf16",
-              "num_layers_at_end_in_bf16", "fp4_format", "cp_comm_type", "optimizer",
+              "num_layers_at_end_in_bf16", "fp4_format", "cp_comm_type",
+              "hierarchical_context_parallel_sizes", "optimizer",
               "muon_num_ns_steps", "muon_tp_mode", "qk_layernorm", "attention_output_gate",
               "qk_l2_norm", "moe_shared_expert_gate", "moe_permute_fusion",
               "experimental_attention_variant", "linear_attention_freq",
@@ -164,6 +165,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--transformer-impl", choices=TRANSFORMER_IMPLS, help=hidden)
     g.add_argument("--expert-tensor-parallel-size", type=int, help=hidden)
     g.add_argument("--cp-comm-type", nargs="+", help=hidden)
+    g.add_argument("--hierarchical-context-parallel-sizes", nargs="+", type=int, help=hidden)
     g.add_argument("--optimizer", help=hidden)
     g.add_argument("--muon-num-ns-steps", type=int, help=hidden)
     g.add_argument("--muon-tp-mode", choices=MUON_TP_MODES, help=hidden)
@@ -274,6 +276,8 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
     out.update(_fp8_fields(get))
     if get("cp_comm_type") is not None:
         out["cp_comm_type"] = _cp_comm_type(get("cp_comm_type"))
+    if get("hierarchical_context_parallel_sizes") is not None:
+        out["cp_a2a_size"] = _a2a_size(get("hierarchical_context_parallel_sizes"), get("cp"))
     out.update(_optimizer_fields(get))
     if get("bf16") and get("fp16"):
         raise UserError("--bf16", "and --fp16 both given", "give one of them")
@@ -310,15 +314,27 @@ def _optimizer_fields(get: Any) -> dict[str, Any]:
 
 def _cp_comm_type(kinds: list[str]) -> str:
     """Megatron's --cp-comm-type, one type for every layer or one a layer: ppsim prices one
-    for all (p2p, all_gather or a2a; not the hierarchical a2a+p2p)."""
+    for all (CP_COMM_TYPES)."""
     if len(set(kinds)) > 1:
         raise UserError("--cp-comm-type", f"{' '.join(kinds)}: ppsim prices one type for "
-                        "every layer", "give one of p2p, all_gather, a2a")
+                        "every layer", "give one of " + ", ".join(CP_COMM_TYPES))
     if kinds[0] not in CP_COMM_TYPES:
         raise UserError("--cp-comm-type", f"{kinds[0]}: ppsim prices "
-                        + ", ".join(CP_COMM_TYPES) + " (not the hierarchical a2a+p2p)",
-                        "give one of them")
+                        + ", ".join(CP_COMM_TYPES), "give one of them")
     return kinds[0]
+
+
+def _a2a_size(sizes: list[int], cp: int | None) -> int:
+    """The all-to-all size of Megatron's --hierarchical-context-parallel-sizes, which
+    a2a+p2p reads as two levels: its all-to-all's and its ring's, multiplying to cp."""
+    flag = "--hierarchical-context-parallel-sizes"
+    if len(sizes) != 2 or min(sizes) < 1:
+        raise UserError(flag, f"{' '.join(map(str, sizes))}: a2a+p2p takes two sizes, its "
+                        "all-to-all's and its ring's", "give two, e.g. 2 4 for cp 8")
+    if cp is not None and sizes[0] * sizes[1] != cp:
+        raise UserError(flag, f"{sizes[0]} x {sizes[1]} is not --context-parallel-size "
+                        f"({cp}), as Megatron asserts", "give sizes that multiply to cp")
+    return sizes[0]
 
 
 def megatron_defaults(args: argparse.Namespace, fields: dict[str, Any]) -> dict[str, Any]:

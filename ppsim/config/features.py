@@ -24,9 +24,10 @@ def sliding_window(raw: dict[str, Any]) -> None:
     if raw.get("hybrid_layer_pattern"):
         raise UserError("model.attention_window", "ppsim prices a hybrid stack's attention "
                         "layers without a window", "drop the window, or the pattern")
-    if raw.get("cp", 1) != 1 and raw.get("cp_comm_type", "p2p") == "p2p":
+    ring = raw.get("cp_comm_type", "p2p")
+    if raw.get("cp", 1) != 1 and ring in ("p2p", "a2a+p2p"):
         raise UserError("model.attention_window", "Context parallelism does not support "
-                        "sliding window attention with cp_comm_type='p2p'!",
+                        f"sliding window attention with cp_comm_type='{ring}'!",
                         "use --cp-comm-type a2a or all_gather, or cp 1")
     if isinstance(raw.get("num_layers"), int):
         windows(raw["num_layers"], raw["attention_window"], freq)

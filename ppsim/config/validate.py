@@ -302,13 +302,12 @@ _CHOICES = {"recompute": RECOMPUTE, "dtype": tuple(DTYPE_BYTES), "attention": AT
             "gated_activation": GATED_ACTIVATIONS, "optimizer": OPTIMIZERS,
             "muon_tp_mode": MUON_TP_MODES, "experimental_attention_variant": ATTENTION_VARIANTS,
             **OPTIMIZER_DTYPES}
-_POSITIVE = ("tp", "dp", "ep", "cp", "dp_replicas", "vocab_divisor", "hidden_size", "muon_ns_steps",
-             "optimizer_cpu_threads",
-             "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_length",
-             "micro_batch_size")
+_POSITIVE = ("tp", "dp", "ep", "cp", "dp_replicas", "vocab_divisor", "hidden_size",
+             "muon_ns_steps", "optimizer_cpu_threads", "num_heads", "num_kv_heads",
+             "ffn_hidden_size", "vocab_size", "seq_length", "micro_batch_size")
 _COUNTS = ("attention_window", "moe_latent_size", "mtp_layers", "head_dim", "q_lora_rank",
-           "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "num_experts", "top_k",
-           "moe_ffn_hidden_size", "shared_experts", "num_layers_at_start_in_bf16",
+           "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "cp_a2a_size", "num_experts",
+           "top_k", "moe_ffn_hidden_size", "shared_experts", "num_layers_at_start_in_bf16",
            "num_layers_at_end_in_bf16")
 _REQUIRED = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size",
              "seq_length")

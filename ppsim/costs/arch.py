@@ -34,8 +34,8 @@ FP8_FORMATS = ("", "e4m3", "hybrid")
 """Megatron's --fp8-format choices ("": bf16 matmuls)."""
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
 """Megatron's --fp8-recipe choices on Hopper (mxfp8 is Blackwell's)."""
-CP_COMM_TYPES = ("p2p", "all_gather", "a2a")
-"""Megatron's --cp-comm-type choices ppsim prices (a2a+p2p, hierarchical, is not)."""
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
+"""Megatron's --cp-comm-type choices."""
 GATED_ACTIVATIONS = ("swiglu", "quick_geglu")
 """A gated MLP's activation: Megatron's --swiglu or --quick-geglu."""
 OPTIMIZERS = ("adam", "muon")
@@ -146,7 +146,12 @@ class Architecture:
     attention; "all_gather", K/V gathered before it (and again in the backward, dK/dV
     reduce-scattered after), exposed; "a2a", DeepSpeed-Ulysses: Q, K, V and the output
     exchanged by all-to-all so each rank attends over the whole sequence for 1 / cp of
-    the heads, exposed."""
+    the heads, exposed; "a2a+p2p", both: an all-to-all over cp_a2a_size ranks, then
+    the ring over the cp / cp_a2a_size groups of them."""
+    cp_a2a_size: int = 0
+    """Under a2a+p2p, the ranks of each all-to-all: consecutive ranks of the cp group,
+    the first of Megatron's --hierarchical-context-parallel-sizes (the ring's the
+    second, cp over it); 0: not given."""
     tie_embeddings: bool = False
     """The LM head shares the embedding's weights (Megatron's default unless
     --untie-embeddings-and-output-weights): with pp > 1 the first and last stage

@@ -42,6 +42,10 @@ class Groups:
     """The tensor-parallel group."""
     cp: Span
     """The context-parallel ring."""
+    cp_a2a: Span
+    """Under a2a+p2p, one all-to-all's consecutive ranks of the cp group."""
+    cp_p2p: Span
+    """Under a2a+p2p, the ring across the all-to-all groups (every cp_a2a_size-th rank)."""
     ep: Span
     """The expert-parallel group (tp x ep x edp world)."""
     dp: Span
@@ -264,10 +268,13 @@ def data_parallel(a: Architecture) -> str:
 
 
 @lru_cache(maxsize=256)
-def groups(sizes: Sizes, order: str, gpus_per_node: int, replicas: int = 1) -> Groups:
+def groups(sizes: Sizes, order: str, gpus_per_node: int, replicas: int = 1,
+           cp_a2a: int = 1) -> Groups:
     """The spans of rank 0's groups (cached: the planner asks for the same shapes often);
     `replicas`: copies of the sharded state, each a contiguous 1 / replicas of the
-    data-parallel group (Megatron's partial distributed optimizer groups)."""
+    data-parallel group (Megatron's partial distributed optimizer groups); `cp_a2a`: the
+    ranks of a2a+p2p's all-to-all, consecutive in the cp group (Megatron's
+    create_hierarchical_groups), its ring across them."""
     def where(dims: tuple[str, ...], experts: bool = False) -> Span:
         return span(group_ranks(sizes, dims, order, experts), gpus_per_node)
 
@@ -278,9 +285,12 @@ def groups(sizes: Sizes, order: str, gpus_per_node: int, replicas: int = 1) -> G
         return (span(ranks, gpus_per_node), span(ranks[:inner], gpus_per_node),
                 span(ranks[::inner], gpus_per_node))
 
+    cp_ranks = group_ranks(sizes, ("cp",), order)
     dp, dp_shard, dp_replica = split(("cp", "dp"))
     edp, edp_shard, edp_replica = split(("dp",), experts=True)
-    return Groups(tp=where(("tp",)), cp=where(("cp",)), ep=where(("ep",), experts=True),
+    return Groups(tp=where(("tp",)), cp=where(("cp",)),
+                  cp_a2a=span(cp_ranks[:cp_a2a], gpus_per_node),
+                  cp_p2p=span(cp_ranks[::cp_a2a], gpus_per_node), ep=where(("ep",), experts=True),
                   dp=dp, edp=edp, dp_shard=dp_shard, dp_replica=dp_replica,
                   edp_shard=edp_shard, edp_replica=edp_replica,
                   pipeline_hops=tuple(pipeline_hops(sizes, gpus_per_node, order)))
@@ -297,7 +307,7 @@ def build_job(cfg: Any, timed_dp: GroupTimes | None = None) -> Job | None:
     p = cfg.pipeline
     return Job(arch=cfg.model.arch, shape=shape, network=net,
                groups=groups(shape.sizes, shape.rank_order, net.gpus_per_node,
-                             cfg.model.arch.dp_replicas),
+                             cfg.model.arch.dp_replicas, cfg.model.arch.cp_a2a_size or 1),
                peak_tflops=cfg.hardware.peak_tflops, accelerator=accelerator(cfg.hardware),
                tp_comm_overlap=p.tp_comm_overlap,
                overlap_grad_reduce=p.overlap_grad_reduce,

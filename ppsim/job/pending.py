@@ -27,7 +27,7 @@ def shape_config(cfg: Any, s: Shape, gbs: int) -> Any:
     sharding = {"fsdp": s.sharding == "fsdp", "dp_replicas": s.dp_replicas,
                 "distributed_optimizer": s.sharding != "fsdp"} if s.sharding else {}
     dispatcher = {"moe_token_dispatcher_type": s.dispatcher} if s.dispatcher else {}
-    cp_comm = {"cp_comm_type": s.cp_comm} if s.cp_comm else {}
+    cp_comm = {"cp_comm_type": s.cp_comm, "cp_a2a_size": s.cp_a2a} if s.cp_comm else {}
     host = {"distributed_optimizer": True, "fsdp": False, "precision_aware_optimizer": True,
             "optimizer_cpu_offload": True,
             "optimizer_offload_fraction": s.host_optimizer} if s.host_optimizer else {}

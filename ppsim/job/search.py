@@ -269,7 +269,7 @@ def _candidates(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int] | None,
                             "drop dispatcher from --search, or plan a MoE model")
         todo = [v for s in todo for v in dispatcher_choices(s)]
     if "cp-comm" in axes:
-        todo = [v for s in todo for v in cp_comm_choices(s, a)]
+        todo = [v for s in todo for v in cp_comm_choices(s, a, per_node)]
     if "host-optimizer" in axes:
         host_refusal(cfg)
     if not todo and fixed:

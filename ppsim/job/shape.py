@@ -156,6 +156,10 @@ def check(cfg: Any) -> None:
         raise UserError("pipeline.overlap_param_gather", "--overlap-param-gather only "
                         "supported with distributed optimizer", "add "
                         "--use-distributed-optimizer (distributed_optimizer = true in [model])")
+    if a.cp_a2a_size and a.cp_comm_type != "a2a+p2p":
+        raise UserError("model.cp_a2a_size", "sizes the all-to-alls of cp_comm_type a2a+p2p, "
+                        f"and it is {a.cp_comm_type}", "add --cp-comm-type a2a+p2p, or drop "
+                        "--hierarchical-context-parallel-sizes")
     if a.cp > 1:
         _context_parallel(a)
     # ep above dp x cp is a preset's view of one replica's experts (no world to carve from).
@@ -188,19 +192,30 @@ def _context_parallel(a: Any) -> None:
     if refusal is not None:
         raise refusal
     if a.cp_comm_type == "a2a":
-        _ulysses_heads(a)
+        _ulysses_heads(a, a.cp)
+    if a.cp_comm_type == "a2a+p2p":
+        if not a.cp_a2a_size:
+            raise UserError("model.cp_a2a_size", "--hierarchical-context-parallel-sizes must "
+                            "be set when a2a+p2p is used in cp comm (Megatron's words)",
+                            "give --hierarchical-context-parallel-sizes A B, A x B = cp "
+                            "(cp_a2a_size = A in [model])")
+        if a.cp % a.cp_a2a_size:
+            raise UserError("model.cp_a2a_size", f"{a.cp_a2a_size} does not divide cp "
+                            f"({a.cp}): the hierarchical sizes multiply to it",
+                            "give an all-to-all size that divides cp")
+        _ulysses_heads(a, a.cp_a2a_size)
 
 
-def _ulysses_heads(a: Any) -> None:
-    """--cp-comm-type a2a gives each context-parallel rank 1 / cp of a tensor rank's query
-    and key/value heads, as Transformer Engine asserts."""
+def _ulysses_heads(a: Any, size: int) -> None:
+    """The all-to-all of --cp-comm-type a2a (or a2a+p2p) gives each of its `size` ranks
+    1 / size of a tensor rank's query and key/value heads, as Transformer Engine asserts."""
     q = a.num_heads // a.tp
     kv = (a.num_heads if a.attention == "mla" else a.num_kv_heads) // a.tp
-    if q % a.cp or kv % a.cp:
-        raise UserError("model.cp_comm_type", "cp_comm_type='a2a' requires num_heads % "
-                        f"cp_size == 0 for Q, K, V. Found num_heads_q = {q}, num_heads_kv = "
-                        f"{kv}, cp_size = {a.cp}", "use --cp-comm-type p2p or all_gather, "
-                        "or a cp that divides both")
+    if q % size or kv % size:
+        raise UserError("model.cp_comm_type", f"cp_comm_type='{a.cp_comm_type}' requires "
+                        f"num_heads % cp_size == 0 for Q, K, V. Found num_heads_q = {q}, "
+                        f"num_heads_kv = {kv}, cp_size = {size}", "use --cp-comm-type p2p or "
+                        "all_gather, or an all-to-all size that divides both")
 
 
 def _copies_divide(a: Any) -> None:

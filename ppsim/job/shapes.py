@@ -47,8 +47,10 @@ class Shape:
     """How routed tokens travel when the search varies it ("alltoall" or "flex":
     DeepEP); "": as configured."""
     cp_comm: str = ""
-    """Context parallelism's traffic when the search varies it (p2p, all_gather or a2a:
-    Architecture.cp_comm_type); "": as configured."""
+    """Context parallelism's traffic when the search varies it (p2p, all_gather, a2a or
+    a2a+p2p: Architecture.cp_comm_type); "": as configured."""
+    cp_a2a: int = 0
+    """Under a2a+p2p, its all-to-all's ranks (Architecture.cp_a2a_size)."""
     host_optimizer: float = 0.0
     """Share of each rank's optimizer shard on the host where the search put it there
     (ppsim.job.pending.host_variant); 0: as configured."""
@@ -68,7 +70,7 @@ class Shape:
         if self.dispatcher:
             parts.append({"alltoall": "a2a", "flex": "deepep"}[self.dispatcher])
         if self.cp_comm:
-            parts.append(f"cp-{self.cp_comm}")
+            parts.append(f"cp-{self.cp_comm}" + (f"/{self.cp_a2a}" if self.cp_a2a else ""))
         if self.host_optimizer:
             parts.append(f"host{self.host_optimizer:g}")
         return "".join(" " + p for p in parts)
@@ -157,16 +159,25 @@ def sharding_choices(s: Shape, gpus_per_node: int, experts: bool,
     return [replace(s, sharding=kind, dp_replicas=n) for kind in kinds for n in copies]
 
 
-def cp_comm_choices(s: Shape, a: Any) -> list[Shape]:
+def cp_comm_choices(s: Shape, a: Any, gpus_per_node: int = 8) -> list[Shape]:
     """`s` with each context-parallel traffic the search tries where cp > 1: the p2p ring,
-    the all-gather, and the Ulysses all-to-alls where cp divides a tensor rank's query and
-    key/value heads (Transformer Engine's condition)."""
+    the all-gather, the Ulysses all-to-alls where cp divides a tensor rank's query and
+    key/value heads (Transformer Engine's condition), and where the cp group spans nodes,
+    a2a+p2p: the all-to-all over the cp ranks of a node (tp innermost, cp next), the
+    ring across nodes, where that many divide the heads."""
     if s.cp == 1:
         return [s]
     kv = a.num_heads if a.attention == "mla" else a.num_kv_heads
-    ulysses = (a.num_heads // s.tp) % s.cp == 0 and (kv // s.tp) % s.cp == 0
-    kinds = ("p2p", "all_gather", "a2a") if ulysses else ("p2p", "all_gather")
-    return [replace(s, cp_comm=kind) for kind in kinds]
+
+    def splits_heads(n: int) -> bool:
+        return (a.num_heads // s.tp) % n == 0 and (kv // s.tp) % n == 0
+
+    kinds = ("p2p", "all_gather", "a2a") if splits_heads(s.cp) else ("p2p", "all_gather")
+    out = [replace(s, cp_comm=kind) for kind in kinds]
+    inner = max(1, gpus_per_node // s.tp)
+    if 1 < inner < s.cp and s.cp % inner == 0 and splits_heads(inner):
+        out.append(replace(s, cp_comm="a2a+p2p", cp_a2a=inner))
+    return out
 
 
 def dispatcher_choices(s: Shape) -> list[Shape]:

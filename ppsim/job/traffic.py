@@ -27,7 +27,7 @@ from ppsim.costs.mixer_split import cp_exchange
 from ppsim.costs.modules import SHORTHAND, applies
 from ppsim.costs.ops import op_times
 from ppsim.costs.transformer import Accelerator
-from ppsim.job.collectives import all_gather_ms, all_to_all_ms, reduce_scatter_ms, send_ms
+from ppsim.job.collectives import Link, all_gather_ms, all_to_all_ms, reduce_scatter_ms, send_ms
 from ppsim.job.model import Job
 from ppsim.job.userbuffers import TpTraffic
 
@@ -107,24 +107,39 @@ def cp_comm(job: Job, a: Architecture, acc: Accelerator, backward: bool) -> Coll
       dK and dV reduce-scattered after it, all exposed (Transformer Engine's
       AttnFuncWithCPAndKVAllGather);
     - a2a: Q, K and V exchanged by all-to-all before the attention and its output
-      after, the mirror in the backward, all exposed (AttnFuncWithCPAndQKVOA2A)."""
+      after, the mirror in the backward, all exposed (AttnFuncWithCPAndQKVOA2A);
+    - a2a+p2p: those all-to-alls over cp_a2a_size consecutive ranks, exposed, then the
+      ring over cp / cp_a2a_size of them: each rank then holds cp_a2a_size times the
+      tokens for 1 / cp_a2a_size of the heads, the same K/V bytes a pass, each hidden by
+      cp_a2a_size chunks' attention (AttnFuncWithCPAndKVP2P with an all-to-all group)."""
     sh, w = attention_shape(a), DTYPE_BYTES[a.dtype]
     tokens = a.seq_length * a.micro_batch_size / a.tp  # this rank's, per tensor rank
     kv = tokens * (sh.k + sh.v) * w
-    cp, link = job.arch.cp, job.link("cp")
+    cp, link, hide = job.arch.cp, job.link("cp"), 1
+
+    def qkvo_a2a_ms(over: Link) -> float:
+        """Q, K and V to 1 / (its size) of the heads, the output back."""
+        return all_to_all_ms(tokens * (sh.q + sh.k + sh.v) * w, over) \
+            + all_to_all_ms(tokens * sh.out * w, over)
+
     if a.cp_comm_type == "all_gather":
         total = all_gather_ms(cp * kv, link) + (reduce_scatter_ms(cp * kv, link)
                                                 if backward else 0.0)
         return Collective(group="cp", total_ms=total, exposed_ms=total)
     if a.cp_comm_type == "a2a":
-        total = all_to_all_ms(tokens * (sh.q + sh.k + sh.v) * w, link) \
-            + all_to_all_ms(tokens * sh.out * w, link)
+        total = qkvo_a2a_ms(link)
         return Collective(group="cp", total_ms=total, exposed_ms=total)
+    exposed = 0.0
+    if a.cp_comm_type == "a2a+p2p":
+        hide = job.arch.cp_a2a_size
+        cp, link = cp // hide, job.link("cp_p2p")
+        exposed = qkvo_a2a_ms(job.link("cp_a2a"))
     att = next(op for op in attention_ops(a) if op.attention)
     f, b, _, _, _ = op_times(acc.roofline(), att)  # each pass hides behind a chunk's core
     one = send_ms(2 * kv if backward else kv, link)
-    return Collective(group="cp", total_ms=(cp - 1) * one,
-                      exposed_ms=(cp - 1) * max(0.0, one - (b if backward else f)))
+    return Collective(group="cp", total_ms=exposed + (cp - 1) * one,
+                      exposed_ms=exposed + (cp - 1) * max(0.0, one - hide * (b if backward
+                                                                          else f)))
 
 
 @dataclass(frozen=True)

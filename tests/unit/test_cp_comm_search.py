@@ -24,7 +24,9 @@ def _shape(tp: int, cp: int) -> Shape:
     (1, 1, [""]),  # nothing to choose
     (1, 2, ["p2p", "all_gather", "a2a"]),
     (4, 2, ["p2p", "all_gather", "a2a"]),  # 8 and 2 heads a tensor rank
-    (4, 4, ["p2p", "all_gather"]),  # 2 key/value heads do not split four ways
+    # 2 key/value heads do not split four ways; two ranks a node, the all-to-all between
+    # them, the ring across the nodes
+    (4, 4, ["p2p", "all_gather", "a2a+p2p"]),
     (8, 2, ["p2p", "all_gather"]),
 ])
 def test_the_choices(tp: int, cp: int, kinds: list[str]) -> None:

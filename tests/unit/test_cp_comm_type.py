@@ -120,7 +120,7 @@ def test_ulysses_needs_cp_to_divide_the_heads() -> None:
 
 
 @pytest.mark.parametrize("flag, words", [
-    (["a2a+p2p"], "not the hierarchical a2a+p2p"),
+    (["a2a+p2p+x"], "ppsim prices p2p, all_gather, a2a, a2a+p2p"),
     (["p2p", "a2a"], "one type for every layer"),
 ])
 def test_what_is_not_priced_is_refused_by_name(capsys: pytest.CaptureFixture[str],

@@ -215,7 +215,8 @@ def test_an_moe_scripts_router_numerics_change_nothing() -> None:
     ("--moe-token-dispatcher-type allgather", "--moe-token-dispatcher-type: allgather"),
     ("--cp-comm-type p2p a2a", "--cp-comm-type: p2p a2a: ppsim prices one type for every "
      "layer"),
-    ("--cp-comm-type a2a+p2p", "--cp-comm-type: a2a+p2p: ppsim prices p2p, all_gather, a2a"),
+    ("--cp-comm-type allgather", "--cp-comm-type: allgather: ppsim prices p2p, all_gather, "
+     "a2a, a2a+p2p"),
 ])
 def test_expert_layouts_ppsim_does_not_price_are_refused_by_name(flags: str, message: str,
                                                                  capsys) -> None:
