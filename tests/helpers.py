@@ -223,3 +223,20 @@ def run_main(argv: list[str]) -> tuple[int, str, str]:
     with redirect_stdout(out), redirect_stderr(err):
         code = main(argv)
     return code, out.getvalue(), err.getvalue()
+
+
+def cp_layer_traffic(c: Any) -> tuple[float, float, float, float]:
+    """A dense layer's context-parallel traffic under the config `c`: (forward total,
+    forward exposed, backward total, backward exposed) ms."""
+    from ppsim.costs.transformer import accelerator, transformer_costs
+    from ppsim.job.layers import layer_collectives, per_rank_arch
+    from ppsim.job.model import build_job
+
+    job = build_job(c)
+    assert job is not None
+    acc = accelerator(c.hardware)
+    a = per_rank_arch(job.arch)
+    comm = layer_collectives(job, a, acc, "dense", transformer_costs(a, acc).layers[0])
+    f = next(x for x in comm.forward if x.group == "cp")
+    b = next(x for x in comm.backward if x.group == "cp")
+    return f.total_ms, f.exposed_ms, b.total_ms, b.exposed_ms

@@ -9,14 +9,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import cp_layer_traffic
 
 from ppsim.cli.main import main
 from ppsim.cli.megatron_args import megatron_model_args
 from ppsim.config.schema import config_from_dict
-from ppsim.costs.transformer import accelerator, transformer_costs
 from ppsim.errors import UserError
-from ppsim.job.layers import layer_collectives, per_rank_arch
-from ppsim.job.model import build_job
 from ppsim.pipeline.problem import model_costs
 
 NV, NV_STEP = 450e6, 1e-3  # bytes per ms, ms a step (h100-80gb, inside a node)
@@ -35,15 +33,7 @@ def cfg(kind: str, **model):
 
 def cp_traffic(kind: str, recompute: str = "none") -> tuple[float, float, float, float]:
     """(forward total, forward exposed, backward total, backward exposed) ms."""
-    c = cfg(kind, recompute=recompute)
-    job = build_job(c)
-    assert job is not None
-    acc = accelerator(c.hardware)
-    a = per_rank_arch(job.arch)
-    comm = layer_collectives(job, a, acc, "dense", transformer_costs(a, acc).layers[0])
-    f = next(x for x in comm.forward if x.group == "cp")
-    b = next(x for x in comm.backward if x.group == "cp")
-    return f.total_ms, f.exposed_ms, b.total_ms, b.exposed_ms
+    return cp_layer_traffic(cfg(kind, recompute=recompute))
 
 
 def test_all_gather_gathers_k_and_v_twice_and_scatters_their_gradients() -> None:

@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import cp_layer_traffic
 from helpers import run_main as _run
 
 from ppsim.cli.megatron_args import megatron_model_args
 from ppsim.config.schema import config_from_dict
-from ppsim.costs.transformer import accelerator, transformer_costs
 from ppsim.errors import UserError
-from ppsim.job.layers import layer_collectives, per_rank_arch
 from ppsim.job.model import build_job
 from ppsim.job.shapes import Shape, cp_comm_choices
 
@@ -38,15 +37,7 @@ def cfg(kind: str, a2a: int = 0, **model):
 
 def traffic(kind: str, a2a: int = 0) -> tuple[float, float, float, float]:
     """(forward total, forward exposed, backward total, backward exposed) ms."""
-    c = cfg(kind, a2a)
-    job = build_job(c)
-    assert job is not None
-    acc = accelerator(c.hardware)
-    a = per_rank_arch(job.arch)
-    comm = layer_collectives(job, a, acc, "dense", transformer_costs(a, acc).layers[0])
-    f = next(x for x in comm.forward if x.group == "cp")
-    b = next(x for x in comm.backward if x.group == "cp")
-    return f.total_ms, f.exposed_ms, b.total_ms, b.exposed_ms
+    return cp_layer_traffic(cfg(kind, a2a))
 
 
 def test_the_all_to_all_inside_a_node_and_the_ring_across() -> None:
