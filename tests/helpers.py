@@ -174,7 +174,8 @@ def mla_fields(draw: Any, heads: int) -> dict[str, Any]:
                 kv_lora_rank=draw(st.integers(8, 64)),
                 head_dim=draw(st.sampled_from([16, 32])),
                 qk_rope_head_dim=draw(st.sampled_from([8, 16])),
-                v_head_dim=draw(st.sampled_from([16, 32])))
+                v_head_dim=draw(st.sampled_from([16, 32])),
+                qk_layernorm=draw(st.booleans()))
 
 
 def kept_under_policy(fields: dict[str, Any], index: int, policy: Any) -> tuple[int, int]:

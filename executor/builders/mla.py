@@ -103,6 +103,11 @@ class UpProjection(nn.Module):
         return q, k, self.v_up(kv_latent).view(b, t, h, self.value)
 
 
+def _normed(norm: nn.Module | None, latent: torch.Tensor) -> torch.Tensor:
+    """A latent through its norm (Megatron builds one with --qk-layernorm), or as it is."""
+    return latent if norm is None else norm(latent)
+
+
 class LatentAttention(nn.Module):
     """MLA: the latents, the up projection, attention, the output projection."""
 
@@ -113,10 +118,10 @@ class LatentAttention(nn.Module):
         value = a.v_head_dim or nope
         self.heads, self.value = heads, value
         self.q_down = nn.Linear(h, a.q_lora_rank, bias=False) if a.q_lora_rank else None
-        self.q_norm = s.norm(a.q_lora_rank) if a.q_lora_rank else None
+        self.q_norm = s.norm(a.q_lora_rank) if a.q_lora_rank and a.qk_layernorm else None
         self.kv_down = nn.Linear(h, a.kv_lora_rank, bias=False)
         self.k_rope = nn.Linear(h, rope, bias=False)
-        self.kv_norm = s.norm(a.kv_lora_rank)
+        self.kv_norm = s.norm(a.kv_lora_rank) if a.qk_layernorm else None
         tables = rotary_tables(a.seq_length, rope, 10000.0) if a.rotary else None
         self.up = UpProjection(q_in=a.q_lora_rank or h, kv_lora=a.kv_lora_rank, heads=heads,
                                nope=nope, rope=rope, value=value, rotary=tables)
@@ -130,7 +135,7 @@ class LatentAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
-        q_in = x if self.q_down is None else self.q_norm(self.q_down(x))  # type: ignore[misc]
-        q, k, v = self.up(q_in, self.kv_norm(self.kv_down(x)), self.k_rope(x))
+        q_in = x if self.q_down is None else _normed(self.q_norm, self.q_down(x))
+        q, k, v = self.up(q_in, _normed(self.kv_norm, self.kv_down(x)), self.k_rope(x))
         a = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self.o(a.transpose(1, 2).reshape(b, t, self.heads * self.value))

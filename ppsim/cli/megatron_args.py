@@ -131,7 +131,7 @@ def _attention_args(a: Architecture) -> list[str]:
         out += _kv("--kv-channels", a.head_dim) * bool(a.head_dim)
         out += ["--attention-output-gate"] * a.attention_output_gate
     # MLA's latent norms, which ppsim prices with it or without, are built by this flag.
-    out += ["--qk-layernorm"] * (a.qk_layernorm or a.attention == "mla")
+    out += ["--qk-layernorm"] * a.qk_layernorm
     if a.experimental_attention_variant:
         out += _kv("--experimental-attention-variant", a.experimental_attention_variant)
         out += _kv("--linear-attention-freq", a.linear_attention_freq) * bool(

@@ -30,9 +30,13 @@ def attention_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[st
     get = lambda dest: getattr(args, dest, None)  # noqa: E731
     out = _window_fields(get("window_size"), get("window_attn_skip_freq"))
     out.update(_attention_variant_fields(get, known.get("experimental_attention_variant")))
-    # Under MLA --qk-layernorm builds the latent norms, which ppsim prices either way;
-    # --qk-l2-norm's L2Norm (Llama 4) makes the same passes and keeps the same tensors.
-    if (get("qk_layernorm") or get("qk_l2_norm")) and not get("multi_latent_attention"):
+    # Under MLA --qk-layernorm builds the latents' norms; --qk-l2-norm's L2Norm (Llama 4)
+    # makes the same passes and keeps the same tensors as the query and key norms.
+    mla = get("multi_latent_attention") or known.get("attention") == "mla"
+    if get("qk_l2_norm") and mla:
+        raise UserError("--qk-l2-norm", "qk_l2_norm is not supported with MLA. (Megatron's "
+                        "words)", "use --qk-layernorm, the latents' norms")
+    if get("qk_layernorm") or get("qk_l2_norm"):
         out["qk_layernorm"] = True
     if get("attention_output_gate"):
         out["attention_output_gate"] = True

@@ -48,14 +48,14 @@ MODEL_PRESETS: dict[str, dict] = {
         kv_lora_rank=512, qk_rope_head_dim=64, v_head_dim=128, ffn_hidden_size=18432,
         num_experts=256, top_k=8, moe_ffn_hidden_size=2048, shared_experts=1, ep=64,
         vocab_size=129280, seq_length=4096, micro_batch_size=1, recompute="selective",
-        distributed_optimizer=True, dp=128),
+        distributed_optimizer=True, dp=128, qk_layernorm=True),
     "kimi-k2": dict(
         num_layers=61, layers="dense*1, moe*60", hidden_size=7168, num_heads=64,
         num_kv_heads=64, head_dim=128, attention="mla", q_lora_rank=1536, kv_lora_rank=512,
         qk_rope_head_dim=64, v_head_dim=128, ffn_hidden_size=18432, num_experts=384, top_k=8,
         moe_ffn_hidden_size=2048, shared_experts=1, ep=32, tp=2, vocab_size=163840,
         seq_length=4096, micro_batch_size=1, recompute="selective", optimizer="muon",
-        distributed_optimizer=True, dp=16),
+        distributed_optimizer=True, dp=16, qk_layernorm=True),
     "qwen3-235b-a22b": dict(
         num_layers=94, hidden_size=4096, num_heads=64, num_kv_heads=4, head_dim=128,
         ffn_hidden_size=12288, num_experts=128, top_k=8, moe_ffn_hidden_size=1536, ep=8,

@@ -252,8 +252,9 @@ class Architecture:
     qk_layernorm: bool = False
     """A norm (`norm`'s kind) on every query and key head before rotary (Megatron
     --qk-layernorm, Transformer Engine's TENorm over head_dim; Qwen3, OLMo 2): two
-    memory-bound passes, their inputs and statistics kept. MLA's latent norms, which the
-    same flag builds in Megatron, are priced with or without it."""
+    memory-bound passes, their inputs and statistics kept; under MLA the norms of the
+    query and key/value latents (Megatron's LayerNormLinear up projections), without it
+    plain linears."""
     experimental_attention_variant: str = ""
     """Megatron's --experimental-attention-variant: "gdn" (or "gated_delta_net"),
     GatedDeltaNet in the layers linear_attention_freq picks (Qwen3-Next and Qwen3.5 as

@@ -41,7 +41,8 @@ FP8_BYTES = 1
 """An FP8 element."""
 BF16_MATMULS = ("router",)
 """Weight matmuls of a decoder layer that are not TE linears."""
-FP8_INPUTS = ("norm1.out", "q_norm.out", "kv_norm.out", "norm2.out", "mlp.act_out",
+FP8_INPUTS = ("norm1.out", "q_norm.out", "kv_norm.out", "q_up.in", "kv_up.in", "norm2.out",
+              "mlp.act_out",
               "experts.fc1_in", "experts.act_out", "shared.act_out", "latent.fc2_in")
 """Saved tensors (ppsim.costs.modules) that are only an FP8 linear's input."""
 PROJ_INPUT = "attn_proj.in"

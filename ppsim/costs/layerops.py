@@ -79,12 +79,13 @@ def attention_ops(a: Architecture, window: int = 0) -> list[Op]:
     if a.attention == "mla":
         hd = a.head_dim or h // a.num_heads
         kv_up = a.num_heads * (hd + (a.v_head_dim or hd))
+        normed = a.qk_layernorm  # the latents' norms (Megatron builds them with the flag)
         ops = ([_mm("q_down", tok, a.q_lora_rank / t, h),
-                *_norm_ops(a, "q_norm", a.q_lora_rank),
+                *(_norm_ops(a, "q_norm", a.q_lora_rank) if normed else []),
                 _mm("q_up", tok, sh.q / t, a.q_lora_rank)] if a.q_lora_rank
                else [_mm("q_proj", tok, sh.q / t, h)])
         ops += [_mm("kv_down", tok, (a.kv_lora_rank + a.qk_rope_head_dim) / t, h),
-                *_norm_ops(a, "kv_norm", a.kv_lora_rank),
+                *(_norm_ops(a, "kv_norm", a.kv_lora_rank) if normed else []),
                 _mm("kv_up", tok, kv_up / t, a.kv_lora_rank)]
     else:
         ops = [_mm("qkv", tok, (sh.q + sh.k + sh.v + sh.gate) / t, h)]

@@ -135,7 +135,8 @@ class HybridHalf:
 
 
 _ATTENTION_HALF = HybridHalf(
-    base="dense", prefixes=("norm1.", "attn.", "attn_proj.", "q_norm.", "kv_norm.", "qk_norm.",
+    base="dense", prefixes=("norm1.", "attn.", "attn_proj.", "q_norm.", "kv_norm.", "q_up.",
+                            "kv_up.", "qk_norm.",
                             "drop1."),
     modules=("core_attn", "layernorm", "mla_up_proj", "attn_norm", "qkv_linear", "attn_proj"))
 HYBRID_HALVES: dict[str, HybridHalf] = {
@@ -198,8 +199,10 @@ def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
     t: dict[str, float] = {**_norm(a, "norm1", h)}
     if a.attention == "mla":
         for name, rank in (("q_norm", a.q_lora_rank), ("kv_norm", a.kv_lora_rank)):
-            if rank:
+            if rank and a.qk_layernorm:
                 t.update(_norm(a, name, rank))  # the latent, its stats, the up-projection input
+            elif rank:  # no norm: the up projection keeps the latent
+                t[f"{name.partition('_')[0]}_up.in"] = tok * rank * w
     t.update({"attn.q": tok * sh.q * w, "attn.k": tok * sh.k * w, "attn.v": tok * sh.v * w,
               "attn.out": tok * sh.out * w})
     t.update(unfused_tensors(a) if a.unfused_attention else {"attn.lse": 4 * tok * a.num_heads})

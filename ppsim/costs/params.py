@@ -17,7 +17,7 @@ def attention_params(a: Architecture) -> tuple[int, int]:
         q = h * a.q_lora_rank + a.q_lora_rank * sh.q if a.q_lora_rank else h * sh.q
         kv = (h * (a.kv_lora_rank + a.qk_rope_head_dim)
               + a.kv_lora_rank * a.num_heads * (hd + (a.v_head_dim or hd)))
-        return q + kv + sh.out * h, h + a.q_lora_rank + a.kv_lora_rank
+        return q + kv + sh.out * h, h + (a.q_lora_rank + a.kv_lora_rank) * a.qk_layernorm
     hd = a.head_dim or h // a.num_heads
     return h * (sh.q + sh.k + sh.v + sh.gate) + sh.out * h, h + 2 * hd * a.qk_layernorm
 

@@ -144,12 +144,15 @@ MLA_CASES = CASES + [
 
 
 @pytest.mark.parametrize("policy", MLA_CASES, ids=lambda p: p.label())
-@pytest.mark.parametrize(("kind", "q_lora_rank"), [("dense", 32), ("moe", 32), ("dense", 0)])
-def test_mla_bytes_per_module_set_are_the_cost_models(policy, kind: str,
-                                                      q_lora_rank: int) -> None:
-    """Latents, the up projection (Megatron's mla_up_proj) and attention with value heads
-    narrower than key heads keep what the model counts: no s x s scores, no padded value."""
-    fields = {**MLA, "dtype": "bf16", "q_lora_rank": q_lora_rank}
+@pytest.mark.parametrize(("kind", "q_lora_rank", "normed"),
+                         [("dense", 32, False), ("moe", 32, False), ("dense", 0, False),
+                          ("dense", 32, True)])
+def test_mla_bytes_per_module_set_are_the_cost_models(policy, kind: str, q_lora_rank: int,
+                                                      normed: bool) -> None:
+    """Latents (normed with qk_layernorm, Megatron's --qk-layernorm), the up projection
+    (Megatron's mla_up_proj) and attention with value heads narrower than key heads keep
+    what the model counts: no s x s scores, no padded value."""
+    fields = {**MLA, "dtype": "bf16", "q_lora_rank": q_lora_rank, "qk_layernorm": normed}
     kept, moved = kept_under_policy(fields, 0 if kind == "dense" else 2, policy)
     want = module_effect(architecture(fields), kind, policy.recompute_modules,
                          policy.offload_modules, full=policy.recompute_layers > 0)

@@ -41,7 +41,8 @@ DEEPSEEK_V3 = """--num-layers 61 --hidden-size 7168 --ffn-hidden-size 18432
 --moe-shared-expert-intermediate-size 2048 --moe-router-topk 8 --mtp-num-layers 1
 --vocab-size 129280 --swiglu --normalization RMSNorm --position-embedding-type rope
 --untie-embeddings-and-output-weights --seq-length 4096 --bf16 --disable-bias-linear
---attention-dropout 0 --hidden-dropout 0 --use-distributed-optimizer --moe-permute-fusion"""
+--attention-dropout 0 --hidden-dropout 0 --use-distributed-optimizer --moe-permute-fusion
+--qk-layernorm"""
 JOB = "--hardware h100-80gb --pp 4 --microbatches 8 --dp 1"
 
 

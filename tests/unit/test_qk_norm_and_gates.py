@@ -257,3 +257,44 @@ def test_the_flag_sets_it_and_qwen3_next_has_it() -> None:
                 "--moe-shared-expert-gate")
     assert a.shared_expert_gate and a.shared_experts == 1
     assert parse_model({"preset": "qwen3-next-80b-a3b"}).arch.shared_expert_gate
+
+
+def _mla(**more) -> Architecture:
+    return _arch(attention="mla", num_heads=8, num_kv_heads=8, head_dim=32,
+                 qk_rope_head_dim=16, v_head_dim=32, **more)
+
+
+@settings(max_examples=40, deadline=None)
+@given(q_rank=st.sampled_from([0, 32, 64]), kv_rank=st.sampled_from([16, 48]),
+       s=st.sampled_from([16, 64]), b=st.integers(1, 3), tp=st.sampled_from([1, 2, 4]),
+       rms=st.booleans())
+def test_mla_has_its_latents_norms_only_with_the_flag(q_rank, kv_rank, s, b, tp, rms) -> None:
+    """Megatron builds MLA's up projections as LayerNormLinear with --qk-layernorm (the
+    latent, its statistics and the normed latent kept; a weight of the latent's width,
+    LayerNorm's bias too), as plain linears without it (the latent alone kept). ppsim
+    priced the norms either way."""
+    a = _mla(q_lora_rank=q_rank, kv_lora_rank=kv_rank, seq_length=s, micro_batch_size=b,
+             tp=tp, norm="rmsnorm" if rms else "layernorm", qk_layernorm=True)
+    plain = replace(a, qk_layernorm=False)
+    ranks = [r for r in (q_rank, kv_rank) if r]
+    per = (1 if rms else 2)
+    tok = s * b
+    extra = sum(tok * r * 2 + tok * (4 if rms else 8) for r in ranks)  # normed latent, stats
+    got = sum(kept_tensors(a, "dense").values()) - sum(kept_tensors(plain, "dense").values())
+    assert got == pytest.approx(extra / tp)
+    assert kind_params(a, "dense").norms - kind_params(plain, "dense").norms == \
+        per * sum(ranks)
+    names = {op.name for op in attention_ops(a)} - {op.name for op in attention_ops(plain)}
+    assert names == {f"{n}_norm" for n, r in (("q", q_rank), ("kv", kv_rank)) if r}
+
+
+def test_mla_flags_as_megatron_reads_them() -> None:
+    line = ("--num-layers 2 --hidden-size 256 --num-attention-heads 8 --kv-channels 32 "
+            "--multi-latent-attention --q-lora-rank 64 --kv-lora-rank 32 "
+            "--qk-pos-emb-head-dim 16 --v-head-dim 32 --ffn-hidden-size 512 "
+            "--vocab-size 1024 --seq-length 128 --normalization RMSNorm --swiglu --bf16")
+    assert not _parsed(line).qk_layernorm
+    assert _parsed(line + " --qk-layernorm").qk_layernorm
+    assert _parsed("--preset deepseek-v3").qk_layernorm  # as its Megatron recipes run it
+    code, _, err = _run(["simulate", *shlex.split(line), "--qk-l2-norm"])
+    assert code == 2 and "qk_l2_norm is not supported with MLA" in err
