@@ -18,13 +18,12 @@ from ppsim.cli.flags import (
 )
 from ppsim.cli.jobplan import cmd_job_plan, split_flags_given
 from ppsim.cli.plan_render import print_result
+from ppsim.cli.plan_variants import SEARCH_AXES, variants
 from ppsim.cli.render import job_dict
 from ppsim.cli.schedule import print_notes
 from ppsim.cli.simulate import add_deepspeed_specs_flag, exports_of
 from ppsim.clock import process_start
 from ppsim.config import limits, validate
-from ppsim.config.model import TransformerModel
-from ppsim.config.overrides import with_overrides
 from ppsim.config.schema import Config
 from ppsim.errors import UserError
 from ppsim.job.search import JOB_AXES
@@ -52,71 +51,8 @@ from ppsim.plan.references import (
 from ppsim.plan.search import Deadline
 from ppsim.policy.costs import Fixed
 from ppsim.policy.report import policy_flags, stage_policies
-from ppsim.schedules.generators import SCHEDULES
 
-SEARCH_AXES = ("schedule", "vpp", "microbatches", "recompute")
 EXIT_NO_FIT = 3
-
-
-@dataclass(frozen=True)
-class Variant:
-    """One point of the widened search: a config and what changed in it."""
-
-    cfg: Config
-    label: str
-
-
-def _runs(schedule: str, pp: int, vpp: int, microbatches: int) -> bool:
-    """The schedule takes this shape: ScheduleSpec.check, the rule building the problem
-    applies, so plan proposes exactly what simulate accepts."""
-    spec = SCHEDULES.get(schedule)
-    try:
-        if spec is None:  # the configured variant reports an unknown name
-            return False
-        spec.check(pp, vpp, microbatches)
-    except UserError:
-        return False
-    return True
-
-
-def variants(cfg: Config, axes: list[str]) -> list[Variant]:
-    """Configs the --search axes allow, the given one first; invalid combos skipped."""
-    for a in axes:
-        if a not in SEARCH_AXES:
-            job_only = a in JOB_AXES
-            raise UserError("--search", f"{a!r} is an axis of the job search (--gpus)"
-                            if job_only else f"unknown axis {a!r}", "use any of "
-                            + ", ".join(SEARCH_AXES) + "; or policy, policy-per-stage alone")
-    base = with_overrides(cfg, split={})
-    transformer = isinstance(base.model, TransformerModel)
-    layers = base.model.num_layers
-    p = base.pipeline
-    shapes = [(p.schedule, p.vpp)]
-    if "schedule" in axes or "vpp" in axes:
-        vpps = [v for v in (1, 2, 3, 4) if layers >= p.pp * v] if "vpp" in axes else [p.vpp]
-        names = list(SCHEDULES) if "schedule" in axes else [p.schedule]
-        shapes = [(n, v) for n in names for v in vpps]
-    mbs_options: list[tuple[int, int | None]] = [(p.microbatches, None)]
-    if "microbatches" in axes and transformer:
-        # Keep the global batch: fewer, larger microbatches or more, smaller ones.
-        tokens = p.microbatches * base.model.arch.micro_batch_size  # type: ignore[union-attr]
-        mbs_options = [(tokens // b, b) for b in (1, 2, 4, 8) if tokens % b == 0]
-    recomputes: list[str | None] = [None]
-    if "recompute" in axes and transformer:
-        recomputes = ["none", "selective", "full"]
-    out = [Variant(base, "as configured")]
-    for name, vpp in shapes:
-        for m, mbs in mbs_options:
-            if not _runs(name, p.pp, vpp, m):
-                continue
-            for rc in recomputes:
-                c = with_overrides(base, model={"micro_batch_size": mbs, "recompute": rc},
-                                   pipeline={"schedule": name, "vpp": vpp, "microbatches": m})
-                label = f"{name} vpp={vpp} m={m}" + (f" mbs={mbs}" if mbs else "") + \
-                    (f" recompute={rc}" if rc else "")
-                if (c.model, c.pipeline) != (base.model, base.pipeline):
-                    out.append(Variant(c, label))
-    return out
 
 
 @dataclass(frozen=True)

@@ -229,3 +229,22 @@ def test_the_job_search_refuses_the_host_where_it_cannot_be_priced() -> None:
     code, out, err = _run(["plan", "--preset", "llama3-8b", "--hardware", "cpu", "--gpus",
                            "8", "--global-batch-size", "16", "--search", "host-optimizer"])
     assert code == 2 and out == "" and "error: --search: host-optimizer: the [hardware]" in err
+
+
+def test_the_split_planner_searches_it_too() -> None:
+    """One shape (Llama 3 8B on 2 GPUs of 40 GB): its weights and Adam's state alone
+    overflow; a quarter of the state on the host at a time, the plan finds what fits."""
+    base = ["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "2",
+            "--microbatches", "8", "--memory-gb", "40", "--json"]
+    code, _, _ = _run([*base, "--search", "recompute"])
+    assert code == 3
+    code, out, err = _run([*base, "--search", "host-optimizer,recompute"])
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["variant"].endswith("optimizer 1 on the host")
+    shares = {v["variant"].split(" optimizer ")[1] for v in doc["variants"]
+              if " optimizer " in v["variant"]}
+    assert shares == {"0.25 on the host", "0.5 on the host", "0.75 on the host",
+                      "1 on the host"}
+    code, out, err = _run(["plan", "--search", "host-optimizer"])  # the CPU default
+    assert code == 2 and out == "" and "error: --search: host-optimizer:" in err

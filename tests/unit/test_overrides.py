@@ -7,7 +7,7 @@ import pytest
 
 from ppsim.cli.flags import config_from_args
 from ppsim.cli.main import build_parser
-from ppsim.cli.plan import variants
+from ppsim.cli.plan_variants import variants
 from ppsim.config.overrides import with_overrides, with_split
 from ppsim.config.schema import SPLIT_KEYS, PipelineConfig, config_from_dict, load_config
 from ppsim.errors import UserError

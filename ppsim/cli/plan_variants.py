@@ -1,0 +1,105 @@
+"""What `ppsim plan --search` widens the search to (without --gpus): the configured shape
+and each variant of it the axes allow: schedules, chunks per rank, microbatches, the
+global recompute mode, the optimizer partly on the host."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from ppsim.config.model import TransformerModel
+from ppsim.config.overrides import with_overrides
+from ppsim.config.schema import Config
+from ppsim.errors import UserError
+from ppsim.job.pending import HOST_SHARES, host_refusal
+from ppsim.job.search import JOB_AXES
+from ppsim.schedules.generators import SCHEDULES
+
+SEARCH_AXES = ("schedule", "vpp", "microbatches", "recompute", "host-optimizer")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One point of the widened search: a config and what changed in it."""
+
+    cfg: Config
+    label: str
+
+
+def _runs(schedule: str, pp: int, vpp: int, microbatches: int) -> bool:
+    """The schedule takes this shape: ScheduleSpec.check, the rule building the problem
+    applies, so plan proposes exactly what simulate accepts."""
+    spec = SCHEDULES.get(schedule)
+    try:
+        if spec is None:  # the configured variant reports an unknown name
+            return False
+        spec.check(pp, vpp, microbatches)
+    except UserError:
+        return False
+    return True
+
+
+def variants(cfg: Config, axes: list[str]) -> list[Variant]:
+    """Configs the --search axes allow, the given one first; invalid combos skipped."""
+    for a in axes:
+        if a not in SEARCH_AXES:
+            job_only = a in JOB_AXES
+            raise UserError("--search", f"{a!r} is an axis of the job search (--gpus)"
+                            if job_only else f"unknown axis {a!r}", "use any of "
+                            + ", ".join(SEARCH_AXES) + "; or policy, policy-per-stage alone")
+    base = with_overrides(cfg, split={})
+    transformer = isinstance(base.model, TransformerModel)
+    layers = base.model.num_layers
+    p = base.pipeline
+    shapes = [(p.schedule, p.vpp)]
+    if "schedule" in axes or "vpp" in axes:
+        vpps = [v for v in (1, 2, 3, 4) if layers >= p.pp * v] if "vpp" in axes else [p.vpp]
+        names = list(SCHEDULES) if "schedule" in axes else [p.schedule]
+        shapes = [(n, v) for n in names for v in vpps]
+    mbs_options: list[tuple[int, int | None]] = [(p.microbatches, None)]
+    if "microbatches" in axes and transformer:
+        # Keep the global batch: fewer, larger microbatches or more, smaller ones.
+        tokens = p.microbatches * base.model.arch.micro_batch_size  # type: ignore[union-attr]
+        mbs_options = [(tokens // b, b) for b in (1, 2, 4, 8) if tokens % b == 0]
+    recomputes: list[str | None] = [None]
+    if "recompute" in axes and transformer:
+        recomputes = ["none", "selective", "full"]
+    out = [Variant(base, "as configured")]
+    for name, vpp in shapes:
+        for m, mbs in mbs_options:
+            if not _runs(name, p.pp, vpp, m):
+                continue
+            for rc, host in itertools.product(recomputes, _host_shares(base, axes)):
+                c = with_overrides(base, model={"micro_batch_size": mbs, "recompute": rc,
+                                                **_on_the_host(host)},
+                                   pipeline={"schedule": name, "vpp": vpp, "microbatches": m})
+                label = f"{name} vpp={vpp} m={m}" + (f" mbs={mbs}" if mbs else "") + \
+                    (f" recompute={rc}" if rc else "") + \
+                    (f" optimizer {host:g} on the host" if host else "")
+                if (c.model, c.pipeline) != (base.model, base.pipeline):
+                    out.append(Variant(c, label))
+    return out
+
+
+def _host_shares(cfg: Config, axes: list[str]) -> list[float | None]:
+    """The shares of the optimizer on the host the search tries (ppsim.job.pending), or
+    [None] where it does not; UserError where it cannot."""
+    if "host-optimizer" not in axes:
+        return [None]
+    if not isinstance(cfg.model, TransformerModel):
+        raise UserError("--search", "host-optimizer: the optimizer's state is a "
+                        "transformer model's", "give --preset NAME, or drop it")
+    host_refusal(cfg)
+    if cfg.model.arch.fsdp:
+        raise UserError("--search", "host-optimizer: Megatron's host optimizer runs under "
+                        "its distributed optimizer, not FSDP", "drop --fsdp, or drop it")
+    return [None, *HOST_SHARES]
+
+
+def _on_the_host(share: float | None) -> dict[str, Any]:
+    """[model] fields of `share` of each rank's optimizer shard on the host."""
+    if share is None:
+        return {}
+    return {"distributed_optimizer": True, "precision_aware_optimizer": True,
+            "optimizer_cpu_offload": True, "optimizer_offload_fraction": share}
