@@ -26,7 +26,7 @@ RUN = {
         "exit-signal-handler", "exit-signal", "rampup-batch-size", "step-batch-size-schedule",
         "iterations-to-skip", "skip-train"),
     "learning rate": (
-        "lr", "min-lr", "decoupled-lr", "decoupled-min-lr", "warmup", "lr-decay-style",
+        "lr", "min-lr", "decoupled-lr", "decoupled-min-lr", "lr-decay-style",
         "lr-decay-iters", "lr-decay-samples", "lr-warmup-fraction", "lr-warmup-iters",
         "lr-warmup-samples", "lr-warmup-init", "lr-wsd-decay-style", "lr-wsd-decay-iters",
         "lr-wsd-decay-samples", "override-opt-param-scheduler", "override-opt_param-scheduler",
@@ -36,7 +36,8 @@ RUN = {
         "weight-decay", "clip-grad", "adam-beta1", "adam-beta2", "adam-eps", "sgd-momentum",
         "apply-wd-to-qk-layernorm", "muon-momentum", "muon-nesterov", "muon-scale-mode",
         "muon-coefficient-type", "muon-extra-scale-factor", "muon-scalar-optimizer",
-        "head-lr-mult", "embedding-init-method-std", "use-mup", "mup-width-mult",
+        "head-lr-mult", "embedding-init-method-std", "no-weight-decay-cond-type", "use-mup",
+        "mup-width-mult",
         "mup-base-hidden-size", "mup-base-head-dim", "mup-embedding-mult", "mup-output-mult",
         "mup-attn-scale-power"),
     "numerics checks and loss scaling": (
@@ -49,6 +50,7 @@ RUN = {
         "save", "save-interval", "load", "no-save-optim", "no-save-rng", "no-load-optim",
         "no-load-rng", "finetune", "pretrained-checkpoint", "ckpt-step", "use-checkpoint-args",
         "no-use-tokenizer-model-from-checkpoint-args", "exit-on-missing-checkpoint",
+        "moe-use-upcycling", "moe-upcycling-granularity", "enable-msc", "disable-msc",
         "ckpt-format", "auto-detect-ckpt-format", "async-save", "ckpt-fully-parallel-save",
         "no-ckpt-fully-parallel-save", "ckpt-fully-parallel-load",
         "ckpt-assume-constant-structure", "dist-ckpt-strictness", "use-dist-ckpt",
@@ -71,7 +73,8 @@ RUN = {
         "per-dataset-sequences-path", "phase-transition-iterations", "multiple-validation-sets",
         "validation-set-names", "full-validation", "eval-global-batch-size",
         "eval-micro-batch-size", "start-eval-at-iter", "sft", "fim-data", "fim-rate",
-        "fim-spm-rate", "fim-split-sample", "fim-fragment-rate", "fim-no-prefix"),
+        "fim-spm-rate", "fim-split-sample", "fim-fragment-rate", "fim-no-prefix",
+        "allow-ambiguous-pad-tokens", "no-data-sharding", "decoder-seq-length"),
     "tokenizer": (
         "tokenizer-type", "tokenizer-model", "vocab-file", "merge-file", "vocab-extra-ids",
         "tiktoken-pattern", "tiktoken-num-special-tokens", "trust-remote-code",
@@ -110,7 +113,7 @@ RUN = {
         "exit-signal-handler-for-training", "exit-signal-handler-for-dataloader",
         "adlr-autoresume", "adlr-autoresume-interval", "flight-recorder-dump-path",
         "flight-recorder-trace-buffer-size", "flight-recorder-include-stack-trace",
-        "inprocess-restart", "gpu-sniff-test-interval"),
+        "inprocess-restart", "gpu-sniff-test-interval", "max-tokens-to-oom"),
     "the host optimizer's class (Megatron steps Adam with its own either way)": (
         "use-torch-optimizer-for-cpu-offload",),
 }
@@ -122,17 +125,19 @@ UNPRICED_GROUPS = {
         "no-masked-softmax-fusion", "no-bias-gelu-fusion", "no-bias-dropout-fusion",
         "no-rope-fusion", "no-gradient-accumulation-fusion", "no-persist-layer-norm",
         "cross-entropy-loss-fusion", "cross-entropy-fusion-impl", "manual-gc",
-        "manual-gc-interval", "empty-unused-memory-level", "reset-attention-mask",
+        "manual-gc-interval", "empty-unused-memory-level",
         "use-fused-weighted-squared-relu", "muon-no-split-qkv", "muon-fp32-matmul-prec",
         "muon-use-syrk", "disable-bf16-reduced-precision-matmul", "deterministic-mode",
         "disable-jit-fuser", "no-gradient-reduce-div-fusion", "use-te-activation-func",
         "use-transformer-engine-op-fuser", "fused-residual-rmsnorm",
         "disable-clone-scatter-output-in-embedding", "keep-fp8-transpose-cache",
         "use-grouped-gemm-for-shared-expert", "use-grouped-gemm-for-dense-mlp"),
+    "ppsim prices causal attention over each whole sequence, not masks per document": (
+        "reset-attention-mask", "dataloader-inter-document-masking"),
     "ppsim launches each kernel from the host, as eager PyTorch does": (
         "cuda-graph-impl", "cuda-graph-scope", "cuda-graph-modules", "cuda-graph-warmup-steps",
         "external-cuda-graph", "enable-cuda-graph", "inference-cuda-graph-scope",
-        "te-rng-tracker"),
+        "te-rng-tracker", "optimizer-cuda-graph"),
     "ppsim prices each collective's traffic on its links, not these NCCL, stream and "
     "overlap tunings": (
         "ddp-average-in-collective", "ddp-pad-buckets-for-high-nccl-busbw",
@@ -147,7 +152,8 @@ UNPRICED_GROUPS = {
         "pipeline-model-parallel-comm-backend", "use-ring-exchange-p2p",
         "overlap-param-gather-with-optimizer-step", "high-priority-a2a-comm-stream",
         "overlap-dispatch-backward-with-experts-wgrad", "ep-overlap-early-attn-memory-release",
-        "defer-embedding-wgrad-compute", "wgrad-deferral-limit"),
+        "defer-embedding-wgrad-compute", "wgrad-deferral-limit", "create-all-gather-group",
+        "ddp-param-name-patterns-for-fp32-local-accumulation"),
     "ppsim prices DSA's indexer in every layer by its own ops, not its training loss, a "
     "top-k reused across layers or a kernel choice": (
         "dsa-indexer-loss-coeff", "dsa-indexer-use-sparse-loss", "dsa-indexer-topk-freq",
@@ -156,6 +162,9 @@ UNPRICED_GROUPS = {
     "after it": ("qk-clip", "qk-clip-alpha", "qk-clip-threshold"),
     "ppsim prices the host optimizer's copies at the host link's rate, as pinned memory "
     "reaches it": ("no-pin-cpu-grads", "no-pin-cpu-params"),
+    "ppsim prices the output layer's logits and loss, and Mamba's chunk states, in "
+    "Megatron's default dtypes": ("fp16-lm-cross-entropy", "output-logit-dtype",
+                                   "mamba-training-ssm-states-dtype"),
 }
 """Megatron's arguments that change an iteration's time or memory a little in ways ppsim
 does not model, by why not: its memory-bound operations and attention are priced as
@@ -173,6 +182,15 @@ REFUSED = {
     "checkpoint-activations": ((), "is no longer valid (Megatron's words)",
                                "use --recompute-activations, or, for more control, "
                                "--recompute-granularity and --recompute-method"),
+    "batch-size": ((), "argument is no longer valid (Megatron's words)",
+                   "use --micro-batch-size instead"),
+    "warmup": ((), "argument is no longer valid (Megatron's words)",
+               "use --lr-warmup-fraction instead"),
+    "model-parallel-size": ((), "is no longer valid (Megatron's words)",
+                            "use --tensor-model-parallel-size instead"),
+    "te-precision-config-file": ((), "overrides the precision module by module, which ppsim "
+                                 "does not price", "drop it to price the recipe's precision "
+                                 "everywhere"),
     "export-kd-teacher-load": ((), "distillation runs a teacher model's forward beside the "
                                "student's every microbatch, which ppsim does not price",
                                "drop it to plan the student alone"),

@@ -141,7 +141,27 @@ def test_each_reason_gets_its_note() -> None:
     assert not any(f in err for f in ("--enable-ft-package", "--use-mup", "--log-memory"))
 
 
+def test_newer_switches_are_taken_with_their_reason() -> None:
+    """Megatron's per-document masks, the logits' dtype, the optimizer's CUDA graph, ...
+    were "unrecognized arguments"; data and checkpoint switches pass silently."""
+    code, base, _ = _run(["simulate", *PRICED, *JOB, "--json"])
+    switches = ["--dataloader-inter-document-masking", "--output-logit-dtype", "fp32",
+                "--optimizer-cuda-graph", "--create-all-gather-group", "--no-data-sharding",
+                "--enable-msc", "--no-weight-decay-cond-type", "apply_wd_to_qk_layernorm"]
+    code, out, err = _run(["simulate", *PRICED, *JOB, *switches, "--json"])
+    assert code == 0 and out == base
+    notes = [line for line in err.splitlines() if "not priced" in line]
+    assert len(notes) == 4
+    assert any("--dataloader-inter-document-masking" in n and "per document" in n
+               for n in notes)
+    assert not any(f in err for f in ("--no-data-sharding", "--enable-msc", "--no-weight"))
+
+
 @pytest.mark.parametrize("extra, field", [
+    (["--batch-size", "4"], "--batch-size 4"),
+    (["--warmup", "10"], "--warmup 10"),
+    (["--model-parallel-size", "8"], "--model-parallel-size 8"),
+    (["--te-precision-config-file", "p.yaml"], "--te-precision-config-file p.yaml"),
     (["--optimizer", "sgd"], "--optimizer"),
     (["--optimizer", "adaptive_muon"], "--optimizer"),
     (["--use-torch-fsdp2"], "--use-torch-fsdp2"),
