@@ -53,7 +53,7 @@ from ppsim.pipeline.problem import (
 )
 from ppsim.pipeline.split import Split
 from ppsim.plan.advice import fit_hint
-from ppsim.policy.report import copy_events, policy_json
+from ppsim.policy.report import copy_events, host_step_line, policy_json
 from ppsim.schedules.generators import interleaved_group, schedule_placement
 from ppsim.sim.engines import simulator
 from ppsim.trace.schema import collective_strips, simulation_trace, step_spans, write_trace
@@ -331,8 +331,9 @@ def _print_simulation(sim: Any) -> None:
     waits = _waits(problem, s)
     hint = overlap_hint(problem.hardware.job, waits.get("exposed_comm_ms", 0.0),
                         s.iteration_time_ms, "the job", "simulate")
-    if hint:
-        console.print(hint, markup=False)
+    for line in (hint, host_step_line(problem, s.iteration_time_ms)):
+        if line:
+            console.print(line, markup=False)
     console.print(rank_table(s))
     if sim.timeline is None:
         console.print(f"(no text timeline above {limits.TIMELINE_OPS:,} ops; --trace keeps "

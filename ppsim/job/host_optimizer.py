@@ -23,6 +23,7 @@ each moving ADAM_BYTES_PER_PARAM a parameter.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,12 +47,26 @@ class HostOptimizer:
     """Share of the rank's optimizer shard on the host."""
     link_gbps: float
     """Device <-> host, each way, GB/s."""
-    params_per_ms: float
-    """Parameters the rank's host threads step a millisecond."""
+    threads: int
+    """Host threads the rank steps with (its OMP_NUM_THREADS)."""
+    core_params_per_ms: float
+    """Parameters one host core steps a millisecond."""
+    memory_params_per_ms: float
+    """Parameters the rank's share of the node's DRAM bandwidth steps a millisecond."""
     overlap: bool
     """--overlap-cpu-optimizer-d2h-h2d."""
     host_limit_bytes: float
     """The rank's share of its node's host memory."""
+
+    @property
+    def params_per_ms(self) -> float:
+        """The rank's host step rate: its cores', at most its share of the memory's."""
+        return min(self.threads * self.core_params_per_ms, self.memory_params_per_ms)
+
+    @property
+    def saturating_threads(self) -> int:
+        """The fewest threads whose rate reaches the memory's share."""
+        return max(1, math.ceil(self.memory_params_per_ms / self.core_params_per_ms))
 
     def step_ms(self, device_ms: float, host_params: float) -> float:
         """The step of a rank whose device share takes `device_ms` and whose host share
@@ -99,7 +114,8 @@ def host_optimizer(a: Architecture, hw: Any) -> HostOptimizer | None:
                   "0.9, benchmarks/bench_host_optimizer.py measures it")
     share = dram / max(1, hw.gpus_per_node) / ADAM_BYTES_PER_PARAM  # Gparams/s
     return HostOptimizer(fraction=a.optimizer_offload_fraction, link_gbps=link,
-                         params_per_ms=min(core * a.optimizer_cpu_threads, share) * 1e6,
+                         threads=a.optimizer_cpu_threads, core_params_per_ms=core * 1e6,
+                         memory_params_per_ms=share * 1e6,
                          overlap=a.overlap_cpu_optimizer_d2h_h2d,
                          host_limit_bytes=host_share_bytes(hw))
 

@@ -45,6 +45,35 @@ def optimizer_host_bytes(problem: Problem) -> list[int]:
             for t in rank_tails(problem.schedule, problem.stage_costs, job, 0.0)]
 
 
+def _step_ms(problem: Problem, job: Any) -> list[float]:
+    hw = problem.hardware
+    return [t.optimizer_ms for t in rank_tails(problem.schedule, problem.stage_costs, job,
+                                               hw.memory_bandwidth_gbps, hw.optimizer_fixed_ms)]
+
+
+def host_step_line(problem: Problem, iteration_ms: float) -> str | None:
+    """With part of the optimizer on the host: its slowest rank's step, and that step with
+    as many host threads as reach the rank's share of the node's memory bandwidth and the
+    copies beside it, where that is faster; None without it."""
+    job = problem.hardware.job
+    host = job.host_optimizer if job is not None else None
+    if host is None or iteration_ms <= 0:
+        return None
+    steps = _step_ms(problem, job)
+    rank = max(range(len(steps)), key=steps.__getitem__)
+    line = (f"the optimizer ({host.fraction:.0%} of its state on the host) steps in "
+            f"{steps[rank]:,.0f} "
+            f"ms on rank {rank} ({steps[rank] / iteration_ms:.0%} of the iteration) on "
+            f"{host.threads} host thread{'s' * (host.threads > 1)} a rank")
+    best = replace(host, threads=max(host.threads, host.saturating_threads), overlap=True)
+    faster = max(_step_ms(problem, replace(job, host_optimizer=best)))
+    if faster >= 0.9 * steps[rank]:
+        return line
+    flags = [f"OMP_NUM_THREADS={best.threads}"] * (best.threads > host.threads) + \
+        ["--overlap-cpu-optimizer-d2h-h2d"] * (not host.overlap)
+    return f"{line}; {' and '.join(flags)} would take {faster:,.0f} ms"
+
+
 def host_bytes(problem: Problem, policies: tuple[StagePolicy, ...]) -> list[int]:
     """Per rank, the most host memory its offloaded microbatches hold at once, beside
     the host optimizer's state."""
@@ -69,13 +98,14 @@ def policy_json(problem: Problem) -> dict[str, Any]:
     memory policy, with "optimizer_host_bytes" (and without "policy" where it runs no
     memory policy) when the optimizer is partly on the host; else {}."""
     opt = optimizer_host_bytes(problem)
-    out: dict[str, Any] = {"optimizer_host_bytes": opt} if any(opt) else {}
+    job = problem.hardware.job
+    out: dict[str, Any] = {"optimizer_host_bytes": opt,
+                           "host_optimizer_step_ms": _step_ms(problem, job)} if any(opt) else {}
     if isinstance(problem.memory, Fixed):
         held, limit = host_bytes(problem, problem.memory.policies), \
             problem.memory.costs.host_limit_bytes
         out["policy"] = stage_policies(problem)
     elif out:
-        job = problem.hardware.job
         assert job is not None and job.host_optimizer is not None  # opt has bytes
         held, limit = opt, job.host_optimizer.host_limit_bytes
     else:

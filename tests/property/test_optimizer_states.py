@@ -63,7 +63,8 @@ def test_more_on_the_host_never_leaves_more_on_the_device(f, g, dp, ep, experts)
        st.floats(1.0, 1e3), st.floats(1e3, 1e7))
 def test_the_host_step_overlapped_is_never_slower(device_ms, lo, hi, link, rate) -> None:
     lo, hi = sorted((lo, hi))
-    kw = dict(fraction=1.0, link_gbps=link, params_per_ms=rate, host_limit_bytes=1e30)
+    kw = dict(fraction=1.0, link_gbps=link, threads=1, core_params_per_ms=rate,
+              memory_params_per_ms=rate, host_limit_bytes=1e30)
     serial, overlapped = HostOptimizer(overlap=False, **kw), HostOptimizer(overlap=True, **kw)
     for opt in (serial, overlapped):
         assert opt.step_ms(device_ms, lo) >= device_ms  # the device's share still runs

@@ -248,3 +248,21 @@ def test_the_split_planner_searches_it_too() -> None:
                       "1 on the host"}
     code, out, err = _run(["plan", "--search", "host-optimizer"])  # the CPU default
     assert code == 2 and out == "" and "error: --search: host-optimizer:" in err
+
+
+def test_simulate_says_what_the_host_step_costs_and_what_would_shorten_it() -> None:
+    """1B parameters of Adam on one core a rank: the step outweighs most of the iteration;
+    ceil((563.2 GB/s / 8 ranks / 28 B) / 0.9 G a core) = 3 threads reach the rank's share of
+    the node's memory, and the overlap hides the copies: the same as simulating that."""
+    base = ["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "8",
+            "--pp", "1", "--global-batch-size", "8", "--use-distributed-optimizer",
+            "--use-precision-aware-optimizer", "--optimizer-cpu-offload"]
+    code, out, err = _run(base)
+    assert code == 0, err
+    text = " ".join(out.split())
+    said = text.split("OMP_NUM_THREADS=3 and --overlap-cpu-optimizer-d2h-h2d would take ")
+    assert "(100% of its state on the host) steps in" in text and len(said) == 2
+    promised = float(said[1].split(" ms")[0].replace(",", ""))
+    code, out, _ = _run([*base, "--optimizer-cpu-threads", "3",
+                         "--overlap-cpu-optimizer-d2h-h2d", "--json"])
+    assert round(max(json.loads(out)["host_optimizer_step_ms"])) == promised
