@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any
 
 from ppsim.config.model import TransformerModel
 from ppsim.config.overrides import with_overrides
 from ppsim.config.schema import Config
 from ppsim.errors import UserError
+from ppsim.job.host_optimizer import host_fields
 from ppsim.job.pending import HOST_SHARES, host_refusal
 from ppsim.job.search import JOB_AXES
 from ppsim.schedules.generators import SCHEDULES
@@ -72,7 +72,7 @@ def variants(cfg: Config, axes: list[str]) -> list[Variant]:
                 continue
             for rc, host in itertools.product(recomputes, _host_shares(base, axes)):
                 c = with_overrides(base, model={"micro_batch_size": mbs, "recompute": rc,
-                                                **_on_the_host(host)},
+                                                **(host_fields(host) if host else {})},
                                    pipeline={"schedule": name, "vpp": vpp, "microbatches": m})
                 label = f"{name} vpp={vpp} m={m}" + (f" mbs={mbs}" if mbs else "") + \
                     (f" recompute={rc}" if rc else "") + \
@@ -95,11 +95,3 @@ def _host_shares(cfg: Config, axes: list[str]) -> list[float | None]:
         raise UserError("--search", "host-optimizer: Megatron's host optimizer runs under "
                         "its distributed optimizer, not FSDP", "drop --fsdp, or drop it")
     return [None, *HOST_SHARES]
-
-
-def _on_the_host(share: float | None) -> dict[str, Any]:
-    """[model] fields of `share` of each rank's optimizer shard on the host."""
-    if share is None:
-        return {}
-    return {"distributed_optimizer": True, "precision_aware_optimizer": True,
-            "optimizer_cpu_offload": True, "optimizer_offload_fraction": share}

@@ -120,6 +120,13 @@ def host_optimizer(a: Architecture, hw: Any) -> HostOptimizer | None:
                          host_limit_bytes=host_share_bytes(hw))
 
 
+def host_fields(share: float) -> dict[str, Any]:
+    """[model] fields that put `share` of each rank's optimizer shard on the host, with
+    the distributed and precision-aware optimizers Megatron's host optimizer runs under."""
+    return {"distributed_optimizer": True, "precision_aware_optimizer": True,
+            "optimizer_cpu_offload": True, "optimizer_offload_fraction": share}
+
+
 def host_state_bytes(a: Architecture, dense: float, experts: float) -> float:
     """Host memory the optimizer holds for a rank with `dense` and `experts` (routed
     experts') parameters: its share of the rank's shard of each."""

@@ -11,7 +11,7 @@ from typing import Any
 from ppsim.config.overrides import with_overrides
 from ppsim.costs.model import ModelCosts, stage_costs, static_floor_bytes
 from ppsim.errors import UserError
-from ppsim.job.host_optimizer import host_rates_known
+from ppsim.job.host_optimizer import host_fields, host_rates_known
 from ppsim.job.shapes import Shape
 from ppsim.pipeline.problem import model_costs, resolve_split
 from ppsim.schedules.generators import schedule_placement
@@ -28,9 +28,7 @@ def shape_config(cfg: Any, s: Shape, gbs: int) -> Any:
                 "distributed_optimizer": s.sharding != "fsdp"} if s.sharding else {}
     dispatcher = {"moe_token_dispatcher_type": s.dispatcher} if s.dispatcher else {}
     cp_comm = {"cp_comm_type": s.cp_comm, "cp_a2a_size": s.cp_a2a} if s.cp_comm else {}
-    host = {"distributed_optimizer": True, "fsdp": False, "precision_aware_optimizer": True,
-            "optimizer_cpu_offload": True,
-            "optimizer_offload_fraction": s.host_optimizer} if s.host_optimizer else {}
+    host = host_fields(s.host_optimizer) if s.host_optimizer else {}
     # --tp-comm-overlap applies to the shapes with tensor parallelism (Megatron refuses it
     # at tp 1).
     overlap = {"tp_comm_overlap": False} if s.tp == 1 else {}
@@ -40,7 +38,6 @@ def shape_config(cfg: Any, s: Shape, gbs: int) -> Any:
                           pipeline={"pp": s.pp, "vpp": s.vpp, "schedule": schedule,
                                     "global_batch_size": gbs, **dispatcher, **overlap},
                           split={})
-
 
 
 @dataclass(frozen=True, kw_only=True)
