@@ -134,15 +134,29 @@ def exposed_comm_ms(problem: Problem, summary: Summary) -> float:
     return per_rank + rank_tails(problem.schedule, problem.stage_costs, job, 0.0)[rank].reduce_ms
 
 
-def held_back(summary: Summary, comm_ms: float, limit: float) -> str:
+def held_back(summary: Summary, comm_ms: float, limit: float, host_ms: float = 0.0) -> str:
+    """What cost a fitting candidate most, as a share of its iteration: the bubble,
+    communication its compute does not hide, or the optimizer's step on the host
+    (`host_ms`, its slowest rank's)."""
     if not summary.fits:
         return f"memory ({summary.peak_memory_bytes / 1e9:.0f} GB > {limit / 1e9:.0f})"
     t = summary.iteration_time_ms
-    bubble = summary.bubble_fraction
-    comm = comm_ms / t if t else 0.0
-    if max(bubble, comm) < 0.005:
+    shares = {"bubble": summary.bubble_fraction, "exposed comm": comm_ms / t if t else 0.0,
+              "host optimizer": host_ms / t if t else 0.0}
+    worst = max(shares, key=shares.__getitem__)  # ties: the first, the bubble
+    if shares[worst] < 0.005:
         return "nothing: compute-bound"
-    return f"bubble {bubble:.0%}" if bubble >= comm else f"exposed comm {comm:.0%}"
+    return f"{worst} {shares[worst]:.0%}"
+
+
+def host_step_ms(problem: Problem) -> float:
+    """The slowest rank's optimizer step where part of it is on the host; 0 otherwise."""
+    job, hw = problem.hardware.job, problem.hardware
+    if job is None or job.host_optimizer is None:
+        return 0.0
+    return max(t.optimizer_ms for t in rank_tails(problem.schedule, problem.stage_costs, job,
+                                                  hw.memory_bandwidth_gbps,
+                                                  hw.optimizer_fixed_ms))
 
 
 OVERLAP_HINT_SHARE = 0.05
@@ -184,7 +198,8 @@ def _result(s: Shape, problem: Problem, summary: Summary, planned: bool = False,
     return ShapeResult(shape=s, problem=problem, summary=summary,
                        throughput=job.throughput(summary.iteration_time_ms) if job else None,
                        comm_ms=comm, held_back_by=held_back(summary, comm,
-                                                            problem.hardware.memory_bytes),
+                                                            problem.hardware.memory_bytes,
+                                                            host_step_ms(problem)),
                        planned=planned, policy=policy, policy_flags=policy_flags,
                        split_proven=problem.split.num_stages == 1)  # its only split
 
