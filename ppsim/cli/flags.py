@@ -32,7 +32,7 @@ MEGATRON_MODEL_KEYS = ("cp_comm_type", "cp_a2a_size", "optimizer", "muon_ns_step
 them as Megatron writes them)."""
 JOB_MODEL_KEYS = ("dp", "cp", "ep", "distributed_optimizer", "grad_reduce_in_bf16",
                   "precision_aware_optimizer", "fsdp", "fsdp_reshard_after_forward",
-                  "dp_replicas", *OPTIMIZER_DTYPES, *HOST_OPTIMIZER_KEYS)
+                  "fsdp_cpu_offload", "dp_replicas", *OPTIMIZER_DTYPES, *HOST_OPTIMIZER_KEYS)
 """[model] fields only the job flags set."""
 RESHAPING = ("pp", "vpp", "num_layers", "preset", "hybrid_layer_pattern")
 """Flags that change how many layers or stages there are (a saved split no longer fits)."""
@@ -190,6 +190,10 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
                    dest="dp_replicas", type=int, metavar="N", help="copies of the sharded "
                    "state across dp x cp (Megatron's partial distributed optimizer; with "
                    "--fsdp torchtitan's HSDP replicate degree)")
+    j.add_argument("--fsdp-cpu-offload", "--training.enable_cpu_offload",
+                   dest="fsdp_cpu_offload", action="store_true", default=None,
+                   help="with --fsdp: the shards, gradients and Adam's state in host memory, "
+                   "Adam stepped there (torchtitan's training.enable_cpu_offload)")
     j.add_argument("--fsdp-reshard-after-forward", dest="fsdp_reshard_after_forward",
                    choices=FSDP_RESHARD, help="torchtitan's policy (default: free the "
                    "gathered weights after the forward unless pp > 1)")

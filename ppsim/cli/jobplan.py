@@ -47,8 +47,8 @@ def shape_dict(r: ShapeResult) -> dict[str, Any]:
             "dp_replicas": job.arch.dp_replicas if job else 1,
             "moe_token_dispatcher_type": job.moe_token_dispatcher_type if job else None,
             "cp_comm_type": job.arch.cp_comm_type if job else None,
-            "optimizer_offload_fraction": job.arch.optimizer_offload_fraction
-            if job and job.arch.optimizer_cpu_offload else 0.0,
+            "optimizer_offload_fraction": job.host_optimizer.fraction
+            if job and job.host_optimizer else 0.0,
             "megatron_policy_flags": r.policy_flags}
 
 

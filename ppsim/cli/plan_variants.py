@@ -65,6 +65,7 @@ def variants(cfg: Config, axes: list[str]) -> list[Variant]:
     recomputes: list[str | None] = [None]
     if "recompute" in axes and transformer:
         recomputes = ["none", "selective", "full"]
+    fsdp = transformer and base.model.arch.fsdp  # type: ignore[union-attr]
     out = [Variant(base, "as configured")]
     for name, vpp in shapes:
         for m, mbs in mbs_options:
@@ -72,7 +73,7 @@ def variants(cfg: Config, axes: list[str]) -> list[Variant]:
                 continue
             for rc, host in itertools.product(recomputes, _host_shares(base, axes)):
                 c = with_overrides(base, model={"micro_batch_size": mbs, "recompute": rc,
-                                                **(host_fields(host) if host else {})},
+                                                **(host_fields(host, fsdp) if host else {})},
                                    pipeline={"schedule": name, "vpp": vpp, "microbatches": m})
                 label = f"{name} vpp={vpp} m={m}" + (f" mbs={mbs}" if mbs else "") + \
                     (f" recompute={rc}" if rc else "") + \
@@ -91,7 +92,4 @@ def _host_shares(cfg: Config, axes: list[str]) -> list[float | None]:
         raise UserError("--search", "host-optimizer: the optimizer's state is a "
                         "transformer model's", "give --preset NAME, or drop it")
     host_refusal(cfg)
-    if cfg.model.arch.fsdp:
-        raise UserError("--search", "host-optimizer: Megatron's host optimizer runs under "
-                        "its distributed optimizer, not FSDP", "drop --fsdp, or drop it")
-    return [None, *HOST_SHARES]
+    return [None, 1.0] if cfg.model.arch.fsdp else [None, *HOST_SHARES]  # FSDP2: all or none

@@ -75,10 +75,11 @@ def check_features(cfg: Any) -> None:
         raise UserError("pipeline.moe_token_dispatcher_type", "flex: the executor has no "
                         "DeepEP (its processes talk over gloo)", "drop it to run the model "
                         "(simulate and plan price DeepEP)")
-    if a.optimizer_cpu_offload:
-        raise UserError("model.optimizer_cpu_offload", "the executor steps its optimizer "
-                        "where its ranks run (on the CPU, there is nothing to offload to)",
-                        "drop it to run the model (simulate and plan price it)")
+    for key in ("optimizer_cpu_offload", "fsdp_cpu_offload"):
+        if getattr(a, key):
+            raise UserError(f"model.{key}", "the executor steps its optimizer where its "
+                            "ranks run (on the CPU, there is nothing to offload to)",
+                            "drop it to run the model (simulate and plan price it)")
     if a.optimizer == "muon" and (a.distributed_optimizer or a.fsdp):
         raise UserError("model.optimizer", "muon: the executor runs it with DDP (it builds "
                         "no layer-wise distributed optimizer)", "drop distributed_optimizer "

@@ -46,6 +46,8 @@ def torchtitan_job(shape: Any, problem: Any, gbs: int, fqns: list[list[str]] | N
     train: dict[str, Any] = {"num_tokens_per_microbatch_per_dp_rank": shape.mbs * seq,
                              "num_tokens_per_train_step": gbs * seq,
                              "max_context_length": seq}
+    if job.arch.fsdp_cpu_offload:
+        train["enable_cpu_offload"] = True
     notes = [f"HSDP replicates over dp alone, and {copies} copies do not divide "
              f"dp = {shape.dp}"] if shape.dp % copies else []
     if shape.pp > 1:

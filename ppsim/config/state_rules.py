@@ -26,9 +26,11 @@ def sharding(raw: dict[str, Any]) -> None:
         raise UserError("model.fsdp", "FSDP already shards the optimizer's state, and the "
                         "weights and gradients too", "drop --use-distributed-optimizer "
                         "(distributed_optimizer in [model]), or drop --fsdp")
-    if raw.get("fsdp_reshard_after_forward", "default") != "default" and not raw.get("fsdp"):
-        raise UserError("model.fsdp_reshard_after_forward", "is FSDP's policy and FSDP is "
-                        "off", "add --fsdp (fsdp = true in [model]), or drop it")
+    for key, what in (("fsdp_reshard_after_forward", "policy"),
+                      ("fsdp_cpu_offload", "CPU offload")):
+        if raw.get(key, False) not in (False, "default") and not raw.get("fsdp"):
+            raise UserError(f"model.{key}", f"is FSDP's {what} and FSDP is off",
+                            "add --fsdp (fsdp = true in [model]), or drop it")
     replicas(raw)
 
 

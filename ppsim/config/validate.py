@@ -329,7 +329,7 @@ def transformer(raw: dict[str, Any]) -> None:
                 "moe_pad_to_capacity", "fp8_param_gather", "first_last_layers_bf16",
                 "bias_swiglu_fusion", "unfused_attention", "qk_layernorm",
                 "attention_output_gate", "shared_expert_gate", "moe_permute_fusion",
-                "optimizer_cpu_offload", "overlap_cpu_optimizer_d2h_h2d"):
+                "optimizer_cpu_offload", "overlap_cpu_optimizer_d2h_h2d", "fsdp_cpu_offload"):
         if key in raw:
             typed(f"model.{key}", raw[key], bool)
     for key in ("layers", "window_attn_skip_freq", "linear_attention_freq"):

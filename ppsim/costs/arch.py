@@ -94,6 +94,11 @@ class Architecture:
     """Fully shard weights, gradients and Adam's state over dp x cp, one unit a layer:
     torch's FSDP2 as torchtitan applies it (its default data parallelism, ZeRO-3;
     ppsim.job.fsdp)."""
+    fsdp_cpu_offload: bool = False
+    """torchtitan's training.enable_cpu_offload: FSDP2's CPUOffloadPolicy keeps the fp32
+    shards, their gradients and Adam's state in pinned host memory, copies a unit's shard
+    in before each gather and its reduced gradient out after each reduce-scatter, and
+    steps Adam on the host (ppsim.job.host_optimizer)."""
     fsdp_reshard_after_forward: str = "default"
     """torchtitan's policy: "always" frees a unit's gathered weights after its forward
     (gathered again for the backward), "never" keeps them to the backward, "default"

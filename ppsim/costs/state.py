@@ -78,8 +78,9 @@ def bytes_per_param(a: Architecture, experts: bool = False, layer: bool = False)
     layer's weight matrix, which Muon steps (its norms stay on Adam). Under FSDP
     all of it is sharded: the fp32 weight (mixed precision computes with a gathered bf16
     copy, ppsim.job.fsdp), its gradient and Adam's two fp32 moments."""
-    if a.fsdp:
-        return (4 + grad_bytes(a) + 8) / optimizer_shards(a, experts)
+    if a.fsdp:  # all of it on the host under FSDP2's CPU offload (ppsim.job.fsdp)
+        return 0.0 if a.fsdp_cpu_offload else (4 + grad_bytes(a) + 8) / optimizer_shards(
+            a, experts)
     if a.dtype == "fp32":
         held = 8  # the weight (its own master) and its gradient
     elif a.dtype == "fp16":

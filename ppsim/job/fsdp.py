@@ -22,7 +22,10 @@ When the collectives run:
   with pp), so they are gathered once, during the first forward.
 
 Memory a parameter costs a rank: its shard of the fp32 weight, gradient and two Adam
-moments (ppsim.costs.state.bytes_per_param), plus what is held unsharded: with pp > 1
+moments (ppsim.costs.state.bytes_per_param; in host memory under torchtitan's
+enable_cpu_offload, FSDP2's CPUOffloadPolicy, which copies a shard in before each gather
+and a reduced gradient out after each reduce-scatter, and steps Adam on the host:
+ppsim.job.host_optimizer), plus what is held unsharded: with pp > 1
 the gathered weight and the accumulated fp32 gradient (6 bytes in bf16); with pp = 1,
 "never" the gathered weights, else only the units in flight (two units' gathered
 weights, the computing one and the prefetched one, and one unit's gradient).
@@ -95,24 +98,36 @@ def _buffers(params: float, expert_params: float) -> list[tuple[float, str]]:
     return [(n, g) for n, g in ((params - expert_params, "dp"), (expert_params, "edp")) if n]
 
 
+def _host_copy_ms(job: Job, params: float, group: str) -> float:
+    """Under CPU offload, a unit's fp32 shard of `params` over the host link (its weights
+    in before a gather, its reduced gradient out after a reduce-scatter); 0 without."""
+    host = job.host_optimizer
+    if host is None or host.copies:
+        return 0.0
+    return host.copy_ms(params / job.link(group + "_shard").size)
+
+
 def gather_ms(job: Job, params: float, expert_params: float = 0, wide: float = 0) -> float:
     """All-gather of a unit's weights on one rank's groups: in the training dtype, the
     decoder layers' in FP8 under --fp8-param-gather (torchtitan's
     enable_fsdp_float8_all_gather); `wide` of the dense ones (the embedding's, the output
-    layer's) in the training dtype all the same."""
+    layer's) in the training dtype all the same. Under CPU offload each shard is copied
+    in first."""
     w16 = DTYPE_BYTES[job.arch.dtype]
     w = gathered_weight_bytes(job.arch, w16)
-    return sum(all_gather_ms(n * w + (wide if g == "dp" else 0) * (w16 - w),
-                             job.link(g + "_shard"))
+    return sum(_host_copy_ms(job, n, g)
+               + all_gather_ms(n * w + (wide if g == "dp" else 0) * (w16 - w),
+                               job.link(g + "_shard"))
                for n, g in _buffers(params, expert_params))
 
 
 def reduce_ms(job: Job, params: float, expert_params: float = 0) -> float:
     """Reduce-scatter of a unit's gradients (fp32) on one rank's groups (HSDP: then
-    the shards all-reduced across the copies)."""
+    the shards all-reduced across the copies); under CPU offload each reduced shard is
+    copied out after."""
     b = grad_bytes(job.arch)
     return sum(sharded_reduce_ms(n * b, job.link(g + "_shard"), job.link(g + "_replica"))
-               for n, g in _buffers(params, expert_params))
+               + _host_copy_ms(job, n, g) for n, g in _buffers(params, expert_params))
 
 
 def _held(a: Architecture, pipelined: bool, c: LayerCost, wide: bool = False) -> LayerCost:

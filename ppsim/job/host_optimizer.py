@@ -32,8 +32,8 @@ from ppsim.costs.state import ADAM_BYTES_PER_PARAM, optimizer_shards
 from ppsim.errors import UserError
 
 HOST_STATE_BYTES = 16
-"""What the host keeps a parameter: the fp32 weight, two fp32 moments and the pinned
-fp32 gradient it is copied into."""
+"""What the host keeps a parameter: the fp32 weight, two fp32 moments and the fp32
+gradient it is copied into (Megatron's pinned buffer; FSDP2's sharded gradient)."""
 COPY_BYTES = 4
 """Each way over the host link, a parameter: the fp32 gradient out, the fp32 weight
 back."""
@@ -55,6 +55,10 @@ class HostOptimizer:
     """Parameters the rank's share of the node's DRAM bandwidth steps a millisecond."""
     overlap: bool
     """--overlap-cpu-optimizer-d2h-h2d."""
+    copies: bool = True
+    """The step copies the gradients out and the weights back (Megatron's); False: they
+    live on the host, and FSDP2's CPU offload copies a unit's at each gather and
+    reduce-scatter instead (ppsim.job.fsdp)."""
     host_limit_bytes: float
     """The rank's share of its node's host memory."""
 
@@ -68,12 +72,16 @@ class HostOptimizer:
         """The fewest threads whose rate reaches the memory's share."""
         return max(1, math.ceil(self.memory_params_per_ms / self.core_params_per_ms))
 
+    def copy_ms(self, params: float) -> float:
+        """One way over the host link for `params` fp32 values."""
+        return params * COPY_BYTES / (self.link_gbps * 1e6)
+
     def step_ms(self, device_ms: float, host_params: float) -> float:
         """The step of a rank whose device share takes `device_ms` and whose host share
         is `host_params` parameters."""
         if host_params <= 0:
             return device_ms
-        copy = host_params * COPY_BYTES / (self.link_gbps * 1e6)
+        copy = self.copy_ms(host_params) if self.copies else 0.0
         host = host_params / self.params_per_ms
         if self.overlap:
             return max(device_ms, copy, host)
@@ -95,34 +103,40 @@ def host_rates_known(hw: Any) -> bool:
     return all(getattr(hw, name, 0.0) > 0 for name in HOST_RATES)
 
 
-def _known(hw: Any, name: str, what: str, example: str) -> float:
+def _known(hw: Any, name: str, what: str, example: str, why: str) -> float:
     value = float(getattr(hw, name, 0.0))
     if value <= 0:
-        raise UserError(f"hardware.{name}", f"is 0 and --optimizer-cpu-offload needs {what}",
-                        f"set it in [hardware] ({example}), or drop --optimizer-cpu-offload")
+        raise UserError(f"hardware.{name}", f"is 0 and {why} needs {what}",
+                        f"set it in [hardware] ({example}), or drop {why}")
     return value
 
 
 def host_optimizer(a: Architecture, hw: Any) -> HostOptimizer | None:
-    """The host optimizer of a model on a [hardware] table; None when it is off."""
-    if not a.optimizer_cpu_offload:
+    """The host optimizer of a model on a [hardware] table (Megatron's, or FSDP2's CPU
+    offload: all of the shard, no copies in the step); None when it is off."""
+    fsdp = a.fsdp and a.fsdp_cpu_offload
+    if not (a.optimizer_cpu_offload or fsdp):
         return None
-    link = _known(hw, "host_link_gbps", "the copies' link", "63 for PCIe Gen5 x16")
+    why = "--fsdp-cpu-offload" if fsdp else "--optimizer-cpu-offload"
+    link = _known(hw, "host_link_gbps", "the copies' link", "63 for PCIe Gen5 x16", why)
     dram = _known(hw, "host_memory_bandwidth_gbps", "the host's memory bandwidth",
-                  "563.2 for a DGX H100's DDR5")
+                  "563.2 for a DGX H100's DDR5", why)
     core = _known(hw, "host_core_adam_gparams", "the host cores' AdamW rate",
-                  "0.9, benchmarks/bench_host_optimizer.py measures it")
+                  "0.9, benchmarks/bench_host_optimizer.py measures it", why)
     share = dram / max(1, hw.gpus_per_node) / ADAM_BYTES_PER_PARAM  # Gparams/s
-    return HostOptimizer(fraction=a.optimizer_offload_fraction, link_gbps=link,
+    return HostOptimizer(fraction=1.0 if fsdp else a.optimizer_offload_fraction, link_gbps=link,
                          threads=a.optimizer_cpu_threads, core_params_per_ms=core * 1e6,
                          memory_params_per_ms=share * 1e6,
-                         overlap=a.overlap_cpu_optimizer_d2h_h2d,
+                         overlap=a.overlap_cpu_optimizer_d2h_h2d, copies=not fsdp,
                          host_limit_bytes=host_share_bytes(hw))
 
 
-def host_fields(share: float) -> dict[str, Any]:
+def host_fields(share: float, fsdp: bool = False) -> dict[str, Any]:
     """[model] fields that put `share` of each rank's optimizer shard on the host, with
-    the distributed and precision-aware optimizers Megatron's host optimizer runs under."""
+    the distributed and precision-aware optimizers Megatron's host optimizer runs under;
+    under FSDP, FSDP2's CPU offload (all of it)."""
+    if fsdp:
+        return {"fsdp_cpu_offload": True}
     return {"distributed_optimizer": True, "precision_aware_optimizer": True,
             "optimizer_cpu_offload": True, "optimizer_offload_fraction": share}
 
@@ -130,7 +144,8 @@ def host_fields(share: float) -> dict[str, Any]:
 def host_state_bytes(a: Architecture, dense: float, experts: float) -> float:
     """Host memory the optimizer holds for a rank with `dense` and `experts` (routed
     experts') parameters: its share of the rank's shard of each."""
-    if not a.optimizer_cpu_offload:
+    fsdp = a.fsdp and a.fsdp_cpu_offload
+    if not (a.optimizer_cpu_offload or fsdp):
         return 0.0
     shard = dense / optimizer_shards(a) + experts / optimizer_shards(a, experts=True)
-    return shard * a.optimizer_offload_fraction * HOST_STATE_BYTES
+    return shard * (1.0 if fsdp else a.optimizer_offload_fraction) * HOST_STATE_BYTES

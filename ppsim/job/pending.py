@@ -28,7 +28,7 @@ def shape_config(cfg: Any, s: Shape, gbs: int) -> Any:
                 "distributed_optimizer": s.sharding != "fsdp"} if s.sharding else {}
     dispatcher = {"moe_token_dispatcher_type": s.dispatcher} if s.dispatcher else {}
     cp_comm = {"cp_comm_type": s.cp_comm, "cp_a2a_size": s.cp_a2a} if s.cp_comm else {}
-    host = host_fields(s.host_optimizer) if s.host_optimizer else {}
+    host = host_fields(s.host_optimizer, _fsdp(cfg, s)) if s.host_optimizer else {}
     # --tp-comm-overlap applies to the shapes with tensor parallelism (Megatron refuses it
     # at tp 1).
     overlap = {"tp_comm_overlap": False} if s.tp == 1 else {}
@@ -87,19 +87,23 @@ def host_refusal(cfg: Any) -> None:
                         "--optimizer adam")
 
 
+def _fsdp(cfg: Any, s: Shape) -> bool:
+    """The shape shards with FSDP (searched, or as configured)."""
+    return s.sharding == "fsdp" if s.sharding else cfg.model.arch.fsdp
+
+
 def _host_applies(cfg: Any, s: Shape) -> bool:
-    """Megatron's host optimizer could step the shape: Adam under the distributed
-    optimizer (not FSDP, not Muon), on hardware that gives the host's rates."""
-    a = cfg.model.arch
-    fsdp = s.sharding == "fsdp" if s.sharding else a.fsdp
-    return a.optimizer == "adam" and not fsdp and host_rates_known(cfg.hardware)
+    """Adam could step on the host for the shape (not Muon), on hardware that gives the
+    host's rates."""
+    return cfg.model.arch.optimizer == "adam" and host_rates_known(cfg.hardware)
 
 
 def host_variants(cfg: Any, p: Pending, gbs: int) -> list[Pending]:
     """The shape of `p` with part of its optimizer on the host: the least of HOST_SHARES
     under which its weights and optimizer state fit (found by halving), the fastest step,
-    and all of it, which leaves the most memory to the activations; none when all of it
-    on the host is not enough, or it does not apply."""
+    and all of it, which leaves the most memory to the activations (under FSDP, FSDP2's CPU
+    offload, all of it); none when all of it on the host is not enough, or it does not
+    apply."""
     if not _host_applies(cfg, p.shape):
         return []
 
@@ -111,8 +115,8 @@ def host_variants(cfg: Any, p: Pending, gbs: int) -> list[Pending]:
         return None if q.overflows else q
 
     whole = fits(1.0)
-    if whole is None:
-        return []
+    if whole is None or _fsdp(cfg, p.shape):  # FSDP2 offloads all of it or nothing
+        return [whole] if whole is not None else []
     lo, hi, least = 0, len(HOST_SHARES) - 1, whole  # HOST_SHARES[hi] fits
     while lo < hi:
         mid = (lo + hi) // 2

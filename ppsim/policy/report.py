@@ -65,12 +65,14 @@ def host_step_line(problem: Problem, iteration_ms: float) -> str | None:
             f"{steps[rank]:,.0f} "
             f"ms on rank {rank} ({steps[rank] / iteration_ms:.0%} of the iteration) on "
             f"{host.threads} host thread{'s' * (host.threads > 1)} a rank")
-    best = replace(host, threads=max(host.threads, host.saturating_threads), overlap=True)
+    # Megatron's overlap hides its step's copies; FSDP2's offload has none in the step.
+    best = replace(host, threads=max(host.threads, host.saturating_threads),
+                   overlap=host.overlap or host.copies)
     faster = max(_step_ms(problem, replace(job, host_optimizer=best)))
     if faster >= 0.9 * steps[rank]:
         return line
     flags = [f"OMP_NUM_THREADS={best.threads}"] * (best.threads > host.threads) + \
-        ["--overlap-cpu-optimizer-d2h-h2d"] * (not host.overlap)
+        ["--overlap-cpu-optimizer-d2h-h2d"] * (best.overlap and not host.overlap)
     return f"{line}; {' and '.join(flags)} would take {faster:,.0f} ms"
 
 

@@ -268,3 +268,82 @@ def test_simulate_says_what_the_host_step_costs_and_what_would_shorten_it() -> N
     code, out, _ = _run([*base, "--optimizer-cpu-threads", "3",
                          "--overlap-cpu-optimizer-d2h-h2d", "--json"])
     assert round(max(json.loads(out)["host_optimizer_step_ms"])) == promised
+
+
+# torchtitan's training.enable_cpu_offload: FSDP2's CPUOffloadPolicy (torch's
+# _fsdp_param.py copies the fp32 shard in before each all-gather, _fsdp_collectives.py the
+# reduced fp32 shard out after each reduce-scatter); the fused AdamW then steps on the host.
+LAYER = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+"""A Llama-3-8B layer's parameters (q and o, k and v, the SwiGLU MLP, two norms)."""
+
+
+def _fsdp(offload: bool, dp: int = 16, pp: int = 1):
+    return config_from_dict({"model": {"preset": "llama3-8b", "num_layers": 4, "dp": dp,
+                                       "fsdp": True, "fsdp_cpu_offload": offload,
+                                       "recompute": "none", "seq_length": 1024},
+                             "pipeline": {"pp": pp, "microbatches": 4},
+                             "hardware": {"preset": "h100-80gb"}})
+
+
+@pytest.mark.parametrize("dp", [2, 8, 16])
+def test_fsdp_offload_copies_each_shard_at_each_gather_and_reduce(dp: int) -> None:
+    from ppsim.job import fsdp
+    from ppsim.job.model import build_job
+
+    on, off = build_job(_fsdp(True, dp)), build_job(_fsdp(False, dp))
+    assert on is not None and off is not None
+    copy = LAYER / dp * 4 / H100_LINK  # a layer's fp32 shard over PCIe Gen5
+    assert fsdp.gather_ms(on, LAYER) - fsdp.gather_ms(off, LAYER) == pytest.approx(copy)
+    assert fsdp.reduce_ms(on, LAYER) - fsdp.reduce_ms(off, LAYER) == pytest.approx(copy)
+    # The step: Adam on the host over the shard, one core a rank, nothing more copied.
+    tail = on.tail(LAYER, 1.0, 1.0, HBM / 1e6)
+    assert tail.optimizer_ms == pytest.approx(LAYER / dp / min(CORE, H100_DRAM / 8 / 28))
+    assert tail.host_bytes == pytest.approx(16 * LAYER / dp)
+
+
+def test_fsdp_offload_leaves_the_device_its_gathered_units_alone() -> None:
+    """The shards' fp32 weight, gradient and moments (16 bytes a parameter over dp x cp)
+    leave the device; what FSDP holds unsharded stays."""
+    from ppsim.pipeline.problem import model_costs
+
+    on, off = model_costs(_fsdp(True)), model_costs(_fsdp(False))
+    for a, b in zip(off.layers, on.layers, strict=True):
+        assert a.static_bytes - b.static_bytes == pytest.approx(16 * LAYER / 16, abs=8)
+
+
+def test_fsdp_offload_flags_checks_and_torchtitans_field() -> None:
+    base = ["--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "8", "--pp", "1",
+            "--global-batch-size", "8"]
+    code, _, err = _run(["simulate", *base, "--fsdp-cpu-offload"])
+    assert code == 2 and "error: model.fsdp_cpu_offload: is FSDP's CPU offload and FSDP " \
+        "is off" in err
+    code, _, err = _run(["simulate", *base[:2], "--hardware", "cpu", *base[4:], "--fsdp",
+                         "--training.enable_cpu_offload"])
+    assert code == 2 and "error: hardware.host_link_gbps: is 0 and --fsdp-cpu-offload" in err
+    code, out, err = _run(["simulate", *base, "--fsdp", "--fsdp-cpu-offload"])
+    assert code == 0, err
+    # No Megatron overlap to suggest: the step copies nothing.
+    assert "OMP_NUM_THREADS=3 would take" in " ".join(out.split())
+    assert "--overlap-cpu-optimizer" not in out
+    code, out, err = _run(["plan", *base, "--fsdp", "--fsdp-cpu-offload", "--json"])
+    assert code == 0, err
+    assert json.loads(out)["best"]["torchtitan_job"]["training"]["enable_cpu_offload"]
+
+
+def test_the_searches_offload_fsdp_shapes_whole() -> None:
+    """Under FSDP the search's host variant is FSDP2's CPU offload: all of the state."""
+    code, out, err = _run(["plan", *SMALL_JOB, "--search", "host-optimizer,recompute,sharding",
+                           "--json"])
+    assert code == 0, err
+    doc = json.loads(out)
+    fsdp = [c for c in doc["candidates"] if c["data_parallel"] == "fsdp"]
+    shares = {c["optimizer_offload_fraction"] for c in fsdp}
+    assert shares == {1.0} or shares == {0.0, 1.0}
+    assert doc["best"]["fits"]
+    code, out, err = _run(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb",
+                           "--pp", "2", "--microbatches", "8", "--memory-gb", "40", "--fsdp",
+                           "--dp", "4", "--search", "host-optimizer,recompute", "--json"])
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["variant"].endswith("optimizer 1 on the host")
+    assert sum(" on the host" in v["variant"] for v in doc["variants"]) == 3  # one a mode
