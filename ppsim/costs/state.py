@@ -71,16 +71,21 @@ def optimizer_shards(a: Architecture, experts: bool = False) -> int:
     return max(1, group // a.dp_replicas)
 
 
+FSDP_SHARD_BYTES = 16
+"""An FSDP shard's bytes a parameter: the fp32 weight (mixed precision computes with a
+gathered bf16 copy), its fp32 gradient (FSDP2 casts the reduced gradient back to the
+shard's dtype whatever it reduces in: _fsdp_collectives.py) and Adam's two fp32 moments."""
+
+
 def bytes_per_param(a: Architecture, experts: bool = False, layer: bool = False) -> float:
     """Megatron (its distributed optimizer's table): weights + grads + Adam states, per
     parameter; bf16 weights keep fp32 gradients unless they are reduced in bf16.
     `experts`: a routed expert's, whose state shards over fewer ranks. `layer`: a decoder
     layer's weight matrix, which Muon steps (its norms stay on Adam). Under FSDP
-    all of it is sharded: the fp32 weight (mixed precision computes with a gathered bf16
-    copy, ppsim.job.fsdp), its gradient and Adam's two fp32 moments."""
-    if a.fsdp:  # all of it on the host under FSDP2's CPU offload (ppsim.job.fsdp)
-        return 0.0 if a.fsdp_cpu_offload else (4 + grad_bytes(a) + 8) / optimizer_shards(
-            a, experts)
+    all of it is sharded: FSDP_SHARD_BYTES (on the host under FSDP2's CPU offload,
+    ppsim.job.fsdp)."""
+    if a.fsdp:
+        return 0.0 if a.fsdp_cpu_offload else FSDP_SHARD_BYTES / optimizer_shards(a, experts)
     if a.dtype == "fp32":
         held = 8  # the weight (its own master) and its gradient
     elif a.dtype == "fp16":

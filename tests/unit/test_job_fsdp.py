@@ -75,6 +75,18 @@ def test_memory_per_parameter() -> None:
     assert one.embedding.static_bytes == EMBEDDING * 16
 
 
+def test_a_bf16_reduce_keeps_the_shards_gradient_in_fp32() -> None:
+    """torchtitan's mixed_precision_reduce bf16 (--grad-reduce-in-bf16 here) halves the
+    reduce-scatter, but FSDP2 casts the reduced gradient back to the fp32 shard's dtype
+    (torch's _fsdp_collectives.py): the shard is 16 bytes a parameter either way, and with
+    pp the gradient accumulated unsharded is bf16. ppsim counted a 2-byte shard gradient."""
+    bf16 = model_costs(cfg({"dp": 64, "fsdp": True, "grad_reduce_in_bf16": True})).layers[0]
+    assert bf16.static_bytes == LAYER * 16 // 64
+    piped = model_costs(cfg({"dp": 64, "fsdp": True, "grad_reduce_in_bf16": True},
+                            {"pp": 2})).layers[0]
+    assert piped.static_bytes == LAYER * 16 // 64 + LAYER * (2 + 2)
+
+
 def test_units_in_flight_without_pp() -> None:
     """Resharding after the forward: two units' bf16 weights (the computing and the
     prefetched one) and one unit's fp32 gradient, the largest unit's (the head: the
