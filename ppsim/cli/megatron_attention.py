@@ -1,7 +1,9 @@
 """Megatron's attention arguments as [model] fields: the backend (--attention-backend,
 whose unfused core ppsim prices apart), the layer spec (--transformer-impl), a sliding
-window, query and key norms, the output gate, and the experimental variants
-(--experimental-attention-variant gdn|dsa); ppsim.cli.megatron_model reads the rest."""
+window, query and key norms, the output gate, the experimental variants
+(--experimental-attention-variant gdn|dsa), and context parallelism's traffic
+(--cp-comm-type, --hierarchical-context-parallel-sizes); ppsim.cli.megatron_model reads
+the rest."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from ppsim.costs.arch import ATTENTION_VARIANTS, LINEAR_VARIANTS
+from ppsim.costs.arch import ATTENTION_VARIANTS, CP_COMM_TYPES, LINEAR_VARIANTS
 from ppsim.errors import UserError
 
 ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")
@@ -117,3 +119,39 @@ def _window_fields(size: str | None, freq: str | None) -> dict[str, Any]:
                         "attention, which ppsim prices", "give W,0")
     out["attention_window"] = max(left, 0)  # -1: no limit
     return out
+
+
+def context_parallel_fields(get: Any) -> dict[str, Any]:
+    """The [model] fields of Megatron's --cp-comm-type and
+    --hierarchical-context-parallel-sizes (`get`: a flag's value by its dest)."""
+    out: dict[str, Any] = {}
+    if get("cp_comm_type") is not None:
+        out["cp_comm_type"] = _cp_comm_type(get("cp_comm_type"))
+    if get("hierarchical_context_parallel_sizes") is not None:
+        out["cp_a2a_size"] = _a2a_size(get("hierarchical_context_parallel_sizes"), get("cp"))
+    return out
+
+
+def _cp_comm_type(kinds: list[str]) -> str:
+    """Megatron's --cp-comm-type, one type for every layer or one a layer: ppsim prices one
+    for all (CP_COMM_TYPES)."""
+    if len(set(kinds)) > 1:
+        raise UserError("--cp-comm-type", f"{' '.join(kinds)}: ppsim prices one type for "
+                        "every layer", "give one of " + ", ".join(CP_COMM_TYPES))
+    if kinds[0] not in CP_COMM_TYPES:
+        raise UserError("--cp-comm-type", f"{kinds[0]}: ppsim prices "
+                        + ", ".join(CP_COMM_TYPES), "give one of them")
+    return kinds[0]
+
+
+def _a2a_size(sizes: list[int], cp: int | None) -> int:
+    """The all-to-all size of Megatron's --hierarchical-context-parallel-sizes, which
+    a2a+p2p reads as two levels: its all-to-all's and its ring's, multiplying to cp."""
+    flag = "--hierarchical-context-parallel-sizes"
+    if len(sizes) != 2 or min(sizes) < 1:
+        raise UserError(flag, f"{' '.join(map(str, sizes))}: a2a+p2p takes two sizes, its "
+                        "all-to-all's and its ring's", "give two, e.g. 2 4 for cp 8")
+    if cp is not None and sizes[0] * sizes[1] != cp:
+        raise UserError(flag, f"{sizes[0]} x {sizes[1]} is not --context-parallel-size "
+                        f"({cp}), as Megatron asserts", "give sizes that multiply to cp")
+    return sizes[0]

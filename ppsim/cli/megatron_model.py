@@ -17,11 +17,11 @@ from ppsim.cli.megatron_attention import (
     ATTENTION_BACKENDS,
     TRANSFORMER_IMPLS,
     attention_fields,
+    context_parallel_fields,
     unfused_backend,
 )
 from ppsim.config.model import Model, TransformerModel
 from ppsim.costs.arch import (
-    CP_COMM_TYPES,
     FP8_FORMATS,
     MUON_TP_MODES,
     OPTIMIZERS,
@@ -274,10 +274,7 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
     if get("untie_embeddings_and_output_weights"):
         out["tie_embeddings"] = False
     out.update(_fp8_fields(get))
-    if get("cp_comm_type") is not None:
-        out["cp_comm_type"] = _cp_comm_type(get("cp_comm_type"))
-    if get("hierarchical_context_parallel_sizes") is not None:
-        out["cp_a2a_size"] = _a2a_size(get("hierarchical_context_parallel_sizes"), get("cp"))
+    out.update(context_parallel_fields(get))
     out.update(_optimizer_fields(get))
     if get("bf16") and get("fp16"):
         raise UserError("--bf16", "and --fp16 both given", "give one of them")
@@ -310,31 +307,6 @@ def _optimizer_fields(get: Any) -> dict[str, Any]:
     elif name is not None:
         out["optimizer"] = name
     return {k: v for k, v in out.items() if v is not None}
-
-
-def _cp_comm_type(kinds: list[str]) -> str:
-    """Megatron's --cp-comm-type, one type for every layer or one a layer: ppsim prices one
-    for all (CP_COMM_TYPES)."""
-    if len(set(kinds)) > 1:
-        raise UserError("--cp-comm-type", f"{' '.join(kinds)}: ppsim prices one type for "
-                        "every layer", "give one of " + ", ".join(CP_COMM_TYPES))
-    if kinds[0] not in CP_COMM_TYPES:
-        raise UserError("--cp-comm-type", f"{kinds[0]}: ppsim prices "
-                        + ", ".join(CP_COMM_TYPES), "give one of them")
-    return kinds[0]
-
-
-def _a2a_size(sizes: list[int], cp: int | None) -> int:
-    """The all-to-all size of Megatron's --hierarchical-context-parallel-sizes, which
-    a2a+p2p reads as two levels: its all-to-all's and its ring's, multiplying to cp."""
-    flag = "--hierarchical-context-parallel-sizes"
-    if len(sizes) != 2 or min(sizes) < 1:
-        raise UserError(flag, f"{' '.join(map(str, sizes))}: a2a+p2p takes two sizes, its "
-                        "all-to-all's and its ring's", "give two, e.g. 2 4 for cp 8")
-    if cp is not None and sizes[0] * sizes[1] != cp:
-        raise UserError(flag, f"{sizes[0]} x {sizes[1]} is not --context-parallel-size "
-                        f"({cp}), as Megatron asserts", "give sizes that multiply to cp")
-    return sizes[0]
 
 
 def megatron_defaults(args: argparse.Namespace, fields: dict[str, Any]) -> dict[str, Any]:

@@ -288,19 +288,25 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                    **({} if s.fits else {"fit_hint": fit_hint(problem)})})
         return 0
     _print_simulation(sim)
-    host = policy_json(problem)
-    if host and not host["host_fits"]:
-        what = " and ".join(w for w, on in (("offloaded activations", "policy" in host),
-                                            ("the host optimizer's state",
-                                             "optimizer_host_bytes" in host)) if on)
-        print(f"warning: {what} need up to {max(host['host_bytes']) / 1e9:.1f} "
-              f"GB of host memory per rank, more than {cfg.hardware.host_memory_bytes / 1e9:g} "
-              f"GB over {cfg.hardware.gpus_per_node} devices per node allows", file=sys.stderr)
+    _warn_host(policy_json(problem), cfg.hardware)
     if args.trace:
         print(f"trace written to {args.trace} (open in https://ui.perfetto.dev)")
     if args.png:
         print(f"timeline picture written to {args.png}")
     return 0
+
+
+def _warn_host(host: dict[str, Any], hw: Any) -> None:
+    """On stderr, where what the host holds for a rank (its offloaded activations, the
+    host optimizer's state) passes its share of the node's host memory."""
+    if not host or host["host_fits"]:
+        return
+    what = " and ".join(w for w, on in (("offloaded activations", "policy" in host),
+                                        ("the host optimizer's state",
+                                         "optimizer_host_bytes" in host)) if on)
+    print(f"warning: {what} need up to {max(host['host_bytes']) / 1e9:.1f} GB of host "
+          f"memory per rank, more than {hw.host_memory_bytes / 1e9:g} GB over "
+          f"{hw.gpus_per_node} devices per node allows", file=sys.stderr)
 
 
 def _waits(problem: Any, s: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from ppsim.config import files, validate
+from ppsim.config import files, validate, validate_hardware
 from ppsim.config.model import Model, UniformModel, parse_model
 from ppsim.config.presets import HARDWARE_PRESETS
 from ppsim.errors import UserError
@@ -238,7 +238,7 @@ def check_config(cfg: Config) -> None:
     """Every field of cfg in range: the one check a loaded or overridden config passes
     (its model was checked when it was parsed)."""
     validate.pipeline(cfg.pipeline)
-    validate.hardware(cfg.hardware)
+    validate_hardware.hardware(cfg.hardware)
     validate.placement(cfg.placement)
     if cfg.memory is not None:
         memory_policy(cfg.memory, "none")  # every key and module name checked
@@ -256,7 +256,7 @@ def hardware_config(table: dict[str, Any]) -> HardwareConfig:
         table = {**HARDWARE_PRESETS[preset], **table}
     hw = HardwareConfig()
     _fill(hw, table, "hardware")
-    validate.hardware(hw)
+    validate_hardware.hardware(hw)
     return hw
 
 

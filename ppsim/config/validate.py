@@ -50,7 +50,7 @@ MAX_INDEX = 10**9
 """Iteration and microbatch numbers in a trace."""
 
 
-def _show(value: Any) -> str:
+def shown(value: Any) -> str:
     """repr, cut short: a 5,000-digit count or a long string stays one readable line."""
     text = repr(value)
     return text if len(text) <= 60 else f"{text[:40]}... ({len(text):,} characters)"
@@ -64,18 +64,18 @@ def number(where: str, value: Any, *, lo: float = 0.0, hi: float, lo_open: bool 
            fix: str = "") -> float:
     """A finite float in [lo, hi] ((lo, hi] when lo_open); UserError otherwise."""
     if not _is_number(value):
-        raise UserError(where, f"expected a number, got {_show(value)}",
+        raise UserError(where, f"expected a number, got {shown(value)}",
                         fix or "write a number")
     try:
         x = float(value)
     except OverflowError:  # an int too large for a float
         x = math.inf
     if math.isnan(x) or math.isinf(x):
-        raise UserError(where, f"must be a finite number, got {_show(value)}",
+        raise UserError(where, f"must be a finite number, got {shown(value)}",
                         fix or f"write a number between {lo:g} and {hi:g}")
     if x < lo or (lo_open and x == lo) or x > hi:
         bound = f"above {lo:g}" if lo_open else f"at least {lo:g}"
-        raise UserError(where, f"must be {bound} and at most {hi:g}, got {_show(value)}",
+        raise UserError(where, f"must be {bound} and at most {hi:g}, got {shown(value)}",
                         fix or f"write a number between {lo:g} and {hi:g}")
     return x
 
@@ -85,11 +85,11 @@ def count(where: str, value: Any, *, lo: int = 1, hi: int, fix: str = "") -> int
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise UserError(where, f"expected an integer, got {_show(value)}",
+        raise UserError(where, f"expected an integer, got {shown(value)}",
                         fix or "write an integer")
     if not lo <= value <= hi:
-        shown = f"{value:,}" if abs(value) < 10**30 else "a number of over 30 digits"
-        raise UserError(where, f"must be between {lo:,} and {hi:,}, got {shown}",
+        given = f"{value:,}" if abs(value) < 10**30 else "a number of over 30 digits"
+        raise UserError(where, f"must be between {lo:,} and {hi:,}, got {given}",
                         fix or f"use {lo:,} to {hi:,}")
     return value
 
@@ -123,14 +123,14 @@ def suggest(name: str, choices: list[str] | tuple[str, ...]) -> str:
 def table(where: str, value: Any) -> dict[str, Any]:
     """A TOML table (a section or a sub-table); UserError for a scalar or a list."""
     if not isinstance(value, dict):
-        raise UserError(where, f"must be a table, got {type(value).__name__} {_show(value)}",
+        raise UserError(where, f"must be a table, got {type(value).__name__} {shown(value)}",
                         f"write it as a [{where}] section")
     return value
 
 
 def preset_name(where: str, value: Any) -> Any:
     if value is not None and not isinstance(value, str):
-        raise UserError(where, f"must be a preset name (a string), got {_show(value)}",
+        raise UserError(where, f"must be a preset name (a string), got {shown(value)}",
                         "write e.g. preset = \"tiny-gpt\" (see ppsim presets)")
     return value
 
@@ -140,75 +140,9 @@ def bandwidth(where: str, value: Any, zero_means: str) -> float:
     fix = f"give GB/s from {MIN_GBPS:g} to {MAX_GBPS:g}, or 0 {zero_means}"
     x = number(where, value, hi=MAX_GBPS, fix=fix)
     if 0 < x < MIN_GBPS:
-        raise UserError(where, f"{_show(value)} GB/s is below the floor of {MIN_GBPS:g} "
+        raise UserError(where, f"{shown(value)} GB/s is below the floor of {MIN_GBPS:g} "
                         "(1 MB/s)", fix)
     return x
-
-
-def hardware(hw: Any) -> None:
-    """Every [hardware] number finite and in range (a HardwareConfig)."""
-    number("hardware.memory_bytes", hw.memory_bytes, lo=0.0, lo_open=True, hi=MAX_BYTES,
-           fix="give the memory one rank may use, e.g. 80e9 (--memory-gb 80)")
-    number("hardware.p2p_latency_ms", hw.p2p_latency_ms, hi=MAX_MS,
-           fix="give the latency in ms, 0 for none")
-    bandwidth("hardware.p2p_bandwidth_gbps", hw.p2p_bandwidth_gbps, "for free transfers")
-    number("hardware.peak_tflops", hw.peak_tflops, lo=MIN_TFLOPS, hi=MAX_TFLOPS,
-           fix=f"give the accelerator's dense peak in TFLOP/s, {MIN_TFLOPS:g} to "
-           f"{MAX_TFLOPS:g}, e.g. 989")
-    fp8 = number("hardware.fp8_peak_tflops", getattr(hw, "fp8_peak_tflops", 0.0),
-                 hi=MAX_TFLOPS, fix=f"give the dense FP8 peak in TFLOP/s, {MIN_TFLOPS:g} to "
-                 f"{MAX_TFLOPS:g} (e.g. 1979), or 0 for a device without FP8")
-    if 0 < fp8 < MIN_TFLOPS:
-        raise UserError("hardware.fp8_peak_tflops", f"{fp8:g} TFLOP/s is below the floor of "
-                        f"{MIN_TFLOPS:g}", "give the dense FP8 peak in TFLOP/s (e.g. 1979), "
-                        "or 0 for a device without FP8")
-    number("hardware.efficiency", hw.efficiency, lo=0.0, lo_open=True, hi=1.0,
-           fix="give the achieved fraction of peak, e.g. 0.5")
-    number("hardware.fp8_efficiency_ratio", getattr(hw, "fp8_efficiency_ratio", 1.0),
-           lo=0.0, lo_open=True, hi=2.0,
-           fix="give FP8's share of peak over bf16's at one size, e.g. 0.92 (1: the same)")
-    number("hardware.attention_efficiency", getattr(hw, "attention_efficiency", 0.0), hi=1.0,
-           fix="give FlashAttention's fraction of peak, or 0 to time it as a matmul")
-    bandwidth("hardware.memory_bandwidth_gbps", getattr(hw, "memory_bandwidth_gbps", 0.0),
-              "to leave memory-bound ops free")
-    number("hardware.kernel_overhead_us", getattr(hw, "kernel_overhead_us", 0.0),
-           hi=MAX_MS * 1e3, fix="give microseconds per kernel, or 0")
-    bandwidth("hardware.host_link_gbps", getattr(hw, "host_link_gbps", 0.0),
-              "for free copies")
-    for name, zero_means in (("intra_node_bandwidth_gbps", "for the inter-node figure"),
-                             ("inter_node_bandwidth_gbps", "for p2p_bandwidth_gbps")):
-        bandwidth(f"hardware.{name}", getattr(hw, name, 0.0), zero_means)
-    for name in ("intra_node_latency_us", "inter_node_latency_us"):
-        number(f"hardware.{name}", getattr(hw, name, 0.0), hi=MAX_MS * 1e3,
-               fix="give the latency in microseconds, 0 for none")
-    number("hardware.host_memory_bytes", getattr(hw, "host_memory_bytes", 0.0), hi=MAX_BYTES,
-           fix="give a node's host memory for offloaded activations, or 0 for no limit")
-    bandwidth("hardware.host_memory_bandwidth_gbps",
-              getattr(hw, "host_memory_bandwidth_gbps", 0.0), "for unknown")
-    number("hardware.host_core_adam_gparams", getattr(hw, "host_core_adam_gparams", 0.0),
-           hi=1e3, fix="give billions of parameters one host core steps a second with "
-           "fused AdamW (benchmarks/bench_host_optimizer.py), or 0 for unknown")
-    number("hardware.gpus_per_node", getattr(hw, "gpus_per_node", 1), lo=1, hi=1 << 16,
-           fix="give the devices that share one host, e.g. 8")
-    count("hardware.sm_count", getattr(hw, "sm_count", 0), lo=0, hi=1 << 16,
-          fix="give the GPU's streaming multiprocessors (H100 SXM: 132), or 0 for unknown")
-    sms = int(getattr(hw, "sm_count", 0))  # an integer: checked just above
-    count("hardware.collective_sms", getattr(hw, "collective_sms", 0), lo=0,
-          hi=max(0, sms - 1) if sms else 1 << 16,
-          fix="give the SMs an NCCL collective holds (its channels, 16 on a node of 8 "
-              "NICs), fewer than sm_count, or 0 for unknown")
-    curve = getattr(hw, "matmul_efficiency", None)
-    if curve is not None:
-        fix = "write [[GFLOP, fraction of peak], ...], e.g. [[1, 0.2], [1000, 0.8]]"
-        if not isinstance(curve, list) or len(curve) > 1000:
-            raise UserError("hardware.matmul_efficiency", "must be a list of at most 1,000 "
-                            "points", fix)
-        for i, pt in enumerate(curve):
-            where = f"hardware.matmul_efficiency[{i}]"
-            if not isinstance(pt, list) or len(pt) != 2:
-                raise UserError(where, f"expected [GFLOP, fraction], got {_show(pt)}", fix)
-            number(where, pt[0], lo=0.0, lo_open=True, hi=1e12, fix=fix)
-            number(where, pt[1], lo=0.0, lo_open=True, hi=1.0, fix=fix)
 
 
 def placement(p: Any) -> None:
@@ -234,7 +168,7 @@ def stages(p: Any) -> None:
     for name in ("pp", "vpp"):
         v = getattr(p, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise UserError(f"pipeline.{name}", f"must be a positive integer, got {_show(v)}",
+            raise UserError(f"pipeline.{name}", f"must be a positive integer, got {shown(v)}",
                             "set it to 1 or more")
 
 
@@ -251,7 +185,7 @@ def pipeline(p: Any) -> None:
             count(f"pipeline.{name}", v, lo=0, hi=limits.MAX_LAYERS)
     if p.moe_token_dispatcher_type not in DISPATCHERS:
         raise UserError("pipeline.moe_token_dispatcher_type",
-                        f"unknown dispatcher {_show(p.moe_token_dispatcher_type)}",
+                        f"unknown dispatcher {shown(p.moe_token_dispatcher_type)}",
                         "choose one of " + ", ".join(DISPATCHERS))
     if getattr(p, "moe_flex_dispatcher_num_sms", None) is not None:
         count("pipeline.moe_flex_dispatcher_num_sms", p.moe_flex_dispatcher_num_sms, lo=1,

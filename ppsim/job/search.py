@@ -325,6 +325,24 @@ def _on_the_host(cfg: Any, accepted: list[Pending], gbs: int, progress: Progress
     return Hosted(found=found, complete=True)
 
 
+def _plan_splits(cfg: Any, chosen: list[ShapeResult], gbs: int, policy: str, budget_s: float,
+                 t0: float, progress: Progress) -> list[ShapeResult]:
+    """The chosen shapes with their splits planned, each within an equal share of what is
+    left of the budget that began at `t0`, at most SPLIT_SHARE of it (a quarter of that
+    for a shape that does not fit at its default split: a long shot); a longer budget
+    gives each split more time."""
+    refined = []
+    n = len(chosen)
+    for i, r in enumerate(chosen):
+        progress("planning the fastest shapes' splits", i, n)
+        left = budget_s - (time.perf_counter() - t0)
+        most = budget_s * SPLIT_SHARE * (1.0 if r.summary.fits else LONG_SHOT)
+        share = min(most, left / (n - i))
+        refined.append(r if left <= 1.0 else
+                       _refined(r, shape_config(cfg, r.shape, gbs), policy, share))
+    return refined
+
+
 def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
                budget_s: float = 60.0, policy: str = "",
                fixed: dict[str, int] | None = None,
@@ -374,18 +392,7 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
         results.append(_timed(p, policy))
     chosen = shapes_to_plan(results, k)
     rest = [r for r in results if all(r is not c for c in chosen)]
-    refined = []
-    n = len(chosen)
-    for i, r in enumerate(chosen):
-        progress("planning the fastest shapes' splits", i, n)
-        left = budget_s - (time.perf_counter() - t0)
-        # An equal share of what is left, at most SPLIT_SHARE of the budget (a quarter
-        # of that for a shape that does not fit at its default split: a long shot): a
-        # longer budget gives each split more time.
-        most = budget_s * SPLIT_SHARE * (1.0 if r.summary.fits else LONG_SHOT)
-        share = min(most, left / (n - i))
-        refined.append(r if left <= 1.0 else
-                       _refined(r, shape_config(cfg, r.shape, gbs), policy, share))
+    refined = _plan_splits(cfg, chosen, gbs, policy, budget_s, t0, progress)
     return JobSearch(candidates=_fastest_first(refined + rest),
                      evaluated=len(results), total=len(todo) + len(hosted.found),
                      overflowing=len(accepted) - len(pending), refused=len(refusals),

@@ -156,12 +156,7 @@ def check(cfg: Any) -> None:
         raise UserError("pipeline.overlap_param_gather", "--overlap-param-gather only "
                         "supported with distributed optimizer", "add "
                         "--use-distributed-optimizer (distributed_optimizer = true in [model])")
-    if a.cp_a2a_size and a.cp_comm_type != "a2a+p2p":
-        raise UserError("model.cp_a2a_size", "sizes the all-to-alls of cp_comm_type a2a+p2p, "
-                        f"and it is {a.cp_comm_type}", "add --cp-comm-type a2a+p2p, or drop "
-                        "--hierarchical-context-parallel-sizes")
-    if a.cp > 1:
-        _context_parallel(a)
+    _context_parallel(a)
     # ep above dp x cp is a preset's view of one replica's experts (no world to carve from).
     if a.dp * a.cp >= a.ep and (a.dp * a.cp) % a.ep:
         raise UserError("model.ep", f"ep ({a.ep}) does not divide dp x cp ({a.dp * a.cp}): "
@@ -187,7 +182,14 @@ def cp_refusal(a: Any, cp: int) -> UserError | None:
 
 
 def _context_parallel(a: Any) -> None:
-    """cp > 1 as Megatron takes it (cp_refusal), and under a2a the heads split over cp."""
+    """cp > 1 as Megatron takes it (cp_refusal), under a2a the heads split over cp, under
+    a2a+p2p over its all-to-all's ranks; those sizes only with a2a+p2p."""
+    if a.cp_a2a_size and a.cp_comm_type != "a2a+p2p":
+        raise UserError("model.cp_a2a_size", "sizes the all-to-alls of cp_comm_type a2a+p2p, "
+                        f"and it is {a.cp_comm_type}", "add --cp-comm-type a2a+p2p, or drop "
+                        "--hierarchical-context-parallel-sizes")
+    if a.cp == 1:
+        return
     refusal = cp_refusal(a, a.cp)
     if refusal is not None:
         raise refusal

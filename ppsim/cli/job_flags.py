@@ -1,0 +1,92 @@
+"""The whole job's flags, named as Megatron names them (torchtitan's where it has no
+name): sizes, batch, rank order, how the replicas shard and keep their state, the
+optimizer on the host, the overlaps (ppsim.job)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ppsim.config.state_rules import HOST_OPTIMIZER_KEYS
+from ppsim.costs.arch import FSDP_RESHARD
+from ppsim.costs.state import OPTIMIZER_DTYPES
+
+JOB_MODEL_KEYS = ("dp", "cp", "ep", "distributed_optimizer", "grad_reduce_in_bf16",
+                  "precision_aware_optimizer", "fsdp", "fsdp_reshard_after_forward",
+                  "fsdp_cpu_offload", "dp_replicas", *OPTIMIZER_DTYPES, *HOST_OPTIMIZER_KEYS)
+"""[model] fields only the job flags set."""
+
+
+def add_job_flags(p: argparse.ArgumentParser) -> None:
+    """The whole job's shape and its overlaps, named as Megatron names them."""
+    j = p.add_argument_group("job (Megatron's names; ppsim.job)")
+    j.add_argument("--dp", type=int, metavar="N", help="data-parallel size")
+    j.add_argument("--gpus", type=int, metavar="N", help="world size: dp = N / (tp x pp x cp)")
+    j.add_argument("--cp", "--context-parallel-size", dest="cp", type=int, metavar="N",
+                   help="context-parallel size")
+    j.add_argument("--ep", "--expert-model-parallel-size", dest="ep", type=int, metavar="N",
+                   help="expert-parallel size")
+    j.add_argument("--global-batch-size", type=int, metavar="N",
+                   help="sequences per iteration: microbatches = N / (micro batch x dp)")
+    j.add_argument("--rank-order", metavar="ORDER", help="Megatron rank order, innermost "
+                   "first (default tp-cp-ep-dp-pp)")
+    _add_state_flags(j)
+    for name in ("tp-comm-overlap", "overlap-grad-reduce", "overlap-param-gather",
+                 "moe-shared-expert-overlap"):
+        j.add_argument(f"--{name}", action="store_true", default=None)
+    j.add_argument("--overlap-moe-expert-parallel-comm", action="store_true", default=None,
+                   help="Megatron's combined 1F1B: each forward beside another "
+                   "microbatch's backward, their all-to-alls hidden by each other's compute "
+                   "(needs ep > 1, and vpp > 1 when pp > 1)")
+    j.add_argument("--delay-wgrad-compute", action="store_true", default=None,
+                   help="with it: the experts' weight gradients beside the dispatch's "
+                   "backward")
+    j.add_argument("--ddp-bucket-size", type=int, metavar="N", help="parameters per gradient "
+                   "bucket (default max(40M, 1M x dp x cp))")
+    j.add_argument("--ddp-num-buckets", type=int, metavar="N",
+                   help="or the rank's parameters in N buckets")
+
+
+def _add_state_flags(j: argparse._ArgumentGroup) -> None:
+    """How the replicas shard and keep their state: Megatron's distributed and
+    precision-aware optimizers, torchtitan's FSDP2, the optimizer on the host."""
+    j.add_argument("--use-distributed-optimizer", dest="distributed_optimizer",
+                   action="store_true", default=None,
+                   help="shard optimizer states and gradients over dp (ZeRO-1)")
+    j.add_argument("--fsdp", action="store_true", default=None, help="shard weights, "
+                   "gradients and optimizer states over dp x cp, one unit a layer: FSDP2 as "
+                   "torchtitan applies it (ZeRO-3)")
+    j.add_argument("--dp-replicas", "--num-distributed-optimizer-instances",
+                   dest="dp_replicas", type=int, metavar="N", help="copies of the sharded "
+                   "state across dp x cp (Megatron's partial distributed optimizer; with "
+                   "--fsdp torchtitan's HSDP replicate degree)")
+    j.add_argument("--fsdp-cpu-offload", "--training.enable_cpu_offload",
+                   dest="fsdp_cpu_offload", action="store_true", default=None,
+                   help="with --fsdp: the shards, gradients and Adam's state in host memory, "
+                   "Adam stepped there (torchtitan's training.enable_cpu_offload)")
+    j.add_argument("--fsdp-reshard-after-forward", dest="fsdp_reshard_after_forward",
+                   choices=FSDP_RESHARD, help="torchtitan's policy (default: free the "
+                   "gathered weights after the forward unless pp > 1)")
+    j.add_argument("--grad-reduce-in-bf16", dest="grad_reduce_in_bf16", action="store_true",
+                   default=None, help="keep and reduce bf16 gradients in bf16, not fp32")
+    j.add_argument("--use-precision-aware-optimizer", dest="precision_aware_optimizer",
+                   action="store_true", default=None, help="Adam's state in the dtypes "
+                   "below (TransformerEngine's FusedAdam)")
+    for key, choices in OPTIMIZER_DTYPES.items():
+        j.add_argument(f"--{key.replace('_', '-')}", choices=choices,
+                       help="with --use-precision-aware-optimizer")
+    _add_host_optimizer_flags(j)
+
+
+def _add_host_optimizer_flags(j: argparse._ArgumentGroup) -> None:
+    """Megatron's optimizer on the host (ppsim.job.host_optimizer)."""
+    j.add_argument("--optimizer-cpu-offload", dest="optimizer_cpu_offload",
+                   action="store_true", default=None, help="step Adam on the host for part "
+                   "of each rank's shard (with --use-precision-aware-optimizer)")
+    j.add_argument("--optimizer-offload-fraction", dest="optimizer_offload_fraction",
+                   type=float, metavar="F", help="the shard's share on the host (default 1)")
+    j.add_argument("--overlap-cpu-optimizer-d2h-h2d", dest="overlap_cpu_optimizer_d2h_h2d",
+                   action="store_true", default=None, help="copy out, step and copy back "
+                   "tensor by tensor, beside each other")
+    j.add_argument("--optimizer-cpu-threads", dest="optimizer_cpu_threads", type=int,
+                   metavar="N", help="host threads each rank steps with: its OMP_NUM_THREADS "
+                   "(default 1, torchrun's)")
