@@ -5,6 +5,7 @@ optimizer on the host, the overlaps (ppsim.job)."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from ppsim.config.state_rules import HOST_OPTIMIZER_KEYS
 from ppsim.costs.arch import FSDP_RESHARD
@@ -12,7 +13,8 @@ from ppsim.costs.state import OPTIMIZER_DTYPES
 
 JOB_MODEL_KEYS = ("dp", "cp", "ep", "distributed_optimizer", "grad_reduce_in_bf16",
                   "precision_aware_optimizer", "fsdp", "fsdp_reshard_after_forward",
-                  "fsdp_cpu_offload", "dp_replicas", *OPTIMIZER_DTYPES, *HOST_OPTIMIZER_KEYS)
+                  "fsdp_cpu_offload", "fsdp_framework", "dp_replicas", *OPTIMIZER_DTYPES,
+                  *HOST_OPTIMIZER_KEYS)
 """[model] fields only the job flags set."""
 
 
@@ -46,6 +48,18 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
                    help="or the rank's parameters in N buckets")
 
 
+class _Sets(argparse.Action):
+    """A switch that sets several fields at once (`fields`: name -> value)."""
+
+    def __init__(self, *args: Any, fields: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(*args, nargs=0, default=None, **kwargs)
+        self.fields = fields
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        for name, value in self.fields.items():
+            setattr(namespace, name, value)
+
+
 def _add_state_flags(j: argparse._ArgumentGroup) -> None:
     """How the replicas shard and keep their state: Megatron's distributed and
     precision-aware optimizers, torchtitan's FSDP2, the optimizer on the host."""
@@ -59,6 +73,14 @@ def _add_state_flags(j: argparse._ArgumentGroup) -> None:
                    dest="dp_replicas", type=int, metavar="N", help="copies of the sharded "
                    "state across dp x cp (Megatron's partial distributed optimizer; with "
                    "--fsdp torchtitan's HSDP replicate degree)")
+    j.add_argument("--use-torch-fsdp2", action=_Sets, dest="fsdp",
+                   fields={"fsdp": True, "fsdp_framework": "megatron"},
+                   help="FSDP2 as Megatron applies it: the model in the training dtype, its "
+                   "gradients reduced in it (pp and ep 1)")
+    j.add_argument("--torch-fsdp2-no-reshard-after-forward", action=_Sets,
+                   dest="fsdp_reshard_after_forward",
+                   fields={"fsdp_reshard_after_forward": "never"},
+                   help="with --use-torch-fsdp2: keep the gathered weights to the backward")
     j.add_argument("--fsdp-cpu-offload", "--training.enable_cpu_offload",
                    dest="fsdp_cpu_offload", action="store_true", default=None,
                    help="with --fsdp: the shards, gradients and Adam's state in host memory, "

@@ -100,6 +100,10 @@ def optimizer_args(a: Architecture) -> list[str]:
         out += ["--muon-num-ns-steps", str(a.muon_ns_steps)] * (a.muon_ns_steps != 5)
         out += ["--muon-tp-mode", a.muon_tp_mode] * (a.muon_tp_mode != "duplicated")
     out += ["--use-distributed-optimizer"] * a.distributed_optimizer
+    if a.fsdp and a.fsdp_framework == "megatron":
+        out.append("--use-torch-fsdp2")
+        out += ["--torch-fsdp2-no-reshard-after-forward"] * (
+            a.fsdp_reshard_after_forward == "never")
     out += ["--num-distributed-optimizer-instances", str(a.dp_replicas)] * (a.dp_replicas > 1)
     out += ["--grad-reduce-in-bf16"] * a.grad_reduce_in_bf16
     if a.precision_aware_optimizer:

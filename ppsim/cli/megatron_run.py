@@ -228,8 +228,8 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                            help=argparse.SUPPRESS)
     g.add_argument("--use-tp-pp-dp-mapping", action="store_true", default=None,
                    help=argparse.SUPPRESS)
-    for flag in ("use-torch-fsdp2", "use-megatron-fsdp"):
-        g.add_argument(f"--{flag}", action="store_true", default=None, help=argparse.SUPPRESS)
+    g.add_argument("--use-megatron-fsdp", action="store_true", default=None,
+                   help=argparse.SUPPRESS)
 
 
 def unpriced_notes(args: argparse.Namespace) -> list[str]:
@@ -248,13 +248,12 @@ def check_run_flags(args: argparse.Namespace) -> str | None:
     other than Adam or Muon is refused with the model's flags);
     return the rank order --use-tp-pp-dp-mapping selects, or None."""
     flag = lambda key: getattr(args, key, None)  # noqa: E731 - a command may lack a flag
-    for dest, name in (("use_torch_fsdp2", "--use-torch-fsdp2"),
-                       ("use_megatron_fsdp", "--use-megatron-fsdp")):
-        if flag(dest):
-            raise UserError(name, "Megatron's FSDP keeps its own dtypes and loop, which "
-                            "ppsim does not model (it prices Megatron's DDP, and FSDP2 as "
-                            "torchtitan applies it)", "drop it; --use-distributed-optimizer "
-                            "is Megatron's closest, --fsdp torchtitan's FSDP2")
+    if flag("use_megatron_fsdp"):
+        raise UserError("--use-megatron-fsdp", "Megatron-FSDP keeps its own buffers, dtypes "
+                        "and loop, which ppsim does not model (it prices Megatron's DDP and "
+                        "distributed optimizer, and FSDP2 as torchtitan or Megatron's "
+                        "--use-torch-fsdp2 applies it)", "drop it; --use-torch-fsdp2 or "
+                        "--use-distributed-optimizer are the closest")
     megatron_attention.check_spec(args)
     for name, (inert, problem, fix) in REFUSED.items():
         given = flag(PREFIX + name.replace("-", "_"))  # its values: nargs="*"

@@ -75,6 +75,10 @@ def check_features(cfg: Any) -> None:
         raise UserError("pipeline.moe_token_dispatcher_type", "flex: the executor has no "
                         "DeepEP (its processes talk over gloo)", "drop it to run the model "
                         "(simulate and plan price DeepEP)")
+    if a.fsdp and a.fsdp_framework == "megatron":
+        raise UserError("model.fsdp_framework", "the executor shards as torchtitan does "
+                        "(fp32 shards, an fp32 reduce), not as Megatron's --use-torch-fsdp2",
+                        "run it with --fsdp (simulate and plan price Megatron's)")
     for key in ("optimizer_cpu_offload", "fsdp_cpu_offload"):
         if getattr(a, key):
             raise UserError(f"model.{key}", "the executor steps its optimizer where its "

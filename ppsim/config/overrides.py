@@ -24,9 +24,10 @@ from ppsim.job import shape as job_shape
 
 MODEL_KEYS = ("num_layers", "recompute", "tp", "micro_batch_size", "hybrid_layer_pattern", "dp",
               "cp", "ep", "seq_length", "distributed_optimizer", "grad_reduce_in_bf16",
-              "precision_aware_optimizer", "fsdp", "fsdp_reshard_after_forward", "fsdp_cpu_offload",
-              "dp_replicas", "bias_swiglu_fusion", "cp_comm_type", "cp_a2a_size", "optimizer",
-              "muon_ns_steps", "muon_tp_mode", *OPTIMIZER_DTYPES, *HOST_OPTIMIZER_KEYS)
+              "precision_aware_optimizer", "fsdp", "fsdp_reshard_after_forward",
+              "fsdp_cpu_offload", "fsdp_framework", "dp_replicas", "bias_swiglu_fusion",
+              "cp_comm_type", "cp_a2a_size", "optimizer", "muon_ns_steps", "muon_tp_mode",
+              *OPTIMIZER_DTYPES, *HOST_OPTIMIZER_KEYS)
 """[model] fields an override may set (the rest come from the file or the preset)."""
 PIPELINE_KEYS = ("pp", "vpp", "microbatches", "schedule", "actions_csv",
                  "microbatch_group_size", "global_batch_size", "rank_order", "tp_comm_overlap",

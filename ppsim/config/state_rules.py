@@ -27,8 +27,8 @@ def sharding(raw: dict[str, Any]) -> None:
                         "weights and gradients too", "drop --use-distributed-optimizer "
                         "(distributed_optimizer in [model]), or drop --fsdp")
     for key, what in (("fsdp_reshard_after_forward", "policy"),
-                      ("fsdp_cpu_offload", "CPU offload")):
-        if raw.get(key, False) not in (False, "default") and not raw.get("fsdp"):
+                      ("fsdp_cpu_offload", "CPU offload"), ("fsdp_framework", "framework")):
+        if raw.get(key, False) not in (False, "default", "torchtitan") and not raw.get("fsdp"):
             raise UserError(f"model.{key}", f"is FSDP's {what} and FSDP is off",
                             "add --fsdp (fsdp = true in [model]), or drop it")
     replicas(raw)

@@ -19,6 +19,7 @@ from ppsim.costs.arch import (
     CP_COMM_TYPES,
     DTYPE_BYTES,
     FP8_FORMATS,
+    FSDP_FRAMEWORKS,
     FSDP_RESHARD,
     GATED_ACTIVATIONS,
     MUON_TP_MODES,
@@ -232,6 +233,7 @@ _ARCH_MAX = 10**7
 FLOPs stay exact floats (a 200-digit hidden_size would overflow float conversion)."""
 _CHOICES = {"recompute": RECOMPUTE, "dtype": tuple(DTYPE_BYTES), "attention": ATTENTION,
             "norm": NORMS, "position": POSITIONS, "fsdp_reshard_after_forward": FSDP_RESHARD,
+            "fsdp_framework": FSDP_FRAMEWORKS,
             "fp8": FP8_FORMATS, "cp_comm_type": CP_COMM_TYPES,
             "gated_activation": GATED_ACTIVATIONS, "optimizer": OPTIMIZERS,
             "muon_tp_mode": MUON_TP_MODES, "experimental_attention_variant": ATTENTION_VARIANTS,

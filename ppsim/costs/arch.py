@@ -30,6 +30,8 @@ NORMS = ("", "layernorm", "rmsnorm")
 POSITIONS = ("", "rotary", "learned", "none")
 FSDP_RESHARD = ("default", "always", "never")
 """torchtitan's fsdp_reshard_after_forward policies."""
+FSDP_FRAMEWORKS = ("torchtitan", "megatron")
+"""Who applies torch's FSDP2: torchtitan, or Megatron's --use-torch-fsdp2."""
 FP8_FORMATS = ("", "e4m3", "hybrid")
 """Megatron's --fp8-format choices ("": bf16 matmuls)."""
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
@@ -94,6 +96,10 @@ class Architecture:
     """Fully shard weights, gradients and Adam's state over dp x cp, one unit a layer:
     torch's FSDP2 as torchtitan applies it (its default data parallelism, ZeRO-3;
     ppsim.job.fsdp)."""
+    fsdp_framework: str = "torchtitan"
+    """Who applies FSDP2: "torchtitan" (fp32 shards, bf16 gathers, an fp32 reduce), or
+    "megatron" (--use-torch-fsdp2: the model in the training dtype, so its gradients
+    reduce in it, Megatron's optimizer keeping fp32 masters; pp and ep 1)."""
     fsdp_cpu_offload: bool = False
     """torchtitan's training.enable_cpu_offload: FSDP2's CPUOffloadPolicy keeps the fp32
     shards, their gradients and Adam's state in pinned host memory, copies a unit's shard

@@ -5,7 +5,7 @@ precision-aware optimizer's dtypes, torchtitan's FSDP2."""
 
 from __future__ import annotations
 
-from ppsim.costs.arch import Architecture
+from ppsim.costs.arch import DTYPE_BYTES, Architecture
 
 STATE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 """Bytes of one optimizer-state element in each dtype Megatron's flags name."""
@@ -17,7 +17,10 @@ OPTIMIZER_DTYPES = {"main_grads_dtype": ("fp32", "bf16"), "main_params_dtype": (
 def grad_bytes(a: Architecture) -> int:
     """Bytes of one parameter's gradient as Megatron keeps and reduces it: fp32, or bf16
     under --grad-reduce-in-bf16 or --main-grads-dtype bf16 (neither forces fp32
-    accumulation then: arguments.py)."""
+    accumulation then: arguments.py); under Megatron's --use-torch-fsdp2 the model's
+    own dtype (no mixed-precision policy: the gradients are the weights')."""
+    if a.fsdp and a.fsdp_framework == "megatron":
+        return DTYPE_BYTES[a.dtype]
     bf16_grads = a.grad_reduce_in_bf16 or a.main_grads_dtype == "bf16"
     return 2 if bf16_grads and a.dtype == "bf16" else 4
 

@@ -140,7 +140,7 @@ def check(cfg: Any) -> None:
         return
     check_split(a)
     if a.fsdp:
-        _fsdp_alone(p)
+        _fsdp_alone(p, a)
     refusal = dispatcher_refusal(p.moe_token_dispatcher_type, a)
     if refusal is not None:
         raise UserError("pipeline.moe_token_dispatcher_type", *refusal)
@@ -255,8 +255,16 @@ def _deepep_runs(a: Any, p: Any, sm_count: int) -> None:
     deepep.check(a.tp * a.ep, held)
 
 
-def _fsdp_alone(p: Any) -> None:
-    """Megatron DDP's knobs have no meaning under FSDP, which overlaps one unit at a time."""
+def _fsdp_alone(p: Any, a: Any) -> None:
+    """Megatron DDP's knobs have no meaning under FSDP, which overlaps one unit at a time;
+    Megatron's --use-torch-fsdp2 takes neither pipeline nor expert parallelism (its
+    assertions)."""
+    if a.fsdp_framework == "megatron":
+        for size, what in ((p.pp, "pipeline"), (a.ep, "expert")):
+            if size != 1:
+                raise UserError("model.fsdp_framework", f"--use-torch-fsdp2 is not supported "
+                                f"with {what} parallelism (Megatron's words)",
+                                f"give --{what[0]}p 1, or use --fsdp (torchtitan's FSDP2)")
     for name, flag in (("overlap_grad_reduce", "--overlap-grad-reduce"),
                        ("ddp_bucket_size", "--ddp-bucket-size"),
                        ("ddp_num_buckets", "--ddp-num-buckets")):

@@ -355,3 +355,50 @@ def test_searching_the_sharding_never_loses_to_either_choice() -> None:
     searched = best("--search", "sharding")
     assert searched <= best("--use-distributed-optimizer") + 1e-9
     assert searched <= best("--fsdp") + 1e-9
+
+
+def test_megatrons_torch_fsdp2_reduces_in_the_models_dtype() -> None:
+    """Megatron's --use-torch-fsdp2 shards the bf16 model with no mixed-precision policy:
+    it gathers bf16 weights as torchtitan does, but reduce-scatters bf16 gradients, and
+    its optimizer keeps fp32 masters and moments (16 bytes a parameter either way). It was
+    refused."""
+    from ppsim.job import fsdp
+
+    def job(framework: str):
+        j = build_job(cfg({"dp": 16, "fsdp": True, "fsdp_framework": framework}))
+        assert j is not None
+        return j
+
+    bw = min(NV, 8 * NIC)  # 16 ranks on 2 nodes
+    assert fsdp.reduce_ms(job("megatron"), LAYER) == pytest.approx(
+        ring(16, LAYER * 2, bw, NIC_STEP))
+    assert fsdp.reduce_ms(job("torchtitan"), LAYER) == pytest.approx(
+        ring(16, LAYER * 4, bw, NIC_STEP))
+    assert fsdp.gather_ms(job("megatron"), LAYER) == fsdp.gather_ms(job("torchtitan"), LAYER)
+    shard = model_costs(cfg({"dp": 64, "fsdp": True, "fsdp_framework": "megatron"}))
+    assert shard.layers[0].static_bytes == LAYER * 16 // 64
+
+
+@pytest.mark.parametrize(("extra", "field", "words"), [
+    (["--pp", "2"], "model.fsdp_framework", "not supported with pipeline parallelism"),
+    (["--fp8-format", "hybrid"], "model.fp8", "Transformer Engine's"),
+    (["--use-distributed-optimizer"], "model.fsdp", "FSDP already shards"),
+])
+def test_megatrons_torch_fsdp2_checks(extra: list[str], field: str, words: str) -> None:
+    ran = run_cli(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus",
+                   "8", "--pp", "1", "--use-torch-fsdp2", *extra])
+    assert ran.returncode == 2 and f"{field}" in ran.stderr and words in ran.stderr
+
+
+def test_megatrons_torch_fsdp2_launch_line_reads_back() -> None:
+    base = ["--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "16",
+            "--global-batch-size", "32", "--pp", "1"]
+    ran = run_cli(["plan", *base, "--use-torch-fsdp2", "--top", "1", "--json"])
+    assert ran.returncode == 0, ran.stderr
+    best = json.loads(ran.stdout)["best"]
+    assert best["torchtitan_job"] is None and "--use-torch-fsdp2" in best["megatron_job_flags"]
+    again = run_cli(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus",
+                     "16", *best["megatron_job_flags"].split(), "--json"])
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["iteration_time_ms"] == pytest.approx(
+        best["iteration_time_ms"])

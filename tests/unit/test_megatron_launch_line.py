@@ -164,7 +164,6 @@ def test_newer_switches_are_taken_with_their_reason() -> None:
     (["--te-precision-config-file", "p.yaml"], "--te-precision-config-file p.yaml"),
     (["--optimizer", "sgd"], "--optimizer"),
     (["--optimizer", "adaptive_muon"], "--optimizer"),
-    (["--use-torch-fsdp2"], "--use-torch-fsdp2"),
     (["--use-megatron-fsdp"], "--use-megatron-fsdp"),
     (["--use-tp-pp-dp-mapping", "--rank-order", "tp-cp-ep-dp-pp"], "--use-tp-pp-dp-mapping"),
 ])
