@@ -162,6 +162,8 @@ UNPRICED_GROUPS = {
     "after it": ("qk-clip", "qk-clip-alpha", "qk-clip-threshold"),
     "ppsim prices the host optimizer's copies at the host link's rate, as pinned memory "
     "reaches it": ("no-pin-cpu-grads", "no-pin-cpu-params"),
+    "ppsim prices MXFP8 weights as Transformer Engine caches them, not the buffer "
+    "Megatron's parameter gather may reuse": ("reuse-grad-buf-for-mxfp8-param-ag",),
     "ppsim prices the output layer's logits and loss, and Mamba's chunk states, in "
     "Megatron's default dtypes": ("fp16-lm-cross-entropy", "output-logit-dtype",
                                    "mamba-training-ssm-states-dtype"),

@@ -118,6 +118,9 @@ class HardwareConfig:
     peak_tflops: float = 989.0
     fp8_peak_tflops: float = 0.0
     """Dense FP8 peak in TFLOP/s (--fp8-format's matmuls); 0: no FP8 tensor cores."""
+    mxfp8: bool = False
+    """The tensor cores run MX formats (Blackwell, compute capability 10.0 and up), which
+    --fp8-recipe mxfp8 needs."""
     fp8_efficiency_ratio: float = 1.0
     """An FP8 GEMM's fraction of the FP8 peak over a bf16 GEMM's fraction of the bf16
     peak at the same FLOPs (benchmarks/bench_fp8_gemm.py measures it); 1: the bf16 curve."""

@@ -34,8 +34,8 @@ FSDP_FRAMEWORKS = ("torchtitan", "megatron")
 """Who applies torch's FSDP2: torchtitan, or Megatron's --use-torch-fsdp2."""
 FP8_FORMATS = ("", "e4m3", "hybrid")
 """Megatron's --fp8-format choices ("": bf16 matmuls)."""
-FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
-"""Megatron's --fp8-recipe choices on Hopper (mxfp8 is Blackwell's)."""
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+"""Megatron's --fp8-recipe choices (mxfp8 on Blackwell's tensor cores alone)."""
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
 """Megatron's --cp-comm-type choices."""
 GATED_ACTIVATIONS = ("swiglu", "quick_geglu")

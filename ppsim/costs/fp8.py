@@ -39,6 +39,15 @@ from ppsim.costs.ops import Op
 
 FP8_BYTES = 1
 """An FP8 element."""
+MX_BLOCK = 32
+"""Elements sharing one 1-byte (E8M0) scale under --fp8-recipe mxfp8 (the OCP MX format
+Blackwell's tensor cores run; Megatron's get_fp8_align_size: 32)."""
+
+
+def fp8_bytes(a: Architecture) -> float:
+    """Bytes an FP8 element takes kept or sent: one, and under MXFP8 its share of its
+    block's scale."""
+    return FP8_BYTES * (1 + 1 / MX_BLOCK) if a.fp8_recipe == "mxfp8" else FP8_BYTES
 BF16_MATMULS = ("router",)
 """Weight matmuls of a decoder layer that are not TE linears."""
 FP8_INPUTS = ("norm1.out", "q_norm.out", "kv_norm.out", "q_up.in", "kv_up.in", "norm2.out",
@@ -83,7 +92,7 @@ def fp8_weight_bytes(a: Architecture, ops: list[Op]) -> int:
     weight and its transpose take the bf16 weight's 2 bytes); torchao caches none."""
     if not a.fp8 or a.fp8_param_gather or a.fsdp:
         return 0
-    return int(CACHED_COPIES * sum(op.params for op in ops if op.fp8))
+    return int(CACHED_COPIES * fp8_bytes(a) * sum(op.params for op in ops if op.fp8))
 
 
 def saved_weight_bytes(a: Architecture, ops: list[Op]) -> int:
@@ -92,9 +101,9 @@ def saved_weight_bytes(a: Architecture, ops: list[Op]) -> int:
     FSDP gathered the weight in FP8, a view of it, nor for TE's cached copies)."""
     if not (a.fsdp and a.fp8_copies) or a.fp8_param_gather:
         return 0
-    return int(FP8_BYTES * sum(op.params for op in ops if op.fp8))
+    return int(fp8_bytes(a) * sum(op.params for op in ops if op.fp8))
 
 
-def gathered_weight_bytes(a: Architecture, bf16_bytes: int) -> int:
+def gathered_weight_bytes(a: Architecture, bf16_bytes: int) -> float:
     """Bytes a parameter of the decoder layers the distributed optimizer all-gathers."""
-    return FP8_BYTES if a.fp8 and a.fp8_param_gather else bf16_bytes
+    return fp8_bytes(a) if a.fp8 and a.fp8_param_gather else bf16_bytes

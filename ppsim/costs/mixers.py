@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape
-from ppsim.costs.fp8 import FP8_BYTES, fp8_ops
+from ppsim.costs.fp8 import MX_BLOCK, fp8_bytes, fp8_ops
 from ppsim.costs.layerops import (
     _mlp_ops,
     _mm,
@@ -48,8 +48,8 @@ GDN_CONV = 4
 GDN_CHUNK = 64
 """The chunk of FLA's chunk_gated_delta_rule."""
 FP8_ALIGN = 16
-"""What an FP8 GEMM's dimensions divide by on Hopper (megatron/core/fp8_utils.py
-get_fp8_align_size; mxfp8's 32 is Blackwell's)."""
+"""What an FP8 GEMM's dimensions divide by (megatron/core/fp8_utils.py
+get_fp8_align_size; MX_BLOCK under mxfp8)."""
 MIXER_KINDS = ("mamba", "gdn", "attention", "mla", "dsa", "mlp", "moe-mlp")
 ATTENTION_KINDS = ("dense", "moe", "attention", "mla", "dsa")
 """Layer kinds with a full attention block: its cost grows with the sequence, and context
@@ -85,11 +85,13 @@ def _need(a: Architecture, names: tuple[str, ...], layers: str) -> None:
 
 
 def _fp8_aligned(a: Architecture, in_proj: int, layer: str, field: str) -> None:
-    """Megatron's FP8 assertion on a mixer (MambaMixer, GatedDeltaNet): Hopper's FP8
-    GEMMs take dimensions in multiples of 16."""
-    if a.fp8 and in_proj % FP8_ALIGN:
+    """Megatron's FP8 assertion on a mixer (MambaMixer, GatedDeltaNet): FP8 GEMMs take
+    dimensions in multiples of 16 (32 under MXFP8)."""
+    align = MX_BLOCK if a.fp8_recipe == "mxfp8" else FP8_ALIGN
+    if a.fp8 and in_proj % align:
         raise UserError(field, f"For FP8, the innermost dimension of the {layer} layer input "
-                        f"projection output tensor must be a multiple of 16 (it is {in_proj})",
+                        f"projection output tensor must be a multiple of {align} (it is "
+                        f"{in_proj})",
                         "change the mixer's widths, or drop fp8 (--fp8-format)")
 
 
@@ -284,7 +286,7 @@ def _mixer_bytes(a: Architecture, kind: str) -> float:
     tok, w = _tokens(a), DTYPE_BYTES[a.dtype]
     # The norm's output and the gated norm's are in_proj's and out_proj's inputs only:
     # FP8 linears keep them quantized (ppsim.costs.fp8).
-    f = FP8_BYTES if a.fp8_copies else w
+    f = fp8_bytes(a) if a.fp8_copies else w
     if kind == "mamba":
         m = mamba_shape(a)
         # norm output, z x B C dt, conv output (the scan's x, B, C), dt and its cumsum

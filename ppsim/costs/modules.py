@@ -21,7 +21,7 @@ from ppsim.costs.attention_tensors import (
     scores_workspace,
     unfused_tensors,
 )
-from ppsim.costs.fp8 import FP8_BYTES, FP8_INPUTS, PROJ_INPUT
+from ppsim.costs.fp8 import FP8_INPUTS, PROJ_INPUT, fp8_bytes
 from ppsim.costs.layerops import layer_ops
 
 RECOMPUTE_MODULES = ("core_attn", "mlp", "moe_act", "layernorm", "mla_up_proj", "moe",
@@ -230,8 +230,9 @@ def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
         if a.shared_experts and a.shared_expert_gate:  # the gated product's inputs
             t.update({SHARED_GATE[0]: tok * h * w, SHARED_GATE[1]: tok * w})
     if a.fp8_copies:  # the FP8 linears keep their inputs in FP8 (ppsim.costs.fp8)
-        t.update({n: v / w * FP8_BYTES for n, v in t.items() if n in FP8_INPUTS})
-        t[PROJ_INPUT] = tok * sh.out * FP8_BYTES
+        f = fp8_bytes(a)
+        t.update({n: v / w * f for n, v in t.items() if n in FP8_INPUTS})
+        t[PROJ_INPUT] = tok * sh.out * f
         t.pop(GATED, None)  # the projection's FP8 copy is of the gated output
     return {k: v / a.tp for k, v in t.items()}
 

@@ -80,7 +80,7 @@ def fsdp_steps(policy: str, pipelined: bool) -> FsdpSteps:
 
 
 def held_bytes(a: Architecture, pipelined: bool, experts: bool = False,
-               wide: bool = False) -> int:
+               wide: bool = False) -> float:
     """Bytes a parameter holds unsharded all the step (none when its shards are one
     rank's: nothing is gathered); `wide`: the embedding's or the output layer's, gathered
     in the training dtype under FP8 too."""
@@ -133,7 +133,7 @@ def reduce_ms(job: Job, params: float, expert_params: float = 0) -> float:
 def _held(a: Architecture, pipelined: bool, c: LayerCost, wide: bool = False) -> LayerCost:
     extra = (c.params - c.expert_params) * held_bytes(a, pipelined, wide=wide) \
         + c.expert_params * held_bytes(a, pipelined, experts=True)
-    return replace(c, static_bytes=c.static_bytes + extra) if extra else c
+    return replace(c, static_bytes=c.static_bytes + int(extra)) if extra else c
 
 
 def in_flight_bytes(a: Architecture, costs: ModelCosts) -> int:

@@ -141,6 +141,11 @@ def check(cfg: Any) -> None:
     check_split(a)
     if a.fsdp:
         _fsdp_alone(p, a)
+    if a.fp8 and a.fp8_recipe == "mxfp8" and not getattr(cfg.hardware, "mxfp8", False):
+        raise UserError("model.fp8_recipe", "mxfp8 needs tensor cores that run MX formats "
+                        "(Blackwell; [hardware] mxfp8 = true), which this hardware's lack",
+                        "use --fp8-recipe tensorwise or blockwise here, or --hardware "
+                        "b200-180gb")
     refusal = dispatcher_refusal(p.moe_token_dispatcher_type, a)
     if refusal is not None:
         raise UserError("pipeline.moe_token_dispatcher_type", *refusal)

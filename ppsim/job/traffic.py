@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape
-from ppsim.costs.fp8 import FP8_BYTES
+from ppsim.costs.fp8 import fp8_bytes
 from ppsim.costs.layerops import attention_ops, window_share
 from ppsim.costs.mixer_split import cp_exchange
 from ppsim.costs.modules import SHORTHAND, applies
@@ -33,7 +33,7 @@ from ppsim.job.userbuffers import TpTraffic
 
 
 def tp_collectives_ms(job: Job, a: Architecture, collectives: int,
-                      element_bytes: int = 0) -> float:
+                      element_bytes: float = 0) -> float:
     """`collectives` all-gathers or reduce-scatters of one microbatch's hidden states,
     `element_bytes` an element (0: the training dtype's)."""
     if a.tp == 1:
@@ -56,7 +56,7 @@ def tp_layer_ms(job: Job, a: Architecture, sublayers: int = 2, again: float = 0.
     backward: one all-gather (under FP8 of the quantized input) and one reduce-scatter
     each way per sublayer, and in the backward the forward's share `again` of them the
     recompute runs again (Recomputed.tp_share)."""
-    inputs = tp_collectives_ms(job, a, sublayers, FP8_BYTES if a.fp8_copies else 0)
+    inputs = tp_collectives_ms(job, a, sublayers, fp8_bytes(a) if a.fp8_copies else 0)
     each = tp_collectives_ms(job, a, sublayers)  # one a sublayer, in the training dtype
     forward = TpTraffic(gathers_ms=inputs, scatters_ms=each, pipelined_ms=each)
     backward = TpTraffic(gathers_ms=each + inputs * again, scatters_ms=each * (1 + again),

@@ -241,3 +241,27 @@ def test_a_bad_fp8_field_is_one_line_naming_it(tmp_path, capsys, model: str, har
     assert main(["simulate", "--config", str(path)]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_mxfp8_keeps_a_scale_byte_a_block_on_blackwell_alone() -> None:
+    """--fp8-recipe mxfp8 (Blackwell's MXFP8BlockScaling; refused as unpriced before): the
+    FP8 linears' kept inputs and cached weights as the other recipes keep them, plus one
+    E8M0 scale byte for each 32 elements; it needs MX-capable tensor cores."""
+    fp8 = _fp8(GPT, fp8_recipe="tensorwise")
+    mx = _fp8(GPT, fp8_recipe="mxfp8")
+    inputs = 2048 * (1024 + 1024 + 4096) + 2048 * 1024  # norm1, norm2, GeLU out, attn copy
+    assert layer_activation_bytes(mx, "dense") - layer_activation_bytes(fp8, "dense") \
+        == pytest.approx(inputs / 32, abs=1)
+    acc = accelerator(cfg({}, hw={"preset": "b200-180gb"}).hardware)
+    linears = 1024 * 3072 + 1024 * 1024 + 2 * 1024 * 4096
+    assert transformer_costs(mx, acc).layers[0].static_bytes \
+        - transformer_costs(fp8, acc).layers[0].static_bytes == pytest.approx(
+            2 * linears / 32, abs=1)
+    # The GEMMs run at the FP8 rate either way.
+    assert transformer_costs(mx, acc).layers[0].forward_ms == pytest.approx(
+        transformer_costs(fp8, acc).layers[0].forward_ms)
+    ok = cfg({"fp8": "hybrid", "fp8_recipe": "mxfp8"}, hw={"preset": "b200-180gb"})
+    assert ok.model.arch.fp8_recipe == "mxfp8"
+    with pytest.raises(UserError) as err:
+        build_problem(cfg({"fp8": "hybrid", "fp8_recipe": "mxfp8"}))  # an H100
+    assert err.value.field == "model.fp8_recipe" and "MX formats" in str(err.value)

@@ -137,3 +137,14 @@ def test_a_mixer_fp8_cannot_run_is_refused_in_megatrons_words(capsys, flags, mes
     assert main(["simulate", *flags, "--fp8-format", "hybrid"]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_mxfp8_needs_the_mixers_widths_in_blocks_of_32(capsys) -> None:
+    """Megatron's get_fp8_align_size: 32 under mxfp8, 16 otherwise. 144 Mamba heads make
+    an in_proj of 2 x 144 x 64 + 2 x 8 x 128 + 144 = 20,624: 16 divides it, 32 does not."""
+    flags = ["simulate", "--preset", "nemotron-h-8b", "--mamba-num-heads", "144",
+             "--hardware", "b200-180gb", "--fp8-format", "hybrid"]
+    assert main([*flags, "--fp8-recipe", "tensorwise"]) == 0
+    capsys.readouterr()
+    assert main([*flags, "--fp8-recipe", "mxfp8"]) == 2
+    assert "must be a multiple of 32 (it is 20624)" in capsys.readouterr().err

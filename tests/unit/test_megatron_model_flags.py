@@ -152,8 +152,10 @@ def test_a_model_built_from_flags_is_priced_on_a_gpu_and_says_so(capsys) -> None
      "--num-layers-at-end-in-bf16 17 --pp 2", "model.num_layers_at_end_in_bf16: "
      "num_layers_at_end_in_bf16 (17) must be between 0 and number of layers per pipeline "
      "stage (16)."),
-    ("--preset llama3-8b --fp8-format hybrid --fp8-recipe mxfp8",
-     "model.fp8_recipe: 'mxfp8' is not priced"),
+    ("--preset llama3-8b --hardware h100-80gb --fp8-format hybrid --fp8-recipe mxfp8",
+     "model.fp8_recipe: mxfp8 needs tensor cores that run MX formats"),
+    ("--preset llama3-8b --fp8-format hybrid --fp8-recipe nvfp4",
+     "model.fp8_recipe: 'nvfp4' is not priced"),
     ("--preset llama3-8b --fp8-param-gather", "model.fp8_param_gather: keeps the weights in "
      "FP8 and FP8 is off"),
     ("--preset llama3-8b --fp8-format hybrid --fp8-param-gather", "--fp8-param-gather only "
