@@ -309,7 +309,8 @@ def register(commands: dict) -> None:
         p.add_argument("--search", metavar="AXES",
                        help="also search over: " + ",".join(SEARCH_AXES) + "; or plan "
                        "the memory policy with the split: policy (Megatron-expressible) "
-                       "or policy,policy-per-stage; with --gpus also " + ", ".join(JOB_AXES))
+                       "or policy,policy-per-stage; with --gpus also "
+                       + ", ".join(a for a in JOB_AXES if a not in SEARCH_AXES))
         p.add_argument("--time-budget", type=float, default=60.0, metavar="S",
                        help="stop proving optimality after S seconds (default 60)")
         add_deepspeed_specs_flag(p)
