@@ -275,8 +275,10 @@ def data_split_hint(args: argparse.Namespace, exc: UserError) -> UserError:
     weights: train, valid, test) from a pasted DATA_ARGS: the error says so too."""
     text = getattr(args, "split", None)
     parts = text.split(",") if isinstance(text, str) else []
-    if "split" not in exc.field or len(parts) != 3 \
-            or not all(p.strip().isdigit() for p in parts):
+    # A split beside a layout (or a first/last stage's layers) is refused on the other
+    # field's name: the data split may be why too.
+    if not ("split" in exc.field or "cannot be combined with split" in exc.problem) \
+            or len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
         return exc
     hint = (f"if {text} is Megatron's data split (train,valid,test weights), drop it: "
             "ppsim's --split gives the layers of each virtual stage")

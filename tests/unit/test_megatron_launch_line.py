@@ -106,6 +106,12 @@ def test_megatrons_data_split_on_simulate_is_named_as_such() -> None:
     # A layer split that is wrong for another reason keeps its own message.
     code, _, err = _run(["simulate", *PRICED, *JOB, "--split", "90,3,3,0"])
     assert code == 2 and "data split" not in err
+    # Beside a layout (Megatron's DeepSeek-V3 test configs give both) it is refused on the
+    # layout's name; that error says what the split may be too (it did not).
+    code, _, err = _run(["simulate", "--preset", "llama3-8b", "--pp", "4", "--layout",
+                         "Et*8|t*8|t*8|t*8L", "--split", "99,1,0"])
+    assert code == 2 and "pipeline.layout: " in err
+    assert "if 99,1,0 is Megatron's data split" in err
 
 
 def test_unpriced_switches_are_named_on_stderr_and_change_nothing() -> None:
