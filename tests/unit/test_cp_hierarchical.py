@@ -107,3 +107,20 @@ def test_the_job_search_tries_it_where_the_cp_group_spans_nodes() -> None:
     assert cp_comm_choices(shape, a, 8)[2].label().endswith(" cp-a2a+p2p/4")
     # Inside one node there is nothing to split.
     assert [s.cp_comm for s in cp_comm_choices(shape, a, 16)] == ["p2p", "all_gather"]
+
+
+def test_its_ends_are_the_ring_and_ulysses() -> None:
+    """An all-to-all over one rank leaves the plain ring; over the whole group (cp x 1,
+    no ring left), Ulysses' all-to-alls: a2a+p2p spans the two. (Ulysses over 8 cannot
+    split the 4 key/value heads of a tensor rank at tp 2: tp 1, cp 4 tests that end.)"""
+    assert traffic("a2a+p2p", 1) == pytest.approx(traffic("p2p"))
+
+    def at(kind: str, size: int = 0) -> tuple[float, float, float, float]:
+        return cp_layer_traffic(config_from_dict({
+            "model": {"preset": "llama3-8b", "num_layers": 4, "tp": 1, "cp": 4, "dp": 1,
+                      "seq_length": SEQ, "cp_comm_type": kind, "cp_a2a_size": size,
+                      "recompute": "none"},
+            "pipeline": {"pp": 1, "microbatches": 2}, "hardware": {"preset": "h100-80gb"}}))
+
+    assert at("a2a+p2p", 4) == pytest.approx(at("a2a"))
+    assert at("a2a+p2p", 1) == pytest.approx(at("p2p"))
