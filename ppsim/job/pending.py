@@ -11,7 +11,12 @@ from typing import Any
 from ppsim.config.overrides import with_overrides
 from ppsim.costs.model import ModelCosts, stage_costs, static_floor_bytes
 from ppsim.errors import UserError
-from ppsim.job.host_optimizer import host_fields, host_rates_known
+from ppsim.job.host_optimizer import (
+    host_fields,
+    host_rates_known,
+    host_share_bytes,
+    host_state_bytes,
+)
 from ppsim.job.shapes import Shape
 from ppsim.pipeline.problem import model_costs, resolve_split
 from ppsim.schedules.generators import schedule_placement
@@ -54,11 +59,16 @@ class Pending:
     static_bytes: int
     """The least weights, gradients and optimizer states its fullest rank holds under any
     split (ppsim.costs.model.static_floor_bytes)."""
+    host_bytes: float = 0.0
+    """The optimizer state its fullest rank keeps on the host at its default split (with
+    the optimizer partly there: ppsim.job.host_optimizer)."""
 
     @property
     def overflows(self) -> bool:
-        """Those bytes alone overflow memory under every split: nothing to simulate."""
-        return self.static_bytes > self.cfg.hardware.memory_bytes
+        """Those bytes alone overflow memory under every split (or, on the host, its
+        share of the node's): nothing to simulate."""
+        return self.static_bytes > self.cfg.hardware.memory_bytes \
+            or self.host_bytes > host_share_bytes(self.cfg.hardware)
 
 
 def pending_shape(cfg: Any, s: Shape, gbs: int) -> Pending:
@@ -66,12 +76,17 @@ def pending_shape(cfg: Any, s: Shape, gbs: int) -> Pending:
     c = shape_config(cfg, s, gbs)
     costs = model_costs(c)
     split = resolve_split(c, costs.num_layers, schedule_placement(c.pipeline.schedule))
-    busy = [0.0] * s.pp
+    busy, dense, experts = [0.0] * s.pp, [0] * s.pp, [0] * s.pp
     for i, st in enumerate(stage_costs(costs, split)):
+        r = split.stage_rank(i)
         # Each op at least as short as in a combined pair: the bound stays a bound.
-        busy[split.stage_rank(i)] += st.forward_ms + st.backward_ms - 2 * st.pair_saving_ms
+        busy[r] += st.forward_ms + st.backward_ms - 2 * st.pair_saving_ms
+        dense[r] += st.params - st.expert_params
+        experts[r] += st.expert_params
+    host = max(host_state_bytes(c.model.arch, d, e) for d, e in zip(dense, experts,
+                                                                    strict=True))
     return Pending(shape=s, cfg=c, costs=costs, bound_ms=s.microbatches * max(busy),
-                   static_bytes=static_floor_bytes(costs, s.pp))
+                   static_bytes=static_floor_bytes(costs, s.pp), host_bytes=host)
 
 
 def host_refusal(cfg: Any) -> None:

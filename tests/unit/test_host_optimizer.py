@@ -347,3 +347,15 @@ def test_the_searches_offload_fsdp_shapes_whole() -> None:
     doc = json.loads(out)
     assert doc["variant"].endswith("optimizer 1 on the host")
     assert sum(" on the host" in v["variant"] for v in doc["variants"]) == 3  # one a mode
+
+
+def test_the_job_search_keeps_the_host_state_within_the_hosts_memory(tmp_path) -> None:
+    """A node of 8 GB of host memory (1 GB a rank) cannot hold the 16 bytes a parameter of
+    the state it would take: the search puts none of it there (it did not check)."""
+    cfg = tmp_path / "small_host.toml"
+    cfg.write_text('[model]\npreset = "llama3-8b"\n[hardware]\npreset = "h100-80gb"\n'
+                   "host_memory_bytes = 8e9\n")
+    code, out, err = _run(["plan", "--config", str(cfg), *SMALL_JOB[4:],
+                           "--search", "host-optimizer,recompute", "--json"])
+    assert code == 3, err
+    assert not any(c["optimizer_offload_fraction"] for c in json.loads(out)["candidates"])
