@@ -15,7 +15,7 @@ from ppsim.cli.torchtitan_job import torchtitan_job, torchtitan_text
 from ppsim.config import limits, validate
 from ppsim.config.schema import SPLIT_KEYS
 from ppsim.errors import UserError
-from ppsim.job.host_optimizer import host_rates_known
+from ppsim.job.host_optimizer import host_rates_known, host_share_bytes
 from ppsim.job.model import data_parallel
 from ppsim.job.policy_search import POLICY_AXES, mode_flags
 from ppsim.job.ranks import DEFAULT_ORDER, TP_PP_DP_ORDER, parse_order
@@ -57,6 +57,14 @@ def overflow_text(res: JobSearch, memory_bytes: float, hosting: bool = False) ->
     the optimizer on the host, not searched, might make some fit."""
     if res.leanest is None:
         return None
+    lean = res.leanest
+    if lean.static_bytes <= memory_bytes:  # what overflows is the host's share
+        return (f"nothing fits: on every shape the optimizer state kept on the host "
+                f"overflows the rank's share of its node's host memory "
+                f"({fmt_bytes(host_share_bytes(lean.cfg.hardware))}; "
+                f"{fmt_bytes(lean.host_bytes)} at {lean.shape.label()}); put less of it "
+                "there (--optimizer-offload-fraction), give more GPUs (--gpus), or a "
+                "[hardware] with more host memory")
     return (f"nothing fits: on every shape the weights, gradients and optimizer states "
             f"alone overflow {fmt_bytes(memory_bytes)} per GPU, however the layers are split "
             f"(the least is {fmt_bytes(res.leanest.static_bytes)}, at "

@@ -21,7 +21,7 @@ from ppsim.cli.plan_render import print_result
 from ppsim.cli.plan_variants import SEARCH_AXES, variants
 from ppsim.cli.render import job_dict
 from ppsim.cli.schedule import print_notes
-from ppsim.cli.simulate import add_deepspeed_specs_flag, exports_of
+from ppsim.cli.simulate import add_deepspeed_specs_flag, exports_of, warn_host
 from ppsim.clock import process_start
 from ppsim.config import limits, validate
 from ppsim.config.schema import Config
@@ -50,7 +50,7 @@ from ppsim.plan.references import (
 )
 from ppsim.plan.search import Deadline
 from ppsim.policy.costs import Fixed
-from ppsim.policy.report import policy_flags, stage_policies
+from ppsim.policy.report import policy_flags, policy_json, stage_policies
 
 EXIT_NO_FIT = 3
 
@@ -227,6 +227,8 @@ def result_dict(planned: Planned, specs: DeepSpeedSpecs = DEFAULT_SPECS) -> dict
             elif best["megatron_flags"] is not None:
                 best["megatron_flags"] = " ".join([best["megatron_flags"],
                                                    shlex.join(ex.megatron_flags)]).strip()
+        host = policy_json(p.with_split(res.best.split))
+        best.update({k: host[k] for k in ("optimizer_host_bytes", "host_fits") if k in host})
         if res.baseline is not None:
             best["speedup_vs_baseline"] = res.baseline.summary.iteration_time_ms / t
         for ref in planned.baselines():
@@ -297,6 +299,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         sys.stderr.write(f"ppsim plan: {no_fit_message(best)}\n")
         return EXIT_NO_FIT
     print_result(planned, per_variant, args.top, specs)
+    warn_host(policy_json(best.problem.with_split(best.best.split)), cfg.hardware)
     return 0
 
 

@@ -288,7 +288,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                    **({} if s.fits else {"fit_hint": fit_hint(problem)})})
         return 0
     _print_simulation(sim)
-    _warn_host(policy_json(problem), cfg.hardware)
+    warn_host(policy_json(problem), cfg.hardware)
     if args.trace:
         print(f"trace written to {args.trace} (open in https://ui.perfetto.dev)")
     if args.png:
@@ -296,7 +296,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warn_host(host: dict[str, Any], hw: Any) -> None:
+def warn_host(host: dict[str, Any], hw: Any) -> None:
     """On stderr, where what the host holds for a rank (its offloaded activations, the
     host optimizer's state) passes its share of the node's host memory."""
     if not host or host["host_fits"]:

@@ -359,3 +359,22 @@ def test_the_job_search_keeps_the_host_state_within_the_hosts_memory(tmp_path) -
                            "--search", "host-optimizer,recompute", "--json"])
     assert code == 3, err
     assert not any(c["optimizer_offload_fraction"] for c in json.loads(out)["candidates"])
+
+
+def test_plan_says_when_the_host_cannot_hold_the_state(tmp_path) -> None:
+    cfg = tmp_path / "small_host.toml"
+    cfg.write_text('[model]\npreset = "llama3-8b"\n[hardware]\npreset = "h100-80gb"\n'
+                   "host_memory_bytes = 8e9\n")
+    host = ["--use-distributed-optimizer", "--use-precision-aware-optimizer",
+            "--optimizer-cpu-offload"]
+    code, out, err = _run(["plan", "--config", str(cfg), "--pp", "2", "--microbatches", "8",
+                           *host])
+    assert code == 0 and "warning: the host optimizer's state need up to" in err
+    code, out, _ = _run(["plan", "--config", str(cfg), "--pp", "2", "--microbatches", "8",
+                         *host, "--json"])
+    best = json.loads(out)["best"]
+    assert best["host_fits"] is False and max(best["optimizer_host_bytes"]) > 1e9
+    code, out, _ = _run(["plan", "--config", str(cfg), "--gpus", "8", "--pp", "1",
+                         "--global-batch-size", "8", *host])
+    assert code == 3 and "optimizer state kept on the host overflows the rank's share" \
+        in " ".join(out.split())
