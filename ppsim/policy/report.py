@@ -62,9 +62,8 @@ def host_step_line(problem: Problem, iteration_ms: float) -> str | None:
     steps = _step_ms(problem, job)
     rank = max(range(len(steps)), key=steps.__getitem__)
     line = (f"the optimizer ({host.fraction:.0%} of its state on the host) steps in "
-            f"{steps[rank]:,.0f} "
-            f"ms on rank {rank} ({steps[rank] / iteration_ms:.0%} of the iteration) on "
-            f"{host.threads} host thread{'s' * (host.threads > 1)} a rank")
+            f"{steps[rank]:,.0f} ms on rank {rank} ({steps[rank] / iteration_ms:.0%} of the "
+            f"iteration) on {host.threads} host thread{'s' * (host.threads > 1)} a rank")
     # Megatron's overlap hides its step's copies; FSDP2's offload has none in the step.
     best = replace(host, threads=max(host.threads, host.saturating_threads),
                    overlap=host.overlap or host.copies)
