@@ -92,4 +92,8 @@ def _host_shares(cfg: Config, axes: list[str]) -> list[float | None]:
         raise UserError("--search", "host-optimizer: the optimizer's state is a "
                         "transformer model's", "give --preset NAME, or drop it")
     host_refusal(cfg)
-    return [None, 1.0] if cfg.model.arch.fsdp else [None, *HOST_SHARES]  # FSDP2: all or none
+    a = cfg.model.arch
+    if a.fsdp and a.fsdp_framework == "megatron":
+        raise UserError("--search", "host-optimizer: Megatron's --use-torch-fsdp2 offers no "
+                        "CPU offload", "drop it from --search, or use --fsdp")
+    return [None, 1.0] if a.fsdp else [None, *HOST_SHARES]  # FSDP2: all of it or none

@@ -31,6 +31,10 @@ def sharding(raw: dict[str, Any]) -> None:
         if raw.get(key, False) not in (False, "default", "torchtitan") and not raw.get("fsdp"):
             raise UserError(f"model.{key}", f"is FSDP's {what} and FSDP is off",
                             "add --fsdp (fsdp = true in [model]), or drop it")
+    if raw.get("fsdp_cpu_offload") and raw.get("fsdp_framework") == "megatron":
+        raise UserError("model.fsdp_cpu_offload", "is torchtitan's (training."
+                        "enable_cpu_offload); Megatron's --use-torch-fsdp2 offers none",
+                        "drop it, or use --fsdp (torchtitan's FSDP2)")
     replicas(raw)
 
 

@@ -402,3 +402,14 @@ def test_megatrons_torch_fsdp2_launch_line_reads_back() -> None:
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["iteration_time_ms"] == pytest.approx(
         best["iteration_time_ms"])
+
+
+def test_megatrons_torch_fsdp2_has_no_cpu_offload() -> None:
+    """torchtitan's CPU offload is not Megatron's --use-torch-fsdp2's to take."""
+    base = ["--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "1",
+            "--use-torch-fsdp2"]
+    ran = run_cli(["simulate", *base, "--gpus", "8", "--fsdp-cpu-offload"])
+    assert ran.returncode == 2 and "model.fsdp_cpu_offload: is torchtitan's" in ran.stderr
+    ran = run_cli(["plan", *base, "--dp", "8", "--microbatches", "2", "--search",
+                   "host-optimizer"])
+    assert ran.returncode == 2 and "offers no CPU offload" in ran.stderr
