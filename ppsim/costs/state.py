@@ -33,12 +33,14 @@ def optimizer_state_bytes(a: Architecture) -> int:
     return 8 if a.dtype == "fp32" else 12
 
 
-def device_state_share(a: Architecture) -> float:
-    """Of the optimizer's state, the share the device keeps: all but what the host
-    optimizer holds (Megatron's HybridDeviceOptimizer takes that share of the rank's
-    shard, in fp32 master weights and moments on both sides, whatever the precision-aware
-    dtypes say: it passes them to neither its host nor its device Adam)."""
-    return 1.0 - a.optimizer_offload_fraction if a.optimizer_cpu_offload else 1.0
+def host_state_share(a: Architecture) -> float:
+    """Of each rank's optimizer shard, the share kept and stepped on the host: Megatron's
+    HybridDeviceOptimizer's fraction (fp32 master weights and moments on both sides,
+    whatever the precision-aware dtypes say: it passes them to neither its host nor its
+    device Adam), all of it under FSDP2's CPU offload, else none."""
+    if a.fsdp:
+        return 1.0 if a.fsdp_cpu_offload else 0.0
+    return a.optimizer_offload_fraction if a.optimizer_cpu_offload else 0.0
 
 
 def muon_state_bytes(a: Architecture) -> int:
@@ -57,7 +59,7 @@ def adam_step_bytes(a: Architecture) -> int:
     """Memory traffic of AdamW's step per parameter: ADAM_BYTES_PER_PARAM, or under the
     precision-aware optimizer the gradient as kept, the master weight and the moments in
     their dtypes, read and written back (not beside the host optimizer, whose device
-    share steps fp32 state: device_state_share)."""
+    share steps fp32 state: host_state_share)."""
     if not a.precision_aware_optimizer or a.optimizer_cpu_offload:
         return ADAM_BYTES_PER_PARAM
     return grad_bytes(a) + 2 * optimizer_state_bytes(a)
@@ -88,7 +90,7 @@ def bytes_per_param(a: Architecture, experts: bool = False, layer: bool = False)
     all of it is sharded: FSDP_SHARD_BYTES (on the host under FSDP2's CPU offload,
     ppsim.job.fsdp)."""
     if a.fsdp:
-        return 0.0 if a.fsdp_cpu_offload else FSDP_SHARD_BYTES / optimizer_shards(a, experts)
+        return FSDP_SHARD_BYTES * (1 - host_state_share(a)) / optimizer_shards(a, experts)
     if a.dtype == "fp32":
         held = 8  # the weight (its own master) and its gradient
     elif a.dtype == "fp16":
@@ -97,4 +99,4 @@ def bytes_per_param(a: Architecture, experts: bool = False, layer: bool = False)
         held = 2 + grad_bytes(a)  # bf16 weights and their gradient buffer
     muon = layer and a.optimizer == "muon"
     state = (muon_state_bytes(a) if muon else optimizer_state_bytes(a)) + 4 * (a.dtype == "fp16")
-    return held + state * device_state_share(a) / optimizer_shards(a, experts)
+    return held + state * (1 - host_state_share(a)) / optimizer_shards(a, experts)

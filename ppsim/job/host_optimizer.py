@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ppsim.costs.arch import Architecture
-from ppsim.costs.state import ADAM_BYTES_PER_PARAM, optimizer_shards
+from ppsim.costs.state import ADAM_BYTES_PER_PARAM, host_state_share, optimizer_shards
 from ppsim.errors import UserError
 
 HOST_STATE_BYTES = 16
@@ -114,19 +114,20 @@ def _known(hw: Any, name: str, what: str, example: str, why: str) -> float:
 def host_optimizer(a: Architecture, hw: Any) -> HostOptimizer | None:
     """The host optimizer of a model on a [hardware] table (Megatron's, or FSDP2's CPU
     offload: all of the shard, no copies in the step); None when it is off."""
-    fsdp = a.fsdp and a.fsdp_cpu_offload
-    if not (a.optimizer_cpu_offload or fsdp):
+    share = host_state_share(a)
+    if not share:
         return None
+    fsdp = a.fsdp  # FSDP2's offload: its copies run at each gather and reduce-scatter
     why = "--fsdp-cpu-offload" if fsdp else "--optimizer-cpu-offload"
     link = _known(hw, "host_link_gbps", "the copies' link", "63 for PCIe Gen5 x16", why)
     dram = _known(hw, "host_memory_bandwidth_gbps", "the host's memory bandwidth",
                   "563.2 for a DGX H100's DDR5", why)
     core = _known(hw, "host_core_adam_gparams", "the host cores' AdamW rate",
                   "0.9, benchmarks/bench_host_optimizer.py measures it", why)
-    share = dram / max(1, hw.gpus_per_node) / ADAM_BYTES_PER_PARAM  # Gparams/s
-    return HostOptimizer(fraction=1.0 if fsdp else a.optimizer_offload_fraction, link_gbps=link,
+    rate = dram / max(1, hw.gpus_per_node) / ADAM_BYTES_PER_PARAM  # Gparams/s a rank
+    return HostOptimizer(fraction=share, link_gbps=link,
                          threads=a.optimizer_cpu_threads, core_params_per_ms=core * 1e6,
-                         memory_params_per_ms=share * 1e6,
+                         memory_params_per_ms=rate * 1e6,
                          overlap=a.overlap_cpu_optimizer_d2h_h2d, copies=not fsdp,
                          host_limit_bytes=host_share_bytes(hw))
 
@@ -144,8 +145,8 @@ def host_fields(share: float, fsdp: bool = False) -> dict[str, Any]:
 def host_state_bytes(a: Architecture, dense: float, experts: float) -> float:
     """Host memory the optimizer holds for a rank with `dense` and `experts` (routed
     experts') parameters: its share of the rank's shard of each."""
-    fsdp = a.fsdp and a.fsdp_cpu_offload
-    if not (a.optimizer_cpu_offload or fsdp):
+    share = host_state_share(a)
+    if not share:
         return 0.0
     shard = dense / optimizer_shards(a) + experts / optimizer_shards(a, experts=True)
-    return shard * (1.0 if fsdp else a.optimizer_offload_fraction) * HOST_STATE_BYTES
+    return shard * share * HOST_STATE_BYTES

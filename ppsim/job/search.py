@@ -40,6 +40,7 @@ from ppsim.job.shapes import (
 from ppsim.job.throughput import Throughput
 from ppsim.pipeline.problem import Problem, build_problem
 from ppsim.plan.planner import plan
+from ppsim.policy.report import host_step_ms
 from ppsim.sim.simulate import simulate
 from ppsim.sim.summary import Summary, rank_tails
 
@@ -147,16 +148,6 @@ def held_back(summary: Summary, comm_ms: float, limit: float, host_ms: float = 0
     if shares[worst] < 0.005:
         return "nothing: compute-bound"
     return f"{worst} {shares[worst]:.0%}"
-
-
-def host_step_ms(problem: Problem) -> float:
-    """The slowest rank's optimizer step where part of it is on the host; 0 otherwise."""
-    job, hw = problem.hardware.job, problem.hardware
-    if job is None or job.host_optimizer is None:
-        return 0.0
-    return max(t.optimizer_ms for t in rank_tails(problem.schedule, problem.stage_costs, job,
-                                                  hw.memory_bandwidth_gbps,
-                                                  hw.optimizer_fixed_ms))
 
 
 OVERLAP_HINT_SHARE = 0.05

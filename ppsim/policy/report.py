@@ -45,10 +45,19 @@ def optimizer_host_bytes(problem: Problem) -> list[int]:
             for t in rank_tails(problem.schedule, problem.stage_costs, job, 0.0)]
 
 
-def _step_ms(problem: Problem, job: Any) -> list[float]:
+def _tails(problem: Problem, job: Any) -> list[Any]:
+    """Each rank's step (ppsim.job.tail.Tail) of `problem` run as `job`."""
     hw = problem.hardware
-    return [t.optimizer_ms for t in rank_tails(problem.schedule, problem.stage_costs, job,
-                                               hw.memory_bandwidth_gbps, hw.optimizer_fixed_ms)]
+    return rank_tails(problem.schedule, problem.stage_costs, job, hw.memory_bandwidth_gbps,
+                      hw.optimizer_fixed_ms)
+
+
+def host_step_ms(problem: Problem) -> float:
+    """The slowest rank's optimizer step where part of it is on the host; 0 otherwise."""
+    job = problem.hardware.job
+    if job is None or job.host_optimizer is None:
+        return 0.0
+    return max(t.optimizer_ms for t in _tails(problem, job))
 
 
 def host_step_line(problem: Problem, iteration_ms: float) -> str | None:
@@ -59,7 +68,7 @@ def host_step_line(problem: Problem, iteration_ms: float) -> str | None:
     host = job.host_optimizer if job is not None else None
     if host is None or iteration_ms <= 0:
         return None
-    steps = _step_ms(problem, job)
+    steps = [t.optimizer_ms for t in _tails(problem, job)]
     rank = max(range(len(steps)), key=steps.__getitem__)
     line = (f"the optimizer ({host.fraction:.0%} of its state on the host) steps in "
             f"{steps[rank]:,.0f} ms on rank {rank} ({steps[rank] / iteration_ms:.0%} of the "
@@ -67,7 +76,7 @@ def host_step_line(problem: Problem, iteration_ms: float) -> str | None:
     # Megatron's overlap hides its step's copies; FSDP2's offload has none in the step.
     best = replace(host, threads=max(host.threads, host.saturating_threads),
                    overlap=host.overlap or host.copies)
-    faster = max(_step_ms(problem, replace(job, host_optimizer=best)))
+    faster = max(t.optimizer_ms for t in _tails(problem, replace(job, host_optimizer=best)))
     if faster >= 0.9 * steps[rank]:
         return line
     flags = [f"OMP_NUM_THREADS={best.threads}"] * (best.threads > host.threads) + \
@@ -98,10 +107,12 @@ def policy_json(problem: Problem) -> dict[str, Any]:
     """{"policy": [...], "host_bytes": per rank, "host_fits"} when the problem runs a
     memory policy, with "optimizer_host_bytes" (and without "policy" where it runs no
     memory policy) when the optimizer is partly on the host; else {}."""
-    opt = optimizer_host_bytes(problem)
     job = problem.hardware.job
+    tails = _tails(problem, job) if job is not None and job.host_optimizer else []
+    opt = [int(t.host_bytes) for t in tails]
     out: dict[str, Any] = {"optimizer_host_bytes": opt,
-                           "host_optimizer_step_ms": _step_ms(problem, job)} if any(opt) else {}
+                           "host_optimizer_step_ms": [t.optimizer_ms for t in tails]} \
+        if any(opt) else {}
     if isinstance(problem.memory, Fixed):
         held, limit = host_bytes(problem, problem.memory.policies), \
             problem.memory.costs.host_limit_bytes
