@@ -107,21 +107,12 @@ def _fsdp(cfg: Any, s: Shape) -> bool:
     return s.sharding == "fsdp" if s.sharding else cfg.model.arch.fsdp
 
 
-def _host_applies(cfg: Any, s: Shape) -> bool:
-    """Adam could step on the host for the shape (not Muon), on hardware that gives the
-    host's rates."""
-    return cfg.model.arch.optimizer == "adam" and host_rates_known(cfg.hardware)
-
-
 def host_variants(cfg: Any, p: Pending, gbs: int) -> list[Pending]:
     """The shape of `p` with part of its optimizer on the host: the least of HOST_SHARES
     under which its weights and optimizer state fit (found by halving), the fastest step,
     and all of it, which leaves the most memory to the activations (under FSDP, FSDP2's CPU
-    offload, all of it); none when all of it on the host is not enough, or it does not
-    apply."""
-    if not _host_applies(cfg, p.shape):
-        return []
-
+    offload, all of it); none when all of it on the host is not enough. `cfg` is one that
+    host_refusal passed."""
     def fits(share: float) -> Pending | None:
         try:
             q = pending_shape(cfg, replace(p.shape, host_optimizer=share), gbs)

@@ -36,20 +36,19 @@ def stage_policies(problem: Problem) -> list[dict[str, Any]]:
     return out
 
 
-def optimizer_host_bytes(problem: Problem) -> list[int]:
-    """Per rank, the host optimizer's state (ppsim.job.host_optimizer); zeros without it."""
-    job = problem.hardware.job
-    if job is None or job.host_optimizer is None:
-        return [0] * problem.schedule.pp
-    return [int(t.host_bytes)
-            for t in rank_tails(problem.schedule, problem.stage_costs, job, 0.0)]
-
-
 def _tails(problem: Problem, job: Any) -> list[Any]:
     """Each rank's step (ppsim.job.tail.Tail) of `problem` run as `job`."""
     hw = problem.hardware
     return rank_tails(problem.schedule, problem.stage_costs, job, hw.memory_bandwidth_gbps,
                       hw.optimizer_fixed_ms)
+
+
+def optimizer_host_bytes(problem: Problem) -> list[int]:
+    """Per rank, the host optimizer's state (ppsim.job.host_optimizer); zeros without it."""
+    job = problem.hardware.job
+    if job is None or job.host_optimizer is None:
+        return [0] * problem.schedule.pp
+    return [int(t.host_bytes) for t in _tails(problem, job)]
 
 
 def host_step_ms(problem: Problem) -> float:
