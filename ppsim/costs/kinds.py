@@ -5,7 +5,7 @@ mixer's and its MLP or MoE block's together), an MTP module's layers (piece_kind
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ppsim.costs.arch import KINDS, PAIRED_KINDS, Architecture, layer_kinds
 from ppsim.costs.hybrid import parse_pattern
@@ -35,10 +35,20 @@ def any_kind_params(a: Architecture, kind: str) -> KindParams:
     return kind_params(a, kind) if kind in KINDS else mixer_params(a, kind)
 
 
-def model_params(a: Architecture) -> tuple[int, int, int]:
-    """(total, active per token, MTP) parameters of any stack; total and active exclude
-    MTP, include the embedding, the head and the final norm; MTP is its depths' layers
-    (mtp_kinds) and their own weights."""
+@dataclass(frozen=True)
+class ModelParams:
+    """A whole model's parameter counts."""
+
+    total: int
+    """Every weight but MTP's: the layers, the embedding, the head and the final norm."""
+    active: int
+    """Those one token's pass touches (its top-k experts of each MoE layer)."""
+    mtp: int
+    """The MTP depths' layers (mtp_kinds) and their own weights."""
+
+
+def model_params(a: Architecture) -> ModelParams:
+    """The parameters of any stack."""
     kinds = layer_kinds(a)
     total = active = 2 * a.vocab_size * a.hidden_size + a.hidden_size
     for k in kinds:
@@ -49,7 +59,7 @@ def model_params(a: Architecture) -> tuple[int, int, int]:
         else a.mtp_layers
     depth = sum(p.dense + p.experts for p in (any_kind_params(a, k) for k in mtp_kinds(a))) \
         if kinds else 0
-    return total, active, depths * (depth + mtp_extra_params(a))
+    return ModelParams(total, active, depths * (depth + mtp_extra_params(a)))
 
 
 def mtp_kinds(a: Architecture) -> tuple[str, ...]:

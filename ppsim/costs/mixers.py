@@ -174,8 +174,8 @@ def mixer_params(a: Architecture, kind: str) -> KindParams:
         return KindParams(mats + other + norm, 0, mats + other, norm)
     if kind in ("attention", "mla", "dsa"):
         b = a if kind == "attention" else _latent(a)
-        mats, norms = attention_params(b)
-        norms *= 1 if a.rmsnorm else 2
+        block = attention_params(b)
+        mats, norms = block.matmuls, block.norms * (1 if a.rmsnorm else 2)
         if kind == "dsa":
             mats += _indexer_params(b)
         return KindParams(mats + norms, 0, mats, norms)
@@ -184,9 +184,9 @@ def mixer_params(a: Architecture, kind: str) -> KindParams:
         return KindParams(mats + norm, 0, mats, norm)
     if kind == "moe-mlp":
         # kind_params' MoE layer without its attention block and that block's norms
-        full, (attn, attn_norms) = kind_params(a, "moe"), attention_params(a)
-        dense = full.dense - attn - attn_norms * (1 if a.rmsnorm else 2)
-        return KindParams(dense, full.experts, full.active - attn, norm)
+        full, block = kind_params(a, "moe"), attention_params(a)
+        dense = full.dense - block.matmuls - block.norms * (1 if a.rmsnorm else 2)
+        return KindParams(dense, full.experts, full.active - block.matmuls, norm)
     raise UserError("model.hybrid_layer_pattern", f"unknown layer kind {kind!r}",
                     "use Megatron's symbols")
 

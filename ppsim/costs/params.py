@@ -9,17 +9,29 @@ from dataclasses import dataclass
 from ppsim.costs.arch import Architecture, attention_shape
 
 
-def attention_params(a: Architecture) -> tuple[int, int]:
-    """(matmul weights, norm weights) of one attention block, input norm included."""
+@dataclass(frozen=True)
+class AttentionParams:
+    """One attention block's weights."""
+
+    matmuls: int
+    """Its projections' weights."""
+    norms: int
+    """Its norms' weights (one value each), the input norm included."""
+
+
+def attention_params(a: Architecture) -> AttentionParams:
+    """The weights of one attention block, its input norm included."""
     h, sh = a.hidden_size, attention_shape(a)
     if a.attention == "mla":
         hd = a.head_dim or h // a.num_heads
         q = h * a.q_lora_rank + a.q_lora_rank * sh.q if a.q_lora_rank else h * sh.q
         kv = (h * (a.kv_lora_rank + a.qk_rope_head_dim)
               + a.kv_lora_rank * a.num_heads * (hd + (a.v_head_dim or hd)))
-        return q + kv + sh.out * h, h + (a.q_lora_rank + a.kv_lora_rank) * a.qk_layernorm
+        return AttentionParams(q + kv + sh.out * h,
+                               h + (a.q_lora_rank + a.kv_lora_rank) * a.qk_layernorm)
     hd = a.head_dim or h // a.num_heads
-    return h * (sh.q + sh.k + sh.v + sh.gate) + sh.out * h, h + 2 * hd * a.qk_layernorm
+    return AttentionParams(h * (sh.q + sh.k + sh.v + sh.gate) + sh.out * h,
+                           h + 2 * hd * a.qk_layernorm)
 
 
 def _mlp_params(a: Architecture, ffn: int, width: int = 0) -> int:
@@ -44,8 +56,9 @@ class KindParams:
 
 
 def kind_params(a: Architecture, kind: str) -> KindParams:
-    attn, norms = attention_params(a)
-    norm = (norms + a.hidden_size) * (1 if a.rmsnorm else 2)  # and the MLP's input norm
+    block = attention_params(a)
+    attn = block.matmuls
+    norm = (block.norms + a.hidden_size) * (1 if a.rmsnorm else 2)  # and the MLP's input norm
     if kind == "dense":
         mlp = _mlp_params(a, a.ffn_hidden_size)
         return KindParams(attn + mlp + norm, 0, attn + mlp, norm)

@@ -252,7 +252,8 @@ def test_bad_pattern_on_the_command_line_is_one_line_exit_2(capsys):
 ])
 def test_hybrid_preset_parameter_counts_match_model_cards(name, total, source):
     arch = parse_model({"preset": name}).arch  # type: ignore[union-attr]
-    got, active, _ = model_params(arch)
+    counts = model_params(arch)
+    got, active = counts.total, counts.active
     assert got == pytest.approx(total, rel=0.02), source
     if name.startswith("nemotron"):
         assert active == pytest.approx(got, rel=1e-4)  # dense: every matmul weight, all norms aside
@@ -265,7 +266,8 @@ def test_nemotron_3_nano_counts_match_its_report():
     """NVIDIA's Nemotron 3 Nano report: 31.6B parameters, 3.2B active a token (3.6B with
     the embedding table); 23 Mamba-2, 23 MoE and 6 attention layers."""
     arch = parse_model({"preset": "nemotron-3-nano-30b-a3b"}).arch  # type: ignore[union-attr]
-    total, active, _ = model_params(arch)
+    counts = model_params(arch)
+    total, active = counts.total, counts.active
     assert total == pytest.approx(31.6e9, rel=0.01)
     assert active == pytest.approx(3.6e9, rel=0.02)
     assert active - arch.vocab_size * arch.hidden_size == pytest.approx(3.2e9, rel=0.02)

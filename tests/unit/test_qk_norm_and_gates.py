@@ -194,7 +194,7 @@ def test_qwen3_next_counts_its_gate_and_norm_weights() -> None:
     """12 attention layers, each a 2048 x 16 x 256 gate and two norms of 256."""
     a = parse_model({"preset": "qwen3-next-80b-a3b"}).arch  # type: ignore[union-attr]
     plain = replace(a, attention_output_gate=False, qk_layernorm=False)
-    assert model_params(a)[0] - model_params(plain)[0] == 12 * (2048 * 16 * 256 + 2 * 256)
+    assert model_params(a).total - model_params(plain).total == 12 * (2048 * 16 * 256 + 2 * 256)
 
 
 def test_a_cost_file_measured_without_them_is_refused_with_them() -> None:
