@@ -42,8 +42,9 @@ def attention_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[st
         out["qk_layernorm"] = True
     if get("attention_output_gate"):
         out["attention_output_gate"] = True
-    if unfused_backend(args) is not None:
-        out["unfused_attention"] = unfused_backend(args)
+    unfused = unfused_backend(args)
+    if unfused is not None:
+        out["unfused_attention"] = unfused
     return out
 
 

@@ -136,8 +136,7 @@ class HybridHalf:
 
 _ATTENTION_HALF = HybridHalf(
     base="dense", prefixes=("norm1.", "attn.", "attn_proj.", "q_norm.", "kv_norm.", "q_up.",
-                            "kv_up.", "qk_norm.",
-                            "drop1."),
+                            "kv_up.", "qk_norm.", "drop1."),
     modules=("core_attn", "layernorm", "mla_up_proj", "attn_norm", "qkv_linear", "attn_proj"))
 HYBRID_HALVES: dict[str, HybridHalf] = {
     "attention": _ATTENTION_HALF,
