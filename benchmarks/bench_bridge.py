@@ -80,7 +80,7 @@ RUNS = [
     # Bridge's set_moe_a2a_overlap_overrides turns on both flags below.
     BridgeRun(name="Qwen3-235B-A22B", preset="qwen3-235b-a22b", gpus=256, tokens_per_gpu=1575,
               shape="--global-batch-size 2048 --micro-batch-size 1 --seq-length 4096 --tp 2 "
-                    "--pp 8 --vpp 4 --ep 32 --moe-token-dispatcher-type alltoall "
+                    "--pp 8 --vpp 4 --ep 32 --etp 1 --moe-token-dispatcher-type alltoall "
                     "--overlap-moe-expert-parallel-comm --delay-wgrad-compute"),
 ]
 
@@ -136,7 +136,7 @@ QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS, sets moe_a2a_overlap and no CUDA grap
 DEEPSEEK_RUN = BridgeRun(name="DeepSeek-V3", preset="deepseek-v3", gpus=1024,
                          tokens_per_gpu=1297,
                          shape="--global-batch-size 8192 --micro-batch-size 1 --tp 2 --pp 8 "
-                               "--vpp 4 --ep 64 --recompute-granularity selective "
+                               "--vpp 4 --ep 64 --etp 1 --recompute-granularity selective "
                                "--recompute-modules mla_up_proj mlp "
                                "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend "
                                "deepep --overlap-moe-expert-parallel-comm "

@@ -49,7 +49,7 @@ COMMON = ["--preset", "qwen3-235b-a22b", "--hardware", "h100-80gb", "--gpus", "2
           "--global-batch-size", "2048", "--micro-batch-size", "1", "--seq-length", "4096",
           "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
           "--tp-comm-overlap", "--recompute-granularity", "selective", "--recompute-modules",
-          "layernorm", "moe_act"]
+          "layernorm", "moe_act", "--etp", "1"]
 OVERLAP = "--overlap-moe-expert-parallel-comm --delay-wgrad-compute"
 
 
@@ -101,7 +101,7 @@ def measure(out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     arch = config_from_dict({"model": {"preset": "qwen3-235b-a22b", "tp": 2, "ep": 32,
-                                       "dp": 16}}).model.arch
+                                       "etp": 1, "dp": 16}}).model.arch
     result = measure_hardware("cuda", model=arch, sustained_s=8.0)
     write_text_atomic(str(out / MEASURED_FILE), hardware_toml(result))
     rates = [x["tflops"] for x in result["measurements"]["model_matmuls"]]

@@ -220,7 +220,9 @@ def plan_case(label: str, argv: list[str]) -> None:
           "shapes")
     for c in doc["candidates"]:
         t = c["throughput"]
-        print(f"   tp{c['tp']} cp{c['cp']} ep{c['ep']} pp{c['pp']} dp{c['dp']} vpp{c['vpp']} "
+        folded = f" etp{c['etp']}" if c["etp"] != c["tp"] else ""
+        print(f"   tp{c['tp']} cp{c['cp']} ep{c['ep']}{folded} pp{c['pp']} dp{c['dp']} "
+              f"vpp{c['vpp']} "
               f"mbs{c['micro_batch_size']}: {c['iteration_time_ms']:.0f} ms, "
               f"{t['tflops_per_gpu']:.0f} TFLOP/s/GPU, MFU {t['mfu']:.1%}, "
               f"{t['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, peak "

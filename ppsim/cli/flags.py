@@ -264,7 +264,6 @@ def config_from_args(args: argparse.Namespace) -> Config:
                                       cfg.pipeline.moe_token_dispatcher_type,
                                       bool(flag("moe_enable_deepep")))
     megatron_flags.check_experts_parallel(getattr(cfg.model, "arch", None),
-                                          flag("expert_tensor_parallel_size"),
                                           flag("moe_token_dispatcher_type"),
                                           bool(cfg.pipeline.moe_shared_expert_overlap))
     _check_layer_counts(cfg, flag)

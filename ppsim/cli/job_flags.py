@@ -11,7 +11,7 @@ from ppsim.config.state_rules import HOST_OPTIMIZER_KEYS
 from ppsim.costs.arch import FSDP_RESHARD
 from ppsim.costs.state import OPTIMIZER_DTYPES
 
-JOB_MODEL_KEYS = ("dp", "cp", "ep", "distributed_optimizer", "grad_reduce_in_bf16",
+JOB_MODEL_KEYS = ("dp", "cp", "ep", "etp", "distributed_optimizer", "grad_reduce_in_bf16",
                   "precision_aware_optimizer", "fsdp", "fsdp_reshard_after_forward",
                   "fsdp_cpu_offload", "fsdp_framework", "dp_replicas", *OPTIMIZER_DTYPES,
                   *HOST_OPTIMIZER_KEYS)
@@ -27,6 +27,9 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
                    help="context-parallel size")
     j.add_argument("--ep", "--expert-model-parallel-size", dest="ep", type=int, metavar="N",
                    help="expert-parallel size")
+    j.add_argument("--etp", "--expert-tensor-parallel-size", dest="etp", type=int,
+                   metavar="N", help="ranks each expert's matmuls split over (default tp; "
+                   "1 with a larger ep is Megatron's MoE parallel folding)")
     j.add_argument("--global-batch-size", type=int, metavar="N",
                    help="sequences per iteration: microbatches = N / (micro batch x dp)")
     j.add_argument("--rank-order", metavar="ORDER", help="Megatron rank order, innermost "

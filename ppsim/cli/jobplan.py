@@ -34,7 +34,8 @@ from ppsim.units import fmt_bytes
 
 def shape_dict(r: ShapeResult) -> dict[str, Any]:
     s, sm, job = r.shape, r.summary, r.problem.hardware.job
-    return {"tp": s.tp, "cp": s.cp, "ep": s.ep, "pp": s.pp, "dp": s.dp, "vpp": s.vpp,
+    return {"tp": s.tp, "cp": s.cp, "ep": s.ep, "etp": s.expert_tp, "pp": s.pp, "dp": s.dp,
+            "vpp": s.vpp,
             "micro_batch_size": s.mbs, "microbatches": s.microbatches,
             "schedule": r.problem.schedule.name, "split": list(r.problem.split.counts),
             "split_planned": r.planned, "split_proven": r.split_proven,
@@ -109,8 +110,7 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
     s = r.shape
     dispatcher = job.moe_token_dispatcher_type if job.arch.num_experts else "alltoall"
     out = parallel_args(s.tp, s.cp, s.ep, dispatcher, job.arch.cp_comm_type,
-                        job.arch.cp_a2a_size) \
-        + shlex.split(split)
+                        job.arch.cp_a2a_size, s.etp) + shlex.split(split)
     out += ["--micro-batch-size", str(s.mbs), "--global-batch-size", str(gbs), *policy]
     out += optimizer_args(job.arch)
     out += fusion_args(job.arch)
@@ -344,14 +344,11 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
                         "hold the chunks per rank, or drop it")
     cfg, assumed = assume_hardware(args, config_from_args(argparse.Namespace(
         **{**vars(args), "gpus": None, "global_batch_size": None})))
-    etp = getattr(args, "expert_tensor_parallel_size", None)
-    experts = getattr(getattr(cfg.model, "arch", None), "num_experts", 0)
-    if etp is not None and experts and args.tp != etp:
-        raise UserError("--expert-tensor-parallel-size", "ppsim splits each expert over the "
-                        "tp ranks, and the job search varies tp", f"hold --tp {etp}, or drop it")
     axes = _search_axes(args.search)
     policy = _policy_axis(axes, cfg)
     held = fixed_sizes(args)
+    if not getattr(getattr(cfg.model, "arch", None), "num_experts", 0):
+        held.pop("etp", None)  # no experts to split: Megatron reads it and splits nothing
     with step_bar(not args.json and sys.stderr.isatty()) as progress:
         res = search_job(cfg, args.gpus, gbs, top_k=args.top, budget_s=args.time_budget,
                          policy=policy, fixed=held, progress=progress,

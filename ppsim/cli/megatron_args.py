@@ -58,16 +58,16 @@ def megatron_model_args(a: Architecture) -> list[str]:
             out += kv("--" + name.replace("_", "-"), getattr(a, name))
     out += kv("--micro-batch-size", a.micro_batch_size) + RECOMPUTE_FLAGS[a.recompute]
     return out + parallel_args(a.tp, a.cp, a.ep, cp_comm_type=a.cp_comm_type,
-                               cp_a2a_size=a.cp_a2a_size) + optimizer_args(a)
+                               cp_a2a_size=a.cp_a2a_size, etp=a.etp) + optimizer_args(a)
 
 
 def parallel_args(tp: int, cp: int, ep: int, dispatcher: str = "alltoall",
-                  cp_comm_type: str = "p2p", cp_a2a_size: int = 0) -> list[str]:
+                  cp_comm_type: str = "p2p", cp_a2a_size: int = 0, etp: int = 0) -> list[str]:
     """The tensor, context and expert sizes as Megatron's arguments (1s unsaid), with
     what ppsim prices them with: sequence parallelism at tp > 1, context parallelism's
-    `cp_comm_type` (p2p unsaid; a2a+p2p with its two sizes), and the `dispatcher`
-    (all-to-all, or flex: DeepEP, which also runs at ep 1 over tp) at ep > 1 (Megatron's
-    default gathers)."""
+    `cp_comm_type` (p2p unsaid; a2a+p2p with its two sizes), the expert tensor-parallel
+    size where it is not tp, and the `dispatcher` (all-to-all, or flex: DeepEP, which
+    also runs at ep 1 over etp) at ep > 1 (Megatron's default gathers)."""
     out = ["--tensor-model-parallel-size", str(tp), "--sequence-parallel"] * (tp > 1)
     out += ["--context-parallel-size", str(cp)] * (cp > 1)
     out += ["--cp-comm-type", cp_comm_type] * (cp > 1 and cp_comm_type != "p2p")
@@ -75,6 +75,7 @@ def parallel_args(tp: int, cp: int, ep: int, dispatcher: str = "alltoall",
         out += ["--hierarchical-context-parallel-sizes", str(cp_a2a_size),
                 str(cp // cp_a2a_size)]
     out += ["--expert-model-parallel-size", str(ep)] * (ep > 1)
+    out += ["--expert-tensor-parallel-size", str(etp)] * bool(etp and etp != tp)
     return out + ["--moe-token-dispatcher-type", dispatcher] * (ep > 1 or dispatcher == "flex")
 
 

@@ -108,17 +108,11 @@ def check_flex_backend(backend: str | None, dispatcher: str,
                     "give deepep (Megatron's default) or hybridep, or drop the flag")
 
 
-def check_experts_parallel(arch: Any, etp: int | None, dispatcher: str | None,
+def check_experts_parallel(arch: Any, dispatcher: str | None,
                            shared_overlap: bool = False) -> None:
-    """Refuse the expert layouts ppsim does not price: experts split over other than the
-    tensor-parallel ranks (Megatron's --expert-tensor-parallel-size defaults to tp), and
-    the all-gather token dispatcher across expert-parallel ranks (ppsim prices the
-    all-to-all one). `arch`: the model's Architecture, or None for a uniform model."""
-    experts = arch is not None and arch.num_experts > 0
-    if etp is not None and experts and etp != arch.tp:
-        raise UserError("--expert-tensor-parallel-size", f"{etp}: ppsim splits each expert "
-                        f"over the tensor-parallel ranks (tp = {arch.tp}, Megatron's default)",
-                        "drop the flag, or give it the tensor-parallel size")
+    """Refuse the expert layouts ppsim does not price: the all-gather token dispatcher
+    across expert-parallel ranks (ppsim prices the all-to-all one). `arch`: the model's
+    Architecture, or None for a uniform model."""
     if dispatcher == "allgather" and shared_overlap:
         raise UserError("--moe-shared-expert-overlap", "moe_shared_expert_overlap only works "
                         "with alltoall or flex token dispatcher", "give "

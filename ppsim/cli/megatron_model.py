@@ -163,7 +163,6 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
             g.add_argument(f"--{flag}", type=kind, help=hidden)
     g.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, help=hidden)
     g.add_argument("--transformer-impl", choices=TRANSFORMER_IMPLS, help=hidden)
-    g.add_argument("--expert-tensor-parallel-size", type=int, help=hidden)
     g.add_argument("--cp-comm-type", nargs="+", help=hidden)
     g.add_argument("--hierarchical-context-parallel-sizes", nargs="+", type=int, help=hidden)
     g.add_argument("--optimizer", help=hidden)

@@ -75,6 +75,10 @@ def check_features(cfg: Any) -> None:
         raise UserError("pipeline.moe_token_dispatcher_type", "flex: the executor has no "
                         "DeepEP (its processes talk over gloo)", "drop it to run the model "
                         "(simulate and plan price DeepEP)")
+    if a.num_experts and a.expert_tp > 1:
+        raise UserError("model.etp", f"{a.expert_tp}: the executor keeps each expert whole on "
+                        "its rank", "set [model] etp = 1 to run the model (simulate and plan "
+                        "price it)")
     if a.fsdp and a.fsdp_framework == "megatron":
         raise UserError("model.fsdp_framework", "the executor shards as torchtitan does "
                         "(fp32 shards, an fp32 reduce), not as Megatron's --use-torch-fsdp2",

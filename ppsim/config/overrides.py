@@ -23,7 +23,7 @@ from ppsim.errors import UserError
 from ppsim.job import shape as job_shape
 
 MODEL_KEYS = ("num_layers", "recompute", "tp", "micro_batch_size", "hybrid_layer_pattern", "dp",
-              "cp", "ep", "seq_length", "distributed_optimizer", "grad_reduce_in_bf16",
+              "cp", "ep", "etp", "seq_length", "distributed_optimizer", "grad_reduce_in_bf16",
               "precision_aware_optimizer", "fsdp", "fsdp_reshard_after_forward",
               "fsdp_cpu_offload", "fsdp_framework", "dp_replicas", "bias_swiglu_fusion",
               "cp_comm_type", "cp_a2a_size", "optimizer", "muon_ns_steps", "muon_tp_mode",

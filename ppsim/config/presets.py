@@ -53,7 +53,7 @@ MODEL_PRESETS: dict[str, dict] = {
         num_layers=61, layers="dense*1, moe*60", hidden_size=7168, num_heads=64,
         num_kv_heads=64, head_dim=128, attention="mla", q_lora_rank=1536, kv_lora_rank=512,
         qk_rope_head_dim=64, v_head_dim=128, ffn_hidden_size=18432, num_experts=384, top_k=8,
-        moe_ffn_hidden_size=2048, shared_experts=1, ep=32, tp=2, vocab_size=163840,
+        moe_ffn_hidden_size=2048, shared_experts=1, ep=32, tp=2, etp=1, vocab_size=163840,
         seq_length=4096, micro_batch_size=1, recompute="selective", optimizer="muon",
         distributed_optimizer=True, dp=16, qk_layernorm=True),
     "qwen3-235b-a22b": dict(
@@ -130,8 +130,8 @@ MODEL_NOTES: dict[str, str] = {
     "1 MTP, ep 64, distributed optimizer over dp 128 (deepseek-ai/DeepSeek-V3 config.json; "
     "arXiv 2412.19437: 671B, 37B active)",
     "kimi-k2": "Kimi K2: MLA (64 heads), 1 dense + 60 MoE layers (384 experts top-8 + 1 "
-    "shared), tp 2, ep 32, Muon (as Moonshot trained it and Megatron-Bridge's recipe runs "
-    "it) under the distributed optimizer over dp 16 (moonshotai/Kimi-K2-Instruct "
+    "shared), tp 2, ep 32, etp 1, Muon (as Moonshot trained it and Megatron-Bridge's recipe "
+    "runs it) under the distributed optimizer over dp 16 (moonshotai/Kimi-K2-Instruct "
     "config.json; Bridge's H100 recipe shape; 1T, 32B active)",
     "qwen3-235b-a22b": "Qwen3-235B-A22B: 94 MoE layers, 128 experts top-8, GQA 64/4 with "
     "query and key norms, tp 4, ep 8 (Qwen/Qwen3-235B-A22B config.json; 235B, 22B active)",

@@ -242,7 +242,7 @@ _POSITIVE = ("tp", "dp", "ep", "cp", "dp_replicas", "vocab_divisor", "hidden_siz
              "muon_ns_steps", "optimizer_cpu_threads", "num_heads", "num_kv_heads",
              "ffn_hidden_size", "vocab_size", "seq_length", "micro_batch_size")
 _COUNTS = ("attention_window", "moe_latent_size", "mtp_layers", "head_dim", "q_lora_rank",
-           "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "cp_a2a_size", "num_experts",
+           "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "cp_a2a_size", "num_experts", "etp",
            "top_k", "moe_ffn_hidden_size", "shared_experts", "num_layers_at_start_in_bf16",
            "num_layers_at_end_in_bf16")
 _REQUIRED = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size",
@@ -301,8 +301,8 @@ def transformer(raw: dict[str, Any]) -> None:
 def parallel_shape(raw: dict[str, Any]) -> None:
     """The splits Megatron asserts (arguments.py): tp divides the attention heads, the
     key/value groups and a vocabulary it does not pad, the groups divide the heads, ep > 1
-    has routed experts and divides them, and a token is routed to no more experts than
-    there are."""
+    has routed experts and divides them, etp (tp by default) divides an expert's width,
+    and a token is routed to no more experts than there are."""
     def get(key: str, default: int) -> int:
         value = raw.get(key, default)
         return value if isinstance(value, int) and not isinstance(value, bool) else default
@@ -336,3 +336,10 @@ def parallel_shape(raw: dict[str, Any]) -> None:
     if experts and experts % ep:
         raise UserError("model.ep", f"{ep:,} does not divide num_experts = {experts:,}",
                         "use an expert-parallel size that divides the experts")
+    etp, ffn = get("etp", 0) or tp, get("moe_ffn_hidden_size", 0)
+    if experts and ffn % etp:
+        raise UserError("model.etp" if get("etp", 0) else "model.tp",
+                        f"{etp:,} does not divide moe_ffn_hidden_size = {ffn:,}: each expert's "
+                        "units split over the expert tensor-parallel ranks",
+                        "give an expert tensor-parallel size (--expert-tensor-parallel-size) "
+                        "that divides the experts' width")

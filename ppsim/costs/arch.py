@@ -199,6 +199,10 @@ class Architecture:
     rank; the output and the gate's score kept for the product's backward."""
     ep: int = 1
     """Expert-parallel size: routed experts are divided over ep ranks."""
+    etp: int = 0
+    """Expert tensor-parallel size: each routed expert's matmuls are split over etp ranks
+    (Megatron --expert-tensor-parallel-size; MoE parallel folding); 0: tp, Megatron's
+    default. The experts' world is etp x ep x edp x pp, edp = tp x cp x dp / (etp x ep)."""
     moe_latent_size: int = 0
     """Routed experts work on tokens projected down to this width and back (Megatron
     --moe-latent-size; the projections are whole on every tp rank); 0: the hidden size."""
@@ -303,6 +307,18 @@ class Architecture:
         if f <= 0:
             return 1.0
         return f if self.moe_pad_to_capacity else min(f, 1.0)
+
+    @property
+    def expert_tp(self) -> int:
+        """Ranks each routed expert's matmuls are split over (etp, or tp when unset)."""
+        return self.etp or self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """The experts' data-parallel size, tp x cp x dp / (etp x ep) (Megatron's
+        expert_data_parallel_size), at least 1 (a preset's ep may exceed one replica's
+        ranks: it then views the experts of a wider world)."""
+        return max(1, self.tp * self.cp * self.dp // (self.expert_tp * self.ep))
 
     @property
     def rmsnorm(self) -> bool:

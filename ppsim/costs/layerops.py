@@ -142,10 +142,10 @@ def unfused_core_ops(a: Architecture) -> list[Op]:
 
 
 def _mlp_ops(a: Architecture, name: str, tokens: int, ffn: int, count: float = 1,
-             width: int = 0) -> list[Op]:
+             width: int = 0, split: int = 0) -> list[Op]:
     """fc1 (fc1 and fc3 when gated), the activation function, fc2, from and to `width`
-    (default: the hidden size)."""
-    t, h, w = a.tp, width or a.hidden_size, DTYPE_BYTES[a.dtype]
+    (default: the hidden size), the `ffn` units split over `split` ranks (default tp)."""
+    t, h, w = split or a.tp, width or a.hidden_size, DTYPE_BYTES[a.dtype]
     up = 2 * ffn if a.gated_mlp else ffn
     elems = tokens * ffn * count / t
     # Eager SwiGLU: silu (read, write), then the product (read two, write one). Megatron's
@@ -161,15 +161,18 @@ def mlp_ops(a: Architecture, kind: str) -> list[Op]:
         return _mlp_ops(a, "mlp", _tokens(a), a.ffn_hidden_size)
     t, h, tok, w = a.tp, a.hidden_size, _tokens(a), DTYPE_BYTES[a.dtype]
     lat = a.moe_latent_size
-    # token-expert pairs each rank computes, on average (dropped or padded to capacity)
+    # token-expert pairs a tp group routes, on average (dropped or padded to capacity)
     pairs = tok * a.top_k * a.expert_load
-    per_expert = max(1, int(pairs * a.ep // max(1, a.num_experts)))
+    # A rank's experts take the pairs its ep group sends them, gathered over the expert
+    # tp group (etp / tp of the tp group's): etp times its own share, 1 / etp of the width.
+    per_expert = max(1, int(pairs * a.ep * (a.expert_tp / t) // max(1, a.num_experts)))
     local = max(1, a.num_experts // a.ep)
     ops = [_mm("router", tok, a.num_experts / t, h),
            Op("router.softmax_topk", nbytes=3 * tok * a.num_experts * 4 / t)]
     ops += [_mm("latent.fc1", tok, lat / t, h)] if lat else []
     ops.append(Op("dispatch", nbytes=(tok + pairs) * (lat or h) * w / t))
-    ops += _mlp_ops(a, "experts", per_expert, a.moe_ffn_hidden_size, local, lat)
+    ops += _mlp_ops(a, "experts", per_expert, a.moe_ffn_hidden_size, local, lat,
+                    split=a.expert_tp)
     ops.append(Op("combine", nbytes=(tok + pairs) * (lat or h) * w / t))
     if not a.moe_permute_fusion:
         # Megatron's torch unpermute: the pairs times their probabilities (read, write),

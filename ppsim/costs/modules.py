@@ -219,7 +219,9 @@ def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
         # expert and back (the dispatch's and the combine's backward gathers by them)
         t["router.indices"] = 3 * tok * a.top_k * 8
         width = a.moe_latent_size or h  # the experts' tokens, projected down
-        t["experts.fc1_in"] = pairs * width * w  # the dispatched tokens
+        # the dispatched tokens, gathered over the expert tp group: a grouped linear with
+        # explicit expert communication keeps etp ranks' pairs at the whole width
+        t["experts.fc1_in"] = pairs * width * w * a.expert_tp
         t.update(_mlp_tensors(a, "experts", pairs, a.moe_ffn_hidden_size))
         t["experts.out"] = pairs * width * w  # weighted in the combine
         if a.moe_latent_size:

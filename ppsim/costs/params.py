@@ -46,7 +46,7 @@ class KindParams:
     dense: int
     """Weights every rank of a tp group holds (matmuls a 1/tp share, norms whole)."""
     experts: int
-    """Routed expert weights, divided over ep x tp."""
+    """Routed expert weights, divided over ep x etp."""
     active: int
     """Weights one token's matmuls touch (FLOPs = 2 x tokens x active)."""
     norms: int = 0

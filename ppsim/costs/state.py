@@ -68,11 +68,12 @@ def adam_step_bytes(a: Architecture) -> int:
 def optimizer_shards(a: Architecture, experts: bool = False) -> int:
     """Ranks the distributed optimizer (or FSDP) shards a parameter's state over: dense
     ones over dp x cp (Megatron's intra_dp_cp_group, torchtitan's dp_shard x cp mesh),
-    routed experts' over the expert data-parallel group, dp x cp / ep (world / (ep x etp
-    x pp) with etp = tp; torchtitan's efsdp); each over 1 / dp_replicas of that group."""
+    routed experts' over the expert data-parallel group, tp x cp x dp / (etp x ep)
+    (world / (etp x ep x pp); torchtitan's efsdp); each over 1 / dp_replicas of that
+    group."""
     if not (a.distributed_optimizer or a.fsdp):
         return 1
-    group = max(1, a.dp * a.cp // a.ep) if experts else a.dp * a.cp
+    group = a.expert_dp if experts else a.dp * a.cp
     return max(1, group // a.dp_replicas)
 
 

@@ -7,7 +7,7 @@ gradient and weight gradient, matmuls at a size-dependent efficiency, attention
 at FlashAttention's causal FLOPs, the rest bytes over memory bandwidth. Activation
 bytes are the tensors autograd keeps; static bytes follow Megatron's
 bytes-per-parameter rule with a padded vocabulary, norms whole on every tp rank
-and experts sharded over ep x tp.
+and experts sharded over ep x etp.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ class HeldParams:
     dense: float
     """Matrices split by tp, norms whole."""
     experts: float
-    """Routed experts, split by ep x tp."""
+    """Routed experts, split by ep x etp."""
 
 
 def held_params(a: Architecture, kind: str) -> HeldParams:
@@ -106,7 +106,7 @@ def held_params(a: Architecture, kind: str) -> HeldParams:
     p = any_kind_params(a, kind)
     whole = p.norms + p.duplicated
     return HeldParams(dense=(p.dense - whole) / a.tp + whole,
-                      experts=p.experts / (a.ep * a.tp))
+                      experts=p.experts / (a.ep * a.expert_tp))
 
 
 def _kind_cost(a: Architecture, acc: Accelerator, kind: str,

@@ -145,10 +145,10 @@ def deepep_ms(token_bytes: float, g: Link, experts: int, top_k: int, shards: int
     top_k of `experts` spread evenly over the expert-parallel group `g` (Megatron's flex
     dispatcher, deepseek-ai/DeepEP's normal kernels): a token crosses to each other node
     that holds one of its experts once, over the NIC, and reaches each GPU there over
-    NVLink, where an all-to-all sends it once per expert. Megatron runs it over the tp x
-    ep group, each expert in `shards` (tp) pieces on the GPUs of one tensor-parallel
-    group: a token reaches every piece of its experts. (n - 1) alpha over the tp x ep
-    ranks plus the longer of the NIC's and NVLink's bytes."""
+    NVLink, where an all-to-all sends it once per expert. Megatron runs it over the etp x
+    ep group, each expert in `shards` (etp) pieces on the GPUs of one expert
+    tensor-parallel group: a token reaches every piece of its experts. (n - 1) alpha over
+    the etp x ep ranks plus the longer of the NIC's and NVLink's bytes."""
     n = g.size * shards
     if n <= 1:
         return 0.0

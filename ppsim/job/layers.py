@@ -85,16 +85,16 @@ def piece_fp8(a: Architecture, pieces: int) -> tuple[bool, ...]:
 
 def ep_all_to_all_ms(job: Job, a: Architecture) -> float:
     """Dispatch and combine of one microbatch: two all-to-alls, or with the flex
-    dispatcher two of DeepEP's over the tp x ep group (each token once to a node, then
-    to every tensor-parallel piece of its experts: ppsim.job.collectives)."""
+    dispatcher two of DeepEP's over the etp x ep group (each token once to a node, then
+    to every expert tensor-parallel piece of its experts: ppsim.job.collectives)."""
     flex = job.moe_token_dispatcher_type == "flex"
-    if a.ep == 1 and not (flex and a.tp > 1):
+    if a.ep == 1 and not (flex and a.expert_tp > 1):
         return 0.0
     width = a.moe_latent_size or a.hidden_size  # what the dispatcher moves
     tokens = (a.seq_length * a.micro_batch_size * a.expert_load * width
               * DTYPE_BYTES[a.dtype] / a.tp)
     if flex:
-        return 2 * deepep_ms(tokens, job.link("ep"), a.num_experts, a.top_k, a.tp)
+        return 2 * deepep_ms(tokens, job.link("ep"), a.num_experts, a.top_k, a.expert_tp)
     return 2 * all_to_all_ms(tokens * a.top_k, job.link("ep"))
 
 
@@ -198,7 +198,7 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
     d_f = dispatcher_tp_ms(job, a) if kind in MOE_KINDS else 0.0
     d_b = d_f * (2 if again.dispatch else 1)
     fwd, bwd = [], []
-    if a.tp > 1:
+    if a.tp > 1 or d_f:  # the dispatcher's gathers draw in the tp lane (etp > tp = 1 too)
         for out, t, d, compute in ((fwd, tp_f, d_f, cost.forward_ms),
                                    (bwd, tp_b, d_b, cost.backward_ms)):
             waits = overlapped_ms(t, compute, job.sm_count) if job.tp_comm_overlap \
@@ -292,7 +292,8 @@ def dispatcher_sort_ms(job: Job, a: Architecture, acc: Accelerator) -> float:
     no dispatch (Megatron's default there gathers, and sorts nothing)."""
     if job.moe_token_dispatcher_type != "alltoall" or a.ep == 1 or a.num_experts // a.ep < 2:
         return 0.0
-    copies = a.seq_length * a.micro_batch_size * a.expert_load * a.top_k
+    # the copies a rank's experts take, gathered over the expert tp group
+    copies = a.seq_length * a.micro_batch_size * a.expert_load * a.top_k * (a.expert_tp / a.tp)
     nbytes = 2 * 2 * copies * (a.moe_latent_size or a.hidden_size) * DTYPE_BYTES[a.dtype]
     return op_times(acc.roofline(), Op("dispatch.sort", nbytes=nbytes))[0]
 

@@ -47,12 +47,14 @@ class Groups:
     cp_p2p: Span
     """Under a2a+p2p, the ring across the all-to-all groups (every cp_a2a_size-th rank)."""
     ep: Span
-    """The expert-parallel group (tp x ep x edp world)."""
+    """The expert-parallel group (etp x ep x edp world)."""
+    etp: Span
+    """The expert tensor-parallel group (the all-to-all dispatcher gathers over it)."""
     dp: Span
     """Gradients reduce over dp x cp (Megatron's dp_cp group)."""
     edp: Span
-    """Routed experts' gradients reduce over the expert data-parallel group, dp x cp /
-    ep ranks (Megatron's expt_dp group)."""
+    """Routed experts' gradients reduce over the expert data-parallel group, tp x cp x dp
+    / (etp x ep) ranks (Megatron's expt_dp group)."""
     dp_shard: Span
     """The ranks one copy of the sharded state spans: the first 1 / dp_replicas of the
     dp x cp group (Megatron's intra-instance group, torchtitan's dp_shard x cp)."""
@@ -154,7 +156,7 @@ class Job:
         """What DeepEP's one buffer takes on each GPU (ppsim.job.deepep); 0 without it."""
         if not self.deepep:
             return 0
-        return deepep.buffer_bytes(self.arch.tp * self.arch.ep, self.arch.hidden_size,
+        return deepep.buffer_bytes(self.arch.expert_tp * self.arch.ep, self.arch.hidden_size,
                                    self.deepep_sms)
 
     @property
@@ -240,7 +242,8 @@ class Job:
         the combined 1F1B's all-to-all overlap, the SMs communication holds, and which
         groups cross nodes."""
         s, g = self.shape.sizes, self.groups
-        return {"gpus": s.gpus, "tp": s.tp, "cp": s.cp, "ep": s.ep, "dp": s.dp, "pp": s.pp,
+        return {"gpus": s.gpus, "tp": s.tp, "cp": s.cp, "ep": s.ep, "etp": s.expert_tp,
+                "dp": s.dp, "pp": s.pp,
                 "global_batch_size": self.shape.global_batch_size,
                 "micro_batch_size": self.shape.micro_batch_size,
                 "seq_length": self.shape.seq_length, "rank_order": self.shape.rank_order,
@@ -256,7 +259,8 @@ class Job:
                 "collective_sm_share": self.collective_sm_share,
                 "deepep_buffer_bytes": self.deepep_buffer_bytes,
                 "crosses_nodes": {"tp": g.tp.crosses_nodes, "cp": g.cp.crosses_nodes,
-                                  "ep": g.ep.crosses_nodes, "dp": g.dp.crosses_nodes,
+                                  "ep": g.ep.crosses_nodes, "etp": g.etp.crosses_nodes,
+                                  "dp": g.dp.crosses_nodes,
                                   "pipeline": list(g.pipeline_hops)}}
 
 
@@ -291,6 +295,7 @@ def groups(sizes: Sizes, order: str, gpus_per_node: int, replicas: int = 1,
     return Groups(tp=where(("tp",)), cp=where(("cp",)),
                   cp_a2a=span(cp_ranks[:cp_a2a], gpus_per_node),
                   cp_p2p=span(cp_ranks[::cp_a2a], gpus_per_node), ep=where(("ep",), experts=True),
+                  etp=where(("tp",), experts=True),
                   dp=dp, edp=edp, dp_shard=dp_shard, dp_replica=dp_replica,
                   edp_shard=edp_shard, edp_replica=edp_replica,
                   pipeline_hops=tuple(pipeline_hops(sizes, gpus_per_node, order)))

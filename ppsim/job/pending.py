@@ -37,7 +37,7 @@ def shape_config(cfg: Any, s: Shape, gbs: int) -> Any:
     # --tp-comm-overlap applies to the shapes with tensor parallelism (Megatron refuses it
     # at tp 1).
     overlap = {"tp_comm_overlap": False} if s.tp == 1 else {}
-    return with_overrides(cfg, model={"tp": s.tp, "cp": s.cp, "ep": s.ep, "dp": s.dp,
+    return with_overrides(cfg, model={"tp": s.tp, "cp": s.cp, "ep": s.ep, "etp": s.etp, "dp": s.dp,
                                       "micro_batch_size": s.mbs, **sharding, **cp_comm,
                                       **host},
                           pipeline={"pp": s.pp, "vpp": s.vpp, "schedule": schedule,

@@ -3,9 +3,11 @@
 Megatron's RankGenerator (megatron/core/parallel_state.py) numbers ranks by an order of
 dimensions, innermost first; the default "tp-cp-ep-dp-pp" puts tensor parallelism inside
 a node and the pipeline outermost. Attention and dense weights see the world as
-tp x cp x dp x pp (ep plays no part); experts see it as tp x ep x (dp x cp / ep) x pp, in
-the same order. A group is the set of ranks that differ only in its dimensions; what it
-costs depends on how many of its members share a node (ppsim.job.collectives).
+tp x cp x dp x pp (ep plays no part); experts see it as etp x ep x edp x pp, in the same
+order, with etp the expert tensor-parallel size (tp by default) and edp = tp x cp x dp /
+(etp x ep) (MoE parallel folding: expert groups may span the attention's tp ranks). A
+group is the set of ranks that differ only in its dimensions; what it costs depends on
+how many of its members share a node (ppsim.job.collectives).
 """
 
 from __future__ import annotations
@@ -31,11 +33,18 @@ class Sizes:
     cp: int = 1
     """Context-parallel size."""
     ep: int = 1
-    """Expert-parallel size; carved out of dp x cp, as Megatron's expert groups are."""
+    """Expert-parallel size; etp x ep carved out of tp x cp x dp, as Megatron's expert
+    groups are."""
     dp: int = 1
     """Data-parallel size."""
     pp: int = 1
     """Pipeline-parallel size."""
+    etp: int = 0
+    """Expert tensor-parallel size (0: tp)."""
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
 
     @property
     def gpus(self) -> int:
@@ -77,9 +86,11 @@ def _strides(sizes: dict[str, int], order: tuple[str, ...]) -> dict[str, int]:
 
 def world_sizes(s: Sizes, experts: bool) -> dict[str, int]:
     """Sizes per dimension of the dense world, or (experts) of the expert world, whose
-    data-parallel dimension is what dp x cp leaves after ep."""
+    tensor-parallel dimension is etp and data-parallel one what tp x cp x dp leaves after
+    etp x ep."""
     if experts:
-        return {"tp": s.tp, "cp": 1, "ep": s.ep, "dp": max(1, s.dp * s.cp // s.ep), "pp": s.pp}
+        edp = max(1, s.tp * s.cp * s.dp // (s.expert_tp * s.ep))
+        return {"tp": s.expert_tp, "cp": 1, "ep": s.ep, "dp": edp, "pp": s.pp}
     return {"tp": s.tp, "cp": s.cp, "ep": 1, "dp": s.dp, "pp": s.pp}
 
 

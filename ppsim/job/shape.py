@@ -82,7 +82,7 @@ def job_shape(cfg: Any) -> JobShape | None:
     if a is None:
         return None
     p = cfg.pipeline
-    sizes = Sizes(tp=a.tp, cp=a.cp, ep=a.ep, dp=a.dp, pp=p.pp)
+    sizes = Sizes(tp=a.tp, cp=a.cp, ep=a.ep, dp=a.dp, pp=p.pp, etp=a.etp)
     return JobShape(sizes=sizes, micro_batch_size=a.micro_batch_size, seq_length=a.seq_length,
                     microbatches=p.microbatches, rank_order=p.rank_order)
 
@@ -162,11 +162,7 @@ def check(cfg: Any) -> None:
                         "supported with distributed optimizer", "add "
                         "--use-distributed-optimizer (distributed_optimizer = true in [model])")
     _context_parallel(a)
-    # ep above dp x cp is a preset's view of one replica's experts (no world to carve from).
-    if a.dp * a.cp >= a.ep and (a.dp * a.cp) % a.ep:
-        raise UserError("model.ep", f"ep ({a.ep}) does not divide dp x cp ({a.dp * a.cp}): "
-                        "experts are spread over the data-parallel ranks",
-                        "choose ep dividing dp x cp")
+    _experts_fold(a, p)
     if p.global_batch_size:
         microbatches_for(p.global_batch_size, a.micro_batch_size, a.dp)
 
@@ -225,6 +221,26 @@ def _ulysses_heads(a: Any, size: int) -> None:
                         "all_gather, or an all-to-all size that divides both")
 
 
+def _experts_fold(a: Any, p: Any) -> None:
+    """The experts' world etp x ep x edp x pp is the dense one's (Megatron's
+    initialize_model_parallel): etp x ep divides tp x cp x dp, and outside pp-last rank
+    orders the two data-parallel sizes agree. At dp 1 (no world given) a preset's ep above
+    one replica's ranks views the experts of a wider world and is let be."""
+    ranks, folded = a.tp * a.cp * a.dp, a.expert_tp * a.ep
+    if (ranks >= folded or a.dp > 1) and ranks % folded:
+        raise UserError("model.etp" if a.etp else "model.ep",
+                        f"world_size ({ranks * p.pp}) is not divisible by "
+                        f"expert_tensor_model_pipeline_parallel size ({folded * p.pp})",
+                        f"choose etp x ep ({a.expert_tp} x {a.ep}) dividing tp x cp x dp "
+                        f"({ranks})")
+    if p.pp > 1 and not p.rank_order.endswith("pp") and a.num_experts \
+            and ranks >= folded and ranks // folded != a.dp:
+        raise UserError("pipeline.rank_order", "When not using pp-last rank ordering, the "
+                        "data parallel size of the attention and moe layers must be the "
+                        f"same (dp {a.dp}, expert dp {ranks // folded})", "use the default "
+                        "order, or etp x ep equal to tp x cp")
+
+
 def _copies_divide(a: Any) -> None:
     """Copies of the sharded state divide the data-parallel group, dense and expert, as
     Megatron asserts (parallel_state.py)."""
@@ -235,15 +251,17 @@ def _copies_divide(a: Any) -> None:
         raise UserError("model.dp_replicas", "Data parallel size should be divisible by "
                         f"partial DistOpt shard factor (dp x cp = {group}, {n} copies)",
                         "give a number of copies dividing dp x cp")
-    if a.num_experts and group >= a.ep and (group // a.ep) % n:
+    ranks, folded = a.tp * group, a.expert_tp * a.ep
+    if a.num_experts and ranks >= folded and (ranks // folded) % n:
         raise UserError("model.dp_replicas", "Expert data parallel size should be divisible "
-                        f"by partial DistOpt shard factor (dp x cp / ep = {group // a.ep}, "
-                        f"{n} copies)", "give a number of copies dividing dp x cp / ep")
+                        "by partial DistOpt shard factor (tp x cp x dp / (etp x ep) = "
+                        f"{ranks // folded}, {n} copies)", "give a number of copies dividing "
+                        "the expert data-parallel size")
 
 
 def _deepep_runs(a: Any, p: Any, sm_count: int) -> None:
     """UserError for a flex (DeepEP) dispatcher Megatron or DeepEP refuses: padded to
-    capacity, a tp x ep group of one or of a size DeepEP has no configuration for, its SMs
+    capacity, an etp x ep group of one or of a size DeepEP has no configuration for, its SMs
     all of the GPU's, or odd across nodes."""
     if a.moe_pad_to_capacity:
         raise UserError("pipeline.moe_token_dispatcher_type", "Flex token dispatcher with "
@@ -254,10 +272,10 @@ def _deepep_runs(a: Any, p: Any, sm_count: int) -> None:
         raise UserError("pipeline.moe_flex_dispatcher_num_sms",
                         f"{held} SMs for DeepEP leave none of the GPU's {sm_count} to "
                         "compute", f"give fewer than {sm_count}")
-    if a.tp * a.ep <= 1:
+    if a.expert_tp * a.ep <= 1:
         raise UserError("pipeline.moe_token_dispatcher_type", "DeepEP dispatcher requires "
-                        "TPxEP > 1", "give --ep or --tp above 1, or alltoall")
-    deepep.check(a.tp * a.ep, held)
+                        "TPxEP > 1", "give --ep or --etp above 1, or alltoall")
+    deepep.check(a.expert_tp * a.ep, held)
 
 
 def _fsdp_alone(p: Any, a: Any) -> None:

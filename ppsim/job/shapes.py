@@ -54,10 +54,19 @@ class Shape:
     host_optimizer: float = 0.0
     """Share of each rank's optimizer shard on the host where the search put it there
     (ppsim.job.pending.host_variant); 0: as configured."""
+    etp: int = 0
+    """Expert tensor-parallel size (each expert's matmuls split over etp ranks, etp x ep
+    of the tp x cp x dp ranks: Megatron's MoE parallel folding); 0: tp. The search
+    gives every shape its own."""
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
 
     def label(self) -> str:
-        return (f"tp{self.tp} cp{self.cp} ep{self.ep} pp{self.pp} dp{self.dp} vpp{self.vpp} "
-                f"mbs{self.mbs} m{self.microbatches}" + self.searched_label())
+        folded = f" etp{self.etp}" if self.etp and self.etp != self.tp else ""
+        return (f"tp{self.tp} cp{self.cp} ep{self.ep}{folded} pp{self.pp} dp{self.dp} "
+                f"vpp{self.vpp} mbs{self.mbs} m{self.microbatches}" + self.searched_label())
 
     def searched_label(self) -> str:
         """" fsdp", " distopt/4" (4 copies), " deepep", " a2a", " cp-a2a", " host0.5"
@@ -81,7 +90,7 @@ def _powers(limit: int) -> list[int]:
     return [1 << i for i in range(max(0, limit).bit_length())]
 
 
-FIXABLE = ("tp", "cp", "ep", "pp", "dp", "vpp", "mbs")
+FIXABLE = ("tp", "cp", "ep", "etp", "pp", "dp", "vpp", "mbs")
 """The sizes a user may fix (`plan --gpus N --tp 8 ...`); the search varies the rest."""
 
 
@@ -96,11 +105,27 @@ def _grid_fits(a: Any, gpus: int, layers: int, tp: int, cp: int, pp: int) -> boo
                 or vocab_split_problem(a.vocab_size, a.pad_vocab, tp))
 
 
-def _ep_fits(a: Any, group: int, ep: int, copies: int) -> bool:
-    """ep divides the dp x cp `group` and the experts (1 for a dense model), and the
-    sharded state's `copies` divide both the group and its expert data-parallel part."""
-    return not (group % ep or (a.num_experts and a.num_experts % ep)
-                or (not a.num_experts and ep > 1) or group % copies or (group // ep) % copies)
+def _ep_fits(a: Any, tp: int, group: int, etp: int, ep: int, copies: int) -> bool:
+    """etp x ep divides the tp x (dp x cp `group`) ranks, ep the experts (1 for a dense
+    model) and etp their width, and the sharded state's `copies` divide both the group
+    and the expert data-parallel one, tp x group / (etp x ep)."""
+    ranks, folded = tp * group, etp * ep
+    if not a.num_experts:
+        return ep == 1 and group % copies == 0
+    return not (ranks % folded or a.num_experts % ep or a.moe_ffn_hidden_size % etp
+                or group % copies or (ranks // folded) % copies)
+
+
+def _etp_choices(a: Any, tp: int, pin: dict[str, int]) -> tuple[int, ...]:
+    """The expert tensor-parallel sizes tried at `tp`: the one held (--etp, or the
+    model's own), else tp and, for routed experts at tp > 1, 1 (MoE parallel folding, as
+    Megatron's large-MoE recipes run). A dense model's is tp (none where another is held)."""
+    held = pin.get("etp") or (getattr(a, "etp", 0) if a.num_experts else 0)
+    if not a.num_experts:
+        return (tp,) if held in (0, tp) else ()
+    if held:
+        return (held,)
+    return (tp, 1) if tp > 1 else (tp,)
 
 
 def _schedule_runs(layers: int, pp: int, vpp: int, m: int, ep: int, combined: bool) -> bool:
@@ -133,11 +158,13 @@ def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
         dp = gpus // (tp * cp * pp)
         if not _grid_fits(a, gpus, layers, tp, cp, pp) or pin.get("dp", dp) != dp:
             continue
-        for ep, mbs in product(choices("ep", experts), choices("mbs", MBS_CHOICES)):
-            if not _ep_fits(a, dp * cp, ep, copies) or gbs % (mbs * dp):
+        for etp, ep, mbs in product(_etp_choices(a, tp, pin), choices("ep", experts),
+                                    choices("mbs", MBS_CHOICES)):
+            if not _ep_fits(a, tp, dp * cp, etp, ep, copies) or gbs % (mbs * dp):
                 continue
             m = gbs // (mbs * dp)
-            out += [Shape(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, mbs=mbs, microbatches=m)
+            out += [Shape(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, mbs=mbs, microbatches=m,
+                          etp=etp)
                     for vpp in choices("vpp", VPP_CHOICES if pp > 1 else (1,))
                     if _schedule_runs(layers, pp, vpp, m, ep, combined)]
     return out
@@ -151,9 +178,10 @@ def sharding_choices(s: Shape, gpus_per_node: int, experts: bool,
     shards then reduce and gather over NVLink, the copies all-reduce across)."""
     group = s.dp * s.cp
     per_node = max(1, gpus_per_node // s.tp)  # dp x cp ranks on a node (tp innermost)
+    expert_dp = s.tp * group // (s.expert_tp * s.ep)
     copies = [1]
     if group > per_node > 1 and group % per_node == 0 and \
-            (not experts or (group // s.ep) % (group // per_node) == 0):
+            (not experts or expert_dp % (group // per_node) == 0):
         copies.append(group // per_node)
     kinds = ("distributed optimizer",) if combined else ("distributed optimizer", "fsdp")
     return [replace(s, sharding=kind, dp_replicas=n) for kind in kinds for n in copies]
@@ -182,6 +210,6 @@ def cp_comm_choices(s: Shape, a: Any, gpus_per_node: int = 8) -> list[Shape]:
 
 def dispatcher_choices(s: Shape) -> list[Shape]:
     """`s` with each token dispatcher the search tries: the all-to-all, and DeepEP where
-    its tp x ep group has more than one rank (Megatron's flex dispatcher requires it)."""
-    kinds = ("alltoall", "flex") if s.tp * s.ep > 1 else ("alltoall",)
+    its etp x ep group has more than one rank (Megatron's flex dispatcher requires it)."""
+    kinds = ("alltoall", "flex") if s.expert_tp * s.ep > 1 else ("alltoall",)
     return [replace(s, dispatcher=kind) for kind in kinds]

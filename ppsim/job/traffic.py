@@ -1,5 +1,5 @@
 """A layer's traffic on each group, as the job's collectives price it: tensor parallelism's
-sequence-parallel gathers and scatters (and the all-to-all dispatcher's over tp),
+sequence-parallel gathers and scatters (and the all-to-all dispatcher's over etp),
 context parallelism's per --cp-comm-type (and the rest of the attention it spreads), and
 what of it a recomputing backward runs again. ppsim.job.layers adds them to a layer's
 compute; ppsim.job.lanes draws them.
@@ -11,7 +11,7 @@ chunk's own) and the traffic its type moves. With tensor parallelism (sequence p
 each layer all-gathers before attention and before the MLP and reduce-scatters after each,
 in the forward (under FP8 the gathers move the quantized input) and mirrored in the
 backward; a MoE layer does so for its attention alone: its experts' tokens travel by the
-dispatcher, which with the all-to-all one gathers over tp every token copy the rank's
+dispatcher, which with the all-to-all one gathers over etp every token copy the rank's
 experts received and scatters their outputs (`dispatcher_tp_ms`, on the compute stream,
 never hidden); a hybrid block is one sublayer (SP_SUBLAYERS).
 """
@@ -65,18 +65,18 @@ def tp_layer_ms(job: Job, a: Architecture, sublayers: int = 2, again: float = 0.
 
 
 def dispatcher_tp_ms(job: Job, a: Architecture) -> float:
-    """The all-to-all dispatcher's tensor-parallel step in one direction of a MoE layer
-    at tp > 1 (Megatron's dispatch_postprocess and combine_preprocess): an all-gather
-    of the tokens the rank's experts received, from every tensor-parallel rank's share
-    of the sequence, and a reduce-scatter of their outputs; each buffer the whole
-    sequence's routed copies, s x top_k tokens. DeepEP runs over the tp x ep group and
-    needs neither."""
-    if a.tp == 1 or job.moe_token_dispatcher_type == "flex":
+    """The all-to-all dispatcher's expert tensor-parallel step in one direction of a MoE
+    layer at etp > 1 (Megatron's dispatch_postprocess and combine_preprocess, over the
+    expt_tp group): an all-gather of the tokens the rank's experts received, from each of
+    the etp ranks, and a reduce-scatter of their outputs; each buffer etp ranks' routed
+    copies, s x top_k x etp / tp tokens (the whole sequence's at etp = tp). DeepEP runs
+    over the etp x ep group and needs neither."""
+    if a.expert_tp == 1 or job.moe_token_dispatcher_type == "flex":
         return 0.0
     width = a.moe_latent_size or a.hidden_size
     nbytes = (a.seq_length * a.micro_batch_size * a.expert_load * a.top_k * width
-              * DTYPE_BYTES[a.dtype])
-    return 2 * all_gather_ms(nbytes, job.link("tp"))
+              * DTYPE_BYTES[a.dtype] * (a.expert_tp / a.tp))
+    return 2 * all_gather_ms(nbytes, job.link("etp"))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -110,8 +110,8 @@ def test_a_model_without_experts_is_refused_with_exit_status_2() -> None:
 
 def test_simulate_prices_the_combined_order(capsys) -> None:
     flags = ["simulate", "--preset", "qwen3-235b-a22b", "--hardware", "h100-80gb", "--tp", "2",
-             "--pp", "8", "--vpp", "4", "--ep", "32", "--gpus", "256", "--global-batch-size",
-             "2048", "--json"]
+             "--pp", "8", "--vpp", "4", "--ep", "32", "--etp", "1", "--gpus", "256",
+             "--global-batch-size", "2048", "--json"]
     assert main(flags) == 0
     alone = json.loads(capsys.readouterr().out)
     assert main([*flags, "--overlap-moe-expert-parallel-comm"]) == 0
@@ -166,13 +166,13 @@ def test_the_trace_shows_a_pairs_all_to_alls_hidden_behind_its_partner() -> None
 
 
 def test_delayed_weight_gradients_let_the_dispatch_start_sooner() -> None:
-    # Qwen3-235B tp 2 ep 32 on H100 with DeepEP: one dispatch outlasts the experts' input
+    # Qwen3-235B tp 2 ep 32 etp 1 on H100 with DeepEP: one dispatch outlasts the experts' input
     # gradient but not with their weight gradient too, so the backward's dispatch waits
     # for it unless --delay-wgrad-compute moves it beside the dispatch.
     def saving(delay: bool) -> float:
         c = config_from_dict({
             "model": {"preset": "qwen3-235b-a22b", "num_layers": 4, "tp": 2, "ep": 32,
-                      "dp": 16, "recompute": "none"},
+                      "etp": 1, "dp": 16, "recompute": "none"},
             "pipeline": {"pp": 1, "microbatches": 4, **FLAG, "delay_wgrad_compute": delay,
                          "moe_token_dispatcher_type": "flex"},
             "hardware": {"preset": "h100-80gb"}})

@@ -126,8 +126,9 @@ def _deepseek_v3_titan() -> float:
 def test_torchtitans_mfu_is_its_own_count(preset: str, per_token, capsys) -> None:
     """torchtitan logs MFU = num_flops_per_token x tokens/s per GPU / peak; ppsim gave
     only Megatron's count, which differs (causal half, no norms, the padded vocabulary)."""
-    assert main(["simulate", "--preset", preset, "--hardware", "h100-80gb", "--gpus", "64",
-                 "--pp", "4", "--global-batch-size", "128", "--json"]) == 0
+    # 256 GPUs: DeepSeek-V3's ep 64 within dp 64 (Megatron's expert world)
+    assert main(["simulate", "--preset", preset, "--hardware", "h100-80gb", "--gpus", "256",
+                 "--pp", "4", "--global-batch-size", "256", "--json"]) == 0
     t = json.loads(capsys.readouterr().out)["throughput"]
     tflops = per_token() * t["tokens_per_s_per_gpu"] / 1e12
     assert t["torchtitan_tflops_per_gpu"] == pytest.approx(tflops, rel=1e-9)

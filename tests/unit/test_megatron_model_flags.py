@@ -213,8 +213,6 @@ def test_an_moe_scripts_router_numerics_change_nothing() -> None:
 
 
 @pytest.mark.parametrize("flags, message", [
-    ("--expert-tensor-parallel-size 1", "--expert-tensor-parallel-size: 1: ppsim splits "
-     "each expert over the tensor-parallel ranks (tp = 2"),
     ("--moe-token-dispatcher-type allgather", "--moe-token-dispatcher-type: allgather"),
     ("--cp-comm-type p2p a2a", "--cp-comm-type: p2p a2a: ppsim prices one type for every "
      "layer"),
