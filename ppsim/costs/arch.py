@@ -310,8 +310,12 @@ class Architecture:
 
     @property
     def expert_tp(self) -> int:
-        """Ranks each routed expert's matmuls are split over (etp, or tp when unset)."""
-        return self.etp or self.tp
+        """Ranks each routed expert's matmuls are split over: etp, or when unset tp
+        (Megatron's default), or 1 under torchtitan's FSDP, whose experts' mesh is
+        efsdp x ep alone (parallel_dims.py: efsdp = dp_shard x cp x tp / ep)."""
+        if self.etp:
+            return self.etp
+        return 1 if self.fsdp and self.fsdp_framework == "torchtitan" else self.tp
 
     @property
     def expert_dp(self) -> int:

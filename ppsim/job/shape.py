@@ -280,8 +280,12 @@ def _deepep_runs(a: Any, p: Any, sm_count: int) -> None:
 
 def _fsdp_alone(p: Any, a: Any) -> None:
     """Megatron DDP's knobs have no meaning under FSDP, which overlaps one unit at a time;
-    Megatron's --use-torch-fsdp2 takes neither pipeline nor expert parallelism (its
-    assertions)."""
+    torchtitan keeps each expert whole on its rank; Megatron's --use-torch-fsdp2 takes
+    neither pipeline nor expert parallelism (its assertions)."""
+    if a.fsdp_framework == "torchtitan" and a.num_experts and a.expert_tp != 1:
+        raise UserError("model.etp", f"{a.expert_tp}: torchtitan splits no expert over "
+                        "ranks (its experts' mesh is efsdp x ep, ep taken from dp_shard x cp "
+                        "x tp)", "give etp 1 (or leave it unset) under --fsdp")
     if a.fsdp_framework == "megatron":
         for size, what in ((p.pp, "pipeline"), (a.ep, "expert")):
             if size != 1:

@@ -123,6 +123,8 @@ def _etp_choices(a: Any, tp: int, pin: dict[str, int]) -> tuple[int, ...]:
     held = pin.get("etp") or (getattr(a, "etp", 0) if a.num_experts else 0)
     if not a.num_experts:
         return (tp,) if held in (0, tp) else ()
+    if a.fsdp and a.fsdp_framework == "torchtitan":  # its experts are whole on a rank
+        return (1,) if held in (0, 1) else ()
     if held:
         return (held,)
     return (tp, 1) if tp > 1 else (tp,)
@@ -184,6 +186,8 @@ def sharding_choices(s: Shape, gpus_per_node: int, experts: bool,
             (not experts or expert_dp % (group // per_node) == 0):
         copies.append(group // per_node)
     kinds = ("distributed optimizer",) if combined else ("distributed optimizer", "fsdp")
+    if experts and s.expert_tp != 1:  # torchtitan's FSDP keeps each expert whole
+        kinds = ("distributed optimizer",)
     return [replace(s, sharding=kind, dp_replicas=n) for kind in kinds for n in copies]
 
 

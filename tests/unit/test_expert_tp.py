@@ -174,3 +174,29 @@ def test_folding_moves_no_work_and_loses_no_weight(tp, etp, ep, dp) -> None:
         E * 3 * H * FFN * edp, rel=1e-12)
     assert a.expert_dp == edp
     assert etp * ep * edp == tp * dp  # per pipeline stage
+
+
+def test_torchtitans_fsdp_keeps_each_expert_whole() -> None:
+    """torchtitan's experts' mesh is efsdp x ep, efsdp = dp_shard x cp x tp / ep
+    (torchtitan/distributed/parallel_dims.py): no expert is split over tp."""
+    a = _arch(tp=2, ep=8, dp=4, fsdp=True)
+    assert a.expert_tp == 1 and a.expert_dp == 4 * 2 // 8
+    assert held_params(a, "moe").experts == E // 8 * 3 * H * FFN
+
+
+def test_an_expert_tp_under_torchtitans_fsdp_is_refused(capsys) -> None:
+    assert main(["simulate", "--preset", "mixtral-8x7b", "--hardware", "h100-80gb", "--tp",
+                 "2", "--ep", "4", "--etp", "2", "--fsdp", "--gpus", "16",
+                 "--global-batch-size", "16"]) == 2
+    err = capsys.readouterr().err
+    assert "model.etp: 2: torchtitan splits no expert over ranks" in err
+
+
+def test_the_sharding_search_offers_fsdp_only_with_whole_experts(capsys) -> None:
+    assert main(["plan", "--preset", "mixtral-8x7b", "--num-layers", "8", "--hardware",
+                 "h100-80gb", "--gpus", "16", "--global-batch-size", "32", "--pp", "1",
+                 "--search", "sharding", "--time-budget", "4", "--top", "60", "--json"]) in (0, 3)
+    rows = json.loads(capsys.readouterr().out)["candidates"]
+    assert any(c["data_parallel"] == "fsdp" for c in rows)
+    assert all(c["etp"] == 1 for c in rows if c["data_parallel"] == "fsdp")
+    assert any(c["etp"] == c["tp"] > 1 for c in rows)
