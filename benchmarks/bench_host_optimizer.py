@@ -64,13 +64,16 @@ def plan(extra: list[str]) -> None:
         raise SystemExit(out.stderr)
     res = json.loads(out.stdout)
     print(f"plan {' '.join(extra) or '(no --search)'}: {wall:.1f} s, "
-          f"{res['evaluated']:,} of {res['total_shapes']:,} shapes simulated")
+          f"{res['evaluated']:,} of {res['total_shapes']:,} shapes simulated"
+          + ("" if res["complete"] else " (cut by its time budget)"))
     fitting = [c for c in res["candidates"] if c["fits"]]
     if not fitting:
         print(f"  nothing fits (least weights and state: "
               f"{res['static_overflow']['static_bytes'] / 1e9:.1f} GB)")
     for c in fitting:
-        print(f"  tp{c['tp']} cp{c['cp']} ep{c['ep']} pp{c['pp']} dp{c['dp']} vpp{c['vpp']} "
+        folded = f" etp{c['etp']}" if c["etp"] != c["tp"] else ""
+        print(f"  tp{c['tp']} cp{c['cp']} ep{c['ep']}{folded} pp{c['pp']} dp{c['dp']} "
+              f"vpp{c['vpp']} "
               f"mbs{c['micro_batch_size']} host {c['optimizer_offload_fraction']:g}: "
               f"{c['iteration_time_ms'] / 1e3:.1f} s, "
               f"{c['throughput']['tflops_per_gpu']:.0f} TFLOP/s/GPU, "

@@ -115,7 +115,8 @@ def job_line(job: Any, iteration_ms: float) -> str:
     fsdp = " FSDP" if d["data_parallel"] == "fsdp" else ""
     fsdp += f" x{d['dp_replicas']} copies" if d["dp_replicas"] > 1 else ""
     cp = f" {d['cp_comm_type']}" if d["cp"] > 1 and d["cp_comm_type"] != "p2p" else ""
-    shape = (f"{d['gpus']:,} GPUs (tp {d['tp']} cp {d['cp']}{cp} ep {d['ep']} dp {d['dp']}"
+    ep = f"{d['ep']} etp {d['etp']}" if d["ep"] > 1 and d["etp"] != d["tp"] else d["ep"]
+    shape = (f"{d['gpus']:,} GPUs (tp {d['tp']} cp {d['cp']}{cp} ep {ep} dp {d['dp']}"
              f"{fsdp} pp {d['pp']}), global batch {d['global_batch_size']:,}")
     if d["fp8"]:
         shape += f", FP8 {d['fp8']['format']} {d['fp8']['recipe']}"

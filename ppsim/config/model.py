@@ -10,6 +10,7 @@ cost files take.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
+from functools import lru_cache
 from typing import Any
 
 from ppsim.config import validate
@@ -93,19 +94,19 @@ class TransformerModel:
     def to_dict(self) -> dict[str, Any]:
         """The table to save: the preset and the fields that differ from it."""
         if self.preset is not None:
-            base = asdict(parse_model({"preset": self.preset}).arch)  # type: ignore[union-attr]
+            base = _preset_fields(self.preset)
             out: dict[str, Any] = {"preset": self.preset}
         else:
-            base = {f.name: f.default for f in fields(Architecture)}
+            base = _DEFAULTS
             out = {"kind": "transformer"}
-        out.update({k: v for k, v in asdict(self.arch).items() if base.get(k) != v})
+        out.update({k: v for k, v in arch_fields(self.arch).items() if base.get(k) != v})
         if self.builder is not None:
             out["builder"] = self.builder
         return out
 
     def fields(self) -> dict[str, Any]:
         """Every field, merged: what a builder and a cost file's model record receive."""
-        out: dict[str, Any] = {"kind": "transformer", **asdict(self.arch)}
+        out: dict[str, Any] = {"kind": "transformer", **arch_fields(self.arch)}
         if self.builder is not None:
             out["builder"] = self.builder
         return out
@@ -115,6 +116,21 @@ class TransformerModel:
 
 
 Model = UniformModel | TransformerModel
+
+
+def arch_fields(a: Architecture) -> dict[str, Any]:
+    """An architecture's fields by name (all scalars: a shallow asdict)."""
+    return {f.name: getattr(a, f.name) for f in fields(a)}
+
+
+_DEFAULTS = {f.name: f.default for f in fields(Architecture)}
+
+
+@lru_cache(maxsize=64)
+def _preset_fields(name: str) -> dict[str, Any]:
+    """A preset's fields (parsed once: job searches rebuild a config per shape). Read,
+    never changed."""
+    return arch_fields(parse_model({"preset": name}).arch)  # type: ignore[union-attr]
 
 
 def one_sharding(given: dict[str, Any]) -> dict[str, Any]:

@@ -3,9 +3,9 @@
 torchtitan makes each transformer block, the embedding, and the final norm with the LM
 head one unit each (torchtitan/distributed/fsdp.py, apply_fsdp_to_decoder), sharded
 over the dp x cp ranks (its dp_shard x cp mesh), routed experts over the expert
-data-parallel ranks, tp x dp x cp / ep (efsdp: each expert whole on its rank). Mixed precision keeps the shards in fp32,
-gathers the weights in bf16 and reduces the gradients in fp32
-(MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)). FSDP2 gathers a unit one
+data-parallel ranks, tp x dp x cp / ep (efsdp: each expert whole on its rank). Mixed
+precision keeps the shards in fp32, gathers the weights in bf16 and reduces the gradients
+in fp32 (MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)). FSDP2 gathers a unit one
 ahead of the compute (implicit prefetch), so a unit's gather hides behind a unit's
 compute and what outlasts it is exposed; the same holds for its gradient's
 reduce-scatter in the backward.

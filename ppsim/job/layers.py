@@ -308,12 +308,14 @@ def _with_sorts(job: Job, a: Architecture, acc: Accelerator, costs: ModelCosts,
     if full is not None:
         a = replace(a, recompute="full" if full else "none")
     again = 2 if recomputed(a, recompute).dispatch else 1
-    layers = []
+    sorted_: dict[tuple[str, LayerCost], LayerCost] = {}  # one entry per distinct piece
     for kind, c in zip(costs.kinds, costs.layers, strict=True):
-        n = sum(k in MOE_KINDS for k in piece_kinds(a, kind))
-        layers.append(_add(c, Exposed(forward_ms=n * sort, backward_ms=n * sort * again))
-                      if n else c)
-    return replace(costs, layers=tuple(layers))
+        if (kind, c) not in sorted_:
+            n = sum(k in MOE_KINDS for k in piece_kinds(a, kind))
+            sorted_[kind, c] = _add(c, Exposed(forward_ms=n * sort,
+                                               backward_ms=n * sort * again)) if n else c
+    return replace(costs, layers=tuple(sorted_[k, c] for k, c in zip(
+        costs.kinds, costs.layers, strict=True)))
 
 
 def job_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None = None,
@@ -332,7 +334,7 @@ def job_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None = No
     kinds = costs.kinds or ("dense",) * len(costs.layers)
     one = tp_collectives_ms(job, a, 1)
     # One entry per distinct piece: layers of a kind differ where a window applies.
-    by_piece: dict[tuple[str, LayerCost, int], Exposed] = {}
+    by_piece: dict[tuple[str, LayerCost, int], LayerCost] = {}
     layers = []
     wins = layer_windows(a) + (0,) * (len(kinds) - a.num_layers)  # MTP: full attention
     for kind, c, fp8, w in zip(kinds, costs.layers, piece_fp8(a, len(kinds)), wins,
@@ -341,8 +343,8 @@ def job_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None = No
             e = piece_exposed(job, layer_precision(a, fp8), acc, kind, c, w, again)
             if kind == "mtp":  # and its own pass through the head
                 e = replace(e, forward_ms=e.forward_ms + one, backward_ms=e.backward_ms + one)
-            by_piece[kind, c, w] = e
-        layers.append(_add(c, by_piece[kind, c, w]))
+            by_piece[kind, c, w] = _add(c, e)
+        layers.append(by_piece[kind, c, w])
     head = _add(costs.head, _exposed(edge_collectives(job, a, costs.head, head=True)))
     emb = _add(costs.embedding, _exposed(edge_collectives(job, a, costs.embedding)))
     return replace(costs, layers=tuple(layers), head=head, embedding=emb)

@@ -169,9 +169,10 @@ class Job:
     @property
     def in_microbatches(self) -> bool:
         """Some group communicates inside a microbatch's forward or backward: tp, cp or
-        ep > 1, or FSDP syncing every microbatch."""
+        ep > 1, experts split over etp > 1, or FSDP syncing every microbatch."""
         steps = self.fsdp_steps
-        return (self.arch.tp > 1 or self.arch.cp > 1 or self.arch.ep > 1
+        experts_split = self.arch.num_experts > 0 and self.arch.expert_tp > 1
+        return (self.arch.tp > 1 or self.arch.cp > 1 or self.arch.ep > 1 or experts_split
                 or (steps is not None and steps.per_microbatch))
 
     def link(self, name: str) -> Link:

@@ -200,3 +200,25 @@ def test_the_sharding_search_offers_fsdp_only_with_whole_experts(capsys) -> None
     assert any(c["data_parallel"] == "fsdp" for c in rows)
     assert all(c["etp"] == 1 for c in rows if c["data_parallel"] == "fsdp")
     assert any(c["etp"] == c["tp"] > 1 for c in rows)
+
+
+def test_the_job_line_names_a_folded_expert_tp(capsys) -> None:
+    base = ["simulate", "--preset", "mixtral-8x7b", "--hardware", "h100-80gb", "--tp", "2",
+            "--ep", "8", "--gpus", "16", "--pp", "1", "--global-batch-size", "16"]
+    assert main([*base, "--etp", "1"]) == 0
+    assert "(tp 2 cp 1 ep 8 etp 1 dp 8 pp 1)" in capsys.readouterr().out
+    assert main([*base, "--etp", "2", "--ep", "4"]) == 0
+    assert "(tp 2 cp 1 ep 4 dp 8 pp 1)" in capsys.readouterr().out
+
+
+def test_an_expert_tp_alone_gathers_inside_each_microbatch() -> None:
+    """tp 1, ep 1, etp 2: the only collective is the dispatcher's gather over etp, and
+    the layer waits for it."""
+    from ppsim.costs.transformer import accelerator, transformer_costs
+    from ppsim.job.layers import job_costs
+
+    cfg = _cfg(tp=1, etp=2, ep=1, dp=2)
+    job, acc = build_job(cfg), accelerator(cfg.hardware)
+    alone = transformer_costs(job.arch, acc).layers[0].forward_ms
+    gather = 2 * _gather_ms(2 * S * K * H * 2, 2)
+    assert job_costs(job, acc).layers[0].forward_ms - alone == pytest.approx(gather, rel=1e-6)
