@@ -82,7 +82,7 @@ def job_shape(cfg: Any) -> JobShape | None:
     if a is None:
         return None
     p = cfg.pipeline
-    sizes = Sizes(tp=a.tp, cp=a.cp, ep=a.ep, dp=a.dp, pp=p.pp, etp=a.etp)
+    sizes = Sizes(tp=a.tp, cp=a.cp, ep=a.ep, dp=a.dp, pp=p.pp, etp=a.expert_tp)
     return JobShape(sizes=sizes, micro_batch_size=a.micro_batch_size, seq_length=a.seq_length,
                     microbatches=p.microbatches, rank_order=p.rank_order)
 

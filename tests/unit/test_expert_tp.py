@@ -182,6 +182,8 @@ def test_torchtitans_fsdp_keeps_each_expert_whole() -> None:
     a = _arch(tp=2, ep=8, dp=4, fsdp=True)
     assert a.expert_tp == 1 and a.expert_dp == 4 * 2 // 8
     assert held_params(a, "moe").experts == E // 8 * 3 * H * FFN
+    job = build_job(_cfg(tp=8, ep=8, dp=8, fsdp=True)).describe()
+    assert job["etp"] == 1 and job["crosses_nodes"]["ep"] is False  # a node's 8 ranks
 
 
 def test_an_expert_tp_under_torchtitans_fsdp_is_refused(capsys) -> None:
