@@ -17,6 +17,7 @@ tp = cp = ep = 1 and no FSDP the costs are the model's, untouched.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from ppsim.costs.arch import (
     DTYPE_BYTES,
@@ -277,8 +278,18 @@ def compute_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None 
     transformer_costs takes them (a memory policy's variant), by default the global mode."""
     a = per_rank_arch(job.arch)
     quiet = replace(acc, a2a_bandwidth_gbps=0.0) if a.ep > 1 else acc  # EP priced here
-    return _with_sorts(job, a, acc, transformer_costs(a, quiet, recompute, full), recompute,
+    plain = replace(a, cp_comm_type="p2p", cp_a2a_size=0)  # no compute cost reads them
+    return _with_sorts(job, a, acc, _rank_costs(plain, quiet, recompute, full), recompute,
                        full)
+
+
+@lru_cache(maxsize=1024)
+def _rank_costs(a: Architecture, acc: Accelerator, recompute: tuple[str, ...] | None,
+                full: bool | None) -> ModelCosts:
+    """transformer_costs once per rank's model: a job search builds a config per shape,
+    and shapes that differ only in pipeline chunks, the split or context parallelism's
+    traffic cost alike."""
+    return transformer_costs(a, acc, recompute, full)
 
 
 def dispatcher_sort_ms(job: Job, a: Architecture, acc: Accelerator) -> float:
