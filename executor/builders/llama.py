@@ -241,16 +241,45 @@ class ExpertsFC1(nn.Module):
                 None if gate is None else segmented_mm(pairs, gate, counts))
 
 
+class WeightedSwiGLUFn(torch.autograd.Function):
+    """silu(gate) * up * p, p a pair's routing probability, as Megatron's fused
+    weighted_bias_swiglu computes it: the two inputs and the fp32 probabilities kept,
+    the rest recomputed in the backward."""
+
+    @staticmethod
+    def forward(ctx: Any, gate: torch.Tensor, up: torch.Tensor,
+                probs: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(gate, up, probs)
+        return F.silu(gate) * up * probs.to(gate.dtype)[:, None]
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        gate, up, probs = ctx.saved_tensors
+        sig = torch.sigmoid(gate)
+        silu = gate * sig
+        gp = g * probs.to(g.dtype)[:, None]
+        wide = torch.promote_types(g.dtype, probs.dtype)  # fp32 at least, as the probabilities
+        d_probs = (g.to(wide) * (silu * up).to(wide)).sum(-1).to(probs.dtype)
+        return gp * up * sig * (1 + gate * (1 - sig)), gp * silu, d_probs
+
+
 class ExpertsAct(nn.Module):
     """The experts' activation (SwiGLU, or GELU) as a piece of its own, Megatron's
-    `moe_act`: recomputing it frees its output, offloading it moves its inputs."""
+    `moe_act`: recomputing it frees its output, offloading it moves its inputs. Given
+    each pair's routing probability it weighs the activation by it, as Megatron's
+    TEGroupedMLP does: fused into the SwiGLU, else an eager product that keeps its
+    unweighted factor."""
 
     def __init__(self, keep_silu: bool = False) -> None:
         super().__init__()
         self.keep_silu = keep_silu
 
-    def forward(self, up: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
-        return F.gelu(up) if gate is None else swiglu(gate, up, self.keep_silu)
+    def forward(self, up: torch.Tensor, gate: torch.Tensor | None,
+                probs: torch.Tensor | None = None) -> torch.Tensor:
+        if probs is not None and gate is not None and not self.keep_silu:
+            return WeightedSwiGLUFn.apply(gate, up, probs)
+        act = F.gelu(up) if gate is None else swiglu(gate, up, self.keep_silu)
+        return act if probs is None else (act * probs[:, None]).to(act.dtype)
 
 
 class MoE(nn.Module):
@@ -271,10 +300,12 @@ class MoE(nn.Module):
                              a.swiglu_keeps_silu) if a.shared_experts else None
         self.fc1 = ExpertsFC1()
         self.act = ExpertsAct(a.swiglu_keeps_silu)
+        self.probs_in_activation = a.probs_in_activation
 
-    def _experts(self, pairs: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    def _experts(self, pairs: torch.Tensor, counts: list[int],
+                 probs: torch.Tensor | None) -> torch.Tensor:
         up, gate = self.fc1(pairs, counts, self.up, self.gate)
-        return segmented_mm(self.act(up, gate), self.down, counts)
+        return segmented_mm(self.act(up, gate, probs), self.down, counts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape
@@ -282,14 +313,19 @@ class MoE(nn.Module):
         n, e = tokens.shape[0], self.up.shape[0]
         probs = torch.softmax(self.router(tokens).float(), dim=-1)
         weight, expert = torch.topk(probs, self.top_k, dim=-1)
-        weight = (weight / weight.sum(-1, keepdim=True)).to(x.dtype)
+        weight = weight / weight.sum(-1, keepdim=True)  # fp32
         flat = expert.reshape(-1)  # (n * k,) expert of each (token, slot)
         order = torch.argsort(flat, stable=True)  # the pairs grouped by expert
         counts = torch.bincount(flat, minlength=e).tolist()
-        y = self._experts(tokens[order // self.top_k], counts)
+        inside = weight.reshape(-1)[order] if self.probs_in_activation else None
+        y = self._experts(tokens[order // self.top_k], counts, inside)
         back = torch.empty_like(order)
         back[order] = torch.arange(order.numel(), device=x.device)
-        out = (y[back] * weight.reshape(-1, 1)).view(n, self.top_k, h).sum(1)
+        if inside is None:  # torchtitan: the scores weigh the experts' outputs
+            y = y[back] * weight.to(x.dtype).reshape(-1, 1)
+        else:
+            y = y[back]
+        out = y.view(n, self.top_k, h).sum(1)
         if self.shared is not None:
             out = out + self.shared(tokens)
         return out.view(b, t, h)

@@ -318,6 +318,14 @@ class Architecture:
         return 1 if self.fsdp and self.fsdp_framework == "torchtitan" else self.tp
 
     @property
+    def probs_in_activation(self) -> bool:
+        """Megatron weighs each routed expert's activation by the pair's routing
+        probability (TEGroupedMLP's bias_act_func; the combine then only sums), so no
+        expert output is kept for it; torchtitan's MoE scales the experts' input or output
+        by the scores, which keeps a hidden-wide tensor a pair."""
+        return not (self.fsdp and self.fsdp_framework == "torchtitan")
+
+    @property
     def expert_dp(self) -> int:
         """The experts' data-parallel size, tp x cp x dp / (etp x ep) (Megatron's
         expert_data_parallel_size), at least 1 (a preset's ep may exceed one replica's

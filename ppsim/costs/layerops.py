@@ -175,10 +175,10 @@ def mlp_ops(a: Architecture, kind: str) -> list[Op]:
                     split=a.expert_tp)
     ops.append(Op("combine", nbytes=(tok + pairs) * (lat or h) * w / t))
     if not a.moe_permute_fusion:
-        # Megatron's torch unpermute: the pairs times their probabilities (read, write),
-        # a zeroed output, then scatter_add; its backward the product's two gradients.
-        ops.append(Op("combine.unfused", nbytes=(2 * pairs + tok) * (lat or h) * w / t,
-                      backward_bytes=3 * pairs * (lat or h) * w / t))
+        # Megatron's torch unpermute (the probabilities already weighed the experts'
+        # activation): a zeroed output, then scatter_add, whose backward is the gather
+        # the fused one runs.
+        ops.append(Op("combine.unfused", nbytes=tok * (lat or h) * w / t, backward_bytes=0.0))
     ops += [_mm("latent.fc2", tok, h / t, lat)] if lat else []
     if a.shared_experts:
         ops += _mlp_ops(a, "shared", tok, a.shared_experts * a.moe_ffn_hidden_size)

@@ -42,9 +42,10 @@ _DROPS = {
     "core_attn": ("attn.lse", *UNFUSED_TENSORS),
     "mlp": ("mlp.fc1_out", "mlp.act_mid", "mlp.act_out"),
     "moe": ("router.probs", "router.indices", "experts.fc1_in", "experts.fc1_out",
-            "experts.act_mid", "experts.act_out", "experts.out", "shared.fc1_out",
+            "experts.act_mid", "experts.act_pre", "experts.act_out", "experts.probs",
+            "experts.out", "shared.fc1_out",
             "shared.act_mid", "shared.act_out", *SHARED_GATE, "latent.fc2_in"),
-    "moe_act": ("experts.act_mid", "experts.act_out"),
+    "moe_act": ("experts.act_mid", "experts.act_pre", "experts.act_out"),
     "layernorm": ("norm1.out", "norm1.stats", "norm2.out", "norm2.stats"),
     "mla_up_proj": ("attn.q", "attn.k", "attn.v"),
     "shared_experts": ("shared.fc1_out", "shared.act_mid", "shared.act_out", *SHARED_GATE),
@@ -72,7 +73,8 @@ _MOVES = {
     "attn_proj": ("attn.out",),
     "mlp_norm": ("norm2.in", "norm2.stats"),
     "expert_fc1": ("experts.fc1_in",),
-    "moe_act": ("experts.fc1_out", "experts.act_mid"),  # an eager SwiGLU saves its SiLU too
+    # an eager SwiGLU saves its SiLU too, an eager product its factors
+    "moe_act": ("experts.fc1_out", "experts.act_mid", "experts.act_pre", "experts.probs"),
 }
 
 
@@ -180,6 +182,20 @@ def _mlp_tensors(a: Architecture, prefix: str, tokens: int, ffn: int) -> dict[st
     return out
 
 
+def _weighting(a: Architecture, pairs: float, width: int) -> dict[str, float]:
+    """What weighting the pairs by their routing probabilities keeps: in the experts'
+    activation (Megatron: the fp32 probabilities, gathered over etp with the pairs, and
+    where the product is eager, not fused into the SwiGLU, its unweighted factor), or
+    after them (torchtitan: a hidden-wide tensor a pair)."""
+    w = DTYPE_BYTES[a.dtype]
+    if not a.probs_in_activation:
+        return {"experts.out": pairs * width * w}
+    out = {"experts.probs": pairs * 4 * a.expert_tp}
+    if a.swiglu_keeps_silu or not a.gated_mlp:
+        out["experts.act_pre"] = pairs * a.moe_ffn_hidden_size * w
+    return out
+
+
 def _norm(a: Architecture, name: str, width: int) -> dict[str, float]:
     w = DTYPE_BYTES[a.dtype]
     tok = _tokens(a)
@@ -223,7 +239,7 @@ def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
         # explicit expert communication keeps etp ranks' pairs at the whole width
         t["experts.fc1_in"] = pairs * width * w * a.expert_tp
         t.update(_mlp_tensors(a, "experts", pairs, a.moe_ffn_hidden_size))
-        t["experts.out"] = pairs * width * w  # weighted in the combine
+        t.update(_weighting(a, pairs, width))
         if a.moe_latent_size:
             t["latent.fc2_in"] = tok * width * w  # the combined tokens, projected back up
         if a.shared_experts:

@@ -78,8 +78,9 @@ def test_an_offload_megatron_refuses_has_no_megatron_flags(policy: StagePolicy,
 
 def test_the_search_offers_no_offload_megatron_would_refuse() -> None:
     """No offload inside a MoE block the policy recomputes whole, and attn_proj only with
-    core_attn."""
-    groups = module_groups(PolicyCosts(arch=DEEPSEEK, acc=ACC), True)
+    core_attn (a stage of MoE layers alone: where whole-block recompute is on offer)."""
+    moe = replace(DEEPSEEK, layers="moe*4")
+    groups = module_groups(PolicyCosts(arch=moe, acc=ACC), True)
     assert any("moe" in p.recompute_modules for p in groups)
     assert any(p.offloads for p in groups)
     for p in groups:
