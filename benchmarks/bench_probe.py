@@ -49,7 +49,7 @@ def _cases() -> list[Case]:
               "printf 'open(\"HIJACKED\",\"a\").write(\"x\")\\nraise SystemExit(1)\\n' > "
               "executor/worker.py && $P run --config ../c.toml --iterations 2 "
               "--trace-dir out; test ! -e HIJACKED")
-    term = ("($P run --config c.toml --iterations 50 --trace-dir sig & pid=$!; sleep 6; "
+    term = ("($P run --config c.toml --iterations 5000 --trace-dir sig & pid=$!; sleep 6; "
             "kill -{sig} $pid; wait $pid; true); test -z \"$(ls -A sig 2>/dev/null)\"")
     return [
         Case(name="1 ranks import from the working directory", shell=hijack),
