@@ -92,3 +92,20 @@ def token_microbatch(batch: int, seq: int, vocab: int, seed: int, iteration: int
     stride = torch.randint(1, 8, (batch, 1), generator=g)
     seq_ = (start + stride * torch.arange(seq + 1)[None]) % vocab
     return seq_[:, :-1].contiguous(), seq_[:, 1:].contiguous()
+
+
+class MLP(nn.Module):
+    """SwiGLU (gated) or GELU MLP, no biases."""
+
+    def __init__(self, hidden: int, ffn: int, gated: bool = True,
+                 keep_silu: bool = False) -> None:
+        super().__init__()
+        self.gate = nn.Linear(hidden, ffn, bias=False) if gated else None
+        self.up = nn.Linear(hidden, ffn, bias=False)
+        self.down = nn.Linear(ffn, hidden, bias=False)
+        self.keep_silu = keep_silu
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate is None:
+            return self.down(F.gelu(self.up(x)))
+        return self.down(swiglu(self.gate(x), self.up(x), self.keep_silu))

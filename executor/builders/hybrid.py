@@ -20,15 +20,9 @@ from torch import nn
 from ppsim.costs.arch import PAIRED_KINDS
 from ppsim.costs.hybrid import parse_pattern
 from ppsim.errors import UserError
-from ppsim.executor.builders.common import init_normal
-from ppsim.executor.builders.llama import (
-    MLP,
-    Attention,
-    LlamaBuilder,
-    LlamaShape,
-    MoE,
-    init_experts,
-)
+from ppsim.executor.builders.common import MLP, init_normal
+from ppsim.executor.builders.llama import Attention, LlamaBuilder, LlamaShape
+from ppsim.executor.builders.moe import MoE, init_experts
 from ppsim.executor.builders.ssm import GatedDeltaNet, Mamba2
 
 _OUT = ("o", "down", "out_proj")

@@ -20,12 +20,10 @@ built.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ppsim.costs.arch import layer_windows
@@ -33,14 +31,14 @@ from ppsim.costs.transformer import Architecture, layer_kinds
 from ppsim.errors import UserError
 from ppsim.executor.builders.common import (
     DTYPES,
+    MLP,
     Head,
     init_normal,
     stage_loss,
-    swiglu,
     token_microbatch,
 )
-from ppsim.executor.builders.deferral import segmented_mm
 from ppsim.executor.builders.mla import LatentAttention
+from ppsim.executor.builders.moe import MoE, init_experts
 from ppsim.executor.builders.rotary import rotary_tables, rotate
 from ppsim.executor.builders.stage import AttentionCore
 
@@ -200,137 +198,6 @@ class OutputGate(torch.autograd.Function):
         return (g * s).to(x.dtype), (g * x.to(dt) * s * (1 - s)).to(gate.dtype)
 
 
-class MLP(nn.Module):
-    """SwiGLU (gated) or GELU MLP, no biases."""
-
-    def __init__(self, hidden: int, ffn: int, gated: bool = True,
-                 keep_silu: bool = False) -> None:
-        super().__init__()
-        self.gate = nn.Linear(hidden, ffn, bias=False) if gated else None
-        self.up = nn.Linear(hidden, ffn, bias=False)
-        self.down = nn.Linear(ffn, hidden, bias=False)
-        self.keep_silu = keep_silu
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate is None:
-            return self.down(F.gelu(self.up(x)))
-        return self.down(swiglu(self.gate(x), self.up(x), self.keep_silu))
-
-
-class GatedSharedExperts(MLP):
-    """The shared experts times a per-token sigmoid gate (Megatron's
-    --moe-shared-expert-gate): their output and the score kept for the product."""
-
-    def __init__(self, hidden: int, ffn: int, gated: bool = True,
-                 keep_silu: bool = False) -> None:
-        super().__init__(hidden, ffn, gated, keep_silu)
-        self.gate_weight = nn.Parameter(torch.empty(1, hidden).normal_(0.0, 0.02))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x) * torch.sigmoid(F.linear(x, self.gate_weight))
-
-
-class ExpertsFC1(nn.Module):
-    """The experts' first matmuls (gate and up) as a piece of their own, Megatron's
-    `expert_fc1`: what offloading it moves is the dispatched pairs they keep. It holds
-    no parameters: the MoE passes its expert stacks in."""
-
-    def forward(self, pairs: torch.Tensor, counts: list[int], up: torch.Tensor,
-                gate: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return (segmented_mm(pairs, up, counts),
-                None if gate is None else segmented_mm(pairs, gate, counts))
-
-
-class WeightedSwiGLUFn(torch.autograd.Function):
-    """silu(gate) * up * p, p a pair's routing probability, as Megatron's fused
-    weighted_bias_swiglu computes it: the two inputs and the fp32 probabilities kept,
-    the rest recomputed in the backward."""
-
-    @staticmethod
-    def forward(ctx: Any, gate: torch.Tensor, up: torch.Tensor,
-                probs: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(gate, up, probs)
-        return F.silu(gate) * up * probs.to(gate.dtype)[:, None]
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        gate, up, probs = ctx.saved_tensors
-        sig = torch.sigmoid(gate)
-        silu = gate * sig
-        gp = g * probs.to(g.dtype)[:, None]
-        wide = torch.promote_types(g.dtype, probs.dtype)  # fp32 at least, as the probabilities
-        d_probs = (g.to(wide) * (silu * up).to(wide)).sum(-1).to(probs.dtype)
-        return gp * up * sig * (1 + gate * (1 - sig)), gp * silu, d_probs
-
-
-class ExpertsAct(nn.Module):
-    """The experts' activation (SwiGLU, or GELU) as a piece of its own, Megatron's
-    `moe_act`: recomputing it frees its output, offloading it moves its inputs. Given
-    each pair's routing probability it weighs the activation by it, as Megatron's
-    TEGroupedMLP does: fused into the SwiGLU, else an eager product that keeps its
-    unweighted factor."""
-
-    def __init__(self, keep_silu: bool = False) -> None:
-        super().__init__()
-        self.keep_silu = keep_silu
-
-    def forward(self, up: torch.Tensor, gate: torch.Tensor | None,
-                probs: torch.Tensor | None = None) -> torch.Tensor:
-        if probs is not None and gate is not None and not self.keep_silu:
-            return WeightedSwiGLUFn.apply(gate, up, probs)
-        act = F.gelu(up) if gate is None else swiglu(gate, up, self.keep_silu)
-        return act if probs is None else (act * probs[:, None]).to(act.dtype)
-
-
-class MoE(nn.Module):
-    """Top-k routed experts as a dropless grouped GEMM, plus the shared experts."""
-
-    def __init__(self, s: LlamaShape) -> None:
-        super().__init__()
-        a = s.arch
-        h, f, e = a.hidden_size, a.moe_ffn_hidden_size, a.num_experts
-        self.top_k = min(a.top_k, e)
-        self.gated = a.gated_mlp
-        self.router = nn.Linear(h, e, bias=False)
-        self.gate = nn.Parameter(torch.empty(e, h, f)) if a.gated_mlp else None
-        self.up = nn.Parameter(torch.empty(e, h, f))
-        self.down = nn.Parameter(torch.empty(e, f, h))
-        shared = GatedSharedExperts if a.shared_expert_gate else MLP
-        self.shared = shared(h, f * a.shared_experts, a.gated_mlp,
-                             a.swiglu_keeps_silu) if a.shared_experts else None
-        self.fc1 = ExpertsFC1()
-        self.act = ExpertsAct(a.swiglu_keeps_silu)
-        self.probs_in_activation = a.probs_in_activation
-
-    def _experts(self, pairs: torch.Tensor, counts: list[int],
-                 probs: torch.Tensor | None) -> torch.Tensor:
-        up, gate = self.fc1(pairs, counts, self.up, self.gate)
-        return segmented_mm(self.act(up, gate, probs), self.down, counts)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, h = x.shape
-        tokens = x.reshape(-1, h)
-        n, e = tokens.shape[0], self.up.shape[0]
-        probs = torch.softmax(self.router(tokens).float(), dim=-1)
-        weight, expert = torch.topk(probs, self.top_k, dim=-1)
-        weight = weight / weight.sum(-1, keepdim=True)  # fp32
-        flat = expert.reshape(-1)  # (n * k,) expert of each (token, slot)
-        order = torch.argsort(flat, stable=True)  # the pairs grouped by expert
-        counts = torch.bincount(flat, minlength=e).tolist()
-        inside = weight.reshape(-1)[order] if self.probs_in_activation else None
-        y = self._experts(tokens[order // self.top_k], counts, inside)
-        back = torch.empty_like(order)
-        back[order] = torch.arange(order.numel(), device=x.device)
-        if inside is None:  # torchtitan: the scores weigh the experts' outputs
-            y = y[back] * weight.to(x.dtype).reshape(-1, 1)
-        else:
-            y = y[back]
-        out = y.view(n, self.top_k, h).sum(1)
-        if self.shared is not None:
-            out = out + self.shared(tokens)
-        return out.view(b, t, h)
-
-
 class Layer(nn.Module):
     def __init__(self, s: LlamaShape, kind: str, window: int = 0) -> None:
         super().__init__()
@@ -359,15 +226,6 @@ class Embedding(nn.Module):
         if self.positions is not None:
             x = x + self.positions(torch.arange(ids.shape[1], device=ids.device))[None]
         return x
-
-
-def init_experts(moe: MoE, num_layers: int) -> None:
-    """Expert stacks initialised like their Linears (init_normal skips raw parameters)."""
-    with torch.no_grad():
-        for p in (moe.gate, moe.up):
-            if p is not None:
-                p.normal_(0.0, 0.02)
-        moe.down.normal_(0.0, 0.02 / math.sqrt(2 * num_layers))
 
 
 class LlamaBuilder:

@@ -36,7 +36,8 @@ from ppsim.executor import launch, rundir
 from ppsim.executor.builders import DEFAULT_BUILDER, load_builder
 from ppsim.executor.builders.deferral import DeferringLinear, WeightGradStore, defer_linears
 from ppsim.executor.builders.gpt import GPTBuilder, GPTShape
-from ppsim.executor.builders.llama import LlamaBuilder, MoE, parse_kinds
+from ppsim.executor.builders.llama import LlamaBuilder, parse_kinds
+from ppsim.executor.builders.moe import MoE
 from ppsim.executor.builders.stage import Stage, full_model, saved_bytes
 from ppsim.executor.outputs import backward_from, deallocate_output
 from ppsim.executor.p2p import outgoing

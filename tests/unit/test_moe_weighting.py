@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from ppsim.config.schema import config_from_dict
 from ppsim.costs.modules import saved_tensors
-from ppsim.executor.builders.llama import LlamaShape, MoE, WeightedSwiGLUFn
+from ppsim.executor.builders.llama import LlamaShape
+from ppsim.executor.builders.moe import MoE, WeightedSwiGLUFn
 
 S, H, FFN, K = 4096, 4096, 1536, 8
 
