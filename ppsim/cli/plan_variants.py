@@ -93,7 +93,4 @@ def _host_shares(cfg: Config, axes: list[str]) -> list[float | None]:
                         "transformer model's", "give --preset NAME, or drop it")
     host_refusal(cfg)
     a = cfg.model.arch
-    if a.fsdp and a.fsdp_framework == "megatron":
-        raise UserError("--search", "host-optimizer: Megatron's --use-torch-fsdp2 offers no "
-                        "CPU offload", "drop it from --search, or use --fsdp")
     return [None, 1.0] if a.fsdp else [None, *HOST_SHARES]  # FSDP2: all of it or none

@@ -96,10 +96,13 @@ def host_refusal(cfg: Any) -> None:
                         "host link, DRAM bandwidth and core rate it is priced by",
                         "use a GPU preset (--hardware h100-80gb), or set host_link_gbps, "
                         "host_memory_bandwidth_gbps and host_core_adam_gparams")
-    if cfg.model.arch.optimizer != "adam":
+    a = cfg.model.arch
+    if a.optimizer != "adam":
         raise UserError("--search", "host-optimizer: Megatron steps Adam on the host, not "
-                        f"{cfg.model.arch.optimizer}", "drop it from --search, or use "
-                        "--optimizer adam")
+                        f"{a.optimizer}", "drop it from --search, or use --optimizer adam")
+    if a.fsdp and a.fsdp_framework == "megatron":
+        raise UserError("--search", "host-optimizer: Megatron's --use-torch-fsdp2 offers no "
+                        "CPU offload", "drop it from --search, or use --fsdp")
 
 
 def _fsdp(cfg: Any, s: Shape) -> bool:

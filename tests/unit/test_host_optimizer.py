@@ -378,3 +378,14 @@ def test_plan_says_when_the_host_cannot_hold_the_state(tmp_path) -> None:
                          "--global-batch-size", "8", *host])
     assert code == 3 and "optimizer state kept on the host overflows the rank's share" \
         in " ".join(out.split())
+
+
+def test_the_job_search_refuses_the_host_optimizer_under_megatrons_fsdp2() -> None:
+    """`plan --gpus --search host-optimizer` over --use-torch-fsdp2 planned as if nothing
+    could go to the host; it is refused in one line, as the one-shape search refuses it."""
+    code, _, err = _run(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus",
+                         "16", "--global-batch-size", "64", "--use-torch-fsdp2", "--pp", "1",
+                         "--search", "host-optimizer"])
+    err = err.strip()
+    assert code == 2
+    assert "--use-torch-fsdp2 offers no CPU offload" in err and len(err.splitlines()) == 1
