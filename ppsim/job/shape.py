@@ -224,8 +224,10 @@ def _ulysses_heads(a: Any, size: int) -> None:
 def _experts_fold(a: Any, p: Any) -> None:
     """The experts' world etp x ep x edp x pp is the dense one's (Megatron's
     initialize_model_parallel): etp x ep divides tp x cp x dp, and outside pp-last rank
-    orders the two data-parallel sizes agree. At dp 1 (no world given) a preset's ep above
-    one replica's ranks views the experts of a wider world and is let be."""
+    orders the two data-parallel sizes agree (asserted for every model: a dense one's
+    expert world is tp x 1 x cp·dp, so there cp > 1 fails it). At dp 1 (no world given) a
+    preset's ep above one replica's ranks views the experts of a wider world and is let
+    be."""
     ranks, folded = a.tp * a.cp * a.dp, a.expert_tp * a.ep
     if (ranks >= folded or a.dp > 1) and ranks % folded:
         raise UserError("model.etp" if a.etp else "model.ep",
@@ -233,8 +235,8 @@ def _experts_fold(a: Any, p: Any) -> None:
                         f"expert_tensor_model_pipeline_parallel size ({folded * p.pp})",
                         f"choose etp x ep ({a.expert_tp} x {a.ep}) dividing tp x cp x dp "
                         f"({ranks})")
-    if p.pp > 1 and not p.rank_order.endswith("pp") and a.num_experts \
-            and ranks >= folded and ranks // folded != a.dp:
+    if p.pp > 1 and not p.rank_order.endswith("pp") and ranks >= folded \
+            and ranks // folded != a.dp:
         raise UserError("pipeline.rank_order", "When not using pp-last rank ordering, the "
                         "data parallel size of the attention and moe layers must be the "
                         f"same (dp {a.dp}, expert dp {ranks // folded})", "use the default "

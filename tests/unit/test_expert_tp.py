@@ -224,3 +224,16 @@ def test_an_expert_tp_alone_gathers_inside_each_microbatch() -> None:
     alone = transformer_costs(job.arch, acc).layers[0].forward_ms
     gather = 2 * _gather_ms(2 * S * K * H * 2, 2)
     assert job_costs(job, acc).layers[0].forward_ms - alone == pytest.approx(gather, rel=1e-6)
+
+
+def test_a_dense_model_with_cp_outside_pp_last_orders_is_refused_as_megatron_asserts(
+        capsys) -> None:
+    """Megatron builds the expert grid for every model: a dense one's is tp x 1 x (cp x
+    dp) x pp, so with --use-tp-pp-dp-mapping, pp > 1 and cp > 1 its data-parallel sizes
+    differ and initialize_model_parallel asserts."""
+    base = ["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--tp", "2",
+            "--cp", "2", "--gpus", "16", "--pp", "2", "--global-batch-size", "16",
+            "--use-tp-pp-dp-mapping"]
+    assert main(base) == 2
+    assert "When not using pp-last rank ordering" in capsys.readouterr().err
+    assert main([*base[:8], "1", *base[9:], "--json"]) == 0  # cp 1: the sizes agree
