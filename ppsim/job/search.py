@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim.errors import UserError
+from ppsim.job.choice import shapes_to_plan, tie_key
 from ppsim.job.layers import job_costs
 from ppsim.job.model import Job
 from ppsim.job.pending import (
@@ -52,8 +53,9 @@ HOSTING_SHARE = 0.3
 LONG_SHOT = 0.25
 """The share of SPLIT_SHARE a shape gets whose default split does not fit."""
 TOP_SEARCHED = 5
-"""The fewest fastest shapes the search keeps and plans the splits of, whatever the
-table's --top: the best does not depend on how many rows are shown."""
+"""The fewest fastest shapes (tie groups: ppsim.job.choice) the search keeps and plans
+the splits of, whatever the table's --top: the best does not depend on how many rows are
+shown."""
 JOB_AXES = ("sharding", "dispatcher", "cp-comm", "host-optimizer")
 """--search axes of the job search alone (beside the memory policy's)."""
 
@@ -240,19 +242,6 @@ def _kth_fastest(results: list[ShapeResult], k: int) -> float:
     return fast[k - 1] if len(fast) >= k else float("inf")
 
 
-def shapes_to_plan(results: list[ShapeResult], k: int) -> list[ShapeResult]:
-    """The shapes whose splits get planned, fastest first: the k fastest that
-    fit at their default split, and faster ones that do not (another split may fit: the
-    first stage's memory is what makes splits uneven), 2k in all at the most."""
-    by_time = sorted(range(len(results)), key=lambda i: results[i].summary.iteration_time_ms)
-    fitting = [i for i in by_time if results[i].summary.fits][:k]
-    slowest = (results[fitting[-1]].summary.iteration_time_ms if len(fitting) == k
-               else float("inf"))
-    over = [i for i in by_time if not results[i].summary.fits
-            and results[i].summary.iteration_time_ms < slowest][:2 * k - len(fitting)]
-    return [results[i] for i in sorted(fitting + over, key=by_time.index)]
-
-
 def _fastest_first(results: list[ShapeResult]) -> list[ShapeResult]:
     return sorted(results, key=lambda r: (not r.summary.fits, r.summary.iteration_time_ms))
 
@@ -325,14 +314,38 @@ def _plan_splits(cfg: Any, chosen: list[ShapeResult], gbs: int, policy: str, bud
     gives each split more time."""
     refined = []
     n = len(chosen)
+    # A tie's first shape is planned; the others take its split (with a policy search,
+    # each is planned).
+    keys = [tie_key(r) if policy != "policy" else i for i, r in enumerate(chosen)]
+    planned: dict[Any, ShapeResult] = {}
     for i, r in enumerate(chosen):
         progress("planning the fastest shapes' splits", i, n)
+        first = planned.get(keys[i])
+        if first is not None:
+            refined.append(_with_split_of(r, first))
+            continue
         left = budget_s - (time.perf_counter() - t0)
         most = budget_s * SPLIT_SHARE * (1.0 if r.summary.fits else LONG_SHOT)
-        share = min(most, left / (n - i))
-        refined.append(r if left <= 1.0 else
-                       _refined(r, shape_config(cfg, r.shape, gbs), policy, share))
+        share = min(most, left / len(set(keys[i:]) - set(planned)))
+        out = r if left <= 1.0 else _refined(r, shape_config(cfg, r.shape, gbs), policy, share)
+        planned[keys[i]] = out
+        refined.append(out)
     return refined
+
+
+def _with_split_of(r: ShapeResult, first: ShapeResult) -> ShapeResult:
+    """`r` at the split planned for `first`, a shape tied with it at their default
+    splits (the same work a rank), simulated: where it is faster, planned but not proven
+    (the planner ran on `first`)."""
+    split = first.problem.split
+    if not first.planned or split.num_stages != r.problem.split.num_stages:
+        return r
+    problem = r.problem.with_split(split)
+    summary = simulate(problem, record=False).summary
+    if not _faster(summary, r):
+        return r
+    return _result(r.shape, problem, summary, planned=True, policy=r.policy,
+                   policy_flags=r.policy_flags)
 
 
 def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,

@@ -1,6 +1,7 @@
 """Which shapes the job search plans the splits of (ppsim.job.search.shapes_to_plan): the k
-fastest that fit at their default split always, and faster ones that do not (an uneven
-split may fit), never crowding those out."""
+fastest tie groups that fit at their default split always (shapes tied there, the same
+work a rank, count once), and faster ones that do not (an uneven split may fit), never
+crowding those out."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from types import SimpleNamespace
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ppsim.job.choice import tie_key
 from ppsim.job.search import shapes_to_plan
 
 shapes = st.lists(st.tuples(st.integers(1, 50), st.booleans()), max_size=30).map(
@@ -22,16 +24,19 @@ def test_the_fastest_fitting_shapes_are_always_planned(results, k) -> None:
     assert len({id(r) for r in chosen}) == len(chosen)  # each once, all from results
     assert {id(r) for r in chosen} <= {id(r) for r in results}
     rest = [r for r in results if all(r is not c for c in chosen)]
-    assert len(chosen) <= 2 * k
+    assert len({tie_key(r) for r in chosen}) <= 2 * k
     fitting = sorted((r for r in results if r.summary.fits),
                      key=lambda r: r.summary.iteration_time_ms)
     fitting_chosen = [r for r in chosen if r.summary.fits]
-    assert len(fitting_chosen) == min(k, len(fitting))
+    groups = list(dict.fromkeys(tie_key(r) for r in fitting))
+    assert list(dict.fromkeys(tie_key(r) for r in fitting_chosen)) == groups[:k]
+    # a tie is planned whole: every fitting shape of a chosen group is chosen
+    assert all(r in fitting_chosen for r in fitting if tie_key(r) in groups[:k])
     if fitting_chosen:  # the fastest of them (ties by any order)
         slowest = max(r.summary.iteration_time_ms for r in fitting_chosen)
         assert all(r.summary.iteration_time_ms >= slowest for r in rest if r.summary.fits)
-    if len(fitting) >= k:  # a shape that does not fit is planned only if it could lead
-        kth = fitting[k - 1].summary.iteration_time_ms
+    if len(groups) >= k:  # a shape that does not fit is planned only if it could lead
+        kth = max(r.summary.iteration_time_ms for r in fitting_chosen)
         assert all(r.summary.iteration_time_ms < kth for r in chosen if not r.summary.fits)
     times = [r.summary.iteration_time_ms for r in chosen]
     assert times == sorted(times)  # planned fastest first
