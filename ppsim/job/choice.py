@@ -16,17 +16,18 @@ def tie_key(r: Any) -> tuple[float, int]:
     return float(f"{t:.9g}"), getattr(r.summary, "peak_memory_bytes", 0)
 
 
-def shapes_to_plan(results: list[Any], k: int) -> list[Any]:
+def shapes_to_plan(results: list[Any], k: int, ties: bool = True) -> list[Any]:
     """The shapes whose splits get planned, fastest first: those of the k fastest tie
     groups that fit at their default split, and faster ones that do not, 2k groups in all
-    at the most."""
+    at the most; without `ties` (each shape planned on its own, as a memory policy search
+    plans them) every shape is a group of its own."""
     by_time = sorted(range(len(results)), key=lambda i: results[i].summary.iteration_time_ms)
-    groups: list[tuple[float, int]] = []
+    groups: list[Any] = []
     fitting = []
     for i in by_time:
         if not results[i].summary.fits:
             continue
-        key = tie_key(results[i])
+        key = tie_key(results[i]) if ties else i
         if key not in groups:
             if len(groups) == k:
                 break

@@ -395,7 +395,7 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
         # The total is every shape: those the bound rules out are never simulated.
         progress("simulating shapes", len(results), len(pending))
         results.append(_timed(p, policy))
-    chosen = shapes_to_plan(results, k)
+    chosen = shapes_to_plan(results, k, ties=policy != "policy")
     rest = [r for r in results if all(r is not c for c in chosen)]
     refined = _plan_splits(cfg, chosen, gbs, policy, budget_s, t0, progress)
     return JobSearch(candidates=_fastest_first(refined + rest),

@@ -40,3 +40,12 @@ def test_the_fastest_fitting_shapes_are_always_planned(results, k) -> None:
         assert all(r.summary.iteration_time_ms < kth for r in chosen if not r.summary.fits)
     times = [r.summary.iteration_time_ms for r in chosen]
     assert times == sorted(times)  # planned fastest first
+
+
+@given(shapes, st.integers(1, 6))
+def test_without_ties_each_shape_takes_its_own_slot(results, k) -> None:
+    """A memory policy search plans each shape on its own: k fitting shapes, ties or not."""
+    chosen = shapes_to_plan(results, k, ties=False)
+    fitting = [r for r in results if r.summary.fits]
+    assert len([r for r in chosen if r.summary.fits]) == min(k, len(fitting))
+    assert len(chosen) <= 2 * k
