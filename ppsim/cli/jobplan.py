@@ -94,7 +94,7 @@ def _policy_flags(r: ShapeResult) -> list[str] | None:
 def torchtitans(job: Any) -> bool:
     """The job shards as torchtitan does (its FSDP2): it launches as torchtitan's fields,
     not Megatron's arguments."""
-    return job.arch.fsdp and job.arch.fsdp_framework == "torchtitan"
+    return job.arch.torchtitan_fsdp
 
 
 def job_flags(r: ShapeResult, gbs: int) -> str | None:

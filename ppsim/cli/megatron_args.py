@@ -101,7 +101,7 @@ def optimizer_args(a: Architecture) -> list[str]:
         out += ["--muon-num-ns-steps", str(a.muon_ns_steps)] * (a.muon_ns_steps != 5)
         out += ["--muon-tp-mode", a.muon_tp_mode] * (a.muon_tp_mode != "duplicated")
     out += ["--use-distributed-optimizer"] * a.distributed_optimizer
-    if a.fsdp and a.fsdp_framework == "megatron":
+    if a.megatron_fsdp2:
         out.append("--use-torch-fsdp2")
         out += ["--torch-fsdp2-no-reshard-after-forward"] * (
             a.fsdp_reshard_after_forward == "never")

@@ -79,7 +79,7 @@ def check_features(cfg: Any) -> None:
         raise UserError("model.etp", f"{a.expert_tp}: the executor keeps each expert whole on "
                         "its rank", "set [model] etp = 1 to run the model (simulate and plan "
                         "price it)")
-    if a.fsdp and a.fsdp_framework == "megatron":
+    if a.megatron_fsdp2:
         raise UserError("model.fsdp_framework", "the executor shards as torchtitan does "
                         "(fp32 shards, an fp32 reduce), not as Megatron's --use-torch-fsdp2",
                         "run it with --fsdp (simulate and plan price Megatron's)")

@@ -315,7 +315,7 @@ class Architecture:
         efsdp x ep alone (parallel_dims.py: efsdp = dp_shard x cp x tp / ep)."""
         if self.etp:
             return self.etp
-        return 1 if self.fsdp and self.fsdp_framework == "torchtitan" else self.tp
+        return 1 if self.torchtitan_fsdp else self.tp
 
     @property
     def probs_in_activation(self) -> bool:
@@ -323,14 +323,22 @@ class Architecture:
         probability (TEGroupedMLP's bias_act_func; the combine then only sums), so no
         expert output is kept for it; torchtitan's MoE scales the experts' input or output
         by the scores, which keeps a hidden-wide tensor a pair."""
-        return not (self.fsdp and self.fsdp_framework == "torchtitan")
+        return not self.torchtitan_fsdp
+
+    @property
+    def torchtitan_fsdp(self) -> bool:
+        """The replicas shard as torchtitan's FSDP2 (--fsdp)."""
+        return self.fsdp and self.fsdp_framework == "torchtitan"
+
+    @property
+    def megatron_fsdp2(self) -> bool:
+        """The replicas shard with Megatron's --use-torch-fsdp2."""
+        return self.fsdp and self.fsdp_framework == "megatron"
 
     @property
     def expert_dp(self) -> int:
-        """The experts' data-parallel size, tp x cp x dp / (etp x ep) (Megatron's
-        expert_data_parallel_size), at least 1 (a preset's ep may exceed one replica's
-        ranks: it then views the experts of a wider world)."""
-        return max(1, self.tp * self.cp * self.dp // (self.expert_tp * self.ep))
+        """The experts' data-parallel size (expert_data_parallel)."""
+        return expert_data_parallel(self.tp, self.cp, self.dp, self.expert_tp, self.ep)
 
     @property
     def rmsnorm(self) -> bool:
@@ -360,6 +368,13 @@ class Architecture:
         """A learned position table added to the token embeddings."""
         return self.position != "none" and not self.rotary
 
+
+
+def expert_data_parallel(tp: int, cp: int, dp: int, etp: int, ep: int) -> int:
+    """The experts' data-parallel size, tp x cp x dp / (etp x ep) (Megatron's
+    expert_data_parallel_size), at least 1 (a preset's ep may exceed one replica's ranks:
+    it then views the experts of a wider world)."""
+    return max(1, tp * cp * dp // (etp * ep))
 
 
 def layer_kinds(a: Architecture) -> tuple[str, ...]:

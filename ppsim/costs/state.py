@@ -19,7 +19,7 @@ def grad_bytes(a: Architecture) -> int:
     under --grad-reduce-in-bf16 or --main-grads-dtype bf16 (neither forces fp32
     accumulation then: arguments.py); under Megatron's --use-torch-fsdp2 the model's
     own dtype (no mixed-precision policy: the gradients are the weights')."""
-    if a.fsdp and a.fsdp_framework == "megatron":
+    if a.megatron_fsdp2:
         return DTYPE_BYTES[a.dtype]
     bf16_grads = a.grad_reduce_in_bf16 or a.main_grads_dtype == "bf16"
     return 2 if bf16_grads and a.dtype == "bf16" else 4

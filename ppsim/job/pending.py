@@ -100,7 +100,7 @@ def host_refusal(cfg: Any) -> None:
     if a.optimizer != "adam":
         raise UserError("--search", "host-optimizer: Megatron steps Adam on the host, not "
                         f"{a.optimizer}", "drop it from --search, or use --optimizer adam")
-    if a.fsdp and a.fsdp_framework == "megatron":
+    if a.megatron_fsdp2:
         raise UserError("--search", "host-optimizer: Megatron's --use-torch-fsdp2 offers no "
                         "CPU offload", "drop it from --search, or use --fsdp")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ppsim.costs.arch import expert_data_parallel
 from ppsim.errors import UserError
 
 DIMS = ("tp", "cp", "ep", "dp", "pp")
@@ -89,7 +90,7 @@ def world_sizes(s: Sizes, experts: bool) -> dict[str, int]:
     tensor-parallel dimension is etp and data-parallel one what tp x cp x dp leaves after
     etp x ep."""
     if experts:
-        edp = max(1, s.tp * s.cp * s.dp // (s.expert_tp * s.ep))
+        edp = expert_data_parallel(s.tp, s.cp, s.dp, s.expert_tp, s.ep)
         return {"tp": s.expert_tp, "cp": 1, "ep": s.ep, "dp": edp, "pp": s.pp}
     return {"tp": s.tp, "cp": s.cp, "ep": 1, "dp": s.dp, "pp": s.pp}
 

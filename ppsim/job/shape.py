@@ -236,10 +236,10 @@ def _experts_fold(a: Any, p: Any) -> None:
                         f"choose etp x ep ({a.expert_tp} x {a.ep}) dividing tp x cp x dp "
                         f"({ranks})")
     if p.pp > 1 and not p.rank_order.endswith("pp") and ranks >= folded \
-            and ranks // folded != a.dp:
+            and a.expert_dp != a.dp:
         raise UserError("pipeline.rank_order", "When not using pp-last rank ordering, the "
                         "data parallel size of the attention and moe layers must be the "
-                        f"same (dp {a.dp}, expert dp {ranks // folded})", "use the default "
+                        f"same (dp {a.dp}, expert dp {a.expert_dp})", "use the default "
                         "order, or etp x ep equal to tp x cp")
 
 
@@ -254,10 +254,10 @@ def _copies_divide(a: Any) -> None:
                         f"partial DistOpt shard factor (dp x cp = {group}, {n} copies)",
                         "give a number of copies dividing dp x cp")
     ranks, folded = a.tp * group, a.expert_tp * a.ep
-    if a.num_experts and ranks >= folded and (ranks // folded) % n:
+    if a.num_experts and ranks >= folded and a.expert_dp % n:
         raise UserError("model.dp_replicas", "Expert data parallel size should be divisible "
                         "by partial DistOpt shard factor (tp x cp x dp / (etp x ep) = "
-                        f"{ranks // folded}, {n} copies)", "give a number of copies dividing "
+                        f"{a.expert_dp}, {n} copies)", "give a number of copies dividing "
                         "the expert data-parallel size")
 
 
@@ -284,11 +284,11 @@ def _fsdp_alone(p: Any, a: Any) -> None:
     """Megatron DDP's knobs have no meaning under FSDP, which overlaps one unit at a time;
     torchtitan keeps each expert whole on its rank; Megatron's --use-torch-fsdp2 takes
     neither pipeline nor expert parallelism (its assertions)."""
-    if a.fsdp_framework == "torchtitan" and a.num_experts and a.expert_tp != 1:
+    if a.torchtitan_fsdp and a.num_experts and a.expert_tp != 1:
         raise UserError("model.etp", f"{a.expert_tp}: torchtitan splits no expert over "
                         "ranks (its experts' mesh is efsdp x ep, ep taken from dp_shard x cp "
                         "x tp)", "give etp 1 (or leave it unset) under --fsdp")
-    if a.fsdp_framework == "megatron":
+    if a.megatron_fsdp2:
         for size, what in ((p.pp, "pipeline"), (a.ep, "expert")):
             if size != 1:
                 raise UserError("model.fsdp_framework", f"--use-torch-fsdp2 is not supported "

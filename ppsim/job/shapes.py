@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from itertools import product
 from typing import Any
 
+from ppsim.costs.arch import expert_data_parallel
 from ppsim.costs.layerops import vocab_split_problem
 from ppsim.costs.mixer_split import split_problem
 from ppsim.job.shape import cp_refusal
@@ -113,7 +114,7 @@ def _ep_fits(a: Any, tp: int, group: int, etp: int, ep: int, copies: int) -> boo
     if not a.num_experts:
         return ep == 1 and group % copies == 0
     return not (ranks % folded or a.num_experts % ep or a.moe_ffn_hidden_size % etp
-                or group % copies or (ranks // folded) % copies)
+                or group % copies or expert_data_parallel(tp, 1, group, etp, ep) % copies)
 
 
 def _etp_choices(a: Any, tp: int, pin: dict[str, int]) -> tuple[int, ...]:
@@ -123,7 +124,7 @@ def _etp_choices(a: Any, tp: int, pin: dict[str, int]) -> tuple[int, ...]:
     held = pin.get("etp") or (getattr(a, "etp", 0) if a.num_experts else 0)
     if not a.num_experts:
         return (tp,) if held in (0, tp) else ()
-    if a.fsdp and a.fsdp_framework == "torchtitan":  # its experts are whole on a rank
+    if a.torchtitan_fsdp:  # its experts are whole on a rank
         return (1,) if held in (0, 1) else ()
     if held:
         return (held,)
@@ -180,7 +181,7 @@ def sharding_choices(s: Shape, gpus_per_node: int, experts: bool,
     shards then reduce and gather over NVLink, the copies all-reduce across)."""
     group = s.dp * s.cp
     per_node = max(1, gpus_per_node // s.tp)  # dp x cp ranks on a node (tp innermost)
-    expert_dp = s.tp * group // (s.expert_tp * s.ep)
+    expert_dp = expert_data_parallel(s.tp, s.cp, s.dp, s.expert_tp, s.ep)
     copies = [1]
     if group > per_node > 1 and group % per_node == 0 and \
             (not experts or expert_dp % (group // per_node) == 0):
