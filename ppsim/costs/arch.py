@@ -318,6 +318,14 @@ class Architecture:
         return 1 if self.torchtitan_fsdp else self.tp
 
     @property
+    def expert_copies(self) -> float:
+        """Token copies one rank's routed experts take a microbatch: the s x b x top_k
+        pairs its tp group routes (dropped or padded to capacity), etp / tp of them (the
+        rank's own share gathered over the expert tp group)."""
+        pairs = self.seq_length * self.micro_batch_size * self.top_k * self.expert_load
+        return pairs * (self.expert_tp / self.tp)
+
+    @property
     def probs_in_activation(self) -> bool:
         """Megatron weighs each routed expert's activation by the pair's routing
         probability (TEGroupedMLP's bias_act_func; the combine then only sums), so no

@@ -163,9 +163,9 @@ def mlp_ops(a: Architecture, kind: str) -> list[Op]:
     lat = a.moe_latent_size
     # token-expert pairs a tp group routes, on average (dropped or padded to capacity)
     pairs = tok * a.top_k * a.expert_load
-    # A rank's experts take the pairs its ep group sends them, gathered over the expert
-    # tp group (etp / tp of the tp group's): etp times its own share, 1 / etp of the width.
-    per_expert = max(1, int(pairs * a.ep * (a.expert_tp / t) // max(1, a.num_experts)))
+    # A rank's experts take the copies its ep group sends them, gathered over the expert
+    # tp group, at 1 / etp of the width.
+    per_expert = max(1, int(a.expert_copies * a.ep // max(1, a.num_experts)))
     local = max(1, a.num_experts // a.ep)
     ops = [_mm("router", tok, a.num_experts / t, h),
            Op("router.softmax_topk", nbytes=3 * tok * a.num_experts * 4 / t)]

@@ -304,8 +304,8 @@ def dispatcher_sort_ms(job: Job, a: Architecture, acc: Accelerator) -> float:
     if job.moe_token_dispatcher_type != "alltoall" or a.ep == 1 or a.num_experts // a.ep < 2:
         return 0.0
     # the copies a rank's experts take, gathered over the expert tp group
-    copies = a.seq_length * a.micro_batch_size * a.expert_load * a.top_k * (a.expert_tp / a.tp)
-    nbytes = 2 * 2 * copies * (a.moe_latent_size or a.hidden_size) * DTYPE_BYTES[a.dtype]
+    nbytes = 2 * 2 * a.expert_copies * (a.moe_latent_size or a.hidden_size) \
+        * DTYPE_BYTES[a.dtype]
     return op_times(acc.roofline(), Op("dispatch.sort", nbytes=nbytes))[0]
 
 

@@ -74,8 +74,7 @@ def dispatcher_tp_ms(job: Job, a: Architecture) -> float:
     if a.expert_tp == 1 or job.moe_token_dispatcher_type == "flex":
         return 0.0
     width = a.moe_latent_size or a.hidden_size
-    nbytes = (a.seq_length * a.micro_batch_size * a.expert_load * a.top_k * width
-              * DTYPE_BYTES[a.dtype] * (a.expert_tp / a.tp))
+    nbytes = a.expert_copies * width * DTYPE_BYTES[a.dtype]
     return 2 * all_gather_ms(nbytes, job.link("etp"))
 
 
