@@ -91,18 +91,13 @@ def _policy_flags(r: ShapeResult) -> list[str] | None:
     return policy_flags(p, p.memory.policies).megatron_flags
 
 
-def torchtitans(job: Any) -> bool:
-    """The job shards as torchtitan does (its FSDP2): it launches as torchtitan's fields,
-    not Megatron's arguments."""
-    return job.arch.torchtitan_fsdp
-
-
 def job_flags(r: ShapeResult, gbs: int) -> str | None:
     """The shape as Megatron's arguments: parallel sizes, the split, the batch, the memory
     policy and the overlaps (ppsim reads them back, with --gpus for the world size). None
     when Megatron cannot build the split or run the policy."""
     split, policy, job = _exports(r)["megatron_flags"], _policy_flags(r), r.problem.hardware.job
-    if split is None or policy is None or job is None or torchtitans(job):
+    # A torchtitan job launches with its own fields, not Megatron's arguments.
+    if split is None or policy is None or job is None or job.arch.torchtitan_fsdp:
         return None
     order = parse_order(job.shape.rank_order)
     if order not in (parse_order(DEFAULT_ORDER), parse_order(TP_PP_DP_ORDER)):
@@ -143,7 +138,7 @@ def torchtitan_fields(r: ShapeResult, gbs: int) -> dict[str, Any] | None:
     """The shape as torchtitan's config fields, for a job that shards as torchtitan does
     (FSDP); None otherwise."""
     job = r.problem.hardware.job
-    if job is None or not torchtitans(job):
+    if job is None or not job.arch.torchtitan_fsdp:
         return None
     return torchtitan_job(r.shape, r.problem, gbs,
                           _exports(r)["torchtitan_module_fqns_per_model_part"],
