@@ -180,9 +180,7 @@ def job_plan_dict(res: JobSearch, gpus: int, gbs: int, top: int,
 
 def _shape_cell(r: ShapeResult) -> str:
     """The parallel sizes over the batch's: two short lines rather than one long one."""
-    s = r.shape
-    return (f"tp{s.tp} cp{s.cp} ep{s.ep} pp{s.pp} dp{s.dp}\n"
-            f"vpp{s.vpp} mbs{s.mbs} m{s.microbatches}{s.searched_label()}")
+    return f"{r.shape.sizes_label()}\n{r.shape.batch_label()}"
 
 
 def unsimulated_text(res: JobSearch) -> str:

@@ -65,9 +65,17 @@ class Shape:
         return self.etp or self.tp
 
     def label(self) -> str:
+        return f"{self.sizes_label()} {self.batch_label()}"
+
+    def sizes_label(self) -> str:
+        """"tp8 cp1 ep8 etp1 pp16 dp32": the parallel sizes (etp only where the experts'
+        tensor-parallel size is not tp's)."""
         folded = f" etp{self.etp}" if self.etp and self.etp != self.tp else ""
-        return (f"tp{self.tp} cp{self.cp} ep{self.ep}{folded} pp{self.pp} dp{self.dp} "
-                f"vpp{self.vpp} mbs{self.mbs} m{self.microbatches}" + self.searched_label())
+        return f"tp{self.tp} cp{self.cp} ep{self.ep}{folded} pp{self.pp} dp{self.dp}"
+
+    def batch_label(self) -> str:
+        """"vpp2 mbs1 m480 a2a": chunks, micro-batch, microbatches and the searched axes."""
+        return f"vpp{self.vpp} mbs{self.mbs} m{self.microbatches}" + self.searched_label()
 
     def searched_label(self) -> str:
         """" fsdp", " distopt/4" (4 copies), " deepep", " a2a", " cp-a2a", " host0.5"

@@ -212,6 +212,19 @@ def test_the_job_line_names_a_folded_expert_tp(capsys) -> None:
     assert "(tp 2 cp 1 ep 4 dp 8 pp 1)" in capsys.readouterr().out
 
 
+def test_the_plan_table_tells_a_folded_expert_tp_from_an_unfolded_one(capsys) -> None:
+    """The table's shape cell names etp where it is not tp: without it, tp 2 ep 8 at
+    etp 1 and at etp 2 print as one shape."""
+    assert main(["plan", "--preset", "mixtral-8x7b", "--num-layers", "8", "--hardware",
+                 "h100-80gb", "--gpus", "16", "--global-batch-size", "32", "--pp", "1",
+                 "--tp", "2", "--ep", "8", "--time-budget", "4", "--top", "20"]) in (0, 3)
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    shapes = [" ".join(w for w in r if w[:2] in ("tp", "cp", "ep", "et", "pp", "dp"))
+              for r in rows if "tp2" in r]
+    assert "tp2 cp1 ep8 etp1 pp1 dp8" in shapes
+    assert "tp2 cp1 ep8 pp1 dp8" in shapes
+
+
 def test_an_expert_tp_alone_gathers_inside_each_microbatch() -> None:
     """tp 1, ep 1, etp 2: the only collective is the dispatcher's gather over etp, and
     the layer waits for it."""
