@@ -24,6 +24,12 @@ def input_grad_ms(c: LayerCost | StageCost, split: bool) -> float:
     return (c.split_backward_ms or c.backward_ms) - c.weight_grad_ms
 
 
+def least_busy_ms(c: LayerCost | StageCost) -> float:
+    """F + B of one microbatch with each as short as in a combined pair (pair_saving_ms
+    less): the least time a rank spends on the piece under any schedule."""
+    return c.forward_ms + c.backward_ms - 2 * c.pair_saving_ms
+
+
 @dataclass(frozen=True, kw_only=True)
 class LayerCost:
     forward_ms: float = 0.0

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim.config.overrides import with_overrides
-from ppsim.costs.model import ModelCosts, stage_costs, static_floor_bytes
+from ppsim.costs.model import ModelCosts, least_busy_ms, stage_costs, static_floor_bytes
 from ppsim.errors import UserError
 from ppsim.job.host_optimizer import (
     host_fields,
@@ -80,7 +80,7 @@ def pending_shape(cfg: Any, s: Shape, gbs: int) -> Pending:
     for i, st in enumerate(stage_costs(costs, split)):
         r = split.stage_rank(i)
         # Each op at least as short as in a combined pair: the bound stays a bound.
-        busy[r] += st.forward_ms + st.backward_ms - 2 * st.pair_saving_ms
+        busy[r] += least_busy_ms(st)
         dense[r] += st.params - st.expert_params
         experts[r] += st.expert_params
     host = max(host_state_bytes(c.model.arch, d, e) for d, e in zip(dense, experts,

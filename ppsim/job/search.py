@@ -7,8 +7,10 @@ only) dividing the experts with etp (tp, or 1 at tp > 1: MoE parallel folding) x
 dividing tp x cp x dp; dp is N / (tp x cp x pp) and the microbatches
 B / (mbs x dp), refused when they do not divide as Megatron refuses them. Each shape is
 simulated with its default split (unless no split could hold its weights and optimizer
-state); the TOP_SEARCHED fastest that fit (at least), and any faster that does not fit at
-its default split, then have their split planned (ppsim.plan.planner). Each candidate
+state); the TOP_SEARCHED that fit and might reach the least time with their split planned
+(at least; ppsim.job.choice), the fastest at its default split, and any more promising
+that does not fit at its default split, then have their split planned
+(ppsim.plan.planner). Each candidate
 says what held it back most: memory, the pipeline bubble, or communication the compute
 did not hide.
 """
@@ -20,8 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ppsim.costs.model import least_busy_ms
 from ppsim.errors import UserError
-from ppsim.job.choice import shapes_to_plan, tie_key
+from ppsim.job.choice import reachable_ms, shapes_to_plan, tie_key
 from ppsim.job.layers import job_costs
 from ppsim.job.model import Job
 from ppsim.job.pending import (
@@ -53,7 +56,7 @@ HOSTING_SHARE = 0.3
 LONG_SHOT = 0.25
 """The share of SPLIT_SHARE a shape gets whose default split does not fit."""
 TOP_SEARCHED = 5
-"""The fewest fastest shapes (tie groups: ppsim.job.choice) the search keeps and plans
+"""The fewest most promising shapes (tie groups: ppsim.job.choice) the search plans
 the splits of, whatever the table's --top: the best does not depend on how many rows are
 shown."""
 JOB_AXES = ("sharding", "dispatcher", "cp-comm", "host-optimizer")
@@ -128,8 +131,7 @@ def exposed_comm_ms(problem: Problem, summary: Summary) -> float:
     variant = ((), False) if problem.memory is not None else (None, None)
     alone = job_costs(replace(job, network=free), job.accelerator, *variant)
     # A combined 1F1B hides up to 2 x pair_saving_ms of each layer's in a microbatch.
-    extra = sum(c.forward_ms + c.backward_ms - 2 * c.pair_saving_ms
-                for c in problem.costs.layers) \
+    extra = sum(least_busy_ms(c) for c in problem.costs.layers) \
         - sum(c.forward_ms + c.backward_ms for c in alone.layers)
     per_rank = extra / problem.schedule.pp * problem.schedule.microbatches
     rank = max(summary.ranks, key=lambda r: r.busy_ms).rank
@@ -319,7 +321,7 @@ def _plan_splits(cfg: Any, chosen: list[ShapeResult], gbs: int, policy: str, bud
     keys = [tie_key(r) if policy != "policy" else i for i, r in enumerate(chosen)]
     planned: dict[Any, ShapeResult] = {}
     for i, r in enumerate(chosen):
-        progress("planning the fastest shapes' splits", i, n)
+        progress("planning the top shapes' splits", i, n)
         first = planned.get(keys[i])
         if first is not None:
             refined.append(_with_split_of(r, first))
@@ -395,7 +397,7 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
         # The total is every shape: those the bound rules out are never simulated.
         progress("simulating shapes", len(results), len(pending))
         results.append(_timed(p, policy))
-    chosen = shapes_to_plan(results, k, ties=policy != "policy")
+    chosen = shapes_to_plan(results, k, ties=policy != "policy", reach=reachable_ms)
     rest = [r for r in results if all(r is not c for c in chosen)]
     refined = _plan_splits(cfg, chosen, gbs, policy, budget_s, t0, progress)
     return JobSearch(candidates=_fastest_first(refined + rest),

@@ -20,7 +20,7 @@ from array import array
 from collections.abc import Callable
 from typing import NamedTuple
 
-from ppsim.costs.model import LayerCost, StageCost
+from ppsim.costs.model import LayerCost, StageCost, least_busy_ms
 from ppsim.pipeline import messages
 from ppsim.plan.search import Deadline, SplitSearch
 from ppsim.sim.evaluate import list_schedule
@@ -240,9 +240,7 @@ class WaterFill:
         layers = search.costs.layers
         self.suffix_work = [0.0] * (len(layers) + 1)
         for i in range(len(layers) - 1, -1, -1):
-            lc = layers[i]
-            self.suffix_work[i] = (self.suffix_work[i + 1] + lc.forward_ms + lc.backward_ms
-                                   - 2 * lc.pair_saving_ms)
+            self.suffix_work[i] = self.suffix_work[i + 1] + least_busy_ms(layers[i])
         head = search.costs.head
         self.head_work = head.forward_ms + head.backward_ms
 
@@ -341,3 +339,27 @@ def prefix_time(paths: PathBounds, counts: list[int]) -> float:
         delays.append(dl_)
     _, ends = list_schedule(_Sub(kinds, waits, sends), durations, delays)  # type: ignore[arg-type]
     return max((e[-1] for e in ends if e), default=0.0) * ROUNDING
+
+
+def least_largest_run(weights: list[float], parts: int) -> float:
+    """The least, over every cut of `weights` into `parts` contiguous runs (some may be
+    empty), of the largest run's sum: how even a split of those pieces over `parts`
+    stages can get (bisection over the largest sum, each tried by cutting greedily)."""
+    if not weights:
+        return 0.0
+    lo, hi = max(weights), sum(weights)
+    for _ in range(64):  # hi stays feasible; 64 halvings leave it exact to the float
+        mid = (lo + hi) / 2
+        runs, acc = 1, 0.0
+        for w in weights:
+            if acc + w > mid:
+                runs, acc = runs + 1, w
+            else:
+                acc += w
+        if runs <= parts:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= hi * 1e-12:
+            break
+    return hi

@@ -14,6 +14,7 @@ from functools import cached_property, lru_cache
 from ppsim.costs.model import (
     StageCost,
     held_input_bytes,
+    least_busy_ms,
     receives_input,
     stage_cost,
     stage_transient,
@@ -113,7 +114,7 @@ class SplitSearch:
     def work(self, c: StageCost) -> float:
         """Least busy time of one microbatch on a stage (F + B + W, as short as in a
         combined pair)."""
-        return c.forward_ms + c.backward_ms - 2 * c.pair_saving_ms
+        return least_busy_ms(c)
 
     def _memory_pattern(self, r: int) -> list[tuple[int, ...]]:
         """Per-chunk (full, kept, in B) counts at every op start on rank r.

@@ -1,7 +1,8 @@
 """Which shapes the job search plans the splits of (ppsim.job.search.shapes_to_plan): the k
-fastest tie groups that fit at their default split always (shapes tied there, the same
-work a rank, count once), and faster ones that do not (an uneven split may fit), never
-crowding those out."""
+most promising tie groups that fit at their default split always (by what planning might
+reach; shapes tied there, the same work a rank, count once), the fastest at its default
+split, and more promising ones that do not fit (an uneven split may fit), never crowding
+those out. Ranked by their default time, the k most promising are the k fastest."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from types import SimpleNamespace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ppsim.job.choice import tie_key
+from ppsim.job.choice import default_ms, tie_key
 from ppsim.job.search import shapes_to_plan
+from ppsim.plan.bounds import least_largest_run
 
 shapes = st.lists(st.tuples(st.integers(1, 50), st.booleans()), max_size=30).map(
     lambda rows: [SimpleNamespace(summary=SimpleNamespace(iteration_time_ms=float(t), fits=f))
@@ -49,3 +51,42 @@ def test_without_ties_each_shape_takes_its_own_slot(results, k) -> None:
     fitting = [r for r in results if r.summary.fits]
     assert len([r for r in chosen if r.summary.fits]) == min(k, len(fitting))
     assert len(chosen) <= 2 * k
+
+
+@given(shapes, st.integers(1, 6), st.data())
+def test_by_reach_the_most_promising_and_the_fastest_are_planned(results, k, data) -> None:
+    """Ranked by an estimate of what planning reaches (at most the default time): the k
+    most promising fitting groups, and the fastest at its default split whatever its
+    estimate, so the answer is never slower than the default ranking's first."""
+    cut = {id(r): data.draw(st.integers(0, 40)) for r in results}
+    reach = lambda r: default_ms(r) - cut[id(r)]  # noqa: E731
+    chosen = shapes_to_plan(results, k, reach=reach)
+    fitting = [r for r in results if r.summary.fits]
+    if not fitting:
+        assert all(not r.summary.fits for r in chosen)
+        return
+    fastest = min(default_ms(r) for r in fitting)
+    assert any(r.summary.fits and default_ms(r) == fastest for r in chosen)
+    by_reach = sorted(fitting, key=reach)
+    groups = list(dict.fromkeys(tie_key(r) for r in by_reach))[:k]
+    picked = {tie_key(r) for r in chosen if r.summary.fits}
+    assert set(groups) <= picked <= set(groups) | {tie_key(r) for r in fitting
+                                                    if default_ms(r) == fastest}
+    scores = [reach(r) for r in chosen]
+    assert scores == sorted(scores)  # the most promising planned first
+    assert len({tie_key(r) for r in chosen}) <= 2 * k
+
+
+def _least_fullest(pieces: list[float], parts: int) -> float:
+    """Every contiguous cut of `pieces` into `parts` runs, tried: the least fullest run."""
+    if parts == 1 or not pieces:
+        return sum(pieces)
+    return min(max(sum(pieces[:i]), _least_fullest(pieces[i:], parts - 1))
+               for i in range(len(pieces) + 1))
+
+
+@given(st.lists(st.floats(0.0, 100.0), min_size=1, max_size=9), st.integers(1, 5))
+def test_the_least_largest_run_is_the_best_contiguous_cut(pieces, parts) -> None:
+    got = least_largest_run(pieces, parts)
+    want = _least_fullest(pieces, parts)
+    assert want <= got <= want * (1 + 1e-9) + 1e-12

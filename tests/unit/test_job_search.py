@@ -262,7 +262,7 @@ def test_the_job_search_s_bar_draws_on_any_console() -> None:
 
     with step_bar(True) as progress:
         progress("simulating shapes", 0, 3)
-        progress("planning the fastest shapes' splits", 1, 2)
+        progress("planning the top shapes' splits", 1, 2)
 
 
 def test_a_spent_budget_still_simulates_a_shape_and_says_the_budget_ran_out(capsys) -> None:

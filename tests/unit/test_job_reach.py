@@ -1,0 +1,73 @@
+"""The job search plans the splits of the shapes an uneven split could make fastest
+(ppsim.job.choice.reachable_ms), not those fastest at their even default split: a shape
+whose default split overloads one rank (a heavy head on the last) is the one an uneven
+split helps most."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from helpers import run_main
+
+from ppsim.config.schema import config_from_dict
+from ppsim.costs.model import least_busy_ms
+from ppsim.job.choice import reachable_ms
+from ppsim.pipeline.problem import build_problem, model_costs
+
+
+def test_the_search_finds_the_shape_an_uneven_split_helps_most() -> None:
+    """gpt-oss-120b's 201,088-word head weighs on the last of 8 stages at the even split,
+    so pp 8 ranked below pp 4 with 4 chunks a rank, and only the latter's kind were
+    planned; the search answered tp1 ep16 pp4 vpp4 at 2,045 ms."""
+    code, out, err = run_main(["plan", "--preset", "gpt-oss-120b", "--hardware", "h100-80gb",
+                               "--gpus", "64", "--global-batch-size", "256",
+                               "--time-budget", "10", "--json"])
+    assert code == 0, err
+    res = json.loads(out)
+    best = res["best"]
+    assert (best["pp"], best["vpp"]) == (8, 1)
+    assert best["split_planned"]
+    split = best["split"]
+    assert split[-1] < max(split)  # the head's stage holds fewer layers than the fullest
+    pp4 = [c for c in res["candidates"] if c["pp"] == 4]
+    assert all(best["iteration_time_ms"] < c["iteration_time_ms"] for c in pp4)
+
+
+def _gpt_oss(pp: int, microbatches: int, vpp: int = 1) -> SimpleNamespace:
+    cfg = config_from_dict({"model": {"preset": "gpt-oss-120b", "micro_batch_size": 1},
+                            "pipeline": {"pp": pp, "vpp": vpp, "microbatches": microbatches,
+                                         "schedule": "interleaved-1f1b" if vpp > 1 else "1f1b"},
+                            "hardware": {"preset": "h100-80gb"}})
+    problem = build_problem(cfg, model_costs(cfg))
+    summary = SimpleNamespace(iteration_time_ms=1000.0, fits=True)
+    return SimpleNamespace(problem=problem, summary=summary,
+                           shape=SimpleNamespace(pp=pp, microbatches=microbatches))
+
+
+def _least_fullest(pieces: list[float], parts: int) -> float:
+    """The least fullest run over every contiguous cut, by dynamic programming."""
+    best = {(0, 0): 0.0}
+    for j in range(1, parts + 1):
+        for i in range(len(pieces) + 1):
+            best[(i, j)] = min(max(best[(k, j - 1)], sum(pieces[k:i]))
+                               for k in range(i + 1) if (k, j - 1) in best)
+    return best[(len(pieces), parts)]
+
+
+def test_reach_takes_off_what_evening_the_busiest_rank_saves_every_microbatch() -> None:
+    r = _gpt_oss(8, 16)
+    costs = r.problem.costs
+    emb, head = least_busy_ms(costs.embedding), least_busy_ms(costs.head)
+    layers = [least_busy_ms(c) for c in costs.layers]
+    works = [sum(layers[st.offset:st.offset + st.layers]) + emb * st.has_embedding
+             + head * st.has_head for st in r.problem.split.stages]
+    assert works.index(max(works)) == 7  # the even split overloads the head's rank
+    even = _least_fullest([emb, *layers, head], 8)
+    assert 1000.0 - reachable_ms(r) == pytest.approx(16 * (max(works) - even), rel=1e-9)
+
+
+def test_a_single_stage_or_interleaved_shape_keeps_its_default_time() -> None:
+    assert reachable_ms(_gpt_oss(1, 4)) == 1000.0  # one rank: nothing to even out
+    assert reachable_ms(_gpt_oss(4, 8, vpp=2)) == 1000.0
