@@ -7,10 +7,10 @@ only) dividing the experts with etp (tp, or 1 at tp > 1: MoE parallel folding) x
 dividing tp x cp x dp; dp is N / (tp x cp x pp) and the microbatches
 B / (mbs x dp), refused when they do not divide as Megatron refuses them. Each shape is
 simulated with its default split (unless no split could hold its weights and optimizer
-state); the TOP_SEARCHED that fit and might reach the least time with their split planned
-(at least; ppsim.job.choice), the fastest at its default split, and any more promising
-that does not fit at its default split, then have their split planned
-(ppsim.plan.planner). Each candidate
+state); the TOP_SEARCHED fastest that fit (at least), and any faster that does not fit at
+its default split, then have their split planned (ppsim.plan.planner), and with what the
+budget leaves, long shots: shapes an uneven split might make faster than the best
+planned (ppsim.job.choice). Each candidate
 says what held it back most: memory, the pipeline bubble, or communication the compute
 did not hide.
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 from ppsim.costs.model import least_busy_ms
 from ppsim.errors import UserError
-from ppsim.job.choice import reachable_ms, shapes_to_plan, tie_key
+from ppsim.job.choice import long_shots, shapes_to_plan, tie_key
 from ppsim.job.layers import job_costs
 from ppsim.job.model import Job
 from ppsim.job.pending import (
@@ -55,8 +55,11 @@ HOSTING_SHARE = 0.3
 """The most of the budget trying overflowing shapes with the optimizer on the host takes."""
 LONG_SHOT = 0.25
 """The share of SPLIT_SHARE a shape gets whose default split does not fit."""
+SHOTS_SPARE = 0.1
+"""The share of the budget long shots leave unspent: they plan with what the top shapes
+left, and a search that plans them still ends well within its budget."""
 TOP_SEARCHED = 5
-"""The fewest most promising shapes (tie groups: ppsim.job.choice) the search plans
+"""The fewest fastest shapes (tie groups: ppsim.job.choice) the search plans
 the splits of, whatever the table's --top: the best does not depend on how many rows are
 shown."""
 JOB_AXES = ("sharding", "dispatcher", "cp-comm", "host-optimizer")
@@ -309,11 +312,12 @@ def _on_the_host(cfg: Any, accepted: list[Pending], gbs: int, progress: Progress
 
 
 def _plan_splits(cfg: Any, chosen: list[ShapeResult], gbs: int, policy: str, budget_s: float,
-                 t0: float, progress: Progress) -> list[ShapeResult]:
+                 t0: float, progress: Progress, what: str = "planning the top shapes' splits",
+                 as_long_shots: bool = False) -> list[ShapeResult]:
     """The chosen shapes with their splits planned, each within an equal share of what is
-    left of the budget that began at `t0`, at most SPLIT_SHARE of it (a quarter of that
-    for a shape that does not fit at its default split: a long shot); a longer budget
-    gives each split more time."""
+    left of the budget that began at `t0`, at most SPLIT_SHARE of it (LONG_SHOT of that
+    for a shape that does not fit at its default split, and for every one of
+    `as_long_shots`); a longer budget gives each split more time."""
     refined = []
     n = len(chosen)
     # A tie's first shape is planned; the others take its split (with a policy search,
@@ -321,13 +325,14 @@ def _plan_splits(cfg: Any, chosen: list[ShapeResult], gbs: int, policy: str, bud
     keys = [tie_key(r) if policy != "policy" else i for i, r in enumerate(chosen)]
     planned: dict[Any, ShapeResult] = {}
     for i, r in enumerate(chosen):
-        progress("planning the top shapes' splits", i, n)
+        progress(what, i, n)
         first = planned.get(keys[i])
         if first is not None:
             refined.append(_with_split_of(r, first))
             continue
-        left = budget_s - (time.perf_counter() - t0)
-        most = budget_s * SPLIT_SHARE * (1.0 if r.summary.fits else LONG_SHOT)
+        left = budget_s * (1.0 - SHOTS_SPARE * as_long_shots) - (time.perf_counter() - t0)
+        most = budget_s * SPLIT_SHARE * (1.0 if r.summary.fits and not as_long_shots
+                                         else LONG_SHOT)
         share = min(most, left / len(set(keys[i:]) - set(planned)))
         out = r if left <= 1.0 else _refined(r, shape_config(cfg, r.shape, gbs), policy, share)
         planned[keys[i]] = out
@@ -397,9 +402,16 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
         # The total is every shape: those the bound rules out are never simulated.
         progress("simulating shapes", len(results), len(pending))
         results.append(_timed(p, policy))
-    chosen = shapes_to_plan(results, k, ties=policy != "policy", reach=reachable_ms)
-    rest = [r for r in results if all(r is not c for c in chosen)]
+    ties = policy != "policy"
+    chosen = shapes_to_plan(results, k, ties=ties)
     refined = _plan_splits(cfg, chosen, gbs, policy, budget_s, t0, progress)
+    best = min((r.summary.iteration_time_ms for r in refined if r.summary.fits),
+               default=float("inf"))
+    shots = long_shots(results, chosen, best, k, ties=ties)
+    refined += _plan_splits(cfg, shots, gbs, policy, budget_s, t0, progress,
+                            "planning long shots' splits", as_long_shots=True)
+    chosen += shots
+    rest = [r for r in results if all(r is not c for c in chosen)]
     return JobSearch(candidates=_fastest_first(refined + rest),
                      evaluated=len(results), total=len(todo) + len(hosted.found),
                      overflowing=len(accepted) - len(pending), refused=len(refusals),

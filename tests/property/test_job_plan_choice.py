@@ -1,8 +1,7 @@
 """Which shapes the job search plans the splits of (ppsim.job.search.shapes_to_plan): the k
-most promising tie groups that fit at their default split always (by what planning might
-reach; shapes tied there, the same work a rank, count once), the fastest at its default
-split, and more promising ones that do not fit (an uneven split may fit), never crowding
-those out. Ranked by their default time, the k most promising are the k fastest."""
+fastest tie groups that fit at their default split always (shapes tied there, the same
+work a rank, count once), and faster ones that do not (an uneven split may fit), never
+crowding those out; then long shots (ppsim.job.choice.long_shots)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from types import SimpleNamespace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ppsim.job.choice import default_ms, tie_key
+from ppsim.job.choice import long_shots, tie_key
 from ppsim.job.search import shapes_to_plan
 from ppsim.plan.bounds import least_largest_run
 
@@ -53,28 +52,27 @@ def test_without_ties_each_shape_takes_its_own_slot(results, k) -> None:
     assert len(chosen) <= 2 * k
 
 
-@given(shapes, st.integers(1, 6), st.data())
-def test_by_reach_the_most_promising_and_the_fastest_are_planned(results, k, data) -> None:
-    """Ranked by an estimate of what planning reaches (at most the default time): the k
-    most promising fitting groups, and the fastest at its default split whatever its
-    estimate, so the answer is never slower than the default ranking's first."""
+@given(shapes, st.integers(1, 6), st.integers(1, 50), st.data())
+def test_long_shots_are_the_most_promising_of_the_rest(results, k, best, data) -> None:
+    """Beyond the planned shapes: those that fit and might beat the best planned time
+    (their estimate below it), most promising first, k tie groups at the most."""
     cut = {id(r): data.draw(st.integers(0, 40)) for r in results}
-    reach = lambda r: default_ms(r) - cut[id(r)]  # noqa: E731
-    chosen = shapes_to_plan(results, k, reach=reach)
-    fitting = [r for r in results if r.summary.fits]
-    if not fitting:
-        assert all(not r.summary.fits for r in chosen)
-        return
-    fastest = min(default_ms(r) for r in fitting)
-    assert any(r.summary.fits and default_ms(r) == fastest for r in chosen)
-    by_reach = sorted(fitting, key=reach)
-    groups = list(dict.fromkeys(tie_key(r) for r in by_reach))[:k]
-    picked = {tie_key(r) for r in chosen if r.summary.fits}
-    assert set(groups) <= picked <= set(groups) | {tie_key(r) for r in fitting
-                                                    if default_ms(r) == fastest}
-    scores = [reach(r) for r in chosen]
-    assert scores == sorted(scores)  # the most promising planned first
-    assert len({tie_key(r) for r in chosen}) <= 2 * k
+    reach = lambda r: r.summary.iteration_time_ms - cut[id(r)]  # noqa: E731
+    planned = shapes_to_plan(results, k)
+    shots = long_shots(results, planned, float(best), k, reach=reach)
+    assert not {id(r) for r in shots} & {id(r) for r in planned}
+    assert all(r.summary.fits and reach(r) < best for r in shots)
+    scores = [reach(r) for r in shots]
+    assert scores == sorted(scores)
+    groups = list(dict.fromkeys(tie_key(r) for r in shots))
+    assert len(groups) <= k
+    # none left out that is more promising than one taken, unless k groups are full
+    left = [r for r in results if r.summary.fits and reach(r) < best
+            and all(r is not x for x in planned + shots)]
+    if len(groups) < k:
+        assert not left
+    else:
+        assert all(reach(r) >= max(scores) or tie_key(r) in groups for r in left)
 
 
 def _least_fullest(pieces: list[float], parts: int) -> float:

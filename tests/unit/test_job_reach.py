@@ -1,7 +1,7 @@
-"""The job search plans the splits of the shapes an uneven split could make fastest
-(ppsim.job.choice.reachable_ms), not those fastest at their even default split: a shape
-whose default split overloads one rank (a heavy head on the last) is the one an uneven
-split helps most."""
+"""After the fastest shapes at their default split, the job search plans long shots: the
+shapes an uneven split might make faster than the best planned
+(ppsim.job.choice.reachable_ms). A shape whose even default split overloads one rank (a
+heavy head on the last) ranks low there, yet is the one an uneven split helps most."""
 
 from __future__ import annotations
 
