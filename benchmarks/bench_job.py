@@ -51,8 +51,8 @@ from pathlib import Path
 from typing import Any
 
 from ppsim.config.schema import config_from_dict
+from ppsim.job.exposure import exposed_comm_ms
 from ppsim.job.flops import iteration_flops
-from ppsim.job.search import exposed_comm_ms
 from ppsim.pipeline.problem import build_problem
 from ppsim.sim.simulate import simulate
 
@@ -150,7 +150,7 @@ def run_config(run: PublishedRun, measured: dict[str, Any] | None = None) -> Any
 class Prediction:
     iteration_ms: float
     comm_ms: float
-    """The busiest rank's exposed communication (ppsim.job.search.exposed_comm_ms)."""
+    """The busiest rank's exposed communication (ppsim.job.exposure.exposed_comm_ms)."""
     bubble: float
     tflops_now: float
     """TFLOP/s per GPU as Megatron counts today (causal attention)."""

@@ -15,18 +15,12 @@ from ppsim.cli.torchtitan_job import torchtitan_job, torchtitan_text
 from ppsim.config import limits, validate
 from ppsim.config.schema import SPLIT_KEYS
 from ppsim.errors import UserError
+from ppsim.job.exposure import overlap_hint, overlaps_off
 from ppsim.job.host_optimizer import host_rates_known, host_share_bytes
 from ppsim.job.model import data_parallel
 from ppsim.job.policy_search import POLICY_AXES, mode_flags
 from ppsim.job.ranks import DEFAULT_ORDER, TP_PP_DP_ORDER, parse_order
-from ppsim.job.search import (
-    JOB_AXES,
-    JobSearch,
-    ShapeResult,
-    overlap_hint,
-    overlaps_off,
-    search_job,
-)
+from ppsim.job.search import JOB_AXES, JobSearch, ShapeResult, search_job
 from ppsim.job.shapes import FIXABLE
 from ppsim.policy.report import policy_flags
 from ppsim.units import fmt_bytes
@@ -39,6 +33,7 @@ def shape_dict(r: ShapeResult) -> dict[str, Any]:
             "micro_batch_size": s.mbs, "microbatches": s.microbatches,
             "schedule": r.problem.schedule.name, "split": list(r.problem.split.counts),
             "split_planned": r.planned, "split_proven": r.split_proven,
+            "long_shot": r.long_shot,
             "iteration_time_ms": sm.iteration_time_ms,
             "bubble_fraction": sm.bubble_fraction, "exposed_comm_ms": r.comm_ms,
             "fits": sm.fits, "peak_memory_bytes": sm.peak_memory_bytes,
@@ -172,6 +167,7 @@ def job_plan_dict(res: JobSearch, gpus: int, gbs: int, top: int,
             "held": {size_name(k): v for k, v in (held or {}).items()}, "best": best,
             "candidates": [shape_dict(r) for r in res.candidates[:top]],
             "evaluated": res.evaluated, "total_shapes": res.total, "complete": res.complete,
+            "long_shots": res.long_shots,
             "static_overflows": res.overflowing, "refused": res.refused,
             "seconds": res.seconds,
             "static_overflow": None if res.leanest is None else {
@@ -238,6 +234,8 @@ def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
     if best is None:
         return
     console.print(split_text(best), markup=False)
+    if res.long_shots:
+        console.print(long_shots_text(res.long_shots, best), markup=False)
     hint = overlap_hint(best.problem.hardware.job, best.comm_ms,
                         best.summary.iteration_time_ms, "the best", "plan")
     if hint:
@@ -262,6 +260,13 @@ def split_text(r: ShapeResult) -> str:
         return "the best's split: proven the fastest of its shape's (within the cost model)"
     return ("the best's split: the fastest found within its share of the time budget, not "
             "proven; a longer --time-budget may find a faster one")
+
+
+def long_shots_text(count: int, best: ShapeResult) -> str:
+    """What the long shots came to (ppsim.job.choice.long_shots)."""
+    won = "the best is one" if best.long_shot else "none beat the best"
+    return (f"{count} long shot{'s' * (count > 1)} planned (shapes an uneven split might make "
+            f"faster than the fastest at their default split): {won}")
 
 
 def _search_axes(search: str | None) -> set[str]:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from ppsim.cli.render import compact_table, print_job, split_cell
 from ppsim.cli.simulate import exports_of, print_exports
-from ppsim.job.search import exposed_comm_ms, overlap_hint
+from ppsim.job.exposure import exposed_comm_ms, overlap_hint
 from ppsim.pipeline.exports import DEFAULT_SPECS, DeepSpeedSpecs
 from ppsim.plan.bounds import CHUNKED_BOUND_NOTE
 from ppsim.plan.gap import chunked_gap

@@ -35,7 +35,7 @@ from ppsim.config.schema import Config
 from ppsim.costs.hybrid import KIND_SYMBOLS, HybridPattern
 from ppsim.errors import UserError
 from ppsim.job import combined
-from ppsim.job.search import exposed_comm_ms, overlap_hint, overlaps_off
+from ppsim.job.exposure import exposed_comm_ms, overlap_hint, overlaps_off
 from ppsim.pipeline.exports import (
     DEFAULT_SPECS,
     DeepSpeedSpecs,

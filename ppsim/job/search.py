@@ -22,11 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ppsim.costs.model import least_busy_ms
 from ppsim.errors import UserError
 from ppsim.job.choice import long_shots, shapes_to_plan, tie_key
-from ppsim.job.layers import job_costs
-from ppsim.job.model import Job
+from ppsim.job.exposure import exposed_comm_ms, held_back
 from ppsim.job.pending import (
     Pending,
     host_refusal,
@@ -47,7 +45,7 @@ from ppsim.pipeline.problem import Problem, build_problem
 from ppsim.plan.planner import plan
 from ppsim.policy.report import host_step_ms
 from ppsim.sim.simulate import simulate
-from ppsim.sim.summary import Summary, rank_tails
+from ppsim.sim.summary import Summary
 
 SPLIT_SHARE = 1 / 12
 """The most of the budget one shape's split plan takes (5 s of the default 60)."""
@@ -98,6 +96,9 @@ class ShapeResult:
     policy_flags: str | None = None
     """Megatron's flags for that policy ("" when none are needed); None without a policy
     search, or when Megatron cannot say the policy."""
+    long_shot: bool = False
+    """Planned as a long shot (ppsim.job.choice.long_shots): not among the fastest at its
+    default split, but an uneven one might make it faster than the best of those."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,77 +118,11 @@ class JobSearch:
     refused: int = 0
     """Shapes the model refuses (Megatron's checks, e.g. heads that tp does not divide)."""
     seconds: float
+    long_shots: int = 0
+    """Shapes planned as long shots."""
     leanest: Pending | None = None
     """When every shape's weights, gradients and optimizer states alone overflow memory:
     the shape that needs the least of them (None otherwise)."""
-
-
-def exposed_comm_ms(problem: Problem, summary: Summary) -> float:
-    """The busiest rank's communication: what the job adds to its layers over a lone
-    replica's (m microbatches of its share), and its step's exposed DP collectives."""
-    job = problem.hardware.job
-    if job is None:
-        return 0.0
-    free = replace(job.network, intra_bandwidth_gbps=0.0, intra_latency_ms=0.0,
-                   inter_bandwidth_gbps=0.0, inter_latency_ms=0.0)  # 0: transfers are free
-    # Priced as the problem's layers are: a memory policy's base recomputes nothing.
-    variant = ((), False) if problem.memory is not None else (None, None)
-    alone = job_costs(replace(job, network=free), job.accelerator, *variant)
-    # A combined 1F1B hides up to 2 x pair_saving_ms of each layer's in a microbatch.
-    extra = sum(least_busy_ms(c) for c in problem.costs.layers) \
-        - sum(c.forward_ms + c.backward_ms for c in alone.layers)
-    per_rank = extra / problem.schedule.pp * problem.schedule.microbatches
-    rank = max(summary.ranks, key=lambda r: r.busy_ms).rank
-    if not job.replaces_tail:
-        return per_rank
-    return per_rank + rank_tails(problem.schedule, problem.stage_costs, job, 0.0)[rank].reduce_ms
-
-
-def held_back(summary: Summary, comm_ms: float, limit: float, host_ms: float = 0.0) -> str:
-    """What cost a fitting candidate most, as a share of its iteration: the bubble,
-    communication its compute does not hide, or the optimizer's step on the host
-    (`host_ms`, its slowest rank's)."""
-    if not summary.fits:
-        return f"memory ({summary.peak_memory_bytes / 1e9:.0f} GB > {limit / 1e9:.0f})"
-    t = summary.iteration_time_ms
-    shares = {"bubble": summary.bubble_fraction, "exposed comm": comm_ms / t if t else 0.0,
-              "host optimizer": host_ms / t if t else 0.0}
-    worst = max(shares, key=shares.__getitem__)  # ties: the first, the bubble
-    if shares[worst] < 0.005:
-        return "nothing: compute-bound"
-    return f"{worst} {shares[worst]:.0%}"
-
-
-OVERLAP_HINT_SHARE = 0.05
-"""Exposed communication, as a share of the iteration, worth naming the overlaps left
-off."""
-
-
-def overlaps_off(job: Job | None) -> list[str]:
-    """Megatron's overlap flags the job leaves off where they would hide some of its
-    communication: the data-parallel reduce and gather (not under FSDP, whose prefetch
-    torchtitan always runs), and the tensor-parallel collectives."""
-    if job is None or job.arch.fsdp:
-        return []
-    s, out = job.shape.sizes, []
-    if s.dp * s.cp > 1:
-        out += ["--overlap-grad-reduce"] * (not job.overlap_grad_reduce)
-        out += ["--overlap-param-gather"] * (job.arch.distributed_optimizer
-                                             and not job.overlap_param_gather)
-    out += ["--tp-comm-overlap"] * (s.tp > 1 and not job.tp_comm_overlap)
-    return out
-
-
-def overlap_hint(job: Job | None, comm_ms: float, iteration_ms: float, who: str,
-                 command: str) -> str:
-    """A line naming the overlaps `who` leaves off when it waits OVERLAP_HINT_SHARE or
-    more of its iteration on communication ("" otherwise); `command` to run again."""
-    off = overlaps_off(job)
-    if not off or not iteration_ms or comm_ms / iteration_ms < OVERLAP_HINT_SHARE:
-        return ""
-    return (f"{who} waits {comm_ms / iteration_ms:.0%} of its iteration on communication; "
-            f"Megatron's {' '.join(off)}, off here, hide part of it: {command} again with "
-            "them")
 
 
 def _result(s: Shape, problem: Problem, summary: Summary, planned: bool = False,
@@ -408,12 +343,14 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
     best = min((r.summary.iteration_time_ms for r in refined if r.summary.fits),
                default=float("inf"))
     shots = long_shots(results, chosen, best, k, ties=ties)
-    refined += _plan_splits(cfg, shots, gbs, policy, budget_s, t0, progress,
-                            "planning long shots' splits", as_long_shots=True)
+    refined += [replace(r, long_shot=True) for r in _plan_splits(
+        cfg, shots, gbs, policy, budget_s, t0, progress, "planning long shots' splits",
+        as_long_shots=True)]
     chosen += shots
     rest = [r for r in results if all(r is not c for c in chosen)]
     return JobSearch(candidates=_fastest_first(refined + rest),
                      evaluated=len(results), total=len(todo) + len(hosted.found),
                      overflowing=len(accepted) - len(pending), refused=len(refusals),
                      seconds=time.perf_counter() - t0, complete=complete,
+                     long_shots=len(shots),
                      leanest=None if pending else leanest)

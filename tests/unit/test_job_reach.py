@@ -6,6 +6,7 @@ heavy head on the last) ranks low there, yet is the one an uneven split helps mo
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -28,11 +29,23 @@ def test_the_search_finds_the_shape_an_uneven_split_helps_most() -> None:
     res = json.loads(out)
     best = res["best"]
     assert (best["pp"], best["vpp"]) == (8, 1)
-    assert best["split_planned"]
+    assert best["split_planned"] and best["long_shot"]
+    assert res["long_shots"] >= 1
     split = best["split"]
     assert split[-1] < max(split)  # the head's stage holds fewer layers than the fullest
     pp4 = [c for c in res["candidates"] if c["pp"] == 4]
     assert all(best["iteration_time_ms"] < c["iteration_time_ms"] for c in pp4)
+
+
+def test_the_plan_says_what_the_long_shots_came_to() -> None:
+    code, out, err = run_main(["plan", "--preset", "gpt-oss-120b", "--hardware", "h100-80gb",
+                               "--gpus", "64", "--global-batch-size", "256", "--pp", "8",
+                               "--time-budget", "6"])
+    assert code == 0, err
+    said = re.search(r"(\d+) long shots? planned \(.*?\): (the best is one|none beat the "
+                     r"best)", " ".join(out.split()))
+    assert said is not None and int(said[1]) >= 1
+    assert said[2] == "the best is one"
 
 
 def _gpt_oss(pp: int, microbatches: int, vpp: int = 1) -> SimpleNamespace:
