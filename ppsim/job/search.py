@@ -119,7 +119,7 @@ class JobSearch:
     """Shapes the model refuses (Megatron's checks, e.g. heads that tp does not divide)."""
     seconds: float
     long_shots: int = 0
-    """Shapes planned as long shots."""
+    """Shapes planned as long shots (those the budget left no time for are not)."""
     leanest: Pending | None = None
     """When every shape's weights, gradients and optimizer states alone overflow memory:
     the shape that needs the least of them (None otherwise)."""
@@ -263,13 +263,15 @@ def _plan_splits(cfg: Any, chosen: list[ShapeResult], gbs: int, policy: str, bud
         progress(what, i, n)
         first = planned.get(keys[i])
         if first is not None:
-            refined.append(_with_split_of(r, first))
+            refined.append(replace(_with_split_of(r, first), long_shot=first.long_shot))
             continue
         left = budget_s * (1.0 - SHOTS_SPARE * as_long_shots) - (time.perf_counter() - t0)
         most = budget_s * SPLIT_SHARE * (1.0 if r.summary.fits and not as_long_shots
                                          else LONG_SHOT)
         share = min(most, left / len(set(keys[i:]) - set(planned)))
         out = r if left <= 1.0 else _refined(r, shape_config(cfg, r.shape, gbs), policy, share)
+        if as_long_shots and left > 1.0:
+            out = replace(out, long_shot=True)
         planned[keys[i]] = out
         refined.append(out)
     return refined
@@ -343,14 +345,13 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
     best = min((r.summary.iteration_time_ms for r in refined if r.summary.fits),
                default=float("inf"))
     shots = long_shots(results, chosen, best, k, ties=ties)
-    refined += [replace(r, long_shot=True) for r in _plan_splits(
-        cfg, shots, gbs, policy, budget_s, t0, progress, "planning long shots' splits",
-        as_long_shots=True)]
+    refined += _plan_splits(cfg, shots, gbs, policy, budget_s, t0, progress,
+                            "planning long shots' splits", as_long_shots=True)
     chosen += shots
     rest = [r for r in results if all(r is not c for c in chosen)]
     return JobSearch(candidates=_fastest_first(refined + rest),
                      evaluated=len(results), total=len(todo) + len(hosted.found),
                      overflowing=len(accepted) - len(pending), refused=len(refusals),
                      seconds=time.perf_counter() - t0, complete=complete,
-                     long_shots=len(shots),
+                     long_shots=sum(r.long_shot for r in refined),
                      leanest=None if pending else leanest)
