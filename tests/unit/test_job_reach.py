@@ -84,3 +84,24 @@ def test_reach_takes_off_what_evening_the_busiest_rank_saves_every_microbatch() 
 def test_a_single_stage_or_interleaved_shape_keeps_its_default_time() -> None:
     assert reachable_ms(_gpt_oss(1, 4)) == 1000.0  # one rank: nothing to even out
     assert reachable_ms(_gpt_oss(4, 8, vpp=2)) == 1000.0
+
+
+def test_only_the_long_shots_the_budget_left_time_for_count_as_planned() -> None:
+    """Before: every long shot chosen was marked planned, those the spent budget skipped
+    too (at their default split, as the table then said of them)."""
+    import time
+
+    from ppsim.cli.flags import config_from_args
+    from ppsim.cli.main import build_parser
+    from ppsim.job.search import _plan_splits, _silent, search_job
+
+    cfg = config_from_args(build_parser().parse_args(
+        ["plan", "--preset", "llama3-8b", "--num-layers", "8", "--hardware", "h100-80gb"]))
+    shapes = search_job(cfg, 16, 32, budget_s=3).candidates[:2]
+    skipped = _plan_splits(cfg, shapes, 32, "", 10.0, time.perf_counter() - 100, _silent,
+                           as_long_shots=True)
+    assert not any(r.long_shot for r in skipped)
+    assert [r.problem.split for r in skipped] == [r.problem.split for r in shapes]
+    planned = _plan_splits(cfg, shapes, 32, "", 10.0, time.perf_counter(), _silent,
+                           as_long_shots=True)
+    assert all(r.long_shot for r in planned)
