@@ -329,10 +329,13 @@ def _with_sorts(job: Job, a: Architecture, acc: Accelerator, costs: ModelCosts,
         costs.kinds, costs.layers, strict=True)))
 
 
+@lru_cache(maxsize=4096)
 def job_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None = None,
               full: bool | None = None) -> ModelCosts:
     """Per-layer costs of one rank of the job (the model's own when tp = cp = ep = 1),
-    every layer recomputing `recompute` (or whole, `full`; default the global mode)."""
+    every layer recomputing `recompute` (or whole, `full`; default the global mode).
+    Cached (its arguments are frozen): a job search builds a job per shape, and shapes
+    that differ only in their chunks per rank (vpp) make equal jobs."""
     a = per_rank_arch(job.arch)
     if full is not None:  # a policy's variant: a whole-layer recompute repeats the forward's
         a = replace(a, recompute="full" if full else "none")  # collectives in the backward
