@@ -296,13 +296,14 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
                budget_s: float = 60.0, policy: str = "",
                fixed: dict[str, int] | None = None,
                progress: Progress = _silent,
-               axes: frozenset[str] = frozenset()) -> JobSearch:
+               axes: frozenset[str] = frozenset(), shots: bool = True) -> JobSearch:
     """Shapes of `gpus` GPUs for a global batch of `gbs`, fastest first; `policy`
     (ppsim.job.policy_search.POLICY_AXES) searches the memory policy too, `axes`
     (JOB_AXES) the replicas' sharding (sharding_choices), the MoE token dispatcher
     (dispatcher_choices), context parallelism's traffic (cp_comm_choices) and the
     optimizer on the host for shapes that overflow without it (_on_the_host); `fixed`
-    holds some sizes (FIXABLE) where the user set them; `progress` is told each step."""
+    holds some sizes (FIXABLE) where the user set them; `progress` is told each step;
+    `shots`: plan long shots after the top shapes (ppsim.job.choice.long_shots)."""
     t0 = time.perf_counter()
     if getattr(cfg.model, "arch", None) is None:
         raise UserError("--gpus", "plans the job of a transformer model", "give --preset NAME")
@@ -344,10 +345,10 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
     refined = _plan_splits(cfg, chosen, gbs, policy, budget_s, t0, progress)
     best = min((r.summary.iteration_time_ms for r in refined if r.summary.fits),
                default=float("inf"))
-    shots = long_shots(results, chosen, best, k, ties=ties)
-    refined += _plan_splits(cfg, shots, gbs, policy, budget_s, t0, progress,
+    extra = long_shots(results, chosen, best, k, ties=ties) if shots else []
+    refined += _plan_splits(cfg, extra, gbs, policy, budget_s, t0, progress,
                             "planning long shots' splits", as_long_shots=True)
-    chosen += shots
+    chosen += extra
     rest = [r for r in results if all(r is not c for c in chosen)]
     return JobSearch(candidates=_fastest_first(refined + rest),
                      evaluated=len(results), total=len(todo) + len(hosted.found),
