@@ -105,3 +105,20 @@ def test_only_the_long_shots_the_budget_left_time_for_count_as_planned() -> None
     planned = _plan_splits(cfg, shapes, 32, "", 10.0, time.perf_counter(), _silent,
                            as_long_shots=True)
     assert all(r.long_shot for r in planned)
+
+
+def test_long_shots_only_add_plans_and_here_a_faster_one() -> None:
+    from ppsim.cli.flags import config_from_args
+    from ppsim.cli.main import build_parser
+    from ppsim.job.search import search_job
+
+    cfg = config_from_args(build_parser().parse_args(
+        ["plan", "--preset", "gpt-oss-120b", "--hardware", "h100-80gb"]))
+    without = search_job(cfg, 64, 256, budget_s=10, shots=False)
+    assert without.long_shots == 0 and not any(r.long_shot for r in without.candidates)
+    with_ = search_job(cfg, 64, 256, budget_s=10)
+    best = [next(r for r in res.candidates if r.summary.fits) for res in (without, with_)]
+    assert best[1].long_shot
+    assert best[1].summary.iteration_time_ms < best[0].summary.iteration_time_ms
+    # the same shapes simulated either way: long shots come after
+    assert with_.evaluated == without.evaluated
