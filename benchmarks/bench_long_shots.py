@@ -16,6 +16,7 @@ Run: .venv/bin/python benchmarks/bench_long_shots.py
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from ppsim.cli.flags import config_from_args
 from ppsim.cli.main import build_parser
@@ -28,27 +29,36 @@ CASES = [("gpt-oss-120b", 64, 256, []),
          ("deepseek-v3", 2048, 15360, OVERLAPS)]
 
 
-def best_of(preset: str, gpus: int, gbs: int, flags: list[str],
-            shots: bool) -> tuple[str, float]:
-    """The best shape that fits, as a table row's tail, and its iteration time."""
+@dataclass(frozen=True, kw_only=True)
+class Best:
+    """A search's best shape that fits."""
+
+    row: str
+    """Its time, the search's wall time and its shape, as the table prints them."""
+    ms: float
+    """Its iteration time."""
+
+
+def best_of(preset: str, gpus: int, gbs: int, flags: list[str], shots: bool) -> Best:
+    """The best shape that fits, with or without long shots."""
     cfg = config_from_args(build_parser().parse_args(
         ["plan", "--preset", preset, "--hardware", "h100-80gb", *flags]))
     t0 = time.perf_counter()
     res = search_job(cfg, gpus, gbs, shots=shots)
     seconds = time.perf_counter() - t0
     best = next(r for r in res.candidates if r.summary.fits)
-    return (f"{best.summary.iteration_time_ms:9.0f} {seconds:6.1f}  {best.shape.label()}",
-            best.summary.iteration_time_ms)
+    return Best(row=f"{best.summary.iteration_time_ms:9.0f} {seconds:6.1f}  "
+                    f"{best.shape.label()}", ms=best.summary.iteration_time_ms)
 
 
 def main() -> None:
     print(f"{'case':32} {'long shots':>10} {'best ms':>9} {'wall s':>6}  shape")
     for preset, gpus, gbs, flags in CASES:
         name = f"{preset} on {gpus:,}"
-        without, t_without = best_of(preset, gpus, gbs, flags, shots=False)
-        with_, t_with = best_of(preset, gpus, gbs, flags, shots=True)
-        print(f"{name:32} {'no':>10} {without}")
-        print(f"{'':32} {'yes':>10} {with_}   ({t_without / t_with - 1:+.1%} throughput)")
+        without = best_of(preset, gpus, gbs, flags, shots=False)
+        with_ = best_of(preset, gpus, gbs, flags, shots=True)
+        print(f"{name:32} {'no':>10} {without.row}")
+        print(f"{'':32} {'yes':>10} {with_.row}   ({without.ms / with_.ms - 1:+.1%} throughput)")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ last) ranks low at its default split yet may plan fastest.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ppsim.costs.model import least_busy_ms
@@ -69,7 +70,8 @@ def shapes_to_plan(results: list[Any], k: int, ties: bool = True) -> list[Any]:
 
 
 def long_shots(results: list[Any], planned: list[Any], best_ms: float, k: int,
-               ties: bool = True, reach: Any = reachable_ms) -> list[Any]:
+               ties: bool = True,
+               reach: Callable[[Any], float] = reachable_ms) -> list[Any]:
     """The shapes beyond `planned` worth planning too, most promising first: those that
     fit at their default split and whose `reach` is below `best_ms` (the best planned
     time), k groups at the most (tie groups, as in shapes_to_plan)."""
