@@ -124,10 +124,9 @@ class MoE(nn.Module):
         y = self._experts(tokens[order // self.top_k], counts, inside)
         back = torch.empty_like(order)
         back[order] = torch.arange(order.numel(), device=x.device)
+        y = y[back]
         if inside is None:  # torchtitan: the scores weigh the experts' outputs
-            y = y[back] * weight.to(x.dtype).reshape(-1, 1)
-        else:
-            y = y[back]
+            y = y * weight.to(x.dtype).reshape(-1, 1)
         out = y.view(n, self.top_k, h).sum(1)
         if self.shared is not None:
             out = out + self.shared(tokens)

@@ -51,22 +51,28 @@ def shapes_to_plan(results: list[Any], k: int, ties: bool = True) -> list[Any]:
     at the most; without `ties` (each shape planned on its own, as a memory policy search
     plans them) every shape is a group of its own."""
     by_time = sorted(range(len(results)), key=lambda i: results[i].summary.iteration_time_ms)
-    groups: list[Any] = []
-    fitting = []
-    for i in by_time:
-        if not results[i].summary.fits:
-            continue
-        key = tie_key(results[i]) if ties else i
-        if key not in groups:
-            if len(groups) == k:
-                break
-            groups.append(key)
-        fitting.append(i)
-    slowest = (results[fitting[-1]].summary.iteration_time_ms if len(groups) == k
+    key = (lambda i: tie_key(results[i])) if ties else (lambda i: i)
+    fitting = _first_groups([i for i in by_time if results[i].summary.fits], k, key)
+    groups = len({key(i) for i in fitting})
+    slowest = (results[fitting[-1]].summary.iteration_time_ms if groups == k
                else float("inf"))
     over = [i for i in by_time if not results[i].summary.fits
-            and results[i].summary.iteration_time_ms < slowest][:2 * k - len(groups)]
+            and results[i].summary.iteration_time_ms < slowest][:2 * k - groups]
     return [results[i] for i in sorted(fitting + over, key=by_time.index)]
+
+
+def _first_groups(ordered: list[Any], k: int, key: Callable[[Any], Any]) -> list[Any]:
+    """The items of `ordered`, in order, whose `key` is one of the first k distinct."""
+    groups: list[Any] = []
+    out = []
+    for item in ordered:
+        g = key(item)
+        if g not in groups:
+            if len(groups) == k:
+                break
+            groups.append(g)
+        out.append(item)
+    return out
 
 
 def long_shots(results: list[Any], planned: list[Any], best_ms: float, k: int,
@@ -77,16 +83,6 @@ def long_shots(results: list[Any], planned: list[Any], best_ms: float, k: int,
     time), k groups at the most (tie groups, as in shapes_to_plan)."""
     done = {id(r) for r in planned}
     score = {id(r): reach(r) for r in results if id(r) not in done and r.summary.fits}
-    rest = sorted((r for r in results if id(r) in score), key=lambda r: score[id(r)])
-    groups: list[Any] = []
-    out = []
-    for r in rest:
-        if score[id(r)] >= best_ms:
-            break
-        key = tie_key(r) if ties else id(r)
-        if key not in groups:
-            if len(groups) == k:
-                break
-            groups.append(key)
-        out.append(r)
-    return out
+    promising = sorted((r for r in results if score.get(id(r), best_ms) < best_ms),
+                       key=lambda r: score[id(r)])
+    return _first_groups(promising, k, tie_key if ties else id)

@@ -246,6 +246,12 @@ def _on_the_host(cfg: Any, accepted: list[Pending], gbs: int, progress: Progress
     return Hosted(found=found, complete=True)
 
 
+def _ties(policy: str) -> bool:
+    """Shapes tied at their default split share a plan, except under a memory policy
+    search, which plans each shape's policy on its own."""
+    return policy != "policy"
+
+
 def _plan_splits(cfg: Any, chosen: list[ShapeResult], gbs: int, policy: str, budget_s: float,
                  t0: float, progress: Progress, what: str = "planning the top shapes' splits",
                  as_long_shots: bool = False) -> list[ShapeResult]:
@@ -257,7 +263,7 @@ def _plan_splits(cfg: Any, chosen: list[ShapeResult], gbs: int, policy: str, bud
     n = len(chosen)
     # A tie's first shape is planned; the others take its split (with a policy search,
     # each is planned).
-    keys = [tie_key(r) if policy != "policy" else i for i, r in enumerate(chosen)]
+    keys = [tie_key(r) if _ties(policy) else i for i, r in enumerate(chosen)]
     planned: dict[Any, ShapeResult] = {}
     for i, r in enumerate(chosen):
         progress(what, i, n)
@@ -340,7 +346,7 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
         # The total is every shape: those the bound rules out are never simulated.
         progress("simulating shapes", len(results), len(pending))
         results.append(_timed(p, policy))
-    ties = policy != "policy"
+    ties = _ties(policy)
     chosen = shapes_to_plan(results, k, ties=ties)
     refined = _plan_splits(cfg, chosen, gbs, policy, budget_s, t0, progress)
     best = min((r.summary.iteration_time_ms for r in refined if r.summary.fits),
