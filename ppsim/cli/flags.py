@@ -10,7 +10,7 @@ from typing import Any
 
 from ppsim import fileio
 from ppsim.cli import megatron_flags, megatron_model, megatron_run
-from ppsim.cli.job_flags import JOB_MODEL_KEYS, add_job_flags
+from ppsim.cli.job_flags import JOB_MODEL_KEYS, add_job_flags, megatron_fsdp_state
 from ppsim.config import files, validate
 from ppsim.config.model import parse_model
 from ppsim.config.overrides import MODEL_KEYS, PIPELINE_KEYS, with_overrides
@@ -254,8 +254,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         pipeline["rank_order"] = order
     cfg = with_overrides(cfg, preset=None if table else flag("preset"), model_table=table,
                          memory=memory or None,
-                         model={k: flag(k) for k in keys} | ({"recompute": mode} if mode
-                                                            else {}),
+                         model=megatron_fsdp_state({k: flag(k) for k in keys})
+                         | ({"recompute": mode} if mode else {}),
                          pipeline=pipeline, split=_split_choice(args, flag),
                          hardware=flag("hardware"), memory_bytes=limit,
                          costs_file=flag("costs"), devices=devices)

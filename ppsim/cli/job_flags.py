@@ -51,6 +51,15 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
                    help="or the rank's parameters in N buckets")
 
 
+def megatron_fsdp_state(model: dict[str, Any]) -> dict[str, Any]:
+    """The [model] fields the flags give, --use-distributed-optimizer beside
+    --use-megatron-fsdp dropped: Megatron-FSDP (v1) turns it on itself and shards the
+    optimizer's state its own way (arguments.py), as its launch lines pass it."""
+    if model.get("fsdp_framework") == "megatron-fsdp" and model.get("distributed_optimizer"):
+        return model | {"distributed_optimizer": None}
+    return model
+
+
 class _Sets(argparse.Action):
     """A switch that sets several fields at once (`fields`: name -> value)."""
 
@@ -80,6 +89,11 @@ def _add_state_flags(j: argparse._ArgumentGroup) -> None:
                    fields={"fsdp": True, "fsdp_framework": "megatron"},
                    help="FSDP2 as Megatron applies it: the model in the training dtype, its "
                    "gradients reduced in it (pp and ep 1)")
+    j.add_argument("--use-megatron-fsdp", action=_Sets, dest="fsdp",
+                   fields={"fsdp": True, "fsdp_framework": "megatron-fsdp"},
+                   help="Megatron-FSDP (optim_grads_params): each layer gathered and "
+                   "reduce-scattered every microbatch, the embedding and output layer "
+                   "gathered once a step; takes --use-distributed-optimizer (pp 1)")
     j.add_argument("--torch-fsdp2-no-reshard-after-forward", action=_Sets,
                    dest="fsdp_reshard_after_forward",
                    fields={"fsdp_reshard_after_forward": "never"},

@@ -101,6 +101,8 @@ def optimizer_args(a: Architecture) -> list[str]:
         out += ["--muon-num-ns-steps", str(a.muon_ns_steps)] * (a.muon_ns_steps != 5)
         out += ["--muon-tp-mode", a.muon_tp_mode] * (a.muon_tp_mode != "duplicated")
     out += ["--use-distributed-optimizer"] * a.distributed_optimizer
+    if a.megatron_fsdp:  # Megatron asserts the checkpoint format Megatron-FSDP saves in
+        out += ["--use-megatron-fsdp", "--ckpt-format", "fsdp_dtensor"]
     if a.megatron_fsdp2:
         out.append("--use-torch-fsdp2")
         out += ["--torch-fsdp2-no-reshard-after-forward"] * (

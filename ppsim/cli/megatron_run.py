@@ -116,6 +116,9 @@ RUN = {
         "inprocess-restart", "gpu-sniff-test-interval", "max-tokens-to-oom"),
     "the host optimizer's class (Megatron steps Adam with its own either way)": (
         "use-torch-optimizer-for-cpu-offload",),
+    "Megatron-FSDP's setup (its version, its buffers' allocation and registration)": (
+        "megatron-fsdp-version", "init-model-with-meta-device", "fsdp-double-buffer",
+        "fsdp-manual-registration", "fsdp-db-use-persist-buf-on-alloc-fail"),
 }
 """Megatron's arguments that change nothing in a steady training iteration (a batch
 ramp-up ends at --global-batch-size, the iteration ppsim prices)."""
@@ -154,6 +157,9 @@ UNPRICED_GROUPS = {
         "overlap-dispatch-backward-with-experts-wgrad", "ep-overlap-early-attn-memory-release",
         "defer-embedding-wgrad-compute", "wgrad-deferral-limit", "create-all-gather-group",
         "ddp-param-name-patterns-for-fp32-local-accumulation"),
+    "ppsim prices Megatron-FSDP's layer units, each gathered one ahead": (
+        "suggested-communication-unit-size", "megatron-fsdp-enable-fine-grained-param-gather",
+        "megatron-fsdp-max-pool-double-buffer"),
     "ppsim prices DSA's indexer in every layer by its own ops, not its training loss, a "
     "top-k reused across layers or a kernel choice": (
         "dsa-indexer-loss-coeff", "dsa-indexer-use-sparse-loss", "dsa-indexer-topk-freq",
@@ -180,6 +186,10 @@ _QUANTIZERS = ("Model Optimizer's quantizers run beside every linear (quantizati
 _FROZEN = ("freezes part of the model, whose parameters then keep no gradients or optimizer "
            "states; ppsim prices training every parameter",
            "drop it, or give --qad-train-target both")
+_HYBRID = ("is Megatron-FSDP's hybrid sharding, which ppsim does not price",
+           "drop it; --fsdp --dp-replicas N prices torchtitan's HSDP")
+_FSDP_GRADS = ("ppsim prices Megatron-FSDP's gradients kept and reduced in the training "
+               "dtype (bf16), its default", "drop it, or give auto")
 REFUSED = {
     "checkpoint-activations": ((), "is no longer valid (Megatron's words)",
                                "use --recompute-activations, or, for more control, "
@@ -203,6 +213,17 @@ REFUSED = {
                              "speculative-decoding draft's base)", "drop it"),
     "qad-train-target": (("both",), *_FROZEN),
     "freeze-base-for-mtp": ((), *_FROZEN),
+    "data-parallel-sharding-strategy": (("optim_grads_params",), "is priced for "
+                                        "Megatron-FSDP's default, optim_grads_params "
+                                        "(weights, gradients and optimizer state sharded)",
+                                        "drop it; --use-distributed-optimizer without "
+                                        "--use-megatron-fsdp shards as optim does"),
+    "outer-dp-sharding-strategy": (("no_shard",), *_HYBRID),
+    "enable-full-sharding-in-hsdp": ((), *_HYBRID),
+    "megatron-fsdp-main-params-dtype": (("fp32",), "ppsim prices Megatron-FSDP's fp32 "
+                                        "master weights", "drop it"),
+    "megatron-fsdp-main-grads-dtype": (("auto", "bf16"), *_FSDP_GRADS),
+    "megatron-fsdp-grad-comm-dtype": (("auto", "bf16"), *_FSDP_GRADS),
 }
 """Model Optimizer's post-training arguments that make an iteration other than the one
 ppsim prices, and what Megatron itself refuses: flag -> (the values that do not, the
@@ -230,8 +251,6 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                            help=argparse.SUPPRESS)
     g.add_argument("--use-tp-pp-dp-mapping", action="store_true", default=None,
                    help=argparse.SUPPRESS)
-    g.add_argument("--use-megatron-fsdp", action="store_true", default=None,
-                   help=argparse.SUPPRESS)
 
 
 def unpriced_notes(args: argparse.Namespace) -> list[str]:
@@ -246,16 +265,10 @@ def unpriced_notes(args: argparse.Namespace) -> list[str]:
 
 
 def check_run_flags(args: argparse.Namespace) -> str | None:
-    """Refuse what changes the job beyond ppsim's model (Megatron's FSDP; an optimizer
-    other than Adam or Muon is refused with the model's flags);
+    """Refuse what changes the job beyond ppsim's model (REFUSED; an optimizer other
+    than Adam or Muon is refused with the model's flags);
     return the rank order --use-tp-pp-dp-mapping selects, or None."""
     flag = lambda key: getattr(args, key, None)  # noqa: E731 - a command may lack a flag
-    if flag("use_megatron_fsdp"):
-        raise UserError("--use-megatron-fsdp", "Megatron-FSDP keeps its own buffers, dtypes "
-                        "and loop, which ppsim does not model (it prices Megatron's DDP and "
-                        "distributed optimizer, and FSDP2 as torchtitan or Megatron's "
-                        "--use-torch-fsdp2 applies it)", "drop it; --use-torch-fsdp2 or "
-                        "--use-distributed-optimizer are the closest")
     megatron_attention.check_spec(args)
     for name, (inert, problem, fix) in REFUSED.items():
         given = flag(PREFIX + name.replace("-", "_"))  # its values: nargs="*"

@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any
 
+from ppsim.costs.arch import MEGATRON_FSDP_FLAGS
 from ppsim.errors import UserError
 from ppsim.schedules.generators import Action
 
@@ -79,9 +80,10 @@ def check_features(cfg: Any) -> None:
         raise UserError("model.etp", f"{a.expert_tp}: the executor keeps each expert whole on "
                         "its rank", "set [model] etp = 1 to run the model (simulate and plan "
                         "price it)")
-    if a.megatron_fsdp2:
+    if a.fsdp_by_megatron:
         raise UserError("model.fsdp_framework", "the executor shards as torchtitan does "
-                        "(fp32 shards, an fp32 reduce), not as Megatron's --use-torch-fsdp2",
+                        "(fp32 shards, an fp32 reduce), not as Megatron's "
+                        f"{MEGATRON_FSDP_FLAGS[a.fsdp_framework]}",
                         "run it with --fsdp (simulate and plan price Megatron's)")
     for key in ("optimizer_cpu_offload", "fsdp_cpu_offload"):
         if getattr(a, key):

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ppsim.costs.arch import FP8_RECIPES, LINEAR_VARIANTS, TORCHAO_FP8_RECIPES
+from ppsim.costs.arch import (
+    FP8_RECIPES,
+    LINEAR_VARIANTS,
+    MEGATRON_FSDP_FLAGS,
+    TORCHAO_FP8_RECIPES,
+)
 from ppsim.costs.patterns import linear_attention_layers, windows
 from ppsim.errors import UserError
 
@@ -78,12 +83,13 @@ def fp8(raw: dict[str, Any]) -> None:
     if raw.get("fp8_param_gather") and not raw.get("fp8"):
         raise UserError("model.fp8_param_gather", "keeps the weights in FP8 and FP8 is off",
                         "add --fp8-format hybrid (fp8 = \"hybrid\" in [model]), or drop it")
-    if raw.get("fsdp") and raw.get("fsdp_framework", "torchtitan") == "megatron" \
-            and raw.get("fp8"):
-        raise UserError("model.fp8", "under Megatron's --use-torch-fsdp2 FP8 is Transformer "
-                        "Engine's, its weights' transposes made each microbatch, which ppsim "
-                        "does not price (it prices torchtitan's torchao FP8 under FSDP)",
-                        "drop --fp8-format, or --use-torch-fsdp2")
+    framework = raw.get("fsdp_framework", "torchtitan")
+    if raw.get("fsdp") and framework != "torchtitan" and raw.get("fp8"):
+        flag = MEGATRON_FSDP_FLAGS[framework]
+        raise UserError("model.fp8", f"under Megatron's {flag} FP8 is Transformer Engine's, "
+                        "its weights' transposes made each microbatch, which ppsim does not "
+                        "price (it prices torchtitan's torchao FP8 under FSDP)",
+                        f"drop --fp8-format, or {flag}")
     if raw.get("fsdp"):
         _torchao_fp8(raw, recipe)
     elif recipe not in FP8_RECIPES:

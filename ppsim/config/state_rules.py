@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ppsim.costs.arch import MEGATRON_FSDP_FLAGS
 from ppsim.costs.state import OPTIMIZER_DTYPES
 from ppsim.errors import UserError
 
@@ -31,10 +32,21 @@ def sharding(raw: dict[str, Any]) -> None:
         if raw.get(key, False) not in (False, "default", "torchtitan") and not raw.get("fsdp"):
             raise UserError(f"model.{key}", f"is FSDP's {what} and FSDP is off",
                             "add --fsdp (fsdp = true in [model]), or drop it")
-    if raw.get("fsdp_cpu_offload") and raw.get("fsdp_framework") == "megatron":
+    flag = MEGATRON_FSDP_FLAGS.get(raw.get("fsdp_framework", "torchtitan"))
+    if raw.get("fsdp_cpu_offload") and flag:
         raise UserError("model.fsdp_cpu_offload", "is torchtitan's (training."
-                        "enable_cpu_offload); Megatron's --use-torch-fsdp2 offers none",
+                        f"enable_cpu_offload); Megatron's {flag} offers none",
                         "drop it, or use --fsdp (torchtitan's FSDP2)")
+    if flag == "--use-megatron-fsdp" and raw.get("fsdp_reshard_after_forward",
+                                                "default") != "default":
+        raise UserError("model.fsdp_reshard_after_forward", "is FSDP2's; Megatron-FSDP's "
+                        "optim_grads_params strategy frees each layer's gathered weights "
+                        "after its forward", "drop it, or use --fsdp (torchtitan's FSDP2)")
+    if flag == "--use-megatron-fsdp" and raw.get("dp_replicas", 1) != 1:
+        raise UserError("model.dp_replicas", "Megatron-FSDP's hybrid sharding (copies "
+                        "all-reduced once a step) is not priced", "drop it (or "
+                        "--num-distributed-optimizer-instances), or use --fsdp "
+                        "(torchtitan's HSDP)")
     replicas(raw)
 
 
@@ -59,6 +71,10 @@ def optimizer_states(raw: dict[str, Any]) -> None:
             raise UserError(f"model.{key}", f"{key} can only be fp32 when not using "
                             "precision-aware optimizer", "add --use-precision-aware-optimizer "
                             "(precision_aware_optimizer = true in [model])")
+    if aware and raw.get("fsdp") and raw.get("fsdp_framework") == "megatron-fsdp":
+        raise UserError("model.precision_aware_optimizer", "under Megatron-FSDP it steps "
+                        "decoupled gradients, which ppsim does not price", "drop it, or "
+                        "--use-megatron-fsdp")
     if aware and not raw.get("distributed_optimizer", False):
         raise UserError("model.precision_aware_optimizer", "--use-precision-aware-optimizer "
                         "only supported with distributed optimizer", "add "
@@ -105,6 +121,10 @@ def muon(raw: dict[str, Any]) -> None:
     the precision-aware optimizer's dtypes)."""
     if raw.get("optimizer", "adam") != "muon":
         return
+    if raw.get("fsdp") and raw.get("fsdp_framework") == "megatron-fsdp":
+        raise UserError("model.optimizer", "Megatron-FSDP does not support the muon "
+                        "optimizer yet (Megatron's words)", "use --optimizer adam, or "
+                        "drop --use-megatron-fsdp")
     for key, what in (("fsdp", "torchtitan's FSDP2"),
                       ("precision_aware_optimizer", "the precision-aware optimizer")):
         if raw.get(key):

@@ -30,8 +30,11 @@ NORMS = ("", "layernorm", "rmsnorm")
 POSITIONS = ("", "rotary", "learned", "none")
 FSDP_RESHARD = ("default", "always", "never")
 """torchtitan's fsdp_reshard_after_forward policies."""
-FSDP_FRAMEWORKS = ("torchtitan", "megatron")
-"""Who applies torch's FSDP2: torchtitan, or Megatron's --use-torch-fsdp2."""
+FSDP_FRAMEWORKS = ("torchtitan", "megatron", "megatron-fsdp")
+"""Who shards the replicas fully: torchtitan's FSDP2, Megatron's --use-torch-fsdp2, or
+Megatron-FSDP (--use-megatron-fsdp)."""
+MEGATRON_FSDP_FLAGS = {"megatron": "--use-torch-fsdp2", "megatron-fsdp": "--use-megatron-fsdp"}
+"""Megatron's flag of each of its FSDP frameworks."""
 FP8_FORMATS = ("", "e4m3", "hybrid")
 """Megatron's --fp8-format choices ("": bf16 matmuls)."""
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
@@ -97,9 +100,13 @@ class Architecture:
     torch's FSDP2 as torchtitan applies it (its default data parallelism, ZeRO-3;
     ppsim.job.fsdp)."""
     fsdp_framework: str = "torchtitan"
-    """Who applies FSDP2: "torchtitan" (fp32 shards, bf16 gathers, an fp32 reduce), or
+    """Who shards: "torchtitan" (FSDP2: fp32 shards, bf16 gathers, an fp32 reduce),
     "megatron" (--use-torch-fsdp2: the model in the training dtype, so its gradients
-    reduce in it, Megatron's optimizer keeping fp32 masters; pp and ep 1)."""
+    reduce in it, Megatron's optimizer keeping fp32 masters; pp and ep 1), or
+    "megatron-fsdp" (--use-megatron-fsdp, its optim_grads_params strategy: each decoder
+    layer a unit gathered and reduce-scattered every microbatch, the embedding and the
+    output layer gathered once a step; gradients in the training dtype, fp32 masters;
+    ppsim.job.fsdp)."""
     fsdp_cpu_offload: bool = False
     """torchtitan's training.enable_cpu_offload: FSDP2's CPUOffloadPolicy keeps the fp32
     shards, their gradients and Adam's state in pinned host memory, copies a unit's shard
@@ -344,6 +351,18 @@ class Architecture:
         return self.fsdp and self.fsdp_framework == "megatron"
 
     @property
+    def megatron_fsdp(self) -> bool:
+        """The replicas shard with Megatron-FSDP (--use-megatron-fsdp)."""
+        return self.fsdp and self.fsdp_framework == "megatron-fsdp"
+
+    @property
+    def fsdp_by_megatron(self) -> bool:
+        """Megatron shards fully (either of its FSDPs): over its model cast to the
+        training dtype, so the gradients are in it too, its optimizer keeping the fp32
+        masters; no CPU offload, no torchao FP8."""
+        return self.fsdp and self.fsdp_framework != "torchtitan"
+
+    @property
     def expert_dp(self) -> int:
         """The experts' data-parallel size (expert_data_parallel)."""
         return expert_data_parallel(self.tp, self.cp, self.dp, self.expert_tp, self.ep)
@@ -359,10 +378,10 @@ class Architecture:
     @property
     def swiglu_keeps_silu(self) -> bool:
         """A gated MLP's activation keeps its SiLU output for the backward: torchtitan's
-        eager `silu(w1(x)) * w3(x)` (the fsdp jobs) does, and Megatron's under
-        --no-bias-swiglu-fusion; its fused SwiGLU (bias_swiglu_impl, the default) keeps
-        only its input and recomputes the SiLU."""
-        return self.gated_mlp and (self.fsdp or not self.bias_swiglu_fusion)
+        eager `silu(w1(x)) * w3(x)` (its FSDP jobs) does, and Megatron's under
+        --no-bias-swiglu-fusion; its fused SwiGLU (bias_swiglu_impl, the default, under
+        its FSDPs too) keeps only its input and recomputes the SiLU."""
+        return self.gated_mlp and (self.torchtitan_fsdp or not self.bias_swiglu_fusion)
 
     @property
     def fp8_copies(self) -> bool:

@@ -18,8 +18,9 @@ def grad_bytes(a: Architecture) -> int:
     """Bytes of one parameter's gradient as Megatron keeps and reduces it: fp32, or bf16
     under --grad-reduce-in-bf16 or --main-grads-dtype bf16 (neither forces fp32
     accumulation then: arguments.py); under Megatron's --use-torch-fsdp2 the model's
-    own dtype (no mixed-precision policy: the gradients are the weights')."""
-    if a.megatron_fsdp2:
+    own dtype (no mixed-precision policy: the gradients are the weights'), and under
+    Megatron-FSDP too (--megatron-fsdp-main-grads-dtype auto: the model's)."""
+    if a.fsdp_by_megatron:
         return DTYPE_BYTES[a.dtype]
     bf16_grads = a.grad_reduce_in_bf16 or a.main_grads_dtype == "bf16"
     return 2 if bf16_grads and a.dtype == "bf16" else 4
@@ -80,7 +81,9 @@ def optimizer_shards(a: Architecture, experts: bool = False) -> int:
 FSDP_SHARD_BYTES = 16
 """An FSDP shard's bytes a parameter: the fp32 weight (mixed precision computes with a
 gathered bf16 copy), its fp32 gradient (FSDP2 casts the reduced gradient back to the
-shard's dtype whatever it reduces in: _fsdp_collectives.py) and Adam's two fp32 moments."""
+shard's dtype whatever it reduces in: _fsdp_collectives.py) and Adam's two fp32 moments;
+under Megatron's FSDPs the bf16 weight and gradient, the fp32 master and the moments,
+16 all the same."""
 
 
 def bytes_per_param(a: Architecture, experts: bool = False, layer: bool = False) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ppsim.costs.arch import MEGATRON_FSDP_FLAGS
 from ppsim.errors import UserError
 from ppsim.policy.model import memory_policy
 
@@ -33,9 +34,14 @@ def check(cfg: Any) -> None:
     if a is None or not a.num_experts:
         raise UserError(FLAG, "overlaps the all-to-alls of a model with experts",
                         f"configure a MoE transformer, {DROP}")
-    if a.fsdp:
+    if a.torchtitan_fsdp:
         raise UserError(FLAG, "is Megatron's combined 1F1B; torchtitan (--fsdp) has none",
                         f"drop --fsdp, {DROP}")
+    if a.fsdp:  # Megatron-FSDP runs it; its gathers inside the pairs are not priced
+        flag = MEGATRON_FSDP_FLAGS[a.fsdp_framework]
+        raise UserError(FLAG, f"beside Megatron's {flag} is not priced (each layer's "
+                        "gathers and reduce-scatters inside the overlapped pairs)",
+                        f"drop {flag}, {DROP}")
     if p.actions_csv:
         raise UserError(FLAG, "runs Megatron's own combined order, not a given actions CSV",
                         f"drop actions_csv, {DROP}")

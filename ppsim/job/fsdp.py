@@ -1,4 +1,5 @@
-"""Fully sharded data parallelism: torch's FSDP2 as torchtitan applies it.
+"""Fully sharded data parallelism: torch's FSDP2 as torchtitan applies it, and
+Megatron-FSDP.
 
 torchtitan makes each transformer block, the embedding, and the final norm with the LM
 head one unit each (torchtitan/distributed/fsdp.py, apply_fsdp_to_decoder), sharded
@@ -29,6 +30,16 @@ ppsim.job.host_optimizer), plus what is held unsharded: with pp > 1
 the gathered weight and the accumulated fp32 gradient (6 bytes in bf16); with pp = 1,
 "never" the gathered weights, else only the units in flight (two units' gathered
 weights, the computing one and the prefetched one, and one unit's gradient).
+
+Megatron-FSDP (--use-megatron-fsdp, its default optim_grads_params strategy; megatron/
+core/distributed/fsdp) makes each decoder layer a unit over the same dp x cp ranks
+(routed experts over the expert data-parallel ones), gathers it before its forward and
+again before its backward, one unit prefetched, and reduce-scatters its gradient in every
+backward (grad_reduce_every_bprop). The embedding and the output layer are in no unit:
+gathered once, during the first forward, and held all step; their gradients too reduce
+in every backward. It shards the model cast to the training dtype: weights gathered and
+gradients kept and reduced in bf16 (main_grads_dtype auto), the fp32 master beside Adam's
+moments (16 bytes a parameter, sharded). ppsim prices it without pipeline parallelism.
 """
 
 from __future__ import annotations
@@ -59,6 +70,10 @@ class FsdpSteps:
     backward_reduce: bool
     """Every microbatch's backward reduce-scatters each unit's gradient (else once, after
     the last backward, exposed)."""
+    root_once: bool = False
+    """The embedding and the output layer, in no unit of their own (Megatron-FSDP's root
+    parameters), are gathered once a step, during the first forward, and held to its
+    end; their gradients still reduce-scatter in every backward."""
 
     @property
     def per_microbatch(self) -> bool:
@@ -72,8 +87,13 @@ def reshards_after_forward(policy: str, pipelined: bool) -> bool:
     return policy == "always" or (policy == "default" and not pipelined)
 
 
-def fsdp_steps(policy: str, pipelined: bool) -> FsdpSteps:
-    """When the collectives run for torchtitan's `policy` with or without pp."""
+def fsdp_steps(policy: str, pipelined: bool, framework: str = "torchtitan") -> FsdpSteps:
+    """When the collectives run for torchtitan's `policy` with or without pp; under
+    Megatron-FSDP's optim_grads_params every microbatch, whatever the policy (its
+    grad_reduce_every_bprop)."""
+    if framework == "megatron-fsdp":
+        return FsdpSteps(forward_gather=True, backward_gather=True, backward_reduce=True,
+                         root_once=True)
     reshard = reshards_after_forward(policy, pipelined)
     return FsdpSteps(forward_gather=reshard or not pipelined, backward_gather=reshard,
                      backward_reduce=not pipelined)
@@ -83,9 +103,11 @@ def held_bytes(a: Architecture, pipelined: bool, experts: bool = False,
                wide: bool = False) -> float:
     """Bytes a parameter holds unsharded all the step (none when its shards are one
     rank's: nothing is gathered); `wide`: the embedding's or the output layer's, gathered
-    in the training dtype under FP8 too."""
+    in the training dtype under FP8 too. Megatron-FSDP holds those alone, gathered."""
     if optimizer_shards(a, experts) == 1:
         return 0
+    if a.megatron_fsdp:
+        return DTYPE_BYTES[a.dtype] if wide else 0
     weight = DTYPE_BYTES[a.dtype] if wide else gathered_weight_bytes(a, DTYPE_BYTES[a.dtype])
     if pipelined:
         return weight + grad_bytes(a)
@@ -139,13 +161,15 @@ def _held(a: Architecture, pipelined: bool, c: LayerCost, wide: bool = False) ->
 def in_flight_bytes(a: Architecture, costs: ModelCosts) -> int:
     """The units in flight without pp (resharding after the forward): the largest unit's
     gathered weights twice (the computing one and the prefetched one; a decoder layer's in
-    FP8 under --fp8-param-gather) and its gradient."""
+    FP8 under --fp8-param-gather) and its gradient; under Megatron-FSDP only the decoder
+    layers are units."""
     if optimizer_shards(a) == 1:
         return 0
     w16 = DTYPE_BYTES[a.dtype]
     layer = 2 * gathered_weight_bytes(a, w16) + grad_bytes(a)
+    edges = () if a.megatron_fsdp else (costs.embedding, costs.head)  # held, not units
     units = [(c.params, layer) for c in costs.layers] + \
-        [(c.params, 2 * w16 + grad_bytes(a)) for c in (costs.embedding, costs.head)]
+        [(c.params, 2 * w16 + grad_bytes(a)) for c in edges]
     return int(max((n * b for n, b in units), default=0))
 
 
@@ -175,10 +199,16 @@ def step_reduce_ms(job: Job, params: int, expert_params: int, forward_ms: float,
     `params` (`wide` of them the embedding's and the output layer's): the gather during
     the first forward (`forward_ms`, one microbatch's), never less than its first unit's
     (the embedding on the first stage's rank, else a layer), and the gradients'
-    reduce-scatter after the last backward."""
+    reduce-scatter after the last backward; under Megatron-FSDP the gather of the
+    embedding and the output layer during the first forward (the embedding's first)."""
     steps = job.fsdp_steps
     assert steps is not None  # an FSDP job's
     out = 0.0
+    if steps.root_once and wide:
+        first = job.embedding_params if holds_embedding else 0
+        out += behind_compute_ms(gather_ms(job, wide, wide=wide), forward_ms,
+                                 job.collective_sm_share,
+                                 gather_ms(job, first, wide=first) if first else 0.0)
     if not steps.forward_gather:
         first = min(job.embedding_params if holds_embedding else layer_unit_params(job.arch),
                     params)

@@ -164,7 +164,8 @@ class Job:
         """When FSDP's collectives run (ppsim.job.fsdp); None without FSDP."""
         if not self.arch.fsdp:
             return None
-        return fsdp_steps(self.arch.fsdp_reshard_after_forward, self.shape.sizes.pp > 1)
+        return fsdp_steps(self.arch.fsdp_reshard_after_forward, self.shape.sizes.pp > 1,
+                          self.arch.fsdp_framework)
 
     @property
     def in_microbatches(self) -> bool:
@@ -249,6 +250,7 @@ class Job:
                 "micro_batch_size": self.shape.micro_batch_size,
                 "seq_length": self.shape.seq_length, "rank_order": self.shape.rank_order,
                 "data_parallel": data_parallel(self.arch),
+                "fsdp_framework": self.arch.fsdp_framework if self.arch.fsdp else None,
                 "dp_replicas": self.arch.dp_replicas,
                 "fp8": {"format": self.arch.fp8, "recipe": self.arch.fp8_recipe,
                         "param_gather": self.arch.fp8_param_gather} if self.arch.fp8 else None,

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim.config.overrides import with_overrides
+from ppsim.costs.arch import MEGATRON_FSDP_FLAGS
 from ppsim.costs.model import ModelCosts, least_busy_ms, stage_costs, static_floor_bytes
 from ppsim.errors import UserError
 from ppsim.job.host_optimizer import (
@@ -21,6 +22,9 @@ from ppsim.job.shapes import Shape
 from ppsim.pipeline.problem import model_costs, resolve_split
 from ppsim.schedules.generators import schedule_placement
 
+NO_FSDP = {"fsdp_framework": "torchtitan", "fsdp_reshard_after_forward": "default",
+           "fsdp_cpu_offload": False}
+"""FSDP's fields where a searched shape shards with the distributed optimizer."""
 HOST_SHARES = (0.25, 0.5, 0.75, 1.0)
 """The shares of each rank's optimizer shard the search may put on the host."""
 
@@ -31,6 +35,8 @@ def shape_config(cfg: Any, s: Shape, gbs: int) -> Any:
     schedule = "interleaved-1f1b" if s.vpp > 1 else "1f1b"
     sharding = {"fsdp": s.sharding == "fsdp", "dp_replicas": s.dp_replicas,
                 "distributed_optimizer": s.sharding != "fsdp"} if s.sharding else {}
+    if sharding and not sharding["fsdp"]:  # FSDP's own fields go with it
+        sharding |= NO_FSDP
     dispatcher = {"moe_token_dispatcher_type": s.dispatcher} if s.dispatcher else {}
     cp_comm = {"cp_comm_type": s.cp_comm, "cp_a2a_size": s.cp_a2a} if s.cp_comm else {}
     host = host_fields(s.host_optimizer, _fsdp(cfg, s)) if s.host_optimizer else {}
@@ -100,9 +106,10 @@ def host_refusal(cfg: Any) -> None:
     if a.optimizer != "adam":
         raise UserError("--search", "host-optimizer: Megatron steps Adam on the host, not "
                         f"{a.optimizer}", "drop it from --search, or use --optimizer adam")
-    if a.megatron_fsdp2:
-        raise UserError("--search", "host-optimizer: Megatron's --use-torch-fsdp2 offers no "
-                        "CPU offload", "drop it from --search, or use --fsdp")
+    if a.fsdp_by_megatron:
+        raise UserError("--search", f"host-optimizer: Megatron's "
+                        f"{MEGATRON_FSDP_FLAGS[a.fsdp_framework]} offers no CPU offload",
+                        "drop it from --search, or use --fsdp")
 
 
 def _fsdp(cfg: Any, s: Shape) -> bool:

@@ -157,9 +157,9 @@ def check(cfg: Any) -> None:
                         "drop --moe-shared-expert-overlap, or the latent size")
     _copies_divide(a)
     _bf16_layers_fit(a, p.pp)
-    if p.overlap_param_gather and not a.distributed_optimizer:
+    if p.overlap_param_gather and not (a.distributed_optimizer or a.megatron_fsdp):
         raise UserError("pipeline.overlap_param_gather", "--overlap-param-gather only "
-                        "supported with distributed optimizer", "add "
+                        "supported with distributed optimizer or megatron fsdp", "add "
                         "--use-distributed-optimizer (distributed_optimizer = true in [model])")
     _context_parallel(a)
     _experts_fold(a, p)
@@ -281,9 +281,11 @@ def _deepep_runs(a: Any, p: Any, sm_count: int) -> None:
 
 
 def _fsdp_alone(p: Any, a: Any) -> None:
-    """Megatron DDP's knobs have no meaning under FSDP, which overlaps one unit at a time;
-    torchtitan keeps each expert whole on its rank; Megatron's --use-torch-fsdp2 takes
-    neither pipeline nor expert parallelism (its assertions)."""
+    """Megatron DDP's knobs have no meaning under FSDP, which overlaps one unit at a time
+    (Megatron-FSDP takes --overlap-grad-reduce and turns it on anyway); torchtitan keeps
+    each expert whole on its rank; Megatron's --use-torch-fsdp2 takes neither pipeline nor
+    expert parallelism (its assertions); Megatron-FSDP is priced without pipeline
+    parallelism."""
     if a.torchtitan_fsdp and a.num_experts and a.expert_tp != 1:
         raise UserError("model.etp", f"{a.expert_tp}: torchtitan splits no expert over "
                         "ranks (its experts' mesh is efsdp x ep, ep taken from dp_shard x cp "
@@ -294,8 +296,14 @@ def _fsdp_alone(p: Any, a: Any) -> None:
                 raise UserError("model.fsdp_framework", f"--use-torch-fsdp2 is not supported "
                                 f"with {what} parallelism (Megatron's words)",
                                 f"give --{what[0]}p 1, or use --fsdp (torchtitan's FSDP2)")
-    for name, flag in (("overlap_grad_reduce", "--overlap-grad-reduce"),
-                       ("ddp_bucket_size", "--ddp-bucket-size"),
+    if a.megatron_fsdp and p.pp != 1:
+        raise UserError("model.fsdp_framework", "--use-megatron-fsdp with pipeline "
+                        "parallelism is not priced (upstream runs it without: "
+                        "examples/megatron_fsdp)", "give --pp 1, or use --fsdp "
+                        "(torchtitan's FSDP2)")
+    # Megatron-FSDP's strategy turns both overlaps on itself (megatron_fsdp.py).
+    ddp_only = (() if a.megatron_fsdp else (("overlap_grad_reduce", "--overlap-grad-reduce"),))
+    for name, flag in (*ddp_only, ("ddp_bucket_size", "--ddp-bucket-size"),
                        ("ddp_num_buckets", "--ddp-num-buckets")):
         if getattr(p, name) not in (None, False):
             raise UserError(f"pipeline.{name}", f"{flag} is Megatron DDP's; FSDP reduces "

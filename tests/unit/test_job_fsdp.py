@@ -13,6 +13,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 
 import pytest
+from fsdp_forms import EMBEDDING, LAYER, NCCL_SHARE, NIC, NIC_STEP, NV, NV_STEP, cfg, ring
 
 from ppsim.cli.main import main
 from ppsim.config.schema import config_from_dict
@@ -21,20 +22,6 @@ from ppsim.job.fsdp import fsdp_steps
 from ppsim.job.model import build_job
 from ppsim.job.shapes import Shape, sharding_choices
 from ppsim.pipeline.problem import model_costs
-
-NV, NV_STEP, NIC, NIC_STEP = 450e6, 1e-3, 50e6, 5e-3  # bytes per ms, ms
-LAYER = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
-"""A Llama-3-8B layer: q and o, k and v (8 heads of 128), the SwiGLU MLP, two norms."""
-EMBEDDING = 128256 * 4096
-NCCL_SHARE = 16 / 132
-"""An NCCL collective's 16 channels, an SM each, of the H100's 132 SMs."""
-
-
-def cfg(model: dict, pipe: dict | None = None):
-    return config_from_dict({"model": {"preset": "llama3-8b", "num_layers": 4,
-                                       "recompute": "none", **model},
-                             "pipeline": {"pp": 1, "microbatches": 4, **(pipe or {})},
-                             "hardware": {"preset": "h100-80gb"}})
 
 
 @dataclass(frozen=True)
@@ -49,11 +36,6 @@ def run_cli(argv: list[str]) -> Ran:
     with redirect_stdout(out), redirect_stderr(err):
         code = main(argv)
     return Ran(code, out.getvalue(), err.getvalue())
-
-
-def ring(n: int, nbytes: float, bw: float, step: float) -> float:
-    """All-gather or reduce-scatter of an `nbytes` buffer over n ranks (nccl-tests)."""
-    return (n - 1) * step + (n - 1) / n * nbytes / bw
 
 
 def test_memory_per_parameter() -> None:

@@ -170,7 +170,8 @@ def test_newer_switches_are_taken_with_their_reason() -> None:
     (["--te-precision-config-file", "p.yaml"], "--te-precision-config-file p.yaml"),
     (["--optimizer", "sgd"], "--optimizer"),
     (["--optimizer", "adaptive_muon"], "--optimizer"),
-    (["--use-megatron-fsdp"], "--use-megatron-fsdp"),
+    (["--data-parallel-sharding-strategy", "optim"], "--data-parallel-sharding-strategy optim"),
+    (["--megatron-fsdp-main-grads-dtype", "fp32"], "--megatron-fsdp-main-grads-dtype fp32"),
     (["--use-tp-pp-dp-mapping", "--rank-order", "tp-cp-ep-dp-pp"], "--use-tp-pp-dp-mapping"),
 ])
 def test_what_changes_the_job_beyond_ppsims_model_is_refused_by_name(extra: list[str],
