@@ -221,3 +221,16 @@ def test_routed_experts_shard_over_the_expert_data_parallel_group() -> None:
     assert layer.expert_params > dense > 0
     assert layer.static_bytes == pytest.approx(dense * 16 / 16 + layer.expert_params * 16 / 2,
                                                abs=2)
+
+
+@pytest.mark.parametrize("flag", ["--use-megatron-fsdp", "--use-torch-fsdp2"])
+def test_megatrons_fsdp_jobs_plan_without_naming_pp(flag: str) -> None:
+    """Megatron's default is one stage, the only one ppsim prices its FSDPs at: the job
+    search keeps to it unasked (it said "give --pp 1", the embedded default's two stages
+    refused)."""
+    ran = run_cli(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "16",
+                   "--global-batch-size", "32", flag, "--top", "3", "--json"])
+    assert ran.returncode == 0, ran.stderr
+    doc = json.loads(ran.stdout)
+    assert {c["pp"] for c in doc["candidates"]} == {1}
+    assert doc["held"] == {}
