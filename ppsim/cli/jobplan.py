@@ -41,6 +41,7 @@ def shape_dict(r: ShapeResult) -> dict[str, Any]:
             "held_back_by": r.held_back_by, "memory_policy": r.policy or None,
             "data_parallel": data_parallel(job.arch) if job else None,
             "dp_replicas": job.arch.dp_replicas if job else 1,
+            "fsdp_framework": job.arch.fsdp_framework if job and job.arch.fsdp else None,
             "moe_token_dispatcher_type": job.moe_token_dispatcher_type if job else None,
             "cp_comm_type": job.arch.cp_comm_type if job else None,
             "optimizer_offload_fraction": job.host_optimizer.fraction

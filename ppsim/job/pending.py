@@ -25,6 +25,10 @@ from ppsim.schedules.generators import schedule_placement
 NO_FSDP = {"fsdp_framework": "torchtitan", "fsdp_reshard_after_forward": "default",
            "fsdp_cpu_offload": False}
 """FSDP's fields where a searched shape shards with the distributed optimizer."""
+DDP_KNOBS_OFF = {"overlap_grad_reduce": False, "overlap_param_gather": False,
+                 "ddp_bucket_size": None, "ddp_num_buckets": None}
+"""Megatron DDP's overlaps and buckets, dropped where a searched shape shards with FSDP
+(which overlaps one unit at a time; Megatron-FSDP turns its overlaps on itself)."""
 HOST_SHARES = (0.25, 0.5, 0.75, 1.0)
 """The shares of each rank's optimizer shard the search may put on the host."""
 
@@ -33,9 +37,11 @@ def shape_config(cfg: Any, s: Shape, gbs: int) -> Any:
     """`cfg` as the shape `s` at a global batch of `gbs`: its sizes, and the axes the
     search varies."""
     schedule = "interleaved-1f1b" if s.vpp > 1 else "1f1b"
-    sharding = {"fsdp": s.sharding == "fsdp", "dp_replicas": s.dp_replicas,
-                "distributed_optimizer": s.sharding != "fsdp"} if s.sharding else {}
-    if sharding and not sharding["fsdp"]:  # FSDP's own fields go with it
+    sharding = {"fsdp": s.fully_sharded, "dp_replicas": s.dp_replicas,
+                "distributed_optimizer": not s.fully_sharded} if s.sharding else {}
+    if s.sharding == "megatron-fsdp":
+        sharding |= NO_FSDP | {"fsdp_framework": "megatron-fsdp"}
+    elif sharding and not s.fully_sharded:  # FSDP's own fields go with it
         sharding |= NO_FSDP
     dispatcher = {"moe_token_dispatcher_type": s.dispatcher} if s.dispatcher else {}
     cp_comm = {"cp_comm_type": s.cp_comm, "cp_a2a_size": s.cp_a2a} if s.cp_comm else {}
@@ -43,6 +49,8 @@ def shape_config(cfg: Any, s: Shape, gbs: int) -> Any:
     # --tp-comm-overlap applies to the shapes with tensor parallelism (Megatron refuses it
     # at tp 1).
     overlap = {"tp_comm_overlap": False} if s.tp == 1 else {}
+    if s.sharding and s.fully_sharded:  # Megatron DDP's knobs are not FSDP's to take
+        cfg = replace(cfg, pipeline=replace(cfg.pipeline, **DDP_KNOBS_OFF))
     return with_overrides(cfg, model={"tp": s.tp, "cp": s.cp, "ep": s.ep, "etp": s.etp, "dp": s.dp,
                                       "micro_batch_size": s.mbs, **sharding, **cp_comm,
                                       **host},
@@ -114,7 +122,7 @@ def host_refusal(cfg: Any) -> None:
 
 def _fsdp(cfg: Any, s: Shape) -> bool:
     """The shape shards with FSDP (searched, or as configured)."""
-    return s.sharding == "fsdp" if s.sharding else cfg.model.arch.fsdp
+    return s.fully_sharded if s.sharding else cfg.model.arch.fsdp
 
 
 def host_variants(cfg: Any, p: Pending, gbs: int) -> list[Pending]:

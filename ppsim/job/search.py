@@ -200,7 +200,8 @@ def _candidates(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int] | None,
     todo = shapes(a, gpus, gbs, per_node, cfg.model.total_layers, fixed, sharding, combined)
     if sharding:
         todo = [v for s in todo
-                for v in sharding_choices(s, per_node, a.num_experts > 0, combined)]
+                for v in sharding_choices(s, per_node, a.num_experts > 0, combined,
+                                          a.fsdp_framework)]
     if "dispatcher" in axes:
         if not a.num_experts:
             raise UserError("--search", "dispatcher: the model has no routed experts",

@@ -40,8 +40,9 @@ class Shape:
     microbatches: int
     """Per replica: global batch / (mbs x dp)."""
     sharding: str = ""
-    """How the replicas keep their state when the search varies it ("fsdp" or
-    "distributed optimizer", ppsim.job.model.data_parallel); "": as configured."""
+    """How the replicas keep their state when the search varies it ("distributed
+    optimizer", "fsdp": FSDP as configured, torchtitan's by default, or "megatron-fsdp");
+    "": as configured."""
     dp_replicas: int = 1
     """Copies of the sharded state (with `sharding`)."""
     dispatcher: str = ""
@@ -64,6 +65,11 @@ class Shape:
     def expert_tp(self) -> int:
         return self.etp or self.tp
 
+    @property
+    def fully_sharded(self) -> bool:
+        """The searched sharding is an FSDP (either kind)."""
+        return self.sharding in ("fsdp", "megatron-fsdp")
+
     def label(self) -> str:
         return f"{self.sizes_label()} {self.batch_label()}"
 
@@ -78,12 +84,12 @@ class Shape:
         return f"vpp{self.vpp} mbs{self.mbs} m{self.microbatches}" + self.searched_label()
 
     def searched_label(self) -> str:
-        """" fsdp", " distopt/4" (4 copies), " deepep", " a2a", " cp-a2a", " host0.5"
-        (half the optimizer on the host): the searched axes' values ("" for those not
-        searched)."""
+        """" fsdp", " mfsdp" (Megatron-FSDP), " distopt/4" (4 copies), " deepep", " a2a",
+        " cp-a2a", " host0.5" (half the optimizer on the host): the searched axes' values
+        ("" for those not searched)."""
         parts = []
         if self.sharding:
-            name = "fsdp" if self.sharding == "fsdp" else "distopt"
+            name = {"fsdp": "fsdp", "megatron-fsdp": "mfsdp"}.get(self.sharding, "distopt")
             parts.append(name + (f"/{self.dp_replicas}" if self.dp_replicas > 1 else ""))
         if self.dispatcher:
             parts.append({"alltoall": "a2a", "flex": "deepep"}[self.dispatcher])
@@ -182,11 +188,13 @@ def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
 
 
 def sharding_choices(s: Shape, gpus_per_node: int, experts: bool,
-                     combined: bool = False) -> list[Shape]:
-    """`s` under each sharding the search tries: the distributed optimizer and FSDP (not
-    with Megatron's `combined` 1F1B), each over the whole data-parallel group and, where
-    it spans nodes with more than one of its ranks on each, with one copy a node (its
-    shards then reduce and gather over NVLink, the copies all-reduce across)."""
+                     combined: bool = False, framework: str = "torchtitan") -> list[Shape]:
+    """`s` under each sharding the search tries: the distributed optimizer and FSDP as
+    configured (`framework`; not with Megatron's `combined` 1F1B), each over the whole
+    data-parallel group and, where it spans nodes with more than one of its ranks on
+    each, with one copy a node (its shards then reduce and gather over NVLink, the
+    copies all-reduce across); and at pp 1 Megatron-FSDP, over the whole group (its
+    hybrid sharding is not priced), where FSDP as configured is another."""
     group = s.dp * s.cp
     per_node = max(1, gpus_per_node // s.tp)  # dp x cp ranks on a node (tp innermost)
     expert_dp = expert_data_parallel(s.tp, s.cp, s.dp, s.expert_tp, s.ep)
@@ -194,10 +202,14 @@ def sharding_choices(s: Shape, gpus_per_node: int, experts: bool,
     if group > per_node > 1 and group % per_node == 0 and \
             (not experts or expert_dp % (group // per_node) == 0):
         copies.append(group // per_node)
-    kinds = ("distributed optimizer",) if combined else ("distributed optimizer", "fsdp")
-    if experts and s.expert_tp != 1:  # torchtitan's FSDP keeps each expert whole
-        kinds = ("distributed optimizer",)
-    return [replace(s, sharding=kind, dp_replicas=n) for kind in kinds for n in copies]
+    kinds = ["distributed optimizer"]
+    # torchtitan's FSDP keeps each expert whole
+    if not combined and not (experts and s.expert_tp != 1 and framework == "torchtitan"):
+        kinds.append("fsdp")
+    out = [replace(s, sharding=kind, dp_replicas=n) for kind in kinds for n in copies]
+    if not combined and s.pp == 1 and framework != "megatron-fsdp":
+        out.append(replace(s, sharding="megatron-fsdp", dp_replicas=1))
+    return out
 
 
 def cp_comm_choices(s: Shape, a: Any, gpus_per_node: int = 8) -> list[Shape]:

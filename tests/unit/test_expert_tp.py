@@ -198,9 +198,11 @@ def test_the_sharding_search_offers_fsdp_only_with_whole_experts(capsys) -> None
                  "h100-80gb", "--gpus", "16", "--global-batch-size", "32", "--pp", "1",
                  "--search", "sharding", "--time-budget", "4", "--top", "60", "--json"]) in (0, 3)
     rows = json.loads(capsys.readouterr().out)["candidates"]
-    assert any(c["data_parallel"] == "fsdp" for c in rows)
-    assert all(c["etp"] == 1 for c in rows if c["data_parallel"] == "fsdp")
+    titan = [c for c in rows if c["fsdp_framework"] == "torchtitan"]
+    assert titan and all(c["etp"] == 1 for c in titan)
     assert any(c["etp"] == c["tp"] > 1 for c in rows)
+    # Megatron-FSDP splits experts over etp as Megatron does.
+    assert any(c["etp"] == c["tp"] > 1 for c in rows if c["fsdp_framework"] == "megatron-fsdp")
 
 
 def test_the_job_line_names_a_folded_expert_tp(capsys) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import json
 from contextlib import redirect_stderr, redirect_stdout
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from fsdp_forms import EMBEDDING, LAYER, NCCL_SHARE, NIC, NIC_STEP, NV, NV_STEP, cfg, ring
@@ -291,11 +291,17 @@ def test_fsdp_over_a_distributed_optimizer_preset() -> None:
 
 def test_the_sharding_choices_of_a_shape() -> None:
     """Distributed optimizer and FSDP, each whole and with one copy a node: tp 4 leaves
-    two data-parallel ranks on an 8-GPU node, so 64 ranks make 32 copies."""
+    two data-parallel ranks on an 8-GPU node, so 64 ranks make 32 copies; at pp 1
+    Megatron-FSDP too, whole (its hybrid sharding is not priced)."""
     s = Shape(tp=4, cp=1, ep=1, pp=1, dp=64, vpp=1, mbs=1, microbatches=4)
     got = {(v.sharding, v.dp_replicas) for v in sharding_choices(s, 8, experts=False)}
     assert got == {("distributed optimizer", 1), ("distributed optimizer", 32),
-                   ("fsdp", 1), ("fsdp", 32)}
+                   ("fsdp", 1), ("fsdp", 32), ("megatron-fsdp", 1)}
+    piped = replace(s, pp=2, dp=32)
+    assert "megatron-fsdp" not in {v.sharding for v in sharding_choices(piped, 8, False)}
+    # Configured as Megatron-FSDP, "fsdp" is it: no second kind.
+    mine = sharding_choices(s, 8, experts=False, framework="megatron-fsdp")
+    assert {v.sharding for v in mine} == {"distributed optimizer", "fsdp"}
     # A data-parallel group inside one node has no copies to make, nor one with a single
     # rank a node (a copy a node would shard nothing).
     small = Shape(tp=8, cp=1, ep=1, pp=8, dp=1, vpp=1, mbs=1, microbatches=8)
@@ -311,13 +317,15 @@ def test_plan_searches_the_sharding() -> None:
                  "--json"])
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    seen = {(c["data_parallel"], c["dp_replicas"]) for c in doc["candidates"]}
-    assert seen == {("distributed optimizer", 1), ("distributed optimizer", 8),
-                    ("fsdp", 1), ("fsdp", 8)}  # every shape fixed but its sharding
+    seen = {(c["data_parallel"], c["fsdp_framework"], c["dp_replicas"])
+            for c in doc["candidates"]}
+    assert seen == {("distributed optimizer", None, 1), ("distributed optimizer", None, 8),
+                    ("fsdp", "torchtitan", 1), ("fsdp", "torchtitan", 8),
+                    ("fsdp", "megatron-fsdp", 1)}  # every shape fixed but its sharding
     times = [c["iteration_time_ms"] for c in doc["candidates"] if c["fits"]]
     assert times == sorted(times)
     best = doc["best"]
-    assert (best["megatron_job_flags"] is None) == (best["data_parallel"] == "fsdp")
+    assert (best["megatron_job_flags"] is None) == (best["fsdp_framework"] == "torchtitan")
     bad = run_cli(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus",
                    "64", "--global-batch-size", "128", "--search", "tp"])
     assert bad.returncode == 2 and "recompute, policy, sharding, dispatcher, cp-comm, " \
@@ -337,6 +345,7 @@ def test_searching_the_sharding_never_loses_to_either_choice() -> None:
     searched = best("--search", "sharding")
     assert searched <= best("--use-distributed-optimizer") + 1e-9
     assert searched <= best("--fsdp") + 1e-9
+    assert searched <= best("--use-megatron-fsdp") + 1e-9
 
 
 def test_megatrons_torch_fsdp2_reduces_in_the_models_dtype() -> None:

@@ -234,3 +234,19 @@ def test_megatrons_fsdp_jobs_plan_without_naming_pp(flag: str) -> None:
     doc = json.loads(ran.stdout)
     assert {c["pp"] for c in doc["candidates"]} == {1}
     assert doc["held"] == {}
+
+
+def test_searching_the_sharding_beside_megatrons_overlaps_tries_fsdp() -> None:
+    """A Megatron job's usual --overlap-grad-reduce --overlap-param-gather are DDP's
+    knobs: the searched FSDP shapes drop them (each was refused, "--overlap-grad-reduce
+    is Megatron DDP's", so FSDP never entered the search's table)."""
+    ran = run_cli(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "16",
+                   "--global-batch-size", "32", "--pp", "1", "--tp", "1", "--cp", "1",
+                   "--micro-batch-size", "1", "--use-distributed-optimizer",
+                   "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size",
+                   "40000000", "--search", "sharding", "--top", "10", "--json"])
+    assert ran.returncode == 0, ran.stderr
+    doc = json.loads(ran.stdout)
+    kinds = {c["fsdp_framework"] for c in doc["candidates"]}
+    assert kinds == {None, "torchtitan", "megatron-fsdp"}
+    assert doc["refused"] == 0
