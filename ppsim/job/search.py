@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ppsim.config.overrides import with_overrides
 from ppsim.errors import UserError
 from ppsim.job.choice import long_shots, shapes_to_plan, tie_key
 from ppsim.job.exposure import exposed_comm_ms, held_back
@@ -320,6 +321,8 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
     unknown = sorted(axes - set(JOB_AXES))
     if unknown:
         raise ValueError(f"unknown job search axes {unknown}")
+    if policy:  # every shape from the lightest mode: recompute only adds time
+        cfg = with_overrides(cfg, model={"recompute": "none"})
     todo = _candidates(cfg, gpus, gbs, fixed, axes)
     # Cheapest bound first: a shape whose default split's busiest rank alone is slower than
     # the k-th fastest fitting default split cannot enter the top k at its default split
