@@ -15,7 +15,6 @@ from ppsim.config import files, validate
 from ppsim.config.model import parse_model
 from ppsim.config.overrides import MODEL_KEYS, PIPELINE_KEYS, with_overrides
 from ppsim.config.schema import SPLIT_KEYS, Config, PipelineConfig, load_config
-from ppsim.costs.arch import MEGATRON_FSDP_FLAGS
 from ppsim.errors import UserError
 from ppsim.job import shape as job_shape
 from ppsim.schedules.generators import schedule_for_vpp
@@ -233,8 +232,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if pipeline.get("moe_flex_dispatcher_num_sms") is None:
         pipeline["moe_flex_dispatcher_num_sms"] = flag("moe_deepep_num_sms") or flag(
             "moe_hybridep_num_sms")  # the older, per-backend names
-    if flag("fsdp_framework") in MEGATRON_FSDP_FLAGS and pipeline.get("pp") is None:
-        pipeline["pp"] = 1  # Megatron's default, and the only one its FSDPs are priced at
+    if flag("fsdp_framework") == "megatron" and pipeline.get("pp") is None:
+        pipeline["pp"] = 1  # Megatron's default, and the only one --use-torch-fsdp2 takes
     if pipeline.get("vpp") is not None and pipeline.get("schedule") is None:
         # As Megatron, --vpp alone picks the 1F1B variant (an explicit --schedule is kept).
         pipeline["schedule"] = schedule_for_vpp(cfg.pipeline.schedule, pipeline["vpp"])

@@ -93,7 +93,7 @@ def _add_state_flags(j: argparse._ArgumentGroup) -> None:
                    fields={"fsdp": True, "fsdp_framework": "megatron-fsdp"},
                    help="Megatron-FSDP (optim_grads_params): each layer gathered and "
                    "reduce-scattered every microbatch, the embedding and output layer "
-                   "gathered once a step; takes --use-distributed-optimizer (pp 1)")
+                   "gathered once a step; takes --use-distributed-optimizer")
     j.add_argument("--torch-fsdp2-no-reshard-after-forward", action=_Sets,
                    dest="fsdp_reshard_after_forward",
                    fields={"fsdp_reshard_after_forward": "never"},

@@ -112,8 +112,10 @@ def job_line(job: Any, iteration_ms: float) -> str:
     if job is None:
         return job_throughput.line(None)
     d = job.describe()
+    buffers = f" ({d['fsdp_buffer_bytes'] / 1e9:.2f} GB of buffers)" \
+        if d["fsdp_buffer_bytes"] else ""
     fsdp = "" if d["data_parallel"] != "fsdp" else \
-        " Megatron-FSDP" if d["fsdp_framework"] == "megatron-fsdp" else " FSDP"
+        f" Megatron-FSDP{buffers}" if d["fsdp_framework"] == "megatron-fsdp" else " FSDP"
     fsdp += f" x{d['dp_replicas']} copies" if d["dp_replicas"] > 1 else ""
     cp = f" {d['cp_comm_type']}" if d["cp"] > 1 and d["cp_comm_type"] != "p2p" else ""
     ep = f"{d['ep']} etp {d['etp']}" if d["ep"] > 1 and d["etp"] != d["tp"] else d["ep"]

@@ -39,7 +39,8 @@ backward (grad_reduce_every_bprop). The embedding and the output layer are in no
 gathered once, during the first forward, and held all step; their gradients too reduce
 in every backward. It shards the model cast to the training dtype: weights gathered and
 gradients kept and reduced in bf16 (main_grads_dtype auto), the fp32 master beside Adam's
-moments (16 bytes a parameter, sharded). ppsim prices it without pipeline parallelism.
+moments (16 bytes a parameter, sharded); two layer units' gathered weights and one's
+gradient are its buffers on every GPU (megatron_buffer_bytes), beside the model's memory.
 """
 
 from __future__ import annotations
@@ -161,24 +162,24 @@ def _held(a: Architecture, pipelined: bool, c: LayerCost, wide: bool = False) ->
 def in_flight_bytes(a: Architecture, costs: ModelCosts) -> int:
     """The units in flight without pp (resharding after the forward): the largest unit's
     gathered weights twice (the computing one and the prefetched one; a decoder layer's in
-    FP8 under --fp8-param-gather) and its gradient; under Megatron-FSDP only the decoder
-    layers are units."""
+    FP8 under --fp8-param-gather) and its gradient."""
     if optimizer_shards(a) == 1:
         return 0
     w16 = DTYPE_BYTES[a.dtype]
     layer = 2 * gathered_weight_bytes(a, w16) + grad_bytes(a)
-    edges = () if a.megatron_fsdp else (costs.embedding, costs.head)  # held, not units
     units = [(c.params, layer) for c in costs.layers] + \
-        [(c.params, 2 * w16 + grad_bytes(a)) for c in edges]
+        [(c.params, 2 * w16 + grad_bytes(a)) for c in (costs.embedding, costs.head)]
     return int(max((n * b for n, b in units), default=0))
 
 
 def with_held(job: Job, costs: ModelCosts) -> ModelCosts:
     """`costs` with what FSDP holds unsharded added to each piece's static bytes (the
-    units in flight once, on the embedding: without pp one rank holds them all)."""
+    units in flight once, on the embedding: without pp one rank holds them all;
+    Megatron-FSDP's are its buffers, on every rank: megatron_buffer_bytes)."""
     a, pipelined = job.arch, job.shape.sizes.pp > 1
     emb = _held(a, pipelined, costs.embedding, wide=True)
-    if not pipelined and reshards_after_forward(a.fsdp_reshard_after_forward, pipelined):
+    if not pipelined and not a.megatron_fsdp and \
+            reshards_after_forward(a.fsdp_reshard_after_forward, pipelined):
         emb = replace(emb, static_bytes=emb.static_bytes + in_flight_bytes(a, costs))
     return replace(costs, layers=tuple(_held(a, pipelined, c) for c in costs.layers),
                    embedding=emb, head=_held(a, pipelined, costs.head, wide=True),
@@ -191,6 +192,17 @@ def layer_unit_params(a: Architecture) -> int:
     embedding gathers first."""
     held = (held_params(a, kind) for kind in set(layer_kinds(a)))
     return max(int(h.dense + h.experts) for h in held)
+
+
+def megatron_buffer_bytes(a: Architecture) -> int:
+    """Megatron-FSDP's buffers on each GPU, whatever its stage: two layer units' gathered
+    weights (the computing one and the prefetched one; --fsdp-double-buffer keeps them)
+    and one unit's gradient before its reduce-scatter, the largest decoder layer's; 0
+    without Megatron-FSDP or where nothing is sharded."""
+    if not a.megatron_fsdp or optimizer_shards(a) == 1:
+        return 0
+    weight = gathered_weight_bytes(a, DTYPE_BYTES[a.dtype])
+    return int(layer_unit_params(a) * (2 * weight + grad_bytes(a)))
 
 
 def step_reduce_ms(job: Job, params: int, expert_params: int, forward_ms: float,

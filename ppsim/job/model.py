@@ -22,7 +22,7 @@ from ppsim.costs.transformer import Accelerator, accelerator
 from ppsim.job import deepep
 from ppsim.job.collectives import Link, all_reduce_ms, link
 from ppsim.job.flops import iteration_flops, torchtitan_flops_per_token
-from ppsim.job.fsdp import FsdpSteps, fsdp_steps
+from ppsim.job.fsdp import FsdpSteps, fsdp_steps, megatron_buffer_bytes
 from ppsim.job.host_optimizer import HostOptimizer, host_optimizer, host_rates_known
 from ppsim.job.ranks import Sizes, Span, group_ranks, pipeline_hops, span
 from ppsim.job.shape import JobShape, job_shape, tp_overlap_refusal
@@ -160,6 +160,11 @@ class Job:
                                    self.deepep_sms)
 
     @property
+    def fsdp_buffer_bytes(self) -> int:
+        """What Megatron-FSDP's buffers take on each GPU (ppsim.job.fsdp); 0 without it."""
+        return megatron_buffer_bytes(self.arch)
+
+    @property
     def fsdp_steps(self) -> FsdpSteps | None:
         """When FSDP's collectives run (ppsim.job.fsdp); None without FSDP."""
         if not self.arch.fsdp:
@@ -261,6 +266,7 @@ class Job:
                 "dispatcher_sm_share": self.dispatcher_sm_share,
                 "collective_sm_share": self.collective_sm_share,
                 "deepep_buffer_bytes": self.deepep_buffer_bytes,
+                "fsdp_buffer_bytes": self.fsdp_buffer_bytes,
                 "crosses_nodes": {"tp": g.tp.crosses_nodes, "cp": g.cp.crosses_nodes,
                                   "ep": g.ep.crosses_nodes, "etp": g.etp.crosses_nodes,
                                   "dp": g.dp.crosses_nodes,

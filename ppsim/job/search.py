@@ -196,7 +196,7 @@ def _candidates(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int] | None,
     combined = cfg.pipeline.overlap_moe_expert_parallel_comm
     per_node = cfg.hardware.gpus_per_node
     sharding = "sharding" in axes
-    if a.fsdp_by_megatron and not sharding:  # neither of Megatron's FSDPs is priced with pp
+    if a.megatron_fsdp2 and not sharding:  # Megatron refuses it with pp
         fixed = {**(fixed or {}), "pp": 1}
     todo = shapes(a, gpus, gbs, per_node, cfg.model.total_layers, fixed, sharding, combined)
     if sharding:

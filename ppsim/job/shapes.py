@@ -193,8 +193,8 @@ def sharding_choices(s: Shape, gpus_per_node: int, experts: bool,
     configured (`framework`; not with Megatron's `combined` 1F1B), each over the whole
     data-parallel group and, where it spans nodes with more than one of its ranks on
     each, with one copy a node (its shards then reduce and gather over NVLink, the
-    copies all-reduce across); and at pp 1 Megatron-FSDP, over the whole group (its
-    hybrid sharding is not priced), where FSDP as configured is another."""
+    copies all-reduce across); and Megatron-FSDP, over the whole group (its hybrid
+    sharding is not priced), where FSDP as configured is another."""
     group = s.dp * s.cp
     per_node = max(1, gpus_per_node // s.tp)  # dp x cp ranks on a node (tp innermost)
     expert_dp = expert_data_parallel(s.tp, s.cp, s.dp, s.expert_tp, s.ep)
@@ -207,7 +207,7 @@ def sharding_choices(s: Shape, gpus_per_node: int, experts: bool,
     if not combined and not (experts and s.expert_tp != 1 and framework == "torchtitan"):
         kinds.append("fsdp")
     out = [replace(s, sharding=kind, dp_replicas=n) for kind in kinds for n in copies]
-    if not combined and s.pp == 1 and framework != "megatron-fsdp":
+    if not combined and framework != "megatron-fsdp":
         out.append(replace(s, sharding="megatron-fsdp", dp_replicas=1))
     return out
 

@@ -327,8 +327,9 @@ def hardware(cfg: Config) -> Hardware:
         load_dp_collectives(cfg.costs_file) if cfg.costs_file else None)
     if job is not None and timed_step:
         job = replace(job, timed_step=True)
-    # DeepEP's buffer is the process's, beside the model's: the model has what it leaves.
-    held = job.deepep_buffer_bytes if job is not None else 0
+    # DeepEP's buffer and Megatron-FSDP's are the process's, beside the model's: the
+    # model has what they leave.
+    held = job.deepep_buffer_bytes + job.fsdp_buffer_bytes if job is not None else 0
     hw = Hardware(cfg.hardware.memory_bytes - held, latency, bandwidth, membw, dp, fixed,
                   boundary, job)
     if hw.memory_bytes <= 0:

@@ -291,14 +291,14 @@ def test_fsdp_over_a_distributed_optimizer_preset() -> None:
 
 def test_the_sharding_choices_of_a_shape() -> None:
     """Distributed optimizer and FSDP, each whole and with one copy a node: tp 4 leaves
-    two data-parallel ranks on an 8-GPU node, so 64 ranks make 32 copies; at pp 1
-    Megatron-FSDP too, whole (its hybrid sharding is not priced)."""
+    two data-parallel ranks on an 8-GPU node, so 64 ranks make 32 copies; Megatron-FSDP
+    too, whole (its hybrid sharding is not priced)."""
     s = Shape(tp=4, cp=1, ep=1, pp=1, dp=64, vpp=1, mbs=1, microbatches=4)
     got = {(v.sharding, v.dp_replicas) for v in sharding_choices(s, 8, experts=False)}
     assert got == {("distributed optimizer", 1), ("distributed optimizer", 32),
                    ("fsdp", 1), ("fsdp", 32), ("megatron-fsdp", 1)}
     piped = replace(s, pp=2, dp=32)
-    assert "megatron-fsdp" not in {v.sharding for v in sharding_choices(piped, 8, False)}
+    assert "megatron-fsdp" in {v.sharding for v in sharding_choices(piped, 8, False)}
     # Configured as Megatron-FSDP, "fsdp" is it: no second kind.
     mine = sharding_choices(s, 8, experts=False, framework="megatron-fsdp")
     assert {v.sharding for v in mine} == {"distributed optimizer", "fsdp"}

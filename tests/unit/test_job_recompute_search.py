@@ -9,7 +9,7 @@ from helpers import run_main
 
 JOB = ["--preset", "llama3-70b", "--hardware", "h100-80gb", "--gpus", "64",
        "--global-batch-size", "256", "--seq-length", "8192", "--use-megatron-fsdp",
-       "--tp", "2", "--cp", "2", "--micro-batch-size", "1"]
+       "--tp", "2", "--cp", "2", "--pp", "1", "--micro-batch-size", "1"]
 """A shape that fits 80 GB with no recompute at all (FlashAttention keeps no score
 matrix, so the preset's selective recompute of core attention saves next to nothing)."""
 

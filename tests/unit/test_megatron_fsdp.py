@@ -25,7 +25,7 @@ from ppsim.job.fsdp import fsdp_steps
 from ppsim.job.model import build_job
 from ppsim.job.pending import pending_shape
 from ppsim.job.shapes import Shape
-from ppsim.pipeline.problem import model_costs
+from ppsim.pipeline.problem import build_problem, model_costs
 
 HEAD = EMBEDDING + 4096
 """The output layer and the final norm: root parameters too."""
@@ -52,6 +52,7 @@ def run_cli(argv: list[str]) -> Ran:
 
 
 BASE = ["--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "1"]
+"""(Megatron-FSDP runs with pp too: one stage keeps these checks small.)"""
 
 
 def behind(comm: float, window: float, floor: float = 0.0) -> float:
@@ -66,16 +67,22 @@ def test_every_microbatch_gathers_and_reduces_each_layer() -> None:
     assert not fsdp_steps("default", False).root_once  # torchtitan's units include them
 
 
-def test_memory_a_parameter() -> None:
+@pytest.mark.parametrize("pp", [1, 2])
+def test_memory_a_parameter(pp: int) -> None:
     """Sharded over dp: the bf16 weight and gradient, the fp32 master and Adam's two
-    moments (16 bytes); the embedding and the output layer held gathered in bf16; two
-    layer units in flight (the computing one, the prefetched one) and one layer's bf16
-    gradient, on the one rank's embedding piece."""
-    got = model_costs(cfg({"dp": 64, **MFSDP}))
+    moments (16 bytes); the embedding and the output layer held gathered in bf16, each on
+    its stage; on every GPU its buffers: two layer units' gathered weights (the computing
+    one, the prefetched one) and one layer's bf16 gradient, whatever the stage (no
+    weights kept gathered across the pipeline's microbatches, as torchtitan's are)."""
+    c = cfg({"dp": 64, **MFSDP}, {"pp": pp})
+    got = model_costs(c)
     assert got.layers[0].static_bytes == LAYER * 16 // 64
     assert got.head.static_bytes == HEAD * 16 // 64 + HEAD * 2
-    assert got.embedding.static_bytes == EMBEDDING * 16 // 64 + EMBEDDING * 2 \
-        + LAYER * (2 * 2 + 2)
+    assert got.embedding.static_bytes == EMBEDDING * 16 // 64 + EMBEDDING * 2
+    buffers = LAYER * (2 * 2 + 2)
+    problem = build_problem(c)
+    assert problem.hardware.job.fsdp_buffer_bytes == buffers
+    assert problem.hardware.memory_bytes == c.hardware.memory_bytes - buffers
 
 
 @settings(max_examples=25, deadline=None)
@@ -134,7 +141,9 @@ def test_megatrons_example_arguments_are_taken() -> None:
     assert json.loads(dist.stdout)["iteration_time_ms"] != \
         json.loads(ran.stdout)["iteration_time_ms"]
     text = run_cli(["simulate", *BASE, "--gpus", "16", "--use-megatron-fsdp"])
-    assert "dp 16 Megatron-FSDP pp 1" in text.stdout.replace("\n", " ")
+    buffers = LAYER * (2 * 2 + 2) / 1e9
+    assert f"dp 16 Megatron-FSDP ({buffers:.2f} GB of buffers) pp 1" \
+        in " ".join(text.stdout.split())
 
 
 def test_the_plans_launch_line_reads_back() -> None:
@@ -153,7 +162,6 @@ def test_the_plans_launch_line_reads_back() -> None:
 
 
 @pytest.mark.parametrize(("extra", "field", "words"), [
-    (["--pp", "2"], "model.fsdp_framework", "pipeline parallelism is not priced"),
     (["--fp8-format", "hybrid"], "model.fp8", "--use-megatron-fsdp FP8"),
     (["--use-precision-aware-optimizer"], "model.precision_aware_optimizer", "decoupled"),
     (["--num-distributed-optimizer-instances", "2"], "model.dp_replicas", "hybrid"),
@@ -223,13 +231,12 @@ def test_routed_experts_shard_over_the_expert_data_parallel_group() -> None:
                                                abs=2)
 
 
-@pytest.mark.parametrize("flag", ["--use-megatron-fsdp", "--use-torch-fsdp2"])
-def test_megatrons_fsdp_jobs_plan_without_naming_pp(flag: str) -> None:
-    """Megatron's default is one stage, the only one ppsim prices its FSDPs at: the job
-    search keeps to it unasked (it said "give --pp 1", the embedded default's two stages
-    refused)."""
+def test_torch_fsdp2_jobs_plan_without_naming_pp() -> None:
+    """Megatron's default is one stage, the only one it takes --use-torch-fsdp2 at: the
+    job search keeps to it unasked (it said "give --pp 1", the embedded default's two
+    stages refused)."""
     ran = run_cli(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "16",
-                   "--global-batch-size", "32", flag, "--top", "3", "--json"])
+                   "--global-batch-size", "32", "--use-torch-fsdp2", "--top", "3", "--json"])
     assert ran.returncode == 0, ran.stderr
     doc = json.loads(ran.stdout)
     assert {c["pp"] for c in doc["candidates"]} == {1}
