@@ -2,11 +2,10 @@
 
 Recompute adds only backward time, so for a shape timed with its default split the
 fastest global mode that fits is the first of none, selective, full whose peak fits
-memory: the search times each shape at none first, and `fitting_mode` tries the others in
-that order. For the fastest
-shapes, `best_policy` then plans the split together with the memory policy as
-`plan --search policy` does for one shape (ppsim.policy.search: the global modes and the
-Megatron-expressible space), within the shape's share of the budget.
+memory: the search times each shape at none first, and `fitting_mode` tries the others
+in that order. For the fastest shapes, `best_policy` then plans the split together with
+the memory policy as `plan --search policy` does for one shape (ppsim.policy.search: the
+global modes and the Megatron-expressible space), within the shape's share of the budget.
 """
 
 from __future__ import annotations
