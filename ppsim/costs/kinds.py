@@ -23,6 +23,7 @@ from ppsim.costs.modules import (
 )
 from ppsim.costs.ops import Op
 from ppsim.costs.params import KindParams, kind_params, mtp_extra_params
+from ppsim.costs.state import landed
 
 
 def any_kind_params(a: Architecture, kind: str) -> KindParams:
@@ -81,10 +82,11 @@ def piece_kinds(a: Architecture, kind: str) -> tuple[str, ...]:
 
 def kind_ops(a: Architecture, kind: str, window: int = 0) -> list[Op]:
     """layer_ops for the transformer kinds (attending over `window`), mixer_ops for the
-    hybrid ones, one after the other for an attention-variant layer's (PAIRED_KINDS)."""
+    hybrid ones, one after the other for an attention-variant layer's (PAIRED_KINDS); their
+    gradients landed as the sharding lands them (ppsim.costs.state.landed)."""
     if kind in PAIRED_KINDS:
-        return [op for k in PAIRED_KINDS[kind] for op in mixer_ops(a, k)]
-    return layer_ops(a, kind, window) if kind in KINDS else mixer_ops(a, kind)
+        return landed(a, [op for k in PAIRED_KINDS[kind] for op in mixer_ops(a, k)])
+    return landed(a, layer_ops(a, kind, window) if kind in KINDS else mixer_ops(a, kind))
 
 
 def kind_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),

@@ -19,6 +19,7 @@ from __future__ import annotations
 from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape
 from ppsim.costs.fp8 import fp8_ops
 from ppsim.costs.ops import Op
+from ppsim.costs.state import landed
 
 
 def padded_vocab(a: Architecture) -> int:
@@ -206,16 +207,17 @@ def head_ops(a: Architecture) -> list[Op]:
     (reads the gradient twice and the output once, writes once), the cast back."""
     tok, w, v = _tokens(a), DTYPE_BYTES[a.dtype], padded_vocab(a) / a.tp
     logits = tok * v
-    return (_norm_ops(a, "final_norm", a.hidden_size)
-            + [_mm("output", tok, v, a.hidden_size),
-               Op("loss", nbytes=logits * (w + 4 + 4 * 4), backward_bytes=logits * (6 * 4 + w))])
+    return landed(a, _norm_ops(a, "final_norm", a.hidden_size)
+                  + [_mm("output", tok, v, a.hidden_size),
+                     Op("loss", nbytes=logits * (w + 4 + 4 * 4),
+                        backward_bytes=logits * (6 * 4 + w))])
 
 
 def mtp_ops(a: Architecture) -> list[Op]:
     """An MTP module's own ops: two norms and the 2h -> h projection."""
     h = a.hidden_size
-    return (_norm_ops(a, "mtp.norms", 2 * h)
-            + [_mm("mtp.proj", _tokens(a), h / a.tp, 2 * h)])
+    return landed(a, _norm_ops(a, "mtp.norms", 2 * h)
+                  + [_mm("mtp.proj", _tokens(a), h / a.tp, 2 * h)])
 
 
 # ------------------------------------------------------------------ activation memory

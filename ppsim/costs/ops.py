@@ -35,7 +35,11 @@ class Op:
     attention: bool = False
     """The attention core (FlashAttention)."""
     params: int = 0
-    """Weights of a matmul: W accumulates their gradient into fp32 main grads."""
+    """Weights of a matmul: W lands their gradient where it is reduced from."""
+    grad_bytes: float = 8.0
+    """Bytes each weight's gradient costs W to land, each microbatch: read and write of
+    the fp32 main grad it accumulates into (Megatron's gradient-accumulation fusion), or
+    less where sharding keeps the gradient elsewhere (ppsim.costs.state.landed)."""
     backward_bytes: float = -1.0
     """Backward bytes of a memory-bound op; -1: twice the forward's."""
     fp8: bool = False
@@ -145,7 +149,7 @@ def op_times(r: Roofline, op: Op) -> tuple[float, float, float, int, int]:
         if passes.operand_grad:
             b += matmul_ms(r, *passes.operand_grad, op.fp8) * scale
         w = matmul_ms(r, *passes.weight_grad, op.fp8) * scale if passes.weight_grad else 0.0
-        w += _mem_ms(r, 8.0 * op.params)  # read + write the fp32 main grad
+        w += _mem_ms(r, op.grad_bytes * op.params)
         if not op.fp8:
             return f, b, w, 1, 2 if passes.operand_grad else 1
         # quantize the input (forward) and the output's gradient (backward) first

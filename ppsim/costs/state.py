@@ -5,7 +5,10 @@ precision-aware optimizer's dtypes, torchtitan's FSDP2."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ppsim.costs.arch import DTYPE_BYTES, Architecture
+from ppsim.costs.ops import Op
 
 STATE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 """Bytes of one optimizer-state element in each dtype Megatron's flags name."""
@@ -24,6 +27,16 @@ def grad_bytes(a: Architecture) -> int:
         return DTYPE_BYTES[a.dtype]
     bf16_grads = a.grad_reduce_in_bf16 or a.main_grads_dtype == "bf16"
     return 2 if bf16_grads and a.dtype == "bf16" else 4
+
+
+def landed(a: Architecture, ops: list[Op]) -> list[Op]:
+    """`ops` with what their weights' gradients cost to land each microbatch: Megatron-
+    FSDP's gradient-accumulation fusion writes each into its unit's gradient buffer in the
+    model's dtype, overwritten every microbatch (overwrite_main_grad: the buffer is
+    reduce-scattered in every backward), not an fp32 main grad read and written."""
+    if not a.megatron_fsdp:
+        return ops
+    return [replace(op, grad_bytes=DTYPE_BYTES[a.dtype]) if op.params else op for op in ops]
 
 
 def optimizer_state_bytes(a: Architecture) -> int:
