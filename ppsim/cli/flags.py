@@ -54,6 +54,9 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
                    help="tensor-parallel size")
     g.add_argument("--no-bias-swiglu-fusion", dest="bias_swiglu_fusion", action="store_false",
                    default=None, help="Megatron's eager SwiGLU: its SiLU output kept too")
+    g.add_argument("--no-gradient-accumulation-fusion", dest="gradient_accumulation_fusion",
+                   action="store_false", default=None, help="Megatron's unfused weight "
+                   "gradients: written, then added into the main grads")
     g.add_argument("--memory-gb", type=float, metavar="GB", help="memory limit per rank")
     g.add_argument("--costs", metavar="FILE", help="measured cost file (ppsim profile)")
     g.add_argument("--actions-csv", metavar="FILE", help="run this per-rank order instead of "

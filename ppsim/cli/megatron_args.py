@@ -88,9 +88,11 @@ def activation_args(a: Architecture) -> list[str]:
 
 
 def fusion_args(a: Architecture) -> list[str]:
-    """The eager SwiGLU, the one that is not Megatron's default, as its argument."""
+    """The eager SwiGLU and the unfused weight gradients, not Megatron's defaults, as its
+    arguments."""
     swiglu = a.gated_mlp and a.gated_activation == "swiglu"
-    return ["--no-bias-swiglu-fusion"] * (swiglu and not a.bias_swiglu_fusion)
+    return ["--no-bias-swiglu-fusion"] * (swiglu and not a.bias_swiglu_fusion) \
+        + ["--no-gradient-accumulation-fusion"] * (not a.gradient_accumulation_fusion)
 
 
 def optimizer_args(a: Architecture) -> list[str]:

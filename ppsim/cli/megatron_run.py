@@ -126,7 +126,7 @@ UNPRICED_GROUPS = {
     "ppsim prices Megatron's default fused kernels, and neither Python's garbage collector "
     "nor the allocator's cache": (
         "no-masked-softmax-fusion", "no-bias-gelu-fusion", "no-bias-dropout-fusion",
-        "no-rope-fusion", "no-gradient-accumulation-fusion", "no-persist-layer-norm",
+        "no-rope-fusion", "no-persist-layer-norm",
         "cross-entropy-loss-fusion", "cross-entropy-fusion-impl", "manual-gc",
         "manual-gc-interval", "empty-unused-memory-level",
         "use-fused-weighted-squared-relu", "muon-no-split-qkv", "muon-fp32-matmul-prec",

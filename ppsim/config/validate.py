@@ -263,7 +263,8 @@ def transformer(raw: dict[str, Any]) -> None:
     for key in ("gated_mlp", "distributed_optimizer", "dropout", "tie_embeddings", "pad_vocab",
                 "grad_reduce_in_bf16", "precision_aware_optimizer", "fsdp",
                 "moe_pad_to_capacity", "fp8_param_gather", "first_last_layers_bf16",
-                "bias_swiglu_fusion", "unfused_attention", "qk_layernorm",
+                "bias_swiglu_fusion", "gradient_accumulation_fusion", "unfused_attention",
+                "qk_layernorm",
                 "attention_output_gate", "shared_expert_gate", "moe_permute_fusion",
                 "optimizer_cpu_offload", "overlap_cpu_optimizer_d2h_h2d", "fsdp_cpu_offload"):
         if key in raw:

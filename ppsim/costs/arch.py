@@ -92,6 +92,11 @@ class Architecture:
     dp_replicas ranks, gradients reduce-scattered inside a copy, then all-reduced across
     the copies (Megatron --num-distributed-optimizer-instances; with fsdp, torchtitan's
     data_parallel_replicate_degree: HSDP)."""
+    gradient_accumulation_fusion: bool = True
+    """Megatron's default: each weight gradient GEMM accumulates straight into the main
+    grad (Transformer Engine's fused wgrad); False (--no-gradient-accumulation-fusion), it
+    writes the gradient in the model's dtype and Megatron adds it in after
+    (ppsim.costs.state.landed)."""
     bias_swiglu_fusion: bool = True
     """A gated MLP's activation as Megatron's fused SwiGLU (its default): only its input
     kept; False (--no-bias-swiglu-fusion), the eager one that keeps its SiLU output too."""

@@ -29,14 +29,24 @@ def grad_bytes(a: Architecture) -> int:
     return 2 if bf16_grads and a.dtype == "bf16" else 4
 
 
+def landing_bytes(a: Architecture) -> float:
+    """Bytes a weight's gradient costs to land each microbatch. Megatron's gradient-
+    accumulation fusion: the wgrad GEMM reads and writes the fp32 main grad (8; ppsim
+    keeps that for every sharding but Megatron-FSDP's); Megatron-FSDP's overwrites its
+    unit's buffer in the model's dtype (overwrite_main_grad: the buffer is reduce-scattered
+    in every backward). Unfused (--no-gradient-accumulation-fusion), the gradient is
+    first written in the model's dtype and read back: two more of its bytes each way."""
+    w = DTYPE_BYTES[a.dtype]
+    fused = float(grad_bytes(a)) if a.megatron_fsdp else 8.0
+    return fused if a.gradient_accumulation_fusion else fused + 2 * w
+
+
 def landed(a: Architecture, ops: list[Op]) -> list[Op]:
-    """`ops` with what their weights' gradients cost to land each microbatch: Megatron-
-    FSDP's gradient-accumulation fusion writes each into its unit's gradient buffer in the
-    model's dtype, overwritten every microbatch (overwrite_main_grad: the buffer is
-    reduce-scattered in every backward), not an fp32 main grad read and written."""
-    if not a.megatron_fsdp:
+    """`ops` with what their weights' gradients cost to land (landing_bytes)."""
+    bytes_ = landing_bytes(a)
+    if bytes_ == Op.grad_bytes:
         return ops
-    return [replace(op, grad_bytes=DTYPE_BYTES[a.dtype]) if op.params else op for op in ops]
+    return [replace(op, grad_bytes=bytes_) if op.params else op for op in ops]
 
 
 def optimizer_state_bytes(a: Architecture) -> int:

@@ -133,7 +133,8 @@ def test_megatrons_example_arguments_are_taken() -> None:
     job = [*BASE, "--gpus", "16", "--global-batch-size", "64", "--json"]
     ran = run_cli(["simulate", *job, *EXAMPLE_ARGS])
     assert ran.returncode == 0, ran.stderr
-    bare = run_cli(["simulate", *job, "--use-megatron-fsdp"])
+    bare = run_cli(["simulate", *job, "--use-megatron-fsdp",
+                    "--no-gradient-accumulation-fusion"])
     assert ran.stdout == bare.stdout
     d = json.loads(ran.stdout)["job"]
     assert (d["data_parallel"], d["fsdp_framework"]) == ("fsdp", "megatron-fsdp")
@@ -274,3 +275,26 @@ def test_each_gradient_lands_in_its_units_bf16_buffer() -> None:
     vocab = 128256 * 4096
     assert ddp.head.weight_grad_ms - own.head.weight_grad_ms == pytest.approx(6 * vocab / 3000e6)
     assert own.layers[0].forward_ms == ddp.layers[0].forward_ms
+
+
+@pytest.mark.parametrize("sharding", [MFSDP, {"distributed_optimizer": True}])
+def test_unfused_gradients_land_twice(sharding: dict) -> None:
+    """--no-gradient-accumulation-fusion (taken and not priced): the wgrad GEMM writes the
+    bf16 gradient, and it is read back to land: 4 bytes a weight more in every backward,
+    under Megatron-FSDP and the distributed optimizer alike."""
+    matmuls = LAYER - 2 * 4096
+    acc = accelerator(cfg({}).hardware)
+    fused = transformer_costs(cfg({"dp": 8, **sharding}).model.arch, acc)
+    unfused = transformer_costs(cfg({"dp": 8, "gradient_accumulation_fusion": False,
+                                     **sharding}).model.arch, acc)
+    assert unfused.layers[0].weight_grad_ms - fused.layers[0].weight_grad_ms \
+        == pytest.approx(4 * matmuls / 3000e6)
+    line = [*BASE, "--gpus", "16", "--global-batch-size", "32", "--json"]
+    code, out, err = run_main(["simulate", *line, "--no-gradient-accumulation-fusion"])
+    assert code == 0 and "not priced" not in err
+    code, base, _ = run_main(["simulate", *line])
+    assert json.loads(out)["iteration_time_ms"] > json.loads(base)["iteration_time_ms"]
+    code, out, err = run_main(["plan", *line, "--use-megatron-fsdp", "--top", "1",
+                               "--no-gradient-accumulation-fusion"])
+    assert code == 0, err
+    assert "--no-gradient-accumulation-fusion" in json.loads(out)["best"]["megatron_job_flags"]
