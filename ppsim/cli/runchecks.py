@@ -100,6 +100,11 @@ def check_features(cfg: Any) -> None:
         raise UserError("model.dp_replicas", "the executor's distributed optimizer shards "
                         "over the whole data-parallel group", "drop dp_replicas to run the "
                         "model; simulate and plan price the partial distributed optimizer")
+    if not a.gradient_accumulation_fusion:
+        raise UserError("model.gradient_accumulation_fusion", "the executor's gradients "
+                        "land as torch's autograd lands them, with no Transformer Engine "
+                        "fusion to turn off", "drop --no-gradient-accumulation-fusion to run "
+                        "the model (simulate and plan price it)")
 
 
 def _check_fsdp(cfg: Any) -> None:

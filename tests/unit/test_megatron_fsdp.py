@@ -298,3 +298,10 @@ def test_unfused_gradients_land_twice(sharding: dict) -> None:
                                "--no-gradient-accumulation-fusion"])
     assert code == 0, err
     assert "--no-gradient-accumulation-fusion" in json.loads(out)["best"]["megatron_job_flags"]
+
+
+def test_the_executor_refuses_unfused_gradients() -> None:
+    """It would run as without the flag (torch's autograd has no fusion to turn off)."""
+    ran = run_cli(["run", "--no-gradient-accumulation-fusion"])
+    assert ran.returncode == 2 and ran.stdout == ""
+    assert "error: model.gradient_accumulation_fusion: " in ran.stderr
