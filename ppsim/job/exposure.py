@@ -56,12 +56,13 @@ off."""
 
 def overlaps_off(job: Job | None) -> list[str]:
     """Megatron's overlap flags the job leaves off where they would hide some of its
-    communication: the data-parallel reduce and gather (not under FSDP, whose prefetch
-    torchtitan always runs), and the tensor-parallel collectives."""
-    if job is None or job.arch.fsdp:
+    communication: the data-parallel reduce and gather (not under FSDP, which overlaps one
+    unit at a time by itself), and the tensor-parallel collectives (Megatron's jobs:
+    torchtitan's FSDP is not one)."""
+    if job is None or job.arch.torchtitan_fsdp:
         return []
     s, out = job.shape.sizes, []
-    if s.dp * s.cp > 1:
+    if s.dp * s.cp > 1 and not job.arch.fsdp:
         out += ["--overlap-grad-reduce"] * (not job.overlap_grad_reduce)
         out += ["--overlap-param-gather"] * (job.arch.distributed_optimizer
                                              and not job.overlap_param_gather)

@@ -305,3 +305,17 @@ def test_the_executor_refuses_unfused_gradients() -> None:
     ran = run_cli(["run", "--no-gradient-accumulation-fusion"])
     assert ran.returncode == 2 and ran.stdout == ""
     assert "error: model.gradient_accumulation_fusion: " in ran.stderr
+
+
+def test_it_is_told_of_the_tensor_parallel_overlap_it_leaves_off() -> None:
+    """Under Megatron's FSDPs the sequence-parallel collectives are Megatron's as ever,
+    and --tp-comm-overlap hides them; only torchtitan's FSDP has no such flag. The hint
+    was dropped for every FSDP job."""
+    job = ["--preset", "llama3-70b", "--hardware", "h100-80gb", "--gpus", "64",
+           "--global-batch-size", "256", "--seq-length", "8192", "--tp", "4", "--pp", "1",
+           "--json"]
+    for flag, off in (("--use-megatron-fsdp", ["--tp-comm-overlap"]),
+                      ("--use-torch-fsdp2", ["--tp-comm-overlap"]), ("--fsdp", [])):
+        code, out, err = run_main(["simulate", *job, flag])
+        assert code == 0, err
+        assert json.loads(out)["overlaps_off"] == off, flag
