@@ -25,6 +25,14 @@ def cfg(model: dict[str, Any], pipe: dict[str, Any] | None = None) -> Any:
                              "hardware": {"preset": "h100-80gb"}})
 
 
+def tiny_cfg(preset: str, model: dict[str, Any], pp: int = 1) -> Any:
+    """A tiny preset's job on four microbatches, four GPUs a node (random jobs' groups
+    then cross nodes at small sizes)."""
+    return config_from_dict({"model": {"preset": preset, **model},
+                             "pipeline": {"pp": pp, "microbatches": 4},
+                             "hardware": {"preset": "h100-80gb", "gpus_per_node": 4}})
+
+
 def ring(n: int, nbytes: float, bw: float, step: float) -> float:
     """All-gather or reduce-scatter of an `nbytes` buffer over n ranks (nccl-tests)."""
     return (n - 1) * step + (n - 1) / n * nbytes / bw

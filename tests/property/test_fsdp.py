@@ -6,10 +6,10 @@ gradients' reduce-scatter nothing follows."""
 
 from __future__ import annotations
 
+from fsdp_forms import tiny_cfg as cfg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppsim.config.schema import config_from_dict
 from ppsim.costs.transformer import accelerator, transformer_costs
 from ppsim.job import fsdp
 from ppsim.job.layers import layer_collectives
@@ -17,12 +17,6 @@ from ppsim.job.model import build_job
 from ppsim.pipeline.problem import model_costs
 
 KINDS = st.sampled_from(["tiny-llm", "tiny-gpt"])
-
-
-def cfg(preset: str, model: dict, pp: int = 1):
-    return config_from_dict({"model": {"preset": preset, **model},
-                             "pipeline": {"pp": pp, "microbatches": 4},
-                             "hardware": {"preset": "h100-80gb", "gpus_per_node": 4}})
 
 
 @settings(max_examples=40, deadline=None)

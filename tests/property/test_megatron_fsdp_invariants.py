@@ -7,10 +7,10 @@ microbatch, pipeline or not."""
 
 from __future__ import annotations
 
+from fsdp_forms import tiny_cfg as cfg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppsim.config.schema import config_from_dict
 from ppsim.costs.arch import DTYPE_BYTES
 from ppsim.costs.transformer import accelerator, held_params, transformer_costs
 from ppsim.job.layers import layer_collectives
@@ -18,12 +18,6 @@ from ppsim.pipeline.problem import build_problem, model_costs
 
 PRESETS = st.sampled_from(["tiny-llm", "tiny-gpt"])
 MFSDP = {"fsdp": True, "fsdp_framework": "megatron-fsdp"}
-
-
-def cfg(preset: str, model: dict, pp: int = 1):
-    return config_from_dict({"model": {"preset": preset, **model},
-                             "pipeline": {"pp": pp, "microbatches": 4},
-                             "hardware": {"preset": "h100-80gb", "gpus_per_node": 4}})
 
 
 @settings(max_examples=30, deadline=None)
