@@ -17,7 +17,7 @@ from ppsim.config.schema import SPLIT_KEYS
 from ppsim.errors import UserError
 from ppsim.job.exposure import overlap_hint, overlaps_off
 from ppsim.job.host_optimizer import host_rates_known, host_share_bytes
-from ppsim.job.model import data_parallel
+from ppsim.job.model import data_parallel, fsdp_framework
 from ppsim.job.policy_search import POLICY_AXES, mode_flags
 from ppsim.job.ranks import DEFAULT_ORDER, TP_PP_DP_ORDER, parse_order
 from ppsim.job.search import JOB_AXES, JobSearch, ShapeResult, search_job
@@ -41,7 +41,7 @@ def shape_dict(r: ShapeResult) -> dict[str, Any]:
             "held_back_by": r.held_back_by, "memory_policy": r.policy or None,
             "data_parallel": data_parallel(job.arch) if job else None,
             "dp_replicas": job.arch.dp_replicas if job else 1,
-            "fsdp_framework": job.arch.fsdp_framework if job and job.arch.fsdp else None,
+            "fsdp_framework": fsdp_framework(job.arch) if job else None,
             "moe_token_dispatcher_type": job.moe_token_dispatcher_type if job else None,
             "cp_comm_type": job.arch.cp_comm_type if job else None,
             "optimizer_offload_fraction": job.host_optimizer.fraction

@@ -255,7 +255,7 @@ class Job:
                 "micro_batch_size": self.shape.micro_batch_size,
                 "seq_length": self.shape.seq_length, "rank_order": self.shape.rank_order,
                 "data_parallel": data_parallel(self.arch),
-                "fsdp_framework": self.arch.fsdp_framework if self.arch.fsdp else None,
+                "fsdp_framework": fsdp_framework(self.arch),
                 "dp_replicas": self.arch.dp_replicas,
                 "fp8": {"format": self.arch.fp8, "recipe": self.arch.fp8_recipe,
                         "param_gather": self.arch.fp8_param_gather} if self.arch.fp8 else None,
@@ -271,6 +271,11 @@ class Job:
                                   "ep": g.ep.crosses_nodes, "etp": g.etp.crosses_nodes,
                                   "dp": g.dp.crosses_nodes,
                                   "pipeline": list(g.pipeline_hops)}}
+
+
+def fsdp_framework(a: Architecture) -> str | None:
+    """Who shards the replicas fully (Architecture.fsdp_framework); None without FSDP."""
+    return a.fsdp_framework if a.fsdp else None
 
 
 def data_parallel(a: Architecture) -> str:
