@@ -18,12 +18,13 @@ OPTIMIZER_DTYPES = {"main_grads_dtype": ("fp32", "bf16"), "main_params_dtype": (
 
 
 def grad_bytes(a: Architecture) -> int:
-    """Bytes of one parameter's gradient as Megatron keeps and reduces it: fp32, or bf16
-    under --grad-reduce-in-bf16 or --main-grads-dtype bf16 (neither forces fp32
-    accumulation then: arguments.py); under Megatron's --use-torch-fsdp2 the model's
-    own dtype (no mixed-precision policy: the gradients are the weights'), and under
-    Megatron-FSDP too (--megatron-fsdp-main-grads-dtype auto: the model's)."""
-    if a.fsdp_by_megatron:
+    """Bytes of one parameter's gradient as Megatron keeps and reduces it: fp32 for bf16
+    weights, or bf16 under --grad-reduce-in-bf16 or --main-grads-dtype bf16 (neither
+    forces fp32 accumulation then: arguments.py); fp16 weights' in fp16 (arguments.py
+    forces fp32 accumulation for bf16 alone); under Megatron's --use-torch-fsdp2 the
+    model's own dtype (no mixed-precision policy: the gradients are the weights'), and
+    under Megatron-FSDP too (--megatron-fsdp-main-grads-dtype auto: the model's)."""
+    if a.fsdp_by_megatron or a.dtype == "fp16":
         return DTYPE_BYTES[a.dtype]
     bf16_grads = a.grad_reduce_in_bf16 or a.main_grads_dtype == "bf16"
     return 2 if bf16_grads and a.dtype == "bf16" else 4
@@ -31,13 +32,15 @@ def grad_bytes(a: Architecture) -> int:
 
 def landing_bytes(a: Architecture) -> float:
     """Bytes a weight's gradient costs to land each microbatch. Megatron's gradient-
-    accumulation fusion: the wgrad GEMM reads and writes the fp32 main grad (8; ppsim
-    keeps that for every sharding but Megatron-FSDP's); Megatron-FSDP's overwrites its
-    unit's buffer in the model's dtype (overwrite_main_grad: the buffer is reduce-scattered
-    in every backward). Unfused (--no-gradient-accumulation-fusion), the gradient is
-    first written in the model's dtype and read back: two more of its bytes each way."""
+    accumulation fusion: the wgrad GEMM reads and writes the main grad in the dtype it is
+    kept in (grad_bytes: 8 for fp32, 4 under --grad-reduce-in-bf16); torchtitan's FSDP
+    accumulates its fp32 gradient the same way; Megatron-FSDP overwrites its unit's
+    buffer in the model's dtype (overwrite_main_grad: the buffer is reduce-scattered in
+    every backward). Unfused (--no-gradient-accumulation-fusion, which Megatron's
+    --use-torch-fsdp2 requires), the gradient is first written in the model's dtype and
+    read back: two more of its bytes each way."""
     w = DTYPE_BYTES[a.dtype]
-    fused = float(grad_bytes(a)) if a.megatron_fsdp else 8.0
+    fused = float(grad_bytes(a) * (1 if a.megatron_fsdp else 2))
     return fused if a.gradient_accumulation_fusion else fused + 2 * w
 
 

@@ -284,7 +284,7 @@ def _fsdp_alone(p: Any, a: Any) -> None:
     """Megatron DDP's knobs have no meaning under FSDP, which overlaps one unit at a time
     (Megatron-FSDP takes --overlap-grad-reduce and turns it on anyway); torchtitan keeps
     each expert whole on its rank; Megatron's --use-torch-fsdp2 takes neither pipeline nor
-    expert parallelism (its assertions)."""
+    expert parallelism nor gradient-accumulation fusion (its assertions)."""
     if a.torchtitan_fsdp and a.num_experts and a.expert_tp != 1:
         raise UserError("model.etp", f"{a.expert_tp}: torchtitan splits no expert over "
                         "ranks (its experts' mesh is efsdp x ep, ep taken from dp_shard x cp "
@@ -295,6 +295,10 @@ def _fsdp_alone(p: Any, a: Any) -> None:
                 raise UserError("model.fsdp_framework", f"--use-torch-fsdp2 is not supported "
                                 f"with {what} parallelism (Megatron's words)",
                                 f"give --{what[0]}p 1, or use --fsdp (torchtitan's FSDP2)")
+        if a.gradient_accumulation_fusion:
+            raise UserError("model.gradient_accumulation_fusion", "--use-torch-fsdp2 is not "
+                            "supported with gradient accumulation fusion (Megatron's words)",
+                            "add --no-gradient-accumulation-fusion")
     # Megatron-FSDP's strategy turns both overlaps on itself (megatron_fsdp.py).
     ddp_only = (() if a.megatron_fsdp else (("overlap_grad_reduce", "--overlap-grad-reduce"),))
     for name, flag in (*ddp_only, ("ddp_bucket_size", "--ddp-bucket-size"),

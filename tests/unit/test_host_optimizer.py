@@ -386,7 +386,8 @@ def test_the_job_search_refuses_the_host_optimizer_under_megatrons_fsdp2() -> No
     """`plan --gpus --search host-optimizer` over --use-torch-fsdp2 planned as if nothing
     could go to the host; it is refused in one line, as the one-shape search refuses it."""
     code, _, err = _run(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus",
-                         "16", "--global-batch-size", "64", "--use-torch-fsdp2", "--pp", "1",
+                         "16", "--global-batch-size", "64", "--use-torch-fsdp2",
+                         "--no-gradient-accumulation-fusion", "--pp", "1",
                          "--search", "host-optimizer"])
     err = err.strip()
     assert code == 2

@@ -242,18 +242,35 @@ def test_both_bucket_flags_are_refused_as_megatron_refuses_them(capsys) -> None:
     assert "Cannot specify both num_buckets and bucket_size" in err and err.count("\n") == 1
 
 
+def test_fp16_gradients_are_kept_and_reduced_in_fp16() -> None:
+    """Megatron forces fp32 gradient accumulation for bf16 alone (arguments.py): fp16
+    weights keep an fp16 gradient buffer, reduce-scatter it and land their wgrads in it,
+    as bf16 ones do under --grad-reduce-in-bf16 (the loss scale costs nothing). They were
+    reduced and landed as fp32."""
+    fp16 = build_problem(cfg({"dp": 16, "distributed_optimizer": True, "dtype": "fp16"}))
+    bf16 = build_problem(cfg({"dp": 16, "distributed_optimizer": True,
+                              "grad_reduce_in_bf16": True}))
+    assert simulate(fp16).summary.iteration_time_ms == pytest.approx(
+        simulate(bf16).summary.iteration_time_ms, rel=1e-12)
+
+
 def test_gradients_reduced_in_bf16_halve_the_reduce_scatter_and_two_bytes_a_parameter(
         ) -> None:
     """Megatron's --grad-reduce-in-bf16: the gradient buffer is bf16, so the reduce-scatter
-    moves 2 bytes a parameter and each rank holds 2 + 2 + 12 / dp bytes a parameter (bf16
+    moves 2 bytes a parameter, each rank holds 2 + 2 + 12 / dp bytes a parameter (bf16
     weights and gradients, the fp32 master weights and Adam moments sharded), not 6 + 12 /
-    dp."""
+    dp, and the fused wgrad GEMM accumulates into that bf16 buffer: 2 bytes read and 2
+    written a weight each microbatch, not fp32's 4 and 4."""
     fp32 = build_problem(cfg({"dp": 16, "distributed_optimizer": True}))
     bf16 = build_problem(cfg({"dp": 16, "distributed_optimizer": True,
                               "grad_reduce_in_bf16": True}))
     params = sum(c.params for c in fp32.stage_costs)
     bus = min(NV, 8 * NIC)
     saved = 15 / 16 * params * (4 - 2) / bus  # the reduce-scatter's bytes, halved
+    # Llama 3 8B's matrices, 4 layers (q, o 4096^2; k, v 4096 x 1024; gate, up, down 4096 x
+    # 14336) and the head (128,256 x 4096); 4 microbatches on one stage, at 3,000 GB/s.
+    matrices = 4 * (2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336) + 128256 * 4096
+    saved += 4 * matrices * (8 - 4) / 3000e6
     assert simulate(bf16).summary.iteration_time_ms == pytest.approx(
         simulate(fp32).summary.iteration_time_ms - saved, rel=1e-9)
     assert sum(c.static_bytes for c in bf16.stage_costs) == pytest.approx(

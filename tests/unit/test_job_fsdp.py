@@ -356,7 +356,8 @@ def test_megatrons_torch_fsdp2_reduces_in_the_models_dtype() -> None:
     from ppsim.job import fsdp
 
     def job(framework: str):
-        j = build_job(cfg({"dp": 16, "fsdp": True, "fsdp_framework": framework}))
+        j = build_job(cfg({"dp": 16, "fsdp": True, "fsdp_framework": framework,
+                      "gradient_accumulation_fusion": framework != "megatron"}))
         assert j is not None
         return j
 
@@ -366,7 +367,8 @@ def test_megatrons_torch_fsdp2_reduces_in_the_models_dtype() -> None:
     assert fsdp.reduce_ms(job("torchtitan"), LAYER) == pytest.approx(
         ring(16, LAYER * 4, bw, NIC_STEP))
     assert fsdp.gather_ms(job("megatron"), LAYER) == fsdp.gather_ms(job("torchtitan"), LAYER)
-    shard = model_costs(cfg({"dp": 64, "fsdp": True, "fsdp_framework": "megatron"}))
+    shard = model_costs(cfg({"dp": 64, "fsdp": True, "fsdp_framework": "megatron",
+                       "gradient_accumulation_fusion": False}))
     assert shard.layers[0].static_bytes == LAYER * 16 // 64
 
 
@@ -377,17 +379,32 @@ def test_megatrons_torch_fsdp2_reduces_in_the_models_dtype() -> None:
 ])
 def test_megatrons_torch_fsdp2_checks(extra: list[str], field: str, words: str) -> None:
     ran = run_cli(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus",
-                   "8", "--pp", "1", "--use-torch-fsdp2", *extra])
+                   "8", "--pp", "1", "--use-torch-fsdp2", "--no-gradient-accumulation-fusion",
+                   *extra])
     assert ran.returncode == 2 and f"{field}" in ran.stderr and words in ran.stderr
+
+
+def test_megatrons_torch_fsdp2_refuses_gradient_accumulation_fusion() -> None:
+    """Megatron asserts "--use-torch-fsdp2 is not supported with gradient accumulation
+    fusion", which is on unless the line turns it off; ppsim planned such a line and
+    printed it without --no-gradient-accumulation-fusion."""
+    ran = run_cli(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus",
+                   "8", "--use-torch-fsdp2"])
+    assert ran.returncode == 2 and len(ran.stderr.splitlines()) == 1
+    assert "model.gradient_accumulation_fusion: --use-torch-fsdp2 is not supported with " \
+        "gradient accumulation fusion" in ran.stderr
+    assert "add --no-gradient-accumulation-fusion" in ran.stderr
 
 
 def test_megatrons_torch_fsdp2_launch_line_reads_back() -> None:
     base = ["--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "16",
             "--global-batch-size", "32", "--pp", "1"]
-    ran = run_cli(["plan", *base, "--use-torch-fsdp2", "--top", "1", "--json"])
+    ran = run_cli(["plan", *base, "--use-torch-fsdp2", "--no-gradient-accumulation-fusion",
+                   "--top", "1", "--json"])
     assert ran.returncode == 0, ran.stderr
     best = json.loads(ran.stdout)["best"]
     assert best["torchtitan_job"] is None and "--use-torch-fsdp2" in best["megatron_job_flags"]
+    assert "--no-gradient-accumulation-fusion" in best["megatron_job_flags"]
     again = run_cli(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus",
                      "16", *best["megatron_job_flags"].split(), "--json"])
     assert again.returncode == 0, again.stderr
@@ -398,7 +415,7 @@ def test_megatrons_torch_fsdp2_launch_line_reads_back() -> None:
 def test_megatrons_torch_fsdp2_has_no_cpu_offload() -> None:
     """torchtitan's CPU offload is not Megatron's --use-torch-fsdp2's to take."""
     base = ["--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "1",
-            "--use-torch-fsdp2"]
+            "--use-torch-fsdp2", "--no-gradient-accumulation-fusion"]
     ran = run_cli(["simulate", *base, "--gpus", "8", "--fsdp-cpu-offload"])
     assert ran.returncode == 2 and "model.fsdp_cpu_offload: is torchtitan's" in ran.stderr
     ran = run_cli(["plan", *base, "--dp", "8", "--microbatches", "2", "--search",

@@ -200,7 +200,8 @@ def test_megatrons_fsdps_keep_the_fused_swiglus_input_alone() -> None:
     --use-torch-fsdp2 the layer was priced as torchtitan's."""
     dist = model_costs(cfg({"dp": 8, "distributed_optimizer": True})).layers[0]
     for framework in ("megatron", "megatron-fsdp"):
-        got = model_costs(cfg({"dp": 8, "fsdp": True, "fsdp_framework": framework}))
+        got = model_costs(cfg({"dp": 8, "fsdp": True, "fsdp_framework": framework,
+                      "gradient_accumulation_fusion": framework != "megatron"}))
         assert got.layers[0].activation_bytes == dist.activation_bytes
     titan = model_costs(cfg({"dp": 8, "fsdp": True})).layers[0]
     silu = 4096 * 14336 * 2  # a sequence of 4096 tokens' SiLU output in bf16
@@ -211,7 +212,8 @@ def test_megatrons_fsdps_keep_the_fused_swiglus_input_alone() -> None:
 def test_searching_the_sharding_tries_the_distributed_optimizer(framework: str) -> None:
     """A searched shape under the distributed optimizer drops FSDP's own fields: under
     --use-torch-fsdp2 each such shape was refused ("fsdp_framework ... FSDP is off")."""
-    c = cfg({"dp": 8, "fsdp": True, "fsdp_framework": framework})
+    c = cfg({"dp": 8, "fsdp": True, "fsdp_framework": framework,
+                      "gradient_accumulation_fusion": framework != "megatron"})
     s = Shape(tp=1, cp=1, ep=1, pp=1, dp=8, vpp=1, mbs=1, microbatches=4, etp=1,
               sharding="distributed optimizer", dp_replicas=1)
     p = pending_shape(c, s, 32)
@@ -237,7 +239,8 @@ def test_torch_fsdp2_jobs_plan_without_naming_pp() -> None:
     job search keeps to it unasked (it said "give --pp 1", the embedded default's two
     stages refused)."""
     ran = run_cli(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "16",
-                   "--global-batch-size", "32", "--use-torch-fsdp2", "--top", "3", "--json"])
+                   "--global-batch-size", "32", "--use-torch-fsdp2",
+                   "--no-gradient-accumulation-fusion", "--top", "3", "--json"])
     assert ran.returncode == 0, ran.stderr
     doc = json.loads(ran.stdout)
     assert {c["pp"] for c in doc["candidates"]} == {1}
@@ -315,7 +318,8 @@ def test_it_is_told_of_the_tensor_parallel_overlap_it_leaves_off() -> None:
            "--global-batch-size", "256", "--seq-length", "8192", "--tp", "4", "--pp", "1",
            "--json"]
     for flag, off in (("--use-megatron-fsdp", ["--tp-comm-overlap"]),
-                      ("--use-torch-fsdp2", ["--tp-comm-overlap"]), ("--fsdp", [])):
-        code, out, err = run_main(["simulate", *job, flag])
+                      ("--use-torch-fsdp2 --no-gradient-accumulation-fusion",
+                       ["--tp-comm-overlap"]), ("--fsdp", [])):
+        code, out, err = run_main(["simulate", *job, *flag.split()])
         assert code == 0, err
         assert json.loads(out)["overlaps_off"] == off, flag
