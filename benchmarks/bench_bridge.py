@@ -1,33 +1,33 @@
-"""Megatron-Bridge's published runs, held out (nothing is fitted to them): FP8
-(--fp8-format, ppsim.costs.fp8) on DGX-H100 and DGX-B200, and a BF16 MoE run on DGX-H100.
+"""Megatron-Bridge's published runs, held out (nothing is fitted to them): FP8 (--fp8-format,
+ppsim.costs.fp8) on DGX-H100 and DGX-B200, and a BF16 MoE run on DGX-H100.
 
 NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md, "25.11 NeMo Container",
 System DGX-H100, precision FP8-CS (Transformer Engine's current, tensorwise scaling):
-tokens/s per GPU of each run, its shape as the table gives it (GBS, MBS, sequence, TP,
-PP, CP, VP, EP). Each is priced as its flags say on the h100-80gb preset, with what the
-recipes run (the distributed optimizer, --overlap-grad-reduce, --overlap-param-gather,
---tp-comm-overlap, --fp8-param-gather) and the presets' recompute mode; the same run in
-bf16 beside it (no published counterpart: the speed-up ppsim predicts). The MoE row runs
-Megatron's all-to-all dispatcher with the combined 1F1B, as its workload config says,
-force-balanced as the table's note says.
+tokens/s per GPU of each run, its shape as the table gives it (GBS, MBS, sequence, TP, PP,
+CP, VP, EP). Each is priced as its flags say on the h100-80gb preset, with what the recipes
+run (the distributed optimizer, --overlap-grad-reduce, --overlap-param-gather,
+--tp-comm-overlap, --fp8-param-gather) and the presets' recompute mode; the same run in bf16 beside
+it (no published counterpart: the speed-up ppsim predicts). The MoE row runs Megatron's
+all-to-all dispatcher with the combined 1F1B, as its workload config says, force-balanced
+as the table's note says.
 
 The 25.11 DGX-B200 and DGX-GB200 runs in FP8-CS of a dense preset (Llama 3 8B, 3.1 405B)
-check the b200-180gb and gb200-186gb presets the same way. Beside them the one BF16 run
-the archive gives for a model ppsim has a preset of on DGX-H100 (26.02 NeMo container):
-GPT-OSS 120B on 64 GPUs, priced with its workload config
-(gpt_oss_workload_base_configs.py H100_BF16_V2: GBS 1280, MBS 1, PP 4, EP 8, recompute
-of layernorm and moe_act) over its recipe (recipes/gpt_oss: the all-to-all dispatcher,
-the distributed optimizer with both DP overlaps, sequence 4096, the model from the
-Hugging Face config, vocabulary 201,088) and the performance scripts'
-set_gpt_oss_common_configs (gradients reduced in bf16). And the archive's DGX-H100 FP8 run
-of Qwen3-30B-A3B (26.02.01 container), priced at the archive's shape with its workload
-config's combined 1F1B: both fine-grained MoEs read far above their published rates. And
-the 25.09 DGX-H100 FP8-CS run of DeepSeek-V3 on 1,024 GPUs at its workload config (DeepEP,
-the combined 1F1B, mla_up_proj and mlp recomputed). And a hybrid stack: the 26.06
-DGX-H100 FP8-CS run of Nemotron 3 Nano (Mamba-2, MoE and attention layers) at its workload
-config, with the FLOPs a token its published TFLOP/s imply beside ppsim's count. And a
-hybrid stack without experts: NVIDIA's DGX Cloud Benchmarking run of Nemotron-H 56B
-(Mamba-2, MLP and attention layers) on 128 H100 in FP8.
+check the b200-180gb and gb200-186gb presets the same way. Beside them the one BF16 run the
+archive gives for a model ppsim has a preset of on DGX-H100 (26.02 NeMo container): GPT-OSS
+120B on 64 GPUs, priced with its workload config (gpt_oss_workload_base_configs.py
+H100_BF16_V2: GBS 1280, MBS 1, PP 4, EP 8, recompute of layernorm and moe_act) over its
+recipe (recipes/gpt_oss: the all-to-all dispatcher, the distributed optimizer with both DP
+overlaps, sequence 4096, the model from the Hugging Face config, vocabulary 201,088) and
+the performance scripts' set_gpt_oss_common_configs (gradients reduced in bf16); again with
+the matmul and attention rates measured on an H200 at other models' shapes (MEASURED). And
+the archive's DGX-H100 FP8 run of Qwen3-30B-A3B (26.02.01 container), priced at the
+archive's shape with its workload config's combined 1F1B: both fine-grained MoEs read far
+above their published rates. And the 25.09 DGX-H100 FP8-CS run of DeepSeek-V3 on 1,024 GPUs
+at its workload config (DeepEP, the combined 1F1B, mla_up_proj and mlp recomputed). And a
+hybrid stack: the 26.06 DGX-H100 FP8-CS run of Nemotron 3 Nano (Mamba-2, MoE and attention
+layers) at its workload config, with the FLOPs a token its published TFLOP/s imply beside
+ppsim's count. And a hybrid stack without experts: NVIDIA's DGX Cloud Benchmarking run of
+Nemotron-H 56B (Mamba-2, MLP and attention layers) on 128 H100 in FP8.
 
 Then (without --quick) `ppsim plan --gpus 8192` for the 405B preset in FP8, the plan time.
 
@@ -40,9 +40,13 @@ import contextlib
 import io
 import json
 import sys
+import tempfile
+import tomllib
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
-from bench_job import plan_case
+from bench_job import MEASURED_KEYS, plan_case
 
 from ppsim.cli.main import main as ppsim
 
@@ -176,12 +180,34 @@ HYBRID_DENSE_OVERLAPS = ["--use-distributed-optimizer", "--overlap-grad-reduce",
                          "--tp-comm-overlap"]
 
 
-def price(run: BridgeRun, fp8: bool, overlaps: list[str] = OVERLAPS) -> Priced:
-    argv = ["simulate", "--preset", run.preset, "--hardware", run.hardware, "--gpus",
-            str(run.gpus), *run.shape.split(), *overlaps, *(FP8 if fp8 else []), "--json"]
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert ppsim(argv) == 0, argv
+MEASURED = Path(__file__).parent / "measured" / "h200-2026-12-04"
+"""Kernel rates `gpu_checks.sh job` measured on one H200 (the H100 SXM's die), each at one
+model's own matmul shapes and attention (bench_job.py)."""
+
+
+def measured_rates(name: str) -> dict[str, Any]:
+    """The matmul and attention rates measured at the shapes of `name` (a file in
+    MEASURED); the rest of the device stays the preset's."""
+    hardware = tomllib.loads((MEASURED / f"{name}.toml").read_text())["hardware"]
+    return {k: v for k, v in hardware.items() if k in MEASURED_KEYS}
+
+
+def price(run: BridgeRun, fp8: bool, overlaps: list[str] = OVERLAPS,
+          rates: dict[str, Any] | None = None) -> Priced:
+    with tempfile.TemporaryDirectory() as tmp:
+        setup = ["--preset", run.preset, "--hardware", run.hardware]
+        if rates:  # the presets, the device's with these rates, from a config file
+            path = Path(tmp) / "measured.toml"
+            lines = [f"preset = {json.dumps(run.hardware)}",
+                     *(f"{k} = {json.dumps(v)}" for k, v in rates.items())]
+            path.write_text(f"[model]\npreset = {json.dumps(run.preset)}\n[hardware]\n"
+                            + "\n".join(lines) + "\n")
+            setup = ["--config", str(path)]
+        argv = ["simulate", *setup, "--gpus", str(run.gpus),
+                *run.shape.split(), *overlaps, *(FP8 if fp8 else []), "--json"]
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert ppsim(argv) == 0, argv
     sim = json.loads(out.getvalue())
     peak = max(r["peak_memory_bytes"] for r in sim["ranks"])
     return Priced(tokens_per_gpu=sim["throughput"]["tokens_per_s_per_gpu"],
@@ -232,6 +258,11 @@ def main() -> None:
                   f"{unfused.tokens_per_gpu:,.0f} tokens/s/GPU "
                   f"({unfused.tokens_per_gpu / run.tokens_per_gpu - 1:+.1%}), peak "
                   f"{unfused.peak_gb:.1f} GB")
+            for shapes in ("qwen3-235b", "weak-1.7B"):
+                m = price(run, fp8, overlaps, measured_rates(shapes))
+                print(f"  with the matmul and attention rates measured at {shapes}'s "
+                      f"shapes: ppsim {m.tokens_per_gpu:,.0f} tokens/s/GPU "
+                      f"({m.tokens_per_gpu / run.tokens_per_gpu - 1:+.1%})")
     print(held_out_line("DGX Cloud Benchmarking 25.08.01, DGX-H100, FP8-CS",
                         HYBRID_DENSE_RUN, price(HYBRID_DENSE_RUN, True, HYBRID_DENSE_OVERLAPS)))
     if "--quick" in sys.argv:
