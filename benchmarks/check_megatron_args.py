@@ -1,0 +1,213 @@
+"""Every Megatron line ppsim prints, put through Megatron-LM's own argument checks.
+
+ppsim prints Megatron's flags for each model preset (`ppsim presets NAME`), for the best
+shape of a job search (`plan --gpus`: its parallel sizes, sharding, overlaps, recompute
+and split) and for a planned split (`plan`: the layout or the first/last stage counts).
+This script builds those lines over the presets and a set of jobs, then parses each with
+Megatron's `parse_args` and runs its `validate_args` at the job's world size, as
+`pretrain_gpt.py` would before it builds anything: a line Megatron refuses is a defect.
+
+Megatron-LM is not a dependency: give a checkout (`--megatron DIR`, a directory holding
+megatron/training/arguments.py). Importing it on a machine without a GPU needs what it
+imports unconditionally: its MoE and SSM ops' Triton kernels (stubbed modules here, never
+called by the checks; torch's own view of Triton left alone), `typing.override` (Python
+3.12) and the CUDA device queries (an H100's answers). Transformer Engine, Apex and the
+rest are left missing, as Megatron allows. The launch environment is what Megatron's scripts export:
+CUDA_DEVICE_MAX_CONNECTIONS=1, unset under FSDP (which asserts so).
+
+Run: .venv/bin/python benchmarks/check_megatron_args.py --megatron ../Megatron-LM
+(about 3 minutes; prints one line per case and exits 1 if Megatron refused any)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.abc
+import importlib.machinery
+import io
+import json
+import os
+import shlex
+import sys
+import traceback
+import typing
+import warnings
+from dataclasses import dataclass
+from types import ModuleType
+from unittest import mock
+
+from ppsim.cli.main import main as ppsim
+
+H100 = "--hardware h100-80gb"
+JOBS = [
+    ("llama3-8b", "--gpus 16 --global-batch-size 32"),
+    ("llama3-8b", "--gpus 16 --global-batch-size 32 --use-distributed-optimizer "
+                  "--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap"),
+    ("llama3-8b", "--gpus 16 --global-batch-size 32 --use-torch-fsdp2 "
+                  "--no-gradient-accumulation-fusion"),
+    ("llama3-8b", "--gpus 16 --global-batch-size 64 --optimizer muon "
+                  "--use-distributed-optimizer"),
+    ("llama3-8b", "--gpus 16 --global-batch-size 64 --use-precision-aware-optimizer "
+                  "--use-distributed-optimizer --exp-avg-dtype bf16"),
+    ("llama3-8b", "--gpus 16 --global-batch-size 64 --search host-optimizer "
+                  "--use-distributed-optimizer"),
+    ("llama3-70b", "--gpus 64 --global-batch-size 256 --seq-length 8192 --use-megatron-fsdp"),
+    ("llama3-70b", "--gpus 64 --global-batch-size 128 --fp8-format hybrid --fp8-recipe "
+                   "tensorwise --use-distributed-optimizer --fp8-param-gather"),
+    ("llama3-70b", "--gpus 64 --global-batch-size 128 --search policy"),
+    ("llama3.1-405b", "--gpus 512 --global-batch-size 256 --seq-length 32768 "
+                      "--search cp-comm --time-budget 30"),
+    ("deepseek-v3", "--gpus 256 --global-batch-size 1024 --use-distributed-optimizer "
+                    "--moe-token-dispatcher-type flex --time-budget 30"),
+    ("qwen3-30b-a3b", "--gpus 16 --global-batch-size 256 --use-distributed-optimizer "
+                      "--search sharding"),
+    ("gpt-oss-120b", "--gpus 64 --global-batch-size 256 --grad-reduce-in-bf16 "
+                     "--use-distributed-optimizer"),
+    ("mixtral-8x7b", "--gpus 64 --global-batch-size 256"),
+    ("nemotron-3-nano-30b-a3b", "--gpus 16 --global-batch-size 256"),
+    ("qwen3-next-80b-a3b", "--gpus 64 --global-batch-size 256"),
+]
+"""Job searches (`plan --gpus`): the best shape's line is checked."""
+SPLITS = [
+    ("deepseek-v3", "--pp 16 --ep 64 --dp 64 --microbatches 32 --vpp 2 --recompute full"),
+    ("llama3.1-405b", "--tp 8 --pp 16 --dp 8 --microbatches 32 --search policy"),
+    ("llama3-70b", "--tp 4 --pp 4 --dp 4 --microbatches 16 --recompute-granularity full "
+                   "--recompute-method block --recompute-num-layers 2 "
+                   "--use-distributed-optimizer"),
+    ("nemotron-h-56b", "--tp 8 --pp 4 --dp 4 --microbatches 16"),
+    ("gpt-oss-120b", "--pp 4 --ep 8 --dp 16 --microbatches 20 --vpp 3 --recompute full"),
+    ("kimi-k2", "--pp 16 --ep 64 --dp 64 --microbatches 32 --vpp 2 --recompute full"),
+]
+"""Split plans (`plan` over a given shape): the model's line, the planned split's flags
+and the shape's tp and ep."""
+PRESET_WORLD = 64
+"""The world size a preset's own line is checked at: its tp x ep divide it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Case:
+    name: str
+    line: str
+    """Megatron's arguments, as a shell would split them."""
+    world: int
+
+
+def _ppsim(argv: list[str]) -> dict:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = ppsim(argv)
+    if code:
+        raise SystemExit(f"ppsim {shlex.join(argv)}: {err.getvalue().strip()}")
+    return json.loads(out.getvalue())
+
+
+def _model_line(preset: str) -> str:
+    return _ppsim(["presets", preset, "--json"])["megatron_model_args"]
+
+
+def cases() -> list[Case]:
+    """The lines ppsim prints: each preset's, each job's best, each planned split's."""
+    found = [Case(name=f"preset {p}", line=_model_line(p), world=PRESET_WORLD)
+             for p in _ppsim(["presets", "--json"])["models"]]
+    for preset, flags in JOBS:
+        budget = [] if "--time-budget" in flags else ["--time-budget", "5"]
+        doc = _ppsim(["plan", "--preset", preset, *H100.split(), *shlex.split(flags),
+                      *budget, "--json"])
+        found.append(Case(name=f"plan {preset} {flags}", world=doc["gpus"],
+                          line=f"{_model_line(preset)} {doc['best']['megatron_job_flags']}"))
+        print(f"  planned {found[-1].name}", file=sys.stderr)
+    for preset, flags in SPLITS:
+        f = shlex.split(flags)
+        doc = _ppsim(["plan", "--preset", preset, *H100.split(), *f, "--time-budget", "5",
+                      "--json"])
+        sizes = {flag: int(f[f.index(flag) + 1]) if flag in f else 1
+                 for flag in ("--tp", "--ep", "--pp", "--dp")}
+        parallel = (f"--tensor-model-parallel-size {sizes['--tp']} "
+                    f"--expert-model-parallel-size {sizes['--ep']}")
+        found.append(Case(name=f"split {preset} {flags}", world=sizes["--tp"] * sizes["--pp"]
+                          * sizes["--dp"], line=f"{_model_line(preset)} "
+                          f"{doc['best']['megatron_flags'] or ''} {parallel}"))
+        print(f"  planned {found[-1].name}", file=sys.stderr)
+    return found
+
+
+class _Stubs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Empty modules for what Megatron imports unconditionally and no check calls."""
+
+    PREFIXES = ("megatron.core.transformer.moe.ops",
+                "megatron.core.transformer.moe.paged_stash", "megatron.core.ssm.ops")
+
+    def find_spec(self, name: str, path: object, target: object = None
+                  ) -> importlib.machinery.ModuleSpec | None:
+        if any(name == p or name.startswith(p + ".") for p in self.PREFIXES):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        module = mock.MagicMock(name=spec.name)
+        module.__path__, module.__spec__, module.__version__ = [], spec, "3.4.0"
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        pass
+
+
+def _megatron(checkout: str) -> tuple[typing.Any, typing.Any]:
+    """Megatron's parse_args and validate_args, imported from `checkout`."""
+    import torch
+
+    sys.meta_path.insert(0, _Stubs())
+    typing.override = getattr(typing, "override", lambda f: f)  # type: ignore[attr-defined]
+    props = type("Props", (), {"major": 9, "minor": 0, "name": "H100",
+                               "multi_processor_count": 132, "total_memory": 80 * 2**30})
+    torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+    torch.cuda.get_device_properties = lambda *a, **k: props()
+    torch.cuda.current_device = lambda: 0
+    torch.cuda.device_count = lambda: 8
+    sys.path.insert(0, checkout)
+    warnings.filterwarnings("ignore")
+    from megatron.training.arguments import parse_args, validate_args
+
+    return parse_args, validate_args
+
+
+def verdict(case: Case, parse_args: typing.Any, validate_args: typing.Any) -> str:
+    """"OK", or what Megatron said and where."""
+    os.environ.update(WORLD_SIZE=str(case.world), RANK="0", LOCAL_RANK="0",
+                      CUDA_DEVICE_MAX_CONNECTIONS="1")
+    if "fsdp" in case.line:
+        del os.environ["CUDA_DEVICE_MAX_CONNECTIONS"]
+    sys.argv = ["pretrain_gpt.py", *shlex.split(case.line)]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            validate_args(parse_args(), {})
+    except SystemExit as e:
+        return f"refused: exit {e}"
+    except Exception as e:  # noqa: BLE001 - Megatron asserts, raises and exits alike
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        return f"refused: {type(e).__name__}: {e} ({os.path.basename(where.filename)}:" \
+               f"{where.lineno})"
+    return "OK"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--megatron", required=True, help="a Megatron-LM checkout")
+    args = p.parse_args()
+    if not os.path.isfile(os.path.join(args.megatron, "megatron", "training", "arguments.py")):
+        p.error(f"--megatron: {args.megatron} holds no megatron/training/arguments.py (give a "
+                "Megatron-LM checkout)")
+    found = cases()
+    parse_args, validate_args = _megatron(args.megatron)
+    refused = 0
+    for case in found:
+        said = verdict(case, parse_args, validate_args)
+        refused += said != "OK"
+        print(f"{said:8.200}  {case.name} (world {case.world})", flush=True)
+    print(f"{len(found) - refused} of {len(found)} lines pass Megatron's validate_args")
+    sys.exit(1 if refused else 0)
+
+
+if __name__ == "__main__":
+    main()
