@@ -25,6 +25,15 @@ def tie_key(r: Any) -> tuple[float, int]:
     return float(f"{t:.9g}"), getattr(r.summary, "peak_memory_bytes", 0)
 
 
+def launch_order(r: Any) -> tuple[float, ...]:
+    """Fastest first (tie_key), and of tied shapes the simplest to launch: the fewest
+    context-parallel ranks (cp 1 at a micro-batch of 1 before cp 4 at 4: the same work a
+    rank, without the ring), then tensor, pipeline and expert ranks, virtual stages and
+    sequences a microbatch. Float noise decided it."""
+    s = r.shape
+    return (*tie_key(r), s.cp, s.tp, s.pp, s.ep, s.vpp, s.mbs)
+
+
 def reachable_ms(r: Any) -> float:
     """What planning the split of the shape simulated in `r` (a ShapeResult) might reach:
     with one chunk a rank, its default split's time less, every microbatch, what its

@@ -24,7 +24,7 @@ from typing import Any
 
 from ppsim.config.overrides import with_overrides
 from ppsim.errors import UserError
-from ppsim.job.choice import long_shots, shapes_to_plan, tie_key
+from ppsim.job.choice import launch_order, long_shots, shapes_to_plan, tie_key
 from ppsim.job.exposure import exposed_comm_ms, held_back
 from ppsim.job.pending import (
     Pending,
@@ -184,7 +184,7 @@ def _kth_fastest(results: list[ShapeResult], k: int) -> float:
 
 
 def _fastest_first(results: list[ShapeResult]) -> list[ShapeResult]:
-    return sorted(results, key=lambda r: (not r.summary.fits, r.summary.iteration_time_ms))
+    return sorted(results, key=lambda r: (not r.summary.fits, *launch_order(r)))
 
 
 def _candidates(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int] | None,

@@ -40,7 +40,8 @@ def test_every_shape_is_one_megatron_accepts(planned: dict) -> None:
 def test_fitting_shapes_come_fastest_first_with_their_throughput(planned: dict) -> None:
     fits = [c for c in planned["candidates"] if c["fits"]]
     times = [c["iteration_time_ms"] for c in fits]
-    assert times == sorted(times)
+    # fastest first; shapes tied to a part in 10^9 in the order they are simplest to launch
+    assert all(a <= b * (1 + 1e-9) for a, b in zip(times, times[1:], strict=False))
     best = planned["best"]
     assert best["iteration_time_ms"] == times[0]
     t = best["throughput"]
