@@ -16,6 +16,11 @@ What ppsim can check of them:
   500 W with HBM2e (the h100-80gb preset is the 700 W SXM with HBM3), eager, and with
   torchtitan's per-op checkpointing, none of which ppsim's compute rates hold.
 
+Then Megatron-LM's own FP8 example of Megatron-FSDP,
+examples/megatron_fsdp/train_llama3_8b_fsdp_h100_fp8.sh (Llama 3 8B on one 8-GPU node,
+sequence 8,192, global batch 128, --fp8-format hybrid --fp8-param-gather), priced as
+written beside the same line in bf16: no published figure, the prediction a user gets.
+
 Then (without --quick) `ppsim plan --gpus --fsdp` at scale: the 405B preset on 8,192 GPUs
 and DeepSeek-V3 on 2,048, as bench_job.py plans them with the distributed optimizer; the
 405B with the sharding searched (`--search sharding`, bench_job.py's overlaps on); and
@@ -27,11 +32,15 @@ Run: .venv/bin/python benchmarks/bench_fsdp.py [--quick]
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import sys
 from dataclasses import dataclass
 
 from bench_job import plan_case
 
+from ppsim.cli.main import main as ppsim
 from ppsim.config.schema import config_from_dict
 from ppsim.pipeline.problem import build_problem
 from ppsim.sim.simulate import simulate
@@ -76,6 +85,35 @@ def predict(run: TorchtitanRun, recompute: str) -> Predicted:
                      tokens_per_gpu=tp.tokens_per_s_per_gpu)
 
 
+EXAMPLE = ("--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads "
+           "32 --group-query-attention --num-query-groups 8 --kv-channels 128 --seq-length "
+           "8192 --max-position-embeddings 8192 --position-embedding-type rope --swiglu "
+           "--normalization RMSNorm --untie-embeddings-and-output-weights "
+           "--disable-bias-linear --vocab-size 128256 --attention-dropout 0.0 "
+           "--hidden-dropout 0.0 --micro-batch-size 1 --global-batch-size 128 --bf16 "
+           "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params "
+           "--no-gradient-accumulation-fusion --ckpt-format fsdp_dtensor "
+           "--fsdp-double-buffer --tensor-model-parallel-size 1 --context-parallel-size 1 "
+           "--sequence-parallel --use-distributed-optimizer")
+"""examples/megatron_fsdp/train_llama3_8b_fsdp_h100_fp8.sh's arguments that shape an
+iteration (its tokenizer's vocabulary given); its FP8 ones in EXAMPLE_FP8."""
+EXAMPLE_FP8 = "--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max " \
+              "--fp8-param-gather"
+
+
+def example(fp8: bool) -> Predicted:
+    """Megatron's FP8 example of Megatron-FSDP on one 8-GPU node, or its line in bf16."""
+    argv = ["simulate", "--hardware", "h100-80gb", "--gpus", "8", *EXAMPLE.split(),
+            *(EXAMPLE_FP8.split() if fp8 else []), "--json"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert ppsim(argv) == 0, argv
+    sim = json.loads(out.getvalue())
+    peak = max(r["peak_memory_bytes"] for r in sim["ranks"])
+    return Predicted(tokens_per_gpu=sim["throughput"]["tokens_per_s_per_gpu"],
+                     peak_gib=peak / 2**30, static_gib=0.0)
+
+
 def main() -> None:
     sel = {r.gpus: predict(r, "selective") for r in RUNS}
     full = {r.gpus: predict(r, "full") for r in RUNS}
@@ -91,6 +129,11 @@ def main() -> None:
         print(f"{r.gpus:5} {full[r.gpus].peak_gib:10.1f} {r.peak_gib:9.1f} "
               f"{sel[r.gpus].peak_gib:9.1f}   {full[r.gpus].tokens_per_gpu:15,.0f} "
               f"{sel[r.gpus].tokens_per_gpu:9,.0f} {r.tokens_per_gpu:9,.0f}")
+    fp8, bf16 = (example(fp8) for fp8 in (True, False))
+    print(f"Megatron's Llama 3 8B FSDP example on 8 H100: FP8 {fp8.tokens_per_gpu:,.0f} "
+          f"tokens/s/GPU, peak {fp8.peak_gib:.1f} GiB; bf16 {bf16.tokens_per_gpu:,.0f}, "
+          f"peak {bf16.peak_gib:.1f} GiB; FP8 / bf16 "
+          f"{fp8.tokens_per_gpu / bf16.tokens_per_gpu:.2f}")
     if "--quick" in sys.argv:
         return
     plan_case("llama3.1-405b on 8,192 H100, FSDP", [

@@ -9,7 +9,6 @@ from typing import Any
 from ppsim.costs.arch import (
     FP8_RECIPES,
     LINEAR_VARIANTS,
-    MEGATRON_FSDP_FLAGS,
     TORCHAO_FP8_RECIPES,
 )
 from ppsim.costs.patterns import linear_attention_layers, windows
@@ -83,14 +82,18 @@ def fp8(raw: dict[str, Any]) -> None:
     if raw.get("fp8_param_gather") and not raw.get("fp8"):
         raise UserError("model.fp8_param_gather", "keeps the weights in FP8 and FP8 is off",
                         "add --fp8-format hybrid (fp8 = \"hybrid\" in [model]), or drop it")
-    framework = raw.get("fsdp_framework", "torchtitan")
-    if raw.get("fsdp") and framework != "torchtitan" and raw.get("fp8"):
-        flag = MEGATRON_FSDP_FLAGS[framework]
-        raise UserError("model.fp8", f"under Megatron's {flag} FP8 is Transformer Engine's, "
-                        "its weights' transposes made each microbatch, which ppsim does not "
-                        "price (it prices torchtitan's torchao FP8 under FSDP)",
-                        f"drop --fp8-format, or {flag}")
-    if raw.get("fsdp"):
+    framework = raw.get("fsdp", False) and raw.get("fsdp_framework", "torchtitan")
+    if framework == "megatron" and raw.get("fp8"):
+        raise UserError("model.fp8", "under Megatron's --use-torch-fsdp2 FP8 is Transformer "
+                        "Engine's over torch's FSDP2, which ppsim does not price (it prices "
+                        "Megatron-FSDP's and torchtitan's)",
+                        "drop --fp8-format, or use --use-megatron-fsdp")
+    if framework == "megatron-fsdp" and raw.get("fp8") and recipe == "mxfp8":
+        raise UserError("model.fp8_recipe", "under Megatron-FSDP ppsim prices Hopper's FP8 "
+                        "recipes, whose weights' transposes each backward makes again, not "
+                        "MXFP8's", "use --fp8-recipe tensorwise, delayed or blockwise, or "
+                        "drop --use-megatron-fsdp")
+    if framework == "torchtitan":
         _torchao_fp8(raw, recipe)
     elif recipe not in FP8_RECIPES:
         raise UserError("model.fp8_recipe", f"{recipe!r} is not priced: ppsim prices "

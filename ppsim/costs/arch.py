@@ -393,7 +393,7 @@ class Architecture:
         """The FP8 linears save and communicate their quantized operands (Transformer
         Engine; torchao's tensorwise Float8Linear), not the bf16 originals (torchao's
         rowwise, which quantizes them again in the backward and communicates in bf16)."""
-        return bool(self.fp8) and not (self.fsdp and self.fp8_recipe == "rowwise")
+        return bool(self.fp8) and not (self.torchtitan_fsdp and self.fp8_recipe == "rowwise")
 
     @property
     def learned_positions(self) -> bool:

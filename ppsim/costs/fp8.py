@@ -21,7 +21,15 @@ forward all-gathers move the quantized input. --first-last-layers-bf16 keeps the
 and last decoder layers wholly in bf16 (their weights too). The FLOP count, and so
 TFLOP/s and MFU against the bf16 peak, are Megatron's and torchtitan's as without FP8.
 
-Under FSDP FP8 is torchtitan's: torchao's Float8Linear on every decoder linear (the output
+Under Megatron-FSDP FP8 is Transformer Engine's as above: with bf16 weights TE caches
+each FP8 weight and its transpose from the first microbatch (is_first_microbatch) though
+the bf16 weight is gathered and freed around it; with --fp8-param-gather the weights are
+FP8 in their shards, gathered in FP8 (one byte a parameter), and each backward makes the
+gathered weight's transpose again (read and written, a byte each; Megatron-FSDP drops
+the transpose after each use unless keep_fp8_transpose_cache, whose launch flag Megatron
+does not have), the unit's transpose beside its buffers.
+
+Under torchtitan's FSDP FP8 is torchao's Float8Linear on every decoder linear (the output
 layer filtered out), its three GEMMs priced as TE's. It caches no FP8 weight: the
 tensorwise recipe casts the weight each forward and saves that FP8 transpose for the
 backward, a microbatch's own (with enable_fsdp_float8_all_gather, --fp8-param-gather
@@ -34,8 +42,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ppsim.costs.arch import Architecture
+from ppsim.costs.arch import DTYPE_BYTES, Architecture
 from ppsim.costs.ops import Op
+from ppsim.costs.state import optimizer_shards
 
 FP8_BYTES = 1
 """An FP8 element."""
@@ -89,19 +98,37 @@ def fp8_ops(a: Architecture, ops: list[Op]) -> list[Op]:
 def fp8_weight_bytes(a: Architecture, ops: list[Op]) -> int:
     """Bytes one rank holds beyond the bf16 weights for the FP8 linears among `ops`:
     TE's cached FP8 weight and transpose, or, with --fp8-param-gather, nothing (the FP8
-    weight and its transpose take the bf16 weight's 2 bytes); torchao caches none."""
-    if not a.fp8 or a.fp8_param_gather or a.fsdp:
+    weight and its transpose take the bf16 weight's 2 bytes), and under Megatron-FSDP
+    less: its shards keep the FP8 weight (a byte a parameter for bf16's 2; the gradient
+    stays bf16, the master fp32); torchao caches none."""
+    if not a.fp8 or a.torchtitan_fsdp:
         return 0
-    return int(CACHED_COPIES * fp8_bytes(a) * sum(op.params for op in ops if op.fp8))
+    if not a.fp8_param_gather:
+        return int(CACHED_COPIES * fp8_bytes(a) * sum(op.params for op in ops if op.fp8))
+    if not a.megatron_fsdp:
+        return 0
+    saved = (DTYPE_BYTES[a.dtype] - fp8_bytes(a))
+    return -int(sum(saved * op.params / optimizer_shards(a, op.name.startswith("experts."))
+                    for op in ops if op.fp8))
 
 
 def saved_weight_bytes(a: Architecture, ops: list[Op]) -> int:
     """Bytes a microbatch's forward saves for its backward beyond the activations: the
     FP8 transpose of each weight torchao's tensorwise Float8Linear casts (nothing where
     FSDP gathered the weight in FP8, a view of it, nor for TE's cached copies)."""
-    if not (a.fsdp and a.fp8_copies) or a.fp8_param_gather:
+    if not (a.torchtitan_fsdp and a.fp8_copies) or a.fp8_param_gather:
         return 0
     return int(fp8_bytes(a) * sum(op.params for op in ops if op.fp8))
+
+
+def transposed_weight_bytes(a: Architecture, ops: list[Op]) -> float:
+    """Bytes a backward moves making the FP8 weights' transposes again: under
+    Megatron-FSDP with --fp8-param-gather each gathered FP8 weight among `ops` is read
+    and its transpose written (fp8_create_transpose_cache after the backward's gather);
+    0 elsewhere (TE's cache, or torchao's saved transpose, made in the forward)."""
+    if not (a.fp8 and a.fp8_param_gather and a.megatron_fsdp):
+        return 0.0
+    return 2 * fp8_bytes(a) * sum(op.params for op in ops if op.fp8)
 
 
 def gathered_weight_bytes(a: Architecture, bf16_bytes: int) -> float:

@@ -34,6 +34,7 @@ from ppsim.costs.fp8 import (
     fp8_weight_bytes,
     layer_precision,
     saved_weight_bytes,
+    transposed_weight_bytes,
 )
 from ppsim.costs.kinds import any_kind_params, kind_effect, kind_ops, model_params, mtp_kinds
 from ppsim.costs.layerops import (
@@ -46,7 +47,7 @@ from ppsim.costs.layerops import (
 )
 from ppsim.costs.model import LAYER_FIELDS, LayerCost, ModelCosts
 from ppsim.costs.modules import SHORTHAND, layer_activation_bytes
-from ppsim.costs.ops import Op, Roofline, piece_times
+from ppsim.costs.ops import Op, Roofline, op_times, piece_times
 from ppsim.costs.params import KindParams, attention_params, kind_params, mtp_extra_params
 from ppsim.costs.state import bytes_per_param
 from ppsim.errors import UserError
@@ -123,6 +124,9 @@ def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
     ops = kind_ops(a, kind, window)
     roof = acc.roofline()
     f, bi, bw = piece_times(roof, ops)
+    transposes = transposed_weight_bytes(a, ops)
+    if transposes:  # made in the backward, after its gather (Megatron-FSDP's FP8 weights)
+        bi += op_times(roof, Op("fp8.weight_transposes", nbytes=transposes))[0]
     a2a = 0.0
     if kind in ("moe", "moe-mlp", "gdn-moe") and a.ep > 1 and acc.a2a_bandwidth_gbps > 0:
         # Dispatch and combine each move top_k copies of every token; (ep-1)/ep leave.

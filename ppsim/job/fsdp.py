@@ -50,7 +50,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from ppsim.costs.arch import DTYPE_BYTES, Architecture, layer_kinds
-from ppsim.costs.fp8 import gathered_weight_bytes
+from ppsim.costs.fp8 import fp8_bytes, gathered_weight_bytes
 from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.costs.state import grad_bytes, optimizer_shards
 from ppsim.costs.transformer import held_params
@@ -197,12 +197,14 @@ def layer_unit_params(a: Architecture) -> int:
 def megatron_buffer_bytes(a: Architecture) -> int:
     """Megatron-FSDP's buffers on each GPU, whatever its stage: two layer units' gathered
     weights (the computing one and the prefetched one; --fsdp-double-buffer keeps them)
-    and one unit's gradient before its reduce-scatter, the largest decoder layer's; 0
-    without Megatron-FSDP or where nothing is sharded."""
+    and one unit's gradient before its reduce-scatter, the largest decoder layer's, and
+    under --fp8-param-gather the FP8 transpose a backward makes of its unit
+    (ppsim.costs.fp8); 0 without Megatron-FSDP or where nothing is sharded."""
     if not a.megatron_fsdp or optimizer_shards(a) == 1:
         return 0
     weight = gathered_weight_bytes(a, DTYPE_BYTES[a.dtype])
-    return int(layer_unit_params(a) * (2 * weight + grad_bytes(a)))
+    transpose = fp8_bytes(a) if a.fp8 and a.fp8_param_gather else 0
+    return int(layer_unit_params(a) * (2 * weight + transpose + grad_bytes(a)))
 
 
 def step_reduce_ms(job: Job, params: int, expert_params: int, forward_ms: float,

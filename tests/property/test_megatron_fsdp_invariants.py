@@ -69,3 +69,22 @@ def test_each_layer_gathers_and_reduces_every_microbatch(preset: str, dp: int,
     f = sum(x.total_ms for x in got.forward if x.group == "dp")
     b = sum(x.total_ms for x in got.backward if x.group == "dp")
     assert f > 0 and b > f  # a gather each way, and the reduce-scatter too
+
+
+@settings(max_examples=20, deadline=None)
+@given(PRESETS, st.integers(2, 32), st.sampled_from([1, 2]), st.sampled_from([1, 2]),
+       st.sampled_from(["tensorwise", "delayed", "blockwise"]))
+def test_fp8_weights_never_hold_or_gather_more(preset: str, dp: int, tp: int, pp: int,
+                                               recipe: str) -> None:
+    """Under --fp8-param-gather a layer's shard, its buffers and its gathers are never
+    more than bf16 weights' (a byte a matrix weight for two); TE's cached FP8 copies of
+    bf16 weights always are."""
+    base = {"dp": dp, "tp": tp, "dtype": "bf16", **MFSDP}
+    fp8 = {"fp8": "hybrid", "fp8_recipe": recipe}
+    plain = build_problem(cfg(preset, base, pp))
+    ours = build_problem(cfg(preset, {**base, **fp8, "fp8_param_gather": True}, pp))
+    cached = build_problem(cfg(preset, {**base, **fp8}, pp))
+    for mine, bf16, te in zip(ours.stage_costs, plain.stage_costs, cached.stage_costs,
+                              strict=True):
+        assert mine.static_bytes < bf16.static_bytes < te.static_bytes
+    assert ours.hardware.job.fsdp_buffer_bytes < plain.hardware.job.fsdp_buffer_bytes

@@ -163,7 +163,6 @@ def test_the_plans_launch_line_reads_back() -> None:
 
 
 @pytest.mark.parametrize(("extra", "field", "words"), [
-    (["--fp8-format", "hybrid"], "model.fp8", "--use-megatron-fsdp FP8"),
     (["--use-precision-aware-optimizer"], "model.precision_aware_optimizer", "decoupled"),
     (["--num-distributed-optimizer-instances", "2"], "model.dp_replicas", "hybrid"),
     (["--fsdp-cpu-offload"], "model.fsdp_cpu_offload", "--use-megatron-fsdp offers none"),
