@@ -53,6 +53,8 @@ JOBS = [
     ("llama3-8b", "--gpus 16 --global-batch-size 64 --search host-optimizer "
                   "--use-distributed-optimizer"),
     ("llama3-70b", "--gpus 64 --global-batch-size 256 --seq-length 8192 --use-megatron-fsdp"),
+    ("llama3-8b", "--gpus 8 --global-batch-size 128 --seq-length 8192 --use-megatron-fsdp "
+                  "--fp8-format hybrid --fp8-param-gather"),
     ("llama3-70b", "--gpus 64 --global-batch-size 128 --fp8-format hybrid --fp8-recipe "
                    "tensorwise --use-distributed-optimizer --fp8-param-gather"),
     ("llama3-70b", "--gpus 64 --global-batch-size 128 --search policy"),
@@ -68,7 +70,11 @@ JOBS = [
     ("nemotron-3-nano-30b-a3b", "--gpus 16 --global-batch-size 256"),
     ("qwen3-next-80b-a3b", "--gpus 64 --global-batch-size 256"),
 ]
-"""Job searches (`plan --gpus`): the best shape's line is checked."""
+"""Job searches (`plan --gpus`): the best shape's line is checked, after the Megatron
+flags the search was given (FP8's, the overlaps: the user's own, which ppsim's line
+leaves to them)."""
+PPSIM_ONLY = {"--gpus": 1, "--time-budget": 1, "--search": 1, "--top": 1}
+"""ppsim's own flags of a job search, each with how many values it takes."""
 SPLITS = [
     ("deepseek-v3", "--pp 16 --ep 64 --dp 64 --microbatches 32 --vpp 2 --recompute full"),
     ("llama3.1-405b", "--tp 8 --pp 16 --dp 8 --microbatches 32 --search policy"),
@@ -102,6 +108,22 @@ def _ppsim(argv: list[str]) -> dict:
     return json.loads(out.getvalue())
 
 
+def _megatron_flags(flags: str) -> str:
+    """Of a job search's flags, Megatron's: all but PPSIM_ONLY's; a --seq-length with the
+    --max-position-embeddings ppsim's model line gives it (the preset's is its own
+    sequence's)."""
+    words, kept = shlex.split(flags), []
+    while words:
+        word = words.pop(0)
+        if word in PPSIM_ONLY:
+            del words[:PPSIM_ONLY[word]]
+        else:
+            kept.append(word)
+        if word == "--seq-length":
+            kept += [words[0], "--max-position-embeddings"]
+    return shlex.join(kept)
+
+
 def _model_line(preset: str) -> str:
     return _ppsim(["presets", preset, "--json"])["megatron_model_args"]
 
@@ -114,8 +136,9 @@ def cases() -> list[Case]:
         budget = [] if "--time-budget" in flags else ["--time-budget", "5"]
         doc = _ppsim(["plan", "--preset", preset, *H100.split(), *shlex.split(flags),
                       *budget, "--json"])
-        found.append(Case(name=f"plan {preset} {flags}", world=doc["gpus"],
-                          line=f"{_model_line(preset)} {doc['best']['megatron_job_flags']}"))
+        line = (f"{_model_line(preset)} {_megatron_flags(flags)} "
+                f"{doc['best']['megatron_job_flags']}")
+        found.append(Case(name=f"plan {preset} {flags}", world=doc["gpus"], line=line))
         print(f"  planned {found[-1].name}", file=sys.stderr)
     for preset, flags in SPLITS:
         f = shlex.split(flags)

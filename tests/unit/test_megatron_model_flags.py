@@ -322,9 +322,10 @@ def test_the_vocabulary_pads_to_the_given_divisor_times_tp() -> None:
     assert padded_vocab(again) == 50432  # Megatron's default 128 x 2
 
 
-IGNORED_VALUES = {None: [], int: ["7"], float: ["0.5"], str: ["x"], (str,): ["a", "b"],
+IGNORED_VALUES = {None: [], int: ["8192"], float: ["0.5"], str: ["x"], (str,): ["a", "b"],
                   (int,): ["11", "11", "10"], (float,): ["0.1"]}
-"""A value of each kind an IGNORED flag takes (a switch: none; a list: several)."""
+"""A value of each kind an IGNORED flag takes (a switch: none; a list: several; a whole
+number Llama-3-8B's sequence allows as --max-position-embeddings)."""
 
 
 def _ignored_tail(flags: list[str]) -> list[str]:
@@ -350,3 +351,18 @@ def test_flags_taken_with_no_effect_leave_the_config_as_it_was(flags) -> None:
     base = _arch(f"{LLAMA3_8B} --use-distributed-optimizer")
     assert _arch(f"{LLAMA3_8B} --use-distributed-optimizer "
                  + " ".join(_ignored_tail(flags))) == base
+
+
+def test_fewer_positions_than_the_sequence_are_refused_as_megatron_refuses_them(
+        capsys) -> None:
+    """Megatron asserts max_position_embeddings >= seq_length whatever the position
+    embedding; ppsim took --max-position-embeddings 8192 beside --seq-length 32768 and
+    priced a line Megatron stops at."""
+    base = ["simulate", "--preset", "llama3.1-405b", "--hardware", "h100-80gb", "--tp", "8",
+            "--pp", "16", "--microbatches", "16", "--seq-length", "32768"]
+    assert main([*base, "--max-position-embeddings", "8192"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert "--max-position-embeddings: max_position_embeddings (8192) must be greater than " \
+        "or equal to seq_length (32768)" in err
+    assert main([*base, "--max-position-embeddings", "32768", "--json"]) == 0
