@@ -10,21 +10,24 @@ import json
 import shlex
 
 from ppsim.config.schema import Config, config_to_toml
+from ppsim.costs.hybrid import HybridPattern
 from ppsim.errors import UserError
 from ppsim.fileio import write_text_atomic
-from ppsim.pipeline.exports import split_exports, torchtitan_fqns
+from ppsim.pipeline.exports import torchtitan_fqns
+from ppsim.pipeline.hybrid_exports import exports_of
 from ppsim.pipeline.split import Split
 from ppsim.policy.megatron import PolicyExport
 
 
-def export_forms(split: Split) -> dict[str, object]:
-    """All export forms of a split (ppsim.exports.split_exports).
+def export_forms(split: Split, pattern: HybridPattern | None = None) -> dict[str, object]:
+    """All export forms of a split (ppsim.pipeline.hybrid_exports.exports_of: a hybrid
+    stack's Megatron form is its pattern with `|`, and it has no layout).
 
     Megatron cannot express a V placement (ZB-V, DualPipeV); then only the
     torchtitan form is given and the others say why not."""
 
     try:
-        return split_exports(split)
+        return exports_of(pattern, split)
     except UserError as exc:
         return {"megatron_flags": None, "megatron_layout": None, "megatron_note": exc.problem,
                 "torchtitan_module_fqns_per_model_part": torchtitan_fqns(split),
@@ -41,18 +44,23 @@ def policy_export_lines(policy: PolicyExport) -> list[str]:
     return lines + [f"# {note}" for note in policy.notes]
 
 
-def export_text(split: Split, title: str = "", policy: PolicyExport | None = None) -> str:
+def export_text(split: Split, title: str = "", policy: PolicyExport | None = None,
+                pattern: HybridPattern | None = None) -> str:
     """The export file's text: one shell variable per form (and the memory policy's
-    flags when the state has one per stage)."""
-    forms = export_forms(split)
+    flags when the state has one per stage); `pattern`: a hybrid stack's."""
+    forms = export_forms(split, pattern)
     ds = forms["deepspeed_boundaries"]
     lines = [f"# ppsim split export{': ' + title if title else ''}",
              f"# pp={split.pp} vpp={split.vpp} placement={split.placement} "
              f"layers per virtual stage: {list(split.counts)}"]
     if forms["megatron_flags"] is not None:
-        layout = shlex.join(["--pipeline-model-parallel-layout", str(forms["megatron_layout"])])
-        lines += [f"MEGATRON_ARGS={shlex.quote(str(forms['megatron_flags']))}",
-                  f"MEGATRON_LAYOUT_ARGS={shlex.quote(layout)}"]
+        lines.append(f"MEGATRON_ARGS={shlex.quote(str(forms['megatron_flags']))}")
+        if forms["megatron_layout"] is not None:
+            layout = shlex.join(["--pipeline-model-parallel-layout",
+                                 str(forms["megatron_layout"])])
+            lines.append(f"MEGATRON_LAYOUT_ARGS={shlex.quote(layout)}")
+        else:
+            lines.append(f"# Megatron layout: n/a ({forms.get('megatron_layout_note')})")
     else:
         lines.append(f"# Megatron: n/a ({forms.get('megatron_note')})")
     tt = forms["torchtitan_module_fqns_per_model_part"]
@@ -84,8 +92,9 @@ def read_export(text: str) -> dict[str, str]:
 
 
 def write_export(path: str, split: Split, title: str = "",
-                 policy: PolicyExport | None = None) -> str:
-    text = export_text(split, title, policy)
+                 policy: PolicyExport | None = None,
+                 pattern: HybridPattern | None = None) -> str:
+    text = export_text(split, title, policy, pattern)
     write_text_atomic(path, text)
     return text
 

@@ -14,8 +14,10 @@ from typing import Any
 from textual.widgets import Static
 
 from ppsim.config.schema import config_to_toml
+from ppsim.costs.hybrid import HybridPattern
 from ppsim.errors import UserError
 from ppsim.fileio import write_text_atomic
+from ppsim.pipeline.problem import hybrid_pattern
 from ppsim.policy.costs import Fixed
 from ppsim.policy.megatron import PolicyExport
 from ppsim.policy.report import policy_flags
@@ -88,8 +90,12 @@ class FileActions:
         return policy_flags(problem, problem.memory.policies) \
             if isinstance(problem.memory, Fixed) else None
 
+    def _pattern(self) -> HybridPattern | None:
+        """The hybrid stack's pattern of the shown state (None for other models)."""
+        return hybrid_pattern(config_for(self.base, self.state))  # type: ignore[attr-defined]
+
     def action_export(self) -> None:
-        preview = export_text(self.state.split, policy=self._policy())  # type: ignore[attr-defined]
+        preview = export_text(self.state.split, policy=self._policy(), pattern=self._pattern())  # type: ignore[attr-defined]
         self.push_screen(PathPrompt("Export the split to (y in the main screen copies it "  # type: ignore[attr-defined]
                                     "to the clipboard instead)", "ppsim-split.sh", preview),
                          self.export_to)
@@ -97,13 +103,13 @@ class FileActions:
     def export_to(self, path: str | None) -> None:
         if not path:
             return
-        text = export_text(self.state.split, self._title(), self._policy())  # type: ignore[attr-defined]
+        text = export_text(self.state.split, self._title(), self._policy(), self._pattern())  # type: ignore[attr-defined]
         if self._write("export", path, text):
             self.copy_to_clipboard(text)  # type: ignore[attr-defined]
             self.notify(f"split exported to {path} (and copied to the clipboard)")  # type: ignore
 
     def action_copy_export(self) -> None:
-        text = export_text(self.state.split, self._title(), self._policy())  # type: ignore[attr-defined]
+        text = export_text(self.state.split, self._title(), self._policy(), self._pattern())  # type: ignore[attr-defined]
         self.copy_to_clipboard(text)  # type: ignore[attr-defined]
         self.notify("export (Megatron, torchtitan, DeepSpeed forms) copied to the clipboard")  # type: ignore
 

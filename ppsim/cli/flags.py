@@ -154,6 +154,13 @@ def _layers_per_virtual_stage(cfg: Config, flag: Any) -> Config:
     per_chunk = flag("layers_per_virtual_stage")
     if per_chunk is None:
         return cfg
+    if getattr(getattr(cfg.model, "arch", None), "hybrid_layer_pattern", ""):
+        raise UserError("--num-layers-per-virtual-pipeline-stage", "should not be used with "
+                        "--hybrid-layer-pattern. To specify virtual pipelining, describe a "
+                        "number of pipeline segments in --hybrid-layer-pattern that is a "
+                        "multiple of --pipeline-model-parallel-size greater than 1 "
+                        "(Megatron's words)", "drop it, and give the segments with | in the "
+                        "pattern (or ppsim's --vpp)")
     others = (("vpp", "--vpp (--num-virtual-stages-per-pipeline-rank)"),
               ("layout", "--pipeline-model-parallel-layout"),
               ("first_stage_layers", "--decoder-first-pipeline-num-layers"),

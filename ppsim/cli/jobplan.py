@@ -10,7 +10,6 @@ from typing import Any
 from ppsim.cli.flags import assume_hardware, config_from_args, emit_json
 from ppsim.cli.megatron_args import fusion_args, optimizer_args, parallel_args
 from ppsim.cli.render import compact_table, step_bar
-from ppsim.cli.simulate import exports_of
 from ppsim.cli.torchtitan_job import torchtitan_job, torchtitan_text
 from ppsim.config import limits, validate
 from ppsim.config.schema import SPLIT_KEYS
@@ -22,6 +21,7 @@ from ppsim.job.policy_search import POLICY_AXES, mode_flags
 from ppsim.job.ranks import DEFAULT_ORDER, TP_PP_DP_ORDER, parse_order
 from ppsim.job.search import JOB_AXES, JobSearch, ShapeResult, search_job
 from ppsim.job.shapes import FIXABLE
+from ppsim.pipeline.hybrid_exports import exports_of
 from ppsim.policy.report import policy_flags
 from ppsim.units import fmt_bytes
 

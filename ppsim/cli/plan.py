@@ -21,7 +21,7 @@ from ppsim.cli.plan_render import print_result
 from ppsim.cli.plan_variants import SEARCH_AXES, variants
 from ppsim.cli.render import job_dict
 from ppsim.cli.schedule import print_notes
-from ppsim.cli.simulate import add_deepspeed_specs_flag, exports_of, warn_host
+from ppsim.cli.simulate import add_deepspeed_specs_flag, warn_host
 from ppsim.clock import process_start
 from ppsim.config import limits, validate
 from ppsim.config.schema import Config
@@ -32,6 +32,7 @@ from ppsim.pipeline.exports import (
     DeepSpeedSpecs,
     parse_deepspeed_specs,
 )
+from ppsim.pipeline.hybrid_exports import exports_of
 from ppsim.pipeline.megatron_rules import refusals
 from ppsim.pipeline.problem import Problem, build_problem
 from ppsim.pipeline.split import Split

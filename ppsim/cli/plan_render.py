@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ppsim.cli.render import compact_table, print_job, split_cell
-from ppsim.cli.simulate import exports_of, print_exports
+from ppsim.cli.simulate import print_exports
 from ppsim.job.exposure import exposed_comm_ms, overlap_hint
 from ppsim.pipeline.exports import DEFAULT_SPECS, DeepSpeedSpecs
+from ppsim.pipeline.hybrid_exports import exports_of
 from ppsim.plan.bounds import CHUNKED_BOUND_NOTE
 from ppsim.plan.gap import chunked_gap
 from ppsim.plan.planner import Candidate, PlanResult

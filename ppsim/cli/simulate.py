@@ -32,17 +32,14 @@ from ppsim.config.limits import check_request
 from ppsim.config.model import TransformerModel, parse_model
 from ppsim.config.presets import HARDWARE_NOTES, HARDWARE_PRESETS, MODEL_NOTES, MODEL_PRESETS
 from ppsim.config.schema import Config
-from ppsim.costs.hybrid import KIND_SYMBOLS, HybridPattern
+from ppsim.costs.hybrid import KIND_SYMBOLS
 from ppsim.errors import UserError
 from ppsim.job import combined
 from ppsim.job.exposure import exposed_comm_ms, overlap_hint, overlaps_off
 from ppsim.pipeline.exports import (
-    DEFAULT_SPECS,
-    DeepSpeedSpecs,
     parse_deepspeed_specs,
-    split_exports,
 )
-from ppsim.pipeline.hybrid_exports import hybrid_exports
+from ppsim.pipeline.hybrid_exports import exports_of
 from ppsim.pipeline.megatron_rules import refusals
 from ppsim.pipeline.problem import (
     build_problem,
@@ -51,7 +48,6 @@ from ppsim.pipeline.problem import (
     placement_warning,
     resolve_split,
 )
-from ppsim.pipeline.split import Split
 from ppsim.plan.advice import fit_hint
 from ppsim.policy.report import copy_events, host_step_line, policy_json
 from ppsim.schedules.generators import interleaved_group, schedule_placement
@@ -197,16 +193,6 @@ def _stage_kinds(kinds: tuple[str, ...], offset: int, count: int) -> str:
     return span + ": " + ", ".join(f"{n} {k}" for k, n in runs)
 
 
-def exports_of(pattern: HybridPattern | None, split: Split, group: int = 0,
-               specs: DeepSpeedSpecs = DEFAULT_SPECS) -> dict[str, Any]:
-    """Every export of a split (ppsim.pipeline.exports.split_exports); a hybrid model's
-    Megatron flags are its piped pattern."""
-    out = split_exports(split, group, specs)
-    if pattern is not None:
-        out.update(hybrid_exports(pattern, split))
-    return out
-
-
 def print_exports(console: Any, exports: dict[str, Any]) -> None:
     mf = exports["megatron_flags"]
     console.print(f"[bold]Megatron:[/bold]   {mf}" if mf is not None
@@ -215,9 +201,12 @@ def print_exports(console: Any, exports: dict[str, Any]) -> None:
     if exports.get("hybrid_layer_pattern"):
         console.print("[bold]pattern:[/bold]    --hybrid-layer-pattern "
                       + shlex.quote(exports["hybrid_layer_pattern"]), soft_wrap=True)
+    layout = exports["megatron_layout"]
     console.print(f"[bold]layout:[/bold]     --pipeline-model-parallel-layout "
-                  f"{shlex.quote(exports['megatron_layout'])}"
-                  + ("" if mf is not None else " (Megatron refuses this split, see above)"),
+                  f"{shlex.quote(layout)}"
+                  + ("" if mf is not None else " (Megatron refuses this split, see above)")
+                  if layout is not None else
+                  f"[bold]layout:[/bold]     n/a ({exports.get('megatron_layout_note')})",
                   soft_wrap=True)
     tt = exports["torchtitan_module_fqns_per_model_part"]
     console.print("[bold]torchtitan:[/bold] module_fqns_per_model_part = " + json.dumps(tt)

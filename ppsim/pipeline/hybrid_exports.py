@@ -13,7 +13,12 @@ from typing import Any
 
 from ppsim.costs.hybrid import HybridPattern, with_pipes
 from ppsim.errors import UserError
+from ppsim.pipeline.exports import DEFAULT_SPECS, DeepSpeedSpecs, split_exports
 from ppsim.pipeline.split import Split
+
+LAYOUT_NOTE = ("Megatron takes no --pipeline-model-parallel-layout beside "
+               "--hybrid-layer-pattern: the pattern's | give the split")
+"""Why a hybrid model has no layout export (Megatron's assertion in arguments.py)."""
 
 
 def piped_pattern(p: HybridPattern, split: Split) -> str:
@@ -37,10 +42,21 @@ def piped_pattern(p: HybridPattern, split: Split) -> str:
 def hybrid_exports(p: HybridPattern, split: Split) -> dict[str, Any]:
     """The pattern export and the Megatron flags that build `split` (None with a note
     when Megatron cannot); these flags replace the layout-based ones."""
+    no_layout = {"megatron_layout": None, "megatron_layout_note": LAYOUT_NOTE}
     try:
         piped = piped_pattern(p, split)
     except UserError as exc:
         return {"hybrid_layer_pattern": None, "megatron_flags": None,
-                "megatron_note": exc.problem}
+                "megatron_note": exc.problem, **no_layout}
     flags = ["--hybrid-layer-pattern", piped, "--pipeline-model-parallel-size", str(split.pp)]
-    return {"hybrid_layer_pattern": piped, "megatron_flags": shlex.join(flags)}
+    return {"hybrid_layer_pattern": piped, "megatron_flags": shlex.join(flags), **no_layout}
+
+
+def exports_of(pattern: HybridPattern | None, split: Split, group: int = 0,
+               specs: DeepSpeedSpecs = DEFAULT_SPECS) -> dict[str, Any]:
+    """Every export of a split (ppsim.pipeline.exports.split_exports); a hybrid model's
+    Megatron flags are its piped pattern, and it has no layout."""
+    out = split_exports(split, group, specs)
+    if pattern is not None:
+        out.update(hybrid_exports(pattern, split))
+    return out

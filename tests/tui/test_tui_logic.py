@@ -253,6 +253,21 @@ def test_export_of_a_v_placement_says_megatron_cannot() -> None:
     assert "TORCHTITAN_FQNS" in read_export(text)
 
 
+def test_export_of_a_hybrid_stack_is_its_piped_pattern() -> None:
+    """A hybrid stack's export gives Megatron the pattern with | at the stages, and no
+    layout (Megatron asserts it away beside --hybrid-layer-pattern); the TUI exported
+    --pipeline-model-parallel-layout flags for it."""
+    from ppsim.costs.hybrid import parse_pattern
+    from ppsim.pipeline.split import Split
+    from ppsim.tui.exports import export_text, read_export
+
+    text = export_text(Split((4, 4), 2, 1, "loop"), pattern=parse_pattern("M-*-G-E-"))
+    got = read_export(text)
+    assert "--hybrid-layer-pattern 'M-*-|G-E-'" in got["MEGATRON_ARGS"]
+    assert "--pipeline-model-parallel-layout" not in got["MEGATRON_ARGS"]
+    assert "MEGATRON_LAYOUT_ARGS" not in got and "layout: n/a" in text
+
+
 def test_compare_falls_back_when_shapes_differ(tmp_path) -> None:
     import io
     from contextlib import redirect_stdout

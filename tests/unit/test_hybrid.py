@@ -234,6 +234,32 @@ def test_split_and_plan_export_the_piped_pattern(capsys):
     assert [len(s) for s in segments] == best["split"]
 
 
+def test_a_hybrid_split_has_no_layout_to_paste(capsys):
+    """Megatron asserts "--pipeline-model-parallel-layout should not be used with
+    --hybrid-layer-pattern" (arguments.py): the layout line ppsim printed for a hybrid
+    stack's split was one Megatron stops at; the pattern with | is its only form."""
+    assert main(["split", "--preset", "tiny-hybrid", "--pp", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["megatron_layout"] is None
+    assert "--hybrid-layer-pattern" in out["megatron_layout_note"]
+    assert main(["split", "--preset", "tiny-hybrid", "--pp", "2"]) == 0
+    text = capsys.readouterr().out
+    layout = [line for line in text.splitlines() if line.startswith("layout:")]
+    assert len(layout) == 1 and "--pipeline-model-parallel-layout '" not in layout[0]
+    assert "n/a" in layout[0]
+
+
+def test_layers_per_virtual_stage_are_refused_beside_a_pattern(capsys):
+    """Megatron asserts --num-layers-per-virtual-pipeline-stage away beside a pattern (its
+    | segments give the virtual stages); ppsim took it and planned vpp from it."""
+    assert main(["simulate", "--preset", "tiny-hybrid", "--pp", "2",
+                 "--num-layers-per-virtual-pipeline-stage", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "ppsim simulate: error: --num-layers-per-virtual-pipeline-stage: should not be used "
+        "with --hybrid-layer-pattern")
+
+
 def test_bad_pattern_on_the_command_line_is_one_line_exit_2(capsys):
     assert main(["simulate", "--preset", "tiny-hybrid", "--hybrid-layer-pattern", "M*+"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
