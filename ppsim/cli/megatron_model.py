@@ -314,6 +314,10 @@ def megatron_defaults(args: argparse.Namespace, fields: dict[str, Any]) -> dict[
            "tie_embeddings": True, "dropout": True, "dtype": "fp32", **fields}
     out.setdefault("num_kv_heads", out["num_heads"])
     if (getattr(args, "tp", None) or 1) > 1 and not getattr(args, "sequence_parallel", None):
+        if getattr(args, "tp_comm_overlap", None):
+            raise UserError("--tp-comm-overlap", "Tensor parallel communication/GEMM overlap "
+                            "can happen only when sequence parallelism is enabled (Megatron's "
+                            "words)", "add --sequence-parallel")
         print("note: ppsim prices tensor parallelism with sequence parallelism (Megatron's "
               "--sequence-parallel), which this job does not turn on", file=sys.stderr)
     if "ffn_hidden_size" not in out:  # arguments.py: 4h, or 2/3 of it for SwiGLU

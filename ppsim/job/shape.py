@@ -282,7 +282,7 @@ def _deepep_runs(a: Any, p: Any, sm_count: int) -> None:
 
 def _fsdp_alone(p: Any, a: Any) -> None:
     """Megatron DDP's knobs have no meaning under FSDP, which overlaps one unit at a time
-    (Megatron-FSDP takes --overlap-grad-reduce and turns it on anyway); torchtitan keeps
+    (Megatron's FSDPs take --overlap-grad-reduce, and overlap anyway); torchtitan keeps
     each expert whole on its rank; Megatron's --use-torch-fsdp2 takes neither pipeline nor
     expert parallelism nor gradient-accumulation fusion (its assertions)."""
     if a.torchtitan_fsdp and a.num_experts and a.expert_tp != 1:
@@ -299,8 +299,9 @@ def _fsdp_alone(p: Any, a: Any) -> None:
             raise UserError("model.gradient_accumulation_fusion", "--use-torch-fsdp2 is not "
                             "supported with gradient accumulation fusion (Megatron's words)",
                             "add --no-gradient-accumulation-fusion")
-    # Megatron-FSDP's strategy turns both overlaps on itself (megatron_fsdp.py).
-    ddp_only = (() if a.megatron_fsdp else (("overlap_grad_reduce", "--overlap-grad-reduce"),))
+    # Megatron-FSDP's strategy turns both overlaps on itself (megatron_fsdp.py); Megatron
+    # takes --overlap-grad-reduce beside --use-torch-fsdp2 too, whose FSDP2 overlaps anyway.
+    ddp_only = (() if a.fsdp_by_megatron else (("overlap_grad_reduce", "--overlap-grad-reduce"),))
     for name, flag in (*ddp_only, ("ddp_bucket_size", "--ddp-bucket-size"),
                        ("ddp_num_buckets", "--ddp-num-buckets")):
         if getattr(p, name) not in (None, False):

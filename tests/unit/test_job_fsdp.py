@@ -421,3 +421,16 @@ def test_megatrons_torch_fsdp2_has_no_cpu_offload() -> None:
     ran = run_cli(["plan", *base, "--dp", "8", "--microbatches", "2", "--search",
                    "host-optimizer"])
     assert ran.returncode == 2 and "offers no CPU offload" in ran.stderr
+
+
+def test_megatrons_torch_fsdp2_takes_overlap_grad_reduce_as_megatron_does() -> None:
+    """Megatron takes --overlap-grad-reduce beside --use-torch-fsdp2 (FSDP2 overlaps its
+    reduce-scatters anyway): the same job, the same time. ppsim refused the line as
+    Megatron DDP's knob."""
+    base = ["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "16",
+            "--use-torch-fsdp2", "--no-gradient-accumulation-fusion", "--global-batch-size",
+            "64", "--json"]
+    plain, overlapped = run_cli(base), run_cli([*base, "--overlap-grad-reduce"])
+    assert plain.returncode == overlapped.returncode == 0, overlapped.stderr
+    assert json.loads(overlapped.stdout)["iteration_time_ms"] == \
+        json.loads(plain.stdout)["iteration_time_ms"]
