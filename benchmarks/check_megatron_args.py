@@ -15,8 +15,14 @@ called by the checks; torch's own view of Triton left alone), `typing.override` 
 rest are left missing, as Megatron allows. The launch environment is what Megatron's scripts export:
 CUDA_DEVICE_MAX_CONNECTIONS=1, unset under FSDP (which asserts so).
 
+With --random N it also draws N random launch lines (a preset's model line and parallel
+sizes, sharding, overlaps, FP8, recompute, MoE and optimizer flags, each by chance) and
+checks every one `ppsim simulate` takes: ppsim refuses much Megatron takes (what it does
+not price), but a line ppsim prices and Megatron refuses is a defect.
+
 Run: .venv/bin/python benchmarks/check_megatron_args.py --megatron ../Megatron-LM
-(about 3 minutes; prints one line per case and exits 1 if Megatron refused any)
+[--random N [--seed S]] (1.5 minutes, and about 1 s a random line; prints one line per
+case and exits 1 if Megatron refused any)
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import importlib.machinery
 import io
 import json
 import os
+import random
 import shlex
 import sys
 import traceback
@@ -38,6 +45,7 @@ from types import ModuleType
 from unittest import mock
 
 from ppsim.cli.main import main as ppsim
+from ppsim.config.model import parse_model
 
 H100 = "--hardware h100-80gb"
 JOBS = [
@@ -126,6 +134,76 @@ def _megatron_flags(flags: str) -> str:
 
 def _model_line(preset: str) -> str:
     return _ppsim(["presets", preset, "--json"])["megatron_model_args"]
+
+
+RANDOM_PRESETS = {"llama3-8b": False, "llama3-70b": False, "gpt3-1.3b": False,
+                  "nemotron-h-8b": False, "qwen3-30b-a3b": True, "deepseek-v3": True,
+                  "mixtral-8x7b": True, "gpt-oss-120b": True, "qwen3-next-80b-a3b": True}
+"""The presets random lines start from, each with whether it has experts."""
+OPTIONAL = [
+    (0.5, "--overlap-grad-reduce"), (0.4, "--overlap-param-gather"), (0.3, "--tp-comm-overlap"),
+    (0.3, "--grad-reduce-in-bf16"), (0.1, "--main-grads-dtype bf16"),
+    (0.15, "--use-precision-aware-optimizer --exp-avg-dtype bf16"),
+    (0.1, "--optimizer-cpu-offload --optimizer-offload-fraction 0.5"),
+    (0.2, "--recompute-granularity full --recompute-method block --recompute-num-layers 1"),
+    (0.2, "--recompute-granularity selective --recompute-modules core_attn mlp"),
+    (0.1, "--recompute-activations"), (0.1, "--moe-layer-recompute"),
+    (0.2, "--moe-token-dispatcher-type flex"), (0.15, "--overlap-moe-expert-parallel-comm"),
+    (0.1, "--moe-shared-expert-overlap"), (0.1, "--delay-wgrad-compute"),
+    (0.1, "--num-distributed-optimizer-instances 2"), (0.1, "--cp-comm-type a2a"),
+    (0.1, "--moe-pad-expert-input-to-capacity --moe-expert-capacity-factor 1.0"),
+    (0.1, "--no-bias-swiglu-fusion"), (0.1, "--attention-backend unfused"),
+    (0.1, "--mtp-num-layers 1"), (0.05, "--optimizer muon"),
+]
+"""Flags a random line carries, each with its chance."""
+
+
+def random_line(rng: random.Random) -> tuple[str, list[str], int]:
+    """A preset, Megatron flags over its model line, and the world they run on."""
+    preset = rng.choice(sorted(RANDOM_PRESETS))
+    tp, pp, cp, dp = (rng.choice(s) for s in ((1, 1, 2, 4, 8), (1, 1, 2, 4), (1, 1, 2),
+                                               (1, 2, 4, 8)))
+    ep = rng.choice([n for n in (1, 2, 4, 8) if n <= tp * cp * dp]) \
+        if RANDOM_PRESETS[preset] else 1
+    mbs = rng.choice((1, 1, 2))
+    f = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
+         "--context-parallel-size", str(cp), "--expert-model-parallel-size", str(ep),
+         "--micro-batch-size", str(mbs), "--global-batch-size",
+         str(mbs * dp * rng.choice((1, 4, 8)))]
+    f += ["--sequence-parallel"] * (tp > 1)  # ppsim prices tp with it, always
+    f += rng.choice([["--use-distributed-optimizer"], [], ["--use-megatron-fsdp", "--ckpt-format",
+                     "fsdp_dtensor"], ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion"]])
+    if pp > 1 and rng.random() < 0.4:
+        f += ["--num-layers-per-virtual-pipeline-stage", str(rng.choice((1, 2, 4)))]
+    if rng.random() < 0.25:
+        f += ["--fp8-format", "hybrid", "--fp8-recipe", rng.choice(("delayed", "tensorwise"))]
+        f += ["--fp8-param-gather"] * (rng.random() < 0.5)
+    for chance, flags in OPTIONAL:
+        f += flags.split() * (rng.random() < chance)
+    return preset, f, tp * pp * cp * dp
+
+
+def random_cases(n: int, seed: int) -> list[Case]:
+    """Of n random lines, those `ppsim simulate` takes (on their world of H100s), but
+    those whose layers do not divide by pp: ppsim then chooses a split where Megatron
+    asserts one given (as ppsim's own --pp asks it to)."""
+    rng, found = random.Random(seed), []
+    for i in range(n):
+        preset, flags, world = random_line(rng)
+        pp = int(flags[flags.index("--pipeline-model-parallel-size") + 1])
+        if parse_model({"preset": preset}).num_layers % pp:
+            continue
+        argv = ["simulate", "--preset", preset, *H100.split(), "--gpus", str(world), *flags]
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            taken = ppsim(argv) == 0
+        if taken:
+            model = shlex.split(_model_line(preset))
+            if "--use-torch-fsdp2" in flags:  # it replaces a preset's distributed optimizer
+                model = [w for w in model if w != "--use-distributed-optimizer"]
+            found.append(Case(name=f"random {i} {preset} {shlex.join(flags)}", world=world,
+                              line=shlex.join(model + flags)))
+    print(f"  {len(found)} of {n} random lines taken by ppsim", file=sys.stderr)
+    return found
 
 
 def cases() -> list[Case]:
@@ -217,11 +295,14 @@ def verdict(case: Case, parse_args: typing.Any, validate_args: typing.Any) -> st
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--megatron", required=True, help="a Megatron-LM checkout")
+    p.add_argument("--random", type=int, default=0, metavar="N",
+                   help="also N random launch lines")
+    p.add_argument("--seed", type=int, default=0, help="of the random lines")
     args = p.parse_args()
     if not os.path.isfile(os.path.join(args.megatron, "megatron", "training", "arguments.py")):
         p.error(f"--megatron: {args.megatron} holds no megatron/training/arguments.py (give a "
                 "Megatron-LM checkout)")
-    found = cases()
+    found = cases() + random_cases(args.random, args.seed)
     parse_args, validate_args = _megatron(args.megatron)
     refused = 0
     for case in found:

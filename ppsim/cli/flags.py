@@ -206,8 +206,10 @@ def _memory_flags(flag: Any) -> tuple[dict[str, Any], str | None]:
             memory[key] = " ".join(memory[key])
     if "offload_modules" in memory and "offload_fraction" not in memory:
         memory["offload_fraction"] = 1.0
-    granularity = flag("recompute_granularity") or \
-        ("selective" if flag("recompute_activations") else None)
+    # As Megatron's arguments.py: --recompute-activations sets selective, whatever
+    # --recompute-granularity says.
+    granularity = "selective" if flag("recompute_activations") else \
+        flag("recompute_granularity")
     if flag("moe_layer_recompute"):
         granularity = megatron_flags.moe_layer_recompute(granularity, memory)
     return memory, megatron_flags.recompute_mode(granularity, flag("recompute_method"), memory,

@@ -78,6 +78,9 @@ LLAMA = ["simulate", "--preset", "llama3-70b", "--hardware", "h100-80gb", "--pp"
      "--recompute none --recompute-num-layers 2"),
     ("--recompute-granularity selective", "--recompute selective"),
     ("--recompute-activations", "--recompute selective"),
+    # Megatron's arguments.py: --recompute-activations sets selective over any granularity
+    # (ppsim kept full).
+    ("--recompute-granularity full --recompute-activations", "--recompute selective"),
     ("--recompute-granularity selective --recompute-modules layernorm mlp",
      "--recompute none --recompute-modules layernorm,mlp"),
     ("--fine-grained-activation-offloading --offload-modules core_attn attn_proj "
