@@ -36,8 +36,6 @@ Run: .venv/bin/python benchmarks/bench_bridge.py [--quick]
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import sys
 import tempfile
@@ -46,9 +44,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from bench_job import MEASURED_KEYS, plan_case
-
-from ppsim.cli.main import main as ppsim
+from bench_job import MEASURED_KEYS, plan_case, ppsim_json
 
 DP_OVERLAPS = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
                "--ddp-bucket-size", str(128 * 1024 * 1024)]
@@ -203,12 +199,8 @@ def price(run: BridgeRun, fp8: bool, overlaps: list[str] = OVERLAPS,
             path.write_text(f"[model]\npreset = {json.dumps(run.preset)}\n[hardware]\n"
                             + "\n".join(lines) + "\n")
             setup = ["--config", str(path)]
-        argv = ["simulate", *setup, "--gpus", str(run.gpus),
-                *run.shape.split(), *overlaps, *(FP8 if fp8 else []), "--json"]
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            assert ppsim(argv) == 0, argv
-    sim = json.loads(out.getvalue())
+        sim = ppsim_json(["simulate", *setup, "--gpus", str(run.gpus), *run.shape.split(),
+                          *overlaps, *(FP8 if fp8 else []), "--json"])
     peak = max(r["peak_memory_bytes"] for r in sim["ranks"])
     return Priced(tokens_per_gpu=sim["throughput"]["tokens_per_s_per_gpu"],
                   tflops_per_gpu=sim["throughput"]["tflops_per_gpu"], peak_gb=peak / 1e9)

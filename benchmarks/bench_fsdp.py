@@ -32,15 +32,11 @@ Run: .venv/bin/python benchmarks/bench_fsdp.py [--quick]
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import sys
 from dataclasses import dataclass
 
-from bench_job import plan_case
+from bench_job import plan_case, ppsim_json
 
-from ppsim.cli.main import main as ppsim
 from ppsim.config.schema import config_from_dict
 from ppsim.pipeline.problem import build_problem
 from ppsim.sim.simulate import simulate
@@ -103,12 +99,8 @@ EXAMPLE_FP8 = "--fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-comput
 
 def example(fp8: bool) -> Predicted:
     """Megatron's FP8 example of Megatron-FSDP on one 8-GPU node, or its line in bf16."""
-    argv = ["simulate", "--hardware", "h100-80gb", "--gpus", "8", *EXAMPLE.split(),
-            *(EXAMPLE_FP8.split() if fp8 else []), "--json"]
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert ppsim(argv) == 0, argv
-    sim = json.loads(out.getvalue())
+    sim = ppsim_json(["simulate", "--hardware", "h100-80gb", "--gpus", "8", *EXAMPLE.split(),
+                      *(EXAMPLE_FP8.split() if fp8 else []), "--json"])
     peak = max(r["peak_memory_bytes"] for r in sim["ranks"])
     return Predicted(tokens_per_gpu=sim["throughput"]["tokens_per_s_per_gpu"],
                      peak_gib=peak / 2**30, static_gib=0.0)

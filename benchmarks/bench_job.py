@@ -41,7 +41,10 @@ Run: .venv/bin/python benchmarks/bench_job.py [--quick] [--measure DIR] [--measu
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -50,6 +53,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ppsim.cli.main import main as ppsim
 from ppsim.config.schema import config_from_dict
 from ppsim.job.exposure import exposed_comm_ms
 from ppsim.job.flops import iteration_flops
@@ -205,6 +209,17 @@ def room(run: PublishedRun) -> Room:
     m = real.schedule.microbatches
     c_max = published_ms if m == 1 else (published_ms - x) * m / (m - 1)
     return Room(floor_ms=floor, room_ms=published_ms if c_max / m > x else c_max)
+
+
+def ppsim_json(argv: list[str]) -> dict[str, Any]:
+    """`ppsim ARGV` (a --json command) in this process: its one object; a refusal stops
+    the script with ppsim's line."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = ppsim(argv)
+    if code:
+        raise SystemExit(f"ppsim {shlex.join(argv)}: {err.getvalue().strip()}")
+    return json.loads(out.getvalue())
 
 
 def plan_case(label: str, argv: list[str]) -> None:

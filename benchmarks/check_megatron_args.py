@@ -32,7 +32,6 @@ import contextlib
 import importlib.abc
 import importlib.machinery
 import io
-import json
 import os
 import random
 import shlex
@@ -43,6 +42,8 @@ import warnings
 from dataclasses import dataclass
 from types import ModuleType
 from unittest import mock
+
+from bench_job import ppsim_json
 
 from ppsim.cli.main import main as ppsim
 from ppsim.config.model import parse_model
@@ -107,15 +108,6 @@ class Case:
     world: int
 
 
-def _ppsim(argv: list[str]) -> dict:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = ppsim(argv)
-    if code:
-        raise SystemExit(f"ppsim {shlex.join(argv)}: {err.getvalue().strip()}")
-    return json.loads(out.getvalue())
-
-
 def _megatron_flags(flags: str) -> str:
     """Of a job search's flags, Megatron's: all but PPSIM_ONLY's; a --seq-length with the
     --max-position-embeddings ppsim's model line gives it (the preset's is its own
@@ -133,7 +125,7 @@ def _megatron_flags(flags: str) -> str:
 
 
 def _model_line(preset: str) -> str:
-    return _ppsim(["presets", preset, "--json"])["megatron_model_args"]
+    return ppsim_json(["presets", preset, "--json"])["megatron_model_args"]
 
 
 RANDOM_PRESETS = {"llama3-8b": False, "llama3-70b": False, "gpt3-1.3b": False,
@@ -209,10 +201,10 @@ def random_cases(n: int, seed: int) -> list[Case]:
 def cases() -> list[Case]:
     """The lines ppsim prints: each preset's, each job's best, each planned split's."""
     found = [Case(name=f"preset {p}", line=_model_line(p), world=PRESET_WORLD)
-             for p in _ppsim(["presets", "--json"])["models"]]
+             for p in ppsim_json(["presets", "--json"])["models"]]
     for preset, flags in JOBS:
         budget = [] if "--time-budget" in flags else ["--time-budget", "5"]
-        doc = _ppsim(["plan", "--preset", preset, *H100.split(), *shlex.split(flags),
+        doc = ppsim_json(["plan", "--preset", preset, *H100.split(), *shlex.split(flags),
                       *budget, "--json"])
         line = (f"{_model_line(preset)} {_megatron_flags(flags)} "
                 f"{doc['best']['megatron_job_flags']}")
@@ -220,7 +212,7 @@ def cases() -> list[Case]:
         print(f"  planned {found[-1].name}", file=sys.stderr)
     for preset, flags in SPLITS:
         f = shlex.split(flags)
-        doc = _ppsim(["plan", "--preset", preset, *H100.split(), *f, "--time-budget", "5",
+        doc = ppsim_json(["plan", "--preset", preset, *H100.split(), *f, "--time-budget", "5",
                       "--json"])
         sizes = {flag: int(f[f.index(flag) + 1]) if flag in f else 1
                  for flag in ("--tp", "--ep", "--pp", "--dp")}
