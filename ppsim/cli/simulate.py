@@ -36,9 +36,7 @@ from ppsim.costs.hybrid import KIND_SYMBOLS
 from ppsim.errors import UserError
 from ppsim.job import combined
 from ppsim.job.exposure import exposed_comm_ms, overlap_hint, overlaps_off
-from ppsim.pipeline.exports import (
-    parse_deepspeed_specs,
-)
+from ppsim.pipeline.exports import parse_deepspeed_specs
 from ppsim.pipeline.hybrid_exports import exports_of
 from ppsim.pipeline.megatron_rules import refusals
 from ppsim.pipeline.problem import (

@@ -107,7 +107,7 @@ def fp8_weight_bytes(a: Architecture, ops: list[Op]) -> int:
         return int(CACHED_COPIES * fp8_bytes(a) * sum(op.params for op in ops if op.fp8))
     if not a.megatron_fsdp:
         return 0
-    saved = (DTYPE_BYTES[a.dtype] - fp8_bytes(a))
+    saved = DTYPE_BYTES[a.dtype] - fp8_bytes(a)
     return -int(sum(saved * op.params / optimizer_shards(a, op.name.startswith("experts."))
                     for op in ops if op.fp8))
 
