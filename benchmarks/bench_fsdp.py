@@ -25,7 +25,8 @@ Then (without --quick) `ppsim plan --gpus --fsdp` at scale: the 405B preset on 8
 and DeepSeek-V3 on 2,048, as bench_job.py plans them with the distributed optimizer; the
 405B with the sharding searched (`--search sharding`, bench_job.py's overlaps on); and
 Megatron-FSDP (`--use-megatron-fsdp`): Llama 3 70B on 64 GPUs at sequence 8,192 beside
-the distributed optimizer, and the 405B on 8,192.
+the distributed optimizer, in bf16 and in FP8 (tensorwise, --fp8-param-gather), and the
+405B on 8,192.
 
 Run: .venv/bin/python benchmarks/bench_fsdp.py [--quick]
 """
@@ -140,11 +141,14 @@ def main() -> None:
         "--global-batch-size", "15360", "--fsdp"])
     seq = ["--preset", "llama3-70b", "--hardware", "h100-80gb", "--gpus", "64",
            "--global-batch-size", "256", "--seq-length", "8192"]
-    for label, flags in (("Megatron-FSDP", ["--use-megatron-fsdp"]),
-                         ("the distributed optimizer", ["--use-distributed-optimizer",
-                                                        "--overlap-grad-reduce",
-                                                        "--overlap-param-gather"])):
-        plan_case(f"llama3-70b on 64 H100, sequence 8,192, {label}", [*seq, *flags])
+    fp8 = ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-param-gather"]
+    for precision, extra in (("", []), (", FP8", fp8)):
+        for label, flags in (("Megatron-FSDP", ["--use-megatron-fsdp"]),
+                             ("the distributed optimizer", ["--use-distributed-optimizer",
+                                                            "--overlap-grad-reduce",
+                                                            "--overlap-param-gather"])):
+            plan_case(f"llama3-70b on 64 H100, sequence 8,192{precision}, {label}",
+                      [*seq, *flags, *extra])
     plan_case("llama3.1-405b on 8,192 H100, Megatron-FSDP", [
         "--preset", "llama3.1-405b", "--hardware", "h100-80gb", "--gpus", "8192",
         "--global-batch-size", "2048", "--use-megatron-fsdp"])
