@@ -20,9 +20,8 @@ def no_fit_message(res: PlanResult) -> str:
     floor = res.floor
     if floor is not None and floor.static_bytes > limit:
         return _state_message(res, floor.static_bytes, limit)
-    tips = [f"more pipeline stages (--pp {p.schedule.pp * 2})",
-            "activation recompute (--recompute selective or full)",
-            "a smaller micro-batch or fewer microbatches in flight"]
+    tips = [t for t in (f"more pipeline stages (--pp {p.schedule.pp * 2})", _recompute_tip(p),
+                        "a smaller micro-batch or fewer microbatches in flight") if t]
     if floor is not None and floor.peak_bytes > limit and p.schedule.vpp > 1:
         # Proven by the floor; no search ran to find the lowest peak itself.
         held = f"{min(floor.inflight)} to {max(floor.inflight)}"
@@ -38,6 +37,16 @@ def no_fit_message(res: PlanResult) -> str:
     return (f"no split fits {limit / 1e9:.1f} GB per rank: the smallest "
             f"peak any split reaches is {peak / 1e9:.2f} GB on rank {rank}; try "
             + ", ".join(tips))
+
+
+def _recompute_tip(p: Problem) -> str | None:
+    """What recompute could still take off, from where the problem stands: nothing more
+    once every layer recomputes whole (it advised recompute beside --recompute full)."""
+    if p.memory is not None:  # a memory policy (modules, block N, offload) is set
+        return "a policy that recomputes or offloads more (plan --search policy)"
+    mode = p.hardware.job.arch.recompute if p.hardware.job is not None else "none"
+    return {"none": "activation recompute (--recompute selective or full)",
+            "selective": "full activation recompute (--recompute full)"}.get(mode)
 
 
 def _state_message(res: PlanResult, floor: int, limit: float) -> str:
