@@ -1,4 +1,4 @@
-"""Export the current split (Megatron / torchtitan / DeepSpeed) and save the config.
+"""Export the current split (Megatron / torchtitan / DeepSpeed).
 
 The export file is a shell fragment: `source` it and pass "$MEGATRON_ARGS"
 through `eval set --`, or read the variables with `read_export`.
@@ -9,10 +9,8 @@ from __future__ import annotations
 import json
 import shlex
 
-from ppsim.config.schema import Config, config_to_toml
 from ppsim.costs.hybrid import HybridPattern
 from ppsim.errors import UserError
-from ppsim.fileio import write_text_atomic
 from ppsim.pipeline.exports import torchtitan_fqns
 from ppsim.pipeline.hybrid_exports import exports_of
 from ppsim.pipeline.split import Split
@@ -89,20 +87,6 @@ def read_export(text: str) -> dict[str, str]:
         name, _, value = line.partition("=")
         out[name] = shlex.split(value)[0] if value else ""
     return out
-
-
-def write_export(path: str, split: Split, title: str = "",
-                 policy: PolicyExport | None = None,
-                 pattern: HybridPattern | None = None) -> str:
-    text = export_text(split, title, policy, pattern)
-    write_text_atomic(path, text)
-    return text
-
-
-def save_config(path: str, cfg: Config) -> str:
-    text = config_to_toml(cfg)
-    write_text_atomic(path, text)
-    return text
 
 
 MEGATRON_TO_PPSIM = {

@@ -14,7 +14,6 @@ from typing import Any
 from textual.widgets import Static
 
 from ppsim.config.schema import config_to_toml
-from ppsim.costs.hybrid import HybridPattern
 from ppsim.errors import UserError
 from ppsim.fileio import write_text_atomic
 from ppsim.pipeline.problem import hybrid_pattern
@@ -90,12 +89,14 @@ class FileActions:
         return policy_flags(problem, problem.memory.policies) \
             if isinstance(problem.memory, Fixed) else None
 
-    def _pattern(self) -> HybridPattern | None:
-        """The hybrid stack's pattern of the shown state (None for other models)."""
-        return hybrid_pattern(config_for(self.base, self.state))  # type: ignore[attr-defined]
+    def _export_text(self, title: str = "") -> str:
+        """The shown state's export: its split, its memory policy's flags and, for a
+        hybrid stack, its pattern."""
+        pattern = hybrid_pattern(config_for(self.base, self.state))  # type: ignore[attr-defined]
+        return export_text(self.state.split, title, self._policy(), pattern)  # type: ignore[attr-defined]
 
     def action_export(self) -> None:
-        preview = export_text(self.state.split, policy=self._policy(), pattern=self._pattern())  # type: ignore[attr-defined]
+        preview = self._export_text()
         self.push_screen(PathPrompt("Export the split to (y in the main screen copies it "  # type: ignore[attr-defined]
                                     "to the clipboard instead)", "ppsim-split.sh", preview),
                          self.export_to)
@@ -103,13 +104,13 @@ class FileActions:
     def export_to(self, path: str | None) -> None:
         if not path:
             return
-        text = export_text(self.state.split, self._title(), self._policy(), self._pattern())  # type: ignore[attr-defined]
+        text = self._export_text(self._title())
         if self._write("export", path, text):
             self.copy_to_clipboard(text)  # type: ignore[attr-defined]
             self.notify(f"split exported to {path} (and copied to the clipboard)")  # type: ignore
 
     def action_copy_export(self) -> None:
-        text = export_text(self.state.split, self._title(), self._policy(), self._pattern())  # type: ignore[attr-defined]
+        text = self._export_text(self._title())
         self.copy_to_clipboard(text)  # type: ignore[attr-defined]
         self.notify("export (Megatron, torchtitan, DeepSpeed forms) copied to the clipboard")  # type: ignore
 
