@@ -23,11 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ppsim.executor.builders.tensor import ALL_GATHER, REDUCE_SCATTER
 from ppsim.executor.optim import FusedAdamW, Optimizers, adamw, optimizer
-
-# torch 2.13 names them *_single; older releases *_into_tensor / *_tensor.
-ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _on(t: torch.Tensor, wire: torch.device) -> torch.Tensor:

@@ -32,6 +32,7 @@ from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.builders import ModelBuilder, builder_spec, layer_kind, load_builder
 from ppsim.executor.builders.deferral import WeightGradStore
 from ppsim.executor.builders.stage import Stage, saved_bytes, tensor_bytes
+from ppsim.executor.builders.tensor import message_shape
 from ppsim.executor.optim import muon_weights, optimizer
 from ppsim.executor.spawned import free_port, spawn_results
 from ppsim.fileio import write_json_atomic
@@ -143,7 +144,7 @@ class Profiler:
                 p.grad = torch.zeros_like(p)
             lk = self.kinds[int(name[5:])] if kind == "layer" else kind
             self.pieces.append(_Piece(name, mod, kind, lk))
-        hidden = tuple(b.activation_shape)
+        hidden = message_shape(b.activation_shape)
         g = torch.Generator().manual_seed(seed + 1)
         # What a stage receives: an activation (F) and its gradient (B).
         self.x = (torch.randn(hidden, generator=g)).to(device=device, dtype=b.dtype)

@@ -22,8 +22,8 @@ import torch.distributed as dist
 
 from ppsim.costs.costfile import layer_dict
 from ppsim.costs.model import LayerCost, ModelCosts
-from ppsim.executor.builders.tensor import TensorGroup, set_group
-from ppsim.executor.dataparallel import ALL_GATHER, REDUCE_SCATTER
+from ppsim.executor.builders.llama import architecture
+from ppsim.executor.builders.tensor import ALL_GATHER, REDUCE_SCATTER, TensorGroup, set_group
 from ppsim.executor.profile import Profiler
 from ppsim.executor.spawned import free_port, spawn_results
 from ppsim.fileio import write_json_atomic
@@ -78,7 +78,8 @@ def _worker(rank: int, port: int, fields: dict[str, Any], tp: int, repeats: int,
                             world_size=tp, timeout=timedelta(seconds=300))
     try:
         group = dist.new_group(list(range(tp)))
-        set_group(TensorGroup(group=group, rank=rank, size=tp))
+        set_group(TensorGroup(group=group, rank=rank, size=tp,
+                              sequence_parallel=architecture(fields).sequence_parallel))
         torch.manual_seed(0)
         prof = Profiler(fields, torch.device("cpu"), microbatches)
         prof.clock = _TogetherClock(prof.clock, group)

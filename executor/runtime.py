@@ -19,6 +19,7 @@ from ppsim.executor.builders import ModelBuilder
 from ppsim.executor.builders.deferral import WeightGradStore
 from ppsim.executor.builders.policy import apply_policy
 from ppsim.executor.builders.stage import Stage, build_stage, saved_bytes, tensor_bytes
+from ppsim.executor.builders.tensor import message_shape, sum_token_split_grads
 from ppsim.executor.dataparallel import data_parallel
 from ppsim.executor.optim import muon_weights
 from ppsim.executor.outputs import backward_from, deallocate_output
@@ -121,7 +122,8 @@ class Runtime:
         WeightGradStore.reset()
         WeightGradStore.enabled = self.schedule.split_backward
         pp = self.schedule.pp
-        self.p2p = P2P(self.schedule, rank, tuple(builder.activation_shape), builder.dtype,
+        self.p2p = P2P(self.schedule, rank, message_shape(builder.activation_shape),
+                       builder.dtype,
                        device, wire, recorder,
                        peers=[self.replica.global_rank(r, pp) for r in range(pp)])
         self._held: dict[tuple[int, int], int] = {}
@@ -264,6 +266,7 @@ class Runtime:
                         before, self.rec.memory())
             progress.RANK.finish(label)
         self.p2p.finish()
+        sum_token_split_grads(self.params)
         if self.replica.size > 1:
             self._step_op("R", self.dp.reduce)
         if dump_grads:

@@ -42,6 +42,7 @@ from ppsim.executor import progress
 from ppsim.executor import summary as summ
 from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.builders import ModelBuilder, load_builder
+from ppsim.executor.builders.llama import architecture
 from ppsim.executor.builders.tensor import TensorGroup, set_group
 from ppsim.executor.launch import STORE_ENV, printable
 from ppsim.executor.peer import Peer, run_peer, slowest_ms
@@ -226,7 +227,7 @@ def run(spec: RunSpec) -> dict[str, Any] | None:
     pp, dp, tp = problems[0].split.pp, spec.dp, int(fields.get("tp", 1))
     if world != pp * dp * tp:
         raise RuntimeError(f"world size {world} != pp {pp} x dp {dp} x tp {tp}")
-    replica = replace(_groups(rank, pp, dp, tp),
+    replica = replace(_groups(rank, pp, dp, tp, architecture(fields).sequence_parallel),
                       sharded=bool(fields.get("distributed_optimizer")),
                       fully_sharded=bool(fields.get("fsdp")),
                       muon=fields.get("optimizer") == "muon")
@@ -250,16 +251,18 @@ def run(spec: RunSpec) -> dict[str, Any] | None:
     return result
 
 
-def _groups(rank: int, pp: int, dp: int, tp: int) -> Replica:
-    """This rank's replica, its data-parallel group and (tp > 1) its tensor-parallel group,
-    in Megatron's order: tensor ranks innermost, then pipeline, then replicas. Every rank
-    creates every group, in the same order (a collective call)."""
+def _groups(rank: int, pp: int, dp: int, tp: int, sequence_parallel: bool) -> Replica:
+    """This rank's replica, its data-parallel group and (tp > 1) its tensor-parallel group
+    (splitting the hidden states by tokens under `sequence_parallel`), in Megatron's order:
+    tensor ranks innermost, then pipeline, then replicas. Every rank creates every group,
+    in the same order (a collective call)."""
     dp_groups = {(r, t): dist.new_group([(d * pp + r) * tp + t for d in range(dp)])
                  for r in range(pp) for t in range(tp)} if dp > 1 else {}
     tp_groups = {(d, r): dist.new_group([(d * pp + r) * tp + t for t in range(tp)])
                  for d in range(dp) for r in range(pp)} if tp > 1 else {}
     t, r, d = rank % tp, (rank // tp) % pp, rank // (tp * pp)
-    set_group(TensorGroup(group=tp_groups[(d, r)], rank=t, size=tp) if tp > 1 else None)
+    set_group(TensorGroup(group=tp_groups[(d, r)], rank=t, size=tp,
+                          sequence_parallel=sequence_parallel) if tp > 1 else None)
     return Replica(d, dp, dp_groups.get((r, t)), tp, t)
 
 

@@ -35,9 +35,12 @@ from ppsim.executor.builders.tensor import (
     TensorGroup,
     copy_in,
     current,
+    join_tokens,
+    mark_token_split,
     reduce_out,
     shard_input,
     shard_output,
+    split_tokens,
 )
 
 _ARCH = {f.name for f in fields(Architecture)}
@@ -114,6 +117,8 @@ class Block(nn.Module):
             shard_output(self.fc3, g)
         shard_input(self.proj, g)
         shard_input(self.fc2, g)
+        if g.sequence_parallel:  # applied to this rank's tokens alone
+            mark_token_split(self.norm1, self.norm2, self.proj.bias, self.fc2.bias)
 
     def _row(self, linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         assert self.tp is not None
@@ -129,8 +134,8 @@ class Block(nn.Module):
 
     def _tensor_parallel(self, x: torch.Tensor) -> torch.Tensor:
         assert self.tp is not None
-        b, t, _ = x.shape
-        y = copy_in(self.norm1(x), self.tp)
+        y = copy_in(self.norm1(x), self.tp)  # every token (sequence parallelism: gathered)
+        b, t, _ = y.shape
         q = self.q(y).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k, v = self.kv(y).view(b, t, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         a = self.attention(q, k, v)
@@ -150,14 +155,31 @@ class Block(nn.Module):
 
 
 class Embedding(nn.Module):
-    def __init__(self, s: GPTShape) -> None:
+    """Token and learned position embeddings, whole on every tensor rank (its output
+    split by tokens under sequence parallelism)."""
+
+    def __init__(self, s: GPTShape, tp: TensorGroup | None = None) -> None:
         super().__init__()
         self.tokens = nn.Embedding(s.vocab_size, s.hidden_size)
         self.positions = nn.Embedding(s.seq_length, s.hidden_size)
+        self.tp = tp
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(ids.shape[1], device=ids.device)
-        return self.tokens(ids) + self.positions(pos)[None]
+        return split_tokens(self.tokens(ids) + self.positions(pos)[None], self.tp)
+
+
+class TokenSplitHead(Head):
+    """The head under sequence parallelism: the final norm on this rank's tokens, then
+    every rank's tokens through the whole projection."""
+
+    def __init__(self, hidden: int, vocab: int, tp: TensorGroup) -> None:
+        super().__init__(hidden, vocab)
+        self.tp = tp
+        mark_token_split(self.norm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(join_tokens(self.norm(x), self.tp))
 
 
 class GPTBuilder:
@@ -170,7 +192,7 @@ class GPTBuilder:
         self.dtype = shape.torch_dtype
 
     def embedding(self) -> nn.Module:
-        e = Embedding(self.shape)
+        e = Embedding(self.shape, current())
         init_normal(e, self.num_layers, ())
         return e
 
@@ -187,7 +209,9 @@ class GPTBuilder:
         return b
 
     def head(self) -> nn.Module:
-        h = Head(self.shape.hidden_size, self.shape.vocab_size)
+        g, width, vocab = current(), self.shape.hidden_size, self.shape.vocab_size
+        h = TokenSplitHead(width, vocab, g) if g is not None and g.sequence_parallel \
+            else Head(width, vocab)
         init_normal(h, self.num_layers, ())
         return h
 

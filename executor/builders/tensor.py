@@ -8,16 +8,30 @@ all-reduced, the bias added once after). Norms, the embedding and the head stay 
 every rank: their inputs and gradients are the same everywhere, so they stay in step with
 no collective. Every rank builds the whole layer from the same seed and keeps its slice,
 so the model is the one a single process builds (ppsim.executor.reference).
+
+Under sequence parallelism (Korthikanti et al. 2022; Megatron's --sequence-parallel) the
+hidden states between the blocks are split by tokens instead: each block all-gathers its
+normed input (reduce-scattering the gradient back) and reduce-scatters its row-parallel
+output (all-gathering the gradient back), so the norms, the residual adds and the
+pipeline's messages hold 1 / tp of the tokens. The weights applied to a rank's own tokens
+alone (the norms, the row-parallel biases) are marked `sequence_parallel`, and their
+gradients are summed over the tensor ranks before the step (`sum_token_split_grads`, as
+Megatron's finalize_model_grads does).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+# torch 2.13 names them *_single; older releases *_into_tensor / *_tensor.
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,6 +44,8 @@ class TensorGroup:
     """This rank's index in it."""
     size: int
     """Tensor-parallel ranks."""
+    sequence_parallel: bool = False
+    """Split the hidden states between the blocks by tokens."""
 
 
 _CURRENT: list[TensorGroup | None] = [None]
@@ -44,41 +60,117 @@ def current() -> TensorGroup | None:
     return _CURRENT[0]
 
 
-class _Copy(torch.autograd.Function):
-    """Identity forward; all-reduce of the gradient backward (a column-parallel input)."""
+def _same(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
+    return x
+
+
+def _summed(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
+    """The sum over the ranks (an all-reduce)."""
+    x = x.contiguous().clone()
+    dist.all_reduce(x, group=g.group)
+    return x
+
+
+def _gathered(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
+    """Every rank's tokens (dimension 1), in rank order."""
+    local = x.transpose(0, 1).contiguous()
+    out = local.new_empty((local.shape[0] * g.size, *local.shape[1:]))
+    ALL_GATHER(out, local, group=g.group)
+    return out.transpose(0, 1)
+
+
+def _scattered(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
+    """The sum over the ranks of this rank's tokens (dimension 1)."""
+    whole = x.transpose(0, 1).contiguous()
+    out = whole.new_empty((whole.shape[0] // g.size, *whole.shape[1:]))
+    REDUCE_SCATTER(out, whole, group=g.group)
+    return out.transpose(0, 1)
+
+
+def _own(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
+    """This rank's tokens (dimension 1)."""
+    n = x.shape[1] // g.size
+    return x.narrow(1, g.rank * n, n).clone(memory_format=torch.contiguous_format)
+
+
+Exchange = Callable[[torch.Tensor, TensorGroup], torch.Tensor]
+
+
+class _Exchanged(torch.autograd.Function):
+    """`forward` on the way in, `backward` on the gradient on the way back."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        ctx.group = group
-        return x
+    def forward(ctx: Any, x: torch.Tensor, g: TensorGroup, forward: Exchange,
+                backward: Exchange) -> torch.Tensor:
+        ctx.g, ctx.backward = g, backward
+        return forward(x, g)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        grad = grad.contiguous().clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
-
-
-class _Reduce(torch.autograd.Function):
-    """All-reduce forward; identity backward (a row-parallel output)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        x = x.contiguous().clone()
-        dist.all_reduce(x, group=group)
-        return x
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        return ctx.backward(grad, ctx.g), None, None, None
 
 
 def copy_in(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
-    return _Copy.apply(x, g.group)
+    """A column-parallel block's input: all-gathered by tokens under sequence
+    parallelism (its gradient reduce-scattered back), else the same on every rank (its
+    gradient all-reduced)."""
+    return _Exchanged.apply(x, g, *((_gathered, _scattered) if g.sequence_parallel
+                                    else (_same, _summed)))
 
 
 def reduce_out(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
-    return _Reduce.apply(x, g.group)
+    """A row-parallel block's partial outputs summed: reduce-scattered by tokens under
+    sequence parallelism (the gradient all-gathered back), else all-reduced."""
+    return _Exchanged.apply(x, g, *((_scattered, _gathered) if g.sequence_parallel
+                                    else (_summed, _same)))
+
+
+def split_tokens(x: torch.Tensor, g: TensorGroup | None) -> torch.Tensor:
+    """The whole embedding's output as this rank's tokens under sequence parallelism
+    (the gradient all-gathered back)."""
+    return _Exchanged.apply(x, g, _own, _gathered) if g is not None and g.sequence_parallel \
+        else x
+
+
+def join_tokens(x: torch.Tensor, g: TensorGroup | None) -> torch.Tensor:
+    """Every rank's tokens for the whole head under sequence parallelism (its gradient,
+    the same on every rank, back as this rank's tokens)."""
+    return _Exchanged.apply(x, g, _gathered, _own) if g is not None and g.sequence_parallel \
+        else x
+
+
+def mark_token_split(*modules: nn.Module | nn.Parameter | None) -> None:
+    """Mark weights each rank applies to its own tokens alone (Megatron's
+    `sequence_parallel` attribute): their gradients are partial sums."""
+    for m in modules:
+        params = [m] if isinstance(m, nn.Parameter) else [] if m is None else m.parameters()
+        for p in params:
+            p.sequence_parallel = True  # type: ignore[attr-defined]
+
+
+def sum_token_split_grads(params: list[nn.Parameter]) -> None:
+    """Sum over the tensor ranks the gradients of the marked weights (in one all-reduce),
+    so every rank steps them alike."""
+    g = current()
+    marked = [p for p in params if getattr(p, "sequence_parallel", False)
+              and p.grad is not None]
+    if g is None or not marked:
+        return
+    flat = torch.cat([p.grad.reshape(-1) for p in marked])
+    dist.all_reduce(flat, group=g.group)
+    at = 0
+    for p in marked:
+        p.grad.copy_(flat[at:at + p.numel()].view_as(p.grad))
+        at += p.numel()
+
+
+def message_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """What a stage sends and receives: a microbatch's hidden states `shape` (batch,
+    tokens, hidden), this rank's tokens under sequence parallelism."""
+    g = current()
+    if g is None or not g.sequence_parallel:
+        return tuple(shape)
+    return (shape[0], shape[1] // g.size, *shape[2:])
 
 
 def _keep(linear: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None) -> None:

@@ -52,6 +52,11 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
     _add_memory_policy_flags(g)
     g.add_argument("--tp", "--tensor-model-parallel-size", dest="tp", type=int, metavar="N",
                    help="tensor-parallel size")
+    g.add_argument("--sequence-parallel", dest="sequence_parallel", action="store_true",
+                   default=None, help="split the activations between the tensor-parallel "
+                   "blocks by tokens (ppsim's default; Megatron's flag)")
+    g.add_argument("--no-sequence-parallel", dest="sequence_parallel", action="store_false",
+                   help="every tensor rank holds those activations whole; all-reduces")
     g.add_argument("--no-bias-swiglu-fusion", dest="bias_swiglu_fusion", action="store_false",
                    default=None, help="Megatron's eager SwiGLU: its SiLU output kept too")
     g.add_argument("--no-gradient-accumulation-fusion", dest="gradient_accumulation_fusion",

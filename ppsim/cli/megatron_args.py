@@ -58,17 +58,20 @@ def megatron_model_args(a: Architecture) -> list[str]:
             out += kv("--" + name.replace("_", "-"), getattr(a, name))
     out += kv("--micro-batch-size", a.micro_batch_size) + RECOMPUTE_FLAGS[a.recompute]
     return out + parallel_args(a.tp, a.cp, a.ep, cp_comm_type=a.cp_comm_type,
-                               cp_a2a_size=a.cp_a2a_size, etp=a.etp) + optimizer_args(a)
+                               cp_a2a_size=a.cp_a2a_size, etp=a.etp,
+                               sequence_parallel=a.sequence_parallel) + optimizer_args(a)
 
 
 def parallel_args(tp: int, cp: int, ep: int, dispatcher: str = "alltoall",
-                  cp_comm_type: str = "p2p", cp_a2a_size: int = 0, etp: int = 0) -> list[str]:
+                  cp_comm_type: str = "p2p", cp_a2a_size: int = 0, etp: int = 0,
+                  sequence_parallel: bool = True) -> list[str]:
     """The tensor, context and expert sizes as Megatron's arguments (1s unsaid), with
-    what ppsim prices them with: sequence parallelism at tp > 1, context parallelism's
+    what ppsim prices them with: `sequence_parallel` at tp > 1, context parallelism's
     `cp_comm_type` (p2p unsaid; a2a+p2p with its two sizes), the expert tensor-parallel
     size where it is not tp, and the `dispatcher` (all-to-all, or flex: DeepEP, which
     also runs at ep 1 over etp) at ep > 1 (Megatron's default gathers)."""
-    out = ["--tensor-model-parallel-size", str(tp), "--sequence-parallel"] * (tp > 1)
+    out = ["--tensor-model-parallel-size", str(tp)] * (tp > 1)
+    out += ["--sequence-parallel"] * (tp > 1 and sequence_parallel)
     out += ["--context-parallel-size", str(cp)] * (cp > 1)
     out += ["--cp-comm-type", cp_comm_type] * (cp > 1 and cp_comm_type != "p2p")
     if cp > 1 and cp_comm_type == "a2a+p2p" and cp_a2a_size:

@@ -66,7 +66,7 @@ ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
 IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base": float,
            "rotary-percent": float, "init-method-std": float, "disable-bias-linear": None,
            "attention-softmax-in-fp32": None, "use-flash-attn": None,
-           "sequence-parallel": None, "use-mcore-models": None,
+           "use-mcore-models": None,
            "moe-router-load-balancing-type": [str], "moe-aux-loss-coeff": [float],
            "moe-router-score-function": str, "moe-router-enable-expert-bias": None,
            "moe-router-topk-scaling-factor": float, "moe-router-bias-update-rate": float,
@@ -94,10 +94,9 @@ IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base":
            "dsa-indexer-k-norm-epsilon": float, "dsa-indexer-rope-interleaved": None,
            "dsa-indexer-skip-topk-offset": int, "no-dsa-indexer-rotate-activation": None,
            "no-dsa-indexer-scoring-relu": None}
-"""Accepted as Megatron takes them; ppsim's costs do not depend on them (sequence
-parallelism is always assumed with tp > 1; FP8's scaling knobs change neither the
-matmuls nor what is kept; --spec names the builder of the layers the model
-arguments describe; group-limited routing picks the experts, not how many, and the
+"""Accepted as Megatron takes them; ppsim's costs do not depend on them (FP8's scaling
+knobs change neither the matmuls nor what is kept; --spec names the builder of the layers
+the model arguments describe; group-limited routing picks the experts, not how many, and the
 all-to-all still reaches every expert-parallel rank; YaRN's and Llama's rope scaling,
 layers without rope and the query/key/value biases (3 widths a layer) change no cost, nor
 do gpt-oss's attention sinks (one logit a head) and its GLU's offset and clamp; the
@@ -313,13 +312,8 @@ def megatron_defaults(args: argparse.Namespace, fields: dict[str, Any]) -> dict[
     out = {"gated_mlp": False, "norm": "layernorm", "position": "learned",
            "tie_embeddings": True, "dropout": True, "dtype": "fp32", **fields}
     out.setdefault("num_kv_heads", out["num_heads"])
-    if (getattr(args, "tp", None) or 1) > 1 and not getattr(args, "sequence_parallel", None):
-        if getattr(args, "tp_comm_overlap", None):
-            raise UserError("--tp-comm-overlap", "Tensor parallel communication/GEMM overlap "
-                            "can happen only when sequence parallelism is enabled (Megatron's "
-                            "words)", "add --sequence-parallel")
-        print("note: ppsim prices tensor parallelism with sequence parallelism (Megatron's "
-              "--sequence-parallel), which this job does not turn on", file=sys.stderr)
+    if (getattr(args, "tp", None) or 1) > 1 and getattr(args, "sequence_parallel", None) is None:
+        out["sequence_parallel"] = False  # Megatron's default
     if "ffn_hidden_size" not in out:  # arguments.py: 4h, or 2/3 of it for SwiGLU
         h = out["hidden_size"]
         out["ffn_hidden_size"] = int((4 * h * 2 / 3) / 64) * 64 if out["gated_mlp"] else 4 * h

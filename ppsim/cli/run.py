@@ -136,7 +136,7 @@ def validate(args: argparse.Namespace) -> Any:
                         "use --engine ppsim with --dp, or --dp 1")
     tp = cfg.model.arch.tp
     if tp > 1:
-        _check_tensor_parallel(args, fields, problem, tp)
+        _check_tensor_parallel(args, fields, problem, tp, cfg.model.arch.sequence_parallel)
     runchecks.check_launch(args, pp * dp * tp)
     runchecks.check_world(args, pp * dp * tp)
     if args.iterations < 1 or not 0 <= args.warmup < args.iterations:
@@ -163,7 +163,7 @@ def validate(args: argparse.Namespace) -> Any:
 
 
 def _check_tensor_parallel(args: argparse.Namespace, fields: dict[str, Any], problem: Any,
-                           tp: int) -> None:
+                           tp: int, sequence_split: bool) -> None:
     """tp > 1 runs the built-in GPT's column- and row-parallel layers on the ppsim engine."""
     from ppsim.executor.builders import builder_spec, load_builder  # torch loads only here
     from ppsim.executor.builders.gpt import GPTBuilder  # (a run starts)
@@ -177,6 +177,10 @@ def _check_tensor_parallel(args: argparse.Namespace, fields: dict[str, Any], pro
     if fields["ffn_hidden_size"] % tp:
         raise UserError("model.tp", f"ffn_hidden_size ({fields['ffn_hidden_size']}) does not "
                         f"divide by tp ({tp})", "choose tp dividing ffn_hidden_size")
+    if sequence_split and fields["seq_length"] % tp:
+        raise UserError("model.seq_length", f"{fields['seq_length']} tokens do not split over tp = "
+                        f"{tp} ranks under sequence parallelism", "choose tp dividing "
+                        "seq_length, or --no-sequence-parallel")
     if args.engine != "ppsim" or args.alongside_torch or problem.schedule.split_backward:
         raise UserError("model.tp", f"tp = {tp} runs on the ppsim engine, without the torch "
                         "peer and without a split backward (W)", "use --engine ppsim, a "

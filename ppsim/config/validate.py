@@ -264,7 +264,7 @@ def transformer(raw: dict[str, Any]) -> None:
                 "grad_reduce_in_bf16", "precision_aware_optimizer", "fsdp",
                 "moe_pad_to_capacity", "fp8_param_gather", "first_last_layers_bf16",
                 "bias_swiglu_fusion", "gradient_accumulation_fusion", "unfused_attention",
-                "qk_layernorm",
+                "qk_layernorm", "sequence_parallel",
                 "attention_output_gate", "shared_expert_gate", "moe_permute_fusion",
                 "optimizer_cpu_offload", "overlap_cpu_optimizer_d2h_h2d", "fsdp_cpu_offload"):
         if key in raw:
@@ -327,6 +327,16 @@ def parallel_shape(raw: dict[str, Any]) -> None:
         if groups % tp:
             raise UserError("model.tp", f"{tp:,} does not divide num_kv_heads = {groups:,}",
                             "use a tensor-parallel size that divides the key/value heads")
+    torchtitan = raw.get("fsdp") is True and raw.get("fsdp_framework", "torchtitan") == "torchtitan"
+    if torchtitan and tp > 1 and raw.get("sequence_parallel") is False:
+        raise UserError("model.sequence_parallel", "torchtitan's tensor parallelism always "
+                        "splits the norms by tokens (SequenceParallel in its TP plan)",
+                        "drop sequence_parallel = false, or --no-sequence-parallel")
+    if experts and tp > 1 and raw.get("sequence_parallel") is False:
+        raise UserError("model.sequence_parallel", "During training, performance may degrade "
+                        "if MoE and tensor parallelism are enabled without also enabling "
+                        "sequence parallelism (Megatron's MoELayer refuses to train so)",
+                        "add --sequence-parallel, or set model.sequence_parallel = true")
     if experts and top_k > experts:
         raise UserError("model.top_k", f"routes each token to {top_k:,} experts of "
                         f"num_experts = {experts:,}", f"use top_k <= {experts:,}")

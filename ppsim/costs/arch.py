@@ -80,7 +80,13 @@ class Architecture:
     dtype: str = "bf16"
     """Training dtype: bf16, fp16 or fp32."""
     tp: int = 1
-    """Tensor-parallel size; sequence parallelism is assumed when tp > 1."""
+    """Tensor-parallel size."""
+    sequence_parallel: bool = True
+    """At tp > 1, split the hidden-wide activations between the tensor-parallel blocks
+    (norms, residuals, dropout, a block's input) by tokens over tp, gathering before each
+    block and reduce-scattering after (Megatron --sequence-parallel, torchtitan's
+    SequenceParallel); False: every tensor rank holds and computes them whole, and each
+    block's output is all-reduced (Megatron without the flag)."""
     recompute: str = "none"
     """"none", "selective" (attention core) or "full" (keep only layer inputs)."""
     distributed_optimizer: bool = False
@@ -319,6 +325,12 @@ class Architecture:
         if f <= 0:
             return 1.0
         return f if self.moe_pad_to_capacity else min(f, 1.0)
+
+    @property
+    def token_ranks(self) -> int:
+        """Ranks a hidden-wide activation between the tensor-parallel blocks is split
+        over: tp under sequence parallelism, else 1 (every tensor rank holds it whole)."""
+        return self.tp if self.sequence_parallel else 1
 
     @property
     def expert_tp(self) -> int:

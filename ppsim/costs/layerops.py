@@ -8,10 +8,12 @@ no s x s scores are ever stored), Q, K
 and V at their own widths, the output and a fp32 log-sum-exp per head and
 token. Norms keep their input and fp32 statistics (mean and rstd for
 LayerNorm, rstd for RMSNorm), matmuls their input, an eager SwiGLU its two
-projections, the SiLU output and the product, dropout a 1-byte mask. With tp > 1
-sequence parallelism is assumed: h-wide tensors are split by tokens, the rest
-by width, so every tensor is divided by tp. Each piece counts its own input
-(the previous piece's output), so summing pieces counts a boundary once.
+projections, the SiLU output and the product, dropout a 1-byte mask. At tp > 1 the
+tensors inside a tensor-parallel block are split by width; the hidden-wide ones between
+the blocks (norms, residuals, dropout, a block's input) by tokens under sequence
+parallelism, and whole on every tensor rank without it (Architecture.token_ranks).
+Each piece counts its own input (the previous piece's output), so summing pieces counts
+a boundary once.
 """
 
 from __future__ import annotations
@@ -44,14 +46,22 @@ def _tokens(a: Architecture) -> int:
     return a.seq_length * a.micro_batch_size
 
 
-def _norm_ops(a: Architecture, name: str, width: int) -> list[Op]:
+def rank_bytes(a: Architecture, hidden: float, split: float) -> float:
+    """One tensor rank's share of `hidden` whole bytes of hidden-wide tensors
+    (Architecture.token_ranks) and `split` whole bytes split by width over tp."""
+    return (hidden * (a.tp // a.token_ranks) + split) / a.tp
+
+
+def _norm_ops(a: Architecture, name: str, width: int, split: int = 0) -> list[Op]:
+    """A norm of `width` a token, over `split` ranks (default: a hidden-wide tensor's,
+    Architecture.token_ranks)."""
     w = DTYPE_BYTES[a.dtype]
-    return [Op(name, nbytes=2 * _tokens(a) * width * w / a.tp)]
+    return [Op(name, nbytes=2 * _tokens(a) * width * w / (split or a.token_ranks))]
 
 
 def _residual(a: Architecture, name: str) -> Op:
     """dropout(x) + residual: read two, write one (and a mask when dropout is on)."""
-    th = _tokens(a) * a.hidden_size / a.tp
+    th = _tokens(a) * a.hidden_size / a.token_ranks
     return Op(name, nbytes=th * (3 * DTYPE_BYTES[a.dtype] + (1 if a.dropout else 0)))
 
 
@@ -81,16 +91,17 @@ def attention_ops(a: Architecture, window: int = 0) -> list[Op]:
         hd = a.head_dim or h // a.num_heads
         kv_up = a.num_heads * (hd + (a.v_head_dim or hd))
         normed = a.qk_layernorm  # the latents' norms (Megatron builds them with the flag)
-        ops = ([_mm("q_down", tok, a.q_lora_rank / t, h),
+        d = a.token_ranks  # the down projections are whole on each rank, over its tokens
+        ops = ([_mm("q_down", tok, a.q_lora_rank / d, h),
                 *(_norm_ops(a, "q_norm", a.q_lora_rank) if normed else []),
                 _mm("q_up", tok, sh.q / t, a.q_lora_rank)] if a.q_lora_rank
                else [_mm("q_proj", tok, sh.q / t, h)])
-        ops += [_mm("kv_down", tok, (a.kv_lora_rank + a.qk_rope_head_dim) / t, h),
+        ops += [_mm("kv_down", tok, (a.kv_lora_rank + a.qk_rope_head_dim) / d, h),
                 *(_norm_ops(a, "kv_norm", a.kv_lora_rank) if normed else []),
                 _mm("kv_up", tok, kv_up / t, a.kv_lora_rank)]
     else:
         ops = [_mm("qkv", tok, (sh.q + sh.k + sh.v + sh.gate) / t, h)]
-        ops += _norm_ops(a, "qk_norm", sh.q + sh.k) if a.qk_layernorm else []
+        ops += _norm_ops(a, "qk_norm", sh.q + sh.k, a.tp) if a.qk_layernorm else []
     if a.rotary:
         ops.append(Op("rotary", nbytes=2 * tok * (sh.q + sh.k) * w / t))
     if a.unfused_attention:
@@ -235,8 +246,8 @@ def head_activation_bytes(a: Architecture) -> int:
     cast is what autograd saves (Megatron's vocab-parallel loss keeps its fp32 softmax
     the same way); they exist only for the moment of the cast."""
     tok, w = _tokens(a), DTYPE_BYTES[a.dtype]
-    logits = tok * padded_vocab(a)
-    return int((_norm_bytes(a, a.hidden_size) + tok * a.hidden_size * w + logits * 4) / a.tp)
+    hidden = _norm_bytes(a, a.hidden_size) + tok * a.hidden_size * w
+    return int(rank_bytes(a, hidden, tok * padded_vocab(a) * 4))
 
 
 def head_transient_bytes(a: Architecture) -> int:
@@ -249,4 +260,4 @@ def head_transient_bytes(a: Architecture) -> int:
 def embedding_activation_bytes(a: Architecture) -> int:
     """Token ids (int64) and, with dropout, the embedding dropout's mask."""
     tok = _tokens(a)
-    return int(8 * tok + (tok * a.hidden_size / a.tp if a.dropout else 0))
+    return int(8 * tok + (tok * a.hidden_size / a.token_ranks if a.dropout else 0))

@@ -30,6 +30,7 @@ from ppsim.costs.layerops import (
     _tokens,
     attention_ops,
     mlp_ops,
+    rank_bytes,
 )
 from ppsim.costs.modules import (
     HYBRID_HALVES,
@@ -281,25 +282,24 @@ def mixer_ops(a: Architecture, kind: str) -> list[Op]:
 
 
 def _mixer_bytes(a: Architecture, kind: str) -> float:
-    """What a Mamba or GatedDeltaNet mixer keeps beyond the pre-norm, before tp (whole
-    widths)."""
+    """What a Mamba or GatedDeltaNet mixer keeps beyond the pre-norm and its output,
+    before tp (whole widths)."""
     tok, w = _tokens(a), DTYPE_BYTES[a.dtype]
-    # The norm's output and the gated norm's are in_proj's and out_proj's inputs only:
-    # FP8 linears keep them quantized (ppsim.costs.fp8).
+    # The gated norm's output is out_proj's input only: FP8 linears keep it quantized
+    # (ppsim.costs.fp8).
     f = fp8_bytes(a) if a.fp8_copies else w
     if kind == "mamba":
         m = mamba_shape(a)
-        # norm output, z x B C dt, conv output (the scan's x, B, C), dt and its cumsum
-        # (fp32), the chunk states (fp32), the scan output, the gated norm's rstd and
-        # output (out_proj's input)
-        return (tok * (a.hidden_size + m.inner) * f + tok * (m.in_proj + m.conv + m.inner) * w
+        # z x B C dt, conv output (the scan's x, B, C), dt and its cumsum (fp32), the
+        # chunk states (fp32), the scan output, the gated norm's rstd and output
+        return (tok * m.inner * f + tok * (m.in_proj + m.conv + m.inner) * w
                 + tok * (2 * m.heads + m.groups) * 4
                 + tok / MAMBA_CHUNK * m.inner * m.state * 4)
     d = delta_shape(a)
     c = GDN_CHUNK
-    # norm output, in_proj output, conv output, l2-normed q and k, the chunk's
-    # A matrix, g and beta (fp32), the chunk states (fp32), core and norm outputs
-    return (tok * (a.hidden_size + d.value) * f
+    # in_proj output, conv output, l2-normed q and k, the chunk's A matrix, g and beta
+    # (fp32), the chunk states (fp32), core and norm outputs
+    return (tok * d.value * f
             + tok * (d.in_proj + d.conv + 2 * d.key + d.value) * w
             + tok * d.value_heads * (c + 3) * 4
             + tok / c * d.value_heads * a.linear_key_head_dim * a.linear_value_head_dim * 4)
@@ -313,8 +313,11 @@ def mixer_activation_bytes(a: Architecture, kind: str) -> int:
         return layer_activation_bytes(a, kind)
     tok, h, w = _tokens(a), a.hidden_size, DTYPE_BYTES[a.dtype]
     if a.recompute == "full":
-        return int(tok * h * w / a.tp)  # only the layer's input
-    masks = tok * h if a.dropout else 0
-    return int((_norm_bytes(a, h) + _mixer_bytes(a, kind) + masks) / a.tp)
+        return int(tok * h * w / a.token_ranks)  # only the layer's input
+    # The pre-norm's input, statistics and output (in_proj's input: quantized under FP8)
+    # and dropout's mask are hidden-wide: split by tokens under sequence parallelism.
+    normed = tok * h * (fp8_bytes(a) if a.fp8_copies else w)
+    hidden = _norm_bytes(a, h) + normed + (tok * h if a.dropout else 0)
+    return int(rank_bytes(a, hidden, _mixer_bytes(a, kind)))
 
 

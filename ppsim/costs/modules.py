@@ -1,7 +1,8 @@
 """A decoder layer's saved tensors and ops by Megatron module: what a memory policy acts on.
 
 Each tensor autograd keeps for the backward is listed once, by name, with its bytes
-per tp rank (the same counts as ppsim.costs.layerops: their sum is
+per tp rank (hidden-wide ones between the tensor-parallel blocks, TOKEN_SPLIT, split by
+tokens only under sequence parallelism; the same counts as ppsim.costs.layerops: their sum is
 `layer_activation_bytes`). Megatron-Core's recompute modules
 (`--recompute-modules`) each drop a set of those tensors and repeat a set of forward
 ops inside the backward; its offload modules (`--offload-modules`) each move a set
@@ -117,6 +118,20 @@ def _moves(a: Architecture, module: str) -> tuple[str, ...]:
     if a.unfused_attention and module == "core_attn":
         return tuple(n for n in _MOVES[module] if n != "attn.out")
     return _MOVES[module]
+
+
+TOKEN_SPLIT = ("norm1.", "norm2.", "q_norm.", "kv_norm.", "q_up.in", "kv_up.in", "drop1.",
+               "drop2.", "attn.k_rope")
+"""The saved tensors (by name prefix) that are hidden-wide or a latent between the
+tensor-parallel blocks: split over Architecture.token_ranks, the rest by width over tp.
+(A MoE layer's are all over tp: Megatron runs MoE with tp > 1 only under sequence
+parallelism.)"""
+
+
+def _per_rank(a: Architecture, tensors: dict[str, float]) -> dict[str, float]:
+    """Whole tensors' bytes as one tensor rank holds them."""
+    return {k: v / (a.token_ranks if k.startswith(TOKEN_SPLIT) else a.tp)
+            for k, v in tensors.items()}
 
 
 LAYER_INPUT = "norm1.in"
@@ -251,7 +266,7 @@ def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
         t.update({n: v / w * f for n, v in t.items() if n in FP8_INPUTS})
         t[PROJ_INPUT] = tok * sh.out * f
         t.pop(GATED, None)  # the projection's FP8 copy is of the gated output
-    return {k: v / a.tp for k, v in t.items()}
+    return _per_rank(a, t)
 
 
 def _half_tensors(a: Architecture, kind: str) -> dict[str, float]:
@@ -321,7 +336,8 @@ def kept_tensors(a: Architecture, kind: str, recompute: tuple[str, ...] = ()
     if "mla_up_proj" in recompute and applies("mla_up_proj", a, kind):
         # Its checkpoint keeps its inputs: the latents (kept by the up projections anyway)
         # and the keys' shared rotary part, which nothing keeps without it.
-        kept["attn.k_rope"] = _tokens(a) * a.qk_rope_head_dim * DTYPE_BYTES[a.dtype] / a.tp
+        kept.update(_per_rank(a, {"attn.k_rope": _tokens(a) * a.qk_rope_head_dim
+                                                 * DTYPE_BYTES[a.dtype]}))
     return kept
 
 

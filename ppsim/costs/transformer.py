@@ -156,7 +156,7 @@ def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
                                                                        layer=True))
                      + fp8_weight_bytes(a, ops),
                      activation_bytes=act, weight_grad_bytes=w_keep, transient_bytes=transient,
-                     output_bytes=s * b * h * DTYPE_BYTES[a.dtype] // t,
+                     output_bytes=s * b * h * DTYPE_BYTES[a.dtype] // a.token_ranks,
                      params=int(held.dense + held.experts), expert_params=int(held.experts))
 
 
@@ -196,7 +196,7 @@ def _mtp_cost(a: Architecture, acc: Accelerator, layer: LayerCost,
         weight_grad_ms=layer.weight_grad_ms + bw + head.weight_grad_ms,
         static_bytes=layer.static_bytes + extra,
         activation_bytes=layer.activation_bytes + head.activation_bytes
-        + int(2 * s * b * h * width / t),
+        + int(2 * s * b * h * width / a.token_ranks),
         weight_grad_bytes=layer.weight_grad_bytes + head.weight_grad_bytes,
         transient_bytes=max(layer.transient_bytes, head.transient_bytes),
         output_bytes=layer.output_bytes, params=layer.params + int(mtp_extra_params(a) / t),
@@ -235,7 +235,8 @@ def transformer_costs(a: Architecture, acc: Accelerator, recompute: tuple[str, .
     emb = LayerCost(forward_ms=0.0, backward_ms=0.0,
                     static_bytes=int(padded_vocab(a) * h / t * bytes_per_param(a)),
                     activation_bytes=embedding_activation_bytes(a),
-                    output_bytes=s * b * h * width // t, params=int(padded_vocab(a) * h / t))
+                    output_bytes=s * b * h * width // a.token_ranks,
+                    params=int(padded_vocab(a) * h / t))
     named = kinds + ("mtp",) * a.mtp_layers
     # A stack of dense layers only has one kind: leave it unnamed, as cost files do.
     plain = set(named) <= {"dense"}

@@ -66,7 +66,9 @@ def overlaps_off(job: Job | None) -> list[str]:
         out += ["--overlap-grad-reduce"] * (not job.overlap_grad_reduce)
         out += ["--overlap-param-gather"] * (job.arch.distributed_optimizer
                                              and not job.overlap_param_gather)
-    out += ["--tp-comm-overlap"] * (s.tp > 1 and not job.tp_comm_overlap)
+    if s.tp > 1 and not job.tp_comm_overlap:  # which needs sequence parallelism
+        out += ["--sequence-parallel"] * (not job.arch.sequence_parallel)
+        out.append("--tp-comm-overlap")
     return out
 
 

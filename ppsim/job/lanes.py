@@ -25,7 +25,7 @@ from ppsim.job.layers import (
     piece_fp8,
 )
 from ppsim.job.model import Job
-from ppsim.job.traffic import Collective, PieceCollectives, recomputed, tp_collectives_ms
+from ppsim.job.traffic import Collective, PieceCollectives, mtp_tp_ms, recomputed
 from ppsim.sim.timing import in_pairs
 
 GROUPS = ("tp", "cp", "ep", "dp")
@@ -59,7 +59,7 @@ def stage_collectives(job: Job, acc: Accelerator, stages: Sequence[Any]
     a = per_rank_arch(job.arch)
     costs = compute_costs(job, acc)
     kinds = costs.kinds or ("dense",) * len(costs.layers)
-    one = tp_collectives_ms(job, a, 1)
+    one = mtp_tp_ms(job, a)
     fp8 = piece_fp8(a, len(costs.layers))
     edge = PieceCollectives(forward=(Collective(group="tp", total_ms=one, exposed_ms=one),),
                             backward=(Collective(group="tp", total_ms=one, exposed_ms=one),))

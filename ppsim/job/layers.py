@@ -48,8 +48,9 @@ from ppsim.job.traffic import (
     cp_mixer_comm,
     cp_traffic,
     dispatcher_tp_ms,
+    edge_tp_ms,
+    mtp_tp_ms,
     recomputed,
-    tp_collectives_ms,
     tp_layer_ms,
     with_forward_again,
 )
@@ -170,12 +171,12 @@ def fsdp_collectives(job: Job, cost: LayerCost, head: bool = False,
 
 def edge_collectives(job: Job, a: Architecture, cost: LayerCost,
                      head: bool = False) -> PieceCollectives:
-    """The embedding's (or the head's) collectives: one tensor-parallel gather (or
-    scatter) each way, and its FSDP unit's."""
-    one = tp_collectives_ms(job, a, 1)
-    tp = (Collective(group="tp", total_ms=one, exposed_ms=one),) if one else ()
+    """The embedding's (or the head's) collectives: its tensor-parallel ones
+    (traffic.edge_tp_ms), and its FSDP unit's."""
+    f, b = (tuple(Collective(group="tp", total_ms=ms, exposed_ms=ms) for ms in (side,) if ms)
+            for side in edge_tp_ms(job, a, head))
     own = fsdp_collectives(job, cost, head, edge=True)
-    return PieceCollectives(forward=tp + own.forward, backward=tp + own.backward)
+    return PieceCollectives(forward=f + own.forward, backward=b + own.backward)
 
 
 def piece_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
@@ -348,7 +349,7 @@ def job_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None = No
         return costs
     again = recomputed(a, recompute)
     kinds = costs.kinds or ("dense",) * len(costs.layers)
-    one = tp_collectives_ms(job, a, 1)
+    one = mtp_tp_ms(job, a)
     # One entry per distinct piece: layers of a kind differ where a window applies.
     by_piece: dict[tuple[str, LayerCost, int], LayerCost] = {}
     layers = []

@@ -245,12 +245,13 @@ class Job:
                           self.peak_tflops, self.torchtitan_flops)
 
     def describe(self) -> dict[str, Any]:
-        """The job for JSON: sizes, batch, sharding, FP8 (None in bf16), the optimizer,
-        the combined 1F1B's all-to-all overlap, the SMs communication holds, and which
-        groups cross nodes."""
+        """The job for JSON: sizes (with sequence parallelism at tp > 1), batch, sharding,
+        FP8 (None in bf16), the optimizer, the combined 1F1B's all-to-all overlap, the SMs
+        communication holds, and which groups cross nodes."""
         s, g = self.shape.sizes, self.groups
         return {"gpus": s.gpus, "tp": s.tp, "cp": s.cp, "ep": s.ep, "etp": s.expert_tp,
                 "dp": s.dp, "pp": s.pp,
+                "sequence_parallel": s.tp > 1 and self.arch.sequence_parallel,
                 "global_batch_size": self.shape.global_batch_size,
                 "micro_batch_size": self.shape.micro_batch_size,
                 "seq_length": self.shape.seq_length, "rank_order": self.shape.rank_order,

@@ -51,9 +51,11 @@ def shape_config(cfg: Any, s: Shape, gbs: int) -> Any:
     overlap = {"tp_comm_overlap": False} if s.tp == 1 else {}
     if s.sharding and s.fully_sharded:  # Megatron DDP's knobs are not FSDP's to take
         cfg = replace(cfg, pipeline=replace(cfg.pipeline, **DDP_KNOBS_OFF))
+    # Every shape splits the activations between the tensor-parallel blocks by tokens
+    # (less memory, the same bytes on the links; MoE at tp > 1 needs it).
     return with_overrides(cfg, model={"tp": s.tp, "cp": s.cp, "ep": s.ep, "etp": s.etp, "dp": s.dp,
-                                      "micro_batch_size": s.mbs, **sharding, **cp_comm,
-                                      **host},
+                                      "micro_batch_size": s.mbs, "sequence_parallel": True,
+                                      **sharding, **cp_comm, **host},
                           pipeline={"pp": s.pp, "vpp": s.vpp, "schedule": schedule,
                                     "global_batch_size": gbs, **dispatcher, **overlap},
                           split={})

@@ -88,15 +88,20 @@ def job_shape(cfg: Any) -> JobShape | None:
 
 
 def tp_overlap_refusal(cfg: Any) -> None:
-    """Megatron's refusal of --tp-comm-overlap at tp 1, where it turns sequence
-    parallelism off: for the job as configured (a job search's base config is not one;
+    """Megatron's refusal of --tp-comm-overlap without sequence parallelism, which it
+    turns off at tp 1: for the job as configured (a job search's base config is not one;
     its shapes at tp 1 run without the overlap)."""
     a = arch_of(cfg.model)
-    if a is not None and a.tp == 1 and cfg.pipeline.tp_comm_overlap:
-        raise UserError("pipeline.tp_comm_overlap", "Tensor parallel communication/GEMM "
-                        "overlap can happen only when sequence parallelism is enabled",
-                        "drop --tp-comm-overlap at tp 1, where Megatron disables "
-                        "sequence parallelism")
+    if a is None or not cfg.pipeline.tp_comm_overlap:
+        return
+    words = "Tensor parallel communication/GEMM overlap can happen only when sequence " \
+        "parallelism is enabled"
+    if a.tp == 1:
+        raise UserError("pipeline.tp_comm_overlap", words, "drop --tp-comm-overlap at tp 1, "
+                        "where Megatron disables sequence parallelism")
+    if not a.sequence_parallel:
+        raise UserError("pipeline.tp_comm_overlap", words + " (Megatron's words)",
+                        "add --sequence-parallel, or set model.sequence_parallel = true")
 
 
 def dispatcher_refusal(dispatcher: str | None, a: Any) -> tuple[str, str] | None:

@@ -1,8 +1,8 @@
 """A layer's traffic on each group, as the job's collectives price it: tensor parallelism's
-sequence-parallel gathers and scatters (and the all-to-all dispatcher's over etp),
-context parallelism's per --cp-comm-type (and the rest of the attention it spreads), and
-what of it a recomputing backward runs again. ppsim.job.layers adds them to a layer's
-compute; ppsim.job.lanes draws them.
+sequence-parallel gathers and scatters, or its all-reduces without sequence parallelism
+(and the all-to-all dispatcher's over etp), context parallelism's per --cp-comm-type (and
+the rest of the attention it spreads), and what of it a recomputing backward runs again.
+ppsim.job.layers adds them to a layer's compute; ppsim.job.lanes draws them.
 
 With context parallelism a rank holds seq_length / cp tokens of each sequence, so a
 layer costs the model's at that length plus the attention it computes against the other
@@ -13,7 +13,9 @@ in the forward (under FP8 the gathers move the quantized input) and mirrored in 
 backward; a MoE layer does so for its attention alone: its experts' tokens travel by the
 dispatcher, which with the all-to-all one gathers over etp every token copy the rank's
 experts received and scatters their outputs (`dispatcher_tp_ms`, on the compute stream,
-never hidden); a hybrid block is one sublayer (SP_SUBLAYERS).
+never hidden); a hybrid block is one sublayer (SP_SUBLAYERS). Without sequence
+parallelism each sublayer all-reduces its output in the forward and its input's gradient
+in the backward instead (Megatron's row- and column-parallel linears).
 """
 
 from __future__ import annotations
@@ -27,9 +29,23 @@ from ppsim.costs.mixer_split import cp_exchange
 from ppsim.costs.modules import SHORTHAND, applies
 from ppsim.costs.ops import op_times
 from ppsim.costs.transformer import Accelerator
-from ppsim.job.collectives import Link, all_gather_ms, all_to_all_ms, reduce_scatter_ms, send_ms
+from ppsim.job.collectives import (
+    Link,
+    all_gather_ms,
+    all_reduce_ms,
+    all_to_all_ms,
+    reduce_scatter_ms,
+    send_ms,
+)
 from ppsim.job.model import Job
 from ppsim.job.userbuffers import TpTraffic
+
+
+def _hidden_bytes(a: Architecture, element_bytes: float = 0) -> float:
+    """One microbatch's hidden states, `element_bytes` an element (0: the training
+    dtype's)."""
+    return a.seq_length * a.micro_batch_size * a.hidden_size \
+        * (element_bytes or DTYPE_BYTES[a.dtype])
 
 
 def tp_collectives_ms(job: Job, a: Architecture, collectives: int,
@@ -38,9 +54,33 @@ def tp_collectives_ms(job: Job, a: Architecture, collectives: int,
     `element_bytes` an element (0: the training dtype's)."""
     if a.tp == 1:
         return 0.0
-    nbytes = a.seq_length * a.micro_batch_size * a.hidden_size \
-        * (element_bytes or DTYPE_BYTES[a.dtype])
-    return collectives * all_gather_ms(nbytes, job.link("tp"))
+    return collectives * all_gather_ms(_hidden_bytes(a, element_bytes), job.link("tp"))
+
+
+def tp_reduces_ms(job: Job, a: Architecture, collectives: float) -> float:
+    """`collectives` all-reduces of one microbatch's hidden states over tp."""
+    if a.tp == 1:
+        return 0.0
+    return collectives * all_reduce_ms(_hidden_bytes(a), job.link("tp"))
+
+
+def edge_tp_ms(job: Job, a: Architecture, head: bool) -> tuple[float, float]:
+    """(forward, backward) tensor-parallel ms of the embedding (or the `head`): with
+    sequence parallelism the embedding's output is reduce-scattered and the head's input
+    gathered, the mirror in the backward; without it the embedding all-reduces its output
+    and the head its input's gradient (copy_to_tensor_model_parallel_region)."""
+    if a.sequence_parallel:
+        one = tp_collectives_ms(job, a, 1)
+        return one, one
+    reduce = tp_reduces_ms(job, a, 1)
+    return (0.0, reduce) if head else (reduce, 0.0)
+
+
+def mtp_tp_ms(job: Job, a: Architecture) -> float:
+    """An MTP module's own pass through the head, each way: one gather or scatter, or
+    without sequence parallelism one all-reduce (its embedding's forward, the head's
+    backward)."""
+    return tp_collectives_ms(job, a, 1) if a.sequence_parallel else tp_reduces_ms(job, a, 1)
 
 
 SP_SUBLAYERS = {"dense": 2, "moe": 1, "moe-mlp": 0}
@@ -52,10 +92,15 @@ block (Mamba, GatedDeltaNet, attention, MLP) is one sublayer."""
 
 def tp_layer_ms(job: Job, a: Architecture, sublayers: int = 2, again: float = 0.0
                 ) -> tuple[TpTraffic, TpTraffic]:
-    """The sequence-parallel collectives of a layer of `sublayers`, forward and
+    """The tensor-parallel collectives of a layer of `sublayers`, forward and
     backward: one all-gather (under FP8 of the quantized input) and one reduce-scatter
-    each way per sublayer, and in the backward the forward's share `again` of them the
-    recompute runs again (Recomputed.tp_share)."""
+    each way per sublayer, or without sequence parallelism one all-reduce, and in the
+    backward the forward's share `again` of them the recompute runs again
+    (Recomputed.tp_share)."""
+    if not a.sequence_parallel:
+        each = tp_reduces_ms(job, a, sublayers)
+        return TpTraffic(gathers_ms=0.0, scatters_ms=0.0, reduces_ms=each), \
+            TpTraffic(gathers_ms=0.0, scatters_ms=0.0, reduces_ms=each * (1 + again))
     inputs = tp_collectives_ms(job, a, sublayers, fp8_bytes(a) if a.fp8_copies else 0)
     each = tp_collectives_ms(job, a, sublayers)  # one a sublayer, in the training dtype
     forward = TpTraffic(gathers_ms=inputs, scatters_ms=each, pipelined_ms=each)

@@ -27,17 +27,19 @@ PIPELINE_SPLITS = 4
 
 @dataclass(frozen=True, kw_only=True)
 class TpTraffic:
-    """One direction of a layer's sequence-parallel collectives, ms on the tp links."""
+    """One direction of a layer's tensor-parallel collectives, ms on the tp links."""
 
     gathers_ms: float
     scatters_ms: float
     pipelined_ms: float = 0.0
     """Of the scatters, those the forward's `pipeline` method runs (the forward's own,
     and a full recompute's repeat of it in the backward)."""
+    reduces_ms: float = 0.0
+    """All-reduces, without sequence parallelism (which --tp-comm-overlap needs)."""
 
     @property
     def total_ms(self) -> float:
-        return self.gathers_ms + self.scatters_ms
+        return self.gathers_ms + self.scatters_ms + self.reduces_ms
 
 
 def overlapped_ms(t: TpTraffic, compute_ms: float, sm_count: int) -> float:

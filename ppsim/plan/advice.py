@@ -20,7 +20,8 @@ def no_fit_message(res: PlanResult) -> str:
     floor = res.floor
     if floor is not None and floor.static_bytes > limit:
         return _state_message(res, floor.static_bytes, limit)
-    tips = [t for t in (f"more pipeline stages (--pp {p.schedule.pp * 2})", _recompute_tip(p),
+    tips = [t for t in (_sequence_tip(p), f"more pipeline stages (--pp {p.schedule.pp * 2})",
+                        _recompute_tip(p),
                         "a smaller micro-batch or fewer microbatches in flight") if t]
     if floor is not None and floor.peak_bytes > limit and p.schedule.vpp > 1:
         # Proven by the floor; no search ran to find the lowest peak itself.
@@ -37,6 +38,15 @@ def no_fit_message(res: PlanResult) -> str:
     return (f"no split fits {limit / 1e9:.1f} GB per rank: the smallest "
             f"peak any split reaches is {peak / 1e9:.2f} GB on rank {rank}; try "
             + ", ".join(tips))
+
+
+def _sequence_tip(p: Problem) -> str | None:
+    """Sequence parallelism, where tensor parallelism runs without it: the activations
+    between the blocks, whole on every tensor rank, split by tokens."""
+    job = p.hardware.job
+    if job is None or job.arch.tp == 1 or job.arch.sequence_parallel:
+        return None
+    return "sequence parallelism (--sequence-parallel)"
 
 
 def _recompute_tip(p: Problem) -> str | None:
@@ -87,7 +97,9 @@ def fit_hint(problem: Problem) -> str:
     if schedule_ops(s.pp, s.vpp, s.microbatches, s.split_backward) <= PLAN.ops:
         peak = SplitSearch(problem).floor.peak_bytes
         if peak > limit:
+            tip = _sequence_tip(problem)
             return (f"no split fits: some rank of {s.pp} holds at least {peak / 1e9:.2f} GB "
-                    "with its activations in flight; try recompute, a smaller micro-batch "
+                    "with its activations in flight; try "
+                    + (f"{tip}, " if tip else "") + "recompute, a smaller micro-batch "
                     "or more stages")
     return "another split may fit: `ppsim plan` finds the fastest that does"

@@ -258,7 +258,9 @@ OTHERS = {
 # every sharded matmul and both kinds of group are covered.
 TENSOR = {
     "tp2-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B]),
+    # tensor parallelism without sequence parallelism: all-reduces, norms whole
     "tp2-dp2-interleaved-gated": Spec(argv=["--tp", "2", "--dp", "2", *INTERLEAVED,
+                                            "--no-sequence-parallel",
                                             "--config", "{tmp}/gated.toml"], dump_grads=False),
 }
 

@@ -1,5 +1,6 @@
-"""Tensor parallelism for real: tp 2 x pp 2 (x dp 2) over gloo gives the one-process loss
-and, put back together, the one-process gradients (nothing mocked: torchrun processes)."""
+"""Tensor parallelism for real: tp 2 x pp 2 (x dp 2) over gloo, with sequence parallelism
+and without, gives the one-process loss and, put back together, the one-process gradients
+(nothing mocked: torchrun processes)."""
 
 from __future__ import annotations
 
@@ -62,6 +63,14 @@ def test_tensor_parallel_loss_equals_one_process(case: str, launches: Pool) -> N
     assert run.summary["losses"][0] == pytest.approx(loss, rel=1e-5)
     assert run.summary["losses"][1] < run.summary["losses"][0]
     assert run.summary["dp"] == dp
+    # The pipeline's messages: each tensor rank's tokens under sequence parallelism, every
+    # token without it (fp32 hidden states on CPU).
+    b, s, h = load_builder(builder_spec(None, fields), fields).activation_shape
+    split = "--no-sequence-parallel" not in argv
+    trace = json.loads((run.tmp / "out" / "trace.json").read_text())
+    sent = {e["args"]["bytes"] for e in trace["traceEvents"]
+            if e.get("args", {}).get("kind") == "send"}
+    assert sent == {b * s * h * 4 // (TP if split else 1)}
     if case != "tp2-1f1b":
         return
     got: dict[str, torch.Tensor] = {}

@@ -371,14 +371,14 @@ def test_fewer_positions_than_the_sequence_are_refused_as_megatron_refuses_them(
 def test_tp_comm_overlap_without_sequence_parallel_is_refused_as_megatron_refuses_it(
         capsys) -> None:
     """A model from Megatron's flags at tp 2 with --tp-comm-overlap and no
-    --sequence-parallel: Megatron asserts the overlap needs sequence parallelism; ppsim
-    noted the missing flag and priced the line."""
+    --sequence-parallel: refused as Megatron asserts (the overlap needs sequence
+    parallelism), naming the config field."""
     line = shlex.split("simulate --num-layers 4 --hidden-size 1024 --num-attention-heads 16 "
                        "--vocab-size 32000 --seq-length 2048 --max-position-embeddings 2048 "
                        "--tensor-model-parallel-size 2 --tp-comm-overlap --bf16 --hardware "
                        "h100-80gb --gpus 2")
     assert main(line) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--tp-comm-overlap: Tensor parallel communication/GEMM overlap " \
-        "can happen only when sequence parallelism is enabled" in err[0]
+    assert len(err) == 1 and "pipeline.tp_comm_overlap: Tensor parallel communication/GEMM " \
+        "overlap can happen only when sequence parallelism is enabled" in err[0]
     assert main([*line, "--sequence-parallel", "--json"]) == 0
