@@ -238,6 +238,10 @@ def build(fields: dict[str, Any]) -> Any:
     if a.fp8:
         raise UserError("model.fp8", "the executor's CPU processes have no FP8 matmuls",
                         "drop fp8 (--fp8-format) to run the model (the costs price FP8)")
+    if a.fp32_residual:
+        raise UserError("model.fp32_residual", "the executor keeps the residual stream in the "
+                        "training dtype", "drop fp32_residual (--fp32-residual-connection) to "
+                        "run the model (the costs price it)")
     if a.hybrid_layer_pattern or a.experimental_attention_variant:
         return hybrid.build(fields)
     plain = (not a.rmsnorm and a.learned_positions and a.attention == "gqa"

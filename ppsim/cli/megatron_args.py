@@ -39,6 +39,7 @@ def megatron_model_args(a: Architecture) -> list[str]:
     out += ["--untie-embeddings-and-output-weights"] * (not a.tie_embeddings)
     out += kv("--attention-backend", "unfused") * a.unfused_attention
     out += {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(a.dtype, [])
+    out += ["--fp32-residual-connection"] * a.fp32_residual
     if a.fp8:
         out += kv("--fp8-format", a.fp8) + kv("--fp8-recipe", a.fp8_recipe)
         out += ["--fp8-param-gather"] * a.fp8_param_gather

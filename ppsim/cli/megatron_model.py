@@ -59,6 +59,7 @@ ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
               "num_layers_at_end_in_bf16", "fp4_format", "cp_comm_type",
               "hierarchical_context_parallel_sizes", "optimizer",
               "muon_num_ns_steps", "muon_tp_mode", "qk_layernorm", "attention_output_gate",
+              "fp32_residual_connection",
               "qk_l2_norm", "moe_shared_expert_gate", "moe_permute_fusion",
               "experimental_attention_variant", "linear_attention_freq",
               "linear_conv_kernel_dim")
@@ -116,7 +117,7 @@ MLA_DEFAULTS = {"kv_lora_rank": 32, "head_dim": 128, "qk_rope_head_dim": 64, "v_
 SWITCHES = ("group-query-attention", "swiglu", "untie-embeddings-and-output-weights", "bf16",
             "fp16", "multi-latent-attention", "use-rotary-position-embeddings", "quick-geglu",
             "qk-layernorm", "qk-l2-norm", "attention-output-gate", "moe-shared-expert-gate",
-            "moe-permute-fusion")
+            "moe-permute-fusion", "fp32-residual-connection")
 """Model flags without a value (flag_fields reads them)."""
 OTHER_INTS = ("num-query-groups", "kv-channels", "qk-head-dim",
               "moe-shared-expert-intermediate-size", "make-vocab-size-divisible-by",
@@ -278,6 +279,8 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
         raise UserError("--bf16", "and --fp16 both given", "give one of them")
     if get("bf16") or get("fp16"):
         out["dtype"] = "bf16" if get("bf16") else "fp16"
+    if get("fp32_residual_connection"):
+        out["fp32_residual"] = True
     drops = [p for p in (get("hidden_dropout"), get("attention_dropout")) if p is not None]
     if any(not 0 <= p < 1 for p in drops):  # nan fails too
         raise UserError("--hidden-dropout", f"dropout probabilities must be in [0, 1), got "

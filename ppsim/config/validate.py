@@ -264,7 +264,7 @@ def transformer(raw: dict[str, Any]) -> None:
                 "grad_reduce_in_bf16", "precision_aware_optimizer", "fsdp",
                 "moe_pad_to_capacity", "fp8_param_gather", "first_last_layers_bf16",
                 "bias_swiglu_fusion", "gradient_accumulation_fusion", "unfused_attention",
-                "qk_layernorm", "sequence_parallel",
+                "qk_layernorm", "sequence_parallel", "fp32_residual",
                 "attention_output_gate", "shared_expert_gate", "moe_permute_fusion",
                 "optimizer_cpu_offload", "overlap_cpu_optimizer_d2h_h2d", "fsdp_cpu_offload"):
         if key in raw:
@@ -279,6 +279,11 @@ def transformer(raw: dict[str, Any]) -> None:
         number("model.moe_capacity_factor", raw["moe_capacity_factor"], hi=1e3,
                fix="give the capacity over an expert's even share, e.g. 1.0, or 0 for "
                "dropless")
+    if raw.get("fp32_residual") is True and raw.get("dtype", "bf16") == "fp32":
+        raise UserError("model.fp32_residual", "residual connection in fp32 only supported "
+                        "when using fp16 or bf16 (Megatron's assertion)",
+                        "train in bf16 or fp16 with --bf16 or --fp16, or drop "
+                        "--fp32-residual-connection")
     missing = [k for k in _REQUIRED if k not in raw]
     if missing:
         raise UserError(f"model.{missing[0]}", "missing for a transformer model",

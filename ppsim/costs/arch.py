@@ -79,6 +79,10 @@ class Architecture:
     gated MLP's third matrix only with --swiglu."""
     dtype: str = "bf16"
     """Training dtype: bf16, fp16 or fp32."""
+    fp32_residual: bool = False
+    """Keep the residual stream between the sublayers in fp32 (Megatron
+    --fp32-residual-connection, with bf16 or fp16): the residual adds write it, the norms
+    read it and keep it, the pipeline sends it at 4 bytes an element."""
     tp: int = 1
     """Tensor-parallel size."""
     sequence_parallel: bool = True
@@ -325,6 +329,11 @@ class Architecture:
         if f <= 0:
             return 1.0
         return f if self.moe_pad_to_capacity else min(f, 1.0)
+
+    @property
+    def residual_bytes(self) -> int:
+        """Bytes an element of the residual stream takes (Architecture.fp32_residual)."""
+        return 4 if self.fp32_residual else DTYPE_BYTES[self.dtype]
 
     @property
     def token_ranks(self) -> int:

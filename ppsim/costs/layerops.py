@@ -53,16 +53,25 @@ def rank_bytes(a: Architecture, hidden: float, split: float) -> float:
 
 
 def _norm_ops(a: Architecture, name: str, width: int, split: int = 0) -> list[Op]:
-    """A norm of `width` a token, over `split` ranks (default: a hidden-wide tensor's,
-    Architecture.token_ranks)."""
+    """A norm of `width` a token inside a sublayer, over `split` ranks (default: a
+    latent's, Architecture.token_ranks): read, write."""
     w = DTYPE_BYTES[a.dtype]
     return [Op(name, nbytes=2 * _tokens(a) * width * w / (split or a.token_ranks))]
 
 
+def _stream_norm_ops(a: Architecture, name: str, width: int) -> list[Op]:
+    """A norm of the residual stream: reads it (Architecture.residual_bytes), writes its
+    output in the training dtype."""
+    moved = _tokens(a) * width * (a.residual_bytes + DTYPE_BYTES[a.dtype])
+    return [Op(name, nbytes=moved / a.token_ranks)]
+
+
 def _residual(a: Architecture, name: str) -> Op:
-    """dropout(x) + residual: read two, write one (and a mask when dropout is on)."""
+    """dropout(x) + residual: read the sublayer's output and the residual stream, write
+    the stream (and a mask when dropout is on)."""
     th = _tokens(a) * a.hidden_size / a.token_ranks
-    return Op(name, nbytes=th * (3 * DTYPE_BYTES[a.dtype] + (1 if a.dropout else 0)))
+    moved = DTYPE_BYTES[a.dtype] + 2 * a.residual_bytes + (1 if a.dropout else 0)
+    return Op(name, nbytes=th * moved)
 
 
 def _mm(name: str, m: int, n: float, k: float, count: float = 1, weights: bool = True) -> Op:
@@ -206,8 +215,8 @@ def mlp_ops(a: Architecture, kind: str) -> list[Op]:
 def layer_ops(a: Architecture, kind: str, window: int = 0) -> list[Op]:
     """The forward ops of one decoder layer of `kind` (attending over `window`), per tp
     rank; its TE linears marked FP8 under --fp8-format."""
-    return fp8_ops(a, _norm_ops(a, "norm1", a.hidden_size) + attention_ops(a, window)
-                   + [_residual(a, "residual1")] + _norm_ops(a, "norm2", a.hidden_size)
+    return fp8_ops(a, _stream_norm_ops(a, "norm1", a.hidden_size) + attention_ops(a, window)
+                   + [_residual(a, "residual1")] + _stream_norm_ops(a, "norm2", a.hidden_size)
                    + mlp_ops(a, kind) + [_residual(a, "residual2")])
 
 
@@ -218,7 +227,7 @@ def head_ops(a: Architecture) -> list[Op]:
     (reads the gradient twice and the output once, writes once), the cast back."""
     tok, w, v = _tokens(a), DTYPE_BYTES[a.dtype], padded_vocab(a) / a.tp
     logits = tok * v
-    return landed(a, _norm_ops(a, "final_norm", a.hidden_size)
+    return landed(a, _stream_norm_ops(a, "final_norm", a.hidden_size)
                   + [_mm("output", tok, v, a.hidden_size),
                      Op("loss", nbytes=logits * (w + 4 + 4 * 4),
                         backward_bytes=logits * (6 * 4 + w))])
@@ -227,7 +236,7 @@ def head_ops(a: Architecture) -> list[Op]:
 def mtp_ops(a: Architecture) -> list[Op]:
     """An MTP module's own ops: two norms and the 2h -> h projection."""
     h = a.hidden_size
-    return landed(a, _norm_ops(a, "mtp.norms", 2 * h)
+    return landed(a, _stream_norm_ops(a, "mtp.norms", 2 * h)
                   + [_mm("mtp.proj", _tokens(a), h / a.tp, 2 * h)])
 
 
@@ -235,9 +244,9 @@ def mtp_ops(a: Architecture) -> list[Op]:
 
 
 def _norm_bytes(a: Architecture, width: int) -> float:
-    """A norm's input and its fp32 statistics."""
+    """A residual-stream norm's input and its fp32 statistics."""
     stats = 4 if a.rmsnorm else 8
-    return _tokens(a) * (width * DTYPE_BYTES[a.dtype] + stats)
+    return _tokens(a) * (width * a.residual_bytes + stats)
 
 
 def head_activation_bytes(a: Architecture) -> int:
@@ -246,7 +255,7 @@ def head_activation_bytes(a: Architecture) -> int:
     cast is what autograd saves (Megatron's vocab-parallel loss keeps its fp32 softmax
     the same way); they exist only for the moment of the cast."""
     tok, w = _tokens(a), DTYPE_BYTES[a.dtype]
-    hidden = _norm_bytes(a, a.hidden_size) + tok * a.hidden_size * w
+    hidden = _norm_bytes(a, a.hidden_size) + tok * a.hidden_size * w  # the norm's output
     return int(rank_bytes(a, hidden, tok * padded_vocab(a) * 4))
 
 

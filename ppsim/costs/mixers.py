@@ -25,8 +25,8 @@ from ppsim.costs.layerops import (
     _mlp_ops,
     _mm,
     _norm_bytes,
-    _norm_ops,
     _residual,
+    _stream_norm_ops,
     _tokens,
     attention_ops,
     mlp_ops,
@@ -275,7 +275,7 @@ def mixer_ops(a: Architecture, kind: str) -> list[Op]:
         body = _mlp_ops(a, "mlp", _tokens(a), a.ffn_hidden_size)
     else:
         body = mlp_ops(a, "moe")
-    return fp8_ops(a, _norm_ops(a, "norm", h) + body + [_residual(a, "residual")])
+    return fp8_ops(a, _stream_norm_ops(a, "norm", h) + body + [_residual(a, "residual")])
 
 
 # ------------------------------------------------------------------ activation memory
@@ -313,7 +313,7 @@ def mixer_activation_bytes(a: Architecture, kind: str) -> int:
         return layer_activation_bytes(a, kind)
     tok, h, w = _tokens(a), a.hidden_size, DTYPE_BYTES[a.dtype]
     if a.recompute == "full":
-        return int(tok * h * w / a.token_ranks)  # only the layer's input
+        return int(tok * h * a.residual_bytes / a.token_ranks)  # only the layer's input
     # The pre-norm's input, statistics and output (in_proj's input: quantized under FP8)
     # and dropout's mask are hidden-wide: split by tokens under sequence parallelism.
     normed = tok * h * (fp8_bytes(a) if a.fp8_copies else w)

@@ -211,11 +211,13 @@ def _weighting(a: Architecture, pairs: float, width: int) -> dict[str, float]:
     return out
 
 
-def _norm(a: Architecture, name: str, width: int) -> dict[str, float]:
+def _norm(a: Architecture, name: str, width: int, input_bytes: int = 0) -> dict[str, float]:
+    """A norm's input (`input_bytes` an element, default the training dtype's), its fp32
+    statistics and its output."""
     w = DTYPE_BYTES[a.dtype]
     tok = _tokens(a)
-    return {f"{name}.in": tok * width * w, f"{name}.stats": tok * (4 if a.rmsnorm else 8),
-            f"{name}.out": tok * width * w}
+    return {f"{name}.in": tok * width * (input_bytes or w),
+            f"{name}.stats": tok * (4 if a.rmsnorm else 8), f"{name}.out": tok * width * w}
 
 
 def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
@@ -226,7 +228,7 @@ def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
         return _half_tensors(a, kind)
     tok, h, w = _tokens(a), a.hidden_size, DTYPE_BYTES[a.dtype]
     sh = attention_shape(a)
-    t: dict[str, float] = {**_norm(a, "norm1", h)}
+    t: dict[str, float] = {**_norm(a, "norm1", h, a.residual_bytes)}  # the residual stream
     if a.attention == "mla":
         for name, rank in (("q_norm", a.q_lora_rank), ("kv_norm", a.kv_lora_rank)):
             if rank and a.qk_layernorm:
@@ -240,7 +242,7 @@ def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
     if a.dropout:
         t["drop1.mask"] = tok * h
         t["drop2.mask"] = tok * h
-    t.update(_norm(a, "norm2", h))
+    t.update(_norm(a, "norm2", h, a.residual_bytes))
     if kind == "dense":
         t.update(_mlp_tensors(a, "mlp", tok, a.ffn_hidden_size))
     else:

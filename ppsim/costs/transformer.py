@@ -156,7 +156,7 @@ def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
                                                                        layer=True))
                      + fp8_weight_bytes(a, ops),
                      activation_bytes=act, weight_grad_bytes=w_keep, transient_bytes=transient,
-                     output_bytes=s * b * h * DTYPE_BYTES[a.dtype] // a.token_ranks,
+                     output_bytes=s * b * h * a.residual_bytes // a.token_ranks,
                      params=int(held.dense + held.experts), expert_params=int(held.experts))
 
 
@@ -231,11 +231,10 @@ def transformer_costs(a: Architecture, acc: Accelerator, recompute: tuple[str, .
         mtp = _mtp_cost(a, acc, _chain(inner), head)
         layers += [mtp] * a.mtp_layers
     # Embedding: a lookup (no matmul); its backward scatters gradients into the table.
-    width = DTYPE_BYTES[a.dtype]
     emb = LayerCost(forward_ms=0.0, backward_ms=0.0,
                     static_bytes=int(padded_vocab(a) * h / t * bytes_per_param(a)),
                     activation_bytes=embedding_activation_bytes(a),
-                    output_bytes=s * b * h * width // a.token_ranks,
+                    output_bytes=s * b * h * a.residual_bytes // a.token_ranks,
                     params=int(padded_vocab(a) * h / t))
     named = kinds + ("mtp",) * a.mtp_layers
     # A stack of dense layers only has one kind: leave it unnamed, as cost files do.
