@@ -119,7 +119,9 @@ def job_line(job: Any, iteration_ms: float) -> str:
     fsdp += f" x{d['dp_replicas']} copies" if d["dp_replicas"] > 1 else ""
     cp = f" {d['cp_comm_type']}" if d["cp"] > 1 and d["cp_comm_type"] != "p2p" else ""
     ep = f"{d['ep']} etp {d['etp']}" if d["ep"] > 1 and d["etp"] != d["tp"] else d["ep"]
-    shape = (f"{d['gpus']:,} GPUs (tp {d['tp']} cp {d['cp']}{cp} ep {ep} dp {d['dp']}"
+    tp = f"{d['tp']} (no sequence parallelism)" if d["tp"] > 1 \
+        and not d["sequence_parallel"] else d["tp"]
+    shape = (f"{d['gpus']:,} GPUs (tp {tp} cp {d['cp']}{cp} ep {ep} dp {d['dp']}"
              f"{fsdp} pp {d['pp']}), global batch {d['global_batch_size']:,}")
     if d["fp8"]:
         shape += f", FP8 {d['fp8']['format']} {d['fp8']['recipe']}"

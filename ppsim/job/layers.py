@@ -173,8 +173,10 @@ def edge_collectives(job: Job, a: Architecture, cost: LayerCost,
                      head: bool = False) -> PieceCollectives:
     """The embedding's (or the head's) collectives: its tensor-parallel ones
     (traffic.edge_tp_ms), and its FSDP unit's."""
-    f, b = (tuple(Collective(group="tp", total_ms=ms, exposed_ms=ms) for ms in (side,) if ms)
-            for side in edge_tp_ms(job, a, head))
+    def exposed(ms: float) -> tuple[Collective, ...]:
+        return (Collective(group="tp", total_ms=ms, exposed_ms=ms),) if ms else ()
+
+    f, b = (exposed(ms) for ms in edge_tp_ms(job, a, head))
     own = fsdp_collectives(job, cost, head, edge=True)
     return PieceCollectives(forward=f + own.forward, backward=b + own.backward)
 

@@ -144,3 +144,12 @@ def test_megatron_refusals(argv: list[str], field: str,
     assert main(["simulate", *argv]) == 2
     err = capsys.readouterr().err
     assert field in err and "sequence parallelism" in err and "Traceback" not in err
+
+
+def test_the_job_says_which_way_it_was_priced(capsys: pytest.CaptureFixture) -> None:
+    base = ["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--tp", "2"]
+    assert main([*base, "--no-sequence-parallel"]) == 0
+    assert "tp 2 (no sequence parallelism)" in " ".join(capsys.readouterr().out.split())
+    for extra, want in (([], True), (["--no-sequence-parallel"], False)):
+        assert main([*base, *extra, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["job"]["sequence_parallel"] is want
