@@ -66,7 +66,7 @@ SHAPE_KEYS = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vo
               "linear_value_head_dim", "unfused_attention", "pad_vocab", "qk_layernorm",
               "attention_output_gate", "shared_expert_gate",
               "experimental_attention_variant", "linear_attention_freq",
-              "moe_permute_fusion")
+              "moe_permute_fusion", "sequence_parallel", "fp32_residual")
 
 
 @dataclass(frozen=True)
@@ -355,6 +355,8 @@ def check_model(cf: CostFile, model_fields: dict[str, Any]) -> None:
         have = cf.model.get(key, defaults.get(key))
         if key == "hybrid_layer_pattern":  # the layers matter, not where `|` splits them
             want, have = pattern_layers(want), pattern_layers(have)
+        if key == "sequence_parallel" and cf.model.get("tp", 1) == 1:
+            continue  # Megatron turns it off at tp 1: nothing differs
         if want != have:
             raise UserError(f"{cf.path}: model.{key}", f"the file was measured with {key} = "
                             f"{have!r} but the config has {want!r}",

@@ -111,6 +111,9 @@ def test_profile_measures_the_tensor_parallel_collectives(tp_costs) -> None:
     assert doc["model"]["tp"] == 2
     one = _cli("simulate", "--costs", str(path), "--tp", "1", "--json")
     assert one.returncode == 2 and "tp" in one.stderr
+    # ... and with sequence parallelism, as the processes ran it
+    whole = _cli("simulate", "--costs", str(path), "--tp", "2", "--no-sequence-parallel")
+    assert whole.returncode == 2 and "model.sequence_parallel" in whole.stderr
 
 
 def test_diff_compares_a_tensor_parallel_run_with_its_simulation(launches: Pool, tp_costs,
