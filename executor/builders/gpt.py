@@ -33,15 +33,15 @@ from ppsim.executor.builders.llama import architecture, describe
 from ppsim.executor.builders.stage import AttentionCore
 from ppsim.executor.builders.tensor import (
     TensorGroup,
-    copy_in,
+    column_parallel,
     current,
-    join_tokens,
     mark_token_split,
     reduce_out,
     shard_input,
     shard_output,
     split_tokens,
 )
+from ppsim.executor.builders.vocab import VocabParallelHead, vocab_parallel_loss
 
 _ARCH = {f.name for f in fields(Architecture)}
 
@@ -126,18 +126,17 @@ class Block(nn.Module):
 
     def _mlp(self, y: torch.Tensor) -> torch.Tensor:
         """The MLP on the normed input, before the residual add."""
-        if self.tp is not None:
-            y = copy_in(y, self.tp)
-        y = swiglu(self.fc1(y), self.fc3(y), self.keep_silu) if self.fc3 is not None \
-            else F.gelu(self.fc1(y))
+        up = [self.fc1] + ([self.fc3] if self.fc3 is not None else [])
+        outs = [lin(y) for lin in up] if self.tp is None else column_parallel(y, self.tp, *up)
+        y = swiglu(outs[0], outs[1], self.keep_silu) if len(outs) == 2 else F.gelu(outs[0])
         return self.fc2(y) if self.tp is None else self._row(self.fc2, y)
 
     def _tensor_parallel(self, x: torch.Tensor) -> torch.Tensor:
         assert self.tp is not None
-        y = copy_in(self.norm1(x), self.tp)  # every token (sequence parallelism: gathered)
-        b, t, _ = y.shape
-        q = self.q(y).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k, v = self.kv(y).view(b, t, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, kv = column_parallel(self.norm1(x), self.tp, self.q, self.kv)  # every token
+        b, t, _ = q.shape
+        q = q.view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k, v = kv.view(b, t, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         a = self.attention(q, k, v)
         x = x + self._row(self.proj, a.transpose(1, 2).reshape(b, t, -1))
         return x + self.mlp(self.norm2(x))
@@ -169,19 +168,6 @@ class Embedding(nn.Module):
         return split_tokens(self.tokens(ids) + self.positions(pos)[None], self.tp)
 
 
-class TokenSplitHead(Head):
-    """The head under sequence parallelism: the final norm on this rank's tokens, then
-    every rank's tokens through the whole projection."""
-
-    def __init__(self, hidden: int, vocab: int, tp: TensorGroup) -> None:
-        super().__init__(hidden, vocab)
-        self.tp = tp
-        mark_token_split(self.norm)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(join_tokens(self.norm(x), self.tp))
-
-
 class GPTBuilder:
     """`ModelBuilder` of the GPT above."""
 
@@ -210,9 +196,10 @@ class GPTBuilder:
 
     def head(self) -> nn.Module:
         g, width, vocab = current(), self.shape.hidden_size, self.shape.vocab_size
-        h = TokenSplitHead(width, vocab, g) if g is not None and g.sequence_parallel \
-            else Head(width, vocab)
+        h = VocabParallelHead(width, vocab, g) if g is not None else Head(width, vocab)
         init_normal(h, self.num_layers, ())
+        if isinstance(h, VocabParallelHead):  # built whole from the seed, then sliced
+            h.shard()
         return h
 
     def microbatch(self, seed: int, iteration: int, index: int) -> tuple[torch.Tensor,
@@ -222,7 +209,10 @@ class GPTBuilder:
                                 iteration, index)
 
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return stage_loss(output, targets)
+        """The mean token cross-entropy (over the vocabulary's parts at tp > 1)."""
+        g = current()
+        return stage_loss(output, targets) if g is None else \
+            vocab_parallel_loss(output, targets, g)
 
 
 def build(fields: dict[str, Any]) -> Any:

@@ -1,24 +1,25 @@
 """Tensor parallelism for the built-in GPT: column- and row-parallel linears over gloo.
 
 Megatron's split (Shoeybi et al. 2019): each tensor-parallel rank holds a slice of the
-query heads, of the key/value heads and of the MLP's hidden units; the QKV and first MLP
-matmuls are column-parallel (their input copied in, its gradient all-reduced on the way
-back), the attention output and second MLP matmuls row-parallel (their partial outputs
-all-reduced, the bias added once after). Norms, the embedding and the head stay whole on
-every rank: their inputs and gradients are the same everywhere, so they stay in step with
-no collective. Every rank builds the whole layer from the same seed and keeps its slice,
-so the model is the one a single process builds (ppsim.executor.reference).
+query heads, of the key/value heads and of the MLP's hidden units (and of the vocabulary:
+ppsim.executor.builders.vocab); the QKV and first MLP matmuls are column-parallel (their
+input copied in, its gradient all-reduced on the way back), the attention output and
+second MLP matmuls row-parallel (their partial outputs all-reduced, the bias added once
+after). Norms and the embedding stay whole on every rank: their inputs and gradients are
+the same everywhere, so they stay in step with no collective. Every rank builds the whole
+layer from the same seed and keeps its slice, so the model is the one a single process
+builds (ppsim.executor.reference).
 
 Under sequence parallelism (Korthikanti et al. 2022; Megatron's --sequence-parallel) the
-hidden states between the blocks are split by tokens instead: each block all-gathers its
-normed input (reduce-scattering the gradient back) and reduce-scatters its row-parallel
-output (all-gathering the gradient back), so the norms, the residual adds and the
-pipeline's messages hold 1 / tp of the tokens. The weights applied to a rank's own tokens
-alone (the norms, the row-parallel biases) are marked `sequence_parallel`, and their
-gradients are summed over the tensor ranks before the step (`sum_token_split_grads`, as
-Megatron's finalize_model_grads does).
+hidden states between the blocks are split by tokens instead: each column-parallel block
+all-gathers its normed input, keeping only this rank's tokens for the backward (gathered
+again there, the gradient reduce-scattered back), and each row-parallel output is
+reduce-scattered (the gradient all-gathered back), so the norms, the residual adds, the
+kept linear inputs and the pipeline's messages hold 1 / tp of the tokens. The weights
+applied to a rank's own tokens alone (the norms, the row-parallel biases) are marked
+`sequence_parallel`, and their gradients are summed over the tensor ranks before the
+step (`sum_token_split_grads`, as Megatron's finalize_model_grads does).
 """
-
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 # torch 2.13 names them *_single; older releases *_into_tensor / *_tensor.
@@ -110,12 +112,50 @@ class _Exchanged(torch.autograd.Function):
         return ctx.backward(grad, ctx.g), None, None, None
 
 
-def copy_in(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
-    """A column-parallel block's input: all-gathered by tokens under sequence
-    parallelism (its gradient reduce-scattered back), else the same on every rank (its
-    gradient all-reduced)."""
-    return _Exchanged.apply(x, g, *((_gathered, _scattered) if g.sequence_parallel
-                                    else (_same, _summed)))
+class _GatheredLinears(torch.autograd.Function):
+    """Linears of one input all-gathered by tokens, keeping only this rank's tokens for
+    the backward, which gathers them again (Megatron's sequence-parallel linear): the
+    input's gradient goes back by `back` (a reduce-scatter into column-parallel linears,
+    this rank's tokens from a whole one)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, g: TensorGroup, back: Exchange,
+                linears: tuple[nn.Linear, ...], *params: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.g, ctx.back, ctx.linears = g, back, linears
+        ctx.save_for_backward(x)
+        total = _gathered(x, g)
+        return tuple(F.linear(total, lin.weight, lin.bias) for lin in linears)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        (x,) = ctx.saved_tensors
+        total = _gathered(x, ctx.g)
+        inputs = total.reshape(-1, total.shape[-1])
+        grad_total = sum(gy @ lin.weight for gy, lin in zip(grads, ctx.linears, strict=True))
+        out: list[torch.Tensor] = []
+        for gy, lin in zip(grads, ctx.linears, strict=True):
+            rows = gy.reshape(-1, gy.shape[-1])
+            out.append(rows.t() @ inputs)
+            if lin.bias is not None:
+                out.append(rows.sum(0))
+        return (ctx.back(grad_total, ctx.g), None, None, None, *out)
+
+
+def _gathered_linears(x: torch.Tensor, g: TensorGroup, back: Exchange,
+                      linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
+    params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
+    return _GatheredLinears.apply(x, g, back, linears, *params)
+
+
+def column_parallel(x: torch.Tensor, g: TensorGroup,
+                    *linears: nn.Linear) -> tuple[torch.Tensor, ...]:
+    """Column-parallel linears of one input: under sequence parallelism all-gathered by
+    tokens (this rank's tokens kept, gathered again in the backward, the gradient
+    reduce-scattered back), else copied in (the gradient all-reduced back)."""
+    if g.sequence_parallel:
+        return _gathered_linears(x, g, _scattered, linears)
+    y = _Exchanged.apply(x, g, _same, _summed)
+    return tuple(lin(y) for lin in linears)
 
 
 def reduce_out(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
@@ -129,13 +169,6 @@ def split_tokens(x: torch.Tensor, g: TensorGroup | None) -> torch.Tensor:
     """The whole embedding's output as this rank's tokens under sequence parallelism
     (the gradient all-gathered back)."""
     return _Exchanged.apply(x, g, _own, _gathered) if g is not None and g.sequence_parallel \
-        else x
-
-
-def join_tokens(x: torch.Tensor, g: TensorGroup | None) -> torch.Tensor:
-    """Every rank's tokens for the whole head under sequence parallelism (its gradient,
-    the same on every rank, back as this rank's tokens)."""
-    return _Exchanged.apply(x, g, _gathered, _own) if g is not None and g.sequence_parallel \
         else x
 
 

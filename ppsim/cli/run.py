@@ -173,14 +173,7 @@ def _check_tensor_parallel(args: argparse.Namespace, fields: dict[str, Any], pro
                         "learned positions, plain attention)", "use --preset tiny-gpt or "
                         "tiny-llm without query/key norms, gates or attention variants, or "
                         "--tp 1")
-    # The heads' rule is the config's (ppsim.config.validate); the MLP splits by columns too.
-    if fields["ffn_hidden_size"] % tp:
-        raise UserError("model.tp", f"ffn_hidden_size ({fields['ffn_hidden_size']}) does not "
-                        f"divide by tp ({tp})", "choose tp dividing ffn_hidden_size")
-    if sequence_split and fields["seq_length"] % tp:
-        raise UserError("model.seq_length", f"{fields['seq_length']} tokens do not split over tp = "
-                        f"{tp} ranks under sequence parallelism", "choose tp dividing "
-                        "seq_length, or --no-sequence-parallel")
+    runchecks.check_tensor_split(fields, tp, sequence_split)
     if args.engine != "ppsim" or args.alongside_torch or problem.schedule.split_backward:
         raise UserError("model.tp", f"tp = {tp} runs on the ppsim engine, without the torch "
                         "peer and without a split backward (W)", "use --engine ppsim, a "

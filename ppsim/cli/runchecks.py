@@ -175,6 +175,21 @@ def check_policy_pieces(builder: Any, policies: Any) -> None:
                         "from ppsim.executor.builders.llama's")
 
 
+def check_tensor_split(fields: dict[str, Any], tp: int, sequence_split: bool) -> None:
+    """What the built-in GPT's tensor parallelism splits over tp ranks (the heads' rule
+    is the config's, ppsim.config.validate): the MLP's units, the head's vocabulary (not
+    padded, unlike Megatron's), and under sequence parallelism the tokens."""
+    for key, what in (("ffn_hidden_size", "the MLP's units split by columns"),
+                      ("vocab_size", "the head splits the vocabulary"),
+                      *((("seq_length", "sequence parallelism splits the tokens"),)
+                        if sequence_split else ())):
+        if fields[key] % tp:
+            fix = "choose tp dividing " + key + (", or --no-sequence-parallel"
+                                                 if key == "seq_length" else "")
+            raise UserError(f"model.{key}", f"{fields[key]} does not divide by tp ({tp}): "
+                            f"{what} over the tensor ranks", fix)
+
+
 def check_fault(text: str, problem: Any, iterations: int) -> None:
     from ppsim.executor.runtime import Fault  # torch loads only when a run starts
 

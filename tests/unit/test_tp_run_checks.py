@@ -14,7 +14,8 @@ from ppsim.executor import launch
     (["--tp", "2", "--alongside-torch"], "without the torch peer"),
     (["--tp", "2", "--preset", "llama3-8b", "--num-layers", "2"], "needs the built-in GPT"),
     (["--tp", "2", "--nproc-per-node", "2"], "pp x dp x tp = 4"),
-    (["--tp", "2", "--seq-length", "63"], "63 tokens do not split over tp = 2"),
+    (["--tp", "2", "--seq-length", "63"], "63 does not divide by tp (2): sequence"),
+    (["--tp", "2", "--vocab-size", "2047"], "2047 does not divide by tp (2): the head"),
 ])
 def test_tensor_parallel_run_refusals(argv, words, tmp_path, capsys, monkeypatch) -> None:
     def no_launch(*a, **k):

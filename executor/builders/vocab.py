@@ -1,0 +1,81 @@
+"""The built-in GPT's head at tp > 1, as Megatron's: the vocabulary split over the tensor
+ranks and the loss computed across them.
+
+The output layer is column-parallel (ppsim.executor.builders.tensor.column_parallel:
+its input gathered by tokens under sequence parallelism), so each rank holds the logits
+of vocab / tp entries. The cross-entropy (Megatron's vocab_parallel_cross_entropy) takes
+the largest logit, the sum of the exponentials and the target's logit with one
+all-reduce each over the ranks' parts, keeps this rank's fp32 softmax for the backward
+and writes its gradient in place there: softmax less one at the target, over the tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ppsim.executor.builders.common import Head
+from ppsim.executor.builders.tensor import (
+    TensorGroup,
+    column_parallel,
+    mark_token_split,
+    shard_output,
+)
+
+
+class VocabParallelHead(Head):
+    """The final norm (on this rank's tokens under sequence parallelism) and this rank's
+    rows of the vocabulary projection."""
+
+    def __init__(self, hidden: int, vocab: int, tp: TensorGroup) -> None:
+        super().__init__(hidden, vocab)
+        self.tp = tp
+
+    def shard(self) -> None:
+        """Keep this rank's rows (built whole from the seed first, as the layers are)."""
+        shard_output(self.out, self.tp)
+        if self.tp.sequence_parallel:
+            mark_token_split(self.norm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return column_parallel(self.norm(x), self.tp, self.out)[0]
+
+
+class _VocabParallelLoss(torch.autograd.Function):
+    """Mean token cross-entropy of logits split by vocabulary over the ranks."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor,
+                g: TensorGroup) -> torch.Tensor:
+        rows = logits.float().reshape(-1, logits.shape[-1])
+        part, target = rows.shape[-1], targets.reshape(-1)
+        first = g.rank * part
+        peak = rows.max(dim=-1).values
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=g.group)
+        shifted = rows - peak[:, None]
+        exp = shifted.exp()
+        total = exp.sum(dim=-1)
+        dist.all_reduce(total, group=g.group)
+        mine = (target >= first) & (target < first + part)
+        index = (target - first).clamp(0, part - 1)
+        picked = shifted.gather(1, index[:, None]).squeeze(1) * mine
+        dist.all_reduce(picked, group=g.group)
+        exp.div_(total[:, None])  # this rank's softmax, kept for the backward
+        ctx.save_for_backward(exp, index, mine)
+        ctx.shape, ctx.dtype = logits.shape, logits.dtype
+        return (total.log() - picked).mean()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        softmax, index, mine = ctx.saved_tensors
+        softmax.scatter_add_(1, index[:, None], -mine.to(softmax.dtype)[:, None])
+        softmax.mul_(grad / softmax.shape[0])
+        return softmax.view(ctx.shape).to(ctx.dtype), None, None
+
+
+def vocab_parallel_loss(logits: torch.Tensor, targets: torch.Tensor,
+                        g: TensorGroup) -> torch.Tensor:
+    """The mean token cross-entropy, the same on every tensor rank."""
+    return _VocabParallelLoss.apply(logits, targets, g)
