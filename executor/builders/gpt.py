@@ -41,7 +41,12 @@ from ppsim.executor.builders.tensor import (
     shard_output,
     split_tokens,
 )
-from ppsim.executor.builders.vocab import VocabParallelHead, vocab_parallel_loss
+from ppsim.executor.builders.vocab import (
+    VocabParallelHead,
+    shard_rows,
+    vocab_parallel_lookup,
+    vocab_parallel_loss,
+)
 
 _ARCH = {f.name for f in fields(Architecture)}
 
@@ -154,18 +159,26 @@ class Block(nn.Module):
 
 
 class Embedding(nn.Module):
-    """Token and learned position embeddings, whole on every tensor rank (its output
-    split by tokens under sequence parallelism)."""
+    """Token and learned position embeddings; at tp > 1 the tokens' table split by
+    vocabulary (ppsim.executor.builders.vocab.vocab_parallel_lookup), the positions' whole,
+    the sum split by tokens under sequence parallelism."""
 
-    def __init__(self, s: GPTShape, tp: TensorGroup | None = None) -> None:
+    def __init__(self, s: GPTShape) -> None:
         super().__init__()
         self.tokens = nn.Embedding(s.vocab_size, s.hidden_size)
         self.positions = nn.Embedding(s.seq_length, s.hidden_size)
-        self.tp = tp
+        self.tp: TensorGroup | None = None
+
+    def shard(self, g: TensorGroup) -> None:
+        """Keep this rank's rows of the tokens' table."""
+        self.tp = g
+        shard_rows(self.tokens, g)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(ids.shape[1], device=ids.device)
-        return split_tokens(self.tokens(ids) + self.positions(pos)[None], self.tp)
+        words = self.tokens(ids) if self.tp is None else \
+            vocab_parallel_lookup(ids, self.tokens.weight, self.tp)
+        return split_tokens(words + self.positions(pos)[None], self.tp)
 
 
 class GPTBuilder:
@@ -178,8 +191,11 @@ class GPTBuilder:
         self.dtype = shape.torch_dtype
 
     def embedding(self) -> nn.Module:
-        e = Embedding(self.shape, current())
+        e = Embedding(self.shape)
         init_normal(e, self.num_layers, ())
+        g = current()
+        if g is not None:  # built whole from the seed, then sliced
+            e.shard(g)
         return e
 
     def layer_kind(self, index: int) -> str:

@@ -158,11 +158,18 @@ def column_parallel(x: torch.Tensor, g: TensorGroup,
     return tuple(lin(y) for lin in linears)
 
 
+def summed(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
+    """Partial results summed over the ranks (an all-reduce; the gradient, the same on
+    every rank, passed back as it is)."""
+    return _Exchanged.apply(x, g, _summed, _same)
+
+
 def reduce_out(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
     """A row-parallel block's partial outputs summed: reduce-scattered by tokens under
     sequence parallelism (the gradient all-gathered back), else all-reduced."""
-    return _Exchanged.apply(x, g, *((_scattered, _gathered) if g.sequence_parallel
-                                    else (_summed, _same)))
+    if not g.sequence_parallel:
+        return summed(x, g)
+    return _Exchanged.apply(x, g, _scattered, _gathered)
 
 
 def split_tokens(x: torch.Tensor, g: TensorGroup | None) -> torch.Tensor:

@@ -1,5 +1,10 @@
-"""The built-in GPT's head at tp > 1, as Megatron's: the vocabulary split over the tensor
-ranks and the loss computed across them.
+"""The built-in GPT's embedding and head at tp > 1, as Megatron's: the vocabulary split
+over the tensor ranks and the loss computed across them.
+
+The embedding looks up the ids in this rank's rows (zeros for the others) and sums the
+ranks' lookups (VocabParallelEmbedding; beside learned positions an all-reduce, the sum
+then split by tokens under sequence parallelism, as Megatron's LanguageModelEmbedding
+does).
 
 The output layer is column-parallel (ppsim.executor.builders.tensor.column_parallel:
 its input gathered by tokens under sequence parallelism), so each rank holds the logits
@@ -15,6 +20,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
 
 from ppsim.executor.builders.common import Head
 from ppsim.executor.builders.tensor import (
@@ -22,7 +29,25 @@ from ppsim.executor.builders.tensor import (
     column_parallel,
     mark_token_split,
     shard_output,
+    summed,
 )
+
+
+def shard_rows(table: nn.Embedding, g: TensorGroup) -> None:
+    """Keep this rank's vocab / tp rows of an embedding table."""
+    n = table.num_embeddings // g.size
+    table.weight = nn.Parameter(table.weight.detach()[g.rank * n:(g.rank + 1) * n].clone())
+    table.num_embeddings = n
+
+
+def vocab_parallel_lookup(ids: torch.Tensor, rows: torch.Tensor,
+                          g: TensorGroup) -> torch.Tensor:
+    """The ids' embeddings from this rank's `rows` (zeros for ids outside them), summed
+    over the ranks (its gradient the same on every rank, each rank's rows taking theirs)."""
+    first = g.rank * rows.shape[0]
+    outside = (ids < first) | (ids >= first + rows.shape[0])
+    local = F.embedding((ids - first).masked_fill(outside, 0), rows)
+    return summed(local.masked_fill(outside[..., None], 0.0), g)
 
 
 class VocabParallelHead(Head):

@@ -68,11 +68,13 @@ def edge_tp_ms(job: Job, a: Architecture, head: bool) -> tuple[float, float]:
     """(forward, backward) tensor-parallel ms of the embedding (or the `head`): with
     sequence parallelism the embedding's output is reduce-scattered and the head's input
     gathered, the mirror in the backward; without it the embedding all-reduces its output
-    and the head its input's gradient (copy_to_tensor_model_parallel_region)."""
+    and the head its input's gradient (copy_to_tensor_model_parallel_region). Beside
+    learned positions Megatron's embedding all-reduces the words' lookup before adding
+    them, then takes this rank's tokens (LanguageModelEmbedding.reduce_scatter_embeddings
+    is off), gathered back in the backward."""
+    one, reduce = tp_collectives_ms(job, a, 1), tp_reduces_ms(job, a, 1)
     if a.sequence_parallel:
-        one = tp_collectives_ms(job, a, 1)
-        return one, one
-    reduce = tp_reduces_ms(job, a, 1)
+        return (reduce, one) if a.learned_positions and not head else (one, one)
     return (0.0, reduce) if head else (reduce, 0.0)
 
 

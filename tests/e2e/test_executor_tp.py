@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TP = 2
 # How each sharded weight's slices go back together (ppsim.executor.builders.tensor).
 BY_OUTPUT = ("q.weight", "q.bias", "fc1.weight", "fc1.bias", "fc3.weight", "fc3.bias",
-             "out.weight")
+             "out.weight", "tokens.weight")
 BY_INPUT = ("proj.weight", "fc2.weight")
 PACKED = ("kv.weight", "kv.bias")
 

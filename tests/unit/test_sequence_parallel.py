@@ -153,3 +153,23 @@ def test_the_job_says_which_way_it_was_priced(capsys: pytest.CaptureFixture) -> 
     for extra, want in (([], True), (["--no-sequence-parallel"], False)):
         assert main([*base, *extra, "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["job"]["sequence_parallel"] is want
+
+
+def test_beside_learned_positions_the_embedding_all_reduces_then_splits() -> None:
+    """Megatron's LanguageModelEmbedding reduce-scatters the words' lookup only without
+    position embeddings; beside them it all-reduces, adds them, then takes this rank's
+    tokens (an all-gather back in the backward)."""
+    tp = 4
+    c = config_from_dict({"model": {"preset": "gpt3-1.3b", "num_layers": 2, "tp": tp},
+                          "pipeline": {"pp": 1, "microbatches": 4},
+                          "hardware": {"preset": "h100-80gb"}})
+    a = c.model.arch
+    hidden = a.seq_length * a.micro_batch_size * a.hidden_size * 2
+    gather = 3 * NV_STEP + 3 / 4 * hidden / NV
+    alone = transformer_costs(a, accelerator(c.hardware))
+    got = model_costs(c)
+    assert got.embedding.forward_ms == pytest.approx(alone.embedding.forward_ms
+                                                     + all_reduce(hidden, tp))
+    assert got.embedding.backward_ms == pytest.approx(alone.embedding.backward_ms + gather)
+    # the head gathers its input either way
+    assert got.head.forward_ms == pytest.approx(alone.head.forward_ms + gather)
