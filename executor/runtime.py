@@ -19,7 +19,7 @@ from ppsim.executor.builders import ModelBuilder
 from ppsim.executor.builders.deferral import WeightGradStore
 from ppsim.executor.builders.policy import apply_policy
 from ppsim.executor.builders.stage import Stage, build_stage, saved_bytes, tensor_bytes
-from ppsim.executor.builders.tensor import message_shape, sum_token_split_grads
+from ppsim.executor.builders.tensor import message_shape, sum_partial_grads
 from ppsim.executor.dataparallel import data_parallel
 from ppsim.executor.optim import muon_weights
 from ppsim.executor.outputs import backward_from, deallocate_output
@@ -266,7 +266,7 @@ class Runtime:
                         before, self.rec.memory())
             progress.RANK.finish(label)
         self.p2p.finish()
-        sum_token_split_grads(self.params)
+        sum_partial_grads(self.params)
         if self.replica.size > 1:
             self._step_op("R", self.dp.reduce)
         if dump_grads:

@@ -10,6 +10,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ppsim.executor.builders.tensor import (
+    TensorGroup,
+    column_parallel,
+    reduce_out,
+    shard_input,
+    shard_output,
+)
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -95,7 +103,8 @@ def token_microbatch(batch: int, seq: int, vocab: int, seed: int, iteration: int
 
 
 class MLP(nn.Module):
-    """SwiGLU (gated) or GELU MLP, no biases."""
+    """SwiGLU (gated) or GELU MLP, no biases; at tp > 1 its units split over the tensor
+    ranks (ppsim.executor.builders.tensor)."""
 
     def __init__(self, hidden: int, ffn: int, gated: bool = True,
                  keep_silu: bool = False) -> None:
@@ -104,8 +113,22 @@ class MLP(nn.Module):
         self.up = nn.Linear(hidden, ffn, bias=False)
         self.down = nn.Linear(ffn, hidden, bias=False)
         self.keep_silu = keep_silu
+        self.tp: TensorGroup | None = None
+
+    def shard(self, g: TensorGroup) -> None:
+        """Keep this rank's units: the gate and up projections column-parallel, the down
+        projection row-parallel."""
+        self.tp = g
+        for linear in self._ups():
+            shard_output(linear, g)
+        shard_input(self.down, g)
+
+    def _ups(self) -> list[nn.Linear]:
+        return [lin for lin in (self.gate, self.up) if lin is not None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate is None:
-            return self.down(F.gelu(self.up(x)))
-        return self.down(swiglu(self.gate(x), self.up(x), self.keep_silu))
+        ups = [lin(x) for lin in self._ups()] if self.tp is None \
+            else list(column_parallel(x, self.tp, *self._ups()))
+        y = F.gelu(ups[0]) if self.gate is None else swiglu(ups[0], ups[1], self.keep_silu)
+        return self.down(y) if self.tp is None \
+            else reduce_out(F.linear(y, self.down.weight), self.tp)

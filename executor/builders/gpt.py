@@ -32,19 +32,18 @@ from ppsim.executor.builders.common import (
 from ppsim.executor.builders.llama import architecture, describe
 from ppsim.executor.builders.stage import AttentionCore
 from ppsim.executor.builders.tensor import (
+    ParallelLinears,
     TensorGroup,
     column_parallel,
     current,
-    mark_token_split,
-    reduce_out,
+    mark_partial,
     shard_input,
     shard_output,
-    split_tokens,
 )
 from ppsim.executor.builders.vocab import (
     VocabParallelHead,
     shard_rows,
-    vocab_parallel_lookup,
+    vocab_parallel_embedding,
     vocab_parallel_loss,
 )
 
@@ -110,6 +109,10 @@ class Block(nn.Module):
         self.keep_silu = s.keep_silu
         self.mlp = Piece(self._mlp)  # Megatron's `mlp` recompute module
         self.tp: TensorGroup | None = None
+        self.columns: ParallelLinears | None = None
+        """At tp > 1: QKV's projections (a memory policy's `qkv_linear`)."""
+        self.rows: ParallelLinears | None = None
+        """At tp > 1: the output projection (`attn_proj`)."""
 
     def shard(self, g: TensorGroup) -> None:
         """Keep this tensor-parallel rank's heads and MLP units (ppsim.executor.builders.tensor)."""
@@ -122,28 +125,27 @@ class Block(nn.Module):
             shard_output(self.fc3, g)
         shard_input(self.proj, g)
         shard_input(self.fc2, g)
+        self.columns = ParallelLinears(g, (self.q, self.kv))
+        self.rows = ParallelLinears(g, (self.proj,), row=True)
         if g.sequence_parallel:  # applied to this rank's tokens alone
-            mark_token_split(self.norm1, self.norm2, self.proj.bias, self.fc2.bias)
-
-    def _row(self, linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        assert self.tp is not None
-        return reduce_out(F.linear(x, linear.weight), self.tp) + linear.bias
+            mark_partial(self.norm1, self.norm2, self.proj.bias, self.fc2.bias)
 
     def _mlp(self, y: torch.Tensor) -> torch.Tensor:
         """The MLP on the normed input, before the residual add."""
         up = [self.fc1] + ([self.fc3] if self.fc3 is not None else [])
         outs = [lin(y) for lin in up] if self.tp is None else column_parallel(y, self.tp, *up)
         y = swiglu(outs[0], outs[1], self.keep_silu) if len(outs) == 2 else F.gelu(outs[0])
-        return self.fc2(y) if self.tp is None else self._row(self.fc2, y)
+        return self.fc2(y) if self.tp is None else ParallelLinears(self.tp, (self.fc2,),
+                                                                   row=True)(y)
 
     def _tensor_parallel(self, x: torch.Tensor) -> torch.Tensor:
-        assert self.tp is not None
-        q, kv = column_parallel(self.norm1(x), self.tp, self.q, self.kv)  # every token
+        assert self.columns is not None and self.rows is not None
+        q, kv = self.columns(self.norm1(x))  # every token (sequence parallelism: gathered)
         b, t, _ = q.shape
         q = q.view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k, v = kv.view(b, t, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         a = self.attention(q, k, v)
-        x = x + self._row(self.proj, a.transpose(1, 2).reshape(b, t, -1))
+        x = x + self.rows(a.transpose(1, 2).reshape(b, t, -1))
         return x + self.mlp(self.norm2(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -176,9 +178,10 @@ class Embedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(ids.shape[1], device=ids.device)
-        words = self.tokens(ids) if self.tp is None else \
-            vocab_parallel_lookup(ids, self.tokens.weight, self.tp)
-        return split_tokens(words + self.positions(pos)[None], self.tp)
+        if self.tp is None:
+            return self.tokens(ids) + self.positions(pos)[None]
+        return vocab_parallel_embedding(ids, self.tokens.weight, self.tp,
+                                        self.positions(pos)[None])
 
 
 class GPTBuilder:

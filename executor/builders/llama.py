@@ -15,7 +15,11 @@ which is the same function; `shared_expert_gate` scales them by a sigmoid gate).
 `attention = "mla"` builds DeepSeek's latent attention
 (ppsim.executor.builders.mla). `attention_window` and `window_attn_skip_freq` give
 layers a sliding window (ppsim.executor.builders.stage.AttentionCore). Dropout is not
-built.
+built. At tp > 1 a decoder of dense layers with grouped-query attention splits as the
+built-in GPT does (ppsim.executor.builders.tensor, ppsim.executor.builders.vocab): heads
+and MLP units over the tensor ranks, the vocabulary too, with or without sequence
+parallelism; the query and key norms, applied to each rank's heads, sum their
+gradients over the ranks.
 """
 
 from __future__ import annotations
@@ -41,6 +45,20 @@ from ppsim.executor.builders.mla import LatentAttention
 from ppsim.executor.builders.moe import MoE, init_experts
 from ppsim.executor.builders.rotary import rotary_tables, rotate
 from ppsim.executor.builders.stage import AttentionCore
+from ppsim.executor.builders.tensor import (
+    ParallelLinears,
+    TensorGroup,
+    current,
+    mark_partial,
+    shard_input,
+    shard_output,
+)
+from ppsim.executor.builders.vocab import (
+    VocabParallelHead,
+    shard_rows,
+    vocab_parallel_embedding,
+    vocab_parallel_loss,
+)
 
 _ARCH = {f.name for f in fields(Architecture)}
 
@@ -149,6 +167,11 @@ class Attention(nn.Module):
         self.k_norm = s.norm(hd) if a.qk_layernorm else None
         self.gate = nn.Linear(a.hidden_size, a.num_heads * hd, bias=False) \
             if a.attention_output_gate else None
+        self.tp: TensorGroup | None = None
+        self.columns: ParallelLinears | None = None
+        """At tp > 1: the projections of the normed input (a policy's `qkv_linear`)."""
+        self.rows: ParallelLinears | None = None
+        """At tp > 1: the output projection (`attn_proj`)."""
         self.rotary = a.rotary
         if self.rotary:
             cos, sin = rotary_tables(a.seq_length, hd // 2 * 2, 10000.0)
@@ -158,17 +181,41 @@ class Attention(nn.Module):
     def input_linears(self) -> list[nn.Module]:
         """The projections that read the layer's normed input and the query and key norms
         (Megatron's qkv_linear offloads them together)."""
-        extra = [m for m in (self.gate, self.q_norm, self.k_norm) if m is not None]
-        return [self.q, self.k, self.v, *extra]
+        norms = [m for m in (self.q_norm, self.k_norm) if m is not None]
+        if self.columns is not None:
+            return [self.columns, *norms]
+        return [*self._projections(), *norms]
+
+    def output_linear(self) -> nn.Module | ParallelLinears:
+        """The output projection (Megatron's attn_proj offloads its input)."""
+        return self.o if self.rows is None else self.rows
+
+    def shard(self, g: TensorGroup) -> None:
+        """Keep this tensor rank's query and key/value heads (and the gate's)."""
+        self.tp = g
+        self.heads, self.kv_heads = self.heads // g.size, self.kv_heads // g.size
+        for linear in self._projections():
+            shard_output(linear, g)
+        shard_input(self.o, g)
+        mark_partial(self.q_norm, self.k_norm)  # each rank's heads: partial gradients
+        self.columns = ParallelLinears(g, tuple(self._projections()))
+        self.rows = ParallelLinears(g, (self.o,), row=True)
+
+    def _projections(self) -> list[nn.Linear]:
+        return [lin for lin in (self.q, self.k, self.v, self.gate) if lin is not None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
+        if self.columns is None:
+            outs = [lin(x) for lin in self._projections()]
+        else:  # every token (sequence parallelism: gathered)
+            outs = list(self.columns(x))
+        b, t, _ = outs[0].shape
         # Rotated and attended in (b, s, heads, d) memory, so attention's output is laid out
         # as the projection reads it: one tensor kept for both, as FlashAttention's [s, b, h]
         # output is in Megatron (a (b, heads, s, d) output would need a copy for it).
-        q = self.q(x).view(b, t, self.heads, self.head_dim)
-        k = self.k(x).view(b, t, self.kv_heads, self.head_dim)
-        v = self.v(x).view(b, t, self.kv_heads, self.head_dim)
+        q = outs[0].view(b, t, self.heads, self.head_dim)
+        k = outs[1].view(b, t, self.kv_heads, self.head_dim)
+        v = outs[2].view(b, t, self.kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary:
@@ -177,8 +224,8 @@ class Attention(nn.Module):
         a = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         out = a.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
         if self.gate is not None:
-            out = OutputGate.apply(out, self.gate(x))
-        return self.o(out)
+            out = OutputGate.apply(out, outs[3])
+        return self.output_linear()(out)
 
 
 class OutputGate(torch.autograd.Function):
@@ -208,6 +255,15 @@ class Layer(nn.Module):
         self.mlp = MoE(s) if kind == "moe" else MLP(a.hidden_size, a.ffn_hidden_size,
                                                      a.gated_mlp, a.swiglu_keeps_silu)
 
+    def shard(self, g: TensorGroup) -> None:
+        """Keep this tensor rank's heads and MLP units (dense layers, grouped-query
+        attention)."""
+        assert isinstance(self.attention, Attention) and isinstance(self.mlp, MLP)
+        self.attention.shard(g)
+        self.mlp.shard(g)
+        if g.sequence_parallel:  # applied to this rank's tokens alone
+            mark_partial(self.attn_norm, self.mlp_norm)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attn_norm(x))
         return x + self.mlp(self.mlp_norm(x))
@@ -220,12 +276,20 @@ class Embedding(nn.Module):
         self.tokens = nn.Embedding(a.vocab_size, a.hidden_size)
         self.positions = nn.Embedding(a.seq_length, a.hidden_size) \
             if a.learned_positions else None
+        self.tp: TensorGroup | None = None
+
+    def shard(self, g: TensorGroup) -> None:
+        """Keep this rank's rows of the tokens' table."""
+        self.tp = g
+        shard_rows(self.tokens, g)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        pos = None if self.positions is None else \
+            self.positions(torch.arange(ids.shape[1], device=ids.device))[None]
+        if self.tp is not None:
+            return vocab_parallel_embedding(ids, self.tokens.weight, self.tp, pos)
         x = self.tokens(ids)
-        if self.positions is not None:
-            x = x + self.positions(torch.arange(ids.shape[1], device=ids.device))[None]
-        return x
+        return x if pos is None else x + pos
 
 
 class LlamaBuilder:
@@ -245,6 +309,9 @@ class LlamaBuilder:
     def embedding(self) -> nn.Module:
         e = Embedding(self.shape)
         init_normal(e, self.num_layers, ())
+        g = current()
+        if g is not None:  # built whole from the seed, then sliced
+            e.shard(g)
         return e
 
     def layer(self, index: int) -> nn.Module:
@@ -252,12 +319,18 @@ class LlamaBuilder:
         init_normal(layer, self.num_layers, ("o", "down"))
         if isinstance(layer.mlp, MoE):
             init_experts(layer.mlp, self.num_layers)
+        g = current()
+        if g is not None:
+            layer.shard(g)
         return layer
 
     def head(self) -> nn.Module:
-        a = self.shape.arch
-        h = Head(a.hidden_size, a.vocab_size, norm=self.shape.norm)
+        a, g = self.shape.arch, current()
+        h = Head(a.hidden_size, a.vocab_size, norm=self.shape.norm) if g is None else \
+            VocabParallelHead(a.hidden_size, a.vocab_size, g, norm=self.shape.norm)
         init_normal(h, self.num_layers, ())
+        if isinstance(h, VocabParallelHead):
+            h.shard()
         return h
 
     def microbatch(self, seed: int, iteration: int, index: int) -> tuple[torch.Tensor,
@@ -267,7 +340,10 @@ class LlamaBuilder:
                                 iteration, index)
 
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return stage_loss(output, targets)
+        """The mean token cross-entropy (over the vocabulary's parts at tp > 1)."""
+        g = current()
+        return stage_loss(output, targets) if g is None else \
+            vocab_parallel_loss(output, targets, g)
 
 
 def build(fields: dict[str, Any]) -> LlamaBuilder:

@@ -39,13 +39,16 @@ def _roles(layer: nn.Module) -> dict[str, list[nn.Module | Piece]]:
     """Role -> the layer's modules that play it (empty when the layer has none)."""
     get = functools.partial(getattr, layer)
     if hasattr(layer, "norm1"):  # the GPT block: both norms fused in Megatron's spec
-        out = {"qkv_linear": [get("q"), get("kv")], "core_attn": [get("attention")],
-               "attn_proj": [get("proj")], "mlp": [get("mlp")]}
+        split = layer.columns is not None  # tensor-parallel: one piece each
+        out = {"qkv_linear": [layer.columns] if split else [get("q"), get("kv")],
+               "core_attn": [get("attention")],
+               "attn_proj": [layer.rows] if split else [get("proj")], "mlp": [get("mlp")]}
     elif hasattr(layer, "attn_norm"):  # the Llama layer
         att = get("attention")
         mlp = get("mlp")
         moe = hasattr(mlp, "router")
-        out = {"qkv_linear": att.input_linears(), "core_attn": [att.core], "attn_proj": [att.o],
+        proj = att.output_linear() if hasattr(att, "output_linear") else att.o
+        out = {"qkv_linear": att.input_linears(), "core_attn": [att.core], "attn_proj": [proj],
                "mla_up_proj": [att.up] if hasattr(att, "up") else [],
                "mlp": [] if moe else [mlp], "moe": [mlp] if moe else [],
                "expert_fc1": [mlp.fc1] if moe else [], "moe_act": [mlp.act] if moe else [],

@@ -17,12 +17,12 @@ again there, the gradient reduce-scattered back), and each row-parallel output i
 reduce-scattered (the gradient all-gathered back), so the norms, the residual adds, the
 kept linear inputs and the pipeline's messages hold 1 / tp of the tokens. The weights
 applied to a rank's own tokens alone (the norms, the row-parallel biases) are marked
-`sequence_parallel`, and their gradients are summed over the tensor ranks before the
-step (`sum_token_split_grads`, as Megatron's finalize_model_grads does).
+(`mark_partial`), and their gradients are summed over the tensor ranks before the step
+(`sum_partial_grads`, as Megatron's finalize_model_grads does).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,6 +158,33 @@ def column_parallel(x: torch.Tensor, g: TensorGroup,
     return tuple(lin(y) for lin in linears)
 
 
+class ParallelLinears:
+    """Tensor-parallel linears as one piece that a memory policy wraps as it wraps a module
+    (its `forward` replaced, its `parameters` the linears'): a layer's column-parallel
+    projections of one normed input (the `qkv_linear` offload), or its row-parallel
+    output projection (`attn_proj`)."""
+
+    def __init__(self, g: TensorGroup, linears: tuple[nn.Linear, ...], row: bool = False
+                 ) -> None:
+        self.g, self.linears, self.row = g, linears, row
+
+    def forward(self, x: torch.Tensor) -> Any:
+        if not self.row:
+            return column_parallel(x, self.g, *self.linears)
+        linear = self.linears[0]
+        y = reduce_out(F.linear(x, linear.weight), self.g)
+        return y if linear.bias is None else y + linear.bias
+
+    def __call__(self, x: torch.Tensor) -> Any:
+        return self.forward(x)
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        return (p for linear in self.linears for p in linear.parameters())
+
+    def buffers(self) -> Iterator[torch.Tensor]:
+        return iter(())
+
+
 def summed(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
     """Partial results summed over the ranks (an all-reduce; the gradient, the same on
     every rank, passed back as it is)."""
@@ -179,21 +206,22 @@ def split_tokens(x: torch.Tensor, g: TensorGroup | None) -> torch.Tensor:
         else x
 
 
-def mark_token_split(*modules: nn.Module | nn.Parameter | None) -> None:
-    """Mark weights each rank applies to its own tokens alone (Megatron's
-    `sequence_parallel` attribute): their gradients are partial sums."""
+def mark_partial(*modules: nn.Module | nn.Parameter | None) -> None:
+    """Mark weights whole on every rank that each rank applies to a part alone: its own
+    tokens (Megatron's `sequence_parallel` attribute: the norms, the row-parallel biases
+    under sequence parallelism) or its own heads (query and key norms). Their gradients
+    are partial sums."""
     for m in modules:
         params = [m] if isinstance(m, nn.Parameter) else [] if m is None else m.parameters()
         for p in params:
-            p.sequence_parallel = True  # type: ignore[attr-defined]
+            p.partial_grad = True  # type: ignore[attr-defined]
 
 
-def sum_token_split_grads(params: list[nn.Parameter]) -> None:
+def sum_partial_grads(params: list[nn.Parameter]) -> None:
     """Sum over the tensor ranks the gradients of the marked weights (in one all-reduce),
     so every rank steps them alike."""
     g = current()
-    marked = [p for p in params if getattr(p, "sequence_parallel", False)
-              and p.grad is not None]
+    marked = [p for p in params if getattr(p, "partial_grad", False) and p.grad is not None]
     if g is None or not marked:
         return
     flat = torch.cat([p.grad.reshape(-1) for p in marked])

@@ -1,10 +1,11 @@
-"""The built-in GPT's embedding and head at tp > 1, as Megatron's: the vocabulary split
+"""The shipped builders' embedding and head at tp > 1, as Megatron's: the vocabulary split
 over the tensor ranks and the loss computed across them.
 
 The embedding looks up the ids in this rank's rows (zeros for the others) and sums the
-ranks' lookups (VocabParallelEmbedding; beside learned positions an all-reduce, the sum
-then split by tokens under sequence parallelism, as Megatron's LanguageModelEmbedding
-does).
+ranks' lookups (VocabParallelEmbedding): a reduce-scatter by tokens under sequence
+parallelism, else an all-reduce; beside learned positions an all-reduce, the positions
+added, the sum then split by tokens under sequence parallelism (Megatron's
+LanguageModelEmbedding reduce-scatters only without position embeddings).
 
 The output layer is column-parallel (ppsim.executor.builders.tensor.column_parallel:
 its input gathered by tokens under sequence parallelism), so each rank holds the logits
@@ -27,8 +28,10 @@ from ppsim.executor.builders.common import Head
 from ppsim.executor.builders.tensor import (
     TensorGroup,
     column_parallel,
-    mark_token_split,
+    mark_partial,
+    reduce_out,
     shard_output,
+    split_tokens,
     summed,
 )
 
@@ -40,29 +43,34 @@ def shard_rows(table: nn.Embedding, g: TensorGroup) -> None:
     table.num_embeddings = n
 
 
-def vocab_parallel_lookup(ids: torch.Tensor, rows: torch.Tensor,
-                          g: TensorGroup) -> torch.Tensor:
-    """The ids' embeddings from this rank's `rows` (zeros for ids outside them), summed
-    over the ranks (its gradient the same on every rank, each rank's rows taking theirs)."""
+def vocab_parallel_embedding(ids: torch.Tensor, rows: torch.Tensor, g: TensorGroup,
+                             positions: torch.Tensor | None = None) -> torch.Tensor:
+    """The ids' embeddings from this rank's `rows` (zeros for ids outside them) summed
+    over the ranks, plus the `positions`' (whole on every rank), as the first stage
+    sends them: this rank's tokens under sequence parallelism."""
     first = g.rank * rows.shape[0]
     outside = (ids < first) | (ids >= first + rows.shape[0])
     local = F.embedding((ids - first).masked_fill(outside, 0), rows)
-    return summed(local.masked_fill(outside[..., None], 0.0), g)
+    local = local.masked_fill(outside[..., None], 0.0)
+    if positions is None:
+        return reduce_out(local, g)
+    return split_tokens(summed(local, g) + positions, g)
 
 
 class VocabParallelHead(Head):
     """The final norm (on this rank's tokens under sequence parallelism) and this rank's
     rows of the vocabulary projection."""
 
-    def __init__(self, hidden: int, vocab: int, tp: TensorGroup) -> None:
-        super().__init__(hidden, vocab)
+    def __init__(self, hidden: int, vocab: int, tp: TensorGroup,
+                 norm: type[nn.Module] = nn.LayerNorm) -> None:
+        super().__init__(hidden, vocab, norm)
         self.tp = tp
 
     def shard(self) -> None:
         """Keep this rank's rows (built whole from the seed first, as the layers are)."""
         shard_output(self.out, self.tp)
         if self.tp.sequence_parallel:
-            mark_token_split(self.norm)
+            mark_partial(self.norm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return column_parallel(self.norm(x), self.tp, self.out)[0]

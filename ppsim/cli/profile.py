@@ -14,7 +14,12 @@ from typing import Any
 
 from ppsim.cli.costs import COSTS_NOTE, costs_table, hardware_profile
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
-from ppsim.cli.runchecks import RANKS_PER_DEVICE, check_tensor_split, host_devices
+from ppsim.cli.runchecks import (
+    RANKS_PER_DEVICE,
+    check_tensor_builder,
+    check_tensor_split,
+    host_devices,
+)
 from ppsim.config import validate
 from ppsim.config.model import TransformerModel
 from ppsim.config.schema import Config
@@ -88,7 +93,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     validate.count("--warmup", args.warmup, lo=0, hi=MAX_REPEATS)
     import torch
 
-    from ppsim.executor.builders import builder_spec, code_note  # loads torch
+    from ppsim.executor.builders import builder_spec, code_note, load_builder  # loads torch
     from ppsim.executor.measure import profile  # torch loads only when measuring
 
     if note := code_note(builder_spec(None, fields)):
@@ -99,6 +104,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise UserError("--device", f"tensor parallelism (tp = {cfg.model.arch.tp}) is "
                         "measured on CPU over gloo", "use --device cpu, or --tp 1")
     if cfg.model.arch.tp > 1:
+        check_tensor_builder(load_builder(builder_spec(None, fields), fields), cfg.model.arch.tp)
         check_tensor_split(fields, cfg.model.arch.tp, cfg.model.arch.sequence_parallel)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device", "cuda requested but torch sees no GPU here",

@@ -164,15 +164,11 @@ def validate(args: argparse.Namespace) -> Any:
 
 def _check_tensor_parallel(args: argparse.Namespace, fields: dict[str, Any], problem: Any,
                            tp: int, sequence_split: bool) -> None:
-    """tp > 1 runs the built-in GPT's column- and row-parallel layers on the ppsim engine."""
+    """tp > 1 runs the shipped dense decoders' column- and row-parallel layers on the ppsim
+    engine."""
     from ppsim.executor.builders import builder_spec, load_builder  # torch loads only here
-    from ppsim.executor.builders.gpt import GPTBuilder  # (a run starts)
 
-    if not isinstance(load_builder(builder_spec(args.model, fields), fields), GPTBuilder):
-        raise UserError("model.tp", f"tp = {tp} needs the built-in GPT (dense, LayerNorm, "
-                        "learned positions, plain attention)", "use --preset tiny-gpt or "
-                        "tiny-llm without query/key norms, gates or attention variants, or "
-                        "--tp 1")
+    runchecks.check_tensor_builder(load_builder(builder_spec(args.model, fields), fields), tp)
     runchecks.check_tensor_split(fields, tp, sequence_split)
     if args.engine != "ppsim" or args.alongside_torch or problem.schedule.split_backward:
         raise UserError("model.tp", f"tp = {tp} runs on the ppsim engine, without the torch "

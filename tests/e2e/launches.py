@@ -142,6 +142,10 @@ MOE_POLICY = ["--recompute-modules", "layernorm,moe_act", "--offload-modules",
               "moe_act,expert_fc1,attn_norm"]
 """The MoE's own pieces: its activation's output freed, its inputs and the dispatched
 tokens offloaded."""
+LLAMA_TOML = tiny_gpt_toml(gated_mlp=True, num_kv_heads=2, norm="rmsnorm", position="rotary",
+                           qk_layernorm=True, attention_output_gate=True)
+"""The Llama-style decoder (RMSNorm, rotary, SwiGLU, GQA) with query and key norms and an
+output gate."""
 MLA_TOML = tiny_gpt_toml(gated_mlp=True, norm="rmsnorm", position="rotary", attention="mla",
                          q_lora_rank=32, kv_lora_rank=24, qk_rope_head_dim=8, head_dim=16,
                          v_head_dim=12)
@@ -258,6 +262,10 @@ OTHERS = {
 # every sharded matmul and both kinds of group are covered.
 TENSOR = {
     "tp2-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B]),
+    "tp2-llama-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B, "--config", "{tmp}/llama.toml"]),
+    "tp2-llama-policy": Spec(argv=["--tp", "2", *ONE_F_ONE_B, "--config", "{tmp}/llama.toml",
+                                   "--offload-modules", "qkv_linear", "attn_proj",
+                                   "--recompute-modules", "mlp"]),
     # tensor parallelism without sequence parallelism: all-reduces, norms whole
     "tp2-dp2-interleaved-gated": Spec(argv=["--tp", "2", "--dp", "2", *INTERLEAVED,
                                             "--no-sequence-parallel",
@@ -332,6 +340,7 @@ def _prepare(name: str, tmp: Path) -> None:
     (tmp / "gated.toml").write_text(GATED_TOML)
     (tmp / "moe.toml").write_text(MOE_TOML)
     (tmp / "mla.toml").write_text(MLA_TOML)
+    (tmp / "llama.toml").write_text(LLAMA_TOML)
     (tmp / "window.toml").write_text(WINDOW_TOML)
     (tmp / "ddp.toml").write_text(tiny_gpt_toml())
     (tmp / "distopt.toml").write_text(tiny_gpt_toml(distributed_optimizer=True))

@@ -27,10 +27,14 @@ from ppsim.trace.schema import read_trace  # noqa: E402
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 TP = 2
+CASES = ["tp2-1f1b", "tp2-llama-1f1b", "tp2-llama-policy", "tp2-dp2-interleaved-gated"]
+"""The built-in GPT and the Llama-style decoder with sequence parallelism (and a memory
+policy: the tensor-parallel projections' inputs offloaded, the MLP recomputed), the gated
+GPT without it."""
 # How each sharded weight's slices go back together (ppsim.executor.builders.tensor).
 BY_OUTPUT = ("q.weight", "q.bias", "fc1.weight", "fc1.bias", "fc3.weight", "fc3.bias",
-             "out.weight", "tokens.weight")
-BY_INPUT = ("proj.weight", "fc2.weight")
+             "out.weight", "tokens.weight", "k.weight", "v.weight", "gate.weight", "up.weight")
+BY_INPUT = ("proj.weight", "fc2.weight", "o.weight", "down.weight")
 PACKED = ("kv.weight", "kv.bias")
 
 
@@ -52,7 +56,7 @@ def _whole(name: str, shards: list[torch.Tensor]) -> torch.Tensor:
     return shards[0]
 
 
-@pytest.mark.parametrize("case", ["tp2-1f1b", "tp2-dp2-interleaved-gated"])
+@pytest.mark.parametrize("case", CASES)
 def test_tensor_parallel_loss_equals_one_process(case: str, launches: Pool) -> None:
     run = launches.get(case)
     argv = [a.replace("{tmp}", str(run.tmp)) for a in run.argv]
@@ -63,7 +67,8 @@ def test_tensor_parallel_loss_equals_one_process(case: str, launches: Pool) -> N
     # dp replicas of m microbatches each: one process over all dp x m of them
     loss, grads = reference_step(load_builder(builder_spec(None, fields), fields), m * dp)
     assert run.summary["losses"][0] == pytest.approx(loss, rel=1e-5)
-    assert run.summary["losses"][1] < run.summary["losses"][0]
+    if "llama" not in case:  # its next batch starts higher, in one process too
+        assert run.summary["losses"][1] < run.summary["losses"][0]
     assert run.summary["dp"] == dp
     # The pipeline's messages: each tensor rank's tokens under sequence parallelism, every
     # token without it (fp32 hidden states on CPU).
@@ -73,7 +78,7 @@ def test_tensor_parallel_loss_equals_one_process(case: str, launches: Pool) -> N
     sent = {e["args"]["bytes"] for e in trace["traceEvents"]
             if e.get("args", {}).get("kind") == "send"}
     assert sent == {b * s * h * 4 // (TP if split else 1)}
-    if case != "tp2-1f1b":
+    if case == "tp2-dp2-interleaved-gated":  # no gradients dumped
         return
     got: dict[str, torch.Tensor] = {}
     for r in range(problem.split.pp):
@@ -85,7 +90,7 @@ def test_tensor_parallel_loss_equals_one_process(case: str, launches: Pool) -> N
         torch.testing.assert_close(got[name], g, rtol=1e-4, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("case", ["tp2-1f1b", "tp2-dp2-interleaved-gated"])
+@pytest.mark.parametrize("case", CASES)
 def test_each_ranks_activation_peak_is_predicted(case: str, launches: Pool) -> None:
     """The activations a tensor rank holds, measured between ops, within 0.5 % of
     `simulate`'s on every pipeline rank, with sequence parallelism (the hidden states
