@@ -139,6 +139,7 @@ def validate(args: argparse.Namespace) -> Any:
         _check_tensor_parallel(args, fields, problem, tp, cfg.model.arch.sequence_parallel)
     runchecks.check_launch(args, pp * dp * tp)
     runchecks.check_world(args, pp * dp * tp)
+    runchecks.check_host_memory(args, problem, dp * tp)
     if args.iterations < 1 or not 0 <= args.warmup < args.iterations:
         raise UserError("--warmup", f"{args.warmup} warm-up of {args.iterations} iterations",
                         "need iterations >= 1 and 0 <= warmup < iterations")

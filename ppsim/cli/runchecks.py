@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from ppsim.costs.arch import MEGATRON_FSDP_FLAGS
+from ppsim.costs.model import stage_cost
 from ppsim.errors import UserError
 from ppsim.schedules.generators import Action
 
@@ -63,6 +64,35 @@ def check_world(args: argparse.Namespace, world: int) -> None:
         return
     raise UserError("--dp", what, "use a smaller --dp or pp, or launch on several nodes "
                     "(--nnodes, --print-launch)")
+
+
+def available_host_bytes() -> int | None:
+    """Memory this host can still give (Linux's MemAvailable); None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_host_memory(args: argparse.Namespace, problem: Any, copies: int) -> None:
+    """A run on this host's CPU whose ranks' weights, gradients and optimizer state alone
+    (the model's, `copies` times: tensor ranks x replicas) pass the memory it has free,
+    refused before any process starts (it would end in the OOM killer)."""
+    if args.device != "cpu" or args.print_launch or args.nnodes > 1:
+        return
+    free = available_host_bytes()
+    costs = problem.costs
+    state = stage_cost(costs, 0, costs.num_layers, True, True).static_bytes * copies
+    if free is None or state <= free:
+        return
+    raise UserError("model", f"the run's weights, gradients and optimizer state alone take "
+                    f"{state / 1e9:,.1f} GB over its ranks, and this host has "
+                    f"{free / 1e9:,.1f} GB free", "run a smaller model (--preset tiny-gpt, "
+                    "fewer --num-layers, a smaller --hidden-size), or on GPUs (--device cuda)")
 
 
 def check_features(cfg: Any) -> None:
@@ -180,7 +210,7 @@ def check_tensor_builder(builder: Any, tp: int) -> None:
     attention: the built-in GPT's, and the Llama-style one's (RMSNorm, rotary, SwiGLU,
     query and key norms, an output gate)."""
     from ppsim.executor.builders.gpt import GPTBuilder  # torch loads only here
-    from ppsim.executor.builders.llama import LlamaBuilder
+    from ppsim.executor.builders.llama import LlamaBuilder  # (torch, as above)
 
     if isinstance(builder, GPTBuilder):
         return

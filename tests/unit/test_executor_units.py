@@ -394,7 +394,7 @@ def test_print_launch_shows_torchrun_and_sbatch(capsys) -> None:
     (["--inject-fault", "1:F:0:0"], "--inject-fault"),  # stage 0 is not on rank 1
     (["--inject-fault", "garbage"], "--inject-fault"),
     (["--warmup", "3", "--iterations", "3"], "--warmup"),
-    (["--preset", "llama3-70b", "--pp", "2"], "model.tp"),
+    (["--preset", "llama3-70b", "--pp", "2"], "model: the run's weights"),
     (["--engine", "torch", "--microbatches", "1"], "pipeline.microbatches"),
     (["--model", "no_such_module:build"], "--model"),
     (["--model", "ppsim.executor.builders.gpt"], "--model"),
