@@ -146,6 +146,7 @@ OPTIONAL = [
     (0.1, "--moe-pad-expert-input-to-capacity --moe-expert-capacity-factor 1.0"),
     (0.1, "--no-bias-swiglu-fusion"), (0.1, "--attention-backend unfused"),
     (0.1, "--mtp-num-layers 1"), (0.05, "--optimizer muon"),
+    (0.1, "--fp32-residual-connection"),
 ]
 """Flags a random line carries, each with its chance."""
 
@@ -162,7 +163,7 @@ def random_line(rng: random.Random) -> tuple[str, list[str], int]:
          "--context-parallel-size", str(cp), "--expert-model-parallel-size", str(ep),
          "--micro-batch-size", str(mbs), "--global-batch-size",
          str(mbs * dp * rng.choice((1, 4, 8)))]
-    f += ["--sequence-parallel"] * (tp > 1)  # ppsim prices tp with it, always
+    f += ["--sequence-parallel"] * (tp > 1 and rng.random() < 0.8)
     f += rng.choice([["--use-distributed-optimizer"], [], ["--use-megatron-fsdp", "--ckpt-format",
                      "fsdp_dtensor"], ["--use-torch-fsdp2", "--no-gradient-accumulation-fusion"]])
     if pp > 1 and rng.random() < 0.4:

@@ -42,6 +42,16 @@ def _ints(text: str, flag: str) -> list[int] | str:
                         "write e.g. 6,2") from None
 
 
+class _MegatronTensorSize(argparse.Action):
+    """Megatron's --tensor-model-parallel-size: the line is Megatron's, read as Megatron
+    reads it (no sequence parallelism unless it says --sequence-parallel)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.megatron_tp = True
+
+
 def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
                      job_flags: bool = True) -> None:
     g = p.add_argument_group("config (flags override the file)")
@@ -50,8 +60,10 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
     g.add_argument("--hardware", metavar="NAME", help="hardware preset")
     _add_pipeline_flags(g)
     _add_memory_policy_flags(g)
-    g.add_argument("--tp", "--tensor-model-parallel-size", dest="tp", type=int, metavar="N",
-                   help="tensor-parallel size")
+    g.add_argument("--tp", dest="tp", type=int, metavar="N", help="tensor-parallel size")
+    g.add_argument("--tensor-model-parallel-size", dest="tp", type=int, metavar="N",
+                   action=_MegatronTensorSize, help="Megatron's name: without "
+                   "--sequence-parallel, none (Megatron's default)")
     g.add_argument("--sequence-parallel", dest="sequence_parallel", action="store_true",
                    default=None, help="split the activations between the tensor-parallel "
                    "blocks by tokens (ppsim's default; Megatron's flag)")
@@ -259,6 +271,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
     keys = MODEL_KEYS if hasattr(args, "gpus") else tuple(
         k for k in MODEL_KEYS if k not in JOB_MODEL_KEYS or (k != "dp" and hasattr(args, k)))
     keys = tuple(k for k in keys if k not in MEGATRON_MODEL_KEYS)
+    model = {k: flag(k) for k in keys}
+    if flag("megatron_tp") and (flag("tp") or 1) > 1 and flag("sequence_parallel") is None:
+        model["sequence_parallel"] = False  # Megatron's default
     # Megatron's model flags change a preset or a config's model; else they build one.
     base = parse_model({"preset": flag("preset")}) if flag("preset") else \
         cfg.model if args.config else None
@@ -273,7 +288,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         pipeline["rank_order"] = order
     cfg = with_overrides(cfg, preset=None if table else flag("preset"), model_table=table,
                          memory=memory or None,
-                         model=megatron_fsdp_state({k: flag(k) for k in keys})
+                         model=megatron_fsdp_state(model)
                          | ({"recompute": mode} if mode else {}),
                          pipeline=pipeline, split=_split_choice(args, flag),
                          hardware=flag("hardware"), memory_bytes=limit,

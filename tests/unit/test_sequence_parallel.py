@@ -173,3 +173,16 @@ def test_beside_learned_positions_the_embedding_all_reduces_then_splits() -> Non
     assert got.embedding.backward_ms == pytest.approx(alone.embedding.backward_ms + gather)
     # the head gathers its input either way
     assert got.head.forward_ms == pytest.approx(alone.head.forward_ms + gather)
+
+
+@pytest.mark.parametrize("flags, want", [
+    (["--tp", "4"], True),  # ppsim's name: the config's (on by default)
+    (["--tensor-model-parallel-size", "4"], False),  # Megatron's line: Megatron's default
+    (["--tensor-model-parallel-size", "4", "--sequence-parallel"], True),
+    (["--tp", "4", "--no-sequence-parallel"], False),
+])
+def test_a_megatron_line_over_a_preset_is_read_as_megatron_reads_it(
+        flags: list[str], want: bool, capsys: pytest.CaptureFixture) -> None:
+    assert main(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", *flags,
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["job"]["sequence_parallel"] is want
