@@ -51,7 +51,9 @@ def test_megatron_names_mean_the_same_as_ppsim_s() -> None:
     base = ["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb"]
     ours = _json([*base, "--tp", "2", "--pp", "4", "--vpp", "2", "--ep", "1",
                   "--first-stage-layers", "2", "--microbatch-group-size", "4"])
-    megatron = _json([*base, "--tensor-model-parallel-size", "2",
+    # Megatron's tensor parallelism has sequence parallelism only when asked for it;
+    # ppsim's --tp has the config's (on by default).
+    megatron = _json([*base, "--tensor-model-parallel-size", "2", "--sequence-parallel",
                       "--pipeline-model-parallel-size", "4",
                       "--virtual-pipeline-model-parallel-size", "2",
                       "--expert-model-parallel-size", "1",
