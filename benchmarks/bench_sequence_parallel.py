@@ -1,0 +1,49 @@
+"""What sequence parallelism buys a tensor-parallel job, as ppsim prices it.
+
+Megatron-LM runs tensor parallelism without sequence parallelism unless a line says
+--sequence-parallel. Without it every tensor rank keeps the hidden states between the
+blocks whole (Korthikanti et al. 2022: sbh(10 + 24/t) bytes a layer against sbh 34/t),
+runs the norms and residual adds on every token, all-reduces each block's output instead
+of reduce-scattering it, and sends tp times the bytes between pipeline stages. For each
+job below: the iteration and the fullest rank's peak with (`--tensor-model-parallel-size
+N --sequence-parallel`) and without (`--tensor-model-parallel-size N`), on the H100
+preset, each with its preset's recompute mode. No published figure: the prediction a user
+gets before choosing.
+
+Run: .venv/bin/python benchmarks/bench_sequence_parallel.py
+"""
+
+from __future__ import annotations
+
+from bench_job import ppsim_json
+
+JOBS = [
+    ("Llama 3.1 405B, tp 8 pp 16, 32 microbatches",
+     ["--preset", "llama3.1-405b", "--tensor-model-parallel-size", "8",
+      "--pipeline-model-parallel-size", "16", "--microbatches", "32"]),
+    ("Llama 3 70B, tp 8 pp 4, 16 microbatches",
+     ["--preset", "llama3-70b", "--tensor-model-parallel-size", "8",
+      "--pipeline-model-parallel-size", "4", "--microbatches", "16"]),
+    ("Llama 3 8B, tp 4 pp 1, 8 microbatches",
+     ["--preset", "llama3-8b", "--tensor-model-parallel-size", "4",
+      "--pipeline-model-parallel-size", "1", "--microbatches", "8"]),
+    ("GPT-3 175B, tp 8 pp 8, 32 microbatches",
+     ["--preset", "gpt3-175b", "--tensor-model-parallel-size", "8",
+      "--pipeline-model-parallel-size", "8", "--microbatches", "32"]),
+]
+
+
+def main() -> None:
+    print(f"{'job':<62} {'with':>22} {'without':>22} {'time':>6} {'peak':>6}")
+    for label, argv in JOBS:
+        runs = [ppsim_json(["simulate", *argv, "--hardware", "h100-80gb", *extra, "--json"])
+                for extra in (["--sequence-parallel"], [])]
+        ms = [r["iteration_time_ms"] for r in runs]
+        peak = [max(rank["peak_memory_bytes"] for rank in r["ranks"]) / 1e9 for r in runs]
+        cells = [f"{t:>9,.0f} ms {p:>6.1f} GB" for t, p in zip(ms, peak, strict=True)]
+        print(f"{label:<62} {cells[0]:>22} {cells[1]:>22} {ms[1] / ms[0]:>5.2f}x "
+              f"{peak[1] / peak[0]:>5.2f}x")
+
+
+if __name__ == "__main__":
+    main()
