@@ -1,12 +1,13 @@
-"""Tensor parallelism for the built-in GPT: column- and row-parallel linears over gloo.
+"""Tensor parallelism for the shipped dense decoders: column- and row-parallel linears over
+gloo.
 
 Megatron's split (Shoeybi et al. 2019): each tensor-parallel rank holds a slice of the
 query heads, of the key/value heads and of the MLP's hidden units (and of the vocabulary:
 ppsim.executor.builders.vocab); the QKV and first MLP matmuls are column-parallel (their
 input copied in, its gradient all-reduced on the way back), the attention output and
 second MLP matmuls row-parallel (their partial outputs all-reduced, the bias added once
-after). Norms and the embedding stay whole on every rank: their inputs and gradients are
-the same everywhere, so they stay in step with no collective. Every rank builds the whole
+after). Norms stay whole on every rank: their inputs and gradients are the same
+everywhere, so they stay in step with no collective. Every rank builds the whole
 layer from the same seed and keeps its slice, so the model is the one a single process
 builds (ppsim.executor.reference).
 
@@ -20,6 +21,7 @@ applied to a rank's own tokens alone (the norms, the row-parallel biases) are ma
 (`mark_partial`), and their gradients are summed over the tensor ranks before the step
 (`sum_partial_grads`, as Megatron's finalize_model_grads does).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -113,15 +115,14 @@ class _Exchanged(torch.autograd.Function):
 
 
 class _GatheredLinears(torch.autograd.Function):
-    """Linears of one input all-gathered by tokens, keeping only this rank's tokens for
-    the backward, which gathers them again (Megatron's sequence-parallel linear): the
-    input's gradient goes back by `back` (a reduce-scatter into column-parallel linears,
-    this rank's tokens from a whole one)."""
+    """Column-parallel linears of one input all-gathered by tokens, keeping only this
+    rank's tokens for the backward, which gathers them again and reduce-scatters the
+    input's gradient (Megatron's sequence-parallel linear)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, g: TensorGroup, back: Exchange,
-                linears: tuple[nn.Linear, ...], *params: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        ctx.g, ctx.back, ctx.linears = g, back, linears
+    def forward(ctx: Any, x: torch.Tensor, g: TensorGroup, linears: tuple[nn.Linear, ...],
+                *params: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.g, ctx.linears = g, linears
         ctx.save_for_backward(x)
         total = _gathered(x, g)
         return tuple(F.linear(total, lin.weight, lin.bias) for lin in linears)
@@ -138,13 +139,7 @@ class _GatheredLinears(torch.autograd.Function):
             out.append(rows.t() @ inputs)
             if lin.bias is not None:
                 out.append(rows.sum(0))
-        return (ctx.back(grad_total, ctx.g), None, None, None, *out)
-
-
-def _gathered_linears(x: torch.Tensor, g: TensorGroup, back: Exchange,
-                      linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
-    params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
-    return _GatheredLinears.apply(x, g, back, linears, *params)
+        return (_scattered(grad_total, ctx.g), None, None, *out)
 
 
 def column_parallel(x: torch.Tensor, g: TensorGroup,
@@ -153,7 +148,8 @@ def column_parallel(x: torch.Tensor, g: TensorGroup,
     tokens (this rank's tokens kept, gathered again in the backward, the gradient
     reduce-scattered back), else copied in (the gradient all-reduced back)."""
     if g.sequence_parallel:
-        return _gathered_linears(x, g, _scattered, linears)
+        params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
+        return _GatheredLinears.apply(x, g, linears, *params)
     y = _Exchanged.apply(x, g, _same, _summed)
     return tuple(lin(y) for lin in linears)
 
