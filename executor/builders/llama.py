@@ -15,11 +15,12 @@ which is the same function; `shared_expert_gate` scales them by a sigmoid gate).
 `attention = "mla"` builds DeepSeek's latent attention
 (ppsim.executor.builders.mla). `attention_window` and `window_attn_skip_freq` give
 layers a sliding window (ppsim.executor.builders.stage.AttentionCore). Dropout is not
-built. At tp > 1 a decoder of dense layers with grouped-query attention splits as the
-built-in GPT does (ppsim.executor.builders.tensor, ppsim.executor.builders.vocab): heads
-and MLP units over the tensor ranks, the vocabulary too, with or without sequence
-parallelism; the query and key norms, applied to each rank's heads, sum their
-gradients over the ranks.
+built. At tp > 1 a decoder with grouped-query attention splits as the built-in GPT does
+(ppsim.executor.builders.tensor, ppsim.executor.builders.vocab): heads and MLP units over
+the tensor ranks, the vocabulary too, with or without sequence parallelism; the query and
+key norms, applied to each rank's heads, sum their gradients over the ranks. Its MoE
+layers (sequence parallel, each expert whole: etp 1) run each rank's own tokens through
+all the experts, whose gradients are then summed over the ranks.
 """
 
 from __future__ import annotations
@@ -256,11 +257,16 @@ class Layer(nn.Module):
                                                      a.gated_mlp, a.swiglu_keeps_silu)
 
     def shard(self, g: TensorGroup) -> None:
-        """Keep this tensor rank's heads and MLP units (dense layers, grouped-query
-        attention)."""
-        assert isinstance(self.attention, Attention) and isinstance(self.mlp, MLP)
+        """Keep this tensor rank's heads and MLP units (grouped-query attention). A MoE
+        block (sequence parallelism, experts whole: etp 1) routes this rank's tokens to
+        every expert it holds, so all its weights see a part of the tokens."""
+        assert isinstance(self.attention, Attention)
         self.attention.shard(g)
-        self.mlp.shard(g)
+        if isinstance(self.mlp, MoE):
+            assert g.sequence_parallel, "Megatron's MoE layer needs sequence parallelism"
+            mark_partial(self.mlp)
+        else:
+            self.mlp.shard(g)
         if g.sequence_parallel:  # applied to this rank's tokens alone
             mark_partial(self.attn_norm, self.mlp_norm)
 

@@ -13,7 +13,7 @@ from ppsim.executor import launch
     (["--tp", "2", "--schedule", "zb-h1"], "without a split backward"),
     (["--tp", "2", "--alongside-torch"], "without the torch peer"),
     (["--tp", "2", "--preset", "nemotron-h-8b"],
-     "needs a shipped dense decoder"),
+     "needs a shipped decoder"),
     (["--tp", "2", "--nproc-per-node", "2"], "pp x dp x tp = 4"),
     (["--tp", "2", "--seq-length", "63"], "63 does not divide by tp (2): sequence"),
     (["--tp", "2", "--vocab-size", "2047"], "2047 does not divide by tp (2): the head"),
