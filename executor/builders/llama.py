@@ -15,7 +15,8 @@ which is the same function; `shared_expert_gate` scales them by a sigmoid gate).
 `attention = "mla"` builds DeepSeek's latent attention
 (ppsim.executor.builders.mla). `attention_window` and `window_attn_skip_freq` give
 layers a sliding window (ppsim.executor.builders.stage.AttentionCore). Dropout is not
-built. At tp > 1 a decoder with grouped-query attention splits as the built-in GPT does
+built. At tp > 1 a decoder with grouped-query or latent attention (ppsim.executor.
+builders.mla) splits as the built-in GPT does
 (ppsim.executor.builders.tensor, ppsim.executor.builders.vocab): heads and MLP units over
 the tensor ranks, the vocabulary too, with or without sequence parallelism; the query and
 key norms, applied to each rank's heads, sum their gradients over the ranks. Its MoE
@@ -257,10 +258,9 @@ class Layer(nn.Module):
                                                      a.gated_mlp, a.swiglu_keeps_silu)
 
     def shard(self, g: TensorGroup) -> None:
-        """Keep this tensor rank's heads and MLP units (grouped-query attention). A MoE
-        block (sequence parallelism, experts whole: etp 1) routes this rank's tokens to
+        """Keep this tensor rank's heads (grouped-query or latent attention) and MLP units. A
+        MoE block (sequence parallelism, experts whole: etp 1) routes this rank's tokens to
         every expert it holds, so all its weights see a part of the tokens."""
-        assert isinstance(self.attention, Attention)
         self.attention.shard(g)
         if isinstance(self.mlp, MoE):
             assert g.sequence_parallel, "Megatron's MoE layer needs sequence parallelism"

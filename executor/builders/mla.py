@@ -8,6 +8,11 @@ matmul to kv_lora_rank + qk_rope_head_dim split in two; here they are two Linear
 those widths (the same flops and parameters), so the latent autograd keeps is a
 tensor of its own, the width the cost model counts (ppsim.costs.modules).
 
+At tp > 1 (as Megatron's MLA): the down projections and their norms are whole on every
+tensor rank, over its own tokens under sequence parallelism (their gradients then summed
+over the ranks), and the up projections, attention and the output projection split by
+heads, the latents (and the rotary key part) gathered for them.
+
 `UpProjection` is Megatron's `mla_up_proj`: the up projections and the rotary, whose
 outputs (q, k, v) are what attention keeps; recomputing it (executor/builders/discard.py)
 frees them and keeps the latents and the rotary key part instead.
@@ -29,6 +34,15 @@ from torch import nn
 
 from ppsim.executor.builders.rotary import rotary_tables, rotate
 from ppsim.executor.builders.stage import AttentionCore
+from ppsim.executor.builders.tensor import (
+    ParallelLinears,
+    TensorGroup,
+    column_parallel,
+    mark_partial,
+    shard_input,
+    shard_output,
+    tokens_in,
+)
 
 if TYPE_CHECKING:  # llama.py builds this module: a runtime import would be a cycle
     from ppsim.executor.builders.llama import LlamaShape
@@ -84,6 +98,22 @@ class UpProjection(nn.Module):
         if rotary is not None:
             self.register_buffer("cos", rotary[0], persistent=False)
             self.register_buffer("sin", rotary[1], persistent=False)
+        self.tp: TensorGroup | None = None
+
+    def shard(self, g: TensorGroup) -> None:
+        """Keep this tensor rank's heads."""
+        self.tp, self.heads = g, self.heads // g.size
+        for linear in (self.q_up, self.k_up, self.v_up):
+            shard_output(linear, g)
+
+    def _projected(self, q_in: torch.Tensor, kv_latent: torch.Tensor, k_rope: torch.Tensor
+                   ) -> tuple[torch.Tensor, ...]:
+        """q_up(q_in), k_up and v_up(kv_latent), k_rope: every token's, this rank's heads."""
+        if self.tp is None:
+            return self.q_up(q_in), self.k_up(kv_latent), self.v_up(kv_latent), k_rope
+        (q,) = column_parallel(q_in, self.tp, self.q_up)
+        k, v = column_parallel(kv_latent, self.tp, self.k_up, self.v_up)
+        return q, k, v, tokens_in(k_rope, self.tp)
 
     def _rotate(self, x: torch.Tensor) -> torch.Tensor:
         if not self.rotary:
@@ -93,14 +123,15 @@ class UpProjection(nn.Module):
 
     def forward(self, q_in: torch.Tensor, kv_latent: torch.Tensor, k_rope: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        b, t, _ = q_in.shape
+        q_up, k_up, v_up, k_rope = self._projected(q_in, kv_latent, k_rope)
+        b, t, _ = q_up.shape
         h = self.heads
-        q_nope, q_pe = self.q_up(q_in).view(b, t, h, self.nope + self.rope).split(
+        q_nope, q_pe = q_up.view(b, t, h, self.nope + self.rope).split(
             [self.nope, self.rope], dim=-1)
         q = torch.cat((q_nope, self._rotate(q_pe)), dim=-1)
         k_pe = self._rotate(k_rope.view(b, t, 1, self.rope)).expand(b, t, h, self.rope)
-        k = torch.cat((self.k_up(kv_latent).view(b, t, h, self.nope), k_pe), dim=-1)
-        return q, k, self.v_up(kv_latent).view(b, t, h, self.value)
+        k = torch.cat((k_up.view(b, t, h, self.nope), k_pe), dim=-1)
+        return q, k, v_up.view(b, t, h, self.value)
 
 
 def _normed(norm: nn.Module | None, latent: torch.Tensor) -> torch.Tensor:
@@ -127,6 +158,21 @@ class LatentAttention(nn.Module):
                                nope=nope, rope=rope, value=value, rotary=tables)
         self.core = LatentAttentionCore(unfused=a.unfused_attention)
         self.o = nn.Linear(heads * value, h, bias=False)
+        self.rows: ParallelLinears | None = None
+        """At tp > 1: the output projection (a policy's `attn_proj`)."""
+
+    def shard(self, g: TensorGroup) -> None:
+        """Keep this tensor rank's heads; the down projections stay whole."""
+        self.heads //= g.size
+        self.up.shard(g)
+        shard_input(self.o, g)
+        self.rows = ParallelLinears(g, (self.o,), row=True)
+        if g.sequence_parallel:  # applied to this rank's tokens alone
+            mark_partial(self.q_down, self.kv_down, self.k_rope, self.q_norm, self.kv_norm)
+
+    def output_linear(self) -> nn.Module | ParallelLinears:
+        """The output projection (Megatron's attn_proj offloads its input)."""
+        return self.o if self.rows is None else self.rows
 
     def input_linears(self) -> list[nn.Module]:
         """The projections that read the layer's normed input (Megatron's qkv_linear)."""
@@ -134,8 +180,8 @@ class LatentAttention(nn.Module):
         return [first, self.kv_down, self.k_rope]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
         q_in = x if self.q_down is None else _normed(self.q_norm, self.q_down(x))
         q, k, v = self.up(q_in, _normed(self.kv_norm, self.kv_down(x)), self.k_rope(x))
+        b, t = q.shape[:2]  # every token (sequence parallelism: gathered)
         a = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        return self.o(a.transpose(1, 2).reshape(b, t, self.heads * self.value))
+        return self.output_linear()(a.transpose(1, 2).reshape(b, t, self.heads * self.value))

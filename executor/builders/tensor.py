@@ -76,19 +76,22 @@ def _summed(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
 
 
 def _gathered(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
-    """Every rank's tokens (dimension 1), in rank order."""
+    """Every rank's tokens (dimension 1), in rank order. The collectives run token-major,
+    as Megatron's [s, b, h] tensors are; the result is laid out (b, s, h) again, so a
+    linear reading it takes it as it is (a strided one would make each linear its own
+    copy to keep)."""
     local = x.transpose(0, 1).contiguous()
     out = local.new_empty((local.shape[0] * g.size, *local.shape[1:]))
     ALL_GATHER(out, local, group=g.group)
-    return out.transpose(0, 1)
+    return out.transpose(0, 1).contiguous()
 
 
 def _scattered(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
-    """The sum over the ranks of this rank's tokens (dimension 1)."""
+    """The sum over the ranks of this rank's tokens (dimension 1), laid out (b, s, h)."""
     whole = x.transpose(0, 1).contiguous()
     out = whole.new_empty((whole.shape[0] // g.size, *whole.shape[1:]))
     REDUCE_SCATTER(out, whole, group=g.group)
-    return out.transpose(0, 1)
+    return out.transpose(0, 1).contiguous()
 
 
 def _own(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
@@ -140,6 +143,14 @@ class _GatheredLinears(torch.autograd.Function):
             if lin.bias is not None:
                 out.append(rows.sum(0))
         return (_scattered(grad_total, ctx.g), None, None, *out)
+
+
+def tokens_in(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
+    """An activation every head of a column-parallel block reads: under sequence
+    parallelism every rank's tokens gathered (the gradient reduce-scattered back), else
+    the same on every rank (the gradient, each rank's heads' part, all-reduced)."""
+    return _Exchanged.apply(x, g, *((_gathered, _scattered) if g.sequence_parallel
+                                    else (_same, _summed)))
 
 
 def column_parallel(x: torch.Tensor, g: TensorGroup,

@@ -265,6 +265,7 @@ OTHERS = {
 TENSOR = {
     "tp2-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B]),
     "tp2-llama-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B, "--config", "{tmp}/llama.toml"]),
+    "tp2-mla-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B, *MLA_CONFIG]),
     "tp2-moe-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B, "--config", "{tmp}/moe-tp.toml"]),
     "tp2-llama-policy": Spec(argv=["--tp", "2", *ONE_F_ONE_B, "--config", "{tmp}/llama.toml",
                                    "--offload-modules", "qkv_linear", "attn_proj",

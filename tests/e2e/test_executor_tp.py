@@ -27,11 +27,11 @@ from ppsim.trace.schema import read_trace  # noqa: E402
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 TP = 2
-CASES = ["tp2-1f1b", "tp2-llama-1f1b", "tp2-llama-policy", "tp2-moe-1f1b",
+CASES = ["tp2-1f1b", "tp2-llama-1f1b", "tp2-llama-policy", "tp2-moe-1f1b", "tp2-mla-1f1b",
          "tp2-dp2-interleaved-gated"]
 """The built-in GPT and the Llama-style decoder with sequence parallelism (and a memory
-policy: the tensor-parallel projections' inputs offloaded, the MLP recomputed; and with
-MoE layers, each expert whole), the gated GPT without it."""
+policy: the tensor-parallel projections' inputs offloaded, the MLP recomputed; with MoE
+layers, each expert whole; with latent attention), the gated GPT without it."""
 PACKED = ("kv.weight", "kv.bias")
 """K and V in one matmul, each block sliced alike (ppsim.executor.builders.tensor)."""
 
