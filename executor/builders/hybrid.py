@@ -24,6 +24,7 @@ from ppsim.executor.builders.common import MLP, init_normal
 from ppsim.executor.builders.llama import Attention, LlamaBuilder, LlamaShape
 from ppsim.executor.builders.moe import MoE, init_experts
 from ppsim.executor.builders.ssm import GatedDeltaNet, Mamba2
+from ppsim.executor.builders.tensor import TensorGroup, current, mark_partial
 
 _OUT = ("o", "down", "out_proj")
 """Projections back into the residual stream: GPT-2's scaled init."""
@@ -52,6 +53,17 @@ class HybridLayer(nn.Module):
                             "layer (MLA and DSA are costed, not built)",
                             "use M, G, *, - and E, or a builder of your own (--model)")
 
+    def shard(self, g: TensorGroup) -> None:
+        """Keep this tensor rank's part of the mixer (a MoE block's experts stay whole,
+        over this rank's tokens: sequence parallelism, etp 1)."""
+        if isinstance(self.mixer, MoE):
+            assert g.sequence_parallel, "Megatron's MoE layer needs sequence parallelism"
+            mark_partial(self.mixer)
+        else:
+            self.mixer.shard(g)
+        if g.sequence_parallel:  # applied to this rank's tokens alone
+            mark_partial(self.norm)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.mixer(self.norm(x))
 
@@ -68,6 +80,10 @@ class LinearAttentionLayer(nn.Module):
 
     def halves(self) -> tuple[HybridLayer, HybridLayer]:
         return self.mixer_half, self.mlp_half
+
+    def shard(self, g: TensorGroup) -> None:
+        for half in self.halves():
+            half.shard(g)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp_half(self.mixer_half(x))
@@ -92,14 +108,19 @@ class HybridBuilder(LlamaBuilder):
 
     def layer(self, index: int) -> nn.Module:
         kind = self.shape.kinds[index]
-        if kind in PAIRED_KINDS:
-            paired = LinearAttentionLayer(self.shape, kind)
-            for half in paired.halves():
-                self._init(half)
-            return paired
         if kind in ("dense", "moe"):  # a GPT model's attention layer among GatedDeltaNet's
             return super().layer(index)
-        return self._init(HybridLayer(self.shape, kind))
+        layer: LinearAttentionLayer | HybridLayer
+        if kind in PAIRED_KINDS:
+            layer = LinearAttentionLayer(self.shape, kind)
+            for half in layer.halves():
+                self._init(half)
+        else:
+            layer = self._init(HybridLayer(self.shape, kind))
+        g = current()
+        if g is not None:  # built whole from the layer's seed, then sliced
+            layer.shard(g)
+        return layer
 
     def _init(self, layer: HybridLayer) -> HybridLayer:
         init_normal(layer, self.num_layers, _OUT)

@@ -7,6 +7,11 @@ computed chunk by chunk as the fused kernels do (within a chunk as matrices, the
 state passed between chunks); `ssd_recurrent` and `delta_recurrent` are the
 token-by-token definitions the tests hold the chunked forms to.
 
+At tp > 1 (`shard`) each splits by heads as Megatron's mixers do: in_proj column-parallel
+over each of its packed outputs, the conv's channels, the per-head parameters and the
+gated norm's groups (Mamba-2), out_proj row-parallel; GatedDeltaNet's norm weight, one
+head's width applied to every head, sums its gradient over the ranks.
+
 The conv, the scan and the gated norm run under checkpoints (their inputs kept, their
 insides recomputed in the backward), as mamba_ssm's and FLA's fused kernels keep their
 inputs and recompute the rest: a layer keeps what ppsim.costs.mixers counts, less the
@@ -14,6 +19,8 @@ few tensors those kernels also keep (docs/model.md names them per kind).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +36,36 @@ from ppsim.costs.mixers import (
     mamba_shape,
 )
 from ppsim.executor.builders.stage import checkpointed
+from ppsim.executor.builders.tensor import (
+    ParallelLinears,
+    TensorGroup,
+    mark_partial,
+    shard_channels,
+    shard_input,
+    shard_segments,
+    shard_vector,
+)
+
+
+class _Projections:
+    """A mixer's in_proj and out_proj, whole or tensor-parallel."""
+
+    in_proj: nn.Linear
+    out_proj: nn.Linear
+    columns: ParallelLinears | None = None
+    rows: ParallelLinears | None = None
+
+    def _split(self, g: TensorGroup) -> None:
+        shard_input(self.out_proj, g)
+        self.columns = ParallelLinears(g, (self.in_proj,))
+        self.rows = ParallelLinears(g, (self.out_proj,), row=True)
+
+    def _project_in(self, hidden: torch.Tensor) -> torch.Tensor:
+        """in_proj of every token (sequence parallelism: gathered)."""
+        return self.in_proj(hidden) if self.columns is None else self.columns(hidden)[0]
+
+    def _project_out(self, y: torch.Tensor) -> torch.Tensor:
+        return self.out_proj(y) if self.rows is None else self.rows(y)
 
 
 def _pad(x: torch.Tensor, chunk: int, dim: int = 1) -> torch.Tensor:
@@ -160,7 +197,7 @@ def _gated_rmsnorm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
     return out if gate_first else out * F.silu(z)
 
 
-class Mamba2(nn.Module):
+class Mamba2(_Projections, nn.Module):
     """Megatron's MambaMixer in plain torch: in_proj to z, x, B, C, dt; conv; SSD; gated
     norm; out_proj."""
 
@@ -176,9 +213,22 @@ class Mamba2(nn.Module):
         self.norm_weight = nn.Parameter(torch.ones(m.inner))
         self.out_proj = nn.Linear(m.inner, a.hidden_size, bias=False)
 
+    def shard(self, g: TensorGroup) -> None:
+        """Keep this tensor rank's heads and groups."""
+        m, n = self.shape, g.size
+        bc = m.groups * m.state
+        shard_segments(self.in_proj, g, (m.inner, m.inner, bc, bc, m.heads))
+        shard_channels(self.conv1d, g, (m.inner, bc, bc))
+        self.dt_bias, self.A_log, self.D, self.norm_weight = (
+            shard_vector(p, g) for p in (self.dt_bias, self.A_log, self.D, self.norm_weight))
+        self.shape = replace(m, heads=m.heads // n, groups=m.groups // n, inner=m.inner // n,
+                             conv=m.conv // n, in_proj=m.in_proj // n)
+        self._split(g)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        m, (bsz, seq, _) = self.shape, hidden.shape
-        z, xbc, dt = self.in_proj(hidden).split([m.inner, m.conv, m.heads], dim=-1)
+        m, proj = self.shape, self._project_in(hidden)
+        bsz, seq, _ = proj.shape
+        z, xbc, dt = proj.split([m.inner, m.conv, m.heads], dim=-1)
         x, b, c = checkpointed(_conv, xbc, self.conv1d).split(
             [m.inner, m.groups * m.state, m.groups * m.state], dim=-1)
         x = x.reshape(bsz, seq, m.heads, m.head_dim)
@@ -187,11 +237,11 @@ class Mamba2(nn.Module):
                          b.reshape(bsz, seq, m.groups, m.state),
                          c.reshape(bsz, seq, m.groups, m.state), min(MAMBA_CHUNK, seq))
         y = (y + x * self.D[:, None]).reshape(bsz, seq, m.inner)
-        return self.out_proj(checkpointed(_gated_rmsnorm, y, z, self.norm_weight, m.groups,
-                                          True))
+        return self._project_out(checkpointed(_gated_rmsnorm, y, z, self.norm_weight,
+                                              m.groups, True))
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(_Projections, nn.Module):
     """Megatron's GatedDeltaNet in plain torch: in_proj to q, k, v, z, beta, alpha; conv;
     the chunked delta rule; gated norm per head; out_proj."""
 
@@ -206,11 +256,26 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(d.value_heads))
         self.norm_weight = nn.Parameter(torch.ones(a.linear_value_head_dim))
         self.out_proj = nn.Linear(d.value, a.hidden_size, bias=False)
+        self.key_heads = a.linear_num_key_heads
+
+    def shard(self, g: TensorGroup) -> None:
+        """Keep this tensor rank's key and value heads."""
+        d, n = self.shape, g.size
+        hv = d.value_heads
+        shard_segments(self.in_proj, g, (d.key, d.key, d.value, d.value, hv, hv))
+        shard_channels(self.conv1d, g, (d.key, d.key, d.value))
+        self.dt_bias, self.A_log = (shard_vector(p, g) for p in (self.dt_bias, self.A_log))
+        mark_partial(self.norm_weight)  # one head's width, applied to this rank's heads
+        self.key_heads //= n
+        self.shape = replace(d, key=d.key // n, value=d.value // n, value_heads=hv // n,
+                             conv=d.conv // n, in_proj=d.in_proj // n)
+        self._split(g)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        d, a, (bsz, seq, _) = self.shape, self.arch, hidden.shape
-        hk, hv = a.linear_num_key_heads, d.value_heads
-        qkv, z, beta, alpha = self.in_proj(hidden).split([d.conv, d.value, hv, hv], dim=-1)
+        d, proj = self.shape, self._project_in(hidden)
+        bsz, seq, _ = proj.shape
+        hk, hv = self.key_heads, d.value_heads
+        qkv, z, beta, alpha = proj.split([d.conv, d.value, hv, hv], dim=-1)
         q, k, v = checkpointed(_conv, qkv, self.conv1d).split([d.key, d.key, d.value], dim=-1)
         q, k = (F.normalize(t.reshape(bsz, seq, hk, -1), dim=-1).repeat_interleave(
             hv // hk, dim=2) for t in (q, k))
@@ -218,5 +283,5 @@ class GatedDeltaNet(nn.Module):
         o = checkpointed(delta_chunked, q, k, v.reshape(bsz, seq, hv, -1), g,
                          torch.sigmoid(beta), min(GDN_CHUNK, seq))
         z = z.reshape(bsz, seq, hv, -1)
-        return self.out_proj(checkpointed(_gated_rmsnorm, o, z, self.norm_weight, 1, False
-                                          ).reshape(bsz, seq, d.value))
+        return self._project_out(checkpointed(_gated_rmsnorm, o, z, self.norm_weight, 1,
+                                              False).reshape(bsz, seq, d.value))

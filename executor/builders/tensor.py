@@ -266,6 +266,32 @@ def shard_output(linear: nn.Linear, g: TensorGroup, groups: int = 1) -> None:
     _keep(linear, w[:, part].reshape(-1, linear.in_features), b)
 
 
+def _slices(t: torch.Tensor, g: TensorGroup, sizes: tuple[int, ...]) -> torch.Tensor:
+    """This rank's 1 / tp of each of the packed segments `sizes` along dimension 0."""
+    return torch.cat([part.chunk(g.size, 0)[g.rank]
+                      for part in t.detach().split(list(sizes), 0)]).contiguous().clone()
+
+
+def shard_segments(linear: nn.Linear, g: TensorGroup, sizes: tuple[int, ...]) -> None:
+    """Column-parallel over packed outputs of unequal widths (a Mamba or GatedDeltaNet
+    in_proj's z, x, B, C, dt): this rank's slice of each."""
+    _keep(linear, _slices(linear.weight, g, sizes),
+          _slices(linear.bias, g, sizes) if linear.bias is not None else None)
+
+
+def shard_channels(conv: nn.Conv1d, g: TensorGroup, sizes: tuple[int, ...]) -> None:
+    """A depthwise conv's channels, packed segments of `sizes`: this rank's slice of each."""
+    conv.weight = nn.Parameter(_slices(conv.weight, g, sizes))
+    if conv.bias is not None:
+        conv.bias = nn.Parameter(_slices(conv.bias, g, sizes))
+    conv.in_channels = conv.out_channels = conv.groups = conv.weight.shape[0]
+
+
+def shard_vector(param: nn.Parameter, g: TensorGroup) -> nn.Parameter:
+    """This rank's 1 / tp of a per-head (or per-channel) parameter."""
+    return nn.Parameter(_slices(param, g, (param.shape[0],)))
+
+
 def shard_input(linear: nn.Linear, g: TensorGroup) -> None:
     """Row-parallel: keep this rank's slice of the inputs; the bias stays whole (it is
     added once, after the partial outputs are summed)."""

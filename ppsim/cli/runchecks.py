@@ -206,19 +206,19 @@ def check_policy_pieces(builder: Any, policies: Any) -> None:
 
 
 def check_tensor_builder(builder: Any, tp: int) -> None:
-    """Tensor parallelism splits the shipped builders' decoders: the built-in GPT's, and
-    the Llama-style one's (RMSNorm, rotary, SwiGLU, query and key norms, an output gate,
-    latent attention, MoE layers with whole experts)."""
+    """Tensor parallelism splits the shipped builders' decoders: the built-in GPT's, the
+    Llama-style one's (RMSNorm, rotary, SwiGLU, query and key norms, an output gate,
+    latent attention, MoE layers with whole experts) and the hybrid stacks' (Mamba-2,
+    GatedDeltaNet)."""
     from ppsim.executor.builders.gpt import GPTBuilder  # torch loads only here
     from ppsim.executor.builders.llama import LlamaBuilder  # (torch, as above)
 
     if isinstance(builder, GPTBuilder):
         return
-    if isinstance(builder, LlamaBuilder) and set(builder.shape.kinds) <= {"dense", "moe"}:
+    if isinstance(builder, LlamaBuilder):  # the hybrid stacks' builder is one too
         return
-    raise UserError("model.tp", f"tp = {tp} needs a shipped decoder of dense or MoE layers "
-                    "(the built-in GPT or the Llama-style one)", "use dense or MoE layers "
-                    "without hybrid mixers or attention variants, or --tp 1")
+    raise UserError("model.tp", f"tp = {tp} needs a shipped builder (a custom one is not "
+                    "split)", "drop --model to run the shipped decoder, or --tp 1")
 
 
 def check_tensor_split(fields: dict[str, Any], tp: int, sequence_split: bool) -> None:

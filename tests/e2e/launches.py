@@ -122,6 +122,8 @@ GPIPE = ["--schedule", "gpipe", "--pp", "2", "--split", "6,2", "--microbatches",
 ONE_F_ONE_B = ["--schedule", "1f1b", "--pp", "2", "--split", "5,3", "--microbatches", "4"]
 INTERLEAVED = ["--schedule", "interleaved-1f1b", "--pp", "2", "--vpp", "2", "--split",
                "3,1,2,2", "--microbatches", "4"]
+ONE_F_ONE_B_HYBRID = ["--schedule", "1f1b", "--pp", "2", "--microbatches", "4"]
+"""1F1B over two stages at a hybrid pattern's own split."""
 ZB_H1 = ["--schedule", "zb-h1", "--pp", "2", "--split", "5,3", "--microbatches", "4"]
 ZBV = ["--schedule", "zbv", "--pp", "2", "--vpp", "2", "--split", "3,2,1,2",
        "--microbatches", "4"]
@@ -139,6 +141,8 @@ MOE_TOML = tiny_gpt_toml(gated_mlp=True, num_kv_heads=2, layers="dense, moe, " *
 """tiny-gpt with MoE layers, as `simulate` and `run` both read it."""
 MOE_CONFIG = ["--config", "{tmp}/moe.toml"]
 MOE_TP_TOML = MOE_TOML + "etp = 1\n"
+HYBRID_TP_TOML = '[model]\npreset = "tiny-hybrid"\netp = 1\n'
+"""Mamba-2, attention, GatedDeltaNet, MoE and MLP layers, each expert whole at tp > 1."""
 """The same with each expert whole on its rank at tp > 1 (the executor's experts)."""
 MOE_POLICY = ["--recompute-modules", "layernorm,moe_act", "--offload-modules",
               "moe_act,expert_fc1,attn_norm"]
@@ -265,6 +269,10 @@ OTHERS = {
 TENSOR = {
     "tp2-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B]),
     "tp2-llama-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B, "--config", "{tmp}/llama.toml"]),
+    "tp2-hybrid-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_HYBRID, "--config",
+                                  "{tmp}/hybrid-tp.toml"], dump_grads=False),
+    "hybrid-etp1-1f1b": Spec(argv=[*ONE_F_ONE_B_HYBRID, "--config", "{tmp}/hybrid-tp.toml"],
+                             dump_grads=False),
     "tp2-mla-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B, *MLA_CONFIG]),
     "tp2-moe-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B, "--config", "{tmp}/moe-tp.toml"]),
     "tp2-llama-policy": Spec(argv=["--tp", "2", *ONE_F_ONE_B, "--config", "{tmp}/llama.toml",
@@ -346,6 +354,7 @@ def _prepare(name: str, tmp: Path) -> None:
     (tmp / "mla.toml").write_text(MLA_TOML)
     (tmp / "llama.toml").write_text(LLAMA_TOML)
     (tmp / "moe-tp.toml").write_text(MOE_TP_TOML)
+    (tmp / "hybrid-tp.toml").write_text(HYBRID_TP_TOML)
     (tmp / "window.toml").write_text(WINDOW_TOML)
     (tmp / "ddp.toml").write_text(tiny_gpt_toml())
     (tmp / "distopt.toml").write_text(tiny_gpt_toml(distributed_optimizer=True))

@@ -408,6 +408,8 @@ def test_bad_input_exits_2_before_any_process(argv, field, tmp_path, capsys,
     def no_launch(*a, **k):
         raise AssertionError("a process was started")
 
+    # ppsim run forks torchrun (launch.run_torchrun); an exec'd one would be a Popen
+    monkeypatch.setattr(launch, "run_torchrun", no_launch)
     monkeypatch.setattr(launch.subprocess, "Popen", no_launch)
     (tmp_path / "bad-builder.toml").write_text('[model]\npreset = "tiny-gpt"\nbuilder = 3\n')
     argv = [a.format(tmp=tmp_path) for a in argv]

@@ -79,7 +79,7 @@ def test_the_executor_refuses_it(tmp_path, capsys, monkeypatch) -> None:
     def no_launch(*a, **k):
         raise AssertionError("a process was started")
 
-    monkeypatch.setattr(launch.subprocess, "Popen", no_launch)
+    monkeypatch.setattr(launch, "run_torchrun", no_launch)  # ppsim run forks torchrun
     rc = main(["run", "--preset", "tiny-gpt", "--bf16", "--fp32-residual-connection",
                "--trace-dir", str(tmp_path / "t")])
     err = capsys.readouterr().err.strip().splitlines()

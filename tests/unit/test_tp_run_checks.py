@@ -12,8 +12,7 @@ from ppsim.executor import launch
     (["--tp", "3"], "3 does not divide num_heads = 4"),
     (["--tp", "2", "--schedule", "zb-h1"], "without a split backward"),
     (["--tp", "2", "--alongside-torch"], "without the torch peer"),
-    (["--tp", "2", "--preset", "nemotron-h-8b"],
-     "needs a shipped decoder"),
+    (["--tp", "2", "--model", "tests/model_sleepy.py:build"], "needs a shipped builder"),
     (["--tp", "2", "--nproc-per-node", "2"], "pp x dp x tp = 4"),
     (["--tp", "2", "--seq-length", "63"], "63 does not divide by tp (2): sequence"),
     (["--tp", "2", "--vocab-size", "2047"], "2047 does not divide by tp (2): the head"),
@@ -22,8 +21,11 @@ def test_tensor_parallel_run_refusals(argv, words, tmp_path, capsys, monkeypatch
     def no_launch(*a, **k):
         raise AssertionError("a process was started")
 
+    # ppsim run forks torchrun (launch.run_torchrun); an exec'd one would be a Popen
+    monkeypatch.setattr(launch, "run_torchrun", no_launch)
     monkeypatch.setattr(launch.subprocess, "Popen", no_launch)
     rc = main(["run", "--preset", "tiny-gpt", "--trace-dir", str(tmp_path / "t"), *argv])
-    err = capsys.readouterr().err.strip().splitlines()
+    err = [line for line in capsys.readouterr().err.strip().splitlines()
+           if not line.startswith("ppsim run: note: loading model builder")]
     assert rc == 2 and len(err) == 1 and words in err[0], err
     assert not (tmp_path / "t").exists()
