@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ppsim.costs.arch import layer_windows
+from ppsim.costs.layerops import padded_vocab
 from ppsim.costs.transformer import Architecture, layer_kinds
 from ppsim.errors import UserError
 from ppsim.executor.builders import hybrid
@@ -70,6 +71,9 @@ class GPTShape:
     """A gated MLP keeps its SiLU output (Architecture.swiglu_keeps_silu)."""
     unfused: bool = False
     """The attention core unfused (Architecture.unfused_attention)."""
+    table_rows: int = 0
+    """Rows of the embedding table and the head: the vocabulary padded as Megatron pads
+    it (ppsim.costs.layerops.padded_vocab; the ids stay below vocab_size)."""
 
     @classmethod
     def from_fields(cls, f: dict[str, Any]) -> GPTShape:
@@ -79,7 +83,7 @@ class GPTShape:
         return cls(a.num_layers, a.hidden_size, a.num_heads, a.num_kv_heads,
                    a.ffn_hidden_size, a.vocab_size, a.seq_length, a.micro_batch_size,
                    a.gated_mlp, a.dtype, layer_windows(a), a.swiglu_keeps_silu,
-                   a.unfused_attention)
+                   a.unfused_attention, padded_vocab(a))
 
     def window(self, index: int) -> int:
         """Layer `index`'s sliding window (0: full causal attention)."""
@@ -162,12 +166,12 @@ class Block(nn.Module):
 
 class Embedding(nn.Module):
     """Token and learned position embeddings; at tp > 1 the tokens' table split by
-    vocabulary (ppsim.executor.builders.vocab.vocab_parallel_lookup), the positions' whole,
+    vocabulary (ppsim.executor.builders.vocab.vocab_parallel_embedding), the positions' whole,
     the sum split by tokens under sequence parallelism."""
 
     def __init__(self, s: GPTShape) -> None:
         super().__init__()
-        self.tokens = nn.Embedding(s.vocab_size, s.hidden_size)
+        self.tokens = nn.Embedding(s.table_rows or s.vocab_size, s.hidden_size)
         self.positions = nn.Embedding(s.seq_length, s.hidden_size)
         self.tp: TensorGroup | None = None
 
@@ -214,7 +218,7 @@ class GPTBuilder:
         return b
 
     def head(self) -> nn.Module:
-        g, width, vocab = current(), self.shape.hidden_size, self.shape.vocab_size
+        g, width, vocab = current(), self.shape.hidden_size, self.shape.table_rows
         h = VocabParallelHead(width, vocab, g) if g is not None else Head(width, vocab)
         init_normal(h, self.num_layers, ())
         if isinstance(h, VocabParallelHead):  # built whole from the seed, then sliced

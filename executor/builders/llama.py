@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from ppsim.costs.arch import layer_windows
+from ppsim.costs.layerops import padded_vocab
 from ppsim.costs.transformer import Architecture, layer_kinds
 from ppsim.errors import UserError
 from ppsim.executor.builders.common import (
@@ -279,7 +280,7 @@ class Embedding(nn.Module):
     def __init__(self, s: LlamaShape) -> None:
         super().__init__()
         a = s.arch
-        self.tokens = nn.Embedding(a.vocab_size, a.hidden_size)
+        self.tokens = nn.Embedding(padded_vocab(a), a.hidden_size)  # as Megatron pads it
         self.positions = nn.Embedding(a.seq_length, a.hidden_size) \
             if a.learned_positions else None
         self.tp: TensorGroup | None = None
@@ -332,8 +333,9 @@ class LlamaBuilder:
 
     def head(self) -> nn.Module:
         a, g = self.shape.arch, current()
-        h = Head(a.hidden_size, a.vocab_size, norm=self.shape.norm) if g is None else \
-            VocabParallelHead(a.hidden_size, a.vocab_size, g, norm=self.shape.norm)
+        rows = padded_vocab(a)  # as Megatron pads it; the ids stay below vocab_size
+        h = Head(a.hidden_size, rows, norm=self.shape.norm) if g is None else \
+            VocabParallelHead(a.hidden_size, rows, g, norm=self.shape.norm)
         init_normal(h, self.num_layers, ())
         if isinstance(h, VocabParallelHead):
             h.shard()

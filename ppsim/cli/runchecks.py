@@ -223,10 +223,9 @@ def check_tensor_builder(builder: Any, tp: int) -> None:
 
 def check_tensor_split(fields: dict[str, Any], tp: int, sequence_split: bool) -> None:
     """What the built-in GPT's tensor parallelism splits over tp ranks (the heads' rule
-    is the config's, ppsim.config.validate): the MLP's units, the head's vocabulary (not
-    padded, unlike Megatron's), and under sequence parallelism the tokens."""
+    is the config's, ppsim.config.validate, and the vocabulary is padded as Megatron pads
+    it): the MLP's units, and under sequence parallelism the tokens."""
     for key, what in (("ffn_hidden_size", "the MLP's units split by columns"),
-                      ("vocab_size", "the head splits the vocabulary"),
                       *((("seq_length", "sequence parallelism splits the tokens"),)
                         if sequence_split else ())):
         if fields[key] % tp:

@@ -149,9 +149,9 @@ MOE_POLICY = ["--recompute-modules", "layernorm,moe_act", "--offload-modules",
 """The MoE's own pieces: its activation's output freed, its inputs and the dispatched
 tokens offloaded."""
 LLAMA_TOML = tiny_gpt_toml(gated_mlp=True, num_kv_heads=2, norm="rmsnorm", position="rotary",
-                           qk_layernorm=True, attention_output_gate=True)
+                           qk_layernorm=True, attention_output_gate=True, vocab_size=2000)
 """The Llama-style decoder (RMSNorm, rotary, SwiGLU, GQA) with query and key norms and an
-output gate."""
+output gate; its vocabulary padded (to 2,048 at tp 2, as Megatron pads it)."""
 MLA_TOML = tiny_gpt_toml(gated_mlp=True, norm="rmsnorm", position="rotary", attention="mla",
                          q_lora_rank=32, kv_lora_rank=24, qk_rope_head_dim=8, head_dim=16,
                          v_head_dim=12)
