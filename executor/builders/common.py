@@ -13,6 +13,7 @@ from torch import nn
 from ppsim.executor.builders.tensor import (
     TensorGroup,
     column_parallel,
+    mark_partial,
     reduce_out,
     shard_input,
     shard_output,
@@ -72,15 +73,27 @@ def init_normal(module: nn.Module, num_layers: int, out_proj: tuple[str, ...]) -
 
 
 class Head(nn.Module):
-    """Final norm and the vocabulary projection (the loss is the builder's `loss`)."""
+    """Final norm and the vocabulary projection (the loss is the builder's `loss`); at
+    tp > 1 the projection column-parallel, each rank its rows of the vocabulary, the norm
+    over this rank's tokens under sequence parallelism (ppsim.executor.builders.vocab)."""
 
     def __init__(self, hidden: int, vocab: int, norm: type[nn.Module] = nn.LayerNorm) -> None:
         super().__init__()
         self.norm = norm(hidden)
         self.out = nn.Linear(hidden, vocab, bias=False)
+        self.tp: TensorGroup | None = None
+
+    def shard(self, g: TensorGroup) -> None:
+        """Keep this rank's rows of the vocabulary."""
+        self.tp = g
+        shard_output(self.out, g)
+        if g.sequence_parallel:  # applied to this rank's tokens alone
+            mark_partial(self.norm)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(self.norm(x))
+        if self.tp is None:
+            return self.out(self.norm(x))
+        return column_parallel(self.norm(x), self.tp, self.out)[0]
 
 
 def stage_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,6 @@ from ppsim.executor.builders.common import (
     Head,
     Piece,
     init_normal,
-    stage_loss,
     swiglu,
     token_microbatch,
 )
@@ -36,16 +35,15 @@ from ppsim.executor.builders.tensor import (
     ParallelLinears,
     TensorGroup,
     column_parallel,
-    current,
     mark_partial,
     shard_input,
     shard_output,
+    sliced,
 )
 from ppsim.executor.builders.vocab import (
-    VocabParallelHead,
     shard_rows,
+    token_loss,
     vocab_parallel_embedding,
-    vocab_parallel_loss,
 )
 
 _ARCH = {f.name for f in fields(Architecture)}
@@ -117,6 +115,8 @@ class Block(nn.Module):
         """At tp > 1: QKV's projections (a memory policy's `qkv_linear`)."""
         self.rows: ParallelLinears | None = None
         """At tp > 1: the output projection (`attn_proj`)."""
+        self.down: ParallelLinears | None = None
+        """At tp > 1: the MLP's second matmul, row-parallel."""
 
     def shard(self, g: TensorGroup) -> None:
         """Keep this tensor-parallel rank's heads and MLP units (ppsim.executor.builders.tensor)."""
@@ -131,6 +131,7 @@ class Block(nn.Module):
         shard_input(self.fc2, g)
         self.columns = ParallelLinears(g, (self.q, self.kv))
         self.rows = ParallelLinears(g, (self.proj,), row=True)
+        self.down = ParallelLinears(g, (self.fc2,), row=True)
         if g.sequence_parallel:  # applied to this rank's tokens alone
             mark_partial(self.norm1, self.norm2, self.proj.bias, self.fc2.bias)
 
@@ -139,8 +140,7 @@ class Block(nn.Module):
         up = [self.fc1] + ([self.fc3] if self.fc3 is not None else [])
         outs = [lin(y) for lin in up] if self.tp is None else column_parallel(y, self.tp, *up)
         y = swiglu(outs[0], outs[1], self.keep_silu) if len(outs) == 2 else F.gelu(outs[0])
-        return self.fc2(y) if self.tp is None else ParallelLinears(self.tp, (self.fc2,),
-                                                                   row=True)(y)
+        return self.fc2(y) if self.down is None else self.down(y)
 
     def _tensor_parallel(self, x: torch.Tensor) -> torch.Tensor:
         assert self.columns is not None and self.rows is not None
@@ -200,10 +200,7 @@ class GPTBuilder:
     def embedding(self) -> nn.Module:
         e = Embedding(self.shape)
         init_normal(e, self.num_layers, ())
-        g = current()
-        if g is not None:  # built whole from the seed, then sliced
-            e.shard(g)
-        return e
+        return sliced(e)
 
     def layer_kind(self, index: int) -> str:
         """dense, windowed layers apart (a profile times each kind)."""
@@ -212,18 +209,12 @@ class GPTBuilder:
     def layer(self, index: int) -> nn.Module:
         b = Block(self.shape, self.shape.window(index))
         init_normal(b, self.num_layers, ("proj", "fc2"))
-        g = current()
-        if g is not None:  # built whole from the layer's seed, then sliced
-            b.shard(g)
-        return b
+        return sliced(b)
 
     def head(self) -> nn.Module:
-        g, width, vocab = current(), self.shape.hidden_size, self.shape.table_rows
-        h = VocabParallelHead(width, vocab, g) if g is not None else Head(width, vocab)
+        h = Head(self.shape.hidden_size, self.shape.table_rows)
         init_normal(h, self.num_layers, ())
-        if isinstance(h, VocabParallelHead):  # built whole from the seed, then sliced
-            h.shard()
-        return h
+        return sliced(h)
 
     def microbatch(self, seed: int, iteration: int, index: int) -> tuple[torch.Tensor,
                                                                        torch.Tensor]:
@@ -232,10 +223,7 @@ class GPTBuilder:
                                 iteration, index)
 
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The mean token cross-entropy (over the vocabulary's parts at tp > 1)."""
-        g = current()
-        return stage_loss(output, targets) if g is None else \
-            vocab_parallel_loss(output, targets, g)
+        return token_loss(output, targets)
 
 
 def build(fields: dict[str, Any]) -> Any:

@@ -21,10 +21,10 @@ from ppsim.costs.arch import PAIRED_KINDS
 from ppsim.costs.hybrid import parse_pattern
 from ppsim.errors import UserError
 from ppsim.executor.builders.common import MLP, init_normal
-from ppsim.executor.builders.llama import Attention, LlamaBuilder, LlamaShape
+from ppsim.executor.builders.llama import Attention, LlamaBuilder, LlamaShape, shard_block
 from ppsim.executor.builders.moe import MoE, init_experts
 from ppsim.executor.builders.ssm import GatedDeltaNet, Mamba2
-from ppsim.executor.builders.tensor import TensorGroup, current, mark_partial
+from ppsim.executor.builders.tensor import TensorGroup, mark_partial, sliced
 
 _OUT = ("o", "down", "out_proj")
 """Projections back into the residual stream: GPT-2's scaled init."""
@@ -54,13 +54,8 @@ class HybridLayer(nn.Module):
                             "use M, G, *, - and E, or a builder of your own (--model)")
 
     def shard(self, g: TensorGroup) -> None:
-        """Keep this tensor rank's part of the mixer (a MoE block's experts stay whole,
-        over this rank's tokens: sequence parallelism, etp 1)."""
-        if isinstance(self.mixer, MoE):
-            assert g.sequence_parallel, "Megatron's MoE layer needs sequence parallelism"
-            mark_partial(self.mixer)
-        else:
-            self.mixer.shard(g)
+        """Keep this tensor rank's part of the mixer (llama.shard_block)."""
+        shard_block(self.mixer, g)
         if g.sequence_parallel:  # applied to this rank's tokens alone
             mark_partial(self.norm)
 
@@ -117,10 +112,7 @@ class HybridBuilder(LlamaBuilder):
                 self._init(half)
         else:
             layer = self._init(HybridLayer(self.shape, kind))
-        g = current()
-        if g is not None:  # built whole from the layer's seed, then sliced
-            layer.shard(g)
-        return layer
+        return sliced(layer)
 
     def _init(self, layer: HybridLayer) -> HybridLayer:
         init_normal(layer, self.num_layers, _OUT)

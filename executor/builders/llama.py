@@ -41,7 +41,6 @@ from ppsim.executor.builders.common import (
     MLP,
     Head,
     init_normal,
-    stage_loss,
     token_microbatch,
 )
 from ppsim.executor.builders.mla import LatentAttention
@@ -51,16 +50,15 @@ from ppsim.executor.builders.stage import AttentionCore
 from ppsim.executor.builders.tensor import (
     ParallelLinears,
     TensorGroup,
-    current,
     mark_partial,
     shard_input,
     shard_output,
+    sliced,
 )
 from ppsim.executor.builders.vocab import (
-    VocabParallelHead,
     shard_rows,
+    token_loss,
     vocab_parallel_embedding,
-    vocab_parallel_loss,
 )
 
 _ARCH = {f.name for f in fields(Architecture)}
@@ -248,6 +246,17 @@ class OutputGate(torch.autograd.Function):
         return (g * s).to(x.dtype), (g * x.to(dt) * s * (1 - s)).to(gate.dtype)
 
 
+def shard_block(block: nn.Module, g: TensorGroup) -> None:
+    """Keep this tensor rank's part of a layer's block; a MoE block (sequence parallelism,
+    experts whole: etp 1) routes this rank's tokens to every expert it holds, so all its
+    weights see a part of the tokens."""
+    if isinstance(block, MoE):
+        assert g.sequence_parallel, "Megatron's MoE layer needs sequence parallelism"
+        mark_partial(block)
+    else:
+        block.shard(g)  # type: ignore[operator]
+
+
 class Layer(nn.Module):
     def __init__(self, s: LlamaShape, kind: str, window: int = 0) -> None:
         super().__init__()
@@ -259,15 +268,9 @@ class Layer(nn.Module):
                                                      a.gated_mlp, a.swiglu_keeps_silu)
 
     def shard(self, g: TensorGroup) -> None:
-        """Keep this tensor rank's heads (grouped-query or latent attention) and MLP units. A
-        MoE block (sequence parallelism, experts whole: etp 1) routes this rank's tokens to
-        every expert it holds, so all its weights see a part of the tokens."""
+        """Keep this tensor rank's heads (grouped-query or latent attention) and MLP units."""
         self.attention.shard(g)
-        if isinstance(self.mlp, MoE):
-            assert g.sequence_parallel, "Megatron's MoE layer needs sequence parallelism"
-            mark_partial(self.mlp)
-        else:
-            self.mlp.shard(g)
+        shard_block(self.mlp, g)
         if g.sequence_parallel:  # applied to this rank's tokens alone
             mark_partial(self.attn_norm, self.mlp_norm)
 
@@ -316,30 +319,21 @@ class LlamaBuilder:
     def embedding(self) -> nn.Module:
         e = Embedding(self.shape)
         init_normal(e, self.num_layers, ())
-        g = current()
-        if g is not None:  # built whole from the seed, then sliced
-            e.shard(g)
-        return e
+        return sliced(e)
 
     def layer(self, index: int) -> nn.Module:
         layer = Layer(self.shape, self.shape.kinds[index], self.shape.windows[index])
         init_normal(layer, self.num_layers, ("o", "down"))
         if isinstance(layer.mlp, MoE):
             init_experts(layer.mlp, self.num_layers)
-        g = current()
-        if g is not None:
-            layer.shard(g)
-        return layer
+        return sliced(layer)
 
     def head(self) -> nn.Module:
-        a, g = self.shape.arch, current()
-        rows = padded_vocab(a)  # as Megatron pads it; the ids stay below vocab_size
-        h = Head(a.hidden_size, rows, norm=self.shape.norm) if g is None else \
-            VocabParallelHead(a.hidden_size, rows, g, norm=self.shape.norm)
+        a = self.shape.arch
+        # the vocabulary padded as Megatron pads it; the ids stay below vocab_size
+        h = Head(a.hidden_size, padded_vocab(a), norm=self.shape.norm)
         init_normal(h, self.num_layers, ())
-        if isinstance(h, VocabParallelHead):
-            h.shard()
-        return h
+        return sliced(h)
 
     def microbatch(self, seed: int, iteration: int, index: int) -> tuple[torch.Tensor,
                                                                        torch.Tensor]:
@@ -348,10 +342,7 @@ class LlamaBuilder:
                                 iteration, index)
 
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The mean token cross-entropy (over the vocabulary's parts at tp > 1)."""
-        g = current()
-        return stage_loss(output, targets) if g is None else \
-            vocab_parallel_loss(output, targets, g)
+        return token_loss(output, targets)
 
 
 def build(fields: dict[str, Any]) -> LlamaBuilder:

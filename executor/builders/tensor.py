@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -62,6 +62,18 @@ def set_group(g: TensorGroup | None) -> None:
 
 def current() -> TensorGroup | None:
     return _CURRENT[0]
+
+
+Shardable = TypeVar("Shardable")
+
+
+def sliced(module: Shardable) -> Shardable:
+    """`module`, built whole from its seed, keeping this rank's slice (its `shard`) where a
+    tensor group is set: so the slices put together are the one-process model."""
+    g = current()
+    if g is not None:
+        module.shard(g)  # type: ignore[attr-defined]
+    return module
 
 
 def _same(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
@@ -161,7 +173,7 @@ def column_parallel(x: torch.Tensor, g: TensorGroup,
     if g.sequence_parallel:
         params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
         return _GatheredLinears.apply(x, g, linears, *params)
-    y = _Exchanged.apply(x, g, _same, _summed)
+    y = tokens_in(x, g)
     return tuple(lin(y) for lin in linears)
 
 
@@ -228,8 +240,10 @@ def sum_partial_grads(params: list[nn.Parameter]) -> None:
     """Sum over the tensor ranks the gradients of the marked weights (in one all-reduce),
     so every rank steps them alike."""
     g = current()
+    if g is None:
+        return
     marked = [p for p in params if getattr(p, "partial_grad", False) and p.grad is not None]
-    if g is None or not marked:
+    if not marked:
         return
     flat = torch.cat([p.grad.reshape(-1) for p in marked])
     dist.all_reduce(flat, group=g.group)

@@ -7,8 +7,8 @@ parallelism, else an all-reduce; beside learned positions an all-reduce, the pos
 added, the sum then split by tokens under sequence parallelism (Megatron's
 LanguageModelEmbedding reduce-scatters only without position embeddings).
 
-The output layer is column-parallel (ppsim.executor.builders.tensor.column_parallel:
-its input gathered by tokens under sequence parallelism), so each rank holds the logits
+The output layer (ppsim.executor.builders.common.Head) is column-parallel (its input
+gathered by tokens under sequence parallelism), so each rank holds the logits
 of vocab / tp entries. The cross-entropy (Megatron's vocab_parallel_cross_entropy) takes
 the largest logit, the sum of the exponentials and the target's logit with one
 all-reduce each over the ranks' parts, keeps this rank's fp32 softmax for the backward
@@ -24,13 +24,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ppsim.executor.builders.common import Head
+from ppsim.executor.builders.common import stage_loss
 from ppsim.executor.builders.tensor import (
     TensorGroup,
-    column_parallel,
-    mark_partial,
+    current,
     reduce_out,
-    shard_output,
     split_tokens,
     summed,
 )
@@ -55,25 +53,6 @@ def vocab_parallel_embedding(ids: torch.Tensor, rows: torch.Tensor, g: TensorGro
     if positions is None:
         return reduce_out(local, g)
     return split_tokens(summed(local, g) + positions, g)
-
-
-class VocabParallelHead(Head):
-    """The final norm (on this rank's tokens under sequence parallelism) and this rank's
-    rows of the vocabulary projection."""
-
-    def __init__(self, hidden: int, vocab: int, tp: TensorGroup,
-                 norm: type[nn.Module] = nn.LayerNorm) -> None:
-        super().__init__(hidden, vocab, norm)
-        self.tp = tp
-
-    def shard(self) -> None:
-        """Keep this rank's rows (built whole from the seed first, as the layers are)."""
-        shard_output(self.out, self.tp)
-        if self.tp.sequence_parallel:
-            mark_partial(self.norm)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return column_parallel(self.norm(x), self.tp, self.out)[0]
 
 
 class _VocabParallelLoss(torch.autograd.Function):
@@ -108,7 +87,9 @@ class _VocabParallelLoss(torch.autograd.Function):
         return softmax.view(ctx.shape).to(ctx.dtype), None, None
 
 
-def vocab_parallel_loss(logits: torch.Tensor, targets: torch.Tensor,
-                        g: TensorGroup) -> torch.Tensor:
-    """The mean token cross-entropy, the same on every tensor rank."""
-    return _VocabParallelLoss.apply(logits, targets, g)
+def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The mean token cross-entropy: over the vocabulary's parts at tp > 1 (the same on
+    every tensor rank), else in one piece."""
+    g = current()
+    return stage_loss(logits, targets) if g is None else \
+        _VocabParallelLoss.apply(logits, targets, g)
