@@ -17,20 +17,17 @@ from __future__ import annotations
 
 from bench_job import ppsim_json
 
-JOBS = [
-    ("Llama 3.1 405B, tp 8 pp 16, 32 microbatches",
-     ["--preset", "llama3.1-405b", "--tensor-model-parallel-size", "8",
-      "--pipeline-model-parallel-size", "16", "--microbatches", "32"]),
-    ("Llama 3 70B, tp 8 pp 4, 16 microbatches",
-     ["--preset", "llama3-70b", "--tensor-model-parallel-size", "8",
-      "--pipeline-model-parallel-size", "4", "--microbatches", "16"]),
-    ("Llama 3 8B, tp 4 pp 1, 8 microbatches",
-     ["--preset", "llama3-8b", "--tensor-model-parallel-size", "4",
-      "--pipeline-model-parallel-size", "1", "--microbatches", "8"]),
-    ("GPT-3 175B, tp 8 pp 8, 32 microbatches",
-     ["--preset", "gpt3-175b", "--tensor-model-parallel-size", "8",
-      "--pipeline-model-parallel-size", "8", "--microbatches", "32"]),
-]
+
+def _job(label: str, preset: str, tp: int, pp: int, microbatches: int) -> tuple[str, list[str]]:
+    return (f"{label}, tp {tp} pp {pp}, {microbatches} microbatches",
+            ["--preset", preset, "--tensor-model-parallel-size", str(tp),
+             "--pipeline-model-parallel-size", str(pp), "--microbatches", str(microbatches)])
+
+
+JOBS = [_job("Llama 3.1 405B", "llama3.1-405b", 8, 16, 32),
+        _job("Llama 3 70B", "llama3-70b", 8, 4, 16),
+        _job("Llama 3 8B", "llama3-8b", 4, 1, 8),
+        _job("GPT-3 175B", "gpt3-175b", 8, 8, 32)]
 
 
 def main() -> None:

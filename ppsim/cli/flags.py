@@ -272,8 +272,6 @@ def config_from_args(args: argparse.Namespace) -> Config:
         k for k in MODEL_KEYS if k not in JOB_MODEL_KEYS or (k != "dp" and hasattr(args, k)))
     keys = tuple(k for k in keys if k not in MEGATRON_MODEL_KEYS)
     model = {k: flag(k) for k in keys}
-    if flag("megatron_tp") and (flag("tp") or 1) > 1 and flag("sequence_parallel") is None:
-        model["sequence_parallel"] = False  # Megatron's default
     # Megatron's model flags change a preset or a config's model; else they build one.
     base = parse_model({"preset": flag("preset")}) if flag("preset") else \
         cfg.model if args.config else None
@@ -283,6 +281,11 @@ def config_from_args(args: argparse.Namespace) -> Config:
         # --pipeline-model-parallel-size: one stage; no global batch: one microbatch),
         # not the embedded default's two CPU ranks.
         cfg = replace(cfg, pipeline=PipelineConfig(pp=1, microbatches=1))
+    # A Megatron line (its tensor size's name, or a model built from its flags) has
+    # Megatron's default: no sequence parallelism unless it says --sequence-parallel.
+    megatron_line = flag("megatron_tp") or (table is not None and base is None)
+    if megatron_line and (flag("tp") or 1) > 1 and flag("sequence_parallel") is None:
+        model["sequence_parallel"] = False
     order = megatron_run.check_run_flags(args)
     if order is not None:
         pipeline["rank_order"] = order

@@ -230,7 +230,7 @@ def model_table(args: argparse.Namespace, base: Model | None) -> dict[str, Any] 
             raise UserError(flag, "needed to build the model from Megatron's flags (no "
                             "--preset or [model] transformer to start from)",
                             f"add {flag} N{also}, or give --preset NAME")
-    return {"kind": "transformer", **megatron_defaults(args, fields)}
+    return {"kind": "transformer", **megatron_defaults(fields)}
 
 
 def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, Any]:
@@ -310,13 +310,11 @@ def _optimizer_fields(get: Any) -> dict[str, Any]:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def megatron_defaults(args: argparse.Namespace, fields: dict[str, Any]) -> dict[str, Any]:
+def megatron_defaults(fields: dict[str, Any]) -> dict[str, Any]:
     """`fields` completed as Megatron completes its arguments for a new model."""
     out = {"gated_mlp": False, "norm": "layernorm", "position": "learned",
            "tie_embeddings": True, "dropout": True, "dtype": "fp32", **fields}
     out.setdefault("num_kv_heads", out["num_heads"])
-    if (getattr(args, "tp", None) or 1) > 1 and getattr(args, "sequence_parallel", None) is None:
-        out["sequence_parallel"] = False  # Megatron's default
     if "ffn_hidden_size" not in out:  # arguments.py: 4h, or 2/3 of it for SwiGLU
         h = out["hidden_size"]
         out["ffn_hidden_size"] = int((4 * h * 2 / 3) / 64) * 64 if out["gated_mlp"] else 4 * h

@@ -16,8 +16,7 @@ from ppsim.cli.costs import COSTS_NOTE, costs_table, hardware_profile
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
 from ppsim.cli.runchecks import (
     RANKS_PER_DEVICE,
-    check_tensor_builder,
-    check_tensor_split,
+    check_tensor_parallel,
     host_devices,
 )
 from ppsim.config import validate
@@ -104,8 +103,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise UserError("--device", f"tensor parallelism (tp = {cfg.model.arch.tp}) is "
                         "measured on CPU over gloo", "use --device cpu, or --tp 1")
     if cfg.model.arch.tp > 1:
-        check_tensor_builder(load_builder(builder_spec(None, fields), fields), cfg.model.arch.tp)
-        check_tensor_split(fields, cfg.model.arch.tp, cfg.model.arch.sequence_parallel)
+        check_tensor_parallel(load_builder(builder_spec(None, fields), fields), fields,
+                              cfg.model.arch.tp, cfg.model.arch.sequence_parallel)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device", "cuda requested but torch sees no GPU here",
                         "use --device cpu")

@@ -165,12 +165,12 @@ def validate(args: argparse.Namespace) -> Any:
 
 def _check_tensor_parallel(args: argparse.Namespace, fields: dict[str, Any], problem: Any,
                            tp: int, sequence_split: bool) -> None:
-    """tp > 1 runs the shipped dense decoders' column- and row-parallel layers on the ppsim
+    """tp > 1 runs the shipped decoders' column- and row-parallel layers on the ppsim
     engine."""
     from ppsim.executor.builders import builder_spec, load_builder  # torch loads only here
 
-    runchecks.check_tensor_builder(load_builder(builder_spec(args.model, fields), fields), tp)
-    runchecks.check_tensor_split(fields, tp, sequence_split)
+    runchecks.check_tensor_parallel(load_builder(builder_spec(args.model, fields), fields),
+                                    fields, tp, sequence_split)
     if args.engine != "ppsim" or args.alongside_torch or problem.schedule.split_backward:
         raise UserError("model.tp", f"tp = {tp} runs on the ppsim engine, without the torch "
                         "peer and without a split backward (W)", "use --engine ppsim, a "

@@ -205,26 +205,19 @@ def check_policy_pieces(builder: Any, policies: Any) -> None:
                         "from ppsim.executor.builders.llama's")
 
 
-def check_tensor_builder(builder: Any, tp: int) -> None:
-    """Tensor parallelism splits the shipped builders' decoders: the built-in GPT's, the
-    Llama-style one's (RMSNorm, rotary, SwiGLU, query and key norms, an output gate,
-    latent attention, MoE layers with whole experts) and the hybrid stacks' (Mamba-2,
-    GatedDeltaNet)."""
+def check_tensor_parallel(builder: Any, fields: dict[str, Any], tp: int,
+                          sequence_split: bool) -> None:
+    """What tp > 1 splits: the shipped builders' decoders (the built-in GPT, the
+    Llama-style one with its latent attention, whole-expert MoE layers and hybrid
+    mixers; a custom builder is not split), each MLP's units, and under sequence
+    parallelism the tokens (the heads' rule is the config's, ppsim.config.validate; the
+    vocabulary is padded as Megatron pads it)."""
     from ppsim.executor.builders.gpt import GPTBuilder  # torch loads only here
     from ppsim.executor.builders.llama import LlamaBuilder  # (torch, as above)
 
-    if isinstance(builder, GPTBuilder):
-        return
-    if isinstance(builder, LlamaBuilder):  # the hybrid stacks' builder is one too
-        return
-    raise UserError("model.tp", f"tp = {tp} needs a shipped builder (a custom one is not "
-                    "split)", "drop --model to run the shipped decoder, or --tp 1")
-
-
-def check_tensor_split(fields: dict[str, Any], tp: int, sequence_split: bool) -> None:
-    """What the built-in GPT's tensor parallelism splits over tp ranks (the heads' rule
-    is the config's, ppsim.config.validate, and the vocabulary is padded as Megatron pads
-    it): the MLP's units, and under sequence parallelism the tokens."""
+    if not isinstance(builder, (GPTBuilder, LlamaBuilder)):  # hybrid stacks' is a Llama's
+        raise UserError("model.tp", f"tp = {tp} needs a shipped builder (a custom one is "
+                        "not split)", "drop --model to run the shipped decoder, or --tp 1")
     for key, what in (("ffn_hidden_size", "the MLP's units split by columns"),
                       *((("seq_length", "sequence parallelism splits the tokens"),)
                         if sequence_split else ())):
