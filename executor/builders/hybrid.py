@@ -21,7 +21,7 @@ from ppsim.costs.arch import PAIRED_KINDS
 from ppsim.costs.hybrid import parse_pattern
 from ppsim.errors import UserError
 from ppsim.executor.builders.common import MLP, init_normal
-from ppsim.executor.builders.llama import Attention, LlamaBuilder, LlamaShape, shard_block
+from ppsim.executor.builders.llama import Attention, LlamaBuilder, LlamaShape
 from ppsim.executor.builders.moe import MoE, init_experts
 from ppsim.executor.builders.ssm import GatedDeltaNet, Mamba2
 from ppsim.executor.builders.tensor import TensorGroup, mark_partial, sliced
@@ -54,8 +54,8 @@ class HybridLayer(nn.Module):
                             "use M, G, *, - and E, or a builder of your own (--model)")
 
     def shard(self, g: TensorGroup) -> None:
-        """Keep this tensor rank's part of the mixer (llama.shard_block)."""
-        shard_block(self.mixer, g)
+        """Keep this tensor rank's part of the mixer."""
+        self.mixer.shard(g)  # type: ignore[operator]
         if g.sequence_parallel:  # applied to this rank's tokens alone
             mark_partial(self.norm)
 

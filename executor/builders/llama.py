@@ -20,8 +20,8 @@ builders.mla) splits as the built-in GPT does
 (ppsim.executor.builders.tensor, ppsim.executor.builders.vocab): heads and MLP units over
 the tensor ranks, the vocabulary too, with or without sequence parallelism; the query and
 key norms, applied to each rank's heads, sum their gradients over the ranks. Its MoE
-layers (sequence parallel, each expert whole: etp 1) run each rank's own tokens through
-all the experts, whose gradients are then summed over the ranks.
+layers (sequence parallel) split as ppsim.executor.builders.moe says: each expert whole
+(etp 1) or split over the tensor ranks (etp = tp, Megatron's default).
 """
 
 from __future__ import annotations
@@ -246,15 +246,6 @@ class OutputGate(torch.autograd.Function):
         return (g * s).to(x.dtype), (g * x.to(dt) * s * (1 - s)).to(gate.dtype)
 
 
-def shard_block(block: nn.Module, g: TensorGroup) -> None:
-    """Keep this tensor rank's part of a layer's block; a MoE block (sequence parallelism,
-    experts whole: etp 1) routes this rank's tokens to every expert it holds, so all its
-    weights see a part of the tokens."""
-    if isinstance(block, MoE):
-        assert g.sequence_parallel, "Megatron's MoE layer needs sequence parallelism"
-        mark_partial(block)
-    else:
-        block.shard(g)  # type: ignore[operator]
 
 
 class Layer(nn.Module):
@@ -270,7 +261,7 @@ class Layer(nn.Module):
     def shard(self, g: TensorGroup) -> None:
         """Keep this tensor rank's heads (grouped-query or latent attention) and MLP units."""
         self.attention.shard(g)
-        shard_block(self.mlp, g)
+        self.mlp.shard(g)
         if g.sequence_parallel:  # applied to this rank's tokens alone
             mark_partial(self.attn_norm, self.mlp_norm)
 

@@ -2,6 +2,14 @@
 pairs sorted by expert into one grouped GEMM (gate and up, the activation, down), their
 routing probabilities weighing the activation (TEGroupedMLP; torchtitan's FSDP path
 weighs the outputs instead), and the shared experts beside them, gated or not.
+
+At tp > 1 (sequence parallel) each rank routes its own tokens. With each expert whole on
+every rank (etp 1) its pairs go through all the experts, whose gradients are then partial
+sums. With the experts split over the tensor ranks (etp = tp, Megatron's default) the
+dispatcher all-gathers every rank's pairs and their probabilities, each rank runs them
+through its slice of every expert's units (gate and up by columns, down by rows), and the
+partial outputs are reduce-scattered back to the ranks that routed them (Megatron's
+token dispatcher over the expert tensor group, with ep 1).
 """
 
 from __future__ import annotations
@@ -15,6 +23,12 @@ from torch import nn
 
 from ppsim.executor.builders.common import MLP, swiglu
 from ppsim.executor.builders.deferral import segmented_mm
+from ppsim.executor.builders.tensor import (
+    ALL_GATHER,
+    REDUCE_SCATTER,
+    TensorGroup,
+    mark_partial,
+)
 
 if TYPE_CHECKING:
     from ppsim.executor.builders.llama import LlamaShape
@@ -85,6 +99,58 @@ class ExpertsAct(nn.Module):
         return act if probs is None else (act * probs[:, None]).to(act.dtype)
 
 
+def _regrouped(rows: torch.Tensor, counts: list[list[int]], by_expert: bool) -> torch.Tensor:
+    """Rows in rank-major chunks (each rank's pairs sorted by expert: counts[r][e] rows of
+    expert e from rank r) put expert-major (every rank's pairs of expert 0, then 1, ...),
+    or back. A concatenation: its backward keeps nothing."""
+    ranks, experts = len(counts), len(counts[0])
+    if by_expert:
+        chunks = rows.split([c for row in counts for c in row])
+        return torch.cat([chunks[r * experts + e] for e in range(experts) for r in range(ranks)])
+    chunks = rows.split([counts[r][e] for e in range(experts) for r in range(ranks)])
+    return torch.cat([chunks[e * ranks + r] for r in range(ranks) for e in range(experts)])
+
+
+def _gather_pairs(x: torch.Tensor, g: TensorGroup, counts: list[list[int]]) -> torch.Tensor:
+    """Every rank's pairs (each rank routes as many), expert-major."""
+    out = x.new_empty((x.shape[0] * g.size, *x.shape[1:]))
+    ALL_GATHER(out, x.contiguous(), group=g.group)
+    return _regrouped(out, counts, by_expert=True)
+
+
+def _scatter_pairs(y: torch.Tensor, g: TensorGroup, counts: list[list[int]]) -> torch.Tensor:
+    """This rank's pairs of the expert-major rows `y`, summed over the ranks."""
+    whole = _regrouped(y, counts, by_expert=False)
+    out = whole.new_empty((whole.shape[0] // g.size, *whole.shape[1:]))
+    REDUCE_SCATTER(out, whole, group=g.group)
+    return out
+
+
+class _PairExchange(torch.autograd.Function):
+    """The dispatcher's all-gather of the pairs over the expert tensor group (its backward
+    the reduce-scatter of their gradients), or the combine's reduce-scatter of the
+    experts' partial outputs (its backward the all-gather)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, g: TensorGroup, counts: list[list[int]],
+                gather: bool) -> torch.Tensor:
+        ctx.g, ctx.counts, ctx.gather = g, counts, gather
+        return (_gather_pairs if gather else _scatter_pairs)(x, g, counts)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        back = _scatter_pairs if ctx.gather else _gather_pairs
+        return back(grad, ctx.g, ctx.counts), None, None, None
+
+
+def _every_ranks_counts(counts: list[int], g: TensorGroup) -> list[list[int]]:
+    """Each rank's pairs per expert, in rank order."""
+    mine = torch.tensor(counts, dtype=torch.int64)
+    out = mine.new_empty(mine.numel() * g.size)
+    ALL_GATHER(out, mine, group=g.group)
+    return out.view(g.size, -1).tolist()
+
+
 class MoE(nn.Module):
     """Top-k routed experts as a dropless grouped GEMM, plus the shared experts."""
 
@@ -104,11 +170,47 @@ class MoE(nn.Module):
         self.fc1 = ExpertsFC1()
         self.act = ExpertsAct(a.swiglu_keeps_silu)
         self.probs_in_activation = a.probs_in_activation
+        self.expert_tp = a.expert_tp
+        self.tp: TensorGroup | None = None
+
+    def shard(self, g: TensorGroup) -> None:
+        """Under sequence parallelism: the router (and the shared experts' gate) applied to
+        this rank's tokens, their gradients partial sums; the shared experts a
+        tensor-parallel MLP (Megatron's SharedExpertMLP); the routed experts whole (etp 1,
+        their gradients partial too) or split by units over the tensor ranks (etp = tp)."""
+        assert g.sequence_parallel, "Megatron's MoE layer needs sequence parallelism"
+        if self.shared is not None:
+            self.shared.shard(g)
+        mark_partial(self.router, getattr(self.shared, "gate_weight", None))
+        if self.expert_tp == 1:
+            mark_partial(self.gate, self.up, self.down)
+            return
+        assert self.expert_tp == g.size, "the experts split over all the tensor ranks or none"
+        self.tp = g
+        with torch.no_grad():
+            for name, dim in (("gate", 2), ("up", 2), ("down", 1)):
+                p = getattr(self, name)
+                if p is not None:
+                    part = p.chunk(g.size, dim)[g.rank]
+                    setattr(self, name, nn.Parameter(part.clone(
+                        memory_format=torch.contiguous_format)))
 
     def _experts(self, pairs: torch.Tensor, counts: list[int],
                  probs: torch.Tensor | None) -> torch.Tensor:
         up, gate = self.fc1(pairs, counts, self.up, self.gate)
         return segmented_mm(self.act(up, gate, probs), self.down, counts)
+
+    def _split_experts(self, pairs: torch.Tensor, counts: list[int],
+                       probs: torch.Tensor | None, g: TensorGroup) -> torch.Tensor:
+        """Every tensor rank's pairs (and probabilities) gathered, run through this rank's
+        slice of each expert, the partial outputs of this rank's pairs summed back."""
+        every = _every_ranks_counts(counts, g)
+        gathered = _PairExchange.apply(pairs, g, every, True)
+        if probs is not None:
+            probs = _PairExchange.apply(probs, g, every, True)
+        per_expert = [sum(col) for col in zip(*every, strict=True)]
+        y = self._experts(gathered, per_expert, probs)
+        return _PairExchange.apply(y, g, every, False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape
@@ -121,7 +223,11 @@ class MoE(nn.Module):
         order = torch.argsort(flat, stable=True)  # the pairs grouped by expert
         counts = torch.bincount(flat, minlength=e).tolist()
         inside = weight.reshape(-1)[order] if self.probs_in_activation else None
-        y = self._experts(tokens[order // self.top_k], counts, inside)
+        pairs = tokens[order // self.top_k]
+        if self.tp is None:
+            y = self._experts(pairs, counts, inside)
+        else:
+            y = self._split_experts(pairs, counts, inside, self.tp)
         back = torch.empty_like(order)
         back[order] = torch.arange(order.numel(), device=x.device)
         y = y[back]
@@ -129,7 +235,7 @@ class MoE(nn.Module):
             y = y * weight.to(x.dtype).reshape(-1, 1)
         out = y.view(n, self.top_k, h).sum(1)
         if self.shared is not None:
-            out = out + self.shared(tokens)
+            out = out + self.shared(x).reshape(n, h)  # (b, s, h): a tensor-parallel MLP
         return out.view(b, t, h)
 
 

@@ -106,10 +106,10 @@ def check_features(cfg: Any) -> None:
         raise UserError("pipeline.moe_token_dispatcher_type", "flex: the executor has no "
                         "DeepEP (its processes talk over gloo)", "drop it to run the model "
                         "(simulate and plan price DeepEP)")
-    if a.num_experts and a.expert_tp > 1:
-        raise UserError("model.etp", f"{a.expert_tp}: the executor keeps each expert whole on "
-                        "its rank", "set [model] etp = 1 to run the model (simulate and plan "
-                        "price it)")
+    if a.num_experts and a.expert_tp not in (1, a.tp):
+        raise UserError("model.etp", f"{a.expert_tp}: the executor splits each expert over "
+                        f"all the tensor ranks ({a.tp}) or none", f"set [model] etp = {a.tp} "
+                        "or 1 to run the model (simulate and plan price it)")
     if a.fsdp_by_megatron:
         raise UserError("model.fsdp_framework", "the executor shards as torchtitan does "
                         "(fp32 shards, an fp32 reduce), not as Megatron's "
@@ -208,8 +208,8 @@ def check_policy_pieces(builder: Any, policies: Any) -> None:
 def check_tensor_parallel(builder: Any, fields: dict[str, Any], tp: int,
                           sequence_split: bool) -> None:
     """What tp > 1 splits: the shipped builders' decoders (the built-in GPT, the
-    Llama-style one with its latent attention, whole-expert MoE layers and hybrid
-    mixers; a custom builder is not split), each MLP's units, and under sequence
+    Llama-style one with its latent attention, MoE layers and hybrid mixers; a custom
+    builder is not split), each MLP's units, and under sequence
     parallelism the tokens (the heads' rule is the config's, ppsim.config.validate; the
     vocabulary is padded as Megatron pads it)."""
     from ppsim.executor.builders.gpt import GPTBuilder  # torch loads only here

@@ -140,10 +140,8 @@ MOE_TOML = tiny_gpt_toml(gated_mlp=True, num_kv_heads=2, layers="dense, moe, " *
                          num_experts=4, top_k=2, moe_ffn_hidden_size=96, shared_experts=1)
 """tiny-gpt with MoE layers, as `simulate` and `run` both read it."""
 MOE_CONFIG = ["--config", "{tmp}/moe.toml"]
-MOE_TP_TOML = MOE_TOML + "etp = 1\n"
 HYBRID_TP_TOML = '[model]\npreset = "tiny-hybrid"\netp = 1\n'
 """Mamba-2, attention, GatedDeltaNet, MoE and MLP layers, each expert whole at tp > 1."""
-"""The same with each expert whole on its rank at tp > 1 (the executor's experts)."""
 MOE_POLICY = ["--recompute-modules", "layernorm,moe_act", "--offload-modules",
               "moe_act,expert_fc1,attn_norm"]
 """The MoE's own pieces: its activation's output freed, its inputs and the dispatched
@@ -274,7 +272,8 @@ TENSOR = {
     "hybrid-etp1-1f1b": Spec(argv=[*ONE_F_ONE_B_HYBRID, "--config", "{tmp}/hybrid-tp.toml"],
                              dump_grads=False),
     "tp2-mla-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B, *MLA_CONFIG]),
-    "tp2-moe-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B, "--config", "{tmp}/moe-tp.toml"]),
+    "tp2-moe-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B, *MOE_CONFIG]),
+    "tp2-moe-policy": Spec(argv=["--tp", "2", *ONE_F_ONE_B, *MOE_CONFIG, *MOE_POLICY]),
     "tp2-llama-policy": Spec(argv=["--tp", "2", *ONE_F_ONE_B, "--config", "{tmp}/llama.toml",
                                    "--offload-modules", "qkv_linear", "attn_proj",
                                    "--recompute-modules", "mlp"]),
@@ -353,7 +352,6 @@ def _prepare(name: str, tmp: Path) -> None:
     (tmp / "moe.toml").write_text(MOE_TOML)
     (tmp / "mla.toml").write_text(MLA_TOML)
     (tmp / "llama.toml").write_text(LLAMA_TOML)
-    (tmp / "moe-tp.toml").write_text(MOE_TP_TOML)
     (tmp / "hybrid-tp.toml").write_text(HYBRID_TP_TOML)
     (tmp / "window.toml").write_text(WINDOW_TOML)
     (tmp / "ddp.toml").write_text(tiny_gpt_toml())

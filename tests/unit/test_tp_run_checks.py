@@ -28,3 +28,17 @@ def test_tensor_parallel_run_refusals(argv, words, tmp_path, capsys, monkeypatch
            if not line.startswith("ppsim run: note: loading model builder")]
     assert rc == 2 and len(err) == 1 and words in err[0], err
     assert not (tmp_path / "t").exists()
+
+
+def test_experts_split_over_part_of_the_tensor_ranks_are_refused(tmp_path, capsys,
+                                                                 monkeypatch) -> None:
+    """The executor splits each expert over every tensor rank (etp = tp) or none (etp 1)."""
+    monkeypatch.setattr(launch, "run_torchrun", lambda *a, **k: pytest.fail("launched"))
+    cfg = tmp_path / "moe.toml"
+    cfg.write_text('[model]\npreset = "tiny-gpt"\nnum_experts = 4\ntop_k = 2\n'
+                   'moe_ffn_hidden_size = 96\netp = 2\n')
+    rc = main(["run", "--config", str(cfg), "--tp", "4", "--trace-dir", str(tmp_path / "t")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1].startswith("ppsim run: error: model.etp: 2: the executor "
+                                          "splits each expert over all the tensor ranks (4)"), err
+    assert not (tmp_path / "t").exists()
