@@ -26,6 +26,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ppsim.executor.builders.deferral import defer_linears
+from ppsim.executor.builders.tensor import current
+from ppsim.executor.builders.user_tp import parallelized
 
 if TYPE_CHECKING:
     from ppsim.executor.builders import ModelBuilder
@@ -179,6 +181,13 @@ def saved_bytes(exclude: set[int]) -> Iterator[dict[int, int]]:
 # ------------------------------------------------------------------ the stage
 
 
+def _split(builder: ModelBuilder, make: Callable[[], nn.Module], piece: str
+           ) -> Callable[[], nn.Module]:
+    """`make`, then the builder's own tensor-parallel split of the piece where it has one."""
+    return lambda: parallelized(builder, make(), piece, current())
+
+
+
 class Stage(nn.Module):
     """One virtual stage: [embedding] + decoder layers offset..offset+n-1 + [head]."""
 
@@ -186,12 +195,14 @@ class Stage(nn.Module):
                  has_embedding: bool, has_head: bool, seed: int = 0,
                  recompute: str = "none") -> None:
         super().__init__()
-        self.embedding = build_piece(builder.embedding, seed, "embedding") \
-            if has_embedding else None
+        self.embedding = build_piece(_split(builder, builder.embedding, "embedding"), seed,
+                                     "embedding") if has_embedding else None
         self.layers = nn.ModuleDict({
-            str(i): build_piece(functools.partial(builder.layer, i), seed, f"layer{i}")
+            str(i): build_piece(_split(builder, functools.partial(builder.layer, i), "layer"),
+                                seed, f"layer{i}")
             for i in range(offset, offset + num_layers)})
-        self.head = build_piece(builder.head, seed, "head") if has_head else None
+        self.head = build_piece(_split(builder, builder.head, "head"), seed, "head") \
+            if has_head else None
         apply_recompute(self.layers, recompute)
         self.recompute = recompute
 

@@ -157,6 +157,12 @@ class _GatheredLinears(torch.autograd.Function):
         return (_scattered(grad_total, ctx.g), None, None, *out)
 
 
+def exchanged(x: torch.Tensor, g: TensorGroup, forward: Exchange,
+              backward: Exchange) -> torch.Tensor:
+    """`forward(x, g)`, its gradient `backward(grad, g)`."""
+    return _Exchanged.apply(x, g, forward, backward)
+
+
 def tokens_in(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
     """An activation every head of a column-parallel block reads: under sequence
     parallelism every rank's tokens gathered (the gradient reduce-scattered back), else

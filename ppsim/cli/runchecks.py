@@ -208,16 +208,16 @@ def check_policy_pieces(builder: Any, policies: Any) -> None:
 def check_tensor_parallel(builder: Any, fields: dict[str, Any], tp: int,
                           sequence_split: bool) -> None:
     """What tp > 1 splits: the shipped builders' decoders (the built-in GPT, the
-    Llama-style one with its latent attention, MoE layers and hybrid mixers; a custom
-    builder is not split), each MLP's units, and under sequence
-    parallelism the tokens (the heads' rule is the config's, ppsim.config.validate; the
-    vocabulary is padded as Megatron pads it)."""
+    Llama-style one with its latent attention, MoE layers and hybrid mixers: each MLP's
+    units, and under sequence parallelism the tokens; the heads' rule is the config's,
+    ppsim.config.validate; the vocabulary is padded as Megatron pads it), or a builder of
+    your own through its `parallelize`, tried here on the meta device."""
     from ppsim.executor.builders.gpt import GPTBuilder  # torch loads only here
     from ppsim.executor.builders.llama import LlamaBuilder  # (torch, as above)
 
     if not isinstance(builder, (GPTBuilder, LlamaBuilder)):  # hybrid stacks' is a Llama's
-        raise UserError("model.tp", f"tp = {tp} needs a shipped builder (a custom one is "
-                        "not split)", "drop --model to run the shipped decoder, or --tp 1")
+        _check_own_split(builder, tp, sequence_split)
+        return
     for key, what in (("ffn_hidden_size", "the MLP's units split by columns"),
                       *((("seq_length", "sequence parallelism splits the tokens"),)
                         if sequence_split else ())):
@@ -226,6 +226,26 @@ def check_tensor_parallel(builder: Any, fields: dict[str, Any], tp: int,
                                                  if key == "seq_length" else "")
             raise UserError(f"model.{key}", f"{fields[key]} does not divide by tp ({tp}): "
                             f"{what} over the tensor ranks", fix)
+
+
+def _check_own_split(builder: Any, tp: int, sequence_split: bool) -> None:
+    from ppsim.executor.builders.user_tp import dry_run  # torch loads only here
+
+    if not callable(getattr(builder, "parallelize", None)):
+        raise UserError("model.tp", f"tp = {tp}: the builder has no parallelize(module, "
+                        "piece, tp) to split its pieces", "define it (README, 'Your own "
+                        "model'), drop --model to run the shipped decoder, or --tp 1")
+    tokens = builder.activation_shape[1]
+    if sequence_split and tokens % tp:
+        raise UserError("model.tp", f"the builder's {tokens} tokens do not divide by tp "
+                        f"({tp}): sequence parallelism splits them",
+                        "choose tp dividing them, or --no-sequence-parallel")
+    try:
+        dry_run(builder, tp, sequence_split)
+    except Exception as exc:
+        raise UserError("model.tp", f"the builder's parallelize failed at tp = {tp}: "
+                        f"{type(exc).__name__}: {exc}", "fix parallelize, or choose "
+                        "another tp") from None
 
 
 def check_fault(text: str, problem: Any, iterations: int) -> None:

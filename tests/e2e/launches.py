@@ -140,6 +140,8 @@ MOE_TOML = tiny_gpt_toml(gated_mlp=True, num_kv_heads=2, layers="dense, moe, " *
                          num_experts=4, top_k=2, moe_ffn_hidden_size=96, shared_experts=1)
 """tiny-gpt with MoE layers, as `simulate` and `run` both read it."""
 MOE_CONFIG = ["--config", "{tmp}/moe.toml"]
+OWN_TP = ["--model", "tests/model_tp.py:build"]
+"""A torchtitan-style decoder of one's own whose parallelize splits it (tests/model_tp.py)."""
 HYBRID_TP_TOML = '[model]\npreset = "tiny-hybrid"\netp = 1\n'
 """Mamba-2, attention, GatedDeltaNet, MoE and MLP layers, each expert whole at tp > 1."""
 MOE_POLICY = ["--recompute-modules", "layernorm,moe_act", "--offload-modules",
@@ -277,6 +279,10 @@ TENSOR = {
     "tp2-llama-policy": Spec(argv=["--tp", "2", *ONE_F_ONE_B, "--config", "{tmp}/llama.toml",
                                    "--offload-modules", "qkv_linear", "attn_proj",
                                    "--recompute-modules", "mlp"]),
+    # a builder of one's own, split by its parallelize
+    "tp2-own-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B, *OWN_TP]),
+    "tp2-dp2-own-interleaved": Spec(argv=["--tp", "2", "--dp", "2", *INTERLEAVED,
+                                          "--no-sequence-parallel", *OWN_TP], dump_grads=False),
     # tensor parallelism without sequence parallelism: all-reduces, norms whole
     "tp2-dp2-interleaved-gated": Spec(argv=["--tp", "2", "--dp", "2", *INTERLEAVED,
                                             "--no-sequence-parallel",

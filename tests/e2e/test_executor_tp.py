@@ -61,28 +61,44 @@ def _whole(name: str, shards: list[torch.Tensor], want: torch.Size) -> torch.Ten
 
 @pytest.mark.parametrize("case", CASES)
 def test_tensor_parallel_loss_equals_one_process(case: str, launches: Pool) -> None:
-    run = launches.get(case)
+    _check_one_process(launches.get(case))
+    if case in ("tp2-1f1b", "tp2-dp2-interleaved-gated"):  # the Llama-style ones' next
+        # batch starts higher, in one process too
+        assert launches.get(case).summary["losses"][1] < launches.get(case).summary["losses"][0]
+
+
+@pytest.mark.parametrize("case", ["tp2-own-1f1b", "tp2-dp2-own-interleaved"])
+def test_a_builder_of_ones_own_splits_itself(case: str, launches: Pool) -> None:
+    """tests/model_tp.py, written as a torchtitan model is, split by its own parallelize
+    (heads, MLP units and the vocabulary over the ranks), with sequence parallelism and
+    without (and with dp 2): the one-process loss and gradients."""
+    _check_one_process(launches.get(case))
+
+
+def _check_one_process(run: Any) -> None:
+    """The run's first loss that of one process over all its microbatches; the pipeline's
+    messages each tensor rank's tokens under sequence parallelism; its dumped gradients,
+    put back together, the one process's."""
+    assert run.returncode == 0, run.stderr
     argv = [a.replace("{tmp}", str(run.tmp)) for a in run.argv]
     args = _args(argv)
     fields = config_from_args(args).model.fields()
     problem = load_problem(args)
     m, dp = problem.schedule.microbatches, args.dp or 1
+    spec = builder_spec(args.model, fields)
     # dp replicas of m microbatches each: one process over all dp x m of them
-    loss, grads = reference_step(load_builder(builder_spec(None, fields), fields), m * dp)
+    loss, grads = reference_step(load_builder(spec, fields), m * dp)
     assert run.summary["losses"][0] == pytest.approx(loss, rel=1e-5)
-    if case in ("tp2-1f1b", "tp2-dp2-interleaved-gated"):  # the Llama-style ones' next
-        # batch starts higher, in one process too
-        assert run.summary["losses"][1] < run.summary["losses"][0]
     assert run.summary["dp"] == dp
     # The pipeline's messages: each tensor rank's tokens under sequence parallelism, every
     # token without it (fp32 hidden states on CPU).
-    b, s, h = load_builder(builder_spec(None, fields), fields).activation_shape
+    b, s, h = load_builder(spec, fields).activation_shape
     split = "--no-sequence-parallel" not in argv
     trace = json.loads((run.tmp / "out" / "trace.json").read_text())
     sent = {e["args"]["bytes"] for e in trace["traceEvents"]
             if e.get("args", {}).get("kind") == "send"}
     assert sent == {b * s * h * 4 // (TP if split else 1)}
-    if case == "tp2-dp2-interleaved-gated":  # no gradients dumped
+    if not (run.tmp / "grads.rank0.pt").exists():  # no gradients dumped
         return
     got: dict[str, torch.Tensor] = {}
     for r in range(problem.split.pp):

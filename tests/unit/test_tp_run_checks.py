@@ -12,7 +12,9 @@ from ppsim.executor import launch
     (["--tp", "3"], "3 does not divide num_heads = 4"),
     (["--tp", "2", "--schedule", "zb-h1"], "without a split backward"),
     (["--tp", "2", "--alongside-torch"], "without the torch peer"),
-    (["--tp", "2", "--model", "tests/model_sleepy.py:build"], "needs a shipped builder"),
+    (["--tp", "2", "--model", "tests/model_sleepy.py:build"], "the builder has no parallelize"),
+    (["--tp", "2", "--model", "tests/model_tp.py:build", "--seq-length", "63"],
+     "the builder's 63 tokens do not divide by tp (2)"),
     (["--tp", "2", "--nproc-per-node", "2"], "pp x dp x tp = 4"),
     (["--tp", "2", "--seq-length", "63"], "63 does not divide by tp (2): sequence"),
 ])
@@ -30,15 +32,22 @@ def test_tensor_parallel_run_refusals(argv, words, tmp_path, capsys, monkeypatch
     assert not (tmp_path / "t").exists()
 
 
-def test_experts_split_over_part_of_the_tensor_ranks_are_refused(tmp_path, capsys,
-                                                                 monkeypatch) -> None:
-    """The executor splits each expert over every tensor rank (etp = tp) or none (etp 1)."""
+@pytest.mark.parametrize("model, argv, error", [
+    # the executor splits each expert over every tensor rank (etp = tp) or none (etp 1)
+    ("num_experts = 4\ntop_k = 2\nmoe_ffn_hidden_size = 96\netp = 2\n", ["--tp", "4"],
+     "model.etp: 2: the executor splits each expert over all the tensor ranks (4)"),
+    # a builder's own parallelize runs on the meta device first: a width tp does not
+    # divide is named
+    ('num_heads = 6\nnum_kv_heads = 6\nhidden_size = 96\nbuilder = "tests/model_tp.py:build"\n',
+     ["--tp", "3", "--seq-length", "48"], "model.tp: the builder's parallelize failed at tp "
+     "= 3: ValueError: the embedding's vocabulary (256) does not divide by tp (3)"),
+])
+def test_a_config_the_split_cannot_run_is_refused(model, argv, error, tmp_path, capsys,
+                                                   monkeypatch) -> None:
     monkeypatch.setattr(launch, "run_torchrun", lambda *a, **k: pytest.fail("launched"))
-    cfg = tmp_path / "moe.toml"
-    cfg.write_text('[model]\npreset = "tiny-gpt"\nnum_experts = 4\ntop_k = 2\n'
-                   'moe_ffn_hidden_size = 96\netp = 2\n')
-    rc = main(["run", "--config", str(cfg), "--tp", "4", "--trace-dir", str(tmp_path / "t")])
+    cfg = tmp_path / "model.toml"
+    cfg.write_text(f'[model]\npreset = "tiny-gpt"\n{model}')
+    rc = main(["run", "--config", str(cfg), *argv, "--trace-dir", str(tmp_path / "t")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and err[-1].startswith("ppsim run: error: model.etp: 2: the executor "
-                                          "splits each expert over all the tensor ranks (4)"), err
+    assert rc == 2 and err[-1].startswith(f"ppsim run: error: {error}"), err
     assert not (tmp_path / "t").exists()
