@@ -179,7 +179,7 @@ class Attention(nn.Module):
             self.register_buffer("cos", cos[:, : hd // 2], persistent=False)
             self.register_buffer("sin", sin[:, : hd // 2], persistent=False)
 
-    def input_linears(self) -> list[nn.Module]:
+    def input_linears(self) -> list[nn.Module | ParallelLinears]:
         """The projections that read the layer's normed input and the query and key norms
         (Megatron's qkv_linear offloads them together)."""
         norms = [m for m in (self.q_norm, self.k_norm) if m is not None]

@@ -99,19 +99,28 @@ class UpProjection(nn.Module):
             self.register_buffer("cos", rotary[0], persistent=False)
             self.register_buffer("sin", rotary[1], persistent=False)
         self.tp: TensorGroup | None = None
+        self.q_columns: ParallelLinears | None = None
+        """At tp > 1: q_up as one piece a policy wraps (without a query latent it reads
+        the layer's normed input: Megatron's `qkv_linear`)."""
 
     def shard(self, g: TensorGroup) -> None:
         """Keep this tensor rank's heads."""
         self.tp, self.heads = g, self.heads // g.size
         for linear in (self.q_up, self.k_up, self.v_up):
             shard_output(linear, g)
+        self.q_columns = ParallelLinears(g, (self.q_up,))
+
+    def query_linear(self) -> nn.Module | ParallelLinears:
+        """q_up, column-parallel at tp > 1."""
+        return self.q_up if self.q_columns is None else self.q_columns
 
     def _projected(self, q_in: torch.Tensor, kv_latent: torch.Tensor, k_rope: torch.Tensor
                    ) -> tuple[torch.Tensor, ...]:
         """q_up(q_in), k_up and v_up(kv_latent), k_rope: every token's, this rank's heads."""
         if self.tp is None:
             return self.q_up(q_in), self.k_up(kv_latent), self.v_up(kv_latent), k_rope
-        (q,) = column_parallel(q_in, self.tp, self.q_up)
+        assert self.q_columns is not None
+        (q,) = self.q_columns(q_in)
         k, v = column_parallel(kv_latent, self.tp, self.k_up, self.v_up)
         return q, k, v, tokens_in(k_rope, self.tp)
 
@@ -174,9 +183,9 @@ class LatentAttention(nn.Module):
         """The output projection (Megatron's attn_proj offloads its input)."""
         return self.o if self.rows is None else self.rows
 
-    def input_linears(self) -> list[nn.Module]:
+    def input_linears(self) -> list[nn.Module | ParallelLinears]:
         """The projections that read the layer's normed input (Megatron's qkv_linear)."""
-        first = self.q_down if self.q_down is not None else self.up.q_up
+        first = self.q_down if self.q_down is not None else self.up.query_linear()
         return [first, self.kv_down, self.k_rope]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -157,6 +157,10 @@ MLA_TOML = tiny_gpt_toml(gated_mlp=True, norm="rmsnorm", position="rotary", atte
                          v_head_dim=12)
 """tiny-gpt with DeepSeek's latent attention (value heads narrower than key heads)."""
 MLA_CONFIG = ["--config", "{tmp}/mla.toml"]
+MLA_Q_TOML = tiny_gpt_toml(gated_mlp=True, norm="rmsnorm", position="rotary", attention="mla",
+                           q_lora_rank=0, kv_lora_rank=24, qk_rope_head_dim=8, head_dim=16,
+                           v_head_dim=12)
+"""The same with no query latent: the queries projected from the layer's input (q_proj)."""
 WINDOW_TOML = tiny_gpt_toml(gated_mlp=True, num_kv_heads=2, norm="rmsnorm", position="rotary",
                             layers="dense, moe, " * 3 + "dense, moe", num_experts=4, top_k=2,
                             moe_ffn_hidden_size=96, attention_window=5,
@@ -274,6 +278,8 @@ TENSOR = {
     "hybrid-etp1-1f1b": Spec(argv=[*ONE_F_ONE_B_HYBRID, "--config", "{tmp}/hybrid-tp.toml"],
                              dump_grads=False),
     "tp2-mla-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B, *MLA_CONFIG]),
+    "tp2-mla-q-offload": Spec(argv=["--tp", "2", *ONE_F_ONE_B, "--config", "{tmp}/mla-q.toml",
+                                    "--offload-modules", "qkv_linear"]),
     "tp2-moe-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B, *MOE_CONFIG]),
     "tp2-moe-policy": Spec(argv=["--tp", "2", *ONE_F_ONE_B, *MOE_CONFIG, *MOE_POLICY]),
     "tp2-llama-policy": Spec(argv=["--tp", "2", *ONE_F_ONE_B, "--config", "{tmp}/llama.toml",
@@ -357,6 +363,7 @@ def _prepare(name: str, tmp: Path) -> None:
     (tmp / "gated.toml").write_text(GATED_TOML)
     (tmp / "moe.toml").write_text(MOE_TOML)
     (tmp / "mla.toml").write_text(MLA_TOML)
+    (tmp / "mla-q.toml").write_text(MLA_Q_TOML)
     (tmp / "llama.toml").write_text(LLAMA_TOML)
     (tmp / "hybrid-tp.toml").write_text(HYBRID_TP_TOML)
     (tmp / "window.toml").write_text(WINDOW_TOML)

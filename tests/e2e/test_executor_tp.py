@@ -29,12 +29,13 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 TP = 2
 CASES = ["tp2-1f1b", "tp2-llama-1f1b", "tp2-llama-policy", "tp2-moe-1f1b", "tp2-moe-policy",
-         "tp2-mla-1f1b", "tp2-dp2-interleaved-gated"]
+         "tp2-mla-1f1b", "tp2-mla-q-offload", "tp2-dp2-interleaved-gated"]
 """The built-in GPT and the Llama-style decoder with sequence parallelism (and a memory
 policy: the tensor-parallel projections' inputs offloaded, the MLP recomputed; with MoE
 layers, each expert split over the tensor ranks as Megatron splits them by default, and
-with the MoE's own pieces recomputed and offloaded; with latent attention), the gated GPT
-without it. Each expert whole (etp 1): the hybrid stack below."""
+with the MoE's own pieces recomputed and offloaded; with latent attention, and without
+a query latent with the layer's input offloaded), the gated GPT without it. Each expert
+whole (etp 1): the hybrid stack below."""
 PACKED = ("kv.weight", "kv.bias")
 """K and V in one matmul, each block sliced alike (ppsim.executor.builders.tensor)."""
 
