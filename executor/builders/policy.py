@@ -70,7 +70,7 @@ def _roles(layer: nn.Module) -> dict[str, list[nn.Module | Piece]]:
 def _hybrid_roles(norm: nn.Module, mixer: nn.Module) -> dict[str, list[nn.Module | Piece]]:
     """A hybrid layer's modules by role: an attention layer's are the attention half's,
     an MLP or MoE layer's the MLP half's (its norm the mlp_norm); Mamba and GatedDeltaNet
-    layers have none (ppsim.costs.modules.HYBRID_HALVES)."""
+    layers have none (ppsim.costs.saved.HYBRID_HALVES)."""
     if hasattr(mixer, "core"):
         return {"qkv_linear": mixer.input_linears(), "core_attn": [mixer.core],
                 "attn_proj": [mixer.o], **_norms(norm if hasattr(mixer, "up") else None, None)}

@@ -15,14 +15,10 @@ from ppsim.costs.mixers import (
     mixer_ops,
     mixer_params,
 )
-from ppsim.costs.modules import (
-    HYBRID_HALVES,
-    ModuleEffect,
-    layer_activation_bytes,
-    module_effect,
-)
+from ppsim.costs.modules import ModuleEffect, layer_activation_bytes, module_effect
 from ppsim.costs.ops import Op
 from ppsim.costs.params import KindParams, kind_params, mtp_extra_params
+from ppsim.costs.saved import HYBRID_HALVES
 from ppsim.costs.state import landed
 
 

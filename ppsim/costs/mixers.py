@@ -32,12 +32,10 @@ from ppsim.costs.layerops import (
     mlp_ops,
     rank_bytes,
 )
-from ppsim.costs.modules import (
-    HYBRID_HALVES,
-    layer_activation_bytes,
-)
+from ppsim.costs.modules import layer_activation_bytes
 from ppsim.costs.ops import Op
 from ppsim.costs.params import KindParams, attention_params, kind_params
+from ppsim.costs.saved import HYBRID_HALVES
 from ppsim.errors import UserError
 
 MAMBA_CONV = 4
@@ -307,7 +305,7 @@ def _mixer_bytes(a: Architecture, kind: str) -> float:
 
 def mixer_activation_bytes(a: Architecture, kind: str) -> int:
     """Bytes one microbatch's forward keeps for the backward, per tp rank: an attention,
-    MLP or MoE layer its half of a decoder layer's (ppsim.costs.modules.HYBRID_HALVES),
+    MLP or MoE layer its half of a decoder layer's (ppsim.costs.saved.HYBRID_HALVES),
     a Mamba or GatedDeltaNet layer all its tensors, or its input when recomputed whole."""
     if kind in HYBRID_HALVES:
         return layer_activation_bytes(a, kind)

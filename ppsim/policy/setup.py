@@ -78,6 +78,6 @@ def stage_policies(cfg: Config, split: Split, costs: PolicyCosts | None = None
 
 def fixed_policy(cfg: Config, split: Split) -> Fixed:
     """Each virtual stage's configured policy, priced (a hybrid stack's modules act on
-    its attention, MLP and MoE layers: ppsim.costs.modules.HYBRID_HALVES)."""
+    its attention, MLP and MoE layers: ppsim.costs.saved.HYBRID_HALVES)."""
     costs = policy_costs(cfg)
     return Fixed(costs=costs, policies=stage_policies(cfg, split, costs))

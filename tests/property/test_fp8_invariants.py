@@ -17,13 +17,9 @@ from ppsim.costs.arch import Architecture, attention_shape
 from ppsim.costs.fp8 import PROJ_INPUT
 from ppsim.costs.layerops import layer_ops
 from ppsim.costs.mixers import mixer_activation_bytes, mixer_ops
-from ppsim.costs.modules import (
-    OFFLOAD_MODULES,
-    RECOMPUTE_MODULES,
-    module_effect,
-    saved_tensors,
-)
+from ppsim.costs.modules import OFFLOAD_MODULES, RECOMPUTE_MODULES, module_effect
 from ppsim.costs.ops import Roofline, op_times
+from ppsim.costs.saved import saved_tensors
 from ppsim.errors import UserError
 
 

@@ -1,7 +1,7 @@
 """A hybrid stack's attention layer and MLP (or MoE) layer are the two halves of a
 decoder layer (Megatron builds each as a TransformerLayer with the other half empty):
 under any recompute and offload modules, the pair keeps, offloads and repeats what one
-decoder layer does (ppsim.costs.modules.HYBRID_HALVES)."""
+decoder layer does (ppsim.costs.saved.HYBRID_HALVES)."""
 
 from __future__ import annotations
 

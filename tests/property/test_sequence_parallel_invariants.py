@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppsim.config.schema import config_from_dict
-from ppsim.costs.modules import saved_tensors
+from ppsim.costs.saved import saved_tensors
 from ppsim.costs.transformer import accelerator, transformer_costs
 from ppsim.job.traffic import tp_layer_ms
 from ppsim.pipeline.problem import build_problem

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from ppsim.cli.main import main
 from ppsim.config.schema import config_from_dict
 from ppsim.costs.layerops import mlp_ops
-from ppsim.costs.modules import saved_tensors
+from ppsim.costs.saved import saved_tensors
 from ppsim.costs.transformer import held_params
 from ppsim.job.model import build_job
 from ppsim.job.traffic import dispatcher_tp_ms

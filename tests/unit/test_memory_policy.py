@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from ppsim.cli.main import main
 from ppsim.config.schema import config_from_dict, config_to_toml, load_config
 from ppsim.costs.arch import Architecture
-from ppsim.costs.modules import OFFLOAD_MODULES, RECOMPUTE_MODULES, module_effect, saved_tensors
+from ppsim.costs.modules import OFFLOAD_MODULES, RECOMPUTE_MODULES, module_effect
+from ppsim.costs.saved import saved_tensors
 from ppsim.costs.transformer import Accelerator, layer_activation_bytes, transformer_costs
 from ppsim.errors import UserError
 from ppsim.pipeline.problem import build_problem

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppsim.config.schema import config_from_dict
-from ppsim.costs.modules import saved_tensors
+from ppsim.costs.saved import saved_tensors
 from ppsim.executor.builders.llama import LlamaShape
 from ppsim.executor.builders.moe import MoE, WeightedSwiGLUFn
 
