@@ -26,10 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ppsim.costs.arch import Architecture, attention_shape, layer_kinds
+from ppsim.costs.arch import Architecture, attention_shape
 from ppsim.costs.kinds import kind_ops
 from ppsim.costs.layerops import attention_ops, head_ops, layer_ops, mtp_ops
 from ppsim.costs.ops import FLASH_BACKWARD, matmul_passes
+from ppsim.costs.stack import layer_kinds
 from ppsim.executor.builders.gpt import build
 from ppsim.executor.builders.llama import architecture
 from ppsim.executor.devices import dense_peak, device_facts, fp8_peak

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import strategies as st
 
 from ppsim.config.schema import config_from_dict
-from ppsim.costs.arch import layer_kinds
+from ppsim.costs.stack import layer_kinds
 from ppsim.pipeline.problem import Problem, build_problem
 from ppsim.schedules.generators import build_schedule
 

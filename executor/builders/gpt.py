@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ppsim.costs.arch import layer_windows
 from ppsim.costs.layerops import padded_vocab
+from ppsim.costs.stack import layer_windows
 from ppsim.costs.transformer import Architecture, layer_kinds
 from ppsim.errors import UserError
 from ppsim.executor.builders import hybrid

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ppsim.costs.arch import PAIRED_KINDS
 from ppsim.costs.hybrid import parse_pattern
+from ppsim.costs.stack import PAIRED_KINDS
 from ppsim.errors import UserError
 from ppsim.executor.builders.common import MLP, init_normal
 from ppsim.executor.builders.llama import Attention, LlamaBuilder, LlamaShape

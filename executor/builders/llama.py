@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ppsim.costs.arch import layer_windows
 from ppsim.costs.layerops import padded_vocab
+from ppsim.costs.stack import layer_windows
 from ppsim.costs.transformer import Architecture, layer_kinds
 from ppsim.errors import UserError
 from ppsim.executor.builders.common import (

@@ -8,7 +8,7 @@ import argparse
 from typing import Any
 
 from ppsim.config.state_rules import HOST_OPTIMIZER_KEYS
-from ppsim.costs.arch import FSDP_RESHARD
+from ppsim.costs.choices import FSDP_RESHARD
 from ppsim.costs.state import OPTIMIZER_DTYPES
 
 JOB_MODEL_KEYS = ("dp", "cp", "ep", "etp", "distributed_optimizer", "grad_reduce_in_bf16",

@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import fields as dataclass_fields
 
 from ppsim.cli.megatron_model import bit_runs
-from ppsim.costs.arch import Architecture, layer_kinds, mlp_kind
+from ppsim.costs.arch import Architecture
+from ppsim.costs.stack import layer_kinds, mlp_kind
 from ppsim.costs.state import OPTIMIZER_DTYPES
 
 RECOMPUTE_FLAGS = {"none": [], "selective": ["--recompute-granularity", "selective"],

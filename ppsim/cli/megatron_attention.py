@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from ppsim.costs.arch import ATTENTION_VARIANTS, CP_COMM_TYPES, LINEAR_VARIANTS
+from ppsim.costs.choices import ATTENTION_VARIANTS, CP_COMM_TYPES, LINEAR_VARIANTS
 from ppsim.errors import UserError
 
 ATTENTION_BACKENDS = ("flash", "fused", "unfused", "local", "auto")

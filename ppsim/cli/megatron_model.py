@@ -21,11 +21,7 @@ from ppsim.cli.megatron_attention import (
     unfused_backend,
 )
 from ppsim.config.model import Model, TransformerModel
-from ppsim.costs.arch import (
-    FP8_FORMATS,
-    MUON_TP_MODES,
-    OPTIMIZERS,
-)
+from ppsim.costs.choices import FP8_FORMATS, MUON_TP_MODES, OPTIMIZERS
 from ppsim.costs.patterns import moe_layers
 from ppsim.errors import UserError
 

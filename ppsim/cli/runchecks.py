@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Any
 
-from ppsim.costs.arch import MEGATRON_FSDP_FLAGS
+from ppsim.costs.choices import MEGATRON_FSDP_FLAGS
 from ppsim.costs.model import stage_cost
 from ppsim.errors import UserError
 from ppsim.schedules.generators import Action

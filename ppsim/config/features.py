@@ -6,11 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ppsim.costs.arch import (
-    FP8_RECIPES,
-    LINEAR_VARIANTS,
-    TORCHAO_FP8_RECIPES,
-)
+from ppsim.costs.choices import FP8_RECIPES, LINEAR_VARIANTS, TORCHAO_FP8_RECIPES
 from ppsim.costs.patterns import linear_attention_layers, windows
 from ppsim.errors import UserError
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ppsim.costs.arch import MEGATRON_FSDP_FLAGS
+from ppsim.costs.choices import MEGATRON_FSDP_FLAGS
 from ppsim.costs.state import OPTIMIZER_DTYPES
 from ppsim.errors import UserError
 

@@ -13,11 +13,11 @@ import math
 from typing import Any
 
 from ppsim.config import features, limits, state_rules
-from ppsim.costs.arch import (
+from ppsim.costs.arch import DTYPE_BYTES
+from ppsim.costs.choices import (
     ATTENTION,
     ATTENTION_VARIANTS,
     CP_COMM_TYPES,
-    DTYPE_BYTES,
     FP8_FORMATS,
     FSDP_FRAMEWORKS,
     FSDP_RESHARD,

@@ -1,54 +1,12 @@
-"""A decoder-only transformer's shapes: layer kinds, attention widths, parameters.
-
-The architecture fields follow Megatron's arguments; parameter counts follow the
-models' published configs (checked against their model cards).
-"""
+"""A decoder-only transformer's description (its fields follow Megatron's arguments; the
+values each takes: ppsim.costs.choices; its layers' kinds: ppsim.costs.stack) and its
+attention widths."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ppsim.costs.hybrid import parse_pattern
-from ppsim.costs.patterns import linear_attention_layers, windows
-from ppsim.errors import UserError
-
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-RECOMPUTE = ("none", "selective", "full")
-KINDS = ("dense", "moe")
-PAIRED_KINDS = {f"{mixer}-{kind}": (mixer, half) for mixer in ("gdn", "dsa")
-                for kind, half in (("dense", "mlp"), ("moe", "moe-mlp"))}
-"""A GPT model's decoder layers whose attention is an experimental variant
-(experimental_attention_variant): each one piece that runs a hybrid stack's GatedDeltaNet
-or DeepSeek-sparse-attention layer and its MLP or MoE layer."""
-LINEAR_VARIANTS = ("gdn", "gated_delta_net")
-"""The --experimental-attention-variant values that put GatedDeltaNet in the layers
---linear-attention-freq picks (gated_delta_net is Megatron's deprecated spelling)."""
-ATTENTION_VARIANTS = ("", *LINEAR_VARIANTS, "dsa")
-"""Megatron's --experimental-attention-variant values ppsim prices."""
-ATTENTION = ("gqa", "mla")
-NORMS = ("", "layernorm", "rmsnorm")
-POSITIONS = ("", "rotary", "learned", "none")
-FSDP_RESHARD = ("default", "always", "never")
-"""torchtitan's fsdp_reshard_after_forward policies."""
-FSDP_FRAMEWORKS = ("torchtitan", "megatron", "megatron-fsdp")
-"""Who shards the replicas fully: torchtitan's FSDP2, Megatron's --use-torch-fsdp2, or
-Megatron-FSDP (--use-megatron-fsdp)."""
-MEGATRON_FSDP_FLAGS = {"megatron": "--use-torch-fsdp2", "megatron-fsdp": "--use-megatron-fsdp"}
-"""Megatron's flag of each of its FSDP frameworks."""
-FP8_FORMATS = ("", "e4m3", "hybrid")
-"""Megatron's --fp8-format choices ("": bf16 matmuls)."""
-FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
-"""Megatron's --fp8-recipe choices (mxfp8 on Blackwell's tensor cores alone)."""
-CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")
-"""Megatron's --cp-comm-type choices."""
-GATED_ACTIVATIONS = ("swiglu", "quick_geglu")
-"""A gated MLP's activation: Megatron's --swiglu or --quick-geglu."""
-OPTIMIZERS = ("adam", "muon")
-"""--optimizer values ppsim prices."""
-MUON_TP_MODES = ("duplicated", "blockwise", "distributed")
-"""--muon-tp-mode values."""
-TORCHAO_FP8_RECIPES = ("tensorwise", "rowwise")
-"""torchao's Float8Linear recipes torchtitan runs under FSDP (all-tensorwise, rowwise)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -430,55 +388,6 @@ def expert_data_parallel(tp: int, cp: int, dp: int, etp: int, ep: int) -> int:
     return max(1, tp * cp * dp // (etp * ep))
 
 
-def layer_kinds(a: Architecture) -> tuple[str, ...]:
-    """The decoder layers' kinds, in order, from the `layers` spec, with the attention
-    variant where it is (PAIRED_KINDS), or the hybrid pattern's symbols
-    (ppsim.costs.hybrid)."""
-    if a.hybrid_layer_pattern:
-        return parse_pattern(a.hybrid_layer_pattern).kinds
-    kinds = _stack_kinds(a)
-    if a.experimental_attention_variant == "dsa":
-        return tuple(f"dsa-{k}" for k in kinds)
-    if a.experimental_attention_variant not in LINEAR_VARIANTS:
-        return kinds
-    linear = linear_attention_layers(a.linear_attention_freq, a.num_layers)
-    return tuple(f"gdn-{k}" if bit else k for k, bit in zip(kinds, linear, strict=True))
-
-
-def mlp_kind(kind: str) -> str:
-    """A GPT model's decoder layer's MLP kind ("dense" or "moe"), its attention aside."""
-    return kind.split("-", 1)[1] if kind in PAIRED_KINDS else kind
-
-
-def _stack_kinds(a: Architecture) -> tuple[str, ...]:
-    """The decoder layers' MLP kinds from the `layers` spec (all MoE with experts)."""
-    if not a.layers.strip():
-        return ("moe" if a.num_experts else "dense",) * a.num_layers
-    out: list[str] = []
-    for part in a.layers.split(","):
-        name, _, times = part.strip().partition("*")
-        name = name.strip()
-        if name not in KINDS:
-            raise UserError("model.layers", f"unknown layer kind {name!r}",
-                            "use dense and moe, e.g. \"dense*3, moe*58\"")
-        n = 1
-        if times:
-            if not times.strip().isascii() or not times.strip().isdigit() or len(times) > 7:
-                raise UserError("model.layers", f"bad count {times.strip()!r} for {name}",
-                                "write kind*N with N a whole number")
-            n = int(times)
-        out += [name] * n
-        if len(out) > a.num_layers:
-            break
-    if len(out) != a.num_layers:
-        raise UserError("model.layers", f"lists {len(out)} layers but num_layers is "
-                        f"{a.num_layers}", "make the kinds add up to num_layers")
-    if "moe" in out and not (a.num_experts and a.top_k and a.moe_ffn_hidden_size):
-        raise UserError("model.num_experts", "MoE layers need num_experts, top_k and "
-                        "moe_ffn_hidden_size", "set all three")
-    return tuple(out)
-
-
 @dataclass(frozen=True)
 class AttentionShape:
     """Widths (summed over heads) of the tensors one attention block makes."""
@@ -492,11 +401,6 @@ class AttentionShape:
     """MLA's compressed query/key-value latents (0 otherwise)."""
     gate: int = 0
     """The output gate the QKV projection makes (attention_output_gate; 0 without)."""
-
-
-def layer_windows(a: Architecture) -> tuple[int, ...]:
-    """Each decoder layer's attention window (0: full causal attention)."""
-    return windows(a.num_layers, a.attention_window, a.window_attn_skip_freq)
 
 
 def attention_shape(a: Architecture) -> AttentionShape:

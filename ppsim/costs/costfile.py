@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ppsim.config import files, limits, validate
-from ppsim.costs.arch import OPTIMIZERS
+from ppsim.costs.choices import OPTIMIZERS
 from ppsim.costs.grouptimes import GroupTimes, group_times_from_dict
 from ppsim.costs.hybrid import pattern_layers
 from ppsim.costs.model import INTEGER_FIELDS, LAYER_FIELDS, LayerCost, ModelCosts

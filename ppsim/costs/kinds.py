@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ppsim.costs.arch import KINDS, PAIRED_KINDS, Architecture, layer_kinds
+from ppsim.costs.arch import Architecture
 from ppsim.costs.hybrid import parse_pattern
 from ppsim.costs.layerops import layer_ops
 from ppsim.costs.mixers import (
@@ -19,6 +19,7 @@ from ppsim.costs.modules import ModuleEffect, layer_activation_bytes, module_eff
 from ppsim.costs.ops import Op
 from ppsim.costs.params import KindParams, kind_params, mtp_extra_params
 from ppsim.costs.saved import HYBRID_HALVES
+from ppsim.costs.stack import KINDS, PAIRED_KINDS, layer_kinds
 from ppsim.costs.state import landed
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ppsim.costs.arch import DTYPE_BYTES, KINDS, PAIRED_KINDS, Architecture
+from ppsim.costs.arch import DTYPE_BYTES, Architecture
 from ppsim.costs.attention_tensors import (
     GATED,
     UNFUSED_TENSORS,
@@ -29,6 +29,7 @@ from ppsim.costs.saved import (
     per_rank,
     saved_tensors,
 )
+from ppsim.costs.stack import KINDS, PAIRED_KINDS
 
 RECOMPUTE_MODULES = ("core_attn", "mlp", "moe_act", "layernorm", "mla_up_proj", "moe",
                      "shared_experts")

@@ -24,9 +24,10 @@ import functools
 from collections import Counter
 from dataclasses import dataclass
 
-from ppsim.costs.arch import Architecture, attention_shape, layer_kinds
+from ppsim.costs.arch import Architecture, attention_shape
 from ppsim.costs.kinds import any_kind_params
 from ppsim.costs.ops import Roofline, matmul_ms
+from ppsim.costs.stack import layer_kinds
 from ppsim.costs.state import ADAM_BYTES_PER_PARAM
 
 MUON_BYTES_PER_PARAM = 20

@@ -15,19 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ppsim.costs.arch import (
-    ATTENTION,
-    DTYPE_BYTES,
-    KINDS,
-    NORMS,
-    POSITIONS,
-    RECOMPUTE,
-    Architecture,
-    AttentionShape,
-    attention_shape,
-    layer_kinds,
-    layer_windows,
-)
+from ppsim.costs.arch import DTYPE_BYTES, Architecture, AttentionShape, attention_shape
+from ppsim.costs.choices import ATTENTION, NORMS, POSITIONS, RECOMPUTE
 from ppsim.costs.fp8 import (
     FP8_BYTES,
     fp8_layers,
@@ -49,6 +38,7 @@ from ppsim.costs.model import LAYER_FIELDS, LayerCost, ModelCosts
 from ppsim.costs.modules import SHORTHAND, layer_activation_bytes
 from ppsim.costs.ops import Op, Roofline, op_times, piece_times
 from ppsim.costs.params import KindParams, attention_params, kind_params, mtp_extra_params
+from ppsim.costs.stack import KINDS, layer_kinds, layer_windows
 from ppsim.costs.state import bytes_per_param
 from ppsim.errors import UserError
 

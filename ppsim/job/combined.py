@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ppsim.costs.arch import MEGATRON_FSDP_FLAGS
+from ppsim.costs.choices import MEGATRON_FSDP_FLAGS
 from ppsim.errors import UserError
 from ppsim.policy.model import memory_policy
 

@@ -20,12 +20,14 @@ optimizer are not counted, as in Megatron.
 
 from __future__ import annotations
 
-from ppsim.costs.arch import LINEAR_VARIANTS, Architecture, layer_kinds, mlp_kind
+from ppsim.costs.arch import Architecture
+from ppsim.costs.choices import LINEAR_VARIANTS
 from ppsim.costs.hybrid import parse_pattern
 from ppsim.costs.kinds import any_kind_params
 from ppsim.costs.layerops import padded_vocab
 from ppsim.costs.mixers import ATTENTION_KINDS
 from ppsim.costs.patterns import linear_attention_layers
+from ppsim.costs.stack import layer_kinds, mlp_kind
 
 GEMM = 3 * 2
 """Forward + weight gradient + input gradient, 2 FLOPs per multiply-add."""

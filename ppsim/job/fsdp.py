@@ -49,9 +49,10 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from ppsim.costs.arch import DTYPE_BYTES, Architecture, layer_kinds
+from ppsim.costs.arch import DTYPE_BYTES, Architecture
 from ppsim.costs.fp8 import fp8_bytes, gathered_weight_bytes
 from ppsim.costs.model import LayerCost, ModelCosts
+from ppsim.costs.stack import layer_kinds
 from ppsim.costs.state import grad_bytes, optimizer_shards
 from ppsim.costs.transformer import held_params
 from ppsim.job.collectives import all_gather_ms, behind_compute_ms, sharded_reduce_ms

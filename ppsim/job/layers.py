@@ -19,11 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from ppsim.costs.arch import (
-    DTYPE_BYTES,
-    Architecture,
-    layer_windows,
-)
+from ppsim.costs.arch import DTYPE_BYTES, Architecture
 from ppsim.costs.fp8 import fp8_layers, layer_precision
 from ppsim.costs.kinds import kind_ops, piece_kinds
 from ppsim.costs.layerops import mlp_ops
@@ -31,6 +27,7 @@ from ppsim.costs.mixer_split import SSM_KINDS
 from ppsim.costs.mixers import ATTENTION_KINDS, attention_arch
 from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.costs.ops import Op, op_times, piece_times
+from ppsim.costs.stack import layer_windows
 from ppsim.costs.transformer import Accelerator, transformer_costs
 from ppsim.job import fsdp
 from ppsim.job.collectives import (

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim.config.overrides import with_overrides
-from ppsim.costs.arch import MEGATRON_FSDP_FLAGS
+from ppsim.costs.choices import MEGATRON_FSDP_FLAGS
 from ppsim.costs.model import ModelCosts, least_busy_ms, stage_costs, static_floor_bytes
 from ppsim.errors import UserError
 from ppsim.job.host_optimizer import (

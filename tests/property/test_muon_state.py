@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppsim.config.schema import config_from_dict
-from ppsim.costs.arch import layer_kinds
 from ppsim.costs.kinds import any_kind_params
 from ppsim.costs.muon import newton_schulz
+from ppsim.costs.stack import layer_kinds
 from ppsim.costs.state import optimizer_shards
 from ppsim.costs.transformer import accelerator
 from ppsim.pipeline.problem import model_costs

@@ -17,9 +17,10 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from ppsim.config.schema import config_from_dict, load_config
-from ppsim.costs.arch import Architecture, layer_kinds
+from ppsim.costs.arch import Architecture
 from ppsim.costs.kinds import kind_effect
 from ppsim.costs.mixers import GDN_CHUNK, delta_shape
+from ppsim.costs.stack import layer_kinds
 from ppsim.costs.transformer import accelerator, transformer_costs
 from ppsim.executor.builders.llama import architecture
 from ppsim.job.flops import iteration_flops

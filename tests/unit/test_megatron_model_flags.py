@@ -21,9 +21,9 @@ from ppsim.cli.flags import add_config_flags, config_from_args
 from ppsim.cli.main import build_parser, main
 from ppsim.cli.megatron_model import layer_kinds_spec
 from ppsim.config.presets import MODEL_PRESETS
-from ppsim.costs.arch import layer_kinds
 from ppsim.costs.layerops import padded_vocab
 from ppsim.costs.patterns import moe_layers
+from ppsim.costs.stack import layer_kinds
 
 # Llama-3-8B as a Megatron launch script writes it (Megatron's Llama-3 example arguments).
 LLAMA3_8B = """--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336

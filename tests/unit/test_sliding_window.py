@@ -14,8 +14,9 @@ from ppsim.cli.flags import config_from_args
 from ppsim.cli.main import build_parser
 from ppsim.config.presets import MODEL_PRESETS
 from ppsim.config.schema import config_from_dict
-from ppsim.costs.arch import Architecture, layer_windows
+from ppsim.costs.arch import Architecture
 from ppsim.costs.layerops import attention_ops
+from ppsim.costs.stack import layer_windows
 from ppsim.errors import UserError
 from ppsim.pipeline.problem import model_costs
 
