@@ -38,6 +38,9 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
     for name in ("tp-comm-overlap", "overlap-grad-reduce", "overlap-param-gather",
                  "moe-shared-expert-overlap"):
         j.add_argument(f"--{name}", action="store_true", default=None)
+    j.add_argument("--overlap-param-gather-with-optimizer-step", action="store_true",
+                   default=None, help="the first model chunk's parameters gathered behind "
+                   "the other chunks' optimizer steps (interleaved schedules)")
     j.add_argument("--overlap-moe-expert-parallel-comm", action="store_true", default=None,
                    help="Megatron's combined 1F1B: each forward beside another "
                    "microbatch's backward, their all-to-alls hidden by each other's compute "

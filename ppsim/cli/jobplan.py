@@ -116,7 +116,9 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
                      (job.overlap_moe_expert_parallel_comm,
                       "--overlap-moe-expert-parallel-comm"),
                      (job.delay_wgrad_compute, "--delay-wgrad-compute"),
-                     (job.overlap_param_gather, "--overlap-param-gather")):
+                     (job.overlap_param_gather, "--overlap-param-gather"),
+                     (job.overlap_param_gather_with_optimizer_step,
+                      "--overlap-param-gather-with-optimizer-step")):
         out += [flag] * on
     return shlex.join(out)
 

@@ -153,7 +153,7 @@ UNPRICED_GROUPS = {
         "disable-tp-comm-overlap-rs", "disable-tp-comm-split-ag", "disable-tp-comm-split-rs",
         "disable-tp-comm-bulk-dgrad", "disable-tp-comm-bulk-wgrad",
         "pipeline-model-parallel-comm-backend", "use-ring-exchange-p2p",
-        "overlap-param-gather-with-optimizer-step", "high-priority-a2a-comm-stream",
+        "high-priority-a2a-comm-stream",
         "overlap-dispatch-backward-with-experts-wgrad", "ep-overlap-early-attn-memory-release",
         "defer-embedding-wgrad-compute", "wgrad-deferral-limit", "create-all-gather-group",
         "ddp-param-name-patterns-for-fp32-local-accumulation"),

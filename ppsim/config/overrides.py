@@ -32,7 +32,8 @@ MODEL_KEYS = ("num_layers", "recompute", "tp", "micro_batch_size", "hybrid_layer
 """[model] fields an override may set (the rest come from the file or the preset)."""
 PIPELINE_KEYS = ("pp", "vpp", "microbatches", "schedule", "actions_csv",
                  "microbatch_group_size", "global_batch_size", "rank_order", "tp_comm_overlap",
-                 "overlap_grad_reduce", "overlap_param_gather", "ddp_bucket_size",
+                 "overlap_grad_reduce", "overlap_param_gather",
+                 "overlap_param_gather_with_optimizer_step", "ddp_bucket_size",
                  "moe_shared_expert_overlap", "overlap_moe_expert_parallel_comm",
                  "moe_token_dispatcher_type", "delay_wgrad_compute",
                  "ddp_num_buckets", "moe_flex_dispatcher_num_sms")

@@ -85,6 +85,10 @@ class PipelineConfig:
     their compute hides that much of them (--moe-shared-expert-overlap)."""
     overlap_param_gather: bool = False
     """Gather parameters during the next forward (--overlap-param-gather)."""
+    overlap_param_gather_with_optimizer_step: bool = False
+    """Gather the first model chunk's parameters (one bucket) as soon as its own optimizer
+    has stepped, behind the other chunks' steps
+    (--overlap-param-gather-with-optimizer-step; interleaved schedules)."""
     moe_token_dispatcher_type: str = "alltoall"
     """How routed tokens reach their experts (--moe-token-dispatcher-type): "alltoall"
     (NCCL all-to-all: a copy per expert), "flex" (DeepEP: a token crosses to each node

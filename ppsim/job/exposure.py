@@ -31,7 +31,10 @@ def exposed_comm_ms(problem: Problem, summary: Summary) -> float:
     rank = max(summary.ranks, key=lambda r: r.busy_ms).rank
     if not job.replaces_tail:
         return per_rank
-    return per_rank + rank_tails(problem.schedule, problem.stage_costs, job, 0.0)[rank].reduce_ms
+    hw = problem.hardware  # the step's time: the window a first chunk's gather may hide in
+    tails = rank_tails(problem.schedule, problem.stage_costs, job, hw.memory_bandwidth_gbps,
+                       hw.optimizer_fixed_ms)
+    return per_rank + tails[rank].reduce_ms
 
 
 def held_back(summary: Summary, comm_ms: float, limit: float, host_ms: float = 0.0) -> str:

@@ -93,6 +93,8 @@ class Job:
     """Hide the expert-parallel all-to-alls behind the shared experts' compute."""
     overlap_param_gather: bool = False
     """Gather parameters during the next forward."""
+    overlap_param_gather_with_optimizer_step: bool = False
+    """Gather the first chunk's parameters behind the other chunks' optimizer steps."""
     overlap_moe_expert_parallel_comm: bool = False
     """Megatron's combined 1F1B: each steady-phase forward runs beside another
     microbatch's backward, their all-to-alls behind each other's compute."""
@@ -230,7 +232,8 @@ class Job:
     def unbucketed(self, stage_ranks: Sequence[int], costs: Sequence[Any], rank: int
                    ) -> FirstChunk | None:
         """The chunk whose whole gradients wait at the end on `rank` (ppsim.job.tail)."""
-        return first_chunk(stage_ranks, costs, rank)
+        return first_chunk(stage_ranks, costs, rank,
+                           every_rank=self.overlap_param_gather_with_optimizer_step)
 
     @property
     def flops(self) -> float:
@@ -333,6 +336,7 @@ def build_job(cfg: Any, timed_dp: GroupTimes | None = None) -> Job | None:
                overlap_grad_reduce=p.overlap_grad_reduce,
                moe_shared_expert_overlap=p.moe_shared_expert_overlap,
                overlap_param_gather=p.overlap_param_gather,
+               overlap_param_gather_with_optimizer_step=p.overlap_param_gather_with_optimizer_step,
                overlap_moe_expert_parallel_comm=p.overlap_moe_expert_parallel_comm,
                moe_token_dispatcher_type=p.moe_token_dispatcher_type,
                delay_wgrad_compute=p.delay_wgrad_compute,

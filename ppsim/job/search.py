@@ -198,7 +198,8 @@ def _candidates(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int] | None,
     sharding = "sharding" in axes
     if a.megatron_fsdp2 and not sharding:  # Megatron refuses it with pp
         fixed = {**(fixed or {}), "pp": 1}
-    todo = shapes(a, gpus, gbs, per_node, cfg.model.total_layers, fixed, sharding, combined)
+    todo = shapes(a, gpus, gbs, per_node, cfg.model.total_layers, fixed, sharding, combined,
+                  cfg.pipeline.overlap_param_gather_with_optimizer_step)
     if sharding:
         todo = [v for s in todo
                 for v in sharding_choices(s, per_node, a.num_experts > 0, combined,

@@ -166,10 +166,42 @@ def check(cfg: Any) -> None:
         raise UserError("pipeline.overlap_param_gather", "--overlap-param-gather only "
                         "supported with distributed optimizer or megatron fsdp", "add "
                         "--use-distributed-optimizer (distributed_optimizer = true in [model])")
+    _gather_with_step(a, p)
     _context_parallel(a)
     _experts_fold(a, p)
     if p.global_batch_size:
         microbatches_for(p.global_batch_size, a.micro_batch_size, a.dp)
+
+
+def _gather_with_step(a: Any, p: Any) -> None:
+    """--overlap-param-gather-with-optimizer-step as Megatron's arguments.py and optimizer
+    accept it, its chunks aside (`plan --gpus` searches them: check_gather_chunks)."""
+    if not p.overlap_param_gather_with_optimizer_step:
+        return
+    flag = "pipeline.overlap_param_gather_with_optimizer_step"
+    drop = "or drop --overlap-param-gather-with-optimizer-step"
+    if a.fsdp:
+        raise UserError(flag, "is priced with the distributed optimizer alone (Megatron's "
+                        "FSDP gathers its own way)", f"drop the FSDP flag, {drop}")
+    if not a.distributed_optimizer:
+        raise UserError(flag, "--overlap-param-gather-with-optimizer-step only supported "
+                        "with distributed optimizer", f"add --use-distributed-optimizer, {drop}")
+    if not p.overlap_param_gather:
+        raise UserError(flag, "Must use --overlap-param-gather-with-optimizer-step with "
+                        "--overlap-param-gather", f"add --overlap-param-gather, {drop}")
+    if a.optimizer == "muon":
+        raise UserError(flag, "overlap_param_gather_with_optimizer_step is not supported "
+                        "with use_layer_wise_distributed_optimizer", f"use adam, {drop}")
+
+
+def check_gather_chunks(p: Any, vpp: int) -> None:
+    """A job under --overlap-param-gather-with-optimizer-step runs interleaved (Megatron's
+    arguments.py asserts a virtual pipeline size)."""
+    if p.overlap_param_gather_with_optimizer_step and vpp <= 1:
+        raise UserError("pipeline.overlap_param_gather_with_optimizer_step",
+                        "--overlap-param-gather-with-optimizer-step only supported with "
+                        "interleaved pipeline parallelism", "give --vpp 2 or more, or drop "
+                        "--overlap-param-gather-with-optimizer-step")
 
 
 def cp_refusal(a: Any, cp: int) -> UserError | None:

@@ -145,23 +145,28 @@ def _etp_choices(a: Any, tp: int, pin: dict[str, int]) -> tuple[int, ...]:
     return (tp, 1) if tp > 1 else (tp,)
 
 
-def _schedule_runs(layers: int, pp: int, vpp: int, m: int, ep: int, combined: bool) -> bool:
+def _schedule_runs(layers: int, pp: int, vpp: int, m: int, ep: int, combined: bool,
+                   interleaved: bool) -> bool:
     """Each chunk has a layer, every rank a microbatch; interleaving needs pp > 1 and m a
-    multiple of pp; Megatron's combined 1F1B needs ep > 1 and, with pp > 1, interleaving."""
+    multiple of pp; Megatron's combined 1F1B needs ep > 1 and, with pp > 1, interleaving;
+    `interleaved` (--overlap-param-gather-with-optimizer-step) needs interleaving."""
     chunked = vpp > 1
     if layers < pp * vpp or m < pp or (chunked and (pp == 1 or m % pp)):
+        return False
+    if interleaved and not chunked:
         return False
     return not (combined and (ep == 1 or (pp > 1 and not chunked)))
 
 
 def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
            fixed: dict[str, int] | None = None, any_copies: bool = False,
-           combined: bool = False) -> list[Shape]:
+           combined: bool = False, interleaved: bool = False) -> list[Shape]:
     """Every shape the model, the world and the global batch allow, with the sizes in
     `fixed` (keys of FIXABLE) held at their values; the configured copies of the sharded
     state divide each one's data-parallel groups unless `any_copies` (the sharding is
     searched). `combined`: only shapes Megatron's combined 1F1B runs (ep > 1; vpp > 1
-    when pp > 1: ppsim.job.combined)."""
+    when pp > 1: ppsim.job.combined); `interleaved`: only interleaved ones (vpp > 1,
+    --overlap-param-gather-with-optimizer-step)."""
     copies = 1 if any_copies else a.dp_replicas
     pin = fixed or {}
 
@@ -183,7 +188,7 @@ def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
             out += [Shape(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, mbs=mbs, microbatches=m,
                           etp=etp)
                     for vpp in choices("vpp", VPP_CHOICES if pp > 1 else (1,))
-                    if _schedule_runs(layers, pp, vpp, m, ep, combined)]
+                    if _schedule_runs(layers, pp, vpp, m, ep, combined, interleaved)]
     return out
 
 

@@ -8,6 +8,11 @@ rank steps its 1 / (dp x cp) shard, all-gathers the bf16 parameters; without it,
 all-reduce. --overlap-grad-reduce launches each bucket as the last microbatch's
 backward finishes it: what outlasts that backward is exposed, and never less than the
 last bucket. --overlap-param-gather gathers during the next forward the same way.
+--overlap-param-gather-with-optimizer-step (interleaved schedules) steps the first model
+chunk's optimizer first and gathers that chunk's parameters, one bucket, beside the
+other chunks' steps; the other chunks gather one ahead of their forwards, from the
+first forward on, so no bucket waits whole at the start; the first chunk's gradients,
+unbucketed too, are reduced last.
 What they hide still holds NCCL's SMs from the compute beside them (Job.collective_sm_share).
 Buckets fill in reverse order of the forward and close once they reach the bucket size,
 so the rank holding the embedding has it in the bucket reduced last and gathered first:
@@ -65,11 +70,12 @@ class FirstChunk:
     """The rank's only chunk (its embedding or output layer in it)."""
 
 
-def first_chunk(stage_ranks: Sequence[int], costs: Sequence[Any], rank: int
-                ) -> FirstChunk | None:
+def first_chunk(stage_ranks: Sequence[int], costs: Sequence[Any], rank: int,
+                every_rank: bool = False) -> FirstChunk | None:
     """The first chunk `rank` holds (stage i on rank stage_ranks[i], costs[i] its
-    params and expert_params); None on the first pipeline rank, which buckets."""
-    if not stage_ranks or rank == stage_ranks[0]:
+    params and expert_params); None on the first pipeline rank, which buckets, unless
+    `every_rank` (--overlap-param-gather-with-optimizer-step: no chunk is bucketed)."""
+    if not stage_ranks or (rank == stage_ranks[0] and not every_rank):
         return None
     mine = [i for i, r in enumerate(stage_ranks) if r == rank]
     c = costs[mine[0]]
@@ -125,6 +131,9 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
     weights = gathered_weight_bytes(job.arch, w16)
     edges = edge_params(job, holds_embedding, holds_head)
     share = job.collective_sm_share
+    step = step_ms(job, dense, expert_params, edges, memory_bandwidth_gbps)
+    if params and (step or optimizer_fixed_ms):
+        step += optimizer_fixed_ms
     if job.arch.fsdp:
         reduce = fsdp.step_reduce_ms(job, params, expert_params, forward_ms, holds_embedding,
                                      edges)
@@ -138,23 +147,27 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
             return all_gather_ms(n * weights + wide * (w16 - weights), job.link(g + "_shard"))
 
         last = [(bucket, last_g, min(bucket, embedding))] if unbucketed is None else [
-            (unbucketed.dense, "dp", edges if unbucketed.whole else 0),
+            (unbucketed.dense, "dp", edges if unbucketed.whole else embedding),
             (unbucketed.experts, "edp", 0)]
-        reduce = (_overlapped(sum(rs(n, g) for n, g in named),
-                              sum(rs(n, g) for n, g, _ in last if n),
-                              backward_ms, job.overlap_grad_reduce, share)
-                  + _overlapped(sum(ag(n, g, edges if g == "dp" else 0) for n, g in named),
-                                sum(ag(n, g, wide) for n, g, wide in last if n),
-                                forward_ms, job.overlap_param_gather, share))
+        every = sum(ag(n, g, edges if g == "dp" else 0) for n, g in named)
+        first = sum(ag(n, g, wide) for n, g, wide in last if n)
+        reduce = _overlapped(sum(rs(n, g) for n, g in named),
+                             sum(rs(n, g) for n, g, _ in last if n),
+                             backward_ms, job.overlap_grad_reduce, share)
+        if job.overlap_param_gather_with_optimizer_step and unbucketed is not None:
+            # The first chunk's gather starts once its own optimizer has stepped, beside
+            # the other chunks' steps; the rest one chunk ahead of their forwards.
+            others = 1 - (unbucketed.dense + unbucketed.experts) / params if params else 0
+            reduce += (behind_compute_ms(first, step * others, share)
+                       + behind_compute_ms(every - first, forward_ms, share))
+        else:
+            reduce += _overlapped(every, first, forward_ms, job.overlap_param_gather, share)
     else:
         ar = sum(all_reduce_ms(n * grads, job.link(g)) for n, g in named)
         last_ar = all_reduce_ms(bucket * grads, job.link(last_g)) if unbucketed is None else \
             sum(all_reduce_ms(n * grads, job.link(g)) for n, g in
                 ((unbucketed.dense, "dp"), (unbucketed.experts, "edp")) if n)
         reduce = _overlapped(ar, last_ar, backward_ms, job.overlap_grad_reduce, share)
-    step = step_ms(job, dense, expert_params, edges, memory_bandwidth_gbps)
-    if params and (step or optimizer_fixed_ms):
-        step += optimizer_fixed_ms
     return Tail(reduce_ms=reduce, optimizer_ms=step,
                 host_bytes=host_state_bytes(job.arch, dense, expert_params))
 

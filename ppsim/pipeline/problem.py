@@ -23,6 +23,7 @@ from ppsim.errors import UserError
 from ppsim.job import combined
 from ppsim.job.layers import job_costs
 from ppsim.job.model import Job, build_job
+from ppsim.job.shape import check_gather_chunks
 from ppsim.pipeline import split as splits
 from ppsim.pipeline.layout import parse_layout
 from ppsim.pipeline.messages import delay_ms, wire_ms
@@ -207,6 +208,7 @@ def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
         name = schedule_for_vpp(name, split.vpp)  # Megatron runs a multi-chunk layout interleaved
     check_ops(p.pp, split.vpp, p.microbatches, False, SIMULATE)
     combined.check_shape(cfg)
+    check_gather_chunks(p, split.vpp)
     schedule = build_schedule(name, p.pp, split.vpp, p.microbatches, p.microbatch_group_size,
                               combined=p.overlap_moe_expert_parallel_comm)
     hw = hardware(cfg)
