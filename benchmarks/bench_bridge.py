@@ -50,8 +50,8 @@ DP_OVERLAPS = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overla
                "--ddp-bucket-size", str(128 * 1024 * 1024)]
 """The data-parallel overlaps Bridge's CommOverlapConfig sets where dp > 1 (with its
 128M-parameter buckets; src/megatron/bridge/training/comm_overlap.py). Its performance
-scripts also overlap the first bucket's gather with the optimizer step where pp and vpp
-> 1 (--overlap-param-gather-with-optimizer-step), which ppsim does not price."""
+scripts also gather the first chunk's weights beside the optimizer step where dp, pp and
+vpp > 1 (--overlap-param-gather-with-optimizer-step: with_step)."""
 OVERLAPS = [*DP_OVERLAPS, "--tp-comm-overlap"]
 FP8 = ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-param-gather"]
 
@@ -188,6 +188,18 @@ def measured_rates(name: str) -> dict[str, Any]:
     return {k: v for k, v in hardware.items() if k in MEASURED_KEYS}
 
 
+def with_step(shape: str, gpus: int, overlaps: list[str]) -> list[str]:
+    """--overlap-param-gather-with-optimizer-step where Bridge's performance scripts set
+    it: dp > 1, pp > 1 and vpp > 1, its parameter gather overlapped."""
+    words = shape.split()
+    sizes = {k: int(words[words.index(k) + 1]) if k in words else 1
+             for k in ("--tp", "--pp", "--cp", "--vpp")}
+    dp = gpus // (sizes["--tp"] * sizes["--pp"] * sizes["--cp"])
+    on = dp > 1 and sizes["--pp"] > 1 and sizes["--vpp"] > 1 \
+        and "--overlap-param-gather" in overlaps
+    return ["--overlap-param-gather-with-optimizer-step"] * on
+
+
 def price(run: BridgeRun, fp8: bool, overlaps: list[str] = OVERLAPS,
           rates: dict[str, Any] | None = None) -> Priced:
     with tempfile.TemporaryDirectory() as tmp:
@@ -200,7 +212,8 @@ def price(run: BridgeRun, fp8: bool, overlaps: list[str] = OVERLAPS,
                             + "\n".join(lines) + "\n")
             setup = ["--config", str(path)]
         sim = ppsim_json(["simulate", *setup, "--gpus", str(run.gpus), *run.shape.split(),
-                          *overlaps, *(FP8 if fp8 else []), "--json"])
+                          *overlaps, *with_step(run.shape, run.gpus, overlaps),
+                          *(FP8 if fp8 else []), "--json"])
     peak = max(r["peak_memory_bytes"] for r in sim["ranks"])
     return Priced(tokens_per_gpu=sim["throughput"]["tokens_per_s_per_gpu"],
                   tflops_per_gpu=sim["throughput"]["tflops_per_gpu"], peak_gb=peak / 1e9)

@@ -53,6 +53,9 @@ JOBS = [
     ("llama3-8b", "--gpus 16 --global-batch-size 32"),
     ("llama3-8b", "--gpus 16 --global-batch-size 32 --use-distributed-optimizer "
                   "--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap"),
+    ("llama3-70b", "--gpus 64 --global-batch-size 128 --use-distributed-optimizer "
+                   "--overlap-grad-reduce --overlap-param-gather "
+                   "--overlap-param-gather-with-optimizer-step"),
     ("llama3-8b", "--gpus 16 --global-batch-size 32 --use-torch-fsdp2 "
                   "--no-gradient-accumulation-fusion"),
     ("llama3-8b", "--gpus 16 --global-batch-size 64 --optimizer muon "
@@ -147,6 +150,7 @@ OPTIONAL = [
     (0.1, "--no-bias-swiglu-fusion"), (0.1, "--attention-backend unfused"),
     (0.1, "--mtp-num-layers 1"), (0.05, "--optimizer muon"),
     (0.1, "--fp32-residual-connection"),
+    (0.15, "--overlap-param-gather-with-optimizer-step --ckpt-format torch"),
 ]
 """Flags a random line carries, each with its chance."""
 

@@ -120,6 +120,8 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
                      (job.overlap_param_gather_with_optimizer_step,
                       "--overlap-param-gather-with-optimizer-step")):
         out += [flag] * on
+    # Megatron-LM runs it with the legacy checkpoints alone (arguments.py: use_dist_ckpt)
+    out += ["--ckpt-format", "torch"] * job.overlap_param_gather_with_optimizer_step
     return shlex.join(out)
 
 

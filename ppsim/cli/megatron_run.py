@@ -274,6 +274,14 @@ def check_run_flags(args: argparse.Namespace) -> str | None:
         given = flag(PREFIX + name.replace("-", "_"))  # its values: nargs="*"
         if given is not None and not (given and set(given) <= set(inert)):
             raise UserError(" ".join([f"--{name}", *given]), problem, fix)
+    ckpt = flag(PREFIX + "ckpt_format")
+    if flag("overlap_param_gather_with_optimizer_step") and ckpt and ckpt != ["torch"]:
+        # Megatron-LM's default torch_dist is refused too; a line without the flag may be
+        # Bridge's, which checkpoints its own way: the plan's line says torch.
+        raise UserError(" ".join(["--ckpt-format", *ckpt]), "--overlap-param-gather-with-"
+                        "optimizer-step not supported with distributed checkpointing yet "
+                        "(Megatron's words)", "give --ckpt-format torch, or drop "
+                        "--overlap-param-gather-with-optimizer-step")
     if not flag("use_tp_pp_dp_mapping"):
         return None
     order = flag("rank_order")

@@ -117,7 +117,8 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
     one after the other. Under --fp8-param-gather the layers' weights gather in FP8, the
     embedding's and the output layer's in the training dtype (ppsim.costs.fp8; layers
     --first-last-layers-bf16 keeps in bf16 are counted as FP8 here, a layer or two).
-    `unbucketed`: on pipeline ranks but the first, the first chunk, whose whole gradients
+    `unbucketed`: on pipeline ranks but the first (on every rank under
+    --overlap-param-gather-with-optimizer-step), the first chunk, whose whole gradients
     are the last bucket (FirstChunk)."""
     dense = params - expert_params
     named = [(n, g) for n, g in ((dense, "dp"), (expert_params, "edp")) if n]
@@ -127,10 +128,8 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
     # embedding, the first layers' attention and norms.
     last_n, last_g = named[0] if named else (0, "dp")
     bucket = min(last_n, edge)
-    grads, w16 = grad_bytes(job.arch), DTYPE_BYTES[job.arch.dtype]
-    weights = gathered_weight_bytes(job.arch, w16)
+    grads = grad_bytes(job.arch)
     edges = edge_params(job, holds_embedding, holds_head)
-    share = job.collective_sm_share
     step = step_ms(job, dense, expert_params, edges, memory_bandwidth_gbps)
     if params and (step or optimizer_fixed_ms):
         step += optimizer_fixed_ms
@@ -138,38 +137,67 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
         reduce = fsdp.step_reduce_ms(job, params, expert_params, forward_ms, holds_embedding,
                                      edges)
     elif job.arch.distributed_optimizer:
-        def rs(n: float, g: str) -> float:
-            return sharded_reduce_ms(n * grads, job.link(g + "_shard"),
-                                     job.link(g + "_replica"))
-
-        def ag(n: float, g: str, wide: float = 0.0) -> float:
-            """`wide` of the `n` gathered in the training dtype."""
-            return all_gather_ms(n * weights + wide * (w16 - weights), job.link(g + "_shard"))
-
-        last = [(bucket, last_g, min(bucket, embedding))] if unbucketed is None else [
-            (unbucketed.dense, "dp", edges if unbucketed.whole else embedding),
-            (unbucketed.experts, "edp", 0)]
-        every = sum(ag(n, g, edges if g == "dp" else 0) for n, g in named)
-        first = sum(ag(n, g, wide) for n, g, wide in last if n)
-        reduce = _overlapped(sum(rs(n, g) for n, g in named),
-                             sum(rs(n, g) for n, g, _ in last if n),
-                             backward_ms, job.overlap_grad_reduce, share)
-        if job.overlap_param_gather_with_optimizer_step and unbucketed is not None:
-            # The first chunk's gather starts once its own optimizer has stepped, beside
-            # the other chunks' steps; the rest one chunk ahead of their forwards.
-            others = 1 - (unbucketed.dense + unbucketed.experts) / params if params else 0
-            reduce += (behind_compute_ms(first, step * others, share)
-                       + behind_compute_ms(every - first, forward_ms, share))
-        else:
-            reduce += _overlapped(every, first, forward_ms, job.overlap_param_gather, share)
+        reduce = _sharded_reduce_ms(job, named, forward_ms, backward_ms, step, unbucketed,
+                                    FirstBucket(params=bucket, group=last_g,
+                                                embedding=embedding, edges=edges))
     else:
         ar = sum(all_reduce_ms(n * grads, job.link(g)) for n, g in named)
         last_ar = all_reduce_ms(bucket * grads, job.link(last_g)) if unbucketed is None else \
             sum(all_reduce_ms(n * grads, job.link(g)) for n, g in
                 ((unbucketed.dense, "dp"), (unbucketed.experts, "edp")) if n)
-        reduce = _overlapped(ar, last_ar, backward_ms, job.overlap_grad_reduce, share)
+        reduce = _overlapped(ar, last_ar, backward_ms, job.overlap_grad_reduce,
+                             job.collective_sm_share)
     return Tail(reduce_ms=reduce, optimizer_ms=step,
                 host_bytes=host_state_bytes(job.arch, dense, expert_params))
+
+
+@dataclass(frozen=True, kw_only=True)
+class FirstBucket:
+    """On a rank that buckets its first chunk, the bucket reduced last and gathered first."""
+
+    params: int
+    """Its parameters (at least the embedding's, on the embedding's rank)."""
+    group: str
+    """The group it reduces over ("dp", or "edp" for a rank of routed experts alone)."""
+    embedding: int
+    """The embedding's parameters in it (gathered in the training dtype)."""
+    edges: int
+    """The rank's embedding and output-layer parameters."""
+
+
+def _sharded_reduce_ms(job: Job, named: list[tuple[int, str]], forward_ms: float,
+                       backward_ms: float, step: float, unbucketed: FirstChunk | None,
+                       first_bucket: FirstBucket) -> float:
+    """The distributed optimizer's exposed reduce-scatter and all-gather of the buffers
+    `named` ((parameters, group) each), the last bucket (`unbucketed`'s first chunk whole,
+    else `first_bucket`) the floor of each."""
+    grads, w16 = grad_bytes(job.arch), DTYPE_BYTES[job.arch.dtype]
+    weights = gathered_weight_bytes(job.arch, w16)
+    share = job.collective_sm_share
+
+    def rs(n: float, g: str) -> float:
+        return sharded_reduce_ms(n * grads, job.link(g + "_shard"), job.link(g + "_replica"))
+
+    def ag(n: float, g: str, wide: float = 0.0) -> float:
+        """`wide` of the `n` gathered in the training dtype."""
+        return all_gather_ms(n * weights + wide * (w16 - weights), job.link(g + "_shard"))
+
+    fb = first_bucket
+    last = [(fb.params, fb.group, min(fb.params, fb.embedding))] if unbucketed is None else [
+        (unbucketed.dense, "dp", fb.edges if unbucketed.whole else fb.embedding),
+        (unbucketed.experts, "edp", 0)]
+    every = sum(ag(n, g, fb.edges if g == "dp" else 0) for n, g in named)
+    first = sum(ag(n, g, wide) for n, g, wide in last if n)
+    reduce = _overlapped(sum(rs(n, g) for n, g in named), sum(rs(n, g) for n, g, _ in last if n),
+                         backward_ms, job.overlap_grad_reduce, share)
+    if not (job.overlap_param_gather_with_optimizer_step and unbucketed is not None):
+        return reduce + _overlapped(every, first, forward_ms, job.overlap_param_gather, share)
+    # The first chunk's gather starts once its own optimizer has stepped, beside the other
+    # chunks' steps; the rest one chunk ahead of their forwards.
+    params = sum(n for n, _ in named)
+    others = 1 - (unbucketed.dense + unbucketed.experts) / params if params else 0.0
+    return reduce + behind_compute_ms(first, step * others, share) \
+        + behind_compute_ms(every - first, forward_ms, share)
 
 
 def step_ms(job: Job, dense: int, experts: int, edges: int,
