@@ -91,3 +91,27 @@ def test_a_larger_gradient_bucket_never_exposes_less(small, large, pp):
 
     for a, b in zip(reduce(small), reduce(large), strict=True):
         assert a <= b * (1 + 1e-12)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from([2, 4]), st.sampled_from([2, 3]), st.sampled_from([2, 4, 16]),
+       st.sampled_from([0.05, 1.0, 3000.0]), st.sampled_from([0, 16]))
+def test_gathering_the_first_chunk_with_the_step_never_slows_a_later_rank(
+        pp, vpp, dp, membw, sms):
+    """--overlap-param-gather-with-optimizer-step: on every pipeline rank but the first
+    (whose first chunk was one bucket already) the tail is at most what it was, whatever
+    the step's length (the window the first chunk's gather hides in) and NCCL's SMs."""
+    def reduce(flag: bool) -> list[float]:
+        cfg = config_from_dict({
+            "model": {"preset": "llama3-8b", "num_layers": pp * vpp * 2, "dp": dp,
+                      "distributed_optimizer": True},
+            "hardware": {"preset": "h100-80gb", "memory_bandwidth_gbps": membw,
+                         "collective_sms": sms},
+            "pipeline": {"pp": pp, "vpp": vpp, "schedule": "interleaved-1f1b",
+                         "microbatches": 2 * pp, "overlap_grad_reduce": True,
+                         "overlap_param_gather": True,
+                         "overlap_param_gather_with_optimizer_step": flag}})
+        return [r for _, r, _ in simulate(build_problem(cfg)).timeline.step]
+
+    plain, with_step = reduce(False), reduce(True)
+    assert all(w <= p * (1 + 1e-12) for w, p in zip(with_step[1:], plain[1:], strict=True))
