@@ -151,13 +151,22 @@ def _check_processes(cfg: Config, device: str) -> None:
                         "collectives hold for that group size only")
 
 
+def _layer_rows(layers: list[dict[str, Any]]) -> list[tuple[str, str, dict[str, Any]]]:
+    """One row a distinct layer cost (each kind the profile measured): its first layer,
+    and how many share it where the kinds differ."""
+    groups: dict[str, list[int]] = {}
+    for i, x in enumerate(layers):
+        groups.setdefault(repr(sorted(x.items())), []).append(i)
+    if len(groups) == 1:
+        return [("layer" if len(layers) == 1 else "layer 0", "", layers[0])]
+    return [(f"layer {idx[0]} ×{len(idx)}", "", layers[idx[0]]) for idx in groups.values()]
+
+
 def _print_costs(doc: dict[str, Any], title: str) -> None:
     from rich.console import Console
 
     c = Console()
-    layer = "layer" if len(doc["layers"]) == 1 else "layer 0"
-    c.print(costs_table(title, [("embedding", "", doc["embedding"]),
-                                (layer, "", doc["layers"][0]),
+    c.print(costs_table(title, [("embedding", "", doc["embedding"]), *_layer_rows(doc["layers"]),
                                 ("head + loss", "", doc["head"])]))
     c.print(COSTS_NOTE)
     p2p = doc.get("p2p")
