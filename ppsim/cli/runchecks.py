@@ -106,6 +106,10 @@ def check_features(cfg: Any) -> None:
         raise UserError("pipeline.moe_token_dispatcher_type", "flex: the executor has no "
                         "DeepEP (its processes talk over gloo)", "drop it to run the model "
                         "(simulate and plan price DeepEP)")
+    if a.num_experts and a.ep > 1:
+        raise UserError("model.ep", f"{a.ep}: the executor holds every expert on each rank "
+                        "(it runs no expert-parallel all-to-alls)", "set [model] ep = 1 to "
+                        "run the model (simulate and plan price expert parallelism)")
     if a.num_experts and a.expert_tp not in (1, a.tp):
         raise UserError("model.etp", f"{a.expert_tp}: the executor splits each expert over "
                         f"all the tensor ranks ({a.tp}) or none", f"set [model] etp = {a.tp} "
