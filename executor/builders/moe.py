@@ -143,9 +143,11 @@ class _PairExchange(torch.autograd.Function):
         return back(grad, ctx.g, ctx.counts), None, None, None
 
 
-def _every_ranks_counts(counts: list[int], g: TensorGroup) -> list[list[int]]:
-    """Each rank's pairs per expert, in rank order."""
-    mine = torch.tensor(counts, dtype=torch.int64)
+def _every_ranks_counts(counts: list[int], g: TensorGroup, device: torch.device
+                        ) -> list[list[int]]:
+    """Each rank's pairs per expert, in rank order (on the device: NCCL takes no host
+    tensor)."""
+    mine = torch.tensor(counts, dtype=torch.int64, device=device)
     out = mine.new_empty(mine.numel() * g.size)
     ALL_GATHER(out, mine, group=g.group)
     return out.view(g.size, -1).tolist()
@@ -204,7 +206,7 @@ class MoE(nn.Module):
                        probs: torch.Tensor | None, g: TensorGroup) -> torch.Tensor:
         """Every tensor rank's pairs (and probabilities) gathered, run through this rank's
         slice of each expert, the partial outputs of this rank's pairs summed back."""
-        every = _every_ranks_counts(counts, g)
+        every = _every_ranks_counts(counts, g, pairs.device)
         gathered = _PairExchange.apply(pairs, g, every, True)
         if probs is not None:
             probs = _PairExchange.apply(probs, g, every, True)

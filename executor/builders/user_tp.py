@@ -174,7 +174,8 @@ def parallelized(builder: Any, module: nn.Module, piece: str, g: TensorGroup | N
 
 def dry_run(builder: Any, tp: int, sequence_parallel: bool) -> None:
     """Split one of each piece (a layer of each kind) on the meta device (no memory, no
-    collective), so a width tp does not divide fails here, before any process starts."""
+    collective), so a width tp does not divide fails here, before any process starts (a
+    piece that cannot be built there is left to the ranks)."""
     g = TensorGroup(group=None, rank=0, size=tp, sequence_parallel=sequence_parallel)
     kinds = {layer_kind(builder, i): i for i in reversed(range(builder.num_layers))}
     makes = [("embedding", builder.embedding),
@@ -182,4 +183,8 @@ def dry_run(builder: Any, tp: int, sequence_parallel: bool) -> None:
              ("head", builder.head)]
     with torch.device("meta"):
         for piece, make in makes:
-            parallelized(builder, make(), piece, g)
+            try:
+                module = make()
+            except Exception:  # a builder that needs real tensors: its ranks will tell
+                return
+            parallelized(builder, module, piece, g)
