@@ -95,6 +95,15 @@ def check_host_memory(args: argparse.Namespace, problem: Any, copies: int) -> No
                     "fewer --num-layers, a smaller --hidden-size), or on GPUs (--device cuda)")
 
 
+def check_experts_held(a: Any, what: str) -> None:
+    """The executor holds every routed expert on each rank: a job with ep > 1 is not the
+    one it would run or measure."""
+    if a.num_experts and a.ep > 1:
+        raise UserError("model.ep", f"{a.ep}: the executor holds every expert on each rank "
+                        "(it runs no expert-parallel all-to-alls)", f"set [model] ep = 1 to "
+                        f"{what} the model (simulate and plan price expert parallelism)")
+
+
 def check_features(cfg: Any) -> None:
     """What the config asks that the executor does not run: refused, not run otherwise."""
     a = cfg.model.arch
@@ -106,10 +115,7 @@ def check_features(cfg: Any) -> None:
         raise UserError("pipeline.moe_token_dispatcher_type", "flex: the executor has no "
                         "DeepEP (its processes talk over gloo)", "drop it to run the model "
                         "(simulate and plan price DeepEP)")
-    if a.num_experts and a.ep > 1:
-        raise UserError("model.ep", f"{a.ep}: the executor holds every expert on each rank "
-                        "(it runs no expert-parallel all-to-alls)", "set [model] ep = 1 to "
-                        "run the model (simulate and plan price expert parallelism)")
+    check_experts_held(a, "run")
     if a.num_experts and a.expert_tp not in (1, a.tp):
         raise UserError("model.etp", f"{a.expert_tp}: the executor splits each expert over "
                         f"all the tensor ranks ({a.tp}) or none", f"set [model] etp = {a.tp} "

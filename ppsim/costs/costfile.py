@@ -66,7 +66,8 @@ SHAPE_KEYS = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vo
               "linear_value_head_dim", "unfused_attention", "pad_vocab", "qk_layernorm",
               "attention_output_gate", "shared_expert_gate",
               "experimental_attention_variant", "linear_attention_freq",
-              "moe_permute_fusion", "sequence_parallel", "fp32_residual")
+              "moe_permute_fusion", "sequence_parallel", "fp32_residual", "num_experts",
+              "ep", "etp")
 
 
 @dataclass(frozen=True)

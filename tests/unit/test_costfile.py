@@ -128,6 +128,9 @@ BAD = {
                     "has 3 entries but model.num_layers is 8"),
     "other-model": ("arch", lambda: _mutate(lambda d: d["model"].update(hidden_size=128)),
                     "model.hidden_size"),
+    # a layer measured with every expert on the rank is not one of ep = 2's
+    "other-ep": ("ep", lambda: _mutate(lambda d: d["model"].update(ep=2)),
+                 "the file was measured with ep = 2 but the config has 1"),
 }
 
 
