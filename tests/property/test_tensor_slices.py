@@ -6,6 +6,8 @@ No process group: slicing runs no collective."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -23,17 +25,25 @@ def _ranks(tp: int) -> list[TensorParallel]:
             for r in range(tp)]
 
 
+def _slices(whole: nn.Module, tp: int, split: Callable[[TensorParallel, Any], None]
+            ) -> list[Any]:
+    """Each tensor rank's copy of `whole`, `split` as that rank splits it."""
+    parts = []
+    for t in _ranks(tp):
+        part = copy.deepcopy(whole)
+        split(t, part)
+        parts.append(part)
+    return parts
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from([2, 3, 4]), st.lists(st.integers(1, 4), min_size=1, max_size=3),
        st.integers(1, 5), st.booleans())
 def test_column_slices_rebuild_each_packed_segment(tp, units, width, bias) -> None:
     segments = tuple(u * tp for u in units)  # each segment's rows divide by tp
     whole = nn.Linear(width, sum(segments), bias=bias)
-    parts = []
-    for t in _ranks(tp):
-        lin = copy.deepcopy(whole)
-        t.column(lin, segments=segments if len(segments) > 1 else ())
-        parts.append(lin)
+    parts = _slices(whole, tp, lambda t, lin: t.column(
+        lin, segments=segments if len(segments) > 1 else ()))
     for name in ("weight", "bias") if bias else ("weight",):
         got = [getattr(p, name).detach().split([s // tp for s in segments]) for p in parts]
         want = getattr(whole, name).detach().split(list(segments))
@@ -45,11 +55,7 @@ def test_column_slices_rebuild_each_packed_segment(tp, units, width, bias) -> No
 @given(st.sampled_from([2, 3, 4]), st.integers(1, 4), st.integers(1, 5))
 def test_row_slices_rebuild_the_inputs_and_keep_the_bias_whole(tp, units, out) -> None:
     whole = nn.Linear(units * tp, out)
-    parts = []
-    for t in _ranks(tp):
-        lin = copy.deepcopy(whole)
-        t.row(lin)
-        parts.append(lin)
+    parts = _slices(whole, tp, lambda t, lin: t.row(lin))
     assert torch.equal(torch.cat([p.weight.detach() for p in parts], 1), whole.weight.detach())
     assert all(torch.equal(p.bias.detach(), whole.bias.detach()) for p in parts)
     # added once after the sum, applied to each rank's tokens: a partial gradient
@@ -60,12 +66,8 @@ def test_row_slices_rebuild_the_inputs_and_keep_the_bias_whole(tp, units, out) -
 @given(st.sampled_from([2, 4]), st.integers(1, 6), st.integers(1, 4))
 def test_vocabulary_rows_rebuild_the_table(tp, rows, dim) -> None:
     whole = nn.Embedding(rows * tp, dim)
-    parts = []
-    for t in _ranks(tp):
-        table = copy.deepcopy(whole)
-        t.embedding(table)
-        parts.append(table.weight.detach())
-    assert torch.equal(torch.cat(parts), whole.weight.detach())
+    parts = _slices(whole, tp, lambda t, table: t.embedding(table))
+    assert torch.equal(torch.cat([p.weight.detach() for p in parts]), whole.weight.detach())
 
 
 def test_a_width_tp_does_not_divide_is_named() -> None:
