@@ -26,6 +26,7 @@ NO_FSDP = {"fsdp_framework": "torchtitan", "fsdp_reshard_after_forward": "defaul
            "fsdp_cpu_offload": False}
 """FSDP's fields where a searched shape shards with the distributed optimizer."""
 DDP_KNOBS_OFF = {"overlap_grad_reduce": False, "overlap_param_gather": False,
+                 "overlap_param_gather_with_optimizer_step": False,
                  "ddp_bucket_size": None, "ddp_num_buckets": None}
 """Megatron DDP's overlaps and buckets, dropped where a searched shape shards with FSDP
 (which overlaps one unit at a time; Megatron-FSDP turns its overlaps on itself)."""

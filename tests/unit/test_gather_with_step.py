@@ -96,3 +96,23 @@ def test_the_plans_megatron_line_carries_it(capsys) -> None:
     line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("Megatron")][0]
     # ... with the legacy checkpoints Megatron-LM runs it with
     assert "--overlap-param-gather-with-optimizer-step --ckpt-format torch" in line
+
+
+def test_a_fully_sharded_shape_of_the_sharding_search_drops_it() -> None:
+    """--search sharding: a shape that shards with FSDP drops Megatron DDP's knobs, this
+    one with them (Megatron-FSDP gathers its own way): it was refused, not timed."""
+    from ppsim.job.pending import pending_shape
+    from ppsim.job.shapes import Shape
+
+    cfg = config_from_dict({
+        "model": {"preset": "llama3-8b", "num_layers": 8, "dp": 8,
+                  "distributed_optimizer": True},
+        "pipeline": {"pp": 2, "vpp": 2, "microbatches": 4, "overlap_grad_reduce": True,
+                     "overlap_param_gather": True,
+                     "overlap_param_gather_with_optimizer_step": True},
+        "hardware": {"preset": "h100-80gb"}})
+    s = Shape(tp=1, cp=1, ep=1, pp=2, dp=8, vpp=2, mbs=1, microbatches=4, etp=1,
+              sharding="megatron-fsdp", dp_replicas=1)
+    p = pending_shape(cfg, s, 32)
+    assert p.cfg.model.arch.megatron_fsdp
+    assert not p.cfg.pipeline.overlap_param_gather_with_optimizer_step
