@@ -54,8 +54,11 @@ class Replicated:
 
     def __init__(self, params: list[nn.Parameter], device: torch.device, lr: float,
                  group: Any = None, size: int = 1, wire: torch.device | None = None,
-                 muon: list[nn.Parameter] | None = None) -> None:
+                 muon: list[nn.Parameter] | None = None, average: int = 0) -> None:
         self.params, self.group, self.size = params, group, size
+        self.average = average or size
+        """The replicas the gradients average over (all of them, for experts that reduce
+        over a part: Megatron's expert gradient scaling)."""
         self.wire = wire or device
         dtype = params[0].dtype if params else torch.float32
         self.grads = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=device)
@@ -67,11 +70,12 @@ class Replicated:
 
     def reduce(self) -> None:
         """Sum the gradients over the replicas, then average."""
-        buf = _on(self.grads, self.wire)
-        dist.all_reduce(buf, group=self.group)
-        if buf is not self.grads:
-            self.grads.copy_(buf)
-        self.grads.div_(self.size)
+        if self.size > 1:
+            buf = _on(self.grads, self.wire)
+            dist.all_reduce(buf, group=self.group)
+            if buf is not self.grads:
+                self.grads.copy_(buf)
+        self.grads.div_(self.average)
 
     def step(self) -> None:
         if self.optimizer is not None:
@@ -99,8 +103,10 @@ class Sharded:
     views of the flat buffers where the model trains in fp32."""
 
     def __init__(self, params: list[nn.Parameter], device: torch.device, lr: float,
-                 group: Any, size: int, index: int, wire: torch.device | None = None) -> None:
+                 group: Any, size: int, index: int, wire: torch.device | None = None,
+                 average: int = 0) -> None:
         self.params, self.group, self.size = params, group, size
+        self.average = average or size
         self.wire = wire or device
         padded = -(-sum(p.numel() for p in params) // size) * size
         self.shard = slice(index * padded // size, (index + 1) * padded // size)
@@ -133,7 +139,7 @@ class Sharded:
         grads = _on(self.grads, self.wire)
         out = torch.empty(grads.numel() // self.size, dtype=grads.dtype, device=grads.device)
         REDUCE_SCATTER(out, grads, group=self.group)
-        self.reduced.copy_(out).div_(self.size)
+        self.reduced.copy_(out).div_(self.average)
 
     def step(self) -> None:
         if self.optimizer is not None:
@@ -190,11 +196,67 @@ class FullyShardedPipelined(Sharded):
 def data_parallel(params: list[nn.Parameter], device: torch.device, lr: float, *,
                   sharded: bool, group: Any = None, size: int = 1, index: int = 0,
                   wire: torch.device | None = None, fully_sharded: bool = False,
-                  muon: list[nn.Parameter] | None = None) -> Replicated | Sharded:
+                  muon: list[nn.Parameter] | None = None, average: int = 0
+                  ) -> Replicated | Sharded:
     """The config's way with dp > 1: FSDP's pipelined form (`fully_sharded`), Sharded
     under the distributed optimizer, else DDP."""
     if fully_sharded and size > 1:
         return FullyShardedPipelined(params, device, lr, group, size, index, wire)
     if sharded and size > 1:
-        return Sharded(params, device, lr, group, size, index, wire)
-    return Replicated(params, device, lr, group, size, wire, muon)
+        return Sharded(params, device, lr, group, size, index, wire, average)
+    return Replicated(params, device, lr, group, size, wire, muon, average)
+
+
+class ExpertsApart:
+    """Under expert parallelism: the dense weights over every replica, the routed experts
+    over the replicas that hold the same ones (their gradients averaged over every
+    replica all the same), each its own buffers and collectives."""
+
+    def __init__(self, dense: Replicated | Sharded, experts: Replicated | Sharded,
+                 params: list[nn.Parameter]) -> None:
+        self.parts = (dense, experts)
+        self.params = params
+        self.gathers = dense.gathers or experts.gathers
+
+    def reduce(self) -> None:
+        for part in self.parts:
+            part.reduce()
+
+    def step(self) -> None:
+        for part in self.parts:
+            part.step()
+
+    def gather(self) -> None:
+        for part in self.parts:
+            if part.gathers:
+                part.gather()
+
+    def reduced_grads(self) -> list[torch.Tensor]:
+        """Each parameter's averaged gradient, in the order of `params`."""
+        by_param = {id(p): g for part in self.parts
+                    for p, g in zip(part.params, part.reduced_grads(), strict=True)}
+        return [by_param[id(p)] for p in self.params]
+
+    def static_tensors(self) -> list[torch.Tensor]:
+        return [t for part in self.parts for t in part.static_tensors()]
+
+
+def replica_data_parallel(params: list[nn.Parameter], device: torch.device, lr: float,
+                          replica: Any, wire: torch.device | None = None,
+                          muon: list[nn.Parameter] | None = None
+                          ) -> Replicated | Sharded | ExpertsApart:
+    """The rank's weights over its replicas (ppsim.executor.runtime.Replica): as
+    data_parallel, the routed experts apart under expert parallelism."""
+    kw = {"sharded": replica.sharded, "wire": wire}
+    if replica.ep <= 1:
+        return data_parallel(params, device, lr, group=replica.group, size=replica.size,
+                             index=replica.index, fully_sharded=replica.fully_sharded,
+                             muon=muon, **kw)
+    experts = [p for p in params if getattr(p, "expert_parallel", False)]
+    dense = [p for p in params if not getattr(p, "expert_parallel", False)]
+    return ExpertsApart(
+        data_parallel(dense, device, lr, group=replica.group, size=replica.size,
+                      index=replica.index, **kw),
+        data_parallel(experts, device, lr, group=replica.expert_group,
+                      size=replica.size // replica.ep, index=replica.index // replica.ep,
+                      average=replica.size, **kw), params)

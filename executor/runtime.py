@@ -20,7 +20,7 @@ from ppsim.executor.builders.deferral import WeightGradStore
 from ppsim.executor.builders.policy import apply_policy
 from ppsim.executor.builders.stage import Stage, build_stage, saved_bytes, tensor_bytes
 from ppsim.executor.builders.tensor import message_shape, sum_partial_grads
-from ppsim.executor.dataparallel import data_parallel
+from ppsim.executor.dataparallel import replica_data_parallel
 from ppsim.executor.optim import muon_weights
 from ppsim.executor.outputs import backward_from, deallocate_output
 from ppsim.executor.p2p import P2P
@@ -54,6 +54,12 @@ class Replica:
     muon: bool = False
     """Megatron's --optimizer muon: the decoder layers' 2-D weights on Muon, the rest on
     AdamW (ppsim.executor.optim)."""
+    ep: int = 1
+    """Expert-parallel ranks: ep consecutive replicas share the routed experts, E / ep
+    each."""
+    expert_group: Any = None
+    """The replicas holding this rank's experts (dp / ep of them; None when one): the
+    experts' gradients reduce over it."""
 
     def global_rank(self, pipeline_rank: int, pp: int) -> int:
         return (self.index * pp + pipeline_rank) * self.tp + self.tp_rank
@@ -112,10 +118,7 @@ class Runtime:
                 self.modules[st.index] = mod.to(device=device, dtype=builder.dtype)
         self.params = [p for m in self.modules.values() for p in m.parameters()]
         muon = muon_weights(self.modules.values()) if self.replica.muon else []
-        self.dp = data_parallel(self.params, device, lr, sharded=self.replica.sharded,
-                                group=self.replica.group, size=self.replica.size,
-                                index=self.replica.index, wire=wire,
-                                fully_sharded=self.replica.fully_sharded, muon=muon)
+        self.dp = replica_data_parallel(self.params, device, lr, self.replica, wire, muon)
         # Parameters and buffers (rotary tables) are static, never activations.
         self._param_ptrs = {t.untyped_storage().data_ptr() for m in self.modules.values()
                             for t in [*m.parameters(), *m.buffers()]}

@@ -41,7 +41,7 @@ from ppsim.executor import summary as summ
 from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.builders import ModelBuilder, load_builder
 from ppsim.executor.builders.llama import architecture
-from ppsim.executor.builders.tensor import TensorGroup, set_group
+from ppsim.executor.builders.tensor import ExpertGroup, TensorGroup, set_group
 from ppsim.executor.failures import Watchdog, fail, store_address
 from ppsim.executor.launch import STORE_ENV, printable
 from ppsim.executor.peer import Peer, run_peer, slowest_ms
@@ -117,7 +117,9 @@ def run(spec: RunSpec) -> dict[str, Any] | None:
     pp, dp, tp = problems[0].split.pp, spec.dp, int(fields.get("tp", 1))
     if world != pp * dp * tp:
         raise RuntimeError(f"world size {world} != pp {pp} x dp {dp} x tp {tp}")
-    replica = replace(_groups(rank, pp, dp, tp, architecture(fields).sequence_parallel),
+    a = architecture(fields)
+    replica = replace(_groups(rank, pp, dp, tp, a.sequence_parallel,
+                              a.ep if a.num_experts else 1),
                       sharded=bool(fields.get("distributed_optimizer")),
                       fully_sharded=bool(fields.get("fsdp")),
                       muon=fields.get("optimizer") == "muon")
@@ -141,19 +143,33 @@ def run(spec: RunSpec) -> dict[str, Any] | None:
     return result
 
 
-def _groups(rank: int, pp: int, dp: int, tp: int, sequence_parallel: bool) -> Replica:
-    """This rank's replica, its data-parallel group and (tp > 1) its tensor-parallel group
-    (splitting the hidden states by tokens under `sequence_parallel`), in Megatron's order:
-    tensor ranks innermost, then pipeline, then replicas. Every rank creates every group,
-    in the same order (a collective call)."""
-    dp_groups = {(r, t): dist.new_group([(d * pp + r) * tp + t for d in range(dp)])
-                 for r in range(pp) for t in range(tp)} if dp > 1 else {}
+def _groups(rank: int, pp: int, dp: int, tp: int, sequence_parallel: bool,
+            ep: int = 1) -> Replica:
+    """This rank's replica, its data-parallel group, (tp > 1) its tensor-parallel group
+    (splitting the hidden states by tokens under `sequence_parallel`) and (ep > 1) its
+    expert-parallel group (ep consecutive replicas) with its experts' data-parallel group
+    (the replicas holding the same experts), in Megatron's order: tensor ranks innermost,
+    then pipeline, then replicas. Every rank creates every group, in the same order (a
+    collective call)."""
+    def ranks(r: int, t: int, replicas: range) -> list[int]:
+        return [(d * pp + r) * tp + t for d in replicas]
+
+    places = [(r, t) for r in range(pp) for t in range(tp)]
+    dp_groups = {(r, t): dist.new_group(ranks(r, t, range(dp)))
+                 for r, t in places} if dp > 1 else {}
     tp_groups = {(d, r): dist.new_group([(d * pp + r) * tp + t for t in range(tp)])
                  for d in range(dp) for r in range(pp)} if tp > 1 else {}
+    ep_groups = {(r, t, k): dist.new_group(ranks(r, t, range(k * ep, (k + 1) * ep)))
+                 for r, t in places for k in range(dp // ep)} if ep > 1 else {}
+    edp_groups = {(r, t, i): dist.new_group(ranks(r, t, range(i, dp, ep)))
+                  for r, t in places for i in range(ep)} if ep > 1 and dp > ep else {}
     t, r, d = rank % tp, (rank // tp) % pp, rank // (tp * pp)
+    experts = ExpertGroup(group=ep_groups[(r, t, d // ep)], rank=d % ep, size=ep) \
+        if ep > 1 else None
     set_group(TensorGroup(group=tp_groups[(d, r)], rank=t, size=tp,
-                          sequence_parallel=sequence_parallel) if tp > 1 else None)
-    return Replica(d, dp, dp_groups.get((r, t)), tp, t)
+                          sequence_parallel=sequence_parallel) if tp > 1 else None, experts)
+    return Replica(d, dp, dp_groups.get((r, t)), tp, t, ep=ep,
+                   expert_group=edp_groups.get((r, t, d % ep)))
 
 
 def _engine(spec: RunSpec, runs: list[Problem], builder: ModelBuilder, rank: int,

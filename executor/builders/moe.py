@@ -18,6 +18,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -26,6 +27,7 @@ from ppsim.executor.builders.deferral import segmented_mm
 from ppsim.executor.builders.tensor import (
     ALL_GATHER,
     REDUCE_SCATTER,
+    ExpertGroup,
     TensorGroup,
     mark_partial,
 )
@@ -153,6 +155,37 @@ def _every_ranks_counts(counts: list[int], g: TensorGroup, device: torch.device
     return out.view(g.size, -1).tolist()
 
 
+class _AllToAll(torch.autograd.Function):
+    """Rows sent to the expert-parallel ranks (`sent[r]` of them to rank r, in rank order)
+    and received from them (`got[r]`); the gradients go back the other way."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, g: ExpertGroup, sent: list[int],
+                got: list[int]) -> torch.Tensor:
+        ctx.g, ctx.sent, ctx.got = g, sent, got
+        return _exchanged_rows(x, g, sent, got)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        return _exchanged_rows(grad, ctx.g, ctx.got, ctx.sent), None, None, None
+
+
+def _exchanged_rows(x: torch.Tensor, g: ExpertGroup, sent: list[int], got: list[int]
+                    ) -> torch.Tensor:
+    out = x.new_empty((sum(got), *x.shape[1:]))
+    dist.all_to_all_single(out, x.contiguous(), got, sent, group=g.group)
+    return out
+
+
+def _dispatch_counts(counts: list[int], g: ExpertGroup, device: torch.device
+                     ) -> list[list[int]]:
+    """From each expert-parallel rank, its pairs for each of this rank's experts."""
+    mine = torch.tensor(counts, dtype=torch.int64, device=device)
+    out = torch.empty_like(mine)
+    dist.all_to_all_single(out, mine, group=g.group)
+    return out.view(g.size, -1).tolist()
+
+
 class MoE(nn.Module):
     """Top-k routed experts as a dropless grouped GEMM, plus the shared experts."""
 
@@ -174,6 +207,19 @@ class MoE(nn.Module):
         self.probs_in_activation = a.probs_in_activation
         self.expert_tp = a.expert_tp
         self.tp: TensorGroup | None = None
+        self.ep: ExpertGroup | None = None
+
+    def keep_experts(self, g: ExpertGroup) -> None:
+        """Keep this expert-parallel rank's E / ep routed experts (the router stays whole:
+        every rank routes its tokens to all E)."""
+        self.ep = g
+        with torch.no_grad():
+            for name in ("gate", "up", "down"):
+                p = getattr(self, name)
+                if p is not None:
+                    part = nn.Parameter(p.chunk(g.size, 0)[g.rank].clone())
+                    part.expert_parallel = True  # type: ignore[attr-defined]
+                    setattr(self, name, part)
 
     def shard(self, g: TensorGroup) -> None:
         """Under sequence parallelism: the router (and the shared experts' gate) applied to
@@ -214,6 +260,21 @@ class MoE(nn.Module):
         y = self._experts(gathered, per_expert, probs)
         return _PairExchange.apply(y, g, every, False)
 
+    def _dispatched_experts(self, pairs: torch.Tensor, counts: list[int],
+                            probs: torch.Tensor | None, g: ExpertGroup) -> torch.Tensor:
+        """The pairs (sorted by expert, so by the rank that holds it) sent to their
+        experts' ranks, run through this rank's experts, the outputs sent back (Megatron's
+        all-to-all dispatcher)."""
+        local = len(counts) // g.size
+        sent = [sum(counts[r * local:(r + 1) * local]) for r in range(g.size)]
+        every = _dispatch_counts(counts, g, pairs.device)
+        got = [sum(row) for row in every]
+        rows = _regrouped(_AllToAll.apply(pairs, g, sent, got), every, by_expert=True)
+        if probs is not None:
+            probs = _regrouped(_AllToAll.apply(probs, g, sent, got), every, by_expert=True)
+        y = self._experts(rows, [sum(col) for col in zip(*every, strict=True)], probs)
+        return _AllToAll.apply(_regrouped(y, every, by_expert=False), g, got, sent)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape
         tokens = x.reshape(-1, h)
@@ -226,7 +287,9 @@ class MoE(nn.Module):
         counts = torch.bincount(flat, minlength=e).tolist()
         inside = weight.reshape(-1)[order] if self.probs_in_activation else None
         pairs = tokens[order // self.top_k]
-        if self.tp is None:
+        if self.ep is not None:
+            y = self._dispatched_experts(pairs, counts, inside, self.ep)
+        elif self.tp is None:
             y = self._experts(pairs, counts, inside)
         else:
             y = self._split_experts(pairs, counts, inside, self.tp)

@@ -52,12 +52,26 @@ class TensorGroup:
     """Split the hidden states between the blocks by tokens."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class ExpertGroup:
+    """This rank's expert-parallel group: the replicas whose routed experts it shares."""
+
+    group: Any
+    """The torch.distributed process group."""
+    rank: int
+    """This rank's index in it (it holds experts rank x E / size onwards)."""
+    size: int
+    """Expert-parallel ranks."""
+
+
 _CURRENT: list[TensorGroup | None] = [None]
+_EXPERTS: list[ExpertGroup | None] = [None]
 
 
-def set_group(g: TensorGroup | None) -> None:
-    """The group the layers built from now on shard over (the worker sets it once)."""
+def set_group(g: TensorGroup | None, experts: ExpertGroup | None = None) -> None:
+    """The groups the layers built from now on shard over (the worker sets them once)."""
     _CURRENT[0] = g if g is not None and g.size > 1 else None
+    _EXPERTS[0] = experts if experts is not None and experts.size > 1 else None
 
 
 def current() -> TensorGroup | None:
@@ -69,10 +83,16 @@ Shardable = TypeVar("Shardable")
 
 def sliced(module: Shardable) -> Shardable:
     """`module`, built whole from its seed, keeping this rank's slice (its `shard`) where a
-    tensor group is set: so the slices put together are the one-process model."""
-    g = current()
+    tensor group is set, and its routed experts' share (`keep_experts`) where an expert
+    group is: so the slices put together are the one-process model."""
+    g, experts = current(), _EXPERTS[0]
     if g is not None:
         module.shard(g)  # type: ignore[attr-defined]
+    if experts is not None:
+        for m in module.modules():  # type: ignore[attr-defined]
+            keep = getattr(m, "keep_experts", None)
+            if callable(keep):
+                keep(experts)
     return module
 
 

@@ -96,12 +96,22 @@ def check_host_memory(args: argparse.Namespace, problem: Any, copies: int) -> No
 
 
 def check_experts_held(a: Any, what: str) -> None:
-    """The executor holds every routed expert on each rank: a job with ep > 1 is not the
-    one it would run or measure."""
-    if a.num_experts and a.ep > 1:
-        raise UserError("model.ep", f"{a.ep}: the executor holds every expert on each rank "
-                        "(it runs no expert-parallel all-to-alls)", f"set [model] ep = 1 to "
-                        f"{what} the model (simulate and plan price expert parallelism)")
+    """Expert parallelism as the executor runs it: routed experts split over ep
+    consecutive replicas at tp 1 (all-to-alls over gloo), their gradients reduced over
+    the replicas that hold the same ones; `ppsim profile` times pieces in one process a
+    stage, every expert on it."""
+    if not (a.num_experts and a.ep > 1):
+        return
+    fix = f"set [model] ep = 1 to {what} the model (simulate and plan price it)"
+    if what == "profile":
+        raise UserError("model.ep", f"{a.ep}: profile holds every expert on each rank (it "
+                        "times no expert-parallel all-to-alls)", fix)
+    for bad, why in ((a.tp > 1, f"with tp = {a.tp} (it splits the experts over replicas at "
+                                "tp 1)"),
+                     (a.fsdp, "under FSDP"), (a.optimizer == "muon", "with muon")):
+        if bad:
+            raise UserError("model.ep", f"{a.ep}: the executor runs no expert parallelism "
+                            f"{why}", fix)
 
 
 def check_features(cfg: Any) -> None:

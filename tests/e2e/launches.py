@@ -295,7 +295,15 @@ TENSOR = {
                                             "--config", "{tmp}/gated.toml"], dump_grads=False),
 }
 
-SPECS: dict[str, Spec] = {**EXECUTOR, **SCHEDULES, **OTHERS, **TENSOR}
+EXPERT = {
+    # routed experts over 2 replicas (all-to-alls over gloo), DDP; then over 2 of 4 with
+    # the distributed optimizer (the experts' gradients reduced over the other 2)
+    "ep2-dp2-1f1b": Spec(argv=["--dp", "2", *ONE_F_ONE_B, "--config", "{tmp}/moe-ep.toml"]),
+    "ep2-dp4-distopt": Spec(argv=["--dp", "4", "--pp", "1", "--microbatches", "2",
+                                  "--config", "{tmp}/moe-ep-distopt.toml"]),
+}
+
+SPECS: dict[str, Spec] = {**EXECUTOR, **SCHEDULES, **OTHERS, **TENSOR, **EXPERT}
 
 
 def _proc_tree(root: int) -> set[int]:
@@ -364,6 +372,8 @@ def _prepare(name: str, tmp: Path) -> None:
     (tmp / "moe.toml").write_text(MOE_TOML)
     (tmp / "mla.toml").write_text(MLA_TOML)
     (tmp / "mla-q.toml").write_text(MLA_Q_TOML)
+    (tmp / "moe-ep.toml").write_text(MOE_TOML + "ep = 2\n")
+    (tmp / "moe-ep-distopt.toml").write_text(MOE_TOML + "ep = 2\ndistributed_optimizer = true\n")
     (tmp / "llama.toml").write_text(LLAMA_TOML)
     (tmp / "hybrid-tp.toml").write_text(HYBRID_TP_TOML)
     (tmp / "window.toml").write_text(WINDOW_TOML)

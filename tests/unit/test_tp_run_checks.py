@@ -36,9 +36,10 @@ def test_tensor_parallel_run_refusals(argv, words, tmp_path, capsys, monkeypatch
     # the executor splits each expert over every tensor rank (etp = tp) or none (etp 1)
     ("num_experts = 4\ntop_k = 2\nmoe_ffn_hidden_size = 96\netp = 2\n", ["--tp", "4"],
      "model.etp: 2: the executor splits each expert over all the tensor ranks (4)"),
-    # nor expert parallelism: a run would hold every expert, not what simulate prices
+    # expert parallelism over the replicas at tp 1 alone
     ("num_experts = 4\ntop_k = 2\nmoe_ffn_hidden_size = 96\nep = 2\n",
-     ["--tp", "1", "--dp", "2"], "model.ep: 2: the executor holds every expert on each rank"),
+     ["--tp", "2", "--dp", "2"], "model.ep: 2: the executor runs no expert parallelism with "
+     "tp = 2"),
     # a builder's own parallelize runs on the meta device first: a width tp does not
     # divide is named
     ('num_heads = 6\nnum_kv_heads = 6\nhidden_size = 96\nbuilder = "tests/model_tp.py:build"\n',
@@ -63,5 +64,5 @@ def test_profile_refuses_expert_parallelism_it_would_not_measure(tmp_path, capsy
     out = tmp_path / "costs.json"
     assert main(["profile", "--config", str(cfg), "--dp", "2", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "model.ep: 2: the executor holds every expert" in err[0], err
+    assert len(err) == 1 and "model.ep: 2: profile holds every expert" in err[0], err
     assert not out.exists()
