@@ -118,8 +118,8 @@ def check_features(cfg: Any) -> None:
     """What the config asks that the executor does not run: refused, not run otherwise."""
     a = cfg.model.arch
     if cfg.pipeline.overlap_moe_expert_parallel_comm:
-        raise UserError("pipeline.overlap_moe_expert_parallel_comm", "the executor runs no "
-                        "expert-parallel all-to-alls to overlap", "drop it to run the model "
+        raise UserError("pipeline.overlap_moe_expert_parallel_comm", "the executor runs its "
+                        "all-to-alls in order, overlapping none", "drop it to run the model "
                         "(simulate and plan price it)")
     if cfg.pipeline.moe_token_dispatcher_type == "flex" and a.num_experts:
         raise UserError("pipeline.moe_token_dispatcher_type", "flex: the executor has no "
