@@ -209,8 +209,9 @@ def data_parallel(params: list[nn.Parameter], device: torch.device, lr: float, *
 
 class ExpertsApart:
     """Under expert parallelism: the dense weights over every replica, the routed experts
-    over the replicas that hold the same ones (their gradients averaged over every
-    replica all the same), each its own buffers and collectives."""
+    over the ranks that hold the same ones (their gradients, each whole from its ranks'
+    tokens, averaged over every replica all the same), each its own buffers and
+    collectives."""
 
     def __init__(self, dense: Replicated | Sharded, experts: Replicated | Sharded,
                  params: list[nn.Parameter]) -> None:
@@ -258,5 +259,5 @@ def replica_data_parallel(params: list[nn.Parameter], device: torch.device, lr: 
         data_parallel(dense, device, lr, group=replica.group, size=replica.size,
                       index=replica.index, **kw),
         data_parallel(experts, device, lr, group=replica.expert_group,
-                      size=replica.size // replica.ep, index=replica.index // replica.ep,
+                      size=replica.expert_replicas, index=replica.expert_index,
                       average=replica.size, **kw), params)

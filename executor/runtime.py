@@ -58,8 +58,12 @@ class Replica:
     """Expert-parallel ranks: ep consecutive replicas share the routed experts, E / ep
     each."""
     expert_group: Any = None
-    """The replicas holding this rank's experts (dp / ep of them; None when one): the
+    """The ranks holding this rank's experts (tp x dp / ep of them; None when one): the
     experts' gradients reduce over it."""
+    expert_replicas: int = 1
+    """Ranks in expert_group."""
+    expert_index: int = 0
+    """This rank's index in it."""
 
     def global_rank(self, pipeline_rank: int, pp: int) -> int:
         return (self.index * pp + pipeline_rank) * self.tp + self.tp_rank

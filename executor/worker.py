@@ -147,29 +147,33 @@ def _groups(rank: int, pp: int, dp: int, tp: int, sequence_parallel: bool,
             ep: int = 1) -> Replica:
     """This rank's replica, its data-parallel group, (tp > 1) its tensor-parallel group
     (splitting the hidden states by tokens under `sequence_parallel`) and (ep > 1) its
-    expert-parallel group (ep consecutive replicas) with its experts' data-parallel group
-    (the replicas holding the same experts), in Megatron's order: tensor ranks innermost,
-    then pipeline, then replicas. Every rank creates every group, in the same order (a
-    collective call)."""
-    def ranks(r: int, t: int, replicas: range) -> list[int]:
-        return [(d * pp + r) * tp + t for d in replicas]
+    expert-parallel group with its experts' data-parallel group, in Megatron's order:
+    tensor ranks innermost, then pipeline, then replicas; the experts fold over the tp x
+    dp places of a pipeline rank (each expert whole: etp 1), ep consecutive places
+    sharing them. Every rank creates every group, in the same order (a collective
+    call)."""
+    def ranks(r: int, places: range) -> list[int]:
+        return [(q // tp * pp + r) * tp + q % tp for q in places]
 
-    places = [(r, t) for r in range(pp) for t in range(tp)]
-    dp_groups = {(r, t): dist.new_group(ranks(r, t, range(dp)))
-                 for r, t in places} if dp > 1 else {}
+    at = [(r, t) for r in range(pp) for t in range(tp)]
+    dp_groups = {(r, t): dist.new_group([(d * pp + r) * tp + t for d in range(dp)])
+                 for r, t in at} if dp > 1 else {}
     tp_groups = {(d, r): dist.new_group([(d * pp + r) * tp + t for t in range(tp)])
                  for d in range(dp) for r in range(pp)} if tp > 1 else {}
-    ep_groups = {(r, t, k): dist.new_group(ranks(r, t, range(k * ep, (k + 1) * ep)))
-                 for r, t in places for k in range(dp // ep)} if ep > 1 else {}
-    edp_groups = {(r, t, i): dist.new_group(ranks(r, t, range(i, dp, ep)))
-                  for r, t in places for i in range(ep)} if ep > 1 and dp > ep else {}
+    places = tp * dp
+    ep_groups = {(r, k): dist.new_group(ranks(r, range(k * ep, (k + 1) * ep)))
+                 for r in range(pp) for k in range(places // ep)} if ep > 1 else {}
+    edp_groups = {(r, i): dist.new_group(ranks(r, range(i, places, ep)))
+                  for r in range(pp) for i in range(ep)} if ep > 1 and places > ep else {}
     t, r, d = rank % tp, (rank // tp) % pp, rank // (tp * pp)
-    experts = ExpertGroup(group=ep_groups[(r, t, d // ep)], rank=d % ep, size=ep) \
+    q = d * tp + t  # this rank's place among its pipeline rank's tp x dp
+    experts = ExpertGroup(group=ep_groups[(r, q // ep)], rank=q % ep, size=ep) \
         if ep > 1 else None
     set_group(TensorGroup(group=tp_groups[(d, r)], rank=t, size=tp,
                           sequence_parallel=sequence_parallel) if tp > 1 else None, experts)
     return Replica(d, dp, dp_groups.get((r, t)), tp, t, ep=ep,
-                   expert_group=edp_groups.get((r, t, d % ep)))
+                   expert_group=edp_groups.get((r, q % ep)), expert_replicas=places // ep,
+                   expert_index=q // ep)
 
 
 def _engine(spec: RunSpec, runs: list[Problem], builder: ModelBuilder, rank: int,

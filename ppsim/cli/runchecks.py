@@ -96,18 +96,18 @@ def check_host_memory(args: argparse.Namespace, problem: Any, copies: int) -> No
 
 
 def check_experts_held(a: Any, what: str) -> None:
-    """Expert parallelism as the executor runs it: routed experts split over ep
-    consecutive replicas at tp 1 (all-to-alls over gloo), their gradients reduced over
-    the replicas that hold the same ones; `ppsim profile` times pieces in one process a
-    stage, every expert on it."""
+    """Expert parallelism as the executor runs it: each routed expert whole (etp 1), the
+    experts split over ep of a pipeline rank's tp x dp ranks (all-to-alls over gloo),
+    their gradients reduced over the ranks that hold the same ones; `ppsim profile`
+    times pieces in one process a stage, every expert on it."""
     if not (a.num_experts and a.ep > 1):
         return
     fix = f"set [model] ep = 1 to {what} the model (simulate and plan price it)"
     if what == "profile":
         raise UserError("model.ep", f"{a.ep}: profile holds every expert on each rank (it "
                         "times no expert-parallel all-to-alls)", fix)
-    for bad, why in ((a.tp > 1, f"with tp = {a.tp} (it splits the experts over replicas at "
-                                "tp 1)"),
+    for bad, why in ((a.expert_tp > 1, f"with etp = {a.expert_tp} (each expert is whole "
+                                       "on its rank: etp 1)"),
                      (a.fsdp, "under FSDP"), (a.optimizer == "muon", "with muon")):
         if bad:
             raise UserError("model.ep", f"{a.ep}: the executor runs no expert parallelism "

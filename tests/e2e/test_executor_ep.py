@@ -75,3 +75,23 @@ def test_each_ranks_activation_peak_is_near_the_predicted(launches: Pool) -> Non
                and e["pid"] == r) for r in range(2)]
     for g, w in zip(got, between_ops_peaks(argv), strict=True):
         assert abs(g - w) <= 0.02 * w, (got, w)
+
+
+def test_experts_folded_over_tensor_and_data_parallel_ranks(launches: Pool) -> None:
+    """tp 2 x dp 2, ep 4, each expert whole (etp 1): Megatron's MoE parallel folding, an
+    expert on each of the four ranks, each routing its own tokens (sequence parallel).
+    The one-process loss, and each rank's expert gradients are that expert's."""
+    run = launches.get("ep4-tp2-dp2")
+    assert run.returncode == 0, run.stderr
+    argv = [a.replace("{tmp}", str(run.tmp)) for a in run.argv]
+    args = _args(argv)
+    fields = config_from_args(args).model.fields()
+    m = load_problem(args).schedule.microbatches
+    loss, grads = reference_step(load_builder(builder_spec(None, fields), fields), m * 2)
+    assert run.summary["losses"][0] == pytest.approx(loss, rel=1e-5)
+    dumps = [torch.load(run.tmp / f"grads.rank{q}.pt")["grads"] for q in range(4)]
+    experts = [n for n in grads if n.endswith(EXPERT_STACKS)]
+    assert experts
+    for name in experts:  # rank (replica d, tensor rank t) = place d x 2 + t holds expert q
+        torch.testing.assert_close(torch.cat([d[name] for d in dumps]), grads[name],
+                                   rtol=1e-4, atol=1e-6, msg=name)
