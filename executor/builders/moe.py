@@ -10,6 +10,10 @@ dispatcher all-gathers every rank's pairs and their probabilities, each rank run
 through its slice of every expert's units (gate and up by columns, down by rows), and the
 partial outputs are reduce-scattered back to the ranks that routed them (Megatron's
 token dispatcher over the expert tensor group, with ep 1).
+
+Under expert parallelism (ep > 1, each expert whole) a rank keeps E / ep experts; its
+pairs, sorted by expert and so by the rank holding it, go there and their outputs come
+back by two all-to-alls (Megatron's all-to-all dispatcher), the probabilities with them.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""Tensor parallelism for the shipped dense decoders: column- and row-parallel linears over
-gloo.
+"""Tensor parallelism for the shipped decoders and a builder's own
+(ppsim.executor.builders.user_tp): column- and row-parallel linears over gloo (or NCCL);
+and the expert-parallel group the MoE layers share their experts over
+(ppsim.executor.builders.moe).
 
 Megatron's split (Shoeybi et al. 2019): each tensor-parallel rank holds a slice of the
 query heads, of the key/value heads and of the MLP's hidden units (and of the vocabulary:
