@@ -201,7 +201,7 @@ def data_parallel(params: list[nn.Parameter], device: torch.device, lr: float, *
     """The config's way with dp > 1: FSDP's pipelined form (`fully_sharded`), Sharded
     under the distributed optimizer, else DDP."""
     if fully_sharded and size > 1:
-        return FullyShardedPipelined(params, device, lr, group, size, index, wire)
+        return FullyShardedPipelined(params, device, lr, group, size, index, wire, average)
     if sharded and size > 1:
         return Sharded(params, device, lr, group, size, index, wire, average)
     return Replicated(params, device, lr, group, size, wire, muon, average)
@@ -248,11 +248,10 @@ def replica_data_parallel(params: list[nn.Parameter], device: torch.device, lr: 
                           ) -> Replicated | Sharded | ExpertsApart:
     """The rank's weights over its replicas (ppsim.executor.runtime.Replica): as
     data_parallel, the routed experts apart under expert parallelism."""
-    kw = {"sharded": replica.sharded, "wire": wire}
+    kw = {"sharded": replica.sharded, "fully_sharded": replica.fully_sharded, "wire": wire}
     if replica.ep <= 1:
         return data_parallel(params, device, lr, group=replica.group, size=replica.size,
-                             index=replica.index, fully_sharded=replica.fully_sharded,
-                             muon=muon, **kw)
+                             index=replica.index, muon=muon, **kw)
     experts = [p for p in params if getattr(p, "expert_parallel", False)]
     dense = [p for p in params if not getattr(p, "expert_parallel", False)]
     return ExpertsApart(

@@ -108,7 +108,7 @@ def check_experts_held(a: Any, what: str) -> None:
                         "times no expert-parallel all-to-alls)", fix)
     for bad, why in ((a.expert_tp > 1, f"with etp = {a.expert_tp} (each expert is whole "
                                        "on its rank: etp 1)"),
-                     (a.fsdp, "under FSDP"), (a.optimizer == "muon", "with muon")):
+                     (a.optimizer == "muon", "with muon")):
         if bad:
             raise UserError("model.ep", f"{a.ep}: the executor runs no expert parallelism "
                             f"{why}", fix)

@@ -301,6 +301,7 @@ EXPERT = {
     "ep2-dp2-1f1b": Spec(argv=["--dp", "2", *ONE_F_ONE_B, "--config", "{tmp}/moe-ep.toml"]),
     "ep2-dp4-distopt": Spec(argv=["--dp", "4", "--pp", "1", "--microbatches", "2",
                                   "--config", "{tmp}/moe-ep-distopt.toml"]),
+    "ep2-dp2-fsdp": Spec(argv=["--dp", "2", *ONE_F_ONE_B, "--config", "{tmp}/moe-ep-fsdp.toml"]),
     # folded over tp x dp: 4 experts, one on each of the 4 ranks (etp 1)
     "ep4-tp2-dp2": Spec(argv=["--tp", "2", "--dp", "2", "--pp", "1", "--microbatches", "2",
                               "--config", "{tmp}/moe-ep-folded.toml"]),
@@ -377,6 +378,7 @@ def _prepare(name: str, tmp: Path) -> None:
     (tmp / "mla-q.toml").write_text(MLA_Q_TOML)
     (tmp / "moe-ep.toml").write_text(MOE_TOML + "ep = 2\n")
     (tmp / "moe-ep-folded.toml").write_text(MOE_TOML + "ep = 4\netp = 1\n")
+    (tmp / "moe-ep-fsdp.toml").write_text(MOE_TOML + "ep = 2\nfsdp = true\n")
     (tmp / "moe-ep-distopt.toml").write_text(MOE_TOML + "ep = 2\ndistributed_optimizer = true\n")
     (tmp / "llama.toml").write_text(LLAMA_TOML)
     (tmp / "hybrid-tp.toml").write_text(HYBRID_TP_TOML)

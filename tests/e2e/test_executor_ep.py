@@ -32,7 +32,7 @@ def _args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-@pytest.mark.parametrize("case", ["ep2-dp2-1f1b", "ep2-dp4-distopt"])
+@pytest.mark.parametrize("case", ["ep2-dp2-1f1b", "ep2-dp4-distopt", "ep2-dp2-fsdp"])
 def test_expert_parallel_loss_and_gradients_equal_one_process(case: str,
                                                               launches: Pool) -> None:
     run = launches.get(case)
