@@ -254,9 +254,11 @@ def replica_data_parallel(params: list[nn.Parameter], device: torch.device, lr: 
                              index=replica.index, muon=muon, **kw)
     experts = [p for p in params if getattr(p, "expert_parallel", False)]
     dense = [p for p in params if not getattr(p, "expert_parallel", False)]
+    dense_ids = {id(p) for p in dense}
     return ExpertsApart(
         data_parallel(dense, device, lr, group=replica.group, size=replica.size,
-                      index=replica.index, **kw),
+                      index=replica.index, muon=[p for p in muon or () if id(p) in dense_ids],
+                      **kw),
         data_parallel(experts, device, lr, group=replica.expert_group,
                       size=replica.expert_replicas, index=replica.expert_index,
                       average=replica.size, **kw), params)

@@ -106,12 +106,9 @@ def check_experts_held(a: Any, what: str) -> None:
     if what == "profile":
         raise UserError("model.ep", f"{a.ep}: profile holds every expert on each rank (it "
                         "times no expert-parallel all-to-alls)", fix)
-    for bad, why in ((a.expert_tp > 1, f"with etp = {a.expert_tp} (each expert is whole "
-                                       "on its rank: etp 1)"),
-                     (a.optimizer == "muon", "with muon")):
-        if bad:
-            raise UserError("model.ep", f"{a.ep}: the executor runs no expert parallelism "
-                            f"{why}", fix)
+    if a.expert_tp > 1:
+        raise UserError("model.ep", f"{a.ep}: the executor runs no expert parallelism with "
+                        f"etp = {a.expert_tp} (each expert is whole on its rank: etp 1)", fix)
 
 
 def check_features(cfg: Any) -> None:
