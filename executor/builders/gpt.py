@@ -9,7 +9,7 @@ logits, as Megatron's vocab-parallel cross entropy does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,7 +18,7 @@ from torch import nn
 
 from ppsim.costs.layerops import padded_vocab
 from ppsim.costs.stack import layer_windows
-from ppsim.costs.transformer import Architecture, layer_kinds
+from ppsim.costs.transformer import layer_kinds
 from ppsim.errors import UserError
 from ppsim.executor.builders import hybrid
 from ppsim.executor.builders.common import (
@@ -45,8 +45,6 @@ from ppsim.executor.builders.vocab import (
     token_loss,
     vocab_parallel_embedding,
 )
-
-_ARCH = {f.name for f in fields(Architecture)}
 
 
 @dataclass(frozen=True)
@@ -77,7 +75,7 @@ class GPTShape:
     def from_fields(cls, f: dict[str, Any]) -> GPTShape:
         # The cost model's Architecture owns the defaults, so the model that runs
         # is the model that was simulated; other keys belong to other readers.
-        a = Architecture(**{k: v for k, v in f.items() if k in _ARCH})
+        a = architecture(f)
         return cls(a.num_layers, a.hidden_size, a.num_heads, a.num_kv_heads,
                    a.ffn_hidden_size, a.vocab_size, a.seq_length, a.micro_batch_size,
                    a.gated_mlp, a.dtype, layer_windows(a), a.swiglu_keeps_silu,
