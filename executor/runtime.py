@@ -274,7 +274,8 @@ class Runtime:
             progress.RANK.finish(label)
         self.p2p.finish()
         sum_partial_grads(self.params)
-        if self.replica.size > 1:
+        if self.replica.size > 1 or self.replica.expert_replicas > 1:  # experts apart: their
+            # ranks may be tensor ranks of one replica
             self._step_op("R", self.dp.reduce)
         if dump_grads:
             names = [n for m in self.modules.values() for n, _ in m.named_parameters()]

@@ -305,6 +305,9 @@ EXPERT = {
     # folded over tp x dp: 4 experts, one on each of the 4 ranks (etp 1)
     "ep4-tp2-dp2": Spec(argv=["--tp", "2", "--dp", "2", "--pp", "1", "--microbatches", "2",
                               "--config", "{tmp}/moe-ep-folded.toml"]),
+    # ... and over the tensor ranks of one replica: two hold each two experts
+    "ep2-tp4": Spec(argv=["--tp", "4", "--pp", "1", "--microbatches", "2",
+                          "--config", "{tmp}/moe-ep-tp4.toml"]),
 }
 
 SPECS: dict[str, Spec] = {**EXECUTOR, **SCHEDULES, **OTHERS, **TENSOR, **EXPERT}
@@ -378,6 +381,8 @@ def _prepare(name: str, tmp: Path) -> None:
     (tmp / "mla-q.toml").write_text(MLA_Q_TOML)
     (tmp / "moe-ep.toml").write_text(MOE_TOML + "ep = 2\n")
     (tmp / "moe-ep-folded.toml").write_text(MOE_TOML + "ep = 4\netp = 1\n")
+    (tmp / "moe-ep-tp4.toml").write_text(MOE_TOML.replace("num_kv_heads = 2", "num_kv_heads = 4")
+                                         + "ep = 2\netp = 1\n")
     (tmp / "moe-ep-fsdp.toml").write_text(MOE_TOML + "ep = 2\nfsdp = true\n")
     (tmp / "moe-ep-distopt.toml").write_text(MOE_TOML + "ep = 2\ndistributed_optimizer = true\n")
     (tmp / "llama.toml").write_text(LLAMA_TOML)

@@ -77,21 +77,26 @@ def test_each_ranks_activation_peak_is_near_the_predicted(launches: Pool) -> Non
         assert abs(g - w) <= 0.02 * w, (got, w)
 
 
-def test_experts_folded_over_tensor_and_data_parallel_ranks(launches: Pool) -> None:
-    """tp 2 x dp 2, ep 4, each expert whole (etp 1): Megatron's MoE parallel folding, an
-    expert on each of the four ranks, each routing its own tokens (sequence parallel).
-    The one-process loss, and each rank's expert gradients are that expert's."""
-    run = launches.get("ep4-tp2-dp2")
+@pytest.mark.parametrize("case, ep", [("ep4-tp2-dp2", 4), ("ep2-tp4", 2)])
+def test_experts_folded_over_tensor_and_data_parallel_ranks(case: str, ep: int,
+                                                            launches: Pool) -> None:
+    """Each expert whole (etp 1), the experts folded over a pipeline rank's tp x dp ranks
+    (Megatron's MoE parallel folding), each rank routing its own tokens (sequence
+    parallel): tp 2 x dp 2 at ep 4, an expert on each rank; tp 4 x dp 1 at ep 2, each two
+    experts on two tensor ranks of the one replica, whose gradients then sum over them.
+    The one-process loss, and each rank's expert gradients are its experts'."""
+    run = launches.get(case)
     assert run.returncode == 0, run.stderr
     argv = [a.replace("{tmp}", str(run.tmp)) for a in run.argv]
     args = _args(argv)
     fields = config_from_args(args).model.fields()
-    m = load_problem(args).schedule.microbatches
-    loss, grads = reference_step(load_builder(builder_spec(None, fields), fields), m * 2)
+    m, dp = load_problem(args).schedule.microbatches, args.dp or 1
+    loss, grads = reference_step(load_builder(builder_spec(None, fields), fields), m * dp)
     assert run.summary["losses"][0] == pytest.approx(loss, rel=1e-5)
     dumps = [torch.load(run.tmp / f"grads.rank{q}.pt")["grads"] for q in range(4)]
     experts = [n for n in grads if n.endswith(EXPERT_STACKS)]
     assert experts
-    for name in experts:  # rank (replica d, tensor rank t) = place d x 2 + t holds expert q
-        torch.testing.assert_close(torch.cat([d[name] for d in dumps]), grads[name],
-                                   rtol=1e-4, atol=1e-6, msg=name)
+    for name in experts:  # place q (replica d, tensor rank t: d x tp + t) holds block q % ep
+        for q, d in enumerate(dumps):
+            want = grads[name].chunk(ep)[q % ep]
+            torch.testing.assert_close(d[name], want, rtol=1e-4, atol=1e-6, msg=name)
