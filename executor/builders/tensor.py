@@ -202,7 +202,8 @@ def column_parallel(x: torch.Tensor, g: TensorGroup,
         params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
         return _GatheredLinears.apply(x, g, linears, *params)
     y = tokens_in(x, g)
-    return tuple(lin(y) for lin in linears)
+    # The weights, not the modules: a builder's own linear may have this as its forward.
+    return tuple(F.linear(y, lin.weight, lin.bias) for lin in linears)
 
 
 class ParallelLinears:

@@ -33,7 +33,6 @@ from ppsim.executor.builders.tensor import (
     shard_input,
     shard_output,
     shard_segments,
-    tokens_in,
 )
 from ppsim.executor.builders.vocab import shard_rows, vocab_parallel_embedding
 
@@ -136,10 +135,7 @@ class _ColumnForward:
         self.g, self.linear = g, linear
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.g.sequence_parallel:
-            return column_parallel(x, self.g, self.linear)[0]
-        # copied in: the linear's own forward is this one, so not column_parallel's call
-        return F.linear(tokens_in(x, self.g), self.linear.weight, self.linear.bias)
+        return column_parallel(x, self.g, self.linear)[0]
 
 
 class _RowForward(_ColumnForward):
