@@ -217,12 +217,20 @@ class MoE(nn.Module):
         """Keep this expert-parallel rank's E / ep routed experts (the router stays whole:
         every rank routes its tokens to all E)."""
         self.ep = g
+        self._keep_slices((0, 0, 0), g.size, g.rank, expert_parallel=True)
+
+    def _keep_slices(self, dims: tuple[int, int, int], size: int, rank: int,
+                     expert_parallel: bool = False) -> None:
+        """Keep slice `rank` of `size` of the gate, up and down stacks along `dims`
+        (experts: 0; an expert's units: 2, 2, 1); `expert_parallel` marks them for their
+        own gradient reduction (ppsim.executor.dataparallel.ExpertsApart)."""
         with torch.no_grad():
-            for name in ("gate", "up", "down"):
+            for name, dim in zip(("gate", "up", "down"), dims, strict=True):
                 p = getattr(self, name)
                 if p is not None:
-                    part = nn.Parameter(p.chunk(g.size, 0)[g.rank].clone())
-                    part.expert_parallel = True  # type: ignore[attr-defined]
+                    part = nn.Parameter(p.chunk(size, dim)[rank].clone(
+                        memory_format=torch.contiguous_format))
+                    part.expert_parallel = expert_parallel  # type: ignore[attr-defined]
                     setattr(self, name, part)
 
     def shard(self, g: TensorGroup) -> None:
@@ -239,13 +247,7 @@ class MoE(nn.Module):
             return
         assert self.expert_tp == g.size, "the experts split over all the tensor ranks or none"
         self.tp = g
-        with torch.no_grad():
-            for name, dim in (("gate", 2), ("up", 2), ("down", 1)):
-                p = getattr(self, name)
-                if p is not None:
-                    part = p.chunk(g.size, dim)[g.rank]
-                    setattr(self, name, nn.Parameter(part.clone(
-                        memory_format=torch.contiguous_format)))
+        self._keep_slices((2, 2, 1), g.size, g.rank)
 
     def _experts(self, pairs: torch.Tensor, counts: list[int],
                  probs: torch.Tensor | None) -> torch.Tensor:
@@ -282,7 +284,7 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape
         tokens = x.reshape(-1, h)
-        n, e = tokens.shape[0], self.up.shape[0]
+        n, e = tokens.shape[0], self.router.out_features  # all E, whatever this rank holds
         probs = torch.softmax(self.router(tokens).float(), dim=-1)
         weight, expert = torch.topk(probs, self.top_k, dim=-1)
         weight = weight / weight.sum(-1, keepdim=True)  # fp32
