@@ -55,11 +55,11 @@ class Replica:
     """Megatron's --optimizer muon: the decoder layers' 2-D weights on Muon, the rest on
     AdamW (ppsim.executor.optim)."""
     ep: int = 1
-    """Expert-parallel ranks: ep consecutive replicas share the routed experts, E / ep
-    each."""
+    """Expert-parallel ranks: ep of a pipeline rank's ranks share the routed experts,
+    E / ep each (ppsim.executor.places)."""
     expert_group: Any = None
-    """The ranks holding this rank's experts (tp x dp / ep of them; None when one): the
-    experts' gradients reduce over it."""
+    """The ranks holding this rank's experts (tp x dp / (ep x etp) of them; None when
+    one): the experts' gradients reduce over it."""
     expert_replicas: int = 1
     """Ranks in expert_group."""
     expert_index: int = 0

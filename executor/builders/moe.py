@@ -11,9 +11,13 @@ through its slice of every expert's units (gate and up by columns, down by rows)
 partial outputs are reduce-scattered back to the ranks that routed them (Megatron's
 token dispatcher over the expert tensor group, with ep 1).
 
-Under expert parallelism (ep > 1, each expert whole) a rank keeps E / ep experts; its
-pairs, sorted by expert and so by the rank holding it, go there and their outputs come
-back by two all-to-alls (Megatron's all-to-all dispatcher), the probabilities with them.
+Under expert parallelism (ep > 1) a rank keeps E / ep experts; its pairs, sorted by
+expert and so by the rank holding it, go there and their outputs come back by two
+all-to-alls (Megatron's all-to-all dispatcher), the probabilities with them. With the
+experts also split over the tensor ranks (etp = tp), the pairs a rank received are then
+gathered over its tensor group and run through its slice of each of its experts, as at
+ep 1 (the dispatcher's all-to-all over ep, then its all-gather over the expert tensor
+group).
 """
 
 from __future__ import annotations
@@ -118,18 +122,27 @@ def _regrouped(rows: torch.Tensor, counts: list[list[int]], by_expert: bool) -> 
 
 
 def _gather_pairs(x: torch.Tensor, g: TensorGroup, counts: list[list[int]]) -> torch.Tensor:
-    """Every rank's pairs (each rank routes as many), expert-major."""
-    out = x.new_empty((x.shape[0] * g.size, *x.shape[1:]))
-    ALL_GATHER(out, x.contiguous(), group=g.group)
-    return _regrouped(out, counts, by_expert=True)
+    """Every rank's pairs (counts[r] of rank r's: as many at ep 1, what the all-to-alls
+    brought it under ep; padded to the most for the collective), expert-major."""
+    rows = [sum(row) for row in counts]
+    most = max(rows)
+    padded = F.pad(x, (0, 0) * (x.dim() - 1) + (0, most - x.shape[0]))
+    out = x.new_empty((most * g.size, *x.shape[1:]))
+    ALL_GATHER(out, padded.contiguous(), group=g.group)
+    ranks = [part[:n] for part, n in zip(out.split(most), rows, strict=True)]
+    return _regrouped(torch.cat(ranks), counts, by_expert=True)
 
 
 def _scatter_pairs(y: torch.Tensor, g: TensorGroup, counts: list[list[int]]) -> torch.Tensor:
     """This rank's pairs of the expert-major rows `y`, summed over the ranks."""
+    rows = [sum(row) for row in counts]
+    most = max(rows)
     whole = _regrouped(y, counts, by_expert=False)
-    out = whole.new_empty((whole.shape[0] // g.size, *whole.shape[1:]))
-    REDUCE_SCATTER(out, whole, group=g.group)
-    return out
+    parts = [F.pad(part, (0, 0) * (y.dim() - 1) + (0, most - n))
+             for part, n in zip(whole.split(rows), rows, strict=True)]
+    out = y.new_empty((most, *y.shape[1:]))
+    REDUCE_SCATTER(out, torch.cat(parts), group=g.group)
+    return out[:rows[g.rank]]
 
 
 class _PairExchange(torch.autograd.Function):
@@ -254,6 +267,14 @@ class MoE(nn.Module):
         up, gate = self.fc1(pairs, counts, self.up, self.gate)
         return segmented_mm(self.act(up, gate, probs), self.down, counts)
 
+    def _held_experts(self, pairs: torch.Tensor, counts: list[int],
+                      probs: torch.Tensor | None) -> torch.Tensor:
+        """The pairs (sorted by expert, `counts` of each this rank holds) through its
+        experts: whole, or its slice of each over the tensor ranks (etp = tp)."""
+        if self.tp is None:
+            return self._experts(pairs, counts, probs)
+        return self._split_experts(pairs, counts, probs, self.tp)
+
     def _split_experts(self, pairs: torch.Tensor, counts: list[int],
                        probs: torch.Tensor | None, g: TensorGroup) -> torch.Tensor:
         """Every tensor rank's pairs (and probabilities) gathered, run through this rank's
@@ -278,7 +299,7 @@ class MoE(nn.Module):
         rows = _regrouped(_AllToAll.apply(pairs, g, sent, got), every, by_expert=True)
         if probs is not None:
             probs = _regrouped(_AllToAll.apply(probs, g, sent, got), every, by_expert=True)
-        y = self._experts(rows, [sum(col) for col in zip(*every, strict=True)], probs)
+        y = self._held_experts(rows, [sum(col) for col in zip(*every, strict=True)], probs)
         return _AllToAll.apply(_regrouped(y, every, by_expert=False), g, got, sent)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -295,10 +316,8 @@ class MoE(nn.Module):
         pairs = tokens[order // self.top_k]
         if self.ep is not None:
             y = self._dispatched_experts(pairs, counts, inside, self.ep)
-        elif self.tp is None:
-            y = self._experts(pairs, counts, inside)
         else:
-            y = self._split_experts(pairs, counts, inside, self.tp)
+            y = self._held_experts(pairs, counts, inside)
         back = torch.empty_like(order)
         back[order] = torch.arange(order.numel(), device=x.device)
         y = y[back]

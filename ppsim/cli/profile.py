@@ -16,7 +16,7 @@ from ppsim.cli.costs import COSTS_NOTE, costs_table, hardware_profile
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
 from ppsim.cli.runchecks import (
     RANKS_PER_DEVICE,
-    check_experts_held,
+    check_profile_experts,
     check_tensor_parallel,
     host_devices,
 )
@@ -100,7 +100,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         sys.stderr.write(f"ppsim profile: note: {note}\n")
 
     _check_processes(cfg, args.device)
-    check_experts_held(cfg.model.arch, "profile")
+    check_profile_experts(cfg.model.arch)
     if cfg.model.arch.tp > 1 and args.device != "cpu":
         raise UserError("--device", f"tensor parallelism (tp = {cfg.model.arch.tp}) is "
                         "measured on CPU over gloo", "use --device cpu, or --tp 1")

@@ -95,20 +95,13 @@ def check_host_memory(args: argparse.Namespace, problem: Any, copies: int) -> No
                     "fewer --num-layers, a smaller --hidden-size), or on GPUs (--device cuda)")
 
 
-def check_experts_held(a: Any, what: str) -> None:
-    """Expert parallelism as the executor runs it: each routed expert whole (etp 1), the
-    experts split over ep of a pipeline rank's tp x dp ranks (all-to-alls over gloo),
-    their gradients reduced over the ranks that hold the same ones; `ppsim profile`
-    times pieces in one process a stage, every expert on it."""
-    if not (a.num_experts and a.ep > 1):
-        return
-    fix = f"set [model] ep = 1 to {what} the model (simulate and plan price it)"
-    if what == "profile":
+def check_profile_experts(a: Any) -> None:
+    """`ppsim profile` times pieces in one process a stage, every expert on it: no
+    expert parallelism (the executor runs it: ppsim.executor.builders.moe)."""
+    if a.num_experts and a.ep > 1:
         raise UserError("model.ep", f"{a.ep}: profile holds every expert on each rank (it "
-                        "times no expert-parallel all-to-alls)", fix)
-    if a.expert_tp > 1:
-        raise UserError("model.ep", f"{a.ep}: the executor runs no expert parallelism with "
-                        f"etp = {a.expert_tp} (each expert is whole on its rank: etp 1)", fix)
+                        "times no expert-parallel all-to-alls)",
+                        "set [model] ep = 1 to profile the model (simulate and plan price it)")
 
 
 def check_features(cfg: Any) -> None:
@@ -122,7 +115,6 @@ def check_features(cfg: Any) -> None:
         raise UserError("pipeline.moe_token_dispatcher_type", "flex: the executor has no "
                         "DeepEP (its processes talk over gloo)", "drop it to run the model "
                         "(simulate and plan price DeepEP)")
-    check_experts_held(a, "run")
     if a.num_experts and a.expert_tp not in (1, a.tp):
         raise UserError("model.etp", f"{a.expert_tp}: the executor splits each expert over "
                         f"all the tensor ranks ({a.tp}) or none", f"set [model] etp = {a.tp} "

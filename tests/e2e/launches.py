@@ -308,6 +308,10 @@ EXPERT = {
     # ... and over the tensor ranks of one replica: two hold each two experts
     "ep2-tp4": Spec(argv=["--tp", "4", "--pp", "1", "--microbatches", "2",
                           "--config", "{tmp}/moe-ep-tp4.toml"]),
+    # each expert split over the tensor ranks too (etp = tp, Megatron's default): the
+    # pairs an all-to-all brought gathered over the tensor group
+    "ep2-etp2-tp2-dp2": Spec(argv=["--tp", "2", "--dp", "2", "--pp", "1", "--microbatches", "2",
+                                   "--config", "{tmp}/moe-ep.toml"]),
 }
 
 SPECS: dict[str, Spec] = {**EXECUTOR, **SCHEDULES, **OTHERS, **TENSOR, **EXPERT}

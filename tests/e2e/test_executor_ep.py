@@ -100,3 +100,32 @@ def test_experts_folded_over_tensor_and_data_parallel_ranks(case: str, ep: int,
         for q, d in enumerate(dumps):
             want = grads[name].chunk(ep)[q % ep]
             torch.testing.assert_close(d[name], want, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_experts_split_over_tensor_ranks_and_expert_ranks(launches: Pool) -> None:
+    """ep 2 with each expert split over the tensor ranks (etp = tp = 2) at dp 2: place q
+    (replica d, tensor rank t) holds expert block d % ep, units slice t, its pairs sent
+    by the all-to-all and then gathered over the tensor group in uneven numbers. The
+    one-process loss, each rank's gradients its slice's, and the activation peak near
+    `simulate`'s."""
+    run = launches.get("ep2-etp2-tp2-dp2")
+    assert run.returncode == 0, run.stderr
+    argv = [a.replace("{tmp}", str(run.tmp)) for a in run.argv]
+    args = _args(argv)
+    fields = config_from_args(args).model.fields()
+    m, dp = load_problem(args).schedule.microbatches, args.dp
+    loss, grads = reference_step(load_builder(builder_spec(None, fields), fields), m * dp)
+    assert run.summary["losses"][0] == pytest.approx(loss, rel=1e-5)
+    dumps = [torch.load(run.tmp / f"grads.rank{q}.pt")["grads"] for q in range(4)]
+    unit_dims = {".mlp.gate": 2, ".mlp.up": 2, ".mlp.down": 1}
+    names = [n for n in grads if n.endswith(EXPERT_STACKS)]
+    assert names
+    for name in names:
+        dim = next(d for end, d in unit_dims.items() if name.endswith(end))
+        for q, d in enumerate(dumps):
+            want = grads[name].chunk(EP)[q // 2 % EP].chunk(2, dim)[q % 2]
+            torch.testing.assert_close(d[name], want, rtol=1e-4, atol=1e-6, msg=name)
+    events = json.loads((run.tmp / "out" / "trace.json").read_text())["traceEvents"]
+    got = max(e["args"]["activations"] for e in events if e.get("ph") == "C")
+    want = between_ops_peaks(argv)[0]
+    assert abs(got - want) <= 0.02 * want, (got, want)

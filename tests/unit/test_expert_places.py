@@ -1,0 +1,59 @@
+"""Megatron's expert order over a pipeline rank's tp x dp places (MoE parallel folding)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ppsim.executor.places import expert_places
+
+
+@st.composite
+def _shapes(draw: st.DrawFn) -> tuple[int, int, int, int]:
+    tp, dp = draw(st.sampled_from([1, 2, 4, 8])), draw(st.integers(1, 12))
+    etp = draw(st.sampled_from([1, tp]))
+    ep = draw(st.sampled_from([d for d in range(1, tp * dp + 1) if tp * dp % (d * etp) == 0]))
+    return tp, dp, ep, etp
+
+
+@given(_shapes())
+def test_every_place_is_in_one_expert_group_and_one_replica_group(shape) -> None:
+    tp, dp, ep, etp = shape
+    places = expert_places(tp, dp, ep, etp)
+    for groups, size in ((places.expert_groups, ep),
+                         (places.replica_groups, tp * dp // (ep * etp))):
+        assert all(len(g) == size for g in groups)
+        assert sorted(q for g in groups for q in g) == list(range(tp * dp))
+
+
+@given(_shapes())
+def test_an_expert_group_shares_a_tensor_rank_where_the_experts_split_over_tp(shape) -> None:
+    """At etp = tp each rank holds a slice t of its experts: every rank it exchanges pairs
+    with, and every rank it reduces their gradients with, holds the same slice (tensor
+    rank q % tp); at etp 1 an expert group is ep consecutive places."""
+    tp, dp, ep, etp = shape
+    places = expert_places(tp, dp, ep, etp)
+    for g in places.expert_groups + places.replica_groups:
+        if etp == tp:
+            assert len({q % tp for q in g}) == 1, g
+    if etp == 1:
+        assert all(g == list(range(g[0], g[0] + ep)) for g in places.expert_groups)
+
+
+def test_an_expert_group_and_a_replica_group_meet_in_one_place() -> None:
+    """tp 2 x dp 4, ep 2, etp 2: place 5 (replica 2, tensor rank 1) exchanges pairs with
+    place 7 (replica 3) and holds the experts place 1 (replica 0) holds."""
+    places = expert_places(2, 4, 2, 2)
+    mine, held = places.of(5)
+    assert places.expert_groups[mine] == [5, 7]
+    assert places.replica_groups[held] == [1, 5]
+
+
+@pytest.mark.parametrize("tp, dp, ep, etp, words", [
+    (4, 2, 2, 2, "etp = 2: the experts split over all the tensor ranks (4) or none"),
+    (2, 3, 2, 2, "etp x ep = 4 does not divide tp x dp = 6"),
+])
+def test_a_layout_that_does_not_fold_is_refused(tp, dp, ep, etp, words) -> None:
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        expert_places(tp, dp, ep, etp)
