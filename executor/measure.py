@@ -18,10 +18,11 @@ import torch
 from ppsim.costs.costfile import PROFILE_REPEATS, cost_document, layer_dict
 from ppsim.costs.model import ModelCosts
 from ppsim.executor.alloc import keep_freed_memory
+from ppsim.executor.builders.llama import architecture
 from ppsim.executor.conditions import run_conditions
 from ppsim.executor.profile import Profiler, Progress, measure_p2p, p2p_sizes
 from ppsim.executor.profile_dp import measure_data_parallel
-from ppsim.executor.profile_tp import measure_tensor_parallel
+from ppsim.executor.profile_tp import measure_in_processes, profile_processes
 
 
 @dataclass(kw_only=True)
@@ -29,29 +30,30 @@ class _Measured:
     """The pieces' costs and how they were measured."""
 
     costs: ModelCosts
-    """Under the run's conditions (or, with tp > 1, in the tp processes)."""
+    """Under the run's conditions (or, with tp or ep > 1, in their processes)."""
     solo: ModelCosts
-    """One process alone (the same as costs with tp > 1)."""
+    """One process alone (the same as costs with tp or ep > 1)."""
     details: dict[str, Any]
     """Per-piece statistics."""
     sampled: list[int]
     """The decoder layers timed."""
     conditions: dict[str, Any] | None
-    """The placement's conditions (ppsim.executor.conditions); None with tp > 1."""
+    """The placement's conditions (ppsim.executor.conditions); None with tp or ep > 1."""
     collectives: dict[str, Any] | None
-    """With tp > 1, the bare collectives' times (ppsim.executor.profile_tp)."""
+    """With tp or ep > 1, the bare collectives' times (ppsim.executor.profile_tp)."""
 
 
 def _pieces(fields: dict[str, Any], device: torch.device, device_kind: str, repeats: int,
             warmup: int, microbatches: int, progress: Progress | None,
             devices: list[int] | None, pin: bool) -> _Measured:
-    tp = int(fields.get("tp", 1))
-    if tp > 1:  # the pieces in tp gloo processes, each holding its shard
+    a = architecture(fields)
+    world = profile_processes(a.tp, a.ep if a.num_experts else 1, a.expert_tp)
+    if world > 1:  # the pieces in gloo processes, each holding its shard and experts
         if progress is not None:
-            progress(f"F/B/W in {tp} tensor-parallel processes", 0)
-        costs, coll = measure_tensor_parallel(fields, tp, repeats, warmup, microbatches)
+            progress(f"F/B/W in {world} tensor- and expert-parallel processes", 0)
+        costs, coll = measure_in_processes(fields, repeats, warmup, microbatches)
         if progress is not None:
-            progress("tensor-parallel pieces done", warmup + repeats)
+            progress("parallel pieces done", warmup + repeats)
         # No cores recorded: these ops include waits on their peers' collectives, which
         # pooling the cores (ppsim.pipeline.placement) would stretch as if they were work.
         return _Measured(costs=costs, solo=costs, details={}, sampled=coll["layers_sampled"],

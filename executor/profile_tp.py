@@ -1,15 +1,21 @@
-"""`ppsim profile --tp N` on CPU: the pieces measured in N gloo processes at once.
+"""`ppsim profile --tp N` (and a MoE's `ep` > 1) on CPU: the pieces measured in gloo
+processes at once.
 
 Each process holds its tensor-parallel shard (ppsim.executor.builders.tensor, the layers
 the executor runs under `ppsim run --tp N`), so a layer's measured F and B include the
 all-reduces its column- and row-parallel linears make, as the run pays them; the cost
-file's layers then carry the collectives. The bare collectives are timed too, at the
-model's message size (one microbatch's hidden states): all-reduce, all-gather and
-reduce-scatter over the same group, so the file says what each costs on its own.
+file's layers then carry the collectives. Under expert parallelism the processes are as
+many tensor groups as one expert group spans (lcm(tp, ep x etp) ranks, the experts
+folded over them as `ppsim run` folds them, ppsim.executor.places): each holds its
+E / ep experts and a MoE layer's F and B include its all-to-alls. The bare collectives
+are timed too, at the model's message size (one microbatch's hidden states; its routed
+pairs for the all-to-all): all-reduce, all-gather and reduce-scatter over the tensor
+group, so the file says what each costs on its own.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import tempfile
@@ -23,7 +29,15 @@ import torch.distributed as dist
 from ppsim.costs.costfile import layer_dict
 from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.executor.builders.llama import architecture
-from ppsim.executor.builders.tensor import ALL_GATHER, REDUCE_SCATTER, TensorGroup, set_group
+from ppsim.executor.builders.tensor import (
+    ALL_GATHER,
+    REDUCE_SCATTER,
+    ExpertGroup,
+    TensorGroup,
+    current,
+    set_group,
+)
+from ppsim.executor.places import expert_places
 from ppsim.executor.profile import Profiler
 from ppsim.executor.spawned import free_port, spawn_results
 from ppsim.fileio import write_json_atomic
@@ -60,8 +74,8 @@ def time_collectives(group: Any, size: int, shape: tuple[int, ...], dtype: torch
 
 
 class _TogetherClock:
-    """Times each op with every tensor rank starting it together (a barrier first): a
-    rank's time is then the op and its collectives, not its partner's lag."""
+    """Times each op with every process starting it together (a barrier first): a rank's
+    time is then the op and its collectives, not its partners' lag."""
 
     def __init__(self, inner: Any, group: Any) -> None:
         self.inner, self.group = inner, group
@@ -71,22 +85,64 @@ class _TogetherClock:
         return self.inner.time(fn)
 
 
-def _worker(rank: int, port: int, fields: dict[str, Any], tp: int, repeats: int,
+def profile_processes(tp: int, ep: int, etp: int) -> int:
+    """The processes that hold one expert group's tensor groups: tp, or under expert
+    parallelism lcm(tp, ep x etp) (as many replicas of a tensor group as one expert group
+    of ep x etp places spans)."""
+    return math.lcm(tp, ep * etp) if ep > 1 else tp
+
+
+def _set_groups(rank: int, world: int, tp: int, ep: int, etp: int,
+                sequence_parallel: bool) -> ExpertGroup | None:
+    """This process's tensor group (consecutive ranks) and expert group; every process
+    creates every group in the same order."""
+    tp_groups = [dist.new_group(list(range(d * tp, (d + 1) * tp)))
+                 for d in range(world // tp)] if tp > 1 else []
+    experts = None
+    if ep > 1:
+        places = expert_places(tp, world // tp, ep, etp)
+        groups = [dist.new_group(g) for g in places.expert_groups]
+        mine = places.of(rank)[0]
+        experts = ExpertGroup(group=groups[mine], rank=places.expert_groups[mine].index(rank),
+                              size=ep)
+    set_group(TensorGroup(group=tp_groups[rank // tp], rank=rank % tp, size=tp,
+                          sequence_parallel=sequence_parallel) if tp > 1 else None, experts)
+    return experts
+
+
+def time_all_to_all(g: ExpertGroup, shape: tuple[int, ...], dtype: torch.dtype,
+                    repeats: int, warmup: int) -> dict[str, float]:
+    """One all-to-all of a tensor of `shape` over the expert group, an equal share to
+    each rank (the routed pairs of a balanced microbatch)."""
+    rows = torch.randn(shape).to(dtype)
+    out = torch.empty_like(rows)
+    return {"all_to_all_bytes": rows.numel() * rows.element_size(),
+            "all_to_all_ms": _timed_ms(lambda: dist.all_to_all_single(out, rows, group=g.group),
+                                       repeats, warmup, None)}
+
+
+def _worker(rank: int, port: int, fields: dict[str, Any], world: int, repeats: int,
             warmup: int, microbatches: int, out_dir: str) -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=tp, timeout=timedelta(seconds=300))
+                            world_size=world, timeout=timedelta(seconds=300))
+    a = architecture(fields)
+    tp, ep = a.tp, a.ep if a.num_experts else 1
     try:
-        group = dist.new_group(list(range(tp)))
-        set_group(TensorGroup(group=group, rank=rank, size=tp,
-                              sequence_parallel=architecture(fields).sequence_parallel))
+        experts = _set_groups(rank, world, tp, ep, a.expert_tp, a.sequence_parallel)
         torch.manual_seed(0)
         prof = Profiler(fields, torch.device("cpu"), microbatches)
-        prof.clock = _TogetherClock(prof.clock, group)
+        prof.clock = _TogetherClock(prof.clock, None)
         prof.run(repeats, warmup)  # every rank runs the same ops: the collectives pair up
         costs, _ = prof.costs()
-        coll = time_collectives(group, tp, tuple(prof.builder.activation_shape),
-                                prof.builder.dtype, repeats, warmup, start=group)
+        shape, dtype = tuple(prof.builder.activation_shape), prof.builder.dtype
+        coll: dict[str, Any] = {}
+        tensor = current()
+        if tensor is not None:
+            coll = time_collectives(tensor.group, tp, shape, dtype, repeats, warmup, start=None)
+        if experts is not None:
+            pairs = (math.prod(shape[:-1]) // a.token_ranks * a.top_k // ep * ep, shape[-1])
+            coll |= time_all_to_all(experts, pairs, dtype, repeats, warmup)
         write_json_atomic(os.path.join(out_dir, f"{rank}.json"), {
             "layers": [layer_dict(c) for c in costs.layers],
             "embedding": layer_dict(costs.embedding), "head": layer_dict(costs.head),
@@ -103,16 +159,20 @@ def _slowest(docs: list[dict[str, Any]], key: str, i: int | None = None) -> Laye
     return LayerCost(**worst)
 
 
-def measure_tensor_parallel(fields: dict[str, Any], tp: int, repeats: int, warmup: int,
-                            microbatches: int) -> tuple[ModelCosts, dict[str, Any]]:
-    """Per-piece costs of one tensor-parallel rank (the slowest of the tp), and the
-    collectives' times as rank 0 measured them, with the layers sampled."""
+def measure_in_processes(fields: dict[str, Any], repeats: int, warmup: int,
+                         microbatches: int) -> tuple[ModelCosts, dict[str, Any]]:
+    """Per-piece costs of one rank (the slowest of the processes) with its tensor and
+    expert parallelism, and the bare collectives' times as rank 0 measured them, with the
+    layers sampled."""
+    a = architecture(fields)
+    tp, ep = a.tp, a.ep if a.num_experts else 1
+    world = profile_processes(tp, ep, a.expert_tp)
     with tempfile.TemporaryDirectory(prefix="ppsim-profile-tp-") as out:
-        docs = spawn_results(_worker, (free_port(), fields, tp, repeats, warmup,
-                                       microbatches, out), tp,
-                             [os.path.join(out, f"{r}.json") for r in range(tp)])
+        docs = spawn_results(_worker, (free_port(), fields, world, repeats, warmup,
+                                       microbatches, out), world,
+                             [os.path.join(out, f"{r}.json") for r in range(world)])
     costs = ModelCosts(layers=tuple(_slowest(docs, "layers", i)
                                     for i in range(len(docs[0]["layers"]))),
                        embedding=_slowest(docs, "embedding"), head=_slowest(docs, "head"))
-    return costs, {"tp": tp, "backend": "gloo", **docs[0]["collectives"],
-                   "layers_sampled": docs[0]["layer_indices"]}
+    return costs, {"tp": tp, "ep": ep, "processes": world, "backend": "gloo",
+                   **docs[0]["collectives"], "layers_sampled": docs[0]["layer_indices"]}

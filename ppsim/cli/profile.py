@@ -16,7 +16,6 @@ from ppsim.cli.costs import COSTS_NOTE, costs_table, hardware_profile
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
 from ppsim.cli.runchecks import (
     RANKS_PER_DEVICE,
-    check_profile_experts,
     check_tensor_parallel,
     host_devices,
 )
@@ -100,10 +99,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         sys.stderr.write(f"ppsim profile: note: {note}\n")
 
     _check_processes(cfg, args.device)
-    check_profile_experts(cfg.model.arch)
-    if cfg.model.arch.tp > 1 and args.device != "cpu":
-        raise UserError("--device", f"tensor parallelism (tp = {cfg.model.arch.tp}) is "
-                        "measured on CPU over gloo", "use --device cpu, or --tp 1")
+    _check_parallel_on_cpu(cfg.model.arch, args.device)
     if cfg.model.arch.tp > 1:
         check_tensor_parallel(load_builder(builder_spec(None, fields), fields), fields,
                               cfg.model.arch.tp, cfg.model.arch.sequence_parallel)
@@ -136,6 +132,18 @@ def cmd_profile(args: argparse.Namespace) -> int:
                  f"{doc['threads']} thread(s)) in {doc['measurement']['seconds']:.1f} s")
     print(f"cost file written to {args.out} (use: ppsim simulate --costs {args.out})")
     return 0
+
+
+def _check_parallel_on_cpu(a: Any, device: str) -> None:
+    """Tensor and expert parallelism are measured in gloo processes on CPU."""
+    if device == "cpu":
+        return
+    if a.tp > 1:
+        raise UserError("--device", f"tensor parallelism (tp = {a.tp}) is measured on CPU "
+                        "over gloo", "use --device cpu, or --tp 1")
+    if a.num_experts and a.ep > 1:
+        raise UserError("--device", f"expert parallelism (ep = {a.ep}) is measured on CPU "
+                        "over gloo", "use --device cpu, or set [model] ep = 1")
 
 
 def _check_processes(cfg: Config, device: str) -> None:
@@ -176,12 +184,18 @@ def _print_costs(doc: dict[str, Any], title: str) -> None:
         c.print(f"P2P: latency {p2p['latency_ms'] * 1e3:.1f} us, bandwidth "
                 f"{p2p['bandwidth_gbps']:.2f} GB/s" + (f" ({p2p['backend']})"
                                                        if "backend" in p2p else ""))
-    coll = doc.get("collectives")
-    if coll:
-        c.print(f"tensor parallelism: measured in {coll['tp']} {coll['backend']} processes; "
-                f"at {fmt_bytes(coll['bytes'])} all-reduce {coll['all_reduce_ms']:.3f} ms, "
-                f"all-gather {coll['all_gather_ms']:.3f} ms, reduce-scatter "
-                f"{coll['reduce_scatter_ms']:.3f} ms (inside each layer's F and B above)")
+    coll = doc.get("collectives") or {}
+    where = f"measured in {coll.get('processes', coll.get('tp'))} {coll.get('backend')} processes"
+    if "all_reduce_ms" in coll:
+        c.print(f"tensor parallelism (tp {coll['tp']}): {where}; at {fmt_bytes(coll['bytes'])} "
+                f"all-reduce {coll['all_reduce_ms']:.3f} ms, all-gather "
+                f"{coll['all_gather_ms']:.3f} ms, reduce-scatter {coll['reduce_scatter_ms']:.3f}"
+                " ms (inside each layer's F and B above)")
+    if "all_to_all_ms" in coll:
+        c.print(f"expert parallelism (ep {coll['ep']}): {where}; at "
+                f"{fmt_bytes(coll['all_to_all_bytes'])} all-to-all "
+                f"{coll['all_to_all_ms']:.3f} ms (the dispatch and the combine, inside each MoE "
+                "layer's F and B above)")
     dpc = doc.get("dp_collectives")
     if dpc:
         big = dpc["samples"][-1]

@@ -95,15 +95,6 @@ def check_host_memory(args: argparse.Namespace, problem: Any, copies: int) -> No
                     "fewer --num-layers, a smaller --hidden-size), or on GPUs (--device cuda)")
 
 
-def check_profile_experts(a: Any) -> None:
-    """`ppsim profile` times pieces in one process a stage, every expert on it: no
-    expert parallelism (the executor runs it: ppsim.executor.builders.moe)."""
-    if a.num_experts and a.ep > 1:
-        raise UserError("model.ep", f"{a.ep}: profile holds every expert on each rank (it "
-                        "times no expert-parallel all-to-alls)",
-                        "set [model] ep = 1 to profile the model (simulate and plan price it)")
-
-
 def check_features(cfg: Any) -> None:
     """What the config asks that the executor does not run: refused, not run otherwise."""
     a = cfg.model.arch

@@ -7,20 +7,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from helpers import between_ops_peaks  # noqa: E402
-from launches import Pool  # noqa: E402
+from launches import MOE_TOML, Pool  # noqa: E402
 
 from ppsim.cli.flags import config_from_args  # noqa: E402
 from ppsim.cli.run import add_run_arguments, load_problem  # noqa: E402
+from ppsim.config.schema import load_config  # noqa: E402
 from ppsim.executor.builders import builder_spec, load_builder  # noqa: E402
 from ppsim.executor.reference import reference_step  # noqa: E402
+from ppsim.pipeline.problem import model_costs  # noqa: E402
 
 pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
 EP = 2
 EXPERT_STACKS = (".mlp.gate", ".mlp.up", ".mlp.down")
 """The routed experts' weights (E x ... each): a rank holds E / ep of them."""
@@ -129,3 +136,59 @@ def test_experts_split_over_tensor_ranks_and_expert_ranks(launches: Pool) -> Non
     got = max(e["args"]["activations"] for e in events if e.get("ph") == "C")
     want = between_ops_peaks(argv)[0]
     assert abs(got - want) <= 0.02 * want, (got, want)
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "ppsim.cli", *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def ep_costs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
+    """`ppsim profile` of the MoE at ep 2 (dp 2): two gloo processes, each holding half
+    the experts, its MoE layers timed with their all-to-alls."""
+    d = tmp_path_factory.mktemp("ep-profile")
+    cfg, out = d / "moe-ep.toml", d / "costs.json"
+    cfg.write_text(MOE_TOML + "ep = 2\n")
+    r = _cli("profile", "--config", str(cfg), "--dp", "2", "--microbatches", "4", "--repeats",
+             "2", "--warmup", "1", "--no-p2p", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    return cfg, out, json.loads(r.stdout)
+
+
+def test_profile_measures_each_rank_with_its_share_of_the_experts(ep_costs) -> None:
+    """The file's layers hold what one expert-parallel rank holds (the analytic model's
+    count at ep 2; at ep 1 the MoE layers held the other E / ep experts' three matrices
+    too), and its all-to-all was timed at one microbatch's routed pairs."""
+    cfg, path, doc = ep_costs
+    c = doc["collectives"]
+    assert c["ep"] == 2 and c["processes"] == 2 and c["backend"] == "gloo"
+    b, s, h = load_builder(builder_spec(None, doc["model"]), doc["model"]).activation_shape
+    assert c["all_to_all_bytes"] == b * s * 2 * h * 4  # top-2 pairs, fp32 on CPU
+    assert 0 < c["all_to_all_ms"] < 1e3
+    measured = [x["params"] for x in doc["layers"]]
+    at_ep2 = [x.params for x in model_costs(load_config(str(cfg))).layers]
+    whole = cfg.with_name("moe.toml")
+    whole.write_text(MOE_TOML)
+    at_ep1 = [x.params for x in model_costs(load_config(str(whole))).layers]
+    assert measured == at_ep2
+    held_elsewhere = 3 * (4 - 4 // EP) * h * 96  # gate, up, down of the other experts
+    assert [w - m for w, m in zip(at_ep1, measured, strict=True)] == [0, held_elsewhere] * 4
+    # the file is for ep 2 alone
+    one = _cli("simulate", "--costs", str(path), "--config", str(whole), "--dp", "2")
+    assert one.returncode == 2 and "ep" in one.stderr
+
+
+def test_diff_compares_an_expert_parallel_run_with_its_simulation(ep_costs, launches: Pool,
+                                                                  tmp_path: Path) -> None:
+    run = launches.get("ep2-dp2-1f1b")
+    assert run.returncode == 0, run.stderr
+    argv = [a.replace("{tmp}", str(run.tmp)) for a in run.argv]
+    sim = tmp_path / "sim.json"
+    r = _cli("simulate", "--costs", str(ep_costs[1]), *argv, "--trace", str(sim), "--json")
+    assert r.returncode == 0, r.stderr
+    d = _cli("diff", str(run.tmp / "out" / "trace.json"), str(sim), "--json")
+    assert d.returncode == 0, d.stderr
+    got = json.loads(d.stdout)
+    assert got["ops_matched"] == 16 and got["ops_only_in"] == [0, 0]

@@ -127,6 +127,13 @@ def test_profile_refuses_what_the_executor_cannot_run(tmp_path: Path,
     assert main(["profile", "--tp", "2", "--device", "cuda",
                  "--out", str(tmp_path / "c.json")]) == 2
     assert "--device" in capsys.readouterr().err
+    # ... and so is expert parallelism (test_executor_ep.py)
+    cfg.write_text('[model]\npreset = "tiny-gpt"\nnum_experts = 4\ntop_k = 2\n'
+                   'moe_ffn_hidden_size = 96\nep = 2\n')
+    assert main(["profile", "--config", str(cfg), "--dp", "2", "--device", "cuda",
+                 "--out", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--device: expert parallelism (ep = 2) is measured on CPU" in err[0]
     assert not (tmp_path / "c.json").exists()
 
 

@@ -51,14 +51,3 @@ def test_a_config_the_split_cannot_run_is_refused(model, argv, error, tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err[-1].startswith(f"ppsim run: error: {error}"), err
     assert not (tmp_path / "t").exists()
-
-
-def test_profile_refuses_expert_parallelism_it_would_not_measure(tmp_path, capsys) -> None:
-    cfg = tmp_path / "moe.toml"
-    cfg.write_text('[model]\npreset = "tiny-gpt"\nnum_experts = 4\ntop_k = 2\n'
-                   'moe_ffn_hidden_size = 96\nep = 2\n')
-    out = tmp_path / "costs.json"
-    assert main(["profile", "--config", str(cfg), "--dp", "2", "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "model.ep: 2: profile holds every expert" in err[0], err
-    assert not out.exists()
