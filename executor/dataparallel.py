@@ -249,7 +249,7 @@ def replica_data_parallel(params: list[nn.Parameter], device: torch.device, lr: 
     """The rank's weights over its replicas (ppsim.executor.runtime.Replica): as
     data_parallel, the routed experts apart under expert parallelism."""
     kw = {"sharded": replica.sharded, "fully_sharded": replica.fully_sharded, "wire": wire}
-    if replica.ep <= 1:
+    if not replica.experts_apart:
         return data_parallel(params, device, lr, group=replica.group, size=replica.size,
                              index=replica.index, muon=muon, **kw)
     experts = [p for p in params if getattr(p, "expert_parallel", False)]

@@ -20,6 +20,7 @@ from ppsim.costs.model import ModelCosts
 from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.builders.llama import architecture
 from ppsim.executor.conditions import run_conditions
+from ppsim.executor.places import ExpertShape
 from ppsim.executor.profile import Profiler, Progress, measure_p2p, p2p_sizes
 from ppsim.executor.profile_dp import measure_data_parallel
 from ppsim.executor.profile_tp import measure_in_processes, profile_processes
@@ -47,7 +48,8 @@ def _pieces(fields: dict[str, Any], device: torch.device, device_kind: str, repe
             warmup: int, microbatches: int, progress: Progress | None,
             devices: list[int] | None, pin: bool) -> _Measured:
     a = architecture(fields)
-    world = profile_processes(a.tp, a.ep if a.num_experts else 1, a.expert_tp)
+    experts = ExpertShape.of(a)
+    world = profile_processes(a.tp, experts.ep, experts.etp)
     if world > 1:  # the pieces in gloo processes, each holding its shard and experts
         if progress is not None:
             progress(f"F/B/W in {world} tensor- and expert-parallel processes", 0)

@@ -33,11 +33,12 @@ from ppsim.executor.builders.tensor import (
     ALL_GATHER,
     REDUCE_SCATTER,
     ExpertGroup,
-    TensorGroup,
     current,
+    expert_group,
     set_group,
 )
-from ppsim.executor.places import expert_places
+from ppsim.executor.groups import rank_groups
+from ppsim.executor.places import ExpertShape
 from ppsim.executor.profile import Profiler
 from ppsim.executor.spawned import free_port, spawn_results
 from ppsim.fileio import write_json_atomic
@@ -86,28 +87,10 @@ class _TogetherClock:
 
 
 def profile_processes(tp: int, ep: int, etp: int) -> int:
-    """The processes that hold one expert group's tensor groups: tp, or under expert
-    parallelism lcm(tp, ep x etp) (as many replicas of a tensor group as one expert group
-    of ep x etp places spans)."""
-    return math.lcm(tp, ep * etp) if ep > 1 else tp
-
-
-def _set_groups(rank: int, world: int, tp: int, ep: int, etp: int,
-                sequence_parallel: bool) -> ExpertGroup | None:
-    """This process's tensor group (consecutive ranks) and expert group; every process
-    creates every group in the same order."""
-    tp_groups = [dist.new_group(list(range(d * tp, (d + 1) * tp)))
-                 for d in range(world // tp)] if tp > 1 else []
-    experts = None
-    if ep > 1:
-        places = expert_places(tp, world // tp, ep, etp)
-        groups = [dist.new_group(g) for g in places.expert_groups]
-        mine = places.of(rank)[0]
-        experts = ExpertGroup(group=groups[mine], rank=places.expert_groups[mine].index(rank),
-                              size=ep)
-    set_group(TensorGroup(group=tp_groups[rank // tp], rank=rank % tp, size=tp,
-                          sequence_parallel=sequence_parallel) if tp > 1 else None, experts)
-    return experts
+    """The processes that hold one expert group's tensor groups: lcm(tp, ep x etp), as
+    many replicas of a tensor group as one expert group of ep x etp places spans (tp for
+    a dense model, or experts split over the tensor group or whole)."""
+    return math.lcm(tp, ep * etp)
 
 
 def time_all_to_all(g: ExpertGroup, shape: tuple[int, ...], dtype: torch.dtype,
@@ -127,9 +110,10 @@ def _worker(rank: int, port: int, fields: dict[str, Any], world: int, repeats: i
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=300))
     a = architecture(fields)
-    tp, ep = a.tp, a.ep if a.num_experts else 1
+    tp, ep = a.tp, ExpertShape.of(a).ep
     try:
-        experts = _set_groups(rank, world, tp, ep, a.expert_tp, a.sequence_parallel)
+        rank_groups(rank, 1, world // tp, tp, a.sequence_parallel, ExpertShape.of(a))
+        experts = expert_group()
         torch.manual_seed(0)
         prof = Profiler(fields, torch.device("cpu"), microbatches)
         prof.clock = _TogetherClock(prof.clock, None)
@@ -165,8 +149,8 @@ def measure_in_processes(fields: dict[str, Any], repeats: int, warmup: int,
     expert parallelism, and the bare collectives' times as rank 0 measured them, with the
     layers sampled."""
     a = architecture(fields)
-    tp, ep = a.tp, a.ep if a.num_experts else 1
-    world = profile_processes(tp, ep, a.expert_tp)
+    tp, ep = a.tp, ExpertShape.of(a).ep
+    world = profile_processes(tp, ep, ExpertShape.of(a).etp)
     with tempfile.TemporaryDirectory(prefix="ppsim-profile-tp-") as out:
         docs = spawn_results(_worker, (free_port(), fields, world, repeats, warmup,
                                        microbatches, out), world,
@@ -174,5 +158,6 @@ def measure_in_processes(fields: dict[str, Any], repeats: int, warmup: int,
     costs = ModelCosts(layers=tuple(_slowest(docs, "layers", i)
                                     for i in range(len(docs[0]["layers"]))),
                        embedding=_slowest(docs, "embedding"), head=_slowest(docs, "head"))
-    return costs, {"tp": tp, "ep": ep, "processes": world, "backend": "gloo",
+    return costs, {"tp": tp, "ep": ep, "etp": ExpertShape.of(a).etp, "processes": world,
+                   "backend": "gloo",
                    **docs[0]["collectives"], "layers_sampled": docs[0]["layer_indices"]}

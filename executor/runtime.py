@@ -54,9 +54,9 @@ class Replica:
     muon: bool = False
     """Megatron's --optimizer muon: the decoder layers' 2-D weights on Muon, the rest on
     AdamW (ppsim.executor.optim)."""
-    ep: int = 1
-    """Expert-parallel ranks: ep of a pipeline rank's ranks share the routed experts,
-    E / ep each (ppsim.executor.places)."""
+    experts_apart: bool = False
+    """The routed experts' gradients reduce over groups of their own (ep > 1, or an etp
+    other than 1 and tp: ppsim.executor.places)."""
     expert_group: Any = None
     """The ranks holding this rank's experts (tp x dp / (ep x etp) of them; None when
     one): the experts' gradients reduce over it."""

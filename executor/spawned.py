@@ -26,7 +26,7 @@ def spawn_results(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int,
     import torch.multiprocessing as mp
 
     try:
-        mp.start_processes(fn, args=args, nprocs=nprocs, join=True,
+        mp.start_processes(_with_threads_set, args=(fn, *args), nprocs=nprocs, join=True,
                            start_method=start_method(device_kind, torch.cuda.is_initialized()))
     except mp.ProcessExitedException as exc:
         if not all(os.path.exists(p) for p in paths):
@@ -38,6 +38,17 @@ def spawn_results(fn: Callable[..., None], args: tuple[Any, ...], nprocs: int,
         with open(p, encoding="utf-8") as fh:
             results.append(json.load(fh))
     return results
+
+
+def _with_threads_set(rank: int, fn: Callable[..., None], *args: Any) -> None:
+    """`fn(rank, *args)` with torch's threads set first (OMP_NUM_THREADS, else 1): a
+    forked process that enters an OpenMP parallel region its parent already ran hangs
+    (GNU OpenMP's pool does not survive fork), so each measuring process starts from one
+    thread per rank, as the executor's ranks run."""
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    fn(rank, *args)
 
 
 def start_method(device_kind: str, cuda_initialized: bool) -> str:

@@ -41,11 +41,11 @@ from ppsim.executor import summary as summ
 from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.builders import ModelBuilder, load_builder
 from ppsim.executor.builders.llama import architecture
-from ppsim.executor.builders.tensor import ExpertGroup, TensorGroup, current, set_group
 from ppsim.executor.failures import Watchdog, fail, store_address
+from ppsim.executor.groups import rank_groups
 from ppsim.executor.launch import STORE_ENV, printable
 from ppsim.executor.peer import Peer, run_peer, slowest_ms
-from ppsim.executor.places import expert_places
+from ppsim.executor.places import ExpertShape
 from ppsim.executor.quiet import no_gc_pauses
 from ppsim.executor.recorder import (
     Recorder,
@@ -119,8 +119,7 @@ def run(spec: RunSpec) -> dict[str, Any] | None:
     if world != pp * dp * tp:
         raise RuntimeError(f"world size {world} != pp {pp} x dp {dp} x tp {tp}")
     a = architecture(fields)
-    replica = replace(_groups(rank, pp, dp, tp, a.sequence_parallel,
-                              a.ep if a.num_experts else 1, a.expert_tp),
+    replica = replace(rank_groups(rank, pp, dp, tp, a.sequence_parallel, ExpertShape.of(a)),
                       sharded=bool(fields.get("distributed_optimizer")),
                       fully_sharded=bool(fields.get("fsdp")),
                       muon=fields.get("optimizer") == "muon")
@@ -142,41 +141,6 @@ def run(spec: RunSpec) -> dict[str, Any] | None:
         os.abort()  # for the tests: what gloo's rare teardown abort does
     dist.destroy_process_group()
     return result
-
-
-def _groups(rank: int, pp: int, dp: int, tp: int, sequence_parallel: bool,
-            ep: int = 1, etp: int = 1) -> Replica:
-    """This rank's replica, its data-parallel group, (tp > 1) its tensor-parallel group
-    (splitting the hidden states by tokens under `sequence_parallel`) and (ep > 1) its
-    expert-parallel group with its experts' data-parallel group, in Megatron's order:
-    tensor ranks innermost, then pipeline, then replicas; the experts fold over a
-    pipeline rank's tp x dp places (ppsim.executor.places). Every rank creates every
-    group, in the same order (a collective call)."""
-    def ranks(r: int, places: list[int]) -> list[int]:
-        return [(q // tp * pp + r) * tp + q % tp for q in places]
-
-    at = [(r, t) for r in range(pp) for t in range(tp)]
-    dp_groups = {(r, t): dist.new_group([(d * pp + r) * tp + t for d in range(dp)])
-                 for r, t in at} if dp > 1 else {}
-    tp_groups = {(d, r): dist.new_group([(d * pp + r) * tp + t for t in range(tp)])
-                 for d in range(dp) for r in range(pp)} if tp > 1 else {}
-    t, r, d = rank % tp, (rank // tp) % pp, rank // (tp * pp)
-    set_group(TensorGroup(group=tp_groups[(d, r)], rank=t, size=tp,
-                          sequence_parallel=sequence_parallel) if tp > 1 else None)
-    replica = Replica(d, dp, dp_groups.get((r, t)), tp, t)
-    if ep <= 1:
-        return replica
-    places = expert_places(tp, dp, ep, etp)
-    ep_groups = [[dist.new_group(ranks(p, g)) for g in places.expert_groups] for p in range(pp)]
-    copies = len(places.replica_groups[0])
-    edp_groups = [[dist.new_group(ranks(p, g)) for g in places.replica_groups]
-                  for p in range(pp)] if copies > 1 else None
-    q = d * tp + t  # this rank's place among its pipeline rank's tp x dp
-    mine, held = places.of(q)
-    set_group(current(), ExpertGroup(group=ep_groups[r][mine], rank=places.expert_groups[
-        mine].index(q), size=ep))
-    return replace(replica, ep=ep, expert_group=edp_groups[r][held] if edp_groups else None,
-                   expert_replicas=copies, expert_index=places.replica_groups[held].index(q))
 
 
 def _engine(spec: RunSpec, runs: list[Problem], builder: ModelBuilder, rank: int,

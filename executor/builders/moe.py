@@ -5,19 +5,19 @@ weighs the outputs instead), and the shared experts beside them, gated or not.
 
 At tp > 1 (sequence parallel) each rank routes its own tokens. With each expert whole on
 every rank (etp 1) its pairs go through all the experts, whose gradients are then partial
-sums. With the experts split over the tensor ranks (etp = tp, Megatron's default) the
-dispatcher all-gathers every rank's pairs and their probabilities, each rank runs them
-through its slice of every expert's units (gate and up by columns, down by rows), and the
-partial outputs are reduce-scattered back to the ranks that routed them (Megatron's
-token dispatcher over the expert tensor group, with ep 1).
+sums. With the experts split over etp ranks (the tensor ranks at etp = tp, Megatron's
+default; else etp consecutive ranks of the folded expert layout,
+ppsim.executor.places) the dispatcher all-gathers every one of those ranks' pairs and
+their probabilities, each rank runs them through its slice of every expert's units (gate
+and up by columns, down by rows), and the partial outputs are reduce-scattered back to
+the ranks that routed them (Megatron's token dispatcher over the expert tensor group).
 
 Under expert parallelism (ep > 1) a rank keeps E / ep experts; its pairs, sorted by
 expert and so by the rank holding it, go there and their outputs come back by two
 all-to-alls (Megatron's all-to-all dispatcher), the probabilities with them. With the
-experts also split over the tensor ranks (etp = tp), the pairs a rank received are then
-gathered over its tensor group and run through its slice of each of its experts, as at
-ep 1 (the dispatcher's all-to-all over ep, then its all-gather over the expert tensor
-group).
+experts also split (etp > 1), the pairs a rank received are then gathered over its
+expert tensor group and run through its slice of each of its experts, as at ep 1 (the
+dispatcher's all-to-all over ep, then its all-gather over the expert tensor group).
 """
 
 from __future__ import annotations
@@ -223,14 +223,22 @@ class MoE(nn.Module):
         self.act = ExpertsAct(a.swiglu_keeps_silu)
         self.probs_in_activation = a.probs_in_activation
         self.expert_tp = a.expert_tp
-        self.tp: TensorGroup | None = None
+        self.expert_tensor: TensorGroup | None = None
+        """The ranks each routed expert is split over (etp > 1); None: whole."""
         self.ep: ExpertGroup | None = None
 
-    def keep_experts(self, g: ExpertGroup) -> None:
-        """Keep this expert-parallel rank's E / ep routed experts (the router stays whole:
-        every rank routes its tokens to all E)."""
-        self.ep = g
-        self._keep_slices((0, 0, 0), g.size, g.rank, expert_parallel=True)
+    def place_experts(self, ep: ExpertGroup | None, split: TensorGroup | None,
+                      apart: bool) -> None:
+        """Keep this rank's slice of each expert's units over `split` (the expert tensor
+        group) and its E / ep routed experts over `ep` (the router stays whole: every
+        rank routes its tokens to all E); `apart`: their gradients reduce over their own
+        group (ppsim.executor.dataparallel.ExpertsApart)."""
+        if split is not None:
+            self.expert_tensor = split
+            self._keep_slices((2, 2, 1), split.size, split.rank, expert_parallel=apart)
+        if ep is not None:
+            self.ep = ep
+            self._keep_slices((0, 0, 0), ep.size, ep.rank, expert_parallel=True)
 
     def _keep_slices(self, dims: tuple[int, int, int], size: int, rank: int,
                      expert_parallel: bool = False) -> None:
@@ -249,18 +257,14 @@ class MoE(nn.Module):
     def shard(self, g: TensorGroup) -> None:
         """Under sequence parallelism: the router (and the shared experts' gate) applied to
         this rank's tokens, their gradients partial sums; the shared experts a
-        tensor-parallel MLP (Megatron's SharedExpertMLP); the routed experts whole (etp 1,
-        their gradients partial too) or split by units over the tensor ranks (etp = tp)."""
+        tensor-parallel MLP (Megatron's SharedExpertMLP); the routed experts whole at
+        etp 1 (their gradients partial too), else split by `place_experts`."""
         assert g.sequence_parallel, "Megatron's MoE layer needs sequence parallelism"
         if self.shared is not None:
             self.shared.shard(g)
         mark_partial(self.router, getattr(self.shared, "gate_weight", None))
         if self.expert_tp == 1:
             mark_partial(self.gate, self.up, self.down)
-            return
-        assert self.expert_tp == g.size, "the experts split over all the tensor ranks or none"
-        self.tp = g
-        self._keep_slices((2, 2, 1), g.size, g.rank)
 
     def _experts(self, pairs: torch.Tensor, counts: list[int],
                  probs: torch.Tensor | None) -> torch.Tensor:
@@ -270,10 +274,10 @@ class MoE(nn.Module):
     def _held_experts(self, pairs: torch.Tensor, counts: list[int],
                       probs: torch.Tensor | None) -> torch.Tensor:
         """The pairs (sorted by expert, `counts` of each this rank holds) through its
-        experts: whole, or its slice of each over the tensor ranks (etp = tp)."""
-        if self.tp is None:
+        experts: whole, or its slice of each over the expert tensor group (etp > 1)."""
+        if self.expert_tensor is None:
             return self._experts(pairs, counts, probs)
-        return self._split_experts(pairs, counts, probs, self.tp)
+        return self._split_experts(pairs, counts, probs, self.expert_tensor)
 
     def _split_experts(self, pairs: torch.Tensor, counts: list[int],
                        probs: torch.Tensor | None, g: TensorGroup) -> torch.Tensor:

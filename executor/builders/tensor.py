@@ -68,16 +68,27 @@ class ExpertGroup:
 
 _CURRENT: list[TensorGroup | None] = [None]
 _EXPERTS: list[ExpertGroup | None] = [None]
+_EXPERT_TENSOR: list[TensorGroup | None] = [None]
 
 
-def set_group(g: TensorGroup | None, experts: ExpertGroup | None = None) -> None:
-    """The groups the layers built from now on shard over (the worker sets them once)."""
+def set_group(g: TensorGroup | None, experts: ExpertGroup | None = None,
+              expert_tensor: TensorGroup | None = None) -> None:
+    """The groups the layers built from now on shard over (the worker sets them once): the
+    tensor group, the expert-parallel group and the ranks each routed expert is split
+    over (the tensor group itself at etp = tp)."""
     _CURRENT[0] = g if g is not None and g.size > 1 else None
     _EXPERTS[0] = experts if experts is not None and experts.size > 1 else None
+    _EXPERT_TENSOR[0] = expert_tensor if expert_tensor is not None and \
+        expert_tensor.size > 1 else None
 
 
 def current() -> TensorGroup | None:
     return _CURRENT[0]
+
+
+def expert_group() -> ExpertGroup | None:
+    """The expert-parallel group set (None at ep 1)."""
+    return _EXPERTS[0]
 
 
 Shardable = TypeVar("Shardable")
@@ -85,16 +96,18 @@ Shardable = TypeVar("Shardable")
 
 def sliced(module: Shardable) -> Shardable:
     """`module`, built whole from its seed, keeping this rank's slice (its `shard`) where a
-    tensor group is set, and its routed experts' share (`keep_experts`) where an expert
-    group is: so the slices put together are the one-process model."""
-    g, experts = current(), _EXPERTS[0]
+    tensor group is set, and its routed experts' share (`place_experts`) where an expert
+    group or an expert tensor group is: so the slices put together are the one-process
+    model. The experts' gradients reduce apart (their `expert_parallel` mark) unless
+    they are split over the tensor group or not at all."""
+    g, experts, split = current(), _EXPERTS[0], _EXPERT_TENSOR[0]
     if g is not None:
         module.shard(g)  # type: ignore[attr-defined]
-    if experts is not None:
+    if experts is not None or split is not None:
         for m in module.modules():  # type: ignore[attr-defined]
-            keep = getattr(m, "keep_experts", None)
-            if callable(keep):
-                keep(experts)
+            place = getattr(m, "place_experts", None)
+            if callable(place):
+                place(experts, split, apart=experts is not None or split is not g)
     return module
 
 

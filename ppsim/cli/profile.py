@@ -196,6 +196,9 @@ def _print_costs(doc: dict[str, Any], title: str) -> None:
                 f"{fmt_bytes(coll['all_to_all_bytes'])} all-to-all "
                 f"{coll['all_to_all_ms']:.3f} ms (the dispatch and the combine, inside each MoE "
                 "layer's F and B above)")
+    if coll.get("etp", 1) not in (1, coll.get("tp")):
+        c.print(f"routed experts split over etp {coll['etp']} ranks: {where} (their pairs "
+                "gathered and reduce-scattered inside each MoE layer's F and B above)")
     dpc = doc.get("dp_collectives")
     if dpc:
         big = dpc["samples"][-1]

@@ -106,10 +106,6 @@ def check_features(cfg: Any) -> None:
         raise UserError("pipeline.moe_token_dispatcher_type", "flex: the executor has no "
                         "DeepEP (its processes talk over gloo)", "drop it to run the model "
                         "(simulate and plan price DeepEP)")
-    if a.num_experts and a.expert_tp not in (1, a.tp):
-        raise UserError("model.etp", f"{a.expert_tp}: the executor splits each expert over "
-                        f"all the tensor ranks ({a.tp}) or none", f"set [model] etp = {a.tp} "
-                        "or 1 to run the model (simulate and plan price it)")
     if a.fsdp_by_megatron:
         raise UserError("model.fsdp_framework", "the executor shards as torchtitan does "
                         "(fp32 shards, an fp32 reduce), not as Megatron's "

@@ -312,6 +312,10 @@ EXPERT = {
     # pairs an all-to-all brought gathered over the tensor group
     "ep2-etp2-tp2-dp2": Spec(argv=["--tp", "2", "--dp", "2", "--pp", "1", "--microbatches", "2",
                                    "--config", "{tmp}/moe-ep.toml"]),
+    # ... over 2 of 4 tensor ranks (etp 2 at tp 4), and over the 2 replicas at tp 1
+    "etp2-tp4": Spec(argv=["--tp", "4", "--pp", "1", "--microbatches", "2",
+                           "--config", "{tmp}/moe-etp2-tp4.toml"]),
+    "etp2-dp2": Spec(argv=["--dp", "2", *ONE_F_ONE_B, "--config", "{tmp}/moe-etp2.toml"]),
 }
 
 SPECS: dict[str, Spec] = {**EXECUTOR, **SCHEDULES, **OTHERS, **TENSOR, **EXPERT}
@@ -387,6 +391,9 @@ def _prepare(name: str, tmp: Path) -> None:
     (tmp / "moe-ep-folded.toml").write_text(MOE_TOML + "ep = 4\netp = 1\n")
     (tmp / "moe-ep-tp4.toml").write_text(MOE_TOML.replace("num_kv_heads = 2", "num_kv_heads = 4")
                                          + "ep = 2\netp = 1\n")
+    (tmp / "moe-etp2-tp4.toml").write_text(MOE_TOML.replace("num_kv_heads = 2",
+                                                            "num_kv_heads = 4") + "etp = 2\n")
+    (tmp / "moe-etp2.toml").write_text(MOE_TOML + "etp = 2\n")
     (tmp / "moe-ep-fsdp.toml").write_text(MOE_TOML + "ep = 2\nfsdp = true\n")
     (tmp / "moe-ep-distopt.toml").write_text(MOE_TOML + "ep = 2\ndistributed_optimizer = true\n")
     (tmp / "llama.toml").write_text(LLAMA_TOML)

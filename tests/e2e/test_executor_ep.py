@@ -138,6 +138,41 @@ def test_experts_split_over_tensor_ranks_and_expert_ranks(launches: Pool) -> Non
     assert abs(got - want) <= 0.02 * want, (got, want)
 
 
+@pytest.mark.parametrize("case, pp", [("etp2-tp4", 1), ("etp2-dp2", 2)])
+def test_experts_split_over_some_of_the_ranks(case: str, pp: int, launches: Pool) -> None:
+    """etp 2 other than tp (Megatron allows any etp the ranks fold into): over 2 of 4
+    tensor ranks, each slice then held by two ranks of one replica that route different
+    tokens; over the 2 replicas at tp 1, each expert split across them. Place q holds
+    units slice q % 2 of every expert; the one-process loss and gradients, and the
+    activation peak near `simulate`'s."""
+    run = launches.get(case)
+    assert run.returncode == 0, run.stderr
+    argv = [a.replace("{tmp}", str(run.tmp)) for a in run.argv]
+    args = _args(argv)
+    fields = config_from_args(args).model.fields()
+    m, dp, tp = load_problem(args).schedule.microbatches, args.dp or 1, args.tp or 1
+    loss, grads = reference_step(load_builder(builder_spec(None, fields), fields), m * dp)
+    assert run.summary["losses"][0] == pytest.approx(loss, rel=1e-5)
+    unit_dims = {".mlp.gate": 2, ".mlp.up": 2, ".mlp.down": 1}
+    seen = 0
+    for d in range(dp):
+        for r in range(pp):
+            for t in range(tp):
+                dump = torch.load(run.tmp / f"grads.rank{(d * pp + r) * tp + t}.pt")["grads"]
+                for name, g in dump.items():
+                    end = next((e for e in unit_dims if name.endswith(e)), None)
+                    if end is not None:
+                        want = grads[name].chunk(2, unit_dims[end])[(d * tp + t) % 2]
+                        torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-6, msg=name)
+                        seen += 1
+    assert seen
+    events = json.loads((run.tmp / "out" / "trace.json").read_text())["traceEvents"]
+    got = [max(e["args"]["activations"] for e in events if e.get("ph") == "C"
+               and e["pid"] == r) for r in range(pp)]
+    for g, w in zip(got, between_ops_peaks(argv), strict=True):
+        assert abs(g - w) <= 0.02 * w, (got, w)
+
+
 def _cli(*argv: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "ppsim.cli", *argv], cwd=ROOT, env=env,

@@ -33,9 +33,6 @@ def test_tensor_parallel_run_refusals(argv, words, tmp_path, capsys, monkeypatch
 
 
 @pytest.mark.parametrize("model, argv, error", [
-    # the executor splits each expert over every tensor rank (etp = tp) or none (etp 1)
-    ("num_experts = 4\ntop_k = 2\nmoe_ffn_hidden_size = 96\netp = 2\n", ["--tp", "4"],
-     "model.etp: 2: the executor splits each expert over all the tensor ranks (4)"),
     # a builder's own parallelize runs on the meta device first: a width tp does not
     # divide is named
     ('num_heads = 6\nnum_kv_heads = 6\nhidden_size = 96\nbuilder = "tests/model_tp.py:build"\n',
