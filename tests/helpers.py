@@ -241,3 +241,28 @@ def cp_layer_traffic(c: Any) -> tuple[float, float, float, float]:
     f = next(x for x in comm.forward if x.group == "cp")
     b = next(x for x in comm.backward if x.group == "cp")
     return f.total_ms, f.exposed_ms, b.total_ms, b.exposed_ms
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def ppsim_cli(*argv: str) -> subprocess.CompletedProcess:
+    """`python -m ppsim.cli ARGV` from the repository root, one thread a process."""
+    import os
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "ppsim.cli", *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def diff_with_simulation(run: Any, costs: Path, tmp_path: Path) -> dict[str, Any]:
+    """`ppsim diff` of a pooled launch's trace (tests/e2e/launches.py) against its
+    simulation from `costs` with the launch's own flags: the JSON it prints."""
+    argv = [a.replace("{tmp}", str(run.tmp)) for a in run.argv]
+    sim = tmp_path / "sim.json"
+    r = ppsim_cli("simulate", "--costs", str(costs), *argv, "--trace", str(sim), "--json")
+    assert r.returncode == 0, r.stderr
+    d = ppsim_cli("diff", str(run.tmp / "out" / "trace.json"), str(sim), "--json")
+    assert d.returncode == 0, d.stderr
+    return json.loads(d.stdout)
+

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from helpers import between_ops_peaks  # noqa: E402
+from helpers import between_ops_peaks, diff_with_simulation, ppsim_cli  # noqa: E402
 from launches import MOE_TOML, Pool  # noqa: E402
 
 from ppsim.cli.flags import config_from_args  # noqa: E402
@@ -27,7 +24,6 @@ from ppsim.executor.reference import reference_step  # noqa: E402
 from ppsim.pipeline.problem import model_costs  # noqa: E402
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
 EP = 2
 EXPERT_STACKS = (".mlp.gate", ".mlp.up", ".mlp.down")
 """The routed experts' weights (E x ... each): a rank holds E / ep of them."""
@@ -173,12 +169,6 @@ def test_experts_split_over_some_of_the_ranks(case: str, pp: int, launches: Pool
         assert abs(g - w) <= 0.02 * w, (got, w)
 
 
-def _cli(*argv: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "ppsim.cli", *argv], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
 @pytest.fixture(scope="module")
 def ep_costs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
     """`ppsim profile` of the MoE at ep 2 (dp 2): two gloo processes, each holding half
@@ -186,7 +176,7 @@ def ep_costs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict
     d = tmp_path_factory.mktemp("ep-profile")
     cfg, out = d / "moe-ep.toml", d / "costs.json"
     cfg.write_text(MOE_TOML + "ep = 2\n")
-    r = _cli("profile", "--config", str(cfg), "--dp", "2", "--microbatches", "4", "--repeats",
+    r = ppsim_cli("profile", "--config", str(cfg), "--dp", "2", "--microbatches", "4", "--repeats",
              "2", "--warmup", "1", "--no-p2p", "--out", str(out), "--json")
     assert r.returncode == 0, r.stderr
     return cfg, out, json.loads(r.stdout)
@@ -211,7 +201,7 @@ def test_profile_measures_each_rank_with_its_share_of_the_experts(ep_costs) -> N
     held_elsewhere = 3 * (4 - 4 // EP) * h * 96  # gate, up, down of the other experts
     assert [w - m for w, m in zip(at_ep1, measured, strict=True)] == [0, held_elsewhere] * 4
     # the file is for ep 2 alone
-    one = _cli("simulate", "--costs", str(path), "--config", str(whole), "--dp", "2")
+    one = ppsim_cli("simulate", "--costs", str(path), "--config", str(whole), "--dp", "2")
     assert one.returncode == 2 and "ep" in one.stderr
 
 
@@ -219,11 +209,5 @@ def test_diff_compares_an_expert_parallel_run_with_its_simulation(ep_costs, laun
                                                                   tmp_path: Path) -> None:
     run = launches.get("ep2-dp2-1f1b")
     assert run.returncode == 0, run.stderr
-    argv = [a.replace("{tmp}", str(run.tmp)) for a in run.argv]
-    sim = tmp_path / "sim.json"
-    r = _cli("simulate", "--costs", str(ep_costs[1]), *argv, "--trace", str(sim), "--json")
-    assert r.returncode == 0, r.stderr
-    d = _cli("diff", str(run.tmp / "out" / "trace.json"), str(sim), "--json")
-    assert d.returncode == 0, d.stderr
-    got = json.loads(d.stdout)
+    got = diff_with_simulation(run, ep_costs[1], tmp_path)
     assert got["ops_matched"] == 16 and got["ops_only_in"] == [0, 0]

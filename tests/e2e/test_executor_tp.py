@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from helpers import between_ops_peaks  # noqa: E402
+from helpers import between_ops_peaks, diff_with_simulation, ppsim_cli  # noqa: E402
 from launches import Pool  # noqa: E402
 
 from ppsim.cli.flags import config_from_args  # noqa: E402
@@ -147,17 +144,11 @@ def test_a_hybrid_stack_splits_as_it_runs_whole(launches: Pool) -> None:
         assert tp2 == pytest.approx(tp1, abs=0.005), ratios
 
 
-def _cli(*argv: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "ppsim.cli", *argv], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
 @pytest.fixture(scope="module")
 def tp_costs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     """`ppsim profile --tp 2`: the pieces in two gloo processes, each holding its shard."""
     out = tmp_path_factory.mktemp("tp-profile") / "costs.json"
-    r = _cli("profile", "--tp", "2", "--microbatches", "4", "--repeats", "3", "--warmup", "1",
+    r = ppsim_cli("profile", "--tp", "2", "--microbatches", "4", "--repeats", "3", "--warmup", "1",
              "--no-p2p", "--out", str(out), "--json")
     assert r.returncode == 0, r.stderr
     return out, json.loads(r.stdout)
@@ -173,10 +164,10 @@ def test_profile_measures_the_tensor_parallel_collectives(tp_costs) -> None:
         assert 0 < c[key] < 1e3
     # The file is for the tp 2 model: its sharded layers, loadable only at tp 2.
     assert doc["model"]["tp"] == 2
-    one = _cli("simulate", "--costs", str(path), "--tp", "1", "--json")
+    one = ppsim_cli("simulate", "--costs", str(path), "--tp", "1", "--json")
     assert one.returncode == 2 and "tp" in one.stderr
     # ... and with sequence parallelism, as the processes ran it
-    whole = _cli("simulate", "--costs", str(path), "--tp", "2", "--no-sequence-parallel")
+    whole = ppsim_cli("simulate", "--costs", str(path), "--tp", "2", "--no-sequence-parallel")
     assert whole.returncode == 2 and "model.sequence_parallel" in whole.stderr
 
 
@@ -187,12 +178,6 @@ def test_diff_compares_a_tensor_parallel_run_with_its_simulation(launches: Pool,
     measured = read_trace(str(run.tmp / "out" / "trace.json"))
     # The trace names pipeline ranks, so sends pair with their receives.
     assert {op.rank for op in measured.ops} == {0, 1}
-    sim = tmp_path / "sim.json"
-    argv = [a.replace("{tmp}", str(run.tmp)) for a in run.argv]
-    r = _cli("simulate", "--costs", str(tp_costs[0]), *argv, "--trace", str(sim), "--json")
-    assert r.returncode == 0, r.stderr
-    d = _cli("diff", str(run.tmp / "out" / "trace.json"), str(sim), "--json")
-    assert d.returncode == 0, d.stderr
-    got = json.loads(d.stdout)
+    got = diff_with_simulation(run, tp_costs[0], tmp_path)
     assert got["ops_matched"] == 16 and got["ops_only_in"] == [0, 0]
     assert all(t > 0 for t in got["iteration_time_ms"])
