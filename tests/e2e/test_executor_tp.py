@@ -23,7 +23,6 @@ from ppsim.executor.reference import reference_step  # noqa: E402
 from ppsim.trace.schema import read_trace  # noqa: E402
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
 TP = 2
 CASES = ["tp2-1f1b", "tp2-llama-1f1b", "tp2-llama-policy", "tp2-moe-1f1b", "tp2-moe-policy",
          "tp2-mla-1f1b", "tp2-mla-q-offload", "tp2-dp2-interleaved-gated"]
