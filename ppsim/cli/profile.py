@@ -16,6 +16,7 @@ from ppsim.cli.costs import COSTS_NOTE, costs_table, hardware_profile
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
 from ppsim.cli.runchecks import (
     RANKS_PER_DEVICE,
+    check_context_parallel,
     check_tensor_parallel,
     host_devices,
 )
@@ -99,6 +100,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         sys.stderr.write(f"ppsim profile: note: {note}\n")
 
     _check_processes(cfg, args.device)
+    check_context_parallel(cfg.model.arch, "profile")
     _check_parallel_on_cpu(cfg.model.arch, args.device)
     if cfg.model.arch.tp > 1:
         check_tensor_parallel(load_builder(builder_spec(None, fields), fields), fields,

@@ -95,9 +95,19 @@ def check_host_memory(args: argparse.Namespace, problem: Any, copies: int) -> No
                     "fewer --num-layers, a smaller --hidden-size), or on GPUs (--device cuda)")
 
 
+def check_context_parallel(a: Any, what: str) -> None:
+    """The executor's ranks are pp x dp x tp, each running the whole sequence: a model
+    with cp > 1 is refused rather than run (or measured) as if cp were 1."""
+    if a.cp > 1:
+        raise UserError("model.cp", f"{a.cp}: the executor runs no context parallelism "
+                        "(each of its ranks would run the whole sequence)",
+                        f"set [model] cp = 1 to {what} the model (simulate and plan price it)")
+
+
 def check_features(cfg: Any) -> None:
     """What the config asks that the executor does not run: refused, not run otherwise."""
     a = cfg.model.arch
+    check_context_parallel(a, "run")
     if cfg.pipeline.overlap_moe_expert_parallel_comm:
         raise UserError("pipeline.overlap_moe_expert_parallel_comm", "the executor runs its "
                         "all-to-alls in order, overlapping none", "drop it to run the model "

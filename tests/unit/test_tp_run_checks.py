@@ -33,6 +33,8 @@ def test_tensor_parallel_run_refusals(argv, words, tmp_path, capsys, monkeypatch
 
 
 @pytest.mark.parametrize("model, argv, error", [
+    # context parallelism is not run: refused, not run as if cp were 1
+    ("cp = 2\n", ["--pp", "2"], "model.cp: 2: the executor runs no context parallelism"),
     # a builder's own parallelize runs on the meta device first: a width tp does not
     # divide is named
     ('num_heads = 6\nnum_kv_heads = 6\nhidden_size = 96\nbuilder = "tests/model_tp.py:build"\n',
