@@ -126,6 +126,8 @@ def _gather_pairs(x: torch.Tensor, g: TensorGroup, counts: list[list[int]]) -> t
     brought it under ep; padded to the most for the collective), expert-major."""
     rows = [sum(row) for row in counts]
     most = max(rows)
+    if most == 0:  # no rank has a pair for these experts (every rank sees so)
+        return x[:0].clone()
     padded = F.pad(x, (0, 0) * (x.dim() - 1) + (0, most - x.shape[0]))
     out = x.new_empty((most * g.size, *x.shape[1:]))
     ALL_GATHER(out, padded.contiguous(), group=g.group)
@@ -137,6 +139,8 @@ def _scatter_pairs(y: torch.Tensor, g: TensorGroup, counts: list[list[int]]) -> 
     """This rank's pairs of the expert-major rows `y`, summed over the ranks."""
     rows = [sum(row) for row in counts]
     most = max(rows)
+    if most == 0:
+        return y[:0].clone()
     whole = _regrouped(y, counts, by_expert=False)
     parts = [F.pad(part, (0, 0) * (y.dim() - 1) + (0, most - n))
              for part, n in zip(whole.split(rows), rows, strict=True)]
