@@ -15,6 +15,7 @@ from ppsim.cli.flags import (
     emit_json,
     outputs_apart,
 )
+from ppsim.cli.logcheck import compare, comparison_line
 from ppsim.cli.megatron_args import megatron_model_args
 from ppsim.cli.picture import render_png
 from ppsim.cli.render import (
@@ -50,6 +51,7 @@ from ppsim.plan.advice import fit_hint
 from ppsim.policy.report import copy_events, host_step_line, policy_json
 from ppsim.schedules.generators import interleaved_group, schedule_placement
 from ppsim.sim.engines import simulator
+from ppsim.trace.joblog import read_job_log
 from ppsim.trace.schema import collective_strips, simulation_trace, step_spans, write_trace
 
 
@@ -233,6 +235,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.trace or args.png:
         limits.check_request(cfg, limits.TRACE)
     problem = build_problem(cfg)
+    logged = read_job_log(args.compare_log) if args.compare_log else None
     if assumed:  # after the checks: bad input stays one line on stderr
         print(f"ppsim simulate: {assumed}", file=sys.stderr)
     print_notes(problem.schedule, "simulate")
@@ -272,15 +275,25 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                    **policy_json(problem),
                    **job_dict(problem.hardware.job, s.iteration_time_ms),
                    **_waits(problem, s),
-                   **({} if s.fits else {"fit_hint": fit_hint(problem)})})
+                   **({} if s.fits else {"fit_hint": fit_hint(problem)}),
+                   **({"compared_with_log": _compared(logged, problem, s).to_dict()}
+                      if logged else {})})
         return 0
     _print_simulation(sim)
+    if logged:
+        print(comparison_line(_compared(logged, problem, s)))
     warn_host(policy_json(problem), cfg.hardware)
     if args.trace:
         print(f"trace written to {args.trace} (open in https://ui.perfetto.dev)")
     if args.png:
         print(f"timeline picture written to {args.png}")
     return 0
+
+
+def _compared(logged: Any, problem: Any, s: Any) -> Any:
+    job = problem.hardware.job
+    return compare(logged, s.iteration_time_ms,
+                   job.throughput(s.iteration_time_ms) if job is not None else None)
 
 
 def warn_host(host: dict[str, Any], hw: Any) -> None:
@@ -355,6 +368,9 @@ def register(commands: dict[str, Any]) -> None:
         p.add_argument("--json", action="store_true", help="one JSON object on stdout")
         p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace (Perfetto)")
         p.add_argument("--png", metavar="OUT.png", help="write the timeline as a picture")
+        p.add_argument("--compare-log", metavar="LOG", help="the job's own training log "
+                       "(Megatron-LM's or torchtitan's): its logged iteration time, "
+                       "TFLOP/s/GPU, tokens/s and MFU beside the simulation's")
         p.add_argument("--engine", choices=("event", "simpy"), default="event",
                        # "fast" is accepted as another name for the default engine.
                        type=lambda name: "event" if name == "fast" else name,

@@ -1,0 +1,120 @@
+"""What a real job's training log says of its speed, to set beside a simulation.
+
+Megatron-LM prints, every `--log-interval` iterations (megatron/training/training.py,
+training_log), a line of ` | `-separated fields, among them `iteration N/ M`,
+`elapsed time per iteration (ms): T` and, with `--log-throughput`,
+`throughput per GPU (TFLOP/s/GPU): F` (its own FLOP count, ppsim.job.flops), each an
+average over the interval. torchtitan prints (torchtitan/components/metrics.py, maybe
+with ANSI colours) `step: N  loss: ...  tps: 5,762  tflops: 334.70  mfu: 33.84%`: tokens
+per second per device (`wps` in its releases before mid-2024), TFLOP/s per device by its
+count, and MFU.
+
+The first logged line of a run holds its warm-up (compilation, allocator growth, the
+first all-gathers), so it is left out where later lines follow; the median of the rest
+is what a simulation of the steady iteration is compared with.
+
+Pure logic: no torch.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ppsim.config import files
+from ppsim.errors import UserError
+
+MAX_LOG_BYTES = 1 << 30
+"""A training log is read line by line; past this it is refused."""
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_NUMBER = r"([0-9][0-9,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)"
+_MEGATRON = {"iteration": re.compile(r"\biteration\s+([0-9]+)\s*/"),
+             "iteration_ms": re.compile(r"elapsed time per iteration \(ms\):\s*" + _NUMBER),
+             "tflops_per_gpu": re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*" + _NUMBER)}
+_TORCHTITAN = {"iteration": re.compile(r"\bstep:\s*([0-9]+)\b"),
+               "tokens_per_s_per_gpu": re.compile(r"\b[tw]ps:\s*" + _NUMBER),
+               "tflops_per_gpu": re.compile(r"\btflops:\s*" + _NUMBER),
+               "mfu": re.compile(r"\bmfu:\s*" + _NUMBER + "%")}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoggedStep:
+    """One logged line: an average over the iterations since the line before."""
+
+    framework: str
+    """"Megatron-LM" or "torchtitan": whose line it is."""
+    iteration: int
+    iteration_ms: float | None = None
+    """Megatron's `elapsed time per iteration (ms)`."""
+    tflops_per_gpu: float | None = None
+    """Megatron's `throughput per GPU (TFLOP/s/GPU)`, or torchtitan's `tflops`."""
+    tokens_per_s_per_gpu: float | None = None
+    """torchtitan's `tps` (per device)."""
+    mfu: float | None = None
+    """torchtitan's `mfu`, a fraction."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoggedRun:
+    """The steady lines of one training log."""
+
+    framework: str
+    """"Megatron-LM" or "torchtitan"."""
+    steps: tuple[LoggedStep, ...]
+    """The lines compared: every logged line but the first where more follow."""
+    left_out: int
+    """Lines left out as warm-up (0 or 1)."""
+
+    def median(self, name: str) -> float | None:
+        """The median of one field over the steady lines that print it."""
+        values = [v for s in self.steps if (v := getattr(s, name)) is not None]
+        return statistics.median(values) if values else None
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def parse_line(line: str) -> LoggedStep | None:
+    """The step one log line reports; None for any other line."""
+    line = _ANSI.sub("", line)
+    for framework, fields, needs in (("Megatron-LM", _MEGATRON, "iteration_ms"),
+                                     ("torchtitan", _TORCHTITAN, "tokens_per_s_per_gpu")):
+        found = {k: m.group(1) for k, rx in fields.items() if (m := rx.search(line))}
+        if "iteration" in found and needs in found:
+            values = {k: _number(v) for k, v in found.items() if k != "iteration"}
+            if "mfu" in values:
+                values["mfu"] /= 100
+            return LoggedStep(framework=framework, iteration=int(found["iteration"]), **values)
+    return None
+
+
+def logged_run(lines: Iterable[str], path: str = "log") -> LoggedRun:
+    """The steady lines of a log (one framework's; the first line left out where more
+    follow). A log with no speed lines, or with both frameworks' lines, is a UserError."""
+    frameworks: set[str] = set()
+    steps: list[LoggedStep] = []
+    for line in lines:
+        step = parse_line(line)
+        if step is not None:
+            frameworks.add(step.framework)
+            steps.append(step)
+    if not steps:
+        raise UserError("--compare-log", f"{path} has no line Megatron-LM ('elapsed time per "
+                        "iteration (ms)') or torchtitan ('step: ... tps: ...') prints",
+                        "pass the training log of the job this simulates")
+    if len(frameworks) > 1:
+        raise UserError("--compare-log", f"{path} holds both Megatron-LM's and torchtitan's "
+                        "lines", "pass one job's log")
+    left_out = 1 if len(steps) > 1 else 0
+    return LoggedRun(framework=frameworks.pop(), steps=tuple(steps[left_out:]),
+                     left_out=left_out)
+
+
+def read_job_log(path: str) -> LoggedRun:
+    """A training log's steady lines, read line by line (ppsim.config.files)."""
+    return logged_run(files.text_lines("--compare-log", path, MAX_LOG_BYTES, "training log"),
+                      path)

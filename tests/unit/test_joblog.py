@@ -1,0 +1,131 @@
+"""A real job's training log beside its simulation (`ppsim simulate --compare-log`): the
+lines as Megatron-LM and torchtitan print them, restated here from their sources."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ppsim.cli.main import main
+from ppsim.errors import UserError
+from ppsim.trace.joblog import logged_run, parse_line
+
+
+def megatron_line(iteration: int, ms: float, tflops: float | None) -> str:
+    """megatron/training/training.py, training_log: the fields in their order and
+    formats (`{:8d}/{:8d}`, `{:.1f}`), `throughput per GPU` only with --log-throughput."""
+    line = " [2026-12-01 10:00:00.123456]"
+    line += f" iteration {iteration:8d}/{500000:8d} |"
+    line += f" consumed samples: {iteration * 1024:12d} |"
+    line += f" elapsed time per iteration (ms): {ms:.1f} |"
+    if tflops is not None:
+        line += f" throughput per GPU (TFLOP/s/GPU): {tflops:.1f} |"
+    line += f" learning rate: {3e-4:.6E} | global batch size: {1024:5d} |"
+    line += f" lm loss: {7.1:.6E} | loss scale: 1.0 | grad norm: 1.234 |"
+    return line
+
+
+def torchtitan_line(step: int, tps: float, tflops: float, mfu: float) -> str:
+    """torchtitan/components/metrics.py, MetricsProcessor.log: coloured fields (tps
+    rounded with thousands separators, tflops `,.2f`, mfu `.2f%`) after the logger's
+    prefix."""
+    red, green, blue, cyan, magenta, reset = (f"\x1b[{c}m" for c in (31, 32, 34, 36, 35, 39))
+    return (f"[rank0]:[titan] 2024-12-01 10:00:00,123 - root - INFO - {red}step: {step:2}  "
+            f"{green}loss:  7.1234  memory: 30.50GiB(32.11%)  {blue}tps: {round(tps):,}  "
+            f"{cyan}tflops: {tflops:,.2f}  {magenta}mfu: {mfu:.2f}%{reset}")
+
+
+@given(st.integers(1, 10**7), st.floats(0.1, 1e7), st.floats(0.1, 5000.0))
+def test_a_megatron_line_reads_back_as_printed(iteration, ms, tflops) -> None:
+    step = parse_line(megatron_line(iteration, ms, tflops))
+    assert step is not None and step.framework == "Megatron-LM"
+    assert step.iteration == iteration
+    assert step.iteration_ms == pytest.approx(float(f"{ms:.1f}"))
+    assert step.tflops_per_gpu == pytest.approx(float(f"{tflops:.1f}"))
+
+
+@given(st.integers(1, 10**6), st.floats(1.0, 1e8), st.floats(0.01, 5000.0),
+       st.floats(0.0, 100.0))
+def test_a_torchtitan_line_reads_back_as_printed(step_no, tps, tflops, mfu) -> None:
+    step = parse_line(torchtitan_line(step_no, tps, tflops, mfu))
+    assert step is not None and step.framework == "torchtitan"
+    assert step.iteration == step_no
+    assert step.tokens_per_s_per_gpu == round(tps)
+    assert step.tflops_per_gpu == pytest.approx(float(f"{tflops:.2f}"))
+    assert step.mfu == pytest.approx(float(f"{mfu:.2f}") / 100)
+
+
+def test_the_first_line_is_warm_up_and_the_rest_give_their_median() -> None:
+    lines = ["loading checkpoint...", megatron_line(10, 30000.0, 170.0),
+             megatron_line(20, 15100.0, 340.0), "validation loss ...",
+             megatron_line(30, 15300.0, 336.0), megatron_line(40, 15000.0, 342.0)]
+    run = logged_run(lines)
+    assert run.framework == "Megatron-LM" and run.left_out == 1 and len(run.steps) == 3
+    assert run.median("iteration_ms") == 15100.0
+    assert run.median("tflops_per_gpu") == 340.0
+    assert run.median("tokens_per_s_per_gpu") is None
+    one = logged_run([megatron_line(10, 1234.5, None)])
+    assert one.left_out == 0 and one.median("iteration_ms") == 1234.5
+    assert one.median("tflops_per_gpu") is None  # no --log-throughput
+
+
+@pytest.mark.parametrize("lines, words", [
+    (["nothing here", "iteration 5 done"], "has no line Megatron-LM"),
+    ([megatron_line(10, 1.0, 1.0), torchtitan_line(10, 1.0, 1.0, 1.0)], "holds both"),
+])
+def test_a_log_without_one_frameworks_speed_lines_is_refused(lines, words) -> None:
+    with pytest.raises(UserError, match=words) as err:
+        logged_run(lines)
+    assert err.value.field == "--compare-log"
+
+
+SIMULATE = ["simulate", "--preset", "llama3.1-405b", "--hardware", "h100-80gb", "--tp", "8",
+            "--pp", "16", "--microbatches", "32"]
+
+
+def test_simulate_sets_the_logged_speed_beside_its_own(tmp_path, capsys) -> None:
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(megatron_line(10 * i, ms, tf) for i, (ms, tf) in enumerate(
+        [(40000.0, 130.0), (15000.0, 345.0), (15200.0, 340.0), (15100.0, 342.0)], 1)))
+    assert main([*SIMULATE, "--json", "--compare-log", str(log)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    got = doc["compared_with_log"]
+    assert got["framework"] == "Megatron-LM" and got["lines"] == 3 and got["left_out"] == 1
+    assert got["logged"] == {"iteration_ms": 15100.0, "tflops_per_gpu": 342.0}
+    ms, tflops = doc["iteration_time_ms"], doc["throughput"]["tflops_per_gpu"]
+    assert got["error"]["iteration_ms"] == pytest.approx(ms / 15100.0 - 1)
+    assert got["error"]["tflops_per_gpu"] == pytest.approx(tflops / 342.0 - 1)
+    assert main([*SIMULATE, "--compare-log", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert "logged by Megatron-LM (median of 3 line(s), the first left out as warm-up): " \
+           "iteration 15,100.0 ms, 342.0 TFLOP/s/GPU; simulated: iteration" in out
+
+
+def test_torchtitans_log_is_compared_by_its_own_flop_count(tmp_path, capsys) -> None:
+    log = tmp_path / "titan.log"
+    log.write_text("\n".join(torchtitan_line(10 * i, tps, 300.0, 30.0)
+                             for i, tps in enumerate([100.0, 5000.0, 5200.0], 1)))
+    argv = ["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--fsdp", "--dp",
+            "8", "--pp", "1", "--json", "--compare-log", str(log)]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    got, t = doc["compared_with_log"], doc["throughput"]
+    assert got["logged"] == {"tokens_per_s_per_gpu": 5100.0, "tflops_per_gpu": 300.0,
+                             "mfu": 0.3}
+    assert got["simulated"]["tflops_per_gpu"] == t["torchtitan_tflops_per_gpu"]
+    assert got["simulated"]["mfu"] == t["torchtitan_mfu"]
+    assert got["error"]["tokens_per_s_per_gpu"] == pytest.approx(
+        t["tokens_per_s_per_gpu"] / 5100.0 - 1)
+
+
+@pytest.mark.parametrize("content", [None, "no speed here\n"])
+def test_a_missing_or_speedless_log_exits_2_in_one_line(content, tmp_path, capsys) -> None:
+    log = tmp_path / "train.log"
+    if content is not None:
+        log.write_text(content)
+    assert main([*SIMULATE, "--compare-log", str(log)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--compare-log" in err[0] and "Traceback" not in err[0]
