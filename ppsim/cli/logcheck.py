@@ -31,6 +31,8 @@ class LogComparison:
     simulated: dict[str, float]
     error: dict[str, float]
     """simulated / logged - 1, per field."""
+    global_batch_sizes: tuple[int, int] | None = None
+    """(logged, simulated) where they differ: the two are not the same job."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -50,13 +52,18 @@ def _simulated(framework: str, iteration_ms: float, t: Throughput | None) -> dic
     return out
 
 
-def compare(run: LoggedRun, iteration_ms: float, t: Throughput | None) -> LogComparison:
-    """The fields the log prints and the simulation gives, with the simulation's error."""
+def compare(run: LoggedRun, iteration_ms: float, t: Throughput | None,
+            global_batch_size: int | None = None) -> LogComparison:
+    """The fields the log prints and the simulation gives, with the simulation's error;
+    the two global batch sizes where the log prints one and it differs."""
     simulated = _simulated(run.framework, iteration_ms, t)
     logged = {k: v for k in simulated if (v := run.median(k)) is not None and v > 0}
+    gbs = run.median("global_batch_size")
     return LogComparison(framework=run.framework, lines=len(run.steps), left_out=run.left_out,
                          logged=logged, simulated={k: simulated[k] for k in logged},
-                         error={k: simulated[k] / v - 1 for k, v in logged.items()})
+                         error={k: simulated[k] / v - 1 for k, v in logged.items()},
+                         global_batch_sizes=(int(gbs), global_batch_size)
+                         if gbs and global_batch_size and gbs != global_batch_size else None)
 
 
 def _value(name: str, v: float) -> str:
@@ -72,5 +79,8 @@ def comparison_line(c: LogComparison) -> str:
                 "simulation gives (a uniform model has no tokens or FLOPs)")
     logged = ", ".join(_value(k, v) for k, v in c.logged.items())
     simulated = ", ".join(f"{_value(k, c.simulated[k])} ({c.error[k]:+.1%})" for k in c.logged)
+    other = "" if c.global_batch_sizes is None else (
+        f" (but the log's global batch size is {c.global_batch_sizes[0]:,}, the simulated "
+        f"job's {c.global_batch_sizes[1]:,}: not the same job)")
     return (f"logged by {c.framework} (median of {c.lines} line(s){first}): {logged}; "
-            f"simulated: {simulated}")
+            f"simulated: {simulated}{other}")

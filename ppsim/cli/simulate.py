@@ -292,8 +292,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def _compared(logged: Any, problem: Any, s: Any) -> Any:
     job = problem.hardware.job
-    return compare(logged, s.iteration_time_ms,
-                   job.throughput(s.iteration_time_ms) if job is not None else None)
+    if job is None:
+        return compare(logged, s.iteration_time_ms, None)
+    return compare(logged, s.iteration_time_ms, job.throughput(s.iteration_time_ms),
+                   job.describe()["global_batch_size"])
 
 
 def warn_host(host: dict[str, Any], hw: Any) -> None:

@@ -33,7 +33,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _NUMBER = r"([0-9][0-9,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)"
 _MEGATRON = {"iteration": re.compile(r"\biteration\s+([0-9]+)\s*/"),
              "iteration_ms": re.compile(r"elapsed time per iteration \(ms\):\s*" + _NUMBER),
-             "tflops_per_gpu": re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*" + _NUMBER)}
+             "tflops_per_gpu": re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*" + _NUMBER),
+             "global_batch_size": re.compile(r"global batch size:\s*([0-9]+)")}
 _TORCHTITAN = {"iteration": re.compile(r"\bstep:\s*([0-9]+)\b"),
                "tokens_per_s_per_gpu": re.compile(r"\b[tw]ps:\s*" + _NUMBER),
                "tflops_per_gpu": re.compile(r"\btflops:\s*" + _NUMBER),
@@ -55,6 +56,8 @@ class LoggedStep:
     """torchtitan's `tps` (per device)."""
     mfu: float | None = None
     """torchtitan's `mfu`, a fraction."""
+    global_batch_size: float | None = None
+    """Megatron's `global batch size` (sequences an iteration)."""
 
 
 @dataclass(frozen=True, kw_only=True)

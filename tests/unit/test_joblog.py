@@ -14,7 +14,7 @@ from ppsim.errors import UserError
 from ppsim.trace.joblog import logged_run, parse_line
 
 
-def megatron_line(iteration: int, ms: float, tflops: float | None) -> str:
+def megatron_line(iteration: int, ms: float, tflops: float | None, gbs: int = 1024) -> str:
     """megatron/training/training.py, training_log: the fields in their order and
     formats (`{:8d}/{:8d}`, `{:.1f}`), `throughput per GPU` only with --log-throughput."""
     line = " [2026-12-01 10:00:00.123456]"
@@ -23,7 +23,7 @@ def megatron_line(iteration: int, ms: float, tflops: float | None) -> str:
     line += f" elapsed time per iteration (ms): {ms:.1f} |"
     if tflops is not None:
         line += f" throughput per GPU (TFLOP/s/GPU): {tflops:.1f} |"
-    line += f" learning rate: {3e-4:.6E} | global batch size: {1024:5d} |"
+    line += f" learning rate: {3e-4:.6E} | global batch size: {gbs:5d} |"
     line += f" lm loss: {7.1:.6E} | loss scale: 1.0 | grad norm: 1.234 |"
     return line
 
@@ -98,10 +98,16 @@ def test_simulate_sets_the_logged_speed_beside_its_own(tmp_path, capsys) -> None
     ms, tflops = doc["iteration_time_ms"], doc["throughput"]["tflops_per_gpu"]
     assert got["error"]["iteration_ms"] == pytest.approx(ms / 15100.0 - 1)
     assert got["error"]["tflops_per_gpu"] == pytest.approx(tflops / 342.0 - 1)
+    # the log's job trained 1,024 sequences an iteration, the simulated one more
+    assert got["global_batch_sizes"] == [1024, doc["job"]["global_batch_size"]] != [1024, 1024]
     assert main([*SIMULATE, "--compare-log", str(log)]) == 0
     out = capsys.readouterr().out
     assert "logged by Megatron-LM (median of 3 line(s), the first left out as warm-up): " \
            "iteration 15,100.0 ms, 342.0 TFLOP/s/GPU; simulated: iteration" in out
+    assert "the log's global batch size is 1,024" in out
+    log.write_text(megatron_line(10, 15000.0, 345.0, doc["job"]["global_batch_size"]))
+    assert main([*SIMULATE, "--json", "--compare-log", str(log)]) == 0
+    assert json.loads(capsys.readouterr().out)["compared_with_log"]["global_batch_sizes"] is None
 
 
 def test_torchtitans_log_is_compared_by_its_own_flop_count(tmp_path, capsys) -> None:
