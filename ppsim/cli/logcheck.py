@@ -5,6 +5,7 @@ by its own FLOP count."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -15,6 +16,18 @@ _UNITS = {"iteration_ms": ("iteration", "ms", ",.1f"),
           "tflops_per_gpu": ("", "TFLOP/s/GPU", ",.1f"),
           "tokens_per_s_per_gpu": ("", "tokens/s/GPU", ",.0f"),
           "mfu": ("MFU", "", ".1%")}
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageMemory:
+    """One pipeline rank's peak: Megatron's `max allocated` (the most of the ranks that
+    hold that stage and reported) beside the simulated peak."""
+
+    pipeline_rank: int
+    logged_bytes: float
+    simulated_bytes: float
+    error: float
+    """simulated / logged - 1."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +46,8 @@ class LogComparison:
     """simulated / logged - 1, per field."""
     global_batch_sizes: tuple[int, int] | None = None
     """(logged, simulated) where they differ: the two are not the same job."""
+    memory: tuple[StageMemory, ...] = ()
+    """Each pipeline rank some rank of which reported its memory (Megatron)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -52,10 +67,25 @@ def _simulated(framework: str, iteration_ms: float, t: Throughput | None) -> dic
     return out
 
 
+def stage_memory(run: LoggedRun, peaks: list[int], stage_of: Callable[[int], int]
+                 ) -> tuple[StageMemory, ...]:
+    """Each pipeline rank's logged peak (the most of its reporting ranks, `stage_of`
+    mapping a global rank to its pipeline rank) beside `peaks`, the simulated ones."""
+    logged: dict[int, float] = {}
+    for rank, nbytes in run.max_allocated.items():
+        r = stage_of(rank)
+        logged[r] = max(logged.get(r, 0.0), nbytes)
+    return tuple(StageMemory(pipeline_rank=r, logged_bytes=v, simulated_bytes=peaks[r],
+                             error=peaks[r] / v - 1)
+                 for r, v in sorted(logged.items()) if v > 0 and r < len(peaks))
+
+
 def compare(run: LoggedRun, iteration_ms: float, t: Throughput | None,
-            global_batch_size: int | None = None) -> LogComparison:
+            global_batch_size: int | None = None,
+            memory: tuple[StageMemory, ...] = ()) -> LogComparison:
     """The fields the log prints and the simulation gives, with the simulation's error;
-    the two global batch sizes where the log prints one and it differs."""
+    the two global batch sizes where the log prints one and it differs; `memory`, each
+    stage's peaks (stage_memory)."""
     simulated = _simulated(run.framework, iteration_ms, t)
     logged = {k: v for k in simulated if (v := run.median(k)) is not None and v > 0}
     gbs = run.median("global_batch_size")
@@ -63,12 +93,22 @@ def compare(run: LoggedRun, iteration_ms: float, t: Throughput | None,
                          logged=logged, simulated={k: simulated[k] for k in logged},
                          error={k: simulated[k] / v - 1 for k, v in logged.items()},
                          global_batch_sizes=(int(gbs), global_batch_size)
-                         if gbs and global_batch_size and gbs != global_batch_size else None)
+                         if gbs and global_batch_size and gbs != global_batch_size else None,
+                         memory=memory)
 
 
 def _value(name: str, v: float) -> str:
     label, unit, fmt = _UNITS[name]
     return " ".join(x for x in (label, format(v, fmt), unit) if x)
+
+
+def memory_line(c: LogComparison) -> str | None:
+    """The stages' peaks, logged / simulated GB (10^9 bytes); None where none was logged."""
+    if not c.memory:
+        return None
+    return ("peak memory by pipeline rank (Megatron's max allocated / simulated, GB): "
+            + ", ".join(f"r{m.pipeline_rank} {m.logged_bytes / 1e9:.1f} / "
+                        f"{m.simulated_bytes / 1e9:.1f} ({m.error:+.1%})" for m in c.memory))
 
 
 def comparison_line(c: LogComparison) -> str:

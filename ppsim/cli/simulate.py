@@ -15,7 +15,7 @@ from ppsim.cli.flags import (
     emit_json,
     outputs_apart,
 )
-from ppsim.cli.logcheck import compare, comparison_line
+from ppsim.cli.logcheck import compare, comparison_line, memory_line, stage_memory
 from ppsim.cli.megatron_args import megatron_model_args
 from ppsim.cli.picture import render_png
 from ppsim.cli.render import (
@@ -37,6 +37,7 @@ from ppsim.costs.hybrid import KIND_SYMBOLS
 from ppsim.errors import UserError
 from ppsim.job import combined
 from ppsim.job.exposure import exposed_comm_ms, overlap_hint, overlaps_off
+from ppsim.job.ranks import Sizes, pipeline_rank
 from ppsim.pipeline.exports import parse_deepspeed_specs
 from ppsim.pipeline.hybrid_exports import exports_of
 from ppsim.pipeline.megatron_rules import refusals
@@ -281,7 +282,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return 0
     _print_simulation(sim)
     if logged:
-        print(comparison_line(_compared(logged, problem, s)))
+        compared = _compared(logged, problem, s)
+        for line in (comparison_line(compared), memory_line(compared)):
+            if line:
+                print(line)
     warn_host(policy_json(problem), cfg.hardware)
     if args.trace:
         print(f"trace written to {args.trace} (open in https://ui.perfetto.dev)")
@@ -291,11 +295,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _compared(logged: Any, problem: Any, s: Any) -> Any:
-    job = problem.hardware.job
+    """The simulation beside the job's log (ppsim.cli.logcheck): its speed, and each
+    stage's peak where the log reports memory (global ranks placed by the job's order)."""
+    job, peaks = problem.hardware.job, [r.peak_memory_bytes for r in s.ranks]
     if job is None:
-        return compare(logged, s.iteration_time_ms, None)
+        return compare(logged, s.iteration_time_ms, None,
+                       memory=stage_memory(logged, peaks, lambda rank: rank))
+    d = job.describe()
+    sizes = Sizes(tp=d["tp"], cp=d["cp"], dp=d["dp"], pp=d["pp"])
     return compare(logged, s.iteration_time_ms, job.throughput(s.iteration_time_ms),
-                   job.describe()["global_batch_size"])
+                   d["global_batch_size"], stage_memory(
+                       logged, peaks, lambda rank: pipeline_rank(rank, sizes, d["rank_order"])))
 
 
 def warn_host(host: dict[str, Any], hw: Any) -> None:

@@ -106,6 +106,12 @@ def group_ranks(s: Sizes, dims: tuple[str, ...], order: str = DEFAULT_ORDER,
     return sorted(ranks)
 
 
+def pipeline_rank(rank: int, s: Sizes, order: str = DEFAULT_ORDER) -> int:
+    """The pipeline rank a global rank holds."""
+    sizes = world_sizes(s, experts=False)
+    return rank // _strides(sizes, parse_order(order))["pp"] % s.pp
+
+
 def span(ranks: list[int], gpus_per_node: int) -> Span:
     """How a group's ranks fall on nodes of `gpus_per_node` GPUs."""
     per: dict[int, int] = {}

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ppsim.config import files
 from ppsim.errors import UserError
@@ -35,6 +35,10 @@ _MEGATRON = {"iteration": re.compile(r"\biteration\s+([0-9]+)\s*/"),
              "iteration_ms": re.compile(r"elapsed time per iteration \(ms\):\s*" + _NUMBER),
              "tflops_per_gpu": re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*" + _NUMBER),
              "global_batch_size": re.compile(r"global batch size:\s*([0-9]+)")}
+_MEMORY = re.compile(r"\[Rank ([0-9]+)\].*memory \(MB\).*\| max allocated:\s*" + _NUMBER)
+"""megatron/training/utils report_memory, printed by each data-parallel rank 0 after the
+first iterations: `[Rank R] (after N iterations) memory (MB) | allocated: A | max
+allocated: M | ...` (MB of 2^20 bytes)."""
 _TORCHTITAN = {"iteration": re.compile(r"\bstep:\s*([0-9]+)\b"),
                "tokens_per_s_per_gpu": re.compile(r"\b[tw]ps:\s*" + _NUMBER),
                "tflops_per_gpu": re.compile(r"\btflops:\s*" + _NUMBER),
@@ -70,6 +74,9 @@ class LoggedRun:
     """The lines compared: every logged line but the first where more follow."""
     left_out: int
     """Lines left out as warm-up (0 or 1)."""
+    max_allocated: dict[int, float] = field(default_factory=dict)
+    """Megatron's `max allocated` per global rank that reported it, in bytes (the largest
+    report: the one after the optimizer's state exists)."""
 
     def median(self, name: str) -> float | None:
         """The median of one field over the steady lines that print it."""
@@ -100,11 +107,15 @@ def logged_run(lines: Iterable[str], path: str = "log") -> LoggedRun:
     follow). A log with no speed lines, or with both frameworks' lines, is a UserError."""
     frameworks: set[str] = set()
     steps: list[LoggedStep] = []
+    memory: dict[int, float] = {}
     for line in lines:
         step = parse_line(line)
         if step is not None:
             frameworks.add(step.framework)
             steps.append(step)
+        elif (m := _MEMORY.search(line)) is not None:
+            rank = int(m.group(1))
+            memory[rank] = max(memory.get(rank, 0.0), _number(m.group(2)) * 2**20)
     if not steps:
         raise UserError("--compare-log", f"{path} has no line Megatron-LM ('elapsed time per "
                         "iteration (ms)') or torchtitan ('step: ... tps: ...') prints",
@@ -114,7 +125,7 @@ def logged_run(lines: Iterable[str], path: str = "log") -> LoggedRun:
                         "lines", "pass one job's log")
     left_out = 1 if len(steps) > 1 else 0
     return LoggedRun(framework=frameworks.pop(), steps=tuple(steps[left_out:]),
-                     left_out=left_out)
+                     left_out=left_out, max_allocated=memory)
 
 
 def read_job_log(path: str) -> LoggedRun:

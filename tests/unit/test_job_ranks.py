@@ -9,7 +9,16 @@ from hypothesis import strategies as st
 from ppsim.config.presets import HARDWARE_PRESETS
 from ppsim.config.schema import config_from_dict
 from ppsim.errors import UserError
-from ppsim.job.ranks import DIMS, Sizes, group_ranks, parse_order, pipeline_hops, span
+from ppsim.job.ranks import (
+    DIMS,
+    TP_PP_DP_ORDER,
+    Sizes,
+    group_ranks,
+    parse_order,
+    pipeline_hops,
+    pipeline_rank,
+    span,
+)
 from ppsim.job.topology import network
 
 
@@ -81,3 +90,21 @@ def test_groups_are_distinct_ranks_of_the_world(s: Sizes, order: list[str], gpn:
     where = span(ranks, gpn)
     assert where.per_node * where.nodes >= where.size
     assert where.crosses_nodes == (len({r // gpn for r in ranks}) > 1)
+
+
+def test_the_docstring_examples_pipeline_ranks() -> None:
+    # the 16 GPUs above: pp groups [g0, g4, g8, g12], [g1, g5, g9, g13], ...
+    s = Sizes(tp=2, dp=2, pp=4)
+    assert [pipeline_rank(g, s) for g in range(16)] == [g // 4 for g in range(16)]
+
+
+@given(st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2]), st.integers(1, 6),
+       st.integers(1, 8), st.sampled_from(["tp-cp-ep-dp-pp", TP_PP_DP_ORDER]))
+def test_each_rank_of_a_pipeline_group_holds_its_stage(tp, cp, dp, pp, order) -> None:
+    """The ranks of rank 0's pipeline group, ascending, hold stages 0, 1, ..., pp - 1, and
+    every rank holds one stage, each stage as many ranks."""
+    s = Sizes(tp=tp, cp=cp, dp=dp, pp=pp)
+    group = group_ranks(s, ("pp",), order)
+    assert [pipeline_rank(g, s, order) for g in group] == list(range(pp))
+    stages = [pipeline_rank(g, s, order) for g in range(s.gpus)]
+    assert all(stages.count(r) == s.gpus // pp for r in range(pp))

@@ -135,3 +135,34 @@ def test_a_missing_or_speedless_log_exits_2_in_one_line(content, tmp_path, capsy
     assert main([*SIMULATE, "--compare-log", str(log)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--compare-log" in err[0] and "Traceback" not in err[0]
+
+
+def memory_line(rank: int, iterations: int, max_mb: float) -> str:
+    """megatron/training/utils report_memory (MB of 2^20 bytes, `:.2f` in current
+    releases), printed by each data-parallel rank 0."""
+    return (f"[Rank {rank}] (after {iterations} iterations) memory (MB) | allocated: "
+            f"{max_mb / 2:.2f} | max allocated: {max_mb:.2f} | reserved: {max_mb + 9:.2f} | "
+            f"max reserved: {max_mb + 10:.2f}")
+
+
+def test_each_stages_logged_peak_is_set_beside_the_simulated(tmp_path, capsys) -> None:
+    """The 405B job on 8,192 GPUs (tp 8, dp 64, pp 16): data-parallel rank 0 of stage p
+    holds global ranks 512 p .. 512 p + 7 in Megatron's order; each rank's largest report
+    counts (the one after the optimizer's state exists), a stage's most of its ranks."""
+    log = tmp_path / "train.log"
+    log.write_text("\n".join([megatron_line(10, 15000.0, 345.0),
+                               memory_line(0, 10, 50000.0), memory_line(0, 20, 60000.0),
+                               memory_line(3, 20, 61000.5), memory_line(512, 20, 55000.0),
+                               memory_line(7680, 20, 40000.0)]))
+    assert main([*SIMULATE, "--json", "--compare-log", str(log)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    peaks = [r["peak_memory_bytes"] for r in doc["ranks"]]
+    got = doc["compared_with_log"]["memory"]
+    want = {0: 61000.5 * 2**20, 1: 55000.0 * 2**20, 15: 40000.0 * 2**20}
+    assert [m["pipeline_rank"] for m in got] == [0, 1, 15]
+    for m in got:
+        assert m["logged_bytes"] == want[m["pipeline_rank"]]
+        assert m["simulated_bytes"] == peaks[m["pipeline_rank"]]
+        assert m["error"] == pytest.approx(peaks[m["pipeline_rank"]] / m["logged_bytes"] - 1)
+    assert main([*SIMULATE, "--compare-log", str(log)]) == 0
+    assert f"r0 {61000.5 * 2**20 / 1e9:.1f} / {peaks[0] / 1e9:.1f}" in capsys.readouterr().out
