@@ -1,7 +1,7 @@
 """`ppsim simulate --compare-log LOG`: the simulated iteration beside what the job's own
 training log printed (ppsim.trace.joblog), in the units that log uses: Megatron-LM's
 iteration time and TFLOP/s per GPU, torchtitan's tokens/s per device, TFLOP/s and MFU
-by its own FLOP count."""
+by its own FLOP count, DeepSpeed's samples/s; and each stage's logged peak memory."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from ppsim.job.throughput import Throughput
 from ppsim.trace.joblog import LoggedRun
 
 _UNITS = {"iteration_ms": ("iteration", "ms", ",.1f"),
+          "samples_per_s": ("", "samples/s", ",.2f"),
           "tflops_per_gpu": ("", "TFLOP/s/GPU", ",.1f"),
           "tokens_per_s_per_gpu": ("", "tokens/s/GPU", ",.0f"),
           "mfu": ("MFU", "", ".1%")}
@@ -20,8 +21,9 @@ _UNITS = {"iteration_ms": ("iteration", "ms", ",.1f"),
 
 @dataclass(frozen=True, kw_only=True)
 class StageMemory:
-    """One pipeline rank's peak: Megatron's `max allocated` (the most of the ranks that
-    hold that stage and reported) beside the simulated peak."""
+    """One pipeline rank's peak: the log's `max allocated` (Megatron's; DeepSpeed's rank
+    0's; the most of the ranks that hold that stage and reported) beside the simulated
+    peak."""
 
     pipeline_rank: int
     logged_bytes: float
@@ -35,7 +37,7 @@ class LogComparison:
     """The fields both the log and the simulation give, side by side."""
 
     framework: str
-    """Whose log: "Megatron-LM" or "torchtitan"."""
+    """Whose log: "Megatron-LM", "torchtitan" or "DeepSpeed"."""
     lines: int
     """Logged lines compared (their median)."""
     left_out: int
@@ -53,9 +55,12 @@ class LogComparison:
         return asdict(self)
 
 
-def _simulated(framework: str, iteration_ms: float, t: Throughput | None) -> dict[str, float]:
+def _simulated(framework: str, iteration_ms: float, t: Throughput | None,
+               global_batch_size: int | None) -> dict[str, float]:
     """The simulation in the log's own units (torchtitan counts FLOPs its own way)."""
     out = {"iteration_ms": iteration_ms}
+    if global_batch_size:
+        out["samples_per_s"] = global_batch_size / (iteration_ms / 1e3)
     if t is None:
         return out
     out["tokens_per_s_per_gpu"] = t.tokens_per_s_per_gpu
@@ -86,7 +91,7 @@ def compare(run: LoggedRun, iteration_ms: float, t: Throughput | None,
     """The fields the log prints and the simulation gives, with the simulation's error;
     the two global batch sizes where the log prints one and it differs; `memory`, each
     stage's peaks (stage_memory)."""
-    simulated = _simulated(run.framework, iteration_ms, t)
+    simulated = _simulated(run.framework, iteration_ms, t, global_batch_size)
     logged = {k: v for k in simulated if (v := run.median(k)) is not None and v > 0}
     gbs = run.median("global_batch_size")
     return LogComparison(framework=run.framework, lines=len(run.steps), left_out=run.left_out,
@@ -106,7 +111,7 @@ def memory_line(c: LogComparison) -> str | None:
     """The stages' peaks, logged / simulated GB (10^9 bytes); None where none was logged."""
     if not c.memory:
         return None
-    return ("peak memory by pipeline rank (Megatron's max allocated / simulated, GB): "
+    return ("peak memory by pipeline rank (the log's max allocated / simulated, GB): "
             + ", ".join(f"r{m.pipeline_rank} {m.logged_bytes / 1e9:.1f} / "
                         f"{m.simulated_bytes / 1e9:.1f} ({m.error:+.1%})" for m in c.memory))
 

@@ -7,7 +7,12 @@ training_log), a line of ` | `-separated fields, among them `iteration N/ M`,
 average over the interval. torchtitan prints (torchtitan/components/metrics.py, maybe
 with ANSI colours) `step: N  loss: ...  tps: 5,762  tflops: 334.70  mfu: 33.84%`: tokens
 per second per device (`wps` in its releases before mid-2024), TFLOP/s per device by its
-count, and MFU.
+count, and MFU. DeepSpeed's engine prints every `steps_per_print` steps
+(deepspeed/utils/timer.py, ThroughputTimer) `epoch=E/micro_step=M/global_step=S,
+RunningAvgSamplesPerSec=R, CurrSamplesPerSec=C, MemAllocated=AGB, MaxMemAllocated=XGB`:
+C is the whole job's samples (its train batch size) per second over that step, X rank
+0's peak in GiB. A Megatron-DeepSpeed log holds both Megatron's and DeepSpeed's lines;
+Megatron's are read.
 
 The first logged line of a run holds its warm-up (compilation, allocator growth, the
 first all-gathers), so it is left out where later lines follow; the median of the rest
@@ -39,6 +44,9 @@ _MEMORY = re.compile(r"\[Rank ([0-9]+)\].*memory \(MB\).*\| max allocated:\s*" +
 """megatron/training/utils report_memory, printed by each data-parallel rank 0 after the
 first iterations: `[Rank R] (after N iterations) memory (MB) | allocated: A | max
 allocated: M | ...` (MB of 2^20 bytes)."""
+_DEEPSPEED = {"iteration": re.compile(r"\bglobal_step=([0-9]+)"),
+              "samples_per_s": re.compile(r"\bCurrSamplesPerSec=" + _NUMBER),
+              "max_allocated_gib": re.compile(r"\bMaxMemAllocated=" + _NUMBER + "GB")}
 _TORCHTITAN = {"iteration": re.compile(r"\bstep:\s*([0-9]+)\b"),
                "tokens_per_s_per_gpu": re.compile(r"\b[tw]ps:\s*" + _NUMBER),
                "tflops_per_gpu": re.compile(r"\btflops:\s*" + _NUMBER),
@@ -50,7 +58,7 @@ class LoggedStep:
     """One logged line: an average over the iterations since the line before."""
 
     framework: str
-    """"Megatron-LM" or "torchtitan": whose line it is."""
+    """"Megatron-LM", "torchtitan" or "DeepSpeed": whose line it is."""
     iteration: int
     iteration_ms: float | None = None
     """Megatron's `elapsed time per iteration (ms)`."""
@@ -62,6 +70,10 @@ class LoggedStep:
     """torchtitan's `mfu`, a fraction."""
     global_batch_size: float | None = None
     """Megatron's `global batch size` (sequences an iteration)."""
+    samples_per_s: float | None = None
+    """DeepSpeed's `CurrSamplesPerSec` (the whole job's)."""
+    max_allocated_gib: float | None = None
+    """DeepSpeed's `MaxMemAllocated` (rank 0's, GiB)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,7 +104,8 @@ def parse_line(line: str) -> LoggedStep | None:
     """The step one log line reports; None for any other line."""
     line = _ANSI.sub("", line)
     for framework, fields, needs in (("Megatron-LM", _MEGATRON, "iteration_ms"),
-                                     ("torchtitan", _TORCHTITAN, "tokens_per_s_per_gpu")):
+                                     ("torchtitan", _TORCHTITAN, "tokens_per_s_per_gpu"),
+                                     ("DeepSpeed", _DEEPSPEED, "samples_per_s")):
         found = {k: m.group(1) for k, rx in fields.items() if (m := rx.search(line))}
         if "iteration" in found and needs in found:
             values = {k: _number(v) for k, v in found.items() if k != "iteration"}
@@ -103,8 +116,9 @@ def parse_line(line: str) -> LoggedStep | None:
 
 
 def logged_run(lines: Iterable[str], path: str = "log") -> LoggedRun:
-    """The steady lines of a log (one framework's; the first line left out where more
-    follow). A log with no speed lines, or with both frameworks' lines, is a UserError."""
+    """The steady lines of a log (one framework's, Megatron's where DeepSpeed's are beside
+    them; the first line left out where more follow). A log with no speed lines, or with
+    torchtitan's beside another's, is a UserError."""
     frameworks: set[str] = set()
     steps: list[LoggedStep] = []
     memory: dict[int, float] = {}
@@ -113,16 +127,23 @@ def logged_run(lines: Iterable[str], path: str = "log") -> LoggedRun:
         if step is not None:
             frameworks.add(step.framework)
             steps.append(step)
+            if step.max_allocated_gib is not None:  # DeepSpeed logs on rank 0
+                memory[0] = max(memory.get(0, 0.0), step.max_allocated_gib * 2**30)
         elif (m := _MEMORY.search(line)) is not None:
             rank = int(m.group(1))
             memory[rank] = max(memory.get(rank, 0.0), _number(m.group(2)) * 2**20)
     if not steps:
         raise UserError("--compare-log", f"{path} has no line Megatron-LM ('elapsed time per "
-                        "iteration (ms)') or torchtitan ('step: ... tps: ...') prints",
+                        "iteration (ms)'), torchtitan ('step: ... tps: ...') or DeepSpeed "
+                        "('CurrSamplesPerSec=') prints",
                         "pass the training log of the job this simulates")
-    if len(frameworks) > 1:
-        raise UserError("--compare-log", f"{path} holds both Megatron-LM's and torchtitan's "
-                        "lines", "pass one job's log")
+    if "torchtitan" in frameworks and len(frameworks) > 1:
+        raise UserError("--compare-log", f"{path} holds torchtitan's lines beside "
+                        f"{' and '.join(sorted(frameworks - {'torchtitan'}))}'s",
+                        "pass one job's log")
+    if frameworks == {"Megatron-LM", "DeepSpeed"}:  # Megatron-DeepSpeed
+        frameworks = {"Megatron-LM"}
+        steps = [s for s in steps if s.framework == "Megatron-LM"]
     left_out = 1 if len(steps) > 1 else 0
     return LoggedRun(framework=frameworks.pop(), steps=tuple(steps[left_out:]),
                      left_out=left_out, max_allocated=memory)

@@ -72,9 +72,37 @@ def test_the_first_line_is_warm_up_and_the_rest_give_their_median() -> None:
     assert one.median("tflops_per_gpu") is None  # no --log-throughput
 
 
+def deepspeed_line(step: int, samples_per_s: float, max_gib: float) -> str:
+    """deepspeed/utils/timer.py, ThroughputTimer.stop: `{}`-formatted fields after the
+    logger's prefix; memory in GiB rounded to 2 places."""
+    running, now = samples_per_s * 0.97, round(max_gib / 3, 2)
+    return ("[2024-03-07 15:27:02,646] [INFO] [timer.py:260:stop] "
+            f"epoch={0}/micro_step={step}/global_step={step}, RunningAvgSamplesPerSec="
+            f"{running}, CurrSamplesPerSec={samples_per_s}, MemAllocated={now}GB, "
+            f"MaxMemAllocated={round(max_gib, 2)}GB")
+
+
+@given(st.integers(1, 10**6), st.floats(0.001, 1e6), st.floats(0.0, 200.0))
+def test_a_deepspeed_line_reads_back_as_printed(step_no, samples, gib) -> None:
+    step = parse_line(deepspeed_line(step_no, samples, gib))
+    assert step is not None and step.framework == "DeepSpeed"
+    assert step.iteration == step_no and step.samples_per_s == samples
+    assert step.max_allocated_gib == round(gib, 2)
+
+
+def test_a_megatron_deepspeed_log_reads_megatrons_lines() -> None:
+    run = logged_run([deepspeed_line(10, 50.0, 19.5), megatron_line(10, 14287.5, None),
+                      deepspeed_line(20, 53.0, 19.6), megatron_line(20, 14100.0, None)])
+    assert run.framework == "Megatron-LM" and [s.iteration_ms for s in run.steps] == [14100.0]
+    assert run.max_allocated == {0: 19.6 * 2**30}  # DeepSpeed's rank 0 report
+
+
 @pytest.mark.parametrize("lines, words", [
     (["nothing here", "iteration 5 done"], "has no line Megatron-LM"),
-    ([megatron_line(10, 1.0, 1.0), torchtitan_line(10, 1.0, 1.0, 1.0)], "holds both"),
+    ([megatron_line(10, 1.0, 1.0), torchtitan_line(10, 1.0, 1.0, 1.0)],
+     "torchtitan's lines beside Megatron-LM's"),
+    ([deepspeed_line(10, 1.0, 1.0), torchtitan_line(10, 1.0, 1.0, 1.0)],
+     "torchtitan's lines beside DeepSpeed's"),
 ])
 def test_a_log_without_one_frameworks_speed_lines_is_refused(lines, words) -> None:
     with pytest.raises(UserError, match=words) as err:
@@ -166,3 +194,16 @@ def test_each_stages_logged_peak_is_set_beside_the_simulated(tmp_path, capsys) -
         assert m["error"] == pytest.approx(peaks[m["pipeline_rank"]] / m["logged_bytes"] - 1)
     assert main([*SIMULATE, "--compare-log", str(log)]) == 0
     assert f"r0 {61000.5 * 2**20 / 1e9:.1f} / {peaks[0] / 1e9:.1f}" in capsys.readouterr().out
+
+
+def test_deepspeeds_samples_per_second_against_the_simulated_batch(tmp_path, capsys) -> None:
+    log = tmp_path / "ds.log"
+    log.write_text("\n".join(deepspeed_line(10 * i, sps, 70.0) for i, sps in
+                             enumerate([20.0, 140.0, 150.0, 145.0], 1)))
+    assert main([*SIMULATE, "--json", "--compare-log", str(log)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    got = doc["compared_with_log"]
+    assert got["framework"] == "DeepSpeed" and got["logged"] == {"samples_per_s": 145.0}
+    simulated = doc["job"]["global_batch_size"] / (doc["iteration_time_ms"] / 1e3)
+    assert got["simulated"]["samples_per_s"] == pytest.approx(simulated)
+    assert [(m["pipeline_rank"], m["logged_bytes"]) for m in got["memory"]] == [(0, 70 * 2**30)]
