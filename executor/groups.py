@@ -50,11 +50,12 @@ def rank_groups(rank: int, pp: int, dp: int, tp: int, sequence_parallel: bool,
     held = groups(places.replica_groups) if copies > 1 else None
     q = d * tp + t  # this rank's place among its pipeline rank's tp x dp
     i, k = group_of(places.expert_groups, q), group_of(places.replica_groups, q)
-    set_group(tensor,
-              ExpertGroup(group=shared[r][i], rank=places.expert_groups[i].index(q), size=ep)
-              if shared else None,
-              tensor if etp == tp else TensorGroup(
-                  group=split[r][group_of(places.tensor_groups, q)], rank=q % etp, size=etp)
-              if split else None)
+    experts_over = ExpertGroup(group=shared[r][i], rank=places.expert_groups[i].index(q),
+                               size=ep) if shared else None
+    each_over = tensor if etp == tp else None  # the ranks each expert is split over
+    if split:
+        each_over = TensorGroup(group=split[r][group_of(places.tensor_groups, q)],
+                                rank=q % etp, size=etp)
+    set_group(tensor, experts_over, each_over)
     return replace(replica, experts_apart=True, expert_group=held[r][k] if held else None,
                    expert_replicas=copies, expert_index=places.replica_groups[k].index(q))
