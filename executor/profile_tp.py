@@ -111,7 +111,7 @@ def _worker(rank: int, port: int, fields: dict[str, Any], world: int, repeats: i
                             world_size=world, timeout=timedelta(seconds=300))
     a = architecture(fields)
     tp, ep = a.tp, ExpertShape.of(a).ep
-    try:
+    try:  # pp 1: the processes are world / tp replicas of one stage
         rank_groups(rank, 1, world // tp, tp, a.sequence_parallel, ExpertShape.of(a))
         experts = expert_group()
         torch.manual_seed(0)
@@ -149,8 +149,8 @@ def measure_in_processes(fields: dict[str, Any], repeats: int, warmup: int,
     expert parallelism, and the bare collectives' times as rank 0 measured them, with the
     layers sampled."""
     a = architecture(fields)
-    tp, ep = a.tp, ExpertShape.of(a).ep
-    world = profile_processes(tp, ep, ExpertShape.of(a).etp)
+    tp, experts = a.tp, ExpertShape.of(a)
+    world = profile_processes(tp, experts.ep, experts.etp)
     with tempfile.TemporaryDirectory(prefix="ppsim-profile-tp-") as out:
         docs = spawn_results(_worker, (free_port(), fields, world, repeats, warmup,
                                        microbatches, out), world,
@@ -158,6 +158,6 @@ def measure_in_processes(fields: dict[str, Any], repeats: int, warmup: int,
     costs = ModelCosts(layers=tuple(_slowest(docs, "layers", i)
                                     for i in range(len(docs[0]["layers"]))),
                        embedding=_slowest(docs, "embedding"), head=_slowest(docs, "head"))
-    return costs, {"tp": tp, "ep": ep, "etp": ExpertShape.of(a).etp, "processes": world,
-                   "backend": "gloo",
-                   **docs[0]["collectives"], "layers_sampled": docs[0]["layer_indices"]}
+    return costs, {"tp": tp, "ep": experts.ep, "etp": experts.etp, "processes": world,
+                   "backend": "gloo", **docs[0]["collectives"],
+                   "layers_sampled": docs[0]["layer_indices"]}

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ppsim.job.ranks import Sizes, pipeline_rank
 from ppsim.job.throughput import Throughput
 from ppsim.trace.joblog import LoggedRun
 
@@ -105,6 +106,20 @@ def compare(run: LoggedRun, iteration_ms: float, t: Throughput | None,
 def _value(name: str, v: float) -> str:
     label, unit, fmt = _UNITS[name]
     return " ".join(x for x in (label, format(v, fmt), unit) if x)
+
+
+def compared_with(logged: LoggedRun, problem: Any, s: Any) -> LogComparison:
+    """A simulated problem (its summary `s`) beside the job's log: its speed, and each
+    stage's peak where the log reports memory (global ranks placed by the job's order)."""
+    job, peaks = problem.hardware.job, [r.peak_memory_bytes for r in s.ranks]
+    if job is None:
+        return compare(logged, s.iteration_time_ms, None,
+                       memory=stage_memory(logged, peaks, lambda rank: rank))
+    d = job.describe()
+    sizes = Sizes(tp=d["tp"], cp=d["cp"], dp=d["dp"], pp=d["pp"])
+    return compare(logged, s.iteration_time_ms, job.throughput(s.iteration_time_ms),
+                   d["global_batch_size"], stage_memory(
+                       logged, peaks, lambda rank: pipeline_rank(rank, sizes, d["rank_order"])))
 
 
 def memory_line(c: LogComparison) -> str | None:

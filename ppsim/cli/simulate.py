@@ -15,7 +15,7 @@ from ppsim.cli.flags import (
     emit_json,
     outputs_apart,
 )
-from ppsim.cli.logcheck import compare, comparison_line, memory_line, stage_memory
+from ppsim.cli.logcheck import compared_with, comparison_line, memory_line
 from ppsim.cli.megatron_args import megatron_model_args
 from ppsim.cli.picture import render_png
 from ppsim.cli.render import (
@@ -37,7 +37,6 @@ from ppsim.costs.hybrid import KIND_SYMBOLS
 from ppsim.errors import UserError
 from ppsim.job import combined
 from ppsim.job.exposure import exposed_comm_ms, overlap_hint, overlaps_off
-from ppsim.job.ranks import Sizes, pipeline_rank
 from ppsim.pipeline.exports import parse_deepspeed_specs
 from ppsim.pipeline.hybrid_exports import exports_of
 from ppsim.pipeline.megatron_rules import refusals
@@ -277,12 +276,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                    **job_dict(problem.hardware.job, s.iteration_time_ms),
                    **_waits(problem, s),
                    **({} if s.fits else {"fit_hint": fit_hint(problem)}),
-                   **({"compared_with_log": _compared(logged, problem, s).to_dict()}
+                   **({"compared_with_log": compared_with(logged, problem, s).to_dict()}
                       if logged else {})})
         return 0
     _print_simulation(sim)
     if logged:
-        compared = _compared(logged, problem, s)
+        compared = compared_with(logged, problem, s)
         for line in (comparison_line(compared), memory_line(compared)):
             if line:
                 print(line)
@@ -292,20 +291,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.png:
         print(f"timeline picture written to {args.png}")
     return 0
-
-
-def _compared(logged: Any, problem: Any, s: Any) -> Any:
-    """The simulation beside the job's log (ppsim.cli.logcheck): its speed, and each
-    stage's peak where the log reports memory (global ranks placed by the job's order)."""
-    job, peaks = problem.hardware.job, [r.peak_memory_bytes for r in s.ranks]
-    if job is None:
-        return compare(logged, s.iteration_time_ms, None,
-                       memory=stage_memory(logged, peaks, lambda rank: rank))
-    d = job.describe()
-    sizes = Sizes(tp=d["tp"], cp=d["cp"], dp=d["dp"], pp=d["pp"])
-    return compare(logged, s.iteration_time_ms, job.throughput(s.iteration_time_ms),
-                   d["global_batch_size"], stage_memory(
-                       logged, peaks, lambda rank: pipeline_rank(rank, sizes, d["rank_order"])))
 
 
 def warn_host(host: dict[str, Any], hw: Any) -> None:
