@@ -4,10 +4,12 @@ Megatron-LM prints, every `--log-interval` iterations (megatron/training/trainin
 training_log), a line of ` | `-separated fields, among them `iteration N/ M`,
 `elapsed time per iteration (ms): T` and, with `--log-throughput`,
 `throughput per GPU (TFLOP/s/GPU): F` (its own FLOP count, ppsim.job.flops), each an
-average over the interval. torchtitan prints (torchtitan/components/metrics.py, maybe
-with ANSI colours) `step: N  loss: ...  tps: 5,762  tflops: 334.70  mfu: 33.84%`: tokens
-per second per device (`wps` in its releases before mid-2024), TFLOP/s per device by its
-count, and MFU. DeepSpeed's engine prints every `steps_per_print` steps
+average over the interval (forks that print `compute per GPU (TFLOP/s/GPU)` and tokens
+per GPU, as AMD's Primus does, are read too). torchtitan prints
+(torchtitan/components/metrics.py, maybe with ANSI colours)
+`step: N  loss: ...  tps: 5,762  tflops: 334.70  mfu: 33.84%`: tokens per second per
+device (`wps` in its releases before mid-2024), TFLOP/s per device by its count, and
+MFU. DeepSpeed's engine prints every `steps_per_print` steps
 (deepspeed/utils/timer.py, ThroughputTimer) `epoch=E/micro_step=M/global_step=S,
 RunningAvgSamplesPerSec=R, CurrSamplesPerSec=C, MemAllocated=AGB, MaxMemAllocated=XGB`:
 C is the whole job's samples (its train batch size) per second over that step, X rank
@@ -38,7 +40,10 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _NUMBER = r"([0-9][0-9,]*(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)"
 _MEGATRON = {"iteration": re.compile(r"\biteration\s+([0-9]+)\s*/"),
              "iteration_ms": re.compile(r"elapsed time per iteration \(ms\):\s*" + _NUMBER),
-             "tflops_per_gpu": re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*" + _NUMBER),
+             "tflops_per_gpu": re.compile(r"(?:throughput|compute) per GPU \(TFLOP/s/GPU\):\s*"
+                                          + _NUMBER),
+             "tokens_per_s_per_gpu": re.compile(r"(?:tokens per GPU \(tokens/s/GPU\)|Tokens per "
+                                                r"second per GPU \(Tok/s/GPU\)):\s*" + _NUMBER),
              "global_batch_size": re.compile(r"global batch size:\s*([0-9]+)")}
 _MEMORY = re.compile(r"\[Rank ([0-9]+)\].*memory \(MB\).*\| max allocated:\s*" + _NUMBER)
 """megatron/training/utils report_memory, printed by each data-parallel rank 0 after the

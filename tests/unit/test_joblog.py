@@ -58,6 +58,19 @@ def test_a_torchtitan_line_reads_back_as_printed(step_no, tps, tflops, mfu) -> N
     assert step.mfu == pytest.approx(float(f"{mfu:.2f}") / 100)
 
 
+@pytest.mark.parametrize("line", [
+    " iteration 80/ 100 | elapsed time per iteration (ms): 1548.1 | mem usages: 0.8131 | "
+    "throughput per GPU (TFLOP/s/GPU): 57.6 | Tokens per second per GPU (Tok/s/GPU): 2645.8 |",
+    " iteration 80/ 100 | elapsed time per iteration (ms): 1548.1 | tokens per GPU "
+    "(tokens/s/GPU): 2645.8 | compute per GPU (TFLOP/s/GPU): 57.6 (avg 57.5) |",
+])
+def test_forks_of_megatron_that_print_tokens_per_gpu(line) -> None:
+    step = parse_line(line)
+    assert step is not None and step.framework == "Megatron-LM" and step.iteration == 80
+    assert (step.iteration_ms, step.tflops_per_gpu, step.tokens_per_s_per_gpu) == (
+        1548.1, 57.6, 2645.8)
+
+
 def test_the_first_line_is_warm_up_and_the_rest_give_their_median() -> None:
     lines = ["loading checkpoint...", megatron_line(10, 30000.0, 170.0),
              megatron_line(20, 15100.0, 340.0), "validation loss ...",
