@@ -1,0 +1,77 @@
+"""How close is a run predicted from a profile measured in tensor- or expert-parallel
+processes? Profile, simulate, run, diff.
+
+A MoE tiny GPT (MoE every other layer, 4 experts, top-2) on 1F1B, pp 2, 4 microbatches:
+`ep = 2` over dp 2, and the same model at tp 2 (its experts split over the tensor ranks).
+`ppsim profile` times each piece in the ranks one tensor or expert group spans (2
+processes here), its collectives inside; the run has pp x dp x tp = 4 processes on this
+host, which the profile does not time beside each other. Each trial profiles, simulates,
+runs and diffs; the median trial is reported with every trial's error.
+
+Run:    .venv/bin/python benchmarks/bench_parallel_profile.py [--trials 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
+from launches import MOE_TOML  # noqa: E402  (the tests' MoE, as `simulate` and `run` read it)
+
+PIPELINE = ["--schedule", "1f1b", "--pp", "2", "--microbatches", "4"]
+CASES = {"ep 2 over dp 2": ("ep = 2\n", ["--dp", "2"]),
+         "tp 2 (experts split over it)": ("", ["--tp", "2"])}
+
+
+def ppsim(*args: str) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "ppsim.cli", *args], capture_output=True,
+                         text=True, env=env, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"ppsim {' '.join(args)} failed:\n{out.stderr}")
+    return out.stdout
+
+
+def trial(extra: str, flags: list[str], tmp: str) -> dict[str, float]:
+    cfg = os.path.join(tmp, "moe.toml")
+    Path(cfg).write_text(MOE_TOML + extra)
+    costs, sim, real = (os.path.join(tmp, n) for n in ("costs.json", "sim.json", "run"))
+    job = ["--config", cfg, *flags, *PIPELINE]
+    ppsim("profile", *job, "--out", costs)
+    ppsim("simulate", *job, "--costs", costs, "--trace", sim)
+    ppsim("run", *job, "--iterations", "6", "--trace-dir", real, "--json")
+    d = json.loads(ppsim("diff", sim, os.path.join(real, "trace.json"), "--json"))
+    predicted, measured = d["iteration_time_ms"]
+    return {"predicted_ms": predicted, "measured_ms": measured,
+            "error": (predicted - measured) / measured}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=3)
+    args = ap.parse_args()
+    for name, (extra, flags) in CASES.items():
+        runs = []
+        for i in range(args.trials):
+            with tempfile.TemporaryDirectory(prefix="ppsim-bench-") as tmp:
+                runs.append(trial(extra, flags, tmp))
+            print(f"  {name} trial {i + 1}: predicted {runs[-1]['predicted_ms']:.1f} ms, "
+                  f"measured {runs[-1]['measured_ms']:.1f} ms ({runs[-1]['error']:+.1%})",
+                  file=sys.stderr)
+        mid = sorted(runs, key=lambda r: r["error"])[len(runs) // 2]
+        trials = ", ".join(format(r["error"], "+.1%") for r in runs)
+        print(f"{name}: predicted {mid['predicted_ms']:.1f} ms, measured "
+              f"{mid['measured_ms']:.1f} ms, error {mid['error']:+.1%} (median of "
+              f"{len(runs)}; trials {trials}; "
+              f"spread {statistics.pstdev(r['error'] for r in runs):.1%})")
+
+
+if __name__ == "__main__":
+    main()
