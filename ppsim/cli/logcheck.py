@@ -51,6 +51,9 @@ class LogComparison:
     """(logged, simulated) where they differ: the two are not the same job."""
     memory: tuple[StageMemory, ...] = ()
     """Each pipeline rank some rank of which reported its memory (Megatron)."""
+    rank_beyond: tuple[int, int] | None = None
+    """(a rank the log reports memory for, the simulated job's GPUs) where that rank is
+    not in the simulated job: not the same job, and no stage compared."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,10 +91,11 @@ def stage_memory(run: LoggedRun, peaks: list[int], stage_of: Callable[[int], int
 
 def compare(run: LoggedRun, iteration_ms: float, t: Throughput | None,
             global_batch_size: int | None = None,
-            memory: tuple[StageMemory, ...] = ()) -> LogComparison:
+            memory: tuple[StageMemory, ...] = (),
+            rank_beyond: tuple[int, int] | None = None) -> LogComparison:
     """The fields the log prints and the simulation gives, with the simulation's error;
     the two global batch sizes where the log prints one and it differs; `memory`, each
-    stage's peaks (stage_memory)."""
+    stage's peaks (stage_memory); `rank_beyond`, a logged rank outside the job."""
     simulated = _simulated(run.framework, iteration_ms, t, global_batch_size)
     logged = {k: v for k in simulated if (v := run.median(k)) is not None and v > 0}
     gbs = run.median("global_batch_size")
@@ -100,7 +104,7 @@ def compare(run: LoggedRun, iteration_ms: float, t: Throughput | None,
                          error={k: simulated[k] / v - 1 for k, v in logged.items()},
                          global_batch_sizes=(int(gbs), global_batch_size)
                          if gbs and global_batch_size and gbs != global_batch_size else None,
-                         memory=memory)
+                         memory=memory, rank_beyond=rank_beyond)
 
 
 def _value(name: str, v: float) -> str:
@@ -112,14 +116,17 @@ def compared_with(logged: LoggedRun, problem: Any, s: Any) -> LogComparison:
     """A simulated problem (its summary `s`) beside the job's log: its speed, and each
     stage's peak where the log reports memory (global ranks placed by the job's order)."""
     job, peaks = problem.hardware.job, [r.peak_memory_bytes for r in s.ranks]
+    d = job.describe() if job is not None else {"gpus": len(peaks)}
+    top = max(logged.max_allocated, default=-1)
+    beyond = (top, d["gpus"]) if top >= d["gpus"] else None
     if job is None:
-        return compare(logged, s.iteration_time_ms, None,
-                       memory=stage_memory(logged, peaks, lambda rank: rank))
-    d = job.describe()
+        return compare(logged, s.iteration_time_ms, None, memory=() if beyond else
+                       stage_memory(logged, peaks, lambda rank: rank), rank_beyond=beyond)
     sizes = Sizes(tp=d["tp"], cp=d["cp"], dp=d["dp"], pp=d["pp"])
     return compare(logged, s.iteration_time_ms, job.throughput(s.iteration_time_ms),
-                   d["global_batch_size"], stage_memory(
-                       logged, peaks, lambda rank: pipeline_rank(rank, sizes, d["rank_order"])))
+                   d["global_batch_size"], () if beyond else stage_memory(
+                       logged, peaks, lambda rank: pipeline_rank(rank, sizes, d["rank_order"])),
+                   beyond)
 
 
 def memory_line(c: LogComparison) -> str | None:
@@ -142,5 +149,8 @@ def comparison_line(c: LogComparison) -> str:
     other = "" if c.global_batch_sizes is None else (
         f" (but the log's global batch size is {c.global_batch_sizes[0]:,}, the simulated "
         f"job's {c.global_batch_sizes[1]:,}: not the same job)")
+    if c.rank_beyond is not None:
+        other += (f" (but the log reports rank {c.rank_beyond[0]:,}, beyond the simulated "
+                  f"job's {c.rank_beyond[1]:,} GPUs: not the same job)")
     return (f"logged by {c.framework} (median of {c.lines} line(s){first}): {logged}; "
             f"simulated: {simulated}{other}")

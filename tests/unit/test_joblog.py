@@ -220,3 +220,19 @@ def test_deepspeeds_samples_per_second_against_the_simulated_batch(tmp_path, cap
     simulated = doc["job"]["global_batch_size"] / (doc["iteration_time_ms"] / 1e3)
     assert got["simulated"]["samples_per_s"] == pytest.approx(simulated)
     assert [(m["pipeline_rank"], m["logged_bytes"]) for m in got["memory"]] == [(0, 70 * 2**30)]
+
+
+def test_a_rank_outside_the_simulated_job_is_named_and_no_stage_compared(tmp_path,
+                                                                        capsys) -> None:
+    """The 405B job has 8,192 GPUs (ranks 0 .. 8,191): a log reporting rank 9,000 is
+    another job's, and its ranks would fall on the wrong stages."""
+    log = tmp_path / "train.log"
+    log.write_text("\n".join([megatron_line(10, 15000.0, 345.0, 2048),
+                               memory_line(0, 20, 60000.0), memory_line(9000, 20, 1.0)]))
+    assert main([*SIMULATE, "--json", "--compare-log", str(log)]) == 0
+    got = json.loads(capsys.readouterr().out)["compared_with_log"]
+    assert got["rank_beyond"] == [9000, 8192] and got["memory"] == []
+    assert main([*SIMULATE, "--compare-log", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert "the log reports rank 9,000, beyond the simulated job's 8,192 GPUs" in out
+    assert "peak memory by pipeline rank" not in out
