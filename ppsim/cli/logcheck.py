@@ -38,7 +38,7 @@ class LogComparison:
     """The fields both the log and the simulation give, side by side."""
 
     framework: str
-    """Whose log: "Megatron-LM", "torchtitan" or "DeepSpeed"."""
+    """Whose log: "Megatron-LM", "torchtitan", "DeepSpeed" or "NeMo"."""
     lines: int
     """Logged lines compared (their median)."""
     left_out: int

@@ -13,8 +13,10 @@ MFU. DeepSpeed's engine prints every `steps_per_print` steps
 (deepspeed/utils/timer.py, ThroughputTimer) `epoch=E/micro_step=M/global_step=S,
 RunningAvgSamplesPerSec=R, CurrSamplesPerSec=C, MemAllocated=AGB, MaxMemAllocated=XGB`:
 C is the whole job's samples (its train batch size) per second over that step, X rank
-0's peak in GiB. A Megatron-DeepSpeed log holds both Megatron's and DeepSpeed's lines;
-Megatron's are read.
+0's peak in GiB. NeMo (1 and 2) prints its progress bar, a step per update (updates
+split by carriage returns), with `global_step=49.00` and `train_step_timing in s=24.00`.
+A Megatron-DeepSpeed log holds both Megatron's and DeepSpeed's lines; Megatron's are
+read.
 
 The first logged line of a run holds its warm-up (compilation, allocator growth, the
 first all-gathers), so it is left out where later lines follow; the median of the rest
@@ -52,6 +54,8 @@ allocated: M | ...` (MB of 2^20 bytes)."""
 _DEEPSPEED = {"iteration": re.compile(r"\bglobal_step=([0-9]+)"),
               "samples_per_s": re.compile(r"\bCurrSamplesPerSec=" + _NUMBER),
               "max_allocated_gib": re.compile(r"\bMaxMemAllocated=" + _NUMBER + "GB")}
+_NEMO = {"iteration": re.compile(r"\bglobal_step=" + _NUMBER),
+         "iteration_s": re.compile(r"\btrain_step_timing in s=" + _NUMBER)}
 _TORCHTITAN = {"iteration": re.compile(r"\bstep:\s*([0-9]+)\b"),
                "tokens_per_s_per_gpu": re.compile(r"\b[tw]ps:\s*" + _NUMBER),
                "tflops_per_gpu": re.compile(r"\btflops:\s*" + _NUMBER),
@@ -63,10 +67,10 @@ class LoggedStep:
     """One logged line: an average over the iterations since the line before."""
 
     framework: str
-    """"Megatron-LM", "torchtitan" or "DeepSpeed": whose line it is."""
+    """"Megatron-LM", "torchtitan", "DeepSpeed" or "NeMo": whose line it is."""
     iteration: int
     iteration_ms: float | None = None
-    """Megatron's `elapsed time per iteration (ms)`."""
+    """Megatron's `elapsed time per iteration (ms)`, NeMo's `train_step_timing`."""
     tflops_per_gpu: float | None = None
     """Megatron's `throughput per GPU (TFLOP/s/GPU)`, or torchtitan's `tflops`."""
     tokens_per_s_per_gpu: float | None = None
@@ -86,7 +90,7 @@ class LoggedRun:
     """The steady lines of one training log."""
 
     framework: str
-    """"Megatron-LM" or "torchtitan"."""
+    """"Megatron-LM", "torchtitan", "DeepSpeed" or "NeMo"."""
     steps: tuple[LoggedStep, ...]
     """The lines compared: every logged line but the first where more follow."""
     left_out: int
@@ -110,13 +114,17 @@ def parse_line(line: str) -> LoggedStep | None:
     line = _ANSI.sub("", line)
     for framework, fields, needs in (("Megatron-LM", _MEGATRON, "iteration_ms"),
                                      ("torchtitan", _TORCHTITAN, "tokens_per_s_per_gpu"),
-                                     ("DeepSpeed", _DEEPSPEED, "samples_per_s")):
+                                     ("DeepSpeed", _DEEPSPEED, "samples_per_s"),
+                                     ("NeMo", _NEMO, "iteration_s")):
         found = {k: m.group(1) for k, rx in fields.items() if (m := rx.search(line))}
         if "iteration" in found and needs in found:
             values = {k: _number(v) for k, v in found.items() if k != "iteration"}
             if "mfu" in values:
                 values["mfu"] /= 100
-            return LoggedStep(framework=framework, iteration=int(found["iteration"]), **values)
+            if "iteration_s" in values:
+                values["iteration_ms"] = values.pop("iteration_s") * 1e3
+            return LoggedStep(framework=framework, iteration=int(_number(found["iteration"])),
+                              **values)
     return None
 
 
@@ -127,7 +135,7 @@ def logged_run(lines: Iterable[str], path: str = "log") -> LoggedRun:
     frameworks: set[str] = set()
     steps: list[LoggedStep] = []
     memory: dict[int, float] = {}
-    for line in lines:
+    for line in (part for whole in lines for part in whole.split("\r")):
         step = parse_line(line)
         if step is not None:
             frameworks.add(step.framework)
@@ -139,16 +147,17 @@ def logged_run(lines: Iterable[str], path: str = "log") -> LoggedRun:
             memory[rank] = max(memory.get(rank, 0.0), _number(m.group(2)) * 2**20)
     if not steps:
         raise UserError("--compare-log", f"{path} has no line Megatron-LM ('elapsed time per "
-                        "iteration (ms)'), torchtitan ('step: ... tps: ...') or DeepSpeed "
-                        "('CurrSamplesPerSec=') prints",
+                        "iteration (ms)'), torchtitan ('step: ... tps: ...'), DeepSpeed "
+                        "('CurrSamplesPerSec=') or NeMo ('train_step_timing in s=') prints",
                         "pass the training log of the job this simulates")
     if "torchtitan" in frameworks and len(frameworks) > 1:
         raise UserError("--compare-log", f"{path} holds torchtitan's lines beside "
                         f"{' and '.join(sorted(frameworks - {'torchtitan'}))}'s",
                         "pass one job's log")
-    if frameworks == {"Megatron-LM", "DeepSpeed"}:  # Megatron-DeepSpeed
-        frameworks = {"Megatron-LM"}
-        steps = [s for s in steps if s.framework == "Megatron-LM"]
+    if len(frameworks) > 1:  # Megatron-DeepSpeed: Megatron's lines
+        first = next(f for f in ("Megatron-LM", "NeMo", "DeepSpeed") if f in frameworks)
+        frameworks = {first}
+        steps = [s for s in steps if s.framework == first]
     left_out = 1 if len(steps) > 1 else 0
     return LoggedRun(framework=frameworks.pop(), steps=tuple(steps[left_out:]),
                      left_out=left_out, max_allocated=memory)

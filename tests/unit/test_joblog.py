@@ -236,3 +236,17 @@ def test_a_rank_outside_the_simulated_job_is_named_and_no_stage_compared(tmp_pat
     out = capsys.readouterr().out
     assert "the log reports rank 9,000, beyond the simulated job's 8,192 GPUs" in out
     assert "peak memory by pipeline rank" not in out
+
+
+def test_nemos_progress_bar_gives_a_step_per_update() -> None:
+    """NeMo's progress bar (global_step and train_step_timing in seconds), its updates
+    split by carriage returns on one line of the file, as a terminal log holds them."""
+    bar = "\r".join(f"Epoch 0: : {i}/100 [00:{i:02d}<01:00, reduced_train_loss=6.370, "
+                    f"global_step={i - 1}.00, consumed_samples={128 * i}.0, "
+                    f"train_step_timing in s={t}]" for i, t in
+                    ((1, "40.00"), (2, "11.20"), (3, "11.40"), (4, "11.30")))
+    run = logged_run(["[NeMo I 2024-06-17 08:36:41] starting", bar,
+                      "Epoch 0: : 2e+3 steps, global_step=2e+3, train_step_timing in s=11.25"])
+    assert run.framework == "NeMo" and run.left_out == 1
+    assert [s.iteration for s in run.steps] == [1, 2, 3, 2000]
+    assert run.median("iteration_ms") == pytest.approx(11275.0)
