@@ -17,26 +17,18 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "tests" / "e2e")]
+from bench_dp_profile import ppsim  # noqa: E402  (the CLI in a process, one thread)
 from launches import MOE_TOML  # noqa: E402  (the tests' MoE, as `simulate` and `run` read it)
 
 PIPELINE = ["--schedule", "1f1b", "--pp", "2", "--microbatches", "4"]
 CASES = {"ep 2 over dp 2": ("ep = 2\n", ["--dp", "2"]),
          "tp 2 (experts split over it)": ("", ["--tp", "2"])}
-
-
-def ppsim(*args: str) -> str:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-m", "ppsim.cli", *args], capture_output=True,
-                         text=True, env=env, check=False)
-    if out.returncode != 0:
-        raise SystemExit(f"ppsim {' '.join(args)} failed:\n{out.stderr}")
-    return out.stdout
 
 
 def trial(extra: str, flags: list[str], tmp: str) -> dict[str, float]:

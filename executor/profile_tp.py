@@ -110,9 +110,9 @@ def _worker(rank: int, port: int, fields: dict[str, Any], world: int, repeats: i
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=300))
     a = architecture(fields)
-    tp, ep = a.tp, ExpertShape.of(a).ep
+    tp, experts_shape = a.tp, ExpertShape.of(a)
     try:  # pp 1: the processes are world / tp replicas of one stage
-        rank_groups(rank, 1, world // tp, tp, a.sequence_parallel, ExpertShape.of(a))
+        rank_groups(rank, 1, world // tp, tp, a.sequence_parallel, experts_shape)
         experts = expert_group()
         torch.manual_seed(0)
         prof = Profiler(fields, torch.device("cpu"), microbatches)
@@ -125,6 +125,7 @@ def _worker(rank: int, port: int, fields: dict[str, Any], world: int, repeats: i
         if tensor is not None:
             coll = time_collectives(tensor.group, tp, shape, dtype, repeats, warmup, start=None)
         if experts is not None:
+            ep = experts_shape.ep
             pairs = (math.prod(shape[:-1]) // a.token_ranks * a.top_k // ep * ep, shape[-1])
             coll |= time_all_to_all(experts, pairs, dtype, repeats, warmup)
         write_json_atomic(os.path.join(out_dir, f"{rank}.json"), {
