@@ -1,7 +1,8 @@
-"""Each rank's process groups: data-, tensor- and the routed experts' (Megatron's order:
-tensor ranks innermost, then pipeline, then replicas; the experts folded over a pipeline
-rank's tp x dp places, ppsim.executor.places). Shared by `ppsim run`'s ranks and
-`ppsim profile`'s processes."""
+"""Each rank's process groups: data-, tensor-, context- and the routed experts' (tensor
+ranks innermost, then pipeline, then replicas, as Megatron's tp-pp-dp order; a replica's
+context-parallel ranks consecutive replicas; the experts folded over a pipeline rank's
+tp x dp places, ppsim.executor.places). Shared by `ppsim run`'s ranks and `ppsim
+profile`'s processes."""
 
 from __future__ import annotations
 
@@ -10,30 +11,40 @@ from typing import Any
 
 import torch.distributed as dist
 
+from ppsim.executor.builders.context import ContextGroup, set_context
 from ppsim.executor.builders.tensor import ExpertGroup, TensorGroup, set_group
 from ppsim.executor.places import ExpertShape, expert_places, group_of
 from ppsim.executor.runtime import Replica
 
 
 def rank_groups(rank: int, pp: int, dp: int, tp: int, sequence_parallel: bool,
-                experts: ExpertShape | None = None) -> Replica:
+                experts: ExpertShape | None = None, cp: int = 1) -> Replica:
     """This rank's replica, its data-parallel group, (tp > 1) its tensor-parallel group
-    (splitting the hidden states by tokens under `sequence_parallel`) and, for routed
-    experts, their groups, in Megatron's order: tensor ranks innermost, then pipeline,
-    then replicas; the experts fold over a pipeline rank's tp x dp places
-    (ppsim.executor.places). Every rank creates every group, in the same order (a
-    collective call)."""
+    (splitting the hidden states by tokens under `sequence_parallel`), (cp > 1) its
+    context-parallel group and, for routed experts, their groups, in Megatron's tp-pp-dp
+    order: tensor ranks innermost, then pipeline, then replicas, each replica's cp ranks
+    consecutive (each holds its part of the sequence and reduces its gradients with the
+    replicas': ppsim.executor.builders.context); the experts fold over a pipeline rank's
+    tp x dp places (ppsim.executor.places). Every rank creates every group, in the same
+    order (a collective call)."""
     shape = experts or ExpertShape()
     ep, etp = shape.ep, shape.etp
+    if cp > 1 and (ep > 1 or etp not in (1, tp)):
+        raise ValueError("context parallelism beside experts folded over the replicas")
     at = [(r, t) for r in range(pp) for t in range(tp)]
-    dp_groups = {(r, t): dist.new_group([(d * pp + r) * tp + t for d in range(dp)])
-                 for r, t in at} if dp > 1 else {}
-    tp_groups = {(d, r): dist.new_group([(d * pp + r) * tp + t for t in range(tp)])
-                 for d in range(dp) for r in range(pp)} if tp > 1 else {}
-    t, r, d = rank % tp, (rank // tp) % pp, rank // (tp * pp)
-    tensor = TensorGroup(group=tp_groups[(d, r)], rank=t, size=tp,
+    dp_groups = {(r, t): dist.new_group([(i * pp + r) * tp + t for i in range(dp * cp)])
+                 for r, t in at} if dp * cp > 1 else {}
+    cp_groups = {(d, r, t): dist.new_group([((d * cp + c) * pp + r) * tp + t
+                                            for c in range(cp)])
+                 for d in range(dp) for r, t in at} if cp > 1 else {}
+    tp_groups = {(i, r): dist.new_group([(i * pp + r) * tp + t for t in range(tp)])
+                 for i in range(dp * cp) for r in range(pp)} if tp > 1 else {}
+    t, r, i = rank % tp, (rank // tp) % pp, rank // (tp * pp)
+    tensor = TensorGroup(group=tp_groups[(i, r)], rank=t, size=tp,
                          sequence_parallel=sequence_parallel) if tp > 1 else None
-    replica = Replica(d, dp, dp_groups.get((r, t)), tp, t)
+    d, c = divmod(i, cp)
+    set_context(ContextGroup(group=cp_groups[(d, r, t)], rank=c, size=cp) if cp > 1 else None)
+    replica = Replica(i, dp * cp, dp_groups.get((r, t)), tp, t, cp=cp)
     if ep <= 1 and etp in (1, tp):  # the experts whole or split over the tensor group
         set_group(tensor, None, tensor if etp == tp else None)
         return replica
@@ -49,8 +60,8 @@ def rank_groups(rank: int, pp: int, dp: int, tp: int, sequence_parallel: bool,
     copies = len(places.replica_groups[0])
     held = groups(places.replica_groups) if copies > 1 else None
     q = d * tp + t  # this rank's place among its pipeline rank's tp x dp
-    i, k = group_of(places.expert_groups, q), group_of(places.replica_groups, q)
-    experts_over = ExpertGroup(group=shared[r][i], rank=places.expert_groups[i].index(q),
+    e, k = group_of(places.expert_groups, q), group_of(places.replica_groups, q)
+    experts_over = ExpertGroup(group=shared[r][e], rank=places.expert_groups[e].index(q),
                                size=ep) if shared else None
     each_over = tensor if etp == tp else None  # the ranks each expert is split over
     if split:

@@ -49,10 +49,10 @@ def _pieces(fields: dict[str, Any], device: torch.device, device_kind: str, repe
             devices: list[int] | None, pin: bool) -> _Measured:
     a = architecture(fields)
     experts = ExpertShape.of(a)
-    world = profile_processes(a.tp, experts.ep, experts.etp)
+    world = profile_processes(a.tp, experts.ep, experts.etp, a.cp)
     if world > 1:  # the pieces in gloo processes, each holding its shard and experts
         if progress is not None:
-            progress(f"F/B/W in {world} tensor- and expert-parallel processes", 0)
+            progress(f"F/B/W in {world} tensor-, context- and expert-parallel processes", 0)
         costs, coll = measure_in_processes(fields, repeats, warmup, microbatches)
         if progress is not None:
             progress("parallel pieces done", warmup + repeats)
@@ -77,7 +77,8 @@ def _data_parallel(fields: dict[str, Any], costs: ModelCosts, device_kind: str,
     """With dp > 1 on CPU, the data-parallel collectives timed in pp x tp x dp gloo
     processes (ppsim.executor.profile_dp); None otherwise (on a GPU they are NCCL's,
     priced from the hardware's links)."""
-    dp = int(fields.get("dp", 1))
+    # the gradients reduce over the data- and context-parallel ranks (Megatron's dp-cp)
+    dp = int(fields.get("dp", 1)) * int(fields.get("cp", 1))
     if dp <= 1 or device_kind != "cpu":
         return None
     pp, tp = len(devices) if devices else 1, int(fields.get("tp", 1))

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.builders import ModelBuilder, builder_spec, layer_kind, load_builder
+from ppsim.executor.builders.context import cp_size, own_tokens
 from ppsim.executor.builders.deferral import WeightGradStore
 from ppsim.executor.builders.stage import Stage, saved_bytes, tensor_bytes
 from ppsim.executor.builders.tensor import message_shape
@@ -144,12 +145,12 @@ class Profiler:
                 p.grad = torch.zeros_like(p)
             lk = self.kinds[int(name[5:])] if kind == "layer" else kind
             self.pieces.append(_Piece(name, mod, kind, lk))
-        hidden = message_shape(b.activation_shape)
+        hidden = message_shape(b.activation_shape, cp_size())
         g = torch.Generator().manual_seed(seed + 1)
         # What a stage receives: an activation (F) and its gradient (B).
         self.x = (torch.randn(hidden, generator=g)).to(device=device, dtype=b.dtype)
         self.grad = (torch.randn(hidden, generator=g) * 1e-3).to(device=device, dtype=b.dtype)
-        self.ids = b.microbatch(seed, 0, 0)[0].to(device)
+        self.ids = own_tokens(b.microbatch(seed, 0, 0)[0]).to(device)
 
     # --------------------------------------------------------------- one op each
 
@@ -162,7 +163,7 @@ class Profiler:
         """The runtime's F: the module, and on the head the loss (targets fetched inside)."""
         y = piece.module(x)
         if piece.kind == "head":
-            targets = self.builder.microbatch(self.seed, 0, mb)[1].to(self.device)
+            targets = own_tokens(self.builder.microbatch(self.seed, 0, mb)[1]).to(self.device)
             y = self.builder.loss(y, targets) / self.m
         return y
 

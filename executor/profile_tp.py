@@ -1,5 +1,5 @@
-"""`ppsim profile --tp N` (and a MoE's `ep` > 1) on CPU: the pieces measured in gloo
-processes at once.
+"""`ppsim profile --tp N` (and a MoE's `ep` > 1, and `--cp N`) on CPU: the pieces measured
+in gloo processes at once.
 
 Each process holds its tensor-parallel shard (ppsim.executor.builders.tensor, the layers
 the executor runs under `ppsim run --tp N`), so a layer's measured F and B include the
@@ -7,7 +7,9 @@ all-reduces its column- and row-parallel linears make, as the run pays them; the
 file's layers then carry the collectives. Under expert parallelism the processes are as
 many tensor groups as one expert group spans (lcm(tp, ep x etp) ranks, the experts
 folded over them as `ppsim run` folds them, ppsim.executor.places): each holds its
-E / ep experts and a MoE layer's F and B include its all-to-alls. The bare collectives
+E / ep experts and a MoE layer's F and B include its all-to-alls. At cp > 1 each of those
+is cp processes, each holding its part of the sequence (ppsim.executor.builders.context):
+an attention layer's F and B include its K/V gathers and scatters. The bare collectives
 are timed too, at the model's message size (one microbatch's hidden states; its routed
 pairs for the all-to-all): all-reduce, all-gather and reduce-scatter over the tensor
 group, so the file says what each costs on its own.
@@ -28,6 +30,7 @@ import torch.distributed as dist
 
 from ppsim.costs.costfile import layer_dict
 from ppsim.costs.model import LayerCost, ModelCosts
+from ppsim.executor.builders.context import set_context
 from ppsim.executor.builders.llama import architecture
 from ppsim.executor.builders.tensor import (
     ALL_GATHER,
@@ -86,11 +89,12 @@ class _TogetherClock:
         return self.inner.time(fn)
 
 
-def profile_processes(tp: int, ep: int, etp: int) -> int:
+def profile_processes(tp: int, ep: int, etp: int, cp: int = 1) -> int:
     """The processes that hold one expert group's tensor groups: lcm(tp, ep x etp), as
     many replicas of a tensor group as one expert group of ep x etp places spans (tp for
-    a dense model, or experts split over the tensor group or whole)."""
-    return math.lcm(tp, ep * etp)
+    a dense model, or experts split over the tensor group or whole); each of them cp
+    times, a context-parallel group's ranks each holding its part of the sequence."""
+    return math.lcm(tp, ep * etp) * cp
 
 
 def time_all_to_all(g: ExpertGroup, shape: tuple[int, ...], dtype: torch.dtype,
@@ -111,8 +115,9 @@ def _worker(rank: int, port: int, fields: dict[str, Any], world: int, repeats: i
                             world_size=world, timeout=timedelta(seconds=300))
     a = architecture(fields)
     tp, experts_shape = a.tp, ExpertShape.of(a)
-    try:  # pp 1: the processes are world / tp replicas of one stage
-        rank_groups(rank, 1, world // tp, tp, a.sequence_parallel, experts_shape)
+    try:  # pp 1: the processes are world / (tp x cp) replicas of one stage, cp ranks each
+        rank_groups(rank, 1, world // (tp * a.cp), tp, a.sequence_parallel, experts_shape,
+                    a.cp)
         experts = expert_group()
         torch.manual_seed(0)
         prof = Profiler(fields, torch.device("cpu"), microbatches)
@@ -134,6 +139,7 @@ def _worker(rank: int, port: int, fields: dict[str, Any], world: int, repeats: i
             "layer_indices": prof.layer_indices, "collectives": coll})
     finally:
         set_group(None)
+        set_context(None)
         dist.destroy_process_group()
 
 
@@ -151,7 +157,7 @@ def measure_in_processes(fields: dict[str, Any], repeats: int, warmup: int,
     layers sampled."""
     a = architecture(fields)
     tp, experts = a.tp, ExpertShape.of(a)
-    world = profile_processes(tp, experts.ep, experts.etp)
+    world = profile_processes(tp, experts.ep, experts.etp, a.cp)
     with tempfile.TemporaryDirectory(prefix="ppsim-profile-tp-") as out:
         docs = spawn_results(_worker, (free_port(), fields, world, repeats, warmup,
                                        microbatches, out), world,
@@ -159,6 +165,7 @@ def measure_in_processes(fields: dict[str, Any], repeats: int, warmup: int,
     costs = ModelCosts(layers=tuple(_slowest(docs, "layers", i)
                                     for i in range(len(docs[0]["layers"]))),
                        embedding=_slowest(docs, "embedding"), head=_slowest(docs, "head"))
-    return costs, {"tp": tp, "ep": experts.ep, "etp": experts.etp, "processes": world,
+    return costs, {"tp": tp, "ep": experts.ep, "etp": experts.etp, "cp": a.cp,
+                   "processes": world,
                    "backend": "gloo", **docs[0]["collectives"],
                    "layers_sampled": docs[0]["layer_indices"]}

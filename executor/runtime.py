@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from ppsim.executor import progress
 from ppsim.executor.builders import ModelBuilder
+from ppsim.executor.builders.context import cp_size, own_tokens
 from ppsim.executor.builders.deferral import WeightGradStore
 from ppsim.executor.builders.policy import apply_policy
 from ppsim.executor.builders.stage import Stage, build_stage, saved_bytes, tensor_bytes
@@ -64,6 +65,20 @@ class Replica:
     """Ranks in expert_group."""
     expert_index: int = 0
     """This rank's index in it."""
+    cp: int = 1
+    """Context-parallel ranks per replica of the data: `size` counts each as a replica
+    (their gradients reduce together), consecutive indices share a batch and each takes
+    its part of the sequence (ppsim.executor.builders.context)."""
+
+    @property
+    def data_index(self) -> int:
+        """Which replica of the data this rank's batch is."""
+        return self.index // self.cp
+
+    @property
+    def data_replicas(self) -> int:
+        """Replicas of the data (dp)."""
+        return self.size // self.cp
 
     def global_rank(self, pipeline_rank: int, pp: int) -> int:
         return (self.index * pp + pipeline_rank) * self.tp + self.tp_rank
@@ -129,7 +144,8 @@ class Runtime:
         WeightGradStore.reset()
         WeightGradStore.enabled = self.schedule.split_backward
         pp = self.schedule.pp
-        self.p2p = P2P(self.schedule, rank, message_shape(builder.activation_shape),
+        self.p2p = P2P(self.schedule, rank,
+                       message_shape(builder.activation_shape, cp_size()),
                        builder.dtype,
                        device, wire, recorder,
                        peers=[self.replica.global_rank(r, pp) for r in range(pp)])
@@ -158,12 +174,14 @@ class Runtime:
         """Build iteration `iteration`'s microbatches (inputs and targets, on the device)
         ahead of its step, as a data loader would; the torch peer builds its batch
         before its timed step too. Replica r's microbatch i is the global batch's
-        microbatch r * m + i."""
+        microbatch r * m + i (each context-parallel rank its part of the sequence)."""
         m = self.schedule.microbatches
         if self.modules.keys() & {0, self.last}:
-            batches = [self.builder.microbatch(self.seed, iteration, self.replica.index * m + i)
+            batches = [self.builder.microbatch(self.seed, iteration,
+                                               self.replica.data_index * m + i)
                        for i in range(m)]
-            self._batches = [(ids.to(self.device), t.to(self.device)) for ids, t in batches]
+            self._batches = [(own_tokens(ids).to(self.device), own_tokens(t).to(self.device))
+                             for ids, t in batches]
         self._prepared = iteration
 
     def _batch(self, mb: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -116,10 +116,12 @@ def run(spec: RunSpec) -> dict[str, Any] | None:
     _init_group(backend, rank, world, timedelta(seconds=spec.timeout_s))
     ctrl = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
     pp, dp, tp = problems[0].split.pp, spec.dp, int(fields.get("tp", 1))
-    if world != pp * dp * tp:
-        raise RuntimeError(f"world size {world} != pp {pp} x dp {dp} x tp {tp}")
+    cp = int(fields.get("cp", 1))
+    if world != pp * dp * tp * cp:
+        raise RuntimeError(f"world size {world} != pp {pp} x dp {dp} x tp {tp} x cp {cp}")
     a = architecture(fields)
-    replica = replace(rank_groups(rank, pp, dp, tp, a.sequence_parallel, ExpertShape.of(a)),
+    replica = replace(rank_groups(rank, pp, dp, tp, a.sequence_parallel, ExpertShape.of(a),
+                                  cp),
                       sharded=bool(fields.get("distributed_optimizer")),
                       fully_sharded=bool(fields.get("fsdp")),
                       muon=fields.get("optimizer") == "muon")
@@ -189,12 +191,14 @@ def _engine(spec: RunSpec, runs: list[Problem], builder: ModelBuilder, rank: int
     for i, (p, got) in enumerate(zip(runs, parts, strict=True)):
         events = merge_parts([q["events"] for q in got[:pp]], pp)
         info = tr.run_info(p, "executor", iters, warm)
-        info.update(meta, losses=losses[i], dp=replica.size)
+        info.update(meta, losses=losses[i], dp=replica.data_replicas, cp=replica.cp)
         if whole[i] is not None:
             info["whole_iteration_ms"] = whole[i]
         res = summ.summarize(events, p, builder, iters, warm, losses[i],
-                             [q["peak_bytes"] for q in got[:pp]], replica.size, whole[i])
-        res.update(meta, cores=[q["cores"] for q in got[:pp]])  # where each rank ran
+                             [q["peak_bytes"] for q in got[:pp]], replica.data_replicas,
+                             whole[i])
+        # cores: where each rank ran
+        res.update(meta, cp=replica.cp, cores=[q["cores"] for q in got[:pp]])
         out.append((tr.document(events, info), res))
     res = out[0][1]
     if spec.versus is not None:

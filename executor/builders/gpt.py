@@ -29,6 +29,7 @@ from ppsim.executor.builders.common import (
     swiglu,
     token_microbatch,
 )
+from ppsim.executor.builders.context import token_positions
 from ppsim.executor.builders.llama import architecture, describe
 from ppsim.executor.builders.stage import AttentionCore
 from ppsim.executor.builders.tensor import (
@@ -179,7 +180,7 @@ class Embedding(nn.Module):
         shard_rows(self.tokens, g)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(ids.shape[1], device=ids.device)
+        pos = token_positions(ids.shape[1], ids.device)
         if self.tp is None:
             return self.tokens(ids) + self.positions(pos)[None]
         return vocab_parallel_embedding(ids, self.tokens.weight, self.tp,

@@ -43,6 +43,7 @@ from ppsim.executor.builders.common import (
     init_normal,
     token_microbatch,
 )
+from ppsim.executor.builders.context import own_tokens, token_positions
 from ppsim.executor.builders.mla import LatentAttention
 from ppsim.executor.builders.moe import MoE, init_experts
 from ppsim.executor.builders.rotary import rotary_tables, rotate
@@ -176,8 +177,9 @@ class Attention(nn.Module):
         self.rotary = a.rotary
         if self.rotary:
             cos, sin = rotary_tables(a.seq_length, hd // 2 * 2, 10000.0)
-            self.register_buffer("cos", cos[:, : hd // 2], persistent=False)
-            self.register_buffer("sin", sin[:, : hd // 2], persistent=False)
+            # each row at a token of this rank's, in order (context parallelism)
+            self.register_buffer("cos", own_tokens(cos[:, : hd // 2], 0), persistent=False)
+            self.register_buffer("sin", own_tokens(sin[:, : hd // 2], 0), persistent=False)
 
     def input_linears(self) -> list[nn.Module | ParallelLinears]:
         """The projections that read the layer's normed input and the query and key norms
@@ -286,7 +288,7 @@ class Embedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         pos = None if self.positions is None else \
-            self.positions(torch.arange(ids.shape[1], device=ids.device))[None]
+            self.positions(token_positions(ids.shape[1], ids.device))[None]
         if self.tp is not None:
             return vocab_parallel_embedding(ids, self.tokens.weight, self.tp, pos)
         x = self.tokens(ids)

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ppsim.executor.builders.context import context, own_tokens
 from ppsim.executor.builders.rotary import rotary_tables, rotate
 from ppsim.executor.builders.stage import AttentionCore
 from ppsim.executor.builders.tensor import (
@@ -78,7 +79,8 @@ class LatentAttentionCore(AttentionCore):
     """softmax(QK^T)V, causal, with value heads narrower than query and key heads."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if self.unfused or q.shape[-1] == v.shape[-1] or q.device.type != "cpu":
+        if self.unfused or q.shape[-1] == v.shape[-1] or q.device.type != "cpu" \
+                or context() is not None:
             return super().forward(q, k, v)
         return _FlashMLA.apply(q, k, v)
 
@@ -96,8 +98,9 @@ class UpProjection(nn.Module):
         self.v_up = nn.Linear(kv_lora, heads * value, bias=False)
         self.rotary = rotary is not None
         if rotary is not None:
-            self.register_buffer("cos", rotary[0], persistent=False)
-            self.register_buffer("sin", rotary[1], persistent=False)
+            # each row at a token of this rank's, in order (context parallelism)
+            self.register_buffer("cos", own_tokens(rotary[0], 0), persistent=False)
+            self.register_buffer("sin", own_tokens(rotary[1], 0), persistent=False)
         self.tp: TensorGroup | None = None
         self.q_columns: ParallelLinears | None = None
         """At tp > 1: q_up as one piece a policy wraps (without a query latent it reads

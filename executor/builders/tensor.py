@@ -295,13 +295,15 @@ def sum_partial_grads(params: list[nn.Parameter]) -> None:
         at += p.numel()
 
 
-def message_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+def message_shape(shape: tuple[int, ...], cp: int = 1) -> tuple[int, ...]:
     """What a stage sends and receives: a microbatch's hidden states `shape` (batch,
-    tokens, hidden), this rank's tokens under sequence parallelism."""
+    tokens, hidden), a context-parallel rank's 1 / cp of the tokens, and of those this
+    rank's under sequence parallelism."""
     g = current()
-    if g is None or not g.sequence_parallel:
-        return tuple(shape)
-    return (shape[0], shape[1] // g.size, *shape[2:])
+    tokens = shape[1] // cp
+    if g is not None and g.sequence_parallel:
+        tokens //= g.size
+    return (shape[0], tokens, *shape[2:])
 
 
 def _keep(linear: nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None) -> None:

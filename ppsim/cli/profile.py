@@ -12,14 +12,10 @@ import argparse
 import sys
 from typing import Any
 
+from ppsim.cli.context_checks import check_profile_context
 from ppsim.cli.costs import COSTS_NOTE, costs_table, hardware_profile
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
-from ppsim.cli.runchecks import (
-    RANKS_PER_DEVICE,
-    check_context_parallel,
-    check_tensor_parallel,
-    host_devices,
-)
+from ppsim.cli.runchecks import RANKS_PER_DEVICE, check_tensor_parallel, host_devices
 from ppsim.config import validate
 from ppsim.config.model import TransformerModel
 from ppsim.config.schema import Config
@@ -100,7 +96,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         sys.stderr.write(f"ppsim profile: note: {note}\n")
 
     _check_processes(cfg, args.device)
-    check_context_parallel(cfg.model.arch, "profile")
+    check_profile_context(cfg, args.device)
     _check_parallel_on_cpu(cfg.model.arch, args.device)
     if cfg.model.arch.tp > 1:
         check_tensor_parallel(load_builder(builder_spec(None, fields), fields), fields,
@@ -112,7 +108,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     err = Console(stderr=True)
-    dp_steps = 1 if cfg.model.arch.dp > 1 and args.device == "cpu" else 0
+    dp_steps = 1 if cfg.model.arch.dp * cfg.model.arch.cp > 1 and args.device == "cpu" else 0
     total = args.warmup + args.repeats + (0 if args.no_p2p else 1) + dp_steps
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                   console=err, transient=True, disable=not err.is_terminal) as bar:
@@ -152,13 +148,13 @@ def _check_processes(cfg: Config, device: str) -> None:
     """With dp > 1 on CPU the collectives are timed in pp x tp x dp processes: no more
     than `ppsim run` would start on this host."""
     a = cfg.model.arch
-    if a.dp <= 1 or device != "cpu":
+    if a.dp * a.cp <= 1 or device != "cpu":
         return
-    world = cfg.pipeline.pp * a.tp * a.dp
+    world = cfg.pipeline.pp * a.tp * a.dp * a.cp
     cores = host_devices("cpu")
     if world > RANKS_PER_DEVICE * cores:
         raise UserError("--dp", f"the data-parallel collectives would be timed in pp x tp x "
-                        f"dp = {world:,} processes, more than {RANKS_PER_DEVICE} per CPU core "
+                        f"dp x cp = {world:,} processes, more than {RANKS_PER_DEVICE} per CPU core "
                         f"of this host ({cores:,})", "profile with a smaller --dp; the timed "
                         "collectives hold for that group size only")
 

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ppsim.cli import runchecks
+from ppsim.cli.context_checks import check_run_context
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
 from ppsim.cli.schedule import print_notes
 from ppsim.config.model import TransformerModel
@@ -70,6 +71,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--dp", type=int, metavar="N",
                    help="data-parallel replicas of the pipeline: world = pp x dp "
                    "(default: the model's dp, else 1)")
+    r.add_argument("--cp", "--context-parallel-size", dest="cp", type=int, metavar="N",
+                   help="context-parallel ranks of each replica: world = pp x dp x tp x cp "
+                   "(default: the model's cp; K and V gathered, --cp-comm-type all_gather)")
     r.add_argument("--use-distributed-optimizer", dest="distributed_optimizer",
                    action="store_true", default=None, help="with --dp: Megatron's "
                    "distributed optimizer (gradients reduce-scattered, each replica stepping "
@@ -119,6 +123,7 @@ def validate(args: argparse.Namespace) -> Any:
                         "model", "use a preset (e.g. --preset tiny-gpt) or kind = \"transformer\"")
     fields = cfg.model.fields()
     runchecks.check_features(cfg)
+    check_run_context(args, cfg)
     runchecks.check_engine(args, cfg)
     problem = load_problem(args)
     pp = problem.split.pp
@@ -134,12 +139,12 @@ def validate(args: argparse.Namespace) -> Any:
     if dp > 1 and args.engine == "torch":
         raise UserError("--dp", "the torch peer runs one pipeline replica",
                         "use --engine ppsim with --dp, or --dp 1")
-    tp = cfg.model.arch.tp
+    tp, cp = cfg.model.arch.tp, cfg.model.arch.cp
     if tp > 1:
         _check_tensor_parallel(args, fields, problem, tp, cfg.model.arch.sequence_parallel)
-    runchecks.check_launch(args, pp * dp * tp)
-    runchecks.check_world(args, pp * dp * tp)
-    runchecks.check_host_memory(args, problem, dp * tp)
+    runchecks.check_launch(args, pp * dp * tp * cp)
+    runchecks.check_world(args, pp * dp * tp * cp)
+    runchecks.check_host_memory(args, problem, dp * tp * cp)
     if args.iterations < 1 or not 0 <= args.warmup < args.iterations:
         raise UserError("--warmup", f"{args.warmup} warm-up of {args.iterations} iterations",
                         "need iterations >= 1 and 0 <= warmup < iterations")

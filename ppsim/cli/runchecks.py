@@ -22,7 +22,9 @@ def check_engine(args: argparse.Namespace, cfg: Any) -> None:
                         "run it with --engine ppsim, without --alongside-torch")
 
 
-def check_launch(args: argparse.Namespace, pp: int) -> None:
+def check_launch(args: argparse.Namespace, world: int) -> None:
+    """The launch's nodes, port and ranks per node against the run's `world` (pp x dp x
+    tp x cp ranks)."""
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         raise UserError("--node-rank", f"{args.node_rank} is not in 0..{args.nnodes - 1}",
                         "give each node a distinct rank below --nnodes")
@@ -30,12 +32,12 @@ def check_launch(args: argparse.Namespace, pp: int) -> None:
         raise UserError("--master-port", f"{args.master_port} is not a TCP port",
                         "give a port in 1..65535, or leave it out for a free one")
     if args.nproc_per_node is None:
-        args.nproc_per_node = max(1, pp // args.nnodes)
-    if args.nproc_per_node * args.nnodes != pp:
+        args.nproc_per_node = max(1, world // args.nnodes)
+    if args.nproc_per_node * args.nnodes != world:
         raise UserError("--nproc-per-node", f"{args.nproc_per_node} x {args.nnodes} node(s) = "
-                        f"{args.nproc_per_node * args.nnodes} ranks but pp x dp x tp = {pp}",
-                        f"run pp x dp x tp = {pp} ranks in all (one rank per pipeline stage, "
-                        "replica and tensor rank)")
+                        f"{args.nproc_per_node * args.nnodes} ranks but pp x dp x tp x cp = "
+                        f"{world}", f"run pp x dp x tp x cp = {world} ranks in all (one rank "
+                        "per pipeline stage, replica, tensor and context-parallel rank)")
 
 
 RANKS_PER_DEVICE = 8
@@ -57,7 +59,7 @@ def check_world(args: argparse.Namespace, world: int) -> None:
     devices = host_devices(args.device)
     if world <= RANKS_PER_DEVICE * devices:
         return
-    what = f"pp x dp = {world:,} ranks, more than {RANKS_PER_DEVICE} per {args.device} " \
+    what = f"pp x dp x tp x cp = {world:,} ranks, more than {RANKS_PER_DEVICE} per {args.device} " \
            f"device of this host ({devices:,})"
     if args.print_launch or args.nnodes > 1:
         sys.stderr.write(f"ppsim run: warning: {what}; run it on nodes that have them\n")
@@ -95,19 +97,9 @@ def check_host_memory(args: argparse.Namespace, problem: Any, copies: int) -> No
                     "fewer --num-layers, a smaller --hidden-size), or on GPUs (--device cuda)")
 
 
-def check_context_parallel(a: Any, what: str) -> None:
-    """The executor's ranks are pp x dp x tp, each running the whole sequence: a model
-    with cp > 1 is refused rather than run (or measured) as if cp were 1."""
-    if a.cp > 1:
-        raise UserError("model.cp", f"{a.cp}: the executor runs no context parallelism "
-                        "(each of its ranks would run the whole sequence)",
-                        f"set [model] cp = 1 to {what} the model (simulate and plan price it)")
-
-
 def check_features(cfg: Any) -> None:
     """What the config asks that the executor does not run: refused, not run otherwise."""
     a = cfg.model.arch
-    check_context_parallel(a, "run")
     if cfg.pipeline.overlap_moe_expert_parallel_comm:
         raise UserError("pipeline.overlap_moe_expert_parallel_comm", "the executor runs its "
                         "all-to-alls in order, overlapping none", "drop it to run the model "

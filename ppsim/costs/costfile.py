@@ -67,7 +67,7 @@ SHAPE_KEYS = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vo
               "attention_output_gate", "shared_expert_gate",
               "experimental_attention_variant", "linear_attention_freq",
               "moe_permute_fusion", "sequence_parallel", "fp32_residual", "num_experts",
-              "ep", "etp")
+              "ep", "etp", "cp", "cp_comm_type")
 
 
 @dataclass(frozen=True)
@@ -358,6 +358,8 @@ def check_model(cf: CostFile, model_fields: dict[str, Any]) -> None:
             want, have = pattern_layers(want), pattern_layers(have)
         if key == "sequence_parallel" and cf.model.get("tp", 1) == 1:
             continue  # Megatron turns it off at tp 1: nothing differs
+        if key == "cp_comm_type" and cf.model.get("cp", 1) == 1:
+            continue  # no context-parallel traffic at cp 1
         if want != have:
             raise UserError(f"{cf.path}: model.{key}", f"the file was measured with {key} = "
                             f"{have!r} but the config has {want!r}",

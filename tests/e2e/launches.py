@@ -318,7 +318,17 @@ EXPERT = {
     "etp2-dp2": Spec(argv=["--dp", "2", *ONE_F_ONE_B, "--config", "{tmp}/moe-etp2.toml"]),
 }
 
-SPECS: dict[str, Spec] = {**EXECUTOR, **SCHEDULES, **OTHERS, **TENSOR, **EXPERT}
+# test_executor_cp.py: context parallelism for real (K and V gathered over gloo): the GPT
+# at cp 2 x pp 2; then gpt-oss's shape in small (rotary, a sliding window on half the
+# layers, MoE split over the tensor ranks) at tp 2 x cp 2 x dp 2.
+CONTEXT = {
+    "cp2-1f1b": Spec(argv=["--cp", "2", *ONE_F_ONE_B, "--config", "{tmp}/cp.toml"]),
+    "cp2-tp2-dp2-window": Spec(argv=["--cp", "2", "--tp", "2", "--dp", "2", "--pp", "1",
+                                     "--microbatches", "2", "--config", "{tmp}/cp-window.toml"],
+                               dump_grads=False),
+}
+
+SPECS: dict[str, Spec] = {**EXECUTOR, **SCHEDULES, **OTHERS, **TENSOR, **EXPERT, **CONTEXT}
 
 
 def _proc_tree(root: int) -> set[int]:
@@ -399,6 +409,8 @@ def _prepare(name: str, tmp: Path) -> None:
     (tmp / "llama.toml").write_text(LLAMA_TOML)
     (tmp / "hybrid-tp.toml").write_text(HYBRID_TP_TOML)
     (tmp / "window.toml").write_text(WINDOW_TOML)
+    (tmp / "cp.toml").write_text(tiny_gpt_toml(cp_comm_type="all_gather"))
+    (tmp / "cp-window.toml").write_text(WINDOW_TOML + 'cp_comm_type = "all_gather"\n')
     (tmp / "ddp.toml").write_text(tiny_gpt_toml())
     (tmp / "distopt.toml").write_text(tiny_gpt_toml(distributed_optimizer=True))
     (tmp / "fsdp.toml").write_text(tiny_gpt_toml(fsdp=True))

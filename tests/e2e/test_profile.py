@@ -134,11 +134,11 @@ def test_profile_refuses_what_the_executor_cannot_run(tmp_path: Path,
                  "--out", str(tmp_path / "c.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--device: expert parallelism (ep = 2) is measured on CPU" in err[0]
-    # context parallelism is not measured as if cp were 1
+    # context parallelism is measured with K and V gathered, not with the ring
     cfg.write_text('[model]\npreset = "tiny-gpt"\ncp = 2\n')
     assert main(["profile", "--config", str(cfg), "--out", str(tmp_path / "c.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "model.cp: 2: the executor runs no context parallelism" in err[0]
+    assert len(err) == 1 and "model.cp_comm_type: p2p: the executor gathers K and V" in err[0]
     assert not (tmp_path / "c.json").exists()
 
 

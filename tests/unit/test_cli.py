@@ -319,7 +319,7 @@ def test_the_parser_built_for_one_command_reads_it_as_the_whole_parser_does(argv
 
 
 @pytest.mark.parametrize("args, flag", [
-    (["run", "--cp", "2"], "--cp 2"),  # run has no --cp; a prefix of --cp-comm-type
+    (["run", "--cp-comm", "p2p"], "--cp-comm p2p"),  # a prefix of --cp-comm-type
     (["simulate", "--micro", "2"], "--micro 2"),
 ])
 def test_a_flag_is_never_taken_by_its_prefix(capsys, args: list[str], flag: str) -> None:

@@ -131,6 +131,10 @@ BAD = {
     # a layer measured with every expert on the rank is not one of ep = 2's
     "other-ep": ("ep", lambda: _mutate(lambda d: d["model"].update(ep=2)),
                  "the file was measured with ep = 2 but the config has 1"),
+    # ... nor a layer of the whole sequence one of a context-parallel rank's (ppsim
+    # profile measures it at cp > 1)
+    "other-cp": ("cp", lambda: _mutate(lambda d: d["model"].update(cp=2)),
+                 "model.cp: the file was measured with cp = 2 but the config has 1"),
 }
 
 
@@ -278,3 +282,20 @@ def test_calibrate_tells_the_head_apart(tmp_path: Path,
     assert res["head_factors"]["B"] == pytest.approx(3.0)
     assert res["error_after"] == pytest.approx(0.0, abs=1e-9)
     assert load_costs(str(out), 8).head.forward_ms == pytest.approx(truth_costs.head.forward_ms)
+
+
+def test_a_context_parallel_file_holds_for_its_traffic_alone(tmp_path: Path) -> None:
+    """A layer measured with K and V gathered over cp 2 prices cp 2 with that traffic,
+    not with the ring's; at cp 1 the traffic type is no part of the layer."""
+    from ppsim.costs.costfile import check_model
+    from ppsim.errors import UserError
+
+    path = tmp_path / "cp.json"
+    path.write_text(_mutate(lambda d: d["model"].update(cp=2, cp_comm_type="all_gather")))
+    gathered = read_cost_file(str(path))
+    check_model(gathered, {**FIELDS, "cp": 2, "cp_comm_type": "all_gather"})
+    with pytest.raises(UserError, match="measured with cp_comm_type = 'all_gather' but the "
+                       "config has 'p2p'"):
+        check_model(gathered, {**FIELDS, "cp": 2})
+    path.write_text(_mutate(lambda d: d["model"].update(cp_comm_type="all_gather")))
+    assert main(["simulate", "--costs", str(path)]) == 0

@@ -15,7 +15,7 @@ from ppsim.executor import launch
     (["--tp", "2", "--model", "tests/model_sleepy.py:build"], "the builder has no parallelize"),
     (["--tp", "2", "--model", "tests/model_tp.py:build", "--seq-length", "63"],
      "the builder's 63 tokens do not divide by tp (2)"),
-    (["--tp", "2", "--nproc-per-node", "2"], "pp x dp x tp = 4"),
+    (["--tp", "2", "--nproc-per-node", "2"], "pp x dp x tp x cp = 4"),
     (["--tp", "2", "--seq-length", "63"], "63 does not divide by tp (2): sequence"),
 ])
 def test_tensor_parallel_run_refusals(argv, words, tmp_path, capsys, monkeypatch) -> None:
@@ -33,8 +33,24 @@ def test_tensor_parallel_run_refusals(argv, words, tmp_path, capsys, monkeypatch
 
 
 @pytest.mark.parametrize("model, argv, error", [
-    # context parallelism is not run: refused, not run as if cp were 1
-    ("cp = 2\n", ["--pp", "2"], "model.cp: 2: the executor runs no context parallelism"),
+    # context parallelism runs K and V gathered, no other traffic: refused, not run
+    # as if cp were 1
+    ("cp = 2\n", ["--pp", "2"], "model.cp_comm_type: p2p: the executor gathers K and V"),
+    ('cp = 2\ncp_comm_type = "a2a"\n', [], "model.cp_comm_type: a2a: the executor gathers"),
+    # ... of the shipped decoders alone
+    ('cp = 2\ncp_comm_type = "all_gather"\nbuilder = "tests/model_tp.py:build"\n', [],
+     "model.cp: 2: the executor splits the sequence of the shipped decoders' attention"),
+    ('cp = 3\ncp_comm_type = "all_gather"\n', [],
+     "model.cp: seq_length (64) is not divisible by 2 x cp (6)"),
+    ('cp = 2\ncp_comm_type = "all_gather"\n', ["--tp", "4", "--seq-length", "68"],
+     "model.seq_length: a context-parallel rank's 34 tokens do not divide by tp (4)"),
+    ('cp = 2\ncp_comm_type = "all_gather"\nnum_experts = 4\ntop_k = 2\n'
+     'moe_ffn_hidden_size = 32\nep = 2\n', ["--dp", "2"],
+     "model.ep: ep = 2, etp = 1: the executor folds no experts over context-parallel"),
+    ('cp = 2\ncp_comm_type = "all_gather"\n', ["--alongside-torch"],
+     "model.cp: 2: context parallelism runs on the ppsim engine, without the torch peer"),
+    ('cp = 2\ncp_comm_type = "all_gather"\n', ["--nproc-per-node", "2"],
+     "--nproc-per-node: 2 x 1 node(s) = 2 ranks but pp x dp x tp x cp = 4"),
     # a builder's own parallelize runs on the meta device first: a width tp does not
     # divide is named
     ('num_heads = 6\nnum_kv_heads = 6\nhidden_size = 96\nbuilder = "tests/model_tp.py:build"\n',

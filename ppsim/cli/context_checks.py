@@ -1,0 +1,63 @@
+"""What `ppsim run` checks of context parallelism before any process starts: the executor
+splits the shipped decoders' sequence over cp ranks and gathers K and V for their
+attention (ppsim.executor.builders.context); what it does not run is refused by name."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ppsim.errors import UserError
+
+EXECUTED_CP_COMM = "all_gather"
+"""The context-parallel traffic the executor runs (Megatron's --cp-comm-type)."""
+
+
+def check_run_context(args: argparse.Namespace, cfg: Any) -> None:
+    """`ppsim run` at cp > 1: the model (check_context_model), on the ppsim engine."""
+    a = cfg.model.arch
+    if a.cp <= 1:
+        return
+    check_context_model(cfg, own_builder=bool(args.model))
+    if args.engine != "ppsim" or args.alongside_torch:
+        raise UserError("model.cp", f"{a.cp}: context parallelism runs on the ppsim engine, "
+                        "without the torch peer", "use --engine ppsim without "
+                        "--alongside-torch, or cp = 1")
+
+
+def check_profile_context(cfg: Any, device: str) -> None:
+    """`ppsim profile` at cp > 1: the model (check_context_model), in gloo processes."""
+    a = cfg.model.arch
+    if a.cp <= 1:
+        return
+    check_context_model(cfg, own_builder=False)
+    if device != "cpu":
+        raise UserError("--device", f"context parallelism (cp = {a.cp}) is measured on CPU "
+                        "over gloo", "use --device cpu, or set [model] cp = 1")
+
+
+def check_context_model(cfg: Any, own_builder: bool) -> None:
+    """What the executor splits over cp ranks: the shipped decoders' attention (the
+    built-in GPT, the Llama-style decoder with GQA or latent attention) with K and V
+    gathered, beside experts whole on each rank or split over the tensor group."""
+    a = cfg.model.arch
+    if a.cp_comm_type != EXECUTED_CP_COMM:
+        raise UserError("model.cp_comm_type", f"{a.cp_comm_type}: the executor gathers K "
+                        "and V over the context-parallel ranks (Transformer Engine's "
+                        "all_gather), and runs no other traffic", "run it with --cp-comm-type "
+                        "all_gather (simulate and plan price each type)")
+    if own_builder or cfg.model.fields().get("builder") or a.hybrid_layer_pattern \
+            or a.experimental_attention_variant:
+        raise UserError("model.cp", f"{a.cp}: the executor splits the sequence of the "
+                        "shipped decoders' attention layers only (a builder of one's own, "
+                        "or a Mamba or linear-attention mixer, would see part of it)",
+                        "run the shipped decoder (no --model, no hybrid pattern), or cp = 1")
+    if a.tp > 1 and a.sequence_parallel and (a.seq_length // a.cp) % a.tp:
+        raise UserError("model.seq_length", f"a context-parallel rank's {a.seq_length // a.cp}"
+                        f" tokens do not divide by tp ({a.tp}): sequence parallelism splits "
+                        "them", "choose tp and cp with tp x cp dividing seq_length")
+    if a.num_experts and (a.ep > 1 or a.expert_tp not in (1, a.tp)):
+        raise UserError("model.ep", f"ep = {a.ep}, etp = {a.expert_tp}: the executor folds "
+                        "no experts over context-parallel ranks", "run cp > 1 with each "
+                        "expert whole on each rank or split over the tensor ranks (ep 1), or "
+                        "cp = 1")

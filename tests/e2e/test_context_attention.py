@@ -1,0 +1,87 @@
+"""Context-parallel attention in real gloo processes against the whole sequence's in one:
+each rank's queries at its two load-balanced chunks, K and V gathered over the ranks,
+the outputs and the gradients of Q, K and V each rank's slice of the one-process ones
+(causal, sliding-window, unfused, grouped-query and latent-attention head sizes)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from ppsim.executor.builders.context import (  # noqa: E402
+    ContextGroup,
+    chunk_positions,
+    context_attention,
+    set_context,
+)
+from ppsim.executor.builders.stage import AttentionCore  # noqa: E402
+from ppsim.executor.spawned import spawn_results  # noqa: E402
+from ppsim.fileio import write_json_atomic  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+CASES = [  # (heads, kv heads, qk dim, v dim, window, unfused)
+    (4, 2, 8, 8, 0, False),   # grouped-query, causal
+    (4, 4, 8, 8, 5, False),   # a sliding window reaching into the other rank's chunk
+    (4, 2, 8, 8, 0, True),    # Megatron's unfused core, K and V repeated
+    (2, 2, 12, 8, 0, False),  # latent attention's narrower value heads
+]
+
+
+def _tensors(case: tuple, seq: int) -> list[torch.Tensor]:
+    heads, kv, qk, v, _, _ = case
+    g = torch.Generator().manual_seed(hash(case) % 1000)
+    return [torch.randn(2, n, seq, d, generator=g, dtype=torch.float64)
+            for n, d in ((heads, qk), (kv, qk), (kv, v))]
+
+
+def _max_errors(rank: int, cp: int, seq: int) -> list[float]:
+    """Each case's largest difference, output and gradients, from the whole sequence's."""
+    errors = []
+    for case in CASES:
+        window, unfused = case[4], case[5]
+        whole = [t.requires_grad_() for t in _tensors(case, seq)]
+        set_context(None)  # the one-process attention, as AttentionCore runs it
+        want = AttentionCore(window, unfused)(*whole)
+        (want * torch.arange(want.numel()).view_as(want).sin()).sum().backward()
+        mine = chunk_positions(seq, cp, rank)
+        local = [t.detach()[:, :, mine].clone().requires_grad_() for t in whole]
+        set_context(ContextGroup(group=dist.group.WORLD, rank=rank, size=cp))
+        got = context_attention(*local, window, unfused)
+        weight = torch.arange(want.numel()).view_as(want).sin()[:, :, mine]
+        (got * weight).sum().backward()
+        set_context(None)
+        pairs = [(got, want[:, :, mine])] + [(x.grad, w.grad[:, :, mine])
+                                             for x, w in zip(local, whole, strict=True)]
+        errors.append(max(float((a - b).abs().max()) for a, b in pairs))
+    return errors
+
+
+def _compare(rank: int, folder: str, cp: int, seq: int) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank,
+                            world_size=cp)
+    write_json_atomic(os.path.join(folder, f"r{rank}.json"), _max_errors(rank, cp, seq))
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("cp", "seq"), [(2, 16), (3, 12)])
+def test_each_rank_attends_as_the_whole_sequence_does(tmp_path, cp: int, seq: int) -> None:
+    paths = [str(tmp_path / f"r{r}.json") for r in range(cp)]
+    results = spawn_results(_compare, (str(tmp_path), cp, seq), cp, paths)
+    assert all(e < 1e-10 for errors in results for e in errors), results
+
+
+def test_the_causal_core_checks_itself() -> None:
+    """The reference above is the executor's own core: check it against the closed form
+    (softmax over each query's keys at or before it) on a small case."""
+    q, k, v = (torch.randn(1, 1, 4, 2, dtype=torch.float64) for _ in range(3))
+    scores = (q @ k.transpose(-2, -1)) / 2 ** 0.5
+    scores = scores.masked_fill(torch.ones(4, 4).triu(1).bool(), float("-inf"))
+    want = torch.softmax(scores, -1) @ v
+    torch.testing.assert_close(AttentionCore()(q, k, v), want)
+    torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, is_causal=True), want)
