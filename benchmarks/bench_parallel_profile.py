@@ -1,14 +1,16 @@
-"""How close is a run predicted from a profile measured in tensor- or expert-parallel
-processes? Profile, simulate, run, diff.
+"""How close is a run predicted from a profile measured in tensor-, expert- or
+context-parallel processes? Profile, simulate, run, diff.
 
 A MoE tiny GPT (MoE every other layer, 4 experts, top-2) on 1F1B, pp 2, 4 microbatches:
-`ep = 2` over dp 2, and the same model at tp 2 (its experts split over the tensor ranks).
-`ppsim profile` times each piece in the ranks one tensor or expert group spans (2
-processes here), its collectives inside; the run has pp x dp x tp = 4 processes on this
-host, which the profile does not time beside each other. Each trial profiles, simulates,
-runs and diffs; the median trial is reported with every trial's error.
+`ep = 2` over dp 2, the same model at tp 2 (its experts split over the tensor ranks), and
+at cp 2 with K and V passed round the ring (Megatron's default) and gathered.
+`ppsim profile` times each piece in the ranks one tensor, expert or context-parallel
+group spans (2 processes here), its collectives inside; the run has pp x dp x tp x cp =
+4 processes on this host, which the profile does not time beside each other. Each trial
+profiles, simulates, runs and diffs; the median trial is reported with every trial's
+error.
 
-Run:    .venv/bin/python benchmarks/bench_parallel_profile.py [--trials 3]
+Run:    .venv/bin/python benchmarks/bench_parallel_profile.py [--trials 3] [--only 'cp 2']
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from launches import MOE_TOML  # noqa: E402  (the tests' MoE, as `simulate` and 
 
 PIPELINE = ["--schedule", "1f1b", "--pp", "2", "--microbatches", "4"]
 CASES = {"ep 2 over dp 2": ("ep = 2\n", ["--dp", "2"]),
-         "tp 2 (experts split over it)": ("", ["--tp", "2"])}
+         "tp 2 (experts split over it)": ("", ["--tp", "2"]),
+         "cp 2 (K and V round the ring)": ("cp = 2\n", []),
+         "cp 2 (K and V gathered)": ('cp = 2\ncp_comm_type = "all_gather"\n', [])}
 
 
 def trial(extra: str, flags: list[str], tmp: str) -> dict[str, float]:
@@ -48,8 +52,12 @@ def trial(extra: str, flags: list[str], tmp: str) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--only", metavar="WORDS", default="",
+                    help="the cases whose name holds WORDS (e.g. 'cp 2')")
     args = ap.parse_args()
     for name, (extra, flags) in CASES.items():
+        if args.only not in name:
+            continue
         runs = []
         for i in range(args.trials):
             with tempfile.TemporaryDirectory(prefix="ppsim-bench-") as tmp:

@@ -18,15 +18,17 @@ from ppsim.executor.runtime import Replica
 
 
 def rank_groups(rank: int, pp: int, dp: int, tp: int, sequence_parallel: bool,
-                experts: ExpertShape | None = None, cp: int = 1) -> Replica:
+                experts: ExpertShape | None = None, cp: int = 1, cp_comm: str = "p2p"
+                ) -> Replica:
     """This rank's replica, its data-parallel group, (tp > 1) its tensor-parallel group
     (splitting the hidden states by tokens under `sequence_parallel`), (cp > 1) its
-    context-parallel group and, for routed experts, their groups, in Megatron's tp-pp-dp
-    order: tensor ranks innermost, then pipeline, then replicas, each replica's cp ranks
-    consecutive (each holds its part of the sequence and reduces its gradients with the
-    replicas': ppsim.executor.builders.context); the experts fold over a pipeline rank's
-    tp x dp places (ppsim.executor.places). Every rank creates every group, in the same
-    order (a collective call)."""
+    context-parallel group (its attention's traffic `cp_comm`) and, for routed experts,
+    their groups, in Megatron's tp-pp-dp order: tensor ranks innermost, then pipeline,
+    then replicas, each replica's cp ranks consecutive (each holds its part of the
+    sequence and reduces its gradients with the replicas':
+    ppsim.executor.builders.context); the experts fold over a pipeline rank's tp x dp
+    places (ppsim.executor.places). Every rank creates every group, in the same order (a
+    collective call)."""
     shape = experts or ExpertShape()
     ep, etp = shape.ep, shape.etp
     if cp > 1 and (ep > 1 or etp not in (1, tp)):
@@ -43,7 +45,8 @@ def rank_groups(rank: int, pp: int, dp: int, tp: int, sequence_parallel: bool,
     tensor = TensorGroup(group=tp_groups[(i, r)], rank=t, size=tp,
                          sequence_parallel=sequence_parallel) if tp > 1 else None
     d, c = divmod(i, cp)
-    set_context(ContextGroup(group=cp_groups[(d, r, t)], rank=c, size=cp) if cp > 1 else None)
+    set_context(ContextGroup(group=cp_groups[(d, r, t)], rank=c, size=cp, comm=cp_comm)
+                if cp > 1 else None)
     replica = Replica(i, dp * cp, dp_groups.get((r, t)), tp, t, cp=cp)
     if ep <= 1 and etp in (1, tp):  # the experts whole or split over the tensor group
         set_group(tensor, None, tensor if etp == tp else None)

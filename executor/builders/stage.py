@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ppsim.executor.builders.context import context, context_attention
+from ppsim.executor.builders.context import context
+from ppsim.executor.builders.cp_attention import context_attention
 from ppsim.executor.builders.deferral import defer_linears
 from ppsim.executor.builders.tensor import current
 from ppsim.executor.builders.user_tp import parallelized
@@ -101,7 +102,7 @@ class AttentionCore(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if context() is not None:  # every context-parallel rank's keys and values
-            return context_attention(q, k, v, self.window, self.unfused)
+            return context_attention(q, k, v, self.window)
         if self.unfused:
             return unfused_attention(q, k, v, self.window)
         gqa = k.shape[1] != q.shape[1]

@@ -1,7 +1,8 @@
 """Context-parallel attention in real gloo processes against the whole sequence's in one:
 each rank's queries at its two load-balanced chunks, K and V gathered over the ranks,
 the outputs and the gradients of Q, K and V each rank's slice of the one-process ones
-(causal, sliding-window, unfused, grouped-query and latent-attention head sizes)."""
+(causal, sliding-window, grouped-query and latent-attention head sizes), with K and V
+passed round the ring, gathered, and the heads exchanged by all-to-all."""
 
 from __future__ import annotations
 
@@ -17,42 +18,44 @@ import torch.nn.functional as F  # noqa: E402
 from ppsim.executor.builders.context import (  # noqa: E402
     ContextGroup,
     chunk_positions,
-    context_attention,
     set_context,
 )
+from ppsim.executor.builders.cp_attention import ATTENTION, context_attention  # noqa: E402
 from ppsim.executor.builders.stage import AttentionCore  # noqa: E402
 from ppsim.executor.spawned import spawn_results  # noqa: E402
 from ppsim.fileio import write_json_atomic  # noqa: E402
 
 pytestmark = pytest.mark.e2e
-CASES = [  # (heads, kv heads, qk dim, v dim, window, unfused)
-    (4, 2, 8, 8, 0, False),   # grouped-query, causal
-    (4, 4, 8, 8, 5, False),   # a sliding window reaching into the other rank's chunk
-    (4, 2, 8, 8, 0, True),    # Megatron's unfused core, K and V repeated
-    (2, 2, 12, 8, 0, False),  # latent attention's narrower value heads
+CASES = [  # (heads, kv heads, qk dim, v dim, window)
+    (4, 2, 8, 8, 0),   # grouped-query, causal
+    (4, 4, 8, 8, 5),   # a sliding window reaching into the other rank's chunk
+    (2, 2, 12, 8, 0),  # latent attention's narrower value heads
+    (6, 3, 8, 8, 4),   # heads an all-to-all splits over 3 ranks
 ]
 
 
 def _tensors(case: tuple, seq: int) -> list[torch.Tensor]:
-    heads, kv, qk, v, _, _ = case
+    heads, kv, qk, v, _ = case
     g = torch.Generator().manual_seed(hash(case) % 1000)
     return [torch.randn(2, n, seq, d, generator=g, dtype=torch.float64)
             for n, d in ((heads, qk), (kv, qk), (kv, v))]
 
 
-def _max_errors(rank: int, cp: int, seq: int) -> list[float]:
+def _max_errors(rank: int, cp: int, seq: int, comm: str) -> list[float]:
     """Each case's largest difference, output and gradients, from the whole sequence's."""
     errors = []
     for case in CASES:
-        window, unfused = case[4], case[5]
+        window = case[4]
+        if comm == "a2a" and case[0] % cp + case[1] % cp:  # the heads do not split
+            continue
         whole = [t.requires_grad_() for t in _tensors(case, seq)]
         set_context(None)  # the one-process attention, as AttentionCore runs it
-        want = AttentionCore(window, unfused)(*whole)
+        want = AttentionCore(window)(*whole)
         (want * torch.arange(want.numel()).view_as(want).sin()).sum().backward()
         mine = chunk_positions(seq, cp, rank)
         local = [t.detach()[:, :, mine].clone().requires_grad_() for t in whole]
-        set_context(ContextGroup(group=dist.group.WORLD, rank=rank, size=cp))
-        got = context_attention(*local, window, unfused)
+        set_context(ContextGroup(group=dist.group.WORLD, rank=rank, size=cp, comm=comm))
+        got = context_attention(*local, window)
         weight = torch.arange(want.numel()).view_as(want).sin()[:, :, mine]
         (got * weight).sum().backward()
         set_context(None)
@@ -65,15 +68,22 @@ def _max_errors(rank: int, cp: int, seq: int) -> list[float]:
 def _compare(rank: int, folder: str, cp: int, seq: int) -> None:
     dist.init_process_group("gloo", init_method=f"file://{folder}/store", rank=rank,
                             world_size=cp)
-    write_json_atomic(os.path.join(folder, f"r{rank}.json"), _max_errors(rank, cp, seq))
+    write_json_atomic(os.path.join(folder, f"r{rank}.json"),
+                      {comm: _max_errors(rank, cp, seq, comm) for comm in ATTENTION})
     dist.destroy_process_group()
 
 
 @pytest.mark.parametrize(("cp", "seq"), [(2, 16), (3, 12)])
 def test_each_rank_attends_as_the_whole_sequence_does(tmp_path, cp: int, seq: int) -> None:
+    """K and V passed round the ring (p2p), gathered (all_gather), or the heads
+    exchanged (a2a: where cp divides them)."""
     paths = [str(tmp_path / f"r{r}.json") for r in range(cp)]
     results = spawn_results(_compare, (str(tmp_path), cp, seq), cp, paths)
-    assert all(e < 1e-10 for errors in results for e in errors), results
+    assert set(results[0]) == {"p2p", "all_gather", "a2a"}
+    for comm in results[0]:
+        splits = [c for c in CASES if comm != "a2a" or not c[0] % cp + c[1] % cp]
+        assert len(results[0][comm]) == len(splits) > 0, results
+        assert all(e < 1e-10 for r in results for e in r[comm]), results
 
 
 def test_the_causal_core_checks_itself() -> None:

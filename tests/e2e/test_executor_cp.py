@@ -1,5 +1,7 @@
-"""Context parallelism for real: cp 2 x pp 2 over gloo, and tp 2 x cp 2 x dp 2 with a
-sliding window, rotary positions and MoE layers, give the one-process loss and gradients;
+"""Context parallelism for real: cp 2 x pp 2 over gloo (K and V gathered, round the ring
+for latent attention under an interleaved schedule, or the heads exchanged under ZB-H1),
+and tp 2 x cp 2 x dp 2 with a sliding window, rotary positions and MoE layers, give the
+one-process loss and gradients;
 each rank sends its half of the tokens and holds the activations `simulate` prices
 (nothing mocked: torchrun processes)."""
 
@@ -24,7 +26,7 @@ from ppsim.executor.reference import reference_step  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 CP = 2
-CASES = ["cp2-1f1b", "cp2-tp2-dp2-window"]
+CASES = ["cp2-1f1b", "cp2-ring-interleaved", "cp2-a2a-zb", "cp2-tp2-dp2-window"]
 
 
 def _argv(run: Any) -> list[str]:
@@ -52,10 +54,13 @@ def test_context_parallel_loss_equals_one_process(case: str, launches: Pool) -> 
     assert (run.summary["dp"], run.summary["cp"]) == (dp, CP)
 
 
-def test_each_rank_reads_its_chunks_and_steps_as_one_process(launches: Pool) -> None:
-    """cp 2 x pp 2: every rank's reduced gradients the one process's, and the pipeline's
-    messages half a microbatch's tokens (fp32 hidden states on CPU)."""
-    run = launches.get("cp2-1f1b")
+@pytest.mark.parametrize("case", ["cp2-1f1b", "cp2-ring-interleaved", "cp2-a2a-zb"])
+def test_each_rank_reads_its_chunks_and_steps_as_one_process(case: str,
+                                                             launches: Pool) -> None:
+    """cp 2 x pp 2, K and V gathered or round the ring, or the heads exchanged (under a
+    split backward, W apart): every rank's reduced gradients the one process's, and the
+    pipeline's messages half a microbatch's tokens (fp32 hidden states on CPU)."""
+    run = launches.get(case)
     args = _args(_argv(run))
     fields = config_from_args(args).model.fields()
     builder = load_builder(builder_spec(args.model, fields), fields)
