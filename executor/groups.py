@@ -18,11 +18,12 @@ from ppsim.executor.runtime import Replica
 
 
 def rank_groups(rank: int, pp: int, dp: int, tp: int, sequence_parallel: bool,
-                experts: ExpertShape | None = None, cp: int = 1, cp_comm: str = "p2p"
-                ) -> Replica:
+                experts: ExpertShape | None = None, cp: int = 1, cp_comm: str = "p2p",
+                cp_a2a: int = 0) -> Replica:
     """This rank's replica, its data-parallel group, (tp > 1) its tensor-parallel group
     (splitting the hidden states by tokens under `sequence_parallel`), (cp > 1) its
-    context-parallel group (its attention's traffic `cp_comm`) and, for routed experts,
+    context-parallel group (its attention's traffic `cp_comm`; under a2a+p2p its groups of
+    `cp_a2a` consecutive ranks and the rings across them) and, for routed experts,
     their groups, in Megatron's tp-pp-dp order: tensor ranks innermost, then pipeline,
     then replicas, each replica's cp ranks consecutive (each holds its part of the
     sequence and reduces its gradients with the replicas':
@@ -36,8 +37,8 @@ def rank_groups(rank: int, pp: int, dp: int, tp: int, sequence_parallel: bool,
     at = [(r, t) for r in range(pp) for t in range(tp)]
     dp_groups = {(r, t): dist.new_group([(i * pp + r) * tp + t for i in range(dp * cp)])
                  for r, t in at} if dp * cp > 1 else {}
-    cp_groups = {(d, r, t): dist.new_group([((d * cp + c) * pp + r) * tp + t
-                                            for c in range(cp)])
+    cp_groups = {(d, r, t): context_groups([((d * cp + c) * pp + r) * tp + t
+                                             for c in range(cp)], cp_comm, cp_a2a)
                  for d in range(dp) for r, t in at} if cp > 1 else {}
     tp_groups = {(i, r): dist.new_group([(i * pp + r) * tp + t for t in range(tp)])
                  for i in range(dp * cp) for r in range(pp)} if tp > 1 else {}
@@ -45,8 +46,7 @@ def rank_groups(rank: int, pp: int, dp: int, tp: int, sequence_parallel: bool,
     tensor = TensorGroup(group=tp_groups[(i, r)], rank=t, size=tp,
                          sequence_parallel=sequence_parallel) if tp > 1 else None
     d, c = divmod(i, cp)
-    set_context(ContextGroup(group=cp_groups[(d, r, t)], rank=c, size=cp, comm=cp_comm)
-                if cp > 1 else None)
+    set_context(cp_groups[(d, r, t)][c] if cp > 1 else None)
     replica = Replica(i, dp * cp, dp_groups.get((r, t)), tp, t, cp=cp)
     if ep <= 1 and etp in (1, tp):  # the experts whole or split over the tensor group
         set_group(tensor, None, tensor if etp == tp else None)
@@ -73,3 +73,21 @@ def rank_groups(rank: int, pp: int, dp: int, tp: int, sequence_parallel: bool,
     set_group(tensor, experts_over, each_over)
     return replace(replica, experts_apart=True, expert_group=held[r][k] if held else None,
                    expert_replicas=copies, expert_index=places.replica_groups[k].index(q))
+
+
+def context_groups(ranks: list[int], comm: str, a2a: int) -> list[ContextGroup]:
+    """Each member's ContextGroup of the context-parallel group of global `ranks`; under
+    a2a+p2p with its heads exchanged over `a2a` consecutive members and K and V round the
+    members at its place in each of those."""
+    cp = len(ranks)
+    whole = dist.new_group(ranks)
+    if comm != "a2a+p2p":
+        return [ContextGroup(group=whole, rank=c, size=cp, comm=comm) for c in range(cp)]
+    heads = [dist.new_group(ranks[j:j + a2a]) for j in range(0, cp, a2a)]
+    rings = [dist.new_group(ranks[i::a2a]) for i in range(a2a)]
+    return [ContextGroup(group=whole, rank=c, size=cp, comm=comm,
+                         heads_group=ContextGroup(group=heads[c // a2a], rank=c % a2a,
+                                                  size=a2a, comm="a2a"),
+                         ring_group=ContextGroup(group=rings[c % a2a], rank=c // a2a,
+                                                 size=cp // a2a, comm="p2p"))
+            for c in range(cp)]

@@ -117,7 +117,7 @@ def _worker(rank: int, port: int, fields: dict[str, Any], world: int, repeats: i
     tp, experts_shape = a.tp, ExpertShape.of(a)
     try:  # pp 1: the processes are world / (tp x cp) replicas of one stage, cp ranks each
         rank_groups(rank, 1, world // (tp * a.cp), tp, a.sequence_parallel, experts_shape,
-                    a.cp, a.cp_comm_type)
+                    a.cp, a.cp_comm_type, a.cp_a2a_size)
         experts = expert_group()
         torch.manual_seed(0)
         prof = Profiler(fields, torch.device("cpu"), microbatches)

@@ -121,7 +121,7 @@ def run(spec: RunSpec) -> dict[str, Any] | None:
         raise RuntimeError(f"world size {world} != pp {pp} x dp {dp} x tp {tp} x cp {cp}")
     a = architecture(fields)
     replica = replace(rank_groups(rank, pp, dp, tp, a.sequence_parallel, ExpertShape.of(a),
-                                  cp, a.cp_comm_type),
+                                  cp, a.cp_comm_type, a.cp_a2a_size),
                       sharded=bool(fields.get("distributed_optimizer")),
                       fully_sharded=bool(fields.get("fsdp")),
                       muon=fields.get("optimizer") == "muon")

@@ -36,6 +36,11 @@ class ContextGroup:
     """How the attention sees the other ranks' keys and values (Megatron's
     --cp-comm-type): p2p round a ring, all_gather, or a2a (the heads exchanged; see
     ppsim.executor.builders.cp_attention)."""
+    heads_group: ContextGroup | None = None
+    """Under a2a+p2p: the cp_a2a_size consecutive ranks the heads are exchanged over."""
+    ring_group: ContextGroup | None = None
+    """Under a2a+p2p: the ranks at this one's place in each of those, round whose ring
+    K and V pass."""
 
 
 _CURRENT: list[ContextGroup | None] = [None]

@@ -1,19 +1,21 @@
 """The attention of a context-parallel rank (ppsim.executor.builders.context) by the
 group's traffic, Megatron's --cp-comm-type: p2p (K and V round a ring,
-ppsim.executor.builders.ring), all_gather (ppsim.executor.builders.kv_gather) or a2a
-(the heads exchanged, ppsim.executor.builders.ulysses)."""
+ppsim.executor.builders.ring), all_gather (ppsim.executor.builders.kv_gather), a2a (the
+heads exchanged, ppsim.executor.builders.ulysses) or both at once, a2a+p2p
+(ppsim.executor.builders.hierarchical)."""
 
 from __future__ import annotations
 
 import torch
 
 from ppsim.executor.builders.context import chunk_positions, context
+from ppsim.executor.builders.hierarchical import hierarchical_attention
 from ppsim.executor.builders.kv_gather import gathered_attention
 from ppsim.executor.builders.ring import ring_attention
 from ppsim.executor.builders.ulysses import ulysses_attention
 
 ATTENTION = {"p2p": ring_attention, "all_gather": gathered_attention,
-             "a2a": ulysses_attention}
+             "a2a": ulysses_attention, "a2a+p2p": hierarchical_attention}
 """Each traffic's attention."""
 
 

@@ -11,6 +11,7 @@ backward, as FlashAttention does; the blocks in flight are transient.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -62,64 +63,87 @@ def _scores(q: torch.Tensor, k: torch.Tensor, seen: torch.Tensor) -> torch.Tenso
     return (s * q.shape[-1] ** -0.5).masked_fill(~seen, float("-inf"))
 
 
+@dataclass(frozen=True)
+class Ring:
+    """Where a rank's queries sit and whose K and V come round: the group, this rank's
+    places in the sequence, every member's (`places[r]`), and the sliding window (0:
+    none)."""
+
+    group: ContextGroup
+    mine: torch.Tensor
+    places: list[torch.Tensor]
+    window: int
+
+    def seen(self, step: int) -> torch.Tensor:
+        """Which keys of the block at `step` (member rank - step's) the queries see."""
+        g = self.group
+        return visible(self.mine, self.places[(g.rank - step) % g.size], self.window)
+
+
+def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Ring
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output, laid out (b, s, heads, d) as FlashAttention's is (the projection reads
+    it as it is, one tensor kept for both), and the log-sum-exp of each query."""
+    b, heads, s, _ = q.shape
+    wide = _wide(q).dtype
+    peak = q.new_full((b, heads, s), float("-inf"), dtype=wide)
+    total = torch.zeros_like(peak)
+    acc = q.new_zeros((b, heads, s, v.shape[-1]), dtype=wide)
+    block, size = [k, v], ring.group.size
+    for i in range(size):
+        pending = _passed_on(block, ring.group) if i < size - 1 else None
+        scores = _scores(q, block[0], ring.seen(i))
+        new_peak = torch.maximum(peak, scores.amax(-1))
+        base = torch.where(new_peak.isinf(), 0.0, new_peak)
+        scale = torch.exp(peak - base)
+        p = torch.exp(scores - base[..., None])
+        total = total * scale + p.sum(-1)
+        acc = acc * scale[..., None] + p @ _wide(_expanded(block[1], heads))
+        peak = new_peak
+        if pending is not None:
+            block = _arrived(pending)
+    out = acc.new_empty((b, s, heads, acc.shape[-1]), dtype=q.dtype).transpose(1, 2)
+    out.copy_(acc / total[..., None])
+    return out, peak + total.log()
+
+
+def ring_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                  lse: torch.Tensor, grad: torch.Tensor, ring: Ring
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of q, k and v: the blocks round again, each with its K and V
+    gradients accumulating; after the last block only the gradients, which then are
+    home."""
+    heads, g = q.shape[1], ring.group
+    dout = _wide(grad)
+    delta = (dout * _wide(out)).sum(-1, keepdim=True)
+    dq = torch.zeros_like(q, dtype=dout.dtype)
+    block = [k, v, torch.zeros_like(k, dtype=dout.dtype), torch.zeros_like(v, dtype=dout.dtype)]
+    for i in range(g.size):
+        blk_k, blk_v, dk, dv = block
+        p = torch.exp(_scores(q, blk_k, ring.seen(i)) - lse[..., None])
+        dv = dv + _grouped(p.transpose(-2, -1) @ dout, k.shape[1])
+        ds = p * (dout @ _wide(_expanded(blk_v, heads)).transpose(-2, -1) - delta)
+        ds = ds * q.shape[-1] ** -0.5
+        dq += ds @ _wide(_expanded(blk_k, heads))
+        dk = dk + _grouped(ds.transpose(-2, -1) @ _wide(q), k.shape[1])
+        last = i == g.size - 1
+        block = _arrived(_passed_on([dk, dv] if last else [blk_k, blk_v, dk, dv], g))
+    dk, dv = block[-2:]
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                g: ContextGroup, mine: torch.Tensor, places: list[torch.Tensor],
-                window: int) -> torch.Tensor:
-        b, heads, s, _ = q.shape
-        wide = _wide(q).dtype
-        peak = q.new_full((b, heads, s), float("-inf"), dtype=wide)
-        total = torch.zeros_like(peak)
-        acc = q.new_zeros((b, heads, s, v.shape[-1]), dtype=wide)
-        block = [k, v]
-        for i in range(g.size):
-            pending = _passed_on(block, g) if i < g.size - 1 else None
-            seen = visible(mine, places[(g.rank - i) % g.size], window)
-            scores = _scores(q, block[0], seen)
-            new_peak = torch.maximum(peak, scores.amax(-1))
-            base = torch.where(new_peak.isinf(), 0.0, new_peak)
-            scale = torch.exp(peak - base)
-            p = torch.exp(scores - base[..., None])
-            total = total * scale + p.sum(-1)
-            acc = acc * scale[..., None] + p @ _wide(_expanded(block[1], heads))
-            peak = new_peak
-            if pending is not None:
-                block = _arrived(pending)
-        # laid out (b, s, heads, d), as FlashAttention's output: the projection reads it
-        # as it is, one tensor kept for both
-        out = acc.new_empty((b, s, heads, acc.shape[-1]), dtype=q.dtype).transpose(1, 2)
-        out.copy_(acc / total[..., None])
-        lse = peak + total.log()
+                ring: Ring) -> torch.Tensor:
+        out, lse = ring_forward(q, k, v, ring)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.g, ctx.mine, ctx.places, ctx.window = g, mine, places, window
+        ctx.ring = ring
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        q, k, v, out, lse = ctx.saved_tensors
-        g, heads = ctx.g, q.shape[1]
-        dout = _wide(grad)
-        delta = (dout * _wide(out)).sum(-1, keepdim=True)
-        dq = torch.zeros_like(q, dtype=dout.dtype)
-        block = [k, v, torch.zeros_like(k, dtype=dout.dtype),
-                 torch.zeros_like(v, dtype=dout.dtype)]
-        for i in range(g.size):
-            blk_k, blk_v, dk, dv = block
-            seen = visible(ctx.mine, ctx.places[(g.rank - i) % g.size], ctx.window)
-            p = torch.exp(_scores(q, blk_k, seen) - lse[..., None])
-            dv = dv + _grouped(p.transpose(-2, -1) @ dout, k.shape[1])
-            ds = p * (dout @ _wide(_expanded(blk_v, heads)).transpose(-2, -1) - delta)
-            ds = ds * q.shape[-1] ** -0.5
-            dq += ds @ _wide(_expanded(blk_k, heads))
-            dk = dk + _grouped(ds.transpose(-2, -1) @ _wide(q), k.shape[1])
-            # the block and its gradients on to the next rank; after the last block only
-            # the gradients, which then are home
-            block = _arrived(_passed_on([blk_k, blk_v, dk, dv] if i < g.size - 1
-                                        else [dk, dv], g))
-            if i == g.size - 1:
-                block = [k, v, *block]
-        return dq.to(q.dtype), block[2].to(k.dtype), block[3].to(v.dtype), None, None, None, None
+        return (*ring_backward(*ctx.saved_tensors, grad, ctx.ring), None)
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: ContextGroup,
@@ -127,4 +151,4 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: Context
     """Causal attention (`window` > 0: sliding) of this rank's queries q (b, heads, s, d)
     against every rank's k and v (b, kv_heads, s, d), rank r's tokens at the sequence
     `places[r]`, passed round the ring."""
-    return _RingAttention.apply(q, k, v, g, places[g.rank], places, window)
+    return _RingAttention.apply(q, k, v, Ring(g, places[g.rank], places, window))

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from ppsim.executor.builders.context import ContextGroup, visible
 
 
-def _heads_for_tokens(x: torch.Tensor, g: ContextGroup) -> torch.Tensor:
+def heads_for_tokens(x: torch.Tensor, g: ContextGroup) -> torch.Tensor:
     """(b, heads, s, d) of this rank's tokens -> (b, heads / cp, cp x s, d): every rank's
     tokens (in rank order) of this rank's share of the heads."""
     b, heads, s, d = x.shape
@@ -33,7 +33,7 @@ def _heads_for_tokens(x: torch.Tensor, g: ContextGroup) -> torch.Tensor:
     return got.permute(1, 2, 0, 3, 4).reshape(b, heads // g.size, g.size * s, d)
 
 
-def _tokens_for_heads(y: torch.Tensor, g: ContextGroup) -> torch.Tensor:
+def tokens_for_heads(y: torch.Tensor, g: ContextGroup) -> torch.Tensor:
     """The inverse: (b, heads / cp, cp x s, d) -> (b, heads, s, d) of this rank's tokens,
     laid out (b, s, heads, d) as FlashAttention's output is (the projection reads it as
     it is)."""
@@ -51,18 +51,18 @@ class _ExchangedAttention(torch.autograd.Function):
                 g: ContextGroup, seen: torch.Tensor) -> torch.Tensor:
         ctx.g, ctx.seen = g, seen
         ctx.save_for_backward(q, k, v)
-        out = _attend(*(_heads_for_tokens(x, g) for x in (q, k, v)), seen)
-        return _tokens_for_heads(out, g)
+        out = _attend(*(heads_for_tokens(x, g) for x in (q, k, v)), seen)
+        return tokens_for_heads(out, g)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         g = ctx.g
-        heads = [_heads_for_tokens(x, g) for x in ctx.saved_tensors]
+        heads = [heads_for_tokens(x, g) for x in ctx.saved_tensors]
         with torch.enable_grad():
             heads = [x.detach().requires_grad_() for x in heads]
             out = _attend(*heads, ctx.seen)
-            grads = torch.autograd.grad(out, heads, _heads_for_tokens(grad, g))
-        return (*(_tokens_for_heads(x, g) for x in grads), None, None)
+            grads = torch.autograd.grad(out, heads, heads_for_tokens(grad, g))
+        return (*(tokens_for_heads(x, g) for x in grads), None, None)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seen: torch.Tensor

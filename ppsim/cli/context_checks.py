@@ -1,6 +1,6 @@
 """What `ppsim run` and `ppsim profile` check of context parallelism before any process
 starts: the executor splits the shipped decoders' sequence over cp ranks, its attention
-passing K and V round a ring, gathering them or exchanging the heads
+passing K and V round a ring, gathering them, exchanging the heads or both
 (ppsim.executor.builders.cp_attention); what it does not run is refused by name."""
 
 from __future__ import annotations
@@ -9,9 +9,6 @@ import argparse
 from typing import Any
 
 from ppsim.errors import UserError
-
-EXECUTED_CP_COMM = ("p2p", "all_gather", "a2a")
-"""The context-parallel traffic the executor runs (Megatron's --cp-comm-type)."""
 
 
 def check_run_context(args: argparse.Namespace, cfg: Any) -> None:
@@ -39,15 +36,10 @@ def check_profile_context(cfg: Any, device: str) -> None:
 
 def check_context_model(cfg: Any, own_builder: bool) -> None:
     """What the executor splits over cp ranks: the shipped decoders' attention (the
-    built-in GPT, the Llama-style decoder with GQA or latent attention) by Megatron's
-    p2p, all_gather or a2a, beside experts whole on each rank or split over the tensor
+    built-in GPT, the Llama-style decoder with GQA or latent attention), by any of
+    Megatron's --cp-comm-type, beside experts whole on each rank or split over the tensor
     group."""
     a = cfg.model.arch
-    if a.cp_comm_type not in EXECUTED_CP_COMM:
-        raise UserError("model.cp_comm_type", f"{a.cp_comm_type}: the executor runs "
-                        "p2p, all_gather and a2a, not the hierarchical a2a+p2p",
-                        "run it with --cp-comm-type p2p, all_gather or a2a (simulate and "
-                        "plan price each type)")
     if own_builder or cfg.model.fields().get("builder") or a.hybrid_layer_pattern \
             or a.experimental_attention_variant:
         raise UserError("model.cp", f"{a.cp}: the executor splits the sequence of the "

@@ -321,12 +321,15 @@ EXPERT = {
 # test_executor_cp.py: context parallelism for real over gloo: K and V gathered, the GPT
 # at cp 2 x pp 2; K and V round the ring (Megatron's default), latent attention
 # interleaved over pp 2; the heads exchanged (a2a), the Llama-style decoder under ZB-H1;
+# both (a2a+p2p: pairs exchanging heads, a ring across them), the GPT at cp 4;
 # then gpt-oss's shape in small (rotary, a sliding window on half the layers, MoE split
 # over the tensor ranks; K and V gathered) at tp 2 x cp 2 x dp 2.
 CONTEXT = {
     "cp2-1f1b": Spec(argv=["--cp", "2", *ONE_F_ONE_B, "--config", "{tmp}/cp.toml"]),
     "cp2-ring-interleaved": Spec(argv=["--cp", "2", *INTERLEAVED, *MLA_CONFIG]),
     "cp2-a2a-zb": Spec(argv=["--cp", "2", *ZB_H1, "--config", "{tmp}/cp-a2a.toml"]),
+    "cp4-hierarchical": Spec(argv=["--cp", "4", "--pp", "1", "--microbatches", "2",
+                                   "--config", "{tmp}/cp-hierarchical.toml"]),
     "cp2-tp2-dp2-window": Spec(argv=["--cp", "2", "--tp", "2", "--dp", "2", "--pp", "1",
                                      "--microbatches", "2", "--config", "{tmp}/cp-window.toml"],
                                dump_grads=False),
@@ -416,6 +419,8 @@ def _prepare(name: str, tmp: Path) -> None:
     (tmp / "cp.toml").write_text(tiny_gpt_toml(cp_comm_type="all_gather"))
     (tmp / "cp-window.toml").write_text(WINDOW_TOML + 'cp_comm_type = "all_gather"\n')
     (tmp / "cp-a2a.toml").write_text(LLAMA_TOML + 'cp_comm_type = "a2a"\n')
+    (tmp / "cp-hierarchical.toml").write_text(tiny_gpt_toml(cp_comm_type="a2a+p2p",
+                                                            cp_a2a_size=2))
     (tmp / "ddp.toml").write_text(tiny_gpt_toml())
     (tmp / "distopt.toml").write_text(tiny_gpt_toml(distributed_optimizer=True))
     (tmp / "fsdp.toml").write_text(tiny_gpt_toml(fsdp=True))

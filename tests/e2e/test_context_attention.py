@@ -15,13 +15,10 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from ppsim.executor.builders.context import (  # noqa: E402
-    ContextGroup,
-    chunk_positions,
-    set_context,
-)
+from ppsim.executor.builders.context import chunk_positions, set_context  # noqa: E402
 from ppsim.executor.builders.cp_attention import ATTENTION, context_attention  # noqa: E402
 from ppsim.executor.builders.stage import AttentionCore  # noqa: E402
+from ppsim.executor.groups import context_groups  # noqa: E402
 from ppsim.executor.spawned import spawn_results  # noqa: E402
 from ppsim.fileio import write_json_atomic  # noqa: E402
 
@@ -41,12 +38,27 @@ def _tensors(case: tuple, seq: int) -> list[torch.Tensor]:
             for n, d in ((heads, qk), (kv, qk), (kv, v))]
 
 
+HEADS_SPLIT = {"a2a": lambda cp: cp, "a2a+p2p": lambda cp: A2A}
+"""Over how many ranks a traffic exchanges the heads (they must divide them)."""
+A2A = 2
+"""a2a+p2p's all-to-all size (cp 4: two groups of 2, a ring of 2 across them)."""
+
+
+def _runs(comm: str, cp: int, case: tuple) -> bool:
+    """Whether `comm` takes `case` at `cp`: the heads split where it exchanges them."""
+    if comm == "a2a+p2p" and cp % A2A + (cp == A2A):
+        return False  # no all-to-all groups and ring of them
+    split = HEADS_SPLIT.get(comm, lambda cp: 1)(cp)
+    return not case[0] % split + case[1] % split
+
+
 def _max_errors(rank: int, cp: int, seq: int, comm: str) -> list[float]:
     """Each case's largest difference, output and gradients, from the whole sequence's."""
     errors = []
+    groups = context_groups(list(range(cp)), comm, A2A)
     for case in CASES:
         window = case[4]
-        if comm == "a2a" and case[0] % cp + case[1] % cp:  # the heads do not split
+        if not _runs(comm, cp, case):
             continue
         whole = [t.requires_grad_() for t in _tensors(case, seq)]
         set_context(None)  # the one-process attention, as AttentionCore runs it
@@ -54,7 +66,7 @@ def _max_errors(rank: int, cp: int, seq: int, comm: str) -> list[float]:
         (want * torch.arange(want.numel()).view_as(want).sin()).sum().backward()
         mine = chunk_positions(seq, cp, rank)
         local = [t.detach()[:, :, mine].clone().requires_grad_() for t in whole]
-        set_context(ContextGroup(group=dist.group.WORLD, rank=rank, size=cp, comm=comm))
+        set_context(groups[rank])
         got = context_attention(*local, window)
         weight = torch.arange(want.numel()).view_as(want).sin()[:, :, mine]
         (got * weight).sum().backward()
@@ -73,16 +85,17 @@ def _compare(rank: int, folder: str, cp: int, seq: int) -> None:
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize(("cp", "seq"), [(2, 16), (3, 12)])
+@pytest.mark.parametrize(("cp", "seq"), [(2, 16), (3, 12), (4, 16)])
 def test_each_rank_attends_as_the_whole_sequence_does(tmp_path, cp: int, seq: int) -> None:
-    """K and V passed round the ring (p2p), gathered (all_gather), or the heads
-    exchanged (a2a: where cp divides them)."""
+    """K and V passed round the ring (p2p), gathered (all_gather), the heads exchanged
+    (a2a: where cp divides them), or both (a2a+p2p at cp 4: pairs, a ring of 2)."""
     paths = [str(tmp_path / f"r{r}.json") for r in range(cp)]
     results = spawn_results(_compare, (str(tmp_path), cp, seq), cp, paths)
-    assert set(results[0]) == {"p2p", "all_gather", "a2a"}
+    assert set(results[0]) == {"p2p", "all_gather", "a2a", "a2a+p2p"}
     for comm in results[0]:
-        splits = [c for c in CASES if comm != "a2a" or not c[0] % cp + c[1] % cp]
-        assert len(results[0][comm]) == len(splits) > 0, results
+        runs = [c for c in CASES if _runs(comm, cp, c)]
+        assert len(results[0][comm]) == len(runs), results
+        assert runs or comm == "a2a+p2p" and cp != 4
         assert all(e < 1e-10 for r in results for e in r[comm]), results
 
 

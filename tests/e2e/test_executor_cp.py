@@ -25,8 +25,8 @@ from ppsim.executor.builders import builder_spec, load_builder  # noqa: E402
 from ppsim.executor.reference import reference_step  # noqa: E402
 
 pytestmark = pytest.mark.e2e
-CP = 2
-CASES = ["cp2-1f1b", "cp2-ring-interleaved", "cp2-a2a-zb", "cp2-tp2-dp2-window"]
+CASES = ["cp2-1f1b", "cp2-ring-interleaved", "cp2-a2a-zb", "cp4-hierarchical",
+         "cp2-tp2-dp2-window"]
 
 
 def _argv(run: Any) -> list[str]:
@@ -51,26 +51,30 @@ def test_context_parallel_loss_equals_one_process(case: str, launches: Pool) -> 
     builder = load_builder(builder_spec(args.model, fields), fields)
     loss, _ = reference_step(builder, m * dp)
     assert run.summary["losses"][0] == pytest.approx(loss, rel=1e-5)
-    assert (run.summary["dp"], run.summary["cp"]) == (dp, CP)
+    assert (run.summary["dp"], run.summary["cp"]) == (dp, config_from_args(args).model.arch.cp)
 
 
-@pytest.mark.parametrize("case", ["cp2-1f1b", "cp2-ring-interleaved", "cp2-a2a-zb"])
+@pytest.mark.parametrize("case", ["cp2-1f1b", "cp2-ring-interleaved", "cp2-a2a-zb",
+                                  "cp4-hierarchical"])
 def test_each_rank_reads_its_chunks_and_steps_as_one_process(case: str,
                                                              launches: Pool) -> None:
     """cp 2 x pp 2, K and V gathered or round the ring, or the heads exchanged (under a
-    split backward, W apart): every rank's reduced gradients the one process's, and the
-    pipeline's messages half a microbatch's tokens (fp32 hidden states on CPU)."""
+    split backward, W apart), and both at cp 4: every rank's reduced gradients the one
+    process's, and the pipeline's messages 1 / cp of a microbatch's tokens (fp32 hidden
+    states on CPU)."""
     run = launches.get(case)
     args = _args(_argv(run))
-    fields = config_from_args(args).model.fields()
+    cfg = config_from_args(args)
+    fields, cp = cfg.model.fields(), cfg.model.arch.cp
+    problem = load_problem(args)
     builder = load_builder(builder_spec(args.model, fields), fields)
-    _, grads = reference_step(builder, load_problem(args).schedule.microbatches)
+    _, grads = reference_step(builder, problem.schedule.microbatches)
     b, s, h = builder.activation_shape
     trace = json.loads((run.tmp / "out" / "trace.json").read_text())
     sent = {e["args"]["bytes"] for e in trace["traceEvents"]
             if e.get("args", {}).get("kind") == "send"}
-    assert sent == {b * s * h * 4 // CP}
-    for rank in range(4):  # pipeline rank rank % 2 of context-parallel rank rank // 2
+    assert sent == ({b * s * h * 4 // cp} if problem.split.pp > 1 else set())
+    for rank in range(problem.split.pp * cp):
         got = torch.load(run.tmp / f"grads.rank{rank}.pt")["grads"]
         assert got and set(got) <= set(grads)
         for name, g in got.items():
@@ -107,8 +111,8 @@ def test_profile_measures_a_context_parallel_rank(cp_costs, launches: Pool) -> N
     """The profile's processes each hold half the tokens: a layer keeps what the run's
     ranks keep (its trace's stage bytes), and the file prices cp 2 alone."""
     path, doc = cp_costs
-    assert (doc["collectives"]["cp"], doc["collectives"]["processes"]) == (CP, CP)
-    assert doc["model"]["cp"] == CP and doc["model"]["cp_comm_type"] == "all_gather"
+    assert (doc["collectives"]["cp"], doc["collectives"]["processes"]) == (2, 2)
+    assert doc["model"]["cp"] == 2 and doc["model"]["cp_comm_type"] == "all_gather"
     run = launches.get("cp2-1f1b")
     want = between_ops_peaks([*_argv(run), "--costs", str(path)])
     analytic = between_ops_peaks(_argv(run))

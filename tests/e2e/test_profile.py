@@ -134,12 +134,12 @@ def test_profile_refuses_what_the_executor_cannot_run(tmp_path: Path,
                  "--out", str(tmp_path / "c.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--device: expert parallelism (ep = 2) is measured on CPU" in err[0]
-    # context parallelism is measured by p2p, all_gather or a2a, not the hierarchical form
-    cfg.write_text('[model]\npreset = "tiny-gpt"\ncp = 4\ncp_comm_type = "a2a+p2p"\n'
-                   'cp_a2a_size = 2\n')
+    # context parallelism is measured in processes on CPU, the shipped decoders alone
+    cfg.write_text('[model]\npreset = "tiny-hybrid"\ncp = 2\n')
     assert main(["profile", "--config", str(cfg), "--out", str(tmp_path / "c.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "model.cp_comm_type: a2a+p2p: the executor runs p2p" in err[0]
+    assert len(err) == 1 and "model.cp: 2: the executor splits the sequence of the shipped" \
+        in err[0], err
     assert not (tmp_path / "c.json").exists()
 
 

@@ -33,11 +33,8 @@ def test_tensor_parallel_run_refusals(argv, words, tmp_path, capsys, monkeypatch
 
 
 @pytest.mark.parametrize("model, argv, error", [
-    # context parallelism runs p2p, all_gather and a2a, not the hierarchical form:
-    # refused, not run as if cp were 1
-    ('cp = 4\ncp_comm_type = "a2a+p2p"\ncp_a2a_size = 2\n', [],
-     "model.cp_comm_type: a2a+p2p: the executor runs p2p, all_gather and a2a"),
-    # ... of the shipped decoders alone
+    # context parallelism runs the shipped decoders alone: refused, not run as if cp
+    # were 1
     ('cp = 2\ncp_comm_type = "all_gather"\nbuilder = "tests/model_tp.py:build"\n', [],
      "model.cp: 2: the executor splits the sequence of the shipped decoders' attention"),
     ('cp = 3\ncp_comm_type = "all_gather"\n', [],
