@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ppsim.job.lanes import StageCollectives
+from ppsim.job.traffic import Collective
 from ppsim.trace import schema as tr
 
 
@@ -80,6 +82,8 @@ class Recorder:
         self.events: list[dict] = []
         self.iteration = 0
         self._pending: list[tuple[str, Any, Any, dict]] = []
+        self._inside: list[tuple[str, Any, Any]] = []
+        """The collectives timed since the op began (ppsim.executor.builders.comm_clock)."""
         self._ref: Any = None
         self._ref_ns = 0
         self.static_bytes = 0
@@ -115,10 +119,19 @@ class Recorder:
 
     # --------------------------------------------------------------- events
 
+    def begin_op(self) -> None:
+        """The collectives timed from here on belong to the op about to run."""
+        self._inside = []
+
+    def collective(self, group: str, start: Any, end: Any) -> None:
+        """A collective of `group` inside the running op, from mark `start` to `end`."""
+        self._inside.append((group, start, end))
+
     def op(self, start: Any, end: Any, kind: str, stage: int, chunk: int, microbatch: int,
            mem_before: tuple[int, int], mem_after: tuple[int, int]) -> None:
         info = {"kind": kind, "stage": stage, "chunk": chunk, "microbatch": microbatch,
-                "mem": (mem_before, mem_after)}
+                "mem": (mem_before, mem_after), "collectives": self._inside}
+        self._inside = []
         self._pending.append(("op", start, end, info))
 
     def send(self, start: Any, kind: str, dst: int, stage: int, dst_stage: int,
@@ -161,6 +174,7 @@ class Recorder:
                                                     a["microbatch"], it, ts, dur, **extra))
                 self.events.append(tr.memory_event(r, ts, s0, a0))
                 self.events.append(tr.memory_event(r, ts + dur, s1, a1))
+                self.events += self._collective_events(a, ts, dur)
             elif what == "send":
                 self.events.append({"ph": "send", "pid": r, "iteration": it, "ts": ts, **a})
             else:
@@ -169,6 +183,21 @@ class Recorder:
                                     "dur": max(0.0, self._us(end) - ts),
                                     "args": {"iteration": it, **extra}})
         self._pending.clear()
+
+    def _collective_events(self, op: dict, ts: float, dur: float) -> list[dict]:
+        """The op's collectives as the simulator's trace has them: one event per group, its
+        waits summed, in the order the op first made each."""
+        waits: dict[str, float] = {}
+        for group, start, end in op["collectives"]:
+            waits[group] = waits.get(group, 0.0) + max(0.0, self._us(end) - self._us(start))
+        side = tuple(Collective(group=g, total_ms=us / 1e3, exposed_ms=us / 1e3)
+                     for g, us in waits.items())
+        comm = StageCollectives(forward=side, backward=side)
+        events = tr.collective_events(self.rank, op["kind"], op["stage"], op["microbatch"], ts,
+                                      ts + dur, comm)
+        for ev in events:
+            ev["args"]["iteration"] = self.iteration
+        return events
 
 
 def _step_reduces(events: list[dict]) -> dict[tuple[int, int], dict]:
@@ -221,6 +250,9 @@ def merge_parts(parts: list[list[dict]], pp: int) -> list[dict]:
         events.append(tr.transfer_event(s["pid"], s["dst"], s["kind"], s["stage"],
                                         s["microbatch"], s["iteration"], s["ts"],
                                         max(0.0, end - s["ts"]), s["bytes"]))
+    collectives = sorted({ev["pid"] for ev in events if ev.get("cat") == "collective"})
+    events += [{"name": "thread_name", "ph": "M", "pid": r, "tid": tr.COLLECTIVE_TID,
+                "args": {"name": "collectives"}} for r in collectives]
     # Time 0 is the first op of the run (not process start), as in simulated traces.
     t0 = min((ev["ts"] for ev in events if "ts" in ev), default=0.0)
     for ev in events:

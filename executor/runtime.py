@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from ppsim.executor import progress
 from ppsim.executor.builders import ModelBuilder
+from ppsim.executor.builders.comm_clock import set_sink
 from ppsim.executor.builders.context import cp_size, own_tokens
 from ppsim.executor.builders.deferral import WeightGradStore
 from ppsim.executor.builders.policy import apply_policy
@@ -269,6 +270,7 @@ class Runtime:
         if self._prepared != iteration:
             self.prepare(iteration)
         self.rec.begin_iteration(iteration)
+        set_sink(self.rec)  # this run's collectives, op by op
         self.rec.static_bytes = self._static_bytes()
         self.loss.zero_()
         run = {"F": self._forward, "B": self._backward, "W": self._weight}
@@ -277,6 +279,7 @@ class Runtime:
             self.p2p.prefetch()
             before = self.rec.memory()
             start: list[Any] = []
+            self.rec.begin_op()
             label = f"{a.kind}{a.microbatch} (stage {a.stage}) of iteration {iteration}"
             progress.RANK.start(label)
             try:
@@ -306,6 +309,7 @@ class Runtime:
         self._step_op("S", self.dp.step)
         if self.dp.gathers:  # the sharded weights (dp > 1)
             self._step_op("R", self.dp.gather)
+        set_sink(None)
         self.rec.end_iteration()
         self._batches, self._prepared = [], -1
 
@@ -320,6 +324,7 @@ class Runtime:
         """An op of the whole step (R: the gradients' reduce or the weights' gather, S: the
         optimizer step), on the compute lane; it belongs to no stage or microbatch (-1)."""
         before = self.rec.memory()
+        self.rec.begin_op()
         t0 = self.rec.mark()
         fn()
         # The first step creates AdamW's state: static from here on, or a GPU's count

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ppsim.executor.builders.comm_clock import timed
 from ppsim.executor.builders.context import ContextGroup, visible
 from ppsim.executor.builders.tensor import ALL_GATHER, REDUCE_SCATTER
 
@@ -27,7 +28,8 @@ def _gathered(x: torch.Tensor, g: ContextGroup) -> torch.Tensor:
     """Every rank's tokens of `x` (b, heads, s, d), in rank order."""
     local = _along_tokens(x)
     out = local.new_empty((local.shape[0] * g.size, *local.shape[1:]))
-    ALL_GATHER(out, local, group=g.group)
+    with timed("cp"):
+        ALL_GATHER(out, local, group=g.group)
     return out.permute(1, 2, 0, 3)
 
 
@@ -35,7 +37,8 @@ def _scattered(x: torch.Tensor, g: ContextGroup) -> torch.Tensor:
     """The sum over the ranks of this rank's tokens of `x` (b, heads, cp x s, d)."""
     whole = _along_tokens(x)
     out = whole.new_empty((whole.shape[0] // g.size, *whole.shape[1:]))
-    REDUCE_SCATTER(out, whole, group=g.group)
+    with timed("cp"):
+        REDUCE_SCATTER(out, whole, group=g.group)
     return out.permute(1, 2, 0, 3)
 
 

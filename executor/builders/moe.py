@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ppsim.executor.builders.comm_clock import timed
 from ppsim.executor.builders.common import MLP, swiglu
 from ppsim.executor.builders.deferral import segmented_mm
 from ppsim.executor.builders.tensor import (
@@ -130,7 +131,8 @@ def _gather_pairs(x: torch.Tensor, g: TensorGroup, counts: list[list[int]]) -> t
         return x[:0].clone()
     padded = F.pad(x, (0, 0) * (x.dim() - 1) + (0, most - x.shape[0]))
     out = x.new_empty((most * g.size, *x.shape[1:]))
-    ALL_GATHER(out, padded.contiguous(), group=g.group)
+    with timed("tp"):  # the expert tensor group's, in the simulator's tp lane
+        ALL_GATHER(out, padded.contiguous(), group=g.group)
     ranks = [part[:n] for part, n in zip(out.split(most), rows, strict=True)]
     return _regrouped(torch.cat(ranks), counts, by_expert=True)
 
@@ -145,7 +147,8 @@ def _scatter_pairs(y: torch.Tensor, g: TensorGroup, counts: list[list[int]]) -> 
     parts = [F.pad(part, (0, 0) * (y.dim() - 1) + (0, most - n))
              for part, n in zip(whole.split(rows), rows, strict=True)]
     out = y.new_empty((most, *y.shape[1:]))
-    REDUCE_SCATTER(out, torch.cat(parts), group=g.group)
+    with timed("tp"):
+        REDUCE_SCATTER(out, torch.cat(parts), group=g.group)
     return out[:rows[g.rank]]
 
 
@@ -172,7 +175,8 @@ def _every_ranks_counts(counts: list[int], g: TensorGroup, device: torch.device
     tensor)."""
     mine = torch.tensor(counts, dtype=torch.int64, device=device)
     out = mine.new_empty(mine.numel() * g.size)
-    ALL_GATHER(out, mine, group=g.group)
+    with timed("tp"):
+        ALL_GATHER(out, mine, group=g.group)
     return out.view(g.size, -1).tolist()
 
 
@@ -194,7 +198,8 @@ class _AllToAll(torch.autograd.Function):
 def _exchanged_rows(x: torch.Tensor, g: ExpertGroup, sent: list[int], got: list[int]
                     ) -> torch.Tensor:
     out = x.new_empty((sum(got), *x.shape[1:]))
-    dist.all_to_all_single(out, x.contiguous(), got, sent, group=g.group)
+    with timed("ep"):
+        dist.all_to_all_single(out, x.contiguous(), got, sent, group=g.group)
     return out
 
 
@@ -203,7 +208,8 @@ def _dispatch_counts(counts: list[int], g: ExpertGroup, device: torch.device
     """From each expert-parallel rank, its pairs for each of this rank's experts."""
     mine = torch.tensor(counts, dtype=torch.int64, device=device)
     out = torch.empty_like(mine)
-    dist.all_to_all_single(out, mine, group=g.group)
+    with timed("ep"):
+        dist.all_to_all_single(out, mine, group=g.group)
     return out.view(g.size, -1).tolist()
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ppsim.executor.builders.comm_clock import timed
 from ppsim.executor.builders.context import ContextGroup, visible
 
 
@@ -33,8 +34,9 @@ def _passed_on(blocks: list[torch.Tensor], g: ContextGroup) -> list[torch.Tensor
 
 def _arrived(pending: list[Any]) -> list[torch.Tensor]:
     incoming, send, recv, *blocks = pending
-    send.wait()
-    recv.wait()
+    with timed("cp"):  # what the pass was not hidden by
+        send.wait()
+        recv.wait()
     out, at = [], 0
     for b in blocks:
         out.append(incoming[at:at + b.numel()].view_as(b))

@@ -35,6 +35,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ppsim.executor.builders.comm_clock import timed
+
 # torch 2.13 names them *_single; older releases *_into_tensor / *_tensor.
 ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -118,7 +120,8 @@ def _same(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
 def _summed(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
     """The sum over the ranks (an all-reduce)."""
     x = x.contiguous().clone()
-    dist.all_reduce(x, group=g.group)
+    with timed("tp"):
+        dist.all_reduce(x, group=g.group)
     return x
 
 
@@ -129,7 +132,8 @@ def _gathered(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
     copy to keep)."""
     local = x.transpose(0, 1).contiguous()
     out = local.new_empty((local.shape[0] * g.size, *local.shape[1:]))
-    ALL_GATHER(out, local, group=g.group)
+    with timed("tp"):
+        ALL_GATHER(out, local, group=g.group)
     return out.transpose(0, 1).contiguous()
 
 
@@ -137,7 +141,8 @@ def _scattered(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
     """The sum over the ranks of this rank's tokens (dimension 1), laid out (b, s, h)."""
     whole = x.transpose(0, 1).contiguous()
     out = whole.new_empty((whole.shape[0] // g.size, *whole.shape[1:]))
-    REDUCE_SCATTER(out, whole, group=g.group)
+    with timed("tp"):
+        REDUCE_SCATTER(out, whole, group=g.group)
     return out.transpose(0, 1).contiguous()
 
 

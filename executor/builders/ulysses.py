@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ppsim.executor.builders.comm_clock import timed
 from ppsim.executor.builders.context import ContextGroup, visible
 
 
@@ -29,7 +30,8 @@ def heads_for_tokens(x: torch.Tensor, g: ContextGroup) -> torch.Tensor:
     b, heads, s, d = x.shape
     send = x.reshape(b, g.size, heads // g.size, s, d).transpose(0, 1).contiguous()
     got = torch.empty_like(send)
-    dist.all_to_all_single(got, send, group=g.group)
+    with timed("cp"):
+        dist.all_to_all_single(got, send, group=g.group)
     return got.permute(1, 2, 0, 3, 4).reshape(b, heads // g.size, g.size * s, d)
 
 
@@ -41,7 +43,8 @@ def tokens_for_heads(y: torch.Tensor, g: ContextGroup) -> torch.Tensor:
     s = every // g.size
     send = y.reshape(b, share, g.size, s, d).permute(2, 0, 1, 3, 4).contiguous()
     got = torch.empty_like(send)
-    dist.all_to_all_single(got, send, group=g.group)
+    with timed("cp"):
+        dist.all_to_all_single(got, send, group=g.group)
     return got.permute(1, 3, 0, 2, 4).reshape(b, s, g.size * share, d).transpose(1, 2)
 
 

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ppsim.executor.builders import layer_kind
+from ppsim.executor.builders.comm_clock import timed
 from ppsim.executor.builders.tensor import (
     ALL_GATHER,
     TensorGroup,
@@ -41,7 +42,8 @@ def _vocab_gathered(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
     """Every rank's logits (its part of the vocabulary, the last dimension), in rank order."""
     local = x.movedim(-1, 0).contiguous()
     out = local.new_empty((local.shape[0] * g.size, *local.shape[1:]))
-    ALL_GATHER(out, local, group=g.group)
+    with timed("tp"):
+        ALL_GATHER(out, local, group=g.group)
     return out.movedim(0, -1).contiguous()
 
 

@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ppsim.executor.builders.comm_clock import timed
 from ppsim.executor.builders.common import stage_loss
 from ppsim.executor.builders.tensor import (
     TensorGroup,
@@ -65,15 +66,18 @@ class _VocabParallelLoss(torch.autograd.Function):
         part, target = rows.shape[-1], targets.reshape(-1)
         first = g.rank * part
         peak = rows.max(dim=-1).values
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=g.group)
+        with timed("tp"):
+            dist.all_reduce(peak, op=dist.ReduceOp.MAX, group=g.group)
         shifted = rows - peak[:, None]
         exp = shifted.exp()
         total = exp.sum(dim=-1)
-        dist.all_reduce(total, group=g.group)
+        with timed("tp"):
+            dist.all_reduce(total, group=g.group)
         mine = (target >= first) & (target < first + part)
         index = (target - first).clamp(0, part - 1)
         picked = shifted.gather(1, index[:, None]).squeeze(1) * mine
-        dist.all_reduce(picked, group=g.group)
+        with timed("tp"):
+            dist.all_reduce(picked, group=g.group)
         exp.div_(total[:, None])  # this rank's softmax, kept for the backward
         ctx.save_for_backward(exp, index, mine)
         ctx.shape, ctx.dtype = logits.shape, logits.dtype

@@ -65,6 +65,7 @@ def print_diff(d: dict[str, Any]) -> None:
         k.add_row(kind, str(e["count"]), f"{e['median']:+.1%}", f"{e['p90']:.1%}",
                   f"{e['max']:.1%}", f"{e['median_delta_ms']:+.3f}")
     c.print(k)
+    _print_collectives(c, d["collectives"])
     (ra, rb), (sa, sb) = d["step_ops_ms"]["R"], d["step_ops_ms"]["S"]
     if ra or rb:
         c.print(f"step, the longest rank's: reduce (R) A {ra:.3f} ms, B {rb:.3f} ms; "
@@ -133,3 +134,17 @@ def _replica_waits(d: dict) -> str:
     said = [f"{name} {w:.3f} ms" for name, w in zip("AB", waits, strict=True) if w]
     return f" (of R, waiting for the last replica to start it: {', '.join(said)})" \
         if said else ""
+
+
+def _print_collectives(c: Any, rows: list[dict]) -> None:
+    """The tp / cp / ep collectives inside the ops, where both traces hold them."""
+    if not rows:
+        return
+    c.print("collectives inside the ops (what each op waited for), B relative to A")
+    t = compact_table()
+    for col in ("group", "op", "ops", "median A ms", "median B ms", "median error"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        error = "-" if r["error"] is None else f"{r['error']:+.1%}"
+        t.add_row(r["group"], r["op"], str(r["count"]), *(f"{x:.3f}" for x in r["ms"]), error)
+    c.print(t)

@@ -22,6 +22,7 @@ from typing import Any
 
 from ppsim.errors import UserError
 from ppsim.sim.summary import bubble_fraction, busy_ms
+from ppsim.trace.collectives import TraceCollective, collective_rows
 from ppsim.trace.schema import Trace, TraceOp
 
 Key = tuple[int, int, int, str]
@@ -50,6 +51,10 @@ class Window:
 
     def end(self, k: Key) -> float:
         return self.start(k) + self.dur(k)
+
+    def collectives(self) -> list[TraceCollective]:
+        """This iteration's collectives inside the ops."""
+        return [c for c in self.trace.collectives if c.iteration == self.iteration]
 
     @cached_property
     def span_ms(self) -> float:
@@ -328,6 +333,8 @@ class Diff:
             "critical_path": [[{"rank": r, "ms": t} for r, t in cpa],
                               [{"rank": r, "ms": t} for r, t in cpb]],
             "critical_path_changed": [r for r, _ in cpa] != [r for r, _ in cpb],
+            "collectives": [row.to_dict() for row in collective_rows(
+                a.collectives(), b.collectives())],
         }
 
 

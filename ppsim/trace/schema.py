@@ -23,6 +23,7 @@ from ppsim.fileio import write_json_atomic
 from ppsim.job.lanes import WHAT, StageCollectives, op_collectives, problem_collectives
 from ppsim.job.throughput import job_info
 from ppsim.trace import stream
+from ppsim.trace.collectives import TraceCollective, read_collective
 
 COMPUTE_TID, TRANSFER_TID, COLLECTIVE_TID = 0, 1, 2
 STEP_KINDS = ("R", "S")
@@ -203,6 +204,8 @@ class Trace:
     optimizer_ms: dict[int, float] = field(default_factory=dict)
     """Per iteration, the longest "optimizer" event of any rank (ms): context for
     calibrate; an event we cannot read is skipped."""
+    collectives: tuple[TraceCollective, ...] = ()
+    """The tp / cp / ep collectives inside the F and B ops (ppsim.trace.collectives)."""
 
     @property
     def iterations(self) -> list[int]:
@@ -351,6 +354,7 @@ class _Collector:
         self.step_ops: list[TraceOp] = []
         self.memory: dict[int, list[tuple[float, int]]] = {}
         self.optimizer_ms: dict[int, float] = {}
+        self.collectives: list[TraceCollective] = []
 
     def add(self, n: int, ev: Any) -> None:
         if not isinstance(ev, dict):
@@ -364,6 +368,8 @@ class _Collector:
             self.memory.setdefault(rank, []).append((ts, total))
         elif ev.get("ph") == "X" and ev.get("cat") == "optimizer":
             self._optimizer(ev)
+        elif ev.get("ph") == "X" and ev.get("cat") == "collective":
+            self.collectives.append(read_collective(ev, n, self.path, _RANKS))
 
     def _optimizer(self, ev: dict) -> None:
         args, dur = ev.get("args", {}), ev.get("dur", 0.0)
@@ -380,7 +386,7 @@ class _Collector:
             raise UserError("trace", f"{self.path} holds no compute events",
                             "pass a trace written by ppsim simulate --trace or ppsim run")
         return Trace(self.path, checked, tuple(self.ops), self.memory, tuple(self.step_ops),
-                     self.optimizer_ms)
+                     self.optimizer_ms, tuple(self.collectives))
 
 
 def _no_events(path: str) -> UserError:

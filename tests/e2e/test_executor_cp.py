@@ -101,8 +101,8 @@ def cp_costs(tmp_path_factory: pytest.TempPathFactory, launches: Pool) -> tuple[
     run = launches.get("cp2-1f1b")
     out = tmp_path_factory.mktemp("cp-profile") / "costs.json"
     r = ppsim_cli("profile", "--cp", "2", "--config", str(run.tmp / "cp.toml"),
-                  "--microbatches", "4", "--repeats", "3", "--warmup", "1", "--no-p2p",
-                  "--out", str(out), "--json")
+                  "--microbatches", "4", "--repeats", "3", "--warmup", "1",
+                  "--out", str(out), "--json")  # P2P measured: the gathers' link
     assert r.returncode == 0, r.stderr
     return out, json.loads(r.stdout)
 
@@ -127,3 +127,7 @@ def test_diff_compares_a_context_parallel_run_with_its_simulation(launches: Pool
     got = diff_with_simulation(run, cp_costs[0], tmp_path)
     assert got["ops_matched"] == 16 and got["ops_only_in"] == [0, 0]
     assert all(t > 0 for t in got["iteration_time_ms"])
+    # ... and the gathers inside each F and B, measured beside priced
+    rows = {(r["group"], r["op"]): r for r in got["collectives"]}
+    assert set(rows) == {("cp", "F"), ("cp", "B")}
+    assert all(r["count"] == 8 and min(r["ms"]) > 0 for r in rows.values()), rows

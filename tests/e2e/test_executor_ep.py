@@ -176,8 +176,9 @@ def ep_costs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict
     d = tmp_path_factory.mktemp("ep-profile")
     cfg, out = d / "moe-ep.toml", d / "costs.json"
     cfg.write_text(MOE_TOML + "ep = 2\n")
+    # (P2P measured: the link the simulator prices the all-to-alls on)
     r = ppsim_cli("profile", "--config", str(cfg), "--dp", "2", "--microbatches", "4", "--repeats",
-             "2", "--warmup", "1", "--no-p2p", "--out", str(out), "--json")
+             "2", "--warmup", "1", "--out", str(out), "--json")
     assert r.returncode == 0, r.stderr
     return cfg, out, json.loads(r.stdout)
 
@@ -211,3 +212,7 @@ def test_diff_compares_an_expert_parallel_run_with_its_simulation(ep_costs, laun
     assert run.returncode == 0, run.stderr
     got = diff_with_simulation(run, ep_costs[1], tmp_path)
     assert got["ops_matched"] == 16 and got["ops_only_in"] == [0, 0]
+    # ... and the all-to-alls inside each F and B, measured beside priced
+    rows = {(r["group"], r["op"]): r for r in got["collectives"]}
+    assert set(rows) == {("ep", "F"), ("ep", "B")}
+    assert all(r["count"] == 8 and min(r["ms"]) > 0 for r in rows.values()), rows

@@ -180,3 +180,7 @@ def test_diff_compares_a_tensor_parallel_run_with_its_simulation(launches: Pool,
     got = diff_with_simulation(run, tp_costs[0], tmp_path)
     assert got["ops_matched"] == 16 and got["ops_only_in"] == [0, 0]
     assert all(t > 0 for t in got["iteration_time_ms"])
+    # ... and the tensor-parallel collectives inside each F and B, measured beside priced
+    rows = {(r["group"], r["op"]): r for r in got["collectives"]}
+    assert set(rows) == {("tp", "F"), ("tp", "B")}
+    assert all(r["count"] == 8 and min(r["ms"]) > 0 for r in rows.values()), rows
