@@ -1,7 +1,7 @@
 """Each rank's process groups: data-, tensor-, context- and the routed experts' (tensor
 ranks innermost, then pipeline, then replicas, as Megatron's tp-pp-dp order; a replica's
 context-parallel ranks consecutive replicas; the experts folded over a pipeline rank's
-tp x dp places, ppsim.executor.places). Shared by `ppsim run`'s ranks and `ppsim
+tp x cp x dp places, ppsim.executor.places). Shared by `ppsim run`'s ranks and `ppsim
 profile`'s processes."""
 
 from __future__ import annotations
@@ -27,13 +27,11 @@ def rank_groups(rank: int, pp: int, dp: int, tp: int, sequence_parallel: bool,
     their groups, in Megatron's tp-pp-dp order: tensor ranks innermost, then pipeline,
     then replicas, each replica's cp ranks consecutive (each holds its part of the
     sequence and reduces its gradients with the replicas':
-    ppsim.executor.builders.context); the experts fold over a pipeline rank's tp x dp
-    places (ppsim.executor.places). Every rank creates every group, in the same order (a
-    collective call)."""
+    ppsim.executor.builders.context); the experts fold over a pipeline rank's tp x cp x
+    dp places (ppsim.executor.places), in Megatron's order (tp, then cp, then dp). Every
+    rank creates every group, in the same order (a collective call)."""
     shape = experts or ExpertShape()
     ep, etp = shape.ep, shape.etp
-    if cp > 1 and (ep > 1 or etp not in (1, tp)):
-        raise ValueError("context parallelism beside experts folded over the replicas")
     at = [(r, t) for r in range(pp) for t in range(tp)]
     dp_groups = {(r, t): dist.new_group([(i * pp + r) * tp + t for i in range(dp * cp)])
                  for r, t in at} if dp * cp > 1 else {}
@@ -51,7 +49,7 @@ def rank_groups(rank: int, pp: int, dp: int, tp: int, sequence_parallel: bool,
     if ep <= 1 and etp in (1, tp):  # the experts whole or split over the tensor group
         set_group(tensor, None, tensor if etp == tp else None)
         return replica
-    places = expert_places(tp, dp, ep, etp)
+    places = expert_places(tp, dp * cp, ep, etp)  # a replica's cp ranks are replicas here
 
     def groups(lists: list[list[int]]) -> list[list[Any]]:
         """Each pipeline rank's process groups of `lists` (places)."""
@@ -62,7 +60,7 @@ def rank_groups(rank: int, pp: int, dp: int, tp: int, sequence_parallel: bool,
     shared = groups(places.expert_groups) if ep > 1 else None
     copies = len(places.replica_groups[0])
     held = groups(places.replica_groups) if copies > 1 else None
-    q = d * tp + t  # this rank's place among its pipeline rank's tp x dp
+    q = i * tp + t  # this rank's place among its pipeline rank's tp x cp x dp
     e, k = group_of(places.expert_groups, q), group_of(places.replica_groups, q)
     experts_over = ExpertGroup(group=shared[r][e], rank=places.expert_groups[e].index(q),
                                size=ep) if shared else None

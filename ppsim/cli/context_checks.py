@@ -37,8 +37,8 @@ def check_profile_context(cfg: Any, device: str) -> None:
 def check_context_model(cfg: Any, own_builder: bool) -> None:
     """What the executor splits over cp ranks: the shipped decoders' attention (the
     built-in GPT, the Llama-style decoder with GQA or latent attention), by any of
-    Megatron's --cp-comm-type, beside experts whole on each rank or split over the tensor
-    group."""
+    Megatron's --cp-comm-type (routed experts fold over tp x cp x dp, as Megatron folds
+    them)."""
     a = cfg.model.arch
     if own_builder or cfg.model.fields().get("builder") or a.hybrid_layer_pattern \
             or a.experimental_attention_variant:
@@ -50,8 +50,3 @@ def check_context_model(cfg: Any, own_builder: bool) -> None:
         raise UserError("model.seq_length", f"a context-parallel rank's {a.seq_length // a.cp}"
                         f" tokens do not divide by tp ({a.tp}): sequence parallelism splits "
                         "them", "choose tp and cp with tp x cp dividing seq_length")
-    if a.num_experts and (a.ep > 1 or a.expert_tp not in (1, a.tp)):
-        raise UserError("model.ep", f"ep = {a.ep}, etp = {a.expert_tp}: the executor folds "
-                        "no experts over context-parallel ranks", "run cp > 1 with each "
-                        "expert whole on each rank or split over the tensor ranks (ep 1), or "
-                        "cp = 1")

@@ -321,7 +321,8 @@ EXPERT = {
 # test_executor_cp.py: context parallelism for real over gloo: K and V gathered, the GPT
 # at cp 2 x pp 2; K and V round the ring (Megatron's default), latent attention
 # interleaved over pp 2; the heads exchanged (a2a), the Llama-style decoder under ZB-H1;
-# both (a2a+p2p: pairs exchanging heads, a ring across them), the GPT at cp 4;
+# both (a2a+p2p: pairs exchanging heads, a ring across them), the GPT at cp 4; the
+# MoE's experts folded over the cp ranks (ep 2 at cp 2, as Megatron folds them);
 # then gpt-oss's shape in small (rotary, a sliding window on half the layers, MoE split
 # over the tensor ranks; K and V gathered) at tp 2 x cp 2 x dp 2.
 CONTEXT = {
@@ -330,6 +331,8 @@ CONTEXT = {
     "cp2-a2a-zb": Spec(argv=["--cp", "2", *ZB_H1, "--config", "{tmp}/cp-a2a.toml"]),
     "cp4-hierarchical": Spec(argv=["--cp", "4", "--pp", "1", "--microbatches", "2",
                                    "--config", "{tmp}/cp-hierarchical.toml"]),
+    "cp2-ep2-moe": Spec(argv=["--cp", "2", "--pp", "1", "--microbatches", "2",
+                              "--config", "{tmp}/moe-ep.toml"], dump_grads=False),
     "cp2-tp2-dp2-window": Spec(argv=["--cp", "2", "--tp", "2", "--dp", "2", "--pp", "1",
                                      "--microbatches", "2", "--config", "{tmp}/cp-window.toml"],
                                dump_grads=False),

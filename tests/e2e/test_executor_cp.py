@@ -26,7 +26,7 @@ from ppsim.executor.reference import reference_step  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 CASES = ["cp2-1f1b", "cp2-ring-interleaved", "cp2-a2a-zb", "cp4-hierarchical",
-         "cp2-tp2-dp2-window"]
+         "cp2-ep2-moe", "cp2-tp2-dp2-window"]
 
 
 def _argv(run: Any) -> list[str]:

@@ -41,9 +41,6 @@ def test_tensor_parallel_run_refusals(argv, words, tmp_path, capsys, monkeypatch
      "model.cp: seq_length (64) is not divisible by 2 x cp (6)"),
     ('cp = 2\ncp_comm_type = "all_gather"\n', ["--tp", "4", "--seq-length", "68"],
      "model.seq_length: a context-parallel rank's 34 tokens do not divide by tp (4)"),
-    ('cp = 2\ncp_comm_type = "all_gather"\nnum_experts = 4\ntop_k = 2\n'
-     'moe_ffn_hidden_size = 32\nep = 2\n', ["--dp", "2"],
-     "model.ep: ep = 2, etp = 1: the executor folds no experts over context-parallel"),
     ('cp = 2\ncp_comm_type = "all_gather"\n', ["--alongside-torch"],
      "model.cp: 2: context parallelism runs on the ppsim engine, without the torch peer"),
     ('cp = 2\ncp_comm_type = "all_gather"\n', ["--nproc-per-node", "2"],
