@@ -30,7 +30,7 @@ from ppsim.tui.child import (
     evaluate_anywhere,
     uses_child,
 )
-from ppsim.tui.comm_lanes import comm_lanes
+from ppsim.tui.comm_lanes import comm_lanes, trace_comm_lanes
 from ppsim.tui.compare import Comparison, compare, delta_lines, needs_records, op_delta
 from ppsim.tui.copy_lanes import copy_lanes
 from ppsim.tui.editing import (
@@ -334,9 +334,11 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
         others = [pin_l] if self.show_pinned else []
         box = self.query_one("#compare", Static)
         if self.trace is not None:
-            if self._trace_lanes[0] is not self.trace:
-                self._trace_lanes = (self.trace, trace_lanes(self.trace))
-            others.append(self._trace_lanes[1])
+            if self._trace_lanes[0] is not self.trace:  # its ops, then what they waited on
+                self._trace_lanes = (self.trace, trace_lanes(self.trace)
+                                     + trace_comm_lanes(self.trace))
+            others.append([lane for lane in self._trace_lanes[1]
+                           if self.show_collectives or lane.source != "comm"])
             if (recompare or self.comparison is None) and needs_records(self.result.sim,
                                                                         self.trace):
                 self.resimulate()  # simulated in the child, without records: compared there

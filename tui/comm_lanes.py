@@ -4,7 +4,8 @@ A job with tensor, context or expert parallelism runs collectives inside every F
 B: one lane per rank, `comm3` under rank 3, draws them (kind "C") from each op's
 start, group after group, as the trace's collectives thread does
 (ppsim.trace.schema.collective_spans). A lone replica, or a job whose groups are
-all of size 1, has no such lanes.
+all of size 1, has no such lanes. A loaded trace's collectives (a run's, as it timed
+them) get lanes of their own, `rcomm3` under `real3`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from ppsim.job.lanes import op_collectives, problem_collectives
 from ppsim.trace.schema import collective_spans
+from ppsim.tui.compare import compared_iteration
 from ppsim.tui.lanes import Lane, LaneOp
 
 
@@ -34,3 +36,23 @@ def comm_lanes(sim: Any) -> list[Lane]:
             lanes.append(Lane(f"comm{rank}", tuple(sorted(strips, key=lambda o: o.start)),
                               rank, "comm"))
     return lanes
+
+
+def trace_comm_lanes(trace: Any, iteration: int | None = None) -> list[Lane]:
+    """A trace's collectives lanes, one per rank that has any, of the iteration
+    `trace_lanes` draws (by default the one `ppsim diff` compares), times in ms from its
+    first op."""
+    it = compared_iteration(trace) if iteration is None else iteration
+    ops = [o for o in trace.ops if o.iteration == it]
+    if not ops:
+        return []
+    t0 = min(o.start_us for o in ops)
+    chunk = {(o.rank, o.stage): o.chunk for o in ops}
+    strips: dict[int, list[LaneOp]] = {}
+    for c in trace.collectives:
+        if c.iteration == it and c.dur_us > 0:
+            strips.setdefault(c.rank, []).append(LaneOp(
+                (c.start_us - t0) / 1e3, (c.start_us + c.dur_us - t0) / 1e3, "C",
+                chunk.get((c.rank, c.stage), 0), c.microbatch, c.stage))
+    return [Lane(f"rcomm{r}", tuple(sorted(mine, key=lambda o: o.start)), r, "comm")
+            for r, mine in sorted(strips.items())]

@@ -47,7 +47,8 @@ HELP = """\
   [on #6a3d9a] O [/] [on #6a3d9a] R [/] host copies of offloaded activations, in lanes
   "outN" (after the F) and "inN" (back before the B) under rank N
   [on #0b6b6b] C [/] tensor, context and expert parallel collectives inside
-  each F and B, in lanes "commN" under rank N
+  each F and B, in lanes "commN" under rank N; a trace's, as its run
+  timed them, in lanes "rcommN"
 
 [b]Compare[/b]  b pin the current split (b on the pinned one: even again)
   B pin a published layout or split you type (as plan --compare)

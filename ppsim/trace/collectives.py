@@ -30,6 +30,9 @@ class TraceCollective:
     iteration: int
     exposed_ms: float
     """What the op waited for on the group's links."""
+    start_us: float = 0.0
+    dur_us: float = 0.0
+    """Where the trace draws it (from the op's start, the groups one after another)."""
 
     @property
     def key(self) -> tuple[int, str, int, int, str]:
@@ -57,7 +60,11 @@ def read_collective(ev: dict, n: int, path: str, max_rank: int) -> TraceCollecti
         count("args.microbatch", args.get("microbatch"), validate.MAX_INDEX),
         count("args.iteration", args.get("iteration", 0), validate.MAX_INDEX),
         validate.number(f"{where}: args.exposed_ms", args.get("exposed_ms"), lo=0.0,
-                        hi=validate.MAX_MS, fix="times are finite ms"))
+                        hi=validate.MAX_MS, fix="times are finite ms"),
+        validate.number(f"{where}: ts", ev.get("ts"), lo=-1e18, hi=1e18,
+                        fix="times are finite microseconds"),
+        validate.number(f"{where}: dur", ev.get("dur"), lo=0.0, hi=validate.MAX_MS * 1e3,
+                        fix="times are finite microseconds"))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -60,7 +60,9 @@ def test_a_trace_reads_its_collectives(tmp_path: Path, capsys) -> None:
                                           "microbatch": 0, "iteration": 0,
                                           "total_ms": 0.003, "exposed_ms": 0.003}}
     t = read_trace(str(_trace(tmp_path, ev)))
-    assert t.collectives == (_c(0, "F", 0, "cp", 0.003),)
+    (got,) = t.collectives
+    assert (got.key, got.exposed_ms, got.start_us, got.dur_us) == (
+        (0, "F", 0, 0, "cp"), 0.003, 0.0, 3.0)
     bad = dict(ev, args=dict(ev["args"], group="xp"))
     assert main(["diff", str(_trace(tmp_path, bad, "bad.json")), str(_trace(tmp_path, ev))]) == 2
     err = capsys.readouterr().err
