@@ -67,3 +67,23 @@ def test_a_trace_reads_its_collectives(tmp_path: Path, capsys) -> None:
     assert main(["diff", str(_trace(tmp_path, bad, "bad.json")), str(_trace(tmp_path, ev))]) == 2
     err = capsys.readouterr().err
     assert "collective event 1: group must be one of tp, cp, ep, dp" in err
+
+
+def test_the_diff_picture_draws_each_ops_collectives(tmp_path: Path) -> None:
+    """`ppsim diff --png`'s lanes: the ops, and their collectives as strips (kind C) where
+    the trace drew them."""
+    from ppsim.cli.diff import lanes
+    from ppsim.trace.diff import diff_traces
+
+    ev = {"name": "ep all-to-all", "cat": "collective", "ph": "X", "pid": 0, "tid": 2,
+          "ts": 2000.0, "dur": 4000.0, "args": {"group": "ep", "op": "F", "stage": 0,
+                                                "microbatch": 0, "exposed_ms": 4.0}}
+    op = {"name": "F0", "cat": "compute", "ph": "X", "pid": 0, "tid": 0, "ts": 1000.0,
+          "dur": 10000.0, "args": {"kind": "F", "stage": 0, "chunk": 0, "microbatch": 0}}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": [op, ev]}))
+    t = read_trace(str(path))
+    (lane,) = lanes(diff_traces(t, t).a)
+    assert sorted(lane) == [(0.0, 10.0, "F", 0), (1.0, 4.0, "C", 0)]
+    path.write_text(json.dumps({"traceEvents": [op]}))
+    assert lanes(diff_traces(*[read_trace(str(path))] * 2).a) == [[(0.0, 10.0, "F", 0)]]
