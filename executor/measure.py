@@ -23,7 +23,11 @@ from ppsim.executor.conditions import run_conditions
 from ppsim.executor.places import ExpertShape
 from ppsim.executor.profile import Profiler, Progress, measure_p2p, p2p_sizes
 from ppsim.executor.profile_dp import measure_data_parallel
-from ppsim.executor.profile_tp import measure_in_processes, profile_processes
+from ppsim.executor.profile_tp import (
+    measure_in_processes,
+    profile_copies,
+    profile_processes,
+)
 
 
 @dataclass(kw_only=True)
@@ -51,9 +55,13 @@ def _pieces(fields: dict[str, Any], device: torch.device, device_kind: str, repe
     experts = ExpertShape.of(a)
     world = profile_processes(a.tp, experts.ep, experts.etp, a.cp)
     if world > 1:  # the pieces in gloo processes, each holding its shard and experts
+        # beside as many copies as the run has pipeline ranks sharing the host's cores
+        copies = profile_copies(world, len(devices or [0]), os.cpu_count() or 1) \
+            if device_kind == "cpu" else 1
         if progress is not None:
-            progress(f"F/B/W in {world} tensor-, context- and expert-parallel processes", 0)
-        costs, coll = measure_in_processes(fields, repeats, warmup, microbatches)
+            progress(f"F/B/W in {world} x {copies} tensor-, context- and expert-parallel "
+                     "processes", 0)
+        costs, coll = measure_in_processes(fields, repeats, warmup, microbatches, copies)
         if progress is not None:
             progress("parallel pieces done", warmup + repeats)
         # No cores recorded: these ops include waits on their peers' collectives, which

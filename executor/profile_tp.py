@@ -46,6 +46,9 @@ from ppsim.executor.profile import Profiler
 from ppsim.executor.spawned import free_port, spawn_results
 from ppsim.fileio import write_json_atomic
 
+PROCESSES_PER_CORE = 8
+"""The most processes a core carries in a run on one node (ppsim run refuses more)."""
+
 
 def _timed_ms(fn: Any, repeats: int, warmup: int, group: Any) -> float:
     """Median ms of `fn` over repeats; every rank of `group` (None: the world) starts each
@@ -108,27 +111,31 @@ def time_all_to_all(g: ExpertGroup, shape: tuple[int, ...], dtype: torch.dtype,
                                        repeats, warmup, None)}
 
 
-def _worker(rank: int, port: int, fields: dict[str, Any], world: int, repeats: int,
-            warmup: int, microbatches: int, out_dir: str) -> None:
+def _worker(rank: int, port: int, fields: dict[str, Any], world: int, copies: int,
+            repeats: int, warmup: int, microbatches: int, out_dir: str) -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=300))
     a = architecture(fields)
     tp, experts_shape = a.tp, ExpertShape.of(a)
-    try:  # pp 1: the processes are world / (tp x cp) replicas of one stage, cp ranks each
-        rank_groups(rank, 1, world // (tp * a.cp), tp, a.sequence_parallel, experts_shape,
-                    a.cp, a.cp_comm_type, a.cp_a2a_size)
+    try:  # `copies` pipeline ranks, each world / (copies x tp x cp) replicas (cp ranks each)
+        rank_groups(rank, copies, world // (copies * tp * a.cp), tp, a.sequence_parallel,
+                    experts_shape, a.cp, a.cp_comm_type, a.cp_a2a_size)
+        # each copy's processes start each op together; the copies keep their own pace, as
+        # the run's pipeline ranks do
+        mine = [dist.new_group([q for q in range(world) if q // tp % copies == c])
+                for c in range(copies)][rank // tp % copies]
         experts = expert_group()
         torch.manual_seed(0)
         prof = Profiler(fields, torch.device("cpu"), microbatches)
-        prof.clock = _TogetherClock(prof.clock, None)
+        prof.clock = _TogetherClock(prof.clock, mine)
         prof.run(repeats, warmup)  # every rank runs the same ops: the collectives pair up
         costs, _ = prof.costs()
         shape, dtype = tuple(prof.builder.activation_shape), prof.builder.dtype
         coll: dict[str, Any] = {}
         tensor = current()
         if tensor is not None:
-            coll = time_collectives(tensor.group, tp, shape, dtype, repeats, warmup, start=None)
+            coll = time_collectives(tensor.group, tp, shape, dtype, repeats, warmup, start=mine)
         if experts is not None:
             ep = experts_shape.ep
             pairs = (math.prod(shape[:-1]) // a.token_ranks * a.top_k // ep * ep, shape[-1])
@@ -150,22 +157,31 @@ def _slowest(docs: list[dict[str, Any]], key: str, i: int | None = None) -> Laye
     return LayerCost(**worst)
 
 
+def profile_copies(group: int, pipeline_ranks: int, cores: int) -> int:
+    """How many copies of a measuring group of `group` processes run at once: one per
+    pipeline rank the run puts on this host, as many as fit the run's own limit of
+    PROCESSES_PER_CORE a core, at least one."""
+    return max(1, min(pipeline_ranks, PROCESSES_PER_CORE * cores // group))
+
+
 def measure_in_processes(fields: dict[str, Any], repeats: int, warmup: int,
-                         microbatches: int) -> tuple[ModelCosts, dict[str, Any]]:
+                         microbatches: int, copies: int = 1
+                         ) -> tuple[ModelCosts, dict[str, Any]]:
     """Per-piece costs of one rank (the slowest of the processes) with its tensor and
     expert parallelism, and the bare collectives' times as rank 0 measured them, with the
-    layers sampled."""
+    layers sampled. `copies` groups measure at once, as the run's pipeline ranks share
+    the host's cores (each group's collectives stay inside it)."""
     a = architecture(fields)
     tp, experts = a.tp, ExpertShape.of(a)
-    world = profile_processes(tp, experts.ep, experts.etp, a.cp)
+    world = profile_processes(tp, experts.ep, experts.etp, a.cp) * copies
     with tempfile.TemporaryDirectory(prefix="ppsim-profile-tp-") as out:
-        docs = spawn_results(_worker, (free_port(), fields, world, repeats, warmup,
+        docs = spawn_results(_worker, (free_port(), fields, world, copies, repeats, warmup,
                                        microbatches, out), world,
                              [os.path.join(out, f"{r}.json") for r in range(world)])
     costs = ModelCosts(layers=tuple(_slowest(docs, "layers", i)
                                     for i in range(len(docs[0]["layers"]))),
                        embedding=_slowest(docs, "embedding"), head=_slowest(docs, "head"))
     return costs, {"tp": tp, "ep": experts.ep, "etp": experts.etp, "cp": a.cp,
-                   "processes": world,
+                   "processes": world // copies, "copies": copies,
                    "backend": "gloo", **docs[0]["collectives"],
                    "layers_sampled": docs[0]["layer_indices"]}

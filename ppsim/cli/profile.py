@@ -184,6 +184,8 @@ def _print_costs(doc: dict[str, Any], title: str) -> None:
                                                        if "backend" in p2p else ""))
     coll = doc.get("collectives") or {}
     where = f"measured in {coll.get('processes', coll.get('tp'))} {coll.get('backend')} processes"
+    if coll.get("copies", 1) > 1:  # beside the run's other pipeline ranks
+        where += f", {coll['copies']} such groups at once"
     if "all_reduce_ms" in coll:
         c.print(f"tensor parallelism (tp {coll['tp']}): {where}; at {fmt_bytes(coll['bytes'])} "
                 f"all-reduce {coll['all_reduce_ms']:.3f} ms, all-gather "

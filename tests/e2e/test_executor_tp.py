@@ -158,6 +158,7 @@ def test_profile_measures_the_tensor_parallel_collectives(tp_costs) -> None:
     c = doc["collectives"]
     b, s, h = load_builder(builder_spec(None, doc["model"]), doc["model"]).activation_shape
     assert c["tp"] == 2 and c["backend"] == "gloo"
+    assert (c["processes"], c["copies"]) == (2, 2)  # pp 2: both ranks' groups at once
     assert c["bytes"] == b * s * h * 4  # one microbatch's hidden states, fp32 on CPU
     for key in ("all_reduce_ms", "all_gather_ms", "reduce_scatter_ms"):
         assert 0 < c[key] < 1e3
