@@ -28,4 +28,5 @@ def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window:
     assert g is not None
     seq = q.shape[2] * g.size
     places = [chunk_positions(seq, g.size, r).to(q.device) for r in range(g.size)]
-    return ATTENTION[g.comm](q, k, v, g, places, 0 < window < seq - 1 and window or 0)
+    window = window if 0 < window < seq - 1 else 0  # one that covers the sequence: none
+    return ATTENTION[g.comm](q, k, v, g, places, window)

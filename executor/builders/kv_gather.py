@@ -63,7 +63,8 @@ class _GatheredAttention(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         q, k, v = ctx.saved_tensors
         g = ctx.g
-        keys, values = _gathered(k, g), _gathered(v, g)  # (the collectives outside autograd)
+        # gathered before grad mode is on: gloo's all-gather writes its output's views
+        keys, values = _gathered(k, g), _gathered(v, g)
         with torch.enable_grad():
             q, keys, values = (x.detach().requires_grad_() for x in (q, keys, values))
             out = _attend(q, keys, values, ctx.seen)

@@ -21,27 +21,37 @@ from ppsim.executor.builders.comm_clock import timed
 from ppsim.executor.builders.context import ContextGroup, visible
 
 
-def _passed_on(blocks: list[torch.Tensor], g: ContextGroup) -> list[torch.Tensor]:
-    """Send `blocks` to the next rank of the ring and receive the previous rank's: the
-    transfers started (waited for by `_arrived`)."""
+@dataclass
+class _Pass:
+    """One pass round the ring in flight: this rank's blocks sent to the next rank, the
+    previous rank's arriving in `incoming` (shaped as `blocks`)."""
+
+    incoming: torch.Tensor
+    works: list[Any]
+    blocks: list[torch.Tensor]
+
+    def arrived(self) -> list[torch.Tensor]:
+        """The previous rank's blocks, once here."""
+        with timed("cp"):  # what the pass was not hidden by
+            for work in self.works:
+                work.wait()
+        out, at = [], 0
+        for b in self.blocks:
+            out.append(self.incoming[at:at + b.numel()].view_as(b))
+            at += b.numel()
+        return out
+
+
+def _passed_on(blocks: list[torch.Tensor], g: ContextGroup) -> _Pass:
+    """Send `blocks` to the next rank of the ring and receive the previous rank's, both
+    started in one batch (NCCL pairs them; two ranks send to each other at once)."""
     nxt = dist.get_global_rank(g.group, (g.rank + 1) % g.size)
     prev = dist.get_global_rank(g.group, (g.rank - 1) % g.size)
     flat = torch.cat([b.reshape(-1) for b in blocks])
     incoming = torch.empty_like(flat)
-    works = [dist.isend(flat, nxt, group=g.group), dist.irecv(incoming, prev, group=g.group)]
-    return [incoming, *works, *blocks]  # the shapes ride along for _arrived
-
-
-def _arrived(pending: list[Any]) -> list[torch.Tensor]:
-    incoming, send, recv, *blocks = pending
-    with timed("cp"):  # what the pass was not hidden by
-        send.wait()
-        recv.wait()
-    out, at = [], 0
-    for b in blocks:
-        out.append(incoming[at:at + b.numel()].view_as(b))
-        at += b.numel()
-    return out
+    works = dist.batch_isend_irecv([dist.P2POp(dist.isend, flat, nxt, g.group),
+                                    dist.P2POp(dist.irecv, incoming, prev, g.group)])
+    return _Pass(incoming, works, blocks)
 
 
 def _expanded(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -103,7 +113,7 @@ def ring_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Ring
         acc = acc * scale[..., None] + p @ _wide(_expanded(block[1], heads))
         peak = new_peak
         if pending is not None:
-            block = _arrived(pending)
+            block = pending.arrived()
     out = acc.new_empty((b, s, heads, acc.shape[-1]), dtype=q.dtype).transpose(1, 2)
     out.copy_(acc / total[..., None])
     return out, peak + total.log()
@@ -129,7 +139,7 @@ def ring_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
         dq += ds @ _wide(_expanded(blk_k, heads))
         dk = dk + _grouped(ds.transpose(-2, -1) @ _wide(q), k.shape[1])
         last = i == g.size - 1
-        block = _arrived(_passed_on([dk, dv] if last else [blk_k, blk_v, dk, dv], g))
+        block = _passed_on([dk, dv] if last else [blk_k, blk_v, dk, dv], g).arrived()
     dk, dv = block[-2:]
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
