@@ -28,10 +28,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ppsim.costs.arch import attention_shape
 from ppsim.costs.costfile import layer_dict
 from ppsim.costs.model import LayerCost, ModelCosts
-from ppsim.executor.builders.context import set_context
+from ppsim.executor.builders.context import ContextGroup, context, set_context
 from ppsim.executor.builders.llama import architecture
+from ppsim.executor.builders.ring import ring_pass
 from ppsim.executor.builders.tensor import (
     ALL_GATHER,
     REDUCE_SCATTER,
@@ -111,6 +113,50 @@ def time_all_to_all(g: ExpertGroup, shape: tuple[int, ...], dtype: torch.dtype,
                                        repeats, warmup, None)}
 
 
+def time_context_traffic(g: ContextGroup, nbytes: int, dtype: torch.dtype, repeats: int,
+                         warmup: int, start: Any) -> dict[str, Any]:
+    """What a layer's attention sends over its context-parallel group, bare, at one
+    microbatch's K and V a rank holds (`nbytes`): a pass round the ring (p2p), the
+    all-gather and the gradients' reduce-scatter (all_gather), the all-to-all (a2a; at
+    the K/V bytes), or under a2a+p2p the all-to-all over its heads group and the pass
+    round its ring; each repeat started together by the ranks of `start`."""
+    elements = nbytes // torch.tensor([], dtype=dtype).element_size()
+    rows = torch.randn(max(g.size, elements // g.size * g.size)).to(dtype)  # splits evenly
+    out: dict[str, Any] = {"cp": g.size, "cp_comm_type": g.comm,
+                           "cp_bytes": rows.numel() * rows.element_size()}
+
+    def over(group: ContextGroup, name: str) -> None:
+        if name == "pass":
+            out["cp_pass_ms"] = _timed_ms(lambda: ring_pass(rows, group), repeats, warmup,
+                                          start)
+        elif name == "all_to_all":
+            got = torch.empty_like(rows)
+            out["cp_all_to_all_ms"] = _timed_ms(
+                lambda: dist.all_to_all_single(got, rows, group=group.group), repeats, warmup,
+                start)
+        else:
+            whole = rows.new_empty(rows.numel() * group.size)
+            part = torch.empty_like(rows)
+            out["cp_all_gather_ms"] = _timed_ms(
+                lambda: ALL_GATHER(whole, rows, group=group.group), repeats, warmup, start)
+            out["cp_reduce_scatter_ms"] = _timed_ms(
+                lambda: REDUCE_SCATTER(part, whole, group=group.group), repeats, warmup, start)
+
+    if g.comm == "a2a+p2p" and g.heads_group is not None and g.ring_group is not None:
+        over(g.heads_group, "all_to_all")
+        over(g.ring_group, "pass")
+    else:
+        over(g, {"p2p": "pass", "a2a": "all_to_all"}.get(g.comm, "all_gather"))
+    return out
+
+
+def _kv_bytes(a: Any, dtype: torch.dtype) -> int:
+    """One microbatch's K and V a tensor- and context-parallel rank holds."""
+    sh = attention_shape(a)
+    tokens = a.seq_length // a.cp * a.micro_batch_size
+    return tokens * (sh.k + sh.v) // a.tp * torch.tensor([], dtype=dtype).element_size()
+
+
 def _worker(rank: int, port: int, fields: dict[str, Any], world: int, copies: int,
             repeats: int, warmup: int, microbatches: int, out_dir: str) -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -140,6 +186,10 @@ def _worker(rank: int, port: int, fields: dict[str, Any], world: int, copies: in
             ep = experts_shape.ep
             pairs = (math.prod(shape[:-1]) // a.token_ranks * a.top_k // ep * ep, shape[-1])
             coll |= time_all_to_all(experts, pairs, dtype, repeats, warmup)
+        group = context()
+        if group is not None:
+            coll |= time_context_traffic(group, _kv_bytes(a, dtype), dtype, repeats, warmup,
+                                         mine)
         write_json_atomic(os.path.join(out_dir, f"{rank}.json"), {
             "layers": [layer_dict(c) for c in costs.layers],
             "embedding": layer_dict(costs.embedding), "head": layer_dict(costs.head),

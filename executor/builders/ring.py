@@ -42,6 +42,11 @@ class _Pass:
         return out
 
 
+def ring_pass(block: torch.Tensor, g: ContextGroup) -> torch.Tensor:
+    """One pass of `block` round the ring: the previous rank's, once here."""
+    return _passed_on([block], g).arrived()[0]
+
+
 def _passed_on(blocks: list[torch.Tensor], g: ContextGroup) -> _Pass:
     """Send `blocks` to the next rank of the ring and receive the previous rank's, both
     started in one batch (NCCL pairs them; two ranks send to each other at once)."""

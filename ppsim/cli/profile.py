@@ -196,6 +196,14 @@ def _print_costs(doc: dict[str, Any], title: str) -> None:
                 f"{fmt_bytes(coll['all_to_all_bytes'])} all-to-all "
                 f"{coll['all_to_all_ms']:.3f} ms (the dispatch and the combine, inside each MoE "
                 "layer's F and B above)")
+    if "cp_bytes" in coll:
+        ways = ", ".join(f"{label} {coll[key]:.3f} ms" for key, label in (
+            ("cp_pass_ms", "a ring pass"), ("cp_all_to_all_ms", "all-to-all"),
+            ("cp_all_gather_ms", "all-gather"), ("cp_reduce_scatter_ms", "reduce-scatter"))
+            if key in coll)
+        c.print(f"context parallelism (cp {coll['cp']}, {coll['cp_comm_type']}): {where}; at "
+                f"{fmt_bytes(coll['cp_bytes'])} (a microbatch's K and V) {ways} (inside "
+                "each attention layer's F and B above)")
     if coll.get("etp", 1) not in (1, coll.get("tp")):
         c.print(f"routed experts split over etp {coll['etp']} ranks: {where} (their pairs "
                 "gathered and reduce-scattered inside each MoE layer's F and B above)")

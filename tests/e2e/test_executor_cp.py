@@ -111,7 +111,12 @@ def test_profile_measures_a_context_parallel_rank(cp_costs, launches: Pool) -> N
     """The profile's processes each hold half the tokens: a layer keeps what the run's
     ranks keep (its trace's stage bytes), and the file prices cp 2 alone."""
     path, doc = cp_costs
-    assert (doc["collectives"]["cp"], doc["collectives"]["processes"]) == (2, 2)
+    c = doc["collectives"]
+    assert (c["cp"], c["processes"], c["cp_comm_type"]) == (2, 2, "all_gather")
+    # the bare gathers at a microbatch's K and V a rank holds: 2 x 32 tokens of the
+    # GPT's 4 heads of 16 (fp32), K and V
+    assert c["cp_bytes"] == 2 * 32 * 2 * 64 * 4
+    assert 0 < c["cp_all_gather_ms"] < 1e3 and 0 < c["cp_reduce_scatter_ms"] < 1e3
     assert doc["model"]["cp"] == 2 and doc["model"]["cp_comm_type"] == "all_gather"
     run = launches.get("cp2-1f1b")
     want = between_ops_peaks([*_argv(run), "--costs", str(path)])
