@@ -327,6 +327,8 @@ EXPERT = {
 # over the tensor ranks; K and V gathered) at tp 2 x cp 2 x dp 2.
 CONTEXT = {
     "cp2-1f1b": Spec(argv=["--cp", "2", *ONE_F_ONE_B, "--config", "{tmp}/cp.toml"]),
+    "cp2-distopt": Spec(argv=["--cp", "2", *ONE_F_ONE_B, "--config", "{tmp}/cp.toml",
+                              "--use-distributed-optimizer"], dump_grads=False),
     "cp2-ring-interleaved": Spec(argv=["--cp", "2", *INTERLEAVED, *MLA_CONFIG]),
     "cp2-a2a-zb": Spec(argv=["--cp", "2", *ZB_H1, "--config", "{tmp}/cp-a2a.toml"]),
     "cp4-hierarchical": Spec(argv=["--cp", "4", "--pp", "1", "--microbatches", "2",

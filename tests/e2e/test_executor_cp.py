@@ -54,6 +54,22 @@ def test_context_parallel_loss_equals_one_process(case: str, launches: Pool) -> 
     assert (run.summary["dp"], run.summary["cp"]) == (dp, config_from_args(args).model.arch.cp)
 
 
+def test_the_optimizer_shards_over_the_context_parallel_ranks(launches: Pool) -> None:
+    """Megatron's distributed optimizer at cp 2 (dp 1) shards its state over the two
+    context-parallel ranks, as over Megatron's data-and-context-parallel group: both
+    iterations' losses those of the same run stepping whole."""
+    sharded, whole = launches.get("cp2-distopt"), launches.get("cp2-1f1b")
+    assert sharded.returncode == 0, sharded.stderr
+    assert sharded.summary["losses"] == pytest.approx(whole.summary["losses"], rel=1e-6)
+
+    def static(run: Any) -> int:  # rank 0's weights, gradients and optimizer state
+        events = json.loads((run.tmp / "out" / "trace.json").read_text())["traceEvents"]
+        return max(e["args"]["static"] for e in events if e.get("ph") == "C" and e["pid"] == 0)
+
+    # AdamW's two fp32 moments (and the fp32 main weights) halved by the sharding
+    assert static(sharded) < 0.8 * static(whole)
+
+
 @pytest.mark.parametrize("case", ["cp2-1f1b", "cp2-ring-interleaved", "cp2-a2a-zb",
                                   "cp4-hierarchical"])
 def test_each_rank_reads_its_chunks_and_steps_as_one_process(case: str,
