@@ -17,32 +17,37 @@ from ppsim.executor.places import ExpertShape, expert_places, group_of
 from ppsim.executor.runtime import Replica
 
 
-def rank_groups(rank: int, pp: int, dp: int, tp: int, sequence_parallel: bool,
-                experts: ExpertShape | None = None, cp: int = 1, cp_comm: str = "p2p",
-                cp_a2a: int = 0) -> Replica:
+def pipeline_position(rank: int, pp: int, tp: int) -> int:
+    """The pipeline rank global `rank` holds (tensor ranks innermost, then pipeline)."""
+    return rank // tp % pp
+
+
+def rank_groups(rank: int, pp: int, dp: int, a: Any) -> Replica:
     """This rank's replica, its data-parallel group, (tp > 1) its tensor-parallel group
-    (splitting the hidden states by tokens under `sequence_parallel`), (cp > 1) its
-    context-parallel group (its attention's traffic `cp_comm`; under a2a+p2p its groups of
-    `cp_a2a` consecutive ranks and the rings across them) and, for routed experts,
+    (splitting the hidden states by tokens under sequence parallelism), (cp > 1) its
+    context-parallel group (its attention's traffic, a.cp_comm_type; under a2a+p2p its
+    groups of a.cp_a2a_size consecutive ranks and the rings across them) and, for routed
+    experts,
     their groups, in Megatron's tp-pp-dp order: tensor ranks innermost, then pipeline,
     then replicas, each replica's cp ranks consecutive (each holds its part of the
     sequence and reduces its gradients with the replicas':
     ppsim.executor.builders.context); the experts fold over a pipeline rank's tp x cp x
     dp places (ppsim.executor.places), in Megatron's order (tp, then cp, then dp). Every
     rank creates every group, in the same order (a collective call)."""
-    shape = experts or ExpertShape()
+    tp, cp, shape = a.tp, a.cp, ExpertShape.of(a)
     ep, etp = shape.ep, shape.etp
     at = [(r, t) for r in range(pp) for t in range(tp)]
     dp_groups = {(r, t): dist.new_group([(i * pp + r) * tp + t for i in range(dp * cp)])
                  for r, t in at} if dp * cp > 1 else {}
     cp_groups = {(d, r, t): context_groups([((d * cp + c) * pp + r) * tp + t
-                                             for c in range(cp)], cp_comm, cp_a2a)
+                                             for c in range(cp)], a.cp_comm_type,
+                                            a.cp_a2a_size)
                  for d in range(dp) for r, t in at} if cp > 1 else {}
     tp_groups = {(i, r): dist.new_group([(i * pp + r) * tp + t for t in range(tp)])
                  for i in range(dp * cp) for r in range(pp)} if tp > 1 else {}
-    t, r, i = rank % tp, (rank // tp) % pp, rank // (tp * pp)
+    t, r, i = rank % tp, pipeline_position(rank, pp, tp), rank // (tp * pp)
     tensor = TensorGroup(group=tp_groups[(i, r)], rank=t, size=tp,
-                         sequence_parallel=sequence_parallel) if tp > 1 else None
+                         sequence_parallel=a.sequence_parallel) if tp > 1 else None
     d, c = divmod(i, cp)
     set_context(cp_groups[(d, r, t)][c] if cp > 1 else None)
     replica = Replica(i, dp * cp, dp_groups.get((r, t)), tp, t, cp=cp)

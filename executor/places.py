@@ -1,9 +1,9 @@
 """Where the routed experts sit among a pipeline rank's tp x dp ranks (Megatron's MoE
 parallel folding; under context parallelism each replica's cp ranks count as replicas,
-so the places are tp x cp x dp). Place q = d x tp + t is replica d's tensor rank t; in the expert
-order q = e + etp x (i + ep x k): expert tensor rank e innermost (etp 1, each expert
-whole; etp = tp, the tensor group; else etp consecutive places), expert rank i, then
-the experts' replica k."""
+so the places are tp x cp x dp). Place q = d x tp + t is replica d's tensor rank t; in
+the expert order q = e + etp x (i + ep x k): expert tensor rank e innermost (etp 1,
+each expert whole; etp = tp, the tensor group; else etp consecutive places), expert
+rank i, then the experts' replica k."""
 
 from __future__ import annotations
 

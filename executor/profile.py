@@ -30,7 +30,7 @@ import torch.distributed as dist
 from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.builders import ModelBuilder, builder_spec, layer_kind, load_builder
-from ppsim.executor.builders.context import cp_size, own_tokens
+from ppsim.executor.builders.context import own_tokens
 from ppsim.executor.builders.deferral import WeightGradStore
 from ppsim.executor.builders.stage import Stage, saved_bytes, tensor_bytes
 from ppsim.executor.builders.tensor import message_shape
@@ -145,7 +145,7 @@ class Profiler:
                 p.grad = torch.zeros_like(p)
             lk = self.kinds[int(name[5:])] if kind == "layer" else kind
             self.pieces.append(_Piece(name, mod, kind, lk))
-        hidden = message_shape(b.activation_shape, cp_size())
+        hidden = message_shape(b.activation_shape)
         g = torch.Generator().manual_seed(seed + 1)
         # What a stage receives: an activation (F) and its gradient (B).
         self.x = (torch.randn(hidden, generator=g)).to(device=device, dtype=b.dtype)

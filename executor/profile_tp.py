@@ -42,7 +42,7 @@ from ppsim.executor.builders.tensor import (
     expert_group,
     set_group,
 )
-from ppsim.executor.groups import rank_groups
+from ppsim.executor.groups import pipeline_position, rank_groups
 from ppsim.executor.places import ExpertShape
 from ppsim.executor.profile import Profiler
 from ppsim.executor.spawned import free_port, spawn_results
@@ -113,14 +113,13 @@ def time_all_to_all(g: ExpertGroup, shape: tuple[int, ...], dtype: torch.dtype,
                                        repeats, warmup, None)}
 
 
-def time_context_traffic(g: ContextGroup, nbytes: int, dtype: torch.dtype, repeats: int,
+def time_context_traffic(g: ContextGroup, elements: int, dtype: torch.dtype, repeats: int,
                          warmup: int, start: Any) -> dict[str, Any]:
     """What a layer's attention sends over its context-parallel group, bare, at one
-    microbatch's K and V a rank holds (`nbytes`): a pass round the ring (p2p), the
+    microbatch's K and V a rank holds (`elements`): a pass round the ring (p2p), the
     all-gather and the gradients' reduce-scatter (all_gather), the all-to-all (a2a; at
     the K/V bytes), or under a2a+p2p the all-to-all over its heads group and the pass
     round its ring; each repeat started together by the ranks of `start`."""
-    elements = nbytes // torch.tensor([], dtype=dtype).element_size()
     rows = torch.randn(max(g.size, elements // g.size * g.size)).to(dtype)  # splits evenly
     out: dict[str, Any] = {"cp": g.size, "cp_comm_type": g.comm,
                            "cp_bytes": rows.numel() * rows.element_size()}
@@ -150,11 +149,10 @@ def time_context_traffic(g: ContextGroup, nbytes: int, dtype: torch.dtype, repea
     return out
 
 
-def _kv_bytes(a: Any, dtype: torch.dtype) -> int:
+def _kv_elements(a: Any) -> int:
     """One microbatch's K and V a tensor- and context-parallel rank holds."""
     sh = attention_shape(a)
-    tokens = a.seq_length // a.cp * a.micro_batch_size
-    return tokens * (sh.k + sh.v) // a.tp * torch.tensor([], dtype=dtype).element_size()
+    return a.seq_length // a.cp * a.micro_batch_size * (sh.k + sh.v) // a.tp
 
 
 def _worker(rank: int, port: int, fields: dict[str, Any], world: int, copies: int,
@@ -165,12 +163,12 @@ def _worker(rank: int, port: int, fields: dict[str, Any], world: int, copies: in
     a = architecture(fields)
     tp, experts_shape = a.tp, ExpertShape.of(a)
     try:  # `copies` pipeline ranks, each world / (copies x tp x cp) replicas (cp ranks each)
-        rank_groups(rank, copies, world // (copies * tp * a.cp), tp, a.sequence_parallel,
-                    experts_shape, a.cp, a.cp_comm_type, a.cp_a2a_size)
+        rank_groups(rank, copies, world // (copies * tp * a.cp), a)
         # each copy's processes start each op together; the copies keep their own pace, as
         # the run's pipeline ranks do
-        mine = [dist.new_group([q for q in range(world) if q // tp % copies == c])
-                for c in range(copies)][rank // tp % copies]
+        mine = [dist.new_group([q for q in range(world)
+                                if pipeline_position(q, copies, tp) == c])
+                for c in range(copies)][pipeline_position(rank, copies, tp)]
         experts = expert_group()
         torch.manual_seed(0)
         prof = Profiler(fields, torch.device("cpu"), microbatches)
@@ -188,8 +186,7 @@ def _worker(rank: int, port: int, fields: dict[str, Any], world: int, copies: in
             coll |= time_all_to_all(experts, pairs, dtype, repeats, warmup)
         group = context()
         if group is not None:
-            coll |= time_context_traffic(group, _kv_bytes(a, dtype), dtype, repeats, warmup,
-                                         mine)
+            coll |= time_context_traffic(group, _kv_elements(a), dtype, repeats, warmup, mine)
         write_json_atomic(os.path.join(out_dir, f"{rank}.json"), {
             "layers": [layer_dict(c) for c in costs.layers],
             "embedding": layer_dict(costs.embedding), "head": layer_dict(costs.head),

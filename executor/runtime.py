@@ -17,7 +17,7 @@ import torch.distributed as dist
 from ppsim.executor import progress
 from ppsim.executor.builders import ModelBuilder
 from ppsim.executor.builders.comm_clock import set_sink
-from ppsim.executor.builders.context import cp_size, own_tokens
+from ppsim.executor.builders.context import own_tokens
 from ppsim.executor.builders.deferral import WeightGradStore
 from ppsim.executor.builders.policy import apply_policy
 from ppsim.executor.builders.stage import Stage, build_stage, saved_bytes, tensor_bytes
@@ -146,7 +146,7 @@ class Runtime:
         WeightGradStore.enabled = self.schedule.split_backward
         pp = self.schedule.pp
         self.p2p = P2P(self.schedule, rank,
-                       message_shape(builder.activation_shape, cp_size()),
+                       message_shape(builder.activation_shape),
                        builder.dtype,
                        device, wire, recorder,
                        peers=[self.replica.global_rank(r, pp) for r in range(pp)])

@@ -42,10 +42,9 @@ from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.builders import ModelBuilder, load_builder
 from ppsim.executor.builders.llama import architecture
 from ppsim.executor.failures import Watchdog, fail, store_address
-from ppsim.executor.groups import rank_groups
+from ppsim.executor.groups import pipeline_position, rank_groups
 from ppsim.executor.launch import STORE_ENV, printable
 from ppsim.executor.peer import Peer, run_peer, slowest_ms
-from ppsim.executor.places import ExpertShape
 from ppsim.executor.quiet import no_gc_pauses
 from ppsim.executor.recorder import (
     Recorder,
@@ -120,8 +119,7 @@ def run(spec: RunSpec) -> dict[str, Any] | None:
     if world != pp * dp * tp * cp:
         raise RuntimeError(f"world size {world} != pp {pp} x dp {dp} x tp {tp} x cp {cp}")
     a = architecture(fields)
-    replica = replace(rank_groups(rank, pp, dp, tp, a.sequence_parallel, ExpertShape.of(a),
-                                  cp, a.cp_comm_type, a.cp_a2a_size),
+    replica = replace(rank_groups(rank, pp, dp, a),
                       sharded=bool(fields.get("distributed_optimizer")),
                       fully_sharded=bool(fields.get("fsdp")),
                       muon=fields.get("optimizer") == "muon")
@@ -161,9 +159,10 @@ def _engine(spec: RunSpec, runs: list[Problem], builder: ModelBuilder, rank: int
     pp, tp = problem.split.pp, replica.tp
     # A trace names pipeline ranks (the simulator's pids, and the src / dst the runtime
     # gives its sends): global rank r holds pipeline rank (r // tp) % pp.
-    recs = [Recorder((rank // tp) % pp, device, offset, epoch, warm) for _ in runs]
+    stage_rank = pipeline_position(rank, pp, tp)
+    recs = [Recorder(stage_rank, device, offset, epoch, warm) for _ in runs]
     first = rank < pp * tp and rank % tp == 0  # replica 0, tensor rank 0: the traced ranks
-    rts = [Runtime(p, builder, (rank // tp) % pp, device, wire, rec, seed=spec.seed,
+    rts = [Runtime(p, builder, stage_rank, device, wire, rec, seed=spec.seed,
                    lr=spec.lr, fault=fault if first and i == 0 else None, recompute=recompute,
                    replica=replica) for i, (p, rec) in enumerate(zip(runs, recs, strict=True))]
     peer = None

@@ -255,6 +255,14 @@ def ppsim_cli(*argv: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+def assert_collectives_compared(diff: dict[str, Any], group: str, ops: int) -> None:
+    """`ppsim diff`'s JSON sets `group`'s collectives alone side by side, inside `ops` F
+    and `ops` B ops of both traces, each side's median wait above 0."""
+    rows = {(r["group"], r["op"]): r for r in diff["collectives"]}
+    assert set(rows) == {(group, "F"), (group, "B")}, rows
+    assert all(r["count"] == ops and min(r["ms"]) > 0 for r in rows.values()), rows
+
+
 def diff_with_simulation(run: Any, costs: Path, tmp_path: Path) -> dict[str, Any]:
     """`ppsim diff` of a pooled launch's trace (tests/e2e/launches.py) against its
     simulation from `costs` with the launch's own flags: the JSON it prints."""

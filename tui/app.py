@@ -337,8 +337,7 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
             if self._trace_lanes[0] is not self.trace:  # its ops, then what they waited on
                 self._trace_lanes = (self.trace, trace_lanes(self.trace)
                                      + trace_comm_lanes(self.trace))
-            others.append([lane for lane in self._trace_lanes[1]
-                           if self.show_collectives or lane.source != "comm"])
+            others.append(self._trace_lanes[1])
             if (recompare or self.comparison is None) and needs_records(self.result.sim,
                                                                         self.trace):
                 self.resimulate()  # simulated in the child, without records: compared there
@@ -348,10 +347,11 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
             box.update("\n".join(self.comparison.lines()))
             box.add_class("-shown")
         # the host copies of an offloading policy and the tp / cp / ep collectives inside
-        # the ops, under their rank (built with the simulation: ppsim.tui.child)
-        under = [lane for lane in self._under
-                 if self.show_collectives or lane.source != "comm"]
-        self.query_one(Timeline).set_lanes(interleave(sim_l, under, *others))
+        # the ops, under their rank (built with the simulation: ppsim.tui.child); a
+        # trace's collectives under its lanes; `C` hides them all
+        lanes = interleave(sim_l, self._under, *others)
+        self.query_one(Timeline).set_lanes([lane for lane in lanes if self.show_collectives
+                                            or lane.source != "comm"])
 
     # ------------------------------------------------------------ edits
 

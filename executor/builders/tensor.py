@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ppsim.executor.builders.comm_clock import timed
+from ppsim.executor.builders.context import cp_size
 
 # torch 2.13 names them *_single; older releases *_into_tensor / *_tensor.
 ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -300,12 +301,12 @@ def sum_partial_grads(params: list[nn.Parameter]) -> None:
         at += p.numel()
 
 
-def message_shape(shape: tuple[int, ...], cp: int = 1) -> tuple[int, ...]:
+def message_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     """What a stage sends and receives: a microbatch's hidden states `shape` (batch,
     tokens, hidden), a context-parallel rank's 1 / cp of the tokens, and of those this
     rank's under sequence parallelism."""
     g = current()
-    tokens = shape[1] // cp
+    tokens = shape[1] // cp_size()
     if g is not None and g.sequence_parallel:
         tokens //= g.size
     return (shape[0], tokens, *shape[2:])

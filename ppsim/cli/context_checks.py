@@ -13,33 +13,22 @@ from ppsim.errors import UserError
 
 def check_run_context(args: argparse.Namespace, cfg: Any) -> None:
     """`ppsim run` at cp > 1: the model (check_context_model), on the ppsim engine."""
-    a = cfg.model.arch
-    if a.cp <= 1:
-        return
     check_context_model(cfg, own_builder=bool(args.model))
-    if args.engine != "ppsim" or args.alongside_torch:
+    a = cfg.model.arch
+    if a.cp > 1 and (args.engine != "ppsim" or args.alongside_torch):
         raise UserError("model.cp", f"{a.cp}: context parallelism runs on the ppsim engine, "
                         "without the torch peer", "use --engine ppsim without "
                         "--alongside-torch, or cp = 1")
 
 
-def check_profile_context(cfg: Any, device: str) -> None:
-    """`ppsim profile` at cp > 1: the model (check_context_model), in gloo processes."""
+def check_context_model(cfg: Any, own_builder: bool = False) -> None:
+    """At cp > 1, what the executor (`ppsim run`, `ppsim profile`) splits over cp ranks:
+    the shipped decoders' attention (the built-in GPT, the Llama-style decoder with GQA or
+    latent attention), by any of Megatron's --cp-comm-type (routed experts fold over tp x
+    cp x dp, as Megatron folds them)."""
     a = cfg.model.arch
     if a.cp <= 1:
         return
-    check_context_model(cfg, own_builder=False)
-    if device != "cpu":
-        raise UserError("--device", f"context parallelism (cp = {a.cp}) is measured on CPU "
-                        "over gloo", "use --device cpu, or set [model] cp = 1")
-
-
-def check_context_model(cfg: Any, own_builder: bool) -> None:
-    """What the executor splits over cp ranks: the shipped decoders' attention (the
-    built-in GPT, the Llama-style decoder with GQA or latent attention), by any of
-    Megatron's --cp-comm-type (routed experts fold over tp x cp x dp, as Megatron folds
-    them)."""
-    a = cfg.model.arch
     if own_builder or cfg.model.fields().get("builder") or a.hybrid_layer_pattern \
             or a.experimental_attention_variant:
         raise UserError("model.cp", f"{a.cp}: the executor splits the sequence of the "

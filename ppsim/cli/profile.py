@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Any
 
-from ppsim.cli.context_checks import check_profile_context
+from ppsim.cli.context_checks import check_context_model
 from ppsim.cli.costs import COSTS_NOTE, costs_table, hardware_profile
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
 from ppsim.cli.runchecks import RANKS_PER_DEVICE, check_tensor_parallel, host_devices
@@ -96,7 +96,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         sys.stderr.write(f"ppsim profile: note: {note}\n")
 
     _check_processes(cfg, args.device)
-    check_profile_context(cfg, args.device)
+    check_context_model(cfg)
     _check_parallel_on_cpu(cfg.model.arch, args.device)
     if cfg.model.arch.tp > 1:
         check_tensor_parallel(load_builder(builder_spec(None, fields), fields), fields,
@@ -133,12 +133,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _check_parallel_on_cpu(a: Any, device: str) -> None:
-    """Tensor and expert parallelism are measured in gloo processes on CPU."""
+    """Tensor, context and expert parallelism are measured in gloo processes on CPU."""
     if device == "cpu":
         return
     if a.tp > 1:
         raise UserError("--device", f"tensor parallelism (tp = {a.tp}) is measured on CPU "
                         "over gloo", "use --device cpu, or --tp 1")
+    if a.cp > 1:
+        raise UserError("--device", f"context parallelism (cp = {a.cp}) is measured on CPU "
+                        "over gloo", "use --device cpu, or set [model] cp = 1")
     if a.num_experts and a.ep > 1:
         raise UserError("--device", f"expert parallelism (ep = {a.ep}) is measured on CPU "
                         "over gloo", "use --device cpu, or set [model] ep = 1")

@@ -73,7 +73,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: the model's dp, else 1)")
     r.add_argument("--cp", "--context-parallel-size", dest="cp", type=int, metavar="N",
                    help="context-parallel ranks of each replica: world = pp x dp x tp x cp "
-                   "(default: the model's cp; K and V gathered, --cp-comm-type all_gather)")
+                   "(default: the model's cp; the traffic --cp-comm-type names, p2p unsaid)")
     r.add_argument("--use-distributed-optimizer", dest="distributed_optimizer",
                    action="store_true", default=None, help="with --dp: Megatron's "
                    "distributed optimizer (gradients reduce-scattered, each replica stepping "

@@ -366,7 +366,8 @@ def register(commands: dict[str, Any]) -> None:
         p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace (Perfetto)")
         p.add_argument("--png", metavar="OUT.png", help="write the timeline as a picture")
         p.add_argument("--compare-log", metavar="LOG", help="the job's own training log "
-                       "(Megatron-LM's or torchtitan's): its logged iteration time, "
+                       "(Megatron-LM's, torchtitan's, DeepSpeed's or NeMo's): its logged "
+                       "iteration time, "
                        "TFLOP/s/GPU, tokens/s and MFU beside the simulation's")
         p.add_argument("--engine", choices=("event", "simpy"), default="event",
                        # "fast" is accepted as another name for the default engine.

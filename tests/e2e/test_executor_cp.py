@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from helpers import between_ops_peaks, diff_with_simulation, ppsim_cli  # noqa: E402
+from helpers import assert_collectives_compared, between_ops_peaks, diff_with_simulation, ppsim_cli  # noqa: E402
 from launches import Pool  # noqa: E402
 
 from ppsim.cli.flags import config_from_args  # noqa: E402
@@ -149,6 +149,4 @@ def test_diff_compares_a_context_parallel_run_with_its_simulation(launches: Pool
     assert got["ops_matched"] == 16 and got["ops_only_in"] == [0, 0]
     assert all(t > 0 for t in got["iteration_time_ms"])
     # ... and the gathers inside each F and B, measured beside priced
-    rows = {(r["group"], r["op"]): r for r in got["collectives"]}
-    assert set(rows) == {("cp", "F"), ("cp", "B")}
-    assert all(r["count"] == 8 and min(r["ms"]) > 0 for r in rows.values()), rows
+    assert_collectives_compared(got, "cp", ops=8)

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from helpers import between_ops_peaks, diff_with_simulation, ppsim_cli  # noqa: E402
+from helpers import assert_collectives_compared, between_ops_peaks, diff_with_simulation, ppsim_cli  # noqa: E402
 from launches import MOE_TOML, Pool  # noqa: E402
 
 from ppsim.cli.flags import config_from_args  # noqa: E402
@@ -213,6 +213,4 @@ def test_diff_compares_an_expert_parallel_run_with_its_simulation(ep_costs, laun
     got = diff_with_simulation(run, ep_costs[1], tmp_path)
     assert got["ops_matched"] == 16 and got["ops_only_in"] == [0, 0]
     # ... and the all-to-alls inside each F and B, measured beside priced
-    rows = {(r["group"], r["op"]): r for r in got["collectives"]}
-    assert set(rows) == {("ep", "F"), ("ep", "B")}
-    assert all(r["count"] == 8 and min(r["ms"]) > 0 for r in rows.values()), rows
+    assert_collectives_compared(got, "ep", ops=8)

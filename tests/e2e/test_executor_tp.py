@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from helpers import between_ops_peaks, diff_with_simulation, ppsim_cli  # noqa: E402
+from helpers import assert_collectives_compared, between_ops_peaks, diff_with_simulation, ppsim_cli  # noqa: E402
 from launches import Pool  # noqa: E402
 
 from ppsim.cli.flags import config_from_args  # noqa: E402
@@ -182,6 +182,4 @@ def test_diff_compares_a_tensor_parallel_run_with_its_simulation(launches: Pool,
     assert got["ops_matched"] == 16 and got["ops_only_in"] == [0, 0]
     assert all(t > 0 for t in got["iteration_time_ms"])
     # ... and the tensor-parallel collectives inside each F and B, measured beside priced
-    rows = {(r["group"], r["op"]): r for r in got["collectives"]}
-    assert set(rows) == {("tp", "F"), ("tp", "B")}
-    assert all(r["count"] == 8 and min(r["ms"]) > 0 for r in rows.values()), rows
+    assert_collectives_compared(got, "tp", ops=8)

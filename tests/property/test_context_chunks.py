@@ -64,7 +64,8 @@ def test_a_rank_reads_its_tokens_and_sends_its_share(cp: int, chunk: int, rank: 
         assert torch.equal(own_tokens(ids), ids[:, mine])
         assert torch.equal(own_tokens(ids.t(), 0), ids.t()[mine])
         assert torch.equal(token_positions(seq // cp, torch.device("cpu")), mine)
+        assert message_shape((3, seq, 8)) == (3, seq // cp, 8)
     finally:
         set_context(None)
     assert torch.equal(own_tokens(ids), ids)  # no group: the whole sequence
-    assert message_shape((3, seq, 8), cp) == (3, seq // cp, 8)
+    assert message_shape((3, seq, 8)) == (3, seq, 8)
