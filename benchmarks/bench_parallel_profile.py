@@ -8,7 +8,8 @@ at cp 2 with K and V passed round the ring (Megatron's default) and gathered.
 group spans (2 processes here), its collectives inside; the run has pp x dp x tp x cp =
 4 processes on this host, which the profile does not time beside each other. Each trial
 profiles, simulates, runs and diffs; the median trial is reported with every trial's
-error.
+error, and the error of the collectives' waits inside its ops (priced from the
+profile's bare collectives, against the run's).
 
 Run:    .venv/bin/python benchmarks/bench_parallel_profile.py [--trials 3] [--only 'cp 2']
 """
@@ -45,8 +46,10 @@ def trial(extra: str, flags: list[str], tmp: str) -> dict[str, float]:
     ppsim("run", *job, "--iterations", "6", "--trace-dir", real, "--json")
     d = json.loads(ppsim("diff", sim, os.path.join(real, "trace.json"), "--json"))
     predicted, measured = d["iteration_time_ms"]
+    # each group's collectives inside the ops: the median op's wait, priced / measured
+    waits = {f"{r['group']} {r['op']}": r["ms"][0] / r["ms"][1] - 1 for r in d["collectives"]}
     return {"predicted_ms": predicted, "measured_ms": measured,
-            "error": (predicted - measured) / measured}
+            "error": (predicted - measured) / measured, "waits": waits}
 
 
 def main() -> None:
@@ -70,7 +73,9 @@ def main() -> None:
         print(f"{name}: predicted {mid['predicted_ms']:.1f} ms, measured "
               f"{mid['measured_ms']:.1f} ms, error {mid['error']:+.1%} (median of "
               f"{len(runs)}; trials {trials}; "
-              f"spread {statistics.pstdev(r['error'] for r in runs):.1%})")
+              f"spread {statistics.pstdev(r['error'] for r in runs):.1%}); collectives' "
+              "median wait priced against measured: " + ", ".join(
+                  f"{k} {v:+.0%}" for k, v in mid["waits"].items()))
 
 
 if __name__ == "__main__":

@@ -142,6 +142,7 @@ def time_context_traffic(g: ContextGroup, elements: int, dtype: torch.dtype, rep
                 lambda: REDUCE_SCATTER(part, whole, group=group.group), repeats, warmup, start)
 
     if g.comm == "a2a+p2p" and g.heads_group is not None and g.ring_group is not None:
+        out["cp_a2a_size"] = g.heads_group.size
         over(g.heads_group, "all_to_all")
         over(g.ring_group, "pass")
     else:

@@ -193,12 +193,12 @@ def _print_costs(doc: dict[str, Any], title: str) -> None:
         c.print(f"tensor parallelism (tp {coll['tp']}): {where}; at {fmt_bytes(coll['bytes'])} "
                 f"all-reduce {coll['all_reduce_ms']:.3f} ms, all-gather "
                 f"{coll['all_gather_ms']:.3f} ms, reduce-scatter {coll['reduce_scatter_ms']:.3f}"
-                " ms (inside each layer's F and B above)")
+                " ms (inside each layer's F and B above; they price the simulated trace's)")
     if "all_to_all_ms" in coll:
         c.print(f"expert parallelism (ep {coll['ep']}): {where}; at "
                 f"{fmt_bytes(coll['all_to_all_bytes'])} all-to-all "
                 f"{coll['all_to_all_ms']:.3f} ms (the dispatch and the combine, inside each MoE "
-                "layer's F and B above)")
+                "layer's F and B above; they price the simulated trace's)")
     if "cp_bytes" in coll:
         ways = ", ".join(f"{label} {coll[key]:.3f} ms" for key, label in (
             ("cp_pass_ms", "a ring pass"), ("cp_all_to_all_ms", "all-to-all"),
@@ -206,7 +206,7 @@ def _print_costs(doc: dict[str, Any], title: str) -> None:
             if key in coll)
         c.print(f"context parallelism (cp {coll['cp']}, {coll['cp_comm_type']}): {where}; at "
                 f"{fmt_bytes(coll['cp_bytes'])} (a microbatch's K and V) {ways} (inside "
-                "each attention layer's F and B above)")
+                "each attention layer's F and B above; they price the simulated trace's)")
     if coll.get("etp", 1) not in (1, coll.get("tp")):
         c.print(f"routed experts split over etp {coll['etp']} ranks: {where} (their pairs "
                 "gathered and reduce-scattered inside each MoE layer's F and B above)")
@@ -281,10 +281,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         "error_before": err_before, "error_after": err_after,
         "optimizer_step_ms": cal.optimizer_ms,
     }
-    # The base file's timed data-parallel collectives are measurements the trace does
-    # not refit: they stay.
-    timed = read_cost_file(cfg.costs_file).raw.get("dp_collectives") if cfg.costs_file \
-        else None
+    # The base file's timed collectives are measurements the trace does not refit: they
+    # stay.
+    base = read_cost_file(cfg.costs_file).raw if cfg.costs_file else {}
+    timed = {k: base[k] for k in ("collectives", "dp_collectives") if base.get(k)}
     doc = cost_document(
         cal.costs, source="calibrate",
         model=cfg.model.fields() if isinstance(cfg.model, TransformerModel) else None,
@@ -292,7 +292,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
              "bandwidth_gbps": cal.hardware.p2p_bandwidth_gbps,
              "from": "trace" if cal.p2p_delay_ms is not None else "base"},
         device=trace.info.get("device"), calibration=summary,
-        **({"dp_collectives": timed} if timed else {}))
+        **timed)
     write_costs(args.out, doc)
     if args.json:
         emit_json({"out": args.out, **summary})

@@ -15,6 +15,10 @@ A cost file is one JSON object:
      "dp_collectives": {"size": n, "samples": [{"bytes": b, "all_reduce_ms": t,
                         "reduce_scatter_ms": t, "all_gather_ms": t}, ...]}   (optional:
                                                              ppsim.costs.grouptimes)
+     "collectives": {"tp": n, "bytes": b, "all_reduce_ms": t, ...,   (optional: in-layer
+                     "ep": n, "all_to_all_bytes": b, "all_to_all_ms": t,   collectives
+                     "cp": n, "cp_comm_type": c, "cp_bytes": b,            timed bare)
+                     "cp_pass_ms": t, ...},
      "conditions": {"devices": [0, 1], "processes": 2, "cores": 2,       (optional: what
                     "message_cpu_ms": x, "context_switch_ms": y,          the run adds, as
                     "local_message_cpu_ms": w, "iteration_boundary_ms": z,
@@ -40,7 +44,7 @@ from typing import Any
 
 from ppsim.config import files, limits, validate
 from ppsim.costs.choices import OPTIMIZERS
-from ppsim.costs.grouptimes import GroupTimes, group_times_from_dict
+from ppsim.costs.grouptimes import GroupTimes, TimedGroup, group_times_from_dict, in_layer_times
 from ppsim.costs.hybrid import pattern_layers
 from ppsim.costs.model import INTEGER_FIELDS, LAYER_FIELDS, LayerCost, ModelCosts
 from ppsim.costs.transformer import Architecture
@@ -67,7 +71,7 @@ SHAPE_KEYS = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vo
               "attention_output_gate", "shared_expert_gate",
               "experimental_attention_variant", "linear_attention_freq",
               "moe_permute_fusion", "sequence_parallel", "fp32_residual", "num_experts",
-              "ep", "etp", "cp", "cp_comm_type")
+              "ep", "etp", "cp", "cp_comm_type", "cp_a2a_size")
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,15 @@ class CostFile:
     """MTP layers' costs (one entry each, or one for all); empty: the file has none."""
     dp_collectives: GroupTimes | None = None
     """The data-parallel group's collectives as timed on it (ppsim.costs.grouptimes)."""
+    in_layer: tuple[TimedGroup, ...] = ()
+    """The tensor-, expert- and context-parallel groups' collectives, timed bare."""
+
+    @property
+    def timed_groups(self) -> tuple[TimedGroup, ...]:
+        """Every group the file timed, the data-parallel ones as "dp"."""
+        dp = (TimedGroup(group="dp", times=self.dp_collectives),) if self.dp_collectives \
+            else ()
+        return dp + self.in_layer
 
     def model_costs(self, num_layers: int | None = None, mtp_layers: int = 0) -> ModelCosts:
         """The costs for a model of num_layers decoder layers (None: as many as the file
@@ -262,7 +275,8 @@ def cost_file_from_dict(data: Any, path: str = "costs") -> CostFile:
             bw = float(_number(path, "p2p.bandwidth_gbps", p2p["bandwidth_gbps"], False))
     return CostFile(path, layers, emb, head, model, lat, bw, data,
                     _conditions(path, data.get("conditions")), mtp,
-                    group_times_from_dict(path, data.get("dp_collectives")))
+                    group_times_from_dict(path, data.get("dp_collectives")),
+                    in_layer_times(path, data.get("collectives")))
 
 
 def _mtp_entries(path: str, raw: Any) -> tuple[LayerCost, ...]:
@@ -360,6 +374,9 @@ def check_model(cf: CostFile, model_fields: dict[str, Any]) -> None:
             continue  # Megatron turns it off at tp 1: nothing differs
         if key == "cp_comm_type" and cf.model.get("cp", 1) == 1:
             continue  # no context-parallel traffic at cp 1
+        if key == "cp_a2a_size" and (cf.model.get("cp", 1) == 1
+                                     or cf.model.get("cp_comm_type") != "a2a+p2p"):
+            continue  # only the hierarchical form has groups of this size
         if want != have:
             raise UserError(f"{cf.path}: model.{key}", f"the file was measured with {key} = "
                             f"{have!r} but the config has {want!r}",
@@ -387,6 +404,6 @@ def load_p2p(path: str) -> tuple[float | None, float | None]:
     return cf.p2p_latency_ms, cf.p2p_bandwidth_gbps
 
 
-def load_dp_collectives(path: str) -> GroupTimes | None:
-    """The data-parallel group's collectives timed in the file; None where it has none."""
-    return read_cost_file(path).dp_collectives
+def load_timed_groups(path: str) -> tuple[TimedGroup, ...]:
+    """The groups whose collectives the file timed."""
+    return read_cost_file(path).timed_groups

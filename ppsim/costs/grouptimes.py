@@ -1,4 +1,4 @@
-"""Collectives timed on a group for real (`ppsim profile` over gloo with dp > 1).
+"""Collectives timed on a group for real (`ppsim profile` over gloo).
 
 A cost file may hold the data-parallel group's collectives as the profile timed them
 at several buffer sizes: all-reduce (DDP's gradient reduce), reduce-scatter and
@@ -8,6 +8,12 @@ machine, nothing published). Where the file has them, the group's collectives ar
 priced by these lines rather than by the closed forms on a point-to-point link
 (ppsim.job.collectives): gloo on a CPU reduces with the processor and gathers in
 steps the closed forms do not know.
+
+A profile with tp, cp or ep > 1 also times, bare, the collectives a layer makes over
+those groups (its "collectives": one sample each, at one microbatch's message), and
+those price the groups' collectives in the simulated trace: one sample gives a time
+whatever the size, as gloo between processes that share cores waits mostly on being
+scheduled, not on bytes.
 
 Pure logic: no torch import.
 """
@@ -42,13 +48,29 @@ class TimedCollective:
 
 @dataclass(frozen=True, kw_only=True)
 class GroupTimes:
-    """The collectives of a group of `size` ranks as timed on it."""
+    """The collectives of a group of `size` ranks as timed on it; a kind not timed (None)
+    keeps its closed form."""
 
     size: int
     """Ranks in the group the samples were taken on: the times hold for that size only."""
-    all_reduce: TimedCollective
-    reduce_scatter: TimedCollective
-    all_gather: TimedCollective
+    all_reduce: TimedCollective | None = None
+    reduce_scatter: TimedCollective | None = None
+    all_gather: TimedCollective | None = None
+    all_to_all: TimedCollective | None = None
+    """By each rank's whole send buffer, its own share included."""
+    send: TimedCollective | None = None
+    """One ring step: each rank sends a buffer to the next and receives one from the one
+    before (context parallelism's pass of K and V)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimedGroup:
+    """One of a job's groups with its collectives as a cost file timed them."""
+
+    group: str
+    """A field of ppsim.job.model.Groups ("tp", "ep", "cp", "cp_a2a", "cp_p2p"), or "dp"
+    for every data-parallel one."""
+    times: GroupTimes
 
 
 def fit_line(sizes: list[float], times: list[float]) -> TimedCollective:
@@ -104,3 +126,64 @@ def group_times_from_dict(path: str, raw: Any) -> GroupTimes | None:
                 raise UserError(f"{where}.samples[{i}].{key}",
                                 f"must be a number >= 0, got {v!r}"[:200], fix)
     return group_times(size, samples)
+
+
+IN_LAYER: dict[str, tuple[str, str, str]] = {
+    "all_reduce_ms": ("tp", "bytes", "all_reduce"),
+    "all_gather_ms": ("tp", "bytes", "all_gather"),
+    "reduce_scatter_ms": ("tp", "bytes", "reduce_scatter"),
+    "all_to_all_ms": ("ep", "all_to_all_bytes", "all_to_all"),
+    "cp_pass_ms": ("cp", "cp_bytes", "send"),
+    "cp_all_gather_ms": ("cp", "cp_bytes", "all_gather"),
+    "cp_reduce_scatter_ms": ("cp", "cp_bytes", "reduce_scatter"),
+    "cp_all_to_all_ms": ("cp", "cp_bytes", "all_to_all"),
+}
+"""A profile's bare in-layer times (its "collectives"): the group whose size they hold
+for, the key of the bytes they were timed at, the kind of collective."""
+
+
+def _field(path: str, raw: dict[str, Any], key: str, integer: bool = False) -> float:
+    v = raw.get(key)
+    fix = "re-run ppsim profile, or remove collectives"
+    if integer:
+        if type(v) is not int or not 1 <= v <= 1_000_000:
+            raise UserError(f"{path}: collectives.{key}", f"must be a group size, got {v!r}"[:200],
+                            fix)
+    elif isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+        raise UserError(f"{path}: collectives.{key}", f"must be a number >= 0, got {v!r}"[:200],
+                        fix)
+    return float(v)
+
+
+def _in_layer_group(raw: dict[str, Any], path: str, size_key: str, kind: str
+                    ) -> tuple[str, int] | None:
+    """The job group a timed kind prices and its size; None where the file cannot say
+    (a2a+p2p's all-to-all size missing). Under a2a+p2p the all-to-alls ran over
+    cp_a2a_size consecutive ranks and the pass round the ring across them."""
+    size = int(_field(path, raw, size_key, integer=True))
+    if size_key != "cp" or raw.get("cp_comm_type") != "a2a+p2p":
+        return size_key, size
+    if "cp_a2a_size" not in raw:
+        return None
+    heads = int(_field(path, raw, "cp_a2a_size", integer=True))
+    return ("cp_a2a", heads) if kind == "all_to_all" else ("cp_p2p", size // max(1, heads))
+
+
+def in_layer_times(path: str, raw: Any) -> tuple[TimedGroup, ...]:
+    """The groups a cost file's "collectives" (`ppsim profile` with tp, cp or ep > 1)
+    timed, one sample a kind; every problem a UserError naming the field."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: collectives", "must be an object or null",
+                        "re-run ppsim profile, or remove collectives")
+    lines: dict[tuple[str, int], dict[str, TimedCollective]] = {}
+    for key, (size_key, bytes_key, kind) in IN_LAYER.items():
+        if key not in raw:
+            continue
+        ms, nbytes = _field(path, raw, key), _field(path, raw, bytes_key)
+        where = _in_layer_group(raw, path, size_key, kind)
+        if where is not None and where[1] > 1:
+            lines.setdefault(where, {})[kind] = fit_line([nbytes], [ms])
+    return tuple(TimedGroup(group=g, times=GroupTimes(size=n, **kinds))
+                 for (g, n), kinds in lines.items())

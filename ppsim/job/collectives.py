@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ppsim.costs.grouptimes import GroupTimes
+from ppsim.costs.grouptimes import GroupTimes, TimedCollective
 from ppsim.job.ranks import Span
 from ppsim.job.topology import Network
 
@@ -46,8 +46,16 @@ class Link:
     inter_bandwidth_gbps: float = 0.0
     """One NIC, for what an all-to-all sends off the node."""
     timed: GroupTimes | None = None
-    """The group's all-reduce, reduce-scatter and all-gather as timed on it (a cost
-    file's, ppsim.costs.grouptimes): they replace the closed forms."""
+    """The group's collectives as timed on it (a cost file's, ppsim.costs.grouptimes):
+    each kind timed replaces its closed form."""
+
+    def timed_as(self, kind: str) -> TimedCollective | None:
+        """The line timed for `kind` (a GroupTimes field) on this group; None: the
+        closed form prices it."""
+        if self.timed is None or self.size <= 1:
+            return None
+        line: TimedCollective | None = getattr(self.timed, kind)
+        return line
 
 
 def link(net: Network, where: Span) -> Link:
@@ -84,8 +92,8 @@ def tree_all_reduce_ms(nbytes: float, g: Link) -> float:
 
 def all_reduce_ms(nbytes: float, g: Link) -> float:
     """The cheaper of ring and tree for this size (or as timed on the group)."""
-    if g.timed is not None and g.size > 1:
-        return g.timed.all_reduce.ms(nbytes)
+    if (line := g.timed_as("all_reduce")) is not None:
+        return line.ms(nbytes)
     return min(ring_all_reduce_ms(nbytes, g), tree_all_reduce_ms(nbytes, g))
 
 
@@ -99,15 +107,15 @@ def _gather_traffic_ms(nbytes: float, g: Link) -> float:
 
 def all_gather_ms(nbytes: float, g: Link) -> float:
     """All-gather of a buffer of `nbytes` in total (each rank contributes nbytes / n)."""
-    if g.timed is not None and g.size > 1:
-        return g.timed.all_gather.ms(nbytes)
+    if (line := g.timed_as("all_gather")) is not None:
+        return line.ms(nbytes)
     return _gather_traffic_ms(nbytes, g)
 
 
 def reduce_scatter_ms(nbytes: float, g: Link) -> float:
     """Reduce-scatter of a buffer of `nbytes` (each rank keeps nbytes / n)."""
-    if g.timed is not None and g.size > 1:
-        return g.timed.reduce_scatter.ms(nbytes)
+    if (line := g.timed_as("reduce_scatter")) is not None:
+        return line.ms(nbytes)
     return _gather_traffic_ms(nbytes, g)
 
 
@@ -125,6 +133,8 @@ def all_to_all_ms(nbytes: float, g: Link) -> float:
     n = g.size
     if n <= 1:
         return 0.0
+    if (line := g.timed_as("all_to_all")) is not None:
+        return line.ms(nbytes)
     inside = _wire(nbytes * (g.per_node - 1) / n, g.intra_bandwidth_gbps)
     outside = _wire(nbytes * (n - g.per_node) / n, g.inter_bandwidth_gbps)
     return (n - 1) * g.latency_ms + max(inside, outside)
@@ -175,5 +185,7 @@ def send_ms(nbytes: float, g: Link) -> float:
     """One point-to-point message between neighbours of the group (a ring step)."""
     if g.size <= 1:
         return 0.0
+    if (line := g.timed_as("send")) is not None:
+        return line.ms(nbytes)
     bw = g.inter_bandwidth_gbps if g.per_node < g.size else g.intra_bandwidth_gbps
     return g.latency_ms + _wire(nbytes, bw)

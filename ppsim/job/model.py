@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import Any
 
 from ppsim.costs.arch import Architecture
-from ppsim.costs.grouptimes import GroupTimes
+from ppsim.costs.grouptimes import TimedGroup
 from ppsim.costs.layerops import padded_vocab
 from ppsim.costs.state import grad_bytes
 from ppsim.costs.transformer import Accelerator, accelerator
@@ -113,9 +113,10 @@ class Job:
     """Parameters per gradient bucket; None: Megatron's default."""
     ddp_num_buckets: int | None = None
     """Or buckets per rank."""
-    timed_dp: GroupTimes | None = None
-    """The data-parallel group's collectives as a cost file timed them: they price the
-    data-parallel groups of the size they were timed on (ppsim.costs.grouptimes)."""
+    timed: tuple[TimedGroup, ...] = ()
+    """Groups' collectives as a cost file timed them: each prices the job's groups it
+    names of the size it was timed on (ppsim.costs.grouptimes; "dp": every
+    data-parallel one)."""
     timed_step: bool = False
     """A cost file timed this model's optimizer step (its fixed time and rate price the
     step, Muon's too) rather than the model's roofline."""
@@ -187,9 +188,10 @@ class Job:
         """The Link of group `name` (a field of Groups: tp, cp, ep, dp, edp, ...)."""
         where = getattr(self.groups, name)
         found = link(self.network, where)
-        if self.timed_dp is not None and name in DATA_PARALLEL_GROUPS \
-                and where.size == self.timed_dp.size:
-            return replace(found, timed=self.timed_dp)
+        family = "dp" if name in DATA_PARALLEL_GROUPS else name
+        for t in self.timed:
+            if t.group == family and t.times.size == where.size:
+                return replace(found, timed=t.times)
         return found
 
     @property
@@ -319,9 +321,9 @@ def groups(sizes: Sizes, order: str, gpus_per_node: int, replicas: int = 1,
                   pipeline_hops=tuple(pipeline_hops(sizes, gpus_per_node, order)))
 
 
-def build_job(cfg: Any, timed_dp: GroupTimes | None = None) -> Job | None:
-    """The Job of a Config; None for a uniform model. `timed_dp`: the data-parallel
-    collectives a cost file timed."""
+def build_job(cfg: Any, timed: tuple[TimedGroup, ...] = ()) -> Job | None:
+    """The Job of a Config; None for a uniform model. `timed`: the groups' collectives a
+    cost file timed."""
     shape = job_shape(cfg)
     if shape is None:
         return None
@@ -344,5 +346,5 @@ def build_job(cfg: Any, timed_dp: GroupTimes | None = None) -> Job | None:
                sm_count=getattr(cfg.hardware, "sm_count", 0),
                collective_sms=getattr(cfg.hardware, "collective_sms", 0),
                ddp_bucket_size=p.ddp_bucket_size, ddp_num_buckets=p.ddp_num_buckets,
-               timed_dp=timed_dp, host_optimizer=host_optimizer(cfg.model.arch, cfg.hardware),
+               timed=timed, host_optimizer=host_optimizer(cfg.model.arch, cfg.hardware),
                host_rates_known=host_rates_known(cfg.hardware))

@@ -49,12 +49,13 @@ def _hidden_bytes(a: Architecture, element_bytes: float = 0) -> float:
 
 
 def tp_collectives_ms(job: Job, a: Architecture, collectives: int,
-                      element_bytes: float = 0) -> float:
-    """`collectives` all-gathers or reduce-scatters of one microbatch's hidden states,
-    `element_bytes` an element (0: the training dtype's)."""
+                      element_bytes: float = 0, scatter: bool = False) -> float:
+    """`collectives` all-gathers (or with `scatter` reduce-scatters) of one microbatch's
+    hidden states, `element_bytes` an element (0: the training dtype's)."""
     if a.tp == 1:
         return 0.0
-    return collectives * all_gather_ms(_hidden_bytes(a, element_bytes), job.link("tp"))
+    priced = reduce_scatter_ms if scatter else all_gather_ms
+    return collectives * priced(_hidden_bytes(a, element_bytes), job.link("tp"))
 
 
 def tp_reduces_ms(job: Job, a: Architecture, collectives: float) -> float:
@@ -72,9 +73,12 @@ def edge_tp_ms(job: Job, a: Architecture, head: bool) -> tuple[float, float]:
     learned positions Megatron's embedding all-reduces the words' lookup before adding
     them, then takes this rank's tokens (LanguageModelEmbedding.reduce_scatter_embeddings
     is off), gathered back in the backward."""
-    one, reduce = tp_collectives_ms(job, a, 1), tp_reduces_ms(job, a, 1)
+    gather, reduce = tp_collectives_ms(job, a, 1), tp_reduces_ms(job, a, 1)
+    scatter = tp_collectives_ms(job, a, 1, scatter=True)
     if a.sequence_parallel:
-        return (reduce, one) if a.learned_positions and not head else (one, one)
+        if head:
+            return gather, scatter
+        return (reduce if a.learned_positions else scatter), gather
     return (0.0, reduce) if head else (reduce, 0.0)
 
 
@@ -104,10 +108,12 @@ def tp_layer_ms(job: Job, a: Architecture, sublayers: int = 2, again: float = 0.
         return TpTraffic(gathers_ms=0.0, scatters_ms=0.0, reduces_ms=each), \
             TpTraffic(gathers_ms=0.0, scatters_ms=0.0, reduces_ms=each * (1 + again))
     inputs = tp_collectives_ms(job, a, sublayers, fp8_bytes(a) if a.fp8_copies else 0)
-    each = tp_collectives_ms(job, a, sublayers)  # one a sublayer, in the training dtype
-    forward = TpTraffic(gathers_ms=inputs, scatters_ms=each, pipelined_ms=each)
-    backward = TpTraffic(gathers_ms=each + inputs * again, scatters_ms=each * (1 + again),
-                         pipelined_ms=each * again)
+    # one a sublayer, in the training dtype
+    each = tp_collectives_ms(job, a, sublayers)
+    scatters = tp_collectives_ms(job, a, sublayers, scatter=True)
+    forward = TpTraffic(gathers_ms=inputs, scatters_ms=scatters, pipelined_ms=scatters)
+    backward = TpTraffic(gathers_ms=each + inputs * again, scatters_ms=scatters * (1 + again),
+                         pipelined_ms=scatters * again)
     return forward, backward
 
 
@@ -122,7 +128,7 @@ def dispatcher_tp_ms(job: Job, a: Architecture) -> float:
         return 0.0
     width = a.moe_latent_size or a.hidden_size
     nbytes = a.expert_copies * width * DTYPE_BYTES[a.dtype]
-    return 2 * all_gather_ms(nbytes, job.link("etp"))
+    return all_gather_ms(nbytes, job.link("etp")) + reduce_scatter_ms(nbytes, job.link("etp"))
 
 
 @dataclass(frozen=True, kw_only=True)

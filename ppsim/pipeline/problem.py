@@ -12,8 +12,8 @@ from ppsim.config.schema import Config
 from ppsim.costs.costfile import (
     load_conditions,
     load_costs,
-    load_dp_collectives,
     load_p2p,
+    load_timed_groups,
     read_cost_file,
 )
 from ppsim.costs.hybrid import HybridPattern, check_pipeline, parse_pattern, pipe_counts
@@ -322,11 +322,11 @@ def hardware(cfg: Config) -> Hardware:
         if cond is not None and cfg.pipeline.pp * dp > 1:
             boundary = cond.iteration_boundary_ms
     # Collectives with no topology of their own run on the point-to-point link
-    # (ppsim.job.topology): the measured one where the cost file has it; the
-    # data-parallel ones as the file timed them, where it did.
+    # (ppsim.job.topology): the measured one where the cost file has it; the groups'
+    # collectives as the file timed them, where it did.
     job = build_job(replace(cfg, hardware=replace(
         cfg.hardware, p2p_latency_ms=latency, p2p_bandwidth_gbps=bandwidth)),
-        load_dp_collectives(cfg.costs_file) if cfg.costs_file else None)
+        load_timed_groups(cfg.costs_file) if cfg.costs_file else ())
     if job is not None and timed_step:
         job = replace(job, timed_step=True)
     # DeepEP's buffer and Megatron-FSDP's are the process's, beside the model's: the

@@ -150,3 +150,11 @@ def test_diff_compares_a_context_parallel_run_with_its_simulation(launches: Pool
     assert all(t > 0 for t in got["iteration_time_ms"])
     # ... and the gathers inside each F and B, measured beside priced
     assert_collectives_compared(got, "cp", ops=8)
+    # priced by the profile's bare gathers: each layer gathers K and V before its
+    # attention, and in the backward again, reduce-scattering their gradients after it;
+    # the median of rank 0's four ops (5 layers) and rank 1's (3)
+    c = cp_costs[1]["collectives"]
+    simulated = {r["op"]: r["ms"][1] for r in got["collectives"]}
+    assert simulated == pytest.approx({
+        "F": 4 * c["cp_all_gather_ms"],
+        "B": 4 * (c["cp_all_gather_ms"] + c["cp_reduce_scatter_ms"])}, rel=1e-6)

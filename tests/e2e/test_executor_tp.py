@@ -183,3 +183,13 @@ def test_diff_compares_a_tensor_parallel_run_with_its_simulation(launches: Pool,
     assert all(t > 0 for t in got["iteration_time_ms"])
     # ... and the tensor-parallel collectives inside each F and B, measured beside priced
     assert_collectives_compared(got, "tp", ops=8)
+    # priced by the profile's bare times at Megatron's count (sequence parallel): a layer
+    # gathers and scatters around its attention and its MLP; the embedding all-reduces its
+    # lookup (learned positions) and gathers in the backward, the head the mirror; the
+    # median of rank 0's four ops (5 layers) and rank 1's (3 and the head)
+    c = tp_costs[1]["collectives"]
+    layer = 2 * c["all_gather_ms"] + 2 * c["reduce_scatter_ms"]
+    simulated = {r["op"]: r["ms"][1] for r in got["collectives"]}
+    assert simulated == pytest.approx({
+        "F": (8 * layer + c["all_reduce_ms"] + c["all_gather_ms"]) / 2,
+        "B": (8 * layer + c["all_gather_ms"] + c["reduce_scatter_ms"]) / 2}, rel=1e-6)

@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 from ppsim.cli.main import main
 from ppsim.config.schema import config_from_dict
 from ppsim.costs.costfile import cost_file_from_dict
-from ppsim.costs.grouptimes import GroupTimes, TimedCollective, fit_line, group_times
+from ppsim.costs.grouptimes import (
+    GroupTimes,
+    TimedCollective,
+    TimedGroup,
+    fit_line,
+    group_times,
+)
 from ppsim.errors import UserError
 from ppsim.job.collectives import Link, all_gather_ms, all_reduce_ms, reduce_scatter_ms
 from ppsim.job.model import build_job
@@ -87,11 +93,11 @@ def _job_cfg(dp: int, distributed: bool = False):
 
 def test_the_job_times_its_data_parallel_groups_of_the_timed_size_only() -> None:
     timed = group_times(2, samples((1e6, 1.0, 2.0, 3.0), (2e6, 2.0, 4.0, 5.0)))
-    job = build_job(_job_cfg(2), timed)
+    job = build_job(_job_cfg(2), (TimedGroup(group="dp", times=timed),))
     assert job is not None
     assert job.link("dp").timed is timed and job.link("dp_shard").timed is timed
     assert job.link("tp").timed is None
-    other = build_job(_job_cfg(4), timed)
+    other = build_job(_job_cfg(4), (TimedGroup(group="dp", times=timed),))
     assert other is not None and other.link("dp").timed is None
 
 
@@ -100,7 +106,7 @@ def test_the_step_reduces_as_timed(distributed: bool) -> None:
     timed = GroupTimes(size=2, all_reduce=TimedCollective(fixed_ms=1.0, gbps=2.0),
                        reduce_scatter=TimedCollective(fixed_ms=3.0, gbps=0.5),
                        all_gather=TimedCollective(fixed_ms=0.25, gbps=4.0))
-    job = build_job(_job_cfg(2, distributed), timed)
+    job = build_job(_job_cfg(2, distributed), (TimedGroup(group="dp", times=timed),))
     assert job is not None
     params = 1_000_000
     tail = job.tail(params, 1.0, 2.0, 0.0)
