@@ -23,8 +23,8 @@ _UNITS = {"iteration_ms": ("iteration", "ms", ",.1f"),
 @dataclass(frozen=True, kw_only=True)
 class StageMemory:
     """One pipeline rank's peak: the log's `max allocated` (Megatron's; DeepSpeed's rank
-    0's; the most of the ranks that hold that stage and reported) beside the simulated
-    peak."""
+    0's; the most of the ranks that hold that stage and reported), or torchtitan's rank
+    0's most reserved, beside the simulated peak."""
 
     pipeline_rank: int
     logged_bytes: float
@@ -50,7 +50,10 @@ class LogComparison:
     global_batch_sizes: tuple[int, int] | None = None
     """(logged, simulated) where they differ: the two are not the same job."""
     memory: tuple[StageMemory, ...] = ()
-    """Each pipeline rank some rank of which reported its memory (Megatron)."""
+    """Each pipeline rank some rank of which reported its memory."""
+    memory_measure: str = "max allocated"
+    """What the logged peaks measure: "max allocated", or torchtitan's "max reserved"
+    (the allocator's cached segments too, so the simulated peak reads below it)."""
     rank_beyond: tuple[int, int] | None = None
     """(a rank the log reports memory for, the simulated job's GPUs) where that rank is
     not in the simulated job: not the same job, and no stage compared."""
@@ -104,7 +107,8 @@ def compare(run: LoggedRun, iteration_ms: float, t: Throughput | None,
                          error={k: simulated[k] / v - 1 for k, v in logged.items()},
                          global_batch_sizes=(int(gbs), global_batch_size)
                          if gbs and global_batch_size and gbs != global_batch_size else None,
-                         memory=memory, rank_beyond=rank_beyond)
+                         memory=memory, memory_measure=run.memory_measure,
+                         rank_beyond=rank_beyond)
 
 
 def _value(name: str, v: float) -> str:
@@ -133,7 +137,7 @@ def memory_line(c: LogComparison) -> str | None:
     """The stages' peaks, logged / simulated GB (10^9 bytes); None where none was logged."""
     if not c.memory:
         return None
-    return ("peak memory by pipeline rank (the log's max allocated / simulated, GB): "
+    return (f"peak memory by pipeline rank (the log's {c.memory_measure} / simulated, GB): "
             + ", ".join(f"r{m.pipeline_rank} {m.logged_bytes / 1e9:.1f} / "
                         f"{m.simulated_bytes / 1e9:.1f} ({m.error:+.1%})" for m in c.memory))
 

@@ -7,16 +7,17 @@ training_log), a line of ` | `-separated fields, among them `iteration N/ M`,
 average over the interval (forks that print `compute per GPU (TFLOP/s/GPU)` and tokens
 per GPU, as AMD's Primus does, are read too). torchtitan prints
 (torchtitan/components/metrics.py, maybe with ANSI colours)
-`step: N  loss: ...  tps: 5,762  tflops: 334.70  mfu: 33.84%`: tokens per second per
-device (`wps` in its releases before mid-2024), TFLOP/s per device by its count, and
-MFU. DeepSpeed's engine prints every `steps_per_print` steps
-(deepspeed/utils/timer.py, ThroughputTimer) `epoch=E/micro_step=M/global_step=S,
-RunningAvgSamplesPerSec=R, CurrSamplesPerSec=C, MemAllocated=AGB, MaxMemAllocated=XGB`:
-C is the whole job's samples (its train batch size) per second over that step, X rank
-0's peak in GiB. NeMo (1 and 2) prints its progress bar, a step per update (updates
-split by carriage returns), with `global_step=49.00` and `train_step_timing in s=24.00`.
-A Megatron-DeepSpeed log holds both Megatron's and DeepSpeed's lines; Megatron's are
-read.
+`step: N  loss: ...  memory: 41.27GiB(43.44%)  tps: 5,762  tflops: 334.70  mfu: 33.84%`:
+its logging rank's (rank 0's) most reserved memory since the line before (the caching
+allocator's segments, at least what it allocated), tokens per second per device (`wps`
+in its releases before mid-2024), TFLOP/s per device by its count, and MFU. DeepSpeed's
+engine prints every `steps_per_print` steps (deepspeed/utils/timer.py, ThroughputTimer)
+`epoch=E/micro_step=M/global_step=S, RunningAvgSamplesPerSec=R, CurrSamplesPerSec=C,
+MemAllocated=AGB, MaxMemAllocated=XGB`: C is the whole job's samples (its train batch
+size) per second over that step, X rank 0's peak in GiB. NeMo (1 and 2) prints its
+progress bar, a step per update (updates split by carriage returns), with
+`global_step=49.00` and `train_step_timing in s=24.00`. A Megatron-DeepSpeed log holds
+both Megatron's and DeepSpeed's lines; Megatron's are read.
 
 The first logged line of a run holds its warm-up (compilation, allocator growth, the
 first all-gathers), so it is left out where later lines follow; the median of the rest
@@ -59,7 +60,8 @@ _NEMO = {"iteration": re.compile(r"\bglobal_step=" + _NUMBER),
 _TORCHTITAN = {"iteration": re.compile(r"\bstep:\s*([0-9]+)\b"),
                "tokens_per_s_per_gpu": re.compile(r"\b[tw]ps:\s*" + _NUMBER),
                "tflops_per_gpu": re.compile(r"\btflops:\s*" + _NUMBER),
-               "mfu": re.compile(r"\bmfu:\s*" + _NUMBER + "%")}
+               "mfu": re.compile(r"\bmfu:\s*" + _NUMBER + "%"),
+               "max_reserved_gib": re.compile(r"\bmemory:\s*" + _NUMBER + r"\s*GiB")}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +85,8 @@ class LoggedStep:
     """DeepSpeed's `CurrSamplesPerSec` (the whole job's)."""
     max_allocated_gib: float | None = None
     """DeepSpeed's `MaxMemAllocated` (rank 0's, GiB)."""
+    max_reserved_gib: float | None = None
+    """torchtitan's `memory` (its logging rank's most reserved, GiB)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,7 +101,10 @@ class LoggedRun:
     """Lines left out as warm-up (0 or 1)."""
     max_allocated: dict[int, float] = field(default_factory=dict)
     """Megatron's `max allocated` per global rank that reported it, in bytes (the largest
-    report: the one after the optimizer's state exists)."""
+    report: the one after the optimizer's state exists); DeepSpeed's rank 0's, and
+    torchtitan's most reserved on rank 0 (`memory_measure`)."""
+    memory_measure: str = "max allocated"
+    """What the log's peaks measure: "max allocated", or torchtitan's "max reserved"."""
 
     def median(self, name: str) -> float | None:
         """The median of one field over the steady lines that print it."""
@@ -140,8 +147,11 @@ def logged_run(lines: Iterable[str], path: str = "log") -> LoggedRun:
         if step is not None:
             frameworks.add(step.framework)
             steps.append(step)
-            if step.max_allocated_gib is not None:  # DeepSpeed logs on rank 0
-                memory[0] = max(memory.get(0, 0.0), step.max_allocated_gib * 2**30)
+            # DeepSpeed and torchtitan log on rank 0
+            peak = step.max_allocated_gib if step.max_allocated_gib is not None \
+                else step.max_reserved_gib
+            if peak is not None:
+                memory[0] = max(memory.get(0, 0.0), peak * 2**30)
         elif (m := _MEMORY.search(line)) is not None:
             rank = int(m.group(1))
             memory[rank] = max(memory.get(rank, 0.0), _number(m.group(2)) * 2**20)
@@ -159,8 +169,11 @@ def logged_run(lines: Iterable[str], path: str = "log") -> LoggedRun:
         frameworks = {first}
         steps = [s for s in steps if s.framework == first]
     left_out = 1 if len(steps) > 1 else 0
-    return LoggedRun(framework=frameworks.pop(), steps=tuple(steps[left_out:]),
-                     left_out=left_out, max_allocated=memory)
+    framework = frameworks.pop()
+    return LoggedRun(framework=framework, steps=tuple(steps[left_out:]),
+                     left_out=left_out, max_allocated=memory,
+                     memory_measure="max reserved" if framework == "torchtitan"
+                     else "max allocated")
 
 
 def read_job_log(path: str) -> LoggedRun:

@@ -28,13 +28,16 @@ def megatron_line(iteration: int, ms: float, tflops: float | None, gbs: int = 10
     return line
 
 
-def torchtitan_line(step: int, tps: float, tflops: float, mfu: float) -> str:
-    """torchtitan/components/metrics.py, MetricsProcessor.log: coloured fields (tps
-    rounded with thousands separators, tflops `,.2f`, mfu `.2f%`) after the logger's
-    prefix."""
+def torchtitan_line(step: int, tps: float, tflops: float, mfu: float,
+                    reserved_gib: float = 30.5) -> str:
+    """torchtitan/components/metrics.py, MetricsProcessor.log: coloured fields (memory
+    the most reserved in GiB `5.2f` with its share of the device, tps rounded with
+    thousands separators, tflops `,.2f`, mfu `.2f%`) after the logger's prefix."""
     red, green, blue, cyan, magenta, reset = (f"\x1b[{c}m" for c in (31, 32, 34, 36, 35, 39))
+    turquoise = "\x1b[38;2;54;234;195m"
     return (f"[rank0]:[titan] 2024-12-01 10:00:00,123 - root - INFO - {red}step: {step:2}  "
-            f"{green}loss:  7.1234  memory: 30.50GiB(32.11%)  {blue}tps: {round(tps):,}  "
+            f"{green}loss:  7.1234  {turquoise}memory: {reserved_gib:5.2f}GiB"
+            f"({reserved_gib / 80 * 100:.2f}%)  {blue}tps: {round(tps):,}  "
             f"{cyan}tflops: {tflops:,.2f}  {magenta}mfu: {mfu:.2f}%{reset}")
 
 
@@ -166,6 +169,27 @@ def test_torchtitans_log_is_compared_by_its_own_flop_count(tmp_path, capsys) -> 
     assert got["simulated"]["mfu"] == t["torchtitan_mfu"]
     assert got["error"]["tokens_per_s_per_gpu"] == pytest.approx(
         t["tokens_per_s_per_gpu"] / 5100.0 - 1)
+
+
+def test_torchtitans_reserved_memory_is_set_beside_the_first_stages_peak(tmp_path,
+                                                                        capsys) -> None:
+    """torchtitan logs rank 0's most reserved memory (GiB) each interval: the largest is
+    set beside pipeline rank 0's simulated peak, named as the reserve it is."""
+    log = tmp_path / "titan.log"
+    log.write_text("\n".join(torchtitan_line(10 * i, 5000.0, 300.0, 30.0, gib)
+                             for i, gib in enumerate([61.25, 70.5, 69.0], 1)))
+    argv = ["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--fsdp", "--dp",
+            "4", "--pp", "2", "--microbatches", "8", "--compare-log", str(log)]
+    assert main([*argv, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    got, peak = doc["compared_with_log"], doc["ranks"][0]["peak_memory_bytes"]
+    assert got["memory_measure"] == "max reserved"
+    assert got["memory"] == [{"pipeline_rank": 0, "logged_bytes": 70.5 * 2**30,
+                              "simulated_bytes": peak,
+                              "error": pytest.approx(peak / (70.5 * 2**30) - 1)}]
+    assert main(argv) == 0
+    assert (f"the log's max reserved / simulated, GB): r0 {70.5 * 2**30 / 1e9:.1f} / "
+            f"{peak / 1e9:.1f}") in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("content", [None, "no speed here\n"])
