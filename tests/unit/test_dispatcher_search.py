@@ -22,7 +22,7 @@ QWEN = {"model": {"preset": "qwen3-235b-a22b", "num_layers": 8},
 def _best(dispatcher: str | None, search: bool = False) -> tuple[float, str]:
     cfg = config_from_dict({**QWEN, "pipeline": {"pp": 1, "moe_token_dispatcher_type":
                                                  dispatcher or "alltoall"}})
-    res = search_job(cfg, 32, 128, top_k=3, budget_s=120,
+    res = search_job(cfg, 16, 64, top_k=3, budget_s=120,
                      axes=frozenset({"dispatcher"} if search else ()))
     assert res.complete
     best = next(r for r in res.candidates if r.summary.fits)

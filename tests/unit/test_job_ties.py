@@ -14,7 +14,7 @@ from ppsim.job.search import TOP_SEARCHED
 def test_ties_share_a_plan_and_leave_room_for_other_shapes() -> None:
     code, out, err = run_main(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb",
                                "--gpus", "64", "--global-batch-size", "256", "--top", "40",
-                               "--time-budget", "20", "--json"])
+                               "--time-budget", "5", "--json"])
     assert code in (0, 3), err
     planned = [c for c in json.loads(out)["candidates"] if c["split_planned"]]
     groups: dict[tuple[str, float], list[dict]] = {}
