@@ -172,7 +172,7 @@ def test_megatrons_flags_paste_and_come_back_in_the_plans_launch_line() -> None:
             "--optimizer-cpu-offload --optimizer-offload-fraction 0.5 "
             "--overlap-cpu-optimizer-d2h-h2d --no-pin-cpu-grads "
             "--use-torch-optimizer-for-cpu-offload")
-    code, out, err = _run(["plan", *shlex.split(line), "--time-budget", "2", "--json"])
+    code, out, err = _run(["plan", *shlex.split(line), "--time-budget", "5", "--json"])
     assert code == 0, err
     assert "--no-pin-cpu-grads taken, not priced" in err
     assert "--optimizer-cpu-offload --optimizer-offload-fraction 0.5 " \

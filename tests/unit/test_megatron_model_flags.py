@@ -288,7 +288,7 @@ def test_megatrons_deepseek_r1_model_arguments_price_as_written() -> None:
     behind the shared expert."""
     ours = _json(["plan", *shlex.split(f"{DEEPSEEK_R1} {R1_JOB}"), "--top", "1",
                   "--tp", "2", "--cp", "1", "--vpp", "1", "--micro-batch-size", "1",
-                  "--time-budget", "3"])
+                  "--time-budget", "6"])
     best = ours["best"]
     assert best is not None and best["micro_batch_size"] == 1
     line = best["megatron_job_flags"]

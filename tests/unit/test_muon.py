@@ -102,7 +102,7 @@ def test_the_plan_line_names_muon(capsys) -> None:
     assert main(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "16",
                  "--global-batch-size", "32", "--tp", "1", "--pp", "2",
                  "--use-distributed-optimizer", "--optimizer", "muon", "--muon-tp-mode",
-                 "blockwise", "--top", "1", "--time-budget", "2", "--json"]) == 0
+                 "blockwise", "--top", "1", "--time-budget", "5", "--json"]) == 0
     line = json.loads(capsys.readouterr().out)["best"]["megatron_job_flags"]
     assert "--optimizer muon" in line and "--muon-tp-mode blockwise" in line
 
