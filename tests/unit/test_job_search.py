@@ -214,7 +214,7 @@ def test_an_expert_tp_given_is_held_while_tp_varies(capsys) -> None:
     whole while the search varies tp, so ep may reach past dp x cp into the tp ranks."""
     job = ["plan", "--preset", "mixtral-8x7b", "--hardware", "h100-80gb", "--gpus", "16",
            "--global-batch-size", "32", "--expert-tensor-parallel-size", "1", "--pp", "2",
-           "--time-budget", "2", "--json", "--top", "40"]
+           "--time-budget", "4", "--json", "--top", "40"]
     assert main(job) in (0, 3)
     rows = json.loads(capsys.readouterr().out)["candidates"]
     assert {c["etp"] for c in rows} == {1}
@@ -295,7 +295,7 @@ def test_the_best_shape_does_not_depend_on_how_many_rows_are_shown() -> None:
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             assert main(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus",
-                         "8", "--global-batch-size", "32", "--time-budget", "3", "--top", top,
+                         "8", "--global-batch-size", "32", "--time-budget", "4", "--top", top,
                          "--json"]) == 0
         doc = json.loads(out.getvalue())
         assert len(doc["candidates"]) >= int(top)

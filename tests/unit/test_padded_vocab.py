@@ -87,7 +87,7 @@ def test_the_job_search_skips_the_tensor_parallel_sizes_the_vocabulary_refuses()
     for model in (odd, odd.replace("--padded-vocab-size", "--vocab-size")):
         code, out, err = _run(["plan", *shlex.split(model), "--gpus", "16",
                                "--global-batch-size", "64", "--hardware", "h100-80gb",
-                               "--time-budget", "2", "--top", "20", "--json"])
+                               "--time-budget", "4", "--top", "20", "--json"])
         assert code == 0, err
         shapes.append({c["tp"] for c in json.loads(out)["candidates"]})
     assert shapes[0] == {1}
