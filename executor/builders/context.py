@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,3 +98,11 @@ def visible(query: torch.Tensor, key: torch.Tensor, window: int) -> torch.Tensor
     behind = query[:, None] - key[None, :]
     seen = behind >= 0
     return seen & (behind <= window) if window > 0 else seen
+
+
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seen: torch.Tensor
+                     ) -> torch.Tensor:
+    """The fused attention of q (b, heads, s, d) against k and v (b, kv_heads, s', d),
+    each query seeing the keys `seen` marks (grouped-query where kv_heads < heads)."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=seen,
+                                          enable_gqa=k.shape[1] != q.shape[1])

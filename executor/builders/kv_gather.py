@@ -12,10 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ppsim.executor.builders.comm_clock import timed
-from ppsim.executor.builders.context import ContextGroup, visible
+from ppsim.executor.builders.context import ContextGroup, masked_attention, visible
 from ppsim.executor.builders.tensor import ALL_GATHER, REDUCE_SCATTER
 
 
@@ -42,11 +41,6 @@ def _scattered(x: torch.Tensor, g: ContextGroup) -> torch.Tensor:
     return out.permute(1, 2, 0, 3)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seen: torch.Tensor
-            ) -> torch.Tensor:
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=seen,
-                                          enable_gqa=k.shape[1] != q.shape[1])
-
 
 class _GatheredAttention(torch.autograd.Function):
     """Attention of this rank's queries against every rank's keys and values, gathered
@@ -57,7 +51,7 @@ class _GatheredAttention(torch.autograd.Function):
                 g: ContextGroup, seen: torch.Tensor) -> torch.Tensor:
         ctx.g, ctx.seen = g, seen
         ctx.save_for_backward(q, k, v)
-        return _attend(q, _gathered(k, g), _gathered(v, g), seen)
+        return masked_attention(q, _gathered(k, g), _gathered(v, g), seen)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
@@ -67,7 +61,7 @@ class _GatheredAttention(torch.autograd.Function):
         keys, values = _gathered(k, g), _gathered(v, g)
         with torch.enable_grad():
             q, keys, values = (x.detach().requires_grad_() for x in (q, keys, values))
-            out = _attend(q, keys, values, ctx.seen)
+            out = masked_attention(q, keys, values, ctx.seen)
             dq, dk, dv = torch.autograd.grad(out, (q, keys, values), grad)
         return dq, _scattered(dk, g), _scattered(dv, g), None, None
 

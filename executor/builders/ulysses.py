@@ -18,10 +18,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from ppsim.executor.builders.comm_clock import timed
-from ppsim.executor.builders.context import ContextGroup, visible
+from ppsim.executor.builders.context import ContextGroup, masked_attention, visible
 
 
 def heads_for_tokens(x: torch.Tensor, g: ContextGroup) -> torch.Tensor:
@@ -54,7 +53,7 @@ class _ExchangedAttention(torch.autograd.Function):
                 g: ContextGroup, seen: torch.Tensor) -> torch.Tensor:
         ctx.g, ctx.seen = g, seen
         ctx.save_for_backward(q, k, v)
-        out = _attend(*(heads_for_tokens(x, g) for x in (q, k, v)), seen)
+        out = masked_attention(*(heads_for_tokens(x, g) for x in (q, k, v)), seen)
         return tokens_for_heads(out, g)
 
     @staticmethod
@@ -63,15 +62,10 @@ class _ExchangedAttention(torch.autograd.Function):
         heads = [heads_for_tokens(x, g) for x in ctx.saved_tensors]
         with torch.enable_grad():
             heads = [x.detach().requires_grad_() for x in heads]
-            out = _attend(*heads, ctx.seen)
+            out = masked_attention(*heads, ctx.seen)
             grads = torch.autograd.grad(out, heads, heads_for_tokens(grad, g))
         return (*(tokens_for_heads(x, g) for x in grads), None, None)
 
-
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seen: torch.Tensor
-            ) -> torch.Tensor:
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=seen,
-                                          enable_gqa=k.shape[1] != q.shape[1])
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: ContextGroup,

@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ppsim.config import validate
 from ppsim.errors import UserError
 
 KINDS = ("all_reduce", "reduce_scatter", "all_gather")
@@ -142,17 +143,21 @@ IN_LAYER: dict[str, tuple[str, str, str]] = {
 for, the key of the bytes they were timed at, the kind of collective."""
 
 
-def _field(path: str, raw: dict[str, Any], key: str, integer: bool = False) -> float:
+_FIX = "re-run ppsim profile, or remove collectives"
+
+
+def _size(path: str, raw: dict[str, Any], key: str) -> int:
+    """A group size as the profile writes it (an integer, not an integral float)."""
     v = raw.get(key)
-    fix = "re-run ppsim profile, or remove collectives"
-    if integer:
-        if type(v) is not int or not 1 <= v <= 1_000_000:
-            raise UserError(f"{path}: collectives.{key}", f"must be a group size, got {v!r}"[:200],
-                            fix)
-    elif isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-        raise UserError(f"{path}: collectives.{key}", f"must be a number >= 0, got {v!r}"[:200],
-                        fix)
-    return float(v)
+    where = f"{path}: collectives.{key}"
+    if type(v) is not int:
+        raise UserError(where, f"must be a group size, got {v!r}"[:200], _FIX)
+    return validate.count(where, v, hi=1_000_000, fix=_FIX)
+
+
+def _amount(path: str, raw: dict[str, Any], key: str) -> float:
+    """A time or a byte count: a finite number >= 0."""
+    return validate.number(f"{path}: collectives.{key}", raw.get(key), hi=1e18, fix=_FIX)
 
 
 def _in_layer_group(raw: dict[str, Any], path: str, size_key: str, kind: str
@@ -160,12 +165,12 @@ def _in_layer_group(raw: dict[str, Any], path: str, size_key: str, kind: str
     """The job group a timed kind prices and its size; None where the file cannot say
     (a2a+p2p's all-to-all size missing). Under a2a+p2p the all-to-alls ran over
     cp_a2a_size consecutive ranks and the pass round the ring across them."""
-    size = int(_field(path, raw, size_key, integer=True))
+    size = _size(path, raw, size_key)
     if size_key != "cp" or raw.get("cp_comm_type") != "a2a+p2p":
         return size_key, size
     if "cp_a2a_size" not in raw:
         return None
-    heads = int(_field(path, raw, "cp_a2a_size", integer=True))
+    heads = _size(path, raw, "cp_a2a_size")
     return ("cp_a2a", heads) if kind == "all_to_all" else ("cp_p2p", size // max(1, heads))
 
 
@@ -175,13 +180,12 @@ def in_layer_times(path: str, raw: Any) -> tuple[TimedGroup, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, dict):
-        raise UserError(f"{path}: collectives", "must be an object or null",
-                        "re-run ppsim profile, or remove collectives")
+        raise UserError(f"{path}: collectives", "must be an object or null", _FIX)
     lines: dict[tuple[str, int], dict[str, TimedCollective]] = {}
     for key, (size_key, bytes_key, kind) in IN_LAYER.items():
         if key not in raw:
             continue
-        ms, nbytes = _field(path, raw, key), _field(path, raw, bytes_key)
+        ms, nbytes = _amount(path, raw, key), _amount(path, raw, bytes_key)
         where = _in_layer_group(raw, path, size_key, kind)
         if where is not None and where[1] > 1:
             lines.setdefault(where, {})[kind] = fit_line([nbytes], [ms])

@@ -188,6 +188,8 @@ class Job:
         """The Link of group `name` (a field of Groups: tp, cp, ep, dp, edp, ...)."""
         where = getattr(self.groups, name)
         found = link(self.network, where)
+        if not self.timed:  # priced by the closed forms (every job the planner tries)
+            return found
         family = "dp" if name in DATA_PARALLEL_GROUPS else name
         for t in self.timed:
             if t.group == family and t.times.size == where.size:

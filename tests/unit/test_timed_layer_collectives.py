@@ -6,6 +6,7 @@ them."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -38,8 +39,7 @@ def test_a_kind_timed_is_priced_by_its_line_and_the_rest_by_their_closed_forms(
     line = TimedCollective(fixed_ms=ms, gbps=0.0)
     plain = Link(size=size, bus_bandwidth_gbps=50.0, latency_ms=0.01, per_node=size,
                  intra_bandwidth_gbps=50.0, inter_bandwidth_gbps=50.0)
-    timed = Link(**{**plain.__dict__, "timed": GroupTimes(size=size,
-                                                         **{k: line for k in kinds})})
+    timed = replace(plain, timed=GroupTimes(size=size, **{k: line for k in kinds}))
     for kind, priced in PRICED.items():
         want = ms if kind in kinds else priced(nbytes, plain)
         assert priced(nbytes, timed) == pytest.approx(want)
