@@ -246,15 +246,6 @@ def cp_layer_traffic(c: Any) -> tuple[float, float, float, float]:
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def ppsim_cli(*argv: str) -> subprocess.CompletedProcess:
-    """`python -m ppsim.cli ARGV` from the repository root, one thread a process."""
-    import os
-
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "ppsim.cli", *argv], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
 def assert_collectives_compared(diff: dict[str, Any], group: str, ops: int) -> None:
     """`ppsim diff`'s JSON sets `group`'s collectives alone side by side, inside `ops` F
     and `ops` B ops of both traces, each side's median wait above 0."""
@@ -268,9 +259,10 @@ def diff_with_simulation(run: Any, costs: Path, tmp_path: Path) -> dict[str, Any
     simulation from `costs` with the launch's own flags: the JSON it prints."""
     argv = [a.replace("{tmp}", str(run.tmp)) for a in run.argv]
     sim = tmp_path / "sim.json"
-    r = ppsim_cli("simulate", "--costs", str(costs), *argv, "--trace", str(sim), "--json")
-    assert r.returncode == 0, r.stderr
-    d = ppsim_cli("diff", str(run.tmp / "out" / "trace.json"), str(sim), "--json")
-    assert d.returncode == 0, d.stderr
-    return json.loads(d.stdout)
+    code, _, err = run_main(["simulate", "--costs", str(costs), *argv, "--trace", str(sim),
+                             "--json"])
+    assert code == 0, err
+    code, out, err = run_main(["diff", str(run.tmp / "out" / "trace.json"), str(sim), "--json"])
+    assert code == 0, err
+    return json.loads(out)
 

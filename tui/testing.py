@@ -13,10 +13,18 @@ SIZE = (120, 40)
 
 
 async def settle(pilot: Any) -> None:
-    """Wait until every worker (simulation, planner) finished and the screen caught up."""
+    """Wait until every worker (simulation, planner) finished and the screen caught up:
+    again while a pause started another (the app starts a large state's simulation after
+    the next refresh, which a pause brings)."""
+    from textual.worker import WorkerState
+
     await pilot.pause()
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
+    while True:
+        await pilot.app.workers.wait_for_complete()
+        await pilot.pause()
+        if not any(w.state in (WorkerState.PENDING, WorkerState.RUNNING)
+                   for w in pilot.app.workers):
+            return
 
 
 async def settle_until(pilot: Any, done: Any, timeout_s: float = 120.0) -> None:

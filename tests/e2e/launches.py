@@ -475,3 +475,11 @@ class Pool:
         if name not in self.done:
             self.done[name] = launch(name, self.folder(name))
         return self.done[name]
+
+    @staticmethod
+    def cli(*argv: str) -> subprocess.CompletedProcess:
+        """`ppsim ARGV` from the repository root, forked from this process as the
+        launches are (one thread a process; ppsim profile forks its own processes)."""
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        rc, out, err, _ = _run(list(argv), ROOT, env, watch=False)
+        return subprocess.CompletedProcess(["ppsim", *argv], rc, out, err)

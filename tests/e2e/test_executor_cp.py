@@ -16,7 +16,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from helpers import assert_collectives_compared, between_ops_peaks, diff_with_simulation, ppsim_cli  # noqa: E402
+from helpers import (  # noqa: E402
+    assert_collectives_compared,
+    between_ops_peaks,
+    diff_with_simulation,
+    run_main,
+)
 from launches import Pool  # noqa: E402
 
 from ppsim.cli.flags import config_from_args  # noqa: E402
@@ -116,7 +121,7 @@ def cp_costs(tmp_path_factory: pytest.TempPathFactory, launches: Pool) -> tuple[
     holding its chunks of the sequence."""
     run = launches.get("cp2-1f1b")
     out = tmp_path_factory.mktemp("cp-profile") / "costs.json"
-    r = ppsim_cli("profile", "--cp", "2", "--config", str(run.tmp / "cp.toml"),
+    r = launches.cli("profile", "--cp", "2", "--config", str(run.tmp / "cp.toml"),
                   "--microbatches", "4", "--repeats", "3", "--warmup", "1",
                   "--out", str(out), "--json")  # P2P measured: the gathers' link
     assert r.returncode == 0, r.stderr
@@ -138,8 +143,9 @@ def test_profile_measures_a_context_parallel_rank(cp_costs, launches: Pool) -> N
     want = between_ops_peaks([*_argv(run), "--costs", str(path)])
     analytic = between_ops_peaks(_argv(run))
     assert want == pytest.approx(analytic, rel=0.005)
-    one = ppsim_cli("simulate", "--costs", str(path), "--config", str(run.tmp / "cp.toml"))
-    assert one.returncode == 2 and "model.cp" in one.stderr
+    code, _, err = run_main(["simulate", "--costs", str(path), "--config",
+                             str(run.tmp / "cp.toml")])
+    assert code == 2 and "model.cp" in err
 
 
 def test_diff_compares_a_context_parallel_run_with_its_simulation(launches: Pool, cp_costs,

@@ -13,7 +13,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from helpers import assert_collectives_compared, between_ops_peaks, diff_with_simulation, ppsim_cli  # noqa: E402
+from helpers import (  # noqa: E402
+    assert_collectives_compared,
+    between_ops_peaks,
+    diff_with_simulation,
+    run_main,
+)
 from launches import MOE_TOML, Pool  # noqa: E402
 
 from ppsim.cli.flags import config_from_args  # noqa: E402
@@ -170,15 +175,16 @@ def test_experts_split_over_some_of_the_ranks(case: str, pp: int, launches: Pool
 
 
 @pytest.fixture(scope="module")
-def ep_costs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
+def ep_costs(tmp_path_factory: pytest.TempPathFactory, launches: Pool
+             ) -> tuple[Path, Path, dict]:
     """`ppsim profile` of the MoE at ep 2 (dp 2): two gloo processes, each holding half
     the experts, its MoE layers timed with their all-to-alls."""
     d = tmp_path_factory.mktemp("ep-profile")
     cfg, out = d / "moe-ep.toml", d / "costs.json"
     cfg.write_text(MOE_TOML + "ep = 2\n")
     # (P2P measured: the link the simulator prices the all-to-alls on)
-    r = ppsim_cli("profile", "--config", str(cfg), "--dp", "2", "--microbatches", "4", "--repeats",
-             "2", "--warmup", "1", "--out", str(out), "--json")
+    r = launches.cli("profile", "--config", str(cfg), "--dp", "2", "--microbatches", "4",
+                     "--repeats", "2", "--warmup", "1", "--out", str(out), "--json")
     assert r.returncode == 0, r.stderr
     return cfg, out, json.loads(r.stdout)
 
@@ -202,8 +208,9 @@ def test_profile_measures_each_rank_with_its_share_of_the_experts(ep_costs) -> N
     held_elsewhere = 3 * (4 - 4 // EP) * h * 96  # gate, up, down of the other experts
     assert [w - m for w, m in zip(at_ep1, measured, strict=True)] == [0, held_elsewhere] * 4
     # the file is for ep 2 alone
-    one = ppsim_cli("simulate", "--costs", str(path), "--config", str(whole), "--dp", "2")
-    assert one.returncode == 2 and "ep" in one.stderr
+    code, _, err = run_main(["simulate", "--costs", str(path), "--config", str(whole),
+                             "--dp", "2"])
+    assert code == 2 and "ep" in err
 
 
 def test_diff_compares_an_expert_parallel_run_with_its_simulation(ep_costs, launches: Pool,

@@ -13,7 +13,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from helpers import assert_collectives_compared, between_ops_peaks, diff_with_simulation, ppsim_cli  # noqa: E402
+from helpers import (  # noqa: E402
+    assert_collectives_compared,
+    between_ops_peaks,
+    diff_with_simulation,
+    run_main,
+)
 from launches import Pool  # noqa: E402
 
 from ppsim.cli.flags import config_from_args  # noqa: E402
@@ -144,11 +149,11 @@ def test_a_hybrid_stack_splits_as_it_runs_whole(launches: Pool) -> None:
 
 
 @pytest.fixture(scope="module")
-def tp_costs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+def tp_costs(tmp_path_factory: pytest.TempPathFactory, launches: Pool) -> tuple[Path, dict]:
     """`ppsim profile --tp 2`: the pieces in two gloo processes, each holding its shard."""
     out = tmp_path_factory.mktemp("tp-profile") / "costs.json"
-    r = ppsim_cli("profile", "--tp", "2", "--microbatches", "4", "--repeats", "3", "--warmup", "1",
-             "--no-p2p", "--out", str(out), "--json")
+    r = launches.cli("profile", "--tp", "2", "--microbatches", "4", "--repeats", "3",
+                     "--warmup", "1", "--no-p2p", "--out", str(out), "--json")
     assert r.returncode == 0, r.stderr
     return out, json.loads(r.stdout)
 
@@ -164,11 +169,12 @@ def test_profile_measures_the_tensor_parallel_collectives(tp_costs) -> None:
         assert 0 < c[key] < 1e3
     # The file is for the tp 2 model: its sharded layers, loadable only at tp 2.
     assert doc["model"]["tp"] == 2
-    one = ppsim_cli("simulate", "--costs", str(path), "--tp", "1", "--json")
-    assert one.returncode == 2 and "tp" in one.stderr
+    code, _, err = run_main(["simulate", "--costs", str(path), "--tp", "1", "--json"])
+    assert code == 2 and "tp" in err
     # ... and with sequence parallelism, as the processes ran it
-    whole = ppsim_cli("simulate", "--costs", str(path), "--tp", "2", "--no-sequence-parallel")
-    assert whole.returncode == 2 and "model.sequence_parallel" in whole.stderr
+    code, _, err = run_main(["simulate", "--costs", str(path), "--tp", "2",
+                             "--no-sequence-parallel"])
+    assert code == 2 and "model.sequence_parallel" in err
 
 
 def test_diff_compares_a_tensor_parallel_run_with_its_simulation(launches: Pool, tp_costs,

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 
+from helpers import run_main  # noqa: E402
 from launches import Pool  # noqa: E402
 
 from ppsim.cli.main import main
@@ -21,19 +20,19 @@ from ppsim.costs.mixers import mixer_params
 from ppsim.trace.schema import read_trace  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 pytestmark = pytest.mark.e2e
 
 
-def ppsim(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ppsim.cli", *args], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=timeout)
+def ppsim(*args: str) -> subprocess.CompletedProcess:
+    """`ppsim ARGS` in this process."""
+    code, out, err = run_main(list(args))
+    return subprocess.CompletedProcess(["ppsim", *args], code, out, err)
 
 
 @pytest.fixture(scope="module")
-def profiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+def profiled(tmp_path_factory: pytest.TempPathFactory, launches: Pool) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("profile") / "costs.json"
-    r = ppsim("profile", "--out", str(out), "--repeats", "5", "--warmup", "1", "--json")
+    r = launches.cli("profile", "--out", str(out), "--repeats", "5", "--warmup", "1", "--json")
     assert r.returncode == 0, r.stderr
     return out, json.loads(r.stdout)
 

@@ -17,16 +17,23 @@ from ppsim.costs.model import least_busy_ms
 from ppsim.job.choice import reachable_ms
 from ppsim.pipeline.problem import build_problem, model_costs
 
+GPT_OSS_64 = ["--preset", "gpt-oss-120b", "--hardware", "h100-80gb", "--gpus", "64",
+              "--global-batch-size", "256", "--time-budget", "10"]
 
-def test_the_search_finds_the_shape_an_uneven_split_helps_most() -> None:
+
+@pytest.fixture(scope="module")
+def gpt_oss_plan() -> dict:
+    """`ppsim plan` of gpt-oss-120b on 64 GPUs (long shots planned): its JSON."""
+    code, out, err = run_main(["plan", *GPT_OSS_64, "--json"])
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_the_search_finds_the_shape_an_uneven_split_helps_most(gpt_oss_plan: dict) -> None:
     """gpt-oss-120b's 201,088-word head weighs on the last of 8 stages at the even split,
     so pp 8 ranked below pp 4 with 4 chunks a rank, and only the latter's kind were
     planned; the search answered tp1 ep16 pp4 vpp4 at 2,045 ms."""
-    code, out, err = run_main(["plan", "--preset", "gpt-oss-120b", "--hardware", "h100-80gb",
-                               "--gpus", "64", "--global-batch-size", "256",
-                               "--time-budget", "10", "--json"])
-    assert code == 0, err
-    res = json.loads(out)
+    res = gpt_oss_plan
     best = res["best"]
     assert (best["pp"], best["vpp"]) == (8, 1)
     assert best["split_planned"] and best["long_shot"]
@@ -38,9 +45,7 @@ def test_the_search_finds_the_shape_an_uneven_split_helps_most() -> None:
 
 
 def test_the_plan_says_what_the_long_shots_came_to() -> None:
-    code, out, err = run_main(["plan", "--preset", "gpt-oss-120b", "--hardware", "h100-80gb",
-                               "--gpus", "64", "--global-batch-size", "256", "--pp", "8",
-                               "--time-budget", "10"])
+    code, out, err = run_main(["plan", *GPT_OSS_64, "--pp", "8"])
     assert code == 0, err
     said = re.search(r"(\d+) long shots? planned \(.*?\): (the best is one|none beat the "
                      r"best)", " ".join(out.split()))
@@ -107,7 +112,7 @@ def test_only_the_long_shots_the_budget_left_time_for_count_as_planned() -> None
     assert all(r.long_shot for r in planned)
 
 
-def test_long_shots_only_add_plans_and_here_a_faster_one() -> None:
+def test_long_shots_only_add_plans_and_here_a_faster_one(gpt_oss_plan: dict) -> None:
     from ppsim.cli.flags import config_from_args
     from ppsim.cli.main import build_parser
     from ppsim.job.search import search_job
@@ -116,9 +121,9 @@ def test_long_shots_only_add_plans_and_here_a_faster_one() -> None:
         ["plan", "--preset", "gpt-oss-120b", "--hardware", "h100-80gb"]))
     without = search_job(cfg, 64, 256, budget_s=10, shots=False)
     assert without.long_shots == 0 and not any(r.long_shot for r in without.candidates)
-    with_ = search_job(cfg, 64, 256, budget_s=10)
-    best = [next(r for r in res.candidates if r.summary.fits) for res in (without, with_)]
-    assert best[1].long_shot
-    assert best[1].summary.iteration_time_ms < best[0].summary.iteration_time_ms
+    best_without = next(r for r in without.candidates if r.summary.fits)
+    with_ = gpt_oss_plan["best"]
+    assert with_["long_shot"]
+    assert with_["iteration_time_ms"] < best_without.summary.iteration_time_ms
     # the same shapes simulated either way: long shots come after
-    assert with_.evaluated == without.evaluated
+    assert gpt_oss_plan["evaluated"] == without.evaluated
