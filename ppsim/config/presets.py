@@ -111,6 +111,13 @@ MODEL_PRESETS: dict[str, dict] = {
         linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
         vocab_size=151936, seq_length=4096, micro_batch_size=1, ep=8, recompute="selective",
         qk_layernorm=True, attention_output_gate=True, shared_expert_gate=True),
+    "qwen3.5-397b-a17b": dict(
+        hybrid_layer_pattern="GEGEGE*E" * 15, num_layers=120, hidden_size=4096, num_heads=32,
+        num_kv_heads=2, head_dim=256, ffn_hidden_size=10240, num_experts=512, top_k=10,
+        moe_ffn_hidden_size=1024, shared_experts=1, linear_num_key_heads=16,
+        linear_num_value_heads=64, linear_key_head_dim=128, linear_value_head_dim=128,
+        vocab_size=248320, seq_length=4096, micro_batch_size=1, ep=64, recompute="selective",
+        qk_layernorm=True, attention_output_gate=True, shared_expert_gate=True),
 }
 
 MODEL_NOTES: dict[str, str] = {
@@ -160,6 +167,12 @@ MODEL_NOTES: dict[str, str] = {
     "80B, 3B active); Megatron-Bridge builds it as a GPT model, which splits by decoder "
     "layer: --num-layers 48 --experimental-attention-variant gated_delta_net "
     "--linear-attention-freq 4 --mtp-num-layers 1 after the preset",
+    "qwen3.5-397b-a17b": "Qwen3.5-397B-A17B's decoder: 45 GatedDeltaNet (64 value heads) + "
+    "15 gated attention layers, each with a MoE (512 experts top-10, 1,024 wide, + 1 gated "
+    "shared), vocab 248,320, ep 64: 8 experts a GPU (Megatron-LM's MIMO example, "
+    "get_qwen35_language_model_config, which sets no MTP; 397B, 17B active); as Bridge's "
+    "GPT model: --num-layers 60 --experimental-attention-variant gated_delta_net "
+    "--linear-attention-freq 4 after the preset",
 }
 
 

@@ -301,6 +301,18 @@ def test_nemotron_3_nano_counts_match_its_report():
     assert tuple(kinds.count(k) for k in ("mamba", "moe-mlp", "attention")) == (23, 23, 6)
 
 
+def test_qwen3_5_counts_match_its_name_and_megatrons_config():
+    """Qwen3.5-397B-A17B: 397B parameters, 17B active a token (the name); Megatron-LM's
+    MIMO example (get_qwen35_language_model_config) builds 60 layers, a full attention
+    after every three GatedDeltaNet, each with a MoE of 512 experts."""
+    arch = parse_model({"preset": "qwen3.5-397b-a17b"}).arch  # type: ignore[union-attr]
+    counts = model_params(arch)
+    assert counts.total == pytest.approx(397e9, rel=0.01)
+    assert counts.active == pytest.approx(17e9, rel=0.03)  # the embedding table counted
+    kinds = parse_pattern(MODEL_PRESETS["qwen3.5-397b-a17b"]["hybrid_layer_pattern"]).kinds
+    assert tuple(kinds.count(k) for k in ("gdn", "attention", "moe-mlp")) == (45, 15, 60)
+
+
 def test_nemotron_h_layer_mix_matches_its_paper():
     # arXiv 2504.03624: 8B has 24 Mamba-2, 24 MLP and 4 attention layers; 56B 54, 54, 10.
     for name, want in (("nemotron-h-8b", (24, 24, 4)), ("nemotron-h-56b", (54, 54, 10))):
