@@ -74,6 +74,9 @@ class SplitSearch:
         self.eval_s = 0.0
         """Wall time of the latest evaluation: what one more is expected to cost."""
         self.patterns = [self._memory_pattern(r) for r in range(self.pp)]
+        self._maximal = [maximal(recs) for recs in self.patterns]
+        """Per rank: the records no other record matches or exceeds in every count, the
+        only ones a peak of non-negative bytes can come from (_peak)."""
         self._caps = [tuple(map(max, zip(*recs, strict=True))) if recs else (0,) * 3 * self.vpp
                       for recs in self.patterns]
         """Per rank: each count's largest value over its records (rank_peak_cap)."""
@@ -199,7 +202,8 @@ class SplitSearch:
     def _peak(self, r: int, act: list[int], keep: list[int], transient: list[int]) -> int:
         n = len(act)
         best = 0
-        for rec in self.patterns[r]:
+        records = self._maximal[r] if min(*act, *keep, *transient) >= 0 else self.patterns[r]
+        for rec in records:
             v = 0
             for i in range(n):
                 v += rec[i] * act[i] + rec[n + i] * keep[i] + rec[2 * n + i] * transient[i]
@@ -280,3 +284,14 @@ class SplitSearch:
             if best is None or worst.peak_memory_bytes < best[0]:
                 best = (worst.peak_memory_bytes, worst.rank)
         return best
+
+
+def maximal(records: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """The records no other one matches or exceeds in every count (one of equal ones
+    kept): a weighted sum with weights >= 0 takes its maximum over these alone. Largest
+    total first, so a record is only checked against those that could cover it."""
+    kept: list[tuple[int, ...]] = []
+    for rec in sorted(set(records), key=sum, reverse=True):
+        if not any(all(a >= b for a, b in zip(k, rec, strict=True)) for k in kept):
+            kept.append(rec)
+    return kept
