@@ -77,6 +77,9 @@ class SplitSearch:
         self._maximal = [maximal(recs) for recs in self.patterns]
         """Per rank: the records no other record matches or exceeds in every count, the
         only ones a peak of non-negative bytes can come from (_peak)."""
+        self._inflight = [max((sum(rec[:self.vpp]) for rec in recs), default=0)
+                          for recs in self.patterns]
+        """Per rank: the most microbatches it holds at once, whatever the split."""
         self._caps = [tuple(map(max, zip(*recs, strict=True))) if recs else (0,) * 3 * self.vpp
                       for recs in self.patterns]
         """Per rank: each count's largest value over its records (rank_peak_cap)."""
@@ -247,8 +250,7 @@ class SplitSearch:
         for r in range(self.pp):
             rc = [costs[s] for s in self.rank_stages[r]]
             statics[r] = sum(c.static_bytes for c in rc)
-            inflight = max((sum(rec[:self.vpp]) for rec in self.patterns[r]), default=0)
-            peaks.append((self.rank_peak(r, rc), inflight))
+            peaks.append((self.rank_peak(r, rc), self._inflight[r]))
             layers.append(sum(counts[s] for s in self.rank_stages[r]))
         last = [e[-1] if e else 0.0 for e in ends]
         hw = self.problem.hardware
