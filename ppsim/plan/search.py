@@ -205,7 +205,8 @@ class SplitSearch:
     def _peak(self, r: int, act: list[int], keep: list[int], transient: list[int]) -> int:
         n = len(act)
         best = 0
-        records = self._maximal[r] if min(*act, *keep, *transient) >= 0 else self.patterns[r]
+        records = self._maximal[r] if min((*act, *keep, *transient), default=0) >= 0 \
+            else self.patterns[r]
         for rec in records:
             v = 0
             for i in range(n):
