@@ -11,7 +11,7 @@ from typing import Any
 
 from ppsim.job.ranks import Sizes, pipeline_rank
 from ppsim.job.throughput import Throughput
-from ppsim.trace.joblog import LoggedRun
+from ppsim.trace.joblog import LoggedRun, memory_measure
 
 _UNITS = {"iteration_ms": ("iteration", "ms", ",.1f"),
           "samples_per_s": ("", "samples/s", ",.2f"),
@@ -51,15 +51,12 @@ class LogComparison:
     """(logged, simulated) where they differ: the two are not the same job."""
     memory: tuple[StageMemory, ...] = ()
     """Each pipeline rank some rank of which reported its memory."""
-    memory_measure: str = "max allocated"
-    """What the logged peaks measure: "max allocated", or torchtitan's "max reserved"
-    (the allocator's cached segments too, so the simulated peak reads below it)."""
     rank_beyond: tuple[int, int] | None = None
     """(a rank the log reports memory for, the simulated job's GPUs) where that rank is
     not in the simulated job: not the same job, and no stage compared."""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "memory_measure": memory_measure(self.framework)}
 
 
 def _simulated(framework: str, iteration_ms: float, t: Throughput | None,
@@ -107,8 +104,7 @@ def compare(run: LoggedRun, iteration_ms: float, t: Throughput | None,
                          error={k: simulated[k] / v - 1 for k, v in logged.items()},
                          global_batch_sizes=(int(gbs), global_batch_size)
                          if gbs and global_batch_size and gbs != global_batch_size else None,
-                         memory=memory, memory_measure=run.memory_measure,
-                         rank_beyond=rank_beyond)
+                         memory=memory, rank_beyond=rank_beyond)
 
 
 def _value(name: str, v: float) -> str:
@@ -137,7 +133,8 @@ def memory_line(c: LogComparison) -> str | None:
     """The stages' peaks, logged / simulated GB (10^9 bytes); None where none was logged."""
     if not c.memory:
         return None
-    return (f"peak memory by pipeline rank (the log's {c.memory_measure} / simulated, GB): "
+    measure = memory_measure(c.framework)
+    return (f"peak memory by pipeline rank (the log's {measure} / simulated, GB): "
             + ", ".join(f"r{m.pipeline_rank} {m.logged_bytes / 1e9:.1f} / "
                         f"{m.simulated_bytes / 1e9:.1f} ({m.error:+.1%})" for m in c.memory))
 

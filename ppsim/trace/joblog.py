@@ -102,9 +102,7 @@ class LoggedRun:
     max_allocated: dict[int, float] = field(default_factory=dict)
     """Megatron's `max allocated` per global rank that reported it, in bytes (the largest
     report: the one after the optimizer's state exists); DeepSpeed's rank 0's, and
-    torchtitan's most reserved on rank 0 (`memory_measure`)."""
-    memory_measure: str = "max allocated"
-    """What the log's peaks measure: "max allocated", or torchtitan's "max reserved"."""
+    torchtitan's most reserved on rank 0 (what each measures: memory_measure)."""
 
     def median(self, name: str) -> float | None:
         """The median of one field over the steady lines that print it."""
@@ -169,11 +167,15 @@ def logged_run(lines: Iterable[str], path: str = "log") -> LoggedRun:
         frameworks = {first}
         steps = [s for s in steps if s.framework == first]
     left_out = 1 if len(steps) > 1 else 0
-    framework = frameworks.pop()
-    return LoggedRun(framework=framework, steps=tuple(steps[left_out:]),
-                     left_out=left_out, max_allocated=memory,
-                     memory_measure="max reserved" if framework == "torchtitan"
-                     else "max allocated")
+    return LoggedRun(framework=frameworks.pop(), steps=tuple(steps[left_out:]),
+                     left_out=left_out, max_allocated=memory)
+
+
+def memory_measure(framework: str) -> str:
+    """What a framework's logged peaks measure: torchtitan's are the most reserved (the
+    allocator's cached segments too, so a simulated peak reads below them), the others'
+    the most allocated."""
+    return "max reserved" if framework == "torchtitan" else "max allocated"
 
 
 def read_job_log(path: str) -> LoggedRun:
