@@ -13,12 +13,13 @@ setup:
 demo: setup
 	.venv/bin/ppsim demo
 
-# Every test on two workers: the real torchrun launches (tests/e2e, pooled by
-# launches.py) run in order on one worker while the other takes the in-process tests
-# (tests/conftest.py's scheduler). A third worker is faster on a quiet machine, but
-# the plan tests whose time budget bounds their search then see a third of a core.
+# Every test on three workers: the real torchrun launches (tests/e2e, pooled by
+# launches.py) run in order on one worker, whose ranks wait on each other part of the
+# time, while the other two take the in-process tests (tests/conftest.py's scheduler).
+# A worker then sees two thirds of a core or less: the plan tests give budgets their
+# searches finish within at a third of one.
 test: setup
-	OMP_NUM_THREADS=1 .venv/bin/python -m pytest -n 2 tests/e2e tests/unit tests/property \
+	OMP_NUM_THREADS=1 .venv/bin/python -m pytest -n 3 tests/e2e tests/unit tests/property \
 		tests/tui
 	.venv/bin/ruff check .
 

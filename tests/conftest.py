@@ -20,7 +20,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.hookimpl(optionalhook=True)  # without xdist (-p no:xdist) the hook is unknown
 def pytest_xdist_make_scheduler(config, log):  # noqa: ANN001, ANN201 - xdist's hook
-    """`pytest -n 2`: the e2e tests are one unit of work, run in order on one worker (they
+    """`pytest -n 3`: the e2e tests are one unit of work, run in order on one worker (they
     share its pool of launches, tests/e2e/launches.py), the largest unit so the first
     sent; every other test module is a unit of its own, for whichever worker is free, so
     its module-scoped fixtures are built once."""

@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import Any
 
 from ppsim.config import validate
+from ppsim.config.memo import frozen_items
 from ppsim.config.presets import MODEL_PRESETS
 from ppsim.costs.arch import Architecture
 from ppsim.costs.hybrid import model_counts
@@ -112,10 +113,23 @@ class TransformerModel:
         return out
 
     def with_fields(self, changes: dict[str, Any]) -> UniformModel | TransformerModel:
-        return parse_model({**self.to_dict(), **one_sharding(changes)})
+        key = frozen_items(changes)
+        if key is None:  # a value no key can hold (a list): parsed uncached
+            return parse_model({**self.to_dict(), **one_sharding(changes)})
+        return _with_fields(self, key)
 
 
 Model = UniformModel | TransformerModel
+
+
+@lru_cache(maxsize=4096)
+def _with_fields(model: TransformerModel, changes: tuple[tuple[str, type, Any], ...]
+                 ) -> UniformModel | TransformerModel:
+    """TransformerModel.with_fields, parsed once per model and changes (parse_model is a
+    pure function of the table): a job search asks for the same sizes of one model for
+    every pipeline shape. A refusal raises again each time (exceptions are not cached)."""
+    given = {k: v for k, _, v in changes}
+    return parse_model({**model.to_dict(), **one_sharding(given)})
 
 
 def arch_fields(a: Architecture) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ppsim.config.memo import value_key
 from ppsim.config.validate import (
     MAX_BYTES,
     MAX_MS,
@@ -16,9 +17,24 @@ from ppsim.config.validate import (
 )
 from ppsim.errors import UserError
 
+_CHECKED: set[tuple[Any, ...]] = set()
+"""The HardwareConfig values `hardware` passed (a job search checks one per shape)."""
+
 
 def hardware(hw: Any) -> None:
-    """Every [hardware] number finite and in range (a HardwareConfig)."""
+    """Every [hardware] number finite and in range (a HardwareConfig); values that passed
+    once pass again without the checks."""
+    key = value_key(hw)
+    if key is not None and key in _CHECKED:
+        return
+    _check(hw)
+    if key is not None:
+        if len(_CHECKED) >= 256:  # a bound: a session rarely sees more than a few
+            _CHECKED.clear()
+        _CHECKED.add(key)
+
+
+def _check(hw: Any) -> None:
     number("hardware.memory_bytes", hw.memory_bytes, lo=0.0, lo_open=True, hi=MAX_BYTES,
            fix="give the memory one rank may use, e.g. 80e9 (--memory-gb 80)")
     number("hardware.p2p_latency_ms", hw.p2p_latency_ms, hi=MAX_MS,
