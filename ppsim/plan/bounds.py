@@ -18,12 +18,9 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable
-from typing import NamedTuple
 
 from ppsim.costs.model import LayerCost, StageCost, least_busy_ms
-from ppsim.pipeline import messages
 from ppsim.plan.search import Deadline, SplitSearch
-from ppsim.sim.evaluate import list_schedule
 
 INF = float("inf")
 ROUNDING = 1 - 1e-12  # stay below the float-rounded true time
@@ -280,65 +277,6 @@ class WaterFill:
             if h <= nxt:
                 return max(placed_max, h)
         return max(placed_max, (pour + total) / n)
-
-
-class _Sub(NamedTuple):
-    """The part of a compiled schedule list_schedule reads."""
-
-    kind: list[tuple[str, ...]]
-    wait_key: list[tuple[int, ...]]
-    send_key: list[tuple[int, ...]]
-
-
-def prefix_time(paths: PathBounds, counts: list[int]) -> float:
-    """Exact time of a relaxation: stages 0..k-1 as placed, the rest free of ranks.
-
-    The unplaced stages (always the last ones: the search places stages in
-    order) are dropped from their ranks and replaced by one delay: a
-    microbatch's forward through all of them and its gradient back take their
-    summed F and B time (known from the layers left, whatever the split)
-    without waiting for any rank. Dropping constraints only makes ops start
-    earlier, so this never exceeds the real time; it captures every
-    interaction among the placed stages (such as several equally loaded ranks
-    in a row). Cost: one list schedule of the placed ops.
-    """
-    k = len(counts)
-    s = paths.s
-    pos, costs = 0, []
-    for i, n in enumerate(counts):
-        costs.append(s.stage(pos, n, i))
-        pos += n
-    head = s.costs.head
-    rest_f = paths.pre_f[-1] - paths.pre_f[pos] + head.forward_ms
-    rest_b = paths.pre_b[-1] - paths.pre_b[pos] + paths.bpart(head)
-    trip = rest_f + rest_b + 2 * (paths.pre_d[-1] - paths.pre_d[k - 1])  # k-1 -> end -> k-1
-    dur = {kd: [0.0] * k for kd in "FBW"}
-    for i, c in enumerate(costs):
-        cut = c.pair_saving_ms  # as short as in a pair; pairs' constraints dropped too
-        dur["F"][i], dur["B"][i] = c.forward_ms - cut, paths.bpart(c) - cut
-        dur["W"][i] = c.weight_grad_ms if s.split_bw else 0.0
-    kinds, waits, sends, durations, delays = [], [], [], [], []
-    for r in range(s.pp):
-        k_, w_, s_, du_, dl_ = [], [], [], [], []
-        for a, kd, wk, sk, sdl in zip(s.sched.actions[r], s.compiled.kind[r],
-                                      s.compiled.wait_key[r], s.compiled.send_key[r],
-                                      s.send_delay[r], strict=True):
-            if a.stage >= k:
-                continue  # an unplaced stage: part of the free delay
-            if a.stage == k - 1 and kd == "F":  # straight back to its own B
-                sk, sdl = messages.key(a.stage, a.microbatch, True, s.m), trip
-            k_.append(kd)
-            w_.append(wk)
-            s_.append(sk)
-            du_.append(dur[kd][a.stage])
-            dl_.append(sdl)
-        kinds.append(tuple(k_))
-        waits.append(tuple(w_))
-        sends.append(tuple(s_))
-        durations.append(du_)
-        delays.append(dl_)
-    _, ends = list_schedule(_Sub(kinds, waits, sends), durations, delays)  # type: ignore[arg-type]
-    return max((e[-1] for e in ends if e), default=0.0) * ROUNDING
 
 
 def least_largest_run(weights: list[float], parts: int) -> float:

@@ -28,9 +28,10 @@ from ppsim.costs.model import StageCost
 from ppsim.pipeline.problem import Problem
 from ppsim.pipeline.split import Split, even_counts, split_from_counts
 from ppsim.plan.baselines import smallest_peak
-from ppsim.plan.bounds import OneChunkBound, PathBounds, WaterFill, prefix_time
+from ppsim.plan.bounds import OneChunkBound, PathBounds, WaterFill
 from ppsim.plan.floor import MemoryFloor
 from ppsim.plan.local import improve
+from ppsim.plan.prefix import PrefixTimes
 from ppsim.plan.search import Deadline, SplitSearch
 from ppsim.sim.summary import Summary
 
@@ -116,6 +117,7 @@ class BranchAndBound:
         s = self.search
         self.offered: set[tuple[int, ...]] = set()
         self.paths = PathBounds(s)
+        self.prefix_time = PrefixTimes(self.paths)
         self.water = WaterFill(s)
         self.terms = OneChunkBound(s, self.paths) if s.vpp == 1 else None
         self.dp_ready = False
@@ -289,7 +291,7 @@ class BranchAndBound:
                 continue
             # The costlier, much tighter bound: simulate the placed ranks
             # exactly with the rest of the pipeline as a free delay.
-            nb = max(nb, prefix_time(self.paths, counts))
+            nb = max(nb, self.prefix_time(counts))
             if self._prunable(nb, child_mem):
                 continue
             if s.vpp > 1 and s.floors.completion(costs, pos) > s.memory:

@@ -16,8 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_simpy_engine import assert_same, placed
 
-from ppsim.plan.bounds import PathBounds, prefix_time
+from ppsim.plan.bounds import PathBounds
 from ppsim.plan.planner import plan
+from ppsim.plan.prefix import prefix_time
 from ppsim.plan.search import SplitSearch
 from ppsim.schedules.actions import B, F
 from ppsim.schedules.generators import build_schedule

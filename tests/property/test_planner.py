@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from ppsim.cli.main import main
 from ppsim.pipeline.split import split_from_counts
-from ppsim.plan.bounds import PathBounds, prefix_time
+from ppsim.plan.bounds import PathBounds
 from ppsim.plan.planner import plan
+from ppsim.plan.prefix import prefix_time
 from ppsim.plan.search import SplitSearch
 from ppsim.sim.simulate import simulate
 
@@ -207,3 +208,61 @@ def test_search_axes_include_the_configured_point(tmp_path, capsys):
     assert data["best"]["iteration_time_ms"] <= min(
         v["best"]["iteration_time_ms"] for v in data["variants"] if v["best"])
     assert main(["plan", "--config", str(cfg), "--search", "colour"]) == 2
+
+
+def _prefix_time_by_hand(paths: PathBounds, counts: list[int]) -> float:
+    """The relaxation scheduled op by op, as its docstring defines it: stages 0..k-1 on
+    their ranks, each later stage's ops dropped, stage k-1's forward messages sent
+    straight back to its own backward after the rest's F and B and the hops there and
+    back."""
+    from ppsim.pipeline import messages
+    from ppsim.plan.bounds import ROUNDING
+    from ppsim.sim.evaluate import list_schedule
+
+    s, k = paths.s, len(counts)
+    costs, pos = [], 0
+    for i, n in enumerate(counts):
+        costs.append(s.stage(pos, n, i))
+        pos += n
+    trip = (paths.pre_f[-1] - paths.pre_f[pos] + s.costs.head.forward_ms
+            + paths.pre_b[-1] - paths.pre_b[pos] + paths.bpart(s.costs.head)
+            + 2 * (paths.pre_d[-1] - paths.pre_d[k - 1]))
+    kinds, waits, sends, durations, delays = [], [], [], [], []
+    for r in range(s.pp):
+        rows = [(a, kd, wk, sk, d) for a, kd, wk, sk, d in zip(
+            s.sched.actions[r], s.compiled.kind[r], s.compiled.wait_key[r],
+            s.compiled.send_key[r], s.send_delay[r], strict=True) if a.stage < k]
+        kinds.append(tuple(kd for _, kd, *_ in rows))
+        waits.append(tuple(wk for _, _, wk, *_ in rows))
+        back = [a.stage == k - 1 and kd == "F" for a, kd, *_ in rows]
+        sends.append(tuple(messages.key(a.stage, a.microbatch, True, s.m) if b else sk
+                           for (a, _, _, sk, _), b in zip(rows, back, strict=True)))
+        delays.append([trip if b else d for (*_, d), b in zip(rows, back, strict=True)])
+        c = [costs[a.stage] for a, *_ in rows]
+        durations.append([
+            x.forward_ms - x.pair_saving_ms if kd == "F"
+            else paths.bpart(x) - x.pair_saving_ms if kd == "B"
+            else (x.weight_grad_ms if s.split_bw else 0.0)
+            for x, (_, kd, *_) in zip(c, rows, strict=True)])
+
+    class Sub:  # what list_schedule reads of a compiled schedule
+        kind, wait_key, send_key = kinds, waits, sends
+
+    _, ends = list_schedule(Sub, durations, delays)  # type: ignore[arg-type]
+    return max((e[-1] for e in ends if e), default=0.0) * ROUNDING
+
+
+@settings(max_examples=40)
+@given(small_problems(), st.data())
+def test_prefix_times_from_kept_templates_equal_the_relaxation_scheduled_by_hand(problem, data):
+    """The planner's prefix times reuse each k's ops (PrefixTimes) across splits: to the
+    last digit what the relaxation gives built afresh, in any order of k."""
+    from ppsim.plan.prefix import PrefixTimes
+
+    paths = PathBounds(SplitSearch(problem))
+    times = PrefixTimes(paths)
+    for _ in range(3):  # other splits through the same templates
+        counts, _ = draw_split(problem, data)
+        ks = data.draw(st.permutations(range(1, problem.split.num_stages)))
+        for k in ks:
+            assert times(list(counts[:k])) == _prefix_time_by_hand(paths, list(counts[:k]))
