@@ -23,9 +23,11 @@ echo "setting up $VENV (torch, simpy, textual, ...); log in $log" >&2
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   pip install "${PPSIM_TORCH:-torch==2.13.0}"
 fi
-# Byte-compile the torch modules a run imports, on the core pip leaves idle: otherwise
-# the test workers each compile them on their first import (11 s of CPU apiece).
-"$VENV/bin/python" -c "import torch, torch._dynamo" >>"$log" 2>&1 &
+# Byte-compile the torch modules a run imports (torchrun's and pipelining's too), on the
+# core pip leaves idle: otherwise the test workers each compile them on their first
+# import (11 s of CPU apiece).
+"$VENV/bin/python" -c "import torch, torch._dynamo, torch.distributed.run, \
+torch.distributed.pipelining" >>"$log" 2>&1 &
 warm=$!
 pip install -e ".[run,test]"
 wait "$warm" || true
