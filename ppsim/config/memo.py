@@ -22,8 +22,8 @@ def value_key(obj: Any) -> tuple[Any, ...] | None:
     """An object's attributes as a cache key (typed as frozen_items, lists as tuples),
     for a check that only needs to know the values were seen; None when a value is
     still unhashable."""
-    key = tuple((k, _frozen(v)) for k, v in sorted(vars(obj).items()))
-    try:
+    try:  # an object without a __dict__ (slots) has no key either
+        key = tuple((k, _frozen(v)) for k, v in sorted(vars(obj).items()))
         hash(key)
     except TypeError:
         return None
