@@ -378,29 +378,44 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str], watch: bool,
     """`ppsim` with argv in a process forked from this one (torch and ppsim already
     imported: the CLI's own start-up is not what these tests measure); with `watch`,
     every TCP address its process tree listens on meanwhile."""
-    proc = forked.ForkedProcess(_ppsim(argv), env, cwd=str(cwd), stderr_apart=True)
-    out: dict[str, str] = {}
-    readers = [threading.Thread(target=lambda k=k, f=f: out.__setitem__(k, f.read()))
-               for k, f in (("o", proc.stdout), ("e", proc.stderr))]
-    for r in readers:  # drain the pipes while waiting: a full pipe would stall the run
-        r.start()
+    run = Forked(argv, cwd, env)
     seen: set[str] = set()
     end = time.monotonic() + timeout_s
-    while proc.poll() is None and time.monotonic() < end:
+    while run.proc.poll() is None and time.monotonic() < end:
         if watch and shutil.which("ss"):
-            pids = _proc_tree(proc.pid)
+            pids = _proc_tree(run.proc.pid)
             ss = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout
             for line in ss.splitlines():
                 if any(int(p) in pids for p in re.findall(r"pid=(\d+)", line)):
                     seen.add(line.split()[3])
         time.sleep(0.1 if watch else 0.02)
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    for r in readers:
-        r.join(timeout=60)
-    assert proc.returncode is not None
-    return proc.returncode, out.get("o", ""), out.get("e", ""), seen
+    rc, out, err = run.finish(max(0.0, end - time.monotonic()))
+    return rc, out, err, seen
+
+
+class Forked:
+    """`ppsim ARGV` running in a process forked from this one, its pipes drained."""
+
+    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str]) -> None:
+        self.proc = forked.ForkedProcess(_ppsim(argv), env, cwd=str(cwd), stderr_apart=True)
+        self._out: dict[str, str] = {}
+        self._readers = [threading.Thread(target=lambda k=k, f=f: self._out.__setitem__(
+            k, f.read())) for k, f in (("o", self.proc.stdout), ("e", self.proc.stderr))]
+        for r in self._readers:  # drain the pipes while it runs: a full pipe would stall it
+            r.start()
+
+    def finish(self, timeout_s: float) -> tuple[int, str, str]:
+        """Its exit status, stdout and stderr, killed after `timeout_s` more seconds."""
+        end = time.monotonic() + timeout_s
+        while self.proc.poll() is None and time.monotonic() < end:
+            time.sleep(0.02)
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        for r in self._readers:
+            r.join(timeout=60)
+        assert self.proc.returncode is not None
+        return self.proc.returncode, self._out.get("o", ""), self._out.get("e", "")
 
 
 def _prepare(name: str, tmp: Path) -> None:

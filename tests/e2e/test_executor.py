@@ -17,8 +17,6 @@ import argparse
 import json
 import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,7 +25,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from helpers import between_ops_peaks  # noqa: E402
-from launches import EXECUTOR, ONE_F_ONE_B, SPECS, Pool  # noqa: E402
+from launches import EXECUTOR, ONE_F_ONE_B, ROOT, SPECS, Forked, Pool  # noqa: E402
 
 from ppsim.cli.flags import config_from_args
 from ppsim.cli.main import main
@@ -36,7 +34,6 @@ from ppsim.executor.builders import builder_spec, load_builder  # noqa: E402
 from ppsim.executor.reference import reference_step  # noqa: E402
 from ppsim.trace.schema import read_trace  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 CASES = list(EXECUTOR)
 pytestmark = pytest.mark.e2e
 
@@ -315,24 +312,18 @@ def _free_port() -> int:
 
 
 def _two_nodes(tmp_path: Path, *extra: str) -> list[tuple[int, str, str, float]]:
+    """`ppsim run` of a two-node job, one process per node at once, each forked from
+    this one as the pool's launches are (the CLI's start-up is not what is tested)."""
     port = str(_free_port())
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = []
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     t0 = time.monotonic()
-    for node in (0, 1):
-        cmd = [sys.executable, "-m", "ppsim.cli", "run", "--nnodes", "2", "--node-rank",
-               str(node), "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
-               "--master-port", port, "--microbatches", "4", "--iterations", "2",
-               "--trace-dir", str(tmp_path / f"node{node}"), "--timeout-s", "30",
-               # an interpreter per rank, as with --device cuda: that path runs for real
-               "--rank-start", "exec", *extra]
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
-    out = []
-    for p in procs:
-        so, se = p.communicate(timeout=120)
-        out.append((p.returncode, so, se, time.monotonic() - t0))
-    return out
+    nodes = [Forked(["run", "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node",
+                     "1", "--master-addr", "127.0.0.1", "--master-port", port,
+                     "--microbatches", "4", "--iterations", "2", "--trace-dir",
+                     str(tmp_path / f"node{node}"), "--timeout-s", "30",
+                     # an interpreter per rank, as with --device cuda: that path runs for real
+                     "--rank-start", "exec", *extra], ROOT, env) for node in (0, 1)]
+    return [(*n.finish(120), time.monotonic() - t0) for n in nodes]
 
 
 def test_two_torchrun_invocations_form_one_job(tmp_path) -> None:
