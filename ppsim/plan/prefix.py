@@ -119,7 +119,8 @@ def prefix_time(paths: PathBounds, counts: list[int], ops: PlacedOps | None = No
     flat = [c.forward_ms - c.pair_saving_ms for c in costs] \
         + [paths.bpart(c) - c.pair_saving_ms for c in costs] \
         + [c.weight_grad_ms if s.split_bw else 0.0 for c in costs]
-    ops = ops or placed_ops(s, k)
+    if ops is None:
+        ops = placed_ops(s, k)
     durations = [[flat[j] for j in sl] for sl in ops.slots]
     delays = ops.delays
     if any(ops.trips):

@@ -17,8 +17,11 @@ from ppsim.costs.model import least_busy_ms
 from ppsim.job.choice import reachable_ms
 from ppsim.pipeline.problem import build_problem, model_costs
 
+BUDGET_S = 20
+"""The gpt-oss searches' budget: room for the long shots at a third of a core (the
+test command's three workers on two), and one budget for the searches compared."""
 GPT_OSS_64 = ["--preset", "gpt-oss-120b", "--hardware", "h100-80gb", "--gpus", "64",
-              "--global-batch-size", "256", "--time-budget", "20"]
+              "--global-batch-size", "256", "--time-budget", str(BUDGET_S)]
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +122,7 @@ def test_long_shots_only_add_plans_and_here_a_faster_one(gpt_oss_plan: dict) -> 
 
     cfg = config_from_args(build_parser().parse_args(
         ["plan", "--preset", "gpt-oss-120b", "--hardware", "h100-80gb"]))
-    without = search_job(cfg, 64, 256, budget_s=20, shots=False)
+    without = search_job(cfg, 64, 256, budget_s=BUDGET_S, shots=False)
     assert without.long_shots == 0 and not any(r.long_shot for r in without.candidates)
     best_without = next(r for r in without.candidates if r.summary.fits)
     with_ = gpt_oss_plan["best"]
