@@ -173,7 +173,8 @@ def job_plan_dict(res: JobSearch, gpus: int, gbs: int, top: int,
             "candidates": [shape_dict(r) for r in res.candidates[:top]],
             "evaluated": res.evaluated, "total_shapes": res.total, "complete": res.complete,
             "long_shots": res.long_shots,
-            "static_overflows": res.overflowing, "refused": res.refused,
+            "static_overflows": res.overflowing, "floor_overflows": res.over_floor,
+            "refused": res.refused,
             "seconds": res.seconds,
             "static_overflow": None if res.leanest is None else {
                 "shape": res.leanest.shape.label(), "static_bytes": res.leanest.static_bytes}}
@@ -186,12 +187,14 @@ def _shape_cell(r: ShapeResult) -> str:
 
 def unsimulated_text(res: JobSearch) -> str:
     """Why the shapes not simulated were not ('' when every one was)."""
-    bounded = res.total - res.evaluated - res.overflowing - res.refused
-    if not res.complete:
-        return f"; the time budget ran out with {bounded:,} not reached"
+    bounded = res.total - res.evaluated - res.overflowing - res.refused - res.over_floor
+    first = (bounded, "not reached when the time budget ran out") if not res.complete else (
+        bounded, "bounded out (their default split's busiest rank alone is no faster than "
+                 "the top ones)")
     parts = [f"{n:,} {why}" for n, why in (
-        (bounded, "bounded out (their default split's busiest rank alone is no faster than "
-                  "the top ones)"),
+        first,
+        (res.over_floor, "over memory under any split with the activations their schedule "
+                         "holds"),
         (res.overflowing, "over memory on weights, gradients and optimizer states alone"),
         (res.refused, "refused by the model's own checks")) if n]
     return "; " + ", ".join(parts) if parts else ""

@@ -261,6 +261,15 @@ def static_floor_bytes(costs: ModelCosts, pp: int) -> int:
     return -(-stage_cost(costs, 0, costs.num_layers, True, True).static_bytes // pp)
 
 
+def stage_busy_ms(costs: ModelCosts, split: Split) -> list[float]:
+    """Per virtual stage, least_busy_ms of its pieces (the embedding, its layers, the
+    head) without building the stages: a job search bounds thousands of shapes by it."""
+    layers = [0.0, *accumulate(least_busy_ms(c) for c in costs.layers)]
+    embedding, head = least_busy_ms(costs.embedding), least_busy_ms(costs.head)
+    return [layers[st.offset + st.layers] - layers[st.offset]
+            + embedding * st.has_embedding + head * st.has_head for st in split.stages]
+
+
 def stage_costs(costs: ModelCosts, split: Split, memory: Any = None) -> list[StageCost]:
     """Per-virtual-stage costs for a split, in virtual-stage order; `memory` (a memory
     policy's costs, ppsim.policy.costs) prices each stage in place of `costs`."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ppsim.costs.model import least_busy_ms
+from ppsim.costs.model import least_busy_ms, stage_busy_ms
 from ppsim.plan.bounds import least_largest_run
 
 
@@ -47,9 +47,7 @@ def reachable_ms(r: Any) -> float:
         return t
     layers = [least_busy_ms(c) for c in costs.layers]
     embedding, head = least_busy_ms(costs.embedding), least_busy_ms(costs.head)
-    busiest = max(sum(layers[st.offset:st.offset + st.layers])
-                  + embedding * st.has_embedding + head * st.has_head
-                  for st in split.stages)
+    busiest = max(stage_busy_ms(costs, split))
     even = least_largest_run([embedding, *layers, head], r.shape.pp)
     return t - r.shape.microbatches * max(0.0, busiest - even)
 

@@ -10,7 +10,8 @@ from typing import Any
 
 from ppsim.config.overrides import with_overrides
 from ppsim.costs.choices import MEGATRON_FSDP_FLAGS
-from ppsim.costs.model import ModelCosts, least_busy_ms, stage_costs, static_floor_bytes
+from ppsim.costs.model import ModelCosts, stage_busy_ms, stage_costs, static_floor_bytes
+from ppsim.costs.state import host_state_share
 from ppsim.errors import UserError
 from ppsim.job.host_optimizer import (
     host_fields,
@@ -20,6 +21,7 @@ from ppsim.job.host_optimizer import (
 )
 from ppsim.job.shapes import Shape
 from ppsim.pipeline.problem import model_costs, resolve_split
+from ppsim.pipeline.split import Split
 from ppsim.schedules.generators import schedule_placement
 
 NO_FSDP = {"fsdp_framework": "torchtitan", "fsdp_reshard_after_forward": "default",
@@ -93,17 +95,26 @@ def pending_shape(cfg: Any, s: Shape, gbs: int) -> Pending:
     c = shape_config(cfg, s, gbs)
     costs = model_costs(c)
     split = resolve_split(c, costs.num_layers, schedule_placement(c.pipeline.schedule))
-    busy, dense, experts = [0.0] * s.pp, [0] * s.pp, [0] * s.pp
+    busy = [0.0] * s.pp
+    for st, ms in zip(split.stages, stage_busy_ms(costs, split), strict=True):
+        busy[split.stage_rank(st.index)] += ms  # each op as short as in a combined pair
+    return Pending(shape=s, cfg=c, costs=costs, bound_ms=s.microbatches * max(busy),
+                   static_bytes=static_floor_bytes(costs, s.pp),
+                   host_bytes=_host_bytes(c, costs, split))
+
+
+def _host_bytes(c: Any, costs: ModelCosts, split: Split) -> float:
+    """The optimizer state the fullest rank of `split` keeps on the host (none unless
+    `c` puts some there)."""
+    if not host_state_share(c.model.arch):
+        return 0.0
+    dense, experts = [0] * split.pp, [0] * split.pp
     for i, st in enumerate(stage_costs(costs, split)):
         r = split.stage_rank(i)
-        # Each op at least as short as in a combined pair: the bound stays a bound.
-        busy[r] += least_busy_ms(st)
         dense[r] += st.params - st.expert_params
         experts[r] += st.expert_params
-    host = max(host_state_bytes(c.model.arch, d, e) for d, e in zip(dense, experts,
+    return max(host_state_bytes(c.model.arch, d, e) for d, e in zip(dense, experts,
                                                                     strict=True))
-    return Pending(shape=s, cfg=c, costs=costs, bound_ms=s.microbatches * max(busy),
-                   static_bytes=static_floor_bytes(costs, s.pp), host_bytes=host)
 
 
 def host_refusal(cfg: Any) -> None:

@@ -7,7 +7,7 @@ only) dividing the experts with etp (tp, or 1 at tp > 1: MoE parallel folding) x
 dividing tp x cp x dp; dp is N / (tp x cp x pp) and the microbatches
 B / (mbs x dp), refused when they do not divide as Megatron refuses them. Each shape is
 simulated with its default split (unless no split could hold its weights and optimizer
-state); the TOP_SEARCHED fastest that fit (at least), and any faster that does not fit at
+state, or those with its activations: ppsim.job.walk); the TOP_SEARCHED fastest that fit (at least), and any faster that does not fit at
 its default split, then have their split planned (ppsim.plan.planner), and with what the
 budget leaves, long shots: shapes an uneven split might make faster than the best
 planned (ppsim.job.choice). Each candidate
@@ -18,14 +18,12 @@ did not hide.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim.config.overrides import with_overrides
 from ppsim.errors import UserError
 from ppsim.job.choice import launch_order, long_shots, shapes_to_plan, tie_key
-from ppsim.job.exposure import exposed_comm_ms, held_back
 from ppsim.job.pending import (
     Pending,
     host_refusal,
@@ -33,7 +31,7 @@ from ppsim.job.pending import (
     pending_shape,
     shape_config,
 )
-from ppsim.job.policy_search import best_policy, fitting_mode, mode_flags
+from ppsim.job.policy_search import best_policy
 from ppsim.job.shapes import (
     Shape,
     cp_comm_choices,
@@ -41,10 +39,14 @@ from ppsim.job.shapes import (
     shapes,
     sharding_choices,
 )
-from ppsim.job.throughput import Throughput
-from ppsim.pipeline.problem import Problem, build_problem
+from ppsim.job.walk import (
+    Progress,
+    ShapeResult,
+    shape_result,
+    silent,
+    simulate_shapes,
+)
 from ppsim.plan.planner import plan
-from ppsim.policy.report import host_step_ms
 from ppsim.sim.simulate import simulate
 from ppsim.sim.summary import Summary
 
@@ -64,44 +66,6 @@ shown."""
 JOB_AXES = ("sharding", "dispatcher", "cp-comm", "host-optimizer")
 """--search axes of the job search alone (beside the memory policy's)."""
 
-Progress = Callable[[str, int, int], None]
-"""Told (what, done, total) before each step: a shape simulated, a top shape planned."""
-
-
-def _silent(what: str, done: int, total: int) -> None:
-    pass
-
-
-@dataclass(frozen=True, kw_only=True)
-class ShapeResult:
-    """A shape simulated."""
-
-    shape: Shape
-    problem: Problem
-    """What was simulated (its split: the default, or the planned one)."""
-    summary: Summary
-    throughput: Throughput | None
-    """None for a uniform model."""
-    comm_ms: float
-    """Exposed communication on the busiest rank: layer collectives and the DP step."""
-    held_back_by: str
-    """What cost this candidate most: memory, bubble or exposed communication."""
-    planned: bool = False
-    """Its split was planned (else the default split was timed)."""
-    split_proven: bool = False
-    """The split planner proved its split the fastest of the shape's (the cost model's);
-    False where it stopped at its time budget, or did not run."""
-    policy: str = ""
-    """The memory policy the search chose ("full", "layernorm N=2", ...); "" when the
-    configured one was kept (no policy search)."""
-    policy_flags: str | None = None
-    """Megatron's flags for that policy ("" when none are needed); None without a policy
-    search, or when Megatron cannot say the policy."""
-    long_shot: bool = False
-    """Planned as a long shot (ppsim.job.choice.long_shots): not among the fastest at its
-    default split, but an uneven one might make it faster than the best of those."""
-
-
 @dataclass(frozen=True, kw_only=True)
 class JobSearch:
     """What `search_job` found."""
@@ -116,6 +80,10 @@ class JobSearch:
     """Every shape was simulated or bounded out (with its default split) within the budget."""
     overflowing: int = 0
     """Shapes whose weights, gradients and optimizer states alone overflow memory."""
+    over_floor: int = 0
+    """Shapes not simulated because, with the activations each rank holds at once under
+    its schedule, no split fits memory (ppsim.plan.floor; not under a memory policy
+    search, which may recompute them)."""
     refused: int = 0
     """Shapes the model refuses (Megatron's checks, e.g. heads that tp does not divide)."""
     seconds: float
@@ -124,35 +92,6 @@ class JobSearch:
     leanest: Pending | None = None
     """When every shape's weights, gradients and optimizer states alone overflow memory:
     the shape that needs the least of them (None otherwise)."""
-
-
-def _result(s: Shape, problem: Problem, summary: Summary, planned: bool = False,
-            policy: str = "", policy_flags: str | None = None) -> ShapeResult:
-    job = problem.hardware.job
-    comm = exposed_comm_ms(problem, summary)
-    return ShapeResult(shape=s, problem=problem, summary=summary,
-                       throughput=job.throughput(summary.iteration_time_ms) if job else None,
-                       comm_ms=comm, held_back_by=held_back(summary, comm,
-                                                            problem.hardware.memory_bytes,
-                                                            host_step_ms(problem)),
-                       planned=planned, policy=policy, policy_flags=policy_flags,
-                       split_proven=problem.split.num_stages == 1)  # its only split
-
-
-def _timed(p: Pending, policy: str) -> ShapeResult:
-    """The shape's default split simulated; with a policy search, at the first global
-    recompute mode that fits when the configured one does not."""
-    problem = build_problem(p.cfg, p.costs)
-    summary = simulate(problem, record=False).summary
-    if not policy:
-        return _result(p.shape, problem, summary)
-    fit = fitting_mode(p.cfg) if not summary.fits else None
-    if fit is not None:
-        return _result(p.shape, fit.problem, fit.summary, policy=fit.mode,
-                       policy_flags=mode_flags(fit.problem, fit.mode))
-    mode = p.cfg.model.recompute or "none"
-    return _result(p.shape, problem, summary, policy=mode,
-                   policy_flags=mode_flags(problem, mode))
 
 
 def _faster(found: Summary, r: ShapeResult) -> bool:
@@ -166,21 +105,16 @@ def _refined(r: ShapeResult, cfg: Any, policy: str, budget_s: float) -> ShapeRes
     if policy == "policy":
         found = best_policy(cfg, budget_s)
         if found is not None and _faster(found.summary, r):
-            return _result(r.shape, found.problem, found.summary, planned=True,
+            return shape_result(r.shape, found.problem, found.summary, planned=True,
                            policy=found.label, policy_flags=found.megatron_flags)
         return r
     res = plan(r.problem, top_k=1, time_budget_s=budget_s)
     if res.best is not None and _faster(res.best.summary, r):
-        return replace(_result(r.shape, r.problem.with_split(res.best.split), res.best.summary,
+        return replace(shape_result(r.shape, r.problem.with_split(res.best.split), res.best.summary,
                                planned=True, policy=r.policy, policy_flags=r.policy_flags),
                        split_proven=res.proven_optimal)
     # Nothing faster fits: a finished search proves the default split the fastest.
     return replace(r, split_proven=res.proven_optimal)
-
-
-def _kth_fastest(results: list[ShapeResult], k: int) -> float:
-    fast = sorted(r.summary.iteration_time_ms for r in results if r.summary.fits)
-    return fast[k - 1] if len(fast) >= k else float("inf")
 
 
 def _fastest_first(results: list[ShapeResult]) -> list[ShapeResult]:
@@ -299,14 +233,14 @@ def _with_split_of(r: ShapeResult, first: ShapeResult) -> ShapeResult:
     summary = simulate(problem, record=False).summary
     if not _faster(summary, r):
         return r
-    return _result(r.shape, problem, summary, planned=True, policy=r.policy,
+    return shape_result(r.shape, problem, summary, planned=True, policy=r.policy,
                    policy_flags=r.policy_flags)
 
 
 def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
                budget_s: float = 60.0, policy: str = "",
                fixed: dict[str, int] | None = None,
-               progress: Progress = _silent,
+               progress: Progress = silent,
                axes: frozenset[str] = frozenset(), shots: bool = True) -> JobSearch:
     """Shapes of `gpus` GPUs for a global batch of `gbs`, fastest first; `policy`
     (ppsim.job.policy_search.POLICY_AXES) searches the memory policy too, `axes`
@@ -318,7 +252,6 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
     t0 = time.perf_counter()
     if getattr(cfg.model, "arch", None) is None:
         raise UserError("--gpus", "plans the job of a transformer model", "give --preset NAME")
-    results = []
     unknown = sorted(axes - set(JOB_AXES))
     if unknown:
         raise ValueError(f"unknown job search axes {unknown}")
@@ -343,16 +276,9 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
                         f"of {gbs:,} can be built; the first refused says {refusals[0]}")
     pending = sorted((p for p in accepted if not p.overflows), key=lambda p: p.bound_ms)
     leanest = min(accepted, key=lambda p: p.static_bytes)
-    complete = hosted.complete
-    for p in pending:
-        if p.bound_ms >= _kth_fastest(results, k):
-            break
-        if results and time.perf_counter() - t0 > budget_s * 0.7:  # one shape at least
-            complete = False
-            break
-        # The total is every shape: those the bound rules out are never simulated.
-        progress("simulating shapes", len(results), len(pending))
-        results.append(_timed(p, policy))
+    walked = simulate_shapes(pending, policy, k, budget_s, t0, progress)
+    results = walked.results
+    complete = hosted.complete and walked.complete
     ties = _ties(policy)
     chosen = shapes_to_plan(results, k, ties=ties)
     refined = _plan_splits(cfg, chosen, gbs, policy, budget_s, t0, progress)
@@ -366,6 +292,7 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
     return JobSearch(candidates=_fastest_first(refined + rest),
                      evaluated=len(results), total=len(todo) + len(hosted.found),
                      overflowing=len(accepted) - len(pending), refused=len(refusals),
+                     over_floor=walked.over_floor,
                      seconds=time.perf_counter() - t0, complete=complete,
                      long_shots=sum(r.long_shot for r in refined),
                      leanest=None if pending else leanest)

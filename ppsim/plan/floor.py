@@ -16,8 +16,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ppsim.costs.model import LayerCost, ModelCosts, StageCost, stage_cost, static_floor_bytes
+from ppsim.schedules.actions import B, F, Schedule
+
+if TYPE_CHECKING:
+    from ppsim.pipeline.problem import Problem
+
+HELD_CACHE = 4096
+"""Generated orders whose held counts are kept (a job search times thousands of shapes
+over a few hundred orders)."""
+_held_by_recipe: dict[tuple[object, ...], tuple[int, ...]] = {}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,3 +102,39 @@ class MemoryFloors:
         len(placed) stages, layers [pos, L) left for the rest."""
         k = len(placed)
         return self._bound(placed, pos, [r for r in range(self.pp) if self.last_stage[r] >= k])
+
+
+def held_microbatches(schedule: Schedule) -> tuple[int, ...]:
+    """Per rank, the most microbatches each of its chunks holds at one moment: over the
+    rank's ops, the largest of the least, over its chunks, count of forwards whose
+    backward has not run. A generated order's counts are kept by its recipe."""
+    key = schedule.recipe
+    if key is not None and key in _held_by_recipe:
+        return _held_by_recipe[key]
+    pp, vpp = schedule.pp, schedule.vpp
+    held = []
+    for actions in schedule.actions:
+        open_ = [0] * vpp
+        most = 0
+        for a in actions:
+            if a.kind == F:
+                open_[a.stage // pp] += 1
+                most = max(most, min(open_))
+            elif a.kind == B:
+                open_[a.stage // pp] -= 1
+        held.append(most)
+    out = tuple(held)
+    if key is not None:
+        if len(_held_by_recipe) >= HELD_CACHE:
+            _held_by_recipe.clear()
+        _held_by_recipe[key] = out
+    return out
+
+
+def memory_floors(problem: Problem) -> MemoryFloors:
+    """The floors of the problem's schedule and model (SplitSearch.floors); under a
+    memory policy each rank's activations count for nothing (it may recompute or offload
+    them)."""
+    s = problem.schedule
+    held = held_microbatches(s) if problem.memory is None else (0,) * s.pp
+    return MemoryFloors(problem.costs, s.stage_rank, s.num_stages, s.pp, held)

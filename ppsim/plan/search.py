@@ -20,7 +20,7 @@ from ppsim.costs.model import (
     stage_transient,
 )
 from ppsim.pipeline.problem import Problem
-from ppsim.plan.floor import MemoryFloor, MemoryFloors
+from ppsim.plan.floor import MemoryFloor, MemoryFloors, memory_floors
 from ppsim.schedules.generators import B, F, W
 from ppsim.sim.copies import estimated
 from ppsim.sim.evaluate import list_schedule
@@ -268,11 +268,7 @@ class SplitSearch:
     @cached_property
     def floors(self) -> MemoryFloors:
         """The memory floor of this schedule and model, whole and for partial splits."""
-        held = [0] * self.pp
-        if self.problem.memory is None:  # a policy may recompute or offload activations
-            held = [max((min(rec[:self.vpp]) for rec in self.patterns[r]), default=0)
-                    for r in range(self.pp)]
-        return MemoryFloors(self.costs, self.sched.stage_rank, self.S, self.pp, held)
+        return memory_floors(self.problem)
 
     @property
     def floor(self) -> MemoryFloor:

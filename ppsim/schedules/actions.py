@@ -69,6 +69,10 @@ class Schedule:
     them (Megatron's combined 1F1B, --overlap-moe-expert-parallel-comm): the pair
     starts once both inputs are in and both messages leave when the B ends; empty
     when no action is paired."""
+    recipe: tuple[object, ...] | None = None
+    """The arguments the order was generated from (ppsim.schedules.generators
+    .build_schedule): equal recipes give equal actions. None for an order read from a
+    file."""
 
     def paired(self, rank: int) -> frozenset[int]:
         """Positions of rank's F actions that start a combined pair."""

@@ -318,6 +318,7 @@ def build_schedule(name: str, pp: int, vpp: int, microbatches: int,
     return Schedule(name, pp, vpp, microbatches, spec.placement, spec.split_backward,
                     tuple(tuple(a) for a in acts),
                     microbatch_group=interleaved_group(pp, microbatches, group) if grouped
-                    else 0, cells=cells, pairs=pairs)
+                    else 0, cells=cells, pairs=pairs,
+                    recipe=(name, pp, vpp, microbatches, group, combined))
 
 

@@ -16,8 +16,10 @@ from ppsim.cli.main import main
 from ppsim.config.schema import config_from_dict
 from ppsim.pipeline.problem import build_problem
 from ppsim.plan.advice import no_fit_message
+from ppsim.plan.floor import held_microbatches
 from ppsim.plan.planner import plan
 from ppsim.plan.search import SplitSearch
+from ppsim.schedules.generators import build_schedule
 
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zbv", 2),
              ("dualpipev", 2), ("interleaved-zb", 2)]
@@ -76,6 +78,23 @@ def test_a_partial_splits_floor_is_below_every_completion(problem, data):
     bound = search.floors.completion(placed, pos)
     peaks = [s.peak_memory_bytes for c, s in results if c[:k] == prefix]
     assert bound <= min(peaks) * (1 + 1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(mixed_problems())
+def test_held_counts_are_the_memory_records_least_chunk_count_at_its_fullest(problem):
+    """held_microbatches reads the order once, by itself; it equals what the planner's
+    memory records (one per op start, counts per chunk) give, and a rebuilt order with
+    the same recipe reads the kept counts."""
+    search = SplitSearch(problem)
+    by_records = tuple(max((min(rec[:search.vpp]) for rec in recs), default=0)
+                       for recs in search.patterns)
+    sched = problem.schedule
+    assert held_microbatches(sched) == by_records
+    if sched.recipe is not None:
+        again = build_schedule(*sched.recipe)
+        assert again.actions == sched.actions
+        assert held_microbatches(again) == by_records
 
 
 def test_uniform_layers_make_the_floor_tight():

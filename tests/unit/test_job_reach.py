@@ -101,16 +101,17 @@ def test_only_the_long_shots_the_budget_left_time_for_count_as_planned() -> None
 
     from ppsim.cli.flags import config_from_args
     from ppsim.cli.main import build_parser
-    from ppsim.job.search import _plan_splits, _silent, search_job
+    from ppsim.job.search import _plan_splits, search_job
+    from ppsim.job.walk import silent
 
     cfg = config_from_args(build_parser().parse_args(
         ["plan", "--preset", "llama3-8b", "--num-layers", "8", "--hardware", "h100-80gb"]))
     shapes = search_job(cfg, 16, 32, budget_s=3).candidates[:2]
-    skipped = _plan_splits(cfg, shapes, 32, "", 10.0, time.perf_counter() - 100, _silent,
+    skipped = _plan_splits(cfg, shapes, 32, "", 10.0, time.perf_counter() - 100, silent,
                            as_long_shots=True)
     assert not any(r.long_shot for r in skipped)
     assert [r.problem.split for r in skipped] == [r.problem.split for r in shapes]
-    planned = _plan_splits(cfg, shapes, 32, "", 10.0, time.perf_counter(), _silent,
+    planned = _plan_splits(cfg, shapes, 32, "", 10.0, time.perf_counter(), silent,
                            as_long_shots=True)
     assert all(r.long_shot for r in planned)
 

@@ -258,8 +258,11 @@ def test_searching_the_sharding_beside_megatrons_overlaps_tries_fsdp() -> None:
     assert ran.returncode == 0, ran.stderr
     doc = json.loads(ran.stdout)
     kinds = {c["fsdp_framework"] for c in doc["candidates"]}
-    assert kinds == {None, "torchtitan", "megatron-fsdp"}
+    assert kinds == {"torchtitan", "megatron-fsdp"}
     assert doc["refused"] == 0
+    # The two distributed-optimizer shapes (one replica a node, or all 16) hold every
+    # weight with their activations: no split of a single stage fits them.
+    assert doc["floor_overflows"] == 2 and doc["total_shapes"] == 5
 
 
 def test_each_gradient_lands_in_its_units_bf16_buffer() -> None:
