@@ -87,7 +87,8 @@ def slim_simulation(sim: Simulation) -> Simulation:
     """The simulation without what the screen does not read: the per-op records (the
     lanes hold them) and the schedule's action lists (its shape stays)."""
     p = sim.problem
-    return Simulation(replace(p, schedule=replace(p.schedule, actions=())), sim.summary, None)
+    return Simulation(replace(p, schedule=replace(p.schedule, actions=(), recipe=None)),
+                      sim.summary, None)
 
 
 def slim(ev: Evaluation) -> Evaluation:

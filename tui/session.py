@@ -24,7 +24,7 @@ from ppsim.errors import UserError
 from ppsim.pipeline.problem import Problem, build_problem, resolve_split
 from ppsim.pipeline.split import Split, even_counts
 from ppsim.plan import planner
-from ppsim.plan.search import SplitSearch
+from ppsim.plan.floor import memory_floors
 from ppsim.policy.model import StagePolicy
 from ppsim.policy.setup import stage_policies
 from ppsim.schedules.generators import SCHEDULES, schedule_for_vpp, schedule_placement
@@ -238,7 +238,7 @@ class Result:
     """The pinned split's simulation: the even split unless the user pinned another."""
     pinned_is_even: bool
     no_split_fits: bool = False
-    """No split of this shape fits memory (the planner's floor, SplitSearch.floor)."""
+    """No split of this shape fits memory (the planner's floor, ppsim.plan.floor.memory_floors)."""
 
     @property
     def pinned_counts(self) -> tuple[int, ...]:
@@ -300,7 +300,7 @@ def _no_split_fits(base: Config, state: EditState, problem: Problem) -> bool:
     if hit is None:
         if len(_floor_cache) > 32:
             _floor_cache.clear()
-        floor = SplitSearch(problem).floor
+        floor = memory_floors(problem).floor
         hit = _floor_cache[key] = floor.peak_bytes > problem.hardware.memory_bytes
     return hit
 

@@ -8,8 +8,8 @@ import math
 from ppsim.config.limits import PLAN, schedule_ops
 from ppsim.costs.model import static_floor_bytes
 from ppsim.pipeline.problem import Problem
+from ppsim.plan.floor import memory_floors
 from ppsim.plan.planner import PlanResult
-from ppsim.plan.search import SplitSearch
 
 
 def no_fit_message(res: PlanResult) -> str:
@@ -95,7 +95,7 @@ def fit_hint(problem: Problem) -> str:
         return (f"no split fits: {_state_alone(static, s.pp)} (recompute cannot help; "
                 "`ppsim plan` says what can)")
     if schedule_ops(s.pp, s.vpp, s.microbatches, s.split_backward) <= PLAN.ops:
-        peak = SplitSearch(problem).floor.peak_bytes
+        peak = memory_floors(problem).floor.peak_bytes
         if peak > limit:
             tip = _sequence_tip(problem)
             return (f"no split fits: some rank of {s.pp} holds at least {peak / 1e9:.2f} GB "

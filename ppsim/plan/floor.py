@@ -108,6 +108,9 @@ def held_microbatches(schedule: Schedule) -> tuple[int, ...]:
     """Per rank, the most microbatches each of its chunks holds at one moment: over the
     rank's ops, the largest of the least, over its chunks, count of forwards whose
     backward has not run. A generated order's counts are kept by its recipe."""
+    if len(schedule.actions) != schedule.pp:
+        raise ValueError(f"the order holds actions for {len(schedule.actions)} ranks, not "
+                         f"its {schedule.pp} (dropped, as a TUI child's slim copy does?)")
     key = schedule.recipe
     if key is not None and key in _held_by_recipe:
         return _held_by_recipe[key]

@@ -162,3 +162,12 @@ def test_simulate_says_whether_another_split_could_fit(argv, said, capsys) -> No
     assert "does NOT fit" in out and said in out
     assert main(["simulate", *argv, "--hardware", "h100-80gb", "--json"]) == 0
     assert said in json.loads(capsys.readouterr().out)["fit_hint"]
+
+
+def test_an_order_without_its_actions_has_no_held_counts() -> None:
+    """The TUI's child sends its parent the schedule without its actions: counting that
+    would read (and keep, by its recipe) a floor of nothing held."""
+    s = build_schedule("1f1b", 4, 1, 8)
+    with pytest.raises(ValueError, match="actions for 0 ranks, not its 4"):
+        held_microbatches(replace(s, actions=()))
+    assert held_microbatches(s) == (4, 3, 2, 1)
