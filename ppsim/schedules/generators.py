@@ -9,8 +9,11 @@ re-exported here.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from threading import Lock
+from typing import Any
 
 from ppsim.errors import UserError
 from ppsim.pipeline.megatron_rules import group_refusal
@@ -283,13 +286,21 @@ def _check_combined(name: str, pp: int) -> None:
                         "(--num-virtual-stages-per-pipeline-rank), or pp = 1")
 
 
+KEPT_ACTIONS = 1 << 19
+"""Actions of the latest generated orders kept for reuse (about 40 MB): a job search
+builds thousands of shapes over a few dozen orders."""
+_kept: OrderedDict[tuple[object, ...], Schedule] = OrderedDict()
+_kept_lock = Lock()
+
+
 def build_schedule(name: str, pp: int, vpp: int, microbatches: int,
                    group: int | None = None, combined: bool = False) -> Schedule:
     """Generate a named schedule; rejects what it cannot build, with the reason (what
     Megatron alone refuses is ppsim.pipeline.megatron_rules' to say). `group`: the
     microbatches per group of an interleaved order (None: interleaved_group's choice).
     `combined`: Megatron's combined 1F1B (--overlap-moe-expert-parallel-comm): one
-    more warm-up forward per rank, each steady-phase F run with the B after it."""
+    more warm-up forward per rank, each steady-phase F run with the B after it. An
+    order is immutable: the latest ones (KEPT_ACTIONS) are reused by their recipe."""
     spec = _spec(name)
     if combined:
         _check_combined(name, pp)
@@ -299,6 +310,27 @@ def build_schedule(name: str, pp: int, vpp: int, microbatches: int,
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UserError(field, f"must be a positive integer, got {value!r}",
                             "set it to 1 or more")
+    recipe = (name, pp, vpp, microbatches, group, bool(combined))
+    with _kept_lock:
+        hit = _kept.get(recipe)
+        if hit is not None:
+            _kept.move_to_end(recipe)
+            return hit
+    made = _generate(spec, recipe)
+    with _kept_lock:
+        _kept[recipe] = made
+        while sum(_size(s) for s in _kept.values()) > KEPT_ACTIONS and len(_kept) > 1:
+            _kept.popitem(last=False)
+    return made
+
+
+def _size(s: Schedule) -> int:
+    return sum(len(a) for a in s.actions)
+
+
+def _generate(spec: ScheduleSpec, recipe: tuple[Any, ...]) -> Schedule:
+    """The order of `recipe` (build_schedule's checked arguments), checked by `spec`."""
+    name, pp, vpp, microbatches, group, combined = recipe
     spec.check(pp, vpp, microbatches)
     if group is not None and group != interleaved_group(pp, microbatches):
         # Groups Megatron refuses deadlock this order (a short last group, or fewer
@@ -318,7 +350,4 @@ def build_schedule(name: str, pp: int, vpp: int, microbatches: int,
     return Schedule(name, pp, vpp, microbatches, spec.placement, spec.split_backward,
                     tuple(tuple(a) for a in acts),
                     microbatch_group=interleaved_group(pp, microbatches, group) if grouped
-                    else 0, cells=cells, pairs=pairs,
-                    recipe=(name, pp, vpp, microbatches, group, combined))
-
-
+                    else 0, cells=cells, pairs=pairs, recipe=recipe)
