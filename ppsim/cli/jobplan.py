@@ -374,7 +374,17 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
         sys.stderr.write(f"ppsim plan: no shape that fits was found within the time budget "
                          f"({res.evaluated:,} of {res.total:,} shapes simulated); give it more "
                          f"time, e.g. --time-budget {max(10.0, 4 * args.time_budget):g}\n")
+    elif res.over_floor and not policy:
+        sys.stderr.write(f"ppsim plan: {activations_text(res, cfg.hardware.memory_bytes)}\n")
     return 3
+
+
+def activations_text(res: JobSearch, memory_bytes: float) -> str:
+    """What to try when no shape fits and some were passed over for their activations."""
+    return (f"no shape fits {fmt_bytes(memory_bytes)} per GPU with the activations its "
+            f"schedule holds ({res.over_floor:,} overflow under any split); search the "
+            "memory policy too (--search policy) to recompute or offload them, or give "
+            "more GPUs (--gpus)")
 
 
 def _print_policies(console: Any, configured: str, shown: list[ShapeResult]) -> None:

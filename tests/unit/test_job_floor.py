@@ -67,8 +67,12 @@ def test_when_no_shape_reached_fits_the_nearest_is_shown(capsys) -> None:
     least = memory_floors(nearest).floor.peak_bytes
     assert least > nearest.hardware.memory_bytes
     assert main([*ARGS, "--memory-gb", "4", "--gpus", "16", "--global-batch-size", "32"]) == 3
-    out = " ".join(capsys.readouterr().out.split())
+    captured = capsys.readouterr()
+    out = " ".join(captured.out.split())
     assert f"{res.over_floor} over memory under any split with the activations" in out
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and "no shape fits 4.00 GB per GPU" in err
+    assert "(--search policy)" in err
 
 
 def test_a_memory_policy_search_passes_over_no_shape() -> None:
