@@ -139,21 +139,21 @@ def _fsdp(cfg: Any, s: Shape) -> bool:
     return s.fully_sharded if s.sharding else cfg.model.arch.fsdp
 
 
-def host_variants(cfg: Any, p: Pending, gbs: int) -> list[Pending]:
-    """The shape of `p` with part of its optimizer on the host: the least of HOST_SHARES
+def host_variants(cfg: Any, shape: Shape, gbs: int) -> list[Pending]:
+    """`shape` with part of its optimizer on the host: the least of HOST_SHARES
     under which its weights and optimizer state fit (found by halving), the fastest step,
     and all of it, which leaves the most memory to the activations (under FSDP, FSDP2's CPU
     offload, all of it); none when all of it on the host is not enough. `cfg` is one that
     host_refusal passed."""
     def fits(share: float) -> Pending | None:
         try:
-            q = pending_shape(cfg, replace(p.shape, host_optimizer=share), gbs)
+            q = pending_shape(cfg, replace(shape, host_optimizer=share), gbs)
         except UserError:
             return None
         return None if q.overflows else q
 
     whole = fits(1.0)
-    if whole is None or _fsdp(cfg, p.shape):  # FSDP2 offloads all of it or nothing
+    if whole is None or _fsdp(cfg, shape):  # FSDP2 offloads all of it or nothing
         return [whole] if whole is not None else []
     lo, hi, least = 0, len(HOST_SHARES) - 1, whole  # HOST_SHARES[hi] fits
     while lo < hi:

@@ -32,6 +32,7 @@ from ppsim.job.pending import (
     shape_config,
 )
 from ppsim.job.policy_search import best_policy
+from ppsim.job.pricing import Priced, price_shapes
 from ppsim.job.shapes import (
     Shape,
     cp_comm_choices,
@@ -169,7 +170,7 @@ class Hosted:
     """Every overflowing shape was tried before the deadline."""
 
 
-def _on_the_host(cfg: Any, accepted: list[Pending], gbs: int, progress: Progress,
+def _on_the_host(cfg: Any, accepted: list[Pending | Priced], gbs: int, progress: Progress,
                  deadline: float) -> Hosted:
     """Each shape whose weights and optimizer state alone overflow memory, with the least
     share of its optimizer on the host that lets them fit and with all of it (where that
@@ -181,7 +182,7 @@ def _on_the_host(cfg: Any, accepted: list[Pending], gbs: int, progress: Progress
         if time.perf_counter() > deadline:
             return Hosted(found=found, complete=False)
         progress("putting the optimizer on the host", i, len(over))
-        found += host_variants(cfg, p, gbs)
+        found += host_variants(cfg, p.shape, gbs)
     return Hosted(found=found, complete=True)
 
 
@@ -262,12 +263,9 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
     # the k-th fastest fitting default split cannot enter the top k at its default split
     # (k at least TOP_SEARCHED, so a shorter table lists the same best).
     k = max(top_k, TOP_SEARCHED)
-    accepted, refusals = [], []
-    for s in todo:
-        try:
-            accepted.append(pending_shape(cfg, s, gbs))
-        except UserError as e:
-            refusals.append(e)
+    pricing = price_shapes(cfg, todo, gbs, progress)
+    accepted: list[Pending | Priced] = list(pricing.priced)
+    refusals = pricing.refusals
     hosted = _on_the_host(cfg, accepted, gbs, progress, t0 + budget_s * HOSTING_SHARE) \
         if "host-optimizer" in axes else Hosted(found=[], complete=True)
     accepted += hosted.found
@@ -276,7 +274,8 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
                         f"of {gbs:,} can be built; the first refused says {refusals[0]}")
     pending = sorted((p for p in accepted if not p.overflows), key=lambda p: p.bound_ms)
     leanest = min(accepted, key=lambda p: p.static_bytes)
-    walked = simulate_shapes(pending, policy, k, budget_s, t0, progress)
+    walked = simulate_shapes(pending, lambda p: _whole(cfg, p, gbs), policy, k, budget_s,
+                             t0, progress)
     results = walked.results
     complete = hosted.complete and walked.complete
     ties = _ties(policy)
@@ -295,4 +294,9 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
                      over_floor=walked.over_floor,
                      seconds=time.perf_counter() - t0, complete=complete,
                      long_shots=sum(r.long_shot for r in refined),
-                     leanest=None if pending else leanest)
+                     leanest=None if pending else _whole(cfg, leanest, gbs))
+
+
+def _whole(cfg: Any, p: Pending | Priced, gbs: int) -> Pending:
+    """`p` with its config and costs (priced apart, a shape has neither)."""
+    return p if isinstance(p, Pending) else pending_shape(cfg, p.shape, gbs)

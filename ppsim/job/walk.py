@@ -5,8 +5,9 @@ over a shape no split could fit (ppsim.plan.floor)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from ppsim.job.exposure import exposed_comm_ms, held_back
 from ppsim.job.pending import Pending
@@ -18,6 +19,18 @@ from ppsim.plan.floor import memory_floors
 from ppsim.policy.report import host_step_ms
 from ppsim.sim.simulate import simulate
 from ppsim.sim.summary import Summary
+
+
+class Bounded(Protocol):
+    """A shape with its bound: a Pending, or what a pricing worker sent back of one
+    (ppsim.job.pricing.Priced)."""
+
+    @property
+    def shape(self) -> Shape: ...
+
+    @property
+    def bound_ms(self) -> float: ...
+
 
 Progress = Callable[[str, int, int], None]
 """Told (what, done, total) before each step: a shape simulated, a top shape planned."""
@@ -112,13 +125,15 @@ class Simulated:
     """The bound, not the budget, ended the walk."""
 
 
-def simulate_shapes(pending: list[Pending], policy: str, k: int, budget_s: float,
-                     t0: float, progress: Progress) -> Simulated:
-    """The shapes in order of their bounds, each simulated at its default split, until
-    one's bound is no faster than the k-th fastest that fits, or 0.7 of the budget is
-    spent (after one shape at least). Without a memory policy search a shape that no
-    split could fit (its memory floor) is passed over; when every shape reached is, the
-    one nearest to fitting is simulated, so the table shows what it holds."""
+def simulate_shapes(pending: Sequence[Bounded], whole: Callable[[Bounded], Pending],
+                    policy: str, k: int, budget_s: float, t0: float,
+                    progress: Progress) -> Simulated:
+    """The shapes in order of their bounds, each made `whole` (its config and costs) and
+    simulated at its default split, until one's bound is no faster than the k-th fastest
+    that fits, or 0.7 of the budget is spent (after one shape at least). Without a memory
+    policy search a shape that no split could fit (its memory floor) is passed over; when
+    every shape reached is, the one nearest to fitting is simulated, so the table shows
+    what it holds."""
     results: list[ShapeResult] = []
     floored: list[Floored] = []
     complete = True
@@ -130,12 +145,13 @@ def simulate_shapes(pending: list[Pending], policy: str, k: int, budget_s: float
             break
         # The total is every shape: those the bound rules out are never simulated.
         progress("simulating shapes", len(results) + len(floored), len(pending))
-        problem = build_problem(p.cfg, p.costs)
+        full = whole(p)
+        problem = build_problem(full.cfg, full.costs)
         least = 0 if policy else memory_floors(problem).floor.peak_bytes
         if least > problem.hardware.memory_bytes:
-            floored.append(Floored(pending=p, problem=problem, peak_bytes=least))
+            floored.append(Floored(pending=full, problem=problem, peak_bytes=least))
             continue
-        results.append(_timed(p, policy, problem))
+        results.append(_timed(full, policy, problem))
     if not results and floored:
         near = min(floored, key=lambda f: f.peak_bytes)
         results.append(_timed(near.pending, policy, near.problem))

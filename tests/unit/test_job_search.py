@@ -247,19 +247,24 @@ def test_the_job_search_reports_each_shape_it_simulates_and_each_split_it_plans(
     steps: list[tuple[str, int, int]] = []
     res = search_job(cfg, 16, 32, top_k=2, budget_s=5,
                      progress=lambda what, done, total: steps.append((what, done, total)))
+    priced = [s for s in steps if s[0] == "pricing shapes"]
     simulated = [s for s in steps if s[0] == "simulating shapes"]
     planned = [s for s in steps if s[0] == "planning the top shapes' splits"]
     shots = [s for s in steps if s[0] == "planning long shots' splits"]
-    assert len(simulated) + len(planned) + len(shots) == len(steps)
-    assert [d for _, d, _ in simulated] == list(range(res.evaluated))
+    assert len(priced) + len(simulated) + len(planned) + len(shots) == len(steps)
+    done = [d for _, d, _ in priced]
+    assert done == sorted(set(done)) and done[0] == 0
+    assert all(t == res.total for _, _, t in priced) and done[-1] < res.total
+    # each shape reached: simulated, or passed over by the memory floor
+    assert [d for _, d, _ in simulated] == list(range(res.evaluated + res.over_floor))
     assert all(total >= res.evaluated for _, _, total in simulated)
     # the five fastest have their splits planned, however few rows are asked for (and
     # faster ones whose default split does not fit, ppsim.job.search.shapes_to_plan)
     assert len(planned) >= 5
     for phase in (planned, shots):
         assert [(d, t) for _, d, t in phase] == [(i, len(phase)) for i in range(len(phase))]
-    # shapes first, then their splits, then the long shots'
-    assert steps == simulated + planned + shots
+    # shapes priced first, then simulated, then their splits, then the long shots'
+    assert steps == priced + simulated + planned + shots
 
 
 def test_the_job_search_s_bar_draws_on_any_console() -> None:

@@ -1,0 +1,124 @@
+"""Every shape of a job search priced before any is simulated: its bound and the bytes
+that rule it out (ppsim.job.pending), in this process or, for a large search on a
+machine with cores to spare, spread over worker processes.
+
+What a worker sends back is small (Priced): the bound and bytes, not the shape's config
+and costs, which the search rebuilds for the few shapes it goes on to simulate. The
+numbers are the same in any process, so a search finds the same answer however many
+workers priced it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any
+
+from ppsim.errors import UserError
+from ppsim.job.pending import Pending, pending_shape
+from ppsim.job.shapes import Shape
+
+PARALLEL_SHAPES = 2000
+"""The fewest shapes a search prices in worker processes (starting them costs about a
+second; below this the search prices them itself)."""
+CHUNKS_PER_WORKER = 8
+"""Tasks per worker: neighbouring shapes share a task (and the worker's caches), and
+the progress moves as each ends."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Priced:
+    """A shape's bound and bytes (Pending's, without its config and costs)."""
+
+    shape: Shape
+    bound_ms: float
+    """Pending.bound_ms."""
+    static_bytes: int
+    """Pending.static_bytes."""
+    host_bytes: float
+    """Pending.host_bytes."""
+    overflows: bool
+    """Pending.overflows."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pricing:
+    """The shapes priced, in the order given."""
+
+    priced: list[Priced]
+    """Those the model accepts."""
+    refusals: list[UserError]
+    """Those it refuses, with Megatron's (or a limit's) reason."""
+
+
+def priced(p: Pending) -> Priced:
+    return Priced(shape=p.shape, bound_ms=p.bound_ms, static_bytes=p.static_bytes,
+                  host_bytes=p.host_bytes, overflows=p.overflows)
+
+
+Refusal = tuple[str, str, str]
+"""A UserError's field, problem and fix (an exception with its own __init__ does not
+pickle back whole)."""
+
+
+def _price(cfg: Any, shapes: Sequence[Shape], gbs: int) -> list[Priced | Refusal]:
+    out: list[Priced | Refusal] = []
+    for s in shapes:
+        try:
+            out.append(priced(pending_shape(cfg, s, gbs)))
+        except UserError as e:
+            out.append((e.field, e.problem, e.fix))
+    return out
+
+
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def price_shapes(cfg: Any, todo: Sequence[Shape], gbs: int,
+                 progress: Callable[[str, int, int], None],
+                 workers: int | None = None) -> Pricing:
+    """Each shape of `todo` priced (pending_shape); over `workers` processes (default:
+    the usable cores) when there are PARALLEL_SHAPES or more and more than one worker."""
+    n = usable_cores() if workers is None else workers
+    results: list[Priced | Refusal] | None = None
+    if n >= 2 and len(todo) >= PARALLEL_SHAPES:
+        results = _price_apart(cfg, todo, gbs, progress, n)
+    if results is None:
+        results = []
+        step = max(1, len(todo) // 100)
+        for i in range(0, len(todo), step):
+            progress("pricing shapes", i, len(todo))
+            results += _price(cfg, todo[i:i + step], gbs)
+    return Pricing(priced=[r for r in results if isinstance(r, Priced)],
+                   refusals=[UserError(*r) for r in results if not isinstance(r, Priced)])
+
+
+def _price_apart(cfg: Any, todo: Sequence[Shape], gbs: int,
+                 progress: Callable[[str, int, int], None],
+                 workers: int) -> list[Priced | Refusal] | None:
+    """_price over `workers` spawned processes, neighbouring shapes in one task; None
+    where a worker could not start (a main module read from stdin cannot be spawned
+    again): the caller prices them itself."""
+    size = -(-len(todo) // (workers * CHUNKS_PER_WORKER))
+    chunks = [todo[i:i + size] for i in range(0, len(todo), size)]
+    results: list[Priced | Refusal] = []
+    # spawn, not fork: a fork would copy locks the caller's threads (a progress bar's) hold
+    context = multiprocessing.get_context("spawn")
+    try:
+        with ProcessPoolExecutor(workers, mp_context=context) as pool:
+            futures = [pool.submit(_price, cfg, c, gbs) for c in chunks]
+            for i, f in enumerate(futures):
+                progress("pricing shapes", i * size, len(todo))
+                results += f.result()
+    except BrokenProcessPool:
+        return None
+    return results

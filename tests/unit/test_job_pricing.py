@@ -1,0 +1,47 @@
+"""A large job search prices its shapes in worker processes (ppsim.job.pricing): the same
+bounds, bytes and refusals as pricing them here, so the same answer."""
+
+from __future__ import annotations
+
+from ppsim.cli.flags import config_from_args
+from ppsim.cli.main import build_parser
+from ppsim.job import pricing
+from ppsim.job.pricing import price_shapes
+from ppsim.job.search import _candidates, search_job
+from ppsim.job.walk import silent
+
+
+def _cfg(*argv: str):
+    return config_from_args(build_parser().parse_args(["plan", *argv]))
+
+
+def test_workers_price_as_this_process_does(monkeypatch) -> None:
+    """gpt-oss-120b on 64 GPUs: its sliding windows refuse the p2p ring at cp > 1, so
+    the shapes include refusals; every eighth shape, in two workers and here."""
+    cfg = _cfg("--preset", "gpt-oss-120b", "--hardware", "h100-80gb")
+    todo = _candidates(cfg, 64, 256, None, frozenset())[::8]
+    here = price_shapes(cfg, todo, 256, silent, workers=1)
+    monkeypatch.setattr(pricing, "PARALLEL_SHAPES", 1)
+    steps: list[tuple[str, int, int]] = []
+    apart = price_shapes(cfg, todo, 256, lambda *s: steps.append(s), workers=2)
+    assert here.refusals and here.priced
+    assert apart.priced == here.priced  # shapes, bounds and bytes to the last digit
+    assert [str(e) for e in apart.refusals] == [str(e) for e in here.refusals]
+    assert [e.field for e in apart.refusals] == [e.field for e in here.refusals]
+    # one step a task: about CHUNKS_PER_WORKER a worker, neighbouring shapes together
+    size = -(-len(todo) // (2 * pricing.CHUNKS_PER_WORKER))
+    assert steps == [("pricing shapes", i, len(todo)) for i in range(0, len(todo), size)]
+
+
+def test_a_search_priced_apart_answers_the_same(monkeypatch) -> None:
+    cfg = _cfg("--preset", "llama3-8b", "--num-layers", "8", "--hardware", "h100-80gb")
+    here = search_job(cfg, 16, 32, budget_s=30)
+    monkeypatch.setattr(pricing, "PARALLEL_SHAPES", 1)
+    monkeypatch.setattr(pricing, "usable_cores", lambda: 2)
+    apart = search_job(cfg, 16, 32, budget_s=30)
+    assert here.complete and apart.complete
+    rows = [(r.shape, r.summary.iteration_time_ms, r.problem.split) for r in here.candidates]
+    assert [(r.shape, r.summary.iteration_time_ms, r.problem.split)
+            for r in apart.candidates] == rows
+    assert (apart.evaluated, apart.over_floor, apart.overflowing) == (
+        here.evaluated, here.over_floor, here.overflowing)
