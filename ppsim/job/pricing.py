@@ -106,8 +106,8 @@ def _price_apart(cfg: Any, todo: Sequence[Shape], gbs: int,
                  progress: Callable[[str, int, int], None],
                  workers: int) -> list[Priced | Refusal] | None:
     """_price over `workers` spawned processes, neighbouring shapes in one task; None
-    where a worker could not start (a main module read from stdin cannot be spawned
-    again): the caller prices them itself."""
+    where no worker could run (a main module read from stdin cannot be spawned again; a
+    container without shared memory has no semaphores): the caller prices them itself."""
     size = -(-len(todo) // (workers * CHUNKS_PER_WORKER))
     chunks = [todo[i:i + size] for i in range(0, len(todo), size)]
     results: list[Priced | Refusal] = []
@@ -119,6 +119,6 @@ def _price_apart(cfg: Any, todo: Sequence[Shape], gbs: int,
             for i, f in enumerate(futures):
                 progress("pricing shapes", i * size, len(todo))
                 results += f.result()
-    except BrokenProcessPool:
+    except (BrokenProcessPool, OSError):
         return None
     return results

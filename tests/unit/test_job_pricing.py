@@ -45,3 +45,18 @@ def test_a_search_priced_apart_answers_the_same(monkeypatch) -> None:
             for r in apart.candidates] == rows
     assert (apart.evaluated, apart.over_floor, apart.overflowing) == (
         here.evaluated, here.over_floor, here.overflowing)
+
+
+def test_where_no_worker_can_run_the_search_prices_here(monkeypatch) -> None:
+    """A container without shared memory refuses the pool's semaphores (OSError): the
+    shapes are priced in this process, as many and as priced."""
+    cfg = _cfg("--preset", "llama3-8b", "--num-layers", "8", "--hardware", "h100-80gb")
+    todo = _candidates(cfg, 16, 32, None, frozenset())
+
+    def no_pool(*args, **kwargs):
+        raise OSError(38, "Function not implemented")
+
+    here = price_shapes(cfg, todo, 32, silent, workers=1)
+    monkeypatch.setattr(pricing, "PARALLEL_SHAPES", 1)
+    monkeypatch.setattr(pricing, "ProcessPoolExecutor", no_pool)
+    assert price_shapes(cfg, todo, 32, silent, workers=2).priced == here.priced
