@@ -22,9 +22,10 @@ from ppsim.errors import UserError
 from ppsim.job.pending import Pending, pending_shape
 from ppsim.job.shapes import Shape
 
-PARALLEL_SHAPES = 2000
-"""The fewest shapes a search prices in worker processes (starting them costs about a
-second; below this the search prices them itself)."""
+PARALLEL_SHAPES = 4000
+"""The fewest shapes a search prices in worker processes: fewer take this process a few
+seconds (about 1 ms a shape), which workers that start in a second or two (each
+importing ppsim, its caches cold) would barely shorten."""
 CHUNKS_PER_WORKER = 8
 """Tasks per worker: neighbouring shapes share a task (and the worker's caches), and
 the progress moves as each ends."""
