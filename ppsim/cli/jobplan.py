@@ -376,6 +376,10 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
                          f"time, e.g. --time-budget {max(10.0, 4 * args.time_budget):g}\n")
     elif res.over_floor and not policy:
         sys.stderr.write(f"ppsim plan: {activations_text(res, cfg.hardware.memory_bytes)}\n")
+    elif policy and res.candidates:
+        sys.stderr.write(f"ppsim plan: no shape fits {fmt_bytes(cfg.hardware.memory_bytes)} "
+                         "per GPU, whatever memory policy the search tried on it; give more "
+                         "GPUs (--gpus)\n")
     return 3
 
 

@@ -85,3 +85,13 @@ def test_a_memory_policy_search_passes_over_no_shape() -> None:
     assert best.summary.fits and best.policy not in ("", "none")
     problem = build_problem(shape_config(_cfg("4"), best.shape, 32))
     assert memory_floors(problem).floor.peak_bytes > problem.hardware.memory_bytes
+
+
+def test_a_policy_search_that_fits_nothing_says_so(capsys) -> None:
+    """Before: the table of shapes over memory, and exit 3 with nothing on stderr."""
+    argv = [*ARGS, "--memory-gb", "3.5", "--gpus", "16", "--global-batch-size", "32",
+            "--search", "policy", "--time-budget", "20"]
+    assert main(argv) == 3
+    err = capsys.readouterr().err.strip()
+    assert err == ("ppsim plan: no shape fits 3.50 GB per GPU, whatever memory policy the "
+                   "search tried on it; give more GPUs (--gpus)")
