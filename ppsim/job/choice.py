@@ -4,7 +4,8 @@ First the k fastest at their default split that fit, shapes tied there (the same
 rank: cp 1 and cp 2 at half the micro-batch, say) counted once, so ties do not crowd out
 the next distinct shapes, and faster ones that do not fit (an uneven split may fit).
 Then, with what the budget leaves, long shots: up to k more groups that fit whose
-default split an uneven one might make faster than the best planned (reachable_ms),
+default split an uneven one that fits might make faster than the best planned
+(reachable_ms),
 most promising first; a shape whose even split overloads one rank (a heavy head on the
 last) ranks low at its default split yet may plan fastest.
 """
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ppsim.costs.model import least_busy_ms, stage_busy_ms
-from ppsim.plan.bounds import least_largest_run
+from ppsim.plan.floor import memory_floors
 
 
 def tie_key(r: Any) -> tuple[float, int]:
@@ -38,18 +39,56 @@ def reachable_ms(r: Any) -> float:
     """What planning the split of the shape simulated in `r` (a ShapeResult) might reach:
     with one chunk a rank, its default split's time less, every microbatch, what its
     busiest rank's pieces (F + B: the embedding, layers, head) exceed the least largest
-    run any contiguous split of them over the ranks could have; with several chunks a
-    rank, its default time. An estimate to rank shapes by: memory and the bubble may keep
-    a plan from it, so it is not a bound."""
-    split, costs = r.problem.split, r.problem.costs
+    run of a contiguous split of them over the ranks that fits memory as the memory
+    floor counts it (each rank's weights and state, and its pieces' activations times
+    the microbatches it holds at once: ppsim.plan.floor); with several chunks a rank, or
+    where no such split fits, its default time. An estimate to rank shapes by: the
+    bubble and the memory the floor does not count may keep a plan from it, so it is not
+    a bound."""
+    problem = r.problem
+    split, costs = problem.split, problem.costs
     t = r.summary.iteration_time_ms
     if split.num_stages != r.shape.pp:
         return t
-    layers = [least_busy_ms(c) for c in costs.layers]
-    embedding, head = least_busy_ms(costs.embedding), least_busy_ms(costs.head)
+    pieces = [costs.embedding, *costs.layers, costs.head]
+    held = memory_floors(problem).held
+    even = _least_largest_fitting([least_busy_ms(c) for c in pieces],
+                                  [(c.static_bytes, c.activation_bytes) for c in pieces],
+                                  held, problem.hardware.memory_bytes)
+    if even is None:
+        return t
     busiest = max(stage_busy_ms(costs, split))
-    even = least_largest_run([embedding, *layers, head], r.shape.pp)
     return t - r.shape.microbatches * max(0.0, busiest - even)
+
+
+def _least_largest_fitting(work: list[float], kept: list[tuple[int, int]],
+                           held: list[int], limit: float) -> float | None:
+    """least_largest_run of `work` over len(held) ranks in order, where rank r's pieces
+    also keep their static bytes and held[r] times their activation bytes (`kept`)
+    within `limit`; None when no cut fits. Each largest run is tried by cutting greedily
+    (a rank takes pieces while both fit: taking fewer never helps the ranks after it)."""
+    def fits(most: float) -> bool:
+        i = 0
+        for h in held:
+            busy, nbytes = 0.0, 0
+            while i < len(work) and busy + work[i] <= most \
+                    and nbytes + kept[i][0] + h * kept[i][1] <= limit:
+                busy, nbytes = busy + work[i], nbytes + kept[i][0] + h * kept[i][1]
+                i += 1
+        return i == len(work)
+
+    lo, hi = max(work), sum(work)
+    if not fits(hi):
+        return None
+    for _ in range(64):  # hi stays feasible; 64 halvings leave it exact to the float
+        mid = (lo + hi) / 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= hi * 1e-12:
+            break
+    return hi
 
 
 def shapes_to_plan(results: list[Any], k: int, ties: bool = True) -> list[Any]:

@@ -105,3 +105,37 @@ def test_of_tied_shapes_the_fewest_context_parallel_ranks_come_first(rows) -> No
         for cp, t, vpp in rows]
     ordered = [(r.shape.cp, r.shape.vpp) for r in _fastest_first(results)]
     assert ordered == sorted(ordered)
+
+
+def _least_fitting_by_every_cut(work, kept, held, limit):
+    """The least largest run over every contiguous cut of the pieces over the ranks in
+    order (some empty) whose every rank keeps within `limit`; None when none does."""
+    import itertools
+
+    n, best = len(work), None
+    for cuts in itertools.combinations_with_replacement(range(n + 1), len(held) - 1):
+        edges = (0, *cuts, n)
+        runs = [range(a, b) for a, b in itertools.pairwise(edges)]
+        if all(sum(kept[i][0] + h * kept[i][1] for i in run) <= limit
+               for run, h in zip(runs, held, strict=True)):
+            largest = max(sum(work[i] for i in run) for run in runs)
+            best = largest if best is None else min(best, largest)
+    return best
+
+
+@given(st.lists(st.tuples(st.integers(1, 20), st.integers(0, 50), st.integers(0, 20)),
+                min_size=1, max_size=7),
+       st.lists(st.integers(0, 4), min_size=1, max_size=4), st.integers(0, 200))
+def test_the_fitting_reach_is_the_least_largest_run_of_the_cuts_that_fit(pieces, held,
+                                                                         limit) -> None:
+    """ppsim.job.choice's estimate, cut greedily and bisected, against every cut."""
+    from ppsim.job.choice import _least_largest_fitting
+
+    work = [float(w) for w, _, _ in pieces]
+    kept = [(s, a) for _, s, a in pieces]
+    got = _least_largest_fitting(work, kept, held, limit)
+    want = _least_fitting_by_every_cut(work, kept, held, limit)
+    if want is None:
+        assert got is None
+    else:
+        assert got is not None and abs(got - want) <= want * 1e-9
