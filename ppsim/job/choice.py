@@ -5,9 +5,8 @@ rank: cp 1 and cp 2 at half the micro-batch, say) counted once, so ties do not c
 the next distinct shapes, and faster ones that do not fit (an uneven split may fit).
 Then, with what the budget leaves, long shots: up to k more groups that fit whose
 default split an uneven one that fits might make faster than the best planned
-(reachable_ms),
-most promising first; a shape whose even split overloads one rank (a heavy head on the
-last) ranks low at its default split yet may plan fastest.
+(reachable_ms), most promising first; a shape whose even split overloads one rank (a
+heavy head on the last) ranks low at its default split yet may plan fastest.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ppsim.costs.model import least_busy_ms, stage_busy_ms
+from ppsim.plan.bounds import least_largest_fitting_run
 from ppsim.plan.floor import memory_floors
 
 
@@ -52,43 +52,13 @@ def reachable_ms(r: Any) -> float:
         return t
     pieces = [costs.embedding, *costs.layers, costs.head]
     held = memory_floors(problem).held
-    even = _least_largest_fitting([least_busy_ms(c) for c in pieces],
+    even = least_largest_fitting_run([least_busy_ms(c) for c in pieces],
                                   [(c.static_bytes, c.activation_bytes) for c in pieces],
                                   held, problem.hardware.memory_bytes)
     if even is None:
         return t
     busiest = max(stage_busy_ms(costs, split))
     return t - r.shape.microbatches * max(0.0, busiest - even)
-
-
-def _least_largest_fitting(work: list[float], kept: list[tuple[int, int]],
-                           held: list[int], limit: float) -> float | None:
-    """least_largest_run of `work` over len(held) ranks in order, where rank r's pieces
-    also keep their static bytes and held[r] times their activation bytes (`kept`)
-    within `limit`; None when no cut fits. Each largest run is tried by cutting greedily
-    (a rank takes pieces while both fit: taking fewer never helps the ranks after it)."""
-    def fits(most: float) -> bool:
-        i = 0
-        for h in held:
-            busy, nbytes = 0.0, 0
-            while i < len(work) and busy + work[i] <= most \
-                    and nbytes + kept[i][0] + h * kept[i][1] <= limit:
-                busy, nbytes = busy + work[i], nbytes + kept[i][0] + h * kept[i][1]
-                i += 1
-        return i == len(work)
-
-    lo, hi = max(work), sum(work)
-    if not fits(hi):
-        return None
-    for _ in range(64):  # hi stays feasible; 64 halvings leave it exact to the float
-        mid = (lo + hi) / 2
-        if fits(mid):
-            hi = mid
-        else:
-            lo = mid
-        if hi - lo <= hi * 1e-12:
-            break
-    return hi
 
 
 def shapes_to_plan(results: list[Any], k: int, ties: bool = True) -> list[Any]:

@@ -57,6 +57,7 @@ class Pricing:
 
 
 def priced(p: Pending) -> Priced:
+    """What a worker sends back of `p`."""
     return Priced(shape=p.shape, bound_ms=p.bound_ms, static_bytes=p.static_bytes,
                   host_bytes=p.host_bytes, overflows=p.overflows)
 

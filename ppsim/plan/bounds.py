@@ -279,22 +279,33 @@ class WaterFill:
         return max(placed_max, (pour + total) / n)
 
 
-def least_largest_run(weights: list[float], parts: int) -> float:
-    """The least, over every cut of `weights` into `parts` contiguous runs (some may be
-    empty), of the largest run's sum: how even a split of those pieces over `parts`
-    stages can get (bisection over the largest sum, each tried by cutting greedily)."""
-    if not weights:
+def least_largest_fitting_run(work: list[float], kept: list[tuple[int, int]],
+                              held: list[int], limit: float) -> float | None:
+    """The least, over every cut of `work` into len(held) contiguous runs in order (some
+    may be empty) where run r's pieces keep their static bytes and held[r] times their
+    activation bytes (`kept`) within `limit`, of the largest run's sum: how even a split
+    of those pieces over the ranks can get; None when no cut fits. Bisection over the
+    largest sum, each tried by cutting greedily (a rank takes pieces while both fit:
+    taking fewer never helps the ranks after it)."""
+    if not work:
         return 0.0
-    lo, hi = max(weights), sum(weights)
+
+    def fits(most: float) -> bool:
+        i = 0
+        for h in held:
+            busy, nbytes = 0.0, 0
+            while i < len(work) and busy + work[i] <= most \
+                    and nbytes + kept[i][0] + h * kept[i][1] <= limit:
+                busy, nbytes = busy + work[i], nbytes + kept[i][0] + h * kept[i][1]
+                i += 1
+        return i == len(work)
+
+    lo, hi = max(work), sum(work)
+    if not fits(hi):
+        return None
     for _ in range(64):  # hi stays feasible; 64 halvings leave it exact to the float
         mid = (lo + hi) / 2
-        runs, acc = 1, 0.0
-        for w in weights:
-            if acc + w > mid:
-                runs, acc = runs + 1, w
-            else:
-                acc += w
-        if runs <= parts:
+        if fits(mid):
             hi = mid
         else:
             lo = mid

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from ppsim.job.choice import long_shots, tie_key
 from ppsim.job.search import shapes_to_plan
-from ppsim.plan.bounds import least_largest_run
+from ppsim.plan.bounds import least_largest_fitting_run
 
 shapes = st.lists(st.tuples(st.integers(1, 50), st.booleans()), max_size=30).map(
     lambda rows: [SimpleNamespace(summary=SimpleNamespace(iteration_time_ms=float(t), fits=f))
@@ -85,7 +85,8 @@ def _least_fullest(pieces: list[float], parts: int) -> float:
 
 @given(st.lists(st.floats(0.0, 100.0), min_size=1, max_size=9), st.integers(1, 5))
 def test_the_least_largest_run_is_the_best_contiguous_cut(pieces, parts) -> None:
-    got = least_largest_run(pieces, parts)
+    """With nothing to keep in memory, every cut fits."""
+    got = least_largest_fitting_run(pieces, [(0, 0)] * len(pieces), [0] * parts, 1.0)
     want = _least_fullest(pieces, parts)
     assert want <= got <= want * (1 + 1e-9) + 1e-12
 
@@ -128,12 +129,11 @@ def _least_fitting_by_every_cut(work, kept, held, limit):
        st.lists(st.integers(0, 4), min_size=1, max_size=4), st.integers(0, 200))
 def test_the_fitting_reach_is_the_least_largest_run_of_the_cuts_that_fit(pieces, held,
                                                                          limit) -> None:
-    """ppsim.job.choice's estimate, cut greedily and bisected, against every cut."""
-    from ppsim.job.choice import _least_largest_fitting
-
+    """What ppsim.job.choice's estimate takes off, cut greedily and bisected, against
+    every cut."""
     work = [float(w) for w, _, _ in pieces]
     kept = [(s, a) for _, s, a in pieces]
-    got = _least_largest_fitting(work, kept, held, limit)
+    got = least_largest_fitting_run(work, kept, held, limit)
     want = _least_fitting_by_every_cut(work, kept, held, limit)
     if want is None:
         assert got is None
