@@ -60,3 +60,17 @@ def test_where_no_worker_can_run_the_search_prices_here(monkeypatch) -> None:
     monkeypatch.setattr(pricing, "PARALLEL_SHAPES", 1)
     monkeypatch.setattr(pricing, "ProcessPoolExecutor", no_pool)
     assert price_shapes(cfg, todo, 32, silent, workers=2).priced == here.priced
+
+
+def test_a_spawned_worker_does_not_run_the_command_again() -> None:
+    """`python -m ppsim.cli plan --gpus ...` spawns pricing workers, which import the
+    main module again as __mp_main__: unguarded, each ran the whole plan (and spawned
+    workers of its own)."""
+    import runpy
+    import subprocess
+    import sys
+
+    runpy.run_module("ppsim.cli.__main__", run_name="__mp_main__")  # returns at once
+    ran = subprocess.run([sys.executable, "-m", "ppsim.cli", "presets"], capture_output=True,
+                         text=True, timeout=60)
+    assert ran.returncode == 0 and "llama3-8b" in ran.stdout
