@@ -16,7 +16,7 @@ from typing import Any
 
 from ppsim.costs.model import least_busy_ms, stage_busy_ms
 from ppsim.plan.bounds import least_largest_fitting_run
-from ppsim.plan.floor import memory_floors
+from ppsim.plan.floor import floor_held
 
 
 def tie_key(r: Any) -> tuple[float, int]:
@@ -51,10 +51,9 @@ def reachable_ms(r: Any) -> float:
     if split.num_stages != r.shape.pp:
         return t
     pieces = [costs.embedding, *costs.layers, costs.head]
-    held = memory_floors(problem).held
     even = least_largest_fitting_run([least_busy_ms(c) for c in pieces],
-                                  [(c.static_bytes, c.activation_bytes) for c in pieces],
-                                  held, problem.hardware.memory_bytes)
+                                     [(c.static_bytes, c.activation_bytes) for c in pieces],
+                                     floor_held(problem), problem.hardware.memory_bytes)
     if even is None:
         return t
     busiest = max(stage_busy_ms(costs, split))

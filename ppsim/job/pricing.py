@@ -3,7 +3,8 @@ that rule it out (ppsim.job.pending), in this process or, for a large search on 
 machine with cores to spare, spread over worker processes.
 
 What a worker sends back is small (Priced): the bound and bytes, not the shape's config
-and costs, which the search rebuilds for the few shapes it goes on to simulate. The
+and costs, which the search rebuilds for the few shapes it goes on to simulate (priced
+here, a shape keeps them: Pending). The
 numbers are the same in any process, so a search finds the same answer however many
 workers priced it.
 """
@@ -50,14 +51,16 @@ class Priced:
 class Pricing:
     """The shapes priced, in the order given."""
 
-    priced: list[Priced]
-    """Those the model accepts."""
+    priced: list[Pending | Priced]
+    """Those the model accepts: whole where priced here, as sent where in a worker."""
     refusals: list[UserError]
     """Those it refuses, with Megatron's (or a limit's) reason."""
 
 
-def priced(p: Pending) -> Priced:
+def priced(p: Pending | Priced) -> Priced:
     """What a worker sends back of `p`."""
+    if isinstance(p, Priced):
+        return p
     return Priced(shape=p.shape, bound_ms=p.bound_ms, static_bytes=p.static_bytes,
                   host_bytes=p.host_bytes, overflows=p.overflows)
 
@@ -67,14 +70,19 @@ Refusal = tuple[str, str, str]
 pickle back whole)."""
 
 
-def _price(cfg: Any, shapes: Sequence[Shape], gbs: int) -> list[Priced | Refusal]:
-    out: list[Priced | Refusal] = []
+def _price(cfg: Any, shapes: Sequence[Shape], gbs: int) -> list[Pending | Refusal]:
+    out: list[Pending | Refusal] = []
     for s in shapes:
         try:
-            out.append(priced(pending_shape(cfg, s, gbs)))
+            out.append(pending_shape(cfg, s, gbs))
         except UserError as e:
             out.append((e.field, e.problem, e.fix))
     return out
+
+
+def _price_to_send(cfg: Any, shapes: Sequence[Shape], gbs: int) -> list[Priced | Refusal]:
+    """_price in a worker: each shape as sent back."""
+    return [r if isinstance(r, tuple) else priced(r) for r in _price(cfg, shapes, gbs)]
 
 
 def usable_cores() -> int:
@@ -91,23 +99,24 @@ def price_shapes(cfg: Any, todo: Sequence[Shape], gbs: int,
     """Each shape of `todo` priced (pending_shape); over `workers` processes (default:
     the usable cores) when there are PARALLEL_SHAPES or more and more than one worker."""
     n = usable_cores() if workers is None else workers
-    results: list[Priced | Refusal] | None = None
+    results: Sequence[Pending | Priced | Refusal] | None = None
     if n >= 2 and len(todo) >= PARALLEL_SHAPES:
         results = _price_apart(cfg, todo, gbs, progress, n)
     if results is None:
-        results = []
+        here: list[Pending | Refusal] = []
         step = max(1, len(todo) // 100)
         for i in range(0, len(todo), step):
             progress("pricing shapes", i, len(todo))
-            results += _price(cfg, todo[i:i + step], gbs)
-    return Pricing(priced=[r for r in results if isinstance(r, Priced)],
-                   refusals=[UserError(*r) for r in results if not isinstance(r, Priced)])
+            here += _price(cfg, todo[i:i + step], gbs)
+        results = here
+    return Pricing(priced=[r for r in results if not isinstance(r, tuple)],
+                   refusals=[UserError(*r) for r in results if isinstance(r, tuple)])
 
 
 def _price_apart(cfg: Any, todo: Sequence[Shape], gbs: int,
                  progress: Callable[[str, int, int], None],
                  workers: int) -> list[Priced | Refusal] | None:
-    """_price over `workers` spawned processes, neighbouring shapes in one task; None
+    """_price_to_send over `workers` spawned processes, neighbouring shapes in one task; None
     where no worker could run (a main module read from stdin cannot be spawned again; a
     container without shared memory has no semaphores): the caller prices them itself."""
     size = -(-len(todo) // (workers * CHUNKS_PER_WORKER))
@@ -117,7 +126,7 @@ def _price_apart(cfg: Any, todo: Sequence[Shape], gbs: int,
     context = multiprocessing.get_context("spawn")
     try:
         with ProcessPoolExecutor(workers, mp_context=context) as pool:
-            futures = [pool.submit(_price, cfg, c, gbs) for c in chunks]
+            futures = [pool.submit(_price_to_send, cfg, c, gbs) for c in chunks]
             for i, f in enumerate(futures):
                 progress("pricing shapes", i * size, len(todo))
                 results += f.result()

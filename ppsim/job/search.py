@@ -107,13 +107,13 @@ def _refined(r: ShapeResult, cfg: Any, policy: str, budget_s: float) -> ShapeRes
         found = best_policy(cfg, budget_s)
         if found is not None and _faster(found.summary, r):
             return shape_result(r.shape, found.problem, found.summary, planned=True,
-                           policy=found.label, policy_flags=found.megatron_flags)
+                                policy=found.label, policy_flags=found.megatron_flags)
         return r
     res = plan(r.problem, top_k=1, time_budget_s=budget_s)
     if res.best is not None and _faster(res.best.summary, r):
-        return replace(shape_result(r.shape, r.problem.with_split(res.best.split), res.best.summary,
-                               planned=True, policy=r.policy, policy_flags=r.policy_flags),
-                       split_proven=res.proven_optimal)
+        best = shape_result(r.shape, r.problem.with_split(res.best.split), res.best.summary,
+                            planned=True, policy=r.policy, policy_flags=r.policy_flags)
+        return replace(best, split_proven=res.proven_optimal)
     # Nothing faster fits: a finished search proves the default split the fastest.
     return replace(r, split_proven=res.proven_optimal)
 
@@ -235,7 +235,7 @@ def _with_split_of(r: ShapeResult, first: ShapeResult) -> ShapeResult:
     if not _faster(summary, r):
         return r
     return shape_result(r.shape, problem, summary, planned=True, policy=r.policy,
-                   policy_flags=r.policy_flags)
+                        policy_flags=r.policy_flags)
 
 
 def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,

@@ -71,7 +71,9 @@ class ShapeResult:
 
 
 def shape_result(s: Shape, problem: Problem, summary: Summary, planned: bool = False,
-            policy: str = "", policy_flags: str | None = None) -> ShapeResult:
+                 policy: str = "", policy_flags: str | None = None) -> ShapeResult:
+    """`s` simulated as `problem`: its throughput, exposed communication and what held
+    it back."""
     job = problem.hardware.job
     comm = exposed_comm_ms(problem, summary)
     return ShapeResult(shape=s, problem=problem, summary=summary,
@@ -92,10 +94,10 @@ def _timed(p: Pending, policy: str, problem: Problem) -> ShapeResult:
     fit = fitting_mode(p.cfg) if not summary.fits else None
     if fit is not None:
         return shape_result(p.shape, fit.problem, fit.summary, policy=fit.mode,
-                       policy_flags=mode_flags(fit.problem, fit.mode))
+                            policy_flags=mode_flags(fit.problem, fit.mode))
     mode = p.cfg.model.recompute or "none"
     return shape_result(p.shape, problem, summary, policy=mode,
-                   policy_flags=mode_flags(problem, mode))
+                        policy_flags=mode_flags(problem, mode))
 
 
 def _kth_fastest(results: list[ShapeResult], k: int) -> float:

@@ -17,7 +17,7 @@ between several ranks of equal load.)
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ppsim.costs.model import LayerCost, StageCost, least_busy_ms
 from ppsim.plan.search import Deadline, SplitSearch
@@ -279,8 +279,8 @@ class WaterFill:
         return max(placed_max, (pour + total) / n)
 
 
-def least_largest_fitting_run(work: list[float], kept: list[tuple[int, int]],
-                              held: list[int], limit: float) -> float | None:
+def least_largest_fitting_run(work: Sequence[float], kept: Sequence[tuple[int, int]],
+                              held: Sequence[int], limit: float) -> float | None:
     """The least, over every cut of `work` into len(held) contiguous runs in order (some
     may be empty) where run r's pieces keep their static bytes and held[r] times their
     activation bytes (`kept`) within `limit`, of the largest run's sum: how even a split

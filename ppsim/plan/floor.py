@@ -134,10 +134,15 @@ def held_microbatches(schedule: Schedule) -> tuple[int, ...]:
     return out
 
 
-def memory_floors(problem: Problem) -> MemoryFloors:
-    """The floors of the problem's schedule and model (SplitSearch.floors); under a
-    memory policy each rank's activations count for nothing (it may recompute or offload
-    them)."""
+def floor_held(problem: Problem) -> tuple[int, ...]:
+    """The microbatches' activations the floor counts on each rank: held_microbatches,
+    or none under a memory policy (it may recompute or offload them)."""
     s = problem.schedule
-    held = held_microbatches(s) if problem.memory is None else (0,) * s.pp
-    return MemoryFloors(problem.costs, s.stage_rank, s.num_stages, s.pp, held)
+    return held_microbatches(s) if problem.memory is None else (0,) * s.pp
+
+
+def memory_floors(problem: Problem) -> MemoryFloors:
+    """The floors of the problem's schedule and model (SplitSearch.floors), counting
+    floor_held's activations."""
+    s = problem.schedule
+    return MemoryFloors(problem.costs, s.stage_rank, s.num_stages, s.pp, floor_held(problem))

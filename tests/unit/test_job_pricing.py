@@ -25,7 +25,8 @@ def test_workers_price_as_this_process_does(monkeypatch) -> None:
     steps: list[tuple[str, int, int]] = []
     apart = price_shapes(cfg, todo, 256, lambda *s: steps.append(s), workers=2)
     assert here.refusals and here.priced
-    assert apart.priced == here.priced  # shapes, bounds and bytes to the last digit
+    sent = [pricing.priced(p) for p in here.priced]  # priced here, kept whole
+    assert apart.priced == sent  # shapes, bounds and bytes to the last digit
     assert [str(e) for e in apart.refusals] == [str(e) for e in here.refusals]
     assert [e.field for e in apart.refusals] == [e.field for e in here.refusals]
     # one step a task: about CHUNKS_PER_WORKER a worker, neighbouring shapes together
@@ -59,7 +60,7 @@ def test_where_no_worker_can_run_the_search_prices_here(monkeypatch) -> None:
     here = price_shapes(cfg, todo, 32, silent, workers=1)
     monkeypatch.setattr(pricing, "PARALLEL_SHAPES", 1)
     monkeypatch.setattr(pricing, "ProcessPoolExecutor", no_pool)
-    assert price_shapes(cfg, todo, 32, silent, workers=2).priced == here.priced
+    assert price_shapes(cfg, todo, 32, silent, workers=2).priced == here.priced  # whole
 
 
 def test_a_spawned_worker_does_not_run_the_command_again() -> None:
