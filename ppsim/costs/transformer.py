@@ -12,7 +12,8 @@ and experts sharded over ep x etp.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
+from functools import lru_cache
 from typing import Any
 
 from ppsim.costs.arch import DTYPE_BYTES, Architecture, AttentionShape, attention_shape
@@ -106,6 +107,47 @@ def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
     """One layer of `kind` attending over `window` (0: all the keys before a query);
     `recompute` (Megatron module names) and `full` (the whole layer recomputed) default
     to the architecture's global mode."""
+    work = _kind_work(_state_free(a), acc, kind, recompute, full, window)
+    return replace(work.cost, static_bytes=_state_bytes(a, kind) + work.fp8_weight_bytes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _KindWork:
+    """A layer's cost but for the state its rank holds."""
+
+    cost: LayerCost
+    """Its times and activations (static_bytes 0)."""
+    fp8_weight_bytes: int
+    """Its FP8 weight copies (ppsim.costs.fp8.fp8_weight_bytes)."""
+
+
+@lru_cache(maxsize=1024)
+def _state_free(a: Architecture) -> Architecture:
+    """`a` with one data-parallel rank: outside FSDP, dp reaches a layer's cost only
+    through the optimizer's shards (_state_bytes), so shapes that differ in dp alone (a
+    job search's) price their layers once; under FSDP the FP8 weight shards read it
+    too."""
+    if a.fsdp or (a.dp == 1 and a.dp_replicas == 1):
+        return a
+    return replace(a, dp=1, dp_replicas=1)
+
+
+def _state_bytes(a: Architecture, kind: str) -> int:
+    """The weights, gradients and optimizer state one rank holds of a layer of `kind`
+    (Megatron's bytes per parameter; Muon steps the matrices, Adam the norms)."""
+    held = held_params(a, kind)
+    norms = any_kind_params(a, kind).norms if a.optimizer == "muon" else 0
+    return int((held.dense - norms) * bytes_per_param(a, layer=True)
+               + norms * bytes_per_param(a)
+               + held.experts * bytes_per_param(a, experts=True, layer=True))
+
+
+@lru_cache(maxsize=4096)
+def _kind_work(a: Architecture, acc: Accelerator, kind: str,
+               recompute: tuple[str, ...] | None, full: bool | None,
+               window: int) -> _KindWork:
+    """_kind_cost's work: everything but _state_bytes (cached: its arguments are
+    frozen)."""
     s, b, h, t = a.seq_length, a.micro_batch_size, a.hidden_size, a.tp
     if full is None:
         full = a.recompute == "full"
@@ -138,16 +180,11 @@ def _kind_cost(a: Architecture, acc: Accelerator, kind: str,
     w_keep = min(act, weight_grad_bytes(ops, DTYPE_BYTES[a.dtype], inputs=True)) \
         + weight_grad_bytes(ops, DTYPE_BYTES[a.dtype], inputs=False)
     held = held_params(a, kind)
-    norms = any_kind_params(a, kind).norms if a.optimizer == "muon" else 0  # on Adam
-    return LayerCost(forward_ms=f, backward_ms=bi + bw, weight_grad_ms=bw,
-                     static_bytes=int((held.dense - norms) * bytes_per_param(a, layer=True)
-                                      + norms * bytes_per_param(a)
-                                      + held.experts * bytes_per_param(a, experts=True,
-                                                                       layer=True))
-                     + fp8_weight_bytes(a, ops),
+    cost = LayerCost(forward_ms=f, backward_ms=bi + bw, weight_grad_ms=bw,
                      activation_bytes=act, weight_grad_bytes=w_keep, transient_bytes=transient,
                      output_bytes=s * b * h * a.residual_bytes // a.token_ranks,
                      params=int(held.dense + held.experts), expert_params=int(held.experts))
+    return _KindWork(cost=cost, fp8_weight_bytes=fp8_weight_bytes(a, ops))
 
 
 def weight_grad_bytes(ops: list[Op], dtype_bytes: int, inputs: bool) -> int:

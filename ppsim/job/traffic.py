@@ -21,6 +21,7 @@ in the backward instead (Megatron's row- and column-parallel linears).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape
 from ppsim.costs.fp8 import fp8_bytes
@@ -186,12 +187,28 @@ def cp_comm(job: Job, a: Architecture, acc: Accelerator, backward: bool) -> Coll
         hide = job.arch.cp_a2a_size
         cp, link = cp // hide, job.link("cp_p2p")
         exposed = qkvo_a2a_ms(job.link("cp_a2a"))
-    att = next(op for op in attention_ops(a) if op.attention)
-    f, b, _, _, _ = op_times(acc.roofline(), att)  # each pass hides behind a chunk's core
+    core = chunk_core(a, acc)  # each pass hides behind a chunk's core
     one = send_ms(2 * kv if backward else kv, link)
     return Collective(group="cp", total_ms=exposed + (cp - 1) * one,
-                      exposed_ms=exposed + (cp - 1) * max(0.0, one - hide * (b if backward
-                                                                          else f)))
+                      exposed_ms=exposed + (cp - 1) * max(0.0, one - hide * (
+                          core.backward_ms if backward else core.forward_ms)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkCore:
+    """One context-parallel chunk's attention core, all the keys before each query."""
+
+    forward_ms: float
+    backward_ms: float
+
+
+@lru_cache(maxsize=1024)
+def chunk_core(a: Architecture, acc: Accelerator) -> ChunkCore:
+    """The attention core of one rank's chunk of `a` (cached: a layer's traffic reads it
+    once a pass and direction)."""
+    att = next(op for op in attention_ops(a) if op.attention)
+    f, b, _, _, _ = op_times(acc.roofline(), att)
+    return ChunkCore(forward_ms=f, backward_ms=b)
 
 
 @dataclass(frozen=True)
@@ -251,8 +268,8 @@ def cp_attention_ms(job: Job, a: Architecture, acc: Accelerator, window: int = 0
     cp = job.arch.cp
     if cp == 1:
         return 0.0, 0.0
-    att = next(op for op in attention_ops(a) if op.attention)
-    f, b, _, _, _ = op_times(acc.roofline(), att)
+    core = chunk_core(a, acc)
+    f, b = core.forward_ms, core.backward_ms
     # f, b: a chunk's full causal core; the whole sequence's is cp x cp chunks' worth / cp.
     rest = cp * window_share(a.seq_length * cp, window) - window_share(a.seq_length, window)
     fwd, bwd = cp_traffic(job, a, acc, again)
