@@ -53,6 +53,9 @@ from ppsim.sim.summary import Summary
 
 SPLIT_SHARE = 1 / 12
 """The most of the budget one shape's split plan takes (5 s of the default 60)."""
+PRICING_SHARE = 0.5
+"""The most of the budget pricing the shapes takes (ppsim.job.pricing); the walk and the
+split plans have the rest."""
 HOSTING_SHARE = 0.3
 """The most of the budget trying overflowing shapes with the optimizer on the host takes."""
 LONG_SHOT = 0.25
@@ -78,7 +81,8 @@ class JobSearch:
     total: int
     """Shapes the model, the world and the batch allow (the budget may stop short)."""
     complete: bool = True
-    """Every shape was simulated or bounded out (with its default split) within the budget."""
+    """Every shape was priced, then simulated or bounded out (with its default split), within
+    the budget."""
     overflowing: int = 0
     """Shapes whose weights, gradients and optimizer states alone overflow memory."""
     over_floor: int = 0
@@ -263,12 +267,16 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
     # the k-th fastest fitting default split cannot enter the top k at its default split
     # (k at least TOP_SEARCHED, so a shorter table lists the same best).
     k = max(top_k, TOP_SEARCHED)
-    pricing = price_shapes(cfg, todo, gbs, progress)
+    pricing = price_shapes(cfg, todo, gbs, progress, deadline=t0 + budget_s * PRICING_SHARE)
     accepted: list[Pending | Priced] = list(pricing.priced)
     refusals = pricing.refusals
     hosted = _on_the_host(cfg, accepted, gbs, progress, t0 + budget_s * HOSTING_SHARE) \
         if "host-optimizer" in axes else Hosted(found=[], complete=True)
     accepted += hosted.found
+    if not accepted and not pricing.complete:
+        raise UserError("--time-budget", f"{budget_s:g} s priced {len(refusals):,} of "
+                        f"{len(todo):,} shapes, and the model refuses each",
+                        f"give it more time, e.g. --time-budget {max(10.0, 4 * budget_s):g}")
     if not accepted:
         raise UserError("--global-batch-size", f"no shape of {gpus:,} GPUs at a global batch "
                         f"of {gbs:,} can be built; the first refused says {refusals[0]}")
@@ -277,7 +285,7 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
     walked = simulate_shapes(pending, lambda p: _whole(cfg, p, gbs), policy, k, budget_s,
                              t0, progress)
     results = walked.results
-    complete = hosted.complete and walked.complete
+    complete = pricing.complete and hosted.complete and walked.complete
     ties = _ties(policy)
     chosen = shapes_to_plan(results, k, ties=ties)
     refined = _plan_splits(cfg, chosen, gbs, policy, budget_s, t0, progress)

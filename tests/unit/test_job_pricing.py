@@ -3,9 +3,12 @@ bounds, bytes and refusals as pricing them here, so the same answer."""
 
 from __future__ import annotations
 
+import multiprocessing
+
 from ppsim.cli.flags import config_from_args
-from ppsim.cli.main import build_parser
-from ppsim.job import pricing
+from ppsim.cli.main import build_parser, main
+from ppsim.errors import UserError
+from ppsim.job import pricing, search
 from ppsim.job.pricing import price_shapes
 from ppsim.job.search import _candidates, search_job
 from ppsim.job.walk import silent
@@ -75,3 +78,57 @@ def test_a_spawned_worker_does_not_run_the_command_again() -> None:
     ran = subprocess.run([sys.executable, "-m", "ppsim.cli", "presets"], capture_output=True,
                          text=True, timeout=60)
     assert ran.returncode == 0 and "llama3-8b" in ran.stdout
+
+
+def test_pricing_stops_at_its_deadline_with_a_sample_of_the_grid(monkeypatch) -> None:
+    """Before, pricing ignored --time-budget: DeepSeek-V3 with --search cp-comm priced
+    for 15 s under a 10 s budget. Past its deadline it ends after its first step, which
+    holds a shape of every (tp, cp, pp), in the order given."""
+    cfg = _cfg("--preset", "llama3-8b", "--num-layers", "8", "--hardware", "h100-80gb")
+    todo = _candidates(cfg, 64, 128, None, frozenset())
+    grid = {(s.tp, s.cp, s.pp) for s in todo}
+    assert len(todo) >= 2 * len(grid) and len(grid) >= 10
+    whole = price_shapes(cfg, todo, 128, silent, workers=1)
+    for workers, big in ((1, 10 ** 9), (2, 1)):  # in this process, then in two workers
+        monkeypatch.setattr(pricing, "PARALLEL_SHAPES", big)
+        cut = price_shapes(cfg, todo, 128, silent, workers=workers, deadline=0.0)
+        assert whole.complete and not cut.complete
+        # the workers are gone, not left pricing the tasks queued to them on the cores
+        # the search goes on with
+        assert not multiprocessing.active_children()
+        done = [p.shape for p in cut.priced]
+        assert 0 < len(done) + len(cut.refusals) < len(todo)
+        assert done == [s for s in todo if s in set(done)]  # the order given
+        if workers == 1:  # one step of 1 % of the shapes spans that much of the grid
+            step = max(1, len(todo) // 100)
+            assert len({(s.tp, s.cp, s.pp) for s in done}) == min(len(done), step)
+        sent = {pricing.priced(p).shape: pricing.priced(p) for p in whole.priced}
+        assert all(pricing.priced(p) == sent[p.shape] for p in cut.priced)
+
+
+def test_a_search_whose_pricing_is_cut_says_it_is_incomplete(monkeypatch, capsys) -> None:
+    argv = ["plan", "--preset", "llama3-8b", "--num-layers", "8", "--hardware",
+            "h100-80gb", "--gpus", "64", "--global-batch-size", "128", "--time-budget", "20"]
+    monkeypatch.setattr(search, "PRICING_SHARE", 0.0)  # the deadline is the start
+    res = search_job(_cfg(*argv[1:7]), 64, 128, budget_s=20)
+    assert not res.complete
+    assert res.evaluated + res.overflowing + res.refused + res.over_floor < res.total
+    assert main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "not reached when the time budget ran out" in out
+
+
+def test_a_cut_pricing_that_the_model_refuses_throughout_names_the_budget(
+        monkeypatch, capsys) -> None:
+    def refuse(cfg, s, gbs):
+        raise UserError("model.tp", "refused here", "")
+
+    monkeypatch.setattr(search, "PRICING_SHARE", 0.0)
+    monkeypatch.setattr(pricing, "pending_shape", refuse)
+    argv = ["plan", "--preset", "llama3-8b", "--num-layers", "8", "--hardware",
+            "h100-80gb", "--gpus", "64", "--global-batch-size", "128", "--time-budget", "3"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith("ppsim plan: error: --time-budget: 3 s priced ")
+    assert "--time-budget 12" in err
