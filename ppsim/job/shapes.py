@@ -14,7 +14,9 @@ from ppsim.costs.layerops import vocab_split_problem
 from ppsim.costs.mixer_split import split_problem
 from ppsim.job.shape import cp_refusal
 
-PP_CHOICES = (1, 2, 4, 8, 16, 32, 64)
+MAX_PP = 64
+"""The most pipeline ranks the search tries (any size up to it that divides the world:
+Megatron takes pp 6 or 12 as it takes 8; the weak-scaling table's 177B ran at pp 6)."""
 MBS_CHOICES = (1, 2, 4)
 VPP_CHOICES = (1, 2, 4)
 
@@ -175,8 +177,9 @@ def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
 
     experts = _powers(a.num_experts) if a.num_experts else [1]
     out = []
+    sizes = [p for p in range(1, MAX_PP + 1) if gpus % p == 0]
     for tp, cp, pp in product(choices("tp", _powers(gpus_per_node)),
-                              choices("cp", (1, 2, 4, 8)), choices("pp", PP_CHOICES)):
+                              choices("cp", (1, 2, 4, 8)), choices("pp", sizes)):
         dp = gpus // (tp * cp * pp)
         if not _grid_fits(a, gpus, layers, tp, cp, pp) or pin.get("dp", dp) != dp:
             continue

@@ -64,8 +64,9 @@ def test_best_shape_simulates_to_the_same_time(planned: dict, capsys) -> None:
 
 
 def test_a_batch_no_shape_divides_is_refused(capsys) -> None:
-    # 48 GPUs over power-of-two tp, cp and pp leave dp a multiple of 3; 8 is not.
-    rc = main(["plan", "--preset", "llama3-8b", "--gpus", "48", "--global-batch-size", "8"])
+    # 3,072 GPUs over tp and cp up to 8 and pp up to the 32 layers leave dp at least 2
+    # (pp 24); 7 is odd.
+    rc = main(["plan", "--preset", "llama3-8b", "--gpus", "3072", "--global-batch-size", "7"])
     err = capsys.readouterr().err
     assert rc == 2 and "--global-batch-size" in err and len(err.strip().splitlines()) == 1
 
