@@ -2,17 +2,17 @@
 
 Every shape Megatron accepts on N GPUs is a candidate: tp a power of two within a node
 dividing the query groups, cp with 2 x cp dividing the sequence, pp any size up to 64
-(dividing the layers or not: Megatron splits unevenly too), vpp 1, 2 or 4, micro-batch
-1, 2 or 4, ep (MoE only) dividing the experts with etp (tp, or 1 at tp > 1: MoE parallel
-folding) x ep dividing tp x cp x dp; dp is N / (tp x cp x pp) and the microbatches
-B / (mbs x dp), refused when they do not divide as Megatron refuses them. Each shape is
-simulated with its default split, unless no split could hold its weights and optimizer
-state, or those with its activations (ppsim.job.walk); the TOP_SEARCHED fastest that fit
-(at least), and any faster that does not fit at its default split, then have their split
-planned (ppsim.plan.planner), and with what the budget leaves, long shots: shapes an
-uneven split might make faster than the best planned (ppsim.job.choice). Each candidate
-says what held it back most: memory, the pipeline bubble, or communication the compute
-did not hide.
+(dividing the layers or not: Megatron splits unevenly too), vpp 1, 2, 4 or 8,
+micro-batch 1, 2 or 4, ep (MoE only) dividing the experts with etp (tp, or 1 at tp > 1:
+MoE parallel folding) x ep dividing tp x cp x dp; dp is N / (tp x cp x pp) and the
+microbatches B / (mbs x dp), refused when they do not divide as Megatron refuses them.
+Each shape is simulated with its default split, unless no split could hold its weights
+and optimizer state, or those with its activations (ppsim.job.walk); the TOP_SEARCHED
+fastest that fit (at least), and any faster that does not fit at its default split, then
+have their split planned (ppsim.plan.planner), and with what the budget leaves, long
+shots: shapes an uneven split might make faster than the best planned (ppsim.job.choice).
+Each candidate says what held it back most: memory, the pipeline bubble, or
+communication the compute did not hide.
 """
 
 from __future__ import annotations

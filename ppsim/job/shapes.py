@@ -18,7 +18,7 @@ MAX_PP = 64
 """The most pipeline ranks the search tries (any size up to it that divides the world:
 Megatron takes pp 6 or 12 as it takes 8; the weak-scaling table's 177B ran at pp 6)."""
 MBS_CHOICES = (1, 2, 4)
-VPP_CHOICES = (1, 2, 4)
+VPP_CHOICES = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True, kw_only=True)

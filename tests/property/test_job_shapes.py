@@ -74,10 +74,16 @@ def test_a_given_microbatch_count_is_the_batchs_refused_or_replaces_it(
        layers=st.integers(1, 96))
 def test_every_pipeline_size_megatron_takes_is_tried(name, gpus, layers) -> None:
     """Before, only powers of two: on 96 GPUs the 177B GPT of Megatron's own table
-    (tp 8, pp 6, dp 2) was never a candidate. Now every pp up to 64 (and the layers) that
-    divides the world, at tp = cp = 1 with a batch that divides every dp."""
+    (tp 8, pp 6, dp 2) was never a candidate, nor 8 chunks a rank. Now every pp up to 64
+    (and the layers) that divides the world, at tp = cp = 1 with a batch that divides
+    every dp."""
     a = ARCHS[name]
     held = shapes(a, gpus, 64 * gpus, 8, layers, {"tp": 1, "cp": 1, "mbs": 1})
     if a.num_experts:  # experts fold over the data-parallel ranks: not every ep fits
         held = [s for s in held if s.ep == 1]
     assert {s.pp for s in held} == {p for p in range(1, min(64, layers) + 1) if gpus % p == 0}
+    # and every chunk count up to 8 (Megatron's 405B and DeepSeek-V3 recipes run 4 and 8)
+    # that leaves each chunk a layer
+    for pp in {s.pp for s in held} - {1}:
+        assert {s.vpp for s in held if s.pp == pp} == {v for v in (1, 2, 4, 8)
+                                                       if pp * v <= layers}
