@@ -1,8 +1,9 @@
 """`ppsim plan --gpus N --global-batch-size B`: the job's shape searched with its split.
 
 Every shape Megatron accepts on N GPUs is a candidate: tp a power of two within a node
-dividing the query groups, cp with 2 x cp dividing the sequence, pp any size up to 64
-(dividing the layers or not: Megatron splits unevenly too), vpp 1, 2, 4 or 8,
+dividing the query groups, cp with 2 x cp dividing the sequence (up to 8, and beyond
+while each rank keeps 8,192 tokens), pp any size up to 64 (dividing the layers or not:
+Megatron splits unevenly too), vpp 1, 2, 4 or 8,
 micro-batch 1, 2 or 4, ep (MoE only) dividing the experts with etp (tp, or 1 at tp > 1:
 MoE parallel folding) x ep dividing tp x cp x dp; dp is N / (tp x cp x pp) and the
 microbatches B / (mbs x dp), refused when they do not divide as Megatron refuses them.

@@ -17,6 +17,12 @@ from ppsim.job.shape import cp_refusal
 MAX_PP = 64
 """The most pipeline ranks the search tries (any size up to it that divides the world:
 Megatron takes pp 6 or 12 as it takes 8; the weak-scaling table's 177B ran at pp 6)."""
+MAX_CP = 8
+"""The most context-parallel ranks the search tries for any sequence (a power of two)."""
+LONG_CP_TOKENS = 8192
+"""Beyond MAX_CP it tries each power of two that leaves a context-parallel rank this many
+tokens of a sequence or more: Llama 3's 128K-token phase ran cp 16 (8,192 tokens a rank,
+tp 8, pp 16, dp 8 on 16,384 GPUs; the paper's Table 4)."""
 MBS_CHOICES = (1, 2, 4)
 VPP_CHOICES = (1, 2, 4, 8)
 
@@ -178,8 +184,9 @@ def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
     experts = _powers(a.num_experts) if a.num_experts else [1]
     out = []
     sizes = [p for p in range(1, MAX_PP + 1) if gpus % p == 0]
+    contexts = _powers(max(MAX_CP, a.seq_length // LONG_CP_TOKENS))
     for tp, cp, pp in product(choices("tp", _powers(gpus_per_node)),
-                              choices("cp", (1, 2, 4, 8)), choices("pp", sizes)):
+                              choices("cp", contexts), choices("pp", sizes)):
         dp = gpus // (tp * cp * pp)
         if not _grid_fits(a, gpus, layers, tp, cp, pp) or pin.get("dp", dp) != dp:
             continue

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -87,3 +89,16 @@ def test_every_pipeline_size_megatron_takes_is_tried(name, gpus, layers) -> None
     for pp in {s.pp for s in held} - {1}:
         assert {s.vpp for s in held if s.pp == pp} == {v for v in (1, 2, 4, 8)
                                                        if pp * v <= layers}
+
+
+@settings(max_examples=40, deadline=None)
+@given(seq=st.sampled_from([2048, 4096, 8192, 32768, 65536, 131072, 262144, 1048576]),
+       gpus=st.sampled_from([256, 1024, 4096]))
+def test_a_long_sequence_is_tried_over_more_context_parallel_ranks(seq, gpus) -> None:
+    """Up to 8 context-parallel ranks for any sequence, beyond while each keeps 8,192
+    tokens of it or more: before, cp stopped at 8, and Llama 3's 128K-token phase (cp 16
+    on 16,384 GPUs at 128 sequences a batch) had no shape at all."""
+    a = replace(ARCHS["llama3-8b"], seq_length=seq)
+    held = shapes(a, gpus, 64 * gpus, 8, a.num_layers, {"tp": 1, "pp": 1, "mbs": 1})
+    assert {s.cp for s in held} == {c for c in (1, 2, 4, 8, 16, 32, 64, 128)
+                                    if c <= max(8, seq // 8192) and gpus % c == 0}
