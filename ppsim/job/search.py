@@ -58,7 +58,8 @@ PRICING_SHARE = 0.5
 """The most of the budget pricing the shapes takes (ppsim.job.pricing); the walk and the
 split plans have the rest."""
 HOSTING_SHARE = 0.3
-"""The most of the budget trying overflowing shapes with the optimizer on the host takes."""
+"""The most of the budget trying overflowing shapes with the optimizer on the host takes
+(after pricing)."""
 LONG_SHOT = 0.25
 """The share of SPLIT_SHARE a shape gets whose default split does not fit."""
 SHOTS_SPARE = 0.1
@@ -271,7 +272,9 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
     pricing = price_shapes(cfg, todo, gbs, progress, deadline=t0 + budget_s * PRICING_SHARE)
     accepted: list[Pending | Priced] = list(pricing.priced)
     refusals = pricing.refusals
-    hosted = _on_the_host(cfg, accepted, gbs, progress, t0 + budget_s * HOSTING_SHARE) \
+    # from where pricing ended: a pricing that took its whole share leaves hosting its own
+    hosting_ends = time.perf_counter() + budget_s * HOSTING_SHARE
+    hosted = _on_the_host(cfg, accepted, gbs, progress, hosting_ends) \
         if "host-optimizer" in axes else Hosted(found=[], complete=True)
     accepted += hosted.found
     if not accepted and not pricing.complete:

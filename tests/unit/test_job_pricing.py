@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 
 from ppsim.cli.flags import config_from_args
 from ppsim.cli.main import build_parser, main
@@ -144,3 +145,22 @@ def test_a_cut_pricing_that_the_model_refuses_throughout_names_the_budget(
     assert len(err.splitlines()) == 1
     assert err.startswith("ppsim plan: error: --time-budget: 3 s priced ")
     assert "--time-budget 12" in err
+
+
+def test_a_slow_pricing_leaves_the_optimizer_on_the_host_its_share(monkeypatch) -> None:
+    """Hosting's deadline counted from the search's start: a pricing that took 40 % of
+    the budget (on a loaded machine, or a large search) left the 30 % of hosting spent
+    before it began, and no shape that only fits with its optimizer on the host was
+    found."""
+    cfg = _cfg("--preset", "llama3-8b", "--hardware", "h100-80gb", "--memory-gb", "12")
+    budget = 4.0
+    priced_here = search.price_shapes
+
+    def slow(*args, **kwargs):
+        time.sleep(0.4 * budget)
+        return priced_here(*args, **kwargs)
+
+    monkeypatch.setattr(search, "price_shapes", slow)
+    res = search_job(cfg, 8, 16, budget_s=budget, axes=frozenset({"host-optimizer"}))
+    best = res.candidates[0]
+    assert best.summary.fits and best.shape.host_optimizer
