@@ -35,8 +35,8 @@ PARALLEL_SHAPES = 4000
 seconds (about 1 ms a shape), which workers that start in a second or two (each
 importing ppsim, its caches cold) would barely shorten."""
 CHUNKS_PER_WORKER = 8
-"""Tasks per worker: neighbouring shapes share a task (and the worker's caches), and
-the progress moves as each ends."""
+"""Tasks per worker: the progress moves, and a deadline can stop pricing, as each ends
+(a worker's caches serve all its tasks)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,7 +143,7 @@ def price_shapes(cfg: Any, todo: Sequence[Shape], gbs: int,
 def _price_apart(cfg: Any, todo: Sequence[Shape], gbs: int,
                  progress: Callable[[str, int, int], None],
                  workers: int, deadline: float) -> list[Priced | Refusal] | None:
-    """_price_to_send over `workers` spawned processes, neighbouring shapes in one task,
+    """_price_to_send over `workers` spawned processes, consecutive shapes in one task,
     the tasks' results in order until `deadline` (at least the first; those not started
     by then are dropped); None where no worker could run (a main module read from stdin
     cannot be spawned again; a container without shared memory has no semaphores): the

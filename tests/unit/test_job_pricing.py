@@ -34,7 +34,7 @@ def test_workers_price_as_this_process_does(monkeypatch) -> None:
     assert apart.priced == sent  # shapes, bounds and bytes to the last digit
     assert [str(e) for e in apart.refusals] == [str(e) for e in here.refusals]
     assert [e.field for e in apart.refusals] == [e.field for e in here.refusals]
-    # one step a task: about CHUNKS_PER_WORKER a worker, neighbouring shapes together
+    # one step a task: about CHUNKS_PER_WORKER a worker, consecutive shapes together
     size = -(-len(todo) // (2 * pricing.CHUNKS_PER_WORKER))
     assert steps == [("pricing shapes", i, len(todo)) for i in range(0, len(todo), size)]
 
