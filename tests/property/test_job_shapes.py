@@ -7,7 +7,10 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ppsim.cli.flags import config_from_args
+from ppsim.cli.main import build_parser
 from ppsim.config.schema import config_from_dict
+from ppsim.job.search import _candidates
 from ppsim.job.shapes import FIXABLE, shapes
 
 ARCHS = {name: config_from_dict({"model": {"preset": name}}).model.arch
@@ -102,3 +105,15 @@ def test_a_long_sequence_is_tried_over_more_context_parallel_ranks(seq, gpus) ->
     held = shapes(a, gpus, 64 * gpus, 8, a.num_layers, {"tp": 1, "pp": 1, "mbs": 1})
     assert {s.cp for s in held} == {c for c in (1, 2, 4, 8, 16, 32, 64, 128)
                                     if c <= max(8, seq // 8192) and gpus % c == 0}
+
+
+def test_llama3s_long_context_phase_has_its_shape() -> None:
+    """Llama 3 405B's 128K-token phase ran tp 8, cp 16, pp 16, dp 8 on 16,384 GPUs at
+    128 sequences a batch (the paper's Table 4). With cp at most 8, no shape of that job
+    divided its batch (each rank of a 64-stage pipeline needs a microbatch)."""
+    cfg = config_from_args(build_parser().parse_args(
+        ["plan", "--preset", "llama3.1-405b", "--hardware", "h100-80gb",
+         "--seq-length", "131072"]))
+    todo = _candidates(cfg, 16384, 128, None, frozenset())
+    assert any((s.tp, s.cp, s.pp, s.dp) == (8, 16, 16, 8) for s in todo)
+    assert max(s.cp for s in todo) == 16  # 8,192 tokens a rank at the least

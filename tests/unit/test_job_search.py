@@ -551,19 +551,3 @@ def test_one_policy_on_every_shape_shown_is_said_once(capsys) -> None:
     out = capsys.readouterr().out
     assert "memory policy: full on every shape shown (configured: recompute selective)" in out
     assert ", except" not in out
-
-
-def test_llama3s_long_context_phase_has_its_shape() -> None:
-    """Llama 3 405B's 128K-token phase ran tp 8, cp 16, pp 16, dp 8 on 16,384 GPUs at
-    128 sequences a batch (the paper's Table 4). With cp at most 8, no shape of that job
-    divided its batch (each rank of a 64-stage pipeline needs a microbatch)."""
-    from ppsim.cli.flags import config_from_args
-    from ppsim.cli.main import build_parser
-    from ppsim.job.search import _candidates
-
-    cfg = config_from_args(build_parser().parse_args(
-        ["plan", "--preset", "llama3.1-405b", "--hardware", "h100-80gb",
-         "--seq-length", "131072"]))
-    todo = _candidates(cfg, 16384, 128, None, frozenset())
-    assert any((s.tp, s.cp, s.pp, s.dp) == (8, 16, 16, 8) for s in todo)
-    assert max(s.cp for s in todo) == 16  # 8,192 tokens a rank at the least
