@@ -19,7 +19,7 @@ from ppsim.job.host_optimizer import host_rates_known, host_share_bytes
 from ppsim.job.model import data_parallel, fsdp_framework
 from ppsim.job.policy_search import POLICY_AXES, mode_flags
 from ppsim.job.ranks import DEFAULT_ORDER, TP_PP_DP_ORDER, parse_order
-from ppsim.job.search import JOB_AXES, JobSearch, ShapeResult, search_job
+from ppsim.job.search import JOB_AXES, JobSearch, ShapeResult, longer_budget, search_job
 from ppsim.job.shapes import FIXABLE
 from ppsim.pipeline.hybrid_exports import exports_of
 from ppsim.policy.report import policy_flags
@@ -373,7 +373,7 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
     if not res.complete:  # the budget ran out: not the same as "nothing fits"
         sys.stderr.write(f"ppsim plan: no shape that fits was found within the time budget "
                          f"({res.evaluated:,} of {res.total:,} shapes simulated); give it more "
-                         f"time, e.g. --time-budget {max(10.0, 4 * args.time_budget):g}\n")
+                         f"time, e.g. --time-budget {longer_budget(args.time_budget):g}\n")
     elif res.over_floor and not policy:
         sys.stderr.write(f"ppsim plan: {activations_text(res, cfg.hardware.memory_bytes)}\n")
     elif policy and res.candidates:

@@ -280,7 +280,7 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
     if not accepted and not pricing.complete:
         raise UserError("--time-budget", f"{budget_s:g} s priced {len(refusals):,} of "
                         f"{len(todo):,} shapes, and the model refuses each",
-                        f"give it more time, e.g. --time-budget {max(10.0, 4 * budget_s):g}")
+                        f"give it more time, e.g. --time-budget {longer_budget(budget_s):g}")
     if not accepted:
         raise UserError("--global-batch-size", f"no shape of {gpus:,} GPUs at a global batch "
                         f"of {gbs:,} can be built; the first refused says {refusals[0]}")
@@ -307,6 +307,11 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
                      seconds=time.perf_counter() - t0, complete=complete,
                      long_shots=sum(r.long_shot for r in refined),
                      leanest=None if pending else _whole(cfg, leanest, gbs))
+
+
+def longer_budget(budget_s: float) -> float:
+    """The --time-budget to suggest where `budget_s` ran out before the search did."""
+    return max(10.0, 4 * budget_s)
 
 
 def _whole(cfg: Any, p: Pending | Priced, gbs: int) -> Pending:
