@@ -3,8 +3,10 @@
 A job with tensor, context or expert parallelism runs collectives inside every F and
 B: one lane per rank, `comm3` under rank 3, draws them (kind "C") from each op's
 start, group after group, as the trace's collectives thread does
-(ppsim.trace.schema.collective_spans). A lone replica, or a job whose groups are
-all of size 1, has no such lanes. A loaded trace's collectives (a run's, as it timed
+(ppsim.trace.schema.collective_spans). A data-parallel job's step collectives (kind "D":
+the gradient buckets beside the last backward, the parameter gather beside the first
+forward; ppsim.job.lanes.step_collective_spans) are on the same lane. A lone replica has
+no such lanes. A loaded trace's collectives (a run's, as it timed
 them) get lanes of their own, `rcomm3` under `real3`.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ppsim.job.lanes import op_collectives, problem_collectives
+from ppsim.job.lanes import op_collectives, problem_collectives, step_collective_spans
 from ppsim.trace.schema import collective_spans
 from ppsim.tui.compare import compared_iteration
 from ppsim.tui.lanes import Lane, LaneOp
@@ -21,17 +23,21 @@ from ppsim.tui.lanes import Lane, LaneOp
 def comm_lanes(sim: Any) -> list[Lane]:
     """A Simulation's collectives lanes, one per rank that has any; none when the
     timeline was not recorded or nothing communicates."""
-    ops_by_rank = getattr(getattr(sim, "timeline", None), "ops", None)
-    comm = problem_collectives(sim.problem) if ops_by_rank else []
-    if not comm:
+    timeline = getattr(sim, "timeline", None)
+    ops_by_rank = getattr(timeline, "ops", None)
+    if not ops_by_rank:
         return []
+    comm = problem_collectives(sim.problem)
+    stepped = step_collective_spans(sim.problem, timeline) or [[]] * len(ops_by_rank)
     chunk = [st.chunk for st in sim.problem.split.stages]
     lanes = []
-    for rank, ops in enumerate(ops_by_rank):
-        mine = op_collectives(sim.problem, comm, rank)
+    for rank, (ops, steps) in enumerate(zip(ops_by_rank, stepped, strict=True)):
+        mine = op_collectives(sim.problem, comm, rank) if comm else [None] * len(ops)
         strips = [LaneOp(t, t + dur, "C", chunk[a.stage], a.microbatch, a.stage)
-                  for op, c in zip(ops, mine, strict=True) for a in (op.action,)
+                  for op, c in zip(ops, mine, strict=True) if c is not None
+                  for a in (op.action,)
                   for _, t, dur in collective_spans(a.kind, op.start, op.end, c)]
+        strips += [LaneOp(s.start_ms, s.start_ms + s.ms, "D", 0, -1, -1) for s in steps]
         if strips:
             lanes.append(Lane(f"comm{rank}", tuple(sorted(strips, key=lambda o: o.start)),
                               rank, "comm"))
@@ -52,7 +58,8 @@ def trace_comm_lanes(trace: Any, iteration: int | None = None) -> list[Lane]:
     for c in trace.collectives:
         if c.iteration == it and c.dur_us > 0:
             strips.setdefault(c.rank, []).append(LaneOp(
-                (c.start_us - t0) / 1e3, (c.start_us + c.dur_us - t0) / 1e3, "C",
-                chunk.get((c.rank, c.stage), 0), c.microbatch, c.stage))
+                (c.start_us - t0) / 1e3, (c.start_us + c.dur_us - t0) / 1e3,
+                "D" if c.op == "R" else "C", chunk.get((c.rank, c.stage), 0), c.microbatch,
+                c.stage))
     return [Lane(f"rcomm{r}", tuple(sorted(mine, key=lambda o: o.start)), r, "comm")
             for r, mine in sorted(strips.items())]

@@ -230,8 +230,8 @@ def lane_cells(lane: Lane, ms_per_cell: float, x0: int, width: int,
             runs.append(Cell(("·" if k == IDLE else "░") * n, -1))
         else:
             kind, mb = ops.kinds[ops.codes[k]], ops.microbatch[k]
-            ch = kind if mb % 2 == 0 else kind.lower()
-            label = f"{ch}{mb}"
+            ch = kind if mb % 2 == 0 or mb < 0 else kind.lower()
+            label = f"{ch}{mb}" if mb >= 0 else ch  # the step's ops have no microbatch
             text = (label + " " * n)[:n] if n >= len(label) + 1 else ch * n
             runs.append(Cell(text, k))
         i = j + 1

@@ -49,6 +49,9 @@ HELP = """\
   [on #0b6b6b] C [/] tensor, context and expert parallel collectives inside
   each F and B, in lanes "commN" under rank N; a trace's, as its run
   timed them, in lanes "rcommN"
+  [on #a85a00] D [/] the step's data-parallel collectives on those lanes:
+  gradient buckets beside the last backward, the parameter gather beside
+  the first forward
 
 [b]Compare[/b]  b pin the current split (b on the pinned one: even again)
   B pin a published layout or split you type (as plan --compare)

@@ -30,10 +30,11 @@ from ppsim.tui.messages import CursorMoved
 
 GUTTER = 8
 KIND_CLASS = {"F": "timeline--forward", "B": "timeline--backward", "W": "timeline--weight",
-              "O": "timeline--copy", "R": "timeline--copy", "C": "timeline--comm"}
+              "O": "timeline--copy", "R": "timeline--copy", "C": "timeline--comm",
+              "D": "timeline--dp"}
 SHADE_CLASS = {"F": "timeline--forward-late", "B": "timeline--backward-late",
                "W": "timeline--weight-late", "O": "timeline--copy", "R": "timeline--copy",
-               "C": "timeline--comm"}
+               "C": "timeline--comm", "D": "timeline--dp"}
 """Ops of a rank's later chunks (virtual stages) are drawn a shade darker."""
 MAX_CELLS = 2_000_000
 
@@ -58,8 +59,8 @@ class Timeline(ScrollView, can_focus=True):
     COMPONENT_CLASSES = {"timeline--forward", "timeline--backward", "timeline--weight",
                          "timeline--forward-late", "timeline--backward-late",
                          "timeline--weight-late", "timeline--copy", "timeline--comm",
-                         "timeline--idle",
-                         "timeline--cursor", "timeline--label", "timeline--ruler"}
+                         "timeline--dp", "timeline--idle", "timeline--cursor",
+                         "timeline--label", "timeline--ruler"}
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -178,8 +179,9 @@ class Timeline(ScrollView, can_focus=True):
         if op is None:
             return "no op"
         lane = self.lanes[self.cursor[0]]
-        return (f"{lane.label} {op.kind}{op.microbatch} chunk {op.chunk} stage {op.stage}"
-                f" | start {op.start:.3f} ms dur {op.end - op.start:.3f} ms")
+        what = f"{op.kind}{op.microbatch} chunk {op.chunk} stage {op.stage}" \
+            if op.microbatch >= 0 else f"{op.kind} (the step's)"
+        return f"{lane.label} {what} | start {op.start:.3f} ms dur {op.end - op.start:.3f} ms"
 
     def _set_cursor(self, lane: int, op: int) -> None:
         self.cursor = (lane, op)

@@ -128,8 +128,8 @@ class ViewActions:
         self._show_timeline(recompare=False)
 
     def action_toggle_collectives(self) -> None:
-        """The tp / cp / ep collectives' lanes under each rank, or not (pp 16 x tp 8:
-        twice the lanes)."""
+        """The collectives' lanes under each rank (tp / cp / ep, the step's dp), or not
+        (pp 16 x tp 8: twice the lanes)."""
         self.show_collectives = not self.show_collectives
         self._show_timeline(recompare=False)
         self.notify("collectives lanes " + ("shown" if self.show_collectives else "hidden"))

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from ppsim.cli.flags import emit_json, outputs_apart
-from ppsim.cli.picture import COLLECTIVE, render_png
+from ppsim.cli.picture import COLLECTIVE, STEP_COLLECTIVE, render_png
 from ppsim.cli.render import compact_table, ms_text
 from ppsim.config.files import output
 from ppsim.errors import UserError
@@ -17,16 +17,17 @@ from ppsim.units import fmt_bytes
 
 
 def lanes(w: Window) -> list[list[tuple[float, float, str, int]]]:
-    """Each rank's ops of the window, the collectives inside them (strips along the
-    lane's foot) and its step's R and S ops, for the picture."""
+    """Each rank's ops of the window, the collectives inside them and its step's
+    data-parallel ones (strips along the lane's foot), and its step's R and S ops, for
+    the picture."""
     pp = 1 + max(k[0] for k in w.ops)
     out: list[list[tuple[float, float, str, int]]] = [[] for _ in range(pp)]
     for k, op in w.ops.items():
         out[k[0]].append((w.start(k), w.dur(k), op.kind, op.microbatch))
     for c in w.collectives():
         if c.rank < pp and c.dur_us > 0:
-            out[c.rank].append(((c.start_us - w.origin_us) / 1e3, c.dur_us / 1e3, COLLECTIVE,
-                                c.microbatch))
+            out[c.rank].append(((c.start_us - w.origin_us) / 1e3, c.dur_us / 1e3,
+                                STEP_COLLECTIVE if c.op == "R" else COLLECTIVE, c.microbatch))
     for op in w.step:
         if op.rank < pp:
             out[op.rank].append(((op.start_us - w.origin_us) / 1e3, op.dur_us / 1e3, op.kind,

@@ -12,11 +12,13 @@ from collections.abc import Sequence
 from ppsim.fileio import write_bytes_atomic
 
 COLOURS = {"F": (76, 120, 168), "B": (84, 162, 75), "W": (238, 202, 59), "C": (196, 52, 52),
-           "R": (148, 103, 189), "S": (140, 86, 75)}
-"""F/B/W ops, collectives, and the step's tail: R the data-parallel gradient reduce, S the
-optimizer step."""
-COLLECTIVE = "C"
-"""A collective inside an op: a strip along the lane's foot, under its op's block."""
+           "D": (230, 140, 30), "R": (148, 103, 189), "S": (140, 86, 75)}
+"""F/B/W ops, collectives (C inside the ops, D the step's data-parallel ones), and the
+step's tail: R what the data-parallel reduce and gather expose, S the optimizer step."""
+COLLECTIVE, STEP_COLLECTIVE = "C", "D"
+STRIPS = (COLLECTIVE, STEP_COLLECTIVE)
+"""Collectives: strips along the lane's foot, under the blocks of the ops they run in or
+beside."""
 STRIP_H = 5
 Lane = Sequence[tuple[float, float, str, int]]
 """(start ms, duration ms, kind, microbatch) per op; microbatch -1 for the step's R and S."""
@@ -47,12 +49,12 @@ def render_png(panels: Sequence[tuple[str, Sequence[Lane]]], path: str, title: s
         for r, lane in enumerate(lanes):
             draw.text((10, y + 5), f"rank {r}", fill=(90, 90, 90), font=font)
             draw.rectangle([left, y, width - 20, y + lane_h], fill=(245, 245, 245))
-            for s, d, kind, mb in sorted(lane, key=lambda op: op[2] == COLLECTIVE):
+            for s, d, kind, mb in sorted(lane, key=lambda op: op[2] in STRIPS):
                 x0 = left + s * scale
                 x1 = max(x0 + 1, left + (s + d) * scale - 1)
-                y0 = y + lane_h - STRIP_H if kind == COLLECTIVE else y
+                y0 = y + lane_h - STRIP_H if kind in STRIPS else y
                 draw.rectangle([x0, y0, x1, y + lane_h], fill=COLOURS.get(kind, (150, 150, 150)))
-                if kind != COLLECTIVE and x1 - x0 > 14:
+                if kind not in STRIPS and x1 - x0 > 14:
                     label = f"{kind}{mb}" if mb >= 0 else kind
                     draw.text((x0 + 2, y + 5), label, fill="white", font=font)
             y += lane_h + gap

@@ -17,7 +17,7 @@ from ppsim.cli.flags import (
 )
 from ppsim.cli.logcheck import compared_with, comparison_line, memory_line
 from ppsim.cli.megatron_args import megatron_model_args
-from ppsim.cli.picture import render_png
+from ppsim.cli.picture import STEP_COLLECTIVE, render_png
 from ppsim.cli.render import (
     compact_table,
     job_dict,
@@ -37,6 +37,7 @@ from ppsim.costs.hybrid import KIND_SYMBOLS
 from ppsim.errors import UserError
 from ppsim.job import combined
 from ppsim.job.exposure import exposed_comm_ms, overlap_hint, overlaps_off
+from ppsim.job.lanes import step_collective_spans
 from ppsim.pipeline.exports import parse_deepspeed_specs
 from ppsim.pipeline.hybrid_exports import exports_of
 from ppsim.pipeline.megatron_rules import refusals
@@ -257,10 +258,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     s = sim.summary
     if args.png:
         assert sim.timeline is not None
+        stepped = step_collective_spans(problem, sim.timeline) or [[]] * problem.schedule.pp
         lanes = [[(op.start, op.end - op.start, op.action.kind, op.action.microbatch)
                   for op in ops] + collective_strips(problem, ops)
+                 + [(c.start_ms, c.ms, STEP_COLLECTIVE, -1) for c in mine]
                  + [(start, ms, kind, -1) for kind, start, ms in step_spans(*step)]
-                 for ops, step in zip(sim.timeline.ops, sim.timeline.step, strict=True)]
+                 for ops, step, mine in zip(sim.timeline.ops, sim.timeline.step, stepped,
+                                            strict=True)]
         with files.output("--png", args.png):
             render_png([(f"{problem.schedule.name}, split {list(problem.split.counts)}",
                          lanes)], args.png, title=f"simulated iteration "

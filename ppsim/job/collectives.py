@@ -172,12 +172,18 @@ def deepep_ms(token_bytes: float, g: Link, experts: int, top_k: int, shards: int
                                         _wire(token_bytes * remote, g.inter_bandwidth_gbps))
 
 
+def unhidden_ms(comm_ms: float, window_ms: float, floor_ms: float = 0.0) -> float:
+    """Of a collective of `comm_ms` run beside `window_ms` of compute, the part the
+    window does not hide, never less than `floor_ms` (nor more than the whole)."""
+    return min(comm_ms, max(floor_ms, comm_ms - window_ms))
+
+
 def behind_compute_ms(comm_ms: float, window_ms: float, sm_share: float,
                       floor_ms: float = 0.0) -> float:
     """What a collective of `comm_ms` run beside `window_ms` of compute adds to it: the
-    part the window does not hide (never less than `floor_ms`), and for the part it
-    hides the `sm_share` of the GPU's SMs its kernel holds from that compute."""
-    exposed = min(comm_ms, max(floor_ms, comm_ms - window_ms))
+    part the window does not hide (unhidden_ms), and for the part it hides the
+    `sm_share` of the GPU's SMs its kernel holds from that compute."""
+    exposed = unhidden_ms(comm_ms, window_ms, floor_ms)
     return exposed + sm_share * (comm_ms - exposed)
 
 

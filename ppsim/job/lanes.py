@@ -5,8 +5,10 @@ A stage's forward runs its layers' tensor-, context- and expert-parallel collect
 gathers once each way; under FSDP without pp each unit's gathers and reduce-scatters
 (ppsim.job.fsdp). Per virtual stage and direction this sums, group by group, the time
 on the links and the part of it the stage waits for (the rest hides behind its
-compute). The data-parallel buckets (and FSDP's once-a-step collectives) are the
-step's R, not a stage's.
+compute). The step's data-parallel collectives are a rank's, not a stage's
+(step_collective_spans): the gradient buckets on the links while the last backward
+computes, the parameter gather beside the first forward, what they expose the step's R
+(FSDP's once-a-step collectives are in R alone).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from ppsim.job.layers import (
     piece_fp8,
 )
 from ppsim.job.model import Job
+from ppsim.job.tail import StepCollective
 from ppsim.job.traffic import Collective, PieceCollectives, mtp_tp_ms, recomputed
+from ppsim.sim.summary import rank_tails
 from ppsim.sim.timing import in_pairs
 
 GROUPS = ("tp", "cp", "ep", "dp")
@@ -109,3 +113,63 @@ def problem_collectives(problem: Any) -> list[StageCollectives]:
     if job is None or not job.in_microbatches:
         return []
     return stage_collectives(job, job.accelerator, problem.split.stages)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepCollectiveSpan:
+    """Where one of the step's data-parallel collectives runs on a rank's links."""
+
+    what: str
+    """As ppsim.job.tail.StepCollective names it, or "embedding gradient all-reduce"."""
+    start_ms: float
+    ms: float
+    """Its time on the links."""
+    exposed_ms: float
+    """The part of it no compute hides (the step's R holds it)."""
+
+
+def place_step_collectives(on_links: Sequence[StepCollective], first_ms: float,
+                           end_ms: float) -> list[StepCollectiveSpan]:
+    """`on_links` of a rank whose first op starts at `first_ms` and last op ends at
+    `end_ms`: a collective beside the backward ends its unhidden part after `end_ms`;
+    one beside the forward starts with the first op (it gathers what that forward
+    needs, the steady state's next iteration); the rest follow the last op, one after
+    another, after the gradients' unhidden part."""
+    spans = []
+    after = end_ms
+    for c in on_links:
+        if c.beside == "forward":
+            start, stop = first_ms, first_ms + c.total_ms
+        elif c.beside == "backward":
+            stop = end_ms + c.unhidden_ms
+            start, after = max(0.0, stop - c.total_ms), max(after, stop)
+        else:
+            start = after
+            stop = after = start + c.total_ms
+        spans.append(StepCollectiveSpan(what=c.what, start_ms=start, ms=stop - start,
+                                        exposed_ms=c.unhidden_ms))
+    return spans
+
+
+def step_collective_spans(problem: Any, timeline: Any) -> list[list[StepCollectiveSpan]]:
+    """Per rank of a recorded simulation (ppsim.sim.engine.Timeline), its step's
+    data-parallel collectives (ppsim.job.tail), the tied embedding's gradient
+    all-reduce after them; empty lists for a lone replica."""
+    job = problem.hardware.job
+    if job is None or timeline is None or not timeline.step:
+        return []
+    hw = problem.hardware
+    tails = rank_tails(problem.schedule, problem.stage_costs, job, hw.memory_bandwidth_gbps,
+                       hw.optimizer_fixed_ms)
+    out = []
+    for r, (tail, ops) in enumerate(zip(tails, timeline.ops, strict=True)):
+        sync = job.embedding_sync_ms(r)
+        tied = (StepCollective(what="embedding gradient all-reduce", total_ms=sync,
+                               unhidden_ms=sync),) if sync > 0 else ()
+        # Megatron reduces the tied embedding's gradients once the buckets are reduced,
+        # before the optimizer steps and gathers.
+        grads = tuple(c for c in tail.on_links if c.what.startswith("gradient"))
+        rest = tuple(c for c in tail.on_links if not c.what.startswith("gradient"))
+        first = ops[0].start if ops else 0.0
+        out.append(place_step_collectives(grads + tied + rest, first, timeline.step[r][0]))
+    return out

@@ -34,11 +34,33 @@ from ppsim.costs.fp8 import gathered_weight_bytes
 from ppsim.costs.muon import muon_step_ms
 from ppsim.costs.state import adam_step_bytes, grad_bytes
 from ppsim.job import fsdp
-from ppsim.job.collectives import all_gather_ms, all_reduce_ms, behind_compute_ms, sharded_reduce_ms
+from ppsim.job.collectives import (
+    all_gather_ms,
+    all_reduce_ms,
+    behind_compute_ms,
+    sharded_reduce_ms,
+    unhidden_ms,
+)
 from ppsim.job.host_optimizer import host_state_bytes
 
 if TYPE_CHECKING:
     from ppsim.job.model import Job
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepCollective:
+    """One of the step's data-parallel collectives, all its buckets, on the links."""
+
+    what: str
+    """"gradient reduce-scatter", "gradient all-reduce" or "parameter all-gather"."""
+    total_ms: float
+    """Its time on the links."""
+    unhidden_ms: float
+    """The part of it no compute hides."""
+    beside: str = ""
+    """The compute it runs beside: "backward" (the last microbatch's, as its buckets
+    fill), "forward" (the first microbatch's, which waits for each bucket), or ""
+    (none: it follows the rank's last op)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +74,17 @@ class Tail:
     """AdamW on the rank's (shard of its) parameters."""
     host_bytes: float = 0.0
     """The optimizer's state the host holds for the rank (ppsim.job.host_optimizer)."""
+    on_links: tuple[StepCollective, ...] = ()
+    """The gradient reduction and the parameter gather as they run on the links (not
+    under FSDP, whose collectives run in its units' ops)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reduction:
+    """The step's data-parallel collectives: what they add to it, and how they run."""
+
+    cost_ms: float
+    on_links: tuple[StepCollective, ...]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,9 +126,16 @@ def bucket_params(job: Job, params: int) -> int:
     return max(40_000_000, 1_000_000 * job.groups.dp.size)
 
 
-def _overlapped(total: float, last_bucket: float, window: float, overlap: bool,
-                share: float) -> float:
-    return behind_compute_ms(total, window, share, last_bucket) if overlap else total
+def _overlapped(what: str, total: float, last_bucket: float, window: float, overlap: bool,
+                share: float, beside: str) -> Reduction:
+    """A collective of `total` ms whose last bucket takes `last_bucket`, run beside
+    `window` of compute where `overlap`, else after the rank's last op."""
+    if not overlap:
+        return Reduction(cost_ms=total, on_links=(
+            StepCollective(what=what, total_ms=total, unhidden_ms=total),))
+    return Reduction(cost_ms=behind_compute_ms(total, window, share, last_bucket), on_links=(
+        StepCollective(what=what, total_ms=total, beside=beside,
+                       unhidden_ms=unhidden_ms(total, window, last_bucket)),))
 
 
 def edge_params(job: Job, holds_embedding: bool, holds_head: bool) -> int:
@@ -134,10 +174,10 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
     if params and (step or optimizer_fixed_ms):
         step += optimizer_fixed_ms
     if job.arch.fsdp:
-        reduce = fsdp.step_reduce_ms(job, params, expert_params, forward_ms, holds_embedding,
-                                     edges)
+        reduction = Reduction(cost_ms=fsdp.step_reduce_ms(
+            job, params, expert_params, forward_ms, holds_embedding, edges), on_links=())
     elif job.arch.distributed_optimizer:
-        reduce = _sharded_reduce_ms(job, named, forward_ms, backward_ms, step, unbucketed,
+        reduction = _sharded_reduce(job, named, forward_ms, backward_ms, step, unbucketed,
                                     FirstBucket(params=bucket, group=last_g,
                                                 embedding=embedding, edges=edges))
     else:
@@ -145,10 +185,11 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
         last_ar = all_reduce_ms(bucket * grads, job.link(last_g)) if unbucketed is None else \
             sum(all_reduce_ms(n * grads, job.link(g)) for n, g in
                 ((unbucketed.dense, "dp"), (unbucketed.experts, "edp")) if n)
-        reduce = _overlapped(ar, last_ar, backward_ms, job.overlap_grad_reduce,
-                             job.collective_sm_share)
-    return Tail(reduce_ms=reduce, optimizer_ms=step,
-                host_bytes=host_state_bytes(job.arch, dense, expert_params))
+        reduction = _overlapped("gradient all-reduce", ar, last_ar, backward_ms,
+                                job.overlap_grad_reduce, job.collective_sm_share, "backward")
+    return Tail(reduce_ms=reduction.cost_ms, optimizer_ms=step,
+                host_bytes=host_state_bytes(job.arch, dense, expert_params),
+                on_links=tuple(c for c in reduction.on_links if c.total_ms > 0))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,12 +206,12 @@ class FirstBucket:
     """The rank's embedding and output-layer parameters."""
 
 
-def _sharded_reduce_ms(job: Job, named: list[tuple[int, str]], forward_ms: float,
-                       backward_ms: float, step: float, unbucketed: FirstChunk | None,
-                       first_bucket: FirstBucket) -> float:
-    """The distributed optimizer's exposed reduce-scatter and all-gather of the buffers
-    `named` ((parameters, group) each), the last bucket (`unbucketed`'s first chunk whole,
-    else `first_bucket`) the floor of each."""
+def _sharded_reduce(job: Job, named: list[tuple[int, str]], forward_ms: float,
+                    backward_ms: float, step: float, unbucketed: FirstChunk | None,
+                    first_bucket: FirstBucket) -> Reduction:
+    """The distributed optimizer's reduce-scatter and all-gather of the buffers `named`
+    ((parameters, group) each), the last bucket (`unbucketed`'s first chunk whole, else
+    `first_bucket`) the floor of what each exposes."""
     grads, w16 = grad_bytes(job.arch), DTYPE_BYTES[job.arch.dtype]
     weights = gathered_weight_bytes(job.arch, w16)
     share = job.collective_sm_share
@@ -188,16 +229,24 @@ def _sharded_reduce_ms(job: Job, named: list[tuple[int, str]], forward_ms: float
         (unbucketed.experts, "edp", 0)]
     every = sum(ag(n, g, fb.edges if g == "dp" else 0) for n, g in named)
     first = sum(ag(n, g, wide) for n, g, wide in last if n)
-    reduce = _overlapped(sum(rs(n, g) for n, g in named), sum(rs(n, g) for n, g, _ in last if n),
-                         backward_ms, job.overlap_grad_reduce, share)
+    reduce = _overlapped("gradient reduce-scatter", sum(rs(n, g) for n, g in named),
+                         sum(rs(n, g) for n, g, _ in last if n), backward_ms,
+                         job.overlap_grad_reduce, share, "backward")
     if not (job.overlap_param_gather_with_optimizer_step and unbucketed is not None):
-        return reduce + _overlapped(every, first, forward_ms, job.overlap_param_gather, share)
+        gather = _overlapped("parameter all-gather", every, first, forward_ms,
+                             job.overlap_param_gather, share, "forward")
+        return Reduction(cost_ms=reduce.cost_ms + gather.cost_ms,
+                         on_links=reduce.on_links + gather.on_links)
     # The first chunk's gather starts once its own optimizer has stepped, beside the other
     # chunks' steps; the rest one chunk ahead of their forwards.
     params = sum(n for n, _ in named)
     others = 1 - (unbucketed.dense + unbucketed.experts) / params if params else 0.0
-    return reduce + behind_compute_ms(first, step * others, share) \
-        + behind_compute_ms(every - first, forward_ms, share)
+    gathered = StepCollective(what="parameter all-gather", total_ms=every, beside="forward",
+                              unhidden_ms=unhidden_ms(first, step * others)
+                              + unhidden_ms(every - first, forward_ms))
+    return Reduction(cost_ms=reduce.cost_ms + behind_compute_ms(first, step * others, share)
+                     + behind_compute_ms(every - first, forward_ms, share),
+                     on_links=(*reduce.on_links, gathered))
 
 
 def step_ms(job: Job, dense: int, experts: int, edges: int,

@@ -24,7 +24,8 @@ class TraceCollective:
     rank: int
     group: str
     op: str
-    """The op's kind: F or B."""
+    """The op's kind: F or B; R for the step's data-parallel collectives (stage and
+    microbatch -1)."""
     stage: int
     microbatch: int
     iteration: int
@@ -46,18 +47,20 @@ def read_collective(ev: dict, n: int, path: str, max_rank: int) -> TraceCollecti
     if not isinstance(args, dict):
         raise UserError("trace", f"{where}: args must be an object", "re-record the trace")
     group, op = args.get("group"), args.get("op")
-    if group not in GROUP_ORDER or op not in ("F", "B"):
+    if group not in GROUP_ORDER or op not in ("F", "B", "R") or (op == "R" and group != "dp"):
         raise UserError("trace", f"{where}: group must be one of {', '.join(GROUP_ORDER)} "
-                        f"and op F or B, got {group!r}, {op!r}"[:200], "re-record the trace")
+                        f"and op F or B (R: the step's, dp only), got {group!r}, {op!r}"[:200],
+                        "re-record the trace")
+    least = -1 if op == "R" else 0  # the step's: no stage, no microbatch
 
-    def count(name: str, value: Any, hi: int) -> int:
-        return validate.count(f"{where}: {name}", value, lo=0, hi=hi,
+    def count(name: str, value: Any, hi: int, lo: int = 0) -> int:
+        return validate.count(f"{where}: {name}", value, lo=lo, hi=hi,
                               fix="re-record the trace")
 
     return TraceCollective(
         count("pid", ev.get("pid"), max_rank), group, op,
-        count("args.stage", args.get("stage"), max_rank),
-        count("args.microbatch", args.get("microbatch"), validate.MAX_INDEX),
+        count("args.stage", args.get("stage"), max_rank, least),
+        count("args.microbatch", args.get("microbatch"), validate.MAX_INDEX, least),
         count("args.iteration", args.get("iteration", 0), validate.MAX_INDEX),
         validate.number(f"{where}: args.exposed_ms", args.get("exposed_ms"), lo=0.0,
                         hi=validate.MAX_MS, fix="times are finite ms"),

@@ -5,11 +5,13 @@ pid = rank, tid 0) whose args hold kind, stage, chunk, microbatch and
 iteration; transfers are complete events on tid 1 of the sender; a simulated job's
 tensor-, context- and expert-parallel collectives are complete events on tid 2
 ("cat": "collective", one per group inside each F and B, args exposed_ms: what the op
-waits for); memory is a counter ("ph": "C") per rank. Whole-step ops (kind "R": the data-parallel
-gradient all-reduce, "S": the optimizer step) are compute events too, with
-stage, chunk and microbatch -1; readers keep them apart from the pipeline's
-F/B/W (`Trace.step_ops`). `otherData` carries the run's shape
-(schedule, pp, vpp, microbatches, split) so tools can check two traces match.
+waits for), and so are its step's data-parallel ones (args op "R", stage and microbatch
+-1, exposed_ms: what nothing hides); memory is a counter ("ph": "C") per rank. Whole-step
+ops (kind "R": what the data-parallel gradient reduction and parameter gather expose,
+"S": the optimizer step) are compute events too, with stage, chunk and microbatch -1;
+readers keep them apart from the pipeline's F/B/W (`Trace.step_ops`). `otherData`
+carries the run's shape (schedule, pp, vpp, microbatches, split) so tools can check two
+traces match.
 """
 
 from __future__ import annotations
@@ -20,7 +22,14 @@ from typing import Any, NamedTuple
 from ppsim.config import files, limits, validate
 from ppsim.errors import UserError
 from ppsim.fileio import write_json_atomic
-from ppsim.job.lanes import WHAT, StageCollectives, op_collectives, problem_collectives
+from ppsim.job.lanes import (
+    WHAT,
+    StageCollectives,
+    StepCollectiveSpan,
+    op_collectives,
+    problem_collectives,
+    step_collective_spans,
+)
 from ppsim.job.throughput import job_info
 from ppsim.trace import stream
 from ppsim.trace.collectives import TraceCollective, read_collective
@@ -75,6 +84,15 @@ def collective_events(rank: int, kind: str, stage: int, microbatch: int, start_u
             for c, t, dur in collective_spans(kind, start_us, end_us, comm, per_ms=1e3)]
 
 
+def step_collective_events(rank: int, spans: list[StepCollectiveSpan]) -> list[dict]:
+    """A rank's step collectives (ppsim.job.lanes.step_collective_spans), one trace event
+    each."""
+    return [{"name": f"dp {s.what}", "cat": "collective", "ph": "X", "pid": rank,
+             "tid": COLLECTIVE_TID, "ts": s.start_ms * 1e3, "dur": s.ms * 1e3,
+             "args": {"group": "dp", "op": "R", "stage": -1, "microbatch": -1,
+                      "total_ms": s.ms, "exposed_ms": s.exposed_ms}} for s in spans]
+
+
 def collective_strips(problem: Any, ops: Any) -> list[tuple[float, float, str, int]]:
     """(start ms, duration ms, "C", microbatch) of the collectives inside one rank's
     simulated ops, for the PNG timeline (ppsim.cli.picture)."""
@@ -109,9 +127,12 @@ def simulation_trace(sim: Any) -> dict:
     tl = sim.timeline
     events = metadata_events(p.schedule.pp)
     comm = problem_collectives(p)
-    if comm:
+    stepped = step_collective_spans(p, tl)
+    if comm or any(stepped):
         events += [{"name": "thread_name", "ph": "M", "pid": r, "tid": COLLECTIVE_TID,
                     "args": {"name": "collectives"}} for r in range(p.schedule.pp)]
+    for r, spans in enumerate(stepped):
+        events += step_collective_events(r, spans)
     for r, ops in enumerate(tl.ops):
         mine = op_collectives(p, comm, r) if comm else []
         for i, op in enumerate(ops):
