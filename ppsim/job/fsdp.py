@@ -55,7 +55,8 @@ from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.costs.stack import layer_kinds
 from ppsim.costs.state import grad_bytes, optimizer_shards
 from ppsim.costs.transformer import held_params
-from ppsim.job.collectives import all_gather_ms, behind_compute_ms, sharded_reduce_ms
+from ppsim.job.collectives import all_gather_ms, sharded_reduce_ms
+from ppsim.job.step_comm import NOTHING, Reduction, overlapped
 
 if TYPE_CHECKING:
     from ppsim.job.model import Job
@@ -208,28 +209,31 @@ def megatron_buffer_bytes(a: Architecture) -> int:
     return int(layer_unit_params(a) * (2 * weight + transpose + grad_bytes(a)))
 
 
-def step_reduce_ms(job: Job, params: int, expert_params: int, forward_ms: float,
-                   holds_embedding: bool, wide: int = 0) -> float:
-    """The exposed part of the collectives FSDP runs once a step on a rank holding
-    `params` (`wide` of them the embedding's and the output layer's): the gather during
-    the first forward (`forward_ms`, one microbatch's), never less than its first unit's
-    (the embedding on the first stage's rank, else a layer), and the gradients'
+def step_reduction(job: Job, params: int, expert_params: int, forward_ms: float,
+                   holds_embedding: bool, wide: int = 0) -> Reduction:
+    """The collectives FSDP runs once a step on a rank holding `params` (`wide` of them
+    the embedding's and the output layer's): the gather during the first forward
+    (`forward_ms`, one microbatch's), never exposing less than its first unit's (the
+    embedding on the first stage's rank, else a layer), and the gradients'
     reduce-scatter after the last backward; under Megatron-FSDP the gather of the
     embedding and the output layer during the first forward (the embedding's first)."""
     steps = job.fsdp_steps
     assert steps is not None  # an FSDP job's
-    out = 0.0
+    out = NOTHING
+    share = job.collective_sm_share
     if steps.root_once and wide:
         first = job.embedding_params if holds_embedding else 0
-        out += behind_compute_ms(gather_ms(job, wide, wide=wide), forward_ms,
-                                 job.collective_sm_share,
-                                 gather_ms(job, first, wide=first) if first else 0.0)
+        out += overlapped("parameter all-gather", gather_ms(job, wide, wide=wide),
+                          gather_ms(job, first, wide=first) if first else 0.0, forward_ms,
+                          True, share, "forward")
     if not steps.forward_gather:
         first = min(job.embedding_params if holds_embedding else layer_unit_params(job.arch),
                     params)
-        whole = gather_ms(job, params, expert_params, wide)
-        out += behind_compute_ms(whole, forward_ms, job.collective_sm_share,
-                                 gather_ms(job, first, wide=first if holds_embedding else 0))
+        out += overlapped("parameter all-gather", gather_ms(job, params, expert_params, wide),
+                          gather_ms(job, first, wide=first if holds_embedding else 0),
+                          forward_ms, True, share, "forward")
     if not steps.backward_reduce:
-        out += reduce_ms(job, params, expert_params)
+        out += overlapped("gradient reduce-scatter", reduce_ms(job, params, expert_params),
+                          0.0, 0.0, False, share, "")
     return out
+

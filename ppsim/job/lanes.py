@@ -7,8 +7,7 @@ gathers once each way; under FSDP without pp each unit's gathers and reduce-scat
 on the links and the part of it the stage waits for (the rest hides behind its
 compute). The step's data-parallel collectives are a rank's, not a stage's
 (step_collective_spans): the gradient buckets on the links while the last backward
-computes, the parameter gather beside the first forward, what they expose the step's R
-(FSDP's once-a-step collectives are in R alone).
+computes, the parameter gather beside the first forward, what they expose the step's R.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from ppsim.job.layers import (
     piece_fp8,
 )
 from ppsim.job.model import Job
-from ppsim.job.tail import StepCollective
+from ppsim.job.step_comm import StepCollective
 from ppsim.job.traffic import Collective, PieceCollectives, mtp_tp_ms, recomputed
 from ppsim.sim.summary import rank_tails
 from ppsim.sim.timing import in_pairs
@@ -120,7 +119,7 @@ class StepCollectiveSpan:
     """Where one of the step's data-parallel collectives runs on a rank's links."""
 
     what: str
-    """As ppsim.job.tail.StepCollective names it, or "embedding gradient all-reduce"."""
+    """As ppsim.job.step_comm.StepCollective names it, or "embedding gradient all-reduce"."""
     start_ms: float
     ms: float
     """Its time on the links."""

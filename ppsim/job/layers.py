@@ -149,7 +149,7 @@ def fsdp_collectives(job: Job, cost: LayerCost, head: bool = False,
     steps = job.fsdp_steps
     if steps is None or not steps.per_microbatch:
         return PieceCollectives()
-    held = edge and steps.root_once  # gathered once a step (fsdp.step_reduce_ms)
+    held = edge and steps.root_once  # gathered once a step (fsdp.step_reduction)
     gather = 0.0 if held else fsdp.gather_ms(job, cost.params, cost.expert_params,
                                              cost.params - cost.expert_params if edge else 0)
     again = steps.backward_gather and (not head or job.arch.fsdp_reshard_after_forward

@@ -42,25 +42,10 @@ from ppsim.job.collectives import (
     unhidden_ms,
 )
 from ppsim.job.host_optimizer import host_state_bytes
+from ppsim.job.step_comm import Reduction, StepCollective, overlapped
 
 if TYPE_CHECKING:
     from ppsim.job.model import Job
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepCollective:
-    """One of the step's data-parallel collectives, all its buckets, on the links."""
-
-    what: str
-    """"gradient reduce-scatter", "gradient all-reduce" or "parameter all-gather"."""
-    total_ms: float
-    """Its time on the links."""
-    unhidden_ms: float
-    """The part of it no compute hides."""
-    beside: str = ""
-    """The compute it runs beside: "backward" (the last microbatch's, as its buckets
-    fill), "forward" (the first microbatch's, which waits for each bucket), or ""
-    (none: it follows the rank's last op)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,16 +60,8 @@ class Tail:
     host_bytes: float = 0.0
     """The optimizer's state the host holds for the rank (ppsim.job.host_optimizer)."""
     on_links: tuple[StepCollective, ...] = ()
-    """The gradient reduction and the parameter gather as they run on the links (not
-    under FSDP, whose collectives run in its units' ops)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Reduction:
-    """The step's data-parallel collectives: what they add to it, and how they run."""
-
-    cost_ms: float
-    on_links: tuple[StepCollective, ...]
+    """The gradient reduction and the parameter gather as they run on the links (under
+    FSDP those it runs once a step; its units' run in their ops)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,18 +103,6 @@ def bucket_params(job: Job, params: int) -> int:
     return max(40_000_000, 1_000_000 * job.groups.dp.size)
 
 
-def _overlapped(what: str, total: float, last_bucket: float, window: float, overlap: bool,
-                share: float, beside: str) -> Reduction:
-    """A collective of `total` ms whose last bucket takes `last_bucket`, run beside
-    `window` of compute where `overlap`, else after the rank's last op."""
-    if not overlap:
-        return Reduction(cost_ms=total, on_links=(
-            StepCollective(what=what, total_ms=total, unhidden_ms=total),))
-    return Reduction(cost_ms=behind_compute_ms(total, window, share, last_bucket), on_links=(
-        StepCollective(what=what, total_ms=total, beside=beside,
-                       unhidden_ms=unhidden_ms(total, window, last_bucket)),))
-
-
 def edge_params(job: Job, holds_embedding: bool, holds_head: bool) -> int:
     """Of a rank's parameters, the word embedding's and the output layer's (one tied
     weight where a rank holds both)."""
@@ -174,8 +139,8 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
     if params and (step or optimizer_fixed_ms):
         step += optimizer_fixed_ms
     if job.arch.fsdp:
-        reduction = Reduction(cost_ms=fsdp.step_reduce_ms(
-            job, params, expert_params, forward_ms, holds_embedding, edges), on_links=())
+        reduction = fsdp.step_reduction(job, params, expert_params, forward_ms,
+                                        holds_embedding, edges)
     elif job.arch.distributed_optimizer:
         reduction = _sharded_reduce(job, named, forward_ms, backward_ms, step, unbucketed,
                                     FirstBucket(params=bucket, group=last_g,
@@ -185,7 +150,7 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
         last_ar = all_reduce_ms(bucket * grads, job.link(last_g)) if unbucketed is None else \
             sum(all_reduce_ms(n * grads, job.link(g)) for n, g in
                 ((unbucketed.dense, "dp"), (unbucketed.experts, "edp")) if n)
-        reduction = _overlapped("gradient all-reduce", ar, last_ar, backward_ms,
+        reduction = overlapped("gradient all-reduce", ar, last_ar, backward_ms,
                                 job.overlap_grad_reduce, job.collective_sm_share, "backward")
     return Tail(reduce_ms=reduction.cost_ms, optimizer_ms=step,
                 host_bytes=host_state_bytes(job.arch, dense, expert_params),
@@ -229,14 +194,13 @@ def _sharded_reduce(job: Job, named: list[tuple[int, str]], forward_ms: float,
         (unbucketed.experts, "edp", 0)]
     every = sum(ag(n, g, fb.edges if g == "dp" else 0) for n, g in named)
     first = sum(ag(n, g, wide) for n, g, wide in last if n)
-    reduce = _overlapped("gradient reduce-scatter", sum(rs(n, g) for n, g in named),
+    reduce = overlapped("gradient reduce-scatter", sum(rs(n, g) for n, g in named),
                          sum(rs(n, g) for n, g, _ in last if n), backward_ms,
                          job.overlap_grad_reduce, share, "backward")
     if not (job.overlap_param_gather_with_optimizer_step and unbucketed is not None):
-        gather = _overlapped("parameter all-gather", every, first, forward_ms,
+        gather = overlapped("parameter all-gather", every, first, forward_ms,
                              job.overlap_param_gather, share, "forward")
-        return Reduction(cost_ms=reduce.cost_ms + gather.cost_ms,
-                         on_links=reduce.on_links + gather.on_links)
+        return reduce + gather
     # The first chunk's gather starts once its own optimizer has stepped, beside the other
     # chunks' steps; the rest one chunk ahead of their forwards.
     params = sum(n for n, _ in named)

@@ -120,10 +120,14 @@ def test_the_step_gathers_the_embedding_and_the_head_once() -> None:
     whole = ring(16, (EMBEDDING + HEAD) * 2, bw, NIC_STEP)
     first = ring(16, EMBEDDING * 2, bw, NIC_STEP)
     forward = 50.0
-    got = fsdp.step_reduce_ms(job, 4 * LAYER + EMBEDDING + HEAD, 0, forward, True,
+    got = fsdp.step_reduction(job, 4 * LAYER + EMBEDDING + HEAD, 0, forward, True,
                               EMBEDDING + HEAD)
-    assert got == pytest.approx(behind(whole, forward, first))
-    assert fsdp.step_reduce_ms(job, 4 * LAYER, 0, forward, False, 0) == 0.0
+    assert got.cost_ms == pytest.approx(behind(whole, forward, first))
+    # On the links: that gather, beside the first forward, and nothing else.
+    (gather,) = got.on_links
+    assert (gather.what, gather.beside) == ("parameter all-gather", "forward")
+    assert gather.total_ms == pytest.approx(whole)
+    assert fsdp.step_reduction(job, 4 * LAYER, 0, forward, False, 0).cost_ms == 0.0
 
 
 def test_megatrons_example_arguments_are_taken() -> None:
