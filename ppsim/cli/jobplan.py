@@ -172,7 +172,7 @@ def job_plan_dict(res: JobSearch, gpus: int, gbs: int, top: int,
             "held": {size_name(k): v for k, v in (held or {}).items()}, "best": best,
             "candidates": [shape_dict(r) for r in res.candidates[:top]],
             "evaluated": res.evaluated, "total_shapes": res.total, "complete": res.complete,
-            "long_shots": res.long_shots,
+            "long_shots": res.long_shots, "long_shots_unplanned": res.long_shots_unplanned,
             "static_overflows": res.overflowing, "floor_overflows": res.over_floor,
             "refused": res.refused,
             "seconds": res.seconds,
@@ -242,8 +242,8 @@ def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
     if best is None:
         return
     console.print(split_text(best), markup=False)
-    if res.long_shots:
-        console.print(long_shots_text(res.long_shots, best), markup=False)
+    if res.long_shots or res.long_shots_unplanned:
+        console.print(long_shots_text(res, best), markup=False)
     hint = overlap_hint(best.problem.hardware.job, best.comm_ms,
                         best.summary.iteration_time_ms, "the best", "plan")
     if hint:
@@ -270,11 +270,20 @@ def split_text(r: ShapeResult) -> str:
             "proven; a longer --time-budget may find a faster one")
 
 
-def long_shots_text(count: int, best: ShapeResult) -> str:
-    """What the long shots came to (ppsim.job.choice.long_shots)."""
-    won = "the best is one" if best.long_shot else "none beat the best"
-    return (f"{count} long shot{'s' * (count > 1)} planned (shapes an uneven split might make "
-            f"faster than the fastest at their default split): {won}")
+def long_shots_text(res: JobSearch, best: ShapeResult) -> str:
+    """What the long shots came to (ppsim.job.choice.long_shots), and how many the
+    budget left no time for."""
+    count, left = res.long_shots, res.long_shots_unplanned
+    what = "(shapes an uneven split might make faster than the fastest at their default split)"
+    said = []
+    if count:
+        won = "the best is one" if best.long_shot else "none beat the best"
+        said.append(f"{count} long shot{'s' * (count > 1)} planned {what}: {won}")
+    if left:
+        said.append(f"{left} long shot{'s' * (left > 1)} {'' if count else what + ' '}not "
+                    f"planned: the time budget ran out before {'them' if left > 1 else 'it'}; "
+                    f"--time-budget {longer_budget(res.budget_s):g} may find a faster shape")
+    return "; ".join(said)
 
 
 def _search_axes(search: str | None) -> set[str]:

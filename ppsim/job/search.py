@@ -96,6 +96,11 @@ class JobSearch:
     seconds: float
     long_shots: int = 0
     """Shapes planned as long shots (those the budget left no time for are not)."""
+    long_shots_unplanned: int = 0
+    """Long shots chosen that the budget left no time to plan (a longer one may find a
+    faster shape among them)."""
+    budget_s: float = 60.0
+    """The time budget the search ran under."""
     leanest: Pending | None = None
     """When every shape's weights, gradients and optimizer states alone overflow memory:
     the shape that needs the least of them (None otherwise)."""
@@ -296,8 +301,9 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
     best = min((r.summary.iteration_time_ms for r in refined if r.summary.fits),
                default=float("inf"))
     extra = long_shots(results, chosen, best, k, ties=ties) if shots else []
-    refined += _plan_splits(cfg, extra, gbs, policy, budget_s, t0, progress,
-                            "planning long shots' splits", as_long_shots=True)
+    shot = _plan_splits(cfg, extra, gbs, policy, budget_s, t0, progress,
+                        "planning long shots' splits", as_long_shots=True)
+    refined += shot
     chosen += extra
     rest = [r for r in results if all(r is not c for c in chosen)]
     return JobSearch(candidates=_fastest_first(refined + rest),
@@ -306,6 +312,8 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
                      over_floor=walked.over_floor,
                      seconds=time.perf_counter() - t0, complete=complete,
                      long_shots=sum(r.long_shot for r in refined),
+                     long_shots_unplanned=sum(not r.long_shot for r in shot),
+                     budget_s=budget_s,
                      leanest=None if pending else _whole(cfg, leanest, gbs))
 
 

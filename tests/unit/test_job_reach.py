@@ -131,3 +131,32 @@ def test_long_shots_only_add_plans_and_here_a_faster_one(gpt_oss_plan: dict) -> 
     assert with_["iteration_time_ms"] < best_without.summary.iteration_time_ms
     # the same shapes simulated either way: long shots come after
     assert gpt_oss_plan["evaluated"] == without.evaluated
+
+
+def test_long_shots_the_budget_ran_out_before_are_counted_and_said(monkeypatch) -> None:
+    """Before, a search whose budget ran out before its long shots said nothing of them:
+    the same command could answer a slower shape on a slower machine without a word."""
+    from dataclasses import replace
+
+    from ppsim.cli.flags import config_from_args
+    from ppsim.cli.jobplan import job_plan_dict, long_shots_text
+    from ppsim.cli.main import build_parser
+    from ppsim.job import search
+
+    cfg = config_from_args(build_parser().parse_args(
+        ["plan", "--preset", "llama3-8b", "--num-layers", "8", "--hardware", "h100-80gb"]))
+    # Two long shots chosen, and none of the budget left for them.
+    monkeypatch.setattr(search, "long_shots", lambda results, *_, **__: results[:2])
+    monkeypatch.setattr(search, "SHOTS_SPARE", 1.0)
+    res = search.search_job(cfg, 16, 32, budget_s=3)
+    assert (res.long_shots, res.long_shots_unplanned) == (0, 2)
+    best = next(r for r in res.candidates if r.summary.fits)
+    said = " ".join(long_shots_text(res, best).split())
+    assert said.startswith("2 long shots (shapes an uneven split might make faster")
+    assert "not planned: the time budget ran out before them; --time-budget 12 may find" in said
+    assert job_plan_dict(res, 16, 32, 3)["long_shots_unplanned"] == 2
+    both = " ".join(long_shots_text(replace(res, long_shots=1, long_shots_unplanned=1),
+                                    best).split())
+    assert re.fullmatch(r"1 long shot planned \(.*\): none beat the best; 1 long shot not "
+                        r"planned: the time budget ran out before it; --time-budget 12 may "
+                        r"find a faster shape", both)
