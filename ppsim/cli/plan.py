@@ -15,12 +15,14 @@ from ppsim.cli.flags import (
     assume_hardware,
     config_from_args,
     emit_json,
+    outputs_apart,
 )
 from ppsim.cli.jobplan import cmd_job_plan, split_flags_given
 from ppsim.cli.plan_render import print_result
 from ppsim.cli.plan_variants import SEARCH_AXES, variants
 from ppsim.cli.render import job_dict
 from ppsim.cli.schedule import print_notes
+from ppsim.cli.sim_picture import plan_png
 from ppsim.cli.simulate import add_deepspeed_specs_flag, warn_host
 from ppsim.clock import process_start
 from ppsim.config import limits, validate
@@ -256,6 +258,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if getattr(args, "gpus", None) is not None:  # the whole job's shape, with its split
         return cmd_job_plan(args)
     cfg, assumed = assume_hardware(args, config_from_args(args))
+    outputs_apart(args, {"--png": args.png}, cfg=cfg)
     if args.top < 1:
         raise UserError("--top", f"must be at least 1, got {args.top}", "use --top 5")
     validate.seconds("--time-budget", args.time_budget)  # NaN or inf would mean no budget
@@ -294,6 +297,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 out["memory_floor"] = {"static_bytes": best.floor.static_bytes,
                                        "peak_bytes": best.floor.peak_bytes,
                                        "inflight": list(best.floor.inflight)}
+        if args.png and best.best is not None:
+            plan_png(args.png, best.problem.with_split(best.best.split), planned.baseline)
         emit_json(out)
         return 0 if best.best is not None else EXIT_NO_FIT
     if best.best is None:
@@ -301,6 +306,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return EXIT_NO_FIT
     print_result(planned, per_variant, args.top, specs)
     warn_host(policy_json(best.problem.with_split(best.best.split)), cfg.hardware)
+    if args.png:
+        plan_png(args.png, best.problem.with_split(best.best.split), planned.baseline)
+        print(f"timeline picture written to {args.png}")
     return 0
 
 
@@ -318,6 +326,9 @@ def register(commands: dict) -> None:
         p.add_argument("--time-budget", type=float, default=60.0, metavar="S",
                        help="stop proving optimality after S seconds (default 60)")
         add_deepspeed_specs_flag(p)
+        p.add_argument("--png", metavar="OUT.png",
+                       help="draw the best split's timeline above Megatron's even split's "
+                       "(with --gpus: the best shape's)")
         p.add_argument("--compare", action="append", metavar="LAYOUT_OR_SPLIT",
                        help="also time this split (a Megatron layout string or counts like "
                        "7,8,8,7); repeatable")

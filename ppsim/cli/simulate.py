@@ -17,18 +17,17 @@ from ppsim.cli.flags import (
 )
 from ppsim.cli.logcheck import compared_with, comparison_line, memory_line
 from ppsim.cli.megatron_args import megatron_model_args
-from ppsim.cli.picture import STEP_COLLECTIVE, render_png
 from ppsim.cli.render import (
     compact_table,
     job_dict,
-    job_line,
     print_job,
     rank_table,
     summary_dict,
     text_timeline,
 )
 from ppsim.cli.schedule import print_notes
-from ppsim.config import files, limits
+from ppsim.cli.sim_picture import write_simulation_png
+from ppsim.config import limits
 from ppsim.config.limits import check_request
 from ppsim.config.model import TransformerModel, parse_model
 from ppsim.config.presets import HARDWARE_NOTES, HARDWARE_PRESETS, MODEL_NOTES, MODEL_PRESETS
@@ -37,7 +36,6 @@ from ppsim.costs.hybrid import KIND_SYMBOLS
 from ppsim.errors import UserError
 from ppsim.job import combined
 from ppsim.job.exposure import exposed_comm_ms, overlap_hint, overlaps_off
-from ppsim.job.lanes import step_collective_spans
 from ppsim.pipeline.exports import parse_deepspeed_specs
 from ppsim.pipeline.hybrid_exports import exports_of
 from ppsim.pipeline.megatron_rules import refusals
@@ -53,7 +51,7 @@ from ppsim.policy.report import copy_events, host_step_line, policy_json
 from ppsim.schedules.generators import interleaved_group, schedule_placement
 from ppsim.sim.engines import simulator
 from ppsim.trace.joblog import read_job_log
-from ppsim.trace.schema import collective_strips, simulation_trace, step_spans, write_trace
+from ppsim.trace.schema import simulation_trace, write_trace
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
@@ -257,20 +255,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         write_trace(args.trace, trace)
     s = sim.summary
     if args.png:
-        assert sim.timeline is not None
-        stepped = step_collective_spans(problem, sim.timeline) or [[]] * problem.schedule.pp
-        lanes = [[(op.start, op.end - op.start, op.action.kind, op.action.microbatch)
-                  for op in ops] + collective_strips(problem, ops)
-                 + [(c.start_ms, c.ms, STEP_COLLECTIVE, -1) for c in mine]
-                 + [(start, ms, kind, -1) for kind, start, ms in step_spans(*step)]
-                 for ops, step, mine in zip(sim.timeline.ops, sim.timeline.step, stepped,
-                                            strict=True)]
-        with files.output("--png", args.png):
-            render_png([(f"{problem.schedule.name}, split {list(problem.split.counts)}",
-                         lanes)], args.png, title=f"simulated iteration "
-                       f"{s.iteration_time_ms:.2f} ms, bubble {s.bubble_fraction:.1%}"
-                       + (f"\n{job_line(problem.hardware.job, s.iteration_time_ms)}"
-                          if problem.hardware.job is not None else ""))
+        write_simulation_png(args.png, [("", sim)], f"simulated iteration "
+                             f"{s.iteration_time_ms:.2f} ms, bubble {s.bubble_fraction:.1%}")
     if args.json:
         emit_json({"schedule": problem.schedule.name, "pp": problem.split.pp,
                    "vpp": problem.split.vpp, "microbatches": problem.schedule.microbatches,

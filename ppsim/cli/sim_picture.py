@@ -1,0 +1,69 @@
+"""PNG timelines of simulated iterations (`simulate --png`, `plan --png`): each rank's
+ops, the collectives inside them and its step's data-parallel ones as strips, then its
+step's R and S (ppsim.cli.picture draws them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ppsim.cli.picture import STEP_COLLECTIVE, Lane, render_png
+from ppsim.cli.render import job_line
+from ppsim.config import files
+from ppsim.job.lanes import step_collective_spans
+from ppsim.sim.simulate import simulate
+from ppsim.trace.schema import collective_strips, step_spans
+
+
+def simulation_lanes(sim: Any) -> list[Lane]:
+    """One lane per rank of a recorded simulation (ppsim.sim.engine.Simulation)."""
+    problem, timeline = sim.problem, sim.timeline
+    assert timeline is not None, "simulate with record=True"
+    stepped = step_collective_spans(problem, timeline) or [[]] * len(timeline.ops)
+    return [[(op.start, op.end - op.start, op.action.kind, op.action.microbatch)
+             for op in ops] + collective_strips(problem, ops)
+            + [(c.start_ms, c.ms, STEP_COLLECTIVE, -1) for c in mine]
+            + [(start, ms, kind, -1) for kind, start, ms in step_spans(*step)]
+            for ops, step, mine in zip(timeline.ops, timeline.step, stepped, strict=True)]
+
+
+def panel_label(label: str, sim: Any) -> str:
+    """A panel's heading: what it is, its schedule and split, its iteration and bubble."""
+    p, s = sim.problem, sim.summary
+    return (f"{label}{': ' if label else ''}{p.schedule.name}, split {list(p.split.counts)}, "
+            f"{s.iteration_time_ms:.2f} ms, bubble {s.bubble_fraction:.1%}")
+
+
+def write_simulation_png(path: str, panels: Sequence[tuple[str, Any]], title: str,
+                         flag: str = "--png") -> None:
+    """Recorded simulations, one panel each (label, simulation) on one time axis, under
+    `title` and the first one's job line, to `path` (written atomically)."""
+    first = panels[0][1]
+    job = first.problem.hardware.job
+    if job is not None:
+        title += f"\n{job_line(job, first.summary.iteration_time_ms)}"
+    with files.output(flag, path):
+        render_png([(panel_label(label, sim), simulation_lanes(sim)) for label, sim in panels],
+                   path, title=title)
+
+
+def plan_png(path: str, best: Any, baseline: Any = None) -> None:
+    """`plan --png`: the best split's timeline (`best`, a Problem at that split) above the
+    Megatron baseline's (`baseline`, a ppsim.plan.references.Reference), where it differs."""
+    panels = [("planned", simulate(best, record=True))]
+    if baseline is not None and baseline.split.counts != best.split.counts:
+        panels.append((baseline.label, simulate(best.with_split(baseline.split), record=True)))
+    ms = [sim.summary.iteration_time_ms for _, sim in panels]
+    title = f"planned split {ms[0]:.2f} ms"
+    if len(ms) > 1:
+        title += f", {panels[1][0]} {ms[1]:.2f} ms: {ms[1] / ms[0]:.3f}x"
+    write_simulation_png(path, panels, title)
+
+
+def shape_png(path: str, best: Any) -> None:
+    """`plan --gpus --png`: the best shape's timeline at its planned split (`best`, a
+    ppsim.job.search.ShapeResult)."""
+    sim = simulate(best.problem, record=True)
+    write_simulation_png(path, [(best.shape.label(), sim)],
+                         f"best shape {best.shape.label()}: "
+                         f"{sim.summary.iteration_time_ms:.2f} ms")

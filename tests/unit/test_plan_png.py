@@ -1,0 +1,50 @@
+"""`ppsim plan --png`: the planned split's timeline above Megatron's even split's, and
+with --gpus the best shape's, the picture `simulate --png` draws."""
+
+from __future__ import annotations
+
+import json
+
+from helpers import run_main
+from PIL import Image
+
+from ppsim.cli.picture import COLOURS
+
+
+def colours(path) -> dict[tuple[int, int, int], int]:
+    return {c: n for n, c in Image.open(path).convert("RGB").getcolors(1 << 20)}
+
+
+def test_the_plan_draws_its_split_above_megatrons(tmp_path) -> None:
+    planned, alone = tmp_path / "plan.png", tmp_path / "sim.png"
+    code, out, err = run_main(["plan", "--time-budget", "5", "--png", str(planned)])
+    assert code == 0, err
+    assert f"timeline picture written to {planned}" in out
+    code, _, err = run_main(["simulate", "--png", str(alone)])
+    assert code == 0, err
+    # The embedded default plans 7 + 1 against Megatron's 4 + 4: two panels of two lanes.
+    assert Image.open(planned).height > Image.open(alone).height
+    assert colours(planned)[COLOURS["F"]] > colours(alone)[COLOURS["F"]]
+
+
+def test_the_job_plan_draws_the_best_shape(tmp_path) -> None:
+    out_png = tmp_path / "job.png"
+    code, out, err = run_main(["plan", "--preset", "llama3-8b", "--num-layers", "8",
+                               "--hardware", "h100-80gb", "--gpus", "16",
+                               "--global-batch-size", "32", "--use-distributed-optimizer",
+                               "--time-budget", "3", "--json", "--png", str(out_png)])
+    assert code == 0, err
+    best = json.loads(out)["best"]  # stdout stays one JSON object
+    assert best["dp"] > 1
+    seen = colours(out_png)
+    assert seen.get(COLOURS["F"], 0) > 0 and seen.get(COLOURS["D"], 0) > 0
+
+
+def test_the_png_never_replaces_an_input(tmp_path) -> None:
+    cfg = tmp_path / "job.toml"
+    text = '[model]\npreset = "llama3-8b"\n[hardware]\npreset = "h100-80gb"\n'
+    cfg.write_text(text)
+    for job in ([], ["--gpus", "16", "--global-batch-size", "32"]):
+        code, _, err = run_main(["plan", "--config", str(cfg), *job, "--png", str(cfg)])
+        assert code == 2 and err.count("\n") == 1 and "--png" in err, err
+        assert cfg.read_text() == text
