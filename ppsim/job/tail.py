@@ -151,7 +151,7 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
             sum(all_reduce_ms(n * grads, job.link(g)) for n, g in
                 ((unbucketed.dense, "dp"), (unbucketed.experts, "edp")) if n)
         reduction = overlapped("gradient all-reduce", ar, last_ar, backward_ms,
-                                job.overlap_grad_reduce, job.collective_sm_share, "backward")
+                               job.overlap_grad_reduce, job.collective_sm_share, "backward")
     return Tail(reduce_ms=reduction.cost_ms, optimizer_ms=step,
                 host_bytes=host_state_bytes(job.arch, dense, expert_params),
                 on_links=tuple(c for c in reduction.on_links if c.total_ms > 0))
@@ -195,11 +195,11 @@ def _sharded_reduce(job: Job, named: list[tuple[int, str]], forward_ms: float,
     every = sum(ag(n, g, fb.edges if g == "dp" else 0) for n, g in named)
     first = sum(ag(n, g, wide) for n, g, wide in last if n)
     reduce = overlapped("gradient reduce-scatter", sum(rs(n, g) for n, g in named),
-                         sum(rs(n, g) for n, g, _ in last if n), backward_ms,
-                         job.overlap_grad_reduce, share, "backward")
+                        sum(rs(n, g) for n, g, _ in last if n), backward_ms,
+                        job.overlap_grad_reduce, share, "backward")
     if not (job.overlap_param_gather_with_optimizer_step and unbucketed is not None):
         gather = overlapped("parameter all-gather", every, first, forward_ms,
-                             job.overlap_param_gather, share, "forward")
+                            job.overlap_param_gather, share, "forward")
         return reduce + gather
     # The first chunk's gather starts once its own optimizer has stepped, beside the other
     # chunks' steps; the rest one chunk ahead of their forwards.
