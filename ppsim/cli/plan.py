@@ -298,7 +298,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                        "peak_bytes": best.floor.peak_bytes,
                                        "inflight": list(best.floor.inflight)}
         if args.png and best.best is not None:
-            plan_png(args.png, best.problem.with_split(best.best.split), planned.baseline)
+            _png(args.png, planned)
         emit_json(out)
         return 0 if best.best is not None else EXIT_NO_FIT
     if best.best is None:
@@ -307,9 +307,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print_result(planned, per_variant, args.top, specs)
     warn_host(policy_json(best.problem.with_split(best.best.split)), cfg.hardware)
     if args.png:
-        plan_png(args.png, best.problem.with_split(best.best.split), planned.baseline)
+        _png(args.png, planned)
         print(f"timeline picture written to {args.png}")
     return 0
+
+
+def _png(path: str, planned: Planned) -> None:
+    """`--png`: the best split above Megatron's."""
+    res, base = planned.result, planned.baseline
+    assert res.best is not None
+    plan_png(path, res.problem.with_split(res.best.split),
+             (base.label, res.problem.with_split(base.split)) if base else None)
 
 
 def register(commands: dict) -> None:

@@ -9,9 +9,10 @@ import sys
 import time
 from typing import Any
 
-from ppsim.cli.flags import assume_hardware, config_from_args, emit_json
+from ppsim.cli.flags import assume_hardware, config_from_args, emit_json, outputs_apart
 from ppsim.cli.plan import EXIT_NO_FIT, Planned, candidate_dict, result_dict
 from ppsim.cli.render import compact_table, split_cell
+from ppsim.cli.sim_picture import plan_png
 from ppsim.clock import process_start
 from ppsim.config import limits, validate
 from ppsim.config.overrides import with_overrides
@@ -24,6 +25,7 @@ from ppsim.policy.report import policy_flags
 from ppsim.policy.search import (
     PER_RANK,
     SpaceBest,
+    best_problem,
     plan_global,
     plan_megatron,
     plan_per_stage,
@@ -99,10 +101,15 @@ def space_dict(sb: SpaceBest, glob: SpaceBest) -> dict[str, Any]:
     return out
 
 
+def best_space(spaces: list[SpaceBest]) -> SpaceBest | None:
+    """The space whose best plan is fastest; None when none planned a split that fits."""
+    return min((s for s in spaces if s.result and s.result.best), key=space_key, default=None)
+
+
 def policy_result_json(spaces: list[SpaceBest]) -> dict[str, Any]:
     """The best space's plan as `plan --json` gives a plan, its policy per stage in
     best.policy and its flags in best.megatron_flags; every space in policy_search."""
-    best = min((s for s in spaces if s.result and s.result.best), key=space_key, default=None)
+    best = best_space(spaces)
     out = {"policy_search": [space_dict(s, spaces[0]) for s in spaces]}
     if best is None:
         return {**result_dict(Planned(spaces[0].result, None, [])), **out}  # type: ignore
@@ -182,6 +189,7 @@ def check_axes(axes: list[str], cfg: Config) -> None:
 def cmd_plan_policy(args: argparse.Namespace) -> int:
     started = process_start()  # the budget covers the whole command
     cfg, assumed = assume_hardware(args, config_from_args(args))
+    outputs_apart(args, {"--png": args.png}, cfg=cfg)
     validate.seconds("--time-budget", args.time_budget)
     axes = [a.strip() for a in args.search.split(",") if a.strip()]
     check_axes(axes, cfg)
@@ -194,12 +202,19 @@ def cmd_plan_policy(args: argparse.Namespace) -> int:
     if assumed:  # after the checks: bad input stays one line on stderr
         sys.stderr.write(f"ppsim plan: {assumed}\n")
     spaces = search_spaces(cfg, axes, args.time_budget, started)
+    best = best_space(spaces)
+    if args.png and best is not None:
+        plan_png(args.png, best_problem(best), ("Megatron even, configured policy",
+                                                build_problem(with_overrides(cfg, split={}))))
     if args.json:
         out = policy_result_json(spaces)
         out["policy_search_seconds"] = time.perf_counter() - started
         emit_json(out)
         return 0 if out["best"] is not None else EXIT_NO_FIT
-    return print_spaces(spaces)
+    code = print_spaces(spaces)
+    if args.png and best is not None:
+        print(f"timeline picture written to {args.png}")
+    return code
 
 
 def register(commands: dict) -> None:

@@ -47,12 +47,12 @@ def write_simulation_png(path: str, panels: Sequence[tuple[str, Any]], title: st
                    path, title=title)
 
 
-def plan_png(path: str, best: Any, baseline: Any = None) -> None:
-    """`plan --png`: the best split's timeline (`best`, a Problem at that split) above the
-    Megatron baseline's (`baseline`, a ppsim.plan.references.Reference), where it differs."""
+def plan_png(path: str, best: Any, reference: tuple[str, Any] | None = None) -> None:
+    """`plan --png`: the best split's timeline (`best`, a Problem at that split) above a
+    reference's ((label, Problem): Megatron's even split), where its split differs."""
     panels = [("planned", simulate(best, record=True))]
-    if baseline is not None and baseline.split.counts != best.split.counts:
-        panels.append((baseline.label, simulate(best.with_split(baseline.split), record=True)))
+    if reference is not None and reference[1].split.counts != best.split.counts:
+        panels.append((reference[0], simulate(reference[1], record=True)))
     ms = [sim.summary.iteration_time_ms for _, sim in panels]
     title = f"planned split {ms[0]:.2f} ms"
     if len(ms) > 1:

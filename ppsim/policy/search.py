@@ -112,14 +112,20 @@ copy per stage (ppsim.sim.copies.estimated, not a bound), so the reported plan i
 simulated again with the copy streams and no optimality is claimed for it."""
 
 
+def best_problem(sb: SpaceBest) -> Problem:
+    """The space's best split with its policy per stage, as the simulator runs it."""
+    r = sb.result
+    assert r is not None and r.best is not None and r.problem.memory is not None
+    return replace(r.problem.with_split(r.best.split),
+                   memory=Fixed(costs=r.problem.memory.costs, policies=sb.policies))
+
+
 def resimulated(sb: SpaceBest) -> SpaceBest:
     """The space's best timed by the simulator's copy streams when its policy offloads."""
     r = sb.result
     if r is None or r.best is None or not any(p.offloads for p in sb.policies):
         return sb
-    problem = replace(r.problem.with_split(r.best.split),
-                      memory=Fixed(costs=r.problem.memory.costs, policies=sb.policies))
-    summary = simulate(problem, record=False).summary
+    summary = simulate(best_problem(sb), record=False).summary
     best = replace(r.best, summary=summary)
     return replace(sb, result=replace(r, best=best, candidates=[best]), proven=False,
                    copies=RESIMULATED)

@@ -44,7 +44,19 @@ def test_the_png_never_replaces_an_input(tmp_path) -> None:
     cfg = tmp_path / "job.toml"
     text = '[model]\npreset = "llama3-8b"\n[hardware]\npreset = "h100-80gb"\n'
     cfg.write_text(text)
-    for job in ([], ["--gpus", "16", "--global-batch-size", "32"]):
+    for job in ([], ["--gpus", "16", "--global-batch-size", "32"], ["--search", "policy"]):
         code, _, err = run_main(["plan", "--config", str(cfg), *job, "--png", str(cfg)])
         assert code == 2 and err.count("\n") == 1 and "--png" in err, err
         assert cfg.read_text() == text
+
+
+def test_the_memory_policy_plan_draws_its_best_too(tmp_path) -> None:
+    """`--search policy` plans elsewhere (ppsim.cli.plan_policy): its best split with its
+    policy, above Megatron's even split with the configured one."""
+    out_png, alone = tmp_path / "policy.png", tmp_path / "sim.png"
+    code, out, err = run_main(["plan", "--search", "policy", "--time-budget", "5",
+                               "--png", str(out_png)])
+    assert code == 0, err
+    assert f"timeline picture written to {out_png}" in out
+    assert run_main(["simulate", "--png", str(alone)])[0] == 0
+    assert Image.open(out_png).height > Image.open(alone).height
