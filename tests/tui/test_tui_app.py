@@ -118,7 +118,7 @@ async def test_typing_a_count() -> None:
         assert "'x' is not a whole number" in "\n".join(screen_text(app))
 
 
-@pytest.mark.parametrize(("field", "text", "error"), [
+REFUSED = [
     ("microbatches", "0", "must be at least 1"),
     ("pp", "abc", "'abc' is not a whole number"),
     ("pp", "1000000000", "above the limit"),
@@ -126,25 +126,30 @@ async def test_typing_a_count() -> None:
     ("microbatches", "100000", "more than the TUI handles"),
     ("memory_gb", "lots", "not a number"),
     ("memory_gb", "inf", "finite"),
-])
-async def test_a_refused_value_reverts_and_says_why(field: str, text: str, error: str) -> None:
+]
+"""(field, text typed, what the status line says): each refused, in one app session
+(a refusal leaves the state as it was, so each case starts where the last left it)."""
+
+
+async def test_a_refused_value_reverts_and_says_why() -> None:
     """Issue 12 defect 4: a refused value does not stay in its field while the
     headline shows the old one; the field goes back to the simulated value."""
     app = PPSimApp()
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         before, result = app.state, app.result
-        inp = app.query_one(f"#set-{field}")
-        inp.focus()
-        inp.value = ""
-        await pilot.press(*text, "enter")
-        await settle(pilot)
-        assert app.state == before and app.result is result
-        assert not app.history.can_undo
-        said = app.query_one("#status").text
-        assert error in said
-        assert inp.value == {"pp": "2", "microbatches": "8", "memory_gb": "16"}[field]
-        assert f"refused, kept {inp.value}" in said
+        for field, text, error in REFUSED:
+            inp = app.query_one(f"#set-{field}")
+            inp.focus()
+            inp.value = ""
+            await pilot.press(*text, "enter")
+            await settle(pilot)
+            assert app.state == before and app.result is result, (field, text)
+            assert not app.history.can_undo
+            said = app.query_one("#status").text
+            assert error in said, (field, text, said)
+            assert inp.value == {"pp": "2", "microbatches": "8", "memory_gb": "16"}[field]
+            assert f"refused, kept {inp.value}" in said
 
 
 async def test_changing_vpp_switches_schedule_and_resplits() -> None:
