@@ -157,3 +157,25 @@ def test_the_png_draws_them_in_their_own_colour(tmp_path, capsys) -> None:
 
     assert pixels(1) == 0
     assert pixels(8) > 0
+
+
+@pytest.mark.parametrize("with_step", [False, True])
+def test_a_gather_beside_the_other_chunks_steps_exposes_what_R_holds(with_step: bool) -> None:
+    """--overlap-param-gather-with-optimizer-step: the first chunk's gather hides behind
+    the other chunks' steps, the rest behind the forward; one gather on the lane, its
+    unhidden part R's share (no SMs held, a slow step to hide behind)."""
+    problem = build_problem(config_from_dict({
+        "model": {"preset": "llama3-8b", "num_layers": 8, "dp": 16,
+                  "distributed_optimizer": True},
+        "pipeline": {"pp": 2, "vpp": 2, "schedule": "interleaved-1f1b", "microbatches": 4,
+                     "overlap_grad_reduce": True, "overlap_param_gather": True,
+                     "overlap_param_gather_with_optimizer_step": with_step},
+        "hardware": {"preset": "h100-80gb", "collective_sms": 0, "memory_bandwidth_gbps": 1}}))
+    sim = simulate(problem)
+    events = step_events(sim)
+    for r, (_, reduce, _) in enumerate(sim.timeline.step):
+        gathers = [e for e in events[r].values() if e["name"] == "dp parameter all-gather"]
+        assert len(gathers) == 1
+        assert gathers[0]["ts"] == pytest.approx(sim.timeline.ops[r][0].start * 1e3)
+        assert sum(e["args"]["exposed_ms"] for e in events[r].values()) \
+            == pytest.approx(reduce, rel=1e-9)
