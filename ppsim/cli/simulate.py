@@ -36,6 +36,7 @@ from ppsim.costs.hybrid import KIND_SYMBOLS
 from ppsim.errors import UserError
 from ppsim.job import combined
 from ppsim.job.exposure import exposed_comm_ms, overlap_hint, overlaps_off
+from ppsim.job.lanes import step_collectives
 from ppsim.pipeline.exports import parse_deepspeed_specs
 from ppsim.pipeline.hybrid_exports import exports_of
 from ppsim.pipeline.megatron_rules import refusals
@@ -297,12 +298,16 @@ def warn_host(host: dict[str, Any], hw: Any) -> None:
 
 
 def _waits(problem: Any, s: Any) -> dict[str, Any]:
-    """A job's exposed communication on its busiest rank and the overlaps it leaves off
-    (none for a uniform model)."""
+    """A job's exposed communication on its busiest rank, the overlaps it leaves off and
+    its step's data-parallel collectives (none for a uniform model)."""
     job = problem.hardware.job
     if job is None:
         return {}
-    return {"exposed_comm_ms": exposed_comm_ms(problem, s), "overlaps_off": overlaps_off(job)}
+    step = [{"rank": r, "what": c.what, "ms": c.total_ms, "exposed_ms": c.unhidden_ms,
+             "beside": c.beside or None}
+            for r, mine in enumerate(step_collectives(problem)) for c in mine]
+    return {"exposed_comm_ms": exposed_comm_ms(problem, s), "overlaps_off": overlaps_off(job),
+            "step_collectives": step}
 
 
 def _print_simulation(sim: Any) -> None:

@@ -150,18 +150,18 @@ def place_step_collectives(on_links: Sequence[StepCollective], first_ms: float,
     return spans
 
 
-def step_collective_spans(problem: Any, timeline: Any) -> list[list[StepCollectiveSpan]]:
-    """Per rank of a recorded simulation (ppsim.sim.engine.Timeline), its step's
-    data-parallel collectives (ppsim.job.tail), the tied embedding's gradient
-    all-reduce after them; empty lists for a lone replica."""
+def step_collectives(problem: Any) -> list[tuple[StepCollective, ...]]:
+    """Per rank, its step's data-parallel collectives (ppsim.job.tail) in the order they
+    run after its last op: the gradients', the tied embedding's all-reduce, then the
+    gather; empty for a lone replica."""
     job = problem.hardware.job
-    if job is None or timeline is None or not timeline.step:
+    if job is None:
         return []
     hw = problem.hardware
     tails = rank_tails(problem.schedule, problem.stage_costs, job, hw.memory_bandwidth_gbps,
                        hw.optimizer_fixed_ms)
     out = []
-    for r, (tail, ops) in enumerate(zip(tails, timeline.ops, strict=True)):
+    for r, tail in enumerate(tails):
         sync = job.embedding_sync_ms(r)
         tied = (StepCollective(what="embedding gradient all-reduce", total_ms=sync,
                                unhidden_ms=sync),) if sync > 0 else ()
@@ -169,6 +169,14 @@ def step_collective_spans(problem: Any, timeline: Any) -> list[list[StepCollecti
         # before the optimizer steps and gathers.
         grads = tuple(c for c in tail.on_links if c.what.startswith("gradient"))
         rest = tuple(c for c in tail.on_links if not c.what.startswith("gradient"))
-        first = ops[0].start if ops else 0.0
-        out.append(place_step_collectives(grads + tied + rest, first, timeline.step[r][0]))
+        out.append(grads + tied + rest)
     return out
+
+
+def step_collective_spans(problem: Any, timeline: Any) -> list[list[StepCollectiveSpan]]:
+    """Per rank of a recorded simulation (ppsim.sim.engine.Timeline), where its step's
+    data-parallel collectives (step_collectives) run; empty for a lone replica."""
+    ranks = step_collectives(problem) if timeline is not None and timeline.step else []
+    return [place_step_collectives(mine, ops[0].start if ops else 0.0, step[0])
+            for mine, ops, step in zip(ranks, timeline.ops, timeline.step, strict=True)
+            ] if ranks else []

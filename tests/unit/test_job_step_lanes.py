@@ -6,6 +6,8 @@ the step's R."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -179,3 +181,25 @@ def test_a_gather_beside_the_other_chunks_steps_exposes_what_R_holds(with_step: 
         assert gathers[0]["ts"] == pytest.approx(sim.timeline.ops[r][0].start * 1e3)
         assert sum(e["args"]["exposed_ms"] for e in events[r].values()) \
             == pytest.approx(reduce, rel=1e-9)
+
+
+def test_simulate_json_lists_them(capsys) -> None:
+    """`simulate --json`'s step_collectives: what the trace draws, with what each runs
+    beside (null: after the last op)."""
+    assert main(["simulate", "--preset", "llama3-8b", "--num-layers", "4", "--hardware",
+                 "h100-80gb", "--pp", "1", "--microbatches", "4", "--dp", "16",
+                 "--use-distributed-optimizer", "--overlap-grad-reduce",
+                 "--overlap-param-gather", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["step_collectives"]
+    sim = simulate(build_problem(cfg({"dp": 16, "distributed_optimizer": True},
+                                     {"overlap_grad_reduce": True,
+                                      "overlap_param_gather": True})))
+    drawn = step_events(sim)[0]
+    assert [(c["rank"], c["what"], c["beside"]) for c in got] == [
+        (0, "gradient reduce-scatter", "backward"), (0, "parameter all-gather", "forward")]
+    for c in got:
+        e = drawn[f"dp {c['what']}"]
+        assert c["ms"] == pytest.approx(e["dur"] / 1e3)
+        assert c["exposed_ms"] == pytest.approx(e["args"]["exposed_ms"])
+    assert got[0]["ms"] == pytest.approx(ring(sum(c.params for c in sim.problem.stage_costs)
+                                              * 4), rel=1e-9)
