@@ -7,29 +7,43 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
-from helpers import run_main
 
+from ppsim.cli.flags import config_from_args
+from ppsim.cli.jobplan import job_plan_dict, long_shots_text, print_job_plan
+from ppsim.cli.main import build_parser
 from ppsim.config.schema import config_from_dict
 from ppsim.costs.model import least_busy_ms
+from ppsim.job import search
 from ppsim.job.choice import reachable_ms
+from ppsim.job.search import JobSearch, _plan_splits, search_job
+from ppsim.job.walk import silent
 from ppsim.pipeline.problem import build_problem, model_costs
 
 BUDGET_S = 20
 """The gpt-oss searches' budget: room for the long shots at a third of a core (the
 test command's three workers on two), and one budget for the searches compared."""
-GPT_OSS_64 = ["--preset", "gpt-oss-120b", "--hardware", "h100-80gb", "--gpus", "64",
-              "--global-batch-size", "256", "--time-budget", str(BUDGET_S)]
 
 
 @pytest.fixture(scope="module")
-def gpt_oss_plan() -> dict:
-    """`ppsim plan` of gpt-oss-120b on 64 GPUs (long shots planned): its JSON."""
-    code, out, err = run_main(["plan", *GPT_OSS_64, "--json"])
-    assert code == 0, err
-    return json.loads(out)
+def gpt_oss_search() -> JobSearch:
+    """The search `ppsim plan` runs for gpt-oss-120b on 64 GPUs (long shots planned)."""
+    return search_job(_gpt_oss_cfg(), 64, 256, budget_s=BUDGET_S)
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_plan(gpt_oss_search: JobSearch) -> dict:
+    """`ppsim plan --json` of that search."""
+    return json.loads(json.dumps(job_plan_dict(gpt_oss_search, 64, 256, 5)))
+
+
+def _gpt_oss_cfg():
+    return config_from_args(build_parser().parse_args(
+        ["plan", "--preset", "gpt-oss-120b", "--hardware", "h100-80gb"]))
 
 
 def test_the_search_finds_the_shape_an_uneven_split_helps_most(gpt_oss_plan: dict) -> None:
@@ -47,9 +61,9 @@ def test_the_search_finds_the_shape_an_uneven_split_helps_most(gpt_oss_plan: dic
     assert all(best["iteration_time_ms"] < c["iteration_time_ms"] for c in pp4)
 
 
-def test_the_plan_says_what_the_long_shots_came_to() -> None:
-    code, out, err = run_main(["plan", *GPT_OSS_64, "--pp", "8"])
-    assert code == 0, err
+def test_the_plan_says_what_the_long_shots_came_to(gpt_oss_search: JobSearch, capsys) -> None:
+    print_job_plan(gpt_oss_search, 64, 256, 5, 80e9)
+    out = capsys.readouterr().out
     said = re.search(r"(\d+) long shots? planned \(.*?\): (the best is one|none beat the "
                      r"best)", " ".join(out.split()))
     assert said is not None and int(said[1]) >= 1
@@ -97,12 +111,6 @@ def test_a_single_stage_or_interleaved_shape_keeps_its_default_time() -> None:
 def test_only_the_long_shots_the_budget_left_time_for_count_as_planned() -> None:
     """Before: every long shot chosen was marked planned, those the spent budget skipped
     too (at their default split, as the table then said of them)."""
-    import time
-
-    from ppsim.cli.flags import config_from_args
-    from ppsim.cli.main import build_parser
-    from ppsim.job.search import _plan_splits, search_job
-    from ppsim.job.walk import silent
 
     cfg = config_from_args(build_parser().parse_args(
         ["plan", "--preset", "llama3-8b", "--num-layers", "8", "--hardware", "h100-80gb"]))
@@ -117,13 +125,7 @@ def test_only_the_long_shots_the_budget_left_time_for_count_as_planned() -> None
 
 
 def test_long_shots_only_add_plans_and_here_a_faster_one(gpt_oss_plan: dict) -> None:
-    from ppsim.cli.flags import config_from_args
-    from ppsim.cli.main import build_parser
-    from ppsim.job.search import search_job
-
-    cfg = config_from_args(build_parser().parse_args(
-        ["plan", "--preset", "gpt-oss-120b", "--hardware", "h100-80gb"]))
-    without = search_job(cfg, 64, 256, budget_s=BUDGET_S, shots=False)
+    without = search_job(_gpt_oss_cfg(), 64, 256, budget_s=BUDGET_S, shots=False)
     assert without.long_shots == 0 and not any(r.long_shot for r in without.candidates)
     best_without = next(r for r in without.candidates if r.summary.fits)
     with_ = gpt_oss_plan["best"]
@@ -136,12 +138,6 @@ def test_long_shots_only_add_plans_and_here_a_faster_one(gpt_oss_plan: dict) -> 
 def test_long_shots_the_budget_ran_out_before_are_counted_and_said(monkeypatch) -> None:
     """Before, a search whose budget ran out before its long shots said nothing of them:
     the same command could answer a slower shape on a slower machine without a word."""
-    from dataclasses import replace
-
-    from ppsim.cli.flags import config_from_args
-    from ppsim.cli.jobplan import job_plan_dict, long_shots_text
-    from ppsim.cli.main import build_parser
-    from ppsim.job import search
 
     cfg = config_from_args(build_parser().parse_args(
         ["plan", "--preset", "llama3-8b", "--num-layers", "8", "--hardware", "h100-80gb"]))
