@@ -41,34 +41,40 @@ def test_a_lone_replica_has_no_collectives_lane() -> None:
     assert comm_lanes(simulate(build_problem(lone))) == []
 
 
-@pytest.mark.parametrize("size", [(80, 24), (160, 45)])
-async def test_the_timeline_draws_the_collectives_under_their_rank(size) -> None:
+SIZES = ((80, 24), (160, 45))
+"""Each checked in one session: started at the first, resized to the next."""
+
+
+async def test_the_timeline_draws_the_collectives_under_their_rank() -> None:
     app = PPSimApp(_tp4())
-    async with app.run_test(size=size) as pilot:
-        await settle(pilot)
-        tl = app.query_one(Timeline)
-        assert [lane.label for lane in tl.lanes] == [
-            "r0", "comm0", "r1", "comm1", "r2", "comm2", "r3", "comm3"]
-        assert any(line.startswith("comm0") for line in tl.text_lines())
-        await pilot.press("C")
-        await settle(pilot)
-        assert [lane.label for lane in tl.lanes] == ["r0", "r1", "r2", "r3"]
-        await pilot.press("C")
-        await settle(pilot)
-        assert len(tl.lanes) == 8
+    async with app.run_test(size=SIZES[0]) as pilot:
+        for size in SIZES:
+            await pilot.resize_terminal(*size)
+            await settle(pilot)
+            tl = app.query_one(Timeline)
+            assert [lane.label for lane in tl.lanes] == [
+                "r0", "comm0", "r1", "comm1", "r2", "comm2", "r3", "comm3"], size
+            assert any(line.startswith("comm0") for line in tl.text_lines()), size
+            await pilot.press("C")
+            await settle(pilot)
+            assert [lane.label for lane in tl.lanes] == ["r0", "r1", "r2", "r3"]
+            await pilot.press("C")
+            await settle(pilot)
+            assert len(tl.lanes) == 8
 
 
-@pytest.mark.parametrize("size", [(80, 24), (160, 45)])
-async def test_a_data_parallel_job_draws_its_step_collectives(size) -> None:
+async def test_a_data_parallel_job_draws_its_step_collectives() -> None:
     """tp 1, dp 8: no collectives inside the ops, but the step's buckets (D) under each
     rank, the last of them after the rank's last op; before, no lane at all."""
     cfg = with_overrides(preset_config("llama3-8b", 2, 4),
                          model={"tp": 1, "dp": 8, "distributed_optimizer": True},
                          pipeline={"overlap_grad_reduce": True})
     app = PPSimApp(cfg)
-    async with app.run_test(size=size) as pilot:
-        await settle(pilot)
-        tl = app.query_one(Timeline)
-        assert [lane.label for lane in tl.lanes] == ["r0", "comm0", "r1", "comm1"]
-        lines = {line.split()[0]: line for line in tl.text_lines() if line.strip()}
-        assert "D" in lines["comm0"] and "D" in lines["comm1"]
+    async with app.run_test(size=SIZES[0]) as pilot:
+        for size in SIZES:
+            await pilot.resize_terminal(*size)
+            await settle(pilot)
+            tl = app.query_one(Timeline)
+            assert [lane.label for lane in tl.lanes] == ["r0", "comm0", "r1", "comm1"]
+            lines = {line.split()[0]: line for line in tl.text_lines() if line.strip()}
+            assert "D" in lines["comm0"] and "D" in lines["comm1"], size

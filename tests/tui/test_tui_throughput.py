@@ -63,27 +63,29 @@ def shown_rate(t: dict, compact: bool, fp8: bool = False, a2a: bool = False) -> 
 
 @pytest.mark.parametrize("text", [LLAMA, LLAMA_FP8, MIXTRAL_A2A, DEFAULT_TOML],
                          ids=["llama3-70b", "llama3-70b-fp8", "mixtral-a2a", "default"])
-@pytest.mark.parametrize("size", [(80, 24), (160, 45)])
-async def test_headline_throughput_is_simulates(text: str, size: tuple[int, int],
-                                                tmp_path: Path) -> None:
+async def test_headline_throughput_is_simulates(text: str, tmp_path: Path) -> None:
+    """At 80x24, then the same session resized to 160x45."""
     path = tmp_path / "job.toml"
     path.write_text(text)
     sim = simulate_json(path)
     ref, fp8 = sim["throughput"], sim["job"] is not None and sim["job"]["fp8"] is not None
     a2a = sim["job"] is not None and sim["job"]["ep_overlap"]
     assert ref is not None and ref["tflops_per_gpu"] >= 0
+    full, compact = shown_rate(ref, False, fp8, a2a), shown_rate(ref, True, fp8, a2a)
     app = PPSimApp(load_config(str(path)), config_path=str(path))
-    async with app.run_test(size=size) as pilot:
-        await settle(pilot)
-        head = app.query_one(Headline)
-        lines = head.render().plain.splitlines()
-        width = head.size.width - 2
-        full, compact = shown_rate(ref, False, fp8, a2a), shown_rate(ref, True, fp8, a2a)
-        # at the end of the first line when it has room, else first on the second
-        assert lines[0].endswith(full) or lines[1].startswith((full, compact))
-        if width < 100:
-            assert lines[1].startswith(compact)
-        assert all(len(line) <= width for line in lines)  # nothing runs past the edge
+    async with app.run_test(size=(80, 24)) as pilot:
+        for size in ((80, 24), (160, 45)):
+            await pilot.resize_terminal(*size)
+            await settle(pilot)
+            assert (app.size.width, app.size.height) == size
+            head = app.query_one(Headline)
+            lines = head.render().plain.splitlines()
+            width = head.size.width - 2
+            # at the end of the first line when it has room, else first on the second
+            assert lines[0].endswith(full) or lines[1].startswith((full, compact)), size
+            if width < 100:
+                assert lines[1].startswith(compact), size
+            assert all(len(line) <= width for line in lines), size  # nothing past the edge
 
 
 async def test_a_uniform_model_shows_no_throughput(tmp_path: Path) -> None:
