@@ -49,10 +49,14 @@ def write_simulation_png(path: str, panels: Sequence[tuple[str, Any]], title: st
 
 def plan_png(path: str, best: Any, reference: tuple[str, Any] | None = None) -> None:
     """`plan --png`: the best split's timeline (`best`, a Problem at that split) above a
-    reference's ((label, Problem): Megatron's even split), where its split differs."""
+    reference's ((label, Problem): Megatron's even split), unless the two are the same
+    split timed the same (a memory policy may differ where the split does not)."""
     panels = [("planned", simulate(best, record=True))]
-    if reference is not None and reference[1].split.counts != best.split.counts:
-        panels.append((reference[0], simulate(reference[1], record=True)))
+    if reference is not None:
+        other = simulate(reference[1], record=True)
+        if reference[1].split.counts != best.split.counts or \
+                other.summary.iteration_time_ms != panels[0][1].summary.iteration_time_ms:
+            panels.append((reference[0], other))
     ms = [sim.summary.iteration_time_ms for _, sim in panels]
     title = f"planned split {ms[0]:.2f} ms"
     if len(ms) > 1:
