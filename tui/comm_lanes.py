@@ -28,16 +28,17 @@ def comm_lanes(sim: Any) -> list[Lane]:
     if not ops_by_rank:
         return []
     comm = problem_collectives(sim.problem)
-    stepped = step_collective_spans(sim.problem, timeline) or [[]] * len(ops_by_rank)
+    stepped = step_collective_spans(sim.problem, timeline)
     chunk = [st.chunk for st in sim.problem.split.stages]
     lanes = []
     for rank, (ops, steps) in enumerate(zip(ops_by_rank, stepped, strict=True)):
-        mine = op_collectives(sim.problem, comm, rank) if comm else [None] * len(ops)
-        strips = [LaneOp(t, t + dur, "C", chunk[a.stage], a.microbatch, a.stage)
-                  for op, c in zip(ops, mine, strict=True) if c is not None
-                  for a in (op.action,)
-                  for _, t, dur in collective_spans(a.kind, op.start, op.end, c)]
-        strips += [LaneOp(s.start_ms, s.start_ms + s.ms, "D", 0, -1, -1) for s in steps]
+        strips = [LaneOp(s.start_ms, s.start_ms + s.ms, "D", 0, -1, -1) for s in steps]
+        if comm:
+            strips += [LaneOp(t, t + dur, "C", chunk[a.stage], a.microbatch, a.stage)
+                       for op, c in zip(ops, op_collectives(sim.problem, comm, rank),
+                                        strict=True)
+                       for a in (op.action,)
+                       for _, t, dur in collective_spans(a.kind, op.start, op.end, c)]
         if strips:
             lanes.append(Lane(f"comm{rank}", tuple(sorted(strips, key=lambda o: o.start)),
                               rank, "comm"))

@@ -19,7 +19,7 @@ def simulation_lanes(sim: Any) -> list[Lane]:
     """One lane per rank of a recorded simulation (ppsim.sim.engine.Simulation)."""
     problem, timeline = sim.problem, sim.timeline
     assert timeline is not None, "simulate with record=True"
-    stepped = step_collective_spans(problem, timeline) or [[]] * len(timeline.ops)
+    stepped = step_collective_spans(problem, timeline)
     return [[(op.start, op.end - op.start, op.action.kind, op.action.microbatch)
              for op in ops] + collective_strips(problem, ops)
             + [(c.start_ms, c.ms, STEP_COLLECTIVE, -1) for c in mine]

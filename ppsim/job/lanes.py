@@ -175,8 +175,10 @@ def step_collectives(problem: Any) -> list[tuple[StepCollective, ...]]:
 
 def step_collective_spans(problem: Any, timeline: Any) -> list[list[StepCollectiveSpan]]:
     """Per rank of a recorded simulation (ppsim.sim.engine.Timeline), where its step's
-    data-parallel collectives (step_collectives) run; empty for a lone replica."""
-    ranks = step_collectives(problem) if timeline is not None and timeline.step else []
+    data-parallel collectives (step_collectives) run: a list for every rank, empty where
+    none does (a lone replica, a uniform model); no list without a timeline."""
+    if timeline is None or not timeline.step:
+        return []
+    ranks = step_collectives(problem) or [()] * len(timeline.ops)
     return [place_step_collectives(mine, ops[0].start if ops else 0.0, step[0])
-            for mine, ops, step in zip(ranks, timeline.ops, timeline.step, strict=True)
-            ] if ranks else []
+            for mine, ops, step in zip(ranks, timeline.ops, timeline.step, strict=True)]
