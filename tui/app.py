@@ -18,7 +18,7 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Header, Static
 
 from ppsim.config.schema import Config, load_config
 from ppsim.errors import UserError
@@ -42,6 +42,7 @@ from ppsim.tui.editing import (
     set_count,
 )
 from ppsim.tui.files import FileActions
+from ppsim.tui.footer import KeyFooter
 from ppsim.tui.headline import Headline, over_limit
 from ppsim.tui.lanes import interleave, pinned_lanes, sim_lanes, trace_lanes
 from ppsim.tui.memory import MemoryBars, bars_from_summary
@@ -174,7 +175,7 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
                     yield Static("", id="deltas", markup=False)
                     yield MemoryBars(id="memory")
         yield StatusLine(id="status")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self._show_state()
