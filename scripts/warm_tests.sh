@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Collect the tests once after setup, in two halves at once, before `make test` starts its
 # three workers. A first collection rewrites every test module's asserts and byte-compiles
-# what the tests import (15 s of CPU); pytest caches both in __pycache__, but three workers
-# starting on a fresh clone would each do it all. Runs once per .venv.
+# what the tests import, torch's modules among them (about 27 s of CPU on a fresh .venv);
+# pytest and Python cache both in __pycache__, but three workers starting on a fresh clone
+# would each do it all. Runs once per .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}

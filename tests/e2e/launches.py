@@ -122,8 +122,15 @@ GPIPE = ["--schedule", "gpipe", "--pp", "2", "--split", "6,2", "--microbatches",
 ONE_F_ONE_B = ["--schedule", "1f1b", "--pp", "2", "--split", "5,3", "--microbatches", "4"]
 INTERLEAVED = ["--schedule", "interleaved-1f1b", "--pp", "2", "--vpp", "2", "--split",
                "3,1,2,2", "--microbatches", "4"]
-ONE_F_ONE_B_HYBRID = ["--schedule", "1f1b", "--pp", "2", "--microbatches", "4"]
-"""1F1B over two stages at a hybrid pattern's own split."""
+ONE_F_ONE_B_HYBRID = ["--schedule", "1f1b", "--pp", "2", "--microbatches", "2"]
+"""1F1B over two stages at a hybrid pattern's own split (two microbatches: see M2)."""
+M2 = ["--microbatches", "2"]
+"""For the launches whose ranks also talk inside each layer (tensor, context and expert
+parallelism): every microbatch costs them collectives, the most of a launch's time on two
+cores; on 2 ranks two microbatches still give 1F1B its warm-up, a steady F-B pair and
+its cool-down, and interleaving its two chunks."""
+ONE_F_ONE_B_M2 = [*ONE_F_ONE_B[:-2], *M2]
+INTERLEAVED_M2 = [*INTERLEAVED[:-2], *M2]
 ZB_H1 = ["--schedule", "zb-h1", "--pp", "2", "--split", "5,3", "--microbatches", "4"]
 ZBV = ["--schedule", "zbv", "--pp", "2", "--vpp", "2", "--split", "3,2,1,2",
        "--microbatches", "4"]
@@ -272,25 +279,25 @@ OTHERS = {
 # every sharded matmul and both kinds of group are covered.
 TENSOR = {
     "tp2-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B]),
-    "tp2-llama-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B, "--config", "{tmp}/llama.toml"]),
+    "tp2-llama-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, "--config", "{tmp}/llama.toml"]),
     "tp2-hybrid-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_HYBRID, "--config",
                                   "{tmp}/hybrid-tp.toml"], dump_grads=False),
     "hybrid-etp1-1f1b": Spec(argv=[*ONE_F_ONE_B_HYBRID, "--config", "{tmp}/hybrid-tp.toml"],
                              dump_grads=False),
-    "tp2-mla-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B, *MLA_CONFIG]),
-    "tp2-mla-q-offload": Spec(argv=["--tp", "2", *ONE_F_ONE_B, "--config", "{tmp}/mla-q.toml",
+    "tp2-mla-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, *MLA_CONFIG]),
+    "tp2-mla-q-offload": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, "--config", "{tmp}/mla-q.toml",
                                     "--offload-modules", "qkv_linear"]),
-    "tp2-moe-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B, *MOE_CONFIG]),
-    "tp2-moe-policy": Spec(argv=["--tp", "2", *ONE_F_ONE_B, *MOE_CONFIG, *MOE_POLICY]),
-    "tp2-llama-policy": Spec(argv=["--tp", "2", *ONE_F_ONE_B, "--config", "{tmp}/llama.toml",
+    "tp2-moe-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, *MOE_CONFIG]),
+    "tp2-moe-policy": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, *MOE_CONFIG, *MOE_POLICY]),
+    "tp2-llama-policy": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, "--config", "{tmp}/llama.toml",
                                    "--offload-modules", "qkv_linear", "attn_proj",
                                    "--recompute-modules", "mlp"]),
     # a builder of one's own, split by its parallelize
-    "tp2-own-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B, *OWN_TP]),
-    "tp2-dp2-own-interleaved": Spec(argv=["--tp", "2", "--dp", "2", *INTERLEAVED,
+    "tp2-own-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, *OWN_TP]),
+    "tp2-dp2-own-interleaved": Spec(argv=["--tp", "2", "--dp", "2", *INTERLEAVED_M2,
                                           "--no-sequence-parallel", *OWN_TP], dump_grads=False),
     # tensor parallelism without sequence parallelism: all-reduces, norms whole
-    "tp2-dp2-interleaved-gated": Spec(argv=["--tp", "2", "--dp", "2", *INTERLEAVED,
+    "tp2-dp2-interleaved-gated": Spec(argv=["--tp", "2", "--dp", "2", *INTERLEAVED_M2,
                                             "--no-sequence-parallel",
                                             "--config", "{tmp}/gated.toml"], dump_grads=False),
 }
@@ -298,10 +305,10 @@ TENSOR = {
 EXPERT = {
     # routed experts over 2 replicas (all-to-alls over gloo), DDP; then over 2 of 4 with
     # the distributed optimizer (the experts' gradients reduced over the other 2)
-    "ep2-dp2-1f1b": Spec(argv=["--dp", "2", *ONE_F_ONE_B, "--config", "{tmp}/moe-ep.toml"]),
+    "ep2-dp2-1f1b": Spec(argv=["--dp", "2", *ONE_F_ONE_B_M2, "--config", "{tmp}/moe-ep.toml"]),
     "ep2-dp4-distopt": Spec(argv=["--dp", "4", "--pp", "1", "--microbatches", "2",
                                   "--config", "{tmp}/moe-ep-distopt.toml"]),
-    "ep2-dp2-fsdp": Spec(argv=["--dp", "2", *ONE_F_ONE_B, "--config", "{tmp}/moe-ep-fsdp.toml"]),
+    "ep2-dp2-fsdp": Spec(argv=["--dp", "2", *ONE_F_ONE_B_M2, "--config", "{tmp}/moe-ep-fsdp.toml"]),
     # folded over tp x dp: 4 experts, one on each of the 4 ranks (etp 1)
     "ep4-tp2-dp2": Spec(argv=["--tp", "2", "--dp", "2", "--pp", "1", "--microbatches", "2",
                               "--config", "{tmp}/moe-ep-folded.toml"]),
@@ -315,7 +322,7 @@ EXPERT = {
     # ... over 2 of 4 tensor ranks (etp 2 at tp 4), and over the 2 replicas at tp 1
     "etp2-tp4": Spec(argv=["--tp", "4", "--pp", "1", "--microbatches", "2",
                            "--config", "{tmp}/moe-etp2-tp4.toml"]),
-    "etp2-dp2": Spec(argv=["--dp", "2", *ONE_F_ONE_B, "--config", "{tmp}/moe-etp2.toml"]),
+    "etp2-dp2": Spec(argv=["--dp", "2", *ONE_F_ONE_B_M2, "--config", "{tmp}/moe-etp2.toml"]),
 }
 
 # test_executor_cp.py: context parallelism for real over gloo: K and V gathered, the GPT
@@ -326,10 +333,10 @@ EXPERT = {
 # then gpt-oss's shape in small (rotary, a sliding window on half the layers, MoE split
 # over the tensor ranks; K and V gathered) at tp 2 x cp 2 x dp 2.
 CONTEXT = {
-    "cp2-1f1b": Spec(argv=["--cp", "2", *ONE_F_ONE_B, "--config", "{tmp}/cp.toml"]),
-    "cp2-distopt": Spec(argv=["--cp", "2", *ONE_F_ONE_B, "--config", "{tmp}/cp.toml",
+    "cp2-1f1b": Spec(argv=["--cp", "2", *ONE_F_ONE_B_M2, "--config", "{tmp}/cp.toml"]),
+    "cp2-distopt": Spec(argv=["--cp", "2", *ONE_F_ONE_B_M2, "--config", "{tmp}/cp.toml",
                               "--use-distributed-optimizer"], dump_grads=False),
-    "cp2-ring-interleaved": Spec(argv=["--cp", "2", *INTERLEAVED, *MLA_CONFIG]),
+    "cp2-ring-interleaved": Spec(argv=["--cp", "2", *INTERLEAVED_M2, *MLA_CONFIG]),
     "cp2-a2a-zb": Spec(argv=["--cp", "2", *ZB_H1, "--config", "{tmp}/cp-a2a.toml"]),
     "cp4-hierarchical": Spec(argv=["--cp", "4", "--pp", "1", "--microbatches", "2",
                                    "--config", "{tmp}/cp-hierarchical.toml"]),
