@@ -278,7 +278,7 @@ OTHERS = {
 # tp 2 x pp 2 = 4 processes; then tp 2 x pp 2 x dp 2 = 8 with a SwiGLU MLP and GQA, so
 # every sharded matmul and both kinds of group are covered.
 TENSOR = {
-    "tp2-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B]),
+    "tp2-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2]),
     "tp2-llama-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, "--config", "{tmp}/llama.toml"]),
     "tp2-hybrid-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_HYBRID, "--config",
                                   "{tmp}/hybrid-tp.toml"], dump_grads=False),
