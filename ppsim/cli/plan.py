@@ -281,6 +281,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print_notes(best.problem.schedule, "plan")
     for line in refusals(best.problem.schedule, cfg.pipeline.microbatch_group_size is not None):
         sys.stderr.write(f"ppsim plan: warning: {line}\n")
+    if args.png and best.best is not None:
+        _png(args.png, planned)
     if args.json:
         out = result_dict(planned, specs)
         out["seconds"] = time.perf_counter() - started  # the whole command's wall time
@@ -297,8 +299,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 out["memory_floor"] = {"static_bytes": best.floor.static_bytes,
                                        "peak_bytes": best.floor.peak_bytes,
                                        "inflight": list(best.floor.inflight)}
-        if args.png and best.best is not None:
-            _png(args.png, planned)
         emit_json(out)
         return 0 if best.best is not None else EXIT_NO_FIT
     if best.best is None:
@@ -307,7 +307,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print_result(planned, per_variant, args.top, specs)
     warn_host(policy_json(best.problem.with_split(best.best.split)), cfg.hardware)
     if args.png:
-        _png(args.png, planned)
         print(f"timeline picture written to {args.png}")
     return 0
 
