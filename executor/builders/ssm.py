@@ -29,7 +29,6 @@ from torch import nn
 from ppsim.costs.arch import Architecture
 from ppsim.costs.mixers import (
     GDN_CHUNK,
-    GDN_CONV,
     MAMBA_CHUNK,
     MAMBA_CONV,
     delta_shape,
@@ -250,8 +249,9 @@ class GatedDeltaNet(_Projections, nn.Module):
         d = self.shape = delta_shape(a)
         self.arch = a
         self.in_proj = nn.Linear(a.hidden_size, d.in_proj, bias=False)
-        self.conv1d = nn.Conv1d(d.conv, d.conv, GDN_CONV, groups=d.conv,
-                                padding=GDN_CONV - 1, bias=False)
+        kernel = a.linear_conv_kernel_dim
+        self.conv1d = nn.Conv1d(d.conv, d.conv, kernel, groups=d.conv, padding=kernel - 1,
+                                bias=False)
         self.dt_bias = nn.Parameter(torch.zeros(d.value_heads))
         self.A_log = nn.Parameter(torch.zeros(d.value_heads))
         self.norm_weight = nn.Parameter(torch.ones(a.linear_value_head_dim))

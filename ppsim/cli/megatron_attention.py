@@ -76,10 +76,6 @@ def check_spec(args: argparse.Namespace) -> None:
               file=sys.stderr)
 
 
-GDN_CONV_KERNEL = 4
-"""The only --linear-conv-kernel-dim ppsim prices (Megatron's default)."""
-
-
 def _attention_variant_fields(get: Any, base: str | None) -> dict[str, Any]:
     """--experimental-attention-variant (with --linear-attention-freq under gdn, given or
     the `base` model's) as fields (the config checks them:
@@ -88,11 +84,6 @@ def _attention_variant_fields(get: Any, base: str | None) -> dict[str, Any]:
     a warning)."""
     variant, freq = get("experimental_attention_variant"), get("linear_attention_freq")
     linear = variant if variant is not None else base
-    kernel = get("linear_conv_kernel_dim")
-    if kernel is not None and kernel != GDN_CONV_KERNEL:
-        raise UserError("--linear-conv-kernel-dim", f"{kernel}: ppsim prices GatedDeltaNet's "
-                        f"short convolution at Megatron's default, {GDN_CONV_KERNEL}",
-                        f"give {GDN_CONV_KERNEL}, or drop it")
     if variant is not None and variant not in ATTENTION_VARIANTS:
         raise UserError("--experimental-attention-variant", f"{variant!r} is not priced: "
                         "ppsim prices gdn (gated_delta_net) and dsa", "give one of those")

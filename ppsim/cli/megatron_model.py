@@ -38,6 +38,7 @@ INT_FLAGS = {
     "linear-num-value-heads": "linear_num_value_heads",
     "linear-key-head-dim": "linear_key_head_dim",
     "linear-value-head-dim": "linear_value_head_dim",
+    "linear-conv-kernel-dim": "linear_conv_kernel_dim",
     "dsa-indexer-n-heads": "dsa_indexer_n_heads", "dsa-indexer-head-dim": "dsa_indexer_head_dim",
     "dsa-indexer-topk": "dsa_indexer_topk",
 }
@@ -57,8 +58,7 @@ ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
               "muon_num_ns_steps", "muon_tp_mode", "qk_layernorm", "attention_output_gate",
               "fp32_residual_connection",
               "qk_l2_norm", "moe_shared_expert_gate", "moe_permute_fusion",
-              "experimental_attention_variant", "linear_attention_freq",
-              "linear_conv_kernel_dim")
+              "experimental_attention_variant", "linear_attention_freq")
 """Every flag of the group that changes the model (the rest are accepted and ignored)."""
 IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base": float,
            "rotary-percent": float, "init-method-std": float, "disable-bias-linear": None,
@@ -149,7 +149,6 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--window-attn-skip-freq", help=hidden)
     g.add_argument("--experimental-attention-variant", help=hidden)
     g.add_argument("--linear-attention-freq", help=hidden)
-    g.add_argument("--linear-conv-kernel-dim", type=int, help=hidden)
     for flag, kind in IGNORED.items():
         if kind is None:
             g.add_argument(f"--{flag}", action="store_true", default=None, help=hidden)

@@ -225,6 +225,8 @@ class Architecture:
     """GatedDeltaNet query/key head width (--linear-key-head-dim)."""
     linear_value_head_dim: int = 128
     """GatedDeltaNet value head width (--linear-value-head-dim)."""
+    linear_conv_kernel_dim: int = 4
+    """GatedDeltaNet's causal depthwise conv width (--linear-conv-kernel-dim)."""
     dsa_indexer_n_heads: int = 64
     """DeepSeek sparse attention: the lightning indexer's heads (--dsa-indexer-n-heads)."""
     dsa_indexer_head_dim: int = 128

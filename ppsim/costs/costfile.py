@@ -67,8 +67,8 @@ SHAPE_KEYS = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vo
               "distributed_optimizer", "fsdp", "dp_replicas", "dp", "hybrid_layer_pattern",
               "mamba_state_dim", "mamba_head_dim", "mamba_num_groups", "mamba_num_heads",
               "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-              "linear_value_head_dim", "unfused_attention", "pad_vocab", "qk_layernorm",
-              "attention_output_gate", "shared_expert_gate",
+              "linear_value_head_dim", "linear_conv_kernel_dim", "unfused_attention",
+              "pad_vocab", "qk_layernorm", "attention_output_gate", "shared_expert_gate",
               "experimental_attention_variant", "linear_attention_freq",
               "moe_permute_fusion", "sequence_parallel", "fp32_residual", "num_experts",
               "ep", "etp", "cp", "cp_comm_type", "cp_a2a_size")

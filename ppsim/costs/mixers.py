@@ -42,8 +42,6 @@ MAMBA_CONV = 4
 """Mamba-2's causal conv width (MambaMixer's d_conv default)."""
 MAMBA_CHUNK = 128
 """SSD chunk length (MambaMixer's chunk_size default)."""
-GDN_CONV = 4
-"""GatedDeltaNet's conv width (Megatron's linear_conv_kernel_dim default)."""
 GDN_CHUNK = 64
 """The chunk of FLA's chunk_gated_delta_rule."""
 FP8_ALIGN = 16
@@ -125,7 +123,7 @@ class DeltaShape:
 
 def delta_shape(a: Architecture) -> DeltaShape:
     _need(a, ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-              "linear_value_head_dim"), "GatedDeltaNet ('G')")
+              "linear_value_head_dim", "linear_conv_kernel_dim"), "GatedDeltaNet ('G')")
     key = a.linear_num_key_heads * a.linear_key_head_dim
     value, hv = a.linear_num_value_heads * a.linear_value_head_dim, a.linear_num_value_heads
     if hv % a.linear_num_key_heads:
@@ -169,7 +167,7 @@ def mixer_params(a: Architecture, kind: str) -> KindParams:
     if kind == "gdn":
         d = delta_shape(a)
         mats = h * d.in_proj + d.value * h
-        other = d.conv * GDN_CONV + 2 * d.value_heads + a.linear_value_head_dim
+        other = d.conv * a.linear_conv_kernel_dim + 2 * d.value_heads + a.linear_value_head_dim
         return KindParams(mats + other + norm, 0, mats + other, norm)
     if kind in ("attention", "mla", "dsa"):
         b = a if kind == "attention" else _latent(a)

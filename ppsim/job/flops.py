@@ -31,8 +31,6 @@ from ppsim.costs.stack import layer_kinds, mlp_kind
 
 GEMM = 3 * 2
 """Forward + weight gradient + input gradient, 2 FLOPs per multiply-add."""
-GDN_CONV_KERNEL = 4
-"""GatedDeltaNet's short convolution (Megatron --linear-conv-kernel-dim, default 4)."""
 
 
 def _attention_terms(a: Architecture) -> tuple[float, float]:
@@ -120,7 +118,7 @@ def _mixer_per_token(a: Architecture, kind: str) -> float:
         qk = a.linear_key_head_dim * a.linear_num_key_heads
         v = a.linear_value_head_dim * a.linear_num_value_heads
         in_proj = 2 * qk + 2 * v + 2 * a.linear_num_value_heads
-        return 2 * (h * in_proj + GDN_CONV_KERNEL * (2 * qk + v)
+        return 2 * (h * in_proj + a.linear_conv_kernel_dim * (2 * qk + v)
                     + a.linear_num_value_heads * a.linear_value_head_dim ** 2 * 4 + h * v)
     if kind == "attention":
         q = (a.head_dim or h // a.num_heads) * a.num_heads

@@ -67,7 +67,8 @@ def architectures(draw):
         freq = draw(st.sampled_from(["", "1", "2", "3"]))
         if freq:
             fields.update(experimental_attention_variant=draw(st.sampled_from(
-                ["gdn", "gated_delta_net"])), linear_attention_freq=freq)
+                ["gdn", "gated_delta_net"])), linear_attention_freq=freq,
+                linear_conv_kernel_dim=draw(st.integers(1, 6)))
     try:
         return parse_model({"kind": "transformer", **fields}).arch
     except UserError:

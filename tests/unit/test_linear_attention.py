@@ -152,7 +152,7 @@ def _arch_of(line: str) -> Architecture:
     ("--experimental-attention-variant gdn2 --linear-attention-freq 4",
      "'gdn2' is not priced"),
     ("--experimental-attention-variant gdn --linear-attention-freq 4 "
-     "--linear-conv-kernel-dim 3", "--linear-conv-kernel-dim"),
+     "--linear-conv-kernel-dim 0", "model.linear_conv_kernel_dim"),
     ("--experimental-attention-variant gdn --linear-attention-freq '([1]*3+[0])*3'",
      "Invalid length of linear_attention_pattern: 12, expected 8"),
     ("--experimental-attention-variant gdn --linear-attention-freq 2 --window-size 5,0",
