@@ -180,71 +180,94 @@ def _print_costs(doc: dict[str, Any], title: str) -> None:
     c.print(costs_table(title, [("embedding", "", doc["embedding"]), *_layer_rows(doc["layers"]),
                                 ("head + loss", "", doc["head"])]))
     c.print(COSTS_NOTE)
+    for line in (*_link_lines(doc), *_collective_lines(doc), *_condition_lines(doc)):
+        c.print(line)
+
+
+def _link_lines(doc: dict[str, Any]) -> list[str]:
+    """The P2P link the file measured."""
+    out = []
     p2p = doc.get("p2p")
     if p2p:
-        c.print(f"P2P: latency {p2p['latency_ms'] * 1e3:.1f} us, bandwidth "
-                f"{p2p['bandwidth_gbps']:.2f} GB/s" + (f" ({p2p['backend']})"
-                                                       if "backend" in p2p else ""))
-    coll = doc.get("collectives") or {}
+        out.append(f"P2P: latency {p2p['latency_ms'] * 1e3:.1f} us, bandwidth "
+                   f"{p2p['bandwidth_gbps']:.2f} GB/s"
+                   + (f" ({p2p['backend']})" if "backend" in p2p else ""))
+    return out
+
+
+def _collective_lines(doc: dict[str, Any]) -> list[str]:
+    """The tensor-, expert- and context-parallel collectives inside the layers' F and B,
+    then the data-parallel ones of the step."""
+    coll, out = doc.get("collectives") or {}, []
     where = f"measured in {coll.get('processes', coll.get('tp'))} {coll.get('backend')} processes"
     if coll.get("copies", 1) > 1:  # beside the run's other pipeline ranks
         where += f", {coll['copies']} such groups at once"
+    priced = "they price the simulated trace's"
     if "all_reduce_ms" in coll:
-        c.print(f"tensor parallelism (tp {coll['tp']}): {where}; at {fmt_bytes(coll['bytes'])} "
-                f"all-reduce {coll['all_reduce_ms']:.3f} ms, all-gather "
-                f"{coll['all_gather_ms']:.3f} ms, reduce-scatter {coll['reduce_scatter_ms']:.3f}"
-                " ms (inside each layer's F and B above; they price the simulated trace's)")
+        out.append(f"tensor parallelism (tp {coll['tp']}): {where}; at "
+                   f"{fmt_bytes(coll['bytes'])} all-reduce {coll['all_reduce_ms']:.3f} ms, "
+                   f"all-gather {coll['all_gather_ms']:.3f} ms, reduce-scatter "
+                   f"{coll['reduce_scatter_ms']:.3f} ms (inside each layer's F and B above; "
+                   f"{priced})")
     if "all_to_all_ms" in coll:
-        c.print(f"expert parallelism (ep {coll['ep']}): {where}; at "
-                f"{fmt_bytes(coll['all_to_all_bytes'])} all-to-all "
-                f"{coll['all_to_all_ms']:.3f} ms (the dispatch and the combine, inside each MoE "
-                "layer's F and B above; they price the simulated trace's)")
+        out.append(f"expert parallelism (ep {coll['ep']}): {where}; at "
+                   f"{fmt_bytes(coll['all_to_all_bytes'])} all-to-all "
+                   f"{coll['all_to_all_ms']:.3f} ms (the dispatch and the combine, inside each "
+                   f"MoE layer's F and B above; {priced})")
     if "cp_bytes" in coll:
         ways = ", ".join(f"{label} {coll[key]:.3f} ms" for key, label in (
             ("cp_pass_ms", "a ring pass"), ("cp_all_to_all_ms", "all-to-all"),
             ("cp_all_gather_ms", "all-gather"), ("cp_reduce_scatter_ms", "reduce-scatter"))
             if key in coll)
-        c.print(f"context parallelism (cp {coll['cp']}, {coll['cp_comm_type']}): {where}; at "
-                f"{fmt_bytes(coll['cp_bytes'])} (a microbatch's K and V) {ways} (inside "
-                "each attention layer's F and B above; they price the simulated trace's)")
+        out.append(f"context parallelism (cp {coll['cp']}, {coll['cp_comm_type']}): {where}; "
+                   f"at {fmt_bytes(coll['cp_bytes'])} (a microbatch's K and V) {ways} (inside "
+                   f"each attention layer's F and B above; {priced})")
     if coll.get("etp", 1) not in (1, coll.get("tp")):
-        c.print(f"routed experts split over etp {coll['etp']} ranks: {where} (their pairs "
-                "gathered and reduce-scattered inside each MoE layer's F and B above)")
+        out.append(f"routed experts split over etp {coll['etp']} ranks: {where} (their pairs "
+                   "gathered and reduce-scattered inside each MoE layer's F and B above)")
     dpc = doc.get("dp_collectives")
     if dpc:
         big = dpc["samples"][-1]
-        c.print(f"data parallelism: measured in {dpc['processes']} {dpc['backend']} processes "
-                f"(groups of {dpc['size']}); at {fmt_bytes(big['bytes'])} all-reduce "
-                f"{big['all_reduce_ms']:.3f} ms, reduce-scatter {big['reduce_scatter_ms']:.3f} "
-                f"ms, all-gather {big['all_gather_ms']:.3f} ms (they price the step's reduce)")
-    cond = doc.get("conditions") or {}
+        out.append(f"data parallelism: measured in {dpc['processes']} {dpc['backend']} "
+                   f"processes (groups of {dpc['size']}); at {fmt_bytes(big['bytes'])} "
+                   f"all-reduce {big['all_reduce_ms']:.3f} ms, reduce-scatter "
+                   f"{big['reduce_scatter_ms']:.3f} ms, all-gather {big['all_gather_ms']:.3f} "
+                   "ms (they price the step's reduce)")
+    return out
+
+
+def _condition_lines(doc: dict[str, Any]) -> list[str]:
+    """What the run's conditions did to the measurement: processes at once, shared
+    devices, the optimizer step, a host-mediated P2P link."""
+    cond, out = doc.get("conditions") or {}, []
     if cond.get("processes", 1) > 1:
         solo = doc["measurement"]["solo"]["layer"]
         layer = doc["layers"][0]
         both = layer["forward_ms"] + layer["backward_ms"]
         alone = solo["forward_ms"] + solo["backward_ms"]
-        c.print(f"op times measured in {cond['processes']} processes at once (placement "
-                f"{cond['devices']}): a layer's F+B {both:.3f} ms against {alone:.3f} ms "
-                f"alone; each gloo message costs {cond['message_cpu_ms'] * 1e3:.0f} us of CPU "
-                "at each end")
+        out.append(f"op times measured in {cond['processes']} processes at once (placement "
+                   f"{cond['devices']}): a layer's F+B {both:.3f} ms against {alone:.3f} ms "
+                   f"alone; each gloo message costs {cond['message_cpu_ms'] * 1e3:.0f} us of "
+                   "CPU at each end")
     if cond.get("shared"):
         sh = cond["shared"]
-        c.print(f"{sh['ranks_per_device']} processes per device: a layer's F+B "
-                f"{sh['layer_fb_shared_ms']:.3f} ms against {sh['layer_fb_alone_ms']:.3f} ms "
-                f"alone (processor sharing: {sh['ranks_per_device']}x); context switch "
-                f"{cond['context_switch_ms'] * 1e3:.0f} us per op"
-                + (f"; a gloo message between two of them costs "
-                   f"{cond['local_message_cpu_ms'] * 1e3:.0f} us of that device's CPU at "
-                   "each end" if "local_message_cpu_ms" in cond else ""))
+        out.append(f"{sh['ranks_per_device']} processes per device: a layer's F+B "
+                   f"{sh['layer_fb_shared_ms']:.3f} ms against {sh['layer_fb_alone_ms']:.3f} "
+                   f"ms alone (processor sharing: {sh['ranks_per_device']}x); context switch "
+                   f"{cond['context_switch_ms'] * 1e3:.0f} us per op"
+                   + (f"; a gloo message between two of them costs "
+                      f"{cond['local_message_cpu_ms'] * 1e3:.0f} us of that device's CPU at "
+                      "each end" if "local_message_cpu_ms" in cond else ""))
     opt = cond.get("optimizer")
     if opt:
-        c.print(f"optimizer step (AdamW): {opt['fixed_ms']:.3f} ms + 28 B per parameter at "
-                f"{opt['gbps']:.1f} GB/s")
+        out.append(f"optimizer step (AdamW): {opt['fixed_ms']:.3f} ms + 28 B per parameter at "
+                   f"{opt['gbps']:.1f} GB/s")
     host = (doc.get("measurement") or {}).get("p2p_host_mediated")
     if host:
-        c.print(f"P2P: {host['bandwidth_gbps']:.2f} GB/s between two processes through the "
-                "host (one GPU, gloo): not an NVLink or InfiniBand figure, so the cost file "
-                "keeps none and the hardware preset's P2P applies")
+        out.append(f"P2P: {host['bandwidth_gbps']:.2f} GB/s between two processes through the "
+                   "host (one GPU, gloo): not an NVLink or InfiniBand figure, so the cost file "
+                   "keeps none and the hardware preset's P2P applies")
+    return out
 
 
 def trace_argument(args: argparse.Namespace) -> str:
