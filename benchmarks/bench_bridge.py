@@ -27,7 +27,9 @@ at its workload config (DeepEP, the combined 1F1B, mla_up_proj and mlp recompute
 hybrid stack: the 26.06 DGX-H100 FP8-CS run of Nemotron 3 Nano (Mamba-2, MoE and attention
 layers) at its workload config, with the FLOPs a token its published TFLOP/s imply beside
 ppsim's count. And a hybrid stack without experts: NVIDIA's DGX Cloud Benchmarking run of
-Nemotron-H 56B (Mamba-2, MLP and attention layers) on 128 H100 in FP8.
+Nemotron-H 56B (Mamba-2, MLP and attention layers) on 128 H100 in FP8. And NVFP4
+(--fp4-format e2m1) against MXFP8: the 26.04.01 DGX-GB200 runs of Llama 3 70B and 3.1
+405B published in both at one shape (NVFP4_PAIRS).
 
 Then (without --quick) `ppsim plan --gpus 8192` for the 405B preset in FP8, the plan time.
 
@@ -113,6 +115,43 @@ GB200_RUNS = _blackwell_runs(hardware="gb200-186gb", tokens_8b=31508, gpus_405b=
                              "--micro-batch-size 1 --tp 4 --pp 16 --vpp 4")
 """Held out for the gb200-186gb preset: the 25.11 DGX-GB200 runs in FP8-CS (the 405B at
 its workload config's V2 shape, LLAMA31_405B_PRETRAIN_CONFIG_GB200_FP8_CS_V2)."""
+
+MXFP8 = ["--fp8-format", "e4m3", "--fp8-recipe", "mxfp8", "--fp8-param-gather"]
+NVFP4 = ["--fp4-format", "e2m1", "--fp4-param-gather"]
+BF16_GRADS = ["--grad-reduce-in-bf16"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrecisionPair:
+    """One shape Bridge published in MXFP8 and in NVFP4 on one system."""
+
+    run: BridgeRun
+    """The shape, with the NVFP4 run's tokens/s per GPU."""
+    mxfp8_tokens_per_gpu: float
+    nvfp4_overlaps: list[str]
+    """The DP and TP overlaps the NVFP4 recipe keeps (the MXFP8 one keeps all)."""
+
+
+NVFP4_PAIRS = [
+    PrecisionPair(run=BridgeRun(name="Llama 3 70B", preset="llama3-70b", gpus=64,
+                                tokens_per_gpu=4864, hardware="gb200-186gb",
+                                shape="--global-batch-size 256 --micro-batch-size 1 "
+                                      "--seq-length 8192 --tp 2 --pp 4 --vpp 5"),
+                  mxfp8_tokens_per_gpu=3712, nvfp4_overlaps=DP_OVERLAPS),
+    PrecisionPair(run=BridgeRun(name="Llama 3.1 405B", preset="llama3.1-405b", gpus=256,
+                                tokens_per_gpu=1184, hardware="gb200-186gb",
+                                shape="--global-batch-size 1536 --micro-batch-size 1 "
+                                      "--seq-length 8192 --tp 4 --pp 16 --vpp 8"),
+                  mxfp8_tokens_per_gpu=800,
+                  nvfp4_overlaps=[f for f in DP_OVERLAPS if f != "--overlap-param-gather"]),
+]
+"""Megatron-Bridge 26.04.01, DGX-GB200, the same shape in MXFP8 and NVFP4 (the nightly
+performance summary), priced as the perf recipes set them (perf_recipes/llama/gb200:
+gradients reduced in bf16; MXFP8 with its parameters gathered in FP8 and
+--tp-comm-overlap; NVFP4 with --fp4-param-gather and no --tp-comm-overlap, the 405B also
+without --overlap-param-gather; both NVFP4 runs replay CUDA graphs, which ppsim does not
+price)."""
+
 
 BF16_RUN = BridgeRun(name="GPT-OSS 120B", preset="gpt-oss-120b", gpus=64, tokens_per_gpu=5993,
                      shape="--global-batch-size 1280 --micro-batch-size 1 --seq-length 4096 "
@@ -201,7 +240,9 @@ def with_step(shape: str, gpus: int, overlaps: list[str]) -> list[str]:
 
 
 def price(run: BridgeRun, fp8: bool, overlaps: list[str] = OVERLAPS,
-          rates: dict[str, Any] | None = None) -> Priced:
+          rates: dict[str, Any] | None = None, precision: list[str] | None = None) -> Priced:
+    """`run` priced by ppsim: FP8-CS where `fp8`, or with the `precision` flags given."""
+    precision = precision if precision is not None else FP8 if fp8 else []
     with tempfile.TemporaryDirectory() as tmp:
         setup = ["--preset", run.preset, "--hardware", run.hardware]
         if rates:  # the presets, the device's with these rates, from a config file
@@ -213,7 +254,7 @@ def price(run: BridgeRun, fp8: bool, overlaps: list[str] = OVERLAPS,
             setup = ["--config", str(path)]
         sim = ppsim_json(["simulate", *setup, "--gpus", str(run.gpus), *run.shape.split(),
                           *overlaps, *with_step(run.shape, run.gpus, overlaps),
-                          *(FP8 if fp8 else []), "--json"])
+                          *precision, "--json"])
     peak = max(r["peak_memory_bytes"] for r in sim["ranks"])
     return Priced(tokens_per_gpu=sim["throughput"]["tokens_per_s_per_gpu"],
                   tflops_per_gpu=sim["throughput"]["tflops_per_gpu"], peak_gb=peak / 1e9)
@@ -229,6 +270,25 @@ def held_out_line(label: str, run: BridgeRun, p: Priced) -> str:
         line += (f"; GFLOP a token: published {run.tflops_per_gpu / run.tokens_per_gpu * 1e3:.2f}"
                  f", ppsim {p.tflops_per_gpu / p.tokens_per_gpu * 1e3:.2f}")
     return line
+
+
+def nvfp4_against_mxfp8() -> None:
+    """NVFP4_PAIRS: each precision against its published run, and NVFP4's speed-up."""
+    print("Megatron-Bridge 26.04.01, DGX-GB200, MXFP8 and NVFP4 (held out); gb200-186gb "
+          "preset")
+    print(f"{'run':16} {'GPUs':>5} {'MXFP8':>7} {'ppsim':>7} {'error':>7} {'NVFP4':>7} "
+          f"{'ppsim':>7} {'error':>7} {'peak GB':>7} {'NVFP4/MXFP8':>11} {'ppsim':>6}")
+    for pair in NVFP4_PAIRS:
+        run = pair.run
+        mx = price(run, True, [*OVERLAPS, *BF16_GRADS], precision=MXFP8)
+        nv = price(run, True, [*pair.nvfp4_overlaps, *BF16_GRADS], precision=NVFP4)
+        mx_error = mx.tokens_per_gpu / pair.mxfp8_tokens_per_gpu - 1
+        print(f"{run.name:16} {run.gpus:5} {pair.mxfp8_tokens_per_gpu:7,.0f} "
+              f"{mx.tokens_per_gpu:7,.0f} {mx_error:+7.1%} "
+              f"{run.tokens_per_gpu:7,.0f} {nv.tokens_per_gpu:7,.0f} "
+              f"{nv.tokens_per_gpu / run.tokens_per_gpu - 1:+7.1%} {nv.peak_gb:7.1f} "
+              f"{run.tokens_per_gpu / pair.mxfp8_tokens_per_gpu:11.2f} "
+              f"{nv.tokens_per_gpu / mx.tokens_per_gpu:6.2f}")
 
 
 def main() -> None:
@@ -248,6 +308,7 @@ def main() -> None:
             print(f"{run.name:16} {run.gpus:5} {run.tokens_per_gpu:9,.0f} "
                   f"{f8.tokens_per_gpu:9,.0f} {f8.tokens_per_gpu / run.tokens_per_gpu - 1:+7.1%} "
                   f"{f8.tflops_per_gpu:7.0f} {f8.peak_gb:7.1f}")
+    nvfp4_against_mxfp8()
     for label, run, fp8, overlaps in (("26.02, DGX-H100, BF16", BF16_RUN, False, []),
                                       ("25.09, DGX-H100, FP8-CS", DEEPSEEK_RUN, True,
                                        DP_OVERLAPS),

@@ -69,7 +69,7 @@ MIN_COUNTS_ROOM = 8
 def throughput_text(result: object, compact: bool = False) -> str:
     """The iteration's throughput in the units training logs print, as `ppsim simulate`
     formats them (ppsim.job.throughput.line): tokens/s per GPU, TFLOP/s per GPU, MFU,
-    FP8 when its matmuls are, A2A overlap under Megatron's combined 1F1B; '' for a
+    FP8 (or NVFP4) when its matmuls are, A2A overlap under Megatron's combined 1F1B; '' for a
     model without tokens or FLOPs (uniform costs)."""
     sim = result.sim  # type: ignore[attr-defined]
     job = getattr(sim.problem.hardware, "job", None)
@@ -79,7 +79,8 @@ def throughput_text(result: object, compact: bool = False) -> str:
     tokens = f"{t.tokens_per_s_per_gpu:,.0f} tok/s/GPU" if compact else \
         f"{t.tokens_per_s_per_gpu:,.0f} tokens/s/GPU"
     sep = " " if compact else "  "
-    fp8 = f"{sep}FP8" if job.arch.fp8 else ""
+    fp8 = f"{sep}{'NVFP4' if job.arch.fp8_recipe == 'nvfp4' else 'FP8'}" \
+        if job.arch.fp8 else ""
     a2a = f"{sep}A2A overlap" if job.overlap_moe_expert_parallel_comm else ""
     return (f"{tokens}{sep}{tflops_text(t.tflops_per_gpu)} TFLOP/s/GPU{sep}MFU {t.mfu:.1%}"
             f"{fp8}{a2a}")

@@ -8,6 +8,7 @@ from dataclasses import fields as dataclass_fields
 
 from ppsim.cli.megatron_model import bit_runs
 from ppsim.costs.arch import Architecture
+from ppsim.costs.choices import FP4_FORMAT
 from ppsim.costs.stack import layer_kinds, mlp_kind
 from ppsim.costs.state import OPTIMIZER_DTYPES
 
@@ -42,8 +43,9 @@ def megatron_model_args(a: Architecture) -> list[str]:
     out += {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(a.dtype, [])
     out += ["--fp32-residual-connection"] * a.fp32_residual
     if a.fp8:
-        out += kv("--fp8-format", a.fp8) + kv("--fp8-recipe", a.fp8_recipe)
-        out += ["--fp8-param-gather"] * a.fp8_param_gather
+        kind = "fp4" if a.fp8 == FP4_FORMAT else "fp8"
+        out += kv(f"--{kind}-format", a.fp8) + kv(f"--{kind}-recipe", a.fp8_recipe)
+        out += [f"--{kind}-param-gather"] * a.fp8_param_gather
         if a.first_last_layers_bf16:
             out += ["--first-last-layers-bf16"]
             out += kv("--num-layers-at-start-in-bf16", a.num_layers_at_start_in_bf16)

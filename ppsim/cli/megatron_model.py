@@ -20,8 +20,9 @@ from ppsim.cli.megatron_attention import (
     context_parallel_fields,
     unfused_backend,
 )
+from ppsim.cli.megatron_precision import precision_fields
 from ppsim.config.model import Model, TransformerModel
-from ppsim.costs.choices import FP8_FORMATS, MUON_TP_MODES, OPTIMIZERS
+from ppsim.costs.choices import MEGATRON_FP8_FORMATS, MUON_TP_MODES, OPTIMIZERS
 from ppsim.costs.patterns import moe_layers
 from ppsim.errors import UserError
 
@@ -53,7 +54,8 @@ ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
               "moe_pad_expert_input_to_capacity", "make_vocab_size_divisible_by",
               "padded_vocab_size", "fp8_format", "fp8_recipe", "fp8_param_gather",
               "first_last_layers_bf16", "num_layers_at_start_in_bf16",
-              "num_layers_at_end_in_bf16", "fp4_format", "cp_comm_type",
+              "num_layers_at_end_in_bf16", "fp4_format", "fp4_recipe", "fp4_param_gather",
+              "cp_comm_type",
               "hierarchical_context_parallel_sizes", "optimizer",
               "muon_num_ns_steps", "muon_tp_mode", "qk_layernorm", "attention_output_gate",
               "fp32_residual_connection",
@@ -163,10 +165,11 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--optimizer", help=hidden)
     g.add_argument("--muon-num-ns-steps", type=int, help=hidden)
     g.add_argument("--muon-tp-mode", choices=MUON_TP_MODES, help=hidden)
-    g.add_argument("--fp8-format", choices=FP8_FORMATS[1:], help=hidden)
+    g.add_argument("--fp8-format", choices=MEGATRON_FP8_FORMATS, help=hidden)
     g.add_argument("--fp8-recipe", help=hidden)
     g.add_argument("--fp4-format", help=hidden)
-    for flag in ("fp8-param-gather", "first-last-layers-bf16"):
+    g.add_argument("--fp4-recipe", help=hidden)
+    for flag in ("fp8-param-gather", "fp4-param-gather", "first-last-layers-bf16"):
         g.add_argument(f"--{flag}", action="store_true", default=None, help=hidden)
     for flag in ("num-layers-at-start-in-bf16", "num-layers-at-end-in-bf16"):
         g.add_argument(f"--{flag}", type=int, help=hidden)
@@ -177,20 +180,6 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--moe-enable-deepep", action="store_true", default=None, help=hidden)
     for flag in ("moe-flex-dispatcher-num-sms", "moe-deepep-num-sms", "moe-hybridep-num-sms"):
         g.add_argument(f"--{flag}", type=int, help=hidden)
-
-
-def _fp8_fields(get: Any) -> dict[str, Any]:
-    """--fp8-format, --fp8-recipe, --fp8-param-gather and the bf16 first and last layers as
-    fields (ppsim.costs.fp8)."""
-    if get("fp4_format") is not None:
-        raise UserError("--fp4-format", "ppsim prices bf16 and FP8 matmuls, not FP4 "
-                        "(Blackwell's NVFP4)", "drop the --fp4-* flags to plan at bf16")
-    out: dict[str, Any] = {"fp8": get("fp8_format"), "fp8_recipe": get("fp8_recipe"),
-                           "fp8_param_gather": get("fp8_param_gather"),
-                           "first_last_layers_bf16": get("first_last_layers_bf16"),
-                           "num_layers_at_start_in_bf16": get("num_layers_at_start_in_bf16"),
-                           "num_layers_at_end_in_bf16": get("num_layers_at_end_in_bf16")}
-    return {k: v for k, v in out.items() if v is not None}
 
 
 def given(args: argparse.Namespace) -> bool:
@@ -267,7 +256,7 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
         out["position"] = position
     if get("untie_embeddings_and_output_weights"):
         out["tie_embeddings"] = False
-    out.update(_fp8_fields(get))
+    out.update(precision_fields(get))
     out.update(context_parallel_fields(get))
     out.update(_optimizer_fields(get))
     if get("bf16") and get("fp16"):

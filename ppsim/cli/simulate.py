@@ -71,14 +71,15 @@ def cmd_presets(args: argparse.Namespace) -> int:
     _preset_table(console, "model presets", ["name", "layers", "hidden", "heads/kv", "ffn",
                                              "vocab", "seq", "tp"], models, MODEL_NOTES)
     hardware = [[name, f"{hw['memory_bytes'] / 1e9:.0f} GB", f"{hw['peak_tflops']:g}",
-                 f"{hw.get('fp8_peak_tflops', 0):g}" if hw.get("fp8_peak_tflops") else "-",
-                 f"{hw['efficiency']:g}", f"{hw['p2p_bandwidth_gbps']:g}",
+                 "/".join(f"{hw[k]:g}" if hw.get(k) else "-" for k in ("fp8_peak_tflops",
+                                                                      "fp4_peak_tflops")),
+                 f"{hw['efficiency']:.3g}", f"{hw['p2p_bandwidth_gbps']:g}",
                  str(hw.get("gpus_per_node", "-")),
                  f"{hw.get('intra_node_bandwidth_gbps', 0):g}",
                  f"{hw.get('inter_node_bandwidth_gbps', 0):g}"]
                 for name, hw in HARDWARE_PRESETS.items()]
     _preset_table(console, "hardware presets", ["name", "memory", "peak\nTFLOP/s",
-                                                "FP8\nTFLOP/s", "efficiency",
+                                                "FP8/FP4\nTFLOP/s", "matmul\neff.",
                                                 "P2P\nGB/s", "GPUs\nper node", "NVLink\nGB/s",
                                                 "NIC\nGB/s"], hardware, HARDWARE_NOTES)
     return 0

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ppsim.costs.choices import FP8_RECIPES, LINEAR_VARIANTS, TORCHAO_FP8_RECIPES
+from ppsim.costs.choices import (
+    FP4_FORMAT,
+    FP4_RECIPE,
+    FP8_RECIPES,
+    LINEAR_VARIANTS,
+    TORCHAO_FP8_RECIPES,
+)
 from ppsim.costs.patterns import linear_attention_layers, windows
 from ppsim.errors import UserError
 
@@ -89,7 +95,10 @@ def fp8(raw: dict[str, Any]) -> None:
                         "recipes, whose weights' transposes each backward makes again, not "
                         "MXFP8's", "use --fp8-recipe tensorwise, delayed or blockwise, or "
                         "drop --use-megatron-fsdp")
-    if framework == "torchtitan":
+    nvfp4 = raw.get("fp8") == FP4_FORMAT or recipe == FP4_RECIPE
+    if nvfp4:
+        _nvfp4(raw, recipe)
+    elif framework == "torchtitan":
         _torchao_fp8(raw, recipe)
     elif recipe not in FP8_RECIPES:
         raise UserError("model.fp8_recipe", f"{recipe!r} is not priced: ppsim prices "
@@ -102,13 +111,31 @@ def fp8(raw: dict[str, Any]) -> None:
                         "first / last layer in BF16.", "use --fp8-recipe tensorwise or "
                         "blockwise, or drop --first-last-layers-bf16")
     if raw.get("fp8_param_gather") and not (raw.get("distributed_optimizer")
-                                            or raw.get("fsdp")):
+                                            or raw.get("fsdp") or nvfp4):
         raise UserError("model.fp8_param_gather", "--fp8-param-gather only supported with "
                         "distributed optimizer, torch fsdp2, megatron fsdp, or inference mode",
                         "add --use-distributed-optimizer (distributed_optimizer = true)")
     if raw.get("dtype", "bf16") != "bf16":
         raise UserError("model.dtype", "ppsim prices FP8 over bf16 training",
                         "train in bf16 (--bf16), or drop fp8 (--fp8-format)")
+
+
+def _nvfp4(raw: dict[str, Any], recipe: str) -> None:
+    """NVFP4 is the e2m1 format with Transformer Engine's NVFP4BlockScaling, over
+    Megatron's DDP or distributed optimizer (ppsim.costs.fp8)."""
+    if raw.get("fp8") != FP4_FORMAT:
+        raise UserError("model.fp8_recipe", f"{FP4_RECIPE} scales NVFP4's {FP4_FORMAT} "
+                        "elements, not FP8's", f"use --fp4-format {FP4_FORMAT} (fp8 = "
+                        f"\"{FP4_FORMAT}\" in [model]), or an FP8 recipe: "
+                        + " | ".join(FP8_RECIPES))
+    if recipe != FP4_RECIPE:
+        raise UserError("model.fp8_recipe", f"NVFP4 ({FP4_FORMAT}) scales by Transformer "
+                        f"Engine's 16-element blocks, not {recipe!r}",
+                        f"set fp8_recipe = \"{FP4_RECIPE}\" (--fp4-recipe {FP4_RECIPE})")
+    if raw.get("fsdp"):
+        raise UserError("model.fsdp", "ppsim prices NVFP4 over Megatron's DDP or distributed "
+                        "optimizer, not under FSDP", "drop --fsdp (--use-megatron-fsdp, "
+                        "--use-torch-fsdp2), or train in FP8")
 
 
 def _torchao_fp8(raw: dict[str, Any], recipe: str) -> None:

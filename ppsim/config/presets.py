@@ -276,7 +276,9 @@ _COLLECTIVE_SMS = dict(collective_sms=16)
 # paper and Together AI's post: FA4 reaches 1605, up to 1.3x cuDNN), 55 % of peak: an upper
 # figure, since the backward and short sequences run slower. Memory-bound work at 90 % of
 # the HBM rate, as on the H100; NCCL's 16 channels on an 8-NIC node as there (unmeasured
-# on B200).
+# on B200). NVFP4 (--fp4-format): 9000 TFLOP/s dense FP4 (the HGX B200 datasheet's 144
+# PFLOPS for 8 with sparsity), its GEMMs on the bf16 curve (fp4_efficiency_ratio 1: no
+# NVFP4 GEMM has been measured for ppsim yet).
 _TOPOLOGY_B = dict(_TOPOLOGY_H, intra_node_bandwidth_gbps=900.0)
 #
 # GB200 NVL72 (a rack of 36 GB200 superchips, each one Grace and two Blackwell GPUs, at
@@ -288,6 +290,8 @@ _TOPOLOGY_B = dict(_TOPOLOGY_H, intra_node_bandwidth_gbps=900.0)
 # (17.3 TB for the 72). Matmuls on the same sm_100 curve as the B200 (XLA's table names
 # no device; ml-engineering's best shapes put GB200 4 % above B200, 1822 against 1745);
 # FP8 at MAMF's 72.3 % against 72.9 %, 0.99; attention at cuDNN's B200 rate, 1235 of 2500.
+# NVFP4: 10,000 TFLOP/s dense FP4 (NVL72: 1,440 PFLOPS FP4 with sparsity for 72), on the
+# bf16 curve as on the B200.
 _TOPOLOGY_NVL72 = dict(_TOPOLOGY_B, gpus_per_node=72)
 
 # memory_bytes: the nameplate capacity in 10^9 bytes; NVML reports ~7 % more (H100
@@ -314,7 +318,7 @@ HARDWARE_PRESETS: dict[str, dict] = {
                        memory_bandwidth_gbps=3000.0, kernel_overhead_us=80.0, sm_count=132,
                        **_TOPOLOGY_H, **_HOST["pcie5"], **_COLLECTIVE_SMS),
     "b200-180gb": dict(memory_bytes=180e9, peak_tflops=2250.0, fp8_peak_tflops=4500.0,
-                       mxfp8=True,
+                       fp4_peak_tflops=9000.0, mxfp8=True,
                        fp8_efficiency_ratio=0.98, efficiency=0.45,
                        p2p_bandwidth_gbps=50.0, p2p_latency_ms=0.01,
                        matmul_efficiency=_curve(1530.0, 6.0, 2250.0),
@@ -322,7 +326,7 @@ HARDWARE_PRESETS: dict[str, dict] = {
                        kernel_overhead_us=10.0, sm_count=148,
                        **_TOPOLOGY_B, **_HOST["pcie5"], **_COLLECTIVE_SMS),
     "gb200-186gb": dict(memory_bytes=186e9, peak_tflops=2500.0, fp8_peak_tflops=5000.0,
-                        mxfp8=True,
+                        fp4_peak_tflops=10000.0, mxfp8=True,
                         fp8_efficiency_ratio=0.99, efficiency=0.45,
                         p2p_bandwidth_gbps=50.0, p2p_latency_ms=0.01,
                         matmul_efficiency=_curve(1530.0, 6.0, 2500.0),

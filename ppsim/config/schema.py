@@ -128,6 +128,11 @@ class HardwareConfig:
     fp8_efficiency_ratio: float = 1.0
     """An FP8 GEMM's fraction of the FP8 peak over a bf16 GEMM's fraction of the bf16
     peak at the same FLOPs (benchmarks/bench_fp8_gemm.py measures it); 1: the bf16 curve."""
+    fp4_peak_tflops: float = 0.0
+    """Dense FP4 peak in TFLOP/s (NVFP4, --fp4-format's matmuls); 0: no FP4 tensor cores."""
+    fp4_efficiency_ratio: float = 1.0
+    """An NVFP4 GEMM's fraction of the FP4 peak over a bf16 GEMM's fraction of the bf16
+    peak at the same FLOPs; 1: the bf16 curve."""
     efficiency: float = 0.5
     """Matmul fraction of peak, used when matmul_efficiency is empty."""
     matmul_efficiency: list[list[float]] | None = None

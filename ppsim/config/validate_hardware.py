@@ -43,18 +43,14 @@ def _check(hw: Any) -> None:
     number("hardware.peak_tflops", hw.peak_tflops, lo=MIN_TFLOPS, hi=MAX_TFLOPS,
            fix=f"give the accelerator's dense peak in TFLOP/s, {MIN_TFLOPS:g} to "
            f"{MAX_TFLOPS:g}, e.g. 989")
-    fp8 = number("hardware.fp8_peak_tflops", getattr(hw, "fp8_peak_tflops", 0.0),
-                 hi=MAX_TFLOPS, fix=f"give the dense FP8 peak in TFLOP/s, {MIN_TFLOPS:g} to "
-                 f"{MAX_TFLOPS:g} (e.g. 1979), or 0 for a device without FP8")
-    if 0 < fp8 < MIN_TFLOPS:
-        raise UserError("hardware.fp8_peak_tflops", f"{fp8:g} TFLOP/s is below the floor of "
-                        f"{MIN_TFLOPS:g}", "give the dense FP8 peak in TFLOP/s (e.g. 1979), "
-                        "or 0 for a device without FP8")
+    for fmt, example in (("fp8", 1979), ("fp4", 9000)):
+        _optional_peak(hw, fmt, example)
     number("hardware.efficiency", hw.efficiency, lo=0.0, lo_open=True, hi=1.0,
            fix="give the achieved fraction of peak, e.g. 0.5")
-    number("hardware.fp8_efficiency_ratio", getattr(hw, "fp8_efficiency_ratio", 1.0),
-           lo=0.0, lo_open=True, hi=2.0,
-           fix="give FP8's share of peak over bf16's at one size, e.g. 0.92 (1: the same)")
+    for fmt in ("fp8", "fp4"):
+        number(f"hardware.{fmt}_efficiency_ratio", getattr(hw, f"{fmt}_efficiency_ratio", 1.0),
+               lo=0.0, lo_open=True, hi=2.0, fix=f"give {fmt.upper()}'s share of peak over "
+               "bf16's at one size, e.g. 0.92 (1: the same)")
     number("hardware.attention_efficiency", getattr(hw, "attention_efficiency", 0.0), hi=1.0,
            fix="give FlashAttention's fraction of peak, or 0 to time it as a matmul")
     bandwidth("hardware.memory_bandwidth_gbps", getattr(hw, "memory_bandwidth_gbps", 0.0),
@@ -78,6 +74,16 @@ def _check(hw: Any) -> None:
               "NICs), fewer than sm_count, or 0 for unknown")
     _host(hw)
     _matmul_curve(getattr(hw, "matmul_efficiency", None))
+
+
+def _optional_peak(hw: Any, fmt: str, example: int) -> None:
+    """[hardware] fp8_peak_tflops or fp4_peak_tflops: 0 (no such tensor cores) or a peak."""
+    field, name = f"hardware.{fmt}_peak_tflops", fmt.upper()
+    fix = (f"give the dense {name} peak in TFLOP/s, {MIN_TFLOPS:g} to {MAX_TFLOPS:g} (e.g. "
+           f"{example}), or 0 for a device without {name}")
+    peak = number(field, getattr(hw, f"{fmt}_peak_tflops", 0.0), hi=MAX_TFLOPS, fix=fix)
+    if 0 < peak < MIN_TFLOPS:
+        raise UserError(field, f"{peak:g} TFLOP/s is below the floor of {MIN_TFLOPS:g}", fix)
 
 
 def _host(hw: Any) -> None:

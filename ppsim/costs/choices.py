@@ -17,8 +17,15 @@ FSDP_FRAMEWORKS = ("torchtitan", "megatron", "megatron-fsdp")
 Megatron-FSDP (--use-megatron-fsdp)."""
 MEGATRON_FSDP_FLAGS = {"megatron": "--use-torch-fsdp2", "megatron-fsdp": "--use-megatron-fsdp"}
 """Megatron's flag of each of its FSDP frameworks."""
-FP8_FORMATS = ("", "e4m3", "hybrid")
-"""Megatron's --fp8-format choices ("": bf16 matmuls)."""
+MEGATRON_FP8_FORMATS = ("e4m3", "hybrid")
+"""Megatron's --fp8-format choices."""
+FP4_FORMAT = "e2m1"
+"""Megatron's --fp4-format (NVFP4's elements)."""
+FP4_RECIPE = "nvfp4"
+"""Megatron's --fp4-recipe ppsim prices (Transformer Engine's NVFP4BlockScaling)."""
+FP8_FORMATS = ("", *MEGATRON_FP8_FORMATS, FP4_FORMAT)
+"""[model] fp8: the format of the decoder layers' quantized linears ("": bf16 matmuls),
+FP8's or NVFP4's (ppsim.costs.fp8)."""
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
 """Megatron's --fp8-recipe choices (mxfp8 on Blackwell's tensor cores alone)."""
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a", "a2a+p2p")

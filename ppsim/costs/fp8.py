@@ -36,6 +36,14 @@ backward, a microbatch's own (with enable_fsdp_float8_all_gather, --fp8-param-ga
 here, FSDP gathers the weight in FP8 and the saved transpose is a view of it); the
 rowwise recipe saves the bf16 input and weight and quantizes them again in the backward,
 and communicates in bf16 (Architecture.fp8_copies).
+
+NVFP4 (Megatron --fp4-format e2m1, Transformer Engine's NVFP4BlockScaling on Blackwell;
+[model] fp8 = "e2m1", fp8_recipe = "nvfp4") quantizes the same linears: their three
+GEMMs run at the device's FP4 peak ([hardware] fp4_peak_tflops), each operand quantized
+rowwise and columnwise (ppsim.costs.ops.NVFP4_QUANTIZE_BYTES); an element takes 4 bits
+and its share of its 16-element block's E4M3 scale, kept, cached (the weight and its
+transpose) and, with --fp4-param-gather, gathered. It is priced over Megatron's
+distributed optimizer or DDP, not under FSDP.
 """
 
 from __future__ import annotations
@@ -43,7 +51,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ppsim.costs.arch import DTYPE_BYTES, Architecture
-from ppsim.costs.ops import Op
+from ppsim.costs.choices import FP4_RECIPE
+from ppsim.costs.ops import NVFP4_BYTES, Op
 from ppsim.costs.state import optimizer_shards
 
 FP8_BYTES = 1
@@ -54,9 +63,18 @@ Blackwell's tensor cores run; Megatron's get_fp8_align_size: 32)."""
 
 
 def fp8_bytes(a: Architecture) -> float:
-    """Bytes an FP8 element takes kept or sent: one, and under MXFP8 its share of its
-    block's scale."""
+    """Bytes a quantized element takes kept or sent: an FP8 one, and under MXFP8 its share
+    of its block's scale; under NVFP4 half a byte and its block's scale."""
+    if a.fp8_recipe == FP4_RECIPE:
+        return NVFP4_BYTES
     return FP8_BYTES * (1 + 1 / MX_BLOCK) if a.fp8_recipe == "mxfp8" else FP8_BYTES
+
+
+def quantized_bytes(op: Op, dtype_bytes: int) -> float:
+    """Bytes an element of a matmul's operand takes as the matmul keeps it."""
+    return NVFP4_BYTES if op.fp4 else FP8_BYTES if op.fp8 else dtype_bytes
+
+
 BF16_MATMULS = ("router",)
 """Weight matmuls of a decoder layer that are not TE linears."""
 FP8_INPUTS = ("norm1.out", "q_norm.out", "kv_norm.out", "q_up.in", "kv_up.in", "norm2.out",
@@ -91,20 +109,24 @@ def fp8_ops(a: Architecture, ops: list[Op]) -> list[Op]:
     """A decoder layer's ops with its TE linears marked FP8 (unchanged without FP8)."""
     if not a.fp8:
         return ops
-    return [replace(op, fp8=True) if op.params and op.name not in BF16_MATMULS else op
-            for op in ops]
+    fp4 = a.fp8_recipe == FP4_RECIPE
+    return [replace(op, fp8=True, fp4=fp4) if op.params and op.name not in BF16_MATMULS
+            else op for op in ops]
 
 
 def fp8_weight_bytes(a: Architecture, ops: list[Op]) -> int:
     """Bytes one rank holds beyond the bf16 weights for the FP8 linears among `ops`:
     TE's cached FP8 weight and transpose, or, with --fp8-param-gather, nothing (the FP8
-    weight and its transpose take the bf16 weight's 2 bytes), and under Megatron-FSDP
-    less: its shards keep the FP8 weight (a byte a parameter for bf16's 2; the gradient
-    stays bf16, the master fp32); torchao caches none."""
+    weight and its transpose take the bf16 weight's 2 bytes; NVFP4's take less), and
+    under Megatron-FSDP less: its shards keep the FP8 weight (a byte a parameter for
+    bf16's 2; the gradient stays bf16, the master fp32); torchao caches none."""
     if not a.fp8 or a.torchtitan_fsdp:
         return 0
+    quantized = sum(op.params for op in ops if op.fp8)
     if not a.fp8_param_gather:
-        return int(CACHED_COPIES * fp8_bytes(a) * sum(op.params for op in ops if op.fp8))
+        return int(CACHED_COPIES * fp8_bytes(a) * quantized)
+    if a.fp8_recipe == FP4_RECIPE:  # the NVFP4 weight and its transpose for bf16's 2 bytes
+        return int((CACHED_COPIES * fp8_bytes(a) - DTYPE_BYTES[a.dtype]) * quantized)
     if not a.megatron_fsdp:
         return 0
     saved = DTYPE_BYTES[a.dtype] - fp8_bytes(a)

@@ -43,7 +43,10 @@ class Op:
     backward_bytes: float = -1.0
     """Backward bytes of a memory-bound op; -1: twice the forward's."""
     fp8: bool = False
-    """A matmul Transformer Engine runs in FP8 (ppsim.costs.fp8)."""
+    """A matmul Transformer Engine runs quantized (ppsim.costs.fp8): in FP8, or in NVFP4
+    where `fp4`."""
+    fp4: bool = False
+    """A quantized matmul that runs in NVFP4 (--fp4-format), at the FP4 peak."""
     both_grads: bool = False
     """A matmul of two activations (unfused attention's scores and context): its
     backward computes both operands' gradients, each in the input-gradient pass."""
@@ -52,6 +55,12 @@ class Op:
 QUANTIZE_BYTES = 4
 """Bytes an element of an FP8 GEMM's operand costs to quantize: read in bf16, written as
 FP8 and as its FP8 transpose."""
+NVFP4_BYTES = 0.5 + 1 / 16
+"""An NVFP4 element: 4 bits, and its share of its 16-element block's E4M3 scale."""
+NVFP4_QUANTIZE_BYTES = 2 + 2 * NVFP4_BYTES
+"""Bytes an element of an NVFP4 GEMM's operand costs to quantize: read in bf16, written
+rowwise and columnwise (the weight gradient's copy through the random Hadamard transform,
+which Transformer Engine fuses into the quantization)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,6 +83,10 @@ class Roofline:
     """Dense FP8 peak; 0: no FP8 tensor cores."""
     fp8_efficiency_ratio: float = 1.0
     """FP8 GEMMs' share of their peak over bf16's at the same FLOPs."""
+    fp4_peak_tflops: float = 0.0
+    """Dense FP4 peak (NVFP4); 0: no FP4 tensor cores."""
+    fp4_efficiency_ratio: float = 1.0
+    """NVFP4 GEMMs' share of their peak over bf16's at the same FLOPs."""
 
 
 def matmul_efficiency(r: Roofline, gflop: float) -> float:
@@ -90,13 +103,16 @@ def matmul_efficiency(r: Roofline, gflop: float) -> float:
     return pts[-1][1]
 
 
-def matmul_ms(r: Roofline, m: int, n: int, k: int, fp8: bool = False) -> float:
+def matmul_ms(r: Roofline, m: int, n: int, k: int, fp8: bool = False,
+              fp4: bool = False) -> float:
     """An (m, n, k) matmul; `fp8`: at the FP8 peak, on the bf16 efficiency curve scaled
-    by fp8_efficiency_ratio."""
+    by fp8_efficiency_ratio; `fp4`: at the FP4 peak likewise (fp4_efficiency_ratio)."""
     flops = 2.0 * m * n * k
     if flops <= 0:
         return 0.0
     eff = max(matmul_efficiency(r, flops / 1e9), 1e-6)
+    if fp4:
+        return flops / (r.fp4_peak_tflops * 1e9 * eff * r.fp4_efficiency_ratio)
     if fp8:
         return flops / (r.fp8_peak_tflops * 1e9 * eff * r.fp8_efficiency_ratio)
     return flops / (r.peak_tflops * 1e9 * eff)
@@ -140,24 +156,35 @@ def op_times(r: Roofline, op: Op) -> tuple[float, float, float, int, int]:
         m, n, k = op.shape
         scale = op.flops / (2.0 * m * n * k)  # several equal matmuls (experts) in one op
         passes = matmul_passes(op)
-        if op.fp8 and r.fp8_peak_tflops <= 0:
-            raise UserError("hardware.fp8_peak_tflops", "is 0: the device has no FP8 "
-                            "tensor cores to run --fp8-format on", "give the dense FP8 peak "
-                            "(H100/H200: 1979), or drop fp8")
-        f = matmul_ms(r, *passes.forward, op.fp8) * scale
-        b = matmul_ms(r, *passes.input_grad, op.fp8) * scale
+        _check_peak(r, op)
+        q = op.fp8, op.fp4
+        f = matmul_ms(r, *passes.forward, *q) * scale
+        b = matmul_ms(r, *passes.input_grad, *q) * scale
         if passes.operand_grad:
-            b += matmul_ms(r, *passes.operand_grad, op.fp8) * scale
-        w = matmul_ms(r, *passes.weight_grad, op.fp8) * scale if passes.weight_grad else 0.0
+            b += matmul_ms(r, *passes.operand_grad, *q) * scale
+        w = matmul_ms(r, *passes.weight_grad, *q) * scale if passes.weight_grad else 0.0
         w += _mem_ms(r, op.grad_bytes * op.params)
         if not op.fp8:
             return f, b, w, 1, 2 if passes.operand_grad else 1
         # quantize the input (forward) and the output's gradient (backward) first
-        f += _mem_ms(r, QUANTIZE_BYTES * m * k * scale)
-        b += _mem_ms(r, QUANTIZE_BYTES * m * n * scale)
+        per = NVFP4_QUANTIZE_BYTES if op.fp4 else QUANTIZE_BYTES
+        f += _mem_ms(r, per * m * k * scale)
+        b += _mem_ms(r, per * m * n * scale)
         return f, b, w, 2, 2
     back = 2 * op.nbytes if op.backward_bytes < 0 else op.backward_bytes
     return _mem_ms(r, op.nbytes), _mem_ms(r, back), 0.0, 1, 1
+
+
+def _check_peak(r: Roofline, op: Op) -> None:
+    """A quantized matmul needs the tensor cores of its format."""
+    if op.fp4 and r.fp4_peak_tflops <= 0:
+        raise UserError("hardware.fp4_peak_tflops", "is 0: the device has no FP4 tensor "
+                        "cores to run --fp4-format on", "give the dense FP4 peak (B200: "
+                        "9000), or drop --fp4-format")
+    if op.fp8 and not op.fp4 and r.fp8_peak_tflops <= 0:
+        raise UserError("hardware.fp8_peak_tflops", "is 0: the device has no FP8 "
+                        "tensor cores to run --fp8-format on", "give the dense FP8 peak "
+                        "(H100/H200: 1979), or drop fp8")
 
 
 def piece_times(r: Roofline, ops: list[Op]) -> tuple[float, float, float]:

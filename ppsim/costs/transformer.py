@@ -19,10 +19,10 @@ from typing import Any
 from ppsim.costs.arch import DTYPE_BYTES, Architecture, AttentionShape, attention_shape
 from ppsim.costs.choices import ATTENTION, NORMS, POSITIONS, RECOMPUTE
 from ppsim.costs.fp8 import (
-    FP8_BYTES,
     fp8_layers,
     fp8_weight_bytes,
     layer_precision,
+    quantized_bytes,
     saved_weight_bytes,
     transposed_weight_bytes,
 )
@@ -80,7 +80,9 @@ def accelerator(hw: Any) -> Accelerator:
                        memory_bandwidth_gbps=hw.memory_bandwidth_gbps,
                        kernel_overhead_us=hw.kernel_overhead_us,
                        fp8_peak_tflops=getattr(hw, "fp8_peak_tflops", 0.0),
-                       fp8_efficiency_ratio=getattr(hw, "fp8_efficiency_ratio", 1.0))
+                       fp8_efficiency_ratio=getattr(hw, "fp8_efficiency_ratio", 1.0),
+                       fp4_peak_tflops=getattr(hw, "fp4_peak_tflops", 0.0),
+                       fp4_efficiency_ratio=getattr(hw, "fp4_efficiency_ratio", 1.0))
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,7 @@ def weight_grad_bytes(ops: list[Op], dtype_bytes: int, inputs: bool) -> int:
     Zero-bubble's WeightGradStore queues both with each deferred matmul (an FP8
     matmul's quantized copies)."""
     return int(sum(op.shape[0] * (op.shape[2] if inputs else op.shape[1])
-                   * (FP8_BYTES if op.fp8 else dtype_bytes) for op in ops if op.params))
+                   * quantized_bytes(op, dtype_bytes) for op in ops if op.params))
 
 
 def _head_cost(a: Architecture, acc: Accelerator) -> LayerCost:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim.config import limits, validate
+from ppsim.costs.choices import FP4_FORMAT
 from ppsim.costs.mixer_split import check_split
 from ppsim.errors import UserError
 from ppsim.job import deepep
@@ -151,6 +152,10 @@ def check(cfg: Any) -> None:
                         "(Blackwell; [hardware] mxfp8 = true), which this hardware's lack",
                         "use --fp8-recipe tensorwise or blockwise here, or --hardware "
                         "b200-180gb")
+    if a.fp8 == FP4_FORMAT and not getattr(cfg.hardware, "fp4_peak_tflops", 0.0):
+        raise UserError("model.fp8", "NVFP4 (--fp4-format e2m1) needs FP4 tensor cores "
+                        "(Blackwell; [hardware] fp4_peak_tflops), which this hardware lacks",
+                        "use --hardware b200-180gb or gb200-186gb, or train in FP8")
     refusal = dispatcher_refusal(p.moe_token_dispatcher_type, a)
     if refusal is not None:
         raise UserError("pipeline.moe_token_dispatcher_type", *refusal)

@@ -46,6 +46,7 @@ def test_b200_never_beats_the_best_shape_measured() -> None:
 
 def test_b200_datasheet_figures() -> None:
     assert (B200["peak_tflops"], B200["fp8_peak_tflops"]) == (2250.0, 4500.0)
+    assert B200["fp4_peak_tflops"] == 144e3 / 8 / 2  # FP4 with sparsity for 8, dense
     assert B200["memory_bytes"] == 180e9 and B200["sm_count"] == 148
     assert B200["intra_node_bandwidth_gbps"] == 1800.0 / 2  # each way
     assert B200["inter_node_bandwidth_gbps"] == 400 / 8  # one 400 Gb/s NIC a GPU
@@ -58,6 +59,7 @@ def test_b200_datasheet_figures() -> None:
 def test_gb200_datasheet_figures() -> None:
     g = HARDWARE_PRESETS["gb200-186gb"]
     assert (g["peak_tflops"], g["fp8_peak_tflops"]) == (2500.0, 360e3 / 72)  # dense
+    assert g["fp4_peak_tflops"] == 1440e3 / 72 / 2  # FP4 with sparsity for 72, dense
     assert abs(g["memory_bytes"] - 13.4e12 / 72) / g["memory_bytes"] < 0.001
     assert (g["gpus_per_node"], g["sm_count"]) == (72, 152)
     assert g["intra_node_bandwidth_gbps"] == 1800.0 / 2 and g["inter_node_bandwidth_gbps"] == 50

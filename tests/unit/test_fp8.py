@@ -223,7 +223,7 @@ def test_the_executor_refuses_fp8() -> None:
 
 
 @pytest.mark.parametrize("model, hardware, message", [
-    ('fp8 = 1', '', 'model.fp8: unknown value 1 (use "" | e4m3 | hybrid)'),
+    ('fp8 = 1', '', 'model.fp8: unknown value 1 (use "" | e4m3 | hybrid | e2m1)'),
     ('fp8 = "hybrid"\nfp8_recipe = 3', '', "model.fp8_recipe: 3 is not priced"),
     ('fp8 = "hybrid"\nfp8_param_gather = "yes"', '', "model.fp8_param_gather: expected bool"),
     ('fp8 = "hybrid"', 'fp8_peak_tflops = nan', "hardware.fp8_peak_tflops: must be a finite"),

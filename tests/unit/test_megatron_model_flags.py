@@ -144,8 +144,8 @@ def test_a_model_built_from_flags_is_priced_on_a_gpu_and_says_so(capsys) -> None
     ("--preset deepseek-v3 --moe-token-dispatcher-type allgather --ep 1 "
      "--moe-shared-expert-overlap", "moe_shared_expert_overlap only works with alltoall"),
     ("--preset llama3-8b --hidden-dropout nan", "--hidden-dropout: dropout probabilities"),
-    ("--preset llama3-8b --bf16 --fp4-format nvfp4", "--fp4-format: ppsim prices bf16 and "
-     "FP8 matmuls, not FP4"),
+    ("--preset llama3-8b --bf16 --fp4-format nvfp4", "--fp4-format: 'nvfp4': Megatron's FP4 "
+     "format is e2m1"),
     ("--preset llama3-8b --fp8-format hybrid --first-last-layers-bf16",
      "model.first_last_layers_bf16: Delayed scaling does not support first / last layer"),
     ("--preset llama3-8b --fp8-format hybrid --fp8-recipe blockwise --first-last-layers-bf16 "
@@ -155,7 +155,7 @@ def test_a_model_built_from_flags_is_priced_on_a_gpu_and_says_so(capsys) -> None
     ("--preset llama3-8b --hardware h100-80gb --fp8-format hybrid --fp8-recipe mxfp8",
      "model.fp8_recipe: mxfp8 needs tensor cores that run MX formats"),
     ("--preset llama3-8b --fp8-format hybrid --fp8-recipe nvfp4",
-     "model.fp8_recipe: 'nvfp4' is not priced"),
+     "model.fp8_recipe: nvfp4 scales NVFP4's e2m1 elements, not FP8's"),
     ("--preset llama3-8b --fp8-param-gather", "model.fp8_param_gather: keeps the weights in "
      "FP8 and FP8 is off"),
     ("--preset llama3-8b --fp8-format hybrid --fp8-param-gather", "--fp8-param-gather only "
