@@ -11,7 +11,8 @@ rank, the head's included) and attention at its heads, sequence and dropout, so 
 [hardware] table holds that job's kernel rates rather than a square-matmul curve's.
 `sustained` seconds of a large matmul first bring a GPU to the clock it holds under
 a training job's power draw (a burst runs faster than that), and each figure is then
-the mean over a window of back-to-back runs rather than a median of single ones.
+the mean over a window of back-to-back runs (WINDOW_MS, or the warm-up's length where
+that is shorter) rather than a median of single ones.
 """
 
 from __future__ import annotations
@@ -297,6 +298,18 @@ def hardware_table(peak: float, matmuls: list[dict], attention_tflops: float,
             "kernel_overhead_us": round(kernel_overhead_us, 2)}
 
 
+WINDOW_MS = 200.0
+"""The window each kernel is timed over after a warm-up: long beside a launch, short
+beside the seconds a clock takes to settle."""
+
+
+def window_ms(sustained_s: float) -> float:
+    """The window each kernel is timed over after `sustained_s` seconds of warm-up:
+    WINDOW_MS, or the warm-up's length where that is shorter; 0 (a median of single runs)
+    without a warm-up."""
+    return min(WINDOW_MS, 1e3 * sustained_s) if sustained_s > 0 else 0.0
+
+
 def measure_hardware(device_kind: str = "cpu", reps: int = 10, model: Architecture | None = None,
                      sustained_s: float = 0.0,
                      progress: Callable[[str, int, int], None] | None = None) -> dict[str, Any]:
@@ -306,7 +319,7 @@ def measure_hardware(device_kind: str = "cpu", reps: int = 10, model: Architectu
     device = torch.device("cuda" if device_kind == "cuda" else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     t0 = time.perf_counter()
-    window = 200.0 if sustained_s > 0 else 0.0
+    window = window_ms(sustained_s)
     shapes = model_matmuls(model) if model else []
     # The matmuls, attention, the model's attention, bandwidth and host time, the warm-up.
     total = (len(generic_matmuls(device)) + len(shapes) + 2 + (1 if model else 0)
@@ -351,6 +364,7 @@ def measure_hardware(device_kind: str = "cpu", reps: int = 10, model: Architectu
             "measurements": {"matmuls": generic, "model_matmuls": mine, "attention": att,
                              "model_attention": model_att, "copy_gbps": bw,
                              "kernel_overhead_us": overhead, "sustained_s": sustained_s,
+                             "window_ms": window,
                              "settled_tflops": settled,
                              "seconds": time.perf_counter() - t0}}
 
@@ -366,7 +380,8 @@ def hardware_toml(result: dict[str, Any]) -> str:
                      "attention, per tensor-parallel rank.")
     if m.get("sustained_s"):
         lines.append(f"# After {m['sustained_s']:g} s of warm-up, each kernel timed over a "
-                     "window (the rate a training job holds).")
+                     f"{m.get('window_ms', WINDOW_MS):g} ms window (the rate a training job "
+                     "holds).")
     lines.append("[hardware]")
     for key, v in hw.items():
         if key == "matmul_efficiency":

@@ -33,7 +33,7 @@ def test_a_models_own_matmuls_and_attention_are_measured(tmp_path, capsys):
     cfg.write_text('[model]\npreset = "tiny-gpt"\ntp = 2\ndropout = true\n')
     out = tmp_path / "hw.toml"
     assert main(["profile", "--hardware-out", str(out), "--config", str(cfg),
-                 "--sustained", "0.2", "--json"]) == 0
+                 "--sustained", "0.05", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     m = doc["measurements"]
     tokens = 128
@@ -46,7 +46,8 @@ def test_a_models_own_matmuls_and_attention_are_measured(tmp_path, capsys):
             att["micro_batch_size"], att["dropout"]) == (2, 2, 16, 64, 2, 0.1)
     # Causal attention's FLOPs: 4 s^2 b (heads x head_dim) per rank, half skipped.
     assert att["flops"] == pytest.approx(2 * 64 * 64 * 2 * 2 * 16)
-    assert m["sustained_s"] == 0.2 and m["settled_tflops"] > 0
+    assert m["sustained_s"] == 0.05 and m["settled_tflops"] > 0 and m["window_ms"] == 50
+    assert "timed over a 50 ms window" in out.read_text()
     table = tomllib.loads(out.read_text())["hardware"]
     hw = hardware_config(table)
     assert hw.attention_efficiency == pytest.approx(
@@ -97,11 +98,18 @@ def test_the_curve_has_one_point_per_work_the_model_s_inside_its_range(generic, 
         assert source and min(effs) - 1e-4 <= e <= max(effs) + 1e-4
 
 
+def test_a_kernel_is_timed_over_a_window_no_longer_than_the_warm_up():
+    from ppsim.executor.hwprofile import window_ms
+
+    assert (window_ms(8.0), window_ms(0.2), window_ms(0.05), window_ms(0.0)) == \
+        (200.0, 200.0, 50.0, 0.0)
+
+
 def test_progress_counts_every_step_once():
     from ppsim.executor.hwprofile import measure_hardware
 
     seen: list[tuple[str, int, int]] = []
-    measure_hardware("cpu", reps=1, sustained_s=0.1,
+    measure_hardware("cpu", reps=1, sustained_s=0.02,
                      progress=lambda what, done, total: seen.append((what, done, total)))
     totals = {t for _, _, t in seen}
     assert len(totals) == 1 and [d for _, d, _ in seen] == list(range(totals.pop()))
