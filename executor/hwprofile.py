@@ -34,7 +34,7 @@ from ppsim.costs.ops import FLASH_BACKWARD, matmul_passes
 from ppsim.costs.stack import layer_kinds
 from ppsim.executor.builders.gpt import build
 from ppsim.executor.builders.llama import architecture
-from ppsim.executor.devices import dense_peak, device_facts, fp8_peak
+from ppsim.executor.devices import dense_peak, device_facts, low_precision_facts
 from ppsim.job.layers import per_rank_arch
 
 GPU_MATMULS = [(256, 256, 256), (1024, 1024, 1024), (2048, 2048, 2048), (2048, 6144, 2048),
@@ -355,9 +355,7 @@ def measure_hardware(device_kind: str = "cpu", reps: int = 10, model: Architectu
         att_tflops = ((1 + FLASH_BACKWARD) * last["flops"]
                       / ((last["forward_ms"] + last["backward_ms"]) * 1e9))
     hw = hardware_table(peak, _curve_points(generic, mine), att_tflops, bw, overhead)
-    fp8 = fp8_peak(device)
-    if fp8:
-        hw["fp8_peak_tflops"] = fp8
+    hw.update(low_precision_facts(device))
     hw.update(device_facts(device))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return {"device": name, "torch_version": torch.__version__, "hardware": hw,

@@ -157,6 +157,29 @@ def test_a_gpus_fp8_peak_is_its_datasheets_or_none(monkeypatch, name: str, fp8: 
     assert fp8_peak(torch.device("cpu")) == 0.0
 
 
+@pytest.mark.parametrize("name, facts", [
+    ("NVIDIA B200", {"fp8_peak_tflops": 4500.0, "fp4_peak_tflops": 9000.0, "mxfp8": True}),
+    ("NVIDIA GB200", {"fp8_peak_tflops": 5000.0, "fp4_peak_tflops": 10000.0, "mxfp8": True}),
+    ("NVIDIA H100 80GB HBM3", {"fp8_peak_tflops": 1979.0}),
+    ("NVIDIA A100-SXM4-80GB", {}),
+])
+def test_a_blackwells_fp4_and_mx_tensor_cores_go_into_its_table(monkeypatch, name: str,
+                                                                 facts: dict) -> None:
+    """--hardware-out on a B200 or GB200 writes its dense FP4 peak and MX formats, so a
+    measured table prices --fp4-format and --fp8-recipe mxfp8; a GB200 is not taken for
+    the B200 its name contains (2500 TFLOP/s bf16, 2250 on a B200)."""
+    import torch
+
+    from ppsim.executor.devices import dense_peak, low_precision_facts
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert low_precision_facts(torch.device("cuda")) == facts
+    assert low_precision_facts(torch.device("cpu")) == {}
+    if "B200" in name:
+        assert dense_peak(torch.device("cuda"), 1.0) == (2500.0 if "GB200" in name else 2250.0)
+    assert hardware_config({"peak_tflops": 989.0, **facts}) is not None
+
+
 def test_a_gpus_own_memory_and_sms_go_into_its_table(monkeypatch) -> None:
     """--hardware-out on a GPU writes the memory and SM count it reports (torch reported
     132 SMs on the lent H200), so a measured table prices DeepEP's held SMs; the table
