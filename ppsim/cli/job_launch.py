@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from ppsim.cli.megatron_args import fusion_args, optimizer_args, parallel_args
+from ppsim.cli.megatron_args import fusion_args, optimizer_args, parallel_args, precision_args
 from ppsim.cli.torchtitan_job import torchtitan_job
 from ppsim.job.policy_search import mode_flags
 from ppsim.job.ranks import DEFAULT_ORDER, TP_PP_DP_ORDER, parse_order
@@ -35,8 +35,8 @@ def _policy_flags(r: ShapeResult) -> list[str] | None:
 
 def job_flags(r: ShapeResult, gbs: int) -> str | None:
     """The shape as Megatron's arguments: parallel sizes, the split, the batch, the memory
-    policy and the overlaps (ppsim reads them back, with --gpus for the world size). None
-    when Megatron cannot build the split or run the policy."""
+    policy, the precision and the overlaps (ppsim reads them back, with --gpus for the
+    world size). None when Megatron cannot build the split or run the policy."""
     split, policy = shape_exports(r)["megatron_flags"], _policy_flags(r)
     job = r.problem.hardware.job
     # A torchtitan job launches with its own fields, not Megatron's arguments.
@@ -50,7 +50,7 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
     out = parallel_args(s.tp, s.cp, s.ep, dispatcher, job.arch.cp_comm_type,
                         job.arch.cp_a2a_size, s.etp) + shlex.split(split)
     out += ["--micro-batch-size", str(s.mbs), "--global-batch-size", str(gbs), *policy]
-    out += optimizer_args(job.arch)
+    out += optimizer_args(job.arch) + precision_args(job.arch)
     out += fusion_args(job.arch)
     out += ["--use-tp-pp-dp-mapping"] * (order == parse_order(TP_PP_DP_ORDER))
     for size, flag in ((job.ddp_bucket_size, "--ddp-bucket-size"),

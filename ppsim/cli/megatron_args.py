@@ -42,14 +42,7 @@ def megatron_model_args(a: Architecture) -> list[str]:
     out += kv("--attention-backend", "unfused") * a.unfused_attention
     out += {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(a.dtype, [])
     out += ["--fp32-residual-connection"] * a.fp32_residual
-    if a.fp8:
-        kind = "fp4" if a.fp8 == FP4_FORMAT else "fp8"
-        out += kv(f"--{kind}-format", a.fp8) + kv(f"--{kind}-recipe", a.fp8_recipe)
-        out += [f"--{kind}-param-gather"] * a.fp8_param_gather
-        if a.first_last_layers_bf16:
-            out += ["--first-last-layers-bf16"]
-            out += kv("--num-layers-at-start-in-bf16", a.num_layers_at_start_in_bf16)
-            out += kv("--num-layers-at-end-in-bf16", a.num_layers_at_end_in_bf16)
+    out += precision_args(a)
     out += [] if a.dropout else kv("--attention-dropout", 0) + kv("--hidden-dropout", 0)
     if a.attention_window:
         out += kv("--window-size", f"{a.attention_window},0")
@@ -92,6 +85,20 @@ def activation_args(a: Architecture) -> list[str]:
         return []
     return ["--quick-geglu"] if a.gated_activation == "quick_geglu" \
         else ["--swiglu", *fusion_args(a)]
+
+
+def precision_args(a: Architecture) -> list[str]:
+    """FP8's or NVFP4's arguments and the layers they keep in bf16 (none in bf16)."""
+    if not a.fp8:
+        return []
+    kind = "fp4" if a.fp8 == FP4_FORMAT else "fp8"
+    out = [f"--{kind}-format", a.fp8, f"--{kind}-recipe", a.fp8_recipe]
+    out += [f"--{kind}-param-gather"] * a.fp8_param_gather
+    if a.first_last_layers_bf16:
+        out += ["--first-last-layers-bf16"]
+        out += _kv("--num-layers-at-start-in-bf16", a.num_layers_at_start_in_bf16)
+        out += _kv("--num-layers-at-end-in-bf16", a.num_layers_at_end_in_bf16)
+    return out
 
 
 def fusion_args(a: Architecture) -> list[str]:

@@ -157,3 +157,20 @@ def test_a_bad_nvfp4_field_is_one_line_naming_it(tmp_path, model: str, hardware:
     code, out, err = run_main(["simulate", "--config", str(path)])
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and said in lines[0], err
+
+
+@pytest.mark.parametrize("precision", ["--fp8-format hybrid --fp8-recipe tensorwise",
+                                       "--fp4-format e2m1"])
+def test_the_job_plans_megatron_line_keeps_the_precision(precision: str) -> None:
+    """`plan --gpus` printed a launch line without the FP8 or FP4 flags it priced: pasted,
+    it trained in bf16. Read back on the bare preset it is the planned job again."""
+    model = "--preset llama3-8b --num-layers 8 --hardware b200-180gb"
+    code, out, err = run_main(["plan", *shlex.split(f"{model} {precision}"), "--gpus", "8",
+                               "--global-batch-size", "16", "--time-budget", "2", "--json"])
+    assert code == 0, err
+    best = json.loads(out)["best"]
+    flags = shlex.split(best["megatron_job_flags"])
+    assert " ".join(flags).count(precision) == 1
+    unless = [] if "--recompute-granularity" in flags else ["--recompute", "none"]
+    sim = _throughput(f"{model} --gpus 8 {shlex.join(flags + unless)}")
+    assert sim["iteration_time_ms"] == pytest.approx(best["iteration_time_ms"], rel=1e-9)
