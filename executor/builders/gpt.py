@@ -236,8 +236,9 @@ def build(fields: dict[str, Any]) -> Any:
     """
     a = architecture(fields)
     if a.fp8:
-        raise UserError("model.fp8", "the executor's CPU processes have no FP8 matmuls",
-                        "drop fp8 (--fp8-format) to run the model (the costs price FP8)")
+        raise UserError("model.fp8", "the executor's CPU processes have no FP8 or FP4 "
+                        "matmuls", "drop fp8 (--fp8-format, --fp4-format) to run the model "
+                        "(the costs price them)")
     if a.fp32_residual:
         raise UserError("model.fp32_residual", "the executor keeps the residual stream in the "
                         "training dtype", "drop fp32_residual (--fp32-residual-connection) to "

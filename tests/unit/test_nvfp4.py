@@ -174,3 +174,14 @@ def test_the_job_plans_megatron_line_keeps_the_precision(precision: str) -> None
     unless = [] if "--recompute-granularity" in flags else ["--recompute", "none"]
     sim = _throughput(f"{model} --gpus 8 {shlex.join(flags + unless)}")
     assert sim["iteration_time_ms"] == pytest.approx(best["iteration_time_ms"], rel=1e-9)
+
+
+def test_the_executor_refuses_nvfp4_by_its_flag() -> None:
+    pytest.importorskip("torch")
+    from ppsim.config.presets import MODEL_PRESETS
+    from ppsim.errors import UserError
+    from ppsim.executor.builders.gpt import build
+
+    fields = {**MODEL_PRESETS["llama3-8b"], "fp8": "e2m1", "fp8_recipe": "nvfp4"}
+    with pytest.raises(UserError, match="model.fp8: .*FP4.*--fp4-format"):
+        build(fields)
