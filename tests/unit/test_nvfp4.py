@@ -185,3 +185,18 @@ def test_the_executor_refuses_nvfp4_by_its_flag() -> None:
     fields = {**MODEL_PRESETS["llama3-8b"], "fp8": "e2m1", "fp8_recipe": "nvfp4"}
     with pytest.raises(UserError, match="model.fp8: .*FP4.*--fp4-format"):
         build(fields)
+
+
+@pytest.mark.parametrize("precision, said", [('fp8 = "e2m1"\nfp8_recipe = "nvfp4"', "NVFP4"),
+                                             ('fp8 = "hybrid"', "FP8")])
+def test_the_tui_headline_names_the_precision(tmp_path, precision: str, said: str) -> None:
+    from ppsim.config.schema import load_config
+    from ppsim.tui.headline import throughput_text
+    from ppsim.tui.session import evaluate_state, state_from_config
+
+    path = tmp_path / "job.toml"
+    path.write_text(f'[model]\npreset = "llama3-8b"\n{precision}\n[pipeline]\npp = 2\n'
+                    'microbatches = 8\n[hardware]\npreset = "b200-180gb"\n')
+    cfg = load_config(str(path))
+    shown = throughput_text(evaluate_state(cfg, state_from_config(cfg)))
+    assert shown.split("  ")[-1] == said, shown
