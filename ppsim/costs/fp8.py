@@ -116,8 +116,9 @@ def fp8_ops(a: Architecture, ops: list[Op]) -> list[Op]:
 
 def fp8_weight_bytes(a: Architecture, ops: list[Op]) -> int:
     """Bytes one rank holds beyond the bf16 weights for the FP8 linears among `ops`:
-    TE's cached FP8 weight and transpose, or, with --fp8-param-gather, nothing (the FP8
-    weight and its transpose take the bf16 weight's 2 bytes; NVFP4's take less), and
+    TE's cached FP8 weight and transpose, or, with --fp8-param-gather, what the quantized
+    weight and its transpose take beyond the bf16 weight's 2 bytes (FP8's nothing, MXFP8's
+    scales, NVFP4's less than nothing), and
     under Megatron-FSDP less: its shards keep the FP8 weight (a byte a parameter for
     bf16's 2; the gradient stays bf16, the master fp32); torchao caches none."""
     if not a.fp8 or a.torchtitan_fsdp:
@@ -125,10 +126,8 @@ def fp8_weight_bytes(a: Architecture, ops: list[Op]) -> int:
     quantized = sum(op.params for op in ops if op.fp8)
     if not a.fp8_param_gather:
         return int(CACHED_COPIES * fp8_bytes(a) * quantized)
-    if a.fp8_recipe == FP4_RECIPE:  # the NVFP4 weight and its transpose for bf16's 2 bytes
+    if not a.megatron_fsdp:  # the quantized weight and its transpose for the bf16 weight
         return int((CACHED_COPIES * fp8_bytes(a) - DTYPE_BYTES[a.dtype]) * quantized)
-    if not a.megatron_fsdp:
-        return 0
     saved = DTYPE_BYTES[a.dtype] - fp8_bytes(a)
     return -int(sum(saved * op.params / optimizer_shards(a, op.name.startswith("experts."))
                     for op in ops if op.fp8))

@@ -265,3 +265,15 @@ def test_mxfp8_keeps_a_scale_byte_a_block_on_blackwell_alone() -> None:
     with pytest.raises(UserError) as err:
         build_problem(cfg({"fp8": "hybrid", "fp8_recipe": "mxfp8"}))  # an H100
     assert err.value.field == "model.fp8_recipe" and "MX formats" in str(err.value)
+
+
+def test_mxfp8_weights_gathered_in_fp8_keep_their_scales() -> None:
+    """--fp8-param-gather under MXFP8: the weight and its transpose take the bf16 weight's
+    2 bytes and a scale byte per 32 elements each (priced as nothing beyond bf16 before)."""
+    from ppsim.costs.fp8 import fp8_weight_bytes
+
+    mx = _fp8(GPT, fp8_recipe="mxfp8", fp8_param_gather=True, distributed_optimizer=True)
+    linears = 1024 * 3072 + 1024 * 1024 + 2 * 1024 * 4096
+    assert fp8_weight_bytes(mx, layer_ops(mx, "dense")) == pytest.approx(2 * linears / 32, abs=1)
+    tensorwise = replace(mx, fp8_recipe="tensorwise")
+    assert fp8_weight_bytes(tensorwise, layer_ops(tensorwise, "dense")) == 0
