@@ -250,10 +250,8 @@ def split_flags_given(args: argparse.Namespace) -> list[str]:
     return [k for k in SPLIT_KEYS if k != "split" and getattr(args, k, None) not in (None, False)]
 
 
-def cmd_job_plan(args: argparse.Namespace) -> int:
-    """Plan the job's shape: what `ppsim plan` does when --gpus is given. Sizes given as
-    flags (--tp, --cp, --ep, --pp, --vpp, --dp, --micro-batch-size) are held; the config's
-    own are only where the search starts (the world and the batch are not applied to it)."""
+def _check_job_args(args: argparse.Namespace) -> None:
+    """The job search's flags, each refused in one line where it cannot apply."""
     gbs = args.global_batch_size
     if gbs is None:
         raise UserError("--global-batch-size", "is needed with --gpus",
@@ -279,6 +277,14 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
         raise UserError("--num-layers-per-virtual-pipeline-stage", "the job search varies "
                         "pp, and with it the chunks a rank's layers make", "give --vpp N to "
                         "hold the chunks per rank, or drop it")
+
+
+def cmd_job_plan(args: argparse.Namespace) -> int:
+    """Plan the job's shape: what `ppsim plan` does when --gpus is given. Sizes given as
+    flags (--tp, --cp, --ep, --pp, --vpp, --dp, --micro-batch-size) are held; the config's
+    own are only where the search starts (the world and the batch are not applied to it)."""
+    gbs = args.global_batch_size
+    _check_job_args(args)
     cfg, assumed = assume_hardware(args, config_from_args(argparse.Namespace(
         **{**vars(args), "gpus": None, "global_batch_size": None})))
     outputs_apart(args, {"--png": args.png}, cfg=cfg)
@@ -306,17 +312,23 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
             if not args.json:
                 print(f"timeline picture written to {args.png}")
         return 0
+    _say_nothing_fits(res, args.time_budget, cfg.hardware.memory_bytes, bool(policy))
+    return 3
+
+
+def _say_nothing_fits(res: JobSearch, budget_s: float, memory_bytes: float,
+                      policy: bool) -> None:
+    """Why no shape is planned, on stderr: the budget, the activations, or the memory."""
     if not res.complete:  # the budget ran out: not the same as "nothing fits"
         sys.stderr.write(f"ppsim plan: no shape that fits was found within the time budget "
                          f"({res.evaluated:,} of {res.total:,} shapes simulated); give it more "
-                         f"time, e.g. --time-budget {longer_budget(args.time_budget):g}\n")
+                         f"time, e.g. --time-budget {longer_budget(budget_s):g}\n")
     elif res.over_floor and not policy:
-        sys.stderr.write(f"ppsim plan: {activations_text(res, cfg.hardware.memory_bytes)}\n")
+        sys.stderr.write(f"ppsim plan: {activations_text(res, memory_bytes)}\n")
     elif policy and res.candidates:
-        sys.stderr.write(f"ppsim plan: no shape fits {fmt_bytes(cfg.hardware.memory_bytes)} "
-                         "per GPU, whatever memory policy the search tried on it; give more "
-                         "GPUs (--gpus)\n")
-    return 3
+        sys.stderr.write(f"ppsim plan: no shape fits {fmt_bytes(memory_bytes)} per GPU, "
+                         "whatever memory policy the search tried on it; give more GPUs "
+                         "(--gpus)\n")
 
 
 def activations_text(res: JobSearch, memory_bytes: float) -> str:

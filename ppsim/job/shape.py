@@ -114,6 +114,19 @@ def dispatcher_refusal(dispatcher: str | None, a: Any) -> tuple[str, str] | None
     return None
 
 
+def _precision_runs_here(a: Any, hardware: Any) -> None:
+    """MXFP8 and NVFP4 need Blackwell's tensor cores: refused on hardware without them."""
+    if a.fp8 and a.fp8_recipe == "mxfp8" and not getattr(hardware, "mxfp8", False):
+        raise UserError("model.fp8_recipe", "mxfp8 needs tensor cores that run MX formats "
+                        "(Blackwell; [hardware] mxfp8 = true), which this hardware's lack",
+                        "use --fp8-recipe tensorwise or blockwise here, or --hardware "
+                        "b200-180gb")
+    if a.fp8 == FP4_FORMAT and not getattr(hardware, "fp4_peak_tflops", 0.0):
+        raise UserError("model.fp8", "NVFP4 (--fp4-format e2m1) needs FP4 tensor cores "
+                        "(Blackwell; [hardware] fp4_peak_tflops), which this hardware lacks",
+                        "use --hardware b200-180gb or gb200-186gb, or train in FP8")
+
+
 def check(cfg: Any) -> None:
     """The job fields of a config in range: UserError naming the field otherwise."""
     p = cfg.pipeline
@@ -147,15 +160,7 @@ def check(cfg: Any) -> None:
     check_split(a)
     if a.fsdp:
         _fsdp_alone(p, a)
-    if a.fp8 and a.fp8_recipe == "mxfp8" and not getattr(cfg.hardware, "mxfp8", False):
-        raise UserError("model.fp8_recipe", "mxfp8 needs tensor cores that run MX formats "
-                        "(Blackwell; [hardware] mxfp8 = true), which this hardware's lack",
-                        "use --fp8-recipe tensorwise or blockwise here, or --hardware "
-                        "b200-180gb")
-    if a.fp8 == FP4_FORMAT and not getattr(cfg.hardware, "fp4_peak_tflops", 0.0):
-        raise UserError("model.fp8", "NVFP4 (--fp4-format e2m1) needs FP4 tensor cores "
-                        "(Blackwell; [hardware] fp4_peak_tflops), which this hardware lacks",
-                        "use --hardware b200-180gb or gb200-186gb, or train in FP8")
+    _precision_runs_here(a, cfg.hardware)
     refusal = dispatcher_refusal(p.moe_token_dispatcher_type, a)
     if refusal is not None:
         raise UserError("pipeline.moe_token_dispatcher_type", *refusal)
