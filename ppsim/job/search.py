@@ -282,13 +282,8 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
     hosted = _on_the_host(cfg, accepted, gbs, progress, hosting_ends) \
         if "host-optimizer" in axes else Hosted(found=[], complete=True)
     accepted += hosted.found
-    if not accepted and not pricing.complete:
-        raise UserError("--time-budget", f"{budget_s:g} s priced {len(refusals):,} of "
-                        f"{len(todo):,} shapes, and the model refuses each",
-                        f"give it more time, e.g. --time-budget {longer_budget(budget_s):g}")
     if not accepted:
-        raise UserError("--global-batch-size", f"no shape of {gpus:,} GPUs at a global batch "
-                        f"of {gbs:,} can be built; the first refused says {refusals[0]}")
+        _refuse_nothing_built(pricing.complete, refusals, len(todo), budget_s, gpus, gbs)
     pending = sorted((p for p in accepted if not p.overflows), key=lambda p: p.bound_ms)
     leanest = min(accepted, key=lambda p: p.static_bytes)
     walked = simulate_shapes(pending, lambda p: _whole(cfg, p, gbs), policy, k, budget_s,
@@ -315,6 +310,17 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
                      long_shots_unplanned=sum(not r.long_shot for r in shot),
                      budget_s=budget_s,
                      leanest=None if pending else _whole(cfg, leanest, gbs))
+
+
+def _refuse_nothing_built(complete: bool, refusals: list[UserError], shapes: int,
+                          budget_s: float, gpus: int, gbs: int) -> None:
+    """No shape could be built: the budget ran out among refusals, or every one refused."""
+    if not complete:
+        raise UserError("--time-budget", f"{budget_s:g} s priced {len(refusals):,} of "
+                        f"{shapes:,} shapes, and the model refuses each",
+                        f"give it more time, e.g. --time-budget {longer_budget(budget_s):g}")
+    raise UserError("--global-batch-size", f"no shape of {gpus:,} GPUs at a global batch "
+                    f"of {gbs:,} can be built; the first refused says {refusals[0]}")
 
 
 def longer_budget(budget_s: float) -> float:
