@@ -15,7 +15,7 @@ from ppsim.config.schema import config_from_dict
 from ppsim.job.search import search_job
 from ppsim.job.shapes import Shape, dispatcher_choices
 
-QWEN = {"model": {"preset": "qwen3-235b-a22b", "num_layers": 8},
+QWEN = {"model": {"preset": "qwen3-235b-a22b", "num_layers": 4},
         "hardware": {"preset": "h100-80gb"}}
 
 
@@ -46,7 +46,7 @@ def test_deepep_is_tried_where_its_group_has_more_than_one_rank(tp: int, ep: int
 
 
 def test_the_table_json_and_flags_name_the_dispatcher(capsys) -> None:
-    argv = ["plan", "--preset", "qwen3-235b-a22b", "--num-layers", "8", "--hardware",
+    argv = ["plan", "--preset", "qwen3-235b-a22b", "--num-layers", "4", "--hardware",
             "h100-80gb", "--gpus", "32", "--global-batch-size", "128", "--search",
             "dispatcher", "--top", "6"]
     assert main([*argv, "--json"]) == 0

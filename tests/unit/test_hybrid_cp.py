@@ -106,7 +106,8 @@ def test_a_split_megatron_asserts_against_is_refused_in_its_words(capsys, flags:
 
 
 def _plan_cps(capsys, *extra: str) -> set[int]:
-    assert main(["plan", "--preset", "nemotron-h-8b", "--hardware", "h100-80gb", *extra,
+    assert main(["plan", "--preset", "nemotron-h-8b", "--hybrid-layer-pattern", "M-M*-M-",
+                 "--hardware", "h100-80gb", *extra,
                  "--gpus", "32", "--global-batch-size", "32", "--tp", "8",
                  "--time-budget", "4", "--top", "40", "--json"]) == 0
     return {c["cp"] for c in json.loads(capsys.readouterr().out)["candidates"]}

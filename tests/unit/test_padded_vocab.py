@@ -82,7 +82,7 @@ def test_a_vocabulary_tp_does_not_divide_is_refused_as_megatron_asserts() -> Non
 def test_the_job_search_skips_the_tensor_parallel_sizes_the_vocabulary_refuses() -> None:
     """151,937 is odd: only tp 1 splits it, so every shape the search offers has tp 1,
     where with --vocab-size (padded) it offers larger ones."""
-    odd = QWEN25_7B.replace("152064", "151937")
+    odd = QWEN25_7B.replace("152064", "151937").replace("--num-layers 28", "--num-layers 4")
     shapes = []
     for model in (odd, odd.replace("--padded-vocab-size", "--vocab-size")):
         code, out, err = _run(["plan", *shlex.split(model), "--gpus", "16",

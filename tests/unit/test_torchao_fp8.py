@@ -149,9 +149,9 @@ def test_rowwise_gathers_tensor_parallel_inputs_in_bf16() -> None:
 
 
 def test_the_torchtitan_job_names_its_float8(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "16",
-            "--global-batch-size", "32", "--fsdp", "--fp8-format", "e4m3", "--time-budget",
-            "20", "--json"]
+    args = ["plan", "--preset", "llama3-8b", "--num-layers", "4", "--hardware", "h100-80gb",
+            "--gpus", "16", "--global-batch-size", "32", "--fsdp", "--fp8-format", "e4m3",
+            "--time-budget", "20", "--json"]
     assert main([*args, "--fp8-recipe", "rowwise"]) == 0
     titan = json.loads(capsys.readouterr().out)["best"]["torchtitan_job"]
     assert "Float8LinearConverter" in titan["quantization"]
