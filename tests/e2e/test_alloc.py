@@ -28,10 +28,10 @@ SCRIPT = textwrap.dedent("""
         for _ in range(n):
             for p in prof.pieces:
                 prof.backward(p, prof.forward(p, prof.input_for(p), 0))
-    rounds(5)
+    rounds(3)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    rounds(20)
-    print(kept, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 20)
+    rounds(8)
+    print(kept, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 8)
 """)
 
 
@@ -49,7 +49,7 @@ def test_kept_memory_stops_the_page_faults_the_pieces_pay_by_default():
     kept, faults = _faults("kept")
     assert kept
     # A few faults remain where the heap still grows to a new high-water mark (0-13
-    # per round seen); the default (glibc hands large blocks back) faults hundreds of
-    # pages per round (~800): the cost the profile and the run each paid, by chance.
+    # per round seen); the default (glibc hands large blocks back) faults hundreds to
+    # thousands of pages per round: the cost the profile and the run each paid, by chance.
     _, default = _faults("default")
     assert default > 20 * max(faults, 5.0)
