@@ -214,8 +214,9 @@ def test_layers_per_virtual_stage_is_refused_by_the_job_search(capsys) -> None:
 def test_an_expert_tp_given_is_held_while_tp_varies(capsys) -> None:
     """Megatron's MoE parallel folding: --expert-tensor-parallel-size 1 holds the experts
     whole while the search varies tp, so ep may reach past dp x cp into the tp ranks."""
-    job = ["plan", "--preset", "mixtral-8x7b", "--hardware", "h100-80gb", "--gpus", "16",
-           "--global-batch-size", "32", "--expert-tensor-parallel-size", "1", "--pp", "2",
+    job = ["plan", "--preset", "mixtral-8x7b", "--num-layers", "4", "--hardware", "h100-80gb",
+           "--gpus", "16", "--global-batch-size", "32", "--expert-tensor-parallel-size", "1",
+           "--pp", "2",
            "--time-budget", "4", "--json", "--top", "40"]
     assert main(job) in (0, 3)
     rows = json.loads(capsys.readouterr().out)["candidates"]
