@@ -79,8 +79,7 @@ def throughput_text(result: object, compact: bool = False) -> str:
     tokens = f"{t.tokens_per_s_per_gpu:,.0f} tok/s/GPU" if compact else \
         f"{t.tokens_per_s_per_gpu:,.0f} tokens/s/GPU"
     sep = " " if compact else "  "
-    fp8 = f"{sep}{'NVFP4' if job.arch.fp8_recipe == 'nvfp4' else 'FP8'}" \
-        if job.arch.fp8 else ""
+    fp8 = f"{sep}{job.arch.quantized_kind}" if job.arch.fp8 else ""
     a2a = f"{sep}A2A overlap" if job.overlap_moe_expert_parallel_comm else ""
     return (f"{tokens}{sep}{tflops_text(t.tflops_per_gpu)} TFLOP/s/GPU{sep}MFU {t.mfu:.1%}"
             f"{fp8}{a2a}")

@@ -8,7 +8,6 @@ from dataclasses import fields as dataclass_fields
 
 from ppsim.cli.megatron_model import bit_runs
 from ppsim.costs.arch import Architecture
-from ppsim.costs.choices import FP4_FORMAT
 from ppsim.costs.stack import layer_kinds, mlp_kind
 from ppsim.costs.state import OPTIMIZER_DTYPES
 
@@ -91,7 +90,7 @@ def precision_args(a: Architecture) -> list[str]:
     """FP8's or NVFP4's arguments and the layers they keep in bf16 (none in bf16)."""
     if not a.fp8:
         return []
-    kind = "fp4" if a.fp8 == FP4_FORMAT else "fp8"
+    kind = "fp4" if a.nvfp4 else "fp8"
     out = [f"--{kind}-format", a.fp8, f"--{kind}-recipe", a.fp8_recipe]
     out += [f"--{kind}-param-gather"] * a.fp8_param_gather
     if a.first_last_layers_bf16:

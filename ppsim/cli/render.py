@@ -124,8 +124,7 @@ def job_line(job: Any, iteration_ms: float) -> str:
     shape = (f"{d['gpus']:,} GPUs (tp {tp} cp {d['cp']}{cp} ep {ep} dp {d['dp']}"
              f"{fsdp} pp {d['pp']}), global batch {d['global_batch_size']:,}")
     if d["fp8"]:
-        kind = "NVFP4" if d["fp8"]["recipe"] == "nvfp4" else "FP8"
-        shape += f", {kind} {d['fp8']['format']} {d['fp8']['recipe']}"
+        shape += f", {job.arch.quantized_kind} {d['fp8']['format']} {d['fp8']['recipe']}"
     if d["optimizer"] == "muon":
         shape += ", Muon"
     if d["deepep_buffer_bytes"]:

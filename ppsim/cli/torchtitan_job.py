@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ppsim.costs.choices import FP4_FORMAT
-
 TORCH_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
                    "interleaved-zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble",
                    "dualpipev": "DualPipeV"}
@@ -67,7 +65,7 @@ def torchtitan_job(shape: Any, problem: Any, gbs: int, fqns: list[list[str]] | N
                      f"Engine's {job.arch.cp_comm_type}")
     if job.tp_comm_overlap and shape.tp > 1:  # AsyncTP: torchtitan compiles the model for it
         out["compile"] = {"enable": True, "enable_async_tensor_parallel": True}
-    if job.arch.fp8 == FP4_FORMAT:
+    if job.arch.nvfp4:
         notes.append("torchtitan trains in no NVFP4 recipe: the quantization is left out")
     elif job.arch.fp8:
         out["quantization"] = FLOAT8

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ppsim.costs.choices import FP4_FORMAT
+
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
@@ -375,6 +377,17 @@ class Architecture:
         Engine; torchao's tensorwise Float8Linear), not the bf16 originals (torchao's
         rowwise, which quantizes them again in the backward and communicates in bf16)."""
         return bool(self.fp8) and not (self.torchtitan_fsdp and self.fp8_recipe == "rowwise")
+
+    @property
+    def nvfp4(self) -> bool:
+        """The quantized linears run in NVFP4 (--fp4-format), not FP8."""
+        return self.fp8 == FP4_FORMAT
+
+    @property
+    def quantized_kind(self) -> str:
+        """What the job line and the TUI headline call the linears' precision: "NVFP4",
+        "FP8", or "" in bf16."""
+        return ("NVFP4" if self.nvfp4 else "FP8") if self.fp8 else ""
 
     @property
     def learned_positions(self) -> bool:

@@ -51,7 +51,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ppsim.costs.arch import DTYPE_BYTES, Architecture
-from ppsim.costs.choices import FP4_RECIPE
 from ppsim.costs.ops import NVFP4_BYTES, Op
 from ppsim.costs.state import optimizer_shards
 
@@ -65,7 +64,7 @@ Blackwell's tensor cores run; Megatron's get_fp8_align_size: 32)."""
 def fp8_bytes(a: Architecture) -> float:
     """Bytes a quantized element takes kept or sent: an FP8 one, and under MXFP8 its share
     of its block's scale; under NVFP4 half a byte and its block's scale."""
-    if a.fp8_recipe == FP4_RECIPE:
+    if a.nvfp4:
         return NVFP4_BYTES
     return FP8_BYTES * (1 + 1 / MX_BLOCK) if a.fp8_recipe == "mxfp8" else FP8_BYTES
 
@@ -109,7 +108,7 @@ def fp8_ops(a: Architecture, ops: list[Op]) -> list[Op]:
     """A decoder layer's ops with its TE linears marked FP8 (unchanged without FP8)."""
     if not a.fp8:
         return ops
-    fp4 = a.fp8_recipe == FP4_RECIPE
+    fp4 = a.nvfp4
     return [replace(op, fp8=True, fp4=fp4) if op.params and op.name not in BF16_MATMULS
             else op for op in ops]
 

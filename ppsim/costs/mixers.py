@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape
-from ppsim.costs.choices import FP4_RECIPE
 from ppsim.costs.fp8 import MX_BLOCK, fp8_bytes, fp8_ops
 from ppsim.costs.layerops import (
     _mlp_ops,
@@ -86,7 +85,7 @@ def _fp8_aligned(a: Architecture, in_proj: int, layer: str, field: str) -> None:
     """Megatron's FP8 assertion on a mixer (MambaMixer, GatedDeltaNet): FP8 GEMMs take
     dimensions in multiples of 16 (32 under MXFP8)."""
     align = MX_BLOCK if a.fp8_recipe == "mxfp8" else FP8_ALIGN
-    if a.fp8 and a.fp8_recipe != FP4_RECIPE and in_proj % align:  # Megatron asserts FP8's
+    if a.fp8 and not a.nvfp4 and in_proj % align:  # Megatron asserts FP8's
         raise UserError(field, f"For FP8, the innermost dimension of the {layer} layer input "
                         f"projection output tensor must be a multiple of {align} (it is "
                         f"{in_proj})",

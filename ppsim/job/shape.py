@@ -12,7 +12,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim.config import limits, validate
-from ppsim.costs.choices import FP4_FORMAT
 from ppsim.costs.mixer_split import check_split
 from ppsim.errors import UserError
 from ppsim.job import deepep
@@ -121,7 +120,7 @@ def _precision_runs_here(a: Any, hardware: Any) -> None:
                         "(Blackwell; [hardware] mxfp8 = true), which this hardware's lack",
                         "use --fp8-recipe tensorwise or blockwise here, or --hardware "
                         "b200-180gb")
-    if a.fp8 == FP4_FORMAT and not getattr(hardware, "fp4_peak_tflops", 0.0):
+    if a.nvfp4 and not getattr(hardware, "fp4_peak_tflops", 0.0):
         raise UserError("model.fp8", "NVFP4 (--fp4-format e2m1) needs FP4 tensor cores "
                         "(Blackwell; [hardware] fp4_peak_tflops), which this hardware lacks",
                         "use --hardware b200-180gb or gb200-186gb, or train in FP8")
