@@ -16,6 +16,7 @@ a newer edit kills the job that runs; the child lives as long as the app.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import subprocess
@@ -217,7 +218,10 @@ class SimChild:
             proc.wait(5)
             for pipe in (proc.stdin, proc.stdout):
                 if pipe is not None:
-                    pipe.close()
+                    # a job cancelled mid-write leaves bytes that closing would flush
+                    # into the killed process: a BrokenPipeError, not the cancellation
+                    with contextlib.suppress(OSError):
+                        pipe.close()
 
 
 def child_for(owner: object) -> SimChild:

@@ -149,3 +149,20 @@ def test_a_cancelled_job_stops_and_the_next_one_runs(child) -> None:
     small = state_from_config(llama())
     assert child.evaluate(llama(), small, None).result.sim.summary == \
         evaluate_state(llama(), small).sim.summary
+
+
+def test_closing_after_a_cancel_mid_write_raises_nothing() -> None:
+    """A job cancelled while its frame was still in the pipe's buffer: closing the pipe
+    flushed it into the killed process and a BrokenPipeError reached the app where
+    ChildCancelled belonged (seen once in a full run)."""
+    import subprocess
+    import sys
+
+    from ppsim.tui.child import SimChild
+
+    child = SimChild()
+    child._proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    child._proc.stdin.write(b"x" * 100)  # buffered, not yet flushed
+    child.close()
+    assert child._proc is None
