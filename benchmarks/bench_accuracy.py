@@ -181,6 +181,26 @@ def report(rows: list[dict], calibrated_on: str | None) -> None:
               f"worst {max(every):.1%} (a case's row is its median trial)")
 
 
+def _record(rows: list[dict], dest: str) -> None:
+    """Keep the recorded cases' configs, cost files and traces in `dest` (traces/)."""
+    os.makedirs(dest, exist_ok=True)
+    for r in rows:
+        if r["name"] not in ("1f1b-5-3-m8", "interleaved-3-1-2-2-m8"):
+            continue
+        out = os.path.join(dest, r["name"])
+        os.makedirs(out, exist_ok=True)
+        cfg = load_config(r["config"])
+        shutil.copy(cfg.costs_file, os.path.join(out, "costs.json"))
+        cfg.costs_file = "costs.json"
+        with open(os.path.join(out, "config.toml"), "w") as fh:
+            fh.write(config_to_toml(cfg))
+        shutil.copy(r["real"], os.path.join(out, "real.json"))
+        shutil.copy(r["sim"], os.path.join(out, "sim.json"))
+        with open(os.path.join(out, "diff.json"), "w") as fh:
+            json.dump(r["diff"], fh, indent=1)
+    print(f"recorded traces in {dest}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--record", metavar="DIR", help="also keep configs and traces here")
@@ -226,22 +246,7 @@ def main() -> None:
         r["calibrated_ms"] = sim.summary.iteration_time_ms
     report(rows, CALIBRATE_ON)
     if args.record:
-        os.makedirs(args.record, exist_ok=True)
-        for r in rows:
-            if r["name"] not in ("1f1b-5-3-m8", "interleaved-3-1-2-2-m8"):
-                continue
-            out = os.path.join(args.record, r["name"])
-            os.makedirs(out, exist_ok=True)
-            cfg = load_config(r["config"])
-            shutil.copy(cfg.costs_file, os.path.join(out, "costs.json"))
-            cfg.costs_file = "costs.json"
-            with open(os.path.join(out, "config.toml"), "w") as fh:
-                fh.write(config_to_toml(cfg))
-            shutil.copy(r["real"], os.path.join(out, "real.json"))
-            shutil.copy(r["sim"], os.path.join(out, "sim.json"))
-            with open(os.path.join(out, "diff.json"), "w") as fh:
-                json.dump(r["diff"], fh, indent=1)
-        print(f"recorded traces in {args.record}")
+        _record(rows, args.record)
     shutil.rmtree(work, ignore_errors=True)
 
 

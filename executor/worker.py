@@ -143,6 +143,22 @@ def run(spec: RunSpec) -> dict[str, Any] | None:
     return result
 
 
+def _gather_parts(spec: RunSpec, recs: list[Recorder], rank: int,
+                  ctrl: Any) -> list[Any]:
+    """Each run's recorded part of this rank (written to the trace folder's parts/ when
+    there is one), gathered on rank 0 (None on the others)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    parts = []
+    for i, rec in enumerate(recs):
+        part = {"rank": rank, "events": rec.events, "peak_bytes": rec.peak_bytes,
+                "cores": cores}
+        if spec.trace_dir:
+            write_json_atomic(os.path.join(spec.trace_dir, *(["versus"] if i else []), "parts",
+                                           f"rank{rank}.json"), part)
+        parts.append(gather_json(part, ctrl))
+    return parts
+
+
 def _engine(spec: RunSpec, runs: list[Problem], builder: ModelBuilder, rank: int,
             device: torch.device, wire: torch.device, backend: str,
             ctrl: Any, replica: Replica, recompute: str) -> dict[str, Any] | None:
@@ -169,15 +185,7 @@ def _engine(spec: RunSpec, runs: list[Problem], builder: ModelBuilder, rank: int
     if spec.alongside_torch:
         peer = Peer(problem, builder, rank, device, spec, wire, recompute)
     losses, timed, peer_runs = _train(spec, rts, rank, ctrl, device, peer)
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    parts = []
-    for i, rec in enumerate(recs):
-        part = {"rank": rank, "events": rec.events, "peak_bytes": rec.peak_bytes,
-                "cores": cores}
-        if spec.trace_dir:
-            write_json_atomic(os.path.join(spec.trace_dir, *(["versus"] if i else []), "parts",
-                                           f"rank{rank}.json"), part)
-        parts.append(gather_json(part, ctrl))
+    parts = _gather_parts(spec, recs, rank, ctrl)
     if parts[0] is None:
         return None
     for got in parts:

@@ -49,7 +49,6 @@ def _checked(step: str, res: subprocess.CompletedProcess) -> str:
 def cmd_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-
     console = Console()
     validate.count("--rounds", args.rounds, lo=1, hi=20)
     validate.count("--iterations", args.iterations, lo=2, hi=1000)

@@ -21,7 +21,7 @@ from ppsim.config.model import TransformerModel
 from ppsim.config.schema import Config
 from ppsim.costs.costfile import PROFILE_REPEATS, cost_document, read_cost_file, write_costs
 from ppsim.errors import UserError
-from ppsim.trace.calibrate import ESTIMATORS, calibrate
+from ppsim.trace.calibrate import ESTIMATORS, Calibration, calibrate
 from ppsim.trace.schema import read_trace
 from ppsim.units import fmt_bytes
 
@@ -320,11 +320,19 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"out": args.out, **summary})
         return 0
+    _print_calibration(args, cal, summary)
+    sys.stdout.flush()
+    return 0
+
+
+def _print_calibration(args: argparse.Namespace, cal: Calibration,
+                       summary: dict[str, Any]) -> None:
+    """What `ppsim calibrate` found, for a person."""
     from rich.console import Console
     from rich.markup import escape
 
     c = Console()
-    f = cal.factors
+    f, before, after = cal.factors, summary["error_before"], summary["error_after"]
     c.print(f"calibrated on {escape(args.trace)}, iteration(s) {cal.iterations} (base: "
             f"{escape(summary['base'])})")
     c.print(f"scale factors ({cal.estimator} of measured / predicted): " + "  ".join(
@@ -340,11 +348,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     else:
         c.print("P2P: no transfer with a waiting receiver; kept the base latency")
     c.print(f"iteration time: measured {cal.measured_ms:.2f} ms (steady-state mean, compute "
-            f"span)   predicted before {cal.before_ms:.2f} ms ({err_before:+.1%})   after "
-            f"[bold]{cal.after_ms:.2f} ms ({err_after:+.1%})[/bold]")
+            f"span)   predicted before {cal.before_ms:.2f} ms ({before:+.1%})   after "
+            f"[bold]{cal.after_ms:.2f} ms ({after:+.1%})[/bold]")
     if cal.optimizer_ms is not None:
         c.print(f"(optimizer step {cal.optimizer_ms:.2f} ms per iteration, not simulated)")
     c.print(f"cost file written to {escape(args.out)} (use: ppsim simulate --costs "
             f"{escape(args.out)})")
-    sys.stdout.flush()
-    return 0

@@ -68,19 +68,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    "ppsim.executor.builders.gpt:build); a builder is code: naming one, "
                    "here or in a config, runs it (--print-launch loads none); see README "
                    "'Your own model'")
-    r.add_argument("--dp", type=int, metavar="N",
-                   help="data-parallel replicas of the pipeline: world = pp x dp "
-                   "(default: the model's dp, else 1)")
-    r.add_argument("--cp", "--context-parallel-size", dest="cp", type=int, metavar="N",
-                   help="context-parallel ranks of each replica: world = pp x dp x tp x cp "
-                   "(default: the model's cp; the traffic --cp-comm-type names, p2p unsaid)")
-    r.add_argument("--use-distributed-optimizer", dest="distributed_optimizer",
-                   action="store_true", default=None, help="with --dp: Megatron's "
-                   "distributed optimizer (gradients reduce-scattered, each replica stepping "
-                   "its shard, the weights all-gathered)")
-    r.add_argument("--fsdp", action="store_true", default=None, help="with --dp and pp >= 2: "
-                   "torchtitan's FSDP as it runs with pipeline parallelism (fp32 shards, the "
-                   "weights gathered and the gradients reduced once a step)")
+    _add_parallel_arguments(r)
     r.add_argument("--versus", metavar="N,N,...",
                    help="also run this split in the same processes, alternating iteration "
                    "by iteration with the run's own, so the machine's drift hits both "
@@ -97,6 +85,23 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--dump-grads", metavar="PREFIX", help=argparse.SUPPRESS)
     # Tests only: the faulty rank SIGKILLs itself instead of reporting (a silent death).
     r.add_argument("--fault-mode", choices=("raise", "kill"), help=argparse.SUPPRESS)
+
+
+def _add_parallel_arguments(r: argparse._ArgumentGroup) -> None:
+    """The run's data- and context-parallel flags (tp, ep come with the config flags)."""
+    r.add_argument("--dp", type=int, metavar="N",
+                   help="data-parallel replicas of the pipeline: world = pp x dp "
+                   "(default: the model's dp, else 1)")
+    r.add_argument("--cp", "--context-parallel-size", dest="cp", type=int, metavar="N",
+                   help="context-parallel ranks of each replica: world = pp x dp x tp x cp "
+                   "(default: the model's cp; the traffic --cp-comm-type names, p2p unsaid)")
+    r.add_argument("--use-distributed-optimizer", dest="distributed_optimizer",
+                   action="store_true", default=None, help="with --dp: Megatron's "
+                   "distributed optimizer (gradients reduce-scattered, each replica stepping "
+                   "its shard, the weights all-gathered)")
+    r.add_argument("--fsdp", action="store_true", default=None, help="with --dp and pp >= 2: "
+                   "torchtitan's FSDP as it runs with pipeline parallelism (fp32 shards, the "
+                   "weights gathered and the gradients reduced once a step)")
 
 
 def register(commands: dict[str, Any]) -> None:

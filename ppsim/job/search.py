@@ -249,6 +249,15 @@ def _with_split_of(r: ShapeResult, first: ShapeResult) -> ShapeResult:
                         policy_flags=r.policy_flags)
 
 
+def _check_search(cfg: Any, axes: frozenset[str]) -> None:
+    """A job search needs a transformer model and knows only JOB_AXES."""
+    if getattr(cfg.model, "arch", None) is None:
+        raise UserError("--gpus", "plans the job of a transformer model", "give --preset NAME")
+    unknown = sorted(axes - set(JOB_AXES))
+    if unknown:
+        raise ValueError(f"unknown job search axes {unknown}")
+
+
 def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
                budget_s: float = 60.0, policy: str = "",
                fixed: dict[str, int] | None = None,
@@ -262,11 +271,7 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
     holds some sizes (FIXABLE) where the user set them; `progress` is told each step;
     `shots`: plan long shots after the top shapes (ppsim.job.choice.long_shots)."""
     t0 = time.perf_counter()
-    if getattr(cfg.model, "arch", None) is None:
-        raise UserError("--gpus", "plans the job of a transformer model", "give --preset NAME")
-    unknown = sorted(axes - set(JOB_AXES))
-    if unknown:
-        raise ValueError(f"unknown job search axes {unknown}")
+    _check_search(cfg, axes)
     if policy:  # every shape from the lightest mode: recompute only adds time
         cfg = with_overrides(cfg, model={"recompute": "none"})
     todo = _candidates(cfg, gpus, gbs, fixed, axes)

@@ -236,6 +236,18 @@ def fit_factors(timings: list[OpTiming], predicted: dict[tuple[str, int], float]
     return body, head
 
 
+def _link_from_delay(hw: Hardware, delay: float, nbytes: float) -> Hardware:
+    """`hw` with the P2P link that delivers a message of `nbytes` in `delay` ms. One
+    message size only, so only the total delay is known: keep the bandwidth and let
+    latency take the rest, or if the bytes alone already take longer than the delay seen,
+    drop the latency and raise the bandwidth to match it."""
+    bw_ms = wire_ms(hw.p2p_bandwidth_gbps, nbytes)
+    if delay >= bw_ms:
+        return replace(hw, p2p_latency_ms=delay - bw_ms)
+    return replace(hw, p2p_latency_ms=0.0,
+                   p2p_bandwidth_gbps=nbytes / delay / 1e6 if delay > 0 else 0.0)
+
+
 def calibrate(trace: Trace, cfg: Config, how: str = "mean") -> Calibration:
     """Fit per-kind scale factors (and the P2P delay) of cfg's cost model to a trace."""
 
@@ -276,18 +288,7 @@ def calibrate(trace: Trace, cfg: Config, how: str = "mean") -> Calibration:
                        head=_scale(base.head, hf, hb, hw_), kinds=base.kinds,
                        mtp_layers=base.mtp_layers, tied=base.tied)
     delay = statistics.median(delays) if delays else None
-    new_hw = hw
-    if delay is not None:
-        # One message size only, so only the total delay is known: keep the bandwidth
-        # and let latency take the rest, or if the bytes alone already take longer than
-        # the delay seen, drop the latency and raise the bandwidth to match it.
-        nbytes = costs.hidden_bytes
-        bw_ms = wire_ms(hw.p2p_bandwidth_gbps, nbytes)
-        if delay >= bw_ms:
-            new_hw = replace(hw, p2p_latency_ms=delay - bw_ms)
-        else:
-            new_hw = replace(hw, p2p_latency_ms=0.0,
-                             p2p_bandwidth_gbps=nbytes / delay / 1e6 if delay > 0 else 0.0)
+    new_hw = hw if delay is None else _link_from_delay(hw, delay, costs.hidden_bytes)
     after = Problem(costs, split, schedule, new_hw)
     opt = [trace.optimizer_ms[it] for it in its if it in trace.optimizer_ms]
     return Calibration(
