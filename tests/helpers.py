@@ -266,3 +266,12 @@ def diff_with_simulation(run: Any, costs: Path, tmp_path: Path) -> dict[str, Any
     assert code == 0, err
     return json.loads(out)
 
+
+JOB_ARGS = ["--preset", "llama3-8b", "--num-layers", "8", "--hardware", "h100-80gb",
+            "--gpus", "16", "--global-batch-size", "32", "--time-budget", "8"]
+"""Llama-3-8B cut to 8 layers on 16 H100s, global batch 32: a job search of seconds."""
+
+TIGHT_JOB = ["plan", "--preset", "llama3-8b", "--num-layers", "8", "--hardware", "h100-80gb",
+             "--gpus", "16", "--global-batch-size", "32", "--time-budget", "8", "--top", "3",
+             "--memory-gb", "4", "--json"]
+"""A job whose shapes fit 4 GB only with more recompute than the preset's selective."""
