@@ -33,6 +33,7 @@ import sys
 import tempfile
 
 from ppsim.config.schema import config_to_toml, load_config
+from ppsim.fileio import write_bytes_atomic, write_text_atomic
 from ppsim.pipeline.problem import build_problem
 from ppsim.sim.simulate import simulate
 from ppsim.trace.diff import diff_traces
@@ -182,22 +183,27 @@ def report(rows: list[dict], calibrated_on: str | None) -> None:
 
 
 def _record(rows: list[dict], dest: str) -> None:
-    """Keep the recorded cases' configs, cost files and traces in `dest` (traces/)."""
+    """Keep the recorded cases' configs, cost files and traces in `dest` (traces/), each
+    file written whole or not at all."""
     os.makedirs(dest, exist_ok=True)
+
+    def keep(src: str, out: str, name: str) -> None:
+        with open(src, "rb") as fh:
+            write_bytes_atomic(os.path.join(out, name), fh.read(), force=True)
+
     for r in rows:
         if r["name"] not in ("1f1b-5-3-m8", "interleaved-3-1-2-2-m8"):
             continue
         out = os.path.join(dest, r["name"])
         os.makedirs(out, exist_ok=True)
         cfg = load_config(r["config"])
-        shutil.copy(cfg.costs_file, os.path.join(out, "costs.json"))
+        keep(cfg.costs_file, out, "costs.json")
         cfg.costs_file = "costs.json"
-        with open(os.path.join(out, "config.toml"), "w") as fh:
-            fh.write(config_to_toml(cfg))
-        shutil.copy(r["real"], os.path.join(out, "real.json"))
-        shutil.copy(r["sim"], os.path.join(out, "sim.json"))
-        with open(os.path.join(out, "diff.json"), "w") as fh:
-            json.dump(r["diff"], fh, indent=1)
+        write_text_atomic(os.path.join(out, "config.toml"), config_to_toml(cfg), force=True)
+        keep(r["real"], out, "real.json")
+        keep(r["sim"], out, "sim.json")
+        write_text_atomic(os.path.join(out, "diff.json"), json.dumps(r["diff"], indent=1),
+                          force=True)
     print(f"recorded traces in {dest}")
 
 
