@@ -16,4 +16,6 @@ class UserError(ValueError):
         if fix:
             msg += f" ({fix})"
         # One line, no terminal escapes: user-supplied names may hold control characters.
-        super().__init__("".join(c if c.isprintable() else repr(c)[1:-1] for c in msg))
+        # (A search refuses thousands of shapes: most messages are printable already.)
+        super().__init__(msg if msg.isprintable() else
+                         "".join(c if c.isprintable() else repr(c)[1:-1] for c in msg))

@@ -481,8 +481,10 @@ def launch(name: str, tmp: Path) -> Launch:
 
 
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed.run", "torch.distributed.pipelining",
-           "ppsim.cli.main", "ppsim.cli.run", "ppsim.executor.worker")
-"""What every launch imports (torch's checkpoint and pipelining import torch._dynamo)."""
+           "ppsim.cli.main", "ppsim.cli.run", "ppsim.executor.worker", "rich.console",
+           "rich.progress", "encodings.idna")
+"""What every launch imports (torch's checkpoint and pipelining import torch._dynamo;
+`ppsim run` its progress display, and the rendezvous the idna codec)."""
 
 
 class Pool:
