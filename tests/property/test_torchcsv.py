@@ -23,7 +23,12 @@ from ppsim.schedules.generators import SCHEDULES, build_schedule
 from ppsim.schedules.torchcsv import load_actions_csv, parse_actions_csv, to_torch_csv
 
 torch = pytest.importorskip("torch")
-ts = pytest.importorskip("torch.distributed.pipelining.schedules")
+
+
+def _torch_schedules():
+    """torch's pipelining schedules, imported when a test runs: the import takes ~3 s of
+    CPU, which every test worker would pay at collection."""
+    return pytest.importorskip("torch.distributed.pipelining.schedules")
 
 
 def _stages(pp: int, vpp: int) -> list:
@@ -67,7 +72,7 @@ def test_every_schedule_round_trips_through_torchs_load_csv(tmp_path, shape):
     ours = build_schedule(name, pp, vpp, m)
     path = tmp_path / "order.csv"
     path.write_text(to_torch_csv(ours))
-    runtime = ts._PipelineScheduleRuntime(_stages(pp, vpp), m)
+    runtime = _torch_schedules()._PipelineScheduleRuntime(_stages(pp, vpp), m)
     runtime._load_csv(str(path))  # torch validates it and adds its send/recv actions
     for fmt in ("compute_only", "compute_comms"):
         back = parse_actions_csv(torch_dump(runtime, tmp_path / f"{fmt}.csv", fmt), pp, vpp, m)
@@ -92,7 +97,7 @@ def test_a_streamed_file_reads_as_its_text(tmp_path, shape, newline, bom):
 
 
 def _torch_order(name: str, pp: int, vpp: int, m: int):
-    return getattr(ts, TORCH_CLASSES[name])(_stages(pp, vpp), m)
+    return getattr(_torch_schedules(), TORCH_CLASSES[name])(_stages(pp, vpp), m)
 
 
 @pytest.mark.parametrize("name", list(TORCH_CLASSES))
@@ -179,7 +184,7 @@ def test_schedule_command_writes_what_torch_loads(tmp_path, capsys):
     assert doc["rule"].startswith("torch's rule") is False and "groups of 6" in doc["rule"]
     ours = build_schedule("interleaved-zb", 4, 2, 6)
     assert out.read_bytes() == to_torch_csv(ours).encode()  # byte for byte, \r\n as torch
-    runtime = ts._PipelineScheduleRuntime(_stages(4, 2), 6)
+    runtime = _torch_schedules()._PipelineScheduleRuntime(_stages(4, 2), 6)
     runtime._load_csv(str(out))
     assert load_actions_csv(str(out), 4, 2, 6).actions == ours.actions
 

@@ -144,11 +144,11 @@ def test_megatron_refuses_pp1_with_vpp(capsys):
 
 # ---------------------------------------------------------------- DualPipeV cells (defect 5)
 
-torch = pytest.importorskip("torch")
-ts = pytest.importorskip("torch.distributed.pipelining.schedules")
-
-
 def _torch_dualpipev_csv(tmp_path, pp, m):
+    # Imported here, not at collection: torch's pipelining takes ~3 s of CPU to import,
+    # which every test worker would pay.
+    torch = pytest.importorskip("torch")
+    ts = pytest.importorskip("torch.distributed.pipelining.schedules")
     stages = [types.SimpleNamespace(group_size=pp, group_rank=0, num_stages=2 * pp,
                                     stage_index=i, submod=torch.nn.Identity(),
                                     is_first=i == 0, is_last=i == 2 * pp - 1)
