@@ -99,6 +99,12 @@ def key(stage: int, microbatch: int, backward: bool, microbatches: int) -> int:
     return (stage * microbatches + microbatch) * 2 + int(backward)
 
 
+def key_count(stages: int, microbatches: int) -> int:
+    """How many keys `key` gives a schedule of `stages` stages: an engine holds the
+    messages in a list of that length."""
+    return 2 * stages * microbatches
+
+
 def stage_keys(stage: int, backward: bool, microbatches: int) -> range:
     """key(stage, i, backward, microbatches) for every microbatch i: engines index it per
     op instead of computing each key."""

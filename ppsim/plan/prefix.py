@@ -27,6 +27,7 @@ class _Sub(NamedTuple):
     kind: list[tuple[str, ...]]
     wait_key: list[tuple[int, ...]]
     send_key: list[tuple[int, ...]]
+    messages: int
 
 
 class PlacedOps(NamedTuple):
@@ -66,7 +67,7 @@ def placed_ops(s: SplitSearch, k: int) -> PlacedOps:
         slots.append(sl_)
         delays.append(dl_)
         trips.append(tr_)
-    return PlacedOps(_Sub(kinds, waits, sends), slots, delays, trips)
+    return PlacedOps(_Sub(kinds, waits, sends, s.compiled.messages), slots, delays, trips)
 
 
 class PrefixTimes:

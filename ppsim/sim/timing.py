@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ppsim.costs.model import StageCost
-from ppsim.pipeline.messages import wiring
+from ppsim.pipeline.messages import key_count, wiring
 from ppsim.schedules.generators import B, F, Schedule, W
 from ppsim.sim.copies import resident_bytes
 
@@ -32,6 +32,11 @@ class CompiledSchedule:
     """Stage whose output_bytes size the message (the boundary it crosses)."""
     send_rank: tuple[tuple[int, ...], ...]
     """Receiving rank, or -1."""
+
+    @property
+    def messages(self) -> int:
+        """The number of message keys (each key is below it)."""
+        return key_count(self.schedule.num_stages, self.schedule.microbatches)
 
 
 def compile_schedule(s: Schedule) -> CompiledSchedule:

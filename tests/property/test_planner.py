@@ -246,8 +246,10 @@ def _prefix_time_by_hand(paths: PathBounds, counts: list[int]) -> float:
             else (x.weight_grad_ms if s.split_bw else 0.0)
             for x, (_, kd, *_) in zip(c, rows, strict=True)])
 
+    count = messages.key_count(s.sched.num_stages, s.m)
+
     class Sub:  # what list_schedule reads of a compiled schedule
-        kind, wait_key, send_key = kinds, waits, sends
+        kind, wait_key, send_key, messages = kinds, waits, sends, count
 
     _, ends = list_schedule(Sub, durations, delays)  # type: ignore[arg-type]
     return max((e[-1] for e in ends if e), default=0.0) * ROUNDING
