@@ -95,7 +95,7 @@ def awaits(action: Op, num_stages: int) -> Message | None:
 
 def key(stage: int, microbatch: int, backward: bool, microbatches: int) -> int:
     """The one message identity: the message feeding (stage, microbatch) in one direction.
-    Distinct for distinct messages, >= 0, below 2 * stages * microbatches."""
+    Distinct for distinct messages, >= 0, below key_count(stages, microbatches)."""
     return (stage * microbatches + microbatch) * 2 + int(backward)
 
 

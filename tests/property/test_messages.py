@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppsim.pipeline import messages
-from ppsim.pipeline.messages import Message, awaits, delay_ms, feeds, key, stage_keys
+from ppsim.pipeline.messages import Message, awaits, delay_ms, feeds, key, key_count, stage_keys
 from ppsim.pipeline.placement import LinkSpec
 from ppsim.pipeline.problem import Hardware
 from ppsim.schedules.actions import dependencies
@@ -99,12 +99,13 @@ def test_every_wait_has_exactly_one_send_with_a_unique_key_on_the_right_rank(sha
         (src, i), = senders[k]
         assert c.send_rank[src][i] == r  # the message goes to the rank that waits for it
         assert 0 <= k < 2 * s.num_stages * s.microbatches
+        assert k < c.messages  # the list list_schedule holds arrivals in is long enough
 
 
 @given(st.integers(1, 40), st.integers(1, 40))
 def test_keys_name_every_message_once(n, m):
     keys = [key(s, i, b, m) for s in range(n) for i in range(m) for b in (False, True)]
-    assert len(set(keys)) == len(keys) == 2 * n * m
+    assert len(set(keys)) == len(keys) == 2 * n * m == key_count(n, m)
     assert min(keys) == 0 and max(keys) == 2 * n * m - 1
     for s in range(n):
         for b in (False, True):
