@@ -69,11 +69,6 @@ def fp8_bytes(a: Architecture) -> float:
     return FP8_BYTES * (1 + 1 / MX_BLOCK) if a.fp8_recipe == "mxfp8" else FP8_BYTES
 
 
-def quantized_bytes(op: Op, dtype_bytes: int) -> float:
-    """Bytes an element of a matmul's operand takes as the matmul keeps it."""
-    return NVFP4_BYTES if op.fp4 else FP8_BYTES if op.fp8 else dtype_bytes
-
-
 BF16_MATMULS = ("router",)
 """Weight matmuls of a decoder layer that are not TE linears."""
 FP8_INPUTS = ("norm1.out", "q_norm.out", "kv_norm.out", "q_up.in", "kv_up.in", "norm2.out",

@@ -19,10 +19,10 @@ from typing import Any
 from ppsim.costs.arch import DTYPE_BYTES, Architecture, AttentionShape, attention_shape
 from ppsim.costs.choices import ATTENTION, NORMS, POSITIONS, RECOMPUTE
 from ppsim.costs.fp8 import (
+    fp8_bytes,
     fp8_layers,
     fp8_weight_bytes,
     layer_precision,
-    quantized_bytes,
     saved_weight_bytes,
     transposed_weight_bytes,
 )
@@ -179,8 +179,8 @@ def _kind_work(a: Architecture, acc: Accelerator, kind: str,
         if repeated:  # the recomputed modules' forward ops run again inside the backward
             bi += piece_times(roof, [op for op in ops if op.name in repeated])[0]
             bi += a2a if "a2a" in repeated else 0.0
-    w_keep = min(act, weight_grad_bytes(ops, DTYPE_BYTES[a.dtype], inputs=True)) \
-        + weight_grad_bytes(ops, DTYPE_BYTES[a.dtype], inputs=False)
+    w_keep = min(act, weight_grad_bytes(a, ops, inputs=True)) \
+        + weight_grad_bytes(a, ops, inputs=False)
     held = held_params(a, kind)
     cost = LayerCost(forward_ms=f, backward_ms=bi + bw, weight_grad_ms=bw,
                      activation_bytes=act, weight_grad_bytes=w_keep, transient_bytes=transient,
@@ -189,13 +189,14 @@ def _kind_work(a: Architecture, acc: Accelerator, kind: str,
     return _KindWork(cost=cost, fp8_weight_bytes=fp8_weight_bytes(a, ops))
 
 
-def weight_grad_bytes(ops: list[Op], dtype_bytes: int, inputs: bool) -> int:
+def weight_grad_bytes(a: Architecture, ops: list[Op], inputs: bool) -> int:
     """ZB: what W still needs after B, per weight matmul: its input (`inputs`) or the
     gradient of its output B computed (the rest of what the forward kept is freed).
-    Zero-bubble's WeightGradStore queues both with each deferred matmul (an FP8
-    matmul's quantized copies)."""
+    Zero-bubble's WeightGradStore queues both with each deferred matmul (a quantized
+    matmul's quantized copies, at fp8_bytes an element)."""
+    quantized, plain = fp8_bytes(a), DTYPE_BYTES[a.dtype]
     return int(sum(op.shape[0] * (op.shape[2] if inputs else op.shape[1])
-                   * quantized_bytes(op, dtype_bytes) for op in ops if op.params))
+                   * (quantized if op.fp8 else plain) for op in ops if op.params))
 
 
 def _head_cost(a: Architecture, acc: Accelerator) -> LayerCost:
@@ -204,7 +205,7 @@ def _head_cost(a: Architecture, acc: Accelerator) -> LayerCost:
     f, bi, bw = piece_times(acc.roofline(), ops)
     norm = h * (1 if a.rmsnorm else 2)
     # W keeps the vocabulary projection's input and its logits' gradient.
-    w_keep = sum(weight_grad_bytes(ops, DTYPE_BYTES[a.dtype], inputs) for inputs in (True, False))
+    w_keep = sum(weight_grad_bytes(a, ops, inputs) for inputs in (True, False))
     return LayerCost(forward_ms=f, backward_ms=bi + bw, weight_grad_ms=bw,
                      static_bytes=int((padded_vocab(a) * h / t + norm) * bytes_per_param(a)),
                      activation_bytes=head_activation_bytes(a), weight_grad_bytes=w_keep,

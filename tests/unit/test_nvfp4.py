@@ -200,3 +200,25 @@ def test_the_tui_headline_names_the_precision(tmp_path, precision: str, said: st
     cfg = load_config(str(path))
     shown = throughput_text(evaluate_state(cfg, state_from_config(cfg)))
     assert shown.split("  ")[-1] == said, shown
+
+
+@pytest.mark.parametrize(("precision", "element"), [
+    ({}, 2.0),
+    ({"fp8": "e4m3", "fp8_recipe": "tensorwise"}, 1.0),
+    ({"fp8": "e4m3", "fp8_recipe": "mxfp8"}, 1 + 1 / 32),  # was 1: MXFP8's scales left out
+    ({"fp8": "e2m1", "fp8_recipe": "nvfp4"}, ELEMENT),
+])
+def test_zero_bubbles_deferred_weight_gradients_keep_each_formats_copies(
+        precision: dict, element: float) -> None:
+    """W still needs each linear's input and its output's gradient (tokens x k and tokens
+    x n), in the format the matmul quantized them to: one rule with what the forward
+    keeps (fp8_bytes), MXFP8's block scales included."""
+    from ppsim.costs.transformer import weight_grad_bytes
+
+    a = replace(GPT, **precision)
+    ops = layer_ops(a, "dense")
+    tokens, h, f = 2048, 1024, 4096
+    inputs = tokens * (h + h + h + f)  # qkv, the projection, fc1, fc2: their k
+    grads = tokens * (3 * h + h + f + h)  # their n
+    assert weight_grad_bytes(a, ops, inputs=True) == pytest.approx(element * inputs, abs=1)
+    assert weight_grad_bytes(a, ops, inputs=False) == pytest.approx(element * grads, abs=1)
