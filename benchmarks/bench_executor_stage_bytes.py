@@ -30,7 +30,7 @@ POLICIES = {"mla-1f1b": "--recompute-modules mla_up_proj,layernorm --offload-mod
 MLA_TOML = ('[model]\npreset = "tiny-gpt"\ngated_mlp = true\nnorm = "rmsnorm"\n'
             'position = "rotary"\nattention = "mla"\nq_lora_rank = 32\nkv_lora_rank = 24\n'
             'qk_rope_head_dim = 8\nhead_dim = 16\nv_head_dim = 12\n')
-"""tests/e2e/launches.py's MLA launch: tiny-gpt with DeepSeek's latent attention."""
+"""tests/e2e/launch_cases.py's MLA launch: tiny-gpt with DeepSeek's latent attention."""
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tests" / "e2e")]
 from bench_dp_profile import ppsim  # noqa: E402  (the CLI in a process, one thread)
-from launches import MOE_TOML  # noqa: E402  (the tests' MoE, as `simulate` and `run` read it)
+from launch_cases import MOE_TOML  # noqa: E402  (the tests' MoE, as `simulate` and `run` read it)
 
 PIPELINE = ["--schedule", "1f1b", "--pp", "2", "--microbatches", "4"]
 CASES = {"ep 2 over dp 2": ("ep = 2\n", ["--dp", "2"]),

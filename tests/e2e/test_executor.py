@@ -25,14 +25,15 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from helpers import between_ops_peaks  # noqa: E402
-from launches import EXECUTOR, ONE_F_ONE_B, ROOT, SPECS, Forked, Pool  # noqa: E402
+from launch_cases import EXECUTOR, ONE_F_ONE_B, SPECS  # noqa: E402
+from launches import ROOT, Forked, Pool  # noqa: E402
 
 from ppsim.cli.flags import config_from_args
 from ppsim.cli.main import main
 from ppsim.cli.run import add_run_arguments, load_problem  # noqa: E402
 from ppsim.executor.builders import builder_spec, load_builder  # noqa: E402
 from ppsim.executor.reference import reference_step  # noqa: E402
-from ppsim.trace.schema import read_trace  # noqa: E402
+from ppsim.trace.read import read_trace  # noqa: E402
 
 CASES = list(EXECUTOR)
 pytestmark = pytest.mark.e2e

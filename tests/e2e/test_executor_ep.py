@@ -19,7 +19,8 @@ from helpers import (  # noqa: E402
     diff_with_simulation,
     run_main,
 )
-from launches import MOE_TOML, Pool  # noqa: E402
+from launch_cases import MOE_TOML  # noqa: E402
+from launches import Pool  # noqa: E402
 
 from ppsim.cli.flags import config_from_args  # noqa: E402
 from ppsim.cli.run import add_run_arguments, load_problem  # noqa: E402

@@ -25,7 +25,7 @@ from ppsim.cli.flags import config_from_args  # noqa: E402
 from ppsim.cli.run import add_run_arguments, load_problem  # noqa: E402
 from ppsim.executor.builders import builder_spec, load_builder  # noqa: E402
 from ppsim.executor.reference import reference_step  # noqa: E402
-from ppsim.trace.schema import read_trace  # noqa: E402
+from ppsim.trace.read import read_trace  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 TP = 2

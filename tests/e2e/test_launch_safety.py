@@ -20,7 +20,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from launches import SMALL, Pool  # noqa: E402
+from launch_cases import SMALL  # noqa: E402
+from launches import Pool  # noqa: E402
 
 from ppsim.cli.main import main
 from ppsim.errors import UserError  # noqa: E402

@@ -12,7 +12,7 @@ from helpers import between_ops_peaks
 
 pytest.importorskip("torch")
 
-from launches import (  # noqa: E402
+from launch_cases import (  # noqa: E402
     HYBRID_HALVES,
     HYBRID_POLICY,
     INTERLEAVED,
@@ -23,9 +23,9 @@ from launches import (  # noqa: E402
     NORM_POLICY,
     ONE_F_ONE_B,
     POLICY,
-    Pool,
     V,
 )
+from launches import Pool  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 CASES = {"1f1b-policy": ONE_F_ONE_B, "interleaved-policy": INTERLEAVED,

@@ -17,7 +17,7 @@ from ppsim.cli.main import main
 from ppsim.config.model import parse_model
 from ppsim.costs.costfile import load_costs, read_cost_file  # noqa: E402
 from ppsim.costs.mixers import mixer_params
-from ppsim.trace.schema import read_trace  # noqa: E402
+from ppsim.trace.read import read_trace  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
