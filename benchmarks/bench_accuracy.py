@@ -37,7 +37,8 @@ from ppsim.fileio import write_bytes_atomic, write_text_atomic
 from ppsim.pipeline.problem import build_problem
 from ppsim.sim.simulate import simulate
 from ppsim.trace.diff import diff_traces
-from ppsim.trace.schema import read_trace, simulation_trace, write_trace
+from ppsim.trace.read import read_trace
+from ppsim.trace.schema import simulation_trace, write_trace
 
 # (name, schedule, vpp, split, microbatches)
 CASES = [

@@ -96,7 +96,7 @@ def main() -> None:
                              "tid": 0, "ts": float(i), "dur": 1.0,
                              "args": {"kind": "F", "stage": i % 8, "chunk": 0,
                                       "microbatch": i // 8}} for i in range(1_000_000)), {})
-        s, mb, code = _timed([*PY, "-c", "from ppsim.trace.schema import read_trace; "
+        s, mb, code = _timed([*PY, "-c", "from ppsim.trace.read import read_trace; "
                               f"read_trace({big!r})"])
         print(f"read a trace of 1M compute events ({os.path.getsize(big) / 1e6:.0f} MB): "
               f"{s:.2f} s, {mb:.0f} MB, exit {code}")

@@ -35,7 +35,8 @@ from dataclasses import replace
 from ppsim.config.schema import load_config
 from ppsim.pipeline.problem import build_problem
 from ppsim.sim.simulate import simulate
-from ppsim.trace.schema import Trace, read_trace, simulation_trace, trace_from_json
+from ppsim.trace.read import Trace, read_trace, trace_from_json
+from ppsim.trace.schema import simulation_trace
 
 Key = tuple[int, str]
 """(rank, kind)."""

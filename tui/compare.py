@@ -14,7 +14,8 @@ from typing import Any, NamedTuple
 
 from ppsim.errors import UserError
 from ppsim.trace.diff import diff_traces, steady_iteration
-from ppsim.trace.schema import simulation_trace, trace_from_json
+from ppsim.trace.read import trace_from_json
+from ppsim.trace.schema import simulation_trace
 from ppsim.tui.text import counts_text
 from ppsim.units import fmt_bytes
 

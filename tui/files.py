@@ -20,7 +20,7 @@ from ppsim.pipeline.problem import hybrid_pattern
 from ppsim.policy.costs import Fixed
 from ppsim.policy.megatron import PolicyExport
 from ppsim.policy.report import policy_flags
-from ppsim.trace.schema import read_trace
+from ppsim.trace.read import read_trace
 from ppsim.tui.exports import export_text
 from ppsim.tui.screens import ConfirmQuit, PathPrompt
 from ppsim.tui.session import config_for

@@ -30,7 +30,8 @@ from ppsim.pipeline.split import even_counts
 from ppsim.plan.planner import plan
 from ppsim.sim.simulate import simulate
 from ppsim.trace.diff import diff_traces
-from ppsim.trace.schema import read_trace, simulation_trace, write_trace
+from ppsim.trace.read import read_trace
+from ppsim.trace.schema import simulation_trace, write_trace
 
 
 def _ppsim(*args: str) -> subprocess.CompletedProcess:

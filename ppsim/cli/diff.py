@@ -12,7 +12,7 @@ from ppsim.config.files import output
 from ppsim.errors import UserError
 from ppsim.job.throughput import Throughput, from_info, line, trace_throughput
 from ppsim.trace.diff import Window, diff_traces
-from ppsim.trace.schema import read_trace
+from ppsim.trace.read import read_trace
 from ppsim.units import fmt_bytes
 
 

@@ -22,7 +22,7 @@ from ppsim.config.schema import Config
 from ppsim.costs.costfile import PROFILE_REPEATS, cost_document, read_cost_file, write_costs
 from ppsim.errors import UserError
 from ppsim.trace.calibrate import ESTIMATORS, Calibration, calibrate
-from ppsim.trace.schema import read_trace
+from ppsim.trace.read import read_trace
 from ppsim.units import fmt_bytes
 
 PROFILE_HELP = "measure per-layer F/B/W time, bytes and P2P on this machine; write a cost file"

@@ -16,7 +16,7 @@ from ppsim.config.overrides import with_split
 from ppsim.config.schema import SPLIT_KEYS
 from ppsim.errors import UserError
 from ppsim.pipeline.problem import build_problem
-from ppsim.trace.schema import read_trace
+from ppsim.trace.read import read_trace
 from ppsim.tui.session import config_for, state_from_config
 
 

@@ -18,7 +18,7 @@ from ppsim.pipeline.problem import Hardware, Problem, hardware, model_costs
 from ppsim.pipeline.split import split_from_counts
 from ppsim.schedules.generators import Action, Schedule, validate
 from ppsim.sim.simulate import simulate
-from ppsim.trace.schema import Trace, TraceOp
+from ppsim.trace.read import Trace, TraceOp
 
 
 @dataclass(frozen=True)

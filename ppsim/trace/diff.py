@@ -23,7 +23,7 @@ from typing import Any
 from ppsim.errors import UserError
 from ppsim.sim.summary import bubble_fraction, busy_ms
 from ppsim.trace.collectives import TraceCollective, collective_rows
-from ppsim.trace.schema import Trace, TraceOp
+from ppsim.trace.read import Trace, TraceOp
 
 Key = tuple[int, int, int, str]
 

@@ -364,7 +364,7 @@ def sim_trace() -> tuple[dict, Any]:
 def test_trace_fuzz_diff_and_calibrate_fail_only_with_user_errors(sim_trace, edits, info):
     from ppsim.trace.calibrate import calibrate
     from ppsim.trace.diff import diff_traces
-    from ppsim.trace.schema import trace_from_json
+    from ppsim.trace.read import trace_from_json
 
     doc, cfg = sim_trace
     bad = json.loads(json.dumps(doc))

@@ -432,7 +432,7 @@ RECORDED = sorted((Path(__file__).parents[2] / "traces").glob("*/real.json"))
 @pytest.mark.parametrize("path", RECORDED[:2], ids=lambda p: p.parent.name)
 async def test_recorded_traces_load_beside_the_simulation(path: Path) -> None:
     """A real trace from traces/, opened on the config it was recorded with."""
-    from ppsim.trace.schema import read_trace
+    from ppsim.trace.read import read_trace
 
     trace = read_trace(str(path))
     info = trace.info

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 import ppsim.tui.child
 from ppsim.config.overrides import with_overrides
 from ppsim.config.schema import load_config
-from ppsim.trace.schema import simulation_trace, trace_from_json
+from ppsim.trace.read import trace_from_json
+from ppsim.trace.schema import simulation_trace
 from ppsim.tui.app import PPSimApp
 from ppsim.tui.child import SimChild, evaluate_views, uses_child
 from ppsim.tui.headline import headline_text

@@ -273,7 +273,7 @@ def test_compare_falls_back_when_shapes_differ(tmp_path) -> None:
     from contextlib import redirect_stdout
 
     from ppsim.cli.main import main
-    from ppsim.trace.schema import read_trace
+    from ppsim.trace.read import read_trace
     from ppsim.tui.compare import compare
 
     path = tmp_path / "pp4.json"

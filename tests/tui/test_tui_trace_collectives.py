@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ppsim.cli.main import main
-from ppsim.trace.schema import read_trace
+from ppsim.trace.read import read_trace
 from ppsim.tui.app import PPSimApp
 from ppsim.tui.comm_lanes import trace_comm_lanes
 from ppsim.tui.testing import settle

@@ -77,7 +77,7 @@ def test_split_json_megatron_example(capsys):
 
 
 def test_trace_is_written_and_readable(cfg_file, tmp_path, capsys):
-    from ppsim.trace.schema import read_trace
+    from ppsim.trace.read import read_trace
 
     out = tmp_path / "t.json"
     assert main(["simulate", "--config", cfg_file, "--trace", str(out)]) == 0

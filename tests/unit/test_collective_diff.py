@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from ppsim.cli.main import main
 from ppsim.trace.collectives import TraceCollective, collective_rows
-from ppsim.trace.schema import read_trace
+from ppsim.trace.read import read_trace
 
 
 def _c(rank: int, op: str, mb: int, group: str, ms: float, iteration: int = 0

@@ -17,7 +17,7 @@ from ppsim.costs.costfile import cost_document, load_costs, read_cost_file, writ
 from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.pipeline.problem import Hardware, build_problem, model_costs
 from ppsim.sim.simulate import simulate
-from ppsim.trace.schema import read_trace
+from ppsim.trace.read import read_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT = load_config(None)

@@ -11,7 +11,8 @@ from helpers import uniform_problem
 from ppsim.cli.main import main
 from ppsim.sim.simulate import simulate
 from ppsim.trace.diff import diff_traces
-from ppsim.trace.schema import simulation_trace, trace_from_json
+from ppsim.trace.read import trace_from_json
+from ppsim.trace.schema import simulation_trace
 
 
 @pytest.fixture

@@ -27,7 +27,8 @@ from ppsim.cli.main import main
 from ppsim.config.schema import _toml_value, config_to_toml, load_config
 from ppsim.sim.simulate import simulate
 from ppsim.trace.diff import critical_path, window
-from ppsim.trace.schema import simulation_trace, trace_from_json
+from ppsim.trace.read import trace_from_json
+from ppsim.trace.schema import simulation_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ import pytest
 
 from ppsim.cli.main import main
 from ppsim.trace.calibrate import by_iteration, op_timings, schedule_from_trace
-from ppsim.trace.schema import trace_from_json
+from ppsim.trace.read import trace_from_json
 
 MTP = '[model]\npreset = "tiny-gpt"\nmtp_layers = 1\n'
 

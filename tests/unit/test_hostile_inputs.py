@@ -225,7 +225,7 @@ def test_streamed_trace_reader_refuses_malformed_documents(tmp_path, capsys, tex
 
 
 def test_streamed_trace_reads_what_json_loads_reads(tmp_path, sim_doc) -> None:
-    from ppsim.trace.schema import read_trace, trace_from_json
+    from ppsim.trace.read import read_trace, trace_from_json
 
     # Key order and whitespace differ from ppsim's own writer: otherData first, indented.
     path = tmp_path / "indented.json"
@@ -284,7 +284,7 @@ def test_streamed_trace_reads_alike_whatever_the_chunk_size(tmp_path, sim_doc,
     from hypothesis import strategies as st
 
     from ppsim.trace import stream
-    from ppsim.trace.schema import read_trace, trace_from_json
+    from ppsim.trace.read import read_trace, trace_from_json
 
     expected = trace_from_json(sim_doc, "t")
     path = tmp_path / "t.json"

@@ -16,7 +16,8 @@ from ppsim.cli.main import main
 from ppsim.config.schema import config_from_dict
 from ppsim.pipeline.problem import build_problem
 from ppsim.sim.simulate import simulate
-from ppsim.trace.schema import COLLECTIVE_TID, read_trace, simulation_trace
+from ppsim.trace.read import read_trace
+from ppsim.trace.schema import COLLECTIVE_TID, simulation_trace
 from ppsim.tui.comm_lanes import comm_lanes, trace_comm_lanes
 
 NV, NIC, NIC_STEP = 450e6, 50e6, 5e-3  # bytes per ms, ms per ring step (h100-80gb)

@@ -16,7 +16,8 @@ from ppsim.cli.main import main
 from ppsim.errors import UserError
 from ppsim.sim.simulate import simulate
 from ppsim.trace.diff import diff_traces
-from ppsim.trace.schema import compute_event, simulation_trace, trace_from_json
+from ppsim.trace.read import trace_from_json
+from ppsim.trace.schema import compute_event, simulation_trace
 
 pytest.importorskip("torch")
 from ppsim.executor.recorder import mark_replica_waits  # noqa: E402

@@ -12,7 +12,8 @@ from ppsim.config.schema import load_config
 from ppsim.pipeline.problem import build_problem
 from ppsim.sim.simulate import simulate
 from ppsim.trace.diff import diff_traces
-from ppsim.trace.schema import read_trace, simulation_trace, trace_from_json
+from ppsim.trace.read import read_trace, trace_from_json
+from ppsim.trace.schema import simulation_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "traces"
 CASES = sorted(p for p in TRACES.iterdir() if (p / "real.json").exists())
