@@ -104,16 +104,6 @@ def check_ops(pp: int, vpp: int, microbatches: int, split_backward: bool,
     return ops
 
 
-def request_shape(cfg: Any) -> tuple[Any, Any, Any, Any, bool | None]:
-    """(num_layers, pp, vpp, microbatches, split_backward) of a Config, read from its
-    fields alone; split_backward is None for an unknown schedule (reported later)."""
-
-    p = cfg.pipeline
-    spec = SCHEDULES.get(p.schedule) if isinstance(p.schedule, str) else None
-    layers = cfg.model.num_layers
-    return layers, p.pp, p.vpp, p.microbatches, (spec.split_backward if spec else None)
-
-
 def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
@@ -124,11 +114,14 @@ def check_request(cfg: Any, budget: Budget | None) -> int | None:
     Returns the op count (None when the counts are not all valid integers:
     the config's own checks name those).
     """
-    layers, pp, vpp, m, split_bw = request_shape(cfg)
-    check_shape(layers, pp, vpp, m, getattr(cfg.model, "mtp_layers", 0))
-    if budget is None or split_bw is None or not all(_count(v) for v in (pp, vpp, m)):
+    p = cfg.pipeline
+    check_shape(cfg.model.num_layers, p.pp, p.vpp, p.microbatches,
+                getattr(cfg.model, "mtp_layers", 0))
+    # An unknown schedule has no op count here; the config's own check names it.
+    spec = SCHEDULES.get(p.schedule) if isinstance(p.schedule, str) else None
+    if budget is None or spec is None or not all(_count(v) for v in (p.pp, p.vpp, p.microbatches)):
         return None
-    return check_ops(pp, vpp, m, split_bw, budget)
+    return check_ops(p.pp, p.vpp, p.microbatches, spec.split_backward, budget)
 
 
 def check_plan_budget(ops: int, time_budget_s: float) -> None:

@@ -87,40 +87,49 @@ def check_recompute(modules: tuple[str, ...], a: Architecture, shared_overlap: b
                         "drop the module Megatron names, or change what it needs")
 
 
-def recompute_flags(p: StagePolicy, a: Architecture) -> tuple[list[str], list[str]]:
-    """(flags, notes) of one stage's recompute setting; UserError where Megatron refuses."""
+@dataclass(frozen=True, kw_only=True)
+class StageFlags:
+    """Megatron's flags for one part of a stage's policy, and what a user should know."""
+
+    flags: list[str]
+    notes: list[str]
+
+
+def recompute_flags(p: StagePolicy, a: Architecture) -> StageFlags:
+    """Megatron's flags of one stage's recompute setting; UserError where Megatron refuses."""
     if p.recompute_layers and p.recompute_modules:
         raise UserError("memory.recompute_layers", "Megatron takes --recompute-num-layers "
                         "only with --recompute-granularity full, not with recompute modules",
                         "use modules or N, or run the policy with ppsim's executor")
     check_recompute(p.recompute_modules, a, False)
-    notes = []
     if p.recompute_layers >= ALL_LAYERS:
-        return ["--recompute-granularity", "full", "--recompute-method", "uniform",
-                "--recompute-num-layers", "1"], notes
+        return StageFlags(flags=["--recompute-granularity", "full", "--recompute-method",
+                                 "uniform", "--recompute-num-layers", "1"], notes=[])
     if p.recompute_layers:
-        return ["--recompute-granularity", "full", "--recompute-method", "block",
-                "--recompute-num-layers", str(p.recompute_layers)], notes
+        return StageFlags(flags=["--recompute-granularity", "full", "--recompute-method",
+                                 "block", "--recompute-num-layers", str(p.recompute_layers)],
+                          notes=[])
     if not p.recompute_modules:
-        return [], notes
+        return StageFlags(flags=[], notes=[])
     flags = ["--recompute-granularity", "selective", "--recompute-modules",
              *p.recompute_modules]
-    if "moe_act" in p.recompute_modules:
-        flags.append("--moe-grouped-gemm")
-        notes.append("moe_act recompute needs grouped GEMM (--moe-grouped-gemm)")
-    return flags, notes
+    if "moe_act" not in p.recompute_modules:
+        return StageFlags(flags=flags, notes=[])
+    return StageFlags(flags=[*flags, "--moe-grouped-gemm"],
+                      notes=["moe_act recompute needs grouped GEMM (--moe-grouped-gemm)"])
 
 
-def offload_flags(p: StagePolicy, step_bytes: int) -> tuple[list[str], list[str]]:
+def offload_flags(p: StagePolicy, step_bytes: int) -> StageFlags:
+    """Megatron's flags of one stage's offload setting, `step_bytes` less a pp rank."""
     if not p.offloads:
-        return [], []
+        return StageFlags(flags=[], notes=[])
     flags = ["--fine-grained-activation-offloading", "--offload-modules", *p.offload_modules]
     if p.offload_fraction < 1:
         flags += ["--activation-offload-fraction", f"{p.offload_fraction:g}"]
     if step_bytes:
         flags += ["--delta-offload-bytes-across-pp-ranks", str(step_bytes)]
-    return flags, ["offload runs on Transformer Engine's modules (--transformer-impl "
-                   "transformer_engine)"]
+    return StageFlags(flags=flags, notes=["offload runs on Transformer Engine's modules "
+                                          "(--transformer-impl transformer_engine)"])
 
 
 def policy_export(policies: tuple[StagePolicy, ...], pp: int, a: Architecture,
@@ -138,12 +147,13 @@ def policy_export(policies: tuple[StagePolicy, ...], pp: int, a: Architecture,
             "step per pp rank) for every stage; this policy differs per stage"])
     p, step = uni
     try:
-        rflags, rnotes = recompute_flags(p, a)
+        recompute = recompute_flags(p, a)
     except UserError as e:
         return PolicyExport(megatron_flags=None, frameworks=frameworks, notes=[str(e)])
     refusal = offload_refusal(p.recompute_modules, p.offload_modules) if p.offloads else None
     if refusal:
         return PolicyExport(megatron_flags=None, frameworks=frameworks, notes=[refusal])
-    oflags, onotes = offload_flags(p, int(step * offload_bytes))
-    return PolicyExport(megatron_flags=rflags + oflags, notes=rnotes + onotes,
+    offload = offload_flags(p, int(step * offload_bytes))
+    return PolicyExport(megatron_flags=recompute.flags + offload.flags,
+                        notes=recompute.notes + offload.notes,
                         frameworks=["Megatron-LM", *frameworks])

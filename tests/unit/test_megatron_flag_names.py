@@ -109,7 +109,7 @@ def test_the_recompute_flags_ppsim_exports_read_back() -> None:
                           "--recompute none --recompute-num-layers 3"),
                          (StagePolicy(recompute_modules=("core_attn", "layernorm")),
                           "--recompute-modules core_attn,layernorm")]:
-        flags, _ = recompute_flags(policy, arch)
+        flags = recompute_flags(policy, arch).flags
         assert _json([*LLAMA, *flags]) == _json([*LLAMA, *ours.split()]), flags
 
 

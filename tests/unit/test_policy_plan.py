@@ -103,18 +103,18 @@ def test_megatron_refuses_what_megatron_refuses() -> None:
         recompute_flags(StagePolicy(recompute_modules=("core_attn",), recompute_layers=2), DENSE)
     with pytest.raises(Exception, match="mla_up_proj in recompute_modules is only supported"):
         recompute_flags(StagePolicy(recompute_modules=("mla_up_proj",)), DENSE)
-    flags, _ = recompute_flags(StagePolicy(recompute_modules=("mla_up_proj",)), MLA)
+    flags = recompute_flags(StagePolicy(recompute_modules=("mla_up_proj",)), MLA).flags
     assert flags == ["--recompute-granularity", "selective", "--recompute-modules",
                      "mla_up_proj"]
-    flags, notes = recompute_flags(StagePolicy(recompute_modules=("moe_act",)), DENSE)
-    assert "--moe-grouped-gemm" in flags and "grouped GEMM" in notes[0]
+    moe = recompute_flags(StagePolicy(recompute_modules=("moe_act",)), DENSE)
+    assert "--moe-grouped-gemm" in moe.flags and "grouped GEMM" in moe.notes[0]
 
 
 def test_block_and_uniform_forms() -> None:
-    assert recompute_flags(StagePolicy(recompute_layers=3), DENSE)[0] == [
+    assert recompute_flags(StagePolicy(recompute_layers=3), DENSE).flags == [
         "--recompute-granularity", "full", "--recompute-method", "block",
         "--recompute-num-layers", "3"]
-    assert recompute_flags(StagePolicy(recompute_layers=ALL_LAYERS), DENSE)[0][-3:] == [
+    assert recompute_flags(StagePolicy(recompute_layers=ALL_LAYERS), DENSE).flags[-3:] == [
         "uniform", "--recompute-num-layers", "1"]
 
 
