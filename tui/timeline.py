@@ -18,6 +18,7 @@ from textual.strip import Strip
 
 from ppsim.tui.lanes import (
     Lane,
+    LaneOp,
     find_op,
     fit_scale,
     fmt_ms,
@@ -168,7 +169,8 @@ class Timeline(ScrollView, can_focus=True):
 
     # ------------------------------------------------------------ cursor
 
-    def current_op(self):  # -> LaneOp | None
+    def current_op(self) -> LaneOp | None:
+        """The op under the cursor (None where the cursor's lane or op is gone)."""
         lane, op = self.cursor
         if 0 <= lane < len(self.lanes) and 0 <= op < len(self.lanes[lane].ops):
             return self.lanes[lane].ops[op]
