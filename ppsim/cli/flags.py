@@ -94,9 +94,9 @@ def _add_pipeline_flags(g: Any) -> None:
                    dest="hybrid_layer_pattern", metavar="STR", help="Megatron's hybrid stack, "
                    "one symbol a layer: M Mamba-2, G GatedDeltaNet, * attention, D DSA, + MLA, "
                    "- MLP, E MoE; | stage boundaries, / MTP depths")
-    g.add_argument("--mtp-num-layers", type=int, metavar="N", help="over a preset or "
-                   "config, checked against its MTP depths (so Megatron's flags as ppsim "
-                   "prints them read back); with Megatron's model flags alone, the depths")
+    g.add_argument("--mtp-num-layers", type=int, metavar="N", help="MTP depths, over a "
+                   "preset or config too (0: none); a hybrid layer pattern keeps its own, "
+                   "as Megatron does")
     g.add_argument("--pp", "--pipeline-model-parallel-size", dest="pp", type=int, metavar="N",
                    help="pipeline ranks")
     g.add_argument("--vpp", "--virtual-pipeline-model-parallel-size",
@@ -313,7 +313,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
 def _check_layer_counts(cfg: Config, flag: Any) -> None:
     """--mtp-num-layers and --num-layers against the model they were applied to."""
     mtp = flag("mtp_num_layers")
-    if mtp is not None and mtp != getattr(cfg.model, "mtp_layers", 0):
+    # Over a transformer the flag set the depth; a hybrid pattern kept its own (warned).
+    hybrid = bool(getattr(cfg.model, "fields", dict)().get("hybrid_layer_pattern"))
+    if mtp is not None and mtp != getattr(cfg.model, "mtp_layers", 0) and not hybrid:
         raise UserError("--mtp-num-layers", f"{mtp} disagrees with the model's "
                         f"{getattr(cfg.model, 'mtp_layers', 0)} MTP layers (set in its preset "
                         "or [model] mtp_layers)", "drop the flag, or give that model")

@@ -21,7 +21,7 @@ from ppsim.cli.megatron_attention import (
     unfused_backend,
 )
 from ppsim.cli.megatron_precision import precision_fields
-from ppsim.config.model import Model, TransformerModel
+from ppsim.config.model import Model, TransformerModel, parse_model
 from ppsim.costs.choices import MEGATRON_FP8_FORMATS, MUON_TP_MODES, OPTIMIZERS
 from ppsim.costs.patterns import moe_layers
 from ppsim.errors import UserError
@@ -183,8 +183,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 
 
 def given(args: argparse.Namespace) -> bool:
-    """Whether any flag that changes the model was given."""
-    return any(getattr(args, d, None) is not None for d in ARCH_DESTS) \
+    """Whether any flag that changes the model was given (--mtp-num-layers too)."""
+    return any(getattr(args, d, None) is not None for d in (*ARCH_DESTS, "mtp_num_layers")) \
         or bool(unfused_backend(args))
 
 
@@ -203,7 +203,7 @@ def model_table(args: argparse.Namespace, base: Model | None) -> dict[str, Any] 
             and getattr(args, "hybrid_layer_pattern", None) is None:
         fields["hybrid_layer_pattern"] = ""  # a GPT model's layers over a hybrid stack's
     if isinstance(base, TransformerModel):
-        return moe_defaults({**base.to_dict(), **fields}, base.fields())
+        return _with_mtp_depth(args, moe_defaults({**base.to_dict(), **fields}, base.fields()))
     extra = {k: getattr(args, k, None) for k in ("num_layers", "seq_length",
                                                  "micro_batch_size", "hybrid_layer_pattern")}
     extra["mtp_layers"] = getattr(args, "mtp_num_layers", None)
@@ -215,6 +215,21 @@ def model_table(args: argparse.Namespace, base: Model | None) -> dict[str, Any] 
                             "--preset or [model] transformer to start from)",
                             f"add {flag} N{also}, or give --preset NAME")
     return {"kind": "transformer", **megatron_defaults(fields)}
+
+
+def _with_mtp_depth(args: argparse.Namespace, table: dict[str, Any]) -> dict[str, Any]:
+    """`table` with --mtp-num-layers's depth, as Megatron sets it over any model (0: none);
+    a hybrid pattern names its own depths, and Megatron, warning, keeps the pattern's."""
+    mtp = getattr(args, "mtp_num_layers", None)
+    if mtp is None:
+        return table
+    model = parse_model(table)
+    if not model.fields().get("hybrid_layer_pattern"):
+        return {**table, "mtp_layers": mtp}
+    if mtp != model.mtp_layers:
+        print(f"warning: --mtp-num-layers {mtp} ignored: the hybrid layer pattern has "
+              f"{model.mtp_layers} MTP depths", file=sys.stderr)
+    return table
 
 
 def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, Any]:

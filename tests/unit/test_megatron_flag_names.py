@@ -62,10 +62,25 @@ def test_megatron_names_mean_the_same_as_ppsim_s() -> None:
     assert megatron == ours
 
 
-def test_an_mtp_depth_the_model_lacks_is_refused(capsys) -> None:
-    assert main(["simulate", "--preset", "llama3-8b", "--mtp-num-layers", "1"]) == 2
-    err = capsys.readouterr().err
-    assert len(err.splitlines()) == 1 and "--mtp-num-layers: 1 disagrees" in err
+def test_the_mtp_depth_flag_sets_it_over_a_preset(tmp_path, capsys) -> None:
+    """--mtp-num-layers over a preset sets its MTP depths as Megatron's flag does (it was
+    refused wherever it disagreed with the preset, so DeepSeek-V3 could not be priced as
+    NVIDIA's GB200 guide trains it, without MTP); the same as [model] mtp_layers."""
+    base = ["simulate", "--hardware", "h100-80gb", "--pp", "2", "--microbatches", "4"]
+    assert _json([*base, "--preset", "llama3-8b"])["split"] == [16, 16]
+    gained = _json([*base, "--preset", "llama3-8b", "--mtp-num-layers", "1"])
+    assert gained["split"] == [16, 17]
+    cfg = tmp_path / "mtp.toml"
+    cfg.write_text('[model]\npreset = "llama3-8b"\nmtp_layers = 1\n')
+    assert gained["iteration_time_ms"] == _json([*base, "--config", str(cfg)])["iteration_time_ms"]
+    deepseek = [*base, "--preset", "deepseek-v3", "--ep", "8"]
+    assert sum(_json(deepseek)["split"]) == 62
+    assert sum(_json([*deepseek, "--mtp-num-layers", "0"])["split"]) == 61
+    capsys.readouterr()
+    # A hybrid pattern names its own depths: Megatron warns and keeps them, and so does ppsim.
+    hybrid = [*base, "--preset", "qwen3-next-80b-a3b"]
+    assert _json([*hybrid, "--mtp-num-layers", "0"])["split"] == _json(hybrid)["split"]
+    assert "--mtp-num-layers 0 ignored: the hybrid layer pattern has 1" in capsys.readouterr().err
 
 
 LLAMA = ["simulate", "--preset", "llama3-70b", "--hardware", "h100-80gb", "--pp", "4",
