@@ -27,7 +27,9 @@ at its workload config (DeepEP, the combined 1F1B, mla_up_proj and mlp recompute
 hybrid stack: the 26.06 DGX-H100 FP8-CS run of Nemotron 3 Nano (Mamba-2, MoE and attention
 layers) at its workload config, with the FLOPs a token its published TFLOP/s imply beside
 ppsim's count. And a hybrid stack without experts: NVIDIA's DGX Cloud Benchmarking run of
-Nemotron-H 56B (Mamba-2, MLP and attention layers) on 128 H100 in FP8. And NVFP4
+Nemotron-H 56B (Mamba-2, MLP and attention layers) on 128 H100 in FP8. And DeepSeek-V3
+in MXFP8 on 256 GB200 as Megatron-LM's own GB200 guide trains it (GB200_DEEPSEEK_RUN), in
+TFLOP/s per GPU, the unit it was published in. And NVFP4
 (--fp4-format e2m1) against MXFP8: the 26.04.01 DGX-GB200 runs of Llama 3 70B and 3.1
 405B published in both at one shape (NVFP4_PAIRS).
 
@@ -215,6 +217,27 @@ HYBRID_DENSE_OVERLAPS = ["--use-distributed-optimizer", "--overlap-grad-reduce",
                          "--tp-comm-overlap"]
 
 
+GB200_DEEPSEEK_RUN = BridgeRun(
+    name="DeepSeek-V3", preset="deepseek-v3", gpus=256, hardware="gb200-186gb",
+    tokens_per_gpu=0.0, tflops_per_gpu=970.01,
+    shape="--global-batch-size 2048 --micro-batch-size 1 --seq-length 4096 --tp 1 --pp 8 "
+          "--ep 32 --etp 1 --pipeline-model-parallel-layout Et|(tt|)*30L --mtp-num-layers 0 "
+          "--recompute-granularity selective --recompute-modules moe_act mlp "
+          "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep "
+          "--moe-hybridep-num-sms 32 --use-precision-aware-optimizer --main-grads-dtype fp32 "
+          "--main-params-dtype fp32 --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16")
+"""Megatron-LM's guide "Optimizing DeepSeek-V3 Training Performance on NVIDIA GB200 NVL72"
+(docs/discussions/deepseek-v3-gb200-optimization/, November 2025, with its reproduce
+guide's launch line): 256 GB200 in MXFP8, tp 1, pp 8 over the layout's 32 virtual stages,
+ep 32, MBS 1, GBS 2048, sequence 4096, no MTP, moe_act and mlp recomputed, HybridEP on 32
+SMs, force-balanced, bf16 Adam moments, the distributed optimizer with both overlaps;
+970.01 TFLOP/s per GPU by Megatron's count, the last of its optimization steps (494.46
+before them; partial CUDA graphs, which ppsim does not price, among them). Published in
+TFLOP/s only, so compared in TFLOP/s."""
+GB200_DEEPSEEK_OVERLAPS = ["--use-distributed-optimizer", "--overlap-grad-reduce",
+                           "--overlap-param-gather"]
+
+
 MEASURED = Path(__file__).parent / "measured" / "h200-2026-12-04"
 """Kernel rates `gpu_checks.sh job` measured on one H200 (the H100 SXM's die), each at one
 model's own matmul shapes and attention (bench_job.py)."""
@@ -261,7 +284,13 @@ def price(run: BridgeRun, fp8: bool, overlaps: list[str] = OVERLAPS,
 
 
 def held_out_line(label: str, run: BridgeRun, p: Priced) -> str:
-    """One published run beside ppsim's price of it, in a line."""
+    """One published run beside ppsim's price of it, in a line (in TFLOP/s where only
+    those were published)."""
+    if not run.tokens_per_gpu:
+        return (f"{label} (held out): {run.name} on {run.gpus:,}: published "
+                f"{run.tflops_per_gpu:,.0f}, ppsim {p.tflops_per_gpu:,.0f} TFLOP/s/GPU "
+                f"({p.tflops_per_gpu / run.tflops_per_gpu - 1:+.1%}), {p.tokens_per_gpu:,.0f} "
+                f"tokens/s/GPU, peak {p.peak_gb:.1f} GB")
     line = (f"{label} (held out): {run.name} on {run.gpus:,}: published "
             f"{run.tokens_per_gpu:,.0f}, ppsim {p.tokens_per_gpu:,.0f} tokens/s/GPU "
             f"({p.tokens_per_gpu / run.tokens_per_gpu - 1:+.1%}), {p.tflops_per_gpu:.0f} "
@@ -329,6 +358,9 @@ def main() -> None:
                 print(f"  with the matmul and attention rates measured at {shapes}'s "
                       f"shapes: ppsim {m.tokens_per_gpu:,.0f} tokens/s/GPU "
                       f"({m.tokens_per_gpu / run.tokens_per_gpu - 1:+.1%})")
+    print(held_out_line("Megatron-LM's GB200 guide, DGX-GB200, MXFP8", GB200_DEEPSEEK_RUN,
+                        price(GB200_DEEPSEEK_RUN, True, GB200_DEEPSEEK_OVERLAPS,
+                              precision=MXFP8)))
     print(held_out_line("DGX Cloud Benchmarking 25.08.01, DGX-H100, FP8-CS",
                         HYBRID_DENSE_RUN, price(HYBRID_DENSE_RUN, True, HYBRID_DENSE_OVERLAPS)))
     if "--quick" in sys.argv:
