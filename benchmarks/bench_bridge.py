@@ -226,13 +226,13 @@ GB200_DEEPSEEK_RUN = BridgeRun(
           "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep "
           "--moe-hybridep-num-sms 32 --use-precision-aware-optimizer --main-grads-dtype fp32 "
           "--main-params-dtype fp32 --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16")
-"""Megatron-LM's guide "Optimizing DeepSeek-V3 Training Performance on NVIDIA GB200 NVL72"
-(docs/discussions/deepseek-v3-gb200-optimization/, November 2025, with its reproduce
-guide's launch line): 256 GB200 in MXFP8, tp 1, pp 8 over the layout's 32 virtual stages,
-ep 32, MBS 1, GBS 2048, sequence 4096, no MTP, moe_act and mlp recomputed, HybridEP on 32
-SMs, force-balanced, bf16 Adam moments, the distributed optimizer with both overlaps;
-970.01 TFLOP/s per GPU by Megatron's count, the last of its optimization steps (494.46
-before them; partial CUDA graphs, which ppsim does not price, among them). Published in
+"""Megatron-LM's DeepSeek-V3 GB200 guide (docs/discussions/deepseek-v3-gb200-optimization/
+deepseek-v3-gb200-reproduce-guide.md, its launch line; 970 TFLOP/s per GPU by Megatron's
+count, as docs/advanced/index.md gives it, 970.01 in the optimization history the guide's
+draft of 2025-10-30 published, from 494.46 before its steps): 256 GB200 in MXFP8, tp 1,
+pp 8 over the layout's 32 virtual stages, ep 32, MBS 1, GBS 2048, sequence 4096, no MTP,
+moe_act and mlp recomputed, HybridEP on 32 SMs, force-balanced, bf16 Adam moments, the
+distributed optimizer with both overlaps, partial CUDA graphs (not priced). Published in
 TFLOP/s only, so compared in TFLOP/s."""
 GB200_DEEPSEEK_OVERLAPS = ["--use-distributed-optimizer", "--overlap-grad-reduce",
                            "--overlap-param-gather"]
