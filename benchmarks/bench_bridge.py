@@ -28,8 +28,9 @@ hybrid stack: the 26.06 DGX-H100 FP8-CS run of Nemotron 3 Nano (Mamba-2, MoE and
 layers) at its workload config, with the FLOPs a token its published TFLOP/s imply beside
 ppsim's count. And a hybrid stack without experts: NVIDIA's DGX Cloud Benchmarking run of
 Nemotron-H 56B (Mamba-2, MLP and attention layers) on 128 H100 in FP8. And DeepSeek-V3
-in MXFP8 on 256 GB200 as Megatron-LM's own GB200 guide trains it (GB200_DEEPSEEK_RUN), in
-TFLOP/s per GPU, the unit it was published in. And NVFP4
+in MXFP8 on 256 B200 at Bridge's 25.11 workload config (B200_DEEPSEEK_RUN), and on 256
+GB200 as Megatron-LM's own GB200 guide trains it (GB200_DEEPSEEK_RUN), in TFLOP/s per GPU,
+the unit it was published in. And NVFP4
 (--fp4-format e2m1) against MXFP8: the 26.04.01 DGX-GB200 runs of Llama 3 70B and 3.1
 405B published in both at one shape (NVFP4_PAIRS).
 
@@ -217,6 +218,20 @@ HYBRID_DENSE_OVERLAPS = ["--use-distributed-optimizer", "--overlap-grad-reduce",
                          "--tp-comm-overlap"]
 
 
+B200_DEEPSEEK_RUN = BridgeRun(
+    name="DeepSeek-V3", preset="deepseek-v3", gpus=256, hardware="b200-180gb",
+    tokens_per_gpu=2139,
+    shape="--global-batch-size 2048 --micro-batch-size 1 --seq-length 4096 --tp 1 --pp 16 "
+          "--ep 8 --etp 1 --pipeline-model-parallel-layout Et*4|(t*4|)*14tmL "
+          "--recompute-granularity selective --recompute-modules mla_up_proj "
+          "--moe-token-dispatcher-type alltoall")
+"""Megatron-Bridge 25.11, DGX-B200, FP8-MX, with MTP, at its workload config of that release
+(deepseek_workload_base_configs.py of 2025-11-28, DEEPSEEK_V3_PRETRAIN_CONFIG_B200_BASE_CONFIG:
+pp 16, ep 8, GBS 2048, mla_up_proj recomputed, no flex backend so the all-to-all
+dispatcher, no a2a overlap; set_deepseek_v3_layout's (16, 1) layout; gradients reduced in
+bf16, force-balanced)."""
+
+
 GB200_DEEPSEEK_RUN = BridgeRun(
     name="DeepSeek-V3", preset="deepseek-v3", gpus=256, hardware="gb200-186gb",
     tokens_per_gpu=0.0, tflops_per_gpu=970.01,
@@ -358,6 +373,9 @@ def main() -> None:
                 print(f"  with the matmul and attention rates measured at {shapes}'s "
                       f"shapes: ppsim {m.tokens_per_gpu:,.0f} tokens/s/GPU "
                       f"({m.tokens_per_gpu / run.tokens_per_gpu - 1:+.1%})")
+    print(held_out_line("Megatron-Bridge 25.11, DGX-B200, FP8-MX", B200_DEEPSEEK_RUN,
+                        price(B200_DEEPSEEK_RUN, True, [*DP_OVERLAPS, *BF16_GRADS],
+                              precision=MXFP8)))
     print(held_out_line("Megatron-LM's GB200 guide, DGX-GB200, MXFP8", GB200_DEEPSEEK_RUN,
                         price(GB200_DEEPSEEK_RUN, True, GB200_DEEPSEEK_OVERLAPS,
                               precision=MXFP8)))
