@@ -34,7 +34,8 @@ the unit it was published in. And NVFP4
 (--fp4-format e2m1) against MXFP8: the 26.04.01 DGX-GB200 runs of Llama 3 70B and 3.1
 405B published in both at one shape (NVFP4_PAIRS).
 
-Then (without --quick) `ppsim plan --gpus 8192` for the 405B preset in FP8, the plan time.
+Then (without --quick) `ppsim plan` of the B200 DeepSeek-V3 run's shape against its
+recipe's layout, and `ppsim plan --gpus 8192` for the 405B preset in FP8, the plan time.
 
 Run: .venv/bin/python benchmarks/bench_bridge.py [--quick]
 """
@@ -44,6 +45,7 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+import time
 import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -316,6 +318,26 @@ def held_out_line(label: str, run: BridgeRun, p: Priced) -> str:
     return line
 
 
+def recipe_split_plan(run: BridgeRun, overlaps: list[str], precision: list[str]) -> None:
+    """`ppsim plan` of `run`'s own shape (its data-parallel size, not --gpus: the split is
+    planned, the shape kept), its recipe's layout compared: the best split and the gain."""
+    words = run.shape.split()
+    layout = words[words.index("--pipeline-model-parallel-layout") + 1]
+    shape = [w for w in words if w not in ("--pipeline-model-parallel-layout", layout)]
+    sizes = {k: int(words[words.index(k) + 1]) for k in ("--tp", "--pp")}
+    dp = run.gpus // (sizes["--tp"] * sizes["--pp"])
+    t0 = time.perf_counter()
+    doc = ppsim_json(["plan", "--preset", run.preset, "--hardware", run.hardware, "--dp",
+                      str(dp), *shape, *overlaps, *precision, "--compare", layout, "--json"])
+    ours = doc["compared"][0]
+    print(f"plan of {run.name} on {run.gpus} {run.hardware} at its recipe's shape "
+          f"({time.perf_counter() - t0:.1f} s): best {doc['best']['megatron_layout']} "
+          f"{doc['best']['iteration_time_ms']:,.0f} ms, bubble "
+          f"{doc['best']['bubble_fraction']:.1%}; the recipe's {layout} "
+          f"{ours['iteration_time_ms']:,.0f} ms, bubble {ours['bubble_fraction']:.1%}: the "
+          f"best {ours['best_speedup']:.3f}x; proven optimal: {doc['proven_optimal']}")
+
+
 def nvfp4_against_mxfp8() -> None:
     """NVFP4_PAIRS: each precision against its published run, and NVFP4's speed-up."""
     print("Megatron-Bridge 26.04.01, DGX-GB200, MXFP8 and NVFP4 (held out); gb200-186gb "
@@ -383,6 +405,7 @@ def main() -> None:
                         HYBRID_DENSE_RUN, price(HYBRID_DENSE_RUN, True, HYBRID_DENSE_OVERLAPS)))
     if "--quick" in sys.argv:
         return
+    recipe_split_plan(B200_DEEPSEEK_RUN, [*DP_OVERLAPS, *BF16_GRADS], MXFP8)
     plan_case("llama3.1-405b on 8,192 H100, FP8", [
         "--preset", "llama3.1-405b", "--hardware", "h100-80gb", "--gpus", "8192",
         "--global-batch-size", "2048", *OVERLAPS, *FP8])
