@@ -34,8 +34,8 @@ the unit it was published in. And NVFP4
 (--fp4-format e2m1) against MXFP8: the 26.04.01 DGX-GB200 runs of Llama 3 70B and 3.1
 405B published in both at one shape (NVFP4_PAIRS).
 
-Then (without --quick) `ppsim plan` of the B200 DeepSeek-V3 run's shape against its
-recipe's layout, and `ppsim plan --gpus 8192` for the 405B preset in FP8, the plan time.
+Then (without --quick) `ppsim plan` of the B200 and GB200 DeepSeek-V3 runs' shapes
+against their layouts, and `ppsim plan --gpus 8192` for the 405B preset in FP8, the plan time.
 
 Run: .venv/bin/python benchmarks/bench_bridge.py [--quick]
 """
@@ -318,9 +318,11 @@ def held_out_line(label: str, run: BridgeRun, p: Priced) -> str:
     return line
 
 
-def recipe_split_plan(run: BridgeRun, overlaps: list[str], precision: list[str]) -> None:
+def recipe_split_plan(run: BridgeRun, overlaps: list[str], precision: list[str],
+                      vpp: int = 1) -> None:
     """`ppsim plan` of `run`'s own shape (its data-parallel size, not --gpus: the split is
-    planned, the shape kept), its recipe's layout compared: the best split and the gain."""
+    planned, the shape kept; `vpp`: the chunks a rank its layout gives), its recipe's
+    layout compared: the best split and the gain."""
     words = run.shape.split()
     layout = words[words.index("--pipeline-model-parallel-layout") + 1]
     shape = [w for w in words if w not in ("--pipeline-model-parallel-layout", layout)]
@@ -328,14 +330,17 @@ def recipe_split_plan(run: BridgeRun, overlaps: list[str], precision: list[str])
     dp = run.gpus // (sizes["--tp"] * sizes["--pp"])
     t0 = time.perf_counter()
     doc = ppsim_json(["plan", "--preset", run.preset, "--hardware", run.hardware, "--dp",
-                      str(dp), *shape, *overlaps, *precision, "--compare", layout, "--json"])
+                      str(dp), "--vpp", str(vpp), *shape, *overlaps, *precision,
+                      "--compare", layout, "--json"])
     ours = doc["compared"][0]
     print(f"plan of {run.name} on {run.gpus} {run.hardware} at its recipe's shape "
           f"({time.perf_counter() - t0:.1f} s): best {doc['best']['megatron_layout']} "
           f"{doc['best']['iteration_time_ms']:,.0f} ms, bubble "
           f"{doc['best']['bubble_fraction']:.1%}; the recipe's {layout} "
           f"{ours['iteration_time_ms']:,.0f} ms, bubble {ours['bubble_fraction']:.1%}: the "
-          f"best {ours['best_speedup']:.3f}x; proven optimal: {doc['proven_optimal']}")
+          f"best {ours['best_speedup']:.3f}x; proven optimal: {doc['proven_optimal']}"
+          + ("" if doc["proven_optimal"] else
+             f" (within {doc['best']['gap_to_lower_bound']:.1%} of the lower bound)"))
 
 
 def nvfp4_against_mxfp8() -> None:
@@ -406,6 +411,7 @@ def main() -> None:
     if "--quick" in sys.argv:
         return
     recipe_split_plan(B200_DEEPSEEK_RUN, [*DP_OVERLAPS, *BF16_GRADS], MXFP8)
+    recipe_split_plan(GB200_DEEPSEEK_RUN, GB200_DEEPSEEK_OVERLAPS, MXFP8, vpp=4)
     plan_case("llama3.1-405b on 8,192 H100, FP8", [
         "--preset", "llama3.1-405b", "--hardware", "h100-80gb", "--gpus", "8192",
         "--global-batch-size", "2048", *OVERLAPS, *FP8])
