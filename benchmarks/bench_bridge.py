@@ -29,8 +29,8 @@ layers) at its workload config, with the FLOPs a token its published TFLOP/s imp
 ppsim's count. And a hybrid stack without experts: NVIDIA's DGX Cloud Benchmarking run of
 Nemotron-H 56B (Mamba-2, MLP and attention layers) on 128 H100 in FP8. And DeepSeek-V3
 in MXFP8 on 256 B200 at Bridge's 25.11 workload config (B200_DEEPSEEK_RUN), and on 256
-GB200 as Megatron-LM's own GB200 guide trains it (GB200_DEEPSEEK_RUN), in TFLOP/s per GPU,
-the unit it was published in. And NVFP4
+GB200 as Megatron-LM's own GB200 guide trains it (GB200_DEEPSEEK_RUN; in TFLOP/s per GPU,
+the unit it was published in). And NVFP4
 (--fp4-format e2m1) against MXFP8: the 26.04.01 DGX-GB200 runs of Llama 3 70B and 3.1
 405B published in both at one shape (NVFP4_PAIRS).
 
