@@ -291,15 +291,25 @@ def check_run_flags(args: argparse.Namespace) -> str | None:
     return TP_PP_DP_ORDER
 
 
+def _weight(text: str) -> bool:
+    """Whether `text` is one of a data split's weights (a non-negative number)."""
+    try:
+        return float(text) >= 0.0
+    except ValueError:
+        return False
+
+
 def data_split_hint(args: argparse.Namespace, exc: UserError) -> UserError:
     """A --split that fails as a layer split may be Megatron's data split (three
     weights: train, valid, test) from a pasted DATA_ARGS: the error says so too."""
     text = getattr(args, "split", None)
-    parts = text.split(",") if isinstance(text, str) else []
+    # As Megatron reads it (any three numbers, spaced or not); a bash array's element
+    # "--split '99,1,0'" reaches the command with its quotes.
+    parts = text.strip("'\" ").split(",") if isinstance(text, str) else []
     # A split beside a layout (or a first/last stage's layers) is refused on the other
     # field's name: the data split may be why too.
     if not ("split" in exc.field or "cannot be combined with split" in exc.problem) \
-            or len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+            or len(parts) != 3 or not all(_weight(p) for p in parts):
         return exc
     hint = (f"if {text} is Megatron's data split (train,valid,test weights), drop it: "
             "ppsim's --split gives the layers of each virtual stage")

@@ -112,6 +112,12 @@ def test_megatrons_data_split_on_simulate_is_named_as_such() -> None:
                          "Et*8|t*8|t*8|t*8L", "--split", "99,1,0"])
     assert code == 2 and "pipeline.layout: " in err
     assert "if 99,1,0 is Megatron's data split" in err
+    # Megatron-LM's example scripts keep "--split '99,1,0'" in a bash array, whose
+    # expansion hands the quotes on; Megatron reads spaced weights too (neither was named).
+    for text in ("'99,1,0'", "969, 30, 1", "98.5,1,0.5"):
+        code, _, err = _run(["simulate", "--preset", "llama3-8b", "--split", text])
+        assert code == 2 and len(_errors(err)) == 1, err
+        assert f"if {text} is Megatron's data split" in err, err
 
 
 def test_unpriced_switches_are_named_on_stderr_and_change_nothing() -> None:
