@@ -93,6 +93,11 @@ class ModelCosts:
     """What the head shares with the embedding when they are tied (the table's weights,
     gradient and optimizer states: static_bytes and params): one copy on a stage that
     holds both, as Megatron's one shared weight on a single stage."""
+    mtp_embedding: LayerCost = field(default_factory=LayerCost)
+    """The embedding table's copy the first MTP layer's stage keeps (its static_bytes,
+    counted in that layer): Megatron's GPTModel builds an embedding on an MTP stage too and
+    keeps its weights in step with the first stage's. One table on a stage that holds the
+    embedding and that layer both."""
 
     @cached_property
     def _experts_before(self) -> tuple[int, ...]:
@@ -113,10 +118,20 @@ class ModelCosts:
         """The largest transient_bytes of the layers [offset, offset + count)."""
         return self._transients.max(offset, offset + count)
 
-    def held_twice(self, first: bool, last: bool) -> LayerCost:
+    def held_twice(self, first: bool, last: bool, first_mtp: bool = False) -> LayerCost:
         """What adding the embedding (`first`) and the head (`last`) to one stage counts
-        twice: the tied table when the stage holds both, else nothing."""
-        return self.tied if first and last else _NOTHING
+        twice: the tied table when the stage holds both, and MTP's copy of the table when
+        it holds the embedding and the first MTP layer (`first_mtp`)."""
+        tied = self.tied if first and last else _NOTHING
+        if not (first and first_mtp and self.mtp_embedding.static_bytes):
+            return tied
+        return LayerCost(static_bytes=tied.static_bytes + self.mtp_embedding.static_bytes,
+                         params=tied.params)
+
+    def holds_first_mtp(self, offset: int, count: int) -> bool:
+        """Whether the layers [offset, offset + count) hold the first MTP layer."""
+        first = self.num_layers - self.mtp_layers
+        return bool(self.mtp_layers) and offset <= first < offset + count
 
     @property
     def num_layers(self) -> int:
@@ -226,7 +241,7 @@ def stage_cost(costs: ModelCosts, offset: int, layers: int, first: bool, last: b
     if last:
         parts.append(costs.head)
     f, b, w, st, act, wg, n, sb = _sum(parts)
-    twice = costs.held_twice(first, last)
+    twice = costs.held_twice(first, last, costs.holds_first_mtp(offset, layers))
     st, n = st - twice.static_bytes, n - twice.params
     act += held_input_bytes(costs, layers, last, receives)
     return StageCost(f, b, w, st, act, wg, 0 if last else costs.hidden_bytes, n, sb,

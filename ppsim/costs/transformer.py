@@ -255,21 +255,25 @@ def transformer_costs(a: Architecture, acc: Accelerator, recompute: tuple[str, .
                for p in set(pieces)}
     head = _head_cost(a, acc)
     layers = [by_kind[p] for p in pieces]
-    if a.mtp_layers:
-        inner = [by_kind.get((k, 0, bool(a.fp8))) or _kind_cost(a, acc, k, recompute, full)
-                 for k in mtp_kinds(a)]
-        mtp = _mtp_cost(a, acc, _chain(inner), head)
-        layers += [mtp] * a.mtp_layers
     # Embedding: a lookup (no matmul); its backward scatters gradients into the table.
     emb = LayerCost(forward_ms=0.0, backward_ms=0.0,
                     static_bytes=int(padded_vocab(a) * h / t * bytes_per_param(a)),
                     activation_bytes=embedding_activation_bytes(a),
                     output_bytes=s * b * h * a.residual_bytes // a.token_ranks,
                     params=int(padded_vocab(a) * h / t))
+    copy = LayerCost(static_bytes=emb.static_bytes) if a.mtp_layers else LayerCost()
+    if a.mtp_layers:
+        inner = [by_kind.get((k, 0, bool(a.fp8))) or _kind_cost(a, acc, k, recompute, full)
+                 for k in mtp_kinds(a)]
+        mtp = _mtp_cost(a, acc, _chain(inner), head)
+        # The first MTP layer's stage keeps its own copy of the embedding table.
+        layers += [replace(mtp, static_bytes=mtp.static_bytes + copy.static_bytes)]
+        layers += [mtp] * (a.mtp_layers - 1)
     named = kinds + ("mtp",) * a.mtp_layers
     # A stack of dense layers only has one kind: leave it unnamed, as cost files do.
     plain = set(named) <= {"dense"}
     tied = LayerCost(static_bytes=emb.static_bytes, params=emb.params) \
         if a.tie_embeddings else LayerCost()
     return ModelCosts(layers=tuple(layers), embedding=emb, head=head,
-                      kinds=() if plain else named, mtp_layers=a.mtp_layers, tied=tied)
+                      kinds=() if plain else named, mtp_layers=a.mtp_layers, tied=tied,
+                      mtp_embedding=copy)

@@ -56,7 +56,9 @@ class MemoryFloors:
         self.lam = [1.0 / max(1, whole.static_bytes + n * whole.activation_bytes)
                     for n in self.held]
         first, last = self.rank[0], self.rank[-1]
-        self.tied = costs.held_twice(first == last, first == last).static_bytes
+        # Where one rank holds both ends it may hold both copies of a table as one (a
+        # lower bound takes the fewer).
+        self.tied = costs.held_twice(first == last, first == last, first == last).static_bytes
         kinds = [(lc.static_bytes, lc.activation_bytes) for lc in costs.layers]
         self.kinds = sorted(set(kinds))
         index = {k: i for i, k in enumerate(self.kinds)}

@@ -161,7 +161,8 @@ class SplitSearch:
                 v += getattr(self.costs.embedding, name)
             if k == self.S - 1:
                 v += getattr(self.costs.head, name)
-            v -= getattr(self.costs.held_twice(k == 0, k == self.S - 1), name)
+            v -= getattr(self.costs.held_twice(k == 0, k == self.S - 1,
+                                               self.costs.holds_first_mtp(pos, count)), name)
             if name == "activation_bytes":
                 v += held_input_bytes(self.costs, count, k == self.S - 1, self.receives[k])
             out.append(v)

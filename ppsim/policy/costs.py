@@ -178,7 +178,7 @@ class PolicyCosts:
             if on:
                 sums = [x + y for x, y in zip(sums, piece, strict=True)]
         f, b, w, sb, st, act, wg, params, paired = sums
-        twice = self.base.held_twice(first, last)
+        twice = self.base.held_twice(first, last, self.base.holds_first_mtp(offset, count))
         st, params = st - twice.static_bytes, params - twice.params
         hidden = self.base.hidden_bytes
         act += held_input_bytes(self.base, count, last, receives)

@@ -286,7 +286,8 @@ def calibrate(trace: Trace, cfg: Config, how: str = "mean") -> Calibration:
     costs = ModelCosts(layers=tuple(_scale(c, kf, kb, kw) for c in base.layers),
                        embedding=_scale(base.embedding, kf, kb, kw),
                        head=_scale(base.head, hf, hb, hw_), kinds=base.kinds,
-                       mtp_layers=base.mtp_layers, tied=base.tied)
+                       mtp_layers=base.mtp_layers, tied=base.tied,
+                       mtp_embedding=base.mtp_embedding)
     delay = statistics.median(delays) if delays else None
     new_hw = hw if delay is None else _link_from_delay(hw, delay, costs.hidden_bytes)
     after = Problem(costs, split, schedule, new_hw)
