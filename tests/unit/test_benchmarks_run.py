@@ -20,7 +20,7 @@ ROW = re.compile(r"[+-]\d+\.\d%")
 @pytest.mark.parametrize(("script", "args", "rows"), [
     ("bench_job.py", ["--quick"], 11),
     ("bench_job.py", ["--quick", "--measured", str(BENCH / "measured" / "h200-2026-12-04")], 22),
-    ("bench_bridge.py", ["--quick"], 8),
+    ("bench_bridge.py", ["--quick"], 21),
     ("bench_ep_overlap.py", ["--quick"], 4),
     ("bench_torchtitan.py", [], 4),
     ("bench_release_memory.py", [], 13),
