@@ -16,12 +16,9 @@ Run: .venv/bin/python benchmarks/bench_release_memory.py
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from bench_job import ppsim_json  # noqa: E402
+from bench_job import ppsim_json
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +46,8 @@ MIXTRAL = ("--untie-embeddings-and-output-weights --position-embedding-type rope
            "--seq-length 4096 --make-vocab-size-divisible-by 128 --num-experts 8 "
            "--moe-router-topk 2 --moe-grouped-gemm --moe-token-dispatcher-type alltoall "
            "--use-distributed-optimizer --sequence-parallel --micro-batch-size 1 " + DENSE)
+MIXTRAL_8X7B = ("--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 "
+                "--num-attention-heads 32 " + MIXTRAL)
 RUNS = [
     ReleaseRun(name="gpt3_15b_8t_release", vocab=256_000, dps=(8, 16, 32), global_batch=384,
                static_bytes=13_269_043_200, peak_bytes=28_160_194_560,
@@ -62,9 +61,7 @@ RUNS = [
                static_bytes=19_743_387_648, peak_bytes=35_505_844_224,
                flags="--pipeline-model-parallel-size 4 --tensor-model-parallel-size 2 "
                      "--expert-tensor-parallel-size 1 --num-layers-per-virtual-pipeline-stage 1 "
-                     "--global-batch-size 256 --num-layers 32 --hidden-size 4096 "
-                     "--ffn-hidden-size 14336 --num-attention-heads 32 "
-                     "--expert-model-parallel-size 8 " + MIXTRAL),
+                     "--global-batch-size 256 --expert-model-parallel-size 8 " + MIXTRAL_8X7B),
     ReleaseRun(name="mixtral_8x22b_tp2pp8ep8vpp1_release", vocab=32_000, dps=(8, 16),
                static_bytes=23_002_929_152, peak_bytes=28_533_706_752,
                flags="--tensor-model-parallel-size 2 --pipeline-model-parallel-size 8 "
@@ -74,9 +71,7 @@ RUNS = [
     ReleaseRun(name="mixtral_8x7b_alltoall_tp2pp4ep4_release", vocab=256_000, dps=(4, 8, 16),
                static_bytes=17_703_634_944, peak_bytes=25_444_866_048,
                flags="--tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 "
-                     "--global-batch-size 1024 --num-layers 32 --hidden-size 4096 "
-                     "--ffn-hidden-size 14336 --num-attention-heads 32 "
-                     "--expert-model-parallel-size 4 " + MIXTRAL),
+                     "--global-batch-size 1024 --expert-model-parallel-size 4 " + MIXTRAL_8X7B),
     ReleaseRun(name="deepseekv3_proxy_flex_tp1pp4emp16etp1cp1_release", vocab=256_000,
                dps=(8, 16), static_bytes=33_395_556_352, peak_bytes=46_151_041_024,
                flags="--tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ppsim.config.model import parse_model
 from ppsim.config.overrides import with_overrides
 from ppsim.config.schema import Config, load_config
 
@@ -51,6 +52,18 @@ def preset_config(preset: str, pp: int, microbatches: int, vpp: int = 1,
     return with_overrides(load_config(None), preset=preset, hardware="h100-80gb",
                           pipeline={"pp": pp, "vpp": vpp, "microbatches": microbatches,
                                     "schedule": schedule}, split={})
+
+
+def preset_on_default(preset: str, pp: int, microbatches: int,
+                      memory_bytes: float | None = None) -> Config:
+    """The embedded default (its hardware) with a model preset, pp stages and the even
+    split; `memory_bytes` the limit where given."""
+    cfg = load_config(None)
+    cfg.model = parse_model({"preset": preset})
+    if memory_bytes is not None:
+        cfg.hardware.memory_bytes = memory_bytes
+    cfg.pipeline.pp, cfg.pipeline.microbatches, cfg.pipeline.split = pp, microbatches, None
+    return cfg
 
 
 def status_text(app: Any) -> str:

@@ -311,19 +311,16 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 
 def _check_layer_counts(cfg: Config, flag: Any) -> None:
-    """--mtp-num-layers and --num-layers against the model they were applied to."""
-    mtp = flag("mtp_num_layers")
-    # Over a transformer the flag set the depth; a hybrid pattern kept its own (warned).
-    hybrid = bool(getattr(cfg.model, "fields", dict)().get("hybrid_layer_pattern"))
-    if mtp is not None and mtp != getattr(cfg.model, "mtp_layers", 0) and not hybrid:
-        raise UserError("--mtp-num-layers", f"{mtp} disagrees with the model's "
-                        f"{getattr(cfg.model, 'mtp_layers', 0)} MTP layers (set in its preset "
-                        "or [model] mtp_layers)", "drop the flag, or give that model")
-    wanted = flag("num_layers")
-    if wanted is not None and wanted != cfg.num_layers:
-        # Only a hybrid pattern overrides the flag; Megatron warns and goes on the same way.
-        print(f"warning: --num-layers {wanted} ignored: the hybrid layer pattern has "
-              f"{cfg.num_layers} layers", file=sys.stderr)
+    """--mtp-num-layers and --num-layers where the model kept its own counts: only a hybrid
+    pattern does (it names its layers and MTP depths), and Megatron warns and goes on."""
+    model_mtp = getattr(cfg.model, "mtp_layers", 0)
+    for name, wanted, has, what in (("--mtp-num-layers", flag("mtp_num_layers"), model_mtp,
+                                     "MTP depths"),
+                                    ("--num-layers", flag("num_layers"), cfg.num_layers,
+                                     "layers")):
+        if wanted is not None and wanted != has:
+            print(f"warning: {name} {wanted} ignored: the hybrid layer pattern has {has} "
+                  f"{what}", file=sys.stderr)
 
 
 def _check_positions(cfg: Config, positions: int | None) -> None:

@@ -219,17 +219,11 @@ def model_table(args: argparse.Namespace, base: Model | None) -> dict[str, Any] 
 
 def _with_mtp_depth(args: argparse.Namespace, table: dict[str, Any]) -> dict[str, Any]:
     """`table` with --mtp-num-layers's depth, as Megatron sets it over any model (0: none);
-    a hybrid pattern names its own depths, and Megatron, warning, keeps the pattern's."""
+    a hybrid pattern names its own depths and keeps them (the flag's check warns)."""
     mtp = getattr(args, "mtp_num_layers", None)
-    if mtp is None:
+    if mtp is None or parse_model(table).fields().get("hybrid_layer_pattern"):
         return table
-    model = parse_model(table)
-    if not model.fields().get("hybrid_layer_pattern"):
-        return {**table, "mtp_layers": mtp}
-    if mtp != model.mtp_layers:
-        print(f"warning: --mtp-num-layers {mtp} ignored: the hybrid layer pattern has "
-              f"{model.mtp_layers} MTP depths", file=sys.stderr)
-    return table
+    return {**table, "mtp_layers": mtp}
 
 
 def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, Any]:

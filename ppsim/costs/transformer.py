@@ -261,12 +261,12 @@ def transformer_costs(a: Architecture, acc: Accelerator, recompute: tuple[str, .
                     activation_bytes=embedding_activation_bytes(a),
                     output_bytes=s * b * h * a.residual_bytes // a.token_ranks,
                     params=int(padded_vocab(a) * h / t))
-    copy = LayerCost(static_bytes=emb.static_bytes) if a.mtp_layers else LayerCost()
+    copy = LayerCost()  # the first MTP layer's stage keeps its own copy of the table
     if a.mtp_layers:
+        copy = LayerCost(static_bytes=emb.static_bytes)
         inner = [by_kind.get((k, 0, bool(a.fp8))) or _kind_cost(a, acc, k, recompute, full)
                  for k in mtp_kinds(a)]
         mtp = _mtp_cost(a, acc, _chain(inner), head)
-        # The first MTP layer's stage keeps its own copy of the embedding table.
         layers += [replace(mtp, static_bytes=mtp.static_bytes + copy.static_bytes)]
         layers += [mtp] * (a.mtp_layers - 1)
     named = kinds + ("mtp",) * a.mtp_layers

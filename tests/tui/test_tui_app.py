@@ -19,7 +19,14 @@ from ppsim.tui.app import PPSimApp
 from ppsim.tui.exports import megatron_to_ppsim_args, read_export
 from ppsim.tui.memory import MemoryBars
 from ppsim.tui.session import config_for, planner_available
-from ppsim.tui.testing import SIZE, screen_text, settle, settle_until, status_text
+from ppsim.tui.testing import (
+    SIZE,
+    preset_on_default,
+    screen_text,
+    settle,
+    settle_until,
+    status_text,
+)
 from ppsim.tui.timeline import Timeline
 from ppsim.units import fmt_bytes
 
@@ -333,10 +340,7 @@ async def test_timeline_cursor_zoom_and_scroll() -> None:
 
 
 async def test_big_timeline_renders_only_visible_lines() -> None:
-    cfg = load_config(None)
-    cfg.model = parse_model({"preset": "llama3-70b"})
-    cfg.pipeline.pp, cfg.pipeline.microbatches, cfg.pipeline.split = 16, 256, None
-    app = PPSimApp(cfg)
+    app = PPSimApp(preset_on_default("llama3-70b", 16, 256))
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         await pilot.press("C")  # the preset's tp collectives' lanes hidden

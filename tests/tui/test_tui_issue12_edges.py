@@ -17,12 +17,11 @@ from pathlib import Path
 import pytest
 
 from ppsim.cli.main import main as ppsim_main
-from ppsim.config.model import parse_model
 from ppsim.config.schema import load_config
 from ppsim.pipeline.problem import build_problem
 from ppsim.sim.simulate import simulate
 from ppsim.tui.app import PPSimApp
-from ppsim.tui.testing import SIZE, screen_text, settle
+from ppsim.tui.testing import SIZE, preset_on_default, screen_text, settle
 from ppsim.tui.timeline import Timeline
 
 ROOT = Path(__file__).parents[2]
@@ -195,11 +194,7 @@ async def test_the_real_planner_runs_in_a_child_that_escape_stops(
         return started[-1]
 
     monkeypatch.setattr(ppsim.tui.planning, "start_child", spy)
-    cfg = load_config(None)
-    cfg.model = parse_model({"preset": "llama3-70b"})
-    cfg.hardware.memory_bytes = 80e9
-    cfg.pipeline.pp, cfg.pipeline.microbatches, cfg.pipeline.split = 16, 256, None
-    app = PPSimApp(cfg)
+    app = PPSimApp(preset_on_default("llama3-70b", 16, 256, memory_bytes=80e9))
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         await pilot.press("p")

@@ -19,7 +19,7 @@ from ppsim.tui.compare import rank_deltas
 from ppsim.tui.headline import memory_text, over_limit
 from ppsim.tui.lanes import Lane, LaneOp, find_op, parse_find, ruler
 from ppsim.tui.split_editor import SplitEditor, kinds_summary
-from ppsim.tui.testing import SIZE, screen_text, settle
+from ppsim.tui.testing import SIZE, preset_on_default, screen_text, settle
 from ppsim.tui.timeline import Timeline
 
 
@@ -274,11 +274,7 @@ async def test_80_columns_keep_the_timeline_wide_and_the_global_keys() -> None:
 
 
 async def test_pp_16_has_a_memory_row_per_rank_that_scrolls_into_view() -> None:
-    cfg = load_config(None)
-    cfg.model = parse_model({"preset": "llama3-70b"})
-    cfg.hardware.memory_bytes = 80e9
-    cfg.pipeline.pp, cfg.pipeline.microbatches, cfg.pipeline.split = 16, 32, None
-    app = PPSimApp(cfg)
+    app = PPSimApp(preset_on_default("llama3-70b", 16, 32, memory_bytes=80e9))
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         box = app.query_one("#compare-box")
