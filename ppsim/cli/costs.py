@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ppsim.cli.flags import (
     add_config_flags,
+    add_split_flags,
     assume_hardware,
     config_from_args,
     emit_json,
@@ -29,7 +30,7 @@ from ppsim.costs.costfile import cost_document, layer_dict
 from ppsim.costs.model import ModelCosts
 from ppsim.errors import UserError
 from ppsim.fileio import write_text_atomic
-from ppsim.pipeline.problem import model_costs
+from ppsim.pipeline.problem import model_costs, resolve_split
 from ppsim.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -122,6 +123,7 @@ def transient_lines(rows: list[tuple[str, str, dict[str, Any]]]) -> list[str]:
 def cmd_costs(args: argparse.Namespace) -> int:
     cfg, assumed = assume_hardware(args, config_from_args(args))
     costs = model_costs(cfg)
+    resolve_split(cfg, costs.num_layers)  # a launch line's split, checked as simulate does
     if assumed:  # after the checks: bad input stays one line on stderr
         print(f"ppsim costs: {assumed}", file=sys.stderr)
     source = f"cost file {cfg.costs_file}" if cfg.costs_file else (
@@ -194,6 +196,7 @@ def _print_hardware(result: dict[str, Any]) -> None:
 def register(commands: dict) -> None:
     def add(p: argparse.ArgumentParser) -> None:
         add_config_flags(p, split_flags=False)
+        add_split_flags(p, counts=False)  # a pasted launch line's split
         p.add_argument("--json", action="store_true", help="a cost file on stdout (what "
                        "--costs reads), the distinct pieces under \"groups\"")
 

@@ -12,10 +12,17 @@ import argparse
 import sys
 from typing import Any
 
-from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
+from ppsim.cli.flags import (
+    add_config_flags,
+    add_split_flags,
+    config_from_args,
+    emit_json,
+    outputs_apart,
+)
 from ppsim.config import limits
 from ppsim.errors import UserError
 from ppsim.fileio import write_text_atomic
+from ppsim.pipeline.problem import resolve_split, split_schedule_name
 from ppsim.schedules.actions import Schedule
 from ppsim.schedules.generators import build_schedule, interleaved_rule
 from ppsim.schedules.torchcsv import load_actions_csv, to_torch_csv, torch_cells
@@ -30,8 +37,9 @@ def config_schedule(cfg: Any) -> Schedule:
     p = cfg.pipeline
     if p.actions_csv:
         return load_actions_csv(p.actions_csv, p.pp, p.vpp, p.microbatches)
-    return build_schedule(p.schedule, p.pp, p.vpp, p.microbatches, p.microbatch_group_size,
-                          combined=p.overlap_moe_expert_parallel_comm)
+    split = resolve_split(cfg)  # a launch line's layout gives the chunks a rank runs
+    return build_schedule(split_schedule_name(cfg, split), p.pp, split.vpp, p.microbatches,
+                          p.microbatch_group_size, combined=p.overlap_moe_expert_parallel_comm)
 
 
 def order_rule(schedule: Schedule) -> str | None:
@@ -81,6 +89,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_flags(p, split_flags=False)
+    add_split_flags(p, counts=False)  # a pasted launch line's: its layout sets vpp
     p.add_argument("--csv", metavar="OUT.csv",
                    help="write the order as torch.distributed.pipelining's compute-only CSV")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")

@@ -202,10 +202,8 @@ def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
     placement = schedule_placement(p.schedule)
     split = resolve_split(cfg, costs.num_layers, placement)
     _check_tied(costs, split)
-    name = p.schedule
+    name = split_schedule_name(cfg, split)
     pattern = hybrid_pattern(cfg)
-    if (p.layout is not None or (pattern and pattern.has_pipes)) and split.vpp > 1:
-        name = schedule_for_vpp(name, split.vpp)  # Megatron runs a multi-chunk layout interleaved
     check_ops(p.pp, split.vpp, p.microbatches, False, SIMULATE)
     combined.check_shape(cfg)
     check_gather_chunks(p, split.vpp)
@@ -213,6 +211,15 @@ def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
                               combined=p.overlap_moe_expert_parallel_comm)
     hw = hardware(cfg)
     return with_policy(cfg, Problem(costs, split, schedule, hw, _topology(cfg, hw), pattern))
+
+
+def split_schedule_name(cfg: Config, split: Split) -> str:
+    """The schedule that runs `split`: the configured one, interleaved where a layout or a
+    hybrid pattern's stages give a rank several chunks (as Megatron runs them)."""
+    name, pattern = cfg.pipeline.schedule, hybrid_pattern(cfg)
+    if (cfg.pipeline.layout is not None or (pattern and pattern.has_pipes)) and split.vpp > 1:
+        return schedule_for_vpp(name, split.vpp)
+    return name
 
 
 def with_policy(cfg: Config, problem: Problem) -> Problem:

@@ -242,3 +242,46 @@ def test_run_arguments_with_any_values_leave_the_config_as_it_was(extra) -> None
         base = config_from_args(parser.parse_args(["simulate", *PRICED, *JOB]))
         cfg = config_from_args(parser.parse_args(["simulate", *PRICED, *JOB, *tail]))
     assert cfg == base
+
+
+# A layout string, stage by stage (E on the first, L on the last): `counts` layers 't'.
+def _layout(counts: list[int]) -> str:
+    stages = [("E" if i == 0 else "") + "t" * n + ("L" if i == len(counts) - 1 else "")
+              for i, n in enumerate(counts)]
+    return "|".join(stages)
+
+
+@settings(max_examples=25, deadline=None)
+@given(pp=st.sampled_from([1, 2, 4]), vpp=st.integers(1, 3),
+       data=st.data(), microbatches=st.sampled_from([4, 8]))
+def test_schedule_runs_the_chunks_a_pasted_layout_gives_as_simulate_does(
+        pp: int, vpp: int, data: st.DataObject, microbatches: int) -> None:
+    """`ppsim schedule` took no --pipeline-model-parallel-layout: the line a user had just
+    priced with `simulate` was refused ("unrecognized arguments"), and --vpp had to be
+    worked out by hand. The layout now gives the ranks' chunks, the same order simulate
+    runs."""
+    vpp = 1 if pp == 1 else vpp  # Megatron refuses chunks on one rank (so does ppsim)
+    counts = data.draw(st.lists(st.integers(0, 3), min_size=pp * vpp, max_size=pp * vpp)
+                       .filter(lambda c: sum(c) > 0))
+    line = ["--num-layers", str(sum(counts)), "--pp", str(pp), "--microbatches",
+            str(microbatches), "--layout", _layout(counts)]
+    code, out, err = _run(["schedule", *line, "--json"])
+    assert code == 0, err
+    code, sim, err = _run(["simulate", *line, "--json"])
+    assert code == 0, err
+    order, priced = json.loads(out), json.loads(sim)
+    assert (order["schedule"], order["vpp"]) == (priced["schedule"], priced["vpp"]) \
+        == (("interleaved-1f1b" if vpp > 1 else "1f1b"), vpp)
+
+
+def test_costs_takes_a_pasted_layout_and_checks_it_as_simulate_does() -> None:
+    """`ppsim costs` refused a launch line's layout; now it takes it, and a layout that
+    does not add up is refused in the same words as simulate's."""
+    good = ["--num-layers", "8", "--pp", "2", "--layout", "Et*2|t*2|t*2|t*2L"]
+    code, out, err = _run(["costs", *good])
+    assert code == 0 and "per-piece costs" in out, err
+    bad = ["--num-layers", "8", "--pp", "2", "--layout", "Et*2|t*2|t*2L"]
+    code, _, err = _run(["costs", *bad])
+    _, _, sim_err = _run(["simulate", *bad])
+    assert code == 2 and "pipeline.layout" in err
+    assert _errors(err)[-1].split(": ", 1)[1] == _errors(sim_err)[-1].split(": ", 1)[1]
