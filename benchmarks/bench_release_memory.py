@@ -9,7 +9,9 @@ model_config.yaml (the mirror's main of 2026-08-22, commit d98e8a64dd); the medi
 the logged steps are below. The runs' node counts live in internal recipes, so their
 data-parallel size is not published: each run is priced at every size its expert layout
 allows (tp x dp a multiple of etp x ep), and its activation part (the peak less the
-state) does not depend on it. Nothing is fitted.
+state) does not depend on it. Three configs were also run a second time (the `_sm`
+cases: the same MODEL_ARGS, a shorter run); their goldens show how far one config's
+logged peak moves between runs. Nothing is fitted.
 
 Run: .venv/bin/python benchmarks/bench_release_memory.py
 """
@@ -38,6 +40,17 @@ class ReleaseRun:
     """Median mem-max-allocated-bytes."""
     global_batch: int = 0
     """Where the config ramps its batch (--step-batch-size-schedule), its first size."""
+    again: Golden | None = None
+    """The same MODEL_ARGS run again (the `<name>_sm` case: a shorter run), its goldens."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Golden:
+    """Another release case's medians, its goldens' last change of values."""
+    name: str
+    changed: str
+    static_bytes: float
+    peak_bytes: float
 
 
 DENSE = "--attention-dropout 0.0 --hidden-dropout 0.0 --bf16 --disable-bias-linear"
@@ -51,6 +64,8 @@ MIXTRAL_8X7B = ("--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 "
 RUNS = [
     ReleaseRun(name="gpt3_15b_8t_release", vocab=256_000, dps=(8, 16, 32), global_batch=384,
                static_bytes=13_269_043_200, peak_bytes=28_160_194_560,
+               again=Golden(name="gpt3_15b_8t_release_sm", changed="2026-03-12",
+                            static_bytes=13_268_858_880, peak_bytes=28_157_253_632),
                flags="--tensor-model-parallel-size 8 --pipeline-model-parallel-size 1 "
                      "--use-distributed-optimizer --sequence-parallel --micro-batch-size 4 "
                      "--apply-layernorm-1p --untie-embeddings-and-output-weights "
@@ -70,10 +85,16 @@ RUNS = [
                      "--expert-model-parallel-size 8 " + MIXTRAL),
     ReleaseRun(name="mixtral_8x7b_alltoall_tp2pp4ep4_release", vocab=256_000, dps=(4, 8, 16),
                static_bytes=17_703_634_944, peak_bytes=25_444_866_048,
+               again=Golden(name="mixtral_8x7b_alltoall_tp2pp4ep4_release_sm",
+                            changed="2025-09-04", static_bytes=17_703_634_944,
+                            peak_bytes=27_638_417_408),
                flags="--tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 "
                      "--global-batch-size 1024 --expert-model-parallel-size 4 " + MIXTRAL_8X7B),
     ReleaseRun(name="deepseekv3_proxy_flex_tp1pp4emp16etp1cp1_release", vocab=256_000,
                dps=(8, 16), static_bytes=33_395_556_352, peak_bytes=46_151_041_024,
+               again=Golden(name="deepseekv3_proxy_flex_tp1pp4emp16etp1cp1_release_sm",
+                            changed="2026-06-18", static_bytes=33_393_856_512,
+                            peak_bytes=51_403_526_144),
                flags="--tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 "
                      "--pipeline-model-parallel-layout Et*2|(tt|)*5t|tmL "
                      "--expert-model-parallel-size 16 --expert-tensor-parallel-size 1 "
@@ -119,6 +140,12 @@ def main() -> None:
             print(f"{run.name:42} {dp:3} {static / 1e9:8.2f} {run.static_bytes / 1e9:7.2f} "
                   f"{peak / 1e9:7.2f} {run.peak_bytes / 1e9:7.2f} {(peak - static) / 1e9:12.2f} "
                   f"{logged / 1e9:7.2f} {(peak - static) / logged - 1:+7.1%}")
+        if run.again:  # the activation part does not depend on dp: the last one's
+            g = run.again
+            again, ours = g.peak_bytes - g.static_bytes, peak - static
+            print(f"  the same run again ({g.name}, goldens of {g.changed}): state "
+                  f"{g.static_bytes / 1e9:.2f} GB, activation part {again / 1e9:.2f} GB "
+                  f"against ppsim's {ours / 1e9:.2f}: {ours / again - 1:+.1%}")
 
 
 if __name__ == "__main__":
