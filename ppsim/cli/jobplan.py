@@ -52,14 +52,17 @@ def overflow_text(res: JobSearch, memory_bytes: float, hosting: bool = False) ->
     if res.leanest is None:
         return None
     lean = res.leanest
+    # A search the budget cut short priced only some shapes: say so, not "every shape".
+    which = "every shape" if res.complete else (
+        f"each of the {res.overflowing:,} shapes priced before the time budget ran out")
     if lean.static_bytes <= memory_bytes:  # what overflows is the host's share
-        return (f"nothing fits: on every shape the optimizer state kept on the host "
+        return (f"nothing fits: on {which} the optimizer state kept on the host "
                 f"overflows the rank's share of its node's host memory "
                 f"({fmt_bytes(host_share_bytes(lean.cfg.hardware))}; "
                 f"{fmt_bytes(lean.host_bytes)} at {lean.shape.label()}); put less of it "
                 "there (--optimizer-offload-fraction), give more GPUs (--gpus), or a "
                 "[hardware] with more host memory")
-    return (f"nothing fits: on every shape the weights, gradients and optimizer states "
+    return (f"nothing fits: on {which} the weights, gradients and optimizer states "
             f"alone overflow {fmt_bytes(memory_bytes)} per GPU, however the layers are split "
             f"(the least is {fmt_bytes(res.leanest.static_bytes)}, at "
             f"{res.leanest.shape.label()}); give more GPUs (--gpus), or a [hardware] with more "

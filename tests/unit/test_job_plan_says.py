@@ -276,3 +276,20 @@ def test_one_policy_on_every_shape_shown_is_said_once(capsys) -> None:
     out = capsys.readouterr().out
     assert "memory policy: full on every shape shown (configured: recompute selective)" in out
     assert ", except" not in out
+
+
+def test_a_search_cut_short_claims_no_more_than_the_shapes_it_priced(capsys) -> None:
+    """DeepSeek-V3 on 128 H100s with a 1 s budget priced a few hundred of its 5,523
+    shapes, yet said "on every shape the weights ... overflow" above "no shape that fits
+    was found within the time budget". It now counts the shapes it priced."""
+    line = ["plan", "--preset", "deepseek-v3", "--hardware", "h100-80gb", "--gpus", "128",
+            "--global-batch-size", "512"]
+    assert main([*line, "--time-budget", "1"]) == 3
+    out, err = capsys.readouterr()
+    said = " ".join(out.split())
+    priced = re.search(r"on each of the ([\d,]+) shapes priced before the time budget ran "
+                       r"out the weights", said)
+    assert priced is not None and "on every shape" not in said, said
+    total = int(re.search(r"of ([\d,]+) shapes simulated", said)[1].replace(",", ""))
+    assert 0 < int(priced[1].replace(",", "")) < total
+    assert "within the time budget" in err
