@@ -17,7 +17,7 @@ from ppsim.config.overrides import MODEL_KEYS, PIPELINE_KEYS, with_overrides
 from ppsim.config.schema import SPLIT_KEYS, Config, PipelineConfig, load_config
 from ppsim.errors import UserError
 from ppsim.job import shape as job_shape
-from ppsim.schedules.generators import schedule_for_vpp
+from ppsim.schedules.generators import chunks_for_schedule, schedule_for_vpp
 
 MEMORY_FLAGS = {"recompute_modules": "recompute_modules",
                 "recompute_layers": "recompute_num_layers",
@@ -210,9 +210,17 @@ def _split_choice(args: argparse.Namespace, flag: Any) -> dict[str, Any] | None:
         if chosen["split"] is not None:
             chosen["split"] = _ints(chosen["split"], "--split")
         return chosen
-    if args.config is None and any(flag(k) is not None for k in RESHAPING):
+    if args.config is None and (any(flag(k) is not None for k in RESHAPING)
+                                or _schedule_chunks(flag)):
         return {}
     return None
+
+
+def _schedule_chunks(flag: Any) -> int | None:
+    """The vpp a --schedule sets where neither --vpp nor a layout gives one (V: 2)."""
+    if flag("schedule") is None or flag("vpp") is not None or flag("layout") is not None:
+        return None
+    return chunks_for_schedule(flag("schedule"))
 
 
 def _memory_flags(flag: Any) -> tuple[dict[str, Any], str | None]:
@@ -266,6 +274,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if pipeline.get("vpp") is not None and pipeline.get("schedule") is None:
         # As Megatron, --vpp alone picks the 1F1B variant (an explicit --schedule is kept).
         pipeline["schedule"] = schedule_for_vpp(cfg.pipeline.schedule, pipeline["vpp"])
+    elif _schedule_chunks(flag):
+        pipeline["vpp"] = _schedule_chunks(flag)  # a V schedule's two
     # A command without the job flags (ppsim run has a --dp of its own) sets only those
     # of them it has.
     keys = MODEL_KEYS if hasattr(args, "gpus") else tuple(

@@ -249,6 +249,12 @@ def schedule_placement(name: str) -> str:
     return _spec(name).placement
 
 
+def chunks_for_schedule(name: str) -> int | None:
+    """The chunks a rank runs where the schedule fixes them: two on a V schedule (as
+    torchtitan builds ZBVZeroBubble's and DualPipeV's stages); None where vpp is free."""
+    return 2 if schedule_placement(name) == "v" else None
+
+
 def schedule_for_vpp(name: str, vpp: int) -> str:
     """Megatron's 1F1B as the chunks per rank call it: interleaved with more than one
     (`--virtual-pipeline-model-parallel-size`), plain with one; any other schedule as

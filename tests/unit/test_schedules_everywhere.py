@@ -6,9 +6,14 @@ config naming an actions CSV drives the TUI's evaluation with that order.
 
 from __future__ import annotations
 
+import json
+
+import pytest
+from helpers import run_main
+
 from ppsim.config.schema import load_config
 from ppsim.pipeline.problem import build_problem
-from ppsim.schedules.generators import SCHEDULES, build_schedule
+from ppsim.schedules.generators import SCHEDULES, build_schedule, schedule_placement
 from ppsim.schedules.torchcsv import to_torch_csv
 from ppsim.sim.simulate import simulate
 from ppsim.tui.session import apply_setting, evaluate_state, state_from_config
@@ -37,3 +42,24 @@ def test_tui_evaluates_the_order_of_an_actions_csv(tmp_path):
     res = evaluate_state(base, state_from_config(base))
     assert build_problem(res.config).schedule.name == "csv"
     assert res.sim.summary == named
+
+
+@pytest.mark.parametrize("name", [n for n in SCHEDULES if schedule_placement(n) == "v"])
+def test_a_v_schedule_named_alone_runs_its_two_chunks_a_rank(name: str) -> None:
+    """`--schedule zbv` (or dualpipev) without --vpp was refused ("placement 'v' needs
+    exactly 2 virtual stages per rank"), though a V schedule has no other choice and
+    torchtitan builds its two stages a rank by itself. Named alone it now runs two; an
+    explicit --vpp is still checked."""
+    for command in ("simulate", "schedule"):
+        code, out, err = run_main([command, "--schedule", name, "--microbatches", "8",
+                                   "--json"])
+        assert code == 0, err
+        doc = json.loads(out)
+        assert (doc["schedule"], doc["vpp"]) == (name, 2)
+    code, _, err = run_main(["simulate", "--schedule", name, "--vpp", "1"])
+    assert code == 2 and "pipeline.vpp" in err
+    # The same with the vpp given: one answer.
+    _, given, _ = run_main(["simulate", "--schedule", name, "--vpp", "2", "--microbatches",
+                            "8", "--json"])
+    _, alone, _ = run_main(["simulate", "--schedule", name, "--microbatches", "8", "--json"])
+    assert json.loads(given)["iteration_time_ms"] == json.loads(alone)["iteration_time_ms"]
