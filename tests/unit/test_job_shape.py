@@ -174,3 +174,23 @@ def test_a_tui_microbatch_edit_is_kept_under_a_global_batch() -> None:
     assert config_for(base, state).pipeline.global_batch_size == 32
     edited = config_for(base, replace(state, microbatches=4))
     assert (edited.pipeline.microbatches, edited.pipeline.global_batch_size) == (4, 0)
+
+
+@pytest.mark.parametrize(("gpus", "pp", "ep", "dp"), [(512, 8, 64, 32), (1024, 4, 128, 128),
+                                                       (256, 8, 32, 16), (128, 2, 32, 32)])
+def test_gpus_give_the_dp_the_expert_layout_is_checked_at(gpus: int, pp: int, ep: int,
+                                                            dp: int) -> None:
+    """Kimi K2's preset runs dp 16 at tp 2; `--gpus 512 --pp 8 --ep 64` was refused with
+    "world_size (256) is not divisible by ... (512)": the layout was checked at the
+    preset's dp before --gpus gave its own (32)."""
+    cfg = args_config("--preset", "kimi-k2", "--hardware", "gb200-186gb", "--gpus",
+                      str(gpus), "--pp", str(pp), "--ep", str(ep), "--global-batch-size",
+                      "2048")
+    a = cfg.model.arch
+    assert (a.dp, a.ep, a.tp * a.dp * cfg.pipeline.pp) == (dp, ep, gpus)
+
+
+def test_an_expert_layout_the_world_cannot_hold_is_still_refused() -> None:
+    with pytest.raises(UserError, match=r"world_size \(512\) is not divisible"):
+        args_config("--preset", "kimi-k2", "--hardware", "gb200-186gb", "--gpus", "512",
+                    "--pp", "8", "--ep", "128", "--global-batch-size", "2048")
