@@ -175,7 +175,7 @@ def mixer_params(a: Architecture, kind: str) -> KindParams:
         mats, norms = block.matmuls, block.norms * (1 if a.rmsnorm else 2)
         if kind == "dsa":
             mats += _indexer_params(b)
-        return KindParams(mats + norms, 0, mats, norms)
+        return KindParams(mats + norms, 0, mats, norms, block.duplicated)
     if kind == "mlp":
         mats = h * a.ffn_hidden_size * (3 if a.gated_mlp else 2)
         return KindParams(mats + norm, 0, mats, norm)
@@ -183,7 +183,8 @@ def mixer_params(a: Architecture, kind: str) -> KindParams:
         # kind_params' MoE layer without its attention block and that block's norms
         full, block = kind_params(a, "moe"), attention_params(a)
         dense = full.dense - block.matmuls - block.norms * (1 if a.rmsnorm else 2)
-        return KindParams(dense, full.experts, full.active - block.matmuls, norm)
+        return KindParams(dense, full.experts, full.active - block.matmuls, norm,
+                          full.duplicated - block.duplicated)  # the router, whole
     raise UserError("model.hybrid_layer_pattern", f"unknown layer kind {kind!r}",
                     "use Megatron's symbols")
 

@@ -17,6 +17,10 @@ class AttentionParams:
     """Its projections' weights."""
     norms: int
     """Its norms' weights (one value each), the input norm included."""
+    duplicated: int = 0
+    """Part of `matmuls` held whole on every tensor-parallel rank: MLA's down projections,
+    which Megatron's Transformer Engine spec builds as TELinear(parallel_mode="duplicated")
+    (multi_latent_attention.py), on the sequence-parallel tokens."""
 
 
 def attention_params(a: Architecture) -> AttentionParams:
@@ -25,10 +29,11 @@ def attention_params(a: Architecture) -> AttentionParams:
     if a.attention == "mla":
         hd = a.head_dim or h // a.num_heads
         q = h * a.q_lora_rank + a.q_lora_rank * sh.q if a.q_lora_rank else h * sh.q
+        down = h * (a.q_lora_rank + a.kv_lora_rank + a.qk_rope_head_dim)
         kv = (h * (a.kv_lora_rank + a.qk_rope_head_dim)
               + a.kv_lora_rank * a.num_heads * (hd + (a.v_head_dim or hd)))
         return AttentionParams(q + kv + sh.out * h,
-                               h + (a.q_lora_rank + a.kv_lora_rank) * a.qk_layernorm)
+                               h + (a.q_lora_rank + a.kv_lora_rank) * a.qk_layernorm, down)
     hd = a.head_dim or h // a.num_heads
     return AttentionParams(h * (sh.q + sh.k + sh.v + sh.gate) + sh.out * h,
                            h + 2 * hd * a.qk_layernorm)
@@ -52,7 +57,9 @@ class KindParams:
     norms: int = 0
     """Part of `dense` in norms (LayerNorm: weight and bias), not split by tp."""
     duplicated: int = 0
-    """Part of `dense` in matmuls held whole on every tp rank (MoE latent projections)."""
+    """Part of `dense` in matmuls held whole on every tp rank: MLA's down projections, the
+    router (Megatron's TopKRouter weight is one unsplit parameter), MoE latent
+    projections."""
 
 
 def kind_params(a: Architecture, kind: str) -> KindParams:
@@ -61,14 +68,15 @@ def kind_params(a: Architecture, kind: str) -> KindParams:
     norm = (block.norms + a.hidden_size) * (1 if a.rmsnorm else 2)  # and the MLP's input norm
     if kind == "dense":
         mlp = _mlp_params(a, a.ffn_hidden_size)
-        return KindParams(attn + mlp + norm, 0, attn + mlp, norm)
+        return KindParams(attn + mlp + norm, 0, attn + mlp, norm, block.duplicated)
     expert = _mlp_params(a, a.moe_ffn_hidden_size, a.moe_latent_size)
     router = a.hidden_size * a.num_experts
     shared = a.shared_experts * _mlp_params(a, a.moe_ffn_hidden_size)  # on the whole width
     latent = 2 * a.hidden_size * a.moe_latent_size  # down to the latent width and back up
     whole = latent + a.hidden_size * (a.shared_expert_gate and a.shared_experts > 0)
     return KindParams(attn + shared + router + whole + norm, a.num_experts * expert,
-                      attn + shared + router + whole + a.top_k * expert, norm, whole)
+                      attn + shared + router + whole + a.top_k * expert, norm,
+                      whole + router + block.duplicated)
 
 
 def mtp_extra_params(a: Architecture) -> int:
