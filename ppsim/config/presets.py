@@ -243,8 +243,9 @@ _TOPOLOGY_A = dict(gpus_per_node=8, intra_node_bandwidth_gbps=300.0, intra_node_
 # EPYC 7742 have 8 DDR4-3200 channels each: 409.6 GB/s. A GB200's Grace has 480 GB of
 # LPDDR5X at 512 GB/s for its two GPUs (NVL72: 18.4 TB/s for 36).
 # One host core steps 0.9 billion parameters a second with torch's fused AdamW in fp32
-# (benchmarks/bench_host_optimizer.py: 0.85-0.92 on the AVX-512/AMX Xeon of
-# docs/benchmarks.md's CPU VM; the EPYC's and Grace's cores are not measured).
+# (benchmarks/bench_host_optimizer.py: 0.85-1.53 across runs on the AVX-512/AMX Xeon
+# of docs/benchmarks.md's CPU VM, the low end taken; the EPYC's and Grace's cores are not
+# measured).
 _HOST = {"pcie5": dict(host_link_gbps=63.0, host_memory_bytes=2e12,
                        host_memory_bandwidth_gbps=563.2, host_core_adam_gparams=0.9),
          "pcie4": dict(host_link_gbps=31.5, host_memory_bytes=2e12,
