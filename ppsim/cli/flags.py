@@ -283,7 +283,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     keys = tuple(k for k in keys if k not in MEGATRON_MODEL_KEYS)
     model = {k: flag(k) for k in keys}
     if flag("gpus") is not None and flag("dp") is None:
-        model["dp"] = 1  # not the preset's: --gpus gives it (_with_world) once tp, cp, pp are
+        model["dp"] = 1  # not the preset's: --gpus sets it once tp, cp, pp are (_with_world)
     # Megatron's model flags change a preset or a config's model; else they build one.
     base = parse_model({"preset": flag("preset")}) if flag("preset") else \
         cfg.model if args.config else None
