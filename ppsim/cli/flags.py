@@ -316,7 +316,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
                                           flag("moe_token_dispatcher_type"),
                                           bool(cfg.pipeline.moe_shared_expert_overlap))
     _check_layer_counts(cfg, flag)
-    _check_positions(cfg, flag("max_position_embeddings"))
+    megatron_flags.check_positions(getattr(getattr(cfg.model, "arch", None), "seq_length", None),
+                                   flag("max_position_embeddings"))
     for note in megatron_run.unpriced_notes(args):
         print(note, file=sys.stderr)
     return _with_world(cfg, flag)
@@ -333,16 +334,6 @@ def _check_layer_counts(cfg: Config, flag: Any) -> None:
         if wanted is not None and wanted != has:
             print(f"warning: {name} {wanted} ignored: the hybrid layer pattern has {has} "
                   f"{what}", file=sys.stderr)
-
-
-def _check_positions(cfg: Config, positions: int | None) -> None:
-    """--max-position-embeddings, which ppsim prices nothing of, against the sequence, as
-    Megatron asserts it whatever the position embedding."""
-    seq = getattr(getattr(cfg.model, "arch", None), "seq_length", None)
-    if positions is not None and seq is not None and positions < seq:
-        raise UserError("--max-position-embeddings", f"max_position_embeddings ({positions}) "
-                        f"must be greater than or equal to seq_length ({seq}) (Megatron's "
-                        "words)", f"give --max-position-embeddings {seq} or more")
 
 
 def _with_world(cfg: Config, flag: Any) -> Config:
