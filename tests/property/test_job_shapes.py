@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from ppsim.cli.flags import config_from_args
 from ppsim.cli.main import build_parser
 from ppsim.config.schema import config_from_dict
+from ppsim.errors import UserError
 from ppsim.job.search import _candidates
 from ppsim.job.shapes import FIXABLE, shapes
 
@@ -117,3 +118,32 @@ def test_llama3s_long_context_phase_has_its_shape() -> None:
     todo = _candidates(cfg, 16384, 128, None, frozenset())
     assert any((s.tp, s.cp, s.pp, s.dp) == (8, 16, 16, 8) for s in todo)
     assert max(s.cp for s in todo) == 16  # 8,192 tokens a rank at the least
+
+
+def _config_or_error(argv: list[str]) -> tuple[str, object]:
+    """The job's sizes config_from_args reads from `argv`, or its refusal's words."""
+    try:
+        cfg = config_from_args(build_parser().parse_args(["simulate", *argv]))
+    except UserError as exc:
+        return "refused", str(exc)
+    a = cfg.model.arch
+    return "ok", (a.tp, a.cp, a.dp, a.ep, a.expert_tp, cfg.pipeline.pp,
+                  cfg.pipeline.microbatches)
+
+
+@settings(max_examples=80, deadline=None)
+@given(preset=st.sampled_from(["kimi-k2", "qwen3-235b-a22b", "deepseek-v3", "mixtral-8x7b",
+                               "gpt-oss-120b", "llama3-70b"]),
+       tp=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2, 4, 8]),
+       cp=st.sampled_from([1, 2]), ep=st.sampled_from([1, 2, 8, 16, 32, 64]),
+       dp=st.sampled_from([1, 2, 4, 8, 16, 32]))
+def test_gpus_say_what_the_dp_they_give_says(preset: str, tp: int, pp: int, cp: int,
+                                             ep: int, dp: int) -> None:
+    """`--gpus N` is `--dp N / (tp x cp x pp)`: the same job, or the same refusal. Kimi K2's
+    preset (dp 16) with --gpus 512 --pp 8 --ep 64 was refused where --dp 32 was taken."""
+    ep = ep if preset != "llama3-70b" else 1
+    line = ["--preset", preset, "--hardware", "h100-80gb", "--tp", str(tp), "--pp", str(pp),
+            "--cp", str(cp), "--ep", str(ep), "--global-batch-size", str(64 * dp)]
+    by_dp = _config_or_error([*line, "--dp", str(dp)])
+    by_gpus = _config_or_error([*line, "--gpus", str(tp * cp * pp * dp)])
+    assert by_dp == by_gpus
