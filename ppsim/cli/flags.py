@@ -28,7 +28,9 @@ MEGATRON_MODEL_KEYS = ("cp_comm_type", "cp_a2a_size", "optimizer", "muon_ns_step
                        "muon_tp_mode")
 """Overridable [model] fields a Megatron model flag sets (megatron_model.model_table reads
 them as Megatron writes them)."""
-RESHAPING = ("pp", "vpp", "num_layers", "preset", "hybrid_layer_pattern")
+RESHAPING = {"pp": "--pp", "vpp": "--vpp", "num_layers": "--num-layers", "preset": "--preset",
+             "hybrid_layer_pattern": "--hybrid-layer-pattern",
+             "layers_per_virtual_stage": "--num-layers-per-virtual-pipeline-stage"}
 """Flags that change how many layers or stages there are (a saved split no longer fits)."""
 
 

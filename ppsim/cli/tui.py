@@ -30,7 +30,7 @@ def resplit_note(args: argparse.Namespace, cfg: object) -> str:
     """A saved split does not survive --pp/--vpp/--num-layers/--preset: the config's
     split is dropped (the TUI starts from the even split) and the note says so."""
     p = cfg.pipeline  # type: ignore[attr-defined]
-    given = [f"--{k.replace('_', '-')}" for k in RESHAPING if getattr(args, k, None) is not None]
+    given = [name for k, name in RESHAPING.items() if getattr(args, k, None) is not None]
     own = any(getattr(args, k, None) not in (None, False) for k in SPLIT_KEYS)
     saved = with_split(p) != p
     if not given or own or not saved or not getattr(args, "config", None):

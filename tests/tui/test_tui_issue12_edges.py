@@ -204,3 +204,19 @@ async def test_the_real_planner_runs_in_a_child_that_escape_stops(
         await settle(pilot)
         assert app.planning is None and started[0].poll() is not None
         assert any("planner cancelled" in str(n.message) for n in app._notifications)
+
+
+def test_the_re_split_note_names_megatrons_per_chunk_flag_as_written(tmp_path: Path) -> None:
+    from ppsim.cli.flags import config_from_args
+    from ppsim.cli.main import build_parser
+    from ppsim.cli.tui import resplit_note
+    from ppsim.tui.session import state_from_config
+
+    path = tmp_path / "c.toml"
+    path.write_text('[model]\npreset = "tiny-gpt"\n[pipeline]\npp = 2\nsplit = [5, 3]\n')
+    args = build_parser().parse_args(["tui", "--config", str(path),
+                                      "--num-layers-per-virtual-pipeline-stage", "2"])
+    cfg = config_from_args(args)
+    note = resplit_note(args, cfg)
+    assert "--num-layers-per-virtual-pipeline-stage re-split the layers evenly" in note
+    assert state_from_config(cfg).counts == (2, 2, 2, 2)

@@ -203,3 +203,14 @@ def test_layers_per_virtual_stage_is_refused_where_megatron_refuses_it(
     assert main([*LLAMA, *flags.split()]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and message in err, err
+
+
+@pytest.mark.parametrize("per_chunk, vpp", [(2, 2), (1, 4)])
+def test_layers_per_virtual_stage_on_the_embedded_default_re_splits_it(per_chunk: int,
+                                                                        vpp: int) -> None:
+    """`ppsim simulate --num-layers-per-virtual-pipeline-stage 2` on the embedded default was
+    refused ("has 2 entries but pp=2 x vpp=2 needs 4"): its saved two-stage split was kept
+    though the flag changes how many stages there are, as --vpp does."""
+    got = _json(["simulate", "--num-layers-per-virtual-pipeline-stage", str(per_chunk)])
+    want = _json(["simulate", "--vpp", str(vpp)])
+    assert got == want and got["vpp"] == vpp and len(got["split"]) == 2 * vpp
