@@ -93,12 +93,16 @@ def _one_preset(name: str, as_json: bool) -> int:
     model = parse_model({"preset": name})
     assert isinstance(model, TransformerModel)  # every model preset is a transformer
     args = shlex.join(megatron_model_args(model.arch))
+    dp = model.arch.dp  # the world's: Megatron has no argument for it
     if as_json:
         emit_json({"name": name, "fields": model.fields(), "note": MODEL_NOTES[name],
-                   "megatron_model_args": args})
+                   "megatron_model_args": args, "dp": dp})
         return 0
     print(f"{name}: {MODEL_NOTES[name]}")
     print(f"Megatron: {args}")
+    if dp > 1:
+        print(f"data-parallel size {dp}: Megatron takes it from the world size; pasting the "
+              f"arguments above into ppsim, add --dp {dp} (or --gpus)")
     return 0
 
 

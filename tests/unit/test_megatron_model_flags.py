@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
 import shlex
 from contextlib import redirect_stdout
 
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 from ppsim.cli.flags import add_config_flags, config_from_args
 from ppsim.cli.main import build_parser, main
 from ppsim.cli.megatron_model import layer_kinds_spec
+from ppsim.config.model import parse_model
 from ppsim.config.presets import MODEL_PRESETS
 from ppsim.costs.layerops import padded_vocab
 from ppsim.costs.patterns import moe_layers
@@ -383,3 +385,21 @@ def test_tp_comm_overlap_without_sequence_parallel_is_refused_as_megatron_refuse
     assert len(err) == 1 and "pipeline.tp_comm_overlap: Tensor parallel communication/GEMM " \
         "overlap can happen only when sequence parallelism is enabled" in err[0]
     assert main([*line, "--sequence-parallel", "--json"]) == 0
+
+
+@pytest.mark.parametrize("name", [n for n in MODEL_PRESETS
+                                  if parse_model({"preset": n}).arch.dp > 1])
+def test_a_presets_printed_arguments_with_its_dp_hint_are_that_preset(name: str,
+                                                                       capsys) -> None:
+    """A preset whose optimizer is sharded over a data-parallel size (llama3.1-405b's 64,
+    DeepSeek-V3's 128, Kimi K2's 16) printed Megatron arguments that, pasted alone, priced
+    another job: dp 1, the whole optimizer state on every rank (the 405B's first rank
+    457 GB against 157). `presets NAME` now names the --dp to add, and with it the
+    arguments are the preset, dp included."""
+    assert main(["presets", name]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    args = lines[1].removeprefix("Megatron: ")
+    hint = re.search(r"add (--dp \d+)", lines[2])
+    assert hint is not None, lines
+    preset, pasted = parse_model({"preset": name}).arch, _arch(f"{args} {hint[1]}")
+    assert arch_meaning(pasted) == arch_meaning(preset) and pasted.dp == preset.dp > 1
