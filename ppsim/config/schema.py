@@ -19,6 +19,7 @@ from ppsim.job import combined
 from ppsim.job import shape as job_shape
 from ppsim.pipeline.placement import PlacementConfig
 from ppsim.policy.model import memory_policy
+from ppsim.schedules.generators import chunks_for_schedule
 
 SPLIT_KEYS = ("split", "layout", "first_stage_layers", "last_stage_layers",
               "account_for_embedding", "account_for_loss")
@@ -235,6 +236,8 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     cfg = Config(model=parse_model(validate.table("model", data.get("model", {}))))
     pipeline = validate.table("pipeline", data.get("pipeline", {}))
     _fill(cfg.pipeline, pipeline, "pipeline")
+    if "vpp" not in pipeline and "layout" not in pipeline:  # a V schedule's two, as --schedule
+        cfg.pipeline.vpp = chunks_for_schedule(cfg.pipeline.schedule) or cfg.pipeline.vpp
     cfg.hardware = hardware_config(dict(validate.table("hardware", data.get("hardware", {}))))
     _fill(cfg.placement, validate.table("placement", data.get("placement", {})), "placement")
     if "costs_file" in data:

@@ -63,3 +63,17 @@ def test_a_v_schedule_named_alone_runs_its_two_chunks_a_rank(name: str) -> None:
                             "8", "--json"])
     _, alone, _ = run_main(["simulate", "--schedule", name, "--microbatches", "8", "--json"])
     assert json.loads(given)["iteration_time_ms"] == json.loads(alone)["iteration_time_ms"]
+
+
+def test_a_config_naming_a_v_schedule_runs_its_two_chunks_a_rank(tmp_path) -> None:
+    """A config's `schedule = "zbv"` without `vpp` was refused as --schedule zbv was; a
+    vpp the file gives is still checked."""
+    path = tmp_path / "v.toml"
+    path.write_text('[model]\npreset = "tiny-llm"\n[pipeline]\npp = 2\nmicrobatches = 8\n'
+                    'schedule = "dualpipev"\n')
+    assert load_config(str(path)).pipeline.vpp == 2
+    code, out, err = run_main(["simulate", "--config", str(path), "--json"])
+    assert code == 0 and json.loads(out)["vpp"] == 2, err
+    path.write_text(path.read_text() + "vpp = 1\n")
+    code, _, err = run_main(["simulate", "--config", str(path)])
+    assert code == 2 and "pipeline.vpp" in err
