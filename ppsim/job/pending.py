@@ -22,7 +22,7 @@ from ppsim.job.host_optimizer import (
 from ppsim.job.shapes import Shape
 from ppsim.pipeline.problem import model_costs, resolve_split
 from ppsim.pipeline.split import Split
-from ppsim.schedules.generators import schedule_placement
+from ppsim.schedules.generators import schedule_for_vpp, schedule_placement
 
 NO_FSDP = {"fsdp_framework": "torchtitan", "fsdp_reshard_after_forward": "default",
            "fsdp_cpu_offload": False}
@@ -39,7 +39,7 @@ HOST_SHARES = (0.25, 0.5, 0.75, 1.0)
 def shape_config(cfg: Any, s: Shape, gbs: int) -> Any:
     """`cfg` as the shape `s` at a global batch of `gbs`: its sizes, and the axes the
     search varies."""
-    schedule = "interleaved-1f1b" if s.vpp > 1 else "1f1b"
+    schedule = schedule_for_vpp(cfg.pipeline.schedule, s.vpp)  # a --schedule given is kept
     sharding = {"fsdp": s.fully_sharded, "dp_replicas": s.dp_replicas,
                 "distributed_optimizer": not s.fully_sharded} if s.sharding else {}
     if s.sharding == "megatron-fsdp":

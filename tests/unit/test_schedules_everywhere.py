@@ -77,3 +77,28 @@ def test_a_config_naming_a_v_schedule_runs_its_two_chunks_a_rank(tmp_path) -> No
     path.write_text(path.read_text() + "vpp = 1\n")
     code, _, err = run_main(["simulate", "--config", str(path)])
     assert code == 2 and "pipeline.vpp" in err
+
+
+JOB = ["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "16",
+       "--global-batch-size", "64", "--time-budget", "8", "--json"]
+
+
+@pytest.mark.parametrize("name, vpp", [("zbv", {2}), ("dualpipev", {2}), ("zb-h1", {1}),
+                                       ("interleaved-zb", {1, 2, 4, 8})])
+def test_the_job_search_runs_the_schedule_it_is_given(name: str, vpp: set[int]) -> None:
+    """`plan --gpus N --schedule zbv` planned Megatron's interleaved 1F1B (vpp 4) and said
+    nothing: the job search set every shape's schedule from its vpp alone. Each shape now
+    runs the schedule given, at the chunks it takes."""
+    code, out, err = run_main([*JOB, "--schedule", name])
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["held"] == {}  # the schedule's chunks are not a size the user gave
+    for c in doc["candidates"]:
+        assert c["schedule"] == name and c["vpp"] in vpp
+        if name == "dualpipev":
+            assert c["microbatches"] >= 2 * c["pp"]
+
+
+def test_a_schedule_no_shape_runs_is_refused_in_its_own_words() -> None:
+    code, _, err = run_main([*JOB, "--schedule", "zb-h1", "--vpp", "2"])
+    assert code == 2 and "zb-h1 runs one chunk per rank but vpp = 2" in err
