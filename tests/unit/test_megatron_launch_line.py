@@ -251,7 +251,7 @@ def _layout(counts: list[int]) -> str:
     return "|".join(stages)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(pp=st.sampled_from([1, 2, 4]), vpp=st.integers(1, 3),
        data=st.data(), microbatches=st.sampled_from([4, 8]))
 def test_schedule_runs_the_chunks_a_pasted_layout_gives_as_simulate_does(
