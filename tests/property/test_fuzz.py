@@ -263,7 +263,7 @@ def test_cli_fuzz_with_a_failing_stdout(cases, tmp_path):
     """Issue 27: standard output full (/dev/full) or closed: one line, exit 0, 2 or 3."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     good = [["simulate", "--json"], ["costs"], ["schedule"], ["plan", "--time-budget", "1"]]
-    picked = good + [c for c in cases if c[0] in ("simulate", "costs", "plan")][:: 20][:4]
+    picked = good + [c for c in cases if c[0] in ("simulate", "costs", "plan")][:: 20][:2]
     for n, argv in enumerate(picked):
         cmd = [sys.executable, "-P", "-m", "ppsim.cli", *argv]
         if n % 2:  # closed, as `>&-` leaves it
