@@ -276,8 +276,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if pipeline.get("vpp") is not None and pipeline.get("schedule") is None:
         # As Megatron, --vpp alone picks the 1F1B variant (an explicit --schedule is kept).
         pipeline["schedule"] = schedule_for_vpp(cfg.pipeline.schedule, pipeline["vpp"])
-    elif _schedule_chunks(flag):
-        pipeline["vpp"] = _schedule_chunks(flag)  # a V schedule's two
+    elif chunks := _schedule_chunks(flag):
+        pipeline["vpp"] = chunks  # a V schedule's two
     # A command without the job flags (ppsim run has a --dp of its own) sets only those
     # of them it has.
     keys = MODEL_KEYS if hasattr(args, "gpus") else tuple(

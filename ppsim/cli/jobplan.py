@@ -20,7 +20,6 @@ from ppsim.job.model import data_parallel, fsdp_framework
 from ppsim.job.policy_search import POLICY_AXES
 from ppsim.job.search import JOB_AXES, JobSearch, ShapeResult, longer_budget, search_job
 from ppsim.job.shapes import FIXABLE
-from ppsim.schedules.generators import chunks_for_schedule
 from ppsim.units import fmt_bytes
 
 
@@ -248,16 +247,6 @@ def fixed_sizes(args: argparse.Namespace) -> dict[str, int]:
     return out
 
 
-def schedule_sizes(args: argparse.Namespace) -> dict[str, int]:
-    """The chunks a --schedule fixes where no --vpp or layout gives them (a V schedule's
-    two, ZB-H1's one): held in the search, not shown as a size the user gave."""
-    schedule = getattr(args, "schedule", None)
-    chunks = chunks_for_schedule(schedule) if schedule else None
-    if chunks is None or args.vpp is not None or getattr(args, "layout", None) is not None:
-        return {}
-    return {"vpp": chunks}
-
-
 def split_flags_given(args: argparse.Namespace) -> list[str]:
     """The split flags given (a launch line's: its layout, first and last stages' layers,
     embedding and loss accounted), as attribute names."""
@@ -309,7 +298,7 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
         held.pop("etp", None)  # no experts to split: Megatron reads it and splits nothing
     with step_bar(not args.json and sys.stderr.isatty()) as progress:
         res = search_job(cfg, args.gpus, gbs, top_k=args.top, budget_s=args.time_budget,
-                         policy=policy, fixed=schedule_sizes(args) | held, progress=progress,
+                         policy=policy, fixed=held, progress=progress,
                          axes=frozenset(axes & set(JOB_AXES)))
     if assumed:  # after the search's checks: bad input stays one line on stderr
         sys.stderr.write(f"ppsim plan: {assumed}\n")

@@ -49,7 +49,7 @@ from ppsim.job.walk import (
     simulate_shapes,
 )
 from ppsim.plan.planner import plan
-from ppsim.schedules.generators import build_schedule, schedule_for_vpp, schedule_runs
+from ppsim.schedules.generators import schedule_for_vpp, schedule_refusal
 from ppsim.sim.simulate import simulate
 from ppsim.sim.summary import Summary
 
@@ -147,13 +147,12 @@ def _candidates(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int] | None,
         fixed = {**(fixed or {}), "pp": 1}
     todo = shapes(a, gpus, gbs, per_node, cfg.model.total_layers, fixed, sharding, combined,
                   cfg.pipeline.overlap_param_gather_with_optimizer_step)
-    named = cfg.pipeline.schedule  # a --schedule given: the shapes it runs (DualPipeV: m >= 2pp)
-    runs = [s for s in todo
-            if schedule_runs(schedule_for_vpp(named, s.vpp), s.pp, s.vpp, s.microbatches)]
-    if todo and not runs:  # the schedule's own words for the first
-        s = todo[0]
-        build_schedule(schedule_for_vpp(named, s.vpp), s.pp, s.vpp, s.microbatches)
-    todo = runs
+    # A --schedule given: the shapes it runs (V: two chunks; DualPipeV: m >= 2pp).
+    refusals = [schedule_refusal(schedule_for_vpp(cfg.pipeline.schedule, s.vpp), s.pp, s.vpp,
+                                 s.microbatches) for s in todo]
+    if todo and all(refusals):
+        raise refusals[0]  # in the schedule's own words
+    todo = [s for s, no in zip(todo, refusals, strict=True) if no is None]
     if sharding:
         todo = [v for s in todo
                 for v in sharding_choices(s, per_node, a.num_experts > 0, combined,

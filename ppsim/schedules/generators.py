@@ -251,21 +251,18 @@ def schedule_placement(name: str) -> str:
 
 def chunks_for_schedule(name: str) -> int | None:
     """The chunks a rank runs where the schedule fixes them: two on a V schedule (as
-    torchtitan builds ZBVZeroBubble's and DualPipeV's stages), one on ZB-H1; None where
-    vpp is free (Megatron's 1F1B turns interleaved with it: schedule_for_vpp)."""
-    if schedule_placement(name) == "v":
-        return 2
-    return 1 if name == "zb-h1" else None
+    torchtitan builds ZBVZeroBubble's and DualPipeV's stages); None where vpp is free."""
+    return 2 if schedule_placement(name) == "v" else None
 
 
-def schedule_runs(name: str, pp: int, vpp: int, m: int) -> bool:
-    """Whether the schedule `name` takes pp ranks of vpp chunks over m microbatches (its
-    own check, as building it would ask)."""
+def schedule_refusal(name: str, pp: int, vpp: int, m: int) -> UserError | None:
+    """Why the schedule `name` does not take pp ranks of vpp chunks over m microbatches
+    (its own check, as building it would say); None where it does."""
     try:
         _spec(name).check(pp, vpp, m)
-    except UserError:
-        return False
-    return True
+    except UserError as exc:
+        return exc
+    return None
 
 
 def schedule_for_vpp(name: str, vpp: int) -> str:
