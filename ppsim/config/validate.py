@@ -117,8 +117,9 @@ def seconds(where: str, value: Any) -> float:
 
 def suggest(name: str, choices: list[str] | tuple[str, ...]) -> str:
     """The fix for an unknown key: the closest valid one, or the list."""
-    close = difflib.get_close_matches(name, choices, n=1)
-    return f"did you mean {close[0]!r}?" if close else "valid keys: " + ", ".join(choices)
+    unique = list(dict.fromkeys(choices))  # callers join field lists that may overlap
+    close = difflib.get_close_matches(name, unique, n=1)
+    return f"did you mean {close[0]!r}?" if close else "valid keys: " + ", ".join(unique)
 
 
 def table(where: str, value: Any) -> dict[str, Any]:

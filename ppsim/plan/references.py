@@ -136,7 +136,13 @@ def compare(problem: Problem, texts: list[str]) -> list[Reference]:
     """Each --compare value, parsed and timed."""
     out = []
     for text in texts:
-        s = parse_reference(text, problem)
+        try:
+            s = parse_reference(text, problem)
+        except UserError as e:
+            if e.field == "--compare":
+                raise
+            # The split rules speak of the config's fields; the value came from --compare.
+            raise UserError("--compare", f"{text!r}: {e.problem}", e.fix) from None
         out.append(Reference(text, s, time_split(problem, s)))
     return out
 

@@ -137,6 +137,14 @@ def test_unknown_key_suggests_the_right_one(tmp_path, capsys):
     assert "microbatches" in capsys.readouterr().err
 
 
+def test_the_valid_keys_of_a_table_are_listed_once_each(tmp_path, capsys):
+    p = tmp_path / "odd.toml"
+    p.write_text('[model]\npreset = "llama3-8b"\nzzzzzz = 1\n')
+    assert main(["simulate", "--config", str(p)]) == 2
+    keys = capsys.readouterr().err.split("valid keys: ")[1].rstrip(")\n").split(", ")
+    assert "num_layers" in keys and len(keys) == len(set(keys))
+
+
 def test_console_script_exit_status_and_no_traceback(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ppsim.cli", "simulate", "--split", "1,1"],
                        capture_output=True, text=True)

@@ -239,6 +239,14 @@ def test_compare_with_the_wrong_shape_is_a_clear_error(capsys):
     assert "plan with --vpp 2" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["3,3", "Et*3|t*2L"])
+def test_compare_errors_name_the_flag_not_the_config_field(value, capsys):
+    assert main(["plan", "--num-layers", "4", "--pp", "2", "--compare", value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ppsim plan: error: --compare: ") and value in err
+    assert "pipeline." not in err and err.count("\n") == 1
+
+
 def test_megatron_split_with_mtp_puts_it_on_the_last_stage():
     cfg = config_from_dict({"model": {"preset": "deepseek-v3"},
                             "pipeline": {"pp": 4, "first_stage_layers": 13,
