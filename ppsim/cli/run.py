@@ -150,7 +150,10 @@ def validate(args: argparse.Namespace) -> Any:
     runchecks.check_launch(args, pp * dp * tp * cp)
     runchecks.check_world(args, pp * dp * tp * cp)
     runchecks.check_host_memory(args, problem, dp * tp * cp)
-    if args.iterations < 1 or not 0 <= args.warmup < args.iterations:
+    if args.iterations < 1:
+        raise UserError("--iterations", f"must be at least 1, got {args.iterations}",
+                        "e.g. --iterations 5")
+    if not 0 <= args.warmup < args.iterations:
         raise UserError("--warmup", f"{args.warmup} warm-up of {args.iterations} iterations",
                         "need iterations >= 1 and 0 <= warmup < iterations")
     if not (math.isfinite(args.timeout_s) and 0 < args.timeout_s <= 7 * 86400):
@@ -328,6 +331,12 @@ def _launch(args: argparse.Namespace, problem: Any, store: Any) -> Any:
 
 
     err = Console(stderr=True)
+    if args.nnodes > 1:
+        # torchrun prints nothing while it waits for the other nodes' rendezvous.
+        others = ", ".join(str(i) for i in range(args.nnodes) if i != args.node_rank)
+        sys.stderr.write(f"ppsim run: node {args.node_rank} of {args.nnodes}: waiting at "
+                         f"{args.master_addr}:{args.master_port or 29500} for node(s) "
+                         f"{others} (the same command with --node-rank N there)\n")
     env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
            launch.STORE_ENV: "{}:{}".format(*store.endpoint)} if store else {}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[note]}"),

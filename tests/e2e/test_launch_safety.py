@@ -80,6 +80,20 @@ def test_a_port_in_use_on_node_0_of_two_is_one_line(tmp_path, capsys, no_launch)
     assert "already in use" in _one_line(capsys, rc, "--master-port")
 
 
+def test_a_node_of_several_says_whom_it_waits_for(tmp_path, capsys, no_launch) -> None:
+    with pytest.raises(AssertionError, match="a process was started"):
+        main(["run", "--nnodes", "3", "--node-rank", "1", "--nproc-per-node", "1",
+              "--pp", "3", "--split", "3,3,2", "--master-port", "29533",
+              "--trace-dir", str(tmp_path / "t")])
+    err = capsys.readouterr().err
+    assert "node 1 of 3: waiting at 127.0.0.1:29533 for node(s) 0, 2" in err, err
+
+
+def test_zero_iterations_names_the_iterations(tmp_path, capsys, no_launch) -> None:
+    rc = main(["run", "--iterations", "0", "--trace-dir", str(tmp_path / "t")])
+    assert "got 0" in _one_line(capsys, rc, "--iterations")
+
+
 def test_a_master_address_not_of_this_machine_is_one_line(tmp_path, capsys,
                                                           no_launch) -> None:
     rc = main(["run", "--master-addr", "192.0.2.1", "--trace-dir", str(tmp_path / "t")])
