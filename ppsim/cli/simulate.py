@@ -235,7 +235,8 @@ def print_exports(console: Any, exports: dict[str, Any]) -> None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     simulate = simulator(args.engine)
     cfg, assumed = assume_hardware(args, config_from_args(args))
-    outputs_apart(args, {"--trace": args.trace, "--png": args.png}, cfg=cfg)
+    outputs_apart(args, {"--trace": args.trace, "--png": args.png},
+                  {"--compare-log": args.compare_log}, cfg=cfg)
     ops = limits.check_request(cfg, limits.SIMULATE)
     if args.trace or args.png:
         limits.check_request(cfg, limits.TRACE)

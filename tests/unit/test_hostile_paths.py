@@ -69,6 +69,17 @@ def test_simulate_trace_over_the_config_is_refused(tmp_path: Path, capsys) -> No
     assert cfg.read_text() == '[model]\npreset = "tiny-gpt"\n'
 
 
+@pytest.mark.parametrize("flag", ["--trace", "--png"])
+def test_simulate_output_over_the_log_it_compares_is_refused(flag: str, tmp_path: Path,
+                                                            capsys) -> None:
+    log = tmp_path / "train.log"
+    log.write_text(" iteration       10/    1000 | elapsed time per iteration (ms): 140.5 |\n")
+    before = log.read_bytes()
+    _refused(capsys, ["simulate", "--compare-log", str(log), flag, str(log)], flag,
+             "--compare-log")
+    assert log.read_bytes() == before
+
+
 def test_schedule_csv_over_the_actions_csv_is_refused(tmp_path: Path, capsys) -> None:
     csv = str(tmp_path / "o.csv")
     assert main(["schedule", "--csv", csv]) == 0
