@@ -17,6 +17,7 @@ import re
 import stat
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ppsim.errors import UserError
@@ -186,9 +187,22 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-def refuse_overlap(inputs: dict[str, str | None], outputs: dict[str, str | None]) -> None:
-    """Refuse (UserError naming both) an output that is one of the inputs or another
-    output: `ppsim diff sim.json real.json --png real.json` would replace the real trace.
+@dataclass(frozen=True)
+class Overlap:
+    """An output path that is an input or another output."""
+
+    flag: str
+    """The flag (or config key) that gave the output."""
+    path: str
+    other: str
+    """The flag (or what) that gave the same file first."""
+    kind: str
+    """'an input' or 'another output'."""
+
+
+def find_overlap(inputs: dict[str, str | None], outputs: dict[str, str | None]
+                 ) -> Overlap | None:
+    """The first output that is one of the inputs or another output, or None.
 
     Keys are the flags (or config keys) that gave each path; None values are skipped.
     """
@@ -200,7 +214,14 @@ def refuse_overlap(inputs: dict[str, str | None], outputs: dict[str, str | None]
         for other, other_path in given_in + seen:
             if _same_file(path, other_path):
                 kind = "another output" if (other, other_path) in seen else "an input"
-                raise UserError(flag, f"{shown(path)} is also {other} ({kind}); ppsim never "
-                                f"writes an output over {kind}",
-                                f"give {flag} a path of its own")
+                return Overlap(flag, path, other, kind)
         seen.append((flag, path))
+    return None
+
+
+def refuse_overlap(inputs: dict[str, str | None], outputs: dict[str, str | None]) -> None:
+    """Refuse (UserError naming both) an output that is one of the inputs or another
+    output: `ppsim diff sim.json real.json --png real.json` would replace the real trace."""
+    if (o := find_overlap(inputs, outputs)) is not None:
+        raise UserError(o.flag, f"{shown(o.path)} is also {o.other} ({o.kind}); ppsim never "
+                        f"writes an output over {o.kind}", f"give {o.flag} a path of its own")

@@ -15,7 +15,7 @@ from textual.widgets import Static
 
 from ppsim.config.schema import config_to_toml
 from ppsim.errors import UserError
-from ppsim.fileio import write_text_atomic
+from ppsim.fileio import find_overlap, write_text_atomic
 from ppsim.pipeline.problem import hybrid_pattern
 from ppsim.policy.costs import Fixed
 from ppsim.policy.megatron import PolicyExport
@@ -67,8 +67,20 @@ class FileActions:
         s = self.state  # type: ignore[attr-defined]
         return f"{s.model_preset or 'model'} {s.schedule} microbatches={s.microbatches}"
 
+    def _inputs(self, what: str) -> dict[str, str | None]:
+        """The files this app read, which `what` must not replace (a save may replace the
+        config it was opened from: that is what saving means)."""
+        trace = getattr(self, "trace", None)
+        base = self.base  # type: ignore[attr-defined]
+        return {"the config": None if what == "save" else self.config_path,
+                "the loaded trace": trace.path if trace is not None else None,
+                "costs_file": base.costs_file, "actions_csv": base.pipeline.actions_csv}
+
     def _write(self, what: str, path: str, text: str) -> bool:
         problem = write_problem(path)
+        if not problem:
+            if (clash := find_overlap(self._inputs(what), {what: path})) is not None:
+                problem = f"{path} is {clash.other}; ppsim never writes over what it read"
         if not problem:
             try:
                 write_text_atomic(path, text)

@@ -151,6 +151,29 @@ async def test_save_to_a_missing_folder_says_so_and_creates_nothing(tmp_path: Pa
     assert not any("Errno" in m for m in msgs)
 
 
+async def test_export_and_save_never_replace_what_the_app_read(tmp_path: Path) -> None:
+    # Export over the loaded trace or the config replaced it with a shell script.
+    trace, cfg = tmp_path / "t.json", tmp_path / "c.toml"
+    with redirect_stdout(io.StringIO()):
+        assert ppsim_main(["simulate", "--trace", str(trace)]) == 0
+    cfg.write_text('[model]\npreset = "tiny-gpt"\n')
+    before = trace.read_bytes()
+    app = PPSimApp(config_path=str(cfg), trace_path=str(trace))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        app.export_to(str(trace))
+        app.save_to(str(trace))
+        app.export_to(str(cfg))
+        await pilot.pause()
+        refused = [str(n.message) for n in app._notifications if "never writes" in
+                   str(n.message)]
+        app.save_to(str(cfg))  # saving the config it was opened from is what save means
+        await pilot.pause()
+    assert trace.read_bytes() == before and len(refused) == 3, refused
+    assert "the loaded trace" in refused[0] and "the config" in refused[2]
+    assert cfg.read_text() != '[model]\npreset = "tiny-gpt"\n'
+
+
 async def test_quit_with_unsaved_edits_asks(tmp_path: Path) -> None:
     app = PPSimApp()
     async with app.run_test(size=SIZE) as pilot:
