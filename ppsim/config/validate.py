@@ -291,7 +291,7 @@ def transformer(raw: dict[str, Any]) -> None:
                         f"set {missing[0]} = N, or use preset = NAME")
     for key, value in raw.items():
         if key != "num_layers" and isinstance(value, int) and not isinstance(value, bool):
-            count(f"model.{key}", value, lo=0, hi=_ARCH_MAX,
+            count(f"model.{key}", value, lo=1 if key in _POSITIVE else 0, hi=_ARCH_MAX,
                   fix="use a smaller number" if value > _ARCH_MAX else "")
     if isinstance(raw.get("num_layers"), int) and isinstance(raw.get("mtp_layers"), int):
         limits.check_shape(raw["num_layers"], 1, 1, 1, raw["mtp_layers"])

@@ -145,6 +145,12 @@ def test_the_valid_keys_of_a_table_are_listed_once_each(tmp_path, capsys):
     assert "num_layers" in keys and len(keys) == len(set(keys))
 
 
+def test_a_too_large_positive_field_gives_its_own_lower_bound(capsys):
+    assert main(["simulate", "--preset", "llama3-8b", "--seq-length", "100000000"]) == 2
+    err = capsys.readouterr().err
+    assert "model.seq_length: must be between 1 and 10,000,000" in err, err
+
+
 def test_console_script_exit_status_and_no_traceback(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ppsim.cli", "simulate", "--split", "1,1"],
                        capture_output=True, text=True)
