@@ -19,7 +19,7 @@ from ppsim.costs.costfile import PROFILE_REPEATS, cost_document, layer_dict
 from ppsim.costs.model import ModelCosts
 from ppsim.executor.alloc import keep_freed_memory
 from ppsim.executor.builders.llama import architecture
-from ppsim.executor.conditions import run_conditions
+from ppsim.executor.conditions import cpu_cores, run_conditions
 from ppsim.executor.places import ExpertShape
 from ppsim.executor.profile import Profiler, Progress, measure_p2p, p2p_sizes
 from ppsim.executor.profile_dp import measure_data_parallel
@@ -46,6 +46,25 @@ class _Measured:
     """The placement's conditions (ppsim.executor.conditions); None with tp or ep > 1."""
     collectives: dict[str, Any] | None
     """With tp or ep > 1, the bare collectives' times (ppsim.executor.profile_tp)."""
+
+
+def processes_at_once(fields: dict[str, Any], device_kind: str,
+                      devices: list[int] | None) -> int:
+    """The most processes that hold a rank's pieces at once while `profile` measures:
+    the tensor-, context- and expert-parallel group's copies (`_pieces`), or this process
+    with the copies `run_conditions` times beside it (one per device, as many per device
+    as the placement puts there)."""
+    a = architecture(fields)
+    experts = ExpertShape.of(a)
+    world = profile_processes(a.tp, experts.ep, experts.etp, a.cp)
+    if world > 1:
+        return world * (profile_copies(world, len(devices or [0]), os.cpu_count() or 1)
+                        if device_kind == "cpu" else 1)
+    devs = list(devices) if devices else [0]
+    distinct = sorted(set(devs))
+    k = max(devs.count(d) for d in distinct)
+    at_once = min(len(distinct), cpu_cores()) if device_kind == "cpu" else 0
+    return 1 + max(at_once if at_once >= 2 else 0, len(distinct) * k if k >= 2 else 0)
 
 
 def _pieces(fields: dict[str, Any], device: torch.device, device_kind: str, repeats: int,

@@ -43,6 +43,10 @@ def _ppsim(*args: str) -> subprocess.CompletedProcess:
 def _checked(step: str, res: subprocess.CompletedProcess) -> str:
     if res.returncode != 0:
         tail = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
+        said = f"ppsim {step.split()[0]}: error: "
+        if res.returncode == 2 and tail.startswith(said):
+            # the step's own one-line refusal names the field and its fix already
+            raise UserError(f"demo {step}", tail[len(said):])
         raise UserError(f"demo {step}", f"failed: {tail}", "run that step alone to see why")
     return res.stdout
 

@@ -9,18 +9,26 @@ calibration is pure logic (trace in, costs out).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import Any
 
 from ppsim.cli.context_checks import check_context_model
 from ppsim.cli.costs import COSTS_NOTE, costs_table, hardware_profile
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
-from ppsim.cli.runchecks import RANKS_PER_DEVICE, check_tensor_parallel, host_devices
+from ppsim.cli.runchecks import (
+    RANKS_PER_DEVICE,
+    check_profile_memory,
+    check_tensor_parallel,
+    host_devices,
+)
 from ppsim.config import validate
 from ppsim.config.model import TransformerModel
 from ppsim.config.schema import Config
+from ppsim.costs.arch import DTYPE_BYTES
 from ppsim.costs.costfile import PROFILE_REPEATS, cost_document, read_cost_file, write_costs
 from ppsim.errors import UserError
+from ppsim.pipeline.problem import model_costs
 from ppsim.trace.calibrate import ESTIMATORS, Calibration, calibrate
 from ppsim.trace.read import read_trace
 from ppsim.units import fmt_bytes
@@ -90,7 +98,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     import torch
 
     from ppsim.executor.builders import builder_spec, code_note, load_builder  # loads torch
-    from ppsim.executor.measure import profile  # torch loads only when measuring
+    from ppsim.executor.measure import (  # torch loads only when measuring
+        processes_at_once,
+        profile,
+    )
 
     if note := code_note(builder_spec(None, fields)):
         sys.stderr.write(f"ppsim profile: note: {note}\n")
@@ -104,6 +115,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device", "cuda requested but torch sees no GPU here",
                         "use --device cpu")
+    devices = list(cfg.placement.devices) if cfg.placement.devices \
+        else list(range(cfg.pipeline.pp))
+    if args.device == "cpu":
+        analytic = model_costs(dataclasses.replace(cfg, costs_file=None))
+        check_profile_memory(analytic, DTYPE_BYTES[cfg.model.arch.dtype],
+                             processes_at_once(fields, args.device, devices))
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -117,8 +134,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
         def progress(what: str, steps: int) -> None:
             bar.update(task, advance=steps, description=what)
 
-        devices = list(cfg.placement.devices) if cfg.placement.devices \
-            else list(range(cfg.pipeline.pp))
         doc = profile(fields, args.device, args.repeats, args.warmup,
                       cfg.pipeline.microbatches, p2p=not args.no_p2p, progress=progress,
                       devices=devices, pin=bool(cfg.placement.devices))

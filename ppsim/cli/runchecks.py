@@ -86,15 +86,36 @@ def check_host_memory(args: argparse.Namespace, problem: Any, copies: int) -> No
     refused before any process starts (it would end in the OOM killer)."""
     if args.device != "cpu" or args.print_launch or args.nnodes > 1:
         return
-    free = available_host_bytes()
     costs = problem.costs
     state = stage_cost(costs, 0, costs.num_layers, True, True).static_bytes * copies
-    if free is None or state <= free:
+    _refuse_beyond_host(state, "the run's weights, gradients and optimizer state alone take "
+                        f"{state / 1e9:,.1f} GB over its ranks")
+
+
+def check_profile_memory(costs: Any, param_bytes: int, processes: int) -> None:
+    """`ppsim profile` builds the embedding, up to four decoder layers of each kind and the
+    head, each weight with its gradient, in each of `processes` at once: refused before any
+    starts where those alone pass the memory this host has free (the OOM killer's
+    SIGKILL would end it with a traceback). `costs`: the model's analytic ModelCosts."""
+    by_kind: dict[str, list[int]] = {}
+    for kind, layer in zip(costs.kinds or ("layer",) * len(costs.layers), costs.layers,
+                           strict=True):
+        by_kind.setdefault(kind, []).append(layer.params)
+    params = costs.embedding.params + costs.head.params + sum(
+        sum(sorted(v)[:4]) for v in by_kind.values())  # the fewest it could build
+    need = 2 * param_bytes * params * processes
+    _refuse_beyond_host(need, f"the profile's pieces (embedding, a few layers of each kind, "
+                        f"head) and their gradients take {need / 1e9:,.1f} GB over "
+                        f"{processes} process(es)")
+
+
+def _refuse_beyond_host(need: float, what: str) -> None:
+    free = available_host_bytes()
+    if free is None or need <= free:
         return
-    raise UserError("model", f"the run's weights, gradients and optimizer state alone take "
-                    f"{state / 1e9:,.1f} GB over its ranks, and this host has "
-                    f"{free / 1e9:,.1f} GB free", "run a smaller model (--preset tiny-gpt, "
-                    "fewer --num-layers, a smaller --hidden-size), or on GPUs (--device cuda)")
+    raise UserError("model", f"{what}, and this host has {free / 1e9:,.1f} GB free",
+                    "run a smaller model (--preset tiny-gpt, fewer --num-layers, a smaller "
+                    "--hidden-size), or on GPUs (--device cuda)")
 
 
 def check_features(cfg: Any) -> None:
