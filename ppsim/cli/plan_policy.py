@@ -13,11 +13,13 @@ from ppsim.cli.flags import assume_hardware, config_from_args, emit_json, output
 from ppsim.cli.plan import EXIT_NO_FIT, Planned, candidate_dict, result_dict
 from ppsim.cli.render import compact_table, split_cell
 from ppsim.cli.sim_picture import plan_png
+from ppsim.cli.simulate import print_exports
 from ppsim.clock import process_start
 from ppsim.config import limits, validate
 from ppsim.config.overrides import with_overrides
 from ppsim.config.schema import Config
 from ppsim.errors import UserError
+from ppsim.pipeline.hybrid_exports import exports_of
 from ppsim.pipeline.problem import build_problem
 from ppsim.plan.planner import PlanResult
 from ppsim.policy.megatron import PolicyExport
@@ -51,6 +53,19 @@ def held_back(r: PlanResult) -> dict[str, int]:
 def _export(sb: SpaceBest) -> PolicyExport:
     r = sb.result
     return policy_flags(r.problem.with_split(r.best.split), sb.policies)  # type: ignore
+
+
+def space_exports(sb: SpaceBest) -> dict[str, Any]:
+    """The exports of a space's best split (as `plan` prints a split's), its memory
+    policy's Megatron flags after the split's where Megatron can express the policy."""
+    r = sb.result
+    assert r is not None and r.best is not None
+    p = r.problem
+    out = exports_of(p.pattern, r.best.split, p.schedule.microbatch_group)
+    policy = _export(sb).megatron_flags
+    if out["megatron_flags"] is not None and policy:
+        out["megatron_flags"] = f"{out['megatron_flags']} {shlex.join(policy)}"
+    return out
 
 
 def _splits(*spaces: SpaceBest) -> list[tuple[int, ...]]:
@@ -171,8 +186,13 @@ def print_spaces(spaces: list[SpaceBest]) -> int:
                       + (f" ({'; '.join(ex.notes)})" if ex.notes else "")
                       + f"; runs on: {', '.join(ex.frameworks) or 'none of them as given'}",
                       markup=False, soft_wrap=True)
-    if not any(s.result and s.result.best for s in spaces):
+    best = best_space(spaces)
+    if best is None:
         return EXIT_NO_FIT
+    console.print(f"fastest: {best.space} ({best.label}); its split"
+                  + (" and policy" if _export(best).megatron_flags else "") + " as flags:",
+                  markup=False)
+    print_exports(console, space_exports(best))
     return 0
 
 

@@ -153,6 +153,24 @@ def test_text_output_lists_the_spaces(capsys) -> None:
     assert "global" in out and "megatr" in out and "megatron policy as flags: " in out
 
 
+def test_text_output_gives_the_fastest_split_and_policy_as_flags(capsys) -> None:
+    # It printed the policy's flags alone: the planned split had no flags to paste.
+    argv = ["plan", "--preset", "llama3-70b", "--hardware", "h100-80gb", "--pp", "4",
+            "--microbatches", "16", "--memory-gb", "50", "--search", "policy"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    space = next(x for x in out if x.startswith("fastest: ")).split()[1]
+    row = next(x.split() for x in out if x.startswith(space + " "))
+    policy = next(x for x in out if x.startswith(f"{space} policy as flags: "))
+    policy = policy.split(": ", 1)[1].split(";")[0]
+    meg = next(x for x in out if x.startswith("Megatron: ")).split(None, 1)[1]
+    counts = [int(c) for c in row[1].split(",")]
+    assert meg.startswith("--num-layers 80 --pipeline-model-parallel-size 4 ")
+    layout = "Et*{}|t*{}|t*{}|t*{}L".format(*counts)
+    assert f"'{layout}'" in meg or len(set(counts[1:-1])) == 1, (meg, counts)
+    assert policy.startswith("--recompute") and meg.endswith(" " + policy), (meg, policy)
+
+
 def test_a_chunked_plan_not_proven_says_why_its_bound_is_loose(capsys) -> None:
     assert main(["plan", "--preset", "llama3-70b", "--hardware", "h100-80gb", "--pp", "8",
                  "--vpp", "2", "--schedule", "interleaved-1f1b", "--microbatches", "16",
