@@ -213,7 +213,8 @@ def model_table(args: argparse.Namespace, base: Model | None) -> dict[str, Any] 
             also = " (or --padded-vocab-size N)" * (flag == "--vocab-size")
             raise UserError(flag, "needed to build the model from Megatron's flags (no "
                             "--preset or [model] transformer to start from)",
-                            f"add {flag} N{also}, or give --preset NAME")
+                            f"add {flag} N{also}, or give --preset NAME: without one the "
+                            "flags build the model, over no embedded default")
     return {"kind": "transformer", **megatron_defaults(fields)}
 
 

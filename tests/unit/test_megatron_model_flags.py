@@ -133,6 +133,7 @@ def test_a_model_built_from_flags_is_priced_on_a_gpu_and_says_so(capsys) -> None
     ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64",
      "--vocab-size: needed to build the model from Megatron's flags"),
     ("--hidden-size 64", "--num-layers: needed to build the model"),
+    ("--hidden-size 64", "without one the flags build the model, over no embedded default"),
     ("--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64 --vocab-size 99 "
      "--num-experts 4 --moe-layer-freq [1]*3", "Invalid length of moe_layer_pattern: 3, "
      "expected 4"),
