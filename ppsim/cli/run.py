@@ -7,7 +7,6 @@ must work without torch. torch is imported inside the handler only.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import signal
 import sys
@@ -150,18 +149,7 @@ def validate(args: argparse.Namespace) -> Any:
     runchecks.check_launch(args, pp * dp * tp * cp)
     runchecks.check_world(args, pp * dp * tp * cp)
     runchecks.check_host_memory(args, problem, dp * tp * cp)
-    if args.iterations < 1:
-        raise UserError("--iterations", f"must be at least 1, got {args.iterations}",
-                        "e.g. --iterations 5")
-    if not 0 <= args.warmup < args.iterations:
-        raise UserError("--warmup", f"{args.warmup} warm-up of {args.iterations} iterations",
-                        "need iterations >= 1 and 0 <= warmup < iterations")
-    if not (math.isfinite(args.timeout_s) and 0 < args.timeout_s <= 7 * 86400):
-        raise UserError("--timeout-s", f"must be a number of seconds in (0, 604800], got "
-                        f"{args.timeout_s}", "e.g. --timeout-s 120")
-    if not (math.isfinite(args.lr) and args.lr > 0):
-        raise UserError("--lr", f"must be a positive finite number, got {args.lr}",
-                        "e.g. --lr 1e-3")
+    runchecks.check_run_numbers(args)
     if args.inject_fault:
         runchecks.check_fault(args.inject_fault, problem, args.iterations)
     if args.engine == "torch":

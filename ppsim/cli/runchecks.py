@@ -4,6 +4,7 @@ against this host, the builder, an injected fault, the torch peer's schedule."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from typing import Any
@@ -66,6 +67,22 @@ def check_world(args: argparse.Namespace, world: int) -> None:
         return
     raise UserError("--dp", what, "use a smaller --dp or pp, or launch on several nodes "
                     "(--nnodes, --print-launch)")
+
+
+def check_run_numbers(args: argparse.Namespace) -> None:
+    """The run's counts and numbers in range: iterations, warm-up, timeout, learning rate."""
+    if args.iterations < 1:
+        raise UserError("--iterations", f"must be at least 1, got {args.iterations}",
+                        "e.g. --iterations 5")
+    if not 0 <= args.warmup < args.iterations:
+        raise UserError("--warmup", f"{args.warmup} warm-up of {args.iterations} iterations",
+                        "need iterations >= 1 and 0 <= warmup < iterations")
+    if not (math.isfinite(args.timeout_s) and 0 < args.timeout_s <= 7 * 86400):
+        raise UserError("--timeout-s", f"must be a number of seconds in (0, 604800], got "
+                        f"{args.timeout_s}", "e.g. --timeout-s 120")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise UserError("--lr", f"must be a positive finite number, got {args.lr}",
+                        "e.g. --lr 1e-3")
 
 
 def available_host_bytes() -> int | None:
