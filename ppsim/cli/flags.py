@@ -261,8 +261,8 @@ def _hardware_flags(args: argparse.Namespace, flag: Any
 
 def config_from_args(args: argparse.Namespace) -> Config:
     """Load --config (or the default) and apply the flags on top (ppsim.config.overrides)."""
-    cfg = load_config(args.config)
     flag = lambda key: getattr(args, key, None)  # noqa: E731 - a command may lack a flag
+    cfg = load_config(args.config, {"preset": flag("preset")} if flag("preset") else None)
     limit, devices = _hardware_flags(args, flag)
     memory, mode = _memory_flags(flag)
     pipeline = {k: flag(k) for k in PIPELINE_KEYS if k != "global_batch_size"}

@@ -285,12 +285,20 @@ def parse_toml(text: str, source: str = "config") -> dict[str, Any]:
                         "a config needs only [model], [pipeline] and [hardware] tables") from None
 
 
-def load_config(path: str | None) -> Config:
-    """Load a config file, or the embedded default when path is None."""
+def load_config(path: str | None, model: dict[str, Any] | None = None) -> Config:
+    """Load a config file, or the embedded default when path is None. `model`: the
+    [model] table a file without one takes (the command's --preset)."""
     if path is None:
         return config_from_dict(parse_toml(DEFAULT_TOML, "default config"))
     text = files.read_text("--config", path, files.MAX_CONFIG_BYTES, "TOML config file")
-    cfg = config_from_dict(parse_toml(text, path))
+    data = parse_toml(text, path)
+    if "model" not in data:
+        if model is None:
+            raise UserError("model", f"{path} has no [model] table",
+                            "add [model] with preset = NAME (ppsim presets lists them), or "
+                            "give --preset NAME")
+        data = {**data, "model": model}
+    cfg = config_from_dict(data)
     if cfg.costs_file and not os.path.isabs(cfg.costs_file):
         # A cost file named in a config lives next to that config.
         cfg.costs_file = os.path.join(os.path.dirname(os.path.abspath(path)), cfg.costs_file)

@@ -151,6 +151,22 @@ def test_a_too_large_positive_field_gives_its_own_lower_bound(capsys):
     assert "model.seq_length: must be between 1 and 10,000,000" in err, err
 
 
+def test_a_config_without_a_model_takes_the_preset_flag(tmp_path, capsys):
+    # It was refused as "model.num_layers: missing": the file's absent [model] was parsed
+    # as an empty uniform model before --preset could replace it.
+    p = tmp_path / "hw.toml"
+    p.write_text('[hardware]\npreset = "h100-80gb"\n[pipeline]\npp = 4\n')
+    assert main(["simulate", "--config", str(p), "--preset", "llama3-8b", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert main(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "4",
+                 "--json"]) == 0
+    assert got == json.loads(capsys.readouterr().out)
+    assert main(["simulate", "--config", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ppsim simulate: error: model: ") and "no [model] table" in err
+    assert "--preset NAME" in err and err.count("\n") == 1
+
+
 def test_console_script_exit_status_and_no_traceback(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ppsim.cli", "simulate", "--split", "1,1"],
                        capture_output=True, text=True)
