@@ -13,6 +13,7 @@ from ppsim.config import files
 from ppsim.job.lanes import step_collective_spans
 from ppsim.sim.simulate import simulate
 from ppsim.trace.schema import collective_strips, step_spans
+from ppsim.units import fmt_bytes
 
 
 def simulation_lanes(sim: Any) -> list[Lane]:
@@ -57,11 +58,24 @@ def plan_png(path: str, best: Any, reference: tuple[str, Any] | None = None) -> 
         if reference[1].split.counts != best.split.counts or \
                 other.summary.iteration_time_ms != panels[0][1].summary.iteration_time_ms:
             panels.append((reference[0], other))
-    ms = [sim.summary.iteration_time_ms for _, sim in panels]
-    title = f"planned split {ms[0]:.2f} ms"
-    if len(ms) > 1:
-        title += f", {panels[1][0]} {ms[1]:.2f} ms: {ms[1] / ms[0]:.3f}x"
+    limit = reference[1].hardware.memory_bytes if reference is not None else 0.0
+    title = plan_title([(label, sim.summary) for label, sim in panels], limit)
     write_simulation_png(path, panels, title)
+
+
+def plan_title(panels: Sequence[tuple[str, Any]], limit_bytes: float) -> str:
+    """The plan picture's title: the planned split's time and, with a reference panel
+    ((label, Summary)), its time, its ratio and, where it does not fit in `limit_bytes`,
+    that (why a faster reference was not the plan)."""
+    ms = [summary.iteration_time_ms for _, summary in panels]
+    title = f"planned split {ms[0]:.2f} ms"
+    if len(panels) > 1:
+        label, ref = panels[1]
+        title += f", {label} {ms[1]:.2f} ms: {ms[1] / ms[0]:.3f}x"
+        if not ref.fits:
+            title += (f" (does not fit: peak {fmt_bytes(ref.peak_memory_bytes)} of "
+                      f"{fmt_bytes(limit_bytes)})")
+    return title
 
 
 def shape_png(path: str, best: Any) -> None:

@@ -4,6 +4,7 @@ with --gpus the best shape's, the picture `simulate --png` draws."""
 from __future__ import annotations
 
 import json
+import re
 
 from helpers import run_main
 from PIL import Image
@@ -60,3 +61,30 @@ def test_the_memory_policy_plan_draws_its_best_too(tmp_path) -> None:
     assert f"timeline picture written to {out_png}" in out
     assert run_main(["simulate", "--png", str(alone)])[0] == 0
     assert Image.open(out_png).height > Image.open(alone).height
+
+
+def test_a_faster_reference_that_does_not_fit_says_so(tmp_path, monkeypatch) -> None:
+    """The policy plan at 50 GB recomputes; Megatron's even split with the configured
+    (selective) recompute is faster but does not fit: the title said only "0.853x"."""
+    from ppsim.cli import sim_picture
+
+    titles: list[str] = []
+    monkeypatch.setattr(sim_picture, "write_simulation_png",
+                        lambda path, panels, title: titles.append(title))
+    code, _, err = run_main(["plan", "--preset", "llama3-70b", "--hardware", "h100-80gb",
+                             "--pp", "4", "--microbatches", "16", "--memory-gb", "50",
+                             "--search", "policy", "--png", str(tmp_path / "p.png")])
+    assert code == 0, err
+    planned, reference = (float(x) for x in re.findall(r"([0-9.]+) ms", titles[0]))
+    assert reference < planned and "does not fit: peak " in titles[0], titles
+    assert titles[0].endswith(" of 50.00 GB)"), titles
+
+
+def test_a_reference_that_fits_is_not_marked(tmp_path, monkeypatch) -> None:
+    from ppsim.cli import sim_picture
+
+    titles: list[str] = []
+    monkeypatch.setattr(sim_picture, "write_simulation_png",
+                        lambda path, panels, title: titles.append(title))
+    assert run_main(["plan", "--time-budget", "5", "--png", str(tmp_path / "p.png")])[0] == 0
+    assert "Megatron even" in titles[0] and "fit" not in titles[0], titles
