@@ -17,6 +17,7 @@ from typing import Any
 from ppsim.cli import runchecks
 from ppsim.cli.context_checks import check_run_context
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
+from ppsim.cli.run_summary import print_summary
 from ppsim.cli.schedule import print_notes
 from ppsim.config.model import TransformerModel
 from ppsim.config.schema import SPLIT_KEYS, config_to_dict
@@ -26,7 +27,6 @@ from ppsim.executor.launch import failure_lines
 from ppsim.executor.rundir import BYTES_PER_OP, spec_path
 from ppsim.executor.runspec import RunSpec
 from ppsim.pipeline.problem import build_problem
-from ppsim.units import fmt_bytes
 
 HELP = "run a split for real with torch.distributed (torchrun) and record a trace"
 
@@ -369,35 +369,3 @@ def _finish(args: argparse.Namespace) -> int:
     else:
         print_summary(res)
     return 0
-
-
-def print_summary(res: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-
-    c = Console()
-    c.print(f"[bold]{res['engine']}[/bold] engine  {res['schedule']}  pp={res['pp']} "
-            f"vpp={res['vpp']} microbatches={res['microbatches']} split={res['split']}  "
-            f"device={res.get('device')} ({res.get('backend')}, transfers via "
-            f"{res.get('wire')})")
-    losses = res.get("losses") or []
-    c.print(f"iteration time [bold]{res['iteration_time_ms']:.2f} ms[/bold] (mean of "
-            f"{res['iterations'] - res['warmup_iterations']} after {res['warmup_iterations']} "
-            f"warm-up)   tokens/s [bold]{res['tokens_per_s']:,.0f}[/bold]   loss "
-            + (f"{losses[0]:.4f} -> {losses[-1]:.4f}" if losses else "n/a"))
-    if "ranks" in res:
-        c.print(f"bubble {res['bubble_fraction']:.1%}   peak memory "
-                f"{fmt_bytes(res['peak_memory_bytes'])}")
-        t = Table()
-        for col in ("rank", "layers", "busy ms", "bubble", "peak mem"):
-            t.add_column(col, justify="right")
-        for r in res["ranks"]:
-            t.add_row(str(r["rank"]), str(r["layers"]), f"{r['busy_ms']:.2f}",
-                      f"{r['bubble_fraction']:.1%}", fmt_bytes(r["peak_memory_bytes"]))
-        c.print(t)
-    if res.get("trace"):
-        c.print(f"trace written to {res['trace']} (open in https://ui.perfetto.dev; compare "
-                "with ppsim diff)")
-    elif res["engine"] == "torch":
-        c.print("(the torch peer is timed per iteration only; it writes no per-op trace)")

@@ -1,0 +1,31 @@
+"""`ppsim run`'s text summary: a --versus split and torch's engine, run in the same
+launch, are printed beside the first with the measured ratio (only the first was)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ppsim.cli.run_summary import print_summary
+
+
+def _result(engine: str, split: list[int], ms: float) -> dict:
+    return {"engine": engine, "schedule": "1f1b", "pp": 2, "vpp": 1, "microbatches": 8,
+            "split": split, "device": "cpu", "backend": "gloo", "wire": "cpu",
+            "iterations": 4, "warmup_iterations": 1, "iteration_time_ms": ms,
+            "tokens_per_s": 1e3, "losses": [9.0, 8.9], "trace": None}
+
+
+@pytest.mark.parametrize("key, engine, header", [("versus", "ppsim", "the --versus split"),
+                                                 ("peer", "torch", "torch's engine")])
+def test_the_second_run_of_a_launch_is_printed_with_the_ratio(key, engine, header,
+                                                              capsys) -> None:
+    res = {**_result("ppsim", [6, 2], 100.0), key: _result(engine, [4, 4], 125.0)}
+    print_summary(res)
+    out = " ".join(capsys.readouterr().out.split())
+    assert header in out and "split=[4, 4]" in out and "125.00 ms" in out, out
+    assert f"against {engine} [4, 4] 125.00 ms: 1.250x the speed" in out, out
+
+
+def test_a_single_run_prints_no_comparison(capsys) -> None:
+    print_summary(_result("ppsim", [6, 2], 100.0))
+    assert "against" not in capsys.readouterr().out
