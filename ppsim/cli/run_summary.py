@@ -9,9 +9,9 @@ from ppsim.units import fmt_bytes
 
 
 def print_summary(res: dict[str, Any]) -> None:
+    """A run's summary.json as text (rich imports only when printing)."""
     from rich.console import Console
     from rich.table import Table
-
 
     c = Console()
     c.print(f"[bold]{res['engine']}[/bold] engine  {res['schedule']}  pp={res['pp']} "
