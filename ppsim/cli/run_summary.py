@@ -15,7 +15,9 @@ def print_summary(res: dict[str, Any]) -> None:
 
     c = Console()
     c.print(f"[bold]{res['engine']}[/bold] engine  {res['schedule']}  pp={res['pp']} "
-            f"vpp={res['vpp']} microbatches={res['microbatches']} split={res['split']}  "
+            f"vpp={res['vpp']} "
+            + "".join(f"{k}={res[k]} " for k in ("tp", "cp", "dp") if res.get(k, 1) > 1)
+            + f"microbatches={res['microbatches']} split={res['split']}  "
             f"device={res.get('device')} ({res.get('backend')}, transfers via "
             f"{res.get('wire')})")
     losses = res.get("losses") or []
@@ -27,11 +29,14 @@ def print_summary(res: dict[str, Any]) -> None:
         c.print(f"bubble {res['bubble_fraction']:.1%}   peak memory "
                 f"{fmt_bytes(res['peak_memory_bytes'])}")
         t = Table()
-        for col in ("rank", "layers", "busy ms", "bubble", "peak mem"):
+        reduce = any(r.get("grad_reduce_ms") for r in res["ranks"])
+        for col in ("rank", "layers", "busy ms", "bubble", "peak mem") + (
+                ("grad reduce ms",) if reduce else ()):
             t.add_column(col, justify="right")
         for r in res["ranks"]:
             t.add_row(str(r["rank"]), str(r["layers"]), f"{r['busy_ms']:.2f}",
-                      f"{r['bubble_fraction']:.1%}", fmt_bytes(r["peak_memory_bytes"]))
+                      f"{r['bubble_fraction']:.1%}", fmt_bytes(r["peak_memory_bytes"]),
+                      *((f"{r['grad_reduce_ms']:.2f}",) if reduce else ()))
         c.print(t)
     if res.get("trace"):
         c.print(f"trace written to {res['trace']} (open in https://ui.perfetto.dev; compare "
