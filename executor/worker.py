@@ -205,7 +205,7 @@ def _engine(spec: RunSpec, runs: list[Problem], builder: ModelBuilder, rank: int
                              [q["peak_bytes"] for q in got[:pp]], replica.data_replicas,
                              whole[i])
         # cores: where each rank ran
-        res.update(meta, cp=replica.cp, cores=[q["cores"] for q in got[:pp]])
+        res.update(meta, tp=tp, cp=replica.cp, cores=[q["cores"] for q in got[:pp]])
         out.append((tr.document(events, info), res))
     res = out[0][1]
     if spec.versus is not None:

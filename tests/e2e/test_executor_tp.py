@@ -91,7 +91,7 @@ def _check_one_process(run: Any) -> None:
     # dp replicas of m microbatches each: one process over all dp x m of them
     loss, grads = reference_step(load_builder(spec, fields), m * dp)
     assert run.summary["losses"][0] == pytest.approx(loss, rel=1e-5)
-    assert run.summary["dp"] == dp
+    assert (run.summary["dp"], run.summary["tp"]) == (dp, fields["tp"])
     # The pipeline's messages: each tensor rank's tokens under sequence parallelism, every
     # token without it (fp32 hidden states on CPU).
     b, s, h = load_builder(spec, fields).activation_shape

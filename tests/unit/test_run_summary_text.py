@@ -32,12 +32,12 @@ def test_a_single_run_prints_no_comparison(capsys) -> None:
 
 
 def test_data_parallel_replicas_and_their_reduce_are_shown(capsys) -> None:
-    res = {**_result("ppsim", [6, 2], 100.0), "dp": 2, "bubble_fraction": 0.25,
+    res = {**_result("ppsim", [6, 2], 100.0), "dp": 2, "tp": 2, "bubble_fraction": 0.25,
            "peak_memory_bytes": 2e7,
            "ranks": [{"rank": r, "layers": n, "busy_ms": 50.0, "bubble_fraction": 0.5,
                       "peak_memory_bytes": 2e7, "grad_reduce_ms": 5.25 + r}
                      for r, n in ((0, 6), (1, 2))]}
     print_summary(res)
     out = capsys.readouterr().out
-    assert "vpp=1 dp=2 microbatches=8" in out and "grad reduce ms" in out, out
+    assert "vpp=1 tp=2 dp=2 microbatches=8" in out and "grad reduce ms" in out, out
     assert "5.25" in out and "6.25" in out
