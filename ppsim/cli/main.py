@@ -17,6 +17,7 @@ from ppsim.cli import (
     megatron_run,
     plan,
     plan_policy,
+    presets,
     profile,
     run,
     schedule,
@@ -26,7 +27,8 @@ from ppsim.cli import (
 )
 from ppsim.errors import UserError
 
-COMMAND_MODULES = (simulate, plan, plan_policy, run, diff, demo, tui, profile, costs, schedule)
+COMMAND_MODULES = (presets, simulate, plan, plan_policy, run, diff, demo, tui, profile, costs,
+                   schedule)
 """Each command lives with its feature and registers itself (torch and textual are
 imported inside its handler only, so `ppsim --help` stays light)."""
 

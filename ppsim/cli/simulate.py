@@ -16,9 +16,7 @@ from ppsim.cli.flags import (
     outputs_apart,
 )
 from ppsim.cli.logcheck import compared_with, comparison_line, memory_line
-from ppsim.cli.megatron_args import megatron_model_args
 from ppsim.cli.render import (
-    compact_table,
     job_dict,
     print_job,
     rank_table,
@@ -29,8 +27,6 @@ from ppsim.cli.schedule import print_notes
 from ppsim.cli.sim_picture import write_simulation_png
 from ppsim.config import limits
 from ppsim.config.limits import check_request
-from ppsim.config.model import TransformerModel, parse_model
-from ppsim.config.presets import HARDWARE_NOTES, HARDWARE_PRESETS, MODEL_NOTES, MODEL_PRESETS
 from ppsim.config.schema import Config
 from ppsim.costs.hybrid import KIND_SYMBOLS
 from ppsim.errors import UserError
@@ -53,79 +49,6 @@ from ppsim.schedules.generators import interleaved_group, schedule_placement
 from ppsim.sim.engines import simulator
 from ppsim.trace.joblog import read_job_log
 from ppsim.trace.schema import simulation_trace, write_trace
-
-
-def cmd_presets(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    if args.name is not None:
-        return _one_preset(args.name, args.json)
-    if args.json:
-        emit_json({"models": MODEL_PRESETS, "hardware": HARDWARE_PRESETS})
-        return 0
-    console = Console()
-    models = [[name, str(m["num_layers"]), str(m["hidden_size"]),
-               f"{m['num_heads']}/{m['num_kv_heads']}", str(m["ffn_hidden_size"]),
-               str(m["vocab_size"]), str(m["seq_length"]), str(m.get("tp", 1))]
-              for name, m in MODEL_PRESETS.items()]
-    _preset_table(console, "model presets", ["name", "layers", "hidden", "heads/kv", "ffn",
-                                             "vocab", "seq", "tp"], models, MODEL_NOTES)
-    hardware = [[name, f"{hw['memory_bytes'] / 1e9:.0f} GB", f"{hw['peak_tflops']:g}",
-                 "/".join(f"{hw[k]:g}" if hw.get(k) else "-" for k in ("fp8_peak_tflops",
-                                                                      "fp4_peak_tflops")),
-                 f"{hw['efficiency']:.3g}", f"{hw['p2p_bandwidth_gbps']:g}",
-                 str(hw.get("gpus_per_node", "-")),
-                 f"{hw.get('intra_node_bandwidth_gbps', 0):g}",
-                 f"{hw.get('inter_node_bandwidth_gbps', 0):g}"]
-                for name, hw in HARDWARE_PRESETS.items()]
-    _preset_table(console, "hardware presets", ["name", "memory", "peak\nTFLOP/s",
-                                                "FP8/FP4\nTFLOP/s", "matmul\neff.",
-                                                "P2P\nGB/s", "GPUs\nper node", "NVLink\nGB/s",
-                                                "NIC\nGB/s"], hardware, HARDWARE_NOTES)
-    return 0
-
-
-def _one_preset(name: str, as_json: bool) -> int:
-    """A model preset's fields and its Megatron arguments (ppsim.cli.megatron_args)."""
-    if name not in MODEL_PRESETS:
-        raise UserError("NAME", f"{name!r} is not a model preset", "choose one of "
-                        + ", ".join(MODEL_PRESETS))
-    model = parse_model({"preset": name})
-    assert isinstance(model, TransformerModel)  # every model preset is a transformer
-    args = shlex.join(megatron_model_args(model.arch))
-    dp = model.arch.dp  # the world's: Megatron has no argument for it
-    if as_json:
-        emit_json({"name": name, "fields": model.fields(), "note": MODEL_NOTES[name],
-                   "megatron_model_args": args, "dp": dp})
-        return 0
-    print(f"{name}: {MODEL_NOTES[name]}")
-    print(f"Megatron: {args}")
-    if dp > 1:
-        print(f"data-parallel size {dp}: Megatron takes it from the world size; pasting the "
-              f"arguments above into ppsim, add --dp {dp} (or --gpus)")
-    return 0
-
-
-def _preset_table(console: Any, title: str, columns: list[str], rows: list[list[str]],
-                  notes: dict[str, str]) -> None:
-    """The presets' figures one line each (names whole, at 80 columns too), then each
-    preset's note under the table, wrapped to the terminal."""
-    from rich.table import Table
-
-    t = compact_table(title)
-    for i, col in enumerate(columns):
-        t.add_column(col, justify="left" if i == 0 else "right", no_wrap=True)
-    for row in rows:
-        t.add_row(*row)
-    console.print(t)
-    console.print()
-    notes_table = Table.grid(padding=(0, 2))
-    notes_table.add_column(no_wrap=True, style="bold")
-    notes_table.add_column()
-    for row in rows:
-        notes_table.add_row(row[0], notes[row[0]])
-    console.print(notes_table)
-    console.print()
 
 
 def add_deepspeed_specs_flag(p: argparse.ArgumentParser) -> None:
@@ -351,11 +274,6 @@ def _print_simulation(sim: Any) -> None:
 
 
 def register(commands: dict[str, Any]) -> None:
-    def presets(p: argparse.ArgumentParser) -> None:
-        p.add_argument("name", metavar="NAME", nargs="?", help="a model preset: its "
-                       "Megatron arguments (the model, its precision, recompute, tp and ep)")
-        p.add_argument("--json", action="store_true")
-
     def split(p: argparse.ArgumentParser) -> None:
         add_config_flags(p)
         p.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -377,7 +295,6 @@ def register(commands: dict[str, Any]) -> None:
                        "simpy: the same model in simpy (ppsim/sim/simpy_engine.py, the "
                        "readable reference); both give the same numbers")
 
-    commands["presets"] = ("list model and hardware presets", presets, cmd_presets)
     commands["split"] = ("show a split's stages and its Megatron/torchtitan/DeepSpeed forms",
                          split, cmd_split)
     commands["simulate"] = ("simulate one iteration: time, bubbles, memory", simulate,

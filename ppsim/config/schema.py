@@ -341,15 +341,17 @@ def config_to_toml(cfg: Config) -> str:
     if cfg.placement != PlacementConfig():
         sections.append(("placement", cfg.placement))
     for section, obj in sections:
-        lines += ["", f"[{section}]"]
-        for f in fields(obj):
-            v = getattr(obj, f.name)
-            if v is not None:
-                lines.append(f"{f.name} = {_toml_value(v)}")
+        lines += ["", *section_toml(section, obj)]
     lines += _memory_toml(cfg.memory)
     if cfg.costs_file:
         lines = [f"costs_file = {_toml_value(cfg.costs_file)}", ""] + lines
     return "\n".join(lines) + "\n"
+
+
+def section_toml(section: str, obj: Any) -> list[str]:
+    """A config section (a dataclass) as its TOML table's lines, fields left unset out."""
+    return [f"[{section}]"] + [f"{f.name} = {_toml_value(v)}" for f in fields(obj)
+                               if (v := getattr(obj, f.name)) is not None]
 
 
 def _memory_toml(table: dict[str, Any] | None) -> list[str]:

@@ -7,6 +7,7 @@ a TOML [model] table before ppsim could price it."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import re
@@ -241,10 +242,11 @@ def test_a_presets_megatron_arguments_build_that_preset(name: str, capsys) -> No
     assert arch_meaning(_arch(args)) == arch_meaning(parse_model({"preset": name}).arch)
 
 
-def test_presets_names_the_model_presets_when_given_another_name(capsys) -> None:
-    assert main(["presets", "h100-80gb"]) == 2
+def test_presets_names_the_presets_when_given_another_name(capsys) -> None:
+    assert main(["presets", "h100"]) == 2
     err = capsys.readouterr().err
-    assert "NAME: 'h100-80gb' is not a model preset" in err and "llama3-8b" in err
+    assert "NAME: 'h100' is not a preset" in err and "llama3-8b" in err
+    assert "h100-80gb" in err
     assert main(["presets", "llama3-8b"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[1].startswith("Megatron: --num-layers 32 --hidden-size 4096")
@@ -404,3 +406,20 @@ def test_a_presets_printed_arguments_with_its_dp_hint_are_that_preset(name: str,
     assert hint is not None, lines
     preset, pasted = parse_model({"preset": name}).arch, _arch(f"{args} {hint[1]}")
     assert arch_meaning(pasted) == arch_meaning(preset) and pasted.dp == preset.dp > 1
+
+
+@pytest.mark.parametrize("name", ["h100-80gb", "gb200-186gb", "cpu"])
+def test_a_hardware_preset_prints_the_table_a_config_reads_back(name, capsys) -> None:
+    """It was refused ("not a model preset"); it prints the [hardware] table to copy."""
+    import tomllib
+
+    from ppsim.config.schema import config_from_dict, hardware_config
+
+    assert main(["presets", name]) == 0
+    out = capsys.readouterr().out
+    table = tomllib.loads(out[out.index("\n[hardware]\n"):])
+    assert table["hardware"]["preset"] == name
+    without_preset = {k: v for k, v in table["hardware"].items() if k != "preset"}
+    read = config_from_dict({"model": {"preset": "tiny-gpt"}, "hardware": without_preset})
+    assert read.hardware == dataclasses.replace(hardware_config({"preset": name}),
+                                                preset=None)
