@@ -114,16 +114,21 @@ def check_profile_memory(costs: Any, param_bytes: int, processes: int) -> None:
     head, each weight with its gradient, in each of `processes` at once: refused before any
     starts where those alone pass the memory this host has free (the OOM killer's
     SIGKILL would end it with a traceback). `costs`: the model's analytic ModelCosts."""
+    need = 2 * param_bytes * profiled_params(costs) * processes
+    _refuse_beyond_host(need, f"the profile's pieces (embedding, a few layers of each kind, "
+                        f"head) and their gradients take {need / 1e9:,.1f} GB over "
+                        f"{processes} process(es)")
+
+
+def profiled_params(costs: Any) -> int:
+    """The fewest parameters a profile builds: the embedding, the head and the four
+    smallest decoder layers of each kind (it builds up to four of each)."""
     by_kind: dict[str, list[int]] = {}
     for kind, layer in zip(costs.kinds or ("layer",) * len(costs.layers), costs.layers,
                            strict=True):
         by_kind.setdefault(kind, []).append(layer.params)
-    params = costs.embedding.params + costs.head.params + sum(
-        sum(sorted(v)[:4]) for v in by_kind.values())  # the fewest it could build
-    need = 2 * param_bytes * params * processes
-    _refuse_beyond_host(need, f"the profile's pieces (embedding, a few layers of each kind, "
-                        f"head) and their gradients take {need / 1e9:,.1f} GB over "
-                        f"{processes} process(es)")
+    return costs.embedding.params + costs.head.params + sum(
+        sum(sorted(v)[:4]) for v in by_kind.values())
 
 
 def _refuse_beyond_host(need: float, what: str) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("torch")
 
@@ -55,3 +57,27 @@ def test_ranks_sharing_a_device_are_timed_beside_the_profile() -> None:
     assert measure.processes_at_once(fields, "cpu", [0, 0]) == 3
     assert measure.processes_at_once(fields, "cuda", [0, 1]) == 1
     assert measure.processes_at_once({**fields, "tp": 2}, "cuda", [0, 1]) == 2
+
+
+@settings(max_examples=25, deadline=None)
+@given(layers=st.integers(1, 6), heads=st.sampled_from([1, 2, 4]), width=st.integers(1, 8),
+       ffn=st.integers(8, 96), vocab=st.integers(16, 300), moe=st.booleans())
+def test_the_estimate_never_passes_what_the_profiler_builds(layers, heads, width, ffn,
+                                                           vocab, moe) -> None:
+    """The refusal counts a lower bound: no profile that fits is refused for memory."""
+    import torch
+
+    from ppsim.config.schema import config_from_dict
+    from ppsim.executor.profile import Profiler
+    from ppsim.pipeline.problem import model_costs
+
+    model = {"kind": "transformer", "num_layers": layers, "hidden_size": 8 * width,
+             "num_heads": heads, "num_kv_heads": heads, "ffn_hidden_size": ffn,
+             "vocab_size": vocab, "seq_length": 8, "dtype": "fp32"}
+    if moe:
+        model.update(num_experts=4, top_k=2, moe_ffn_hidden_size=ffn,
+                     layers=f"dense*1, moe*{layers - 1}" if layers > 1 else "moe*1")
+    cfg = config_from_dict({"model": model, "pipeline": {"pp": 1}})
+    built = Profiler(cfg.model.fields(), torch.device("cpu"))
+    real = sum(p.numel() for piece in built.pieces for p in piece.module.parameters())
+    assert 0 < runchecks.profiled_params(model_costs(cfg)) <= real
