@@ -231,8 +231,6 @@ def _memory_flags(flag: Any) -> tuple[dict[str, Any], str | None]:
     for key in ("recompute_modules", "offload_modules"):  # "a,b", "a b" or a b
         if isinstance(memory.get(key), list):
             memory[key] = " ".join(memory[key])
-    if "offload_modules" in memory and "offload_fraction" not in memory:
-        memory["offload_fraction"] = 1.0
     # As Megatron's arguments.py: --recompute-activations sets selective, whatever
     # --recompute-granularity says.
     granularity = "selective" if flag("recompute_activations") else \

@@ -90,6 +90,8 @@ def stage_policy(where: str, table: dict[str, Any], base: StagePolicy) -> StageP
     if "offload_modules" in table:
         out["offload_modules"] = module_names(f"{where}.offload_modules",
                                               table["offload_modules"], OFFLOAD_MODULES)
+        if "offload_fraction" not in table and not base.offload_fraction:
+            out["offload_fraction"] = 1.0  # Megatron's --activation-offload-fraction default
     if "recompute_layers" in table:
         n = table["recompute_layers"]
         if isinstance(n, bool) or not isinstance(n, int) or n < 0 or n > ALL_LAYERS:

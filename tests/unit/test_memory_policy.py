@@ -155,6 +155,27 @@ def test_offload_frees_device_memory_and_costs_host_link_time(capsys) -> None:
     assert off["iteration_time_ms"] >= plain["iteration_time_ms"]
 
 
+def test_a_memory_table_naming_offload_modules_offloads_them_as_the_flag_does(
+        tmp_path, capsys) -> None:
+    # The table without offload_fraction offloaded nothing (fraction 0) where the flag
+    # --offload-modules, like Megatron's default --activation-offload-fraction, offloads all.
+    flags = ["--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "4",
+             "--microbatches", "8"]
+    path = tmp_path / "m.toml"
+    path.write_text('[model]\npreset = "llama3-8b"\n[memory]\n'
+                    'offload_modules = ["core_attn", "attn_proj"]\n')
+    table = simulate_json("--config", str(path), *flags[2:], capsys=capsys)
+    flag = simulate_json(*flags, "--offload-modules", "core_attn,attn_proj", capsys=capsys)
+    plain = simulate_json(*flags, capsys=capsys)
+    assert table["policy"][0]["offload_fraction"] == 1.0
+    assert table["ranks"] == flag["ranks"] != plain["ranks"]
+    path.write_text(path.read_text() + "offload_fraction = 0\n")
+    none = simulate_json("--config", str(path), *flags[2:], capsys=capsys)
+    assert [r["peak_memory_bytes"] for r in none["ranks"]] == \
+        [r["peak_memory_bytes"] for r in plain["ranks"]]
+    assert none["iteration_time_ms"] == pytest.approx(plain["iteration_time_ms"])
+
+
 def test_per_stage_tables_round_trip_and_apply(tmp_path, capsys) -> None:
     data = {"model": {"preset": "llama3-8b"}, "hardware": {"preset": "h100-80gb"},
             "pipeline": {"pp": 2, "microbatches": 4, "split": [16, 16]},
