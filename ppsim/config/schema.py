@@ -199,6 +199,11 @@ class Config:
 # ------------------------------------------------------------------ loading
 
 
+LIST_EXAMPLES = {"split": "[6, 2]", "matmul_efficiency": "[[1, 0.2], [1000, 0.8]]",
+                 "devices": "[0, 0]"}
+"""A list field's example in the fix of an error that names it."""
+
+
 def _fill(obj: Any, table: dict[str, Any], section: str) -> None:
     types = {f.name: f.type for f in fields(obj)}
     for key, value in table.items():
@@ -215,8 +220,9 @@ def _fill(obj: Any, table: dict[str, Any], section: str) -> None:
                 setattr(obj, key, value)
                 continue
             if not isinstance(value, list):
-                raise UserError(where, f"expected a list of integers, got {value!r}"[:200],
-                                "write e.g. split = [6, 2]")
+                example = LIST_EXAMPLES.get(key, "[...]")
+                raise UserError(where, f"expected a list, got {value!r}"[:200],
+                                f"write e.g. {key} = {example}")
             setattr(obj, key, value)  # element checks: validate.pipeline and ppsim.split
         elif t.startswith("int"):
             setattr(obj, key, validate.typed(where, value, int))

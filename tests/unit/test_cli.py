@@ -167,6 +167,20 @@ def test_a_config_without_a_model_takes_the_preset_flag(tmp_path, capsys):
     assert "--preset NAME" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("section, key, fix", [
+    ("hardware", "matmul_efficiency", "matmul_efficiency = [[1, 0.2], [1000, 0.8]]"),
+    ("placement", "devices", "devices = [0, 0]"),
+    ("pipeline", "split", "split = [6, 2]")])
+def test_a_list_field_given_a_scalar_gets_its_own_example(section, key, fix, tmp_path,
+                                                          capsys):
+    # Every list field's fix read "write e.g. split = [6, 2]".
+    p = tmp_path / "c.toml"
+    p.write_text(f'[model]\npreset = "tiny-gpt"\n[{section}]\n{key} = "x"\n')
+    assert main(["simulate", "--config", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert f"{section}.{key}: expected a list, got 'x' (write e.g. {fix})" in err, err
+
+
 def test_console_script_exit_status_and_no_traceback(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ppsim.cli", "simulate", "--split", "1,1"],
                        capture_output=True, text=True)
