@@ -26,6 +26,7 @@ from ppsim.executor import launch, rundir
 from ppsim.executor.launch import failure_lines
 from ppsim.executor.rundir import BYTES_PER_OP, spec_path
 from ppsim.executor.runspec import RunSpec
+from ppsim.pipeline.layout import is_layout
 from ppsim.pipeline.problem import build_problem
 
 HELP = "run a split for real with torch.distributed (torchrun) and record a trace"
@@ -68,8 +69,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    "here or in a config, runs it (--print-launch loads none); see README "
                    "'Your own model'")
     _add_parallel_arguments(r)
-    r.add_argument("--versus", metavar="N,N,...",
-                   help="also run this split in the same processes, alternating iteration "
+    r.add_argument("--versus", metavar="SPLIT",
+                   help="also run this split (counts N,N,... or a layout string) in the "
+                   "same processes, alternating iteration "
                    "by iteration with the run's own, so the machine's drift hits both "
                    "alike (A/B on a shared machine); its trace goes to DIR/versus/, its "
                    "summary under \"versus\" (ppsim engine, dp 1)")
@@ -114,9 +116,10 @@ def load_problem(args: argparse.Namespace) -> Any:
 
 
 def versus_args(args: argparse.Namespace) -> argparse.Namespace:
-    """The run's flags with --versus as its split."""
+    """The run's flags with --versus as its split (counts or a layout string)."""
+    key = "layout" if is_layout(args.versus) else "split"
     return argparse.Namespace(**{**vars(args), **dict.fromkeys(SPLIT_KEYS),
-                                 "split": args.versus})
+                                 key: args.versus})
 
 
 def validate(args: argparse.Namespace) -> Any:
@@ -222,7 +225,8 @@ def _check_versus(args: argparse.Namespace, problem: Any, dp: int) -> None:
             other.split.mtp:
         raise UserError("--versus", f"{args.versus} is not a split of the same {problem.split.pp}"
                         " ranks with the embedding first and the head last",
-                        "give N,N,... with one count per stage, like --split")
+                        "give N,N,... with one count per stage, like --split, or a layout "
+                        "'Et*N|...|t*NL'")
 
 
 def _own_files(args: argparse.Namespace) -> list[str]:

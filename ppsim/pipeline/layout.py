@@ -26,6 +26,11 @@ _REPEAT = re.compile(r"(.)\*([0-9]+)")
 _COUNT_DIGITS = 7
 
 
+def is_layout(text: str) -> bool:
+    """Whether a split given as text is a layout string (else comma-separated counts)."""
+    return any(c in text for c in SYMBOLS)
+
+
 def _check_chars(text: str) -> None:
     """Characters and structure, with the column of the first mistake."""
     depth, opened = 0, 0

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from ppsim.errors import UserError
 from ppsim.pipeline.exports import DEFAULT_SPECS, DeepSpeedSpecs
-from ppsim.pipeline.layout import parse_layout
+from ppsim.pipeline.layout import is_layout, parse_layout
 from ppsim.pipeline.problem import Problem
 from ppsim.pipeline.split import Split, megatron_split, split_from_counts
 from ppsim.plan.baselines import FrameworkSplit, deepspeed_splits, torchtitan_split
@@ -116,7 +116,7 @@ def parse_reference(text: str, problem: Problem) -> Split:
     sp = problem.split
     field = "--compare"
     body = text.strip()
-    if any(c in body for c in "EtLm|"):
+    if is_layout(body):
         s = parse_layout(body, sp.pp, problem.costs.num_layers - problem.costs.mtp_layers,
                          problem.costs.mtp_layers)
         if s.vpp != sp.vpp:

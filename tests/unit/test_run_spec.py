@@ -80,6 +80,14 @@ def test_a_versus_spec_holds_the_other_split() -> None:
     assert RunSpec.from_json(spec.to_json()) == spec
 
 
+def test_a_versus_layout_is_the_split_its_counts_give() -> None:
+    # --versus took counts only ("is not a comma-separated list of integers"); plan's
+    # --compare takes a layout too.
+    (_, by_layout) = _spec(["--split", "5,3", "--versus", "Et*4|t*4L"]).problems()
+    (_, by_counts) = _spec(["--split", "5,3", "--versus", "4,4"]).problems()
+    assert by_layout.split.counts == by_counts.split.counts == (4, 4)
+
+
 @given(st.builds(
     RunSpec, config=st.just(config_to_dict(load_config(None))),
     versus=st.none() | st.just(config_to_dict(load_config(None))),
