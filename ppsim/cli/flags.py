@@ -17,6 +17,7 @@ from ppsim.config.overrides import MODEL_KEYS, PIPELINE_KEYS, with_overrides
 from ppsim.config.schema import SPLIT_KEYS, Config, PipelineConfig, load_config
 from ppsim.errors import UserError
 from ppsim.job import shape as job_shape
+from ppsim.pipeline.layout import is_layout
 from ppsim.schedules.generators import chunks_for_schedule, schedule_for_vpp
 
 MEMORY_FLAGS = {"recompute_modules": "recompute_modules",
@@ -41,7 +42,8 @@ def _ints(text: str, flag: str) -> list[int] | str:
         return [int(x) for x in text.replace(" ", "").split(",") if x != ""]
     except ValueError:
         raise UserError(flag, f"{text!r} is not a comma-separated list of integers",
-                        "write e.g. 6,2") from None
+                        "write e.g. 6,2" + (", or give a layout string with --layout"
+                                            if is_layout(text) else "")) from None
 
 
 class _MegatronTensorSize(argparse.Action):

@@ -181,6 +181,13 @@ def test_a_list_field_given_a_scalar_gets_its_own_example(section, key, fix, tmp
     assert f"{section}.{key}: expected a list, got 'x' (write e.g. {fix})" in err, err
 
 
+def test_a_layout_given_to_split_points_to_layout(capsys):
+    assert main(["simulate", "--split", "Et*4|t*4L"]) == 2
+    assert "or give a layout string with --layout" in capsys.readouterr().err
+    assert main(["simulate", "--split", "a,b"]) == 2
+    assert "--layout" not in capsys.readouterr().err
+
+
 def test_console_script_exit_status_and_no_traceback(tmp_path):
     r = subprocess.run([sys.executable, "-m", "ppsim.cli", "simulate", "--split", "1,1"],
                        capture_output=True, text=True)
