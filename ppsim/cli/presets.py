@@ -44,6 +44,8 @@ def cmd_presets(args: argparse.Namespace) -> int:
                                                 "FP8/FP4\nTFLOP/s", "matmul\neff.",
                                                 "P2P\nGB/s", "GPUs\nper node", "NVLink\nGB/s",
                                                 "NIC\nGB/s"], hardware, HARDWARE_NOTES)
+    console.print("ppsim presets NAME: a model's Megatron arguments, a hardware preset's "
+                  "[hardware] table", markup=False)
     return 0
 
 
