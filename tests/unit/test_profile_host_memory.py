@@ -48,7 +48,13 @@ def test_the_need_is_the_pieces_and_their_gradients_in_each_process(monkeypatch,
     # pipeline ranks' copies timed beside it.
     layer = 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336 + 2 * 4096
     params = 2 * 128256 * 4096 + 4096 + 4 * layer
-    assert f"take {2 * 2 * params * 3 / 1e9:,.1f} GB over 3 process(es)" in line, line
+    # ...and the head's saved tensors, the largest piece's (its logits), while it is timed.
+    from ppsim.config.schema import config_from_dict
+    from ppsim.pipeline.problem import model_costs
+
+    head = model_costs(config_from_dict({"model": {"preset": "llama3-8b"}})).head
+    need = (2 * 2 * params + head.activation_bytes) * 3
+    assert f"take {need / 1e9:,.1f} GB over 3 process(es)" in line, line
 
 
 def test_ranks_sharing_a_device_are_timed_beside_the_profile() -> None:
