@@ -47,6 +47,9 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     add_config_flags(p, split_flags=False)
     g = p.add_argument_group("profile")
     g.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    g.add_argument("--model", metavar="MODULE:FUNCTION",
+                   help="model builder, as ppsim run takes it (default: [model] builder, "
+                   "else the built-in GPT); a builder is code: naming one runs it")
     g.add_argument("--out", default="costs.json", metavar="FILE",
                    help="cost file to write (default ./costs.json)")
     g.add_argument("--repeats", type=int, default=PROFILE_REPEATS, metavar="N",
@@ -93,6 +96,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     # The config's costs_file is not read here (profile measures): writing it is a refresh.
     outputs_apart(args, {"--out": args.out})
     fields = _transformer_fields(cfg, "profile")
+    if getattr(args, "model", None):
+        fields = {**fields, "builder": args.model}  # where every measuring process looks
     validate.count("--repeats", args.repeats, lo=1, hi=MAX_REPEATS)
     validate.count("--warmup", args.warmup, lo=0, hi=MAX_REPEATS)
     import torch
@@ -105,6 +110,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     if note := code_note(builder_spec(None, fields)):
         sys.stderr.write(f"ppsim profile: note: {note}\n")
+    if getattr(args, "model", None):
+        load_builder(args.model, fields, "--model")  # refused in the flag's name
 
     _check_processes(cfg, args.device)
     check_context_model(cfg)

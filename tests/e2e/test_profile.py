@@ -142,17 +142,21 @@ def test_profile_refuses_what_the_executor_cannot_run(tmp_path: Path,
     assert not (tmp_path / "c.json").exists()
 
 
-def test_profile_measures_each_layer_kind_of_a_builder(tmp_path: Path,
+@pytest.mark.parametrize("via", ["config", "--model"])
+def test_profile_measures_each_layer_kind_of_a_builder(via: str, tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]
                                                        ) -> None:
     """A heterogeneous stack (tests/model_moe.py: every third layer MoE) gets one
-    measured cost per layer kind, each applied to every layer of that kind."""
+    measured cost per layer kind, each applied to every layer of that kind; named in the
+    config or with --model, as ppsim run takes it (profile had no --model)."""
+    spec = f"{ROOT}/tests/model_moe.py:build"
     cfg = tmp_path / "moe.toml"
-    cfg.write_text(f'[model]\npreset = "tiny-gpt"\nbuilder = "{ROOT}/tests/model_moe.py:build"'
-                   '\n')
+    cfg.write_text('[model]\npreset = "tiny-gpt"\n'
+                   + (f'builder = "{spec}"\n' if via == "config" else ""))
     out = tmp_path / "c.json"
     assert main(["profile", "--config", str(cfg), "--out", str(out), "--repeats", "2",
-                 "--warmup", "0", "--no-p2p", "--json"]) == 0
+                 "--warmup", "0", "--no-p2p", "--json",
+                 *(["--model", spec] if via == "--model" else [])]) == 0
     doc = json.loads(capsys.readouterr().out)
     layers = doc["layers"]
     moe = [i for i in range(8) if i % 3 == 1]
@@ -163,6 +167,14 @@ def test_profile_measures_each_layer_kind_of_a_builder(tmp_path: Path,
         assert all(layers[j] == layers[i] for j in same)
     assert layers[1]["static_bytes"] > layers[0]["static_bytes"]  # experts and router
     assert all(x["forward_ms"] > 0 and x["activation_bytes"] > 0 for x in layers)
+
+
+def test_a_bad_model_flag_is_refused_in_its_name(capsys: pytest.CaptureFixture[str]
+                                                 ) -> None:
+    assert main(["profile", "--model", "nosuch_module:build"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ppsim profile: error: --model: cannot import") and \
+        err.count("\n") == 1, err
 
 
 def test_profile_measures_each_mixer_of_a_hybrid_pattern(tmp_path: Path,
