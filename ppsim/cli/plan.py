@@ -278,6 +278,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     if assumed:  # after the checks: bad input stays one line on stderr
         sys.stderr.write(f"ppsim plan: {assumed}\n")
+    if axes and len(per_variant) == 1:  # else the plan would read as the search's answer
+        sys.stderr.write(f"ppsim plan: note: --search {','.join(axes)}: no variant but "
+                         f"the configured one ({cfg.pipeline.schedule}, pp={cfg.pipeline.pp}) "
+                         "runs here (the schedule refuses the others, or the axis does not "
+                         "apply to this model); the plan below is the configured one\n")
     print_notes(best.problem.schedule, "plan")
     for line in refusals(best.problem.schedule, cfg.pipeline.microbatch_group_size is not None):
         sys.stderr.write(f"ppsim plan: warning: {line}\n")

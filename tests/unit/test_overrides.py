@@ -39,6 +39,33 @@ def test_plan_search_proposes_exactly_what_the_schedules_accept(pp: int, m: int)
         assert v.cfg.placement == cfg.placement  # overrides keep [placement]
 
 
+@pytest.mark.parametrize("schedule, chunked", [("1f1b", "interleaved-1f1b"),
+                                               ("zb-h1", "zb-h1"), ("gpipe", "gpipe")])
+def test_a_vpp_search_runs_megatrons_1f1b_interleaved(schedule: str, chunked: str) -> None:
+    """--search vpp on 1F1B proposed (1f1b, vpp > 1), which 1F1B refuses, so it searched
+    nothing and printed the plain plan; Megatron runs its 1F1B at vpp > 1 interleaved.
+    Other schedules keep their name, at the vpp they take."""
+    cfg = with_overrides(_cfg(2, 16, 8), pipeline={"schedule": schedule})
+    got = {(v.cfg.pipeline.schedule, v.cfg.pipeline.vpp) for v in variants(cfg, ["vpp"])}
+    want = {(schedule, 1)}
+    for vpp in (2, 3, 4):
+        try:
+            SCHEDULES[chunked].check(2, vpp, 8)
+        except UserError:
+            continue
+        want.add((chunked, vpp))
+    assert got == want
+    assert schedule != "1f1b" or len(want) == 4
+
+
+def test_a_search_with_nothing_else_to_run_says_so(capsys) -> None:
+    from ppsim.cli.main import main
+
+    assert main(["plan", "--schedule", "zbv", "--search", "vpp", "--time-budget", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "note: --search vpp: no variant but the configured one (zbv, pp=2)" in err, err
+
+
 def test_with_split_clears_every_other_split_option() -> None:
     pipe = PipelineConfig(pp=4, layout="E|t*2|t*2|t*2|t*2L", first_stage_layers=1,
                           account_for_loss=True)
