@@ -14,7 +14,7 @@ from ppsim.errors import UserError
 from ppsim.job.host_optimizer import host_fields
 from ppsim.job.pending import HOST_SHARES, host_refusal
 from ppsim.job.search import JOB_AXES
-from ppsim.schedules.generators import SCHEDULES, schedule_for_vpp
+from ppsim.schedules.generators import SCHEDULES, chunks_for_schedule, schedule_for_vpp
 
 SEARCH_AXES = ("schedule", "vpp", "microbatches", "recompute", "host-optimizer")
 
@@ -55,8 +55,10 @@ def variants(cfg: Config, axes: list[str]) -> list[Variant]:
     shapes = [(p.schedule, p.vpp)]
     if "schedule" in axes or "vpp" in axes:
         vpps = [v for v in (1, 2, 3, 4) if layers >= p.pp * v] if "vpp" in axes else [p.vpp]
-        if "schedule" in axes:
-            shapes = [(n, v) for n in SCHEDULES for v in vpps]
+        if "schedule" in axes:  # a V schedule runs its two chunks whatever vpp says
+            shapes = list(dict.fromkeys((n, v if "vpp" in axes else
+                                         chunks_for_schedule(n) or v)
+                                        for n in SCHEDULES for v in vpps))
         else:  # Megatron's 1F1B at more chunks a rank is its interleaved form (--vpp alone)
             shapes = list(dict.fromkeys((schedule_for_vpp(p.schedule, v), v) for v in vpps))
     mbs_options: list[tuple[int, int | None]] = [(p.microbatches, None)]

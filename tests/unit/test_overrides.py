@@ -58,6 +58,16 @@ def test_a_vpp_search_runs_megatrons_1f1b_interleaved(schedule: str, chunked: st
     assert schedule != "1f1b" or len(want) == 4
 
 
+def test_a_schedule_search_runs_the_v_schedules_at_their_two_chunks() -> None:
+    """--search schedule kept the configured vpp 1, which ZB-V and DualPipeV refuse: the
+    zero-bubble V schedules were never tried."""
+    cfg = _cfg(2, 16, 8)
+    got = {(v.cfg.pipeline.schedule, v.cfg.pipeline.vpp) for v in variants(cfg, ["schedule"])}
+    assert {("zbv", 2), ("dualpipev", 2), ("zb-h1", 1), ("1f1b", 1)} <= got
+    for name, vpp in got:
+        SCHEDULES[name].check(2, vpp, 8)  # each one the schedule takes
+
+
 def test_a_search_with_nothing_else_to_run_says_so(capsys) -> None:
     from ppsim.cli.main import main
 
