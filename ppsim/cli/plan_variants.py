@@ -52,15 +52,7 @@ def variants(cfg: Config, axes: list[str]) -> list[Variant]:
     transformer = isinstance(base.model, TransformerModel)
     layers = base.model.num_layers
     p = base.pipeline
-    shapes = [(p.schedule, p.vpp)]
-    if "schedule" in axes or "vpp" in axes:
-        vpps = [v for v in (1, 2, 3, 4) if layers >= p.pp * v] if "vpp" in axes else [p.vpp]
-        if "schedule" in axes:  # a V schedule runs its two chunks whatever vpp says
-            shapes = list(dict.fromkeys((n, v if "vpp" in axes else
-                                         chunks_for_schedule(n) or v)
-                                        for n in SCHEDULES for v in vpps))
-        else:  # Megatron's 1F1B at more chunks a rank is its interleaved form (--vpp alone)
-            shapes = list(dict.fromkeys((schedule_for_vpp(p.schedule, v), v) for v in vpps))
+    shapes = _shapes(p.schedule, p.pp, p.vpp, layers, axes)
     mbs_options: list[tuple[int, int | None]] = [(p.microbatches, None)]
     if "microbatches" in axes and transformer:
         # Keep the global batch: fewer, larger microbatches or more, smaller ones.
@@ -85,6 +77,20 @@ def variants(cfg: Config, axes: list[str]) -> list[Variant]:
                 if (c.model, c.pipeline) != (base.model, base.pipeline):
                     out.append(Variant(c, label))
     return out
+
+
+def _shapes(schedule: str, pp: int, vpp: int, layers: int, axes: list[str]
+            ) -> list[tuple[str, int]]:
+    """The (schedule, vpp) pairs the schedule and vpp axes try, each once."""
+    if "schedule" not in axes and "vpp" not in axes:
+        return [(schedule, vpp)]
+    vpps = [v for v in (1, 2, 3, 4) if layers >= pp * v] if "vpp" in axes else [vpp]
+    if "schedule" in axes:  # a V schedule runs its two chunks whatever vpp says
+        pairs = [(n, v if "vpp" in axes else chunks_for_schedule(n) or v)
+                 for n in SCHEDULES for v in vpps]
+    else:  # Megatron's 1F1B at more chunks a rank is its interleaved form (--vpp alone)
+        pairs = [(schedule_for_vpp(schedule, v), v) for v in vpps]
+    return list(dict.fromkeys(pairs))
 
 
 def _host_shares(cfg: Config, axes: list[str]) -> list[float | None]:
