@@ -96,7 +96,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     # The config's costs_file is not read here (profile measures): writing it is a refresh.
     outputs_apart(args, {"--out": args.out})
     fields = _transformer_fields(cfg, "profile")
-    if getattr(args, "model", None):
+    if args.model:
         fields = {**fields, "builder": args.model}  # where every measuring process looks
     validate.count("--repeats", args.repeats, lo=1, hi=MAX_REPEATS)
     validate.count("--warmup", args.warmup, lo=0, hi=MAX_REPEATS)
@@ -110,7 +110,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     if note := code_note(builder_spec(None, fields)):
         sys.stderr.write(f"ppsim profile: note: {note}\n")
-    if getattr(args, "model", None):
+    if args.model:
         load_builder(args.model, fields, "--model")  # refused in the flag's name
 
     _check_processes(cfg, args.device)

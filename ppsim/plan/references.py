@@ -112,7 +112,17 @@ def first_last_options(layers: int, pp: int, vpp: int) -> list[tuple[int | None,
 
 
 def parse_reference(text: str, problem: Problem) -> Split:
-    """A --compare value: a Megatron layout string, or comma-separated layer counts."""
+    """A --compare value: a Megatron layout string, or comma-separated layer counts;
+    refused in --compare's name (the split rules speak of the config's fields)."""
+    try:
+        return _reference(text, problem)
+    except UserError as e:
+        if e.field == "--compare":
+            raise
+        raise UserError("--compare", f"{text!r}: {e.problem}", e.fix) from None
+
+
+def _reference(text: str, problem: Problem) -> Split:
     sp = problem.split
     field = "--compare"
     body = text.strip()
@@ -136,13 +146,7 @@ def compare(problem: Problem, texts: list[str]) -> list[Reference]:
     """Each --compare value, parsed and timed."""
     out = []
     for text in texts:
-        try:
-            s = parse_reference(text, problem)
-        except UserError as e:
-            if e.field == "--compare":
-                raise
-            # The split rules speak of the config's fields; the value came from --compare.
-            raise UserError("--compare", f"{text!r}: {e.problem}", e.fix) from None
+        s = parse_reference(text, problem)
         out.append(Reference(text, s, time_split(problem, s)))
     return out
 
