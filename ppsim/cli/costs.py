@@ -161,7 +161,7 @@ def hardware_profile(args: argparse.Namespace) -> int:
                             "transformer's kernels, not a uniform cost model",
                             "use a preset (e.g. --preset llama3-8b) or kind = \"transformer\"")
         model = cfg.model.arch
-    with step_bar(sys.stderr.isatty()) as progress:
+    with step_bar("ppsim costs") as progress:
         result = measure_hardware(args.device, model=model, sustained_s=sustained,
                                   progress=progress)
 

@@ -296,7 +296,7 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
     held = fixed_sizes(args)
     if not getattr(getattr(cfg.model, "arch", None), "num_experts", 0):
         held.pop("etp", None)  # no experts to split: Megatron reads it and splits nothing
-    with step_bar(not args.json and sys.stderr.isatty()) as progress:
+    with step_bar("ppsim plan", silent=args.json) as progress:
         res = search_job(cfg, args.gpus, gbs, top_k=args.top, budget_s=args.time_budget,
                          policy=policy, fixed=held, progress=progress,
                          axes=frozenset(axes & set(JOB_AXES)))

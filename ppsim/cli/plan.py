@@ -18,6 +18,7 @@ from ppsim.cli.flags import (
     outputs_apart,
 )
 from ppsim.cli.jobplan import cmd_job_plan, split_flags_given
+from ppsim.cli.loglines import LogLines
 from ppsim.cli.plan_render import print_result
 from ppsim.cli.plan_variants import SEARCH_AXES, variants
 from ppsim.cli.render import job_dict
@@ -121,12 +122,14 @@ def _retime_shared(problem: Problem, res: PlanResult, refs: list[Reference]) -> 
 
 
 def run_search(cfg: Config, axes: list[str], top_k: int, budget_s: float,
-               show_progress: bool, compare_texts: list[str] | None = None,
+               silent: bool, compare_texts: list[str] | None = None,
                started: float | None = None, specs: DeepSpeedSpecs = DEFAULT_SPECS,
                given: Split | None = None) -> tuple[Planned, list[tuple[str, PlanResult]]]:
     """Plan every variant; the best result overall, and each variant's result (`given`:
-    a launch line's split, a reference row of the configured shape)."""
+    a launch line's split, a reference row of the configured shape; `silent`: no
+    progress, for --json)."""
     vs = variants(cfg, axes)
+    lines = None if silent or sys.stderr.isatty() else LogLines("ppsim plan")
     results: list[tuple[str, Planned]] = []
     # One deadline for the whole search: each variant's set-up (its problem, schedule
     # and bound) is spent from it, and each gets a fair share of what is left.
@@ -135,7 +138,8 @@ def run_search(cfg: Config, axes: list[str], top_k: int, budget_s: float,
 
     with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                   TextColumn("{task.fields[evaluated]} splits timed"), TimeElapsedColumn(),
-                  disable=not show_progress, transient=True, console=_stderr()) as bar:
+                  disable=silent or lines is not None, transient=True,
+                  console=_stderr()) as bar:
         task = bar.add_task("planning", total=len(vs), evaluated=0)
         for n, v in enumerate(vs):
             bar.update(task, description=f"planning {v.label}")
@@ -148,8 +152,10 @@ def run_search(cfg: Config, axes: list[str], top_k: int, budget_s: float,
                     raise
                 continue
 
-            def tick(done: int, _total: int, task: Any = task) -> None:
+            def tick(done: int, _total: int, task: Any = task, label: str = v.label) -> None:
                 bar.update(task, evaluated=done)
+                if lines is not None:
+                    lines(f"planning {label}", f"{done} splits timed")
 
             # References belong to the configured shape; variants are planned bare.
             texts = (compare_texts or []) if v is vs[0] else []
@@ -271,7 +277,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                         "search recompute only, or drop --actions-csv")
     specs = parse_deepspeed_specs(args.deepspeed_specs)
     planned, per_variant = run_search(cfg, axes, args.top, args.time_budget,
-                                      show_progress=not args.json and sys.stderr.isatty(),
+                                      silent=args.json,
                                       compare_texts=args.compare or [], started=started,
                                       specs=specs, given=given_split(args, cfg))
     best = planned.result

@@ -16,6 +16,7 @@ from typing import Any
 from ppsim.cli.context_checks import check_context_model
 from ppsim.cli.costs import COSTS_NOTE, costs_table, hardware_profile
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
+from ppsim.cli.loglines import LogLines
 from ppsim.cli.runchecks import (
     RANKS_PER_DEVICE,
     check_profile_memory,
@@ -134,12 +135,17 @@ def cmd_profile(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     dp_steps = 1 if cfg.model.arch.dp * cfg.model.arch.cp > 1 and args.device == "cpu" else 0
     total = args.warmup + args.repeats + (0 if args.no_p2p else 1) + dp_steps
+    lines = None if err.is_terminal else LogLines("ppsim profile", quiet_s=0)
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-                  console=err, transient=True, disable=not err.is_terminal) as bar:
+                  console=err, transient=True, disable=lines is not None) as bar:
         task = bar.add_task("building pieces", total=total)
+        if lines is not None:
+            lines("building pieces", f"{total} steps to time")
 
         def progress(what: str, steps: int) -> None:
             bar.update(task, advance=steps, description=what)
+            if lines is not None:
+                lines(what, f"{bar.tasks[0].completed:.0f} of {total} steps")
 
         doc = profile(fields, args.device, args.repeats, args.warmup,
                       cfg.pipeline.microbatches, p2p=not args.no_p2p, progress=progress,

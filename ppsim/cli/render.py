@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
+from ppsim.cli.loglines import LogLines
 from ppsim.job import throughput as job_throughput
 from ppsim.sim.summary import Summary
 from ppsim.units import fmt_bytes
@@ -22,15 +23,21 @@ StepReport = Callable[[str, int, int], None]
 
 
 @contextlib.contextmanager
-def step_bar(show: bool) -> Iterator[StepReport]:
-    """A transient bar on stderr that a long command's steps move: what is done now, how
-    many of how many, the time so far (nothing is drawn when not shown)."""
+def step_bar(command: str, *, silent: bool = False) -> Iterator[StepReport]:
+    """Progress a long command's steps move, on stderr: on a terminal a transient bar (what
+    is done now, how many of how many, the time so far), in a log throttled lines
+    (`LogLines`), nothing when `silent` (--json)."""
+    import sys
+
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    if not silent and not sys.stderr.isatty():
+        yield LogLines(command).steps
+        return
     with Progress(TextColumn("{task.description}"), BarColumn(),
                   TextColumn("{task.completed:.0f} of {task.total:.0f}"), TimeElapsedColumn(),
-                  disable=not show, transient=True, console=Console(stderr=True)) as bar:
+                  disable=silent, transient=True, console=Console(stderr=True)) as bar:
         task = bar.add_task("", total=1)  # a count needs a total before the first step
 
         def update(what: str, done: int, total: int) -> None:

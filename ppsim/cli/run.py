@@ -17,6 +17,7 @@ from typing import Any
 from ppsim.cli import runchecks
 from ppsim.cli.context_checks import check_run_context
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
+from ppsim.cli.loglines import LogLines
 from ppsim.cli.run_summary import print_summary
 from ppsim.cli.schedule import print_notes
 from ppsim.config.model import TransformerModel
@@ -321,7 +322,6 @@ def _launch(args: argparse.Namespace, problem: Any, store: Any) -> Any:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
 
-
     err = Console(stderr=True)
     if args.nnodes > 1:
         # torchrun prints nothing while it waits for the other nodes' rendezvous.
@@ -331,14 +331,18 @@ def _launch(args: argparse.Namespace, problem: Any, store: Any) -> Any:
                          f"{others} (the same command with --node-rank N there)\n")
     env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
            launch.STORE_ENV: "{}:{}".format(*store.endpoint)} if store else {}
+    lines = None if err.is_terminal else LogLines("ppsim run")
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[note]}"),
-                  console=err, transient=True, disable=not err.is_terminal) as bar:
+                  console=err, transient=True, disable=lines is not None) as bar:
         task = bar.add_task(f"{args.engine} {problem.schedule.name} pp={problem.split.pp}",
                             total=args.iterations, note="starting ranks")
 
         def progress(msg: dict) -> None:
             note = f"iteration {msg['iteration']}/{msg['of']}  loss {msg['loss']:.4f}"
             bar.update(task, completed=msg["iteration"], note=note)
+            if lines is not None:
+                lines("training", f"iteration {msg['iteration']}/{msg['of']}, "
+                      f"loss {msg['loss']:.4f}")
 
         argv = launch.torchrun_argv(args, rundir.spec_path(args.trace_dir),
                                     store.endpoint if store else None)
