@@ -112,13 +112,15 @@ def check_host_memory(args: argparse.Namespace, problem: Any, copies: int) -> No
 def check_profile_memory(costs: Any, param_bytes: int, processes: int) -> None:
     """`ppsim profile` builds the embedding, up to four decoder layers of each kind and the
     head, each weight with its gradient, and times one piece at a time (its forward's
-    saved tensors held until its backward), in each of `processes` at once: refused
+    saved tensors held until its backward, and what that backward holds beside them while
+    it runs, such as the head's logit gradient), in each of `processes` at once: refused
     before any starts where that passes the memory this host has free (the OOM killer's
     SIGKILL would end it with a traceback). `costs`: the model's analytic ModelCosts."""
-    saved = max(c.activation_bytes for c in (costs.embedding, *costs.layers, costs.head))
+    saved = max(c.activation_bytes + c.transient_bytes
+                for c in (costs.embedding, *costs.layers, costs.head))
     need = (2 * param_bytes * profiled_params(costs) + saved) * processes
     _refuse_beyond_host(need, f"the profile's pieces (embedding, a few layers of each kind, "
-                        f"head), their gradients and one piece's saved tensors take "
+                        f"head), their gradients and one piece's forward and backward tensors take "
                         f"{need / 1e9:,.1f} GB over {processes} process(es)")
 
 

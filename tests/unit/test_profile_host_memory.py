@@ -48,12 +48,14 @@ def test_the_need_is_the_pieces_and_their_gradients_in_each_process(monkeypatch,
     # pipeline ranks' copies timed beside it.
     layer = 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336 + 2 * 4096
     params = 2 * 128256 * 4096 + 4096 + 4 * layer
-    # ...and the head's saved tensors, the largest piece's (its logits), while it is timed.
+    # ...and the head's saved tensors, the largest piece's (its logits), with the logit
+    # gradient its backward makes beside them, while it is timed.
     from ppsim.config.schema import config_from_dict
     from ppsim.pipeline.problem import model_costs
 
     head = model_costs(config_from_dict({"model": {"preset": "llama3-8b"}})).head
-    need = (2 * 2 * params + head.activation_bytes) * 3
+    need = (2 * 2 * params + head.activation_bytes + head.transient_bytes) * 3
+    assert head.transient_bytes >= 8192 * 128256 * 2  # the logit gradient, bf16 at least
     assert f"take {need / 1e9:,.1f} GB over 3 process(es)" in line, line
 
 
