@@ -6,19 +6,21 @@ other edits are applied by ppsim.config.overrides; the CLI's flags are in ppsim.
 
 from __future__ import annotations
 
+import functools
 import os
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from ppsim.config import files, validate, validate_hardware
-from ppsim.config.model import Model, UniformModel, parse_model
+from ppsim.config import files, sections, validate, validate_hardware
+from ppsim.config.model import ARCH_FIELDS, Model, UniformModel, parse_model
 from ppsim.config.presets import HARDWARE_PRESETS
+from ppsim.costs.model import LAYER_FIELDS
 from ppsim.errors import UserError
 from ppsim.job import combined
 from ppsim.job import shape as job_shape
 from ppsim.pipeline.placement import PlacementConfig
-from ppsim.policy.model import memory_policy
+from ppsim.policy.model import POLICY_KEYS, memory_policy
 from ppsim.schedules.generators import chunks_for_schedule
 
 SPLIT_KEYS = ("split", "layout", "first_stage_layers", "last_stage_layers",
@@ -235,6 +237,7 @@ def _fill(obj: Any, table: dict[str, Any], section: str) -> None:
 
 
 def config_from_dict(data: dict[str, Any]) -> Config:
+    sections.check_homes(data, _homes())
     for key in data:
         if key not in ("model", "pipeline", "hardware", "placement", "costs_file", "memory"):
             raise UserError(key, "unknown section",
@@ -253,6 +256,18 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     check_config(cfg)
     return job_shape.resolved(cfg, cfg.pipeline.microbatches if "microbatches" in pipeline
                               else None)
+
+
+@functools.cache
+def _homes() -> dict[str, frozenset[str]]:
+    """Each section's valid keys (sections.check_homes)."""
+    return {sections.TOP_LEVEL: frozenset({"costs_file"}),
+            "model": frozenset({"kind", "preset", "builder", "embedding", "head", *ARCH_FIELDS,
+                                *LAYER_FIELDS}),
+            "pipeline": frozenset(f.name for f in fields(PipelineConfig)),
+            "hardware": frozenset(f.name for f in fields(HardwareConfig)),
+            "placement": frozenset(f.name for f in fields(PlacementConfig)),
+            "memory": frozenset({"stage", "offload_step_bytes", *POLICY_KEYS})}
 
 
 def check_config(cfg: Config) -> None:

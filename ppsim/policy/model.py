@@ -63,6 +63,10 @@ def shorthand(mode: str) -> StagePolicy:
     return StagePolicy(recompute_modules=SHORTHAND.get(mode, ()))
 
 
+POLICY_KEYS = ("recompute_modules", "recompute_layers", "offload_modules", "offload_fraction")
+"""The keys of a [memory] table or a [[memory.stage]] table."""
+
+
 def module_names(where: str, value: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:
     """A list (or comma/space-separated text) of Megatron module names, checked."""
     if isinstance(value, str):
@@ -78,10 +82,10 @@ def module_names(where: str, value: Any, allowed: tuple[str, ...]) -> tuple[str,
 
 def stage_policy(where: str, table: dict[str, Any], base: StagePolicy) -> StagePolicy:
     """A [memory] table (or one per-stage table) over `base`."""
-    known = ("recompute_modules", "recompute_layers", "offload_modules", "offload_fraction")
     for key in table:
-        if key not in known and key != "stage":
-            raise UserError(f"{where}.{key}", "unknown key", "use one of " + ", ".join(known))
+        if key not in POLICY_KEYS and key != "stage":
+            raise UserError(f"{where}.{key}", "unknown key",
+                            "use one of " + ", ".join(POLICY_KEYS))
     out = dict(recompute_modules=base.recompute_modules, recompute_layers=base.recompute_layers,
                offload_modules=base.offload_modules, offload_fraction=base.offload_fraction)
     if "recompute_modules" in table:
