@@ -23,13 +23,11 @@ from ppsim.executor.optim import adamw
 from ppsim.executor.quiet import no_gc_pauses
 from ppsim.executor.runspec import RunSpec
 from ppsim.executor.summary import peer_summary
+from ppsim.schedules.generators import TORCH_NAMES
 from ppsim.schedules.torchcsv import to_torch_csv
 
-PEER_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
-                  "interleaved-1f1b": "ScheduleInterleaved1F1B",
+PEER_SCHEDULES = {**{name: "Schedule" + torch for name, torch in TORCH_NAMES.items()},
                   "zb-h1": "ScheduleInterleavedZeroBubble",
-                  "interleaved-zb": "ScheduleInterleavedZeroBubble",
-                  "zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV",
                   "csv": "_PipelineScheduleRuntime"}
 """ppsim schedule -> torch class. zb-h1 is torch's interleaved zero bubble on one
 chunk per rank (the orders are equal); the V schedules take both chunks."""

@@ -27,7 +27,12 @@ from ppsim.plan import planner
 from ppsim.plan.floor import memory_floors
 from ppsim.policy.model import StagePolicy
 from ppsim.policy.setup import stage_policies
-from ppsim.schedules.generators import SCHEDULES, schedule_for_vpp, schedule_placement
+from ppsim.schedules.generators import (
+    SCHEDULES,
+    schedule_for_vpp,
+    schedule_name,
+    schedule_placement,
+)
 from ppsim.sim.engine import Simulation
 from ppsim.sim.simulate import simulate
 from ppsim.tui.editing import EditRefused, parse_float, parse_int
@@ -184,6 +189,7 @@ def apply_setting(base: Config, state: EditState, name: str, text: str) -> EditS
     if name == "microbatches":
         return _shape(s, name, microbatches=parse_int("microbatches", text, 1))
     if name == "schedule":
+        text = schedule_name(text)
         if text not in SCHEDULES:
             raise EditRefused("schedule", f"unknown schedule {text!r}")
         check_limits(s.num_layers, s.pp, s.vpp, s.microbatches, text, name)

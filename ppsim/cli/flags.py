@@ -18,7 +18,7 @@ from ppsim.config.schema import SPLIT_KEYS, Config, PipelineConfig, load_config
 from ppsim.errors import UserError
 from ppsim.job import shape as job_shape
 from ppsim.pipeline.layout import is_layout
-from ppsim.schedules.generators import chunks_for_schedule, schedule_for_vpp
+from ppsim.schedules.generators import chunks_for_schedule, schedule_for_vpp, schedule_name
 
 MEMORY_FLAGS = {"recompute_modules": "recompute_modules",
                 "recompute_layers": "recompute_num_layers",
@@ -110,7 +110,7 @@ def _add_pipeline_flags(g: Any) -> None:
                    type=int, metavar="N", help="Megatron's other way to give vpp: the "
                    "layers of one chunk")
     g.add_argument("--microbatches", type=int, metavar="N")
-    g.add_argument("--schedule", metavar="NAME")
+    g.add_argument("--schedule", metavar="NAME", type=schedule_name)
     g.add_argument("--microbatch-group-size",
                    "--microbatch-group-size-per-virtual-pipeline-stage",
                    dest="microbatch_group_size", type=int, metavar="N",

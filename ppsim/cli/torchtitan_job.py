@@ -13,10 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-TORCH_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
-                   "interleaved-zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble",
-                   "dualpipev": "DualPipeV"}
-"""ppsim's schedules by torch.distributed.pipelining's names (get_schedule_class)."""
+from ppsim.schedules.generators import TORCH_NAMES
+
 FLOAT8 = "Float8LinearConverter.Config(recipe_name='rowwise', filter_fqns=['output'])"
 """torchtitan's float8 (components/quantization/float8.py): every linear but the output
 layer's, as ppsim prices FP8 under FSDP."""
@@ -51,7 +49,7 @@ def torchtitan_job(shape: Any, problem: Any, gbs: int, fqns: list[list[str]] | N
     notes = [f"HSDP replicates over dp alone, and {copies} copies do not divide "
              f"dp = {shape.dp}"] if shape.dp % copies else []
     if shape.pp > 1:
-        name = TORCH_SCHEDULES.get(problem.schedule.name)
+        name = TORCH_NAMES.get(problem.schedule.name)
         par["pipeline_parallel_schedule"] = name
         par["module_fqns_per_model_part"] = fqns
         train["num_pp_microbatches"] = shape.microbatches

@@ -276,12 +276,32 @@ def schedule_for_vpp(name: str, vpp: int) -> str:
     return name
 
 
+TORCH_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
+               "interleaved-zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble",
+               "dualpipev": "DualPipeV"}
+"""ppsim's schedules by the names torch.distributed.pipelining's get_schedule_class takes
+(torchtitan's `pipeline_parallel_schedule`); zb-h1 has none."""
+
+
+def schedule_name(text: str) -> str:
+    """ppsim's name for a schedule named as ppsim or as torch, in any case and with or
+    without the class's `Schedule` (as get_schedule_class, case-blind): "Interleaved1F1B"
+    and "ScheduleInterleaved1F1B" are "interleaved-1f1b"; other text is kept, for the
+    schedule's check to name."""
+    key = text.strip().lower()
+    if key in SCHEDULES:
+        return key
+    by_torch = {torch.lower(): name for name, torch in TORCH_NAMES.items()}
+    return by_torch.get(key.removeprefix("schedule"), text)
+
+
 def _spec(name: str) -> ScheduleSpec:
     spec = SCHEDULES.get(name)
     if spec is None:
         raise UserError(
             "pipeline.schedule", f"unknown schedule {name!r}",
-            "choose one of " + ", ".join(SCHEDULES))
+            "choose one of " + ", ".join(SCHEDULES) + " (or torch's name, e.g. "
+            "Interleaved1F1B)")
     return spec
 
 
