@@ -19,7 +19,7 @@ from ppsim.config.presets import MODEL_PRESETS
 from ppsim.costs.arch import Architecture
 from ppsim.costs.hybrid import model_counts
 from ppsim.costs.model import INTEGER_FIELDS, LAYER_FIELDS, LayerCost
-from ppsim.errors import UserError
+from ppsim.errors import UserError, one_of
 
 ARCH_FIELDS = tuple(f.name for f in fields(Architecture))
 _LAYER_DEFAULTS = LayerCost()
@@ -170,7 +170,7 @@ def _merged(table: dict[str, Any]) -> dict[str, Any]:
         return raw
     if preset not in MODEL_PRESETS:
         raise UserError("model.preset", f"unknown preset {preset!r}",
-                        "choose one of " + ", ".join(MODEL_PRESETS))
+                        one_of(preset, MODEL_PRESETS))
     return {"kind": "transformer", **MODEL_PRESETS[preset], **one_sharding(raw),
             "preset": preset}
 

@@ -16,7 +16,7 @@ from ppsim.config import files, sections, validate, validate_hardware
 from ppsim.config.model import ARCH_FIELDS, Model, UniformModel, parse_model
 from ppsim.config.presets import HARDWARE_PRESETS
 from ppsim.costs.model import LAYER_FIELDS
-from ppsim.errors import UserError
+from ppsim.errors import UserError, one_of
 from ppsim.job import combined
 from ppsim.job import shape as job_shape
 from ppsim.pipeline.placement import PlacementConfig
@@ -289,7 +289,7 @@ def hardware_config(table: dict[str, Any]) -> HardwareConfig:
     if preset is not None:
         if preset not in HARDWARE_PRESETS:
             raise UserError("hardware.preset", f"unknown preset {preset!r}",
-                            "choose one of " + ", ".join(HARDWARE_PRESETS))
+                            one_of(preset, HARDWARE_PRESETS))
         table = {**HARDWARE_PRESETS[preset], **table}
     hw = HardwareConfig()
     _fill(hw, table, "hardware")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from threading import Lock
 from typing import Any
 
-from ppsim.errors import UserError
+from ppsim.errors import UserError, one_of
 from ppsim.pipeline.megatron_rules import group_refusal
 from ppsim.schedules.actions import (
     Action,
@@ -300,8 +300,7 @@ def _spec(name: str) -> ScheduleSpec:
     if spec is None:
         raise UserError(
             "pipeline.schedule", f"unknown schedule {name!r}",
-            "choose one of " + ", ".join(SCHEDULES) + " (or torch's name, e.g. "
-            "Interleaved1F1B)")
+            one_of(name, SCHEDULES) + " (or torch's name, e.g. Interleaved1F1B)")
     return spec
 
 
