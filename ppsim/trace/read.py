@@ -202,8 +202,10 @@ class _Collector:
 
     def add(self, n: int, ev: Any) -> None:
         if not isinstance(ev, dict):
-            raise UserError("trace", f"{self.path}: event {n} is not an object",
-                            "fix or re-record")
+            raise UserError("trace", f"{self.path} is not a Chrome trace: its event {n} is "
+                            f"{type(ev).__name__} {str(ev)[:40]!r}, not an object",
+                            "pass a trace written by ppsim simulate --trace or ppsim run; "
+                            "a training log goes to ppsim simulate --compare-log")
         if ev.get("ph") == "X" and ev.get("cat") == "compute":
             op = _compute_op(ev, n, self.path)
             (self.step_ops if op.kind in STEP_KINDS else self.ops).append(op)

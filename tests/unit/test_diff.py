@@ -220,3 +220,16 @@ def test_the_diff_picture_draws_each_ranks_step(tmp_path, capsys):
     capsys.readouterr()
     colours = {c: n for n, c in Image.open(png).convert("RGB").getcolors(1 << 20)}
     assert colours.get(COLOURS["S"], 0) > 0
+
+
+def test_a_training_log_given_as_a_trace_is_named_as_not_one(sim_doc, tmp_path, capsys):
+    # Megatron's log lines open with "[2026-07-10 ...": a JSON array whose first element
+    # reads as a number, so it used to be "event 0 is not an object (fix or re-record)".
+    good = write(tmp_path, "good.json", sim_doc)
+    log = tmp_path / "train.log"
+    log.write_text(" [2026-07-10 10:00:00] iteration        2/     100 | elapsed time per "
+                   "iteration (ms): 7250.3 | throughput per GPU (TFLOP/s/GPU): 465.1 |\n")
+    assert main(["diff", good, str(log)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a Chrome trace" in err
+    assert "ppsim simulate --compare-log" in err
