@@ -54,6 +54,9 @@ class LogComparison:
     rank_beyond: tuple[int, int] | None = None
     """(a rank the log reports memory for, the simulated job's GPUs) where that rank is
     not in the simulated job: not the same job, and no stage compared."""
+    first_only: bool = False
+    """The one line compared is the first iteration's, which warm-up (allocation,
+    compilation, NCCL set-up) slows: not a steady figure."""
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "memory_measure": memory_measure(self.framework)}
@@ -104,7 +107,8 @@ def compare(run: LoggedRun, iteration_ms: float, t: Throughput | None,
                          error={k: simulated[k] / v - 1 for k, v in logged.items()},
                          global_batch_sizes=(int(gbs), global_batch_size)
                          if gbs and global_batch_size and gbs != global_batch_size else None,
-                         memory=memory, rank_beyond=rank_beyond)
+                         memory=memory, rank_beyond=rank_beyond,
+                         first_only=len(run.steps) == 1 and run.steps[0].iteration <= 1)
 
 
 def _value(name: str, v: float) -> str:
@@ -153,5 +157,8 @@ def comparison_line(c: LogComparison) -> str:
     if c.rank_beyond is not None:
         other += (f" (but the log reports rank {c.rank_beyond[0]:,}, beyond the simulated "
                   f"job's {c.rank_beyond[1]:,} GPUs: not the same job)")
+    if c.first_only:
+        other += (" (but the log's one line is the first iteration, which warm-up slows: "
+                  "log more iterations to compare a steady one)")
     return (f"logged by {c.framework} (median of {c.lines} line(s){first}): {logged}; "
             f"simulated: {simulated}{other}")

@@ -274,3 +274,16 @@ def test_nemos_progress_bar_gives_a_step_per_update() -> None:
     assert run.framework == "NeMo" and run.left_out == 1
     assert [s.iteration for s in run.steps] == [1, 2, 3, 2000]
     assert run.median("iteration_ms") == pytest.approx(11275.0)
+
+
+@pytest.mark.parametrize(("iterations", "warned"), [([1], True), ([10], False),
+                                                    ([1, 2], False)])
+def test_a_log_of_the_first_iteration_alone_is_said_to_be_warm_up(iterations, warned,
+                                                                   tmp_path, capsys) -> None:
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(megatron_line(i, 15000.0, 345.0) for i in iterations))
+    assert main([*SIMULATE, "--json", "--compare-log", str(log)]) == 0
+    assert json.loads(capsys.readouterr().out)["compared_with_log"]["first_only"] is warned
+    assert main([*SIMULATE, "--compare-log", str(log)]) == 0
+    said = "the log's one line is the first iteration, which warm-up slows"
+    assert (said in " ".join(capsys.readouterr().out.split())) is warned
