@@ -54,8 +54,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--engine", choices=("ppsim", "torch"), default="ppsim",
                    help="ppsim's runtime, or torch.distributed.pipelining's schedules")
     r.add_argument("--iterations", type=int, default=3, metavar="N")
-    r.add_argument("--warmup", type=int, default=1, metavar="N",
-                   help="leading iterations marked warm-up and left out of the summary")
+    r.add_argument("--warmup", type=int, metavar="N",
+                   help="leading iterations marked warm-up and left out of the summary "
+                   "(default 1, none for a run of one iteration)")
     r.add_argument("--trace-dir", metavar="DIR",
                    help="where trace.json and summary.json go; refused if it holds an earlier "
                    "run's results (default: a fresh ppsim-run/<time>, with ppsim-run/latest "
