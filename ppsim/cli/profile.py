@@ -29,6 +29,7 @@ from ppsim.config.schema import Config
 from ppsim.costs.arch import DTYPE_BYTES
 from ppsim.costs.costfile import PROFILE_REPEATS, cost_document, read_cost_file, write_costs
 from ppsim.errors import UserError
+from ppsim.pipeline.placement import topology
 from ppsim.pipeline.problem import model_costs
 from ppsim.trace.calibrate import ESTIMATORS, Calibration, calibrate
 from ppsim.trace.read import read_trace
@@ -97,6 +98,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     # The config's costs_file is not read here (profile measures): writing it is a refresh.
     outputs_apart(args, {"--out": args.out})
     fields = _transformer_fields(cfg, "profile")
+    topology(cfg.placement, cfg.pipeline.pp, 0.0, 0.0)  # --devices checked as simulate does
     if args.model:
         fields = {**fields, "builder": args.model}  # where every measuring process looks
     validate.count("--repeats", args.repeats, lo=1, hi=MAX_REPEATS)

@@ -139,6 +139,10 @@ def test_profile_refuses_what_the_executor_cannot_run(tmp_path: Path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "model.cp: 2: the executor splits the sequence of the shipped" \
         in err[0], err
+    # a device per rank, as simulate and run take them (three for two ranks was measured)
+    assert main(["profile", "--devices", "0,1,2", "--out", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "placement.devices: lists 3 devices for 2 ranks" in err[0], err
     assert not (tmp_path / "c.json").exists()
 
 
