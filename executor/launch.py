@@ -190,11 +190,31 @@ def print_launch(args: argparse.Namespace, spec_path: str, spec_json: str) -> No
     cmd = ["torchrun", *torchrun_args(args), *worker_command(spec_path, "python")]
     print("# the run spec every rank reads (write it once, where every node sees it):")
     print(spec_script(spec_path, spec_json))
-    print("# torchrun (run once per node; --node-rank 0..nnodes-1):")
-    print("OMP_NUM_THREADS=1 " + shlex.join(cmd))
+    if args.nnodes == 1:
+        print("# torchrun:")
+        print("OMP_NUM_THREADS=1 " + shlex.join(cmd))
+    else:
+        print(f"# torchrun, the same line on each node, with NODE_RANK set to 0..{args.nnodes - 1}"
+              + (" and MASTER_ADDR to node 0's address:" if _loopback(args.master_addr)
+                 else ":"))
+        print("OMP_NUM_THREADS=1 " + _per_node(cmd, args.master_addr))
     print()
     print("# Slurm (save as ppsim-run.sbatch, then: sbatch ppsim-run.sbatch):")
     print(sbatch_script(args, spec_path, spec_json), end="")
+
+
+def _loopback(addr: str) -> bool:
+    return addr in ("127.0.0.1", "localhost", "::1")
+
+
+def _per_node(cmd: list[str], master_addr: str) -> str:
+    """The torchrun line with the node's rank (and, where --master-addr was left at this
+    machine's loopback, which no other node reaches, node 0's address) as shell variables."""
+    out = list(cmd)
+    out[out.index("--node-rank") + 1] = "$NODE_RANK"
+    if _loopback(master_addr):
+        out[out.index("--master-addr") + 1] = "$MASTER_ADDR"
+    return " ".join(f'"{a}"' if a.startswith("$") else shlex.quote(a) for a in out)
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")

@@ -193,7 +193,9 @@ def test_print_launch_shows_torchrun_and_sbatch(capsys) -> None:
                "--master-addr", "10.0.0.1", "--master-port", "29511", "--device", "cuda"])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "torchrun --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29511" in out
+    # The one line every node runs: its rank from NODE_RANK (it was --node-rank 0 on all).
+    assert 'torchrun --nnodes 2 --node-rank "$NODE_RANK" --master-addr 10.0.0.1 ' \
+           '--master-port 29511' in out and "NODE_RANK set to 0..1:" in out
     assert "#SBATCH --nodes=2" in out and "#SBATCH --gpus-per-node=1" in out
     assert "--rdzv-backend c10d" in out and "-m ppsim.executor.worker" in out
     # Both forms read one spec, which the printout writes (and ppsim wrote nowhere).
@@ -201,6 +203,19 @@ def test_print_launch_shows_torchrun_and_sbatch(capsys) -> None:
     assert len(spec) == 2 and spec[0] == spec[1] and not os.path.exists(spec[0])
     assert out.count(f"cat > {spec[0]} <<'{launch.SPEC_END}'") == 2
     assert "--no-python python -P -u -m ppsim.executor.worker --spec" in out
+
+
+def test_print_launch_of_several_nodes_asks_for_node_0_s_address(capsys) -> None:
+    # No --master-addr: the loopback default reaches no other node.
+    assert main(["run", "--print-launch", "--nnodes", "3", "--nproc-per-node", "1", "--pp", "3",
+                 "--device", "cuda"]) == 0
+    out = capsys.readouterr().out
+    assert '--node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" --master-port 29500' in out
+    assert "NODE_RANK set to 0..2 and MASTER_ADDR to node 0's address:" in out
+    assert "127.0.0.1" not in out.split("# Slurm")[0]
+    # One node keeps its plain line.
+    assert main(["run", "--print-launch", "--device", "cuda"]) == 0
+    assert "$NODE_RANK" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, field", [
