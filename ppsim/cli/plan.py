@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 import time
@@ -164,8 +165,16 @@ def run_search(cfg: Config, axes: list[str], top_k: int, budget_s: float,
                 given=given if v is vs[0] else None)))
             bar.advance(task)
     fitting = [r for _, r in results if r.result.best is not None]
-    best = min(fitting, key=lambda r: r.result.best.key) if fitting else results[0][1]  # type: ignore
+    best = min(fitting, key=lambda r: r.result.best.key) if fitting else \
+        min((r for _, r in results), key=_lowest_peak)  # type: ignore
     return best, [(label, r.result) for label, r in results]
+
+
+def _lowest_peak(r: Planned) -> float:
+    """Where no variant fits, the one to report: the lowest peak any of its splits reached
+    (a variant whose floor alone overflows, or that found no peak, last)."""
+    peak = r.result.smallest_peak
+    return float(peak[0]) if peak else math.inf
 
 
 def _stderr() -> Any:
@@ -313,7 +322,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         emit_json(out)
         return 0 if best.best is not None else EXIT_NO_FIT
     if best.best is None:
-        sys.stderr.write(f"ppsim plan: {no_fit_message(best)}\n")
+        searched = [label for label, r in per_variant if r is best]
+        at = f" (the lowest of the {len(per_variant)} variants searched: {searched[0]})" \
+            if len(per_variant) > 1 and searched else ""
+        sys.stderr.write(f"ppsim plan: {no_fit_message(best)}{at}\n")
         return EXIT_NO_FIT
     print_result(planned, per_variant, args.top, specs)
     warn_host(policy_json(best.problem.with_split(best.best.split)), cfg.hardware)

@@ -31,3 +31,21 @@ def test_recompute_is_advised_only_where_more_is_left(recompute: list[str], advi
 def test_full_recompute_fits() -> None:
     code, out, _ = run_main([*JOB, "--recompute", "full", "--json"])
     assert code == 0 and '"fits": true' in out
+
+
+def test_a_search_that_fits_nothing_reports_its_lowest_variant_not_the_configured() -> None:
+    """`--search recompute` tried full recompute and still fit nothing (Llama 3 70B at tp 8,
+    pp 2, dp 1): it reported the configured variant's peak and advised --recompute full."""
+    base = ["plan", "--preset", "llama3-70b", "--hardware", "h100-80gb", "--pp", "2",
+            "--time-budget", "3"]
+    code, _, configured = run_main(base)
+    assert code == 3
+    code, _, searched = run_main([*base, "--search", "recompute"])
+    assert code == 3 and len(searched.strip().splitlines()) == 1
+
+    def peak(err: str) -> float:
+        return float(err.split("reaches is ")[1].split(" GB")[0])
+
+    assert peak(searched) < peak(configured)
+    assert "the lowest of the 3 variants searched: 1f1b vpp=1 m=8 recompute=full" in searched
+    assert "--recompute full" not in searched
