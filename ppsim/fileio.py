@@ -219,9 +219,23 @@ def find_overlap(inputs: dict[str, str | None], outputs: dict[str, str | None]
     return None
 
 
+def refuse_unnamed(outputs: dict[str, str | None]) -> None:
+    """Refuse an output given as "" (the command would quietly write nothing) or as "-"
+    (a file named "-" in this folder, where a user may mean standard output)."""
+    for flag, path in outputs.items():
+        if path == "":
+            raise UserError(flag, "is empty", f"give {flag} a file path, or leave it out")
+        if path == "-":
+            raise UserError(flag, "'-' would be a file named '-' here: ppsim writes its "
+                            "files to paths, not to standard output", f"give {flag} a file "
+                            "path (--json prints the results on standard output)")
+
+
 def refuse_overlap(inputs: dict[str, str | None], outputs: dict[str, str | None]) -> None:
     """Refuse (UserError naming both) an output that is one of the inputs or another
-    output: `ppsim diff sim.json real.json --png real.json` would replace the real trace."""
+    output: `ppsim diff sim.json real.json --png real.json` would replace the real trace
+    (and an output named "" or "-": refuse_unnamed)."""
+    refuse_unnamed(outputs)
     if (o := find_overlap(inputs, outputs)) is not None:
         raise UserError(o.flag, f"{shown(o.path)} is also {o.other} ({o.kind}); ppsim never "
                         f"writes an output over {o.kind}", f"give {o.flag} a path of its own")
