@@ -199,7 +199,8 @@ def run_spec(args: argparse.Namespace) -> Any:
                    builder=builder_spec(args.model, fields), dp=_data_parallel(args, fields),
                    device=args.device, engine=args.engine,
                    alongside_torch=bool(args.alongside_torch), iterations=args.iterations,
-                   warmup=args.warmup, seed=args.seed, lr=args.lr, timeout_s=args.timeout_s,
+                   warmup=runchecks.warmup_iterations(args), seed=args.seed, lr=args.lr,
+                   timeout_s=args.timeout_s,
                    trace_dir=args.trace_dir, inject_fault=args.inject_fault,
                    fault_mode=args.fault_mode, dump_grads=args.dump_grads)
 

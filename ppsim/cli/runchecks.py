@@ -69,15 +69,19 @@ def check_world(args: argparse.Namespace, world: int) -> None:
                     "(--nnodes, --print-launch)")
 
 
+def warmup_iterations(args: argparse.Namespace) -> int:
+    """--warmup, or its default: the first iteration, unless it is the only one."""
+    if args.warmup is not None:
+        return int(args.warmup)
+    return 1 if args.iterations > 1 else 0
+
+
 def check_run_numbers(args: argparse.Namespace) -> None:
-    """The run's counts and numbers in range: iterations, warm-up, timeout, learning rate
-    (an unset warm-up set: the first iteration, unless it is the only one)."""
+    """The run's counts and numbers in range: iterations, warm-up, timeout, learning rate."""
     if args.iterations < 1:
         raise UserError("--iterations", f"must be at least 1, got {args.iterations}",
                         "e.g. --iterations 5")
-    if args.warmup is None:
-        args.warmup = 1 if args.iterations > 1 else 0
-    if not 0 <= args.warmup < args.iterations:
+    if not 0 <= warmup_iterations(args) < args.iterations:
         raise UserError("--warmup", f"{args.warmup} warm-up of {args.iterations} iterations",
                         "need iterations >= 1 and 0 <= warmup < iterations")
     if not (math.isfinite(args.timeout_s) and 0 < args.timeout_s <= 7 * 86400):
