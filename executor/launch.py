@@ -46,7 +46,7 @@ def worker_command(spec_path: str, python: str = sys.executable) -> list[str]:
     """How a printed torchrun starts each rank (`--no-python`: the interpreter and its flags
     are ours)."""
     return ["--no-python", python, "-P", "-u", "-m", "ppsim.executor.worker", "--spec",
-            spec_path]
+            _as_argument(spec_path)]
 
 
 def forked_worker(spec_path: str) -> list[str]:
@@ -55,7 +55,14 @@ def forked_worker(spec_path: str) -> list[str]:
     import importlib.util
 
     script = importlib.util.find_spec("ppsim.executor.worker").origin  # type: ignore[union-attr]
-    return ["--start-method", "fork", "--run-path", str(script), "--spec", spec_path]
+    return ["--start-method", "fork", "--run-path", str(script), "--spec",
+            _as_argument(spec_path)]
+
+
+def _as_argument(path: str) -> str:
+    """A path the worker's parser reads as --spec's value: one that starts with "-" (a
+    --trace-dir named "-out") would read as an option, and every rank exit 2."""
+    return os.path.join(".", path) if path.startswith("-") else path
 
 
 def torchrun_args(args: argparse.Namespace, store: tuple[str, int] | None = None) -> list[str]:

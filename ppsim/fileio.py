@@ -224,11 +224,11 @@ def refuse_unnamed(outputs: dict[str, str | None]) -> None:
     (a file named "-" in this folder, where a user may mean standard output)."""
     for flag, path in outputs.items():
         if path == "":
-            raise UserError(flag, "is empty", f"give {flag} a file path, or leave it out")
+            raise UserError(flag, "is empty", f"give {flag} a path, or leave it out")
         if path == "-":
             raise UserError(flag, "'-' would be a file named '-' here: ppsim writes its "
-                            "files to paths, not to standard output", f"give {flag} a file "
-                            "path (--json prints the results on standard output)")
+                            "files to paths, not to standard output", f"give {flag} a path "
+                            "(--json prints the results on standard output)")
 
 
 def refuse_overlap(inputs: dict[str, str | None], outputs: dict[str, str | None]) -> None:

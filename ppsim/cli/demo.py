@@ -18,6 +18,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from ppsim import fileio
 from ppsim.cli.flags import add_config_flags, config_from_args
 from ppsim.cli.render import job_line
 from ppsim.config import validate
@@ -60,6 +61,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     # Each demo writes a folder of its own, so an earlier demo's printed `ppsim diff`
     # line keeps pointing at that demo's files; `<out>/latest` points at the newest.
+    fileio.refuse_unnamed({"--out": args.out})
     out = rundir.fresh(args.out, "--out")
     base = os.path.join(out, "config.toml")
     write_text_atomic(base, config_to_toml(cfg))

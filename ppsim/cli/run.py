@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ppsim import fileio
 from ppsim.cli import runchecks
 from ppsim.cli.context_checks import check_run_context
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
@@ -126,6 +127,7 @@ def versus_args(args: argparse.Namespace) -> argparse.Namespace:
 
 def validate(args: argparse.Namespace) -> Any:
     """Everything checkable before a process starts; a UserError means exit 2."""
+    fileio.refuse_unnamed({"--trace-dir": args.trace_dir, "--dump-grads": args.dump_grads})
     cfg = config_from_args(args)
     if not isinstance(cfg.model, TransformerModel):
         raise UserError("model.kind", "ppsim run trains a transformer, not a uniform cost "

@@ -97,9 +97,12 @@ def test_zero_iterations_names_the_iterations(tmp_path, capsys, no_launch) -> No
 @pytest.mark.e2e
 def test_one_iteration_without_warmup_runs_and_is_timed_whole(launches: Pool) -> None:
     # --warmup's default (the first iteration) used to refuse `--iterations 1`.
-    got = launches.get("one-iteration").summary
+    run = launches.get("one-iteration")
+    got = run.summary
     assert got["iterations"] == 1 and got["warmup_iterations"] == 0
     assert len(got["iteration_times_ms"]) == 1 and got["iteration_time_ms"] > 0
+    # --trace-dir=-out: every rank read "-out/run-spec.json" as an option and exited 2.
+    assert (run.tmp / "-out" / "trace.json").exists()
 
 
 def test_a_master_address_not_of_this_machine_is_one_line(tmp_path, capsys,

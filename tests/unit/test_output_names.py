@@ -12,7 +12,8 @@ from helpers import run_main
 COMMANDS = [(["simulate"], "--trace"), (["simulate"], "--png"), (["plan"], "--png"),
             (["schedule"], "--csv"), (["profile", "--preset", "tiny-gpt"], "--out"),
             (["plan", "--preset", "tiny-gpt", "--gpus", "2", "--global-batch-size", "8"],
-             "--png")]
+             "--png"),
+            (["run"], "--trace-dir"), (["run"], "--dump-grads"), (["demo"], "--out")]
 
 
 @pytest.mark.parametrize(("argv", "flag"), COMMANDS)
