@@ -63,6 +63,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # line keeps pointing at that demo's files; `<out>/latest` points at the newest.
     fileio.refuse_unnamed({"--out": args.out})
     out = rundir.fresh(args.out, "--out")
+    if out.startswith("-"):  # the steps' own flags would read "-x/..." as an option
+        out = os.path.join(".", out)
     base = os.path.join(out, "config.toml")
     write_text_atomic(base, config_to_toml(cfg))
 

@@ -123,3 +123,16 @@ def test_each_demo_writes_a_folder_of_its_own(tmp_path: Path, capsys) -> None:
     folders = sorted(p for p in out.iterdir() if p.is_dir())
     assert len(folders) == 2 and not (out / "config.toml").exists()
     assert all((f / "config.toml").exists() for f in folders)
+
+
+def test_a_demo_folder_named_like_an_option_reaches_its_steps(tmp_path: Path, capsys,
+                                                              monkeypatch) -> None:
+    # --out=-d: each step got "--config -d/<time>/config.toml" and refused it as an option
+    # ("argument --config: expected one argument"); the step must read the config itself.
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "u.toml"
+    cfg.write_text('[model]\nkind = "uniform"\nnum_layers = 4\nforward_ms = 1.0\n')
+    assert main(["demo", "--out=-d", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "demo profile: model.kind: " in err and "expected one argument" not in err, err
+    assert len([p for p in (tmp_path / "-d").iterdir() if p.is_dir()]) == 1
