@@ -14,7 +14,7 @@ from ppsim.cli.render import compact_table
 from ppsim.config.model import TransformerModel, parse_model
 from ppsim.config.presets import HARDWARE_NOTES, HARDWARE_PRESETS, MODEL_NOTES, MODEL_PRESETS
 from ppsim.config.schema import hardware_config, section_toml
-from ppsim.errors import UserError
+from ppsim.errors import UserError, one_of
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
@@ -55,8 +55,8 @@ def _one_preset(name: str, as_json: bool) -> int:
     if name in HARDWARE_PRESETS:
         return _one_hardware(name, as_json)
     if name not in MODEL_PRESETS:
-        raise UserError("NAME", f"{name!r} is not a preset", "choose one of "
-                        + ", ".join([*MODEL_PRESETS, *HARDWARE_PRESETS]))
+        raise UserError("NAME", f"{name!r} is not a preset",
+                        one_of(name, [*MODEL_PRESETS, *HARDWARE_PRESETS]))
     model = parse_model({"preset": name})
     assert isinstance(model, TransformerModel)  # every model preset is a transformer
     args = shlex.join(megatron_model_args(model.arch))

@@ -246,7 +246,7 @@ def test_presets_names_the_presets_when_given_another_name(capsys) -> None:
     assert main(["presets", "h100"]) == 2
     err = capsys.readouterr().err
     assert "NAME: 'h100' is not a preset" in err and "llama3-8b" in err
-    assert "h100-80gb" in err
+    assert "did you mean h100-80gb?" in err
     assert main(["presets", "llama3-8b"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[1].startswith("Megatron: --num-layers 32 --hidden-size 4096")
