@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from ppsim import fileio
-from ppsim.cli import megatron_flags, megatron_model, megatron_run
+from ppsim.cli import job_flags, megatron_flags, megatron_model, megatron_run
 from ppsim.cli.job_flags import JOB_MODEL_KEYS, add_job_flags, megatron_fsdp_state
 from ppsim.config import files, validate
 from ppsim.config.model import parse_model
@@ -345,7 +345,9 @@ def _with_world(cfg: Config, flag: Any) -> Config:
     if dp is not None and flag("dp") is not None and flag("dp") != dp:
         raise UserError("--dp", f"{flag('dp')} disagrees with --gpus {flag('gpus')}, which "
                         f"gives dp = {dp} at this tp, cp and pp", "give --gpus or --dp")
-    if dp is None and flag("global_batch_size") is None:
+    if flag("global_batch_size") is not None:
+        job_flags.check_global_batch(flag("global_batch_size"))
+    elif dp is None:
         return cfg
     return with_overrides(cfg, model={"dp": dp},
                           pipeline={"global_batch_size": flag("global_batch_size"),

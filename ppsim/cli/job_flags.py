@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ppsim.config import limits, validate
 from ppsim.config.state_rules import HOST_OPTIMIZER_KEYS
 from ppsim.costs.choices import FSDP_RESHARD
 from ppsim.costs.state import OPTIMIZER_DTYPES
@@ -132,3 +133,10 @@ def _add_host_optimizer_flags(j: argparse._ArgumentGroup) -> None:
     j.add_argument("--optimizer-cpu-threads", dest="optimizer_cpu_threads", type=int,
                    metavar="N", help="host threads each rank steps with: its OMP_NUM_THREADS "
                    "(default 1, torchrun's)")
+
+
+def check_global_batch(gbs: int) -> None:
+    """--global-batch-size in range (0 is not "unset" on the command line, as in Megatron,
+    which asserts a positive global batch)."""
+    validate.count("--global-batch-size", gbs, hi=limits.MAX_GLOBAL_BATCH,
+                   fix="give the sequences per iteration, e.g. --global-batch-size 1024")

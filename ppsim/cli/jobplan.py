@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from ppsim.cli.flags import assume_hardware, config_from_args, emit_json, outputs_apart
+from ppsim.cli.job_flags import check_global_batch
 from ppsim.cli.job_launch import job_flags, shape_exports, torchtitan_fields
 from ppsim.cli.render import compact_table, step_bar
 from ppsim.cli.sim_picture import shape_png
@@ -261,8 +262,7 @@ def _check_job_args(args: argparse.Namespace) -> None:
                         "give the sequences per iteration, e.g. --global-batch-size 1024")
     validate.count("--gpus", args.gpus, hi=limits.MAX_GPUS,
                    fix="give the job's world size, e.g. --gpus 1024")
-    validate.count("--global-batch-size", gbs, hi=limits.MAX_GLOBAL_BATCH,
-                   fix="give the sequences per iteration, e.g. --global-batch-size 1024")
+    check_global_batch(gbs)
     if args.top < 1:
         raise UserError("--top", f"must be at least 1, got {args.top}", "use --top 5")
     if split_flags_given(args):

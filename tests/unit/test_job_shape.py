@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import run_main
 
 from ppsim.cli.flags import config_from_args
 from ppsim.cli.main import build_parser, main
@@ -194,3 +195,13 @@ def test_an_expert_layout_the_world_cannot_hold_is_still_refused() -> None:
     with pytest.raises(UserError, match=r"world_size \(512\) is not divisible"):
         args_config("--preset", "kimi-k2", "--hardware", "gb200-186gb", "--gpus", "512",
                     "--pp", "8", "--ep", "128", "--global-batch-size", "2048")
+
+
+@pytest.mark.parametrize("command", ["simulate", "costs", "plan"])
+def test_a_global_batch_of_0_on_the_command_line_is_refused(command: str) -> None:
+    """It read as "no global batch" and ran the config's microbatches; Megatron asserts a
+    positive global batch (a config's 0 still means unset)."""
+    code, _, err = run_main([command, "--preset", "llama3-8b", "--hardware", "h100-80gb",
+                             "--pp", "2", "--global-batch-size", "0"])
+    assert code == 2 and err.count("\n") == 1
+    assert "error: --global-batch-size: must be between 1 and" in err
