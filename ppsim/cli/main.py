@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import functools
 import os
 import sys
@@ -118,10 +119,35 @@ def entry() -> NoReturn:
     sys.exit(code)
 
 
+def _refuse_unknown(parser: argparse.ArgumentParser, command: str,
+                    extra: list[str]) -> NoReturn:
+    """Flags the command does not take, in its name, each with the close flags it does take
+    (`--presets` for --preset): argparse names neither."""
+    flags = [o for a in _subparser(parser, command)._actions for o in a.option_strings
+             if o.startswith("--")]
+    hints = []
+    for word in extra:
+        name = word.split("=", 1)[0]
+        if name.startswith("--") and (close := difflib.get_close_matches(name, flags, n=1)):
+            hints.append(f"{name}: did you mean {close[0]}?")
+    said = f" ({'; '.join(hints)})" if hints else ""
+    parser.exit(2, f"ppsim {command}: error: unrecognized arguments: {' '.join(extra)}{said} "
+                "(see --help)\n")
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._actions:  # noqa: SLF001
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            return action.choices[command]
+    return parser
+
+
 def _main(argv: Sequence[str] | None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(words[0] if words else None)
-    args = parser.parse_args(words)
+    args, extra = parser.parse_known_args(words)
+    if extra:
+        _refuse_unknown(parser, args.command, extra)
     fileio.FOLLOW_LINKS = bool(getattr(args, "force", False))
     try:
         return COMMANDS[args.command][2](args)

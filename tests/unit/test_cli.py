@@ -380,3 +380,22 @@ def test_a_flag_is_never_taken_by_its_prefix(capsys, args: list[str], flag: str)
         main(args)
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and f"unrecognized arguments: {flag}" in err[-1]
+
+
+@pytest.mark.parametrize("args, said", [
+    (["simulate", "--presets", "llama3-8b"],
+     "ppsim simulate: error: unrecognized arguments: --presets llama3-8b (--presets: did you "
+     "mean --preset?) (see --help)"),
+    (["plan", "--gpu", "8", "--microbatch=3"],
+     "ppsim plan: error: unrecognized arguments: --gpu 8 --microbatch=3 (--gpu: did you mean "
+     "--gpus?; --microbatch: did you mean --microbatches?) (see --help)"),
+    (["simulate", "--bogus-flag"],
+     "ppsim simulate: error: unrecognized arguments: --bogus-flag (see --help)"),
+])
+def test_an_unknown_flag_is_named_with_its_command_and_the_close_flag(capsys, args, said):
+    """It read "ppsim: error: unrecognized arguments: --presets llama3-8b": no command, no
+    hint of the flag meant."""
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip() == said
