@@ -50,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
         from ppsim.tui.files import check_trace_info  # textual loads only for the TUI
 
         check_trace_info(read_trace(args.trace))
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):  # it drew into a pipe and waited
+        raise UserError("tui", "needs a terminal: standard input or output is a pipe or a "
+                        "file here", "run it in a terminal; ppsim simulate and ppsim plan "
+                        "print its figures anywhere")
     from ppsim.tui.app import PPSimApp  # textual loads only for the TUI
 
     app = PPSimApp(cfg, config_path=args.config, trace_path=args.trace, note=note)

@@ -243,3 +243,13 @@ def test_the_re_split_note_names_megatrons_per_chunk_flag_as_written(tmp_path: P
     note = resplit_note(args, cfg)
     assert "--num-layers-per-virtual-pipeline-stage re-split the layers evenly" in note
     assert state_from_config(cfg).counts == (2, 2, 2, 2)
+
+
+def test_without_a_terminal_it_says_so_instead_of_drawing_into_a_pipe() -> None:
+    """Off a terminal (CI, `ppsim tui | less`, input from /dev/null) it drew the screen's
+    escape codes into the pipe and waited for keys that never came."""
+    proc = subprocess.run([sys.executable, "-m", "ppsim.cli", "tui"], capture_output=True,
+                          text=True, timeout=30, cwd=ROOT, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("ppsim tui: error: tui: needs a terminal")
+    assert proc.stderr.count("\n") == 1
