@@ -28,7 +28,7 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
                    help="context-parallel size")
     j.add_argument("--ep", "--expert-model-parallel-size", dest="ep", type=int, metavar="N",
                    help="expert-parallel size")
-    j.add_argument("--etp", "--expert-tensor-parallel-size", dest="etp", type=int,
+    j.add_argument("--etp", "--expert-tensor-parallel-size", dest="etp", type=_size,
                    metavar="N", help="ranks each expert's matmuls split over (default tp; "
                    "1 with a larger ep is Megatron's MoE parallel folding)")
     j.add_argument("--global-batch-size", type=int, metavar="N",
@@ -140,3 +140,15 @@ def check_global_batch(gbs: int) -> None:
     which asserts a positive global batch)."""
     validate.count("--global-batch-size", gbs, hi=limits.MAX_GLOBAL_BATCH,
                    fix="give the sequences per iteration, e.g. --global-batch-size 1024")
+
+
+def _size(text: str) -> int:
+    """A parallel size given on the command line: a whole number >= 1 (a config's etp 0
+    means "tp"; the flag's 0 would silently mean the same)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n

@@ -399,3 +399,12 @@ def test_an_unknown_flag_is_named_with_its_command_and_the_close_flag(capsys, ar
         main(args)
     assert exit_.value.code == 2
     assert capsys.readouterr().err.strip() == said
+
+
+def test_an_expert_tensor_parallel_size_of_0_on_the_command_line_is_refused(capsys) -> None:
+    """--etp 0 silently meant "tp" (a config's 0 does, Megatron's flag takes none)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["simulate", "--preset", "deepseek-v3", "--etp", "0"])
+    assert exit_.value.code == 2
+    assert "--etp/--expert-tensor-parallel-size: must be at least 1, got 0" in \
+        capsys.readouterr().err
