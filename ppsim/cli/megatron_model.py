@@ -21,7 +21,7 @@ from ppsim.cli.megatron_attention import (
     unfused_backend,
 )
 from ppsim.cli.megatron_precision import precision_fields
-from ppsim.config.model import Model, TransformerModel, parse_model
+from ppsim.config.model import TOP_K_FIX, Model, TransformerModel, moe_defaults, parse_model
 from ppsim.costs.choices import MEGATRON_FP8_FORMATS, MUON_TP_MODES, OPTIMIZERS
 from ppsim.costs.patterns import moe_layers
 from ppsim.errors import UserError
@@ -231,6 +231,8 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
     """The [model] fields the given flags set, and only those (`known`: the fields the
     model has already, which --moe-layer-freq and the shared experts' size need)."""
     get = lambda dest: getattr(args, dest, None)  # noqa: E731
+    if (k := get("moe_router_topk")) is not None and k < 1:
+        raise UserError("--moe-router-topk", f"must be at least 1, got {k}", TOP_K_FIX)
     out: dict[str, Any] = {field: get(flag.replace("-", "_"))
                            for flag, field in INT_FLAGS.items()}
     out = {k: v for k, v in out.items() if v is not None}
@@ -318,19 +320,6 @@ def megatron_defaults(fields: dict[str, Any]) -> dict[str, Any]:
     if out.get("attention") == "mla":
         for key, value in MLA_DEFAULTS.items():
             out.setdefault(key, value)
-    return out
-
-
-def moe_defaults(table: dict[str, Any], merged: dict[str, Any]) -> dict[str, Any]:
-    """`table` with Megatron's defaults for a router's top-k (2) and an expert's width
-    (ffn_hidden_size) where it has routed experts and `merged` (every field) lacks them."""
-    if not table.get("num_experts"):
-        return table
-    out = dict(table)
-    if not merged.get("top_k"):
-        out["top_k"] = 2
-    if not merged.get("moe_ffn_hidden_size"):
-        out["moe_ffn_hidden_size"] = table.get("ffn_hidden_size", merged.get("ffn_hidden_size"))
     return out
 
 

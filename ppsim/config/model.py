@@ -202,9 +202,31 @@ def parse_model(table: dict[str, Any]) -> Model:
     if builder is not None and (not isinstance(builder, str) or not builder.rpartition(":")[0]):
         raise UserError("model.builder", f"{builder!r} is not \"module:function\"",
                         "write e.g. builder = \"ppsim.executor.builders.llama:build\"")
+    if raw.get("num_experts") and raw.get("top_k") is not None and raw["top_k"] < 1:
+        raise UserError("model.top_k", f"must be at least 1 with num_experts = "
+                        f"{raw['num_experts']}, got {raw['top_k']}", TOP_K_FIX)
+    raw = moe_defaults(raw, raw)
     validate.transformer(raw)
     arch = Architecture(**{k: v for k, v in raw.items() if k in ARCH_FIELDS})
     return TransformerModel(arch=arch, preset=preset, builder=builder)
+
+
+TOP_K_FIX = "route each token to one expert or more (Megatron's --moe-router-topk, default 2)"
+
+
+def moe_defaults(table: dict[str, Any], merged: dict[str, Any]) -> dict[str, Any]:
+    """`table` with Megatron's defaults for a router's top-k (2) and an expert's width
+    (ffn_hidden_size) where it has routed experts and `merged` (every field) lacks them
+    (a config's [model] and Megatron's flags alike: without them the experts took no
+    tokens, or had no width)."""
+    if not table.get("num_experts"):
+        return table
+    out = dict(table)
+    if not merged.get("top_k"):
+        out["top_k"] = 2
+    if not merged.get("moe_ffn_hidden_size"):
+        out["moe_ffn_hidden_size"] = table.get("ffn_hidden_size", merged.get("ffn_hidden_size"))
+    return out
 
 
 def _uniform(raw: dict[str, Any]) -> UniformModel:
