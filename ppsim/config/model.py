@@ -189,6 +189,8 @@ def parse_model(table: dict[str, Any]) -> Model:
         if key not in allowed:
             raise UserError(f"model.{key}", f"unknown key for a {kind} model",
                             validate.suggest(key, allowed))
+    if kind == "transformer":
+        raw = _with_moe_defaults(raw)
     if kind == "transformer" and raw.get("hybrid_layer_pattern"):
         raw.update(model_counts(raw))  # the pattern's counts win, as in Megatron
     if "num_layers" not in raw:
@@ -202,16 +204,22 @@ def parse_model(table: dict[str, Any]) -> Model:
     if builder is not None and (not isinstance(builder, str) or not builder.rpartition(":")[0]):
         raise UserError("model.builder", f"{builder!r} is not \"module:function\"",
                         "write e.g. builder = \"ppsim.executor.builders.llama:build\"")
-    if raw.get("num_experts") and raw.get("top_k") is not None and raw["top_k"] < 1:
-        raise UserError("model.top_k", f"must be at least 1 with num_experts = "
-                        f"{raw['num_experts']}, got {raw['top_k']}", TOP_K_FIX)
-    raw = moe_defaults(raw, raw)
     validate.transformer(raw)
     arch = Architecture(**{k: v for k, v in raw.items() if k in ARCH_FIELDS})
     return TransformerModel(arch=arch, preset=preset, builder=builder)
 
 
 TOP_K_FIX = "route each token to one expert or more (Megatron's --moe-router-topk, default 2)"
+
+
+def _with_moe_defaults(raw: dict[str, Any]) -> dict[str, Any]:
+    """A transformer table's routed experts with Megatron's router defaults; a top-k
+    below 1 refused (it routed no token)."""
+    top_k = raw.get("top_k")
+    if raw.get("num_experts") and isinstance(top_k, int) and top_k < 1:
+        raise UserError("model.top_k", f"must be at least 1 with num_experts = "
+                        f"{raw['num_experts']}, got {top_k}", TOP_K_FIX)
+    return moe_defaults(raw, raw)
 
 
 def moe_defaults(table: dict[str, Any], merged: dict[str, Any]) -> dict[str, Any]:

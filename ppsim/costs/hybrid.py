@@ -163,6 +163,7 @@ def model_counts(fields: dict[str, object]) -> dict[str, int]:
                         "the pattern names every layer: drop layers")
     if "E" in p.main + p.mtp and not all(fields.get(k) for k in
                                           ("num_experts", "top_k", "moe_ffn_hidden_size")):
-        raise UserError("model.num_experts", "MoE layers ('E') need num_experts, top_k and "
-                        "moe_ffn_hidden_size", "set all three")
+        raise UserError("model.num_experts", "MoE layers ('E') need routed experts", "set "
+                        "num_experts (top_k and moe_ffn_hidden_size default to Megatron's 2 "
+                        "and the dense width)")
     return {"num_layers": len(p.main), "mtp_layers": p.mtp_depths}

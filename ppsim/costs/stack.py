@@ -61,8 +61,9 @@ def _stack_kinds(a: Architecture) -> tuple[str, ...]:
         raise UserError("model.layers", f"lists {len(out)} layers but num_layers is "
                         f"{a.num_layers}", "make the kinds add up to num_layers")
     if "moe" in out and not (a.num_experts and a.top_k and a.moe_ffn_hidden_size):
-        raise UserError("model.num_experts", "MoE layers need num_experts, top_k and "
-                        "moe_ffn_hidden_size", "set all three")
+        raise UserError("model.num_experts", "MoE layers need routed experts", "set "
+                        "num_experts (top_k and moe_ffn_hidden_size default to Megatron's 2 "
+                        "and the dense width)")
     return tuple(out)
 
 

@@ -53,3 +53,12 @@ def test_a_top_k_below_1_is_refused_in_a_config() -> None:
     with pytest.raises(UserError) as e:
         parse_model({"preset": "llama3-8b", "num_experts": 8, "top_k": 0})
     assert e.value.field == "model.top_k"
+
+
+def test_a_hybrid_pattern_s_moe_layers_take_the_defaults_too() -> None:
+    """An 'E' in a config's pattern with num_experts alone was "set all three"; the
+    flags took Megatron's defaults."""
+    pattern = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-ME"
+    arch = parse_model({"preset": "nemotron-h-8b", "hybrid_layer_pattern": pattern,
+                        "num_experts": 8}).arch
+    assert (arch.top_k, arch.moe_ffn_hidden_size) == (2, arch.ffn_hidden_size)
