@@ -21,7 +21,7 @@ from ppsim.job import combined
 from ppsim.job import shape as job_shape
 from ppsim.pipeline.placement import PlacementConfig
 from ppsim.policy.model import POLICY_KEYS, memory_policy
-from ppsim.schedules.generators import chunks_for_schedule, schedule_name
+from ppsim.schedules.generators import chunks_for_schedule, schedule_for_vpp, schedule_name
 
 SPLIT_KEYS = ("split", "layout", "first_stage_layers", "last_stage_layers",
               "account_for_embedding", "account_for_loss")
@@ -248,6 +248,8 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     cfg.pipeline.schedule = schedule_name(cfg.pipeline.schedule)
     if "vpp" not in pipeline and "layout" not in pipeline:  # a V schedule's two, as --schedule
         cfg.pipeline.vpp = chunks_for_schedule(cfg.pipeline.schedule) or cfg.pipeline.vpp
+    elif "vpp" in pipeline and "schedule" not in pipeline:  # as --vpp alone: Megatron's
+        cfg.pipeline.schedule = schedule_for_vpp(cfg.pipeline.schedule, cfg.pipeline.vpp)
     cfg.hardware = hardware_config(dict(validate.table("hardware", data.get("hardware", {}))))
     _fill(cfg.placement, validate.table("placement", data.get("placement", {})), "placement")
     if "costs_file" in data:
