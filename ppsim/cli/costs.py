@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 from ppsim.cli.flags import (
     add_config_flags,
     add_split_flags,
-    assume_hardware,
     config_from_args,
     emit_json,
     outputs_apart,
 )
+from ppsim.cli.hardware_choice import assume_hardware
 from ppsim.cli.render import compact_table, ms_text, step_bar
 from ppsim.config import validate
 from ppsim.config.files import output

@@ -354,36 +354,6 @@ def _with_world(cfg: Config, flag: Any) -> Config:
                                     "microbatches": flag("microbatches")})
 
 
-GPU_HARDWARE = "h100-80gb"
-"""The hardware a GPU-class model preset is simulated on when no hardware is given."""
-CPU_SIZED_PREFIX = "tiny-"
-"""Model presets named so (tiny-gpt, tiny-llm) are sized for the embedded default's
-CPU hardware; every other preset is a GPU-class model (billions of parameters)."""
-
-
-def assume_hardware(args: argparse.Namespace, cfg: Config) -> tuple[Config, str]:
-    """`--preset` names a GPU-class model, or Megatron's flags built one, and neither
-    `--hardware` nor a config file chose the hardware: the embedded default's `cpu`
-    preset would price it on a CPU (DeepSeek-V3 at 170,000 s an iteration), so
-    GPU_HARDWARE is assumed. Returns the config and a one-line note saying so ('' when
-    nothing was assumed)."""
-    preset = getattr(args, "preset", None)
-    if preset is not None and not preset.startswith(CPU_SIZED_PREFIX):
-        what = f"--preset {preset} is a GPU-class model"
-    elif preset is None and megatron_model.given(args) and not getattr(args, "config", None):
-        what = "Megatron's flags describe a GPU-class model"
-    else:
-        return cfg, ""
-    if getattr(args, "config", None) or getattr(args, "hardware", None) is not None \
-            or cfg.hardware.preset != "cpu":
-        return cfg, ""
-    memory = cfg.hardware.memory_bytes if getattr(args, "memory_gb", None) is not None \
-        else None
-    cfg = with_overrides(cfg, hardware=GPU_HARDWARE, memory_bytes=memory)
-    return cfg, (f"assuming --hardware {GPU_HARDWARE}: {what} and no --hardware was given "
-                 "(give one to choose another)")
-
-
 def emit_json(obj: Any) -> None:
     """Strict JSON: a value that is not finite is written as null, never as NaN/Infinity."""
     sys.stdout.write(json.dumps(files.finite_json(obj), indent=2, allow_nan=False) + "\n")

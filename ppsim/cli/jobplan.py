@@ -6,7 +6,8 @@ import argparse
 import sys
 from typing import Any
 
-from ppsim.cli.flags import assume_hardware, config_from_args, emit_json, outputs_apart
+from ppsim.cli.flags import config_from_args, emit_json, outputs_apart
+from ppsim.cli.hardware_choice import assume_hardware
 from ppsim.cli.job_flags import check_global_batch
 from ppsim.cli.job_launch import job_flags, shape_exports, torchtitan_fields
 from ppsim.cli.render import compact_table, step_bar

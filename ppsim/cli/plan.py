@@ -13,11 +13,11 @@ from typing import Any
 from ppsim.cli.flags import (
     add_config_flags,
     add_split_flags,
-    assume_hardware,
     config_from_args,
     emit_json,
     outputs_apart,
 )
+from ppsim.cli.hardware_choice import assume_hardware
 from ppsim.cli.jobplan import cmd_job_plan, split_flags_given
 from ppsim.cli.loglines import LogLines
 from ppsim.cli.plan_render import print_result

@@ -9,7 +9,8 @@ import sys
 import time
 from typing import Any
 
-from ppsim.cli.flags import assume_hardware, config_from_args, emit_json, outputs_apart
+from ppsim.cli.flags import config_from_args, emit_json, outputs_apart
+from ppsim.cli.hardware_choice import assume_hardware
 from ppsim.cli.plan import EXIT_NO_FIT, Planned, candidate_dict, result_dict
 from ppsim.cli.render import compact_table, split_cell
 from ppsim.cli.sim_picture import plan_png

@@ -10,11 +10,11 @@ from typing import Any
 
 from ppsim.cli.flags import (
     add_config_flags,
-    assume_hardware,
     config_from_args,
     emit_json,
     outputs_apart,
 )
+from ppsim.cli.hardware_choice import assume_hardware
 from ppsim.cli.logcheck import compared_with, comparison_line, memory_line
 from ppsim.cli.render import (
     job_dict,

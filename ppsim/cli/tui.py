@@ -11,7 +11,8 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from ppsim.cli.flags import RESHAPING, add_config_flags, assume_hardware, config_from_args
+from ppsim.cli.flags import RESHAPING, add_config_flags, config_from_args
+from ppsim.cli.hardware_choice import assume_hardware
 from ppsim.config.overrides import with_split
 from ppsim.config.schema import SPLIT_KEYS
 from ppsim.errors import UserError

@@ -193,7 +193,8 @@ async def test_the_tui_says_which_hardware_it_assumed() -> None:
     args = build_parser().parse_args(["tui", "--preset", "deepseek-v3", "--pp", "16",
                                       "--vpp", "2", "--schedule", "interleaved-1f1b",
                                       "--microbatches", "32"])
-    from ppsim.cli.flags import assume_hardware, config_from_args
+    from ppsim.cli.flags import config_from_args
+    from ppsim.cli.hardware_choice import assume_hardware
 
     cfg, note = assume_hardware(args, config_from_args(args))
     app = PPSimApp(cfg, note=note)

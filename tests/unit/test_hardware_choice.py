@@ -1,0 +1,56 @@
+"""A GPU-class model in a config that chooses no hardware is priced on h100-80gb, as
+`--preset` alone is, and says so; it ran on the bare defaults (989 TFLOP/s at 50 %, every
+link free) without a word. A [hardware] table without a preset gets a note."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import run_main
+
+
+def _time(argv: list[str]) -> tuple[float, str]:
+    code, out, err = run_main(["simulate", *argv, "--json"])
+    assert code == 0, err
+    return json.loads(out)["iteration_time_ms"], err
+
+
+@pytest.mark.parametrize("preset", ["llama3-8b", "mixtral-8x7b", "gpt3-1.3b"])
+@pytest.mark.parametrize("hardware", ["", "[hardware]\n", "[hardware]\nmemory_bytes = 80e9\n"])
+def test_a_config_without_hardware_is_priced_as_the_preset_flag(preset: str, hardware: str,
+                                                                tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[model]\npreset = "{preset}"\n{hardware}')
+    from_config, said = _time(["--config", str(cfg)])
+    from_flag, _ = _time(["--preset", preset])
+    named, _ = _time(["--preset", preset, "--hardware", "h100-80gb"])
+    assert from_config == from_flag == named
+    assert said.strip() == (f"ppsim simulate: assuming --hardware h100-80gb: its model "
+                            f"{preset} is GPU-class and {cfg} chooses no hardware "
+                            "([hardware] preset = NAME chooses one)")
+
+
+def test_the_config_s_memory_is_kept(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[model]\npreset = "llama3-8b"\n[hardware]\nmemory_bytes = 40e9\n')
+    code, out, _ = run_main(["simulate", "--config", str(cfg), "--json"])
+    assert code == 0 and json.loads(out)["memory_limit_bytes"] == 40e9
+
+
+def test_a_hardware_table_without_a_preset_is_kept_with_a_note(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[model]\npreset = "llama3-8b"\n[hardware]\npeak_tflops = 500\n')
+    own, said = _time(["--config", str(cfg)])
+    h100, _ = _time(["--preset", "llama3-8b", "--hardware", "h100-80gb"])
+    assert own != h100
+    assert "note: [hardware] in" in said and "names no preset" in said
+
+
+def test_a_chosen_hardware_is_never_replaced(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[model]\npreset = "llama3-8b"\n[hardware]\npreset = "a100-80gb"\n')
+    own, said = _time(["--config", str(cfg)])
+    a100, _ = _time(["--preset", "llama3-8b", "--hardware", "a100-80gb"])
+    assert own == a100 and said == ""
