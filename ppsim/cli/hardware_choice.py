@@ -26,24 +26,35 @@ def assume_hardware(args: argparse.Namespace, cfg: Config) -> tuple[Config, str]
     """The config with GPU_HARDWARE where a GPU-class model (`--preset`, Megatron's flags,
     or a config's model preset) has no hardware chosen (no `--hardware`, and the config
     file has no [hardware] preset or fields but memory), and a one-line note ('' when
-    nothing was assumed; a note alone where a config's [hardware] names no preset)."""
-    what = _gpu_class(args, cfg)
-    if what is None or getattr(args, "hardware", None) is not None:
-        return cfg, ""
+    nothing was assumed; a note alone where a config's [hardware] names no preset). A
+    config's `tiny-` preset with no hardware chosen runs on `cpu`, as `--preset` runs it."""
     config = getattr(args, "config", None)
+    if getattr(args, "hardware", None) is not None:
+        return cfg, ""
+    named = getattr(cfg.model, "preset", None) or ""
+    if config and named.startswith(CPU_SIZED_PREFIX) and _bare(cfg.hardware):
+        return _on(cfg, "cpu", args, config), ""  # as the embedded default runs it
+    what = _gpu_class(args, cfg)
+    if what is None:
+        return cfg, ""
     if config and cfg.hardware.preset is None and not _bare(cfg.hardware):
         return cfg, (f"note: [hardware] in {config} names no preset: what it leaves out "
                      f"takes bare defaults (989 TFLOP/s at 50 %, links free); preset = "
                      f"\"{GPU_HARDWARE}\" there starts from a GPU")
     if (config and not _bare(cfg.hardware)) or (not config and cfg.hardware.preset != "cpu"):
         return cfg, ""
-    given = getattr(args, "memory_gb", None) is not None or \
-        bool(config and cfg.hardware.memory_bytes != HardwareConfig().memory_bytes)
-    cfg = with_overrides(cfg, hardware=GPU_HARDWARE,
-                         memory_bytes=cfg.hardware.memory_bytes if given else None)
+    cfg = _on(cfg, GPU_HARDWARE, args, config)
     chose = f"{config} chooses no hardware ([hardware] preset = NAME chooses one)" if config \
         else "no --hardware was given (give one to choose another)"
     return cfg, f"assuming --hardware {GPU_HARDWARE}: {what} and {chose}"
+
+
+def _on(cfg: Config, preset: str, args: argparse.Namespace, config: str | None) -> Config:
+    """`cfg` on the hardware preset, with the memory a flag or the config gave kept."""
+    given = getattr(args, "memory_gb", None) is not None or \
+        bool(config and cfg.hardware.memory_bytes != HardwareConfig().memory_bytes)
+    return with_overrides(cfg, hardware=preset,
+                          memory_bytes=cfg.hardware.memory_bytes if given else None)
 
 
 def _gpu_class(args: argparse.Namespace, cfg: Config) -> str | None:

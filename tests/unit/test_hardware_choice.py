@@ -54,3 +54,15 @@ def test_a_chosen_hardware_is_never_replaced(tmp_path: Path) -> None:
     own, said = _time(["--config", str(cfg)])
     a100, _ = _time(["--preset", "llama3-8b", "--hardware", "a100-80gb"])
     assert own == a100 and said == ""
+
+
+@pytest.mark.parametrize("preset", ["tiny-gpt", "tiny-llm"])
+def test_a_cpu_sized_preset_in_a_config_runs_on_the_cpu_preset_as_the_flag(
+        preset: str, tmp_path: Path) -> None:
+    """It ran on the bare roofline: tiny-gpt at 0.005 ms an iteration."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[model]\npreset = "{preset}"\n')
+    from_config, said = _time(["--config", str(cfg)])
+    from_flag, _ = _time(["--preset", preset])
+    on_cpu, _ = _time(["--preset", preset, "--hardware", "cpu"])
+    assert from_config == from_flag == on_cpu and said == ""
