@@ -16,6 +16,7 @@ from typing import Any
 from ppsim.cli.context_checks import check_context_model
 from ppsim.cli.costs import COSTS_NOTE, costs_table, hardware_profile
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
+from ppsim.cli.hardware_choice import assume_hardware
 from ppsim.cli.loglines import LogLines
 from ppsim.cli.runchecks import (
     RANKS_PER_DEVICE,
@@ -318,8 +319,10 @@ def trace_argument(args: argparse.Namespace) -> str:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     trace_argument(args)
-    cfg = config_from_args(args)
+    cfg, assumed = assume_hardware(args, config_from_args(args))
     outputs_apart(args, {"--out": args.out}, {"TRACE": args.trace}, cfg=cfg)
+    if assumed:
+        sys.stderr.write(f"ppsim calibrate: {assumed}\n")
     trace = read_trace(args.trace)
     cal = calibrate(trace, cfg, args.estimator)
     err_before = (cal.before_ms - cal.measured_ms) / cal.measured_ms

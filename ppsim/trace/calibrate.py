@@ -7,12 +7,14 @@ trace itself, so any schedule works.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, replace
 
 from ppsim.config.schema import Config
 from ppsim.costs.model import LayerCost, ModelCosts, stage_costs
 from ppsim.errors import UserError
+from ppsim.job.throughput import job_info
 from ppsim.pipeline.messages import wire_ms
 from ppsim.pipeline.problem import Hardware, Problem, hardware, model_costs
 from ppsim.pipeline.split import split_from_counts
@@ -248,6 +250,24 @@ def _link_from_delay(hw: Hardware, delay: float, nbytes: float) -> Hardware:
                    p2p_bandwidth_gbps=nbytes / delay / 1e6 if delay > 0 else 0.0)
 
 
+def _check_same_job(trace: Trace, job: object) -> None:
+    """Refuse a config whose job is not the one the trace recorded (its tokens and FLOPs
+    an iteration): the fitted factors would scale one model's costs to another's times."""
+    recorded = trace.info.get("job")
+    if not isinstance(recorded, dict) or job is None:
+        return
+    mine = job_info(job)
+    assert mine is not None
+    for key, what in (("tokens", "tokens"), ("flops", "FLOPs")):
+        theirs = recorded.get(key)
+        if isinstance(theirs, int | float) and not isinstance(theirs, bool) \
+                and not math.isclose(theirs, mine[key], rel_tol=1e-6):
+            raise UserError("--config", f"{trace.path} was recorded for another job: "
+                            f"{theirs:,.4g} {what} an iteration there, {mine[key]:,.4g} in "
+                            "the configured one", "pass the --config (or --preset) the trace "
+                            "was recorded with")
+
+
 def calibrate(trace: Trace, cfg: Config, how: str = "mean") -> Calibration:
     """Fit per-kind scale factors (and the P2P delay) of cfg's cost model to a trace."""
 
@@ -274,6 +294,7 @@ def calibrate(trace: Trace, cfg: Config, how: str = "mean") -> Calibration:
                         f"configured model ({getattr(exc, 'problem', exc)})",
                         "pass the --config (or --preset) the trace was recorded with") from None
     hw = hardware(cfg)
+    _check_same_job(trace, hw.job)
     before = Problem(base, split, schedule, hw)
     predicted = _predicted_ms(base, before)
     timings, delays = op_timings(trace, its, schedule, grouped)

@@ -48,3 +48,20 @@ def test_cli_diff_of_recorded_sim_and_real(case, capsys):
     assert d["ops_only_in"] == [0, 0] and d["ops_matched"] > 0
     real = read_trace(str(case / "real.json"))
     assert d["iterations"][1] >= real.info["warmup_iterations"]  # a steady-state iteration
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda p: p.name)
+def test_calibrating_a_recorded_run_against_another_model_is_refused(case, tmp_path, capsys):
+    """calibrate fitted the recorded tiny-llm run's times onto another model's costs (its
+    FLOPs an iteration differ) and wrote the result as if it were the run's."""
+    real = str(case / "real.json")
+    other = tmp_path / "other.toml"
+    other.write_text('[model]\npreset = "tiny-gpt"\n[hardware]\npreset = "cpu"\n')
+    assert main(["calibrate", real, "--config", str(other),
+                 "--out", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--config: " in err and "was recorded for another job" in err
+    assert err.count("\n") == 1 and not (tmp_path / "c.json").exists()
+    # The run's own config calibrates.
+    assert main(["calibrate", real, "--config", str(case / "config.toml"),
+                 "--out", str(tmp_path / "own.json")]) == 0
