@@ -251,21 +251,23 @@ def _link_from_delay(hw: Hardware, delay: float, nbytes: float) -> Hardware:
 
 
 def _check_same_job(trace: Trace, job: object) -> None:
-    """Refuse a config whose job is not the one the trace recorded (its tokens and FLOPs
-    an iteration): the fitted factors would scale one model's costs to another's times."""
+    """Refuse a config whose model is not the one the trace recorded (its FLOPs a token;
+    a run's replicas make no difference to it): the fitted factors would scale one
+    model's costs to another's times."""
     recorded = trace.info.get("job")
     if not isinstance(recorded, dict) or job is None:
         return
     mine = job_info(job)
     assert mine is not None
-    for key, what in (("tokens", "tokens"), ("flops", "FLOPs")):
-        theirs = recorded.get(key)
-        if isinstance(theirs, int | float) and not isinstance(theirs, bool) \
-                and not math.isclose(theirs, mine[key], rel_tol=1e-6):
-            raise UserError("--config", f"{trace.path} was recorded for another job: "
-                            f"{theirs:,.4g} {what} an iteration there, {mine[key]:,.4g} in "
-                            "the configured one", "pass the --config (or --preset) the trace "
-                            "was recorded with")
+    flops, tokens = recorded.get("flops"), recorded.get("tokens")
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+               for v in (flops, tokens)):
+        return  # the trace's own check (ppsim.job.throughput.from_info) names it
+    theirs, ours = flops / tokens, mine["flops"] / mine["tokens"]  # type: ignore[operator]
+    if not math.isclose(theirs, ours, rel_tol=1e-6):
+        raise UserError("--config", f"{trace.path} was recorded for another model: "
+                        f"{theirs:,.4g} FLOPs a token there, {ours:,.4g} in the configured "
+                        "one", "pass the --config (or --preset) the trace was recorded with")
 
 
 def calibrate(trace: Trace, cfg: Config, how: str = "mean") -> Calibration:

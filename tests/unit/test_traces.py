@@ -60,7 +60,7 @@ def test_calibrating_a_recorded_run_against_another_model_is_refused(case, tmp_p
     assert main(["calibrate", real, "--config", str(other),
                  "--out", str(tmp_path / "c.json")]) == 2
     err = capsys.readouterr().err
-    assert "--config: " in err and "was recorded for another job" in err
+    assert "--config: " in err and "was recorded for another model" in err
     assert err.count("\n") == 1 and not (tmp_path / "c.json").exists()
     # The run's own config calibrates.
     assert main(["calibrate", real, "--config", str(case / "config.toml"),
