@@ -56,6 +56,7 @@ from ppsim.executor.recorder import (
 from ppsim.executor.runspec import RunSpec
 from ppsim.executor.runtime import Fault, Replica, Runtime
 from ppsim.fileio import write_json_atomic
+from ppsim.job.throughput import over_processes
 from ppsim.pipeline.problem import Problem
 from ppsim.trace import schema as tr
 
@@ -198,6 +199,7 @@ def _engine(spec: RunSpec, runs: list[Problem], builder: ModelBuilder, rank: int
     for i, (p, got) in enumerate(zip(runs, parts, strict=True)):
         events = merge_parts([q["events"] for q in got[:pp]], pp)
         info = tr.run_info(p, "executor", iters, warm)
+        info["job"] = over_processes(info["job"], pp * tp * replica.size)
         info.update(meta, losses=losses[i], dp=replica.data_replicas, cp=replica.cp)
         if whole[i] is not None:
             info["whole_iteration_ms"] = whole[i]

@@ -18,6 +18,7 @@ from ppsim import fileio
 from ppsim.cli import runchecks
 from ppsim.cli.context_checks import check_run_context
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
+from ppsim.cli.hardware_choice import assume_hardware
 from ppsim.cli.loglines import LogLines
 from ppsim.cli.run_summary import print_summary
 from ppsim.cli.schedule import print_notes
@@ -115,7 +116,13 @@ def register(commands: dict[str, Any]) -> None:
 def load_problem(args: argparse.Namespace) -> Any:
     """The Problem to run: the config's (--actions-csv, a config flag, replaces its order)."""
 
-    return build_problem(config_from_args(args))
+    return build_problem(run_config(args))
+
+
+def run_config(args: argparse.Namespace) -> Any:
+    """The config the ranks run: on the hardware a `simulate` of the same flags would
+    choose (hardware_choice), so the run's trace and the simulation price one job."""
+    return assume_hardware(args, config_from_args(args))[0]
 
 
 def versus_args(args: argparse.Namespace) -> argparse.Namespace:
@@ -128,7 +135,7 @@ def versus_args(args: argparse.Namespace) -> argparse.Namespace:
 def validate(args: argparse.Namespace) -> Any:
     """Everything checkable before a process starts; a UserError means exit 2."""
     fileio.refuse_unnamed({"--trace-dir": args.trace_dir, "--dump-grads": args.dump_grads})
-    cfg = config_from_args(args)
+    cfg = run_config(args)
     if not isinstance(cfg.model, TransformerModel):
         raise UserError("model.kind", "ppsim run trains a transformer, not a uniform cost "
                         "model", "use a preset (e.g. --preset tiny-gpt) or kind = \"transformer\"")
@@ -194,9 +201,9 @@ def run_spec(args: argparse.Namespace) -> Any:
     """Everything a rank needs, resolved once from the flags (a validated run's)."""
     from ppsim.executor.builders import builder_spec  # torch loads only when a run starts
 
-    cfg = config_from_args(args)
+    cfg = run_config(args)
     fields = cfg.model.fields()
-    versus = config_to_dict(config_from_args(versus_args(args))) if args.versus else None
+    versus = config_to_dict(run_config(versus_args(args))) if args.versus else None
     return RunSpec(config=config_to_dict(cfg), versus=versus,
                    builder=builder_spec(args.model, fields), dp=_data_parallel(args, fields),
                    device=args.device, engine=args.engine,

@@ -79,6 +79,17 @@ def job_info(job: Any) -> dict[str, float] | None:
             "peak_tflops": job.peak_tflops, "torchtitan_flops": job.torchtitan_flops}
 
 
+def over_processes(info: dict[str, float] | None, processes: int
+                   ) -> dict[str, float] | None:
+    """A run's recorded job over all its processes: the executor prices one replica where
+    `--dp` starts more, so its tokens, FLOPs and GPUs grow by the replicas beside it."""
+    if info is None or processes <= info["gpus"] or processes % int(info["gpus"]):
+        return info
+    k = processes // int(info["gpus"])
+    return {key: v * k if key in ("tokens", "flops", "torchtitan_flops", "gpus") else v
+            for key, v in info.items()}
+
+
 def from_info(info: Any, where: str) -> dict[str, float] | None:
     """A trace's otherData.job checked: positive finite numbers; None when absent."""
     if info is None:

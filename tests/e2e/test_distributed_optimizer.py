@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -77,6 +78,11 @@ def test_sharded_state_is_predicted_from_a_sharded_profile(launches: Pool, tmp_p
                      if case.endswith("dp2") else None)
         assert main(["simulate", *run.argv, "--costs", costs, "--trace", sim]) == 0
         capsys.readouterr()
+        # The run records its whole job, both replicas (it recorded one replica's tokens,
+        # FLOPs and GPUs, so diff halved its tokens/s): the simulation's of the same flags.
+        recorded = json.loads((run.tmp / "out" / "trace.json").read_text())["otherData"]
+        assert recorded["job"] == json.loads(Path(sim).read_text())["otherData"]["job"]
+        assert recorded["job"]["gpus"] == 4
         assert main(["diff", sim, str(run.tmp / "out" / "trace.json"), "--json"]) == 0
         doc = json.loads(capsys.readouterr().out)
         # Rank 0 holds the most parameters: its reduce is the simulation's longest.
