@@ -21,7 +21,7 @@ from ppsim.cli.megatron_attention import (
     unfused_backend,
 )
 from ppsim.cli.megatron_precision import precision_fields
-from ppsim.config.model import TOP_K_FIX, Model, TransformerModel, moe_defaults, parse_model
+from ppsim.config.model import TOP_K_FIX, Model, TransformerModel, parse_model
 from ppsim.costs.choices import MEGATRON_FP8_FORMATS, MUON_TP_MODES, OPTIMIZERS
 from ppsim.costs.patterns import moe_layers
 from ppsim.errors import UserError
@@ -203,7 +203,7 @@ def model_table(args: argparse.Namespace, base: Model | None) -> dict[str, Any] 
             and getattr(args, "hybrid_layer_pattern", None) is None:
         fields["hybrid_layer_pattern"] = ""  # a GPT model's layers over a hybrid stack's
     if isinstance(base, TransformerModel):
-        return _with_mtp_depth(args, moe_defaults({**base.to_dict(), **fields}, base.fields()))
+        return _with_mtp_depth(args, {**base.to_dict(), **fields})
     extra = {k: getattr(args, k, None) for k in ("num_layers", "seq_length",
                                                  "micro_batch_size", "hybrid_layer_pattern")}
     extra["mtp_layers"] = getattr(args, "mtp_num_layers", None)
@@ -314,7 +314,6 @@ def megatron_defaults(fields: dict[str, Any]) -> dict[str, Any]:
     if "ffn_hidden_size" not in out:  # arguments.py: 4h, or 2/3 of it for SwiGLU
         h = out["hidden_size"]
         out["ffn_hidden_size"] = int((4 * h * 2 / 3) / 64) * 64 if out["gated_mlp"] else 4 * h
-    out = moe_defaults(out, out)
     if out.get("num_experts"):  # Megatron's torch permutation unless the flag fuses it
         out.setdefault("moe_permute_fusion", False)
     if out.get("attention") == "mla":

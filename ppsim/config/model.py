@@ -213,27 +213,19 @@ TOP_K_FIX = "route each token to one expert or more (Megatron's --moe-router-top
 
 
 def _with_moe_defaults(raw: dict[str, Any]) -> dict[str, Any]:
-    """A transformer table's routed experts with Megatron's router defaults; a top-k
-    below 1 refused (it routed no token)."""
+    """A transformer table's routed experts with Megatron's defaults for what it leaves
+    out, whether a config or Megatron's flags built it: top-k 2 and each expert as wide as
+    the dense MLP (without them the experts took no token, or had no width); a top-k
+    below 1 refused."""
+    if not raw.get("num_experts"):
+        return raw
     top_k = raw.get("top_k")
-    if raw.get("num_experts") and isinstance(top_k, int) and top_k < 1:
+    if isinstance(top_k, int) and top_k < 1:
         raise UserError("model.top_k", f"must be at least 1 with num_experts = "
                         f"{raw['num_experts']}, got {top_k}", TOP_K_FIX)
-    return moe_defaults(raw, raw)
-
-
-def moe_defaults(table: dict[str, Any], merged: dict[str, Any]) -> dict[str, Any]:
-    """`table` with Megatron's defaults for a router's top-k (2) and an expert's width
-    (ffn_hidden_size) where it has routed experts and `merged` (every field) lacks them
-    (a config's [model] and Megatron's flags alike: without them the experts took no
-    tokens, or had no width)."""
-    if not table.get("num_experts"):
-        return table
-    out = dict(table)
-    if not merged.get("top_k"):
-        out["top_k"] = 2
-    if not merged.get("moe_ffn_hidden_size"):
-        out["moe_ffn_hidden_size"] = table.get("ffn_hidden_size", merged.get("ffn_hidden_size"))
+    out = {**raw, "top_k": top_k or 2}
+    if not out.get("moe_ffn_hidden_size"):
+        out["moe_ffn_hidden_size"] = out.get("ffn_hidden_size")
     return out
 
 
