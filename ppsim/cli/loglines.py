@@ -48,3 +48,13 @@ class LogLines:
     def steps(self, what: str, done: int, total: int) -> None:
         """The (what, done, total) form the search commands report in."""
         self(what, f"{done} of {total}")
+
+
+def for_log(command: str, *, quiet_s: float = 2.0) -> LogLines | None:
+    """Progress lines for `command` where stderr is a log, not a terminal; None on a
+    terminal, where the command draws its bar instead."""
+    try:
+        terminal = sys.stderr.isatty()
+    except (OSError, ValueError):  # a closed stderr: nothing to show either way
+        terminal = True
+    return None if terminal else LogLines(command, quiet_s=quiet_s)

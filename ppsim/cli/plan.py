@@ -19,7 +19,7 @@ from ppsim.cli.flags import (
 )
 from ppsim.cli.hardware_choice import assume_hardware
 from ppsim.cli.jobplan import cmd_job_plan, split_flags_given
-from ppsim.cli.loglines import LogLines
+from ppsim.cli.loglines import for_log
 from ppsim.cli.plan_render import print_result
 from ppsim.cli.plan_variants import SEARCH_AXES, variants
 from ppsim.cli.render import job_dict
@@ -130,7 +130,7 @@ def run_search(cfg: Config, axes: list[str], top_k: int, budget_s: float,
     a launch line's split, a reference row of the configured shape; `silent`: no
     progress, for --json)."""
     vs = variants(cfg, axes)
-    lines = None if silent or sys.stderr.isatty() else LogLines("ppsim plan")
+    lines = None if silent else for_log("ppsim plan")
     results: list[tuple[str, Planned]] = []
     # One deadline for the whole search: each variant's set-up (its problem, schedule
     # and bound) is spent from it, and each gets a fair share of what is left.

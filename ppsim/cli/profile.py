@@ -17,7 +17,7 @@ from ppsim.cli.context_checks import check_context_model
 from ppsim.cli.costs import COSTS_NOTE, costs_table, hardware_profile
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
 from ppsim.cli.hardware_choice import assume_hardware
-from ppsim.cli.loglines import LogLines
+from ppsim.cli.loglines import for_log
 from ppsim.cli.runchecks import (
     RANKS_PER_DEVICE,
     check_profile_memory,
@@ -138,7 +138,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     dp_steps = 1 if cfg.model.arch.dp * cfg.model.arch.cp > 1 and args.device == "cpu" else 0
     total = args.warmup + args.repeats + (0 if args.no_p2p else 1) + dp_steps
-    lines = None if err.is_terminal else LogLines("ppsim profile", quiet_s=0)
+    lines = for_log("ppsim profile", quiet_s=0)
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                   console=err, transient=True, disable=lines is not None) as bar:
         task = bar.add_task("building pieces", total=total)

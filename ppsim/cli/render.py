@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
-from ppsim.cli.loglines import LogLines
+from ppsim.cli.loglines import for_log
 from ppsim.job import throughput as job_throughput
 from ppsim.sim.summary import Summary
 from ppsim.units import fmt_bytes
@@ -27,13 +27,11 @@ def step_bar(command: str, *, silent: bool = False) -> Iterator[StepReport]:
     """Progress a long command's steps move, on stderr: on a terminal a transient bar (what
     is done now, how many of how many, the time so far), in a log throttled lines
     (`LogLines`), nothing when `silent` (--json)."""
-    import sys
-
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    if not silent and not sys.stderr.isatty():
-        yield LogLines(command).steps
+    if not silent and (lines := for_log(command)) is not None:
+        yield lines.steps
         return
     with Progress(TextColumn("{task.description}"), BarColumn(),
                   TextColumn("{task.completed:.0f} of {task.total:.0f}"), TimeElapsedColumn(),

@@ -19,7 +19,7 @@ from ppsim.cli import runchecks
 from ppsim.cli.context_checks import check_run_context
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
 from ppsim.cli.hardware_choice import assume_hardware
-from ppsim.cli.loglines import LogLines
+from ppsim.cli.loglines import for_log
 from ppsim.cli.run_summary import print_summary
 from ppsim.cli.schedule import print_notes
 from ppsim.config.model import TransformerModel
@@ -342,7 +342,7 @@ def _launch(args: argparse.Namespace, problem: Any, store: Any) -> Any:
                          f"{others} (the same command with --node-rank N there)\n")
     env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
            launch.STORE_ENV: "{}:{}".format(*store.endpoint)} if store else {}
-    lines = None if err.is_terminal else LogLines("ppsim run")
+    lines = for_log("ppsim run")
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[note]}"),
                   console=err, transient=True, disable=lines is not None) as bar:
         task = bar.add_task(f"{args.engine} {problem.schedule.name} pp={problem.split.pp}",

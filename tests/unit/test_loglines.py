@@ -6,10 +6,14 @@ import io
 import subprocess
 import sys
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ppsim.cli.loglines import LogLines
+from ppsim.cli import plan
+from ppsim.cli.flags import config_from_args
+from ppsim.cli.loglines import LogLines, for_log
+from ppsim.cli.main import build_parser
 
 
 class FakeClock:
@@ -83,12 +87,42 @@ def test_lines_are_never_closer_than_the_period_within_one_step(
         assert shown
 
 
-def test_plan_off_a_terminal_writes_plain_lines_not_a_bar() -> None:
-    # A search long enough to pass the quiet time: its log holds lines, no escape codes.
-    r = subprocess.run([sys.executable, "-m", "ppsim.cli", "plan", "--preset", "llama3-70b",
-                        "--pp", "8", "--search", "vpp", "--time-budget", "6"],
+class _Stream(io.StringIO):
+    def __init__(self, terminal: bool) -> None:
+        super().__init__()
+        self.terminal = terminal
+
+    def isatty(self) -> bool:
+        return self.terminal
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_lines_are_for_a_log_and_a_bar_for_a_terminal(terminal, monkeypatch) -> None:
+    monkeypatch.setattr(sys, "stderr", _Stream(terminal))
+    assert (for_log("ppsim plan") is None) is terminal
+
+
+def test_plan_reports_each_variant_s_splits_in_a_log(monkeypatch) -> None:
+    # The lines as a log receives them, from the first tick (no quiet time).
+    out = io.StringIO()
+    monkeypatch.setattr(plan, "for_log", lambda command, **_: LogLines(
+        command, quiet_s=0, every_s=0, stream=out))
+    cfg = config_from_args(build_parser("plan").parse_args(["plan", "--pp", "2"]))
+    plan.run_search(cfg, ["vpp"], top_k=1, budget_s=5, silent=False)
+    said = out.getvalue().splitlines()
+    assert said and all(ln.startswith("ppsim plan: planning ") and " splits timed (" in ln
+                        for ln in said), said
+    assert {ln.split(",")[0] for ln in said} >= {"ppsim plan: planning as configured"}
+
+
+def test_profile_off_a_terminal_writes_plain_lines_not_a_bar(tmp_path) -> None:
+    # profile's lines start at once (its first step can take minutes on a large model).
+    r = subprocess.run([sys.executable, "-m", "ppsim.cli", "profile", "--preset", "tiny-gpt",
+                        "--repeats", "1", "--warmup", "0", "--no-p2p", "--out",
+                        str(tmp_path / "c.json")],
                        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr
-    progress = [ln for ln in r.stderr.splitlines() if ln.startswith("ppsim plan: planning ")]
-    assert progress and all(ln.endswith(" s)") for ln in progress), r.stderr
+    progress = [ln for ln in r.stderr.splitlines() if ln.startswith("ppsim profile: ")]
+    assert progress[0].startswith("ppsim profile: building pieces"), r.stderr
+    assert all(ln.endswith(" s)") for ln in progress), r.stderr
     assert "\x1b[" not in r.stderr and "\r" not in r.stderr
