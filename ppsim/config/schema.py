@@ -237,10 +237,12 @@ def _fill(obj: Any, table: dict[str, Any], section: str) -> None:
 
 
 def config_from_dict(data: dict[str, Any]) -> Config:
-    sections.check_homes(data, _homes())
+    homes = _homes()
+    sections.check_homes(data, homes)
     for key in data:
-        if key not in ("model", "pipeline", "hardware", "placement", "costs_file", "memory"):
-            raise UserError(key, "unknown section",
+        if key == sections.TOP_LEVEL or key not in homes and \
+                key not in homes[sections.TOP_LEVEL]:
+            raise UserError(key or '""', "unknown section",
                             "use [model], [pipeline], [hardware], [placement] and [memory]")
     cfg = Config(model=parse_model(validate.table("model", data.get("model", {}))))
     pipeline = validate.table("pipeline", data.get("pipeline", {}))
