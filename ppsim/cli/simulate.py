@@ -121,6 +121,10 @@ def _stage_kinds(kinds: tuple[str, ...], offset: int, count: int) -> str:
     return span + ": " + ", ".join(f"{n} {k}" for k, n in runs)
 
 
+def _entries(count: int) -> str:
+    return f"{count} entry" if count == 1 else f"{count} entries"
+
+
 def print_exports(console: Any, exports: dict[str, Any]) -> None:
     mf = exports["megatron_flags"]
     console.print(f"[bold]Megatron:[/bold]   {mf}" if mf is not None
@@ -147,8 +151,10 @@ def print_exports(console: Any, exports: dict[str, Any]) -> None:
                       soft_wrap=True)
         return
     shape = exports["deepspeed_specs"]
-    console.print(f"[bold]DeepSpeed:[/bold]  partition boundaries {ds} over a spec list of "
-                  f"{shape['before']} entries, the layers, {shape['after']} entries; "
+    layers = ds[-1] - shape["before"] - shape["after"]
+    console.print(f"[bold]DeepSpeed:[/bold]  partition boundaries {ds} over the spec list "
+                  f"({_entries(shape['before'])}, the {layers} layers, "
+                  f"{_entries(shape['after'])}); "
                   "DeepSpeed takes no boundaries, so override _partition_layers:",
                   soft_wrap=True)
     console.print(exports["deepspeed_partition_override"].rstrip(), markup=False,

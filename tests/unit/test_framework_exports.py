@@ -190,6 +190,12 @@ def test_deepspeed_specs_shift_the_boundaries(capsys):
     assert plain["deepspeed_boundaries"] == [0, 6, 10]
 
 
+def test_the_spec_list_is_read_out_in_entries_and_layers(capsys):
+    assert main(["split", "--num-layers", "8", "--pp", "2", "--split", "5,3",
+                 "--deepspeed-specs", "2,1"]) == 0
+    assert "over the spec list (2 entries, the 8 layers, 1 entry)" in capsys.readouterr().out
+
+
 def test_the_override_sets_deepspeeds_parts():
     """The printed subclass, run against a stand-in with DeepSpeed's two members."""
     calls = []
