@@ -22,6 +22,7 @@ from ppsim.job.model import data_parallel, fsdp_framework
 from ppsim.job.policy_search import POLICY_AXES
 from ppsim.job.search import JOB_AXES, JobSearch, ShapeResult, longer_budget, search_job
 from ppsim.job.shapes import FIXABLE
+from ppsim.policy.megatron import NO_POLICY_FLAGS
 from ppsim.units import fmt_bytes
 
 
@@ -177,7 +178,7 @@ def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
         console.print(hint, markup=False)
     if best.policy_flags is not None:
         console.print(f"best's memory policy ({best.policy}), Megatron flags: "
-                      f"{best.policy_flags or 'none needed'}", markup=False, soft_wrap=True)
+                      f"{best.policy_flags or NO_POLICY_FLAGS}", markup=False, soft_wrap=True)
     titan = torchtitan_fields(best, gbs)
     if titan is not None:
         console.print(f"torchtitan ({gpus:,} GPUs): {torchtitan_text(titan)}", markup=False,

@@ -23,7 +23,7 @@ from ppsim.errors import UserError
 from ppsim.pipeline.hybrid_exports import exports_of
 from ppsim.pipeline.problem import build_problem
 from ppsim.plan.planner import PlanResult
-from ppsim.policy.megatron import PolicyExport
+from ppsim.policy.megatron import NO_POLICY_FLAGS, PolicyExport
 from ppsim.policy.report import policy_flags
 from ppsim.policy.search import (
     PER_RANK,
@@ -182,7 +182,7 @@ def print_spaces(spaces: list[SpaceBest]) -> int:
             console.print("per stage: " + "; ".join(
                 f"{i}: {p.label()}" for i, p in enumerate(sb.policies)), markup=False)
         flags = "n/a" if ex.megatron_flags is None else (
-            shlex.join(ex.megatron_flags) or "none needed")
+            shlex.join(ex.megatron_flags) or NO_POLICY_FLAGS)
         console.print(f"{sb.space} policy as flags: {flags}"
                       + (f" ({'; '.join(ex.notes)})" if ex.notes else "")
                       + f"; runs on: {', '.join(ex.frameworks) or 'none of them as given'}",

@@ -280,3 +280,15 @@ def test_a_job_search_axis_without_gpus_says_where_it_belongs(capsys) -> None:
     err = capsys.readouterr().err.strip()
     assert "'sharding' is an axis of the job search (--gpus)" in err and "\n" not in err
     assert "policy, policy-per-stage alone" in err
+
+
+def test_a_policy_of_nothing_says_to_drop_the_jobs_recompute_flags(capsys) -> None:
+    # GPT-3 1.3B's preset recomputes selectively; the plan drops it. "none needed" read as
+    # "keep the launch script's --recompute-granularity selective".
+    argv = ["plan", "--preset", "gpt3-1.3b", "--hardware", "h100-80gb", "--pp", "2",
+            "--microbatches", "4", "--search", "policy", "--time-budget", "3"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "megatron policy: none" in out
+    flags = next(x for x in out if x.startswith("megatron policy as flags: "))
+    assert "leave out any --recompute-*" in flags, flags
