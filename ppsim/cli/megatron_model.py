@@ -21,6 +21,7 @@ from ppsim.cli.megatron_attention import (
     unfused_backend,
 )
 from ppsim.cli.megatron_precision import precision_fields
+from ppsim.cli.megatron_run import PREFIX
 from ppsim.config.model import TOP_K_FIX, Model, TransformerModel, parse_model
 from ppsim.costs.choices import MEGATRON_FP8_FORMATS, MUON_TP_MODES, OPTIMIZERS
 from ppsim.costs.patterns import moe_layers
@@ -110,6 +111,9 @@ REQUIRED = (("num_layers", "--num-layers"), ("hidden_size", "--hidden-size"),
             ("vocab_size", "--vocab-size"))
 """What Megatron needs to build a model and ppsim cannot default (the vocabulary comes
 from Megatron's tokenizer, so it is asked for here)."""
+GPT2_BPE_VOCAB = 50257
+"""Tokens in GPT-2's byte-level BPE (its gpt2-vocab.json): the vocabulary Megatron's
+GPT2BPETokenizer reports, before Megatron pads it."""
 MLA_DEFAULTS = {"kv_lora_rank": 32, "head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 """Megatron's --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim."""
 SWITCHES = ("group-query-attention", "swiglu", "untie-embeddings-and-output-weights", "bf16",
@@ -208,14 +212,27 @@ def model_table(args: argparse.Namespace, base: Model | None) -> dict[str, Any] 
                                                  "micro_batch_size", "hybrid_layer_pattern")}
     extra["mtp_layers"] = getattr(args, "mtp_num_layers", None)
     fields.update({k: v for k, v in extra.items() if v is not None})
+    if "vocab_size" not in fields and _tokenizer(args) == "GPT2BPETokenizer":
+        fields["vocab_size"] = GPT2_BPE_VOCAB
+        print(f"note: vocabulary {GPT2_BPE_VOCAB:,} from --tokenizer-type GPT2BPETokenizer "
+              "(GPT-2's BPE), padded as Megatron pads it", file=sys.stderr)
     for key, flag in REQUIRED:
         if key not in fields and not (key == "num_layers" and "hybrid_layer_pattern" in fields):
             also = " (or --padded-vocab-size N)" * (flag == "--vocab-size")
+            gpt2 = (f"; GPT-2's BPE files: --tokenizer-type GPT2BPETokenizer gives its "
+                    f"{GPT2_BPE_VOCAB:,} tokens") * (
+                flag == "--vocab-size" and bool(getattr(args, PREFIX + "merge_file", None)))
             raise UserError(flag, "needed to build the model from Megatron's flags (no "
                             "--preset or [model] transformer to start from)",
                             f"add {flag} N{also}, or give --preset NAME: without one the "
-                            "flags build the model, over no embedded default")
+                            f"flags build the model, over no embedded default{gpt2}")
     return {"kind": "transformer", **megatron_defaults(fields)}
+
+
+def _tokenizer(args: argparse.Namespace) -> str | None:
+    """--tokenizer-type's value (a launch line's run argument, taken with any values)."""
+    given = getattr(args, PREFIX + "tokenizer_type", None)
+    return given[0] if given and len(given) == 1 else None
 
 
 def _with_mtp_depth(args: argparse.Namespace, table: dict[str, Any]) -> dict[str, Any]:

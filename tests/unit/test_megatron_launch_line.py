@@ -285,3 +285,22 @@ def test_costs_takes_a_pasted_layout_and_checks_it_as_simulate_does() -> None:
     _, _, sim_err = _run(["simulate", *bad])
     assert code == 2 and "pipeline.layout" in err
     assert _errors(err)[-1].split(": ", 1)[1] == _errors(sim_err)[-1].split(": ", 1)[1]
+
+
+def test_gpt2s_tokenizer_gives_the_vocabulary() -> None:
+    """A launch line with --tokenizer-type GPT2BPETokenizer and no --vocab-size (Megatron
+    reads it from gpt2-vocab.json) prices GPT-2's 50,257 tokens, padded as Megatron pads."""
+    model = shlex.split(GPT_MODEL_ARGS.replace(" --vocab-size 50257", ""))
+    data = shlex.split(DATA_ARGS.replace(" --split 949,50,1", ""))
+    line = [*model, "--tokenizer-type", "GPT2BPETokenizer", *data,
+            *PRICED[len(shlex.split(GPT_MODEL_ARGS)):]]
+    code, by_tokenizer, err = _run(["simulate", *line, *JOB, "--json"])
+    assert code == 0, err
+    assert "50,257" in err and "GPT2BPETokenizer" in err
+    code, by_size, _ = _run(["simulate", *PRICED, *JOB, "--json"])
+    assert code == 0
+    assert json.loads(by_tokenizer)["iteration_time_ms"] == \
+        json.loads(by_size)["iteration_time_ms"]
+    code, _, err = _run(["simulate", *model, *data, *JOB])
+    assert code == 2 and "--tokenizer-type GPT2BPETokenizer" in err, err
+    assert len(_errors(err)) == 1
