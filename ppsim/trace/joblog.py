@@ -16,7 +16,10 @@ engine prints every `steps_per_print` steps (deepspeed/utils/timer.py, Throughpu
 MemAllocated=AGB, MaxMemAllocated=XGB`: C is the whole job's samples (its train batch
 size) per second over that step, X rank 0's peak in GiB. NeMo (1 and 2) prints its
 progress bar, a step per update (updates split by carriage returns), with
-`global_step=49.00` and `train_step_timing in s=24.00`. A Megatron-DeepSpeed log holds
+`global_step=49.00` and `train_step_timing in s=24.00`; NeMo 2's ProgressPrinter
+(nemo/lightning/pytorch/callbacks/progress_printer.py) a line a step, ` | `-separated,
+`Training epoch 0, iteration 45/99 | lr: ... | global_batch_size: 128 | global_step: 45 |
+... | train_step_timing in s: 6.08 | ...`. A Megatron-DeepSpeed log holds
 both Megatron's and DeepSpeed's lines; Megatron's are read.
 
 The first logged line of a run holds its warm-up (compilation, allocator growth, the
@@ -55,8 +58,9 @@ allocated: M | ...` (MB of 2^20 bytes)."""
 _DEEPSPEED = {"iteration": re.compile(r"\bglobal_step=([0-9]+)"),
               "samples_per_s": re.compile(r"\bCurrSamplesPerSec=" + _NUMBER),
               "max_allocated_gib": re.compile(r"\bMaxMemAllocated=" + _NUMBER + "GB")}
-_NEMO = {"iteration": re.compile(r"\bglobal_step=" + _NUMBER),
-         "iteration_s": re.compile(r"\btrain_step_timing in s=" + _NUMBER)}
+_NEMO = {"iteration": re.compile(r"\bglobal_step(?:=|:\s*)" + _NUMBER),
+         "iteration_s": re.compile(r"\btrain_step_timing in s(?:=|:\s*)" + _NUMBER),
+         "global_batch_size": re.compile(r"\bglobal_batch_size:\s*" + _NUMBER)}
 _TORCHTITAN = {"iteration": re.compile(r"\bstep:\s*([0-9]+)\b"),
                "tokens_per_s_per_gpu": re.compile(r"\b[tw]ps:\s*" + _NUMBER),
                "tflops_per_gpu": re.compile(r"\btflops:\s*" + _NUMBER),
@@ -80,7 +84,8 @@ class LoggedStep:
     mfu: float | None = None
     """torchtitan's `mfu`, a fraction."""
     global_batch_size: float | None = None
-    """Megatron's `global batch size` (sequences an iteration)."""
+    """Megatron's `global batch size`, NeMo 2's `global_batch_size` (sequences an
+    iteration)."""
     samples_per_s: float | None = None
     """DeepSpeed's `CurrSamplesPerSec` (the whole job's)."""
     max_allocated_gib: float | None = None
