@@ -65,3 +65,26 @@ def test_calibrating_a_recorded_run_against_another_model_is_refused(case, tmp_p
     # The run's own config calibrates.
     assert main(["calibrate", real, "--config", str(case / "config.toml"),
                  "--out", str(tmp_path / "own.json")]) == 0
+
+
+def test_calibrating_a_run_with_an_op_missing_from_a_steady_iteration_is_refused(
+        tmp_path, capsys):
+    """An iteration before the last lacking an op: its time fell into the gap before the
+    rank's next op, fitted as that op's, and the cost file was written."""
+    case = TRACES / "1f1b-5-3-m8"
+    doc = json.loads((case / "real.json").read_text())
+    last = doc["otherData"]["iterations"] - 1
+    assert last - 1 >= doc["otherData"]["warmup_iterations"]
+    gone = [e for e in doc["traceEvents"] if e.get("cat") == "compute"
+            and e["args"]["iteration"] == last - 1 and e["pid"] == 1
+            and e["args"]["kind"] == "F" and e["args"]["microbatch"] == 3]
+    assert len(gone) == 1
+    doc["traceEvents"].remove(gone[0])
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps(doc))
+    out = tmp_path / "c.json"
+    assert main(["calibrate", str(cut), "--config", str(case / "config.toml"),
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"iteration {last - 1} has 31 ops" in err
+    assert not out.exists()
