@@ -41,6 +41,13 @@ def test_self_diff_is_zero_everywhere(sim_doc):
     for e in d["duration_error"].values():
         assert e["median"] == 0 and e["max"] == 0
     assert not d["critical_path_changed"]
+    assert d["largest_divergences"] == []  # no op's duration differs
+
+
+def test_a_self_diff_lists_no_divergence(sim_doc, tmp_path, capsys):
+    a = write(tmp_path, "a.json", sim_doc)
+    assert main(["diff", a, a]) == 0
+    assert "largest divergences" not in capsys.readouterr().out
 
 
 def test_scaling_one_op_is_reported_exactly(sim_doc):
@@ -53,6 +60,7 @@ def test_scaling_one_op_is_reported_exactly(sim_doc):
     top = d["largest_divergences"][0]
     assert (top["rank"], top["kind"], top["microbatch"]) == (0, "B", 1)
     assert top["duration_delta_ms"] == before * 0.5 / 1e3
+    assert len(d["largest_divergences"]) == 1  # the one op whose duration differs
     assert d["duration_error"]["B"]["max"] == 0.5
     assert d["duration_error"]["F"]["max"] == 0
     assert d["ranks"][0]["busy_delta_ms"] == before * 0.5 / 1e3
