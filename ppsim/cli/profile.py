@@ -308,7 +308,7 @@ def trace_argument(args: argparse.Namespace) -> str:
         return args.trace
     for name, value in vars(args).items():
         if isinstance(value, list) and value and isinstance(value[-1], str) \
-                and value[-1].endswith(".json"):
+                and value[-1].endswith((".json", ".json.gz")):
             args.trace = value.pop()
             if not value:
                 setattr(args, name, None)
