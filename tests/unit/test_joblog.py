@@ -317,3 +317,28 @@ def test_nemo2s_progress_printer_lines_are_read(tmp_path, capsys) -> None:
     got = doc["compared_with_log"]
     assert got["framework"] == "NeMo" and got["logged"]["iteration_ms"] == pytest.approx(6080.0)
     assert got["global_batch_sizes"] == [256, doc["job"]["global_batch_size"]]
+
+
+def test_a_log_a_later_launch_appended_to_is_compared_by_its_last_run(tmp_path,
+                                                                        capsys) -> None:
+    """`tee -a train.log` over two launches: the first run's lines were medianed with the
+    second's (its warm-up line among them), a figure of neither."""
+    first = [megatron_line(10 * i, ms, 100.0) for i, ms in
+             enumerate([90000.0, 30000.0, 30000.0, 30000.0], 1)]
+    second = [megatron_line(10 * i, ms, 300.0) for i, ms in
+              enumerate([50000.0, 15000.0, 15200.0], 1)]
+    run = logged_run([*first, memory_line(0, 10, 60000.0), *second,
+                      memory_line(0, 10, 40000.0)])
+    assert run.earlier_runs == 1 and run.left_out == 1
+    assert [s.iteration for s in run.steps] == [20, 30]
+    assert run.median("iteration_ms") == 15100.0
+    assert run.max_allocated == {0: 40000.0 * 2**20}
+    one = logged_run(first)
+    assert one.earlier_runs == 0 and one.median("iteration_ms") == 30000.0
+    log = tmp_path / "train.log"
+    log.write_text("\n".join([*first, *second]))
+    assert main([*SIMULATE, "--json", "--compare-log", str(log)]) == 0
+    got = json.loads(capsys.readouterr().out)["compared_with_log"]
+    assert got["earlier_runs"] == 1 and got["logged"]["iteration_ms"] == 15100.0
+    assert main([*SIMULATE, "--compare-log", str(log)]) == 0
+    assert "after 1 earlier one(s)" in " ".join(capsys.readouterr().out.split())
