@@ -88,3 +88,15 @@ def test_calibrating_a_run_with_an_op_missing_from_a_steady_iteration_is_refused
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"iteration {last - 1} has 31 ops" in err
     assert not out.exists()
+
+
+def test_calibrate_says_a_free_link_is_unlimited_not_zero_gb_per_s(tmp_path, capsys):
+    """The recorded run's receivers start as their senders end: no delay, so the file's
+    link takes no time on the wire (bandwidth 0), which read "bandwidth 0.00 GB/s"."""
+    case = TRACES / "1f1b-5-3-m8"
+    out = tmp_path / "c.json"
+    assert main(["calibrate", str(case / "real.json"), "--config", str(case / "config.toml"),
+                 "--out", str(out)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert json.loads(out.read_text())["p2p"]["bandwidth_gbps"] == 0
+    assert "bandwidth unlimited" in text and "0.00 GB/s" not in text
