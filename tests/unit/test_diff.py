@@ -274,3 +274,13 @@ def test_a_gzipped_trace_is_held_to_the_limit_once_uncompressed(sim_doc, tmp_pat
     assert main(["diff", str(packed), str(packed)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "above the limit" in err
+
+
+def test_a_trace_saved_with_a_byte_order_mark_reads_as_without(sim_doc, tmp_path, capsys):
+    # an editor's or PowerShell's "UTF-8" puts EF BB BF first
+    plain = write(tmp_path, "a.json", sim_doc)
+    marked = tmp_path / "bom.json"
+    marked.write_bytes(b"\xef\xbb\xbf" + json.dumps(sim_doc).encode())
+    assert main(["diff", plain, str(marked), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["ops_matched"] == len(compute_events(sim_doc)) and d["iteration_time_error"] == 0
