@@ -321,8 +321,8 @@ def test_nemo2s_progress_printer_lines_are_read(tmp_path, capsys) -> None:
 
 def test_a_log_a_later_launch_appended_to_is_compared_by_its_last_run(tmp_path,
                                                                         capsys) -> None:
-    """`tee -a train.log` over two launches: the first run's lines were medianed with the
-    second's (its warm-up line among them), a figure of neither."""
+    """`tee -a train.log` over two launches: the second run's lines alone are compared,
+    its own warm-up line left out, not a median over both runs (a figure of neither)."""
     first = [megatron_line(10 * i, ms, 100.0) for i, ms in
              enumerate([90000.0, 30000.0, 30000.0, 30000.0], 1)]
     second = [megatron_line(10 * i, ms, 300.0) for i, ms in

@@ -69,8 +69,8 @@ def test_calibrating_a_recorded_run_against_another_model_is_refused(case, tmp_p
 
 def test_calibrating_a_run_with_an_op_missing_from_a_steady_iteration_is_refused(
         tmp_path, capsys):
-    """An iteration before the last lacking an op: its time fell into the gap before the
-    rank's next op, fitted as that op's, and the cost file was written."""
+    """An iteration before the last lacking an op: its time would sit in the gap before
+    the rank's next op and be fitted as that op's, so no cost file is written."""
     case = TRACES / "1f1b-5-3-m8"
     doc = json.loads((case / "real.json").read_text())
     last = doc["otherData"]["iterations"] - 1
@@ -92,7 +92,7 @@ def test_calibrating_a_run_with_an_op_missing_from_a_steady_iteration_is_refused
 
 def test_calibrate_says_a_free_link_is_unlimited_not_zero_gb_per_s(tmp_path, capsys):
     """The recorded run's receivers start as their senders end: no delay, so the file's
-    link takes no time on the wire (bandwidth 0), which read "bandwidth 0.00 GB/s"."""
+    link takes no time on the wire (bandwidth 0), said as unlimited."""
     case = TRACES / "1f1b-5-3-m8"
     out = tmp_path / "c.json"
     assert main(["calibrate", str(case / "real.json"), "--config", str(case / "config.toml"),
