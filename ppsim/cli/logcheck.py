@@ -54,6 +54,8 @@ class LogComparison:
     rank_beyond: tuple[int, int] | None = None
     """(a rank the log reports memory for, the simulated job's GPUs) where that rank is
     not in the simulated job: not the same job, and no stage compared."""
+    earlier_runs: int = 0
+    """Runs the log holds before the one compared (joblog.LoggedRun.earlier_runs)."""
     first_only: bool = False
     """The one line compared is the first iteration's, which warm-up (allocation,
     compilation, NCCL set-up) slows: not a steady figure."""
@@ -108,6 +110,7 @@ def compare(run: LoggedRun, iteration_ms: float, t: Throughput | None,
                          global_batch_sizes=(int(gbs), global_batch_size)
                          if gbs and global_batch_size and gbs != global_batch_size else None,
                          memory=memory, rank_beyond=rank_beyond,
+                         earlier_runs=run.earlier_runs,
                          first_only=len(run.steps) == 1 and run.steps[0].iteration <= 1)
 
 
@@ -146,6 +149,9 @@ def memory_line(c: LogComparison) -> str | None:
 def comparison_line(c: LogComparison) -> str:
     """One line of text: what the log printed, then the simulation with its error."""
     first = ", the first left out as warm-up" if c.left_out else ""
+    if c.earlier_runs:
+        first += (f"; the last run of the log, after {c.earlier_runs} earlier one(s) it "
+                  "leaves out")
     if not c.logged:
         return (f"logged by {c.framework} ({c.lines} line(s){first}): nothing this "
                 "simulation gives (a uniform model has no tokens or FLOPs)")

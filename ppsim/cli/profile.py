@@ -308,7 +308,7 @@ def trace_argument(args: argparse.Namespace) -> str:
         return args.trace
     for name, value in vars(args).items():
         if isinstance(value, list) and value and isinstance(value[-1], str) \
-                and value[-1].endswith(".json"):
+                and value[-1].endswith((".json", ".json.gz")):
             args.trace = value.pop()
             if not value:
                 setattr(args, name, None)
@@ -375,9 +375,11 @@ def _print_calibration(args: argparse.Namespace, cal: Calibration,
         c.print("head (norm + LM head + loss) factors: " + "  ".join(
             f"{k} {v:.3f}" for k, v in cal.head_factors.items() if v is not None))
     if cal.p2p_delay_ms is not None:
+        bw = cal.hardware.p2p_bandwidth_gbps
         c.print(f"P2P delay {cal.p2p_delay_ms * 1e3:.1f} us (median of {cal.p2p_samples} "
                 f"waits) -> latency {cal.hardware.p2p_latency_ms * 1e3:.1f} us, bandwidth "
-                f"{cal.hardware.p2p_bandwidth_gbps:.2f} GB/s")
+                + (f"{bw:.2f} GB/s" if bw > 0 else "unlimited (0 in the file: the bytes "
+                   "take no time)"))
     else:
         c.print("P2P: no transfer with a waiting receiver; kept the base latency")
     c.print(f"iteration time: measured {cal.measured_ms:.2f} ms (steady-state mean, compute "

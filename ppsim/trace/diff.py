@@ -317,7 +317,8 @@ class Diff:
                 "mean": statistics.fmean(rel) if rel else 0.0,
                 "median_delta_ms": statistics.median(delta),
             }
-        worst = sorted(self.matched, key=lambda k: abs(b.dur(k) - a.dur(k)), reverse=True)
+        worst = sorted((k for k in self.matched if b.dur(k) != a.dur(k)),
+                       key=lambda k: abs(b.dur(k) - a.dur(k)), reverse=True)
         divergent = [{"rank": k[0], "chunk": k[1], "microbatch": k[2], "kind": k[3],
                       "start_ms": [a.start(k), b.start(k)], "duration_ms": [a.dur(k), b.dur(k)],
                       "duration_delta_ms": b.dur(k) - a.dur(k)} for k in worst[:top]]

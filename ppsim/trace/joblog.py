@@ -16,7 +16,10 @@ engine prints every `steps_per_print` steps (deepspeed/utils/timer.py, Throughpu
 MemAllocated=AGB, MaxMemAllocated=XGB`: C is the whole job's samples (its train batch
 size) per second over that step, X rank 0's peak in GiB. NeMo (1 and 2) prints its
 progress bar, a step per update (updates split by carriage returns), with
-`global_step=49.00` and `train_step_timing in s=24.00`. A Megatron-DeepSpeed log holds
+`global_step=49.00` and `train_step_timing in s=24.00`; NeMo 2's ProgressPrinter
+(nemo/lightning/pytorch/callbacks/progress_printer.py) a line a step, ` | `-separated,
+`Training epoch 0, iteration 45/99 | lr: ... | global_batch_size: 128 | global_step: 45 |
+... | train_step_timing in s: 6.08 | ...`. A Megatron-DeepSpeed log holds
 both Megatron's and DeepSpeed's lines; Megatron's are read.
 
 The first logged line of a run holds its warm-up (compilation, allocator growth, the
@@ -55,8 +58,9 @@ allocated: M | ...` (MB of 2^20 bytes)."""
 _DEEPSPEED = {"iteration": re.compile(r"\bglobal_step=([0-9]+)"),
               "samples_per_s": re.compile(r"\bCurrSamplesPerSec=" + _NUMBER),
               "max_allocated_gib": re.compile(r"\bMaxMemAllocated=" + _NUMBER + "GB")}
-_NEMO = {"iteration": re.compile(r"\bglobal_step=" + _NUMBER),
-         "iteration_s": re.compile(r"\btrain_step_timing in s=" + _NUMBER)}
+_NEMO = {"iteration": re.compile(r"\bglobal_step(?:=|:\s*)" + _NUMBER),
+         "iteration_s": re.compile(r"\btrain_step_timing in s(?:=|:\s*)" + _NUMBER),
+         "global_batch_size": re.compile(r"\bglobal_batch_size:\s*" + _NUMBER)}
 _TORCHTITAN = {"iteration": re.compile(r"\bstep:\s*([0-9]+)\b"),
                "tokens_per_s_per_gpu": re.compile(r"\b[tw]ps:\s*" + _NUMBER),
                "tflops_per_gpu": re.compile(r"\btflops:\s*" + _NUMBER),
@@ -80,7 +84,8 @@ class LoggedStep:
     mfu: float | None = None
     """torchtitan's `mfu`, a fraction."""
     global_batch_size: float | None = None
-    """Megatron's `global batch size` (sequences an iteration)."""
+    """Megatron's `global batch size`, NeMo 2's `global_batch_size` (sequences an
+    iteration)."""
     samples_per_s: float | None = None
     """DeepSpeed's `CurrSamplesPerSec` (the whole job's)."""
     max_allocated_gib: float | None = None
@@ -103,6 +108,8 @@ class LoggedRun:
     """Megatron's `max allocated` per global rank that reported it, in bytes (the largest
     report: the one after the optimizer's state exists); DeepSpeed's rank 0's, and
     torchtitan's most reserved on rank 0 (what each measures: memory_measure)."""
+    earlier_runs: int = 0
+    """Runs the log holds before the one compared (a log a later launch appended to)."""
 
     def median(self, name: str) -> float | None:
         """The median of one field over the steady lines that print it."""
@@ -135,25 +142,18 @@ def parse_line(line: str) -> LoggedStep | None:
 
 def logged_run(lines: Iterable[str], path: str = "log") -> LoggedRun:
     """The steady lines of a log (one framework's, Megatron's where DeepSpeed's are beside
-    them; the first line left out where more follow). A log with no speed lines, or with
-    torchtitan's beside another's, is a UserError."""
-    frameworks: set[str] = set()
-    steps: list[LoggedStep] = []
-    memory: dict[int, float] = {}
+    them; of a log holding several runs, the last; the first line left out where more
+    follow). A log with no speed lines, or with torchtitan's beside another's, is a
+    UserError."""
+    found: list[LoggedStep | tuple[int, float]] = []  # speed lines and memory reports
     for line in (part for whole in lines for part in whole.split("\r")):
         step = parse_line(line)
         if step is not None:
-            frameworks.add(step.framework)
-            steps.append(step)
-            # DeepSpeed and torchtitan log on rank 0
-            peak = step.max_allocated_gib if step.max_allocated_gib is not None \
-                else step.max_reserved_gib
-            if peak is not None:
-                memory[0] = max(memory.get(0, 0.0), peak * 2**30)
+            found.append(step)
         elif (m := _MEMORY.search(line)) is not None:
-            rank = int(m.group(1))
-            memory[rank] = max(memory.get(rank, 0.0), _number(m.group(2)) * 2**20)
-    if not steps:
+            found.append((int(m.group(1)), _number(m.group(2)) * 2**20))
+    frameworks = {s.framework for s in found if isinstance(s, LoggedStep)}
+    if not frameworks:
         raise UserError("--compare-log", f"{path} has no line Megatron-LM ('elapsed time per "
                         "iteration (ms)'), torchtitan ('step: ... tps: ...'), DeepSpeed "
                         "('CurrSamplesPerSec=') or NeMo ('train_step_timing in s=') prints",
@@ -162,13 +162,44 @@ def logged_run(lines: Iterable[str], path: str = "log") -> LoggedRun:
         raise UserError("--compare-log", f"{path} holds torchtitan's lines beside "
                         f"{' and '.join(sorted(frameworks - {'torchtitan'}))}'s",
                         "pass one job's log")
-    if len(frameworks) > 1:  # Megatron-DeepSpeed: Megatron's lines
-        first = next(f for f in ("Megatron-LM", "NeMo", "DeepSpeed") if f in frameworks)
-        frameworks = {first}
-        steps = [s for s in steps if s.framework == first]
+    # Megatron-DeepSpeed: Megatron's lines
+    framework = next(f for f in ("Megatron-LM", "torchtitan", "NeMo", "DeepSpeed")
+                     if f in frameworks)
+    steps, memory, earlier = _last_run(found, framework)
     left_out = 1 if len(steps) > 1 else 0
-    return LoggedRun(framework=frameworks.pop(), steps=tuple(steps[left_out:]),
-                     left_out=left_out, max_allocated=memory)
+    return LoggedRun(framework=framework, steps=tuple(steps[left_out:]), left_out=left_out,
+                     max_allocated=memory, earlier_runs=earlier)
+
+
+def _last_run(found: list[LoggedStep | tuple[int, float]], framework: str
+              ) -> tuple[list[LoggedStep], dict[int, float], int]:
+    """`framework`'s lines of the log's last run, the peaks reported in it (per global
+    rank, bytes) and how many runs came before it: a run starts again where its
+    iteration count goes back (a log appended to by a later launch)."""
+    steps: list[LoggedStep] = []
+    memory: dict[int, float] = {}
+    earlier = 0
+    for item in found:
+        if isinstance(item, tuple):
+            rank, nbytes = item
+        elif item.framework == framework and steps and item.iteration < steps[-1].iteration:
+            steps, memory, earlier = [item], {}, earlier + 1
+            rank, nbytes = 0, _peak_bytes(item)
+        else:
+            if item.framework == framework:
+                steps.append(item)
+            rank, nbytes = 0, _peak_bytes(item)  # DeepSpeed and torchtitan log on rank 0
+        if nbytes:
+            memory[rank] = max(memory.get(rank, 0.0), nbytes)
+    return steps, memory, earlier
+
+
+def _peak_bytes(step: LoggedStep) -> float:
+    """The peak a speed line reports (DeepSpeed's allocated, torchtitan's reserved), in
+    bytes; 0 where it reports none."""
+    gib = step.max_allocated_gib if step.max_allocated_gib is not None \
+        else step.max_reserved_gib
+    return 0.0 if gib is None else gib * 2**30
 
 
 def memory_measure(framework: str) -> str:

@@ -3,8 +3,10 @@ in, a malformed one a UserError naming what is wrong and where."""
 
 from __future__ import annotations
 
+import gzip
+import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 from ppsim.config import files, limits, validate
 from ppsim.errors import UserError
@@ -58,19 +60,36 @@ class Trace:
 
 def read_trace(path: str) -> Trace:
     """Parse and check a trace, one event at a time (ppsim.trace.stream); a malformed one
-    is a UserError naming what is wrong."""
+    is a UserError naming what is wrong. A gzipped trace (`.json.gz`, as torch's profiler
+    and Perfetto write them) is read through gzip, its JSON held to the same limit."""
     found = _Collector(path)
     with files.open_regular("trace", path, files.MAX_TRACE_BYTES,
-                               "Chrome trace (JSON)") as fh:
+                            "Chrome trace (JSON)") as raw:
         try:
-            fields = stream.scan(fh, path, found.add, "re-record or re-export the trace",
-                                 files.MAX_TRACE_BYTES)
+            with _uncompressed(raw) as fh:
+                fields = stream.scan(fh, path, found.add, "re-record or re-export the trace",
+                                     files.MAX_TRACE_BYTES)
+        except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+            raise UserError("trace", f"{path} is not a whole gzip file ({exc})",
+                            "compress the trace again, or pass it uncompressed") from None
         except OSError as exc:
-            raise UserError("trace", f"cannot read {path!r}: {exc.strerror}",
+            raise UserError("trace", f"cannot read {path!r}: {exc.strerror or exc}",
                             "pass a readable trace") from None
     if fields is not None and fields.get("traceEvents") is not True:
         raise _no_events(path)
     return found.trace({} if fields is None else fields.get("otherData", {}))
+
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _uncompressed(raw: BinaryIO) -> BinaryIO:
+    """The file's bytes, through gzip where it opens with gzip's magic number."""
+    magic = raw.read(len(_GZIP_MAGIC))
+    raw.seek(0)
+    if magic != _GZIP_MAGIC:
+        return raw
+    return cast(BinaryIO, gzip.GzipFile(fileobj=raw, mode="rb"))
 
 
 # What otherData may say, and the range of each (pp etc. are checked again by diff).

@@ -50,7 +50,7 @@ class _Text:
 
     def __init__(self, fh: BinaryIO) -> None:
         self.fh = fh
-        self.decoder = codecs.getincrementaldecoder("utf-8")()
+        self.decoder = codecs.getincrementaldecoder("utf-8-sig")()  # a BOM dropped
         self.text = ""
         self.eof = False
         self.more()

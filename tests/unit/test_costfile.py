@@ -3,6 +3,7 @@ bad files exit 2 with one line, and calibration recovers known factors from a tr
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -213,6 +214,12 @@ def test_calibrate_takes_the_trace_after_a_flag_of_several_values(
         assert main([*argv, "--out", str(tmp_path / "c.json"), "--json"]) == 0
         got.append(json.loads(capsys.readouterr().out))
     assert got[0] == got[1] and got[0]["trace"] == str(trace)
+    packed = tmp_path / "sim.json.gz"
+    packed.write_bytes(gzip.compress(trace.read_bytes()))
+    assert main(["calibrate", *flags, str(packed), "--out", str(tmp_path / "z.json"),
+                 "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["trace"] == str(packed) and again["factors"] == got[0]["factors"]
     assert main(["calibrate", *flags]) == 2
     assert "error: TRACE: missing" in capsys.readouterr().err
 

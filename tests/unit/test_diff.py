@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import gzip
 import json
 
 import pytest
@@ -40,6 +41,13 @@ def test_self_diff_is_zero_everywhere(sim_doc):
     for e in d["duration_error"].values():
         assert e["median"] == 0 and e["max"] == 0
     assert not d["critical_path_changed"]
+    assert d["largest_divergences"] == []  # no op's duration differs
+
+
+def test_a_self_diff_lists_no_divergence(sim_doc, tmp_path, capsys):
+    a = write(tmp_path, "a.json", sim_doc)
+    assert main(["diff", a, a]) == 0
+    assert "largest divergences" not in capsys.readouterr().out
 
 
 def test_scaling_one_op_is_reported_exactly(sim_doc):
@@ -52,6 +60,7 @@ def test_scaling_one_op_is_reported_exactly(sim_doc):
     top = d["largest_divergences"][0]
     assert (top["rank"], top["kind"], top["microbatch"]) == (0, "B", 1)
     assert top["duration_delta_ms"] == before * 0.5 / 1e3
+    assert len(d["largest_divergences"]) == 1  # the one op whose duration differs
     assert d["duration_error"]["B"]["max"] == 0.5
     assert d["duration_error"]["F"]["max"] == 0
     assert d["ranks"][0]["busy_delta_ms"] == before * 0.5 / 1e3
@@ -233,3 +242,45 @@ def test_a_training_log_given_as_a_trace_is_named_as_not_one(sim_doc, tmp_path, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is not a Chrome trace" in err
     assert "ppsim simulate --compare-log" in err
+
+
+def test_a_gzipped_trace_reads_as_its_json_and_a_cut_one_exits_2(sim_doc, tmp_path, capsys):
+    # torch's profiler and Perfetto write traces as .json.gz
+    plain = write(tmp_path, "a.json", sim_doc)
+    packed = tmp_path / "a.json.gz"
+    packed.write_bytes(gzip.compress(json.dumps(sim_doc).encode()))
+    assert main(["diff", plain, str(packed), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    ends = [e["ts"] + e["dur"] for e in compute_events(sim_doc)]
+    assert d["iteration_time_ms"][1] >= max(ends) / 1e3
+    assert d["iteration_time_ms"][0] == d["iteration_time_ms"][1]
+    assert d["ops_matched"] == len(compute_events(sim_doc)) and d["ops_only_in"] == [0, 0]
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(packed.read_bytes()[:-20])
+    assert main(["diff", plain, str(cut)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a whole gzip file" in err and str(cut) in err
+
+
+def test_a_gzipped_trace_is_held_to_the_limit_once_uncompressed(sim_doc, tmp_path, capsys,
+                                                                 monkeypatch):
+    from ppsim.config import files
+
+    text = json.dumps(sim_doc).encode()
+    packed = tmp_path / "big.json.gz"
+    packed.write_bytes(gzip.compress(text))
+    monkeypatch.setattr(files, "MAX_TRACE_BYTES", len(text) - 1)
+    assert packed.stat().st_size < len(text) - 1
+    assert main(["diff", str(packed), str(packed)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "above the limit" in err
+
+
+def test_a_trace_saved_with_a_byte_order_mark_reads_as_without(sim_doc, tmp_path, capsys):
+    # an editor's or PowerShell's "UTF-8" puts EF BB BF first
+    plain = write(tmp_path, "a.json", sim_doc)
+    marked = tmp_path / "bom.json"
+    marked.write_bytes(b"\xef\xbb\xbf" + json.dumps(sim_doc).encode())
+    assert main(["diff", plain, str(marked), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["ops_matched"] == len(compute_events(sim_doc)) and d["iteration_time_error"] == 0

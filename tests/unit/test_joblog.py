@@ -287,3 +287,58 @@ def test_a_log_of_the_first_iteration_alone_is_said_to_be_warm_up(iterations, wa
     assert main([*SIMULATE, "--compare-log", str(log)]) == 0
     said = "the log's one line is the first iteration, which warm-up slows"
     assert (said in " ".join(capsys.readouterr().out.split())) is warned
+
+
+def nemo2_line(iteration: int, seconds: float, gbs: int) -> str:
+    """NeMo 2's ProgressPrinter (nemo/lightning/pytorch/callbacks/progress_printer.py):
+    `Training epoch E, iteration N/T` then ` | name: value` per metric, a whole float as
+    an int, any other as `{:.4}` (4 significant figures, maybe in e-notation)."""
+    metrics = {"lr": 1.5e-6, "global_batch_size": float(gbs), "global_step": float(iteration),
+               "reduced_train_loss": 11.03, "train_step_timing in s": seconds,
+               "consumed_samples": float(gbs * (iteration + 1))}
+    line = f"Training epoch 0, iteration {iteration}/99"
+    for name, v in metrics.items():
+        line += f" | {name}: {int(v)}" if v.is_integer() else f" | {name}: {v:.4}"
+    return line
+
+
+def test_nemo2s_progress_printer_lines_are_read(tmp_path, capsys) -> None:
+    lines = [nemo2_line(i, t, 256) for i, t in enumerate([40.0, 6.08, 6.061, 1234.5])]
+    assert lines[3].endswith("train_step_timing in s: 1.234e+03 | consumed_samples: 1024")
+    run = logged_run(["[NeMo I 2025-01-10 10:00:00 nemo_logging:393] setting up", *lines])
+    assert run.framework == "NeMo" and run.left_out == 1
+    assert [s.iteration for s in run.steps] == [1, 2, 3]
+    assert run.median("iteration_ms") == pytest.approx(6080.0)
+    assert run.median("global_batch_size") == 256
+    log = tmp_path / "nemo.log"
+    log.write_text("\n".join(lines))
+    assert main([*SIMULATE, "--json", "--compare-log", str(log)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    got = doc["compared_with_log"]
+    assert got["framework"] == "NeMo" and got["logged"]["iteration_ms"] == pytest.approx(6080.0)
+    assert got["global_batch_sizes"] == [256, doc["job"]["global_batch_size"]]
+
+
+def test_a_log_a_later_launch_appended_to_is_compared_by_its_last_run(tmp_path,
+                                                                        capsys) -> None:
+    """`tee -a train.log` over two launches: the second run's lines alone are compared,
+    its own warm-up line left out, not a median over both runs (a figure of neither)."""
+    first = [megatron_line(10 * i, ms, 100.0) for i, ms in
+             enumerate([90000.0, 30000.0, 30000.0, 30000.0], 1)]
+    second = [megatron_line(10 * i, ms, 300.0) for i, ms in
+              enumerate([50000.0, 15000.0, 15200.0], 1)]
+    run = logged_run([*first, memory_line(0, 10, 60000.0), *second,
+                      memory_line(0, 10, 40000.0)])
+    assert run.earlier_runs == 1 and run.left_out == 1
+    assert [s.iteration for s in run.steps] == [20, 30]
+    assert run.median("iteration_ms") == 15100.0
+    assert run.max_allocated == {0: 40000.0 * 2**20}
+    one = logged_run(first)
+    assert one.earlier_runs == 0 and one.median("iteration_ms") == 30000.0
+    log = tmp_path / "train.log"
+    log.write_text("\n".join([*first, *second]))
+    assert main([*SIMULATE, "--json", "--compare-log", str(log)]) == 0
+    got = json.loads(capsys.readouterr().out)["compared_with_log"]
+    assert got["earlier_runs"] == 1 and got["logged"]["iteration_ms"] == 15100.0
+    assert main([*SIMULATE, "--compare-log", str(log)]) == 0
+    assert "after 1 earlier one(s)" in " ".join(capsys.readouterr().out.split())

@@ -65,3 +65,38 @@ def test_calibrating_a_recorded_run_against_another_model_is_refused(case, tmp_p
     # The run's own config calibrates.
     assert main(["calibrate", real, "--config", str(case / "config.toml"),
                  "--out", str(tmp_path / "own.json")]) == 0
+
+
+def test_calibrating_a_run_with_an_op_missing_from_a_steady_iteration_is_refused(
+        tmp_path, capsys):
+    """An iteration before the last lacking an op: its time would sit in the gap before
+    the rank's next op and be fitted as that op's, so no cost file is written."""
+    case = TRACES / "1f1b-5-3-m8"
+    doc = json.loads((case / "real.json").read_text())
+    last = doc["otherData"]["iterations"] - 1
+    assert last - 1 >= doc["otherData"]["warmup_iterations"]
+    gone = [e for e in doc["traceEvents"] if e.get("cat") == "compute"
+            and e["args"]["iteration"] == last - 1 and e["pid"] == 1
+            and e["args"]["kind"] == "F" and e["args"]["microbatch"] == 3]
+    assert len(gone) == 1
+    doc["traceEvents"].remove(gone[0])
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps(doc))
+    out = tmp_path / "c.json"
+    assert main(["calibrate", str(cut), "--config", str(case / "config.toml"),
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"iteration {last - 1} has 31 ops" in err
+    assert not out.exists()
+
+
+def test_calibrate_says_a_free_link_is_unlimited_not_zero_gb_per_s(tmp_path, capsys):
+    """The recorded run's receivers start as their senders end: no delay, so the file's
+    link takes no time on the wire (bandwidth 0), said as unlimited."""
+    case = TRACES / "1f1b-5-3-m8"
+    out = tmp_path / "c.json"
+    assert main(["calibrate", str(case / "real.json"), "--config", str(case / "config.toml"),
+                 "--out", str(out)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert json.loads(out.read_text())["p2p"]["bandwidth_gbps"] == 0
+    assert "bandwidth unlimited" in text and "0.00 GB/s" not in text
