@@ -288,7 +288,9 @@ def calibrate(trace: Trace, cfg: Config, how: str = "mean") -> Calibration:
     base = model_costs(cfg)
     # Every iteration fitted is checked whole: a missing op's time would fall into the
     # gap before the next op on its rank and inflate that op's factor.
-    schedule = [schedule_from_trace(trace, it, grouped) for it in its][-1]
+    for it in its[:-1]:
+        schedule_from_trace(trace, it, grouped)
+    schedule = schedule_from_trace(trace, its[-1], grouped)
     try:
         split = split_from_counts([int(x) for x in info["split"]], schedule.pp, schedule.vpp,
                                   base.num_layers, schedule.placement,  # type: ignore[arg-type]
