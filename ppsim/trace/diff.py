@@ -223,8 +223,24 @@ def check_compatible(a: Trace, b: Trace) -> None:
     ma = {op.microbatch for op in a.ops}
     mb = {op.microbatch for op in b.ops}
     if ma != mb:
-        raise UserError("diff", f"the traces have different microbatch counts: {len(ma)} vs "
-                        f"{len(mb)}", "diff traces with the same number of microbatches")
+        only = [f"{_runs(x - y)} only in {t.path}" for x, y, t in ((ma, mb, a), (mb, ma, b))
+                if x - y]
+        raise UserError("diff", f"the traces hold different microbatches ({len(ma)} in "
+                        f"{a.path}, {len(mb)} in {b.path}): microbatch " + "; ".join(only),
+                        "diff traces of the same microbatches, numbered alike")
+
+
+def _runs(xs: set[int], most: int = 6) -> str:
+    """Sorted numbers as runs, `0-3, 7`; past `most` runs, how many more numbers."""
+    runs: list[list[int]] = []
+    for x in sorted(xs):
+        if runs and runs[-1][1] == x - 1:
+            runs[-1][1] = x
+        else:
+            runs.append([x, x])
+    shown = [f"{lo}-{hi}" if hi > lo else str(lo) for lo, hi in runs[:most]]
+    rest = sum(hi - lo + 1 for lo, hi in runs[most:])
+    return ", ".join(shown) + (f" and {rest} more" if rest else "")
 
 
 def _quantile(xs: list[float], q: float) -> float:

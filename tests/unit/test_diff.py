@@ -284,3 +284,26 @@ def test_a_trace_saved_with_a_byte_order_mark_reads_as_without(sim_doc, tmp_path
     assert main(["diff", plain, str(marked), "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["ops_matched"] == len(compute_events(sim_doc)) and d["iteration_time_error"] == 0
+
+
+@pytest.mark.parametrize("renumber", [lambda m: m + 1, lambda m: 9 if m == 3 else m],
+                         ids=["shifted", "gap"])
+def test_microbatches_numbered_differently_are_named_not_counted(sim_doc, tmp_path, capsys,
+                                                                 renumber):
+    """As many microbatches on both sides, numbered apart: the error names the numbers
+    each trace alone holds, not two equal counts."""
+    other = copy.deepcopy(sim_doc)
+    for e in compute_events(other):
+        if e["args"]["microbatch"] >= 0:
+            e["args"]["microbatch"] = renumber(e["args"]["microbatch"])
+    a, b = write(tmp_path, "a.json", sim_doc), write(tmp_path, "b.json", other)
+    mine = {e["args"]["microbatch"] for e in compute_events(sim_doc)} - {-1}
+    theirs = {e["args"]["microbatch"] for e in compute_events(other)} - {-1}
+    assert len(mine) == len(theirs) and mine != theirs
+    assert main(["diff", a, b]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    for m in mine - theirs:
+        assert f"{m} only in {a}" in err
+    for m in theirs - mine:
+        assert f"{m} only in {b}" in err
