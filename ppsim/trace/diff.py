@@ -220,6 +220,7 @@ def check_compatible(a: Trace, b: Trace) -> None:
     if ra != rb:
         raise UserError("diff", f"the traces have different ranks: {sorted(ra)} vs "
                         f"{sorted(rb)}", "diff traces of the same pipeline shape")
+    _check_placement(a, b)
     ma = {op.microbatch for op in a.ops}
     mb = {op.microbatch for op in b.ops}
     if ma != mb:
@@ -228,6 +229,20 @@ def check_compatible(a: Trace, b: Trace) -> None:
         raise UserError("diff", f"the traces hold different microbatches ({len(ma)} in "
                         f"{a.path}, {len(mb)} in {b.path}): microbatch " + "; ".join(only),
                         "diff traces of the same microbatches, numbered alike")
+
+
+def _check_placement(a: Trace, b: Trace) -> None:
+    """Refuse traces that run a rank's chunk as different stages (loop vs V placement):
+    ops are matched by (rank, chunk), so they would be compared across stages."""
+    sa = {(op.rank, op.chunk): op.stage for op in a.ops}
+    sb = {(op.rank, op.chunk): op.stage for op in b.ops}
+    moved = sorted(k for k in sa.keys() & sb.keys() if sa[k] != sb[k])
+    if moved:
+        (rank, chunk), pa, pb = moved[0], a.info.get("placement"), b.info.get("placement")
+        raise UserError("diff", f"the traces place stages on ranks differently: placement "
+                        f"{pa or 'not recorded'} in {a.path}, {pb or 'not recorded'} in "
+                        f"{b.path} (rank {rank} chunk {chunk} runs stage {sa[(rank, chunk)]} "
+                        f"vs {sb[(rank, chunk)]})", "diff traces of the same placement")
 
 
 def _runs(xs: set[int], most: int = 6) -> str:

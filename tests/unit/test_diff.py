@@ -10,6 +10,9 @@ import pytest
 from helpers import uniform_problem
 
 from ppsim.cli.main import main
+from ppsim.config.schema import config_from_dict
+from ppsim.pipeline.problem import build_problem
+from ppsim.schedules.torchcsv import to_torch_csv
 from ppsim.sim.simulate import simulate
 from ppsim.trace.diff import diff_traces
 from ppsim.trace.read import trace_from_json
@@ -307,3 +310,32 @@ def test_microbatches_numbered_differently_are_named_not_counted(sim_doc, tmp_pa
         assert f"{m} only in {a}" in err
     for m in theirs - mine:
         assert f"{m} only in {b}" in err
+
+
+def csv_trace(tmp_path, generator):
+    """The simulated trace of `generator`'s order at pp 2 x vpp 2, read from a torch
+    schedule CSV (so named "csv" whatever its placement)."""
+    path = tmp_path / f"{generator}.csv"
+    path.write_text(to_torch_csv(uniform_problem(2, 2, 4, generator).schedule))
+    model = {"kind": "uniform", "num_layers": 4, "forward_ms": 1.0, "backward_ms": 2.0,
+             "weight_grad_ms": 0.5, "activation_bytes": 100, "output_bytes": 10,
+             "static_bytes": 1000}
+    cfg = config_from_dict({"model": model, "hardware": {"memory_bytes": 1e15},
+                            "pipeline": {"pp": 2, "vpp": 2, "microbatches": 4,
+                                         "actions_csv": str(path)}})
+    return simulation_trace(simulate(build_problem(cfg)))
+
+
+def test_loop_and_v_placed_orders_of_one_name_are_refused_naming_both(tmp_path, capsys):
+    """A rank's second chunk is stage 2 under loop placement and stage 3 under V: its ops
+    would be matched across stages."""
+    loop, v = csv_trace(tmp_path, "interleaved-1f1b"), csv_trace(tmp_path, "zbv")
+    assert loop["otherData"]["schedule"] == v["otherData"]["schedule"]
+    assert (loop["otherData"]["placement"], v["otherData"]["placement"]) == ("loop", "v")
+    a, b = write(tmp_path, "loop.json", loop), write(tmp_path, "v.json", v)
+    assert main(["diff", a, b]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"loop in {a}" in err and f"v in {b}" in err
+    assert main(["diff", b, b, "--json"]) == 0  # one placement on both sides diffs
+    capsys.readouterr()
