@@ -335,8 +335,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         "p2p_samples": cal.p2p_samples, "measured_iteration_ms": cal.measured_ms,
         "predicted_before_ms": cal.before_ms, "predicted_after_ms": cal.after_ms,
         "error_before": err_before, "error_after": err_after,
-        "optimizer_step_ms": cal.optimizer_ms,
+        "optimizer_step_ms": cal.optimizer_ms, "warmup_iterations_fitted": cal.warmup_fitted,
     }
+    if cal.warmup_fitted:
+        sys.stderr.write(f"ppsim calibrate: warning: iteration(s) {cal.warmup_fitted} of "
+                         f"{args.trace} include warm-up (allocator growth, first kernels), so "
+                         "the factors read high; fit iterations past it: ppsim run "
+                         "--iterations 2 or more, with --warmup 1 or more (its default)\n")
     # The base file's timed collectives are measurements the trace does not refit: they
     # stay.
     base = read_cost_file(cfg.costs_file).raw if cfg.costs_file else {}
@@ -382,7 +387,8 @@ def _print_calibration(args: argparse.Namespace, cal: Calibration,
                    "take no time)"))
     else:
         c.print("P2P: no transfer with a waiting receiver; kept the base latency")
-    c.print(f"iteration time: measured {cal.measured_ms:.2f} ms (steady-state mean, compute "
+    mean = "mean, warm-up included" if cal.warmup_fitted else "steady-state mean"
+    c.print(f"iteration time: measured {cal.measured_ms:.2f} ms ({mean}, compute "
             f"span)   predicted before {cal.before_ms:.2f} ms ({before:+.1%})   after "
             f"[bold]{cal.after_ms:.2f} ms ({after:+.1%})[/bold]")
     if cal.optimizer_ms is not None:

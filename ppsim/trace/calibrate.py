@@ -41,6 +41,8 @@ class Calibration:
     iterations: list[int]
     optimizer_ms: float | None
     estimator: str
+    warmup_fitted: list[int]
+    """Of `iterations`, those that are warm-up (`warmup_fitted_iterations`)."""
 
 
 def steady_iterations(trace: Trace) -> list[int]:
@@ -48,6 +50,16 @@ def steady_iterations(trace: Trace) -> list[int]:
     its = trace.iterations
     warm = trace.info.get("warmup_iterations") or 0  # an int: checked by read_trace
     return [i for i in its if i >= warm] or its[-1:]
+
+
+def warmup_fitted_iterations(trace: Trace, its: list[int]) -> list[int]:
+    """Of the iterations fitted, those a run spent warming up: the run's first (allocator
+    growth, first kernels), even where it recorded no warm-up, and any before its
+    `warmup_iterations`. A simulated trace has none."""
+    if trace.info.get("source") == "simulator":
+        return []
+    warm = trace.info.get("warmup_iterations") or 0
+    return [i for i in its if i == 0 or i < warm]
 
 
 def by_iteration(trace: Trace) -> dict[int, list[TraceOp]]:
@@ -325,4 +337,5 @@ def calibrate(trace: Trace, cfg: Config, how: str = "mean") -> Calibration:
         p2p_samples=len(delays), measured_ms=measured_iteration_ms(trace, its, grouped),
         before_ms=simulate(before).summary.iteration_time_ms,
         after_ms=simulate(after).summary.iteration_time_ms, iterations=its,
-        optimizer_ms=statistics.fmean(opt) if opt else None, estimator=how)
+        optimizer_ms=statistics.fmean(opt) if opt else None, estimator=how,
+        warmup_fitted=warmup_fitted_iterations(trace, its))

@@ -100,3 +100,41 @@ def test_calibrate_says_a_free_link_is_unlimited_not_zero_gb_per_s(tmp_path, cap
     text = " ".join(capsys.readouterr().out.split())
     assert json.loads(out.read_text())["p2p"]["bandwidth_gbps"] == 0
     assert "bandwidth unlimited" in text and "0.00 GB/s" not in text
+
+
+def first_iteration_only(doc, warmup):
+    """The recorded run cut to its first iteration, `warmup` of them warm-up."""
+    doc["traceEvents"] = [e for e in doc["traceEvents"]
+                          if (e.get("args") or {}).get("iteration", 0) == 0]
+    doc["otherData"].update(iterations=1, warmup_iterations=warmup)
+    return doc
+
+
+@pytest.mark.parametrize("warmup", [0, 1], ids=["no-warmup-recorded", "cut-to-warmup"])
+def test_calibrating_only_the_first_iteration_warns_it_is_warm_up(warmup, tmp_path, capsys):
+    """`ppsim run --iterations 1` records no warm-up, and a trace cut to iteration 0 holds
+    only warm-up: either way the fit is the run's first iteration, allocator growth and
+    first kernels included, and calibrate says so rather than calling it steady."""
+    case = TRACES / "1f1b-5-3-m8"
+    doc = first_iteration_only(json.loads((case / "real.json").read_text()), warmup)
+    cut = tmp_path / "first.json"
+    cut.write_text(json.dumps(doc))
+    args = ["calibrate", str(cut), "--config", str(case / "config.toml"),
+            "--out", str(tmp_path / "c.json")]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    text = " ".join(out.split())
+    assert "warning" in err and "warm-up" in err and "read high" in err
+    assert err.count("\n") == 1
+    assert "steady-state" not in text and "warm-up included" in text
+    assert main([*args, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["warmup_iterations_fitted"] == [0] and "warning" in err
+
+
+def test_calibrating_steady_iterations_gives_no_warm_up_warning(tmp_path, capsys):
+    case = TRACES / "1f1b-5-3-m8"
+    assert main(["calibrate", str(case / "real.json"), "--config", str(case / "config.toml"),
+                 "--out", str(tmp_path / "c.json")]) == 0
+    out, err = capsys.readouterr()
+    assert "warning" not in err and "steady-state mean" in " ".join(out.split())
