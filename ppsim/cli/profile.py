@@ -338,7 +338,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         "optimizer_step_ms": cal.optimizer_ms, "warmup_iterations_fitted": cal.warmup_fitted,
     }
     if cal.warmup_fitted:
-        sys.stderr.write(f"ppsim calibrate: warning: iteration(s) {cal.warmup_fitted} of "
+        its = ", ".join(str(i) for i in cal.warmup_fitted)
+        sys.stderr.write(f"ppsim calibrate: warning: iteration(s) {its} of "
                          f"{args.trace} include warm-up (allocator growth, first kernels), so "
                          "the factors read high; fit iterations past it: ppsim run "
                          "--iterations 2 or more, with --warmup 1 or more (its default)\n")
