@@ -46,7 +46,7 @@ class Calibration:
 
 
 def steady_iterations(trace: Trace) -> list[int]:
-    """Iterations after the run's warm-up (all of them if nothing else is left)."""
+    """Iterations after the run's warm-up (the last one where warm-up is all there is)."""
     its = trace.iterations
     warm = trace.info.get("warmup_iterations") or 0  # an int: checked by read_trace
     return [i for i in its if i >= warm] or its[-1:]
