@@ -218,8 +218,8 @@ def check_compatible(a: Trace, b: Trace) -> None:
     ra = {op.rank for op in a.ops}
     rb = {op.rank for op in b.ops}
     if ra != rb:
-        raise UserError("diff", f"the traces have different ranks: {sorted(ra)} vs "
-                        f"{sorted(rb)}", "diff traces of the same pipeline shape")
+        raise UserError("diff", f"the traces have different ranks: {_runs(ra)} in {a.path}, "
+                        f"{_runs(rb)} in {b.path}", "diff traces of the same pipeline shape")
     _check_placement(a, b)
     ma = {op.microbatch for op in a.ops}
     mb = {op.microbatch for op in b.ops}

@@ -339,3 +339,14 @@ def test_loop_and_v_placed_orders_of_one_name_are_refused_naming_both(tmp_path, 
     assert f"loop in {a}" in err and f"v in {b}" in err
     assert main(["diff", b, b, "--json"]) == 0  # one placement on both sides diffs
     capsys.readouterr()
+
+
+def test_traces_of_other_ranks_are_named_as_runs_of_ranks(sim_doc, tmp_path, capsys):
+    # 64 ranks against 2 listed every rank of both on the error's one line.
+    wide = simulation_trace(simulate(uniform_problem(64, 1, 4, "1f1b", f=1.0, b=2.0)))
+    for doc in (sim_doc, wide):
+        doc["otherData"].pop("pp")  # the ranks alone tell the traces apart
+    a, b = write(tmp_path, "a.json", sim_doc), write(tmp_path, "b.json", wide)
+    assert main(["diff", a, b]) == 2
+    err = capsys.readouterr().err
+    assert f"0-1 in {a}, 0-63 in {b}" in err and err.count("\n") == 1, err
