@@ -337,12 +337,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         "error_before": err_before, "error_after": err_after,
         "optimizer_step_ms": cal.optimizer_ms, "warmup_iterations_fitted": cal.warmup_fitted,
     }
-    if cal.warmup_fitted:
-        its = ", ".join(str(i) for i in cal.warmup_fitted)
-        sys.stderr.write(f"ppsim calibrate: warning: iteration(s) {its} of "
-                         f"{args.trace} include warm-up (allocator growth, first kernels), so "
-                         "the factors read high; fit iterations past it: ppsim run "
-                         "--iterations 2 or more, with --warmup 1 or more (its default)\n")
     # The base file's timed collectives are measurements the trace does not refit: they
     # stay.
     base = read_cost_file(cfg.costs_file).raw if cfg.costs_file else {}
@@ -356,6 +350,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         device=trace.info.get("device"), calibration=summary,
         **timed)
     write_costs(args.out, doc)
+    if cal.warmup_fitted:  # after the write: a refused --out is the one line on stderr
+        its = ", ".join(str(i) for i in cal.warmup_fitted)
+        sys.stderr.write(f"ppsim calibrate: warning: iteration(s) {its} of "
+                         f"{args.trace} include warm-up (allocator growth, first kernels), so "
+                         "the factors read high; fit iterations past it: ppsim run "
+                         "--iterations 2 or more, with --warmup 1 or more (its default)\n")
     if args.json:
         emit_json({"out": args.out, **summary})
         return 0
