@@ -1,0 +1,45 @@
+"""Edges a user hits by hand: writing to a path that is not a plain file, leaving the
+count field, a boundary that does not exist. Each test failed on the code before its fix."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ppsim.tui.app import PPSimApp
+from ppsim.tui.files import write_problem
+from ppsim.tui.testing import SIZE, settle, status_text
+
+
+def test_a_symbolic_link_is_refused_before_writing(tmp_path: Path) -> None:
+    target = tmp_path / "real.sh"
+    target.write_text("keep\n")
+    link = tmp_path / "link.sh"
+    link.symlink_to(target)
+    assert "symbolic link" in write_problem(str(link))
+    assert write_problem(str(target)) == ""
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+async def test_export_or_save_to_a_special_file_is_refused_and_the_app_keeps_running(
+        tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    target = tmp_path / "real.sh"
+    target.write_text("keep\n")
+    link = tmp_path / "link.sh"
+    link.symlink_to(target)
+    app = PPSimApp()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        app.export_to(str(fifo))
+        await pilot.pause()
+        assert app.is_running
+        assert "cannot export" in status_text(app) and "special file" in status_text(app)
+        app.save_to(str(link))
+        await pilot.pause()
+        assert app.is_running
+        assert "cannot save" in status_text(app) and "symbolic link" in status_text(app)
+    assert target.read_text() == "keep\n" and link.is_symlink()
