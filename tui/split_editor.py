@@ -267,3 +267,9 @@ class SplitEditor(Vertical):
         self.post_message(CountSet(self.rows.cursor, event.value))
         event.input.value = ""
         self.rows.focus()  # leave the field: the panel keys work again
+
+    @on(Input.Blurred, "#count-input")
+    def _left(self, event: Input.Blurred) -> None:
+        # left without Enter (Escape, tab, a click): the typed count was not applied, so
+        # it does not stay in the field to be applied by a later Enter
+        event.input.value = ""

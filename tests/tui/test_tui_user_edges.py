@@ -43,3 +43,16 @@ async def test_export_or_save_to_a_special_file_is_refused_and_the_app_keeps_run
         assert app.is_running
         assert "cannot save" in status_text(app) and "symbolic link" in status_text(app)
     assert target.read_text() == "keep\n" and link.is_symlink()
+
+
+async def test_escape_in_the_count_field_drops_the_typed_count() -> None:
+    app = PPSimApp()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        before = app.state.counts
+        await pilot.press("c", "5", "escape")
+        await settle(pilot)
+        assert app.query_one("#count-input").value == ""
+        await pilot.press("c", "enter")  # a later Enter applies nothing abandoned
+        await settle(pilot)
+        assert app.state.counts == before
