@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ppsim.tui.app import PPSimApp
+from ppsim.tui.editing import EditRefused, move_boundary
 from ppsim.tui.files import write_problem
 from ppsim.tui.testing import SIZE, settle, status_text
 
@@ -55,4 +56,30 @@ async def test_escape_in_the_count_field_drops_the_typed_count() -> None:
         assert app.query_one("#count-input").value == ""
         await pilot.press("c", "enter")  # a later Enter applies nothing abandoned
         await settle(pilot)
+        assert app.state.counts == before
+
+
+@pytest.mark.parametrize(("counts", "boundary", "words"), [
+    ((6, 2), -1, "stage 0 starts at the first layer"),
+    ((6, 2), 1, "stage 1 ends at the last layer"),
+    ((8,), 0, "a single stage holds all the layers"),
+    ((8,), -1, "a single stage holds all the layers"),
+])
+def test_a_boundary_that_does_not_exist_is_refused_in_the_split_s_words(
+        counts: tuple[int, ...], boundary: int, words: str) -> None:
+    with pytest.raises(EditRefused) as err:
+        move_boundary(counts, boundary, 1)
+    assert words in err.value.reason and "-1" not in err.value.reason
+
+
+async def test_shift_arrows_on_the_first_stage_say_it_has_no_start_boundary() -> None:
+    app = PPSimApp()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        before = app.state.counts
+        for key in ("shift+left", "shift+right"):
+            await pilot.press(key)
+            await settle(pilot)
+            assert "stage 0 starts at the first layer" in status_text(app)
+            assert "stage -1" not in status_text(app)
         assert app.state.counts == before
