@@ -264,7 +264,8 @@ class SplitEditor(Vertical):
     @on(Input.Submitted, "#count-input")
     def _count(self, event: Input.Submitted) -> None:
         event.stop()
-        self.post_message(CountSet(self.rows.cursor, event.value))
+        if event.value.strip():  # Enter on an empty field only leaves it
+            self.post_message(CountSet(self.rows.cursor, event.value))
         event.input.value = ""
         self.rows.focus()  # leave the field: the panel keys work again
 

@@ -83,3 +83,14 @@ async def test_shift_arrows_on_the_first_stage_say_it_has_no_start_boundary() ->
             assert "stage 0 starts at the first layer" in status_text(app)
             assert "stage -1" not in status_text(app)
         assert app.state.counts == before
+
+
+async def test_enter_on_the_empty_count_field_leaves_it_without_a_refusal() -> None:
+    app = PPSimApp()
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        before = app.state.counts
+        await pilot.press("c", "enter")
+        await settle(pilot)
+        assert "refused" not in status_text(app)
+        assert app.focused is app.query_one("#split-rows") and app.state.counts == before
