@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from ppsim.config.schema import load_config
 from ppsim.tui.app import PPSimApp
 from ppsim.tui.editing import EditRefused, move_boundary
 from ppsim.tui.files import write_problem
-from ppsim.tui.testing import SIZE, settle, status_text
+from ppsim.tui.session import apply_setting, state_from_config
+from ppsim.tui.testing import SIZE, preset_config, settle, status_text
 
 
 def test_a_symbolic_link_is_refused_before_writing(tmp_path: Path) -> None:
@@ -94,3 +96,33 @@ async def test_enter_on_the_empty_count_field_leaves_it_without_a_refusal() -> N
         await settle(pilot)
         assert "refused" not in status_text(app)
         assert app.focused is app.query_one("#split-rows") and app.state.counts == before
+
+
+@pytest.mark.parametrize(("schedule", "vpp"), [("zbv", "3"), ("dualpipev", "1"),
+                                               ("zbv", "1")])
+def test_a_v_schedule_refuses_a_vpp_other_than_two_as_an_edit(schedule: str,
+                                                              vpp: str) -> None:
+    cfg = preset_config("llama3-8b", 4, 16, vpp=2, schedule=schedule)
+    with pytest.raises(EditRefused) as err:
+        apply_setting(cfg, state_from_config(cfg), "vpp", vpp)
+    assert err.value.field == "vpp" and "2" in err.value.reason
+
+
+def test_vpp_on_a_loop_schedule_still_changes_it() -> None:
+    cfg = load_config(None)
+    state = apply_setting(cfg, state_from_config(cfg), "vpp", "2")
+    assert (state.vpp, state.schedule, len(state.counts)) == (2, "interleaved-1f1b", 4)
+
+
+async def test_typing_vpp_3_on_zbv_is_refused_and_the_app_keeps_running() -> None:
+    app = PPSimApp(config=preset_config("llama3-8b", 4, 16, vpp=2, schedule="zbv"))
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        app.query_one("#set-vpp").focus()
+        app.query_one("#set-vpp").value = ""
+        await pilot.press("3", "enter")
+        await settle(pilot)
+        assert app.is_running
+        assert "vpp '3' refused" in status_text(app)
+        assert (app.state.vpp, app.state.schedule) == (2, "zbv")
+        assert app.query_one("#set-vpp").value == "2"
