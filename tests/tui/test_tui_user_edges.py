@@ -126,3 +126,17 @@ async def test_typing_vpp_3_on_zbv_is_refused_and_the_app_keeps_running() -> Non
         assert "vpp '3' refused" in status_text(app)
         assert (app.state.vpp, app.state.schedule) == (2, "zbv")
         assert app.query_one("#set-vpp").value == "2"
+
+
+async def test_after_a_resize_the_timeline_s_scale_is_the_one_drawn() -> None:
+    from ppsim.tui.timeline import Timeline
+
+    app = PPSimApp(config=preset_config("llama3-70b", 8, 32))
+    async with app.run_test(size=(160, 45)) as pilot:
+        await settle(pilot)
+        await pilot.resize_terminal(80, 24)
+        await settle(pilot)
+        tl = app.query_one(Timeline)
+        scale = tl.describe_scale()
+        assert tl.border_subtitle == scale
+        assert str(app.query_one("#cursor-info").render()).endswith(scale)
