@@ -17,7 +17,7 @@ from typing import Any
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical
 from textual.widgets import Header, Static
 
 from ppsim.config.schema import Config, load_config
@@ -31,7 +31,7 @@ from ppsim.tui.child import (
     uses_child,
 )
 from ppsim.tui.comm_lanes import comm_lanes, trace_comm_lanes
-from ppsim.tui.compare import Comparison, compare, delta_lines, needs_records, op_delta
+from ppsim.tui.compare import CompareBox, Comparison, compare, delta_lines, needs_records, op_delta
 from ppsim.tui.copy_lanes import copy_lanes
 from ppsim.tui.editing import (
     EditRefused,
@@ -169,7 +169,7 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
             with Vertical(id="right"):
                 yield Timeline(id="timeline")
                 yield Static("", id="cursor-info", markup=False)
-                with VerticalScroll(id="compare-box", can_focus=True):
+                with CompareBox(id="compare-box", can_focus=True):
                     yield Static("", id="proposal", markup=False)  # first: in view
                     yield Static("", id="compare", markup=False)
                     yield Static("", id="deltas", markup=False)
@@ -323,8 +323,8 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
         self.query_one("#deltas", Static).update("\n".join(delta_lines(self.result, width)))
         self._show_proposal()
 
-    def on_resize(self) -> None:
-        self.call_after_refresh(self._show_deltas)  # the panel's width follows the screen
+    def on_compare_box_resized(self) -> None:
+        self._show_deltas()  # worded for the panel's new width
 
     def _show_timeline(self, recompare: bool = True) -> None:
         """Lanes (real ones under their rank) and the trace comparison; `recompare`

@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from textual.containers import VerticalScroll
+from textual.message import Message
+
 from ppsim.errors import UserError
 from ppsim.trace.diff import diff_traces, steady_iteration
 from ppsim.trace.read import trace_from_json
@@ -189,3 +192,14 @@ def op_delta(sim_op: Any, real_ops: Any) -> str:
             return (f"real start {o.start:.3f} ms ({o.start - sim_op.start:+.3f}) dur "
                     f"{dur_b:.3f} ms ({dur_b - dur_a:+.3f}{err})")
     return ""
+
+
+class CompareBox(VerticalScroll):
+    """The compare panel's scroll box: its lines are worded for its width, so a new width
+    (a resized terminal, the timeline maximised and back) asks the app to word them again."""
+
+    class Resized(Message):
+        """The panel got a new width (the app's `on_compare_box_resized`)."""
+
+    def on_resize(self) -> None:
+        self.post_message(self.Resized())

@@ -35,8 +35,7 @@ def move_boundary(counts: Sequence[int], boundary: int, delta: int) -> Counts:
     """
     c = list(counts)
     if not 0 <= boundary < len(c) - 1:
-        raise EditRefused("split", f"no boundary after stage {boundary} "
-                          f"({len(c)} stages have boundaries 0..{len(c) - 2})")
+        raise EditRefused("split", no_boundary(len(c), boundary))
     if delta == 0:
         return tuple(c)
     giver = boundary + 1 if delta > 0 else boundary
@@ -47,12 +46,23 @@ def move_boundary(counts: Sequence[int], boundary: int, delta: int) -> Counts:
     return tuple(c)
 
 
+def no_boundary(stages: int, boundary: int) -> str:
+    """Why the boundary after stage `boundary` cannot move, in the split's words."""
+    if stages == 1:
+        return "a single stage holds all the layers; set pp or vpp above 1 to split them"
+    if boundary < 0:
+        return "stage 0 starts at the first layer; move its end with → or ←"
+    if boundary >= stages - 1:
+        return f"stage {stages - 1} ends at the last layer; move its start with shift+← or shift+→"
+    return ""
+
+
 def drag_boundary(counts: Sequence[int], boundary: int, position: int) -> Counts:
     """Put the boundary after stage `boundary` at layer `position`, clamped between
     its neighbouring boundaries (so no stage ever goes negative)."""
     c = list(counts)
     if not 0 <= boundary < len(c) - 1:
-        raise EditRefused("split", f"no boundary after stage {boundary}")
+        raise EditRefused("split", no_boundary(len(c), boundary))
     lo = sum(c[:boundary])
     hi = lo + c[boundary] + c[boundary + 1]
     pos = min(max(position, lo), hi)

@@ -33,6 +33,8 @@ def write_problem(path: str) -> str:
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         return f"{path} is a folder; give a file name"
+    if os.path.islink(path):
+        return f"{path} is a symbolic link; ppsim does not replace links: choose another path"
     if not os.path.isdir(folder):
         return f"the folder {folder} does not exist; create it first or choose another path"
     if not os.access(folder, os.W_OK):
@@ -86,6 +88,8 @@ class FileActions:
                 write_text_atomic(path, text)
             except OSError as exc:
                 problem = os_error_text(path, exc)
+            except UserError as exc:  # a special file, a full disk: said, never a crash
+                problem = str(exc)
         if problem:
             self.notify(f"cannot {what}: {problem}", severity="error")  # type: ignore
             return False

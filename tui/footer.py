@@ -7,6 +7,9 @@ from typing import Any
 from textual.screen import Screen
 from textual.widgets import Footer
 
+COMPACT_BELOW = 100
+"""Below this many columns the keys go without padding (the timeline's keys then fit 80)."""
+
 
 def shown_keys(screen: Screen) -> tuple[tuple[Any, ...], ...]:
     """What a footer draws for `screen`: each shown binding's key, words, action, group,
@@ -21,6 +24,9 @@ class KeyFooter(Footer):
     this one only when the keys shown differ."""
 
     _shown: tuple[tuple[Any, ...], ...] | None = None
+
+    def on_resize(self) -> None:
+        self.compact = 0 < self.size.width < COMPACT_BELOW
 
     def bindings_changed(self, screen: Screen) -> None:
         self._bindings_ready = True

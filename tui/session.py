@@ -89,6 +89,17 @@ def check_limits(num_layers: int, pp: int, vpp: int, microbatches: int, schedule
         raise EditRefused(field, exc.problem + (f" ({exc.fix})" if exc.fix else "")) from None
 
 
+def check_chunks(schedule: str, pp: int, vpp: int, microbatches: int) -> None:
+    """The schedule's rule on chunks per rank (a V runs exactly 2, zb-h1 one), before a
+    split of that shape is built on the screen's thread: refused as an edit of vpp."""
+    try:
+        SCHEDULES[schedule].check(pp, vpp, microbatches)
+    except UserError as exc:
+        if exc.field in ("pipeline.vpp", "pipeline.schedule"):
+            raise EditRefused("vpp", exc.problem + (f" ({exc.fix})" if exc.fix else "")) \
+                from None
+
+
 def _recompute(model: Model) -> str:
     return NO_RECOMPUTE if model.recompute is None else model.recompute
 
@@ -185,7 +196,9 @@ def apply_setting(base: Config, state: EditState, name: str, text: str) -> EditS
         return _shape(s, name, pp=parse_int("pp", text, 1))
     if name == "vpp":
         vpp = parse_int("vpp", text, 1)
-        return _shape(s, name, vpp=vpp, schedule=schedule_for_vpp(s.schedule, vpp))
+        schedule = schedule_for_vpp(s.schedule, vpp)
+        check_chunks(schedule, s.pp, vpp, s.microbatches)
+        return _shape(s, name, vpp=vpp, schedule=schedule)
     if name == "microbatches":
         return _shape(s, name, microbatches=parse_int("microbatches", text, 1))
     if name == "schedule":

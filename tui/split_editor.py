@@ -264,6 +264,13 @@ class SplitEditor(Vertical):
     @on(Input.Submitted, "#count-input")
     def _count(self, event: Input.Submitted) -> None:
         event.stop()
-        self.post_message(CountSet(self.rows.cursor, event.value))
+        if event.value.strip():  # Enter on an empty field only leaves it
+            self.post_message(CountSet(self.rows.cursor, event.value))
         event.input.value = ""
         self.rows.focus()  # leave the field: the panel keys work again
+
+    @on(Input.Blurred, "#count-input")
+    def _left(self, event: Input.Blurred) -> None:
+        # left without Enter (Escape, tab, a click): the typed count was not applied, so
+        # it does not stay in the field to be applied by a later Enter
+        event.input.value = ""

@@ -114,6 +114,7 @@ class Timeline(ScrollView, can_focus=True):
         if self._fitted and self.lanes:
             self.ms_per_cell = fit_scale(self.end_ms, self._view_width())
             self._changed()
+            self._post_cursor()  # the scale on the border and the cursor line follow
 
     # ------------------------------------------------------------ rendering
 

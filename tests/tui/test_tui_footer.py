@@ -25,3 +25,17 @@ async def test_the_footer_is_rebuilt_only_when_its_keys_change() -> None:
         app.query_one("#split-rows").focus()
         await settle(pilot)
         assert "+1 layer" in screen_text(app)[-1]
+
+
+async def test_at_80_columns_every_key_the_footer_shows_is_whole() -> None:
+    from ppsim.tui.footer import shown_keys
+
+    app = PPSimApp()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        for panel in ("1", "2", "3", "4"):
+            await pilot.press(panel)
+            await settle(pilot)
+            line = screen_text(app)[-1]
+            for key in shown_keys(app.screen):
+                assert key[2] in line, (panel, key[2], line)
