@@ -98,12 +98,13 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
     ]
 
     def __init__(self, config: Config | None = None, config_path: str | None = None,
-                 trace_path: str | None = None, note: str = "") -> None:
+                 trace_path: str | None = None, note: str = "", unsaved: bool = False
+                 ) -> None:
         super().__init__()
         self.base = config if config is not None else load_config(config_path)
         self.config_path = config_path
         self.history: History[EditState] = History(state_from_config(self.base))
-        self.saved_state = self.history.current if note == "" else None
+        self.saved_state = None if unsaved else self.history.current  # unsaved: re-split
         self.result: Result | None = None
         self.trace: Any = None
         self._trace_lanes: tuple[Any, list] = (None, [])

@@ -44,7 +44,8 @@ def resplit_note(args: argparse.Namespace, cfg: object) -> str:
 
 def run(args: argparse.Namespace) -> int:
     cfg, assumed = assume_hardware(args, config_from_args(args))
-    note = " · ".join(n for n in (assumed, resplit_note(args, cfg)) if n)
+    resplit = resplit_note(args, cfg)
+    note = " · ".join(n for n in (assumed, resplit) if n)
     state = state_from_config(cfg)  # limits first: nothing big is built before them
     build_problem(config_for(cfg, state))  # any bad value: one line, exit 2
     if args.trace:
@@ -57,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
                         "print its figures anywhere")
     from ppsim.tui.app import PPSimApp  # textual loads only for the TUI
 
-    app = PPSimApp(cfg, config_path=args.config, trace_path=args.trace, note=note)
+    app = PPSimApp(cfg, config_path=args.config, trace_path=args.trace, note=note,
+                   unsaved=bool(resplit))
     app.run()
     error = getattr(app, "_exception", None)
     if isinstance(error, UserError):

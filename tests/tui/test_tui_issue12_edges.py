@@ -253,3 +253,19 @@ def test_without_a_terminal_it_says_so_instead_of_drawing_into_a_pipe() -> None:
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("ppsim tui: error: tui: needs a terminal")
     assert proc.stderr.count("\n") == 1
+
+
+async def test_a_start_note_alone_does_not_make_quitting_ask() -> None:
+    # The hardware ppsim assumed is said on start; nothing was edited, so q quits.
+    app = PPSimApp(note="assuming --hardware h100-80gb")
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("q")
+        await pilot.pause()
+        assert not app.is_running
+    app = PPSimApp(note="--pp re-split the layers evenly", unsaved=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("q")
+        await pilot.pause()
+        assert app.is_running and "changed since the last save" in text_of(app)
