@@ -294,21 +294,28 @@ def parse_find(query: str) -> tuple[int | None, str | None, int | None]:
     "r3" rank 3, "F12"/"f12" forward of microbatch 12, "12" microbatch 12."""
     import re
 
-    rank = kind = mb = None
+    given: dict[str, int | str] = {}
+
+    def put(what: str, value: int | str, tok: str) -> None:
+        if given.setdefault(what, value) != value:  # "r3 r4" would find r4 alone
+            raise ValueError(f"find: {tok!r} gives a second {what}; give one")
+
     for tok in query.replace(",", " ").split():
         m = re.fullmatch(r"r(\d+)", tok, re.IGNORECASE)
         k = re.fullmatch(r"([fbwFBW])(\d*)", tok)
         if m:
-            rank = int(m.group(1))
+            put("rank", int(m.group(1)), tok)
         elif k:
-            kind = k.group(1).upper()
-            mb = int(k.group(2)) if k.group(2) else mb
+            put("kind", k.group(1).upper(), tok)
+            if k.group(2):
+                put("microbatch", int(k.group(2)), tok)
         elif tok.isdigit():
-            mb = int(tok)
+            put("microbatch", int(tok), tok)
         else:
             raise ValueError(f"find: {tok!r} is not r<rank>, <F|B|W><microbatch> or a "
                              f"microbatch number")
-    return rank, kind, mb
+    rank, kind, mb = (given.get(w) for w in ("rank", "kind", "microbatch"))
+    return rank, kind, mb  # type: ignore[return-value]
 
 
 def find_op(lanes: list[Lane], query: str, after: tuple[int, int] = (-1, -1)

@@ -147,6 +147,10 @@ def test_find_queries() -> None:
     assert parse_find("12") == (None, None, 12)
     with pytest.raises(ValueError):
         parse_find("rank three")
+    assert parse_find("r3 r3 b12 12") == (3, "B", 12)  # the same value twice is one
+    for query, second in (("r3 r4", "'r4'"), ("F1 B1", "'B1'"), ("F1 2", "'2'")):
+        with pytest.raises(ValueError, match=f"{second} gives a second"):
+            parse_find(query)
     lanes = [Lane("r0", (LaneOp(0, 1, "F", 0, 0, 0), LaneOp(1, 2, "B", 0, 0, 0)), 0),
              Lane("r1", (LaneOp(0, 1, "F", 0, 0, 1), LaneOp(1, 2, "B", 0, 0, 1)), 1)]
     assert find_op(lanes, "b0") == (0, 1)
