@@ -133,9 +133,9 @@ def policy_result_json(spaces: list[SpaceBest]) -> dict[str, Any]:
     entry = next(d for d in out["policy_search"] if d["space"] == best.space)
     res["best"]["policy"] = entry["best"]["policy"]
     res["best"]["policy_space"] = best.space
-    flags, extra = res["best"]["megatron_flags"], entry["megatron_policy_flags"]
-    res["best"]["megatron_flags"] = None if flags is None or extra is None else \
-        (flags + " " + extra).strip()
+    extra = entry["megatron_policy_flags"]
+    res["best"]["megatron_flags"] = None if extra is None else \
+        space_exports(best)["megatron_flags"]
     if extra is None:
         res["best"]["megatron_note"] = "; ".join(entry["policy_notes"])
     return {**res, **out}

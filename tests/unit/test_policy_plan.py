@@ -292,3 +292,26 @@ def test_a_policy_of_nothing_says_to_drop_the_jobs_recompute_flags(capsys) -> No
     assert "megatron policy: none" in out
     flags = next(x for x in out if x.startswith("megatron policy as flags: "))
     assert "leave out any --recompute-*" in flags, flags
+
+
+def test_json_megatron_flags_give_each_flag_once_and_simulate_to_the_plan() -> None:
+    """The fastest space's flags in `best.megatron_flags` are a line to paste: each
+    option once (the policy's flags were appended twice), and simulated they give the
+    planned iteration time and peak."""
+    argv = ["--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "4",
+            "--microbatches", "8", "--memory-gb", "50"]
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(["plan", *argv, "--search", "policy", "--time-budget", "4",
+                     "--json"]) == 0
+    best = json.loads(buf.getvalue())["best"]
+    tokens = shlex.split(best["megatron_flags"])
+    options = [t for t in tokens if t.startswith("--")]
+    assert "--recompute-granularity" in options
+    assert len(options) == len(set(options)), best["megatron_flags"]
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(["simulate", *argv, *tokens, "--json"]) == 0
+    sim = json.loads(buf.getvalue())
+    assert sim["iteration_time_ms"] == pytest.approx(best["iteration_time_ms"], rel=1e-12)
+    assert [r["peak_memory_bytes"] for r in sim["ranks"]] == best["peak_memory_bytes"]
