@@ -167,7 +167,23 @@ def run_search(cfg: Config, axes: list[str], top_k: int, budget_s: float,
     fitting = [r for _, r in results if r.result.best is not None]
     best = min(fitting, key=lambda r: r.result.best.key) if fitting else \
         min((r for _, r in results), key=_lowest_peak)  # type: ignore
-    return best, [(label, r.result) for label, r in results]
+    return _with_configured_refs(best, results[0][1]), [(label, r.result)
+                                                        for label, r in results]
+
+
+CONFIGURED = " (as configured)"
+"""What a --compare or launch-line row's label ends with when another variant won: it
+was timed in the configured shape, not the winner's."""
+
+
+def _with_configured_refs(best: Planned, configured: Planned) -> Planned:
+    """The winning variant with the configured variant's --compare and launch-line splits
+    (timed in the configured shape, so labelled so): they were asked for, whichever
+    variant wins."""
+    if best is configured or not configured.compared:
+        return best
+    return replace(best, compared=[replace(r, label=r.label + CONFIGURED)
+                                   for r in configured.compared])
 
 
 def _lowest_peak(r: Planned) -> float:
