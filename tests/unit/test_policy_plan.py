@@ -315,3 +315,24 @@ def test_json_megatron_flags_give_each_flag_once_and_simulate_to_the_plan() -> N
     sim = json.loads(buf.getvalue())
     assert sim["iteration_time_ms"] == pytest.approx(best["iteration_time_ms"], rel=1e-12)
     assert [r["peak_memory_bytes"] for r in sim["ranks"]] == best["peak_memory_bytes"]
+
+
+def test_a_policy_search_that_fits_nothing_says_how_near_it_came(capsys) -> None:
+    """Llama-3-8B on 4 x 40 GB fits under no policy; the text gave 'global: none' and
+    exit 3 with no word on stderr, the JSON no smallest peak. The nearest is full
+    recompute, whose lowest peak a plain plan at --recompute full finds."""
+    argv = ["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "4",
+            "--microbatches", "8", "--memory-gb", "40", "--time-budget", "4"]
+    assert main([*argv, "--recompute", "full", "--json"]) == 3
+    full = json.loads(capsys.readouterr().out)
+    peak, rank = full["smallest_peak_bytes"], full["smallest_peak_rank"]
+    assert main([*argv, "--search", "policy", "--json"]) == 3
+    data = json.loads(capsys.readouterr().out)
+    assert data["best"] is None
+    assert (data["smallest_peak_bytes"], data["smallest_peak_rank"]) == (peak, rank)
+    assert main([*argv, "--search", "policy"]) == 3
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert "\n" not in err and "40.0 GB per rank" in err
+    assert f"{peak / 1e9:.2f} GB on rank {rank}" in err and "--pp 8" in err
+    assert "global: none" not in captured.out
