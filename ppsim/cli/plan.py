@@ -284,14 +284,19 @@ def given_split(args: argparse.Namespace, cfg: Config) -> Split | None:
     return build_problem(cfg).split if split_flags_given(args) else None
 
 
+def check_top(top: int) -> None:
+    """--top counts candidates: at least one."""
+    if top < 1:
+        raise UserError("--top", f"must be at least 1, got {top}", "use --top 5")
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     started = process_start()  # the budget covers the whole command
     if getattr(args, "gpus", None) is not None:  # the whole job's shape, with its split
         return cmd_job_plan(args)
     cfg, assumed = assume_hardware(args, config_from_args(args))
     outputs_apart(args, {"--png": args.png}, cfg=cfg)
-    if args.top < 1:
-        raise UserError("--top", f"must be at least 1, got {args.top}", "use --top 5")
+    check_top(args.top)
     validate.seconds("--time-budget", args.time_budget)  # NaN or inf would mean no budget
     ops = limits.check_request(cfg, limits.PLAN)
     if ops is not None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from ppsim.cli.flags import config_from_args, emit_json, outputs_apart
 from ppsim.cli.hardware_choice import assume_hardware
-from ppsim.cli.plan import EXIT_NO_FIT, Planned, candidate_dict, result_dict
+from ppsim.cli.plan import EXIT_NO_FIT, Planned, candidate_dict, check_top, result_dict
 from ppsim.cli.render import compact_table, split_cell
 from ppsim.cli.sim_picture import plan_png
 from ppsim.cli.simulate import print_exports
@@ -241,6 +241,7 @@ def cmd_plan_policy(args: argparse.Namespace) -> int:
     started = process_start()  # the budget covers the whole command
     cfg, assumed = assume_hardware(args, config_from_args(args))
     outputs_apart(args, {"--png": args.png}, cfg=cfg)
+    check_top(args.top)
     validate.seconds("--time-budget", args.time_budget)
     axes = [a.strip() for a in args.search.split(",") if a.strip()]
     check_axes(axes, cfg)

@@ -336,3 +336,14 @@ def test_a_policy_search_that_fits_nothing_says_how_near_it_came(capsys) -> None
     assert "\n" not in err and "40.0 GB per rank" in err
     assert f"{peak / 1e9:.2f} GB on rank {rank}" in err and "--pp 8" in err
     assert "global: none" not in captured.out
+
+
+@pytest.mark.parametrize("top", ["0", "-3"])
+def test_policy_search_refuses_top_below_one_as_plan_does(top: str, capsys) -> None:
+    """`plan --top 0` exits 2; with --search policy it was taken without a word."""
+    argv = [*PLAN[:-1], "--top", top]
+    assert main(argv) == 2
+    plain = capsys.readouterr().err.strip()
+    assert main([*argv, "--search", "policy"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == plain and "\n" not in err and "--top" in err
