@@ -17,6 +17,7 @@ from ppsim.cli.sim_picture import plan_png
 from ppsim.cli.simulate import print_exports
 from ppsim.clock import process_start
 from ppsim.config import limits, validate
+from ppsim.config.model import TransformerModel
 from ppsim.config.overrides import with_overrides
 from ppsim.config.schema import Config
 from ppsim.errors import UserError
@@ -235,6 +236,11 @@ def check_axes(axes: list[str], cfg: Config) -> None:
     if cfg.pipeline.actions_csv:
         raise UserError("--search", "policy search plans the configured schedule, not an "
                         "actions CSV", "drop --actions-csv")
+    if not isinstance(cfg.model, TransformerModel) or cfg.costs_file:
+        raise UserError("--search", "policy prices each module of a transformer model, "
+                        "which a uniform model or a cost file does not give",
+                        "give --preset NAME (or a transformer [model]) without a cost file, "
+                        "or drop --search policy")
 
 
 def cmd_plan_policy(args: argparse.Namespace) -> int:

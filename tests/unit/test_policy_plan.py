@@ -347,3 +347,14 @@ def test_policy_search_refuses_top_below_one_as_plan_does(top: str, capsys) -> N
     assert main([*argv, "--search", "policy"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == plain and "\n" not in err and "--top" in err
+
+
+def test_policy_search_on_a_uniform_model_names_the_search(tmp_path, capsys) -> None:
+    """A uniform model has no modules to recompute: the refusal named [memory] and
+    --recompute-modules/--offload flags, none of which the command gave."""
+    cfg = tmp_path / "u.toml"
+    cfg.write_text('[model]\nkind = "uniform"\nnum_layers = 4\n[pipeline]\npp = 2\n')
+    assert main(["plan", "--config", str(cfg), "--search", "policy"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("ppsim plan: error: --search: policy")
+    assert "[memory]" not in err and "drop --search policy" in err
