@@ -167,7 +167,23 @@ def run_search(cfg: Config, axes: list[str], top_k: int, budget_s: float,
     fitting = [r for _, r in results if r.result.best is not None]
     best = min(fitting, key=lambda r: r.result.best.key) if fitting else \
         min((r for _, r in results), key=_lowest_peak)  # type: ignore
-    return best, [(label, r.result) for label, r in results]
+    return _with_configured_refs(best, results[0][1]), [(label, r.result)
+                                                        for label, r in results]
+
+
+CONFIGURED = " (as configured)"
+"""What a --compare or launch-line row's label ends with when another variant won: it
+was timed in the configured shape, not the winner's."""
+
+
+def _with_configured_refs(best: Planned, configured: Planned) -> Planned:
+    """The winning variant with the configured variant's --compare and launch-line splits
+    (timed in the configured shape, so labelled so): they were asked for, whichever
+    variant wins."""
+    if best is configured or not configured.compared:
+        return best
+    return replace(best, compared=[replace(r, label=r.label + CONFIGURED)
+                                   for r in configured.compared])
 
 
 def _lowest_peak(r: Planned) -> float:
@@ -268,14 +284,19 @@ def given_split(args: argparse.Namespace, cfg: Config) -> Split | None:
     return build_problem(cfg).split if split_flags_given(args) else None
 
 
+def check_top(top: int) -> None:
+    """--top counts candidates: at least one."""
+    if top < 1:
+        raise UserError("--top", f"must be at least 1, got {top}", "use --top 5")
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     started = process_start()  # the budget covers the whole command
     if getattr(args, "gpus", None) is not None:  # the whole job's shape, with its split
         return cmd_job_plan(args)
     cfg, assumed = assume_hardware(args, config_from_args(args))
     outputs_apart(args, {"--png": args.png}, cfg=cfg)
-    if args.top < 1:
-        raise UserError("--top", f"must be at least 1, got {args.top}", "use --top 5")
+    check_top(args.top)
     validate.seconds("--time-budget", args.time_budget)  # NaN or inf would mean no budget
     ops = limits.check_request(cfg, limits.PLAN)
     if ops is not None:

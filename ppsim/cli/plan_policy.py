@@ -11,17 +11,19 @@ from typing import Any
 
 from ppsim.cli.flags import config_from_args, emit_json, outputs_apart
 from ppsim.cli.hardware_choice import assume_hardware
-from ppsim.cli.plan import EXIT_NO_FIT, Planned, candidate_dict, result_dict
+from ppsim.cli.plan import EXIT_NO_FIT, Planned, candidate_dict, check_top, result_dict
 from ppsim.cli.render import compact_table, split_cell
 from ppsim.cli.sim_picture import plan_png
 from ppsim.cli.simulate import print_exports
 from ppsim.clock import process_start
 from ppsim.config import limits, validate
+from ppsim.config.model import TransformerModel
 from ppsim.config.overrides import with_overrides
 from ppsim.config.schema import Config
 from ppsim.errors import UserError
 from ppsim.pipeline.hybrid_exports import exports_of
 from ppsim.pipeline.problem import build_problem
+from ppsim.plan.advice import no_fit_message
 from ppsim.plan.planner import PlanResult
 from ppsim.policy.megatron import NO_POLICY_FLAGS, PolicyExport
 from ppsim.policy.report import policy_flags
@@ -29,6 +31,7 @@ from ppsim.policy.search import (
     PER_RANK,
     SpaceBest,
     best_problem,
+    lowest_peak,
     plan_global,
     plan_megatron,
     plan_per_stage,
@@ -128,14 +131,17 @@ def policy_result_json(spaces: list[SpaceBest]) -> dict[str, Any]:
     best = best_space(spaces)
     out = {"policy_search": [space_dict(s, spaces[0]) for s in spaces]}
     if best is None:
-        return {**result_dict(Planned(spaces[0].result, None, [])), **out}  # type: ignore
+        near = min(spaces, key=lowest_peak)
+        res = result_dict(Planned((near if near.result else spaces[0]).result, None, []))
+        peak, rank = (near.result.smallest_peak if near.result else None) or (0, 0)
+        return {**res, "smallest_peak_bytes": peak, "smallest_peak_rank": rank, **out}
     res = result_dict(Planned(best.result, None, []))  # type: ignore[arg-type]
     entry = next(d for d in out["policy_search"] if d["space"] == best.space)
     res["best"]["policy"] = entry["best"]["policy"]
     res["best"]["policy_space"] = best.space
-    flags, extra = res["best"]["megatron_flags"], entry["megatron_policy_flags"]
-    res["best"]["megatron_flags"] = None if flags is None or extra is None else \
-        (flags + " " + extra).strip()
+    extra = entry["megatron_policy_flags"]
+    res["best"]["megatron_flags"] = None if extra is None else \
+        space_exports(best)["megatron_flags"]
     if extra is None:
         res["best"]["megatron_note"] = "; ".join(entry["policy_notes"])
     return {**res, **out}
@@ -165,7 +171,12 @@ def print_spaces(spaces: list[SpaceBest]) -> int:
     console.print(t)
     for sb in spaces:
         if sb.result is None or sb.result.best is None:
-            if sb.label:
+            peak = sb.result.smallest_peak if sb.result is not None else None
+            if peak:
+                console.print(f"{sb.space}: no split fits; the lowest peak planned, under "
+                              f"{sb.label}: {peak[0] / 1e9:.2f} GB on rank {peak[1]}",
+                              markup=False)
+            elif sb.label:
                 console.print(f"{sb.space}: {sb.label}", markup=False)
             continue
         if sb.space != "per-stage":
@@ -189,12 +200,32 @@ def print_spaces(spaces: list[SpaceBest]) -> int:
                       markup=False, soft_wrap=True)
     best = best_space(spaces)
     if best is None:
+        sys.stderr.write(f"ppsim plan: {no_fit_line(spaces)}\n")
         return EXIT_NO_FIT
     console.print(f"fastest: {best.space} ({best.label}); its split"
                   + (" and policy" if _export(best).megatron_flags else "") + " as flags:",
                   markup=False)
     print_exports(console, space_exports(best))
     return 0
+
+
+def no_fit_line(spaces: list[SpaceBest]) -> str:
+    """Why no space fits, from the one nearest to fitting, and what to try."""
+    near = min(spaces, key=lowest_peak)
+    r = near.result
+    if r is None or r.smallest_peak is None:
+        return "no split that fits was found within the time budget; give more --time-budget"
+    limit, (peak, rank) = r.problem.hardware.memory_bytes, r.smallest_peak
+    if r.floor is not None and r.floor.static_bytes > limit:
+        return no_fit_message(r)  # the weights and state alone: no policy can help
+    lowest = f"{peak / 1e9:.2f} GB on rank {rank} ({near.space} {near.label})"
+    if peak <= limit:
+        return (f"no split that fits {limit / 1e9:.1f} GB per rank was found within the "
+                f"time budget (the lowest peak seen is {lowest}); give more --time-budget")
+    return (f"no split fits {limit / 1e9:.1f} GB per rank under any memory policy searched: "
+            f"the lowest peak is {lowest}; try more pipeline stages "
+            f"(--pp {r.problem.schedule.pp * 2}), more tensor parallelism (--tp), a smaller "
+            "micro-batch or fewer microbatches in flight")
 
 
 def check_axes(axes: list[str], cfg: Config) -> None:
@@ -205,12 +236,18 @@ def check_axes(axes: list[str], cfg: Config) -> None:
     if cfg.pipeline.actions_csv:
         raise UserError("--search", "policy search plans the configured schedule, not an "
                         "actions CSV", "drop --actions-csv")
+    if not isinstance(cfg.model, TransformerModel) or cfg.costs_file:
+        raise UserError("--search", "policy prices each module of a transformer model, "
+                        "which a uniform model or a cost file does not give",
+                        "give --preset NAME (or a transformer [model]) without a cost file, "
+                        "or drop --search policy")
 
 
 def cmd_plan_policy(args: argparse.Namespace) -> int:
     started = process_start()  # the budget covers the whole command
     cfg, assumed = assume_hardware(args, config_from_args(args))
     outputs_apart(args, {"--png": args.png}, cfg=cfg)
+    check_top(args.top)
     validate.seconds("--time-budget", args.time_budget)
     axes = [a.strip() for a in args.search.split(",") if a.strip()]
     check_axes(axes, cfg)

@@ -20,6 +20,7 @@ force).
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -163,15 +164,26 @@ def plan_global(problem: Problem, pc: PolicyCosts, budget_s: float) -> SpaceBest
     proven = True
     S = problem.split.num_stages
     modes = ("none", "selective") if pc.combined else ("none", "selective", "full")
+    tried = []
     for i, mode in enumerate(modes):
         pol = (shorthand(mode),) * S
         r = plan(_fixed(problem, pc, pol), top_k=1,
                  time_budget_s=budget_s / (len(modes) - i) * 0.9)
         budget_s -= r.seconds
         proven = proven and (r.proven_optimal or r.best is None)
-        best = _better(best, SpaceBest(space="global", result=r, policies=pol, label=mode))
+        tried.append(SpaceBest(space="global", result=r, policies=pol, label=mode))
+        best = _better(best, tried[-1])
     assert best is not None
+    if best.result is not None and best.result.best is None:  # none fits: the lowest peak
+        best = min(tried, key=lowest_peak)
     return replace(best, proven=proven)
+
+
+def lowest_peak(sb: SpaceBest) -> float:
+    """The lowest peak any split of the space's plan reached (inf when it has none): of
+    spaces where nothing fits, the one nearest to fitting."""
+    r = sb.result
+    return float(r.smallest_peak[0]) if r is not None and r.smallest_peak else math.inf
 
 
 def megatron_points(pc: PolicyCosts, pp: int, offload: bool) -> list[tuple[StagePolicy, float]]:

@@ -292,3 +292,69 @@ def test_a_policy_of_nothing_says_to_drop_the_jobs_recompute_flags(capsys) -> No
     assert "megatron policy: none" in out
     flags = next(x for x in out if x.startswith("megatron policy as flags: "))
     assert "leave out any --recompute-*" in flags, flags
+
+
+def test_json_megatron_flags_give_each_flag_once_and_simulate_to_the_plan() -> None:
+    """The fastest space's flags in `best.megatron_flags` are a line to paste: each
+    option once (the policy's flags were appended twice), and simulated they give the
+    planned iteration time and peak."""
+    argv = ["--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "4",
+            "--microbatches", "8", "--memory-gb", "50"]
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(["plan", *argv, "--search", "policy", "--time-budget", "4",
+                     "--json"]) == 0
+    best = json.loads(buf.getvalue())["best"]
+    tokens = shlex.split(best["megatron_flags"])
+    options = [t for t in tokens if t.startswith("--")]
+    assert "--recompute-granularity" in options
+    assert len(options) == len(set(options)), best["megatron_flags"]
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(["simulate", *argv, *tokens, "--json"]) == 0
+    sim = json.loads(buf.getvalue())
+    assert sim["iteration_time_ms"] == pytest.approx(best["iteration_time_ms"], rel=1e-12)
+    assert [r["peak_memory_bytes"] for r in sim["ranks"]] == best["peak_memory_bytes"]
+
+
+def test_a_policy_search_that_fits_nothing_says_how_near_it_came(capsys) -> None:
+    """Llama-3-8B on 4 x 40 GB fits under no policy; the text gave 'global: none' and
+    exit 3 with no word on stderr, the JSON no smallest peak. The nearest is full
+    recompute, whose lowest peak a plain plan at --recompute full finds."""
+    argv = ["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "4",
+            "--microbatches", "8", "--memory-gb", "40", "--time-budget", "4"]
+    assert main([*argv, "--recompute", "full", "--json"]) == 3
+    full = json.loads(capsys.readouterr().out)
+    peak, rank = full["smallest_peak_bytes"], full["smallest_peak_rank"]
+    assert main([*argv, "--search", "policy", "--json"]) == 3
+    data = json.loads(capsys.readouterr().out)
+    assert data["best"] is None
+    assert (data["smallest_peak_bytes"], data["smallest_peak_rank"]) == (peak, rank)
+    assert main([*argv, "--search", "policy"]) == 3
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert "\n" not in err and "40.0 GB per rank" in err
+    assert f"{peak / 1e9:.2f} GB on rank {rank}" in err and "--pp 8" in err
+    assert "global: none" not in captured.out
+
+
+@pytest.mark.parametrize("top", ["0", "-3"])
+def test_policy_search_refuses_top_below_one_as_plan_does(top: str, capsys) -> None:
+    """`plan --top 0` exits 2; with --search policy it was taken without a word."""
+    argv = [*PLAN[:-1], "--top", top]
+    assert main(argv) == 2
+    plain = capsys.readouterr().err.strip()
+    assert main([*argv, "--search", "policy"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == plain and "\n" not in err and "--top" in err
+
+
+def test_policy_search_on_a_uniform_model_names_the_search(tmp_path, capsys) -> None:
+    """A uniform model has no modules to recompute: the refusal named [memory] and
+    --recompute-modules/--offload flags, none of which the command gave."""
+    cfg = tmp_path / "u.toml"
+    cfg.write_text('[model]\nkind = "uniform"\nnum_layers = 4\n[pipeline]\npp = 2\n')
+    assert main(["plan", "--config", str(cfg), "--search", "policy"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("ppsim plan: error: --search: policy")
+    assert "[memory]" not in err and "drop --search policy" in err
