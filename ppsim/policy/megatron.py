@@ -20,7 +20,8 @@ from ppsim.errors import UserError
 from ppsim.policy.model import ALL_LAYERS, StagePolicy
 
 NO_POLICY_FLAGS = ("none: Megatron's default, so leave out any --recompute-* flag and "
-                   "--fine-grained-activation-offloading")
+                   "--fine-grained-activation-offloading (over a ppsim preset that "
+                   "recomputes: --recompute none)")
 """What to do with a job's memory-policy flags when the policy recomputes and offloads
 nothing: the base job (a preset's selective recompute) may carry some."""
 
