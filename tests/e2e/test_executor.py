@@ -289,6 +289,8 @@ def test_injected_fault_stops_every_rank(launches: Pool) -> None:
     assert first.startswith("ppsim run: error: rank 1 failed in B2 (kind B, stage 1, chunk 0, "
                             "microbatch 2) of iteration 0"), res.stderr
     assert "injected fault" in first
+    # One note counts the other rank (pp 2), each rank's line read once.
+    assert "ppsim run: 1 other rank(s) stopped because of it" in res.stderr, res.stderr
     # Its fresh run folder went with its files: no trace, no parts.
     assert sorted(os.listdir(res.tmp / "ppsim-run")) == ["20000101-000000", "latest"]
 

@@ -295,3 +295,14 @@ def test_survivors_torchrun_stopped_are_not_the_cause() -> None:
     errors, notes = launch.failure_lines(out)
     assert errors == ["rank 1 failed in B2 (kind B, stage 1): RuntimeError: injected fault"]
     assert notes == ["1 other rank(s) stopped because of it"]
+
+
+def test_a_stopped_rank_is_counted_once_however_often_it_said_so() -> None:
+    out = _fake_torchrun([
+        "ppsim-abort: rank 0 stopping: rank 1 failed in B2: RuntimeError: injected fault",
+        "ppsim-error: rank 1 failed in B2: RuntimeError: injected fault",
+        "ppsim-abort: rank 1 stopping: rank 1 failed in B2: RuntimeError: injected fault",
+        "ppsim-abort: rank 0 stopping: rank 1 failed in B2: RuntimeError: injected fault"])
+    errors, notes = launch.failure_lines(out)
+    assert errors == ["rank 1 failed in B2: RuntimeError: injected fault"]
+    assert notes == ["1 other rank(s) stopped because of it"]
