@@ -158,6 +158,7 @@ def validate(args: argparse.Namespace) -> Any:
         raise UserError("--dp", "the torch peer runs one pipeline replica",
                         "use --engine ppsim with --dp, or --dp 1")
     tp, cp = cfg.model.arch.tp, cfg.model.arch.cp
+    runchecks.check_experts(cfg, dp)
     if tp > 1:
         _check_tensor_parallel(args, fields, problem, tp, cfg.model.arch.sequence_parallel)
     runchecks.check_launch(args, pp * dp * tp * cp)

@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from launch_cases import SMALL  # noqa: E402
+from launch_cases import MOE_TOML, SMALL  # noqa: E402
 from launches import Pool  # noqa: E402
 
 from ppsim.cli.main import main
@@ -306,3 +306,15 @@ def test_a_stopped_rank_is_counted_once_however_often_it_said_so() -> None:
     errors, notes = launch.failure_lines(out)
     assert errors == ["rank 1 failed in B2: RuntimeError: injected fault"]
     assert notes == ["1 other rank(s) stopped because of it"]
+
+
+@pytest.mark.parametrize("argv, fix", [([], "--dp 2"), (["--dp", "3"], "--dp 2"),
+                                       (["--tp", "2"], "--dp 2")])
+def test_experts_wider_than_the_ranks_they_fold_into_exit_2(argv, fix, tmp_path, capsys,
+                                                            no_launch) -> None:
+    cfg = tmp_path / "moe.toml"
+    cfg.write_text(MOE_TOML + "ep = 2\n")
+    rc = main(["run", "--config", str(cfg), "--trace-dir", str(tmp_path / "t"), *argv])
+    line = _one_line(capsys, rc, "model.ep")
+    assert f"run {fix} (or a multiple)" in line, line
+    assert not (tmp_path / "t").exists()
