@@ -108,6 +108,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     from ppsim.executor.builders import builder_spec, code_note, load_builder  # loads torch
     from ppsim.executor.measure import (  # torch loads only when measuring
+        builder_blamed,
         processes_at_once,
         profile,
     )
@@ -139,8 +140,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     dp_steps = 1 if cfg.model.arch.dp * cfg.model.arch.cp > 1 and args.device == "cpu" else 0
     total = args.warmup + args.repeats + (0 if args.no_p2p else 1) + dp_steps
     lines = for_log("ppsim profile", quiet_s=0)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-                  console=err, transient=True, disable=lines is not None) as bar:
+    with builder_blamed(fields, "--model" if args.model else "model.builder"), \
+            Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                     console=err, transient=True, disable=lines is not None) as bar:
         task = bar.add_task("building pieces", total=total)
         if lines is not None:
             lines("building pieces", f"{total} steps to time")
