@@ -329,6 +329,19 @@ def _exit_text(code: int) -> str:
     return f"exited with status {code}"
 
 
+def _also(errors: list[str]) -> list[str]:
+    """Notes for the errors after the first: the ranks that failed as the first did in
+    one line, each other error whole."""
+    def what(line: str) -> str:
+        return re.sub(r"^rank \d+ ", "", line)
+
+    same = sorted(int(m.group(1)) for e in errors[1:] if what(e) == what(errors[0])
+                  and (m := re.match(r"rank (\d+) ", e)))
+    notes = [f"also: {e}" for e in errors[1:] if what(e) != what(errors[0])]
+    return notes + ([f"rank(s) {', '.join(map(str, same))} failed the same way"] if same
+                    else [])
+
+
 def _reporting_ranks(lines: list[str], pattern: str) -> set[int]:
     return {int(m.group(1)) for line in lines if (m := re.match(pattern, line))}
 
@@ -354,7 +367,7 @@ def failure_lines(out: Outcome) -> tuple[list[str], list[str]]:
         if aborted and not out.errors:
             notes.append(f"{len(aborted)} other rank(s) stopped because of it")
     elif out.errors:
-        errors, notes = out.errors[:1], [f"also: {e}" for e in out.errors[1:]]
+        errors, notes = out.errors[:1], _also(out.errors)
         if aborted or stopped:
             notes.append(f"{len(aborted | stopped)} other rank(s) stopped because "
                          "of it")

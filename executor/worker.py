@@ -310,7 +310,12 @@ def main(argv: list[str] | None = None) -> int:
                          f"{printable(args.spec)}: {printable(str(exc))}\n")
         return 2
     faulthandler.enable()  # a native abort (SIGABRT, SIGSEGV) still prints where it was
-    run(spec)
+    try:
+        run(spec)
+    except Exception as exc:  # before the watchdog (the builder, the device, the group)
+        sys.stderr.write(f"ppsim-error: rank {os.environ.get('RANK', '?')} failed: "
+                         f"{type(exc).__name__}: {printable(str(exc))}\n")
+        return 1
     return 0
 
 
