@@ -103,6 +103,8 @@ def run(spec: RunSpec) -> dict[str, Any] | None:
     cfg = spec.run_config()
     problems = spec.problems()
     fields = cfg.model.fields()
+    if spec.builder_root and spec.builder_root not in sys.path:
+        sys.path.append(spec.builder_root)  # last: ppsim and torch stay the installed ones
     builder = load_builder(spec.builder, fields)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     placed, devs = None, cfg.placement.devices

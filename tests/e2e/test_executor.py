@@ -329,8 +329,15 @@ def _two_nodes(tmp_path: Path, *extra: str) -> list[tuple[int, str, str, float]]
     return [(*n.finish(120), time.monotonic() - t0) for n in nodes]
 
 
-def test_two_torchrun_invocations_form_one_job(tmp_path) -> None:
-    (rc0, so0, se0, _), (rc1, _, se1, _) = _two_nodes(tmp_path, "--json")
+def test_two_torchrun_invocations_form_one_job(tmp_path, monkeypatch) -> None:
+    # A builder module `ppsim run` imports from its own path (as `python -m ppsim.cli`
+    # does the working directory); the ranks, each `python -P`, load it too.
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "own_gpt_of_this_test.py").write_text(
+        "from ppsim.executor.builders.gpt import build\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    (rc0, so0, se0, _), (rc1, _, se1, _) = _two_nodes(
+        tmp_path, "--json", "--model", "own_gpt_of_this_test:build")
     assert rc0 == 0, se0
     assert rc1 == 0, se1
     summary = json.loads(so0)
