@@ -53,6 +53,7 @@ class Watchdog:
                 if self.stop.is_set():
                     return
                 why = "the job's rendezvous store went away"
+            _report_once()
             _stopping(self.rank, why)
 
     def _publish(self) -> None:
@@ -96,6 +97,17 @@ that died without a word (SIGKILL, the OOM killer) is the cause and must be that
 not the rank that then noticed a reset connection."""
 
 
+_REPORTING = threading.Lock()
+"""Held by the one thread of this process that reports and ends it: the main thread's
+own failure, or the watchdog's news of another rank's (each rank prints one line)."""
+
+
+def _report_once() -> None:
+    """Return in the first thread to report; any later one waits for that one's exit."""
+    if not _REPORTING.acquire(blocking=False):
+        threading.Event().wait()
+
+
 def _exit_reported(code: int) -> None:
     time.sleep(REPORTED_EXIT_DELAY_S)
     os._exit(code)
@@ -113,6 +125,7 @@ def fail(spec: RunSpec, rank: int, dog: Watchdog, exc: BaseException) -> None:
     if spec.fault_mode == "kill" and isinstance(exc, OpFailed) and \
             "--inject-fault" in str(exc.__cause__):
         os.kill(os.getpid(), signal.SIGKILL)  # a silent death, as the OOM killer deals
+    _report_once()
     msg = str(exc) if isinstance(exc, OpFailed) else \
         f"rank {rank} failed: {type(exc).__name__}: {exc}"
     if isinstance(exc, OpFailed) and progress.is_timeout(exc):

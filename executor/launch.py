@@ -329,6 +329,19 @@ def _exit_text(code: int) -> str:
     return f"exited with status {code}"
 
 
+def _also(errors: list[str]) -> list[str]:
+    """Notes for the errors after the first: the ranks that failed as the first did in
+    one line, each other error whole."""
+    def what(line: str) -> str:
+        return re.sub(r"^rank \d+ ", "", line)
+
+    same = sorted(int(m.group(1)) for e in errors[1:] if what(e) == what(errors[0])
+                  and (m := re.match(r"rank (\d+) ", e)))
+    notes = [f"also: {e}" for e in errors[1:] if what(e) != what(errors[0])]
+    return notes + ([f"rank(s) {', '.join(map(str, same))} failed the same way"] if same
+                    else [])
+
+
 def _reporting_ranks(lines: list[str], pattern: str) -> set[int]:
     return {int(m.group(1)) for line in lines if (m := re.match(pattern, line))}
 
@@ -340,8 +353,9 @@ def failure_lines(out: Outcome) -> tuple[list[str], list[str]]:
     word (SIGKILL, the OOM killer) is named from torchrun's record, and the
     errors the others then hit (a reset connection) are its consequences.
     """
-    reported = _reporting_ranks(out.errors, r"rank (\d+) failed") | \
-        _reporting_ranks(out.aborts, r"rank (\d+) stopping")
+    failed = _reporting_ranks(out.errors, r"rank (\d+) failed")
+    aborted = _reporting_ranks(out.aborts, r"rank (\d+) stopping") - failed
+    reported = failed | aborted
     silent = {r: c for r, c in sorted(out.exits.items()) if c != 0 and r not in reported}
     # SIGTERM is how torchrun stops the survivors of a failure: a consequence, not a cause.
     stopped = {r for r, c in silent.items() if -c in (signal.SIGTERM, signal.SIGINT)}
@@ -350,12 +364,12 @@ def failure_lines(out: Outcome) -> tuple[list[str], list[str]]:
         errors = [f"rank {r} died without reporting an error: {_exit_text(c)} (torchrun's "
                   "record)" for r, c in killed.items()]
         notes = [f"the other ranks' errors are consequences of that: {e}" for e in out.errors]
-        if out.aborts and not out.errors:
-            notes.append(f"{len(out.aborts)} other rank(s) stopped because of it")
+        if aborted and not out.errors:
+            notes.append(f"{len(aborted)} other rank(s) stopped because of it")
     elif out.errors:
-        errors, notes = out.errors[:1], [f"also: {e}" for e in out.errors[1:]]
-        if out.aborts or stopped:
-            notes.append(f"{len(out.aborts) + len(stopped)} other rank(s) stopped because "
+        errors, notes = out.errors[:1], _also(out.errors)
+        if aborted or stopped:
+            notes.append(f"{len(aborted | stopped)} other rank(s) stopped because "
                          "of it")
     elif silent:
         errors = [f"rank {r} {_exit_text(c)} without reporting an error (torchrun's record)"

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import platform
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -17,7 +19,9 @@ import torch
 
 from ppsim.costs.costfile import PROFILE_REPEATS, cost_document, layer_dict
 from ppsim.costs.model import ModelCosts
+from ppsim.errors import UserError
 from ppsim.executor.alloc import keep_freed_memory
+from ppsim.executor.builders import builder_spec, code_note
 from ppsim.executor.builders.llama import architecture
 from ppsim.executor.conditions import cpu_cores, run_conditions
 from ppsim.executor.places import ExpertShape
@@ -28,6 +32,22 @@ from ppsim.executor.profile_tp import (
     profile_copies,
     profile_processes,
 )
+
+
+@contextmanager
+def builder_blamed(fields: dict[str, Any], flag: str) -> Iterator[None]:
+    """A builder of the user's own whose pieces fail while measured (building one, its
+    forward or backward): one line naming it and its error, in `flag`'s name."""
+    spec = builder_spec(None, fields)
+    try:
+        yield
+    except Exception as exc:
+        if code_note(spec) is None:
+            raise
+        raise UserError(flag, f"{spec}'s pieces failed while profiled: "
+                        f"{type(exc).__name__}: {exc}"[:600],
+                        "fix the builder; ppsim run with it and --iterations 1 names the "
+                        "op that fails") from None
 
 
 @dataclass(kw_only=True)

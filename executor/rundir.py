@@ -58,6 +58,10 @@ def _problem(path: str, what: str, exc: OSError, field: str = "--trace-dir") -> 
 
 def fresh(root: str, field: str = "--trace-dir") -> str:
     """A new folder `<root>/<time>` (with a suffix when taken); `field` names the flag."""
+    if os.path.lexists(root) and not os.path.isdir(root):
+        raise UserError(field, f"{shown(root)} exists and is not a directory (a fresh folder "
+                        "goes inside it)", f"move that file away, or give "
+                        f"{field} a directory")
     try:
         os.makedirs(root, exist_ok=True)
     except OSError as exc:

@@ -39,6 +39,9 @@ class RunSpec:
     """--versus: the config of the split run alternately with the run's own (None: none)."""
     builder: str
     """The model builder, `module:function` (--model, else [model] builder, else the GPT)."""
+    builder_root: str | None = None
+    """The folder `ppsim run` imported the builder's module from (a `module:function`
+    of the user's): the worker looks there last for it."""
     dp: int
     """Data-parallel replicas of the pipeline: world = pp x dp."""
     device: Literal["cpu", "cuda"]

@@ -103,6 +103,8 @@ def run(spec: RunSpec) -> dict[str, Any] | None:
     cfg = spec.run_config()
     problems = spec.problems()
     fields = cfg.model.fields()
+    if spec.builder_root and spec.builder_root not in sys.path:
+        sys.path.append(spec.builder_root)  # last: ppsim and torch stay the installed ones
     builder = load_builder(spec.builder, fields)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     placed, devs = None, cfg.placement.devices
@@ -310,7 +312,12 @@ def main(argv: list[str] | None = None) -> int:
                          f"{printable(args.spec)}: {printable(str(exc))}\n")
         return 2
     faulthandler.enable()  # a native abort (SIGABRT, SIGSEGV) still prints where it was
-    run(spec)
+    try:
+        run(spec)
+    except Exception as exc:  # before the watchdog (the builder, the device, the group)
+        sys.stderr.write(f"ppsim-error: rank {os.environ.get('RANK', '?')} failed: "
+                         f"{type(exc).__name__}: {printable(str(exc))}\n")
+        return 1
     return 0
 
 

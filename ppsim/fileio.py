@@ -239,3 +239,16 @@ def refuse_overlap(inputs: dict[str, str | None], outputs: dict[str, str | None]
     if (o := find_overlap(inputs, outputs)) is not None:
         raise UserError(o.flag, f"{shown(o.path)} is also {o.other} ({o.kind}); ppsim never "
                         f"writes an output over {o.kind}", f"give {o.flag} a path of its own")
+    refuse_unwritable(outputs)
+
+
+def refuse_unwritable(outputs: dict[str, str | None]) -> None:
+    """Refuse, before any work, an output path the write would refuse at the end: a
+    directory, a symbolic link (without --force), a device, FIFO or socket."""
+    for flag, path in outputs.items():
+        if path is None:
+            continue
+        try:
+            _target(path, force=False)
+        except UserError as exc:
+            raise UserError(flag, f"{exc.field}: {exc.problem}", exc.fix) from None

@@ -90,6 +90,27 @@ def code_note(spec: str) -> str | None:
             "(a config naming a builder is code; use only configs you trust)")
 
 
+def import_root(spec: str) -> str | None:
+    """The folder this process imports a `module:function` builder's top-level package
+    from (None for a file path, ppsim's own builders, or a module not found here). A
+    rank started as `python -P` has neither the working directory nor a script's folder
+    on its path; the worker looks there last, so what `ppsim run` loaded, it loads."""
+    module = spec.rpartition(":")[0]
+    if module.endswith(".py") or module.startswith(SHIPPED) or not module:
+        return None
+    try:
+        found = importlib.util.find_spec(module.split(".")[0])
+    except (ImportError, ValueError):
+        return None
+    if found is None:
+        return None
+    if found.submodule_search_locations:
+        where = next(iter(found.submodule_search_locations), None)
+    else:
+        where = found.origin if found.has_location else None
+    return os.path.dirname(os.path.abspath(where)) if where else None
+
+
 def _findable(module: str) -> bool:
     if module.endswith(".py"):
         return os.path.isfile(module)

@@ -140,6 +140,10 @@ def cmd_costs(args: argparse.Namespace) -> int:
 
 def hardware_profile(args: argparse.Namespace) -> int:
     """`ppsim profile --hardware-out FILE`: this device's roofline as a [hardware] table."""
+    if args.out is not None:
+        raise UserError("--out", "--hardware-out measures the device's roofline and writes "
+                        "no cost file", "drop --out, or profile the model's costs in a run "
+                        "of its own without --hardware-out")
     import torch
 
     from ppsim.executor.hwprofile import (  # torch loads only when measuring

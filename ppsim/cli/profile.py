@@ -53,8 +53,7 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", metavar="MODULE:FUNCTION",
                    help="model builder, as ppsim run takes it (default: [model] builder, "
                    "else the built-in GPT); a builder is code: naming one runs it")
-    g.add_argument("--out", default="costs.json", metavar="FILE",
-                   help="cost file to write (default ./costs.json)")
+    g.add_argument("--out", metavar="FILE", help="cost file to write (default ./costs.json)")
     g.add_argument("--repeats", type=int, default=PROFILE_REPEATS, metavar="N",
                    help="timed repeats per op after warm-up; the median is kept (the "
                    "message and latency samples scale with it, all of them from the default)")
@@ -95,7 +94,7 @@ def _transformer_fields(cfg: Config, command: str) -> dict[str, Any]:
 def cmd_profile(args: argparse.Namespace) -> int:
     if args.hardware_out:
         return hardware_profile(args)
-    cfg = config_from_args(args)
+    cfg, args.out = config_from_args(args), "costs.json" if args.out is None else args.out
     # The config's costs_file is not read here (profile measures): writing it is a refresh.
     outputs_apart(args, {"--out": args.out})
     fields = _transformer_fields(cfg, "profile")
@@ -108,6 +107,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     from ppsim.executor.builders import builder_spec, code_note, load_builder  # loads torch
     from ppsim.executor.measure import (  # torch loads only when measuring
+        builder_blamed,
         processes_at_once,
         profile,
     )
@@ -139,8 +139,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     dp_steps = 1 if cfg.model.arch.dp * cfg.model.arch.cp > 1 and args.device == "cpu" else 0
     total = args.warmup + args.repeats + (0 if args.no_p2p else 1) + dp_steps
     lines = for_log("ppsim profile", quiet_s=0)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-                  console=err, transient=True, disable=lines is not None) as bar:
+    with builder_blamed(fields, "--model" if args.model else "model.builder"), \
+            Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                     console=err, transient=True, disable=lines is not None) as bar:
         task = bar.add_task("building pieces", total=total)
         if lines is not None:
             lines("building pieces", f"{total} steps to time")

@@ -158,6 +158,7 @@ def validate(args: argparse.Namespace) -> Any:
         raise UserError("--dp", "the torch peer runs one pipeline replica",
                         "use --engine ppsim with --dp, or --dp 1")
     tp, cp = cfg.model.arch.tp, cfg.model.arch.cp
+    runchecks.check_experts(cfg, dp)
     if tp > 1:
         _check_tensor_parallel(args, fields, problem, tp, cfg.model.arch.sequence_parallel)
     runchecks.check_launch(args, pp * dp * tp * cp)
@@ -199,13 +200,17 @@ def _data_parallel(args: argparse.Namespace, fields: dict[str, Any]) -> int:
 
 def run_spec(args: argparse.Namespace) -> Any:
     """Everything a rank needs, resolved once from the flags (a validated run's)."""
-    from ppsim.executor.builders import builder_spec  # torch loads only when a run starts
+    from ppsim.executor.builders import (  # torch loads only when a run starts
+        builder_spec,
+        import_root,
+    )
 
     cfg = run_config(args)
     fields = cfg.model.fields()
     versus = config_to_dict(run_config(versus_args(args))) if args.versus else None
-    return RunSpec(config=config_to_dict(cfg), versus=versus,
-                   builder=builder_spec(args.model, fields), dp=_data_parallel(args, fields),
+    builder = builder_spec(args.model, fields)
+    return RunSpec(config=config_to_dict(cfg), versus=versus, builder=builder,
+                   builder_root=import_root(builder), dp=_data_parallel(args, fields),
                    device=args.device, engine=args.engine,
                    alongside_torch=bool(args.alongside_torch), iterations=args.iterations,
                    warmup=runchecks.warmup_iterations(args), seed=args.seed, lr=args.lr,

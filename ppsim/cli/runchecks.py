@@ -41,6 +41,20 @@ def check_launch(args: argparse.Namespace, world: int) -> None:
                         "per pipeline stage, replica, tensor and context-parallel rank)")
 
 
+def check_experts(cfg: Any, dp: int) -> None:
+    """The routed experts' etp x ep ranks fold into each pipeline stage's tp x cp x dp
+    ranks (Megatron's MoE parallel folding), as the run launches them."""
+    a = cfg.model.arch
+    ranks, folded = a.tp * a.cp * dp, a.expert_tp * a.ep
+    if not a.num_experts or ranks % folded == 0:
+        return
+    step = folded // math.gcd(folded, a.tp * a.cp)
+    raise UserError("model.etp" if a.etp else "model.ep",
+                    f"etp x ep = {a.expert_tp} x {a.ep} expert ranks do not divide a pipeline "
+                    f"stage's tp x cp x dp = {a.tp} x {a.cp} x {dp} ranks",
+                    f"run --dp {step} (or a multiple), or set ep (and etp) to divide tp x cp x dp")
+
+
 RANKS_PER_DEVICE = 8
 """Ranks one CPU core (or GPU) may carry before a run on one node is refused: tests run
 4 ranks on 2 cores; 2,000 ranks on 2 cores would only thrash, or exhaust memory."""

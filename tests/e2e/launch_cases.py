@@ -76,6 +76,18 @@ GATED_TOML = tiny_gpt_toml(gated_mlp=True, num_kv_heads=2, norm="layernorm",
                            position="learned")
 """The built-in GPT with SwiGLU and grouped-query attention (4 heads, 2 key/value heads)."""
 
+RANK_ONLY_BUILDER = """import os
+
+from ppsim.executor.builders.gpt import build as gpt
+
+
+def build(fields):
+    if "RANK" in os.environ:
+        raise RuntimeError("the tokenizer file is not on this host")
+    return gpt(fields)
+"""
+"""The shipped GPT in `ppsim run`'s own process; in a rank, an error while building."""
+
 GPIPE = ["--schedule", "gpipe", "--pp", "2", "--split", "6,2", "--microbatches", "3"]
 ONE_F_ONE_B = ["--schedule", "1f1b", "--pp", "2", "--split", "5,3", "--microbatches", "4"]
 INTERLEAVED = ["--schedule", "interleaved-1f1b", "--pp", "2", "--vpp", "2", "--split",
@@ -231,6 +243,9 @@ OTHERS = {
     "fault": Spec(argv=[*SMALL, "--inject-fault", "1:B:1:2"], recorded=False, in_tmp=True),
     "sigkill": Spec(argv=[*SMALL, "--trace-dir", "{tmp}/out", "--inject-fault", "1:B:1:2:1",
                           "--fault-mode", "kill"], recorded=False),
+    # a builder that fails in the ranks alone (validated in ppsim run's own process)
+    "rank-builder-error": Spec(argv=["--model", "{tmp}/rankonly.py:build", "--iterations",
+                                     "1", "--microbatches", "2"], recorded=False),
     # rank 1's LM head sleeps in iteration 1: rank 0 times out waiting, rank 1 is blamed
     "stall": Spec(argv=["--model", "tests/model_sleepy.py:build", "--microbatches", "4",
                         "--iterations", "3", "--timeout-s", "5"], recorded=False),
@@ -340,6 +355,8 @@ def prepare(name: str, tmp: Path) -> None:
     (tmp / "distopt.toml").write_text(tiny_gpt_toml(distributed_optimizer=True))
     (tmp / "fsdp.toml").write_text(tiny_gpt_toml(fsdp=True))
     (tmp / "muon.toml").write_text(tiny_gpt_toml(optimizer="muon"))
+    if name == "rank-builder-error":
+        (tmp / "rankonly.py").write_text(RANK_ONLY_BUILDER)
     if name == "torch-dualpipev-csv":
         torch_dualpipev_csv(tmp / "dualpipev.csv")
     if name == "fault":  # an earlier good run the failed one must leave alone

@@ -289,6 +289,8 @@ def test_injected_fault_stops_every_rank(launches: Pool) -> None:
     assert first.startswith("ppsim run: error: rank 1 failed in B2 (kind B, stage 1, chunk 0, "
                             "microbatch 2) of iteration 0"), res.stderr
     assert "injected fault" in first
+    # One note counts the other rank (pp 2), each rank's line read once.
+    assert "ppsim run: 1 other rank(s) stopped because of it" in res.stderr, res.stderr
     # Its fresh run folder went with its files: no trace, no parts.
     assert sorted(os.listdir(res.tmp / "ppsim-run")) == ["20000101-000000", "latest"]
 
@@ -327,8 +329,15 @@ def _two_nodes(tmp_path: Path, *extra: str) -> list[tuple[int, str, str, float]]
     return [(*n.finish(120), time.monotonic() - t0) for n in nodes]
 
 
-def test_two_torchrun_invocations_form_one_job(tmp_path) -> None:
-    (rc0, so0, se0, _), (rc1, _, se1, _) = _two_nodes(tmp_path, "--json")
+def test_two_torchrun_invocations_form_one_job(tmp_path, monkeypatch) -> None:
+    # A builder module `ppsim run` imports from its own path (as `python -m ppsim.cli`
+    # does the working directory); the ranks, each `python -P`, load it too.
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "own_gpt_of_this_test.py").write_text(
+        "from ppsim.executor.builders.gpt import build\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    (rc0, so0, se0, _), (rc1, _, se1, _) = _two_nodes(
+        tmp_path, "--json", "--model", "own_gpt_of_this_test:build")
     assert rc0 == 0, se0
     assert rc1 == 0, se1
     summary = json.loads(so0)

@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from launch_cases import SMALL  # noqa: E402
+from launch_cases import MOE_TOML, SMALL  # noqa: E402
 from launches import Pool  # noqa: E402
 
 from ppsim.cli.main import main
@@ -295,3 +295,52 @@ def test_survivors_torchrun_stopped_are_not_the_cause() -> None:
     errors, notes = launch.failure_lines(out)
     assert errors == ["rank 1 failed in B2 (kind B, stage 1): RuntimeError: injected fault"]
     assert notes == ["1 other rank(s) stopped because of it"]
+
+
+def test_a_stopped_rank_is_counted_once_however_often_it_said_so() -> None:
+    out = _fake_torchrun([
+        "ppsim-abort: rank 0 stopping: rank 1 failed in B2: RuntimeError: injected fault",
+        "ppsim-error: rank 1 failed in B2: RuntimeError: injected fault",
+        "ppsim-abort: rank 1 stopping: rank 1 failed in B2: RuntimeError: injected fault",
+        "ppsim-abort: rank 0 stopping: rank 1 failed in B2: RuntimeError: injected fault"])
+    errors, notes = launch.failure_lines(out)
+    assert errors == ["rank 1 failed in B2: RuntimeError: injected fault"]
+    assert notes == ["1 other rank(s) stopped because of it"]
+
+
+@pytest.mark.parametrize("argv, fix", [([], "--dp 2"), (["--dp", "3"], "--dp 2"),
+                                       (["--tp", "2"], "--dp 2")])
+def test_experts_wider_than_the_ranks_they_fold_into_exit_2(argv, fix, tmp_path, capsys,
+                                                            no_launch) -> None:
+    cfg = tmp_path / "moe.toml"
+    cfg.write_text(MOE_TOML + "ep = 2\n")
+    rc = main(["run", "--config", str(cfg), "--trace-dir", str(tmp_path / "t"), *argv])
+    line = _one_line(capsys, rc, "model.ep")
+    assert f"run {fix} (or a multiple)" in line, line
+    assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.e2e
+def test_a_rank_that_fails_before_training_says_why_in_one_line(launches: Pool) -> None:
+    res = launches.get("rank-builder-error")
+    lines = [ln for ln in res.stderr.strip().splitlines() if "note: loading" not in ln]
+    assert res.returncode == 1, res.stderr
+    assert len(lines) == 2, res.stderr
+    assert re.fullmatch(r"ppsim run: error: rank [01] failed: RuntimeError: the tokenizer "
+                        r"file is not on this host", lines[0]), res.stderr
+    # the other rank failed alike, or torchrun stopped it first
+    assert lines[1] in ("ppsim run: rank(s) 0 failed the same way",
+                        "ppsim run: rank(s) 1 failed the same way",
+                        "ppsim run: 1 other rank(s) stopped because of it"), res.stderr
+
+
+def test_ranks_that_failed_alike_are_one_note() -> None:
+    out = _fake_torchrun([
+        "ppsim-error: rank 2 failed: RuntimeError: no such file",
+        "ppsim-error: rank 0 failed: RuntimeError: no such file",
+        "ppsim-error: rank 1 failed: ValueError: other",
+        "ppsim-error: rank 3 failed: RuntimeError: no such file"])
+    errors, notes = launch.failure_lines(out)
+    assert errors == ["rank 2 failed: RuntimeError: no such file"]
+    assert notes == ["also: rank 1 failed: ValueError: other",
+                     "rank(s) 0, 3 failed the same way"]

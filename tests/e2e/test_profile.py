@@ -181,6 +181,40 @@ def test_a_bad_model_flag_is_refused_in_its_name(capsys: pytest.CaptureFixture[s
         err.count("\n") == 1, err
 
 
+BROKEN_BUILDER = """
+from ppsim.executor.builders.gpt import build as gpt
+
+
+class _Broken:
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def layer(self, i):
+        raise ValueError("no such layer in this build")
+
+
+def build(fields):
+    return _Broken(gpt(fields))
+"""
+
+
+def test_a_builder_whose_pieces_fail_is_one_line_naming_it(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    (tmp_path / "broken.py").write_text(BROKEN_BUILDER)
+    model = f"{tmp_path}/broken.py:build"
+    assert main(["profile", "--preset", "tiny-gpt", "--model", model, "--out",
+                 str(tmp_path / "c.json"), "--repeats", "1", "--warmup", "0", "--no-p2p"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "note:" not in ln]
+    assert err[-1].startswith(f"ppsim profile: error: --model: {model}"), err
+    assert "ValueError: no such layer in this build" in err[-1]
+    assert not any("Traceback" in ln for ln in err), err
+    assert not (tmp_path / "c.json").exists()
+
+
 def test_profile_measures_each_mixer_of_a_hybrid_pattern(tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]
                                                          ) -> None:

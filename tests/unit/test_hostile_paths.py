@@ -125,6 +125,20 @@ def test_each_demo_writes_a_folder_of_its_own(tmp_path: Path, capsys) -> None:
     assert all((f / "config.toml").exists() for f in folders)
 
 
+@pytest.mark.parametrize(("argv", "flag"), [(["demo", "--out", "runs"], "--out"),
+                                             (["run"], "--trace-dir")])
+def test_a_file_where_the_runs_folder_goes_is_named_as_not_a_directory(
+        argv, flag, tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    name = argv[-1] if flag == "--out" else "ppsim-run"  # run's default folder
+    (tmp_path / name).write_text("notes\n")
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"ppsim {argv[0]}: error: {flag}: {name} "
+                                               "exists and is not a directory"), err
+    assert (tmp_path / name).read_text() == "notes\n"
+
+
 def test_a_demo_folder_named_like_an_option_reaches_its_steps(tmp_path: Path, capsys,
                                                               monkeypatch) -> None:
     # --out=-d: each step got "--config -d/<time>/config.toml" and refused it as an option

@@ -214,3 +214,11 @@ def test_the_table_says_its_kernel_overhead_is_the_eager_executors() -> None:
     at = next(i for i, line in enumerate(lines) if line.startswith("kernel_overhead_us"))
     assert "eager executor" in lines[at - 1] and lines[at - 1].startswith("#")
     assert hardware_config(tomllib.loads(text)["hardware"]).kernel_overhead_us == 96.0
+
+
+def test_a_cost_file_asked_for_beside_the_hardware_table_is_refused(tmp_path, capsys):
+    out, costs = tmp_path / "hw.toml", tmp_path / "costs.json"
+    assert main(["profile", "--hardware-out", str(out), "--out", str(costs)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ppsim profile: error: --out: "), err
+    assert not out.exists() and not costs.exists()

@@ -26,3 +26,20 @@ def test_an_unnamed_output_is_refused(argv, flag, name, words, tmp_path,
     assert code == 2 and err.strip().splitlines() == [err.strip()], err
     assert f"error: {flag}: {words}" in err
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(("argv", "flag", "measure"), [
+    (["profile", "--preset", "tiny-gpt", "--no-p2p"], "--out", "ppsim.executor.measure.profile"),
+    (["profile"], "--hardware-out", "ppsim.executor.hwprofile.measure_hardware")])
+def test_a_directory_as_output_is_refused_before_measuring(argv, flag, measure, tmp_path,
+                                                           monkeypatch) -> None:
+    pytest.importorskip("torch")
+
+    def measured(*a, **k):
+        raise AssertionError("measured before refusing the output")
+
+    monkeypatch.setattr(measure, measured)
+    (tmp_path / "out").mkdir()
+    code, _, err = run_main([*argv, flag, str(tmp_path / "out")])
+    assert code == 2 and err.strip().splitlines() == [err.strip()], err
+    assert f"error: {flag}: {tmp_path / 'out'}: is a directory" in err

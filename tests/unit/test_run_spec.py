@@ -62,7 +62,7 @@ def test_the_run_spec_carries_every_setting_and_the_config(tmp_path) -> None:
                 "engine": "ppsim", "alongside_torch": False, "iterations": 2, "warmup": 0,
                 "seed": 7, "lr": 0.02, "timeout_s": 33.0, "trace_dir": str(tmp_path),
                 "inject_fault": "1:B:1:0", "fault_mode": "kill", "dump_grads": "g-",
-                "versus": None}
+                "versus": None, "builder_root": None}
     assert {k: getattr(again, k) for k in expected} == expected
     assert {f.name for f in dataclasses.fields(RunSpec)} == {*expected, "config"}
     # The worker's config is the launcher's, flags applied.
