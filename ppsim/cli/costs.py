@@ -140,10 +140,12 @@ def cmd_costs(args: argparse.Namespace) -> int:
 
 def hardware_profile(args: argparse.Namespace) -> int:
     """`ppsim profile --hardware-out FILE`: this device's roofline as a [hardware] table."""
-    if args.out is not None:
-        raise UserError("--out", "--hardware-out measures the device's roofline and writes "
-                        "no cost file", "drop --out, or profile the model's costs in a run "
-                        "of its own without --hardware-out")
+    for flag, given in (("--out", args.out is not None), ("--model", args.model),
+                        ("--no-p2p", args.no_p2p)):
+        if given:  # each shapes a cost file's measurement, which --hardware-out makes none of
+            raise UserError(flag, "--hardware-out measures the device's roofline and writes "
+                            "no cost file", f"drop {flag}, or profile the model's costs in a "
+                            "run of its own without --hardware-out")
     import torch
 
     from ppsim.executor.hwprofile import (  # torch loads only when measuring

@@ -216,9 +216,13 @@ def test_the_table_says_its_kernel_overhead_is_the_eager_executors() -> None:
     assert hardware_config(tomllib.loads(text)["hardware"]).kernel_overhead_us == 96.0
 
 
-def test_a_cost_file_asked_for_beside_the_hardware_table_is_refused(tmp_path, capsys):
-    out, costs = tmp_path / "hw.toml", tmp_path / "costs.json"
-    assert main(["profile", "--hardware-out", str(out), "--out", str(costs)]) == 2
+@pytest.mark.parametrize("flag", [["--out", "costs.json"], ["--model", "m:build"],
+                                  ["--no-p2p"]])
+def test_a_cost_file_asked_for_beside_the_hardware_table_is_refused(tmp_path, capsys,
+                                                                     monkeypatch, flag):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "hw.toml"
+    assert main(["profile", "--hardware-out", str(out), *flag]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("ppsim profile: error: --out: "), err
-    assert not out.exists() and not costs.exists()
+    assert len(err) == 1 and err[0].startswith(f"ppsim profile: error: {flag[0]}: "), err
+    assert not out.exists() and not (tmp_path / "costs.json").exists()
