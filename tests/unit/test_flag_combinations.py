@@ -4,6 +4,9 @@ under two names, and the flag an error names."""
 from __future__ import annotations
 
 import pytest
+from helpers import run_main
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ppsim.cli.main import main
 
@@ -35,3 +38,52 @@ def test_an_empty_name_or_path_is_refused_not_read_as_no_flag(
     flag = next(a.split("=")[0] for a in argv if a.startswith("--") and a != "--print-launch")
     line = _refused(argv, capsys)
     assert flag in line and "is empty" in line
+
+
+def _aliases(command: str) -> dict[str, list[str]]:
+    """Each one-value setting of `command` that has several long names: dest -> names,
+    read off the parser as a user reads --help."""
+    from ppsim.cli.main import _subparser, build_parser
+
+    p = _subparser(build_parser(command), command)
+    names: dict[str, list[str]] = {}
+    for action in p._actions:
+        if action.nargs is None and action.option_strings:
+            names.setdefault(action.dest, []).extend(
+                o for o in action.option_strings if o.startswith("--"))
+    return {d: n for d, n in names.items() if len(n) > 1}
+
+
+ALIASED = {"pp": ("2", "4"), "tp": ("2", "4"), "vpp": ("2", "4"), "cp": ("1", "2"),
+           "ep": ("1", "2"), "first_stage_layers": ("3", "5"),
+           "offload_fraction": ("0.5", "1")}
+"""Two values each of these settings takes."""
+
+
+def test_the_sizes_megatron_and_ppsim_both_name_are_the_aliases_checked() -> None:
+    assert set(ALIASED) <= set(_aliases("simulate"))
+    assert {"--pp", "--pipeline-model-parallel-size"} <= set(_aliases("simulate")["pp"])
+
+
+@settings(max_examples=40, derandomize=True, deadline=None)
+@given(data=st.data())
+def test_one_setting_under_two_names_with_two_values_is_refused(data: st.DataObject) -> None:
+    """`--pp 4 --pipeline-model-parallel-size 2` planned pp 2 and `--tp 2
+    --tensor-model-parallel-size 4` tp 4, whichever came last, silently; the same value
+    under both names runs in either order, and one name twice keeps the last, as
+    Megatron's parser does."""
+    dest = data.draw(st.sampled_from(sorted(ALIASED)))
+    first, second = data.draw(st.permutations(_aliases("simulate")[dest]))[:2]
+    a, b = ALIASED[dest]
+    eq = data.draw(st.booleans())
+    base = ["simulate", "--preset", "tiny-llm", "--microbatches", "4", "--json"]
+    second_words = [f"{second}={b}"] if eq else [second, b]
+    code, _, err = run_main([*base, first, a, *second_words])
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and first in lines[0] and second in lines[0], lines
+    agree = run_main([*base, first, a, second, a])
+    assert agree[0] == 0 and agree[:2] == run_main([*base, second, a, first, a])[:2]
+    twice = run_main([*base, second, b, second, a])
+    assert twice[:2] == run_main([*base, second, a])[:2]
+
