@@ -87,3 +87,13 @@ def test_one_setting_under_two_names_with_two_values_is_refused(data: st.DataObj
     twice = run_main([*base, second, b, second, a])
     assert twice[:2] == run_main([*base, second, a])[:2]
 
+
+@pytest.mark.parametrize("flag", ["--hidden-dropout", "--attention-dropout"])
+@pytest.mark.parametrize("value", ["nan", "inf", "1", "-0.1"])
+def test_a_dropout_out_of_range_is_refused_in_its_own_name(
+        flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--attention-dropout inf` was refused as "--hidden-dropout: ... got [inf]", sending
+    the user to a flag they gave right (or did not give)."""
+    other = ({"--hidden-dropout", "--attention-dropout"} - {flag}).pop()
+    line = _refused(["simulate", "--preset", "tiny-llm", other, "0.1", flag, value], capsys)
+    assert line.split(": error: ")[1].startswith(f"{flag}:") and other not in line
