@@ -1,8 +1,9 @@
 """One setting under two of its names: ppsim's and Megatron's (`--pp` and
-`--pipeline-model-parallel-size`), or Megatron's old and new (`--hybrid-override-pattern`).
-argparse keeps the last one given; a line that gives two values under two names
-(`ppsim plan --pp 8 $MODEL_PARALLEL_ARGS`, the script's size 4) is refused, naming both.
-The same name twice keeps the last, as Megatron's own parser does."""
+`--pipeline-model-parallel-size`), Megatron's old and new (`--hybrid-override-pattern`),
+or two switches that set it (`--use-torch-fsdp2`, `--use-megatron-fsdp`). argparse keeps
+the last one given; a line that gives two values under two names (`ppsim plan --pp 8
+$MODEL_PARALLEL_ARGS`, the script's size 4) is refused, naming both. The same name twice
+keeps the last, as Megatron's own parser does."""
 
 from __future__ import annotations
 
@@ -13,14 +14,24 @@ from typing import Any
 from ppsim.errors import UserError
 
 
-def _single_value_names(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    """Each long option that takes one value, where its setting has another such name."""
-    by_dest: dict[str, list[tuple[str, argparse.Action]]] = {}
+def _sets(action: argparse.Action) -> dict[str, Any]:
+    """The fields a switch that sets several at once sets (job_flags._Sets), else {}."""
+    fields = getattr(action, "fields", None)
+    return fields if isinstance(fields, dict) else {}
+
+
+def _aliased_names(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """Each long option that takes one value or sets fields, where a setting it gives
+    has another such name."""
+    by_dest: dict[str, set[str]] = {}
+    actions: dict[str, argparse.Action] = {}
     for action in parser._actions:  # noqa: SLF001 - argparse has no public list
-        if action.nargs is None and action.option_strings:
-            by_dest.setdefault(action.dest, []).extend(
-                (o, action) for o in action.option_strings if o.startswith("--"))
-    return {o: a for names in by_dest.values() if len(names) > 1 for o, a in names}
+        dests = list(_sets(action)) or ([action.dest] if action.nargs is None else [])
+        for name in (o for o in action.option_strings if o.startswith("--")):
+            actions[name] = action
+            for dest in dests:
+                by_dest.setdefault(dest, set()).add(name)
+    return {n: actions[n] for names in by_dest.values() if len(names) > 1 for n in names}
 
 
 def _value(action: argparse.Action, text: str) -> Any:
@@ -32,28 +43,34 @@ def _value(action: argparse.Action, text: str) -> Any:
 
 
 def _given(names: dict[str, argparse.Action], words: Sequence[str]
-           ) -> dict[str, dict[str, Any]]:
-    """dest -> {name: the last value given under it}."""
-    given: dict[str, dict[str, Any]] = {}
+           ) -> dict[str, dict[str, tuple[str, Any]]]:
+    """dest -> {name: (how it was given, the last value given under it)}."""
+    given: dict[str, dict[str, tuple[str, Any]]] = {}
     for i, word in enumerate(words):
         if word == "--":
             break
         name, eq, text = word.partition("=")
         action = names.get(name)
-        if action is None or (not eq and i + 1 >= len(words)):
+        if action is None:
             continue
-        value = _value(action, text if eq else words[i + 1])
-        given.setdefault(action.dest, {}).pop(name, None)
-        given[action.dest][name] = value
+        if _sets(action):
+            values = {dest: (name, v) for dest, v in _sets(action).items()}
+        elif eq or i + 1 < len(words):
+            text = text if eq else words[i + 1]
+            values = {action.dest: (f"{name} {text}", _value(action, text))}
+        else:
+            continue
+        for dest, value in values.items():
+            given.setdefault(dest, {}).pop(name, None)
+            given[dest][name] = value
     return given
 
 
 def refuse_two_values(parser: argparse.ArgumentParser, words: Sequence[str]) -> None:
     """Refuse one setting given two different values under two of its names."""
-    for values in _given(_single_value_names(parser), words).values():
-        (first, a), *rest = values.items()
-        for second, b in rest:
-            if a != b:
-                raise UserError(second, f"{b} disagrees with {first} {a}, another name for "
-                                "the same setting", "give one of them, or the same value to "
-                                "both")
+    for dest, values in _given(_aliased_names(parser), words).items():
+        (shown, value), *rest = values.values()
+        for other, other_value in rest:
+            if other_value != value:
+                raise UserError(other, f"disagrees with {shown}: both set {dest}",
+                                "give one of them, or the same value to both")

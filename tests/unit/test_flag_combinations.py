@@ -97,3 +97,19 @@ def test_a_dropout_out_of_range_is_refused_in_its_own_name(
     other = ({"--hidden-dropout", "--attention-dropout"} - {flag}).pop()
     line = _refused(["simulate", "--preset", "tiny-llm", other, "0.1", flag, value], capsys)
     assert line.split(": error: ")[1].startswith(f"{flag}:") and other not in line
+
+
+@pytest.mark.parametrize("pair", [("--use-torch-fsdp2", "--use-megatron-fsdp"),
+                                  ("--fsdp-reshard-after-forward=always",
+                                   "--torch-fsdp2-no-reshard-after-forward")])
+@pytest.mark.parametrize("backwards", [False, True])
+def test_two_switches_that_set_one_field_two_ways_are_refused(
+        pair: tuple[str, str], backwards: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--use-torch-fsdp2 --use-megatron-fsdp` priced Megatron-FSDP and the other order
+    torch's FSDP2 (whichever came last): the two implementations, or the two reshard
+    policies, are refused in either order, naming both."""
+    first, second = pair[::-1] if backwards else pair
+    line = _refused(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--dp",
+                     "8", "--pp", "1", "--bf16", "--no-gradient-accumulation-fusion", "--fsdp",
+                     first, second], capsys)
+    assert all(flag.split("=")[0] in line for flag in pair)
