@@ -100,7 +100,8 @@ def _add_pipeline_flags(g: Any) -> None:
     """The stack's layers and the pipeline: its ranks, chunks, microbatches and order."""
     g.add_argument("--num-layers", type=int, metavar="N")
     g.add_argument("--hybrid-layer-pattern", "--hybrid-override-pattern",
-                   dest="hybrid_layer_pattern", metavar="STR", help="Megatron's hybrid stack, "
+                   dest="hybrid_layer_pattern", metavar="STR",
+                   type=nonempty("the stack's layer symbols"), help="Megatron's hybrid stack, "
                    "one symbol a layer: M Mamba-2, G GatedDeltaNet, * attention, D DSA, + MLA, "
                    "- MLP, E MoE; | stage boundaries, / MTP depths")
     g.add_argument("--mtp-num-layers", type=int, metavar="N", help="MTP depths, over a "

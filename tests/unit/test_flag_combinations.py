@@ -113,3 +113,12 @@ def test_two_switches_that_set_one_field_two_ways_are_refused(
                      "8", "--pp", "1", "--bf16", "--no-gradient-accumulation-fusion", "--fsdp",
                      first, second], capsys)
     assert all(flag.split("=")[0] in line for flag in pair)
+
+
+@pytest.mark.parametrize("flag", ["--hybrid-layer-pattern", "--hybrid-override-pattern"])
+def test_an_empty_hybrid_pattern_is_refused_not_read_as_a_gpt_stack(
+        flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--hybrid-layer-pattern ''` over a hybrid preset priced a GPT stack of its layer
+    count; Megatron reads an empty pattern as no override (its ratios: Mamba layers)."""
+    line = _refused(["simulate", "--preset", "tiny-hybrid", flag, ""], capsys)
+    assert flag in line and "is empty" in line
