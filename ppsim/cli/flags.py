@@ -10,6 +10,7 @@ from typing import Any
 
 from ppsim import fileio
 from ppsim.cli import job_flags, megatron_flags, megatron_model, megatron_run
+from ppsim.cli.flag_values import nonempty
 from ppsim.cli.job_flags import JOB_MODEL_KEYS, add_job_flags, megatron_fsdp_state
 from ppsim.config import files, validate
 from ppsim.config.model import parse_model
@@ -60,8 +61,10 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
                      job_flags: bool = True) -> None:
     g = p.add_argument_group("config (flags override the file)")
     g.add_argument("--config", metavar="FILE", help="TOML config; default: embedded preset")
-    g.add_argument("--preset", metavar="NAME", help="model preset (replaces [model])")
-    g.add_argument("--hardware", metavar="NAME", help="hardware preset")
+    g.add_argument("--preset", metavar="NAME", type=nonempty("a model preset's name"),
+                   help="model preset (replaces [model])")
+    g.add_argument("--hardware", metavar="NAME", type=nonempty("a hardware preset's name"),
+                   help="hardware preset")
     _add_pipeline_flags(g)
     _add_memory_policy_flags(g)
     g.add_argument("--tp", dest="tp", type=int, metavar="N", help="tensor-parallel size")
@@ -79,9 +82,11 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
                    action="store_false", default=None, help="Megatron's unfused weight "
                    "gradients: written, then added into the main grads")
     g.add_argument("--memory-gb", type=float, metavar="GB", help="memory limit per rank")
-    g.add_argument("--costs", metavar="FILE", help="measured cost file (ppsim profile)")
-    g.add_argument("--actions-csv", metavar="FILE", help="run this per-rank order instead of "
-                   "--schedule's (a torch.distributed.pipelining schedule CSV)")
+    g.add_argument("--costs", metavar="FILE", type=nonempty("a cost file's path"),
+                   help="measured cost file (ppsim profile)")
+    g.add_argument("--actions-csv", metavar="FILE", type=nonempty("a CSV file's path"),
+                   help="run this per-rank order instead of --schedule's (a "
+                   "torch.distributed.pipelining schedule CSV)")
     g.add_argument("--devices", metavar="D,D,...",
                    help="device of each rank, e.g. 0,0 for two ranks sharing one device")
     megatron_model.add_model_flags(p)
@@ -95,7 +100,8 @@ def _add_pipeline_flags(g: Any) -> None:
     """The stack's layers and the pipeline: its ranks, chunks, microbatches and order."""
     g.add_argument("--num-layers", type=int, metavar="N")
     g.add_argument("--hybrid-layer-pattern", "--hybrid-override-pattern",
-                   dest="hybrid_layer_pattern", metavar="STR", help="Megatron's hybrid stack, "
+                   dest="hybrid_layer_pattern", metavar="STR",
+                   type=nonempty("the stack's layer symbols"), help="Megatron's hybrid stack, "
                    "one symbol a layer: M Mamba-2, G GatedDeltaNet, * attention, D DSA, + MLA, "
                    "- MLP, E MoE; | stage boundaries, / MTP depths")
     g.add_argument("--mtp-num-layers", type=int, metavar="N", help="MTP depths, over a "

@@ -15,6 +15,7 @@ from ppsim.cli import (
     costs,
     demo,
     diff,
+    flag_aliases,
     megatron_run,
     plan,
     plan_policy,
@@ -150,6 +151,7 @@ def _main(argv: Sequence[str] | None) -> int:
         _refuse_unknown(parser, args.command, extra)
     fileio.FOLLOW_LINKS = bool(getattr(args, "force", False))
     try:
+        flag_aliases.refuse_two_values(_subparser(parser, args.command), words[1:])
         return COMMANDS[args.command][2](args)
     except UserError as exc:
         exc = megatron_run.data_split_hint(args, exc)

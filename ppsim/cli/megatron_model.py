@@ -294,12 +294,13 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
         out["dtype"] = "bf16" if get("bf16") else "fp16"
     if get("fp32_residual_connection"):
         out["fp32_residual"] = True
-    drops = [p for p in (get("hidden_dropout"), get("attention_dropout")) if p is not None]
-    if any(not 0 <= p < 1 for p in drops):  # nan fails too
-        raise UserError("--hidden-dropout", f"dropout probabilities must be in [0, 1), got "
-                        f"{drops}", "give e.g. 0.1, or 0 for none")
+    drops = {f: get(f) for f in ("hidden_dropout", "attention_dropout") if get(f) is not None}
+    for dest, p in drops.items():
+        if not 0 <= p < 1:  # nan fails too
+            raise UserError("--" + dest.replace("_", "-"), f"dropout probabilities must be "
+                            f"in [0, 1), got {p}", "give e.g. 0.1, or 0 for none")
     if drops:
-        out["dropout"] = any(p > 0 for p in drops)
+        out["dropout"] = any(p > 0 for p in drops.values())
     out.update(_moe_fields(args, {**known, **out}))
     divisor = get("make_vocab_size_divisible_by")
     if divisor is not None:

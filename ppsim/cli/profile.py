@@ -15,6 +15,7 @@ from typing import Any
 
 from ppsim.cli.context_checks import check_context_model
 from ppsim.cli.costs import COSTS_NOTE, costs_table, hardware_profile
+from ppsim.cli.flag_values import nonempty
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outputs_apart
 from ppsim.cli.hardware_choice import assume_hardware
 from ppsim.cli.loglines import for_log
@@ -50,7 +51,7 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     add_config_flags(p, split_flags=False)
     g = p.add_argument_group("profile")
     g.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    g.add_argument("--model", metavar="MODULE:FUNCTION",
+    g.add_argument("--model", metavar="MODULE:FUNCTION", type=nonempty("a builder"),
                    help="model builder, as ppsim run takes it (default: [model] builder, "
                    "else the built-in GPT); a builder is code: naming one runs it")
     g.add_argument("--out", metavar="FILE", help="cost file to write (default ./costs.json)")

@@ -17,6 +17,7 @@ from typing import Any
 from ppsim import fileio
 from ppsim.cli import runchecks
 from ppsim.cli.context_checks import check_run_context
+from ppsim.cli.flag_values import nonempty
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
 from ppsim.cli.hardware_choice import assume_hardware
 from ppsim.cli.loglines import for_log
@@ -67,13 +68,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="give up on a stuck transfer after S seconds")
     r.add_argument("--inject-fault", metavar="RANK:KIND:STAGE:MB[:ITER]",
                    help="raise inside that op (tests failure handling)")
-    r.add_argument("--model", metavar="MODULE:FUNCTION",
+    r.add_argument("--model", metavar="MODULE:FUNCTION", type=nonempty("a builder"),
                    help="model builder (default: [model] builder, else the built-in GPT, "
                    "ppsim.executor.builders.gpt:build); a builder is code: naming one, "
                    "here or in a config, runs it (--print-launch loads none); see README "
                    "'Your own model'")
     _add_parallel_arguments(r)
-    r.add_argument("--versus", metavar="SPLIT",
+    r.add_argument("--versus", metavar="SPLIT", type=nonempty("a split"),
                    help="also run this split (counts N,N,... or a layout string) in the "
                    "same processes, alternating iteration "
                    "by iteration with the run's own, so the machine's drift hits both "

@@ -8,6 +8,7 @@ import shlex
 import sys
 from typing import Any
 
+from ppsim.cli.flag_values import nonempty
 from ppsim.cli.flags import (
     add_config_flags,
     config_from_args,
@@ -290,7 +291,8 @@ def register(commands: dict[str, Any]) -> None:
         p.add_argument("--json", action="store_true", help="one JSON object on stdout")
         p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace (Perfetto)")
         p.add_argument("--png", metavar="OUT.png", help="write the timeline as a picture")
-        p.add_argument("--compare-log", metavar="LOG", help="the job's own training log "
+        p.add_argument("--compare-log", metavar="LOG", type=nonempty("a log file's path"),
+                       help="the job's own training log "
                        "(Megatron-LM's, torchtitan's, DeepSpeed's or NeMo's): its logged "
                        "iteration time, "
                        "TFLOP/s/GPU, tokens/s and MFU beside the simulation's")
