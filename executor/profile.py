@@ -249,7 +249,7 @@ class Profiler:
                 progress("warm-up" if rep < warmup else "timing F/B/W", 1)
 
     def costs(self) -> tuple[ModelCosts, dict[str, Any]]:
-        """Median costs per piece (layers pooled) and the per-piece details."""
+        """Mean costs per piece (layers pooled) and the per-piece details."""
         details: dict[str, Any] = {}
         # Layers pool by the builder's layer kind (dense, moe, ...); a MoE layer's
         # measured cost applies to every MoE layer, a dense one's to every dense one.

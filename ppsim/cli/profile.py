@@ -56,7 +56,7 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
                    "else the built-in GPT); a builder is code: naming one runs it")
     g.add_argument("--out", metavar="FILE", help="cost file to write (default ./costs.json)")
     g.add_argument("--repeats", type=int, default=PROFILE_REPEATS, metavar="N",
-                   help="timed repeats per op after warm-up; the median is kept (the "
+                   help="timed repeats per op after warm-up; their mean is kept (the "
                    "message and latency samples scale with it, all of them from the default)")
     g.add_argument("--warmup", type=int, default=3, metavar="N", help="untimed repeats first")
     g.add_argument("--no-p2p", action="store_true",

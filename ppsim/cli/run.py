@@ -40,7 +40,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     add_config_flags(p, job_flags=False)  # its own --dp counts replicas it launches
     g = p.add_argument_group("launch")
     g.add_argument("--nproc-per-node", type=int, metavar="N",
-                   help="ranks on this node (default: pp / nnodes)")
+                   help="ranks on this node (default: pp x dp x tp x cp / nnodes)")
     g.add_argument("--nnodes", type=int, default=1, metavar="K")
     g.add_argument("--node-rank", type=int, default=0, metavar="I")
     g.add_argument("--master-addr", default="127.0.0.1", metavar="ADDR")

@@ -99,7 +99,9 @@ def check_ops(pp: int, vpp: int, microbatches: int, split_backward: bool,
     ops = schedule_ops(pp, vpp, microbatches, split_backward)
     if ops > budget.ops:
         raise UserError("pipeline.microbatches",
-                        f"pp {pp} x vpp {vpp} x {microbatches:,} microbatches = {ops:,} ops, "
+                        f"pp {pp} x vpp {vpp} x {microbatches:,} microbatches x "
+                        f"{'3 kinds (F, B, W)' if split_backward else '2 kinds (F, B)'} = "
+                        f"{ops:,} ops, "
                         f"more than {budget.where} handles ({budget.ops:,})", budget.way_out)
     return ops
 

@@ -106,3 +106,17 @@ def test_the_readme_plan_example_is_what_the_command_prints(monkeypatch, capsys)
     assert f"{t['tokens_per_s']:,.0f} tokens/s ({t['tokens_per_s_per_gpu']:,.0f} per GPU)" \
         in words
     assert f"{t['tflops_per_gpu']:.1f} TFLOP/s/GPU, MFU {t['mfu']:.1%}" in words
+
+
+def test_the_commands_the_readme_says_take_config_do():
+    """README: 'Every command but `presets` and `diff` takes `--config FILE`': each
+    command's parser, against the commands the sentence leaves out."""
+    from ppsim.cli.main import build_parser
+
+    sentence = _text(ROOT / "README.md").split("Every command")[1].split("takes `--config")[0]
+    left_out = set(re.findall(r"`(\w+)`", sentence))
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.choices and "plan" in a.choices)
+    takes = {name for name, p in sub.choices.items()
+             if any("--config" in a.option_strings for a in p._actions)}
+    assert takes == set(sub.choices) - left_out, (sorted(takes), sorted(left_out))

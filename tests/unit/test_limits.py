@@ -29,6 +29,11 @@ def test_over_budget_names_the_estimate_the_limit_and_a_way_out():
     text = str(exc.value)
     assert exc.value.field == "pipeline.microbatches"
     assert "104 ops" in text and "100" in text and "fewer microbatches" in text
+    # the product it shows is the count: 4 x 1 x 13 alone read as 52
+    assert "pp 4 x vpp 1 x 13 microbatches x 2 kinds (F, B) = 104 ops" in text
+    with pytest.raises(UserError) as exc:
+        limits.check_request(_cfg(4, 13, schedule="zb-h1"), budget)
+    assert "x 13 microbatches x 3 kinds (F, B, W) = 156 ops" in str(exc.value)
 
 
 @pytest.mark.parametrize("field,cfg", [

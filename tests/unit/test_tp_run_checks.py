@@ -60,3 +60,11 @@ def test_a_config_the_split_cannot_run_is_refused(model, argv, error, tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err[-1].startswith(f"ppsim run: error: {error}"), err
     assert not (tmp_path / "t").exists()
+
+
+def test_nproc_per_node_help_gives_the_default_the_check_uses(capsys) -> None:
+    """The help said pp / nnodes; a tp, cp or dp run's default is the whole world's."""
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "ranks on this node (default: pp x dp x tp x cp / nnodes)" in text
