@@ -258,7 +258,8 @@ def test_megatrons_dsa_test_model_prices_as_its_hybrid_pattern() -> None:
                                                                       "--v-head-dim 128")
             .replace("--seq-length 1024", "--seq-length 4096").replace(
                 "--max-position-embeddings 1024", "--max-position-embeddings 4096"))
-    one = ("--gpus", "4", "--pp", "1")
+    one = ("--gpus", "4")  # on one stage: the line's own size set to 1, not overridden
+    wide = wide.replace("--pipeline-model-parallel-size 2", "--pipeline-model-parallel-size 1")
     gpt = _simulate(wide, *one)
     hybrid = _simulate(wide.replace("--num-layers 4", "--hybrid-layer-pattern D-D-D-D-")
                        .replace("--experimental-attention-variant dsa", ""), *one)
