@@ -125,7 +125,7 @@ def _refuse_unknown(parser: argparse.ArgumentParser, command: str,
     """Flags the command does not take, in its name, each with the close flags it does take
     (`--presets` for --preset): argparse names neither."""
     flags = [o for a in _subparser(parser, command)._actions for o in a.option_strings
-             if o.startswith("--")]
+             if o.startswith("--") and a.help != argparse.SUPPRESS]  # hidden: not offered
     hints = []
     for word in extra:
         name = word.split("=", 1)[0]

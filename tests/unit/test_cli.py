@@ -391,6 +391,9 @@ def test_a_flag_is_never_taken_by_its_prefix(capsys, args: list[str], flag: str)
      "--gpus?; --microbatch: did you mean --microbatches?) (see --help)"),
     (["simulate", "--bogus-flag"],
      "ppsim simulate: error: unrecognized arguments: --bogus-flag (see --help)"),
+    # Megatron's --clip-grad is close to run's hidden --dump-grads, which --help never shows
+    (["run", "--clip-grad", "1.0"],
+     "ppsim run: error: unrecognized arguments: --clip-grad 1.0 (see --help)"),
 ])
 def test_an_unknown_flag_is_named_with_its_command_and_the_close_flag(capsys, args, said):
     """It read "ppsim: error: unrecognized arguments: --presets llama3-8b": no command, no
