@@ -39,6 +39,7 @@ from ppsim.policy.search import (
     space_key,
 )
 from ppsim.policy.setup import policy_costs
+from ppsim.units import fmt_bytes
 
 POLICY_AXES = ("policy", "policy-per-stage")
 SHARES = {"global": 0.3, "per-stage": 0.3}
@@ -220,9 +221,9 @@ def no_fit_line(spaces: list[SpaceBest]) -> str:
         return no_fit_message(r)  # the weights and state alone: no policy can help
     lowest = f"{peak / 1e9:.2f} GB on rank {rank} ({near.space} {near.label})"
     if peak <= limit:
-        return (f"no split that fits {limit / 1e9:.1f} GB per rank was found within the "
+        return (f"no split that fits {fmt_bytes(limit)} per rank was found within the "
                 f"time budget (the lowest peak seen is {lowest}); give more --time-budget")
-    return (f"no split fits {limit / 1e9:.1f} GB per rank under any memory policy searched: "
+    return (f"no split fits {fmt_bytes(limit)} per rank under any memory policy searched: "
             f"the lowest peak is {lowest}; try more pipeline stages "
             f"(--pp {r.problem.schedule.pp * 2}), more tensor parallelism (--tp), a smaller "
             "micro-batch or fewer microbatches in flight")

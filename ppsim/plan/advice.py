@@ -10,6 +10,7 @@ from ppsim.costs.model import static_floor_bytes
 from ppsim.pipeline.problem import Problem
 from ppsim.plan.floor import memory_floors
 from ppsim.plan.planner import PlanResult
+from ppsim.units import fmt_bytes
 
 
 def no_fit_message(res: PlanResult) -> str:
@@ -26,16 +27,16 @@ def no_fit_message(res: PlanResult) -> str:
     if floor is not None and floor.peak_bytes > limit and p.schedule.vpp > 1:
         # Proven by the floor; no search ran to find the lowest peak itself.
         held = f"{min(floor.inflight)} to {max(floor.inflight)}"
-        return (f"no split fits {limit / 1e9:.1f} GB per rank: some rank of {p.schedule.pp} "
+        return (f"no split fits {fmt_bytes(limit)} per rank: some rank of {p.schedule.pp} "
                 f"holds at least {floor.peak_bytes / 1e9:.2f} GB (weights, optimizer state "
                 f"and the activations of the {held} microbatches a stage holds at once); "
                 "try " + ", ".join(tips))
     if peak <= limit or math.isfinite(res.lower_bound_ms):
         # The search stopped at its budget: a split may fit that it did not reach.
-        return (f"no split that fits {limit / 1e9:.1f} GB per rank was found within the time "
+        return (f"no split that fits {fmt_bytes(limit)} per rank was found within the time "
                 f"budget (the lowest peak seen is {peak / 1e9:.2f} GB on rank {rank}); give "
                 "more --time-budget, or try " + ", ".join(tips))
-    return (f"no split fits {limit / 1e9:.1f} GB per rank: the smallest "
+    return (f"no split fits {fmt_bytes(limit)} per rank: the smallest "
             f"peak any split reaches is {peak / 1e9:.2f} GB on rank {rank}; try "
             + ", ".join(tips))
 
@@ -76,7 +77,7 @@ def _state_message(res: PlanResult, floor: int, limit: float) -> str:
     peak, rank = res.smallest_peak or (0, 0)
     lowest = (f"the smallest peak any split reaches is {peak / 1e9:.2f} GB on rank {rank}; "
               if res.problem.schedule.vpp == 1 and peak else "")
-    return (f"no split fits {limit / 1e9:.1f} GB per rank: {lowest}{_state_alone(floor, pp)} "
+    return (f"no split fits {fmt_bytes(limit)} per rank: {lowest}{_state_alone(floor, pp)} "
             "(recompute cannot help); try " + ", ".join(tips))
 
 

@@ -152,7 +152,7 @@ async def test_no_split_fits_stays_with_the_lowest_peak_and_what_to_try(
         await pilot.press("p")
         await settle(pilot)
         text = status(app)
-        assert "no split fits 0.0 GB per rank" in text and "on rank" in text
+        assert "no split fits 1.00 MB per rank" in text and "on rank" in text
         # At 1 MB the weights alone pass the limit: the advice says recompute cannot
         # help and what can.
         assert "(recompute cannot help); try more tensor or expert parallelism" in text

@@ -333,7 +333,7 @@ def test_a_policy_search_that_fits_nothing_says_how_near_it_came(capsys) -> None
     assert main([*argv, "--search", "policy"]) == 3
     captured = capsys.readouterr()
     err = captured.err.strip()
-    assert "\n" not in err and "40.0 GB per rank" in err
+    assert "\n" not in err and "40.00 GB per rank" in err
     assert f"{peak / 1e9:.2f} GB on rank {rank}" in err and "--pp 8" in err
     assert "global: none" not in captured.out
 
