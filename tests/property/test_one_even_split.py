@@ -50,7 +50,24 @@ def test_planner_tui_and_split_agree_on_even(layers: int, pp: int, vpp: int) -> 
 
 
 def test_thirteen_on_six_leaves_the_end_stages_short() -> None:
-    """The README's rule: the first and last stages (embedding, head) are the ones left a
-    layer short."""
+    """The spare layer goes to a middle stage: the first and last stages (embedding,
+    head) are left a layer short."""
     assert near_even_counts(13, 6) == (2, 3, 2, 2, 2, 2)
     assert _split_cli(13, 6, 1, "1f1b") == [2, 3, 2, 2, 2, 2]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 64), st.integers(1, 400))
+def test_spare_layers_go_to_the_middle_then_the_first_never_the_last(stages: int,
+                                                                     layers: int) -> None:
+    """The documented rule (README, docs/model.md): the near-even split gives its spare
+    layers to the middle stages, then to the first (embedding), never to the last (head)."""
+    if layers < stages:
+        layers = stages
+    counts = near_even_counts(layers, stages)
+    q, spare = divmod(layers, stages)
+    assert sum(counts) == layers and set(counts) <= {q, q + 1}
+    assert counts[-1] == q
+    middle = min(spare, max(0, stages - 2))
+    assert sum(c == q + 1 for c in counts[1:-1]) == middle
+    assert counts[0] == q + (spare - middle if stages > 1 else 0)
