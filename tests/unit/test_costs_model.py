@@ -191,7 +191,7 @@ def test_host_mediated_p2p_is_not_kept(monkeypatch, capsys, tmp_path):
     doc = prof.profile(model_fields({"preset": "tiny-gpt"}), "cpu", repeats=1, warmup=0)
     assert doc["p2p"] is None
     assert doc["measurement"]["p2p_host_mediated"]["bandwidth_gbps"] == 2.3
-    from ppsim.cli.profile import _print_costs
+    from ppsim.cli.profile_text import print_costs
 
-    _print_costs(doc, "t")
+    print_costs(doc, "t")
     assert "not an NVLink or InfiniBand" in " ".join(capsys.readouterr().out.split())

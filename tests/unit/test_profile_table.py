@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ppsim.cli.profile import _layer_rows
+from ppsim.cli.profile_text import layer_rows
 
 
 def _layer(forward_ms: float) -> dict:
@@ -11,10 +11,10 @@ def _layer(forward_ms: float) -> dict:
 
 def test_a_stack_of_two_kinds_shows_both() -> None:
     dense, moe = _layer(1.0), _layer(1.7)
-    rows = _layer_rows([dense, moe, dense, moe, dense])
+    rows = layer_rows([dense, moe, dense, moe, dense])
     assert [(name, x) for name, _, x in rows] == [("layer 0 ×3", dense), ("layer 1 ×2", moe)]
 
 
 def test_one_kind_is_one_row() -> None:
-    assert [r[0] for r in _layer_rows([_layer(1.0)] * 4)] == ["layer 0"]
-    assert [r[0] for r in _layer_rows([_layer(1.0)])] == ["layer"]
+    assert [r[0] for r in layer_rows([_layer(1.0)] * 4)] == ["layer 0"]
+    assert [r[0] for r in layer_rows([_layer(1.0)])] == ["layer"]
