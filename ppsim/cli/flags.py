@@ -246,7 +246,8 @@ def _memory_flags(flag: Any) -> tuple[dict[str, Any], str | None]:
     if flag("moe_layer_recompute"):
         granularity = megatron_flags.moe_layer_recompute(granularity, memory)
     return memory, megatron_flags.recompute_mode(granularity, flag("recompute_method"), memory,
-                                                 flag("recompute"))
+                                                 flag("recompute"),
+                                                 bool(flag("moe_grouped_gemm")))
 
 
 def _hardware_flags(args: argparse.Namespace, flag: Any

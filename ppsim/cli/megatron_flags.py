@@ -12,11 +12,12 @@ from ppsim.job.shape import dispatcher_refusal
 
 
 def recompute_mode(granularity: str | None, method: str | None, memory: dict[str, Any],
-                   recompute: str | None) -> str | None:
+                   recompute: str | None, grouped_gemm: bool = False) -> str | None:
     """The global recompute mode Megatron's --recompute-granularity and --recompute-method
     say, refused where Megatron refuses them: "none" under a module list or the block
     method's first N (Megatron recomputes nothing else, whatever a preset's mode), and
-    uniform's --recompute-num-layers 1 leaves `memory` (every layer, not the first N)."""
+    uniform's --recompute-num-layers 1 leaves `memory` (every layer, not the first N).
+    `grouped_gemm`: --moe-grouped-gemm, which selective moe_act recompute needs."""
     if granularity is None:
         if method is not None:
             raise UserError("--recompute-method", "needs --recompute-granularity full",
@@ -26,23 +27,34 @@ def recompute_mode(granularity: str | None, method: str | None, memory: dict[str
         raise UserError("--recompute-granularity", "says what --recompute says",
                         "give one of them")
     if granularity == "selective":
-        if method is not None or "recompute_layers" in memory:
+        if method is not None:
             raise UserError("--recompute-method", "Megatron takes a method and a layer count "
                             "only with full granularity", "drop them, or use full")
+        if "recompute_layers" in memory:
+            raise UserError("--recompute-num-layers", "When using recompute_granularity: "
+                            "selective recompute_num_layers must be None. (Megatron's words)",
+                            "drop it, or use --recompute-granularity full")
+        modules = str(memory.get("recompute_modules", "")).replace(",", " ").split()
+        if "moe_act" in modules and not grouped_gemm:
+            raise UserError("--recompute-modules", "moe_act in recompute_modules is only "
+                            "supported with moe_grouped_gemm. (Megatron's words)",
+                            "add --moe-grouped-gemm")
         return "none" if "recompute_modules" in memory else "selective"
     if "recompute_modules" in memory:
         raise UserError("--recompute-modules", "go with selective granularity only",
                         "use --recompute-granularity selective")
+    if method is not None and "recompute_layers" not in memory:
+        raise UserError("--recompute-num-layers", "When using recompute_granularity: full "
+                        "recompute_num_layers must be between 1 and "
+                        "num_layers_per_pipeline_rank (Megatron's words)",
+                        "add --recompute-num-layers 1 (uniform: every layer) or N (block)")
     if method == "uniform":
-        if memory.pop("recompute_layers", 1) != 1:
+        if memory.pop("recompute_layers") != 1:
             raise UserError("--recompute-num-layers", "the uniform method with groups of more "
                             "than one layer keeps one input a group, which ppsim does not "
                             "model", "use --recompute-num-layers 1, or the block method")
         return "full"
     if method == "block":
-        if "recompute_layers" not in memory:
-            raise UserError("--recompute-num-layers", "the block method needs N, the layers "
-                            "of each stage recomputed", "add --recompute-num-layers N")
         return "none"
     raise UserError("--recompute-method", "full granularity needs a method",
                     "add --recompute-method uniform (every layer) or block")

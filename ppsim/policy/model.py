@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ppsim.costs.modules import OFFLOAD_MODULES, RECOMPUTE_MODULES, SHORTHAND
-from ppsim.errors import UserError
+from ppsim.errors import UserError, one_of
 
 ALL_LAYERS = 1 << 30
 """A block count that covers every layer of any stage (the "full" mode)."""
@@ -66,6 +66,26 @@ def shorthand(mode: str) -> StagePolicy:
 POLICY_KEYS = ("recompute_modules", "recompute_layers", "offload_modules", "offload_fraction")
 """The keys of a [memory] table or a [[memory.stage]] table."""
 
+UNPRICED_MODULES = {"gdn_norm_out": "recompute", "gdp_in_proj": "recompute",
+                    "gdp_qkv": "recompute or offload", "mhc": "recompute",
+                    "fused_group_mlp": "offload"}
+"""Megatron's modules ppsim has no cost for, and which of its lists takes each."""
+
+
+def _unknown_module(where: str, name: str, allowed: tuple[str, ...]) -> UserError:
+    """The error for a module name `allowed` lacks: Megatron's that ppsim does not price,
+    one of the other list's, or the close names."""
+    if name in UNPRICED_MODULES:
+        return UserError(where, f"Megatron's {UNPRICED_MODULES[name]} module {name!r} is not "
+                         "priced by ppsim", "drop it; ppsim prices " + ", ".join(allowed))
+    this, other = ("offload", "recompute") if allowed == OFFLOAD_MODULES else \
+        ("recompute", "offload")
+    if name in RECOMPUTE_MODULES + OFFLOAD_MODULES:
+        return UserError(where, f"{name!r} is one of Megatron's {other} modules, not its "
+                         f"{this} modules", f"move it to {other}_modules, or use "
+                         + ", ".join(allowed))
+    return UserError(where, f"unknown module {name!r}", one_of(name, allowed))
+
 
 def module_names(where: str, value: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:
     """A list (or comma/space-separated text) of Megatron module names, checked."""
@@ -76,7 +96,7 @@ def module_names(where: str, value: Any, allowed: tuple[str, ...]) -> tuple[str,
                         "write e.g. [\"core_attn\", \"mlp\"]")
     for v in value:
         if v not in allowed:
-            raise UserError(where, f"unknown module {v!r}", "use any of " + ", ".join(allowed))
+            raise _unknown_module(where, v, allowed)
     return tuple(dict.fromkeys(value))  # Megatron's order as given, once each
 
 
@@ -84,8 +104,7 @@ def stage_policy(where: str, table: dict[str, Any], base: StagePolicy) -> StageP
     """A [memory] table (or one per-stage table) over `base`."""
     for key in table:
         if key not in POLICY_KEYS and key != "stage":
-            raise UserError(f"{where}.{key}", "unknown key",
-                            "use one of " + ", ".join(POLICY_KEYS))
+            raise UserError(f"{where}.{key}", "unknown key", one_of(key, POLICY_KEYS))
     out = dict(recompute_modules=base.recompute_modules, recompute_layers=base.recompute_layers,
                offload_modules=base.offload_modules, offload_fraction=base.offload_fraction)
     if "recompute_modules" in table:

@@ -33,7 +33,7 @@ from ppsim.plan.planner import PlanResult, plan
 from ppsim.plan.search import SplitSearch
 from ppsim.policy.costs import Cheapest, Fixed, PolicyCosts
 from ppsim.policy.megatron import offload_refusal, recompute_refusal
-from ppsim.policy.model import StagePolicy, shorthand
+from ppsim.policy.model import ALL_LAYERS, StagePolicy, shorthand
 from ppsim.policy.report import host_fits
 from ppsim.sim.copies import estimated
 from ppsim.sim.simulate import simulate
@@ -196,44 +196,50 @@ def megatron_points(pc: PolicyCosts, pp: int, offload: bool) -> list[tuple[Stage
     return out
 
 
-def _proxy_ms(search: SplitSearch, pc: PolicyCosts, policies: tuple[StagePolicy, ...],
-              counts: tuple[int, ...]) -> float:
+def _proxy(search: SplitSearch, pc: PolicyCosts, policies: tuple[StagePolicy, ...],
+           counts: tuple[int, ...]) -> tuple[float, float]:
     """A quick estimate of a fixed policy on one split, to rank the points before planning
-    them: inf when a rank runs out of memory, else the busiest rank's m x (F + B) plus
-    one pass through the stages (fill and drain)."""
+    them: (ms, the fullest rank's bytes); ms is inf when a rank runs out of memory, else
+    the busiest rank's m x (F + B) plus one pass through the stages (fill and drain)."""
     costs, offset = [], 0
     for k, n in enumerate(counts):
         costs.append(estimated(pc.stage_cost(policies[k], offset, n, k == 0,
                                              k == len(counts) - 1, search.receives[k])))
         offset += n
-    busiest = 0.0
+    busiest, fullest = 0.0, 0.0
     for r, stages in enumerate(search.rank_stages):
         rc = [costs[s] for s in stages]
-        if sum(c.static_bytes for c in rc) + search.rank_peak(r, rc) > search.memory:
-            return float("inf")
+        fullest = max(fullest, sum(c.static_bytes for c in rc) + search.rank_peak(r, rc))
         busiest = max(busiest, sum(c.forward_ms + c.backward_ms for c in rc))
-    return busiest * search.m + sum(c.forward_ms + c.backward_ms for c in costs) / search.vpp
+    if fullest > search.memory:
+        return float("inf"), fullest
+    ms = busiest * search.m + sum(c.forward_ms + c.backward_ms for c in costs) / search.vpp
+    return ms, fullest
 
 
 def megatron_candidates(problem: Problem, pc: PolicyCosts, splits: list[tuple[int, ...]]
                         ) -> list[tuple[float, tuple[StagePolicy, ...], str]]:
     """Every point of the Megatron-expressible space with its quick estimate on the
-    given splits, most promising first."""
+    given splits, most promising first (where none fits, the nearest to fitting, then
+    the one that recomputes the most layers: it holds the least on other splits too)."""
     S, pp = problem.split.num_stages, problem.split.pp
     search = SplitSearch(replace(problem, memory=None))
     most = -(-problem.costs.num_layers // S) + 1
     out = []
     for g, delta in megatron_points(pc, pp, pc.host_link_gbps > 0):
         # Megatron takes --recompute-num-layers with full granularity only: N > 0
-        # recomputes whole layers and no modules (and none under the combined 1F1B).
-        for n in range(0, most + 1 if not g.recompute_modules and not pc.combined else 1):
+        # recomputes whole layers and no modules (and none under the combined 1F1B); N
+        # all is its uniform method, which covers a stage of any size.
+        whole = not g.recompute_modules and not pc.combined
+        for n in [*range(0, most + 1), ALL_LAYERS] if whole else [0]:
             pol = per_rank(replace(g, recompute_layers=n), pp, S, delta)
-            est = min((_proxy_ms(search, pc, pol, c) for c in splits), default=float("inf"))
+            est = min((_proxy(search, pc, pol, c) for c in splits),
+                      default=(float("inf"), float("inf")))
             label = replace(g, recompute_layers=n).label() + (
                 f" (-{delta:.0%}/rank)" if delta else "")
-            out.append((est, pol, label))
+            out.append(((*est, -n), pol, label))  # ties: the most layers recomputed
     out.sort(key=lambda x: x[0])
-    return out
+    return [(est[0], pol, label) for est, pol, label in out]
 
 
 def plan_megatron(problem: Problem, pc: PolicyCosts, budget_s: float,

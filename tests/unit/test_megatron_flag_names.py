@@ -138,12 +138,26 @@ def test_the_recompute_flags_ppsim_exports_read_back() -> None:
     ("--recompute-granularity full --recompute-method uniform --recompute-modules mlp",
      "--recompute-modules"),
     ("--recompute-granularity selective --recompute full", "--recompute-granularity"),
+    # TransformerConfig: full granularity needs a layer count, whatever the method; none
+    # with selective; moe_act recompute needs grouped GEMM.
+    ("--recompute-granularity full --recompute-method uniform", "--recompute-num-layers"),
+    ("--recompute-granularity selective --recompute-num-layers 2", "--recompute-num-layers"),
+    ("--recompute-granularity selective --recompute-modules moe_act", "--recompute-modules"),
+    ("--recompute-activations --recompute-modules core_attn,moe_act", "--recompute-modules"),
 ])
 def test_megatrons_recompute_flags_are_refused_where_megatron_refuses_them(
         flags: str, field: str, capsys) -> None:
     assert main([*LLAMA, *flags.split()]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and f"error: {field}:" in err
+
+
+def test_moe_act_recompute_with_grouped_gemm_is_megatrons_and_ppsims_moe_act() -> None:
+    moe = ["simulate", "--preset", "qwen3-30b-a3b", "--hardware", "h100-80gb", "--pp", "4"]
+    got = _json([*moe, "--recompute-granularity", "selective", "--recompute-modules",
+                 "moe_act", "--moe-grouped-gemm"])
+    assert got == _json([*moe, "--recompute", "none", "--recompute-modules", "moe_act"])
+    assert got != _json([*moe, "--recompute", "none"])
 
 
 def test_a_per_rank_offload_step_ppsim_exports_reads_back() -> None:

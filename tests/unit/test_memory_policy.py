@@ -319,3 +319,24 @@ def test_no_bias_swiglu_fusion_keeps_the_silu_output_as_megatrons_eager_swiglu(c
                  "5", "--json"]) == 0
     assert "--no-bias-swiglu-fusion" in json.loads(capsys.readouterr().out)[
         "best"]["megatron_job_flags"]
+
+
+@pytest.mark.parametrize(("flags", "want"), [
+    ("--recompute-modules core_atn", "did you mean core_attn"),
+    ("--offload-modules attn", "did you mean attn_norm or attn_proj"),
+    ("--offload-modules mlp", "'mlp' is one of Megatron's recompute modules"),
+    ("--recompute-modules expert_fc1", "'expert_fc1' is one of Megatron's offload modules"),
+    ("--recompute-modules gdn_norm_out", "'gdn_norm_out' is not priced by ppsim"),
+    ("--offload-modules fused_group_mlp", "'fused_group_mlp' is not priced by ppsim"),
+])
+def test_a_module_name_ppsim_lacks_is_answered_with_what_was_meant(flags: str, want: str,
+                                                                   capsys) -> None:
+    assert main(["simulate", "--preset", "tiny-gpt", *flags.split()]) == 2
+    err = capsys.readouterr().err.strip()
+    assert want in err and "\n" not in err
+
+
+def test_a_misspelt_memory_key_is_answered_with_the_close_key() -> None:
+    with pytest.raises(UserError, match="did you mean recompute_modules"):
+        config_from_dict({"model": {"preset": "tiny-gpt"},
+                          "memory": {"recompute_module": ["core_attn"]}})

@@ -358,3 +358,20 @@ def test_policy_search_on_a_uniform_model_names_the_search(tmp_path, capsys) -> 
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith("ppsim plan: error: --search: policy")
     assert "[memory]" not in err and "drop --search policy" in err
+
+
+def test_where_nothing_fits_the_megatron_space_is_as_near_as_the_global_full() -> None:
+    """Global full recompute is a Megatron point (the uniform method), so where no split
+    fits, the Megatron space's nearest policy holds at most what full does, and it
+    recomputes: Megatron's default (none) is the farthest from fitting."""
+    import time
+
+    from ppsim.cli.plan_policy import search_spaces
+    from ppsim.policy.search import lowest_peak
+
+    cfg = with_overrides(load_config(None), preset="llama3-8b", hardware="h100-80gb",
+                         pipeline={"pp": 4, "microbatches": 8}, memory_bytes=38e9)
+    glob, meg = search_spaces(cfg, ["policy"], 6.0, time.perf_counter())
+    assert glob.result.best is None and meg.result.best is None and glob.label == "full"
+    assert lowest_peak(meg) <= lowest_peak(glob) < 38e9 * 1.2
+    assert all(p.recompute_layers for p in meg.policies)
