@@ -26,7 +26,7 @@ from ppsim.costs.model import (
 )
 from ppsim.costs.modules import offloaded_input_bytes
 from ppsim.costs.transformer import Accelerator, layer_kinds, transformer_costs
-from ppsim.policy.model import StagePolicy
+from ppsim.policy.model import ALL_LAYERS, StagePolicy
 from ppsim.sim.copies import estimated
 
 
@@ -73,6 +73,17 @@ class PolicyCosts:
         self.base = self.layers_under(())
         self._ends = (_fields_of(self.base.embedding), _fields_of(self.base.head))
         self.kinds = layer_kinds(self.arch) + ("mtp",) * self.arch.mtp_layers
+        self.first_mtp = len(self.kinds) - self.arch.mtp_layers
+
+    def recomputed(self, policy: StagePolicy, offset: int, count: int) -> int:
+        """Layers [offset, offset + count) recompute whole: the first N. Megatron's block
+        method (N below all) skips the MTP layers, which follow the decoder's
+        (multi_token_prediction.py: "not supported for MTP yet. Skipping recompute"); its
+        uniform method (N all) recomputes them too."""
+        if policy.recompute_layers >= ALL_LAYERS:
+            return count
+        decoder = max(0, min(offset + count, self.first_mtp) - offset)
+        return min(policy.recompute_layers, decoder)
 
     def _priced(self, modules: tuple[str, ...], full: bool) -> ModelCosts:
         if self.price is not None:
@@ -169,7 +180,7 @@ class PolicyCosts:
         """Layers [offset, offset + count) (and the embedding/head where they sit) under
         `policy`: its first N layers recomputed whole, the rest by module. Sums as
         ppsim.costs.model.stage_cost does, from prefix sums (O(1) per stage)."""
-        n = min(policy.recompute_layers, count)
+        n = self.recomputed(policy, offset, count)
         full, var = self._prefix(None).rows, self._prefix(policy.recompute_modules).rows
         lo, mid, hi = offset, offset + n, offset + count
         sums = [(a - b) + (c - d) for a, b, c, d in zip(full[mid], full[lo], var[hi], var[mid],
@@ -216,7 +227,7 @@ class PolicyCosts:
         """Host bytes one microbatch of the stage holds while offloaded."""
         if not policy.offloads:
             return 0
-        n = min(policy.recompute_layers, count)
+        n = self.recomputed(policy, offset, count)
         moved = self.offloaded(policy.recompute_modules, policy.offload_modules).moved
         return int(policy.offload_fraction * (moved[offset + count] - moved[offset + n]))
 

@@ -228,3 +228,23 @@ def test_layers_per_virtual_stage_on_the_embedded_default_re_splits_it(per_chunk
     got = _json(["simulate", "--num-layers-per-virtual-pipeline-stage", str(per_chunk)])
     want = _json(["simulate", "--vpp", str(vpp)])
     assert got == want and got["vpp"] == vpp and len(got["split"]) == 2 * vpp
+
+
+def test_block_recompute_skips_the_mtp_layer_as_megatron_does() -> None:
+    """Megatron's block method recomputes no MTP layer (multi_token_prediction.py warns
+    "recompute_method == 'block' is not supported for MTP yet. Skipping recompute"); its
+    uniform method recomputes it. Block N above every stage's layers is then uniform on
+    every rank but the one holding the MTP layer, which keeps that layer's activations."""
+    base = ["simulate", "--preset", "deepseek-v3", "--hardware", "h200-141gb", "--pp", "4",
+            "--microbatches", "8", "--recompute-granularity", "full"]
+    block = [*base, "--recompute-method", "block", "--recompute-num-layers", "99"]
+    uniform = [*base, "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+
+    def peaks(argv: list[str]) -> list[int]:
+        return [r["peak_memory_bytes"] for r in _json(argv)["ranks"]]
+
+    with_mtp_block, with_mtp_uniform = peaks(block), peaks(uniform)
+    assert with_mtp_block[:-1] == with_mtp_uniform[:-1]
+    assert with_mtp_block[-1] > with_mtp_uniform[-1]
+    no_mtp = ["--mtp-num-layers", "0"]
+    assert peaks([*block, *no_mtp]) == peaks([*uniform, *no_mtp])
