@@ -66,6 +66,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         _register()
     parser = _Parser(prog="ppsim", description="Plan, simulate, run and diff uneven "
                      "pipeline-parallel splits.")
+    parser.add_argument("--version", action="version", version=f"ppsim {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (help_text, add, _) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -80,6 +81,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             p.add_argument("--force", action="store_true",
                            help="write outputs through a symbolic link (refused otherwise)")
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml's), or "unknown" where ppsim
+    runs from a source tree that was never installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ppsim")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import ROOT
 
 from ppsim.cli.main import main
 from ppsim.config.schema import config_to_toml, load_config
@@ -411,3 +412,14 @@ def test_an_expert_tensor_parallel_size_of_0_on_the_command_line_is_refused(caps
     assert exit_.value.code == 2
     assert "--etp/--expert-tensor-parallel-size: must be at least 1, got 0" in \
         capsys.readouterr().err
+
+
+def test_version_prints_the_installed_distributions(capsys) -> None:
+    import tomllib
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert capsys.readouterr().out.strip() == f"ppsim {declared}" == f"ppsim {version('ppsim')}"
