@@ -94,8 +94,8 @@ MODEL_PRESETS: dict[str, dict] = {
         hybrid_layer_pattern=NEMOTRON_H_56B, num_layers=118, hidden_size=8192, num_heads=64,
         num_kv_heads=8,
         head_dim=128, ffn_hidden_size=32768, gated_mlp=False, norm="rmsnorm",
-        mamba_head_dim=64, mamba_num_groups=8, mamba_state_dim=256, vocab_size=131072,
-        seq_length=8192, micro_batch_size=1, tp=8, recompute="selective"),
+        position="none", mamba_head_dim=64, mamba_num_groups=8, mamba_state_dim=256,
+        vocab_size=131072, seq_length=8192, micro_batch_size=1, tp=8, recompute="selective"),
     "nemotron-3-nano-30b-a3b": dict(
         hybrid_layer_pattern=NEMOTRON_3_NANO, num_layers=52, hidden_size=2688, num_heads=32,
         num_kv_heads=2, head_dim=128, ffn_hidden_size=1856, gated_mlp=False, norm="rmsnorm",
