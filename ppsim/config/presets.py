@@ -24,7 +24,7 @@ MODEL_PRESETS: dict[str, dict] = {
     "gpt3-1.3b": dict(
         num_layers=24, hidden_size=2048, num_heads=16, num_kv_heads=16, ffn_hidden_size=8192,
         vocab_size=51200, seq_length=2048, micro_batch_size=1, gated_mlp=False,
-        recompute="selective"),
+        tie_embeddings=True, recompute="selective"),
     "llama2-7b": dict(
         num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=32, ffn_hidden_size=11008,
         vocab_size=32000, seq_length=4096, micro_batch_size=1, recompute="selective"),
@@ -37,7 +37,7 @@ MODEL_PRESETS: dict[str, dict] = {
     "gpt3-175b": dict(
         num_layers=96, hidden_size=12288, num_heads=96, num_kv_heads=96, ffn_hidden_size=49152,
         vocab_size=51200, seq_length=2048, micro_batch_size=1, gated_mlp=False, tp=8,
-        recompute="selective"),
+        tie_embeddings=True, recompute="selective"),
     "llama3.1-405b": dict(
         num_layers=126, hidden_size=16384, num_heads=128, num_kv_heads=8, ffn_hidden_size=53248,
         vocab_size=128256, seq_length=8192, micro_batch_size=1, tp=8, recompute="selective",
@@ -125,11 +125,12 @@ MODEL_NOTES: dict[str, str] = {
     "tiny-llm": "tiny-gpt with an LLM's heavy head: vocab 8192 over hidden 64, so the LM "
     "head and loss weigh several layers on a CPU (the default; `ppsim demo` moves layers "
     "off the last rank)",
-    "gpt3-1.3b": "GPT-3 XL",
+    "gpt3-1.3b": "GPT-3 XL, the output layer tied to the embedding (arXiv 2005.14165: 1.3B)",
     "llama2-7b": "Llama 2 7B",
     "llama3-8b": "Llama 3 8B (GQA, 128k vocab)",
     "llama3-70b": "Llama 3 70B, tp 8",
-    "gpt3-175b": "GPT-3 175B, tp 8",
+    "gpt3-175b": "GPT-3 175B, tp 8, the output layer tied to the embedding (Megatron-LM's "
+    "examples/gpt3/train_gpt3_175b_distributed.sh; arXiv 2005.14165: 175B)",
     "llama3.1-405b": "Llama 3.1 405B, tp 8, distributed optimizer over dp 64 "
     "(meta-llama/Llama-3.1-405B "
     "config.json; Llama 3 paper: TP8 PP16 DP64)",

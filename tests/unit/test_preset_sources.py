@@ -3,7 +3,10 @@ Megatron scripts their notes cite)."""
 
 from __future__ import annotations
 
+import pytest
+
 from ppsim.config.model import parse_model
+from ppsim.costs.kinds import model_params
 
 
 def test_nemotron_h_56b_attention_has_no_position_embedding() -> None:
@@ -11,3 +14,17 @@ def test_nemotron_h_56b_attention_has_no_position_embedding() -> None:
     # --position-embedding-type none (no learned table, no rotary).
     arch = parse_model({"preset": "nemotron-h-56b"}).arch
     assert not arch.learned_positions and not arch.rotary
+
+
+@pytest.mark.parametrize("name, total", [
+    # Language Models are Few-Shot Learners (arXiv 2005.14165), Table 2.1: GPT-3 XL 1.3B,
+    # GPT-3 175B; GPT-2's architecture, whose output layer is the token embedding's table
+    # (Megatron-LM's examples/gpt3/train_gpt3_175b_distributed.sh ties them too: no
+    # --untie-embeddings-and-output-weights).
+    ("gpt3-1.3b", 1.3e9),
+    ("gpt3-175b", 175e9),
+])
+def test_gpt3_shares_its_embedding_with_the_output_layer(name: str, total: float) -> None:
+    arch = parse_model({"preset": name}).arch
+    assert arch.tie_embeddings
+    assert model_params(arch).total == pytest.approx(total, rel=0.015)
