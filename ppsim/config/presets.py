@@ -23,7 +23,7 @@ MODEL_PRESETS: dict[str, dict] = {
         vocab_size=8192, seq_length=64, micro_batch_size=2, gated_mlp=False, dtype="fp32"),
     "gpt3-1.3b": dict(
         num_layers=24, hidden_size=2048, num_heads=16, num_kv_heads=16, ffn_hidden_size=8192,
-        vocab_size=51200, seq_length=2048, micro_batch_size=1, gated_mlp=False,
+        vocab_size=50257, seq_length=2048, micro_batch_size=1, gated_mlp=False,
         tie_embeddings=True, recompute="selective"),
     "llama2-7b": dict(
         num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=32, ffn_hidden_size=11008,
@@ -36,7 +36,7 @@ MODEL_PRESETS: dict[str, dict] = {
         vocab_size=128256, seq_length=8192, micro_batch_size=1, tp=8, recompute="selective"),
     "gpt3-175b": dict(
         num_layers=96, hidden_size=12288, num_heads=96, num_kv_heads=96, ffn_hidden_size=49152,
-        vocab_size=51200, seq_length=2048, micro_batch_size=1, gated_mlp=False, tp=8,
+        vocab_size=50257, seq_length=2048, micro_batch_size=1, gated_mlp=False, tp=8,
         tie_embeddings=True, recompute="selective"),
     "llama3.1-405b": dict(
         num_layers=126, hidden_size=16384, num_heads=128, num_kv_heads=8, ffn_hidden_size=53248,

@@ -7,6 +7,7 @@ import pytest
 
 from ppsim.config.model import parse_model
 from ppsim.costs.kinds import model_params
+from ppsim.costs.layerops import padded_vocab
 
 
 def test_nemotron_h_56b_attention_has_no_position_embedding() -> None:
@@ -28,3 +29,15 @@ def test_gpt3_shares_its_embedding_with_the_output_layer(name: str, total: float
     arch = parse_model({"preset": name}).arch
     assert arch.tie_embeddings
     assert model_params(arch).total == pytest.approx(total, rel=0.015)
+
+
+@pytest.mark.parametrize("name, tp, rows", [("gpt3-1.3b", 1, 50304), ("gpt3-175b", 8, 51200)])
+def test_gpt3_vocabulary_is_gpt2s_padded_as_megatron_pads_it(name: str, tp: int,
+                                                             rows: int) -> None:
+    # GPT-3 (arXiv 2005.14165) uses GPT-2's byte-level BPE of 50,257 tokens (Radford et al.
+    # 2019, section 2.2); Megatron-LM's examples/gpt3/train_gpt3_175b_distributed.sh reads
+    # it from gpt2-vocab.json and pads it to a multiple of 128 x tp
+    # (--make-vocab-size-divisible-by 128): 50,304 rows at tp 1, 51,200 at tp 8.
+    arch = parse_model({"preset": name, "tp": tp}).arch
+    assert arch.vocab_size == 50257
+    assert padded_vocab(arch) == rows
