@@ -73,8 +73,9 @@ MODEL_PRESETS: dict[str, dict] = {
     "gpt-oss-120b": dict(
         num_layers=36, hidden_size=2880, num_heads=64, num_kv_heads=8, head_dim=64,
         ffn_hidden_size=2880, num_experts=128, top_k=4, moe_ffn_hidden_size=2880, ep=8,
-        vocab_size=201088, seq_length=4096, micro_batch_size=1, attention_window=127,
-        window_attn_skip_freq="2", gated_activation="quick_geglu", recompute="selective"),
+        vocab_size=201088, pad_vocab=False, seq_length=4096, micro_batch_size=1,
+        attention_window=127, window_attn_skip_freq="2", gated_activation="quick_geglu",
+        recompute="selective"),
     # Hybrid stacks (ppsim.costs.hybrid): the pattern sets num_layers and mtp_layers.
     "tiny-hybrid": dict(
         hybrid_layer_pattern="M-*-G-E-", num_layers=8, hidden_size=64, num_heads=4, num_kv_heads=4,

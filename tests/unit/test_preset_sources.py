@@ -41,3 +41,12 @@ def test_gpt3_vocabulary_is_gpt2s_padded_as_megatron_pads_it(name: str, tp: int,
     arch = parse_model({"preset": name, "tp": tp}).arch
     assert arch.vocab_size == 50257
     assert padded_vocab(arch) == rows
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_gpt_oss_vocabulary_is_taken_as_it_is(tp: int) -> None:
+    # Megatron-LM's examples/post_training/modelopt/conf/openai/gpt-oss-120b.sh (the
+    # preset's cited source): --padded-vocab-size 201088, openai/gpt-oss-120b's
+    # config.json vocab_size; no padding to 128 x tp.
+    arch = parse_model({"preset": "gpt-oss-120b", "tp": tp}).arch
+    assert padded_vocab(arch) == 201088
