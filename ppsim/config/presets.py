@@ -23,8 +23,8 @@ MODEL_PRESETS: dict[str, dict] = {
         vocab_size=8192, seq_length=64, micro_batch_size=2, gated_mlp=False, dtype="fp32"),
     "gpt3-1.3b": dict(
         num_layers=24, hidden_size=2048, num_heads=16, num_kv_heads=16, ffn_hidden_size=8192,
-        vocab_size=51200, seq_length=2048, micro_batch_size=1, gated_mlp=False,
-        recompute="selective"),
+        vocab_size=50257, seq_length=2048, micro_batch_size=1, gated_mlp=False,
+        tie_embeddings=True, recompute="selective"),
     "llama2-7b": dict(
         num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=32, ffn_hidden_size=11008,
         vocab_size=32000, seq_length=4096, micro_batch_size=1, recompute="selective"),
@@ -36,8 +36,8 @@ MODEL_PRESETS: dict[str, dict] = {
         vocab_size=128256, seq_length=8192, micro_batch_size=1, tp=8, recompute="selective"),
     "gpt3-175b": dict(
         num_layers=96, hidden_size=12288, num_heads=96, num_kv_heads=96, ffn_hidden_size=49152,
-        vocab_size=51200, seq_length=2048, micro_batch_size=1, gated_mlp=False, tp=8,
-        recompute="selective"),
+        vocab_size=50257, seq_length=2048, micro_batch_size=1, gated_mlp=False, tp=8,
+        tie_embeddings=True, recompute="selective"),
     "llama3.1-405b": dict(
         num_layers=126, hidden_size=16384, num_heads=128, num_kv_heads=8, ffn_hidden_size=53248,
         vocab_size=128256, seq_length=8192, micro_batch_size=1, tp=8, recompute="selective",
@@ -73,8 +73,9 @@ MODEL_PRESETS: dict[str, dict] = {
     "gpt-oss-120b": dict(
         num_layers=36, hidden_size=2880, num_heads=64, num_kv_heads=8, head_dim=64,
         ffn_hidden_size=2880, num_experts=128, top_k=4, moe_ffn_hidden_size=2880, ep=8,
-        vocab_size=201088, seq_length=4096, micro_batch_size=1, attention_window=127,
-        window_attn_skip_freq="2", gated_activation="quick_geglu", recompute="selective"),
+        vocab_size=201088, pad_vocab=False, seq_length=4096, micro_batch_size=1,
+        attention_window=127, window_attn_skip_freq="2", gated_activation="quick_geglu",
+        recompute="selective"),
     # Hybrid stacks (ppsim.costs.hybrid): the pattern sets num_layers and mtp_layers.
     "tiny-hybrid": dict(
         hybrid_layer_pattern="M-*-G-E-", num_layers=8, hidden_size=64, num_heads=4, num_kv_heads=4,
@@ -94,8 +95,8 @@ MODEL_PRESETS: dict[str, dict] = {
         hybrid_layer_pattern=NEMOTRON_H_56B, num_layers=118, hidden_size=8192, num_heads=64,
         num_kv_heads=8,
         head_dim=128, ffn_hidden_size=32768, gated_mlp=False, norm="rmsnorm",
-        mamba_head_dim=64, mamba_num_groups=8, mamba_state_dim=256, vocab_size=131072,
-        seq_length=8192, micro_batch_size=1, tp=8, recompute="selective"),
+        position="none", mamba_head_dim=64, mamba_num_groups=8, mamba_state_dim=256,
+        vocab_size=131072, seq_length=8192, micro_batch_size=1, tp=8, recompute="selective"),
     "nemotron-3-nano-30b-a3b": dict(
         hybrid_layer_pattern=NEMOTRON_3_NANO, num_layers=52, hidden_size=2688, num_heads=32,
         num_kv_heads=2, head_dim=128, ffn_hidden_size=1856, gated_mlp=False, norm="rmsnorm",
@@ -125,11 +126,12 @@ MODEL_NOTES: dict[str, str] = {
     "tiny-llm": "tiny-gpt with an LLM's heavy head: vocab 8192 over hidden 64, so the LM "
     "head and loss weigh several layers on a CPU (the default; `ppsim demo` moves layers "
     "off the last rank)",
-    "gpt3-1.3b": "GPT-3 XL",
+    "gpt3-1.3b": "GPT-3 XL, the output layer tied to the embedding (arXiv 2005.14165: 1.3B)",
     "llama2-7b": "Llama 2 7B",
     "llama3-8b": "Llama 3 8B (GQA, 128k vocab)",
     "llama3-70b": "Llama 3 70B, tp 8",
-    "gpt3-175b": "GPT-3 175B, tp 8",
+    "gpt3-175b": "GPT-3 175B, tp 8, the output layer tied to the embedding (Megatron-LM's "
+    "examples/gpt3/train_gpt3_175b_distributed.sh; arXiv 2005.14165: 175B)",
     "llama3.1-405b": "Llama 3.1 405B, tp 8, distributed optimizer over dp 64 "
     "(meta-llama/Llama-3.1-405B "
     "config.json; Llama 3 paper: TP8 PP16 DP64)",

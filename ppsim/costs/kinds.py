@@ -38,7 +38,8 @@ class ModelParams:
     """A whole model's parameter counts."""
 
     total: int
-    """Every weight but MTP's: the layers, the embedding, the head and the final norm."""
+    """Every weight but MTP's: the layers, the embedding, the head (none of its own when
+    tied) and the final norm."""
     active: int
     """Those one token's pass touches (its top-k experts of each MoE layer)."""
     mtp: int
@@ -48,7 +49,8 @@ class ModelParams:
 def model_params(a: Architecture) -> ModelParams:
     """The parameters of any stack."""
     kinds = layer_kinds(a)
-    total = active = 2 * a.vocab_size * a.hidden_size + a.hidden_size
+    tables = 1 if a.tie_embeddings else 2  # a tied head is the embedding's table
+    total = active = tables * a.vocab_size * a.hidden_size + a.hidden_size
     for k in kinds:
         p = any_kind_params(a, k)
         total += p.dense + p.experts

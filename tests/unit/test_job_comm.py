@@ -157,8 +157,9 @@ def test_tied_embeddings_reduce_between_the_first_and_last_stage() -> None:
 
     untied, tied = simulate(problem(False)), simulate(problem(True))
     # Ranks 0 and 3 share a node: one NVLink all-reduce of 2 ranks, the fp32 gradient of
-    # the 51,200 x 2,048 table: a ring of 2 steps moving half of it each way.
-    sync = 2 * NV_STEP + 51200 * 2048 * 4 / NV
+    # the 50,304 x 2,048 table (GPT-2's 50,257 tokens padded to a multiple of 128): a ring
+    # of 2 steps moving half of it each way.
+    sync = 2 * NV_STEP + 50304 * 2048 * 4 / NV
     ends = [e for e, _, _ in untied.timeline.step]
     tails = [r + s for _, r, s in untied.timeline.step]
     expect = max(e + t + (sync if r in (0, 3) else 0.0)

@@ -16,8 +16,8 @@ from ppsim.pipeline.problem import build_problem
 from ppsim.plan.search import SplitSearch
 from ppsim.sim.simulate import simulate
 
-TABLE = 51200 * 2048
-"""gpt3-1.3b's table: its vocabulary (already a multiple of 128) x hidden 2,048."""
+TABLE = 50304 * 2048
+"""gpt3-1.3b's table: GPT-2's 50,257 tokens padded to a multiple of 128 x hidden 2,048."""
 BYTES_PER_PARAM = 2 + 4 + 12
 """Megatron's mixed precision without the distributed optimizer: a bf16 weight, a fp32
 gradient, Adam's fp32 master weight, momentum and variance."""
