@@ -161,7 +161,7 @@ price)."""
 BF16_RUN = BridgeRun(name="GPT-OSS 120B", preset="gpt-oss-120b", gpus=64, tokens_per_gpu=5993,
                      shape="--global-batch-size 1280 --micro-batch-size 1 --seq-length 4096 "
                            "--pp 4 --ep 8 --moe-token-dispatcher-type alltoall "
-                           "--recompute-modules layernorm moe_act --grad-reduce-in-bf16 "
+                           "--recompute-modules layernorm moe_act --moe-grouped-gemm --grad-reduce-in-bf16 "
                            "--use-distributed-optimizer --overlap-grad-reduce "
                            "--overlap-param-gather")
 """Megatron-Bridge 26.02, DGX-H100, BF16 (tp 1: no --tp-comm-overlap)."""
@@ -194,7 +194,7 @@ NANO_RUN = BridgeRun(name="Nemotron 3 Nano", preset="nemotron-3-nano-30b-a3b", g
                      tokens_per_gpu=14719, tflops_per_gpu=328,
                      shape="--global-batch-size 1024 --micro-batch-size 1 --seq-length 8192 "
                            "--pp 1 --ep 8 --recompute-granularity selective "
-                           "--recompute-modules moe layernorm core_attn moe_act "
+                           "--recompute-modules moe layernorm core_attn moe_act --moe-grouped-gemm "
                            "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend "
                            "deepep --grad-reduce-in-bf16")
 """Megatron-Bridge 26.06, DGX-H100, FP8-CS (14,336 to 14,890 over the 26.02.01 to 26.06
@@ -239,7 +239,7 @@ GB200_DEEPSEEK_RUN = BridgeRun(
     tokens_per_gpu=0.0, tflops_per_gpu=970.01,
     shape="--global-batch-size 2048 --micro-batch-size 1 --seq-length 4096 --tp 1 --pp 8 "
           "--ep 32 --etp 1 --pipeline-model-parallel-layout Et|(tt|)*30L --mtp-num-layers 0 "
-          "--recompute-granularity selective --recompute-modules moe_act mlp "
+          "--recompute-granularity selective --recompute-modules moe_act mlp --moe-grouped-gemm "
           "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep "
           "--moe-hybridep-num-sms 32 --use-precision-aware-optimizer --main-grads-dtype fp32 "
           "--main-params-dtype fp32 --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16")

@@ -49,7 +49,7 @@ COMMON = ["--preset", "qwen3-235b-a22b", "--hardware", "h100-80gb", "--gpus", "2
           "--global-batch-size", "2048", "--micro-batch-size", "1", "--seq-length", "4096",
           "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
           "--tp-comm-overlap", "--recompute-granularity", "selective", "--recompute-modules",
-          "layernorm", "moe_act", "--etp", "1"]
+          "layernorm", "moe_act", "--moe-grouped-gemm", "--etp", "1"]
 OVERLAP = "--overlap-moe-expert-parallel-comm --delay-wgrad-compute"
 
 

@@ -145,8 +145,12 @@ def _checked_devices(args: argparse.Namespace, cfg: Config, fields: dict[str, An
     the host's memory), refused in one line; the device of each rank."""
     import torch
 
-    from ppsim.executor.builders import builder_spec, code_note, load_builder
-    from ppsim.executor.measure import processes_at_once
+    from ppsim.executor.builders import (  # torch loads only when profiling
+        builder_spec,
+        code_note,
+        load_builder,
+    )
+    from ppsim.executor.measure import processes_at_once  # torch loads only when profiling
 
     if note := code_note(builder_spec(None, fields)):
         sys.stderr.write(f"ppsim profile: note: {note}\n")
