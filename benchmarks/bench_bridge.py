@@ -161,9 +161,9 @@ price)."""
 BF16_RUN = BridgeRun(name="GPT-OSS 120B", preset="gpt-oss-120b", gpus=64, tokens_per_gpu=5993,
                      shape="--global-batch-size 1280 --micro-batch-size 1 --seq-length 4096 "
                            "--pp 4 --ep 8 --moe-token-dispatcher-type alltoall "
-                           "--recompute-modules layernorm moe_act --moe-grouped-gemm --grad-reduce-in-bf16 "
-                           "--use-distributed-optimizer --overlap-grad-reduce "
-                           "--overlap-param-gather")
+                           "--recompute-modules layernorm moe_act --moe-grouped-gemm "
+                           "--grad-reduce-in-bf16 --use-distributed-optimizer "
+                           "--overlap-grad-reduce --overlap-param-gather")
 """Megatron-Bridge 26.02, DGX-H100, BF16 (tp 1: no --tp-comm-overlap)."""
 
 
