@@ -39,6 +39,8 @@ from ppsim.tui.session import (
 from ppsim.tui.text import counts_text, thousands
 
 IN_PROCESS = True
+DROPPED = ("planner proposal dropped: the settings or the policy changed since it was "
+           "made (p plans the current state)")
 
 
 def total_splits(state: EditState) -> int:
@@ -106,6 +108,23 @@ class PlannerActions:
     planning: threading.Event | None
     plan_result: Any
     proposal: Any
+    proposal_for: EditState | None = None
+    """The state the proposal was made for: it stands while only the split changes."""
+
+    def propose(self, proposal: EditState) -> None:
+        """Show `proposal` (a planner's answer for the current state) beside the split."""
+        self.proposal, self.proposal_for = proposal, self.state
+        self._show_proposal()
+
+    def live_proposal(self) -> EditState | None:
+        """The proposal while the settings and policies are those it was made for (the
+        split may differ: the proposal replaces it), else None (and it is dropped)."""
+        made_for = self.proposal_for
+        if self.proposal is not None and (made_for is None
+                                          or not same_but_split(made_for, self.state)):
+            self.proposal = None
+            self.say(DROPPED, "warning")
+        return self.proposal
 
     def action_plan(self) -> None:
         if not planner_available():
@@ -188,19 +207,15 @@ class PlannerActions:
             self.notify("planner result dropped: the settings changed while it ran "
                         "(press p to plan the current state)", severity="warning")
             return
-        self.proposal = state_with_split(self.state, res.best.split)
         current = self.result.sim.summary.iteration_time_ms if self.result else None
         self.say(outcome_text(res, current))
-        self._show_proposal()
+        self.propose(state_with_split(self.state, res.best.split))
 
     def _show_proposal(self) -> None:
         """The planner's best beside the current (and pinned) split, until accepted or
         dismissed; gone when the shape changed (it no longer fits)."""
         box = self.query_one("#proposal", Static)
-        prop = self.proposal
-        if prop is not None and (prop.pp, prop.vpp, prop.num_layers) != \
-                (self.state.pp, self.state.vpp, self.state.num_layers):
-            self.proposal = prop = None
+        prop = self.live_proposal()
         res = self.plan_result
         if prop is None or res is None or res.best is None:
             box.update("")
@@ -216,8 +231,11 @@ class PlannerActions:
         box.add_class("-shown")
 
     def action_accept_plan(self) -> None:
-        if self.proposal is None:
-            self.notify("no planner proposal (p runs the planner)")
+        had = self.proposal is not None
+        if self.live_proposal() is None:
+            self._show_proposal()
+            if not had:
+                self.notify("no planner proposal (p runs the planner)")
             return
         state, self.proposal = self.proposal, None
         self.set_state(state, field="split")

@@ -89,7 +89,6 @@ class PolicyActions:
                         "ran (press P to plan the current state)", severity="warning")
             return
         self.plan_result = best.result
-        self.proposal = prop
         current = self.result.sim.summary.iteration_time_ms if self.result else None
         self.say(outcome_text(best, prop, current))
-        self._show_proposal()
+        self.propose(prop)  # type: ignore[attr-defined]
