@@ -348,6 +348,7 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
                 self.comparison = compare(self.result.sim, self.trace)
             box.update("\n".join(self.comparison.lines()))
             box.add_class("-shown")
+            self.say_trace()
         # the host copies of an offloading policy and the tp / cp / ep collectives inside
         # the ops, under their rank (built with the simulation: ppsim.tui.child); a
         # trace's collectives under its lanes; `C` hides them all

@@ -64,6 +64,8 @@ class FileActions:
 
     saved_state: Any
     config_path: str | None
+    trace_unsaid: str | None = None
+    """A loaded trace whose comparison the status line has not said yet."""
 
     def _title(self) -> str:
         s = self.state  # type: ignore[attr-defined]
@@ -156,7 +158,7 @@ class FileActions:
             check_trace_info(trace)
         except UserError as exc:
             # the old trace goes too: its lanes must not stay drawn beside this error
-            self.trace = None
+            self.trace = self.trace_unsaid = None
             self.comparison = None
             self.notify(str(exc), severity="error")  # type: ignore[attr-defined]
             box.update(f"cannot load trace: {exc}")
@@ -164,12 +166,20 @@ class FileActions:
             self._show_timeline()  # type: ignore[attr-defined]
             return
         self.trace = trace
+        self.trace_unsaid = path
         self._show_timeline()  # type: ignore[attr-defined]
-        shown = self.comparison  # type: ignore[attr-defined]
-        if shown is not None and shown.hidden:
+
+    def say_trace(self) -> None:
+        """Once a just loaded trace is compared (at once, or after the simulation it
+        waited for), say on the status line how it compares."""
+        path, shown = self.trace_unsaid, self.comparison  # type: ignore[attr-defined]
+        if path is None or shown is None:
+            return
+        self.trace_unsaid = None
+        if shown.hidden:
             self.say(f"{path}: {shown.shape_note}; its figures are hidden",  # type: ignore
                      "warning")
-        elif shown is not None:
+        else:
             self.say(f"trace {path} loaded: error {shown.rel_error:+.1%} (as ppsim diff)")  # type: ignore
 
     async def action_quit(self) -> None:
