@@ -236,8 +236,8 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
             self._child.cancel()
         else:  # one simulation at a time
             self._sim_running = True
-            run = partial(self._simulate, self.state, self.pinned, self._token,
-                          self._edit_field)
+            run = partial(self._simulate, self.state, self.pinned_for(self.state),
+                          self._token, self._edit_field)
             if uses_child(s):
                 # a run of about a second or more: let the screen draw the new state
                 # first (starting the child's job competes with that frame)
@@ -254,7 +254,8 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
             return True
         if self.simulating:
             self._sim_running = True
-            self._simulate(self.state, self.pinned, self._token, self._edit_field)
+            self._simulate(self.state, self.pinned_for(self.state), self._token,
+                           self._edit_field)
         return False
 
     @work(thread=True, group="simulate")

@@ -15,6 +15,7 @@ from textual.widgets import Input
 
 from ppsim.errors import UserError
 from ppsim.plan.references import parse_reference
+from ppsim.schedules.generators import schedule_placement
 from ppsim.tui.headline import Headline
 from ppsim.tui.screens import FindPrompt, HelpScreen, PathPrompt
 from ppsim.tui.settings import Settings
@@ -25,12 +26,20 @@ PANELS = ("#settings", "#split-rows", "#timeline", "#compare-box")
 """What the keys 1-4 focus (settings: its first field)."""
 
 
+def pin_shape(state: Any) -> tuple:
+    """What a pinned split belongs to: the state's pp, vpp and the schedule's placement
+    of virtual stages on ranks (its counts mean other stages in another shape)."""
+    return state.pp, state.vpp, schedule_placement(state.schedule)
+
+
 class ViewActions:
     """Undo/redo, help, panel keys, Escape, `b` pin, `B` pin a typed split, `v` overlay, `C`
     collectives lanes, `/` find, `n` next match, `z` maximise the timeline (mixed into the
     App)."""
 
     pinned: tuple[int, ...] | None
+    pinned_shape: tuple | None = None
+    """(pp, vpp, placement) of the state the split was pinned on."""
     show_pinned: bool
     show_collectives: bool
     find_query: str
@@ -85,14 +94,23 @@ class ViewActions:
         if self.planning is not None:
             self.planning.set()
 
+    def pinned_for(self, state: Any) -> tuple[int, ...] | None:
+        """The pinned split when `state` has the pipeline shape it was pinned on (pp,
+        vpp, the schedule's placement), else None: the even split is compared."""
+        return self.pinned if self.pinned_shape == pin_shape(state) else None
+
+    def _pin(self, counts: tuple[int, ...] | None) -> None:
+        self.pinned = counts
+        self.pinned_shape = pin_shape(self.state) if counts is not None else None
+
     def action_pin(self) -> None:
         """Pin the current split for comparison; pressed on the pinned split, go back
         to the even split."""
-        if self.pinned == self.state.counts:
-            self.pinned = None
+        if self.pinned_for(self.state) == self.state.counts:
+            self._pin(None)
             self.notify("comparing with the even split")
         else:
-            self.pinned = self.state.counts
+            self._pin(self.state.counts)
             self.notify(f"pinned {list(self.state.counts)} for comparison")
         self.resimulate()
 
@@ -112,7 +130,7 @@ class ViewActions:
             self.say(f"pin refused: {exc.problem}; {exc.fix}" if exc.fix else
                      f"pin refused: {exc.problem}", "error")
             return
-        self.pinned = tuple(split.counts)
+        self._pin(tuple(split.counts))
         self.say(f"pinned {counts_text(self.pinned)} for comparison")
         self.resimulate()
 
