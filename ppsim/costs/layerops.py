@@ -42,6 +42,17 @@ def vocab_split_problem(vocab_size: int, pad_vocab: bool, tp: int) -> str | None
     return f"{vocab_size} is not divisible by {tp}"
 
 
+def sequence_split_problem(seq_length: int, cp: int, tp: int,
+                           sequence_parallel: bool) -> str | None:
+    """Under sequence parallelism Megatron scatters a context-parallel rank's seq_length /
+    cp tokens over the tp ranks (`_split_along_first_dim`, megatron/core/tensor_parallel/
+    mappings.py), which asserts they divide. What is wrong, or None."""
+    if not sequence_parallel or tp == 1 or (seq_length // cp) % tp == 0:
+        return None
+    return (f"seq_length / cp = {seq_length // cp:,} tokens do not divide over tp = {tp} "
+            "(First dimension of the tensor should be divisible by tensor parallel size)")
+
+
 def _tokens(a: Architecture) -> int:
     return a.seq_length * a.micro_batch_size
 

@@ -42,7 +42,7 @@ def held_back(summary: Summary, comm_ms: float, limit: float, host_ms: float = 0
     communication its compute does not hide, or the optimizer's step on the host
     (`host_ms`, its slowest rank's)."""
     if not summary.fits:
-        return f"memory ({summary.peak_memory_bytes / 1e9:.0f} GB > {limit / 1e9:.0f})"
+        return f"memory ({over_limit_text(summary.peak_memory_bytes, limit)})"
     t = summary.iteration_time_ms
     shares = {"bubble": summary.bubble_fraction, "exposed comm": comm_ms / t if t else 0.0,
               "host optimizer": host_ms / t if t else 0.0}
@@ -50,6 +50,15 @@ def held_back(summary: Summary, comm_ms: float, limit: float, host_ms: float = 0
     if shares[worst] < 0.005:
         return "nothing: compute-bound"
     return f"{worst} {shares[worst]:.0%}"
+
+
+def over_limit_text(peak: float, limit: float) -> str:
+    """"80.3 GB > 80.0": the peak and the limit in GB, to the fewest decimals (one at
+    least) at which the peak reads above the limit."""
+    digits = 1
+    while digits < 6 and round(peak / 1e9, digits) <= round(limit / 1e9, digits):
+        digits += 1
+    return f"{peak / 1e9:.{digits}f} GB > {limit / 1e9:.{digits}f}"
 
 
 OVERLAP_HINT_SHARE = 0.05

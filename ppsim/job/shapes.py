@@ -10,7 +10,7 @@ from itertools import product
 from typing import Any
 
 from ppsim.costs.arch import expert_data_parallel
-from ppsim.costs.layerops import vocab_split_problem
+from ppsim.costs.layerops import sequence_split_problem, vocab_split_problem
 from ppsim.costs.mixer_split import split_problem
 from ppsim.job.shape import cp_refusal
 
@@ -118,14 +118,16 @@ FIXABLE = ("tp", "cp", "ep", "etp", "pp", "dp", "vpp", "mbs")
 
 
 def _grid_fits(a: Any, gpus: int, layers: int, tp: int, cp: int, pp: int) -> bool:
-    """tp divides the heads (and the key/value heads but under MLA, and a vocabulary
-    taken as it is), Megatron takes cp (ppsim.job.shape.cp_refusal), a hybrid stack's
-    mixers split over both (ppsim.costs.mixer_split), pp has layers and divides the world
-    with them."""
+    """tp divides the heads (and the key/value heads but under MLA, a vocabulary taken
+    as it is, and under sequence parallelism a rank's tokens), Megatron takes cp
+    (ppsim.job.shape.cp_refusal), a hybrid stack's mixers split over both
+    (ppsim.costs.mixer_split), pp has layers and divides the world with them."""
     return not (a.num_heads % tp or (a.attention != "mla" and a.num_kv_heads % tp)
                 or (cp > 1 and cp_refusal(a, cp) is not None)
                 or pp > layers or gpus % (tp * cp * pp) or split_problem(a, tp, cp)
-                or vocab_split_problem(a.vocab_size, a.pad_vocab, tp))
+                or vocab_split_problem(a.vocab_size, a.pad_vocab, tp)
+                or (not a.torchtitan_fsdp
+                    and sequence_split_problem(a.seq_length, cp, tp, a.sequence_parallel)))
 
 
 def _ep_fits(a: Any, tp: int, group: int, etp: int, ep: int, copies: int) -> bool:

@@ -293,3 +293,14 @@ def test_a_search_cut_short_claims_no_more_than_the_shapes_it_priced(capsys) -> 
     total = int(re.search(r"of ([\d,]+) shapes simulated", said)[1].replace(",", ""))
     assert 0 < int(priced[1].replace(",", "")) < total
     assert "within the time budget" in err
+
+
+@pytest.mark.parametrize("peak", [80.3e9, 80.04e9, 80.0004e9])
+def test_a_shape_held_back_by_memory_reads_over_its_limit(peak: float) -> None:
+    from types import SimpleNamespace
+
+    from ppsim.job.exposure import held_back
+
+    said = held_back(SimpleNamespace(fits=False, peak_memory_bytes=peak), 0.0, 80e9)
+    shown, limit = (float(x) for x in re.findall(r"[\d.]+", said))
+    assert said.startswith("memory (") and shown > limit and abs(shown - peak / 1e9) < 0.01

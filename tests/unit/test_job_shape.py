@@ -205,3 +205,19 @@ def test_a_global_batch_of_0_on_the_command_line_is_refused(command: str) -> Non
                              "--pp", "2", "--global-batch-size", "0"])
     assert code == 2 and err.count("\n") == 1
     assert "error: --global-batch-size: must be between 1 and" in err
+
+
+
+def test_sequence_parallelism_needs_a_ranks_tokens_to_divide_over_tp(capsys) -> None:
+    # Megatron's _split_along_first_dim asserts seq_length / cp divides over tp.
+    from ppsim.job.shapes import shapes
+
+    a = args_config("--preset", "llama3-8b", "--seq-length", "1002").model.arch
+    found = shapes(a, 16, 32, 8, 32)
+    assert {s.tp for s in found} == {1, 2}  # 1,002 tokens split over 2, not over 4 or 8
+    assert all((1002 // s.cp) % s.tp == 0 for s in found)
+    rc = main(["plan", "--preset", "llama3-8b", "--num-layers", "8", "--hardware",
+               "h100-80gb", "--seq-length", "1002", "--gpus", "16", "--global-batch-size",
+               "32", "--tp", "4", "--time-budget", "5"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "tp 4" in err
