@@ -256,14 +256,18 @@ def transformer_costs(a: Architecture, acc: Accelerator, recompute: tuple[str, .
     head = _head_cost(a, acc)
     layers = [by_kind[p] for p in pieces]
     # Embedding: a lookup (no matmul); its backward scatters gradients into the table.
+    # Learned positions add a table of their own, whole on every tensor rank.
+    words = int(padded_vocab(a) * h / t)
+    word_bytes = int(words * bytes_per_param(a))
+    positions = s * h if a.learned_positions else 0
     emb = LayerCost(forward_ms=0.0, backward_ms=0.0,
-                    static_bytes=int(padded_vocab(a) * h / t * bytes_per_param(a)),
+                    static_bytes=word_bytes + int(positions * bytes_per_param(a)),
                     activation_bytes=embedding_activation_bytes(a),
                     output_bytes=s * b * h * a.residual_bytes // a.token_ranks,
-                    params=int(padded_vocab(a) * h / t))
-    copy = LayerCost()  # the first MTP layer's stage keeps its own copy of the table
+                    params=words + positions)
+    copy = LayerCost()  # the first MTP layer's stage keeps its own copy of the word table
     if a.mtp_layers:
-        copy = LayerCost(static_bytes=emb.static_bytes)
+        copy = LayerCost(static_bytes=word_bytes)
         inner = [by_kind.get((k, 0, bool(a.fp8))) or _kind_cost(a, acc, k, recompute, full)
                  for k in mtp_kinds(a)]
         mtp = _mtp_cost(a, acc, _chain(inner), head)
@@ -272,8 +276,7 @@ def transformer_costs(a: Architecture, acc: Accelerator, recompute: tuple[str, .
     named = kinds + ("mtp",) * a.mtp_layers
     # A stack of dense layers only has one kind: leave it unnamed, as cost files do.
     plain = set(named) <= {"dense"}
-    tied = LayerCost(static_bytes=emb.static_bytes, params=emb.params) \
-        if a.tie_embeddings else LayerCost()
+    tied = LayerCost(static_bytes=word_bytes, params=words) if a.tie_embeddings else LayerCost()
     return ModelCosts(layers=tuple(layers), embedding=emb, head=head,
                       kinds=() if plain else named, mtp_layers=a.mtp_layers, tied=tied,
                       mtp_embedding=copy)

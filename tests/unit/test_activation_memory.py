@@ -176,6 +176,10 @@ def megatron_weight_memory(a: Architecture, pp: int, padded_vocab: int) -> float
         + 1 / (a.num_layers * h))
     embedding = h * padded_vocab
     first = (layers / pp + embedding) / a.tp  # untied embeddings, pp > 1
+    if a.learned_positions:
+        # The formula leaves out the learned position table LanguageModelEmbedding builds
+        # (max_position_embeddings x hidden, whole on every tensor rank).
+        first += a.seq_length * h
     per_param = 18 if not a.distributed_optimizer else 6 + 12 / a.dp
     return first * per_param
 
