@@ -12,12 +12,17 @@ from ppsim.tui.testing import screen_text, settle, settle_until, status_text
 pytestmark = pytest.mark.skipif(not planner_available(), reason="no planner")
 
 
+async def _planned(pilot, app: PPSimApp) -> None:
+    """The app settled, the planner run with `p` and finished."""
+    await settle(pilot)
+    await pilot.press("p")
+    await settle_until(pilot, lambda: app.planning is None)
+
+
 async def test_accepting_a_proposal_keeps_settings_changed_after_it() -> None:
     app = PPSimApp()
     async with app.run_test(size=(80, 24)) as pilot:
-        await settle(pilot)
-        await pilot.press("p")
-        await settle_until(pilot, lambda: app.planning is None)
+        await _planned(pilot, app)
         assert app.proposal is not None, status_text(app)
         mb = app.state.microbatches * 2
         app.set_state(apply_setting(app.base, app.state, "microbatches", str(mb)),
@@ -32,9 +37,7 @@ async def test_accepting_a_proposal_keeps_settings_changed_after_it() -> None:
 async def test_a_proposal_for_other_settings_is_dropped_from_the_screen() -> None:
     app = PPSimApp()
     async with app.run_test(size=(80, 24)) as pilot:
-        await settle(pilot)
-        await pilot.press("p")
-        await settle_until(pilot, lambda: app.planning is None)
+        await _planned(pilot, app)
         app.set_state(apply_setting(app.base, app.state, "memory_gb", "1"), field="memory_gb")
         await settle(pilot)
         assert "proposal dropped" in status_text(app)
@@ -47,9 +50,7 @@ async def test_a_proposal_for_other_settings_is_dropped_from_the_screen() -> Non
 async def test_a_proposal_stands_while_only_the_split_changes() -> None:
     app = PPSimApp()
     async with app.run_test(size=(80, 24)) as pilot:
-        await settle(pilot)
-        await pilot.press("p")
-        await settle_until(pilot, lambda: app.planning is None)
+        await _planned(pilot, app)
         proposed = app.proposal.counts
         await pilot.press("right")  # stage 0 one layer more
         await settle(pilot)

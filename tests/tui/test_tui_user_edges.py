@@ -128,7 +128,8 @@ async def test_typing_vpp_3_on_zbv_is_refused_and_the_app_keeps_running() -> Non
         assert app.query_one("#set-vpp").value == "2"
 
 
-async def test_after_a_resize_the_timeline_s_scale_is_the_one_drawn() -> None:
+async def test_after_a_resize_the_timeline_and_compare_panel_follow_the_new_width() -> None:
+    from ppsim.tui.testing import screen_text
     from ppsim.tui.timeline import Timeline
 
     app = PPSimApp(config=preset_config("llama3-70b", 8, 32))
@@ -136,20 +137,12 @@ async def test_after_a_resize_the_timeline_s_scale_is_the_one_drawn() -> None:
         await settle(pilot)
         await pilot.resize_terminal(80, 24)
         await settle(pilot)
+        # the border and the cursor line give the scale the timeline draws at 80 columns
         tl = app.query_one(Timeline)
         scale = tl.describe_scale()
         assert tl.border_subtitle == scale
         assert str(app.query_one("#cursor-info").render()).endswith(scale)
-
-
-async def test_after_a_resize_the_compare_panel_is_worded_for_its_new_width() -> None:
-    from ppsim.tui.testing import screen_text
-
-    app = PPSimApp(config=preset_config("llama3-70b", 8, 32))
-    async with app.run_test(size=(160, 45)) as pilot:
-        await settle(pilot)
-        await pilot.resize_terminal(80, 24)
-        await settle(pilot)
+        # the compare panel: both lists whole, brackets kept ([10, …, 10]), none cut at
+        # the panel's edge
         line = next(x for x in screen_text(app) if "current [" in x)
-        # both lists whole, brackets kept ([10, …, 10]), none cut at the panel's edge
         assert "vs even [" in line and line.count("]") == 2, line
