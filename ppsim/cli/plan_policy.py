@@ -23,7 +23,7 @@ from ppsim.config.schema import Config
 from ppsim.errors import UserError
 from ppsim.pipeline.hybrid_exports import exports_of
 from ppsim.pipeline.problem import build_problem
-from ppsim.plan.advice import no_fit_message
+from ppsim.plan.advice import no_fit_message, no_fit_tips
 from ppsim.plan.planner import PlanResult
 from ppsim.policy.megatron import NO_POLICY_FLAGS, PolicyExport
 from ppsim.policy.report import policy_flags
@@ -224,9 +224,8 @@ def no_fit_line(spaces: list[SpaceBest]) -> str:
         return (f"no split that fits {fmt_bytes(limit)} per rank was found within the "
                 f"time budget (the lowest peak seen is {lowest}); give more --time-budget")
     return (f"no split fits {fmt_bytes(limit)} per rank under any memory policy searched: "
-            f"the lowest peak is {lowest}; try more pipeline stages "
-            f"(--pp {r.problem.schedule.pp * 2}), more tensor parallelism (--tp), a smaller "
-            "micro-batch or fewer microbatches in flight")
+            f"the lowest peak is {lowest}; try "
+            + ", ".join(no_fit_tips(r.problem, policy_searched=True)))
 
 
 def check_axes(axes: list[str], cfg: Config) -> None:

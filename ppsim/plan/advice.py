@@ -21,9 +21,7 @@ def no_fit_message(res: PlanResult) -> str:
     floor = res.floor
     if floor is not None and floor.static_bytes > limit:
         return _state_message(res, floor.static_bytes, limit)
-    tips = [t for t in (_sequence_tip(p), f"more pipeline stages (--pp {p.schedule.pp * 2})",
-                        _recompute_tip(p),
-                        "a smaller micro-batch or fewer microbatches in flight") if t]
+    tips = no_fit_tips(p)
     if floor is not None and floor.peak_bytes > limit and p.schedule.vpp > 1:
         # Proven by the floor; no search ran to find the lowest peak itself.
         held = f"{min(floor.inflight)} to {max(floor.inflight)}"
@@ -39,6 +37,15 @@ def no_fit_message(res: PlanResult) -> str:
     return (f"no split fits {fmt_bytes(limit)} per rank: the smallest "
             f"peak any split reaches is {peak / 1e9:.2f} GB on rank {rank}; try "
             + ", ".join(tips))
+
+
+def no_fit_tips(p: Problem, policy_searched: bool = False) -> list[str]:
+    """What to try where no split fits: sequence parallelism where tp runs without it,
+    more stages, more recompute (more tensor parallelism once the memory policy was
+    searched), a smaller micro-batch."""
+    more = "more tensor parallelism (--tp)" if policy_searched else _recompute_tip(p)
+    return [t for t in (_sequence_tip(p), f"more pipeline stages (--pp {p.schedule.pp * 2})",
+                        more, "a smaller micro-batch or fewer microbatches in flight") if t]
 
 
 def _sequence_tip(p: Problem) -> str | None:
