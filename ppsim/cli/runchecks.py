@@ -332,6 +332,21 @@ def check_fault(text: str, problem: Any, iterations: int) -> None:
                         f"0..{iterations - 1})", "pick an iteration below --iterations")
 
 
+def check_tied(problem: Any) -> None:
+    """The executor builds the LM head's weight apart from the embedding's table: where
+    one rank holds both ends of a tied model it would keep two tables where the model
+    counts one (ppsim.costs.model.held_by_rank), so such a run is refused."""
+    split = problem.split
+    if problem.costs.tied.params and split.ends_share_rank:
+        rank = split.stage_rank(split.embedding_stage)
+        raise UserError("model.tie_embeddings", f"the embedding (stage "
+                        f"{split.embedding_stage}) and the LM head (stage {split.loss_stage}) "
+                        f"share rank {rank}, and the executor does not tie the head to the "
+                        "embedding (it would hold two tables where simulate counts one)",
+                        "set tie_embeddings = false to run it, or use a loop schedule such "
+                        "as 1f1b with pp > 1 (simulate and plan take this one)")
+
+
 def check_peer(problem: Any) -> None:
     from ppsim.executor.peer import PEER_SCHEDULES, peer_class  # torch loads only when a run starts
 

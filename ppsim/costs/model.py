@@ -285,6 +285,23 @@ def stage_busy_ms(costs: ModelCosts, split: Split) -> list[float]:
             + embedding * st.has_embedding + head * st.has_head for st in split.stages]
 
 
+def held_by_rank(costs: ModelCosts, split: Split, index: int) -> LayerCost:
+    """What stage `index` counts that another stage of its rank holds: the tied table on
+    the head's stage where the embedding's stage shares its rank (Split.ends_share_rank).
+    The two stages use one parameter there (torch pipelining keeps a rank's stage modules
+    in one process), so its weights, gradient and optimizer state count once, on the
+    embedding's stage, and no all-reduce keeps two copies in step."""
+    return costs.tied if index == split.loss_stage and split.ends_share_rank else _NOTHING
+
+
+def less_held(c: StageCost, twice: LayerCost) -> StageCost:
+    """Stage cost `c` without what it counts twice (`twice`: static bytes, params)."""
+    if not (twice.static_bytes or twice.params):
+        return c
+    return replace(c, static_bytes=c.static_bytes - twice.static_bytes,
+                   params=c.params - twice.params)
+
+
 def stage_costs(costs: ModelCosts, split: Split, memory: Any = None) -> list[StageCost]:
     """Per-virtual-stage costs for a split, in virtual-stage order; `memory` (a memory
     policy's costs, ppsim.policy.costs) prices each stage in place of `costs`."""
@@ -300,6 +317,7 @@ def stage_costs(costs: ModelCosts, split: Split, memory: Any = None) -> list[Sta
         c = (stage_cost(costs, st.offset, st.layers, st.has_embedding, st.has_head, receives)
              if memory is None else memory.stage_cost(st.offset, st.layers, st.index,
                                                       st.has_embedding, st.has_head, receives))
+        c = less_held(c, held_by_rank(costs, split, st.index))
         if st.index < split.embedding_stage or st.index >= split.loss_stage:
             # Before the embedding only token ids pass; after the loss nothing does.
             c = _no_output(c)

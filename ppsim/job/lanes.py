@@ -28,7 +28,7 @@ from ppsim.job.layers import (
 from ppsim.job.model import Job
 from ppsim.job.step_comm import StepCollective
 from ppsim.job.traffic import Collective, PieceCollectives, mtp_tp_ms, recomputed
-from ppsim.sim.summary import rank_tails
+from ppsim.sim.summary import end_ranks, rank_tails
 from ppsim.sim.timing import in_pairs
 
 GROUPS = ("tp", "cp", "ep", "dp")
@@ -161,8 +161,9 @@ def step_collectives(problem: Any) -> list[tuple[StepCollective, ...]]:
     tails = rank_tails(problem.schedule, problem.stage_costs, job, hw.memory_bandwidth_gbps,
                        hw.optimizer_fixed_ms)
     out = []
+    ends = end_ranks(problem.schedule)
     for r, tail in enumerate(tails):
-        sync = job.embedding_sync_ms(r)
+        sync = job.embedding_sync_ms(r, ends)
         tied = (StepCollective(what="embedding gradient all-reduce", total_ms=sync,
                                unhidden_ms=sync),) if sync > 0 else ()
         # Megatron reduces the tied embedding's gradients once the buckets are reduced,

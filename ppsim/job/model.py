@@ -213,16 +213,17 @@ class Job:
         vocabulary's 1/tp share)."""
         return padded_vocab(self.arch) * self.arch.hidden_size // self.arch.tp
 
-    def embedding_sync_ms(self, pipeline_rank: int) -> float:
+    def embedding_sync_ms(self, pipeline_rank: int, ends: tuple[int, int]) -> float:
         """The tied embedding's gradient all-reduce on this pipeline rank (fp32, its
-        1/tp vocabulary shard, over the link between the first and last stage)."""
-        pp = self.shape.sizes.pp
-        if not self.ties_stages or pipeline_rank not in (0, pp - 1):
+        1/tp vocabulary shard, over the link between the first and last stage); `ends`:
+        the embedding's and the head's pipeline ranks. None where one rank holds both
+        (a V placement): one parameter there gathers both gradients itself."""
+        if not self.ties_stages or ends[0] == ends[1] or pipeline_rank not in ends:
             return 0.0
         nbytes = self.embedding_params * grad_bytes(self.arch)
         hops = self.groups.pipeline_hops
-        ends = Span(size=2, per_node=1 if any(hops) else 2, nodes=2 if any(hops) else 1)
-        return all_reduce_ms(nbytes, link(self.network, ends))
+        pair = Span(size=2, per_node=1 if any(hops) else 2, nodes=2 if any(hops) else 1)
+        return all_reduce_ms(nbytes, link(self.network, pair))
 
     def tail(self, params: int, forward_ms: float, backward_ms: float,
              memory_bandwidth_gbps: float, optimizer_fixed_ms: float = 0.0,

@@ -201,7 +201,6 @@ def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
         return _csv_problem(cfg, costs)
     placement = schedule_placement(p.schedule)
     split = resolve_split(cfg, costs.num_layers, placement)
-    _check_tied(costs, split)
     name = split_schedule_name(cfg, split)
     pattern = hybrid_pattern(cfg)
     check_ops(p.pp, split.vpp, p.microbatches, False, SIMULATE)
@@ -272,22 +271,6 @@ def placement_warning(cfg: Config) -> str | None:
             f"{len(set(want))} ({want}); re-run ppsim profile with this placement")
 
 
-def _check_tied(costs: ModelCosts, split: Split) -> None:
-    """Refuses a tied table on two stages of one rank (a V placement, or several stages
-    on a rank of pp = 1): one copy shared by two stages is not modelled. Megatron has no
-    V schedule, and neither it nor torchtitan ties the ends of one rank's stages."""
-    if not costs.tied.params:
-        return
-    emb, head = split.embedding_stage, split.loss_stage  # normalised by Split: no -1
-    rank = split.stage_rank(emb)
-    if emb != head and split.stage_rank(head) == rank:
-        raise UserError("model.tie_embeddings", f"the split puts the embedding (stage {emb}) "
-                        f"and the LM head (stage {head}) on rank {rank}, and ppsim does not "
-                        "model one tied table shared by two stages of a rank",
-                        "set tie_embeddings = false, or put the ends on two ranks: pp > 1 "
-                        "with a loop schedule such as 1f1b or interleaved-1f1b")
-
-
 def _csv_problem(cfg: Config, costs: ModelCosts) -> Problem:
     """The problem whose order is a torch schedule CSV; its placement shapes the split."""
 
@@ -296,7 +279,6 @@ def _csv_problem(cfg: Config, costs: ModelCosts) -> Problem:
     schedule = load_actions_csv(p.actions_csv, p.pp, None if p.layout else p.vpp,  # type: ignore[arg-type]
                                 p.microbatches)
     split = resolve_split(cfg, costs.num_layers, schedule.placement)
-    _check_tied(costs, split)
     if split.vpp != schedule.vpp:
         raise UserError("pipeline.layout", f"has {split.vpp} stages per rank but the actions "
                         f"CSV runs {schedule.vpp}", "give a layout with as many stages as the CSV")

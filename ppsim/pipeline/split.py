@@ -127,6 +127,13 @@ class Split:
     def num_stages(self) -> int:
         return self.pp * self.vpp
 
+    @property
+    def ends_share_rank(self) -> bool:
+        """The embedding and the LM head on two stages of one rank (a V placement, or
+        several stages on the rank of pp = 1)."""
+        emb, loss = self.embedding_stage, self.loss_stage
+        return emb != loss and self.stage_rank(emb) == self.stage_rank(loss)
+
     @cached_property
     def stages(self) -> tuple[Stage, ...]:
         out, offset, first_mtp = [], 0, self.decoder_layers

@@ -13,8 +13,10 @@ from functools import cached_property, lru_cache
 
 from ppsim.costs.model import (
     StageCost,
+    held_by_rank,
     held_input_bytes,
     least_busy_ms,
+    less_held,
     receives_input,
     stage_cost,
     stage_transient,
@@ -100,13 +102,15 @@ class SplitSearch:
     # ------------------------------------------------------------ costs
 
     def _stage_cost(self, offset: int, count: int, index: int) -> StageCost:
+        twice = held_by_rank(self.costs, self.problem.split, index)
         if self.problem.memory is not None:  # a memory policy prices the stage
             # Offload copies by their per-stage estimate (re-simulated where reported).
-            return self.problem.held(estimated(self.problem.memory.stage_cost(
+            return self.problem.held(less_held(estimated(self.problem.memory.stage_cost(
                 offset, count, index, index == 0, index == self.S - 1, self.receives[index],
-                self.fits)))
-        return self.problem.held(stage_cost(self.costs, offset, count, index == 0,
-                                            index == self.S - 1, self.receives[index]))
+                self.fits)), twice))
+        return self.problem.held(less_held(stage_cost(
+            self.costs, offset, count, index == 0, index == self.S - 1,
+            self.receives[index]), twice))
 
     def fits(self, index: int, c: StageCost) -> bool:
         """Stage `index` with cost c keeps its rank within memory, one chunk per rank."""
@@ -163,6 +167,7 @@ class SplitSearch:
                 v += getattr(self.costs.head, name)
             v -= getattr(self.costs.held_twice(k == 0, k == self.S - 1,
                                                self.costs.holds_first_mtp(pos, count)), name)
+            v -= getattr(held_by_rank(self.costs, self.problem.split, k), name)
             if name == "activation_bytes":
                 v += held_input_bytes(self.costs, count, k == self.S - 1, self.receives[k])
             out.append(v)

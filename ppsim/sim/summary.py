@@ -100,7 +100,8 @@ def step_parts(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
         params[s.stage_rank(i)] += c.params
     if job is not None:
         tails = rank_tails(s, costs, job, memory_bandwidth_gbps, optimizer_fixed_ms)
-        return [(t.reduce_ms + job.embedding_sync_ms(r), t.optimizer_ms)
+        ends = end_ranks(s)
+        return [(t.reduce_ms + job.embedding_sync_ms(r, ends), t.optimizer_ms)
                 for r, t in enumerate(tails)]
     out = []
     for n in params:
@@ -116,6 +117,11 @@ def step_parts(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
     return out
 
 
+def end_ranks(s: Schedule) -> tuple[int, int]:
+    """The ranks of the first stage (the embedding's) and the last (the head's)."""
+    return s.stage_rank(0), s.stage_rank(s.num_stages - 1)
+
+
 def rank_tails(s: Schedule, costs: Sequence[StageCost], job: Any,
                memory_bandwidth_gbps: float, optimizer_fixed_ms: float = 0.0) -> list[Any]:
     """Each rank's data-parallel step of a job (ppsim.job.tail.Tail): its stages'
@@ -128,8 +134,9 @@ def rank_tails(s: Schedule, costs: Sequence[StageCost], job: Any,
         bwd[s.stage_rank(i)] += c.backward_ms
         experts[s.stage_rank(i)] += c.expert_params
     ranks = [s.stage_rank(i) for i in range(len(costs))]
-    return [job.tail(n, f, b, memory_bandwidth_gbps, optimizer_fixed_ms, r == ranks[0], e,
-                     r == ranks[-1], job.unbucketed(ranks, costs, r))
+    first, last = end_ranks(s)
+    return [job.tail(n, f, b, memory_bandwidth_gbps, optimizer_fixed_ms, r == first, e,
+                     r == last, job.unbucketed(ranks, costs, r))
             for r, (n, f, b, e) in enumerate(zip(params, fwd, bwd, experts, strict=True))]
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from ppsim.cli.main import main
 from ppsim.config.schema import config_from_dict
+from ppsim.costs.model import LayerCost
 from ppsim.pipeline.problem import build_problem
 from ppsim.plan.advice import no_fit_message
 from ppsim.plan.floor import held_microbatches
@@ -29,7 +30,8 @@ SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), (
 @st.composite
 def mixed_problems(draw):
     """Small pipelines whose layers differ in static and activation bytes (dense and MoE
-    stacks do), under every schedule family, with memory limits around their peaks."""
+    stacks do), under every schedule family, with memory limits around their peaks; some
+    tie a table of the embedding's and the head's (one on a rank holding both ends)."""
     name, vpp = draw(st.sampled_from(SCHEDULES))
     pp = 2 if vpp == 2 else draw(st.integers(1, 4))
     m = draw(st.integers(4 if name in ("zbv", "dualpipev") else 1, 6))
@@ -43,7 +45,8 @@ def mixed_problems(draw):
         memory=draw(st.sampled_from([1e12, 3000.0, 6000.0, 12000.0])))
     sizes = st.tuples(st.integers(0, 3000), st.integers(0, 400), st.sampled_from([0, 0, 500]))
     kinds = [draw(sizes) for _ in range(layers)]
-    costs = replace(problem.costs, layers=tuple(
+    table = draw(st.integers(0, min(900, problem.costs.embedding.static_bytes)))
+    costs = replace(problem.costs, tied=LayerCost(static_bytes=table), layers=tuple(
         replace(c, static_bytes=s, activation_bytes=a, transient_bytes=t)
         for c, (s, a, t) in zip(problem.costs.layers, kinds, strict=True)))
     return replace(problem, costs=costs)

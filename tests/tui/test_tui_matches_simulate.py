@@ -55,7 +55,6 @@ preset = "h100-80gb"
 [model]
 preset = "gpt3-1.3b"
 recompute = "selective"
-tie_embeddings = false
 
 [pipeline]
 pp = 2

@@ -1,6 +1,9 @@
 """Tied embeddings: the LM head's weight is the embedding's table. A stage that holds
 both keeps one table (Megatron's single shared weight when pp = 1); with the ends on two
-stages each keeps its copy and the two reduce its gradient (tests/unit/test_job_comm.py)."""
+ranks each keeps its copy and the two reduce its gradient (tests/unit/test_job_comm.py);
+with the ends on two stages of one rank (ZB-V, DualPipeV, or several stages of pp = 1)
+the rank keeps one table, as torch pipelining keeps both stage modules, and so the one
+shared parameter, in the rank's process."""
 
 from __future__ import annotations
 
@@ -23,8 +26,11 @@ BYTES_PER_PARAM = 2 + 4 + 12
 gradient, Adam's fp32 master weight, momentum and variance."""
 
 
-def problem(tied: bool, pp: int, split: list[int] | None = None, policy: bool = False):
-    pipeline = {"pp": pp, "microbatches": 4, **({"split": split} if split else {})}
+def problem(tied: bool, pp: int, split: list[int] | None = None, policy: bool = False,
+            schedule: str = "1f1b"):
+    vpp = 2 if schedule in ("zbv", "dualpipev", "interleaved-1f1b") else 1
+    pipeline = {"pp": pp, "vpp": vpp, "microbatches": 4, "schedule": schedule,
+                **({"split": split} if split else {})}
     data = {"model": {"preset": "gpt3-1.3b", "tie_embeddings": tied},
             "pipeline": pipeline, "hardware": {"preset": "h100-80gb"}}
     if policy:
@@ -62,19 +68,63 @@ def test_the_planner_prices_each_stage_as_the_cost_model(pp: int, cut: int, tied
         assert static == cost.static_bytes
 
 
-def test_a_v_schedule_with_a_tied_table_is_refused_and_the_planner_skips_it(
-        tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
-    """ZB-V (or one rank with two stages) puts the embedding and the head on rank 0: one
-    table on two stages of a rank is not modelled, so simulate refuses it (exit 2, one line
-    naming the field) and a plan searching schedules keeps to the loop ones."""
+@pytest.mark.parametrize(("pp", "schedule"), [(2, "zbv"), (2, "dualpipev"),
+                                              (1, "interleaved-1f1b")])
+def test_a_rank_holding_both_ends_keeps_one_table(pp: int, schedule: str) -> None:
+    """Rank 0 holds the embedding (stage 0) and the head (the last stage): untied it keeps
+    two tables, tied one, so it holds one table's weight, gradient and optimizer state
+    less; a rank without the ends holds the same either way."""
+    untied, tied = problem(False, pp, schedule=schedule), problem(True, pp, schedule=schedule)
+    assert tied.split.stage_rank(0) == tied.split.stage_rank(2 * pp - 1) == 0
+    a, b = simulate(untied).summary.ranks, simulate(tied).summary.ranks
+    assert a[0].static_bytes - b[0].static_bytes == TABLE * BYTES_PER_PARAM
+    assert [r.static_bytes for r in a[1:]] == [r.static_bytes for r in b[1:]]
+    params = [sum(c.params for c in p.stage_costs) for p in (untied, tied)]
+    assert params[0] - params[1] == TABLE
+
+
+def test_one_rank_holds_the_same_whether_it_runs_one_stage_or_two() -> None:
+    """pp = 1: the rank holds the whole model (one table) whatever its stages."""
+    one, two = problem(True, 1), problem(True, 1, schedule="interleaved-1f1b")
+    assert simulate(one).summary.ranks[0].static_bytes \
+        == simulate(two).summary.ranks[0].static_bytes
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+def test_no_embedding_all_reduce_when_one_rank_holds_both_ends(schedule: str) -> None:
+    """Megatron all-reduces the tied gradient between the first and last stage's ranks
+    (_allreduce_word_embedding_grads); on one rank both stages accumulate into the one
+    parameter, so no rank reduces anything at dp 1."""
+    res = simulate(problem(True, 2, schedule=schedule))
+    assert [r for _, r, _ in res.timeline.step] == [0.0, 0.0]
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.integers(0, 12), min_size=3, max_size=3).filter(lambda c: sum(c) <= 24),
+       st.booleans(), st.sampled_from(["zbv", "dualpipev"]))
+def test_the_planner_prices_a_v_split_as_simulate(counts: list[int], policy: bool,
+                                                   schedule: str) -> None:
+    """The planner's stage bytes and its evaluation of a tied V split are simulate's."""
+    split = [*counts, 24 - sum(counts)]
+    p = problem(True, 2, split, policy, schedule)
+    search = SplitSearch(p)
+    for st_, cost in zip(p.split.stages, p.stage_costs, strict=True):
+        static, _, _ = search.stage_bytes(st_.offset, st_.layers, st_.index)
+        assert static == cost.static_bytes == search.stage(st_.offset, st_.layers,
+                                                           st_.index).static_bytes
+    assert search.evaluate(tuple(split)).peak_memory_bytes \
+        == simulate(p).summary.peak_memory_bytes
+
+
+def test_a_plan_offers_v_schedules_for_a_tied_model(tmp_path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """simulate takes ZB-V with a tied table, and a plan searching schedules offers the
+    same variants tied as untied."""
     cfg = tmp_path / "tied.toml"
     cfg.write_text('[model]\npreset = "gpt3-1.3b"\ntie_embeddings = true\n'
                    '[pipeline]\npp = 2\nmicrobatches = 8\n[hardware]\npreset = "h100-80gb"\n')
-    for flags in (["--schedule", "zbv", "--vpp", "2"],  # stages 0 and 3 on rank 0
-                  ["--pp", "1", "--vpp", "2", "--schedule", "interleaved-1f1b"]):
-        assert main(["simulate", "--config", str(cfg), *flags]) == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "model.tie_embeddings" in err[0] and "rank 0" in err[0]
+    assert main(["simulate", "--config", str(cfg), "--schedule", "zbv", "--vpp", "2"]) == 0
+    capsys.readouterr()
 
     def variants(tied: bool) -> list[str]:
         cfg.write_text(cfg.read_text().replace(f"tie_embeddings = {str(not tied).lower()}",
@@ -84,5 +134,28 @@ def test_a_v_schedule_with_a_tied_table_is_refused_and_the_planner_skips_it(
         return [v["variant"] for v in json.loads(capsys.readouterr().out)["variants"]]
 
     tied, untied = variants(True), variants(False)
-    assert {"zbv vpp=2 m=8", "dualpipev vpp=2 m=8"} <= set(untied)
-    assert set(tied) == set(untied) - {"zbv vpp=2 m=8", "dualpipev vpp=2 m=8"}
+    assert {"zbv vpp=2 m=8", "dualpipev vpp=2 m=8"} <= set(tied)
+    assert set(tied) == set(untied)
+
+
+def test_run_refuses_a_tied_table_on_two_stages_of_a_rank(
+        tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The executor builds the head's weight apart from the table: on one rank it would
+    hold two where simulate counts one, so `run` refuses (exit 2, one line)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[model]\npreset = "tiny-gpt"\ntie_embeddings = true\n')
+    assert main(["run", "--config", str(cfg), "--pp", "2", "--microbatches", "4",
+                 "--schedule", "zbv", "--vpp", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.tie_embeddings: " in err[0] and "rank 0" in err[0], err
+
+
+def test_a_job_plan_runs_a_tied_model_under_zbv(capsys: pytest.CaptureFixture[str]) -> None:
+    """plan --gpus --schedule zbv times the shapes ZB-V runs (two chunks a rank) for a
+    tied preset."""
+    assert main(["plan", "--preset", "gpt3-1.3b", "--hardware", "h100-80gb", "--gpus", "4",
+                 "--global-batch-size", "16", "--schedule", "zbv", "--time-budget", "1",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["candidates"] and all((c["schedule"], c["vpp"]) == ("zbv", 2)
+                                     for c in out["candidates"])
