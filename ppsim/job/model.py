@@ -204,7 +204,9 @@ class Job:
 
     @property
     def ties_stages(self) -> bool:
-        """The first and last stage hold one tied embedding and reduce its gradient."""
+        """The first and last stage hold one tied embedding: the job prices the step,
+        with the all-reduce of its gradient where they are on two ranks
+        (embedding_sync_ms)."""
         return self.arch.tie_embeddings and self.shape.sizes.pp > 1
 
     @property
