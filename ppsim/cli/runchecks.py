@@ -334,13 +334,15 @@ def check_fault(text: str, problem: Any, iterations: int) -> None:
 
 def check_tied(problem: Any) -> None:
     """The executor builds the LM head's weight apart from the embedding's table: where
-    one rank holds both ends of a tied model it would keep two tables where the model
-    counts one (ppsim.costs.model.held_by_rank), so such a run is refused."""
+    one rank holds both ends of a tied model (a V placement, or pp = 1) it would keep two
+    tables where the model counts one (ppsim.costs.model.held_by_rank), so such a run is
+    refused."""
     split = problem.split
-    if problem.costs.tied.params and split.ends_share_rank:
-        rank = split.stage_rank(split.embedding_stage)
-        raise UserError("model.tie_embeddings", f"the embedding (stage "
-                        f"{split.embedding_stage}) and the LM head (stage {split.loss_stage}) "
+    emb, head = split.embedding_stage, split.loss_stage
+    rank = split.stage_rank(emb)
+    if problem.costs.tied.params and rank == split.stage_rank(head):
+        stages = f"stage {emb}" if emb == head else f"stages {emb} and {head}"
+        raise UserError("model.tie_embeddings", f"the embedding and the LM head ({stages}) "
                         f"share rank {rank}, and the executor does not tie the head to the "
                         "embedding (it would hold two tables where simulate counts one)",
                         "set tie_embeddings = false to run it, or use a loop schedule such "

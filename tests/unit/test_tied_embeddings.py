@@ -138,14 +138,16 @@ def test_a_plan_offers_v_schedules_for_a_tied_model(tmp_path,
     assert set(tied) == set(untied)
 
 
-def test_run_refuses_a_tied_table_on_two_stages_of_a_rank(
-        tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The executor builds the head's weight apart from the table: on one rank it would
-    hold two where simulate counts one, so `run` refuses (exit 2, one line)."""
+@pytest.mark.parametrize("shape", [["--pp", "2", "--schedule", "zbv", "--vpp", "2"],
+                                   ["--pp", "1", "--schedule", "1f1b"]])
+def test_run_refuses_a_tied_table_on_one_rank(
+        tmp_path, capsys: pytest.CaptureFixture[str], shape: list[str]) -> None:
+    """The executor builds the head's weight apart from the table: on one rank (two stages
+    of a V, or the one stage of pp = 1) it would hold two where simulate counts one, so
+    `run` refuses (exit 2, one line)."""
     cfg = tmp_path / "c.toml"
     cfg.write_text('[model]\npreset = "tiny-gpt"\ntie_embeddings = true\n')
-    assert main(["run", "--config", str(cfg), "--pp", "2", "--microbatches", "4",
-                 "--schedule", "zbv", "--vpp", "2"]) == 2
+    assert main(["run", "--config", str(cfg), "--microbatches", "4", *shape]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "model.tie_embeddings: " in err[0] and "rank 0" in err[0], err
 
