@@ -91,8 +91,7 @@ class ViewActions:
             self.query_one(Headline).show(self.result, "" if self.result else
                                           "simulation cancelled")
             self.say("simulation cancelled; showing the last simulated state")
-        if self.planning is not None:
-            self.planning.set()
+        self.cancel_plan()
 
     def pinned_for(self, state: Any) -> tuple[int, ...] | None:
         """The pinned split when `state` has the pipeline shape it was pinned on (pp,
