@@ -61,9 +61,12 @@ class ViewActions:
         self.push_screen(HelpScreen())
 
     def action_edit_count(self) -> None:
+        self._show_panels()
         self.query_one("#count-input").focus()
 
     def action_panel(self, index: int) -> None:
+        if PANELS[index] != "#timeline":
+            self._show_panels()
         target = self.query_one(PANELS[index])
         if index == 0:
             target = self.query_one("#set-schedule")
@@ -139,6 +142,12 @@ class ViewActions:
         tl = self.query_one(Timeline)
         tl.focus()
         self.call_after_refresh(tl.refit)
+
+    def _show_panels(self) -> None:
+        """Leave the full-screen timeline: a key that focuses a panel it hides would
+        otherwise send the next keys to a panel the screen does not show."""
+        if self.screen.has_class("-max-timeline"):
+            self.action_maximise()
 
     def action_toggle_pinned(self) -> None:
         self.show_pinned = not self.show_pinned
