@@ -28,9 +28,10 @@ HELP = """\
   first layer; E = embedding, H = LM head + loss, ! = the rank is over
   the memory limit; layer kinds ("3 dense + 5 moe") in a column, or for
   the selected stage under the panel when the column does not fit
-  ↑/↓ select a stage   → give it one more layer   ← take one away
-  (→/← move its end boundary, the last stage's start; shift+←/→ its
-  start)   click a layer on a row: move the nearest boundary there
+  ↑/↓ (k/j) select a stage   → (l) give it one more layer   ← (h) take
+  one away (→/← move its end boundary, the last stage's start;
+  shift+←/→ its start)   click a layer on a row: move the nearest
+  boundary there
   c type a count for the stage (the next stage absorbs the difference)
 
 [b]Timeline[/b]  one lane per rank; a trace's lane "realN" sits under rank N
@@ -40,7 +41,8 @@ HELP = """\
   a darker shade = a later chunk (virtual stage) of the rank
   "F12" = forward of microbatch 12; odd microbatches are lower case
   ("f13") so neighbours stay apart
-  ←/→ previous/next op   ↑/↓ lane   +/- zoom around the cursor   0 fit
+  ←/→ previous/next op   ↑/↓ lane   home/end first/last op
+  +/- zoom around the cursor   0 fit
   shift+←/→ or the mouse wheel scroll   click an op to select it
   / find: r3 = rank 3, F12 = forward of microbatch 12, 12 = microbatch
   12, combined as "r3 b12"   n next match
@@ -48,7 +50,7 @@ HELP = """\
   "outN" (after the F) and "inN" (back before the B) under rank N
   [on #0b6b6b] C [/] tensor, context and expert parallel collectives inside
   each F and B, in lanes "commN" under rank N; a trace's, as its run
-  timed them, in lanes "rcommN"
+  timed them, in lanes "rcommN"; C hides / shows these lanes
   [on #a85a00] D [/] the step's data-parallel collectives on those lanes:
   gradient buckets beside the last backward, the parameter gather beside
   the first forward
@@ -77,7 +79,8 @@ HELP = """\
   P plans the split with a memory policy (per stage with one chunk per
   rank, else one Megatron-expressible policy); a / x as for p.
 
-[b]Everywhere[/b]  u undo   ctrl+y redo   e export the split to a file
+[b]Everywhere[/b]  u / ctrl+z undo   ctrl+y redo   ? / f1 this help
+  e export the split to a file
   y copy the export   s save the config (TOML)   t load a real trace
   Escape cancels a running simulation or planner
   ctrl+p commands   q quit
