@@ -121,23 +121,25 @@ class ConfirmQuit(ModalScreen[str | None]):
 
 
 class PathPrompt(ModalScreen[str | None]):
-    """Ask for a path; Enter confirms, Escape cancels."""
+    """Ask for a path (or what `hint` says); Enter confirms, Escape cancels."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, title: str, default: str = "", preview: str = "") -> None:
+    def __init__(self, title: str, default: str = "", preview: str = "",
+                 hint: str = "path") -> None:
         super().__init__()
         self.title_text = title
         self.default = default
         self.preview = preview
+        self.hint = hint
 
     def compose(self) -> ComposeResult:
         with Vertical(id="prompt-box"):
-            yield Label(self.title_text, id="prompt-title")
+            yield Label(self.title_text, id="prompt-title", markup=False)
             if self.preview:
                 with VerticalScroll(id="prompt-preview"):
                     yield Static(self.preview, markup=False)
-            yield Input(self.default, id="prompt-input", placeholder="path")
+            yield Input(self.default, id="prompt-input", placeholder=self.hint)
             yield Label("Enter to confirm, Escape to cancel", classes="dim")
 
     def on_mount(self) -> None:
@@ -157,4 +159,5 @@ class FindPrompt(PathPrompt):
 
     def __init__(self, default: str = "") -> None:
         super().__init__("Find in the timeline: r3 (rank), F12 / b12 (kind + microbatch), "
-                         "12 (microbatch); combine, e.g. r3 b12", default)
+                         "12 (microbatch); combine, e.g. r3 b12", default,
+                         hint="r3 b12, F12, 12")

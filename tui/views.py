@@ -119,7 +119,8 @@ class ViewActions:
     def action_pin_typed(self) -> None:
         self.push_screen(PathPrompt(
             "Pin a published layout or split to compare with (as plan --compare): "
-            "11,10,10,10,10,10,10,9 or 'Et*11|(t*10|)*6t*9L'", ""), self.pin_text)
+            "11,10,10,10,10,10,10,9 or 'Et*11|(t*10|)*6t*9L'", "",
+            hint="a split or a Megatron layout"), self.pin_text)
 
     def pin_text(self, text: str | None) -> None:
         """Pin the split `text` names (a Megatron layout or counts), parsed as
