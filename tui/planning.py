@@ -252,7 +252,9 @@ class PlannerActions:
         self.say(f"planner's split accepted: {counts_text(state.counts)} (u undoes)")
 
     def action_dismiss_plan(self) -> None:
-        if self.proposal is not None:
-            self.proposal = None
-            self._show_proposal()
-            self.say("planner proposal dismissed")
+        if self.proposal is None:
+            self.notify("no planner proposal to dismiss (p runs the planner)")
+            return
+        self.proposal = None
+        self._show_proposal()
+        self.say("planner proposal dismissed")

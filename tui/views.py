@@ -153,6 +153,10 @@ class ViewActions:
     def action_toggle_pinned(self) -> None:
         self.show_pinned = not self.show_pinned
         self._show_timeline(recompare=False)
+        pinned = self.pinned_for(self.state)
+        what = f"pinned split {counts_text(pinned)}" if pinned else "even split"
+        self.notify(f"{what}'s lanes (pinN) shown under each rank" if self.show_pinned
+                    else f"{what}'s lanes hidden")
 
     def action_toggle_collectives(self) -> None:
         """The collectives' lanes under each rank (tp / cp / ep, the step's dp), or not
@@ -171,6 +175,7 @@ class ViewActions:
 
     def action_find_next(self) -> None:
         if not self.find_query:
+            self.notify("nothing to find yet: / finds an op (r3, F12, r3 b12)")
             return
         try:
             found = self.query_one(Timeline).find(self.find_query)
