@@ -28,10 +28,9 @@ HELP = """\
   first layer; E = embedding, H = LM head + loss, ! = the rank is over
   the memory limit; layer kinds ("3 dense + 5 moe") in a column, or for
   the selected stage under the panel when the column does not fit
-  ↑/↓ (k/j) select a stage   → (l) give it one more layer   ← (h) take
-  one away (→/← move its end boundary, the last stage's start;
-  shift+←/→ its start)   click a layer on a row: move the nearest
-  boundary there
+  ↑/↓ (k/j) select a stage   → (l) one layer more   ← (h) one less
+  (→/← move its end boundary, the last stage's start; shift+←/→ its
+  start)   click a layer on a row: move the nearest boundary there
   c type a count for the stage (the next stage absorbs the difference)
 
 [b]Timeline[/b]  one lane per rank; a trace's lane "realN" sits under rank N
@@ -41,9 +40,8 @@ HELP = """\
   a darker shade = a later chunk (virtual stage) of the rank
   "F12" = forward of microbatch 12; odd microbatches are lower case
   ("f13") so neighbours stay apart
-  ←/→ previous/next op   ↑/↓ lane   home/end first/last op
-  +/- zoom around the cursor   0 fit
-  shift+←/→ or the mouse wheel scroll   click an op to select it
+  ←/→ previous/next op   ↑/↓ lane   +/- zoom around the cursor   0 fit
+  home/end first/last op   shift+←/→ or the wheel scroll   click an op
   / find: r3 = rank 3, F12 = forward of microbatch 12, 12 = microbatch
   12, combined as "r3 b12"   n next match
   [on #6a3d9a] O [/] [on #6a3d9a] R [/] host copies of offloaded activations, in lanes
