@@ -133,17 +133,29 @@ class FileActions:
         self.notify("export (Megatron, torchtitan, DeepSpeed forms) copied to the clipboard")  # type: ignore
 
     def action_save(self) -> None:
-        self.push_screen(PathPrompt("Save the config (TOML) to",  # type: ignore[attr-defined]
-                                    self.config_path or "ppsim.toml"), self.save_to)
+        self._ask_save("Save the config (TOML) to", self.save_to)
 
-    def save_to(self, path: str | None) -> None:
+    def _ask_save(self, title: str, then: Any) -> None:
+        """Ask where to save (the config's own path first), then call `then(path)`."""
+        self.push_screen(PathPrompt(title, self.config_path or "ppsim.toml"), then)  # type: ignore[attr-defined]
+
+    def save_to(self, path: str | None) -> bool:
+        """Save the config to `path`: True when it was written."""
         if not path:
-            return
+            return False
         text = config_to_toml(config_for(self.base, self.state))  # type: ignore[attr-defined]
-        if self._write("save", path, text):
-            self.config_path = path
-            self.saved_state = self.state  # type: ignore[attr-defined]
-            self.notify(f"config saved to {path}")  # type: ignore[attr-defined]
+        if not self._write("save", path, text):
+            return False
+        self.config_path = path
+        self.saved_state = self.state  # type: ignore[attr-defined]
+        self.notify(f"config saved to {path}")  # type: ignore[attr-defined]
+        return True
+
+    def _save_and_quit(self, path: str | None) -> None:
+        """The quit prompt's `s`: save, then quit; a refused save stays (its reason on
+        the status line)."""
+        if self.save_to(path):
+            self.exit()  # type: ignore[attr-defined]
 
     def action_load_trace(self) -> None:
         self.push_screen(PathPrompt(  # type: ignore[attr-defined]
@@ -192,4 +204,4 @@ class FileActions:
         if answer == "quit":
             self.exit()  # type: ignore[attr-defined]
         elif answer == "save":
-            self.action_save()
+            self._ask_save("Save the config (TOML) to, then quit", self._save_and_quit)

@@ -110,6 +110,8 @@ class PlannerActions:
     proposal: Any
     proposal_for: EditState | None = None
     """The state the proposal was made for: it stands while only the split changes."""
+    planning_name = "planner"
+    """What runs under `planning` (Escape's message names it)."""
 
     def propose(self, proposal: EditState) -> None:
         """Show `proposal` (a planner's answer for the current state) beside the split."""
@@ -135,8 +137,17 @@ class PlannerActions:
             self.notify("the planner is running (Esc cancels it)")
             return
         self.say(progress_text(0, total_splits(self.state)))
-        self.planning = threading.Event()
+        self.planning, self.planning_name = threading.Event(), "planner"
         self._plan(self.state, self.planning)
+
+    def cancel_plan(self) -> None:
+        """Escape: the running planner's answer is dropped and `p` / `P` start again at
+        once (the split planner's process is killed; the policy search, a thread that
+        cannot be stopped, ends within its budget unseen)."""
+        if self.planning is not None:
+            self.planning.set()
+            self.planning = None
+            self.notify(f"{self.planning_name} cancelled")
 
     @work(thread=True, group="plan")
     def _plan(self, state: EditState, cancel: threading.Event) -> None:
@@ -164,7 +175,7 @@ class PlannerActions:
                 proc.kill()  # cancelled or done: the child stops here
             proc.wait(5)
         res, error = (outcome[1], "") if outcome[0] == "done" else (None, outcome[1])
-        self.call_from_thread(self._plan_done, res, error, state)
+        self.call_from_thread(self._plan_done, res, error, state, cancel)
 
     def _plan_here(self, state: EditState, cancel: threading.Event) -> None:
         last = [0.0]
@@ -180,23 +191,22 @@ class PlannerActions:
         try:
             res = run_planner(self.base, state, progress)
         except PlanCancelled:
-            self.call_from_thread(self._plan_done, None, "planner cancelled", state)
-            return
+            return  # Escape said so (cancel_plan)
         except UserError as exc:
-            self.call_from_thread(self._plan_done, None, str(exc), state)
+            self.call_from_thread(self._plan_done, None, str(exc), state, cancel)
             return
-        self.call_from_thread(self._plan_done, res, "", state)
+        self.call_from_thread(self._plan_done, res, "", state, cancel)
 
     def _plan_progress(self, done: int, total: int) -> None:
         if self.planning is not None:
             self.say(progress_text(done, total or total_splits(self.state)))
 
-    def _plan_done(self, res: Any, error: str, started: EditState) -> None:
+    def _plan_done(self, res: Any, error: str, started: EditState,
+                   cancel: threading.Event) -> None:
+        if cancel.is_set():
+            return  # Escape dropped it (cancel_plan); another planner may run now
         self.planning = None
         self.plan_result = res
-        if error == "planner cancelled":
-            self.notify(error)
-            return
         if res is not None and res.best is None:
             self.notify(no_fit_message(res), severity="error")  # stays on the status line
             return
@@ -242,7 +252,9 @@ class PlannerActions:
         self.say(f"planner's split accepted: {counts_text(state.counts)} (u undoes)")
 
     def action_dismiss_plan(self) -> None:
-        if self.proposal is not None:
-            self.proposal = None
-            self._show_proposal()
-            self.say("planner proposal dismissed")
+        if self.proposal is None:
+            self.notify("no planner proposal to dismiss (p runs the planner)")
+            return
+        self.proposal = None
+        self._show_proposal()
+        self.say("planner proposal dismissed")

@@ -33,6 +33,7 @@ class PolicyActions:
     """Policy keys of the split editor (m M [ ] o O f F) and `P` (mixed into the App)."""
 
     planning: threading.Event | None
+    planning_name: str
     plan_result: Any
     proposal: Any
 
@@ -60,7 +61,7 @@ class PolicyActions:
             self.notify("the planner is running (Esc cancels it)")
             return
         self.say(f"policy planner: split x memory policy, up to {BUDGET_S:g} s… (Esc drops it)")
-        self.planning = threading.Event()
+        self.planning, self.planning_name = threading.Event(), "policy planner"
         self._plan_policy(self.state, self.planning)
 
     @work(thread=True, group="plan")
@@ -73,10 +74,9 @@ class PolicyActions:
 
     def _policy_done(self, best: SpaceBest | None, error: str, started: EditState,
                      cancel: threading.Event) -> None:
-        self.planning = None
         if cancel.is_set():
-            self.notify("policy planner cancelled")
-            return
+            return  # Escape dropped it (cancel_plan); another planner may run now
+        self.planning = None
         if best is None or best.result is None:
             self.say(f"policy planner: {error or best.label}", "error")  # type: ignore
             return

@@ -28,7 +28,7 @@ HELP = """\
   first layer; E = embedding, H = LM head + loss, ! = the rank is over
   the memory limit; layer kinds ("3 dense + 5 moe") in a column, or for
   the selected stage under the panel when the column does not fit
-  ↑/↓ select a stage   → give it one more layer   ← take one away
+  ↑/↓ (k/j) select a stage   → (l) one layer more   ← (h) one less
   (→/← move its end boundary, the last stage's start; shift+←/→ its
   start)   click a layer on a row: move the nearest boundary there
   c type a count for the stage (the next stage absorbs the difference)
@@ -41,14 +41,14 @@ HELP = """\
   "F12" = forward of microbatch 12; odd microbatches are lower case
   ("f13") so neighbours stay apart
   ←/→ previous/next op   ↑/↓ lane   +/- zoom around the cursor   0 fit
-  shift+←/→ or the mouse wheel scroll   click an op to select it
+  home/end first/last op   shift+←/→ or the wheel scroll   click an op
   / find: r3 = rank 3, F12 = forward of microbatch 12, 12 = microbatch
   12, combined as "r3 b12"   n next match
   [on #6a3d9a] O [/] [on #6a3d9a] R [/] host copies of offloaded activations, in lanes
   "outN" (after the F) and "inN" (back before the B) under rank N
   [on #0b6b6b] C [/] tensor, context and expert parallel collectives inside
   each F and B, in lanes "commN" under rank N; a trace's, as its run
-  timed them, in lanes "rcommN"
+  timed them, in lanes "rcommN"; C hides / shows these lanes
   [on #a85a00] D [/] the step's data-parallel collectives on those lanes:
   gradient buckets beside the last backward, the parameter gather beside
   the first forward
@@ -77,7 +77,8 @@ HELP = """\
   P plans the split with a memory policy (per stage with one chunk per
   rank, else one Megatron-expressible policy); a / x as for p.
 
-[b]Everywhere[/b]  u undo   ctrl+y redo   e export the split to a file
+[b]Everywhere[/b]  u / ctrl+z undo   ctrl+y redo   ? / f1 this help
+  e export the split to a file
   y copy the export   s save the config (TOML)   t load a real trace
   Escape cancels a running simulation or planner
   ctrl+p commands   q quit
@@ -118,23 +119,25 @@ class ConfirmQuit(ModalScreen[str | None]):
 
 
 class PathPrompt(ModalScreen[str | None]):
-    """Ask for a path; Enter confirms, Escape cancels."""
+    """Ask for a path (or what `hint` says); Enter confirms, Escape cancels."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, title: str, default: str = "", preview: str = "") -> None:
+    def __init__(self, title: str, default: str = "", preview: str = "",
+                 hint: str = "path") -> None:
         super().__init__()
         self.title_text = title
         self.default = default
         self.preview = preview
+        self.hint = hint
 
     def compose(self) -> ComposeResult:
         with Vertical(id="prompt-box"):
-            yield Label(self.title_text, id="prompt-title")
+            yield Label(self.title_text, id="prompt-title", markup=False)
             if self.preview:
                 with VerticalScroll(id="prompt-preview"):
                     yield Static(self.preview, markup=False)
-            yield Input(self.default, id="prompt-input", placeholder="path")
+            yield Input(self.default, id="prompt-input", placeholder=self.hint)
             yield Label("Enter to confirm, Escape to cancel", classes="dim")
 
     def on_mount(self) -> None:
@@ -154,4 +157,5 @@ class FindPrompt(PathPrompt):
 
     def __init__(self, default: str = "") -> None:
         super().__init__("Find in the timeline: r3 (rank), F12 / b12 (kind + microbatch), "
-                         "12 (microbatch); combine, e.g. r3 b12", default)
+                         "12 (microbatch); combine, e.g. r3 b12", default,
+                         hint="r3 b12, F12, 12")

@@ -20,8 +20,8 @@ from ppsim.tui.policy_edit import policy_lines, policy_mark
 
 PREFIX = 26  # "  0 r0  c0   5    0  E H!"
 COMPACT = 20  # without the "first" column, below 44 columns
-HEADER = f"{'stg':>3} {'rank':<4}{'ch':<2}{'lay':>4}{'first':>6}      layers"
-COMPACT_HEADER = f"{'stg':>3} {'rank':<4}{'ch':<2}{'lay':>4}      layers"
+HEADER = f"{'stg':>3} {'rk':<4}{'ch':<3}{'lay':>4}{'first':>6}     layers"
+COMPACT_HEADER = f"{'stg':>3} {'rk':<4}{'ch':<3}{'lay':>4}     layers"
 
 
 def row_prefix(split: Split, index: int, over: bool = False, compact: bool = False,

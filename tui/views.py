@@ -61,9 +61,12 @@ class ViewActions:
         self.push_screen(HelpScreen())
 
     def action_edit_count(self) -> None:
+        self._show_panels()
         self.query_one("#count-input").focus()
 
     def action_panel(self, index: int) -> None:
+        if PANELS[index] != "#timeline":
+            self._show_panels()
         target = self.query_one(PANELS[index])
         if index == 0:
             target = self.query_one("#set-schedule")
@@ -91,8 +94,7 @@ class ViewActions:
             self.query_one(Headline).show(self.result, "" if self.result else
                                           "simulation cancelled")
             self.say("simulation cancelled; showing the last simulated state")
-        if self.planning is not None:
-            self.planning.set()
+        self.cancel_plan()
 
     def pinned_for(self, state: Any) -> tuple[int, ...] | None:
         """The pinned split when `state` has the pipeline shape it was pinned on (pp,
@@ -117,7 +119,8 @@ class ViewActions:
     def action_pin_typed(self) -> None:
         self.push_screen(PathPrompt(
             "Pin a published layout or split to compare with (as plan --compare): "
-            "11,10,10,10,10,10,10,9 or 'Et*11|(t*10|)*6t*9L'", ""), self.pin_text)
+            "11,10,10,10,10,10,10,9 or 'Et*11|(t*10|)*6t*9L'", "",
+            hint="a split or a Megatron layout"), self.pin_text)
 
     def pin_text(self, text: str | None) -> None:
         """Pin the split `text` names (a Megatron layout or counts), parsed as
@@ -141,9 +144,19 @@ class ViewActions:
         tl.focus()
         self.call_after_refresh(tl.refit)
 
+    def _show_panels(self) -> None:
+        """Leave the full-screen timeline: a key that focuses a panel it hides would
+        otherwise send the next keys to a panel the screen does not show."""
+        if self.screen.has_class("-max-timeline"):
+            self.action_maximise()
+
     def action_toggle_pinned(self) -> None:
         self.show_pinned = not self.show_pinned
         self._show_timeline(recompare=False)
+        pinned = self.pinned_for(self.state)
+        what = f"pinned split {counts_text(pinned)}" if pinned else "even split"
+        self.notify(f"{what}'s lanes (pinN) shown under each rank" if self.show_pinned
+                    else f"{what}'s lanes hidden")
 
     def action_toggle_collectives(self) -> None:
         """The collectives' lanes under each rank (tp / cp / ep, the step's dp), or not
@@ -162,6 +175,7 @@ class ViewActions:
 
     def action_find_next(self) -> None:
         if not self.find_query:
+            self.notify("nothing to find yet: / finds an op (r3, F12, r3 b12)")
             return
         try:
             found = self.query_one(Timeline).find(self.find_query)
