@@ -14,6 +14,7 @@ from textual.screen import Screen
 from textual.widgets import Input
 
 from ppsim.errors import UserError
+from ppsim.pipeline.layout import to_layout
 from ppsim.plan.references import parse_reference
 from ppsim.schedules.generators import schedule_placement
 from ppsim.tui.headline import Headline
@@ -30,6 +31,13 @@ def pin_shape(state: Any) -> tuple:
     """What a pinned split belongs to: the state's pp, vpp and the schedule's placement
     of virtual stages on ranks (its counts mean other stages in another shape)."""
     return state.pp, state.vpp, schedule_placement(state.schedule)
+
+
+def pin_examples(split: Any) -> str:
+    """The `B` prompt's examples: the current split as counts and as a Megatron layout,
+    so they fit the pipeline on screen (the prompt refuses another pp)."""
+    counts = ",".join(str(n) for n in split.counts)
+    return f"{counts} or '{to_layout(split)}'"
 
 
 class ViewActions:
@@ -117,9 +125,11 @@ class ViewActions:
         self.resimulate()
 
     def action_pin_typed(self) -> None:
+        examples = "" if self.result is None else \
+            ": " + pin_examples(self.result.sim.problem.split)
         self.push_screen(PathPrompt(
-            "Pin a published layout or split to compare with (as plan --compare): "
-            "11,10,10,10,10,10,10,9 or 'Et*11|(t*10|)*6t*9L'", "",
+            "Pin a published layout or split to compare with (as plan --compare)"
+            + examples, "",
             hint="a split or a Megatron layout"), self.pin_text)
 
     def pin_text(self, text: str | None) -> None:

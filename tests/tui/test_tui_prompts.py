@@ -37,3 +37,20 @@ async def test_every_prompt_shows_its_whole_title_and_a_fitting_hint() -> None:
                 await pilot.press("escape")
                 await settle(pilot)
         app = PPSimApp(preset_config("llama3-70b", 8, 32))
+
+
+async def test_the_pin_prompts_examples_are_splits_of_the_pipeline_on_screen() -> None:
+    """`B`'s examples are the split on screen (counts and layout), each pinnable as it
+    stands, at pp 4 as at pp 8: an 8-stage example is refused at pp 4."""
+    from ppsim.plan.references import parse_reference
+
+    app = PPSimApp(preset_config("llama3-70b", 4, 16))
+    async with app.run_test(size=(160, 45)) as pilot:
+        await settle(pilot)
+        await pilot.press("B")
+        await settle(pilot)
+        title = str(app.screen.query_one("#prompt-title", Label).render())
+        problem = app.result.sim.problem
+        counts, layout = re.search(r": ([\d,]+) or '([^']+)'", title).groups()
+        for text in (counts, layout):
+            assert parse_reference(text, problem).counts == problem.split.counts, text
