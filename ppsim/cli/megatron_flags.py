@@ -60,6 +60,28 @@ def recompute_mode(granularity: str | None, method: str | None, memory: dict[str
                     "add --recompute-method uniform (every layer) or block")
 
 
+OFFLOAD_KNOBS = {"offload_modules": "--offload-modules",
+                 "offload_fraction": "--activation-offload-fraction (--offload-fraction)",
+                 "offload_step_bytes": "--delta-offload-bytes-across-pp-ranks"}
+"""[memory] key -> Megatron's flag, read only under --fine-grained-activation-offloading."""
+
+
+def check_offload(switch: bool, memory: dict[str, Any], configured: bool) -> None:
+    """Megatron's fine-grained offload flags as it reads them: attention.py and experts.py
+    offload a module only when fine_grained_activation_offloading is set, so the other
+    knobs alone offload nothing; the switch asserts a module list (TransformerConfig).
+    `configured`: the config's [memory] names offload modules."""
+    given = [flag for key, flag in OFFLOAD_KNOBS.items() if key in memory]
+    if given and not switch:
+        raise UserError(given[0], "Megatron offloads nothing without "
+                        "--fine-grained-activation-offloading (it ignores the offload flags "
+                        "then)", "add --fine-grained-activation-offloading")
+    if switch and "offload_modules" not in memory and not configured:
+        raise UserError("--fine-grained-activation-offloading", "needs the modules to "
+                        "offload: Megatron asserts offload_modules is not empty",
+                        "add --offload-modules M ..., or drop the switch")
+
+
 def moe_layer_recompute(granularity: str | None, memory: dict[str, Any]) -> str:
     """Megatron's --moe-layer-recompute (transformer_config.py): selective granularity with
     the moe module added to the recompute modules (core_attn by default); refused with
