@@ -256,11 +256,14 @@ def _memory_flags(flag: Any, configured: dict[str, Any] | None
     # --recompute-granularity says.
     granularity = "selective" if flag("recompute_activations") else \
         flag("recompute_granularity")
+    named = "--recompute-activations" if flag("recompute_activations") else \
+        "--recompute-granularity"
     if flag("moe_layer_recompute"):
+        named = "--moe-layer-recompute" if granularity is None else named
         granularity = megatron_flags.moe_layer_recompute(granularity, memory)
     return memory, megatron_flags.recompute_mode(granularity, flag("recompute_method"), memory,
                                                  flag("recompute"),
-                                                 bool(flag("moe_grouped_gemm")))
+                                                 bool(flag("moe_grouped_gemm")), named)
 
 
 def _hardware_flags(args: argparse.Namespace, flag: Any

@@ -12,19 +12,22 @@ from ppsim.job.shape import dispatcher_refusal
 
 
 def recompute_mode(granularity: str | None, method: str | None, memory: dict[str, Any],
-                   recompute: str | None, grouped_gemm: bool = False) -> str | None:
+                   recompute: str | None, grouped_gemm: bool = False,
+                   named: str = "--recompute-granularity") -> str | None:
     """The global recompute mode Megatron's --recompute-granularity and --recompute-method
     say, refused where Megatron refuses them: "none" under a module list or the block
     method's first N (Megatron recomputes nothing else, whatever a preset's mode), and
     uniform's --recompute-num-layers 1 leaves `memory` (every layer, not the first N).
-    `grouped_gemm`: --moe-grouped-gemm, which selective moe_act recompute needs."""
+    `grouped_gemm`: --moe-grouped-gemm, which selective moe_act recompute needs; `named`:
+    the flag that gave the granularity (--recompute-activations and --moe-layer-recompute
+    set selective)."""
     if granularity is None:
         if method is not None:
             raise UserError("--recompute-method", "needs --recompute-granularity full",
                             "add --recompute-granularity full")
         return None
     if recompute is not None:
-        raise UserError("--recompute-granularity", "says what --recompute says",
+        raise UserError(named, "says what --recompute says",
                         "give one of them")
     if granularity == "selective":
         if method is not None:

@@ -138,6 +138,10 @@ def test_the_recompute_flags_ppsim_exports_read_back() -> None:
     ("--recompute-granularity full --recompute-method uniform --recompute-modules mlp",
      "--recompute-modules"),
     ("--recompute-granularity selective --recompute full", "--recompute-granularity"),
+    # The flag given is named, not the granularity it sets (arguments.py:
+    # --recompute-activations sets selective; TransformerConfig: --moe-layer-recompute too).
+    ("--recompute-activations --recompute none", "--recompute-activations"),
+    ("--moe-layer-recompute --recompute none", "--moe-layer-recompute"),
     # TransformerConfig: full granularity needs a layer count, whatever the method; none
     # with selective; moe_act recompute needs grouped GEMM.
     ("--recompute-granularity full --recompute-method uniform", "--recompute-num-layers"),
