@@ -248,10 +248,6 @@ def _memory_flags(flag: Any, configured: dict[str, Any] | None
                 raise UserError(f"--{key.replace('_', '-')}", "names no module (Megatron "
                                 f"refuses {memory[key]!r} as a module name)",
                                 "give the modules, or leave the flag out")
-    tables = [configured or {}, *(configured or {}).get("stage", [])]
-    megatron_flags.check_offload(bool(flag("fine_grained_activation_offloading")), memory,
-                                 any(isinstance(t, dict) and t.get("offload_modules")
-                                     for t in tables))
     # As Megatron's arguments.py: --recompute-activations sets selective, whatever
     # --recompute-granularity says.
     granularity = "selective" if flag("recompute_activations") else \
@@ -261,9 +257,15 @@ def _memory_flags(flag: Any, configured: dict[str, Any] | None
     if flag("moe_layer_recompute"):
         named = "--moe-layer-recompute" if granularity is None else named
         granularity = megatron_flags.moe_layer_recompute(granularity, memory)
-    return memory, megatron_flags.recompute_mode(granularity, flag("recompute_method"), memory,
-                                                 flag("recompute"),
-                                                 bool(flag("moe_grouped_gemm")), named)
+    mode = megatron_flags.recompute_mode(granularity, flag("recompute_method"), memory,
+                                         flag("recompute"), bool(flag("moe_grouped_gemm")),
+                                         named)
+    stages = (configured or {}).get("stage")
+    tables = [configured or {}, *(stages if isinstance(stages, list) else [])]
+    megatron_flags.check_offload(bool(flag("fine_grained_activation_offloading")), memory,
+                                 any(isinstance(t, dict) and t.get("offload_modules")
+                                     for t in tables))
+    return memory, mode
 
 
 def _hardware_flags(args: argparse.Namespace, flag: Any

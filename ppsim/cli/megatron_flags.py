@@ -9,6 +9,7 @@ from typing import Any
 
 from ppsim.errors import UserError
 from ppsim.job.shape import dispatcher_refusal
+from ppsim.policy.megatron import offload_refusal
 
 
 def recompute_mode(granularity: str | None, method: str | None, memory: dict[str, Any],
@@ -83,6 +84,12 @@ def check_offload(switch: bool, memory: dict[str, Any], configured: bool) -> Non
         raise UserError("--fine-grained-activation-offloading", "needs the modules to "
                         "offload: Megatron asserts offload_modules is not empty",
                         "add --offload-modules M ..., or drop the switch")
+    names = lambda key: tuple(str(memory.get(key, "")).replace(",", " ").split())  # noqa: E731
+    refusal = offload_refusal(names("recompute_modules"), names("offload_modules"))
+    if switch and refusal:
+        # ppsim's executor runs such a set; the line, as a Megatron launch, stops there.
+        print(f"warning: Megatron refuses these --offload-modules: {refusal} ppsim prices "
+              "them as its executor runs them", file=sys.stderr)
 
 
 def moe_layer_recompute(granularity: str | None, memory: dict[str, Any]) -> str:

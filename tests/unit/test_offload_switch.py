@@ -85,3 +85,26 @@ def test_an_empty_module_name_is_refused_as_megatron_refuses_it(flags: str, fiel
     rc, out, err = _run(flags, capsys)
     assert rc == 2 and out == ""
     assert len(err.splitlines()) == 1 and field in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("model, flags, words", [
+    (LLAMA, "--offload-modules attn_proj",
+     "attn_proj cannot be set to offload_modules alone without core_attn"),
+    (["simulate", "--preset", "qwen3-30b-a3b", "--hardware", "h100-80gb", "--pp", "4"],
+     "--moe-layer-recompute --offload-modules moe_act",
+     "Cannot offload {'moe_act'} while recomputing the entire MoE layer."),
+])
+def test_an_offload_set_megatron_refuses_is_priced_with_a_warning_in_its_words(
+        model: list[str], flags: str, words: str, capsys) -> None:
+    """TransformerConfig raises for these sets under the switch; ppsim's executor runs
+    them, so simulate prices them and says on one line that Megatron stops there."""
+    assert main([*model, "--fine-grained-activation-offloading", *shlex.split(flags)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    warned = [line for line in err if line.startswith("warning: Megatron refuses")]
+    assert len(warned) == 1 and words in warned[0]
+
+
+def test_an_offload_set_megatron_takes_has_no_warning(capsys) -> None:
+    rc, _, err = _run("--fine-grained-activation-offloading --offload-modules core_attn "
+                      "attn_proj", capsys)
+    assert rc == 0 and "warning" not in err
