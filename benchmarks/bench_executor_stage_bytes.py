@@ -17,7 +17,8 @@ from ppsim.cli.flags import config_from_args
 from ppsim.cli.main import build_parser
 from ppsim.executor.stage_bytes import stage_bytes
 
-POLICY = "--recompute-modules core_attn --offload-modules attn_norm,qkv_linear,mlp_norm"
+POLICY = ("--recompute-modules core_attn --fine-grained-activation-offloading "
+          "--offload-modules attn_norm,qkv_linear,mlp_norm")
 CASES = {
     "1f1b": "--schedule 1f1b --pp 2 --split 5,3 --microbatches 4",
     "interleaved": "--schedule interleaved-1f1b --pp 2 --vpp 2 --split 3,1,2,2 "
@@ -25,7 +26,8 @@ CASES = {
     "zbv": "--schedule zbv --pp 2 --vpp 2 --split 2,3,2,1 --microbatches 4",
     "mla-1f1b": "--config {mla} --schedule 1f1b --pp 2 --split 5,3 --microbatches 4",
 }
-POLICIES = {"mla-1f1b": "--recompute-modules mla_up_proj,layernorm --offload-modules "
+POLICIES = {"mla-1f1b": "--recompute-modules mla_up_proj,layernorm "
+                        "--fine-grained-activation-offloading --offload-modules "
                         "core_attn,qkv_linear"}
 MLA_TOML = ('[model]\npreset = "tiny-gpt"\ngated_mlp = true\nnorm = "rmsnorm"\n'
             'position = "rotary"\nattention = "mla"\nq_lora_rank = 32\nkv_lora_rank = 24\n'

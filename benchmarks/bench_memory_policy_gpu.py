@@ -27,11 +27,13 @@ BASE = ["--num-layers", "8", "--pp", "2", "--split", "4,4", "--schedule", "1f1b"
         "--microbatches", "8", "--recompute", "none"]
 POLICIES = {"none": [],
             "policy": ["--recompute-modules", "core_attn", "--recompute-num-layers", "2",
-                       "--offload-modules", "attn_norm,qkv_linear,mlp_norm"],
+                       "--fine-grained-activation-offloading", "--offload-modules",
+                       "attn_norm,qkv_linear,mlp_norm"],
             # The policy's parts alone (--policies), to tell which one a GPU peak misses.
             "core_attn": ["--recompute-modules", "core_attn"],
             "block": ["--recompute-num-layers", "2"],
-            "offload": ["--offload-modules", "attn_norm,qkv_linear,mlp_norm"]}
+            "offload": ["--fine-grained-activation-offloading", "--offload-modules",
+                        "attn_norm,qkv_linear,mlp_norm"]}
 
 
 def _ppsim(*args: str) -> dict:

@@ -126,9 +126,10 @@ def _add_pipeline_flags(g: Any) -> None:
 def _add_memory_policy_flags(g: Any) -> None:
     """The memory policy as Megatron's flags: recompute and offload (sets [memory])."""
     g.add_argument("--recompute", metavar="MODE", help="none | selective | full")
-    g.add_argument("--recompute-modules", nargs="+", metavar="M", help="Megatron modules "
-                   "recomputed in every layer: core_attn mlp moe_act layernorm mla_up_proj "
-                   "moe shared_experts (sets [memory])")
+    module = nonempty("a Megatron module name")
+    g.add_argument("--recompute-modules", nargs="+", metavar="M", type=module,
+                   help="Megatron modules recomputed in every layer: core_attn mlp "
+                   "moe_act layernorm mla_up_proj moe shared_experts (sets [memory])")
     g.add_argument("--recompute-num-layers", type=int, metavar="N", help="the first N layers "
                    "of each stage recomputed whole (Megatron's block method)")
     g.add_argument("--recompute-activations", action="store_true", default=None,
@@ -144,14 +145,16 @@ def _add_memory_policy_flags(g: Any) -> None:
                    "block (--recompute-num-layers N)")
     g.add_argument("--moe-grouped-gemm", action="store_true", default=None,
                    help="accepted as Megatron takes it (moe_act recompute needs it there)")
-    g.add_argument("--offload-modules", nargs="+", metavar="M", help="Megatron modules whose "
-                   "saved tensors go to host memory: attn_norm qkv_linear core_attn "
+    g.add_argument("--offload-modules", nargs="+", metavar="M", type=module,
+                   help="Megatron modules whose saved tensors go to host memory (with "
+                   "--fine-grained-activation-offloading): attn_norm qkv_linear core_attn "
                    "attn_proj mlp_norm expert_fc1 moe_act")
     g.add_argument("--offload-fraction", "--activation-offload-fraction",
                    dest="offload_fraction", type=float, metavar="F",
                    help="share of the offload modules' tensors offloaded (default 1)")
     g.add_argument("--fine-grained-activation-offloading", action="store_true", default=None,
-                   help="accepted as Megatron takes it with --offload-modules")
+                   help="Megatron's switch the offload flags need (without it Megatron "
+                   "offloads nothing)")
     g.add_argument("--delta-offload-bytes-across-pp-ranks", type=int, metavar="BYTES",
                    help="Megatron's per-rank offload step: each pp rank offloads this many "
                    "bytes a microbatch fewer")
@@ -233,21 +236,36 @@ def _schedule_chunks(flag: Any) -> int | None:
     return chunks_for_schedule(flag("schedule"))
 
 
-def _memory_flags(flag: Any) -> tuple[dict[str, Any], str | None]:
-    """The [memory] keys the flags set, and the global recompute mode they say."""
+def _memory_flags(flag: Any, configured: dict[str, Any] | None
+                  ) -> tuple[dict[str, Any], str | None]:
+    """The [memory] keys the flags set, and the global recompute mode they say
+    (`configured`: the config's [memory] section)."""
     memory = {key: flag(name) for key, name in MEMORY_FLAGS.items() if flag(name) is not None}
     for key in ("recompute_modules", "offload_modules"):  # "a,b", "a b" or a b
         if isinstance(memory.get(key), list):
             memory[key] = " ".join(memory[key])
+            if not memory[key].replace(",", " ").split():  # "," (nonempty takes "")
+                raise UserError(f"--{key.replace('_', '-')}", "names no module (Megatron "
+                                f"refuses {memory[key]!r} as a module name)",
+                                "give the modules, or leave the flag out")
     # As Megatron's arguments.py: --recompute-activations sets selective, whatever
     # --recompute-granularity says.
     granularity = "selective" if flag("recompute_activations") else \
         flag("recompute_granularity")
+    named = "--recompute-activations" if flag("recompute_activations") else \
+        "--recompute-granularity"
     if flag("moe_layer_recompute"):
+        named = "--moe-layer-recompute" if granularity is None else named
         granularity = megatron_flags.moe_layer_recompute(granularity, memory)
-    return memory, megatron_flags.recompute_mode(granularity, flag("recompute_method"), memory,
-                                                 flag("recompute"),
-                                                 bool(flag("moe_grouped_gemm")))
+    mode = megatron_flags.recompute_mode(granularity, flag("recompute_method"), memory,
+                                         flag("recompute"), bool(flag("moe_grouped_gemm")),
+                                         named)
+    stages = (configured or {}).get("stage")
+    tables = [configured or {}, *(stages if isinstance(stages, list) else [])]
+    megatron_flags.check_offload(bool(flag("fine_grained_activation_offloading")), memory,
+                                 any(isinstance(t, dict) and t.get("offload_modules")
+                                     for t in tables))
+    return memory, mode
 
 
 def _hardware_flags(args: argparse.Namespace, flag: Any
@@ -271,7 +289,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     flag = lambda key: getattr(args, key, None)  # noqa: E731 - a command may lack a flag
     cfg = load_config(args.config, {"preset": flag("preset")} if flag("preset") else None)
     limit, devices = _hardware_flags(args, flag)
-    memory, mode = _memory_flags(flag)
+    memory, mode = _memory_flags(flag, cfg.memory)
     pipeline = {k: flag(k) for k in PIPELINE_KEYS if k != "global_batch_size"}
     if pipeline.get("moe_token_dispatcher_type") == "allgather":
         pipeline["moe_token_dispatcher_type"] = None  # check_experts_parallel says why

@@ -9,22 +9,26 @@ from typing import Any
 
 from ppsim.errors import UserError
 from ppsim.job.shape import dispatcher_refusal
+from ppsim.policy.megatron import offload_refusal
 
 
 def recompute_mode(granularity: str | None, method: str | None, memory: dict[str, Any],
-                   recompute: str | None, grouped_gemm: bool = False) -> str | None:
+                   recompute: str | None, grouped_gemm: bool = False,
+                   named: str = "--recompute-granularity") -> str | None:
     """The global recompute mode Megatron's --recompute-granularity and --recompute-method
     say, refused where Megatron refuses them: "none" under a module list or the block
     method's first N (Megatron recomputes nothing else, whatever a preset's mode), and
     uniform's --recompute-num-layers 1 leaves `memory` (every layer, not the first N).
-    `grouped_gemm`: --moe-grouped-gemm, which selective moe_act recompute needs."""
+    `grouped_gemm`: --moe-grouped-gemm, which selective moe_act recompute needs; `named`:
+    the flag that gave the granularity (--recompute-activations and --moe-layer-recompute
+    set selective)."""
     if granularity is None:
         if method is not None:
             raise UserError("--recompute-method", "needs --recompute-granularity full",
                             "add --recompute-granularity full")
         return None
     if recompute is not None:
-        raise UserError("--recompute-granularity", "says what --recompute says",
+        raise UserError(named, "says what --recompute says",
                         "give one of them")
     if granularity == "selective":
         if method is not None:
@@ -58,6 +62,34 @@ def recompute_mode(granularity: str | None, method: str | None, memory: dict[str
         return "none"
     raise UserError("--recompute-method", "full granularity needs a method",
                     "add --recompute-method uniform (every layer) or block")
+
+
+OFFLOAD_KNOBS = {"offload_modules": "--offload-modules",
+                 "offload_fraction": "--activation-offload-fraction (--offload-fraction)",
+                 "offload_step_bytes": "--delta-offload-bytes-across-pp-ranks"}
+"""[memory] key -> Megatron's flag, read only under --fine-grained-activation-offloading."""
+
+
+def check_offload(switch: bool, memory: dict[str, Any], configured: bool) -> None:
+    """Megatron's fine-grained offload flags as it reads them: attention.py and experts.py
+    offload a module only when fine_grained_activation_offloading is set, so the other
+    knobs alone offload nothing; the switch asserts a module list (TransformerConfig).
+    `configured`: the config's [memory] names offload modules."""
+    given = [flag for key, flag in OFFLOAD_KNOBS.items() if key in memory]
+    if given and not switch:
+        raise UserError(given[0], "Megatron offloads nothing without "
+                        "--fine-grained-activation-offloading (it ignores the offload flags "
+                        "then)", "add --fine-grained-activation-offloading")
+    if switch and "offload_modules" not in memory and not configured:
+        raise UserError("--fine-grained-activation-offloading", "needs the modules to "
+                        "offload: Megatron asserts offload_modules is not empty",
+                        "add --offload-modules M ..., or drop the switch")
+    names = lambda key: tuple(str(memory.get(key, "")).replace(",", " ").split())  # noqa: E731
+    refusal = offload_refusal(names("recompute_modules"), names("offload_modules"))
+    if switch and refusal:
+        # ppsim's executor runs such a set; the line, as a Megatron launch, stops there.
+        print(f"warning: Megatron refuses these --offload-modules: {refusal} ppsim prices "
+              "them as its executor runs them", file=sys.stderr)
 
 
 def moe_layer_recompute(granularity: str | None, memory: dict[str, Any]) -> str:

@@ -8,6 +8,7 @@ Korthikanti et al. 2022 activation formulas). Measured cost files
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from itertools import accumulate
@@ -205,8 +206,27 @@ class RangeMax:
         return max(row[lo], row[hi - (1 << j)])
 
 
-def _sum(parts: list[LayerCost]) -> tuple[float, float, float, int, int, int, int, float]:
-    f = b = w = sb = 0.0
+@dataclass(frozen=True, kw_only=True)
+class PartSums:
+    """A stage's pieces summed in their order (the embedding, the layers, the head)."""
+
+    forward_ms: float
+    backward_ms: float
+    weight_grad_ms: float
+    split_backward_ms: float
+    """0 where it equals the backward (no split path measured)."""
+    static_bytes: int
+    activation_bytes: int
+    weight_grad_bytes: int
+    params: int
+    pair_saving_ms: float
+
+
+def sum_parts(parts: Sequence[LayerCost]) -> PartSums:
+    """Sum `parts` in order: every stage cost, under a memory policy or not, sums its
+    pieces here, so one stage priced two ways agrees to the last digit (float addition
+    depends on its order)."""
+    f = b = w = sb = paired = 0.0
     st = act = wg = n = 0
     for p in parts:
         f += p.forward_ms
@@ -217,7 +237,11 @@ def _sum(parts: list[LayerCost]) -> tuple[float, float, float, int, int, int, in
         act += p.activation_bytes
         wg += p.weight_grad_bytes
         n += p.params
-    return f, b, w, st, act, wg, n, (0.0 if sb == b else sb)
+        paired += p.pair_saving_ms
+    return PartSums(forward_ms=f, backward_ms=b, weight_grad_ms=w,
+                    split_backward_ms=0.0 if sb == b else sb, static_bytes=st,
+                    activation_bytes=act, weight_grad_bytes=wg, params=n,
+                    pair_saving_ms=paired)
 
 
 def held_input_bytes(costs: ModelCosts, layers: int, last: bool, receives: bool) -> int:
@@ -240,13 +264,15 @@ def stage_cost(costs: ModelCosts, offset: int, layers: int, first: bool, last: b
         parts.insert(0, costs.embedding)
     if last:
         parts.append(costs.head)
-    f, b, w, st, act, wg, n, sb = _sum(parts)
+    s = sum_parts(parts)
     twice = costs.held_twice(first, last, costs.holds_first_mtp(offset, layers))
-    st, n = st - twice.static_bytes, n - twice.params
-    act += held_input_bytes(costs, layers, last, receives)
-    return StageCost(f, b, w, st, act, wg, 0 if last else costs.hidden_bytes, n, sb,
+    return StageCost(s.forward_ms, s.backward_ms, s.weight_grad_ms,
+                     s.static_bytes - twice.static_bytes,
+                     s.activation_bytes + held_input_bytes(costs, layers, last, receives),
+                     s.weight_grad_bytes, 0 if last else costs.hidden_bytes,
+                     s.params - twice.params, s.split_backward_ms,
                      expert_params=costs.experts_in(offset, layers),
-                     pair_saving_ms=sum(p.pair_saving_ms for p in parts),
+                     pair_saving_ms=s.pair_saving_ms,
                      transient_bytes=stage_transient(costs, offset, layers, first, last))
 
 

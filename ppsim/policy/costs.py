@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from ppsim.costs.arch import Architecture
 from ppsim.costs.kinds import kind_effect, piece_kinds
 from ppsim.costs.model import (
-    LayerCost,
     ModelCosts,
     StageCost,
     ends_transient,
     held_input_bytes,
+    sum_parts,
 )
 from ppsim.costs.modules import offloaded_input_bytes
 from ppsim.costs.transformer import Accelerator, layer_kinds, transformer_costs
@@ -63,7 +63,6 @@ class PolicyCosts:
     _variants: dict[tuple[str, ...], ModelCosts] = field(default_factory=dict)
     _offload: dict[tuple[tuple[str, ...], tuple[str, ...]], _Offload] = field(
         default_factory=dict)
-    _prefixes: dict[tuple[str, ...] | None, _Prefix] = field(default_factory=dict)
     _next_larger: list[int] | None = field(default=None, init=False, repr=False)
     _more: dict[tuple[tuple[str, ...], tuple[str, ...], float], list[int]] = field(
         default_factory=dict, init=False, repr=False)
@@ -71,7 +70,6 @@ class PolicyCosts:
     def __post_init__(self) -> None:
         self.full = self._priced((), True)
         self.base = self.layers_under(())
-        self._ends = (_fields_of(self.base.embedding), _fields_of(self.base.head))
         self.kinds = layer_kinds(self.arch) + ("mtp",) * self.arch.mtp_layers
         self.first_mtp = len(self.kinds) - self.arch.mtp_layers
 
@@ -167,32 +165,19 @@ class PolicyCosts:
     def copy_ms(self, nbytes: float) -> float:
         return nbytes / (self.host_link_gbps * 1e6) if self.host_link_gbps > 0 else 0.0
 
-    def _prefix(self, modules: tuple[str, ...] | None) -> _Prefix:
-        """Prefix sums of a variant's layers (None: the fully recomputed layers)."""
-        hit = self._prefixes.get(modules)
-        if hit is None:
-            layers = self.full.layers if modules is None else self.layers_under(modules).layers
-            hit = self._prefixes[modules] = _Prefix(layers)
-        return hit
-
     def stage_cost(self, policy: StagePolicy, offset: int, count: int, first: bool, last: bool,
                    receives: bool) -> StageCost:
         """Layers [offset, offset + count) (and the embedding/head where they sit) under
-        `policy`: its first N layers recomputed whole, the rest by module. Sums as
-        ppsim.costs.model.stage_cost does, from prefix sums (O(1) per stage)."""
+        `policy`: its first N layers recomputed whole, the rest by module, summed in
+        ppsim.costs.model.sum_parts's order (a policy that recomputes and offloads
+        nothing prices a stage as the model without a policy does, to the last digit)."""
         n = self.recomputed(policy, offset, count)
-        full, var = self._prefix(None).rows, self._prefix(policy.recompute_modules).rows
         lo, mid, hi = offset, offset + n, offset + count
-        sums = [(a - b) + (c - d) for a, b, c, d in zip(full[mid], full[lo], var[hi], var[mid],
-                                                        strict=True)]
-        for piece, on in zip(self._ends, (first, last), strict=True):
-            if on:
-                sums = [x + y for x, y in zip(sums, piece, strict=True)]
-        f, b, w, sb, st, act, wg, params, paired = sums
+        s = sum_parts([*([self.base.embedding] if first else []), *self.full.layers[lo:mid],
+                       *self.layers_under(policy.recompute_modules).layers[mid:hi],
+                       *([self.base.head] if last else [])])
         twice = self.base.held_twice(first, last, self.base.holds_first_mtp(offset, count))
-        st, params = st - twice.static_bytes, params - twice.params
-        hidden = self.base.hidden_bytes
-        act += held_input_bytes(self.base, count, last, receives)
+        act = s.activation_bytes + held_input_bytes(self.base, count, last, receives)
         off = copied = 0
         if policy.offloads:
             pre = self.offloaded(policy.recompute_modules, policy.offload_modules)
@@ -208,14 +193,15 @@ class PolicyCosts:
         transient = max(self.full.transient_in(lo, n),
                         self.layers_under(policy.recompute_modules).transient_in(mid, hi - mid),
                         ends_transient(self.base, first, last))
-        sb = 0.0 if sb == b else sb
         # The copies run on the device's copy streams (ppsim.sim.copies): the offloaded
         # tensors are part of the F's allocation until their copy out ends. What W needs
         # (matmul inputs) comes back with the reload before B and stays until W.
-        return StageCost(f, b, w, int(st), int(act), int(wg), 0 if last else hidden,
-                         int(params), sb, offload_bytes=off, copy_ms=self.copy_ms(copied),
+        return StageCost(s.forward_ms, s.backward_ms, s.weight_grad_ms,
+                         s.static_bytes - twice.static_bytes, act, s.weight_grad_bytes,
+                         0 if last else self.base.hidden_bytes, s.params - twice.params,
+                         s.split_backward_ms, offload_bytes=off, copy_ms=self.copy_ms(copied),
                          expert_params=self.base.experts_in(offset, count),
-                         pair_saving_ms=paired, transient_bytes=transient)
+                         pair_saving_ms=s.pair_saving_ms, transient_bytes=transient)
 
     def stalls(self, policy: StagePolicy, offset: int, count: int, first: bool,
                last: bool, receives: bool) -> bool:
@@ -230,29 +216,6 @@ class PolicyCosts:
         n = self.recomputed(policy, offset, count)
         moved = self.offloaded(policy.recompute_modules, policy.offload_modules).moved
         return int(policy.offload_fraction * (moved[offset + count] - moved[offset + n]))
-
-
-_FIELDS = ("forward_ms", "backward_ms", "weight_grad_ms", "sb", "static_bytes",
-           "activation_bytes", "weight_grad_bytes", "params", "pair_saving_ms")
-"""The LayerCost sums a stage needs, in StageCost's order ("sb": the split backward)."""
-
-
-def _fields_of(c: LayerCost) -> tuple[float, ...]:
-    """A piece's _FIELDS values ("sb": its split backward, else its backward)."""
-    return tuple(c.split_backward_ms or c.backward_ms if name == "sb" else getattr(c, name)
-                 for name in _FIELDS)
-
-
-class _Prefix:
-    """Prefix sums of the _FIELDS over a list of layers: rows[j] sums layers 0..j-1, so
-    a span's sum is a difference of two rows."""
-
-    def __init__(self, layers: Sequence[LayerCost]) -> None:
-        row = (0,) * len(_FIELDS)
-        self.rows: list[tuple[float, ...]] = [row]
-        for lc in layers:
-            row = tuple(x + y for x, y in zip(row, _fields_of(lc), strict=True))
-            self.rows.append(row)
 
 
 Fits = Callable[[int, StageCost], bool]

@@ -108,9 +108,12 @@ DUALPIPEV = ["--schedule", "dualpipev", "--pp", "2", "--vpp", "2", "--split", "2
              "--microbatches", "4"]
 V = ["--pp", "2", "--vpp", "2", "--split", "2,3,2,1"]
 PEER = ["--alongside-torch"]
-POLICY = ["--recompute-modules", "core_attn", "--offload-modules", "attn_norm,qkv_linear,mlp_norm"]
+POLICY = ["--recompute-modules", "core_attn",
+          "--fine-grained-activation-offloading", "--offload-modules",
+          "attn_norm,qkv_linear,mlp_norm"]
 """A memory policy (issue 28): core_attn recomputed, three modules offloaded."""
-NORM_POLICY = ["--recompute-modules", "layernorm,core_attn", "--offload-modules",
+NORM_POLICY = ["--recompute-modules", "layernorm,core_attn",
+               "--fine-grained-activation-offloading", "--offload-modules",
                "attn_norm,mlp_norm"]
 """The norms' outputs freed (output-discarding recompute), their inputs offloaded."""
 MOE_TOML = tiny_gpt_toml(gated_mlp=True, num_kv_heads=2, layers="dense, moe, " * 3 + "dense, moe",
@@ -121,7 +124,8 @@ OWN_TP = ["--model", "tests/model_tp.py:build"]
 """A torchtitan-style decoder of one's own whose parallelize splits it (tests/model_tp.py)."""
 HYBRID_TP_TOML = '[model]\npreset = "tiny-hybrid"\netp = 1\n'
 """Mamba-2, attention, GatedDeltaNet, MoE and MLP layers, each expert whole at tp > 1."""
-MOE_POLICY = ["--recompute-modules", "layernorm,moe_act", "--offload-modules",
+MOE_POLICY = ["--recompute-modules", "layernorm,moe_act",
+              "--fine-grained-activation-offloading", "--offload-modules",
               "moe_act,expert_fc1,attn_norm"]
 """The MoE's own pieces: its activation's output freed, its inputs and the dispatched
 tokens offloaded."""
@@ -143,12 +147,14 @@ WINDOW_TOML = tiny_gpt_toml(gated_mlp=True, num_kv_heads=2, norm="rmsnorm", posi
                             moe_ffn_hidden_size=96, attention_window=5,
                             window_attn_skip_freq="[1,1,0,0]*2")
 """gpt-oss's shape in small: rotary, MoE and a sliding window on half the layers."""
-MLA_POLICY = ["--recompute-modules", "mla_up_proj,layernorm", "--offload-modules",
+MLA_POLICY = ["--recompute-modules", "mla_up_proj,layernorm",
+              "--fine-grained-activation-offloading", "--offload-modules",
               "core_attn,qkv_linear"]
 """MLA's up projection and the norms freed; attention's and the latents' inputs offloaded."""
 HYBRID_HALVES = ["--preset", "tiny-hybrid", "--hybrid-layer-pattern", "*-*-E-*-"]
 """A hybrid stack of attention, MLP and MoE layers only (each half of a decoder layer)."""
-HYBRID_POLICY = ["--recompute-modules", "core_attn,mlp,moe_act", "--offload-modules",
+HYBRID_POLICY = ["--recompute-modules", "core_attn,mlp,moe_act",
+                 "--fine-grained-activation-offloading", "--offload-modules",
                  "attn_norm,mlp_norm"]
 """Each half's own modules: attention and the MLP recomputed, the MoE's activation's
 output freed, both norms' inputs offloaded."""
@@ -263,10 +269,12 @@ TENSOR = {
                              dump_grads=False),
     "tp2-mla-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, *MLA_CONFIG]),
     "tp2-mla-q-offload": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, "--config", "{tmp}/mla-q.toml",
+                                    "--fine-grained-activation-offloading",
                                     "--offload-modules", "qkv_linear"]),
     "tp2-moe-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, *MOE_CONFIG]),
     "tp2-moe-policy": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, *MOE_CONFIG, *MOE_POLICY]),
     "tp2-llama-policy": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, "--config", "{tmp}/llama.toml",
+                                   "--fine-grained-activation-offloading",
                                    "--offload-modules", "qkv_linear", "attn_proj",
                                    "--recompute-modules", "mlp"]),
     # a builder of one's own, split by its parallelize

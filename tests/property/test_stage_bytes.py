@@ -16,7 +16,8 @@ from ppsim.cli.flags import config_from_args  # noqa: E402
 from ppsim.cli.main import build_parser  # noqa: E402
 from ppsim.executor.stage_bytes import stage_bytes  # noqa: E402
 
-POLICY = ["--recompute-modules", "core_attn", "--offload-modules",
+POLICY = ["--recompute-modules", "core_attn",
+          "--fine-grained-activation-offloading", "--offload-modules",
           "attn_norm,qkv_linear,mlp_norm"]
 SCHEDULES = {"1f1b": 1, "interleaved-1f1b": 2, "zbv": 2}
 

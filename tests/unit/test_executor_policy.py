@@ -230,7 +230,7 @@ def test_a_policy_naming_modules_a_users_layers_lack_is_refused(tmp_path, capsys
     path.write_text(WRAPPED)
     argv = ["run", "--model", f"{path}:build", "--iterations", "1"]
     assert main([*argv, "--recompute-modules", "layernorm,core_attn",
-                 "--offload-modules", "attn_norm"]) == 2
+                 "--fine-grained-activation-offloading", "--offload-modules", "attn_norm"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "memory" in err[-1] and "layernorm, attn_norm" in err[-1] and len(err) <= 2
     b = load_builder(f"{path}:build", GPT)

@@ -101,8 +101,8 @@ LLAMA = ["simulate", "--preset", "llama3-70b", "--hardware", "h100-80gb", "--pp"
     ("--recompute-granularity selective --recompute-modules layernorm mlp",
      "--recompute none --recompute-modules layernorm,mlp"),
     ("--fine-grained-activation-offloading --offload-modules core_attn attn_proj "
-     "--activation-offload-fraction 0.5", "--offload-modules core_attn,attn_proj "
-     "--offload-fraction 0.5"),
+     "--activation-offload-fraction 0.5", "--fine-grained-activation-offloading "
+     "--offload-modules core_attn,attn_proj --offload-fraction 0.5"),
 ])
 def test_megatrons_memory_policy_flags_mean_what_ppsim_s_do(megatron: str, ours: str) -> None:
     """Before, `--recompute-granularity` and friends, which `plan --search policy` prints
@@ -138,6 +138,10 @@ def test_the_recompute_flags_ppsim_exports_read_back() -> None:
     ("--recompute-granularity full --recompute-method uniform --recompute-modules mlp",
      "--recompute-modules"),
     ("--recompute-granularity selective --recompute full", "--recompute-granularity"),
+    # The flag given is named, not the granularity it sets (arguments.py:
+    # --recompute-activations sets selective; TransformerConfig: --moe-layer-recompute too).
+    ("--recompute-activations --recompute none", "--recompute-activations"),
+    ("--moe-layer-recompute --recompute none", "--moe-layer-recompute"),
     # TransformerConfig: full granularity needs a layer count, whatever the method; none
     # with selective; moe_act recompute needs grouped GEMM.
     ("--recompute-granularity full --recompute-method uniform", "--recompute-num-layers"),
@@ -186,8 +190,10 @@ def test_a_per_rank_offload_step_ppsim_exports_reads_back() -> None:
         [r.peak_memory_bytes for r in per_stage.ranks], rel=1e-9)
 
 
-def test_an_offload_step_without_offload_modules_is_refused(capsys) -> None:
-    assert main([*LLAMA, "--delta-offload-bytes-across-pp-ranks", "1000"]) == 2
+def test_an_offload_step_without_offload_modules_is_refused(tmp_path, capsys) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[model]\npreset = "llama3-70b"\n[memory]\noffload_step_bytes = 1000\n')
+    assert main(["simulate", "--config", str(path)]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "memory.offload_step_bytes" in err
 
