@@ -13,10 +13,12 @@ from ppsim.executor import launch
     (["--tp", "2", "--schedule", "zb-h1"], "without a split backward"),
     (["--tp", "2", "--alongside-torch"], "without the torch peer"),
     (["--tp", "2", "--model", "tests/model_sleepy.py:build"], "the builder has no parallelize"),
+    # Megatron's sequence-parallel scatter rule is the config's (simulate's too): it
+    # speaks before the builder's own check of its tokens
     (["--tp", "2", "--model", "tests/model_tp.py:build", "--seq-length", "63"],
-     "the builder's 63 tokens do not divide by tp (2)"),
+     "model.seq_length: seq_length / cp = 63 tokens do not divide over tp = 2"),
     (["--tp", "2", "--nproc-per-node", "2"], "pp x dp x tp x cp = 4"),
-    (["--tp", "2", "--seq-length", "63"], "63 does not divide by tp (2): sequence"),
+    (["--tp", "2", "--seq-length", "63"], "63 tokens do not divide over tp = 2"),
 ])
 def test_tensor_parallel_run_refusals(argv, words, tmp_path, capsys, monkeypatch) -> None:
     def no_launch(*a, **k):
