@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from ppsim.config import features, limits, state_rules
-from ppsim.costs.arch import DTYPE_BYTES
+from ppsim.costs.arch import DTYPE_BYTES, Architecture
 from ppsim.costs.choices import (
     ATTENTION,
     ATTENTION_VARIANTS,
@@ -28,8 +28,10 @@ from ppsim.costs.choices import (
     POSITIONS,
     RECOMPUTE,
 )
+from ppsim.costs.kinds import mtp_kinds, piece_kinds
 from ppsim.costs.layerops import vocab_split_problem
 from ppsim.costs.model import INTEGER_FIELDS
+from ppsim.costs.stack import layer_kinds
 from ppsim.costs.state import OPTIMIZER_DTYPES
 from ppsim.errors import UserError
 
@@ -321,6 +323,11 @@ def parallel_shape(raw: dict[str, Any]) -> None:
         raise UserError("model.tp", f"{tp:,} does not divide num_heads = {heads:,}",
                         "use a tensor-parallel size that divides the heads (Megatron asserts "
                         "num_attention_heads % tp == 0)")
+    hidden = get("hidden_size", heads)
+    if not get("head_dim", 0) and hidden % heads:
+        raise UserError("model.hidden_size", f"{hidden:,} is not divisible by num_heads = "
+                        f"{heads:,}, which Megatron asserts when --kv-channels is not given",
+                        "give head_dim (--kv-channels), or a hidden size the heads divide")
     vocab = vocab_split_problem(get("vocab_size", tp), raw.get("pad_vocab", True) is not False,
                                 tp)
     if vocab:
@@ -361,3 +368,23 @@ def parallel_shape(raw: dict[str, Any]) -> None:
                         "units split over the expert tensor-parallel ranks",
                         "give an expert tensor-parallel size (--expert-tensor-parallel-size) "
                         "that divides the experts' width")
+
+
+def mlp_split(a: Architecture) -> None:
+    """tp divides the widths Megatron's MLPs split by columns over the tensor ranks
+    (ColumnParallelLinear and RowParallelLinear `divide`, megatron/core/utils.py): a dense
+    MLP's ffn_hidden_size, and the shared experts' width (SharedExpertMLP runs on the
+    tensor-parallel group, not the expert one)."""
+    pieces = {p for k in layer_kinds(a) + (mtp_kinds(a) if a.mtp_layers else ())
+              for p in piece_kinds(a, k)}
+    shared = a.shared_experts * a.moe_ffn_hidden_size if a.num_experts else 0
+    for field, width, used in (("ffn_hidden_size", a.ffn_hidden_size,
+                                bool(pieces & {"dense", "mlp"})),
+                               ("shared_experts", shared, bool(pieces & {"moe", "moe-mlp"}))):
+        if used and width % a.tp:
+            raise UserError(f"model.{field}", f"{width:,} is not divisible by {a.tp} (tp), "
+                            "as Megatron asserts for the "
+                            + ("dense MLP's" if field == "ffn_hidden_size" else
+                               "shared experts' (shared_experts x moe_ffn_hidden_size)")
+                            + " width split over the tensor ranks",
+                            "use a tensor-parallel size that divides it")

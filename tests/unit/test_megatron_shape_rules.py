@@ -67,3 +67,52 @@ def test_a_config_runs_exactly_the_sequences_megatron_runs(seq: int, tp: int,
         assert e.field in ("model.cp", "model.seq_length")
         ran = False
     assert ran is not _megatron_refuses(seq, tp, cp)
+
+
+def _parsed(**model) -> str | None:
+    """The field a [model] table (over llama3-8b's, 4 layers) is refused by, or None."""
+    try:
+        config_from_dict({"model": {"preset": "llama3-8b", "num_layers": 4, **model},
+                          "pipeline": {"pp": 1, "microbatches": 2}})
+    except UserError as e:
+        return e.field
+    return None
+
+
+def test_a_hidden_size_the_heads_do_not_divide_needs_its_head_dim(capsys) -> None:
+    # arguments.py: `assert args.hidden_size % args.num_attention_heads == 0` only where
+    # kv_channels is None; given, each head is kv_channels wide whatever the hidden size
+    assert _parsed(hidden_size=4100) == "model.hidden_size"
+    assert _parsed(hidden_size=4100, head_dim=128) is None
+    err = refused(capsys, "--preset", "llama3-8b", "--num-layers", "4", "--num-attention-heads",
+                  "48")  # 4,096 / 48 heads
+    assert "model.hidden_size: 4,096 is not divisible by num_heads = 48" in err
+    assert "--kv-channels" in err
+
+
+@settings(max_examples=30)
+@given(tp=st.sampled_from([1, 2, 4, 8]), ffn=st.integers(1024, 16384))
+def test_tp_divides_a_dense_mlps_width(tp: int, ffn: int) -> None:
+    # MLP's linear_fc2 is a RowParallelLinear: input_size_per_partition =
+    # divide(ffn_hidden_size, tp) (ensure_divisibility: "{} is not divisible by {}")
+    assert _parsed(tp=tp, ffn_hidden_size=ffn) == (
+        "model.ffn_hidden_size" if ffn % tp else None)
+
+
+def test_a_stack_of_moe_layers_builds_no_dense_mlp() -> None:
+    # every layer MoE: no MLP of ffn_hidden_size is built, so tp need not divide it
+    moe = {"num_experts": 8, "top_k": 2, "moe_ffn_hidden_size": 1024, "layers": "moe*4",
+           "tp": 4, "ffn_hidden_size": 14334}
+    assert _parsed(**moe) is None
+    assert _parsed(**{**moe, "layers": "dense*1,moe*3"}) == "model.ffn_hidden_size"
+
+
+def test_tp_divides_the_shared_experts_width() -> None:
+    # SharedExpertMLP (moe/shared_experts.py) is an MLP on pg_collection.tp, the dense
+    # tensor-parallel group: its width moe_shared_expert_intermediate_size divides by tp
+    # even where the routed experts run at etp 1
+    moe = {"num_experts": 8, "top_k": 2, "moe_ffn_hidden_size": 1026, "layers": "moe*4",
+           "tp": 4, "etp": 1}
+    assert _parsed(**moe) is None  # no shared expert
+    assert _parsed(**moe, shared_experts=1) == "model.shared_experts"  # 1,026 % 4
+    assert _parsed(**moe, shared_experts=2) is None  # 2,052 = 4 x 513

@@ -49,7 +49,8 @@ def test_tensor_parallel_run_refusals(argv, words, tmp_path, capsys, monkeypatch
      "--nproc-per-node: 2 x 1 node(s) = 2 ranks but pp x dp x tp x cp = 4"),
     # a builder's own parallelize runs on the meta device first: a width tp does not
     # divide is named
-    ('num_heads = 6\nnum_kv_heads = 6\nhidden_size = 96\nbuilder = "tests/model_tp.py:build"\n',
+    ('num_heads = 6\nnum_kv_heads = 6\nhidden_size = 96\nffn_hidden_size = 192\n'
+     'builder = "tests/model_tp.py:build"\n',
      ["--tp", "3", "--seq-length", "48"], "model.tp: the builder's parallelize failed at tp "
      "= 3: ValueError: the embedding's vocabulary (256) does not divide by tp (3)"),
 ])
