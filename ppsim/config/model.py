@@ -206,7 +206,6 @@ def parse_model(table: dict[str, Any]) -> Model:
                         "write e.g. builder = \"ppsim.executor.builders.llama:build\"")
     validate.transformer(raw)
     arch = Architecture(**{k: v for k, v in raw.items() if k in ARCH_FIELDS})
-    validate.mlp_split(arch)
     return TransformerModel(arch=arch, preset=preset, builder=builder)
 
 

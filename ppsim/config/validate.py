@@ -370,7 +370,18 @@ def parallel_shape(raw: dict[str, Any]) -> None:
                         "that divides the experts' width")
 
 
-def mlp_split(a: Architecture) -> None:
+def built(a: Architecture) -> None:
+    """Megatron's rules on what the fields build: MTP beside rotary or no positions
+    (arguments.py validate_args), and the MLPs' widths over tp (_mlp_split)."""
+    if a.mtp_layers and a.learned_positions:
+        raise UserError("model.mtp_layers", "Multi-Token Prediction (MTP) is not supported "
+                        "with learned_absolute position embedding type (Megatron's words)",
+                        "use rotary positions (--position-embedding-type rope), or drop "
+                        "--mtp-num-layers")
+    _mlp_split(a)
+
+
+def _mlp_split(a: Architecture) -> None:
     """tp divides the widths Megatron's MLPs split by columns over the tensor ranks
     (ColumnParallelLinear and RowParallelLinear `divide`, megatron/core/utils.py): a dense
     MLP's ffn_hidden_size, and the shared experts' width (SharedExpertMLP runs on the

@@ -70,10 +70,11 @@ def test_a_config_runs_exactly_the_sequences_megatron_runs(seq: int, tp: int,
 
 
 def _parsed(**model) -> str | None:
-    """The field a [model] table (over llama3-8b's, 4 layers) is refused by, or None."""
+    """The field a [model] table (over llama3-8b's, 4 layers) is refused by as a job, or
+    None."""
     try:
-        config_from_dict({"model": {"preset": "llama3-8b", "num_layers": 4, **model},
-                          "pipeline": {"pp": 1, "microbatches": 2}})
+        build_job(config_from_dict({"model": {"preset": "llama3-8b", "num_layers": 4, **model},
+                                    "pipeline": {"pp": 1, "microbatches": 2}}))
     except UserError as e:
         return e.field
     return None
@@ -116,3 +117,12 @@ def test_tp_divides_the_shared_experts_width() -> None:
     assert _parsed(**moe) is None  # no shared expert
     assert _parsed(**moe, shared_experts=1) == "model.shared_experts"  # 1,026 % 4
     assert _parsed(**moe, shared_experts=2) is None  # 2,052 = 4 x 513
+
+
+def test_mtp_runs_beside_rotary_positions_only(capsys) -> None:
+    # arguments.py validate_args: "Multi-Token Prediction (MTP) is not supported with
+    # learned_absolute position embedding type"; GPT-3's positions are learned
+    err = refused(capsys, "--preset", "gpt3-1.3b", "--pp", "2", "--mtp-num-layers", "1")
+    assert "model.mtp_layers" in err and "learned_absolute" in err
+    assert _parsed(mtp_layers=1) is None  # Llama's rotary positions
+    assert _parsed(mtp_layers=1, position="learned") == "model.mtp_layers"
