@@ -338,9 +338,14 @@ def parallel_shape(raw: dict[str, Any]) -> None:
         if heads % groups:
             raise UserError("model.num_kv_heads", f"{groups:,} key/value heads do not divide "
                             f"num_heads = {heads:,}", "give a divisor of num_heads")
-        if groups % tp:
-            raise UserError("model.tp", f"{tp:,} does not divide num_kv_heads = {groups:,}",
-                            "use a tensor-parallel size that divides the key/value heads")
+        if groups % tp:  # Megatron runs tp a multiple of the groups, sub-sharding QKV
+            why = ("; Megatron all-gathers each group's QKV activations there, which ppsim "
+                   "does not price" if tp % groups == 0 else
+                   f" (num_query_groups ({groups}) must be a multiple or divisor of "
+                   f"tensor_model_parallel_size ({tp}), in Megatron's words)")
+            raise UserError("model.tp", f"{tp:,} does not divide num_kv_heads = {groups:,}"
+                            + why, "use a tensor-parallel size that divides the key/value "
+                            "heads")
     torchtitan = raw.get("fsdp") is True and raw.get("fsdp_framework", "torchtitan") == "torchtitan"
     if torchtitan and tp > 1 and raw.get("sequence_parallel") is False:
         raise UserError("model.sequence_parallel", "torchtitan's tensor parallelism always "
