@@ -53,6 +53,13 @@ def sequence_split_problem(seq_length: int, cp: int, tp: int,
             "(First dimension of the tensor should be divisible by tensor parallel size)")
 
 
+def splittable_seq_length(seq_length: int, cp: int, tp: int) -> int:
+    """The first sequence from `seq_length` on that Megatron's causal context parallelism
+    (2 x cp chunks, arguments.py) and its sequence-parallel scatter both split."""
+    return next(s for s in range(seq_length, seq_length + 2 * cp * tp + 1)
+                if not s % (2 * cp) and sequence_split_problem(s, cp, tp, True) is None)
+
+
 def _tokens(a: Architecture) -> int:
     return a.seq_length * a.micro_batch_size
 

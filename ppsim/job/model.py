@@ -14,11 +14,13 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
+from ppsim.config import validate
 from ppsim.costs.arch import Architecture
 from ppsim.costs.grouptimes import TimedGroup
-from ppsim.costs.layerops import padded_vocab
+from ppsim.costs.layerops import padded_vocab, sequence_split_problem, splittable_seq_length
 from ppsim.costs.state import grad_bytes
 from ppsim.costs.transformer import Accelerator, accelerator
+from ppsim.errors import UserError
 from ppsim.job import deepep
 from ppsim.job.collectives import Link, all_reduce_ms, link
 from ppsim.job.flops import iteration_flops, torchtitan_flops_per_token
@@ -326,6 +328,17 @@ def groups(sizes: Sizes, order: str, gpus_per_node: int, replicas: int = 1,
                   pipeline_hops=tuple(pipeline_hops(sizes, gpus_per_node, order)))
 
 
+def _sequence_splits(a: Architecture) -> None:
+    """Megatron's refusal of tokens its sequence parallelism cannot scatter, for the job
+    as configured (a job search's shapes are filtered by the same rule)."""
+    problem = None if a.torchtitan_fsdp else sequence_split_problem(
+        a.seq_length, a.cp, a.tp, a.sequence_parallel)
+    if problem is not None:
+        raise UserError("model.seq_length", problem, "use --seq-length "
+                        f"{splittable_seq_length(a.seq_length, a.cp, a.tp)}, a --tp that "
+                        "divides the tokens, or --no-sequence-parallel")
+
+
 def build_job(cfg: Any, timed: tuple[TimedGroup, ...] = ()) -> Job | None:
     """The Job of a Config; None for a uniform model. `timed`: the groups' collectives a
     cost file timed."""
@@ -333,6 +346,8 @@ def build_job(cfg: Any, timed: tuple[TimedGroup, ...] = ()) -> Job | None:
     if shape is None:
         return None
     tp_overlap_refusal(cfg)
+    _sequence_splits(cfg.model.arch)
+    validate.built(cfg.model.arch)
     net = network(cfg.hardware)
     p = cfg.pipeline
     return Job(arch=cfg.model.arch, shape=shape, network=net,

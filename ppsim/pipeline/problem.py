@@ -110,11 +110,6 @@ def model_costs(cfg: Config) -> ModelCosts:
             raise UserError("model.weight_grad_ms", "exceeds backward_ms",
                             "weight_grad_ms is the part of backward_ms spent on weights")
         return uniform_costs(m.num_layers, m.layer, m.embedding, m.head)
-    arch = m.arch
-    if arch.attention != "mla" and (arch.hidden_size % arch.num_heads
-                                    or arch.num_heads % arch.num_kv_heads):
-        raise UserError("model.num_heads", "hidden_size must divide by num_heads and num_heads "
-                        "by num_kv_heads", "fix the head counts")
     job = build_job(cfg)
     assert job is not None  # a transformer model always has a job
     return job_costs(job, accelerator(cfg.hardware))

@@ -12,7 +12,8 @@ from ppsim.cli.main import main
 from ppsim.trace.calibrate import by_iteration, op_timings, schedule_from_trace
 from ppsim.trace.read import trace_from_json
 
-MTP = '[model]\npreset = "tiny-gpt"\nmtp_layers = 1\n'
+MTP = '[model]\npreset = "tiny-gpt"\nmtp_layers = 1\nposition = "rotary"\n'
+"""tiny-gpt with an MTP layer, on rotary positions (Megatron's MTP refuses learned ones)."""
 
 
 def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict:

@@ -116,7 +116,8 @@ def test_over_a_preset_the_flags_change_only_what_they_name(capsys) -> None:
 def test_a_model_built_from_flags_is_priced_on_a_gpu_and_says_so(capsys) -> None:
     sim = _json(["simulate", "--num-layers", "4", "--hidden-size", "4096",
                  "--num-attention-heads", "32", "--seq-length", "4096", "--vocab-size",
-                 "32000", "--bf16", "--mtp-num-layers", "1"])
+                 "32000", "--bf16", "--position-embedding-type", "rope",
+                 "--mtp-num-layers", "1"])  # Megatron's MTP needs rope (or none)
     assert "assuming --hardware h100-80gb: Megatron's flags" in capsys.readouterr().err
     assert sum(r["layers"] for r in sim["ranks"]) == 5  # four decoder layers and the MTP one
     assert sim["memory_limit_bytes"] == 80e9

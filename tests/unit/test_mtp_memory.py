@@ -51,7 +51,9 @@ def test_the_mtp_stage_keeps_its_own_copy_of_the_embedding_table() -> None:
 
 def _problem(pp: int, split: list[int] | None, tied: bool, policy: bool):
     pipeline = {"pp": pp, "microbatches": 4, **({"split": split} if split else {})}
-    data = {"model": {"preset": "gpt3-1.3b", "mtp_layers": 1, "tie_embeddings": tied},
+    # rotary positions: Megatron's MTP refuses learned ones (arguments.py)
+    data = {"model": {"preset": "gpt3-1.3b", "mtp_layers": 1, "tie_embeddings": tied,
+                      "position": "rotary"},
             "pipeline": pipeline, "hardware": {"preset": "h100-80gb"}}
     if policy:
         data["memory"] = {"recompute_modules": ["core_attn"],

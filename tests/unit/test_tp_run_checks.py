@@ -13,10 +13,12 @@ from ppsim.executor import launch
     (["--tp", "2", "--schedule", "zb-h1"], "without a split backward"),
     (["--tp", "2", "--alongside-torch"], "without the torch peer"),
     (["--tp", "2", "--model", "tests/model_sleepy.py:build"], "the builder has no parallelize"),
+    # Megatron's sequence-parallel scatter rule is the config's (simulate's too): it
+    # speaks before the builder's own check of its tokens
     (["--tp", "2", "--model", "tests/model_tp.py:build", "--seq-length", "63"],
-     "the builder's 63 tokens do not divide by tp (2)"),
+     "model.seq_length: seq_length / cp = 63 tokens do not divide over tp = 2"),
     (["--tp", "2", "--nproc-per-node", "2"], "pp x dp x tp x cp = 4"),
-    (["--tp", "2", "--seq-length", "63"], "63 does not divide by tp (2): sequence"),
+    (["--tp", "2", "--seq-length", "63"], "63 tokens do not divide over tp = 2"),
 ])
 def test_tensor_parallel_run_refusals(argv, words, tmp_path, capsys, monkeypatch) -> None:
     def no_launch(*a, **k):
@@ -47,7 +49,8 @@ def test_tensor_parallel_run_refusals(argv, words, tmp_path, capsys, monkeypatch
      "--nproc-per-node: 2 x 1 node(s) = 2 ranks but pp x dp x tp x cp = 4"),
     # a builder's own parallelize runs on the meta device first: a width tp does not
     # divide is named
-    ('num_heads = 6\nnum_kv_heads = 6\nhidden_size = 96\nbuilder = "tests/model_tp.py:build"\n',
+    ('num_heads = 6\nnum_kv_heads = 6\nhidden_size = 96\nffn_hidden_size = 192\n'
+     'builder = "tests/model_tp.py:build"\n',
      ["--tp", "3", "--seq-length", "48"], "model.tp: the builder's parallelize failed at tp "
      "= 3: ValueError: the embedding's vocabulary (256) does not divide by tp (3)"),
 ])
