@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ppsim.costs.layerops import sequence_split_problem, splittable_seq_length
 from ppsim.errors import UserError
 
 
@@ -35,7 +36,8 @@ def check_context_model(cfg: Any, own_builder: bool = False) -> None:
                         "shipped decoders' attention layers only (a builder of one's own, "
                         "or a Mamba or linear-attention mixer, would see part of it)",
                         "run the shipped decoder (no --model, no hybrid pattern), or cp = 1")
-    if a.tp > 1 and a.sequence_parallel and (a.seq_length // a.cp) % a.tp:
-        raise UserError("model.seq_length", f"a context-parallel rank's {a.seq_length // a.cp}"
-                        f" tokens do not divide by tp ({a.tp}): sequence parallelism splits "
-                        "them", "choose tp and cp with tp x cp dividing seq_length")
+    problem = sequence_split_problem(a.seq_length, a.cp, a.tp, a.sequence_parallel)
+    if problem:
+        raise UserError("model.seq_length", problem,
+                        f"use --seq-length {splittable_seq_length(a.seq_length, a.cp, a.tp)}"
+                        ", or choose tp and cp with tp x cp dividing seq_length")

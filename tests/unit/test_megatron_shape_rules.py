@@ -45,6 +45,16 @@ def test_under_cp_a_ranks_share_of_the_tokens_scatters_over_tp(capsys) -> None:
     assert "2,050 tokens do not divide over tp = 4" in err and "--seq-length 4104" in err
 
 
+def test_run_refuses_the_same_tokens_in_the_same_words(capsys) -> None:
+    # `run` checks its context-parallel split before any process starts, by the same
+    # rule as simulate: a cp rank's 66 tokens do not split over 4; 136 / 2 = 68 = 4 x 17
+    assert main(["run", "--preset", "tiny-gpt", "--pp", "2", "--cp", "2", "--tp", "4",
+                 "--seq-length", "132", "--microbatches", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "66 tokens do not divide over tp = 4" in err[0], err
+    assert "--seq-length 136" in err[0]
+
+
 def _megatron_refuses(seq: int, tp: int, cp: int) -> bool:
     """arguments.py: 'seq-length should be a multiple of 2 * context-parallel-size if
     context-parallel-size > 1'; under sequence parallelism the embedding scatters a cp
