@@ -15,7 +15,9 @@ from launches import Pool  # noqa: E402
 
 from ppsim.cli.main import main  # noqa: E402
 from ppsim.config.schema import config_from_dict  # noqa: E402
+from ppsim.costs.costfile import write_costs  # noqa: E402
 from ppsim.executor.builders.gpt import build  # noqa: E402
+from ppsim.executor.measure import profile  # noqa: E402
 from ppsim.executor.reference import reference_losses, reference_step  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -54,15 +56,20 @@ def test_the_two_copies_take_the_one_table_gradient(launches: Pool) -> None:
 def test_the_rank_holding_both_ends_keeps_one_table(launches: Pool, capsys) -> None:
     """ZB-V puts the embedding and the head on rank 0: one Parameter (dumped once, under
     the embedding's name, with the one-process gradient), and the rank's peak is
-    simulate's, which counts the table once."""
+    simulate's from the profiled pieces, which counts the table once."""
     run = launches.get("tied-zbv")
     loss, grads = reference_step(build(FIELDS), 4)
     got = {k: v for d in _grads(run, range(2)) for k, v in d.items()}
     assert set(got) == set(grads)
     torch.testing.assert_close(got[TABLE], grads[TABLE], rtol=1e-4, atol=1e-6)
+    costs = str(run.tmp / "costs.json")  # the tied model's pieces as ppsim profile measures
+    write_costs(costs, profile(FIELDS, "cpu", repeats=1, warmup=0, p2p=False, devices=[0]))
     sim = str(run.tmp / "sim.json")
-    assert main(["simulate", *run.argv, "--trace", sim]) == 0
+    assert main(["simulate", *run.argv, "--costs", costs, "--trace", sim]) == 0
     capsys.readouterr()
     assert main(["diff", sim, str(run.tmp / "out" / "trace.json"), "--json"]) == 0
     ranks = json.loads(capsys.readouterr().out)["ranks"]
-    print(ranks)
+    assert len(ranks) == 2
+    for r in ranks:
+        pred, real = r["peak_memory_bytes"]
+        assert pred == real, (r["rank"], pred, real)
