@@ -34,6 +34,7 @@ from ppsim.executor.builders.context import own_tokens
 from ppsim.executor.builders.deferral import WeightGradStore
 from ppsim.executor.builders.stage import Stage, saved_bytes, tensor_bytes
 from ppsim.executor.builders.tensor import message_shape
+from ppsim.executor.builders.tied import ties
 from ppsim.executor.optim import muon_weights, optimizer
 from ppsim.executor.spawned import free_port, spawn_results
 from ppsim.fileio import write_json_atomic
@@ -131,6 +132,8 @@ class Profiler:
         runtime's ppsim.executor.dataparallel.Sharded, FullyShardedPipelined)."""
         self.muon = fields.get("optimizer") == "muon"
         """The decoder layers' 2-D weights keep Muon's state (ppsim.executor.optim)."""
+        self.tied = LayerCost()
+        """A tied table's bytes (ModelCosts.tied), as the head piece holds it."""
         build: list[tuple[str, str, Stage]] = [
             ("embedding", "embedding", Stage(b, 0, 0, True, False, seed, rc))]
         self.kinds = [layer_kind(b, i) for i in range(b.num_layers)]
@@ -225,15 +228,24 @@ class Profiler:
         muon = muon_weights([piece.module]) if self.muon and piece.kind == "layer" else []
         opt = optimizer(params, lr=1e-3, muon=muon)
         opt.step()  # AdamW and Muon allocate their states at the first step
+        piece.static_bytes = self._held_bytes(params, opt.state)
+        if piece.kind == "head" and ties(self.builder):  # what a rank with both ends holds once
+            w = piece.module.head.out.weight  # type: ignore[union-attr]
+            self.tied = LayerCost(static_bytes=self._held_bytes([w], opt.state),
+                                  params=w.numel())
+
+    def _held_bytes(self, params: list[torch.nn.Parameter], state: dict[Any, Any]) -> int:
+        """What the runtime keeps of `params` between steps: weights, gradients, their
+        optimizer `state` (a 1 / dp share where it shards)."""
         tensors = params + [p.grad for p in params if p.grad is not None]
         # Sharded keeps one step count for its shard; DDP's AdamW one per tensor.
-        state = [v for st in opt.state.values() for k, v in st.items()
-                 if k != "step" or self.state_shards == 1]
+        kept = [v for p in params for k, v in state.get(p, {}).items()
+                if k != "step" or self.state_shards == 1]
         if self.state_shards > 1 and params and (self.fsdp or params[0].dtype != torch.float32):
-            state += [p.float() for p in params]  # the master weights Sharded keeps
+            kept += [p.float() for p in params]  # the master weights Sharded keeps
         if self.state_shards > 1 and self.fsdp:
-            state += [p.float() for p in params]  # and FSDP its gradients' shard
-        piece.static_bytes = tensor_bytes(tensors) + tensor_bytes(state) // self.state_shards
+            kept += [p.float() for p in params]  # and FSDP its gradients' shard
+        return tensor_bytes(tensors) + tensor_bytes(kept) // self.state_shards
 
     # --------------------------------------------------------------- all
 
@@ -289,7 +301,7 @@ class Profiler:
                                   params=sum(q.numel() for q in p0.module.parameters()))
         costs = ModelCosts(layers=tuple(out[("layer", k)] for k in self.kinds),
                            embedding=out[("embedding", "embedding")],
-                           head=out[("head", "head")])
+                           head=out[("head", "head")], tied=self.tied)
         return costs, details
 
 

@@ -27,6 +27,7 @@ from ppsim.executor.optim import muon_weights
 from ppsim.executor.outputs import backward_from, deallocate_output
 from ppsim.executor.p2p import P2P
 from ppsim.executor.recorder import Recorder
+from ppsim.executor.tied import tie_ends
 from ppsim.pipeline.messages import awaits, feeds
 from ppsim.pipeline.problem import Problem
 from ppsim.schedules.generators import Action
@@ -136,7 +137,12 @@ class Runtime:
                 if memory is not None:
                     apply_policy(mod.layers, memory.policies[st.index])
                 self.modules[st.index] = mod.to(device=device, dtype=builder.dtype)
-        self.params = [p for m in self.modules.values() for p in m.parameters()]
+        self.tied = tie_ends(self.modules, builder, self.split, self.replica, seed, wire)
+        named: dict[torch.nn.Parameter, str] = {}
+        for m in self.modules.values():  # a table two stages share: once, as its first name
+            for name, p in m.named_parameters():
+                named.setdefault(p, name)
+        self.params, self.names = list(named), list(named.values())
         muon = muon_weights(self.modules.values()) if self.replica.muon else []
         self.dp = replica_data_parallel(self.params, device, lr, self.replica, wire, muon)
         # Parameters and buffers (rotary tables) are static, never activations.
@@ -295,15 +301,16 @@ class Runtime:
             progress.RANK.finish(label)
         self.p2p.finish()
         sum_partial_grads(self.params)
+        if self.tied is not None:  # the tied table's copies, before the replicas reduce
+            self._step_op("R", self.tied.reduce)
         if self.replica.size > 1 or self.replica.expert_replicas > 1:  # experts apart: their
             # ranks may be tensor ranks of one replica
             self._step_op("R", self.dp.reduce)
         if dump_grads:
-            names = [n for m in self.modules.values() for n, _ in m.named_parameters()]
             grads = self.dp.reduced_grads()
             torch.save({"loss": self.loss.item(),
                         "grads": {n: g.detach().cpu().clone()
-                                  for n, g in zip(names, grads, strict=True)}},
+                                  for n, g in zip(self.names, grads, strict=True)}},
                        f"{dump_grads}.rank{self.replica.global_rank(self.rank, self.schedule.pp)}"
                        ".pt")
         self._step_op("S", self.dp.step)

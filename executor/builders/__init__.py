@@ -28,8 +28,9 @@ DEFAULT_BUILDER = "ppsim.executor.builders.gpt:build"
 @runtime_checkable
 class ModelBuilder(Protocol):
     """What ppsim needs from a model. Pieces are built on the CPU in float32; ppsim
-    moves them to the device and `dtype`. Optional: `layer_kind(i)`, and for tp > 1
-    `parallelize(module, piece, tp)` (ppsim.executor.builders.user_tp)."""
+    moves them to the device and `dtype`. Optional: `layer_kind(i)`, for tp > 1
+    `parallelize(module, piece, tp)` (ppsim.executor.builders.user_tp), and
+    `tie_embeddings` (ppsim.executor.builders.tied)."""
 
     num_layers: int
     """Decoder layers; must equal the config's num_layers."""

@@ -71,6 +71,8 @@ class GPTShape:
     table_rows: int = 0
     """Rows of the embedding table and the head: the vocabulary padded as Megatron pads
     it (ppsim.costs.layerops.padded_vocab; the ids stay below vocab_size)."""
+    tie_embeddings: bool = False
+    """The head's weight is the embedding's table (ppsim.executor.builders.tied)."""
 
     @classmethod
     def from_fields(cls, f: dict[str, Any]) -> GPTShape:
@@ -80,7 +82,7 @@ class GPTShape:
         return cls(a.num_layers, a.hidden_size, a.num_heads, a.num_kv_heads,
                    a.ffn_hidden_size, a.vocab_size, a.seq_length, a.micro_batch_size,
                    a.gated_mlp, a.dtype, layer_windows(a), a.swiglu_keeps_silu,
-                   a.unfused_attention, padded_vocab(a))
+                   a.unfused_attention, padded_vocab(a), a.tie_embeddings)
 
     def window(self, index: int) -> int:
         """Layer `index`'s sliding window (0: full causal attention)."""
@@ -195,6 +197,7 @@ class GPTBuilder:
         self.num_layers = shape.num_layers
         self.activation_shape = (shape.micro_batch_size, shape.seq_length, shape.hidden_size)
         self.dtype = shape.torch_dtype
+        self.tie_embeddings = shape.tie_embeddings
 
     def embedding(self) -> nn.Module:
         e = Embedding(self.shape)

@@ -304,6 +304,7 @@ class LlamaBuilder:
         self.num_layers = a.num_layers
         self.activation_shape = (a.micro_batch_size, a.seq_length, a.hidden_size)
         self.dtype = DTYPES[a.dtype]
+        self.tie_embeddings = a.tie_embeddings
 
     def layer_kind(self, index: int) -> str:
         """dense or moe, windowed layers apart (a profile times each kind)."""

@@ -29,6 +29,7 @@ from ppsim.executor.builders.context import context
 from ppsim.executor.builders.cp_attention import context_attention
 from ppsim.executor.builders.deferral import defer_linears
 from ppsim.executor.builders.tensor import current
+from ppsim.executor.builders.tied import share_table, ties
 from ppsim.executor.builders.user_tp import parallelized
 
 if TYPE_CHECKING:
@@ -191,6 +192,11 @@ def _split(builder: ModelBuilder, make: Callable[[], nn.Module], piece: str
     return lambda: parallelized(builder, make(), piece, current())
 
 
+def embedding_piece(builder: ModelBuilder, seed: int = 0) -> nn.Module:
+    """The embedding as every split builds it (seeded by its name, this tensor rank's
+    slice): also what a tied head's copy is made equal to (ppsim.executor.tied)."""
+    return build_piece(_split(builder, builder.embedding, "embedding"), seed, "embedding")
+
 
 class Stage(nn.Module):
     """One virtual stage: [embedding] + decoder layers offset..offset+n-1 + [head]."""
@@ -199,14 +205,15 @@ class Stage(nn.Module):
                  has_embedding: bool, has_head: bool, seed: int = 0,
                  recompute: str = "none") -> None:
         super().__init__()
-        self.embedding = build_piece(_split(builder, builder.embedding, "embedding"), seed,
-                                     "embedding") if has_embedding else None
+        self.embedding = embedding_piece(builder, seed) if has_embedding else None
         self.layers = nn.ModuleDict({
             str(i): build_piece(_split(builder, functools.partial(builder.layer, i), "layer"),
                                 seed, f"layer{i}")
             for i in range(offset, offset + num_layers)})
         self.head = build_piece(_split(builder, builder.head, "head"), seed, "head") \
             if has_head else None
+        if self.embedding is not None and self.head is not None and ties(builder):
+            share_table(self.head, self.embedding)
         apply_recompute(self.layers, recompute)
         self.recompute = recompute
 

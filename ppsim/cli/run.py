@@ -151,8 +151,7 @@ def validate(args: argparse.Namespace) -> Any:
                         "stage, the head on the last and no MTP layers",
                         "run a split without empty end stages or 'm' (plan and simulate "
                         "take any)")
-    runchecks.check_tied(problem)
-    runchecks.check_builder(args, fields, problem.memory)
+    runchecks.check_tied(args, problem, runchecks.check_builder(args, fields, problem.memory))
     dp = _data_parallel(args, fields)
     if dp < 1:
         raise UserError("--dp", f"must be at least 1, got {dp}", "e.g. --dp 2")

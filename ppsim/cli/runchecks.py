@@ -222,11 +222,11 @@ def _check_fsdp(cfg: Any) -> None:
 
 
 def check_builder(args: argparse.Namespace, fields: dict[str, Any], memory: Any = None
-                  ) -> None:
+                  ) -> Any:
     """Import and call the builder here, so a bad one exits 2 before any process; with
-    --print-launch (which runs nothing) only the spec's form is checked, no code loads;
-    with a memory policy (`memory`: the problem's), its modules are checked against the
-    builder's layers."""
+    --print-launch (which runs nothing) only the spec's form is checked, no code loads
+    (None returned); with a memory policy (`memory`: the problem's), its modules are
+    checked against the builder's layers. Returns the builder."""
     from ppsim.executor.builders import (  # torch loads only when a run starts
         builder_spec,
         code_note,
@@ -238,7 +238,7 @@ def check_builder(args: argparse.Namespace, fields: dict[str, Any], memory: Any 
     spec = builder_spec(args.model, fields)
     split_spec(spec, where)
     if args.print_launch:
-        return
+        return None
     if note := code_note(spec):
         sys.stderr.write(f"ppsim run: note: {note}\n")
     try:
@@ -250,6 +250,7 @@ def check_builder(args: argparse.Namespace, fields: dict[str, Any], memory: Any 
                         "fix the builder or the [model] fields it reads") from None
     if memory is not None:
         check_policy_pieces(builder, memory.policies)
+    return builder
 
 
 def check_policy_pieces(builder: Any, policies: Any) -> None:
@@ -332,21 +333,28 @@ def check_fault(text: str, problem: Any, iterations: int) -> None:
                         f"0..{iterations - 1})", "pick an iteration below --iterations")
 
 
-def check_tied(problem: Any) -> None:
-    """The executor builds the LM head's weight apart from the embedding's table: where
-    one rank holds both ends of a tied model (a V placement, or pp = 1) it would keep two
-    tables where the model counts one (ppsim.costs.model.held_by_rank), so such a run is
-    refused."""
-    split = problem.split
-    emb, head = split.embedding_stage, split.loss_stage
-    rank = split.stage_rank(emb)
-    if problem.costs.tied.params and rank == split.stage_rank(head):
-        stages = f"stage {emb}" if emb == head else f"stages {emb} and {head}"
-        raise UserError("model.tie_embeddings", f"the embedding and the LM head ({stages}) "
-                        f"share rank {rank}, and the executor does not tie the head to the "
-                        "embedding (it would hold two tables where simulate counts one)",
-                        "set tie_embeddings = false to run it, or use a loop schedule such "
-                        "as 1f1b with pp > 1 (simulate and plan take this one)")
+def check_tied(args: argparse.Namespace, problem: Any, builder: Any) -> None:
+    """A tied model runs as Megatron runs it (ppsim.executor.tied) where the builder ties
+    its head to its embedding (the shipped ones do as the config says; one of your own
+    where it declares `tie_embeddings`) on the ppsim engine; a builder that ties other
+    than the config says, or the torch engine (its stages tie nothing), is refused.
+    `builder`: None with --print-launch (no code loads; only the engine is checked)."""
+    tied = bool(problem.costs.tied.params)
+    if tied and (args.engine == "torch" or getattr(args, "alongside_torch", False)):
+        raise UserError("model.tie_embeddings", "torch.distributed.pipelining's stages keep "
+                        "the LM head apart from the embedding (no shared table, no reduce "
+                        "of its gradient)", "run it with --engine ppsim, without "
+                        "--alongside-torch, or set tie_embeddings = false")
+    if builder is None:
+        return
+    from ppsim.executor.builders.tied import ties  # torch loads only when a run starts
+
+    if ties(builder) != tied:
+        says = "ties" if tied else "does not tie"
+        raise UserError("model.tie_embeddings", f"the config {says} the embeddings but the "
+                        f"builder's tie_embeddings is {ties(builder)}", "make them agree "
+                        "(a builder of your own ties with tie_embeddings = True, its "
+                        "embedding's table as `tokens`, its head's projection as `out`)")
 
 
 def check_peer(problem: Any) -> None:

@@ -11,6 +11,9 @@ A cost file is one JSON object:
      "mtp": [{LayerCost fields}, ...],                       (optional: MTP layers, one
                                                              entry each or one for all)
      "embedding": {LayerCost fields}, "head": {LayerCost fields},
+     "tied": {"static_bytes": n, "params": n},               (optional: a tied table as
+                                                             the head holds it, held once
+                                                             where one rank has both ends)
      "p2p": {"latency_ms": x, "bandwidth_gbps": y, ...} | null,
      "dp_collectives": {"size": n, "samples": [{"bytes": b, "all_reduce_ms": t,
                         "reduce_scatter_ms": t, "all_gather_ms": t}, ...]}   (optional:
@@ -39,7 +42,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from ppsim.config import files, limits, validate
@@ -122,6 +125,8 @@ class CostFile:
     """The data-parallel group's collectives as timed on it (ppsim.costs.grouptimes)."""
     in_layer: tuple[TimedGroup, ...] = ()
     """The tensor-, expert- and context-parallel groups' collectives, timed bare."""
+    tied: LayerCost = field(default_factory=LayerCost)
+    """A tied table's measured bytes (ModelCosts.tied); none where the model is untied."""
 
     @property
     def timed_groups(self) -> tuple[TimedGroup, ...]:
@@ -137,7 +142,8 @@ class CostFile:
                         "profile this model (ppsim profile), or write one entry to apply "
                         "to every layer")
         if not mtp_layers:
-            return ModelCosts(layers=layers, embedding=self.embedding, head=self.head)
+            return ModelCosts(layers=layers, embedding=self.embedding, head=self.head,
+                              tied=self.tied)
         if not self.mtp:
             raise UserError(f"{self.path}: mtp", f"the file has no MTP entries but the model "
                             f"has {mtp_layers} MTP layers", "calibrate on a trace of this "
@@ -146,7 +152,7 @@ class CostFile:
                      "write one entry per MTP layer, or one for all")
         return ModelCosts(layers=layers + mtp, embedding=self.embedding, head=self.head,
                           kinds=("layer",) * len(layers) + ("mtp",) * mtp_layers,
-                          mtp_layers=mtp_layers)
+                          mtp_layers=mtp_layers, tied=self.tied)
 
 
 def _sized(path: str, key: str, entries: tuple[LayerCost, ...], want: int | None,
@@ -187,6 +193,8 @@ def cost_document(costs: ModelCosts, *, source: str, model: dict[str, Any] | Non
                            "head": layer_dict(costs.head), "p2p": p2p}
     if mtp:
         doc["mtp"] = [layer_dict(x) for x in mtp]
+    if costs.tied.params:
+        doc["tied"] = layer_dict(costs.tied)
     return doc
 
 
@@ -276,7 +284,8 @@ def cost_file_from_dict(data: Any, path: str = "costs") -> CostFile:
     return CostFile(path, layers, emb, head, model, lat, bw, data,
                     _conditions(path, data.get("conditions")), mtp,
                     group_times_from_dict(path, data.get("dp_collectives")),
-                    in_layer_times(path, data.get("collectives")))
+                    in_layer_times(path, data.get("collectives")),
+                    _layer(path, "tied", data["tied"]) if "tied" in data else LayerCost())
 
 
 def _mtp_entries(path: str, raw: Any) -> tuple[LayerCost, ...]:
@@ -390,6 +399,8 @@ def load_costs(path: str, num_layers: int | None = None,
     cf = read_cost_file(path)
     if model_fields is not None:
         check_model(cf, model_fields)
+        if not model_fields.get("tie_embeddings"):  # the config's model keeps two tables
+            cf = replace(cf, tied=LayerCost())
     return cf.model_costs(num_layers, mtp_layers)
 
 

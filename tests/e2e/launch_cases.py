@@ -332,7 +332,17 @@ CONTEXT = {
                                dump_grads=False),
 }
 
-SPECS: dict[str, Spec] = {**EXECUTOR, **SCHEDULES, **OTHERS, **TENSOR, **EXPERT, **CONTEXT}
+# test_tied_run.py: a tied embedding, its two copies on two ranks of each of two replicas
+# (the distributed optimizer sharding them), then on one rank holding both ends (ZB-V's V
+# placement); the default model's sizes.
+TIED = {
+    "tied-1f1b-dp2": Spec(argv=[*ONE_F_ONE_B, "--dp", "2", "--use-distributed-optimizer",
+                                "--config", "{tmp}/tied.toml"], iterations=3),
+    "tied-zbv": Spec(argv=[*ZBV, "--config", "{tmp}/tied.toml"], iterations=3),
+}
+
+SPECS: dict[str, Spec] = {**EXECUTOR, **SCHEDULES, **OTHERS, **TENSOR, **EXPERT, **CONTEXT,
+                          **TIED}
 
 
 def prepare(name: str, tmp: Path) -> None:
@@ -363,6 +373,7 @@ def prepare(name: str, tmp: Path) -> None:
     (tmp / "distopt.toml").write_text(tiny_gpt_toml(distributed_optimizer=True))
     (tmp / "fsdp.toml").write_text(tiny_gpt_toml(fsdp=True))
     (tmp / "muon.toml").write_text(tiny_gpt_toml(optimizer="muon"))
+    (tmp / "tied.toml").write_text(tiny_gpt_toml(vocab_size=8192, tie_embeddings=True))
     if name == "rank-builder-error":
         (tmp / "rankonly.py").write_text(RANK_ONLY_BUILDER)
     if name == "torch-dualpipev-csv":

@@ -138,18 +138,45 @@ def test_a_plan_offers_v_schedules_for_a_tied_model(tmp_path,
     assert set(tied) == set(untied)
 
 
-@pytest.mark.parametrize("shape", [["--pp", "2", "--schedule", "zbv", "--vpp", "2"],
-                                   ["--pp", "1", "--schedule", "1f1b"]])
-def test_run_refuses_a_tied_table_on_one_rank(
-        tmp_path, capsys: pytest.CaptureFixture[str], shape: list[str]) -> None:
-    """The executor builds the head's weight apart from the table: on one rank (two stages
-    of a V, or the one stage of pp = 1) it would hold two where simulate counts one, so
-    `run` refuses (exit 2, one line)."""
+NOT_TYING = """from ppsim.executor.builders.gpt import build as gpt
+
+
+def build(fields):
+    builder = gpt(fields)
+    builder.tie_embeddings = False
+    return builder
+"""
+"""A builder of one's own that builds the head apart from the table."""
+
+
+@pytest.mark.parametrize("flags", [["--engine", "torch"], ["--alongside-torch"],
+                                   ["--model", "{tmp}/untied.py:build"]])
+def test_run_refuses_what_does_not_tie(tmp_path, capsys: pytest.CaptureFixture[str],
+                                       flags: list[str]) -> None:
+    """torch.distributed.pipelining's stages and a builder whose head keeps its own table
+    would train an untied model where simulate counts a tied one: `run` refuses them
+    (exit 2, the error one line naming the field)."""
+    (tmp_path / "untied.py").write_text(NOT_TYING)
     cfg = tmp_path / "c.toml"
     cfg.write_text('[model]\npreset = "tiny-gpt"\ntie_embeddings = true\n')
-    assert main(["run", "--config", str(cfg), "--microbatches", "4", *shape]) == 2
+    argv = ["run", "--config", str(cfg), "--pp", "2", "--microbatches", "4",
+            *(f.format(tmp=tmp_path) for f in flags)]
+    assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "model.tie_embeddings: " in err[0] and "rank 0" in err[0], err
+    assert "model.tie_embeddings: " in err[-1] and "Traceback" not in "".join(err), err
+
+
+def test_a_stage_holding_both_ends_holds_one_table() -> None:
+    """The one-process model (and a pp = 1 rank) of a tied model: the head's projection is
+    the embedding's table, one parameter fewer than untied."""
+    pytest.importorskip("torch")
+    from ppsim.executor.builders.gpt import build
+    from ppsim.executor.builders.stage import full_model
+
+    fields = config_from_dict({"model": {"preset": "tiny-gpt"}}).model.fields()
+    tied, untied = (full_model(build({**fields, "tie_embeddings": t})) for t in (True, False))
+    assert tied.head.out.weight is tied.embedding.tokens.weight
+    assert len(list(untied.parameters())) - len(list(tied.parameters())) == 1
 
 
 def test_a_job_plan_runs_a_tied_model_under_zbv(capsys: pytest.CaptureFixture[str]) -> None:

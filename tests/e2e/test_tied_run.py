@@ -1,0 +1,75 @@
+"""A tied embedding run for real (ppsim.executor.tied): two torchrun ranks a replica over
+gloo, nothing mocked, against one process training the tied model (its head's weight the
+embedding's table) on the same global batch with the same AdamW."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from launch_cases import TIED  # noqa: E402
+from launches import Pool  # noqa: E402
+
+from ppsim.cli.main import main  # noqa: E402
+from ppsim.config.schema import config_from_dict  # noqa: E402
+from ppsim.costs.costfile import write_costs  # noqa: E402
+from ppsim.executor.builders.gpt import build  # noqa: E402
+from ppsim.executor.measure import profile  # noqa: E402
+from ppsim.executor.reference import reference_losses, reference_step  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+FIELDS = config_from_dict({"model": {"preset": "tiny-gpt", "vocab_size": 8192,
+                                     "tie_embeddings": True}}).model.fields()
+TABLE = "embedding.tokens.weight"
+
+
+def _grads(run, ranks: range) -> list[dict[str, torch.Tensor]]:
+    return [torch.load(run.tmp / f"grads.rank{r}.pt")["grads"] for r in ranks]
+
+
+@pytest.mark.parametrize("case", list(TIED))
+def test_a_tied_run_trains_as_one_process_of_the_tied_model(case: str,
+                                                            launches: Pool) -> None:
+    """Three iterations' losses are the tied model's on one process (each replica draws
+    its 4 of the 8 microbatches): had the head's copy started or stepped apart from the
+    table, the first or a later loss would differ."""
+    run = launches.get(case)
+    dp = 2 if "--dp" in run.argv else 1
+    want, _ = reference_losses(build(FIELDS), 4 * dp, TIED[case].iterations)
+    assert run.summary["losses"] == pytest.approx(want, rel=1e-5)
+
+
+def test_the_two_copies_take_the_one_table_gradient(launches: Pool) -> None:
+    """Ends on two ranks: after the step's reduce the embedding's table and the head's copy
+    hold the same gradient on both ranks of each replica, the one-process table's."""
+    run = launches.get("tied-1f1b-dp2")
+    _, grads = reference_step(build(FIELDS), 8)  # the global batch: 2 replicas x 4
+    for first, last in (_grads(run, range(r, r + 2)) for r in (0, 2)):
+        assert TABLE not in last
+        torch.testing.assert_close(first[TABLE], grads[TABLE], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(last["head.out.weight"], first[TABLE], rtol=0, atol=0)
+
+
+def test_the_rank_holding_both_ends_keeps_one_table(launches: Pool, capsys) -> None:
+    """ZB-V puts the embedding and the head on rank 0: one Parameter (dumped once, under
+    the embedding's name, with the one-process gradient), and the rank's peak is
+    simulate's from the profiled pieces, which counts the table once."""
+    run = launches.get("tied-zbv")
+    loss, grads = reference_step(build(FIELDS), 4)
+    got = {k: v for d in _grads(run, range(2)) for k, v in d.items()}
+    assert set(got) == set(grads)
+    torch.testing.assert_close(got[TABLE], grads[TABLE], rtol=1e-4, atol=1e-6)
+    costs = str(run.tmp / "costs.json")  # the tied model's pieces as ppsim profile measures
+    write_costs(costs, profile(FIELDS, "cpu", repeats=1, warmup=0, p2p=False, devices=[0]))
+    sim = str(run.tmp / "sim.json")
+    assert main(["simulate", *run.argv, "--costs", costs, "--trace", sim]) == 0
+    capsys.readouterr()
+    assert main(["diff", sim, str(run.tmp / "out" / "trace.json"), "--json"]) == 0
+    ranks = json.loads(capsys.readouterr().out)["ranks"]
+    assert len(ranks) == 2
+    for r in ranks:
+        pred, real = r["peak_memory_bytes"]
+        assert pred == real, (r["rank"], pred, real)
