@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-from ppsim.config import validate
+from ppsim.config import parallel_rules
 from ppsim.costs.arch import Architecture
 from ppsim.costs.grouptimes import TimedGroup
 from ppsim.costs.layerops import padded_vocab, sequence_split_problem, splittable_seq_length
@@ -347,7 +347,7 @@ def build_job(cfg: Any, timed: tuple[TimedGroup, ...] = ()) -> Job | None:
         return None
     tp_overlap_refusal(cfg)
     _sequence_splits(cfg.model.arch)
-    validate.built(cfg.model.arch)
+    parallel_rules.built(cfg.model.arch)
     net = network(cfg.hardware)
     p = cfg.pipeline
     return Job(arch=cfg.model.arch, shape=shape, network=net,

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from ppsim.cli.flags import add_config_flags, config_from_args
 from ppsim.cli.megatron_args import megatron_model_args
-from ppsim.config.validate import parallel_shape
+from ppsim.config.parallel_rules import parallel_shape
 from ppsim.costs.arch import Architecture
 from ppsim.costs.layerops import padded_vocab
 from ppsim.errors import UserError
