@@ -40,13 +40,12 @@ Pure logic: no torch import, so planning with a measured file works anywhere.
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from ppsim.config import files, limits, validate
-from ppsim.costs.choices import OPTIMIZERS
+from ppsim.config import files, limits
+from ppsim.costs.conditions import Conditions, conditions_from_dict, number_field
 from ppsim.costs.grouptimes import GroupTimes, TimedGroup, group_times_from_dict, in_layer_times
 from ppsim.costs.hybrid import pattern_layers
 from ppsim.costs.model import INTEGER_FIELDS, LAYER_FIELDS, LayerCost, ModelCosts
@@ -75,35 +74,6 @@ SHAPE_KEYS = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vo
               "experimental_attention_variant", "linear_attention_freq",
               "moe_permute_fusion", "sequence_parallel", "fp32_residual", "num_experts",
               "ep", "etp", "cp", "cp_comm_type", "cp_a2a_size")
-
-
-@dataclass(frozen=True)
-class Conditions:
-    """What the profile measured of the run's conditions (ppsim profile on CPU)."""
-
-    devices: tuple[int, ...] | None
-    """The placement the op times were measured for (one process per distinct device)."""
-    message_cpu_ms: float
-    """CPU time one gloo message costs each end."""
-    context_switch_ms: float
-    """Extra work an op pays beside others on its device, beyond processor sharing."""
-    iteration_boundary_ms: float
-    """The loss all-reduce that ends an iteration, across processes."""
-    optimizer_fixed_ms: float
-    optimizer_gbps: float
-    """The AdamW step: fixed time plus bytes over this bandwidth; 0: not measured."""
-    message_latency_ms: float = 0.0
-    """One-way time of a boundary-sized message sent as its sender computes on, to a
-    waiting receiver (the link's latency under load); 0: not measured."""
-    local_message_cpu_ms: float = 0.0
-    """CPU time one gloo message between two ranks on one device costs each end (that
-    device); 0: not measured."""
-    cores: int = 0
-    """CPU cores the profile's processes could run on (unpinned ranks share them); 0:
-    not measured."""
-    optimizer_kind: str = "adam"
-    """The optimizer the step was timed with: "adam", or "muon" (its decoder layers'
-    matrices on Muon, the rest on AdamW)."""
 
 
 @dataclass(frozen=True)
@@ -209,19 +179,6 @@ def write_costs(path: str, doc: dict[str, Any]) -> None:
 # ------------------------------------------------------------------ reading
 
 
-def _number(path: str, where: str, value: Any, integer: bool) -> float | int:
-    fix = "re-run ppsim profile, or fix the value"
-    if integer:
-        x = validate.number(f"{path}: {where}", value, hi=validate.MAX_BYTES, fix=fix)
-        if not x.is_integer():
-            raise UserError(f"{path}: {where}", f"is a byte count, got {value!r}",
-                            "write a whole number")
-        return int(x)
-    if where.endswith("gbps"):
-        return validate.bandwidth(f"{path}: {where}", value, "for free transfers")
-    return validate.number(f"{path}: {where}", value, hi=validate.MAX_MS, fix=fix)
-
-
 def _layer(path: str, where: str, table: Any) -> LayerCost:
     if not isinstance(table, dict):
         raise UserError(f"{path}: {where}", f"expected an object of {', '.join(LAYER_FIELDS)}, "
@@ -231,7 +188,7 @@ def _layer(path: str, where: str, table: Any) -> LayerCost:
         if key not in LAYER_FIELDS:
             raise UserError(f"{path}: {where}.{key}", "unknown key",
                             "valid keys: " + ", ".join(LAYER_FIELDS))
-        kw[key] = _number(path, f"{where}.{key}", value, key in INTEGER_FIELDS)
+        kw[key] = number_field(path, f"{where}.{key}", value, key in INTEGER_FIELDS)
     lc = LayerCost(**kw)
     if lc.split_backward_ms and lc.weight_grad_ms > lc.split_backward_ms * (1 + 1e-9):
         raise UserError(f"{path}: {where}.weight_grad_ms", f"{lc.weight_grad_ms} exceeds "
@@ -278,11 +235,11 @@ def cost_file_from_dict(data: Any, path: str = "costs") -> CostFile:
         if not isinstance(p2p, dict):
             raise UserError(f"{path}: p2p", "must be an object or null", "re-run ppsim profile")
         if "latency_ms" in p2p:
-            lat = float(_number(path, "p2p.latency_ms", p2p["latency_ms"], False))
+            lat = float(number_field(path, "p2p.latency_ms", p2p["latency_ms"], False))
         if "bandwidth_gbps" in p2p:
-            bw = float(_number(path, "p2p.bandwidth_gbps", p2p["bandwidth_gbps"], False))
+            bw = float(number_field(path, "p2p.bandwidth_gbps", p2p["bandwidth_gbps"], False))
     return CostFile(path, layers, emb, head, model, lat, bw, data,
-                    _conditions(path, data.get("conditions")), mtp,
+                    conditions_from_dict(path, data.get("conditions")), mtp,
                     group_times_from_dict(path, data.get("dp_collectives")),
                     in_layer_times(path, data.get("collectives")),
                     _layer(path, "tied", data["tied"]) if "tied" in data else LayerCost())
@@ -295,51 +252,6 @@ def _mtp_entries(path: str, raw: Any) -> tuple[LayerCost, ...]:
         raise UserError(f"{path}: mtp", f"must be a list of 1 to {limits.MAX_LAYERS:,} layer "
                         "costs, or absent", "one entry per MTP layer, or one for every one")
     return tuple(_layer(path, f"mtp[{i}]", x) for i, x in enumerate(raw))
-
-
-def _conditions(path: str, raw: Any) -> Conditions | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, dict):
-        raise UserError(f"{path}: conditions", "must be an object or null", "re-run ppsim profile")
-    devices = raw.get("devices")
-    if devices is not None and (not isinstance(devices, list) or len(devices) > limits.MAX_STAGES
-                                or not all(type(d) is int for d in devices)):
-        raise UserError(f"{path}: conditions.devices", f"must be a list of at most "
-                        f"{limits.MAX_STAGES:,} device indices, got {devices!r}"[:200],
-                        "re-run ppsim profile")
-    for i, d in enumerate(devices or ()):
-        validate.count(f"{path}: conditions.devices[{i}]", d, lo=0, hi=limits.MAX_STAGES - 1,
-                       fix="re-run ppsim profile")
-    opt = raw.get("optimizer") or {}
-    if not isinstance(opt, dict):
-        raise UserError(f"{path}: conditions.optimizer", "must be an object or null",
-                        "re-run ppsim profile")
-    num = functools.partial(_number, path, integer=False)
-    return Conditions(tuple(devices) if devices is not None else None,
-                      float(num(where="conditions.message_cpu_ms",
-                                value=raw.get("message_cpu_ms", 0.0))),
-                      float(num(where="conditions.context_switch_ms",
-                                value=raw.get("context_switch_ms", 0.0))),
-                      float(num(where="conditions.iteration_boundary_ms",
-                                value=raw.get("iteration_boundary_ms", 0.0))),
-                      float(num(where="conditions.optimizer.fixed_ms",
-                                value=opt.get("fixed_ms", 0.0))),
-                      float(num(where="conditions.optimizer.gbps", value=opt.get("gbps", 0.0))),
-                      float(num(where="conditions.message_latency_ms",
-                                value=raw.get("message_latency_ms", 0.0))),
-                      float(num(where="conditions.local_message_cpu_ms",
-                                value=raw.get("local_message_cpu_ms", 0.0))),
-                      validate.count(f"{path}: conditions.cores", raw.get("cores", 0), lo=0,
-                                     hi=1 << 20, fix="re-run ppsim profile"),
-                      _optimizer_kind(path, opt.get("kind", "adam")))
-
-
-def _optimizer_kind(path: str, kind: Any) -> str:
-    if kind not in OPTIMIZERS:
-        raise UserError(f"{path}: conditions.optimizer.kind", f"unknown optimizer {kind!r}"[:200],
-                        "use " + " or ".join(OPTIMIZERS) + ", or re-run ppsim profile")
-    return str(kind)
 
 
 _CACHE: dict[str, tuple[tuple[int, int], CostFile]] = {}
