@@ -6,7 +6,8 @@ while each rank keeps 8,192 tokens), pp any size up to 64 (dividing the layers o
 Megatron splits unevenly too), vpp 1, 2, 4 or 8,
 micro-batch 1, 2 or 4, ep (MoE only) dividing the experts with etp (tp, or 1 at tp > 1:
 MoE parallel folding) x ep dividing tp x cp x dp; dp is N / (tp x cp x pp) and the
-microbatches B / (mbs x dp), refused when they do not divide as Megatron refuses them.
+microbatches B / (mbs x dp), refused when they do not divide as Megatron refuses them
+(any count under 1F1B, at least pp interleaved; torch's own rules for a torchtitan job).
 Each shape is simulated with its default split, unless no split could hold its weights
 and optimizer state, or those with its activations (ppsim.job.walk); the TOP_SEARCHED
 fastest that fit (at least), and any faster that does not fit at its default split, then
@@ -38,6 +39,7 @@ from ppsim.job.shapes import (
     Shape,
     cp_comm_choices,
     dispatcher_choices,
+    microbatches_run,
     shapes,
     sharding_choices,
 )
@@ -145,8 +147,9 @@ def _candidates(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int] | None,
     sharding = "sharding" in axes
     if a.megatron_fsdp2 and not sharding:  # Megatron refuses it with pp
         fixed = {**(fixed or {}), "pp": 1}
+    schedule = cfg.pipeline.schedule
     todo = shapes(a, gpus, gbs, per_node, cfg.model.total_layers, fixed, sharding, combined,
-                  cfg.pipeline.overlap_param_gather_with_optimizer_step)
+                  cfg.pipeline.overlap_param_gather_with_optimizer_step, schedule)
     # A --schedule given: the shapes it runs (V: two chunks; DualPipeV: m >= 2pp).
     refusals = [schedule_refusal(schedule_for_vpp(cfg.pipeline.schedule, s.vpp), s.pp, s.vpp,
                                  s.microbatches) for s in todo]
@@ -154,9 +157,11 @@ def _candidates(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int] | None,
         raise refusals[0]  # in the schedule's own words
     todo = [s for s, no in zip(todo, refusals, strict=True) if no is None]
     if sharding:
+        # each sharding's framework (Megatron or torchtitan) runs its own microbatch counts
         todo = [v for s in todo
                 for v in sharding_choices(s, per_node, a.num_experts > 0, combined,
-                                          a.fsdp_framework)]
+                                          a.fsdp_framework)
+                if microbatches_run(a, v, schedule)]
     if "dispatcher" in axes:
         if not a.num_experts:
             raise UserError("--search", "dispatcher: the model has no routed experts",
