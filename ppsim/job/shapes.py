@@ -215,7 +215,9 @@ def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
     def choices(name: str, free: Any) -> Any:
         return (pin[name],) if name in pin else free
 
-    experts = _powers(a.num_experts) if a.num_experts else [1]
+    # any ep dividing the experts (Megatron's check): 384 experts take ep 3, 6, 12, ...
+    experts = [e for e in range(1, a.num_experts + 1) if a.num_experts % e == 0] \
+        if a.num_experts else [1]
     out = []
     sizes = [p for p in range(1, MAX_PP + 1) if gpus % p == 0]
     contexts = _powers(max(MAX_CP, a.seq_length // LONG_CP_TOKENS))

@@ -94,3 +94,4 @@ def test_a_torchtitan_job_keeps_torchs_microbatch_rules() -> None:
     torch, torch_chunked = runs("--fsdp")
     assert not torch  # Schedule1F1B: m below the stages
     assert torch_chunked == {(2, 1), (4, 2), (8, 4)}  # one round of m
+
