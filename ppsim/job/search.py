@@ -39,7 +39,7 @@ from ppsim.job.shapes import (
     Shape,
     cp_comm_choices,
     dispatcher_choices,
-    microbatches_run,
+    microbatch_refusal,
     shapes,
     sharding_choices,
 )
@@ -161,7 +161,7 @@ def _candidates(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int] | None,
         todo = [v for s in todo
                 for v in sharding_choices(s, per_node, a.num_experts > 0, combined,
                                           a.fsdp_framework)
-                if microbatches_run(a, v, schedule)]
+                if microbatch_refusal(a, v, schedule) is None]
     if "dispatcher" in axes:
         if not a.num_experts:
             raise UserError("--search", "dispatcher: the model has no routed experts",
@@ -173,6 +173,7 @@ def _candidates(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int] | None,
         host_refusal(cfg)
     if not todo and fixed:
         given = ", ".join(f"{k} {v}" for k, v in fixed.items())
+        _refuse_held_microbatches(cfg, gpus, gbs, fixed, sharding, given)
         raise UserError("--gpus", f"no shape of {gpus:,} GPUs at a global batch of {gbs:,} "
                         f"has {given} (the model, the world or the batch refuses it)",
                         "fix fewer sizes, or sizes that divide the world and the batch")
@@ -181,6 +182,24 @@ def _candidates(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int] | None,
                         f"batch of {gbs:,}", "give a batch that is a multiple of the "
                         "data-parallel sizes, e.g. a power of two")
     return todo
+
+
+def _refuse_held_microbatches(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int],
+                              sharding: bool, given: str) -> None:
+    """UserError naming the schedule's rule where shapes with the held sizes exist but
+    their framework runs none of their microbatch counts (interleaving at m < pp)."""
+    a, p = cfg.model.arch, cfg.pipeline
+    loose = shapes(a, gpus, gbs, cfg.hardware.gpus_per_node, cfg.model.total_layers, fixed,
+                   sharding, p.overlap_moe_expert_parallel_comm,
+                   p.overlap_param_gather_with_optimizer_step, schedule=None)
+    refused = [(s, why) for s in loose
+               if (why := microbatch_refusal(a, s, p.schedule, sharding)) is not None]
+    if refused:
+        s, why = max(refused, key=lambda r: r[0].microbatches)  # the nearest to running
+        raise UserError("--global-batch-size", f"no shape of {gpus:,} GPUs at a global "
+                        f"batch of {gbs:,} with {given} runs its microbatches "
+                        f"({s.label()}: {why})", "give a larger global batch, or hold "
+                        "fewer sizes" + (" (without --vpp: 1F1B)" if s.vpp > 1 else ""))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -163,7 +163,7 @@ def _schedule_runs(layers: int, pp: int, vpp: int, ep: int, combined: bool,
     """Each chunk has a layer; interleaving needs pp > 1; Megatron's combined 1F1B needs
     ep > 1 and, with pp > 1, interleaving; `interleaved`
     (--overlap-param-gather-with-optimizer-step) needs interleaving. The microbatches
-    are microbatches_run's."""
+    are microbatch_refusal's."""
     chunked = vpp > 1
     if layers < pp * vpp or (chunked and pp == 1):
         return False
@@ -180,35 +180,39 @@ def launches_with_torch(a: Any, s: Shape) -> bool:
     return a.torchtitan_fsdp
 
 
-def microbatches_run(a: Any, s: Shape, schedule: str, any_sharding: bool = False) -> bool:
-    """The shape's microbatches per replica run under `schedule` (as configured) in the
-    framework that launches it: Megatron's 1F1B takes any count (warm-up
-    min(pp - rank - 1, m): schedules.py, forward_backward_pipelining_without_interleaving),
-    its interleaved order a microbatch group within [pp, m] (megatron_rules.group_refusal
-    at ppsim's group, the flag exported where it is not pp); torch's classes their own
-    (ppsim.pipeline.torch_rules). `any_sharding`: before the searched sharding is chosen,
-    where either framework may launch it."""
+def microbatch_refusal(a: Any, s: Shape, schedule: str,
+                       any_sharding: bool = False) -> str | None:
+    """Why the framework that launches the shape refuses its microbatches per replica
+    under `schedule` (as configured); None where it runs them. Megatron's 1F1B takes any
+    count (warm-up min(pp - rank - 1, m): schedules.py,
+    forward_backward_pipelining_without_interleaving), its interleaved order a
+    microbatch group within [pp, m] (megatron_rules.group_refusal at ppsim's group, the
+    flag exported where it is not pp); torch's classes their own
+    (ppsim.pipeline.torch_rules). `any_sharding`: before the searched sharding is
+    chosen, where either framework may launch it."""
     name = schedule_for_vpp(schedule, s.vpp)
     m = s.microbatches
-    megatron = name not in MEGATRON_INTERLEAVED or s.vpp == 1 or \
-        group_refusal(s.pp, m, interleaved_group(s.pp, m)) is None
-    torch = torch_refusal(name, s.pp, s.vpp, m) is None
+    megatron = None if name not in MEGATRON_INTERLEAVED or s.vpp == 1 else \
+        group_refusal(s.pp, m, interleaved_group(s.pp, m))
+    if megatron is not None:
+        megatron = f"Megatron refuses m = {m} at pp {s.pp}: {megatron}"
+    torch = torch_refusal(name, s.pp, s.vpp, m)
     if any_sharding:
-        return megatron or (torch and a.fsdp_framework == "torchtitan")
+        return None if torch is None and a.fsdp_framework == "torchtitan" else megatron
     return torch if launches_with_torch(a, s) else megatron
 
 
 def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
            fixed: dict[str, int] | None = None, any_copies: bool = False,
            combined: bool = False, interleaved: bool = False,
-           schedule: str = "1f1b") -> list[Shape]:
+           schedule: str | None = "1f1b") -> list[Shape]:
     """Every shape the model, the world and the global batch allow, with the sizes in
     `fixed` (keys of FIXABLE) held at their values; the configured copies of the sharded
     state divide each one's data-parallel groups unless `any_copies` (the sharding is
     searched). `combined`: only shapes Megatron's combined 1F1B runs (ep > 1; vpp > 1
     when pp > 1: ppsim.job.combined); `interleaved`: only interleaved ones (vpp > 1,
     --overlap-param-gather-with-optimizer-step); each with microbatches `schedule` (the
-    configured one) runs (microbatches_run)."""
+    configured one) runs (microbatch_refusal; None: any count)."""
     copies = 1 if any_copies else a.dp_replicas
     pin = fixed or {}
 
@@ -235,7 +239,8 @@ def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
                           microbatches=m, etp=etp)
                     for vpp in choices("vpp", VPP_CHOICES if pp > 1 else (1,))
                     if _schedule_runs(layers, pp, vpp, ep, combined, interleaved))
-            out += [s for s in made if microbatches_run(a, s, schedule, any_copies)]
+            out += [s for s in made if schedule is None
+                    or microbatch_refusal(a, s, schedule, any_copies) is None]
     return out
 
 

@@ -95,3 +95,15 @@ def test_a_torchtitan_job_keeps_torchs_microbatch_rules() -> None:
     assert not torch  # Schedule1F1B: m below the stages
     assert torch_chunked == {(2, 1), (4, 2), (8, 4)}  # one round of m
 
+
+
+def test_held_interleaving_with_too_few_microbatches_names_megatrons_rule(capsys) -> None:
+    # A global batch of 4 over pp 8 with vpp 2 held: every shape runs m <= 4 < pp, and
+    # Megatron's interleaved group must lie within [pp, m].
+    code = main(["plan", "--preset", "llama3-70b", "--hardware", "h100-80gb", "--gpus", "64",
+                 "--global-batch-size", "4", "--pp", "8", "--vpp", "2", "--time-budget", "5"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "error: --global-batch-size:" in err
+    assert "Megatron refuses m = 4 at pp 8" in err and "[pp=8, m=4]" in err
+    assert "give a larger global batch" in err
