@@ -145,8 +145,8 @@ def _candidates(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int] | None,
     combined = cfg.pipeline.overlap_moe_expert_parallel_comm
     per_node = cfg.hardware.gpus_per_node
     sharding = "sharding" in axes
-    if a.megatron_fsdp2 and not sharding:  # Megatron refuses it with pp
-        fixed = {**(fixed or {}), "pp": 1}
+    if a.megatron_fsdp2 and not sharding:  # Megatron refuses it with pp or ep
+        fixed = {**(fixed or {}), "pp": 1, "ep": 1}
     schedule = cfg.pipeline.schedule
     todo = shapes(a, gpus, gbs, per_node, cfg.model.total_layers, fixed, sharding, combined,
                   cfg.pipeline.overlap_param_gather_with_optimizer_step, schedule)
