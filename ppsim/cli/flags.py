@@ -309,6 +309,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         k for k in MODEL_KEYS if k not in JOB_MODEL_KEYS or (k != "dp" and hasattr(args, k)))
     keys = tuple(k for k in keys if k not in MEGATRON_MODEL_KEYS)
     model = {k: flag(k) for k in keys}
+    if flag("fsdp_framework") == "megatron" and "ep" in model and model["ep"] is None:
+        model["ep"] = 1  # as pp: Megatron's default, the only one --use-torch-fsdp2 takes
     if flag("gpus") is not None and flag("dp") is None:
         model["dp"] = 1  # not the preset's: --gpus sets it once tp, cp, pp are (_with_world)
     # Megatron's model flags change a preset or a config's model; else they build one.

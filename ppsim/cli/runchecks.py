@@ -12,6 +12,7 @@ from typing import Any
 from ppsim.costs.choices import MEGATRON_FSDP_FLAGS
 from ppsim.costs.model import stage_cost
 from ppsim.errors import UserError
+from ppsim.pipeline.torch_rules import torch_refusal, torch_rounds
 from ppsim.schedules.generators import Action
 
 
@@ -364,11 +365,11 @@ def check_peer(problem: Any) -> None:
     if s.name not in PEER_SCHEDULES:
         raise UserError("--engine", f"torch.distributed.pipelining peer has no {s.name!r}",
                         "use --engine ppsim, or one of " + ", ".join(PEER_SCHEDULES))
-    if s.name == "1f1b" and s.microbatches < s.num_stages:
-        raise UserError("pipeline.microbatches", f"torch's Schedule1F1B needs at least "
-                        f"{s.num_stages} microbatches", f"set microbatches >= {s.num_stages}")
-    rounds = max(1, s.microbatches // s.pp)
-    if s.name in ("interleaved-1f1b", "interleaved-zb", "zb-h1") and s.microbatches % rounds:
+    refusal = torch_refusal(s.name, s.pp, s.vpp, s.microbatches)
+    if s.name == "1f1b" and refusal:
+        raise UserError("pipeline.microbatches", refusal, f"set microbatches >= {s.num_stages}")
+    rounds = torch_rounds(s.pp, s.microbatches)
+    if refusal:
         raise UserError("pipeline.microbatches", f"torch's {peer_class(s.name, s.vpp)} needs "
                         f"microbatches divisible by its rounds max(1, m // pp) = {rounds} "
                         "(ppsim's engine runs this m with Megatron's microbatch groups)",

@@ -91,6 +91,7 @@ def overlap_hint(job: Job | None, comm_ms: float, iteration_ms: float, who: str,
     off = overlaps_off(job)
     if not off or not iteration_ms or comm_ms / iteration_ms < OVERLAP_HINT_SHARE:
         return ""
+    verb, them = ("hide", "them") if len(off) > 1 else ("hides", "it")
     return (f"{who} waits {comm_ms / iteration_ms:.0%} of its iteration on communication; "
-            f"Megatron's {' '.join(off)}, off here, hide part of it: {command} again with "
-            "them")
+            f"Megatron's {' '.join(off)}, off here, {verb} part of it: {command} again with "
+            f"{them}")

@@ -6,7 +6,8 @@ while each rank keeps 8,192 tokens), pp any size up to 64 (dividing the layers o
 Megatron splits unevenly too), vpp 1, 2, 4 or 8,
 micro-batch 1, 2 or 4, ep (MoE only) dividing the experts with etp (tp, or 1 at tp > 1:
 MoE parallel folding) x ep dividing tp x cp x dp; dp is N / (tp x cp x pp) and the
-microbatches B / (mbs x dp), refused when they do not divide as Megatron refuses them.
+microbatches B / (mbs x dp), refused when they do not divide as Megatron refuses them
+(any count under 1F1B, at least pp interleaved; torch's own rules for a torchtitan job).
 Each shape is simulated with its default split, unless no split could hold its weights
 and optimizer state, or those with its activations (ppsim.job.walk); the TOP_SEARCHED
 fastest that fit (at least), and any faster that does not fit at its default split, then
@@ -38,6 +39,7 @@ from ppsim.job.shapes import (
     Shape,
     cp_comm_choices,
     dispatcher_choices,
+    microbatch_refusal,
     shapes,
     sharding_choices,
 )
@@ -143,10 +145,11 @@ def _candidates(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int] | None,
     combined = cfg.pipeline.overlap_moe_expert_parallel_comm
     per_node = cfg.hardware.gpus_per_node
     sharding = "sharding" in axes
-    if a.megatron_fsdp2 and not sharding:  # Megatron refuses it with pp
-        fixed = {**(fixed or {}), "pp": 1}
+    if a.megatron_fsdp2 and not sharding:  # Megatron refuses it with pp or ep
+        fixed = {**(fixed or {}), "pp": 1, "ep": 1}
+    schedule = cfg.pipeline.schedule
     todo = shapes(a, gpus, gbs, per_node, cfg.model.total_layers, fixed, sharding, combined,
-                  cfg.pipeline.overlap_param_gather_with_optimizer_step)
+                  cfg.pipeline.overlap_param_gather_with_optimizer_step, schedule)
     # A --schedule given: the shapes it runs (V: two chunks; DualPipeV: m >= 2pp).
     refusals = [schedule_refusal(schedule_for_vpp(cfg.pipeline.schedule, s.vpp), s.pp, s.vpp,
                                  s.microbatches) for s in todo]
@@ -154,9 +157,11 @@ def _candidates(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int] | None,
         raise refusals[0]  # in the schedule's own words
     todo = [s for s, no in zip(todo, refusals, strict=True) if no is None]
     if sharding:
+        # each sharding's framework (Megatron or torchtitan) runs its own microbatch counts
         todo = [v for s in todo
                 for v in sharding_choices(s, per_node, a.num_experts > 0, combined,
-                                          a.fsdp_framework)]
+                                          a.fsdp_framework)
+                if microbatch_refusal(a, v, schedule) is None]
     if "dispatcher" in axes:
         if not a.num_experts:
             raise UserError("--search", "dispatcher: the model has no routed experts",
@@ -168,6 +173,7 @@ def _candidates(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int] | None,
         host_refusal(cfg)
     if not todo and fixed:
         given = ", ".join(f"{k} {v}" for k, v in fixed.items())
+        _refuse_held_microbatches(cfg, gpus, gbs, fixed, sharding, given)
         raise UserError("--gpus", f"no shape of {gpus:,} GPUs at a global batch of {gbs:,} "
                         f"has {given} (the model, the world or the batch refuses it)",
                         "fix fewer sizes, or sizes that divide the world and the batch")
@@ -176,6 +182,24 @@ def _candidates(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int] | None,
                         f"batch of {gbs:,}", "give a batch that is a multiple of the "
                         "data-parallel sizes, e.g. a power of two")
     return todo
+
+
+def _refuse_held_microbatches(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int],
+                              sharding: bool, given: str) -> None:
+    """UserError naming the schedule's rule where shapes with the held sizes exist but
+    their framework runs none of their microbatch counts (interleaving at m < pp)."""
+    a, p = cfg.model.arch, cfg.pipeline
+    loose = shapes(a, gpus, gbs, cfg.hardware.gpus_per_node, cfg.model.total_layers, fixed,
+                   sharding, p.overlap_moe_expert_parallel_comm,
+                   p.overlap_param_gather_with_optimizer_step, schedule=None)
+    refused = [(s, why) for s in loose
+               if (why := microbatch_refusal(a, s, p.schedule, sharding)) is not None]
+    if refused:
+        s, why = max(refused, key=lambda r: r[0].microbatches)  # the nearest to running
+        raise UserError("--global-batch-size", f"no shape of {gpus:,} GPUs at a global "
+                        f"batch of {gbs:,} with {given} runs its microbatches "
+                        f"({s.label()}: {why})", "give a larger global batch, or hold "
+                        "fewer sizes" + (" (without --vpp: 1F1B)" if s.vpp > 1 else ""))
 
 
 @dataclass(frozen=True, kw_only=True)

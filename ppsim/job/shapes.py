@@ -13,6 +13,9 @@ from ppsim.costs.arch import expert_data_parallel
 from ppsim.costs.layerops import sequence_split_problem, vocab_split_problem
 from ppsim.costs.mixer_split import split_problem
 from ppsim.job.shape import cp_refusal
+from ppsim.pipeline.megatron_rules import MEGATRON_INTERLEAVED, group_refusal
+from ppsim.pipeline.torch_rules import torch_refusal
+from ppsim.schedules.generators import interleaved_group, schedule_for_vpp
 
 MAX_PP = 64
 """The most pipeline ranks the search tries (any size up to it that divides the world:
@@ -155,35 +158,70 @@ def _etp_choices(a: Any, tp: int, pin: dict[str, int]) -> tuple[int, ...]:
     return (tp, 1) if tp > 1 else (tp,)
 
 
-def _schedule_runs(layers: int, pp: int, vpp: int, m: int, ep: int, combined: bool,
+def _schedule_runs(layers: int, pp: int, vpp: int, ep: int, combined: bool,
                    interleaved: bool) -> bool:
-    """Each chunk has a layer, every rank a microbatch; interleaving needs pp > 1 and m a
-    multiple of pp; Megatron's combined 1F1B needs ep > 1 and, with pp > 1, interleaving;
-    `interleaved` (--overlap-param-gather-with-optimizer-step) needs interleaving."""
+    """Each chunk has a layer; interleaving needs pp > 1; Megatron's combined 1F1B needs
+    ep > 1 and, with pp > 1, interleaving; `interleaved`
+    (--overlap-param-gather-with-optimizer-step) needs interleaving. The microbatches
+    are microbatch_refusal's."""
     chunked = vpp > 1
-    if layers < pp * vpp or m < pp or (chunked and (pp == 1 or m % pp)):
+    if layers < pp * vpp or (chunked and pp == 1):
         return False
     if interleaved and not chunked:
         return False
     return not (combined and (ep == 1 or (pp > 1 and not chunked)))
 
 
+def launches_with_torch(a: Any, s: Shape) -> bool:
+    """The shape runs as a torchtitan job, on torch.distributed.pipelining's schedules:
+    it shards with torchtitan's FSDP (searched, or as configured)."""
+    if s.sharding:
+        return s.sharding == "fsdp" and a.fsdp_framework == "torchtitan"
+    return a.torchtitan_fsdp
+
+
+def microbatch_refusal(a: Any, s: Shape, schedule: str,
+                       any_sharding: bool = False) -> str | None:
+    """Why the framework that launches the shape refuses its microbatches per replica
+    under `schedule` (as configured); None where it runs them. Megatron's 1F1B takes any
+    count (warm-up min(pp - rank - 1, m): schedules.py,
+    forward_backward_pipelining_without_interleaving), its interleaved order a
+    microbatch group within [pp, m] (megatron_rules.group_refusal at ppsim's group, the
+    flag exported where it is not pp); torch's classes their own
+    (ppsim.pipeline.torch_rules). `any_sharding`: before the searched sharding is
+    chosen, where either framework may launch it."""
+    name = schedule_for_vpp(schedule, s.vpp)
+    m = s.microbatches
+    megatron = None if name not in MEGATRON_INTERLEAVED or s.vpp == 1 else \
+        group_refusal(s.pp, m, interleaved_group(s.pp, m))
+    if megatron is not None:
+        megatron = f"Megatron refuses m = {m} at pp {s.pp}: {megatron}"
+    torch = torch_refusal(name, s.pp, s.vpp, m)
+    if any_sharding:
+        return None if torch is None and a.fsdp_framework == "torchtitan" else megatron
+    return torch if launches_with_torch(a, s) else megatron
+
+
 def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
            fixed: dict[str, int] | None = None, any_copies: bool = False,
-           combined: bool = False, interleaved: bool = False) -> list[Shape]:
+           combined: bool = False, interleaved: bool = False,
+           schedule: str | None = "1f1b") -> list[Shape]:
     """Every shape the model, the world and the global batch allow, with the sizes in
     `fixed` (keys of FIXABLE) held at their values; the configured copies of the sharded
     state divide each one's data-parallel groups unless `any_copies` (the sharding is
     searched). `combined`: only shapes Megatron's combined 1F1B runs (ep > 1; vpp > 1
     when pp > 1: ppsim.job.combined); `interleaved`: only interleaved ones (vpp > 1,
-    --overlap-param-gather-with-optimizer-step)."""
+    --overlap-param-gather-with-optimizer-step); each with microbatches `schedule` (the
+    configured one) runs (microbatch_refusal; None: any count)."""
     copies = 1 if any_copies else a.dp_replicas
     pin = fixed or {}
 
     def choices(name: str, free: Any) -> Any:
         return (pin[name],) if name in pin else free
 
-    experts = _powers(a.num_experts) if a.num_experts else [1]
+    # any ep dividing the experts (Megatron's check): 384 experts take ep 3, 6, 12, ...
+    experts = [e for e in range(1, a.num_experts + 1) if a.num_experts % e == 0] \
+        if a.num_experts else [1]
     out = []
     sizes = [p for p in range(1, MAX_PP + 1) if gpus % p == 0]
     contexts = _powers(max(MAX_CP, a.seq_length // LONG_CP_TOKENS))
@@ -197,10 +235,12 @@ def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
             if not _ep_fits(a, tp, dp * cp, etp, ep, copies) or gbs % (mbs * dp):
                 continue
             m = gbs // (mbs * dp)
-            out += [Shape(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, mbs=mbs, microbatches=m,
-                          etp=etp)
+            made = (Shape(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, mbs=mbs,
+                          microbatches=m, etp=etp)
                     for vpp in choices("vpp", VPP_CHOICES if pp > 1 else (1,))
-                    if _schedule_runs(layers, pp, vpp, m, ep, combined, interleaved)]
+                    if _schedule_runs(layers, pp, vpp, ep, combined, interleaved))
+            out += [s for s in made if schedule is None
+                    or microbatch_refusal(a, s, schedule, any_copies) is None]
     return out
 
 

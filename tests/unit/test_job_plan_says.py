@@ -304,3 +304,12 @@ def test_a_shape_held_back_by_memory_reads_over_its_limit(peak: float) -> None:
     said = held_back(SimpleNamespace(fits=False, peak_memory_bytes=peak), 0.0, 80e9)
     shown, limit = (float(x) for x in re.findall(r"[\d.]+", said))
     assert said.startswith("memory (") and shown > limit and abs(shown - peak / 1e9) < 0.01
+
+
+def test_one_overlap_left_off_is_named_in_the_singular(capsys) -> None:
+    """tp 8 pp 2 at dp 1 has no data-parallel reduce: the one flag left off hides part of
+    the communication, and the plan asks to plan again with it."""
+    assert main(["plan", *ARGS, "--tp", "8", "--pp", "2", "--cp", "1"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Megatron's --tp-comm-overlap, off here, hides part of it: plan again with it" \
+        in text

@@ -250,6 +250,20 @@ def test_torch_fsdp2_jobs_plan_without_naming_pp() -> None:
     assert doc["held"] == {}
 
 
+def test_torch_fsdp2_moe_jobs_plan_without_naming_ep() -> None:
+    """Megatron-LM d98e8a6 arguments.py asserts expert_model_parallel_size == 1 under
+    --use-torch-fsdp2, and 1 is its default: a MoE preset (Mixtral's ep 8) plans at ep 1
+    unasked (it said "give --ep 1" though the search chooses ep itself)."""
+    ran = run_cli(["plan", "--preset", "mixtral-8x7b", "--hardware", "h100-80gb", "--gpus",
+                   "64", "--global-batch-size", "64", "--use-torch-fsdp2",
+                   "--no-gradient-accumulation-fusion", "--time-budget", "10", "--top", "3",
+                   "--json"])
+    assert ran.returncode == 0, ran.stderr
+    doc = json.loads(ran.stdout)
+    assert {(c["pp"], c["ep"]) for c in doc["candidates"]} == {(1, 1)}
+    assert doc["held"] == {}
+
+
 def test_searching_the_sharding_beside_megatrons_overlaps_tries_fsdp() -> None:
     """A Megatron job's usual --overlap-grad-reduce --overlap-param-gather are DDP's
     knobs: the searched FSDP shapes drop them (each was refused, "--overlap-grad-reduce
