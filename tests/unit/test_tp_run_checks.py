@@ -42,7 +42,7 @@ def test_tensor_parallel_run_refusals(argv, words, tmp_path, capsys, monkeypatch
     ('cp = 3\ncp_comm_type = "all_gather"\n', [],
      "model.cp: seq_length (64) is not divisible by 2 x cp (6)"),
     ('cp = 2\ncp_comm_type = "all_gather"\n', ["--tp", "4", "--seq-length", "68"],
-     "model.seq_length: a context-parallel rank's 34 tokens do not divide by tp (4)"),
+     "model.seq_length: seq_length / cp = 34 tokens do not divide over tp = 4"),
     ('cp = 2\ncp_comm_type = "all_gather"\n', ["--alongside-torch"],
      "model.cp: 2: context parallelism runs on the ppsim engine, without the torch peer"),
     ('cp = 2\ncp_comm_type = "all_gather"\n', ["--nproc-per-node", "2"],
