@@ -77,3 +77,15 @@ def test_ppsim_s_own_shorthand_keeps_its_modules() -> None:
     code, got, err = _run("--recompute none --recompute-modules mlp")
     assert code == 0 and err == ""
     assert {tuple(p["recompute_modules"]) for p in got["policy"]} == {("mlp",)}
+
+
+def test_full_shorthand_with_a_layer_count_prices_megatrons_block_method() -> None:
+    """[memory] keys replace the --recompute mode's: `--recompute full
+    --recompute-num-layers 3` is Megatron's block method over 3 layers, no modules."""
+    code, ours, err = _run("--recompute full --recompute-num-layers 3")
+    assert code == 0 and err == ""
+    assert {(tuple(p["recompute_modules"]), p["recompute_layers"]) for p in ours["policy"]} \
+        == {((), 3)}
+    _, megatron, _ = _run("--recompute-granularity full --recompute-method block "
+                          "--recompute-num-layers 3")
+    assert ours == megatron
