@@ -12,6 +12,7 @@ from ppsim import fileio
 from ppsim.cli import job_flags, megatron_flags, megatron_model, megatron_run
 from ppsim.cli.flag_values import nonempty
 from ppsim.cli.job_flags import JOB_MODEL_KEYS, add_job_flags, megatron_fsdp_state
+from ppsim.cli.memory_flags import add_memory_policy_flags, memory_flags
 from ppsim.config import files, validate
 from ppsim.config.model import parse_model
 from ppsim.config.overrides import MODEL_KEYS, PIPELINE_KEYS, with_overrides
@@ -21,11 +22,6 @@ from ppsim.job import shape as job_shape
 from ppsim.pipeline.layout import is_layout
 from ppsim.schedules.generators import chunks_for_schedule, schedule_for_vpp, schedule_name
 
-MEMORY_FLAGS = {"recompute_modules": "recompute_modules",
-                "recompute_layers": "recompute_num_layers",
-                "offload_modules": "offload_modules", "offload_fraction": "offload_fraction",
-                "offload_step_bytes": "delta_offload_bytes_across_pp_ranks"}
-"""[memory] key -> the flag that sets it."""
 MEGATRON_MODEL_KEYS = ("cp_comm_type", "cp_a2a_size", "optimizer", "muon_ns_steps",
                        "muon_tp_mode")
 """Overridable [model] fields a Megatron model flag sets (megatron_model.model_table reads
@@ -66,7 +62,7 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
     g.add_argument("--hardware", metavar="NAME", type=nonempty("a hardware preset's name"),
                    help="hardware preset")
     _add_pipeline_flags(g)
-    _add_memory_policy_flags(g)
+    add_memory_policy_flags(g)
     g.add_argument("--tp", dest="tp", type=int, metavar="N", help="tensor-parallel size")
     g.add_argument("--tensor-model-parallel-size", dest="tp", type=int, metavar="N",
                    action=_MegatronTensorSize, help="Megatron's name: without "
@@ -121,43 +117,6 @@ def _add_pipeline_flags(g: Any) -> None:
                    "--microbatch-group-size-per-virtual-pipeline-stage",
                    dest="microbatch_group_size", type=int, metavar="N",
                    help="microbatches per group of the interleaved order")
-
-
-def _add_memory_policy_flags(g: Any) -> None:
-    """The memory policy as Megatron's flags: recompute and offload (sets [memory])."""
-    g.add_argument("--recompute", metavar="MODE", help="none | selective | full")
-    module = nonempty("a Megatron module name")
-    g.add_argument("--recompute-modules", nargs="+", metavar="M", type=module,
-                   help="Megatron modules recomputed in every layer: core_attn mlp "
-                   "moe_act layernorm mla_up_proj moe shared_experts (sets [memory])")
-    g.add_argument("--recompute-num-layers", type=int, metavar="N", help="the first N layers "
-                   "of each stage recomputed whole (Megatron's block method)")
-    g.add_argument("--recompute-activations", action="store_true", default=None,
-                   help="Megatron's short form of --recompute-granularity selective")
-    g.add_argument("--moe-layer-recompute", action="store_true", default=None,
-                   help="Megatron's older form of --recompute-modules moe (beside "
-                   "core_attn unless modules are given)")
-    g.add_argument("--recompute-granularity", choices=("full", "selective"),
-                   help="Megatron's: selective (core_attn, or --recompute-modules) or full "
-                   "(with --recompute-method)")
-    g.add_argument("--recompute-method", choices=("uniform", "block"), help="Megatron's, "
-                   "with full granularity: uniform (every layer, --recompute-num-layers 1) or "
-                   "block (--recompute-num-layers N)")
-    g.add_argument("--moe-grouped-gemm", action="store_true", default=None,
-                   help="accepted as Megatron takes it (moe_act recompute needs it there)")
-    g.add_argument("--offload-modules", nargs="+", metavar="M", type=module,
-                   help="Megatron modules whose saved tensors go to host memory (with "
-                   "--fine-grained-activation-offloading): attn_norm qkv_linear core_attn "
-                   "attn_proj mlp_norm expert_fc1 moe_act")
-    g.add_argument("--offload-fraction", "--activation-offload-fraction",
-                   dest="offload_fraction", type=float, metavar="F",
-                   help="share of the offload modules' tensors offloaded (default 1)")
-    g.add_argument("--fine-grained-activation-offloading", action="store_true", default=None,
-                   help="Megatron's switch the offload flags need (without it Megatron "
-                   "offloads nothing)")
-    g.add_argument("--delta-offload-bytes-across-pp-ranks", type=int, metavar="BYTES",
-                   help="Megatron's per-rank offload step: each pp rank offloads this many "
-                   "bytes a microbatch fewer")
 
 
 def add_split_flags(p: argparse.ArgumentParser, counts: bool = True) -> None:
@@ -236,38 +195,6 @@ def _schedule_chunks(flag: Any) -> int | None:
     return chunks_for_schedule(flag("schedule"))
 
 
-def _memory_flags(flag: Any, configured: dict[str, Any] | None
-                  ) -> tuple[dict[str, Any], str | None]:
-    """The [memory] keys the flags set, and the global recompute mode they say
-    (`configured`: the config's [memory] section)."""
-    memory = {key: flag(name) for key, name in MEMORY_FLAGS.items() if flag(name) is not None}
-    for key in ("recompute_modules", "offload_modules"):  # "a,b", "a b" or a b
-        if isinstance(memory.get(key), list):
-            memory[key] = " ".join(memory[key])
-            if not memory[key].replace(",", " ").split():  # "," (nonempty takes "")
-                raise UserError(f"--{key.replace('_', '-')}", "names no module (Megatron "
-                                f"refuses {memory[key]!r} as a module name)",
-                                "give the modules, or leave the flag out")
-    # As Megatron's arguments.py: --recompute-activations sets selective, whatever
-    # --recompute-granularity says.
-    granularity = "selective" if flag("recompute_activations") else \
-        flag("recompute_granularity")
-    named = "--recompute-activations" if flag("recompute_activations") else \
-        "--recompute-granularity"
-    if flag("moe_layer_recompute"):
-        named = "--moe-layer-recompute" if granularity is None else named
-        granularity = megatron_flags.moe_layer_recompute(granularity, memory)
-    mode = megatron_flags.recompute_mode(granularity, flag("recompute_method"), memory,
-                                         flag("recompute"), bool(flag("moe_grouped_gemm")),
-                                         named)
-    stages = (configured or {}).get("stage")
-    tables = [configured or {}, *(stages if isinstance(stages, list) else [])]
-    megatron_flags.check_offload(bool(flag("fine_grained_activation_offloading")), memory,
-                                 any(isinstance(t, dict) and t.get("offload_modules")
-                                     for t in tables))
-    return memory, mode
-
-
 def _hardware_flags(args: argparse.Namespace, flag: Any
                     ) -> tuple[float | None, list[int] | None]:
     """--memory-gb in bytes and --devices as a list (None: not given)."""
@@ -289,7 +216,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     flag = lambda key: getattr(args, key, None)  # noqa: E731 - a command may lack a flag
     cfg = load_config(args.config, {"preset": flag("preset")} if flag("preset") else None)
     limit, devices = _hardware_flags(args, flag)
-    memory, mode = _memory_flags(flag, cfg.memory)
+    memory, mode = memory_flags(flag, cfg.memory)
     pipeline = {k: flag(k) for k in PIPELINE_KEYS if k != "global_batch_size"}
     if pipeline.get("moe_token_dispatcher_type") == "allgather":
         pipeline["moe_token_dispatcher_type"] = None  # check_experts_parallel says why

@@ -23,7 +23,7 @@ def recompute_mode(granularity: str | None, method: str | None, memory: dict[str
     the flag that gave the granularity (--recompute-activations and --moe-layer-recompute
     set selective)."""
     if granularity is None:
-        if method is not None:
+        if method is not None:  # Megatron reads no method without a granularity
             raise UserError("--recompute-method", "needs --recompute-granularity full",
                             "add --recompute-granularity full")
         return None
@@ -31,37 +31,57 @@ def recompute_mode(granularity: str | None, method: str | None, memory: dict[str
         raise UserError(named, "says what --recompute says",
                         "give one of them")
     if granularity == "selective":
-        if method is not None:
-            raise UserError("--recompute-method", "Megatron takes a method and a layer count "
-                            "only with full granularity", "drop them, or use full")
-        if "recompute_layers" in memory:
-            raise UserError("--recompute-num-layers", "When using recompute_granularity: "
-                            "selective recompute_num_layers must be None. (Megatron's words)",
-                            "drop it, or use --recompute-granularity full")
-        modules = str(memory.get("recompute_modules", "")).replace(",", " ").split()
-        if "moe_act" in modules and not grouped_gemm:
-            raise UserError("--recompute-modules", "moe_act in recompute_modules is only "
-                            "supported with moe_grouped_gemm. (Megatron's words)",
-                            "add --moe-grouped-gemm")
-        return "none" if "recompute_modules" in memory else "selective"
-    if "recompute_modules" in memory:
-        raise UserError("--recompute-modules", "go with selective granularity only",
-                        "use --recompute-granularity selective")
-    if method is not None and "recompute_layers" not in memory:
+        return _selective(method, memory, grouped_gemm)
+    return _full(method, memory)
+
+
+def _selective(method: str | None, memory: dict[str, Any], grouped_gemm: bool) -> str:
+    """Selective granularity as Megatron's arguments.py and TransformerConfig check it."""
+    if method is not None:
+        raise UserError("--recompute-method", "recompute method is not yet supported for "
+                        "selective recomputing granularity (Megatron's words)",
+                        "drop it, or use --recompute-granularity full")
+    if "recompute_layers" in memory:
+        raise UserError("--recompute-num-layers", "When using recompute_granularity: "
+                        "selective recompute_num_layers must be None. (Megatron's words)",
+                        "drop it, or use --recompute-granularity full")
+    modules = str(memory.get("recompute_modules", "")).replace(",", " ").split()
+    if "moe_act" in modules and not grouped_gemm:
+        raise UserError("--recompute-modules", "moe_act in recompute_modules is only "
+                        "supported with moe_grouped_gemm. (Megatron's words)",
+                        "add --moe-grouped-gemm")
+    return "none" if "recompute_modules" in memory else "selective"
+
+
+def _full(method: str | None, memory: dict[str, Any]) -> str:
+    """Full granularity as TransformerConfig checks it; a module list beside it, which
+    Megatron reads only under selective granularity, is dropped with a warning."""
+    if method is None:
+        raise UserError("--recompute-method", "Using recompute_granularity: full so "
+                        "recompute_method must be \"block\" or \"uniform\" (Megatron's words)",
+                        "add --recompute-method uniform (every layer) or block")
+    if "recompute_layers" not in memory:
         raise UserError("--recompute-num-layers", "When using recompute_granularity: full "
                         "recompute_num_layers must be between 1 and "
                         "num_layers_per_pipeline_rank (Megatron's words)",
                         "add --recompute-num-layers 1 (uniform: every layer) or N (block)")
+    if method == "uniform" and memory["recompute_layers"] != 1:
+        raise UserError("--recompute-num-layers", "the uniform method with groups of more "
+                        "than one layer keeps one input a group, which ppsim does not "
+                        "model", "use --recompute-num-layers 1, or the block method")
+    whole = "every layer" if method == "uniform" else \
+        f"each stage's first {memory['recompute_layers']} layers"
+    if "recompute_modules" in memory:
+        # attention.py, transformer_layer.py, experts.py: each module recomputes only
+        # under recompute_granularity == 'selective'; TransformerConfig says nothing.
+        del memory["recompute_modules"]
+        print(f"warning: Megatron ignores --recompute-modules under --recompute-granularity "
+              f"full (it reads them only with selective); ppsim prices {whole} recomputed "
+              "whole and no module, as Megatron runs it", file=sys.stderr)
     if method == "uniform":
-        if memory.pop("recompute_layers") != 1:
-            raise UserError("--recompute-num-layers", "the uniform method with groups of more "
-                            "than one layer keeps one input a group, which ppsim does not "
-                            "model", "use --recompute-num-layers 1, or the block method")
+        del memory["recompute_layers"]
         return "full"
-    if method == "block":
-        return "none"
-    raise UserError("--recompute-method", "full granularity needs a method",
-                    "add --recompute-method uniform (every layer) or block")
+    return "none"
 
 
 OFFLOAD_KNOBS = {"offload_modules": "--offload-modules",

@@ -153,14 +153,19 @@ class MemoryPolicy:
         return not self.stages
 
 
+def offload_step_bytes(step: Any) -> int:
+    """[memory] offload_step_bytes, checked: a whole number of bytes >= 0."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise UserError("memory.offload_step_bytes", f"must be a whole number of bytes >= 0, "
+                        f"got {step!r}"[:200], "give the bytes each pp rank offloads fewer")
+    return step
+
+
 def memory_policy(table: dict[str, Any], mode: str, num_stages: int | None = None
                   ) -> MemoryPolicy:
     """A [memory] section (with [[memory.stage]] tables) over the global `mode`."""
     per = table.get("stage", [])
-    step = table.get("offload_step_bytes", 0)
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise UserError("memory.offload_step_bytes", f"must be a whole number of bytes >= 0, "
-                        f"got {step!r}"[:200], "give the bytes each pp rank offloads fewer")
+    step = offload_step_bytes(table.get("offload_step_bytes", 0))
     base = stage_policy("memory", {k: v for k, v in table.items()
                                    if k not in ("stage", "offload_step_bytes")},
                         shorthand(mode))

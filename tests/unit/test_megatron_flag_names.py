@@ -135,8 +135,9 @@ def test_the_recompute_flags_ppsim_exports_read_back() -> None:
     ("--recompute-granularity full --recompute-method uniform --recompute-num-layers 2",
      "--recompute-num-layers"),
     ("--recompute-granularity selective --recompute-method uniform", "--recompute-method"),
+    # TransformerConfig refuses the missing layer count; it never reads modules under full.
     ("--recompute-granularity full --recompute-method uniform --recompute-modules mlp",
-     "--recompute-modules"),
+     "--recompute-num-layers"),
     ("--recompute-granularity selective --recompute full", "--recompute-granularity"),
     # The flag given is named, not the granularity it sets (arguments.py:
     # --recompute-activations sets selective; TransformerConfig: --moe-layer-recompute too).
