@@ -89,3 +89,18 @@ async def test_the_policy_planner_process_proposes_what_plan_policy_plans(
         assert app.plan_result.best.summary == here.result.best.summary
         assert "policy planner (per-stage)" in status_text(app)
         assert "proven optimal" in status_text(app)
+
+
+async def test_the_policy_planner_processs_answer_for_old_settings_is_dropped() -> None:
+    """A setting changed while the process searched: its answer is not proposed."""
+    from ppsim.tui.messages import SettingChanged
+
+    app = PPSimApp(preset_config("llama3-70b", 4, 8))
+    async with app.run_test(size=(160, 45)) as pilot:
+        await settle(pilot)
+        await pilot.press("P")
+        await pilot.pause()
+        app.post_message(SettingChanged("recompute", "full"))
+        await settle_until(pilot, lambda: app.planning is None)
+        assert app.state.recompute == "full" and app.proposal is None
+        assert any("policy plan dropped" in str(n.message) for n in app._notifications)
