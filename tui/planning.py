@@ -2,11 +2,11 @@
 progress; Escape stops it; its answer is applied only when the state it planned is
 still the current one.
 
-The planner runs in its own process (`ppsim.tui.plan_child`) because it is pure Python: in a
-thread it
-would take the GIL from the screen, and a thread cannot be stopped.
-`IN_PROCESS = False` runs `run_planner` in the worker thread instead (tests that
-replace the planner with a stand-in use it).
+The planners (`p` the split's, `P` the memory policy's, ppsim.tui.policy_actions) run
+in their own process (`ppsim.tui.plan_child`) because they are pure Python: in a thread
+they would take the GIL from the screen, and a thread cannot be stopped.
+`IN_PROCESS = False` runs them in the worker thread instead (tests that replace a
+planner with a stand-in use it).
 
 A mixin of `ppsim.tui.app.PPSimApp` (which holds `state`, `set_state` and `planning`).
 """
@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -48,15 +49,15 @@ def total_splits(state: EditState) -> int:
     return count_splits(state.num_layers, state.pp * state.vpp)
 
 
-def start_child(base: Any, state: EditState) -> subprocess.Popen:
+def start_child(job: tuple) -> subprocess.Popen:
     """Start `python -P -m ppsim.tui.plan_child` on this process's import path (not the
-    working directory's, unless that is on it); send the job."""
+    working directory's, unless that is on it); send the job (see plan_child)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     proc = subprocess.Popen([sys.executable, "-P", "-m", "ppsim.tui.plan_child"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, env=env)
     assert proc.stdin is not None
-    pickle.dump((base, state), proc.stdin)
+    pickle.dump(job, proc.stdin)
     proc.stdin.close()
     return proc
 
@@ -71,6 +72,29 @@ def read_message(proc: subprocess.Popen, timeout: float) -> tuple | None:
         return pickle.load(proc.stdout)  # the child flushes whole messages
     except EOFError:
         return None
+
+
+def child_answer(job: tuple, cancel: threading.Event,
+                 progress: Callable[[int, int], None]) -> tuple | None:
+    """Run `job` in the planner process: its progress to `progress`, then its answer,
+    ("done", result) or ("error", text); None once `cancel` is set (the process is
+    killed then, as when it answered)."""
+    proc = start_child(job)
+    try:
+        while not cancel.is_set():
+            msg = read_message(proc, 0.05)
+            if msg is None:
+                if proc.poll() is not None:
+                    return "error", "the planner stopped without an answer"
+            elif msg[0] == "progress":
+                progress(msg[1], msg[2])
+            else:
+                return msg
+        return None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(5)
 
 
 class PlanCancelled(Exception):
@@ -141,9 +165,8 @@ class PlannerActions:
         self._plan(self.state, self.planning)
 
     def cancel_plan(self) -> None:
-        """Escape: the running planner's answer is dropped and `p` / `P` start again at
-        once (the split planner's process is killed; the policy search, a thread that
-        cannot be stopped, ends within its budget unseen)."""
+        """Escape: the running planner's process is killed, its answer dropped, and `p` /
+        `P` start again at once (a stand-in planner's thread ends unseen)."""
         if self.planning is not None:
             self.planning.set()
             self.planning = None
@@ -154,26 +177,11 @@ class PlannerActions:
         if not IN_PROCESS:
             self._plan_here(state, cancel)
             return
-        outcome: tuple = ("error", "the planner stopped without an answer")
-        proc = start_child(self.base, state)
-        try:
-            while not cancel.is_set():
-                msg = read_message(proc, 0.05)
-                if msg is None:
-                    if proc.poll() is not None:
-                        break
-                    continue
-                if msg[0] == "progress":
-                    self.call_from_thread(self._plan_progress, msg[1], msg[2])
-                else:
-                    outcome = msg
-                    break
-            else:
-                outcome = ("error", "planner cancelled")
-        finally:
-            if proc.poll() is None:
-                proc.kill()  # cancelled or done: the child stops here
-            proc.wait(5)
+        outcome = child_answer(("split", self.base, state), cancel,
+                               lambda done, total: self.call_from_thread(
+                                   self._plan_progress, done, total))
+        if outcome is None:
+            return  # Escape said so (cancel_plan)
         res, error = (outcome[1], "") if outcome[0] == "done" else (None, outcome[1])
         self.call_from_thread(self._plan_done, res, error, state, cancel)
 

@@ -1,6 +1,7 @@
 """The memory-policy keys as app actions: the split editor's policy knobs and `P`,
-the policy planner (a mixin of `ppsim.tui.app.PPSimApp`, which holds `state`,
-`set_state`, `result`, `planning`, `proposal` and `plan_result`)."""
+the policy planner, run in the planner process as `p` is (a mixin of
+`ppsim.tui.app.PPSimApp`, which holds `state`, `set_state`, `result`, `planning`,
+`proposal` and `plan_result`)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from textual import work
 from ppsim.errors import UserError
 from ppsim.plan.advice import no_fit_message
 from ppsim.policy.search import SpaceBest
+from ppsim.tui import planning
 from ppsim.tui.editing import EditRefused
 from ppsim.tui.messages import PolicyKey
-from ppsim.tui.planning import same_but_split
+from ppsim.tui.planning import child_answer, same_but_split
 from ppsim.tui.policy_edit import choices_for, edit_policy, stage_policies, with_stage
 from ppsim.tui.policy_plan import BUDGET_S, outcome_text, plan_policy, proposed_state
 from ppsim.tui.session import EditState
@@ -60,16 +62,25 @@ class PolicyActions:
         if self.planning is not None:
             self.notify("the planner is running (Esc cancels it)")
             return
-        self.say(f"policy planner: split x memory policy, up to {BUDGET_S:g} s… (Esc drops it)")
+        self.say(f"policy planner: split x memory policy, up to {BUDGET_S:g} s… (Esc stops it)")
         self.planning, self.planning_name = threading.Event(), "policy planner"
         self._plan_policy(self.state, self.planning)
 
     @work(thread=True, group="plan")
     def _plan_policy(self, state: EditState, cancel: threading.Event) -> None:
-        try:
-            best, error = plan_policy(self.base, state), ""
-        except UserError as exc:
-            best, error = None, str(exc)
+        """The search in the planner process (Escape kills it); a stand-in planner
+        (planning.IN_PROCESS False) in this thread."""
+        if planning.IN_PROCESS:
+            outcome = child_answer(("policy", self.base, state, BUDGET_S), cancel,
+                                   lambda done, total: None)  # it reports no progress
+            if outcome is None:
+                return  # Escape said so (cancel_plan)
+            best, error = (outcome[1], "") if outcome[0] == "done" else (None, outcome[1])
+        else:
+            try:
+                best, error = plan_policy(self.base, state, BUDGET_S), ""
+            except UserError as exc:
+                best, error = None, str(exc)
         self.call_from_thread(self._policy_done, best, error, state, cancel)
 
     def _policy_done(self, best: SpaceBest | None, error: str, started: EditState,

@@ -12,9 +12,11 @@ like the split planner's.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from ppsim.config.overrides import with_overrides
 from ppsim.config.schema import Config
+from ppsim.errors import UserError
 from ppsim.pipeline.problem import build_problem
 from ppsim.policy.search import SpaceBest, plan_megatron, plan_per_stage, refine_per_rank
 from ppsim.policy.setup import policy_costs
@@ -22,7 +24,7 @@ from ppsim.tui.session import EditState, config_for, state_with_split
 from ppsim.tui.text import counts_text
 
 BUDGET_S = 5.0
-"""Seconds the policy planner may take (it runs in a worker thread)."""
+"""Seconds the policy planner may take (in its own process, ppsim.tui.plan_child)."""
 
 
 def plan_policy(base: Config, state: EditState, budget_s: float = BUDGET_S) -> SpaceBest:
@@ -37,6 +39,15 @@ def plan_policy(base: Config, state: EditState, budget_s: float = BUDGET_S) -> S
         return plan_per_stage(problem, pc, budget_s)
     seeds = list(dict.fromkeys([tuple(state.counts), tuple(problem.split.counts)]))
     return refine_per_rank(problem, pc, plan_megatron(problem, pc, budget_s, seeds))
+
+
+def policy_in_child(base: Config, state: EditState, budget_s: float, conn: Any) -> None:
+    """`plan_policy` in the planner process (ppsim.tui.plan_child): ("done", SpaceBest)
+    or ("error", text) on the pipe."""
+    try:
+        conn.send(("done", plan_policy(base, state, budget_s)))
+    except UserError as exc:
+        conn.send(("error", str(exc)))
 
 
 def proposed_state(state: EditState, best: SpaceBest) -> EditState | None:

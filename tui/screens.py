@@ -75,7 +75,7 @@ HELP = """\
   current one: a accepts it (u undoes), x dismisses it. Nudging the
   split while it runs keeps its answer; changing a setting drops it.
   P plans the split with a memory policy (per stage with one chunk per
-  rank, else one Megatron-expressible policy); a / x as for p.
+  rank, else one Megatron-expressible policy); a, x and Esc as for p.
 
 [b]Everywhere[/b]  u / ctrl+z undo   ctrl+y redo   ? / f1 this help
   e export the split to a file

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 from ppsim.config.model import TransformerModel
 from ppsim.config.schema import Config
-from ppsim.costs.model import ModelCosts
 from ppsim.costs.transformer import accelerator
 from ppsim.errors import UserError
 from ppsim.job.host_optimizer import host_share_bytes
@@ -32,11 +32,9 @@ def policy_costs(cfg: Config) -> PolicyCosts:
     job = build_job(cfg)
     assert job is not None  # a transformer model always has a job
     acc = accelerator(hw)
-
-    def price(modules: tuple[str, ...], full: bool) -> ModelCosts:
-        # The same pricing as a model without a policy: the job's collectives included.
-        return job_costs(job, acc, modules, full)
-
+    # The same pricing as a model without a policy (the job's collectives included); a
+    # partial, not a closure, so a plan pickles (the TUI's planner process sends it).
+    price = partial(job_costs, job, acc)
     return PolicyCosts(arch=per_rank_arch(job.arch), acc=acc, price=price,
                        host_link_gbps=hw.host_link_gbps,
                        host_limit_bytes=host_share_bytes(hw),

@@ -212,8 +212,8 @@ async def test_the_real_planner_runs_in_a_child_that_escape_stops(
     started = []
     real_start = ppsim.tui.planning.start_child
 
-    def spy(base, state):
-        started.append(real_start(base, state))
+    def spy(job):
+        started.append(real_start(job))
         return started[-1]
 
     monkeypatch.setattr(ppsim.tui.planning, "start_child", spy)

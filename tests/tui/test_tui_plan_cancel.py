@@ -1,5 +1,5 @@
-"""Escape on a running planner frees the plan keys at once: the policy search (a
-thread that cannot be stopped) is dropped, and `p` or `P` pressed next starts."""
+"""Escape on a running planner frees the plan keys at once: a stand-in policy search (a
+thread, which cannot be stopped) is dropped, and `p` or `P` pressed next starts."""
 
 from __future__ import annotations
 
@@ -14,13 +14,15 @@ from tests.helpers import fake_planner
 
 def slow_policy_planner(monkeypatch: pytest.MonkeyPatch, release: threading.Event) -> None:
     """A policy planner that ends only when released, then answers nothing useful."""
+    import ppsim.tui.planning
     from ppsim.tui import policy_actions
 
-    def plan(base, state):
+    def plan(base, state, budget_s):
         release.wait(30)
         raise policy_actions.UserError("stand-in", "")
 
     monkeypatch.setattr(policy_actions, "plan_policy", plan)
+    monkeypatch.setattr(ppsim.tui.planning, "IN_PROCESS", False)  # the stand-in lives here
 
 
 def said(app: PPSimApp) -> list[str]:

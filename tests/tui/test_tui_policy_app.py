@@ -5,7 +5,6 @@ timeline (host-copy lanes) follow, and `P` proposes a split with a policy that
 
 from __future__ import annotations
 
-import functools
 import re
 
 import pytest
@@ -26,8 +25,7 @@ def quick_planner(monkeypatch: pytest.MonkeyPatch) -> None:
     proposal made, accepted or dismissed) does not need its best answer."""
     from ppsim.tui import policy_actions
 
-    monkeypatch.setattr(policy_actions, "plan_policy",
-                        functools.partial(policy_actions.plan_policy, budget_s=1.0))
+    monkeypatch.setattr(policy_actions, "BUDGET_S", 1.0)
 
 
 def llama() -> PPSimApp:
