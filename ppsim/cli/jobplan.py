@@ -103,6 +103,8 @@ def job_plan_dict(res: JobSearch, gpus: int, gbs: int, top: int,
             "long_shots": res.long_shots, "long_shots_unplanned": res.long_shots_unplanned,
             "static_overflows": res.overflowing, "floor_overflows": res.over_floor,
             "refused": res.refused,
+            "bounded_out": res.unsimulated if res.complete else 0,
+            "not_reached": 0 if res.complete else res.unsimulated,
             "seconds": res.seconds,
             "static_overflow": None if res.leanest is None else {
                 "shape": res.leanest.shape.label(), "static_bytes": res.leanest.static_bytes}}
@@ -115,7 +117,7 @@ def _shape_cell(r: ShapeResult) -> str:
 
 def unsimulated_text(res: JobSearch) -> str:
     """Why the shapes not simulated were not ('' when every one was)."""
-    bounded = res.total - res.evaluated - res.overflowing - res.refused - res.over_floor
+    bounded = res.unsimulated
     first = (bounded, "not reached when the time budget ran out") if not res.complete else (
         bounded, "bounded out (their default split's busiest rank alone is no faster than "
                  "the top ones)")

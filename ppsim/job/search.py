@@ -108,6 +108,12 @@ class JobSearch:
     """When every shape's weights, gradients and optimizer states alone overflow memory:
     the shape that needs the least of them (None otherwise)."""
 
+    @property
+    def unsimulated(self) -> int:
+        """Shapes neither simulated nor set aside for memory or a refusal: bounded out
+        where the search is complete, else not reached when the budget ran out."""
+        return self.total - self.evaluated - self.overflowing - self.refused - self.over_floor
+
 
 def _faster(found: Summary, r: ShapeResult) -> bool:
     return found.fits and (not r.summary.fits or found.iteration_time_ms

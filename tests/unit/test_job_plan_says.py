@@ -240,6 +240,10 @@ def test_the_plan_says_why_each_shape_it_did_not_simulate_was_not(capsys) -> Non
     assert said["over memory on weights"] == doc["static_overflows"]
     assert said["over memory under any split"] == doc["floor_overflows"]
     assert said["refused by"] == doc["refused"]
+    # JSON counts the bounded-out shapes too, so the reasons add up without arithmetic
+    assert said["bounded out"] == doc["bounded_out"] and doc["not_reached"] == 0
+    assert sum(doc[k] for k in ("evaluated", "static_overflows", "floor_overflows",
+                                "refused", "bounded_out", "not_reached")) == doc["total_shapes"]
     # Memory no shape's static bytes overflow: nothing is over memory.
     assert _args_plan_json("--memory-gb", "100000")["static_overflows"] == 0
 
