@@ -313,6 +313,11 @@ def load_costs(path: str, num_layers: int | None = None,
         check_model(cf, model_fields)
         if not model_fields.get("tie_embeddings"):  # the config's model keeps two tables
             cf = replace(cf, tied=LayerCost())
+        elif cf.model is not None and not cf.tied.params:
+            raise UserError(f"{path}: tied", "the file holds no tied table (it was measured "
+                            "for an untied model), so a rank holding both ends of the tied "
+                            "model would count two tables", "re-run ppsim profile for the tied "
+                            "model, or drop --costs")
     return cf.model_costs(num_layers, mtp_layers)
 
 

@@ -188,3 +188,26 @@ def test_a_job_plan_runs_a_tied_model_under_zbv(capsys: pytest.CaptureFixture[st
     out = json.loads(capsys.readouterr().out)
     assert out["candidates"] and all((c["schedule"], c["vpp"]) == ("zbv", 2)
                                      for c in out["candidates"])
+
+
+def test_a_tied_model_refuses_a_cost_file_measured_untied(
+        tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file measured for the untied model has no tied table to drop: on the rank of a V
+    that holds both ends it would count two, so a tied config refuses it (one line), and
+    takes the file of the tied model."""
+    files = {}
+    for tied in (False, True):
+        cfg = tmp_path / f"tied-{tied}.toml"
+        cfg.write_text(f'[model]\npreset = "tiny-gpt"\ntie_embeddings = {str(tied).lower()}\n')
+        assert main(["costs", "--config", str(cfg), "--json"]) == 0
+        files[tied] = tmp_path / f"costs-{tied}.json"
+        files[tied].write_text(capsys.readouterr().out)
+    tied_cfg = str(tmp_path / "tied-True.toml")
+    v = ["--pp", "2", "--schedule", "zbv", "--vpp", "2", "--microbatches", "4"]
+    assert main(["simulate", "--config", tied_cfg, "--costs", str(files[False]), *v]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and ": tied: " in err[0] and "untied" in err[0], err
+    assert main(["simulate", "--config", tied_cfg, "--costs", str(files[True]), *v]) == 0
+    # an untied config reads either file: its head keeps its own table either way
+    untied_cfg = str(tmp_path / "tied-False.toml")
+    assert main(["simulate", "--config", untied_cfg, "--costs", str(files[True]), *v]) == 0
