@@ -259,6 +259,7 @@ def _worker(rank: int, port: int, fields: dict[str, Any], repeats: int, warmup: 
         costs, _ = prof.costs()
         result.update(layers=[layer_dict(x) for x in costs.layers],
                       embedding=layer_dict(costs.embedding), head=layer_dict(costs.head),
+                      tied=layer_dict(costs.tied),
                       message_cpu_ms=_message_cost(prof, rank, n, _samples(30, 8, repeats))
                       if plan["messages"] and n >= 2 else None,
                       message_latency_ms=_loaded_latency(prof, rank, n,
@@ -331,6 +332,7 @@ def pooled(results: list[dict[str, Any]]) -> dict[str, Any]:
                        for i in range(len(first["layers"]))],
             "embedding": merge([r["embedding"] for r in results]),
             "head": merge([r["head"] for r in results]),
+            "tied": first["tied"],  # bytes only
             "message_cpu_ms": statistics.median(msgs) if msgs else 0.0,
             "message_latency_ms": statistics.median(lat) if lat else 0.0,
             "iteration_boundary_ms": boundary}
@@ -373,7 +375,8 @@ def run_conditions(prof: Any, fields: dict[str, Any], device_kind: str,
                     iteration_boundary_ms=body["iteration_boundary_ms"])
         costs = ModelCosts(layers=tuple(_layer("profile", "layer", x) for x in body["layers"]),
                            embedding=_layer("profile", "embedding", body["embedding"]),
-                           head=_layer("profile", "head", body["head"]))
+                           head=_layer("profile", "head", body["head"]),
+                           tied=_layer("profile", "tied", body["tied"]))
     if k >= 2:
         if progress is not None:
             progress(f"timing {k} processes per device", 0)

@@ -63,7 +63,8 @@ def test_the_rank_holding_both_ends_keeps_one_table(launches: Pool, capsys) -> N
     assert set(got) == set(grads)
     torch.testing.assert_close(got[TABLE], grads[TABLE], rtol=1e-4, atol=1e-6)
     costs = str(run.tmp / "costs.json")  # the tied model's pieces as ppsim profile measures
-    write_costs(costs, profile(FIELDS, "cpu", repeats=1, warmup=0, p2p=False, devices=[0]))
+    # on both of the run's devices, as `ppsim profile` times them: in two processes at once
+    write_costs(costs, profile(FIELDS, "cpu", repeats=1, warmup=0, p2p=False, devices=[0, 1]))
     sim = str(run.tmp / "sim.json")
     assert main(["simulate", *run.argv, "--costs", costs, "--trace", sim]) == 0
     capsys.readouterr()
