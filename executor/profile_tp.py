@@ -191,7 +191,8 @@ def _worker(rank: int, port: int, fields: dict[str, Any], world: int, copies: in
         write_json_atomic(os.path.join(out_dir, f"{rank}.json"), {
             "layers": [layer_dict(c) for c in costs.layers],
             "embedding": layer_dict(costs.embedding), "head": layer_dict(costs.head),
-            "layer_indices": prof.layer_indices, "collectives": coll})
+            "tied": layer_dict(costs.tied), "layer_indices": prof.layer_indices,
+            "collectives": coll})
     finally:
         set_group(None)
         set_context(None)
@@ -228,7 +229,8 @@ def measure_in_processes(fields: dict[str, Any], repeats: int, warmup: int,
                              [os.path.join(out, f"{r}.json") for r in range(world)])
     costs = ModelCosts(layers=tuple(_slowest(docs, "layers", i)
                                     for i in range(len(docs[0]["layers"]))),
-                       embedding=_slowest(docs, "embedding"), head=_slowest(docs, "head"))
+                       embedding=_slowest(docs, "embedding"), head=_slowest(docs, "head"),
+                       tied=LayerCost(**docs[0]["tied"]))  # bytes: each rank's alike
     return costs, {"tp": tp, "ep": experts.ep, "etp": experts.etp, "cp": a.cp,
                    "processes": world // copies, "copies": copies,
                    "backend": "gloo", **docs[0]["collectives"],

@@ -74,3 +74,18 @@ def test_the_rank_holding_both_ends_keeps_one_table(launches: Pool, capsys) -> N
     for r in ranks:
         pred, real = r["peak_memory_bytes"]
         assert pred == real, (r["rank"], pred, real)
+
+
+def test_a_tensor_parallel_profile_keeps_the_tied_table(tmp_path, capsys) -> None:
+    """`ppsim profile --tp 2` of the tied model (two gloo processes) writes each tensor
+    rank's share of the table, vocab x hidden / tp, so the tied config takes its file."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[model]\npreset = "tiny-gpt"\nvocab_size = 8192\ntie_embeddings = true\n')
+    out = tmp_path / "costs.json"
+    assert main(["profile", "--config", str(cfg), "--tp", "2", "--microbatches", "2",
+                 "--repeats", "1", "--warmup", "0", "--no-p2p", "--out", str(out)]) == 0
+    tied = json.loads(out.read_text())["tied"]
+    assert tied["params"] == 8192 * FIELDS["hidden_size"] // 2
+    capsys.readouterr()
+    assert main(["simulate", "--config", str(cfg), "--tp", "2", "--costs", str(out),
+                 "--pp", "2", "--schedule", "zbv", "--vpp", "2", "--microbatches", "4"]) == 0
