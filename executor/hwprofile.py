@@ -29,6 +29,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ppsim.costs.arch import Architecture, attention_shape
 from ppsim.costs.kinds import kind_ops
+from ppsim.costs.kv_split import rank_kv_heads
 from ppsim.costs.layerops import attention_ops, head_ops, layer_ops, mtp_ops
 from ppsim.costs.ops import FLASH_BACKWARD, matmul_passes
 from ppsim.costs.stack import layer_kinds
@@ -199,7 +200,7 @@ def measure_model_attention(device: torch.device, dtype: torch.dtype, a: Archite
     sh = attention_shape(a)
     heads = max(1, a.num_heads // a.tp)
     qk_dim, v_dim = sh.q // a.num_heads, sh.out // a.num_heads
-    kv_heads = heads if a.attention == "mla" else max(1, a.num_kv_heads // a.tp)
+    kv_heads = rank_kv_heads(a)
     dropout = ATTENTION_DROPOUT if a.dropout else 0.0
     b, s = a.micro_batch_size, a.seq_length
     qkvg = _qkv(device, dtype, b, heads, kv_heads, s, qk_dim, v_dim)

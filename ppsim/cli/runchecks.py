@@ -277,8 +277,9 @@ def check_tensor_parallel(builder: Any, fields: dict[str, Any], tp: int,
                           sequence_split: bool) -> None:
     """What tp > 1 splits: the shipped builders' decoders (the built-in GPT, the
     Llama-style one with its latent attention, MoE layers and hybrid mixers: each MLP's
-    units, and under sequence parallelism the tokens; the heads' rule is the config's,
-    ppsim.config.validate; the vocabulary is padded as Megatron pads it), or a builder of
+    units, and under sequence parallelism the tokens; whole key/value heads, never a
+    group over several ranks; the heads' rule is the config's, ppsim.config.validate; the
+    vocabulary is padded as Megatron pads it), or a builder of
     your own through its `parallelize`, tried here on the meta device."""
     from ppsim.executor.builders.gpt import GPTBuilder  # torch loads only here
     from ppsim.executor.builders.llama import LlamaBuilder  # (torch, as above)
@@ -286,6 +287,12 @@ def check_tensor_parallel(builder: Any, fields: dict[str, Any], tp: int,
     if not isinstance(builder, (GPTBuilder, LlamaBuilder)):  # hybrid stacks' is a Llama's
         _check_own_split(builder, tp, sequence_split)
         return
+    groups = fields.get("num_kv_heads", fields["num_heads"])
+    if fields.get("attention", "gqa") != "mla" and tp > groups:
+        raise UserError("model.tp", f"{tp} exceeds num_kv_heads = {groups}: the executor "
+                        "splits whole key/value heads over the tensor ranks, without "
+                        "Megatron's gather of QKV", f"run tp <= {groups}; simulate and plan "
+                        "price the larger tp")
     for key, what in (("ffn_hidden_size", "the MLP's units split by columns"),
                       *((("seq_length", "sequence parallelism splits the tokens"),)
                         if sequence_split else ())):

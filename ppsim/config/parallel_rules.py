@@ -8,16 +8,18 @@ from typing import Any
 
 from ppsim.costs.arch import Architecture
 from ppsim.costs.kinds import mtp_kinds, piece_kinds
+from ppsim.costs.kv_split import kv_split_problem
 from ppsim.costs.layerops import vocab_split_problem
 from ppsim.costs.stack import layer_kinds
 from ppsim.errors import UserError
 
 
 def parallel_shape(raw: dict[str, Any]) -> None:
-    """The splits Megatron asserts (arguments.py): tp divides the attention heads, the
-    key/value groups and a vocabulary it does not pad, the groups divide the heads, ep > 1
-    has routed experts and divides them, etp (tp by default) divides an expert's width,
-    and a token is routed to no more experts than there are."""
+    """The splits Megatron asserts (arguments.py): tp divides the attention heads and a
+    vocabulary it does not pad, and divides the key/value groups or is a multiple of them
+    (ppsim.costs.kv_split), the groups divide the heads, ep > 1 has routed experts and
+    divides them, etp (tp by default) divides an expert's width, and a token is routed to
+    no more experts than there are."""
     def get(key: str, default: int) -> int:
         value = raw.get(key, default)
         return value if isinstance(value, int) and not isinstance(value, bool) else default
@@ -48,14 +50,11 @@ def _attention(raw: dict[str, Any], get: Any) -> None:
         if heads % groups:
             raise UserError("model.num_kv_heads", f"{groups:,} key/value heads do not divide "
                             f"num_heads = {heads:,}", "give a divisor of num_heads")
-        if groups % tp:  # Megatron runs tp a multiple of the groups, sub-sharding QKV
-            why = ("; Megatron all-gathers each group's QKV activations there, which ppsim "
-                   "does not price" if tp % groups == 0 else
-                   f" (num_query_groups ({groups}) must be a multiple or divisor of "
-                   f"tensor_model_parallel_size ({tp}), in Megatron's words)")
-            raise UserError("model.tp", f"{tp:,} does not divide num_kv_heads = {groups:,}"
-                            + why, "use a tensor-parallel size that divides the key/value "
-                            "heads")
+        problem = kv_split_problem(groups, tp)
+        if problem:
+            raise UserError("model.tp", f"{tp:,} does not divide num_kv_heads = {groups:,} "
+                            f"({problem}, in Megatron's words)", "use a tensor-parallel size "
+                            "that divides the key/value heads, or a multiple of them")
 
 
 def _sequence_parallel(raw: dict[str, Any], tp: int, experts: int) -> None:

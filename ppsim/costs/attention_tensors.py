@@ -4,7 +4,8 @@ the output gate's gate and gated output (ppsim.costs.modules lists the rest)."""
 
 from __future__ import annotations
 
-from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape
+from ppsim.costs.arch import DTYPE_BYTES, Architecture
+from ppsim.costs.kv_split import held_attention_shape, kv_copies
 from ppsim.costs.layerops import scores_elements
 
 UNFUSED_TENSORS = ("attn.k_rep", "attn.v_rep", "attn.probs", "attn.probs_mask",
@@ -17,17 +18,19 @@ GATED = "attn.gated"
 
 
 def qk_norm_and_gate(a: Architecture) -> dict[str, float]:
-    """Bytes (all tp ranks together) the query and key norms keep (their inputs and fp32
-    statistics, one a head and token), and the output gate: the gate (Megatron's compiled
+    """Bytes (all tp ranks together, the keys as the ranks hold them: ppsim.costs.
+    kv_split) the query and key norms keep (their inputs and fp32 statistics, one a head
+    and token), and the output gate: the gate (Megatron's compiled
     gate keeps it and attention's output, and recomputes the sigmoid) and the gated
     output, which the projection keeps in place of attention's."""
-    sh, w = attention_shape(a), DTYPE_BYTES[a.dtype]
+    sh, w = held_attention_shape(a), DTYPE_BYTES[a.dtype]
     tok = a.seq_length * a.micro_batch_size
     t = {}
     if a.qk_layernorm and a.attention != "mla":
         stats = 4 if a.rmsnorm else 8
+        kv_heads = a.num_kv_heads * kv_copies(a)
         t.update({"qk_norm.in": tok * (sh.q + sh.k) * w,
-                  "qk_norm.stats": tok * (a.num_heads + a.num_kv_heads) * stats})
+                  "qk_norm.stats": tok * (a.num_heads + kv_heads) * stats})
     if sh.gate:
         t.update({"attn.gate": tok * sh.gate * w, GATED: tok * sh.out * w})
     return t
@@ -39,7 +42,7 @@ def unfused_tensors(a: Architecture) -> dict[str, float]:
     its first batched matmul saves; the probabilities, which the softmax's backward
     reads; with dropout its mask and the dropped probabilities, the second matmul's
     input. No log-sum-exp: that is FlashAttention's."""
-    sh, w = attention_shape(a), DTYPE_BYTES[a.dtype]
+    sh, w = held_attention_shape(a), DTYPE_BYTES[a.dtype]
     tok = a.seq_length * a.micro_batch_size
     heads = a.num_heads
     scores = scores_elements(a) * a.tp

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape
 from ppsim.costs.fp8 import fp8_ops
+from ppsim.costs.kv_split import held_attention_shape
 from ppsim.costs.ops import Op
 from ppsim.costs.state import landed
 
@@ -126,8 +127,9 @@ def attention_ops(a: Architecture, window: int = 0) -> list[Op]:
         ops += [_mm("kv_down", tok, (a.kv_lora_rank + a.qk_rope_head_dim) / d, h),
                 *(_norm_ops(a, "kv_norm", a.kv_lora_rank) if normed else []),
                 _mm("kv_up", tok, kv_up / t, a.kv_lora_rank)]
-    else:
+    else:  # the projection splits its whole output; the ranks hold kv_copies of K and V
         ops = [_mm("qkv", tok, (sh.q + sh.k + sh.v + sh.gate) / t, h)]
+        sh = held_attention_shape(a)
         ops += _norm_ops(a, "qk_norm", sh.q + sh.k, a.tp) if a.qk_layernorm else []
     if a.rotary:
         ops.append(Op("rotary", nbytes=2 * tok * (sh.q + sh.k) * w / t))
@@ -161,7 +163,7 @@ def unfused_core_ops(a: Architecture) -> list[Op]:
     write the probabilities; its backward reads them and their gradient, writes one),
     dropout on the probabilities (a mask byte each), the probabilities times V. Each
     batched matmul's backward computes both its operands' gradients."""
-    sh, s, w = attention_shape(a), a.seq_length, DTYPE_BYTES[a.dtype]
+    sh, s, w = held_attention_shape(a), a.seq_length, DTYPE_BYTES[a.dtype]
     tok, heads = _tokens(a), a.micro_batch_size * a.num_heads / a.tp
     qk, v = sh.q // a.num_heads, sh.out // a.num_heads
     scores = scores_elements(a)

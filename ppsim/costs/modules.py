@@ -19,6 +19,7 @@ from ppsim.costs.attention_tensors import (
     scores_workspace,
 )
 from ppsim.costs.fp8 import PROJ_INPUT
+from ppsim.costs.kv_split import qkv_gather_bytes
 from ppsim.costs.layerops import layer_ops
 from ppsim.costs.saved import (
     HYBRID_HALVES,
@@ -195,8 +196,9 @@ def module_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
         kept = int(saved[layer_input(kind)])
         return ModuleEffect(kept_bytes=kept, offloaded_bytes=0, freed_bytes=0,
                             repeated_ops=frozenset({"*"}),
-                            transient_bytes=int(sum(saved.values())) - kept
-                            + scores_workspace(a, saved))
+                            transient_bytes=max(int(sum(saved.values())) - kept
+                                                + scores_workspace(a, saved),
+                                                _gathered_qkv(a, kind)))
     kept = kept_tensors(a, kind, recompute)
     moved = {n for m in offload if applies(m, a, kind) for n in _moves(a, m)} & set(kept)
     freed = moved - _held_elsewhere(a, kind, recompute, offload)
@@ -204,8 +206,19 @@ def module_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
                         offloaded_bytes=int(sum(v for n, v in kept.items() if n in moved)),
                         freed_bytes=int(sum(v for n, v in kept.items() if n in freed)),
                         repeated_ops=_repeated(a, kind, recompute),
-                        transient_bytes=_recomputed_bytes(a, kind, recompute, saved)
-                        + scores_workspace(a, saved))
+                        transient_bytes=max(_recomputed_bytes(a, kind, recompute, saved)
+                                            + scores_workspace(a, saved),
+                                            _gathered_qkv(a, kind)))
+
+
+def _gathered_qkv(a: Architecture, kind: str) -> int:
+    """The gradient of the gathered QKV a rank's backward holds at tp above the
+    key/value groups (the slices' backward fills a zero tensor of the gathered width,
+    which the gather's backward reduce-scatters): after the core's backward, when the
+    recomputed tensors and the scores' workspace are spent, so beside them the larger."""
+    if kind in HYBRID_HALVES and "attn." not in HYBRID_HALVES[kind].prefixes:
+        return 0
+    return int(qkv_gather_bytes(half_arch(a, kind)))
 
 
 _REMADE = {"core_attn": ("attn.out",)}

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape
 from ppsim.costs.attention_tensors import GATED, qk_norm_and_gate, unfused_tensors
 from ppsim.costs.fp8 import FP8_INPUTS, PROJ_INPUT, fp8_bytes
+from ppsim.costs.kv_split import held_attention_shape
 
 SHARED_GATE = ("shared.out", "shared.gate_score")
 """What the shared experts' gate keeps: their output and its sigmoid score a token."""
@@ -129,8 +130,9 @@ def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
                 t.update(_norm(a, name, rank))  # the latent, its stats, the up-projection input
             elif rank:  # no norm: the up projection keeps the latent
                 t[f"{name.partition('_')[0]}_up.in"] = tok * rank * w
-    t.update({"attn.q": tok * sh.q * w, "attn.k": tok * sh.k * w, "attn.v": tok * sh.v * w,
-              "attn.out": tok * sh.out * w})
+    held = held_attention_shape(a)  # keys and values as the ranks hold them
+    t.update({"attn.q": tok * sh.q * w, "attn.k": tok * held.k * w,
+              "attn.v": tok * held.v * w, "attn.out": tok * sh.out * w})
     t.update(unfused_tensors(a) if a.unfused_attention else {"attn.lse": 4 * tok * a.num_heads})
     t.update(qk_norm_and_gate(a))
     if a.dropout:

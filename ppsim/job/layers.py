@@ -3,7 +3,8 @@
 A layer's tensor- and context-parallel traffic is priced in ppsim.job.traffic; here it
 joins the layer with the rest: --tp-comm-overlap hides the sequence-parallel collectives
 behind the layer's compute as far as it lasts, as Transformer Engine's userbuffers run
-them (ppsim.job.userbuffers). Expert parallelism's dispatch and combine are all-to-alls
+them (ppsim.job.userbuffers); the gather of QKV at tp above the key/value groups
+(traffic.qkv_gather_ms) it leaves exposed. Expert parallelism's dispatch and combine are all-to-alls
 over the expert group's links (--moe-shared-expert-overlap hides them behind the shared
 experts' compute as far as it lasts; Megatron's combined 1F1B hides them behind another
 microbatch's compute in the pairs it runs, --overlap-moe-expert-parallel-comm:
@@ -47,6 +48,7 @@ from ppsim.job.traffic import (
     dispatcher_tp_ms,
     edge_tp_ms,
     mtp_tp_ms,
+    qkv_gather_ms,
     recomputed,
     tp_layer_ms,
     with_forward_again,
@@ -200,10 +202,14 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
     # The dispatcher's gathers run on the compute stream, beside no userbuffer overlap.
     d_f = dispatcher_tp_ms(job, a) if kind in MOE_KINDS else 0.0
     d_b = d_f * (2 if again.dispatch else 1)
+    # So do the gathers of QKV at tp above the key/value groups.
+    q_f, q_b = qkv_gather_ms(job, attention_arch(a, kind)) if kind in ATTENTION_KINDS \
+        else (0.0, 0.0)
+    q_b += q_f if again.full else 0.0
     fwd, bwd = [], []
     if a.tp > 1 or d_f:  # the dispatcher's gathers draw in the tp lane (etp > tp = 1 too)
-        for out, t, d, compute in ((fwd, tp_f, d_f, cost.forward_ms),
-                                   (bwd, tp_b, d_b, cost.backward_ms)):
+        for out, t, d, compute in ((fwd, tp_f, d_f + q_f, cost.forward_ms),
+                                   (bwd, tp_b, d_b + q_b, cost.backward_ms)):
             waits = overlapped_ms(t, compute, job.sm_count) if job.tp_comm_overlap \
                 else t.total_ms
             out.append(Collective(group="tp", total_ms=t.total_ms + d, exposed_ms=waits + d))

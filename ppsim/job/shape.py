@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim.config import limits, validate
+from ppsim.costs.kv_split import rank_kv_heads
 from ppsim.costs.mixer_split import check_split
 from ppsim.errors import UserError
 from ppsim.job import deepep
@@ -258,8 +259,7 @@ def _context_parallel(a: Any) -> None:
 def _ulysses_heads(a: Any, size: int) -> None:
     """The all-to-all of --cp-comm-type a2a (or a2a+p2p) gives each of its `size` ranks
     1 / size of a tensor rank's query and key/value heads, as Transformer Engine asserts."""
-    q = a.num_heads // a.tp
-    kv = (a.num_heads if a.attention == "mla" else a.num_kv_heads) // a.tp
+    q, kv = a.num_heads // a.tp, rank_kv_heads(a)
     if q % size or kv % size:
         raise UserError("model.cp_comm_type", f"cp_comm_type='{a.cp_comm_type}' requires "
                         f"num_heads % cp_size == 0 for Q, K, V. Found num_heads_q = {q}, "

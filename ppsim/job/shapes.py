@@ -10,6 +10,7 @@ from itertools import product
 from typing import Any
 
 from ppsim.costs.arch import expert_data_parallel
+from ppsim.costs.kv_split import kv_split_problem, rank_kv_heads
 from ppsim.costs.layerops import sequence_split_problem, vocab_split_problem
 from ppsim.costs.mixer_split import split_problem
 from ppsim.job.shape import cp_refusal
@@ -121,11 +122,13 @@ FIXABLE = ("tp", "cp", "ep", "etp", "pp", "dp", "vpp", "mbs")
 
 
 def _grid_fits(a: Any, gpus: int, layers: int, tp: int, cp: int, pp: int) -> bool:
-    """tp divides the heads (and the key/value heads but under MLA, a vocabulary taken
-    as it is, and under sequence parallelism a rank's tokens), Megatron takes cp
-    (ppsim.job.shape.cp_refusal), a hybrid stack's mixers split over both
-    (ppsim.costs.mixer_split), pp has layers and divides the world with them."""
-    return not (a.num_heads % tp or (a.attention != "mla" and a.num_kv_heads % tp)
+    """tp divides the heads (and divides the key/value heads or is a multiple of them
+    but under MLA: ppsim.costs.kv_split), a vocabulary taken as it is, and under sequence
+    parallelism a rank's tokens, Megatron takes cp (ppsim.job.shape.cp_refusal), a hybrid
+    stack's mixers split over both (ppsim.costs.mixer_split), pp has layers and divides
+    the world with them."""
+    return not (a.num_heads % tp
+                or (a.attention != "mla" and kv_split_problem(a.num_kv_heads, tp) is not None)
                 or (cp > 1 and cp_refusal(a, cp) is not None)
                 or pp > layers or gpus % (tp * cp * pp) or split_problem(a, tp, cp)
                 or vocab_split_problem(a.vocab_size, a.pad_vocab, tp)
@@ -277,10 +280,10 @@ def cp_comm_choices(s: Shape, a: Any, gpus_per_node: int = 8) -> list[Shape]:
     ring across nodes, where that many divide the heads."""
     if s.cp == 1:
         return [s]
-    kv = a.num_heads if a.attention == "mla" else a.num_kv_heads
+    kv = rank_kv_heads(a, s.tp)
 
     def splits_heads(n: int) -> bool:
-        return (a.num_heads // s.tp) % n == 0 and (kv // s.tp) % n == 0
+        return (a.num_heads // s.tp) % n == 0 and kv % n == 0
 
     kinds = ("p2p", "all_gather", "a2a") if splits_heads(s.cp) else ("p2p", "all_gather")
     out = [replace(s, cp_comm=kind) for kind in kinds]

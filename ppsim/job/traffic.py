@@ -23,8 +23,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape
+from ppsim.costs.arch import DTYPE_BYTES, Architecture
 from ppsim.costs.fp8 import fp8_bytes
+from ppsim.costs.kv_split import held_attention_shape, qkv_gather_bytes
 from ppsim.costs.layerops import attention_ops, window_share
 from ppsim.costs.mixer_split import cp_exchange
 from ppsim.costs.modules import SHORTHAND, applies
@@ -132,6 +133,17 @@ def dispatcher_tp_ms(job: Job, a: Architecture) -> float:
     return all_gather_ms(nbytes, job.link("etp")) + reduce_scatter_ms(nbytes, job.link("etp"))
 
 
+def qkv_gather_ms(job: Job, a: Architecture) -> tuple[float, float]:
+    """(forward, backward) ms of the all-gather of the QKV projection's output in one
+    attention layer at tp above the key/value groups, and its gradient's reduce-scatter
+    (ppsim.costs.kv_split): on the compute stream between the projection and the core,
+    outside Transformer Engine's userbuffers, so never hidden."""
+    nbytes = qkv_gather_bytes(a)
+    if not nbytes:
+        return 0.0, 0.0
+    return all_gather_ms(nbytes, job.link("tp")), reduce_scatter_ms(nbytes, job.link("tp"))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Collective:
     """One group's collectives in one piece and direction, ms per microbatch."""
@@ -165,7 +177,7 @@ def cp_comm(job: Job, a: Architecture, acc: Accelerator, backward: bool) -> Coll
       ring over cp / cp_a2a_size of them: each rank then holds cp_a2a_size times the
       tokens for 1 / cp_a2a_size of the heads, the same K/V bytes a pass, each hidden by
       cp_a2a_size chunks' attention (AttnFuncWithCPAndKVP2P with an all-to-all group)."""
-    sh, w = attention_shape(a), DTYPE_BYTES[a.dtype]
+    sh, w = held_attention_shape(a), DTYPE_BYTES[a.dtype]  # K and V as the ranks hold them
     tokens = a.seq_length * a.micro_batch_size / a.tp  # this rank's, per tensor rank
     kv = tokens * (sh.k + sh.v) * w
     cp, link, hide = job.arch.cp, job.link("cp"), 1

@@ -141,10 +141,9 @@ def test_mtp_runs_beside_rotary_positions_only(capsys) -> None:
 def test_tp_beyond_the_key_value_groups_says_what_megatron_does() -> None:
     # TransformerConfig.__post_init__ refuses num_query_groups neither a multiple nor a
     # divisor of tp; at tp a multiple of them Attention all-gathers the QKV activations
-    # (num_query_groups < world_size in attention.py), which ppsim does not price
-    with pytest.raises(UserError, match="all-gathers each group's QKV activations.*does not "
-                       "price"):
-        config_from_dict({"model": {"preset": "llama3-8b", "tp": 16}})  # 8 groups
+    # (num_query_groups < world_size in attention.py), which ppsim prices
+    # (tests/unit/test_kv_split.py)
+    assert config_from_dict({"model": {"preset": "llama3-8b", "tp": 16}}).model.arch.tp == 16
     with pytest.raises(UserError, match=r"num_query_groups \(6\) must be a multiple or "
                        r"divisor of tensor_model_parallel_size \(4\)"):
         config_from_dict({"model": {"preset": "llama3-8b", "num_heads": 24, "num_kv_heads": 6,
