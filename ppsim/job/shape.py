@@ -330,7 +330,8 @@ def _fsdp_alone(p: Any, a: Any) -> None:
     """Megatron DDP's knobs have no meaning under FSDP, which overlaps one unit at a time
     (Megatron's FSDPs take --overlap-grad-reduce, and overlap anyway); torchtitan keeps
     each expert whole on its rank; Megatron's --use-torch-fsdp2 takes neither pipeline nor
-    expert parallelism nor gradient-accumulation fusion (its assertions)."""
+    expert parallelism nor gradient-accumulation fusion nor tied embeddings (its
+    assertions)."""
     if a.torchtitan_fsdp and a.num_experts and a.expert_tp != 1:
         raise UserError("model.etp", f"{a.expert_tp}: torchtitan splits no expert over "
                         "ranks (its experts' mesh is efsdp x ep, ep taken from dp_shard x cp "
@@ -345,6 +346,11 @@ def _fsdp_alone(p: Any, a: Any) -> None:
             raise UserError("model.gradient_accumulation_fusion", "--use-torch-fsdp2 is not "
                             "supported with gradient accumulation fusion (Megatron's words)",
                             "add --no-gradient-accumulation-fusion")
+        if a.tie_embeddings:
+            raise UserError("model.tie_embeddings", "--use-torch-fsdp2 requires "
+                            "--untie-embeddings-and-output-weights (Megatron's words)",
+                            "add --untie-embeddings-and-output-weights (tie_embeddings = "
+                            "false), or use --fsdp (torchtitan's FSDP2)")
     # Megatron-FSDP's strategy turns both overlaps on itself (megatron_fsdp.py); Megatron
     # takes --overlap-grad-reduce beside --use-torch-fsdp2 too, whose FSDP2 overlaps anyway.
     ddp_only = (() if a.fsdp_by_megatron else (("overlap_grad_reduce", "--overlap-grad-reduce"),))

@@ -384,6 +384,19 @@ def test_megatrons_torch_fsdp2_checks(extra: list[str], field: str, words: str) 
     assert ran.returncode == 2 and f"{field}" in ran.stderr and words in ran.stderr
 
 
+def test_megatrons_torch_fsdp2_refuses_tied_embeddings() -> None:
+    """arguments.py: "--use-torch-fsdp2 requires --untie-embeddings-and-output-weights";
+    GPT-3 ties its head to the table, and its line without the flag is refused, with it
+    priced."""
+    line = ["simulate", "--preset", "gpt3-1.3b", "--hardware", "h100-80gb", "--gpus", "8",
+            "--use-torch-fsdp2", "--no-gradient-accumulation-fusion"]
+    ran = run_cli(line)
+    assert ran.returncode == 2 and len(ran.stderr.splitlines()) == 1
+    assert "model.tie_embeddings: --use-torch-fsdp2 requires --untie-embeddings-and-output-" \
+        "weights" in ran.stderr
+    assert run_cli([*line, "--untie-embeddings-and-output-weights"]).returncode == 0
+
+
 def test_megatrons_torch_fsdp2_refuses_gradient_accumulation_fusion() -> None:
     """Megatron asserts "--use-torch-fsdp2 is not supported with gradient accumulation
     fusion", which is on unless the line turns it off; ppsim planned such a line and
