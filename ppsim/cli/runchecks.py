@@ -348,7 +348,7 @@ def check_tied(args: argparse.Namespace, problem: Any, builder: Any) -> None:
                         "--alongside-torch, or set tie_embeddings = false")
     if builder is None:
         return
-    from ppsim.executor.builders.tied import ties  # torch loads only when a run starts
+    from ppsim.executor.builders.tied import tie_refusal, ties  # torch loads only when a run starts
 
     if ties(builder) != tied:
         says = "ties" if tied else "does not tie"
@@ -356,6 +356,10 @@ def check_tied(args: argparse.Namespace, problem: Any, builder: Any) -> None:
                         f"builder's tie_embeddings is {ties(builder)}", "make them agree "
                         "(a builder of your own ties with tie_embeddings = True, its "
                         "embedding's table as `tokens`, its head's projection as `out`)")
+    if tied and (why := tie_refusal(builder)):  # else the ranks fail once they start
+        raise UserError("model.tie_embeddings", f"the builder ties the embeddings but {why}",
+                        "name the embedding's nn.Embedding `tokens` and the head's nn.Linear "
+                        "`out`, of one shape (or set tie_embeddings = false)")
 
 
 def check_peer(problem: Any) -> None:

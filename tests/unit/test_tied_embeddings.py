@@ -148,15 +148,48 @@ def build(fields):
 """
 """A builder of one's own that builds the head apart from the table."""
 
+WRAPPED = """from torch import nn
+
+from ppsim.executor.builders.gpt import build as gpt
+
+
+class Head(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+class Wrapped:
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def head(self):
+        return Head(self.inner.head())
+
+
+def build(fields):
+    return Wrapped(gpt(fields))
+"""
+"""A builder of one's own that says it ties but wraps its head: no `out` to share."""
+
 
 @pytest.mark.parametrize("flags", [["--engine", "torch"], ["--alongside-torch"],
-                                   ["--model", "{tmp}/untied.py:build"]])
+                                   ["--model", "{tmp}/untied.py:build"],
+                                   ["--model", "{tmp}/wrapped.py:build"]])
 def test_run_refuses_what_does_not_tie(tmp_path, capsys: pytest.CaptureFixture[str],
                                        flags: list[str]) -> None:
     """torch.distributed.pipelining's stages and a builder whose head keeps its own table
-    would train an untied model where simulate counts a tied one: `run` refuses them
-    (exit 2, the error one line naming the field)."""
+    would train an untied model where simulate counts a tied one, and a builder tying a
+    head without `out` would fail in its ranks: `run` refuses them before any process
+    starts (exit 2, the error one line naming the field)."""
     (tmp_path / "untied.py").write_text(NOT_TYING)
+    (tmp_path / "wrapped.py").write_text(WRAPPED)
     cfg = tmp_path / "c.toml"
     cfg.write_text('[model]\npreset = "tiny-gpt"\ntie_embeddings = true\n')
     argv = ["run", "--config", str(cfg), "--pp", "2", "--microbatches", "4",
