@@ -15,6 +15,7 @@ as the shipped builders' do.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,6 +25,34 @@ from torch import nn
 def ties(builder: Any) -> bool:
     """Whether `builder`'s head shares its embedding's table."""
     return bool(getattr(builder, "tie_embeddings", False))
+
+
+def tie_refusal(builder: Any, split: Callable[[nn.Module, str], Any] | None = None
+                ) -> str | None:
+    """Why `builder`'s pieces cannot share one table (None where they can): no `tokens`
+    table in its embedding, no `out` projection in its head, or the two of other shapes
+    (after `split(module, piece)`: a builder's own tensor-parallel split, which must keep
+    the same rows of both). The pieces are built on the meta device, so a model of any
+    size is checked before a process starts in no memory; a builder that cannot build
+    there is left to its ranks."""
+    try:
+        with torch.device("meta"):
+            embedding, head = builder.embedding(), builder.head()
+            if split is not None:
+                split(embedding, "embedding")
+                split(head, "head")
+    except Exception:  # noqa: BLE001 - e.g. a piece reading data at build time
+        return None
+    tokens = getattr(getattr(embedding, "tokens", None), "weight", None)
+    out = getattr(getattr(head, "out", None), "weight", None)
+    if not isinstance(tokens, torch.Tensor):
+        return f"its embedding piece ({type(embedding).__name__}) has no table `tokens`"
+    if not isinstance(out, torch.Tensor):
+        return f"its head piece ({type(head).__name__}) has no projection `out`"
+    if tokens.shape != out.shape:
+        return (f"its table `tokens` is {tuple(tokens.shape)} but its head's projection "
+                f"`out` {tuple(out.shape)}" + (" once split" if split else ""))
+    return None
 
 
 def table(embedding: nn.Module) -> nn.Parameter:

@@ -170,11 +170,16 @@ def parallelized(builder: Any, module: nn.Module, piece: str, g: TensorGroup | N
     return module
 
 
+def dry_group(tp: int, sequence_parallel: bool) -> TensorGroup:
+    """Rank 0 of `tp` with no process group: what a split on the meta device reads."""
+    return TensorGroup(group=None, rank=0, size=tp, sequence_parallel=sequence_parallel)
+
+
 def dry_run(builder: Any, tp: int, sequence_parallel: bool) -> None:
     """Split one of each piece (a layer of each kind) on the meta device (no memory, no
     collective), so a width tp does not divide fails here, before any process starts (a
     piece that cannot be built there is left to the ranks)."""
-    g = TensorGroup(group=None, rank=0, size=tp, sequence_parallel=sequence_parallel)
+    g = dry_group(tp, sequence_parallel)
     kinds = {layer_kind(builder, i): i for i in reversed(range(builder.num_layers))}
     makes = [("embedding", builder.embedding),
              *(("layer", functools.partial(builder.layer, i)) for i in sorted(kinds.values())),

@@ -4,6 +4,7 @@ against this host, the builder, an injected fault, the torch peer's schedule."""
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import sys
@@ -321,6 +322,13 @@ def _check_own_split(builder: Any, tp: int, sequence_split: bool) -> None:
         raise UserError("model.tp", f"the builder's parallelize failed at tp = {tp}: "
                         f"{type(exc).__name__}: {exc}", "fix parallelize, or choose "
                         "another tp") from None
+    from ppsim.executor.builders.tied import tie_refusal, ties  # (torch, as above)
+    from ppsim.executor.builders.user_tp import dry_group, parallelized  # (torch, as above)
+
+    # Its split must keep the same rows of the table and of the head's copy of it.
+    split = functools.partial(parallelized, builder, g=dry_group(tp, sequence_split))
+    if ties(builder) and (why := tie_refusal(builder, split)):
+        _refuse_untieable(why)
 
 
 def check_fault(text: str, problem: Any, iterations: int) -> None:
@@ -355,7 +363,7 @@ def check_tied(args: argparse.Namespace, problem: Any, builder: Any) -> None:
                         "--alongside-torch, or set tie_embeddings = false")
     if builder is None:
         return
-    from ppsim.executor.builders.tied import ties  # torch loads only when a run starts
+    from ppsim.executor.builders.tied import tie_refusal, ties  # torch loads only when a run starts
 
     if ties(builder) != tied:
         says = "ties" if tied else "does not tie"
@@ -363,6 +371,14 @@ def check_tied(args: argparse.Namespace, problem: Any, builder: Any) -> None:
                         f"builder's tie_embeddings is {ties(builder)}", "make them agree "
                         "(a builder of your own ties with tie_embeddings = True, its "
                         "embedding's table as `tokens`, its head's projection as `out`)")
+    if tied and (why := tie_refusal(builder)):  # else the ranks fail once they start
+        _refuse_untieable(why)
+
+
+def _refuse_untieable(why: str) -> None:
+    raise UserError("model.tie_embeddings", f"the builder ties the embeddings but {why}",
+                    "name the embedding's nn.Embedding `tokens` and the head's nn.Linear "
+                    "`out`, of one shape (or set tie_embeddings = false)")
 
 
 def check_peer(problem: Any) -> None:

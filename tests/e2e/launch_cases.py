@@ -339,6 +339,12 @@ TIED = {
     "tied-1f1b-dp2": Spec(argv=[*ONE_F_ONE_B, "--dp", "2", "--use-distributed-optimizer",
                                 "--config", "{tmp}/tied.toml"], iterations=3),
     "tied-zbv": Spec(argv=[*ZBV, "--config", "{tmp}/tied.toml"], iterations=3),
+    # One rank's two stage modules share the table under FSDP (each shards it once).
+    "tied-zbv-fsdp": Spec(argv=[*ZBV, "--dp", "2", "--fsdp", "--config", "{tmp}/tied.toml"],
+                          iterations=3),
+    # The ends in two chunks of two ranks, each tensor rank's rows of the table paired.
+    "tied-interleaved-tp2": Spec(argv=[*INTERLEAVED, "--tp", "2", "--config",
+                                       "{tmp}/tied.toml"], iterations=3),
 }
 
 SPECS: dict[str, Spec] = {**EXECUTOR, **SCHEDULES, **OTHERS, **TENSOR, **EXPERT, **CONTEXT,

@@ -30,6 +30,19 @@ def _grads(run, ranks: range) -> list[dict[str, torch.Tensor]]:
     return [torch.load(run.tmp / f"grads.rank{r}.pt")["grads"] for r in ranks]
 
 
+def _peaks_equal_simulated(run, costs: str, capsys) -> None:
+    """Every rank's peak of `run` is simulate's from the cost file `costs`, byte for byte."""
+    sim = str(run.tmp / "sim.json")
+    assert main(["simulate", *run.argv, "--costs", costs, "--trace", sim]) == 0
+    capsys.readouterr()
+    assert main(["diff", sim, str(run.tmp / "out" / "trace.json"), "--json"]) == 0
+    ranks = json.loads(capsys.readouterr().out)["ranks"]
+    assert len(ranks) == 2
+    for r in ranks:
+        pred, real = r["peak_memory_bytes"]
+        assert pred == real, (r["rank"], pred, real)
+
+
 @pytest.mark.parametrize("case", list(TIED))
 def test_a_tied_run_trains_as_one_process_of_the_tied_model(case: str,
                                                             launches: Pool) -> None:
@@ -65,20 +78,27 @@ def test_the_rank_holding_both_ends_keeps_one_table(launches: Pool, capsys) -> N
     costs = str(run.tmp / "costs.json")  # the tied model's pieces as ppsim profile measures
     # on both of the run's devices, as `ppsim profile` times them: in two processes at once
     write_costs(costs, profile(FIELDS, "cpu", repeats=1, warmup=0, p2p=False, devices=[0, 1]))
-    sim = str(run.tmp / "sim.json")
-    assert main(["simulate", *run.argv, "--costs", costs, "--trace", sim]) == 0
-    capsys.readouterr()
-    assert main(["diff", sim, str(run.tmp / "out" / "trace.json"), "--json"]) == 0
-    ranks = json.loads(capsys.readouterr().out)["ranks"]
-    assert len(ranks) == 2
-    for r in ranks:
-        pred, real = r["peak_memory_bytes"]
-        assert pred == real, (r["rank"], pred, real)
+    _peaks_equal_simulated(run, costs, capsys)
 
 
-def test_a_tensor_parallel_profile_keeps_the_tied_table(tmp_path, capsys) -> None:
+def test_fsdp_shards_the_table_a_rank_holds_twice_once(launches: Pool) -> None:
+    """ZB-V under FSDP: rank 0's first and last stage modules share one table, which its
+    replicas shard, reduce and step once (dumped once, with the one-process gradient of
+    the global batch), and the last rank's middle stages hold no table."""
+    run = launches.get("tied-zbv-fsdp")
+    _, grads = reference_step(build(FIELDS), 8)  # the global batch: 2 replicas x 4
+    for first, middle in (_grads(run, range(r, r + 2)) for r in (0, 2)):
+        assert TABLE in first and "head.out.weight" not in first
+        assert TABLE not in middle and "head.out.weight" not in middle
+        torch.testing.assert_close(first[TABLE], grads[TABLE], rtol=1e-4, atol=1e-6)
+
+
+def test_a_tensor_parallel_profile_keeps_the_tied_table(tmp_path, capsys,
+                                                        launches: Pool) -> None:
     """`ppsim profile --tp 2` of the tied model (two gloo processes) writes each tensor
-    rank's share of the table, vocab x hidden / tp, so the tied config takes its file."""
+    rank's share of the table, vocab x hidden / tp, so the tied config takes its file, and
+    an interleaved run at tp 2 (each tensor rank's copy of its rows paired across the two
+    ends' chunks) peaks where simulate says from it."""
     cfg = tmp_path / "c.toml"
     cfg.write_text('[model]\npreset = "tiny-gpt"\nvocab_size = 8192\ntie_embeddings = true\n')
     out = tmp_path / "costs.json"
@@ -89,3 +109,4 @@ def test_a_tensor_parallel_profile_keeps_the_tied_table(tmp_path, capsys) -> Non
     capsys.readouterr()
     assert main(["simulate", "--config", str(cfg), "--tp", "2", "--costs", str(out),
                  "--pp", "2", "--schedule", "zbv", "--vpp", "2", "--microbatches", "4"]) == 0
+    _peaks_equal_simulated(launches.get("tied-interleaved-tp2"), str(out), capsys)

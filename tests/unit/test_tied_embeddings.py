@@ -8,6 +8,7 @@ shared parameter, in the rank's process."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -148,15 +149,97 @@ def build(fields):
 """
 """A builder of one's own that builds the head apart from the table."""
 
+WRAPPED = """from torch import nn
+
+from ppsim.executor.builders.gpt import build as gpt
+
+
+class Head(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+class Wrapped:
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def head(self):
+        return Head(self.inner.head())
+
+
+def build(fields):
+    return Wrapped(gpt(fields))
+"""
+"""A builder of one's own that says it ties but wraps its head: no `out` to share."""
+
+HALVED = """import sys
+
+from torch import nn
+
+sys.path.insert(0, TESTS)
+import model_tp  # noqa: E402
+
+
+class Embedding(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tokens = nn.Embedding(model_tp.VOCAB, model_tp.HIDDEN)
+
+    def forward(self, ids):
+        return self.tokens(ids)
+
+
+class Head(model_tp.Head):
+    def __init__(self):
+        super().__init__()
+        self.out = self.output
+
+
+class Builder(model_tp.Builder):
+    tie_embeddings = True
+
+    def embedding(self):
+        return Embedding()
+
+    def head(self):
+        return Head()
+
+    def parallelize(self, module, piece, tp):
+        if piece == "head":  # the vocabulary split in the head alone
+            tp.head(module.out)
+        elif piece != "embedding":
+            super().parallelize(module, piece, tp)
+
+
+def build(fields):
+    return Builder(fields)
+"""
+"""A builder of one's own tying `tokens` and `out` whose tensor-parallel split keeps half
+the head's rows and the whole table: no one tensor for the two."""
+
 
 @pytest.mark.parametrize("flags", [["--engine", "torch"], ["--alongside-torch"],
-                                   ["--model", "{tmp}/untied.py:build"]])
+                                   ["--model", "{tmp}/untied.py:build"],
+                                   ["--model", "{tmp}/wrapped.py:build"],
+                                   ["--model", "{tmp}/halved.py:build", "--tp", "2"]])
 def test_run_refuses_what_does_not_tie(tmp_path, capsys: pytest.CaptureFixture[str],
                                        flags: list[str]) -> None:
     """torch.distributed.pipelining's stages and a builder whose head keeps its own table
-    would train an untied model where simulate counts a tied one: `run` refuses them
-    (exit 2, the error one line naming the field)."""
+    would train an untied model where simulate counts a tied one, and a builder tying a
+    head without `out`, or split over tensor ranks apart from its table, would fail in
+    its ranks: `run` refuses them before any process starts (exit 2, the error one line
+    naming the field)."""
     (tmp_path / "untied.py").write_text(NOT_TYING)
+    (tmp_path / "wrapped.py").write_text(WRAPPED)
+    tests = str(Path(__file__).resolve().parents[1])
+    (tmp_path / "halved.py").write_text(HALVED.replace("TESTS", repr(tests)))
     cfg = tmp_path / "c.toml"
     cfg.write_text('[model]\npreset = "tiny-gpt"\ntie_embeddings = true\n')
     argv = ["run", "--config", str(cfg), "--pp", "2", "--microbatches", "4",
