@@ -1,6 +1,6 @@
 """The microbatch counts torch.distributed.pipelining's schedules refuse (torch 2.13,
 torch/distributed/pipelining/schedules.py): the rules a torchtitan job and `ppsim run
---engine peer` meet. Pure.
+--engine torch` (or `--alongside-torch`) meet. Pure.
 
 - Schedule1F1B.__init__: n_microbatches < the stages raises ValueError.
 - ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble.__init__: the microbatches
