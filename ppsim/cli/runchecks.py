@@ -313,8 +313,8 @@ def _check_kv_gather(builder: Any, fields: dict[str, Any], tp: int) -> None:
     if isinstance(builder, GPTBuilder):
         raise UserError("model.tp", f"{tp} exceeds num_kv_heads = {groups}: the built-in "
                         "GPT splits whole key/value heads over the tensor ranks, without "
-                        "Megatron's gather of QKV", f"run tp <= {groups} (the Llama-style "
-                        "decoder, norm = \"rmsnorm\", runs the larger tp)")
+                        "Megatron's gather of QKV", f"run tp <= {groups}, or give norm = "
+                        "\"rmsnorm\" for the Llama-style decoder, which gathers it")
     a = builder.shape.arch
     hd = builder.shape.head_dim
     width = (a.num_heads * (2 if a.attention_output_gate else 1) + 2 * groups) * hd
