@@ -18,8 +18,9 @@ layers a sliding window (ppsim.executor.builders.stage.AttentionCore). Dropout i
 built. At tp > 1 a decoder with grouped-query or latent attention (ppsim.executor.
 builders.mla) splits as the built-in GPT does
 (ppsim.executor.builders.tensor, ppsim.executor.builders.vocab): heads and MLP units over
-the tensor ranks, the vocabulary too, with or without sequence parallelism; the query and
-key norms, applied to each rank's heads, sum their gradients over the ranks. Its MoE
+the tensor ranks, the vocabulary too, with or without sequence parallelism (at tp above
+the key/value groups, QKV gathered as Megatron does: ppsim.executor.builders.qkv_gather);
+the query and key norms, applied to each rank's heads, sum their gradients over the ranks. Its MoE
 layers (sequence parallel) split as ppsim.executor.builders.moe says: each expert whole
 (etp 1) or split over the tensor ranks (etp = tp, Megatron's default).
 """
@@ -46,6 +47,7 @@ from ppsim.executor.builders.common import (
 from ppsim.executor.builders.context import own_tokens, token_positions
 from ppsim.executor.builders.mla import LatentAttention
 from ppsim.executor.builders.moe import MoE, init_experts
+from ppsim.executor.builders.qkv_gather import GatheredQKV, gathers
 from ppsim.executor.builders.rotary import rotary_tables, rotate
 from ppsim.executor.builders.stage import AttentionCore
 from ppsim.executor.builders.tensor import (
@@ -169,6 +171,9 @@ class Attention(nn.Module):
         self.k_norm = s.norm(hd) if a.qk_layernorm else None
         self.gate = nn.Linear(a.hidden_size, a.num_heads * hd, bias=False) \
             if a.attention_output_gate else None
+        self.qkv: nn.Linear | None = None
+        """At tp above the key/value groups: this rank's rows of the interleaved QKV."""
+        self.gathered: GatheredQKV | None = None
         self.tp: TensorGroup | None = None
         self.columns: ParallelLinears | None = None
         """At tp > 1: the projections of the normed input (a policy's `qkv_linear`)."""
@@ -194,24 +199,35 @@ class Attention(nn.Module):
         return self.o if self.rows is None else self.rows
 
     def shard(self, g: TensorGroup) -> None:
-        """Keep this tensor rank's query and key/value heads (and the gate's)."""
+        """Keep this tensor rank's query and key/value heads (and the gate's); at tp above
+        the key/value groups, its rows of the interleaved QKV (ppsim.executor.builders.
+        qkv_gather)."""
         self.tp = g
-        self.heads, self.kv_heads = self.heads // g.size, self.kv_heads // g.size
-        for linear in self._projections():
-            shard_output(linear, g)
+        if gathers(self.kv_heads, g):
+            self.gathered = GatheredQKV(g, self.heads, self.kv_heads, self.head_dim,
+                                        self.gate is not None)
+            self.qkv = self.gathered.fuse(self.q, self.k, self.v, self.gate)
+            self.q = self.k = self.v = self.gate = None
+            self.heads, self.kv_heads = self.heads // g.size, 1
+        else:
+            self.heads, self.kv_heads = self.heads // g.size, self.kv_heads // g.size
+            for linear in self._projections():
+                shard_output(linear, g)
         shard_input(self.o, g)
         mark_partial(self.q_norm, self.k_norm)  # each rank's heads: partial gradients
         self.columns = ParallelLinears(g, tuple(self._projections()))
         self.rows = ParallelLinears(g, (self.o,), row=True)
 
     def _projections(self) -> list[nn.Linear]:
-        return [lin for lin in (self.q, self.k, self.v, self.gate) if lin is not None]
+        return [lin for lin in (self.q, self.k, self.v, self.gate, self.qkv) if lin is not None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.columns is None:
             outs = [lin(x) for lin in self._projections()]
         else:  # every token (sequence parallelism: gathered)
             outs = list(self.columns(x))
+        if self.gathered is not None:  # the QKV's whole width gathered, this rank's sliced
+            outs = self.gathered.split(outs[0])
         b, t, _ = outs[0].shape
         # Rotated and attended in (b, s, heads, d) memory, so attention's output is laid out
         # as the projection reads it: one tensor kept for both, as FlashAttention's [s, b, h]
@@ -226,7 +242,7 @@ class Attention(nn.Module):
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         a = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         out = a.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
-        if self.gate is not None:
+        if len(outs) == 4:  # the output gate's
             out = OutputGate.apply(out, outs[3])
         return self.output_linear()(out)
 

@@ -4,7 +4,8 @@ and the expert-parallel group the MoE layers share their experts over
 (ppsim.executor.builders.moe).
 
 Megatron's split (Shoeybi et al. 2019): each tensor-parallel rank holds a slice of the
-query heads, of the key/value heads and of the MLP's hidden units (and of the vocabulary:
+query heads, of the key/value heads (or, at tp above them, of an interleaved QKV:
+ppsim.executor.builders.qkv_gather) and of the MLP's hidden units (and of the vocabulary:
 ppsim.executor.builders.vocab); the QKV and first MLP matmuls are column-parallel (their
 input copied in, its gradient all-reduced on the way back), the attention output and
 second MLP matmuls row-parallel (their partial outputs all-reduced, the bias added once

@@ -277,6 +277,10 @@ TENSOR = {
                                    "--fine-grained-activation-offloading",
                                    "--offload-modules", "qkv_linear", "attn_proj",
                                    "--recompute-modules", "mlp"]),
+    # more tensor ranks than key/value groups: QKV gathered along its width (Megatron's)
+    "tp4-kv2-1f1b": Spec(argv=["--tp", "4", *ONE_F_ONE_B_M2, "--config", "{tmp}/llama.toml"]),
+    "tp2-kv1-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, "--no-sequence-parallel",
+                               "--config", "{tmp}/llama-kv1.toml"]),
     # a builder of one's own, split by its parallelize
     "tp2-own-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, *OWN_TP]),
     "tp2-dp2-own-interleaved": Spec(argv=["--tp", "2", "--dp", "2", *INTERLEAVED_M2,
@@ -368,6 +372,8 @@ def prepare(name: str, tmp: Path) -> None:
     (tmp / "moe-ep-fsdp.toml").write_text(MOE_TOML + "ep = 2\nfsdp = true\n")
     (tmp / "moe-ep-distopt.toml").write_text(MOE_TOML + "ep = 2\ndistributed_optimizer = true\n")
     (tmp / "llama.toml").write_text(LLAMA_TOML)
+    (tmp / "llama-kv1.toml").write_text(LLAMA_TOML.replace("num_kv_heads = 2",
+                                                           "num_kv_heads = 1"))
     (tmp / "hybrid-tp.toml").write_text(HYBRID_TP_TOML)
     (tmp / "window.toml").write_text(WINDOW_TOML)
     (tmp / "cp.toml").write_text(tiny_gpt_toml(cp_comm_type="all_gather"))

@@ -28,15 +28,17 @@ from ppsim.executor.reference import reference_step  # noqa: E402
 from ppsim.trace.read import read_trace  # noqa: E402
 
 pytestmark = pytest.mark.e2e
-TP = 2
 CASES = ["tp2-1f1b", "tp2-llama-1f1b", "tp2-llama-policy", "tp2-moe-1f1b", "tp2-moe-policy",
-         "tp2-mla-1f1b", "tp2-mla-q-offload", "tp2-dp2-interleaved-gated"]
+         "tp2-mla-1f1b", "tp2-mla-q-offload", "tp2-dp2-interleaved-gated", "tp4-kv2-1f1b",
+         "tp2-kv1-1f1b"]
 """The built-in GPT and the Llama-style decoder with sequence parallelism (and a memory
 policy: the tensor-parallel projections' inputs offloaded, the MLP recomputed; with MoE
 layers, each expert split over the tensor ranks as Megatron splits them by default, and
 with the MoE's own pieces recomputed and offloaded; with latent attention, and without
-a query latent with the layer's input offloaded), the gated GPT without it. Each expert
-whole (etp 1): the hybrid stack below."""
+a query latent with the layer's input offloaded), the gated GPT without it; the
+Llama-style decoder (query and key norms, an output gate) at more tensor ranks than
+key/value groups, its QKV gathered: 2 groups at tp 4, 1 at tp 2 without sequence
+parallelism. Each expert whole (etp 1): the hybrid stack below."""
 PACKED = ("kv.weight", "kv.bias")
 """K and V in one matmul, each block sliced alike (ppsim.executor.builders.tensor)."""
 
@@ -59,6 +61,24 @@ def _whole(name: str, shards: list[torch.Tensor], want: torch.Size) -> torch.Ten
         return torch.cat([s.view(2, -1, *s.shape[1:]) for s in shards], 1).flatten(0, 1)
     (dim,) = [d for d, n in enumerate(want) if shards[0].shape[d] * len(shards) == n]
     return torch.cat(shards, dim)
+
+
+def _unfused(name: str, whole: torch.Tensor, fields: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The interleaved QKV's rows (ppsim.executor.builders.qkv_gather), every group's query
+    heads, gates, key head and value head in turn, as the one process's q, gate, k and v
+    weights."""
+    heads, groups = fields["num_heads"], fields["num_kv_heads"]
+    hd = whole.shape[1] // heads  # tiny-gpt's head_dim is hidden / heads
+    per = heads // groups
+    gated = fields.get("attention_output_gate", False)
+    parts: dict[str, list[torch.Tensor]] = {"q": [], "gate": [], "k": [], "v": []}
+    widths = {"q": per * hd, "gate": per * hd if gated else 0, "k": hd, "v": hd}
+    for block in whole.split(sum(widths.values())):
+        for key, part in zip(widths, block.split(list(widths.values())), strict=True):
+            parts[key].append(part)
+    stem = name.removesuffix("qkv.weight")
+    return {f"{stem}{key}.weight": torch.cat(rows) for key, rows in parts.items()
+            if widths[key]}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -99,15 +119,20 @@ def _check_one_process(run: Any) -> None:
     trace = json.loads((run.tmp / "out" / "trace.json").read_text())
     sent = {e["args"]["bytes"] for e in trace["traceEvents"]
             if e.get("args", {}).get("kind") == "send"}
-    assert sent == {b * s * h * 4 // (TP if split else 1)}
+    tp = fields["tp"]
+    assert sent == {b * s * h * 4 // (tp if split else 1)}
     if not (run.tmp / "grads.rank0.pt").exists():  # no gradients dumped
         return
     got: dict[str, torch.Tensor] = {}
     for r in range(problem.split.pp):
-        dumps = [torch.load(run.tmp / f"grads.rank{r * TP + t}.pt") for t in range(TP)]
+        dumps = [torch.load(run.tmp / f"grads.rank{r * tp + t}.pt") for t in range(tp)]
         for name in dumps[0]["grads"]:
+            shards = [d["grads"][name] for d in dumps]
+            if name.endswith("qkv.weight"):  # rows split evenly, across the heads
+                got |= _unfused(name, torch.cat(shards), fields)
+                continue
             assert name in grads, name
-            got[name] = _whole(name, [d["grads"][name] for d in dumps], grads[name].shape)
+            got[name] = _whole(name, shards, grads[name].shape)
     assert set(got) == set(grads)
     for name, g in grads.items():
         torch.testing.assert_close(got[name], g, rtol=1e-4, atol=1e-6, msg=name)
@@ -128,8 +153,9 @@ def test_each_ranks_activation_peak_is_predicted(case: str, launches: Pool) -> N
 
 def _peaks(run: Any) -> list[int]:
     events = json.loads((run.tmp / "out" / "trace.json").read_text())["traceEvents"]
-    return [max(e["args"]["activations"] for e in events if e.get("ph") == "C"
-                and e["pid"] == r) for r in range(2)]
+    counters = [e for e in events if e.get("ph") == "C"]
+    return [max(e["args"]["activations"] for e in counters if e["pid"] == r)
+            for r in sorted({e["pid"] for e in counters})]
 
 
 def test_a_hybrid_stack_splits_as_it_runs_whole(launches: Pool) -> None:
@@ -200,3 +226,26 @@ def test_diff_compares_a_tensor_parallel_run_with_its_simulation(launches: Pool,
     assert simulated == pytest.approx({
         "F": (8 * layer + c["all_reduce_ms"] + c["all_gather_ms"]) / 2,
         "B": (8 * layer + c["all_gather_ms"] + c["reduce_scatter_ms"]) / 2}, rel=1e-6)
+
+
+def test_diff_prices_and_measures_the_gather_of_qkv(launches: Pool, tmp_path: Path) -> None:
+    """`ppsim profile --tp 4` of the decoder with 2 key/value groups times each layer with
+    its gather of QKV inside (the run's layers), and `ppsim diff` sets the run's
+    tensor-parallel collectives beside `simulate`'s, which prices the gather (one more
+    all-gather a layer's F, one more reduce-scatter its B: ppsim.costs.kv_split)."""
+    run = launches.get("tp4-kv2-1f1b")
+    out = tmp_path / "costs.json"
+    r = launches.cli("profile", "--config", str(run.tmp / "llama.toml"), "--tp", "4",
+                     "--pp", "2", "--microbatches", "2", "--repeats", "1", "--warmup", "0",
+                     "--no-p2p", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    c = json.loads(r.stdout)["collectives"]
+    assert (c["tp"], c["processes"], c["copies"]) == (4, 4, 2)
+    got = diff_with_simulation(run, out, tmp_path)
+    assert_collectives_compared(got, "tp", ops=4)
+    # rank 0's F holds 5 layers and the embedding's scatter, rank 1's 3 and the head's
+    # gather (the median of the four); B the mirror
+    ag, rs = c["all_gather_ms"], c["reduce_scatter_ms"]
+    simulated = {row["op"]: row["ms"][1] for row in got["collectives"]}
+    assert simulated == pytest.approx({"F": (8 * (3 * ag + 2 * rs) + ag + rs) / 2,
+                                       "B": (8 * (2 * ag + 3 * rs) + ag + rs) / 2}, rel=1e-6)
