@@ -304,7 +304,8 @@ def check_tensor_parallel(builder: Any, fields: dict[str, Any], tp: int,
 def _check_kv_gather(builder: Any, fields: dict[str, Any], tp: int) -> None:
     """tp above the key/value groups: the Llama-style decoder gathers QKV as Megatron
     does (ppsim.executor.builders.qkv_gather), its interleaved width split evenly over
-    the ranks; the built-in GPT splits whole key/value heads only."""
+    the ranks (the config's rule, ppsim.costs.kv_split.qkv_width_problem); the built-in
+    GPT splits whole key/value heads only."""
     from ppsim.executor.builders.gpt import GPTBuilder  # (torch, as above)
 
     groups = fields.get("num_kv_heads", fields["num_heads"])
@@ -315,13 +316,7 @@ def _check_kv_gather(builder: Any, fields: dict[str, Any], tp: int) -> None:
                         "GPT splits whole key/value heads over the tensor ranks, without "
                         "Megatron's gather of QKV", f"run tp <= {groups}, or give norm = "
                         "\"rmsnorm\" for the Llama-style decoder, which gathers it")
-    a = builder.shape.arch
-    hd = builder.shape.head_dim
-    width = (a.num_heads * (2 if a.attention_output_gate else 1) + 2 * groups) * hd
-    if width % tp:
-        raise UserError("model.head_dim", f"the interleaved QKV's {width} outputs do not "
-                        f"divide by tp ({tp}): Megatron splits them evenly over the ranks",
-                        "choose a head_dim or tp that divides them")
+
 
 
 def _check_own_split(builder: Any, tp: int, sequence_split: bool) -> None:

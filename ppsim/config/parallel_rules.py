@@ -8,7 +8,7 @@ from typing import Any
 
 from ppsim.costs.arch import Architecture
 from ppsim.costs.kinds import mtp_kinds, piece_kinds
-from ppsim.costs.kv_split import kv_split_problem
+from ppsim.costs.kv_split import kv_split_problem, qkv_width_problem
 from ppsim.costs.layerops import vocab_split_problem
 from ppsim.costs.stack import layer_kinds
 from ppsim.errors import UserError
@@ -55,6 +55,11 @@ def _attention(raw: dict[str, Any], get: Any) -> None:
             raise UserError("model.tp", f"{tp:,} does not divide num_kv_heads = {groups:,} "
                             f"({problem}, in Megatron's words)", "use a tensor-parallel size "
                             "that divides the key/value heads, or a multiple of them")
+        problem = qkv_width_problem(heads, groups, get("head_dim", 0) or hidden // heads,
+                                    raw.get("attention_output_gate") is True, tp)
+        if problem:
+            raise UserError("model.head_dim", problem, "choose a head_dim (--kv-channels) or "
+                            "a tp that divides them")
 
 
 def _sequence_parallel(raw: dict[str, Any], tp: int, experts: int) -> None:

@@ -23,6 +23,20 @@ def kv_split_problem(groups: int, tp: int) -> str | None:
             f"tensor_model_parallel_size ({tp})")
 
 
+def qkv_width_problem(heads: int, groups: int, head_dim: int, gate: bool,
+                      tp: int) -> str | None:
+    """Above the groups the QKV projection's whole width, (np (x 2 with an output gate) +
+    2 ng) x hn, splits evenly over the tp ranks (ColumnParallelLinear's `divide`): what
+    is wrong, or None."""
+    if tp <= groups:
+        return None
+    width = (heads * (2 if gate else 1) + 2 * groups) * head_dim
+    if width % tp == 0:
+        return None
+    return (f"the interleaved QKV projection's {width:,} outputs do not divide by tp ({tp}), "
+            "which Megatron splits them over")
+
+
 def gathers_qkv(a: Architecture) -> bool:
     """Megatron all-gathers the QKV projection's output: GQA at tp above the groups."""
     return a.attention != "mla" and a.tp > a.num_kv_heads

@@ -139,3 +139,25 @@ def test_plan_offers_tp_beyond_the_groups(tmp_path, capsys) -> None:
                  "--pp", "1", "--cp", "1", "--global-batch-size", "8", "--json"]) in (0, 3)
     best = json.loads(capsys.readouterr().out)["best"]
     assert best["tp"] in (4, 8)
+
+
+@settings(max_examples=30, deadline=None)
+@given(groups=st.sampled_from([1, 2, 4]), factor=st.sampled_from([2, 4]),
+       head_dim=st.integers(1, 12), gate=st.booleans())
+def test_simulate_takes_the_qkv_widths_megatron_splits(groups: int, factor: int,
+                                                       head_dim: int, gate: bool) -> None:
+    """Above the groups ColumnParallelLinear divides the projection's whole output, (np
+    (twice with an output gate) + 2 ng) x hn, by tp (megatron/core/utils.py `divide`):
+    a config whose width tp does not divide is refused naming model.head_dim."""
+    tp, heads = groups * factor, groups * factor * 2
+    model = {"kind": "transformer", "num_layers": 2, "hidden_size": heads * head_dim,
+             "num_heads": heads, "num_kv_heads": groups, "head_dim": head_dim,
+             "ffn_hidden_size": 64 * tp, "vocab_size": 64 * tp, "seq_length": 64 * tp,
+             "micro_batch_size": 1, "tp": tp, "attention_output_gate": gate}
+    width = (heads * (2 if gate else 1) + 2 * groups) * head_dim
+    try:
+        build_job(config_from_dict({"model": model}))
+    except UserError as exc:
+        assert width % tp and exc.field == "model.head_dim", exc
+    else:
+        assert width % tp == 0

@@ -53,7 +53,7 @@ def test_tensor_parallel_run_refusals(argv, words, tmp_path, capsys, monkeypatch
      "built-in GPT splits whole key/value heads"),
     # ... and the gathered QKV's width splits evenly over the ranks: (4 + 2) x 3 over 4 not
     ('num_kv_heads = 1\nnorm = "rmsnorm"\nhead_dim = 3\n', ["--tp", "4"],
-     "model.head_dim: the interleaved QKV's 18 outputs do not divide by tp (4)"),
+     "model.head_dim: the interleaved QKV projection's 18 outputs do not divide by tp (4)"),
     # a builder's own parallelize runs on the meta device first: a width tp does not
     # divide is named
     ('num_heads = 6\nnum_kv_heads = 6\nhidden_size = 96\nffn_hidden_size = 192\n'
