@@ -317,3 +317,14 @@ def test_one_overlap_left_off_is_named_in_the_singular(capsys) -> None:
     text = " ".join(capsys.readouterr().out.split())
     assert "Megatron's --tp-comm-overlap, off here, hides part of it: plan again with it" \
         in text
+
+
+def test_one_setting_that_refuses_every_shape_is_named_itself(capsys) -> None:
+    """With tp held at 8, a dense MLP 8 does not divide refuses every shape: the plan
+    names model.ffn_hidden_size, not the global batch, which no other size would help."""
+    assert main(["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb",
+                 "--ffn-hidden-size", "14340", "--gpus", "16", "--global-batch-size", "32",
+                 "--tp", "8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("ppsim plan: error: model.ffn_hidden_size: 14,340 is not "
+                          "divisible by 8 (tp)"), err
