@@ -361,8 +361,9 @@ def _refuse_nothing_built(complete: bool, refusals: list[UserError], shapes: int
         raise UserError("--time-budget", f"{budget_s:g} s priced {len(refusals):,} of "
                         f"{shapes:,} shapes, and the model refuses each",
                         f"give it more time, e.g. --time-budget {longer_budget(budget_s):g}")
-    if len({r.field for r in refusals}) == 1:
-        raise refusals[0]  # one setting refuses every shape: in the model's own words
+    fields = {r.field for r in refusals}
+    if len(fields) == 1 and fields.pop().startswith("model."):
+        raise refusals[0]  # one model setting refuses every shape: in the model's words
     raise UserError("--global-batch-size", f"no shape of {gpus:,} GPUs at a global batch "
                     f"of {gbs:,} can be built; the first refused says {refusals[0]}")
 
