@@ -13,6 +13,7 @@ import dataclasses
 import sys
 from typing import Any
 
+from ppsim.cli.builder_checks import check_tensor_parallel
 from ppsim.cli.context_checks import check_context_model
 from ppsim.cli.costs import hardware_profile
 from ppsim.cli.flag_values import nonempty
@@ -20,12 +21,7 @@ from ppsim.cli.flags import add_config_flags, config_from_args, emit_json, outpu
 from ppsim.cli.hardware_choice import assume_hardware
 from ppsim.cli.loglines import for_log
 from ppsim.cli.profile_text import print_costs
-from ppsim.cli.runchecks import (
-    RANKS_PER_DEVICE,
-    check_profile_memory,
-    check_tensor_parallel,
-    host_devices,
-)
+from ppsim.cli.runchecks import RANKS_PER_DEVICE, check_profile_memory, host_devices
 from ppsim.config import validate
 from ppsim.config.model import TransformerModel
 from ppsim.config.schema import Config

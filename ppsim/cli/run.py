@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ppsim import fileio
-from ppsim.cli import runchecks
+from ppsim.cli import builder_checks, runchecks
 from ppsim.cli.context_checks import check_run_context
 from ppsim.cli.flag_values import nonempty
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
@@ -151,7 +151,8 @@ def validate(args: argparse.Namespace) -> Any:
                         "stage, the head on the last and no MTP layers",
                         "run a split without empty end stages or 'm' (plan and simulate "
                         "take any)")
-    runchecks.check_tied(args, problem, runchecks.check_builder(args, fields, problem.memory))
+    builder_checks.check_tied(args, problem,
+                              builder_checks.check_builder(args, fields, problem.memory))
     dp = _data_parallel(args, fields)
     if dp < 1:
         raise UserError("--dp", f"must be at least 1, got {dp}", "e.g. --dp 2")
@@ -186,7 +187,7 @@ def _check_tensor_parallel(args: argparse.Namespace, fields: dict[str, Any], pro
     engine."""
     from ppsim.executor.builders import builder_spec, load_builder  # torch loads only here
 
-    runchecks.check_tensor_parallel(load_builder(builder_spec(args.model, fields), fields),
+    builder_checks.check_tensor_parallel(load_builder(builder_spec(args.model, fields), fields),
                                     fields, tp, sequence_split)
     if args.engine != "ppsim" or args.alongside_torch or problem.schedule.split_backward:
         raise UserError("model.tp", f"tp = {tp} runs on the ppsim engine, without the torch "

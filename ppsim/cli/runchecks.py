@@ -1,10 +1,10 @@
 """What `ppsim run` checks before any process starts: the launch's shape, the world
-against this host, the builder, an injected fault, the torch peer's schedule."""
+against this host, an injected fault, the torch peer's schedule (the builder's checks:
+ppsim.cli.builder_checks)."""
 
 from __future__ import annotations
 
 import argparse
-import functools
 import math
 import os
 import sys
@@ -223,129 +223,6 @@ def _check_fsdp(cfg: Any) -> None:
                         "and plan price HSDP")
 
 
-def check_builder(args: argparse.Namespace, fields: dict[str, Any], memory: Any = None
-                  ) -> Any:
-    """Import and call the builder here, so a bad one exits 2 before any process; with
-    --print-launch (which runs nothing) only the spec's form is checked, no code loads
-    (None returned); with a memory policy (`memory`: the problem's), its modules are
-    checked against the builder's layers. Returns the builder."""
-    from ppsim.executor.builders import (  # torch loads only when a run starts
-        builder_spec,
-        code_note,
-        load_builder,
-        split_spec,
-    )
-
-    where = "--model" if args.model else "model.builder"
-    spec = builder_spec(args.model, fields)
-    split_spec(spec, where)
-    if args.print_launch:
-        return None
-    if note := code_note(spec):
-        sys.stderr.write(f"ppsim run: note: {note}\n")
-    try:
-        builder = load_builder(spec, fields, where)
-    except UserError:
-        raise
-    except Exception as exc:
-        raise UserError(where, f"building the model failed: {type(exc).__name__}: {exc}",
-                        "fix the builder or the [model] fields it reads") from None
-    if memory is not None:
-        check_policy_pieces(builder, memory.policies)
-    return builder
-
-
-def check_policy_pieces(builder: Any, policies: Any) -> None:
-    """A policy naming modules the builder's layers have no piece for would run as if
-    they were not named while the simulation frees their tensors: refused. One layer is
-    built on the meta device (no memory) to look."""
-    import torch
-
-    from ppsim.executor.builders.policy import unsupported  # torch: only when a run starts
-
-    with torch.device("meta"):
-        layer = builder.layer(0)
-    missing = dict.fromkeys(m for p in policies for m in unsupported(layer, p))
-    if missing:
-        raise UserError("memory", f"the builder's {type(layer).__name__} layers have no "
-                        f"piece for {', '.join(missing)} (the executor recomputes and "
-                        "offloads the shipped builders' modules, and core_attn in any layer "
-                        "that uses AttentionCore)", "drop those modules, or build the layers "
-                        "from ppsim.executor.builders.llama's")
-
-
-def check_tensor_parallel(builder: Any, fields: dict[str, Any], tp: int,
-                          sequence_split: bool) -> None:
-    """What tp > 1 splits: the shipped builders' decoders (the built-in GPT, the
-    Llama-style one with its latent attention, MoE layers and hybrid mixers: each MLP's
-    units, and under sequence parallelism the tokens; the key/value heads whole, or at tp
-    above them gathered as Megatron does, but in the built-in GPT; the heads' rule is the
-    config's, ppsim.config.validate; the
-    vocabulary is padded as Megatron pads it), or a builder of
-    your own through its `parallelize`, tried here on the meta device."""
-    from ppsim.executor.builders.gpt import GPTBuilder  # torch loads only here
-    from ppsim.executor.builders.llama import LlamaBuilder  # (torch, as above)
-
-    if not isinstance(builder, (GPTBuilder, LlamaBuilder)):  # hybrid stacks' is a Llama's
-        _check_own_split(builder, tp, sequence_split)
-        return
-    if fields.get("attention", "gqa") != "mla":
-        _check_kv_gather(builder, fields, tp)
-    for key, what in (("ffn_hidden_size", "the MLP's units split by columns"),
-                      *((("seq_length", "sequence parallelism splits the tokens"),)
-                        if sequence_split else ())):
-        if fields[key] % tp:
-            fix = "choose tp dividing " + key + (", or --no-sequence-parallel"
-                                                 if key == "seq_length" else "")
-            raise UserError(f"model.{key}", f"{fields[key]} does not divide by tp ({tp}): "
-                            f"{what} over the tensor ranks", fix)
-
-
-def _check_kv_gather(builder: Any, fields: dict[str, Any], tp: int) -> None:
-    """tp above the key/value groups: the Llama-style decoder gathers QKV as Megatron
-    does (ppsim.executor.builders.qkv_gather), its interleaved width split evenly over
-    the ranks (the config's rule, ppsim.costs.kv_split.qkv_width_problem); the built-in
-    GPT splits whole key/value heads only."""
-    from ppsim.executor.builders.gpt import GPTBuilder  # (torch, as above)
-
-    groups = fields.get("num_kv_heads", fields["num_heads"])
-    if tp <= groups:
-        return
-    if isinstance(builder, GPTBuilder):
-        raise UserError("model.tp", f"{tp} exceeds num_kv_heads = {groups}: the built-in "
-                        "GPT splits whole key/value heads over the tensor ranks, without "
-                        "Megatron's gather of QKV", f"run tp <= {groups}, or give norm = "
-                        "\"rmsnorm\" for the Llama-style decoder, which gathers it")
-
-
-
-def _check_own_split(builder: Any, tp: int, sequence_split: bool) -> None:
-    from ppsim.executor.builders.user_tp import dry_run  # torch loads only here
-
-    if not callable(getattr(builder, "parallelize", None)):
-        raise UserError("model.tp", f"tp = {tp}: the builder has no parallelize(module, "
-                        "piece, tp) to split its pieces", "define it (README, 'Your own "
-                        "model'), drop --model to run the shipped decoder, or --tp 1")
-    tokens = builder.activation_shape[1]
-    if sequence_split and tokens % tp:
-        raise UserError("model.tp", f"the builder's {tokens} tokens do not divide by tp "
-                        f"({tp}): sequence parallelism splits them",
-                        "choose tp dividing them, or --no-sequence-parallel")
-    try:
-        dry_run(builder, tp, sequence_split)
-    except Exception as exc:
-        raise UserError("model.tp", f"the builder's parallelize failed at tp = {tp}: "
-                        f"{type(exc).__name__}: {exc}", "fix parallelize, or choose "
-                        "another tp") from None
-    from ppsim.executor.builders.tied import tie_refusal, ties  # (torch, as above)
-    from ppsim.executor.builders.user_tp import dry_group, parallelized  # (torch, as above)
-
-    # Its split must keep the same rows of the table and of the head's copy of it.
-    split = functools.partial(parallelized, builder, g=dry_group(tp, sequence_split))
-    if ties(builder) and (why := tie_refusal(builder, split)):
-        _refuse_untieable(why)
-
-
 def check_fault(text: str, problem: Any, iterations: int) -> None:
     from ppsim.executor.runtime import Fault  # torch loads only when a run starts
 
@@ -362,38 +239,6 @@ def check_fault(text: str, problem: Any, iterations: int) -> None:
     if f.iteration >= iterations:
         raise UserError("--inject-fault", f"iteration {f.iteration} never runs (iterations "
                         f"0..{iterations - 1})", "pick an iteration below --iterations")
-
-
-def check_tied(args: argparse.Namespace, problem: Any, builder: Any) -> None:
-    """A tied model runs as Megatron runs it (ppsim.executor.tied) where the builder ties
-    its head to its embedding (the shipped ones do as the config says; one of your own
-    where it declares `tie_embeddings`) on the ppsim engine; a builder that ties other
-    than the config says, or the torch engine (its stages tie nothing), is refused.
-    `builder`: None with --print-launch (no code loads; only the engine is checked)."""
-    tied = bool(problem.costs.tied.params)
-    if tied and (args.engine == "torch" or getattr(args, "alongside_torch", False)):
-        raise UserError("model.tie_embeddings", "torch.distributed.pipelining's stages keep "
-                        "the LM head apart from the embedding (no shared table, no reduce "
-                        "of its gradient)", "run it with --engine ppsim, without "
-                        "--alongside-torch, or set tie_embeddings = false")
-    if builder is None:
-        return
-    from ppsim.executor.builders.tied import tie_refusal, ties  # torch loads only when a run starts
-
-    if ties(builder) != tied:
-        says = "ties" if tied else "does not tie"
-        raise UserError("model.tie_embeddings", f"the config {says} the embeddings but the "
-                        f"builder's tie_embeddings is {ties(builder)}", "make them agree "
-                        "(a builder of your own ties with tie_embeddings = True, its "
-                        "embedding's table as `tokens`, its head's projection as `out`)")
-    if tied and (why := tie_refusal(builder)):  # else the ranks fail once they start
-        _refuse_untieable(why)
-
-
-def _refuse_untieable(why: str) -> None:
-    raise UserError("model.tie_embeddings", f"the builder ties the embeddings but {why}",
-                    "name the embedding's nn.Embedding `tokens` and the head's nn.Linear "
-                    "`out`, of one shape (or set tie_embeddings = false)")
 
 
 def check_peer(problem: Any) -> None:
