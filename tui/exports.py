@@ -13,19 +13,22 @@ from ppsim.costs.hybrid import HybridPattern
 from ppsim.errors import UserError
 from ppsim.pipeline.exports import torchtitan_fqns
 from ppsim.pipeline.hybrid_exports import exports_of
+from ppsim.pipeline.megatron_rules import interleaved_refusals
 from ppsim.pipeline.split import Split
 from ppsim.policy.megatron import PolicyExport
 
 
-def export_forms(split: Split, pattern: HybridPattern | None = None) -> dict[str, object]:
+def export_forms(split: Split, pattern: HybridPattern | None = None,
+                 group: int = 0) -> dict[str, object]:
     """All export forms of a split (ppsim.pipeline.hybrid_exports.exports_of: a hybrid
-    stack's Megatron form is its pattern with `|`, and it has no layout).
+    stack's Megatron form is its pattern with `|`, and it has no layout); `group`: the
+    interleaved order's microbatch group, passed where it is not Megatron's default.
 
     Megatron cannot express a V placement (ZB-V, DualPipeV); then only the
     torchtitan form is given and the others say why not."""
 
     try:
-        return exports_of(pattern, split)
+        return exports_of(pattern, split, group)
     except UserError as exc:
         return {"megatron_flags": None, "megatron_layout": None, "megatron_note": exc.problem,
                 "torchtitan_module_fqns_per_model_part": torchtitan_fqns(split),
@@ -42,11 +45,22 @@ def policy_export_lines(policy: PolicyExport) -> list[str]:
     return lines + [f"# {note}" for note in policy.notes]
 
 
+def megatron_order_notes(split: Split, microbatches: int, group: int,
+                         group_given: bool) -> list[str]:
+    """Why Megatron's interleaved schedule would not run the exported flags' order (m <
+    pp: no group lies in [pp, m]), as `ppsim split` warns; [] when it would."""
+    if split.vpp < 2 or split.pp < 2 or split.placement != "loop":
+        return []
+    return interleaved_refusals(split.pp, microbatches, group, group_given)
+
+
 def export_text(split: Split, title: str = "", policy: PolicyExport | None = None,
-                pattern: HybridPattern | None = None) -> str:
+                pattern: HybridPattern | None = None, group: int = 0,
+                notes: tuple[str, ...] = ()) -> str:
     """The export file's text: one shell variable per form (and the memory policy's
-    flags when the state has one per stage); `pattern`: a hybrid stack's."""
-    forms = export_forms(split, pattern)
+    flags when the state has one per stage); `pattern`: a hybrid stack's; `group` as
+    for export_forms; `notes`: lines said as comments under the Megatron forms."""
+    forms = export_forms(split, pattern, group)
     ds = forms["deepspeed_boundaries"]
     lines = [f"# ppsim split export{': ' + title if title else ''}",
              f"# pp={split.pp} vpp={split.vpp} placement={split.placement} "
@@ -61,6 +75,7 @@ def export_text(split: Split, title: str = "", policy: PolicyExport | None = Non
             lines.append(f"# Megatron layout: n/a ({forms.get('megatron_layout_note')})")
     else:
         lines.append(f"# Megatron: n/a ({forms.get('megatron_note')})")
+    lines += [f"# {note}" for note in notes]
     tt = forms["torchtitan_module_fqns_per_model_part"]
     if tt is not None:
         lines += ["# torchtitan: module_fqns_per_model_part",

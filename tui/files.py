@@ -20,8 +20,9 @@ from ppsim.pipeline.problem import hybrid_pattern
 from ppsim.policy.costs import Fixed
 from ppsim.policy.megatron import PolicyExport
 from ppsim.policy.report import policy_flags
+from ppsim.schedules.generators import interleaved_group
 from ppsim.trace.read import read_trace
-from ppsim.tui.exports import export_text
+from ppsim.tui.exports import export_text, megatron_order_notes
 from ppsim.tui.screens import ConfirmQuit, PathPrompt
 from ppsim.tui.session import config_for
 
@@ -110,8 +111,16 @@ class FileActions:
     def _export_text(self, title: str = "") -> str:
         """The shown state's export: its split, its memory policy's flags and, for a
         hybrid stack, its pattern."""
-        pattern = hybrid_pattern(config_for(self.base, self.state))  # type: ignore[attr-defined]
-        return export_text(self.state.split, title, self._policy(), pattern)  # type: ignore[attr-defined]
+        cfg = config_for(self.base, self.state)  # type: ignore[attr-defined]
+        split, p = self.state.split, cfg.pipeline  # type: ignore[attr-defined]
+        # Megatron runs a vpp > 1 split interleaved: the simulated order's group rides on
+        # its flags, as `ppsim split` passes it.
+        group = interleaved_group(p.pp, p.microbatches, p.microbatch_group_size) \
+            if split.vpp > 1 else 0
+        notes = megatron_order_notes(split, p.microbatches, group,
+                                     p.microbatch_group_size is not None)
+        return export_text(split, title, self._policy(), hybrid_pattern(cfg), group,
+                           tuple(notes))
 
     def action_export(self) -> None:
         preview = self._export_text()

@@ -42,12 +42,13 @@ def config_schedule(cfg: Any) -> Schedule:
                           p.microbatch_group_size, combined=p.overlap_moe_expert_parallel_comm)
 
 
-def order_rule(schedule: Schedule) -> str | None:
-    """Whose microbatch-group rule shaped an interleaved order, in words; else None."""
+def order_rule(schedule: Schedule, group: int | None) -> str | None:
+    """Whose microbatch-group rule shaped an interleaved order, in words; else None.
+    `group`: the configured --microbatch-group-size (None: unset, so the rule is
+    Megatron's or torch's, not the flag's, whatever group the order resolved to)."""
 
     if schedule.name in ("interleaved-1f1b", "interleaved-zb") and schedule.vpp > 1:
-        return interleaved_rule(schedule.pp, schedule.microbatches,
-                                schedule.microbatch_group or None)
+        return interleaved_rule(schedule.pp, schedule.microbatches, group)
     return None
 
 
@@ -70,13 +71,13 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             raise UserError("--csv", f"cannot write {args.csv}: {exc.strerror}",
                             "pass a writable file path") from None
     cells = torch_cells(sched)
+    rule = order_rule(sched, cfg.pipeline.microbatch_group_size)
     if args.json:
         emit_json({"schedule": sched.name, "pp": sched.pp, "vpp": sched.vpp,
                    "microbatches": sched.microbatches, "placement": sched.placement,
-                   "split_backward": sched.split_backward, "rule": order_rule(sched),
+                   "split_backward": sched.split_backward, "rule": rule,
                    "ranks": cells, "notes": list(sched.notes), "csv": args.csv})
         return 0
-    rule = order_rule(sched)
     print(f"{sched.name}  pp={sched.pp} vpp={sched.vpp} microbatches={sched.microbatches}  "
           f"placement={sched.placement}" + (f"  {rule}" if rule else ""))
     for r, row in enumerate(cells):

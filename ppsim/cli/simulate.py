@@ -36,7 +36,7 @@ from ppsim.job.exposure import exposed_comm_ms, overlap_hint, overlaps_off
 from ppsim.job.lanes import step_collectives
 from ppsim.pipeline.exports import parse_deepspeed_specs
 from ppsim.pipeline.hybrid_exports import exports_of
-from ppsim.pipeline.megatron_rules import refusals
+from ppsim.pipeline.megatron_rules import interleaved_refusals, refusals
 from ppsim.pipeline.problem import (
     build_problem,
     hybrid_pattern,
@@ -71,6 +71,10 @@ def cmd_split(args: argparse.Namespace) -> int:
         if split.vpp > 1 else 0
     exports = exports_of(hybrid_pattern(cfg), split, group,
                          parse_deepspeed_specs(args.deepspeed_specs))
+    if split.vpp > 1 and split.pp > 1 and split.placement == "loop":  # the flags' order
+        for line in interleaved_refusals(p.pp, p.microbatches, group,
+                                         p.microbatch_group_size is not None):
+            print(f"ppsim split: warning: {line}", file=sys.stderr)
     if args.json:
         emit_json({"num_layers": split.num_layers, "pp": split.pp, "vpp": split.vpp,
                    "stages": stages, **exports})

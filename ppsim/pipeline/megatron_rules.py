@@ -1,8 +1,9 @@
 """What Megatron-LM refuses that ppsim simulates, each with Megatron's own reason. Pure.
 
 ppsim simulates orders Megatron will not launch (torch runs some of them), so
-`simulate` and `plan` warn on stderr when a configuration is one of those, and
-the Megatron export carries the flag an order needs. Read at Megatron-LM
+`simulate`, `plan` and `split` warn on stderr when a configuration is one of those
+(the TUI's export says it as a comment), and the Megatron export carries the flag an
+order needs. Read at Megatron-LM
 d98e8a6:
 
 - megatron/training/arguments.py: an interleaved schedule (vpp > 1) needs
@@ -54,14 +55,19 @@ def refusals(schedule: Schedule, group_given: bool) -> list[str]:
                    "pipeline-model-parallel size > 1 (arguments.py)")
     if schedule.name not in MEGATRON_INTERLEAVED or vpp < 2 or pp < 2:
         return out
-    group = schedule.microbatch_group
+    return out + interleaved_refusals(pp, m, schedule.microbatch_group, group_given)
+
+
+def interleaved_refusals(pp: int, m: int, group: int, group_given: bool) -> list[str]:
+    """Why Megatron's interleaved schedule would not run `m` microbatches over `pp` ranks
+    in groups of `group` (the order ppsim simulates and its exports pass), one line
+    each; [] when it would. `group_given`: as for refusals."""
     reason = group_refusal(pp, m, group)
     if reason is not None:
-        out.append(f"Megatron refuses this interleaved order: {reason}")
-        return out
+        return [f"Megatron refuses this interleaved order: {reason}"]
     default = group_refusal(pp, m, pp)
     if not group_given and default is not None:
-        out.append(f"Megatron refuses {m} microbatches with its default group size "
-                   f"(pp = {pp}): {default}; the simulated order groups {group}: pass "
-                   f"{GROUP_FLAG} {group} (the exported flags do)")
-    return out
+        return [f"Megatron refuses {m} microbatches with its default group size "
+                f"(pp = {pp}): {default}; the simulated order groups {group}: pass "
+                f"{GROUP_FLAG} {group} (the exported flags do)"]
+    return []

@@ -80,10 +80,17 @@ def collective_events(rank: int, kind: str, stage: int, microbatch: int, start_u
             for c, t, dur in collective_spans(kind, start_us, end_us, comm, per_ms=1e3)]
 
 
+def _step_name(what: str) -> str:
+    """A step collective's event name: its group, but for the tied embedding's all-reduce,
+    which runs between the first and last pipeline stages (Megatron's embedding group),
+    not over the data-parallel ranks (there may be one)."""
+    return what if what.startswith("embedding") else f"dp {what}"
+
+
 def step_collective_events(rank: int, spans: list[StepCollectiveSpan]) -> list[dict]:
     """A rank's step collectives (ppsim.job.lanes.step_collective_spans), one trace event
     each."""
-    return [{"name": f"dp {s.what}", "cat": "collective", "ph": "X", "pid": rank,
+    return [{"name": _step_name(s.what), "cat": "collective", "ph": "X", "pid": rank,
              "tid": COLLECTIVE_TID, "ts": s.start_ms * 1e3, "dur": s.ms * 1e3,
              "args": {"group": "dp", "op": "R", "stage": -1, "microbatch": -1,
                       "total_ms": s.ms, "exposed_ms": s.exposed_ms}} for s in spans]

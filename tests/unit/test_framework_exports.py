@@ -136,6 +136,33 @@ def test_the_group_size_is_exported_and_shapes_the_order(capsys):
     assert a.actions != b.actions
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["--microbatches", "3"], "default group size"),
+    (["--pp", "4", "--microbatches", "3"], "outside [pp=4, m=3]"),
+])
+def test_split_warns_where_megatron_refuses_its_flags(capsys, argv, words):
+    """split prints the flags of an interleaved order; where Megatron refuses that order
+    (m < pp: no group lies in [pp, m]) or its default group, it says so as simulate does."""
+    cmd = ["split", "--num-layers", "8", "--pp", "2", "--vpp", "2", *argv, "--json"]
+    assert main(cmd) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "warning: Megatron refuses" in err and words in err
+
+
+@pytest.mark.parametrize("argv, rule", [
+    (["--microbatches", "8"], "Megatron's rule (groups of 4 microbatches)"),
+    (["--microbatches", "3"], "torch's rule (m < pp: one group of 3)"),
+    (["--microbatches", "8", "--microbatch-group-size", "8"],
+     "groups of 8 microbatches (--microbatch-group-size 8)"),
+])
+def test_schedule_names_whose_group_rule_shaped_the_order(capsys, argv, rule):
+    """The flag is named only where it was given; unset, Megatron's rule (m >= pp) or
+    torch's (m < pp, which Megatron refuses) chose the group."""
+    doc = run_json(capsys, ["schedule", "--num-layers", "8", "--schedule", "interleaved-1f1b",
+                            "--pp", "4", "--vpp", "2", *argv, "--json"])
+    assert doc["rule"] == rule
+
+
 def test_megatron_refuses_pp1_with_vpp(capsys):
     data = run_json(capsys, ["split", "--num-layers", "8", "--pp", "1", "--vpp", "2",
                              "--json"])

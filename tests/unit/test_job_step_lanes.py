@@ -204,3 +204,15 @@ def test_simulate_json_lists_them(capsys) -> None:
         assert c["exposed_ms"] == pytest.approx(e["args"]["exposed_ms"])
     assert got[0]["ms"] == pytest.approx(ring(sum(c.params for c in sim.problem.stage_costs)
                                               * 4), rel=1e-9)
+
+
+def test_the_tied_all_reduce_is_named_for_the_stages_it_joins() -> None:
+    """GPT-3's tied table at pp 2, one replica: its gradient's all-reduce joins the first
+    and last stage (Megatron's embedding group); no data-parallel group runs it."""
+    sim = simulate(build_problem(config_from_dict({
+        "model": {"preset": "gpt3-1.3b", "num_layers": 4},
+        "pipeline": {"pp": 2, "microbatches": 4}, "hardware": {"preset": "h100-80gb"}})))
+    events = step_events(sim)
+    assert sorted(events) == [0, 1]
+    for rank in (0, 1):
+        assert list(events[rank]) == ["embedding gradient all-reduce"]
