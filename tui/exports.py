@@ -30,9 +30,14 @@ def export_forms(split: Split, pattern: HybridPattern | None = None,
     try:
         return exports_of(pattern, split, group)
     except UserError as exc:
-        return {"megatron_flags": None, "megatron_layout": None, "megatron_note": exc.problem,
-                "torchtitan_module_fqns_per_model_part": torchtitan_fqns(split),
-                "deepspeed_boundaries": None, "deepspeed_note": exc.problem}
+        forms: dict[str, object] = {
+            "megatron_flags": None, "megatron_layout": None, "megatron_note": exc.problem,
+            "deepspeed_boundaries": None, "deepspeed_note": exc.problem}
+    try:
+        forms["torchtitan_module_fqns_per_model_part"] = torchtitan_fqns(split)
+    except UserError as exc:  # e.g. a stage with no module
+        forms.update(torchtitan_module_fqns_per_model_part=None, torchtitan_note=exc.problem)
+    return forms
 
 
 def policy_export_lines(policy: PolicyExport) -> list[str]:

@@ -115,7 +115,9 @@ def torchtitan_fqns(split: Split) -> list[list[str]]:
     TORCHTITAN_VERSION) or the last stage would return hidden states. Refused where
     torch pipelining or torchtitan cannot run the split: the embedding off stage 0
     (torch feeds token ids to stage 0 only), MTP layers with more than one stage
-    (torchtitan's deepseek_v3/mtp.py: "MTP does not support pipeline parallelism yet").
+    (torchtitan's deepseek_v3/mtp.py: "MTP does not support pipeline parallelism yet"), a
+    stage with no module (torchtitan's OptimizersContainer builds each model part's
+    param groups and raises on one that matches no parameter).
     """
     if split.embedding_stage != 0:
         raise UserError("pipeline.layout", f"stage 0 is empty and the embedding is on stage "
@@ -129,6 +131,11 @@ def torchtitan_fqns(split: Split) -> list[list[str]]:
         names = ["tok_embeddings"] if st.has_embedding else []
         names += [f"layers.{k}" for k in range(st.offset, st.offset + st.layers - st.mtp)]
         names += ["norm", "lm_head"] if st.has_head else []
+        if not names:
+            raise UserError("pipeline.split", f"stage {st.index} holds no module, and "
+                            "torchtitan builds an optimizer for each model part, which "
+                            "refuses one with no parameters (its param_groups pattern "
+                            "'matched no parameters')", "give every stage a layer")
         parts.append(names)
     return parts
 

@@ -121,6 +121,11 @@ def test_ppsim_reads_back_the_megatron_flags_it_exports(split):
 @FAST
 @given(splits)
 def test_torchtitan_fqns(split):
+    # a middle stage with no layer holds no module: torchtitan's optimizer refuses the part
+    if any(n == 0 for n in split.counts[1:-1]):
+        with pytest.raises(UserError, match="holds no module"):
+            torchtitan_fqns(split)
+        return
     parts = torchtitan_fqns(split)
     assert len(parts) == split.num_stages
     assert parts[0][:1] == ["tok_embeddings"] and parts[-1][-2:] == ["norm", "lm_head"]
@@ -151,6 +156,7 @@ def torchtitan_split_rule(part: list[str], num_layers: int) -> list[str]:
 @FAST
 @given(splits)
 def test_torchtitan_split_keeps_the_head_on_the_last_stage(split):
+    assume(all(split.counts[1:-1]))
     parts = [torchtitan_split_rule(p, split.num_layers) for p in torchtitan_fqns(split)]
     assert parts[-1][-1] == "lm_head", "the last stage would return hidden states"
     assert parts[0][0] == "tok_embeddings"

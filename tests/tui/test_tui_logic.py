@@ -253,6 +253,17 @@ def test_export_of_a_v_placement_says_megatron_cannot() -> None:
     assert "TORCHTITAN_FQNS" in read_export(text)
 
 
+def test_export_of_a_v_split_with_an_empty_stage_says_torchtitan_cannot() -> None:
+    """The planner may place no layer on a stage of a V; torchtitan refuses a model part
+    with no parameter, so the export says why, rather than fail or export `[]`."""
+    from ppsim.pipeline.split import Split
+    from ppsim.tui.exports import export_text, read_export
+
+    text = export_text(Split((4, 4, 4, 0, 6, 3, 3, 0), 4, 2, "v"))
+    assert "TORCHTITAN_FQNS" not in read_export(text)
+    assert "# torchtitan: n/a (stage 3 holds no module" in text
+
+
 def test_export_of_a_hybrid_stack_is_its_piped_pattern() -> None:
     """A hybrid stack's export gives Megatron the pattern with | at the stages, and no
     layout (Megatron asserts it away beside --hybrid-layer-pattern); the TUI exported

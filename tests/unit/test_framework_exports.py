@@ -252,3 +252,14 @@ def test_boundaries_read_back_as_the_split(counts, before, after):
 def test_bad_specs_are_a_user_error(text):
     with pytest.raises(UserError, match="--deepspeed-specs"):
         parse_deepspeed_specs(text)
+
+
+def test_no_torchtitan_export_with_an_empty_middle_stage(capsys):
+    """torchtitan builds each model part's optimizer param groups and raises on a part
+    that matches no parameter (components/optimizer/optimizer.py: "matched no
+    parameters"); a split with an empty middle stage printed `[]` as that part."""
+    data = run_json(capsys, ["split", "--num-layers", "8", "--pp", "2", "--layout",
+                             "Et*4||t*4|L", "--json"])
+    assert data["torchtitan_module_fqns_per_model_part"] is None
+    assert "stage 1 holds no module" in data["torchtitan_note"]
+    assert data["megatron_flags"] is not None  # Megatron's layout takes an empty stage
