@@ -32,6 +32,7 @@ from ppsim.sim.summary import end_ranks, rank_tails
 from ppsim.sim.timing import in_pairs
 
 GROUPS = ("tp", "cp", "ep", "dp")
+TIED_SYNC = "embedding gradient all-reduce"
 WHAT = {"tp": "all-gather / reduce-scatter", "cp": "K/V ring", "ep": "all-to-all",
         "dp": "FSDP all-gather / reduce-scatter"}
 """What each group's collectives are, as the trace names them."""
@@ -128,12 +129,13 @@ class StepCollectiveSpan:
 
 
 def place_step_collectives(on_links: Sequence[StepCollective], first_ms: float,
-                           end_ms: float) -> list[StepCollectiveSpan]:
+                           end_ms: float, wait_ms: float = 0.0) -> list[StepCollectiveSpan]:
     """`on_links` of a rank whose first op starts at `first_ms` and last op ends at
     `end_ms`: a collective beside the backward ends its unhidden part after `end_ms`;
     one beside the forward starts with the first op (it gathers what that forward
     needs, the steady state's next iteration); the rest follow the last op, one after
-    another, after the gradients' unhidden part."""
+    another, after the gradients' unhidden part, the tied embedding's all-reduce after
+    `wait_ms` more (summary.sync_waits)."""
     spans = []
     after = end_ms
     for c in on_links:
@@ -143,6 +145,8 @@ def place_step_collectives(on_links: Sequence[StepCollective], first_ms: float,
             stop = end_ms + c.unhidden_ms
             start, after = max(0.0, stop - c.total_ms), max(after, stop)
         else:
+            if c.what == TIED_SYNC:  # a collective: it starts when the other end arrives
+                after += wait_ms
             start = after
             stop = after = start + c.total_ms
         spans.append(StepCollectiveSpan(what=c.what, start_ms=start, ms=stop - start,
@@ -164,7 +168,7 @@ def step_collectives(problem: Any) -> list[tuple[StepCollective, ...]]:
     ends = end_ranks(problem.schedule)
     for r, tail in enumerate(tails):
         sync = job.embedding_sync_ms(r, ends)
-        tied = (StepCollective(what="embedding gradient all-reduce", total_ms=sync,
+        tied = (StepCollective(what=TIED_SYNC, total_ms=sync,
                                unhidden_ms=sync),) if sync > 0 else ()
         # Megatron reduces the tied embedding's gradients once the buckets are reduced,
         # before the optimizer steps and gathers.
@@ -181,5 +185,7 @@ def step_collective_spans(problem: Any, timeline: Any) -> list[list[StepCollecti
     if timeline is None or not timeline.step:
         return []
     ranks = step_collectives(problem) or [()] * len(timeline.ops)
-    return [place_step_collectives(mine, ops[0].start if ops else 0.0, step[0])
-            for mine, ops, step in zip(ranks, timeline.ops, timeline.step, strict=True)]
+    waits = timeline.sync_waits or (0.0,) * len(timeline.ops)
+    return [place_step_collectives(mine, ops[0].start if ops else 0.0, step[0], wait)
+            for mine, ops, step, wait in zip(ranks, timeline.ops, timeline.step, waits,
+                                             strict=True)]

@@ -26,7 +26,7 @@ from ppsim.plan.floor import MemoryFloor, MemoryFloors, memory_floors
 from ppsim.schedules.generators import B, F, W
 from ppsim.sim.copies import estimated
 from ppsim.sim.evaluate import list_schedule
-from ppsim.sim.summary import Summary, busy_ms, step_tail, summarize
+from ppsim.sim.summary import Summary, busy_ms, step_parts, summarize
 from ppsim.sim.timing import compile_schedule, in_pairs, p2p_link
 
 STAGE_CACHE = 1 << 16
@@ -261,9 +261,9 @@ class SplitSearch:
             layers.append(sum(counts[s] for s in self.rank_stages[r]))
         last = [e[-1] if e else 0.0 for e in ends]
         hw = self.problem.hardware
-        tail = step_tail(self.sched, costs, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps,
-                         hw.memory_bandwidth_gbps, hw.dp, hw.optimizer_fixed_ms, hw.job)
-        summary = summarize(statics, last, busy, layers, self.memory, peaks, tail,
+        parts = step_parts(self.sched, costs, hw.p2p_latency_ms, hw.p2p_bandwidth_gbps,
+                           hw.memory_bandwidth_gbps, hw.dp, hw.optimizer_fixed_ms, hw.job)
+        summary = summarize(statics, last, busy, layers, self.memory, peaks, parts,
                             hw.iteration_boundary_ms)
         if (len(self._evaluated) + 1) * self.pp > SUMMARY_CACHE_RANKS:
             self._evaluated.clear()

@@ -36,7 +36,7 @@ from ppsim.pipeline.problem import Problem
 from ppsim.schedules.generators import Action, B, F, Schedule
 from ppsim.schedules.packed import unpacked
 from ppsim.sim.copies import Copy, CopyStreams, wake_delay
-from ppsim.sim.summary import Summary, step_parts, summarize
+from ppsim.sim.summary import Summary, step_parts, summarize, sync_waits
 from ppsim.sim.timing import Link, StageTable, in_pairs
 
 
@@ -69,7 +69,10 @@ class Timeline:
     """Per rank: (time, activation bytes held, in-flight microbatches) after each change."""
     static: tuple[int, ...]
     step: tuple[tuple[float, float, float], ...] = ()
-    """Per rank: (end of its last op, all-reduce ms, optimizer ms) — the step's tail."""
+    """Per rank: (end of its last op, R ms, optimizer ms) — the step's tail; R holds the
+    wait at the tied embedding's all-reduce, as the executor records it."""
+    sync_waits: tuple[float, ...] = ()
+    """Per rank, that wait (summary.sync_waits): R's idle part, before the sync."""
     copies: tuple[Copy, ...] = ()
     """Host copies of offloaded activations, in the order they were issued."""
 
@@ -118,13 +121,15 @@ def finished(problem: Problem, static: tuple[int, ...], ranks: list[RankRun],
                         [problem.split.rank_layers(r) for r in range(sched.pp)],
                         hw.memory_bytes,
                         [(rr.peak_activation, rr.peak_inflight) for rr in ranks],
-                        [r + o for r, o in parts], hw.iteration_boundary_ms)
+                        parts, hw.iteration_boundary_ms)
     timeline = None
     if records is not None:
+        waits = sync_waits([rr.end for rr in ranks], parts)
+        step = tuple((rr.end, p.reduce_ms + w + p.sync_ms, p.optimizer_ms)
+                     for rr, p, w in zip(ranks, parts, waits, strict=True))
         timeline = Timeline(tuple(tuple(o) for o in records.ops), tuple(records.transfers),
-                            tuple(tuple(mm) for mm in records.memory), static,
-                            tuple((rr.end, *p) for rr, p in zip(ranks, parts, strict=True)),
-                            tuple(records.copies))
+                            tuple(tuple(mm) for mm in records.memory), static, step,
+                            copies=tuple(records.copies), sync_waits=tuple(waits))
     return Simulation(problem, summary, timeline)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from ppsim.sim.summary import Summary, busy_ms, memory_peaks, summarize
+from ppsim.sim.summary import StepPart, Summary, busy_ms, memory_peaks, summarize
 from ppsim.sim.timing import CompiledSchedule, OpTable
 
 
@@ -117,12 +117,12 @@ def _paired_rank(k: _Rank, i: int, now: float, arrival: list[float | None],
 
 
 def evaluate(table: OpTable, layers: list[int], memory_bytes: float,
-             tail: list[float] | None = None, boundary: float = 0.0) -> Summary:
-    """Iteration time, bubbles and memory peaks, without building a timeline; `tail` is
-    the step's per-rank end (see summary.step_tail)."""
+             parts: Sequence[StepPart] | None = None, boundary: float = 0.0) -> Summary:
+    """Iteration time, bubbles and memory peaks, without building a timeline; `parts` is
+    the step's per-rank tail (summary.step_parts)."""
     _, ends = op_times(table)
     busy = [busy_ms(durs) for durs in table.duration]
     last = [e[-1] if e else 0.0 for e in ends]
     peaks = [memory_peaks(table.compiled.kind[r], table.alloc[r], table.free[r])
              for r in range(len(ends))]
-    return summarize(table.static, last, busy, layers, memory_bytes, peaks, tail, boundary)
+    return summarize(table.static, last, busy, layers, memory_bytes, peaks, parts, boundary)

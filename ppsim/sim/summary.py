@@ -85,24 +85,42 @@ GRAD_BYTES = 4
 """Gradients are reduced in fp32 (Megatron's main grads)."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class StepPart:
+    """One rank's step after its last op, ms, in the order Megatron's finalize_model_grads
+    runs it: the data-parallel reduce, the tied embedding's all-reduce, the optimizer."""
+
+    reduce_ms: float
+    """The data-parallel gradient reduction (and what ppsim.job.tail adds to it)."""
+    sync_ms: float = 0.0
+    """The tied embedding's gradient all-reduce between the end ranks; 0 elsewhere."""
+    optimizer_ms: float
+
+    @property
+    def busy_ms(self) -> float:
+        """The step's work: R (reduce and sync) then S; the wait at the sync is idle."""
+        return (self.reduce_ms + self.sync_ms) + self.optimizer_ms
+
+
 def step_parts(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
                bandwidth_gbps: float, memory_bandwidth_gbps: float,
                dp: int, optimizer_fixed_ms: float = 0.0,
-               job: Any = None) -> list[tuple[float, float]]:
-    """Per rank, what follows its last backward, as (R, S) ms: the data-parallel gradient
-    all-reduce (a ring: 2(dp-1)/dp of the gradient bytes, 2(dp-1) latencies) and the
-    optimizer step (a fixed time, measured by `ppsim profile` on CPU, plus
-    ADAM_BYTES_PER_PARAM over memory bandwidth), as the executor records them.
-    Parameters come from the cost model; a cost file without them costs nothing. A
-    transformer's job (ppsim.job.model.Job) prices the step itself (ppsim.job.tail)."""
+               job: Any = None) -> list[StepPart]:
+    """Per rank, what follows its last backward: the data-parallel gradient all-reduce
+    (a ring: 2(dp-1)/dp of the gradient bytes, 2(dp-1) latencies) and the optimizer step
+    (a fixed time, measured by `ppsim profile` on CPU, plus ADAM_BYTES_PER_PARAM over
+    memory bandwidth), as the executor records them. Parameters come from the cost
+    model; a cost file without them costs nothing. A transformer's job
+    (ppsim.job.model.Job) prices the step itself (ppsim.job.tail), the tied embedding's
+    all-reduce with it."""
     params = [0] * s.pp
     for i, c in enumerate(costs):
         params[s.stage_rank(i)] += c.params
     if job is not None:
         tails = rank_tails(s, costs, job, memory_bandwidth_gbps, optimizer_fixed_ms)
         ends = end_ranks(s)
-        return [(t.reduce_ms + job.embedding_sync_ms(r, ends), t.optimizer_ms)
-                for r, t in enumerate(tails)]
+        return [StepPart(reduce_ms=t.reduce_ms, sync_ms=job.embedding_sync_ms(r, ends),
+                         optimizer_ms=t.optimizer_ms) for r, t in enumerate(tails)]
     out = []
     for n in params:
         reduce = 0.0
@@ -113,8 +131,23 @@ def step_parts(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
             if memory_bandwidth_gbps > 0 else 0.0
         if n and (step or optimizer_fixed_ms):
             step += optimizer_fixed_ms
-        out.append((reduce, step))
+        out.append(StepPart(reduce_ms=reduce, optimizer_ms=step))
     return out
+
+
+def sync_waits(ends: Sequence[float], parts: Sequence[StepPart]) -> list[float]:
+    """Per rank, its idle time at the tied embedding's all-reduce: a collective, so the
+    ranks that run it (those with a sync) start it together, at the later of their
+    arrivals (last op's end, then the data-parallel reduce). 0 elsewhere."""
+    pair = [r for r, p in enumerate(parts) if p.sync_ms > 0]
+    waits = [0.0] * len(parts)
+    if len(pair) < 2:
+        return waits
+    arrival = {r: ends[r] + parts[r].reduce_ms for r in pair}
+    start = max(arrival.values())
+    for r in pair:
+        waits[r] = start - arrival[r]
+    return waits
 
 
 def end_ranks(s: Schedule) -> tuple[int, int]:
@@ -140,25 +173,21 @@ def rank_tails(s: Schedule, costs: Sequence[StageCost], job: Any,
             for r, (n, f, b, e) in enumerate(zip(params, fwd, bwd, experts, strict=True))]
 
 
-def step_tail(s: Schedule, costs: Sequence[StageCost], latency_ms: float,
-              bandwidth_gbps: float, memory_bandwidth_gbps: float, dp: int,
-              optimizer_fixed_ms: float = 0.0, job: Any = None) -> list[float]:
-    """Per rank, the time of the step's end (all-reduce then optimizer), see step_parts."""
-    return [r + o for r, o in step_parts(s, costs, latency_ms, bandwidth_gbps,
-                                         memory_bandwidth_gbps, dp, optimizer_fixed_ms, job)]
-
-
 def summarize(static: Sequence[int], ends: list[float], busy: list[float], layers: list[int],
               memory_bytes: float, peaks: list[tuple[int, int]],
-              tail: Sequence[float] | None = None, boundary: float = 0.0) -> Summary:
-    """Headline numbers from per-rank end times, busy times and memory peaks; `tail`
-    (the step's all-reduce and optimizer, per rank) runs after each rank's last op, and
+              parts: Sequence[StepPart] | None = None, boundary: float = 0.0) -> Summary:
+    """Headline numbers from per-rank end times, busy times and memory peaks; `parts`
+    (the step's tail, per rank, step_parts) runs after each rank's last op, the tied
+    all-reduce's wait (sync_waits) lengthening the rank but not its busy time, and
     `boundary` (the executor's end-of-iteration loss all-reduce, measured) separates
     one iteration from the next: the iteration time is a whole iteration, start to
     the next start."""
-    if tail is not None and any(tail):
-        ends = [e + t for e, t in zip(ends, tail, strict=True)]
-        busy = [b + t for b, t in zip(busy, tail, strict=True)]
+    if parts is not None:
+        tail = [p.busy_ms for p in parts]
+        if any(tail):
+            waits = sync_waits(ends, parts)
+            ends = [e + t + w for e, t, w in zip(ends, tail, waits, strict=True)]
+            busy = [b + t for b, t in zip(busy, tail, strict=True)]
     pp = len(ends)
     t = (max(ends) + boundary) if ends else 0.0
     ranks = []

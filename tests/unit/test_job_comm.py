@@ -160,12 +160,15 @@ def test_tied_embeddings_reduce_between_the_first_and_last_stage() -> None:
     # the 50,304 x 2,048 table (GPT-2's 50,257 tokens padded to a multiple of 128): a ring
     # of 2 steps moving half of it each way.
     sync = 2 * NV_STEP + 50304 * 2048 * 4 / NV
-    ends = [e for e, _, _ in untied.timeline.step]
-    tails = [r + s for _, r, s in untied.timeline.step]
-    expect = max(e + t + (sync if r in (0, 3) else 0.0)
-                 for r, (e, t) in enumerate(zip(ends, tails, strict=True)))
+    # The all-reduce is a collective: both ends start it once the later one arrives.
+    step = untied.timeline.step
+    start = max(step[r][0] + step[r][1] for r in (0, 3))
+    expect = max(start + sync + s if r in (0, 3) else e + red + s
+                 for r, (e, red, s) in enumerate(step))
     assert tied.summary.iteration_time_ms == pytest.approx(expect, rel=1e-12)
-    assert [r for _, r, _ in tied.timeline.step] == pytest.approx([sync, 0, 0, sync])
+    waits = [start - step[r][0] - step[r][1] for r in (0, 3)]
+    assert [r for _, r, _ in tied.timeline.step] == pytest.approx(
+        [waits[0] + sync, 0, 0, waits[1] + sync])
 
 
 def test_only_the_embeddings_rank_waits_for_the_embeddings_bucket() -> None:

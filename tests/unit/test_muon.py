@@ -178,7 +178,7 @@ def _steps(costs: str, optimizer: str) -> list[float]:
 
     p = _problem(costs, optimizer)
     hw = p.hardware
-    return [s for _, s in step_parts(p.schedule, p.stage_costs, hw.p2p_latency_ms,
+    return [s.optimizer_ms for s in step_parts(p.schedule, p.stage_costs, hw.p2p_latency_ms,
                                      hw.p2p_bandwidth_gbps, hw.memory_bandwidth_gbps, hw.dp,
                                      hw.optimizer_fixed_ms, hw.job)]
 
