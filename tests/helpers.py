@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 import threading
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +211,20 @@ def between_ops_peaks(argv: list[str]) -> list[int]:
 
     return peaks(build_problem(config_from_args(build_parser().parse_args(["simulate",
                                                                           *argv]))))
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What `ppsim ARGV` gave, run in this process."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(argv: list[str]) -> Ran:
+    """`ppsim ARGV` in this process."""
+    return Ran(*run_main(argv))
 
 
 def run_main(argv: list[str]) -> tuple[int, str, str]:
