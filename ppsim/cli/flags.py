@@ -216,7 +216,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     flag = lambda key: getattr(args, key, None)  # noqa: E731 - a command may lack a flag
     cfg = load_config(args.config, {"preset": flag("preset")} if flag("preset") else None)
     limit, devices = _hardware_flags(args, flag)
-    memory, mode = memory_flags(flag, cfg.memory)
+    said = memory_flags(flag, cfg.memory)
     pipeline = {k: flag(k) for k in PIPELINE_KEYS if k != "global_batch_size"}
     if pipeline.get("moe_token_dispatcher_type") == "allgather":
         pipeline["moe_token_dispatcher_type"] = None  # check_experts_parallel says why
@@ -258,9 +258,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if order is not None:
         pipeline["rank_order"] = order
     cfg = with_overrides(cfg, preset=None if table else flag("preset"), model_table=table,
-                         memory=memory or None,
+                         memory=said.memory or None,
                          model=megatron_fsdp_state(model)
-                         | ({"recompute": mode} if mode else {}),
+                         | ({"recompute": said.mode} if said.mode else {}),
                          pipeline=pipeline, split=_split_choice(args, flag),
                          hardware=flag("hardware"), memory_bytes=limit,
                          costs_file=flag("costs"), devices=devices)

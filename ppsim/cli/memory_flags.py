@@ -5,6 +5,7 @@ of the flag that gave it, as the user typed it."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from typing import Any
 
 from ppsim.cli import megatron_flags
@@ -82,10 +83,19 @@ def _check_values(memory: dict[str, Any], typed: dict[str, str]) -> None:
             raise UserError(name, exc.problem, exc.fix) from None
 
 
-def memory_flags(flag: Any, configured: dict[str, Any] | None
-                 ) -> tuple[dict[str, Any], str | None]:
-    """The [memory] keys the flags set, and the global recompute mode they say
-    (`configured`: the config's [memory] section)."""
+@dataclass(frozen=True)
+class MemoryFlags:
+    """What the memory policy's flags say."""
+
+    memory: dict[str, Any]
+    """The [memory] keys they set."""
+    mode: str | None
+    """The global recompute mode they say, if any."""
+
+
+def memory_flags(flag: Any, configured: dict[str, Any] | None) -> MemoryFlags:
+    """What the flags say of the memory policy (`configured`: the config's [memory]
+    section)."""
     memory = {key: flag(name) for key, name in MEMORY_FLAGS.items() if flag(name) is not None}
     for key in ("recompute_modules", "offload_modules"):  # "a,b", "a b" or a b
         if isinstance(memory.get(key), list):
@@ -112,4 +122,4 @@ def memory_flags(flag: Any, configured: dict[str, Any] | None
     megatron_flags.check_offload(bool(flag("fine_grained_activation_offloading")), memory,
                                  any(isinstance(t, dict) and t.get("offload_modules")
                                      for t in tables))
-    return memory, mode
+    return MemoryFlags(memory, mode)
