@@ -23,9 +23,8 @@ def recompute_mode(granularity: str | None, method: str | None, memory: dict[str
     the flag that gave the granularity (--recompute-activations and --moe-layer-recompute
     set selective)."""
     if granularity is None:
-        if method is not None:  # Megatron reads no method without a granularity
-            raise UserError("--recompute-method", "needs --recompute-granularity full",
-                            "add --recompute-granularity full")
+        if method is not None:
+            _drop_method(memory)
         return None
     if recompute is not None:
         raise UserError(named, "says what --recompute says",
@@ -33,6 +32,17 @@ def recompute_mode(granularity: str | None, method: str | None, memory: dict[str
     if granularity == "selective":
         return _selective(method, memory, grouped_gemm)
     return _full(method, memory)
+
+
+def _drop_method(memory: dict[str, Any]) -> None:
+    """A method with no granularity: the line is Megatron's, and Megatron's
+    TransformerConfig reads the method and the layer count only under a granularity, so
+    the job recomputes nothing; priced as it runs, with a warning."""
+    layers = " and --recompute-num-layers" if memory.pop("recompute_layers", None) else ""
+    print(f"warning: Megatron ignores --recompute-method{layers} without "
+          "--recompute-granularity (the job recomputes nothing); ppsim prices no "
+          "recompute, as Megatron runs it (add --recompute-granularity full to recompute)",
+          file=sys.stderr)
 
 
 def _selective(method: str | None, memory: dict[str, Any], grouped_gemm: bool) -> str:

@@ -114,6 +114,10 @@ def memory_flags(flag: Any, configured: dict[str, Any] | None) -> MemoryFlags:
     if flag("moe_layer_recompute"):
         named = "--moe-layer-recompute" if granularity is None else named
         granularity = megatron_flags.moe_layer_recompute(granularity, memory)
+    if flag("recompute_method") and flag("overlap_moe_expert_parallel_comm"):
+        raise UserError("--recompute-method", "disable recomputation method when enabling "
+                        "overlap_moe_expert_parallel_comm (Megatron's words)",
+                        "drop --recompute-method, or --overlap-moe-expert-parallel-comm")
     mode = megatron_flags.recompute_mode(granularity, flag("recompute_method"), memory,
                                          flag("recompute"), bool(flag("moe_grouped_gemm")),
                                          named)

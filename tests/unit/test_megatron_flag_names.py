@@ -129,7 +129,6 @@ def test_the_recompute_flags_ppsim_exports_read_back() -> None:
 
 
 @pytest.mark.parametrize("flags, field", [
-    ("--recompute-method block --recompute-num-layers 2", "--recompute-method"),
     ("--recompute-granularity full", "--recompute-method"),
     ("--recompute-granularity full --recompute-method block", "--recompute-num-layers"),
     ("--recompute-granularity full --recompute-method uniform --recompute-num-layers 2",
@@ -155,6 +154,30 @@ def test_megatrons_recompute_flags_are_refused_where_megatron_refuses_them(
     assert main([*LLAMA, *flags.split()]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and f"error: {field}:" in err
+
+
+@pytest.mark.parametrize("flags", ["--recompute-method uniform",
+                                   "--recompute-method block --recompute-num-layers 2"])
+def test_a_method_without_granularity_recomputes_nothing_as_in_megatron(
+        flags: str, capsys) -> None:
+    # TransformerConfig reads recompute_method and recompute_num_layers only under a
+    # recompute_granularity; arguments.py asserts nothing of them without one.
+    plain = _json(LLAMA)
+    capsys.readouterr()
+    assert _json([*LLAMA, *flags.split()]) == plain
+    warning = capsys.readouterr().err.splitlines()
+    assert len(warning) == 1 and warning[0].startswith("warning: Megatron ignores "
+                                                       "--recompute-method")
+
+
+def test_a_method_beside_the_combined_overlap_is_refused_as_in_megatron(capsys) -> None:
+    # TransformerConfig: "disable recomputation method when enabling
+    # overlap_moe_expert_parallel_comm", with or without a granularity.
+    moe = ["simulate", "--preset", "qwen3-30b-a3b", "--hardware", "h100-80gb", "--pp", "4",
+           "--ep", "8", "--microbatches", "8", "--overlap-moe-expert-parallel-comm"]
+    assert main([*moe, "--recompute-method", "uniform"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "error: --recompute-method:" in err
 
 
 def test_moe_act_recompute_with_grouped_gemm_is_megatrons_and_ppsims_moe_act() -> None:
