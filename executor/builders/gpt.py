@@ -31,6 +31,7 @@ from ppsim.executor.builders.common import (
 )
 from ppsim.executor.builders.context import token_positions
 from ppsim.executor.builders.llama import architecture, describe
+from ppsim.executor.builders.qkv_gather import GatheredQKV, gathers, packed, rows
 from ppsim.executor.builders.stage import AttentionCore
 from ppsim.executor.builders.tensor import (
     ParallelLinears,
@@ -112,6 +113,10 @@ class Block(nn.Module):
         self.keep_silu = s.keep_silu
         self.mlp = Piece(self._mlp)  # Megatron's `mlp` recompute module
         self.tp: TensorGroup | None = None
+        self.qkv: nn.Linear | None = None
+        """At tp above the key/value groups: this rank's rows of the interleaved QKV
+        (q and kv then None)."""
+        self.gathered: GatheredQKV | None = None
         self.columns: ParallelLinears | None = None
         """At tp > 1: QKV's projections (a memory policy's `qkv_linear`)."""
         self.rows: ParallelLinears | None = None
@@ -120,21 +125,36 @@ class Block(nn.Module):
         """At tp > 1: the MLP's second matmul, row-parallel."""
 
     def shard(self, g: TensorGroup) -> None:
-        """Keep this tensor-parallel rank's heads and MLP units (ppsim.executor.builders.tensor)."""
+        """Keep this tensor-parallel rank's heads and MLP units (ppsim.executor.builders.tensor);
+        at tp above the key/value groups its rows of the interleaved QKV, biases with
+        them (ppsim.executor.builders.qkv_gather)."""
         self.tp = g
-        self.heads, self.kv_heads = self.heads // g.size, self.kv_heads // g.size
-        shard_output(self.q, g)
-        shard_output(self.kv, g, groups=2)
+        self._shard_attention(g)
         shard_output(self.fc1, g)
         if self.fc3 is not None:
             shard_output(self.fc3, g)
         shard_input(self.proj, g)
         shard_input(self.fc2, g)
-        self.columns = ParallelLinears(g, (self.q, self.kv))
+        self.columns = ParallelLinears(g, self._projections())
         self.rows = ParallelLinears(g, (self.proj,), row=True)
         self.down = ParallelLinears(g, (self.fc2,), row=True)
         if g.sequence_parallel:  # applied to this rank's tokens alone
             mark_partial(self.norm1, self.norm2, self.proj.bias, self.fc2.bias)
+
+    def _shard_attention(self, g: TensorGroup) -> None:
+        assert self.q is not None and self.kv is not None
+        if gathers(self.kv_heads, g):
+            self.gathered = GatheredQKV(g, self.heads, self.kv_heads, self.head_dim, False)
+            self.qkv = self.gathered.fuse(rows(self.q), *packed(self.kv, 2), None)
+            self.q = self.kv = None
+            self.heads, self.kv_heads = self.heads // g.size, 1
+            return
+        self.heads, self.kv_heads = self.heads // g.size, self.kv_heads // g.size
+        shard_output(self.q, g)
+        shard_output(self.kv, g, groups=2)
+
+    def _projections(self) -> tuple[nn.Linear, ...]:
+        return tuple(lin for lin in (self.q, self.kv, self.qkv) if lin is not None)
 
     def _mlp(self, y: torch.Tensor) -> torch.Tensor:
         """The MLP on the normed input, before the residual add."""
@@ -145,10 +165,14 @@ class Block(nn.Module):
 
     def _tensor_parallel(self, x: torch.Tensor) -> torch.Tensor:
         assert self.columns is not None and self.rows is not None
-        q, kv = self.columns(self.norm1(x))  # every token (sequence parallelism: gathered)
-        b, t, _ = q.shape
-        q = q.view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k, v = kv.view(b, t, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        outs = self.columns(self.norm1(x))  # every token (sequence parallelism: gathered)
+        b, t, _ = outs[0].shape
+        if self.gathered is not None:  # the QKV's whole width gathered, this rank's sliced
+            q, k, v = (y.view(b, t, -1, self.head_dim).transpose(1, 2)
+                       for y in self.gathered.split(outs[0]))
+        else:
+            q = outs[0].view(b, t, self.heads, self.head_dim).transpose(1, 2)
+            k, v = outs[1].view(b, t, 2, self.kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         a = self.attention(q, k, v)
         x = x + self.rows(a.transpose(1, 2).reshape(b, t, -1))
         return x + self.mlp(self.norm2(x))

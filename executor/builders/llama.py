@@ -47,7 +47,7 @@ from ppsim.executor.builders.common import (
 from ppsim.executor.builders.context import own_tokens, token_positions
 from ppsim.executor.builders.mla import LatentAttention
 from ppsim.executor.builders.moe import MoE, init_experts
-from ppsim.executor.builders.qkv_gather import GatheredQKV, gathers
+from ppsim.executor.builders.qkv_gather import GatheredQKV, gathers, rows
 from ppsim.executor.builders.rotary import rotary_tables, rotate
 from ppsim.executor.builders.stage import AttentionCore
 from ppsim.executor.builders.tensor import (
@@ -206,7 +206,8 @@ class Attention(nn.Module):
         if gathers(self.kv_heads, g):
             self.gathered = GatheredQKV(g, self.heads, self.kv_heads, self.head_dim,
                                         self.gate is not None)
-            self.qkv = self.gathered.fuse(self.q, self.k, self.v, self.gate)
+            self.qkv = self.gathered.fuse(rows(self.q), rows(self.k), rows(self.v),
+                                          None if self.gate is None else rows(self.gate))
             self.q = self.k = self.v = self.gate = None
             self.heads, self.kv_heads = self.heads // g.size, 1
         else:

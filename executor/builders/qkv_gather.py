@@ -4,17 +4,21 @@
 One column-parallel linear holds the whole QKV width, its outputs laid out group by
 group, "q1 q2 g1 g2 k1 v1 | q3 q4 g3 g4 k2 v2 | ..." (each group's query heads, their
 output gates where the layer has them, its key head, its value head), split evenly over
-the tensor ranks, so no weight is repeated and a rank's rows may cross a head. Its output
-is all-gathered along the width (all_gather_last_dim_from_tensor_parallel_region: the
-gradient reduce-scattered back), and each rank slices its group, index tp_rank // (tp /
-groups), and of the group's query heads (and gates) the heads / tp at index tp_rank % (tp
-/ groups): it attends with those over the group's one key/value head. The slices are
-copied out (Transformer Engine copies the strided V; its norms and rotary make new Q
-and K), so nothing keeps the gathered buffer once split: a rank keeps one key and value
-head, as ppsim.costs.saved counts.
+the tensor ranks, so no weight is repeated and a rank's rows may cross a head; a bias
+(the built-in GPT's Q and packed K, V have one, as Megatron's linear_qkv does) is laid
+out and split row for row with the weight. Its output is all-gathered along the width
+(all_gather_last_dim_from_tensor_parallel_region: the gradient reduce-scattered back),
+and each rank slices its group, index tp_rank // (tp / groups), and of the group's query
+heads (and gates) the heads / tp at index tp_rank % (tp / groups): it attends with those
+over the group's one key/value head. The slices are copied out (Transformer Engine
+copies the strided V; its norms and rotary make new Q and K), so nothing keeps the
+gathered buffer once split: a rank keeps one key and value head, as ppsim.costs.saved
+counts.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -52,6 +56,32 @@ def _scattered_width(grad: torch.Tensor, g: TensorGroup) -> torch.Tensor:
     return out.movedim(0, -1).contiguous()
 
 
+@dataclass(frozen=True)
+class Rows:
+    """A projection's output rows: its weight and its bias (None: it has none)."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None = None
+
+    def part(self, start: int, stop: int) -> Rows:
+        """Output rows start to stop, the bias's with the weight's."""
+        return Rows(self.weight[start:stop],
+                    None if self.bias is None else self.bias[start:stop])
+
+
+def rows(linear: nn.Linear) -> Rows:
+    """A linear's outputs as Rows (detached: they are copied into the fused linear)."""
+    return Rows(linear.weight.detach(),
+                None if linear.bias is None else linear.bias.detach())
+
+
+def packed(linear: nn.Linear, parts: int) -> list[Rows]:
+    """The Rows of `parts` equal projections one linear packs block after block (the
+    built-in GPT's K then V)."""
+    whole, n = rows(linear), linear.out_features // parts
+    return [whole.part(i * n, (i + 1) * n) for i in range(parts)]
+
+
 class GatheredQKV:
     """The layout and the split of one layer's interleaved QKV (the module docstring)."""
 
@@ -63,24 +93,26 @@ class GatheredQKV:
         """Query heads of a group."""
         self.ranks_per_group = g.size // groups
 
-    def fuse(self, q: nn.Linear, k: nn.Linear, v: nn.Linear,
-             gate: nn.Linear | None) -> nn.Linear:
-        """The whole projections' weights interleaved group by group into one linear
-        (no bias: the shipped decoder's have none), this rank's rows of it kept."""
+    def fuse(self, q: Rows, k: Rows, v: Rows, gate: Rows | None) -> nn.Linear:
+        """The whole projections' rows (and biases, where they have them: all or none)
+        interleaved group by group into one linear, this rank's rows of it kept (a bias
+        row with its weight row)."""
         hd, n = self.head_dim, self.per_group
-
-        def rows(lin: nn.Linear, i: int, heads: int) -> torch.Tensor:
-            return lin.weight.detach()[i * heads * hd:(i + 1) * heads * hd]
-
-        blocks = []
+        blocks: list[Rows] = []
         for i in range(self.groups):
-            blocks += [rows(q, i, n), *([rows(gate, i, n)] if gate is not None else []),
-                       rows(k, i, 1), rows(v, i, 1)]
-        w = torch.cat(blocks)
-        fused = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device,
+            blocks += [q.part(i * n * hd, (i + 1) * n * hd),
+                       *([gate.part(i * n * hd, (i + 1) * n * hd)] if gate is not None
+                         else []),
+                       k.part(i * hd, (i + 1) * hd), v.part(i * hd, (i + 1) * hd)]
+        w = torch.cat([b.weight for b in blocks])
+        biases = [b.bias for b in blocks if b.bias is not None]
+        assert len(biases) in (0, len(blocks)), "some projections biased, some not"
+        fused = nn.Linear(w.shape[1], w.shape[0], bias=bool(biases), device=w.device,
                           dtype=w.dtype)
         with torch.no_grad():
             fused.weight.copy_(w)
+            if fused.bias is not None:
+                fused.bias.copy_(torch.cat(biases))
         shard_output(fused, self.g)
         return fused
 

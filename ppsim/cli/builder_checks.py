@@ -69,18 +69,16 @@ def check_tensor_parallel(builder: Any, fields: dict[str, Any], tp: int,
     """What tp > 1 splits: the shipped builders' decoders (the built-in GPT, the
     Llama-style one with its latent attention, MoE layers and hybrid mixers: each MLP's
     units, and under sequence parallelism the tokens; the key/value heads whole, or at tp
-    above them gathered as Megatron does, but in the built-in GPT; the heads' rule is the
-    config's, ppsim.config.validate; the
-    vocabulary is padded as Megatron pads it), or a builder of
-    your own through its `parallelize`, tried here on the meta device."""
+    above them QKV gathered as Megatron does, ppsim.executor.builders.qkv_gather; the
+    heads' and the gathered width's rules are the config's, ppsim.config.validate; the
+    vocabulary is padded as Megatron pads it), or a builder of your own through its
+    `parallelize`, tried here on the meta device."""
     from ppsim.executor.builders.gpt import GPTBuilder  # torch loads only here
     from ppsim.executor.builders.llama import LlamaBuilder  # (torch, as above)
 
     if not isinstance(builder, (GPTBuilder, LlamaBuilder)):  # hybrid stacks' is a Llama's
         _check_own_split(builder, tp, sequence_split)
         return
-    if fields.get("attention", "gqa") != "mla":
-        _check_kv_gather(builder, fields, tp)
     for key, what in (("ffn_hidden_size", "the MLP's units split by columns"),
                       *((("seq_length", "sequence parallelism splits the tokens"),)
                         if sequence_split else ())):
@@ -89,24 +87,6 @@ def check_tensor_parallel(builder: Any, fields: dict[str, Any], tp: int,
                                                  if key == "seq_length" else "")
             raise UserError(f"model.{key}", f"{fields[key]} does not divide by tp ({tp}): "
                             f"{what} over the tensor ranks", fix)
-
-
-def _check_kv_gather(builder: Any, fields: dict[str, Any], tp: int) -> None:
-    """tp above the key/value groups: the Llama-style decoder gathers QKV as Megatron
-    does (ppsim.executor.builders.qkv_gather), its interleaved width split evenly over
-    the ranks (the config's rule, ppsim.costs.kv_split.qkv_width_problem); the built-in
-    GPT splits whole key/value heads only."""
-    from ppsim.executor.builders.gpt import GPTBuilder  # (torch, as above)
-
-    groups = fields.get("num_kv_heads", fields["num_heads"])
-    if tp <= groups:
-        return
-    if isinstance(builder, GPTBuilder):
-        raise UserError("model.tp", f"{tp} exceeds num_kv_heads = {groups}: the built-in "
-                        "GPT splits whole key/value heads over the tensor ranks, without "
-                        "Megatron's gather of QKV", f"run tp <= {groups}, or give norm = "
-                        "\"rmsnorm\" for the Llama-style decoder, which gathers it")
-
 
 
 def _check_own_split(builder: Any, tp: int, sequence_split: bool) -> None:

@@ -72,9 +72,10 @@ def tiny_gpt_toml(**fields: Any) -> str:
                                                       for k, v in fields.items())
 
 
-GATED_TOML = tiny_gpt_toml(gated_mlp=True, num_kv_heads=2, norm="layernorm",
+GATED_TOML = tiny_gpt_toml(gated_mlp=True, num_kv_heads=1, norm="layernorm",
                            position="learned")
-"""The built-in GPT with SwiGLU and grouped-query attention (4 heads, 2 key/value heads)."""
+"""The built-in GPT with SwiGLU and grouped-query attention (4 heads, 1 key/value head:
+at tp 2 its biased QKV gathered, ppsim.executor.builders.qkv_gather)."""
 
 RANK_ONLY_BUILDER = """import os
 
@@ -285,10 +286,11 @@ TENSOR = {
     "tp2-own-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, *OWN_TP]),
     "tp2-dp2-own-interleaved": Spec(argv=["--tp", "2", "--dp", "2", *INTERLEAVED_M2,
                                           "--no-sequence-parallel", *OWN_TP], dump_grads=False),
-    # tensor parallelism without sequence parallelism: all-reduces, norms whole
+    # tensor parallelism without sequence parallelism: all-reduces, norms whole; the
+    # built-in GPT at more tensor ranks than key/value groups (its QKV gathered)
     "tp2-dp2-interleaved-gated": Spec(argv=["--tp", "2", "--dp", "2", *INTERLEAVED_M2,
                                             "--no-sequence-parallel",
-                                            "--config", "{tmp}/gated.toml"], dump_grads=False),
+                                            "--config", "{tmp}/gated.toml"]),
 }
 
 EXPERT = {

@@ -35,10 +35,11 @@ CASES = ["tp2-1f1b", "tp2-llama-1f1b", "tp2-llama-policy", "tp2-moe-1f1b", "tp2-
 policy: the tensor-parallel projections' inputs offloaded, the MLP recomputed; with MoE
 layers, each expert split over the tensor ranks as Megatron splits them by default, and
 with the MoE's own pieces recomputed and offloaded; with latent attention, and without
-a query latent with the layer's input offloaded), the gated GPT without it; the
-Llama-style decoder (query and key norms, an output gate) at more tensor ranks than
-key/value groups, its QKV gathered: 2 groups at tp 4, 1 at tp 2 without sequence
-parallelism. Each expert whole (etp 1): the hybrid stack below."""
+a query latent with the layer's input offloaded), the gated GPT without it (its one
+key/value group at tp 2: its biased QKV gathered); the Llama-style decoder (query and key
+norms, an output gate) at more tensor ranks than key/value groups, its QKV gathered: 2
+groups at tp 4, 1 at tp 2 without sequence parallelism. Each expert whole (etp 1): the
+hybrid stack below."""
 PACKED = ("kv.weight", "kv.bias")
 """K and V in one matmul, each block sliced alike (ppsim.executor.builders.tensor)."""
 
@@ -63,12 +64,14 @@ def _whole(name: str, shards: list[torch.Tensor], want: torch.Size) -> torch.Ten
     return torch.cat(shards, dim)
 
 
-def _unfused(name: str, whole: torch.Tensor, fields: dict[str, Any]) -> dict[str, torch.Tensor]:
+def _unfused(name: str, whole: torch.Tensor, fields: dict[str, Any],
+             want: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The interleaved QKV's rows (ppsim.executor.builders.qkv_gather), every group's query
-    heads, gates, key head and value head in turn, as the one process's q, gate, k and v
-    weights."""
+    heads, gates, key head and value head in turn, as the one process's weights (or
+    biases): q, gate, k and v; the built-in GPT's K and V packed as its kv."""
+    stem, leaf = name.rsplit("qkv.", 1)
     heads, groups = fields["num_heads"], fields["num_kv_heads"]
-    hd = whole.shape[1] // heads  # tiny-gpt's head_dim is hidden / heads
+    hd = fields["hidden_size"] // heads  # tiny-gpt's head_dim is hidden / heads
     per = heads // groups
     gated = fields.get("attention_output_gate", False)
     parts: dict[str, list[torch.Tensor]] = {"q": [], "gate": [], "k": [], "v": []}
@@ -76,9 +79,12 @@ def _unfused(name: str, whole: torch.Tensor, fields: dict[str, Any]) -> dict[str
     for block in whole.split(sum(widths.values())):
         for key, part in zip(widths, block.split(list(widths.values())), strict=True):
             parts[key].append(part)
-    stem = name.removesuffix("qkv.weight")
-    return {f"{stem}{key}.weight": torch.cat(rows) for key, rows in parts.items()
-            if widths[key]}
+    out = {f"{stem}{key}.{leaf}": torch.cat(rows) for key, rows in parts.items()
+           if widths[key]}
+    if f"{stem}kv.{leaf}" in want:  # the GPT's: K then V in one linear
+        out[f"{stem}kv.{leaf}"] = torch.cat([out.pop(f"{stem}k.{leaf}"),
+                                            out.pop(f"{stem}v.{leaf}")])
+    return out
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -128,8 +134,8 @@ def _check_one_process(run: Any) -> None:
         dumps = [torch.load(run.tmp / f"grads.rank{r * tp + t}.pt") for t in range(tp)]
         for name in dumps[0]["grads"]:
             shards = [d["grads"][name] for d in dumps]
-            if name.endswith("qkv.weight"):  # rows split evenly, across the heads
-                got |= _unfused(name, torch.cat(shards), fields)
+            if name.endswith(("qkv.weight", "qkv.bias")):  # rows split evenly, across heads
+                got |= _unfused(name, torch.cat(shards), fields, grads)
                 continue
             assert name in grads, name
             got[name] = _whole(name, shards, grads[name].shape)
@@ -249,3 +255,30 @@ def test_diff_prices_and_measures_the_gather_of_qkv(launches: Pool, tmp_path: Pa
     simulated = {row["op"]: row["ms"][1] for row in got["collectives"]}
     assert simulated == pytest.approx({"F": (8 * (3 * ag + 2 * rs) + ag + rs) / 2,
                                        "B": (8 * (2 * ag + 3 * rs) + ag + rs) / 2}, rel=1e-6)
+
+
+def test_diff_prices_and_measures_the_gather_of_the_gpts_qkv(launches: Pool,
+                                                             tmp_path: Path) -> None:
+    """The built-in GPT with one key/value group at tp 2 (its biased QKV gathered), dp 2,
+    without sequence parallelism: `ppsim profile` times its layers with the gather inside,
+    and `ppsim diff` sets the run's tensor-parallel collectives beside `simulate`'s, a
+    layer's two all-reduces each way and the gather's all-gather (F) or reduce-scatter
+    (B)."""
+    run = launches.get("tp2-dp2-interleaved-gated")
+    out = tmp_path / "costs.json"
+    r = launches.cli("profile", "--config", str(run.tmp / "gated.toml"), "--tp", "2",
+                     "--dp", "2", "--pp", "2", "--no-sequence-parallel", "--microbatches",
+                     "2", "--repeats", "1", "--warmup", "0", "--no-p2p", "--out", str(out),
+                     "--json")
+    assert r.returncode == 0, r.stderr
+    c = json.loads(r.stdout)["collectives"]
+    assert (c["tp"], c["processes"], c["copies"]) == (2, 2, 2)
+    got = diff_with_simulation(run, out, tmp_path)
+    assert_collectives_compared(got, "tp", ops=8)
+    # The chunks hold 3 layers and the embedding, 1, 2, and 2 and the head: of the eight
+    # ops each way the middle two are 2 layers' and 2 layers' and the head's (its F
+    # all-reduces nothing, its B its input's gradient)
+    ar = c["all_reduce_ms"]
+    f, b = 2 * ar + c["all_gather_ms"], 2 * ar + c["reduce_scatter_ms"]
+    simulated = {row["op"]: row["ms"][1] for row in got["collectives"]}
+    assert simulated == pytest.approx({"F": 2 * f, "B": 2 * b + ar / 2}, rel=1e-6)

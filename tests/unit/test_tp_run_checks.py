@@ -47,13 +47,13 @@ def test_tensor_parallel_run_refusals(argv, words, tmp_path, capsys, monkeypatch
      "model.cp: 2: context parallelism runs on the ppsim engine, without the torch peer"),
     ('cp = 2\ncp_comm_type = "all_gather"\n', ["--nproc-per-node", "2"],
      "--nproc-per-node: 2 x 1 node(s) = 2 ranks but pp x dp x tp x cp = 4"),
-    # Megatron gathers QKV at tp above the key/value groups (simulate prices it), as the
-    # Llama-style decoder does; the built-in GPT splits whole key/value heads
-    ('num_kv_heads = 2\n', ["--tp", "4"], "model.tp: 4 exceeds num_kv_heads = 2: the "
-     "built-in GPT splits whole key/value heads"),
-    # ... and the gathered QKV's width splits evenly over the ranks: (4 + 2) x 3 over 4 not
+    # Megatron gathers QKV at tp above the key/value groups (simulate prices it), as both
+    # shipped decoders do: the gathered width splits evenly over the ranks, (4 + 2) x 3
+    # over 4 not (the Llama-style decoder), nor (4 + 2) x 9 (the built-in GPT's)
     ('num_kv_heads = 1\nnorm = "rmsnorm"\nhead_dim = 3\n', ["--tp", "4"],
      "model.head_dim: the interleaved QKV projection's 18 outputs do not divide by tp (4)"),
+    ('num_kv_heads = 1\nhidden_size = 36\n', ["--tp", "4"],
+     "model.head_dim: the interleaved QKV projection's 54 outputs do not divide by tp (4)"),
     # a builder's own parallelize runs on the meta device first: a width tp does not
     # divide is named
     ('num_heads = 6\nnum_kv_heads = 6\nhidden_size = 96\nffn_hidden_size = 192\n'
