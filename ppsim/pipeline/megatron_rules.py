@@ -2,9 +2,8 @@
 
 ppsim simulates orders Megatron will not launch (torch runs some of them), so
 `simulate`, `plan` and `split` warn on stderr when a configuration is one of those
-(the TUI's export says it as a comment), and the Megatron export carries the flag an
-order needs. Read at Megatron-LM
-d98e8a6:
+(the TUI shows the line under its headline, its export as a comment), and the Megatron
+export carries the flag an order needs. Read at Megatron-LM d98e8a6:
 
 - megatron/training/arguments.py: an interleaved schedule (vpp > 1) needs
   pipeline-model-parallel size > 1.
