@@ -60,6 +60,7 @@ from ppsim.tui.split_editor import SplitEditor
 from ppsim.tui.status import StatusLine
 from ppsim.tui.timeline import Timeline
 from ppsim.tui.views import PANELS, ViewActions
+from ppsim.tui.warning_bar import WarningBar
 
 HINT = "? help · 1-4 panels · z timeline full screen · p plan · B pin a typed layout"
 """What the status line says until the first message."""
@@ -162,6 +163,7 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
     def compose(self) -> ComposeResult:
         yield Header()
         yield Headline("simulating…", id="headline")
+        yield WarningBar(id="warnings")
         with Horizontal(id="main"):
             with Vertical(id="left"):
                 yield Settings(self.state, self.base.model.preset is None,
@@ -306,6 +308,7 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
         if not recompare:
             self.comparison = views[3]
         self.query_one(Headline).show(result)
+        self.query_one(WarningBar).show(result.warnings)
         self._show_split()
         self._show_timeline(recompare)
         self.query_one(MemoryBars).set_bars(bars_from_summary(result.sim.summary),

@@ -13,7 +13,6 @@ from ppsim.costs.hybrid import HybridPattern
 from ppsim.errors import UserError
 from ppsim.pipeline.exports import torchtitan_fqns
 from ppsim.pipeline.hybrid_exports import exports_of
-from ppsim.pipeline.megatron_rules import interleaved_refusals
 from ppsim.pipeline.split import Split
 from ppsim.policy.megatron import PolicyExport
 
@@ -48,15 +47,6 @@ def policy_export_lines(policy: PolicyExport) -> list[str]:
     if policy.megatron_flags is not None:
         lines.append("MEGATRON_POLICY_ARGS=" + shlex.quote(shlex.join(policy.megatron_flags)))
     return lines + [f"# {note}" for note in policy.notes]
-
-
-def megatron_order_notes(split: Split, microbatches: int, group: int,
-                         group_given: bool) -> list[str]:
-    """Why Megatron's interleaved schedule would not run the exported flags' order (m <
-    pp: no group lies in [pp, m]), as `ppsim split` warns; [] when it would."""
-    if split.vpp < 2 or split.pp < 2 or split.placement != "loop":
-        return []
-    return interleaved_refusals(split.pp, microbatches, group, group_given)
 
 
 def export_text(split: Split, title: str = "", policy: PolicyExport | None = None,

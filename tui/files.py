@@ -13,16 +13,17 @@ from typing import Any
 
 from textual.widgets import Static
 
+from ppsim.cautions import flags_group
 from ppsim.config.schema import config_to_toml
 from ppsim.errors import UserError
 from ppsim.fileio import find_overlap, write_text_atomic
+from ppsim.pipeline.megatron_rules import split_refusals
 from ppsim.pipeline.problem import hybrid_pattern
 from ppsim.policy.costs import Fixed
 from ppsim.policy.megatron import PolicyExport
 from ppsim.policy.report import policy_flags
-from ppsim.schedules.generators import interleaved_group
 from ppsim.trace.read import read_trace
-from ppsim.tui.exports import export_text, megatron_order_notes
+from ppsim.tui.exports import export_text
 from ppsim.tui.screens import ConfirmQuit, PathPrompt
 from ppsim.tui.session import config_for
 
@@ -113,12 +114,9 @@ class FileActions:
         hybrid stack, its pattern."""
         cfg = config_for(self.base, self.state)  # type: ignore[attr-defined]
         split, p = self.state.split, cfg.pipeline  # type: ignore[attr-defined]
-        # Megatron runs a vpp > 1 split interleaved: the simulated order's group rides on
-        # its flags, as `ppsim split` passes it.
-        group = interleaved_group(p.pp, p.microbatches, p.microbatch_group_size) \
-            if split.vpp > 1 else 0
-        notes = megatron_order_notes(split, p.microbatches, group,
-                                     p.microbatch_group_size is not None)
+        group = flags_group(cfg, split)  # as `ppsim split` passes it
+        notes = split_refusals(split, p.microbatches, group,
+                               p.microbatch_group_size is not None)
         return export_text(split, title, self._policy(), hybrid_pattern(cfg), group,
                            tuple(notes))
 

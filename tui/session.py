@@ -35,6 +35,7 @@ from ppsim.schedules.generators import (
 )
 from ppsim.sim.engine import Simulation
 from ppsim.sim.simulate import simulate
+from ppsim.tui.cautions import state_warnings
 from ppsim.tui.editing import EditRefused, parse_float, parse_int
 from ppsim.tui.policy_edit import memory_tables
 
@@ -258,6 +259,8 @@ class Result:
     pinned_is_even: bool
     no_split_fits: bool = False
     """No split of this shape fits memory (the planner's floor, ppsim.plan.floor.memory_floors)."""
+    warnings: tuple[str, ...] = ()
+    """What the CLI prints on stderr for this state (ppsim.tui.cautions.state_warnings)."""
 
     @property
     def pinned_counts(self) -> tuple[int, ...]:
@@ -306,7 +309,8 @@ def evaluate_state(base: Config, state: EditState,
     _pinned_cache[key] = other  # the next edits of this shape compare with it for free
     even = counts == even_counts(state.num_layers, state.pp, state.vpp, state.mtp)
     return Result(state, cfg, sim, other, even,
-                  not sim.summary.fits and _no_split_fits(base, state, problem))
+                  not sim.summary.fits and _no_split_fits(base, state, problem),
+                  state_warnings(cfg, problem))
 
 
 _floor_cache: dict[Any, bool] = {}

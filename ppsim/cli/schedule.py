@@ -12,6 +12,7 @@ import argparse
 import sys
 from typing import Any
 
+from ppsim.cautions import csv_notes
 from ppsim.cli.flags import (
     add_config_flags,
     add_split_flags,
@@ -54,8 +55,8 @@ def order_rule(schedule: Schedule, group: int | None) -> str | None:
 
 def print_notes(schedule: Schedule, command: str) -> None:
     """What reading a CSV left out, one line each on stderr (stdout stays clean for --json)."""
-    for note in schedule.notes:
-        sys.stderr.write(f"ppsim {command}: note: actions CSV: {note}\n")
+    for line in csv_notes(schedule):
+        sys.stderr.write(f"ppsim {command}: {line}\n")
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ import shlex
 import sys
 from typing import Any
 
+from ppsim.cautions import flags_group, simulate_cautions, split_cautions
 from ppsim.cli.flag_values import nonempty
 from ppsim.cli.flags import (
     add_config_flags,
@@ -24,29 +25,25 @@ from ppsim.cli.render import (
     summary_dict,
     text_timeline,
 )
-from ppsim.cli.schedule import print_notes
 from ppsim.cli.sim_picture import write_simulation_png
 from ppsim.config import limits
 from ppsim.config.limits import check_request
 from ppsim.config.schema import Config
 from ppsim.costs.hybrid import KIND_SYMBOLS
 from ppsim.errors import UserError
-from ppsim.job import combined
 from ppsim.job.exposure import exposed_comm_ms, overlap_hint, overlaps_off
 from ppsim.job.lanes import step_collectives
 from ppsim.pipeline.exports import parse_deepspeed_specs
 from ppsim.pipeline.hybrid_exports import exports_of
-from ppsim.pipeline.megatron_rules import interleaved_refusals, refusals
 from ppsim.pipeline.problem import (
     build_problem,
     hybrid_pattern,
     model_costs,
-    placement_warning,
     resolve_split,
 )
 from ppsim.plan.advice import fit_hint
-from ppsim.policy.report import copy_events, host_step_line, policy_json
-from ppsim.schedules.generators import interleaved_group, schedule_placement
+from ppsim.policy.report import copy_events, host_step_line, host_warning, policy_json
+from ppsim.schedules.generators import schedule_placement
 from ppsim.sim.engines import simulator
 from ppsim.trace.joblog import read_job_log
 from ppsim.trace.schema import simulation_trace, write_trace
@@ -65,16 +62,10 @@ def cmd_split(args: argparse.Namespace) -> int:
     split = resolve_split(cfg, None, schedule_placement(cfg.pipeline.schedule))
     stages = [{"rank": s.rank, "chunk": s.chunk, "layers": s.layers, "offset": s.offset}
               for s in split.stages]
-    p = cfg.pipeline
-    # Megatron runs every vpp > 1 split interleaved: its group size rides on the flags.
-    group = interleaved_group(p.pp, p.microbatches, p.microbatch_group_size) \
-        if split.vpp > 1 else 0
-    exports = exports_of(hybrid_pattern(cfg), split, group,
+    exports = exports_of(hybrid_pattern(cfg), split, flags_group(cfg, split),
                          parse_deepspeed_specs(args.deepspeed_specs))
-    if split.vpp > 1 and split.pp > 1 and split.placement == "loop":  # the flags' order
-        for line in interleaved_refusals(p.pp, p.microbatches, group,
-                                         p.microbatch_group_size is not None):
-            print(f"ppsim split: warning: {line}", file=sys.stderr)
+    for line in split_cautions(cfg, split):
+        print(f"ppsim split: {line}", file=sys.stderr)
     if args.json:
         emit_json({"num_layers": split.num_layers, "pp": split.pp, "vpp": split.vpp,
                    "stages": stages, **exports})
@@ -178,15 +169,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     logged = read_job_log(args.compare_log) if args.compare_log else None
     if assumed:  # after the checks: bad input stays one line on stderr
         print(f"ppsim simulate: {assumed}", file=sys.stderr)
-    print_notes(problem.schedule, "simulate")
-    warning = placement_warning(cfg)
-    if warning:
-        print(warning, file=sys.stderr)
-    for line in refusals(problem.schedule, cfg.pipeline.microbatch_group_size is not None):
-        print(f"ppsim simulate: warning: {line}", file=sys.stderr)
-    note = combined.unpaired_note(problem.schedule)
-    if note:
-        print(f"ppsim simulate: {note}", file=sys.stderr)
+    for line in simulate_cautions(cfg, problem):
+        print(f"ppsim simulate: {line}", file=sys.stderr)
     # Per-op records only where something shows them: memory stays flat otherwise.
     timeline = not args.json and (ops or 0) <= limits.TIMELINE_OPS
     sim = simulate(problem, record=bool(args.trace or args.png or timeline))
@@ -225,16 +209,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def warn_host(host: dict[str, Any], hw: Any) -> None:
-    """On stderr, where what the host holds for a rank (its offloaded activations, the
-    host optimizer's state) passes its share of the node's host memory."""
-    if not host or host["host_fits"]:
-        return
-    what = " and ".join(w for w, on in (("offloaded activations", "policy" in host),
-                                        ("the host optimizer's state",
-                                         "optimizer_host_bytes" in host)) if on)
-    print(f"warning: {what} need up to {max(host['host_bytes']) / 1e9:.1f} GB of host "
-          f"memory per rank, more than {hw.host_memory_bytes / 1e9:g} GB over "
-          f"{hw.gpus_per_node} devices per node allows", file=sys.stderr)
+    """On stderr, where what the host holds for a rank passes its share of the node's
+    host memory (ppsim.policy.report.host_warning)."""
+    line = host_warning(host, hw)
+    if line:
+        print(line, file=sys.stderr)
 
 
 def _waits(problem: Any, s: Any) -> dict[str, Any]:

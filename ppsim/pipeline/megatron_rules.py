@@ -2,9 +2,8 @@
 
 ppsim simulates orders Megatron will not launch (torch runs some of them), so
 `simulate`, `plan` and `split` warn on stderr when a configuration is one of those
-(the TUI's export says it as a comment), and the Megatron export carries the flag an
-order needs. Read at Megatron-LM
-d98e8a6:
+(the TUI shows the line under its headline, its export as a comment), and the Megatron
+export carries the flag an order needs. Read at Megatron-LM d98e8a6:
 
 - megatron/training/arguments.py: an interleaved schedule (vpp > 1) needs
   pipeline-model-parallel size > 1.
@@ -17,6 +16,7 @@ d98e8a6:
 
 from __future__ import annotations
 
+from ppsim.pipeline.split import Split
 from ppsim.schedules.actions import Schedule
 
 GROUP_FLAG = "--microbatch-group-size-per-virtual-pipeline-stage"
@@ -71,3 +71,13 @@ def interleaved_refusals(pp: int, m: int, group: int, group_given: bool) -> list
                 f"(pp = {pp}): {default}; the simulated order groups {group}: pass "
                 f"{GROUP_FLAG} {group} (the exported flags do)"]
     return []
+
+
+def split_refusals(split: Split, microbatches: int, group: int,
+                   group_given: bool) -> list[str]:
+    """Why Megatron would not run the order a split's flags give it (Megatron runs every
+    looped vpp > 1 split interleaved, whatever ppsim simulates), as `ppsim split` and the
+    TUI's export say it; [] when it would. `group`: the group the flags pass."""
+    if split.vpp < 2 or split.pp < 2 or split.placement != "loop":
+        return []
+    return interleaved_refusals(split.pp, microbatches, group, group_given)

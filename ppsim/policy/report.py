@@ -124,6 +124,20 @@ def policy_json(problem: Problem) -> dict[str, Any]:
     return {**out, "host_bytes": held, "host_fits": all(h <= limit for h in held)}
 
 
+def host_warning(host: dict[str, Any], hw: Any) -> str | None:
+    """A line where what the host holds for a rank (its offloaded activations, the host
+    optimizer's state; `host` as policy_json gives it) passes its share of the node's host
+    memory (`hw`: the config's hardware); None where it fits."""
+    if not host or host["host_fits"]:
+        return None
+    what = " and ".join(w for w, on in (("offloaded activations", "policy" in host),
+                                        ("the host optimizer's state",
+                                         "optimizer_host_bytes" in host)) if on)
+    return (f"warning: {what} need up to {max(host['host_bytes']) / 1e9:.1f} GB of host "
+            f"memory per rank, more than {hw.host_memory_bytes / 1e9:g} GB over "
+            f"{hw.gpus_per_node} devices per node allows")
+
+
 COPY_TID = 2
 """The trace thread of a rank's host copies (tid 0: compute, 1: transfers)."""
 

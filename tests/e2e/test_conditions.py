@@ -15,6 +15,7 @@ from ppsim.costs.costfile import cost_document, load_conditions, write_costs
 from ppsim.pipeline.problem import build_problem, placement_warning
 from ppsim.schedules.generators import B, W
 from ppsim.sim.simulate import simulate
+from ppsim.tui.cautions import state_warnings
 
 torch = pytest.importorskip("torch")
 
@@ -123,7 +124,12 @@ def test_simulate_warns_when_the_placement_differs(tmp_path, capsys):
     cfg = _config(tmp_path, costs, "[placement]\ndevices = [0, 0]\n")
     assert main(["simulate", "--config", cfg]) == 0
     err = capsys.readouterr().err
-    assert "profiled for 2 device(s)" in err and "re-run ppsim profile" in err
+    (line,) = [line for line in err.splitlines() if "profiled for 2 device(s)" in line]
+    assert line.startswith("ppsim simulate: warning: ") and "re-run ppsim profile" in line
+    # the TUI shows the same line for the state it opens on
+    tui_cfg = load_config(cfg)
+    assert line.removeprefix("ppsim simulate: ") in state_warnings(tui_cfg,
+                                                                   build_problem(tui_cfg))
     # Same number of devices, but two ranks on one of them: measured for another sharing.
     four = _with_conditions(tmp_path, devices=[0, 1, 2, 3])
     cfg4 = tmp_path / "c4.toml"
