@@ -22,7 +22,9 @@ from ppsim.executor.builders.stage import build_stage
 from ppsim.executor.optim import adamw
 from ppsim.executor.quiet import no_gc_pauses
 from ppsim.executor.runspec import RunSpec
+from ppsim.executor.runtime import Replica
 from ppsim.executor.summary import peer_summary
+from ppsim.executor.tied import tie_ends
 from ppsim.schedules.generators import TORCH_NAMES
 from ppsim.schedules.torchcsv import to_torch_csv
 
@@ -58,7 +60,10 @@ class HostStaged(torch.nn.Module):
 
 
 def _runner(stages: list[Any], sched: Any, loss_fn: Any) -> Any:
-    """torch's schedule object for this rank's stages."""
+    """torch's schedule object for this rank's stages. `loss_fn` is each microbatch's
+    share of the mean (torchtitan's rescaled loss), so torch scales no gradient: its
+    scale_grads divides each stage module's gradients, which would divide a table two
+    stages of a rank share (a tied V placement) twice."""
     from torch.distributed import pipelining
 
     if sched.name == "csv":
@@ -66,8 +71,13 @@ def _runner(stages: list[Any], sched: Any, loss_fn: Any) -> Any:
     name = peer_class(sched.name, len(stages))
     cls = getattr(pipelining, name)
     m = sched.microbatches
-    return cls(stages[0], m, loss_fn=loss_fn) if name in SINGLE_STAGE else \
-        cls(stages, m, loss_fn=loss_fn)
+    return cls(stages[0], m, loss_fn=loss_fn, scale_grads=False) if name in SINGLE_STAGE \
+        else cls(stages, m, loss_fn=loss_fn, scale_grads=False)
+
+
+def _share(loss: Callable[[Any, Any], Any], m: int) -> Callable[[Any, Any], Any]:
+    """A microbatch's share of the mean loss over `m` (as the ppsim engine's backward)."""
+    return lambda out, target: loss(out, target) / m
 
 
 def _csv_runner(stages: list[Any], sched: Any, loss_fn: Any) -> Any:
@@ -78,7 +88,8 @@ def _csv_runner(stages: list[Any], sched: Any, loss_fn: Any) -> Any:
     from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
 
-    runner = _PipelineScheduleRuntime(stages, sched.microbatches, loss_fn=loss_fn)
+    runner = _PipelineScheduleRuntime(stages, sched.microbatches, loss_fn=loss_fn,
+                                      scale_grads=False)
     fd, path = tempfile.mkstemp(suffix=".csv")
     try:
         with os.fdopen(fd, "w", newline="") as fh:
@@ -91,7 +102,8 @@ def _csv_runner(stages: list[Any], sched: Any, loss_fn: Any) -> Any:
 
 class Peer:
     """This rank's stages under torch.distributed.pipelining's schedule of the same name,
-    with the same model, data, recompute mode and optimizer."""
+    with the same model, data, recompute mode and optimizer, and a tied table tied as the
+    ppsim engine ties it (ppsim.executor.tied: one replica, one tensor rank)."""
 
     def __init__(self, problem: Any, builder: ModelBuilder, rank: int, device: torch.device,
                  spec: RunSpec, wire: torch.device | None = None, recompute: str = "none") -> None:
@@ -100,18 +112,15 @@ class Peer:
         split, sched = problem.split, problem.schedule
         self.builder, self.seed, self.m = builder, spec.seed, sched.microbatches
         self.device, self.wire = device, wire or device
-        self.mods, stages = [], []
-        for st in split.stages:
-            if st.rank != rank:
-                continue
-            mod = build_stage(builder, st, spec.seed, recompute).to(device=device,
-                                                                    dtype=builder.dtype)
-            self.mods.append(mod)
-            staged = HostStaged(mod, device) if self.wire != device else mod
-            stages.append(pipelining.PipelineStage(staged, st.index, split.num_stages,
-                                                   self.wire))
-        self.runner = _runner(stages, sched, builder.loss)
-        params = [p for mod in self.mods for p in mod.parameters()]
+        self.mods = {st.index: build_stage(builder, st, spec.seed, recompute).to(
+            device=device, dtype=builder.dtype) for st in split.stages if st.rank == rank}
+        self.tied = tie_ends(self.mods, builder, split, Replica(), spec.seed, self.wire)
+        stages = [pipelining.PipelineStage(HostStaged(mod, device) if self.wire != device
+                                           else mod, index, split.num_stages, self.wire)
+                  for index, mod in self.mods.items()]
+        self.runner = _runner(stages, sched, _share(builder.loss, self.m))
+        # a table two stages share: one parameter, stepped once
+        params = list(dict.fromkeys(p for mod in self.mods.values() for p in mod.parameters()))
         self.opt = adamw(params, spec.lr) if params else None
         self.first = any(st.has_embedding for st in split.stages if st.rank == rank)
         self.last = any(st.has_head for st in split.stages if st.rank == rank)
@@ -137,17 +146,19 @@ class Peer:
             self.runner.step(target=targets, losses=losses, return_outputs=False)
         else:
             self.runner.step(return_outputs=False)
+        if self.tied is not None:  # the tied table's two copies, as the ppsim engine's R
+            self.tied.reduce()
         if self.opt is not None:
             self.opt.step()
             self.opt.zero_grad()
 
     def loss(self) -> float:
         """This rank's share of the last step's loss (read after the step is timed)."""
-        return sum(float(x) for x in self.losses) / self.m if self.losses else 0.0
+        return sum(float(x) for x in self.losses)  # each microbatch's share of the mean
 
     @property
     def recompute(self) -> list[str]:
-        return sorted({m.recompute for m in self.mods})  # what the stages were built with
+        return sorted({m.recompute for m in self.mods.values()})  # what the stages were built with
 
 
 def slowest_ms(fn: Callable[[], Any], ctrl: Any, device: torch.device,

@@ -10,6 +10,8 @@ _allreduce_word_embedding_grads over its embedding group), before the data-paral
 reduce: the copies then step alike. Summing before the replicas reduce gives the sum
 Megatron's order gives (the two reductions commute) while every rank still holds its
 whole gradient, whichever way the replicas reduce (DDP, distributed optimizer, FSDP).
+Both engines tie so: the ppsim runtime and the torch peer (ppsim.executor.peer), whose one
+replica reduces after torch's schedule step.
 """
 
 from __future__ import annotations

@@ -116,18 +116,12 @@ def _check_own_split(builder: Any, tp: int, sequence_split: bool) -> None:
         _refuse_untieable(why)
 
 
-def check_tied(args: argparse.Namespace, problem: Any, builder: Any) -> None:
-    """A tied model runs as Megatron runs it (ppsim.executor.tied) where the builder ties
-    its head to its embedding (the shipped ones do as the config says; one of your own
-    where it declares `tie_embeddings`) on the ppsim engine; a builder that ties other
-    than the config says, or the torch engine (its stages tie nothing), is refused.
-    `builder`: None with --print-launch (no code loads; only the engine is checked)."""
+def check_tied(problem: Any, builder: Any) -> None:
+    """A tied model runs as Megatron runs it (ppsim.executor.tied), on either engine, where
+    the builder ties its head to its embedding (the shipped ones do as the config says;
+    one of your own where it declares `tie_embeddings`); a builder that ties other than
+    the config says is refused. `builder`: None with --print-launch (no code loads)."""
     tied = bool(problem.costs.tied.params)
-    if tied and (args.engine == "torch" or getattr(args, "alongside_torch", False)):
-        raise UserError("model.tie_embeddings", "torch.distributed.pipelining's stages keep "
-                        "the LM head apart from the embedding (no shared table, no reduce "
-                        "of its gradient)", "run it with --engine ppsim, without "
-                        "--alongside-torch, or set tie_embeddings = false")
     if builder is None:
         return
     from ppsim.executor.builders.tied import tie_refusal, ties  # torch loads only when a run starts

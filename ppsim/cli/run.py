@@ -151,8 +151,8 @@ def validate(args: argparse.Namespace) -> Any:
                         "stage, the head on the last and no MTP layers",
                         "run a split without empty end stages or 'm' (plan and simulate "
                         "take any)")
-    builder_checks.check_tied(args, problem,
-                              builder_checks.check_builder(args, fields, problem.memory))
+    builder_checks.check_tied(problem, builder_checks.check_builder(args, fields,
+                                                                    problem.memory))
     dp = _data_parallel(args, fields)
     if dp < 1:
         raise UserError("--dp", f"must be at least 1, got {dp}", "e.g. --dp 2")

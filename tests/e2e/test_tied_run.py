@@ -1,6 +1,7 @@
 """A tied embedding run for real (ppsim.executor.tied): two torchrun ranks a replica over
 gloo, nothing mocked, against one process training the tied model (its head's weight the
-embedding's table) on the same global batch with the same AdamW."""
+embedding's table) on the same global batch with the same AdamW; on the ppsim engine and on
+torch.distributed.pipelining's (ppsim.executor.peer)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from launch_cases import TIED  # noqa: E402
+from launch_cases import PEER, TIED  # noqa: E402
 from launches import Pool  # noqa: E402
 
 from ppsim.cli.main import main  # noqa: E402
@@ -53,6 +54,30 @@ def test_a_tied_run_trains_as_one_process_of_the_tied_model(case: str,
     dp = 2 if "--dp" in run.argv else 1
     want, _ = reference_losses(build(FIELDS), 4 * dp, TIED[case].iterations)
     assert run.summary["losses"] == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.parametrize("case", [c for c, spec in TIED.items() if PEER[0] in spec.extra])
+def test_the_torch_engine_trains_as_one_process_of_the_tied_model(case: str,
+                                                                  launches: Pool) -> None:
+    """torch.distributed.pipelining's schedule, alongside: every iteration's loss is the
+    tied model's on one process, its copies on two ranks (1F1B: summed after torch's
+    backward, before its optimizer) or one table its rank's two stages share (ZB-V)."""
+    peer = launches.get(case).summary["peer"]
+    want, _ = reference_losses(build(FIELDS), 4, TIED[case].iterations)
+    assert peer["engine"] == "torch"
+    assert peer["losses"] == pytest.approx(want, rel=1e-5)
+
+
+def test_the_copies_reduce_is_an_r_op_of_each_end(launches: Pool) -> None:
+    """Ends on two ranks of one replica: the trace's one R op a rank and iteration is the
+    copies' reduce, on the embedding's rank and the head's (no replicas to reduce over),
+    as simulate's embedding all-reduce, so `ppsim diff` compares it."""
+    run = launches.get("tied-1f1b")
+    doc = json.loads((run.tmp / "out" / "trace.json").read_text())
+    reduces = [(e["pid"], e["args"]["iteration"]) for e in doc["traceEvents"]
+               if e.get("ph") == "X" and e.get("args", {}).get("kind") == "R"]
+    iterations = range(TIED["tied-1f1b"].iterations)
+    assert sorted(reduces) == [(r, it) for r in range(2) for it in iterations]
 
 
 def test_the_two_copies_take_the_one_table_gradient(launches: Pool) -> None:

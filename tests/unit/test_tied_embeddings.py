@@ -225,14 +225,13 @@ def build(fields):
 the head's rows and the whole table: no one tensor for the two."""
 
 
-@pytest.mark.parametrize("flags", [["--engine", "torch"], ["--alongside-torch"],
-                                   ["--model", "{tmp}/untied.py:build"],
+@pytest.mark.parametrize("flags", [["--model", "{tmp}/untied.py:build"],
                                    ["--model", "{tmp}/wrapped.py:build"],
                                    ["--model", "{tmp}/halved.py:build", "--tp", "2"]])
 def test_run_refuses_what_does_not_tie(tmp_path, capsys: pytest.CaptureFixture[str],
                                        flags: list[str]) -> None:
-    """torch.distributed.pipelining's stages and a builder whose head keeps its own table
-    would train an untied model where simulate counts a tied one, and a builder tying a
+    """A builder whose head keeps its own table would train an untied model where
+    simulate counts a tied one, and a builder tying a
     head without `out`, or split over tensor ranks apart from its table, would fail in
     its ranks: `run` refuses them before any process starts (exit 2, the error one line
     naming the field)."""
@@ -247,6 +246,19 @@ def test_run_refuses_what_does_not_tie(tmp_path, capsys: pytest.CaptureFixture[s
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "model.tie_embeddings: " in err[-1] and "Traceback" not in "".join(err), err
+
+
+@pytest.mark.parametrize("flags", [["--engine", "torch"], ["--alongside-torch"]])
+def test_run_takes_a_tied_model_on_the_torch_engine(tmp_path, flags: list[str],
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """torch.distributed.pipelining's stages tie as the ppsim engine's do
+    (ppsim.executor.peer): `run` takes a tied model on it, alone or alongside (the launch
+    printed, nothing run)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[model]\npreset = "tiny-gpt"\ntie_embeddings = true\n')
+    assert main(["run", "--config", str(cfg), "--pp", "2", "--microbatches", "4",
+                 "--print-launch", *flags]) == 0, capsys.readouterr().err
+    assert "torchrun" in capsys.readouterr().out
 
 
 def test_a_stage_holding_both_ends_holds_one_table() -> None:
