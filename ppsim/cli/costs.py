@@ -14,6 +14,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ppsim.cli.costs_comm import comm_json, comm_lines, comm_table
 from ppsim.cli.flags import (
     add_config_flags,
     add_split_flags,
@@ -30,7 +31,9 @@ from ppsim.costs.costfile import cost_document, layer_dict
 from ppsim.costs.model import ModelCosts
 from ppsim.errors import UserError
 from ppsim.fileio import write_text_atomic
-from ppsim.pipeline.problem import model_costs, resolve_split
+from ppsim.job.comm_rows import CommRow
+from ppsim.pipeline.comm_table import problem_rows
+from ppsim.pipeline.problem import build_problem, model_costs, resolve_split
 from ppsim.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -93,7 +96,9 @@ def pair_lines(costs: ModelCosts) -> list[str]:
             "compute" for kind, ms in saved.items()]
 
 
-def print_costs(doc: dict[str, Any], pairs: list[str] | None = None) -> None:
+def print_costs(doc: dict[str, Any], pairs: list[str] | None = None,
+                comm: list[CommRow] | None = None, measured: bool = False) -> None:
+    """The cost table, then (given `comm`) the collectives table (costs_comm)."""
     from rich.console import Console
 
     rows = [("embedding", "", doc["embedding"])]
@@ -110,6 +115,12 @@ def print_costs(doc: dict[str, Any], pairs: list[str] | None = None) -> None:
     for line in (*spread, *(pairs or ()), *transient_lines(rows)):
         c.print(line, markup=False)
     c.print(COSTS_NOTE)
+    if comm is None:
+        return
+    if comm:
+        c.print(comm_table(comm))
+    for line in comm_lines(comm, measured):
+        c.print(line, markup=False)
 
 
 def transient_lines(rows: list[tuple[str, str, dict[str, Any]]]) -> list[str]:
@@ -124,6 +135,7 @@ def cmd_costs(args: argparse.Namespace) -> int:
     cfg, assumed = assume_hardware(args, config_from_args(args))
     costs = model_costs(cfg)
     resolve_split(cfg, costs.num_layers)  # a launch line's split, checked as simulate does
+    comm = problem_rows(build_problem(cfg, costs), layers=not cfg.costs_file)
     if assumed:  # after the checks: bad input stays one line on stderr
         print(f"ppsim costs: {assumed}", file=sys.stderr)
     source = f"cost file {cfg.costs_file}" if cfg.costs_file else (
@@ -132,9 +144,10 @@ def cmd_costs(args: argparse.Namespace) -> int:
     if args.json:
         model = cfg.model.fields() if isinstance(cfg.model, TransformerModel) else None
         emit_json(cost_document(costs, source=source, model=model, num_layers=costs.num_layers,
-                                mtp_layers=costs.mtp_layers, groups=doc["layers"]))
+                                mtp_layers=costs.mtp_layers, groups=doc["layers"],
+                                priced_collectives=comm_json(comm)))
     else:
-        print_costs(doc, pair_lines(costs))
+        print_costs(doc, pair_lines(costs), comm, measured=bool(cfg.costs_file))
     return 0
 
 

@@ -91,12 +91,18 @@ def ep_all_to_all_ms(job: Job, a: Architecture) -> float:
     flex = job.moe_token_dispatcher_type == "flex"
     if a.ep == 1 and not (flex and a.expert_tp > 1):
         return 0.0
-    width = a.moe_latent_size or a.hidden_size  # what the dispatcher moves
-    tokens = (a.seq_length * a.micro_batch_size * a.expert_load * width
-              * DTYPE_BYTES[a.dtype] / a.tp)
+    tokens = ep_token_bytes(a)
     if flex:
         return 2 * deepep_ms(tokens, job.link("ep"), a.num_experts, a.top_k, a.expert_tp)
     return 2 * all_to_all_ms(tokens * a.top_k, job.link("ep"))
+
+
+def ep_token_bytes(a: Architecture) -> float:
+    """The tokens one rank's dispatcher moves in one microbatch, once each (an all-to-all
+    sends top_k copies of them): at the dispatcher's width, in the training dtype."""
+    width = a.moe_latent_size or a.hidden_size  # what the dispatcher moves
+    return a.seq_length * a.micro_batch_size * a.expert_load * width \
+        * DTYPE_BYTES[a.dtype] / a.tp
 
 
 def shared_experts_ms(a: Architecture, acc: Accelerator) -> tuple[float, float]:

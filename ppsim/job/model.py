@@ -224,10 +224,20 @@ class Job:
         (a V placement): one parameter there gathers both gradients itself."""
         if not self.ties_stages or ends[0] == ends[1] or pipeline_rank not in ends:
             return 0.0
-        nbytes = self.embedding_params * grad_bytes(self.arch)
+        return all_reduce_ms(self.embedding_sync_bytes, link(self.network, self.tied_pair))
+
+    @property
+    def embedding_sync_bytes(self) -> float:
+        """The tied embedding's gradient that embedding_sync_ms all-reduces: fp32 (the
+        main grads' type), its 1/tp vocabulary shard."""
+        return self.embedding_params * grad_bytes(self.arch)
+
+    @property
+    def tied_pair(self) -> Span:
+        """The first and the last stage's ranks, which embedding_sync_ms joins: on two
+        nodes where any pipeline boundary crosses one."""
         hops = self.groups.pipeline_hops
-        pair = Span(size=2, per_node=1 if any(hops) else 2, nodes=2 if any(hops) else 1)
-        return all_reduce_ms(nbytes, link(self.network, pair))
+        return Span(size=2, per_node=1 if any(hops) else 2, nodes=2 if any(hops) else 1)
 
     def tail(self, params: int, forward_ms: float, backward_ms: float,
              memory_bandwidth_gbps: float, optimizer_fixed_ms: float = 0.0,

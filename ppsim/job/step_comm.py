@@ -20,6 +20,9 @@ class StepCollective:
     """Its time on the links."""
     unhidden_ms: float
     """The part of it no compute hides."""
+    nbytes: float = 0.0
+    """The buffers it moves in all (its gathered buffers, summed over the groups it runs
+    on); 0: not given (FSDP's once-a-step ones)."""
     beside: str = ""
     """The compute it runs beside: "backward" (the last microbatch's, as its buckets
     fill), "forward" (the first microbatch's, which waits for each bucket), or ""
@@ -43,12 +46,13 @@ NOTHING = Reduction(cost_ms=0.0)
 
 
 def overlapped(what: str, total: float, floor: float, window: float, overlap: bool,
-               share: float, beside: str) -> Reduction:
-    """A collective of `total` ms run beside `window` of compute where `overlap`, never
-    exposing less than `floor` (its last bucket); else after the rank's last op."""
+               share: float, beside: str, nbytes: float = 0.0) -> Reduction:
+    """A collective of `total` ms (moving `nbytes`) run beside `window` of compute where
+    `overlap`, never exposing less than `floor` (its last bucket); else after the rank's
+    last op."""
     if not overlap:
         return Reduction(cost_ms=total, on_links=(
-            StepCollective(what=what, total_ms=total, unhidden_ms=total),))
+            StepCollective(what=what, total_ms=total, unhidden_ms=total, nbytes=nbytes),))
     return Reduction(cost_ms=behind_compute_ms(total, window, share, floor), on_links=(
-        StepCollective(what=what, total_ms=total, beside=beside,
+        StepCollective(what=what, total_ms=total, beside=beside, nbytes=nbytes,
                        unhidden_ms=unhidden_ms(total, window, floor)),))

@@ -151,7 +151,8 @@ def rank_tail(job: Job, params: int, forward_ms: float, backward_ms: float,
             sum(all_reduce_ms(n * grads, job.link(g)) for n, g in
                 ((unbucketed.dense, "dp"), (unbucketed.experts, "edp")) if n)
         reduction = overlapped("gradient all-reduce", ar, last_ar, backward_ms,
-                               job.overlap_grad_reduce, job.collective_sm_share, "backward")
+                               job.overlap_grad_reduce, job.collective_sm_share, "backward",
+                               sum(n * grads for n, _ in named))
     return Tail(reduce_ms=reduction.cost_ms, optimizer_ms=step,
                 host_bytes=host_state_bytes(job.arch, dense, expert_params),
                 on_links=tuple(c for c in reduction.on_links if c.total_ms > 0))
@@ -184,9 +185,12 @@ def _sharded_reduce(job: Job, named: list[tuple[int, str]], forward_ms: float,
     def rs(n: float, g: str) -> float:
         return sharded_reduce_ms(n * grads, job.link(g + "_shard"), job.link(g + "_replica"))
 
-    def ag(n: float, g: str, wide: float = 0.0) -> float:
+    def ag_bytes(n: float, wide: float = 0.0) -> float:
         """`wide` of the `n` gathered in the training dtype."""
-        return all_gather_ms(n * weights + wide * (w16 - weights), job.link(g + "_shard"))
+        return n * weights + wide * (w16 - weights)
+
+    def ag(n: float, g: str, wide: float = 0.0) -> float:
+        return all_gather_ms(ag_bytes(n, wide), job.link(g + "_shard"))
 
     fb = first_bucket
     last = [(fb.params, fb.group, min(fb.params, fb.embedding))] if unbucketed is None else [
@@ -196,16 +200,19 @@ def _sharded_reduce(job: Job, named: list[tuple[int, str]], forward_ms: float,
     first = sum(ag(n, g, wide) for n, g, wide in last if n)
     reduce = overlapped("gradient reduce-scatter", sum(rs(n, g) for n, g in named),
                         sum(rs(n, g) for n, g, _ in last if n), backward_ms,
-                        job.overlap_grad_reduce, share, "backward")
+                        job.overlap_grad_reduce, share, "backward",
+                        sum(n * grads for n, _ in named))
+    gathered_bytes = sum(ag_bytes(n, fb.edges if g == "dp" else 0) for n, g in named)
     if not (job.overlap_param_gather_with_optimizer_step and unbucketed is not None):
         gather = overlapped("parameter all-gather", every, first, forward_ms,
-                            job.overlap_param_gather, share, "forward")
+                            job.overlap_param_gather, share, "forward", gathered_bytes)
         return reduce + gather
     # The first chunk's gather starts once its own optimizer has stepped, beside the other
     # chunks' steps; the rest one chunk ahead of their forwards.
     params = sum(n for n, _ in named)
     others = 1 - (unbucketed.dense + unbucketed.experts) / params if params else 0.0
     gathered = StepCollective(what="parameter all-gather", total_ms=every, beside="forward",
+                              nbytes=gathered_bytes,
                               unhidden_ms=unhidden_ms(first, step * others)
                               + unhidden_ms(every - first, forward_ms))
     return Reduction(cost_ms=reduce.cost_ms + behind_compute_ms(first, step * others, share)

@@ -43,7 +43,7 @@ from ppsim.job.model import Job
 from ppsim.job.userbuffers import TpTraffic
 
 
-def _hidden_bytes(a: Architecture, element_bytes: float = 0) -> float:
+def hidden_bytes(a: Architecture, element_bytes: float = 0) -> float:
     """One microbatch's hidden states, `element_bytes` an element (0: the training
     dtype's)."""
     return a.seq_length * a.micro_batch_size * a.hidden_size \
@@ -57,14 +57,14 @@ def tp_collectives_ms(job: Job, a: Architecture, collectives: int,
     if a.tp == 1:
         return 0.0
     priced = reduce_scatter_ms if scatter else all_gather_ms
-    return collectives * priced(_hidden_bytes(a, element_bytes), job.link("tp"))
+    return collectives * priced(hidden_bytes(a, element_bytes), job.link("tp"))
 
 
 def tp_reduces_ms(job: Job, a: Architecture, collectives: float) -> float:
     """`collectives` all-reduces of one microbatch's hidden states over tp."""
     if a.tp == 1:
         return 0.0
-    return collectives * all_reduce_ms(_hidden_bytes(a), job.link("tp"))
+    return collectives * all_reduce_ms(hidden_bytes(a), job.link("tp"))
 
 
 def edge_tp_ms(job: Job, a: Architecture, head: bool) -> tuple[float, float]:
@@ -128,9 +128,14 @@ def dispatcher_tp_ms(job: Job, a: Architecture) -> float:
     over the etp x ep group and needs neither."""
     if a.expert_tp == 1 or job.moe_token_dispatcher_type == "flex":
         return 0.0
-    width = a.moe_latent_size or a.hidden_size
-    nbytes = a.expert_copies * width * DTYPE_BYTES[a.dtype]
+    nbytes = dispatcher_tp_bytes(a)
     return all_gather_ms(nbytes, job.link("etp")) + reduce_scatter_ms(nbytes, job.link("etp"))
+
+
+def dispatcher_tp_bytes(a: Architecture) -> float:
+    """The buffer of each of dispatcher_tp_ms's gather and scatter: the routed copies of
+    the etp ranks, at the dispatcher's width, in the training dtype."""
+    return a.expert_copies * (a.moe_latent_size or a.hidden_size) * DTYPE_BYTES[a.dtype]
 
 
 def qkv_gather_ms(job: Job, a: Architecture) -> tuple[float, float]:
@@ -177,15 +182,12 @@ def cp_comm(job: Job, a: Architecture, acc: Accelerator, backward: bool) -> Coll
       ring over cp / cp_a2a_size of them: each rank then holds cp_a2a_size times the
       tokens for 1 / cp_a2a_size of the heads, the same K/V bytes a pass, each hidden by
       cp_a2a_size chunks' attention (AttnFuncWithCPAndKVP2P with an all-to-all group)."""
-    sh, w = held_attention_shape(a), DTYPE_BYTES[a.dtype]  # K and V as the ranks hold them
-    tokens = a.seq_length * a.micro_batch_size / a.tp  # this rank's, per tensor rank
-    kv = tokens * (sh.k + sh.v) * w
-    cp, link, hide = job.arch.cp, job.link("cp"), 1
+    x = cp_bytes(a)
+    kv, cp, link, hide = x.kv, job.arch.cp, job.link("cp"), 1
 
     def qkvo_a2a_ms(over: Link) -> float:
         """Q, K and V to 1 / (its size) of the heads, the output back."""
-        return all_to_all_ms(tokens * (sh.q + sh.k + sh.v) * w, over) \
-            + all_to_all_ms(tokens * sh.out * w, over)
+        return all_to_all_ms(x.qkv, over) + all_to_all_ms(x.out, over)
 
     if a.cp_comm_type == "all_gather":
         total = all_gather_ms(cp * kv, link) + (reduce_scatter_ms(cp * kv, link)
@@ -204,6 +206,27 @@ def cp_comm(job: Job, a: Architecture, acc: Accelerator, backward: bool) -> Coll
     return Collective(group="cp", total_ms=exposed + (cp - 1) * one,
                       exposed_ms=exposed + (cp - 1) * max(0.0, one - hide * (
                           core.backward_ms if backward else core.forward_ms)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpBytes:
+    """What a context-parallel rank's attention moves of one microbatch (cp_comm)."""
+
+    kv: float
+    """Its K and V, as the tensor ranks hold them: one ring pass, one gathered share."""
+    qkv: float
+    """Its Q, K and V: what the a2a types' first all-to-all sends."""
+    out: float
+    """Its attention output: what their second all-to-all sends."""
+
+
+def cp_bytes(a: Architecture) -> CpBytes:
+    """CpBytes of a layer attending as `a` (one context-parallel rank's view), in the
+    training dtype, per tensor rank."""
+    sh, w = held_attention_shape(a), DTYPE_BYTES[a.dtype]  # K and V as the ranks hold them
+    tokens = a.seq_length * a.micro_batch_size / a.tp  # this rank's, per tensor rank
+    return CpBytes(kv=tokens * (sh.k + sh.v) * w, qkv=tokens * (sh.q + sh.k + sh.v) * w,
+                   out=tokens * sh.out * w)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -295,8 +318,13 @@ def cp_mixer_comm(job: Job, a: Architecture, kind: str) -> Collective:
     sequence at 1 / cp of the heads before the conv and the scan, the gated output back
     after (ppsim.costs.mixer_split), in the training dtype, on the compute stream, so all
     of it exposed. `a`: one context-parallel rank's view (seq_length / cp)."""
+    ms = sum(all_to_all_ms(nbytes, job.link("cp")) for nbytes in cp_mixer_bytes(a, kind))
+    return Collective(group="cp", total_ms=ms, exposed_ms=ms)
+
+
+def cp_mixer_bytes(a: Architecture, kind: str) -> tuple[float, float]:
+    """What each of cp_mixer_comm's two all-to-alls sends: the rank's tokens at the
+    exchanged widths before and after the scan, in the training dtype."""
     x = cp_exchange(a, kind)
     channel_bytes = a.seq_length * a.micro_batch_size * DTYPE_BYTES[a.dtype]  # its tokens'
-    ms = sum(all_to_all_ms(channel_bytes * width, job.link("cp"))
-             for width in (x.before, x.after))
-    return Collective(group="cp", total_ms=ms, exposed_ms=ms)
+    return channel_bytes * x.before, channel_bytes * x.after

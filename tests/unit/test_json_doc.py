@@ -73,7 +73,8 @@ CASES: dict[str, tuple[list[str], tuple[str, ...], tuple[str, ...]]] = {
     "schedule": (["schedule"], ("schedule",), ()),
     "costs": (["costs"], ("costs",), ("head",)),
     "costs tied": (["costs", "--preset", "gpt3-1.3b"], ("costs",), ("tied",)),
-    "costs mtp": (["costs", "--preset", "deepseek-v3"], ("costs",), ("mtp",)),
+    "costs mtp": (["costs", "--preset", "deepseek-v3"], ("costs",),
+                  ("mtp", "priced_collectives")),
     "diff": (["diff", str(TRACES / "sim.json"), str(TRACES / "real.json")], ("diff",),
              ("ranks", "duration_error.F")),
 }
