@@ -280,7 +280,8 @@ def _check_job_args(args: argparse.Namespace) -> None:
         raise UserError("--microbatches", "the job search gives each shape global batch / "
                         "(micro-batch size x dp) microbatches", "drop it; hold "
                         "--micro-batch-size or --dp to hold that")
-    if getattr(args, "layers_per_virtual_stage", None) is not None:
+    if getattr(args, "layers_per_virtual_stage", None) is not None \
+            and getattr(args, "pp", None) is None:  # a held pp gives the chunks (held too)
         raise UserError("--num-layers-per-virtual-pipeline-stage", "the job search varies "
                         "pp, and with it the chunks a rank's layers make", "give --vpp N to "
                         "hold the chunks per rank, or drop it")
@@ -298,6 +299,8 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
     axes = _search_axes(args.search)
     policy = _policy_axis(axes, cfg)
     held = fixed_sizes(args)
+    if getattr(args, "layers_per_virtual_stage", None) is not None:
+        held["vpp"] = cfg.pipeline.vpp  # Megatron's layers per chunk over the held pp
     if not getattr(getattr(cfg.model, "arch", None), "num_experts", 0):
         held.pop("etp", None)  # no experts to split: Megatron reads it and splits nothing
     with step_bar("ppsim plan", silent=args.json) as progress:

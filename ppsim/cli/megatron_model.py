@@ -299,8 +299,10 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
         if not 0 <= p < 1:  # nan fails too
             raise UserError("--" + dest.replace("_", "-"), f"dropout probabilities must be "
                             f"in [0, 1), got {p}", "give e.g. 0.1, or 0 for none")
-    if drops:
-        out["dropout"] = any(p > 0 for p in drops.values())
+    if drops:  # the one not given keeps the model's dropout (Megatron's default 0.1)
+        kept = 0.1 if known.get("dropout", True) else 0.0
+        out["dropout"] = any(drops.get(f, kept) > 0 for f in ("hidden_dropout",
+                                                             "attention_dropout"))
     out.update(_moe_fields(args, {**known, **out}))
     divisor = get("make_vocab_size_divisible_by")
     if divisor is not None:
@@ -365,11 +367,15 @@ def _moe_fields(args: argparse.Namespace, fields: dict[str, Any]) -> dict[str, A
     shared = getattr(args, "moe_shared_expert_intermediate_size", None)
     if shared is not None:
         width = fields.get("moe_ffn_hidden_size") or fields.get("ffn_hidden_size")
-        if not width or shared % width:
+        if not width:
+            raise UserError("--moe-shared-expert-intermediate-size", "needs the experts' "
+                            "width", "add --moe-ffn-hidden-size N")
+        if shared % width:  # Megatron builds any width; ppsim's field counts experts
             raise UserError("--moe-shared-expert-intermediate-size", f"{shared} is not a "
-                            "whole number of experts of --moe-ffn-hidden-size "
-                            f"{width or '(not given)'}", "give both, the first a multiple "
-                            "of the second")
+                            f"whole number of experts of --moe-ffn-hidden-size {width}, "
+                            "and ppsim prices shared experts as whole experts",
+                            "give a multiple of --moe-ffn-hidden-size (the nearest prices "
+                            "the job closest)")
         out["shared_experts"] = shared // width
     freq = getattr(args, "moe_layer_freq", None)
     if freq is not None:

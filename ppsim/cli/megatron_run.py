@@ -45,7 +45,9 @@ RUN = {
         "use-cpu-initialization", "loss-scale", "initial-loss-scale", "min-loss-scale",
         "loss-scale-window", "hysteresis", "accumulate-allreduce-grads-in-fp32",
         "calculate-per-token-loss", "no-check-for-nan-in-loss-and-grad",
-        "check-for-spiky-loss", "check-for-large-grads", "rerun-mode"),
+        "check-for-spiky-loss", "check-for-large-grads", "rerun-mode",
+        "check-weight-hash-across-dp-replicas-interval", "error-injection-rate",
+        "error-injection-type", "test-mode"),
     "checkpointing": (
         "save", "save-interval", "load", "no-save-optim", "no-save-rng", "no-load-optim",
         "no-load-rng", "finetune", "pretrained-checkpoint", "ckpt-step", "use-checkpoint-args",
@@ -61,7 +63,10 @@ RUN = {
         "async-strategy", "persistent-save-interval", "use-persistent-ckpt-worker",
         "override-ckpt-iteration", "load-main-params-from-ckpt", "verify-integrity",
         "use-mp-args-from-checkpoint-args", "ckpt-drop-redundant-extra-state",
-        "no-ckpt-load-validate-sharding-integrity", "non-persistent-local-ckpt-algo"),
+        "no-ckpt-load-validate-sharding-integrity", "non-persistent-local-ckpt-algo",
+        "async-ckpt-use-cpu-shm", "async-ckpt-cpu-priority", "async-ckpt-io-priority",
+        "ckpt-fully-parallel-load-per-rank-objects", "strict-fsdp-dtensor-load",
+        "replication", "replication-jump", "replication-factor"),
     "data": (
         "data-path", "split", "train-data-path", "valid-data-path", "test-data-path",
         "data-args-path", "per-split-data-args-path", "data-cache-path", "no-mmap-bin-files",
@@ -81,7 +86,7 @@ RUN = {
         "tokenizer-hf-include-special-tokens", "tokenizer-hf-no-include-special-tokens",
         "tokenizer-hf-no-use-fast", "tokenizer-metadata", "tokenizer-sentencepiece-legacy",
         "tokenizer-special-tokens", "null-tokenizer-eod-id", "null-tokenizer-pad-id",
-        "chat-template", "no-save-tokenizer-assets"),
+        "chat-template", "no-save-tokenizer-assets", "sft-tokenizer-prompt-format"),
     "logging and validation": (
         "log-interval", "log-params-norm", "log-throughput", "log-progress",
         "timing-log-level", "timing-log-option", "tensorboard-dir", "tensorboard-log-interval",
@@ -96,7 +101,9 @@ RUN = {
         "config-logger-dir", "no-one-logger", "one-logger-project", "one-logger-run-name",
         "one-logger-async", "app-tag-run-name", "app-tag-run-version", "nvtx-ranges",
         "pytorch-profiler-collect-shapes", "pytorch-profiler-collect-callstack",
-        "pytorch-profiler-collect-chakra", "record-shapes"),
+        "pytorch-profiler-collect-chakra", "record-shapes", "moe-routing-trace-path",
+        "moe-routing-trace-max-training-iters", "moe-routing-trace-capture-logits",
+        "moe-routing-trace-capture-hidden-states", "moe-routing-trace-dump-weights"),
     "post-training (Model Optimizer)": (
         "export-model-type", "export-legacy-megatron", "export-te-mcore-model",
         "export-default-te-spec", "export-kd-teacher-model-config",
@@ -156,7 +163,8 @@ UNPRICED_GROUPS = {
         "high-priority-a2a-comm-stream",
         "overlap-dispatch-backward-with-experts-wgrad", "ep-overlap-early-attn-memory-release",
         "defer-embedding-wgrad-compute", "wgrad-deferral-limit", "create-all-gather-group",
-        "ddp-param-name-patterns-for-fp32-local-accumulation"),
+        "ddp-param-name-patterns-for-fp32-local-accumulation",
+        "no-use-layer-wise-param-layout"),
     "ppsim prices Megatron-FSDP's layer units, each gathered one ahead": (
         "suggested-communication-unit-size", "megatron-fsdp-enable-fine-grained-param-gather",
         "megatron-fsdp-max-pool-double-buffer"),
@@ -213,6 +221,10 @@ REFUSED = {
                              "speculative-decoding draft's base)", "drop it"),
     "qad-train-target": (("both",), *_FROZEN),
     "freeze-base-for-mtp": ((), *_FROZEN),
+    "mtp-use-repeated-layer": ((), "shares one MTP layer's weights across every depth; "
+                               "ppsim prices each depth with its own layer (its weights, "
+                               "gradients and optimizer state)",
+                               "drop it to price a layer a depth"),
     "data-parallel-sharding-strategy": (("optim_grads_params",), "is priced for "
                                         "Megatron-FSDP's default, optim_grads_params "
                                         "(weights, gradients and optimizer state sharded)",
@@ -225,9 +237,10 @@ REFUSED = {
     "megatron-fsdp-main-grads-dtype": (("auto", "bf16"), *_FSDP_GRADS),
     "megatron-fsdp-grad-comm-dtype": (("auto", "bf16"), *_FSDP_GRADS),
 }
-"""Model Optimizer's post-training arguments that make an iteration other than the one
-ppsim prices, and what Megatron itself refuses: flag -> (the values that do not, the
-problem, the fix). Refused by check_run_flags."""
+"""Arguments that make an iteration other than the one ppsim prices (Model Optimizer's
+post-training ones, one MTP layer repeated over the depths), and what Megatron itself
+refuses: flag -> (the values that do not, the problem, the fix). Refused by
+check_run_flags."""
 TRAINING_COMMANDS = ("run", "demo")
 """Commands that train for real: a --weight-decay or --clip-grad they took and dropped
 would mislead, so they take none of these (ppsim run has its own --lr and --seed)."""
