@@ -16,12 +16,12 @@ from typing import Any
 
 from textual import on, work
 from textual.app import App, ComposeResult
-from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Header, Static
 
 from ppsim.config.schema import Config, load_config
 from ppsim.errors import UserError
+from ppsim.tui.bindings import APP_BINDINGS
 from ppsim.tui.child import (
     ChildCancelled,
     ChildRefused,
@@ -59,7 +59,7 @@ from ppsim.tui.settings import Settings, field_label, state_values
 from ppsim.tui.split_editor import SplitEditor
 from ppsim.tui.status import StatusLine
 from ppsim.tui.timeline import Timeline
-from ppsim.tui.views import PANELS, ViewActions
+from ppsim.tui.views import ViewActions
 from ppsim.tui.warning_bar import WarningBar
 
 HINT = "? help · 1-4 panels · z timeline full screen · p plan · B pin a typed layout"
@@ -72,31 +72,7 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
     SUB_TITLE = "pipeline split editor"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
     VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]
-    BINDINGS = [
-        Binding("q", "quit", "Quit"),
-        Binding("question_mark,f1", "help", "Help"),
-        Binding("u,ctrl+z", "undo", "Undo"),
-        Binding("ctrl+y", "redo", "Redo", show=False),
-        Binding("p", "plan", "Plan"),
-        Binding("P", "plan_policy", "Plan policy", show=False),
-        Binding("a", "accept_plan", "Accept plan", show=False),
-        Binding("x", "dismiss_plan", "Dismiss plan", show=False),
-        Binding("z", "maximise", "Max timeline", show=False),
-        Binding("e", "export", "Export", show=False),  # the help and ctrl+p list these
-        Binding("y", "copy_export", "Copy", show=False),
-        Binding("s", "save", "Save", show=False),
-        Binding("t", "load_trace", "Trace", show=False),
-        Binding("b", "pin", "Pin", show=False),
-        Binding("B", "pin_typed", "Pin typed", show=False),
-        Binding("v", "toggle_pinned", "Overlay", show=False),
-        Binding("C", "toggle_collectives", "Collectives", show=False),
-        Binding("slash", "find", "Find"),
-        Binding("n", "find_next", "Next match", show=False),
-        Binding("escape", "escape", "Cancel", show=False),
-        Binding("c", "edit_count", "Count", show=False),
-        *(Binding(str(i + 1), f"panel({i})", f"Panel {i + 1}", show=False)
-          for i in range(len(PANELS))),
-    ]
+    BINDINGS = APP_BINDINGS
 
     def __init__(self, config: Config | None = None, config_path: str | None = None,
                  trace_path: str | None = None, note: str = "", unsaved: bool = False
