@@ -207,6 +207,7 @@ def model_table(args: argparse.Namespace, base: Model | None) -> dict[str, Any] 
             and getattr(args, "hybrid_layer_pattern", None) is None:
         fields["hybrid_layer_pattern"] = ""  # a GPT model's layers over a hybrid stack's
     if isinstance(base, TransformerModel):
+        _check_dsa_sizes(fields, {**base.to_dict(), **fields}, known.get("attention"))
         return _with_mtp_depth(args, {**base.to_dict(), **fields})
     extra = {k: getattr(args, k, None) for k in ("num_layers", "seq_length",
                                                  "micro_batch_size", "hybrid_layer_pattern")}
@@ -226,7 +227,32 @@ def model_table(args: argparse.Namespace, base: Model | None) -> dict[str, Any] 
                             "--preset or [model] transformer to start from)",
                             f"add {flag} N{also}, or give --preset NAME: without one the "
                             f"flags build the model, over no embedded default{gpt2}")
+    _check_dsa_sizes(fields, fields, fields.get("attention"))
     return {"kind": "transformer", **megatron_defaults(fields)}
+
+
+DSA_SIZES = (("dsa_indexer_n_heads", "--dsa-indexer-n-heads", 64),
+             ("dsa_indexer_head_dim", "--dsa-indexer-head-dim", 128),
+             ("dsa_indexer_topk", "--dsa-indexer-topk", 2048))
+"""The DSA indexer's sizes, with DeepSeek-V3.2's values (its config.json)."""
+
+
+def _check_dsa_sizes(flags: dict[str, Any], named: dict[str, Any],
+                     attention: str | None) -> None:
+    """Refused where Megatron's flags (`flags`: the fields they set) ask for DeepSeek
+    sparse attention and neither they nor the model under them (`named`: the fields
+    either names) give an indexer size: TransformerConfig leaves them None and dsa.py
+    builds the indexer from them, so Megatron fails where ppsim would price its default.
+    `attention`: the model's ("mla": DSA's own assertion comes first, ppsim.config)."""
+    variant = flags.get("experimental_attention_variant") == "dsa"
+    if not (variant and attention == "mla" or "D" in str(flags.get("hybrid_layer_pattern")
+                                                             or "")):
+        return
+    for key, flag, v32 in DSA_SIZES:
+        if named.get(key) is None:
+            raise UserError(flag, "Megatron's DSA indexer has no default for it "
+                            "(TransformerConfig leaves it None)",
+                            f"add {flag} N (DeepSeek-V3.2: {v32})")
 
 
 def _tokenizer(args: argparse.Namespace) -> str | None:

@@ -299,3 +299,18 @@ def test_over_a_gpt_model_with_gated_delta_net_the_frequency_alone_changes(tmp_p
                     'experimental_attention_variant = "gdn"\nlinear_attention_freq = "4"\n')
     a = _arch_of(f"--config {toml} --linear-attention-freq 2")
     assert layer_kinds(a)[:4] == ("gdn-moe", "moe", "gdn-moe", "moe")
+
+
+@pytest.mark.parametrize("missing", ["--dsa-indexer-n-heads", "--dsa-indexer-head-dim",
+                                     "--dsa-indexer-topk"])
+def test_megatrons_dsa_flags_without_an_indexer_size_are_refused(missing: str) -> None:
+    """TransformerConfig's dsa_indexer_n_heads, _head_dim and _topk default to None and
+    dsa.py builds the indexer from them: a launch line without one fails in Megatron."""
+    sizes = {"--dsa-indexer-n-heads": "64", "--dsa-indexer-head-dim": "128",
+             "--dsa-indexer-topk": "2048"}
+    given = [x for flag, v in sizes.items() if flag != missing for x in (flag, v)]
+    code, out, err = _run(["simulate", "--preset", "deepseek-v3", "--hardware", "h100-80gb",
+                           "--pp", "16", "--ep", "8", "--microbatches", "16",
+                           "--experimental-attention-variant", "dsa", *given])
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"error: {missing}:" in err
