@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import io
 import math
+import os
 import re
 import shlex
 import sys
@@ -255,10 +256,16 @@ def strip(words: list[str]) -> tuple[list[str], bool]:
     return out + VOCAB_STAND_IN, True
 
 
+SUMMARY_COLUMNS = "400"
+"""The width ppsim's console renders at here: its summary on one line, so the verdict
+("fits", "does NOT fit") is not wrapped off the line this reports."""
+
+
 def run_ppsim(argv: list[str]) -> Outcome:
     out, err = io.StringIO(), io.StringIO()
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                _columns(SUMMARY_COLUMNS):
             code = ppsim(argv)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
@@ -276,6 +283,20 @@ def run_ppsim(argv: list[str]) -> Outcome:
         return Outcome(kind="refused", text=errors[0].split(": error: ", 1)[1])
     return Outcome(kind="DEFECT", text=f"exit {code}: " + " | ".join(
         err.getvalue().strip().splitlines()[-3:]))
+
+
+@contextlib.contextmanager
+def _columns(width: str):
+    """COLUMNS set to `width` for the block (rich reads it off a terminal), then restored."""
+    before = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = width
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = before
 
 
 def check(case: Case, plan: bool) -> Outcome:
