@@ -18,11 +18,10 @@ The search keeps its own stack: no recursion depth grows with the stages.
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ppsim.costs.model import StageCost
 from ppsim.pipeline.problem import Problem
@@ -32,7 +31,7 @@ from ppsim.plan.bounds import OneChunkBound, PathBounds, WaterFill
 from ppsim.plan.floor import MemoryFloor
 from ppsim.plan.local import improve
 from ppsim.plan.prefix import PrefixTimes
-from ppsim.plan.ranking import TIE, Rank, empty_stages, ordered
+from ppsim.plan.ranking import TIE, Leaders, Rank, empty_stages
 from ppsim.plan.search import Deadline, SplitSearch
 from ppsim.sim.summary import Summary
 
@@ -112,15 +111,13 @@ class BranchAndBound:
     search: SplitSearch
     top_k: int
     progress: Callable[[int, int], None] | None = None
-    top: list[tuple[float, int, int, tuple[int, ...]]] = field(default_factory=list)
-    """Max-heap (negated) of the K best that fit, by exact time, empty stages, peak."""
-    best: Rank | None = None
-    """The best that fits found so far, in the planner's order (ppsim.plan.ranking)."""
     open_bound: float = INF
     """After a stopped run: no split that fits is faster than this."""
 
     def __post_init__(self) -> None:
         s = self.search
+        self.leaders = Leaders(self.top_k)
+        """The best that fit found so far, in the planner's order."""
         self.offered: set[tuple[int, ...]] = set()
         self.paths = PathBounds(s)
         self.prefix_time = PrefixTimes(self.paths)
@@ -140,14 +137,7 @@ class BranchAndBound:
         s = self.search.evaluate(counts)
         if not s.fits:
             return
-        rank = Rank.of(counts, s.iteration_time_ms, s.peak_memory_bytes)
-        if self.best is None or rank.beats(self.best):
-            self.best = rank
-        item = (-rank.time_ms, -rank.empty, -rank.peak_bytes, tuple(-c for c in counts))
-        if len(self.top) < self.top_k:
-            heapq.heappush(self.top, item)
-        elif item > self.top[0]:
-            heapq.heapreplace(self.top, item)
+        self.leaders.add(Rank.of(counts, s.iteration_time_ms, s.peak_memory_bytes))
 
     def key_of(self, counts: tuple[int, ...]) -> tuple[float, float, float]:
         """(time, empty stages, peak) for the local search; infinite when it does not fit."""
@@ -157,29 +147,18 @@ class BranchAndBound:
             return (INF, INF, INF)
         return (s.iteration_time_ms, empty_stages(counts), s.peak_memory_bytes)
 
-    @property
-    def best_time(self) -> float:
-        return self.best.time_ms if self.best is not None else INF
-
     def ranked(self) -> list[tuple[int, ...]]:
-        """The K best found, best first in the planner's order."""
-        ranks = {Rank(-t, -e, -p, tuple(-c for c in cs)) for t, e, p, cs in self.top}
-        if self.best is not None:
-            ranks.add(self.best)
-        return [r.counts for r in ordered(list(ranks), lambda r: r)][:self.top_k]
+        return self.leaders.ranked()
 
     def _prunable(self, bound: float, mem: int, counts: list[int], pos: int) -> bool:
         """Cut a branch (stage counts so far, `pos` layers placed) that cannot come
         before the best found: slower, or of equal time (within TIE) with more empty
         stages, or as many and no lower in memory. The optimum stays exact; runners-up
         are the best of the splits the search happened to evaluate."""
-        if self.best is None:
-            return False
-        s = self.search
+        best, s = self.leaders.best, self.search
         # Stages left beyond the layers left stay empty, whatever the completion.
-        empty = (empty_stages(counts)
-                 + max(0, (s.S - len(counts)) - (s.L - pos)))
-        return self.best.cuts(bound, empty, mem)
+        empty = empty_stages(counts) + max(0, (s.S - len(counts)) - (s.L - pos))
+        return best is not None and best.cuts(bound, empty, mem)
 
     # ------------------------------------------------------------ bounds
 
@@ -218,7 +197,7 @@ class BranchAndBound:
         k = len(counts)
         r = s.sched.stage_rank(k)
         closes = self.last_stage_of_rank.get(k) == r
-        cut = self.best_time * (1 + TIE)
+        cut = self.leaders.best_time * (1 + TIE)
         one = self.terms is not None
         out = []
         for c in range(s.L - pos + 1):
@@ -296,10 +275,11 @@ class BranchAndBound:
                 continue
             b, c, sc, nb, child_mem = fr.children[fr.i]
             fr.i += 1
+            if b > self.leaders.best_time * (1 + TIE):
+                fr.i = len(fr.children)  # children are sorted: the rest are worse
+                continue
             counts, costs, pos = fr.counts + [c], fr.costs + [sc], fr.pos + c
             if self._prunable(b, child_mem, counts, pos):
-                if b > self.best_time * (1 + TIE):
-                    fr.i = len(fr.children)  # children are sorted: the rest are worse
                 continue
             k = len(counts)
             if not self.deadline.affords(s.eval_s * k / s.S):
@@ -378,7 +358,7 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
         # A hard instance: a better incumbent cuts more, so perturb the best
         # split found for a while, then search again from the root.
         best_counts = min(local, key=bb.key_of, default=None)
-        if bb.top:
+        if bb.leaders.best is not None:
             best_counts = bb.ranked()[0]
         if best_counts is not None:
             improve(bb.key_of, best_counts, at(0.8), perturb=True, step_s=step)

@@ -9,8 +9,9 @@ exact time, then the counts.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 TIE = 1e-9
@@ -75,3 +76,34 @@ def ordered(items: Sequence[T], rank: Callable[[T], Rank]) -> list[T]:
         out.append(pick)
         rest.remove(pick)
     return out
+
+
+@dataclass
+class Leaders:
+    """The best split found so far and the `k` best, in the planner's order."""
+
+    k: int
+    best: Rank | None = None
+    top: list[tuple[float, int, int, tuple[int, ...]]] = field(default_factory=list)
+    """Max-heap (negated) of the k best by exact time, empty stages, peak: a split of
+    equal time but for rounding may fall out, never `best`."""
+
+    def add(self, rank: Rank) -> None:
+        if self.best is None or rank.beats(self.best):
+            self.best = rank
+        item = (-rank.time_ms, -rank.empty, -rank.peak_bytes, tuple(-c for c in rank.counts))
+        if len(self.top) < self.k:
+            heapq.heappush(self.top, item)
+        elif item > self.top[0]:
+            heapq.heapreplace(self.top, item)
+
+    @property
+    def best_time(self) -> float:
+        return self.best.time_ms if self.best is not None else float("inf")
+
+    def ranked(self) -> list[tuple[int, ...]]:
+        """The k best found, best first."""
+        ranks = {Rank(-t, -e, -p, tuple(-c for c in cs)) for t, e, p, cs in self.top}
+        if self.best is not None:
+            ranks.add(self.best)
+        return [r.counts for r in ordered(list(ranks), lambda r: r)][:self.k]
