@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 
 
-def improve(key_of: Callable[[tuple[int, ...]], tuple[float, float]], counts: tuple[int, ...],
+def improve(key_of: Callable[[tuple[int, ...]], tuple[float, ...]], counts: tuple[int, ...],
             until: float, perturb: bool = False,
             step_s: Callable[[], float] = lambda: 0.0) -> tuple[int, ...]:
     """Local search over splits: move one layer between two stages, or swap two

@@ -18,11 +18,10 @@ The search keeps its own stack: no recursion depth grows with the stages.
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ppsim.costs.model import StageCost
 from ppsim.pipeline.problem import Problem
@@ -32,6 +31,7 @@ from ppsim.plan.bounds import OneChunkBound, PathBounds, WaterFill
 from ppsim.plan.floor import MemoryFloor
 from ppsim.plan.local import improve
 from ppsim.plan.prefix import PrefixTimes
+from ppsim.plan.ranking import TIE, Leaders, Rank, empty_stages
 from ppsim.plan.search import Deadline, SplitSearch
 from ppsim.sim.summary import Summary
 
@@ -41,8 +41,6 @@ __all__ = ["BranchAndBound", "Candidate", "PlanResult", "count_splits", "even_co
 INF = math.inf
 _EMPTY = StageCost(0.0, 0.0, 0.0, 0, 0, 0, 0)
 """A stage not placed yet, in a lower bound on its rank's memory."""
-TIE = 1e-9
-"""Iteration times within this relative difference count as equal."""
 
 
 @dataclass(frozen=True)
@@ -52,8 +50,14 @@ class Candidate:
 
     @property
     def key(self) -> tuple[float, int]:
-        """Rank order: faster first, then lower peak memory."""
+        """Faster first, then lower peak memory."""
         return (self.summary.iteration_time_ms, self.summary.peak_memory_bytes)
+
+    @property
+    def rank(self) -> Rank:
+        """The planner's order (ppsim.plan.ranking): fewer empty stages among equal times."""
+        return Rank.of(self.split.counts, self.summary.iteration_time_ms,
+                       self.summary.peak_memory_bytes)
 
 
 @dataclass(frozen=True)
@@ -107,14 +111,13 @@ class BranchAndBound:
     search: SplitSearch
     top_k: int
     progress: Callable[[int, int], None] | None = None
-    top: list[tuple[float, int, tuple[int, ...]]] = field(default_factory=list)
-    """Max-heap (negated) of the K best that fit."""
-    best_key: tuple[float, float] = (INF, INF)
     open_bound: float = INF
     """After a stopped run: no split that fits is faster than this."""
 
     def __post_init__(self) -> None:
         s = self.search
+        self.leaders = Leaders(self.top_k)
+        """The best that fit found so far, in the planner's order."""
         self.offered: set[tuple[int, ...]] = set()
         self.paths = PathBounds(s)
         self.prefix_time = PrefixTimes(self.paths)
@@ -134,30 +137,28 @@ class BranchAndBound:
         s = self.search.evaluate(counts)
         if not s.fits:
             return
-        key = (s.iteration_time_ms, s.peak_memory_bytes)
-        if key < self.best_key:
-            self.best_key = key
-        item = (-s.iteration_time_ms, -s.peak_memory_bytes, tuple(-c for c in counts))
-        if len(self.top) < self.top_k:
-            heapq.heappush(self.top, item)
-        elif item > self.top[0]:
-            heapq.heapreplace(self.top, item)
+        self.leaders.add(Rank.of(counts, s.iteration_time_ms, s.peak_memory_bytes))
 
-    def key_of(self, counts: tuple[int, ...]) -> tuple[float, float]:
+    def key_of(self, counts: tuple[int, ...]) -> tuple[float, float, float]:
+        """(time, empty stages, peak) for the local search; infinite when it does not fit."""
         self.offer(counts)
         s = self.search.evaluate(counts)
-        return (s.iteration_time_ms, s.peak_memory_bytes) if s.fits else (INF, INF)
+        if not s.fits:
+            return (INF, INF, INF)
+        return (s.iteration_time_ms, empty_stages(counts), s.peak_memory_bytes)
 
     def ranked(self) -> list[tuple[int, ...]]:
-        return [cs for _, _, cs in sorted((-t, -p, tuple(-c for c in cs))
-                                          for t, p, cs in self.top)]
+        return self.leaders.ranked()
 
-    def _prunable(self, bound: float, mem: int) -> bool:
-        """Cut a branch whose bound cannot beat the best found: slower, or (times
-        equal within TIE) no lower in memory. The optimum stays exact; runners-up
+    def _prunable(self, bound: float, mem: int, counts: list[int], pos: int) -> bool:
+        """Cut a branch (stage counts so far, `pos` layers placed) that cannot come
+        before the best found: slower, or of equal time (within TIE) with more empty
+        stages, or as many and no lower in memory. The optimum stays exact; runners-up
         are the best of the splits the search happened to evaluate."""
-        th_t, th_mem = self.best_key
-        return bound > th_t * (1 + TIE) or (bound >= th_t * (1 - TIE) and mem >= th_mem)
+        best, s = self.leaders.best, self.search
+        # Stages left beyond the layers left stay empty, whatever the completion.
+        empty = empty_stages(counts) + max(0, (s.S - len(counts)) - (s.L - pos))
+        return best is not None and best.cuts(bound, empty, mem)
 
     # ------------------------------------------------------------ bounds
 
@@ -196,7 +197,7 @@ class BranchAndBound:
         k = len(counts)
         r = s.sched.stage_rank(k)
         closes = self.last_stage_of_rank.get(k) == r
-        cut = self.best_key[0] * (1 + TIE)
+        cut = self.leaders.best_time * (1 + TIE)
         one = self.terms is not None
         out = []
         for c in range(s.L - pos + 1):
@@ -274,11 +275,12 @@ class BranchAndBound:
                 continue
             b, c, sc, nb, child_mem = fr.children[fr.i]
             fr.i += 1
-            if self._prunable(b, child_mem):
-                if b > self.best_key[0] * (1 + TIE):
-                    fr.i = len(fr.children)  # children are sorted: the rest are worse
+            if b > self.leaders.best_time * (1 + TIE):
+                fr.i = len(fr.children)  # children are sorted: the rest are worse
                 continue
             counts, costs, pos = fr.counts + [c], fr.costs + [sc], fr.pos + c
+            if self._prunable(b, child_mem, counts, pos):
+                continue
             k = len(counts)
             if not self.deadline.affords(s.eval_s * k / s.S):
                 raise _Stop
@@ -292,7 +294,7 @@ class BranchAndBound:
             # The costlier, much tighter bound: simulate the placed ranks
             # exactly with the rest of the pipeline as a free delay.
             nb = max(nb, self.prefix_time(counts))
-            if self._prunable(nb, child_mem):
+            if self._prunable(nb, child_mem, counts, pos):
                 continue
             if s.vpp > 1 and s.floors.completion(costs, pos) > s.memory:
                 continue  # no completion fits: the ranks left cannot hold what is left
@@ -356,7 +358,7 @@ def plan(problem: Problem, top_k: int = 5, progress: Callable[[int, int], None] 
         # A hard instance: a better incumbent cuts more, so perturb the best
         # split found for a while, then search again from the root.
         best_counts = min(local, key=bb.key_of, default=None)
-        if bb.top:
+        if bb.leaders.best is not None:
             best_counts = bb.ranked()[0]
         if best_counts is not None:
             improve(bb.key_of, best_counts, at(0.8), perturb=True, step_s=step)

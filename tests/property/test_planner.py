@@ -15,6 +15,7 @@ from ppsim.pipeline.split import split_from_counts
 from ppsim.plan.bounds import PathBounds
 from ppsim.plan.planner import plan
 from ppsim.plan.prefix import prefix_time
+from ppsim.plan.ranking import Rank, ordered
 from ppsim.plan.search import SplitSearch
 from ppsim.sim.simulate import simulate
 
@@ -94,11 +95,11 @@ def test_plan_matches_every_split(problem):
         peak = min(s.peak_memory_bytes for _, s in results)
         assert res.smallest_peak is not None and res.smallest_peak[0] == peak
         return
-    best_t, best_mem, _ = min(fitting)
+    best = ordered([Rank.of(c, t, p) for t, p, c in fitting], lambda r: r)[0]
     assert res.best is not None and res.proven_optimal
-    assert res.best.summary.iteration_time_ms == pytest.approx(best_t, rel=1e-9)
-    if res.best.summary.iteration_time_ms == best_t:
-        assert res.best.summary.peak_memory_bytes == best_mem
+    assert res.best.summary.iteration_time_ms == pytest.approx(best.time_ms, rel=1e-9)
+    # Among equal times: the fewest empty stages, then the lowest peak.
+    assert (res.best.rank.empty, res.best.rank.peak_bytes) == (best.empty, best.peak_bytes)
     assert res.lower_bound_ms == res.best.summary.iteration_time_ms  # proven: no gap
     # The reported summary is the simulator's, not an estimate.
     assert res.best.summary == simulate(problem.with_split(res.best.split)).summary
