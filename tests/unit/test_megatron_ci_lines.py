@@ -53,8 +53,19 @@ def test_one_mtp_layer_repeated_is_refused_naming_what_ppsim_prices() -> None:
     ran = run_cli(["simulate", *CI_LINE, "--mtp-num-layers", "2", "--mtp-use-repeated-layer"])
     errors = [line for line in ran.stderr.splitlines() if "error" in line]
     assert ran.returncode == 2 and len(errors) == 1 and "Traceback" not in ran.stderr
-    assert "error: --mtp-use-repeated-layer: shares one MTP layer's weights" in errors[0]
+    assert "error: --mtp-use-repeated-layer: shares one MTP layer's weights across the 2 " \
+        "depths" in errors[0]
     assert "did you mean" not in ran.stderr
+
+
+@pytest.mark.parametrize("argv", [[*CI_LINE, "--mtp-num-layers", "1", "--position-embedding-type",
+                                   "rope"],
+                                  ["--preset", "deepseek-v3", "--hardware", "h100-80gb"],
+                                  CI_LINE])
+def test_one_mtp_depth_repeated_is_the_one_layer_and_prices_the_same(argv: list[str]) -> None:
+    """At one MTP depth (or none) the repeated layer is the only one: the same job. It was
+    refused as at two."""
+    assert _json([*argv, "--mtp-use-repeated-layer"]) == _json(argv)
 
 
 def _peak(argv: list[str]) -> int:
