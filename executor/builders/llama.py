@@ -10,8 +10,8 @@ and the layer kinds of `layers` ("dense*3, moe*5"; all MoE when num_experts >
 fp32, weights renormalised over the chosen k, no auxiliary loss), runs them as a
 dropless grouped GEMM (each (token, slot) pair once, sorted by expert, no expert
 padded to the busiest: deferral.segmented_mm), and
-adds `shared_experts` always-on experts (as one MLP of their summed width,
-which is the same function; `shared_expert_gate` scales them by a sigmoid gate).
+adds the always-on shared experts as one MLP of `shared_width` (any width, as
+Megatron's SharedExpertMLP; `shared_expert_gate` scales it by a sigmoid gate).
 `attention = "mla"` builds DeepSeek's latent attention
 (ppsim.executor.builders.mla). `attention_window` and `window_attn_skip_freq` give
 layers a sliding window (ppsim.executor.builders.stage.AttentionCore). Dropout is not

@@ -227,8 +227,8 @@ class MoE(nn.Module):
         self.up = nn.Parameter(torch.empty(e, h, f))
         self.down = nn.Parameter(torch.empty(e, f, h))
         shared = GatedSharedExperts if a.shared_expert_gate else MLP
-        self.shared = shared(h, f * a.shared_experts, a.gated_mlp,
-                             a.swiglu_keeps_silu) if a.shared_experts else None
+        self.shared = shared(h, a.shared_width, a.gated_mlp,
+                             a.swiglu_keeps_silu) if a.shared_width else None
         self.fc1 = ExpertsFC1()
         self.act = ExpertsAct(a.swiglu_keeps_silu)
         self.probs_in_activation = a.probs_in_activation

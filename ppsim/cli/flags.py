@@ -272,6 +272,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
                                           flag("moe_token_dispatcher_type"),
                                           bool(cfg.pipeline.moe_shared_expert_overlap))
     _check_layer_counts(cfg, flag)
+    megatron_run.check_repeated_mtp(args, getattr(cfg.model, "mtp_layers", 0))
     megatron_flags.check_positions(getattr(getattr(cfg.model, "arch", None), "seq_length", None),
                                    flag("max_position_embeddings"))
     for note in megatron_run.unpriced_notes(args):

@@ -170,9 +170,9 @@ def _moe_args(a: Architecture) -> list[str]:
         return []
     out = ["--num-experts", str(a.num_experts), "--moe-router-topk", str(a.top_k),
            "--moe-ffn-hidden-size", str(a.moe_ffn_hidden_size)]
-    if a.shared_experts:
+    if a.shared_width:
         out += ["--moe-shared-expert-intermediate-size",
-                str(a.shared_experts * a.moe_ffn_hidden_size)]
+                str(a.shared_width)]
         out += ["--moe-shared-expert-gate"] * a.shared_expert_gate
     out += ["--moe-permute-fusion"] * a.moe_permute_fusion
     if a.moe_latent_size:

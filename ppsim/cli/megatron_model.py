@@ -396,13 +396,11 @@ def _moe_fields(args: argparse.Namespace, fields: dict[str, Any]) -> dict[str, A
         if not width:
             raise UserError("--moe-shared-expert-intermediate-size", "needs the experts' "
                             "width", "add --moe-ffn-hidden-size N")
-        if shared % width:  # Megatron builds any width; ppsim's field counts experts
-            raise UserError("--moe-shared-expert-intermediate-size", f"{shared} is not a "
-                            f"whole number of experts of --moe-ffn-hidden-size {width}, "
-                            "and ppsim prices shared experts as whole experts",
-                            "give a multiple of --moe-ffn-hidden-size (the nearest prices "
-                            "the job closest)")
-        out["shared_experts"] = shared // width
+        # A whole number of experts keeps the short form a preset gives; any other
+        # width is the MLP's own (Megatron builds one MLP of it either way).
+        whole = shared % width == 0
+        out["shared_experts"] = shared // width if whole else 0
+        out["shared_expert_ffn_hidden_size"] = 0 if whole else shared
     freq = getattr(args, "moe_layer_freq", None)
     if freq is not None:
         if "num_layers" not in fields:

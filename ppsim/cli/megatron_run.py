@@ -221,10 +221,6 @@ REFUSED = {
                              "speculative-decoding draft's base)", "drop it"),
     "qad-train-target": (("both",), *_FROZEN),
     "freeze-base-for-mtp": ((), *_FROZEN),
-    "mtp-use-repeated-layer": ((), "shares one MTP layer's weights across every depth; "
-                               "ppsim prices each depth with its own layer (its weights, "
-                               "gradients and optimizer state)",
-                               "drop it to price a layer a depth"),
     "data-parallel-sharding-strategy": (("optim_grads_params",), "is priced for "
                                         "Megatron-FSDP's default, optim_grads_params "
                                         "(weights, gradients and optimizer state sharded)",
@@ -238,9 +234,12 @@ REFUSED = {
     "megatron-fsdp-grad-comm-dtype": (("auto", "bf16"), *_FSDP_GRADS),
 }
 """Arguments that make an iteration other than the one ppsim prices (Model Optimizer's
-post-training ones, one MTP layer repeated over the depths), and what Megatron itself
+post-training ones), and what Megatron itself
 refuses: flag -> (the values that do not, the problem, the fix). Refused by
 check_run_flags."""
+REPEATED_MTP = "mtp-use-repeated-layer"
+"""One MTP layer's weights shared by every depth: the same model as ppsim's at one depth,
+refused beyond (check_repeated_mtp)."""
 TRAINING_COMMANDS = ("run", "demo")
 """Commands that train for real: a --weight-decay or --clip-grad they took and dropped
 would mislead, so they take none of these (ppsim run has its own --lr and --seed)."""
@@ -258,7 +257,7 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
         "docs/model.md)")
     taken = p._option_string_actions  # noqa: SLF001 - argparse has no public lookup
     for flag in (*(f for group in RUN.values() for f in group), *UNPRICED, *REFUSED,
-                 "export-force-local-attention"):
+                 "export-force-local-attention", REPEATED_MTP):
         if f"--{flag}" not in taken:
             g.add_argument(f"--{flag}", dest=PREFIX + flag.replace("-", "_"), nargs="*",
                            help=argparse.SUPPRESS)
@@ -275,6 +274,18 @@ def unpriced_notes(args: argparse.Namespace) -> list[str]:
         if named:
             notes.append(f"note: {', '.join(named)} taken, not priced ({why})")
     return notes
+
+
+def check_repeated_mtp(args: argparse.Namespace, depths: int) -> None:
+    """--mtp-use-repeated-layer over more than one MTP depth: one layer's weights, gradients
+    and optimizer state for them all, where ppsim prices a layer a depth. At one depth the
+    repeated layer is the one layer (Megatron's aux-loss scale, 1 / depths, is 1)."""
+    given = getattr(args, PREFIX + REPEATED_MTP.replace("-", "_"), None)
+    if given is not None and depths > 1:
+        raise UserError(" ".join([f"--{REPEATED_MTP}", *given]), "shares one MTP layer's "
+                        f"weights across the {depths} depths; ppsim prices each depth with "
+                        "its own layer (its weights, gradients and optimizer state)",
+                        "drop it to price a layer a depth, or give --mtp-num-layers 1")
 
 
 def check_run_flags(args: argparse.Namespace) -> str | None:

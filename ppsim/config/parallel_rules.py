@@ -114,14 +114,16 @@ def _mlp_split(a: Architecture) -> None:
     tensor-parallel group, not the expert one)."""
     pieces = {p for k in layer_kinds(a) + (mtp_kinds(a) if a.mtp_layers else ())
               for p in piece_kinds(a, k)}
-    shared = a.shared_experts * a.moe_ffn_hidden_size if a.num_experts else 0
+    shared = a.shared_width if a.num_experts else 0
+    shared_field = ("shared_expert_ffn_hidden_size" if a.shared_expert_ffn_hidden_size
+                    else "shared_experts")
     for field, width, used in (("ffn_hidden_size", a.ffn_hidden_size,
                                 bool(pieces & {"dense", "mlp"})),
-                               ("shared_experts", shared, bool(pieces & {"moe", "moe-mlp"}))):
+                               (shared_field, shared, bool(pieces & {"moe", "moe-mlp"}))):
         if used and width % a.tp:
             raise UserError(f"model.{field}", f"{width:,} is not divisible by {a.tp} (tp), "
                             "as Megatron asserts for the "
                             + ("dense MLP's" if field == "ffn_hidden_size" else
-                               "shared experts' (shared_experts x moe_ffn_hidden_size)")
+                               "shared experts' MLP")
                             + " width split over the tensor ranks",
                             "use a tensor-parallel size that divides it")

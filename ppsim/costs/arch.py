@@ -172,9 +172,15 @@ class Architecture:
     top_k: int = 0
     """Experts each token is routed to."""
     moe_ffn_hidden_size: int = 0
-    """Width of each routed (and shared) expert's MLP."""
+    """Width of each routed expert's MLP."""
     shared_experts: int = 0
-    """Experts every token passes through (DeepSeek-V3: 1)."""
+    """Experts every token passes through, each moe_ffn_hidden_size wide (DeepSeek-V3: 1):
+    the short form of shared_expert_ffn_hidden_size = shared_experts x moe_ffn_hidden_size."""
+    shared_expert_ffn_hidden_size: int = 0
+    """Width of the one MLP the shared experts make, any width (Megatron
+    --moe-shared-expert-intermediate-size; Qwen3-Next: 512); 0: shared_experts x
+    moe_ffn_hidden_size. Gated when the MLPs are, split over tp; when set, shared_experts
+    is not read."""
     shared_expert_gate: bool = False
     """The shared experts' output times a per-token sigmoid gate (Megatron
     --moe-shared-expert-gate; Qwen3-Next): one weight of hidden_size, whole on every tp
@@ -354,6 +360,12 @@ class Architecture:
     def expert_dp(self) -> int:
         """The experts' data-parallel size (expert_data_parallel)."""
         return expert_data_parallel(self.tp, self.cp, self.dp, self.expert_tp, self.ep)
+
+    @property
+    def shared_width(self) -> int:
+        """The shared experts' MLP width, as either field gives it (0: none)."""
+        return (self.shared_expert_ffn_hidden_size
+                or self.shared_experts * self.moe_ffn_hidden_size)
 
     @property
     def rmsnorm(self) -> bool:

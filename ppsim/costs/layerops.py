@@ -221,9 +221,9 @@ def mlp_ops(a: Architecture, kind: str) -> list[Op]:
         # the fused one runs.
         ops.append(Op("combine.unfused", nbytes=tok * (lat or h) * w / t, backward_bytes=0.0))
     ops += [_mm("latent.fc2", tok, h / t, lat)] if lat else []
-    if a.shared_experts:
-        ops += _mlp_ops(a, "shared", tok, a.shared_experts * a.moe_ffn_hidden_size)
-    if a.shared_experts and a.shared_expert_gate:
+    if a.shared_width:
+        ops += _mlp_ops(a, "shared", tok, a.shared_width)
+    if a.shared_width and a.shared_expert_gate:
         # The gate's h -> 1 product reads the input; the output times its sigmoid reads
         # and writes the output; the backward reads the gradient, output and input, writes
         # both their gradients.

@@ -164,7 +164,7 @@ def applies(module: str, a: Architecture, kind: str) -> bool:
     if module in ("moe", "moe_act", "expert_fc1"):
         return kind == "moe"
     if module == "shared_experts":
-        return kind == "moe" and a.shared_experts > 0
+        return kind == "moe" and a.shared_width > 0
     if module == "mlp":
         return kind == "dense"
     if module == "mla_up_proj":

@@ -81,8 +81,8 @@ def layer_matrices(a: Architecture, kind: str) -> tuple[list[Matrix], list[Matri
         lat = a.moe_latent_size
         dense = _attention(a) + [Matrix(rows=a.num_experts, cols=h)]
         dense += [Matrix(rows=lat, cols=h), Matrix(rows=h, cols=lat)] if lat else []
-        if a.shared_experts:
-            dense += _mlp(a, a.shared_experts * a.moe_ffn_hidden_size)
+        if a.shared_width:
+            dense += _mlp(a, a.shared_width)
         return dense, _mlp(a, a.moe_ffn_hidden_size, lat, a.num_experts)
     p = any_kind_params(a, kind)
     experts = _mlp(a, a.moe_ffn_hidden_size, a.moe_latent_size, a.num_experts) \

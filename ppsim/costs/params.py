@@ -71,9 +71,9 @@ def kind_params(a: Architecture, kind: str) -> KindParams:
         return KindParams(attn + mlp + norm, 0, attn + mlp, norm, block.duplicated)
     expert = _mlp_params(a, a.moe_ffn_hidden_size, a.moe_latent_size)
     router = a.hidden_size * a.num_experts
-    shared = a.shared_experts * _mlp_params(a, a.moe_ffn_hidden_size)  # on the whole width
+    shared = _mlp_params(a, a.shared_width)  # on the whole width
     latent = 2 * a.hidden_size * a.moe_latent_size  # down to the latent width and back up
-    whole = latent + a.hidden_size * (a.shared_expert_gate and a.shared_experts > 0)
+    whole = latent + a.hidden_size * (a.shared_expert_gate and a.shared_width > 0)
     return KindParams(attn + shared + router + whole + norm, a.num_experts * expert,
                       attn + shared + router + whole + a.top_k * expert, norm,
                       whole + router + block.duplicated)

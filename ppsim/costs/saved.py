@@ -155,9 +155,9 @@ def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
         t.update(_weighting(a, pairs, width))
         if a.moe_latent_size:
             t["latent.fc2_in"] = tok * width * w  # the combined tokens, projected back up
-        if a.shared_experts:
-            t.update(_mlp_tensors(a, "shared", tok, a.shared_experts * a.moe_ffn_hidden_size))
-        if a.shared_experts and a.shared_expert_gate:  # the gated product's inputs
+        if a.shared_width:
+            t.update(_mlp_tensors(a, "shared", tok, a.shared_width))
+        if a.shared_width and a.shared_expert_gate:  # the gated product's inputs
             t.update({SHARED_GATE[0]: tok * h * w, SHARED_GATE[1]: tok * w})
     if a.fp8_copies:  # the FP8 linears keep their inputs in FP8 (ppsim.costs.fp8)
         f = fp8_bytes(a)

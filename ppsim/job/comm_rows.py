@@ -181,7 +181,7 @@ def _ep_rows(rows: _Rows, a: Architecture, k: str, again: Recomputed) -> None:
         return
     n = 2 + 2 * (1 + again.dispatch)
     exposure = PAIRED if job.overlap_moe_expert_parallel_comm else (
-        OVERLAPPED if job.moe_shared_expert_overlap and a.shared_experts else EXPOSED)
+        OVERLAPPED if job.moe_shared_expert_overlap and a.shared_width else EXPOSED)
     tokens = ep_token_bytes(a)
     if flex:
         def deepep(nbytes: float, g: Link) -> float:

@@ -80,7 +80,7 @@ def iteration_flops(a: Architecture, global_batch_size: int, causal: bool = True
     layers = a.num_layers + a.mtp_layers
     gdn = _linear_attention_layers(a, layers)
     h, ffn_x = a.hidden_size, _ffn_factor(a)
-    shared = a.shared_experts * a.moe_ffn_hidden_size
+    shared = a.shared_width
     linear, core = _attention_terms(a)
     per_token = (GEMM * h * (a.ffn_hidden_size * ffn_x * dense
                              + _routed_per_token(a) * moe
@@ -126,7 +126,7 @@ def _mixer_per_token(a: Architecture, kind: str) -> float:
     if kind == "mlp":
         return 4 * a.ffn_hidden_size * h * _ffn_factor(a) / 2
     if kind == "moe-mlp":
-        shared = a.shared_experts * a.moe_ffn_hidden_size * _ffn_factor(a)
+        shared = a.shared_width * _ffn_factor(a)
         return 2 * h * (_routed_per_token(a) + shared)
     return 0.0  # 'D' and '+': not in Megatron's count
 

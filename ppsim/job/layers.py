@@ -230,7 +230,7 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
     ep = ep_all_to_all_ms(job, a) if kind in MOE_KINDS else 0.0
     if ep:
         over_f, over_b = (shared_experts_ms(a, acc) if job.moe_shared_expert_overlap
-                          and a.shared_experts else (0.0, 0.0))
+                          and a.shared_width else (0.0, 0.0))
         # The shared experts beside DeepEP run on the SMs it leaves: what they hide
         # costs its SM share again in compute.
         share = job.dispatcher_sm_share

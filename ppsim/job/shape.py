@@ -166,7 +166,7 @@ def check(cfg: Any) -> None:
         raise UserError("pipeline.moe_token_dispatcher_type", *refusal)
     if p.moe_token_dispatcher_type == "flex" and a.num_experts:
         _deepep_runs(a, p, getattr(cfg.hardware, "sm_count", 0))
-    if p.moe_shared_expert_overlap and a.moe_latent_size and a.shared_experts:
+    if p.moe_shared_expert_overlap and a.moe_latent_size and a.shared_width:
         raise UserError("pipeline.moe_shared_expert_overlap", "Shared expert overlap with MoE "
                         "latent projections is not supported during training",
                         "drop --moe-shared-expert-overlap, or the latent size")

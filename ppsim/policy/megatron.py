@@ -63,7 +63,7 @@ def recompute_refusal(modules: tuple[str, ...], a: Architecture,
         return "mla_up_proj in recompute_modules is only supported with multi_latent_attention."
     if a.fp8 and a.fp8_recipe == "delayed" and {"moe_act", "layernorm"} & set(modules):
         return "Delayed scaling does not support moe_act and layernorm recompute for fp8."
-    if "shared_experts" in modules and a.shared_experts and shared_overlap:
+    if "shared_experts" in modules and a.shared_width and shared_overlap:
         return "shared_experts recompute cannot work with --moe-shared-expert-overlap."
     return None
 

@@ -121,6 +121,10 @@ MOE_TOML = tiny_gpt_toml(gated_mlp=True, num_kv_heads=2, layers="dense, moe, " *
                          num_experts=4, top_k=2, moe_ffn_hidden_size=96, shared_experts=1)
 """tiny-gpt with MoE layers, as `simulate` and `run` both read it."""
 MOE_CONFIG = ["--config", "{tmp}/moe.toml"]
+MOE_WIDE_TOML = MOE_TOML.replace("shared_experts = 1", "shared_expert_ffn_hidden_size = 40")
+"""The same with a shared-expert MLP of its own width (40, no whole number of the 96-wide
+experts: Megatron's --moe-shared-expert-intermediate-size), split over the tensor ranks."""
+MOE_WIDE_CONFIG = ["--config", "{tmp}/moe-wide.toml"]
 OWN_TP = ["--model", "tests/model_tp.py:build"]
 """A torchtitan-style decoder of one's own whose parallelize splits it (tests/model_tp.py)."""
 HYBRID_TP_TOML = '[model]\npreset = "tiny-hybrid"\netp = 1\n'
@@ -272,8 +276,9 @@ TENSOR = {
     "tp2-mla-q-offload": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, "--config", "{tmp}/mla-q.toml",
                                     "--fine-grained-activation-offloading",
                                     "--offload-modules", "qkv_linear"]),
-    "tp2-moe-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, *MOE_CONFIG]),
-    "tp2-moe-policy": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, *MOE_CONFIG, *MOE_POLICY]),
+    "tp2-moe-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, *MOE_WIDE_CONFIG]),
+    "tp2-moe-policy": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, *MOE_WIDE_CONFIG,
+                                 *MOE_POLICY]),
     "tp2-llama-policy": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, "--config", "{tmp}/llama.toml",
                                    "--fine-grained-activation-offloading",
                                    "--offload-modules", "qkv_linear", "attn_proj",
@@ -367,6 +372,7 @@ def prepare(name: str, tmp: Path) -> None:
     (tmp / "zb.csv").write_text(zb_h1_csv(2, 4))
     (tmp / "gated.toml").write_text(GATED_TOML)
     (tmp / "moe.toml").write_text(MOE_TOML)
+    (tmp / "moe-wide.toml").write_text(MOE_WIDE_TOML)
     (tmp / "mla.toml").write_text(MLA_TOML)
     (tmp / "mla-q.toml").write_text(MLA_Q_TOML)
     (tmp / "moe-ep.toml").write_text(MOE_TOML + "ep = 2\n")

@@ -33,7 +33,8 @@ CASES = ["tp2-1f1b", "tp2-llama-1f1b", "tp2-llama-policy", "tp2-moe-1f1b", "tp2-
          "tp2-kv1-1f1b"]
 """The built-in GPT and the Llama-style decoder with sequence parallelism (and a memory
 policy: the tensor-parallel projections' inputs offloaded, the MLP recomputed; with MoE
-layers, each expert split over the tensor ranks as Megatron splits them by default, and
+layers, each expert split over the tensor ranks as Megatron splits them by default, a
+shared-expert MLP of its own width (40 beside 96-wide experts) split over them too, and
 with the MoE's own pieces recomputed and offloaded; with latent attention, and without
 a query latent with the layer's input offloaded), the gated GPT without it (its one
 key/value group at tp 2: its biased QKV gathered); the Llama-style decoder (query and key

@@ -53,8 +53,19 @@ def test_one_mtp_layer_repeated_is_refused_naming_what_ppsim_prices() -> None:
     ran = run_cli(["simulate", *CI_LINE, "--mtp-num-layers", "2", "--mtp-use-repeated-layer"])
     errors = [line for line in ran.stderr.splitlines() if "error" in line]
     assert ran.returncode == 2 and len(errors) == 1 and "Traceback" not in ran.stderr
-    assert "error: --mtp-use-repeated-layer: shares one MTP layer's weights" in errors[0]
+    assert "error: --mtp-use-repeated-layer: shares one MTP layer's weights across the 2 " \
+        "depths" in errors[0]
     assert "did you mean" not in ran.stderr
+
+
+@pytest.mark.parametrize("argv", [[*CI_LINE, "--mtp-num-layers", "1", "--position-embedding-type",
+                                   "rope"],
+                                  ["--preset", "deepseek-v3", "--hardware", "h100-80gb"],
+                                  CI_LINE])
+def test_one_mtp_depth_repeated_is_the_one_layer_and_prices_the_same(argv: list[str]) -> None:
+    """At one MTP depth (or none) the repeated layer is the only one: the same job. It was
+    refused as at two."""
+    assert _json([*argv, "--mtp-use-repeated-layer"]) == _json(argv)
 
 
 def _peak(argv: list[str]) -> int:
@@ -77,14 +88,29 @@ def test_one_dropout_given_over_a_preset_without_dropout_keeps_it_off() -> None:
     assert _peak([*base, "--hidden-dropout", "0.1"]) > _peak(base)
 
 
-def test_a_shared_expert_width_ppsim_cannot_count_says_it_is_ppsims_limit() -> None:
-    """A CI job's 512-wide shared expert beside 1024-wide experts: Megatron builds it; the
-    refusal said only that the line was not a whole number, as if the line were wrong."""
-    ran = run_cli(["simulate", "--preset", "qwen3-30b-a3b", "--hardware", "h100-80gb",
-                   "--moe-ffn-hidden-size", "1024",
-                   "--moe-shared-expert-intermediate-size", "512"])
-    assert ran.returncode == 2 and len(ran.stderr.strip().splitlines()) == 1
-    assert "ppsim prices shared experts as whole experts" in ran.stderr
+MOE_LINE = shlex.split("--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 1024 "
+                       "--expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall "
+                       "--sequence-parallel")
+"""gpt3_moe_mcore_te_tp4_ep2_etp2_pp2's experts over CI_LINE (its shared expert apart)."""
+
+
+def _priced(argv: list[str]) -> tuple[float, int, float]:
+    """(iteration time, the highest peak, the FLOPs the throughput counts an iteration)."""
+    sim = _json(argv)
+    time = sim["iteration_time_ms"]
+    return (time, max(r["peak_memory_bytes"] for r in sim["ranks"]),
+            sim["throughput"]["tflops_per_gpu"] * time)
+
+
+def test_a_shared_expert_narrower_than_an_expert_is_priced_at_its_width() -> None:
+    """Several CI jobs give a 512-wide shared expert beside 1024-wide experts: Megatron
+    builds one 512-wide MLP; ppsim refused the line ("prices shared experts as whole
+    experts"). Its time, peak and FLOPs lie between none and one whole expert's."""
+    width = lambda n: [*CI_LINE, *MOE_LINE, "--moe-shared-expert-intermediate-size", n]  # noqa: E731
+    none, half, whole = _priced([*CI_LINE, *MOE_LINE]), _priced(width("512")), \
+        _priced(width("1024"))
+    for lo, mid, hi in zip(none, half, whole, strict=True):
+        assert lo < mid < hi
 
 
 def test_a_job_search_holds_the_chunks_layers_per_virtual_stage_give_over_a_held_pp() -> None:
