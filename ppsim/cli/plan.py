@@ -45,6 +45,7 @@ from ppsim.plan.baselines import FrameworkSplit
 from ppsim.plan.bounds import CHUNKED_BOUND_NOTE
 from ppsim.plan.gap import chunked_gap
 from ppsim.plan.planner import Candidate, PlanResult, plan
+from ppsim.plan.ranking import ordered
 from ppsim.plan.references import (
     Reference,
     compare,
@@ -116,8 +117,7 @@ def _retime_shared(problem: Problem, res: PlanResult, refs: list[Reference]) -> 
         if sp.counts not in seen:
             seen.add(sp.counts)
             retimed.append(Candidate(sp, time_split(problem, sp)))
-    retimed.sort(key=lambda c: c.key)
-    fits = [c for c in retimed if c.summary.fits]
+    fits = ordered([c for c in retimed if c.summary.fits], lambda c: c.rank)
     return replace(res, candidates=fits, best=fits[0] if fits else None,
                    proven_optimal=False)
 
@@ -165,7 +165,7 @@ def run_search(cfg: Config, axes: list[str], top_k: int, budget_s: float,
                 given=given if v is vs[0] else None)))
             bar.advance(task)
     fitting = [r for _, r in results if r.result.best is not None]
-    best = min(fitting, key=lambda r: r.result.best.key) if fitting else \
+    best = ordered(fitting, lambda r: r.result.best.rank)[0] if fitting else \
         min((r for _, r in results), key=_lowest_peak)  # type: ignore
     return _with_configured_refs(best, results[0][1]), [(label, r.result)
                                                         for label, r in results]

@@ -13,6 +13,7 @@ from ppsim.pipeline.hybrid_exports import exports_of
 from ppsim.plan.bounds import CHUNKED_BOUND_NOTE
 from ppsim.plan.gap import chunked_gap
 from ppsim.plan.planner import Candidate, PlanResult
+from ppsim.plan.ranking import ordered
 from ppsim.plan.references import why_faster
 from ppsim.units import byte_unit, fmt_bytes
 
@@ -30,8 +31,8 @@ def _variants_table(per_variant: list[tuple[str, PlanResult]]) -> Table:
     t = compact_table("search")
     for col in ("variant", "best ms", "split", "proven"):
         t.add_column(col)
-    for label, r in sorted(per_variant, key=lambda x: x[1].best.key if x[1].best
-                           else (float("inf"), 0)):
+    fitting = ordered([v for v in per_variant if v[1].best], lambda v: v[1].best.rank)
+    for label, r in fitting + [v for v in per_variant if not v[1].best]:
         t.add_row(label, f"{r.best.summary.iteration_time_ms:.2f}" if r.best else "no fit",
                   split_cell(r.best.split.counts, 30) if r.best else "-",
                   "yes" if r.proven_optimal else
