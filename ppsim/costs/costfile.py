@@ -73,7 +73,10 @@ SHAPE_KEYS = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vo
               "pad_vocab", "qk_layernorm", "attention_output_gate", "shared_expert_gate",
               "experimental_attention_variant", "linear_attention_freq",
               "moe_permute_fusion", "sequence_parallel", "fp32_residual", "num_experts",
-              "ep", "etp", "cp", "cp_comm_type", "cp_a2a_size")
+              "ep", "etp", "cp", "cp_comm_type", "cp_a2a_size", "layers", "top_k",
+              "moe_ffn_hidden_size", "shared_experts", "shared_expert_ffn_hidden_size",
+              "attention", "head_dim", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
+              "v_head_dim", "attention_window")
 
 
 @dataclass(frozen=True)
@@ -291,6 +294,8 @@ def check_model(cf: CostFile, model_fields: dict[str, Any]) -> None:
         have = cf.model.get(key, defaults.get(key))
         if key == "hybrid_layer_pattern":  # the layers matter, not where `|` splits them
             want, have = pattern_layers(want), pattern_layers(have)
+        if key == "layers":  # "dense*3, moe*58" as typed, spaces aside
+            want, have = str(want or "").replace(" ", ""), str(have or "").replace(" ", "")
         if key == "sequence_parallel" and cf.model.get("tp", 1) == 1:
             continue  # Megatron turns it off at tp 1: nothing differs
         if key == "cp_comm_type" and cf.model.get("cp", 1) == 1:

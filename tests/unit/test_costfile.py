@@ -136,6 +136,19 @@ BAD = {
     # profile measures it at cp > 1)
     "other-cp": ("cp", lambda: _mutate(lambda d: d["model"].update(cp=2)),
                  "model.cp: the file was measured with cp = 2 but the config has 1"),
+    # a MoE layer of other experts, or attention of another kind, is another layer
+    "other-top-k": ("topk", lambda: _mutate(lambda d: d["model"].update(top_k=2)),
+                    "model.top_k: the file was measured with top_k = 2 but the config has 0"),
+    "other-expert-width": ("moe", lambda: _mutate(lambda d: d["model"].update(
+        moe_ffn_hidden_size=128)), "model.moe_ffn_hidden_size"),
+    "other-shared": ("shared", lambda: _mutate(lambda d: d["model"].update(
+        shared_expert_ffn_hidden_size=64)), "model.shared_expert_ffn_hidden_size"),
+    "other-layers": ("kinds", lambda: _mutate(lambda d: d["model"].update(
+        layers="dense*4, moe*4")), "model.layers"),
+    "other-attention": ("mla", lambda: _mutate(lambda d: d["model"].update(
+        attention="mla", kv_lora_rank=32)), "model.attention"),
+    "other-window": ("window", lambda: _mutate(lambda d: d["model"].update(
+        attention_window=16)), "model.attention_window"),
 }
 
 
