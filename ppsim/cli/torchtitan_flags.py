@@ -121,6 +121,8 @@ def apply_torchtitan(args: argparse.Namespace, job_search: bool = False) -> None
                         "torchtitan line shards with FSDP2 as torchtitan applies it",
                         "drop it")
     args.fsdp = True
+    if args.sequence_parallel is None:  # enable_sequence_parallel: on, Megatron's name or not
+        args.sequence_parallel = True
     if args.pp is None and not job_search:
         args.pp = 1  # torchtitan's default (ppsim's embedded config runs two CPU ranks)
     _data_parallel(args, -1 if reg is not None else None)
