@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from ppsim import fileio
-from ppsim.cli import job_flags, megatron_flags, megatron_model, megatron_run
+from ppsim.cli import job_flags, megatron_flags, megatron_model, megatron_run, torchtitan_flags
 from ppsim.cli.flag_values import nonempty
 from ppsim.cli.job_flags import JOB_MODEL_KEYS, add_job_flags, megatron_fsdp_state
 from ppsim.cli.memory_flags import add_memory_policy_flags, memory_flags
@@ -214,6 +214,7 @@ def _hardware_flags(args: argparse.Namespace, flag: Any
 def config_from_args(args: argparse.Namespace) -> Config:
     """Load --config (or the default) and apply the flags on top (ppsim.config.overrides)."""
     flag = lambda key: getattr(args, key, None)  # noqa: E731 - a command may lack a flag
+    torchtitan_flags.apply_torchtitan(args)  # torchtitan's fields as ppsim's flags
     cfg = load_config(args.config, {"preset": flag("preset")} if flag("preset") else None)
     limit, devices = _hardware_flags(args, flag)
     said = memory_flags(flag, cfg.memory)
@@ -265,6 +266,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
                          hardware=flag("hardware"), memory_bytes=limit,
                          costs_file=flag("costs"), devices=devices)
     cfg = _layers_per_virtual_stage(cfg, flag)
+    cfg = torchtitan_flags.with_torchtitan_split(cfg, args)
     megatron_flags.check_flex_backend(flag("moe_flex_dispatcher_backend"),
                                       cfg.pipeline.moe_token_dispatcher_type,
                                       bool(flag("moe_enable_deepep")))

@@ -25,6 +25,7 @@ from ppsim.cli import (
     schedule,
     simulate,
     streams,
+    torchtitan_flags,
     tui,
 )
 from ppsim.errors import UserError
@@ -156,7 +157,7 @@ def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.Argume
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    words = list(sys.argv[1:] if argv is None else argv)
+    words = torchtitan_flags.subcommand_words(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser(words[0] if words else None)
     args, extra = parser.parse_known_args(words)
     if extra:

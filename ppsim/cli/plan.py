@@ -26,6 +26,7 @@ from ppsim.cli.render import job_dict
 from ppsim.cli.schedule import print_notes
 from ppsim.cli.sim_picture import plan_png
 from ppsim.cli.simulate import add_deepspeed_specs_flag, warn_host
+from ppsim.cli.torchtitan_flags import add_torchtitan_flags, apply_torchtitan
 from ppsim.clock import process_start
 from ppsim.config import limits, validate
 from ppsim.config.schema import Config
@@ -293,6 +294,7 @@ def check_top(top: int) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     started = process_start()  # the budget covers the whole command
     if getattr(args, "gpus", None) is not None:  # the whole job's shape, with its split
+        apply_torchtitan(args, job_search=True)  # the fields given hold their sizes
         return cmd_job_plan(args)
     cfg, assumed = assume_hardware(args, config_from_args(args))
     outputs_apart(args, {"--png": args.png}, cfg=cfg)
@@ -367,6 +369,7 @@ def register(commands: dict) -> None:
     def add(p: argparse.ArgumentParser) -> None:
         add_config_flags(p, split_flags=False)
         add_split_flags(p, counts=False)  # a pasted launch line's split: a row to beat
+        add_torchtitan_flags(p)
         p.add_argument("--json", action="store_true", help="one JSON object on stdout")
         p.add_argument("--top", type=int, default=5, metavar="K", help="candidates to show")
         p.add_argument("--search", metavar="AXES",

@@ -26,6 +26,7 @@ from ppsim.cli.render import (
     text_timeline,
 )
 from ppsim.cli.sim_picture import write_simulation_png
+from ppsim.cli.torchtitan_flags import add_torchtitan_flags
 from ppsim.config import limits
 from ppsim.config.limits import check_request
 from ppsim.config.schema import Config
@@ -271,6 +272,7 @@ def register(commands: dict[str, Any]) -> None:
 
     def simulate(p: argparse.ArgumentParser) -> None:
         add_config_flags(p)
+        add_torchtitan_flags(p)
         p.add_argument("--json", action="store_true", help="one JSON object on stdout")
         p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace (Perfetto)")
         p.add_argument("--png", metavar="OUT.png", help="write the timeline as a picture")

@@ -5,8 +5,9 @@ TrainingConfig and, for AsyncTP (--tp-comm-overlap here), CompileConfig
 torchtitan counts its batch in tokens: one microbatch of a data-parallel rank is
 num_tokens_per_microbatch_per_dp_rank (micro batch x sequence), a step
 num_tokens_per_train_step (global batch x sequence); with pp the rank's microbatches
-per gradient-accumulation step are num_pp_microbatches (ppsim's microbatches, so one
-accumulation step), without it the accumulation steps are the microbatches.
+per gradient-accumulation step are parallelism.num_pp_microbatches (ppsim's
+microbatches, so one accumulation step), without it the accumulation steps are the
+microbatches.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def torchtitan_job(shape: Any, problem: Any, gbs: int, fqns: list[list[str]] | N
         name = TORCH_NAMES.get(problem.schedule.name)
         par["pipeline_parallel_schedule"] = name
         par["module_fqns_per_model_part"] = fqns
-        train["num_pp_microbatches"] = shape.microbatches
+        par["num_pp_microbatches"] = shape.microbatches
         if name is None:
             notes.append(f"torch has no {problem.schedule.name} schedule")
         if fqns is None:

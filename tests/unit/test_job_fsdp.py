@@ -168,9 +168,11 @@ def test_simulate_and_plan_say_fsdp() -> None:
     assert titan["parallelism"]["data_parallel_shard_degree"] == 32
     assert titan["parallelism"]["pipeline_parallel_degree"] == 2
     assert titan["parallelism"]["pipeline_parallel_schedule"] == "1F1B"
+    # ParallelismConfig's field (torchtitan/config/configs.py), not TrainingConfig's.
+    assert titan["parallelism"]["num_pp_microbatches"] == 8
     assert titan["training"] == {"num_tokens_per_microbatch_per_dp_rank": 8192,
                                  "num_tokens_per_train_step": 256 * 8192,
-                                 "max_context_length": 8192, "num_pp_microbatches": 8}
+                                 "max_context_length": 8192}
     assert titan["activation_checkpointing"] == "FullAC"
     parts = titan["parallelism"]["module_fqns_per_model_part"]
     assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "lm_head"]

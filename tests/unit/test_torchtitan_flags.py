@@ -1,0 +1,245 @@
+"""torchtitan's own field names: what `ppsim plan --gpus` prints for an FSDP job's best
+shape as torchtitan's ParallelismConfig / TrainingConfig reads back through torchtitan's
+command-line overrides (`--parallelism.tensor_parallel_degree 2`, the
+`activation-checkpoint:full` subcommand) to the same simulated job."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.helpers import run_cli
+
+H100 = ["--hardware", "h100-80gb"]
+
+
+def _json(argv: list[str]) -> dict:
+    r = run_cli([*argv, "--json"])
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _overrides(titan: dict) -> list[str]:
+    """torchtitan's command line for the printed fields, each field spelled as torchtitan's
+    config manager takes it (tyro: --section.field VALUE; the policy a subcommand)."""
+    words: list[str] = []
+    for section in ("parallelism", "training"):
+        for key, value in titan[section].items():
+            words += [f"--{section}.{key}", str(value)]
+    if titan.get("compile", {}).get("enable_async_tensor_parallel"):
+        words += ["--compile.enable", "--compile.enable_async_tensor_parallel"]
+    words.append({"FullAC": "activation-checkpoint:full",
+                  None: "activation-checkpoint:none"}[titan["activation_checkpointing"]])
+    return words
+
+
+SHAPES = {
+    "pp-interleaved": ["--preset", "llama3-8b", "--gpus", "32", "--global-batch-size", "64",
+                       "--pp", "4", "--vpp", "2", "--tp", "1", "--cp", "1",
+                       "--micro-batch-size", "1", "--recompute", "full"],
+    "fsdp-tp": ["--preset", "llama3-8b", "--gpus", "16", "--global-batch-size", "32",
+                "--pp", "1", "--tp", "2", "--cp", "1", "--micro-batch-size", "2",
+                "--recompute", "none", "--tp-comm-overlap"],
+    "hsdp-1f1b": ["--preset", "llama3-8b", "--gpus", "32", "--global-batch-size", "64",
+                  "--pp", "2", "--vpp", "1", "--tp", "2", "--cp", "1", "--dp-replicas", "2",
+                  "--micro-batch-size", "1", "--recompute", "full"],
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+def test_the_printed_torchtitan_fields_simulate_the_planned_job(shape: list[str]) -> None:
+    plan = _json(["plan", *H100, "--fsdp", *shape, "--time-budget", "1"])
+    best = plan["best"]
+    titan = best["torchtitan_job"]
+    assert titan["notes"] == []
+    line = _overrides(titan)
+    sim = _json(["simulate", "--preset", "llama3-8b", *H100, *line])
+    assert sim["iteration_time_ms"] == pytest.approx(best["iteration_time_ms"])
+    assert max(r["peak_memory_bytes"] for r in sim["ranks"]) == pytest.approx(
+        best["peak_memory_bytes"])
+    if titan["parallelism"]["pipeline_parallel_degree"] > 1:
+        assert sim["split"] == best["split"]
+
+
+BASE = ["simulate", "--preset", "llama3-8b", *H100]
+
+
+@pytest.mark.parametrize(("titan", "ours"), [
+    (["--parallelism.data_parallel_shard_degree", "8"], ["--dp", "8"]),
+    (["--parallelism.data_parallel_shard_degree", "4",
+      "--parallelism.data_parallel_replicate_degree", "2"], ["--dp", "8", "--dp-replicas", "2"]),
+    (["--parallelism.data_parallel_shard_degree", "-1", "--gpus", "16",
+      "--parallelism.tensor_parallel_degree", "2"], ["--gpus", "16", "--tp", "2"]),
+    (["--parallelism.data_parallel_shard_degree", "2",
+      "--parallelism.context_parallel_degree", "2"], ["--dp", "2", "--cp", "2"]),
+    (["--parallelism.data_parallel_shard_degree", "2",
+      "--parallelism.fsdp_reshard_after_forward", "never"],
+     ["--dp", "2", "--fsdp-reshard-after-forward", "never"]),
+    (["--parallelism.data_parallel_shard_degree", "2",
+      "--training.num_tokens_per_microbatch_per_dp_rank", "8192",
+      "--training.num_tokens_per_train_step", "65536", "--training.max_context_length",
+      "2048"], ["--dp", "2", "--micro-batch-size", "4", "--global-batch-size", "32",
+                "--seq-length", "2048"]),
+    (["--parallelism.data_parallel_shard_degree", "2", "activation-checkpoint:full"],
+     ["--dp", "2", "--recompute", "full"]),
+    (["--parallelism.data_parallel_shard_degree", "2", "activation_checkpoint:none"],
+     ["--dp", "2", "--recompute", "none"]),
+    (["--parallelism.data_parallel_shard_degree", "2", "--parallelism.tensor_parallel_degree",
+      "2", "--compile.enable_async_tensor_parallel"],
+     ["--dp", "2", "--tp", "2", "--tp-comm-overlap"]),
+    (["--parallelism.data_parallel_shard_degree", "2", "--training.mixed_precision_param",
+      "bfloat16", "--training.mixed_precision_reduce", "float32", "--training.dtype",
+      "float32"], ["--dp", "2"]),
+    # pp: torchtitan's default schedule 1F1B and its default split (the embedding and the
+    # head each counted as a layer: 33 + 1 over 4 stages, earlier stages one more).
+    (["--parallelism.data_parallel_shard_degree", "2",
+      "--parallelism.pipeline_parallel_degree", "4", "--parallelism.num_pp_microbatches",
+      "8"], ["--dp", "2", "--pp", "4", "--schedule", "1f1b", "--microbatches", "8",
+             "--split", "8,9,8,7"]),
+    # A multi-stage schedule: two stages a rank, 34 over 8.
+    (["--parallelism.data_parallel_shard_degree", "2",
+      "--parallelism.pipeline_parallel_degree", "4", "--parallelism.num_pp_microbatches",
+      "8", "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"],
+     ["--dp", "2", "--pp", "4", "--vpp", "2", "--schedule", "interleaved-1f1b",
+      "--microbatches", "8", "--split", "4,5,4,4,4,4,4,3"]),
+    (["--parallelism.data_parallel_shard_degree", "2",
+      "--parallelism.pipeline_parallel_degree", "2", "--parallelism.num_pp_microbatches", "4",
+      "--parallelism.pipeline_parallel_layers_per_stage", "9",
+      "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"],
+     ["--dp", "2", "--pp", "2", "--vpp", "2", "--schedule", "interleaved-1f1b",
+      "--microbatches", "4", "--split", "8,9,8,7"]),
+    (["--parallelism.data_parallel_shard_degree", "2",
+      "--parallelism.pipeline_parallel_degree", "2", "--parallelism.num_pp_microbatches", "4",
+      "--parallelism.module_fqns_per_model_part",
+      str([["tok_embeddings", *(f"layers.{k}" for k in range(10))],
+           [*(f"layers.{k}" for k in range(10, 32)), "norm", "lm_head"]])],
+     ["--dp", "2", "--pp", "2", "--microbatches", "4", "--split", "10,22"]),
+], ids=["shard", "hsdp", "leftover", "cp", "reshard", "tokens", "full-ac", "no-ac",
+        "async-tp", "dtypes", "pp-default-split", "interleaved", "layers-per-stage", "fqns"])
+def test_each_torchtitan_field_says_what_ppsim_s_flag_says(titan: list[str],
+                                                           ours: list[str]) -> None:
+    pp = [] if any("pipeline_parallel_degree" in w for w in titan) else ["--pp", "1"]
+    mbs = [] if any("tokens" in w for w in titan) or "--microbatches" in ours \
+        else ["--microbatches", "1"]
+    assert _json([*BASE, *titan]) == _json([*BASE, "--fsdp", *pp, *mbs, *ours])
+
+
+def test_a_registry_function_is_its_model_and_fields(capsys: pytest.CaptureFixture) -> None:
+    """llama3_70b (torchtitan/models/llama3/config_registry.py): the 70B flavour, tp 8,
+    8 x 8192 tokens a microbatch, FullAC; the line's own fields win over it."""
+    titan = _json(["simulate", *H100, "--torchtitan-config", "llama3_70b", "--gpus", "64"])
+    ours = _json(["simulate", *H100, "--preset", "llama3-70b", "--fsdp", "--gpus", "64",
+                  "--tp", "8", "--pp", "1", "--micro-batch-size", "8", "--seq-length", "8192",
+                  "--microbatches", "1", "--recompute", "full"])
+    assert titan == ours
+    wider = _json(["simulate", *H100, "--torchtitan-config", "llama3_70b", "--gpus", "64",
+                   "--parallelism.tensor_parallel_degree", "4"])
+    assert wider == _json(["simulate", *H100, "--preset", "llama3-70b", "--fsdp", "--gpus",
+                           "64", "--tp", "4", "--pp", "1", "--micro-batch-size", "8",
+                           "--seq-length", "8192", "--microbatches", "1", "--recompute",
+                           "full"])
+    # llama3_405b compiles (taken, named as not priced) for AsyncTP, and trains in float8.
+    r = run_cli(["simulate", *H100, "--torchtitan-config", "llama3_405b", "--gpus", "512",
+                 "--json"])
+    assert r.returncode == 0, r.stderr
+    assert "compile.enable taken, not priced" in r.stderr
+    ours = _json(["simulate", *H100, "--preset", "llama3.1-405b", "--fsdp", "--gpus", "512",
+                  "--tp", "8", "--pp", "1", "--micro-batch-size", "2", "--seq-length", "8192",
+                  "--microbatches", "1", "--recompute", "full", "--tp-comm-overlap",
+                  "--fp8-format", "hybrid", "--fp8-recipe", "rowwise"])
+    assert json.loads(r.stdout) == ours
+
+
+@pytest.mark.parametrize(("argv", "field"), [
+    (["--torchtitan-config", "llama3_8b", "--gpus", "8"], "activation_checkpoint"),
+    (["--torchtitan-config", "llama3_1b", "--gpus", "8"], "--torchtitan-config"),
+    (["--torchtitan-config", "llama3_70b"], "--parallelism.data_parallel_shard_degree"),
+    (["--parallelism.data_parallel_shard_degree", "0"],
+     "--parallelism.data_parallel_shard_degree"),
+    (["--parallelism.data_parallel_shard_degree", "2",
+      "--parallelism.data_parallel_replicate_degree", "0"],
+     "--parallelism.data_parallel_replicate_degree"),
+    (["--parallelism.data_parallel_shard_degree", "2", "activation-checkpoint:selective"],
+     "activation_checkpoint"),
+    (["--parallelism.data_parallel_shard_degree", "2", "activation-checkpoint:memory-budget"],
+     "activation_checkpoint"),
+    (["--parallelism.data_parallel_shard_degree", "2", "--training.dtype", "bfloat16"],
+     "--training.dtype"),
+    (["--parallelism.data_parallel_shard_degree", "2", "--training.mixed_precision_param",
+      "float32"], "--training.mixed_precision_param"),
+    (["--training.num_tokens_per_microbatch_per_dp_rank", "8192"],
+     "--training.num_tokens_per_microbatch_per_dp_rank"),
+    (["--training.num_tokens_per_microbatch_per_dp_rank", "1000",
+      "--training.max_context_length", "2048"],
+     "--training.num_tokens_per_microbatch_per_dp_rank"),
+    (["--parallelism.pipeline_parallel_degree", "2", "--parallelism.module_fqns_per_model_part",
+      "[['layers.0'], ['tok_embeddings']]"], "--parallelism.module_fqns_per_model_part"),
+    (["--parallelism.pipeline_parallel_degree", "2", "--parallelism.module_fqns_per_model_part",
+      "not a list"], "--parallelism.module_fqns_per_model_part"),
+    (["--parallelism.pipeline_parallel_degree", "2",
+      "--parallelism.pipeline_parallel_layers_per_stage", "4"],
+     "--parallelism.pipeline_parallel_layers_per_stage"),
+    (["--parallelism.data_parallel_shard_degree", "4", "--dp", "2"],
+     "--parallelism.data_parallel_shard_degree"),
+    (["--parallelism.tensor_parallel_degree", "2", "--tp", "4"], "--tp"),
+    (["--parallelism.data_parallel_shard_degree", "2", "activation-checkpoint:full",
+      "--recompute", "none"], "--recompute"),
+    (["--parallelism.data_parallel_shard_degree", "2", "--parallelism.pipeline_parallel_degree",
+      "2", "--parallelism.num_pp_microbatches", "4", "--training.max_context_length", "8192",
+      "--training.num_tokens_per_microbatch_per_dp_rank", "8192",
+      "--training.num_tokens_per_train_step", str(8192 * 16)],
+     "--training.num_tokens_per_train_step"),
+], ids=["selective-registry", "unknown-config", "leftover-without-world", "shard-0",
+        "replicate-0", "selective", "memory-budget", "bf16-dtype", "fp32-params",
+        "tokens-without-seq", "partial-sequences", "fqns-out-of-order", "fqns-text",
+        "layers-per-stage-single", "dp-disagrees", "tp-disagrees", "recompute-disagrees",
+        "two-accumulation-steps"])
+def test_what_ppsim_does_not_price_is_refused_in_one_line(argv: list[str], field: str) -> None:
+    preset = [] if "--torchtitan-config" in argv else ["--preset", "llama3-8b"]
+    r = run_cli(["simulate", *preset, *H100, *argv])
+    assert r.returncode == 2, r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ppsim simulate: error: " + field), lines
+
+
+@settings(max_examples=25, deadline=None)
+@given(tp=st.sampled_from([1, 2, 4]), cp=st.sampled_from([1, 2]),
+       pp=st.sampled_from([1, 2]), shard=st.sampled_from([1, 2, 4]),
+       replicate=st.sampled_from([1, 2]), mbs=st.sampled_from([1, 2]))
+def test_torchtitan_degrees_are_ppsim_s_job(tp: int, cp: int, pp: int, shard: int,
+                                            replicate: int, mbs: int) -> None:
+    """Any valid degrees: torchtitan's names give the job ppsim's flags give (FSDP over
+    shard x replicate, the replicas HSDP's copies; one accumulation step)."""
+    seq = 2048
+    titan = ["--parallelism.data_parallel_shard_degree", str(shard),
+             "--parallelism.data_parallel_replicate_degree", str(replicate),
+             "--parallelism.tensor_parallel_degree", str(tp),
+             "--parallelism.context_parallel_degree", str(cp),
+             "--parallelism.pipeline_parallel_degree", str(pp),
+             "--parallelism.num_pp_microbatches", "4",
+             "--training.num_tokens_per_microbatch_per_dp_rank", str(mbs * seq),
+             "--training.max_context_length", str(seq), "activation-checkpoint:full"]
+    ours = ["--fsdp", "--dp", str(shard * replicate), "--dp-replicas", str(replicate),
+            "--tp", str(tp), "--cp", str(cp), "--pp", str(pp),
+            "--microbatches", "4" if pp > 1 else "1", "--micro-batch-size", str(mbs),
+            "--seq-length", str(seq), "--recompute", "full"]
+    if pp > 1:
+        ours += ["--split", "16,16"]  # torchtitan's: 32 + 2 over 2
+    a, b = run_cli([*BASE, *titan, "--json"]), run_cli([*BASE, *ours, "--json"])
+    assert (a.returncode, a.stderr.splitlines()[-1:]) == (b.returncode, b.stderr.splitlines()[-1:])
+    assert a.stdout == b.stdout
+
+
+def test_plan_holds_the_fields_a_torchtitan_line_gives() -> None:
+    """`plan --gpus`: the registry function's sizes (its degrees, torchtitan's defaults
+    where it states none) and the line's are held, the rest searched; the step's tokens
+    give the global batch."""
+    plan = _json(["plan", *H100, "--torchtitan-config", "llama3_70b", "--gpus", "64",
+                  "--training.num_tokens_per_train_step", str(8192 * 128), "--time-budget",
+                  "1"])
+    assert plan["global_batch_size"] == 128
+    assert plan["held"] == {"tp": 8, "cp": 1, "ep": 1, "pp": 1, "micro_batch_size": 8}
+    assert plan["best"]["torchtitan_job"]["parallelism"]["tensor_parallel_degree"] == 8
