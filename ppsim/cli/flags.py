@@ -9,7 +9,14 @@ from dataclasses import replace
 from typing import Any
 
 from ppsim import fileio
-from ppsim.cli import job_flags, megatron_flags, megatron_model, megatron_run, torchtitan_flags
+from ppsim.cli import (
+    deepspeed_job,
+    job_flags,
+    megatron_flags,
+    megatron_model,
+    megatron_run,
+    torchtitan_flags,
+)
 from ppsim.cli.flag_values import nonempty
 from ppsim.cli.job_flags import JOB_MODEL_KEYS, add_job_flags, megatron_fsdp_state
 from ppsim.cli.memory_flags import add_memory_policy_flags, memory_flags
@@ -215,6 +222,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     """Load --config (or the default) and apply the flags on top (ppsim.config.overrides)."""
     flag = lambda key: getattr(args, key, None)  # noqa: E731 - a command may lack a flag
     torchtitan_flags.apply_torchtitan(args)  # torchtitan's fields as ppsim's flags
+    deepspeed_job.apply(args)  # a DeepSpeed job's config, as the flags below
     cfg = load_config(args.config, {"preset": flag("preset")} if flag("preset") else None)
     limit, devices = _hardware_flags(args, flag)
     said = memory_flags(flag, cfg.memory)
@@ -279,7 +287,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
                                    flag("max_position_embeddings"))
     for note in megatron_run.unpriced_notes(args):
         print(note, file=sys.stderr)
-    return _with_world(cfg, flag)
+    return deepspeed_job.finish(_with_world(cfg, flag), args)
 
 
 def _check_layer_counts(cfg: Config, flag: Any) -> None:
@@ -322,7 +330,8 @@ def outputs_apart(args: argparse.Namespace, outputs: dict[str, str | None],
     """Refuse an output path that is an input (the config flags', `inputs`, and the files
     `cfg` names) or another output; ppsim.fileio.refuse_overlap names both."""
     given = {f: getattr(args, k, None) for f, k in (("--config", "config"), ("--costs", "costs"),
-                                                   ("--actions-csv", "actions_csv"))}
+                                                   ("--actions-csv", "actions_csv"),
+                                                   ("--deepspeed-config", "deepspeed_config"))}
     if cfg is not None:
         given["costs_file"] = cfg.costs_file
         given["pipeline.actions_csv"] = getattr(cfg.pipeline, "actions_csv", None)

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ppsim.cli import deepspeed_job
+from ppsim.cli.deepspeed_job import add_deepspeed_flags
 from ppsim.cli.flags import (
     add_config_flags,
     add_split_flags,
@@ -293,6 +295,7 @@ def check_top(top: int) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     started = process_start()  # the budget covers the whole command
+    deepspeed_job.apply(args)  # before --gpus reads the batch
     if getattr(args, "gpus", None) is not None:  # the whole job's shape, with its split
         apply_torchtitan(args, job_search=True)  # the fields given hold their sizes
         return cmd_job_plan(args)
@@ -380,6 +383,7 @@ def register(commands: dict) -> None:
         p.add_argument("--time-budget", type=float, default=60.0, metavar="S",
                        help="stop proving optimality after S seconds (default 60)")
         add_deepspeed_specs_flag(p)
+        add_deepspeed_flags(p, partition=False)  # plan times DeepSpeed's splits itself
         p.add_argument("--png", metavar="OUT.png",
                        help="draw the best split's timeline above Megatron's even split's "
                        "(with --gpus: the best shape's)")

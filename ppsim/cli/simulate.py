@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from ppsim.cautions import flags_group, simulate_cautions, split_cautions
+from ppsim.cli.deepspeed_job import add_deepspeed_flags
 from ppsim.cli.flag_values import nonempty
 from ppsim.cli.flags import (
     add_config_flags,
@@ -269,6 +270,7 @@ def register(commands: dict[str, Any]) -> None:
         add_config_flags(p)
         p.add_argument("--json", action="store_true", help="one JSON object on stdout")
         add_deepspeed_specs_flag(p)
+        add_deepspeed_flags(p)
 
     def simulate(p: argparse.ArgumentParser) -> None:
         add_config_flags(p)
@@ -287,6 +289,8 @@ def register(commands: dict[str, Any]) -> None:
                        help="event: the heap engine (ppsim/sim/engine.py, fast; default); "
                        "simpy: the same model in simpy (ppsim/sim/simpy_engine.py, the "
                        "readable reference); both give the same numbers")
+        add_deepspeed_specs_flag(p)
+        add_deepspeed_flags(p)
 
     commands["split"] = ("show a split's stages and its Megatron/torchtitan/DeepSpeed forms",
                          split, cmd_split)
