@@ -26,6 +26,8 @@ from ppsim.config.overrides import with_overrides
 from ppsim.config.schema import SPLIT_KEYS, Config
 from ppsim.errors import UserError
 from ppsim.pipeline.exports import parse_deepspeed_specs
+from ppsim.pipeline.problem import model_costs
+from ppsim.plan.baselines import deepspeed_splits
 
 INTERVAL_FLAG = "--activation-checkpoint-interval"
 RECOMPUTE_OF_INTERVAL = {0: "none", 1: "full"}
@@ -203,9 +205,6 @@ def _partitioned(cfg: Config, args: argparse.Namespace) -> Config:
     method = getattr(args, "partition_method", None)
     if method is None:
         return cfg
-    from ppsim.pipeline.problem import model_costs  # the costs: only with the flag
-    from ppsim.plan.baselines import deepspeed_splits
-
     given = [k for k in SPLIT_KEYS if getattr(args, k, None) not in (None, False)]
     if given:
         raise UserError("--partition-method", f"and --{given[0].replace('_', '-')} both "
