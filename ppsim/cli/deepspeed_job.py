@@ -127,15 +127,20 @@ def _batch(args: argparse.Namespace, job: DeepSpeedJob) -> BatchTriple | None:
         said[key] = ours if ours is not None else theirs
     triple = BatchTriple(said["train_batch_size"], said["train_micro_batch_size_per_gpu"],
                          said["gradient_accumulation_steps"])
-    if getattr(args, "gpus", None) is not None:  # the job search divides the batch itself
-        if triple.grad_accum_steps is not None:
+    if getattr(args, "gpus", None) is not None:  # the job divides the batch itself
+        if triple.grad_accum_steps is not None and getattr(args, "command", "") == "plan":
             raise UserError(f"{ROOT}.gradient_accumulation_steps", "the job search gives "
                             "each shape train_batch_size / (micro batch x dp) steps",
                             "drop it (and --microbatches) with --gpus")
         args.global_batch_size = triple.train_batch_size
         if triple.micro_batch is not None:
             args.micro_batch_size = triple.micro_batch
-        return None
+        if triple.grad_accum_steps is None:
+            return None
+        if triple.train_batch_size is None:  # DeepSpeed's rule at the shape's dp, in finish
+            args.global_batch_size = None
+        args.microbatches = None
+        return triple
     if triple.micro_batch is not None and triple.micro_batch > 0:
         args.micro_batch_size = triple.micro_batch
     else:

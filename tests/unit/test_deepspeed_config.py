@@ -255,3 +255,14 @@ def test_consistent_triples_come_back(micro: int, gas: int, dp: int, keep: set[s
         assert (b.train_batch_size, b.micro_batch, b.grad_accum_steps) == (train, micro, gas)
     with pytest.raises(UserError, match="DeepSpeed's words"):
         deepspeed_batch(BatchTriple(train + dp * micro * gas + 1, micro, gas), dp)
+
+
+def test_the_whole_triple_with_gpus_is_checked_at_the_shapes_dp(tmp_path: Path) -> None:
+    """--gpus 16 at pp 4 is dp 4 (tp 1): the triple of JOB prices as --dp 4 does, and
+    at --gpus 32 (dp 8) DeepSpeed's rule refuses it (64 != 2 x 8 x 8)."""
+    path = _ds(tmp_path, BATCH)
+    by_gpus = [*JOB[:-2], "--gpus", "16", "--deepspeed-config", path]
+    assert _sim(by_gpus) == _sim([*JOB, "--deepspeed-config", path])
+    ran = run_cli(["simulate", *JOB[:-2], "--gpus", "32", "--deepspeed-config", path])
+    assert ran.returncode == 2 and len(ran.stderr.strip().splitlines()) == 1
+    assert "64 != 2 * 8 * 8 (DeepSpeed's words" in ran.stderr
