@@ -22,7 +22,7 @@ HELP = """\
 [b]Settings[/b]  type a value and press Enter (or leave the field); Escape
   puts it back. A refused value is put back and the reason is on the
   status line. Below 100 columns: sched = schedule, recomp = recompute,
-  hw = hardware, mbs = microbatches, mem GB = memory per rank.
+  hw = hardware, m = microbatches, mem GB = memory per rank.
 
 [b]Split editor[/b]  a row per virtual stage: stage, rank, chunk, layers,
   first layer; E = embedding, H = LM head + loss, ! = the rank is over

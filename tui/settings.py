@@ -17,7 +17,7 @@ INPUTS = (("pp", "pp"), ("vpp", "vpp"), ("microbatches", "microbatches"),
 """(name, label) of the typed fields."""
 
 SHORT_LABELS = {"schedule": "sched", "recompute": "recomp", "model": "model",
-                "hardware": "hw", "pp": "pp", "vpp": "vpp", "microbatches": "mbs",
+                "hardware": "hw", "pp": "pp", "vpp": "vpp", "microbatches": "m",
                 "memory_gb": "mem GB"}
 """The labels in a narrow terminal (below 100 columns), whole words or plain
 abbreviations, never a cut word; the help lists them."""
