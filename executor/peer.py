@@ -127,7 +127,8 @@ class Peer:
                   for index, mod in self.mods.items()]
         self.runner = _runner(stages, sched, _share(builder.loss, self.m))
         self.rec = rec
-        self.traced = rec is not None and OpTrace(rec, split, stages, self.runner).hooked
+        self.traced = rec is not None and OpTrace(rec, split, stages, self.runner,
+                                                   sched.split_backward).hooked
         # a table two stages share: one parameter, stepped once
         params = self.params = list(dict.fromkeys(
             p for mod in self.mods.values() for p in mod.parameters()))

@@ -10,7 +10,10 @@ nanoseconds on CPU, CUDA events on GPU, so no sync is added). Torch waits for an
 op's received tensors before it calls the method, as the ppsim engine starts an op
 once its message is in, and computes the last stage's loss just after its forward,
 outside it (the schedule's `_maybe_compute_loss`): that F is stretched to the loss's
-end, as the ppsim engine's last-stage F holds its loss. Sends and receives are not
+end, as the ppsim engine's last-stage F holds its loss. A whole backward in an order
+that splits backwards (DualPipeV's) is ppsim's B followed at once by its W
+(ppsim.schedules.torchcsv): it is recorded so, the W of no length at the B's end, so
+each action of ppsim's list has its op. Sends and receives are not
 recorded: torch posts them in batches whose waits it makes wherever its loop needs
 them, and has no point where one message's transfer begins and ends.
 """
@@ -34,8 +37,9 @@ class OpTrace:
     False (with a note on stderr) where this torch's stages lack a method of HOOKS: its
     iterations are then timed whole only."""
 
-    def __init__(self, rec: Recorder, split: Any, stages: list[Any], runner: Any) -> None:
-        self.rec = rec
+    def __init__(self, rec: Recorder, split: Any, stages: list[Any], runner: Any,
+                 split_backward: bool = False) -> None:
+        self.rec, self.split_backward = rec, split_backward
         self._loss_pending = False
         """The last op was a last stage's F, whose loss torch computes next."""
         missing = sorted({name for name, _ in HOOKS for st in stages
@@ -69,7 +73,10 @@ class OpTrace:
             rec.begin_op()
             start = rec.mark()
             out = fn(*args, **kwargs)
-            rec.op(start, rec.mark(), kind, stage, chunk, int(mb), before, rec.memory())
+            end, after = rec.mark(), rec.memory()
+            rec.op(start, end, kind, stage, chunk, int(mb), before, after)
+            if kind == "B" and self.split_backward and _whole(args, kwargs):
+                rec.op(end, end, "W", stage, chunk, int(mb), after, after)
             self._loss_pending = kind == "F" and last
             return out
 
@@ -84,3 +91,9 @@ class OpTrace:
             return out
 
         return run
+
+
+def _whole(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a backward_one_chunk(bwd_chunk_id, loss, full_backward, ...) call is whole
+    (torch's default)."""
+    return bool(kwargs.get("full_backward", args[2] if len(args) > 2 else True))

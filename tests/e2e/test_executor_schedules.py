@@ -80,11 +80,13 @@ def test_torch_engine_refuses_a_count_torch_refuses(tmp_path, capsys) -> None:
     assert len(line) == 1 and "ScheduleInterleaved1F1B" in line[0] and "Megatron" in line[0]
 
 
-TRACED = {"1f1b-torch": "trace.json", "zbv": "torch/trace.json",
-          "zb-h1-full": "torch/trace.json", "tied-1f1b": "torch/trace.json"}
+TRACED = {"1f1b-torch": "trace.json",
+          **{c: "torch/trace.json" for c, spec in SPECS.items() if "--alongside-torch" in
+             spec.extra}}
 """Launches whose torch engine records a trace -> where it lies in the run folder: alone
-(--engine torch, 1F1B), and alongside ppsim's engine (ZB-V, ZB-H1, and 1F1B with a tied
-embedding, whose two copies' reduce is the step's R)."""
+(--engine torch, 1F1B), and alongside ppsim's engine (every pooled launch with
+--alongside-torch: ZB-H1, ZB-V, DualPipeV, interleaved ZB, a CSV's order, and 1F1B with
+a tied embedding, whose two copies' reduce is the step's R)."""
 
 
 @pytest.mark.parametrize("case", list(TRACED))
@@ -103,6 +105,8 @@ def test_torch_engine_records_each_action_it_runs(case, launches: Pool, tmp_path
     problem = load_problem(parser.parse_args(run.argv))
     sched, split = problem.schedule, problem.split
     trace = read_trace(str(path))
+    # the tied copies' reduce where the ends are on two ranks (one table where one holds both)
+    tied = "tied" in case and split.stage_rank(0) != split.stage_rank(split.num_stages - 1)
     assert trace.info["engine"] == "torch"
     assert trace.iterations == list(range(SPECS[case].iterations))
     whole = trace.info["whole_iteration_ms"]
@@ -115,7 +119,7 @@ def test_torch_engine_records_each_action_it_runs(case, launches: Pool, tmp_path
                 for a in sched.actions[r])
             step = sorted((o for o in trace.step_ops if o.rank == r and o.iteration == it),
                           key=lambda o: o.start_us)
-            assert [o.kind for o in step] == (["R", "S"] if "tied" in case else ["S"])
+            assert [o.kind for o in step] == (["R", "S"] if tied else ["S"])
             ops += step
             for a, b in zip(ops, ops[1:], strict=False):
                 assert a.end_us <= b.start_us + 1e-3, f"rank {r}: {a} overlaps {b}"
