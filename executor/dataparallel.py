@@ -40,7 +40,7 @@ def _views(flat: torch.Tensor, params: list[nn.Parameter]) -> list[torch.Tensor]
     return out
 
 
-def _optimizer_state(optimizer: FusedAdamW | Optimizers | None) -> list[torch.Tensor]:
+def optimizer_state(optimizer: FusedAdamW | Optimizers | None) -> list[torch.Tensor]:
     return [] if optimizer is None else [
         v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
 
@@ -91,7 +91,7 @@ class Replicated:
 
     def static_tensors(self) -> list[torch.Tensor]:
         """What the rank keeps between steps: weights, gradients, Adam's state."""
-        return [*self.params, self.grads, *_optimizer_state(self.optimizer)]
+        return [*self.params, self.grads, *optimizer_state(self.optimizer)]
 
 
 class Sharded:
@@ -174,7 +174,7 @@ class Sharded:
     def static_tensors(self) -> list[torch.Tensor]:
         """Weights and gradients whole; the fp32 master and Adam's moments of the shard."""
         master = [self.main] if self._own_master else []
-        return [self.weights, self.grads, *master, *_optimizer_state(self.optimizer)]
+        return [self.weights, self.grads, *master, *optimizer_state(self.optimizer)]
 
 
 class FullyShardedPipelined(Sharded):

@@ -5,25 +5,30 @@ order read from a CSV (`--actions-csv`): torch runs a user's order only through
 its `_PipelineScheduleRuntime._load_csv`, which is private. Each
 iteration is timed as a whole, from a barrier to the end of the optimizer
 step, and the slowest rank's time is the iteration time, which is how the
-ppsim engine's iteration span is measured too.
+ppsim engine's iteration span is measured too. Given a Recorder, a Peer also
+records each op (ppsim.executor.peertrace) and the step's R and S, as the ppsim
+engine does.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from ppsim.executor.builders import ModelBuilder
-from ppsim.executor.builders.stage import build_stage
+from ppsim.executor.builders.stage import build_stage, tensor_bytes
+from ppsim.executor.dataparallel import optimizer_state
 from ppsim.executor.optim import adamw
+from ppsim.executor.peertrace import OpTrace
 from ppsim.executor.quiet import no_gc_pauses
+from ppsim.executor.recorder import Recorder
 from ppsim.executor.runspec import RunSpec
 from ppsim.executor.runtime import Replica
-from ppsim.executor.summary import peer_summary
 from ppsim.executor.tied import tie_ends
 from ppsim.schedules.generators import TORCH_NAMES
 from ppsim.schedules.torchcsv import to_torch_csv
@@ -103,10 +108,12 @@ def _csv_runner(stages: list[Any], sched: Any, loss_fn: Any) -> Any:
 class Peer:
     """This rank's stages under torch.distributed.pipelining's schedule of the same name,
     with the same model, data, recompute mode and optimizer, and a tied table tied as the
-    ppsim engine ties it (ppsim.executor.tied: one replica, one tensor rank)."""
+    ppsim engine ties it (ppsim.executor.tied: one replica, one tensor rank); with `rec`,
+    each iteration recorded op by op (`traced` says whether torch let it be)."""
 
     def __init__(self, problem: Any, builder: ModelBuilder, rank: int, device: torch.device,
-                 spec: RunSpec, wire: torch.device | None = None, recompute: str = "none") -> None:
+                 spec: RunSpec, wire: torch.device | None = None, recompute: str = "none",
+                 rec: Recorder | None = None) -> None:
         from torch.distributed import pipelining
 
         split, sched = problem.split, problem.schedule
@@ -119,8 +126,12 @@ class Peer:
                                            else mod, index, split.num_stages, self.wire)
                   for index, mod in self.mods.items()]
         self.runner = _runner(stages, sched, _share(builder.loss, self.m))
+        self.rec = rec
+        self.traced = rec is not None and OpTrace(rec, split, stages, self.runner,
+                                                   sched.split_backward).hooked
         # a table two stages share: one parameter, stepped once
-        params = list(dict.fromkeys(p for mod in self.mods.values() for p in mod.parameters()))
+        params = self.params = list(dict.fromkeys(
+            p for mod in self.mods.values() for p in mod.parameters()))
         self.opt = adamw(params, spec.lr) if params else None
         self.first = any(st.has_embedding for st in split.stages if st.rank == rank)
         self.last = any(st.has_head for st in split.stages if st.rank == rank)
@@ -147,10 +158,36 @@ class Peer:
         else:
             self.runner.step(return_outputs=False)
         if self.tied is not None:  # the tied table's two copies, as the ppsim engine's R
-            self.tied.reduce()
+            self._step_op("R", self.tied.reduce)
         if self.opt is not None:
-            self.opt.step()
-            self.opt.zero_grad()
+            self._step_op("S", self._optimizer_step)
+
+    def _optimizer_step(self) -> None:
+        assert self.opt is not None
+        self.opt.step()
+        self.opt.zero_grad()
+
+    def _step_op(self, kind: str, fn: Callable[[], None]) -> None:
+        if self.rec is None:
+            fn()
+        else:
+            self.rec.step_op(kind, fn, self._static_bytes)
+
+    def _static_bytes(self) -> int:
+        """Weights, gradients and Adam's state: what the rank keeps between steps."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        return tensor_bytes([*self.params, *grads, *optimizer_state(self.opt)])
+
+    def timed_step(self, it: int, ctrl: Any) -> tuple[float, float]:
+        """Iteration `it`: its batch built, then its step timed (slowest_ms) and recorded;
+        (the slowest rank's ms, the loss)."""
+        self.prepare(it)
+        if self.rec is not None:
+            self.rec.begin_iteration(it)
+        ms, loss = slowest_ms(self.step, ctrl, self.device, self.loss)
+        if self.rec is not None:
+            self.rec.end_iteration()  # the marks resolved after the timing
+        return ms, loss
 
     def loss(self) -> float:
         """This rank's share of the last step's loss (read after the step is timed)."""
@@ -179,19 +216,31 @@ def slowest_ms(fn: Callable[[], Any], ctrl: Any, device: torch.device,
     return float(slowest.item()) * 1e3, float(total.item())
 
 
+@dataclass
+class PeerRun:
+    """What run_peer leaves: the peer, and each iteration's time and loss, warm-up
+    included."""
+
+    peer: Peer
+    times_ms: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+
+    def iteration(self, it: int, ctrl: Any) -> float:
+        """Run, time (and record) iteration `it`; its loss."""
+        ms, loss = self.peer.timed_step(it, ctrl)
+        self.times_ms.append(ms)
+        self.losses.append(loss)
+        return loss
+
+
 def run_peer(problem: Any, builder: ModelBuilder, rank: int, device: torch.device,
              spec: RunSpec, ctrl: Any, progress: Callable[[int, float], None],
-             wire: torch.device | None = None, recompute: str = "none") -> dict[str, Any]:
-    """Run the split under torch's schedule; time whole iterations."""
-    peer = Peer(problem, builder, rank, device, spec, wire, recompute)
-    times, losses = [], []
+             wire: torch.device | None = None, recompute: str = "none",
+             rec: Recorder | None = None) -> PeerRun:
+    """Run the split under torch's schedule; time whole iterations (and record each op
+    into `rec`)."""
+    run = PeerRun(Peer(problem, builder, rank, device, spec, wire, recompute, rec))
     with no_gc_pauses():
         for it in range(spec.iterations):
-            peer.prepare(it)
-            ms, loss = slowest_ms(peer.step, ctrl, device, peer.loss)
-            times.append(ms)
-            losses.append(loss)
-            progress(it + 1, losses[-1])
-    res = peer_summary(problem, builder, spec.iterations, spec.warmup, times, losses)
-    res["recompute"] = peer.recompute
-    return res
+            progress(it + 1, run.iteration(it, ctrl))
+    return run

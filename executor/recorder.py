@@ -15,6 +15,7 @@ import json
 import socket
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -72,11 +73,12 @@ def gather_json(obj: Any, group: Any) -> list[Any] | None:
 
 
 class Recorder:
-    """Collects this rank's trace events; times are µs on rank 0's clock."""
+    """Collects this rank's trace events; times are µs on rank 0's clock. With
+    `memory` False no memory counters are written (an engine that cannot count them)."""
 
     def __init__(self, rank: int, device: torch.device, offset_ns: int, epoch_ns: int,
-                 warmup: int = 0) -> None:
-        self.rank, self.warmup = rank, warmup
+                 warmup: int = 0, memory: bool = True) -> None:
+        self.rank, self.warmup, self.counts_memory = rank, warmup, memory
         self.cuda = device.type == "cuda"
         self.offset_ns, self.epoch_ns = offset_ns, epoch_ns
         self.events: list[dict] = []
@@ -134,6 +136,25 @@ class Recorder:
         self._inside = []
         self._pending.append(("op", start, end, info))
 
+    def stretch(self, end: Any) -> None:
+        """The op recorded last ends at mark `end` instead (torch computes the last stage's
+        loss just after that stage's forward, outside it)."""
+        what, start, _, info = self._pending[-1]
+        self._pending[-1] = (what, start, end, info)
+
+    def step_op(self, kind: str, fn: Callable[[], Any], static: Callable[[], int]) -> None:
+        """Run `fn`, an op of the whole step (R: a gradient reduce or the weights' gather,
+        S: the optimizer step), and record it; it belongs to no stage or microbatch (-1).
+        `static`: the bytes kept between steps, read after `fn`: the first step creates
+        the optimizer's state, static from there on (else a GPU's count, allocated -
+        static, would read it as activations)."""
+        before = self.memory()
+        self.begin_op()
+        t0 = self.mark()
+        fn()
+        self.static_bytes = static()
+        self.op(t0, self.mark(), kind, -1, -1, -1, before, self.memory())
+
     def send(self, start: Any, kind: str, dst: int, stage: int, dst_stage: int,
              microbatch: int, nbytes: int) -> None:
         self._pending.append(("send", start, None, {"kind": kind, "dst": dst, "stage": stage,
@@ -172,8 +193,9 @@ class Recorder:
                 (s0, a0), (s1, a1) = a["mem"]
                 self.events.append(tr.compute_event(r, a["kind"], a["stage"], a["chunk"],
                                                     a["microbatch"], it, ts, dur, **extra))
-                self.events.append(tr.memory_event(r, ts, s0, a0))
-                self.events.append(tr.memory_event(r, ts + dur, s1, a1))
+                if self.counts_memory:
+                    self.events.append(tr.memory_event(r, ts, s0, a0))
+                    self.events.append(tr.memory_event(r, ts + dur, s1, a1))
                 self.events += self._collective_events(a, ts, dur)
             elif what == "send":
                 self.events.append({"ph": "send", "pid": r, "iteration": it, "ts": ts, **a})

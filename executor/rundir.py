@@ -19,7 +19,7 @@ from ppsim.errors import UserError
 from ppsim.fileio import process_alive, shown
 
 DEFAULT_ROOT = "ppsim-run"
-RESULTS = ("trace.json", "summary.json", "parts", "versus")
+RESULTS = ("trace.json", "summary.json", "parts", "versus", "torch")
 SPEC = "run-spec.json"
 """The run spec the ranks read (ppsim.executor.runspec); not a result: a failed run's
 is removed with its other files."""
@@ -156,7 +156,8 @@ def release(run: RunDir, discard: list[str]) -> None:
     for f in discard:
         if os.path.lexists(f):
             os.unlink(f)
-    for folder in ("parts", os.path.join("versus", "parts"), "versus"):
+    for folder in ("parts", os.path.join("versus", "parts"), "versus",
+                   os.path.join("torch", "parts"), "torch"):
         folder = os.path.join(run.path, folder)
         if discard and os.path.isdir(folder) and not os.listdir(folder):
             os.rmdir(folder)

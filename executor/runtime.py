@@ -329,12 +329,5 @@ class Runtime:
 
     def _step_op(self, kind: str, fn: Any) -> None:
         """An op of the whole step (R: the gradients' reduce or the weights' gather, S: the
-        optimizer step), on the compute lane; it belongs to no stage or microbatch (-1)."""
-        before = self.rec.memory()
-        self.rec.begin_op()
-        t0 = self.rec.mark()
-        fn()
-        # The first step creates AdamW's state: static from here on, or a GPU's count
-        # (allocated - static) would read it as activations.
-        self.rec.static_bytes = self._static_bytes()
-        self.rec.op(t0, self.rec.mark(), kind, -1, -1, -1, before, self.rec.memory())
+        optimizer step), on the compute lane."""
+        self.rec.step_op(kind, fn, self._static_bytes)

@@ -44,7 +44,7 @@ from ppsim.executor.builders.llama import architecture
 from ppsim.executor.failures import Watchdog, fail, store_address
 from ppsim.executor.groups import pipeline_position, rank_groups
 from ppsim.executor.launch import STORE_ENV, printable
-from ppsim.executor.peer import Peer, run_peer, slowest_ms
+from ppsim.executor.peer import Peer, PeerRun, run_peer, slowest_ms
 from ppsim.executor.quiet import no_gc_pauses
 from ppsim.executor.recorder import (
     Recorder,
@@ -146,20 +146,29 @@ def run(spec: RunSpec) -> dict[str, Any] | None:
     return result
 
 
-def _gather_parts(spec: RunSpec, recs: list[Recorder], rank: int,
+def _gather_parts(spec: RunSpec, recs: list[tuple[str, Recorder]], rank: int,
                   ctrl: Any) -> list[Any]:
-    """Each run's recorded part of this rank (written to the trace folder's parts/ when
-    there is one), gathered on rank 0 (None on the others)."""
+    """Each (folder, recorder)'s part of this rank (written to that folder's parts/ in the
+    trace folder when there is one), gathered on rank 0 (None on the others)."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     parts = []
-    for i, rec in enumerate(recs):
+    for sub, rec in recs:
         part = {"rank": rank, "events": rec.events, "peak_bytes": rec.peak_bytes,
                 "cores": cores}
         if spec.trace_dir:
-            write_json_atomic(os.path.join(spec.trace_dir, *(["versus"] if i else []), "parts",
-                                           f"rank{rank}.json"), part)
+            write_json_atomic(os.path.join(spec.trace_dir, sub, "parts", f"rank{rank}.json"),
+                              part)
         parts.append(gather_json(part, ctrl))
     return parts
+
+
+def _run_info(spec: RunSpec, p: Problem, meta: dict[str, Any], processes: int,
+              **fields: Any) -> dict[str, Any]:
+    """A trace's otherData: the run's shape, the job over `processes`, and `fields`."""
+    info = tr.run_info(p, "executor", spec.iterations, spec.warmup)
+    info["job"] = over_processes(info["job"], processes)
+    info.update(meta, **fields)
+    return info
 
 
 def _engine(spec: RunSpec, runs: list[Problem], builder: ModelBuilder, rank: int,
@@ -185,10 +194,13 @@ def _engine(spec: RunSpec, runs: list[Problem], builder: ModelBuilder, rank: int
                    lr=spec.lr, fault=fault if first and i == 0 else None, recompute=recompute,
                    replica=replica) for i, (p, rec) in enumerate(zip(runs, recs, strict=True))]
     peer = None
-    if spec.alongside_torch:
-        peer = Peer(problem, builder, rank, device, spec, wire, recompute)
-    losses, timed, peer_runs = _train(spec, rts, rank, ctrl, device, peer)
-    parts = _gather_parts(spec, recs, rank, ctrl)
+    if spec.alongside_torch:  # its own recorder, on the same clock
+        peer = PeerRun(Peer(problem, builder, rank, device, spec, wire, recompute,
+                            _peer_recorder(rank, device, offset, epoch, warm)))
+    losses, timed = _train(spec, rts, rank, ctrl, device, peer)
+    parts = _gather_parts(spec, [("versus" if i else "", rec) for i, rec in enumerate(recs)],
+                          rank, ctrl)
+    peer_parts = _peer_parts(spec, peer, rank, ctrl, "torch")
     if parts[0] is None:
         return None
     for got in parts:
@@ -200,9 +212,8 @@ def _engine(spec: RunSpec, runs: list[Problem], builder: ModelBuilder, rank: int
     out = []
     for i, (p, got) in enumerate(zip(runs, parts, strict=True)):
         events = merge_parts([q["events"] for q in got[:pp]], pp)
-        info = tr.run_info(p, "executor", iters, warm)
-        info["job"] = over_processes(info["job"], pp * tp * replica.size)
-        info.update(meta, losses=losses[i], dp=replica.data_replicas, cp=replica.cp)
+        info = _run_info(spec, p, meta, pp * tp * replica.size, losses=losses[i],
+                         dp=replica.data_replicas, cp=replica.cp)
         if whole[i] is not None:
             info["whole_iteration_ms"] = whole[i]
         res = summ.summarize(events, p, builder, iters, warm, losses[i],
@@ -213,27 +224,62 @@ def _engine(spec: RunSpec, runs: list[Problem], builder: ModelBuilder, rank: int
         out.append((tr.document(events, info), res))
     res = out[0][1]
     if spec.versus is not None:
-        _finish_files(spec, *out[1], sub="versus")
+        _finish_files(spec, *out[1], sub="versus", summary=False)
         res["versus"] = out[1][1]
     if peer is not None:
-        res["peer"] = summ.peer_summary(problem, builder, iters, warm, *peer_runs)
-        res["peer"].update(meta, engine="torch", recompute=peer.recompute)
+        res["peer"] = _peer_result(spec, problem, builder, peer, peer_parts, meta, "torch")
     _finish_files(spec, *out[0])
     return res
 
 
 def _torch_engine(spec: RunSpec, problem: Problem, builder: ModelBuilder, rank: int,
                   device: torch.device, wire: torch.device, ctrl: Any, recompute: str,
-                  meta: dict[str, Any]) -> dict[str, Any]:
-    """--engine torch: the split under torch.distributed.pipelining (no per-op trace)."""
-
-    res = run_peer(problem, builder, rank, device, spec, ctrl,
+                  meta: dict[str, Any]) -> dict[str, Any] | None:
+    """--engine torch: the split under torch.distributed.pipelining, recorded op by op;
+    rank 0 gets the summary, the others None."""
+    offset, epoch = align_clocks(rank, group=ctrl)
+    run = run_peer(problem, builder, rank, device, spec, ctrl,
                    lambda i, loss: _say("progress", {"iteration": i, "of": spec.iterations,
                                                      "loss": loss}) if rank == 0 else None,
-                   wire, recompute)
-    if rank == 0:
-        res.update(meta)
-        _finish_files(spec, None, res)
+                   wire, recompute, _peer_recorder(rank, device, offset, epoch, spec.warmup))
+    parts = _peer_parts(spec, run, rank, ctrl, "")
+    if rank != 0:
+        return None
+    res = _peer_result(spec, problem, builder, run, parts, meta, "")
+    _finish_files(spec, None, res)
+    return res
+
+
+def _peer_recorder(rank: int, device: torch.device, offset: int, epoch: int,
+                   warmup: int) -> Recorder:
+    """The torch engine's recorder: on CPU without memory counters (what torch's stages
+    hold is not counted there; a GPU's allocator counts it)."""
+    return Recorder(rank, device, offset, epoch, warmup, memory=device.type == "cuda")
+
+
+def _peer_parts(spec: RunSpec, run: PeerRun | None, rank: int, ctrl: Any,
+                sub: str) -> list[Any] | None:
+    """The torch engine's parts (every rank's on rank 0) where it was recorded op by op."""
+    if run is None or not run.peer.traced:
+        return None
+    assert run.peer.rec is not None
+    return _gather_parts(spec, [(sub, run.peer.rec)], rank, ctrl)[0]
+
+
+def _peer_result(spec: RunSpec, problem: Problem, builder: ModelBuilder, run: PeerRun,
+                 parts: list[Any] | None, meta: dict[str, Any], sub: str) -> dict[str, Any]:
+    """The torch engine's summary; its trace written to the folder's `sub` where it was
+    recorded. The trace's whole iterations are the engine's timed ones (barrier to the
+    end of the step), as its summary's."""
+    res = summ.peer_summary(problem, builder, spec.iterations, spec.warmup, run.times_ms,
+                            run.losses)
+    res.update(meta, engine="torch", recompute=run.peer.recompute)
+    if parts is not None:
+        pp = problem.split.pp
+        info = _run_info(spec, problem, {**meta, "engine": "torch"}, pp, losses=run.losses,
+                         dp=1, cp=1, whole_iteration_ms=list(run.times_ms))
+        events = merge_parts([q["events"] for q in parts[:pp]], pp)
+        _finish_files(spec, tr.document(events, info), res, sub, summary=False)
     return res
 
 
@@ -251,8 +297,7 @@ def _wholes(spec: RunSpec, parts: list[Any], pp: int,
 
 
 def _train(spec: RunSpec, rts: list[Runtime], rank: int, ctrl: Any,
-           device: torch.device, peer: Any) -> tuple[list[list[float]], list[float],
-                                                     tuple[list[float], list[float]]]:
+           device: torch.device, peer: PeerRun | None) -> tuple[list[list[float]], list[float]]:
     """Run the iterations: the run's split, then --versus's split, then (with
     --alongside-torch) torch's engine on the run's split, alternating iteration by
     iteration so the machine's drift hits each alike. With the peer, both engines are
@@ -260,8 +305,6 @@ def _train(spec: RunSpec, rts: list[Runtime], rank: int, ctrl: Any,
 
     losses: list[list[float]] = [[] for _ in rts]
     timed: list[float] = []
-    peer_ms: list[float] = []
-    peer_loss: list[float] = []
     with no_gc_pauses():
         for it in range(spec.iterations):
             for rt, got in zip(rts, losses, strict=True):
@@ -274,24 +317,25 @@ def _train(spec: RunSpec, rts: list[Runtime], rank: int, ctrl: Any,
                                             rt.train_step(it, dump), ctrl, device)[0])
                     got.append(rt.global_loss())
             if peer is not None:
-                peer.prepare(it)
-                ms, loss = slowest_ms(peer.step, ctrl, device, peer.loss)
-                peer_ms.append(ms)
-                peer_loss.append(loss)
+                peer.iteration(it, ctrl)
             if rank == 0:
                 _say("progress", {"iteration": it + 1, "of": spec.iterations,
                                   "loss": losses[0][-1], "warmup": it < spec.warmup})
-    return losses, timed, (peer_ms, peer_loss)
+    return losses, timed
 
 
-def _finish_files(spec: RunSpec, doc: dict | None, res: dict, sub: str = "") -> None:
+def _finish_files(spec: RunSpec, doc: dict | None, res: dict, sub: str = "",
+                  summary: bool = True) -> None:
+    """Write `doc` as `sub`/trace.json of the trace folder (its path in `res`) and, with
+    `summary`, `res` as summary.json: a --versus run's and the torch engine's alongside
+    are inside the main one."""
     if not spec.trace_dir:
         return
     folder = os.path.join(spec.trace_dir, sub)
     if doc is not None:
         tr.write_trace(os.path.join(folder, "trace.json"), doc)
         res["trace"] = os.path.join(folder, "trace.json")
-    if not sub:  # a --versus run's summary is inside the main one
+    if summary:
         write_json_atomic(os.path.join(folder, "summary.json"), res)
 
 

@@ -84,7 +84,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="also run torch.distributed.pipelining's schedule on the same split "
                    "in the same processes, alternating iteration by iteration, both timed "
                    "from a barrier to the end of the step (the engine benchmark); its "
-                   "summary under \"peer\" (ppsim engine, dp 1, no --versus)")
+                   "trace goes to DIR/torch/, its summary under \"peer\" (ppsim engine, "
+                   "dp 1, no --versus)")
     r.add_argument("--seed", type=int, default=0, help="weights and data seed")
     r.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
     r.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -256,12 +257,14 @@ def _own_files(args: argparse.Namespace) -> list[str]:
     files = [spec_path(d)]
     files += [os.path.join(d, "parts", f"rank{r}.json") for r in range(lo, lo +
                                                                        args.nproc_per_node)]
-    if args.versus:
-        files += [os.path.join(d, "versus", "parts", f"rank{r}.json")
+    # the --versus split's and the torch engine's alongside, each in a folder of its own
+    subs = ["versus"] * bool(args.versus) + ["torch"] * bool(args.alongside_torch)
+    for sub in subs:
+        files += [os.path.join(d, sub, "parts", f"rank{r}.json")
                   for r in range(lo, lo + args.nproc_per_node)]
     if args.node_rank == 0:
         files += [os.path.join(d, "trace.json"), os.path.join(d, "summary.json")]
-        files += [os.path.join(d, "versus", "trace.json")] if args.versus else []
+        files += [os.path.join(d, sub, "trace.json") for sub in subs]
     return files
 
 

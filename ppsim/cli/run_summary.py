@@ -42,7 +42,8 @@ def print_summary(res: dict[str, Any]) -> None:
         c.print(f"trace written to {res['trace']} (open in https://ui.perfetto.dev; compare "
                 "with ppsim diff)")
     elif res["engine"] == "torch":
-        c.print("(the torch peer is timed per iteration only; it writes no per-op trace)")
+        c.print("(this torch's pipeline stages could not be timed op by op: the torch "
+                "engine is timed per iteration only, without a per-op trace)")
     for key, what in (("versus", "the --versus split"), ("peer", "torch's engine")):
         if other := res.get(key):
             c.print(f"\n[bold]{what}[/bold], its iterations alternating with the first's:")

@@ -134,6 +134,16 @@ def test_earlier_results_are_refused_not_deleted(tmp_path, capsys, no_launch) ->
     assert sorted(os.listdir(out)) == ["parts", "trace.json"]  # no lock left behind
 
 
+def test_an_earlier_torch_engine_trace_is_refused(tmp_path, capsys, no_launch) -> None:
+    """The trace of torch's engine run alongside (DIR/torch/) is an earlier run's result too."""
+    out = tmp_path / "out"
+    (out / "torch").mkdir(parents=True)
+    (out / "torch" / "trace.json").write_text("old torch trace")
+    rc = main(["run", "--alongside-torch", "--trace-dir", str(out)])
+    assert "earlier run" in _one_line(capsys, rc, "--trace-dir")
+    assert (out / "torch" / "trace.json").read_text() == "old torch trace"
+
+
 @pytest.mark.parametrize("where", ["/proc/self/ppsim-out", "{tmp}/file"])
 def test_an_unwritable_trace_dir_is_refused_before_ranks_start(where, tmp_path, capsys,
                                                                no_launch) -> None:
