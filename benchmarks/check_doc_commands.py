@@ -120,6 +120,14 @@ def row_spans(cells: list[str]) -> list[str]:
     return [span for cell in cells for span in cell.split("`")[1::2] if span.startswith("--")]
 
 
+def missing_paths(cmd: DocCommand) -> list[str]:
+    """Words that name a file under one of the repository's folders (traces/...) that is
+    not there: checked on every line, run or not (`tui --trace` reads one too)."""
+    values = [w.partition("=")[2] if w.startswith("--") else w for w in cmd.words[2:]]
+    return [v for v in values if "/" in v and (ROOT / v.split("/")[0]).is_dir()
+            and not PLACEHOLDER.search(v) and not (ROOT / v).exists()]
+
+
 def _absolute(word: str) -> str:
     """A word that names a repository path, made whole (the commands run elsewhere)."""
     flag, eq, value = word.rpartition("=") if word.startswith("--") else ("", "", word)
@@ -233,10 +241,11 @@ def check(cmds: list[DocCommand], timeout: float,
     unavailable: dict[tuple[str, int], set[str]] = {}
     with tempfile.TemporaryDirectory(prefix="ppsim-doc-") as tmp:
         for cmd in cmds:
-            bad = unknown_flags(cmd)
-            if bad is None or bad:
+            bad, gone = unknown_flags(cmd), missing_paths(cmd)
+            if bad is None or bad or gone:
                 what = f"no command {cmd.command!r}" if bad is None else \
-                    f"`ppsim {cmd.command}` takes no {', '.join(bad)}"
+                    f"`ppsim {cmd.command}` takes no {', '.join(bad)}" if bad else \
+                    f"no file {', '.join(gone)}"
                 results.append((cmd, Outcome(kind="STALE", why=what)))
                 continue
             missing = unavailable.setdefault((cmd.doc, cmd.block), set())

@@ -67,6 +67,7 @@ def test_no_doc_command_is_stale():
     (_line("ppsim simulate --microbatch 4"), "takes no --microbatch"),
     (_line("ppsim simulat --pp 2"), "no command 'simulat'"),
     (_line("ppsim simulate --engine simpy|fast [--pp N]"), "--engine fast"),
+    (_line("ppsim tui --trace traces/1f1b-5-3-m8/gone.json"), "no file traces/1f1b-5-3-m8/gone"),
     (_line("ppsim run [--iterations N]", inline=True,
            context="| `ppsim run [--iterations N]` | `--versus-torch` alternates |"),
      "--versus-torch"),
