@@ -51,7 +51,7 @@ SLOW = {
 the script runs them, tests/unit/test_doc_commands.py leaves them out (--quick)."""
 TRACE = "traces/1f1b-5-3-m8"
 SAMPLES = {
-    "NAME": "llama3-70b", "N": "2", "K": "3", "S": "5", "B": "8", "SPLIT": "4,4",
+    "NAME": "llama3-70b", "N": "2", "K": "3", "S": "2", "B": "8", "SPLIT": "4,4",
     "OUT.json": "out.json", "OUT.png": "out.png", "OUT.csv": "out.csv",
     "A.json": f"{TRACE}/sim.json", "B.json": f"{TRACE}/real.json", "TRACE": f"{TRACE}/real.json",
 }
@@ -209,7 +209,7 @@ def with_samples(cmd: DocCommand) -> DocCommand | None:
         if word in ("...", "…"):
             continue
         if PLACEHOLDER.search(word):
-            if word.split("|")[0] in SAMPLES.values() or "|" in word and word[0].islower():
+            if "|" in word and word[0].islower():  # cpu|cuda
                 word = word.split("|")[0]
             elif word in SAMPLES:
                 word = SAMPLES[word]
@@ -234,6 +234,18 @@ def why_skip(cmd: DocCommand, unavailable: set[str]) -> str | None:
     return None
 
 
+def static_problem(cmd: DocCommand) -> str | None:
+    """What is stale in a line before it runs: its command, a flag, a choice, a file."""
+    bad = unknown_flags(cmd)
+    if bad is None:
+        return f"no command {cmd.command!r}"
+    if bad:
+        return f"`ppsim {cmd.command}` takes no {', '.join(bad)}"
+    if gone := missing_paths(cmd):
+        return f"no file {', '.join(gone)}"
+    return None
+
+
 def check(cmds: list[DocCommand], timeout: float,
           quick: bool = False) -> list[tuple[DocCommand, Outcome]]:
     """Each line's outcome, the lines of one code block in one working directory."""
@@ -241,12 +253,8 @@ def check(cmds: list[DocCommand], timeout: float,
     unavailable: dict[tuple[str, int], set[str]] = {}
     with tempfile.TemporaryDirectory(prefix="ppsim-doc-") as tmp:
         for cmd in cmds:
-            bad, gone = unknown_flags(cmd), missing_paths(cmd)
-            if bad is None or bad or gone:
-                what = f"no command {cmd.command!r}" if bad is None else \
-                    f"`ppsim {cmd.command}` takes no {', '.join(bad)}" if bad else \
-                    f"no file {', '.join(gone)}"
-                results.append((cmd, Outcome(kind="STALE", why=what)))
+            if problem := static_problem(cmd):
+                results.append((cmd, Outcome(kind="STALE", why=problem)))
                 continue
             missing = unavailable.setdefault((cmd.doc, cmd.block), set())
             if (why := why_skip(cmd, missing)) is None and quick and " ".join(cmd.words) in SLOW:
@@ -277,7 +285,7 @@ def main() -> int:
     for cmd, outcome in results:
         if args.show or outcome.kind != "skipped":
             print(f"{outcome.kind:8} {outcome.seconds:6.2f}s {cmd.where}: {cmd.text}"
-                  f"{'  -- ' + outcome.why if outcome.kind != 'ok' else ''}")
+                  f"{'  -- ' + outcome.why if not outcome.why.startswith('exit') else ''}")
     counts = Counter(o.kind for _, o in results)
     reasons = Counter(o.why.split(" ")[0] if o.why.startswith("placeholders") else o.why
                       for _, o in results if o.kind == "skipped")
