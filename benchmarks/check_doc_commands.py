@@ -120,18 +120,29 @@ def row_spans(cells: list[str]) -> list[str]:
     return [span for cell in cells for span in cell.split("`")[1::2] if span.startswith("--")]
 
 
+OUTPUT_FOLDERS = ("ppsim-run", "ppsim-demo")
+"""Where `ppsim run` and `ppsim demo` write (ignored by git): what lies there is this
+checkout's history, not the repository's, so a line never reads it from the checkout."""
+
+
+def _shipped(path: str) -> bool:
+    """`path` is under a folder the repository ships (traces/...), not an output one."""
+    top = path.split("/")[0]
+    return top not in OUTPUT_FOLDERS and (ROOT / top).is_dir()
+
+
 def missing_paths(cmd: DocCommand) -> list[str]:
     """Words that name a file under one of the repository's folders (traces/...) that is
     not there: checked on every line, run or not (`tui --trace` reads one too)."""
     values = [w.partition("=")[2] if w.startswith("--") else w for w in cmd.words[2:]]
-    return [v for v in values if "/" in v and (ROOT / v.split("/")[0]).is_dir()
+    return [v for v in values if "/" in v and _shipped(v)
             and not PLACEHOLDER.search(v) and not (ROOT / v).exists()]
 
 
 def _absolute(word: str) -> str:
     """A word that names a repository path, made whole (the commands run elsewhere)."""
     flag, eq, value = word.rpartition("=") if word.startswith("--") else ("", "", word)
-    if value and (ROOT / value).exists():
+    if value and _shipped(value) and (ROOT / value).exists():
         return f"{flag}{eq}{ROOT / value}"
     return word
 

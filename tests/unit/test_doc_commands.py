@@ -96,3 +96,16 @@ def test_a_line_that_reads_what_a_skipped_line_writes_is_skipped():
     outcomes = [o for _, o in checker.check(block, timeout=30)]
     assert [o.kind for o in outcomes] == ["skipped", "skipped"]
     assert "reads c.json" in outcomes[1].why
+
+
+def test_what_a_run_left_in_the_checkout_is_not_the_repositorys(tmp_path, monkeypatch):
+    """A checkout where `ppsim run` wrote ppsim-run/ (ignored by git) checks the README's
+    `diff ... ppsim-run/latest/trace.json` as a fresh clone does: the path is the output
+    of the skipped `run` line, not a shipped file that went missing."""
+    (tmp_path / "ppsim-run" / "latest").mkdir(parents=True)
+    (tmp_path / "traces").mkdir()
+    monkeypatch.setattr(checker, "ROOT", tmp_path)
+    diff = _line("ppsim diff sim.json ppsim-run/latest/trace.json")
+    assert checker.missing_paths(diff) == []
+    assert checker.missing_paths(_line("ppsim diff traces/a.json traces/b.json")) \
+        == ["traces/a.json", "traces/b.json"]
