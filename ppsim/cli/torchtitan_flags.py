@@ -114,7 +114,7 @@ def apply_torchtitan(args: argparse.Namespace, job_search: bool = False) -> None
     args.torchtitan_read = True
     reg = registry_job(args.tt_config) if args.tt_config is not None else None
     if reg is not None:
-        _registry_defaults(args, reg)
+        _registry_defaults(args, reg, job_search)
     if getattr(args, "fsdp_framework", None) is not None or args.distributed_optimizer:
         raise UserError("--use-distributed-optimizer" if args.distributed_optimizer else
                         "--use-torch-fsdp2 (--use-megatron-fsdp)", "is Megatron's; a "
@@ -135,8 +135,15 @@ def apply_torchtitan(args: argparse.Namespace, job_search: bool = False) -> None
     pipeline_stages(args)
 
 
-def _registry_defaults(args: argparse.Namespace, reg: RegistryJob) -> None:
-    """The function's model and fields, where the line does not give them."""
+SEARCHED = ("tp", "cp", "ep", "pp", "tt_num_tokens_per_microbatch_per_dp_rank")
+"""The function's sizes `plan --gpus` searches rather than holds (the micro batch is
+its tokens a microbatch)."""
+
+
+def _registry_defaults(args: argparse.Namespace, reg: RegistryJob, job_search: bool) -> None:
+    """The function's model and fields, where the line does not give them; under the job
+    search (`job_search`) its parallel sizes and micro batch are searched, as the ones a
+    line leaves out are."""
     if args.preset is not None and args.preset != reg.preset:
         raise UserError("--preset", f"{args.preset} is not {args.tt_config}'s model "
                         f"({reg.preset})", "drop --preset, or --torchtitan-config")
@@ -150,7 +157,8 @@ def _registry_defaults(args: argparse.Namespace, reg: RegistryJob) -> None:
                         ("tt_num_tokens_per_microbatch_per_dp_rank",
                          reg.num_tokens_per_microbatch_per_dp_rank),
                         ("tp_comm_overlap", reg.async_tp or None)):
-        if getattr(args, dest, None) is None and value is not None:
+        if getattr(args, dest, None) is None and value is not None and not (
+                job_search and dest in SEARCHED):
             setattr(args, dest, value)
     if reg.float8 and args.fp8_format is None:  # torchao's rowwise Float8Linear
         args.fp8_format, args.fp8_recipe = "hybrid", args.fp8_recipe or "rowwise"

@@ -102,7 +102,8 @@ def _weight(args: argparse.Namespace, end: str) -> int:
 def with_torchtitan_split(cfg: Config, args: argparse.Namespace) -> Config:
     """`cfg` split as torchtitan splits it, for a torchtitan line with pp > 1 that gives
     no split in ppsim's or Megatron's words."""
-    if not getattr(args, "torchtitan_line", False) or cfg.pipeline.pp <= 1:
+    if not getattr(args, "torchtitan_line", False) or cfg.pipeline.pp <= 1 \
+            or getattr(args, "pp", None) is None:  # the job search plans each shape's
         return cfg
     counts = getattr(args, "tt_counts", None)
     if any(getattr(args, k, None) is not None for k in PPSIM_SPLITS):

@@ -234,12 +234,21 @@ def test_torchtitan_degrees_are_ppsim_s_job(tp: int, cp: int, pp: int, shard: in
 
 
 def test_plan_holds_the_fields_a_torchtitan_line_gives() -> None:
-    """`plan --gpus`: the registry function's sizes (its degrees, torchtitan's defaults
-    where it states none) and the line's are held, the rest searched; the step's tokens
-    give the global batch."""
+    """`plan --gpus`: the sizes the line gives are held and the rest searched, the
+    registry function's parallel sizes and micro batch too (a search starts from the
+    job, it does not stop at it); the step's tokens give the global batch."""
     plan = _json(["plan", *H100, "--torchtitan-config", "llama3_70b", "--gpus", "64",
-                  "--training.num_tokens_per_train_step", str(8192 * 128), "--time-budget",
-                  "1"])
+                  "--training.num_tokens_per_train_step", str(8192 * 128),
+                  "--parallelism.tensor_parallel_degree", "8", "--time-budget", "1"])
     assert plan["global_batch_size"] == 128
-    assert plan["held"] == {"tp": 8, "cp": 1, "ep": 1, "pp": 1, "micro_batch_size": 8}
+    assert plan["held"] == {"tp": 8}
     assert plan["best"]["torchtitan_job"]["parallelism"]["tensor_parallel_degree"] == 8
+
+
+def test_plan_searches_a_torchtitan_line_that_gives_no_pipeline() -> None:
+    """A torchtitan line without pipeline_parallel_degree under `plan --gpus`: each
+    shape's split is the search's (it raised a TypeError on the missing degree)."""
+    plan = _json(["plan", *H100, "--preset", "llama3-8b", "--parallelism."
+                  "tensor_parallel_degree", "2", "--gpus", "8", "--global-batch-size", "8",
+                  "--time-budget", "1"])
+    assert plan["held"] == {"tp": 2} and plan["best"]["tp"] == 2
