@@ -87,6 +87,14 @@ def add_torchtitan_flags(p: argparse.ArgumentParser) -> None:
     t.add_argument(AC_SUBCOMMAND, dest="tt_ac", action=_Field, help=argparse.SUPPRESS)
 
 
+DEGREES = (("parallelism.tensor_parallel_degree", "tp"),
+           ("parallelism.context_parallel_degree", "cp"),
+           ("parallelism.expert_parallel_degree", "ep"),
+           ("parallelism.pipeline_parallel_degree", "pp"),
+           ("training.max_context_length", "seq_length"))
+"""torchtitan's sizes that take no value below 1 (its data-parallel shard takes -1)."""
+
+
 def _dest(name: str) -> str:
     return "tt_" + name.split(".", 1)[1]
 
@@ -112,6 +120,8 @@ def apply_torchtitan(args: argparse.Namespace, job_search: bool = False) -> None
     if not getattr(args, "torchtitan_line", False) or getattr(args, "torchtitan_read", False):
         return
     args.torchtitan_read = True
+    for name, dest in DEGREES:
+        _positive(name, getattr(args, dest, None), "give N >= 1")
     reg = registry_job(args.tt_config) if args.tt_config is not None else None
     if reg is not None:
         _registry_defaults(args, reg, job_search)

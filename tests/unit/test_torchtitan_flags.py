@@ -252,3 +252,14 @@ def test_plan_searches_a_torchtitan_line_that_gives_no_pipeline() -> None:
                   "tensor_parallel_degree", "2", "--gpus", "8", "--global-batch-size", "8",
                   "--time-budget", "1"])
     assert plan["held"] == {"tp": 2} and plan["best"]["tp"] == 2
+
+
+@pytest.mark.parametrize("degree", ["tensor_parallel_degree", "pipeline_parallel_degree",
+                                    "context_parallel_degree", "expert_parallel_degree"])
+def test_a_degree_below_one_is_refused_by_its_name(degree: str) -> None:
+    # pipeline_parallel_degree 0 beside layers_per_stage divided by zero
+    r = run_cli(["simulate", *H100, "--preset", "tiny-gpt", "--gpus", "8",
+                 "--parallelism.pipeline_parallel_layers_per_stage", "1",
+                 f"--parallelism.{degree}", "0"])
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert f"error: --parallelism.{degree}: must be at least 1, got 0" in r.stderr
