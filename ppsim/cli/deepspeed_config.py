@@ -176,7 +176,7 @@ def _grad_accum_dtype(cfg: dict[str, Any]) -> str | None:
     given = table.get("grad_accum_dtype")
     if given is None:
         return None
-    if given not in DTYPES:
+    if not isinstance(given, str) or given not in DTYPES:  # a list or a table: unhashable
         raise UserError(_key("data_types", "grad_accum_dtype"), f"{given!r} is not a dtype",
                         "write fp32, bf16 or fp16")
     return DTYPES[given]

@@ -187,6 +187,10 @@ def test_refused_by_key(tmp_path: Path, cfg: dict[str, Any], extra: list[str],
      "deepspeed_config.zero_optimization.stage: must be 0, 1, 2 or 3"),
     ('{"train_batch_size": 64, "zero_optimization": []}',
      "deepspeed_config.zero_optimization: must be a JSON object"),
+    ('{"train_batch_size": 64, "data_types": {"grad_accum_dtype": []}}',
+     "deepspeed_config.data_types.grad_accum_dtype: [] is not a dtype"),
+    ('{"train_batch_size": 64, "data_types": {"grad_accum_dtype": {"a": 1}}}',
+     "deepspeed_config.data_types.grad_accum_dtype: {'a': 1} is not a dtype"),
 ])
 def test_bad_json_and_types_name_the_key(tmp_path: Path, text: str, field: str) -> None:
     path = tmp_path / "ds.json"
