@@ -187,6 +187,15 @@ def test_refused_by_key(tmp_path: Path, cfg: dict[str, Any], extra: list[str],
      "deepspeed_config.zero_optimization.stage: must be 0, 1, 2 or 3"),
     ('{"train_batch_size": 64, "zero_optimization": []}',
      "deepspeed_config.zero_optimization: must be a JSON object"),
+    ('{"train_micro_batch_size_per_gpu": 100000000}',
+     "deepspeed_config.train_micro_batch_size_per_gpu: 100,000,000 is above ppsim's limit "
+     "of 10,000,000"),
+    ('{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 100000000}',
+     "deepspeed_config.gradient_accumulation_steps: 100,000,000 is above ppsim's limit of "
+     "1,000,000"),
+    ('{"train_batch_size": 1000000000}',  # the micro batch it gives at dp 4
+     "deepspeed_config.train_micro_batch_size_per_gpu: 250,000,000 is above ppsim's limit "
+     "of 10,000,000 (at dp 4)"),
     ('{"train_batch_size": 64, "data_types": {"grad_accum_dtype": []}}',
      "deepspeed_config.data_types.grad_accum_dtype: [] is not a dtype"),
     ('{"train_batch_size": 64, "data_types": {"grad_accum_dtype": {"a": 1}}}',
