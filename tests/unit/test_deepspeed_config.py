@@ -223,6 +223,17 @@ def test_taken_keys_change_nothing_and_tunings_are_noted(tmp_path: Path) -> None
         in ran.stderr
 
 
+@pytest.mark.parametrize("command", ["simulate", "split"])
+@pytest.mark.parametrize(("pp", "method"), [("0", "parameters"), ("-1", "uniform")])
+def test_partition_method_over_a_pipeline_size_below_1_is_refused(command: str, pp: str,
+                                                                   method: str) -> None:
+    """DeepSpeed's partition of the layers over no stages: refused by pp (IndexError)."""
+    ran = run_cli([command, "--preset", "gpt3-1.3b", "--pp", pp, "--partition-method", method])
+    assert (ran.returncode, ran.stdout) == (2, "")
+    assert ran.stderr == (f"ppsim {command}: error: pipeline.pp: must be a positive integer, "
+                          f"got {pp} (set it to 1 or more)\n")
+
+
 def test_partition_method_is_plans_deepspeed_row(tmp_path: Path) -> None:
     ds = _ds(tmp_path, {**BATCH, "bf16": {"enabled": True}})
     ran = run_cli(["plan", *JOB, "--deepspeed-config", ds, "--json", "--time-budget", "5"])
