@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ppsim.cli.deepspeed_config import ROOT
+from ppsim.cli.deepspeed_config import ROOT, within_limit
 from ppsim.errors import UserError
 
 
@@ -65,6 +65,7 @@ def deepspeed_batch(given: BatchTriple, dp: int) -> Batch:
         if value <= 0:
             raise UserError(f"{ROOT}.{key}", f"{words} (DeepSpeed's words; at dp {dp})",
                             _fix(given, dp))
+        within_limit(key, value, f" (at dp {dp})")
     if train != micro * gas * dp:
         raise UserError(f"{ROOT}.train_batch_size", "Check batch related parameters. "
                         "train_batch_size is not equal to micro_batch_per_gpu * "

@@ -91,15 +91,32 @@ def _switch(value: Any, *path: str) -> bool:
     return value
 
 
-def _count(value: Any, *path: str) -> int | None:
+MOST = {"train_batch_size": limits.MAX_GLOBAL_BATCH,
+        "train_micro_batch_size_per_gpu": validate.ARCH_MAX,
+        "gradient_accumulation_steps": limits.MAX_MICROBATCHES}
+"""Each batch key's largest number: ppsim's limits on the global batch, the micro batch
+and the microbatches."""
+
+
+def within_limit(key: str, value: int, where: str = "") -> None:
+    """A batch key's number, given or derived (`where`: at which dp), refused by the key
+    above ppsim's limit on what it becomes."""
+    if value > MOST[key]:
+        raise UserError(_key(key), f"{value:,} is above ppsim's limit of {MOST[key]:,}{where}",
+                        f"give at most {MOST[key]:,}")
+
+
+def _count(value: Any, key: str) -> int | None:
     """A batch size (None: null); "auto" is Hugging Face's, filled in by its Trainer."""
     if value is None:
         return None
     if value == "auto":
-        raise UserError(_key(*path), "is \"auto\", which Hugging Face's Trainer fills in "
+        raise UserError(_key(key), "is \"auto\", which Hugging Face's Trainer fills in "
                         "from its own arguments", "write the number the job runs with")
-    return validate.count(_key(*path), value, lo=-limits.MAX_GLOBAL_BATCH,
-                          hi=limits.MAX_GLOBAL_BATCH, fix="write a whole number")
+    n = validate.count(_key(key), value, lo=-limits.MAX_GLOBAL_BATCH,
+                       hi=limits.MAX_GLOBAL_BATCH, fix="write a whole number")
+    within_limit(key, n)
+    return n
 
 
 def _refuse_unknown(table: dict[str, Any], known: tuple[str, ...], *path: str) -> None:
@@ -176,7 +193,7 @@ def _grad_accum_dtype(cfg: dict[str, Any]) -> str | None:
     given = table.get("grad_accum_dtype")
     if given is None:
         return None
-    if given not in DTYPES:
+    if not isinstance(given, str) or given not in DTYPES:  # a list or a table: unhashable
         raise UserError(_key("data_types", "grad_accum_dtype"), f"{given!r} is not a dtype",
                         "write fp32, bf16 or fp16")
     return DTYPES[given]

@@ -22,6 +22,7 @@ from typing import Any
 
 from ppsim.cli.deepspeed_batch import BatchTriple, deepspeed_batch
 from ppsim.cli.deepspeed_config import FLAG, ROOT, DeepSpeedJob, read_deepspeed_config
+from ppsim.config import validate
 from ppsim.config.overrides import with_overrides
 from ppsim.config.schema import SPLIT_KEYS, Config
 from ppsim.errors import UserError
@@ -214,6 +215,7 @@ def _partitioned(cfg: Config, args: argparse.Namespace) -> Config:
     if given:
         raise UserError("--partition-method", f"and --{given[0].replace('_', '-')} both "
                         "give the split", "give one of them")
+    validate.stages(cfg.pipeline)  # partitioned over pp stages: a config may hold any
     specs = parse_deepspeed_specs(getattr(args, "deepspeed_specs", "1,1"))
     key = PARTITION_KEYS[method]
     fw = next(s for s in deepspeed_splits(model_costs(cfg), cfg.pipeline.pp,

@@ -178,6 +178,7 @@ def _gpus_dp(cfg: Config, gpus: int | None) -> int | None:
     if a is None:
         raise UserError("--gpus", "needs a transformer model (a preset)",
                         "give --preset NAME, or --pp for a uniform model")
+    validate.stages(cfg.pipeline)  # the world divides by pp: a config may hold any
     return job_shape.dp_for_gpus(gpus, a.tp, a.cp, cfg.pipeline.pp)
 
 

@@ -23,6 +23,7 @@ from ppsim.cli.megatron_attention import (
 from ppsim.cli.megatron_precision import precision_fields
 from ppsim.cli.megatron_run import PREFIX
 from ppsim.config.model import TOP_K_FIX, Model, TransformerModel, parse_model
+from ppsim.config.validate import ARCH_MAX
 from ppsim.costs.choices import MEGATRON_FP8_FORMATS, MUON_TP_MODES, OPTIMIZERS
 from ppsim.costs.patterns import moe_layers
 from ppsim.errors import UserError
@@ -397,8 +398,9 @@ def _moe_fields(args: argparse.Namespace, fields: dict[str, Any]) -> dict[str, A
             raise UserError("--moe-shared-expert-intermediate-size", "needs the experts' "
                             "width", "add --moe-ffn-hidden-size N")
         # A whole number of experts keeps the short form a preset gives; any other
-        # width is the MLP's own (Megatron builds one MLP of it either way).
-        whole = shared % width == 0
+        # width is the MLP's own (Megatron builds one MLP of it either way), and so is
+        # one the model refuses, so that its refusal names the width the line gave.
+        whole = 0 < shared <= ARCH_MAX and shared % width == 0
         out["shared_experts"] = shared // width if whole else 0
         out["shared_expert_ffn_hidden_size"] = 0 if whole else shared
     freq = getattr(args, "moe_layer_freq", None)

@@ -13,6 +13,8 @@ from typing import Any
 
 from ppsim.cli.torchtitan_registry import RegistryJob, registry_job
 from ppsim.cli.torchtitan_split import pipeline_stages, with_torchtitan_split
+from ppsim.config import limits
+from ppsim.config.validate import ARCH_MAX
 from ppsim.costs.choices import FSDP_RESHARD
 from ppsim.errors import UserError
 from ppsim.schedules.generators import schedule_name
@@ -250,6 +252,12 @@ def _batch(args: argparse.Namespace, job_search: bool) -> None:
         if tokens % seq:
             raise UserError(f"--training.{name}", f"{tokens} tokens are not whole sequences "
                             f"of {seq}", f"give a multiple of {seq}")
+        # The limits of the micro batch and the global batch, said in tokens.
+        most = ARCH_MAX if name.endswith("dp_rank") else limits.MAX_GLOBAL_BATCH
+        if tokens // seq > most:
+            raise UserError(f"--training.{name}", f"{tokens:,} tokens are {tokens // seq:,} "
+                            f"sequences of {seq}, above the limit of {most:,}",
+                            f"give at most {most * seq:,} tokens")
     if mb_tokens is not None:
         args.micro_batch_size = mb_tokens // seq
     if step_tokens is not None and step_tokens != -1:

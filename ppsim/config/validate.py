@@ -228,7 +228,7 @@ def typed(where: str, value: Any, kind: type) -> Any:
     return value
 
 
-_ARCH_MAX = 10**7
+ARCH_MAX = 10**7
 """Any architecture dimension or count: far above real models, and small enough that
 FLOPs stay exact floats (a 200-digit hidden_size would overflow float conversion)."""
 _CHOICES = {"recompute": RECOMPUTE, "dtype": tuple(DTYPE_BYTES), "attention": ATTENTION,
@@ -240,7 +240,8 @@ _CHOICES = {"recompute": RECOMPUTE, "dtype": tuple(DTYPE_BYTES), "attention": AT
             **OPTIMIZER_DTYPES}
 _POSITIVE = ("tp", "dp", "ep", "cp", "dp_replicas", "vocab_divisor", "hidden_size",
              "muon_ns_steps", "optimizer_cpu_threads", "num_heads", "num_kv_heads",
-             "ffn_hidden_size", "vocab_size", "seq_length", "micro_batch_size")
+             "ffn_hidden_size", "vocab_size", "seq_length", "micro_batch_size",
+             "dsa_indexer_n_heads", "dsa_indexer_head_dim", "dsa_indexer_topk")
 _COUNTS = ("attention_window", "moe_latent_size", "mtp_layers", "head_dim", "q_lora_rank",
            "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "cp_a2a_size", "num_experts", "etp",
            "top_k", "moe_ffn_hidden_size", "shared_experts", "num_layers_at_start_in_bf16",
@@ -290,8 +291,8 @@ def transformer(raw: dict[str, Any]) -> None:
                         f"set {missing[0]} = N, or use preset = NAME")
     for key, value in raw.items():
         if key != "num_layers" and isinstance(value, int) and not isinstance(value, bool):
-            count(f"model.{key}", value, lo=1 if key in _POSITIVE else 0, hi=_ARCH_MAX,
-                  fix="use a smaller number" if value > _ARCH_MAX else "")
+            count(f"model.{key}", value, lo=1 if key in _POSITIVE else 0, hi=ARCH_MAX,
+                  fix="use a smaller number" if value > ARCH_MAX else "")
     if isinstance(raw.get("num_layers"), int) and isinstance(raw.get("mtp_layers"), int):
         limits.check_shape(raw["num_layers"], 1, 1, 1, raw["mtp_layers"])
     if raw.get("attention_output_gate") is True and raw.get("attention") == "mla":

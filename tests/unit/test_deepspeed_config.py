@@ -187,6 +187,19 @@ def test_refused_by_key(tmp_path: Path, cfg: dict[str, Any], extra: list[str],
      "deepspeed_config.zero_optimization.stage: must be 0, 1, 2 or 3"),
     ('{"train_batch_size": 64, "zero_optimization": []}',
      "deepspeed_config.zero_optimization: must be a JSON object"),
+    ('{"train_micro_batch_size_per_gpu": 100000000}',
+     "deepspeed_config.train_micro_batch_size_per_gpu: 100,000,000 is above ppsim's limit "
+     "of 10,000,000"),
+    ('{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 100000000}',
+     "deepspeed_config.gradient_accumulation_steps: 100,000,000 is above ppsim's limit of "
+     "1,000,000"),
+    ('{"train_batch_size": 1000000000}',  # the micro batch it gives at dp 4
+     "deepspeed_config.train_micro_batch_size_per_gpu: 250,000,000 is above ppsim's limit "
+     "of 10,000,000 (at dp 4)"),
+    ('{"train_batch_size": 64, "data_types": {"grad_accum_dtype": []}}',
+     "deepspeed_config.data_types.grad_accum_dtype: [] is not a dtype"),
+    ('{"train_batch_size": 64, "data_types": {"grad_accum_dtype": {"a": 1}}}',
+     "deepspeed_config.data_types.grad_accum_dtype: {'a': 1} is not a dtype"),
 ])
 def test_bad_json_and_types_name_the_key(tmp_path: Path, text: str, field: str) -> None:
     path = tmp_path / "ds.json"
@@ -208,6 +221,17 @@ def test_taken_keys_change_nothing_and_tunings_are_noted(tmp_path: Path) -> None
     assert json.loads(ran.stdout) == _sim([*JOB, "--deepspeed-config", plain_path])
     assert "note: deepspeed_config.zero_optimization.reduce_bucket_size taken, not priced" \
         in ran.stderr
+
+
+@pytest.mark.parametrize("command", ["simulate", "split"])
+@pytest.mark.parametrize(("pp", "method"), [("0", "parameters"), ("-1", "uniform")])
+def test_partition_method_over_a_pipeline_size_below_1_is_refused(command: str, pp: str,
+                                                                   method: str) -> None:
+    """DeepSpeed's partition of the layers over no stages: refused by pp (IndexError)."""
+    ran = run_cli([command, "--preset", "gpt3-1.3b", "--pp", pp, "--partition-method", method])
+    assert (ran.returncode, ran.stdout) == (2, "")
+    assert ran.stderr == (f"ppsim {command}: error: pipeline.pp: must be a positive integer, "
+                          f"got {pp} (set it to 1 or more)\n")
 
 
 def test_partition_method_is_plans_deepspeed_row(tmp_path: Path) -> None:

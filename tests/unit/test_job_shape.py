@@ -82,6 +82,16 @@ def test_a_world_of_zero_is_below_one_not_indivisible(capsys) -> None:
     assert rc == 2 and "--gpus: must be at least 1, got 0" in err
 
 
+@pytest.mark.parametrize("pp", ["0", "-2"])
+def test_a_pipeline_size_below_one_beside_gpus_is_refused_by_its_name(capsys, pp: str) -> None:
+    """The world divides by tp x pp x cp: pp 0 divided by zero, pp -2 was blamed on dp."""
+    rc = main(["simulate", "--preset", "gpt3-1.3b", "--pp", pp, "--gpus", "2"])
+    out, err = capsys.readouterr()
+    assert (rc, out) == (2, "")
+    assert err == (f"ppsim simulate: error: pipeline.pp: must be a positive integer, got {pp} "
+                   "(set it to 1 or more)\n")
+
+
 def test_a_dp_that_disagrees_with_the_world_is_refused(capsys) -> None:
     """Before: --dp 4 beside --gpus 16 (tp 1, pp 2: dp 8) was overridden without a word."""
     rc = main(["simulate", "--preset", "llama3-8b", "--pp", "2", "--gpus", "16", "--dp", "4"])

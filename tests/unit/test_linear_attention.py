@@ -314,3 +314,20 @@ def test_megatrons_dsa_flags_without_an_indexer_size_are_refused(missing: str) -
                            "--experimental-attention-variant", "dsa", *given])
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert f"error: {missing}:" in err
+
+
+@pytest.mark.parametrize("flag", ["--dsa-indexer-n-heads", "--dsa-indexer-head-dim",
+                                  "--dsa-indexer-topk"])
+def test_an_indexer_size_of_0_is_refused(flag: str) -> None:
+    """An indexer of no heads, of heads no wide, or attending to no key: no indexer
+    Megatron builds, refused by its field rather than priced."""
+    sizes = {"--dsa-indexer-n-heads": "64", "--dsa-indexer-head-dim": "128",
+             "--dsa-indexer-topk": "2048", flag: "0"}
+    code, out, err = _run(["simulate", "--preset", "deepseek-v3", "--hardware", "h100-80gb",
+                           "--pp", "16", "--ep", "8", "--microbatches", "16",
+                           "--experimental-attention-variant", "dsa",
+                           *(x for item in sizes.items() for x in item)])
+    field = flag.removeprefix("--").replace("-", "_")
+    assert (code, out) == (2, "")
+    assert err == f"ppsim simulate: error: model.{field}: must be at least 1, got 0 " \
+        "(use a whole number >= 1)\n"

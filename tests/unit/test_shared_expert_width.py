@@ -133,3 +133,19 @@ def test_the_executor_builds_one_mlp_of_the_width(gated: bool) -> None:
     want = kind_params(parse_model(fields).arch, "moe")  # type: ignore[union-attr]
     assert sum(p.numel() for p in layer.parameters()) == want.dense + want.experts
     assert layer.mlp.shared.up.weight.shape == (40, fields["hidden_size"])
+
+
+@pytest.mark.parametrize(("width", "said"), [
+    ("-64", "must be at least 0, got -64"),  # a multiple of the experts' 64: not -1 experts
+    (str(64 * 10**8), "must be between 0 and 10,000,000, got 6,400,000,000"),
+])
+def test_megatrons_width_is_refused_as_given(width: str, said: str) -> None:
+    """A width that is no real shared expert is refused as the width the line gave, not
+    as a count of experts made from it."""
+    ran = run_cli(["simulate", "--preset", "tiny-gpt", "--num-experts", "4",
+                   "--moe-ffn-hidden-size", "64", "--moe-shared-expert-intermediate-size",
+                   width])
+    assert (ran.returncode, ran.stdout) == (2, "")
+    assert ran.stderr.startswith("ppsim simulate: error: model.shared_expert_ffn_hidden_size: "
+                                 + said), ran.stderr
+    assert len(ran.stderr.splitlines()) == 1

@@ -263,3 +263,18 @@ def test_a_degree_below_one_is_refused_by_its_name(degree: str) -> None:
                  f"--parallelism.{degree}", "0"])
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert f"error: --parallelism.{degree}: must be at least 1, got 0" in r.stderr
+
+
+@pytest.mark.parametrize("name", ["num_tokens_per_microbatch_per_dp_rank",
+                                  "num_tokens_per_train_step"])
+def test_tokens_past_the_limit_are_refused_by_their_name(name: str) -> None:
+    """Tokens become sequences: too many are refused as the tokens given, not as the
+    micro batch or the global batch the line never named."""
+    r = run_cli(["simulate", *H100, "--preset", "llama3-8b", "--gpus", "2",
+                 "--training.max_context_length", "8192", f"--training.{name}",
+                 str(8192 * 10**12)])
+    assert (r.returncode, r.stdout) == (2, "")
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"ppsim simulate: error: --training.{name}: 8,192,000,000,000,000 tokens are "
+        "1,000,000,000,000 sequences of 8192, above the limit of "), lines
