@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import fields as dataclass_fields
 
-from ppsim.cli.megatron_model import bit_runs
+from ppsim.cli.megatron_moe import bit_runs
 from ppsim.costs.arch import Architecture
 from ppsim.costs.stack import layer_kinds, mlp_kind
 from ppsim.costs.state import OPTIMIZER_DTYPES

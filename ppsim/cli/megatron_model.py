@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from itertools import groupby
 from typing import Any
 
 from ppsim.cli.megatron_attention import (
@@ -20,12 +19,11 @@ from ppsim.cli.megatron_attention import (
     context_parallel_fields,
     unfused_backend,
 )
+from ppsim.cli.megatron_moe import check_dsa_sizes, moe_fields
 from ppsim.cli.megatron_precision import precision_fields
 from ppsim.cli.megatron_run import PREFIX
 from ppsim.config.model import TOP_K_FIX, Model, TransformerModel, parse_model
-from ppsim.config.validate import ARCH_MAX
 from ppsim.costs.choices import MEGATRON_FP8_FORMATS, MUON_TP_MODES, OPTIMIZERS
-from ppsim.costs.patterns import moe_layers
 from ppsim.errors import UserError
 
 INT_FLAGS = {
@@ -208,7 +206,7 @@ def model_table(args: argparse.Namespace, base: Model | None) -> dict[str, Any] 
             and getattr(args, "hybrid_layer_pattern", None) is None:
         fields["hybrid_layer_pattern"] = ""  # a GPT model's layers over a hybrid stack's
     if isinstance(base, TransformerModel):
-        _check_dsa_sizes(fields, {**base.to_dict(), **fields}, known.get("attention"))
+        check_dsa_sizes(fields, {**base.to_dict(), **fields}, known.get("attention"))
         return _with_mtp_depth(args, {**base.to_dict(), **fields})
     extra = {k: getattr(args, k, None) for k in ("num_layers", "seq_length",
                                                  "micro_batch_size", "hybrid_layer_pattern")}
@@ -228,32 +226,8 @@ def model_table(args: argparse.Namespace, base: Model | None) -> dict[str, Any] 
                             "--preset or [model] transformer to start from)",
                             f"add {flag} N{also}, or give --preset NAME: without one the "
                             f"flags build the model, over no embedded default{gpt2}")
-    _check_dsa_sizes(fields, fields, fields.get("attention"))
+    check_dsa_sizes(fields, fields, fields.get("attention"))
     return {"kind": "transformer", **megatron_defaults(fields)}
-
-
-DSA_SIZES = (("dsa_indexer_n_heads", "--dsa-indexer-n-heads", 64),
-             ("dsa_indexer_head_dim", "--dsa-indexer-head-dim", 128),
-             ("dsa_indexer_topk", "--dsa-indexer-topk", 2048))
-"""The DSA indexer's sizes, with DeepSeek-V3.2's values (its config.json)."""
-
-
-def _check_dsa_sizes(flags: dict[str, Any], named: dict[str, Any],
-                     attention: str | None) -> None:
-    """Refused where Megatron's flags (`flags`: the fields they set) ask for DeepSeek
-    sparse attention and neither they nor the model under them (`named`: the fields
-    either names) give an indexer size: TransformerConfig leaves them None and dsa.py
-    builds the indexer from them, so Megatron fails where ppsim would price its default.
-    `attention`: the model's ("mla": DSA's own assertion comes first, ppsim.config)."""
-    variant = flags.get("experimental_attention_variant") == "dsa"
-    if not (variant and attention == "mla" or "D" in str(flags.get("hybrid_layer_pattern")
-                                                             or "")):
-        return
-    for key, flag, v32 in DSA_SIZES:
-        if named.get(key) is None:
-            raise UserError(flag, "Megatron's DSA indexer has no default for it "
-                            "(TransformerConfig leaves it None)",
-                            f"add {flag} N (DeepSeek-V3.2: {v32})")
 
 
 def _tokenizer(args: argparse.Namespace) -> str | None:
@@ -330,7 +304,7 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
         kept = 0.1 if known.get("dropout", True) else 0.0
         out["dropout"] = any(drops.get(f, kept) > 0 for f in ("hidden_dropout",
                                                              "attention_dropout"))
-    out.update(_moe_fields(args, {**known, **out}))
+    out.update(moe_fields(args, {**known, **out}))
     divisor = get("make_vocab_size_divisible_by")
     if divisor is not None:
         out["vocab_divisor"] = divisor
@@ -382,43 +356,3 @@ def _position(args: argparse.Namespace) -> str | None:
                         "learned_absolute, rope (yarn, mrope) and none",
                         "give one of them")
     return POSITIONS[kind]
-
-
-def _moe_fields(args: argparse.Namespace, fields: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    factor = getattr(args, "moe_expert_capacity_factor", None)
-    if factor is not None:  # Megatron takes a negative factor as dropless (NaN: refused later)
-        out["moe_capacity_factor"] = 0.0 if factor < 0 else factor
-    if getattr(args, "moe_pad_expert_input_to_capacity", None):
-        out["moe_pad_to_capacity"] = True
-    shared = getattr(args, "moe_shared_expert_intermediate_size", None)
-    if shared is not None:
-        width = fields.get("moe_ffn_hidden_size") or fields.get("ffn_hidden_size")
-        if not width:
-            raise UserError("--moe-shared-expert-intermediate-size", "needs the experts' "
-                            "width", "add --moe-ffn-hidden-size N")
-        # A whole number of experts keeps the short form a preset gives; any other
-        # width is the MLP's own (Megatron builds one MLP of it either way), and so is
-        # one the model refuses, so that its refusal names the width the line gave.
-        whole = 0 < shared <= ARCH_MAX and shared % width == 0
-        out["shared_experts"] = shared // width if whole else 0
-        out["shared_expert_ffn_hidden_size"] = 0 if whole else shared
-    freq = getattr(args, "moe_layer_freq", None)
-    if freq is not None:
-        if "num_layers" not in fields:
-            raise UserError("--moe-layer-freq", "needs the layer count", "add --num-layers N")
-        if not fields.get("num_experts"):
-            raise UserError("--moe-layer-freq", "places MoE layers, but the model has no "
-                            "routed experts", "add --num-experts N")
-        out["layers"] = layer_kinds_spec(moe_layers(freq, fields["num_layers"]))
-    return out
-
-
-def bit_runs(pattern: list[int]) -> list[tuple[int, int]]:
-    """(bit, how many in a row) of a 0/1 pattern."""
-    return [(bit, len(list(group))) for bit, group in groupby(pattern)]
-
-
-def layer_kinds_spec(pattern: list[int]) -> str:
-    """A 0/1 pattern as ppsim's `layers` spec, runs of a kind together: "dense*3, moe*58"."""
-    return ", ".join(f"{'moe' if bit else 'dense'}*{n}" for bit, n in bit_runs(pattern))

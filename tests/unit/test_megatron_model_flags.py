@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from ppsim.cli.flags import add_config_flags, config_from_args
 from ppsim.cli.main import build_parser, main
-from ppsim.cli.megatron_model import layer_kinds_spec
+from ppsim.cli.megatron_moe import layer_kinds_spec
 from ppsim.config.model import parse_model
 from ppsim.config.presets import MODEL_PRESETS
 from ppsim.costs.layerops import padded_vocab
