@@ -25,6 +25,8 @@ __all__ = ["add_torchtitan_flags", "apply_torchtitan", "subcommand_words",
 AC_SUBCOMMAND = "--activation-checkpoint"
 """The option torchtitan's `activation-checkpoint:MODE` subcommand is read as."""
 RECOMPUTE_OF_AC = {"full": "full", "none": "none"}
+TORCHTITAN_AC = ("full", "selective", "none", "memory-budget")
+"""torchtitan's activation-checkpoint subcommands (distributed/activation_checkpoint.py)."""
 """torchtitan's policies ppsim prices, as its recompute modes (SelectiveAC saves every
 other matmul's output, not Megatron's core attention: not priced; nor MemoryBudgetAC)."""
 
@@ -211,6 +213,10 @@ def _recompute(args: argparse.Namespace, registry_ac: str | None) -> None:
     ac = args.tt_ac if args.tt_ac is not None else registry_ac
     if ac is None:
         return
+    if ac not in TORCHTITAN_AC:
+        raise UserError("activation_checkpoint", f"{ac!r} is none of torchtitan's modes "
+                        f"({', '.join(TORCHTITAN_AC)})", "give activation-checkpoint:full "
+                        "or activation-checkpoint:none")
     if ac not in RECOMPUTE_OF_AC:
         said = f"{args.tt_config}'s " if args.tt_ac is None else ""
         raise UserError("activation_checkpoint", f"{said}{ac} is not priced (torchtitan's "

@@ -278,3 +278,12 @@ def test_tokens_past_the_limit_are_refused_by_their_name(name: str) -> None:
     assert len(lines) == 1 and lines[0].startswith(
         f"ppsim simulate: error: --training.{name}: 8,192,000,000,000,000 tokens are "
         "1,000,000,000,000 sequences of 8192, above the limit of "), lines
+
+
+@pytest.mark.parametrize("mode", ["", "foo", "memory_budget"])
+def test_an_activation_checkpoint_word_torchtitan_lacks_is_named_so(mode: str) -> None:
+    """torchtitan's subcommands are selective, full, memory-budget and none
+    (distributed/activation_checkpoint.py): another word is no mode, not an unpriced one."""
+    r = run_cli(["simulate", *H100, "--preset", "llama3-8b", f"activation-checkpoint:{mode}"])
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert f"error: activation_checkpoint: {mode!r} is none of torchtitan's modes" in r.stderr
