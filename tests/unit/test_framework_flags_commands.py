@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ppsim.cli.flags import config_from_args
 from ppsim.cli.main import COMMANDS, _subparser, build_parser
@@ -69,6 +71,10 @@ def test_every_command_with_the_overrides_takes_both() -> None:
         for flag in ("--torchtitan-config", "--parallelism.pipeline_parallel_degree",
                      "--deepspeed-config", "--activation-checkpoint-interval"):
             assert flag in flags[name], (name, flag)
+        # PipelineModule's split, where the layers' split is given by --split (not
+        # Megatron's data split of that name, which a launch line's commands take)
+        layers = getattr(flags[name].get("--split"), "dest", None) == "split"
+        assert ("--partition-method" in flags[name]) == layers, name
 
 
 def test_split_reads_torchtitans_degree_and_split_rule() -> None:
@@ -80,14 +86,6 @@ def test_split_reads_torchtitans_degree_and_split_rule() -> None:
                             "--microbatches", "1", *TITAN_SHARDS, "--json"]))
     assert titan == ours
     assert [s["layers"] for s in titan["stages"]] == [8, 9, 8, 7]
-
-
-def test_split_takes_deepspeeds_partition_method(tmp_path: Path) -> None:
-    ds = json.loads(_out(["split", *GPT, "--deepspeed-config", _ds(tmp_path),
-                          "--partition-method", "uniform", "--json"]))
-    ours = json.loads(_out(["split", *GPT, *DS_FLAGS, "--partition-method", "uniform",
-                            "--json"]))
-    assert ds == ours
 
 
 def test_costs_reads_a_deepspeed_config_as_its_flags(tmp_path: Path) -> None:
@@ -217,3 +215,17 @@ def test_tui_opens_on_a_torchtitan_line_as_its_flags() -> None:
     state = state_from_config(titan)
     assert (state.model_preset, state.recompute, state.pp) == ("llama3-8b", "full", 1)
     assert (titan.model.arch.dp, titan.model.arch.fsdp) == (8, True)
+
+
+@settings(max_examples=20, deadline=None)
+@given(command=st.sampled_from(["split", "plan", "schedule", "costs", "tui", "profile",
+                                "calibrate", "demo"]),
+       pp=st.sampled_from([1, 2, 4]), tp=st.sampled_from([1, 2]),
+       shard=st.integers(1, 4), mbs=st.integers(1, 8))
+def test_each_command_reads_a_torchtitan_line_as_simulate_does(command: str, pp: int, tp: int,
+                                                              shard: int, mbs: int) -> None:
+    line = (f"--preset tiny-gpt --parallelism.pipeline_parallel_degree {pp} "
+            f"--parallelism.tensor_parallel_degree {tp} "
+            f"--parallelism.data_parallel_shard_degree {shard} "
+            f"--parallelism.num_pp_microbatches {mbs} activation-checkpoint:full")
+    assert _config(command, line) == _config("simulate", line)
