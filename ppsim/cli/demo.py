@@ -21,6 +21,7 @@ from typing import Any
 from ppsim import fileio
 from ppsim.cli.flags import add_config_flags, config_from_args
 from ppsim.cli.render import job_line
+from ppsim.cli.run_frameworks import check_runs
 from ppsim.config import validate
 from ppsim.config.schema import config_to_toml
 from ppsim.errors import UserError
@@ -59,6 +60,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     validate.count("--rounds", args.rounds, lo=1, hi=20)
     validate.count("--iterations", args.iterations, lo=2, hi=1000)
     cfg = config_from_args(args)
+    check_runs(args, cfg)  # before the profile: what the runs would refuse
     # Each demo writes a folder of its own, so an earlier demo's printed `ppsim diff`
     # line keeps pointing at that demo's files; `<out>/latest` points at the newest.
     fileio.refuse_unnamed({"--out": args.out})

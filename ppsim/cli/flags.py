@@ -97,6 +97,10 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
         add_job_flags(p)
     if split_flags:
         add_split_flags(p)
+    # Every command that reads the overrides reads torchtitan's and DeepSpeed's too
+    # (config_from_args applies them); PipelineModule's split goes with --split.
+    torchtitan_flags.add_torchtitan_flags(p)
+    deepspeed_job.add_deepspeed_flags(p, partition=split_flags)
 
 
 def _add_pipeline_flags(g: Any) -> None:

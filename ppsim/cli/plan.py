@@ -11,7 +11,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ppsim.cli import deepspeed_job
-from ppsim.cli.deepspeed_job import add_deepspeed_flags
 from ppsim.cli.flags import (
     add_config_flags,
     add_split_flags,
@@ -28,7 +27,7 @@ from ppsim.cli.render import job_dict
 from ppsim.cli.schedule import print_notes
 from ppsim.cli.sim_picture import plan_png
 from ppsim.cli.simulate import add_deepspeed_specs_flag, warn_host
-from ppsim.cli.torchtitan_flags import add_torchtitan_flags, apply_torchtitan
+from ppsim.cli.torchtitan_flags import apply_torchtitan
 from ppsim.clock import process_start
 from ppsim.config import limits, validate
 from ppsim.config.schema import Config
@@ -372,7 +371,6 @@ def register(commands: dict) -> None:
     def add(p: argparse.ArgumentParser) -> None:
         add_config_flags(p, split_flags=False)
         add_split_flags(p, counts=False)  # a pasted launch line's split: a row to beat
-        add_torchtitan_flags(p)
         p.add_argument("--json", action="store_true", help="one JSON object on stdout")
         p.add_argument("--top", type=int, default=5, metavar="K", help="candidates to show")
         p.add_argument("--search", metavar="AXES",
@@ -382,8 +380,7 @@ def register(commands: dict) -> None:
                        + ", ".join(a for a in JOB_AXES if a not in SEARCH_AXES))
         p.add_argument("--time-budget", type=float, default=60.0, metavar="S",
                        help="stop proving optimality after S seconds (default 60)")
-        add_deepspeed_specs_flag(p)
-        add_deepspeed_flags(p, partition=False)  # plan times DeepSpeed's splits itself
+        add_deepspeed_specs_flag(p)  # plan times DeepSpeed's splits itself (no --partition-method)
         p.add_argument("--png", metavar="OUT.png",
                        help="draw the best split's timeline above Megatron's even split's "
                        "(with --gpus: the best shape's)")

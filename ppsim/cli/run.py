@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ppsim import fileio
-from ppsim.cli import builder_checks, runchecks
+from ppsim.cli import builder_checks, run_frameworks, runchecks
 from ppsim.cli.context_checks import check_run_context
 from ppsim.cli.flag_values import nonempty
 from ppsim.cli.flags import add_config_flags, config_from_args, emit_json
@@ -124,6 +124,7 @@ def load_problem(args: argparse.Namespace) -> Any:
 def run_config(args: argparse.Namespace) -> Any:
     """The config the ranks run: on the hardware a `simulate` of the same flags would
     choose (hardware_choice), so the run's trace and the simulation price one job."""
+    run_frameworks.prepare_run(args)  # torchtitan's fields and DeepSpeed's config
     return assume_hardware(args, config_from_args(args))[0]
 
 
@@ -142,6 +143,7 @@ def validate(args: argparse.Namespace) -> Any:
         raise UserError("model.kind", "ppsim run trains a transformer, not a uniform cost "
                         "model", "use a preset (e.g. --preset tiny-gpt) or kind = \"transformer\"")
     fields = cfg.model.fields()
+    run_frameworks.check_runs(args, cfg)
     runchecks.check_features(cfg)
     check_run_context(args, cfg)
     runchecks.check_engine(args, cfg)
@@ -375,7 +377,6 @@ def _launch(args: argparse.Namespace, problem: Any, store: Any) -> Any:
 
 def _report_failure(out: Any) -> None:
     import sys
-
 
     errors, notes = failure_lines(out)
     for line in errors:

@@ -9,7 +9,6 @@ import sys
 from typing import Any
 
 from ppsim.cautions import flags_group, simulate_cautions, split_cautions
-from ppsim.cli.deepspeed_job import add_deepspeed_flags
 from ppsim.cli.flag_values import nonempty
 from ppsim.cli.flags import (
     add_config_flags,
@@ -27,7 +26,6 @@ from ppsim.cli.render import (
     text_timeline,
 )
 from ppsim.cli.sim_picture import write_simulation_png
-from ppsim.cli.torchtitan_flags import add_torchtitan_flags
 from ppsim.config import limits
 from ppsim.config.limits import check_request
 from ppsim.config.schema import Config
@@ -270,11 +268,9 @@ def register(commands: dict[str, Any]) -> None:
         add_config_flags(p)
         p.add_argument("--json", action="store_true", help="one JSON object on stdout")
         add_deepspeed_specs_flag(p)
-        add_deepspeed_flags(p)
 
     def simulate(p: argparse.ArgumentParser) -> None:
         add_config_flags(p)
-        add_torchtitan_flags(p)
         p.add_argument("--json", action="store_true", help="one JSON object on stdout")
         p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace (Perfetto)")
         p.add_argument("--png", metavar="OUT.png", help="write the timeline as a picture")
@@ -290,7 +286,6 @@ def register(commands: dict[str, Any]) -> None:
                        "simpy: the same model in simpy (ppsim/sim/simpy_engine.py, the "
                        "readable reference); both give the same numbers")
         add_deepspeed_specs_flag(p)
-        add_deepspeed_flags(p)
 
     commands["split"] = ("show a split's stages and its Megatron/torchtitan/DeepSpeed forms",
                          split, cmd_split)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from ppsim.cli.flags import RESHAPING, add_config_flags, config_from_args
 from ppsim.cli.hardware_choice import assume_hardware
 from ppsim.config.overrides import with_split
-from ppsim.config.schema import SPLIT_KEYS
+from ppsim.config.schema import SPLIT_KEYS, Config
 from ppsim.errors import UserError
 from ppsim.pipeline.problem import build_problem
 from ppsim.trace.read import read_trace
@@ -42,10 +42,16 @@ def resplit_note(args: argparse.Namespace, cfg: object) -> str:
             f"of {args.config} is not used")
 
 
-def run(args: argparse.Namespace) -> int:
+def opening_config(args: argparse.Namespace) -> tuple[Config, str, bool]:
+    """The config the app opens on, as simulate reads the same flags; the note its
+    status line shows; whether the split was re-made (unsaved)."""
     cfg, assumed = assume_hardware(args, config_from_args(args))
     resplit = resplit_note(args, cfg)
-    note = " · ".join(n for n in (assumed, resplit) if n)
+    return cfg, " · ".join(n for n in (assumed, resplit) if n), bool(resplit)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg, note, resplit = opening_config(args)
     state = state_from_config(cfg)  # limits first: nothing big is built before them
     build_problem(config_for(cfg, state))  # any bad value: one line, exit 2
     if args.trace:
@@ -59,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from ppsim.tui.app import PPSimApp  # textual loads only for the TUI
 
     app = PPSimApp(cfg, config_path=args.config, trace_path=args.trace, note=note,
-                   unsaved=bool(resplit))
+                   unsaved=resplit)
     app.run()
     error = getattr(app, "_exception", None)
     if isinstance(error, UserError):
