@@ -2,8 +2,8 @@
 (torchtitan b5bcd76, torchtitan/models/<model>/config_registry.py, the model flavours in
 torchtitan/models/<model>/__init__.py; read, never run: torchtitan is not a dependency).
 
-Each entry is the function's model, as the ppsim preset whose hidden size, layers, heads,
-kv heads, FFN width and vocabulary agree with the flavour's, and the fields of its
+Each entry is the function's model, as the ppsim preset whose sizes agree with the
+flavour's (recorded beside it, as torchtitan states them), and the fields of its
 ParallelismConfig, TrainingConfig, activation_checkpoint, compile and converters that
 ppsim prices; a field the function leaves out holds torchtitan's default
 (torchtitan/config/configs.py): data_parallel_shard_degree -1, the other degrees 1,
@@ -18,6 +18,27 @@ from ppsim.errors import UserError
 
 
 @dataclass(frozen=True, kw_only=True)
+class Flavour:
+    """The model flavour's sizes, as torchtitan's model registry builds them."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    """MLA: the heads (each its own key and value, from the shared latent)."""
+    head_dim: int
+    vocab: int
+    ffn: int | None = None
+    """The dense FFN's width; None where every layer is MoE."""
+    dense_layers: int = 0
+    """The dense layers before the MoE ones."""
+    experts: int = 0
+    top_k: int = 0
+    expert_ffn: int | None = None
+    shared_experts: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
 class RegistryJob:
     """One config-registry function's job, in torchtitan's fields."""
 
@@ -25,6 +46,7 @@ class RegistryJob:
     """The module that defines the function."""
     preset: str
     """ppsim's preset for its model flavour."""
+    flavour: Flavour
     mtp_layers: int | None = None
     """MTP depths where the flavour's differ from the preset's."""
     tensor_parallel_degree: int = 1
@@ -46,39 +68,65 @@ class RegistryJob:
 _LLAMA = "torchtitan/models/llama3/config_registry.py"
 _DEEPSEEK = "torchtitan/models/deepseek_v3/config_registry.py"
 _QWEN = "torchtitan/models/qwen3/config_registry.py"
+_GPT_OSS = "torchtitan/models/gpt_oss/config_registry.py"
+
+_LLAMA_SIZES = dict(kv_heads=8, head_dim=128, vocab=128256)
 
 REGISTRY: dict[str, RegistryJob] = {
-    # Flavour "8B": dim 4096, 32 layers, 32/8 heads, FFN 14336, vocab 128256.
     "llama3_8b": RegistryJob(source=_LLAMA, preset="llama3-8b",
+                             flavour=Flavour(hidden=4096, layers=32, heads=32, ffn=14336,
+                                             **_LLAMA_SIZES),
                              num_tokens_per_microbatch_per_dp_rank=1 * 8192,
                              max_context_length=8192, activation_checkpoint="selective"),
-    # Flavour "70B": dim 8192, 80 layers, 64/8 heads, FFN 28672, vocab 128256.
-    "llama3_70b": RegistryJob(source=_LLAMA, preset="llama3-70b", tensor_parallel_degree=8,
+    "llama3_70b": RegistryJob(source=_LLAMA, preset="llama3-70b",
+                              flavour=Flavour(hidden=8192, layers=80, heads=64, ffn=28672,
+                                              **_LLAMA_SIZES),
+                              tensor_parallel_degree=8,
                               num_tokens_per_microbatch_per_dp_rank=8 * 8192,
                               max_context_length=8192, activation_checkpoint="full"),
-    # Flavour "405B": dim 16384, 126 layers, 128/8 heads, FFN 53248, vocab 128256.
     "llama3_405b": RegistryJob(source=_LLAMA, preset="llama3.1-405b",
+                               flavour=Flavour(hidden=16384, layers=126, heads=128, ffn=53248,
+                                               **_LLAMA_SIZES),
                                tensor_parallel_degree=8,
                                num_tokens_per_microbatch_per_dp_rank=2 * 8192,
                                max_context_length=8192, activation_checkpoint="full",
                                compile=True, async_tp=True, float8=True),
-    # Flavour "671B": MLA, 61 layers (3 dense), 256 experts top-8 + 1 shared, vocab
-    # 129280, num_mtp_layers 0 (the preset has DeepSeek's one MTP depth).
+    # Flavour "671B" (MLA) sets num_mtp_layers 0; the preset has DeepSeek's one MTP depth.
     "deepseek_v3_671b": RegistryJob(source=_DEEPSEEK, preset="deepseek-v3", mtp_layers=0,
+                                    flavour=Flavour(hidden=7168, layers=61, heads=128,
+                                                    kv_heads=128, head_dim=128, vocab=129280,
+                                                    ffn=18432, dense_layers=3, experts=256,
+                                                    top_k=8, expert_ffn=2048,
+                                                    shared_experts=1),
                                     expert_parallel_degree=2,
                                     pipeline_parallel_schedule="Interleaved1F1B",
                                     num_tokens_per_microbatch_per_dp_rank=4 * 4096,
                                     max_context_length=4096,
                                     activation_checkpoint="selective", compile=True),
-    # Flavour "30B-A3B": dim 2048, 48 MoE layers, 32/4 heads of 128, 128 experts top-8
-    # (768 wide), vocab 151936.
     "qwen3_30b_a3b": RegistryJob(source=_QWEN, preset="qwen3-30b-a3b",
+                                 flavour=Flavour(hidden=2048, layers=48, heads=32, kv_heads=4,
+                                                 head_dim=128, vocab=151936, experts=128,
+                                                 top_k=8, expert_ffn=768),
                                  num_tokens_per_microbatch_per_dp_rank=2 * 4096,
                                  max_context_length=4096, activation_checkpoint="full"),
+    # Flavour "120b": a 128-token sliding window on the even layers (the preset's 127
+    # tokens back), gpt-oss's gated experts; ep 1 as the function states it.
+    "gpt_oss_120b": RegistryJob(source=_GPT_OSS, preset="gpt-oss-120b",
+                                flavour=Flavour(hidden=2880, layers=36, heads=64, kv_heads=8,
+                                                head_dim=64, vocab=201088, experts=128,
+                                                top_k=4, expert_ffn=2880),
+                                num_tokens_per_microbatch_per_dp_rank=1 * 8192,
+                                max_context_length=8192, activation_checkpoint="full"),
 }
-"""The functions whose model flavour a ppsim preset matches. Left out: the debug models,
-the dense Qwen3 sizes (no preset), and the variants on converters ppsim does not price
-(MXFP8, NVFP4, float8 grouped experts)."""
+"""The functions whose model flavour a ppsim preset matches. Left out: the debug models;
+the flavours with no preset (the dense Qwen3 and Qwen3.5 sizes, qwen35_35b_a3b and
+qwen35_122b_a10b, deepseek_v3_16b, gpt_oss_20b, moonlight_16b_a3b, muse_glimmer, flux);
+the vision-language jobs, whose vision tower runs on every image (kimi_vl_a3b, and
+qwen35_397b_a17b: cc12m's image-text pairs through a 27-layer tower beside the
+qwen3.5-397b-a17b decoder); kimi_k2_5, Kimi K2's text tower (kimi-k2) trained with
+distributed Muon, which ppsim does not price under FSDP2; and the variants on converters
+or kernels ppsim does not price (MXFP8, NVFP4, float8 grouped experts, HybridEP, DeepEP,
+async EP)."""
 
 
 def registry_job(name: str) -> RegistryJob:

@@ -6,11 +6,14 @@ command-line overrides (`--parallelism.tensor_parallel_degree 2`, the
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ppsim.cli.torchtitan_registry import REGISTRY
+from ppsim.config.presets import MODEL_PRESETS
 from tests.helpers import run_cli
 
 H100 = ["--hardware", "h100-80gb"]
@@ -151,6 +154,41 @@ def test_a_registry_function_is_its_model_and_fields(capsys: pytest.CaptureFixtu
                   "--microbatches", "1", "--recompute", "full", "--tp-comm-overlap",
                   "--fp8-format", "hybrid", "--fp8-recipe", "rowwise"])
     assert json.loads(r.stdout) == ours
+
+
+def test_gpt_oss_120b_is_its_preset_and_fields() -> None:
+    """gpt_oss_120b (torchtitan/models/gpt_oss/config_registry.py): the 120b flavour,
+    ep 1 (the preset's ep 8 overridden), 1 x 8192 tokens a microbatch, FullAC."""
+    titan = _json(["simulate", *H100, "--torchtitan-config", "gpt_oss_120b", "--gpus", "64"])
+    ours = _json(["simulate", *H100, "--preset", "gpt-oss-120b", "--fsdp", "--gpus", "64",
+                  "--tp", "1", "--ep", "1", "--pp", "1", "--micro-batch-size", "1",
+                  "--seq-length", "8192", "--microbatches", "1", "--recompute", "full"])
+    assert titan == ours
+
+
+def _preset_sizes(preset: dict) -> dict:
+    """A preset's sizes in the registry's Flavour names (ffn only where a dense layer
+    uses it; the dense layers are the `layers` spec's leading dense group)."""
+    layers = preset.get("layers", "")
+    dense = int(layers.split(",")[0].split("*")[1]) if layers.startswith("dense") else 0
+    moe = preset.get("num_experts", 0) > 0
+    return dict(hidden=preset["hidden_size"], layers=preset["num_layers"],
+                heads=preset["num_heads"], kv_heads=preset["num_kv_heads"],
+                head_dim=preset.get("head_dim", preset["hidden_size"] // preset["num_heads"]),
+                vocab=preset["vocab_size"],
+                ffn=preset["ffn_hidden_size"] if dense or not moe else None,
+                dense_layers=dense, experts=preset.get("num_experts", 0),
+                top_k=preset.get("top_k", 0), expert_ffn=preset.get("moe_ffn_hidden_size"),
+                shared_experts=preset.get("shared_experts", 0))
+
+
+@settings(max_examples=20, deadline=None)
+@given(name=st.sampled_from(sorted(REGISTRY)))
+def test_every_registry_preset_has_the_flavour_s_sizes(name: str) -> None:
+    """Each function's preset is its flavour: the sizes recorded from torchtitan's model
+    registry are the preset's."""
+    job = REGISTRY[name]
+    assert _preset_sizes(MODEL_PRESETS[job.preset]) == asdict(job.flavour)
 
 
 @pytest.mark.parametrize(("argv", "field"), [
