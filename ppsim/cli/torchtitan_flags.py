@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from ppsim.cli.torchtitan_registry import RegistryJob, registry_job
+from ppsim.cli.torchtitan_registry import REGISTRY, RegistryJob, registry_job
 from ppsim.cli.torchtitan_split import pipeline_stages, with_torchtitan_split
 from ppsim.config import limits
 from ppsim.config.validate import ARCH_MAX
@@ -58,7 +58,7 @@ def add_torchtitan_flags(p: argparse.ArgumentParser) -> None:
     t = p.add_argument_group("torchtitan's fields (its config's names; FSDP as it shards)")
     t.add_argument("--torchtitan-config", dest="tt_config", action=_Field, metavar="NAME",
                    help="a config-registry function's model, parallelism and training "
-                   "(llama3_8b, llama3_70b, llama3_405b, deepseek_v3_671b, qwen3_30b_a3b)")
+                   f"({', '.join(REGISTRY)})")
     same = (("parallelism.tensor_parallel_degree", "tp", _degree),
             ("parallelism.context_parallel_degree", "cp", _degree),
             ("parallelism.expert_parallel_degree", "ep", _degree),

@@ -23,6 +23,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ppsim.cli.main import _subparser, build_parser, main
+from ppsim.cli.torchtitan_registry import REGISTRY
 
 COMMANDS = ["simulate", "simulate", "plan", "split", "costs", "schedule"]
 CASE_SECONDS = 30
@@ -40,8 +41,7 @@ WORDS = {
     "--recompute-granularity": ["full", "selective"],
     "--recompute-method": ["uniform", "block", "x"],
     "--experimental-attention-variant": ["dsa", "x"],
-    "--torchtitan-config": ["llama3_8b", "llama3_70b", "llama3_405b", "deepseek_v3_671b",
-                            "qwen3_30b_a3b", "nope", ""],
+    "--torchtitan-config": [*REGISTRY, "nope", ""],
     "--parallelism.pipeline_parallel_schedule": ["1F1B", "Interleaved1F1B", "GPipe",
                                                  "ZBVZeroBubble", "InterleavedZeroBubble",
                                                  "x"],
