@@ -96,6 +96,23 @@ def _state(args: argparse.Namespace, job: DeepSpeedJob) -> None:
                         f"{job.dtype} training's gradients in {job.dtype}", "drop it")
 
 
+def zero_of(dtype: str, distributed_optimizer: bool, grad_reduce_in_bf16: bool
+            ) -> DeepSpeedJob | None:
+    """The ZeRO stage (0 or 1, with data_types.grad_accum_dtype where it takes one) that
+    `_state` translates to this optimizer, ZeRO-1 first; None where no stage does."""
+    for stage, grads in ((1, None), (0, None), (0, "bf16")):
+        job = DeepSpeedJob(dtype=dtype, zero_stage=stage, grad_accum_dtype=grads)
+        flags = argparse.Namespace()
+        try:
+            _state(flags, job)
+        except UserError:  # that gradient dtype under this training dtype
+            continue
+        if (flags.distributed_optimizer, getattr(flags, "grad_reduce_in_bf16", False)) == (
+                distributed_optimizer, grad_reduce_in_bf16):
+            return job
+    return None
+
+
 def _recompute(args: argparse.Namespace, job: DeepSpeedJob) -> None:
     flag, key = getattr(args, "activation_checkpoint_interval", None), job.checkpoint_interval
     if flag is not None and key is not None and flag != key:

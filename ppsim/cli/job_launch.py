@@ -1,11 +1,12 @@
-"""A planned shape as its launch: Megatron's arguments, or torchtitan's config fields for
-a job that shards as torchtitan does (`plan --gpus`)."""
+"""A planned shape as its launch: Megatron's arguments, torchtitan's config fields for
+a job that shards as torchtitan does, a DeepSpeed pipeline job's config (`plan --gpus`)."""
 
 from __future__ import annotations
 
 import shlex
 from typing import Any
 
+from ppsim.cli.deepspeed_export import deepspeed_job
 from ppsim.cli.megatron_args import fusion_args, optimizer_args, parallel_args, precision_args
 from ppsim.cli.torchtitan_job import torchtitan_job
 from ppsim.job.policy_search import mode_flags
@@ -72,7 +73,7 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
     return shlex.join(out)
 
 
-def _recompute_mode(r: ShapeResult) -> str:
+def recompute_mode(r: ShapeResult) -> str:
     """The shape's global recompute mode; "" for a per-module or per-stage policy."""
     if r.policy:
         return r.policy if r.policy in ("none", "selective", "full") else ""
@@ -89,4 +90,9 @@ def torchtitan_fields(r: ShapeResult, gbs: int) -> dict[str, Any] | None:
         return None
     return torchtitan_job(r.shape, r.problem, gbs,
                           shape_exports(r)["torchtitan_module_fqns_per_model_part"],
-                          _recompute_mode(r))
+                          recompute_mode(r))
+
+
+def deepspeed_fields(r: ShapeResult, gbs: int) -> dict[str, Any]:
+    """The shape as a DeepSpeed pipeline job (ppsim.cli.deepspeed_export)."""
+    return deepspeed_job(r.shape, r.problem, gbs, recompute_mode(r))

@@ -6,10 +6,11 @@ import argparse
 import sys
 from typing import Any
 
+from ppsim.cli.deepspeed_export import deepspeed_text
 from ppsim.cli.flags import config_from_args, emit_json, outputs_apart
 from ppsim.cli.hardware_choice import assume_hardware
 from ppsim.cli.job_flags import check_global_batch
-from ppsim.cli.job_launch import job_flags, shape_exports, torchtitan_fields
+from ppsim.cli.job_launch import deepspeed_fields, job_flags, shape_exports, torchtitan_fields
 from ppsim.cli.render import compact_table, step_bar
 from ppsim.cli.sim_picture import shape_png
 from ppsim.cli.torchtitan_job import torchtitan_text
@@ -96,6 +97,7 @@ def job_plan_dict(res: JobSearch, gpus: int, gbs: int, top: int,
         best["megatron_job_flags"] = job_flags(fits[0], gbs)
         best["overlaps_off"] = overlaps_off(fits[0].problem.hardware.job)
         best["torchtitan_job"] = torchtitan_fields(fits[0], gbs)
+        best["deepspeed_job"] = deepspeed_fields(fits[0], gbs)
     return {"gpus": gpus, "global_batch_size": gbs,
             "held": {size_name(k): v for k, v in (held or {}).items()}, "best": best,
             "candidates": [shape_dict(r) for r in res.candidates[:top]],
@@ -185,10 +187,12 @@ def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
     if titan is not None:
         console.print(f"torchtitan ({gpus:,} GPUs): {torchtitan_text(titan)}", markup=False,
                       soft_wrap=True)
-        return
-    flags = job_flags(best, gbs)
-    console.print(f"Megatron ({gpus:,} GPUs): " + (flags or "n/a (Megatron cannot build "
-                  "this split or run this memory policy; see ppsim plan without --gpus)"),
+    else:
+        flags = job_flags(best, gbs)
+        console.print(f"Megatron ({gpus:,} GPUs): " + (flags or "n/a (Megatron cannot build "
+                      "this split or run this memory policy; see ppsim plan without "
+                      "--gpus)"), markup=False, soft_wrap=True)
+    console.print(f"DeepSpeed ({gpus:,} GPUs): {deepspeed_text(deepspeed_fields(best, gbs))}",
                   markup=False, soft_wrap=True)
 
 

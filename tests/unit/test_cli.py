@@ -226,9 +226,11 @@ def test_the_job_plan_table_keeps_each_shape_s_figures_on_one_line_at_80_columns
     row = re.compile(r"^\s*(best|#\d)\s+tp\d+ cp\d+ ep\d+ pp\d+ dp\d+\s+\d+\s+\d+\s+[\d.]+%"
                      r"\s+[\d,]+\s+[\d.]+\s+(bubble|exposed|nothing|memory)")
     assert [m.group(1) for m in map(row.match, lines) if m] == ["best", "#2", "#3"]
-    # The flags to launch the best shape stay one line, to paste whole.
-    assert lines[-1].startswith("Megatron (64 GPUs): --")
-    assert max(map(len, lines[:-1])) <= 80
+    # The flags to launch the best shape stay one line, to paste whole; so does the
+    # DeepSpeed line after them.
+    assert lines[-2].startswith("Megatron (64 GPUs): --")
+    assert lines[-1].startswith("DeepSpeed (64 GPUs): ")
+    assert max(map(len, lines[:-2])) <= 80
     # two lines a shape: what held it back wraps no further than the shape does
     at = [i for i, line in enumerate(lines) if row.match(line)]
     assert [j - i for i, j in zip(at, at[1:], strict=False)] == [2, 2]
