@@ -40,6 +40,9 @@ def _refusals(shape: Any, problem: Any, recompute: str) -> list[str]:
                                           f"{problem.schedule.name}"),
         (shape.cp > 1, "DeepSpeed has no context parallelism of Megatron's kind"),
         (bool(a.num_experts), "DeepSpeed's MoE is not Megatron's experts"),
+        (bool(a.mtp_layers), "DeepSpeed's pipeline has no multi-token prediction"),
+        (bool(a.hybrid_layer_pattern or a.experimental_attention_variant),
+         "DeepSpeed's pipeline builds no Mamba, GatedDeltaNet or DSA layers"),
         (bool(a.fp8 or a.nvfp4), "DeepSpeed's config trains in no FP8 or FP4 recipe"),
         (a.optimizer != "adam", f"DeepSpeed's config is priced with Adam, not "
                                 f"{a.optimizer}"),

@@ -90,7 +90,11 @@ def test_the_text_names_the_config_and_the_module() -> None:
     (["--pp", "2", "--tp", "1", "--fsdp", "--recompute", "full"], "FSDP (ZeRO-3)"),
     (["--pp", "2", "--tp", "1", "--bf16", "--use-distributed-optimizer", "--recompute",
       "full", "--overlap-grad-reduce"], "--overlap-grad-reduce"),
-], ids=["selective", "vpp", "bf16-ddp", "fsdp", "overlap"])
+    (["--pp", "2", "--tp", "1", "--bf16", "--use-distributed-optimizer", "--recompute",
+      "full", "--mtp-num-layers", "1"], "no multi-token prediction"),
+    (["--preset", "nemotron-h-8b", "--pp", "2", "--tp", "1", "--bf16",
+      "--use-distributed-optimizer", "--recompute", "full"], "no Mamba"),
+], ids=["selective", "vpp", "bf16-ddp", "fsdp", "overlap", "mtp", "hybrid"])
 def test_a_shape_deepspeed_cannot_run_is_n_a_with_the_reason(shape: list[str],
                                                              why: str) -> None:
     best = _json(["plan", *BASE, *shape])["best"]
