@@ -32,6 +32,9 @@ from ppsim.plan.baselines import deepspeed_splits
 
 INTERVAL_FLAG = "--activation-checkpoint-interval"
 RECOMPUTE_OF_INTERVAL = {0: "none", 1: "full"}
+RECOMPUTE_DESTS = ("recompute", "recompute_granularity", "recompute_activations",
+                   "moe_layer_recompute", "recompute_modules", "recompute_num_layers")
+"""The flags that say what a Megatron(-DeepSpeed) line recomputes."""
 """PipelineModule's intervals ppsim prices: none, or every layer recomputed alone."""
 PARTITION_KEYS = {"parameters": "deepspeed_parameters", "uniform": "deepspeed_uniform"}
 """--partition-method to its split's key in ppsim.plan.baselines."""
@@ -113,12 +116,18 @@ def zero_of(dtype: str, distributed_optimizer: bool, grad_reduce_in_bf16: bool
     return None
 
 
-def _recompute(args: argparse.Namespace, job: DeepSpeedJob) -> None:
+def _recompute(args: argparse.Namespace, job: DeepSpeedJob, read: bool = True) -> None:
+    """PipelineModule's activation_checkpoint_interval (the flag's or the config's) as
+    --recompute; `read`: a config was read, so with no interval and no Megatron
+    recompute flag the job recomputes nothing, PipelineModule's default (interval 0)."""
     flag, key = getattr(args, "activation_checkpoint_interval", None), job.checkpoint_interval
     if flag is not None and key is not None and flag != key:
         raise UserError(INTERVAL_FLAG, f"{flag} disagrees with {ROOT}.pipeline."
                         f"activation_checkpoint_interval {key}", "give it in one place")
     interval = flag if flag is not None else key
+    if interval is None and read and not any(
+            getattr(args, dest, None) for dest in RECOMPUTE_DESTS):
+        interval = 0  # PipelineModule's default: DeepSpeed recomputes nothing unasked
     if interval is None:
         return
     if interval not in RECOMPUTE_OF_INTERVAL:
@@ -147,9 +156,8 @@ def _batch(args: argparse.Namespace, job: DeepSpeedJob) -> BatchTriple | None:
                          said["gradient_accumulation_steps"])
     if getattr(args, "gpus", None) is not None:  # the job divides the batch itself
         if triple.grad_accum_steps is not None and getattr(args, "command", "") == "plan":
-            raise UserError(f"{ROOT}.gradient_accumulation_steps", "the job search gives "
-                            "each shape train_batch_size / (micro batch x dp) steps",
-                            "drop it (and --microbatches) with --gpus")
+            _search_at_dp(args, triple)
+            return None
         args.global_batch_size = triple.train_batch_size
         if triple.micro_batch is not None:
             args.micro_batch_size = triple.micro_batch
@@ -167,6 +175,29 @@ def _batch(args: argparse.Namespace, job: DeepSpeedJob) -> BatchTriple | None:
     return triple
 
 
+def _search_at_dp(args: argparse.Namespace, triple: BatchTriple) -> None:
+    """The job search over a whole batch triple: the three fix the data-parallel size,
+    train_batch_size / (micro x steps), which the search then holds (each shape's
+    microbatches are the steps)."""
+    train, micro, gas = triple.train_batch_size, triple.micro_batch, triple.grad_accum_steps
+    if train is None or micro is None or gas is None:
+        raise UserError(f"{ROOT}.gradient_accumulation_steps", "the job search gives each "
+                        "shape train_batch_size / (micro batch x dp) steps",
+                        "give train_batch_size and train_micro_batch_size_per_gpu beside "
+                        "it (they fix dp), or drop it")
+    steps = micro * gas
+    dp = train // steps if steps > 0 else 0
+    deepspeed_batch(triple, max(dp, 1))  # DeepSpeed's own words where the three disagree
+    if args.dp is not None and args.dp != dp:
+        raise UserError("--dp", f"{args.dp}, but train_batch_size {train} = "
+                        f"{micro} x {gas} x dp {dp}", "give one of them")
+    args.dp, args.global_batch_size, args.micro_batch_size = dp, train, micro
+    # DeepSpeed's pipeline engine: one stage a rank, 1F1B, no context parallelism
+    for dest, value in (("cp", 1), ("vpp", 1), ("schedule", "1f1b")):
+        if getattr(args, dest, None) is None:
+            setattr(args, dest, value)
+
+
 _FIELD = {"train_batch_size": "train_batch_size", "train_micro_batch_size_per_gpu":
           "micro_batch", "gradient_accumulation_steps": "grad_accum_steps"}
 
@@ -179,7 +210,7 @@ def apply(args: argparse.Namespace) -> None:
     path = getattr(args, "deepspeed_config", None)
     if path is None:
         if getattr(args, "activation_checkpoint_interval", None) is not None:
-            _recompute(args, DeepSpeedJob())
+            _recompute(args, DeepSpeedJob(), read=False)
         setattr(args, STATE, False)
         return
     job = read_deepspeed_config(path)

@@ -21,6 +21,12 @@ BATCH = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
 BATCH_FLAGS = ["--micro-batch-size", "2", "--global-batch-size", "64"]
 
 
+def _pipeline_module(flags: list[str]) -> list[str]:
+    """`flags` with PipelineModule's default recompute, none (activation_checkpoint_interval
+    0), where they say none: the preset's own mode is not what DeepSpeed runs."""
+    return flags if "--recompute" in flags else [*flags, "--recompute", "none"]
+
+
 def _ds(tmp_path: Path, cfg: dict[str, Any], name: str = "ds.json") -> str:
     path = tmp_path / name
     path.write_text(json.dumps(cfg))
@@ -58,7 +64,7 @@ def _refused(tmp_path: Path, cfg: dict[str, Any], *extra: str) -> str:
 def test_each_mapping_prices_as_its_flags(tmp_path: Path, ds: dict[str, Any],
                                           flags: list[str]) -> None:
     got = _sim([*JOB, "--deepspeed-config", _ds(tmp_path, {**BATCH, **ds})])
-    want = _sim([*JOB, *flags, *BATCH_FLAGS])
+    want = _sim(_pipeline_module([*JOB, *flags, *BATCH_FLAGS]))
     assert got == want
     assert got["microbatches"] == 8
 
@@ -67,8 +73,8 @@ def test_fp32_when_neither_precision_is_enabled(tmp_path: Path) -> None:
     cfg = tmp_path / "fp32.toml"
     cfg.write_text('[model]\npreset = "gpt3-1.3b"\ndtype = "fp32"\n')
     got = _sim([*JOB, "--deepspeed-config", _ds(tmp_path, BATCH)])
-    want = _sim(["--config", str(cfg), *JOB[2:], *BATCH_FLAGS])
-    bf16 = _sim([*JOB, "--bf16", *BATCH_FLAGS])
+    want = _sim(_pipeline_module(["--config", str(cfg), *JOB[2:], *BATCH_FLAGS]))
+    bf16 = _sim(_pipeline_module([*JOB, "--bf16", *BATCH_FLAGS]))
     assert got == want
     assert got["iteration_time_ms"] != bf16["iteration_time_ms"]
 
@@ -96,13 +102,13 @@ def test_missing_batch_number_derived_as_deepspeed_does(tmp_path: Path, given: d
                                                         flags: list[str]) -> None:
     ds = {**given, "fp16": {"enabled": True}}
     assert _sim([*JOB, "--deepspeed-config", _ds(tmp_path, ds)]) == \
-        _sim([*JOB, "--fp16", *flags])
+        _sim(_pipeline_module([*JOB, "--fp16", *flags]))
 
 
 def test_a_flag_fills_a_key_the_config_leaves_out(tmp_path: Path) -> None:
     ds = _ds(tmp_path, {"train_micro_batch_size_per_gpu": 2, "fp16": {"enabled": True}})
     got = _sim([*JOB, "--deepspeed-config", ds, "--global-batch-size", "64"])
-    assert got == _sim([*JOB, "--fp16", *BATCH_FLAGS])
+    assert got == _sim(_pipeline_module([*JOB, "--fp16", *BATCH_FLAGS]))
 
 
 @pytest.mark.parametrize(("batch", "words"), [
@@ -290,3 +296,31 @@ def test_the_whole_triple_with_gpus_is_checked_at_the_shapes_dp(tmp_path: Path) 
     ran = run_cli(["simulate", *JOB[:-2], "--gpus", "32", "--deepspeed-config", path])
     assert ran.returncode == 2 and len(ran.stderr.strip().splitlines()) == 1
     assert "64 != 2 * 8 * 8 (DeepSpeed's words" in ran.stderr
+
+
+def test_no_interval_recomputes_nothing_as_pipeline_module(tmp_path: Path) -> None:
+    """PipelineModule's activation_checkpoint_interval defaults to 0: a DeepSpeed job that
+    asks for no checkpointing recomputes nothing, whatever the preset's own mode
+    (gpt3-1.3b's selective); a Megatron-DeepSpeed line's own recompute flag still rules."""
+    ds = _ds(tmp_path, {**BATCH, "bf16": {"enabled": True}})
+    got = _sim([*JOB, "--deepspeed-config", ds])
+    assert got == _sim([*JOB, "--deepspeed-config", ds, "--activation-checkpoint-interval",
+                        "0"])
+    assert got != _sim([*JOB, "--deepspeed-config", ds, "--recompute", "selective"])
+    assert _sim([*JOB, "--deepspeed-config", ds, "--recompute-granularity", "selective"]) \
+        == _sim([*JOB, "--deepspeed-config", ds, "--recompute", "selective"])
+
+
+def test_plan_searches_the_shapes_a_whole_triple_leaves(tmp_path: Path) -> None:
+    """`plan --gpus` over a DeepSpeed config with all three batch numbers: they fix dp
+    (64 / (2 x 8) = 4), and the search keeps to what DeepSpeed's pipeline engine runs
+    (one stage a rank, 1F1B, no context parallelism), so the best prints as a config."""
+    ds = _ds(tmp_path, {**BATCH, "bf16": {"enabled": True}, "zero_optimization": {"stage": 1}})
+    ran = run_cli(["plan", "--preset", "gpt3-1.3b", "--hardware", "h100-80gb", "--gpus", "16",
+                   "--deepspeed-config", ds, "--time-budget", "2", "--json"])
+    assert ran.returncode == 0, ran.stderr
+    plan = json.loads(ran.stdout)
+    assert {k: plan["held"].get(k) for k in ("dp", "cp", "vpp")} == {"dp": 4, "cp": 1, "vpp": 1}
+    best = plan["best"]
+    assert (best["dp"], best["microbatches"], best["schedule"]) == (4, 8, "1f1b")
+    assert best["deepspeed_job"]["config"]["gradient_accumulation_steps"] == 8

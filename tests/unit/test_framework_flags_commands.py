@@ -29,8 +29,9 @@ DS = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 2,
       "gradient_accumulation_steps": 8, "bf16": {"enabled": True},
       "zero_optimization": {"stage": 1}}
 DS_FLAGS = ["--micro-batch-size", "2", "--microbatches", "8", "--global-batch-size", "64",
-            "--bf16", "--use-distributed-optimizer", "--grad-reduce-in-bf16"]
-"""DS as ppsim's flags (docs/model.md, DeepSpeed's config)."""
+            "--bf16", "--use-distributed-optimizer", "--grad-reduce-in-bf16",
+            "--recompute", "none"]
+"""DS as ppsim's flags (docs/model.md, DeepSpeed's config; no interval: no recompute)."""
 GPT = ["--preset", "gpt3-1.3b", "--hardware", "h100-80gb", "--pp", "4", "--dp", "4"]
 
 
