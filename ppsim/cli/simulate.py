@@ -64,6 +64,9 @@ def cmd_split(args: argparse.Namespace) -> int:
               for s in split.stages]
     exports = exports_of(hybrid_pattern(cfg), split, flags_group(cfg, split),
                          parse_deepspeed_specs(args.deepspeed_specs))
+    if getattr(args, "partition_method", None) and exports["deepspeed_boundaries"]:
+        # the split is PipelineModule's own partition: its method says it, no override
+        exports["deepspeed_partition_method"] = args.partition_method
     for line in split_cautions(cfg, split):
         print(f"ppsim split: {line}", file=sys.stderr)
     if args.json:
@@ -148,6 +151,11 @@ def print_exports(console: Any, exports: dict[str, Any]) -> None:
         return
     shape = exports["deepspeed_specs"]
     layers = ds[-1] - shape["before"] - shape["after"]
+    if method := exports.get("deepspeed_partition_method"):
+        console.print(f"[bold]DeepSpeed:[/bold]  PipelineModule(num_stages={len(ds) - 1}, "
+                      f"partition_method='{method}') (boundaries {ds} over the spec list)",
+                      soft_wrap=True)
+        return
     console.print(f"[bold]DeepSpeed:[/bold]  partition boundaries {ds} over the spec list "
                   f"({_entries(shape['before'])}, the {layers} layers, "
                   f"{_entries(shape['after'])}); "

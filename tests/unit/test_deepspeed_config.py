@@ -324,3 +324,16 @@ def test_plan_searches_the_shapes_a_whole_triple_leaves(tmp_path: Path) -> None:
     best = plan["best"]
     assert (best["dp"], best["microbatches"], best["schedule"]) == (4, 8, "1f1b")
     assert best["deepspeed_job"]["config"]["gradient_accumulation_steps"] == 8
+
+
+def test_split_names_pipeline_modules_own_method(tmp_path: Path) -> None:
+    """`split --partition-method` is PipelineModule's own partition: the DeepSpeed line
+    names the method (no _partition_layers override to paste), with its boundaries."""
+    ds = _ds(tmp_path, {**BATCH, "bf16": {"enabled": True}})
+    argv = ["split", *JOB, "--deepspeed-config", ds, "--partition-method", "parameters"]
+    doc = json.loads(run_cli([*argv, "--json"]).stdout)
+    assert doc["deepspeed_partition_method"] == "parameters"
+    text = " ".join(run_cli(argv).stdout.split())
+    assert ("DeepSpeed: PipelineModule(num_stages=4, partition_method='parameters') "
+            f"(boundaries {doc['deepspeed_boundaries']}") in text
+    assert "_partition_layers" not in text
