@@ -28,10 +28,34 @@ def comm_table(rows: list[CommRow]) -> Table:
                 "waits"):
         t.add_column(col, justify="left" if col in ("collective", "piece", "link", "waits")
                      else "right", no_wrap=True)
+    stages = len({r.stages for r in rows if r.stages}) > 1
+    ranks = len({r.pp_ranks for r in rows if r.pp_ranks}) > 1
     for r in rows:
-        t.add_row(r.collective, r.piece, fmt_bytes(r.nbytes, figures=3) if r.nbytes else "-",
-                  str(r.ranks), r.link, ms_text(r.ms), count_text(r), r.exposure)
+        t.add_row(r.collective, piece_text(r, stages, ranks),
+                  fmt_bytes(r.nbytes, figures=3) if r.nbytes else "-", str(r.ranks),
+                  r.link, ms_text(r.ms), count_text(r), r.exposure)
     return t
+
+
+def piece_text(r: CommRow, stages: bool, ranks: bool) -> str:
+    """The piece, with the virtual stages (s) or pipeline ranks (r) it is of where those
+    differ between rows: "dense s0-1", "step r3"."""
+    if stages and r.stages:
+        return f"{r.piece} s{spans(r.stages)}"
+    if ranks and r.pp_ranks:
+        return f"{r.piece} r{spans(r.pp_ranks)}"
+    return r.piece
+
+
+def spans(ids: tuple[int, ...]) -> str:
+    """0,1,2,5 -> "0-2,5"."""
+    out: list[tuple[int, int]] = []
+    for i in sorted(ids):
+        if out and out[-1][1] == i - 1:
+            out[-1] = (out[-1][0], i)
+        else:
+            out.append((i, i))
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out)
 
 
 def count_text(r: CommRow) -> str:
@@ -43,10 +67,11 @@ def comm_lines(rows: list[CommRow], measured: bool) -> list[str]:
     file's, whose layers' times hold their collectives)."""
     lines = [COMM_NOTE] if rows else ["collectives: none (no parallel group, and no "
                                       "pipeline boundary between two ranks)"]
-    step = next((r.rank for r in rows if r.rank >= 0), None)
-    if step is not None:
-        lines.append(f"the data-parallel step's rows are pipeline rank {step}'s, whose "
-                     "take longest")
+    if len({r.pp_ranks for r in rows if r.pp_ranks}) > 1:
+        lines.append("step rN: pipeline rank N's data-parallel step (ranks alike share rows)")
+    if len({r.stages for r in rows if r.stages}) > 1:
+        lines.append("sN: the virtual stages whose layers run it so, as their [memory] "
+                     "policy recomputes")
     if measured:
         lines.append("the layers' own collectives are in the cost file's measured times")
     return lines

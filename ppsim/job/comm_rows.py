@@ -4,7 +4,8 @@ group, link, priced time and how often it runs, for `ppsim costs`.
 The times come from the functions the layer costs are priced with (ppsim.job.traffic,
 ppsim.job.layers, ppsim.job.collectives), at the bytes those functions move; the counts
 follow them too (ppsim.job.layers.layer_collectives sums what these rows itemize), under
-the model's global recompute mode. Whether a row's collective waits is the model's
+what the layer's backward recomputes (traffic.Recomputed); FSDP's units are in
+ppsim.job.fsdp_rows. Whether a row's collective waits is the model's
 choice: "exposed" (on the compute stream, or nothing beside it), "overlap" (behind the
 layer's compute as far as it lasts: --tp-comm-overlap, the K/V ring's passes, the shared
 experts under --moe-shared-expert-overlap), "paired" (behind another microbatch's
@@ -67,8 +68,12 @@ class CommRow:
     "step" rows)."""
     per: str = "microbatch"
     """"microbatch" or "iteration"."""
-    rank: int = -1
-    """The pipeline rank a "step" row's data-parallel collectives are of; -1: none."""
+    stages: tuple[int, ...] = ()
+    """The virtual stages whose layers run it this often (a [memory] policy recomputes
+    per stage); (): no policy, every layer alike."""
+    pp_ranks: tuple[int, ...] = ()
+    """The pipeline ranks whose step runs a "step" row's data-parallel collective so
+    (ranks alike share rows); (): not a data-parallel step row."""
     exposure: str = EXPOSED
     """"exposed", "overlap", "paired", or "schedule" (a pipeline message: the
     schedule decides whether its receiver waits)."""

@@ -84,6 +84,30 @@ class FsdpSteps:
         return self.forward_gather or self.backward_gather or self.backward_reduce
 
 
+@dataclass(frozen=True, kw_only=True)
+class UnitRuns:
+    """Which of a unit's collectives run in each microbatch."""
+
+    forward_gather: bool = False
+    backward_gather: bool = False
+    """Gathered again before its backward."""
+    backward_reduce: bool = False
+
+
+def unit_runs(job: Job, head: bool = False, edge: bool = False) -> UnitRuns:
+    """A unit's collectives in each microbatch. The head's unit keeps its weights to the
+    backward unless the policy is "always" (torchtitan); `edge`: the embedding's or the
+    head's, which Megatron-FSDP gathers once a step (step_reduction), only reduced here."""
+    steps = job.fsdp_steps
+    if steps is None or not steps.per_microbatch:
+        return UnitRuns()
+    held = edge and steps.root_once
+    again = steps.backward_gather and (not head or job.arch.fsdp_reshard_after_forward
+                                       == "always")
+    return UnitRuns(forward_gather=steps.forward_gather and not held,
+                    backward_gather=again and not held, backward_reduce=steps.backward_reduce)
+
+
 def reshards_after_forward(policy: str, pipelined: bool) -> bool:
     """torchtitan's get_fsdp_reshard_after_forward_policy: "default" reshards unless
     pipelined (a gather per microbatch would not overlap)."""
@@ -132,7 +156,20 @@ def _host_copy_ms(job: Job, params: float, group: str) -> float:
     return host.copy_ms(params / job.link(group + "_shard").size)
 
 
-def gather_ms(job: Job, params: float, expert_params: float = 0, wide: float = 0) -> float:
+@dataclass(frozen=True, kw_only=True)
+class UnitPart:
+    """One buffer's collective of a unit: the group it runs on, what it moves, its price."""
+
+    group: str
+    """"dp_shard" (the dense parameters) or "edp_shard" (the routed experts')."""
+    nbytes: float
+    """The gathered weights, or the reduced gradients."""
+    ms: float
+    """Its price, with its host copy under CPU offload (HSDP: the replicas' all-reduce)."""
+
+
+def gather_parts(job: Job, params: float, expert_params: float = 0,
+                 wide: float = 0) -> list[UnitPart]:
     """All-gather of a unit's weights on one rank's groups: in the training dtype, the
     decoder layers' in FP8 under --fp8-param-gather (torchtitan's
     enable_fsdp_float8_all_gather); `wide` of the dense ones (the embedding's, the output
@@ -140,19 +177,32 @@ def gather_ms(job: Job, params: float, expert_params: float = 0, wide: float = 0
     in first."""
     w16 = DTYPE_BYTES[job.arch.dtype]
     w = gathered_weight_bytes(job.arch, w16)
-    return sum(_host_copy_ms(job, n, g)
-               + all_gather_ms(n * w + (wide if g == "dp" else 0) * (w16 - w),
-                               job.link(g + "_shard"))
-               for n, g in _buffers(params, expert_params))
+    out = []
+    for n, g in _buffers(params, expert_params):
+        nbytes = n * w + (wide if g == "dp" else 0) * (w16 - w)
+        out.append(UnitPart(group=g + "_shard", nbytes=nbytes, ms=_host_copy_ms(job, n, g)
+                            + all_gather_ms(nbytes, job.link(g + "_shard"))))
+    return out
 
 
-def reduce_ms(job: Job, params: float, expert_params: float = 0) -> float:
+def gather_ms(job: Job, params: float, expert_params: float = 0, wide: float = 0) -> float:
+    """gather_parts, summed."""
+    return _ms(gather_parts(job, params, expert_params, wide))
+
+
+def reduce_parts(job: Job, params: float, expert_params: float = 0) -> list[UnitPart]:
     """Reduce-scatter of a unit's gradients (fp32) on one rank's groups (HSDP: then
     the shards all-reduced across the copies); under CPU offload each reduced shard is
     copied out after."""
     b = grad_bytes(job.arch)
-    return sum(sharded_reduce_ms(n * b, job.link(g + "_shard"), job.link(g + "_replica"))
-               + _host_copy_ms(job, n, g) for n, g in _buffers(params, expert_params))
+    return [UnitPart(group=g + "_shard", nbytes=n * b, ms=sharded_reduce_ms(
+        n * b, job.link(g + "_shard"), job.link(g + "_replica")) + _host_copy_ms(job, n, g))
+        for n, g in _buffers(params, expert_params)]
+
+
+def reduce_ms(job: Job, params: float, expert_params: float = 0) -> float:
+    """reduce_parts, summed."""
+    return _ms(reduce_parts(job, params, expert_params))
 
 
 def _held(a: Architecture, pipelined: bool, c: LayerCost, wide: bool = False) -> LayerCost:
@@ -223,17 +273,28 @@ def step_reduction(job: Job, params: int, expert_params: int, forward_ms: float,
     share = job.collective_sm_share
     if steps.root_once and wide:
         first = job.embedding_params if holds_embedding else 0
-        out += overlapped("parameter all-gather", gather_ms(job, wide, wide=wide),
+        root = gather_parts(job, wide, wide=wide)
+        out += overlapped("parameter all-gather", _ms(root),
                           gather_ms(job, first, wide=first) if first else 0.0, forward_ms,
-                          True, share, "forward")
+                          True, share, "forward", _bytes(root))
     if not steps.forward_gather:
         first = min(job.embedding_params if holds_embedding else layer_unit_params(job.arch),
                     params)
-        out += overlapped("parameter all-gather", gather_ms(job, params, expert_params, wide),
+        units = gather_parts(job, params, expert_params, wide)
+        out += overlapped("parameter all-gather", _ms(units),
                           gather_ms(job, first, wide=first if holds_embedding else 0),
-                          forward_ms, True, share, "forward")
+                          forward_ms, True, share, "forward", _bytes(units))
     if not steps.backward_reduce:
-        out += overlapped("gradient reduce-scatter", reduce_ms(job, params, expert_params),
-                          0.0, 0.0, False, share, "")
+        grads = reduce_parts(job, params, expert_params)
+        out += overlapped("gradient reduce-scatter", _ms(grads), 0.0, 0.0, False, share, "",
+                          _bytes(grads))
     return out
 
+
+
+def _ms(parts: list[UnitPart]) -> float:
+    return sum(p.ms for p in parts)
+
+
+def _bytes(parts: list[UnitPart]) -> float:
+    return sum(p.nbytes for p in parts)

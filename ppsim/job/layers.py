@@ -149,22 +149,17 @@ def pair_saving_ms(job: Job, a: Architecture, acc: Accelerator, kind: str = "moe
 def fsdp_collectives(job: Job, cost: LayerCost, head: bool = False,
                      edge: bool = False) -> PieceCollectives:
     """FSDP's collectives of one unit (`cost`: its compute alone) in each microbatch:
-    hidden behind a unit's compute as far as it lasts (ppsim.job.fsdp). The head's unit
-    keeps its weights to the backward unless the policy is "always" (torchtitan); `edge`:
-    the embedding's or the head's unit, gathered in the training dtype under FP8 too
-    (under Megatron-FSDP gathered once a step, only reduced here). What
-    the unit's compute hides costs it NCCL's SMs (Job.collective_sm_share)."""
-    steps = job.fsdp_steps
-    if steps is None or not steps.per_microbatch:
-        return PieceCollectives()
-    held = edge and steps.root_once  # gathered once a step (fsdp.step_reduction)
-    gather = 0.0 if held else fsdp.gather_ms(job, cost.params, cost.expert_params,
-                                             cost.params - cost.expert_params if edge else 0)
-    again = steps.backward_gather and (not head or job.arch.fsdp_reshard_after_forward
-                                       == "always")
-    f = gather if steps.forward_gather else 0.0
-    b = (gather if again else 0.0) \
-        + (fsdp.reduce_ms(job, cost.params, cost.expert_params) if steps.backward_reduce
+    hidden behind a unit's compute as far as it lasts (ppsim.job.fsdp; which run:
+    fsdp.unit_runs); `edge`: the embedding's or the head's unit, gathered in the
+    training dtype under FP8 too. What the unit's compute hides costs it NCCL's SMs
+    (Job.collective_sm_share)."""
+    runs = fsdp.unit_runs(job, head, edge)
+    gather = fsdp.gather_ms(job, cost.params, cost.expert_params,
+                            cost.params - cost.expert_params if edge else 0) \
+        if runs.forward_gather or runs.backward_gather else 0.0
+    f = gather if runs.forward_gather else 0.0
+    b = (gather if runs.backward_gather else 0.0) \
+        + (fsdp.reduce_ms(job, cost.params, cost.expert_params) if runs.backward_reduce
            else 0.0)
     share = job.collective_sm_share
     return PieceCollectives(

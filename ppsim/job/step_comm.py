@@ -22,7 +22,7 @@ class StepCollective:
     """The part of it no compute hides."""
     nbytes: float = 0.0
     """The buffers it moves in all (its gathered buffers, summed over the groups it runs
-    on); 0: not given (FSDP's once-a-step ones)."""
+    on)."""
     beside: str = ""
     """The compute it runs beside: "backward" (the last microbatch's, as its buckets
     fill), "forward" (the first microbatch's, which waits for each bucket), or ""

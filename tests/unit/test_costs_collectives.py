@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,17 @@ from ppsim.config.schema import config_from_dict
 from ppsim.costs.costfile import read_cost_file
 from ppsim.errors import UserError
 from ppsim.job.comm_rows import CommRow
-from ppsim.job.layers import compute_costs, edge_collectives, layer_collectives, per_rank_arch
+from ppsim.job.layers import (
+    compute_costs,
+    edge_collectives,
+    fsdp_collectives,
+    layer_collectives,
+    per_rank_arch,
+)
 from ppsim.job.traffic import recomputed
 from ppsim.pipeline.comm_table import problem_rows
 from ppsim.pipeline.problem import build_problem
+from ppsim.sim.summary import rank_tails
 
 NV, NV_STEP = 450e6, 1e-3  # NVLink bytes per ms, ms a ring step
 P2P, P2P_MS = 50e6, 0.01  # the [hardware] point-to-point link
@@ -240,3 +248,110 @@ def test_moe_rows_add_up_to_what_each_layer_is_priced(tp: int, ep: int, etp: int
         for col in (*comm.forward, *comm.backward):
             want[col.group] = want.get(col.group, 0.0) + col.total_ms
         assert _group_sums(rows, piece) == pytest.approx({g: v for g, v in want.items() if v})
+
+
+def _fsdp_problem(pp: int, extra: dict | None = None):
+    return build_problem(config_from_dict({
+        "model": {"preset": "llama3-8b", "num_layers": 4, "dp": 4, "fsdp": True,
+                  **(extra or {})},
+        "pipeline": {"pp": pp, "microbatches": 4}, "hardware": {"preset": "h100-80gb"}}))
+
+
+def test_fsdp_units_itemized_each_microbatch() -> None:
+    """Without pp FSDP gathers each unit in the forward and again in the backward and
+    reduce-scatters its gradient every microbatch: rows with the unit's bytes, whose
+    time times count is what the layer costs price (fsdp_collectives)."""
+    problem = _fsdp_problem(1)
+    job = problem.hardware.job
+    rows = problem_rows(problem)
+    cost = compute_costs(job, job.accelerator).layers[0]
+    params = cost.params
+    gathers = [r for r in rows if r.piece == "layer" and r.collective == "dp all-gather"]
+    assert sum(r.count for r in gathers) == 2  # forward, and again in the backward
+    assert {r.nbytes for r in gathers} == {params * 2}  # bf16 weights
+    rs = row(rows, "dp reduce-scatter", "layer")
+    assert (rs.nbytes, rs.ranks, rs.count) == (params * 4, 4, 1)  # fp32 gradients
+    assert rs.ms == pytest.approx(ring(4, params * 4))
+    comm = fsdp_collectives(job, cost)
+    want = sum(c.total_ms for c in (*comm.forward, *comm.backward))
+    assert sum(r.ms * r.count for r in rows if r.piece == "layer") == pytest.approx(want)
+    hidden = comm.forward[0].exposed_ms < comm.forward[0].total_ms
+    assert gathers[0].exposure == ("overlap" if hidden else "exposed")
+
+
+def test_fsdp_once_a_step_rows_have_their_bytes() -> None:
+    """With pp torchtitan gathers once, during the first forward, and reduces once after
+    the last backward: the step rows carry the buffers they move."""
+    problem = _fsdp_problem(2)
+    rows = problem_rows(problem)
+    for r in rows:
+        if r.piece == "step":
+            params = problem.stage_costs[r.pp_ranks[0]].params
+            per = 2 if r.collective == "dp all-gather" else 4
+            assert r.nbytes == pytest.approx(params * per), r
+    assert {r.collective for r in rows if r.piece == "step"} == {"dp all-gather",
+                                                                  "dp reduce-scatter"}
+
+
+def test_step_rows_for_each_pipeline_rank() -> None:
+    """Each rank's step collectives are its own stage's: the embedding's rank reduces
+    more than a middle one's; ranks alike share rows, every rank listed once."""
+    problem = build_problem(cfg({"dp": 2, "num_layers": 8}, {"pp": 4}))
+    job = problem.hardware.job
+    hw = problem.hardware
+    tails = rank_tails(problem.schedule, problem.stage_costs, job, hw.memory_bandwidth_gbps,
+                       hw.optimizer_fixed_ms)
+    steps = [r for r in problem_rows(problem) if r.piece == "step"]
+    assert sorted(i for r in steps for i in r.pp_ranks) == [0, 1, 2, 3]
+    for r in steps:
+        for i in r.pp_ranks:
+            (c,) = tails[i].on_links
+            assert (r.ms, r.nbytes) == (c.total_ms, c.nbytes)
+    assert len({r.nbytes for r in steps}) > 1
+
+
+def _policy_problem(stages: list[dict]):
+    return build_problem(config_from_dict({
+        "model": {"preset": "llama3-8b", "num_layers": 4, "tp": 4, "recompute": "none"},
+        "pipeline": {"pp": 2, "microbatches": 4}, "hardware": {"preset": "h100-80gb"},
+        "memory": {"stage": stages}}))
+
+
+def test_counts_follow_each_stages_policy() -> None:
+    """Stage 0 recomputes its layers whole, stage 1 nothing: stage 0's layers run their
+    forward's gathers again in the backward, and each stage's rows add up to what the
+    layer costs price under that stage's recompute."""
+    problem = _policy_problem([
+        {"stage": 0, "recompute_layers": 2}, {"stage": 1, "recompute_modules": []}])
+    job = problem.hardware.job
+    rows = problem_rows(problem)
+    gathers = {r.stages: r.count for r in rows if r.piece == "layer"
+               and r.collective == "tp all-gather" and r.nbytes == S}
+    # each sublayer's input forward and its output gradient backward; stage 0's input
+    # again in the recomputed forward
+    assert gathers == {(0,): 6, (1,): 4}
+    a = per_rank_arch(job.arch)
+    for stage, full in ((0, True), (1, False)):
+        again = recomputed(replace(a, recompute="full" if full else "none"), ())
+        cost = compute_costs(job, job.accelerator, (), full).layers[0]
+        comm = layer_collectives(job, a, job.accelerator, "dense", cost, again)
+        want = sum(c.total_ms for c in (*comm.forward, *comm.backward))
+        got = sum(r.ms * r.count for r in rows if r.piece == "layer" and stage in r.stages)
+        assert got == pytest.approx(want)
+
+
+def test_policy_and_ranks_labelled_within_80_columns(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
+    path = tmp_path / "job.toml"
+    path.write_text(
+        '[model]\npreset = "llama3-8b"\nnum_layers = 8\ntp = 4\ndp = 2\n'
+        '[pipeline]\npp = 4\nmicrobatches = 8\n[hardware]\npreset = "h100-80gb"\n'
+        '[[memory.stage]]\nstage = 0\nrecompute_layers = 2\n')
+    assert main(["costs", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("collectives, as"):]
+    assert "…" not in table and all(len(line) <= 80 for line in table.splitlines())
+    assert re.search(r"layer +s0 ", table) and re.search(r"layer +s1-3 ", table)
+    assert re.search(r"step r0 ", table)
