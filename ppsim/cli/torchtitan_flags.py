@@ -276,10 +276,12 @@ def _batch(args: argparse.Namespace, job_search: bool) -> None:
         args.microbatches = pp_mbs or 1
         one_step = args.microbatches * (args.micro_batch_size or 1) * (args.dp or 0)
         if args.global_batch_size not in (None, one_step) and args.dp is not None:
-            raise UserError("--training.num_tokens_per_train_step", "gives more than one "
+            in_tokens = step_tokens not in (None, -1)
+            raise UserError("--training.num_tokens_per_train_step" if in_tokens else
+                            "--global-batch-size", "gives more than one "
                             "gradient-accumulation step, and ppsim prices one pipeline "
                             "schedule a step (torchtitan runs one an accumulation step)",
-                            f"give {one_step * args.seq_length} tokens, or more "
-                            "num_pp_microbatches")
+                            (f"give {one_step * seq} tokens" if in_tokens else
+                             f"give {one_step}") + ", or more num_pp_microbatches")
     elif args.global_batch_size is None:
         args.microbatches = 1  # one accumulation step (num_pp_microbatches is ignored)

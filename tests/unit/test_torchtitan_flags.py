@@ -325,3 +325,14 @@ def test_an_activation_checkpoint_word_torchtitan_lacks_is_named_so(mode: str) -
     r = run_cli(["simulate", *H100, "--preset", "llama3-8b", f"activation-checkpoint:{mode}"])
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert f"error: activation_checkpoint: {mode!r} is none of torchtitan's modes" in r.stderr
+
+
+def test_a_global_batch_over_one_step_names_the_flag_given() -> None:
+    """ppsim's own --global-batch-size beside a torchtitan line with pp: more than one
+    accumulation step is refused naming it, in sequences (no sequence length was given:
+    the message multiplied by None)."""
+    r = run_cli(["simulate", *H100, "--global-batch-size", "32",
+                 "--parallelism.data_parallel_shard_degree", "2", "--fsdp", "--pp", "4"])
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "error: --global-batch-size: gives more than one gradient-accumulation step" \
+        in r.stderr and "(give 2, or more num_pp_microbatches)" in r.stderr
