@@ -231,19 +231,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     cfg = load_config(args.config, {"preset": flag("preset")} if flag("preset") else None)
     limit, devices = _hardware_flags(args, flag)
     said = memory_flags(flag, cfg.memory)
-    pipeline = {k: flag(k) for k in PIPELINE_KEYS if k != "global_batch_size"}
-    if pipeline.get("moe_token_dispatcher_type") == "allgather":
-        pipeline["moe_token_dispatcher_type"] = None  # check_experts_parallel says why
-    if pipeline.get("moe_flex_dispatcher_num_sms") is None:
-        pipeline["moe_flex_dispatcher_num_sms"] = flag("moe_deepep_num_sms") or flag(
-            "moe_hybridep_num_sms")  # the older, per-backend names
-    if flag("fsdp_framework") == "megatron" and pipeline.get("pp") is None:
-        pipeline["pp"] = 1  # Megatron's default, and the only one --use-torch-fsdp2 takes
-    if pipeline.get("vpp") is not None and pipeline.get("schedule") is None:
-        # As Megatron, --vpp alone picks the 1F1B variant (an explicit --schedule is kept).
-        pipeline["schedule"] = schedule_for_vpp(cfg.pipeline.schedule, pipeline["vpp"])
-    elif chunks := _schedule_chunks(flag):
-        pipeline["vpp"] = chunks  # a V schedule's two
+    pipeline = _pipeline_flags(cfg, flag)
     # A command without the job flags (ppsim run has a --dp of its own) sets only those
     # of them it has.
     keys = MODEL_KEYS if hasattr(args, "gpus") else tuple(
@@ -280,6 +268,31 @@ def config_from_args(args: argparse.Namespace) -> Config:
                          costs_file=flag("costs"), devices=devices)
     cfg = _layers_per_virtual_stage(cfg, flag)
     cfg = torchtitan_flags.with_torchtitan_split(cfg, args)
+    _check_megatrons_rules(cfg, args, flag)
+    return deepspeed_job.finish(_with_world(cfg, flag), args)
+
+
+def _pipeline_flags(cfg: Config, flag: Any) -> dict[str, Any]:
+    """The [pipeline] keys the flags set, Megatron's defaults and older names read."""
+    pipeline = {k: flag(k) for k in PIPELINE_KEYS if k != "global_batch_size"}
+    if pipeline.get("moe_token_dispatcher_type") == "allgather":
+        pipeline["moe_token_dispatcher_type"] = None  # check_experts_parallel says why
+    if pipeline.get("moe_flex_dispatcher_num_sms") is None:
+        pipeline["moe_flex_dispatcher_num_sms"] = flag("moe_deepep_num_sms") or flag(
+            "moe_hybridep_num_sms")  # the older, per-backend names
+    if flag("fsdp_framework") == "megatron" and pipeline.get("pp") is None:
+        pipeline["pp"] = 1  # Megatron's default, and the only one --use-torch-fsdp2 takes
+    if pipeline.get("vpp") is not None and pipeline.get("schedule") is None:
+        # As Megatron, --vpp alone picks the 1F1B variant (an explicit --schedule is kept).
+        pipeline["schedule"] = schedule_for_vpp(cfg.pipeline.schedule, pipeline["vpp"])
+    elif chunks := _schedule_chunks(flag):
+        pipeline["vpp"] = chunks  # a V schedule's two
+    return pipeline
+
+
+def _check_megatrons_rules(cfg: Config, args: argparse.Namespace, flag: Any) -> None:
+    """What Megatron refuses of the configuration the flags made, and the notes on the
+    launch-line flags ppsim takes and does not price."""
     megatron_flags.check_flex_backend(flag("moe_flex_dispatcher_backend"),
                                       cfg.pipeline.moe_token_dispatcher_type,
                                       bool(flag("moe_enable_deepep")))
@@ -292,7 +305,6 @@ def config_from_args(args: argparse.Namespace) -> Config:
                                    flag("max_position_embeddings"))
     for note in megatron_run.unpriced_notes(args):
         print(note, file=sys.stderr)
-    return deepspeed_job.finish(_with_world(cfg, flag), args)
 
 
 def _check_layer_counts(cfg: Config, flag: Any) -> None:
