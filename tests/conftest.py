@@ -31,3 +31,14 @@ def pytest_xdist_make_scheduler(config, log):  # noqa: ANN001, ANN201 - xdist's 
             return "e2e" if nodeid.startswith("tests/e2e/") else nodeid.split("::")[0]
 
     return E2EOnOneWorker(config, log)
+
+
+@pytest.fixture(scope="module")
+def group():
+    """A gloo process group of one, for the executor's pieces that take a group (the
+    module skips first where torch is missing)."""
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()

@@ -9,7 +9,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
 from ppsim.executor.builders.stage import tensor_bytes  # noqa: E402
@@ -18,14 +17,6 @@ from ppsim.executor.dataparallel import (  # noqa: E402
     Replicated,
     Sharded,
 )
-
-
-@pytest.fixture(scope="module")
-def group():
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield dist.group.WORLD
-    dist.destroy_process_group()
 
 
 def _params(dtype: torch.dtype) -> list[nn.Parameter]:

@@ -11,7 +11,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
 from ppsim.executor.peertrace import OpTrace  # noqa: E402
@@ -20,14 +19,6 @@ from ppsim.executor.recorder import Recorder  # noqa: E402
 LOSS_S = 0.03
 """How long the loss takes: torch computes it outside the stage's forward."""
 M = 3
-
-
-@pytest.fixture(scope="module")
-def group():
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield dist.group.WORLD
-    dist.destroy_process_group()
 
 
 def _slow_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
