@@ -15,7 +15,12 @@ import json
 import shlex
 from typing import Any
 
-from ppsim.cli.deepspeed_job import PARTITION_KEYS, RECOMPUTE_OF_INTERVAL, zero_of
+from ppsim.cli.deepspeed_job import (
+    ENGINE_SHAPE,
+    PARTITION_KEYS,
+    RECOMPUTE_OF_INTERVAL,
+    zero_of,
+)
 from ppsim.errors import UserError
 from ppsim.pipeline.exports import DEFAULT_SPECS, deepspeed_boundaries
 from ppsim.plan.baselines import deepspeed_splits
@@ -35,10 +40,12 @@ def _refusals(shape: Any, problem: Any, recompute: str) -> list[str]:
     checks = (
         (a.fsdp, "the replicas shard as FSDP (ZeRO-3), which DeepSpeed's pipeline "
                  "refuses"),
-        (shape.vpp > 1, f"DeepSpeed runs one stage a rank, not vpp {shape.vpp}"),
-        (problem.schedule.name != "1f1b", f"DeepSpeed's pipeline runs 1F1B, not "
-                                          f"{problem.schedule.name}"),
-        (shape.cp > 1, "DeepSpeed has no context parallelism of Megatron's kind"),
+        (shape.vpp != ENGINE_SHAPE["vpp"], f"DeepSpeed runs one stage a rank, not vpp "
+                                           f"{shape.vpp}"),
+        (problem.schedule.name != ENGINE_SHAPE["schedule"], f"DeepSpeed's pipeline runs "
+                                                            f"1F1B, not {problem.schedule.name}"),
+        (shape.cp != ENGINE_SHAPE["cp"], "DeepSpeed has no context parallelism of "
+                                         "Megatron's kind"),
         (bool(a.num_experts), "DeepSpeed's MoE is not Megatron's experts"),
         (bool(a.mtp_layers), "DeepSpeed's pipeline has no multi-token prediction"),
         (bool(a.hybrid_layer_pattern or a.experimental_attention_variant),

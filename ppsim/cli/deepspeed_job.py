@@ -32,6 +32,9 @@ from ppsim.plan.baselines import deepspeed_splits
 
 INTERVAL_FLAG = "--activation-checkpoint-interval"
 RECOMPUTE_OF_INTERVAL = {0: "none", 1: "full"}
+ENGINE_SHAPE = {"cp": 1, "vpp": 1, "schedule": "1f1b"}
+"""What DeepSpeed's pipeline engine runs: no context parallelism, one stage a rank, 1F1B
+(the job search holds these; the export is n/a for a shape without them)."""
 RECOMPUTE_DESTS = ("recompute", "recompute_granularity", "recompute_activations",
                    "moe_layer_recompute", "recompute_modules", "recompute_num_layers")
 """The flags that say what a Megatron(-DeepSpeed) line recomputes."""
@@ -192,8 +195,7 @@ def _search_at_dp(args: argparse.Namespace, triple: BatchTriple) -> None:
         raise UserError("--dp", f"{args.dp}, but train_batch_size {train} = "
                         f"{micro} x {gas} x dp {dp}", "give one of them")
     args.dp, args.global_batch_size, args.micro_batch_size = dp, train, micro
-    # DeepSpeed's pipeline engine: one stage a rank, 1F1B, no context parallelism
-    for dest, value in (("cp", 1), ("vpp", 1), ("schedule", "1f1b")):
+    for dest, value in ENGINE_SHAPE.items():
         if getattr(args, dest, None) is None:
             setattr(args, dest, value)
 
