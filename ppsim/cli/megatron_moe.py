@@ -4,17 +4,19 @@ the MoE layers go (--moe-layer-freq), and DeepSeek sparse attention's indexer si
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from itertools import groupby
 from typing import Any
 
 from ppsim.config.validate import ARCH_MAX
+from ppsim.costs.arch import Architecture
 from ppsim.costs.patterns import moe_layers
 from ppsim.errors import UserError
 
-DSA_SIZES = (("dsa_indexer_n_heads", "--dsa-indexer-n-heads", 64),
-             ("dsa_indexer_head_dim", "--dsa-indexer-head-dim", 128),
-             ("dsa_indexer_topk", "--dsa-indexer-topk", 2048))
-"""The DSA indexer's sizes, with DeepSeek-V3.2's values (its config.json)."""
+DSA_SIZES = (("dsa_indexer_n_heads", "--dsa-indexer-n-heads"),
+             ("dsa_indexer_head_dim", "--dsa-indexer-head-dim"),
+             ("dsa_indexer_topk", "--dsa-indexer-topk"))
+"""The DSA indexer's sizes (ppsim's defaults, Architecture's, are DeepSeek-V3.2's)."""
 
 
 def check_dsa_sizes(flags: dict[str, Any], named: dict[str, Any],
@@ -28,11 +30,12 @@ def check_dsa_sizes(flags: dict[str, Any], named: dict[str, Any],
     if not (variant and attention == "mla" or "D" in str(flags.get("hybrid_layer_pattern")
                                                              or "")):
         return
-    for key, flag, v32 in DSA_SIZES:
+    v32 = {f.name: f.default for f in fields(Architecture)}
+    for key, flag in DSA_SIZES:
         if named.get(key) is None:
             raise UserError(flag, "Megatron's DSA indexer has no default for it "
                             "(TransformerConfig leaves it None)",
-                            f"add {flag} N (DeepSeek-V3.2: {v32})")
+                            f"add {flag} N (DeepSeek-V3.2: {v32[key]})")
 
 
 def moe_fields(args: argparse.Namespace, fields: dict[str, Any]) -> dict[str, Any]:
