@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import Any
 
+from ppsim.cli.torchtitan_job import AC_OF_MODE
 from ppsim.cli.torchtitan_registry import REGISTRY, RegistryJob, registry_job
 from ppsim.cli.torchtitan_split import pipeline_stages, with_torchtitan_split
 from ppsim.config import limits
@@ -24,11 +25,12 @@ __all__ = ["add_torchtitan_flags", "apply_torchtitan", "subcommand_words",
 
 AC_SUBCOMMAND = "--activation-checkpoint"
 """The option torchtitan's `activation-checkpoint:MODE` subcommand is read as."""
-RECOMPUTE_OF_AC = {"full": "full", "none": "none"}
+RECOMPUTE_OF_AC = {mode: mode for mode in AC_OF_MODE}
+"""torchtitan's policies ppsim prices, as its recompute modes: those the export writes
+back (SelectiveAC saves every other matmul's output, not Megatron's core attention: not
+priced; nor MemoryBudgetAC)."""
 TORCHTITAN_AC = ("full", "selective", "none", "memory-budget")
 """torchtitan's activation-checkpoint subcommands (distributed/activation_checkpoint.py)."""
-"""torchtitan's policies ppsim prices, as its recompute modes (SelectiveAC saves every
-other matmul's output, not Megatron's core attention: not priced; nor MemoryBudgetAC)."""
 
 
 class _Field(argparse.Action):
