@@ -32,13 +32,13 @@ from ppsim.plan.baselines import deepspeed_splits
 
 INTERVAL_FLAG = "--activation-checkpoint-interval"
 RECOMPUTE_OF_INTERVAL = {0: "none", 1: "full"}
+"""PipelineModule's intervals ppsim prices: none, or every layer recomputed alone."""
 ENGINE_SHAPE = {"cp": 1, "vpp": 1, "schedule": "1f1b"}
 """What DeepSpeed's pipeline engine runs: no context parallelism, one stage a rank, 1F1B
 (the job search holds these; the export is n/a for a shape without them)."""
 RECOMPUTE_DESTS = ("recompute", "recompute_granularity", "recompute_activations",
                    "moe_layer_recompute", "recompute_modules", "recompute_num_layers")
 """The flags that say what a Megatron(-DeepSpeed) line recomputes."""
-"""PipelineModule's intervals ppsim prices: none, or every layer recomputed alone."""
 PARTITION_KEYS = {"parameters": "deepspeed_parameters", "uniform": "deepspeed_uniform"}
 """--partition-method to its split's key in ppsim.plan.baselines."""
 BATCH_FLAGS = (("train_batch_size", "global_batch_size", "--global-batch-size"),
