@@ -20,6 +20,7 @@ from ppsim.config.model import Model, parse_model
 from ppsim.config.overrides import with_overrides
 from ppsim.config.presets import HARDWARE_PRESETS, MODEL_PRESETS
 from ppsim.config.schema import Config, config_to_toml
+from ppsim.costs.choices import RECOMPUTE
 from ppsim.errors import UserError
 from ppsim.pipeline.problem import Problem, build_problem, resolve_split
 from ppsim.pipeline.split import Split, even_counts
@@ -39,7 +40,7 @@ from ppsim.tui.cautions import state_warnings
 from ppsim.tui.editing import EditRefused, parse_float, parse_int
 from ppsim.tui.policy_edit import memory_tables
 
-RECOMPUTE_MODES = ("none", "selective", "full")
+RECOMPUTE_MODES = RECOMPUTE
 SETTINGS = ("schedule", "pp", "vpp", "microbatches", "recompute", "memory_gb", "model",
             "hardware")
 FROM_CONFIG = "config"

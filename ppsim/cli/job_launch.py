@@ -9,6 +9,7 @@ from typing import Any
 from ppsim.cli.deepspeed_export import deepspeed_job
 from ppsim.cli.megatron_args import fusion_args, optimizer_args, parallel_args, precision_args
 from ppsim.cli.torchtitan_job import torchtitan_job
+from ppsim.costs.choices import RECOMPUTE
 from ppsim.job.policy_search import mode_flags
 from ppsim.job.ranks import DEFAULT_ORDER, TP_PP_DP_ORDER, parse_order
 from ppsim.job.search import ShapeResult
@@ -30,7 +31,8 @@ def _policy_flags(r: ShapeResult) -> list[str] | None:
     p = r.problem
     if p.memory is None:
         assert p.hardware.job is not None  # a job's shape is a transformer model's
-        return shlex.split(mode_flags(p, p.hardware.job.arch.recompute))
+        flags = mode_flags(p, p.hardware.job.arch.recompute)
+        return None if flags is None else shlex.split(flags)
     return policy_flags(p, p.memory.policies).megatron_flags
 
 
@@ -76,7 +78,7 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
 def recompute_mode(r: ShapeResult) -> str:
     """The shape's global recompute mode; "" for a per-module or per-stage policy."""
     if r.policy:
-        return r.policy if r.policy in ("none", "selective", "full") else ""
+        return r.policy if r.policy in RECOMPUTE else ""
     p = r.problem
     assert p.hardware.job is not None  # a job's shape is a transformer model's
     return p.hardware.job.arch.recompute if p.memory is None else ""

@@ -33,7 +33,8 @@ class _Typed(argparse.Action):
 
 def add_memory_policy_flags(g: Any) -> None:
     """The memory policy as Megatron's flags: recompute and offload (sets [memory])."""
-    g.add_argument("--recompute", metavar="MODE", help="none | selective | full")
+    g.add_argument("--recompute", metavar="MODE",
+                   help="none | selective | full | op-sac (torchtitan's SelectiveAC)")
     module = nonempty("a Megatron module name")
     g.add_argument("--recompute-modules", nargs="+", metavar="M", type=module,
                    help="Megatron modules recomputed in every layer: core_attn mlp "

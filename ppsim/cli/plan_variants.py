@@ -14,6 +14,7 @@ from ppsim.errors import UserError
 from ppsim.job.host_optimizer import host_fields
 from ppsim.job.pending import HOST_SHARES, host_refusal
 from ppsim.job.search import JOB_AXES
+from ppsim.policy.model import mode_ladder
 from ppsim.schedules.generators import SCHEDULES, chunks_for_schedule, schedule_for_vpp
 
 SEARCH_AXES = ("schedule", "vpp", "microbatches", "recompute", "host-optimizer")
@@ -60,7 +61,7 @@ def variants(cfg: Config, axes: list[str]) -> list[Variant]:
         mbs_options = [(tokens // b, b) for b in (1, 2, 4, 8) if tokens % b == 0]
     recomputes: list[str | None] = [None]
     if "recompute" in axes and transformer:
-        recomputes = ["none", "selective", "full"]
+        recomputes = list(mode_ladder(base.model.arch))  # type: ignore[union-attr]
     fsdp = transformer and base.model.arch.fsdp  # type: ignore[union-attr]
     out = [Variant(base, "as configured")]
     for name, vpp in shapes:

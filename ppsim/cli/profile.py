@@ -13,6 +13,7 @@ import dataclasses
 import sys
 from typing import Any
 
+from ppsim.cli import runchecks
 from ppsim.cli.builder_checks import check_tensor_parallel
 from ppsim.cli.context_checks import check_context_model
 from ppsim.cli.costs import hardware_profile
@@ -85,6 +86,7 @@ def _transformer_fields(cfg: Config, command: str) -> dict[str, Any]:
         raise UserError("model.kind", f"ppsim {command} measures a transformer, not a uniform "
                         "cost model", "use a preset (e.g. --preset tiny-gpt) or kind = "
                         "\"transformer\"")
+    runchecks.check_recompute_runs(cfg.model.arch)
     return cfg.model.fields()
 
 

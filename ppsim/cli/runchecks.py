@@ -12,6 +12,7 @@ from typing import Any
 
 from ppsim.costs.choices import MEGATRON_FSDP_FLAGS
 from ppsim.costs.model import stage_cost
+from ppsim.costs.op_sac import OP_SAC
 from ppsim.errors import UserError
 from ppsim.pipeline.torch_rules import torch_refusal, torch_rounds
 from ppsim.schedules.generators import Action
@@ -167,6 +168,15 @@ def _refuse_beyond_host(need: float, what: str) -> None:
                     "--hidden-size), or on GPUs (--device cuda)")
 
 
+def check_recompute_runs(a: Any) -> None:
+    """The executor's recompute modes are Megatron's: torchtitan's SelectiveAC is refused."""
+    if a.recompute == OP_SAC:
+        raise UserError("model.recompute", f"{OP_SAC}: the executor's blocks are built as "
+                        "Megatron's (query and key-value projections apart, biases), where "
+                        "torchtitan's per-op policy would save other tensors",
+                        "run it with recompute full or none (simulate and plan price op-sac)")
+
+
 def check_features(cfg: Any) -> None:
     """What the config asks that the executor does not run: refused, not run otherwise."""
     a = cfg.model.arch
@@ -178,6 +188,7 @@ def check_features(cfg: Any) -> None:
         raise UserError("pipeline.moe_token_dispatcher_type", "flex: the executor has no "
                         "DeepEP (its processes talk over gloo)", "drop it to run the model "
                         "(simulate and plan price DeepEP)")
+    check_recompute_runs(a)
     if a.fsdp_by_megatron:
         raise UserError("model.fsdp_framework", "the executor shards as torchtitan does "
                         "(fp32 shards, an fp32 reduce), not as Megatron's "

@@ -11,12 +11,12 @@ import argparse
 import sys
 from typing import Any
 
-from ppsim.cli.torchtitan_job import AC_OF_MODE
 from ppsim.cli.torchtitan_registry import REGISTRY, RegistryJob, registry_job
 from ppsim.cli.torchtitan_split import pipeline_stages, with_torchtitan_split
 from ppsim.config import limits
 from ppsim.config.validate import ARCH_MAX
 from ppsim.costs.choices import FSDP_RESHARD
+from ppsim.costs.op_sac import OP_SAC
 from ppsim.errors import UserError
 from ppsim.schedules.generators import schedule_name
 
@@ -25,10 +25,9 @@ __all__ = ["add_torchtitan_flags", "apply_torchtitan", "subcommand_words",
 
 AC_SUBCOMMAND = "--activation-checkpoint"
 """The option torchtitan's `activation-checkpoint:MODE` subcommand is read as."""
-RECOMPUTE_OF_AC = {mode: mode for mode in AC_OF_MODE}
+RECOMPUTE_OF_AC = {"none": "none", "full": "full", "selective": OP_SAC}
 """torchtitan's policies ppsim prices, as its recompute modes: those the export writes
-back (SelectiveAC saves every other matmul's output, not Megatron's core attention: not
-priced; nor MemoryBudgetAC)."""
+back (AC_OF_MODE; not MemoryBudgetAC, whose saves the compiler's partitioner picks)."""
 TORCHTITAN_AC = ("full", "selective", "none", "memory-budget")
 """torchtitan's activation-checkpoint subcommands (distributed/activation_checkpoint.py)."""
 
@@ -211,7 +210,7 @@ def _data_parallel(args: argparse.Namespace, registry_shard: int | None) -> None
 
 
 def _recompute(args: argparse.Namespace, registry_ac: str | None) -> None:
-    """activation-checkpoint:full or :none as ppsim's recompute mode."""
+    """activation-checkpoint:full, :selective or :none as ppsim's recompute mode."""
     ac = args.tt_ac if args.tt_ac is not None else registry_ac
     if ac is None:
         return
@@ -221,9 +220,9 @@ def _recompute(args: argparse.Namespace, registry_ac: str | None) -> None:
                         "or activation-checkpoint:none")
     if ac not in RECOMPUTE_OF_AC:
         said = f"{args.tt_config}'s " if args.tt_ac is None else ""
-        raise UserError("activation_checkpoint", f"{said}{ac} is not priced (torchtitan's "
-                        "SelectiveAC and MemoryBudgetAC recompute per op)",
-                        "give activation-checkpoint:full or activation-checkpoint:none")
+        raise UserError("activation_checkpoint", f"{said}{ac} is not priced (MemoryBudgetAC "
+                        "saves what the compiler's partitioner picks)",
+                        "give activation-checkpoint:full, :selective or :none")
     mode = RECOMPUTE_OF_AC[ac]
     if args.recompute is not None and args.recompute != mode:
         raise UserError("--recompute", f"{args.recompute} disagrees with "

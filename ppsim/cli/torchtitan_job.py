@@ -14,14 +14,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from ppsim.costs.op_sac import OP_SAC
 from ppsim.schedules.generators import TORCH_NAMES
 
 FLOAT8 = "Float8LinearConverter.Config(recipe_name='rowwise', filter_fqns=['output'])"
 """torchtitan's float8 (components/quantization/float8.py): every linear but the output
 layer's, as ppsim prices FP8 under FSDP."""
-AC_OF_MODE = {"none": None, "full": "FullAC"}
-"""Recompute modes torchtitan has a policy for (its SelectiveAC saves other ops than
-Megatron's selective core-attention recompute)."""
+AC_OF_MODE = {"none": None, "full": "FullAC", OP_SAC: "SelectiveAC"}
+"""Recompute modes torchtitan has a policy for (Megatron's selective core-attention
+recompute is none of them)."""
 
 
 def torchtitan_job(shape: Any, problem: Any, gbs: int, fqns: list[list[str]] | None,

@@ -29,6 +29,7 @@ from ppsim.costs.choices import (
     RECOMPUTE,
 )
 from ppsim.costs.model import INTEGER_FIELDS
+from ppsim.costs.op_sac import OP_SAC, op_sac_refusal
 from ppsim.costs.state import OPTIMIZER_DTYPES
 from ppsim.errors import UserError
 
@@ -285,6 +286,10 @@ def transformer(raw: dict[str, Any]) -> None:
                         "when using fp16 or bf16 (Megatron's assertion)",
                         "train in bf16 or fp16 with --bf16 or --fp16, or drop "
                         "--fp32-residual-connection")
+    if raw.get("recompute") == OP_SAC and op_sac_refusal(raw):
+        raise UserError("model.recompute", f"{OP_SAC} (torchtitan's SelectiveAC): "
+                        + op_sac_refusal(raw), "use recompute full or none (torchtitan's "
+                        "activation-checkpoint:full or :none)")
     missing = [k for k in _REQUIRED if k not in raw]
     if missing:
         raise UserError(f"model.{missing[0]}", "missing for a transformer model",

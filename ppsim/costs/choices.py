@@ -1,7 +1,9 @@
 """The values Megatron's (and torchtitan's) flags take that ppsim prices: each tuple the
 choices of one `[model]` field (ppsim.costs.arch.Architecture)."""
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "op-sac")
+"""Megatron's modes (selective: its core-attention recompute) and torchtitan's per-op
+SelectiveAC (ppsim.costs.op_sac)."""
 LINEAR_VARIANTS = ("gdn", "gated_delta_net")
 """The --experimental-attention-variant values that put GatedDeltaNet in the layers
 --linear-attention-freq picks (gated_delta_net is Megatron's deprecated spelling)."""

@@ -21,6 +21,16 @@ from ppsim.costs.attention_tensors import (
 from ppsim.costs.fp8 import PROJ_INPUT
 from ppsim.costs.kv_split import qkv_gather_bytes
 from ppsim.costs.layerops import layer_ops
+from ppsim.costs.op_sac import (
+    HALF_REPEATED,
+    OP_SAC,
+    OP_SAC_MODULE,
+    REPEATED,
+    half_matmul,
+    op_sac_kept,
+    op_sac_transient,
+)
+from ppsim.costs.ops import Op
 from ppsim.costs.saved import (
     HYBRID_HALVES,
     SHARED_GATE,
@@ -142,6 +152,14 @@ class ModuleEffect:
     """Bytes a recompute brings back inside the backward, at its largest: the whole
     layer's tensors less its input, or one recompute module's dropped and remade tensors
     (each module's checkpoint runs again just before its own backward)."""
+    halved_ops: frozenset[str] = frozenset()
+    """Fused matmuls of which the backward runs one of two equal halves again."""
+
+    def ops_again(self, ops: list[Op]) -> list[Op]:
+        """The forward work of `ops` the backward runs again (not under "*": the whole
+        forward)."""
+        return [op for op in ops if op.name in self.repeated_ops] \
+            + [half_matmul(op) for op in ops if op.name in self.halved_ops]
 
 
 _NORM_MODULES = {"layernorm": ("norm1", "norm2"), "attn_norm": ("norm1",),
@@ -199,6 +217,8 @@ def module_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
                             transient_bytes=max(int(sum(saved.values())) - kept
                                                 + scores_workspace(a, saved),
                                                 _gathered_qkv(a, kind)))
+    if OP_SAC_MODULE in recompute:
+        return _op_sac_effect(a, kind, offload)
     kept = kept_tensors(a, kind, recompute)
     moved = {n for m in offload if applies(m, a, kind) for n in _moves(a, m)} & set(kept)
     freed = moved - _held_elsewhere(a, kind, recompute, offload)
@@ -209,6 +229,18 @@ def module_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
                         transient_bytes=max(_recomputed_bytes(a, kind, recompute, saved)
                                             + scores_workspace(a, saved),
                                             _gathered_qkv(a, kind)))
+
+
+def _op_sac_effect(a: Architecture, kind: str, offload: tuple[str, ...]) -> ModuleEffect:
+    """torchtitan's SelectiveAC on a dense layer (ppsim.costs.op_sac); it offloads
+    nothing (Megatron's offload modules are not torchtitan's)."""
+    if kind != "dense" or offload:
+        raise ValueError(f"{OP_SAC} prices dense layers without offload, not {kind!r} "
+                         f"with {offload!r}")
+    return ModuleEffect(kept_bytes=int(sum(op_sac_kept(a).values())), offloaded_bytes=0,
+                        freed_bytes=0, repeated_ops=REPEATED, halved_ops=HALF_REPEATED,
+                        transient_bytes=max(op_sac_transient(a) + scores_workspace(
+                            a, saved_tensors(a, kind)), _gathered_qkv(a, kind)))
 
 
 def _gathered_qkv(a: Architecture, kind: str) -> int:
@@ -279,7 +311,7 @@ def offloaded_input_bytes(a: Architecture, kind: str, recompute: tuple[str, ...]
     return int(kept[name]) if name in kept else 0
 
 
-SHORTHAND = {"none": (), "selective": ("core_attn",)}
+SHORTHAND = {"none": (), "selective": ("core_attn",), OP_SAC: (OP_SAC_MODULE,)}
 """The global --recompute modes as module sets ("full": every layer block-recomputed)."""
 
 

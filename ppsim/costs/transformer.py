@@ -177,7 +177,7 @@ def _kind_work(a: Architecture, acc: Accelerator, kind: str,
     else:
         act += saved_weight_bytes(a, ops)
         if repeated:  # the recomputed modules' forward ops run again inside the backward
-            bi += piece_times(roof, [op for op in ops if op.name in repeated])[0]
+            bi += piece_times(roof, effect.ops_again(ops))[0]
             bi += a2a if "a2a" in repeated else 0.0
     w_keep = min(act, weight_grad_bytes(a, ops, inputs=True)) \
         + weight_grad_bytes(a, ops, inputs=False)

@@ -128,16 +128,17 @@ def _tp_rows(rows: _Rows, a: Architecture, k: str, again: Recomputed) -> None:
     """traffic.tp_layer_ms, the QKV gather above the kv groups and the dispatcher's."""
     job, tp_ex = rows.job, OVERLAPPED if rows.job.tp_comm_overlap else EXPOSED
     if a.tp > 1:
-        s, share = SP_SUBLAYERS.get(k, 1), again.tp_share(a, k)
+        s, share, rescatter = SP_SUBLAYERS.get(k, 1), again.tp_share(a, k), \
+            again.scatter_share(a, k)
         plain = hidden_bytes(a)
         if a.sequence_parallel:
             inputs = hidden_bytes(a, fp8_bytes(a) if a.fp8_copies else 0)
             rows.add("tp all-gather", "tp", all_gather_ms, inputs, s * (1 + share), tp_ex)
             rows.add("tp all-gather", "tp", all_gather_ms, plain, s, tp_ex)
-            rows.add("tp reduce-scatter", "tp", reduce_scatter_ms, plain, s * (2 + share),
+            rows.add("tp reduce-scatter", "tp", reduce_scatter_ms, plain, s * (2 + rescatter),
                      tp_ex)
         else:
-            rows.add("tp all-reduce", "tp", all_reduce_ms, plain, s * (2 + share))
+            rows.add("tp all-reduce", "tp", all_reduce_ms, plain, s * (2 + rescatter))
     if k in ATTENTION_KINDS:  # on the compute stream: never hidden
         qkv = qkv_gather_bytes(attention_arch(a, k))
         rows.add("qkv all-gather", "tp", all_gather_ms, qkv, 2 if again.full else 1)

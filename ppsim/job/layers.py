@@ -199,7 +199,8 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
     `again`: what its backward recomputes, by default as the global mode says; `own`:
     with its FSDP unit's)."""
     again = recomputed(a) if again is None else again
-    tp_f, tp_b = tp_layer_ms(job, a, SP_SUBLAYERS.get(kind, 1), again.tp_share(a, kind))
+    tp_f, tp_b = tp_layer_ms(job, a, SP_SUBLAYERS.get(kind, 1), again.tp_share(a, kind),
+                             again.scatter_share(a, kind))
     # The dispatcher's gathers run on the compute stream, beside no userbuffer overlap.
     d_f = dispatcher_tp_ms(job, a) if kind in MOE_KINDS else 0.0
     d_b = d_f * (2 if again.dispatch else 1)

@@ -18,15 +18,13 @@ from ppsim.config.overrides import with_overrides
 from ppsim.job.layers import per_rank_arch
 from ppsim.pipeline.problem import Problem, build_problem, model_costs
 from ppsim.policy.megatron import policy_export
-from ppsim.policy.model import shorthand
+from ppsim.policy.model import mode_ladder, shorthand
 from ppsim.policy.report import policy_flags
 from ppsim.policy.search import SpaceBest, plan_global, plan_megatron, space_key
 from ppsim.policy.setup import policy_costs
 from ppsim.sim.simulate import simulate
 from ppsim.sim.summary import Summary
 
-MODES = ("none", "selective", "full")
-"""Megatron's global recompute modes, cheapest first."""
 POLICY_AXES = ("recompute", "policy")
 """What `plan --gpus --search` takes: recompute (the global modes on every shape) and
 policy (those, then the Megatron-expressible policy planned for the fastest shapes)."""
@@ -41,24 +39,28 @@ class ModeFit:
     summary: Summary
 
 
-def mode_flags(problem: Problem, mode: str) -> str:
-    """Megatron's flags for a global recompute mode ("" for none). Selective is the
-    granularity alone: Megatron's default module list is core_attn, and a hybrid stack
-    takes no module list."""
+def mode_flags(problem: Problem, mode: str) -> str | None:
+    """Megatron's flags for a global recompute mode ("" for none; None for torchtitan's
+    SelectiveAC, which Megatron has not). Selective is the granularity alone: Megatron's
+    default module list is core_attn, and a hybrid stack takes no module list."""
     if mode == "selective":
         return "--recompute-granularity selective"
     job = problem.hardware.job
     assert job is not None  # a job's shape is a transformer model's
     export = policy_export((shorthand(mode),), 1, per_rank_arch(job.arch))
-    return shlex.join(export.megatron_flags or [])
+    return None if export.megatron_flags is None else shlex.join(export.megatron_flags)
 
 
 def fitting_mode(cfg: Any) -> ModeFit | None:
     """The first global mode after the configured one under which the shape's default
     split fits memory; None when none does. `cfg` is the shape's config (no [memory])."""
-    start = MODES.index(cfg.model.recompute or "none")
+    ladder = mode_ladder(cfg.model.arch)
+    configured = cfg.model.recompute or "none"
+    # a mode of another framework's (Megatron's selective on a torchtitan job): the
+    # ladder's stronger modes
+    start = ladder.index(configured) if configured in ladder else 0
     # Megatron's combined 1F1B refuses full recompute (ppsim.job.combined).
-    modes = MODES[:2] if cfg.pipeline.overlap_moe_expert_parallel_comm else MODES
+    modes = ladder[:2] if cfg.pipeline.overlap_moe_expert_parallel_comm else ladder
     for mode in modes[start + 1:]:
         c = with_overrides(cfg, model={"recompute": mode})
         problem = build_problem(c, model_costs(c))

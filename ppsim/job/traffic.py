@@ -29,6 +29,7 @@ from ppsim.costs.kv_split import held_attention_shape, qkv_gather_bytes
 from ppsim.costs.layerops import attention_ops, window_share
 from ppsim.costs.mixer_split import cp_exchange
 from ppsim.costs.modules import SHORTHAND, applies
+from ppsim.costs.op_sac import OP_SAC_MODULE
 from ppsim.costs.ops import op_times
 from ppsim.costs.transformer import Accelerator
 from ppsim.job.collectives import (
@@ -98,24 +99,26 @@ dispatcher: `dispatcher_tp_ms`), a hybrid stack's MoE block none; every other hy
 block (Mamba, GatedDeltaNet, attention, MLP) is one sublayer."""
 
 
-def tp_layer_ms(job: Job, a: Architecture, sublayers: int = 2, again: float = 0.0
-                ) -> tuple[TpTraffic, TpTraffic]:
+def tp_layer_ms(job: Job, a: Architecture, sublayers: int = 2, again: float = 0.0,
+                again_scatters: float | None = None) -> tuple[TpTraffic, TpTraffic]:
     """The tensor-parallel collectives of a layer of `sublayers`, forward and
     backward: one all-gather (under FP8 of the quantized input) and one reduce-scatter
     each way per sublayer, or without sequence parallelism one all-reduce, and in the
-    backward the forward's share `again` of them the recompute runs again
-    (Recomputed.tp_share)."""
+    backward the forward's share of them the recompute runs again: `again` of the
+    gathers, `again_scatters` (default `again`) of the scatters and all-reduces
+    (Recomputed.tp_share, scatter_share)."""
+    rescatter = again if again_scatters is None else again_scatters
     if not a.sequence_parallel:
         each = tp_reduces_ms(job, a, sublayers)
         return TpTraffic(gathers_ms=0.0, scatters_ms=0.0, reduces_ms=each), \
-            TpTraffic(gathers_ms=0.0, scatters_ms=0.0, reduces_ms=each * (1 + again))
+            TpTraffic(gathers_ms=0.0, scatters_ms=0.0, reduces_ms=each * (1 + rescatter))
     inputs = tp_collectives_ms(job, a, sublayers, fp8_bytes(a) if a.fp8_copies else 0)
     # one a sublayer, in the training dtype
     each = tp_collectives_ms(job, a, sublayers)
     scatters = tp_collectives_ms(job, a, sublayers, scatter=True)
     forward = TpTraffic(gathers_ms=inputs, scatters_ms=scatters, pipelined_ms=scatters)
-    backward = TpTraffic(gathers_ms=each + inputs * again, scatters_ms=scatters * (1 + again),
-                         pipelined_ms=scatters * again)
+    backward = TpTraffic(gathers_ms=each + inputs * again,
+                         scatters_ms=scatters * (1 + rescatter), pipelined_ms=scatters * rescatter)
     return forward, backward
 
 
@@ -260,13 +263,21 @@ class Recomputed:
     Engine's fc1 and fc2."""
     dispatch: bool = False
     """The MoE block (`moe`, or the whole layer): the dispatcher's all-to-alls and gathers."""
+    gathers: bool = False
+    """Every sublayer's sequence-parallel all-gather, not its reduce-scatter: torchtitan's
+    SelectiveAC saves the reduce-scatters' outputs alone (ppsim.costs.op_sac)."""
 
     def tp_share(self, a: Architecture, kind: str) -> float:
-        """The share of a layer of `kind`'s sequence-parallel sublayers run again."""
-        if self.full:
+        """The share of a layer of `kind`'s sequence-parallel gathers run again."""
+        if self.full or self.gathers:
             return 1.0
         sublayers = SP_SUBLAYERS.get(kind, 1)
         return 1 / sublayers if self.mlp and sublayers and applies("mlp", a, kind) else 0.0
+
+    def scatter_share(self, a: Architecture, kind: str) -> float:
+        """The share of its reduce-scatters (or, without sequence parallelism, all-reduces,
+        which SelectiveAC does not save) run again."""
+        return 0.0 if self.gathers and a.sequence_parallel else self.tp_share(a, kind)
 
 
 def recomputed(a: Architecture, recompute: tuple[str, ...] | None = None) -> Recomputed:
@@ -275,7 +286,8 @@ def recomputed(a: Architecture, recompute: tuple[str, ...] | None = None) -> Rec
     modules = SHORTHAND.get(a.recompute, ()) if recompute is None else recompute
     full = a.recompute == "full"
     return Recomputed(full=full, attention=full or "core_attn" in modules,
-                      mlp="mlp" in modules, dispatch=full or "moe" in modules)
+                      mlp="mlp" in modules, dispatch=full or "moe" in modules,
+                      gathers=OP_SAC_MODULE in modules)
 
 
 def with_forward_again(forward: Collective, backward: Collective, again: bool) -> Collective:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ppsim.costs.arch import Architecture
+from ppsim.costs.op_sac import OP_SAC_MODULE
 from ppsim.errors import UserError
 from ppsim.policy.model import ALL_LAYERS, StagePolicy
 
@@ -142,6 +143,10 @@ def policy_export(policies: tuple[StagePolicy, ...], pp: int, a: Architecture,
                   offload_bytes: int = 0) -> PolicyExport:
     """Megatron's flags of the policy and the frameworks that run it; `offload_bytes`:
     what the first rank offloads per microbatch at fraction 1 (prices the per-rank step)."""
+    if any(OP_SAC_MODULE in p.recompute_modules for p in policies):
+        return PolicyExport(megatron_flags=None, frameworks=["torchtitan"], notes=[
+            "torchtitan's SelectiveAC (activation-checkpoint:selective) saves per op; "
+            "Megatron and ppsim's executor have no such policy"])
     frameworks = ["ppsim executor"]
     if len({(p.recompute_modules, p.recompute_layers) for p in policies}) == 1 and not any(
             p.offloads for p in policies) and policies[0].recompute_layers in (0, ALL_LAYERS):

@@ -13,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ppsim.costs.arch import Architecture
 from ppsim.costs.modules import OFFLOAD_MODULES, RECOMPUTE_MODULES, SHORTHAND
+from ppsim.costs.op_sac import OP_SAC, op_sac_refusal
 from ppsim.errors import UserError, one_of
 
 ALL_LAYERS = 1 << 30
@@ -54,6 +56,21 @@ class StagePolicy:
         if self.offloads:
             parts.append(f"offload {self.offload_fraction:.0%} {','.join(self.offload_modules)}")
         return " ".join(parts) or "none"
+
+
+MODES = ("none", "selective", "full")
+"""Megatron's global recompute modes, cheapest first."""
+TORCHTITAN_MODES = ("none", OP_SAC, "full")
+"""torchtitan's activation checkpointing (none, SelectiveAC, FullAC), cheapest first."""
+
+
+def mode_ladder(a: Architecture) -> tuple[str, ...]:
+    """The global modes a model's job is searched over, cheapest first: torchtitan's
+    where it runs torchtitan's SelectiveAC or shards as torchtitan does (SelectiveAC left
+    out where ppsim does not price it for the model), else Megatron's."""
+    if a.recompute != OP_SAC and not a.torchtitan_fsdp:
+        return MODES
+    return TORCHTITAN_MODES if not op_sac_refusal(a) else ("none", "full")
 
 
 def shorthand(mode: str) -> StagePolicy:

@@ -33,7 +33,7 @@ from ppsim.plan.planner import PlanResult, plan
 from ppsim.plan.search import SplitSearch
 from ppsim.policy.costs import Cheapest, Fixed, PolicyCosts
 from ppsim.policy.megatron import offload_refusal, recompute_refusal
-from ppsim.policy.model import ALL_LAYERS, StagePolicy, shorthand
+from ppsim.policy.model import ALL_LAYERS, StagePolicy, mode_ladder, shorthand
 from ppsim.policy.report import host_fits
 from ppsim.sim.copies import estimated
 from ppsim.sim.simulate import simulate
@@ -163,7 +163,8 @@ def plan_global(problem: Problem, pc: PolicyCosts, budget_s: float) -> SpaceBest
     best = None
     proven = True
     S = problem.split.num_stages
-    modes = ("none", "selective") if pc.combined else ("none", "selective", "full")
+    ladder = mode_ladder(pc.arch)
+    modes = ladder[:2] if pc.combined else ladder
     tried = []
     for i, mode in enumerate(modes):
         pol = (shorthand(mode),) * S

@@ -192,7 +192,8 @@ def test_every_registry_preset_has_the_flavour_s_sizes(name: str) -> None:
 
 
 @pytest.mark.parametrize(("argv", "field"), [
-    (["--torchtitan-config", "llama3_8b", "--gpus", "8"], "activation_checkpoint"),
+    (["--torchtitan-config", "qwen3_30b_a3b", "--gpus", "8", "activation-checkpoint:selective"],
+     "model.recompute"),
     (["--torchtitan-config", "llama3_1b", "--gpus", "8"], "--torchtitan-config"),
     (["--torchtitan-config", "llama3_70b"], "--parallelism.data_parallel_shard_degree"),
     (["--parallelism.data_parallel_shard_degree", "0"],
@@ -200,8 +201,6 @@ def test_every_registry_preset_has_the_flavour_s_sizes(name: str) -> None:
     (["--parallelism.data_parallel_shard_degree", "2",
       "--parallelism.data_parallel_replicate_degree", "0"],
      "--parallelism.data_parallel_replicate_degree"),
-    (["--parallelism.data_parallel_shard_degree", "2", "activation-checkpoint:selective"],
-     "activation_checkpoint"),
     (["--parallelism.data_parallel_shard_degree", "2", "activation-checkpoint:memory-budget"],
      "activation_checkpoint"),
     (["--parallelism.data_parallel_shard_degree", "2", "--training.dtype", "bfloat16"],
@@ -231,7 +230,7 @@ def test_every_registry_preset_has_the_flavour_s_sizes(name: str) -> None:
       "--training.num_tokens_per_train_step", str(8192 * 16)],
      "--training.num_tokens_per_train_step"),
 ], ids=["selective-registry", "unknown-config", "leftover-without-world", "shard-0",
-        "replicate-0", "selective", "memory-budget", "bf16-dtype", "fp32-params",
+        "replicate-0", "memory-budget", "bf16-dtype", "fp32-params",
         "tokens-without-seq", "partial-sequences", "fqns-out-of-order", "fqns-text",
         "layers-per-stage-single", "dp-disagrees", "tp-disagrees", "recompute-disagrees",
         "two-accumulation-steps"])
