@@ -23,7 +23,7 @@ from ppsim.cli.flags import add_config_flags, config_from_args
 from ppsim.cli.render import job_line
 from ppsim.cli.run_frameworks import check_runs
 from ppsim.config import validate
-from ppsim.config.schema import config_to_toml
+from ppsim.config.to_toml import config_to_toml
 from ppsim.errors import UserError
 from ppsim.executor import rundir
 from ppsim.fileio import write_text_atomic
