@@ -32,7 +32,8 @@ import subprocess
 import sys
 import tempfile
 
-from ppsim.config.schema import config_to_toml, load_config
+from ppsim.config.schema import load_config
+from ppsim.config.to_toml import config_to_toml
 from ppsim.fileio import write_bytes_atomic, write_text_atomic
 from ppsim.pipeline.problem import build_problem
 from ppsim.sim.simulate import simulate

@@ -14,7 +14,7 @@ from typing import Any
 from textual.widgets import Static
 
 from ppsim.cautions import flags_group
-from ppsim.config.schema import config_to_toml
+from ppsim.config.to_toml import config_to_toml
 from ppsim.errors import UserError
 from ppsim.fileio import find_overlap, write_text_atomic
 from ppsim.pipeline.megatron_rules import split_refusals

@@ -19,7 +19,8 @@ from ppsim.config import limits
 from ppsim.config.model import Model, parse_model
 from ppsim.config.overrides import with_overrides
 from ppsim.config.presets import HARDWARE_PRESETS, MODEL_PRESETS
-from ppsim.config.schema import Config, config_to_toml
+from ppsim.config.schema import Config
+from ppsim.config.to_toml import config_to_toml
 from ppsim.costs.choices import RECOMPUTE
 from ppsim.errors import UserError
 from ppsim.pipeline.problem import Problem, build_problem, resolve_split

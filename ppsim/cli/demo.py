@@ -23,13 +23,13 @@ from ppsim.cli.flags import add_config_flags, config_from_args
 from ppsim.cli.render import job_line
 from ppsim.cli.run_frameworks import check_runs
 from ppsim.config import validate
-from ppsim.config.schema import config_to_toml
+from ppsim.config.to_toml import config_to_toml
 from ppsim.errors import UserError
 from ppsim.executor import rundir
 from ppsim.fileio import write_text_atomic
 from ppsim.pipeline.problem import build_problem
 from ppsim.pipeline.split import even_counts
-from ppsim.plan.planner import plan
+from ppsim.plan.planner import Candidate, plan
 from ppsim.sim.simulate import simulate
 from ppsim.trace.diff import diff_traces
 from ppsim.trace.read import read_trace
@@ -61,12 +61,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     validate.count("--iterations", args.iterations, lo=2, hi=1000)
     cfg = config_from_args(args)
     check_runs(args, cfg)  # before the profile: what the runs would refuse
-    # Each demo writes a folder of its own, so an earlier demo's printed `ppsim diff`
-    # line keeps pointing at that demo's files; `<out>/latest` points at the newest.
-    fileio.refuse_unnamed({"--out": args.out})
-    out = rundir.fresh(args.out, "--out")
-    if out.startswith("-"):  # the steps' own flags would read "-x/..." as an option
-        out = os.path.join(".", out)
+    out = _fresh_out(args.out)
     base = os.path.join(out, "config.toml")
     write_text_atomic(base, config_to_toml(cfg))
 
@@ -78,15 +73,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     console.rule("2. plan")
     problem = build_problem(replace(cfg, pipeline=replace(cfg.pipeline, split=None)))
-    res = plan(problem, top_k=3)
-    if res.best is None:
-        raise UserError("demo plan", "no split fits memory", "raise memory_bytes or add stages")
-    best = res.best
     sp = problem.split
     even = even_counts(sp.num_layers, sp.pp, sp.vpp, sp.mtp)
-    console.print(f"planned split {list(best.split.counts)} "
-                  f"({'optimal' if res.proven_optimal else 'best found'}, "
-                  f"{res.evaluated} of {res.total_splits} splits timed); even split {list(even)}")
+    best = _planned(console, problem, even)
 
     console.rule("3. run both splits for real")
     real, pairs = _run_both(console, base, out, {"planned": best.split.counts, "even": even},
@@ -118,6 +107,29 @@ def cmd_demo(args: argparse.Namespace) -> int:
                   f"--png {out}/planned/diff.png")
     rundir.link_latest(rundir.RunDir(out, created=True, fresh=True, lock=""))
     return 0
+
+
+def _fresh_out(given: str) -> str:
+    """The demo's own new folder under --out."""
+    # Each demo writes a folder of its own, so an earlier demo's printed `ppsim diff`
+    # line keeps pointing at that demo's files; `<out>/latest` points at the newest.
+    fileio.refuse_unnamed({"--out": given})
+    out = rundir.fresh(given, "--out")
+    if out.startswith("-"):  # the steps' own flags would read "-x/..." as an option
+        out = os.path.join(".", out)
+    return out
+
+
+def _planned(console: Any, problem: Any, even: tuple[int, ...]) -> Candidate:
+    """The fastest split that fits (UserError when none does), printed beside the even one."""
+    res = plan(problem, top_k=3)
+    if res.best is None:
+        raise UserError("demo plan", "no split fits memory", "raise memory_bytes or add stages")
+    best = res.best
+    console.print(f"planned split {list(best.split.counts)} "
+                  f"({'optimal' if res.proven_optimal else 'best found'}, "
+                  f"{res.evaluated} of {res.total_splits} splits timed); even split {list(even)}")
+    return best
 
 
 def _against_reality(console: Any, problem: Any, real: dict[str, dict[str, Any]],

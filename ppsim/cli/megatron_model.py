@@ -289,26 +289,40 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
     out.update(precision_fields(get))
     out.update(context_parallel_fields(get))
     out.update(_optimizer_fields(get))
+    out.update(_dtype_fields(get))
+    out.update(_dropout_fields(get, known))
+    out.update(moe_fields(args, {**known, **out}))
+    divisor = get("make_vocab_size_divisible_by")
+    if divisor is not None:
+        out["vocab_divisor"] = divisor
+    return out
+
+
+def _dtype_fields(get: Any) -> dict[str, Any]:
+    """--bf16 or --fp16 (not both) and --fp32-residual-connection as fields."""
+    out: dict[str, Any] = {}
     if get("bf16") and get("fp16"):
         raise UserError("--bf16", "and --fp16 both given", "give one of them")
     if get("bf16") or get("fp16"):
         out["dtype"] = "bf16" if get("bf16") else "fp16"
     if get("fp32_residual_connection"):
         out["fp32_residual"] = True
+    return out
+
+
+def _dropout_fields(get: Any, known: dict[str, Any]) -> dict[str, Any]:
+    """--hidden-dropout and --attention-dropout as the model's one dropout switch."""
     drops = {f: get(f) for f in ("hidden_dropout", "attention_dropout") if get(f) is not None}
     for dest, p in drops.items():
         if not 0 <= p < 1:  # nan fails too
             raise UserError("--" + dest.replace("_", "-"), f"dropout probabilities must be "
                             f"in [0, 1), got {p}", "give e.g. 0.1, or 0 for none")
-    if drops:  # the one not given keeps the model's dropout (Megatron's default 0.1)
-        kept = 0.1 if known.get("dropout", True) else 0.0
-        out["dropout"] = any(drops.get(f, kept) > 0 for f in ("hidden_dropout",
-                                                             "attention_dropout"))
-    out.update(moe_fields(args, {**known, **out}))
-    divisor = get("make_vocab_size_divisible_by")
-    if divisor is not None:
-        out["vocab_divisor"] = divisor
-    return out
+    if not drops:
+        return {}
+    # The one not given keeps the model's dropout (Megatron's default 0.1).
+    kept = 0.1 if known.get("dropout", True) else 0.0
+    return {"dropout": any(drops.get(f, kept) > 0 for f in ("hidden_dropout",
+                                                           "attention_dropout"))}
 
 
 def _optimizer_fields(get: Any) -> dict[str, Any]:

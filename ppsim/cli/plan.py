@@ -329,22 +329,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.png and best.best is not None:
         _png(args.png, planned)
     if args.json:
-        out = result_dict(planned, specs)
-        out["seconds"] = time.perf_counter() - started  # the whole command's wall time
-        if len(per_variant) > 1:
-            out["variant"] = next(label for label, r in per_variant if r is best)
-            out["variants"] = [{"variant": label, "best": candidate_dict(r.best,
-                                                                          r.problem.hardware.job)
-                                if r.best else None, "proven_optimal": r.proven_optimal}
-                               for label, r in per_variant]
-        if best.best is None:
-            peak, rank = best.smallest_peak or (0, 0)
-            out["smallest_peak_bytes"], out["smallest_peak_rank"] = peak, rank
-            if best.floor is not None:
-                out["memory_floor"] = {"static_bytes": best.floor.static_bytes,
-                                       "peak_bytes": best.floor.peak_bytes,
-                                       "inflight": list(best.floor.inflight)}
-        emit_json(out)
+        emit_json(_json_out(planned, per_variant, specs, started))
         return 0 if best.best is not None else EXIT_NO_FIT
     if best.best is None:
         searched = [label for label, r in per_variant if r is best]
@@ -357,6 +342,29 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.png:
         print(f"timeline picture written to {args.png}")
     return 0
+
+
+def _json_out(planned: Planned, per_variant: list[tuple[str, PlanResult]],
+              specs: DeepSpeedSpecs, started: float) -> dict[str, Any]:
+    """`--json`: the plan's object, with the variants searched and, when none fits, the
+    lowest peak and the memory floor."""
+    best = planned.result
+    out = result_dict(planned, specs)
+    out["seconds"] = time.perf_counter() - started  # the whole command's wall time
+    if len(per_variant) > 1:
+        out["variant"] = next(label for label, r in per_variant if r is best)
+        out["variants"] = [{"variant": label, "best": candidate_dict(r.best,
+                                                                      r.problem.hardware.job)
+                            if r.best else None, "proven_optimal": r.proven_optimal}
+                           for label, r in per_variant]
+    if best.best is None:
+        peak, rank = best.smallest_peak or (0, 0)
+        out["smallest_peak_bytes"], out["smallest_peak_rank"] = peak, rank
+        if best.floor is not None:
+            out["memory_floor"] = {"static_bytes": best.floor.static_bytes,
+                                   "peak_bytes": best.floor.peak_bytes,
+                                   "inflight": list(best.floor.inflight)}
+    return out
 
 
 def _png(path: str, planned: Planned) -> None:

@@ -13,7 +13,8 @@ from ppsim.cli.megatron_args import megatron_model_args
 from ppsim.cli.render import compact_table
 from ppsim.config.model import TransformerModel, parse_model
 from ppsim.config.presets import HARDWARE_NOTES, HARDWARE_PRESETS, MODEL_NOTES, MODEL_PRESETS
-from ppsim.config.schema import hardware_config, section_toml
+from ppsim.config.schema import hardware_config
+from ppsim.config.to_toml import section_toml
 from ppsim.errors import UserError, one_of
 
 

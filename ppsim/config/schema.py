@@ -1,4 +1,5 @@
-"""The TOML config: [model], [pipeline], [hardware], [placement]; loading and saving.
+"""The TOML config: [model], [pipeline], [hardware], [placement]; loading (saving as
+TOML: ppsim.config.to_toml).
 
 Every user mistake becomes a `UserError` naming the field and the fix. Flags and
 other edits are applied by ppsim.config.overrides; the CLI's flags are in ppsim.cli.flags.
@@ -332,63 +333,6 @@ def load_config(path: str | None, model: dict[str, Any] | None = None) -> Config
     if csv and not os.path.isabs(csv):
         cfg.pipeline.actions_csv = os.path.join(os.path.dirname(os.path.abspath(path)), csv)
     return cfg
-
-
-# ------------------------------------------------------------------ saving
-
-
-_TOML_ESCAPES = {"\\": "\\\\", '"': '\\"', "\b": "\\b", "\t": "\\t", "\n": "\\n",
-                 "\f": "\\f", "\r": "\\r"}
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return '"' + "".join(_TOML_ESCAPES.get(c) or (f"\\u{ord(c):04x}" if ord(c) < 0x20
-                             or ord(c) == 0x7F else c) for c in v) + '"'
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    return repr(v)
-
-
-def config_to_toml(cfg: Config) -> str:
-    """Serialise a config so load_config reads it back to an equal Config."""
-    lines = ["[model]"]
-    tables = []
-    for k, v in cfg.model.to_dict().items():
-        if isinstance(v, dict):
-            tables.append((f"model.{k}", v))
-        else:
-            lines.append(f"{k} = {_toml_value(v)}")
-    for name, table in tables:
-        lines += ["", f"[{name}]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()]
-    sections: list[tuple[str, Any]] = [("pipeline", cfg.pipeline), ("hardware", cfg.hardware)]
-    if cfg.placement != PlacementConfig():
-        sections.append(("placement", cfg.placement))
-    for section, obj in sections:
-        lines += ["", *section_toml(section, obj)]
-    lines += _memory_toml(cfg.memory)
-    if cfg.costs_file:
-        lines = [f"costs_file = {_toml_value(cfg.costs_file)}", ""] + lines
-    return "\n".join(lines) + "\n"
-
-
-def section_toml(section: str, obj: Any) -> list[str]:
-    """A config section (a dataclass) as its TOML table's lines, fields left unset out."""
-    return [f"[{section}]"] + [f"{f.name} = {_toml_value(v)}" for f in fields(obj)
-                               if (v := getattr(obj, f.name)) is not None]
-
-
-def _memory_toml(table: dict[str, Any] | None) -> list[str]:
-    """The [memory] table and its [[memory.stage]] tables."""
-    if table is None:
-        return []
-    lines = ["", "[memory]"] + [f"{k} = {_toml_value(v)}" for k, v in table.items()
-                                if k != "stage"]
-    for st in table.get("stage", []):
-        lines += ["", "[[memory.stage]]"] + [f"{k} = {_toml_value(v)}" for k, v in st.items()]
-    return lines
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:

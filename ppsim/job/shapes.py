@@ -13,7 +13,7 @@ from ppsim.costs.arch import expert_data_parallel
 from ppsim.costs.kv_split import kv_split_problem, rank_kv_heads
 from ppsim.costs.layerops import sequence_split_problem, vocab_split_problem
 from ppsim.costs.mixer_split import split_problem
-from ppsim.job.shape import cp_refusal
+from ppsim.job.context_parallel import cp_refusal
 from ppsim.pipeline.megatron_rules import MEGATRON_INTERLEAVED, group_refusal
 from ppsim.pipeline.torch_rules import torch_refusal
 from ppsim.schedules.generators import interleaved_group, schedule_for_vpp
@@ -124,7 +124,7 @@ FIXABLE = ("tp", "cp", "ep", "etp", "pp", "dp", "vpp", "mbs")
 def _grid_fits(a: Any, gpus: int, layers: int, tp: int, cp: int, pp: int) -> bool:
     """tp divides the heads (and divides the key/value heads or is a multiple of them
     but under MLA: ppsim.costs.kv_split), a vocabulary taken as it is, and under sequence
-    parallelism a rank's tokens, Megatron takes cp (ppsim.job.shape.cp_refusal), a hybrid
+    parallelism a rank's tokens, Megatron takes cp (ppsim.job.context_parallel.cp_refusal), a hybrid
     stack's mixers split over both (ppsim.costs.mixer_split), pp has layers and divides
     the world with them."""
     return not (a.num_heads % tp

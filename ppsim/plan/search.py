@@ -3,7 +3,7 @@
 `SplitSearch.evaluate` returns exactly what `simulate` reports for a split
 (tests/property/test_planner.py proves it; activation offload excepted, whose copies
 it prices per stage by ppsim.sim.copies.estimated) by list scheduling over a schedule
-compiled once. Imports go one way: search -> bounds -> planner.
+compiled once. Imports go one way: search -> bounds -> branch -> planner.
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ from launches import ROOT, Forked, Pool  # noqa: E402
 
 from ppsim.cli.flags import config_from_args
 from ppsim.cli.main import main
-from ppsim.cli.run import add_run_arguments, load_problem  # noqa: E402
+from ppsim.cli.run import load_problem  # noqa: E402
+from ppsim.cli.run_flags import add_run_arguments  # noqa: E402
 from ppsim.executor.builders import builder_spec, load_builder  # noqa: E402
 from ppsim.executor.reference import reference_step  # noqa: E402
 from ppsim.trace.read import read_trace  # noqa: E402

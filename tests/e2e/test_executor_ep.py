@@ -23,7 +23,8 @@ from launch_cases import MOE_TOML  # noqa: E402
 from launches import Pool  # noqa: E402
 
 from ppsim.cli.flags import config_from_args  # noqa: E402
-from ppsim.cli.run import add_run_arguments, load_problem  # noqa: E402
+from ppsim.cli.run import load_problem  # noqa: E402
+from ppsim.cli.run_flags import add_run_arguments  # noqa: E402
 from ppsim.config.schema import load_config  # noqa: E402
 from ppsim.executor.builders import builder_spec, load_builder  # noqa: E402
 from ppsim.executor.reference import reference_step  # noqa: E402

@@ -24,7 +24,8 @@ from launch_cases import SPECS  # noqa: E402
 from launches import Pool  # noqa: E402
 
 from ppsim.cli.main import main
-from ppsim.cli.run import add_run_arguments, load_problem  # noqa: E402
+from ppsim.cli.run import load_problem  # noqa: E402
+from ppsim.cli.run_flags import add_run_arguments  # noqa: E402
 from ppsim.config.schema import load_config  # noqa: E402
 from ppsim.executor.builders.gpt import GPTShape  # noqa: E402
 from ppsim.executor.reference import reference_step  # noqa: E402

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppsim.cli.main import main
-from ppsim.plan.planner import BranchAndBound, plan
+from ppsim.plan.branch import BranchAndBound
+from ppsim.plan.planner import plan
 from ppsim.plan.ranking import Rank, empty_stages, ordered, same_time
 from ppsim.plan.search import Deadline, SplitSearch
 

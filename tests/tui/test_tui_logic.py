@@ -7,7 +7,8 @@ from helpers import simulate_json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ppsim.config.schema import config_to_toml, load_config
+from ppsim.config.schema import load_config
+from ppsim.config.to_toml import config_to_toml
 from ppsim.pipeline.problem import build_problem
 from ppsim.sim.simulate import simulate
 from ppsim.tui.editing import (

@@ -216,7 +216,8 @@ def test_a_proposal_carries_the_split_and_a_policy_per_stage() -> None:
 
 def test_a_saved_config_reopens_with_the_edited_policies(tmp_path) -> None:
     """`s` writes config_to_toml(config_for(...)): the per-stage policies survive it."""
-    from ppsim.config.schema import config_to_toml, load_config
+    from ppsim.config.schema import load_config
+    from ppsim.config.to_toml import config_to_toml
 
     cfg, s = llama_state()
     pols = (StagePolicy(recompute_layers=3),

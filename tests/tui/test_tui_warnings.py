@@ -11,7 +11,8 @@ from helpers import run_cli
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from ppsim.config.schema import Config, config_to_toml, load_config
+from ppsim.config.schema import Config, load_config
+from ppsim.config.to_toml import config_to_toml
 from ppsim.errors import UserError
 from ppsim.pipeline.problem import build_problem
 from ppsim.tui.cautions import state_warnings

@@ -10,7 +10,8 @@ import pytest
 from helpers import ROOT
 
 from ppsim.cli.main import main
-from ppsim.config.schema import config_to_toml, load_config
+from ppsim.config.schema import load_config
+from ppsim.config.to_toml import config_to_toml
 
 UNIFORM = """
 [model]

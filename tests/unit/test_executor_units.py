@@ -22,7 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from ppsim.cli.run import add_run_arguments, load_problem
+from ppsim.cli.run import load_problem
+from ppsim.cli.run_flags import add_run_arguments
 from ppsim.config.model import model_fields
 from ppsim.config.schema import load_config
 from ppsim.costs.transformer import Architecture, layer_activation_bytes

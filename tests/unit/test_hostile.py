@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from ppsim.cli.flags import emit_json
 from ppsim.cli.main import main
-from ppsim.config.schema import _toml_value, config_to_toml, load_config
+from ppsim.config.schema import load_config
+from ppsim.config.to_toml import config_to_toml, toml_value
 from ppsim.sim.simulate import simulate
 from ppsim.trace.diff import critical_path, window
 from ppsim.trace.read import trace_from_json
@@ -168,7 +169,7 @@ def test_json_output_is_strict(capsys):
 
 @given(st.text(max_size=30))
 def test_any_string_round_trips_through_saved_toml(text):
-    assert tomllib.loads(f"x = {_toml_value(text)}\n")["x"] == text
+    assert tomllib.loads(f"x = {toml_value(text)}\n")["x"] == text
 
 
 def test_config_with_control_characters_loads_back(tmp_path):

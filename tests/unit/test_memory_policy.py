@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ppsim.cli.main import main
-from ppsim.config.schema import config_from_dict, config_to_toml, load_config
+from ppsim.config.schema import config_from_dict, load_config
+from ppsim.config.to_toml import config_to_toml
 from ppsim.costs.arch import Architecture
 from ppsim.costs.modules import OFFLOAD_MODULES, RECOMPUTE_MODULES, module_effect
 from ppsim.costs.saved import saved_tensors

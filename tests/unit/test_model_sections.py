@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from ppsim.config.model import TransformerModel, UniformModel, parse_model
 from ppsim.config.overrides import with_overrides
 from ppsim.config.presets import MODEL_PRESETS
-from ppsim.config.schema import config_from_dict, config_to_toml, load_config, parse_toml
+from ppsim.config.schema import config_from_dict, load_config, parse_toml
+from ppsim.config.to_toml import config_to_toml
 from ppsim.costs.model import LayerCost
 from ppsim.errors import UserError
 

@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from ppsim.cli.flags import config_from_args
 from ppsim.cli.main import main
-from ppsim.cli.run import add_run_arguments, run_spec
+from ppsim.cli.run import run_spec
+from ppsim.cli.run_flags import add_run_arguments
 from ppsim.config.schema import config_to_dict, load_config
 from ppsim.errors import UserError
 from ppsim.executor import launch, rundir
