@@ -9,12 +9,11 @@ What ppsim can check of them:
 - the sharded state: the two runs differ only in how many ranks shard the weights,
   gradients and Adam's moments (16 bytes a parameter / 8 against / 128), so the
   difference of their peaks is that of ppsim's static bytes, whatever the activations;
-- the peaks themselves lie between ppsim's with Megatron's selective recompute (keeps
-  more than torchtitan's per-op policy, which recomputes every other matmul) and with
-  full recompute (keeps less);
+- the peaks themselves against ppsim's with torchtitan's per-op policy (`--recompute
+  op-sac`), beside full recompute (keeps less) and Megatron's selective (keeps more);
 - tokens/s per GPU: printed beside the published ones, not a target. Those GPUs ran at
-  500 W with HBM2e (the h100-80gb preset is the 700 W SXM with HBM3), eager, and with
-  torchtitan's per-op checkpointing, none of which ppsim's compute rates hold.
+  500 W with HBM2e (the h100-80gb preset is the 700 W SXM with HBM3), eager, which
+  ppsim's compute rates do not hold.
 
 Then Megatron-LM's own FP8 example of Megatron-FSDP,
 examples/megatron_fsdp/train_llama3_8b_fsdp_h100_fp8.sh (Llama 3 8B on one 8-GPU node,
@@ -110,17 +109,19 @@ def example(fp8: bool) -> Predicted:
 def main() -> None:
     sel = {r.gpus: predict(r, "selective") for r in RUNS}
     full = {r.gpus: predict(r, "full") for r in RUNS}
+    sac = {r.gpus: predict(r, "op-sac") for r in RUNS}
     few, many = RUNS
     published = few.peak_gib - many.peak_gib
     ours = sel[few.gpus].static_gib - sel[many.gpus].static_gib
     print("Llama 3.1 8B, FSDP, local batch 2 x 8192 (torchtitan, Dec 2024), h100-80gb preset")
     print(f"sharded state, {few.gpus} GPUs minus {many.gpus}: ppsim {ours:.2f} GiB, "
           f"published peaks {published:.2f} GiB ({ours / published - 1:+.1%})")
-    print(f"{'GPUs':>5} {'peak: full':>10} {'published':>9} {'selective':>9}   "
-          f"{'tok/s/GPU: full':>15} {'selective':>9} {'published':>9}")
+    print(f"{'GPUs':>5} {'peak: full':>10} {'op-sac':>7} {'published':>9} {'selective':>9}"
+          f"   {'tok/s/GPU: full':>15} {'op-sac':>7} {'selective':>9} {'published':>9}")
     for r in RUNS:
-        print(f"{r.gpus:5} {full[r.gpus].peak_gib:10.1f} {r.peak_gib:9.1f} "
-              f"{sel[r.gpus].peak_gib:9.1f}   {full[r.gpus].tokens_per_gpu:15,.0f} "
+        print(f"{r.gpus:5} {full[r.gpus].peak_gib:10.1f} {sac[r.gpus].peak_gib:7.1f} "
+              f"{r.peak_gib:9.1f} {sel[r.gpus].peak_gib:9.1f}   "
+              f"{full[r.gpus].tokens_per_gpu:15,.0f} {sac[r.gpus].tokens_per_gpu:7,.0f} "
               f"{sel[r.gpus].tokens_per_gpu:9,.0f} {r.tokens_per_gpu:9,.0f}")
     fp8, bf16 = (example(fp8) for fp8 in (True, False))
     print(f"Megatron's Llama 3 8B FSDP example on 8 H100: FP8 {fp8.tokens_per_gpu:,.0f} "

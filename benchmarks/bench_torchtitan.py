@@ -15,18 +15,20 @@ in FP8: `--fp8-recipe tensorwise --fp8-param-gather` here):
   1F1B and interleaved 1F1B over the splits torchtitan generated (generate_split_points:
   15, 16 x 6, 15 layers; 16 stages of 7, 8 x 14, 7).
 
-The devices ran below the `h100-80gb` preset (500 W, HBM2e at 2.4 TB/s, a peak between
-the SXM's and the NVL's, as the document says), which ppsim does not price, so the
-absolute tokens/s per GPU are shown but the check is each table's ratio, in which the
-device's rate cancels: FP8 over bf16, AsyncTP over none, interleaved over 1F1B. Peaks
-beside torchtitan's logged memory (max_reserved_gib: the allocator's reserve, above what
-the tensors take). ppsim prices Megatron's selective recompute for torchtitan's selective
-checkpointing (they keep different ops) and neither torch.compile's fusions nor its own
-memory. Tables 2 and 6, context parallelism at 32,768 to 262,144 tokens (8B on 8 GPUs,
-FSDP x CP = 8, local batch 1; the 405B 3-D job of Table 5 with 8 microbatches of 1, FSDP x
-CP = 8; full checkpointing, Float8): each row over the CP 1 row (a longer sequence, so
-fewer tokens/s), priced with `--cp-comm-type all_gather` (torchtitan rotated K/V by
-all-gather; Transformer Engine's exposes it, torch's hides part behind the local chunk).
+The devices ran below the `h100-80gb` preset (500 W, HBM2e at 2.4 TB/s, a peak between the
+SXM's and the NVL's, as the document says), which ppsim does not price, so the absolute
+tokens/s per GPU are shown but the check is each table's ratio, in which the device's rate
+cancels: FP8 over bf16, AsyncTP over none, interleaved over 1F1B. Peaks beside
+torchtitan's logged memory (max_reserved_gib: the allocator's reserve, above what the
+tensors take). ppsim prices Megatron's selective recompute for torchtitan's selective
+checkpointing here (they keep different ops; torchtitan's own, `--recompute op-sac`, is
+priced in bf16 alone, and each ratio needs both rows alike) and neither torch.compile's
+fusions nor its own memory. Tables 2 and 6, context parallelism at 32,768 to 262,144
+tokens (8B on 8 GPUs, FSDP x CP = 8, local batch 1; the 405B 3-D job of Table 5 with 8
+microbatches of 1, FSDP x CP = 8; full checkpointing, Float8): each row over the CP 1 row
+(a longer sequence, so fewer tokens/s), priced with `--cp-comm-type all_gather`
+(torchtitan rotated K/V by all-gather; Transformer Engine's exposes it, torch's hides part
+behind the local chunk).
 
 Then benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (June 2025, the same machines):
 Llama 3.1 70B on 256 GPUs (FSDP 32 x TP 8, local batch 16, full checkpointing) and 8B on
