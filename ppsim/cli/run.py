@@ -50,7 +50,7 @@ def run_config(args: argparse.Namespace) -> Any:
     """The config the ranks run: on the hardware a `simulate` of the same flags would
     choose (hardware_choice), so the run's trace and the simulation price one job."""
     run_frameworks.prepare_run(args)  # torchtitan's fields and DeepSpeed's config
-    return assume_hardware(args, config_from_args(args))[0]
+    return run_frameworks.whole_loss(assume_hardware(args, config_from_args(args))[0])
 
 
 def versus_args(args: argparse.Namespace) -> argparse.Namespace:

@@ -11,9 +11,12 @@ run's --dp."""
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import Any
 
 from ppsim.cli import deepspeed_job
 from ppsim.cli.deepspeed_batch import deepspeed_batch
+from ppsim.config.overrides import with_overrides
 from ppsim.config.schema import Config
 from ppsim.errors import UserError
 
@@ -29,6 +32,17 @@ def prepare_run(args: argparse.Namespace) -> None:
         _titan_on_run(args)
     if getattr(args, "deepspeed_config", None) is not None and args.dp is not None:
         _deepspeed_batch_at(args, args.dp)
+
+
+def whole_loss(cfg: Any) -> Any:
+    """The config a run trains: a config-registry function's chunked loss (its
+    ChunkedLossWrapper) runs whole in the executor, so the run's trace prices it whole."""
+    chunks = getattr(getattr(cfg.model, "arch", None), "loss_chunks", 0)
+    if not chunks:
+        return cfg
+    print(f"note: ChunkedLossWrapper's {chunks} loss chunks taken, not run (the executor "
+          "computes the loss whole)", file=sys.stderr)
+    return with_overrides(cfg, model={"loss_chunks": 0})
 
 
 def _titan_on_run(args: argparse.Namespace) -> None:

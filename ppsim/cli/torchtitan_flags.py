@@ -89,6 +89,8 @@ def add_torchtitan_flags(p: argparse.ArgumentParser) -> None:
                        help=argparse.SUPPRESS)
     t.add_argument("--compile.enable", dest="tt_compile", action=_Field, const=True,
                    help=argparse.SUPPRESS)
+    t.add_argument("--loss.num_chunks", dest="loss_chunks", type=_degree, action=_Field,
+                   metavar="N", help=argparse.SUPPRESS)
     t.add_argument(AC_SUBCOMMAND, dest="tt_ac", action=_Field, help=argparse.SUPPRESS)
 
 
@@ -171,7 +173,8 @@ def _registry_defaults(args: argparse.Namespace, reg: RegistryJob, job_search: b
                         ("seq_length", reg.max_context_length),
                         ("tt_num_tokens_per_microbatch_per_dp_rank",
                          reg.num_tokens_per_microbatch_per_dp_rank),
-                        ("tp_comm_overlap", reg.async_tp or None)):
+                        ("tp_comm_overlap", reg.async_tp or None),
+                        ("loss_chunks", reg.loss_chunks)):
         if getattr(args, dest, None) is None and value is not None and not (
                 job_search and dest in SEARCHED):
             setattr(args, dest, value)

@@ -63,6 +63,8 @@ def torchtitan_job(shape: Any, problem: Any, gbs: int, fqns: list[list[str]] | N
     if shape.cp > 1 and job.arch.cp_comm_type != "p2p":
         notes.append(f"torchtitan's context parallelism is torch's, not Transformer "
                      f"Engine's {job.arch.cp_comm_type}")
+    if job.arch.loss_chunks:
+        out["loss"] = {"num_chunks": job.arch.loss_chunks}  # ChunkedLossWrapper's
     if job.tp_comm_overlap and shape.tp > 1:  # AsyncTP: torchtitan compiles the model for it
         out["compile"] = {"enable": True, "enable_async_tensor_parallel": True}
     if job.arch.nvfp4:
@@ -83,7 +85,7 @@ def torchtitan_job(shape: Any, problem: Any, gbs: int, fqns: list[list[str]] | N
 def torchtitan_text(fields: dict[str, Any]) -> str:
     """The fields as one line: section, then name=value pairs."""
     parts = []
-    for section in ("parallelism", "training", "compile"):
+    for section in ("parallelism", "training", "compile", "loss"):
         if section not in fields:
             continue
         pairs = ", ".join(f"{k}={v!r}" for k, v in fields[section].items()

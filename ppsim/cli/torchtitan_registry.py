@@ -63,6 +63,8 @@ class RegistryJob:
     """compile.enable_async_tensor_parallel."""
     float8: bool = False
     """Float8LinearConverter (rowwise, the head filtered out)."""
+    loss_chunks: int = 8
+    """Its loss, ChunkedLossWrapper, at its default num_chunks (every function here)."""
 
 
 _LLAMA = "torchtitan/models/llama3/config_registry.py"

@@ -28,6 +28,7 @@ MODEL_KEYS = ("num_layers", "recompute", "tp", "micro_batch_size", "hybrid_layer
               "fsdp_cpu_offload", "fsdp_framework", "dp_replicas", "bias_swiglu_fusion",
               "gradient_accumulation_fusion", "sequence_parallel",
               "cp_comm_type", "cp_a2a_size", "optimizer", "muon_ns_steps", "muon_tp_mode",
+              "loss_chunks",
               *OPTIMIZER_DTYPES, *HOST_OPTIMIZER_KEYS)
 """[model] fields an override may set (the rest come from the file or the preset)."""
 PIPELINE_KEYS = ("pp", "vpp", "microbatches", "schedule", "actions_csv",

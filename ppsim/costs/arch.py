@@ -145,6 +145,10 @@ class Architecture:
     """Under a2a+p2p, the ranks of each all-to-all: consecutive ranks of the cp group,
     the first of Megatron's --hierarchical-context-parallel-sizes (the ring's the
     second, cp over it); 0: not given."""
+    loss_chunks: int = 0
+    """torchtitan's ChunkedLossWrapper (num_chunks; every config-registry function's
+    loss): the head and loss run chunk by chunk, forward and backward, inside the last
+    stage's forward (ppsim.costs.layerops.CHUNK_LOGIT_BYTES); 0: the whole logits at once."""
     tie_embeddings: bool = False
     """The LM head shares the embedding's weights (Megatron's default unless
     --untie-embeddings-and-output-weights): with pp > 1 the first and last stage

@@ -269,12 +269,26 @@ def _norm_bytes(a: Architecture, width: int) -> float:
     return _tokens(a) * (width * a.residual_bytes + stats)
 
 
+CHUNK_LOGIT_BYTES = 14
+"""Bytes a logit of one chunk takes at the height of torchtitan's chunked loss (its
+ChunkedLossWrapper over CrossEntropyLoss, eager): the bf16 logits the loop holds (2), the
+fp32 log-softmax output cross_entropy saves (4), and in the chunk's backward the fp32
+gradient of that output (4) and of its input (4); the fp32 copy of the logits is freed
+once the log-softmax has run."""
+
+
 def head_activation_bytes(a: Architecture) -> int:
     """Final norm (input, stats), the projection's input and the fp32 log-probabilities
     the cross-entropy keeps. The logits in the training dtype are not kept: the fp32
     cast is what autograd saves (Megatron's vocab-parallel loss keeps its fp32 softmax
-    the same way); they exist only for the moment of the cast."""
+    the same way); they exist only for the moment of the cast. Under torchtitan's chunked
+    loss (Architecture.loss_chunks) the backward through the head has run by then: the
+    decoder's output and the gradient accumulated for it, both whole on every tensor rank
+    (the chunks take the replicated output), wait for the decoder's backward."""
     tok, w = _tokens(a), DTYPE_BYTES[a.dtype]
+    if a.loss_chunks:
+        return int(rank_bytes(a, _norm_bytes(a, a.hidden_size), 0)
+                   + 2 * tok * a.hidden_size * w)
     hidden = _norm_bytes(a, a.hidden_size) + tok * a.hidden_size * w  # the norm's output
     return int(rank_bytes(a, hidden, tok * padded_vocab(a) * 4))
 
@@ -282,8 +296,23 @@ def head_activation_bytes(a: Architecture) -> int:
 def head_transient_bytes(a: Architecture) -> int:
     """The logits' gradient in the training dtype, made inside the head's backward:
     Megatron's vocab-parallel loss writes its gradient into the fp32 softmax it kept, in
-    place, and the backward of the cast to fp32 returns one new tensor of the logits'."""
-    return int(_tokens(a) * padded_vocab(a) * DTYPE_BYTES[a.dtype] / a.tp)
+    place, and the backward of the cast to fp32 returns one new tensor of the logits'.
+    Under torchtitan's chunked loss: one chunk's logits at their height
+    (CHUNK_LOGIT_BYTES) beside the fp32 buffer the chunks' gradients accumulate in."""
+    logits = _tokens(a) * padded_vocab(a) / a.tp
+    if a.loss_chunks:
+        return int(logits / a.loss_chunks * CHUNK_LOGIT_BYTES
+                   + _tokens(a) * a.hidden_size * 4)
+    return int(logits * DTYPE_BYTES[a.dtype])
+
+
+def loss_chunks_problem(seq_length: int, cp: int, chunks: int) -> str | None:
+    """ChunkedLossWrapper's check: a rank's tokens of a sequence split into equal chunks
+    (a micro batch's then do too)."""
+    if not chunks or (seq_length // cp) % chunks == 0:
+        return None
+    return (f"seq_length / cp = {seq_length // cp:,} tokens do not split into {chunks} "
+            "equal loss chunks (ChunkedLossWrapper's check)")
 
 
 def embedding_activation_bytes(a: Architecture) -> int:

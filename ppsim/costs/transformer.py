@@ -206,6 +206,10 @@ def _head_cost(a: Architecture, acc: Accelerator) -> LayerCost:
     norm = h * (1 if a.rmsnorm else 2)
     # W keeps the vocabulary projection's input and its logits' gradient.
     w_keep = sum(weight_grad_bytes(a, ops, inputs) for inputs in (True, False))
+    if a.loss_chunks:  # torchtitan runs the head's backward chunk by chunk in the forward
+        _, nbi, nbw = piece_times(acc.roofline(), [op for op in ops
+                                                   if op.name.startswith("final_norm")])
+        f, bi, bw, w_keep = f + bi - nbi + bw - nbw, nbi, nbw, 0  # the norm's stays in B
     return LayerCost(forward_ms=f, backward_ms=bi + bw, weight_grad_ms=bw,
                      static_bytes=int((padded_vocab(a) * h / t + norm) * bytes_per_param(a)),
                      activation_bytes=head_activation_bytes(a), weight_grad_bytes=w_keep,

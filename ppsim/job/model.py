@@ -17,7 +17,12 @@ from typing import Any
 from ppsim.config import parallel_rules
 from ppsim.costs.arch import Architecture
 from ppsim.costs.grouptimes import TimedGroup
-from ppsim.costs.layerops import padded_vocab, sequence_split_problem, splittable_seq_length
+from ppsim.costs.layerops import (
+    loss_chunks_problem,
+    padded_vocab,
+    sequence_split_problem,
+    splittable_seq_length,
+)
 from ppsim.costs.state import grad_bytes
 from ppsim.costs.transformer import Accelerator, accelerator
 from ppsim.errors import UserError
@@ -347,6 +352,10 @@ def _sequence_splits(a: Architecture) -> None:
         raise UserError("model.seq_length", problem, "use --seq-length "
                         f"{splittable_seq_length(a.seq_length, a.cp, a.tp)}, a --tp that "
                         "divides the tokens, or --no-sequence-parallel")
+    problem = loss_chunks_problem(a.seq_length, a.cp, a.loss_chunks)
+    if problem is not None:
+        raise UserError("model.seq_length", problem, "give a sequence length the chunks "
+                        "divide, or another --cp")
 
 
 def build_job(cfg: Any, timed: tuple[TimedGroup, ...] = ()) -> Job | None:

@@ -11,7 +11,11 @@ from typing import Any
 
 from ppsim.costs.arch import expert_data_parallel
 from ppsim.costs.kv_split import kv_split_problem, rank_kv_heads
-from ppsim.costs.layerops import sequence_split_problem, vocab_split_problem
+from ppsim.costs.layerops import (
+    loss_chunks_problem,
+    sequence_split_problem,
+    vocab_split_problem,
+)
 from ppsim.costs.mixer_split import split_problem
 from ppsim.job.context_parallel import cp_refusal
 from ppsim.pipeline.megatron_rules import MEGATRON_INTERLEAVED, group_refusal
@@ -132,6 +136,7 @@ def _grid_fits(a: Any, gpus: int, layers: int, tp: int, cp: int, pp: int) -> boo
                 or (cp > 1 and cp_refusal(a, cp) is not None)
                 or pp > layers or gpus % (tp * cp * pp) or split_problem(a, tp, cp)
                 or vocab_split_problem(a.vocab_size, a.pad_vocab, tp)
+                or loss_chunks_problem(a.seq_length, cp, a.loss_chunks)
                 or (not a.torchtitan_fsdp
                     and sequence_split_problem(a.seq_length, cp, tp, a.sequence_parallel)))
 

@@ -17,6 +17,8 @@ from ppsim.config.presets import MODEL_PRESETS
 from tests.helpers import run_cli
 
 H100 = ["--hardware", "h100-80gb"]
+CHUNKED = ["--loss.num_chunks", "8"]
+"""Every registry function's loss: ChunkedLossWrapper at its default 8 chunks."""
 
 
 def _json(argv: list[str]) -> dict:
@@ -136,14 +138,14 @@ def test_a_registry_function_is_its_model_and_fields(capsys: pytest.CaptureFixtu
     titan = _json(["simulate", *H100, "--torchtitan-config", "llama3_70b", "--gpus", "64"])
     ours = _json(["simulate", *H100, "--preset", "llama3-70b", "--fsdp", "--gpus", "64",
                   "--tp", "8", "--pp", "1", "--micro-batch-size", "8", "--seq-length", "8192",
-                  "--microbatches", "1", "--recompute", "full"])
+                  "--microbatches", "1", "--recompute", "full", *CHUNKED])
     assert titan == ours
     wider = _json(["simulate", *H100, "--torchtitan-config", "llama3_70b", "--gpus", "64",
                    "--parallelism.tensor_parallel_degree", "4"])
     assert wider == _json(["simulate", *H100, "--preset", "llama3-70b", "--fsdp", "--gpus",
                            "64", "--tp", "4", "--pp", "1", "--micro-batch-size", "8",
                            "--seq-length", "8192", "--microbatches", "1", "--recompute",
-                           "full"])
+                           "full", *CHUNKED])
     # llama3_405b compiles (taken, named as not priced) for AsyncTP, and trains in float8.
     r = run_cli(["simulate", *H100, "--torchtitan-config", "llama3_405b", "--gpus", "512",
                  "--json"])
@@ -152,7 +154,7 @@ def test_a_registry_function_is_its_model_and_fields(capsys: pytest.CaptureFixtu
     ours = _json(["simulate", *H100, "--preset", "llama3.1-405b", "--fsdp", "--gpus", "512",
                   "--tp", "8", "--pp", "1", "--micro-batch-size", "2", "--seq-length", "8192",
                   "--microbatches", "1", "--recompute", "full", "--tp-comm-overlap",
-                  "--fp8-format", "hybrid", "--fp8-recipe", "rowwise"])
+                  "--fp8-format", "hybrid", "--fp8-recipe", "rowwise", *CHUNKED])
     assert json.loads(r.stdout) == ours
 
 
@@ -162,7 +164,8 @@ def test_gpt_oss_120b_is_its_preset_and_fields() -> None:
     titan = _json(["simulate", *H100, "--torchtitan-config", "gpt_oss_120b", "--gpus", "64"])
     ours = _json(["simulate", *H100, "--preset", "gpt-oss-120b", "--fsdp", "--gpus", "64",
                   "--tp", "1", "--ep", "1", "--pp", "1", "--micro-batch-size", "1",
-                  "--seq-length", "8192", "--microbatches", "1", "--recompute", "full"])
+                  "--seq-length", "8192", "--microbatches", "1", "--recompute", "full",
+                  *CHUNKED])
     assert titan == ours
 
 
