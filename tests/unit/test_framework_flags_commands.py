@@ -100,7 +100,8 @@ def test_costs_reads_a_torchtitan_line_as_its_flags() -> None:
                   "--gpus", "8", "--json"])
     assert titan == _out(["costs", *LLAMA, "--gpus", "8", "--pp", "1", "--recompute", "full",
                           "--seq-length", "8192", "--micro-batch-size", "1",
-                          "--microbatches", "1", *TITAN_SHARDS, "--json"])
+                          "--microbatches", "1", *TITAN_SHARDS, "--loss.num_chunks", "8",
+                          "--json"])
 
 
 def test_schedule_reads_torchtitans_pipeline() -> None:
@@ -211,7 +212,8 @@ def test_tui_opens_on_a_torchtitan_line_as_its_flags() -> None:
 
     titan = opened("--torchtitan-config llama3_8b activation-checkpoint:full --gpus 8")
     ours = opened("--preset llama3-8b --gpus 8 --pp 1 --recompute full --seq-length 8192 "
-                  "--micro-batch-size 1 --microbatches 1 --fsdp --sequence-parallel")
+                  "--micro-batch-size 1 --microbatches 1 --fsdp --sequence-parallel "
+                  "--loss.num_chunks 8")
     assert titan == ours
     state = state_from_config(titan)
     assert (state.model_preset, state.recompute, state.pp) == ("llama3-8b", "full", 1)
