@@ -20,15 +20,13 @@ SXM's and the NVL's, as the document says), which ppsim does not price, so the a
 tokens/s per GPU are shown but the check is each table's ratio, in which the device's rate
 cancels: FP8 over bf16, AsyncTP over none, interleaved over 1F1B. Peaks beside
 torchtitan's logged memory (max_reserved_gib: the allocator's reserve, above what the
-tensors take). ppsim prices Megatron's selective recompute for torchtitan's selective
-checkpointing here (they keep different ops; torchtitan's own, `--recompute op-sac`, is
-priced in bf16 alone, and each ratio needs both rows alike) and neither torch.compile's
-fusions nor its own memory. Tables 2 and 6, context parallelism at 32,768 to 262,144
-tokens (8B on 8 GPUs, FSDP x CP = 8, local batch 1; the 405B 3-D job of Table 5 with 8
-microbatches of 1, FSDP x CP = 8; full checkpointing, Float8): each row over the CP 1 row
-(a longer sequence, so fewer tokens/s), priced with `--cp-comm-type all_gather`
-(torchtitan rotated K/V by all-gather; Transformer Engine's exposes it, torch's hides part
-behind the local chunk).
+tensors take). torchtitan's selective checkpointing is priced as itself (`--recompute op-
+sac`); ppsim prices neither torch.compile's fusions nor its own memory. Tables 2 and 6,
+context parallelism at 32,768 to 262,144 tokens (8B on 8 GPUs, FSDP x CP = 8, local batch
+1; the 405B 3-D job of Table 5 with 8 microbatches of 1, FSDP x CP = 8; full
+checkpointing, Float8): each row over the CP 1 row (a longer sequence, so fewer tokens/s),
+priced with `--cp-comm-type all_gather` (torchtitan rotated K/V by all-gather; Transformer
+Engine's exposes it, torch's hides part behind the local chunk).
 
 Then benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (June 2025, the same machines):
 Llama 3.1 70B on 256 GPUs (FSDP 32 x TP 8, local batch 16, full checkpointing) and 8B on
@@ -98,7 +96,7 @@ def predict(run: TitanRun) -> Predicted:
 
 def _8b(gpus: int, fp8: bool, tps: float, mem: float) -> TitanRun:
     return TitanRun(label=f"8B FSDP {gpus}" + (" Float8" if fp8 else " bf16"),
-                    preset="llama3-8b", dp=gpus, mbs=2, recompute="selective",
+                    preset="llama3-8b", dp=gpus, mbs=2, recompute="op-sac",
                     model=FLOAT8 if fp8 else {}, tokens_per_gpu=tps, memory_gib=mem)
 
 
@@ -145,7 +143,7 @@ def _2d(preset: str, quant: str, async_tp: bool, tps: float) -> TitanRun:
     model = {"bf16": {}, "tensorwise": FLOAT8, "rowwise": ROWWISE}[quant]
     return TitanRun(label=f"{_size(preset)} TP 8 {quant}" + (" AsyncTP" if async_tp else ""),
                     preset=preset, dp=32 if big else 8, tp=8, mbs=16 if big else 12,
-                    recompute="full" if big else "selective", model=model,
+                    recompute="full" if big else "op-sac", model=model,
                     pipeline={"tp_comm_overlap": async_tp}, tokens_per_gpu=tps,
                     memory_gib=0.0)
 

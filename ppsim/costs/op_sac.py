@@ -41,8 +41,10 @@ HALF_REPEATED = frozenset({"mlp.fc1"})
 def op_sac_refusal(model: Mapping[str, Any] | Architecture) -> str:
     """Why a model (an Architecture, or its [model] fields, absent ones at their
     defaults) is not priced under op-sac, or "" where it is: the policy's saves are
-    counted for a dense GQA decoder layer with bf16 matmuls and FlashAttention-like
-    attention."""
+    counted for a dense GQA decoder layer with FlashAttention-like attention. Float8
+    linears save the same: torch's dispatch mode sees their matmul (torchao's
+    Float8TrainingTensor's mm) before the subclass does, so the count is the same, the
+    outputs are in the training dtype, and the amax of each cast, saved too, is a scalar."""
     fields = model if isinstance(model, Mapping) else vars(model)
     reasons = (
         (fields.get("num_experts", 0), "MoE layers (torchtitan's grouped experts and "
@@ -50,7 +52,8 @@ def op_sac_refusal(model: Mapping[str, Any] | Architecture) -> str:
         (fields.get("attention", "gqa") == "mla", "MLA"),
         (fields.get("hybrid_layer_pattern") or fields.get("experimental_attention_variant")
          or fields.get("linear_attention_freq"), "hybrid or linear-attention layers"),
-        (fields.get("fp8"), "FP8 or NVFP4 linears (their scales are saved too)"),
+        (fields.get("fp8") == "e2m1", "NVFP4 linears (torchtitan trains in no NVFP4 "
+         "recipe ppsim prices)"),
         (fields.get("unfused_attention"), "unfused attention"),
         (fields.get("dropout"), "dropout"),
         (fields.get("gated_mlp") is False, "an ungated MLP (its matmuls pair differently)"),

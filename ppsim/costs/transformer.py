@@ -37,6 +37,7 @@ from ppsim.costs.layerops import (
 )
 from ppsim.costs.model import LAYER_FIELDS, LayerCost, ModelCosts
 from ppsim.costs.modules import SHORTHAND, layer_activation_bytes
+from ppsim.costs.op_sac import OP_SAC_MODULE
 from ppsim.costs.ops import Op, Roofline, op_times, piece_times
 from ppsim.costs.params import KindParams, attention_params, kind_params, mtp_extra_params
 from ppsim.costs.stack import KINDS, layer_kinds, layer_windows
@@ -171,14 +172,15 @@ def _kind_work(a: Architecture, acc: Accelerator, kind: str,
         bi += a2a
     effect = kind_effect(a, kind, recompute, full=full)
     act, repeated, transient = effect.kept_bytes, effect.repeated_ops, effect.transient_bytes
-    if full:  # its saved weights live inside its backward alone, as its forward reruns
-        transient += saved_weight_bytes(a, ops)
-        bi += f  # the forward runs again before the backward
+    if full or OP_SAC_MODULE in recompute:  # a checkpoint keeps no weight copies: they
+        transient += saved_weight_bytes(a, ops)  # live inside the backward's recompute alone
     else:
         act += saved_weight_bytes(a, ops)
-        if repeated:  # the recomputed modules' forward ops run again inside the backward
-            bi += piece_times(roof, effect.ops_again(ops))[0]
-            bi += a2a if "a2a" in repeated else 0.0
+    if full:
+        bi += f  # the forward runs again before the backward
+    elif repeated:  # the recomputed modules' forward ops run again inside the backward
+        bi += piece_times(roof, effect.ops_again(ops))[0]
+        bi += a2a if "a2a" in repeated else 0.0
     w_keep = min(act, weight_grad_bytes(a, ops, inputs=True)) \
         + weight_grad_bytes(a, ops, inputs=False)
     held = held_params(a, kind)

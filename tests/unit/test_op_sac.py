@@ -117,7 +117,7 @@ def test_the_search_ladder_is_the_framework_s() -> None:
 @pytest.mark.parametrize(("preset", "extra", "what"), [
     ("deepseek-v3", [], "MoE layers"),
     ("nemotron-h-8b", [], "hybrid"),
-    ("llama3-8b", ["--fp8-format", "e4m3"], "FP8"),
+    ("llama3-8b", ["--fp4-format", "e2m1"], "NVFP4"),
     ("gpt3-1.3b", [], "an ungated MLP"),
 ])
 def test_what_it_is_not_priced_for_is_refused_in_one_line(preset: str, extra: list[str],
@@ -168,3 +168,14 @@ def test_the_executor_refuses_it_in_one_line(command: list[str]) -> None:
     assert (r.returncode, r.stdout) == (2, "")
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "error: model.recompute: op-sac: the executor" in lines[0]
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_float8_linears_keep_what_bf16_ones_do(recipe: str) -> None:
+    """torchao's Float8 matmuls reach the policy as matmuls (its dispatch mode runs before
+    the Float8 tensor's own), their outputs in bf16: the same saves, the same count."""
+    fp8 = llama(fsdp=True, fp8="hybrid", fp8_recipe=recipe, recompute="op-sac")
+    assert op_sac_kept(fp8) == op_sac_kept(llama(fsdp=True, recompute="op-sac"))
+    fp8_acc = replace(ACC, fp8_peak_tflops=1979.0)
+    assert transformer_costs(fp8, fp8_acc).layers[0].activation_bytes == \
+        sum(op_sac_kept(fp8).values())
