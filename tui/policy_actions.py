@@ -11,8 +11,10 @@ from typing import Any
 
 from textual import work
 
+from ppsim.costs.op_sac import OP_SAC
 from ppsim.errors import UserError
 from ppsim.plan.advice import no_fit_message
+from ppsim.policy.model import MODES
 from ppsim.policy.search import SpaceBest
 from ppsim.tui import planning
 from ppsim.tui.editing import EditRefused
@@ -25,10 +27,22 @@ from ppsim.tui.session import EditState
 
 def current_policies(state: EditState) -> tuple:
     """What the split editor shows for a state: one policy per virtual stage, or ()
-    for a model without a recompute setting (uniform costs: no policy)."""
-    if state.recompute not in ("none", "selective", "full"):
+    for a model without a recompute setting (uniform costs: no policy) or on
+    torchtitan's SelectiveAC (one policy for every block)."""
+    if state.recompute not in MODES:
         return ()
     return stage_policies(state.policies, state.recompute, state.pp * state.vpp)
+
+
+def policy_refusal(state: EditState, has_choices: bool) -> str | None:
+    """Why the policy keys cannot edit this state's per-stage policy; None where they can."""
+    if state.recompute == OP_SAC:
+        return (f"memory policy refused: {OP_SAC} is torchtitan's one policy for every "
+                "block; choose recompute none, selective or full to set one per stage")
+    if not has_choices or not current_policies(state):
+        return ("memory policy refused: this model has uniform costs (no op lists); "
+                "choose a transformer model")
+    return None
 
 
 class PolicyActions:
@@ -43,9 +57,9 @@ class PolicyActions:
         event.stop()
         s = self.state
         choices = choices_for(self.result.config.model) if self.result is not None else None
-        if choices is None or not current_policies(s):
-            self.notify("memory policy refused: this model has uniform costs (no op lists); "
-                        "choose a transformer model", severity="error")
+        refusal = policy_refusal(s, choices is not None)
+        if refusal is not None:
+            self.notify(refusal, severity="error")
             return
         policies = current_policies(s)
         st = s.split.stages[event.stage]

@@ -261,3 +261,19 @@ def test_with_chunks_the_policy_plan_is_per_rank_on_the_megatron_split() -> None
     sim = evaluate_state(cfg, prop).sim
     assert all(r.fits for r in sim.summary.ranks)
     assert sim.summary.iteration_time_ms == pytest.approx(space_key(best)[0])
+
+
+def test_op_sac_edits_no_per_stage_policy_and_says_why() -> None:
+    """torchtitan's SelectiveAC is one policy for every block: the policy keys refuse it
+    naming op-sac (not as a model of uniform costs), and the other modes take them."""
+    from ppsim.tui.policy_actions import current_policies, policy_refusal
+
+    base = preset_config("llama3-8b", pp=4, microbatches=8)
+    state = apply_setting(base, state_from_config(base), "recompute", "op-sac")
+    assert current_policies(state) == ()
+    refusal = policy_refusal(state, True)
+    assert refusal is not None and "op-sac is torchtitan's one policy" in refusal
+    for mode in ("none", "selective", "full"):
+        other = apply_setting(base, state, "recompute", mode)
+        assert policy_refusal(other, True) is None and len(current_policies(other)) == 4
+    assert "uniform costs" in (policy_refusal(replace(state, recompute="n/a"), False) or "")
