@@ -22,12 +22,12 @@ from ppsim.costs.fp8 import PROJ_INPUT
 from ppsim.costs.kv_split import qkv_gather_bytes
 from ppsim.costs.layerops import layer_ops
 from ppsim.costs.op_sac import (
-    HALF_REPEATED,
     OP_SAC,
+    OP_SAC_KINDS,
     OP_SAC_MODULE,
-    REPEATED,
     half_matmul,
     op_sac_kept,
+    op_sac_repeats,
     op_sac_transient,
 )
 from ppsim.costs.ops import Op
@@ -232,14 +232,15 @@ def module_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
 
 
 def _op_sac_effect(a: Architecture, kind: str, offload: tuple[str, ...]) -> ModuleEffect:
-    """torchtitan's SelectiveAC on a dense layer (ppsim.costs.op_sac); it offloads
+    """torchtitan's SelectiveAC on a dense or MoE layer (ppsim.costs.op_sac); it offloads
     nothing (Megatron's offload modules are not torchtitan's)."""
-    if kind != "dense" or offload:
-        raise ValueError(f"{OP_SAC} prices dense layers without offload, not {kind!r} "
-                         f"with {offload!r}")
-    return ModuleEffect(kept_bytes=int(sum(op_sac_kept(a).values())), offloaded_bytes=0,
-                        freed_bytes=0, repeated_ops=REPEATED, halved_ops=HALF_REPEATED,
-                        transient_bytes=max(op_sac_transient(a) + scores_workspace(
+    if kind not in OP_SAC_KINDS or offload:
+        raise ValueError(f"{OP_SAC} prices {OP_SAC_KINDS} layers without offload, not "
+                         f"{kind!r} with {offload!r}")
+    again = op_sac_repeats(a, kind)
+    return ModuleEffect(kept_bytes=int(sum(op_sac_kept(a, kind).values())), offloaded_bytes=0,
+                        freed_bytes=0, repeated_ops=again.whole, halved_ops=again.halved,
+                        transient_bytes=max(op_sac_transient(a, kind) + scores_workspace(
                             a, saved_tensors(a, kind)), _gathered_qkv(a, kind)))
 
 

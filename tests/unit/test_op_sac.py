@@ -52,10 +52,10 @@ def test_at_tp_the_partial_sum_stays_whole_and_the_scatters_are_kept() -> None:
     saved too (their op is in the save list), each a tp-th of the tokens."""
     tp, tokens, h = 4, 8192, 4096
     one, four = op_sac_kept(llama()), op_sac_kept(llama(tp=tp))
-    assert four["mlp.w2_out"] == one["mlp.w2_out"] == tokens * h * 2
+    assert four["mlp.fc2.out"] == one["mlp.fc2.out"] == tokens * h * 2
     assert four["reduce_scatter.out"] == 2 * tokens * h * 2 / tp
     assert "reduce_scatter.out" not in one
-    for name in ("attn.q", "attn.out", "mlp.w1_out", "norm1.in"):
+    for name in ("qkv.out", "attn.out", "mlp.fc1.out1", "norm1.in"):
         assert four[name] == one[name] / tp
 
 
@@ -111,14 +111,16 @@ def test_the_search_ladder_is_the_framework_s() -> None:
     assert mode_ladder(llama(recompute="op-sac")) == ("none", "op-sac", "full")
     assert mode_ladder(llama(fsdp=True)) == ("none", "op-sac", "full")
     moe = Architecture(**{**MODEL_PRESETS["qwen3-30b-a3b"], "fsdp": True})
-    assert mode_ladder(moe) == ("none", "full")
+    assert mode_ladder(moe) == ("none", "op-sac", "full")
+    hybrid = Architecture(**{**MODEL_PRESETS["nemotron-h-8b"], "fsdp": True})
+    assert mode_ladder(hybrid) == ("none", "full")
 
 
 @pytest.mark.parametrize(("preset", "extra", "what"), [
-    ("deepseek-v3", [], "MoE layers"),
     ("nemotron-h-8b", [], "hybrid"),
+    ("qwen3-next-80b-a3b", [], "hybrid or linear-attention"),
     ("llama3-8b", ["--fp4-format", "e2m1"], "NVFP4"),
-    ("gpt3-1.3b", [], "an ungated MLP"),
+    ("llama3-8b", ["--attention-dropout", "0.1", "--hidden-dropout", "0.1"], "dropout"),
 ])
 def test_what_it_is_not_priced_for_is_refused_in_one_line(preset: str, extra: list[str],
                                                           what: str) -> None:
@@ -179,3 +181,27 @@ def test_float8_linears_keep_what_bf16_ones_do(recipe: str) -> None:
     fp8_acc = replace(ACC, fp8_peak_tflops=1979.0)
     assert transformer_costs(fp8, fp8_acc).layers[0].activation_bytes == \
         sum(op_sac_kept(fp8).values())
+
+
+def test_a_deepseek_moe_layer_keeps_what_torchtitan_s_policy_saves() -> None:
+    """torchtitan's DeepSeek block (models/deepseek_v3/model.py, common/moe.py): of wq_a,
+    wq_b, wkv_a, wkv_b, wo and the shared expert's w1, w3, w2 it saves wq_a, wkv_a, wo and
+    w3; attention's output and log-sum-exp; top-k's fp32 values and int64 ids; at ep 8 the
+    dispatch's and the combine's all-to-all outputs, each a copy of every routed pair;
+    the block's input. 4,096 tokens of DeepSeek-V3 in bf16."""
+    a = Architecture(**{**MODEL_PRESETS["deepseek-v3"], "layers": "moe*61", "ep": 8,
+                        "recompute": "op-sac"})
+    tok, h, heads, k = 4096, 7168, 128, 8
+    want = tok * 2 * (h                 # the block's input
+                      + heads * 128     # attention's output (v_head_dim 128)
+                      + 1536            # wq_a's output (q_lora_rank)
+                      + 512 + 64        # wkv_a's (kv_lora_rank + the rotary part)
+                      + h               # wo's
+                      + 2048)           # the shared expert's w3
+    want += tok * heads * 4 + tok * k * (4 + 8) + 2 * tok * k * h * 2
+    assert sum(op_sac_kept(a, "moe").values()) == want
+    layer = transformer_costs(a, ACC).layers[0]
+    none = transformer_costs(replace(a, recompute="none"), ACC).layers[0]
+    full = transformer_costs(replace(a, recompute="full"), ACC).layers[0]
+    assert full.activation_bytes < layer.activation_bytes < none.activation_bytes
+    assert none.backward_ms < layer.backward_ms < full.backward_ms

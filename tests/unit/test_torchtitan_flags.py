@@ -195,8 +195,6 @@ def test_every_registry_preset_has_the_flavour_s_sizes(name: str) -> None:
 
 
 @pytest.mark.parametrize(("argv", "field"), [
-    (["--torchtitan-config", "qwen3_30b_a3b", "--gpus", "8", "activation-checkpoint:selective"],
-     "model.recompute"),
     (["--torchtitan-config", "llama3_1b", "--gpus", "8"], "--torchtitan-config"),
     (["--torchtitan-config", "llama3_70b"], "--parallelism.data_parallel_shard_degree"),
     (["--parallelism.data_parallel_shard_degree", "0"],
@@ -232,7 +230,7 @@ def test_every_registry_preset_has_the_flavour_s_sizes(name: str) -> None:
       "--training.num_tokens_per_microbatch_per_dp_rank", "8192",
       "--training.num_tokens_per_train_step", str(8192 * 16)],
      "--training.num_tokens_per_train_step"),
-], ids=["selective-registry", "unknown-config", "leftover-without-world", "shard-0",
+], ids=["unknown-config", "leftover-without-world", "shard-0",
         "replicate-0", "memory-budget", "bf16-dtype", "fp32-params",
         "tokens-without-seq", "partial-sequences", "fqns-out-of-order", "fqns-text",
         "layers-per-stage-single", "dp-disagrees", "tp-disagrees", "recompute-disagrees",
@@ -338,3 +336,13 @@ def test_a_global_batch_over_one_step_names_the_flag_given() -> None:
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "error: --global-batch-size: gives more than one gradient-accumulation step" \
         in r.stderr and "(give 2, or more num_pp_microbatches)" in r.stderr
+
+
+def test_a_schedule_without_a_pipeline_is_moot() -> None:
+    """deepseek_v3_671b names Interleaved1F1B and leaves pp at 1: torchtitan builds no
+    pipeline, so no schedule (and no chunks per rank) is asked of the job."""
+    r = run_cli(["simulate", *H100, "--torchtitan-config", "deepseek_v3_671b", "--gpus", "1024",
+                 "--json"])
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert (out["pp"], out["vpp"]) == (1, 1)
