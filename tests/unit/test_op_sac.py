@@ -205,3 +205,19 @@ def test_a_deepseek_moe_layer_keeps_what_torchtitan_s_policy_saves() -> None:
     full = transformer_costs(replace(a, recompute="full"), ACC).layers[0]
     assert full.activation_bytes < layer.activation_bytes < none.activation_bytes
     assert none.backward_ms < layer.backward_ms < full.backward_ms
+
+
+def test_a_torchtitan_job_s_recompute_search_climbs_torchtitan_s_modes() -> None:
+    """No checkpointing does not fit 70 GB at 16,384 tokens a rank: the search takes
+    SelectiveAC, the next of torchtitan's modes (not Megatron's selective), and says it
+    in torchtitan's fields, with no Megatron flags."""
+    r = run_cli(["plan", *H100, "--torchtitan-config", "llama3_8b", "--gpus", "8",
+                 "--global-batch-size", "16", "--training.num_tokens_per_microbatch_per_dp_rank",
+                 "16384", "--parallelism.context_parallel_degree", "1",
+                 "--parallelism.tensor_parallel_degree", "1",
+                 "--parallelism.pipeline_parallel_degree", "1", "--search", "recompute",
+                 "--memory-gb", "70", "activation-checkpoint:none", "--json"])
+    assert r.returncode == 0, r.stderr
+    best = json.loads(r.stdout)["best"]
+    assert best["memory_policy"] == "op-sac" and best["megatron_policy_flags"] is None
+    assert best["torchtitan_job"]["activation_checkpointing"] == "SelectiveAC"
