@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ppsim.costs.arch import Architecture, attention_shape
+from ppsim.costs.arch import Architecture
+from ppsim.costs.attention_shape import attention_shape
 from ppsim.costs.kinds import kind_ops
 from ppsim.costs.kv_split import rank_kv_heads
 from ppsim.costs.layerops import attention_ops, head_ops, layer_ops, mtp_ops

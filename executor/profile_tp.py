@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ppsim.costs.arch import attention_shape
+from ppsim.costs.attention_shape import attention_shape
 from ppsim.costs.costfile import layer_dict
 from ppsim.costs.model import LayerCost, ModelCosts
 from ppsim.executor.builders.context import ContextGroup, context, set_context

@@ -1,6 +1,6 @@
 """A decoder-only transformer's description (its fields follow Megatron's arguments; the
-values each takes: ppsim.costs.choices; its layers' kinds: ppsim.costs.stack) and its
-attention widths."""
+values each takes: ppsim.costs.choices; its layers' kinds: ppsim.costs.stack; its
+attention widths: ppsim.costs.attention_shape)."""
 
 from __future__ import annotations
 
@@ -411,34 +411,8 @@ class Architecture:
         return self.position != "none" and not self.rotary
 
 
-
 def expert_data_parallel(tp: int, cp: int, dp: int, etp: int, ep: int) -> int:
     """The experts' data-parallel size, tp x cp x dp / (etp x ep) (Megatron's
     expert_data_parallel_size), at least 1 (a preset's ep may exceed one replica's ranks:
     it then views the experts of a wider world)."""
     return max(1, tp * cp * dp // (etp * ep))
-
-
-@dataclass(frozen=True)
-class AttentionShape:
-    """Widths (summed over heads) of the tensors one attention block makes."""
-
-    q: int
-    k: int
-    v: int
-    out: int
-    """Input width of the output projection."""
-    latent: int
-    """MLA's compressed query/key-value latents (0 otherwise)."""
-    gate: int = 0
-    """The output gate the QKV projection makes (attention_output_gate; 0 without)."""
-
-
-def attention_shape(a: Architecture) -> AttentionShape:
-    hd = a.head_dim or a.hidden_size // a.num_heads
-    if a.attention == "mla":
-        qk = a.num_heads * (hd + a.qk_rope_head_dim)
-        v = a.num_heads * (a.v_head_dim or hd)
-        return AttentionShape(qk, qk, v, v, a.q_lora_rank + a.kv_lora_rank + a.qk_rope_head_dim)
-    kv, q = a.num_kv_heads * hd, a.num_heads * hd
-    return AttentionShape(q, kv, kv, q, 0, q if a.attention_output_gate else 0)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ppsim.costs.arch import DTYPE_BYTES, Architecture, AttentionShape, attention_shape
+from ppsim.costs.arch import DTYPE_BYTES, Architecture
+from ppsim.costs.attention_shape import AttentionShape, attention_shape
 
 
 def kv_split_problem(groups: int, tp: int) -> str | None:

@@ -18,7 +18,8 @@ a boundary once.
 
 from __future__ import annotations
 
-from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape
+from ppsim.costs.arch import DTYPE_BYTES, Architecture
+from ppsim.costs.attention_shape import attention_shape
 from ppsim.costs.fp8 import fp8_ops
 from ppsim.costs.kv_split import held_attention_shape
 from ppsim.costs.ops import Op

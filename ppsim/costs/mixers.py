@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape
+from ppsim.costs.arch import DTYPE_BYTES, Architecture
+from ppsim.costs.attention_shape import attention_shape
 from ppsim.costs.fp8 import MX_BLOCK, fp8_bytes, fp8_ops
 from ppsim.costs.layerops import (
     _mlp_ops,

@@ -24,7 +24,8 @@ import functools
 from collections import Counter
 from dataclasses import dataclass
 
-from ppsim.costs.arch import Architecture, attention_shape
+from ppsim.costs.arch import Architecture
+from ppsim.costs.attention_shape import attention_shape
 from ppsim.costs.kinds import any_kind_params
 from ppsim.costs.ops import Roofline, matmul_ms
 from ppsim.costs.stack import layer_kinds

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ppsim.costs.arch import Architecture, attention_shape
+from ppsim.costs.arch import Architecture
+from ppsim.costs.attention_shape import attention_shape
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ppsim.costs.arch import DTYPE_BYTES, Architecture, attention_shape
+from ppsim.costs.arch import DTYPE_BYTES, Architecture
+from ppsim.costs.attention_shape import attention_shape
 from ppsim.costs.attention_tensors import GATED, qk_norm_and_gate, unfused_tensors
 from ppsim.costs.fp8 import FP8_INPUTS, PROJ_INPUT, fp8_bytes
 from ppsim.costs.kv_split import held_attention_shape

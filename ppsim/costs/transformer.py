@@ -16,7 +16,8 @@ from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from typing import Any
 
-from ppsim.costs.arch import DTYPE_BYTES, Architecture, AttentionShape, attention_shape
+from ppsim.costs.arch import DTYPE_BYTES, Architecture
+from ppsim.costs.attention_shape import AttentionShape, attention_shape
 from ppsim.costs.choices import ATTENTION, NORMS, POSITIONS, RECOMPUTE
 from ppsim.costs.fp8 import (
     fp8_bytes,

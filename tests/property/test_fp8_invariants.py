@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from ppsim.config.model import parse_model
-from ppsim.costs.arch import Architecture, attention_shape
+from ppsim.costs.arch import Architecture
+from ppsim.costs.attention_shape import attention_shape
 from ppsim.costs.fp8 import PROJ_INPUT
 from ppsim.costs.layerops import layer_ops
 from ppsim.costs.mixers import mixer_activation_bytes, mixer_ops
