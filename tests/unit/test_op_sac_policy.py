@@ -1,0 +1,52 @@
+"""torchtitan's SelectiveAC (recompute op-sac) beside the memory-policy machinery: a
+[memory] policy over it is refused in one line, and the policy planners do not hand
+Megatron's per-stage policies to a state that runs it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import run_cli
+
+BASE = """[model]
+preset = "llama3-8b"
+recompute = "{mode}"
+[hardware]
+preset = "h100-80gb"
+[pipeline]
+pp = 4
+microbatches = 8
+"""
+
+TABLES = {
+    "offload_modules": '[memory]\noffload_modules = ["core_attn", "attn_proj"]\n',
+    "recompute_modules": '[memory]\nrecompute_modules = ["core_attn"]\n',
+    "recompute_layers": "[memory]\nrecompute_layers = 2\n",
+    "stage": '[[memory.stage]]\nstage = 1\nrecompute_modules = ["core_attn"]\n',
+}
+
+
+@pytest.mark.parametrize("key", sorted(TABLES))
+def test_a_memory_policy_over_op_sac_is_refused_in_one_line(key: str, tmp_path: Path) -> None:
+    """Megatron's modules, block N or offload on torchtitan's one policy for every block:
+    no framework runs it (ppsim priced a module set that replaced op-sac unsaid, and
+    failed with a traceback on offload)."""
+    path = tmp_path / "job.toml"
+    path.write_text(BASE.format(mode="op-sac") + TABLES[key])
+    for command in ("simulate", "costs", "plan"):
+        r = run_cli([command, "--config", str(path)])
+        assert (r.returncode, r.stdout) == (2, ""), (command, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(
+            f"ppsim {command}: error: memory.{key}: recompute op-sac"), lines
+        assert "set [model] recompute to none, selective or full" in lines[0]
+
+
+def test_the_flags_over_op_sac_are_refused_and_full_still_takes_them() -> None:
+    base = ["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "4"]
+    r = run_cli([*base, "--recompute", "op-sac", "--recompute-modules", "core_attn"])
+    assert r.returncode == 2 and "memory.recompute_modules: recompute op-sac" in r.stderr
+    assert run_cli([*base, "--recompute", "full", "--recompute-modules", "core_attn"]
+                   ).returncode == 0
