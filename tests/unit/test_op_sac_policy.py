@@ -50,3 +50,22 @@ def test_the_flags_over_op_sac_are_refused_and_full_still_takes_them() -> None:
     assert r.returncode == 2 and "memory.recompute_modules: recompute op-sac" in r.stderr
     assert run_cli([*base, "--recompute", "full", "--recompute-modules", "core_attn"]
                    ).returncode == 0
+
+
+def test_the_tui_policy_planner_refuses_op_sac_as_the_keys_do() -> None:
+    """`P` on an op-sac state proposed Megatron's per-stage policies beside recompute
+    op-sac (a [memory] over it, which no framework runs); it says why, as the keys do."""
+    from ppsim.errors import UserError
+    from ppsim.tui.policy_actions import policy_refusal
+    from ppsim.tui.policy_plan import plan_policy
+    from ppsim.tui.session import apply_setting, state_from_config
+    from ppsim.tui.testing import preset_config
+
+    base = preset_config("llama3-8b", pp=4, microbatches=8)
+    state = apply_setting(base, state_from_config(base), "recompute", "op-sac")
+    with pytest.raises(UserError) as err:
+        plan_policy(base, state, budget_s=0.5)
+    assert str(err.value).startswith("recompute: op-sac is torchtitan's one policy")
+    assert str(err.value).split(": ", 1)[1] in (policy_refusal(state, True) or "")
+    full = apply_setting(base, state, "recompute", "full")
+    assert len(plan_policy(base, full, budget_s=0.5).policies) == 4
