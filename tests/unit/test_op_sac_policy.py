@@ -69,3 +69,24 @@ def test_the_tui_policy_planner_refuses_op_sac_as_the_keys_do() -> None:
     assert str(err.value).split(": ", 1)[1] in (policy_refusal(state, True) or "")
     full = apply_setting(base, state, "recompute", "full")
     assert len(plan_policy(base, full, budget_s=0.5).policies) == 4
+
+
+def test_the_job_search_s_policy_plan_keeps_op_sac_on_its_ladder() -> None:
+    """`plan --gpus --search policy` plans each fast shape's policy from recompute none;
+    the global modes must stay the configured job's (torchtitan's none, op-sac, full):
+    here op-sac fits and is faster than any Megatron block N, which was chosen instead."""
+    from ppsim.config.overrides import with_overrides
+    from ppsim.job.policy_search import best_policy
+    from ppsim.pipeline.problem import build_problem
+    from ppsim.sim.simulate import simulate
+    from ppsim.tui.testing import preset_config
+
+    cfg = with_overrides(preset_config("llama3-8b", pp=4, microbatches=8),
+                         model={"recompute": "op-sac"}, memory_bytes=52e9)
+    plan = best_policy(cfg, 4.0)
+    assert plan is not None and (plan.label, plan.megatron_flags) == ("op-sac", None)
+    counts = list(plan.problem.split.counts)
+    again = simulate(build_problem(with_overrides(cfg, split={"split": counts})),
+                     record=False).summary
+    assert again.fits and again.iteration_time_ms == pytest.approx(
+        plan.summary.iteration_time_ms)
