@@ -90,3 +90,21 @@ def test_the_job_search_s_policy_plan_keeps_op_sac_on_its_ladder() -> None:
                      record=False).summary
     assert again.fits and again.iteration_time_ms == pytest.approx(
         plan.summary.iteration_time_ms)
+
+
+def test_plan_s_policy_search_prints_no_megatron_flags_for_op_sac() -> None:
+    """Where op-sac is the fastest policy, the text printed the split's Megatron flags
+    alone (which run no recompute) while the JSON said null; both say n/a and why."""
+    import json
+
+    argv = ["plan", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "4",
+            "--microbatches", "8", "--recompute", "op-sac", "--memory-gb", "52",
+            "--search", "policy", "--time-budget", "2"]
+    text = run_cli(argv)
+    assert text.returncode == 0, text.stderr
+    assert "fastest: global (op-sac)" in text.stdout
+    megatron = [line for line in text.stdout.splitlines() if line.startswith("Megatron:")]
+    assert len(megatron) == 1 and megatron[0].split()[1:3] == ["n/a", "(torchtitan's"]
+    best = json.loads(run_cli([*argv, "--json"]).stdout)["best"]
+    assert best["policy_space"] == "global" and best["megatron_flags"] is None
+    assert "SelectiveAC" in best["megatron_note"]
