@@ -20,7 +20,13 @@ from ppsim.tui import planning
 from ppsim.tui.editing import EditRefused
 from ppsim.tui.messages import PolicyKey
 from ppsim.tui.planning import child_answer, same_but_split
-from ppsim.tui.policy_edit import choices_for, edit_policy, stage_policies, with_stage
+from ppsim.tui.policy_edit import (
+    OP_SAC_REFUSAL,
+    choices_for,
+    edit_policy,
+    stage_policies,
+    with_stage,
+)
 from ppsim.tui.policy_plan import BUDGET_S, outcome_text, plan_policy, proposed_state
 from ppsim.tui.session import EditState
 
@@ -37,8 +43,7 @@ def current_policies(state: EditState) -> tuple:
 def policy_refusal(state: EditState, has_choices: bool) -> str | None:
     """Why the policy keys cannot edit this state's per-stage policy; None where they can."""
     if state.recompute == OP_SAC:
-        return (f"memory policy refused: {OP_SAC} is torchtitan's one policy for every "
-                "block; choose recompute none, selective or full to set one per stage")
+        return f"memory policy refused: {OP_SAC_REFUSAL}"
     if not has_choices or not current_policies(state):
         return ("memory policy refused: this model has uniform costs (no op lists); "
                 "choose a transformer model")

@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from ppsim.costs.modules import applies
+from ppsim.costs.op_sac import OP_SAC
 from ppsim.costs.transformer import layer_kinds
 from ppsim.policy.model import ALL_LAYERS, StagePolicy, shorthand
 from ppsim.policy.search import MODULE_SETS, OFFLOAD_SETS
@@ -51,6 +52,11 @@ def step_choice(current: tuple[str, ...], choices: Sequence[tuple[str, ...]],
     if current not in choices:
         return choices[0 if step > 0 else -1]
     return choices[(list(choices).index(current) + step) % len(choices)]
+
+
+OP_SAC_REFUSAL = (f"{OP_SAC} is torchtitan's one policy for every block; choose recompute "
+                  "none, selective or full to set one per stage")
+"""Why neither the policy keys nor the policy planner set a per-stage policy on op-sac."""
 
 
 def stage_policies(explicit: Policies, mode: str, num_stages: int) -> Policies:

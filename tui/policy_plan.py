@@ -16,10 +16,12 @@ from typing import Any
 
 from ppsim.config.overrides import with_overrides
 from ppsim.config.schema import Config
+from ppsim.costs.op_sac import OP_SAC
 from ppsim.errors import UserError
 from ppsim.pipeline.problem import build_problem
 from ppsim.policy.search import SpaceBest, plan_megatron, plan_per_stage, refine_per_rank
 from ppsim.policy.setup import policy_costs
+from ppsim.tui.policy_edit import OP_SAC_REFUSAL
 from ppsim.tui.session import EditState, config_for, state_with_split
 from ppsim.tui.text import counts_text
 
@@ -31,7 +33,10 @@ def plan_policy(base: Config, state: EditState, budget_s: float = BUDGET_S) -> S
     """The best split with its memory policy for the state's shape (UserError for a
     model without op lists): per stage with one chunk per rank, else the
     Megatron-expressible space seeded with the current and the even split, refined
-    per rank."""
+    per rank. Refused on op-sac: the proposal would put Megatron's per-stage policies
+    on torchtitan's SelectiveAC, which takes none."""
+    if state.recompute == OP_SAC:
+        raise UserError("recompute", OP_SAC_REFUSAL)
     cfg = with_overrides(config_for(base, replace(state, policies=())), split={})
     problem = build_problem(cfg)
     pc = policy_costs(cfg)

@@ -62,14 +62,17 @@ def _export(sb: SpaceBest) -> PolicyExport:
 
 def space_exports(sb: SpaceBest) -> dict[str, Any]:
     """The exports of a space's best split (as `plan` prints a split's), its memory
-    policy's Megatron flags after the split's where Megatron can express the policy."""
+    policy's Megatron flags after the split's; none, with the policy's notes, where
+    Megatron cannot run the policy (the split's flags alone would run another one)."""
     r = sb.result
     assert r is not None and r.best is not None
     p = r.problem
     out = exports_of(p.pattern, r.best.split, p.schedule.microbatch_group)
-    policy = _export(sb).megatron_flags
-    if out["megatron_flags"] is not None and policy:
-        out["megatron_flags"] = f"{out['megatron_flags']} {shlex.join(policy)}"
+    ex = _export(sb)
+    if ex.megatron_flags is None:
+        out["megatron_flags"], out["megatron_note"] = None, "; ".join(ex.notes)
+    elif out["megatron_flags"] is not None and ex.megatron_flags:
+        out["megatron_flags"] = f"{out['megatron_flags']} {shlex.join(ex.megatron_flags)}"
     return out
 
 
@@ -140,11 +143,10 @@ def policy_result_json(spaces: list[SpaceBest]) -> dict[str, Any]:
     entry = next(d for d in out["policy_search"] if d["space"] == best.space)
     res["best"]["policy"] = entry["best"]["policy"]
     res["best"]["policy_space"] = best.space
-    extra = entry["megatron_policy_flags"]
-    res["best"]["megatron_flags"] = None if extra is None else \
-        space_exports(best)["megatron_flags"]
-    if extra is None:
-        res["best"]["megatron_note"] = "; ".join(entry["policy_notes"])
+    exports = space_exports(best)
+    res["best"]["megatron_flags"] = exports["megatron_flags"]
+    if "megatron_note" in exports:
+        res["best"]["megatron_note"] = exports["megatron_note"]
     return {**res, **out}
 
 

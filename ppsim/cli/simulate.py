@@ -135,7 +135,7 @@ def print_exports(console: Any, exports: dict[str, Any]) -> None:
     layout = exports["megatron_layout"]
     console.print(f"[bold]layout:[/bold]     --pipeline-model-parallel-layout "
                   f"{shlex.quote(layout)}"
-                  + ("" if mf is not None else " (Megatron refuses this split, see above)")
+                  + ("" if mf is not None else " (Megatron cannot run it, see above)")
                   if layout is not None else
                   f"[bold]layout:[/bold]     n/a ({exports.get('megatron_layout_note')})",
                   soft_wrap=True)

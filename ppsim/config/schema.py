@@ -21,7 +21,7 @@ from ppsim.errors import UserError, one_of
 from ppsim.job import combined
 from ppsim.job import shape as job_shape
 from ppsim.pipeline.placement import PlacementConfig
-from ppsim.policy.model import POLICY_KEYS, memory_policy
+from ppsim.policy.model import POLICY_KEYS, memory_policy, op_sac_memory_refusal
 from ppsim.schedules.generators import chunks_for_schedule, schedule_for_vpp, schedule_name
 
 SPLIT_KEYS = ("split", "layout", "first_stage_layers", "last_stage_layers",
@@ -284,6 +284,7 @@ def check_config(cfg: Config) -> None:
     validate.placement(cfg.placement)
     if cfg.memory is not None:
         memory_policy(cfg.memory, "none")  # every key and module name checked
+        op_sac_memory_refusal(cfg.memory, cfg.model.recompute or "none")
     job_shape.check(cfg)
     combined.check(cfg)
 

@@ -90,7 +90,8 @@ def best_policy(cfg: Any, budget_s: float) -> PolicyPlan | None:
     base = with_overrides(cfg, model={"recompute": "none"})
     problem = build_problem(base)
     pc = policy_costs(base)
-    glob = plan_global(problem, pc, budget_s * 0.3)
+    # the configured job's ladder: `base` says none, which would drop op-sac from it
+    glob = plan_global(problem, pc, budget_s * 0.3, mode_ladder(cfg.model.arch))
     seeds = [problem.split.counts] + ([glob.result.best.split.counts]
                                       if glob.result and glob.result.best else [])
     meg = plan_megatron(problem, pc, budget_s * 0.6, seeds)

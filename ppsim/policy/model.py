@@ -178,9 +178,23 @@ def offload_step_bytes(step: Any) -> int:
     return step
 
 
+def op_sac_memory_refusal(table: dict[str, Any], mode: str) -> None:
+    """UserError where a [memory] table sets a policy over torchtitan's SelectiveAC: it
+    is one checkpoint policy for every block (torchtitan takes no per-stage or
+    per-module setting), and Megatron's modules, block N or offload on top of it are
+    neither priced nor run by any framework."""
+    keys = [k for k in (*POLICY_KEYS, "offload_step_bytes", "stage") if k in table]
+    if mode == OP_SAC and keys:
+        raise UserError(f"memory.{keys[0]}", f"recompute {OP_SAC} is torchtitan's "
+                        "SelectiveAC, one policy for every block; Megatron's modules, block N "
+                        "and offload do not go on it", "drop the [memory] keys, or set "
+                        "[model] recompute to none, selective or full")
+
+
 def memory_policy(table: dict[str, Any], mode: str, num_stages: int | None = None
                   ) -> MemoryPolicy:
     """A [memory] section (with [[memory.stage]] tables) over the global `mode`."""
+    op_sac_memory_refusal(table, mode)
     per = table.get("stage", [])
     step = offload_step_bytes(table.get("offload_step_bytes", 0))
     base = stage_policy("memory", {k: v for k, v in table.items()

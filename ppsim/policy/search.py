@@ -158,12 +158,14 @@ def per_rank(p: StagePolicy, pp: int, stages: int, delta: float) -> tuple[StageP
                  for i in range(stages))
 
 
-def plan_global(problem: Problem, pc: PolicyCosts, budget_s: float) -> SpaceBest:
-    """The best of the three global modes."""
+def plan_global(problem: Problem, pc: PolicyCosts, budget_s: float,
+                ladder: tuple[str, ...] | None = None) -> SpaceBest:
+    """The best of the three global modes: `ladder`'s, else the job's as `pc.arch` says
+    (ppsim.policy.model.mode_ladder)."""
     best = None
     proven = True
     S = problem.split.num_stages
-    ladder = mode_ladder(pc.arch)
+    ladder = ladder or mode_ladder(pc.arch)
     modes = ladder[:2] if pc.combined else ladder
     tried = []
     for i, mode in enumerate(modes):
