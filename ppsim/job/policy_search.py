@@ -86,16 +86,20 @@ class PolicyPlan:
 def best_policy(cfg: Any, budget_s: float) -> PolicyPlan | None:
     """The fastest of the global modes and of the Megatron-expressible space for the
     shape `cfg` (its memory policy as configured is the search's start, not a limit);
-    None when nothing fits."""
+    a torchtitan job's, of torchtitan's modes alone (it runs one activation-checkpoint
+    policy for every block). None when nothing fits."""
     base = with_overrides(cfg, model={"recompute": "none"})
     problem = build_problem(base)
     pc = policy_costs(base)
+    torchtitan = cfg.model.arch.torchtitan_fsdp
     # the configured job's ladder: `base` says none, which would drop op-sac from it
-    glob = plan_global(problem, pc, budget_s * 0.3, mode_ladder(cfg.model.arch))
-    seeds = [problem.split.counts] + ([glob.result.best.split.counts]
-                                      if glob.result and glob.result.best else [])
-    meg = plan_megatron(problem, pc, budget_s * 0.6, seeds)
-    best: SpaceBest = min((glob, meg), key=space_key)
+    glob = plan_global(problem, pc, budget_s * (0.9 if torchtitan else 0.3),
+                       mode_ladder(cfg.model.arch))
+    best: SpaceBest = glob
+    if not torchtitan:
+        seeds = [problem.split.counts] + ([glob.result.best.split.counts]
+                                          if glob.result and glob.result.best else [])
+        best = min((glob, plan_megatron(problem, pc, budget_s * 0.6, seeds)), key=space_key)
     r = best.result
     if r is None or r.best is None:
         return None

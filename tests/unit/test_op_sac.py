@@ -221,3 +221,16 @@ def test_a_torchtitan_job_s_recompute_search_climbs_torchtitan_s_modes() -> None
     best = json.loads(r.stdout)["best"]
     assert best["memory_policy"] == "op-sac" and best["megatron_policy_flags"] is None
     assert best["torchtitan_job"]["activation_checkpointing"] == "SelectiveAC"
+
+
+def test_a_torchtitan_job_s_policy_search_keeps_to_what_torchtitan_runs() -> None:
+    """torchtitan applies one activation-checkpoint policy to every block: `--search policy`
+    on its FSDP job offers none, SelectiveAC or FullAC, never Megatron's block N (which
+    at 60 GB beat SelectiveAC's split, and which torchtitan cannot run)."""
+    r = run_cli(["plan", *H100, "--preset", "llama3-8b", "--fsdp", "--gpus", "8",
+                 "--global-batch-size", "32", "--pp", "1", "--tp", "1", "--cp", "1",
+                 "--search", "policy", "--memory-gb", "60", "--json"])
+    assert r.returncode == 0, r.stderr
+    best = json.loads(r.stdout)["best"]
+    assert best["memory_policy"] in ("none", "op-sac", "full")
+    assert best["torchtitan_job"]["activation_checkpointing"] in (None, "SelectiveAC", "FullAC")
