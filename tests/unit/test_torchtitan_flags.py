@@ -367,3 +367,14 @@ def test_a_line_without_a_checkpoint_policy_runs_torchtitan_s_default() -> None:
     assert sim["iteration_time_ms"] == pytest.approx(best["iteration_time_ms"])
     assert max(r["peak_memory_bytes"] for r in sim["ranks"]) == pytest.approx(
         best["peak_memory_bytes"])
+
+
+def test_a_shard_degree_the_world_disagrees_with_is_named_as_given() -> None:
+    """A torchtitan line's shard degree beside --gpus that gives another dp is refused
+    naming the field the line gave, not ppsim's --dp it never typed."""
+    r = run_cli(["simulate", *H100, "--preset", "llama3-8b", "--gpus", "16",
+                 "--parallelism.data_parallel_shard_degree", "4"])
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("ppsim simulate: error: --parallelism.data_parallel_shard_degree:"
+                               " 4 gives dp 4, and --gpus 16 gives dp = 16"), lines
