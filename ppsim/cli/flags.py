@@ -325,6 +325,12 @@ def _with_world(cfg: Config, flag: Any) -> Config:
     by it."""
     dp = _gpus_dp(cfg, flag("gpus"))
     if dp is not None and flag("dp") is not None and flag("dp") != dp:
+        shard = flag("tt_data_parallel_shard_degree")
+        if shard not in (None, -1):  # a torchtitan line's dp: its shard (x replicate) degree
+            raise UserError("--parallelism.data_parallel_shard_degree", f"{shard} gives dp "
+                            f"{flag('dp')}, and --gpus {flag('gpus')} gives dp = {dp} at "
+                            "this tp, cp and pp", "give -1 (the ranks left over), or drop "
+                            "--gpus")
         raise UserError("--dp", f"{flag('dp')} disagrees with --gpus {flag('gpus')}, which "
                         f"gives dp = {dp} at this tp, cp and pp", "give --gpus or --dp")
     if flag("global_batch_size") is not None:

@@ -174,7 +174,9 @@ def check_recompute_runs(a: Any) -> None:
         raise UserError("model.recompute", f"{OP_SAC}: the executor's blocks are built as "
                         "Megatron's (query and key-value projections apart, biases), where "
                         "torchtitan's per-op policy would save other tensors",
-                        "run it with recompute full or none (simulate and plan price op-sac)")
+                        "run it with recompute full or none, on a torchtitan line "
+                        "activation-checkpoint:full or activation-checkpoint:none (simulate "
+                        "and plan price op-sac)")
 
 
 def check_features(cfg: Any) -> None:

@@ -30,6 +30,9 @@ RECOMPUTE_OF_AC = {"none": "none", "full": "full", "selective": OP_SAC}
 back (AC_OF_MODE; not MemoryBudgetAC, whose saves the compiler's partitioner picks)."""
 TORCHTITAN_AC = ("full", "selective", "none", "memory-budget")
 """torchtitan's activation-checkpoint subcommands (distributed/activation_checkpoint.py)."""
+DEFAULT_AC = "selective"
+"""Trainer.Config's activation_checkpoint where nothing sets it: SelectiveAC.Config
+(torchtitan/trainer.py)."""
 
 
 class _Field(argparse.Action):
@@ -143,7 +146,7 @@ def apply_torchtitan(args: argparse.Namespace, job_search: bool = False) -> None
     if args.pp is None and not job_search:
         args.pp = 1  # torchtitan's default (ppsim's embedded config runs two CPU ranks)
     _data_parallel(args, -1 if reg is not None else None)
-    _recompute(args, reg.activation_checkpoint if reg is not None else None)
+    _recompute(args)
     _precision(args)
     if args.tt_compile or (reg is not None and reg.compile):
         print("note: compile.enable taken, not priced (ppsim prices the eager kernels)",
@@ -212,9 +215,20 @@ def _data_parallel(args: argparse.Namespace, registry_shard: int | None) -> None
     args.dp = dp
 
 
-def _recompute(args: argparse.Namespace, registry_ac: str | None) -> None:
+def torchtitan_ac(args: argparse.Namespace) -> str | None:
+    """The activation-checkpoint subcommand a torchtitan line runs: the one given, else
+    the registry function's, else torchtitan's default; None where ppsim's --recompute
+    alone says the policy."""
+    if args.tt_ac is not None:
+        return args.tt_ac
+    if args.tt_config is not None:
+        return registry_job(args.tt_config).activation_checkpoint
+    return DEFAULT_AC if args.recompute is None else None
+
+
+def _recompute(args: argparse.Namespace) -> None:
     """activation-checkpoint:full, :selective or :none as ppsim's recompute mode."""
-    ac = args.tt_ac if args.tt_ac is not None else registry_ac
+    ac = torchtitan_ac(args)
     if ac is None:
         return
     if ac not in TORCHTITAN_AC:

@@ -152,14 +152,19 @@ def _spec(argv: list[str], tmp_path: Path, name: str) -> dict[str, Any]:
 
 
 def test_run_launches_a_torchtitan_line_as_fsdp_with_pipeline(tmp_path: Path) -> None:
-    titan = _spec(["--preset", "tiny-gpt", "--parallelism.pipeline_parallel_degree", "2",
-                   "--parallelism.data_parallel_shard_degree", "2",
-                   "--parallelism.num_pp_microbatches", "4"], tmp_path, "a")
+    line = ["--preset", "tiny-gpt", "--parallelism.pipeline_parallel_degree", "2",
+            "--parallelism.data_parallel_shard_degree", "2",
+            "--parallelism.num_pp_microbatches", "4"]
+    titan = _spec([*line, "activation-checkpoint:none"], tmp_path, "a")
     ours = _spec(["--preset", "tiny-gpt", "--pp", "2", "--dp", "2", "--fsdp",
-                  "--sequence-parallel", "--split", "4,4", "--microbatches", "4"],
-                 tmp_path, "b")
+                  "--sequence-parallel", "--split", "4,4", "--microbatches", "4",
+                  "--recompute", "none"], tmp_path, "b")
     assert titan == ours
     assert titan["dp"] == 2 and titan["config"]["model"]["fsdp"] is True
+    # Without the subcommand the line runs torchtitan's default SelectiveAC, which the
+    # executor does not build: refused, saying the subcommand that runs.
+    said = _refused(["run", *line, "--print-launch", "--trace-dir", str(tmp_path / "c")])
+    assert "error: model.recompute: op-sac" in said and "activation-checkpoint:none" in said
 
 
 @pytest.mark.parametrize(("line", "field"), [

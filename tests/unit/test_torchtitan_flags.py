@@ -37,6 +37,7 @@ def _overrides(titan: dict) -> list[str]:
     if titan.get("compile", {}).get("enable_async_tensor_parallel"):
         words += ["--compile.enable", "--compile.enable_async_tensor_parallel"]
     words.append({"FullAC": "activation-checkpoint:full",
+                  "SelectiveAC": "activation-checkpoint:selective",
                   None: "activation-checkpoint:none"}[titan["activation_checkpointing"]])
     return words
 
@@ -129,7 +130,9 @@ def test_each_torchtitan_field_says_what_ppsim_s_flag_says(titan: list[str],
     pp = [] if any("pipeline_parallel_degree" in w for w in titan) else ["--pp", "1"]
     mbs = [] if any("tokens" in w for w in titan) or "--microbatches" in ours \
         else ["--microbatches", "1"]
-    assert _json([*BASE, *titan]) == _json([*BASE, "--fsdp", *pp, *mbs, *ours])
+    # No activation-checkpoint subcommand: torchtitan's default, SelectiveAC.
+    ac = [] if "--recompute" in ours else ["--recompute", "op-sac"]
+    assert _json([*BASE, *titan]) == _json([*BASE, "--fsdp", *pp, *mbs, *ac, *ours])
 
 
 def test_a_registry_function_is_its_model_and_fields(capsys: pytest.CaptureFixture) -> None:
@@ -346,3 +349,32 @@ def test_a_schedule_without_a_pipeline_is_moot() -> None:
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert (out["pp"], out["vpp"]) == (1, 1)
+
+
+def test_a_line_without_a_checkpoint_policy_runs_torchtitan_s_default() -> None:
+    """A torchtitan line that gives no activation-checkpoint subcommand runs
+    Trainer.Config's default, SelectiveAC (op-sac), not the preset's Megatron recompute:
+    `plan` prints it as torchtitan's (it said torchtitan had no form of the policy), and
+    simulate reads the print back to the plan's time and peak."""
+    line = ["--preset", "llama3-8b", *H100, "--parallelism.data_parallel_shard_degree", "-1"]
+    assert _json(["simulate", *line, "--gpus", "8"]) == _json(
+        ["simulate", *line, "--gpus", "8", "activation-checkpoint:selective"])
+    best = _json(["plan", *line, "--gpus", "8", "--global-batch-size", "8",
+                  "--time-budget", "1"])["best"]
+    titan = best["torchtitan_job"]
+    assert (titan["activation_checkpointing"], titan["notes"]) == ("SelectiveAC", [])
+    sim = _json(["simulate", *line, "--gpus", "8", *_overrides(titan)])
+    assert sim["iteration_time_ms"] == pytest.approx(best["iteration_time_ms"])
+    assert max(r["peak_memory_bytes"] for r in sim["ranks"]) == pytest.approx(
+        best["peak_memory_bytes"])
+
+
+def test_a_shard_degree_the_world_disagrees_with_is_named_as_given() -> None:
+    """A torchtitan line's shard degree beside --gpus that gives another dp is refused
+    naming the field the line gave, not ppsim's --dp it never typed."""
+    r = run_cli(["simulate", *H100, "--preset", "llama3-8b", "--gpus", "16",
+                 "--parallelism.data_parallel_shard_degree", "4"])
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("ppsim simulate: error: --parallelism.data_parallel_shard_degree:"
+                               " 4 gives dp 4, and --gpus 16 gives dp = 16"), lines
