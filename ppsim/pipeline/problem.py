@@ -209,8 +209,13 @@ def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
 
 def split_schedule_name(cfg: Config, split: Split) -> str:
     """The schedule that runs `split`: the configured one, interleaved where a layout or a
-    hybrid pattern's stages give a rank several chunks (as Megatron runs them)."""
+    hybrid pattern's stages give a rank several chunks (as Megatron runs them); 1F1B for
+    a job sharded as torchtitan's FSDP on one stage (torchtitan builds no pipeline at pp
+    1, whatever schedule it names)."""
     name, pattern = cfg.pipeline.schedule, hybrid_pattern(cfg)
+    arch = getattr(cfg.model, "arch", None)
+    if split.pp == 1 and split.vpp == 1 and arch is not None and arch.torchtitan_fsdp:
+        return "1f1b"
     if (cfg.pipeline.layout is not None or (pattern and pattern.has_pipes)) and split.vpp > 1:
         return schedule_for_vpp(name, split.vpp)
     return name

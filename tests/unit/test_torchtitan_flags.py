@@ -378,3 +378,24 @@ def test_a_shard_degree_the_world_disagrees_with_is_named_as_given() -> None:
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     assert lines[0].startswith("ppsim simulate: error: --parallelism.data_parallel_shard_degree:"
                                " 4 gives dp 4, and --gpus 16 gives dp = 16"), lines
+
+
+def test_a_one_stage_shape_runs_no_pipeline_schedule() -> None:
+    """The line names InterleavedZeroBubble; the search's best shape has pp 1, where
+    torchtitan builds no pipeline: it is priced as one stage, so its printed fields (no
+    schedule) read back to the same time and peak."""
+    r = run_cli(["plan", *H100, "--torchtitan-config", "llama3_70b",
+                 "--parallelism.tensor_parallel_degree", "2",
+                 "--parallelism.pipeline_parallel_schedule", "InterleavedZeroBubble",
+                 "--gpus", "64", "--global-batch-size", "64", "--json"])
+    assert r.returncode == 0, r.stderr
+    best = json.loads(r.stdout)["best"]
+    assert best["pp"] == 1
+    fields = best["torchtitan_job"]
+    line = [f"--parallelism.{k}={v}" for k, v in fields["parallelism"].items()]
+    line += [f"--training.{k}={v}" for k, v in fields["training"].items()]
+    back = _json(["simulate", *H100, "--preset", "llama3-70b", *line,
+                  f"--loss.num_chunks={fields['loss']['num_chunks']}",
+                  "activation-checkpoint:full"])
+    assert back["iteration_time_ms"] == pytest.approx(best["iteration_time_ms"], rel=1e-9)
+    assert max(x["peak_memory_bytes"] for x in back["ranks"]) == best["peak_memory_bytes"]
