@@ -18,7 +18,7 @@ from ppsim.config.validate import ARCH_MAX
 from ppsim.costs.choices import FSDP_RESHARD
 from ppsim.costs.op_sac import OP_SAC
 from ppsim.errors import UserError
-from ppsim.schedules.generators import schedule_name
+from ppsim.schedules.generators import TORCH_NAMES, schedule_name
 
 __all__ = ["add_torchtitan_flags", "apply_torchtitan", "subcommand_words",
            "with_torchtitan_split"]
@@ -50,6 +50,17 @@ class _Field(argparse.Action):
         namespace.torchtitan_line = True
 
 
+def _torch_schedule(text: str) -> str:
+    """A schedule torchtitan names (torch's class name), as ppsim's name; one ppsim does
+    not price is refused under the field's own name."""
+    name = schedule_name(text)
+    if name not in TORCH_NAMES:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a schedule ppsim prices (give one of "
+            f"{', '.join(TORCH_NAMES.values())})")
+    return name
+
+
 def _degree(text: str) -> int:
     try:
         return int(text)
@@ -67,7 +78,7 @@ def add_torchtitan_flags(p: argparse.ArgumentParser) -> None:
             ("parallelism.context_parallel_degree", "cp", _degree),
             ("parallelism.expert_parallel_degree", "ep", _degree),
             ("parallelism.pipeline_parallel_degree", "pp", _degree),
-            ("parallelism.pipeline_parallel_schedule", "schedule", schedule_name),
+            ("parallelism.pipeline_parallel_schedule", "schedule", _torch_schedule),
             ("training.max_context_length", "seq_length", _degree))
     for name, dest, kind in same:
         t.add_argument(f"--{name}", dest=dest, type=kind, action=_Field, metavar="V",

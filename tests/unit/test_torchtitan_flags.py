@@ -399,3 +399,14 @@ def test_a_one_stage_shape_runs_no_pipeline_schedule() -> None:
                   "activation-checkpoint:full"])
     assert back["iteration_time_ms"] == pytest.approx(best["iteration_time_ms"], rel=1e-9)
     assert max(x["peak_memory_bytes"] for x in back["ranks"]) == best["peak_memory_bytes"]
+
+
+def test_a_schedule_ppsim_does_not_price_is_refused_by_torchtitan_s_field() -> None:
+    r = run_cli(["simulate", *H100, "--preset", "llama3-8b",
+                 "--parallelism.pipeline_parallel_degree", "2",
+                 "--parallelism.pipeline_parallel_schedule", "LoopedBFS"])
+    assert (r.returncode, r.stdout) == (2, "")
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "ppsim simulate: error: argument --parallelism.pipeline_parallel_schedule: "
+        "'LoopedBFS' is not a schedule ppsim prices"), lines
