@@ -6,6 +6,8 @@ command-line overrides (`--parallelism.tensor_parallel_degree 2`, the
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import asdict
 
 import pytest
@@ -402,9 +404,11 @@ def test_a_one_stage_shape_runs_no_pipeline_schedule() -> None:
 
 
 def test_a_schedule_ppsim_does_not_price_is_refused_by_torchtitan_s_field() -> None:
-    r = run_cli(["simulate", *H100, "--preset", "llama3-8b",
-                 "--parallelism.pipeline_parallel_degree", "2",
-                 "--parallelism.pipeline_parallel_schedule", "LoopedBFS"])
+    """argparse refuses it (exit 2, one line), as the user's process sees it."""
+    r = subprocess.run([sys.executable, "-m", "ppsim.cli", "simulate", *H100, "--preset",
+                        "llama3-8b", "--parallelism.pipeline_parallel_degree", "2",
+                        "--parallelism.pipeline_parallel_schedule", "LoopedBFS"],
+                       capture_output=True, text=True, check=False)
     assert (r.returncode, r.stdout) == (2, "")
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(
