@@ -62,8 +62,10 @@ def _gpu_class(args: argparse.Namespace, cfg: Config) -> str | None:
     model, a transformer a config describes field by field)."""
     preset = getattr(args, "preset", None)
     if preset is not None:
+        titan = getattr(args, "tt_config", None)  # its registry function chose the preset
+        said = f"--torchtitan-config {titan}'s model" if titan else f"--preset {preset}"
         return None if preset.startswith(CPU_SIZED_PREFIX) else \
-            f"--preset {preset} is a GPU-class model"
+            f"{said} is a GPU-class model"
     if megatron_model.given(args) and not getattr(args, "config", None):
         return "Megatron's flags describe a GPU-class model"
     named = getattr(cfg.model, "preset", None)

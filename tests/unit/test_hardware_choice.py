@@ -66,3 +66,12 @@ def test_a_cpu_sized_preset_in_a_config_runs_on_the_cpu_preset_as_the_flag(
     from_flag, _ = _time(["--preset", preset])
     on_cpu, _ = _time(["--preset", preset, "--hardware", "cpu"])
     assert from_config == from_flag == on_cpu and said == ""
+
+
+def test_a_registry_function_s_model_is_named_as_the_user_gave_it() -> None:
+    """--torchtitan-config chose the preset: the note names the function, not a --preset
+    the line never had."""
+    code, _, err = run_main(["simulate", "--torchtitan-config", "llama3_8b", "--gpus", "8"])
+    assert code == 0, err
+    assert ("assuming --hardware h100-80gb: --torchtitan-config llama3_8b's model is a "
+            "GPU-class model") in err and "--preset" not in err
