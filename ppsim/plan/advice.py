@@ -7,6 +7,7 @@ import math
 
 from ppsim.config.limits import PLAN, schedule_ops
 from ppsim.costs.model import static_floor_bytes
+from ppsim.costs.op_sac import OP_SAC
 from ppsim.pipeline.problem import Problem
 from ppsim.plan.floor import memory_floors
 from ppsim.plan.planner import PlanResult
@@ -62,7 +63,12 @@ def _recompute_tip(p: Problem) -> str | None:
     once every layer recomputes whole (it advised recompute beside --recompute full)."""
     if p.memory is not None:  # a memory policy (modules, block N, offload) is set
         return "a policy that recomputes or offloads more (plan --search policy)"
-    mode = p.hardware.job.arch.recompute if p.hardware.job is not None else "none"
+    job = p.hardware.job
+    mode = job.arch.recompute if job is not None else "none"
+    if job is not None and (mode == OP_SAC or job.arch.torchtitan_fsdp):  # torchtitan's words
+        full = "full activation checkpointing (activation-checkpoint:full, --recompute full)"
+        return {"none": "activation checkpointing (activation-checkpoint:selective or :full, "
+                        "--recompute op-sac or full)", OP_SAC: full, "selective": full}.get(mode)
     return {"none": "activation recompute (--recompute selective or full)",
             "selective": "full activation recompute (--recompute full)"}.get(mode)
 

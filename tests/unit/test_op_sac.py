@@ -234,3 +234,12 @@ def test_a_torchtitan_job_s_policy_search_keeps_to_what_torchtitan_runs() -> Non
     best = json.loads(r.stdout)["best"]
     assert best["memory_policy"] in ("none", "op-sac", "full")
     assert best["torchtitan_job"]["activation_checkpointing"] in (None, "SelectiveAC", "FullAC")
+
+
+def test_the_no_fit_advice_speaks_torchtitan_s_checkpointing() -> None:
+    """Under op-sac the next step is torchtitan's FullAC, named as its subcommand."""
+    r = run_cli(["plan", *H100, "--preset", "llama3-8b", "--recompute", "op-sac", "--pp", "4",
+                 "--microbatches", "8", "--memory-gb", "50"])
+    assert r.returncode == 3
+    assert "full activation checkpointing (activation-checkpoint:full, --recompute full)" \
+        in r.stderr
