@@ -137,7 +137,7 @@ def op_sac_repeats(a: Architecture, kind: str) -> Repeats:
     one half saved, the other half."""
     saved = saved_matmuls(a, kind)
     whole_saved = {mm.op for mm in saved if not mm.half}
-    halves = {}
+    halves: dict[str, int] = {}
     for mm in saved:
         if mm.half:
             halves[mm.op] = halves.get(mm.op, 0) + 1
