@@ -16,7 +16,7 @@ from typing import Any
 from ppsim.costs.modules import applies
 from ppsim.costs.op_sac import OP_SAC
 from ppsim.costs.transformer import layer_kinds
-from ppsim.policy.model import ALL_LAYERS, StagePolicy, shorthand
+from ppsim.policy.model import ALL_LAYERS, MODES, StagePolicy, shorthand
 from ppsim.policy.search import MODULE_SETS, OFFLOAD_SETS
 from ppsim.tui.editing import EditRefused
 
@@ -64,7 +64,7 @@ def stage_policies(explicit: Policies, mode: str, num_stages: int) -> Policies:
     else every stage on the global recompute mode's shorthand."""
     if len(explicit) == num_stages:
         return explicit
-    return (shorthand(mode if mode in ("none", "selective", "full") else "none"),) * num_stages
+    return (shorthand(mode if mode in MODES else "none"),) * num_stages
 
 
 def edit_policy(policy: StagePolicy, knob: str, step: int, layers: int,

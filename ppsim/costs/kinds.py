@@ -102,6 +102,7 @@ def kind_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
     kept = mixer_activation_bytes(replace(a, recompute="full"), kind) if full else whole
     return ModuleEffect(kept_bytes=kept, offloaded_bytes=0, freed_bytes=0,
                         repeated_ops=frozenset({"*"}) if full else frozenset(),
+                        whole_checkpoint=full,
                         transient_bytes=whole - kept)
 
 

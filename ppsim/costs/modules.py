@@ -154,6 +154,9 @@ class ModuleEffect:
     (each module's checkpoint runs again just before its own backward)."""
     halved_ops: frozenset[str] = frozenset()
     """Fused matmuls of which the backward runs one of two equal halves again."""
+    whole_checkpoint: bool = False
+    """The layer runs inside one checkpoint (block recompute, torchtitan's SelectiveAC):
+    the weight copies its forward saves (FP8's) live inside the backward's recompute alone."""
 
     def ops_again(self, ops: list[Op]) -> list[Op]:
         """The forward work of `ops` the backward runs again (not under "*": the whole
@@ -213,7 +216,7 @@ def module_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),
     if full:
         kept = int(saved[layer_input(kind)])
         return ModuleEffect(kept_bytes=kept, offloaded_bytes=0, freed_bytes=0,
-                            repeated_ops=frozenset({"*"}),
+                            repeated_ops=frozenset({"*"}), whole_checkpoint=True,
                             transient_bytes=max(int(sum(saved.values())) - kept
                                                 + scores_workspace(a, saved),
                                                 _gathered_qkv(a, kind)))
@@ -237,11 +240,12 @@ def _op_sac_effect(a: Architecture, kind: str, offload: tuple[str, ...]) -> Modu
     if kind not in OP_SAC_KINDS or offload:
         raise ValueError(f"{OP_SAC} prices {OP_SAC_KINDS} layers without offload, not "
                          f"{kind!r} with {offload!r}")
-    again = op_sac_repeats(a, kind)
-    return ModuleEffect(kept_bytes=int(sum(op_sac_kept(a, kind).values())), offloaded_bytes=0,
-                        freed_bytes=0, repeated_ops=again.whole, halved_ops=again.halved,
-                        transient_bytes=max(op_sac_transient(a, kind) + scores_workspace(
-                            a, saved_tensors(a, kind)), _gathered_qkv(a, kind)))
+    again, saved, kept = op_sac_repeats(a, kind), saved_tensors(a, kind), op_sac_kept(a, kind)
+    return ModuleEffect(kept_bytes=int(sum(kept.values())), offloaded_bytes=0, freed_bytes=0,
+                        repeated_ops=again.whole, halved_ops=again.halved,
+                        transient_bytes=max(op_sac_transient(saved, kept)
+                                            + scores_workspace(a, saved), _gathered_qkv(a, kind)),
+                        whole_checkpoint=True)
 
 
 def _gathered_qkv(a: Architecture, kind: str) -> int:

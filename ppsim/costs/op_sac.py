@@ -16,6 +16,7 @@ all-gathers are not saved, so the backward runs them again.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -136,15 +137,12 @@ def op_sac_repeats(a: Architecture, kind: str) -> Repeats:
     """Every op of the layer but attention's core and the saved matmuls; a fused pair with
     one half saved, the other half."""
     saved = saved_matmuls(a, kind)
-    whole_saved = {mm.op for mm in saved if not mm.half}
-    halves: dict[str, int] = {}
-    for mm in saved:
-        if mm.half:
-            halves[mm.op] = halves.get(mm.op, 0) + 1
-    names = set(_ops(a, kind)) - SAVED_OPS - whole_saved
+    halves = Counter(mm.op for mm in saved if mm.half)
+    kept_whole = {mm.op for mm in saved if not mm.half} | {op for op, n in halves.items()
+                                                          if n == 2}
     halved = {op for op, n in halves.items() if n == 1}
-    return Repeats(whole=frozenset(names - halved - {op for op, n in halves.items() if n == 2}),
-                   halved=frozenset(halved))
+    whole = set(_ops(a, kind)) - SAVED_OPS - kept_whole - halved
+    return Repeats(whole=frozenset(whole), halved=frozenset(halved))
 
 
 def half_matmul(op: Op) -> Op:
@@ -154,9 +152,8 @@ def half_matmul(op: Op) -> Op:
                    shape=(m, max(1, n // 2), k), params=op.params // 2)
 
 
-def op_sac_transient(a: Architecture, kind: str = "dense") -> int:
-    """Bytes its recompute brings back inside the backward: the layer's tensors that the
-    policy does not keep (the recompute remakes them all before the layer's backward)."""
-    saved = saved_tensors(a, kind)
-    kept = op_sac_kept(a, kind)
+def op_sac_transient(saved: dict[str, float], kept: dict[str, float]) -> int:
+    """Bytes its recompute brings back inside the backward: the layer's tensors (`saved`:
+    saved_tensors) that the policy does not keep (`kept`: op_sac_kept); the recompute
+    remakes them all before the layer's backward."""
     return int(max(0.0, sum(saved.values()) - sum(v for n, v in kept.items() if n in saved)))

@@ -38,7 +38,6 @@ from ppsim.costs.layerops import (
 )
 from ppsim.costs.model import LAYER_FIELDS, LayerCost, ModelCosts
 from ppsim.costs.modules import SHORTHAND, layer_activation_bytes
-from ppsim.costs.op_sac import OP_SAC_MODULE
 from ppsim.costs.ops import Op, Roofline, op_times, piece_times
 from ppsim.costs.params import KindParams, attention_params, kind_params, mtp_extra_params
 from ppsim.costs.stack import KINDS, layer_kinds, layer_windows
@@ -173,8 +172,8 @@ def _kind_work(a: Architecture, acc: Accelerator, kind: str,
         bi += a2a
     effect = kind_effect(a, kind, recompute, full=full)
     act, repeated, transient = effect.kept_bytes, effect.repeated_ops, effect.transient_bytes
-    if full or OP_SAC_MODULE in recompute:  # a checkpoint keeps no weight copies: they
-        transient += saved_weight_bytes(a, ops)  # live inside the backward's recompute alone
+    if full or effect.whole_checkpoint:  # its weight copies live inside the recompute alone
+        transient += saved_weight_bytes(a, ops)
     else:
         act += saved_weight_bytes(a, ops)
     if full:

