@@ -49,8 +49,6 @@ def fqn_counts(text: str) -> list[int]:
 def pipeline_stages(args: argparse.Namespace) -> None:
     """The schedule (torchtitan's default 1F1B) and the chunks per rank, where they need
     no layer count: the parts listed, or the schedule's default."""
-    if args.pp == 1:  # no pipeline: torchtitan builds no schedule, whatever it names
-        args.schedule = None
     if (args.pp or 1) <= 1:  # pp 1, or searched by `plan --gpus`
         return
     if args.schedule is None:
