@@ -67,7 +67,8 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
     g.add_argument("--preset", metavar="NAME", type=nonempty("a model preset's name"),
                    help="model preset (replaces [model])")
     g.add_argument("--hardware", metavar="NAME", type=nonempty("a hardware preset's name"),
-                   help="hardware preset")
+                   help="hardware preset, or a TOML file's [hardware] table (ppsim "
+                   "calibrate --log writes one)")
     _add_pipeline_flags(g)
     add_memory_policy_flags(g)
     g.add_argument("--tp", dest="tp", type=int, metavar="N", help="tensor-parallel size")
@@ -354,7 +355,8 @@ def outputs_apart(args: argparse.Namespace, outputs: dict[str, str | None],
     `cfg` names) or another output; ppsim.fileio.refuse_overlap names both."""
     given = {f: getattr(args, k, None) for f, k in (("--config", "config"), ("--costs", "costs"),
                                                    ("--actions-csv", "actions_csv"),
-                                                   ("--deepspeed-config", "deepspeed_config"))}
+                                                   ("--deepspeed-config", "deepspeed_config"),
+                                                   ("--hardware", "hardware"))}
     if cfg is not None:
         given["costs_file"] = cfg.costs_file
         given["pipeline.actions_csv"] = getattr(cfg.pipeline, "actions_csv", None)

@@ -15,6 +15,7 @@ from typing import Any
 
 from ppsim.cli import runchecks
 from ppsim.cli.builder_checks import check_tensor_parallel
+from ppsim.cli.calibrate_log import DEFAULT_OUT, cmd_calibrate_log
 from ppsim.cli.context_checks import check_context_model
 from ppsim.cli.costs import hardware_profile
 from ppsim.cli.flag_values import nonempty
@@ -36,7 +37,8 @@ from ppsim.trace.read import read_trace
 
 PROFILE_HELP = "measure per-layer F/B/W time, bytes and P2P on this machine; write a cost file"
 MAX_REPEATS = 100_000
-CALIBRATE_HELP = "fit the cost model to a real trace (per-kind scale, P2P delay); write a cost file"
+CALIBRATE_HELP = ("fit the cost model to a real trace (per-kind scale, P2P delay; a cost "
+                  "file), or the hardware's kernel rates to a training log (--log)")
 
 
 def register(commands: dict[str, Any]) -> None:
@@ -71,8 +73,14 @@ def _calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", metavar="TRACE", nargs="?", help="a trace written by ppsim run")
     add_config_flags(p, split_flags=False)
     g = p.add_argument_group("calibrate")
-    g.add_argument("--out", default="costs-calibrated.json", metavar="FILE",
+    g.add_argument("--out", metavar="FILE",
                    help="cost file to write (default ./costs-calibrated.json)")
+    g.add_argument("--log", metavar="LOG", type=nonempty("a training log"),
+                   help="instead of a trace, the job's own training log (Megatron-LM, "
+                   "torchtitan, DeepSpeed, NeMo): scale the hardware's kernel rates to the "
+                   "iteration it logged")
+    g.add_argument("--hardware-out", metavar="FILE", help="with --log: the [hardware] table "
+                   f"to write (default ./{DEFAULT_OUT})")
     g.add_argument("--estimator", choices=ESTIMATORS, default="mean",
                    help="how per-op ratios become one factor per kind (default: mean)")
     g.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -219,6 +227,15 @@ def trace_argument(args: argparse.Namespace) -> str:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.log is not None:
+        if args.out is not None:
+            raise UserError("--out", "--log writes a [hardware] table, not a cost file",
+                            "name it with --hardware-out FILE")
+        return cmd_calibrate_log(args)
+    if args.hardware_out is not None:
+        raise UserError("--hardware-out", "a trace calibrates a cost file", "name it with "
+                        "--out FILE, or calibrate the hardware on a training log (--log LOG)")
+    args.out = args.out or "costs-calibrated.json"
     trace_argument(args)
     cfg, assumed = assume_hardware(args, config_from_args(args))
     outputs_apart(args, {"--out": args.out}, {"TRACE": args.trace}, cfg=cfg)

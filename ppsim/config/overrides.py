@@ -16,6 +16,7 @@ from ppsim.config.schema import (
     PipelineConfig,
     check_config,
     hardware_config,
+    hardware_table,
 )
 from ppsim.config.state_rules import HOST_OPTIMIZER_KEYS
 from ppsim.costs.state import OPTIMIZER_DTYPES
@@ -67,9 +68,9 @@ def with_overrides(cfg: Config, *, preset: str | None = None,
     preset replaces [model] by that preset, `model_table` by that table (read as a
     file's); `model` sets MODEL_KEYS on it; `pipeline`
     sets PIPELINE_KEYS; `split` (SPLIT_KEYS) replaces the split choice, {} meaning the
-    default split; `hardware` replaces [hardware] by that preset; `devices` sets
-    [placement] devices; `memory` sets keys of the [memory] policy (creating it).
-    Values given as None are not changes."""
+    default split; `hardware` replaces [hardware] by that preset (or that TOML file's
+    table); `devices` sets [placement] devices; `memory` sets keys of the [memory]
+    policy (creating it). Values given as None are not changes."""
     if preset and model_table:
         raise ValueError("give a preset or a model table, not both")
     changes = _given(model, MODEL_KEYS, "model")
@@ -83,7 +84,7 @@ def with_overrides(cfg: Config, *, preset: str | None = None,
     pipe = replace(cfg.pipeline, **pipe_changes)
     if split is not None:
         pipe = with_split(pipe, **split)
-    hw = hardware_config({"preset": hardware}) if hardware else replace(cfg.hardware)
+    hw = hardware_config(hardware_table(hardware)) if hardware else replace(cfg.hardware)
     if memory_bytes is not None:
         hw.memory_bytes = memory_bytes
     place = replace(cfg.placement)

@@ -303,6 +303,21 @@ def hardware_config(table: dict[str, Any]) -> HardwareConfig:
     return hw
 
 
+def hardware_table(choice: str) -> dict[str, Any]:
+    """--hardware's [hardware] table: a preset's name, or a TOML file's table (what `ppsim
+    calibrate --log` and `ppsim profile --hardware-out` write)."""
+    if not choice.endswith(".toml"):
+        return {"preset": choice}
+    data = parse_toml(files.read_text("--hardware", choice, files.MAX_CONFIG_BYTES,
+                                      "TOML [hardware] file"), choice)
+    table = data.get("hardware")
+    if not isinstance(table, dict):
+        raise UserError("--hardware", f"{choice} has no [hardware] table",
+                        "give a preset's name (ppsim presets) or a file with a [hardware] "
+                        "table, as ppsim calibrate --log writes")
+    return table
+
+
 def parse_toml(text: str, source: str = "config") -> dict[str, Any]:
     try:
         return tomllib.loads(text)
