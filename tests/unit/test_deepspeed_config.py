@@ -326,6 +326,23 @@ def test_plan_searches_the_shapes_a_whole_triple_leaves(tmp_path: Path) -> None:
     assert best["deepspeed_job"]["config"]["gradient_accumulation_steps"] == 8
 
 
+def test_plan_keeps_to_the_engine_without_the_accumulation_steps(tmp_path: Path) -> None:
+    """A config that leaves gradient_accumulation_steps to DeepSpeed still runs on its
+    pipeline engine: the search holds one stage a rank, 1F1B and cp 1, and the best
+    prints as a config (not n/a for an interleaved shape)."""
+    ds = _ds(tmp_path, {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1})
+    ran = run_cli(["plan", "--preset", "gpt3-1.3b", "--hardware", "h100-80gb", "--gpus", "16",
+                   "--deepspeed-config", ds, "--time-budget", "2", "--json"])
+    assert ran.returncode == 0, ran.stderr
+    plan = json.loads(ran.stdout)
+    assert {k: plan["held"].get(k) for k in ("cp", "vpp")} == {"cp": 1, "vpp": 1}
+    best = plan["best"]
+    assert (best["vpp"], best["schedule"]) == (1, "1f1b")
+    config = best["deepspeed_job"]["config"]
+    assert config["train_batch_size"] == 64
+    assert config["train_micro_batch_size_per_gpu"] == best["micro_batch_size"]
+
+
 def test_split_names_pipeline_modules_own_method(tmp_path: Path) -> None:
     """`split --partition-method` is PipelineModule's own partition: the DeepSpeed line
     names the method (no _partition_layers override to paste), with its boundaries."""
