@@ -143,8 +143,13 @@ def test_batch_refused_in_deepspeeds_words(tmp_path: Path, batch: dict[str, int]
      [], "deepspeed_config.zero_optimization.offload_optimizer: device 'cpu'"),
     ({**BATCH, "zero_optimization": {"offload_param": {"device": "nvme"}}}, [],
      "deepspeed_config.zero_optimization.offload_param: device 'nvme'"),
-    ({**BATCH, "zero_optimization": {"stage3_prefetch_bucket_size": 1}}, [],
-     "deepspeed_config.zero_optimization.stage3_prefetch_bucket_size: ppsim does not know"),
+    ({**BATCH, "zero_optimization": {"stage3_prefetch_bucket_size": 1, "zenflow": {}}}, [],
+     "deepspeed_config.zero_optimization.zenflow: ppsim does not know"),
+    # A real ZeRO-3 config is refused by its stage, not key by key through its tunings.
+    ({**BATCH, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"},
+                                     "offload_optimizer": {"device": "cpu"},
+                                     "stage3_max_live_parameters": 10**9, "zenflow": {}}},
+     ["--pp", "1"], "deepspeed_config.zero_optimization.stage: 3: ppsim does not price"),
     ({**BATCH, "communication_data_type": "fp32"}, [],
      "deepspeed_config.communication_data_type: 'fp32'"),
     ({**BATCH, "activation_checkpointing": {"partition_activations": True}}, [],
@@ -220,7 +225,9 @@ def test_taken_keys_change_nothing_and_tunings_are_noted(tmp_path: Path) -> None
     busy = {**plain, "steps_per_print": 10, "wall_clock_breakdown": False,
             "gradient_clipping": 1.0, "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},
             "scheduler": {"type": "WarmupLR"}, "zero_optimization": {
-                "stage": 0, "reduce_bucket_size": 5e8, "overlap_comm": True}}
+                "stage": 0, "reduce_bucket_size": 5e8, "overlap_comm": True,
+                # read at stage 3 alone: a template's leftovers
+                "stage3_param_persistence_threshold": 10**6, "sub_group_size": 10**9}}
     ran = run_cli(["simulate", *JOB, "--deepspeed-config", _ds(tmp_path, busy), "--json"])
     assert ran.returncode == 0, ran.stderr
     plain_path = _ds(tmp_path, plain, "plain.json")
