@@ -36,6 +36,15 @@ ZERO_NOTED = ("allgather_partitions", "allgather_bucket_size", "overlap_comm",
               "reduce_scatter", "reduce_bucket_size", "contiguous_gradients",
               "round_robin_gradients")
 """ZeRO's bucket and overlap tunings: ppsim prices each collective by its traffic."""
+ZERO3_ONLY = ("stage3_max_live_parameters", "stage3_max_reuse_distance",
+              "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+              "stage3_model_persistence_threshold", "stage3_gather_16bit_weights_on_model_save",
+              "stage3_gather_fp16_weights_on_model_save", "stage3_module_granularity_threshold",
+              "stage3_use_all_reduce_for_fetch_params", "stage3_allgather_sequential",
+              "stage3_partition_stream_chunk_size", "sub_group_size", "memory_efficient_linear",
+              "override_module_apply", "mics_shard_size", "mics_hierarchical_params_gather")
+"""Keys DeepSpeed reads at stage 3 alone (deepspeed/runtime/zero/config.py): taken below
+it, as a config written for either stage holds them."""
 FP16_TAKEN = ("enabled", "loss_scale", "initial_scale_power", "loss_scale_window",
               "hysteresis", "consecutive_hysteresis", "min_loss_scale")
 """fp16's dynamic loss scaling: a scalar per step, nothing ppsim prices."""
@@ -153,8 +162,16 @@ def _dtype(cfg: dict[str, Any]) -> str:
 
 
 def _zero(cfg: dict[str, Any], noted: list[str]) -> int:
-    """The ZeRO stage; offloading refused (ppsim's host optimizer is Megatron's)."""
+    """The ZeRO stage; offloading refused (ppsim's host optimizer is Megatron's). At
+    stages 2 and 3 the stage alone is refused (deepspeed_job.finish): the table's other
+    keys are moot, so a real ZeRO-3 config is refused by its stage, not by its tunings."""
     table = _table(cfg.get("zero_optimization", {}), "zero_optimization")
+    stage = table.get("stage", 0)
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+        raise UserError(_key("zero_optimization", "stage"), f"must be 0, 1, 2 or 3, got "
+                        f"{stage!r}", "write e.g. 1")
+    if stage > 1:
+        return int(stage)
     for part in ("offload_optimizer", "offload_param"):
         if part in table and table[part] is not None:
             device = _table(table[part], "zero_optimization", part).get("device", "none")
@@ -166,13 +183,9 @@ def _zero(cfg: dict[str, Any], noted: list[str]) -> int:
                                 "set its device to \"none\", or " + DROP)
     _refuse_on(table, ("cpu_offload",), "ZeRO-Offload is not priced by ppsim",
                "zero_optimization")
-    _refuse_unknown(table, (*ZERO_TAKEN, *ZERO_NOTED, "offload_optimizer", "offload_param",
-                            "cpu_offload"), "zero_optimization")
+    _refuse_unknown(table, (*ZERO_TAKEN, *ZERO_NOTED, *ZERO3_ONLY, "offload_optimizer",
+                            "offload_param", "cpu_offload"), "zero_optimization")
     noted += [_key("zero_optimization", k) for k in ZERO_NOTED if k in table]
-    stage = table.get("stage", 0)
-    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
-        raise UserError(_key("zero_optimization", "stage"), f"must be 0, 1, 2 or 3, got "
-                        f"{stage!r}", "write e.g. 1")
     return int(stage)
 
 

@@ -195,6 +195,13 @@ def _search_at_dp(args: argparse.Namespace, triple: BatchTriple) -> None:
         raise UserError("--dp", f"{args.dp}, but train_batch_size {train} = "
                         f"{micro} x {gas} x dp {dp}", "give one of them")
     args.dp, args.global_batch_size, args.micro_batch_size = dp, train, micro
+
+
+def _hold_engine(args: argparse.Namespace) -> None:
+    """The job search keeps to what DeepSpeed's pipeline engine runs, whatever batch
+    numbers the config gives: a shape it cannot run has no config to print."""
+    if getattr(args, "gpus", None) is None or getattr(args, "command", "") != "plan":
+        return
     for dest, value in ENGINE_SHAPE.items():
         if getattr(args, dest, None) is None:
             setattr(args, dest, value)
@@ -220,6 +227,7 @@ def apply(args: argparse.Namespace) -> None:
     _state(args, job)
     _recompute(args, job)
     triple = _batch(args, job)
+    _hold_engine(args)
     for key in job.noted:
         print(f"note: {key} taken, not priced (ppsim prices each collective by its "
               "traffic, not its buckets or overlap)", file=sys.stderr)

@@ -270,6 +270,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
     cfg = _layers_per_virtual_stage(cfg, flag)
     cfg = torchtitan_flags.with_torchtitan_split(cfg, args)
     _check_megatrons_rules(cfg, args, flag)
+    if flag("dp") is None:  # a torchtitan line's shard -1: dp is the world's
+        torchtitan_flags.check_one_step(args, _gpus_dp(cfg, flag("gpus")))
     return deepspeed_job.finish(_with_world(cfg, flag), args)
 
 

@@ -303,14 +303,26 @@ def _batch(args: argparse.Namespace, job_search: bool) -> None:
         return
     if args.pp > 1:  # one accumulation step's
         args.microbatches = pp_mbs or 1
-        one_step = args.microbatches * (args.micro_batch_size or 1) * (args.dp or 0)
-        if args.global_batch_size not in (None, one_step) and args.dp is not None:
-            in_tokens = step_tokens not in (None, -1)
-            raise UserError("--training.num_tokens_per_train_step" if in_tokens else
-                            "--global-batch-size", "gives more than one "
-                            "gradient-accumulation step, and ppsim prices one pipeline "
-                            "schedule a step (torchtitan runs one an accumulation step)",
-                            (f"give {one_step * seq} tokens" if in_tokens else
-                             f"give {one_step}") + ", or more num_pp_microbatches")
+        check_one_step(args, args.dp)  # else at the world's dp (ppsim.cli.flags)
     elif args.global_batch_size is None:
         args.microbatches = 1  # one accumulation step (num_pp_microbatches is ignored)
+
+
+def check_one_step(args: argparse.Namespace, dp: int | None) -> None:
+    """A torchtitan line with pp whose step is more than one accumulation step (its
+    num_pp_microbatches x micro batch x `dp` sequences) is refused naming the field that
+    gives the step: torchtitan runs a pipeline schedule an accumulation step, ppsim
+    prices one a step."""
+    if (not getattr(args, "torchtitan_read", False) or dp is None or (args.pp or 1) < 2
+            or args.microbatches is None):
+        return
+    one_step = args.microbatches * (args.micro_batch_size or 1) * dp
+    if args.global_batch_size in (None, one_step):
+        return
+    in_tokens = args.tt_num_tokens_per_train_step not in (None, -1)
+    raise UserError("--training.num_tokens_per_train_step" if in_tokens else
+                    "--global-batch-size", "gives more than one gradient-accumulation "
+                    "step, and ppsim prices one pipeline schedule a step (torchtitan runs "
+                    "one an accumulation step)",
+                    (f"give {one_step * args.seq_length} tokens" if in_tokens else
+                     f"give {one_step}") + ", or more num_pp_microbatches")

@@ -15,11 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 from ppsim.costs.op_sac import OP_SAC
+from ppsim.pipeline.exports import TORCHTITAN_HEAD
 from ppsim.schedules.generators import TORCH_NAMES
 
-FLOAT8 = "Float8LinearConverter.Config(recipe_name='rowwise', filter_fqns=['output'])"
+FLOAT8 = f"Float8LinearConverter.Config(recipe_name='rowwise', filter_fqns=['{TORCHTITAN_HEAD}'])"
 """torchtitan's float8 (components/quantization/float8.py): every linear but the output
-layer's, as ppsim prices FP8 under FSDP."""
+layer's, as ppsim prices FP8 under FSDP (and as llama3_405b converts them)."""
 AC_OF_MODE = {"none": None, "full": "FullAC", OP_SAC: "SelectiveAC"}
 """Recompute modes torchtitan has a policy for (Megatron's selective core-attention
 recompute is none of them)."""

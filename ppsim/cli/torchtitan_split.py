@@ -15,6 +15,7 @@ import math
 from ppsim.config.overrides import with_overrides
 from ppsim.config.schema import Config
 from ppsim.errors import UserError
+from ppsim.pipeline.exports import TORCHTITAN_HEAD as HEAD
 from ppsim.plan.baselines import torchtitan_counts
 
 SINGLE_STAGE = ("gpipe", "1f1b")
@@ -27,7 +28,7 @@ def fqn_counts(text: str) -> list[int]:
     """Decoder layers per part of a module_fqns_per_model_part (as ppsim prints it: a
     list of lists of names): the embedding first, the layers in order, norm and lm_head
     last; anything else is not a split ppsim prices."""
-    fix = "give e.g. [['tok_embeddings', 'layers.0'], ['layers.1', 'norm', 'lm_head']]"
+    fix = f"give e.g. [['tok_embeddings', 'layers.0'], ['layers.1', 'norm', '{HEAD}']]"
     try:
         parts = ast.literal_eval(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
@@ -37,12 +38,10 @@ def fqn_counts(text: str) -> list[int]:
         raise UserError(FQNS, "is not a list of lists of module names", fix)
     flat = [n for p in parts for n in p]
     layers = [n for n in flat if n.startswith("layers.")]
-    expected = ["tok_embeddings", *(f"layers.{k}" for k in range(len(layers))), "norm",
-                "lm_head"]
-    if flat != expected or "tok_embeddings" not in parts[0] or parts[-1][-2:] != ["norm",
-                                                                                  "lm_head"]:
+    expected = ["tok_embeddings", *(f"layers.{k}" for k in range(len(layers))), "norm", HEAD]
+    if flat != expected or "tok_embeddings" not in parts[0] or parts[-1][-2:] != ["norm", HEAD]:
         raise UserError(FQNS, "ppsim prices the embedding on the first part, the layers in "
-                        "order, and norm and lm_head on the last", fix)
+                        f"order, and norm and {HEAD} on the last", fix)
     return [sum(n.startswith("layers.") for n in p) for p in parts]
 
 

@@ -20,6 +20,9 @@ from ppsim.pipeline.split import Split, megatron_split
 
 TORCHTITAN_VERSION = "torchtitan main as of 2026-04-27 (PR #2937 renamed output to lm_head)"
 """The module names the torchtitan export uses."""
+TORCHTITAN_HEAD = "lm_head"
+"""torchtitan's output layer's module name (models/common/decoder.py: self.lm_head), as
+its fqns and its converters' filter_fqns name it."""
 
 
 def _megatron_base(split: Split) -> list[str]:
@@ -130,7 +133,7 @@ def torchtitan_fqns(split: Split) -> list[list[str]]:
     for st in split.stages:
         names = ["tok_embeddings"] if st.has_embedding else []
         names += [f"layers.{k}" for k in range(st.offset, st.offset + st.layers - st.mtp)]
-        names += ["norm", "lm_head"] if st.has_head else []
+        names += ["norm", TORCHTITAN_HEAD] if st.has_head else []
         if not names:
             raise UserError("pipeline.split", f"stage {st.index} holds no module, and "
                             "torchtitan builds an optimizer for each model part, which "

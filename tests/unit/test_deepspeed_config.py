@@ -143,8 +143,13 @@ def test_batch_refused_in_deepspeeds_words(tmp_path: Path, batch: dict[str, int]
      [], "deepspeed_config.zero_optimization.offload_optimizer: device 'cpu'"),
     ({**BATCH, "zero_optimization": {"offload_param": {"device": "nvme"}}}, [],
      "deepspeed_config.zero_optimization.offload_param: device 'nvme'"),
-    ({**BATCH, "zero_optimization": {"stage3_prefetch_bucket_size": 1}}, [],
-     "deepspeed_config.zero_optimization.stage3_prefetch_bucket_size: ppsim does not know"),
+    ({**BATCH, "zero_optimization": {"stage3_prefetch_bucket_size": 1, "zenflow": {}}}, [],
+     "deepspeed_config.zero_optimization.zenflow: ppsim does not know"),
+    # A real ZeRO-3 config is refused by its stage, not key by key through its tunings.
+    ({**BATCH, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"},
+                                     "offload_optimizer": {"device": "cpu"},
+                                     "stage3_max_live_parameters": 10**9, "zenflow": {}}},
+     ["--pp", "1"], "deepspeed_config.zero_optimization.stage: 3: ppsim does not price"),
     ({**BATCH, "communication_data_type": "fp32"}, [],
      "deepspeed_config.communication_data_type: 'fp32'"),
     ({**BATCH, "activation_checkpointing": {"partition_activations": True}}, [],
@@ -220,7 +225,9 @@ def test_taken_keys_change_nothing_and_tunings_are_noted(tmp_path: Path) -> None
     busy = {**plain, "steps_per_print": 10, "wall_clock_breakdown": False,
             "gradient_clipping": 1.0, "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},
             "scheduler": {"type": "WarmupLR"}, "zero_optimization": {
-                "stage": 0, "reduce_bucket_size": 5e8, "overlap_comm": True}}
+                "stage": 0, "reduce_bucket_size": 5e8, "overlap_comm": True,
+                # read at stage 3 alone: a template's leftovers
+                "stage3_param_persistence_threshold": 10**6, "sub_group_size": 10**9}}
     ran = run_cli(["simulate", *JOB, "--deepspeed-config", _ds(tmp_path, busy), "--json"])
     assert ran.returncode == 0, ran.stderr
     plain_path = _ds(tmp_path, plain, "plain.json")
@@ -324,6 +331,23 @@ def test_plan_searches_the_shapes_a_whole_triple_leaves(tmp_path: Path) -> None:
     best = plan["best"]
     assert (best["dp"], best["microbatches"], best["schedule"]) == (4, 8, "1f1b")
     assert best["deepspeed_job"]["config"]["gradient_accumulation_steps"] == 8
+
+
+def test_plan_keeps_to_the_engine_without_the_accumulation_steps(tmp_path: Path) -> None:
+    """A config that leaves gradient_accumulation_steps to DeepSpeed still runs on its
+    pipeline engine: the search holds one stage a rank, 1F1B and cp 1, and the best
+    prints as a config (not n/a for an interleaved shape)."""
+    ds = _ds(tmp_path, {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1})
+    ran = run_cli(["plan", "--preset", "gpt3-1.3b", "--hardware", "h100-80gb", "--gpus", "16",
+                   "--deepspeed-config", ds, "--time-budget", "2", "--json"])
+    assert ran.returncode == 0, ran.stderr
+    plan = json.loads(ran.stdout)
+    assert {k: plan["held"].get(k) for k in ("cp", "vpp")} == {"cp": 1, "vpp": 1}
+    best = plan["best"]
+    assert (best["vpp"], best["schedule"]) == (1, "1f1b")
+    config = best["deepspeed_job"]["config"]
+    assert config["train_batch_size"] == 64
+    assert config["train_micro_batch_size_per_gpu"] == best["micro_batch_size"]
 
 
 def test_split_names_pipeline_modules_own_method(tmp_path: Path) -> None:

@@ -155,6 +155,9 @@ def test_the_torchtitan_job_names_its_float8(capsys: pytest.CaptureFixture[str])
     assert main([*args, "--fp8-recipe", "rowwise"]) == 0
     titan = json.loads(capsys.readouterr().out)["best"]["torchtitan_job"]
     assert "Float8LinearConverter" in titan["quantization"]
+    # The head stays in bf16 under the module name torchtitan gives it (decoder.py's
+    # self.lm_head; llama3_405b's filter_fqns), the name the fqns export ends with.
+    assert "filter_fqns=['lm_head']" in titan["quantization"]
     assert main([*args, "--fp8-recipe", "tensorwise"]) == 0
     titan = json.loads(capsys.readouterr().out)["best"]["torchtitan_job"]
     assert any("tensorwise" in n for n in titan["notes"])

@@ -235,11 +235,16 @@ def test_every_registry_preset_has_the_flavour_s_sizes(name: str) -> None:
       "--training.num_tokens_per_microbatch_per_dp_rank", "8192",
       "--training.num_tokens_per_train_step", str(8192 * 16)],
      "--training.num_tokens_per_train_step"),
+    # The same step where the shard degree is -1: dp is the world's (--gpus 16, pp 2: 8).
+    (["--torchtitan-config", "llama3_8b", "--gpus", "16", "--parallelism.pipeline_parallel_degree",
+      "2", "--parallelism.num_pp_microbatches", "4",
+      "--training.num_tokens_per_train_step", str(8192 * 64)],
+     "--training.num_tokens_per_train_step: gives more than one gradient-accumulation step"),
 ], ids=["unknown-config", "leftover-without-world", "shard-0",
         "replicate-0", "memory-budget", "bf16-dtype", "fp32-params",
         "tokens-without-seq", "partial-sequences", "fqns-out-of-order", "fqns-text",
         "layers-per-stage-single", "dp-disagrees", "tp-disagrees", "recompute-disagrees",
-        "two-accumulation-steps"])
+        "two-accumulation-steps", "two-accumulation-steps-at-the-world-s-dp"])
 def test_what_ppsim_does_not_price_is_refused_in_one_line(argv: list[str], field: str) -> None:
     preset = [] if "--torchtitan-config" in argv else ["--preset", "llama3-8b"]
     r = run_cli(["simulate", *preset, *H100, *argv])
