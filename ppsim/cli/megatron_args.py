@@ -124,6 +124,7 @@ def optimizer_args(a: Architecture) -> list[str]:
             a.fsdp_reshard_after_forward == "never")
     out += ["--num-distributed-optimizer-instances", str(a.dp_replicas)] * (a.dp_replicas > 1)
     out += ["--grad-reduce-in-bf16"] * a.grad_reduce_in_bf16
+    out += ["--accumulate-allreduce-grads-in-fp32"] * a.grads_in_fp32
     if a.precision_aware_optimizer:
         out.append("--use-precision-aware-optimizer")
         out += [tok for key in OPTIMIZER_DTYPES if getattr(a, key) != "fp32"

@@ -263,7 +263,7 @@ def transformer(raw: dict[str, Any]) -> None:
             raise UserError(f"model.{key}", f"must be at least {low}, got {raw[key]}",
                             "use a whole number >= " + str(low))
     for key in ("gated_mlp", "distributed_optimizer", "dropout", "tie_embeddings", "pad_vocab",
-                "grad_reduce_in_bf16", "precision_aware_optimizer", "fsdp",
+                "grad_reduce_in_bf16", "grads_in_fp32", "precision_aware_optimizer", "fsdp",
                 "moe_pad_to_capacity", "fp8_param_gather", "first_last_layers_bf16",
                 "bias_swiglu_fusion", "gradient_accumulation_fusion", "unfused_attention",
                 "qk_layernorm", "sequence_parallel", "fp32_residual",

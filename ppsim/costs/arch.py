@@ -94,6 +94,9 @@ class Architecture:
     grad_reduce_in_bf16: bool = False
     """bf16 training keeps and reduces its gradients in bf16, not fp32 (Megatron
     --grad-reduce-in-bf16): 2 bytes a parameter less, half the data-parallel traffic."""
+    grads_in_fp32: bool = False
+    """fp16 training keeps and reduces its gradients in fp32, not fp16 (Megatron
+    --accumulate-allreduce-grads-in-fp32, which bf16 training sets itself)."""
     optimizer: str = "adam"
     """"adam", or "muon" (Megatron --optimizer muon, ppsim.costs.muon): the decoder's
     2-D weights keep one fp32 momentum instead of Adam's two moments and are stepped by
