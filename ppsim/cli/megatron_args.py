@@ -30,7 +30,8 @@ def megatron_model_args(a: Architecture) -> list[str]:
         else kv("--num-layers", a.num_layers)
     out += kv("--hidden-size", a.hidden_size) + kv("--ffn-hidden-size", a.ffn_hidden_size)
     out += kv("--num-attention-heads", a.num_heads) + _attention_args(a)
-    out += kv("--seq-length", a.seq_length) + kv("--max-position-embeddings", a.seq_length)
+    out += kv("--seq-length", a.seq_length) + kv("--max-position-embeddings",
+                                                 max(a.max_position_embeddings, a.seq_length))
     out += kv("--vocab-size" if a.pad_vocab else "--padded-vocab-size", a.vocab_size)
     out += activation_args(a)
     out += kv("--make-vocab-size-divisible-by", a.vocab_divisor) * (a.vocab_divisor != 128)
