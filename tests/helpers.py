@@ -158,13 +158,14 @@ def fake_planner(monkeypatch: pytest.MonkeyPatch, release: threading.Event,
 
 def arch_meaning(a: Any) -> dict[str, Any]:
     """An Architecture's fields, those with two spellings (the kinds spec; an empty norm
-    or position that the MLP decides) by what they mean, and dp (Megatron takes it from
-    the world size) left out: what must survive a round trip through Megatron's flags."""
+    or position that the MLP decides, a position table's rows as 0 or the sequence) by what
+    they mean, and dp (Megatron takes it from the world size) left out: what must survive
+    a round trip through Megatron's flags."""
     out = asdict(a)
-    for spelled in ("dp", "layers", "norm", "position"):
+    for spelled in ("dp", "layers", "norm", "position", "max_position_embeddings"):
         out.pop(spelled)
     return {**out, "kinds": layer_kinds(a), "rmsnorm": a.rmsnorm, "rotary": a.rotary,
-            "learned": a.learned_positions}
+            "learned": a.learned_positions, "position_params": a.position_params}
 
 
 def mla_fields(draw: Any, heads: int) -> dict[str, Any]:

@@ -294,7 +294,7 @@ class Embedding(nn.Module):
         super().__init__()
         a = s.arch
         self.tokens = nn.Embedding(padded_vocab(a), a.hidden_size)  # as Megatron pads it
-        self.positions = nn.Embedding(a.seq_length, a.hidden_size) \
+        self.positions = nn.Embedding(a.position_params // a.hidden_size, a.hidden_size) \
             if a.learned_positions else None
         self.tp: TensorGroup | None = None
 

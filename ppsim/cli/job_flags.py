@@ -13,6 +13,7 @@ from ppsim.costs.choices import FSDP_RESHARD
 from ppsim.costs.state import OPTIMIZER_DTYPES
 
 JOB_MODEL_KEYS = ("dp", "cp", "ep", "etp", "distributed_optimizer", "grad_reduce_in_bf16",
+                  "grads_in_fp32",
                   "precision_aware_optimizer", "fsdp", "fsdp_reshard_after_forward",
                   "fsdp_cpu_offload", "fsdp_framework", "dp_replicas", *OPTIMIZER_DTYPES,
                   *HOST_OPTIMIZER_KEYS)
@@ -111,6 +112,9 @@ def _add_state_flags(j: argparse._ArgumentGroup) -> None:
                    "gathered weights after the forward unless pp > 1)")
     j.add_argument("--grad-reduce-in-bf16", dest="grad_reduce_in_bf16", action="store_true",
                    default=None, help="keep and reduce bf16 gradients in bf16, not fp32")
+    j.add_argument("--accumulate-allreduce-grads-in-fp32", dest="grads_in_fp32",
+                   action="store_true", default=None, help="keep and reduce fp16 "
+                   "gradients in fp32, not fp16 (bf16's are unless --grad-reduce-in-bf16)")
     j.add_argument("--use-precision-aware-optimizer", dest="precision_aware_optimizer",
                    action="store_true", default=None, help="Adam's state in the dtypes "
                    "below (TransformerEngine's FusedAdam)")

@@ -30,7 +30,8 @@ def megatron_model_args(a: Architecture) -> list[str]:
         else kv("--num-layers", a.num_layers)
     out += kv("--hidden-size", a.hidden_size) + kv("--ffn-hidden-size", a.ffn_hidden_size)
     out += kv("--num-attention-heads", a.num_heads) + _attention_args(a)
-    out += kv("--seq-length", a.seq_length) + kv("--max-position-embeddings", a.seq_length)
+    out += kv("--seq-length", a.seq_length) + kv("--max-position-embeddings",
+                                                 max(a.max_position_embeddings, a.seq_length))
     out += kv("--vocab-size" if a.pad_vocab else "--padded-vocab-size", a.vocab_size)
     out += activation_args(a)
     out += kv("--make-vocab-size-divisible-by", a.vocab_divisor) * (a.vocab_divisor != 128)
@@ -124,6 +125,7 @@ def optimizer_args(a: Architecture) -> list[str]:
             a.fsdp_reshard_after_forward == "never")
     out += ["--num-distributed-optimizer-instances", str(a.dp_replicas)] * (a.dp_replicas > 1)
     out += ["--grad-reduce-in-bf16"] * a.grad_reduce_in_bf16
+    out += ["--accumulate-allreduce-grads-in-fp32"] * a.grads_in_fp32
     if a.precision_aware_optimizer:
         out.append("--use-precision-aware-optimizer")
         out += [tok for key in OPTIMIZER_DTYPES if getattr(a, key) != "fp32"

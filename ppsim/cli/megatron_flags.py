@@ -197,8 +197,8 @@ def check_experts_parallel(arch: Any, dispatcher: str | None,
 
 
 def check_positions(seq: int | None, positions: int | None) -> None:
-    """--max-position-embeddings, which ppsim prices nothing of, against the sequence, as
-    Megatron asserts it whatever the position embedding."""
+    """--max-position-embeddings (a learned position table's rows) against the sequence,
+    as Megatron asserts it whatever the position embedding."""
     if positions is not None and seq is not None and positions < seq:
         raise UserError("--max-position-embeddings", f"max_position_embeddings ({positions}) "
                         f"must be greater than or equal to seq_length ({seq}) (Megatron's "

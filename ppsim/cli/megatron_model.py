@@ -42,6 +42,7 @@ INT_FLAGS = {
     "linear-conv-kernel-dim": "linear_conv_kernel_dim",
     "dsa-indexer-n-heads": "dsa_indexer_n_heads", "dsa-indexer-head-dim": "dsa_indexer_head_dim",
     "dsa-indexer-topk": "dsa_indexer_topk",
+    "max-position-embeddings": "max_position_embeddings",
 }
 """Megatron flag -> the [model] field it sets, value as given."""
 ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
@@ -62,7 +63,7 @@ ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
               "qk_l2_norm", "moe_shared_expert_gate", "moe_permute_fusion",
               "experimental_attention_variant", "linear_attention_freq")
 """Every flag of the group that changes the model (the rest are accepted and ignored)."""
-IGNORED = {"max-position-embeddings": int, "norm-epsilon": float, "rotary-base": float,
+IGNORED = {"norm-epsilon": float, "rotary-base": float,
            "rotary-percent": float, "init-method-std": float, "disable-bias-linear": None,
            "attention-softmax-in-fp32": None, "use-flash-attn": None,
            "use-mcore-models": None,

@@ -43,7 +43,7 @@ RUN = {
     "numerics checks and loss scaling": (
         "seed", "init-method-xavier-uniform", "data-parallel-random-init",
         "use-cpu-initialization", "loss-scale", "initial-loss-scale", "min-loss-scale",
-        "loss-scale-window", "hysteresis", "accumulate-allreduce-grads-in-fp32",
+        "loss-scale-window", "hysteresis",
         "calculate-per-token-loss", "no-check-for-nan-in-loss-and-grad",
         "check-for-spiky-loss", "check-for-large-grads", "rerun-mode",
         "check-weight-hash-across-dp-replicas-interval", "error-injection-rate",

@@ -25,6 +25,7 @@ from ppsim.job import shape as job_shape
 
 MODEL_KEYS = ("num_layers", "recompute", "tp", "micro_batch_size", "hybrid_layer_pattern", "dp",
               "cp", "ep", "etp", "seq_length", "distributed_optimizer", "grad_reduce_in_bf16",
+              "grads_in_fp32",
               "precision_aware_optimizer", "fsdp", "fsdp_reshard_after_forward",
               "fsdp_cpu_offload", "fsdp_framework", "dp_replicas", "bias_swiglu_fusion",
               "gradient_accumulation_fusion", "sequence_parallel",

@@ -66,6 +66,10 @@ def optimizer_states(raw: dict[str, Any]) -> None:
     __init__.py): other than fp32 only under the precision-aware optimizer, which needs
     the distributed optimizer; ppsim prices it for bf16 training."""
     aware = raw.get("precision_aware_optimizer", False)
+    if raw.get("grads_in_fp32") and raw.get("main_grads_dtype", "fp32") != "fp32":
+        raise UserError("model.main_grads_dtype", "--main-grads-dtype can only be fp32 when "
+                        "--accumulate-allreduce-grads-in-fp32 is set (Megatron's words)",
+                        "drop one of them")
     for key in OPTIMIZER_DTYPES:
         if not aware and raw.get(key, "fp32") != "fp32":
             raise UserError(f"model.{key}", f"{key} can only be fp32 when not using "

@@ -246,7 +246,8 @@ _POSITIVE = ("tp", "dp", "ep", "cp", "dp_replicas", "vocab_divisor", "hidden_siz
 _COUNTS = ("attention_window", "moe_latent_size", "mtp_layers", "head_dim", "q_lora_rank",
            "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "cp_a2a_size", "num_experts", "etp",
            "top_k", "moe_ffn_hidden_size", "shared_experts", "num_layers_at_start_in_bf16",
-           "num_layers_at_end_in_bf16", "shared_expert_ffn_hidden_size", "loss_chunks")
+           "num_layers_at_end_in_bf16", "shared_expert_ffn_hidden_size", "loss_chunks",
+           "max_position_embeddings")
 _REQUIRED = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size",
              "seq_length")
 
@@ -263,7 +264,7 @@ def transformer(raw: dict[str, Any]) -> None:
             raise UserError(f"model.{key}", f"must be at least {low}, got {raw[key]}",
                             "use a whole number >= " + str(low))
     for key in ("gated_mlp", "distributed_optimizer", "dropout", "tie_embeddings", "pad_vocab",
-                "grad_reduce_in_bf16", "precision_aware_optimizer", "fsdp",
+                "grad_reduce_in_bf16", "grads_in_fp32", "precision_aware_optimizer", "fsdp",
                 "moe_pad_to_capacity", "fp8_param_gather", "first_last_layers_bf16",
                 "bias_swiglu_fusion", "gradient_accumulation_fusion", "unfused_attention",
                 "qk_layernorm", "sequence_parallel", "fp32_residual",

@@ -94,6 +94,9 @@ class Architecture:
     grad_reduce_in_bf16: bool = False
     """bf16 training keeps and reduces its gradients in bf16, not fp32 (Megatron
     --grad-reduce-in-bf16): 2 bytes a parameter less, half the data-parallel traffic."""
+    grads_in_fp32: bool = False
+    """fp16 training keeps and reduces its gradients in fp32, not fp16 (Megatron
+    --accumulate-allreduce-grads-in-fp32, which bf16 training sets itself)."""
     optimizer: str = "adam"
     """"adam", or "muon" (Megatron --optimizer muon, ppsim.costs.muon): the decoder's
     2-D weights keep one fp32 momentum instead of Adam's two moments and are stepped by
@@ -213,6 +216,9 @@ class Architecture:
     position: str = ""
     """"rotary" or "learned" position embeddings, or "none" (Megatron's Mamba hybrids);
     empty: rotary for gated MLPs."""
+    max_position_embeddings: int = 0
+    """Rows of a learned position table (Megatron --max-position-embeddings, which
+    gpt_builders.py passes as the embedding's max_sequence_length); 0: the sequence."""
     dropout: bool = False
     """Hidden and attention dropout on (GPT-3/Megatron defaults) or off (Llama); each
     dropout keeps a 1-byte mask per element for the backward."""
@@ -409,6 +415,12 @@ class Architecture:
     def learned_positions(self) -> bool:
         """A learned position table added to the token embeddings."""
         return self.position != "none" and not self.rotary
+
+    @property
+    def position_params(self) -> int:
+        """The learned position table's weights: a row of h per position (none else)."""
+        rows = max(self.max_position_embeddings, self.seq_length)
+        return rows * self.hidden_size if self.learned_positions else 0
 
 
 def expert_data_parallel(tp: int, cp: int, dp: int, etp: int, ep: int) -> int:

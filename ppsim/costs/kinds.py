@@ -50,8 +50,7 @@ def model_params(a: Architecture) -> ModelParams:
     """The parameters of any stack."""
     kinds = layer_kinds(a)
     tables = 1 if a.tie_embeddings else 2  # a tied head is the embedding's table
-    positions = a.seq_length * a.hidden_size if a.learned_positions else 0
-    total = active = tables * a.vocab_size * a.hidden_size + a.hidden_size + positions
+    total = active = tables * a.vocab_size * a.hidden_size + a.hidden_size + a.position_params
     for k in kinds:
         p = any_kind_params(a, k)
         total += p.dense + p.experts

@@ -21,11 +21,15 @@ def grad_bytes(a: Architecture) -> int:
     """Bytes of one parameter's gradient as Megatron keeps and reduces it: fp32 for bf16
     weights, or bf16 under --grad-reduce-in-bf16 or --main-grads-dtype bf16 (neither
     forces fp32 accumulation then: arguments.py); fp16 weights' in fp16 (arguments.py
-    forces fp32 accumulation for bf16 alone); under Megatron's --use-torch-fsdp2 the
-    model's own dtype (no mixed-precision policy: the gradients are the weights'), and
-    under Megatron-FSDP too (--megatron-fsdp-main-grads-dtype auto: the model's)."""
-    if a.fsdp_by_megatron or a.dtype == "fp16":
+    forces fp32 accumulation for bf16 alone), in fp32 under
+    --accumulate-allreduce-grads-in-fp32 (training.py: the DDP buffer's grad_reduce_in_fp32);
+    under Megatron's --use-torch-fsdp2 the model's own dtype (no mixed-precision policy:
+    the gradients are the weights'), and under Megatron-FSDP too
+    (--megatron-fsdp-main-grads-dtype auto: the model's)."""
+    if a.fsdp_by_megatron:
         return DTYPE_BYTES[a.dtype]
+    if a.dtype == "fp16":
+        return 4 if a.grads_in_fp32 else 2
     bf16_grads = a.grad_reduce_in_bf16 or a.main_grads_dtype == "bf16"
     return 2 if bf16_grads and a.dtype == "bf16" else 4
 
@@ -123,10 +127,11 @@ def bytes_per_param(a: Architecture, experts: bool = False, layer: bool = False)
         return FSDP_SHARD_BYTES * (1 - host_state_share(a)) / optimizer_shards(a, experts)
     if a.dtype == "fp32":
         held = 8  # the weight (its own master) and its gradient
-    elif a.dtype == "fp16":
-        held = 4  # the weight and its fp16 gradient; the fp32 main gradient is state
     else:
-        held = 2 + grad_bytes(a)  # bf16 weights and their gradient buffer
+        held = 2 + grad_bytes(a)  # 16-bit weights and their gradient buffer
     muon = layer and a.optimizer == "muon"
-    state = (muon_state_bytes(a) if muon else optimizer_state_bytes(a)) + 4 * (a.dtype == "fp16")
+    # The step reads fp32 gradients: an fp16 buffer's are copied (.float(), optimizer.py),
+    # an fp32 buffer's read in place.
+    copied = 4 * (a.dtype == "fp16" and grad_bytes(a) == 2)
+    state = (muon_state_bytes(a) if muon else optimizer_state_bytes(a)) + copied
     return held + state * (1 - host_state_share(a)) / optimizer_shards(a, experts)

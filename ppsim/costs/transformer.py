@@ -265,7 +265,7 @@ def transformer_costs(a: Architecture, acc: Accelerator, recompute: tuple[str, .
     # Learned positions add a table of their own, whole on every tensor rank.
     words = int(padded_vocab(a) * h / t)
     word_bytes = int(words * bytes_per_param(a))
-    positions = s * h if a.learned_positions else 0
+    positions = a.position_params
     emb = LayerCost(forward_ms=0.0, backward_ms=0.0,
                     static_bytes=word_bytes + int(positions * bytes_per_param(a)),
                     activation_bytes=embedding_activation_bytes(a),
