@@ -6,6 +6,9 @@ device node, a FIFO or a socket at the target is refused (replacing
 caller passes `force` (then the link is followed and its target written).
 The temp file sits beside the target and carries our pid, so a later write
 to the same target can remove temp files left by an interrupted one.
+The writer makes missing folders (ppsim's own layouts, such as a run's parts/);
+a path the user names is checked first by `refuse_unwritable`, which refuses
+one whose folder is missing or takes no new file.
 """
 
 from __future__ import annotations
@@ -135,6 +138,18 @@ def write_bytes_atomic(path: str, data: bytes, *, force: bool = False,
         raise UserError(field, f"{exc.field} {exc.problem}", exc.fix) from None
 
 
+def _temp_beside(path: str, folder: str, name: str) -> tuple[int, str]:
+    """A new temp file in `folder` for the target `name`: (fd, its path)."""
+    try:
+        return tempfile.mkstemp(prefix=f".tmp-{os.getpid()}-", suffix=_suffix(name),
+                                dir=folder)
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            raise _refuse(path, "the file name is too long", "choose a shorter name") from None
+        raise _refuse(path, f"cannot write: {exc.strerror}",
+                      "choose a path in a writable folder") from None
+
+
 def _write(path: str, data: bytes, force: bool) -> None:
     target = _target(path, force)
     folder, name = os.path.split(os.path.abspath(target))
@@ -144,14 +159,7 @@ def _write(path: str, data: bytes, force: bool) -> None:
         raise _refuse(path, f"cannot create its folder: {exc.strerror}",
                       "choose a path in a writable folder") from None
     clean_stale_temps(folder, name)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".tmp-{os.getpid()}-", suffix=_suffix(name),
-                                   dir=folder)
-    except OSError as exc:
-        if exc.errno == errno.ENAMETOOLONG:
-            raise _refuse(path, "the file name is too long", "choose a shorter name") from None
-        raise _refuse(path, f"cannot write: {exc.strerror}",
-                      "choose a path in a writable folder") from None
+    fd, tmp = _temp_beside(path, folder, name)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -244,11 +252,27 @@ def refuse_overlap(inputs: dict[str, str | None], outputs: dict[str, str | None]
 
 def refuse_unwritable(outputs: dict[str, str | None]) -> None:
     """Refuse, before any work, an output path the write would refuse at the end: a
-    directory, a symbolic link (without --force), a device, FIFO or socket."""
+    directory, a symbolic link (without --force), a device, FIFO or socket, a folder
+    that takes no new file (read-only, /proc); and one whose folder is missing (a typo
+    there would otherwise leave a stray tree of folders)."""
     for flag, path in outputs.items():
         if path is None:
             continue
         try:
-            _target(path, force=False)
+            _probe_folder(path, _target(path, force=False))
         except UserError as exc:
             raise UserError(flag, f"{exc.field}: {exc.problem}", exc.fix) from None
+
+
+def _probe_folder(path: str, target: str) -> None:
+    """Refuse a target whose folder is missing, or is one no file can be created in
+    (tried: as root, permission bits say nothing about a read-only mount or /sys)."""
+    folder, name = os.path.split(target)
+    folder = folder or "."
+    if not os.path.isdir(folder):
+        what = "is not a directory" if os.path.lexists(folder) else "does not exist"
+        raise _refuse(path, f"its folder {shown(folder)} {what}",
+                      "create the folder first, or choose a path in an existing one")
+    fd, tmp = _temp_beside(path, folder, name)
+    os.close(fd)
+    os.unlink(tmp)

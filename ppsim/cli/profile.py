@@ -101,6 +101,10 @@ def _transformer_fields(cfg: Config, command: str) -> dict[str, Any]:
 def cmd_profile(args: argparse.Namespace) -> int:
     if args.hardware_out:
         return hardware_profile(args)
+    if args.sustained:  # any value but the default 0 (nan and negatives included)
+        raise UserError("--sustained", "is the warm-up of --hardware-out's roofline; a cost "
+                        "file's profile takes none", "drop --sustained, or add --hardware-out "
+                        "FILE")
     cfg, args.out = config_from_args(args), "costs.json" if args.out is None else args.out
     # The config's costs_file is not read here (profile measures): writing it is a refresh.
     outputs_apart(args, {"--out": args.out})

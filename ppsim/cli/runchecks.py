@@ -10,6 +10,7 @@ import os
 import sys
 from typing import Any
 
+from ppsim.config.validate import count
 from ppsim.costs.choices import MEGATRON_FSDP_FLAGS
 from ppsim.costs.model import stage_cost
 from ppsim.costs.op_sac import OP_SAC
@@ -62,6 +63,9 @@ RANKS_PER_DEVICE = 8
 """Ranks one CPU core (or GPU) may carry before a run on one node is refused: tests run
 4 ranks on 2 cores; 2,000 ranks on 2 cores would only thrash, or exhaust memory."""
 
+MAX_SEED = 2**32 - 1
+"""The largest --seed: seeds of 0 to 2**32 - 1 stay inside torch's 64-bit ones."""
+
 
 def host_devices(device: str) -> int:
     if device == "cuda":
@@ -107,6 +111,9 @@ def check_run_numbers(args: argparse.Namespace) -> None:
     if not (math.isfinite(args.lr) and args.lr > 0):
         raise UserError("--lr", f"must be a positive finite number, got {args.lr}",
                         "e.g. --lr 1e-3")
+    # The ranks mix it into torch's 64-bit seeds (executor/builders): a larger one would
+    # fail in every rank after the launch.
+    count("--seed", args.seed, lo=0, hi=MAX_SEED, fix="e.g. --seed 0")
 
 
 def available_host_bytes() -> int | None:

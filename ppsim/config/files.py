@@ -104,10 +104,25 @@ def text_lines(flag: str, path: str, max_bytes: int, what: str, piece: int = 2**
                             f"pass a readable {what}") from None
 
 
+class _RepeatedKey(ValueError):
+    """A JSON object names one key twice (its first value would be silently lost)."""
+
+
+def _unrepeated(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # As TOML refuses a repeated key, and DeepSpeed its own config with one.
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _RepeatedKey(key)
+        obj[key] = value
+    return obj
+
+
 def read_json(flag: str, path: str, max_bytes: int, what: str, fix: str,
               nested_fix: str | None = None, max_containers: int | None = None) -> Any:
-    """A small JSON file (read as `read_text` does); bad JSON, or JSON nested past what the
-    parser recurses through, is a UserError naming flag with `fix` (or `nested_fix`).
+    """A small JSON file (read as `read_text` does); bad JSON, an object that repeats a
+    key, or JSON nested past what the parser recurses through, is a UserError naming
+    flag with `fix` (or `nested_fix`).
     With `max_containers`, a file of more objects and arrays than that is refused before
     it is parsed (each costs ~60 bytes parsed: 64 MB of `{}` would take 1.7 GB)."""
     text = read_text(flag, path, max_bytes, what)
@@ -117,7 +132,10 @@ def read_json(flag: str, path: str, max_bytes: int, what: str, fix: str,
             raise UserError(flag, f"{path} holds up to {found:,} JSON objects and arrays, "
                             f"above the {max_containers:,} a {what} can need", fix)
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unrepeated)
+    except _RepeatedKey as exc:
+        raise UserError(flag, f"{path} gives the key {exc.args[0]!r} twice in one object "
+                        "(JSON would keep only the last)", "keep one of them") from None
     except json.JSONDecodeError as exc:
         raise UserError(flag, f"{path} is not valid JSON (line {exc.lineno}: {exc.msg}); "
                         "it may be truncated", fix) from None

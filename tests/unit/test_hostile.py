@@ -357,6 +357,7 @@ def test_unwritable_outputs_exit_2(sim_doc, tmp_path, capsys):
 
 def test_file_names_that_look_like_markup(sim_doc, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "[").mkdir()  # an output's folder must exist
     code, out, err = run(capsys, ["simulate", "--trace", "[/x].json"])
     assert code == 0, err
     assert "[/x].json" in out

@@ -91,11 +91,19 @@ def test_schedule_csv_over_the_actions_csv_is_refused(tmp_path: Path, capsys) ->
 names = st.sampled_from(["a", "b", "./a", "x/../a", "c"])
 
 
+@pytest.fixture(scope="module")
+def overlap_root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = tmp_path_factory.mktemp("overlap")
+    (root / "x").mkdir()  # an output's folder must exist, or it is refused for that
+    return str(root)
+
+
 @settings(max_examples=60, deadline=None)
 @given(inputs=st.lists(names, max_size=3), outputs=st.lists(names, max_size=3))
-def test_refuse_overlap_refuses_exactly_repeated_files(inputs: list[str],
+def test_refuse_overlap_refuses_exactly_repeated_files(overlap_root: str, inputs: list[str],
                                                        outputs: list[str]) -> None:
-    # Paths are relative to the working directory; x/ need not exist for realpath.
+    inputs = [os.path.join(overlap_root, p) for p in inputs]
+    outputs = [os.path.join(overlap_root, p) for p in outputs]
     files = [os.path.normpath(p) for p in inputs + outputs]
     clash = any(os.path.normpath(o) in files[:len(inputs) + i]
                 for i, o in enumerate(outputs))
