@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_job import HELD_OUT, TARGET, PublishedRun, run_config  # noqa: E402
+from bench_job import HELD_OUT, WEAK, PublishedRun, run_config  # noqa: E402
 
 from ppsim.config.compute_scale import (  # noqa: E402
     SCALE_RANGE,
@@ -32,7 +32,7 @@ from ppsim.job.flops import iteration_flops  # noqa: E402
 from ppsim.pipeline.problem import build_problem  # noqa: E402
 from ppsim.sim.simulate import simulate  # noqa: E402
 
-RUNS = TARGET + HELD_OUT
+RUNS = WEAK + HELD_OUT
 SOURCES = ("177B@96", "1.7B", "70B")
 """The runs that play the log: the compute-bound one (576 microbatches a replica), the
 smallest, and the first with a pipeline."""

@@ -91,12 +91,12 @@ def cmd_calibrate_log(args: argparse.Namespace) -> int:
         raise UserError("model.kind", "--log scales a transformer's kernel rates; a uniform "
                         "model's costs are given", "give a preset or Megatron's model flags")
     logged = read_job_log(args.log)
-    if assumed:
-        sys.stderr.write(f"ppsim calibrate: {assumed}\n")
     problem = build_problem(cfg)
     before = simulator()(problem, record=False).summary
     c = compared_with(logged, problem, before)
     key = _same_job(c, args.log)
+    if assumed:  # after the checks: bad input stays one line on stderr
+        sys.stderr.write(f"ppsim calibrate: {assumed}\n")
     ratio = 1 + c.error[key] if key == "iteration_ms" else 1 / (1 + c.error[key])
     target_ms = before.iteration_time_ms / ratio  # the logged iteration
     low = max(SCALE_RANGE[0], fastest_scale(cfg.hardware))
