@@ -54,12 +54,13 @@ class Comparison:
         if self.hidden:
             return [f"trace {self.trace_path}", f"{self.shape_note}; its figures are hidden "
                     "(load a trace of this configuration, or set the session to the trace's)"]
-        out = [f"real iteration {self.iteration} compared (of {self.iterations}, as ppsim "
-               f"diff): error {self.rel_error:+.1%}",
+        # Figures first, words after: a narrow panel cuts the end of a line.
+        out = [f"error {self.rel_error:+.1%}: real iteration {self.iteration} compared (of "
+               f"{self.iterations}, as ppsim diff)",
                f"sim {self.sim_ms:.3f} ms  real {self.real_ms:.3f} ms  error=(real-sim)/sim",
-               f"trace {self.trace_path}",
-               f"ops matched {self.matched}   only simulated {self.sim_only}   "
-               f"only real {self.real_only}"]
+               f"ops matched {self.matched}, sim only {self.sim_only}, "
+               f"real only {self.real_only}",
+               f"trace {self.trace_path}"]
         out += list(self.details)
         if self.shape_note:
             out.append(self.shape_note)
