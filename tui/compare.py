@@ -9,6 +9,7 @@ summary of our own uses the same iteration and the same sign.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -19,7 +20,7 @@ from ppsim.errors import UserError
 from ppsim.trace.diff import diff_traces, steady_iteration
 from ppsim.trace.read import trace_from_json
 from ppsim.trace.schema import simulation_trace
-from ppsim.tui.text import counts_text
+from ppsim.tui.text import counts_text, cut
 from ppsim.units import fmt_bytes
 
 
@@ -53,12 +54,13 @@ class Comparison:
         if self.hidden:
             return [f"trace {self.trace_path}", f"{self.shape_note}; its figures are hidden "
                     "(load a trace of this configuration, or set the session to the trace's)"]
-        out = [f"real iteration {self.iteration} compared (of {self.iterations}, as ppsim "
-               f"diff): error {self.rel_error:+.1%}",
+        # Figures first, words after: a narrow panel cuts the end of a line.
+        out = [f"error {self.rel_error:+.1%}: real iteration {self.iteration} compared (of "
+               f"{self.iterations}, as ppsim diff)",
                f"sim {self.sim_ms:.3f} ms  real {self.real_ms:.3f} ms  error=(real-sim)/sim",
-               f"trace {self.trace_path}",
-               f"ops matched {self.matched}   only simulated {self.sim_only}   "
-               f"only real {self.real_only}"]
+               f"ops matched {self.matched}, sim only {self.sim_only}, "
+               f"real only {self.real_only}",
+               f"trace {self.trace_path}"]
         out += list(self.details)
         if self.shape_note:
             out.append(self.shape_note)
@@ -158,28 +160,59 @@ def rank_deltas(pinned: Any, current: Any) -> list[RankDelta]:
             for a, b in zip(pinned.ranks, current.ranks, strict=False)]
 
 
+NARROW = 48
+"""The wide delta table's width: a narrower panel (an 80-column terminal) gets the
+narrow columns, so no figure of it is cut."""
+
+
+def counts_line(current: Sequence[int], pinned: Sequence[int], which: str, width: int) -> str:
+    """`current [..] vs even [..]`; where both lists do not fit and they differ, the
+    stages that differ (`current vs even: s1 11 vs 10, s7 9 vs 10`), since two
+    lists cut to `[10, …, 10]` would hide the very difference."""
+    full = f"current {counts_text(current)} vs {which} {counts_text(pinned)}"
+    if len(full) <= width:
+        return full
+    if len(current) == len(pinned) and list(current) != list(pinned):
+        diffs = [f"s{i} {a} vs {b}" for i, (a, b) in enumerate(zip(current, pinned, strict=True))
+                 if a != b]
+        return cut(f"current vs {which}: " + ", ".join(diffs), width)
+    room = max(8, (width - len(f"current  vs {which} ")) // 2)
+    return f"current {counts_text(current, room)} vs {which} {counts_text(pinned, room)}"
+
+
+def delta_table(deltas: list[RankDelta], width: int) -> list[str]:
+    """The per-rank table (busy time and peak memory, with their deltas); below
+    `NARROW` columns tighter columns that still keep every figure apart."""
+    big = max((abs(x) for d in deltas for x in d.busy_ms), default=0.0) >= 1e5
+    unit, scale = ("s", 1e3) if big else ("ms", 1.0)  # keep the columns apart
+    # Column widths: rank, busy, then Δ busy, peak and Δ peak each after a space that
+    # keeps them apart even when a figure outgrows its column.
+    w = (4, 9, 9, 9, 10) if width < NARROW else (5, 10, 9, 10, 11)
+    out = [f"{'rank':<{w[0]}}{'busy ' + unit:>{w[1]}} {'Δ ' + unit:>{w[2]}}"
+           f" {'peak mem' if width >= NARROW else 'peak':>{w[3]}} {'Δ mem':>{w[4]}}"]
+    for d in deltas:
+        mem = ("-" if d.peak_delta_bytes < 0 else "+") + fmt_bytes(abs(d.peak_delta_bytes))
+        out.append(f"{'r' + str(d.rank):<{w[0]}}{d.busy_ms[1] / scale:>{w[1]}.2f}"
+                   f" {d.busy_delta_ms / scale:>+{w[2]}.2f} {fmt_bytes(d.peak_bytes[1]):>{w[3]}}"
+                   f" {mem:>{w[4]}}")
+    return out
+
+
 def delta_lines(result: Any, width: int = 100) -> list[str]:
-    """The comparison panel's text for a `ppsim.tui.session.Result`."""
+    """The comparison panel's text for a `ppsim.tui.session.Result`, worded for `width`
+    columns."""
 
     pin, cur = result.pinned.summary, result.sim.summary
     which = "even split" if result.pinned_is_even else "pinned split"
     if width < 60:
         which = which.split()[0]  # "even" / "pinned": room for the counts
-    dt = cur.iteration_time_ms - pin.iteration_time_ms
-    deltas = rank_deltas(pin, cur)
-    big = max((abs(x) for d in deltas for x in d.busy_ms), default=0.0) >= 1e5
-    unit, scale = ("s", 1e3) if big else ("ms", 1.0)  # keep the columns apart
-    room = max(8, (width - len(f"current  vs {which} ")) // 2)
-    out = [f"current {counts_text(result.state.counts, room)} vs {which} "
-           f"{counts_text(result.pinned_counts, room)}",
-           f"iteration {cur.iteration_time_ms:.3f} ms vs {pin.iteration_time_ms:.3f} ms "
-           f"({dt:+.3f} ms)",
-           f"{'rank':<5}{'busy ' + unit:>10} {'Δ ' + unit:>9} {'peak mem':>10} {'Δ mem':>11}"]
-    for d in deltas:
-        mem = ("-" if d.peak_delta_bytes < 0 else "+") + fmt_bytes(abs(d.peak_delta_bytes))
-        out.append(f"r{d.rank:<4}{d.busy_ms[1] / scale:>10.2f} {d.busy_delta_ms / scale:>+9.2f}"
-                   f" {fmt_bytes(d.peak_bytes[1]):>10} {mem:>11}")
-    return out
+    a, b = cur.iteration_time_ms, pin.iteration_time_ms
+    dt = round(a - b, 3) + 0.0  # a rounding residue reads +0.000, not -0.000
+    iteration = f"iteration {a:.3f} ms vs {b:.3f} ms ({dt:+.3f} ms)"
+    if len(iteration) > width:  # the difference is the figure to keep
+        iteration = f"iter {a:.3f} vs {b:.3f} ms ({dt:+.3f})"
+    return [counts_line(result.state.counts, result.pinned_counts, which, width), iteration,
+            *delta_table(rank_deltas(pin, cur), width)]
 
 
 def op_delta(sim_op: Any, real_ops: Any) -> str:

@@ -196,10 +196,11 @@ class FileActions:
             return
         self.trace_unsaid = None
         if shown.hidden:
-            self.say(f"{path}: {shown.shape_note}; its figures are hidden",  # type: ignore
+            # The path last: an 80-column status line cuts its end.
+            self.say(f"{shown.shape_note}; its figures are hidden: {path}",  # type: ignore
                      "warning")
         else:
-            self.say(f"trace {path} loaded: error {shown.rel_error:+.1%} (as ppsim diff)")  # type: ignore
+            self.say(f"trace loaded: error {shown.rel_error:+.1%} (as ppsim diff), {path}")  # type: ignore
 
     async def action_quit(self) -> None:
         if self.saved_state is not None and self.saved_state == self.state:  # type: ignore
