@@ -51,7 +51,9 @@ async def test_escape_kills_the_policy_planner_process(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(policy_actions, "BUDGET_S", 60.0)  # it would run a minute
     started = recorded_children(monkeypatch)
-    app = PPSimApp(preset_config("llama3-70b", 4, 8))
+    # A search that runs ~10 s: llama3-70b on 4 stages is proven in half a second, over
+    # before a loaded machine's screen sees the process start.
+    app = PPSimApp(preset_config("llama3.1-405b", 32, 64))
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
         await pilot.press("P")
