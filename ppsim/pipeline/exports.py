@@ -229,7 +229,10 @@ def split_exports(split: Split, group: int = 0,
         except UserError as exc:
             out[key] = None
             out[f"{target}_note"] = exc.problem
-    if out["deepspeed_boundaries"] is not None:
-        out["deepspeed_specs"] = {"before": specs.before, "after": specs.after}
-        out["deepspeed_partition_override"] = deepspeed_override(out["deepspeed_boundaries"])
+    # The forms that follow from the boundaries are null with them: every key always there.
+    bounds = out["deepspeed_boundaries"]
+    out["deepspeed_specs"] = ({"before": specs.before, "after": specs.after}
+                              if bounds is not None else None)
+    out["deepspeed_partition_override"] = deepspeed_override(bounds) if bounds is not None \
+        else None
     return out
