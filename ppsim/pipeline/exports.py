@@ -45,6 +45,15 @@ def _megatron_base(split: Split) -> list[str]:
     return base
 
 
+def megatron_refusal(split: Split) -> str:
+    """Why Megatron runs no split of `split`'s placement and shape at all, or ""."""
+    try:
+        _megatron_base(split)
+    except UserError as exc:
+        return exc.problem
+    return ""
+
+
 def _decoder_only(split: Split) -> Split | None:
     """The split without its MTP layers when Megatron's own rule places them
     (all on the last stage, with the loss); None when only a layout can say it."""
