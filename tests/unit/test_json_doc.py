@@ -79,7 +79,7 @@ CASES: dict[str, tuple[list[str], tuple[str, ...], tuple[str, ...]]] = {
     "costs mtp": (["costs", "--preset", "deepseek-v3"], ("costs",),
                   ("mtp", "priced_collectives")),
     "diff": (["diff", str(TRACES / "sim.json"), str(TRACES / "real.json")], ("diff",),
-             ("ranks", "duration_error.F")),
+             ("ranks", "duration_error.F", "largest_divergences")),
 }
 
 
