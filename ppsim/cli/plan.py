@@ -53,6 +53,7 @@ from ppsim.plan.references import (
     compare,
     framework_baselines,
     megatron_baseline,
+    megatron_missing,
     time_split,
     why_faster,
 )
@@ -100,6 +101,8 @@ def plan_with_references(problem: Problem, compare_texts: list[str], top_k: int,
         refs.insert(0, Reference(GIVEN, given, time_split(problem, given)))
     deadline = Deadline(time.perf_counter() + FRAMEWORK_SHARE * budget_s)
     frameworks, without = framework_baselines(problem, specs, deadline)
+    if base is None:
+        without.insert(0, megatron_missing(problem))
     seeds = [r.split.counts for r in ([base] if base else []) + frameworks + refs
              if r.split.standard_ends]
     res = plan(problem, top_k=top_k, progress=progress, time_budget_s=budget_s, seeds=seeds,

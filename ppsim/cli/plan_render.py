@@ -88,11 +88,7 @@ def _print_baselines(console: Any, planned: Planned) -> None:
     res = planned.result
     p = res.problem
     layers = p.costs.num_layers - p.costs.mtp_layers
-    if planned.baseline is None and p.split.placement == "loop":
-        console.print(f"baseline: none; Megatron has no even or first/last split of "
-                      f"{layers} layers over pp={p.schedule.pp} x vpp={p.schedule.vpp}: only a "
-                      "layout says it", markup=False)
-    elif planned.baseline is not None and planned.baseline.label != "Megatron even":
+    if planned.baseline is not None and planned.baseline.label != "Megatron even":
         console.print(f"baseline: no even split ({layers} layers over pp={p.schedule.pp}"
                       + (f" x vpp={p.schedule.vpp}" if p.schedule.vpp > 1 else "")
                       + "); the fastest split Megatron's first/last flags express", markup=False)

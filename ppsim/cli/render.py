@@ -62,12 +62,18 @@ def split_cell(counts: Sequence[int], width: int = 23) -> str:
     plain = ",".join(map(str, counts))
     if len(plain) <= width:
         return plain
+    short = split_runs(counts)
+    return short if len(short) <= width else short[:width - 1] + "…"
+
+
+def split_runs(counts: Sequence[int]) -> str:
+    """A split's layer counts with runs of three or more equal counts as "4×12" (4 layers
+    on each of 12 stages in a row): every count still there, in a fraction of the width."""
     runs = []
     for count, group in groupby(counts):
         n = len(list(group))
         runs.append(f"{count}×{n}" if n > 2 else ",".join([str(count)] * n))
-    short = ",".join(runs)
-    return short if len(short) <= width else short[:width - 1] + "…"
+    return ",".join(runs)
 
 
 def ms_text(ms: float) -> str:

@@ -22,6 +22,7 @@ from ppsim.cli.render import (
     job_dict,
     print_job,
     rank_table,
+    split_runs,
     summary_dict,
     text_timeline,
 )
@@ -243,9 +244,13 @@ def _print_simulation(sim: Any) -> None:
 
     problem, s = sim.problem, sim.summary
     console = Console()
-    console.print(f"[bold]{problem.schedule.name}[/bold]  pp={problem.split.pp} "
-                  f"vpp={problem.split.vpp} microbatches={problem.schedule.microbatches}  "
-                  f"split={list(problem.split.counts)}")
+    head = (f"{problem.schedule.name}  pp={problem.split.pp} vpp={problem.split.vpp} "
+            f"microbatches={problem.schedule.microbatches}  split=")
+    counts = str(list(problem.split.counts))
+    if len(head + counts) > console.width:  # one line, every count: runs as "2×40"
+        counts = split_runs(problem.split.counts)
+    console.print(f"[bold]{problem.schedule.name}[/bold]{head[len(problem.schedule.name):]}"
+                  f"{counts}")
     console.print(f"iteration time [bold]{s.iteration_time_ms:.3f} ms[/bold]   "
                   f"bubble [bold]{s.bubble_fraction:.1%}[/bold]   peak memory "
                   f"{s.peak_memory_bytes / 1e9:.2f} GB of {problem.hardware.memory_bytes / 1e9:.0f}"

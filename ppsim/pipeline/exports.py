@@ -45,6 +45,15 @@ def _megatron_base(split: Split) -> list[str]:
     return base
 
 
+def megatron_refusal(split: Split) -> str:
+    """Why Megatron runs no split of `split`'s placement and shape at all, or ""."""
+    try:
+        _megatron_base(split)
+    except UserError as exc:
+        return exc.problem
+    return ""
+
+
 def _decoder_only(split: Split) -> Split | None:
     """The split without its MTP layers when Megatron's own rule places them
     (all on the last stage, with the loss); None when only a layout can say it."""
@@ -229,7 +238,10 @@ def split_exports(split: Split, group: int = 0,
         except UserError as exc:
             out[key] = None
             out[f"{target}_note"] = exc.problem
-    if out["deepspeed_boundaries"] is not None:
-        out["deepspeed_specs"] = {"before": specs.before, "after": specs.after}
-        out["deepspeed_partition_override"] = deepspeed_override(out["deepspeed_boundaries"])
+    # The forms that follow from the boundaries are null with them: every key always there.
+    bounds = out["deepspeed_boundaries"]
+    out["deepspeed_specs"] = ({"before": specs.before, "after": specs.after}
+                              if bounds is not None else None)
+    out["deepspeed_partition_override"] = deepspeed_override(bounds) if bounds is not None \
+        else None
     return out

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ppsim.errors import UserError
-from ppsim.pipeline.exports import DEFAULT_SPECS, DeepSpeedSpecs
+from ppsim.pipeline.exports import DEFAULT_SPECS, DeepSpeedSpecs, megatron_refusal
 from ppsim.pipeline.layout import is_layout, parse_layout
 from ppsim.pipeline.problem import Problem
 from ppsim.pipeline.split import Split, megatron_split, split_from_counts
@@ -97,6 +97,16 @@ def megatron_baseline(problem: Problem) -> Reference | None:
             flags = " ".join(f"{n} {v}" for n, v in (("first", first), ("last", last)) if v)
             best = Reference(f"Megatron {flags}", s, summary, "megatron")
     return best
+
+
+def megatron_missing(problem: Problem) -> FrameworkSplit:
+    """Megatron as a framework with no split of `problem` (megatron_baseline gave none),
+    and why."""
+    sp = problem.split
+    decoder = problem.costs.num_layers - problem.costs.mtp_layers
+    note = megatron_refusal(sp) or (f"no even or first/last split of {decoder} layers over "
+                                    f"pp={sp.pp} x vpp={sp.vpp}: only a layout says it")
+    return FrameworkSplit(key="megatron", label="Megatron", counts=None, note=note)
 
 
 def first_last_options(layers: int, pp: int, vpp: int) -> list[tuple[int | None, int | None]]:

@@ -263,3 +263,24 @@ def test_no_torchtitan_export_with_an_empty_middle_stage(capsys):
     assert data["torchtitan_module_fqns_per_model_part"] is None
     assert "stage 1 holds no module" in data["torchtitan_note"]
     assert data["megatron_flags"] is not None  # Megatron's layout takes an empty stage
+
+
+# ------------------------------------------- a Megatron without a split is a missing baseline
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--schedule", "zbv", "--pp", "2", "--vpp", "2"], "loop order, not 'v'"),
+    (["--num-layers", "7", "--pp", "4", "--vpp", "2"], "no even or first/last split of 7"),
+])
+def test_a_megatron_with_no_split_is_listed_missing_with_why(capsys, argv, says):
+    """Before: Megatron was in neither `baselines` nor `baselines_missing`, and under V
+    placement the text left the empty speed-up column unexplained."""
+    data = run_json(capsys, ["plan", "--preset", "tiny-gpt", "--microbatches", "8", *argv,
+                             "--json"])
+    missing = {m["key"]: m for m in data["baselines_missing"]}
+    assert says in missing["megatron"]["note"]
+    assert data["baseline"] is None and "megatron" not in {b["key"] for b in data["baselines"]}
+    assert "speedup_vs_megatron" not in data["best"]
+    assert main(["plan", "--preset", "tiny-gpt", "--microbatches", "8", *argv]) == 0
+    assert f"Megatron: none ({missing['megatron']['note']})" \
+        in " ".join(capsys.readouterr().out.split())

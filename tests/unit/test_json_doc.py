@@ -64,6 +64,9 @@ CASES: dict[str, tuple[list[str], tuple[str, ...], tuple[str, ...]]] = {
     "presets NAME": (["presets", "llama3-8b"], ("presets",), ()),
     "simulate": ([], ("simulate",), ("job", "throughput", "ranks")),
     "split": (["split"], ("split",), ("stages",)),
+    "split notes": (["split", "--preset", "deepseek-v3", "--pp", "16", "--vpp", "2"],
+                    ("split",), ()),
+    "split hybrid": (["split", "--preset", "nemotron-h-8b", "--pp", "4"], ("split",), ()),
     "plan": (["plan"], ("plan", "simulate"), ("best", "baselines", "candidates", "job")),
     "plan policy": (["plan", *TINY, "--search", "policy,policy-per-stage"],
                     ("plan", "plan --search policy[,policy-per-stage]"),
@@ -76,17 +79,32 @@ CASES: dict[str, tuple[list[str], tuple[str, ...], tuple[str, ...]]] = {
     "costs mtp": (["costs", "--preset", "deepseek-v3"], ("costs",),
                   ("mtp", "priced_collectives")),
     "diff": (["diff", str(TRACES / "sim.json"), str(TRACES / "real.json")], ("diff",),
-             ("ranks", "duration_error.F")),
+             ("ranks", "duration_error.F", "largest_divergences")),
 }
 
 
-@pytest.mark.parametrize("case", [*CASES, "calibrate"])
+def _calibrate_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """`calibrate --log` on a Megatron log of the job, 20% slower than it simulates."""
+    from tests.unit.test_joblog import megatron_line
+
+    job = ["--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "2",
+           "--microbatches", "4"]
+    sim = _json(["simulate", *job], capsys)
+    ms, gbs = sim["iteration_time_ms"] * 1.2, sim["job"]["global_batch_size"]
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(megatron_line(i, ms, None, gbs) for i in (10, 20, 30)) + "\n")
+    return ["calibrate", "--log", str(log), *job, "--hardware-out", str(tmp_path / "hw.toml")]
+
+
+@pytest.mark.parametrize("case", [*CASES, "calibrate", "calibrate --log"])
 def test_json_md_names_every_field(case: str, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     if case == "calibrate":
         args, docs, nested = ["calibrate", str(TRACES / "real.json"), "--out",
                               str(tmp_path / "c.json")], ("calibrate",), ("factors",)
         args += ["--config", str(TRACES / "config.toml")]
+    elif case == "calibrate --log":
+        args, docs, nested = _calibrate_log(tmp_path, capsys), ("calibrate --log",), ()
     else:
         args, docs, nested = CASES[case]
         args = args or ["simulate"]
