@@ -11,7 +11,7 @@ from typing import Any
 
 from ppsim.cli.flags import config_from_args, emit_json, outputs_apart
 from ppsim.cli.hardware_choice import assume_hardware
-from ppsim.cli.logcheck import LogComparison, compared_with
+from ppsim.cli.logcheck import LogComparison, compared_with, time_key, time_ratio
 from ppsim.config.compute_scale import (
     SCALE_RANGE,
     NoScale,
@@ -30,11 +30,6 @@ from ppsim.sim.engines import simulator
 from ppsim.trace.joblog import read_job_log
 
 DEFAULT_OUT = "hardware-calibrated.toml"
-
-_TIME_KEYS = ("iteration_ms", "samples_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu")
-"""What a log gives, in the order it is fitted on: its iteration time where it prints
-one, else a rate (the inverse of a time)."""
-
 
 def _iteration_ms(cfg: Config, factor: float) -> float:
     scaled = replace(cfg, hardware=scaled_compute(cfg.hardware, factor))
@@ -55,7 +50,7 @@ def _same_job(c: LogComparison, log: str) -> str:
     if c.first_only:
         raise UserError("--log", f"{log}'s one line is the first iteration, which warm-up "
                         "slows", "calibrate on a log of several iterations")
-    key = next((k for k in _TIME_KEYS if k in c.logged), None)
+    key = time_key(c)
     if key is None:
         raise UserError("--log", f"{log} gives no iteration time or throughput this job's "
                         "simulation gives", "give a transformer job (a preset or Megatron's "
@@ -97,8 +92,7 @@ def cmd_calibrate_log(args: argparse.Namespace) -> int:
     key = _same_job(c, args.log)
     if assumed:  # after the checks: bad input stays one line on stderr
         sys.stderr.write(f"ppsim calibrate: {assumed}\n")
-    ratio = 1 + c.error[key] if key == "iteration_ms" else 1 / (1 + c.error[key])
-    target_ms = before.iteration_time_ms / ratio  # the logged iteration
+    target_ms = before.iteration_time_ms / time_ratio(c, key)  # the logged iteration
     low = max(SCALE_RANGE[0], fastest_scale(cfg.hardware))
     fit = fit_scale(lambda k: _iteration_ms(cfg, k), target_ms, low, SCALE_RANGE[1])
     if isinstance(fit, NoScale):

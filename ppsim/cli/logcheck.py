@@ -168,3 +168,35 @@ def comparison_line(c: LogComparison) -> str:
                   "log more iterations to compare a steady one)")
     return (f"logged by {c.framework} (median of {c.lines} line(s){first}): {logged}; "
             f"simulated: {simulated}{other}")
+
+
+TIME_KEYS = ("iteration_ms", "samples_per_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mfu")
+"""What says how long a logged iteration took, in the order it is read: the iteration time
+where the log prints one, else a rate (the inverse of a time)."""
+
+
+def time_key(c: LogComparison) -> str | None:
+    """The first of TIME_KEYS the log gives (None: nothing this simulation gives)."""
+    return next((k for k in TIME_KEYS if k in c.logged), None)
+
+
+def time_ratio(c: LogComparison, key: str) -> float:
+    """The simulated iteration over the logged one, read from `key`."""
+    return 1 + c.error[key] if key == "iteration_ms" else 1 / (1 + c.error[key])
+
+
+CALIBRATE_HINT_ERROR = 0.05
+"""How far the simulated iteration may read from the logged one before the comparison
+names `ppsim calibrate --log`: about the drift of one logged interval to the next."""
+
+
+def calibrate_hint(c: LogComparison, log: str) -> str | None:
+    """A line naming `ppsim calibrate --log` where the simulated iteration reads more
+    than CALIBRATE_HINT_ERROR off the logged one (and the two are the same job)."""
+    key = time_key(c)
+    if c.global_batch_sizes or c.rank_beyond or c.first_only or key is None:
+        return None
+    if abs(time_ratio(c, key) - 1) <= CALIBRATE_HINT_ERROR:
+        return None
+    return (f"to price plans at the rate this log measured: ppsim calibrate --log {log} "
+            "with these flags, then --hardware with the table it writes")

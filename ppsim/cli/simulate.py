@@ -17,7 +17,7 @@ from ppsim.cli.flags import (
     outputs_apart,
 )
 from ppsim.cli.hardware_choice import assume_hardware
-from ppsim.cli.logcheck import compared_with, comparison_line, memory_line
+from ppsim.cli.logcheck import calibrate_hint, compared_with, comparison_line, memory_line
 from ppsim.cli.render import (
     job_dict,
     print_job,
@@ -206,7 +206,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     _print_simulation(sim)
     if logged:
         compared = compared_with(logged, problem, s)
-        for line in (comparison_line(compared), memory_line(compared)):
+        for line in (comparison_line(compared), memory_line(compared),
+                     calibrate_hint(compared, args.compare_log)):
             if line:
                 print(line)
     warn_host(policy_json(problem), cfg.hardware)

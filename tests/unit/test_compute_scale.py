@@ -167,3 +167,13 @@ def test_a_hardware_file_that_cannot_be_read_is_refused(tmp_path, text, says) ->
         path.write_text(text)
     ran = run_cli(["simulate", "--preset", "llama3-8b", "--hardware", str(path)])
     assert ran.returncode == 2 and says in ran.stderr and "Traceback" not in ran.stderr
+
+
+@pytest.mark.parametrize("off, named", [(1.2, True), (1.02, False)])
+def test_a_compared_log_far_off_names_calibrate(tmp_path, off, named) -> None:
+    """Before: the comparison said how far off, and nothing of what to do about it."""
+    logged = round(_simulated(JOB)["iteration_time_ms"] * off, 1)
+    log = _megatron_log(tmp_path / "train.log", logged)
+    ran = run_cli(["simulate", *JOB, "--compare-log", str(log)])
+    assert ran.returncode == 0, ran.stderr
+    assert (f"ppsim calibrate --log {log}" in ran.stdout) == named
