@@ -85,7 +85,7 @@ def cmd_calibrate_log(args: argparse.Namespace) -> int:
     if not isinstance(cfg.model, TransformerModel):
         raise UserError("model.kind", "--log scales a transformer's kernel rates; a uniform "
                         "model's costs are given", "give a preset or Megatron's model flags")
-    logged = read_job_log(args.log)
+    logged = read_job_log(args.log, "--log")
     problem = build_problem(cfg)
     before = simulator()(problem, record=False).summary
     c = compared_with(logged, problem, before)

@@ -140,11 +140,12 @@ def parse_line(line: str) -> LoggedStep | None:
     return None
 
 
-def logged_run(lines: Iterable[str], path: str = "log") -> LoggedRun:
+def logged_run(lines: Iterable[str], path: str = "log", flag: str = "--compare-log"
+               ) -> LoggedRun:
     """The steady lines of a log (one framework's, Megatron's where DeepSpeed's are beside
     them; of a log holding several runs, the last; the first line left out where more
     follow). A log with no speed lines, or with torchtitan's beside another's, is a
-    UserError."""
+    UserError naming `flag`."""
     found: list[LoggedStep | tuple[int, float]] = []  # speed lines and memory reports
     for line in (part for whole in lines for part in whole.split("\r")):
         step = parse_line(line)
@@ -154,12 +155,12 @@ def logged_run(lines: Iterable[str], path: str = "log") -> LoggedRun:
             found.append((int(m.group(1)), _number(m.group(2)) * 2**20))
     frameworks = {s.framework for s in found if isinstance(s, LoggedStep)}
     if not frameworks:
-        raise UserError("--compare-log", f"{path} has no line Megatron-LM ('elapsed time per "
+        raise UserError(flag, f"{path} has no line Megatron-LM ('elapsed time per "
                         "iteration (ms)'), torchtitan ('step: ... tps: ...'), DeepSpeed "
                         "('CurrSamplesPerSec=') or NeMo ('train_step_timing in s=') prints",
                         "pass the training log of the job this simulates")
     if "torchtitan" in frameworks and len(frameworks) > 1:
-        raise UserError("--compare-log", f"{path} holds torchtitan's lines beside "
+        raise UserError(flag, f"{path} holds torchtitan's lines beside "
                         f"{' and '.join(sorted(frameworks - {'torchtitan'}))}'s",
                         "pass one job's log")
     # Megatron-DeepSpeed: Megatron's lines
@@ -209,7 +210,8 @@ def memory_measure(framework: str) -> str:
     return "max reserved" if framework == "torchtitan" else "max allocated"
 
 
-def read_job_log(path: str) -> LoggedRun:
-    """A training log's steady lines, read line by line (ppsim.config.files)."""
-    return logged_run(files.text_lines("--compare-log", path, MAX_LOG_BYTES, "training log"),
-                      path)
+def read_job_log(path: str, flag: str = "--compare-log") -> LoggedRun:
+    """A training log's steady lines, read line by line (ppsim.config.files); `flag`:
+    what an error names."""
+    return logged_run(files.text_lines(flag, path, MAX_LOG_BYTES, "training log"), path,
+                      flag)

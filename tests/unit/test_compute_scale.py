@@ -177,3 +177,14 @@ def test_a_compared_log_far_off_names_calibrate(tmp_path, off, named) -> None:
     ran = run_cli(["simulate", *JOB, "--compare-log", str(log)])
     assert ran.returncode == 0, ran.stderr
     assert (f"ppsim calibrate --log {log}" in ran.stdout) == named
+
+
+@pytest.mark.parametrize("text, says", [(None, "cannot read"), ("\n", "has no line")])
+def test_a_log_that_cannot_be_read_is_named_as_calibrates_flag(tmp_path, text, says) -> None:
+    """Before: calibrate --log's unreadable log was blamed on --compare-log."""
+    log = tmp_path / "train.log"
+    if text is not None:
+        log.write_text(text)
+    ran = run_cli(["calibrate", "--log", str(log), *JOB])
+    assert ran.returncode == 2
+    assert ran.stderr.startswith("ppsim calibrate: error: --log: ") and says in ran.stderr
