@@ -40,9 +40,21 @@ def check_builder(args: argparse.Namespace, fields: dict[str, Any], memory: Any 
     except Exception as exc:
         raise UserError(where, f"building the model failed: {type(exc).__name__}: {exc}",
                         "fix the builder or the [model] fields it reads") from None
+    check_own_contract(builder, where)
     if memory is not None:
         check_policy_pieces(builder, memory.policies)
     return builder
+
+
+def check_own_contract(builder: Any, where: str) -> None:
+    """A builder of one's own keeps its contract (ppsim.executor.builders.contract); the
+    shipped ones are tested for theirs."""
+    from ppsim.executor.builders.contract import check_contract  # torch loads only here
+    from ppsim.executor.builders.gpt import GPTBuilder  # (torch, as above)
+    from ppsim.executor.builders.llama import LlamaBuilder  # (torch, as above)
+
+    if not isinstance(builder, (GPTBuilder, LlamaBuilder)):
+        check_contract(builder, where)
 
 
 def check_policy_pieces(builder: Any, policies: Any) -> None:

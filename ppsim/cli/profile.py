@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from ppsim.cli import runchecks
-from ppsim.cli.builder_checks import check_tensor_parallel
+from ppsim.cli.builder_checks import check_own_contract, check_tensor_parallel
 from ppsim.cli.calibrate_log import DEFAULT_OUT, cmd_calibrate_log
 from ppsim.cli.context_checks import check_context_model
 from ppsim.cli.costs import hardware_profile
@@ -164,8 +164,8 @@ def _checked_devices(args: argparse.Namespace, cfg: Config, fields: dict[str, An
 
     if note := code_note(builder_spec(None, fields)):
         sys.stderr.write(f"ppsim profile: note: {note}\n")
-    if args.model:
-        load_builder(args.model, fields, "--model")  # refused in the flag's name
+    if args.model:  # refused in the flag's name
+        check_own_contract(load_builder(args.model, fields, "--model"), "--model")
     _check_processes(cfg, args.device)
     check_context_model(cfg)
     _check_parallel_on_cpu(cfg.model.arch, args.device)
