@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from ppsim.cli import runchecks
-from ppsim.cli.builder_checks import check_own_contract, check_tensor_parallel
+from ppsim.cli.builder_checks import check_tensor_parallel, load_checked
 from ppsim.cli.calibrate_log import DEFAULT_OUT, cmd_calibrate_log
 from ppsim.cli.context_checks import check_context_model
 from ppsim.cli.costs import hardware_profile
@@ -158,20 +158,19 @@ def _checked_devices(args: argparse.Namespace, cfg: Config, fields: dict[str, An
     from ppsim.executor.builders import (  # torch loads only when profiling
         builder_spec,
         code_note,
-        load_builder,
     )
     from ppsim.executor.measure import processes_at_once  # torch loads only when profiling
 
     if note := code_note(builder_spec(None, fields)):
         sys.stderr.write(f"ppsim profile: note: {note}\n")
-    if args.model:  # refused in the flag's name
-        check_own_contract(load_builder(args.model, fields, "--model"), "--model")
+    where = "--model" if args.model else "model.builder"  # refused in that one's name
+    builder = load_checked(builder_spec(None, fields), fields, where)
     _check_processes(cfg, args.device)
     check_context_model(cfg)
     _check_parallel_on_cpu(cfg.model.arch, args.device)
     if cfg.model.arch.tp > 1:
-        check_tensor_parallel(load_builder(builder_spec(None, fields), fields), fields,
-                              cfg.model.arch.tp, cfg.model.arch.sequence_parallel)
+        check_tensor_parallel(builder, fields, cfg.model.arch.tp,
+                              cfg.model.arch.sequence_parallel)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device", "cuda requested but torch sees no GPU here",
                         "use --device cpu")

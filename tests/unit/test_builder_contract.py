@@ -94,3 +94,27 @@ def test_a_builder_keeping_its_contract_passes_the_check(tmp_path: Path) -> None
     from ppsim.executor.builders import load_builder
 
     check_own_contract(load_builder(_builder(tmp_path, ""), {}), "--model")
+
+
+@pytest.mark.parametrize("named", ["flag", "config"])
+def test_profile_refuses_a_builder_that_raises_or_breaks_its_contract_in_its_name(
+        named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """profile loaded a --model builder unguarded (a traceback where it raised) and one
+    the config names not at all (the measuring processes failed on its shapes)."""
+    monkeypatch.chdir(tmp_path)
+    if named == "flag":
+        raiser = tmp_path / "raiser.py"
+        raiser.write_text("def build(fields):\n    raise KeyError('hidden_size')\n")
+        argv, words = ["--model", f"{raiser}:build"], ("--model: building the model "
+                                                       "failed: KeyError: 'hidden_size'",)
+    else:
+        cfg = tmp_path / "own.toml"
+        cfg.write_text(f'[model]\nkind = "transformer"\npreset = "tiny-gpt"\n'
+                       f'builder = "{_builder(tmp_path, "shape")}"\n')
+        argv, words = ["--config", str(cfg)], ("model.builder: ", "activation_shape")
+    assert main(["profile", *argv, "--out", "c.json"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "note: loading" not in ln]
+    assert len(err) == 1 and err[0].startswith("ppsim profile: error: "), err
+    assert all(w in err[0] for w in words), err[0]
+    assert not (tmp_path / "c.json").exists()
