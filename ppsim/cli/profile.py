@@ -32,7 +32,7 @@ from ppsim.costs.costfile import PROFILE_REPEATS, cost_document, read_cost_file,
 from ppsim.errors import UserError
 from ppsim.pipeline.placement import topology
 from ppsim.pipeline.problem import model_costs
-from ppsim.trace.calibrate import ESTIMATORS, Calibration, calibrate
+from ppsim.trace.calibrate import ESTIMATORS, Calibration, calibrate, kept_conditions
 from ppsim.trace.read import read_trace
 
 PROFILE_HELP = "measure per-layer F/B/W time, bytes and P2P on this machine; write a cost file"
@@ -258,10 +258,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         "error_before": err_before, "error_after": err_after,
         "optimizer_step_ms": cal.optimizer_ms, "warmup_iterations_fitted": cal.warmup_fitted,
     }
-    # The base file's timed collectives are measurements the trace does not refit: they
-    # stay.
+    # The base file's timed collectives, and the conditions the fit leaves out, are
+    # measurements the trace does not refit: they stay.
     base = read_cost_file(cfg.costs_file).raw if cfg.costs_file else {}
-    timed = {k: base[k] for k in ("collectives", "dp_collectives") if base.get(k)}
+    kept = {k: base[k] for k in ("collectives", "dp_collectives") if base.get(k)}
+    if conditions := kept_conditions(base.get("conditions")):
+        kept["conditions"] = conditions
     doc = cost_document(
         cal.costs, source="calibrate",
         model=cfg.model.fields() if isinstance(cfg.model, TransformerModel) else None,
@@ -269,7 +271,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
              "bandwidth_gbps": cal.hardware.p2p_bandwidth_gbps,
              "from": "trace" if cal.p2p_delay_ms is not None else "base"},
         device=trace.info.get("device"), calibration=summary,
-        **timed)
+        **kept)
     write_costs(args.out, doc)
     if cal.warmup_fitted:  # after the write: a refused --out is the one line on stderr
         its = ", ".join(str(i) for i in cal.warmup_fitted)

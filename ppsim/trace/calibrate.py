@@ -117,6 +117,21 @@ def schedule_from_trace(trace: Trace, it: int,
     return sched
 
 
+KEPT_CONDITIONS = ("devices", "processes", "iteration_boundary_ms", "optimizer")
+"""Of a base cost file's `conditions`, what the calibrated file keeps: the measured
+iteration boundary and optimizer step, which its fitted time includes, and the placement
+it was profiled for. The fit prices no shared cores or per-message CPU (the trace's op
+times and gaps hold them, so the factors do) and replaces the latency by the one the trace
+shows: kept, those would be counted twice."""
+
+
+def kept_conditions(raw: object) -> dict[str, object] | None:
+    """The part of a base file's `conditions` a calibrated file keeps (None: none)."""
+    if not isinstance(raw, dict):
+        return None
+    return {k: raw[k] for k in KEPT_CONDITIONS if k in raw} or None
+
+
 def _predicted_ms(costs: ModelCosts, problem: Problem) -> dict[tuple[str, int], float]:
     sc = stage_costs(costs, problem.split)
     split_bw = problem.schedule.split_backward
