@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass, replace
 
 from ppsim.config.schema import Config
-from ppsim.costs.model import LayerCost, ModelCosts, stage_costs
+from ppsim.costs.model import LayerCost, ModelCosts, input_grad_ms, stage_costs
 from ppsim.errors import UserError
 from ppsim.job.throughput import job_info
 from ppsim.pipeline.messages import wire_ms
@@ -245,8 +245,8 @@ def fit_factors(timings: list[OpTiming], predicted: dict[tuple[str, int], float]
     """
     last = schedule.num_stages - 1
     split_bw = schedule.split_backward
-    head_pred = {"F": base.head.forward_ms,
-                 "B": base.head.backward_ms - (base.head.weight_grad_ms if split_bw else 0.0),
+    # The head's B as the stage's is predicted: the split path where the schedule splits.
+    head_pred = {"F": base.head.forward_ms, "B": input_grad_ms(base.head, split_bw),
                  "W": base.head.weight_grad_ms}
     body: dict[str, float | None] = {}
     head: dict[str, float | None] = {}

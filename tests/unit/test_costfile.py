@@ -346,3 +346,28 @@ def test_the_calibrated_file_simulates_to_the_time_calibrate_predicts_from_it(
         pytest.approx(after)
     kept = json.loads(out.read_text())["conditions"]  # measured, and not in the factors
     assert kept["iteration_boundary_ms"] == 0.7 and kept["optimizer"]["gbps"] == 2.0
+
+
+def test_calibrate_fits_the_head_on_its_split_backward_path(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """On zb-h1 the last stage's B is predicted from the head's split path, but the head's
+    own share was taken from its whole backward: where the profile measured the two apart
+    the head's B factor came out many times too high."""
+    def split(c: LayerCost, path: float) -> LayerCost:
+        w = 0.4 * c.backward_ms
+        return replace(c, weight_grad_ms=w, split_backward_ms=path * c.backward_ms)
+
+    base = model_costs(DEFAULT)
+    profiled = replace(base, head=split(base.head, 3.0))
+    truth = replace(profiled, head=split(replace(base.head, backward_ms=2 * base.head.backward_ms),
+                                         3.0))
+    trace = tmp_path / "sim.json"
+    assert main(["simulate", "--schedule", "zb-h1", "--costs",
+                 _write(tmp_path / "truth.json", truth), "--trace", str(trace)]) == 0
+    capsys.readouterr()
+    assert main(["calibrate", str(trace), "--schedule", "zb-h1", "--costs",
+                 _write(tmp_path / "profiled.json", profiled), "--out",
+                 str(tmp_path / "cal.json"), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["head_factors"]["B"] == pytest.approx(2.0)
+    assert abs(res["error_after"]) < 1e-9
