@@ -22,7 +22,6 @@ def check_builder(args: argparse.Namespace, fields: dict[str, Any], memory: Any 
     from ppsim.executor.builders import (  # torch loads only when a run starts
         builder_spec,
         code_note,
-        load_builder,
         split_spec,
     )
 
@@ -33,6 +32,17 @@ def check_builder(args: argparse.Namespace, fields: dict[str, Any], memory: Any 
         return None
     if note := code_note(spec):
         sys.stderr.write(f"ppsim run: note: {note}\n")
+    builder = load_checked(spec, fields, where)
+    if memory is not None:
+        check_policy_pieces(builder, memory.policies)
+    return builder
+
+
+def load_checked(spec: str, fields: dict[str, Any], where: str) -> Any:
+    """The builder `spec` names, built from `fields` and held to its contract; what its
+    code raises is refused in `where`'s name (not a traceback)."""
+    from ppsim.executor.builders import load_builder  # torch loads only when a run starts
+
     try:
         builder = load_builder(spec, fields, where)
     except UserError:
@@ -40,9 +50,19 @@ def check_builder(args: argparse.Namespace, fields: dict[str, Any], memory: Any 
     except Exception as exc:
         raise UserError(where, f"building the model failed: {type(exc).__name__}: {exc}",
                         "fix the builder or the [model] fields it reads") from None
-    if memory is not None:
-        check_policy_pieces(builder, memory.policies)
+    check_own_contract(builder, where)
     return builder
+
+
+def check_own_contract(builder: Any, where: str) -> None:
+    """A builder of one's own keeps its contract (ppsim.executor.builders.contract); the
+    shipped ones are tested for theirs."""
+    from ppsim.executor.builders.contract import check_contract  # torch loads only here
+    from ppsim.executor.builders.gpt import GPTBuilder  # (torch, as above)
+    from ppsim.executor.builders.llama import LlamaBuilder  # (torch, as above)
+
+    if not isinstance(builder, (GPTBuilder, LlamaBuilder)):
+        check_contract(builder, where)
 
 
 def check_policy_pieces(builder: Any, policies: Any) -> None:

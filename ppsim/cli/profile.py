@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from ppsim.cli import runchecks
-from ppsim.cli.builder_checks import check_tensor_parallel
+from ppsim.cli.builder_checks import check_tensor_parallel, load_checked
 from ppsim.cli.calibrate_log import DEFAULT_OUT, cmd_calibrate_log
 from ppsim.cli.context_checks import check_context_model
 from ppsim.cli.costs import hardware_profile
@@ -32,7 +32,7 @@ from ppsim.costs.costfile import PROFILE_REPEATS, cost_document, read_cost_file,
 from ppsim.errors import UserError
 from ppsim.pipeline.placement import topology
 from ppsim.pipeline.problem import model_costs
-from ppsim.trace.calibrate import ESTIMATORS, Calibration, calibrate
+from ppsim.trace.calibrate import ESTIMATORS, Calibration, calibrate, kept_conditions
 from ppsim.trace.read import read_trace
 
 PROFILE_HELP = "measure per-layer F/B/W time, bytes and P2P on this machine; write a cost file"
@@ -158,20 +158,19 @@ def _checked_devices(args: argparse.Namespace, cfg: Config, fields: dict[str, An
     from ppsim.executor.builders import (  # torch loads only when profiling
         builder_spec,
         code_note,
-        load_builder,
     )
     from ppsim.executor.measure import processes_at_once  # torch loads only when profiling
 
     if note := code_note(builder_spec(None, fields)):
         sys.stderr.write(f"ppsim profile: note: {note}\n")
-    if args.model:
-        load_builder(args.model, fields, "--model")  # refused in the flag's name
+    where = "--model" if args.model else "model.builder"  # refused in that one's name
+    builder = load_checked(builder_spec(None, fields), fields, where)
     _check_processes(cfg, args.device)
     check_context_model(cfg)
     _check_parallel_on_cpu(cfg.model.arch, args.device)
     if cfg.model.arch.tp > 1:
-        check_tensor_parallel(load_builder(builder_spec(None, fields), fields), fields,
-                              cfg.model.arch.tp, cfg.model.arch.sequence_parallel)
+        check_tensor_parallel(builder, fields, cfg.model.arch.tp,
+                              cfg.model.arch.sequence_parallel)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UserError("--device", "cuda requested but torch sees no GPU here",
                         "use --device cpu")
@@ -259,10 +258,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         "error_before": err_before, "error_after": err_after,
         "optimizer_step_ms": cal.optimizer_ms, "warmup_iterations_fitted": cal.warmup_fitted,
     }
-    # The base file's timed collectives are measurements the trace does not refit: they
-    # stay.
+    # The base file's timed collectives, and the conditions the fit leaves out, are
+    # measurements the trace does not refit: they stay.
     base = read_cost_file(cfg.costs_file).raw if cfg.costs_file else {}
-    timed = {k: base[k] for k in ("collectives", "dp_collectives") if base.get(k)}
+    kept = {k: base[k] for k in ("collectives", "dp_collectives") if base.get(k)}
+    if conditions := kept_conditions(base.get("conditions")):
+        kept["conditions"] = conditions
     doc = cost_document(
         cal.costs, source="calibrate",
         model=cfg.model.fields() if isinstance(cfg.model, TransformerModel) else None,
@@ -270,7 +271,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
              "bandwidth_gbps": cal.hardware.p2p_bandwidth_gbps,
              "from": "trace" if cal.p2p_delay_ms is not None else "base"},
         device=trace.info.get("device"), calibration=summary,
-        **timed)
+        **kept)
     write_costs(args.out, doc)
     if cal.warmup_fitted:  # after the write: a refused --out is the one line on stderr
         its = ", ".join(str(i) for i in cal.warmup_fitted)

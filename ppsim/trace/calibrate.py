@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass, replace
 
 from ppsim.config.schema import Config
-from ppsim.costs.model import LayerCost, ModelCosts, stage_costs
+from ppsim.costs.model import LayerCost, ModelCosts, input_grad_ms, stage_costs
 from ppsim.errors import UserError
 from ppsim.job.throughput import job_info
 from ppsim.pipeline.messages import wire_ms
@@ -115,6 +115,21 @@ def schedule_from_trace(trace: Trace, it: int,
         raise UserError("trace", f"{trace.path}: iteration {it} is not a complete schedule "
                         f"({exc})", "pass a complete trace from ppsim run") from None
     return sched
+
+
+KEPT_CONDITIONS = ("devices", "processes", "iteration_boundary_ms", "optimizer")
+"""Of a base cost file's `conditions`, what the calibrated file keeps: the measured
+iteration boundary and optimizer step, which its fitted time includes, and the placement
+it was profiled for. The fit prices no shared cores or per-message CPU (the trace's op
+times and gaps hold them, so the factors do) and replaces the latency by the one the trace
+shows: kept, those would be counted twice."""
+
+
+def kept_conditions(raw: object) -> dict[str, object] | None:
+    """The part of a base file's `conditions` a calibrated file keeps (None: none)."""
+    if not isinstance(raw, dict):
+        return None
+    return {k: raw[k] for k in KEPT_CONDITIONS if k in raw} or None
 
 
 def _predicted_ms(costs: ModelCosts, problem: Problem) -> dict[tuple[str, int], float]:
@@ -230,8 +245,8 @@ def fit_factors(timings: list[OpTiming], predicted: dict[tuple[str, int], float]
     """
     last = schedule.num_stages - 1
     split_bw = schedule.split_backward
-    head_pred = {"F": base.head.forward_ms,
-                 "B": base.head.backward_ms - (base.head.weight_grad_ms if split_bw else 0.0),
+    # The head's B as the stage's is predicted: the split path where the schedule splits.
+    head_pred = {"F": base.head.forward_ms, "B": input_grad_ms(base.head, split_bw),
                  "W": base.head.weight_grad_ms}
     body: dict[str, float | None] = {}
     head: dict[str, float | None] = {}

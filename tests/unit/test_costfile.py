@@ -319,3 +319,55 @@ def test_a_context_parallel_file_holds_for_its_traffic_alone(tmp_path: Path) -> 
         check_model(gathered, {**FIELDS, "cp": 2})
     path.write_text(_mutate(lambda d: d["model"].update(cp_comm_type="all_gather")))
     assert main(["simulate", "--costs", str(path)]) == 0
+
+
+def test_the_calibrated_file_simulates_to_the_time_calibrate_predicts_from_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A profiled base file holds run conditions: calibrate's 'after' kept the iteration
+    boundary it measured while the file it wrote dropped every condition, so simulate
+    --costs OUT came out shorter than the time calibrate said the file predicts."""
+    base = model_costs(DEFAULT)
+    conditions = {"devices": [0, 1], "processes": 2, "cores": 2, "message_cpu_ms": 0.3,
+                  "context_switch_ms": 0.01, "iteration_boundary_ms": 0.7,
+                  "message_latency_ms": 0.5, "local_message_cpu_ms": 0.2,
+                  "optimizer": {"fixed_ms": 0.2, "gbps": 2.0, "kind": "adam"}}
+    profiled = _write(tmp_path / "profiled.json", base, conditions=conditions,
+                      p2p={"latency_ms": 0.1, "bandwidth_gbps": 1.0})
+    truth = _write(tmp_path / "truth.json", _scaled(base, f=1.3, b=0.8),
+                   p2p={"latency_ms": 0.4, "bandwidth_gbps": 1.0})
+    trace = tmp_path / "sim.json"
+    assert main(["simulate", "--costs", truth, "--trace", str(trace)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", str(trace), "--costs", profiled, "--out", str(out),
+                 "--json"]) == 0
+    after = json.loads(capsys.readouterr().out)["predicted_after_ms"]
+    assert _simulate_json(capsys, "--costs", str(out))["iteration_time_ms"] == \
+        pytest.approx(after)
+    kept = json.loads(out.read_text())["conditions"]  # measured, and not in the factors
+    assert kept["iteration_boundary_ms"] == 0.7 and kept["optimizer"]["gbps"] == 2.0
+
+
+def test_calibrate_fits_the_head_on_its_split_backward_path(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """On zb-h1 the last stage's B is predicted from the head's split path, but the head's
+    own share was taken from its whole backward: where the profile measured the two apart
+    the head's B factor came out many times too high."""
+    def split(c: LayerCost, path: float) -> LayerCost:
+        w = 0.4 * c.backward_ms
+        return replace(c, weight_grad_ms=w, split_backward_ms=path * c.backward_ms)
+
+    base = model_costs(DEFAULT)
+    profiled = replace(base, head=split(base.head, 3.0))
+    truth = replace(profiled, head=split(replace(base.head, backward_ms=2 * base.head.backward_ms),
+                                         3.0))
+    trace = tmp_path / "sim.json"
+    assert main(["simulate", "--schedule", "zb-h1", "--costs",
+                 _write(tmp_path / "truth.json", truth), "--trace", str(trace)]) == 0
+    capsys.readouterr()
+    assert main(["calibrate", str(trace), "--schedule", "zb-h1", "--costs",
+                 _write(tmp_path / "profiled.json", profiled), "--out",
+                 str(tmp_path / "cal.json"), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["head_factors"]["B"] == pytest.approx(2.0)
+    assert abs(res["error_after"]) < 1e-9
