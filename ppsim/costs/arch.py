@@ -302,11 +302,12 @@ class Architecture:
     def expert_load(self) -> float:
         """Token-expert pairs the routed experts compute and exchange over the even
         share: ppsim routes evenly, so a capacity drops nothing at or above 1, and
-        padding fills every expert to it."""
+        padding fills every expert to it, at most every token (num_experts / top_k
+        shares: Megatron's apply_router_token_dropping keeps all past that)."""
         f = self.moe_capacity_factor
-        if f <= 0:
-            return 1.0
-        return f if self.moe_pad_to_capacity else min(f, 1.0)
+        if f <= 0 or not self.moe_pad_to_capacity:
+            return min(f, 1.0) if f > 0 else 1.0
+        return min(f, self.num_experts / max(self.top_k, 1))
 
     @property
     def residual_bytes(self) -> int:

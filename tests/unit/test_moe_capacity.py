@@ -10,6 +10,8 @@ import shlex
 from dataclasses import replace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ppsim.cli.flags import add_config_flags, config_from_args
 from ppsim.cli.megatron_args import megatron_model_args
@@ -40,6 +42,17 @@ def expert_flops(a: Architecture) -> float:
 def test_the_experts_compute_their_capacity(factor: float, pad: bool, share: float) -> None:
     a = replace(MIXTRAL, moe_capacity_factor=factor, moe_pad_to_capacity=pad)
     assert expert_flops(a) == pytest.approx(share * expert_flops(MIXTRAL))
+
+
+@given(st.floats(1.0, 64.0))
+def test_padding_fills_an_expert_to_every_token_at_most(factor: float) -> None:
+    """Megatron's apply_router_token_dropping keeps every token once the capacity,
+    factor x tokens x top_k / experts, exceeds the tokens: padded, an expert computes
+    min(factor, experts / top_k) shares (Mixtral: 4), never more tokens than there are."""
+    a = replace(MIXTRAL, moe_capacity_factor=factor, moe_pad_to_capacity=True)
+    shares = min(factor, MIXTRAL.num_experts / MIXTRAL.top_k)
+    # (a whole number of tokens an expert: within a token's rounding)
+    assert expert_flops(a) == pytest.approx(shares * expert_flops(MIXTRAL), rel=1e-3)
 
 
 def test_padding_is_exchanged_too() -> None:
