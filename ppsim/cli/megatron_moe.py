@@ -43,6 +43,10 @@ def moe_fields(args: argparse.Namespace, fields: dict[str, Any]) -> dict[str, An
     width, the MoE layers' places), over `fields`, the model's so far."""
     out: dict[str, Any] = {}
     factor = getattr(args, "moe_expert_capacity_factor", None)
+    if factor == 0:
+        raise UserError("--moe-expert-capacity-factor", "0 gives every expert a capacity of "
+                        "no tokens, so Megatron's router drops them all (get_capacity)",
+                        "give a positive factor, or a negative one for dropless")
     if factor is not None:  # Megatron takes a negative factor as dropless (NaN: refused later)
         out["moe_capacity_factor"] = 0.0 if factor < 0 else factor
     if getattr(args, "moe_pad_expert_input_to_capacity", None):

@@ -282,6 +282,12 @@ def transformer(raw: dict[str, Any]) -> None:
         number("model.moe_capacity_factor", raw["moe_capacity_factor"], hi=1e3,
                fix="give the capacity over an expert's even share, e.g. 1.0, or 0 for "
                "dropless")
+    if raw.get("moe_pad_to_capacity") is True and not raw.get("moe_capacity_factor"):
+        # Megatron's TransformerConfig raises this; ppsim would price the pad as dropless
+        raise UserError("model.moe_pad_to_capacity", "moe_expert_capacity_factor must be "
+                        "set to use moe_pad_expert_input_to_capacity (Megatron's words)",
+                        "add --moe-expert-capacity-factor F (moe_capacity_factor), or drop "
+                        "--moe-pad-expert-input-to-capacity")
     if raw.get("fp32_residual") is True and raw.get("dtype", "bf16") == "fp32":
         raise UserError("model.fp32_residual", "residual connection in fp32 only supported "
                         "when using fp16 or bf16 (Megatron's assertion)",
