@@ -21,6 +21,7 @@ from ppsim.cli.megatron_attention import (
 )
 from ppsim.cli.megatron_moe import check_dsa_sizes, moe_fields
 from ppsim.cli.megatron_precision import precision_fields
+from ppsim.cli.megatron_router import add_router_flags, check_router
 from ppsim.cli.megatron_run import PREFIX
 from ppsim.config.model import TOP_K_FIX, Model, TransformerModel, parse_model
 from ppsim.costs.choices import MEGATRON_FP8_FORMATS, MUON_TP_MODES, OPTIMIZERS
@@ -67,16 +68,12 @@ IGNORED = {"norm-epsilon": float, "rotary-base": float,
            "rotary-percent": float, "init-method-std": float, "disable-bias-linear": None,
            "attention-softmax-in-fp32": None, "use-flash-attn": None,
            "use-mcore-models": None,
-           "moe-router-load-balancing-type": [str], "moe-aux-loss-coeff": [float],
-           "moe-router-score-function": str, "moe-router-enable-expert-bias": None,
            "moe-router-topk-scaling-factor": float, "moe-router-bias-update-rate": float,
-           "moe-router-dtype": str,
-           "moe-z-loss-coeff": float, "moe-router-pre-softmax": None,
+           "moe-z-loss-coeff": float,
            "apply-layernorm-1p": None, "squared-relu": None,
            "fp8-amax-history-len": int, "fp8-amax-compute-algo": str,
            "fp8-margin": int, "spec": [str],
-           "rope-type": str, "moe-router-num-groups": int, "moe-router-group-topk": int,
-           "moe-token-drop-policy": str, "rotary-scaling-factor": float, "mscale": float,
+           "rope-type": str, "rotary-scaling-factor": float, "mscale": float,
            "mscale-all-dim": float, "add-qkv-bias": None, "rotary-interleaved": None,
            "rotary-seq-len-interpolation-factor": float, "use-rope-scaling": None,
            "rope-scaling-factor": float, "no-rope-freq": str, "is-hybrid-model": None,
@@ -96,13 +93,12 @@ IGNORED = {"norm-epsilon": float, "rotary-base": float,
            "no-dsa-indexer-scoring-relu": None}
 """Accepted as Megatron takes them; ppsim's costs do not depend on them (FP8's scaling
 knobs change neither the matmuls nor what is kept; --spec names the builder of the layers
-the model arguments describe; group-limited routing picks the experts, not how many, and the
-all-to-all still reaches every expert-parallel rank; YaRN's and Llama's rope scaling,
-layers without rope and the query/key/value biases (3 widths a layer) change no cost, nor
-do gpt-oss's attention sinks (one logit a head) and its GLU's offset and clamp; the
-router is priced fused and even, which is what its fusion and forced balancing give, and
-padding each expert's tokens to a multiple of 16 for FP8 adds at most 15 rows an expert;
-MTP's loss scale weighs the loss).
+the model arguments describe; the router's checked flags: megatron_router.py; YaRN's
+and Llama's rope scaling, layers without rope and the query/key/value biases (3 widths a
+layer) change no cost, nor do gpt-oss's attention sinks (one logit a head) and its GLU's
+offset and clamp; the router is priced fused and even, which is what its fusion and forced
+balancing give, and padding each expert's tokens to a multiple of 16 for FP8 adds at most
+15 rows an expert; MTP's loss scale weighs the loss).
 None: a switch; [type]: one or more values."""
 POSITIONS = {"learned_absolute": "learned", "rope": "rotary", "yarn": "rotary",
              "mrope": "rotary", "none": "none"}
@@ -155,6 +151,7 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--window-attn-skip-freq", help=hidden)
     g.add_argument("--experimental-attention-variant", help=hidden)
     g.add_argument("--linear-attention-freq", help=hidden)
+    add_router_flags(g)
     for flag, kind in IGNORED.items():
         if kind is None:
             g.add_argument(f"--{flag}", action="store_true", default=None, help=hidden)
@@ -197,9 +194,10 @@ def model_table(args: argparse.Namespace, base: Model | None) -> dict[str, Any] 
     with what they name changed, or, over nothing (the embedded default) or a uniform
     model, a transformer built with Megatron's defaults. None when no model flag was
     given."""
+    known = base.fields() if isinstance(base, TransformerModel) else {}
+    check_router(args, known)
     if not given(args):
         return None
-    known = base.fields() if isinstance(base, TransformerModel) else {}
     if getattr(args, "num_layers", None) is not None:
         known["num_layers"] = args.num_layers
     fields = flag_fields(args, known)
