@@ -87,6 +87,29 @@ def small_shapes(draw, names: list[str] | tuple[str, ...], min_pp: int = 1,
 
 
 @st.composite
+def schedule_args(draw) -> tuple[str, int, int, int]:
+    """(schedule, pp, vpp, microbatches) that build_schedule accepts, over every generator."""
+    name = draw(st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv",
+                                 "dualpipev", "interleaved-zb"]))
+    pp = draw(st.integers(1, 6))
+    if name == "interleaved-1f1b":
+        vpp = draw(st.integers(2, 3))
+        m = draw(st.integers(1, 4 * pp + 3))  # any count, multiple of pp or not
+    elif name == "interleaved-zb":
+        vpp = draw(st.integers(1, 4))
+        m = draw(st.integers(1, 4 * pp + 3))
+    elif name in ("zbv", "dualpipev"):
+        vpp = 2
+        m = draw(st.integers(2 * pp if name == "dualpipev" else 1, 16))
+    elif name == "zb-h1":
+        vpp, m = 1, draw(st.integers(1, 12))
+    else:
+        vpp = draw(st.integers(1, 3)) if name == "gpipe" else 1
+        m = draw(st.integers(1, 12))
+    return name, pp, vpp, m
+
+
+@st.composite
 def random_problems(draw):
     name = draw(st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv",
                                  "dualpipev"]))

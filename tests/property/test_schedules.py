@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers import schedule_args
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -16,28 +17,6 @@ from ppsim.schedules.generators import (
     validate,
 )
 from ppsim.schedules.torchcsv import parse_actions_csv
-
-
-@st.composite
-def schedule_args(draw):
-    name = draw(st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv",
-                                 "dualpipev", "interleaved-zb"]))
-    pp = draw(st.integers(1, 6))
-    if name == "interleaved-1f1b":
-        vpp = draw(st.integers(2, 3))
-        m = draw(st.integers(1, 4 * pp + 3))  # any count, multiple of pp or not
-    elif name == "interleaved-zb":
-        vpp = draw(st.integers(1, 4))
-        m = draw(st.integers(1, 4 * pp + 3))
-    elif name in ("zbv", "dualpipev"):
-        vpp = 2
-        m = draw(st.integers(2 * pp if name == "dualpipev" else 1, 16))
-    elif name == "zb-h1":
-        vpp, m = 1, draw(st.integers(1, 12))
-    else:
-        vpp = draw(st.integers(1, 3)) if name == "gpipe" else 1
-        m = draw(st.integers(1, 12))
-    return name, pp, vpp, m
 
 
 @given(schedule_args())

@@ -99,14 +99,6 @@ def test_transfers_delay_the_receiver_by_latency_plus_bytes_over_bandwidth():
     assert len(slow.timeline.transfers) == 2
 
 
-def test_simulation_is_deterministic():
-    a = simulate(uniform_problem(4, 2, 8, "interleaved-1f1b", counts=[1, 2, 0, 3, 2, 1, 1, 2],
-                                 hw={"p2p_latency_ms": 0.1, "p2p_bandwidth_gbps": 3.0}))
-    b = simulate(uniform_problem(4, 2, 8, "interleaved-1f1b", counts=[1, 2, 0, 3, 2, 1, 1, 2],
-                                 hw={"p2p_latency_ms": 0.1, "p2p_bandwidth_gbps": 3.0}))
-    assert a.timeline == b.timeline and a.summary == b.summary
-
-
 def test_head_and_embedding_sit_on_first_and_last_stage():
     p = uniform_problem(2, 1, 2, "1f1b", counts=[2, 2], static=10,
                         head={"static_bytes": 5000}, emb={"static_bytes": 300})

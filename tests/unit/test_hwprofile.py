@@ -177,7 +177,11 @@ def test_a_blackwells_fp4_and_mx_tensor_cores_go_into_its_table(monkeypatch, nam
     assert low_precision_facts(torch.device("cpu")) == {}
     if "B200" in name:
         assert dense_peak(torch.device("cuda"), 1.0) == (2500.0 if "GB200" in name else 2250.0)
-    assert hardware_config({"peak_tflops": 989.0, **facts}) is not None
+    # [hardware] reads the table back as written; a fact left out stays off (0, False).
+    hw = hardware_config({"peak_tflops": 989.0, **facts})
+    assert (hw.peak_tflops, hw.fp8_peak_tflops, hw.fp4_peak_tflops, hw.mxfp8) == (
+        989.0, facts.get("fp8_peak_tflops", 0.0), facts.get("fp4_peak_tflops", 0.0),
+        facts.get("mxfp8", False))
 
 
 def test_a_gpus_own_memory_and_sms_go_into_its_table(monkeypatch) -> None:

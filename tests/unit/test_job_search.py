@@ -259,13 +259,23 @@ def test_the_job_search_reports_each_shape_it_simulates_and_each_split_it_plans(
     assert steps == priced + simulated + planned + shots
 
 
-def test_the_job_search_s_bar_draws_on_any_console() -> None:
-    # The bar's first frame has no step yet; an unset total crashed its counter.
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_job_search_s_bar_draws_on_any_console(monkeypatch) -> None:
+    # The bar's first frame has no step yet; an unset total crashed its counter. A stderr
+    # that says it is a terminal takes the bar's path (a log's would print lines instead).
     from ppsim.cli.render import step_bar
 
-    with step_bar(True) as progress:
+    err = _Terminal()
+    monkeypatch.setattr("sys.stderr", err)
+    with step_bar("ppsim plan") as progress:
         progress("simulating shapes", 0, 3)
         progress("planning the top shapes' splits", 1, 2)
+    drawn = err.getvalue()
+    assert "planning the top shapes' splits" in drawn and "1 of 2" in drawn
 
 
 def test_a_spent_budget_still_simulates_a_shape_and_says_the_budget_ran_out(capsys) -> None:
