@@ -183,17 +183,21 @@ def _conv(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
     return F.silu(conv(x.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2))
 
 
-def _gated_rmsnorm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor,
-                   groups: int, gate_first: bool) -> torch.Tensor:
-    """RMSNorm over `groups` equal slices of the last dim, gated by SiLU(z) before
-    (Mamba-2, Megatron's norm_before_gate=False) or after (GatedDeltaNet) the norm."""
-    if gate_first:
-        y = y * F.silu(z)
+def _group_rmsnorm(y: torch.Tensor, weight: torch.Tensor, groups: int) -> torch.Tensor:
+    """RMSNorm over `groups` equal slices of the last dim."""
     shape = y.shape
     yg = y.reshape(*shape[:-1], groups, -1)
     yg = yg * torch.rsqrt(yg.pow(2).mean(-1, keepdim=True) + 1e-5)
-    out = yg.reshape(shape) * weight
-    return out if gate_first else out * F.silu(z)
+    return yg.reshape(shape) * weight
+
+
+def _gate(y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    return y * F.silu(z)
+
+
+def _gated_rmsnorm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """GatedDeltaNet's norm: RMSNorm, then gated by SiLU(z)."""
+    return _group_rmsnorm(y, weight, 1) * F.silu(z)
 
 
 class Mamba2(_Projections, nn.Module):
@@ -224,20 +228,27 @@ class Mamba2(_Projections, nn.Module):
                              conv=m.conv // n, in_proj=m.in_proj // n)
         self._split(g)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        m, proj = self.shape, self._project_in(hidden)
-        bsz, seq, _ = proj.shape
-        z, xbc, dt = proj.split([m.inner, m.conv, m.heads], dim=-1)
-        x, b, c = checkpointed(_conv, xbc, self.conv1d).split(
+    def _scan(self, xbc: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
+        """Conv, dt's softplus, the SSD scan and the D skip: the output before the gate."""
+        m = self.shape
+        bsz, seq, _ = xbc.shape
+        x, b, c = _conv(xbc, self.conv1d).split(
             [m.inner, m.groups * m.state, m.groups * m.state], dim=-1)
         x = x.reshape(bsz, seq, m.heads, m.head_dim)
         dt = F.softplus(dt + self.dt_bias)
-        y = checkpointed(ssd_chunked, x, dt, -torch.exp(self.A_log.float()).to(x.dtype),
-                         b.reshape(bsz, seq, m.groups, m.state),
-                         c.reshape(bsz, seq, m.groups, m.state), min(MAMBA_CHUNK, seq))
-        y = (y + x * self.D[:, None]).reshape(bsz, seq, m.inner)
-        return self._project_out(checkpointed(_gated_rmsnorm, y, z, self.norm_weight,
-                                              m.groups, True))
+        y = ssd_chunked(x, dt, -torch.exp(self.A_log.float()).to(x.dtype),
+                        b.reshape(bsz, seq, m.groups, m.state),
+                        c.reshape(bsz, seq, m.groups, m.state), min(MAMBA_CHUNK, seq))
+        return (y + x * self.D[:, None]).reshape(bsz, seq, m.inner)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        m, proj = self.shape, self._project_in(hidden)
+        z, xbc, dt = proj.split([m.inner, m.conv, m.heads], dim=-1)
+        # As Megatron's training path: mamba_ssm's split-conv-scan kernel keeps in_proj's
+        # output and the scan's output and gates it by SiLU(z); RMSNormGated keeps its
+        # input; out_proj the norm's output.
+        y = checkpointed(_gate, checkpointed(self._scan, xbc, dt), z)
+        return self._project_out(checkpointed(_group_rmsnorm, y, self.norm_weight, m.groups))
 
 
 class GatedDeltaNet(_Projections, nn.Module):
@@ -283,5 +294,5 @@ class GatedDeltaNet(_Projections, nn.Module):
         o = checkpointed(delta_chunked, q, k, v.reshape(bsz, seq, hv, -1), g,
                          torch.sigmoid(beta), min(GDN_CHUNK, seq))
         z = z.reshape(bsz, seq, hv, -1)
-        return self._project_out(checkpointed(_gated_rmsnorm, o, z, self.norm_weight, 1,
-                                              False).reshape(bsz, seq, d.value))
+        return self._project_out(checkpointed(_gated_rmsnorm, o, z, self.norm_weight)
+                                 .reshape(bsz, seq, d.value))

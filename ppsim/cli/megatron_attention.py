@@ -21,6 +21,9 @@ TRANSFORMER_IMPLS = ("transformer_engine", "local", "inference_optimized")
 UNFUSED_BACKENDS = ("unfused", "local")
 """The backends that compute the whole score matrix (`unfused_attention`), as Model
 Optimizer's --export-force-local-attention does too."""
+GDP_SPECS = ("gdp_stack_spec", "gated_delta_product_stack_spec")
+"""The hybrid stack specs that build Gated DeltaProduct mixers where the pattern has 'M'
+(megatron/core/models/hybrid/hybrid_layer_specs.py)."""
 FORCE_LOCAL = "megatron_run_export_force_local_attention"
 """Where argparse keeps --export-force-local-attention (ppsim.cli.megatron_run)."""
 
@@ -56,12 +59,26 @@ def unfused_backend(args: argparse.Namespace) -> bool | None:
     return None if backend is None else backend in UNFUSED_BACKENDS
 
 
+def _spec_name(spec: str) -> str:
+    """The function a --spec names, read as Megatron's training.py reads it
+    (_uses_gated_delta_product_spec: the last word, brackets and commas as spaces)."""
+    words = spec.replace("[", " ").replace("]", " ").replace(",", " ").split()
+    return words[-1] if words else ""
+
+
 def check_spec(args: argparse.Namespace) -> None:
     """The layer spec ppsim prices is Transformer Engine's (fused norms and attention):
     Megatron's local spec (separate norms, DotProductAttention) and the inference one are
-    refused; attention sinks (--softmax-type learnable or off-by-one), which no
-    FlashAttention kernel takes, are said to be priced at its rate."""
+    refused, and so is the hybrid stack's Gated DeltaProduct spec; attention sinks
+    (--softmax-type learnable or off-by-one), which no FlashAttention kernel takes, are
+    said to be priced at its rate."""
     get = lambda dest: getattr(args, dest, None)  # noqa: E731
+    spec = " ".join(get("spec") or ())
+    if _spec_name(spec) in GDP_SPECS:
+        raise UserError(f"--spec {spec}", "builds Gated DeltaProduct mixers in place of "
+                        "the pattern's Mamba-2 layers (Megatron counts their FLOPs apart), "
+                        "which ppsim does not price",
+                        "drop it, or give hybrid_stack_spec, to price Mamba-2 layers")
     impl = get("transformer_impl")
     if impl not in (None, "transformer_engine"):
         raise UserError(f"--transformer-impl {impl}", "ppsim prices Transformer Engine's "

@@ -12,7 +12,9 @@ and "moe-mlp" (an MLP or a MoE block alone). Shapes follow Megatron-LM's MambaMi
 The two scans are priced as attention is (ppsim.costs.ops): fused kernels over
 chunks (mamba_ssm's SSD, FLA's chunked delta rule) at FlashAttention's efficiency
 and backward ratio; their FLOPs are the chunked algorithms' matmuls (docs/model.md).
-The inter-chunk states are kept in fp32, as Megatron materialises them in training.
+Mamba-2 keeps what mamba_ssm's fused training kernel keeps (its input and the scan's
+output: the conv and the inter-chunk states are recomputed in its backward);
+GatedDeltaNet's inter-chunk states are kept in fp32.
 """
 
 from __future__ import annotations
@@ -288,11 +290,13 @@ def _mixer_bytes(a: Architecture, kind: str) -> float:
     f = fp8_bytes(a) if a.fp8_copies else w
     if kind == "mamba":
         m = mamba_shape(a)
-        # z x B C dt, conv output (the scan's x, B, C), dt and its cumsum (fp32), the
-        # chunk states (fp32), the scan output, the gated norm's rstd and output
-        return (tok * m.inner * f + tok * (m.in_proj + m.conv + m.inner) * w
-                + tok * (2 * m.heads + m.groups) * 4
-                + tok / MAMBA_CHUNK * m.inner * m.state * 4)
+        # Megatron trains through mamba_ssm's mamba_split_conv1d_scan_combined (its
+        # default memory-efficient path), which keeps in_proj's output (z x B C dt) and
+        # the scan's output before the gate, and recomputes the conv, dt and the chunk
+        # states in the backward; then its RMSNormGated keeps the gated output and one
+        # fp32 rstd a group, and out_proj keeps the norm's output.
+        return (tok * m.inner * f + tok * (m.in_proj + 2 * m.inner) * w
+                + tok * m.groups * 4)
     d = delta_shape(a)
     c = GDN_CHUNK
     # in_proj output, conv output, l2-normed q and k, the chunk's A matrix, g and beta

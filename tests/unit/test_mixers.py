@@ -14,6 +14,7 @@ from ppsim.config.schema import hardware_config
 from ppsim.costs.arch import Architecture
 from ppsim.costs.mixers import (
     MIXER_KINDS,
+    mamba_shape,
     mixer_activation_bytes,
     mixer_ops,
     mixer_params,
@@ -131,6 +132,20 @@ def test_mamba_keeps_more_than_attention_and_scales_with_tokens():
     assert mixer_activation_bytes(replace(a, seq_length=2048), "mamba") == pytest.approx(2 * m1,
                                                                                       rel=1e-6)
     assert mixer_activation_bytes(replace(a, tp=2), "mamba") == pytest.approx(m1 / 2, rel=1e-6)
+
+
+def test_mamba_keeps_what_megatrons_memory_efficient_path_keeps():
+    # Megatron trains a Mamba layer through mamba_ssm's mamba_split_conv1d_scan_combined
+    # (megatron/core/ssm/mamba_mixer.py _ssm_training; use_mamba_mem_eff_path defaults to
+    # True in transformer_config.py), whose autograd function saves zxbcdt and out_x and
+    # recomputes the conv, dt and the chunk states in its backward; RMSNormGated then saves
+    # its input and an fp32 rstd a group, out_proj its input. Before them: the pre-norm's
+    # input and rstd and its output (in_proj's input).
+    m, tok, h = mamba_shape(NEMO), NEMO.seq_length * NEMO.micro_batch_size, NEMO.hidden_size
+    assert NEMO.dtype == "bf16" and not NEMO.dropout and NEMO.rmsnorm
+    prenorm = tok * (h * 2 + 4) + tok * h * 2
+    mixer = tok * ((m.in_proj + 3 * m.inner) * 2 + m.groups * 4)
+    assert mixer_activation_bytes(NEMO, "mamba") == prenorm + mixer
 
 
 def test_hybrid_costs_follow_the_pattern_and_price_mtp_depths():
