@@ -113,7 +113,8 @@ def cmd_calibrate_log(args: argparse.Namespace) -> int:
 
 
 def _table(log: str, c: LogComparison, key: str, factor: float, hardware: Any) -> str:
-    head = [f"# ppsim calibrate --log {log}: {c.framework}'s {key}, median of {c.lines} "
+    named = " ".join(log.splitlines())  # a comment line stays one line
+    head = [f"# ppsim calibrate --log {named}: {c.framework}'s {key}, median of {c.lines} "
             "line(s);",
             f"# every kernel {factor:.4f}x the time the given hardware took (its links as "
             "given).",
