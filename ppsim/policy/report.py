@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import replace
 from typing import Any
 
@@ -21,6 +22,21 @@ def policy_flags(problem: Problem, policies: tuple[StagePolicy, ...]) -> PolicyE
     whole = replace(policies[0], offload_fraction=1.0)
     return policy_export(policies, problem.split.pp, pc.arch,
                          pc.host_bytes(whole, first.offset, first.layers))
+
+
+def with_policy_flags(exports: dict[str, Any], problem: Problem,
+                      policies: tuple[StagePolicy, ...]) -> dict[str, Any]:
+    """A split's exports (ppsim.pipeline.hybrid_exports.exports_of) with the policy's
+    Megatron flags after the split's; `megatron_flags` None, the policy's notes in
+    `megatron_note`, where Megatron cannot run the policy (the split's flags alone would
+    run another one). `problem`: the problem on that split."""
+    ex = policy_flags(problem, policies)
+    out = dict(exports)
+    if ex.megatron_flags is None:
+        out["megatron_flags"], out["megatron_note"] = None, "; ".join(ex.notes)
+    elif out["megatron_flags"] is not None and ex.megatron_flags:
+        out["megatron_flags"] = f"{out['megatron_flags']} {shlex.join(ex.megatron_flags)}"
+    return out
 
 
 def stage_policies(problem: Problem) -> list[dict[str, Any]]:

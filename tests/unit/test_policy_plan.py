@@ -202,6 +202,42 @@ def test_plan_with_a_configured_policy_exports_it(mode: str, flags, capsys) -> N
         assert best["megatron_flags"].endswith(flags)
 
 
+def test_plan_text_gives_a_configured_policy_as_its_json_does_and_it_simulates_back(
+        tmp_path) -> None:
+    """The text `Megatron:` line of a plan under a configured policy carries the policy's
+    flags, as best.megatron_flags does (it gave the split alone, which Megatron would run
+    without the policy): pasted into simulate it gives the planned iteration time."""
+    from tests.helpers import run_main
+
+    argv = ["--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "4",
+            "--microbatches", "8", "--recompute-granularity", "selective",
+            "--recompute-modules", "mlp"]
+    code, out, _ = run_main(["plan", *argv, "--time-budget", "2"])
+    assert code == 0
+    line = next(x for x in out.splitlines() if x.startswith("Megatron:"))
+    tokens = shlex.split(line.removeprefix("Megatron:"))
+    assert tokens[-4:] == ["--recompute-granularity", "selective", "--recompute-modules",
+                           "mlp"]
+    code, js, _ = run_main(["plan", *argv, "--time-budget", "2", "--json"])
+    best = json.loads(js)["best"]
+    assert shlex.join(tokens) == best["megatron_flags"]
+    code, js, _ = run_main(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb",
+                            "--microbatches", "8", *tokens, "--json"])
+    sim = json.loads(js)
+    assert sim["iteration_time_ms"] == pytest.approx(best["iteration_time_ms"], rel=1e-12)
+    assert [r["peak_memory_bytes"] for r in sim["ranks"]] == best["peak_memory_bytes"]
+    # A per-stage policy Megatron cannot run: the text says so, as the JSON's note does.
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[model]\npreset = "llama3-8b"\n[hardware]\npreset = "h100-80gb"\n'
+                   '[pipeline]\npp = 4\nmicrobatches = 8\n[memory]\n'
+                   'recompute_modules = ["mlp"]\n[[memory.stage]]\nstage = 1\n'
+                   'recompute_modules = ["core_attn"]\n')
+    code, out, _ = run_main(["plan", "--config", str(cfg), "--time-budget", "2"])
+    line = next(x for x in out.splitlines() if x.startswith("Megatron:"))
+    assert line.startswith("Megatron:   n/a (") and "differs per stage" in line
+    assert "--num-layers" not in line
+
+
 def _chunked(memory_bytes: float):
     from ppsim.config.schema import config_from_dict
     from ppsim.pipeline.problem import build_problem
