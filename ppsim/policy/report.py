@@ -10,14 +10,34 @@ from ppsim.pipeline.problem import Problem
 from ppsim.plan.search import SplitSearch
 from ppsim.policy.costs import Fixed
 from ppsim.policy.megatron import PolicyExport, policy_export
-from ppsim.policy.model import StagePolicy
+from ppsim.policy.model import ALL_LAYERS, StagePolicy
 from ppsim.sim.summary import rank_tails
+
+
+def one_n(problem: Problem, policies: tuple[StagePolicy, ...]) -> tuple[StagePolicy, ...]:
+    """`policies` with one block count N for every stage where one N recomputes on each
+    stage the layers its own N does (N is capped at a stage's layers, so N = 9 on a stage
+    of 9 and N = 11 on stages of 11 are Megatron's one N = 11, or its uniform method);
+    as given otherwise."""
+    pc = problem.memory.costs
+    stages = problem.split.stages
+    if len({p.recompute_layers for p in policies}) < 2:
+        return policies
+    whole = [pc.recomputed(p, st.offset, st.layers) for p, st in zip(policies, stages,
+                                                                     strict=True)]
+    for n in (max(whole), ALL_LAYERS):  # the block method, then the uniform one
+        same = tuple(replace(p, recompute_layers=n) for p in policies)
+        if [pc.recomputed(p, st.offset, st.layers) for p, st in zip(same, stages,
+                                                                    strict=True)] == whole:
+            return same
+    return policies
 
 
 def policy_flags(problem: Problem, policies: tuple[StagePolicy, ...]) -> PolicyExport:
     """Megatron's flags of the problem's split run with `policies` (its per-rank offload
     step in bytes from what its first stage offloads per microbatch)."""
     pc = problem.memory.costs
+    policies = one_n(problem, policies)
     first = problem.split.stages[0]
     whole = replace(policies[0], offload_fraction=1.0)
     return policy_export(policies, problem.split.pp, pc.arch,

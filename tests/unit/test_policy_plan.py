@@ -141,6 +141,54 @@ def test_a_per_stage_policy_says_who_can_run_it() -> None:
         "--recompute-granularity selective --recompute-modules core_attn"
 
 
+def _stage_ns(ns: list[int], split: list[int], mtp: int = 0):
+    """A llama3-8b problem on `split` whose stage i recomputes its first ns[i] layers."""
+    from ppsim.config.schema import config_from_dict
+
+    cfg = config_from_dict({
+        "model": {"preset": "llama3-8b", "recompute": "none", "num_layers": sum(split) - mtp,
+                  "mtp_layers": mtp},
+        "pipeline": {"pp": len(split), "microbatches": 8, "split": split},
+        "hardware": {"preset": "h100-80gb"},
+        "memory": {"stage": [{"stage": i, "recompute_layers": n} for i, n in enumerate(ns)]}})
+    problem = build_problem(cfg)
+    return problem, problem.memory.policies
+
+
+@pytest.mark.parametrize(("ns", "split", "mtp", "flags"), [
+    # N capped at each stage's layers: Megatron's one block N recomputes the same layers.
+    ([3, 3, 2], [3, 3, 2], 0, "--recompute-method block --recompute-num-layers 3"),
+    ([2, 2, 1], [3, 3, 1], 0, "--recompute-method block --recompute-num-layers 2"),
+    # Every layer, the MTP layer too (the block method skips it): the uniform method.
+    ([3, ALL_LAYERS], [3, 2], 1, "--recompute-method uniform --recompute-num-layers 1"),
+    # The block method skips the MTP layer: N = 3 on its stage of 2 recomputes 1, as N = 1.
+    ([3, 1], [3, 2], 1, "--recompute-method block --recompute-num-layers 3"),
+])
+def test_a_per_stage_n_that_one_megatron_n_runs_gets_its_flags(ns, split, mtp, flags) -> None:
+    """Stage block counts that differ only where N passes a stage's (decoder) layers run as
+    Megatron's one N: its flags, not "differs per stage"."""
+    from ppsim.policy.report import policy_flags
+
+    problem, policies = _stage_ns(ns, split, mtp)
+    ex = policy_flags(problem, policies)
+    assert ex.megatron_flags is not None, ex.notes
+    assert shlex.join(ex.megatron_flags) == "--recompute-granularity full " + flags
+
+
+@pytest.mark.parametrize(("ns", "split", "mtp"), [
+    ([3, 2, 2], [3, 3, 2], 0),  # stage 1 recomputes 2 of its 3 layers, stage 0 all 3
+    # The MTP stage recomputes its MTP layer too, which only the uniform method does, but
+    # stage 0 recomputes 2 of its 3 layers, which only the block method does.
+    ([2, ALL_LAYERS], [3, 2], 1),
+])
+def test_a_per_stage_n_no_megatron_n_runs_is_refused(ns, split, mtp) -> None:
+    from ppsim.policy.report import policy_flags
+
+    problem, policies = _stage_ns(ns, split, mtp)
+    ex = policy_flags(problem, policies)
+    assert ex.megatron_flags is None and "differs per stage" in ex.notes[0]
+
+
 def test_policy_search_takes_no_other_axes(capsys) -> None:
     assert main([*PLAN, "--search", "policy,vpp"]) == 2
     err = capsys.readouterr().err.strip()
