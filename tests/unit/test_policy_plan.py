@@ -420,6 +420,12 @@ def test_a_policy_search_that_fits_nothing_says_how_near_it_came(capsys) -> None
     assert "\n" not in err and "40.00 GB per rank" in err
     assert f"{peak / 1e9:.2f} GB on rank {rank}" in err and "--pp 8" in err
     assert "global: none" not in captured.out
+    # Each space names what its lowest peak was planned under (per-stage said "under :").
+    assert main([*argv, "--search", "policy,policy-per-stage"]) == 3
+    out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert out.count("no split fits") == 3 and "under :" not in out
+    assert "per-stage: no split fits; the lowest peak planned, under each stage's policy " \
+        "that holds least:" in out
 
 
 @pytest.mark.parametrize("top", ["0", "-3"])
