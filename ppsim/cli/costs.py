@@ -34,6 +34,8 @@ from ppsim.fileio import write_text_atomic
 from ppsim.job.comm_rows import CommRow
 from ppsim.pipeline.comm_table import problem_rows
 from ppsim.pipeline.problem import build_problem, model_costs, resolve_split
+from ppsim.policy.costs import Fixed
+from ppsim.policy.model import ALL_LAYERS
 from ppsim.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -131,11 +133,33 @@ def transient_lines(rows: list[tuple[str, str, dict[str, Any]]]) -> list[str]:
             f"{', '.join(held)}"] if held else []
 
 
+def policy_layers(memory: Fixed) -> tuple[ModelCosts, str | None]:
+    """The layers as a configured memory policy prices them: every layer under its
+    recompute modules (or whole, the uniform method); where its block N, offload or
+    per-stage tables make a layer's cost depend on its stage, the layers under the
+    modules every stage shares, and a note saying so (None otherwise)."""
+    pols = memory.policies
+    p = pols[0]
+    if len(set(pols)) == 1 and not p.offloads and p.recompute_layers in (0, ALL_LAYERS):
+        return (memory.costs.full if p.recompute_layers else
+                memory.costs.layers_under(p.recompute_modules)), None
+    mods = p.recompute_modules if len({q.recompute_modules for q in pols}) == 1 else ()
+    return memory.costs.layers_under(mods), (
+        "note: the memory policy's block N, offload or per-stage tables set a layer's cost "
+        "by its stage; these are the layers under " + (" ".join(mods) or "no recompute")
+        + " alone (simulate prices each stage)")
+
+
 def cmd_costs(args: argparse.Namespace) -> int:
     cfg, assumed = assume_hardware(args, config_from_args(args))
     costs = model_costs(cfg)
     resolve_split(cfg, costs.num_layers)  # a launch line's split, checked as simulate does
-    comm = problem_rows(build_problem(cfg, costs), layers=not cfg.costs_file)
+    problem = build_problem(cfg, costs)
+    comm = problem_rows(problem, layers=not cfg.costs_file)
+    if isinstance(problem.memory, Fixed):  # [memory] or its flags: as simulate prices them
+        costs, note = policy_layers(problem.memory)
+        if note:
+            print(f"ppsim costs: {note}", file=sys.stderr)
     if assumed:  # after the checks: bad input stays one line on stderr
         print(f"ppsim costs: {assumed}", file=sys.stderr)
     source = f"cost file {cfg.costs_file}" if cfg.costs_file else (

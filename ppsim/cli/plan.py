@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import shlex
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -59,7 +58,7 @@ from ppsim.plan.references import (
 )
 from ppsim.plan.search import Deadline
 from ppsim.policy.costs import Fixed
-from ppsim.policy.report import policy_flags, policy_json, stage_policies
+from ppsim.policy.report import policy_json, stage_policies, with_policy_flags
 
 EXIT_NO_FIT = 3
 
@@ -260,12 +259,7 @@ def result_dict(planned: Planned, specs: DeepSpeedSpecs = DEFAULT_SPECS) -> dict
         if isinstance(p.memory, Fixed):  # a configured memory policy: its flags too
             at = p.with_split(res.best.split)
             best["policy"] = stage_policies(at)
-            ex = policy_flags(at, p.memory.policies)
-            if ex.megatron_flags is None:
-                best["megatron_flags"], best["megatron_note"] = None, "; ".join(ex.notes)
-            elif best["megatron_flags"] is not None:
-                best["megatron_flags"] = " ".join([best["megatron_flags"],
-                                                   shlex.join(ex.megatron_flags)]).strip()
+            best.update(with_policy_flags(best, at, p.memory.policies))
         host = policy_json(p.with_split(res.best.split))
         best.update({k: host[k] for k in ("optimizer_host_bytes", "host_fits") if k in host})
         if res.baseline is not None:

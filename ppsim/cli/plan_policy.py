@@ -26,7 +26,7 @@ from ppsim.pipeline.problem import build_problem
 from ppsim.plan.advice import no_fit_message, no_fit_tips
 from ppsim.plan.planner import PlanResult
 from ppsim.policy.megatron import NO_POLICY_FLAGS, PolicyExport
-from ppsim.policy.report import policy_flags
+from ppsim.policy.report import policy_flags, with_policy_flags
 from ppsim.policy.search import (
     PER_RANK,
     SpaceBest,
@@ -67,13 +67,8 @@ def space_exports(sb: SpaceBest) -> dict[str, Any]:
     r = sb.result
     assert r is not None and r.best is not None
     p = r.problem
-    out = exports_of(p.pattern, r.best.split, p.schedule.microbatch_group)
-    ex = _export(sb)
-    if ex.megatron_flags is None:
-        out["megatron_flags"], out["megatron_note"] = None, "; ".join(ex.notes)
-    elif out["megatron_flags"] is not None and ex.megatron_flags:
-        out["megatron_flags"] = f"{out['megatron_flags']} {shlex.join(ex.megatron_flags)}"
-    return out
+    return with_policy_flags(exports_of(p.pattern, r.best.split, p.schedule.microbatch_group),
+                             p.with_split(r.best.split), sb.policies)
 
 
 def _splits(*spaces: SpaceBest) -> list[tuple[int, ...]]:

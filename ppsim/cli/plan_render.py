@@ -15,6 +15,8 @@ from ppsim.plan.gap import chunked_gap
 from ppsim.plan.planner import Candidate, PlanResult
 from ppsim.plan.ranking import ordered
 from ppsim.plan.references import why_faster
+from ppsim.policy.costs import Fixed
+from ppsim.policy.report import with_policy_flags
 from ppsim.units import byte_unit, fmt_bytes
 
 if TYPE_CHECKING:
@@ -146,5 +148,7 @@ def print_result(planned: Planned, per_variant: list[tuple[str, PlanResult]], to
                         res.best.summary.iteration_time_ms, "the best split", "plan")
     if hint:
         console.print(hint, markup=False)
-    print_exports(console, exports_of(p.pattern, res.best.split, p.schedule.microbatch_group,
-                                      specs))
+    exports = exports_of(p.pattern, res.best.split, p.schedule.microbatch_group, specs)
+    if isinstance(p.memory, Fixed):  # a configured memory policy: its flags, as --json's
+        exports = with_policy_flags(exports, best, p.memory.policies)
+    print_exports(console, exports)

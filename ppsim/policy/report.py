@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import replace
 from typing import Any
 
@@ -9,18 +10,53 @@ from ppsim.pipeline.problem import Problem
 from ppsim.plan.search import SplitSearch
 from ppsim.policy.costs import Fixed
 from ppsim.policy.megatron import PolicyExport, policy_export
-from ppsim.policy.model import StagePolicy
+from ppsim.policy.model import ALL_LAYERS, StagePolicy
 from ppsim.sim.summary import rank_tails
+
+
+def one_n(problem: Problem, policies: tuple[StagePolicy, ...]) -> tuple[StagePolicy, ...]:
+    """`policies` with one block count N for every stage where one N recomputes on each
+    stage the layers its own N does (N is capped at a stage's layers, so N = 9 on a stage
+    of 9 and N = 11 on stages of 11 are Megatron's one N = 11, or its uniform method);
+    as given otherwise."""
+    pc = problem.memory.costs
+    stages = problem.split.stages
+    if len({p.recompute_layers for p in policies}) < 2:
+        return policies
+    whole = [pc.recomputed(p, st.offset, st.layers) for p, st in zip(policies, stages,
+                                                                     strict=True)]
+    for n in (max(whole), ALL_LAYERS):  # the block method, then the uniform one
+        same = tuple(replace(p, recompute_layers=n) for p in policies)
+        if [pc.recomputed(p, st.offset, st.layers) for p, st in zip(same, stages,
+                                                                    strict=True)] == whole:
+            return same
+    return policies
 
 
 def policy_flags(problem: Problem, policies: tuple[StagePolicy, ...]) -> PolicyExport:
     """Megatron's flags of the problem's split run with `policies` (its per-rank offload
     step in bytes from what its first stage offloads per microbatch)."""
     pc = problem.memory.costs
+    policies = one_n(problem, policies)
     first = problem.split.stages[0]
     whole = replace(policies[0], offload_fraction=1.0)
     return policy_export(policies, problem.split.pp, pc.arch,
                          pc.host_bytes(whole, first.offset, first.layers))
+
+
+def with_policy_flags(exports: dict[str, Any], problem: Problem,
+                      policies: tuple[StagePolicy, ...]) -> dict[str, Any]:
+    """A split's exports (ppsim.pipeline.hybrid_exports.exports_of) with the policy's
+    Megatron flags after the split's; `megatron_flags` None, the policy's notes in
+    `megatron_note`, where Megatron cannot run the policy (the split's flags alone would
+    run another one). `problem`: the problem on that split."""
+    ex = policy_flags(problem, policies)
+    out = dict(exports)
+    if ex.megatron_flags is None:
+        out["megatron_flags"], out["megatron_note"] = None, "; ".join(ex.notes)
+    elif out["megatron_flags"] is not None and ex.megatron_flags:
+        out["megatron_flags"] = f"{out['megatron_flags']} {shlex.join(ex.megatron_flags)}"
+    return out
 
 
 def stage_policies(problem: Problem) -> list[dict[str, Any]]:

@@ -283,13 +283,15 @@ def plan_per_stage(problem: Problem, pc: PolicyCosts, budget_s: float) -> SpaceB
                                 for i in range(search.S)])
     p = replace(problem, costs=pc.base, memory=memory)
     r = plan(p, top_k=1, time_budget_s=budget_s)
-    if r.best is None:
-        return SpaceBest(space="per-stage", result=r)
+    if r.best is None:  # each stage took the policy that holds least (Cheapest)
+        return SpaceBest(space="per-stage", result=r, label=LEAST_HELD)
     policies = chosen_policies(r)
     return resimulated(SpaceBest(space="per-stage", result=r, policies=policies,
                                  label="per stage", proven=r.proven_optimal))
 
 
+LEAST_HELD = "each stage's policy that holds least"
+"""The per-stage space's label where no split fits: what its lowest peak was planned under."""
 PER_RANK = "per rank, on the best split found"
 """The per-stage space's label with several chunks per rank (refine_per_rank)."""
 

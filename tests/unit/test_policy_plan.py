@@ -141,6 +141,54 @@ def test_a_per_stage_policy_says_who_can_run_it() -> None:
         "--recompute-granularity selective --recompute-modules core_attn"
 
 
+def _stage_ns(ns: list[int], split: list[int], mtp: int = 0):
+    """A llama3-8b problem on `split` whose stage i recomputes its first ns[i] layers."""
+    from ppsim.config.schema import config_from_dict
+
+    cfg = config_from_dict({
+        "model": {"preset": "llama3-8b", "recompute": "none", "num_layers": sum(split) - mtp,
+                  "mtp_layers": mtp},
+        "pipeline": {"pp": len(split), "microbatches": 8, "split": split},
+        "hardware": {"preset": "h100-80gb"},
+        "memory": {"stage": [{"stage": i, "recompute_layers": n} for i, n in enumerate(ns)]}})
+    problem = build_problem(cfg)
+    return problem, problem.memory.policies
+
+
+@pytest.mark.parametrize(("ns", "split", "mtp", "flags"), [
+    # N capped at each stage's layers: Megatron's one block N recomputes the same layers.
+    ([3, 3, 2], [3, 3, 2], 0, "--recompute-method block --recompute-num-layers 3"),
+    ([2, 2, 1], [3, 3, 1], 0, "--recompute-method block --recompute-num-layers 2"),
+    # Every layer, the MTP layer too (the block method skips it): the uniform method.
+    ([3, ALL_LAYERS], [3, 2], 1, "--recompute-method uniform --recompute-num-layers 1"),
+    # The block method skips the MTP layer: N = 3 on its stage of 2 recomputes 1, as N = 1.
+    ([3, 1], [3, 2], 1, "--recompute-method block --recompute-num-layers 3"),
+])
+def test_a_per_stage_n_that_one_megatron_n_runs_gets_its_flags(ns, split, mtp, flags) -> None:
+    """Stage block counts that differ only where N passes a stage's (decoder) layers run as
+    Megatron's one N: its flags, not "differs per stage"."""
+    from ppsim.policy.report import policy_flags
+
+    problem, policies = _stage_ns(ns, split, mtp)
+    ex = policy_flags(problem, policies)
+    assert ex.megatron_flags is not None, ex.notes
+    assert shlex.join(ex.megatron_flags) == "--recompute-granularity full " + flags
+
+
+@pytest.mark.parametrize(("ns", "split", "mtp"), [
+    ([3, 2, 2], [3, 3, 2], 0),  # stage 1 recomputes 2 of its 3 layers, stage 0 all 3
+    # The MTP stage recomputes its MTP layer too, which only the uniform method does, but
+    # stage 0 recomputes 2 of its 3 layers, which only the block method does.
+    ([2, ALL_LAYERS], [3, 2], 1),
+])
+def test_a_per_stage_n_no_megatron_n_runs_is_refused(ns, split, mtp) -> None:
+    from ppsim.policy.report import policy_flags
+
+    problem, policies = _stage_ns(ns, split, mtp)
+    ex = policy_flags(problem, policies)
+    assert ex.megatron_flags is None and "differs per stage" in ex.notes[0]
+
+
 def test_policy_search_takes_no_other_axes(capsys) -> None:
     assert main([*PLAN, "--search", "policy,vpp"]) == 2
     err = capsys.readouterr().err.strip()
@@ -200,6 +248,42 @@ def test_plan_with_a_configured_policy_exports_it(mode: str, flags, capsys) -> N
         assert "--recompute-num-layers" in best["megatron_note"]
     else:
         assert best["megatron_flags"].endswith(flags)
+
+
+def test_plan_text_gives_a_configured_policy_as_its_json_does_and_it_simulates_back(
+        tmp_path) -> None:
+    """The text `Megatron:` line of a plan under a configured policy carries the policy's
+    flags, as best.megatron_flags does (it gave the split alone, which Megatron would run
+    without the policy): pasted into simulate it gives the planned iteration time."""
+    from tests.helpers import run_main
+
+    argv = ["--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "4",
+            "--microbatches", "8", "--recompute-granularity", "selective",
+            "--recompute-modules", "mlp"]
+    code, out, _ = run_main(["plan", *argv, "--time-budget", "2"])
+    assert code == 0
+    line = next(x for x in out.splitlines() if x.startswith("Megatron:"))
+    tokens = shlex.split(line.removeprefix("Megatron:"))
+    assert tokens[-4:] == ["--recompute-granularity", "selective", "--recompute-modules",
+                           "mlp"]
+    code, js, _ = run_main(["plan", *argv, "--time-budget", "2", "--json"])
+    best = json.loads(js)["best"]
+    assert shlex.join(tokens) == best["megatron_flags"]
+    code, js, _ = run_main(["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb",
+                            "--microbatches", "8", *tokens, "--json"])
+    sim = json.loads(js)
+    assert sim["iteration_time_ms"] == pytest.approx(best["iteration_time_ms"], rel=1e-12)
+    assert [r["peak_memory_bytes"] for r in sim["ranks"]] == best["peak_memory_bytes"]
+    # A per-stage policy Megatron cannot run: the text says so, as the JSON's note does.
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[model]\npreset = "llama3-8b"\n[hardware]\npreset = "h100-80gb"\n'
+                   '[pipeline]\npp = 4\nmicrobatches = 8\n[memory]\n'
+                   'recompute_modules = ["mlp"]\n[[memory.stage]]\nstage = 1\n'
+                   'recompute_modules = ["core_attn"]\n')
+    code, out, _ = run_main(["plan", "--config", str(cfg), "--time-budget", "2"])
+    line = next(x for x in out.splitlines() if x.startswith("Megatron:"))
+    assert line.startswith("Megatron:   n/a (") and "differs per stage" in line
+    assert "--num-layers" not in line
 
 
 def _chunked(memory_bytes: float):
@@ -336,6 +420,12 @@ def test_a_policy_search_that_fits_nothing_says_how_near_it_came(capsys) -> None
     assert "\n" not in err and "40.00 GB per rank" in err
     assert f"{peak / 1e9:.2f} GB on rank {rank}" in err and "--pp 8" in err
     assert "global: none" not in captured.out
+    # Each space names what its lowest peak was planned under (per-stage said "under :").
+    assert main([*argv, "--search", "policy,policy-per-stage"]) == 3
+    out = " ".join(capsys.readouterr().out.split())  # the console wraps long lines
+    assert out.count("no split fits") == 3 and "under :" not in out
+    assert "per-stage: no split fits; the lowest peak planned, under each stage's policy " \
+        "that holds least:" in out
 
 
 @pytest.mark.parametrize("top", ["0", "-3"])
