@@ -172,6 +172,9 @@ def _moe_args(a: Architecture) -> list[str]:
         return []
     out = ["--num-experts", str(a.num_experts), "--moe-router-topk", str(a.top_k),
            "--moe-ffn-hidden-size", str(a.moe_ffn_hidden_size)]
+    # Megatron refuses top-k 1 under its default softmax without it (megatron_router);
+    # where the softmax runs prices the same.
+    out += ["--moe-router-pre-softmax"] * (a.top_k == 1)
     if a.shared_width:
         out += ["--moe-shared-expert-intermediate-size",
                 str(a.shared_width)]

@@ -86,3 +86,16 @@ def test_a_model_as_megatron_arguments_reads_back_as_the_same_model(arch) -> Non
     args = megatron_model_args(arch)
     back = config_from_args(PARSER.parse_args(args)).model.arch
     assert arch_meaning(back) == arch_meaning(arch), args
+
+
+def test_a_top_one_router_reads_back() -> None:
+    """Before: a top-1 MoE's arguments lacked --moe-router-pre-softmax, and Megatron (as
+    ppsim) refuses top-k 1 under a softmax after the top-k."""
+    arch = parse_model({"kind": "transformer", "num_layers": 2, "hidden_size": 64,
+                        "num_heads": 4, "num_kv_heads": 4, "ffn_hidden_size": 256,
+                        "vocab_size": 512, "seq_length": 64, "num_experts": 4, "top_k": 1,
+                        "moe_ffn_hidden_size": 64}).arch
+    args = megatron_model_args(arch)
+    assert "--moe-router-pre-softmax" in args
+    back = config_from_args(PARSER.parse_args(args)).model.arch
+    assert arch_meaning(back) == arch_meaning(arch)
