@@ -16,7 +16,7 @@ all-to-all):
 
 A group inside one node runs at the NVLink figure; one that spans nodes runs its rings
 through the NICs of the members on each node, k of them giving k NICs' bandwidth, never
-more than NVLink's.
+more than NVLink's, k the fewest on any node it touches (Span.per_node).
 """
 
 from __future__ import annotations

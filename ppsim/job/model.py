@@ -31,7 +31,14 @@ from ppsim.job.collectives import Link, all_reduce_ms, link
 from ppsim.job.flops import iteration_flops, torchtitan_flops_per_token
 from ppsim.job.fsdp import FsdpSteps, fsdp_steps, megatron_buffer_bytes
 from ppsim.job.host_optimizer import HostOptimizer, host_optimizer, host_rates_known
-from ppsim.job.ranks import Sizes, Span, group_ranks, pipeline_hops, span
+from ppsim.job.ranks import (
+    Sizes,
+    Span,
+    pipeline_hops,
+    split_spans,
+    translates,
+    worst_span,
+)
 from ppsim.job.shape import JobShape, job_shape, tp_overlap_refusal
 from ppsim.job.tail import FirstChunk, Tail, first_chunk, rank_tail
 from ppsim.job.throughput import Throughput, throughput
@@ -43,7 +50,8 @@ DATA_PARALLEL_GROUPS = ("dp", "edp", "dp_shard", "dp_replica", "edp_shard", "edp
 
 @dataclass(frozen=True, kw_only=True)
 class Groups:
-    """Where each collective group of rank 0 sits."""
+    """Where each kind of collective group sits: its worst placed group
+    (ppsim.job.ranks.worst_span)."""
 
     tp: Span
     """The tensor-parallel group."""
@@ -316,27 +324,28 @@ def data_parallel(a: Architecture) -> str:
 @lru_cache(maxsize=256)
 def groups(sizes: Sizes, order: str, gpus_per_node: int, replicas: int = 1,
            cp_a2a: int = 1) -> Groups:
-    """The spans of rank 0's groups (cached: the planner asks for the same shapes often);
-    `replicas`: copies of the sharded state, each a contiguous 1 / replicas of the
+    """The spans of each kind's worst placed group (cached: the planner asks for the same
+    shapes often); `replicas`: copies of the sharded state, each a contiguous 1 / replicas of the
     data-parallel group (Megatron's partial distributed optimizer groups); `cp_a2a`: the
     ranks of a2a+p2p's all-to-all, consecutive in the cp group (Megatron's
     create_hierarchical_groups), its ring across them."""
+    def placed(dims: tuple[str, ...], experts: bool = False) -> list[list[int]]:
+        return translates(sizes, dims, gpus_per_node, order, experts)
+
     def where(dims: tuple[str, ...], experts: bool = False) -> Span:
-        return span(group_ranks(sizes, dims, order, experts), gpus_per_node)
+        return worst_span(placed(dims, experts), gpus_per_node)
 
     def split(dims: tuple[str, ...], experts: bool = False) -> tuple[Span, Span, Span]:
         """The whole group, one copy's block of it, and the ranks across the copies."""
-        ranks = group_ranks(sizes, dims, order, experts)
-        inner = max(1, len(ranks) // replicas)
-        return (span(ranks, gpus_per_node), span(ranks[:inner], gpus_per_node),
-                span(ranks[::inner], gpus_per_node))
+        every = placed(dims, experts)
+        inner = max(1, len(every[0]) // replicas)
+        return (worst_span(every, gpus_per_node), *split_spans(every, inner, gpus_per_node))
 
-    cp_ranks = group_ranks(sizes, ("cp",), order)
     dp, dp_shard, dp_replica = split(("cp", "dp"))
     edp, edp_shard, edp_replica = split(("dp",), experts=True)
-    return Groups(tp=where(("tp",)), cp=where(("cp",)),
-                  cp_a2a=span(cp_ranks[:cp_a2a], gpus_per_node),
-                  cp_p2p=span(cp_ranks[::cp_a2a], gpus_per_node), ep=where(("ep",), experts=True),
+    cp_a2a_span, cp_p2p_span = split_spans(placed(("cp",)), cp_a2a, gpus_per_node)
+    return Groups(tp=where(("tp",)), cp=where(("cp",)), cp_a2a=cp_a2a_span,
+                  cp_p2p=cp_p2p_span, ep=where(("ep",), experts=True),
                   etp=where(("tp",), experts=True),
                   dp=dp, edp=edp, dp_shard=dp_shard, dp_replica=dp_replica,
                   edp_shard=edp_shard, edp_replica=edp_replica,

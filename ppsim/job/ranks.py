@@ -7,11 +7,15 @@ tp x cp x dp x pp (ep plays no part); experts see it as etp x ep x edp x pp, in 
 order, with etp the expert tensor-parallel size (tp by default) and edp = tp x cp x dp /
 (etp x ep) (MoE parallel folding: expert groups may span the attention's tp ranks). A
 group is the set of ranks that differ only in its dimensions; what it costs depends on
-how many of its members share a node (ppsim.job.collectives).
+how many of its members share a node (ppsim.job.collectives). The groups of one kind are
+translates of rank 0's, and where gpus_per_node is not a power of two (72 on GB200
+NVL72) or a size is not, they fall on nodes differently: the job waits for the worst
+placed of them, so each kind is priced at that one (worst_span).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ppsim.costs.arch import expert_data_parallel
@@ -59,7 +63,8 @@ class Span:
     size: int
     """Ranks in the group."""
     per_node: int
-    """Most members on one node."""
+    """Fewest members on a node the group touches: that node's NICs carry all the
+    group's traffic in and out of it, so they bound its rings and all-to-alls."""
     nodes: int
     """Nodes the group touches."""
 
@@ -117,12 +122,47 @@ def span(ranks: list[int], gpus_per_node: int) -> Span:
     per: dict[int, int] = {}
     for r in ranks:
         per[r // gpus_per_node] = per.get(r // gpus_per_node, 0) + 1
-    return Span(size=len(ranks), per_node=max(per.values()), nodes=len(per))
+    return Span(size=len(ranks), per_node=min(per.values()), nodes=len(per))
+
+
+def worst_span(groups: Iterable[list[int]], gpus_per_node: int) -> Span:
+    """The span of the slowest of `groups`: one crossing nodes before any inside one, then
+    the fewest members on a node, then the most nodes."""
+    spans = [span(g, gpus_per_node) for g in groups]
+    return max(spans, key=lambda w: (w.crosses_nodes, -w.per_node, w.nodes))
+
+
+def translates(s: Sizes, dims: tuple[str, ...], gpus_per_node: int,
+               order: str = DEFAULT_ORDER, experts: bool = False) -> list[list[int]]:
+    """The groups over `dims`, one for each way they fall on nodes: rank 0's group moved
+    to each origin (a rank whose coordinates in `dims` are 0), origins alike modulo
+    gpus_per_node kept once, since rank o + x sits on node o // g + (o % g + x) // g."""
+    sizes = world_sizes(s, experts)
+    strides = _strides(sizes, parse_order(order))
+    found = {0: 0}  # origin modulo gpus_per_node -> one such origin
+    for d in parse_order(order):
+        if d not in dims:
+            found = {(o + k * strides[d]) % gpus_per_node: o + k * strides[d]
+                     for o in found.values() for k in range(sizes[d])}
+    base = group_ranks(s, dims, order, experts)
+    return [[o + r for r in base] for o in sorted(found.values())]
+
+
+def split_spans(groups: list[list[int]], inner: int, gpus_per_node: int
+                ) -> tuple[Span, Span]:
+    """The worst spans of the groups' blocks of `inner` consecutive members and of the
+    groups across those blocks (every inner-th member)."""
+    inner = max(1, inner)
+    blocks = [g[j:j + inner] for g in groups for j in range(0, len(g), inner)]
+    across = [g[j::inner] for g in groups for j in range(min(inner, len(g)))]
+    return worst_span(blocks, gpus_per_node), worst_span(across, gpus_per_node)
 
 
 def pipeline_hops(s: Sizes, gpus_per_node: int, order: str = DEFAULT_ORDER) -> list[bool]:
-    """For each pipeline boundary of rank 0's replica (stage i to i + 1): does it cross
-    nodes?"""
-    ranks = group_ranks(s, ("pp",), order)
-    return [a // gpus_per_node != b // gpus_per_node for a, b in zip(ranks, ranks[1:],
-                                                                      strict=False)]
+    """For each pipeline boundary (stage i to i + 1): does it cross nodes in any
+    replica?"""
+    hops = [False] * (s.pp - 1)
+    for ranks in translates(s, ("pp",), gpus_per_node, order):
+        for i, (a, b) in enumerate(zip(ranks, ranks[1:], strict=False)):
+            hops[i] = hops[i] or a // gpus_per_node != b // gpus_per_node
+    return hops
