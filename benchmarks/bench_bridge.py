@@ -75,6 +75,20 @@ class BridgeRun:
     hardware: str = "h100-80gb"
     tflops_per_gpu: float = 0.0
     """Published model TFLOP/s per GPU, where the line compares FLOPs a token (0: not)."""
+    nvlink_domain: int = 0
+    """GPUs the run placed in one NVLink domain, where its recipe sets fewer than the
+    preset's (0: the preset's gpus_per_node)."""
+
+
+def hardware_args(run: BridgeRun, folder: str) -> list[str]:
+    """--hardware for `run`: its preset, or a [hardware] table in `folder` that places
+    its NVLink domains as the run placed them."""
+    if not run.nvlink_domain:
+        return ["--hardware", run.hardware]
+    path = Path(folder) / "domain.toml"
+    path.write_text(f"[hardware]\npreset = {json.dumps(run.hardware)}\n"
+                    f"gpus_per_node = {run.nvlink_domain}\n")
+    return ["--hardware", str(path)]
 
 
 RUNS = [
@@ -236,7 +250,7 @@ bf16, force-balanced)."""
 
 GB200_DEEPSEEK_RUN = BridgeRun(
     name="DeepSeek-V3", preset="deepseek-v3", gpus=256, hardware="gb200-186gb",
-    tokens_per_gpu=0.0, tflops_per_gpu=970.01,
+    tokens_per_gpu=0.0, tflops_per_gpu=970.01, nvlink_domain=32,
     shape="--global-batch-size 2048 --micro-batch-size 1 --seq-length 4096 --tp 1 --pp 8 "
           "--ep 32 --etp 1 --pipeline-model-parallel-layout Et|(tt|)*30L --mtp-num-layers 0 "
           "--recompute-granularity selective --recompute-modules moe_act mlp --moe-grouped-gemm "
@@ -250,7 +264,8 @@ draft of 2025-10-30 published, from 494.46 before its steps): 256 GB200 in MXFP8
 pp 8 over the layout's 32 virtual stages, ep 32, MBS 1, GBS 2048, sequence 4096, no MTP,
 moe_act and mlp recomputed, HybridEP on 32 SMs, force-balanced, bf16 Adam moments, the
 distributed optimizer with both overlaps, partial CUDA graphs (not priced). Published in
-TFLOP/s only, so compared in TFLOP/s."""
+TFLOP/s only, so compared in TFLOP/s. Its ep 32 groups each in one NVLink domain: the guide
+has every 32 GPUs (8 nodes) scheduled to one rack (Slurm's --segment 8)."""
 GB200_DEEPSEEK_OVERLAPS = ["--use-distributed-optimizer", "--overlap-grad-reduce",
                            "--overlap-param-gather"]
 
@@ -284,7 +299,7 @@ def price(run: BridgeRun, fp8: bool, overlaps: list[str] = OVERLAPS,
     """`run` priced by ppsim: FP8-CS where `fp8`, or with the `precision` flags given."""
     precision = precision if precision is not None else FP8 if fp8 else []
     with tempfile.TemporaryDirectory() as tmp:
-        setup = ["--preset", run.preset, "--hardware", run.hardware]
+        setup = ["--preset", run.preset, *hardware_args(run, tmp)]
         if rates:  # the presets, the device's with these rates, from a config file
             path = Path(tmp) / "measured.toml"
             lines = [f"preset = {json.dumps(run.hardware)}",
@@ -329,9 +344,10 @@ def recipe_split_plan(run: BridgeRun, overlaps: list[str], precision: list[str],
     sizes = {k: int(words[words.index(k) + 1]) for k in ("--tp", "--pp")}
     dp = run.gpus // (sizes["--tp"] * sizes["--pp"])
     t0 = time.perf_counter()
-    doc = ppsim_json(["plan", "--preset", run.preset, "--hardware", run.hardware, "--dp",
-                      str(dp), "--vpp", str(vpp), *shape, *overlaps, *precision,
-                      "--compare", layout, "--json"])
+    with tempfile.TemporaryDirectory() as tmp:
+        doc = ppsim_json(["plan", "--preset", run.preset, *hardware_args(run, tmp), "--dp",
+                          str(dp), "--vpp", str(vpp), *shape, *overlaps, *precision,
+                          "--compare", layout, "--json"])
     ours = doc["compared"][0]
     print(f"plan of {run.name} on {run.gpus} {run.hardware} at its recipe's shape "
           f"({time.perf_counter() - t0:.1f} s): best {doc['best']['megatron_layout']} "
