@@ -8,6 +8,7 @@ the rest."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any
 
@@ -24,6 +25,7 @@ Optimizer's --export-force-local-attention does too."""
 GDP_SPECS = ("gdp_stack_spec", "gated_delta_product_stack_spec")
 """The hybrid stack specs that build Gated DeltaProduct mixers where the pattern has 'M'
 (megatron/core/models/hybrid/hybrid_layer_specs.py)."""
+HIERARCHICAL = "--hierarchical-context-parallel-sizes"
 FORCE_LOCAL = "megatron_run_export_force_local_attention"
 """Where argparse keeps --export-force-local-attention (ppsim.cli.megatron_run)."""
 
@@ -130,14 +132,21 @@ def _window_fields(size: str | None, freq: str | None) -> dict[str, Any]:
     return out
 
 
-def context_parallel_fields(get: Any) -> dict[str, Any]:
+def context_parallel_fields(get: Any, known: dict[str, Any]) -> dict[str, Any]:
     """The [model] fields of Megatron's --cp-comm-type and
-    --hierarchical-context-parallel-sizes (`get`: a flag's value by its dest)."""
+    --hierarchical-context-parallel-sizes (`get`: a flag's value by its dest; `known`: the
+    model's fields already). Megatron forms the hierarchical groups for any type, and
+    only a2a+p2p uses them: beside another they are checked and left unpriced."""
     out: dict[str, Any] = {}
     if get("cp_comm_type") is not None:
         out["cp_comm_type"] = _cp_comm_type(get("cp_comm_type"))
-    if get("hierarchical_context_parallel_sizes") is not None:
-        out["cp_a2a_size"] = _a2a_size(get("hierarchical_context_parallel_sizes"), get("cp"))
+    sizes = get("hierarchical_context_parallel_sizes")
+    if sizes is None:
+        return out
+    if out.get("cp_comm_type", known.get("cp_comm_type", "p2p")) == "a2a+p2p":
+        out["cp_a2a_size"] = _a2a_size(sizes, get("cp"))
+    else:
+        _sizes_make_cp(sizes, get("cp"))
     return out
 
 
@@ -156,11 +165,19 @@ def _cp_comm_type(kinds: list[str]) -> str:
 def _a2a_size(sizes: list[int], cp: int | None) -> int:
     """The all-to-all size of Megatron's --hierarchical-context-parallel-sizes, which
     a2a+p2p reads as two levels: its all-to-all's and its ring's, multiplying to cp."""
-    flag = "--hierarchical-context-parallel-sizes"
-    if len(sizes) != 2 or min(sizes) < 1:
-        raise UserError(flag, f"{' '.join(map(str, sizes))}: a2a+p2p takes two sizes, its "
-                        "all-to-all's and its ring's", "give two, e.g. 2 4 for cp 8")
-    if cp is not None and sizes[0] * sizes[1] != cp:
-        raise UserError(flag, f"{sizes[0]} x {sizes[1]} is not --context-parallel-size "
-                        f"({cp}), as Megatron asserts", "give sizes that multiply to cp")
+    if len(sizes) != 2:
+        raise UserError(HIERARCHICAL, f"{' '.join(map(str, sizes))}: a2a+p2p takes two "
+                        "sizes, its all-to-all's and its ring's", "give two, e.g. 2 4 for cp 8")
+    _sizes_make_cp(sizes, cp)
     return sizes[0]
+
+
+def _sizes_make_cp(sizes: list[int], cp: int | None) -> None:
+    """Megatron's assertion on the hierarchical sizes: they multiply to cp."""
+    if min(sizes) < 1:
+        raise UserError(HIERARCHICAL, f"{' '.join(map(str, sizes))}: a group size is at least "
+                        "1", "give sizes that multiply to cp, e.g. 2 4 for cp 8")
+    if cp is not None and math.prod(sizes) != cp:
+        raise UserError(HIERARCHICAL, f"{' x '.join(map(str, sizes))} is not "
+                        f"--context-parallel-size ({cp}), as Megatron asserts",
+                        "give sizes that multiply to cp")

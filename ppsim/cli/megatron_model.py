@@ -286,7 +286,7 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
     if get("untie_embeddings_and_output_weights"):
         out["tie_embeddings"] = False
     out.update(precision_fields(get))
-    out.update(context_parallel_fields(get))
+    out.update(context_parallel_fields(get, known))
     out.update(_optimizer_fields(get))
     out.update(_dtype_fields(get))
     out.update(_dropout_fields(get, known))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ppsim.costs.hybrid import KIND_SYMBOLS
 from ppsim.costs.kv_split import rank_kv_heads
 from ppsim.errors import UserError
 
@@ -36,6 +37,7 @@ def check_context_parallel(a: Any) -> None:
     refusal = cp_refusal(a, a.cp)
     if refusal is not None:
         raise refusal
+    _sparse_attention_gathers(a)
     if a.cp_comm_type == "a2a":
         _ulysses_heads(a, a.cp)
     if a.cp_comm_type == "a2a+p2p":
@@ -49,6 +51,18 @@ def check_context_parallel(a: Any) -> None:
                             f"({a.cp}): the hierarchical sizes multiply to it",
                             "give an all-to-all size that divides cp")
         _ulysses_heads(a, a.cp_a2a_size)
+
+
+def _sparse_attention_gathers(a: Any) -> None:
+    """DeepSeek sparse attention (the variant in every layer, or a hybrid stack's 'D'
+    layers) runs its own context parallelism, which gathers the keys alone: Megatron's
+    TransformerConfig and DSAttention assert cp_comm_type allgather (all_gather)."""
+    if a.cp_comm_type == "all_gather":
+        return
+    if a.experimental_attention_variant == "dsa" or KIND_SYMBOLS["dsa"] in a.hybrid_layer_pattern:
+        raise UserError("model.cp_comm_type", "DSAttention context parallelism currently "
+                        "supports cp_comm_type=allgather only. (Megatron's assertion; it "
+                        f"is {a.cp_comm_type})", "use --cp-comm-type all_gather, or cp 1")
 
 
 def _ulysses_heads(a: Any, size: int) -> None:

@@ -124,3 +124,22 @@ def test_its_ends_are_the_ring_and_ulysses() -> None:
 
     assert at("a2a+p2p", 4) == pytest.approx(at("a2a"))
     assert at("a2a+p2p", 1) == pytest.approx(at("p2p"))
+
+
+@pytest.mark.parametrize("kind, sizes", [(None, ["4", "2"]), ("all_gather", ["2", "2", "2"])])
+def test_megatron_forms_the_groups_beside_any_type_and_only_a2a_p2p_uses_them(
+        kind: str | None, sizes: list[str]) -> None:
+    """Megatron asserts only that the sizes multiply to cp (arguments.py) and builds the
+    groups for every type; TE's a2a+p2p alone reads them. Beside another type the line
+    runs as it does without them."""
+    base = ["simulate", "--preset", "llama3-8b", "--hardware", "h100-80gb", "--tp", "2",
+            "--cp", "8", "--pp", "1", "--seq-length", "32768", "--gpus", "16", "--json",
+            *(["--cp-comm-type", kind] if kind else [])]
+    code, out, err = _run([*base, "--hierarchical-context-parallel-sizes", *sizes])
+    assert code == 0, err
+    code, alone, err = _run(base)
+    assert code == 0, err
+    assert json.loads(out)["iteration_time_ms"] == json.loads(alone)["iteration_time_ms"]
+    assert json.loads(out)["job"]["cp_comm_type"] == (kind or "p2p")
+    code, _, err = _run([*base, "--hierarchical-context-parallel-sizes", "2", "2"])
+    assert code == 2 and "2 x 2 is not --context-parallel-size (8)" in err
