@@ -28,7 +28,7 @@ from ppsim.pipeline import split as splits
 from ppsim.pipeline.layout import parse_layout
 from ppsim.pipeline.messages import delay_ms, wire_ms
 from ppsim.pipeline.placement import Topology, topology
-from ppsim.pipeline.split import Split
+from ppsim.pipeline.split import Split, check_stages
 from ppsim.policy.setup import fixed_policy
 from ppsim.schedules.generators import (
     Schedule,
@@ -101,6 +101,7 @@ def model_costs(cfg: Config) -> ModelCosts:
     """Costs of the configured model: measured cost file, uniform, or transformer."""
     m = cfg.model
     check_shape(m.num_layers, cfg.pipeline.pp, cfg.pipeline.vpp, cfg.pipeline.microbatches)
+    check_stages(cfg.pipeline.pp, cfg.pipeline.vpp)
     if cfg.costs_file:
         return load_costs(cfg.costs_file, m.num_layers,
                           m.fields() if isinstance(m, TransformerModel) else None,

@@ -39,6 +39,13 @@ class Stage:
     mtp: int = 0  # how many of `layers` are MTP layers
 
 
+def check_stages(pp: object, vpp: object) -> None:
+    """Refuse a stage count no split has (pp and vpp whole, 1 or more), before the job
+    is laid out on ranks from it."""
+    _whole(pp, "pipeline.pp", "pp", 1)
+    _whole(vpp, "pipeline.vpp", "vpp", 1)
+
+
 def _whole(value: object, field: str, what: str, minimum: int) -> int:
     """`value` as an int >= minimum; bools and floats are mistakes, not numbers."""
     try:
