@@ -252,36 +252,18 @@ _REQUIRED = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "voc
              "seq_length")
 
 
-def transformer(raw: dict[str, Any]) -> None:
-    """Types and ranges of a transformer's merged fields (shapes are checked with the
-    costs): choices known, counts whole and bounded, the required widths present."""
-    for key, choices in _CHOICES.items():
-        if key in raw and raw[key] not in choices:
-            raise UserError(f"model.{key}", f"unknown value {raw[key]!r}",
-                            "use " + " | ".join(c or '""' for c in choices))
-    for key, low in [(k, 1) for k in _POSITIVE] + [(k, 0) for k in _COUNTS]:
-        if key in raw and typed(f"model.{key}", raw[key], int) < low:
-            raise UserError(f"model.{key}", f"must be at least {low}, got {raw[key]}",
-                            "use a whole number >= " + str(low))
-    for key in ("gated_mlp", "distributed_optimizer", "dropout", "tie_embeddings", "pad_vocab",
-                "grad_reduce_in_bf16", "grads_in_fp32", "precision_aware_optimizer", "fsdp",
-                "moe_pad_to_capacity", "fp8_param_gather", "first_last_layers_bf16",
-                "bias_swiglu_fusion", "gradient_accumulation_fusion", "unfused_attention",
-                "qk_layernorm", "sequence_parallel", "fp32_residual",
-                "attention_output_gate", "shared_expert_gate", "moe_permute_fusion",
-                "optimizer_cpu_offload", "overlap_cpu_optimizer_d2h_h2d", "fsdp_cpu_offload"):
-        if key in raw:
-            typed(f"model.{key}", raw[key], bool)
-    for key in ("layers", "window_attn_skip_freq", "linear_attention_freq"):
-        if key in raw:
-            typed(f"model.{key}", raw[key], str)
-    if "optimizer_offload_fraction" in raw:
-        number("model.optimizer_offload_fraction", raw["optimizer_offload_fraction"], hi=1.0,
-               fix="give the share of the optimizer's state on the host, 0 to 1")
-    if "moe_capacity_factor" in raw:
-        number("model.moe_capacity_factor", raw["moe_capacity_factor"], hi=1e3,
-               fix="give the capacity over an expert's even share, e.g. 1.0, or 0 for "
-               "dropless")
+_SWITCHES = ("gated_mlp", "distributed_optimizer", "dropout", "tie_embeddings", "pad_vocab",
+             "grad_reduce_in_bf16", "grads_in_fp32", "precision_aware_optimizer", "fsdp",
+             "moe_pad_to_capacity", "fp8_param_gather", "first_last_layers_bf16",
+             "bias_swiglu_fusion", "gradient_accumulation_fusion", "unfused_attention",
+             "qk_layernorm", "sequence_parallel", "fp32_residual",
+             "attention_output_gate", "shared_expert_gate", "moe_permute_fusion",
+             "optimizer_cpu_offload", "overlap_cpu_optimizer_d2h_h2d", "fsdp_cpu_offload")
+"""The transformer's boolean fields."""
+
+
+def _refused_pairs(raw: dict[str, Any]) -> None:
+    """Fields each valid alone that Megatron (or torchtitan) refuses together."""
     if raw.get("moe_pad_to_capacity") is True and not raw.get("moe_capacity_factor"):
         # Megatron's TransformerConfig raises this; ppsim would price the pad as dropless
         raise UserError("model.moe_pad_to_capacity", "moe_expert_capacity_factor must be "
@@ -297,6 +279,33 @@ def transformer(raw: dict[str, Any]) -> None:
         raise UserError("model.recompute", f"{OP_SAC} (torchtitan's SelectiveAC): "
                         + op_sac_refusal(raw), "use recompute full or none (torchtitan's "
                         "activation-checkpoint:full or :none)")
+
+
+def transformer(raw: dict[str, Any]) -> None:
+    """Types and ranges of a transformer's merged fields (shapes are checked with the
+    costs): choices known, counts whole and bounded, the required widths present."""
+    for key, choices in _CHOICES.items():
+        if key in raw and raw[key] not in choices:
+            raise UserError(f"model.{key}", f"unknown value {raw[key]!r}",
+                            "use " + " | ".join(c or '""' for c in choices))
+    for key, low in [(k, 1) for k in _POSITIVE] + [(k, 0) for k in _COUNTS]:
+        if key in raw and typed(f"model.{key}", raw[key], int) < low:
+            raise UserError(f"model.{key}", f"must be at least {low}, got {raw[key]}",
+                            "use a whole number >= " + str(low))
+    for key in _SWITCHES:
+        if key in raw:
+            typed(f"model.{key}", raw[key], bool)
+    for key in ("layers", "window_attn_skip_freq", "linear_attention_freq"):
+        if key in raw:
+            typed(f"model.{key}", raw[key], str)
+    if "optimizer_offload_fraction" in raw:
+        number("model.optimizer_offload_fraction", raw["optimizer_offload_fraction"], hi=1.0,
+               fix="give the share of the optimizer's state on the host, 0 to 1")
+    if "moe_capacity_factor" in raw:
+        number("model.moe_capacity_factor", raw["moe_capacity_factor"], hi=1e3,
+               fix="give the capacity over an expert's even share, e.g. 1.0, or 0 for "
+               "dropless")
+    _refused_pairs(raw)
     missing = [k for k in _REQUIRED if k not in raw]
     if missing:
         raise UserError(f"model.{missing[0]}", "missing for a transformer model",
