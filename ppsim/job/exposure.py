@@ -14,8 +14,10 @@ from ppsim.sim.summary import Summary, rank_tails
 
 
 def exposed_comm_ms(problem: Problem, summary: Summary) -> float:
-    """The busiest rank's communication: what the job adds to its layers over a lone
-    replica's (m microbatches of its share), and its step's exposed DP collectives."""
+    """The communication an iteration exposes, for the busiest rank: what the job's
+    collectives add to every layer over free links, spread evenly over the pipeline ranks
+    (the layers' extra over pp, times the m microbatches: an average rank's, not the
+    busiest rank's own layers), and the busiest rank's exposed step collectives."""
     job = problem.hardware.job
     if job is None:
         return 0.0
