@@ -20,14 +20,6 @@ def _code(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str
     return code, capsys.readouterr().err
 
 
-@pytest.fixture
-def sim_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
-    path = str(tmp_path / "sim.json")
-    assert main(["simulate", "--trace", path]) == 0
-    capsys.readouterr()
-    return path
-
-
 def _refused(capsys: pytest.CaptureFixture[str], argv: list[str], *words: str) -> None:
     code, err = _code(capsys, argv)
     assert code == 2, err

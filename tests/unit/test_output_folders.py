@@ -12,14 +12,6 @@ import pytest
 from ppsim.cli.main import main
 
 
-@pytest.fixture
-def sim_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
-    path = str(tmp_path / "sim.json")
-    assert main(["simulate", "--trace", path]) == 0
-    capsys.readouterr()
-    return path
-
-
 def _one_line_refusal(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     code = main(argv)
     err = capsys.readouterr().err
