@@ -204,7 +204,8 @@ def test_text_output_lists_the_spaces(capsys) -> None:
 def test_text_output_gives_the_fastest_split_and_policy_as_flags(capsys) -> None:
     # It printed the policy's flags alone: the planned split had no flags to paste.
     argv = ["plan", "--preset", "llama3-70b", "--hardware", "h100-80gb", "--pp", "4",
-            "--microbatches", "16", "--memory-gb", "50", "--search", "policy"]
+            "--microbatches", "16", "--memory-gb", "50", "--search", "policy",
+            "--time-budget", "2"]
     assert main(argv) == 0
     out = capsys.readouterr().out.splitlines()
     space = next(x for x in out if x.startswith("fastest: ")).split()[1]
