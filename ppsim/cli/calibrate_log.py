@@ -36,6 +36,19 @@ def _iteration_ms(cfg: Config, factor: float) -> float:
     return simulator()(build_problem(scaled), record=False).summary.iteration_time_ms
 
 
+def log_refusal(cfg: Config) -> UserError | None:
+    """Why --log cannot calibrate this job's rates (None: it can); simulate --compare-log
+    names calibrate --log only where this is None."""
+    if cfg.costs_file:
+        return UserError("--costs", "--log scales the hardware's kernel rates, which a cost "
+                         "file replaces", "drop --costs (a cost file calibrates on a trace: "
+                         "ppsim calibrate TRACE)")
+    if not isinstance(cfg.model, TransformerModel):
+        return UserError("model.kind", "--log scales a transformer's kernel rates; a uniform "
+                         "model's costs are given", "give a preset or Megatron's model flags")
+    return None
+
+
 def _same_job(c: LogComparison, log: str) -> str:
     """The key the fit compares on; refuses a log of another job or of warm-up alone."""
     if c.global_batch_sizes is not None:
@@ -78,13 +91,8 @@ def cmd_calibrate_log(args: argparse.Namespace) -> int:
     out = args.hardware_out or DEFAULT_OUT
     cfg, assumed = assume_hardware(args, config_from_args(args))
     outputs_apart(args, {"--hardware-out": out}, {"--log": args.log}, cfg=cfg)
-    if cfg.costs_file:
-        raise UserError("--costs", "--log scales the hardware's kernel rates, which a cost "
-                        "file replaces", "drop --costs (a cost file calibrates on a trace: "
-                        "ppsim calibrate TRACE)")
-    if not isinstance(cfg.model, TransformerModel):
-        raise UserError("model.kind", "--log scales a transformer's kernel rates; a uniform "
-                        "model's costs are given", "give a preset or Megatron's model flags")
+    if (refused := log_refusal(cfg)) is not None:
+        raise refused
     logged = read_job_log(args.log, "--log")
     problem = build_problem(cfg)
     before = simulator()(problem, record=False).summary

@@ -21,7 +21,8 @@ from ppsim.config.compute_scale import (
 )
 from ppsim.config.overrides import with_overrides
 from ppsim.config.schema import load_config
-from ppsim.pipeline.problem import build_problem
+from ppsim.costs.costfile import cost_document, write_costs
+from ppsim.pipeline.problem import build_problem, model_costs
 from ppsim.sim.engines import simulator
 from tests.helpers import run_cli
 from tests.unit.test_joblog import megatron_line, torchtitan_line
@@ -188,3 +189,22 @@ def test_a_log_that_cannot_be_read_is_named_as_calibrates_flag(tmp_path, text, s
     ran = run_cli(["calibrate", "--log", str(log), *JOB])
     assert ran.returncode == 2
     assert ran.stderr.startswith("ppsim calibrate: error: --log: ") and says in ran.stderr
+
+
+def test_a_compared_log_names_calibrate_only_where_it_can_take_the_job(tmp_path) -> None:
+    """Before: a job priced by a cost file was told to run calibrate --log, which refuses
+    --costs (a cost file's times replace the rates it scales)."""
+    costs = tmp_path / "costs.json"
+    default = load_config(None)
+    write_costs(str(costs), cost_document(model_costs(default), source="hand",
+                                          model=default.model.fields()))
+    logged = round(_simulated(["--costs", str(costs)])["iteration_time_ms"] * 1.5, 1)
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(megatron_line(i, logged, None, 16) for i in (10, 20, 30)))
+    for flags, named in (([], True), (["--costs", str(costs)], False)):
+        ran = run_cli(["simulate", *flags, "--compare-log", str(log)])
+        assert ran.returncode == 0, ran.stderr
+        assert "(-33.3%)" in ran.stdout
+        assert ("ppsim calibrate --log" in ran.stdout) == named
+    refused = run_cli(["calibrate", "--log", str(log), "--costs", str(costs)])
+    assert refused.returncode == 2 and "error: --costs:" in refused.stderr
