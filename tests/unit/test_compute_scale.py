@@ -208,3 +208,19 @@ def test_a_compared_log_names_calibrate_only_where_it_can_take_the_job(tmp_path)
         assert ("ppsim calibrate --log" in ran.stdout) == named
     refused = run_cli(["calibrate", "--log", str(log), "--costs", str(costs)])
     assert refused.returncode == 2 and "error: --costs:" in refused.stderr
+
+
+@pytest.mark.parametrize("name", ["hw.toml", "HW.TOML"])
+def test_a_hardware_files_bad_field_names_the_file(tmp_path, name) -> None:
+    """Before: beside --config's own [hardware], `hardware.efficiency` pointed at neither
+    file; and a file named .TOML was looked up as a preset."""
+    config, path = tmp_path / "job.toml", tmp_path / name
+    config.write_text('[model]\npreset = "llama3-8b"\n[hardware]\npreset = "h100-80gb"\n')
+    path.write_text('[hardware]\npreset = "h100-80gb"\nefficiency = nan\n')
+    ran = run_cli(["simulate", "--config", str(config), "--hardware", str(path)])
+    assert ran.returncode == 2
+    assert ran.stderr.startswith(f"ppsim simulate: error: --hardware {path}: "
+                                 "hardware.efficiency: must be a finite number"), ran.stderr
+    path.write_text('[hardware]\npreset = "h100-80gb"\nefficiency = 0.4\n')
+    assert run_cli(["simulate", "--config", str(config), "--hardware", str(path)]
+                   ).returncode == 0
