@@ -71,13 +71,16 @@ def _same_job(c: LogComparison, log: str) -> str:
     return key
 
 
-def _no_scale(miss: NoScale, target_ms: float) -> UserError:
+def _no_scale(miss: NoScale, target_ms: float, peak: bool) -> UserError:
+    """`peak`: the fastest factor tried puts the best matmul at the device's peak (else it
+    is SCALE_RANGE's end)."""
     if miss.fastest_ms > target_ms:
+        at = ", the best matmul at the device's peak" if peak else ""
         return UserError("--log", f"the logged iteration, {target_ms:,.1f} ms, is shorter than "
                          f"the job simulates with its kernels at {1 / miss.low:.2f}x the "
-                         f"hardware's rates ({miss.fastest_ms:,.1f} ms: its communication and "
-                         "bubble alone)", "check the job's shape, batch and overlaps against "
-                         "the logged run's, and the [hardware] links")
+                         f"hardware's rates ({miss.fastest_ms:,.1f} ms{at})", "check the "
+                         "job's shape, batch and overlaps against the logged run's, and the "
+                         "[hardware] peak and links")
     return UserError("--log", f"the logged iteration, {target_ms:,.1f} ms, is longer than the "
                      f"job simulates with its kernels {miss.high:.0f}x slower "
                      f"({miss.slowest_ms:,.1f} ms)", "check the job's shape and batch against "
@@ -104,7 +107,7 @@ def cmd_calibrate_log(args: argparse.Namespace) -> int:
     low = max(SCALE_RANGE[0], fastest_scale(cfg.hardware))
     fit = fit_scale(lambda k: _iteration_ms(cfg, k), target_ms, low, SCALE_RANGE[1])
     if isinstance(fit, NoScale):
-        raise _no_scale(fit, target_ms)
+        raise _no_scale(fit, target_ms, low > SCALE_RANGE[0])
     hardware = scaled_compute(cfg.hardware, fit.factor)
     with output("--hardware-out", out):
         write_text_atomic(out, _table(args.log, c, key, fit.factor, hardware))

@@ -224,3 +224,18 @@ def test_a_hardware_files_bad_field_names_the_file(tmp_path, name) -> None:
     path.write_text('[hardware]\npreset = "h100-80gb"\nefficiency = 0.4\n')
     assert run_cli(["simulate", "--config", str(config), "--hardware", str(path)]
                    ).returncode == 0
+
+
+def test_a_log_faster_than_the_devices_peak_is_refused_as_that(tmp_path) -> None:
+    """Before: the refusal called the fastest simulation 'its communication and bubble
+    alone', though on one GPU it is all kernels, with the best matmul at the peak."""
+    job = ["--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "1",
+           "--microbatches", "2"]
+    peak = fastest_scale(ONE_GPU.hardware)
+    log = _megatron_log(tmp_path / "train.log", round(BASE_MS * peak * 0.95, 1), gbs=2)
+    ran = run_cli(["calibrate", "--log", str(log), *job, "--hardware-out",
+                   str(tmp_path / "hw.toml")])
+    assert ran.returncode == 2
+    at_peak = f"{BASE_MS * peak:,.1f} ms, the best matmul at the device's peak"
+    assert f"kernels at {1 / peak:.2f}x the hardware's rates ({at_peak})" in ran.stderr
+    assert "communication" not in ran.stderr
