@@ -174,10 +174,10 @@ def test_a_hardware_file_that_cannot_be_read_is_refused(tmp_path, text, says) ->
 def test_a_compared_log_far_off_names_calibrate(tmp_path, off, named) -> None:
     """Before: the comparison said how far off, and nothing of what to do about it."""
     logged = round(_simulated(JOB)["iteration_time_ms"] * off, 1)
-    log = _megatron_log(tmp_path / "train.log", logged)
+    log = _megatron_log(tmp_path / "train log.txt", logged)  # named as a shell takes it
     ran = run_cli(["simulate", *JOB, "--compare-log", str(log)])
     assert ran.returncode == 0, ran.stderr
-    assert (f"ppsim calibrate --log {log}" in ran.stdout) == named
+    assert (f"ppsim calibrate --log '{log}' with" in ran.stdout) == named
 
 
 @pytest.mark.parametrize("text, says", [(None, "cannot read"), ("\n", "has no line")])
