@@ -36,6 +36,19 @@ def _iteration_ms(cfg: Config, factor: float) -> float:
     return simulator()(build_problem(scaled), record=False).summary.iteration_time_ms
 
 
+def log_refusal(cfg: Config) -> UserError | None:
+    """Why --log cannot calibrate this job's rates (None: it can); simulate --compare-log
+    names calibrate --log only where this is None."""
+    if cfg.costs_file:
+        return UserError("--costs", "--log scales the hardware's kernel rates, which a cost "
+                         "file replaces", "drop --costs (a cost file calibrates on a trace: "
+                         "ppsim calibrate TRACE)")
+    if not isinstance(cfg.model, TransformerModel):
+        return UserError("model.kind", "--log scales a transformer's kernel rates; a uniform "
+                         "model's costs are given", "give a preset or Megatron's model flags")
+    return None
+
+
 def _same_job(c: LogComparison, log: str) -> str:
     """The key the fit compares on; refuses a log of another job or of warm-up alone."""
     if c.global_batch_sizes is not None:
@@ -58,13 +71,16 @@ def _same_job(c: LogComparison, log: str) -> str:
     return key
 
 
-def _no_scale(miss: NoScale, target_ms: float) -> UserError:
+def _no_scale(miss: NoScale, target_ms: float, peak: bool) -> UserError:
+    """`peak`: the fastest factor tried puts the best matmul at the device's peak (else it
+    is SCALE_RANGE's end)."""
     if miss.fastest_ms > target_ms:
+        at = ", the best matmul at the device's peak" if peak else ""
         return UserError("--log", f"the logged iteration, {target_ms:,.1f} ms, is shorter than "
                          f"the job simulates with its kernels at {1 / miss.low:.2f}x the "
-                         f"hardware's rates ({miss.fastest_ms:,.1f} ms: its communication and "
-                         "bubble alone)", "check the job's shape, batch and overlaps against "
-                         "the logged run's, and the [hardware] links")
+                         f"hardware's rates ({miss.fastest_ms:,.1f} ms{at})", "check the "
+                         "job's shape, batch and overlaps against the logged run's, and the "
+                         "[hardware] peak and links")
     return UserError("--log", f"the logged iteration, {target_ms:,.1f} ms, is longer than the "
                      f"job simulates with its kernels {miss.high:.0f}x slower "
                      f"({miss.slowest_ms:,.1f} ms)", "check the job's shape and batch against "
@@ -78,13 +94,8 @@ def cmd_calibrate_log(args: argparse.Namespace) -> int:
     out = args.hardware_out or DEFAULT_OUT
     cfg, assumed = assume_hardware(args, config_from_args(args))
     outputs_apart(args, {"--hardware-out": out}, {"--log": args.log}, cfg=cfg)
-    if cfg.costs_file:
-        raise UserError("--costs", "--log scales the hardware's kernel rates, which a cost "
-                        "file replaces", "drop --costs (a cost file calibrates on a trace: "
-                        "ppsim calibrate TRACE)")
-    if not isinstance(cfg.model, TransformerModel):
-        raise UserError("model.kind", "--log scales a transformer's kernel rates; a uniform "
-                        "model's costs are given", "give a preset or Megatron's model flags")
+    if (refused := log_refusal(cfg)) is not None:
+        raise refused
     logged = read_job_log(args.log, "--log")
     problem = build_problem(cfg)
     before = simulator()(problem, record=False).summary
@@ -96,7 +107,7 @@ def cmd_calibrate_log(args: argparse.Namespace) -> int:
     low = max(SCALE_RANGE[0], fastest_scale(cfg.hardware))
     fit = fit_scale(lambda k: _iteration_ms(cfg, k), target_ms, low, SCALE_RANGE[1])
     if isinstance(fit, NoScale):
-        raise _no_scale(fit, target_ms)
+        raise _no_scale(fit, target_ms, low > SCALE_RANGE[0])
     hardware = scaled_compute(cfg.hardware, fit.factor)
     with output("--hardware-out", out):
         write_text_atomic(out, _table(args.log, c, key, fit.factor, hardware))

@@ -5,6 +5,7 @@ by its own FLOP count, DeepSpeed's samples/s; and each stage's logged peak memor
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -198,5 +199,6 @@ def calibrate_hint(c: LogComparison, log: str) -> str | None:
         return None
     if abs(time_ratio(c, key) - 1) <= CALIBRATE_HINT_ERROR:
         return None
-    return (f"to price plans at the rate this log measured: ppsim calibrate --log {log} "
+    return (f"to price plans at the rate this log measured: ppsim calibrate --log "
+            f"{shlex.quote(log)} "
             "with these flags, then --hardware with the table it writes")

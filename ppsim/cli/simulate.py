@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from ppsim.cautions import flags_group, simulate_cautions, split_cautions
+from ppsim.cli.calibrate_log import log_refusal
 from ppsim.cli.flag_values import nonempty
 from ppsim.cli.flags import (
     add_config_flags,
@@ -206,8 +207,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     _print_simulation(sim)
     if logged:
         compared = compared_with(logged, problem, s)
-        for line in (comparison_line(compared), memory_line(compared),
-                     calibrate_hint(compared, args.compare_log)):
+        hint = calibrate_hint(compared, args.compare_log) if log_refusal(cfg) is None \
+            else None  # calibrate --log would refuse this job
+        for line in (comparison_line(compared), memory_line(compared), hint):
             if line:
                 print(line)
     warn_host(policy_json(problem), cfg.hardware)

@@ -15,8 +15,7 @@ from ppsim.config.schema import (
     Config,
     PipelineConfig,
     check_config,
-    hardware_config,
-    hardware_table,
+    hardware_choice,
 )
 from ppsim.config.state_rules import HOST_OPTIMIZER_KEYS
 from ppsim.costs.state import OPTIMIZER_DTYPES
@@ -85,7 +84,7 @@ def with_overrides(cfg: Config, *, preset: str | None = None,
     pipe = replace(cfg.pipeline, **pipe_changes)
     if split is not None:
         pipe = with_split(pipe, **split)
-    hw = hardware_config(hardware_table(hardware)) if hardware else replace(cfg.hardware)
+    hw = hardware_choice(hardware) if hardware else replace(cfg.hardware)
     if memory_bytes is not None:
         hw.memory_bytes = memory_bytes
     place = replace(cfg.placement)

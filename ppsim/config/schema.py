@@ -303,11 +303,21 @@ def hardware_config(table: dict[str, Any]) -> HardwareConfig:
     return hw
 
 
+def hardware_choice(choice: str) -> HardwareConfig:
+    """--hardware's hardware: a preset's, or a TOML file's [hardware] table (what `ppsim
+    calibrate --log` and `ppsim profile --hardware-out` write), whose errors name the file
+    (beside --config's [hardware], `hardware.FIELD` alone points at neither)."""
+    if not choice.lower().endswith(".toml"):
+        return hardware_config({"preset": choice})
+    table = hardware_table(choice)
+    try:
+        return hardware_config(table)
+    except UserError as exc:
+        raise UserError(f"--hardware {choice}: {exc.field}", exc.problem, exc.fix) from None
+
+
 def hardware_table(choice: str) -> dict[str, Any]:
-    """--hardware's [hardware] table: a preset's name, or a TOML file's table (what `ppsim
-    calibrate --log` and `ppsim profile --hardware-out` write)."""
-    if not choice.endswith(".toml"):
-        return {"preset": choice}
+    """A --hardware TOML file's [hardware] table."""
     data = parse_toml(files.read_text("--hardware", choice, files.MAX_CONFIG_BYTES,
                                       "TOML [hardware] file"), choice)
     table = data.get("hardware")

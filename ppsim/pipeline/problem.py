@@ -205,7 +205,8 @@ def build_problem(cfg: Config, costs: ModelCosts | None = None) -> Problem:
     schedule = build_schedule(name, p.pp, split.vpp, p.microbatches, p.microbatch_group_size,
                               combined=p.overlap_moe_expert_parallel_comm)
     hw = hardware(cfg)
-    return with_policy(cfg, Problem(costs, split, schedule, hw, _topology(cfg, hw), pattern))
+    return with_policy(cfg, Problem(costs, split, schedule, hw, run_topology(cfg, hw),
+                                    pattern))
 
 
 def split_schedule_name(cfg: Config, split: Split) -> str:
@@ -230,7 +231,7 @@ def with_policy(cfg: Config, problem: Problem) -> Problem:
     return replace(problem, costs=memory.costs.base, memory=memory)
 
 
-def _topology(cfg: Config, hw: Hardware) -> Topology | None:
+def run_topology(cfg: Config, hw: Hardware) -> Topology | None:
     """The placement's shared resources (None: the private, classic model). A measured
     cost file supplies the per-message CPU times and the context-switch cost unless the
     placement sets them."""
@@ -284,7 +285,7 @@ def _csv_problem(cfg: Config, costs: ModelCosts) -> Problem:
         raise UserError("pipeline.layout", f"has {split.vpp} stages per rank but the actions "
                         f"CSV runs {schedule.vpp}", "give a layout with as many stages as the CSV")
     hw = hardware(cfg)
-    return with_policy(cfg, Problem(costs, split, schedule, hw, _topology(cfg, hw),
+    return with_policy(cfg, Problem(costs, split, schedule, hw, run_topology(cfg, hw),
                                     hybrid_pattern(cfg)))
 
 

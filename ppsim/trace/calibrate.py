@@ -16,7 +16,7 @@ from ppsim.costs.model import LayerCost, ModelCosts, input_grad_ms, stage_costs
 from ppsim.errors import UserError
 from ppsim.job.throughput import job_info
 from ppsim.pipeline.messages import wire_ms
-from ppsim.pipeline.problem import Hardware, Problem, hardware, model_costs
+from ppsim.pipeline.problem import Hardware, Problem, hardware, model_costs, run_topology
 from ppsim.pipeline.split import split_from_counts
 from ppsim.schedules.generators import Action, Schedule, validate
 from ppsim.sim.simulate import simulate
@@ -328,7 +328,9 @@ def calibrate(trace: Trace, cfg: Config, how: str = "mean") -> Calibration:
                         "pass the --config (or --preset) the trace was recorded with") from None
     hw = hardware(cfg)
     _check_same_job(trace, hw.job)
-    before = Problem(base, split, schedule, hw)
+    # 'before' is what simulate --costs BASE gives, the base file's shared cores and
+    # per-message CPU included; 'after' prices none (KEPT_CONDITIONS).
+    before = Problem(base, split, schedule, hw, run_topology(cfg, hw))
     predicted = _predicted_ms(base, before)
     timings, delays = op_timings(trace, its, schedule, grouped)
     factors, head = fit_factors(timings, predicted, base, schedule, how)

@@ -21,7 +21,8 @@ from ppsim.config.compute_scale import (
 )
 from ppsim.config.overrides import with_overrides
 from ppsim.config.schema import load_config
-from ppsim.pipeline.problem import build_problem
+from ppsim.costs.costfile import cost_document, write_costs
+from ppsim.pipeline.problem import build_problem, model_costs
 from ppsim.sim.engines import simulator
 from tests.helpers import run_cli
 from tests.unit.test_joblog import megatron_line, torchtitan_line
@@ -173,10 +174,10 @@ def test_a_hardware_file_that_cannot_be_read_is_refused(tmp_path, text, says) ->
 def test_a_compared_log_far_off_names_calibrate(tmp_path, off, named) -> None:
     """Before: the comparison said how far off, and nothing of what to do about it."""
     logged = round(_simulated(JOB)["iteration_time_ms"] * off, 1)
-    log = _megatron_log(tmp_path / "train.log", logged)
+    log = _megatron_log(tmp_path / "train log.txt", logged)  # named as a shell takes it
     ran = run_cli(["simulate", *JOB, "--compare-log", str(log)])
     assert ran.returncode == 0, ran.stderr
-    assert (f"ppsim calibrate --log {log}" in ran.stdout) == named
+    assert (f"ppsim calibrate --log '{log}' with" in ran.stdout) == named
 
 
 @pytest.mark.parametrize("text, says", [(None, "cannot read"), ("\n", "has no line")])
@@ -188,3 +189,53 @@ def test_a_log_that_cannot_be_read_is_named_as_calibrates_flag(tmp_path, text, s
     ran = run_cli(["calibrate", "--log", str(log), *JOB])
     assert ran.returncode == 2
     assert ran.stderr.startswith("ppsim calibrate: error: --log: ") and says in ran.stderr
+
+
+def test_a_compared_log_names_calibrate_only_where_it_can_take_the_job(tmp_path) -> None:
+    """Before: a job priced by a cost file was told to run calibrate --log, which refuses
+    --costs (a cost file's times replace the rates it scales)."""
+    costs = tmp_path / "costs.json"
+    default = load_config(None)
+    write_costs(str(costs), cost_document(model_costs(default), source="hand",
+                                          model=default.model.fields()))
+    logged = round(_simulated(["--costs", str(costs)])["iteration_time_ms"] * 1.5, 1)
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(megatron_line(i, logged, None, 16) for i in (10, 20, 30)))
+    for flags, named in (([], True), (["--costs", str(costs)], False)):
+        ran = run_cli(["simulate", *flags, "--compare-log", str(log)])
+        assert ran.returncode == 0, ran.stderr
+        assert "(-33.3%)" in ran.stdout
+        assert ("ppsim calibrate --log" in ran.stdout) == named
+    refused = run_cli(["calibrate", "--log", str(log), "--costs", str(costs)])
+    assert refused.returncode == 2 and "error: --costs:" in refused.stderr
+
+
+@pytest.mark.parametrize("name", ["hw.toml", "HW.TOML"])
+def test_a_hardware_files_bad_field_names_the_file(tmp_path, name) -> None:
+    """Before: beside --config's own [hardware], `hardware.efficiency` pointed at neither
+    file; and a file named .TOML was looked up as a preset."""
+    config, path = tmp_path / "job.toml", tmp_path / name
+    config.write_text('[model]\npreset = "llama3-8b"\n[hardware]\npreset = "h100-80gb"\n')
+    path.write_text('[hardware]\npreset = "h100-80gb"\nefficiency = nan\n')
+    ran = run_cli(["simulate", "--config", str(config), "--hardware", str(path)])
+    assert ran.returncode == 2
+    assert ran.stderr.startswith(f"ppsim simulate: error: --hardware {path}: "
+                                 "hardware.efficiency: must be a finite number"), ran.stderr
+    path.write_text('[hardware]\npreset = "h100-80gb"\nefficiency = 0.4\n')
+    assert run_cli(["simulate", "--config", str(config), "--hardware", str(path)]
+                   ).returncode == 0
+
+
+def test_a_log_faster_than_the_devices_peak_is_refused_as_that(tmp_path) -> None:
+    """Before: the refusal called the fastest simulation 'its communication and bubble
+    alone', though on one GPU it is all kernels, with the best matmul at the peak."""
+    job = ["--preset", "llama3-8b", "--hardware", "h100-80gb", "--pp", "1",
+           "--microbatches", "2"]
+    peak = fastest_scale(ONE_GPU.hardware)
+    log = _megatron_log(tmp_path / "train.log", round(BASE_MS * peak * 0.95, 1), gbs=2)
+    ran = run_cli(["calibrate", "--log", str(log), *job, "--hardware-out",
+                   str(tmp_path / "hw.toml")])
+    assert ran.returncode == 2
+    at_peak = f"{BASE_MS * peak:,.1f} ms, the best matmul at the device's peak"
+    assert f"kernels at {1 / peak:.2f}x the hardware's rates ({at_peak})" in ran.stderr
+    assert "communication" not in ran.stderr

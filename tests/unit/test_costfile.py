@@ -371,3 +371,25 @@ def test_calibrate_fits_the_head_on_its_split_backward_path(
     res = json.loads(capsys.readouterr().out)
     assert res["head_factors"]["B"] == pytest.approx(2.0)
     assert abs(res["error_after"]) < 1e-9
+
+
+def test_calibrate_before_is_the_time_the_base_file_simulates_to(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """calibrate's 'before' priced the trace's schedule with the base file's op times but
+    without its shared cores and per-message CPU, so it read shorter than simulate --costs
+    BASE (which keeps them): the error it printed was not the base file's."""
+    base = model_costs(DEFAULT)
+    conditions = {"devices": [0, 0], "processes": 2, "cores": 1, "message_cpu_ms": 0.3,
+                  "context_switch_ms": 0.01, "local_message_cpu_ms": 0.2}
+    profiled = _write(tmp_path / "profiled.json", base, conditions=conditions,
+                      p2p={"latency_ms": 0.1, "bandwidth_gbps": 1.0})
+    truth = _write(tmp_path / "truth.json", _scaled(base, f=1.3, b=0.8),
+                   p2p={"latency_ms": 0.4, "bandwidth_gbps": 1.0})
+    trace = tmp_path / "sim.json"
+    assert main(["simulate", "--costs", truth, "--trace", str(trace)]) == 0
+    capsys.readouterr()
+    assert main(["calibrate", str(trace), "--costs", profiled, "--out",
+                 str(tmp_path / "cal.json"), "--json"]) == 0
+    before = json.loads(capsys.readouterr().out)["predicted_before_ms"]
+    assert _simulate_json(capsys, "--costs", profiled)["iteration_time_ms"] == \
+        pytest.approx(before)

@@ -28,7 +28,9 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     ["costs", "--costs", ""], ["simulate", "--actions-csv="], ["schedule", "--hardware", ""],
     ["simulate", "--compare-log", ""], ["tui", "--preset", ""],
     ["run", "--print-launch", "--model", ""], ["run", "--print-launch", "--versus", ""],
-    ["profile", "--model", ""]])
+    ["profile", "--model", ""], ["profile", "--out", ""], ["profile", "--hardware-out", " "],
+    ["calibrate", "--hardware-out", "", "--log", "train.log"],
+    ["calibrate", "--out", "", "trace.json"]])
 def test_an_empty_name_or_path_is_refused_not_read_as_no_flag(
         argv: list[str], capsys: pytest.CaptureFixture[str], tmp_path,
         monkeypatch: pytest.MonkeyPatch) -> None:
