@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from itertools import product
 from typing import Any
 
-from ppsim.costs.arch import expert_data_parallel
+from ppsim.costs.experts import expert_data_parallel
 from ppsim.costs.kv_split import kv_split_problem, rank_kv_heads
 from ppsim.costs.layerops import (
     loss_chunks_problem,
