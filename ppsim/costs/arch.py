@@ -39,6 +39,10 @@ class Architecture(ExpertShape):
     """A gated MLP's activation: "swiglu" (Megatron --swiglu, SiLU) or "quick_geglu"
     (--quick-geglu, gpt-oss's): the same matmuls, but Megatron's FLOP count takes a
     gated MLP's third matrix only with --swiglu."""
+    linear_bias: bool = False
+    """The linears add biases (Megatron's add_bias_linear, its default unless
+    --disable-bias-linear): not priced (a vector a matmul); Megatron builds them in no
+    shared expert and in routed experts only at etp 1 (ppsim.costs.experts)."""
     dtype: str = "bf16"
     """Training dtype: bf16, fp16 or fp32."""
     fp32_residual: bool = False

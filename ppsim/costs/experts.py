@@ -13,6 +13,14 @@ def expert_data_parallel(tp: int, cp: int, dp: int, etp: int, ep: int) -> int:
     return max(1, tp * cp * dp // (etp * ep))
 
 
+def expert_bias_refusal(linear_bias: bool, num_experts: int, etp: int) -> str | None:
+    """Megatron's words where it refuses biased routed experts split over `etp` ranks
+    (TransformerConfig.__post_init__), else None."""
+    if linear_bias and num_experts and etp > 1:
+        return "Bias in Moe is only supported when ETP==1"
+    return None
+
+
 class ExpertShape:
     """Architecture's derived MoE quantities (ppsim.costs.arch.Architecture's fields)."""
 
