@@ -39,6 +39,7 @@ def megatron_model_args(a: Architecture) -> list[str]:
     out += kv("--position-embedding-type", "rope" if a.rotary else "learned_absolute"
               if a.learned_positions else "none")
     out += ["--untie-embeddings-and-output-weights"] * (not a.tie_embeddings)
+    out += ["--disable-bias-linear"] * (not a.linear_bias)
     out += kv("--attention-backend", "unfused") * a.unfused_attention
     out += {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(a.dtype, [])
     out += ["--fp32-residual-connection"] * a.fp32_residual

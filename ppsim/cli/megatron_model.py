@@ -3,7 +3,8 @@ fields they set, so a launch script's MODEL_ARGS pasted after a ppsim command de
 the model. Over a preset or a config's transformer they change only what they name;
 with nothing to start from they build the model with Megatron's own defaults (its
 arguments.py and TransformerConfig: a 4h GeLU MLP, LayerNorm, learned positions, tied
-embeddings, dropout 0.1, fp32 unless --bf16 or --fp16).
+embeddings, dropout 0.1, fp32 unless --bf16 or --fp16, biased linears unless
+--disable-bias-linear).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ ARCH_DESTS = (*(f.replace("-", "_") for f in INT_FLAGS), "num_query_groups",
               "experimental_attention_variant", "linear_attention_freq")
 """Every flag of the group that changes the model (the rest are accepted and ignored)."""
 IGNORED = {"norm-epsilon": float, "rotary-base": float,
-           "rotary-percent": float, "init-method-std": float, "disable-bias-linear": None,
+           "rotary-percent": float, "init-method-std": float,
            "attention-softmax-in-fp32": None, "use-flash-attn": None,
            "use-mcore-models": None,
            "moe-router-topk-scaling-factor": float, "moe-router-bias-update-rate": float,
@@ -115,7 +116,7 @@ MLA_DEFAULTS = {"kv_lora_rank": 32, "head_dim": 128, "qk_rope_head_dim": 64, "v_
 SWITCHES = ("group-query-attention", "swiglu", "untie-embeddings-and-output-weights", "bf16",
             "fp16", "multi-latent-attention", "use-rotary-position-embeddings", "quick-geglu",
             "qk-layernorm", "qk-l2-norm", "attention-output-gate", "moe-shared-expert-gate",
-            "moe-permute-fusion", "fp32-residual-connection")
+            "moe-permute-fusion", "fp32-residual-connection", "disable-bias-linear")
 """Model flags without a value (flag_fields reads them)."""
 OTHER_INTS = ("num-query-groups", "kv-channels", "qk-head-dim",
               "moe-shared-expert-intermediate-size", "make-vocab-size-divisible-by",
@@ -285,6 +286,8 @@ def flag_fields(args: argparse.Namespace, known: dict[str, Any]) -> dict[str, An
         out["position"] = position
     if get("untie_embeddings_and_output_weights"):
         out["tie_embeddings"] = False
+    if get("disable_bias_linear"):
+        out["linear_bias"] = False
     out.update(precision_fields(get))
     out.update(context_parallel_fields(get, known))
     out.update(_optimizer_fields(get))
@@ -343,7 +346,8 @@ def _optimizer_fields(get: Any) -> dict[str, Any]:
 def megatron_defaults(fields: dict[str, Any]) -> dict[str, Any]:
     """`fields` completed as Megatron completes its arguments for a new model."""
     out = {"gated_mlp": False, "norm": "layernorm", "position": "learned",
-           "tie_embeddings": True, "dropout": True, "dtype": "fp32", **fields}
+           "tie_embeddings": True, "dropout": True, "dtype": "fp32", "linear_bias": True,
+           **fields}
     out.setdefault("num_kv_heads", out["num_heads"])
     if "ffn_hidden_size" not in out:  # arguments.py: 4h, or 2/3 of it for SwiGLU
         h = out["hidden_size"]

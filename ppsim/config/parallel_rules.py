@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ppsim.costs.arch import Architecture
+from ppsim.costs.experts import expert_bias_refusal
 from ppsim.costs.kinds import mtp_kinds, piece_kinds
 from ppsim.costs.kv_split import kv_split_problem, qkv_width_problem
 from ppsim.costs.layerops import vocab_split_problem
@@ -27,6 +28,7 @@ def parallel_shape(raw: dict[str, Any]) -> None:
     _attention(raw, get)
     _sequence_parallel(raw, get("tp", 1), get("num_experts", 0))
     _experts(get)
+    _expert_biases(raw, get)
 
 
 def _attention(raw: dict[str, Any], get: Any) -> None:
@@ -94,6 +96,25 @@ def _experts(get: Any) -> None:
                         "units split over the expert tensor-parallel ranks",
                         "give an expert tensor-parallel size (--expert-tensor-parallel-size) "
                         "that divides the experts' width")
+
+
+def _expert_biases(raw: dict[str, Any], get: Any) -> None:
+    """Biased linears (Megatron's default) in an MoE model: only at etp 1, and with no
+    shared experts (SharedExpertMLP asserts add_bias_linear is False)."""
+    if raw.get("linear_bias") is not True:
+        return
+    etp = get("etp", 0) or get("tp", 1)
+    refusal = expert_bias_refusal(True, get("num_experts", 0), etp)
+    if refusal:
+        raise UserError("model.etp" if get("etp", 0) else "model.tp", f"routed experts "
+                        f"with biases split over etp {etp}: {refusal} (Megatron's words)",
+                        "add --disable-bias-linear (linear_bias = false), or give "
+                        "--expert-tensor-parallel-size 1 (etp = 1)")
+    shared = get("shared_expert_ffn_hidden_size", 0) or get("shared_experts", 0)
+    if get("num_experts", 0) and shared:
+        raise UserError("model.linear_bias", "bias is not supported in the shared experts "
+                        "(Megatron's words)", "add --disable-bias-linear (linear_bias = "
+                        "false), or drop the shared experts")
 
 
 def built(a: Architecture) -> None:

@@ -256,7 +256,7 @@ _SWITCHES = ("gated_mlp", "distributed_optimizer", "dropout", "tie_embeddings", 
              "grad_reduce_in_bf16", "grads_in_fp32", "precision_aware_optimizer", "fsdp",
              "moe_pad_to_capacity", "fp8_param_gather", "first_last_layers_bf16",
              "bias_swiglu_fusion", "gradient_accumulation_fusion", "unfused_attention",
-             "qk_layernorm", "sequence_parallel", "fp32_residual",
+             "qk_layernorm", "sequence_parallel", "fp32_residual", "linear_bias",
              "attention_output_gate", "shared_expert_gate", "moe_permute_fusion",
              "optimizer_cpu_offload", "overlap_cpu_optimizer_d2h_h2d", "fsdp_cpu_offload")
 """The transformer's boolean fields."""

@@ -1,18 +1,20 @@
 """A decoder-only transformer's description (its fields follow Megatron's arguments; the
 values each takes: ppsim.costs.choices; its layers' kinds: ppsim.costs.stack; its
-attention widths: ppsim.costs.attention_shape)."""
+attention widths: ppsim.costs.attention_shape; what its MoE fields imply:
+ppsim.costs.experts)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ppsim.costs.choices import FP4_FORMAT
+from ppsim.costs.experts import ExpertShape
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
 @dataclass(frozen=True, kw_only=True)
-class Architecture:
+class Architecture(ExpertShape):
     num_layers: int
     """Decoder layers (Megatron's --num-layers; MTP layers not included)."""
     hidden_size: int
@@ -37,6 +39,10 @@ class Architecture:
     """A gated MLP's activation: "swiglu" (Megatron --swiglu, SiLU) or "quick_geglu"
     (--quick-geglu, gpt-oss's): the same matmuls, but Megatron's FLOP count takes a
     gated MLP's third matrix only with --swiglu."""
+    linear_bias: bool = False
+    """The linears add biases (Megatron's add_bias_linear, its default unless
+    --disable-bias-linear): not priced (a vector a matmul); Megatron builds them in no
+    shared expert and in routed experts only at etp 1 (ppsim.costs.experts)."""
     dtype: str = "bf16"
     """Training dtype: bf16, fp16 or fp32."""
     fp32_residual: bool = False
@@ -299,17 +305,6 @@ class Architecture:
     num_layers_at_end_in_bf16: int = 1
 
     @property
-    def expert_load(self) -> float:
-        """Token-expert pairs the routed experts compute and exchange over the even
-        share: ppsim routes evenly, so a capacity drops nothing at or above 1, and
-        padding fills every expert to it, at most every token (num_experts / top_k
-        shares: Megatron's apply_router_token_dropping keeps all past that)."""
-        f = self.moe_capacity_factor
-        if f <= 0 or not self.moe_pad_to_capacity:
-            return min(f, 1.0) if f > 0 else 1.0
-        return min(f, self.num_experts / max(self.top_k, 1))
-
-    @property
     def residual_bytes(self) -> int:
         """Bytes an element of the residual stream takes (Architecture.fp32_residual)."""
         return 4 if self.fp32_residual else DTYPE_BYTES[self.dtype]
@@ -319,31 +314,6 @@ class Architecture:
         """Ranks a hidden-wide activation between the tensor-parallel blocks is split
         over: tp under sequence parallelism, else 1 (every tensor rank holds it whole)."""
         return self.tp if self.sequence_parallel else 1
-
-    @property
-    def expert_tp(self) -> int:
-        """Ranks each routed expert's matmuls are split over: etp, or when unset tp
-        (Megatron's default), or 1 under torchtitan's FSDP, whose experts' mesh is
-        efsdp x ep alone (parallel_dims.py: efsdp = dp_shard x cp x tp / ep)."""
-        if self.etp:
-            return self.etp
-        return 1 if self.torchtitan_fsdp else self.tp
-
-    @property
-    def expert_copies(self) -> float:
-        """Token copies one rank's routed experts take a microbatch: the s x b x top_k
-        pairs its tp group routes (dropped or padded to capacity), etp / tp of them (the
-        rank's own share gathered over the expert tp group)."""
-        pairs = self.seq_length * self.micro_batch_size * self.top_k * self.expert_load
-        return pairs * (self.expert_tp / self.tp)
-
-    @property
-    def probs_in_activation(self) -> bool:
-        """Megatron weighs each routed expert's activation by the pair's routing
-        probability (TEGroupedMLP's bias_act_func; the combine then only sums), so no
-        expert output is kept for it; torchtitan's MoE scales the experts' input or output
-        by the scores, which keeps a hidden-wide tensor a pair."""
-        return not self.torchtitan_fsdp
 
     @property
     def torchtitan_fsdp(self) -> bool:
@@ -366,17 +336,6 @@ class Architecture:
         training dtype, so the gradients are in it too, its optimizer keeping the fp32
         masters; no CPU offload, no torchao FP8."""
         return self.fsdp and self.fsdp_framework != "torchtitan"
-
-    @property
-    def expert_dp(self) -> int:
-        """The experts' data-parallel size (expert_data_parallel)."""
-        return expert_data_parallel(self.tp, self.cp, self.dp, self.expert_tp, self.ep)
-
-    @property
-    def shared_width(self) -> int:
-        """The shared experts' MLP width, as either field gives it (0: none)."""
-        return (self.shared_expert_ffn_hidden_size
-                or self.shared_experts * self.moe_ffn_hidden_size)
 
     @property
     def rmsnorm(self) -> bool:
@@ -422,10 +381,3 @@ class Architecture:
         """The learned position table's weights: a row of h per position (none else)."""
         rows = max(self.max_position_embeddings, self.seq_length)
         return rows * self.hidden_size if self.learned_positions else 0
-
-
-def expert_data_parallel(tp: int, cp: int, dp: int, etp: int, ep: int) -> int:
-    """The experts' data-parallel size, tp x cp x dp / (etp x ep) (Megatron's
-    expert_data_parallel_size), at least 1 (a preset's ep may exceed one replica's ranks:
-    it then views the experts of a wider world)."""
-    return max(1, tp * cp * dp // (etp * ep))

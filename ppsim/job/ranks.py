@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ppsim.costs.arch import expert_data_parallel
+from ppsim.costs.experts import expert_data_parallel
 from ppsim.errors import UserError
 
 DIMS = ("tp", "cp", "ep", "dp", "pp")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from itertools import product
 from typing import Any
 
-from ppsim.costs.arch import expert_data_parallel
+from ppsim.costs.experts import expert_bias_refusal, expert_data_parallel
 from ppsim.costs.kv_split import kv_split_problem, rank_kv_heads
 from ppsim.costs.layerops import (
     loss_chunks_problem,
@@ -159,7 +159,8 @@ def _etp_choices(a: Any, tp: int, pin: dict[str, int]) -> tuple[int, ...]:
     held = pin.get("etp") or (getattr(a, "etp", 0) if a.num_experts else 0)
     if not a.num_experts:
         return (tp,) if held in (0, tp) else ()
-    if a.torchtitan_fsdp:  # its experts are whole on a rank
+    if a.torchtitan_fsdp or expert_bias_refusal(a.linear_bias, a.num_experts, held or tp):
+        # torchtitan's experts are whole on a rank; Megatron splits no biased one
         return (1,) if held in (0, 1) else ()
     if held:
         return (held,)

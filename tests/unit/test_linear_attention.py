@@ -37,7 +37,7 @@ QWEN3_NEXT = """--num-layers 48 --hidden-size 2048 --ffn-hidden-size 5120
 --moe-shared-expert-gate --moe-router-topk 10 --moe-permute-fusion --mtp-num-layers 1
 --seq-length 4096
 --micro-batch-size 1 --vocab-size 151936 --bf16 --attention-dropout 0 --hidden-dropout 0
---recompute-granularity selective --expert-model-parallel-size 8"""
+--recompute-granularity selective --expert-model-parallel-size 8 --disable-bias-linear"""
 """Qwen3-Next-80B-A3B as Megatron-Bridge's Qwen3NextBridge builds it (its HF config's
 sizes), in Megatron's arguments."""
 PATTERN = "GEGEGE*E" * 12 + "/*E"

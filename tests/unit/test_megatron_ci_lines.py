@@ -90,7 +90,7 @@ def test_one_dropout_given_over_a_preset_without_dropout_keeps_it_off() -> None:
 
 MOE_LINE = shlex.split("--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 1024 "
                        "--expert-model-parallel-size 2 --moe-token-dispatcher-type alltoall "
-                       "--sequence-parallel")
+                       "--sequence-parallel --disable-bias-linear")
 """gpt3_moe_mcore_te_tp4_ep2_etp2_pp2's experts over CI_LINE (its shared expert apart)."""
 
 
