@@ -73,7 +73,8 @@ def test_a_faster_reference_that_does_not_fit_says_so(tmp_path, monkeypatch) -> 
                         lambda path, panels, title: titles.append(title))
     code, _, err = run_main(["plan", "--preset", "llama3-70b", "--hardware", "h100-80gb",
                              "--pp", "4", "--microbatches", "16", "--memory-gb", "50",
-                             "--search", "policy", "--time-budget", "2", "--png", str(tmp_path / "p.png")])
+                             "--search", "policy", "--time-budget", "2",
+                             "--png", str(tmp_path / "p.png")])
     assert code == 0, err
     planned, reference = (float(x) for x in re.findall(r"([0-9.]+) ms", titles[0]))
     assert reference < planned and "does not fit: peak " in titles[0], titles
