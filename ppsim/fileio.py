@@ -228,10 +228,11 @@ def find_overlap(inputs: dict[str, str | None], outputs: dict[str, str | None]
 
 
 def refuse_unnamed(outputs: dict[str, str | None]) -> None:
-    """Refuse an output given as "" (the command would quietly write nothing) or as "-"
-    (a file named "-" in this folder, where a user may mean standard output)."""
+    """Refuse an output given as "" or blank (the command would quietly write nothing, or
+    a file named " ") or as "-" (a file named "-" in this folder, where a user may mean
+    standard output)."""
     for flag, path in outputs.items():
-        if path == "":
+        if path is not None and not path.strip():
             raise UserError(flag, "is empty", f"give {flag} a path, or leave it out")
         if path == "-":
             raise UserError(flag, "'-' would be a file named '-' here: ppsim writes its "

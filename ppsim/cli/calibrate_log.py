@@ -91,7 +91,7 @@ def cmd_calibrate_log(args: argparse.Namespace) -> int:
     if args.trace is not None:
         raise UserError("--log", f"given with the trace {args.trace}", "calibrate on one: "
                         "TRACE (a run of ppsim run) or --log (the job's training log)")
-    out = args.hardware_out or DEFAULT_OUT
+    out = DEFAULT_OUT if args.hardware_out is None else args.hardware_out
     cfg, assumed = assume_hardware(args, config_from_args(args))
     outputs_apart(args, {"--hardware-out": out}, {"--log": args.log}, cfg=cfg)
     if (refused := log_refusal(cfg)) is not None:

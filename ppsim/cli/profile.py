@@ -53,8 +53,7 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", metavar="MODULE:FUNCTION", type=nonempty("a builder"),
                    help="model builder, as ppsim run takes it (default: [model] builder, "
                    "else the built-in GPT); a builder is code: naming one runs it")
-    g.add_argument("--out", metavar="FILE", type=nonempty("a cost file to write"),
-                   help="cost file to write (default ./costs.json)")
+    g.add_argument("--out", metavar="FILE", help="cost file to write (default ./costs.json)")
     g.add_argument("--repeats", type=int, default=PROFILE_REPEATS, metavar="N",
                    help="timed repeats per op after warm-up; their mean is kept (the "
                    "message and latency samples scale with it, all of them from the default)")
@@ -62,8 +61,7 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-p2p", action="store_true",
                    help="skip the two-process P2P measurement (keep the config's values)")
     g.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    g.add_argument("--hardware-out", metavar="FILE", type=nonempty("a TOML file to write"),
-                   help="measure this device's roofline "
+    g.add_argument("--hardware-out", metavar="FILE", help="measure this device's roofline "
                    "(matmuls, attention, bandwidth) into a [hardware] TOML instead of a model; "
                    "with --config or --preset, at that model's own matmuls and attention")
     g.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
@@ -75,14 +73,13 @@ def _calibrate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", metavar="TRACE", nargs="?", help="a trace written by ppsim run")
     add_config_flags(p, split_flags=False)
     g = p.add_argument_group("calibrate")
-    g.add_argument("--out", metavar="FILE", type=nonempty("a cost file to write"),
+    g.add_argument("--out", metavar="FILE",
                    help="cost file to write (default ./costs-calibrated.json)")
     g.add_argument("--log", metavar="LOG", type=nonempty("a training log"),
                    help="instead of a trace, the job's own training log (Megatron-LM, "
                    "torchtitan, DeepSpeed, NeMo): scale the hardware's kernel rates to the "
                    "iteration it logged")
-    g.add_argument("--hardware-out", metavar="FILE", type=nonempty("a TOML file to write"),
-                   help="with --log: the [hardware] table "
+    g.add_argument("--hardware-out", metavar="FILE", help="with --log: the [hardware] table "
                    f"to write (default ./{DEFAULT_OUT})")
     g.add_argument("--estimator", choices=ESTIMATORS, default="mean",
                    help="how per-op ratios become one factor per kind (default: mean)")
@@ -102,7 +99,7 @@ def _transformer_fields(cfg: Config, command: str) -> dict[str, Any]:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    if args.hardware_out:
+    if args.hardware_out is not None:  # "" too: refused by its name there
         return hardware_profile(args)
     if args.sustained:  # any value but the default 0 (nan and negatives included)
         raise UserError("--sustained", "is the warm-up of --hardware-out's roofline; a cost "
@@ -241,7 +238,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.hardware_out is not None:
         raise UserError("--hardware-out", "a trace calibrates a cost file", "name it with "
                         "--out FILE, or calibrate the hardware on a training log (--log LOG)")
-    args.out = args.out or "costs-calibrated.json"
+    args.out = "costs-calibrated.json" if args.out is None else args.out
     trace_argument(args)
     cfg, assumed = assume_hardware(args, config_from_args(args))
     outputs_apart(args, {"--out": args.out}, {"TRACE": args.trace}, cfg=cfg)
