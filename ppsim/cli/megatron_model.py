@@ -128,7 +128,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     """Megatron's model arguments, under the names its launch scripts use."""
     g = p.add_argument_group(
         "model (Megatron's names)", "a launch script's model arguments, as Megatron takes "
-        "them: --hidden-size, --num-attention-heads, --swiglu, --num-experts, ... (the list: "
+        "them: --hidden-size, --num-attention-heads, --swiglu, --num-experts, --vocab-size, "
+        "--fp8-format, --experimental-attention-variant gdn|dsa, ... (the list: "
         "docs/model.md); over --preset or the config's transformer they change what they "
         "name, alone they build the model with Megatron's defaults")
     g.add_argument("--seq-length", type=int, metavar="N", help="tokens per sequence")

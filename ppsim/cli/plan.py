@@ -377,7 +377,8 @@ def register(commands: dict) -> None:
         add_config_flags(p, split_flags=False)
         add_split_flags(p, counts=False)  # a pasted launch line's split: a row to beat
         p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-        p.add_argument("--top", type=int, default=5, metavar="K", help="candidates to show")
+        p.add_argument("--top", type=int, default=5, metavar="K",
+                       help="candidates to show (default 5; with --gpus, shapes planned)")
         p.add_argument("--search", metavar="AXES",
                        help="also search over: " + ",".join(SEARCH_AXES) + "; or plan "
                        "the memory policy with the split: policy (Megatron-expressible) "

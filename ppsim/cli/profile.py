@@ -56,8 +56,10 @@ def _profile_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--out", metavar="FILE", help="cost file to write (default ./costs.json)")
     g.add_argument("--repeats", type=int, default=PROFILE_REPEATS, metavar="N",
                    help="timed repeats per op after warm-up; their mean is kept (the "
-                   "message and latency samples scale with it, all of them from the default)")
-    g.add_argument("--warmup", type=int, default=3, metavar="N", help="untimed repeats first")
+                   "message and latency samples scale with it, all of them from the default, "
+                   f"{PROFILE_REPEATS})")
+    g.add_argument("--warmup", type=int, default=3, metavar="N",
+                   help="untimed repeats first (default 3)")
     g.add_argument("--no-p2p", action="store_true",
                    help="skip the two-process P2P measurement (keep the config's values)")
     g.add_argument("--json", action="store_true", help="one JSON object on stdout")

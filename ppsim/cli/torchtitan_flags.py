@@ -70,7 +70,11 @@ def _degree(text: str) -> int:
 
 def add_torchtitan_flags(p: argparse.ArgumentParser) -> None:
     """torchtitan's dotted fields that ppsim prices, and its config-registry function."""
-    t = p.add_argument_group("torchtitan's fields (its config's names; FSDP as it shards)")
+    t = p.add_argument_group(
+        "torchtitan's fields (its config's names; FSDP as it shards)",
+        "its launch line's fields: --parallelism.tensor_parallel_degree N, "
+        "--parallelism.data_parallel_shard_degree N, --training.max_context_length N, "
+        "activation-checkpoint:selective, ... (the list: docs/model.md)")
     t.add_argument("--torchtitan-config", dest="tt_config", action=_Field, metavar="NAME",
                    help="a config-registry function's model, parallelism and training "
                    f"({', '.join(REGISTRY)})")

@@ -120,3 +120,18 @@ def test_the_commands_the_readme_says_take_config_do():
     takes = {name for name, p in sub.choices.items()
              if any("--config" in a.option_strings for a in p._actions)}
     assert takes == set(sub.choices) - left_out, (sorted(takes), sorted(left_out))
+
+
+def test_every_flag_the_readme_names_is_in_a_commands_help():
+    """A flag the README tells users to type is one some command's --help names (Megatron's
+    and torchtitan's model fields, hidden one by one, are named in their groups' text)."""
+    from ppsim.cli.main import build_parser
+
+    def sub(command: str | None = None) -> dict:
+        parser = build_parser(command)
+        return next(a for a in parser._actions if a.choices and "plan" in a.choices).choices
+
+    helps = " ".join(sub(name)[name].format_help() for name in sub())
+    flags = set(re.findall(r"(?<![\w-])--[a-z][\w.-]*[a-z0-9]", _text(ROOT / "README.md")))
+    missing = sorted(f for f in flags if not re.search(re.escape(f) + r"(?![\w.-])", helps))
+    assert not missing, f"README.md names flags no --help mentions: {missing}"
