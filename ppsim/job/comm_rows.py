@@ -41,6 +41,7 @@ from ppsim.job.traffic import (
     cp_mixer_bytes,
     dispatcher_tp_bytes,
     hidden_bytes,
+    regathers,
 )
 
 EXPOSED, OVERLAPPED, PAIRED = "exposed", "overlap", "paired"
@@ -133,7 +134,8 @@ def _tp_rows(rows: _Rows, a: Architecture, k: str, again: Recomputed) -> None:
         plain = hidden_bytes(a)
         if a.sequence_parallel:
             inputs = hidden_bytes(a, fp8_bytes(a) if a.fp8_copies else 0)
-            rows.add("tp all-gather", "tp", all_gather_ms, inputs, s * (1 + share), tp_ex)
+            again_in = share + regathers(a)  # the recompute's, the weight gradient's
+            rows.add("tp all-gather", "tp", all_gather_ms, inputs, s * (1 + again_in), tp_ex)
             rows.add("tp all-gather", "tp", all_gather_ms, plain, s, tp_ex)
             rows.add("tp reduce-scatter", "tp", reduce_scatter_ms, plain, s * (2 + rescatter),
                      tp_ex)
@@ -217,7 +219,7 @@ def edge_rows(job: Job, a: Architecture, head: bool) -> list[CommRow]:
     if not a.sequence_parallel:
         rows.add("tp all-reduce", "tp", all_reduce_ms, plain, 1)
     elif head:
-        rows.add("tp all-gather", "tp", all_gather_ms, plain, 1)
+        rows.add("tp all-gather", "tp", all_gather_ms, plain, 1 + regathers(a))
         rows.add("tp reduce-scatter", "tp", reduce_scatter_ms, plain, 1)
     else:
         if a.learned_positions:
