@@ -61,13 +61,16 @@ def ring(n: int, nbytes: float) -> float:
 
 def test_sequence_parallel_gathers_and_scatters() -> None:
     rows = rows_of({"tp": 4, "recompute": "none"})
-    for what in ("tp all-gather", "tp reduce-scatter"):
+    # each sublayer's input gathered forward and again backward (the weight gradient's),
+    # its output's gradient gathered backward; scattered once each way
+    for what, count in (("tp all-gather", 6), ("tp reduce-scatter", 4)):
         r = row(rows, what, "layer")
-        assert (r.nbytes, r.ranks, r.link, r.count, r.exposure) == (S, 4, "NVLink", 4,
+        assert (r.nbytes, r.ranks, r.link, r.count, r.exposure) == (S, 4, "NVLink", count,
                                                                     "exposed")
         assert r.ms == pytest.approx(ring(4, S))
-        for edge in ("embedding", "head"):  # one each way
-            assert row(rows, what, edge).count == 1
+        for edge in ("embedding", "head"):  # one each way, the head's input gathered again
+            assert row(rows, what, edge).count == (2 if (edge, what) == (
+                "head", "tp all-gather") else 1)
     # one pipeline stage, one replica: nothing else
     assert {r.collective for r in rows} == {"tp all-gather", "tp reduce-scatter"}
     overlapped = rows_of({"tp": 4, "recompute": "none"}, {"tp_comm_overlap": True})
@@ -327,9 +330,9 @@ def test_counts_follow_each_stages_policy() -> None:
     rows = problem_rows(problem)
     gathers = {r.stages: r.count for r in rows if r.piece == "layer"
                and r.collective == "tp all-gather" and r.nbytes == S}
-    # each sublayer's input forward and its output gradient backward; stage 0's input
-    # again in the recomputed forward
-    assert gathers == {(0,): 6, (1,): 4}
+    # each sublayer's input forward and again for its weight gradient, its output
+    # gradient backward; stage 0's input again in the recomputed forward
+    assert gathers == {(0,): 8, (1,): 6}
     a = per_rank_arch(job.arch)
     for stage, full in ((0, True), (1, False)):
         again = recomputed(replace(a, recompute="full" if full else "none"), ())

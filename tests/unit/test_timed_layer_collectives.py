@@ -68,8 +68,10 @@ def test_simulated_tensor_parallel_waits_are_the_profiles_times_megatrons_count(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """With sequence parallelism each sublayer (attention, MLP) gathers the sequence before
     it and reduce-scatters after it, the mirror in the backward (Korthikanti et al.
-    2022, fig. 5); the embedding with learned positions all-reduces its lookup, gathered
-    back in the backward; the head gathers its input and reduce-scatters its gradient."""
+    2022, fig. 5), where Megatron's column-parallel linears gather their input again for
+    the weight gradient; the embedding with learned positions all-reduces its lookup,
+    gathered back in the backward; the head gathers its input, and in the backward
+    reduce-scatters its gradient and gathers its input again."""
     shape = ["--tp", "2", "--pp", "2", "--split", "5,3", "--microbatches", "4"]
     ar, ag, rs = 0.5, 0.25, 1.0
     costs = _timed_costs(tmp_path, capsys, {"tp": 2, "bytes": 32768, "all_reduce_ms": ar,
@@ -77,10 +79,10 @@ def test_simulated_tensor_parallel_waits_are_the_profiles_times_megatrons_count(
                          *shape)
     trace = tmp_path / "sim.json"
     assert main(["simulate", "--costs", str(costs), *shape, "--trace", str(trace)]) == 0
-    layer = 2 * ag + 2 * rs
+    layer, back = 2 * ag + 2 * rs, 4 * ag + 2 * rs
     assert _first_spans(trace) == pytest.approx({
-        (0, "F"): 5 * layer + ar, (0, "B"): 5 * layer + ag,
-        (1, "F"): 3 * layer + ag, (1, "B"): 3 * layer + rs})
+        (0, "F"): 5 * layer + ar, (0, "B"): 5 * back + ag,
+        (1, "F"): 3 * layer + ag, (1, "B"): 3 * back + rs + ag})
 
 
 def test_without_timed_collectives_the_links_price_them(
