@@ -17,7 +17,8 @@ in bf16 by FlashAttention and in FP8 by the output projection. TE keeps each FP8
 and its transpose from the first microbatch to the last (2 bytes a parameter); with
 --fp8-param-gather the weight itself is FP8 (1 byte for the bf16 copy's 2) beside its
 transpose, and the distributed optimizer gathers it in FP8. Sequence parallelism's
-forward all-gathers move the quantized input. --first-last-layers-bf16 keeps the first
+all-gathers of the linears' inputs (the forward's, and the backward's second one for
+the weight gradient) move the quantized input. --first-last-layers-bf16 keeps the first
 and last decoder layers wholly in bf16 (their weights too). The FLOP count, and so
 TFLOP/s and MFU against the bf16 peak, are Megatron's and torchtitan's as without FP8.
 

@@ -6,6 +6,7 @@ mixer's and its MLP or MoE block's together), an MTP module's layers (piece_kind
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from ppsim.costs.arch import Architecture
 from ppsim.costs.hybrid import parse_pattern
@@ -16,7 +17,7 @@ from ppsim.costs.mixers import (
     mixer_params,
 )
 from ppsim.costs.modules import ModuleEffect, layer_activation_bytes, module_effect
-from ppsim.costs.ops import Op
+from ppsim.costs.ops import Op, Roofline, op_times
 from ppsim.costs.params import KindParams, kind_params, mtp_extra_params
 from ppsim.costs.saved import HYBRID_HALVES
 from ppsim.costs.stack import KINDS, PAIRED_KINDS, layer_kinds
@@ -86,6 +87,45 @@ def kind_ops(a: Architecture, kind: str, window: int = 0) -> list[Op]:
     if kind in PAIRED_KINDS:
         return landed(a, [op for k in PAIRED_KINDS[kind] for op in mixer_ops(a, k)])
     return landed(a, layer_ops(a, kind, window) if kind in KINDS else mixer_ops(a, kind))
+
+
+GATHERED_LINEARS = {"qkv": "attention", "q_proj": "attention", "q_up": "attention",
+                    "kv_up": "attention", "mlp.fc1": "mlp", "mamba.in_proj": "mamba",
+                    "gdn.in_proj": "gdn"}
+"""The column-parallel linears whose input a sequence-parallel sublayer gathers, by op
+name, and the sublayer each belongs to: the QKV projection (MLA's query and key/value
+up-projections, whose down-projections run over the rank's own tokens), the MLP's fc1, a
+Mamba or GatedDeltaNet mixer's in_proj."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GemmWindow:
+    """One sequence-parallel sublayer's gathered linears' backward GEMMs, ms."""
+
+    input_grad_ms: float
+    """dX = dY W^T: Megatron gathers the linears' input again beside it."""
+    weight_grad_ms: float
+    """dW = X^T dY: Megatron reduce-scatters the input's gradient beside it."""
+
+
+@lru_cache(maxsize=1024)
+def gathered_gemm_windows(a: Architecture, r: Roofline, kind: str) -> tuple[GemmWindow, ...]:
+    """The backward GEMMs of each sublayer of a layer of `kind` whose linears take the
+    sequence-parallel gather (GATHERED_LINEARS), in the layer's order, priced as the
+    layer's compute is (op_times: the matmul curve, FP8 where the ops run it): the
+    compute Megatron's LinearWithGradAccumulationAndAsyncCommunication and Transformer
+    Engine's linears run their async backward collectives beside. A MoE layer's experts
+    and shared experts take the dispatcher's tokens, no such gather."""
+    windows: dict[str, GemmWindow] = {}
+    for op in kind_ops(a, kind):
+        sublayer = GATHERED_LINEARS.get(op.name)
+        if sublayer is None:
+            continue
+        _, dgrad, wgrad, _, _ = op_times(r, op)
+        had = windows.get(sublayer, GemmWindow(input_grad_ms=0.0, weight_grad_ms=0.0))
+        windows[sublayer] = GemmWindow(input_grad_ms=had.input_grad_ms + dgrad,
+                                       weight_grad_ms=had.weight_grad_ms + wgrad)
+    return tuple(windows.values())
 
 
 def kind_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),

@@ -7,8 +7,9 @@ follow them too (ppsim.job.layers.layer_collectives sums what these rows itemize
 what the layer's backward recomputes (traffic.Recomputed); FSDP's units are in
 ppsim.job.fsdp_rows. Whether a row's collective waits is the model's
 choice: "exposed" (on the compute stream, or nothing beside it), "overlap" (behind the
-layer's compute as far as it lasts: --tp-comm-overlap, the K/V ring's passes, the shared
-experts under --moe-shared-expert-overlap), "paired" (behind another microbatch's
+layer's compute as far as it lasts: --tp-comm-overlap, Megatron's async backward
+collectives of a sequence-parallel linear, the K/V ring's passes, the shared experts
+under --moe-shared-expert-overlap), "paired" (behind another microbatch's
 compute in the combined 1F1B's pairs).
 """
 
@@ -41,6 +42,7 @@ from ppsim.job.traffic import (
     cp_mixer_bytes,
     dispatcher_tp_bytes,
     hidden_bytes,
+    regathers,
 )
 
 EXPOSED, OVERLAPPED, PAIRED = "exposed", "overlap", "paired"
@@ -133,10 +135,15 @@ def _tp_rows(rows: _Rows, a: Architecture, k: str, again: Recomputed) -> None:
         plain = hidden_bytes(a)
         if a.sequence_parallel:
             inputs = hidden_bytes(a, fp8_bytes(a) if a.fp8_copies else 0)
+            # Megatron's weight gradient's gather and the input gradient's scatter run
+            # beside the backward's GEMMs (ppsim.job.tp_async)
+            beside = OVERLAPPED if regathers(a) else tp_ex
             rows.add("tp all-gather", "tp", all_gather_ms, inputs, s * (1 + share), tp_ex)
+            rows.add("tp all-gather", "tp", all_gather_ms, inputs, s * regathers(a), beside)
             rows.add("tp all-gather", "tp", all_gather_ms, plain, s, tp_ex)
-            rows.add("tp reduce-scatter", "tp", reduce_scatter_ms, plain, s * (2 + rescatter),
+            rows.add("tp reduce-scatter", "tp", reduce_scatter_ms, plain, s * (1 + rescatter),
                      tp_ex)
+            rows.add("tp reduce-scatter", "tp", reduce_scatter_ms, plain, s, beside)
         else:
             rows.add("tp all-reduce", "tp", all_reduce_ms, plain, s * (2 + rescatter))
     if k in ATTENTION_KINDS:  # on the compute stream: never hidden
@@ -217,7 +224,7 @@ def edge_rows(job: Job, a: Architecture, head: bool) -> list[CommRow]:
     if not a.sequence_parallel:
         rows.add("tp all-reduce", "tp", all_reduce_ms, plain, 1)
     elif head:
-        rows.add("tp all-gather", "tp", all_gather_ms, plain, 1)
+        rows.add("tp all-gather", "tp", all_gather_ms, plain, 1 + regathers(a))
         rows.add("tp reduce-scatter", "tp", reduce_scatter_ms, plain, 1)
     else:
         if a.learned_positions:

@@ -3,7 +3,8 @@
 A layer's tensor- and context-parallel traffic is priced in ppsim.job.traffic; here it
 joins the layer with the rest: --tp-comm-overlap hides the sequence-parallel collectives
 behind the layer's compute as far as it lasts, as Transformer Engine's userbuffers run
-them (ppsim.job.userbuffers); the gather of QKV at tp above the key/value groups
+them (ppsim.job.userbuffers); without it Megatron's linears still run two of the
+backward's beside its GEMMs (ppsim.job.tp_async); the gather of QKV at tp above the key/value groups
 (traffic.qkv_gather_ms) it leaves exposed. Expert parallelism's dispatch and combine are all-to-alls
 over the expert group's links (--moe-shared-expert-overlap hides them behind the shared
 experts' compute as far as it lasts; Megatron's combined 1F1B hides them behind another
@@ -22,7 +23,7 @@ from functools import lru_cache
 
 from ppsim.costs.arch import DTYPE_BYTES, Architecture
 from ppsim.costs.fp8 import fp8_layers, layer_precision
-from ppsim.costs.kinds import kind_ops, piece_kinds
+from ppsim.costs.kinds import gathered_gemm_windows, kind_ops, piece_kinds
 from ppsim.costs.layerops import mlp_ops
 from ppsim.costs.mixer_split import SSM_KINDS
 from ppsim.costs.mixers import ATTENTION_KINDS, attention_arch
@@ -37,6 +38,7 @@ from ppsim.job.collectives import (
     deepep_ms,
 )
 from ppsim.job.model import Job
+from ppsim.job.tp_async import beside_gemms_ms
 from ppsim.job.traffic import (
     SP_SUBLAYERS,
     Collective,
@@ -50,6 +52,7 @@ from ppsim.job.traffic import (
     mtp_tp_ms,
     qkv_gather_ms,
     recomputed,
+    regathers,
     tp_layer_ms,
     with_forward_again,
 )
@@ -210,10 +213,12 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
     q_b += q_f if again.full else 0.0
     fwd, bwd = [], []
     if a.tp > 1 or d_f:  # the dispatcher's gathers draw in the tp lane (etp > tp = 1 too)
-        for out, t, d, compute in ((fwd, tp_f, d_f + q_f, cost.forward_ms),
-                                   (bwd, tp_b, d_b + q_b, cost.backward_ms)):
+        # Megatron's linears' async backward collectives (ppsim.job.tp_async)
+        gemms = gathered_gemm_windows(a, acc.roofline(), kind) if regathers(a) else ()
+        for out, t, d, compute, beside in ((fwd, tp_f, d_f + q_f, cost.forward_ms, ()),
+                                           (bwd, tp_b, d_b + q_b, cost.backward_ms, gemms)):
             waits = overlapped_ms(t, compute, job.sm_count) if job.tp_comm_overlap \
-                else t.total_ms
+                else beside_gemms_ms(t, beside, job.collective_sm_share)
             out.append(Collective(group="tp", total_ms=t.total_ms + d, exposed_ms=waits + d))
     if job.arch.cp > 1 and kind in ATTENTION_KINDS:
         cp_f, cp_b = cp_traffic(job, attention_arch(a, kind), acc, again.attention)

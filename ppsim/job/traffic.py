@@ -10,10 +10,11 @@ ranks' keys (causal load balancing gives every rank 1/cp of the s x s work: cp t
 chunk's own) and the traffic its type moves. With tensor parallelism (sequence parallel)
 each layer all-gathers before attention and before the MLP and reduce-scatters after each,
 in the forward (under FP8 the gathers move the quantized input) and mirrored in the
-backward; a MoE layer does so for its attention alone: its experts' tokens travel by the
-dispatcher, which with the all-to-all one gathers over etp every token copy the rank's
-experts received and scatters their outputs (`dispatcher_tp_ms`, on the compute stream,
-never hidden); a hybrid block is one sublayer (SP_SUBLAYERS). Without sequence
+backward, where Megatron gathers each block's input a second time (`regathers`); a MoE
+layer does so for its attention alone: its experts' tokens travel by the dispatcher,
+which with the all-to-all one gathers over etp every token copy the rank's experts
+received and scatters their outputs (`dispatcher_tp_ms`, on the compute stream, never
+hidden); a hybrid block is one sublayer (SP_SUBLAYERS). Without sequence
 parallelism each sublayer all-reduces its output in the forward and its input's gradient
 in the backward instead (Megatron's row- and column-parallel linears).
 """
@@ -51,6 +52,17 @@ def hidden_bytes(a: Architecture, element_bytes: float = 0) -> float:
         * (element_bytes or DTYPE_BYTES[a.dtype])
 
 
+def regathers(a: Architecture) -> bool:
+    """Whether a sequence-parallel backward all-gathers each column-parallel linear's
+    input again, for its weight gradient: Megatron's linears (LinearWithGradAccumulation
+    AndAsyncCommunication) and Transformer Engine's save the rank's own tokens, and
+    gather them beside the input-gradient GEMM (under FP8 the quantized copy, as in the
+    forward; recomputed or not, the forward's gather feeds only the forward's GEMM).
+    torchtitan's ColwiseParallel saves the gathered input (DTensor's matmul), so its
+    backward gathers none."""
+    return a.sequence_parallel and a.tp > 1 and not a.torchtitan_fsdp
+
+
 def tp_collectives_ms(job: Job, a: Architecture, collectives: int,
                       element_bytes: float = 0, scatter: bool = False) -> float:
     """`collectives` all-gathers (or with `scatter` reduce-scatters) of one microbatch's
@@ -71,7 +83,8 @@ def tp_reduces_ms(job: Job, a: Architecture, collectives: float) -> float:
 def edge_tp_ms(job: Job, a: Architecture, head: bool) -> tuple[float, float]:
     """(forward, backward) tensor-parallel ms of the embedding (or the `head`): with
     sequence parallelism the embedding's output is reduce-scattered and the head's input
-    gathered, the mirror in the backward; without it the embedding all-reduces its output
+    gathered, the mirror in the backward, where Megatron's output layer gathers its
+    input again (`regathers`); without it the embedding all-reduces its output
     and the head its input's gradient (copy_to_tensor_model_parallel_region). Beside
     learned positions Megatron's embedding all-reduces the words' lookup before adding
     them, then takes this rank's tokens (LanguageModelEmbedding.reduce_scatter_embeddings
@@ -80,7 +93,7 @@ def edge_tp_ms(job: Job, a: Architecture, head: bool) -> tuple[float, float]:
     scatter = tp_collectives_ms(job, a, 1, scatter=True)
     if a.sequence_parallel:
         if head:
-            return gather, scatter
+            return gather, scatter + (gather if regathers(a) else 0.0)
         return (reduce if a.learned_positions else scatter), gather
     return (0.0, reduce) if head else (reduce, 0.0)
 
@@ -103,9 +116,10 @@ def tp_layer_ms(job: Job, a: Architecture, sublayers: int = 2, again: float = 0.
                 again_scatters: float | None = None) -> tuple[TpTraffic, TpTraffic]:
     """The tensor-parallel collectives of a layer of `sublayers`, forward and
     backward: one all-gather (under FP8 of the quantized input) and one reduce-scatter
-    each way per sublayer, or without sequence parallelism one all-reduce, and in the
-    backward the forward's share of them the recompute runs again: `again` of the
-    gathers, `again_scatters` (default `again`) of the scatters and all-reduces
+    each way per sublayer, or without sequence parallelism one all-reduce; in the
+    backward the input's gather again where Megatron runs it (`regathers`), and the
+    forward's share of them the recompute runs again: `again` of the gathers,
+    `again_scatters` (default `again`) of the scatters and all-reduces
     (Recomputed.tp_share, scatter_share)."""
     rescatter = again if again_scatters is None else again_scatters
     if not a.sequence_parallel:
@@ -117,8 +131,10 @@ def tp_layer_ms(job: Job, a: Architecture, sublayers: int = 2, again: float = 0.
     each = tp_collectives_ms(job, a, sublayers)
     scatters = tp_collectives_ms(job, a, sublayers, scatter=True)
     forward = TpTraffic(gathers_ms=inputs, scatters_ms=scatters, pipelined_ms=scatters)
-    backward = TpTraffic(gathers_ms=each + inputs * again,
-                         scatters_ms=scatters * (1 + rescatter), pipelined_ms=scatters * rescatter)
+    regather = inputs if regathers(a) else 0.0
+    backward = TpTraffic(gathers_ms=each + inputs * again + regather,
+                         scatters_ms=scatters * (1 + rescatter),
+                         pipelined_ms=scatters * rescatter, regathers_ms=regather)
     return forward, backward
 
 

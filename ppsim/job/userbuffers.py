@@ -7,9 +7,11 @@ the copy engines' peer copies, holding no SM; its reduce-scatters run as userbuf
 kernels on 16 SMs (`num_sm`), in the forward by the `pipeline` method (the GEMM split
 in 4 chunks, each chunk's scatter beside the next chunk's GEMM, so the last chunk's
 scatter has nothing left to hide it) and in the backward by the `bulk` method, beside
-the weight-gradient GEMM. What the layer's compute hides of the scatters costs it their
-SMs' share of its rate, as a data-parallel collective's does (ppsim.job.collectives.
-behind_compute_ms).
+the weight-gradient GEMM. The backward's second all-gather of a gathered block's input
+(traffic.regathers) runs by the `bulk` method too, beside the input-gradient GEMM, on
+16 SMs as well. What the layer's compute hides of the scatters and of those gathers
+costs it their SMs' share of its rate, as a data-parallel collective's does
+(ppsim.job.collectives.behind_compute_ms).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 from ppsim.job.collectives import behind_compute_ms
 
 SCATTER_SMS = 16
-"""SMs TE's userbuffers kernels hold for a reduce-scatter (initialize_ub's num_sm)."""
+"""SMs TE's userbuffers kernels hold for a reduce-scatter or a `bulk` all-gather
+(initialize_ub's num_sm)."""
 PIPELINE_SPLITS = 4
 """Chunks the forward's `pipeline` method splits a GEMM and its scatter into
 (initialize_ub's num_splits)."""
@@ -36,6 +39,10 @@ class TpTraffic:
     and a full recompute's repeat of it in the backward)."""
     reduces_ms: float = 0.0
     """All-reduces, without sequence parallelism (which --tp-comm-overlap needs)."""
+    regathers_ms: float = 0.0
+    """Of the gathers, the backward's second gathers of the column-parallel linears'
+    inputs for their weight gradients (traffic.regathers): TE's `bulk` method runs them
+    on userbuffers kernels' SMs, as it does the backward's scatters."""
 
     @property
     def total_ms(self) -> float:
@@ -45,12 +52,14 @@ class TpTraffic:
 def overlapped_ms(t: TpTraffic, compute_ms: float, sm_count: int) -> float:
     """What the collectives `t` add to `compute_ms` of a layer's compute under
     --tp-comm-overlap: each pipelined scatter's last chunk, which follows the last GEMM
-    chunk; of the rest, the part the compute does not hide, and the scatters' SMs' share
-    of what it hides (0 for an unknown SM count)."""
+    chunk; of the rest, the part the compute does not hide, and the SMs' share of what it
+    hides of the collectives on userbuffers kernels, the scatters and the re-gathers (0
+    for an unknown SM count)."""
     tail = t.pipelined_ms / PIPELINE_SPLITS
-    rest, scatters = t.total_ms - tail, t.scatters_ms - tail
+    rest, on_sms = t.total_ms - tail, t.scatters_ms - tail + t.regathers_ms
     if rest <= 0.0:
         return tail
     share = min(SCATTER_SMS, sm_count) / sm_count if sm_count else 0.0
-    # What is hidden is gathers and scatters in their proportion on the links.
-    return tail + behind_compute_ms(rest, compute_ms, share * scatters / rest)
+    # What is hidden is ring-exchange gathers and kernels' collectives in their
+    # proportion on the links.
+    return tail + behind_compute_ms(rest, compute_ms, share * on_sms / rest)

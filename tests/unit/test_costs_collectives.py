@@ -61,17 +61,30 @@ def ring(n: int, nbytes: float) -> float:
 
 def test_sequence_parallel_gathers_and_scatters() -> None:
     rows = rows_of({"tp": 4, "recompute": "none"})
-    for what in ("tp all-gather", "tp reduce-scatter"):
-        r = row(rows, what, "layer")
-        assert (r.nbytes, r.ranks, r.link, r.count, r.exposure) == (S, 4, "NVLink", 4,
-                                                                    "exposed")
+    # each sublayer's input gathered forward, its output's gradient gathered backward,
+    # scattered once each way; the backward's gather of the input again (the weight
+    # gradient's) and its scatter of the input's gradient run beside its GEMMs
+    layer = [r for r in rows if r.piece == "layer"]
+    assert sorted((r.collective, r.exposure, r.count) for r in layer) == [
+        ("tp all-gather", "exposed", 4), ("tp all-gather", "overlap", 2),
+        ("tp reduce-scatter", "exposed", 2), ("tp reduce-scatter", "overlap", 2)]
+    for r in layer:
+        assert (r.nbytes, r.ranks, r.link) == (S, 4, "NVLink")
         assert r.ms == pytest.approx(ring(4, S))
-        for edge in ("embedding", "head"):  # one each way
-            assert row(rows, what, edge).count == 1
+    for what in ("tp all-gather", "tp reduce-scatter"):
+        for edge in ("embedding", "head"):  # one each way, the head's input gathered again
+            assert row(rows, what, edge).count == (2 if (edge, what) == (
+                "head", "tp all-gather") else 1)
     # one pipeline stage, one replica: nothing else
     assert {r.collective for r in rows} == {"tp all-gather", "tp reduce-scatter"}
     overlapped = rows_of({"tp": 4, "recompute": "none"}, {"tp_comm_overlap": True})
     assert row(overlapped, "tp all-gather", "layer").exposure == "overlap"
+    # torchtitan's linears run none of them beside a GEMM
+    titan = rows_of({"tp": 4, "recompute": "none", "fsdp": True,
+                     "fsdp_framework": "torchtitan"})
+    assert {r.exposure for r in titan if r.piece == "layer"
+            and r.collective.startswith("tp ")} == {
+        "exposed"}
 
 
 def test_without_sequence_parallelism_each_sublayer_all_reduces() -> None:
@@ -325,11 +338,12 @@ def test_counts_follow_each_stages_policy() -> None:
         {"stage": 0, "recompute_layers": 2}, {"stage": 1, "recompute_modules": []}])
     job = problem.hardware.job
     rows = problem_rows(problem)
-    gathers = {r.stages: r.count for r in rows if r.piece == "layer"
+    gathers = {(r.stages, r.exposure): r.count for r in rows if r.piece == "layer"
                and r.collective == "tp all-gather" and r.nbytes == S}
-    # each sublayer's input forward and its output gradient backward; stage 0's input
-    # again in the recomputed forward
-    assert gathers == {(0,): 6, (1,): 4}
+    # each sublayer's input forward, its output gradient backward, stage 0's input again
+    # in the recomputed forward; every stage's input again for its weight gradient,
+    # beside the input-gradient GEMM
+    assert gathers == {((0,), "exposed"): 6, ((1,), "exposed"): 4, ((0, 1), "overlap"): 2}
     a = per_rank_arch(job.arch)
     for stage, full in ((0, True), (1, False)):
         again = recomputed(replace(a, recompute="full" if full else "none"), ())

@@ -41,13 +41,19 @@ def test_tensor_parallel_collectives_have_their_own_lane() -> None:
     s = 8192 * 4096 * 2  # one microbatch's hidden states, bf16
     one = 3 * NV_STEP + 3 / 4 * s / NV  # all-gather or reduce-scatter over 4 GPUs of a node
     by_stage = {(e["args"]["stage"], e["args"]["op"]): e["args"] for e in events}
-    # Stage 0: 2 layers of 4 collectives each way, and the embedding's scatter; stage 1
-    # the same with the head's gather. Nothing overlaps, so all of it is exposed.
-    for stage in (0, 1):
-        for op in ("F", "B"):
-            args = by_stage[(stage, op)]
-            assert args["total_ms"] == pytest.approx(9 * one)
-            assert args["exposed_ms"] == pytest.approx(9 * one)
+    # Stage 0: 2 layers of 4 collectives forward and 6 backward (Megatron gathers each
+    # sublayer's input again for its weight gradient), and the embedding's scatter (its
+    # gradient's gather); stage 1 the same with the head's gather (backward: its
+    # gradient's scatter and its input's gather again). Each layer's backward runs its
+    # 2 gathers of the inputs again and its 2 scatters of their gradients beside the
+    # gathered linears' GEMMs, which outlast them: it waits for NCCL's 16 of the 132 SMs
+    # there; the rest it waits for whole.
+    waits = {"F": 4 * one, "B": 2 * one + 4 * 16 / 132 * one}
+    for (stage, op), n in {(0, "F"): 9, (1, "F"): 9, (0, "B"): 13, (1, "B"): 14}.items():
+        args = by_stage[(stage, op)]
+        assert args["total_ms"] == pytest.approx(n * one)
+        edge = n - 2 * (4 if op == "F" else 6)  # the embedding's or the head's
+        assert args["exposed_ms"] == pytest.approx(2 * waits[op] + edge * one)
 
 
 def test_overlapped_collectives_are_shown_but_not_waited_for() -> None:
@@ -60,14 +66,17 @@ def test_overlapped_collectives_are_shown_but_not_waited_for() -> None:
     s = 8192 * 4096 * 2
     one = 3 * NV_STEP + 3 / 4 * s / NV
     share = 16 / 132
-    # Per layer, each way: 2 all-gathers and 2 reduce-scatters of `one` each.
+    # Per layer, each way: 2 all-gathers and 2 reduce-scatters of `one` each, and in the
+    # backward 2 more all-gathers of the inputs, TE's `bulk` method on 16 SMs too.
     tails = 2 * one / 4
     forward = tails + share * (2 * one - tails)  # the scatters' chunks the GEMM hides
-    backward = share * 2 * one
+    backward = share * 4 * one
     for e in events:
-        assert e["args"]["total_ms"] == pytest.approx(9 * one)
-        layer = forward if e["args"]["op"] == "F" else backward
-        assert e["args"]["exposed_ms"] == pytest.approx(one + 2 * layer)
+        f = e["args"]["op"] == "F"
+        edge = 1 if f else 1 + e["args"]["stage"]  # the head gathers its input again
+        assert e["args"]["total_ms"] == pytest.approx((8 if f else 12) * one + edge * one)
+        layer = forward if f else backward
+        assert e["args"]["exposed_ms"] == pytest.approx(edge * one + 2 * layer)
 
 
 def test_a_lone_replica_has_no_collective_lane() -> None:

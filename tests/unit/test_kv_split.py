@@ -67,13 +67,14 @@ def test_simulate_runs_tp_beyond_the_groups(capsys) -> None:
 
 def test_the_gather_of_qkv_moves_the_whole_projection_output() -> None:
     # dense layer, sequence parallel: two sublayers' gather and scatter each way, and the
-    # QKV output gathered (forward) and its gradient reduce-scattered (backward):
+    # QKV output gathered (forward) and its gradient reduce-scattered (backward), and in
+    # the backward each sublayer's input gathered again for its weight gradient:
     # s x b x ng x (np/ng + 2) x hn = 4,096 x 2 x (16 + 2) x 128 elements
-    sp = 4 * gather_ms(S * 4096 * BF16, 4)
+    sp, again = 4 * gather_ms(S * 4096 * BF16, 4), 2 * gather_ms(S * 4096 * BF16, 4)
     qkv = gather_ms(S * 2 * (32 // 2 + 2) * 128 * BF16, 4)
     f, b = _tp_ms(LLAMA_KV2, 4, "dense")
     assert f == pytest.approx(sp + qkv, rel=1e-9)
-    assert b == pytest.approx(sp + qkv, rel=1e-9)
+    assert b == pytest.approx(sp + again + qkv, rel=1e-9)
 
 
 def test_an_output_gate_is_gathered_with_qkv() -> None:
@@ -89,12 +90,13 @@ def test_an_output_gate_is_gathered_with_qkv() -> None:
 @given(groups=st.sampled_from([1, 2, 4, 8]), tp=st.sampled_from([2, 4, 8]))
 def test_tp_dividing_the_groups_gathers_nothing_more(groups: int, tp: int) -> None:
     # at tp <= groups (tp | groups) a layer's tp traffic is the sequence-parallel
-    # gathers and scatters alone; above them the QKV gather joins, both ways
+    # gathers and scatters alone (the backward's inputs gathered again); above them the
+    # QKV gather joins, both ways
     f, b = _tp_ms({"preset": "llama3-8b", "num_kv_heads": groups}, tp, "dense")
-    sp = 4 * gather_ms(S * 4096 * BF16, tp)
+    sp, again = 4 * gather_ms(S * 4096 * BF16, tp), 2 * gather_ms(S * 4096 * BF16, tp)
     qkv = gather_ms(S * groups * (32 // groups + 2) * 128 * BF16, tp) if tp > groups else 0
     assert f == pytest.approx(sp + qkv, rel=1e-9)
-    assert b == pytest.approx(sp + qkv, rel=1e-9)
+    assert b == pytest.approx(sp + again + qkv, rel=1e-9)
 
 
 @settings(max_examples=20, deadline=None)

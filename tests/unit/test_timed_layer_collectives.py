@@ -17,6 +17,8 @@ from ppsim.cli.main import main
 from ppsim.config.schema import load_config
 from ppsim.costs.costfile import check_model, read_cost_file
 from ppsim.costs.grouptimes import GroupTimes, TimedCollective, TimedGroup, in_layer_times
+from ppsim.costs.kinds import gathered_gemm_windows
+from ppsim.costs.transformer import accelerator
 from ppsim.errors import UserError
 from ppsim.job.collectives import (
     Link,
@@ -68,8 +70,10 @@ def test_simulated_tensor_parallel_waits_are_the_profiles_times_megatrons_count(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """With sequence parallelism each sublayer (attention, MLP) gathers the sequence before
     it and reduce-scatters after it, the mirror in the backward (Korthikanti et al.
-    2022, fig. 5); the embedding with learned positions all-reduces its lookup, gathered
-    back in the backward; the head gathers its input and reduce-scatters its gradient."""
+    2022, fig. 5), where Megatron's column-parallel linears gather their input again for
+    the weight gradient; the embedding with learned positions all-reduces its lookup,
+    gathered back in the backward; the head gathers its input, and in the backward
+    reduce-scatters its gradient and gathers its input again."""
     shape = ["--tp", "2", "--pp", "2", "--split", "5,3", "--microbatches", "4"]
     ar, ag, rs = 0.5, 0.25, 1.0
     costs = _timed_costs(tmp_path, capsys, {"tp": 2, "bytes": 32768, "all_reduce_ms": ar,
@@ -77,10 +81,18 @@ def test_simulated_tensor_parallel_waits_are_the_profiles_times_megatrons_count(
                          *shape)
     trace = tmp_path / "sim.json"
     assert main(["simulate", "--costs", str(costs), *shape, "--trace", str(trace)]) == 0
-    layer = 2 * ag + 2 * rs
+    # the backward's gathers of the inputs again and the inputs' gradients' scatters
+    # run beside the QKV projection's and fc1's GEMMs: it waits for what they leave
+    # (no SM count: what they hide costs nothing)
+    c = load_config(None)
+    windows = gathered_gemm_windows(replace(c.model.arch, tp=2),
+                                    accelerator(c.hardware).roofline(), "dense")
+    assert len(windows) == 2 and all(w.input_grad_ms < ag for w in windows)
+    beside = sum(ag - w.input_grad_ms + rs - w.weight_grad_ms for w in windows)
+    layer, back = 2 * ag + 2 * rs, 2 * ag + beside
     assert _first_spans(trace) == pytest.approx({
-        (0, "F"): 5 * layer + ar, (0, "B"): 5 * layer + ag,
-        (1, "F"): 3 * layer + ag, (1, "B"): 3 * layer + rs})
+        (0, "F"): 5 * layer + ar, (0, "B"): 5 * back + ag,
+        (1, "F"): 3 * layer + ag, (1, "B"): 3 * back + rs + ag})
 
 
 def test_without_timed_collectives_the_links_price_them(
