@@ -35,6 +35,7 @@ from ppsim.job.collectives import (
 )
 from ppsim.job.layers import MOE_KINDS, ep_token_bytes
 from ppsim.job.model import Job
+from ppsim.job.tp_async import runs_async
 from ppsim.job.traffic import (
     SP_SUBLAYERS,
     Recomputed,
@@ -137,7 +138,7 @@ def _tp_rows(rows: _Rows, a: Architecture, k: str, again: Recomputed) -> None:
             inputs = hidden_bytes(a, fp8_bytes(a) if a.fp8_copies else 0)
             # Megatron's weight gradient's gather and the input gradient's scatter run
             # beside the backward's GEMMs (ppsim.job.tp_async)
-            beside = OVERLAPPED if regathers(a) else tp_ex
+            beside = OVERLAPPED if runs_async(job, a) else tp_ex
             rows.add("tp all-gather", "tp", all_gather_ms, inputs, s * (1 + share), tp_ex)
             rows.add("tp all-gather", "tp", all_gather_ms, inputs, s * regathers(a), beside)
             rows.add("tp all-gather", "tp", all_gather_ms, plain, s, tp_ex)

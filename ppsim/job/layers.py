@@ -38,7 +38,7 @@ from ppsim.job.collectives import (
     deepep_ms,
 )
 from ppsim.job.model import Job
-from ppsim.job.tp_async import beside_gemms_ms
+from ppsim.job.tp_async import beside_gemms_ms, runs_async
 from ppsim.job.traffic import (
     SP_SUBLAYERS,
     Collective,
@@ -52,7 +52,6 @@ from ppsim.job.traffic import (
     mtp_tp_ms,
     qkv_gather_ms,
     recomputed,
-    regathers,
     tp_layer_ms,
     with_forward_again,
 )
@@ -214,7 +213,7 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
     fwd, bwd = [], []
     if a.tp > 1 or d_f:  # the dispatcher's gathers draw in the tp lane (etp > tp = 1 too)
         # Megatron's linears' async backward collectives (ppsim.job.tp_async)
-        gemms = gathered_gemm_windows(a, acc.roofline(), kind) if regathers(a) else ()
+        gemms = gathered_gemm_windows(a, acc.roofline(), kind) if runs_async(job, a) else ()
         for out, t, d, compute, beside in ((fwd, tp_f, d_f + q_f, cost.forward_ms, ()),
                                            (bwd, tp_b, d_b + q_b, cost.backward_ms, gemms)):
             waits = overlapped_ms(t, compute, job.sm_count) if job.tp_comm_overlap \

@@ -14,9 +14,20 @@ GEMM hides costs it NCCL's SM share, as a data-parallel collective's does
 
 from __future__ import annotations
 
+from ppsim.costs.arch import Architecture
 from ppsim.costs.kinds import GemmWindow
 from ppsim.job.collectives import behind_compute_ms
+from ppsim.job.model import Job
+from ppsim.job.traffic import regathers
 from ppsim.job.userbuffers import TpTraffic
+
+
+def runs_async(job: Job, a: Architecture) -> bool:
+    """Whether the job's sequence-parallel backward runs the re-gather and the input
+    gradient's scatter beside its GEMMs: Megatron's and TE's linears (traffic.regathers),
+    unless the tensor-parallel group is timed by `ppsim profile` (the executor's, whose
+    gloo collectives block, as its runs do)."""
+    return regathers(a) and job.link("tp").timed is None
 
 
 def beside_gemms_ms(t: TpTraffic, windows: tuple[GemmWindow, ...], sm_share: float) -> float:

@@ -225,15 +225,17 @@ def test_diff_compares_a_tensor_parallel_run_with_its_simulation(launches: Pool,
     # ... and the tensor-parallel collectives inside each F and B, measured beside priced
     assert_collectives_compared(got, "tp", ops=4)
     # priced by the profile's bare times at Megatron's count (sequence parallel): a layer
-    # gathers and scatters around its attention and its MLP; the embedding all-reduces its
-    # lookup (learned positions) and gathers in the backward, the head the mirror; the
-    # median of rank 0's two ops (5 layers) and rank 1's (3 and the head)
+    # gathers and scatters around its attention and its MLP, and its backward gathers each
+    # one's input again (traffic.regathers, as the executor's linears do); the embedding
+    # all-reduces its lookup (learned positions) and gathers in the backward, the head the
+    # mirror and its input again; the median of rank 0's two ops (5 layers) and rank 1's
+    # (3 and the head)
     c = tp_costs[1]["collectives"]
-    layer = 2 * c["all_gather_ms"] + 2 * c["reduce_scatter_ms"]
+    ag, rs = c["all_gather_ms"], c["reduce_scatter_ms"]
     simulated = {r["op"]: r["ms"][1] for r in got["collectives"]}
     assert simulated == pytest.approx({
-        "F": (8 * layer + c["all_reduce_ms"] + c["all_gather_ms"]) / 2,
-        "B": (8 * layer + c["all_gather_ms"] + c["reduce_scatter_ms"]) / 2}, rel=1e-6)
+        "F": (8 * (2 * ag + 2 * rs) + c["all_reduce_ms"] + ag) / 2,
+        "B": (8 * (4 * ag + 2 * rs) + 2 * ag + rs) / 2}, rel=1e-6)
 
 
 def test_diff_prices_and_measures_the_gather_of_qkv(launches: Pool, tmp_path: Path) -> None:
@@ -252,11 +254,13 @@ def test_diff_prices_and_measures_the_gather_of_qkv(launches: Pool, tmp_path: Pa
     got = diff_with_simulation(run, out, tmp_path)
     assert_collectives_compared(got, "tp", ops=4)
     # rank 0's F holds 5 layers and the embedding's scatter, rank 1's 3 and the head's
-    # gather (the median of the four); B the mirror
+    # gather (the median of the four); B the mirror, with each sublayer's and the head's
+    # input gathered again
     ag, rs = c["all_gather_ms"], c["reduce_scatter_ms"]
     simulated = {row["op"]: row["ms"][1] for row in got["collectives"]}
     assert simulated == pytest.approx({"F": (8 * (3 * ag + 2 * rs) + ag + rs) / 2,
-                                       "B": (8 * (2 * ag + 3 * rs) + ag + rs) / 2}, rel=1e-6)
+                                       "B": (8 * (4 * ag + 3 * rs) + 2 * ag + rs) / 2},
+                                      rel=1e-6)
 
 
 def test_diff_prices_and_measures_the_gather_of_the_gpts_qkv(launches: Pool,
