@@ -50,9 +50,11 @@ def shape_dict(r: ShapeResult) -> dict[str, Any]:
             "megatron_policy_flags": r.policy_flags}
 
 
-def overflow_text(res: JobSearch, memory_bytes: float, hosting: bool = False) -> str | None:
+def overflow_text(res: JobSearch, memory_bytes: float, hosting: bool = False,
+                  sharding: bool = False) -> str | None:
     """Why nothing was simulated, when the weights alone overflow every shape; `hosting`:
-    the optimizer on the host, not searched, might make some fit."""
+    the optimizer on the host, not searched, might make some fit; `sharding`: so might
+    sharding the state over data-parallel ranks, not searched."""
     if res.leanest is None:
         return None
     lean = res.leanest
@@ -70,8 +72,16 @@ def overflow_text(res: JobSearch, memory_bytes: float, hosting: bool = False) ->
             f"alone overflow {fmt_bytes(memory_bytes)} per GPU, however the layers are split "
             f"(the least is {fmt_bytes(res.leanest.static_bytes)}, at "
             f"{res.leanest.shape.label()}); give more GPUs (--gpus), or a [hardware] with more "
-            "memory" + (", or search the optimizer on the host (--search host-optimizer)"
-                        if hosting else ""))
+            "memory" + (", or shard them over the data-parallel ranks (--search sharding)"
+                        if sharding and _shards_under(lean, memory_bytes) else "")
+            + (", or search the optimizer on the host (--search host-optimizer)"
+               if hosting else ""))
+
+
+def _shards_under(lean: Any, memory_bytes: float) -> bool:
+    """Whether the leanest shape's state, sharded whole over its data- and
+    context-parallel ranks (FSDP's floor), would fit the memory."""
+    return lean.static_bytes / (lean.shape.dp * lean.shape.cp) <= memory_bytes
 
 
 def size_name(key: str) -> str:
@@ -138,11 +148,12 @@ def _row_tag(i: int, r: ShapeResult) -> str:
 
 def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
                    memory_bytes: float, configured: str = "",
-                   held: dict[str, int] | None = None, hosting: bool = False) -> None:
+                   held: dict[str, int] | None = None, hosting: bool = False,
+                   sharding: bool = False) -> None:
     """The table of shapes; `configured`: the global recompute mode when the memory
     policy was searched (below the table, each shape whose policy differs from it);
-    `held`: the sizes given as flags; `hosting`: the optimizer on the host may help
-    where nothing fits (overflow_text)."""
+    `held`: the sizes given as flags; `hosting`, `sharding`: the optimizer on the host,
+    or sharding, may help where nothing fits (overflow_text)."""
     from rich.console import Console
 
     console = Console()
@@ -151,7 +162,7 @@ def print_job_plan(res: JobSearch, gpus: int, gbs: int, top: int,
                   markup=False)
     if held:
         console.print(held_text(held), markup=False)
-    why = overflow_text(res, memory_bytes, hosting)
+    why = overflow_text(res, memory_bytes, hosting, sharding)
     if why:
         console.print(why, markup=False)
         return
@@ -318,8 +329,10 @@ def cmd_job_plan(args: argparse.Namespace) -> int:
     else:
         hosting = "host-optimizer" not in axes and host_rates_known(cfg.hardware) \
             and cfg.model.arch.optimizer == "adam"
+        sharding = "sharding" not in axes and not cfg.model.arch.fsdp
         print_job_plan(res, args.gpus, gbs, args.top, cfg.hardware.memory_bytes,
-                       (cfg.model.recompute or "none") if policy else "", held, hosting)
+                       (cfg.model.recompute or "none") if policy else "", held, hosting,
+                       sharding)
     if any(r.summary.fits for r in res.candidates):
         if args.png:
             shape_png(args.png, res.candidates[0])

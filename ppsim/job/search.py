@@ -39,6 +39,7 @@ from ppsim.job.shapes import (
     Shape,
     cp_comm_choices,
     dispatcher_choices,
+    held_batch_refusal,
     microbatch_refusal,
     shapes,
     sharding_choices,
@@ -180,6 +181,11 @@ def _candidates(cfg: Any, gpus: int, gbs: int, fixed: dict[str, int] | None,
     if not todo and fixed:
         given = ", ".join(f"{k} {v}" for k, v in fixed.items())
         _refuse_held_microbatches(cfg, gpus, gbs, fixed, sharding, given)
+        batch = held_batch_refusal(a, gpus, gbs, per_node, cfg.model.total_layers, fixed,
+                                   any_copies=sharding, combined=combined,
+                                   interleaved=cfg.pipeline.overlap_param_gather_with_optimizer_step)
+        if batch is not None:
+            raise batch  # in Megatron's words, as `simulate` refuses the shape
         raise UserError("--gpus", f"no shape of {gpus:,} GPUs at a global batch of {gbs:,} "
                         f"has {given} (the model, the world or the batch refuses it)",
                         "fix fewer sizes, or sizes that divide the world and the batch")

@@ -5,6 +5,7 @@ per rank and micro-batch sizes the batch allows, and the shardings when they are
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from itertools import product
 from typing import Any
@@ -17,7 +18,9 @@ from ppsim.costs.layerops import (
     vocab_split_problem,
 )
 from ppsim.costs.mixer_split import split_problem
+from ppsim.errors import UserError
 from ppsim.job.context_parallel import cp_refusal
+from ppsim.job.shape import microbatches_for
 from ppsim.pipeline.megatron_rules import MEGATRON_INTERLEAVED, group_refusal
 from ppsim.pipeline.torch_rules import torch_refusal
 from ppsim.schedules.generators import interleaved_group, schedule_for_vpp
@@ -251,6 +254,26 @@ def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
             out += [s for s in made if schedule is None
                     or microbatch_refusal(a, s, schedule, any_copies) is None]
     return out
+
+
+def held_batch_refusal(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
+                       fixed: dict[str, int], **rules: Any) -> UserError | None:
+    """Megatron's own refusal (microbatches_for) where the held sizes leave one dp for
+    the world and the model and the global batch does not divide into mbs x dp (at the
+    smallest mbs tried); None where dp is still searched or the batch is not the cause.
+    `rules`: shapes()'s other arguments."""
+    mbs = (fixed["mbs"],) if "mbs" in fixed else MBS_CHOICES
+    # a batch every mbs x dp divides: the shapes the world and the model allow
+    loose = shapes(a, gpus, gpus * math.lcm(*mbs), gpus_per_node, layers, fixed,
+                   schedule=None, **rules)
+    if len({s.dp for s in loose}) != 1:
+        return None
+    s = min(loose, key=lambda s: s.mbs)
+    try:
+        microbatches_for(gbs, s.mbs, s.dp)
+    except UserError as e:
+        return e
+    return None
 
 
 def sharding_choices(s: Shape, gpus_per_node: int, experts: bool,
