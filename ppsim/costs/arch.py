@@ -321,6 +321,15 @@ class Architecture(ExpertShape):
         return self.fsdp and self.fsdp_framework == "torchtitan"
 
     @property
+    def saves_gathered_inputs(self) -> bool:
+        """Each column-parallel linear keeps its input gathered over the tensor ranks, whole
+        on each, for its weight gradient: torchtitan's tensor parallelism (DTensor's
+        matmul saves the redistributed input; ppsim.costs.saved.GATHERED). Megatron's and
+        Transformer Engine's keep the rank's own tokens and gather them again in the
+        backward (ppsim.job.traffic.regathers)."""
+        return self.torchtitan_fsdp and self.tp > 1
+
+    @property
     def megatron_fsdp2(self) -> bool:
         """The replicas shard with Megatron's --use-torch-fsdp2."""
         return self.fsdp and self.fsdp_framework == "megatron"

@@ -290,8 +290,10 @@ def head_activation_bytes(a: Architecture) -> int:
     if a.loss_chunks:
         return int(rank_bytes(a, _norm_bytes(a, a.hidden_size), 0)
                    + 2 * tok * a.hidden_size * w)
-    hidden = _norm_bytes(a, a.hidden_size) + tok * a.hidden_size * w  # the norm's output
-    return int(rank_bytes(a, hidden, tok * padded_vocab(a) * 4))
+    projected = tok * a.hidden_size * w  # the norm's output, the projection's input
+    whole = projected if a.saves_gathered_inputs else 0  # gathered: whole on every rank
+    hidden = _norm_bytes(a, a.hidden_size) + projected - whole
+    return int(rank_bytes(a, hidden, tok * padded_vocab(a) * 4) + whole)
 
 
 def head_transient_bytes(a: Architecture) -> int:

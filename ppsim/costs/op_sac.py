@@ -24,7 +24,7 @@ from typing import Any
 from ppsim.costs.arch import DTYPE_BYTES, Architecture
 from ppsim.costs.layerops import layer_ops
 from ppsim.costs.ops import Op
-from ppsim.costs.saved import LAYER_INPUT, microbatch_tokens, saved_tensors
+from ppsim.costs.saved import LAYER_INPUT, microbatch_tokens, saved_tensors, split_over
 
 OP_SAC = "op-sac"
 """The recompute mode: torchtitan's SelectiveAC (`activation-checkpoint:selective`)."""
@@ -115,7 +115,7 @@ def op_sac_kept(a: Architecture, kind: str = "dense") -> dict[str, float]:
         kept[name] = _output_bytes(a, ops[mm.op], mm.half)
     tok, w = microbatch_tokens(a), DTYPE_BYTES[a.dtype]
     if kind == "moe":  # top-k's values (fp32) and expert ids (int64), per token
-        kept["router.topk"] = tok * a.top_k * (4 + 8) / a.token_ranks
+        kept["router.topk"] = tok * a.top_k * (4 + 8) / split_over(a, "router.topk", kind)
         if a.ep > 1:  # the dispatch's and the combine's all-to-all outputs
             kept["a2a.out"] = 2 * saved["experts.fc1_in"] / a.expert_tp
     if a.tp > 1 and a.sequence_parallel:  # the reduce-scatters after attention and the MLP

@@ -17,17 +17,45 @@ SHARED_GATE = ("shared.out", "shared.gate_score")
 
 
 TOKEN_SPLIT = ("norm1.", "norm2.", "q_norm.", "kv_norm.", "q_up.in", "kv_up.in", "drop1.",
-               "drop2.", "attn.k_rope")
+               "drop2.", "attn.k_rope", "router.")
 """The saved tensors (by name prefix) that are hidden-wide or a latent between the
-tensor-parallel blocks: split over Architecture.token_ranks, the rest by width over tp.
-(A MoE layer's are all over tp: Megatron runs MoE with tp > 1 only under sequence
-parallelism.)"""
+tensor-parallel blocks, or the router's per token: split over Architecture.token_ranks,
+the rest by width over tp. (A MoE layer's experts' are all over tp: Megatron runs MoE
+with tp > 1 only under sequence parallelism.)"""
 
 
-def per_rank(a: Architecture, tensors: dict[str, float]) -> dict[str, float]:
+SHARED_INPUT = "shared.fc1_in"
+GATHERED = ("norm1.out", "q_norm.", "kv_norm.", "q_up.in", "kv_up.in", "attn.k_rope",
+            SHARED_INPUT)
+"""What torchtitan's tensor parallelism keeps whole on every tensor rank: each block
+redistributes its input to Replicate (an all-gather under SequenceParallel) and its
+column-parallel linears save that gathered input for their weight gradients (DTensor's
+matmul; Megatron's and TE's save the rank's tokens and gather again, traffic.regathers);
+MLA's down projections, latent norms and rotary key run replicated on it."""
+GATHERED_FFN = ("norm2.out", "router.")
+"""The same for the feed-forward block: a dense MLP's, and a MoE's without expert
+parallelism, whose router and experts take the gathered tokens (with it they take the
+rank's own, and only the shared experts gather: SHARED_INPUT)."""
+
+
+def gathered(a: Architecture, kind: str = "dense") -> tuple[str, ...]:
+    """The saved tensors (by name prefix) a tensor rank holds whole (GATHERED)."""
+    if not a.saves_gathered_inputs:
+        return ()
+    return GATHERED + (GATHERED_FFN if kind != "moe" or a.ep == 1 else ())
+
+
+def split_over(a: Architecture, name: str, kind: str = "dense") -> int:
+    """Ranks a saved tensor of a layer of `kind` is split over."""
+    if name.startswith(gathered(a, kind)):
+        return 1
+    return a.token_ranks if name.startswith(TOKEN_SPLIT) else a.tp
+
+
+def per_rank(a: Architecture, tensors: dict[str, float], kind: str = "dense"
+             ) -> dict[str, float]:
     """Whole tensors' bytes as one tensor rank holds them."""
-    return {k: v / (a.token_ranks if k.startswith(TOKEN_SPLIT) else a.tp)
-            for k, v in tensors.items()}
+    return {k: v / split_over(a, k, kind) for k, v in tensors.items()}
 
 
 LAYER_INPUT = "norm1.in"
@@ -158,6 +186,9 @@ def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
             t["latent.fc2_in"] = tok * width * w  # the combined tokens, projected back up
         if a.shared_width:
             t.update(_mlp_tensors(a, "shared", tok, a.shared_width))
+        if a.shared_width and a.ep > 1 and a.sequence_parallel and gathered(a):
+            # the shared experts gather the rank's tokens (the router keeps them as they are)
+            t[SHARED_INPUT] = tok * h * w
         if a.shared_width and a.shared_expert_gate:  # the gated product's inputs
             t.update({SHARED_GATE[0]: tok * h * w, SHARED_GATE[1]: tok * w})
     if a.fp8_copies:  # the FP8 linears keep their inputs in FP8 (ppsim.costs.fp8)
@@ -165,7 +196,7 @@ def saved_tensors(a: Architecture, kind: str) -> dict[str, float]:
         t.update({n: v / w * f for n, v in t.items() if n in FP8_INPUTS})
         t[PROJ_INPUT] = tok * sh.out * f
         t.pop(GATED, None)  # the projection's FP8 copy is of the gated output
-    return per_rank(a, t)
+    return per_rank(a, t, kind)
 
 
 def _half_tensors(a: Architecture, kind: str) -> dict[str, float]:

@@ -60,7 +60,7 @@ def regathers(a: Architecture) -> bool:
     forward; recomputed or not, the forward's gather feeds only the forward's GEMM).
     torchtitan's ColwiseParallel saves the gathered input (DTensor's matmul), so its
     backward gathers none."""
-    return a.sequence_parallel and a.tp > 1 and not a.torchtitan_fsdp
+    return a.sequence_parallel and a.tp > 1 and not a.saves_gathered_inputs
 
 
 def tp_collectives_ms(job: Job, a: Architecture, collectives: int,
