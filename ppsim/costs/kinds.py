@@ -10,7 +10,7 @@ from functools import lru_cache
 
 from ppsim.costs.arch import Architecture
 from ppsim.costs.hybrid import parse_pattern
-from ppsim.costs.layerops import layer_ops
+from ppsim.costs.layerops import head_ops, layer_ops
 from ppsim.costs.mixers import (
     mixer_activation_bytes,
     mixer_ops,
@@ -126,6 +126,17 @@ def gathered_gemm_windows(a: Architecture, r: Roofline, kind: str) -> tuple[Gemm
         windows[sublayer] = GemmWindow(input_grad_ms=had.input_grad_ms + dgrad,
                                        weight_grad_ms=had.weight_grad_ms + wgrad)
     return tuple(windows.values())
+
+
+@lru_cache(maxsize=256)
+def head_gemm_window(a: Architecture, r: Roofline) -> GemmWindow:
+    """The output layer's backward GEMMs (head_ops' vocabulary projection), priced as the
+    head's compute is: Megatron's output layer is a ColumnParallelLinear, whose backward
+    runs its collectives beside them as a layer's gathered linears do (a fused or
+    vocabulary-parallel cross-entropy changes the logits' gradient, not the linear)."""
+    (op,) = (op for op in head_ops(a) if op.name == "output")
+    _, dgrad, wgrad, _, _ = op_times(r, op)
+    return GemmWindow(input_grad_ms=dgrad, weight_grad_ms=wgrad)
 
 
 def kind_effect(a: Architecture, kind: str, recompute: tuple[str, ...] = (),

@@ -8,8 +8,8 @@ what the layer's backward recomputes (traffic.Recomputed); FSDP's units are in
 ppsim.job.fsdp_rows. Whether a row's collective waits is the model's
 choice: "exposed" (on the compute stream, or nothing beside it), "overlap" (behind the
 layer's compute as far as it lasts: --tp-comm-overlap, Megatron's async backward
-collectives of a sequence-parallel linear, the K/V ring's passes, the shared experts
-under --moe-shared-expert-overlap), "paired" (behind another microbatch's
+collectives of a column-parallel linear (the output layer's too), the K/V ring's
+passes, the shared experts under --moe-shared-expert-overlap), "paired" (behind another microbatch's
 compute in the combined 1F1B's pairs).
 """
 
@@ -145,8 +145,10 @@ def _tp_rows(rows: _Rows, a: Architecture, k: str, again: Recomputed) -> None:
             rows.add("tp reduce-scatter", "tp", reduce_scatter_ms, plain, s * (1 + rescatter),
                      tp_ex)
             rows.add("tp reduce-scatter", "tp", reduce_scatter_ms, plain, s, beside)
-        else:
-            rows.add("tp all-reduce", "tp", all_reduce_ms, plain, s * (2 + rescatter))
+        else:  # the input gradient's beside the weight gradient's GEMM (tp_async)
+            rows.add("tp all-reduce", "tp", all_reduce_ms, plain, s * (1 + rescatter))
+            rows.add("tp all-reduce", "tp", all_reduce_ms, plain, s,
+                     OVERLAPPED if runs_async(job, a) else EXPOSED)
     if k in ATTENTION_KINDS:  # on the compute stream: never hidden
         qkv = qkv_gather_bytes(attention_arch(a, k))
         rows.add("qkv all-gather", "tp", all_gather_ms, qkv, 2 if again.full else 1)
@@ -207,30 +209,33 @@ def _ep_rows(rows: _Rows, a: Architecture, k: str, again: Recomputed) -> None:
 
 
 def _mtp_rows(rows: _Rows, a: Architecture) -> None:
-    if a.tp == 1:
-        return
-    plain = hidden_bytes(a)
-    if a.sequence_parallel:
-        rows.add("tp all-gather", "tp", all_gather_ms, plain, 2)
-    else:
-        rows.add("tp all-reduce", "tp", all_reduce_ms, plain, 2)
+    """layers.mtp_edge_collectives: the embedding's and the head's, again."""
+    for head in (False, True):
+        _edge_rows(rows, a, head)
 
 
 def edge_rows(job: Job, a: Architecture, head: bool) -> list[CommRow]:
-    """traffic.edge_tp_ms's collectives of the embedding (or the `head`)."""
+    """traffic.edge_tp_traffic's collectives of the embedding (or the `head`)."""
     rows = _Rows(job, "head" if head else "embedding", {})
+    _edge_rows(rows, a, head)
+    return list(rows.out.values())
+
+
+def _edge_rows(rows: _Rows, a: Architecture, head: bool) -> None:
+    """The head's backward ones marked as layers.edge_tp_collectives prices them."""
     if a.tp == 1:
-        return []
+        return
     plain = hidden_bytes(a)
+    beside = OVERLAPPED if head and runs_async(rows.job, a) else EXPOSED
     if not a.sequence_parallel:
-        rows.add("tp all-reduce", "tp", all_reduce_ms, plain, 1)
+        rows.add("tp all-reduce", "tp", all_reduce_ms, plain, 1, beside)
     elif head:
-        rows.add("tp all-gather", "tp", all_gather_ms, plain, 1 + regathers(a))
-        rows.add("tp reduce-scatter", "tp", reduce_scatter_ms, plain, 1)
+        rows.add("tp all-gather", "tp", all_gather_ms, plain, 1)
+        rows.add("tp all-gather", "tp", all_gather_ms, plain, int(regathers(a)), beside)
+        rows.add("tp reduce-scatter", "tp", reduce_scatter_ms, plain, 1, beside)
     else:
         if a.learned_positions:
             rows.add("tp all-reduce", "tp", all_reduce_ms, plain, 1)
         else:
             rows.add("tp reduce-scatter", "tp", reduce_scatter_ms, plain, 1)
         rows.add("tp all-gather", "tp", all_gather_ms, plain, 1)
-    return list(rows.out.values())

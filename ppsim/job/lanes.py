@@ -21,13 +21,14 @@ from ppsim.costs.transformer import Accelerator
 from ppsim.job.layers import (
     compute_costs,
     edge_collectives,
+    mtp_edge_collectives,
     per_rank_arch,
     piece_collectives,
     piece_fp8,
 )
 from ppsim.job.model import Job
 from ppsim.job.step_comm import StepCollective
-from ppsim.job.traffic import Collective, PieceCollectives, mtp_tp_ms, recomputed
+from ppsim.job.traffic import Collective, PieceCollectives, recomputed
 from ppsim.sim.summary import end_ranks, rank_tails
 from ppsim.sim.timing import in_pairs
 
@@ -63,12 +64,10 @@ def stage_collectives(job: Job, acc: Accelerator, stages: Sequence[Any]
     a = per_rank_arch(job.arch)
     costs = compute_costs(job, acc)
     kinds = costs.kinds or ("dense",) * len(costs.layers)
-    one = mtp_tp_ms(job, a)
     fp8 = piece_fp8(a, len(costs.layers))
-    edge = PieceCollectives(forward=(Collective(group="tp", total_ms=one, exposed_ms=one),),
-                            backward=(Collective(group="tp", total_ms=one, exposed_ms=one),))
-    embedding = edge_collectives(job, a, costs.embedding)
-    head = edge_collectives(job, a, costs.head, head=True)
+    edge = mtp_edge_collectives(job, a, acc)
+    embedding = edge_collectives(job, a, acc, costs.embedding)
+    head = edge_collectives(job, a, acc, costs.head, head=True)
     by_piece: dict[tuple[str, Any], PieceCollectives] = {}
     out = []
     for st in stages:

@@ -23,7 +23,7 @@ from functools import lru_cache
 
 from ppsim.costs.arch import DTYPE_BYTES, Architecture
 from ppsim.costs.fp8 import fp8_layers, layer_precision
-from ppsim.costs.kinds import gathered_gemm_windows, kind_ops, piece_kinds
+from ppsim.costs.kinds import gathered_gemm_windows, head_gemm_window, kind_ops, piece_kinds
 from ppsim.costs.layerops import mlp_ops
 from ppsim.costs.mixer_split import SSM_KINDS
 from ppsim.costs.mixers import ATTENTION_KINDS, attention_arch
@@ -48,8 +48,7 @@ from ppsim.job.traffic import (
     cp_mixer_comm,
     cp_traffic,
     dispatcher_tp_ms,
-    edge_tp_ms,
-    mtp_tp_ms,
+    edge_tp_traffic,
     qkv_gather_ms,
     recomputed,
     tp_layer_ms,
@@ -171,16 +170,39 @@ def fsdp_collectives(job: Job, cost: LayerCost, head: bool = False,
             b, cost.backward_ms, share)),) if b else ())
 
 
-def edge_collectives(job: Job, a: Architecture, cost: LayerCost,
+def edge_collectives(job: Job, a: Architecture, acc: Accelerator, cost: LayerCost,
                      head: bool = False) -> PieceCollectives:
     """The embedding's (or the head's) collectives: its tensor-parallel ones
-    (traffic.edge_tp_ms), and its FSDP unit's."""
-    def exposed(ms: float) -> tuple[Collective, ...]:
-        return (Collective(group="tp", total_ms=ms, exposed_ms=ms),) if ms else ()
-
-    f, b = (exposed(ms) for ms in edge_tp_ms(job, a, head))
+    (edge_tp_collectives), and its FSDP unit's."""
+    tp = edge_tp_collectives(job, a, acc, head)
     own = fsdp_collectives(job, cost, head, edge=True)
-    return PieceCollectives(forward=f + own.forward, backward=b + own.backward)
+    return PieceCollectives(forward=tp.forward + own.forward,
+                            backward=tp.backward + own.backward)
+
+
+def edge_tp_collectives(job: Job, a: Architecture, acc: Accelerator,
+                        head: bool) -> PieceCollectives:
+    """The embedding's (or the head's) tensor-parallel collectives (traffic.
+    edge_tp_traffic): the head's backward ones beside its GEMMs where Megatron runs
+    them async (ppsim.job.tp_async; its output layer is no userbuffer linear, so
+    --tp-comm-overlap leaves it so), the rest exposed."""
+    f, b = edge_tp_traffic(job, a, head)
+    window = (head_gemm_window(a, acc.roofline()),) if head and runs_async(job, a) else ()
+    waits = beside_gemms_ms(b, window, job.collective_sm_share)
+    return PieceCollectives(
+        forward=(Collective(group="tp", total_ms=f.total_ms, exposed_ms=f.total_ms),)
+        if f.total_ms else (),
+        backward=(Collective(group="tp", total_ms=b.total_ms, exposed_ms=waits),)
+        if b.total_ms else ())
+
+
+def mtp_edge_collectives(job: Job, a: Architecture, acc: Accelerator) -> PieceCollectives:
+    """An MTP module's own pass through the embedding and the head (Megatron's
+    MultiTokenPredictionLayer embeds the shifted tokens, process_mtp_loss runs the output
+    layer again): their tensor-parallel collectives, priced as the model's own."""
+    emb, head = (edge_tp_collectives(job, a, acc, h) for h in (False, True))
+    return PieceCollectives(forward=emb.forward + head.forward,
+                            backward=emb.backward + head.backward)
 
 
 def piece_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
@@ -360,7 +382,7 @@ def job_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None = No
         return costs
     again = recomputed(a, recompute)
     kinds = costs.kinds or ("dense",) * len(costs.layers)
-    one = mtp_tp_ms(job, a)
+    mtp = _exposed(mtp_edge_collectives(job, a, acc))
     # One entry per distinct piece: layers of a kind differ where a window applies.
     by_piece: dict[tuple[str, LayerCost, int], LayerCost] = {}
     layers = []
@@ -370,9 +392,10 @@ def job_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None = No
         if (kind, c, w) not in by_piece:
             e = piece_exposed(job, layer_precision(a, fp8), acc, kind, c, w, again)
             if kind == "mtp":  # and its own pass through the head
-                e = replace(e, forward_ms=e.forward_ms + one, backward_ms=e.backward_ms + one)
+                e = replace(e, forward_ms=e.forward_ms + mtp.forward_ms,
+                            backward_ms=e.backward_ms + mtp.backward_ms)
             by_piece[kind, c, w] = _add(c, e)
         layers.append(by_piece[kind, c, w])
-    head = _add(costs.head, _exposed(edge_collectives(job, a, costs.head, head=True)))
-    emb = _add(costs.embedding, _exposed(edge_collectives(job, a, costs.embedding)))
+    head = _add(costs.head, _exposed(edge_collectives(job, a, acc, costs.head, head=True)))
+    emb = _add(costs.embedding, _exposed(edge_collectives(job, a, acc, costs.embedding)))
     return replace(costs, layers=tuple(layers), head=head, embedding=emb)

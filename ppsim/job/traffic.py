@@ -80,29 +80,36 @@ def tp_reduces_ms(job: Job, a: Architecture, collectives: float) -> float:
     return collectives * all_reduce_ms(hidden_bytes(a), job.link("tp"))
 
 
-def edge_tp_ms(job: Job, a: Architecture, head: bool) -> tuple[float, float]:
-    """(forward, backward) tensor-parallel ms of the embedding (or the `head`): with
-    sequence parallelism the embedding's output is reduce-scattered and the head's input
-    gathered, the mirror in the backward, where Megatron's output layer gathers its
-    input again (`regathers`); without it the embedding all-reduces its output
-    and the head its input's gradient (copy_to_tensor_model_parallel_region). Beside
-    learned positions Megatron's embedding all-reduces the words' lookup before adding
-    them, then takes this rank's tokens (LanguageModelEmbedding.reduce_scatter_embeddings
-    is off), gathered back in the backward."""
+def edge_tp_traffic(job: Job, a: Architecture, head: bool) -> tuple[TpTraffic, TpTraffic]:
+    """(forward, backward) tensor-parallel collectives of the embedding (or the `head`,
+    Megatron's output layer, a ColumnParallelLinear): with sequence parallelism the
+    embedding's output is reduce-scattered and the head's input gathered, the mirror in
+    the backward, where Megatron's output layer gathers its input again (`regathers`);
+    without it the embedding all-reduces its output and the head its input's gradient
+    (the column-parallel linear's `allreduce_dgrad`). Beside learned positions Megatron's
+    embedding all-reduces the words' lookup before adding them, then takes this rank's
+    tokens (LanguageModelEmbedding.reduce_scatter_embeddings is off), gathered back in
+    the backward."""
     gather, reduce = tp_collectives_ms(job, a, 1), tp_reduces_ms(job, a, 1)
     scatter = tp_collectives_ms(job, a, 1, scatter=True)
-    if a.sequence_parallel:
-        if head:
-            return gather, scatter + (gather if regathers(a) else 0.0)
-        return (reduce if a.learned_positions else scatter), gather
-    return (0.0, reduce) if head else (reduce, 0.0)
+    if not a.sequence_parallel:
+        none, reduced = TpTraffic(gathers_ms=0.0, scatters_ms=0.0), \
+            TpTraffic(gathers_ms=0.0, scatters_ms=0.0, reduces_ms=reduce,
+                      dgrad_reduces_ms=reduce if head else 0.0)
+        return (none, reduced) if head else (reduced, none)
+    if head:
+        regather = gather if regathers(a) else 0.0
+        return TpTraffic(gathers_ms=gather, scatters_ms=0.0), \
+            TpTraffic(gathers_ms=regather, scatters_ms=scatter, regathers_ms=regather)
+    lookup = TpTraffic(gathers_ms=0.0, scatters_ms=0.0, reduces_ms=reduce) \
+        if a.learned_positions else TpTraffic(gathers_ms=0.0, scatters_ms=scatter)
+    return lookup, TpTraffic(gathers_ms=gather, scatters_ms=0.0)
 
 
-def mtp_tp_ms(job: Job, a: Architecture) -> float:
-    """An MTP module's own pass through the head, each way: one gather or scatter, or
-    without sequence parallelism one all-reduce (its embedding's forward, the head's
-    backward)."""
-    return tp_collectives_ms(job, a, 1) if a.sequence_parallel else tp_reduces_ms(job, a, 1)
+def edge_tp_ms(job: Job, a: Architecture, head: bool) -> tuple[float, float]:
+    """(forward, backward) ms on the tp links of edge_tp_traffic."""
+    f, b = edge_tp_traffic(job, a, head)
+    return f.total_ms, b.total_ms
 
 
 SP_SUBLAYERS = {"dense": 2, "moe": 1, "moe-mlp": 0}
@@ -125,7 +132,8 @@ def tp_layer_ms(job: Job, a: Architecture, sublayers: int = 2, again: float = 0.
     if not a.sequence_parallel:
         each = tp_reduces_ms(job, a, sublayers)
         return TpTraffic(gathers_ms=0.0, scatters_ms=0.0, reduces_ms=each), \
-            TpTraffic(gathers_ms=0.0, scatters_ms=0.0, reduces_ms=each * (1 + rescatter))
+            TpTraffic(gathers_ms=0.0, scatters_ms=0.0, reduces_ms=each * (1 + rescatter),
+                      dgrad_reduces_ms=each)
     inputs = tp_collectives_ms(job, a, sublayers, fp8_bytes(a) if a.fp8_copies else 0)
     # one a sublayer, in the training dtype
     each = tp_collectives_ms(job, a, sublayers)

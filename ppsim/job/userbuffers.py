@@ -39,6 +39,10 @@ class TpTraffic:
     and a full recompute's repeat of it in the backward)."""
     reduces_ms: float = 0.0
     """All-reduces, without sequence parallelism (which --tp-comm-overlap needs)."""
+    dgrad_reduces_ms: float = 0.0
+    """Of the all-reduces, the backward's of the column-parallel linears' input
+    gradients (not a recompute's repeats of the forward's): Megatron runs them async
+    beside the weight-gradient GEMMs (ppsim.job.tp_async)."""
     regathers_ms: float = 0.0
     """Of the gathers, the backward's second gathers of the column-parallel linears'
     inputs for their weight gradients (traffic.regathers): TE's `bulk` method runs them

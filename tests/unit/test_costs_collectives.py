@@ -71,10 +71,14 @@ def test_sequence_parallel_gathers_and_scatters() -> None:
     for r in layer:
         assert (r.nbytes, r.ranks, r.link) == (S, 4, "NVLink")
         assert r.ms == pytest.approx(ring(4, S))
-    for what in ("tp all-gather", "tp reduce-scatter"):
-        for edge in ("embedding", "head"):  # one each way, the head's input gathered again
-            assert row(rows, what, edge).count == (2 if (edge, what) == (
-                "head", "tp all-gather") else 1)
+    # one each way, the head's input gathered again; the head's backward beside its GEMMs
+    edges = sorted((r.piece, r.collective, r.exposure, r.count) for r in rows
+                   if r.piece in ("embedding", "head"))
+    assert edges == [("embedding", "tp all-gather", "exposed", 1),
+                     ("embedding", "tp reduce-scatter", "exposed", 1),
+                     ("head", "tp all-gather", "exposed", 1),
+                     ("head", "tp all-gather", "overlap", 1),
+                     ("head", "tp reduce-scatter", "overlap", 1)]
     # one pipeline stage, one replica: nothing else
     assert {r.collective for r in rows} == {"tp all-gather", "tp reduce-scatter"}
     overlapped = rows_of({"tp": 4, "recompute": "none"}, {"tp_comm_overlap": True})
@@ -88,12 +92,17 @@ def test_sequence_parallel_gathers_and_scatters() -> None:
 
 
 def test_without_sequence_parallelism_each_sublayer_all_reduces() -> None:
-    r = row(rows_of({"tp": 4, "recompute": "none", "sequence_parallel": False}),
-            "tp all-reduce", "layer")
+    rows = rows_of({"tp": 4, "recompute": "none", "sequence_parallel": False})
     ring_ar = 2 * 3 * NV_STEP + 2 * 3 / 4 * S / NV
     tree_ar = 2 * 2 * NV_STEP + 2 * 3 / 4 * S / (NV / 2)
-    assert (r.nbytes, r.count) == (S, 4)  # attention and MLP, forward and backward
-    assert r.ms == pytest.approx(min(ring_ar, tree_ar))
+    # attention's and the MLP's, forward and backward; the backward's (the input
+    # gradients') beside the weight-gradient GEMMs, as the head's
+    got = sorted((r.piece, r.exposure, r.count) for r in rows if r.collective == "tp all-reduce")
+    assert got == [("embedding", "exposed", 1), ("head", "overlap", 1),
+                   ("layer", "exposed", 2), ("layer", "overlap", 2)]
+    for r in rows:
+        assert r.nbytes == S
+        assert r.ms == pytest.approx(min(ring_ar, tree_ar))
 
 
 def test_context_parallel_ring_sends() -> None:
@@ -255,8 +264,8 @@ def test_moe_rows_add_up_to_what_each_layer_is_priced(tp: int, ep: int, etp: int
     rows = problem_rows(problem)
     for piece, comm in (
             ("moe", layer_collectives(job, a, job.accelerator, "moe", costs.layers[0])),
-            ("embedding", edge_collectives(job, a, costs.embedding)),
-            ("head", edge_collectives(job, a, costs.head, head=True))):
+            ("embedding", edge_collectives(job, a, job.accelerator, costs.embedding)),
+            ("head", edge_collectives(job, a, job.accelerator, costs.head, head=True))):
         want: dict[str, float] = {}
         for col in (*comm.forward, *comm.backward):
             want[col.group] = want.get(col.group, 0.0) + col.total_ms

@@ -28,7 +28,7 @@ def test_extraction_joins_continuations_and_drops_comments():
     assert readme[38].text == "ppsim presets"  # its comment dropped
     assert readme[44].words[-1] == "Et*10|t*11|(t*10|)*5t*9L"  # quoted as a shell reads it
     # The README's abridged output block belongs to its third line, the first `plan`.
-    assert "8956.84" in readme[41].figures and "1.012" in readme[41].figures
+    assert "8955.90" in readme[41].figures and "1.008" in readme[41].figures
     assert "0.15" not in readme[41].figures  # a wall time is the machine's, not a figure
     # A table row whose cells escape pipes (`cpu\|cuda`) describes its command's flags.
     run_row = next(c for c in readme.values() if c.text.startswith("ppsim run [--iter"))

@@ -29,8 +29,8 @@ def _cfg(**model):
 def test_an_mtp_depth_waits_for_its_attention_and_moe_layers_collectives(model) -> None:
     """Its exposed communication is an attention layer's plus a MoE block's (their
     sequence-parallel gathers and scatters, the dispatcher's, the all-to-alls, context
-    parallelism's), and its own pass through the head's gather; it was the MoE block's
-    alone."""
+    parallelism's), and its own pass through the embedding and the head, as theirs
+    wait; it was the MoE block's alone."""
     c = _cfg(**model)
     job = build_job(c)
     assert job is not None
@@ -43,10 +43,18 @@ def test_an_mtp_depth_waits_for_its_attention_and_moe_layers_collectives(model) 
                 got.layers[i].backward_ms - alone.layers[i].backward_ms)
 
     mtp, att, moe = kinds.index("mtp"), kinds.index("attention"), kinds.index("moe-mlp")
-    head = got.head.forward_ms - alone.head.forward_ms  # the head's one tp gather
+    edges = _edge_waits(got, alone)
     for side in (0, 1):
-        assert waits(mtp)[side] == pytest.approx(waits(att)[side] + waits(moe)[side] + head)
+        assert waits(mtp)[side] == pytest.approx(waits(att)[side] + waits(moe)[side]
+                                                 + edges[side])
     assert waits(att)[0] > 0
+
+
+def _edge_waits(got, alone) -> tuple[float, float]:
+    """(forward, backward) the embedding and the head wait for beyond their compute."""
+    return tuple(sum(getattr(g, side) - getattr(a, side) for g, a in (
+        (got.head, alone.head), (got.embedding, alone.embedding)))
+        for side in ("forward_ms", "backward_ms"))
 
 
 def test_the_offload_modules_move_an_mtp_depths_attention_and_moe_tensors() -> None:
@@ -63,7 +71,7 @@ def test_the_offload_modules_move_an_mtp_depths_attention_and_moe_tensors() -> N
 
 def test_a_transformer_mtp_depth_is_still_its_last_layers_kind() -> None:
     """DeepSeek-V3's MTP module runs one MoE decoder layer: its collectives are a MoE
-    layer's and the head's gather."""
+    layer's, the embedding's and the head's."""
     c = config_from_dict({"model": {"preset": "deepseek-v3", "num_layers": 4,
                                     "layers": "dense*3, moe", "tp": 2, "recompute": "none"},
                           "pipeline": {"pp": 1, "microbatches": 4},
@@ -72,6 +80,8 @@ def test_a_transformer_mtp_depth_is_still_its_last_layers_kind() -> None:
     assert job is not None
     got, alone = model_costs(c), compute_costs(job, accelerator(c.hardware))
     mtp, moe = got.kinds.index("mtp"), got.kinds.index("moe")
-    head = got.head.forward_ms - alone.head.forward_ms
-    assert got.layers[mtp].forward_ms - alone.layers[mtp].forward_ms == pytest.approx(
-        got.layers[moe].forward_ms - alone.layers[moe].forward_ms + head)
+    edges = _edge_waits(got, alone)
+    for i, side in enumerate(("forward_ms", "backward_ms")):
+        own = getattr(got.layers[mtp], side) - getattr(alone.layers[mtp], side)
+        assert own == pytest.approx(
+            getattr(got.layers[moe], side) - getattr(alone.layers[moe], side) + edges[i])
