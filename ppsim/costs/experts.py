@@ -13,6 +13,15 @@ def expert_data_parallel(tp: int, cp: int, dp: int, etp: int, ep: int) -> int:
     return max(1, tp * cp * dp // (etp * ep))
 
 
+def torchtitan_expert_tp(tp: int, ep: int) -> int:
+    """Ranks torchtitan splits each routed expert over (it has no etp field): without
+    expert parallelism tp, the TP mesh's grouped-GEMM plan (moe_sharding.py's dense
+    family: w1/w3 colwise, w2 rowwise, every tp rank computing the block's gathered
+    tokens); with it none, each expert whole on one ep rank (the sparse family: Shard(0)
+    over ep, ep borrowed from dp_shard x cp x tp)."""
+    return tp if ep == 1 else 1
+
+
 def expert_bias_refusal(linear_bias: bool, num_experts: int, etp: int) -> str | None:
     """Megatron's words where it refuses biased routed experts split over `etp` ranks
     (TransformerConfig.__post_init__), else None."""
@@ -38,11 +47,19 @@ class ExpertShape:
     @property
     def expert_tp(self) -> int:
         """Ranks each routed expert's matmuls are split over: etp, or when unset tp
-        (Megatron's default), or 1 under torchtitan's FSDP, whose experts' mesh is
-        efsdp x ep alone (parallel_dims.py: efsdp = dp_shard x cp x tp / ep)."""
+        (Megatron's default), or under torchtitan's FSDP its own rule
+        (torchtitan_expert_tp)."""
         if self.etp:
             return self.etp
-        return 1 if self.torchtitan_fsdp else self.tp
+        return torchtitan_expert_tp(self.tp, self.ep) if self.torchtitan_fsdp else self.tp
+
+    @property
+    def routes_gathered_tokens(self) -> bool:
+        """torchtitan's MoE without expert parallelism at tp > 1: the block's input is
+        gathered to every tensor rank (Shard(1) -> Replicate), which routes and permutes
+        all of it, and the experts' partial sums are reduce-scattered back (Partial ->
+        Shard(1)): a dense MLP's collectives, no dispatcher's (moe_sharding.py)."""
+        return self.torchtitan_fsdp and self.expert_tp > 1
 
     @property
     def expert_copies(self) -> float:

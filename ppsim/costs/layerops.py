@@ -209,13 +209,16 @@ def mlp_ops(a: Architecture, kind: str) -> list[Op]:
     # tp group, at 1 / etp of the width.
     per_expert = max(1, int(a.expert_copies * a.ep // max(1, a.num_experts)))
     local = max(1, a.num_experts // a.ep)
-    ops = [_mm("router", tok, a.num_experts / t, h),
-           Op("router.softmax_topk", nbytes=3 * tok * a.num_experts * 4 / t)]
+    # the ranks the routing splits over: the tensor ranks, none where each routes the
+    # gathered tokens (torchtitan's, without expert parallelism)
+    r = 1 if a.routes_gathered_tokens else t
+    ops = [_mm("router", tok, a.num_experts / r, h),
+           Op("router.softmax_topk", nbytes=3 * tok * a.num_experts * 4 / r)]
     ops += [_mm("latent.fc1", tok, lat / t, h)] if lat else []
-    ops.append(Op("dispatch", nbytes=(tok + pairs) * (lat or h) * w / t))
+    ops.append(Op("dispatch", nbytes=(tok + pairs) * (lat or h) * w / r))
     ops += _mlp_ops(a, "experts", per_expert, a.moe_ffn_hidden_size, local, lat,
                     split=a.expert_tp)
-    ops.append(Op("combine", nbytes=(tok + pairs) * (lat or h) * w / t))
+    ops.append(Op("combine", nbytes=(tok + pairs) * (lat or h) * w / r))
     if not a.moe_permute_fusion:
         # Megatron's torch unpermute (the probabilities already weighed the experts'
         # activation): a zeroed output, then scatter_add, whose backward is the gather

@@ -42,7 +42,7 @@ def gathered(a: Architecture, kind: str = "dense") -> tuple[str, ...]:
     """The saved tensors (by name prefix) a tensor rank holds whole (GATHERED)."""
     if not a.saves_gathered_inputs:
         return ()
-    return GATHERED + (GATHERED_FFN if kind != "moe" or a.ep == 1 else ())
+    return GATHERED + (GATHERED_FFN if kind != "moe" or a.routes_gathered_tokens else ())
 
 
 def split_over(a: Architecture, name: str, kind: str = "dense") -> int:
@@ -125,10 +125,11 @@ def _weighting(a: Architecture, pairs: float, width: int) -> dict[str, float]:
     """What weighting the pairs by their routing probabilities keeps: in the experts'
     activation (Megatron: the fp32 probabilities, gathered over etp with the pairs, and
     where the product is eager, not fused into the SwiGLU, its unweighted factor), or
-    after them (torchtitan: a hidden-wide tensor a pair)."""
+    after them (torchtitan: a hidden-wide tensor a pair, the experts' whole-width output:
+    every tensor rank's pairs where the experts split over it)."""
     w = DTYPE_BYTES[a.dtype]
     if not a.probs_in_activation:
-        return {"experts.out": pairs * width * w}
+        return {"experts.out": pairs * width * w * a.expert_tp}
     out = {"experts.probs": pairs * 4 * a.expert_tp}
     if a.swiglu_keeps_silu or not a.gated_mlp:
         out["experts.act_pre"] = pairs * a.moe_ffn_hidden_size * w

@@ -37,13 +37,14 @@ from ppsim.job.layers import MOE_KINDS, ep_token_bytes
 from ppsim.job.model import Job
 from ppsim.job.tp_async import runs_async
 from ppsim.job.traffic import (
-    SP_SUBLAYERS,
     Recomputed,
     cp_bytes,
     cp_mixer_bytes,
+    dispatcher_gathers,
     dispatcher_tp_bytes,
     hidden_bytes,
     regathers,
+    tp_sublayers,
 )
 
 EXPOSED, OVERLAPPED, PAIRED = "exposed", "overlap", "paired"
@@ -131,7 +132,7 @@ def _tp_rows(rows: _Rows, a: Architecture, k: str, again: Recomputed) -> None:
     """traffic.tp_layer_ms, the QKV gather above the kv groups and the dispatcher's."""
     job, tp_ex = rows.job, OVERLAPPED if rows.job.tp_comm_overlap else EXPOSED
     if a.tp > 1:
-        s, share, rescatter = SP_SUBLAYERS.get(k, 1), again.tp_share(a, k), \
+        s, share, rescatter = tp_sublayers(a, k), again.tp_share(a, k), \
             again.scatter_share(a, k)
         plain = hidden_bytes(a)
         if a.sequence_parallel:
@@ -153,7 +154,7 @@ def _tp_rows(rows: _Rows, a: Architecture, k: str, again: Recomputed) -> None:
         qkv = qkv_gather_bytes(attention_arch(a, k))
         rows.add("qkv all-gather", "tp", all_gather_ms, qkv, 2 if again.full else 1)
         rows.add("qkv reduce-scatter", "tp", reduce_scatter_ms, qkv, 1)
-    if k in MOE_KINDS and a.expert_tp > 1 and job.moe_token_dispatcher_type != "flex":
+    if k in MOE_KINDS and dispatcher_gathers(job, a):
         n = 1 + (2 if again.dispatch else 1)
         nbytes = dispatcher_tp_bytes(a)
         rows.add("etp all-gather", "etp", all_gather_ms, nbytes, n)

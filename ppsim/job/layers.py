@@ -40,7 +40,7 @@ from ppsim.job.collectives import (
 from ppsim.job.model import Job
 from ppsim.job.tp_async import beside_gemms_ms, runs_async
 from ppsim.job.traffic import (
-    SP_SUBLAYERS,
+    MOE_KINDS,
     Collective,
     PieceCollectives,
     Recomputed,
@@ -52,13 +52,10 @@ from ppsim.job.traffic import (
     qkv_gather_ms,
     recomputed,
     tp_layer_ms,
+    tp_sublayers,
     with_forward_again,
 )
 from ppsim.job.userbuffers import overlapped_ms
-
-MOE_KINDS = ("moe", "moe-mlp")
-"""Layer kinds whose routed tokens cross the expert-parallel group: a MoE decoder layer
-and a hybrid stack's MoE block ('E')."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -223,7 +220,7 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
     `again`: what its backward recomputes, by default as the global mode says; `own`:
     with its FSDP unit's)."""
     again = recomputed(a) if again is None else again
-    tp_f, tp_b = tp_layer_ms(job, a, SP_SUBLAYERS.get(kind, 1), again.tp_share(a, kind),
+    tp_f, tp_b = tp_layer_ms(job, a, tp_sublayers(a, kind), again.tp_share(a, kind),
                              again.scatter_share(a, kind))
     # The dispatcher's gathers run on the compute stream, beside no userbuffer overlap.
     d_f = dispatcher_tp_ms(job, a) if kind in MOE_KINDS else 0.0

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim.config import limits, validate
+from ppsim.costs.experts import torchtitan_expert_tp
 from ppsim.costs.mixer_split import check_split
 from ppsim.errors import UserError
 from ppsim.job import deepep
@@ -279,10 +280,12 @@ def _fsdp_alone(p: Any, a: Any) -> None:
     each expert whole on its rank; Megatron's --use-torch-fsdp2 takes neither pipeline nor
     expert parallelism nor gradient-accumulation fusion nor tied embeddings (its
     assertions)."""
-    if a.torchtitan_fsdp and a.num_experts and a.expert_tp != 1:
-        raise UserError("model.etp", f"{a.expert_tp}: torchtitan splits no expert over "
-                        "ranks (its experts' mesh is efsdp x ep, ep taken from dp_shard x cp "
-                        "x tp)", "give etp 1 (or leave it unset) under --fsdp")
+    own = torchtitan_expert_tp(a.tp, a.ep)
+    if a.torchtitan_fsdp and a.num_experts and a.expert_tp != own:
+        raise UserError("model.etp", f"{a.expert_tp}: torchtitan splits each expert over "
+                        "tp without expert parallelism and over no ranks with it (it has "
+                        "no expert tensor-parallel size)",
+                        f"give etp {own} (or leave it unset) under --fsdp")
     if a.megatron_fsdp2:
         for size, what in ((p.pp, "pipeline"), (a.ep, "expert")):
             if size != 1:

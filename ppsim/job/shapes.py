@@ -10,7 +10,11 @@ from dataclasses import dataclass, replace
 from itertools import product
 from typing import Any
 
-from ppsim.costs.experts import expert_bias_refusal, expert_data_parallel
+from ppsim.costs.experts import (
+    expert_bias_refusal,
+    expert_data_parallel,
+    torchtitan_expert_tp,
+)
 from ppsim.costs.kv_split import kv_split_problem, rank_kv_heads
 from ppsim.costs.layerops import (
     loss_chunks_problem,
@@ -158,16 +162,24 @@ def _ep_fits(a: Any, tp: int, group: int, etp: int, ep: int, copies: int) -> boo
 def _etp_choices(a: Any, tp: int, pin: dict[str, int]) -> tuple[int, ...]:
     """The expert tensor-parallel sizes tried at `tp`: the one held (--etp, or the
     model's own), else tp and, for routed experts at tp > 1, 1 (MoE parallel folding, as
-    Megatron's large-MoE recipes run). A dense model's is tp (none where another is held)."""
+    Megatron's large-MoE recipes run; torchtitan's is one of them at each ep:
+    _folds_as_torchtitan). A dense model's is tp (none where another is held)."""
     held = pin.get("etp") or (getattr(a, "etp", 0) if a.num_experts else 0)
     if not a.num_experts:
         return (tp,) if held in (0, tp) else ()
-    if a.torchtitan_fsdp or expert_bias_refusal(a.linear_bias, a.num_experts, held or tp):
-        # torchtitan's experts are whole on a rank; Megatron splits no biased one
+    if not a.torchtitan_fsdp and expert_bias_refusal(a.linear_bias, a.num_experts,
+                                                     held or tp):
+        # Megatron splits no biased expert
         return (1,) if held in (0, 1) else ()
     if held:
         return (held,)
     return (tp, 1) if tp > 1 else (tp,)
+
+
+def _folds_as_torchtitan(a: Any, tp: int, etp: int, ep: int) -> bool:
+    """A torchtitan job's experts split as torchtitan splits them at tp and ep
+    (torchtitan_expert_tp); any other job's as searched."""
+    return not a.num_experts or not a.torchtitan_fsdp or etp == torchtitan_expert_tp(tp, ep)
 
 
 def _schedule_runs(layers: int, pp: int, vpp: int, ep: int, combined: bool,
@@ -244,7 +256,8 @@ def shapes(a: Any, gpus: int, gbs: int, gpus_per_node: int, layers: int,
             continue
         for etp, ep, mbs in product(_etp_choices(a, tp, pin), choices("ep", experts),
                                     choices("mbs", MBS_CHOICES)):
-            if not _ep_fits(a, tp, dp * cp, etp, ep, copies) or gbs % (mbs * dp):
+            if not _ep_fits(a, tp, dp * cp, etp, ep, copies) or gbs % (mbs * dp) \
+                    or not _folds_as_torchtitan(a, tp, etp, ep):
                 continue
             m = gbs // (mbs * dp)
             made = (Shape(tp=tp, cp=cp, ep=ep, pp=pp, dp=dp, vpp=vpp, mbs=mbs,
@@ -292,8 +305,9 @@ def sharding_choices(s: Shape, gpus_per_node: int, experts: bool,
             (not experts or expert_dp % (group // per_node) == 0):
         copies.append(group // per_node)
     kinds = ["distributed optimizer"]
-    # torchtitan's FSDP keeps each expert whole
-    if not combined and not (experts and s.expert_tp != 1 and framework == "torchtitan"):
+    # torchtitan's FSDP splits the experts its own way
+    if not combined and not (experts and framework == "torchtitan"
+                             and s.expert_tp != torchtitan_expert_tp(s.tp, s.ep)):
         kinds.append("fsdp")
     out = [replace(s, sharding=kind, dp_replicas=n) for kind in kinds for n in copies]
     if not combined and framework != "megatron-fsdp":

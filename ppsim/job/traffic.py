@@ -112,11 +112,35 @@ def edge_tp_ms(job: Job, a: Architecture, head: bool) -> tuple[float, float]:
     return f.total_ms, b.total_ms
 
 
+MOE_KINDS = ("moe", "moe-mlp")
+"""Layer kinds whose routed tokens cross the expert-parallel group: a MoE decoder layer
+and a hybrid stack's MoE block ('E')."""
 SP_SUBLAYERS = {"dense": 2, "moe": 1, "moe-mlp": 0}
 """Sublayers that gather the sequence before them and scatter it after, by kind: a dense
 layer's attention and MLP, a MoE layer's attention (its experts' tokens travel by the
 dispatcher: `dispatcher_tp_ms`), a hybrid stack's MoE block none; every other hybrid
 block (Mamba, GatedDeltaNet, attention, MLP) is one sublayer."""
+
+
+def tp_sublayers(a: Architecture, kind: str) -> int:
+    """Sublayers of a layer of `kind` that gather the sequence before them and scatter it
+    after (SP_SUBLAYERS); under torchtitan a MoE block at tp > 1 is one more where its
+    experts take the gathered tokens (Architecture.routes_gathered_tokens) or its shared
+    experts do (their FeedForward's input to Replicate, w2's Partial output scattered:
+    moe_sharding.py), and its dispatcher gathers nothing (dispatcher_gathers)."""
+    n = SP_SUBLAYERS.get(kind, 1)
+    if kind in MOE_KINDS and a.torchtitan_fsdp and a.tp > 1 and (
+            a.routes_gathered_tokens or a.shared_width):
+        n += 1
+    return n
+
+
+def dispatcher_gathers(job: Job, a: Architecture) -> bool:
+    """The all-to-all dispatcher gathers its tokens over etp > 1 (dispatcher_tp_ms):
+    Megatron's; DeepEP runs over etp x ep, and torchtitan's MoE gathers the block's
+    input instead (tp_sublayers)."""
+    return a.expert_tp > 1 and job.moe_token_dispatcher_type != "flex" \
+        and not a.torchtitan_fsdp
 
 
 def tp_layer_ms(job: Job, a: Architecture, sublayers: int = 2, again: float = 0.0,
@@ -153,7 +177,7 @@ def dispatcher_tp_ms(job: Job, a: Architecture) -> float:
     the etp ranks, and a reduce-scatter of their outputs; each buffer etp ranks' routed
     copies, s x top_k x etp / tp tokens (the whole sequence's at etp = tp). DeepEP runs
     over the etp x ep group and needs neither."""
-    if a.expert_tp == 1 or job.moe_token_dispatcher_type == "flex":
+    if not dispatcher_gathers(job, a):
         return 0.0
     nbytes = dispatcher_tp_bytes(a)
     return all_gather_ms(nbytes, job.link("etp")) + reduce_scatter_ms(nbytes, job.link("etp"))
@@ -295,7 +319,7 @@ class Recomputed:
         """The share of a layer of `kind`'s sequence-parallel gathers run again."""
         if self.full or self.gathers:
             return 1.0
-        sublayers = SP_SUBLAYERS.get(kind, 1)
+        sublayers = tp_sublayers(a, kind)
         return 1 / sublayers if self.mlp and sublayers and applies("mlp", a, kind) else 0.0
 
     def scatter_share(self, a: Architecture, kind: str) -> float:

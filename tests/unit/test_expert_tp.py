@@ -190,16 +190,18 @@ def test_an_expert_tp_under_torchtitans_fsdp_is_refused(capsys) -> None:
                  "2", "--ep", "4", "--etp", "2", "--fsdp", "--gpus", "16",
                  "--global-batch-size", "16"]) == 2
     err = capsys.readouterr().err
-    assert "model.etp: 2: torchtitan splits no expert over ranks" in err
+    assert "model.etp: 2: torchtitan splits each expert over tp without expert " \
+        "parallelism and over no ranks with it" in err
 
 
-def test_the_sharding_search_offers_fsdp_only_with_whole_experts(capsys) -> None:
+def test_the_sharding_search_offers_fsdp_only_with_torchtitans_expert_split(capsys) -> None:
     assert main(["plan", "--preset", "mixtral-8x7b", "--num-layers", "8", "--hardware",
                  "h100-80gb", "--gpus", "16", "--global-batch-size", "32", "--pp", "1",
                  "--search", "sharding", "--time-budget", "30", "--top", "60", "--json"]) in (0, 3)
     rows = json.loads(capsys.readouterr().out)["candidates"]
     titan = [c for c in rows if c["fsdp_framework"] == "torchtitan"]
-    assert titan and all(c["etp"] == 1 for c in titan)
+    # torchtitan splits each expert over tp without expert parallelism, else over none
+    assert titan and all(c["etp"] == (c["tp"] if c["ep"] == 1 else 1) for c in titan)
     assert any(c["etp"] == c["tp"] > 1 for c in rows)
     # Megatron-FSDP splits experts over etp as Megatron does.
     assert any(c["etp"] == c["tp"] > 1 for c in rows if c["fsdp_framework"] == "megatron-fsdp")
