@@ -321,27 +321,35 @@ def test_a_context_parallel_file_holds_for_its_traffic_alone(tmp_path: Path) -> 
     assert main(["simulate", "--costs", str(path)]) == 0
 
 
+def _calibrate_profiled(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                        conditions: dict) -> tuple[str, Path, dict]:
+    """`ppsim calibrate --json` of a trace simulated from the default costs scaled (F 1.3,
+    B 0.8, slower messages) on a profiled base file that holds `conditions`: (the base
+    file, the cost file written, calibrate's JSON)."""
+    base = model_costs(DEFAULT)
+    profiled = _write(tmp_path / "profiled.json", base, conditions=conditions,
+                      p2p={"latency_ms": 0.1, "bandwidth_gbps": 1.0})
+    truth = _write(tmp_path / "truth.json", _scaled(base, f=1.3, b=0.8),
+                   p2p={"latency_ms": 0.4, "bandwidth_gbps": 1.0})
+    trace, out = tmp_path / "sim.json", tmp_path / "cal.json"
+    assert main(["simulate", "--costs", truth, "--trace", str(trace)]) == 0
+    capsys.readouterr()
+    assert main(["calibrate", str(trace), "--costs", profiled, "--out", str(out),
+                 "--json"]) == 0
+    return profiled, out, json.loads(capsys.readouterr().out)
+
+
 def test_the_calibrated_file_simulates_to_the_time_calibrate_predicts_from_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A profiled base file holds run conditions: calibrate's 'after' kept the iteration
     boundary it measured while the file it wrote dropped every condition, so simulate
     --costs OUT came out shorter than the time calibrate said the file predicts."""
-    base = model_costs(DEFAULT)
     conditions = {"devices": [0, 1], "processes": 2, "cores": 2, "message_cpu_ms": 0.3,
                   "context_switch_ms": 0.01, "iteration_boundary_ms": 0.7,
                   "message_latency_ms": 0.5, "local_message_cpu_ms": 0.2,
                   "optimizer": {"fixed_ms": 0.2, "gbps": 2.0, "kind": "adam"}}
-    profiled = _write(tmp_path / "profiled.json", base, conditions=conditions,
-                      p2p={"latency_ms": 0.1, "bandwidth_gbps": 1.0})
-    truth = _write(tmp_path / "truth.json", _scaled(base, f=1.3, b=0.8),
-                   p2p={"latency_ms": 0.4, "bandwidth_gbps": 1.0})
-    trace = tmp_path / "sim.json"
-    assert main(["simulate", "--costs", truth, "--trace", str(trace)]) == 0
-    capsys.readouterr()
-    out = tmp_path / "cal.json"
-    assert main(["calibrate", str(trace), "--costs", profiled, "--out", str(out),
-                 "--json"]) == 0
-    after = json.loads(capsys.readouterr().out)["predicted_after_ms"]
+    _, out, res = _calibrate_profiled(tmp_path, capsys, conditions)
+    after = res["predicted_after_ms"]
     assert _simulate_json(capsys, "--costs", str(out))["iteration_time_ms"] == \
         pytest.approx(after)
     kept = json.loads(out.read_text())["conditions"]  # measured, and not in the factors
@@ -378,18 +386,9 @@ def test_calibrate_before_is_the_time_the_base_file_simulates_to(
     """calibrate's 'before' priced the trace's schedule with the base file's op times but
     without its shared cores and per-message CPU, so it read shorter than simulate --costs
     BASE (which keeps them): the error it printed was not the base file's."""
-    base = model_costs(DEFAULT)
     conditions = {"devices": [0, 0], "processes": 2, "cores": 1, "message_cpu_ms": 0.3,
                   "context_switch_ms": 0.01, "local_message_cpu_ms": 0.2}
-    profiled = _write(tmp_path / "profiled.json", base, conditions=conditions,
-                      p2p={"latency_ms": 0.1, "bandwidth_gbps": 1.0})
-    truth = _write(tmp_path / "truth.json", _scaled(base, f=1.3, b=0.8),
-                   p2p={"latency_ms": 0.4, "bandwidth_gbps": 1.0})
-    trace = tmp_path / "sim.json"
-    assert main(["simulate", "--costs", truth, "--trace", str(trace)]) == 0
-    capsys.readouterr()
-    assert main(["calibrate", str(trace), "--costs", profiled, "--out",
-                 str(tmp_path / "cal.json"), "--json"]) == 0
-    before = json.loads(capsys.readouterr().out)["predicted_before_ms"]
+    profiled, _, res = _calibrate_profiled(tmp_path, capsys, conditions)
+    before = res["predicted_before_ms"]
     assert _simulate_json(capsys, "--costs", profiled)["iteration_time_ms"] == \
         pytest.approx(before)
