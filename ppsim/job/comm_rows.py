@@ -154,11 +154,8 @@ def _tp_rows(rows: _Rows, a: Architecture, k: str, again: Recomputed) -> None:
                      OVERLAPPED if runs_async(job, a) else EXPOSED)
     if side:  # shared_tp.side_ms: beside the all-to-alls where there are some
         n, beside = 2 + again.dispatch, OVERLAPPED if ep_all_to_all_ms(job, a) else EXPOSED
-        if a.sequence_parallel:
-            rows.add("tp all-gather", "tp", all_gather_ms, plain, n, beside)
-            rows.add("tp reduce-scatter", "tp", reduce_scatter_ms, plain, n, beside)
-        else:
-            rows.add("tp all-reduce", "tp", all_reduce_ms, plain, n, beside)
+        rows.add("tp all-gather", "tp", all_gather_ms, plain, n, beside)
+        rows.add("tp reduce-scatter", "tp", reduce_scatter_ms, plain, n, beside)
     if k in ATTENTION_KINDS:  # on the compute stream: never hidden
         qkv = qkv_gather_bytes(attention_arch(a, k))
         rows.add("qkv all-gather", "tp", all_gather_ms, qkv, 2 if again.full else 1)

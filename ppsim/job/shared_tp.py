@@ -3,14 +3,14 @@
 
 SharedExpertMLP then strips its linears of their tensor-parallel communication
 (parallel_mode None, every userbuffers flag off) and runs its own on a side stream
-beside the dispatcher (megatron/core/transformer/moe/shared_experts.py): with sequence
-parallelism pre_forward_comm gathers the block's input in the training dtype
+beside the dispatcher (megatron/core/transformer/moe/shared_experts.py):
+pre_forward_comm gathers the block's input in the training dtype
 (gather_from_sequence_parallel_region, whose backward reduce-scatters the input's
 gradient) and post_forward_comm reduce-scatters the output (its backward gathers the
-output's gradient); without it the output is all-reduced in the forward and the input's
-gradient in the backward (reduce_from_ and copy_to_tensor_model_parallel_region). Each
-direction moves the same; fc1 keeps the gathered input it computed with, so nothing is
-gathered again, and nothing runs beside a GEMM (ppsim.job.tp_async) or on userbuffers.
+output's gradient); a MoE at tp > 1 runs sequence parallel (MoELayer refuses it
+otherwise: ppsim.config.parallel_rules). Each direction moves the same; fc1 keeps the
+gathered input it computed with, so nothing is gathered again, and nothing runs beside
+a GEMM (ppsim.job.tp_async) or on userbuffers.
 
 The side stream runs these collectives and the shared experts' compute, the compute
 stream everything else, the dispatcher's all-to-alls among it: the layer waits for the
@@ -23,7 +23,7 @@ of the layer (traffic.tp_sublayers).
 from __future__ import annotations
 
 from ppsim.costs.arch import Architecture
-from ppsim.job.collectives import all_gather_ms, all_reduce_ms, reduce_scatter_ms
+from ppsim.job.collectives import all_gather_ms, reduce_scatter_ms
 from ppsim.job.model import Job
 from ppsim.job.traffic import hidden_bytes, shared_gathers
 
@@ -41,8 +41,6 @@ def side_ms(job: Job, a: Architecture, kind: str) -> float:
     if not beside_dispatcher(job, a, kind):
         return 0.0
     nbytes, link = hidden_bytes(a), job.link("tp")
-    if not a.sequence_parallel:
-        return all_reduce_ms(nbytes, link)
     return all_gather_ms(nbytes, link) + reduce_scatter_ms(nbytes, link)
 
 
