@@ -10,7 +10,7 @@ from functools import lru_cache
 
 from ppsim.costs.arch import Architecture
 from ppsim.costs.hybrid import parse_pattern
-from ppsim.costs.layerops import head_ops, layer_ops
+from ppsim.costs.layerops import head_ops, layer_ops, mtp_ops
 from ppsim.costs.mixers import (
     mixer_activation_bytes,
     mixer_ops,
@@ -90,12 +90,13 @@ def kind_ops(a: Architecture, kind: str, window: int = 0) -> list[Op]:
 
 
 GATHERED_LINEARS = {"qkv": "attention", "q_proj": "attention", "q_up": "attention",
-                    "kv_up": "attention", "mlp.fc1": "mlp", "mamba.in_proj": "mamba",
-                    "gdn.in_proj": "gdn"}
+                    "kv_up": "attention", "mlp.fc1": "mlp", "shared.fc1": "shared",
+                    "mamba.in_proj": "mamba", "gdn.in_proj": "gdn"}
 """The column-parallel linears whose input a sequence-parallel sublayer gathers, by op
 name, and the sublayer each belongs to: the QKV projection (MLA's query and key/value
 up-projections, whose down-projections run over the rank's own tokens), the MLP's fc1, a
-Mamba or GatedDeltaNet mixer's in_proj."""
+MoE block's shared experts' fc1 (Megatron's SharedExpertMLP), a Mamba or GatedDeltaNet
+mixer's in_proj."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,17 +110,20 @@ class GemmWindow:
 
 
 @lru_cache(maxsize=1024)
-def gathered_gemm_windows(a: Architecture, r: Roofline, kind: str) -> tuple[GemmWindow, ...]:
+def gathered_gemm_windows(a: Architecture, r: Roofline, kind: str,
+                          shared: bool = True) -> tuple[GemmWindow, ...]:
     """The backward GEMMs of each sublayer of a layer of `kind` whose linears take the
     sequence-parallel gather (GATHERED_LINEARS), in the layer's order, priced as the
     layer's compute is (op_times: the matmul curve, FP8 where the ops run it): the
     compute Megatron's LinearWithGradAccumulationAndAsyncCommunication and Transformer
-    Engine's linears run their async backward collectives beside. A MoE layer's experts
-    and shared experts take the dispatcher's tokens, no such gather."""
+    Engine's linears run their async backward collectives beside. A MoE layer's routed
+    experts take the dispatcher's tokens, no such gather; its shared experts' fc1 is
+    one unless not `shared` (--moe-shared-expert-overlap strips it of its collectives:
+    ppsim.job.shared_tp)."""
     windows: dict[str, GemmWindow] = {}
     for op in kind_ops(a, kind):
         sublayer = GATHERED_LINEARS.get(op.name)
-        if sublayer is None:
+        if sublayer is None or (sublayer == "shared" and not shared):
             continue
         _, dgrad, wgrad, _, _ = op_times(r, op)
         had = windows.get(sublayer, GemmWindow(input_grad_ms=0.0, weight_grad_ms=0.0))
@@ -135,6 +139,18 @@ def head_gemm_window(a: Architecture, r: Roofline) -> GemmWindow:
     runs its collectives beside them as a layer's gathered linears do (a fused or
     vocabulary-parallel cross-entropy changes the logits' gradient, not the linear)."""
     (op,) = (op for op in head_ops(a) if op.name == "output")
+    return _window(r, op)
+
+
+@lru_cache(maxsize=256)
+def mtp_gemm_window(a: Architecture, r: Roofline) -> GemmWindow:
+    """An MTP depth's 2h -> h projection's backward GEMMs (mtp_ops' eh_proj, a
+    column-parallel linear), priced as the depth's compute is."""
+    (op,) = (op for op in mtp_ops(a) if op.name == "mtp.proj")
+    return _window(r, op)
+
+
+def _window(r: Roofline, op: Op) -> GemmWindow:
     _, dgrad, wgrad, _, _ = op_times(r, op)
     return GemmWindow(input_grad_ms=dgrad, weight_grad_ms=wgrad)
 

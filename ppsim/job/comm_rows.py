@@ -33,8 +33,10 @@ from ppsim.job.collectives import (
     reduce_scatter_ms,
     send_ms,
 )
-from ppsim.job.layers import MOE_KINDS, ep_token_bytes
+from ppsim.job.ep_comm import ep_all_to_all_ms, ep_token_bytes
+from ppsim.job.layers import MOE_KINDS
 from ppsim.job.model import Job
+from ppsim.job.shared_tp import beside_dispatcher
 from ppsim.job.tp_async import runs_async
 from ppsim.job.traffic import (
     Recomputed,
@@ -123,18 +125,18 @@ def piece_rows(job: Job, a: Architecture, piece: str, kind: str,
         _tp_rows(rows, a, k, again)
         _cp_rows(rows, a, k, again)
         _ep_rows(rows, a, k, again)
-    if kind == "mtp":  # its own pass through the head, each way (traffic.mtp_tp_ms)
-        _mtp_rows(rows, a)
+    if kind == "mtp":  # its own pass through the head and its projection, each way
+        _mtp_rows(rows, a, again)
     return list(rows.out.values())
 
 
 def _tp_rows(rows: _Rows, a: Architecture, k: str, again: Recomputed) -> None:
     """traffic.tp_layer_ms, the QKV gather above the kv groups and the dispatcher's."""
     job, tp_ex = rows.job, OVERLAPPED if rows.job.tp_comm_overlap else EXPOSED
+    side, plain = beside_dispatcher(job, a, k), hidden_bytes(a)
     if a.tp > 1:
-        s, share, rescatter = tp_sublayers(a, k), again.tp_share(a, k), \
-            again.scatter_share(a, k)
-        plain = hidden_bytes(a)
+        s, share, rescatter = tp_sublayers(a, k, side), again.tp_share(a, k, side), \
+            again.scatter_share(a, k, side)
         if a.sequence_parallel:
             inputs = hidden_bytes(a, fp8_bytes(a) if a.fp8_copies else 0)
             # Megatron's weight gradient's gather and the input gradient's scatter run
@@ -150,6 +152,10 @@ def _tp_rows(rows: _Rows, a: Architecture, k: str, again: Recomputed) -> None:
             rows.add("tp all-reduce", "tp", all_reduce_ms, plain, s * (1 + rescatter))
             rows.add("tp all-reduce", "tp", all_reduce_ms, plain, s,
                      OVERLAPPED if runs_async(job, a) else EXPOSED)
+    if side:  # shared_tp.side_ms: beside the all-to-alls where there are some
+        n, beside = 2 + again.dispatch, OVERLAPPED if ep_all_to_all_ms(job, a) else EXPOSED
+        rows.add("tp all-gather", "tp", all_gather_ms, plain, n, beside)
+        rows.add("tp reduce-scatter", "tp", reduce_scatter_ms, plain, n, beside)
     if k in ATTENTION_KINDS:  # on the compute stream: never hidden
         qkv = qkv_gather_bytes(attention_arch(a, k))
         rows.add("qkv all-gather", "tp", all_gather_ms, qkv, 2 if again.full else 1)
@@ -209,10 +215,24 @@ def _ep_rows(rows: _Rows, a: Architecture, k: str, again: Recomputed) -> None:
         rows.add("ep all-to-all", "ep", all_to_all_ms, tokens * a.top_k, n, exposure)
 
 
-def _mtp_rows(rows: _Rows, a: Architecture) -> None:
-    """layers.mtp_edge_collectives: the embedding's and the head's, again."""
+def _mtp_rows(rows: _Rows, a: Architecture, again: Recomputed) -> None:
+    """layers.mtp_edge_collectives: the embedding's and the head's, again, and the
+    projection's (mtp_tp.eh_proj_traffic)."""
     for head in (False, True):
         _edge_rows(rows, a, head)
+    if a.tp == 1:
+        return
+    plain = hidden_bytes(a)
+    beside = OVERLAPPED if runs_async(rows.job, a) else EXPOSED
+    rows.add("tp all-gather", "tp", all_gather_ms, plain, 1 + again.full + a.sequence_parallel)
+    if not a.sequence_parallel:
+        rows.add("tp all-reduce", "tp", all_reduce_ms, 2 * plain, 1, beside)
+        return
+    quantized = a.fp8_copies and not a.nvfp4
+    inputs = 2 * hidden_bytes(a, fp8_bytes(a) if quantized else 0)
+    rows.add("tp all-gather", "tp", all_gather_ms, inputs, 1 + again.full)
+    rows.add("tp all-gather", "tp", all_gather_ms, inputs, int(regathers(a)), beside)
+    rows.add("tp reduce-scatter", "tp", reduce_scatter_ms, 2 * plain, 1, beside)
 
 
 def edge_rows(job: Job, a: Architecture, head: bool) -> list[CommRow]:

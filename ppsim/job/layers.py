@@ -5,13 +5,16 @@ joins the layer with the rest: --tp-comm-overlap hides the sequence-parallel col
 behind the layer's compute as far as it lasts, as Transformer Engine's userbuffers run
 them (ppsim.job.userbuffers); without it Megatron's linears still run two of the
 backward's beside its GEMMs (ppsim.job.tp_async); the gather of QKV at tp above the key/value groups
-(traffic.qkv_gather_ms) it leaves exposed. Expert parallelism's dispatch and combine are all-to-alls
-over the expert group's links (--moe-shared-expert-overlap hides them behind the shared
-experts' compute as far as it lasts; Megatron's combined 1F1B hides them behind another
-microbatch's compute in the pairs it runs, --overlap-moe-expert-parallel-comm:
-`pair_saving_ms`). The head gathers once before the vocabulary projection, the embedding
-scatters once after the lookup. FSDP without pp gathers and reduce-scatters each unit in
-every microbatch (ppsim.job.fsdp), and keeps what it holds unsharded in the static bytes.
+(traffic.qkv_gather_ms) it leaves exposed. Expert parallelism's dispatch and combine are
+all-to-alls over the expert group's links (ppsim.job.ep_comm; --moe-shared-expert-overlap
+hides them behind the shared experts' compute as far as it lasts, and runs the shared
+experts' tp collectives beside them: ppsim.job.shared_tp; Megatron's combined 1F1B hides
+them behind another microbatch's compute in the pairs it runs,
+--overlap-moe-expert-parallel-comm: `pair_saving_ms`). The head gathers once before the
+vocabulary projection, the embedding scatters once after the lookup, an MTP depth's
+projection gathers and scatters around it (ppsim.job.mtp_tp). FSDP without pp gathers
+and reduce-scatters each unit in every microbatch (ppsim.job.fsdp), and keeps what it
+holds unsharded in the static bytes.
 A recomputing backward runs its forward's traffic again (traffic.Recomputed). With
 tp = cp = ep = 1 and no FSDP the costs are the model's, untouched.
 """
@@ -24,7 +27,6 @@ from functools import lru_cache
 from ppsim.costs.arch import DTYPE_BYTES, Architecture
 from ppsim.costs.fp8 import fp8_layers, layer_precision
 from ppsim.costs.kinds import gathered_gemm_windows, head_gemm_window, kind_ops, piece_kinds
-from ppsim.costs.layerops import mlp_ops
 from ppsim.costs.mixer_split import SSM_KINDS
 from ppsim.costs.mixers import ATTENTION_KINDS, attention_arch
 from ppsim.costs.model import LayerCost, ModelCosts
@@ -33,11 +35,12 @@ from ppsim.costs.stack import layer_windows
 from ppsim.costs.transformer import Accelerator, transformer_costs
 from ppsim.job import fsdp
 from ppsim.job.collectives import (
-    all_to_all_ms,
     behind_compute_ms,
-    deepep_ms,
 )
+from ppsim.job.ep_comm import ep_all_to_all_ms, ep_collectives
 from ppsim.job.model import Job
+from ppsim.job.mtp_tp import eh_proj_collectives
+from ppsim.job.shared_tp import beside_dispatcher
 from ppsim.job.tp_async import beside_gemms_ms, runs_async
 from ppsim.job.traffic import (
     MOE_KINDS,
@@ -80,36 +83,6 @@ def piece_fp8(a: Architecture, pieces: int) -> tuple[bool, ...]:
     FP8 (ppsim.costs.fp8)."""
     layers = fp8_layers(a)
     return layers + (bool(a.fp8),) * (pieces - len(layers))
-
-
-def ep_all_to_all_ms(job: Job, a: Architecture) -> float:
-    """Dispatch and combine of one microbatch: two all-to-alls, or with the flex
-    dispatcher two of DeepEP's over the etp x ep group (each token once to a node, then
-    to every expert tensor-parallel piece of its experts: ppsim.job.collectives)."""
-    flex = job.moe_token_dispatcher_type == "flex"
-    if a.ep == 1 and not (flex and a.expert_tp > 1):
-        return 0.0
-    tokens = ep_token_bytes(a)
-    if flex:
-        return 2 * deepep_ms(tokens, job.link("ep"), a.num_experts, a.top_k, a.expert_tp)
-    return 2 * all_to_all_ms(tokens * a.top_k, job.link("ep"))
-
-
-def ep_token_bytes(a: Architecture) -> float:
-    """The tokens one rank's dispatcher moves in one microbatch, once each (an all-to-all
-    sends top_k copies of them): at the dispatcher's width, in the training dtype."""
-    width = a.moe_latent_size or a.hidden_size  # what the dispatcher moves
-    return a.seq_length * a.micro_batch_size * a.expert_load * width \
-        * DTYPE_BYTES[a.dtype] / a.tp
-
-
-def shared_experts_ms(a: Architecture, acc: Accelerator) -> tuple[float, float]:
-    """(forward, backward) of a MoE layer's shared experts: what hides the all-to-alls
-    under --moe-shared-expert-overlap (Megatron runs them between the router and the
-    routed experts, beside the dispatch and the combine)."""
-    shared = [op for op in mlp_ops(a, "moe") if op.name.startswith("shared.")]
-    f, bi, bw = piece_times(acc.roofline(), shared)
-    return f, bi + bw
 
 
 def pair_saving_ms(job: Job, a: Architecture, acc: Accelerator, kind: str = "moe") -> float:
@@ -193,13 +166,18 @@ def edge_tp_collectives(job: Job, a: Architecture, acc: Accelerator,
         if b.total_ms else ())
 
 
-def mtp_edge_collectives(job: Job, a: Architecture, acc: Accelerator) -> PieceCollectives:
-    """An MTP module's own pass through the embedding and the head (Megatron's
-    MultiTokenPredictionLayer embeds the shifted tokens, process_mtp_loss runs the output
-    layer again): their tensor-parallel collectives, priced as the model's own."""
-    emb, head = (edge_tp_collectives(job, a, acc, h) for h in (False, True))
-    return PieceCollectives(forward=emb.forward + head.forward,
-                            backward=emb.backward + head.backward)
+def mtp_edge_collectives(job: Job, a: Architecture, acc: Accelerator,
+                         again: Recomputed | None = None) -> PieceCollectives:
+    """An MTP module's own tensor-parallel collectives (`again`: what its backward
+    recomputes, by default as the global mode says): its pass through the embedding and
+    the head (Megatron's MultiTokenPredictionLayer embeds the shifted tokens,
+    process_mtp_loss runs the output layer again), priced as the model's own, and its
+    projection's (ppsim.job.mtp_tp)."""
+    again = recomputed(a) if again is None else again
+    parts = [*(edge_tp_collectives(job, a, acc, h) for h in (False, True)),
+             eh_proj_collectives(job, a, acc, again.full)]
+    return PieceCollectives(forward=tuple(c for p in parts for c in p.forward),
+                            backward=tuple(c for p in parts for c in p.backward))
 
 
 def piece_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
@@ -220,8 +198,27 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
     `again`: what its backward recomputes, by default as the global mode says; `own`:
     with its FSDP unit's)."""
     again = recomputed(a) if again is None else again
-    tp_f, tp_b = tp_layer_ms(job, a, tp_sublayers(a, kind), again.tp_share(a, kind),
-                             again.scatter_share(a, kind))
+    pairs = [*tp_collectives(job, a, acc, kind, cost, again)]
+    if job.arch.cp > 1 and kind in ATTENTION_KINDS:
+        pairs.append(cp_traffic(job, attention_arch(a, kind), acc, again.attention))
+    elif job.arch.cp > 1 and kind in SSM_KINDS:
+        cp_f = cp_mixer_comm(job, a, kind)
+        pairs.append((cp_f, with_forward_again(cp_f, cp_f, again.full)))
+    pairs += ep_collectives(job, a, acc, kind, again)
+    unit = fsdp_collectives(job, cost) if own else PieceCollectives()
+    return PieceCollectives(forward=(*(f for f, _ in pairs), *unit.forward),
+                            backward=(*(b for _, b in pairs), *unit.backward))
+
+
+def tp_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str, cost: LayerCost,
+                   again: Recomputed) -> list[tuple[Collective, Collective]]:
+    """A layer's tp collectives, forward and backward (none at tp = etp = 1): its
+    sublayers' (traffic.tp_layer_ms; a MoE block's shared experts among them unless they
+    run beside the dispatcher: ppsim.job.shared_tp), the dispatcher's gathers over etp
+    and the gathers of QKV at tp above the key/value groups."""
+    side = beside_dispatcher(job, a, kind)
+    tp_f, tp_b = tp_layer_ms(job, a, tp_sublayers(a, kind, side),
+                             again.tp_share(a, kind, side), again.scatter_share(a, kind, side))
     # The dispatcher's gathers run on the compute stream, beside no userbuffer overlap.
     d_f = dispatcher_tp_ms(job, a) if kind in MOE_KINDS else 0.0
     d_b = d_f * (2 if again.dispatch else 1)
@@ -229,36 +226,18 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
     q_f, q_b = qkv_gather_ms(job, attention_arch(a, kind)) if kind in ATTENTION_KINDS \
         else (0.0, 0.0)
     q_b += q_f if again.full else 0.0
-    fwd, bwd = [], []
-    if a.tp > 1 or d_f:  # the dispatcher's gathers draw in the tp lane (etp > tp = 1 too)
-        # Megatron's linears' async backward collectives (ppsim.job.tp_async)
-        gemms = gathered_gemm_windows(a, acc.roofline(), kind) if runs_async(job, a) else ()
-        for out, t, d, compute, beside in ((fwd, tp_f, d_f + q_f, cost.forward_ms, ()),
-                                           (bwd, tp_b, d_b + q_b, cost.backward_ms, gemms)):
-            waits = overlapped_ms(t, compute, job.sm_count) if job.tp_comm_overlap \
-                else beside_gemms_ms(t, beside, job.collective_sm_share)
-            out.append(Collective(group="tp", total_ms=t.total_ms + d, exposed_ms=waits + d))
-    if job.arch.cp > 1 and kind in ATTENTION_KINDS:
-        cp_f, cp_b = cp_traffic(job, attention_arch(a, kind), acc, again.attention)
-        fwd.append(cp_f)
-        bwd.append(cp_b)
-    elif job.arch.cp > 1 and kind in SSM_KINDS:
-        cp_f = cp_mixer_comm(job, a, kind)
-        fwd.append(cp_f)
-        bwd.append(with_forward_again(cp_f, cp_f, again.full))
-    ep = ep_all_to_all_ms(job, a) if kind in MOE_KINDS else 0.0
-    if ep:
-        over_f, over_b = (shared_experts_ms(a, acc) if job.moe_shared_expert_overlap
-                          and a.shared_width else (0.0, 0.0))
-        # The shared experts beside DeepEP run on the SMs it leaves: what they hide
-        # costs its SM share again in compute.
-        share = job.dispatcher_sm_share
-        ep_f, ep_b = (Collective(group="ep", total_ms=ep, exposed_ms=max(0.0, ep - over)
-                                 + share * min(ep, over)) for over in (over_f, over_b))
-        fwd.append(ep_f)
-        bwd.append(with_forward_again(ep_f, ep_b, again.dispatch))
-    unit = fsdp_collectives(job, cost) if own else PieceCollectives()
-    return PieceCollectives(forward=(*fwd, *unit.forward), backward=(*bwd, *unit.backward))
+    if not (a.tp > 1 or d_f):  # the dispatcher's gathers draw in the tp lane (etp > tp = 1 too)
+        return []
+    # Megatron's linears' async backward collectives (ppsim.job.tp_async)
+    gemms = gathered_gemm_windows(a, acc.roofline(), kind, not side) \
+        if runs_async(job, a) else ()
+    out = []
+    for t, d, compute, beside in ((tp_f, d_f + q_f, cost.forward_ms, ()),
+                                  (tp_b, d_b + q_b, cost.backward_ms, gemms)):
+        waits = overlapped_ms(t, compute, job.sm_count) if job.tp_comm_overlap \
+            else beside_gemms_ms(t, beside, job.collective_sm_share)
+        out.append(Collective(group="tp", total_ms=t.total_ms + d, exposed_ms=waits + d))
+    return [(out[0], out[1])]
 
 
 def piece_exposed(job: Job, a: Architecture, acc: Accelerator, kind: str, cost: LayerCost,
@@ -379,7 +358,7 @@ def job_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None = No
         return costs
     again = recomputed(a, recompute)
     kinds = costs.kinds or ("dense",) * len(costs.layers)
-    mtp = _exposed(mtp_edge_collectives(job, a, acc))
+    mtp = _exposed(mtp_edge_collectives(job, a, acc, again))
     # One entry per distinct piece: layers of a kind differ where a window applies.
     by_piece: dict[tuple[str, LayerCost, int], LayerCost] = {}
     layers = []

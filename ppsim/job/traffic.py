@@ -117,22 +117,34 @@ MOE_KINDS = ("moe", "moe-mlp")
 and a hybrid stack's MoE block ('E')."""
 SP_SUBLAYERS = {"dense": 2, "moe": 1, "moe-mlp": 0}
 """Sublayers that gather the sequence before them and scatter it after, by kind: a dense
-layer's attention and MLP, a MoE layer's attention (its experts' tokens travel by the
-dispatcher: `dispatcher_tp_ms`), a hybrid stack's MoE block none; every other hybrid
-block (Mamba, GatedDeltaNet, attention, MLP) is one sublayer."""
+layer's attention and MLP, a MoE layer's attention (its routed experts' tokens travel by
+the dispatcher: `dispatcher_tp_ms`; its shared experts: tp_sublayers), a hybrid stack's
+MoE block none; every other hybrid block (Mamba, GatedDeltaNet, attention, MLP) is one
+sublayer."""
 
 
-def tp_sublayers(a: Architecture, kind: str) -> int:
+def shared_gathers(a: Architecture, kind: str) -> bool:
+    """Whether a layer of `kind` is a Megatron MoE block whose shared experts gather its
+    input over tp > 1 and scatter their output (SharedExpertMLP, an MLP of TE's column-
+    and row-parallel linears fc1 and fc2, not expert linears: a dense MLP's collectives,
+    userbuffers' under --tp-comm-overlap; under --moe-shared-expert-overlap explicit ones
+    beside the dispatcher instead: ppsim.job.shared_tp)."""
+    return kind in MOE_KINDS and a.shared_width > 0 and a.tp > 1 and not a.torchtitan_fsdp
+
+
+def tp_sublayers(a: Architecture, kind: str, beside_dispatcher: bool = False) -> int:
     """Sublayers of a layer of `kind` that gather the sequence before them and scatter it
-    after (SP_SUBLAYERS); under torchtitan a MoE block at tp > 1 is one more where its
-    experts take the gathered tokens (Architecture.routes_gathered_tokens) or its shared
-    experts do (their FeedForward's input to Replicate, w2's Partial output scattered:
-    moe_sharding.py), and its dispatcher gathers nothing (dispatcher_gathers)."""
+    after (SP_SUBLAYERS); a Megatron MoE block's shared experts are one more
+    (shared_gathers) unless they run `beside_dispatcher` (--moe-shared-expert-overlap);
+    under torchtitan a MoE block at tp > 1 is one more where its experts take the
+    gathered tokens (Architecture.routes_gathered_tokens) or its shared experts do (their
+    FeedForward's input to Replicate, w2's Partial output scattered: moe_sharding.py),
+    and its dispatcher gathers nothing (dispatcher_gathers)."""
     n = SP_SUBLAYERS.get(kind, 1)
     if kind in MOE_KINDS and a.torchtitan_fsdp and a.tp > 1 and (
             a.routes_gathered_tokens or a.shared_width):
         n += 1
-    return n
+    return n + (shared_gathers(a, kind) and not beside_dispatcher)
 
 
 def dispatcher_gathers(job: Job, a: Architecture) -> bool:
@@ -310,22 +322,31 @@ class Recomputed:
     """A dense MLP (`mlp`): its sequence-parallel gather and scatter, inside Transformer
     Engine's fc1 and fc2."""
     dispatch: bool = False
-    """The MoE block (`moe`, or the whole layer): the dispatcher's all-to-alls and gathers."""
+    """The MoE block (`moe`, or the whole layer): the dispatcher's all-to-alls and gathers
+    (and the shared experts' collectives beside them, ppsim.job.shared_tp)."""
+    shared: bool = False
+    """A MoE block's shared experts (`shared_experts`, `moe`, or the whole layer): their
+    sublayer's gather and scatter (shared_gathers)."""
     gathers: bool = False
     """Every sublayer's sequence-parallel all-gather, not its reduce-scatter: torchtitan's
     SelectiveAC saves the reduce-scatters' outputs alone (ppsim.costs.op_sac)."""
 
-    def tp_share(self, a: Architecture, kind: str) -> float:
-        """The share of a layer of `kind`'s sequence-parallel gathers run again."""
+    def tp_share(self, a: Architecture, kind: str, beside_dispatcher: bool = False) -> float:
+        """The share of a layer of `kind`'s sequence-parallel gathers run again (its
+        shared experts' not among them `beside_dispatcher`: tp_sublayers)."""
         if self.full or self.gathers:
             return 1.0
-        sublayers = tp_sublayers(a, kind)
-        return 1 / sublayers if self.mlp and sublayers and applies("mlp", a, kind) else 0.0
+        sublayers = tp_sublayers(a, kind, beside_dispatcher)
+        again = (self.mlp and applies("mlp", a, kind)) + (
+            self.shared and shared_gathers(a, kind) and not beside_dispatcher)
+        return again / sublayers if sublayers else 0.0
 
-    def scatter_share(self, a: Architecture, kind: str) -> float:
+    def scatter_share(self, a: Architecture, kind: str,
+                      beside_dispatcher: bool = False) -> float:
         """The share of its reduce-scatters (or, without sequence parallelism, all-reduces,
         which SelectiveAC does not save) run again."""
-        return 0.0 if self.gathers and a.sequence_parallel else self.tp_share(a, kind)
+        return 0.0 if self.gathers and a.sequence_parallel \
+            else self.tp_share(a, kind, beside_dispatcher)
 
 
 def recomputed(a: Architecture, recompute: tuple[str, ...] | None = None) -> Recomputed:
@@ -335,6 +356,7 @@ def recomputed(a: Architecture, recompute: tuple[str, ...] | None = None) -> Rec
     full = a.recompute == "full"
     return Recomputed(full=full, attention=full or "core_attn" in modules,
                       mlp="mlp" in modules, dispatch=full or "moe" in modules,
+                      shared=full or bool({"moe", "shared_experts"} & set(modules)),
                       gathers=OP_SAC_MODULE in modules)
 
 

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from ppsim.cli.main import main
 from ppsim.config.schema import config_from_dict
 from ppsim.costs.transformer import accelerator, transformer_costs
+from ppsim.job.ep_comm import shared_experts_ms
 from ppsim.job.layers import (
     ep_all_to_all_ms,
     layer_collectives,
     pair_saving_ms,
-    shared_experts_ms,
 )
 from ppsim.job.model import build_job
 

@@ -10,8 +10,9 @@ from ppsim.config.model import parse_model
 from ppsim.config.schema import config_from_dict
 from ppsim.costs.kinds import kind_effect
 from ppsim.costs.transformer import accelerator
-from ppsim.job.layers import compute_costs
+from ppsim.job.layers import compute_costs, per_rank_arch
 from ppsim.job.model import build_job
+from ppsim.job.mtp_tp import eh_proj_collectives
 from ppsim.pipeline.problem import model_costs
 from ppsim.policy.costs import PolicyCosts
 
@@ -29,8 +30,8 @@ def _cfg(**model):
 def test_an_mtp_depth_waits_for_its_attention_and_moe_layers_collectives(model) -> None:
     """Its exposed communication is an attention layer's plus a MoE block's (their
     sequence-parallel gathers and scatters, the dispatcher's, the all-to-alls, context
-    parallelism's), and its own pass through the embedding and the head, as theirs
-    wait; it was the MoE block's alone."""
+    parallelism's), its own pass through the embedding and the head, as theirs wait, and
+    its projection's; it was the MoE block's alone."""
     c = _cfg(**model)
     job = build_job(c)
     assert job is not None
@@ -43,18 +44,21 @@ def test_an_mtp_depth_waits_for_its_attention_and_moe_layers_collectives(model) 
                 got.layers[i].backward_ms - alone.layers[i].backward_ms)
 
     mtp, att, moe = kinds.index("mtp"), kinds.index("attention"), kinds.index("moe-mlp")
-    edges = _edge_waits(got, alone)
+    edges = _edge_waits(got, alone, job)
     for side in (0, 1):
         assert waits(mtp)[side] == pytest.approx(waits(att)[side] + waits(moe)[side]
                                                  + edges[side])
     assert waits(att)[0] > 0
 
 
-def _edge_waits(got, alone) -> tuple[float, float]:
-    """(forward, backward) the embedding and the head wait for beyond their compute."""
+def _edge_waits(got, alone, job) -> tuple[float, float]:
+    """(forward, backward) the embedding and the head wait for beyond their compute, and
+    an MTP depth's projection (mtp_tp)."""
+    proj = eh_proj_collectives(job, per_rank_arch(job.arch), job.accelerator, False)
     return tuple(sum(getattr(g, side) - getattr(a, side) for g, a in (
         (got.head, alone.head), (got.embedding, alone.embedding)))
-        for side in ("forward_ms", "backward_ms"))
+        + sum(c.exposed_ms for c in getattr(proj, direction))
+        for side, direction in (("forward_ms", "forward"), ("backward_ms", "backward")))
 
 
 def test_the_offload_modules_move_an_mtp_depths_attention_and_moe_tensors() -> None:
@@ -71,7 +75,7 @@ def test_the_offload_modules_move_an_mtp_depths_attention_and_moe_tensors() -> N
 
 def test_a_transformer_mtp_depth_is_still_its_last_layers_kind() -> None:
     """DeepSeek-V3's MTP module runs one MoE decoder layer: its collectives are a MoE
-    layer's, the embedding's and the head's."""
+    layer's, the embedding's, the head's and its projection's."""
     c = config_from_dict({"model": {"preset": "deepseek-v3", "num_layers": 4,
                                     "layers": "dense*3, moe", "tp": 2, "recompute": "none"},
                           "pipeline": {"pp": 1, "microbatches": 4},
@@ -80,7 +84,7 @@ def test_a_transformer_mtp_depth_is_still_its_last_layers_kind() -> None:
     assert job is not None
     got, alone = model_costs(c), compute_costs(job, accelerator(c.hardware))
     mtp, moe = got.kinds.index("mtp"), got.kinds.index("moe")
-    edges = _edge_waits(got, alone)
+    edges = _edge_waits(got, alone, job)
     for i, side in enumerate(("forward_ms", "backward_ms")):
         own = getattr(got.layers[mtp], side) - getattr(alone.layers[mtp], side)
         assert own == pytest.approx(

@@ -24,11 +24,11 @@ from ppsim.job.comm_rows import edge_rows
 from ppsim.job.layers import layer_collectives
 from ppsim.job.model import build_job
 from ppsim.job.traffic import (
-    SP_SUBLAYERS,
     dispatcher_tp_ms,
     edge_tp_ms,
     hidden_bytes,
     tp_layer_ms,
+    tp_sublayers,
 )
 from ppsim.job.userbuffers import overlapped_ms
 from ppsim.pipeline.problem import model_costs
@@ -208,18 +208,23 @@ def test_torchtitan_and_userbuffers_price_as_they_did(framework: str, flags: dic
 
 
 def test_each_gathered_sublayer_has_a_window() -> None:
-    """As many windows as sublayers gather (SP_SUBLAYERS): attention, MLP, Mamba,
-    GatedDeltaNet one each, MLA through its up-projections, a MoE block none."""
+    """As many windows as sublayers gather (tp_sublayers): attention, MLP, Mamba,
+    GatedDeltaNet one each, MLA through its up-projections, a MoE block its shared
+    experts' where it has some (none beside the dispatcher)."""
     c = config_from_dict({"model": {"preset": "tiny-hybrid", "tp": 2},
                           "hardware": {"preset": "h100-80gb"}})
     r, a = accelerator(c.hardware).roofline(), c.model.arch
     kinds = set(layer_kinds(a))
     assert kinds >= {"mamba", "mlp", "attention", "gdn", "moe-mlp"}
     for kind in kinds:
-        assert len(gathered_gemm_windows(a, r, kind)) == SP_SUBLAYERS.get(kind, 1), kind
+        assert len(gathered_gemm_windows(a, r, kind)) == tp_sublayers(a, kind), kind
     mla = config_from_dict({"model": {"preset": "deepseek-v3", "num_layers": 4, "tp": 2},
                             "hardware": {"preset": "h100-80gb"}}).model.arch
     ops = {op.name: op for op in layer_ops(mla, "dense")}
-    (w,) = gathered_gemm_windows(mla, r, "moe")
+    moe = {op.name: op for op in layer_ops(mla, "moe")}
+    w, shared = gathered_gemm_windows(mla, r, "moe")
+    assert shared.weight_grad_ms == pytest.approx(op_times(r, moe["shared.fc1"])[2])
+    assert gathered_gemm_windows(mla, r, "moe", shared=False) == (w,)
+    assert tp_sublayers(mla, "moe") == 2 and tp_sublayers(mla, "moe", True) == 1
     assert w.input_grad_ms == pytest.approx(sum(op_times(r, ops[n])[1]
                                                 for n in ("q_up", "kv_up")))

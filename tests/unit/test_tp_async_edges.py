@@ -23,6 +23,7 @@ from ppsim.job.collectives import all_gather_ms, all_reduce_ms, behind_compute_m
 from ppsim.job.comm_rows import piece_rows
 from ppsim.job.layers import compute_costs, edge_tp_collectives, job_costs, layer_collectives
 from ppsim.job.model import build_job
+from ppsim.job.mtp_tp import eh_proj_collectives
 from ppsim.job.traffic import recomputed
 
 NCCL_SHARE = 16 / 132
@@ -120,8 +121,10 @@ def test_an_mtp_depth_passes_through_the_embedding_and_the_head(sp: bool) -> Non
     """An MTP module (DeepSeek-V3's) embeds the shifted tokens (scattered under sequence
     parallelism, gathered back in the backward) and runs the output layer again (its
     input gathered, and again in the backward beside the logits' GEMMs, the gradient
-    scattered): what it waits for beyond its decoder layer is the embedding's and the head's,
-    and `ppsim costs` itemizes what it prices."""
+    scattered), and projects with eh_proj (mtp_tp): what it waits for beyond its decoder
+    layer is the embedding's, the head's and the projection's, and `ppsim costs`
+    itemizes what it prices (the projection's output gathered, and its gradient under
+    sequence parallelism, at the hidden width)."""
     job = job_at(2, mtp_layers=1, recompute="none", sequence_parallel=sp)
     got, alone = job_costs(job, job.accelerator), compute_costs(job, job.accelerator)
     mtp = got.kinds.index("mtp")
@@ -133,8 +136,11 @@ def test_an_mtp_depth_passes_through_the_embedding_and_the_head(sp: bool) -> Non
     own, layer = extra(got.layers[mtp], alone.layers[mtp]), \
         extra(got.layers[mtp - 1], alone.layers[mtp - 1])
     head, emb = extra(got.head, alone.head), extra(got.embedding, alone.embedding)
+    proj = eh_proj_collectives(job, job.arch, job.accelerator, False)
+    proj_waits = [sum(c.exposed_ms for c in d) for d in (proj.forward, proj.backward)]
     for side in (0, 1):
-        assert own[side] == pytest.approx(layer[side] + head[side] + emb[side])
+        assert own[side] == pytest.approx(layer[side] + head[side] + emb[side]
+                                          + proj_waits[side])
     a = job.arch
     rows = [r for r in piece_rows(job, a, "mtp", "mtp", recomputed(a))
             if r.collective.startswith("tp ")]
@@ -145,7 +151,8 @@ def test_an_mtp_depth_passes_through_the_embedding_and_the_head(sp: bool) -> Non
     for r in layer_rows:
         if r.nbytes == plain:
             mine[r.collective, r.exposure] -= r.count
-    want = {("tp all-gather", "exposed"): 2, ("tp all-gather", "overlap"): 1,
+    want = {("tp all-gather", "exposed"): 4, ("tp all-gather", "overlap"): 1,
             ("tp reduce-scatter", "exposed"): 1, ("tp reduce-scatter", "overlap"): 1} \
-        if sp else {("tp all-reduce", "exposed"): 1, ("tp all-reduce", "overlap"): 1}
+        if sp else {("tp all-reduce", "exposed"): 1, ("tp all-reduce", "overlap"): 1,
+                    ("tp all-gather", "exposed"): 1}
     assert {k: v for k, v in mine.items() if v} == want
