@@ -33,6 +33,7 @@ from ppsim.job.collectives import (
     reduce_scatter_ms,
     send_ms,
 )
+from ppsim.job.cp_traffic import cp_bytes, cp_mixer_bytes
 from ppsim.job.ep_comm import ep_all_to_all_ms, ep_token_bytes
 from ppsim.job.layers import MOE_KINDS
 from ppsim.job.model import Job
@@ -40,8 +41,6 @@ from ppsim.job.shared_tp import beside_dispatcher
 from ppsim.job.tp_async import runs_async
 from ppsim.job.traffic import (
     Recomputed,
-    cp_bytes,
-    cp_mixer_bytes,
     dispatcher_gathers,
     dispatcher_tp_bytes,
     hidden_bytes,
@@ -168,7 +167,7 @@ def _tp_rows(rows: _Rows, a: Architecture, k: str, again: Recomputed) -> None:
 
 
 def _cp_rows(rows: _Rows, a: Architecture, k: str, again: Recomputed) -> None:
-    """traffic.cp_comm (an attention's) and traffic.cp_mixer_comm (a Mamba or GDN's)."""
+    """cp_traffic.cp_comm (an attention's) and cp_traffic.cp_mixer_comm (a Mamba or GDN's)."""
     cp = rows.job.arch.cp
     if cp == 1:
         return

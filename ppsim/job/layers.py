@@ -37,6 +37,7 @@ from ppsim.job import fsdp
 from ppsim.job.collectives import (
     behind_compute_ms,
 )
+from ppsim.job.cp_traffic import cp_attention_ms, cp_mixer_comm, cp_traffic
 from ppsim.job.ep_comm import ep_all_to_all_ms, ep_collectives
 from ppsim.job.model import Job
 from ppsim.job.mtp_tp import eh_proj_collectives
@@ -47,9 +48,6 @@ from ppsim.job.traffic import (
     Collective,
     PieceCollectives,
     Recomputed,
-    cp_attention_ms,
-    cp_mixer_comm,
-    cp_traffic,
     dispatcher_tp_ms,
     edge_tp_traffic,
     qkv_gather_ms,

@@ -15,9 +15,9 @@ from ppsim.config.schema import config_from_dict
 from ppsim.costs.layerops import attention_ops
 from ppsim.costs.ops import op_times
 from ppsim.costs.transformer import accelerator
+from ppsim.job.cp_traffic import cp_comm
 from ppsim.job.layers import per_rank_arch
 from ppsim.job.model import build_job
-from ppsim.job.traffic import cp_comm
 from ppsim.pipeline.problem import model_costs
 
 
