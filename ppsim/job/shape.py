@@ -171,6 +171,7 @@ def check(cfg: Any) -> None:
         raise UserError("pipeline.moe_shared_expert_overlap", "Shared expert overlap with MoE "
                         "latent projections is not supported during training",
                         "drop --moe-shared-expert-overlap, or the latent size")
+    _torchtitan_experts_fold(a)
     _copies_divide(a)
     _bf16_layers_fit(a, p.pp)
     if p.overlap_param_gather and not (a.distributed_optimizer or a.megatron_fsdp):
@@ -235,6 +236,23 @@ def _experts_fold(a: Any, p: Any) -> None:
                         "data parallel size of the attention and moe layers must be the "
                         f"same (dp {a.dp}, expert dp {a.expert_dp})", "use the default "
                         "order, or etp x ep equal to tp x cp")
+
+
+def _torchtitan_experts_fold(a: Any) -> None:
+    """torchtitan borrows ep from one replica's ranks, dp_shard x cp x tp, and refuses
+    an ep that does not divide them, in its own words (ParallelDims._validate), before
+    Megatron's folding rules could word it. HSDP copies that do not divide dp have no
+    dp_shard (the launch notes so); at dp 1 a preset's ep views a wider world, as in
+    _experts_fold."""
+    n = a.dp_replicas
+    if not (a.torchtitan_fsdp and a.num_experts) or a.dp % n:
+        return
+    region = a.dp // n * a.cp * a.tp
+    if (a.dp > 1 or region >= a.ep) and region % a.ep:
+        raise UserError("parallelism.expert_parallel_degree",
+                        f"expert_parallel_degree ({a.ep}) must divide dp_shard * cp * tp "
+                        f"({region})", f"give an ep dividing {region}, or more dp_shard "
+                        "ranks per replica")
 
 
 def _copies_divide(a: Any) -> None:

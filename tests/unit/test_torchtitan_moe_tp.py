@@ -109,3 +109,36 @@ def test_an_etp_other_than_torchtitans_is_refused(capsys) -> None:
     err = capsys.readouterr().err
     assert "model.etp: 1: torchtitan splits each expert over tp without expert " \
         "parallelism" in err and "give etp 4" in err
+
+
+def _simulate(capsys, *flags: str) -> tuple[int, str]:
+    rc = main(["simulate", "--preset", "qwen3-30b-a3b", "--hardware", "h100-80gb",
+               "--num-layers", "4", "--global-batch-size", "32", *flags])
+    return rc, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flags", "region"), [
+    (["--parallelism.tensor_parallel_degree", "2", "--parallelism.expert_parallel_degree",
+      "16", "--gpus", "8"], 8),
+    # HSDP: ep is borrowed from one replica's ranks (dp_shard 4 x tp 2), not all 16
+    (["--parallelism.tensor_parallel_degree", "2", "--parallelism.expert_parallel_degree",
+      "16", "--parallelism.data_parallel_replicate_degree", "2", "--gpus", "16"], 8),
+    (["--fsdp", "--pp", "1", "--tp", "2", "--ep", "16", "--dp-replicas", "2",
+      "--gpus", "16"], 8),
+])
+def test_an_ep_outside_a_replicas_ranks_is_refused_in_torchtitans_words(
+        capsys, flags: list[str], region: int) -> None:
+    """ParallelDims._validate: ep divides dp_shard x cp x tp (its words, not Megatron's)."""
+    rc, err = _simulate(capsys, *flags)
+    assert rc == 2
+    assert err.strip().splitlines() == [
+        f"ppsim simulate: error: parallelism.expert_parallel_degree: expert_parallel_degree "
+        f"(16) must divide dp_shard * cp * tp ({region}) (give an ep dividing {region}, or "
+        "more dp_shard ranks per replica)"]
+
+
+def test_an_ep_inside_a_replicas_ranks_runs(capsys) -> None:
+    rc, err = _simulate(capsys, "--parallelism.tensor_parallel_degree", "2",
+                        "--parallelism.expert_parallel_degree", "8",
+                        "--parallelism.data_parallel_replicate_degree", "2", "--gpus", "16")
+    assert rc == 0, err
