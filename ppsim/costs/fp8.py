@@ -3,8 +3,8 @@
 Inside the decoder layers every weight matmul but the router's is a TE linear (QKV and
 MLA's projections, the output projection, the MLPs' fc1 and fc2, routed and shared
 experts, the latent projections, a hybrid stack's Mamba and GatedDeltaNet in_proj and
-out_proj): its forward, input-gradient and weight-gradient
-GEMMs run in FP8 at the device's FP8 peak ([hardware] fp8_peak_tflops) on the same
+out_proj; an MTP depth's eh_proj, mtp_precision): its forward, input-gradient and
+weight-gradient GEMMs run in FP8 at the device's FP8 peak ([hardware] fp8_peak_tflops) on the same
 efficiency curve as bf16. The attention core, the router, the embedding and the output
 layer stay in bf16 (Megatron's output layer is not a TE module). Each FP8 GEMM's
 operands are quantized first: the input in the forward, the output's gradient in the
@@ -98,6 +98,14 @@ def fp8_layers(a: Architecture) -> tuple[bool, ...]:
 def layer_precision(a: Architecture, fp8: bool) -> Architecture:
     """The architecture one decoder layer is priced with: without FP8 for a bf16 layer."""
     return a if fp8 or not a.fp8 else replace(a, fp8="", fp8_param_gather=False)
+
+
+def mtp_precision(a: Architecture) -> Architecture:
+    """The architecture an MTP depth's own ops are priced with: Megatron runs them under
+    its global FP8 autocast (get_fp8_context without a layer index, so FP8 also beside
+    --first-last-layers-bf16), where eh_proj is a TE linear like the layers', and under
+    no FP4 one (MultiTokenPredictionLayer leaves FP4 to a TODO: bf16)."""
+    return layer_precision(a, not a.nvfp4)
 
 
 def fp8_ops(a: Architecture, ops: list[Op]) -> list[Op]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from ppsim.costs.arch import DTYPE_BYTES, Architecture
 from ppsim.costs.attention_shape import attention_shape
-from ppsim.costs.fp8 import fp8_ops
+from ppsim.costs.fp8 import fp8_ops, mtp_precision
 from ppsim.costs.kv_split import held_attention_shape
 from ppsim.costs.ops import Op
 from ppsim.costs.state import landed
@@ -258,10 +258,11 @@ def head_ops(a: Architecture) -> list[Op]:
 
 
 def mtp_ops(a: Architecture) -> list[Op]:
-    """An MTP module's own ops: two norms and the 2h -> h projection."""
+    """An MTP module's own ops: two norms and the 2h -> h projection (eh_proj, a TE
+    linear: FP8 as mtp_precision says)."""
     h = a.hidden_size
-    return landed(a, _stream_norm_ops(a, "mtp.norms", 2 * h)
-                  + [_mm("mtp.proj", _tokens(a), h / a.tp, 2 * h)])
+    return landed(a, fp8_ops(mtp_precision(a), _stream_norm_ops(a, "mtp.norms", 2 * h)
+                             + [_mm("mtp.proj", _tokens(a), h / a.tp, 2 * h)]))
 
 
 # ------------------------------------------------------------------ activation memory

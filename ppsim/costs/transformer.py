@@ -24,6 +24,7 @@ from ppsim.costs.fp8 import (
     fp8_layers,
     fp8_weight_bytes,
     layer_precision,
+    mtp_precision,
     saved_weight_bytes,
     transposed_weight_bytes,
 )
@@ -223,8 +224,11 @@ def _mtp_cost(a: Architecture, acc: Accelerator, layer: LayerCost,
               head: LayerCost) -> LayerCost:
     """An MTP module: its norms and projection, its decoder layer, the shared head, a loss."""
     s, b, h, t = a.seq_length, a.micro_batch_size, a.hidden_size, a.tp
-    f, bi, bw = piece_times(acc.roofline(), mtp_ops(a))
-    extra = int(mtp_extra_params(a) / t * bytes_per_param(a, layer=True))
+    ops = mtp_ops(a)
+    f, bi, bw = piece_times(acc.roofline(), ops)
+    # eh_proj's FP8 weight copies, as a layer's TE linears keep theirs
+    extra = int(mtp_extra_params(a) / t * bytes_per_param(a, layer=True)) \
+        + fp8_weight_bytes(mtp_precision(a), ops)
     width = DTYPE_BYTES[a.dtype]
     return LayerCost(
         forward_ms=layer.forward_ms + f + head.forward_ms,

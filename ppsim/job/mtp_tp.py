@@ -19,7 +19,7 @@ depth's checkpoint (MultiTokenPredictionLayer._checkpointed_forward).
 from __future__ import annotations
 
 from ppsim.costs.arch import Architecture
-from ppsim.costs.fp8 import fp8_bytes
+from ppsim.costs.fp8 import fp8_bytes, mtp_precision
 from ppsim.costs.kinds import mtp_gemm_window
 from ppsim.costs.transformer import Accelerator
 from ppsim.job.collectives import all_gather_ms, all_reduce_ms, reduce_scatter_ms
@@ -42,7 +42,7 @@ def eh_proj_traffic(job: Job, a: Architecture, again: bool) -> tuple[TpTraffic, 
         return TpTraffic(gathers_ms=output, scatters_ms=0.0), TpTraffic(
             gathers_ms=output * again, scatters_ms=0.0, reduces_ms=dgrad,
             dgrad_reduces_ms=dgrad)
-    quantized = a.fp8_copies and not a.nvfp4
+    quantized = mtp_precision(a).fp8_copies
     inputs = all_gather_ms(2 * hidden_bytes(a, fp8_bytes(a) if quantized else 0), link)
     regather = inputs if regathers(a) else 0.0
     forward = inputs + output
