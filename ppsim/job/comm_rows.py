@@ -177,8 +177,13 @@ def _cp_rows(rows: _Rows, a: Architecture, k: str, again: Recomputed) -> None:
         return
     if k not in ATTENTION_KINDS:
         return
-    x, kind = cp_bytes(attention_arch(a, k)), a.cp_comm_type
+    x, kind = cp_bytes(attention_arch(a, k), k), a.cp_comm_type
     redo = 1 + again.attention  # the forward's, again in a recomputing backward
+    if k == "dsa":  # cp_traffic.dsa_comm
+        rows.add("cp all-gather", "cp", all_gather_ms, cp * x.kv, redo)
+        rows.add("cp indexer-key all-gather", "cp", all_gather_ms, cp * x.index_keys, redo)
+        rows.add("cp reduce-scatter", "cp", reduce_scatter_ms, cp * x.kv, 1)
+        return
     if kind == "all_gather":
         rows.add("cp all-gather", "cp", all_gather_ms, cp * x.kv, 1 + redo)
         rows.add("cp reduce-scatter", "cp", reduce_scatter_ms, cp * x.kv, 1)

@@ -21,7 +21,8 @@ from ppsim.job.model import Job
 from ppsim.job.traffic import Collective, with_forward_again
 
 
-def cp_comm(job: Job, a: Architecture, acc: Accelerator, backward: bool) -> Collective:
+def cp_comm(job: Job, a: Architecture, acc: Accelerator, backward: bool,
+            kind: str = "attention") -> Collective:
     """Context parallelism's traffic in one direction of a layer (a.cp_comm_type):
     - p2p: the K/V ring (dK, dV too in the backward), each pass hidden by one chunk's
       attention;
@@ -33,9 +34,12 @@ def cp_comm(job: Job, a: Architecture, acc: Accelerator, backward: bool) -> Coll
     - a2a+p2p: those all-to-alls over cp_a2a_size consecutive ranks, exposed, then the
       ring over cp / cp_a2a_size of them: each rank then holds cp_a2a_size times the
       tokens for 1 / cp_a2a_size of the heads, the same K/V bytes a pass, each hidden by
-      cp_a2a_size chunks' attention (AttnFuncWithCPAndKVP2P with an all-to-all group)."""
-    x = cp_bytes(a)
+      cp_a2a_size chunks' attention (AttnFuncWithCPAndKVP2P with an all-to-all group).
+    A DSA layer (`kind` "dsa", its cp_comm_type all_gather) gathers its own (dsa_comm)."""
+    x = cp_bytes(a, kind)
     kv, cp, link, hide = x.kv, job.arch.cp, job.link("cp"), 1
+    if kind == "dsa":
+        return dsa_comm(x, cp, link, backward)
 
     def qkvo_a2a_ms(over: Link) -> float:
         """Q, K and V to 1 / (its size) of the heads, the output back."""
@@ -60,6 +64,20 @@ def cp_comm(job: Job, a: Architecture, acc: Accelerator, backward: bool) -> Coll
                           core.backward_ms if backward else core.forward_ms)))
 
 
+def dsa_comm(x: CpBytes, cp: int, link: Link, backward: bool) -> Collective:
+    """DSAttention's context parallelism (Megatron's dsa.py): the forward all-gathers the
+    absorbed MLA key, the compressed KV latent and its rotary part, and the lightning
+    indexer's keys (gather_from_sequence_parallel_region over cp); the backward
+    reduce-scatters the latent's gradient alone: the gathered key is kept for it, not
+    gathered again, and the indexer's keys take no gradient (computed under no_grad
+    without the indexer loss, which ppsim does not price). All exposed."""
+    if backward:
+        total = reduce_scatter_ms(cp * x.kv, link)
+    else:
+        total = all_gather_ms(cp * x.kv, link) + all_gather_ms(cp * x.index_keys, link)
+    return Collective(group="cp", total_ms=total, exposed_ms=total)
+
+
 @dataclass(frozen=True, kw_only=True)
 class CpBytes:
     """What a context-parallel rank's attention moves of one microbatch (cp_comm)."""
@@ -70,13 +88,22 @@ class CpBytes:
     """Its Q, K and V: what the a2a types' first all-to-all sends."""
     out: float
     """Its attention output: what their second all-to-all sends."""
+    index_keys: float = 0.0
+    """A DSA layer's lightning-indexer keys (dsa_comm)."""
 
 
-def cp_bytes(a: Architecture) -> CpBytes:
-    """CpBytes of a layer attending as `a` (one context-parallel rank's view), in the
-    training dtype, per tensor rank."""
+def cp_bytes(a: Architecture, kind: str = "attention") -> CpBytes:
+    """CpBytes of a layer of `kind` attending as `a` (one context-parallel rank's view),
+    in the training dtype, per tensor rank. A DSA layer's K/V is MLA's absorbed key, one
+    head of kv_lora_rank + qk_rope_head_dim, and its indexer's keys one head of
+    dsa_indexer_head_dim, both whole on every tensor rank (gathered over tp first under
+    sequence parallelism: DSAttention.forward, DSAIndexer.forward_before_topk)."""
     sh, w = held_attention_shape(a), DTYPE_BYTES[a.dtype]  # K and V as the ranks hold them
     tokens = a.seq_length * a.micro_batch_size / a.tp  # this rank's, per tensor rank
+    if kind == "dsa":
+        whole = a.seq_length * a.micro_batch_size * w
+        return CpBytes(kv=whole * (a.kv_lora_rank + a.qk_rope_head_dim), qkv=0.0, out=0.0,
+                       index_keys=whole * a.dsa_indexer_head_dim)
     return CpBytes(kv=tokens * (sh.k + sh.v) * w, qkv=tokens * (sh.q + sh.k + sh.v) * w,
                    out=tokens * sh.out * w)
 
@@ -98,16 +125,16 @@ def chunk_core(a: Architecture, acc: Accelerator) -> ChunkCore:
     return ChunkCore(forward_ms=f, backward_ms=b)
 
 
-def cp_traffic(job: Job, a: Architecture, acc: Accelerator,
-                again: bool) -> tuple[Collective, Collective]:
-    """Context parallelism's forward and backward traffic of a layer; the backward's holds
-    the forward's again where the attention is recomputed (`again`)."""
-    f = cp_comm(job, a, acc, False)
-    return f, with_forward_again(f, cp_comm(job, a, acc, True), again)
+def cp_traffic(job: Job, a: Architecture, acc: Accelerator, again: bool,
+               kind: str = "attention") -> tuple[Collective, Collective]:
+    """Context parallelism's forward and backward traffic of a layer of `kind`; the
+    backward's holds the forward's again where the attention is recomputed (`again`)."""
+    f = cp_comm(job, a, acc, False, kind)
+    return f, with_forward_again(f, cp_comm(job, a, acc, True, kind), again)
 
 
 def cp_attention_ms(job: Job, a: Architecture, acc: Accelerator, window: int = 0,
-        again: bool = False) -> tuple[float, float]:
+        again: bool = False, kind: str = "attention") -> tuple[float, float]:
     """(forward, backward) ms the rest of the attention and the exposed traffic add to a
     layer attending over `window`: every rank does 1 / cp of the whole sequence's work
     (its chunks, or with a2a its heads), of which its own chunk's is priced already; a
@@ -119,7 +146,7 @@ def cp_attention_ms(job: Job, a: Architecture, acc: Accelerator, window: int = 0
     f, b = core.forward_ms, core.backward_ms
     # f, b: a chunk's full causal core; the whole sequence's is cp x cp chunks' worth / cp.
     rest = cp * window_share(a.seq_length * cp, window) - window_share(a.seq_length, window)
-    fwd, bwd = cp_traffic(job, a, acc, again)
+    fwd, bwd = cp_traffic(job, a, acc, again, kind)
     return rest * f + fwd.exposed_ms, rest * (b + f * again) + bwd.exposed_ms
 
 

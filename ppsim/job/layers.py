@@ -198,7 +198,7 @@ def layer_collectives(job: Job, a: Architecture, acc: Accelerator, kind: str,
     again = recomputed(a) if again is None else again
     pairs = [*tp_collectives(job, a, acc, kind, cost, again)]
     if job.arch.cp > 1 and kind in ATTENTION_KINDS:
-        pairs.append(cp_traffic(job, attention_arch(a, kind), acc, again.attention))
+        pairs.append(cp_traffic(job, attention_arch(a, kind), acc, again.attention, kind))
     elif job.arch.cp > 1 and kind in SSM_KINDS:
         cp_f = cp_mixer_comm(job, a, kind)
         pairs.append((cp_f, with_forward_again(cp_f, cp_f, again.full)))
@@ -258,7 +258,7 @@ def layer_exposed(job: Job, a: Architecture, acc: Accelerator, kind: str,
     comm = layer_collectives(job, a, acc, kind, cost, again, own)
     attends = kind in ATTENTION_KINDS  # its cp traffic is in cp_attention_ms's
     cp_f, cp_b = cp_attention_ms(job, attention_arch(a, kind), acc, window,
-                                 again.attention) if attends else (0.0, 0.0)
+                                 again.attention, kind) if attends else (0.0, 0.0)
     paired = job.overlap_moe_expert_parallel_comm and kind in MOE_KINDS
     return Exposed(
         forward_ms=sum(c.exposed_ms for c in comm.forward if not (attends and c.group == "cp"))

@@ -57,3 +57,59 @@ def test_the_job_search_picks_no_ring_for_a_sparse_attention() -> None:
     plan = json.loads(out)
     assert plan["refused"] >= 1 and plan["candidates"]
     assert {c["cp"] for c in plan["candidates"]} == {1}
+
+
+def _cp_rows(line: str) -> dict[str, tuple[float, float]]:
+    code, out, err = run_main(["costs", *shlex.split(line), "--cp-comm-type", "all_gather",
+                               "--json"])
+    assert code == 0, err
+    return {r["collective"]: (r["nbytes"], r["count"])
+            for r in json.loads(out)["priced_collectives"] if r["collective"].startswith("cp ")}
+
+
+@pytest.mark.parametrize("line", [DSA, HYBRID, DSA.replace("--tensor-model-parallel-size 2",
+                                                           "--tensor-model-parallel-size 1")],
+                         ids=["variant", "hybrid", "tp1"])
+def test_the_gather_moves_the_latent_key_and_the_indexers_keys(line: str) -> None:
+    """DSAttention gathers MLA's absorbed key (the 64-wide KV latent and its 8 rotary
+    channels, one head, whole on every tensor rank) and DSAIndexer's 128-wide keys over
+    cp; the backward reduce-scatters the latent's gradient alone (the gathered key kept,
+    the indexer's keys without gradient). fp32 training (no --bf16): 4 bytes."""
+    tokens, cp, w = 4096 // 2, 2, 4
+    assert _cp_rows(line) == {
+        "cp all-gather": (cp * tokens * (64 + 8) * w, 1),
+        "cp indexer-key all-gather": (cp * tokens * 128 * w, 1),
+        "cp reduce-scatter": (cp * tokens * (64 + 8) * w, 1)}
+
+
+def test_the_layer_waits_for_those_gathers() -> None:
+    """DeepSeek-V3's DSA layer (bf16, cp 2, tp 2): the simulation's cp collectives each
+    way are dsa_comm's closed form, the forward's again under a full recompute."""
+    from ppsim.config.schema import config_from_dict  # noqa: PLC0415
+    from ppsim.costs.transformer import accelerator, transformer_costs  # noqa: PLC0415
+    from ppsim.job.collectives import all_gather_ms, reduce_scatter_ms  # noqa: PLC0415
+    from ppsim.job.layers import per_rank_arch, piece_collectives  # noqa: PLC0415
+    from ppsim.job.model import build_job  # noqa: PLC0415
+    from ppsim.job.traffic import Recomputed  # noqa: PLC0415
+
+    c = config_from_dict({"model": {"preset": "deepseek-v3", "num_layers": 4,
+                                    "layers": "dense*4", "experimental_attention_variant": "dsa",
+                                    "cp": 2, "cp_comm_type": "all_gather", "tp": 2,
+                                    "seq_length": 8192, "recompute": "none"},
+                          "pipeline": {"pp": 1, "microbatches": 4},
+                          "hardware": {"preset": "h100-80gb"}})
+    job = build_job(c)
+    assert job is not None
+    acc, a = accelerator(c.hardware), per_rank_arch(job.arch)
+    link, whole = job.link("cp"), 2 * 4096 * 2  # cp x a rank's tokens x bf16
+    latent = whole * (512 + 64)  # kv_lora_rank + qk_rope_head_dim
+    fwd = all_gather_ms(latent, link) + all_gather_ms(whole * 128, link)
+    cost = transformer_costs(a, acc).layers[0]
+    for full in (False, True):
+        again = Recomputed(attention=full, full=full)
+        comm = piece_collectives(job, a, acc, "dsa-dense", cost, again)
+        (f,) = (x for x in comm.forward if x.group == "cp")
+        (b,) = (x for x in comm.backward if x.group == "cp")
+        assert f.total_ms == f.exposed_ms == pytest.approx(fwd)
+        assert b.total_ms == b.exposed_ms == pytest.approx(
+            reduce_scatter_ms(latent, link) + fwd * full)
