@@ -5,12 +5,19 @@ overflow memory, the same shape with part of its optimizer on the host
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ppsim.config.overrides import with_overrides
 from ppsim.costs.choices import MEGATRON_FSDP_FLAGS
-from ppsim.costs.model import ModelCosts, stage_busy_ms, stage_costs, static_floor_bytes
+from ppsim.costs.model import (
+    ModelCosts,
+    least_busy_ms,
+    stage_busy_ms,
+    stage_costs,
+    static_floor_bytes,
+)
 from ppsim.costs.state import host_state_share
 from ppsim.errors import UserError
 from ppsim.job.host_optimizer import (
@@ -22,6 +29,7 @@ from ppsim.job.host_optimizer import (
 from ppsim.job.shapes import Shape
 from ppsim.pipeline.problem import model_costs, resolve_split
 from ppsim.pipeline.split import Split
+from ppsim.plan.bounds import least_largest_fitting_run
 from ppsim.schedules.generators import schedule_for_vpp, schedule_placement
 
 NO_FSDP = {"fsdp_framework": "torchtitan", "fsdp_reshard_after_forward": "default",
@@ -75,6 +83,10 @@ class Pending:
     """Its layer costs, reused when it is simulated."""
     bound_ms: float
     """Its busiest rank's compute alone: no schedule runs it faster."""
+    least_ms: float
+    """Its busiest rank's compute alone under the most even split of one chunk a rank,
+    memory ignored: no split and schedule of those runs it faster (bound_ms with several
+    chunks a rank)."""
     static_bytes: int
     """The least weights, gradients and optimizer states its fullest rank holds under any
     split (ppsim.costs.model.static_floor_bytes)."""
@@ -98,9 +110,21 @@ def pending_shape(cfg: Any, s: Shape, gbs: int) -> Pending:
     busy = [0.0] * s.pp
     for st, ms in zip(split.stages, stage_busy_ms(costs, split), strict=True):
         busy[split.stage_rank(st.index)] += ms  # each op as short as in a combined pair
-    return Pending(shape=s, cfg=c, costs=costs, bound_ms=s.microbatches * max(busy),
+    bound = s.microbatches * max(busy)
+    return Pending(shape=s, cfg=c, costs=costs, bound_ms=bound,
+                   least_ms=_least_ms(costs, split, s.microbatches, bound),
                    static_bytes=static_floor_bytes(costs, s.pp),
                    host_bytes=_host_bytes(c, costs, split))
+
+
+def _least_ms(costs: ModelCosts, split: Split, microbatches: int, bound_ms: float) -> float:
+    """Pending.least_ms: every microbatch, the least largest contiguous run of the pieces'
+    least busy times (the embedding, layers, head) over the ranks."""
+    if split.num_stages != split.pp:
+        return bound_ms
+    work = [least_busy_ms(c) for c in (costs.embedding, *costs.layers, costs.head)]
+    run = least_largest_fitting_run(work, [(0, 0)] * len(work), [0] * split.pp, math.inf)
+    return min(bound_ms, microbatches * (run or 0.0))
 
 
 def _host_bytes(c: Any, costs: ModelCosts, split: Split) -> float:

@@ -46,6 +46,8 @@ class Priced:
     shape: Shape
     bound_ms: float
     """Pending.bound_ms."""
+    least_ms: float
+    """Pending.least_ms."""
     static_bytes: int
     """Pending.static_bytes."""
     host_bytes: float
@@ -70,7 +72,8 @@ def priced(p: Pending | Priced) -> Priced:
     """What a worker sends back of `p`."""
     if isinstance(p, Priced):
         return p
-    return Priced(shape=p.shape, bound_ms=p.bound_ms, static_bytes=p.static_bytes,
+    return Priced(shape=p.shape, bound_ms=p.bound_ms, least_ms=p.least_ms,
+                  static_bytes=p.static_bytes,
                   host_bytes=p.host_bytes, overflows=p.overflows)
 
 

@@ -125,6 +125,8 @@ class Simulated:
     """Shapes passed over: no split of them fits (Floored)."""
     complete: bool
     """The bound, not the budget, ended the walk."""
+    reached: int = 0
+    """The shapes the walk reached, in order (the rest the bound or the budget left)."""
 
 
 def simulate_shapes(pending: Sequence[Bounded], whole: Callable[[Bounded], Pending],
@@ -139,6 +141,7 @@ def simulate_shapes(pending: Sequence[Bounded], whole: Callable[[Bounded], Pendi
     results: list[ShapeResult] = []
     floored: list[Floored] = []
     complete = True
+    reached = 0
     for p in pending:
         if p.bound_ms >= _kth_fastest(results, k):
             break
@@ -147,6 +150,7 @@ def simulate_shapes(pending: Sequence[Bounded], whole: Callable[[Bounded], Pendi
             break
         # The total is every shape: those the bound rules out are never simulated.
         progress("simulating shapes", len(results) + len(floored), len(pending))
+        reached += 1
         full = whole(p)
         problem = build_problem(full.cfg, full.costs)
         least = 0 if policy else memory_floors(problem).floor.peak_bytes
@@ -158,4 +162,5 @@ def simulate_shapes(pending: Sequence[Bounded], whole: Callable[[Bounded], Pendi
         near = min(floored, key=lambda f: f.peak_bytes)
         results.append(_timed(near.pending, policy, near.problem))
         floored.remove(near)
-    return Simulated(results=results, over_floor=len(floored), complete=complete)
+    return Simulated(results=results, over_floor=len(floored), complete=complete,
+                     reached=reached)
