@@ -131,8 +131,9 @@ def test_long_shots_only_add_plans_and_here_a_faster_one(gpt_oss_plan: dict) -> 
     with_ = gpt_oss_plan["best"]
     assert with_["long_shot"]
     assert with_["iteration_time_ms"] < best_without.summary.iteration_time_ms
-    # the same shapes simulated either way: long shots come after
-    assert gpt_oss_plan["evaluated"] == without.evaluated
+    # the walk simulates the same shapes either way; long shots the walk bounded out
+    # (ppsim.job.search._bounded_out) are simulated after it
+    assert gpt_oss_plan["evaluated"] >= without.evaluated
 
 
 def test_long_shots_the_budget_ran_out_before_are_counted_and_said(monkeypatch) -> None:

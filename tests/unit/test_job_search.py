@@ -243,12 +243,16 @@ def test_the_job_search_reports_each_shape_it_simulates_and_each_split_it_plans(
     simulated = [s for s in steps if s[0] == "simulating shapes"]
     planned = [s for s in steps if s[0] == "planning the top shapes' splits"]
     shots = [s for s in steps if s[0] == "planning long shots' splits"]
-    assert len(priced) + len(simulated) + len(planned) + len(shots) == len(steps)
+    bounded = [s for s in steps if s[0] == "simulating bounded-out long shots"]
+    assert len(priced) + len(simulated) + len(planned) + len(shots) + len(bounded) \
+        == len(steps)
     done = [d for _, d, _ in priced]
     assert done == sorted(set(done)) and done[0] == 0
     assert all(t == res.total for _, _, t in priced) and done[-1] < res.total
-    # each shape reached: simulated, or passed over by the memory floor
-    assert [d for _, d, _ in simulated] == list(range(res.evaluated + res.over_floor))
+    # each shape reached: simulated, or passed over by the memory floor (and, after the
+    # top shapes' splits, bounded-out shapes simulated as long shot candidates)
+    assert [d for _, d, _ in simulated] == list(range(res.evaluated - len(bounded)
+                                                      + res.over_floor))
     assert all(total >= res.evaluated for _, _, total in simulated)
     # the five fastest have their splits planned, however few rows are asked for (and
     # faster ones whose default split does not fit, ppsim.job.search.shapes_to_plan)
@@ -256,7 +260,7 @@ def test_the_job_search_reports_each_shape_it_simulates_and_each_split_it_plans(
     for phase in (planned, shots):
         assert [(d, t) for _, d, t in phase] == [(i, len(phase)) for i in range(len(phase))]
     # shapes priced first, then simulated, then their splits, then the long shots'
-    assert steps == priced + simulated + planned + shots
+    assert steps == priced + simulated + planned + bounded + shots
 
 
 class _Terminal(io.StringIO):
