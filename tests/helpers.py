@@ -313,3 +313,16 @@ TIGHT_JOB = ["plan", "--preset", "llama3-8b", "--num-layers", "8", "--hardware",
              "--gpus", "16", "--global-batch-size", "32", "--time-budget", "8", "--top", "3",
              "--memory-gb", "4", "--json"]
 """A job whose shapes fit 4 GB only with more recompute than the preset's selective."""
+
+
+def tp_job(tp: int, preset: str = "llama3-8b", **model: Any) -> tuple[Any, Any]:
+    """A 4-layer `preset` at tensor parallelism `tp` (and the `model` fields) on one
+    pipeline rank, 4 microbatches, the H100 preset: (its config, its Job)."""
+    from ppsim.job.model import build_job
+
+    c = config_from_dict({"model": {"preset": preset, "num_layers": 4, "tp": tp, **model},
+                          "pipeline": {"pp": 1, "microbatches": 4},
+                          "hardware": {"preset": "h100-80gb"}})
+    job = build_job(c)
+    assert job is not None
+    return c, job

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ppsim.costs.arch import Architecture
-from ppsim.costs.fp8 import fp8_bytes
+from ppsim.costs.fp8 import fp8_bytes, mtp_precision
 from ppsim.costs.kinds import piece_kinds
 from ppsim.costs.kv_split import qkv_gather_bytes
 from ppsim.costs.mixer_split import SSM_KINDS
@@ -232,7 +232,7 @@ def _mtp_rows(rows: _Rows, a: Architecture, again: Recomputed) -> None:
     if not a.sequence_parallel:
         rows.add("tp all-reduce", "tp", all_reduce_ms, 2 * plain, 1, beside)
         return
-    quantized = a.fp8_copies and not a.nvfp4
+    quantized = mtp_precision(a).fp8_copies
     inputs = 2 * hidden_bytes(a, fp8_bytes(a) if quantized else 0)
     rows.add("tp all-gather", "tp", all_gather_ms, inputs, 1 + again.full)
     rows.add("tp all-gather", "tp", all_gather_ms, inputs, int(regathers(a)), beside)

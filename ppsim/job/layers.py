@@ -42,7 +42,7 @@ from ppsim.job.ep_comm import ep_all_to_all_ms, ep_collectives
 from ppsim.job.model import Job
 from ppsim.job.mtp_tp import eh_proj_collectives
 from ppsim.job.shared_tp import beside_dispatcher
-from ppsim.job.tp_async import beside_gemms_ms, runs_async
+from ppsim.job.tp_async import beside_gemms_ms, linear_collectives, runs_async
 from ppsim.job.traffic import (
     MOE_KINDS,
     Collective,
@@ -155,13 +155,8 @@ def edge_tp_collectives(job: Job, a: Architecture, acc: Accelerator,
     them async (ppsim.job.tp_async; its output layer is no userbuffer linear, so
     --tp-comm-overlap leaves it so), the rest exposed."""
     f, b = edge_tp_traffic(job, a, head)
-    window = (head_gemm_window(a, acc.roofline()),) if head and runs_async(job, a) else ()
-    waits = beside_gemms_ms(b, window, job.collective_sm_share)
-    return PieceCollectives(
-        forward=(Collective(group="tp", total_ms=f.total_ms, exposed_ms=f.total_ms),)
-        if f.total_ms else (),
-        backward=(Collective(group="tp", total_ms=b.total_ms, exposed_ms=waits),)
-        if b.total_ms else ())
+    window = head_gemm_window(a, acc.roofline()) if head and runs_async(job, a) else None
+    return linear_collectives(job, f, b, window)
 
 
 def mtp_edge_collectives(job: Job, a: Architecture, acc: Accelerator,
@@ -356,7 +351,7 @@ def job_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None = No
         return costs
     again = recomputed(a, recompute)
     kinds = costs.kinds or ("dense",) * len(costs.layers)
-    mtp = _exposed(mtp_edge_collectives(job, a, acc, again))
+    mtp = _exposed(mtp_edge_collectives(job, a, acc, again)) if "mtp" in kinds else None
     # One entry per distinct piece: layers of a kind differ where a window applies.
     by_piece: dict[tuple[str, LayerCost, int], LayerCost] = {}
     layers = []
@@ -365,7 +360,7 @@ def job_costs(job: Job, acc: Accelerator, recompute: tuple[str, ...] | None = No
                                strict=True):
         if (kind, c, w) not in by_piece:
             e = piece_exposed(job, layer_precision(a, fp8), acc, kind, c, w, again)
-            if kind == "mtp":  # and its own pass through the head
+            if mtp is not None and kind == "mtp":  # and its own pass through the head
                 e = replace(e, forward_ms=e.forward_ms + mtp.forward_ms,
                             backward_ms=e.backward_ms + mtp.backward_ms)
             by_piece[kind, c, w] = _add(c, e)

@@ -24,8 +24,8 @@ from ppsim.costs.kinds import mtp_gemm_window
 from ppsim.costs.transformer import Accelerator
 from ppsim.job.collectives import all_gather_ms, all_reduce_ms, reduce_scatter_ms
 from ppsim.job.model import Job
-from ppsim.job.tp_async import beside_gemms_ms, runs_async
-from ppsim.job.traffic import Collective, PieceCollectives, hidden_bytes, regathers
+from ppsim.job.tp_async import linear_collectives, runs_async
+from ppsim.job.traffic import PieceCollectives, hidden_bytes, regathers
 from ppsim.job.userbuffers import TpTraffic
 
 
@@ -57,9 +57,5 @@ def eh_proj_collectives(job: Job, a: Architecture, acc: Accelerator,
     gradient beside the projection's GEMMs where Megatron runs them async, the rest
     exposed."""
     f, b = eh_proj_traffic(job, a, again)
-    window = (mtp_gemm_window(a, acc.roofline()),) if runs_async(job, a) else ()
-    return PieceCollectives(
-        forward=(Collective(group="tp", total_ms=f.total_ms, exposed_ms=f.total_ms),)
-        if f.total_ms else (),
-        backward=(Collective(group="tp", total_ms=b.total_ms, exposed_ms=beside_gemms_ms(
-            b, window, job.collective_sm_share)),) if b.total_ms else ())
+    window = mtp_gemm_window(a, acc.roofline()) if runs_async(job, a) else None
+    return linear_collectives(job, f, b, window)

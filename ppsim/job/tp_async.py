@@ -20,6 +20,7 @@ from ppsim.costs.arch import Architecture
 from ppsim.costs.kinds import GemmWindow
 from ppsim.job.collectives import behind_compute_ms
 from ppsim.job.model import Job
+from ppsim.job.traffic import Collective, PieceCollectives
 from ppsim.job.userbuffers import TpTraffic
 
 
@@ -48,3 +49,17 @@ def beside_gemms_ms(t: TpTraffic, windows: tuple[GemmWindow, ...], sm_share: flo
         waits += behind_compute_ms(regather, w.input_grad_ms, sm_share) \
             + behind_compute_ms(dgrad, w.weight_grad_ms, sm_share)
     return waits
+
+
+def linear_collectives(job: Job, f: TpTraffic, b: TpTraffic,
+                       window: GemmWindow | None) -> PieceCollectives:
+    """The tensor-parallel collectives `f` and `b` of a piece around one column-parallel
+    linear (the head, an MTP depth's projection): the forward's waited for whole, the
+    backward's beside the linear's GEMMs `window` (None where nothing runs async:
+    runs_async), the rest exposed."""
+    waits = beside_gemms_ms(b, (window,) if window is not None else (), job.collective_sm_share)
+    return PieceCollectives(
+        forward=(Collective(group="tp", total_ms=f.total_ms, exposed_ms=f.total_ms),)
+        if f.total_ms else (),
+        backward=(Collective(group="tp", total_ms=b.total_ms, exposed_ms=waits),)
+        if b.total_ms else ())

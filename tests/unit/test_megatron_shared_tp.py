@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from helpers import tp_job
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppsim.config.schema import config_from_dict
 from ppsim.costs.layerops import layer_ops, mtp_ops
 from ppsim.costs.model import LayerCost
 from ppsim.costs.ops import op_times
@@ -32,7 +32,6 @@ from ppsim.job.collectives import (
 )
 from ppsim.job.ep_comm import ep_all_to_all_ms, shared_experts_ms
 from ppsim.job.layers import compute_costs, job_costs, layer_collectives
-from ppsim.job.model import build_job
 from ppsim.job.traffic import Recomputed, tp_layer_ms
 from ppsim.job.userbuffers import overlapped_ms
 
@@ -44,13 +43,7 @@ COST = LayerCost(forward_ms=3.0, backward_ms=6.0, weight_grad_ms=0.0, static_byt
 def _job(tp: int, preset: str = "deepseek-v3", **model):
     # experts whole on each tensor rank: no dispatcher gathers over etp in the tp lane
     layers = {"layers": "dense, moe*3", "etp": 1} if preset == "deepseek-v3" else {}
-    c = config_from_dict({"model": {"preset": preset, "num_layers": 4, "tp": tp, **layers,
-                                    "recompute": "none", **model},
-                          "pipeline": {"pp": 1, "microbatches": 4},
-                          "hardware": {"preset": "h100-80gb"}})
-    job = build_job(c)
-    assert job is not None
-    return job
+    return tp_job(tp, preset, **layers, recompute="none", **model)[1]
 
 
 def _resized(job, seq: int, mbs: int, width: int, **flags):

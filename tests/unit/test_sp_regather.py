@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from helpers import tp_job
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +23,6 @@ from ppsim.costs.transformer import accelerator, transformer_costs
 from ppsim.job.collectives import all_gather_ms, behind_compute_ms, reduce_scatter_ms
 from ppsim.job.comm_rows import edge_rows
 from ppsim.job.layers import layer_collectives
-from ppsim.job.model import build_job
 from ppsim.job.traffic import (
     dispatcher_tp_ms,
     edge_tp_ms,
@@ -32,17 +32,6 @@ from ppsim.job.traffic import (
 )
 from ppsim.job.userbuffers import overlapped_ms
 from ppsim.pipeline.problem import model_costs
-
-
-def job_at(tp: int, **model):
-    c = config_from_dict({"model": {"preset": "llama3-8b", "num_layers": 4, "tp": tp,
-                                    **model},
-                          "pipeline": {"pp": 1, "microbatches": 4},
-                          "hardware": {"preset": "h100-80gb"}})
-    job = build_job(c)
-    assert job is not None
-    return c, job
-
 
 SIZES = dict(hidden=st.integers(1, 64).map(lambda n: 128 * n),
              seq=st.sampled_from([512, 1024, 4096, 8192, 32768]),
@@ -56,7 +45,7 @@ SIZES = dict(hidden=st.integers(1, 64).map(lambda n: 128 * n),
 def test_a_megatron_backward_gathers_each_input_again(hidden: int, seq: int, mbs: int,
                                                      tp: int, sublayers: int, fp8: bool,
                                                      again: float) -> None:
-    _, job = job_at(tp)
+    _, job = tp_job(tp)
     a = replace(job.arch, hidden_size=hidden, seq_length=seq, micro_batch_size=mbs,
                 fp8="e4m3" if fp8 else "")
     link = job.link("tp")
@@ -78,7 +67,7 @@ def test_a_megatron_backward_gathers_each_input_again(hidden: int, seq: int, mbs
 def test_torchtitan_keeps_the_gathered_input(hidden: int, seq: int, mbs: int, tp: int,
                                              sublayers: int, fp8: bool,
                                              again: float) -> None:
-    _, job = job_at(tp)
+    _, job = tp_job(tp)
     a = replace(job.arch, hidden_size=hidden, seq_length=seq, micro_batch_size=mbs,
                 fp8="e4m3" if fp8 else "", fsdp=True, fsdp_framework="torchtitan")
     link = job.link("tp")
@@ -96,7 +85,7 @@ def test_torchtitan_keeps_the_gathered_input(hidden: int, seq: int, mbs: int, tp
 def test_the_head_gathers_its_input_again_under_megatron(framework: str, extra: int) -> None:
     """Megatron's output layer is a ColumnParallelLinear: its backward gathers its input
     again beside the gradient's scatter; torchtitan's ColwiseParallel output does not."""
-    _, job = job_at(4)
+    _, job = tp_job(4)
     a = replace(job.arch, fsdp=framework == "torchtitan")
     s = a.seq_length * a.micro_batch_size * a.hidden_size * 2
     link = job.link("tp")
@@ -114,7 +103,7 @@ def test_the_head_gathers_its_input_again_under_megatron(framework: str, extra: 
 
 def test_without_tensor_parallelism_nothing_changes() -> None:
     """At tp 1 a layer's and the head's costs are the model's own."""
-    c, job = job_at(1)
+    c, job = tp_job(1)
     alone = transformer_costs(c.model.arch, accelerator(c.hardware))
     got = model_costs(c)
     assert got.layers == alone.layers
@@ -156,7 +145,7 @@ def test_megatron_hides_the_regather_behind_dgrad_and_the_scatter_behind_wgrad(
     reduce-scatter before the weight-gradient GEMM; each sublayer's (the QKV
     projection's, fc1's) waits for what its GEMM leaves and slows it by NCCL's SM share
     of what it hides. The output gradient's gathers and a recompute's repeats wait."""
-    _, job = job_at(tp)
+    _, job = tp_job(tp)
     a = replace(job.arch, hidden_size=hidden, seq_length=seq, micro_batch_size=mbs,
                 fp8="e4m3" if fp8 else "", recompute=recompute)
     link, r = job.link("tp"), job.accelerator.roofline()
@@ -176,7 +165,7 @@ def test_megatron_hides_the_regather_behind_dgrad_and_the_scatter_behind_wgrad(
 def test_gemms_that_outlast_them_leave_only_the_sm_share() -> None:
     """llama3-8b at tp 4 on H100s: the QKV projection's and fc1's backward GEMMs outlast
     the gather and the scatter beside them."""
-    _, job = job_at(4)
+    _, job = tp_job(4)
     a, r = replace(job.arch, recompute="none"), job.accelerator.roofline()
     link, s = job.link("tp"), hidden_bytes(job.arch)
     ag, rs = all_gather_ms(s, link), reduce_scatter_ms(s, link)
@@ -197,7 +186,7 @@ def test_gemms_that_outlast_them_leave_only_the_sm_share() -> None:
 def test_torchtitan_and_userbuffers_price_as_they_did(framework: str, flags: dict) -> None:
     """torchtitan's linears wait for every collective; --tp-comm-overlap's userbuffers
     hide them their own way (ppsim.job.userbuffers)."""
-    _, job = job_at(4)
+    _, job = tp_job(4)
     job = replace(job, **flags)
     a = replace(job.arch, recompute="none", fsdp=framework == "torchtitan")
     got = tp_backward(job, a)

@@ -12,17 +12,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from helpers import tp_job
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppsim.config.schema import config_from_dict
 from ppsim.costs.layerops import head_ops, layer_ops
 from ppsim.costs.ops import op_times
 from ppsim.costs.transformer import transformer_costs
 from ppsim.job.collectives import all_gather_ms, all_reduce_ms, behind_compute_ms, reduce_scatter_ms
 from ppsim.job.comm_rows import piece_rows
 from ppsim.job.layers import compute_costs, edge_tp_collectives, job_costs, layer_collectives
-from ppsim.job.model import build_job
 from ppsim.job.mtp_tp import eh_proj_collectives
 from ppsim.job.traffic import recomputed
 
@@ -30,12 +29,7 @@ NCCL_SHARE = 16 / 132
 
 
 def job_at(tp: int, preset: str = "llama3-8b", **model):
-    c = config_from_dict({"model": {"preset": preset, "num_layers": 4, "tp": tp, **model},
-                          "pipeline": {"pp": 1, "microbatches": 4},
-                          "hardware": {"preset": "h100-80gb"}})
-    job = build_job(c)
-    assert job is not None
-    return job
+    return tp_job(tp, preset, **model)[1]
 
 
 def resized(job, hidden: int, seq: int, mbs: int, **over):
