@@ -43,7 +43,7 @@ COST = LayerCost(forward_ms=3.0, backward_ms=6.0, weight_grad_ms=0.0, static_byt
 def _job(tp: int, preset: str = "deepseek-v3", **model):
     # experts whole on each tensor rank: no dispatcher gathers over etp in the tp lane
     layers = {"layers": "dense, moe*3", "etp": 1} if preset == "deepseek-v3" else {}
-    return tp_job(tp, preset, **layers, recompute="none", **model)[1]
+    return tp_job(tp, preset, **{**layers, "recompute": "none", **model})[1]
 
 
 def _resized(job, seq: int, mbs: int, width: int, **flags):
