@@ -95,12 +95,6 @@ def edge_tp_traffic(job: Job, a: Architecture, head: bool) -> tuple[TpTraffic, T
     return lookup, TpTraffic(gathers_ms=gather, scatters_ms=0.0)
 
 
-def edge_tp_ms(job: Job, a: Architecture, head: bool) -> tuple[float, float]:
-    """(forward, backward) ms on the tp links of edge_tp_traffic."""
-    f, b = edge_tp_traffic(job, a, head)
-    return f.total_ms, b.total_ms
-
-
 MOE_KINDS = ("moe", "moe-mlp")
 """Layer kinds whose routed tokens cross the expert-parallel group: a MoE decoder layer
 and a hybrid stack's MoE block ('E')."""

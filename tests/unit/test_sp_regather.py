@@ -25,7 +25,7 @@ from ppsim.job.comm_rows import edge_rows
 from ppsim.job.layers import layer_collectives
 from ppsim.job.traffic import (
     dispatcher_tp_ms,
-    edge_tp_ms,
+    edge_tp_traffic,
     hidden_bytes,
     tp_layer_ms,
     tp_sublayers,
@@ -89,7 +89,7 @@ def test_the_head_gathers_its_input_again_under_megatron(framework: str, extra: 
     a = replace(job.arch, fsdp=framework == "torchtitan")
     s = a.seq_length * a.micro_batch_size * a.hidden_size * 2
     link = job.link("tp")
-    f, b = edge_tp_ms(job, a, head=True)
+    f, b = (t.total_ms for t in edge_tp_traffic(job, a, head=True))
     assert f == pytest.approx(all_gather_ms(s, link))
     assert b == pytest.approx(reduce_scatter_ms(s, link) + extra * all_gather_ms(s, link))
     # `ppsim costs` itemizes it as priced
@@ -111,7 +111,7 @@ def test_without_tensor_parallelism_nothing_changes() -> None:
     for sublayers in (1, 2):
         f, b = tp_layer_ms(job, job.arch, sublayers, 1.0)
         assert f.total_ms == b.total_ms == b.regathers_ms == 0.0
-    assert edge_tp_ms(job, job.arch, head=True) == (0.0, 0.0)
+    assert [t.total_ms for t in edge_tp_traffic(job, job.arch, head=True)] == [0.0, 0.0]
 
 
 # ------------------------------------------------------------ beside the backward's GEMMs
