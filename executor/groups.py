@@ -24,7 +24,8 @@ def pipeline_position(rank: int, pp: int, tp: int) -> int:
 
 def rank_groups(rank: int, pp: int, dp: int, a: Any) -> Replica:
     """This rank's replica, its data-parallel group, (tp > 1) its tensor-parallel group
-    (splitting the hidden states by tokens under sequence parallelism), (cp > 1) its
+    (splitting the hidden states by tokens under sequence parallelism, its column-parallel
+    blocks keeping their gathered inputs as torchtitan's do), (cp > 1) its
     context-parallel group (its attention's traffic, a.cp_comm_type; under a2a+p2p its
     groups of a.cp_a2a_size consecutive ranks and the rings across them) and, for routed
     experts,
@@ -47,7 +48,8 @@ def rank_groups(rank: int, pp: int, dp: int, a: Any) -> Replica:
                  for i in range(dp * cp) for r in range(pp)} if tp > 1 else {}
     t, r, i = rank % tp, pipeline_position(rank, pp, tp), rank // (tp * pp)
     tensor = TensorGroup(group=tp_groups[(i, r)], rank=t, size=tp,
-                         sequence_parallel=a.sequence_parallel) if tp > 1 else None
+                         sequence_parallel=a.sequence_parallel,
+                         saves_gathered=a.saves_gathered_inputs) if tp > 1 else None
     d, c = divmod(i, cp)
     set_context(cp_groups[(d, r, t)][c] if cp > 1 else None)
     replica = Replica(i, dp * cp, dp_groups.get((r, t)), tp, t, cp=cp)

@@ -17,7 +17,8 @@ builds (ppsim.executor.reference).
 Under sequence parallelism (Korthikanti et al. 2022; Megatron's --sequence-parallel) the
 hidden states between the blocks are split by tokens instead: each column-parallel block
 all-gathers its normed input, keeping only this rank's tokens for the backward (gathered
-again there, the gradient reduce-scattered back), and each row-parallel output is
+again there, the gradient reduce-scattered back; torchtitan's keeps the gathered input
+and gathers nothing there: `TensorGroup.saves_gathered`), and each row-parallel output is
 reduce-scattered (the gradient all-gathered back), so the norms, the residual adds, the
 kept linear inputs and the pipeline's messages hold 1 / tp of the tokens. The weights
 applied to a rank's own tokens alone (the norms, the row-parallel biases) are marked
@@ -56,6 +57,10 @@ class TensorGroup:
     """Tensor-parallel ranks."""
     sequence_parallel: bool = False
     """Split the hidden states between the blocks by tokens."""
+    saves_gathered: bool = False
+    """Under sequence parallelism each column-parallel block keeps its gathered input for
+    the backward, gathering nothing there (torchtitan's: DTensor's matmul saves the
+    redistributed input; Architecture.saves_gathered_inputs), not this rank's tokens."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,21 +178,22 @@ class _Exchanged(torch.autograd.Function):
 
 class _GatheredLinears(torch.autograd.Function):
     """Column-parallel linears of one input all-gathered by tokens, keeping only this
-    rank's tokens for the backward, which gathers them again and reduce-scatters the
-    input's gradient (Megatron's sequence-parallel linear)."""
+    rank's tokens for the backward, which gathers them again (Megatron's
+    sequence-parallel linear), or the gathered input itself (`saves_gathered`,
+    torchtitan's), and reduce-scatters the input's gradient."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, g: TensorGroup, linears: tuple[nn.Linear, ...],
                 *params: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.g, ctx.linears = g, linears
-        ctx.save_for_backward(x)
         total = _gathered(x, g)
+        ctx.save_for_backward(total if g.saves_gathered else x)
         return tuple(F.linear(total, lin.weight, lin.bias) for lin in linears)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
-        (x,) = ctx.saved_tensors
-        total = _gathered(x, ctx.g)
+        (kept,) = ctx.saved_tensors
+        total = kept if ctx.g.saves_gathered else _gathered(kept, ctx.g)
         inputs = total.reshape(-1, total.shape[-1])
         grad_total = sum(gy @ lin.weight for gy, lin in zip(grads, ctx.linears, strict=True))
         out: list[torch.Tensor] = []
@@ -216,8 +222,9 @@ def tokens_in(x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
 def column_parallel(x: torch.Tensor, g: TensorGroup,
                     *linears: nn.Linear) -> tuple[torch.Tensor, ...]:
     """Column-parallel linears of one input: under sequence parallelism all-gathered by
-    tokens (this rank's tokens kept, gathered again in the backward, the gradient
-    reduce-scattered back), else copied in (the gradient all-reduced back)."""
+    tokens (this rank's tokens kept and gathered again in the backward, or the gathered
+    input kept where `g.saves_gathered`; the gradient reduce-scattered back), else copied
+    in (the gradient all-reduced back)."""
     if g.sequence_parallel:
         params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
         return _GatheredLinears.apply(x, g, linears, *params)

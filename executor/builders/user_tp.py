@@ -84,7 +84,8 @@ class TensorParallel:
         """Column-parallel (torch's ColwiseParallel): each linear keeps this rank's slice
         of its outputs (of each packed segment, `segments` their widths, as q, k and v in
         one matmul); its input is gathered by tokens under sequence parallelism (this
-        rank's tokens kept for the backward) or copied in (the gradient all-reduced)."""
+        rank's tokens kept for the backward, under torchtitan's the gathered input) or
+        copied in (the gradient all-reduced)."""
         g = self.group
         for lin in linears:
             for width in segments or (lin.out_features,):
