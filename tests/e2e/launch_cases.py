@@ -267,6 +267,9 @@ OTHERS = {
 # every sharded matmul and both kinds of group are covered.
 TENSOR = {
     "tp2-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2]),
+    # torchtitan's tensor parallelism (--fsdp): each column-parallel block keeps its input
+    # gathered, gathering nothing in the backward
+    "tp2-titan-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, "--fsdp"]),
     "tp2-llama-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, "--config", "{tmp}/llama.toml"]),
     "tp2-hybrid-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_HYBRID, "--config",
                                   "{tmp}/hybrid-tp.toml"], dump_grads=False),
