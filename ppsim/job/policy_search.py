@@ -47,7 +47,7 @@ def mode_flags(problem: Problem, mode: str) -> str | None:
         return "--recompute-granularity selective"
     job = problem.hardware.job
     assert job is not None  # a job's shape is a transformer model's
-    export = policy_export((shorthand(mode),), 1, per_rank_arch(job.arch))
+    export = policy_export((shorthand(mode),), per_rank_arch(job.arch))
     return None if export.megatron_flags is None else shlex.join(export.megatron_flags)
 
 

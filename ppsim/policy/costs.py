@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ppsim.costs.arch import Architecture
 from ppsim.costs.kinds import kind_effect, piece_kinds
@@ -24,8 +24,9 @@ from ppsim.costs.model import (
     held_input_bytes,
     sum_parts,
 )
-from ppsim.costs.modules import offloaded_input_bytes
+from ppsim.costs.modules import OFFLOAD_MODULES, offloaded_input_bytes
 from ppsim.costs.transformer import Accelerator, layer_kinds, transformer_costs
+from ppsim.policy.delta import Group, delta_held_bytes
 from ppsim.policy.model import ALL_LAYERS, StagePolicy
 from ppsim.sim.copies import estimated
 
@@ -209,6 +210,21 @@ class PolicyCosts:
         return policy.offloads and copies_stall(
             self.stage_cost(policy, offset, count, first, last, receives))
 
+    def groups(self, policy: StagePolicy, offset: int, count: int) -> list[Group]:
+        """A microbatch's offload groups of the stage, in forward order: per layer not
+        recomputed whole, per offloaded module (Megatron's group per layer and module)."""
+        if not policy.offloads:
+            return []
+        mods = [m for m in OFFLOAD_MODULES if m in policy.offload_modules]
+        lo = offset + self.recomputed(policy, offset, count)
+        out = []
+        for kind in self.kinds[lo:offset + count]:
+            for m in mods:
+                moved, freed = self._moved_and_freed(kind, policy.recompute_modules, (m,))
+                if moved:
+                    out.append(Group(moved=moved, freed=freed))
+        return out
+
     def host_bytes(self, policy: StagePolicy, offset: int, count: int) -> int:
         """Host bytes one microbatch of the stage holds while offloaded."""
         if not policy.offloads:
@@ -230,15 +246,45 @@ class Fixed:
     """The per-module layer costs."""
     policies: tuple[StagePolicy, ...]
     """One per virtual stage."""
+    delta: Delta | None = None
+    """Megatron's per-rank offload delta, where the policy has one."""
 
     def stage_cost(self, offset: int, count: int, index: int, first: bool, last: bool,
                    receives: bool, fits: Fits | None = None) -> StageCost:
-        return self.costs.stage_cost(self.policies[index], offset, count, first, last,
-                                     receives)
+        p = self.policies[index]
+        c = self.costs.stage_cost(p, offset, count, first, last, receives)
+        held = self.delta.held(self.costs, p, offset, count, index) if self.delta else 0
+        # The groups the delta keeps sit in the first chunks, held through the peak.
+        return replace(c, static_bytes=c.static_bytes + held) if held else c
 
     def policy_of(self, offset: int, count: int, index: int, first: bool, last: bool,
                   receives: bool, fits: Fits | None = None) -> StagePolicy:
         return self.policies[index]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Delta:
+    """--delta-offload-bytes-across-pp-ranks on a pipeline (ppsim.policy.delta)."""
+
+    step_bytes: int
+    """The delta: pp rank r keeps r x this many bytes of offload groups per iteration."""
+    pp: int
+    vpp: int
+    microbatches: int
+
+    def held(self, costs: PolicyCosts, p: StagePolicy, offset: int, count: int,
+             index: int) -> int:
+        """What virtual stage `index` holds at its rank's peak for the groups the delta
+        keeps. Megatron spends the budget on the chunks in backward order: the rank's
+        last virtual stage's first microbatches, all in flight at the peak (pp - r of
+        them under 1F1B, pp under the interleaved schedule); a budget beyond that
+        stage's first chunks is priced as if spent within them."""
+        rank = index % self.pp
+        if not p.offloads or index // self.pp != self.vpp - 1:
+            return 0
+        inflight = self.pp - rank if self.vpp == 1 else self.pp
+        return delta_held_bytes(costs.groups(p, offset, count), self.microbatches,
+                                inflight, rank, self.step_bytes, p.offload_fraction)
 
 
 def copies_stall(c: StageCost) -> bool:

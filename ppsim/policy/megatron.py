@@ -5,10 +5,10 @@ Megatron-Core runs one recompute setting for every stage: selective granularity
 with a module list, or full granularity with the block method and one N (the
 first N layers of each stage) or the uniform method (every layer). Its
 fine-grained offload takes one module list, one fraction (of the offload groups,
-which ppsim prices as the same share of their bytes) and a per-pp-rank step in
-bytes; it runs on Transformer Engine's modules. torchtitan applies one activation
-checkpoint policy to every block; ppsim's executor runs any policy (its builders have
-every module as a piece of its own).
+which ppsim prices as the same share of their bytes) and a per-pp-rank delta in
+bytes (ppsim.policy.delta); it runs on Transformer Engine's modules. torchtitan
+applies one activation checkpoint policy to every block; ppsim's executor runs any
+policy (its builders have every module as a piece of its own).
 """
 
 from __future__ import annotations
@@ -39,21 +39,18 @@ class PolicyExport:
     """Which frameworks can run the policy as given."""
 
 
-def _uniform(policies: tuple[StagePolicy, ...], pp: int) -> tuple[StagePolicy, float] | None:
-    """(the shared policy, the offload fraction step per pp rank) when Megatron's one
-    setting for all stages says it; None otherwise."""
+def _uniform(policies: tuple[StagePolicy, ...]) -> StagePolicy | None:
+    """The shared policy when Megatron's one setting for all stages says it; None
+    otherwise (its per-rank delta keeps whole groups per iteration, ppsim.policy.delta:
+    it cannot lower one rank's fraction for every microbatch)."""
     first = policies[0]
-    step = 0.0
-    if pp > 1 and len(policies) > 1:
-        step = round(first.offload_fraction - policies[1 % pp].offload_fraction, 12)
-    for i, p in enumerate(policies):
-        want = max(0.0, first.offload_fraction - step * (i % pp))
+    for p in policies:
         if (p.recompute_modules, p.recompute_layers, p.offload_modules) != (
                 first.recompute_modules, first.recompute_layers, first.offload_modules) or \
-                abs((p.offload_fraction if p.offloads else 0.0) - (want if first.offloads
-                                                                   else 0.0)) > 1e-9:
+                abs((p.offload_fraction if p.offloads else 0.0) - (
+                    first.offload_fraction if first.offloads else 0.0)) > 1e-9:
             return None
-    return first, step
+    return first
 
 
 def recompute_refusal(modules: tuple[str, ...], a: Architecture,
@@ -127,7 +124,7 @@ def recompute_flags(p: StagePolicy, a: Architecture) -> StageFlags:
 
 
 def offload_flags(p: StagePolicy, step_bytes: int) -> StageFlags:
-    """Megatron's flags of one stage's offload setting, `step_bytes` less a pp rank."""
+    """Megatron's flags of one stage's offload setting and its per-rank delta in bytes."""
     if not p.offloads:
         return StageFlags(flags=[], notes=[])
     flags = ["--fine-grained-activation-offloading", "--offload-modules", *p.offload_modules]
@@ -139,10 +136,10 @@ def offload_flags(p: StagePolicy, step_bytes: int) -> StageFlags:
                                           "(--transformer-impl transformer_engine)"])
 
 
-def policy_export(policies: tuple[StagePolicy, ...], pp: int, a: Architecture,
-                  offload_bytes: int = 0) -> PolicyExport:
-    """Megatron's flags of the policy and the frameworks that run it; `offload_bytes`:
-    what the first rank offloads per microbatch at fraction 1 (prices the per-rank step)."""
+def policy_export(policies: tuple[StagePolicy, ...], a: Architecture,
+                  step_bytes: int = 0) -> PolicyExport:
+    """Megatron's flags of the policy and the frameworks that run it; `step_bytes`: the
+    per-rank offload delta (ppsim.policy.costs.Delta) it is priced with."""
     if any(OP_SAC_MODULE in p.recompute_modules for p in policies):
         return PolicyExport(megatron_flags=None, frameworks=["torchtitan"], notes=[
             "torchtitan's SelectiveAC (activation-checkpoint:selective) saves per op; "
@@ -151,12 +148,11 @@ def policy_export(policies: tuple[StagePolicy, ...], pp: int, a: Architecture,
     if len({(p.recompute_modules, p.recompute_layers) for p in policies}) == 1 and not any(
             p.offloads for p in policies) and policies[0].recompute_layers in (0, ALL_LAYERS):
         frameworks.append("torchtitan (one checkpoint policy for every block)")
-    uni = _uniform(policies, pp)
-    if uni is None:
+    p = _uniform(policies)
+    if p is None:
         return PolicyExport(megatron_flags=None, frameworks=frameworks, notes=[
-            "Megatron runs one recompute setting and one offload fraction (less a fixed "
-            "step per pp rank) for every stage; this policy differs per stage"])
-    p, step = uni
+            "Megatron runs one recompute setting and one offload fraction for every "
+            "stage; this policy differs per stage"])
     try:
         recompute = recompute_flags(p, a)
     except UserError as e:
@@ -164,7 +160,7 @@ def policy_export(policies: tuple[StagePolicy, ...], pp: int, a: Architecture,
     refusal = offload_refusal(p.recompute_modules, p.offload_modules) if p.offloads else None
     if refusal:
         return PolicyExport(megatron_flags=None, frameworks=frameworks, notes=[refusal])
-    offload = offload_flags(p, int(step * offload_bytes))
+    offload = offload_flags(p, step_bytes)
     return PolicyExport(megatron_flags=recompute.flags + offload.flags,
                         notes=recompute.notes + offload.notes,
                         frameworks=["Megatron-LM", *frameworks])

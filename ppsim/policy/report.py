@@ -34,14 +34,12 @@ def one_n(problem: Problem, policies: tuple[StagePolicy, ...]) -> tuple[StagePol
 
 
 def policy_flags(problem: Problem, policies: tuple[StagePolicy, ...]) -> PolicyExport:
-    """Megatron's flags of the problem's split run with `policies` (its per-rank offload
-    step in bytes from what its first stage offloads per microbatch)."""
+    """Megatron's flags of the problem's split run with `policies` (and the per-rank
+    offload delta the problem is priced with)."""
     pc = problem.memory.costs
     policies = one_n(problem, policies)
-    first = problem.split.stages[0]
-    whole = replace(policies[0], offload_fraction=1.0)
-    return policy_export(policies, problem.split.pp, pc.arch,
-                         pc.host_bytes(whole, first.offset, first.layers))
+    delta = getattr(problem.memory, "delta", None)
+    return policy_export(policies, pc.arch, delta.step_bytes if delta else 0)
 
 
 def with_policy_flags(exports: dict[str, Any], problem: Problem,

@@ -2,8 +2,7 @@
 
 - global: one of the modes none / selective / full for every stage;
 - Megatron-expressible: one recompute module set and one block count N for every
-  stage, offload with one fraction that may fall by a fixed step per pipeline rank
-  (later ranks hold fewer microbatches: Megatron's per-rank offload delta);
+  stage, offload with one fraction;
 - per stage: each virtual stage its own module set, N and offload.
 
 Each point of the first two is a fixed policy the split planner (ppsim.plan.planner)
@@ -152,12 +151,6 @@ def _better(a: SpaceBest | None, b: SpaceBest) -> SpaceBest:
     return b if a is None or space_key(b) < space_key(a) else a
 
 
-def per_rank(p: StagePolicy, pp: int, stages: int, delta: float) -> tuple[StagePolicy, ...]:
-    """p on every stage, its offload fraction lower by `delta` per pipeline rank."""
-    return tuple(replace(p, offload_fraction=max(0.0, p.offload_fraction - delta * (i % pp)))
-                 for i in range(stages))
-
-
 def plan_global(problem: Problem, pc: PolicyCosts, budget_s: float,
                 ladder: tuple[str, ...] | None = None) -> SpaceBest:
     """The best of the three global modes: `ladder`'s, else the job's as `pc.arch` says
@@ -189,14 +182,11 @@ def lowest_peak(sb: SpaceBest) -> float:
     return float(r.smallest_peak[0]) if r is not None and r.smallest_peak else math.inf
 
 
-def megatron_points(pc: PolicyCosts, pp: int, offload: bool) -> list[tuple[StagePolicy, float]]:
-    """(policy with N = 0, per-rank offload step) of the Megatron-expressible space."""
-    out = []
-    for g in module_groups(pc, offload):
-        out.append((g, 0.0))
-        if g.offloads and pp > 1:
-            out.append((g, g.offload_fraction / (pp - 1)))  # down to nothing on the last rank
-    return out
+def megatron_points(pc: PolicyCosts, offload: bool) -> list[StagePolicy]:
+    """The policies with N = 0 of the Megatron-expressible space: one fraction on every
+    rank (Megatron's per-rank delta keeps whole groups per iteration, ppsim.policy.delta,
+    not a lower fraction per rank)."""
+    return list(module_groups(pc, offload))
 
 
 def _proxy(search: SplitSearch, pc: PolicyCosts, policies: tuple[StagePolicy, ...],
@@ -225,21 +215,20 @@ def megatron_candidates(problem: Problem, pc: PolicyCosts, splits: list[tuple[in
     """Every point of the Megatron-expressible space with its quick estimate on the
     given splits, most promising first (where none fits, the nearest to fitting, then
     the one that recomputes the most layers: it holds the least on other splits too)."""
-    S, pp = problem.split.num_stages, problem.split.pp
+    S = problem.split.num_stages
     search = SplitSearch(replace(problem, memory=None))
     most = -(-problem.costs.num_layers // S) + 1
     out = []
-    for g, delta in megatron_points(pc, pp, pc.host_link_gbps > 0):
+    for g in megatron_points(pc, pc.host_link_gbps > 0):
         # Megatron takes --recompute-num-layers with full granularity only: N > 0
         # recomputes whole layers and no modules (and none under the combined 1F1B); N
         # all is its uniform method, which covers a stage of any size.
         whole = not g.recompute_modules and not pc.combined
         for n in [*range(0, most + 1), ALL_LAYERS] if whole else [0]:
-            pol = per_rank(replace(g, recompute_layers=n), pp, S, delta)
+            pol = (replace(g, recompute_layers=n),) * S
             est = min((_proxy(search, pc, pol, c) for c in splits),
                       default=(float("inf"), float("inf")))
-            label = replace(g, recompute_layers=n).label() + (
-                f" (-{delta:.0%}/rank)" if delta else "")
+            label = replace(g, recompute_layers=n).label()
             out.append(((*est, -n), pol, label))  # ties: the most layers recomputed
     out.sort(key=lambda x: x[0])
     return [(est[0], pol, label) for est, pol, label in out]
@@ -247,8 +236,8 @@ def megatron_candidates(problem: Problem, pc: PolicyCosts, splits: list[tuple[in
 
 def plan_megatron(problem: Problem, pc: PolicyCosts, budget_s: float,
                   splits: list[tuple[int, ...]]) -> SpaceBest:
-    """One module set (or one N) for every stage, offload with one fraction and a
-    per-rank step: the points ranked by their estimate on `splits`, the most promising
+    """One module set (or one N) for every stage, offload with one fraction: the points
+    ranked by their estimate on `splits`, the most promising
     planned (seeded with `splits`) while the budget lasts."""
     t0 = time.perf_counter()
     ranked = megatron_candidates(problem, pc, splits)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -13,7 +12,7 @@ from ppsim.errors import UserError
 from ppsim.job.host_optimizer import host_share_bytes
 from ppsim.job.layers import job_costs, per_rank_arch
 from ppsim.job.model import build_job
-from ppsim.policy.costs import Fixed, PolicyCosts
+from ppsim.policy.costs import Delta, Fixed, PolicyCosts
 from ppsim.policy.megatron import check_recompute
 from ppsim.policy.model import MemoryPolicy, StagePolicy, memory_policy, shorthand
 
@@ -54,28 +53,18 @@ def configured_policy(cfg: Config, num_stages: int) -> MemoryPolicy:
     return pol
 
 
-def stage_policies(cfg: Config, split: Split, costs: PolicyCosts | None = None
-                   ) -> tuple[StagePolicy, ...]:
-    """Each virtual stage's configured policy on `split`: a per-rank offload step in bytes
-    (Megatron's delta) lowers the offload fraction of rank r's stages by r steps, a step
-    being that many bytes over what the first stage offloads a microbatch at fraction 1
-    (the inverse of ppsim.policy.megatron.policy_export)."""
+def stage_policies(cfg: Config, split: Split) -> tuple[StagePolicy, ...]:
+    """Each virtual stage's configured policy on `split` (Megatron's per-rank delta
+    leaves every microbatch's fraction as it is: Fixed.delta prices it)."""
     pol = configured_policy(cfg, split.num_stages)
-    policies = tuple(pol.of(i) for i in range(split.num_stages))
-    if not pol.offload_step_bytes or not pol.default.offloads:
-        return policies
-    first = split.stages[0]
-    whole = replace(pol.of(0), offload_fraction=1.0)
-    full = (costs or policy_costs(cfg)).host_bytes(whole, first.offset, first.layers)
-    step = pol.offload_step_bytes / full if full else 0.0
-    own = {i for i, _ in pol.stages}
-    return tuple(p if i in own else replace(p, offload_fraction=max(
-        0.0, round(p.offload_fraction - step * (i % split.pp), 12)))
-        for i, p in enumerate(policies))
+    return tuple(pol.of(i) for i in range(split.num_stages))
 
 
 def fixed_policy(cfg: Config, split: Split) -> Fixed:
     """Each virtual stage's configured policy, priced (a hybrid stack's modules act on
-    its attention, MLP and MoE layers: ppsim.costs.saved.HYBRID_HALVES)."""
-    costs = policy_costs(cfg)
-    return Fixed(costs=costs, policies=stage_policies(cfg, split, costs))
+    its attention, MLP and MoE layers: ppsim.costs.saved.HYBRID_HALVES), with Megatron's
+    per-rank offload delta where the [memory] section sets one."""
+    step = configured_policy(cfg, split.num_stages).offload_step_bytes
+    delta = Delta(step_bytes=step, pp=split.pp, vpp=split.vpp,
+                  microbatches=cfg.pipeline.microbatches) if step else None
+    return Fixed(costs=policy_costs(cfg), policies=stage_policies(cfg, split), delta=delta)

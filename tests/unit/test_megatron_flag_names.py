@@ -189,25 +189,20 @@ def test_moe_act_recompute_with_grouped_gemm_is_megatrons_and_ppsims_moe_act() -
 
 
 def test_a_per_rank_offload_step_ppsim_exports_reads_back() -> None:
-    """Megatron's --delta-offload-bytes-across-pp-ranks, which `plan --search policy`
-    prints for a policy whose offload falls rank by rank, was refused when pasted back."""
+    """Megatron's --delta-offload-bytes-across-pp-ranks, exported from a [memory] section's
+    offload_step_bytes, reads back as the same priced job."""
     from ppsim.config.schema import config_from_dict
     from ppsim.pipeline.problem import build_problem
-    from ppsim.policy.model import StagePolicy
     from ppsim.policy.report import policy_flags
 
-    fractions = (1.0, 0.75, 0.5, 0.25)
-    policies = tuple(StagePolicy(offload_modules=("core_attn", "attn_proj"), offload_fraction=f)
-                     for f in fractions)
     problem = build_problem(config_from_dict({
         "model": {"preset": "llama3-70b", "recompute": "none"},
         "pipeline": {"pp": 4, "microbatches": 8}, "hardware": {"preset": "h100-80gb"},
-        "memory": {"stage": [p.to_dict(i) for i, p in enumerate(policies)]}}))
-    flags = policy_flags(problem, policies).megatron_flags
+        "memory": {"offload_modules": ["core_attn", "attn_proj"],
+                   "offload_step_bytes": 300_000_000}}))
+    flags = policy_flags(problem, problem.memory.policies).megatron_flags
     assert flags is not None and "--delta-offload-bytes-across-pp-ranks" in flags
     ours = _json([*LLAMA, "--recompute", "none", *flags])
-    assert [p["offload_fraction"] for p in ours["policy"]] == pytest.approx(fractions,
-                                                                             abs=1e-9)
     per_stage = simulate(problem).summary
     assert ours["iteration_time_ms"] == pytest.approx(per_stage.iteration_time_ms, rel=1e-9)
     assert [r["peak_memory_bytes"] for r in ours["ranks"]] == pytest.approx(

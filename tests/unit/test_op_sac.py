@@ -99,7 +99,7 @@ def test_it_gathers_again_but_scatters_once(sp: bool) -> None:
 
 def test_megatron_has_no_form_of_it() -> None:
     """A stage policy of op-sac exports no Megatron flags; torchtitan alone runs it."""
-    export = policy_export((shorthand("op-sac"),) * 2, 2, llama())
+    export = policy_export((shorthand("op-sac"),) * 2, llama())
     assert export.megatron_flags is None and export.frameworks == ["torchtitan"]
     assert "SelectiveAC" in export.notes[0]
 

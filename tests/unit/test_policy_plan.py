@@ -20,7 +20,7 @@ from ppsim.plan.planner import plan
 from ppsim.policy.costs import Fixed
 from ppsim.policy.megatron import policy_export, recompute_flags
 from ppsim.policy.model import ALL_LAYERS, StagePolicy
-from ppsim.policy.search import SpaceBest, per_rank, plan_global, resimulated, space_key
+from ppsim.policy.search import SpaceBest, plan_global, resimulated, space_key
 from ppsim.policy.setup import policy_costs
 
 DENSE = Architecture(num_layers=4, hidden_size=64, num_heads=4, num_kv_heads=4,
@@ -70,7 +70,7 @@ def test_offloading_that_buys_no_time_is_not_recommended() -> None:
     assert none.proven and none.label == "none"
     offload = StagePolicy(offload_modules=("core_attn", "attn_proj", "mlp_norm"),
                           offload_fraction=1.0)
-    policies = per_rank(offload, 4, 4, 1 / 3)
+    policies = tuple(replace(offload, offload_fraction=f) for f in (1.0, 2 / 3, 1 / 3, 0.0))
     fixed = replace(problem, costs=pc.base, memory=Fixed(costs=pc, policies=policies))
     r = plan(fixed, top_k=1, time_budget_s=30.0, seeds=[none.result.best.split.counts])
     offloaded = resimulated(SpaceBest(space="megatron", result=r, policies=policies,
@@ -118,9 +118,9 @@ def test_block_and_uniform_forms() -> None:
         "uniform", "--recompute-num-layers", "1"]
 
 
-def test_offload_with_a_per_rank_step_and_transformer_engine_noted() -> None:
+def test_offload_with_a_per_rank_delta_and_transformer_engine_noted() -> None:
     p = StagePolicy(offload_modules=("core_attn",), offload_fraction=0.5)
-    ex = policy_export(per_rank(p, 4, 4, 0.1), 4, DENSE, offload_bytes=1000)
+    ex = policy_export((p,) * 4, DENSE, step_bytes=100)
     assert ex.megatron_flags == ["--fine-grained-activation-offloading", "--offload-modules",
                                  "core_attn", "--activation-offload-fraction", "0.5",
                                  "--delta-offload-bytes-across-pp-ranks", "100"]
@@ -128,14 +128,23 @@ def test_offload_with_a_per_rank_step_and_transformer_engine_noted() -> None:
     assert "Megatron-LM" in ex.frameworks
 
 
+def test_a_fraction_falling_per_rank_is_not_megatrons_delta() -> None:
+    """Megatron's delta keeps whole offload groups per iteration (ppsim.policy.delta): no
+    flag lowers one rank's fraction for every microbatch."""
+    pols = tuple(StagePolicy(offload_modules=("core_attn",), offload_fraction=f)
+                 for f in (0.5, 0.4, 0.3, 0.2))
+    ex = policy_export(pols, DENSE)
+    assert ex.megatron_flags is None and "one offload fraction" in ex.notes[0]
+
+
 def test_a_per_stage_policy_says_who_can_run_it() -> None:
     pols = (StagePolicy(recompute_layers=2), StagePolicy())
-    ex = policy_export(pols, 2, DENSE)
+    ex = policy_export(pols, DENSE)
     assert ex.megatron_flags is None and ex.frameworks == ["ppsim executor"]
     assert "one recompute setting" in ex.notes[0]
-    norms = policy_export((StagePolicy(recompute_modules=("layernorm",)),) * 2, 2, DENSE)
+    norms = policy_export((StagePolicy(recompute_modules=("layernorm",)),) * 2, DENSE)
     assert "ppsim executor" in norms.frameworks  # output-discarding norm recompute runs
-    same = policy_export((StagePolicy(recompute_modules=("core_attn",)),) * 2, 2, DENSE)
+    same = policy_export((StagePolicy(recompute_modules=("core_attn",)),) * 2, DENSE)
     assert any(f.startswith("torchtitan") for f in same.frameworks)
     assert shlex.join(same.megatron_flags) == \
         "--recompute-granularity selective --recompute-modules core_attn"

@@ -71,7 +71,7 @@ def test_an_offload_megatron_refuses_has_no_megatron_flags(policy: StagePolicy,
                                                            words: str) -> None:
     """ppsim's executor runs such a policy; Megatron's TransformerConfig refuses it, so the
     export gives no flags and says why in its words."""
-    export = policy_export((policy,), 1, DEEPSEEK, 0)
+    export = policy_export((policy,), DEEPSEEK, 0)
     assert export.megatron_flags is None and words in export.notes[0]
     assert "Megatron-LM" not in export.frameworks
 
