@@ -65,8 +65,8 @@ def add_memory_policy_flags(g: Any) -> None:
                    help="Megatron's switch the offload flags need (without it Megatron "
                    "offloads nothing)")
     g.add_argument("--delta-offload-bytes-across-pp-ranks", type=int, metavar="BYTES",
-                   help="Megatron's per-rank offload step: each pp rank offloads this many "
-                   "bytes a microbatch fewer")
+                   help="Megatron's per-rank offload delta: pp rank r keeps r x this many "
+                   "bytes of offload groups per iteration on the device")
 
 
 def _check_values(memory: dict[str, Any], typed: dict[str, str]) -> None:

@@ -156,8 +156,8 @@ class MemoryPolicy:
     stages: tuple[tuple[int, StagePolicy], ...] = ()
     """(virtual stage, its policy) for the stages given their own."""
     offload_step_bytes: int = 0
-    """Megatron's --delta-offload-bytes-across-pp-ranks: each pp rank after the first
-    offloads this many bytes a microbatch fewer (stages without a table of their own)."""
+    """Megatron's --delta-offload-bytes-across-pp-ranks: pp rank r keeps r x this many
+    bytes of offload groups per iteration on the device (ppsim.policy.delta)."""
 
     def of(self, stage: int) -> StagePolicy:
         for i, p in self.stages:
@@ -174,7 +174,7 @@ def offload_step_bytes(step: Any) -> int:
     """[memory] offload_step_bytes, checked: a whole number of bytes >= 0."""
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise UserError("memory.offload_step_bytes", f"must be a whole number of bytes >= 0, "
-                        f"got {step!r}"[:200], "give the bytes each pp rank offloads fewer")
+                        f"got {step!r}"[:200], "give the bytes each pp rank keeps more")
     return step
 
 
