@@ -79,3 +79,15 @@ def test_timeline_legend_names_lower_case(capsys: pytest.CaptureFixture[str]) ->
     assert drawn & set("fbw"), out  # the default's timeline draws odd microbatches
     legend = " ".join(out.split("timeline (", 1)[1].split("):", 1)[0].split())
     assert "lower case" in legend and "odd microbatch" in legend, legend
+
+
+@pytest.mark.parametrize(("table", "example"), [("model", '"tiny-gpt"'),
+                                                 ("hardware", '"h100-80gb"')])
+def test_a_non_string_preset_gets_an_example_of_its_own_kind(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], table: str, example: str) -> None:
+    cfg = tmp_path / "job.toml"
+    model = "" if table == "model" else '[model]\npreset = "tiny-gpt"\n'
+    cfg.write_text(f"{model}[{table}]\npreset = 5\n")
+    code, _, err = _run(capsys, ["simulate", "--config", str(cfg)])
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"{table}.preset" in err and f"preset = {example}" in err, err
