@@ -91,3 +91,14 @@ def test_a_non_string_preset_gets_an_example_of_its_own_kind(
     code, _, err = _run(capsys, ["simulate", "--config", str(cfg)])
     assert code == 2 and err.count("\n") == 1, err
     assert f"{table}.preset" in err and f"preset = {example}" in err, err
+
+
+@pytest.mark.parametrize(("typed", "meant"), [
+    ("--parallelism.tensor_parallel_degre", "--parallelism.tensor_parallel_degree"),
+    ("--training.max_context_lenght", "--training.max_context_length"),
+    ("--tensor-model-paralel-size", "--tensor-model-parallel-size")])
+def test_a_misspelt_framework_flag_is_named_with_the_right_one(
+        capsys: pytest.CaptureFixture[str], typed: str, meant: str) -> None:
+    code, _, err = _run(capsys, ["simulate", "--preset", "tiny-gpt", typed, "2"])
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"did you mean {meant}?" in err, err
