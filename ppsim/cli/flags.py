@@ -27,7 +27,12 @@ from ppsim.config.schema import SPLIT_KEYS, Config, PipelineConfig, load_config
 from ppsim.errors import UserError
 from ppsim.job import shape as job_shape
 from ppsim.pipeline.layout import is_layout
-from ppsim.schedules.generators import chunks_for_schedule, schedule_for_vpp, schedule_name
+from ppsim.schedules.generators import (
+    SCHEDULES,
+    chunks_for_schedule,
+    schedule_for_vpp,
+    schedule_name,
+)
 
 MEGATRON_MODEL_KEYS = ("cp_comm_type", "cp_a2a_size", "optimizer", "muon_ns_steps",
                        "muon_tp_mode")
@@ -106,7 +111,8 @@ def add_config_flags(p: argparse.ArgumentParser, split_flags: bool = True,
 
 def _add_pipeline_flags(g: Any) -> None:
     """The stack's layers and the pipeline: its ranks, chunks, microbatches and order."""
-    g.add_argument("--num-layers", type=int, metavar="N")
+    g.add_argument("--num-layers", type=int, metavar="N",
+                   help="decoder layers (over a preset or config too)")
     g.add_argument("--hybrid-layer-pattern", "--hybrid-override-pattern",
                    dest="hybrid_layer_pattern", metavar="STR",
                    type=nonempty("the stack's layer symbols"), help="Megatron's hybrid stack, "
@@ -123,8 +129,11 @@ def _add_pipeline_flags(g: Any) -> None:
     g.add_argument("--num-layers-per-virtual-pipeline-stage", dest="layers_per_virtual_stage",
                    type=int, metavar="N", help="Megatron's other way to give vpp: the "
                    "layers of one chunk")
-    g.add_argument("--microbatches", type=int, metavar="N")
-    g.add_argument("--schedule", metavar="NAME", type=schedule_name)
+    g.add_argument("--microbatches", type=int, metavar="N", help="microbatches per "
+                   "iteration (alone: replaces the config's global batch)")
+    g.add_argument("--schedule", metavar="NAME", type=schedule_name,
+                   help=f"pipeline schedule: {', '.join(SCHEDULES)} (or torch's name, "
+                   "e.g. Interleaved1F1B)")
     g.add_argument("--microbatch-group-size",
                    "--microbatch-group-size-per-virtual-pipeline-stage",
                    dest="microbatch_group_size", type=int, metavar="N",
@@ -141,13 +150,17 @@ def add_split_flags(p: argparse.ArgumentParser, counts: bool = True) -> None:
     s.add_argument("--layout", "--pipeline-model-parallel-layout", dest="layout",
                    metavar="STR", help="Megatron pipeline layout string")
     s.add_argument("--first-stage-layers", "--decoder-first-pipeline-num-layers",
-                   dest="first_stage_layers", type=int, metavar="N")
+                   dest="first_stage_layers", type=int, metavar="N",
+                   help="layers of the first stage, the rest spread evenly")
     s.add_argument("--last-stage-layers", "--decoder-last-pipeline-num-layers",
-                   dest="last_stage_layers", type=int, metavar="N")
+                   dest="last_stage_layers", type=int, metavar="N",
+                   help="layers of the last stage, the rest spread evenly")
     s.add_argument("--account-for-embedding", "--account-for-embedding-in-pipeline-split",
-                   dest="account_for_embedding", action="store_true", default=None)
+                   dest="account_for_embedding", action="store_true", default=None,
+                   help="count the embedding as a layer in the even split")
     s.add_argument("--account-for-loss", "--account-for-loss-in-pipeline-split",
-                   dest="account_for_loss", action="store_true", default=None)
+                   dest="account_for_loss", action="store_true", default=None,
+                   help="count the head and loss as a layer in the even split")
 
 
 def _layers_per_virtual_stage(cfg: Config, flag: Any) -> Config:

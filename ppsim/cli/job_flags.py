@@ -37,9 +37,14 @@ def add_job_flags(p: argparse.ArgumentParser) -> None:
     j.add_argument("--rank-order", metavar="ORDER", help="Megatron rank order, innermost "
                    "first (default tp-cp-ep-dp-pp)")
     _add_state_flags(j)
-    for name in ("tp-comm-overlap", "overlap-grad-reduce", "overlap-param-gather",
-                 "moe-shared-expert-overlap"):
-        j.add_argument(f"--{name}", action="store_true", default=None)
+    for name, what in (("tp-comm-overlap", "tensor-parallel collectives behind the GEMMs"),
+                       ("overlap-grad-reduce", "the gradient reduce behind the last backward"),
+                       ("overlap-param-gather", "the parameter all-gather behind the next "
+                        "forward (needs --overlap-grad-reduce and the distributed optimizer)"),
+                       ("moe-shared-expert-overlap", "the shared experts beside the "
+                        "dispatcher's all-to-alls")):
+        j.add_argument(f"--{name}", action="store_true", default=None,
+                       help=f"Megatron's overlap: {what}")
     j.add_argument("--overlap-param-gather-with-optimizer-step", action="store_true",
                    default=None, help="the first model chunk's parameters gathered behind "
                    "the other chunks' optimizer steps (interleaved schedules)")

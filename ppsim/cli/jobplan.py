@@ -278,7 +278,8 @@ def _check_job_args(args: argparse.Namespace) -> None:
     gbs = args.global_batch_size
     if gbs is None:
         raise UserError("--global-batch-size", "is needed with --gpus",
-                        "give the sequences per iteration, e.g. --global-batch-size 1024")
+                        "give the sequences per iteration, e.g. --global-batch-size 1024, "
+                        "or [pipeline] global_batch_size in --config")
     validate.count("--gpus", args.gpus, hi=limits.MAX_GPUS,
                    fix="give the job's world size, e.g. --gpus 1024")
     check_global_batch(gbs)
@@ -305,11 +306,14 @@ def _check_job_args(args: argparse.Namespace) -> None:
 def cmd_job_plan(args: argparse.Namespace) -> int:
     """Plan the job's shape: what `ppsim plan` does when --gpus is given. Sizes given as
     flags (--tp, --cp, --ep, --pp, --vpp, --dp, --micro-batch-size) are held; the config's
-    own are only where the search starts (the world and the batch are not applied to it)."""
-    gbs = args.global_batch_size
-    _check_job_args(args)
+    own are only where the search starts (the world is not applied to it; the file's global
+    batch is the job's where --global-batch-size is not given)."""
     cfg, assumed = assume_hardware(args, config_from_args(argparse.Namespace(
         **{**vars(args), "gpus": None, "global_batch_size": None})))
+    if args.global_batch_size is None:  # the file's batch, as `simulate --gpus` takes it
+        args.global_batch_size = cfg.pipeline.global_batch_size or None
+    gbs = args.global_batch_size
+    _check_job_args(args)
     outputs_apart(args, {"--png": args.png}, cfg=cfg)
     axes = _search_axes(args.search)
     policy = _policy_axis(axes, cfg)

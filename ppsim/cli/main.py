@@ -137,11 +137,14 @@ def _refuse_unknown(parser: argparse.ArgumentParser, command: str,
                     extra: list[str]) -> NoReturn:
     """Flags the command does not take, in its name, each with the close flags it does take
     (`--presets` for --preset): argparse names neither."""
-    flags = [o for a in _subparser(parser, command)._actions for o in a.option_strings
-             if o.startswith("--") and a.help != argparse.SUPPRESS]  # hidden: not offered
+    every = [(o, a.help != argparse.SUPPRESS) for a in _subparser(parser, command)._actions
+             for o in a.option_strings if o.startswith("--")]
     hints = []
     for word in extra:
         name = word.split("=", 1)[0]
+        # hidden flags are not offered, but torchtitan's dotted fields (hidden from --help,
+        # listed in docs/model.md) are, to a dotted name
+        flags = [o for o, shown in every if shown or ("." in o and "." in name)]
         if name.startswith("--") and (close := difflib.get_close_matches(name, flags, n=1)):
             hints.append(f"{name}: did you mean {close[0]}?")
     said = f" ({'; '.join(hints)})" if hints else ""

@@ -114,6 +114,6 @@ def register(commands: dict[str, Any]) -> None:
         p.add_argument("name", metavar="NAME", nargs="?", help="a model preset: its "
                        "Megatron arguments (the model, its precision, recompute, tp and "
                        "ep); a hardware preset: its [hardware] table")
-        p.add_argument("--json", action="store_true")
+        p.add_argument("--json", action="store_true", help="one JSON object on stdout")
 
     commands["presets"] = ("list model and hardware presets", presets, cmd_presets)

@@ -49,7 +49,8 @@ def register(commands: dict[str, Any]) -> None:
 def _profile_args(p: argparse.ArgumentParser) -> None:
     add_config_flags(p, split_flags=False)
     g = p.add_argument_group("profile")
-    g.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    g.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where to measure (default cpu)")
     g.add_argument("--model", metavar="MODULE:FUNCTION", type=nonempty("a builder"),
                    help="model builder, as ppsim run takes it (default: [model] builder, "
                    "else the built-in GPT); a builder is code: naming one runs it")

@@ -13,22 +13,26 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("launch")
     g.add_argument("--nproc-per-node", type=int, metavar="N",
                    help="ranks on this node (default: pp x dp x tp x cp / nnodes)")
-    g.add_argument("--nnodes", type=int, default=1, metavar="K")
-    g.add_argument("--node-rank", type=int, default=0, metavar="I")
-    g.add_argument("--master-addr", default="127.0.0.1", metavar="ADDR")
+    g.add_argument("--nnodes", type=int, default=1, metavar="K", help="nodes (default 1)")
+    g.add_argument("--node-rank", type=int, default=0, metavar="I",
+                   help="this node's index, 0 to K-1 (default 0)")
+    g.add_argument("--master-addr", default="127.0.0.1", metavar="ADDR",
+                   help="node 0's address, for the rendezvous (default 127.0.0.1)")
     g.add_argument("--master-port", type=int, metavar="PORT",
                    help="rendezvous port (default: a free one when nnodes = 1, else 29500)")
     g.add_argument("--print-launch", action="store_true",
                    help="print the torchrun command and a Slurm sbatch script; run nothing")
     r = p.add_argument_group("run")
-    r.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    r.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the ranks compute (default cpu: gloo)")
     r.add_argument("--rank-start", choices=("fork", "exec"),
                    help="how torchrun starts each rank: fork (torch imported once; the "
                    "default on CPU) or exec (an interpreter per rank, as --print-launch's "
                    "torchrun; the default with --device cuda)")
     r.add_argument("--engine", choices=("ppsim", "torch"), default="ppsim",
                    help="ppsim's runtime, or torch.distributed.pipelining's schedules")
-    r.add_argument("--iterations", type=int, default=3, metavar="N")
+    r.add_argument("--iterations", type=int, default=3, metavar="N",
+                   help="training iterations to run and record (default 3)")
     r.add_argument("--warmup", type=int, metavar="N",
                    help="leading iterations marked warm-up and left out of the summary "
                    "(default 1, none for a run of one iteration)")

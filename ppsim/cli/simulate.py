@@ -273,7 +273,8 @@ def _print_simulation(sim: Any) -> None:
                       "every op)")
         return
     console.print("timeline (each cell the kind that fills most of it: F/B/W = forward/"
-                  "backward/weight-grad, ░ = busy under half, . = idle):")
+                  "backward/weight-grad, lower case f/b/w for an odd microbatch, ░ = busy "
+                  "under half, . = idle):")
     for line in text_timeline(sim.timeline.ops, s.iteration_time_ms,
                               width=max(40, min(120, console.width - 10))):
         console.print(line)

@@ -131,9 +131,11 @@ def table(where: str, value: Any) -> dict[str, Any]:
 
 
 def preset_name(where: str, value: Any) -> Any:
+    """A preset's name; the example fits the table (`hardware.preset`: a hardware one)."""
     if value is not None and not isinstance(value, str):
+        example = "h100-80gb" if where.startswith("hardware") else "tiny-gpt"
         raise UserError(where, f"must be a preset name (a string), got {shown(value)}",
-                        "write e.g. preset = \"tiny-gpt\" (see ppsim presets)")
+                        f"write e.g. preset = \"{example}\" (see ppsim presets)")
     return value
 
 
