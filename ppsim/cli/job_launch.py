@@ -52,7 +52,9 @@ def job_flags(r: ShapeResult, gbs: int) -> str | None:
     dispatcher = job.moe_token_dispatcher_type if job.arch.num_experts else "alltoall"
     out = parallel_args(s.tp, s.cp, s.ep, dispatcher, job.arch.cp_comm_type,
                         job.arch.cp_a2a_size, s.etp) + shlex.split(split)
-    out += ["--micro-batch-size", str(s.mbs), "--global-batch-size", str(gbs), *policy]
+    # Megatron requires the sequence length; read back without it, a preset's would stand
+    out += ["--seq-length", str(job.arch.seq_length), "--micro-batch-size", str(s.mbs),
+            "--global-batch-size", str(gbs), *policy]
     out += optimizer_args(job.arch) + precision_args(job.arch)
     out += fusion_args(job.arch)
     out += ["--use-tp-pp-dp-mapping"] * (order == parse_order(TP_PP_DP_ORDER))

@@ -1,11 +1,13 @@
 """A user's first session on the CLI (in-process, seconds): a config file's global batch
 read by `plan --gpus` as by `simulate --gpus`, every flag's --help saying what it is,
-and the text timeline's legend naming every letter it draws."""
+the text timeline's legend naming every letter it draws, and Megatron's launch line
+read back as the same job."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -102,3 +104,20 @@ def test_a_misspelt_framework_flag_is_named_with_the_right_one(
     code, _, err = _run(capsys, ["simulate", "--preset", "tiny-gpt", typed, "2"])
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert f"did you mean {meant}?" in err, err
+
+
+def test_megatrons_launch_line_carries_the_sequence_length(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Megatron requires --seq-length; the line `plan --gpus` prints left it out, so pasted
+    back with the preset it simulated the preset's sequence, another job."""
+    base = ["--preset", "llama3-8b", "--hardware", "h100-80gb", "--gpus", "16"]
+    code, out, err = _run(capsys, ["plan", *base, "--global-batch-size", "64", "--seq-length",
+                                   "16384", "--time-budget", "5", "--top", "1", "--json"])
+    assert code == 0, err
+    best = json.loads(out)["best"]
+    assert "--seq-length 16384" in best["megatron_job_flags"]
+    code, out, err = _run(capsys, ["simulate", *base, *shlex.split(best["megatron_job_flags"]),
+                                   "--json"])
+    assert code == 0, err
+    assert json.loads(out)["iteration_time_ms"] == pytest.approx(
+        best["iteration_time_ms"])
