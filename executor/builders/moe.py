@@ -3,7 +3,9 @@ pairs sorted by expert into one grouped GEMM (gate and up, the activation, down)
 routing probabilities weighing the activation (TEGroupedMLP; torchtitan's FSDP path
 weighs the outputs instead), and the shared experts beside them, gated or not.
 
-At tp > 1 (sequence parallel) each rank routes its own tokens. With each expert whole on
+At tp > 1 (sequence parallel) each rank routes its own tokens, but under torchtitan's
+without expert parallelism (`MoE._gathered_forward`): there every rank routes the
+gathered tokens through its slice of each expert. With each expert whole on
 every rank (etp 1) its pairs go through all the experts, whose gradients are then partial
 sums. With the experts split over etp ranks (the tensor ranks at etp = tp, Megatron's
 default; else etp consecutive ranks of the folded expert layout,
