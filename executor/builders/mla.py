@@ -11,7 +11,12 @@ tensor of its own, the width the cost model counts (ppsim.costs.modules).
 At tp > 1 (as Megatron's MLA): the down projections and their norms are whole on every
 tensor rank, over its own tokens under sequence parallelism (their gradients then summed
 over the ranks), and the up projections, attention and the output projection split by
-heads, the latents (and the rotary key part) gathered for them.
+heads, the latents (and the rotary key part) gathered for them. Under torchtitan's
+(`TensorGroup.saves_gathered`, as its DeepSeek-V3 plan) the layer's normed input is
+gathered once instead and the down projections, their norms and the rotary key run
+replicated on every token (their partial gradients summed over the ranks), so each
+rank keeps the latents whole and the up projections read them with no collective
+(ppsim.costs.saved.GATHERED).
 
 `UpProjection` is Megatron's `mla_up_proj`: the up projections and the rotary, whose
 outputs (q, k, v) are what attention keeps; recomputing it (executor/builders/discard.py)
@@ -105,13 +110,17 @@ class UpProjection(nn.Module):
         self.q_columns: ParallelLinears | None = None
         """At tp > 1: q_up as one piece a policy wraps (without a query latent it reads
         the layer's normed input: Megatron's `qkv_linear`)."""
+        self.whole_latents = False
+        """Its inputs are every token's, the same on every tensor rank (torchtitan's)."""
 
     def shard(self, g: TensorGroup) -> None:
         """Keep this tensor rank's heads."""
         self.tp, self.heads = g, self.heads // g.size
         for linear in (self.q_up, self.k_up, self.v_up):
             shard_output(linear, g)
-        self.q_columns = ParallelLinears(g, (self.q_up,))
+        self.whole_latents = keeps_latents_whole(g)
+        if not self.whole_latents:
+            self.q_columns = ParallelLinears(g, (self.q_up,))
 
     def query_linear(self) -> nn.Module | ParallelLinears:
         """q_up, column-parallel at tp > 1."""
@@ -120,7 +129,7 @@ class UpProjection(nn.Module):
     def _projected(self, q_in: torch.Tensor, kv_latent: torch.Tensor, k_rope: torch.Tensor
                    ) -> tuple[torch.Tensor, ...]:
         """q_up(q_in), k_up and v_up(kv_latent), k_rope: every token's, this rank's heads."""
-        if self.tp is None:
+        if self.tp is None or self.whole_latents:
             return self.q_up(q_in), self.k_up(kv_latent), self.v_up(kv_latent), k_rope
         assert self.q_columns is not None
         (q,) = self.q_columns(q_in)
@@ -144,6 +153,12 @@ class UpProjection(nn.Module):
         k_pe = self._rotate(k_rope.view(b, t, 1, self.rope)).expand(b, t, h, self.rope)
         k = torch.cat((k_up.view(b, t, h, self.nope), k_pe), dim=-1)
         return q, k, v_up.view(b, t, h, self.value)
+
+
+def keeps_latents_whole(g: TensorGroup) -> bool:
+    """torchtitan's MLA at tp > 1: the attention's input gathered once (Shard(1) ->
+    Replicate), the down projections replicated on it."""
+    return g.sequence_parallel and g.saves_gathered
 
 
 def _normed(norm: nn.Module | None, latent: torch.Tensor) -> torch.Tensor:
@@ -192,6 +207,9 @@ class LatentAttention(nn.Module):
         return [first, self.kv_down, self.k_rope]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = self.up.tp
+        if g is not None and self.up.whole_latents:  # the gradient reduce-scattered back
+            x = tokens_in(x, g)
         q_in = x if self.q_down is None else _normed(self.q_norm, self.q_down(x))
         q, k, v = self.up(q_in, _normed(self.kv_norm, self.kv_down(x)), self.k_rope(x))
         b, t = q.shape[:2]  # every token (sequence parallelism: gathered)

@@ -3,7 +3,9 @@ pairs sorted by expert into one grouped GEMM (gate and up, the activation, down)
 routing probabilities weighing the activation (TEGroupedMLP; torchtitan's FSDP path
 weighs the outputs instead), and the shared experts beside them, gated or not.
 
-At tp > 1 (sequence parallel) each rank routes its own tokens. With each expert whole on
+At tp > 1 (sequence parallel) each rank routes its own tokens, but under torchtitan's
+without expert parallelism (`MoE._gathered_forward`): there every rank routes the
+gathered tokens through its slice of each expert. With each expert whole on
 every rank (etp 1) its pairs go through all the experts, whose gradients are then partial
 sums. With the experts split over etp ranks (the tensor ranks at etp = tp, Megatron's
 default; else etp consecutive ranks of the folded expert layout,
@@ -23,6 +25,7 @@ dispatcher's all-to-all over ep, then its all-gather over the expert tensor grou
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,10 +42,15 @@ from ppsim.executor.builders.tensor import (
     ExpertGroup,
     TensorGroup,
     mark_partial,
+    reduce_out,
+    tokens_in,
 )
 
 if TYPE_CHECKING:
     from ppsim.executor.builders.llama import LlamaShape
+
+Experts = Callable[[torch.Tensor, list[int], "torch.Tensor | None"], torch.Tensor]
+"""Pairs sorted by expert (`counts` of each), their probabilities: the experts' outputs."""
 
 
 class GatedSharedExperts(MLP):
@@ -236,6 +244,7 @@ class MoE(nn.Module):
         self.expert_tensor: TensorGroup | None = None
         """The ranks each routed expert is split over (etp > 1); None: whole."""
         self.ep: ExpertGroup | None = None
+        self.tp: TensorGroup | None = None
 
     def place_experts(self, ep: ExpertGroup | None, split: TensorGroup | None,
                       apart: bool) -> None:
@@ -270,6 +279,7 @@ class MoE(nn.Module):
         tensor-parallel MLP (Megatron's SharedExpertMLP); the routed experts whole at
         etp 1 (their gradients partial too), else split by `place_experts`."""
         assert g.sequence_parallel, "Megatron's MoE layer needs sequence parallelism"
+        self.tp = g
         if self.shared is not None:
             self.shared.shard(g)
         mark_partial(self.router, getattr(self.shared, "gate_weight", None))
@@ -316,10 +326,19 @@ class MoE(nn.Module):
         y = self._held_experts(rows, [sum(col) for col in zip(*every, strict=True)], probs)
         return _AllToAll.apply(_regrouped(y, every, by_expert=False), g, got, sent)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, h = x.shape
-        tokens = x.reshape(-1, h)
-        n, e = tokens.shape[0], self.router.out_features  # all E, whatever this rank holds
+    def _routes_gathered(self) -> bool:
+        """torchtitan's MoE without expert parallelism at tp > 1 (its experts split over
+        the tensor group): every tensor rank routes the block's gathered tokens
+        (Architecture.routes_gathered_tokens)."""
+        g = self.tp
+        return g is not None and g.sequence_parallel and g.saves_gathered \
+            and self.ep is None and self.expert_tensor is g
+
+    def _routed(self, tokens: torch.Tensor, run: Experts) -> torch.Tensor:
+        """The routed experts' output of (n, h) `tokens`: the router's top-k, the pairs
+        sorted by expert through `run`, weighed and summed back per token."""
+        n, h = tokens.shape
+        e = self.router.out_features  # all E, whatever this rank holds
         probs = torch.softmax(self.router(tokens).float(), dim=-1)
         weight, expert = torch.topk(probs, self.top_k, dim=-1)
         weight = weight / weight.sum(-1, keepdim=True)  # fp32
@@ -327,20 +346,50 @@ class MoE(nn.Module):
         order = torch.argsort(flat, stable=True)  # the pairs grouped by expert
         counts = torch.bincount(flat, minlength=e).tolist()
         inside = weight.reshape(-1)[order] if self.probs_in_activation else None
-        pairs = tokens[order // self.top_k]
-        if self.ep is not None:
-            y = self._dispatched_experts(pairs, counts, inside, self.ep)
-        else:
-            y = self._held_experts(pairs, counts, inside)
+        y = run(tokens[order // self.top_k], counts, inside)
         back = torch.empty_like(order)
-        back[order] = torch.arange(order.numel(), device=x.device)
+        back[order] = torch.arange(order.numel(), device=tokens.device)
         y = y[back]
         if inside is None:  # torchtitan: the scores weigh the experts' outputs
-            y = y * weight.to(x.dtype).reshape(-1, 1)
-        out = y.view(n, self.top_k, h).sum(1)
+            y = y * weight.to(tokens.dtype).reshape(-1, 1)
+        return y.view(n, self.top_k, h).sum(1)
+
+    def _own_tokens_experts(self, pairs: torch.Tensor, counts: list[int],
+                            probs: torch.Tensor | None) -> torch.Tensor:
+        if self.ep is not None:
+            return self._dispatched_experts(pairs, counts, probs, self.ep)
+        return self._held_experts(pairs, counts, probs)
+
+    def _gathered_forward(self, x: torch.Tensor, g: TensorGroup) -> torch.Tensor:
+        """torchtitan's (moe_sharding.py): the block's input gathered (Shard(1) ->
+        Replicate), routed whole on every rank through its slice of each expert and of
+        the shared experts, the partial sums reduce-scattered back (Partial -> Shard(1));
+        the router's gradients partial sums."""
+        whole = tokens_in(x, g)
+        b, t, h = whole.shape
+        out = self._routed(whole.reshape(-1, h), self._experts)
         if self.shared is not None:
-            out = out + self.shared(x).reshape(n, h)  # (b, s, h): a tensor-parallel MLP
+            out = out + _partial_mlp(self.shared, whole).reshape(-1, h)
+        return reduce_out(out.view(b, t, h), g)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp is not None and self._routes_gathered():
+            return self._gathered_forward(x, self.tp)
+        b, t, h = x.shape
+        out = self._routed(x.reshape(-1, h), self._own_tokens_experts)
+        if self.shared is not None:
+            out = out + self.shared(x).reshape(-1, h)  # (b, s, h): a tensor-parallel MLP
         return out.view(b, t, h)
+
+
+def _partial_mlp(mlp: MLP, x: torch.Tensor) -> torch.Tensor:
+    """A tensor-parallel MLP's partial output (its units of this rank's) of an input whole
+    on every rank, gated where it has a gate (GatedSharedExperts): no collective."""
+    ups = [F.linear(x, lin.weight) for lin in (mlp.gate, mlp.up) if lin is not None]
+    y = F.gelu(ups[0]) if mlp.gate is None else swiglu(ups[0], ups[1], mlp.keep_silu)
+    out = F.linear(y, mlp.down.weight)
+    gate = getattr(mlp, "gate_weight", None)
+    return out if gate is None else out * torch.sigmoid(F.linear(x, gate))
 
 
 def init_experts(moe: MoE, num_layers: int) -> None:

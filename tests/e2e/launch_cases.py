@@ -143,6 +143,13 @@ MLA_TOML = tiny_gpt_toml(gated_mlp=True, norm="rmsnorm", position="rotary", atte
                          v_head_dim=12)
 """tiny-gpt with DeepSeek's latent attention (value heads narrower than key heads)."""
 MLA_CONFIG = ["--config", "{tmp}/mla.toml"]
+MLA_MOE_TOML = tiny_gpt_toml(gated_mlp=True, norm="rmsnorm", position="rotary", attention="mla",
+                             q_lora_rank=32, kv_lora_rank=24, qk_rope_head_dim=8, head_dim=16,
+                             v_head_dim=12, layers="dense, moe, " * 3 + "dense, moe",
+                             num_experts=4, top_k=2, moe_ffn_hidden_size=96,
+                             shared_expert_ffn_hidden_size=40)
+"""Latent attention and MoE layers with a shared-expert MLP of its own width: at tp 2
+under --fsdp each of torchtitan's (the latents whole, the gathered tokens routed)."""
 MLA_Q_TOML = tiny_gpt_toml(gated_mlp=True, norm="rmsnorm", position="rotary", attention="mla",
                            q_lora_rank=0, kv_lora_rank=24, qk_rope_head_dim=8, head_dim=16,
                            v_head_dim=12)
@@ -270,6 +277,10 @@ TENSOR = {
     # torchtitan's tensor parallelism (--fsdp): each column-parallel block keeps its input
     # gathered, gathering nothing in the backward
     "tp2-titan-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, "--fsdp"]),
+    # its latent attention (the latents whole on every rank) and MoE without expert
+    # parallelism (every rank routing the gathered tokens through its slice of each expert)
+    "tp2-titan-mla-moe-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, "--config",
+                                         "{tmp}/mla-moe.toml", "--fsdp"]),
     "tp2-llama-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_M2, "--config", "{tmp}/llama.toml"]),
     "tp2-hybrid-1f1b": Spec(argv=["--tp", "2", *ONE_F_ONE_B_HYBRID, "--config",
                                   "{tmp}/hybrid-tp.toml"], dump_grads=False),
@@ -378,6 +389,7 @@ def prepare(name: str, tmp: Path) -> None:
     (tmp / "moe-wide.toml").write_text(MOE_WIDE_TOML)
     (tmp / "mla.toml").write_text(MLA_TOML)
     (tmp / "mla-q.toml").write_text(MLA_Q_TOML)
+    (tmp / "mla-moe.toml").write_text(MLA_MOE_TOML)
     (tmp / "moe-ep.toml").write_text(MOE_TOML + "ep = 2\n")
     (tmp / "moe-ep-folded.toml").write_text(MOE_TOML + "ep = 4\netp = 1\n")
     (tmp / "moe-ep-tp4.toml").write_text(MOE_TOML.replace("num_kv_heads = 2", "num_kv_heads = 4")

@@ -31,7 +31,7 @@ from ppsim.trace.read import read_trace  # noqa: E402
 pytestmark = pytest.mark.e2e
 CASES = ["tp2-1f1b", "tp2-llama-1f1b", "tp2-llama-policy", "tp2-moe-1f1b", "tp2-moe-policy",
          "tp2-mla-1f1b", "tp2-mla-q-offload", "tp2-dp2-interleaved-gated", "tp4-kv2-1f1b",
-         "tp2-kv1-1f1b", "tp2-titan-1f1b"]
+         "tp2-kv1-1f1b", "tp2-titan-1f1b", "tp2-titan-mla-moe-1f1b"]
 """The built-in GPT and the Llama-style decoder with sequence parallelism (and a memory
 policy: the tensor-parallel projections' inputs offloaded, the MLP recomputed; with MoE
 layers, each expert split over the tensor ranks as Megatron splits them by default, a
@@ -41,7 +41,9 @@ a query latent with the layer's input offloaded), the gated GPT without it (its 
 key/value group at tp 2: its biased QKV gathered); the Llama-style decoder (query and key
 norms, an output gate) at more tensor ranks than key/value groups, its QKV gathered: 2
 groups at tp 4, 1 at tp 2 without sequence parallelism; the built-in GPT split as
-torchtitan splits it (--fsdp: each column-parallel block keeping its gathered input).
+torchtitan splits it (--fsdp: each column-parallel block keeping its gathered input),
+and with torchtitan's latent attention (the latents whole on every rank) and MoE layers
+(every rank routing the gathered tokens through its slice of each expert).
 Each expert whole (etp 1): the hybrid stack below."""
 PACKED = ("kv.weight", "kv.bias")
 """K and V in one matmul, each block sliced alike (ppsim.executor.builders.tensor)."""
