@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 from typing import Any
 
 from ppsim.cli.flags import emit_json, outputs_apart
@@ -44,8 +46,9 @@ def print_diff(d: dict[str, Any]) -> None:
     ta, tb = d["iteration_time_ms"]
     c.print(f"A = {a} (iteration {d['iterations'][0]})\nB = {b} (iteration {d['iterations'][1]})")
     c.print(f"iteration time  A {ta:.3f} ms   B {tb:.3f} ms   B-A {tb - ta:+.3f} ms "
-            f"([bold]{d['iteration_time_error']:+.1%}[/bold])   ops matched {d['ops_matched']}"
-            f", only in A {d['ops_only_in'][0]}, only in B {d['ops_only_in'][1]}")
+            f"([bold]{d['iteration_time_error']:+.1%}[/bold])")
+    c.print(f"ops matched {d['ops_matched']}, only in A {d['ops_only_in'][0]}, only in B "
+            f"{d['ops_only_in'][1]}")
     c.print("(whole iterations: first op to the next iteration's first op, the optimizer "
             "step and the boundary between iterations included)")
     for side, t in zip("AB", d.get("throughput") or (), strict=False):
@@ -74,14 +77,14 @@ def print_diff(d: dict[str, Any]) -> None:
     _print_collectives(c, d["collectives"])
     (ra, rb), (sa, sb) = d["step_ops_ms"]["R"], d["step_ops_ms"]["S"]
     if ra or rb:
-        c.print(f"step, the longest rank's: reduce (R) A {ra:.3f} ms, B {rb:.3f} ms; "
-                f"optimizer (S) A {sa:.3f} ms, B {sb:.3f} ms{_replica_waits(d)}",
-                soft_wrap=True)
+        c.print(f"step, the longest rank's: reduce (R) A {ra:.3f} ms, B {rb:.3f} ms\n"
+                f"  optimizer (S) A {sa:.3f} ms, B {sb:.3f} ms{_replica_waits(d)}")
     if d["largest_divergences"]:
-        c.print("largest divergences: " + "; ".join(
-            f"rank {x['rank']} {x['kind']}{x['microbatch']} (chunk {x['chunk']}) at "
-            f"{x['start_ms'][0]:.1f} ms: {x['duration_ms'][0]:.2f} -> {x['duration_ms'][1]:.2f}"
-            for x in d["largest_divergences"][:5]), soft_wrap=True)
+        c.print("largest divergences (op, its start in A, its duration in A -> B):")
+        for x in d["largest_divergences"][:5]:
+            c.print(f"  rank {x['rank']} {x['kind']}{x['microbatch']} (chunk {x['chunk']}) at "
+                    f"{x['start_ms'][0]:.1f} ms: {x['duration_ms'][0]:.2f} -> "
+                    f"{x['duration_ms'][1]:.2f} ms")
     cpa, cpb = d["critical_path"]
 
     def fmt(cp: list[dict]) -> str:
@@ -100,10 +103,15 @@ def cmd_diff(args: argparse.Namespace) -> int:
     a, b = read_trace(args.a), read_trace(args.b)
     diff = diff_traces(a, b, args.iteration)
     d = diff.to_dict(top=args.top)
-    # Both sides run the job A recorded (B's own record when A has none).
-    job = from_info(a.info.get("job"), f"{args.a}: otherData.job") \
-        or from_info(b.info.get("job"), f"{args.b}: otherData.job")
-    tps = [trace_throughput(job, t) for t in d["iteration_time_ms"]]
+    ja = from_info(a.info.get("job"), f"{args.a}: otherData.job")
+    jb = from_info(b.info.get("job"), f"{args.b}: otherData.job")
+    if ja and jb and (differ := job_difference(ja, jb)):
+        sys.stderr.write(f"ppsim diff: warning: A and B record different jobs ({differ}), so "
+                         "their times are of different work (diff a simulation of the "
+                         "run's own config)\n")
+    # Each side's throughput is of the job it records (the other's where it has none).
+    tps = [trace_throughput(job, t)
+           for job, t in zip((ja or jb, jb or ja), d["iteration_time_ms"], strict=True)]
     d["throughput"] = [t.to_dict() if t else None for t in tps]
     if args.png:
         with output("--png", args.png):
@@ -134,11 +142,24 @@ def register(commands: dict) -> None:
                         cmd_diff)
 
 
+def job_difference(a: dict[str, float], b: dict[str, float]) -> str:
+    """What differs between two traces' recorded jobs (otherData.job), as words; empty
+    when they record the same model, batch and GPU count."""
+    said = []
+    fa, fb = a["flops"] / a["tokens"], b["flops"] / b["tokens"]
+    if not math.isclose(fa, fb, rel_tol=1e-6):
+        said.append(f"model FLOPs a token {fa:,.4g} vs {fb:,.4g}")
+    for key, what in (("tokens", "tokens an iteration"), ("gpus", "GPUs")):
+        if a[key] != b[key]:
+            said.append(f"{what} {a[key]:,.0f} vs {b[key]:,.0f}")
+    return "; ".join(said)
+
+
 def _replica_waits(d: dict) -> str:
     """What of each trace's R waited for the last replica to start it (a run's skew)."""
     waits = d["step_wait_ms"]["R"]
     said = [f"{name} {w:.3f} ms" for name, w in zip("AB", waits, strict=True) if w]
-    return f" (of R, waiting for the last replica to start it: {', '.join(said)})" \
+    return f"\n  of R, waiting for the last replica to start it: {', '.join(said)}" \
         if said else ""
 
 

@@ -17,13 +17,14 @@ def print_summary(res: dict[str, Any]) -> None:
     c.print(f"[bold]{res['engine']}[/bold] engine  {res['schedule']}  pp={res['pp']} "
             f"vpp={res['vpp']} "
             + "".join(f"{k}={res[k]} " for k in ("tp", "cp", "dp") if res.get(k, 1) > 1)
-            + f"microbatches={res['microbatches']} split={res['split']}  "
+            + f"microbatches={res['microbatches']} split={res['split']}\n"
             f"device={res.get('device')} ({res.get('backend')}, transfers via "
             f"{res.get('wire')})")
     losses = res.get("losses") or []
+    # One fact a line: at 80 columns a longer line breaks mid-phrase.
     c.print(f"iteration time [bold]{res['iteration_time_ms']:.2f} ms[/bold] (mean of "
             f"{res['iterations'] - res['warmup_iterations']} after {res['warmup_iterations']} "
-            f"warm-up)   tokens/s [bold]{res['tokens_per_s']:,.0f}[/bold]   loss "
+            f"warm-up)   tokens/s [bold]{res['tokens_per_s']:,.0f}[/bold]\nloss "
             + (f"{losses[0]:.4f} -> {losses[-1]:.4f}" if losses else "n/a"))
     if "ranks" in res:
         c.print(f"bubble {res['bubble_fraction']:.1%}   peak memory "

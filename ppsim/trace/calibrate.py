@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ppsim.config.schema import Config
 from ppsim.costs.model import LayerCost, ModelCosts, input_grad_ms, stage_costs
@@ -277,7 +278,7 @@ def _link_from_delay(hw: Hardware, delay: float, nbytes: float) -> Hardware:
                    p2p_bandwidth_gbps=nbytes / delay / 1e6 if delay > 0 else 0.0)
 
 
-def _check_same_job(trace: Trace, job: object) -> None:
+def _check_same_job(trace: Trace, job: Any, pp: int) -> None:
     """Refuse a config whose model is not the one the trace recorded (its FLOPs a token;
     a run's replicas make no difference to it): the fitted factors would scale one
     model's costs to another's times."""
@@ -295,6 +296,22 @@ def _check_same_job(trace: Trace, job: object) -> None:
         raise UserError("--config", f"{trace.path} was recorded for another model: "
                         f"{theirs:,.4g} FLOPs a token there, {ours:,.4g} in the configured "
                         "one", "pass the --config (or --preset) the trace was recorded with")
+    _check_same_replica(trace, recorded.get("gpus"), job, pp)
+
+
+def _check_same_replica(trace: Trace, gpus: object, job: Any, pp: int) -> None:
+    """Refuse a config whose replica (tp x cp x pp GPUs) is not the run's: at another tp
+    each rank's share of a layer differs, and the factors would fold the ratio in."""
+    dp, cp = trace.info.get("dp"), trace.info.get("cp", 1)  # runs without cp record none
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+               for v in (gpus, dp, cp)) or gpus % dp:  # type: ignore[operator]
+        return  # a simulated trace records no dp; a run's sizes are checked where read
+    theirs = gpus // dp // cp // pp  # type: ignore[operator]
+    s = job.shape.sizes
+    if theirs != s.tp or cp != s.cp:
+        raise UserError("--tp", f"{trace.path} was recorded at tp {theirs}, cp {cp}; the "
+                        f"configured job is tp {s.tp}, cp {s.cp}", "pass the --tp and --cp "
+                        "the trace was recorded with")
 
 
 def calibrate(trace: Trace, cfg: Config, how: str = "mean") -> Calibration:
@@ -327,7 +344,7 @@ def calibrate(trace: Trace, cfg: Config, how: str = "mean") -> Calibration:
                         f"configured model ({getattr(exc, 'problem', exc)})",
                         "pass the --config (or --preset) the trace was recorded with") from None
     hw = hardware(cfg)
-    _check_same_job(trace, hw.job)
+    _check_same_job(trace, hw.job, schedule.pp)
     # 'before' is what simulate --costs BASE gives, the base file's shared cores and
     # per-message CPU included; 'after' prices none (KEPT_CONDITIONS).
     before = Problem(base, split, schedule, hw, run_topology(cfg, hw))

@@ -41,3 +41,15 @@ def test_data_parallel_replicas_and_their_reduce_are_shown(capsys) -> None:
     out = capsys.readouterr().out
     assert "vpp=1 tp=2 dp=2 microbatches=8" in out and "grad reduce ms" in out, out
     assert "5.25" in out and "6.25" in out
+
+
+def test_each_line_fits_80_columns_whole(capsys, monkeypatch) -> None:
+    """The header and the time line ran past 80 columns and broke mid-phrase."""
+    monkeypatch.setenv("COLUMNS", "80")
+    res = {**_result("ppsim", [10, 10, 10, 10, 10, 10, 10, 9], 12345.67), "tp": 8, "dp": 16,
+           "pp": 8, "tokens_per_s": 1234567.0, "microbatches": 128}
+    print_summary(res)
+    lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) <= 80, lines
+    assert "device=cpu (gloo, transfers via cpu)" in lines
+    assert "loss 9.0000 -> 8.9000" in lines

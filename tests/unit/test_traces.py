@@ -138,3 +138,18 @@ def test_calibrating_steady_iterations_gives_no_warm_up_warning(tmp_path, capsys
                  "--out", str(tmp_path / "c.json")]) == 0
     out, err = capsys.readouterr()
     assert "warning" not in err and "steady-state mean" in " ".join(out.split())
+
+
+def test_calibrating_a_tensor_parallel_run_at_another_tp_is_refused(tmp_path, capsys):
+    """A run's replica at tp 2 holds twice the GPUs of pp: fitting its ops' times to the
+    tp 1 costs would fold the split into the factors, so calibrate names --tp."""
+    case = TRACES / "1f1b-5-3-m8"
+    doc = json.loads((case / "real.json").read_text())
+    doc["otherData"]["job"]["gpus"] *= 2  # what the run records at tp 2 (pp 2, dp 1)
+    real = tmp_path / "tp2.json"
+    real.write_text(json.dumps(doc))
+    argv = ["calibrate", str(real), "--config", str(case / "config.toml"), "--out"]
+    assert main([*argv, str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ppsim calibrate: error: --tp: ") and "recorded at tp 2" in err
+    assert err.count("\n") == 1 and not (tmp_path / "c.json").exists()
