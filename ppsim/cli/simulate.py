@@ -49,6 +49,7 @@ from ppsim.schedules.generators import schedule_placement
 from ppsim.sim.engines import simulator
 from ppsim.trace.joblog import read_job_log
 from ppsim.trace.schema import simulation_trace, write_trace
+from ppsim.units import fmt_bytes
 
 
 def add_deepspeed_specs_flag(p: argparse.ArgumentParser) -> None:
@@ -254,10 +255,11 @@ def _print_simulation(sim: Any) -> None:
         counts = split_runs(problem.split.counts)
     console.print(f"[bold]{problem.schedule.name}[/bold]{head[len(problem.schedule.name):]}"
                   f"{counts}")
+    device = fmt_bytes(problem.hardware.memory_bytes, 2)
     console.print(f"iteration time [bold]{s.iteration_time_ms:.3f} ms[/bold]   "
                   f"bubble [bold]{s.bubble_fraction:.1%}[/bold]   peak memory "
-                  f"{s.peak_memory_bytes / 1e9:.2f} GB of {problem.hardware.memory_bytes / 1e9:.0f}"
-                  f" GB   {'fits' if s.fits else '[red]does NOT fit[/red]'}")
+                  f"{fmt_bytes(s.peak_memory_bytes)} of {device}"
+                  f"   {'fits' if s.fits else '[red]does NOT fit[/red]'}")
     if not s.fits:
         console.print(fit_hint(problem), markup=False)
     print_job(console, problem.hardware.job, s.iteration_time_ms)

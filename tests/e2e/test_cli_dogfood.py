@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -121,3 +122,12 @@ def test_megatrons_launch_line_carries_the_sequence_length(
     assert code == 0, err
     assert json.loads(out)["iteration_time_ms"] == pytest.approx(
         best["iteration_time_ms"])
+
+
+def test_simulates_headline_gives_a_small_peak_in_its_own_unit(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The default tiny model peaks at tens of MB: the headline read "0.02 GB"."""
+    code, out, err = _run(capsys, ["simulate", "--preset", "tiny-gpt"])
+    assert code == 0, err
+    head = next(line for line in out.splitlines() if line.startswith("iteration time"))
+    assert re.search(r"peak memory \d+\.\d\d MB of 16 GB", head), head
