@@ -78,7 +78,8 @@ class FileActions:
         config it was opened from: that is what saving means)."""
         trace = getattr(self, "trace", None)
         base = self.base  # type: ignore[attr-defined]
-        return {"the config": None if what == "save" else self.config_path,
+        return {**self.input_files,  # type: ignore[attr-defined]
+                "the config": None if what == "save" else self.config_path,
                 "the loaded trace": trace.path if trace is not None else None,
                 "costs_file": base.costs_file, "actions_csv": base.pipeline.actions_csv}
 
