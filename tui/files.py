@@ -169,11 +169,13 @@ class FileActions:
 
     def deliver_screenshot(self, filename: str | None = None, path: str | None = None,
                            time_format: str | None = None) -> str | None:
-        """The palette's Screenshot: the screen as SVG into the Downloads folder, as
-        Textual saves it, but said on the status line in words (Textual's message is
-        markup, which the status line shows as typed) and refused like any write."""
+        """The palette's Screenshot: the screen as SVG into the Downloads folder (the
+        current one where there is none: a server), as Textual saves it, but said on the
+        status line in words (Textual's message is markup, which the status line shows
+        as typed) and refused like any write."""
         stamp = datetime.now().strftime(time_format or "%Y-%m-%dT%H_%M_%S_%f")
-        target = os.path.join(path or str(user_downloads_path()),
+        folder = path or str(user_downloads_path())
+        target = os.path.join(folder if os.path.isdir(folder) else ".",
                               filename or f"ppsim_{stamp}.svg")
         if not self._write("save the screenshot", target, self.export_screenshot()):  # type: ignore[attr-defined]
             return None
