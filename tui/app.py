@@ -75,9 +75,12 @@ class PPSimApp(FileActions, PlannerActions, PolicyActions, ViewActions, App[None
     BINDINGS = APP_BINDINGS
 
     def __init__(self, config: Config | None = None, config_path: str | None = None,
-                 trace_path: str | None = None, note: str = "", unsaved: bool = False
-                 ) -> None:
+                 trace_path: str | None = None, note: str = "", unsaved: bool = False,
+                 inputs: dict[str, str | None] | None = None) -> None:
         super().__init__()
+        self.input_files = dict(inputs or {})
+        """The other files the command line read (--hardware, --deepspeed-config, ...):
+        a save or an export never replaces one."""
         self.base = config if config is not None else load_config(config_path)
         self.config_path = config_path
         self.history: History[EditState] = History(state_from_config(self.base))

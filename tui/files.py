@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import errno
 import os
+from datetime import datetime
 from typing import Any
 
+from platformdirs import user_downloads_path
 from textual.widgets import Static
 
 from ppsim.cautions import flags_group
@@ -78,7 +80,8 @@ class FileActions:
         config it was opened from: that is what saving means)."""
         trace = getattr(self, "trace", None)
         base = self.base  # type: ignore[attr-defined]
-        return {"the config": None if what == "save" else self.config_path,
+        return {**self.input_files,  # type: ignore[attr-defined]
+                "the config": None if what == "save" else self.config_path,
                 "the loaded trace": trace.path if trace is not None else None,
                 "costs_file": base.costs_file, "actions_csv": base.pipeline.actions_csv}
 
@@ -163,6 +166,21 @@ class FileActions:
         the status line)."""
         if self.save_to(path):
             self.exit()  # type: ignore[attr-defined]
+
+    def deliver_screenshot(self, filename: str | None = None, path: str | None = None,
+                           time_format: str | None = None) -> str | None:
+        """The palette's Screenshot: the screen as SVG into the Downloads folder (the
+        current one where there is none: a server), as Textual saves it, but said on the
+        status line in words (Textual's message is markup, which the status line shows
+        as typed) and refused like any write."""
+        stamp = datetime.now().strftime(time_format or "%Y-%m-%dT%H_%M_%S_%f")
+        folder = path or str(user_downloads_path())
+        target = os.path.join(folder if os.path.isdir(folder) else ".",
+                              filename or f"ppsim_{stamp}.svg")
+        if not self._write("save the screenshot", target, self.export_screenshot()):  # type: ignore[attr-defined]
+            return None
+        self.notify(f"screenshot saved: {target}")  # type: ignore[attr-defined]
+        return target
 
     def action_load_trace(self) -> None:
         self.push_screen(PathPrompt(  # type: ignore[attr-defined]

@@ -19,9 +19,11 @@ def over_limit(summary: object, limit: float) -> list[tuple[int, int]]:
     return sorted(over, key=lambda x: (-x[1], x[0]))
 
 
-def memory_text(summary: object, limit: float, no_split: bool = False) -> str:
+def memory_text(summary: object, limit: float, no_split: bool = False,
+                compact: bool = False) -> str:
     """'fits' or which rank is over and by how much (the worst one, and how many more);
-    `no_split`: no split of this shape fits either (the planner's memory floor)."""
+    `no_split`: no split of this shape fits either (the planner's memory floor);
+    `compact`: the rank and its excess only (the memory bars give the rest)."""
     over = over_limit(summary, limit)
     if not over:
         return "fits"
@@ -31,6 +33,8 @@ def memory_text(summary: object, limit: float, no_split: bool = False) -> str:
     more = f" (+{len(over) - 1} more rank{'s' if len(over) > 2 else ''})" if len(over) > 1 \
         else ""
     verdict = "NO SPLIT FITS" if no_split else "DOES NOT FIT"
+    if compact:
+        return f"{verdict}: r{rank} +{fmt_bytes(extra)}"
     return (f"{verdict}: r{rank} {fmt_bytes(extra)} over ({fmt_bytes(peak)} / "
             f"{fmt_bytes(limit)}){more}")
 
@@ -50,7 +54,8 @@ def _parts(result: object, compact: bool) -> list[tuple[str, str]]:
                 else f"   peak {fmt_bytes(s.peak_memory_bytes)} / {fmt_bytes(limit)} ")
         parts += [(peak, ""), ("fits", mem_style)]
     else:
-        parts += [("   ", ""), (memory_text(s, limit, r.no_split_fits), mem_style)]  # type: ignore[attr-defined]
+        parts += [("  " if compact else "   ", ""),
+                  (memory_text(s, limit, r.no_split_fits, compact), mem_style)]  # type: ignore[attr-defined]
     sp = r.speedup  # type: ignore[attr-defined]
     if sp is not None:
         if compact:

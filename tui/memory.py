@@ -38,12 +38,53 @@ def bar_cells(bar: Bar, limit: float, width: int) -> tuple[int, int, int]:
     return s, max(0, a), width - s - max(0, a)
 
 
-def bar_label(bar: Bar, limit: float) -> str:
-    flag = "" if bar.fits else " OVER"
+MIN_BAR = 6
+"""The fewest cells a bar shrinks to so that its figures stay whole."""
+ROW_HEAD = 4
+"""A row's "r12 " before its bar."""
+
+
+def bar_label(bar: Bar, limit: float, short: bool = False) -> str:
+    """The peak, its share of the limit, static and activations; `short`: the last two
+    as `= static + act` (the legend names them in that order), without the peak's unit
+    and without OVER (the share over 100 % and the bar's colour say it)."""
     pct = bar.peak_bytes / limit if limit > 0 else 0.0
     share = "<1%" if 0 < pct < 0.005 else f"{pct:.0%}"
-    return (f" {fmt_bytes(bar.peak_bytes)} {share}{flag}  static "
-            f"{fmt_bytes(bar.static_bytes)} + act {fmt_bytes(bar.activation_bytes)}")
+    peak, static, act = (fmt_bytes(b) for b in (bar.peak_bytes, bar.static_bytes,
+                                                bar.activation_bytes))
+    if short:
+        unit = " " + peak.split()[-1]
+        static, act = (v.removesuffix(unit) for v in (static, act))
+        return f" {peak} {share} = {static} + {act}"
+    flag = "" if bar.fits else " OVER"
+    return f" {peak} {share}{flag}  static {static} + act {act}"
+
+
+def fitted_labels(bars: list[Bar], limit: float, width: int) -> tuple[int, list[str]]:
+    """The bars' width (the same for every rank: one scale) and their labels, for rows
+    `width` columns wide: a bar shrinks, down to MIN_BAR cells, before a figure is cut,
+    and the short labels stand in where the full ones do not fit even then."""
+    bar_w = max(10, width // 3)
+    labels: list[str] = []
+    for short in (False, True):
+        labels = [bar_label(b, limit, short) for b in bars]
+        room = width - ROW_HEAD - max((len(label) for label in labels), default=0)
+        if room >= MIN_BAR:
+            return min(bar_w, room), labels
+    return MIN_BAR, labels  # cut, with an ellipsis: a rank far over a narrow panel
+
+
+def legend(limit: float, width: int) -> list[tuple[str, str]]:
+    """The header's pieces (text, component class or ''): the longest form that fits."""
+    keys = ("memory-bars--static", "memory-bars--activations", "memory-bars--over")
+    forms = [(f"memory per rank, limit {fmt_bytes(limit)}  ", ("█ static ", "█ activations ",
+                                                              "█ over limit")),
+             (f"memory per rank, limit {fmt_bytes(limit)}  ", ("█ static ", "█ act ", "█ over")),
+             (f"limit {fmt_bytes(limit)}  ", ("█ static ", "█ act ", "█ over"))]
+    for head, names in forms:
+        if len(head) + sum(len(n) for n in names) <= width:
+            break
+    return [(head, ""), *zip(names, keys, strict=True)]
 
 
 class MemoryBars(Widget):
@@ -65,14 +106,12 @@ class MemoryBars(Widget):
     def render(self) -> Text:
         lines = []
         out = Text(no_wrap=True, overflow="crop")
-        out.append(f"memory per rank, limit {fmt_bytes(self.limit)}  ", style="bold")
-        out.append("█ static ", style=self.get_component_rich_style("memory-bars--static"))
-        out.append("█ activations ",
-                   style=self.get_component_rich_style("memory-bars--activations"))
-        out.append("█ over limit", style=self.get_component_rich_style("memory-bars--over"))
+        for text, component in legend(self.limit, self.size.width):
+            out.append(text, style=self.get_component_rich_style(component) if component
+                       else "bold")
         lines.append(out)
-        width = max(10, self.size.width // 3)
-        for bar in self.bars:
+        width, labels = fitted_labels(self.bars, self.limit, self.size.width)
+        for bar, label in zip(self.bars, labels, strict=True):
             s, a, f = bar_cells(bar, self.limit, width)
             out = Text(no_wrap=True, overflow="crop")
             out.append(f"r{bar.rank:<3}")
@@ -84,7 +123,7 @@ class MemoryBars(Widget):
                 out.append("█" * (s + a),
                            style=self.get_component_rich_style("memory-bars--over"))
             out.append("░" * f, style=self.get_component_rich_style("memory-bars--free"))
-            out.append(bar_label(bar, self.limit))
+            out.append(label)
             lines.append(out)
         for line in lines:
             line.truncate(max(1, self.size.width), overflow="ellipsis")

@@ -244,8 +244,13 @@ class PlannerActions:
         width = max(20, self.query_one("#compare-box").scrollable_content_region.width - 2)
         policy = f"\npolicy {policy_summary(prop, width - 7)}" \
             if prop.policies and prop.policies != self.state.policies else ""
-        box.update(f"planner {counts_text(prop.counts, width - 30)} {t:.3f} ms "
-                   f"({t - cur:+.3f} ms vs current){policy}\na accept · x dismiss")
+        timing = f"{t:.3f} ms ({t - cur:+.3f} ms vs current)"
+        head = f"planner {counts_text(prop.counts, width - 30)}"
+        if len(head) + 1 + len(timing) <= width:
+            head += " " + timing
+        else:  # 80 columns, a long iteration: the split and its timing on lines of their own
+            head = f"planner {counts_text(prop.counts, width - 8)}\n{timing}"
+        box.update(f"{head}{policy}\na accept · x dismiss")
         box.add_class("-shown")
 
     def action_accept_plan(self) -> None:

@@ -161,8 +161,8 @@ class SplitRows(Widget, can_focus=True):
                 line.stylize(ends, prefix_w - 4, prefix_w - 2)
             if is_over:
                 line.stylize(over, 0, prefix_w - 1)
-            if kinds_w:
-                line.append(self._kinds(st).ljust(kinds_w))
+            if kinds_w:  # a space first: the policy letter never runs into "12 moe"
+                line.append((" " + self._kinds(st)).ljust(kinds_w))
             for c in range(width):
                 # a cell is the stage's when their layer ranges overlap, so even a
                 # stage narrower than a cell shows (and one with no layers never does)
@@ -189,7 +189,7 @@ class SplitRows(Widget, can_focus=True):
         (the selected stage's kinds then get a line of their own, never cut)."""
         if self.split is None or not self.kinds:
             return 0
-        w = max(len(self._kinds(st)) for st in self.split.stages) + 1
+        w = max(len(self._kinds(st)) for st in self.split.stages) + 2
         return w if w + 4 <= self.size.width - self._prefix else 0
 
     def _kinds(self, st) -> str:  # type: ignore[no-untyped-def]

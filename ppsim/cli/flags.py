@@ -368,6 +368,12 @@ def outputs_apart(args: argparse.Namespace, outputs: dict[str, str | None],
                   ) -> None:
     """Refuse an output path that is an input (the config flags', `inputs`, and the files
     `cfg` names) or another output; ppsim.fileio.refuse_overlap names both."""
+    fileio.refuse_overlap({**input_paths(args, cfg), **(inputs or {})}, outputs)
+
+
+def input_paths(args: argparse.Namespace, cfg: Config | None = None) -> dict[str, str | None]:
+    """The files the config flags read (and those `cfg` names), by the flag or key that
+    gave each: no output may replace one."""
     given = {f: getattr(args, k, None) for f, k in (("--config", "config"), ("--costs", "costs"),
                                                    ("--actions-csv", "actions_csv"),
                                                    ("--deepspeed-config", "deepspeed_config"),
@@ -375,4 +381,4 @@ def outputs_apart(args: argparse.Namespace, outputs: dict[str, str | None],
     if cfg is not None:
         given["costs_file"] = cfg.costs_file
         given["pipeline.actions_csv"] = getattr(cfg.pipeline, "actions_csv", None)
-    fileio.refuse_overlap({**given, **(inputs or {})}, outputs)
+    return given

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from ppsim.cli.flags import RESHAPING, add_config_flags, config_from_args
+from ppsim.cli.flags import RESHAPING, add_config_flags, config_from_args, input_paths
 from ppsim.cli.hardware_choice import assume_hardware
 from ppsim.config.overrides import with_split
 from ppsim.config.schema import SPLIT_KEYS, Config
@@ -19,6 +20,9 @@ from ppsim.errors import UserError
 from ppsim.pipeline.problem import build_problem
 from ppsim.trace.read import read_trace
 from ppsim.tui.session import config_for, state_from_config
+
+if TYPE_CHECKING:
+    from ppsim.tui.app import PPSimApp
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +54,18 @@ def opening_config(args: argparse.Namespace) -> tuple[Config, str, bool]:
     return cfg, " · ".join(n for n in (assumed, resplit) if n), bool(resplit)
 
 
+def build_app(args: argparse.Namespace, cfg: Config, note: str = "",
+              resplit: bool = False) -> PPSimApp:
+    """The app on `cfg`, told the files the flags read (a save or export never replaces
+    one; the app guards its own config itself: a save may replace that)."""
+    from ppsim.tui.app import PPSimApp  # textual loads only for the TUI
+
+    inputs = input_paths(args, cfg)
+    inputs.pop("--config", None)
+    return PPSimApp(cfg, config_path=args.config, trace_path=args.trace, note=note,
+                    unsaved=resplit, inputs=inputs)
+
+
 def run(args: argparse.Namespace) -> int:
     cfg, note, resplit = opening_config(args)
     state = state_from_config(cfg)  # limits first: nothing big is built before them
@@ -62,10 +78,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("tui", "needs a terminal: standard input or output is a pipe or a "
                         "file here", "run it in a terminal; ppsim simulate and ppsim plan "
                         "print its figures anywhere")
-    from ppsim.tui.app import PPSimApp  # textual loads only for the TUI
-
-    app = PPSimApp(cfg, config_path=args.config, trace_path=args.trace, note=note,
-                   unsaved=resplit)
+    app = build_app(args, cfg, note, resplit)
     app.run()
     error = getattr(app, "_exception", None)
     if isinstance(error, UserError):

@@ -371,6 +371,9 @@ async def test_help_screen_and_command_palette_commands() -> None:
         assert "ppsim tui" in "\n".join(screen_text(app))
         await pilot.press("escape")
         await pilot.pause()
+        await pilot.press("f1", "f1")  # f1 closes the help it opened, as ? does
+        await pilot.pause()
+        assert app.screen is app.screen_stack[0]
         titles = [c.title for c in app.get_system_commands(app.screen)]
         for t in ("Plan", "Export split", "Save config", "Load trace", "Undo", "Help"):
             assert t in titles

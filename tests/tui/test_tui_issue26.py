@@ -215,6 +215,8 @@ async def test_a_proposal_can_be_dismissed_and_a_settings_change_drops_the_resul
         release.set()
         await settle(pilot)
         assert app.proposal is not None
+        # the proposal's timing whole at 80 columns (it was cut: "(-14.497 ms vs curre…")
+        assert any("ms vs current)" in line for line in screen_text(app))
         await pilot.press("x")
         assert app.proposal is None and app.state.counts == (6, 2)
         release.clear()

@@ -180,3 +180,15 @@ async def test_y_copies_the_policy_flags_with_the_split() -> None:
         await pilot.pause()
         assert "MEGATRON_ARGS=" in app.clipboard
         assert "this policy differs per stage" in app.clipboard
+
+
+async def test_the_policy_letter_stands_apart_from_the_layer_kinds() -> None:
+    """An MoE model's rows name their layer kinds after the policy letter: `N 12 moe`
+    (it read `N12 moe`, as if 12 layers were recomputed whole)."""
+    app = PPSimApp(preset_config("qwen3-30b-a3b", 4, 8))
+    async with app.run_test(size=SIZES[1]) as pilot:
+        await settle(pilot)
+        await pilot.press("2", "]")  # stage 0: its first layer recomputed whole
+        await settle(pilot)
+        row = next(line for line in screen_text(app) if "   0 r0  c0" in line)
+        assert re.search(r"N 12 moe ", row), row

@@ -1,6 +1,6 @@
 """The prompts (e export, s save, t trace, B pin typed, / find) show their whole title
-at 80x24 and 160x45, wrapped where it is long, and an input hint that fits what they
-ask for (a path, a split, a search)."""
+at 80x24 and 160x45, wrapped where it is long, their field under it, and an input hint
+that fits what they ask for (a path, a split, a search)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ async def test_every_prompt_shows_its_whole_title_and_a_fitting_hint() -> None:
                 shown = words(" ".join(line[box.x:box.right] for line in
                                        screen_text(app)[box.y:box.bottom]))
                 assert words(title) in shown, (size, key, title)
+                # the field under a long preview (e's export) stays in view at 80x24
+                assert "Enter to confirm, Escape to cancel" in shown, (size, key)
                 assert hint in app.screen.query_one(Input).placeholder, (key, hint)
                 await pilot.press("escape")
                 await settle(pilot)

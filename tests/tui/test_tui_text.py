@@ -6,10 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppsim.tui.lanes import zoom_scroll, zoomed_scale
-from ppsim.tui.memory import Bar, bar_cells, bar_label
+from ppsim.tui.memory import ROW_HEAD, Bar, bar_cells, bar_label, fitted_labels
 from ppsim.tui.planning import progress_text, same_but_split
 from ppsim.tui.session import EditState
 from ppsim.tui.text import ELLIPSIS, counts_text, cut, one_line, thousands
+from ppsim.units import fmt_bytes
 
 FEW = settings(max_examples=60, deadline=None)
 
@@ -107,6 +108,22 @@ def test_memory_bar_cells_fill_the_width(static: int, act: int, limit: int,
     bar = Bar(0, static, act, static + act, static + act <= limit)
     s, a, f = bar_cells(bar, limit, width)
     assert min(s, a, f) >= 0 and s + a + f == width
+
+
+def test_memory_rows_keep_their_figures_whole_at_80_columns() -> None:
+    """Before: the compare panel at 80x24 (44 columns) cut `static 13.2…`, a figure
+    cut mid-number; now the bar shrinks, then the short form `= 26.04 + 22.66` stands in."""
+    gb = 10**9
+    for bars in ([Bar(0, 26_040_000_000, 22_660_000_000, 48_700_000_000, True)],
+                 [Bar(1, 14_140_000_000, 112_430_000_000, 126_570_000_000, False)],
+                 [Bar(0, 13_200_000, 6_340_000, 19_540_000, True)]):
+        for width in (44, 64, 102):
+            bar_w, labels = fitted_labels(bars, 80 * gb, width)
+            for bar, label in zip(bars, labels, strict=True):
+                assert ROW_HEAD + bar_w + len(label) <= width, (width, label)
+                static = fmt_bytes(bar.static_bytes).split()[0]
+                assert f" {static}" in label and "…" not in label, label
+    assert fitted_labels([Bar(0, 1, 1, 2, True)], gb, 102)[1][0].startswith(" 2 B <1%  static")
 
 
 def test_planner_progress_counts_with_separators() -> None:

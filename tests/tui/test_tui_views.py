@@ -16,11 +16,13 @@ from ppsim.pipeline.problem import build_problem
 from ppsim.sim.simulate import simulate
 from ppsim.tui.app import PPSimApp
 from ppsim.tui.compare import rank_deltas
-from ppsim.tui.headline import memory_text, over_limit
+from ppsim.tui.headline import headline_text, memory_text, over_limit
 from ppsim.tui.lanes import Lane, LaneOp, find_op, parse_find, ruler
+from ppsim.tui.session import evaluate_state, state_from_config
 from ppsim.tui.split_editor import SplitEditor, kinds_summary
 from ppsim.tui.testing import SIZE, preset_on_default, screen_text, settle
 from ppsim.tui.timeline import Timeline
+from ppsim.units import fmt_bytes
 
 
 def text_of(app: PPSimApp) -> str:
@@ -50,6 +52,20 @@ def test_memory_text_names_the_worst_rank_and_the_excess() -> None:
     assert "+1 more rank" in text
     assert memory_text(s, 16e9, no_split=True).startswith(f"NO SPLIT FITS: r{over[0][0]} ")
     assert memory_text(summary((5, 3)), 16e9) == "fits"
+
+
+def test_an_80_column_headline_over_the_limit_keeps_the_rank_and_the_speedup() -> None:
+    """Before: `NO SPLIT FITS: r1 137.25 GB over (153.25 GB /…` at 80 columns, the
+    speedup against the even split cut off; now the rank and its excess, then the rest."""
+    cfg = load_config(None)
+    cfg.model = parse_model({"preset": "llama3-70b"})
+    cfg.pipeline.split = [12, 68]
+    result = evaluate_state(cfg, state_from_config(cfg))
+    over = over_limit(result.sim.summary, cfg.hardware.memory_bytes)
+    first = headline_text(result, width=78).plain.splitlines()[0]
+    assert f"FITS: r{over[0][0]} +{fmt_bytes(over[0][1])}" in first, first  # NO SPLIT FITS
+    assert "x vs even" in first and "…" not in first, first
+    assert "(+1 more rank)" in headline_text(result, width=200).plain
 
 
 async def test_a_split_that_does_not_fit_where_another_would_says_does_not_fit() -> None:
