@@ -12,7 +12,6 @@ import os
 from datetime import datetime
 from typing import Any
 
-from platformdirs import user_downloads_path
 from textual.widgets import Static
 
 from ppsim.cautions import flags_group
@@ -174,7 +173,7 @@ class FileActions:
         status line in words (Textual's message is markup, which the status line shows
         as typed) and refused like any write."""
         stamp = datetime.now().strftime(time_format or "%Y-%m-%dT%H_%M_%S_%f")
-        folder = path or str(user_downloads_path())
+        folder = path or os.path.join(os.path.expanduser("~"), "Downloads")
         target = os.path.join(folder if os.path.isdir(folder) else ".",
                               filename or f"ppsim_{stamp}.svg")
         if not self._write("save the screenshot", target, self.export_screenshot()):  # type: ignore[attr-defined]

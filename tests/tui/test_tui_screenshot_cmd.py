@@ -16,21 +16,21 @@ async def test_the_palette_screenshot_says_where_in_words(
     """It said `Saved screenshot to [$text-success]'/…/ppsim_….svg'`: markup as typed."""
     # the Downloads folder is this test's (Textual's own default patched too, so the
     # code before the fix wrote here as well)
-    monkeypatch.setattr("ppsim.tui.files.user_downloads_path", lambda: tmp_path,
-                        raising=False)
-    monkeypatch.setattr("textual.app.user_downloads_path", lambda: tmp_path)
+    downloads = tmp_path / "Downloads"
+    downloads.mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr("textual.app.user_downloads_path", lambda: downloads)
     app = PPSimApp()
     async with app.run_test(size=(80, 24)) as pilot:
         await settle(pilot)
-        saved = await _screenshot(pilot, tmp_path)
+        saved = await _screenshot(pilot, downloads)
         assert saved[0].read_text().startswith("<svg")
         assert status_text(app) == f"screenshot saved: {saved[0]}"
         # no Downloads folder (a server): the current folder, as `ppsim tui` was started in
         here = tmp_path / "here"
         here.mkdir()
         monkeypatch.chdir(here)
-        monkeypatch.setattr("ppsim.tui.files.user_downloads_path",
-                            lambda: tmp_path / "no-such-folder", raising=False)
+        monkeypatch.setenv("HOME", str(tmp_path / "no-such-folder"))
         assert len(await _screenshot(pilot, here)) == 1, status_text(app)
 
 
