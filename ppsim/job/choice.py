@@ -94,10 +94,14 @@ def long_shots(results: list[Any], planned: list[Any], best_ms: float, k: int,
                ties: bool = True,
                reach: Callable[[Any], float] = reachable_ms) -> list[Any]:
     """The shapes beyond `planned` worth planning too, most promising first: those that
-    fit at their default split and whose `reach` is below `best_ms` (the best planned
-    time), k groups at the most (tie groups, as in shapes_to_plan)."""
+    promise to beat `best_ms` (the best planned time), k groups at the most (tie groups,
+    as in shapes_to_plan)."""
     done = {id(r) for r in planned}
-    score = {id(r): reach(r) for r in results if id(r) not in done and r.summary.fits}
-    promising = sorted((r for r in results if score.get(id(r), best_ms) < best_ms),
-                       key=lambda r: score[id(r)])
-    return _first_groups(promising, k, tie_key if ties else id)
+    shots = [r for r in results if id(r) not in done and promises(r, best_ms, reach)]
+    return _first_groups(sorted(shots, key=reach), k, tie_key if ties else id)
+
+
+def promises(r: Any, best_ms: float, reach: Callable[[Any], float] = reachable_ms) -> bool:
+    """The shape simulated in `r` is a long shot against `best_ms`: it fits at its default
+    split and its `reach` is below (long_shots plans the most promising of these)."""
+    return bool(r.summary.fits) and reach(r) < best_ms
