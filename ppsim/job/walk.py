@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ppsim.job.choice import promises, tie_key
+from ppsim.job.choice import least_reach_ms, promises, tie_key
 from ppsim.job.exposure import exposed_comm_ms, held_back
 from ppsim.job.pending import Pending
 from ppsim.job.policy_search import fitting_mode, mode_flags
@@ -181,7 +181,8 @@ def bounded_out_shots(left: Sequence[Bounded], whole: Callable[[Bounded], Pendin
     (perf_counter seconds): long shot candidates (an uneven split may lift a shape whose
     default one overloads a rank with the head or the embedding). The bound ignores
     memory, so the lowest are often shapes that do not fit at their default split and
-    promise nothing; they do not use up the k."""
+    promise nothing; they do not use up the k, and those whose reach is bounded above the
+    best before they are simulated (least_reach_ms) are passed over."""
     promising = sorted((p for p in left if p.least_ms < best_ms), key=lambda p: p.least_ms)
     out: list[ShapeResult] = []
     shots: set[object] = set()
@@ -189,8 +190,15 @@ def bounded_out_shots(left: Sequence[Bounded], whole: Callable[[Bounded], Pendin
         if len(shots) >= k or time.perf_counter() > deadline:
             break
         progress("simulating bounded-out long shots", i, len(promising))
+        full = whole(p)
+        # The reach cannot come under the best: not worth simulating. (A memory policy
+        # search may time another recompute mode, whose reach this does not bound.)
+        if not policy and least_reach_ms(build_problem(full.cfg, full.costs), p.shape.pp,
+                                         p.shape.microbatches) >= best_ms:
+            continue
         # one shape at a time, under the walk's own memory floor (one = the walk's k)
-        got = simulate_shapes([p], whole, policy, 1, 0.0, time.perf_counter(), silent).results
+        got = simulate_shapes([full], lambda q: q, policy, 1, 0.0, time.perf_counter(),
+                              silent).results
         out += got
         shots |= {tie_key(r) if ties else id(r) for r in got if promises(r, best_ms)}
     return out
