@@ -11,7 +11,9 @@ heavy head on the last) ranks low at its default split yet may plan fastest.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ppsim.costs.model import least_busy_ms, stage_busy_ms
@@ -45,19 +47,45 @@ def reachable_ms(r: Any) -> float:
     where no such split fits, its default time. An estimate to rank shapes by: the
     bubble and the memory the floor does not count may keep a plan from it, so it is not
     a bound."""
-    problem = r.problem
-    split, costs = problem.split, problem.costs
+    e = evening(r.problem, r.shape.pp)
     t = r.summary.iteration_time_ms
-    if split.num_stages != r.shape.pp:
+    if e.even_ms is None:
         return t
+    return t - r.shape.microbatches * max(0.0, e.busiest_ms - e.even_ms)
+
+
+def least_reach_ms(problem: Any, pp: int, microbatches: int) -> float:
+    """What reachable_ms of `problem` (a shape's default split) is at the least, before it
+    is simulated: every microbatch, the least of its busiest rank's pieces and the even
+    run, as no schedule runs the default split faster than its busiest rank (the walk's
+    bound, Pending.bound_ms)."""
+    e = evening(problem, pp)
+    return microbatches * min(e.busiest_ms, math.inf if e.even_ms is None else e.even_ms)
+
+
+@dataclass(frozen=True)
+class Evening:
+    """What evening out a default split's busiest rank could take off a microbatch."""
+
+    busiest_ms: float
+    """F + B of its busiest stage's pieces."""
+    even_ms: float | None
+    """The least largest run of a contiguous split of the pieces that fits memory as the
+    floor counts it; None with several chunks a rank, or where no such split fits."""
+
+
+def evening(problem: Any, pp: int) -> Evening:
+    """The busiest stage of `problem`'s split and the even run it might come down to
+    (reachable_ms)."""
+    split, costs = problem.split, problem.costs
+    busiest = max(stage_busy_ms(costs, split))
+    if split.num_stages != pp:
+        return Evening(busiest_ms=busiest, even_ms=None)
     pieces = [costs.embedding, *costs.layers, costs.head]
     even = least_largest_fitting_run([least_busy_ms(c) for c in pieces],
                                      [(c.static_bytes, c.activation_bytes) for c in pieces],
                                      floor_held(problem), problem.hardware.memory_bytes)
-    if even is None:
-        return t
-    busiest = max(stage_busy_ms(costs, split))
-    return t - r.shape.microbatches * max(0.0, busiest - even)
+    return Evening(busiest_ms=busiest, even_ms=even)
 
 
 def shapes_to_plan(results: list[Any], k: int, ties: bool = True) -> list[Any]:
@@ -94,10 +122,14 @@ def long_shots(results: list[Any], planned: list[Any], best_ms: float, k: int,
                ties: bool = True,
                reach: Callable[[Any], float] = reachable_ms) -> list[Any]:
     """The shapes beyond `planned` worth planning too, most promising first: those that
-    fit at their default split and whose `reach` is below `best_ms` (the best planned
-    time), k groups at the most (tie groups, as in shapes_to_plan)."""
+    promise to beat `best_ms` (the best planned time), k groups at the most (tie groups,
+    as in shapes_to_plan)."""
     done = {id(r) for r in planned}
-    score = {id(r): reach(r) for r in results if id(r) not in done and r.summary.fits}
-    promising = sorted((r for r in results if score.get(id(r), best_ms) < best_ms),
-                       key=lambda r: score[id(r)])
-    return _first_groups(promising, k, tie_key if ties else id)
+    shots = [r for r in results if id(r) not in done and promises(r, best_ms, reach)]
+    return _first_groups(sorted(shots, key=reach), k, tie_key if ties else id)
+
+
+def promises(r: Any, best_ms: float, reach: Callable[[Any], float] = reachable_ms) -> bool:
+    """The shape simulated in `r` is a long shot against `best_ms`: it fits at its default
+    split and its `reach` is below (long_shots plans the most promising of these)."""
+    return bool(r.summary.fits) and reach(r) < best_ms

@@ -47,6 +47,7 @@ from ppsim.job.shapes import (
 from ppsim.job.walk import (
     Progress,
     ShapeResult,
+    bounded_out_shots,
     shape_result,
     silent,
     simulate_shapes,
@@ -277,27 +278,6 @@ def _plan_splits(cfg: Any, chosen: list[ShapeResult], gbs: int, policy: str, bud
     return refined
 
 
-def _bounded_out(cfg: Any, left: list[Pending | Priced], best_ms: float, k: int,
-                 policy: str, gbs: int, deadline: float,
-                 progress: Progress) -> list[ShapeResult]:
-    """The shapes the walk's bound `left` unsimulated whose split-free bound
-    (Pending.least_ms) is below `best_ms`, the best planned time, simulated at their
-    default split, k at the most, lowest bound first, until `deadline` (perf_counter
-    seconds): long shot candidates (an uneven split may lift a shape whose default one
-    overloads a rank with the head or the embedding)."""
-    promising = sorted((p for p in left if p.least_ms < best_ms),
-                       key=lambda p: p.least_ms)[:k]
-    out: list[ShapeResult] = []
-    for i, p in enumerate(promising):
-        if time.perf_counter() > deadline:
-            break
-        progress("simulating bounded-out long shots", i, len(promising))
-        # one shape at a time, under the walk's own memory floor (one = the walk's k)
-        out += simulate_shapes([p], lambda q: _whole(cfg, q, gbs), policy, 1, 0.0,
-                               time.perf_counter(), silent).results
-    return out
-
-
 def _with_split_of(r: ShapeResult, first: ShapeResult) -> ShapeResult:
     """`r` at the split planned for `first`, a shape tied with it at their default
     splits (the same work a rank), simulated: where it is faster, planned but not proven
@@ -365,8 +345,10 @@ def search_job(cfg: Any, gpus: int, gbs: int, top_k: int = 5,
     best = min((r.summary.iteration_time_ms for r in refined if r.summary.fits),
                default=float("inf"))
     if shots:
-        results += _bounded_out(cfg, pending[walked.reached:], best, k, policy, gbs,
-                                t0 + budget_s * (1.0 - SHOTS_SPARE - SPLIT_SHARE), progress)
+        results += bounded_out_shots(pending[walked.reached:], lambda p: _whole(cfg, p, gbs),
+                                     best, k, policy, ties,
+                                     t0 + budget_s * (1.0 - SHOTS_SPARE - SPLIT_SHARE),
+                                     progress)
     extra = long_shots(results, chosen, best, k, ties=ties) if shots else []
     shot = _plan_splits(cfg, extra, gbs, policy, budget_s, t0, progress,
                         "planning long shots' splits", as_long_shots=True)

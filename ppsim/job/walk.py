@@ -1,6 +1,7 @@
 """The job search's walk: the shapes in order of their bounds, each simulated at its
 default split until the bound or the budget ends the walk (ppsim.job.search), passing
-over a shape no split could fit (ppsim.plan.floor)."""
+over a shape no split could fit (ppsim.plan.floor); then, once the top shapes are
+planned, the long shot candidates among those the bound left (bounded_out_shots)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from ppsim.job.choice import least_reach_ms, promises, tie_key
 from ppsim.job.exposure import exposed_comm_ms, held_back
 from ppsim.job.pending import Pending
 from ppsim.job.policy_search import fitting_mode, mode_flags
@@ -22,7 +24,7 @@ from ppsim.sim.summary import Summary
 
 
 class Bounded(Protocol):
-    """A shape with its bound: a Pending, or what a pricing worker sent back of one
+    """A shape with its bounds: a Pending, or what a pricing worker sent back of one
     (ppsim.job.pricing.Priced)."""
 
     @property
@@ -30,6 +32,9 @@ class Bounded(Protocol):
 
     @property
     def bound_ms(self) -> float: ...
+
+    @property
+    def least_ms(self) -> float: ...
 
 
 Progress = Callable[[str, int, int], None]
@@ -164,3 +169,36 @@ def simulate_shapes(pending: Sequence[Bounded], whole: Callable[[Bounded], Pendi
         floored.remove(near)
     return Simulated(results=results, over_floor=len(floored), complete=complete,
                      reached=reached)
+
+
+def bounded_out_shots(left: Sequence[Bounded], whole: Callable[[Bounded], Pending],
+                      best_ms: float, k: int, policy: str, ties: bool, deadline: float,
+                      progress: Progress) -> list[ShapeResult]:
+    """The shapes the walk's bound `left` unsimulated whose split-free bound
+    (Pending.least_ms) is below `best_ms`, the best planned time, simulated at their
+    default split, lowest bound first, until k tie groups (each shape its own without
+    `ties`) among them promise to beat it (ppsim.job.choice.promises) or `deadline`
+    (perf_counter seconds): long shot candidates (an uneven split may lift a shape whose
+    default one overloads a rank with the head or the embedding). The bound ignores
+    memory, so the lowest are often shapes that do not fit at their default split and
+    promise nothing; they do not use up the k, and those whose reach is bounded above the
+    best before they are simulated (least_reach_ms) are passed over."""
+    promising = sorted((p for p in left if p.least_ms < best_ms), key=lambda p: p.least_ms)
+    out: list[ShapeResult] = []
+    shots: set[object] = set()
+    for i, p in enumerate(promising):
+        if len(shots) >= k or time.perf_counter() > deadline:
+            break
+        progress("simulating bounded-out long shots", i, len(promising))
+        full = whole(p)
+        # The reach cannot come under the best: not worth simulating. (A memory policy
+        # search may time another recompute mode, whose reach this does not bound.)
+        if not policy and least_reach_ms(build_problem(full.cfg, full.costs), p.shape.pp,
+                                         p.shape.microbatches) >= best_ms:
+            continue
+        # one shape at a time, under the walk's own memory floor (one = the walk's k)
+        got = simulate_shapes([full], lambda q: q, policy, 1, 0.0, time.perf_counter(),
+                              silent).results
+        out += got
+        shots |= {tie_key(r) if ties else id(r) for r in got if promises(r, best_ms)}
+    return out
