@@ -17,12 +17,15 @@ a newer edit kills the job that runs; the child lives as long as the app.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import pickle
 import subprocess
 import sys
 import threading
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,11 +36,32 @@ from ppsim.tui.compare import Comparison, compare
 from ppsim.tui.copy_lanes import copy_lanes
 from ppsim.tui.editing import EditRefused
 from ppsim.tui.lanes import Lane, pinned_lanes, sim_lanes
-from ppsim.tui.session import EditState, Result, collection_paused, evaluate_state
+from ppsim.tui.session import EditState, Result, evaluate_state
 
 CHILD_MICROBATCH_STAGES = 16_384
 """Above pp x vpp x microbatches the simulation runs in the child process; below it the
 worker thread is faster (no transfer) and never holds the screen long."""
+
+
+
+@contextmanager
+def collection_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a simulation runs in the worker thread.
+
+    A pp 64 x 1024 simulation allocates millions of objects; each full collection
+    over them holds the GIL for 100-250 ms (measured with gc.callbacks while
+    benchmarks/bench_tui.py ran), so a key press waited that long. Reference counting
+    still frees everything; collection resumes after, and the app freezes
+    (gc.freeze) what survives each applied result, so later collections do not walk
+    the shown result's objects again (reference counting still frees them when the
+    next result replaces them)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 @dataclass(frozen=True, kw_only=True)

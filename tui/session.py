@@ -8,10 +8,8 @@ off the UI thread, so no key press waits on it.
 
 from __future__ import annotations
 
-import gc
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,6 +21,7 @@ from ppsim.config.schema import Config
 from ppsim.config.to_toml import config_to_toml
 from ppsim.costs.choices import RECOMPUTE
 from ppsim.errors import UserError
+from ppsim.job.shape import arch_of
 from ppsim.pipeline.problem import Problem, build_problem, resolve_split
 from ppsim.pipeline.split import Split, even_counts
 from ppsim.plan import planner
@@ -40,6 +39,7 @@ from ppsim.sim.simulate import simulate
 from ppsim.tui.cautions import state_warnings
 from ppsim.tui.editing import EditRefused, parse_float, parse_int
 from ppsim.tui.policy_edit import memory_tables
+from ppsim.tui.replicas import Replicas, replicas_for_pp
 
 RECOMPUTE_MODES = RECOMPUTE
 SETTINGS = ("schedule", "pp", "vpp", "microbatches", "recompute", "memory_gb", "model",
@@ -68,6 +68,9 @@ class EditState:
     policies: tuple[StagePolicy, ...] = ()
     """Each virtual stage's memory policy (ppsim.tui.policy_edit); () or a count that
     is not the stages': every stage on the recompute mode."""
+    dp: int = 1
+    """Data-parallel replicas (the model's dp): a pp edit keeps the GPUs where the job
+    has a global batch (ppsim.tui.replicas)."""
 
     @property
     def split(self) -> Split:
@@ -107,6 +110,11 @@ def _recompute(model: Model) -> str:
     return NO_RECOMPUTE if model.recompute is None else model.recompute
 
 
+def _dp(model: Model) -> int:
+    a = arch_of(model)
+    return 1 if a is None else a.dp
+
+
 def state_from_config(cfg: Config) -> EditState:
     """The editable view of a config (its split resolved to per-stage counts).
 
@@ -128,7 +136,7 @@ def state_from_config(cfg: Config) -> EditState:
                      schedule=p.schedule, pp=p.pp, vpp=p.vpp, microbatches=p.microbatches,
                      counts=tuple(split.counts), memory_bytes=mem,
                      hardware_preset=cfg.hardware.preset, mtp=cfg.model.mtp_layers,
-                     policies=policies)
+                     policies=policies, dp=_dp(cfg.model))
 
 
 def config_for(base: Config, state: EditState) -> Config:
@@ -140,6 +148,7 @@ def config_for(base: Config, state: EditState) -> Config:
     model: dict[str, Any] = {}
     if state.recompute in RECOMPUTE_MODES:  # set only for a transformer (see _recompute)
         model["recompute"] = state.recompute  # always: the preset's default may differ
+        model["dp"] = state.dp
     hardware = state.hardware_preset \
         if state.hardware_preset not in (None, base.hardware.preset) else None
     per_stage = len(state.policies) == state.pp * state.vpp
@@ -196,7 +205,9 @@ def apply_setting(base: Config, state: EditState, name: str, text: str) -> EditS
     and a state it refuses is reverted there."""
     s = state
     if name == "pp":
-        return _shape(s, name, pp=parse_int("pp", text, 1))
+        pp = parse_int("pp", text, 1)
+        r = replicas_for_pp(base, s.model_preset, s.pp, Replicas(s.dp, s.microbatches), pp)
+        return _shape(s, name, pp=pp, dp=r.dp, microbatches=r.microbatches)
     if name == "vpp":
         vpp = parse_int("vpp", text, 1)
         schedule = schedule_for_vpp(s.schedule, vpp)
@@ -241,7 +252,8 @@ def _model(base: Config, s: EditState, text: str) -> EditState:
     else:
         raise EditRefused("model", f"unknown preset {text!r}")
     layers = model.total_layers
-    s = replace(s, model_preset=preset, recompute=_recompute(model), mtp=model.mtp_layers)
+    s = replace(s, model_preset=preset, recompute=_recompute(model), mtp=model.mtp_layers,
+                dp=_dp(model))
     check_limits(layers, s.pp, s.vpp, s.microbatches, s.schedule, "model")
     return replace(s, counts=even_counts(layers, s.pp, s.vpp, s.mtp), policies=())
 
@@ -328,26 +340,6 @@ def _no_split_fits(base: Config, state: EditState, problem: Problem) -> bool:
         floor = memory_floors(problem).floor
         hit = _floor_cache[key] = floor.peak_bytes > problem.hardware.memory_bytes
     return hit
-
-
-@contextmanager
-def collection_paused() -> Iterator[None]:
-    """No cyclic garbage collection while a simulation runs in the worker thread.
-
-    A pp 64 x 1024 simulation allocates millions of objects; each full collection
-    over them holds the GIL for 100-250 ms (measured with gc.callbacks while
-    benchmarks/bench_tui.py ran), so a key press waited that long. Reference counting
-    still frees everything; collection resumes after, and the app freezes
-    (gc.freeze) what survives each applied result, so later collections do not walk
-    the shown result's objects again (reference counting still frees them when the
-    next result replaces them)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 # ------------------------------------------------------------------ planner
