@@ -73,7 +73,8 @@ MIN_COUNTS_ROOM = 8
 
 def throughput_text(result: object, compact: bool = False) -> str:
     """The iteration's throughput in the units training logs print, as `ppsim simulate`
-    formats them (ppsim.job.throughput.line): tokens/s per GPU, TFLOP/s per GPU, MFU,
+    formats them (ppsim.job.throughput.line), after the job's GPUs where it has more
+    than one replica or tp/cp > 1: tokens/s per GPU, TFLOP/s per GPU, MFU,
     FP8 (or NVFP4) when its matmuls are, A2A overlap under Megatron's combined 1F1B; '' for a
     model without tokens or FLOPs (uniform costs)."""
     sim = result.sim  # type: ignore[attr-defined]
@@ -84,6 +85,8 @@ def throughput_text(result: object, compact: bool = False) -> str:
     tokens = f"{t.tokens_per_s_per_gpu:,.0f} tok/s/GPU" if compact else \
         f"{t.tokens_per_s_per_gpu:,.0f} tokens/s/GPU"
     sep = " " if compact else "  "
+    gpus = job.shape.gpus  # named where the job is more than its pipeline's ranks
+    tokens = f"{gpus} GPUs{sep}{tokens}" if gpus > job.shape.sizes.pp else tokens
     fp8 = f"{sep}{job.arch.quantized_kind}" if job.arch.fp8 else ""
     a2a = f"{sep}A2A overlap" if job.overlap_moe_expert_parallel_comm else ""
     return (f"{tokens}{sep}{tflops_text(t.tflops_per_gpu)} TFLOP/s/GPU{sep}MFU {t.mfu:.1%}"

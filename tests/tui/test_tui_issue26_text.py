@@ -216,7 +216,7 @@ def test_the_tui_readme_screenshot_shows_what_the_simulator_gives() -> None:
 
     svg = (ROOT / "tui/screenshot.svg").read_text().replace("&#160;", " ")
     text = re.sub(r"<[^>]+>", "", svg)
-    m = re.search(r"pp=(\d+) vpp=(\d+) (?:microbatches|mbs)=(\d+)\s+split=\[([\d, …]+)\]",
+    m = re.search(r"pp=(\d+) vpp=(\d+) (?:microbatches|mbs|m)=(\d+)\s+split=\[([\d, …]+)\]",
                   text)
     assert m, "the screenshot names its state"
     cfg = llama(int(m.group(1)), int(m.group(3)))

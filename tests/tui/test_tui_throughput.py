@@ -47,16 +47,19 @@ preset = "h100-80gb"
 """
 
 
-def shown_rate(t: dict, compact: bool, fp8: bool = False, a2a: bool = False) -> str:
+def shown_rate(t: dict, compact: bool, fp8: bool = False, a2a: bool = False,
+               job: dict | None = None) -> str:
     """How the headline words `ppsim simulate --json`'s throughput (the CLI's formats),
-    and says FP8 when the job's matmuls are, A2A overlap under the combined 1F1B."""
+    after the job's GPUs where they are more than its pipeline's ranks, and says FP8 when
+    the job's matmuls are, A2A overlap under the combined 1F1B."""
     tokens = "tok/s/GPU" if compact else "tokens/s/GPU"
     sep = " " if compact else "  "
+    gpus = f"{job['gpus']} GPUs{sep}" if job is not None and job["gpus"] > job["pp"] else ""
     # A CPU model's rate below 1 TFLOP/s to three figures, as `ppsim simulate` prints it
     # (the headline printed 0.0 there).
     tf = t["tflops_per_gpu"]
     rate = f"{tf:.1f}" if tf >= 1 else f"{tf:.3g}"
-    return (f"{t['tokens_per_s_per_gpu']:,.0f} {tokens}{sep}{rate} "
+    return (f"{gpus}{t['tokens_per_s_per_gpu']:,.0f} {tokens}{sep}{rate} "
             f"TFLOP/s/GPU{sep}MFU {t['mfu']:.1%}" + (f"{sep}FP8" if fp8 else "")
             + (f"{sep}A2A overlap" if a2a else ""))
 
@@ -71,7 +74,7 @@ async def test_headline_throughput_is_simulates(text: str, tmp_path: Path) -> No
     ref, fp8 = sim["throughput"], sim["job"] is not None and sim["job"]["fp8"] is not None
     a2a = sim["job"] is not None and sim["job"]["ep_overlap"]
     assert ref is not None and ref["tflops_per_gpu"] >= 0
-    full, compact = shown_rate(ref, False, fp8, a2a), shown_rate(ref, True, fp8, a2a)
+    full, compact = (shown_rate(ref, c, fp8, a2a, sim["job"]) for c in (False, True))
     app = PPSimApp(load_config(str(path)), config_path=str(path))
     async with app.run_test(size=(80, 24)) as pilot:
         for size in ((80, 24), (160, 45)):
