@@ -100,8 +100,11 @@ def headline_text(result: object, busy: str = "", width: int | None = None) -> T
     parts = _parts(result, compact=False)
     if width is not None and sum(len(p) for p, _ in parts) > width:
         parts = _parts(result, compact=True)
+    used = sum(len(p) for p, _ in parts) + 3
     rate = throughput_text(result)
-    first = width is None or sum(len(p) for p, _ in parts) + 3 + len(rate) <= width
+    if width is not None and used + len(rate) > width:  # the short units may still fit
+        rate = throughput_text(result, compact=True)
+    first = width is None or used + len(rate) <= width
     if rate and first:  # room on the first line: the second keeps its split lists
         parts += [("   ", ""), (rate, "bold")]
     t = Text(no_wrap=True, overflow="ellipsis")
