@@ -44,7 +44,9 @@ GEMMs run at the device's FP4 peak ([hardware] fp4_peak_tflops), each operand qu
 rowwise and columnwise (ppsim.costs.ops.NVFP4_QUANTIZE_BYTES); an element takes 4 bits
 and its share of its 16-element block's E4M3 scale, kept, cached (the weight and its
 transpose) and, with --fp4-param-gather, gathered. It is priced over Megatron's
-distributed optimizer or DDP, not under FSDP.
+distributed optimizer or DDP, not under FSDP. An MTP depth enters no FP4 autocast: its
+eh_proj and a GPT model's depth's layer stay bf16, a hybrid model's depth's layers do not
+(mtp_layers_fp8).
 """
 
 from __future__ import annotations
@@ -86,13 +88,14 @@ def fp8_layers(a: Architecture) -> tuple[bool, ...]:
     """Whether each decoder layer runs FP8: all under --fp8-format but, with
     --first-last-layers-bf16, the first and last ones Megatron keeps in bf16 (by their
     global index: is_first_last_bf16_layer in megatron/core/fp8_utils.py)."""
-    n = a.num_layers
-    if not a.fp8:
-        return (False,) * n
-    if not a.first_last_layers_bf16:
-        return (True,) * n
+    return tuple(bool(a.fp8) and not _bf16_index(a, i) for i in range(a.num_layers))
+
+
+def _bf16_index(a: Architecture, i: int) -> bool:
+    """Layer index i is one --first-last-layers-bf16 keeps in bf16 (get_fp8_context's
+    and get_fp4_context's test, against num_layers)."""
     start, end = a.num_layers_at_start_in_bf16, a.num_layers_at_end_in_bf16
-    return tuple(not (i < start or i >= n - end) for i in range(n))
+    return a.first_last_layers_bf16 and (i < start or i >= a.num_layers - end)
 
 
 def layer_precision(a: Architecture, fp8: bool) -> Architecture:
@@ -101,11 +104,23 @@ def layer_precision(a: Architecture, fp8: bool) -> Architecture:
 
 
 def mtp_precision(a: Architecture) -> Architecture:
-    """The architecture an MTP depth's own ops are priced with: Megatron runs them under
-    its global FP8 autocast (get_fp8_context without a layer index, so FP8 also beside
-    --first-last-layers-bf16), where eh_proj is a TE linear like the layers', and under
-    no FP4 one (MultiTokenPredictionLayer leaves FP4 to a TODO: bf16)."""
+    """The architecture an MTP depth's own ops (eh_proj) are priced with: Megatron runs
+    them under its global FP8 autocast (get_fp8_context without a layer index, so FP8 also
+    beside --first-last-layers-bf16), where eh_proj is a TE linear like the layers', and
+    under no FP4 one (MultiTokenPredictionLayer._proj_and_transformer_layer enters only
+    FP8 contexts: bf16)."""
     return layer_precision(a, not a.nvfp4)
+
+
+def mtp_layers_fp8(a: Architecture, count: int) -> tuple[bool, ...]:
+    """Whether each of an MTP depth's `count` decoder layers runs quantized. Under FP8
+    all: the depth's global FP8 autocast encloses them. Under NVFP4 the depth enters no
+    FP4 context, so a GPT model's layer runs bf16; a hybrid model's HybridStack enters
+    get_fp4_context for each of its layers by its index in the MTP pattern (from 0:
+    pp_layer_offset=0), so NVFP4 but where --first-last-layers-bf16 takes that index."""
+    if not a.fp8 or not a.nvfp4:
+        return (bool(a.fp8),) * count
+    return tuple(bool(a.hybrid_layer_pattern) and not _bf16_index(a, i) for i in range(count))
 
 
 def fp8_ops(a: Architecture, ops: list[Op]) -> list[Op]:

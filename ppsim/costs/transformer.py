@@ -24,6 +24,7 @@ from ppsim.costs.fp8 import (
     fp8_layers,
     fp8_weight_bytes,
     layer_precision,
+    mtp_layers_fp8,
     mtp_precision,
     saved_weight_bytes,
     transposed_weight_bytes,
@@ -278,8 +279,10 @@ def transformer_costs(a: Architecture, acc: Accelerator, recompute: tuple[str, .
     copy = LayerCost()  # the first MTP layer's stage keeps its own copy of the word table
     if a.mtp_layers:
         copy = LayerCost(static_bytes=word_bytes)
-        inner = [by_kind.get((k, 0, bool(a.fp8))) or _kind_cost(a, acc, k, recompute, full)
-                 for k in mtp_kinds(a)]
+        depth = mtp_kinds(a)
+        inner = [by_kind.get((k, 0, q))
+                 or _kind_cost(layer_precision(a, q), acc, k, recompute, full)
+                 for k, q in zip(depth, mtp_layers_fp8(a, len(depth)), strict=True)]
         mtp = _mtp_cost(a, acc, _chain(inner), head)
         layers += [replace(mtp, static_bytes=mtp.static_bytes + copy.static_bytes)]
         layers += [mtp] * (a.mtp_layers - 1)

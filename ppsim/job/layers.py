@@ -25,8 +25,14 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from ppsim.costs.arch import DTYPE_BYTES, Architecture
-from ppsim.costs.fp8 import fp8_layers, layer_precision
-from ppsim.costs.kinds import gathered_gemm_windows, head_gemm_window, kind_ops, piece_kinds
+from ppsim.costs.fp8 import fp8_layers, layer_precision, mtp_layers_fp8
+from ppsim.costs.kinds import (
+    gathered_gemm_windows,
+    head_gemm_window,
+    kind_ops,
+    mtp_kinds,
+    piece_kinds,
+)
 from ppsim.costs.mixer_split import SSM_KINDS
 from ppsim.costs.mixers import ATTENTION_KINDS, attention_arch
 from ppsim.costs.model import LayerCost, ModelCosts
@@ -77,10 +83,11 @@ def per_rank_arch(a: Architecture) -> Architecture:
 
 
 def piece_fp8(a: Architecture, pieces: int) -> tuple[bool, ...]:
-    """Whether each decoder layer, then each MTP layer (FP8 whenever the model is), runs
-    FP8 (ppsim.costs.fp8)."""
+    """Whether each decoder layer, then each MTP layer, runs quantized (ppsim.costs.fp8;
+    an MTP depth whose layers differ priced wholly as its first)."""
     layers = fp8_layers(a)
-    return layers + (bool(a.fp8),) * (pieces - len(layers))
+    depth = mtp_layers_fp8(a, len(mtp_kinds(a)))
+    return layers + depth[:1] * (pieces - len(layers))
 
 
 def pair_saving_ms(job: Job, a: Architecture, acc: Accelerator, kind: str = "moe") -> float:
