@@ -35,3 +35,44 @@ def test_a_hardware_presets_output_redirected_is_a_hardware_file(
     code, by_file, err = _run(capsys, [*job, "--hardware", str(hw)])
     assert code == 0, err
     assert json.loads(by_file)["iteration_time_ms"] == json.loads(by_name)["iteration_time_ms"]
+
+
+LLAMA = ["--preset", "llama3-8b", "--pp", "4", "--hardware", "h100-80gb"]
+
+
+@pytest.mark.parametrize(("flags", "field"), [
+    (["--fp8-format", "hybrid"], "fp8"),
+    (["--no-bias-swiglu-fusion"], "bias_swiglu_fusion"),
+    (["--grad-reduce-in-bf16"], "grad_reduce_in_bf16"),
+    (["--optimizer", "muon"], "optimizer"),
+    (["--normalization", "LayerNorm"], "norm"),
+])
+def test_a_cost_file_is_refused_for_a_job_it_does_not_price(
+        flags: list[str], field: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`costs --json > c.json`, then `simulate --costs c.json` with FP8 (or another
+    precision, fusion or optimizer) priced the file's bf16 job: 2621 ms where FP8 is 2093,
+    with no word. A field that changes the pieces' time or bytes must match."""
+    code, doc, err = _run(capsys, ["costs", *LLAMA, "--json"])
+    assert code == 0, err
+    costs = tmp_path / "c.json"
+    costs.write_text(doc)
+    code, _, err = _run(capsys, ["simulate", *LLAMA, *flags, "--costs", str(costs)])
+    assert code == 2
+    assert f"model.{field}:" in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_cost_file_takes_the_same_job_spelled_out(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An empty norm or position means the MLP's (RMSNorm and rotary for a gated one):
+    the preset's own Megatron spelling of them reads the file back."""
+    code, doc, err = _run(capsys, ["costs", *LLAMA, "--json"])
+    assert code == 0, err
+    costs = tmp_path / "c.json"
+    costs.write_text(doc)
+    spelled = ["--normalization", "RMSNorm", "--position-embedding-type", "rope"]
+    code, out, err = _run(capsys, ["simulate", *LLAMA, *spelled, "--costs", str(costs),
+                                   "--json"])
+    assert code == 0, err
+    code, plain, err = _run(capsys, ["simulate", *LLAMA, "--json"])
+    assert json.loads(out)["iteration_time_ms"] == json.loads(plain)["iteration_time_ms"]
