@@ -76,3 +76,22 @@ def test_a_cost_file_takes_the_same_job_spelled_out(
     assert code == 0, err
     code, plain, err = _run(capsys, ["simulate", *LLAMA, "--json"])
     assert json.loads(out)["iteration_time_ms"] == json.loads(plain)["iteration_time_ms"]
+
+
+def test_the_timeline_picture_names_its_colours(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """`simulate --png` drew seven colours and named none (what is the brown block at the
+    end of each lane?): under the time axis a swatch of each colour drawn, beside its name."""
+    from PIL import Image
+
+    from ppsim.cli.picture import COLOURS
+
+    png = tmp_path / "t.png"
+    code, _, err = _run(capsys, ["simulate", "--preset", "tiny-gpt", "--pp", "2",
+                                 "--schedule", "zb-h1", "--png", str(png)])
+    assert code == 0, err
+    img = Image.open(png).convert("RGB")
+    foot = img.crop((0, img.height - 24, img.width, img.height))
+    counts = {colour: n for n, colour in foot.getcolors(img.width * 24)}
+    for kind in "FBW":  # the ops, each a 10x10 swatch
+        assert counts.get(COLOURS[kind], 0) >= 100, kind
