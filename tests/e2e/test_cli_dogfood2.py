@@ -95,3 +95,14 @@ def test_the_timeline_picture_names_its_colours(tmp_path: Path,
     counts = {colour: n for n, colour in foot.getcolors(img.width * 24)}
     for kind in "FBW":  # the ops, each a 10x10 swatch
         assert counts.get(COLOURS[kind], 0) >= 100, kind
+
+
+def test_split_counts_the_decoder_layers_as_megatron_does(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """DeepSeek-V3's split was titled "62 layers" above its own `--num-layers 61`: the
+    MTP depth is named beside the decoder layers."""
+    code, out, err = _run(capsys, ["split", "--preset", "deepseek-v3", "--pp", "8"])
+    assert code == 0, err
+    assert out.splitlines()[0].split() == ["61", "layers", "+", "1", "MTP", "on", "pp=8,",
+                                           "vpp=1"]
+    assert "--num-layers 61 " in out
