@@ -63,8 +63,10 @@ def render_png(panels: Sequence[tuple[str, Sequence[Lane]]], path: str, title: s
                 x1 = max(x0 + 1, left + (s + d) * scale - 1)
                 y0 = y + lane_h - STRIP_H if kind in STRIPS else y
                 draw.rectangle([x0, y0, x1, y + lane_h], fill=COLOURS.get(kind, (150, 150, 150)))
-                if kind not in STRIPS and x1 - x0 > 14:
-                    label = f"{kind}{mb}" if mb >= 0 else kind
+                label = f"{kind}{mb}" if mb >= 0 else kind
+                # only a label the block holds whole: the next block would cut one short
+                # (B12 read as B1)
+                if kind not in STRIPS and font.getlength(label) + 3 <= x1 - x0:
                     draw.text((x0 + 2, y + 5), label, fill="white", font=font)
             y += lane_h + gap
         y += 14

@@ -106,3 +106,23 @@ def test_split_counts_the_decoder_layers_as_megatron_does(
     assert out.splitlines()[0].split() == ["61", "layers", "+", "1", "MTP", "on", "pp=8,",
                                            "vpp=1"]
     assert "--num-layers 61 " in out
+
+
+def test_a_timeline_block_too_narrow_for_its_label_draws_none(tmp_path: Path) -> None:
+    """Labels were drawn in any block over 14 px and the next block cut them short: B12
+    in a 16 px block read "B1". A block draws its label only where it holds it whole."""
+    from PIL import Image
+
+    from ppsim.cli.picture import COLOURS, render_png
+
+    png = tmp_path / "t.png"
+    width, left, right = 1690, 70, 20  # 16 px a millisecond
+    lane = [(0.0, 1.0, "F", 12), (1.0, 99.0, "B", 0)]
+    render_png([("one", [lane])], str(png), width=width)
+    img = Image.open(png).convert("RGB")
+    scale = (width - left - right) / 100.0
+    top = 14 + 16 + 20  # the title line, the panel's heading
+    block = img.crop((left + 1, top + 2, int(left + scale) - 2, top + 20))
+    assert {c for _, c in block.getcolors(1000)} == {COLOURS["F"]}
+    wide = img.crop((int(left + scale) + 1, top + 2, int(left + scale) + 40, top + 20))
+    assert any(min(c) > 180 for _, c in wide.getcolors(2000))  # B0 fits: its white label
