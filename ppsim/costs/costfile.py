@@ -46,6 +46,7 @@ from typing import Any
 
 from ppsim.config import files, limits
 from ppsim.costs.conditions import Conditions, conditions_from_dict, number_field
+from ppsim.costs.costgroups import check_groups
 from ppsim.costs.grouptimes import GroupTimes, TimedGroup, group_times_from_dict, in_layer_times
 from ppsim.costs.hybrid import pattern_layers
 from ppsim.costs.model import INTEGER_FIELDS, LAYER_FIELDS, LayerCost, ModelCosts
@@ -239,6 +240,7 @@ def cost_file_from_dict(data: Any, path: str = "costs") -> CostFile:
                         f"of {limits.MAX_LAYERS:,}", "profile a model of fewer layers")
     layers = tuple(_layer(path, f"layers[{i}]", x) for i, x in enumerate(raw_layers))
     mtp = _mtp_entries(path, data.get("mtp"))
+    check_groups(path, data, layers, mtp)
     emb = _layer(path, "embedding", data["embedding"])
     head = _layer(path, "head", data["head"])
     model = data.get("model")

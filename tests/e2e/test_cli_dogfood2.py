@@ -126,3 +126,27 @@ def test_a_timeline_block_too_narrow_for_its_label_draws_none(tmp_path: Path) ->
     assert {c for _, c in block.getcolors(1000)} == {COLOURS["F"]}
     wide = img.crop((int(left + scale) + 1, top + 2, int(left + scale) + 40, top + 20))
     assert any(min(c) > 180 for _, c in wide.getcolors(2000))  # B0 fits: its white label
+
+
+def test_a_cost_file_edited_in_its_groups_alone_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`costs --json` lists the distinct pieces under `groups`, the place a user edits;
+    the simulator reads `layers`, so the edit was simulated as if not made. Groups that
+    disagree with the entries are refused; the entry edited (groups deleted) is read."""
+    job = ["--preset", "tiny-gpt", "--pp", "2"]
+    code, doc, err = _run(capsys, ["costs", *job, "--json"])
+    assert code == 0, err
+    data = json.loads(doc)
+    data["groups"][0]["forward_ms"] *= 10
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps(data))
+    code, _, err = _run(capsys, ["simulate", *job, "--costs", str(edited)])
+    assert code == 2
+    assert "groups[0].forward_ms:" in err and err.count("\n") == 1
+    data["layers"][0]["forward_ms"] *= 10
+    del data["groups"]
+    edited.write_text(json.dumps(data))
+    code, out, err = _run(capsys, ["simulate", *job, "--costs", str(edited), "--json"])
+    assert code == 0, err
+    code, plain, err = _run(capsys, ["simulate", *job, "--json"])
+    assert json.loads(out)["iteration_time_ms"] > json.loads(plain)["iteration_time_ms"]
