@@ -81,8 +81,9 @@ def _one_hardware(name: str, as_json: bool) -> int:
         emit_json({"name": name, "fields": dataclasses.asdict(hw),
                    "note": HARDWARE_NOTES[name]})
         return 0
-    print(f"{name}: {HARDWARE_NOTES[name]} (sources: docs/model.md)")
-    print("as a config's [hardware] table (copy it and change what differs):\n")
+    # comments, so `ppsim presets NAME > hw.toml` is a file --hardware and --config read
+    print(f"# {name}: {HARDWARE_NOTES[name]} (sources: docs/model.md)")
+    print("# as a config's [hardware] table (copy it and change what differs):\n")
     print("\n".join(section_toml("hardware", hw)))
     return 0
 

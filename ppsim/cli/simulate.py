@@ -80,7 +80,10 @@ def cmd_split(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     console = Console()
-    t = Table(title=f"{split.num_layers} layers on pp={split.pp}, vpp={split.vpp}",
+    # decoder layers as Megatron's --num-layers counts them, MTP depths beside
+    mtp = f" + {split.mtp} MTP" if split.mtp else ""
+    t = Table(title=f"{split.num_layers - split.mtp} layers{mtp} on pp={split.pp}, "
+                    f"vpp={split.vpp}",
               title_justify="left")
     for col in ("stage", "rank", "chunk", "layers", "offset", "holds"):
         t.add_column(col, justify="right")

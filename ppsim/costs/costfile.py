@@ -46,6 +46,7 @@ from typing import Any
 
 from ppsim.config import files, limits
 from ppsim.costs.conditions import Conditions, conditions_from_dict, number_field
+from ppsim.costs.costgroups import check_groups
 from ppsim.costs.grouptimes import GroupTimes, TimedGroup, group_times_from_dict, in_layer_times
 from ppsim.costs.hybrid import pattern_layers
 from ppsim.costs.model import INTEGER_FIELDS, LAYER_FIELDS, LayerCost, ModelCosts
@@ -76,7 +77,19 @@ SHAPE_KEYS = ("hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vo
               "ep", "etp", "cp", "cp_comm_type", "cp_a2a_size", "layers", "top_k",
               "moe_ffn_hidden_size", "shared_experts", "shared_expert_ffn_hidden_size",
               "attention", "head_dim", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
-              "v_head_dim", "attention_window")
+              "v_head_dim", "attention_window", "vocab_divisor", "gated_activation",
+              "linear_bias", "norm", "position", "max_position_embeddings", "dropout",
+              "loss_chunks", "window_attn_skip_freq", "dsa_indexer_n_heads",
+              "dsa_indexer_head_dim", "dsa_indexer_topk", "moe_latent_size",
+              "moe_capacity_factor", "moe_pad_to_capacity",
+              # the GEMMs' precision, the fusions, and the state a rank keeps (static bytes)
+              "fp8", "fp8_recipe", "fp8_param_gather", "first_last_layers_bf16",
+              "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16",
+              "bias_swiglu_fusion", "gradient_accumulation_fusion", "grad_reduce_in_bf16",
+              "grads_in_fp32", "optimizer", "muon_tp_mode", "precision_aware_optimizer",
+              "main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype",
+              "optimizer_cpu_offload", "optimizer_offload_fraction", "fsdp_framework",
+              "fsdp_cpu_offload", "fsdp_reshard_after_forward")
 
 
 @dataclass(frozen=True)
@@ -227,6 +240,7 @@ def cost_file_from_dict(data: Any, path: str = "costs") -> CostFile:
                         f"of {limits.MAX_LAYERS:,}", "profile a model of fewer layers")
     layers = tuple(_layer(path, f"layers[{i}]", x) for i, x in enumerate(raw_layers))
     mtp = _mtp_entries(path, data.get("mtp"))
+    check_groups(path, data, layers, mtp)
     emb = _layer(path, "embedding", data["embedding"])
     head = _layer(path, "head", data["head"])
     model = data.get("model")
@@ -298,6 +312,8 @@ def check_model(cf: CostFile, model_fields: dict[str, Any]) -> None:
             want, have = str(want or "").replace(" ", ""), str(have or "").replace(" ", "")
         if key == "sequence_parallel" and cf.model.get("tp", 1) == 1:
             continue  # Megatron turns it off at tp 1: nothing differs
+        if key in ("norm", "position", "max_position_embeddings"):
+            want, have = (_meant(m, key, defaults) for m in (model_fields, cf.model))
         if key == "cp_comm_type" and cf.model.get("cp", 1) == 1:
             continue  # no context-parallel traffic at cp 1
         if key == "cp_a2a_size" and (cf.model.get("cp", 1) == 1
@@ -307,6 +323,22 @@ def check_model(cf: CostFile, model_fields: dict[str, Any]) -> None:
             raise UserError(f"{cf.path}: model.{key}", f"the file was measured with {key} = "
                             f"{have!r} but the config has {want!r}",
                             "re-run ppsim profile for this model, or drop --costs")
+
+
+def _meant(model: dict[str, Any], key: str, defaults: dict[str, Any]) -> Any:
+    """A field with two spellings by what it means: an empty norm or position is the MLP's
+    (Architecture.rmsnorm, .rotary); a position table's rows, 0 the sequence, only where
+    positions are learned (rotary ones keep no table)."""
+    def get(k: str) -> Any:
+        return model.get(k, defaults.get(k))
+
+    gated = get("gated_mlp")
+    if key == "norm":
+        return get("norm") or ("rmsnorm" if gated else "layernorm")
+    position = get("position") or ("rotary" if gated else "learned")
+    if key == "position":
+        return position
+    return (get("max_position_embeddings") or get("seq_length")) if position == "learned" else 0
 
 
 def load_costs(path: str, num_layers: int | None = None,

@@ -49,7 +49,8 @@ def test_calibrate_of_an_mtp_model_writes_mtp_entries_it_can_read(tmp_path, caps
 def test_a_cost_file_without_mtp_entries_is_refused_for_an_mtp_model(tmp_path,
                                                                       capsys) -> None:
     path = tmp_path / "costs.json"
-    path.write_text(json.dumps(_json(capsys, ["costs", "--preset", "tiny-gpt"])))
+    path.write_text(json.dumps(_json(capsys, ["costs", "--preset", "tiny-gpt",
+                                              "--position-embedding-type", "rope"])))
     cfg = tmp_path / "c.toml"
     cfg.write_text(MTP)
     assert main(["simulate", "--config", str(cfg), "--costs", str(path)]) == 2
