@@ -326,3 +326,16 @@ def tp_job(tp: int, preset: str = "llama3-8b", **model: Any) -> tuple[Any, Any]:
     job = build_job(c)
     assert job is not None
     return c, job
+
+
+def run_in_process(capsys: pytest.CaptureFixture[str], argv: list[str]
+                   ) -> tuple[int, str, str]:
+    """`ppsim ARGV` in this process (seconds where a subprocess takes longer): its exit
+    status (argparse's too), stdout and stderr."""
+    from ppsim.cli.main import main
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err

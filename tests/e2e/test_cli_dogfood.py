@@ -12,19 +12,15 @@ import shlex
 from pathlib import Path
 
 import pytest
+from helpers import run_in_process
 
-from ppsim.cli.main import build_parser, main
+from ppsim.cli.main import build_parser
 
 BATCH_FILE = '[model]\npreset = "tiny-gpt"\n[pipeline]\nglobal_batch_size = 16\n'
 
 
 def _run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # argparse
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_in_process(capsys, argv)
 
 
 def test_plan_gpus_takes_the_files_global_batch(tmp_path: Path,

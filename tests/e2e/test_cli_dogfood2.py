@@ -7,17 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-
-from ppsim.cli.main import main
+from helpers import run_in_process
 
 
 def _run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # argparse
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_in_process(capsys, argv)
 
 
 @pytest.mark.parametrize("name", ["h100-80gb", "cpu"])
